@@ -1,0 +1,33 @@
+"""The ``guard`` command line. Each subcommand lives in its own ``guard/cli/cmd_<name>.py`` module that exposes
+``register(subparsers)``; this module only discovers them and dispatches. Only the CLI reads files and environment."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="guard", description="Decision-model guardrails for agents and APIs.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            importlib.import_module(f"{__name__}.{info.name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result = args.handler(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

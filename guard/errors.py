@@ -1,0 +1,177 @@
+"""Every exception guard raises, in one tree.
+
+    GuardError
+    ├── RequestValidationError      a System One request (or response) breaks the wire rules; carries FieldError list
+    ├── PolicyError                 a policy file is invalid; names file, line and key path
+    ├── BackendError                the decision backend could not produce a valid answer
+    │   ├── BackendTimeout          no answer within the deadline
+    │   ├── BackendUnavailable      connection refused / reset, 5xx, 429 after retries, worker closed
+    │   ├── BackendRejected         the backend refused the request (4xx); retrying will not help
+    │   └── MalformedAnswer         an answer is missing, not finite, or its probabilities do not sum to 1
+    ├── Overloaded                  a bounded queue is full; carries ``retry_after`` seconds
+    └── UnsupportedQuestion         a backend was asked a question it cannot answer (compact model catalog)
+
+Exceptions from httpx, redis and torch are translated at the boundary with ``raise ... from exc``. Messages are one
+sentence built from the attributes, naming the object, the value, the limit and, where one exists, the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "BackendError",
+    "BackendRejected",
+    "BackendTimeout",
+    "BackendUnavailable",
+    "FieldError",
+    "GuardError",
+    "MalformedAnswer",
+    "Overloaded",
+    "PolicyError",
+    "RequestValidationError",
+    "UnsupportedQuestion",
+]
+
+
+class GuardError(Exception):
+    """Root of every error guard raises on purpose."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with one field of a request.
+
+    Attributes:
+        field: dotted path of the field, e.g. ``questions.urgency.criteria``.
+        message: one sentence saying what is wrong and what is allowed.
+    """
+
+    field: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"field": self.field, "message": self.message}
+
+
+class RequestValidationError(GuardError, ValueError):
+    """A System One request or response breaks the wire rules.
+
+    Attributes:
+        errors: every problem found, each naming its field.
+    """
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        if not errors:
+            raise ValueError("RequestValidationError needs at least one FieldError")
+        self.errors = list(errors)
+        first = self.errors[0]
+        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        super().__init__(f"{first.field}: {first.message}{more}")
+
+    @property
+    def field(self) -> str:
+        return self.errors[0].field
+
+
+class PolicyError(GuardError, ValueError):
+    """A policy file cannot be loaded.
+
+    Attributes:
+        file: path of the policy file (or ``<string>``).
+        line: 1-based line of the offending node, or ``None`` when unknown.
+        key: dotted key path, e.g. ``policies[0].questions.urgency.criteria``.
+        reason: what is wrong and what is allowed.
+    """
+
+    def __init__(self, file: str, line: int | None, key: str, reason: str) -> None:
+        self.file = file
+        self.line = line
+        self.key = key
+        self.reason = reason
+        where = f"{file}:{line}" if line is not None else file
+        at = f" at {key}" if key else ""
+        super().__init__(f"{where}{at}: {reason}")
+
+
+class BackendError(GuardError):
+    """The decision backend could not produce a valid answer.
+
+    Attributes:
+        backend: name of the backend that failed.
+        reason: short machine-friendly reason, e.g. ``timeout``, ``http_503``, ``malformed``.
+    """
+
+    reason_code = "backend_error"
+
+    def __init__(self, message: str, *, backend: str = "", reason: str | None = None) -> None:
+        self.backend = backend
+        self.reason = reason or self.reason_code
+        super().__init__(message)
+
+
+class BackendTimeout(BackendError):
+    """No answer arrived within the deadline."""
+
+    reason_code = "timeout"
+
+
+class BackendUnavailable(BackendError):
+    """The backend could not be reached or answered with a server error (also 429 after the last retry)."""
+
+    reason_code = "unavailable"
+
+    def __init__(
+        self, message: str, *, backend: str = "", reason: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, backend=backend, reason=reason)
+        self.retry_after = retry_after
+
+
+class BackendRejected(BackendError):
+    """The backend refused the request as invalid (HTTP 4xx other than 408/429); retrying will not help.
+
+    Attributes:
+        status_code: the HTTP status, when one exists.
+        detail: the backend's error body, parsed when it was JSON.
+    """
+
+    reason_code = "rejected"
+
+    def __init__(self, message: str, *, backend: str = "", status_code: int | None = None, detail: Any = None) -> None:
+        super().__init__(message, backend=backend)
+        self.status_code = status_code
+        self.detail = detail
+
+
+class MalformedAnswer(BackendError):
+    """An answer is missing, not finite, of the wrong type, or its probabilities do not sum to 1."""
+
+    reason_code = "malformed"
+
+
+class Overloaded(GuardError):
+    """A bounded queue is full; the caller should retry after ``retry_after`` seconds."""
+
+    def __init__(self, what: str, limit: int, retry_after: float) -> None:
+        self.what = what
+        self.limit = limit
+        self.retry_after = retry_after
+        super().__init__(f"{what} is full ({limit} waiting); retry after {retry_after:g} s")
+
+
+class UnsupportedQuestion(GuardError, ValueError):
+    """A backend was asked a question it was not built to answer.
+
+    Attributes:
+        question_id: the question's id.
+        backend: the backend that refused it.
+        reason: why it was refused, and which backend can answer it.
+    """
+
+    def __init__(self, question_id: str, backend: str, reason: str) -> None:
+        self.question_id = question_id
+        self.backend = backend
+        self.reason = reason
+        super().__init__(f"question {question_id!r} cannot be answered by backend {backend!r}: {reason}")

@@ -1,0 +1,74 @@
+"""What the guard judges: a **subject** is one HTTP request or one agent event (OPA's *input*).
+
+Enforcement points build subjects; policies match them and render their decision state from them
+(``guard/policy``). Subjects are frozen and hold decoded, bounded data only: the ASGI middleware has already applied
+its body cap, decoding and duplicate-key checks before a subject exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["AgentEvent", "AgentSubject", "HttpSubject", "Subject"]
+
+AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
+
+
+@dataclass(frozen=True)
+class HttpSubject:
+    """One HTTP request.
+
+    Attributes:
+        method: upper-case method, e.g. ``"POST"``.
+        path: the URL path, without the query string.
+        query: query parameters, each name to its list of values, in arrival order.
+        headers: header name (lower-case) to value; repeated headers joined with ``", "``.
+        host: the ``Host`` header (without port), lower-case.
+        client: client identity: the peer address, or what a trusted header says.
+        content_type: media type without parameters, lower-case (``"application/json"``).
+        body: the decoded body: a JSON value, ``{field: [values]}`` for forms, a ``str`` for text, ``None`` if empty.
+        body_text: the text fields of the body joined, for policies that judge "all user text" at once.
+        kind: always ``"http"``.
+    """
+
+    method: str
+    path: str
+    query: dict[str, list[str]] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    host: str = ""
+    client: str | None = None
+    content_type: str = ""
+    body: Any = None
+    body_text: str = ""
+    kind: Literal["http"] = "http"
+
+
+@dataclass(frozen=True)
+class AgentSubject:
+    """One agent event: a tool call before it runs, a tool result before the model sees it, or model input/output.
+
+    Attributes:
+        event: ``"tool_call"``, ``"tool_result"``, ``"model_input"`` or ``"model_output"``.
+        tool_name: the tool's name (tool events).
+        tool_call_id: the call's id (tool events).
+        arguments: the parsed tool arguments (an object); never coerced from malformed JSON.
+        tool_result: the tool's output (``tool_result``).
+        user_message: the user's last message, i.e. the task the agent is serving.
+        text: the model input or output text (model events).
+        thread_id: the LangGraph thread, when known.
+        kind: always ``"agent"``.
+    """
+
+    event: AgentEvent
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    arguments: Any = None
+    tool_result: Any = None
+    user_message: str | None = None
+    text: str | None = None
+    thread_id: str | None = None
+    kind: Literal["agent"] = "agent"
+
+
+Subject = HttpSubject | AgentSubject

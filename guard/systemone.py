@@ -1,0 +1,633 @@
+"""System One wire types, their validation, and the readout from probabilities to answers.
+
+Pure Python (no torch). Implements ``shared/design/clef-runtime.md``:
+
+* §5.2 request body and field rules, with two validation profiles:
+  ``"workers-ai"`` (the hosted limits: 1-64 questions, 2-255 choice options, 2-10 score levels, ids
+  ``[A-Za-z0-9_.-]{1,100}``, instructions required, unknown fields rejected) and ``"reference"`` (exactly what the
+  reference ``systemone()`` accepts).
+* §2.2 option lists per question type, in prompt order (noul ``true`` then ``false``; choice sorted by id; score
+  ``"0".."n-1"``).
+* §4 readout: per-question probabilities in prompt order become ``noul`` = P(true), ``choice`` = argmax in caller
+  order (ties to the first), ``score`` = expected 0-based level index, with ``confidence`` from a named profile
+  (§4.1) and rounding to 4 decimals only on the wire.
+* §5.4 response body, and parsing of a remote response with checks (every question answered, probabilities finite and
+  summing to 1 within the provider's rounding).
+
+Object key order is preserved everywhere: question order and the caller's choice order both change answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from guard.errors import FieldError, MalformedAnswer, RequestValidationError
+
+__all__ = [
+    "CONFIDENCE_PROFILES",
+    "MAX_CHOICE_OPTIONS",
+    "MAX_IMAGES",
+    "MAX_QUESTIONS",
+    "MAX_SCORE_LEVELS",
+    "MIN_CHOICE_OPTIONS",
+    "MIN_SCORE_LEVELS",
+    "NOUL_DEFAULT_FALSE",
+    "NOUL_DEFAULT_TRUE",
+    "AnswerV1",
+    "ConfidenceProfile",
+    "QuestionType",
+    "QuestionV1",
+    "SystemOneRequestV1",
+    "SystemOneResponseV1",
+    "UsageV1",
+    "ValidationProfile",
+    "answer_question",
+    "confidence",
+]
+
+QuestionType = Literal["noul", "choice", "score"]
+ValidationProfile = Literal["workers-ai", "reference"]
+ConfidenceProfile = Literal["reference", "workers-ai", "jev"]
+
+QUESTION_TYPES: tuple[str, ...] = get_args(QuestionType)
+CONFIDENCE_PROFILES: tuple[str, ...] = get_args(ConfidenceProfile)
+VALIDATION_PROFILES: tuple[str, ...] = get_args(ValidationProfile)
+
+#: Default noul option descriptions (§2.2), overlaid by the caller's ``criteria``.
+NOUL_DEFAULT_TRUE = "The proposition is true or the answer is yes."
+NOUL_DEFAULT_FALSE = "The proposition is false or the answer is no."
+
+#: Workers AI limits (§5.2, §5.3).
+MAX_QUESTIONS = 64
+MIN_CHOICE_OPTIONS = 2
+MAX_CHOICE_OPTIONS = 255
+MIN_SCORE_LEVELS = 2
+MAX_SCORE_LEVELS = 10
+MAX_IMAGES = 4
+ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+IMAGE_CONTENT_TYPES = ("image/png", "image/jpeg", "image/webp")
+
+_REQUEST_KEYS = ("model", "state", "questions", "images")
+_QUESTION_KEYS = ("type", "instructions", "criteria")
+_WIRE_DECIMALS = 4
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return type(value).__name__
+
+
+@dataclass(frozen=True)
+class QuestionV1:
+    """One typed question of a System One request (§5.2).
+
+    Attributes:
+        id: the question id; the reference renders it into the prompt (§2.3), so it is model input.
+        type: ``"noul"`` (yes/no), ``"choice"`` (one of named options) or ``"score"`` (ordered levels).
+        instructions: string, object or array; ``None`` or ``""`` means "use the id" (reference profile only).
+        criteria: noul: ``{"true"?: D, "false"?: D}`` or ``None``; choice: ``{option_id: D}`` (caller order kept);
+            score: ``[D, ...]`` lowest level first. ``D`` is any JSON value; ``None`` means "no description".
+    """
+
+    id: str
+    type: QuestionType
+    instructions: Any = None
+    criteria: Any = None
+
+    def instruction_value(self) -> Any:
+        """The value rendered as the question span: ``instructions``, or the id when missing, null or ``""``."""
+        if self.instructions is None or self.instructions == "":
+            return self.id
+        return self.instructions
+
+    def options(self) -> list[tuple[str, Any]]:
+        """``(option_id, description)`` pairs in **prompt** order (§2.2); ``None`` description = no description key."""
+        if self.type == "noul":
+            descriptions: dict[str, Any] = {"true": NOUL_DEFAULT_TRUE, "false": NOUL_DEFAULT_FALSE}
+            if isinstance(self.criteria, Mapping):
+                for key in ("true", "false"):
+                    if key in self.criteria:
+                        descriptions[key] = self.criteria[key]
+            return [("true", descriptions["true"]), ("false", descriptions["false"])]
+        if self.type == "choice":
+            return sorted(self.criteria.items(), key=lambda item: item[0])
+        return [(str(level), description) for level, description in enumerate(self.criteria)]
+
+    def option_ids(self) -> list[str]:
+        """Option ids in **caller** order (the order answers report them in, §4)."""
+        if self.type == "noul":
+            return ["true", "false"]
+        if self.type == "choice":
+            return list(self.criteria)
+        return [str(level) for level in range(len(self.criteria))]
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"type": self.type}
+        if self.instructions is not None:
+            body["instructions"] = self.instructions
+        if self.criteria is not None:
+            body["criteria"] = self.criteria
+        return body
+
+
+@dataclass(frozen=True)
+class SystemOneRequestV1:
+    """A validated System One request (§5.2). Frozen: change it with :meth:`override`.
+
+    Attributes:
+        model: model name, echoed in the response.
+        state: the decision state: string, object or array (any JSON value in the reference profile).
+        questions: questions in request order; the order is model input (§7 pitfall 4).
+        images: Workers AI ``images`` extension (data URLs or ``{content_type, base64}``) or PIL images.
+        videos: frame arrays for the reference's video path (Python API only).
+
+    Example:
+        >>> req = SystemOneRequestV1.from_json({"model": "clef-flash", "state": "hi",
+        ...     "questions": {"spam": {"type": "noul", "instructions": "Is this spam?"}}})
+        >>> [q.id for q in req.questions]
+        ['spam']
+    """
+
+    model: str
+    state: Any
+    questions: tuple[QuestionV1, ...]
+    images: tuple[Any, ...] = ()
+    videos: tuple[Any, ...] = field(default=(), compare=True)
+
+    @classmethod
+    def from_json(cls, body: Any, *, profile: ValidationProfile = "workers-ai") -> SystemOneRequestV1:
+        """Validate a parsed JSON body and build a request.
+
+        Args:
+            body: the parsed JSON object (a ``dict`` in wire key order).
+            profile: ``"workers-ai"`` for the hosted limits, ``"reference"`` for what the reference accepts.
+
+        Raises:
+            RequestValidationError: listing every bad field with its path, value and limit.
+        """
+        if profile not in VALIDATION_PROFILES:
+            raise ValueError(f"profile must be one of {VALIDATION_PROFILES}, got {profile!r}")
+        errors: list[FieldError] = []
+        if not isinstance(body, Mapping):
+            raise RequestValidationError([FieldError("body", f"must be a JSON object, got {_json_type(body)}")])
+        strict = profile == "workers-ai"
+        if strict:
+            for key in body:
+                if key not in _REQUEST_KEYS:
+                    errors.append(FieldError(str(key), f"unknown field; allowed fields are {', '.join(_REQUEST_KEYS)}"))
+        model = body.get("model")
+        if strict:
+            if not isinstance(model, str) or not model.strip():
+                errors.append(FieldError("model", "is required and must be a non-empty string"))
+            if "state" not in body:
+                errors.append(FieldError("state", "is required"))
+            elif not isinstance(body["state"], (str, Mapping, list)):
+                errors.append(
+                    FieldError("state", f"must be a string, object or array, got {_json_type(body['state'])}")
+                )
+        elif not model or "state" not in body:
+            errors.append(FieldError("state" if model else "model", "model and state are required"))
+        elif not isinstance(model, str):
+            errors.append(FieldError("model", f"must be a string, got {_json_type(model)}"))
+        questions = _validate_questions(body.get("questions"), strict, errors)
+        images = _validate_images(body.get("images"), strict, errors)
+        videos = body.get("videos") if not strict else None
+        if errors:
+            raise RequestValidationError(errors)
+        return cls(
+            model=str(model),
+            state=body.get("state"),
+            questions=tuple(questions),
+            images=tuple(images),
+            videos=tuple(videos or ()),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire body, in key order (``images`` only when present; PIL images are not JSON)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "state": self.state,
+            "questions": {q.id: q.to_json() for q in self.questions},
+        }
+        if self.images:
+            body["images"] = list(self.images)
+        return body
+
+    def override(self, **changes: Any) -> SystemOneRequestV1:
+        """Return a copy with some fields replaced (``model``, ``state``, ``questions``, ``images``, ``videos``)."""
+        if "questions" in changes:
+            changes["questions"] = tuple(changes["questions"])
+        return dataclasses.replace(self, **changes)
+
+    def question(self, question_id: str) -> QuestionV1:
+        """The question with this id.
+
+        Raises:
+            KeyError: when no question has this id.
+        """
+        for q in self.questions:
+            if q.id == question_id:
+                return q
+        raise KeyError(question_id)
+
+
+def _validate_questions(raw: Any, strict: bool, errors: list[FieldError]) -> list[QuestionV1]:
+    if raw is None:
+        errors.append(FieldError("questions", "at least one question is required"))
+        return []
+    if not isinstance(raw, Mapping):
+        errors.append(FieldError("questions", f"must be an object keyed by question id, got {_json_type(raw)}"))
+        return []
+    if not raw:
+        errors.append(FieldError("questions", "at least one question is required"))
+    if strict and len(raw) > MAX_QUESTIONS:
+        errors.append(FieldError("questions", f"has {len(raw)} entries; at most {MAX_QUESTIONS}"))
+    out: list[QuestionV1] = []
+    for qid, spec in raw.items():
+        path = f"questions.{qid}"
+        before = len(errors)
+        if strict and not (isinstance(qid, str) and ID_PATTERN.fullmatch(qid)):
+            errors.append(FieldError(path, f"id {_describe(qid)} must match [A-Za-z0-9_.-]{{1,100}}"))
+        if not isinstance(spec, Mapping):
+            errors.append(FieldError(path, f"must be an object, got {_json_type(spec)}"))
+            continue
+        if strict:
+            for key in spec:
+                if key not in _QUESTION_KEYS:
+                    errors.append(FieldError(f"{path}.{key}", "unknown field; allowed: type, instructions, criteria"))
+        qtype = spec.get("type")
+        if qtype not in QUESTION_TYPES:
+            errors.append(FieldError(f"{path}.type", f"{qid}: type must be noul, choice, or score"))
+            continue
+        instructions = spec.get("instructions")
+        if strict:
+            if instructions is None or instructions == "":
+                errors.append(FieldError(f"{path}.instructions", "is required and must not be empty"))
+            elif not isinstance(instructions, (str, Mapping, list)):
+                errors.append(
+                    FieldError(
+                        f"{path}.instructions", f"must be a string, object or array, got {_json_type(instructions)}"
+                    )
+                )
+        criteria = spec.get("criteria")
+        _validate_criteria(qid, qtype, criteria, path, strict, errors)
+        if len(errors) == before:
+            out.append(QuestionV1(id=str(qid), type=qtype, instructions=instructions, criteria=criteria))
+    return out
+
+
+def _validate_criteria(
+    qid: str, qtype: str, criteria: Any, path: str, strict: bool, errors: list[FieldError]
+) -> None:
+    where = f"{path}.criteria"
+    if qtype == "noul":
+        if criteria is None:
+            return
+        if not isinstance(criteria, Mapping):
+            errors.append(FieldError(where, f"must be an object with keys true/false, got {_json_type(criteria)}"))
+        elif strict:
+            for key in criteria:
+                if key not in ("true", "false"):
+                    errors.append(FieldError(f"{where}.{key}", "unknown key; a noul question has only true and false"))
+        return
+    if qtype == "choice":
+        if not isinstance(criteria, Mapping):
+            errors.append(FieldError(where, f"must be an object of option_id: description, got {_json_type(criteria)}"))
+            return
+        if not criteria:
+            errors.append(FieldError(where, f"{qid}: criteria must not be empty"))
+        elif strict and not MIN_CHOICE_OPTIONS <= len(criteria) <= MAX_CHOICE_OPTIONS:
+            errors.append(
+                FieldError(
+                    where,
+                    f"has {len(criteria)} options; a choice needs {MIN_CHOICE_OPTIONS} to {MAX_CHOICE_OPTIONS}",
+                )
+            )
+        if strict:
+            for option_id in criteria:
+                if not isinstance(option_id, str) or not option_id:
+                    errors.append(FieldError(where, f"option id {_describe(option_id)} must be a non-empty string"))
+        return
+    if not isinstance(criteria, list):
+        errors.append(FieldError(where, f"must be an array of levels, lowest first, got {_json_type(criteria)}"))
+        return
+    if not criteria:
+        errors.append(FieldError(where, f"{qid}: criteria must not be empty"))
+    elif strict and not MIN_SCORE_LEVELS <= len(criteria) <= MAX_SCORE_LEVELS:
+        errors.append(
+            FieldError(
+                where, f"has {len(criteria)} levels; a score needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS}"
+            )
+        )
+
+
+def _validate_images(raw: Any, strict: bool, errors: list[FieldError]) -> list[Any]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        errors.append(FieldError("images", f"must be an array, got {_json_type(raw)}"))
+        return []
+    if not strict:
+        return list(raw)
+    if len(raw) > MAX_IMAGES:
+        errors.append(FieldError("images", f"has {len(raw)} entries; at most {MAX_IMAGES}"))
+    for i, image in enumerate(raw):
+        where = f"images[{i}]"
+        if isinstance(image, str):
+            if not image[:5].lower() == "data:":
+                errors.append(FieldError(where, "must be a data: URL; remote URLs are never fetched"))
+        elif isinstance(image, Mapping):
+            if image.get("content_type") not in IMAGE_CONTENT_TYPES:
+                errors.append(
+                    FieldError(f"{where}.content_type", f"must be one of {', '.join(IMAGE_CONTENT_TYPES)}")
+                )
+            if not isinstance(image.get("base64"), str) or not image.get("base64"):
+                errors.append(FieldError(f"{where}.base64", "is required and must be a non-empty string"))
+        else:
+            errors.append(FieldError(where, f"must be a data URL or {{content_type, base64}}, got {_json_type(image)}"))
+    return list(raw)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Readout (§4)
+
+
+def confidence(probabilities: Sequence[float], question_type: QuestionType, profile: ConfidenceProfile) -> float:
+    """The ``confidence`` of one choice or score answer under a named profile (§4.1).
+
+    Args:
+        probabilities: the question's probabilities, one per option (any order for choice; level order for score).
+        question_type: ``"choice"`` or ``"score"``.
+        profile: ``"reference"`` = top probability (Clef reference); ``"workers-ai"`` = normalized purity
+            ``(n·Σp² − 1)/(n − 1)``; ``"jev"`` = ``(n·p_max − 1)/(n − 1)`` for choice and
+            ``max(0, 1 − E|level − mode| / MAD_uniform)`` for score.
+
+    Returns:
+        A float in [0, 1]; 1.0 for a single-option question.
+
+    Raises:
+        ValueError: for an unknown profile.
+    """
+    n = len(probabilities)
+    p_max = max(probabilities)
+    if profile == "reference":
+        return p_max
+    if n < 2:
+        return 1.0
+    if profile == "workers-ai":
+        return (n * sum(p * p for p in probabilities) - 1.0) / (n - 1)
+    if profile == "jev":
+        if question_type != "score":
+            return (n * p_max - 1.0) / (n - 1)
+        mode = max(range(n), key=lambda i: (probabilities[i], -i))
+        expected_distance = sum(p * abs(level - mode) for level, p in enumerate(probabilities))
+        centre = (n - 1) / 2
+        mad_uniform = sum(abs(level - centre) for level in range(n)) / n
+        return max(0.0, 1.0 - expected_distance / mad_uniform)
+    raise ValueError(f"confidence profile must be one of {CONFIDENCE_PROFILES}, got {profile!r}")
+
+
+@dataclass(frozen=True)
+class AnswerV1:
+    """One question's answer. Numbers are unrounded; :meth:`to_json` rounds for the wire.
+
+    Attributes:
+        question_id: the question's id.
+        type: the question type.
+        probabilities: ``option_id -> probability`` in caller order (noul: ``true``, ``false``).
+        noul: P(true), noul only.
+        choice: the chosen option id, choice only.
+        score: expected 0-based level index in [0, levels − 1], score only.
+        confidence: choice and score only, per the confidence profile used.
+        legend: score only: ``{"0": level 0 criterion, ...}`` echoed raw.
+    """
+
+    question_id: str
+    type: QuestionType
+    probabilities: dict[str, float]
+    noul: float | None = None
+    choice: str | None = None
+    score: float | None = None
+    confidence: float | None = None
+    legend: dict[str, Any] | None = None
+
+    @property
+    def value(self) -> float | str:
+        """The headline value: ``noul`` probability, ``choice`` id or ``score``."""
+        if self.type == "noul":
+            assert self.noul is not None
+            return self.noul
+        if self.type == "choice":
+            assert self.choice is not None
+            return self.choice
+        assert self.score is not None
+        return self.score
+
+    def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
+        """The wire answer, with the reference's key order and ``round(x, decimals)``."""
+        if self.type == "noul":
+            return {"type": "noul", "noul": round(float(self.noul or 0.0), decimals)}
+        probabilities = {k: round(v, decimals) for k, v in self.probabilities.items()}
+        conf = round(float(self.confidence or 0.0), decimals)
+        if self.type == "choice":
+            return {"type": "choice", "choice": self.choice, "confidence": conf, "probabilities": probabilities}
+        return {
+            "type": "score",
+            "score": round(float(self.score or 0.0), decimals),
+            "confidence": conf,
+            "legend": self.legend,
+            "probabilities": probabilities,
+        }
+
+
+def answer_question(
+    question: QuestionV1, probabilities: Sequence[float], *, confidence_profile: ConfidenceProfile = "reference"
+) -> AnswerV1:
+    """Turn one question's probabilities (in **prompt** order) into its answer (§4).
+
+    Args:
+        question: the question.
+        probabilities: softmax of the question's logits, one per option in ``question.options()`` order.
+        confidence_profile: which ``confidence`` definition to report (§4.1).
+
+    Raises:
+        MalformedAnswer: when the count does not match the options or a value is not finite.
+    """
+    prompt_ids = [option_id for option_id, _ in question.options()]
+    if len(probabilities) != len(prompt_ids):
+        raise MalformedAnswer(
+            f"question {question.id!r} has {len(prompt_ids)} options but {len(probabilities)} probabilities"
+        )
+    values = [float(p) for p in probabilities]
+    if not all(math.isfinite(p) for p in values):
+        raise MalformedAnswer(f"question {question.id!r} has a non-finite probability: {values}")
+    by_id = dict(zip(prompt_ids, values, strict=True))
+    caller = {option_id: by_id[option_id] for option_id in question.option_ids()}
+    return _answer_from_caller_order(question, caller, confidence_profile)
+
+
+def _answer_from_caller_order(
+    question: QuestionV1, caller: dict[str, float], profile: ConfidenceProfile, reported_confidence: float | None = None
+) -> AnswerV1:
+    if question.type == "noul":
+        return AnswerV1(question.id, "noul", caller, noul=caller["true"])
+    conf = reported_confidence
+    if conf is None:
+        conf = confidence(list(caller.values()), question.type, profile)
+    if question.type == "choice":
+        best = None
+        for option_id, p in caller.items():  # caller order; ties go to the first
+            if best is None or p > caller[best]:
+                best = option_id
+        return AnswerV1(question.id, "choice", caller, choice=best, confidence=conf)
+    expected = sum(level * p for level, p in enumerate(caller.values()))
+    legend = {str(level): criterion for level, criterion in enumerate(question.criteria)}
+    return AnswerV1(question.id, "score", caller, score=expected, confidence=conf, legend=legend)
+
+
+@dataclass(frozen=True)
+class UsageV1:
+    """Token usage: ``input_tokens`` = prompt length including media; ``output_tokens`` is 0 for Clef."""
+
+    input_tokens: int
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class SystemOneResponseV1:
+    """A System One response (§5.4): answers keyed by question id, in request order."""
+
+    model: str
+    answers: dict[str, AnswerV1]
+    usage: UsageV1
+
+    def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "answers": {qid: answer.to_json(decimals) for qid, answer in self.answers.items()},
+            "usage": {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens},
+        }
+
+    @classmethod
+    def from_json(
+        cls,
+        body: Any,
+        request: SystemOneRequestV1,
+        *,
+        decimals: int = _WIRE_DECIMALS,
+        confidence_profile: ConfidenceProfile = "reference",
+        backend: str = "",
+    ) -> SystemOneResponseV1:
+        """Parse and check a response from a remote System One server.
+
+        Args:
+            body: the parsed JSON body (already unwrapped from any envelope).
+            request: the request it answers; every question must be answered with its own options.
+            decimals: the provider's rounding (4 for Clef and Workers AI, 2 for Jev and OpenRouter); sets the
+                tolerance on the probability sum to ``max(1e-3, n · ½·10^-decimals)``.
+            confidence_profile: used only when the provider omitted ``confidence``.
+            backend: the backend's name, for error messages.
+
+        Raises:
+            MalformedAnswer: a missing or extra answer, a wrong type, a non-finite or out-of-range number, unknown
+                option ids, or probabilities that do not sum to 1 within the tolerance.
+        """
+
+        def bad(message: str) -> MalformedAnswer:
+            return MalformedAnswer(message, backend=backend)
+
+        if not isinstance(body, Mapping):
+            raise bad(f"response must be a JSON object, got {_json_type(body)}")
+        answers_raw = body.get("answers")
+        if not isinstance(answers_raw, Mapping):
+            raise bad("response has no 'answers' object")
+        answers: dict[str, AnswerV1] = {}
+        for question in request.questions:
+            raw = answers_raw.get(question.id)
+            if not isinstance(raw, Mapping):
+                raise bad(f"answer for question {question.id!r} is missing")
+            if raw.get("type", question.type) != question.type:
+                raise bad(f"answer for {question.id!r} has type {raw.get('type')!r}, expected {question.type!r}")
+            answers[question.id] = _parse_answer(question, raw, decimals, confidence_profile, bad)
+        extra = [qid for qid in answers_raw if qid not in answers]
+        if extra:
+            raise bad(f"response answers unknown questions {extra}")
+        usage_raw = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
+        usage = UsageV1(
+            input_tokens=_as_int(usage_raw.get("input_tokens")), output_tokens=_as_int(usage_raw.get("output_tokens"))
+        )
+        model = body.get("model")
+        return cls(model=model if isinstance(model, str) else request.model, answers=answers, usage=usage)
+
+
+def _as_int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _finite_probability(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and -1e-9 <= value <= 1 + 1e-9
+    )
+
+
+def _parse_answer(
+    question: QuestionV1, raw: Mapping[str, Any], decimals: int, profile: ConfidenceProfile, bad: Any
+) -> AnswerV1:
+    if question.type == "noul":
+        p = raw.get("noul")
+        if not _finite_probability(p):
+            raise bad(f"answer for {question.id!r} has noul={p!r}; expected a probability in [0, 1]")
+        return AnswerV1(question.id, "noul", {"true": float(p), "false": 1.0 - float(p)}, noul=float(p))
+    probabilities = raw.get("probabilities")
+    expected_ids = question.option_ids()
+    if not isinstance(probabilities, Mapping) or set(probabilities) != set(expected_ids):
+        got = list(probabilities) if isinstance(probabilities, Mapping) else probabilities
+        raise bad(f"answer for {question.id!r} has probabilities for {got!r}; expected {expected_ids}")
+    for option_id, p in probabilities.items():
+        if not _finite_probability(p):
+            raise bad(f"answer for {question.id!r} has probability {p!r} for option {option_id!r}")
+    tolerance = max(1e-3, len(expected_ids) * 0.5 * 10.0**-decimals) + 1e-9
+    total = sum(float(p) for p in probabilities.values())
+    if abs(total - 1.0) > tolerance:
+        raise bad(f"probabilities for {question.id!r} sum to {total:.6f}; expected 1 within {tolerance:.4f}")
+    caller = {option_id: float(probabilities[option_id]) for option_id in expected_ids}
+    reported = raw.get("confidence")
+    if reported is not None and not _finite_probability(reported):
+        raise bad(f"answer for {question.id!r} has confidence {reported!r}")
+    answer = _answer_from_caller_order(question, caller, profile, float(reported) if reported is not None else None)
+    if question.type == "choice":
+        choice = raw.get("choice")
+        if choice not in caller:
+            raise bad(f"answer for {question.id!r} chose {choice!r}, not one of its options")
+        return dataclasses.replace(answer, choice=choice)
+    score = raw.get("score")
+    levels = len(expected_ids)
+    if not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score):
+        raise bad(f"answer for {question.id!r} has score {score!r}; expected a number")
+    if not -1e-6 <= score <= levels - 1 + 1e-6:
+        raise bad(f"answer for {question.id!r} has score {score!r}; expected 0 to {levels - 1}")
+    return dataclasses.replace(answer, score=float(score))

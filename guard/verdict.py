@@ -1,0 +1,105 @@
+"""The outcome of one evaluation: a **verdict** (OPA's *decision*) and the record of how it was reached."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from guard.systemone import AnswerV1
+
+__all__ = ["Action", "FailMode", "Verdict"]
+
+Action = Literal["allow", "block", "escalate", "handoff"]
+FailMode = Literal["closed", "open", "escalate"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with a subject, and why.
+
+    Attributes:
+        action: ``allow``, ``block``, ``escalate`` or ``handoff``. In shadow mode this is always ``allow`` and
+            ``shadow_action`` holds what the policy would have done.
+        decision_id: unique id of this decision; goes back to the caller (body or ``x-guard-decision-id`` header).
+        policy_id: the policy that matched (``None`` when none matched: allow without a model call).
+        policy_version: that policy's version.
+        rule: the id of the rule that fired, ``"default"`` when none did, or ``"on_error"`` when a fail mode decided.
+        answers: each question's answer (probabilities unrounded), empty when the backend failed.
+        status: HTTP status for ``block`` (403 default, 429 for rate-like rules, 503 for fail-closed).
+        message: the rule's message for the caller or the model.
+        handoff: the handoff target named by the rule.
+        cache_hit: the answers came from the probability cache.
+        backend: the backend's name.
+        model: the model id that answered.
+        model_revision: the weights' revision.
+        latency_ms: wall time of the evaluation, milliseconds.
+        fail_mode: the fail mode that decided (``closed``/``open``/``escalate``), ``None`` when the model decided.
+        error: the backend error that triggered the fail mode.
+        retry_after: seconds, for fail-closed and rate-like blocks.
+        shadow_action: in shadow mode, the action the policy computed.
+        state: the rendered decision state the model saw (for reviewers; already normalised and redacted).
+        flags: extra findings, e.g. ``{"invisible_tag_characters": True}``.
+    """
+
+    action: Action
+    decision_id: str
+    policy_id: str | None = None
+    policy_version: str | None = None
+    rule: str | None = None
+    answers: dict[str, AnswerV1] = field(default_factory=dict)
+    status: int | None = None
+    message: str | None = None
+    handoff: str | None = None
+    cache_hit: bool = False
+    backend: str | None = None
+    model: str | None = None
+    model_revision: str | None = None
+    latency_ms: float = 0.0
+    fail_mode: FailMode | None = None
+    error: str | None = None
+    retry_after: float | None = None
+    shadow_action: Action | None = None
+    state: Any = None
+    flags: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def allowed(self) -> bool:
+        return self.action == "allow"
+
+    def probabilities(self) -> dict[str, dict[str, float]]:
+        """``{question_id: {option_id: probability}}`` for every answer."""
+        return {qid: dict(answer.probabilities) for qid, answer in self.answers.items()}
+
+    def headers(self) -> list[tuple[str, str]]:
+        """Decision headers for HTTP responses (lower-case names)."""
+        out = [("x-guard-decision-id", self.decision_id), ("x-guard-action", self.shadow_action or self.action)]
+        if self.policy_id:
+            out.append(("x-guard-policy", f"{self.policy_id}@{self.policy_version}"))
+        if self.rule:
+            out.append(("x-guard-rule", self.rule))
+        if self.fail_mode:
+            out.append(("x-guard-fail-mode", self.fail_mode))
+        if self.shadow_action:
+            out.append(("x-guard-shadow", "true"))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe summary for response bodies and logs (probabilities rounded to 4 decimals)."""
+        return {
+            "decision_id": self.decision_id,
+            "action": self.action,
+            "policy": self.policy_id,
+            "policy_version": self.policy_version,
+            "rule": self.rule,
+            "message": self.message,
+            "answers": {qid: answer.to_json() for qid, answer in self.answers.items()},
+            "cache_hit": self.cache_hit,
+            "backend": self.backend,
+            "model": self.model,
+            "model_revision": self.model_revision,
+            "latency_ms": round(self.latency_ms, 3),
+            "fail_mode": self.fail_mode,
+            "error": self.error,
+            "shadow_action": self.shadow_action,
+            "flags": self.flags,
+        }
