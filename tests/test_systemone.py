@@ -1,0 +1,256 @@
+"""System One wire types: validation profiles, option order, readout and confidence profiles (spec §2.2, §4, §5)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from guard.errors import MalformedAnswer, RequestValidationError
+from guard.systemone import (
+    NOUL_DEFAULT_FALSE,
+    NOUL_DEFAULT_TRUE,
+    QuestionV1,
+    SystemOneRequestV1,
+    SystemOneResponseV1,
+    answer_question,
+    confidence,
+)
+
+CASES = Path(__file__).parent / "fixtures" / "clef-golden" / "cases"
+
+
+def _request(**questions: dict) -> dict:
+    return {"model": "clef-flash", "state": {"x": 1}, "questions": questions}
+
+
+def test_worked_example_option_order() -> None:
+    # spec §2.7
+    req = SystemOneRequestV1.from_json(
+        _request(
+            urgent={"type": "noul", "instructions": "Is it urgent?"},
+            team={"type": "choice", "instructions": "Team?", "criteria": {"tech": "Bugs", "billing": None}},
+        )
+    )
+    urgent, team = req.questions
+    assert urgent.options() == [("true", NOUL_DEFAULT_TRUE), ("false", NOUL_DEFAULT_FALSE)]
+    assert team.options() == [("billing", None), ("tech", "Bugs")]
+    assert team.option_ids() == ["tech", "billing"]
+
+
+def test_noul_criteria_overlay_and_null() -> None:
+    q = QuestionV1("q", "noul", "?", {"true": None, "extra": "ignored"})
+    assert q.options() == [("true", None), ("false", NOUL_DEFAULT_FALSE)]
+    assert QuestionV1("q", "noul", "?", None).options()[0] == ("true", NOUL_DEFAULT_TRUE)
+
+
+def test_instruction_falls_back_to_id() -> None:
+    for value in (None, ""):
+        assert QuestionV1("my_id", "noul", value).instruction_value() == "my_id"
+    assert QuestionV1("my_id", "noul", ["a"]).instruction_value() == ["a"]
+
+
+def test_question_order_is_preserved() -> None:
+    body = _request(**{name: {"type": "noul", "instructions": name} for name in ["zeta", "alpha", "mid"]})
+    assert [q.id for q in SystemOneRequestV1.from_json(body).questions] == ["zeta", "alpha", "mid"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "fragment"),
+    [
+        (_request(**{f"q{i}": {"type": "noul", "instructions": "x"} for i in range(65)}), "questions", "at most 64"),
+        (_request(q={"type": "choice", "instructions": "x", "criteria": {str(i): None for i in range(256)}}),
+         "questions.q.criteria", "256 options"),
+        (_request(q={"type": "choice", "instructions": "x", "criteria": {"only": None}}),
+         "questions.q.criteria", "2 to 255"),
+        (_request(q={"type": "score", "instructions": "x", "criteria": ["a"]}), "questions.q.criteria", "1 levels"),
+        (_request(q={"type": "score", "instructions": "x", "criteria": list("abcdefghijk")}),
+         "questions.q.criteria", "11 levels"),
+        (_request(q={"type": "score", "instructions": "x", "criteria": "abc"}), "questions.q.criteria", "array"),
+        (_request(**{"bad id": {"type": "noul", "instructions": "x"}}), "questions.bad id", "must match"),
+        (_request(**{"x" * 101: {"type": "noul", "instructions": "x"}}), "questions." + "x" * 101, "must match"),
+        (_request(q={"type": "noul"}), "questions.q.instructions", "required"),
+        (_request(q={"type": "noul", "instructions": ""}), "questions.q.instructions", "required"),
+        (_request(q={"type": "maybe", "instructions": "x"}), "questions.q.type", "noul, choice, or score"),
+        (_request(q={"type": "noul", "instructions": "x", "colour": 1}), "questions.q.colour", "unknown field"),
+        ({**_request(q={"type": "noul", "instructions": "x"}), "extra": 1}, "extra", "unknown field"),
+        ({"model": "m", "questions": {"q": {"type": "noul", "instructions": "x"}}}, "state", "required"),
+        ({"model": "m", "state": 5, "questions": {"q": {"type": "noul", "instructions": "x"}}}, "state", "number"),
+        ({"state": "s", "questions": {"q": {"type": "noul", "instructions": "x"}}}, "model", "required"),
+        (_request(), "questions", "at least one"),
+        ({**_request(q={"type": "noul", "instructions": "x"}), "images": ["http://x/y.png"]}, "images[0]", "data:"),
+        ({**_request(q={"type": "noul", "instructions": "x"}), "images": ["data:image/png;base64,AA"] * 5},
+         "images", "at most 4"),
+    ],
+)
+def test_workers_ai_profile_errors_name_the_field(body: dict, field: str, fragment: str) -> None:
+    with pytest.raises(RequestValidationError) as info:
+        SystemOneRequestV1.from_json(body)
+    fields = {e.field: e.message for e in info.value.errors}
+    assert field in fields, fields
+    assert fragment in fields[field]
+
+
+def test_reference_profile_accepts_what_the_reference_accepts() -> None:
+    body = {
+        "model": "m",
+        "state": None,
+        "id": "rec-1",
+        "questions": {
+            "": {"type": "choice", "criteria": {"only": None}},
+            "lvl": {"type": "score", "criteria": ["one"]},
+            "q": {"type": "noul", "instructions": None},
+        },
+    }
+    req = SystemOneRequestV1.from_json(body, profile="reference")
+    assert [q.id for q in req.questions] == ["", "lvl", "q"]
+    with pytest.raises(RequestValidationError):
+        SystemOneRequestV1.from_json(body)
+
+
+_VALIDATION_ERRORS = [c for c in json.load(open(CASES / "errors.json")) if "schema requires" not in c["error"]["message"]]
+
+
+@pytest.mark.parametrize("case", _VALIDATION_ERRORS, ids=lambda c: c["name"])
+def test_reference_error_messages(case: dict) -> None:
+    # the schema-overflow case is raised by the encoder and tested in tests/clef
+    with pytest.raises(RequestValidationError) as info:
+        SystemOneRequestV1.from_json(case["request"], profile="reference")
+    assert any(e.message == case["error"]["message"] for e in info.value.errors)
+
+
+def test_not_an_object() -> None:
+    with pytest.raises(RequestValidationError, match="body: must be a JSON object"):
+        SystemOneRequestV1.from_json([1, 2])
+
+
+def test_override_returns_a_copy() -> None:
+    req = SystemOneRequestV1.from_json(_request(q={"type": "noul", "instructions": "x"}))
+    other = req.override(state="new")
+    assert other.state == "new" and req.state == {"x": 1}
+    assert req.to_json()["questions"] == {"q": {"type": "noul", "instructions": "x"}}
+
+
+def _golden_cases() -> list[dict]:
+    return [json.load(open(p)) for p in sorted(CASES.glob("[0-9]*.json"))]
+
+
+@pytest.mark.parametrize("case", _golden_cases(), ids=lambda c: c["name"])
+def test_readout_reproduces_reference_wire_answers(case: dict) -> None:
+    """Feeding the reference's own unrounded probabilities through the readout gives its wire response."""
+    req = SystemOneRequestV1.from_json(case["request"], profile="reference")
+    for question in req.questions:
+        assert [option for option, _ in question.options()] == case["option_order"][question.id]
+        answer = answer_question(question, case["probabilities_fp32"][question.id])
+        expected = case["response_fp32"]["answers"][question.id]
+        got = answer.to_json()
+        assert list(got) == list(expected)
+        assert got["type"] == expected["type"]
+        if question.type == "choice":
+            assert got["choice"] == expected["choice"]
+        if question.type == "score":
+            assert got["legend"] == expected["legend"]
+        for key in ("noul", "score", "confidence"):
+            if key in expected:
+                assert got[key] == pytest.approx(expected[key], abs=2e-4 * max(1, len(question.options()) - 1))
+        if "probabilities" in expected:
+            assert list(got["probabilities"]) == list(expected["probabilities"])
+            for option, p in expected["probabilities"].items():
+                assert got["probabilities"][option] == pytest.approx(p, abs=2e-4)
+
+
+def test_choice_ties_go_to_first_in_caller_order() -> None:
+    q = QuestionV1("q", "choice", "x", {"zeta": None, "alpha": None})
+    # prompt order is alpha, zeta
+    assert answer_question(q, [0.5, 0.5]).choice == "zeta"
+
+
+def test_confidence_profiles() -> None:
+    p = [0.1762, 0.8088, 0.015]
+    assert confidence(p, "choice", "reference") == 0.8088
+    assert round(confidence(p, "choice", "workers-ai"), 4) == 0.5281  # spec §4.1 published example
+    assert confidence(p, "choice", "jev") == pytest.approx((3 * 0.8088 - 1) / 2)
+    # jev score: all mass on one level -> 1; uniform -> 1 - E|l-mode|/MAD
+    assert confidence([0, 0, 1, 0], "score", "jev") == 1.0
+    uniform = [0.25] * 4
+    mad = (1.5 + 0.5 + 0.5 + 1.5) / 4
+    expected_distance = (0 + 1 + 2 + 3) / 4
+    assert confidence(uniform, "score", "jev") == pytest.approx(max(0.0, 1 - expected_distance / mad))
+    assert confidence([1.0], "choice", "workers-ai") == 1.0
+    with pytest.raises(ValueError):
+        confidence(p, "choice", "bogus")  # type: ignore[arg-type]
+
+
+def test_answer_question_rejects_bad_counts_and_nan() -> None:
+    q = QuestionV1("q", "noul", "x")
+    with pytest.raises(MalformedAnswer):
+        answer_question(q, [1.0])
+    with pytest.raises(MalformedAnswer):
+        answer_question(q, [math.nan, 0.5])
+
+
+def _remote_request() -> SystemOneRequestV1:
+    return SystemOneRequestV1.from_json(
+        _request(
+            urgent={"type": "noul", "instructions": "x"},
+            team={"type": "choice", "instructions": "x", "criteria": {"billing": None, "technical": None, "sales": None}},
+            severity={"type": "score", "instructions": "x", "criteria": ["a", "b", "c", "d"]},
+        )
+    )
+
+
+def _remote_body() -> dict:
+    # spec §5.4 hosted example
+    return {
+        "model": "clef",
+        "answers": {
+            "urgent": {"type": "noul", "noul": 0.9906},
+            "team": {"type": "choice", "choice": "technical", "confidence": 0.5281,
+                     "probabilities": {"billing": 0.1762, "technical": 0.8088, "sales": 0.015}},
+            "severity": {"type": "score", "score": 2.9573, "confidence": 0.922,
+                         "legend": {"0": "a", "1": "b", "2": "c", "3": "d"},
+                         "probabilities": {"0": 0.0042, "1": 0.0043, "2": 0.0215, "3": 0.97}},
+        },
+        "usage": {"input_tokens": 346, "output_tokens": 0},
+    }
+
+
+def test_parse_remote_response() -> None:
+    response = SystemOneResponseV1.from_json(_remote_body(), _remote_request())
+    assert response.answers["team"].choice == "technical"
+    assert response.answers["team"].confidence == 0.5281
+    assert response.answers["urgent"].probabilities == {"true": 0.9906, "false": pytest.approx(0.0094)}
+    assert response.usage.input_tokens == 346
+    assert response.to_json()["answers"] == _remote_body()["answers"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda b: b["answers"].pop("team"), "missing"),
+        (lambda b: b["answers"]["urgent"].update(noul=float("nan")), "noul"),
+        (lambda b: b["answers"]["urgent"].update(noul=1.5), "noul"),
+        (lambda b: b["answers"]["team"]["probabilities"].update(sales=0.5), "sum to"),
+        (lambda b: b["answers"]["team"]["probabilities"].pop("sales"), "expected"),
+        (lambda b: b["answers"]["team"].update(choice="legal"), "chose"),
+        (lambda b: b["answers"]["severity"].update(score=7), "score"),
+        (lambda b: b["answers"].update(other={"type": "noul", "noul": 0.1}), "unknown"),
+        (lambda b: b.pop("answers"), "answers"),
+        (lambda b: b["answers"]["team"].update(type="noul"), "type"),
+    ],
+)
+def test_parse_remote_response_rejects_malformed(mutate, fragment: str) -> None:
+    body = _remote_body()
+    mutate(body)
+    with pytest.raises(MalformedAnswer, match=fragment):
+        SystemOneResponseV1.from_json(body, _remote_request())
+
+
+def test_two_decimal_provider_tolerance() -> None:
+    body = _remote_body()
+    body["answers"]["team"]["probabilities"] = {"billing": 0.18, "technical": 0.81, "sales": 0.02}
+    SystemOneResponseV1.from_json(body, _remote_request(), decimals=2)
+    with pytest.raises(MalformedAnswer):
+        SystemOneResponseV1.from_json(body, _remote_request(), decimals=4)
