@@ -1,0 +1,20 @@
+# Slim gateway image: `guard proxy` in front of any HTTP API, with the embedded CPU model for catalog questions and
+# a System One backend (the GPU worker) for the rest.
+# Build from the repository root:  docker build -f deploy/docker/gateway.Dockerfile -t guard-gateway .
+FROM python:3.11-slim
+
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+RUN python -m venv /opt/guard
+ENV PATH=/opt/guard/bin:$PATH
+# CPU build of torch (the compact model runs on CPU); an unpinned torch would pull a multi-GB CUDA build.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+COPY pyproject.toml README.md /src/
+COPY guard /src/guard
+COPY policies /etc/guard/policies
+RUN pip install /src
+
+RUN useradd --system --uid 10001 guard
+USER 10001
+EXPOSE 8080
+ENTRYPOINT ["guard", "proxy"]
+CMD ["--policy", "/etc/guard/policies/api_abuse.yaml", "--upstream", "http://api:8000", "--listen", "0.0.0.0:8080"]

@@ -1,0 +1,23 @@
+# GPU decision worker: Clef / Clef-flash behind the micro-batcher (`guard worker serve`).
+# Build from the repository root:  docker build -f deploy/docker/worker.Dockerfile -t guard-worker .
+# Weights are NOT baked in: mount a local release directory at /models/clef-flash (see docs/operations.md).
+FROM nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
+
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-pip curl \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/guard
+ENV PATH=/opt/guard/bin:$PATH
+# CUDA build of torch first, so installing guard does not pull another one.
+RUN pip install torch --index-url https://download.pytorch.org/whl/cu130
+COPY pyproject.toml README.md /src/
+COPY guard /src/guard
+RUN pip install /src
+
+RUN useradd --system --uid 10001 guard
+USER 10001
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=300s CMD curl -fsS http://127.0.0.1:8000/readyz || exit 1
+ENTRYPOINT ["guard", "worker", "serve", "--model", "/models/clef-flash", "--device", "cuda", "--dtype", "bfloat16", \
+            "--host", "0.0.0.0", "--port", "8000"]
