@@ -9,7 +9,13 @@
     │   ├── BackendRejected         the backend refused the request (4xx); retrying will not help
     │   └── MalformedAnswer         an answer is missing, not finite, or its probabilities do not sum to 1
     ├── Overloaded                  a bounded queue is full; carries ``retry_after`` seconds
-    └── UnsupportedQuestion         a backend was asked a question it cannot answer (compact model catalog)
+    ├── UnsupportedQuestion         a backend was asked a question it cannot answer (compact model catalog)
+    ├── BodyError                   an HTTP request body cannot be inspected (too large, undecodable, malformed)
+    ├── ReviewError                 a review item cannot be read or changed as asked
+    │   ├── ReviewNotFound          no review item has that id (never existed or expired)
+    │   ├── ReviewConflict          the item's status or content digest forbids the change (e.g. a second release)
+    │   └── ReviewStoreUnavailable  the review store (Redis) cannot be reached
+    └── HandoffError                the LLM handoff target is unknown, unreachable or answered badly
 
 Exceptions from httpx, redis and torch are translated at the boundary with ``raise ... from exc``. Messages are one
 sentence built from the attributes, naming the object, the value, the limit and, where one exists, the fix.
@@ -25,12 +31,18 @@ __all__ = [
     "BackendRejected",
     "BackendTimeout",
     "BackendUnavailable",
+    "BodyError",
     "FieldError",
     "GuardError",
+    "HandoffError",
     "MalformedAnswer",
     "Overloaded",
     "PolicyError",
     "RequestValidationError",
+    "ReviewConflict",
+    "ReviewError",
+    "ReviewNotFound",
+    "ReviewStoreUnavailable",
     "UnsupportedQuestion",
 ]
 
@@ -175,3 +187,73 @@ class UnsupportedQuestion(GuardError, ValueError):
         self.backend = backend
         self.reason = reason
         super().__init__(f"question {question_id!r} cannot be answered by backend {backend!r}: {reason}")
+
+
+class BodyError(GuardError, ValueError):
+    """An HTTP request body cannot be inspected, so it must not be forwarded.
+
+    Attributes:
+        status: the HTTP status to answer with (400 malformed, 413 too large, 415 unsupported media or encoding).
+        code: snake_case error code for the ``{code, message, field}`` body, e.g. ``body_too_large``.
+        field: what is at fault, e.g. ``body``, ``content-encoding``, ``body.prompt``.
+        reason: one sentence naming the value and the limit.
+    """
+
+    def __init__(self, status: int, code: str, reason: str, *, field: str = "body") -> None:
+        self.status = status
+        self.code = code
+        self.field = field
+        self.reason = reason
+        super().__init__(reason)
+
+
+class ReviewError(GuardError):
+    """A review item cannot be read or changed as asked.
+
+    Attributes:
+        review_id: the item's id.
+        reason: what is wrong.
+    """
+
+    def __init__(self, review_id: str, reason: str) -> None:
+        self.review_id = review_id
+        self.reason = reason
+        super().__init__(f"review {review_id!r}: {reason}")
+
+
+class ReviewNotFound(ReviewError):
+    """No review item has that id: it never existed or its TTL expired."""
+
+    def __init__(self, review_id: str) -> None:
+        super().__init__(review_id, "no such review item (unknown id or expired)")
+
+
+class ReviewConflict(ReviewError):
+    """The item's status or content digest forbids the change (approve twice, release unapproved, second release).
+
+    Attributes:
+        status: the item's current status.
+    """
+
+    def __init__(self, review_id: str, status: str, reason: str) -> None:
+        self.status = status
+        super().__init__(review_id, reason)
+
+
+class ReviewStoreUnavailable(ReviewError):
+    """The review store could not be reached (Redis down or slow); nothing was stored or changed."""
+
+
+class HandoffError(GuardError):
+    """The LLM handoff target is unknown, unreachable, timed out, or answered with an error or a malformed body.
+
+    Attributes:
+        target: the handoff target's name.
+        reason: short machine-friendly reason: ``unknown_target``, ``timeout``, ``unavailable``, ``http_<status>``,
+            ``malformed``.
+    """
+
+    def __init__(self, message: str, *, target: str, reason: str) -> None:
+        self.target = target
+        self.reason = reason
+        super().__init__(message)
