@@ -10,6 +10,7 @@
     │   └── MalformedAnswer         an answer is missing, not finite, or its probabilities do not sum to 1
     ├── Overloaded                  a bounded queue is full; carries ``retry_after`` seconds
     ├── UnsupportedQuestion         a backend was asked a question it cannot answer (compact model catalog)
+    ├── InvalidJson                 strict JSON parsing failed: not UTF-8, duplicate key, too deep, NaN, bad syntax
     ├── BodyError                   an HTTP request body cannot be inspected (too large, undecodable, malformed)
     ├── ReviewError                 a review item cannot be read or changed as asked
     │   ├── ReviewNotFound          no review item has that id (never existed or expired)
@@ -35,6 +36,7 @@ __all__ = [
     "FieldError",
     "GuardError",
     "HandoffError",
+    "InvalidJson",
     "MalformedAnswer",
     "Overloaded",
     "PolicyError",
@@ -187,6 +189,23 @@ class UnsupportedQuestion(GuardError, ValueError):
         self.backend = backend
         self.reason = reason
         super().__init__(f"question {question_id!r} cannot be answered by backend {backend!r}: {reason}")
+
+
+class InvalidJson(GuardError, ValueError):
+    """A JSON document breaks the strict rules (``guard/_json.py``).
+
+    Attributes:
+        reason: ``not_utf8``, ``syntax``, ``duplicate_key``, ``too_deep``, ``non_finite``, ``lone_surrogate`` or
+            ``number_too_long``.
+        path: JSON path of the offending value (``$.messages[0].content``), ``$`` when it is the whole document.
+        detail: one sentence naming the value and the limit.
+    """
+
+    def __init__(self, reason: str, detail: str, *, path: str = "$") -> None:
+        self.reason = reason
+        self.path = path
+        self.detail = detail
+        super().__init__(f"{detail} (at {path})" if path != "$" else detail)
 
 
 class BodyError(GuardError, ValueError):

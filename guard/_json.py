@@ -1,0 +1,150 @@
+"""Strict JSON for judged content: UTF-8 only, no duplicate keys, bounded depth, finite numbers, no lone surrogates.
+
+Python's ``json`` keeps the last of duplicate keys, accepts ``NaN``/``Infinity``, decodes ``"\\ud800"`` into a lone
+surrogate, and ``json.loads(bytes)`` silently accepts UTF-16 and UTF-32. A guard that parses leniently can score one
+value while the application uses another (cases C04 and C06), so judged JSON goes through :func:`loads` instead.
+
+Example:
+    >>> loads(b'{"prompt": "hi"}')
+    {'prompt': 'hi'}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+from guard.errors import InvalidJson
+
+__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "depth", "loads"]
+
+DEFAULT_MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects accepted (``{}`` is depth 1, a bare scalar depth 0)."""
+
+DuplicateKeys = Literal["reject", "collect"]
+"""``reject``: a repeated key is an error. ``collect``: the key maps to the list of all its values, in order, so
+every value is judged (the application will use one of them, usually the last)."""
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _reject_constant(name: str) -> Any:
+    raise InvalidJson("non_finite", f"the constant {name} is not JSON; numbers must be finite")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidJson("non_finite", f"the number {text[:40]} overflows a 64-bit float; numbers must be finite")
+    return value
+
+
+def _pairs_rejecting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InvalidJson("duplicate_key", f"duplicate key {key[:100]!r} in an object; each key may appear once")
+        out[key] = value
+    return out
+
+
+def _pairs_collecting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    repeated: set[str] = set()
+    for key, value in pairs:
+        if key not in out:
+            out[key] = value
+        elif key in repeated:
+            out[key].append(value)
+        else:
+            out[key] = [out[key], value]
+            repeated.add(key)
+    return out
+
+
+def _decode_text(data: bytes) -> str:
+    if data.startswith(_UTF8_BOM):
+        data = data[len(_UTF8_BOM) :]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start]
+        raise InvalidJson(
+            "not_utf8", f"byte 0x{bad:02x} at offset {exc.start} is not valid UTF-8; JSON must be UTF-8"
+        ) from exc
+
+
+def depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value: 0 for a scalar, 1 for ``{}``/``[]``, one more per level inside.
+
+    Iterative, so it is safe on values nested deeper than the interpreter's recursion limit.
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            level += 1
+            stack.extend((child, level) for child in node.values())
+        elif isinstance(node, list):
+            level += 1
+            stack.extend((child, level) for child in node)
+        deepest = max(deepest, level)
+    return deepest
+
+
+def _check_surrogates(value: Any) -> None:
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidJson(
+                    "lone_surrogate", "a \\u escape encodes a lone UTF-16 surrogate, which is not text", path=path
+                ) from exc
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                stack.append((key, path))
+                stack.append((child, f"{path}.{key}"))
+        elif isinstance(node, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node))
+
+
+def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_keys: DuplicateKeys = "reject") -> Any:
+    """Parse one JSON document strictly.
+
+    Args:
+        data: the document; bytes must be UTF-8 (a UTF-8 byte-order mark is ignored; UTF-16/32 are refused).
+        max_depth: deepest nesting of arrays/objects allowed.
+        duplicate_keys: ``reject`` (default) or ``collect`` (see :data:`DuplicateKeys`).
+
+    Returns:
+        The parsed value (dicts, lists, str, int, float, bool, None).
+
+    Raises:
+        InvalidJson: with ``reason`` ``not_utf8``, ``syntax``, ``duplicate_key``, ``too_deep``, ``non_finite``,
+            ``lone_surrogate`` or ``number_too_long``.
+    """
+    text = _decode_text(data) if isinstance(data, bytes | bytearray | memoryview) else data
+    hook = _pairs_rejecting if duplicate_keys == "reject" else _pairs_collecting
+    try:
+        value = json.loads(text, object_pairs_hook=hook, parse_constant=_reject_constant, parse_float=_finite_float)
+    except InvalidJson:
+        raise
+    except json.JSONDecodeError as exc:
+        raise InvalidJson("syntax", f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    except RecursionError as exc:
+        raise InvalidJson("too_deep", f"JSON nesting exceeds the limit of {max_depth} levels") from exc
+    except ValueError as exc:  # int() past sys.get_int_max_str_digits()
+        raise InvalidJson("number_too_long", f"a number has too many digits: {exc}") from exc
+    # Fast path: fewer brackets than the limit cannot nest deeper than it.
+    if text.count("{") + text.count("[") > max_depth:
+        found = depth(value)
+        if found > max_depth:
+            raise InvalidJson("too_deep", f"JSON nests {found} levels deep; the limit is {max_depth}")
+    if "\\ud" in text or "\\uD" in text:
+        _check_surrogates(value)
+    return value
