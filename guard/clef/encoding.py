@@ -1,0 +1,271 @@
+"""Record encoding: System One request -> token ids, question and option spans, and collated batches.
+
+Implements ``shared/design/clef-runtime.md`` §2 (reference behaviour):
+
+* §2.1 :func:`render`: strings raw, everything else as Python's compact, key-sorted, non-ASCII ``json.dumps``.
+* §2.2 option lists come from :meth:`guard.systemone.QuestionV1.options` (prompt order).
+* §2.3 the prompt constants below, byte for byte, each piece tokenized on its own.
+* §2.4 spans are half-open token ranges into the final ``input_ids``.
+* §2.5 head-of-state truncation to ``max_length``; only the state is ever cut.
+* §2.6 :func:`collate`: right padding, media tensors concatenated, ``mm_token_type_ids`` scattered.
+
+Token sequence: ``prefix ‖ media ‖ state ‖ schema ‖ suffix``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from guard.clef.processor import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, ClefProcessor, EncodedMedia
+from guard.errors import FieldError, RequestValidationError
+from guard.systemone import QuestionV1, SystemOneRequestV1
+
+__all__ = [
+    "DEFAULT_MAX_LENGTH",
+    "FIELD_END",
+    "IMAGE_PLACEHOLDER",
+    "OPTIONS_HEADER",
+    "OPTION_END",
+    "PREFIX",
+    "QUESTION_TYPE_IDS",
+    "SCHEMA_HEADER",
+    "SUFFIX",
+    "SYSTEM_PROMPT",
+    "VIDEO_PLACEHOLDER",
+    "EncodedMedia",
+    "EncodedQuestion",
+    "EncodedRecord",
+    "collate",
+    "encode_record",
+    "field_header",
+    "option_label",
+    "render",
+]
+
+#: Longest prompt the reference builds by default; the head was trained at 16k (§2.5).
+DEFAULT_MAX_LENGTH = 16384
+
+SYSTEM_PROMPT = (
+    "Read the complete state and schema. Decide every field jointly. "
+    "Each answer must be exactly one of that field's allowed options."
+)
+PREFIX = "<|im_start|>system\n" + SYSTEM_PROMPT + "<|im_end|>\n<|im_start|>user\nSTATE:\n"
+SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
+OPTIONS_HEADER = "\nALLOWED OPTIONS:\n"
+OPTION_END = "\n"
+FIELD_END = "END FIELD\n"
+SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
+
+#: Head type ids (row of ``type_embedding``): 0 noul, 1 choice, 2 score (§1.5).
+QUESTION_TYPE_IDS = {"noul": 0, "choice": 1, "score": 2}
+
+
+def field_header(index: int, question_id: str, question_type: str) -> str:
+    """``FIELD_HEADER(i, id, type)`` of §2.3; ``index`` is 1-based."""
+    return "\nFIELD " + str(index) + "\nID: " + question_id + "\nTYPE: " + question_type + "\nINSTRUCTION: "
+
+
+def option_label(index: int) -> str:
+    """``OPTION_LABEL(k)`` of §2.3; ``index`` is 1-based."""
+    return "OPTION " + str(index) + ": "
+
+
+def render(value: Any) -> str:
+    """Render a JSON value for the prompt (§2.1).
+
+    A ``str`` is returned unchanged; anything else is ``json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+    sort_keys=True)`` (Python float repr such as ``1e-05``/``-0.0``, ``NaN`` accepted).
+    """
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class EncodedQuestion:
+    """Where one question sits in ``input_ids`` (§2.4).
+
+    Attributes:
+        question_id: the question id (raw request key).
+        question_type: 0 noul, 1 choice, 2 score.
+        question_span: half-open ``[start, end)`` of the rendered instructions piece.
+        option_spans: half-open spans of each rendered option object, in prompt order.
+        option_ids: option ids in prompt order (noul ``true, false``; choice sorted; score ``"0".."n-1"``).
+    """
+
+    question_id: str
+    question_type: int
+    question_span: tuple[int, int]
+    option_spans: tuple[tuple[int, int], ...]
+    option_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EncodedRecord:
+    """One encoded request (§2.4).
+
+    Attributes:
+        input_ids: the full prompt, length L <= ``max_length``.
+        questions: one entry per question, in request order.
+        record_id: caller-chosen label (the reference reads ``record["id"]``; default ``"unknown"``).
+        media: the media block, or ``None`` for a text-only record.
+        untruncated_length: the prompt length before the state was cut (== ``len(input_ids)`` when nothing was cut).
+    """
+
+    input_ids: tuple[int, ...]
+    questions: tuple[EncodedQuestion, ...]
+    record_id: str = "unknown"
+    media: EncodedMedia | None = None
+    untruncated_length: int = 0
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the tail of the state was dropped to fit ``max_length``."""
+        return self.untruncated_length > len(self.input_ids)
+
+
+def _schema_texts(questions: tuple[QuestionV1, ...]) -> tuple[list[str], list[tuple[int, int, int]]]:
+    """The schema's pieces in order, and which piece is which span.
+
+    Returns:
+        ``(texts, marks)``; ``marks[p] = (piece_index, question_index, option_index)`` for every span piece, with
+        ``option_index = -1`` for the question span.
+    """
+    texts = [SCHEMA_HEADER]
+    marks: list[tuple[int, int, int]] = []
+    for qi, question in enumerate(questions):
+        texts.append(field_header(qi + 1, question.id, question.type))
+        marks.append((len(texts), qi, -1))
+        texts.append(render(question.instruction_value()))
+        texts.append(OPTIONS_HEADER)
+        for k, (option_id, description) in enumerate(question.options()):
+            texts.append(option_label(k + 1))
+            option: dict[str, Any] = {"option_id": option_id}
+            if description is not None:
+                option["description"] = description
+            marks.append((len(texts), qi, k))
+            texts.append(render(option))
+            texts.append(OPTION_END)
+        texts.append(FIELD_END)
+    return texts, marks
+
+
+def encode_record(
+    request: SystemOneRequestV1,
+    processor: ClefProcessor,
+    *,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    max_state_tokens: int | None = None,
+    record_id: str = "unknown",
+    media_kwargs: dict[str, Any] | None = None,
+) -> EncodedRecord:
+    """Encode one request into token ids and spans (§2.3-§2.5). CPU only; no model forward.
+
+    Args:
+        request: a validated request (any validation profile).
+        processor: the checkpoint's tokenizer/media processor.
+        max_length: longest prompt allowed; the head of the state is kept, the tail dropped.
+        max_state_tokens: optional cap on state tokens, applied first.
+        record_id: label kept on the record.
+        media_kwargs: extra keyword arguments for the media processor.
+
+    Returns:
+        The encoded record; ``len(input_ids) <= max_length``.
+
+    Raises:
+        RequestValidationError: (a ``ValueError``) with field ``questions`` and the reference message
+            ``schema requires N tokens before state; maximum is M`` when everything but the state exceeds
+            ``max_length``; with field ``questions`` when there are no questions; media errors from the processor.
+    """
+    if not request.questions:
+        raise RequestValidationError([FieldError("questions", "at least one question is required")])
+    schema_texts, marks = _schema_texts(request.questions)
+    prefix_ids, state_ids, suffix_ids, *schema_pieces = processor.encode_texts(
+        [PREFIX, render(request.state), SUFFIX, *schema_texts]
+    )
+    media = None
+    media_ids: tuple[int, ...] = ()
+    if request.images or request.videos:
+        media = processor.encode_media(
+            request.images, request.videos, token_offset=len(prefix_ids), media_kwargs=media_kwargs
+        )
+        media_ids = media.input_ids
+    untruncated = len(prefix_ids) + len(media_ids) + len(state_ids) + sum(map(len, schema_pieces)) + len(suffix_ids)
+    if max_state_tokens is not None:
+        state_ids = state_ids[:max_state_tokens]
+    fixed = len(prefix_ids) + len(media_ids) + sum(map(len, schema_pieces)) + len(suffix_ids)
+    if fixed > max_length:
+        message = f"schema requires {fixed} tokens before state; maximum is {max_length}"
+        raise RequestValidationError([FieldError("questions", message)])
+    state_ids = state_ids[: max_length - fixed]
+
+    # Piece start offsets inside the schema, then shifted past prefix, media and (truncated) state (§2.4).
+    shift = len(prefix_ids) + len(media_ids) + len(state_ids)
+    starts = [shift]
+    for piece in schema_pieces:
+        starts.append(starts[-1] + len(piece))
+    spans: dict[tuple[int, int], tuple[int, int]] = {(qi, k): (starts[p], starts[p + 1]) for p, qi, k in marks}
+    questions = tuple(
+        EncodedQuestion(
+            question_id=q.id,
+            question_type=QUESTION_TYPE_IDS[q.type],
+            question_span=spans[(qi, -1)],
+            option_spans=tuple(spans[(qi, k)] for k in range(len(q.options()))),
+            option_ids=tuple(option_id for option_id, _ in q.options()),
+        )
+        for qi, q in enumerate(request.questions)
+    )
+    input_ids = (*prefix_ids, *media_ids, *state_ids, *(t for piece in schema_pieces for t in piece), *suffix_ids)
+    if not input_ids:  # pragma: no cover - the constant prefix always tokenizes to something
+        raise ValueError("record encodes to no tokens")
+    return EncodedRecord(
+        input_ids=input_ids, questions=questions, record_id=record_id, media=media, untruncated_length=untruncated
+    )
+
+
+def collate(records: list[EncodedRecord], pad_token_id: int, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Right-pad records into one batch (§2.6).
+
+    Args:
+        records: encoded records (B >= 1).
+        pad_token_id: the tokenizer's pad id (``<|endoftext|>``).
+        device: where the tensors go.
+
+    Returns:
+        ``input_ids`` [B, T] int64 and ``attention_mask`` [B, T] int64 (1 real, 0 pad); when any record has media,
+        also ``mm_token_type_ids`` [B, T] int64 (zeros with each record's types at its ``token_offset``) and the media
+        tensors concatenated along dim 0 in record order (``pixel_values``, ``image_grid_thw``, ...).
+
+    Raises:
+        ValueError: for an empty list.
+    """
+    if not records:
+        raise ValueError("collate needs at least one record")
+    width = max(len(r.input_ids) for r in records)
+    input_ids = torch.full((len(records), width), pad_token_id, dtype=torch.long)  # [B, T]
+    attention_mask = torch.zeros((len(records), width), dtype=torch.long)  # [B, T]
+    for b, record in enumerate(records):
+        input_ids[b, : len(record.input_ids)] = torch.tensor(record.input_ids, dtype=torch.long)
+        attention_mask[b, : len(record.input_ids)] = 1
+    batch: dict[str, Any] = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+    media_records = [r for r in records if r.media is not None]
+    if media_records:
+        types = torch.zeros((len(records), width), dtype=torch.long)  # [B, T]
+        tensors: dict[str, list[torch.Tensor]] = {}
+        for b, record in enumerate(records):
+            if record.media is None:
+                continue
+            offset = record.media.token_offset
+            types[b, offset : offset + len(record.media.mm_token_type_ids)] = torch.tensor(
+                record.media.mm_token_type_ids, dtype=torch.long
+            )
+            for name, tensor in record.media.tensors.items():
+                tensors.setdefault(name, []).append(tensor)
+        batch["mm_token_type_ids"] = types.to(device)
+        for name, parts in tensors.items():
+            batch[name] = torch.cat(parts, dim=0).to(device)
+    return batch

@@ -1,0 +1,227 @@
+"""Tokenizer and media processor of a Clef checkpoint, loaded without a network and (for images) without torchvision.
+
+Implements the loading half of ``shared/design/clef-runtime.md`` §1.6 and §2.3 step 2:
+
+* The tokenizer is read **literally from ``tokenizer.json``** with the ``tokenizers`` library, the way transformers
+  5.10.2 (the version the reference was tested with) reads it. transformers >= 5.24 loads a ``Qwen3_5Tokenizer`` for
+  ``qwen3_5`` that swaps in a pre-tokenizer regex where combining marks join letter runs; text with marks that survive
+  NFC (Devanagari, Thai) would tokenize differently from the reference, so we do not use it.
+* Images go through the checkpoint's image processor (``AutoImageProcessor``; without torchvision this is
+  ``Qwen2VLImageProcessorPil``) and the placeholder expansion of ``Qwen3VLProcessor`` is reproduced here: each
+  ``<|image_pad|>`` becomes ``grid_t·grid_h·grid_w / merge_size²`` pads, the expanded text is tokenized in one call,
+  and ``mm_token_type_ids`` marks image pads 1 and video pads 2.
+* Videos need the full ``Qwen3VLProcessor`` with its video processor, which needs torchvision. When torchvision is
+  installed every media request goes through that processor (with the faithful tokenizer above).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib.util
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from guard.errors import FieldError, RequestValidationError
+
+__all__ = ["IMAGE_PLACEHOLDER", "VIDEO_PLACEHOLDER", "ClefProcessor", "EncodedMedia", "decode_image", "load_tokenizer"]
+
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
+
+_DEFAULT_IMAGE_TOKEN = "<|image_pad|>"
+_DEFAULT_VIDEO_TOKEN = "<|video_pad|>"
+_TORCHVISION_FIX = (
+    "video input needs torchvision for the checkpoint's video processor; install the torchvision build that matches "
+    "your torch (e.g. `pip install torchvision==<version for torch {torch}>`)"
+)
+
+
+@dataclass(frozen=True)
+class EncodedMedia:
+    """The media block of one record (§2.3 step 2).
+
+    Attributes:
+        input_ids: the processor's ids for ``IMAGE_PLACEHOLDER × n + VIDEO_PLACEHOLDER × m + "\\n"`` with the pads
+            expanded to the grid sizes.
+        mm_token_type_ids: one entry per id in ``input_ids``: 0 text, 1 image pad, 2 video pad.
+        tensors: ``pixel_values`` [patches, C·t·p·p] float32, ``image_grid_thw`` [n_images, 3] int64, and for videos
+            ``pixel_values_videos`` / ``video_grid_thw``; concatenated along dim 0 when records are collated.
+        token_offset: index of the first media id in the record's ``input_ids`` (= ``len(prefix_ids)``).
+    """
+
+    input_ids: tuple[int, ...]
+    mm_token_type_ids: tuple[int, ...]
+    tensors: dict[str, torch.Tensor] = field(compare=False)
+    token_offset: int = 0
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """Load ``tokenizer.json`` literally as a transformers fast tokenizer (§1.6).
+
+    Args:
+        path: checkpoint directory holding ``tokenizer.json`` and ``tokenizer_config.json``.
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` whose backend is exactly the file's pipeline, with the config's eos/pad tokens.
+
+    Raises:
+        FileNotFoundError: when ``tokenizer.json`` is missing.
+    """
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    root = Path(path)
+    config_path = root / "tokenizer_config.json"
+    config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+    special = {key: config[key] for key in ("eos_token", "pad_token", "bos_token", "unk_token") if config.get(key)}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_file(str(root / "tokenizer.json")),
+        model_max_length=config.get("model_max_length", 262144),
+        **special,
+    )
+    return tokenizer
+
+
+def decode_image(item: Any, *, where: str = "images[0]") -> Any:
+    """Turn one ``images`` entry into an RGB PIL image.
+
+    Accepts a PIL image, a ``data:image/...;base64,...`` URL (Workers AI form) or ``{"content_type", "base64"}``.
+
+    Raises:
+        RequestValidationError: for a remote URL, bad base64 or bytes PIL cannot decode; the field is ``where``.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(item, Image.Image):
+        return item.convert("RGB")
+    if isinstance(item, str):
+        if not item[:5].lower() == "data:" or "," not in item:
+            raise RequestValidationError([FieldError(where, "must be a data: URL; remote URLs are never fetched")])
+        header, payload = item.split(",", 1)
+        if not header.lower().endswith(";base64"):
+            raise RequestValidationError([FieldError(where, "data URL must be base64-encoded")])
+    elif isinstance(item, Mapping) and isinstance(item.get("base64"), str):
+        payload = item["base64"]
+    else:
+        raise RequestValidationError(
+            [
+                FieldError(
+                    where, f"must be a PIL image, a data URL or {{content_type, base64}}, got {type(item).__name__}"
+                )
+            ]
+        )
+    try:
+        raw = base64.b64decode(payload, validate=True)
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+    except (binascii.Error, ValueError, UnidentifiedImageError, OSError) as exc:
+        raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
+    return image.convert("RGB")
+
+
+class ClefProcessor:
+    """Tokenizer plus media processing of one checkpoint: the ``processor`` argument of ``encode_record``.
+
+    Args:
+        tokenizer: a transformers tokenizer (see :func:`load_tokenizer`).
+        image_processor: the checkpoint's image processor, or ``None`` for a text-only processor.
+        full_processor: a ``Qwen3VLProcessor`` (needs torchvision); when given, media goes through it.
+
+    Example:
+        >>> processor = ClefProcessor.from_pretrained("tests/fixtures/clef-golden/checkpoint")  # doctest: +SKIP
+        >>> processor.encode_texts(["STATE:\\n"])  # doctest: +SKIP
+    """
+
+    def __init__(self, tokenizer: Any, image_processor: Any = None, full_processor: Any = None) -> None:
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.full_processor = full_processor
+        self.pad_token_id: int = int(tokenizer.pad_token_id)
+        self.image_token_id = self._special_id(_DEFAULT_IMAGE_TOKEN)
+        self.video_token_id = self._special_id(_DEFAULT_VIDEO_TOKEN)
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ClefProcessor:
+        """Load tokenizer and (when ``processor_config.json`` exists) the media processors from a checkpoint dir."""
+        root = Path(path)
+        tokenizer = load_tokenizer(root)
+        if not (root / "processor_config.json").exists():
+            return cls(tokenizer)
+        from transformers import AutoImageProcessor
+
+        image_processor = AutoImageProcessor.from_pretrained(str(root))
+        full = None
+        if importlib.util.find_spec("torchvision") is not None:  # pragma: no cover - torchvision is absent in CI
+            from transformers import AutoVideoProcessor
+            from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+            full = Qwen3VLProcessor(
+                image_processor=image_processor,
+                tokenizer=tokenizer,
+                video_processor=AutoVideoProcessor.from_pretrained(str(root)),
+            )
+        return cls(tokenizer, image_processor, full)
+
+    def _special_id(self, token: str) -> int | None:
+        token_id = self.tokenizer.convert_tokens_to_ids(token)
+        return int(token_id) if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id else None
+
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Tokenize each text on its own, without special-token templates (§2.3).
+
+        Equivalent to ``[tokenizer(t, add_special_tokens=False).input_ids for t in texts]``; uses the backend's batch
+        encoder when there is one (same ids, one call).
+        """
+        if self._backend is not None:
+            return [enc.ids for enc in self._backend.encode_batch(list(texts), add_special_tokens=False)]
+        return [list(self.tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
+
+    def encode_media(
+        self, images: Sequence[Any], videos: Sequence[Any], *, token_offset: int, media_kwargs: Mapping[str, Any] | None
+    ) -> EncodedMedia:
+        """Run the media block through the image (and video) processor (§2.3 step 2).
+
+        Args:
+            images: PIL images, data URLs or ``{content_type, base64}`` entries.
+            videos: frame arrays (needs torchvision).
+            token_offset: where the block will start in ``input_ids``.
+            media_kwargs: extra processor keyword arguments (reference ``media_kwargs``).
+
+        Raises:
+            RequestValidationError: undecodable images, media on a text-only checkpoint, or videos without torchvision
+                (the message names the fix).
+        """
+        decoded = [decode_image(item, where=f"images[{i}]") for i, item in enumerate(images)]
+        text = IMAGE_PLACEHOLDER * len(decoded) + VIDEO_PLACEHOLDER * len(videos) + "\n"
+        kwargs = dict(media_kwargs or {})
+        if self.full_processor is not None:  # pragma: no cover - torchvision is absent in CI
+            out = self.full_processor(
+                text=[text], images=decoded or None, videos=list(videos) or None, return_tensors="pt", **kwargs
+            )
+            ids = out.pop("input_ids")[0].tolist()
+            types = out.pop("mm_token_type_ids")[0].tolist()
+            out.pop("attention_mask", None)
+            return EncodedMedia(tuple(ids), tuple(types), dict(out), token_offset)
+        if videos:
+            raise RequestValidationError([FieldError("videos", _TORCHVISION_FIX.format(torch=torch.__version__))])
+        if self.image_processor is None:
+            raise RequestValidationError([FieldError("images", "this checkpoint has no processor_config.json")])
+        out = self.image_processor(images=decoded, return_tensors="pt", **kwargs)
+        grid = out["image_grid_thw"]  # [n_images, 3] (t, h, w) in patches
+        merge = int(self.image_processor.merge_size) ** 2
+        parts = text.split(_DEFAULT_IMAGE_TOKEN)
+        expanded = parts[0]
+        for i, rest in enumerate(parts[1:]):
+            expanded += _DEFAULT_IMAGE_TOKEN * (int(grid[i].prod()) // merge) + rest
+        ids = self.encode_texts([expanded])[0]
+        types = [1 if t == self.image_token_id else 2 if t == self.video_token_id else 0 for t in ids]
+        tensors = {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
+        return EncodedMedia(tuple(ids), tuple(types), tensors, token_offset)
