@@ -1,0 +1,465 @@
+"""The review store: escalated decisions waiting for a person or a tool, with single-use release.
+
+An **escalate** verdict becomes a :class:`ReviewItem` (``pending``). A reviewer approves or rejects it; an approved
+item can be **released** once, and only for the content it was created for (its ``digest``): the HTTP middleware
+replays the held request, the agent middleware resumes the held tool call. Lifecycle::
+
+    pending ──approve──► approved ──release(digest)──► released
+       └────reject────► rejected
+
+Every transition is atomic (a Lua script in Redis, a plain check-and-set in memory), so two concurrent releases of
+the same item give one success and one :class:`~guard.errors.ReviewConflict`. Items expire after their TTL.
+
+Two stores share the :class:`ReviewStore` protocol: :class:`RedisReviewStore` (shared across replicas, Redis TTL)
+and :class:`MemoryReviewStore` (one process, the fallback when no Redis is configured). A Redis that cannot be
+reached raises :class:`~guard.errors.ReviewStoreUnavailable`; callers fail closed on it, never open.
+
+Example:
+    >>> store = MemoryReviewStore()
+    >>> item = await store.create(verdict, subject={"method": "POST", "path": "/v1/chat"}, digest=digest_of(body))
+    >>> await store.approve(item.id, by="alice")
+    >>> await store.release(item.id, digest_of(body))   # a second call raises ReviewConflict
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from guard.errors import ReviewConflict, ReviewNotFound, ReviewStoreUnavailable
+from guard.verdict import Verdict
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+__all__ = [
+    "DEFAULT_MAX_ITEMS",
+    "DEFAULT_REVIEW_PREFIX",
+    "DEFAULT_REVIEW_TTL_S",
+    "MemoryReviewStore",
+    "RedisReviewStore",
+    "ReviewItem",
+    "ReviewStatus",
+    "ReviewStore",
+    "digest_of",
+]
+
+ReviewStatus = Literal["pending", "approved", "rejected", "released"]
+STATUSES: tuple[ReviewStatus, ...] = ("pending", "approved", "rejected", "released")
+
+DEFAULT_REVIEW_TTL_S = 24 * 3600.0
+"""How long an item lives, seconds, whatever its status."""
+DEFAULT_REVIEW_PREFIX = "guard:review:"
+"""Redis key prefix: items at ``<prefix><id>``, the expiry index at ``<prefix>index``."""
+DEFAULT_MAX_ITEMS = 10_000
+"""Most items the in-memory store holds; creating one more fails closed."""
+DEFAULT_LIST_LIMIT = 100
+
+
+def digest_of(*parts: bytes | str) -> str:
+    """SHA-256 (hex) of the parts, each length-prefixed so ``("ab", "c")`` and ``("a", "bc")`` differ."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode("utf-8") if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ReviewItem:
+    """One escalated decision.
+
+    Attributes:
+        id: the item's id (``rv_`` + 24 hex digits).
+        status: ``pending``, ``approved``, ``rejected`` or ``released``.
+        created_at: Unix time, seconds.
+        expires_at: Unix time, seconds; the item is gone after it.
+        decision_id: the escalating verdict's decision id.
+        policy_id: the policy that escalated.
+        policy_version: its version.
+        rule: the rule that fired (``on_error`` when a fail mode escalated).
+        message: the rule's message.
+        subject: a short, redacted summary of what is held (HTTP: method, path, host, client; agent: tool, thread).
+        state: the decision state the model judged.
+        answers: each question's answer (``AnswerV1.to_json()`` plus every option's probability).
+        digest: SHA-256 of the held content; a release must present the same digest.
+        request: what is needed to replay the held content (HTTP: method, path, query, headers, body); ``None``
+            in listings.
+        decided_by: who approved or rejected.
+        decided_at: when, Unix seconds.
+        note: the reviewer's note.
+        released_at: when the item was released, Unix seconds.
+    """
+
+    id: str
+    status: ReviewStatus
+    created_at: float
+    expires_at: float
+    decision_id: str
+    digest: str
+    policy_id: str | None = None
+    policy_version: str | None = None
+    rule: str | None = None
+    message: str | None = None
+    subject: dict[str, Any] = field(default_factory=dict)
+    state: Any = None
+    answers: dict[str, Any] = field(default_factory=dict)
+    request: dict[str, Any] | None = None
+    decided_by: str | None = None
+    decided_at: float | None = None
+    note: str | None = None
+    released_at: float | None = None
+
+    def to_json(self, *, include_request: bool = False) -> dict[str, Any]:
+        """Everything a reviewer needs; the held ``request`` only when asked for (it can carry a body)."""
+        out = asdict(self)
+        if not include_request:
+            out.pop("request")
+        return out
+
+    def public_json(self) -> dict[str, Any]:
+        """What the client whose request is held may see: no state, answers or request."""
+        return {
+            "id": self.id,
+            "status": self.status,
+            "decision_id": self.decision_id,
+            "policy": self.policy_id,
+            "rule": self.rule,
+            "message": self.message,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+        }
+
+
+def _new_item(
+    verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None, ttl_s: float
+) -> ReviewItem:
+    now = time.time()
+    return ReviewItem(
+        id="rv_" + secrets.token_hex(12),
+        status="pending",
+        created_at=now,
+        expires_at=now + ttl_s,
+        decision_id=verdict.decision_id,
+        digest=digest,
+        policy_id=verdict.policy_id,
+        policy_version=verdict.policy_version,
+        rule=verdict.rule,
+        message=verdict.message,
+        subject=dict(subject),
+        state=verdict.state,
+        answers={
+            qid: {**answer.to_json(), "probabilities": {k: round(v, 6) for k, v in answer.probabilities.items()}}
+            for qid, answer in verdict.answers.items()
+        },
+        request=request,
+    )
+
+
+def _check_ttl(ttl_s: float) -> float:
+    if not ttl_s > 0:
+        raise ValueError(f"ttl_s is {ttl_s}; it must be a positive number of seconds")
+    return float(ttl_s)
+
+
+@runtime_checkable
+class ReviewStore(Protocol):
+    """Where review items live. Every method is atomic per item.
+
+    Raises (all methods): ReviewStoreUnavailable when the store cannot be reached.
+    """
+
+    ttl_s: float
+
+    async def create(
+        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None
+    ) -> ReviewItem:
+        """Store a new ``pending`` item for ``verdict`` and return it."""
+        ...
+
+    async def get(self, review_id: str) -> ReviewItem:
+        """The item, with its held request. Raises ReviewNotFound."""
+        ...
+
+    async def list_items(
+        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT
+    ) -> list[ReviewItem]:
+        """Live items with that status (all when ``None``), oldest first, without their held requests."""
+        ...
+
+    async def approve(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
+        """pending -> approved. Raises ReviewNotFound, ReviewConflict (not pending)."""
+        ...
+
+    async def reject(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
+        """pending -> rejected. Raises ReviewNotFound, ReviewConflict (not pending)."""
+        ...
+
+    async def release(self, review_id: str, digest: str) -> ReviewItem:
+        """approved -> released, once, for the same content. Raises ReviewNotFound, ReviewConflict (not approved,
+        already released, or ``digest`` differs from the item's)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close connections the store owns. Idempotent."""
+        ...
+
+
+def _conflict(item_id: str, status: str, wanted: str) -> ReviewConflict:
+    if wanted == "approved" and status == "released":
+        return ReviewConflict(item_id, status, "the item was already released; a release is single-use")
+    return ReviewConflict(item_id, status, f"the item is {status}; this change needs it to be {wanted}")
+
+
+def _digest_conflict(item_id: str, status: str) -> ReviewConflict:
+    return ReviewConflict(item_id, status, "the content differs from the content that was reviewed (digest mismatch)")
+
+
+class MemoryReviewStore:
+    """A review store in this process's memory: for one process, tests, and when no Redis is configured.
+
+    Args:
+        ttl_s: item lifetime, seconds.
+        max_items: most live items held; creating another raises ReviewStoreUnavailable (fail closed).
+    """
+
+    def __init__(self, *, ttl_s: float = DEFAULT_REVIEW_TTL_S, max_items: int = DEFAULT_MAX_ITEMS) -> None:
+        self.ttl_s = _check_ttl(ttl_s)
+        if max_items < 1:
+            raise ValueError(f"max_items is {max_items}; it must be at least 1")
+        self.max_items = max_items
+        self._items: dict[str, ReviewItem] = {}
+
+    def __repr__(self) -> str:
+        return f"MemoryReviewStore(ttl_s={self.ttl_s}, max_items={self.max_items}, items={len(self._items)})"
+
+    def _purge(self) -> None:
+        now = time.time()
+        for key in [k for k, item in self._items.items() if item.expires_at <= now]:
+            del self._items[key]
+
+    def _live(self, review_id: str) -> ReviewItem:
+        item = self._items.get(review_id)
+        if item is None or item.expires_at <= time.time():
+            self._items.pop(review_id, None)
+            raise ReviewNotFound(review_id)
+        return item
+
+    async def create(
+        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None
+    ) -> ReviewItem:
+        if len(self._items) >= self.max_items:
+            self._purge()
+        if len(self._items) >= self.max_items:
+            raise ReviewStoreUnavailable(
+                "(new)", f"the in-memory review store holds {len(self._items)} items, its limit {self.max_items}"
+            )
+        item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s)
+        self._items[item.id] = item
+        return item
+
+    async def get(self, review_id: str) -> ReviewItem:
+        return self._live(review_id)
+
+    async def list_items(
+        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT
+    ) -> list[ReviewItem]:
+        self._purge()
+        items = [i for i in self._items.values() if status is None or i.status == status]
+        items.sort(key=lambda i: i.created_at)
+        return [replace(i, request=None) for i in items[:limit]]
+
+    def _decide(self, review_id: str, to: ReviewStatus, by: str | None, note: str | None) -> ReviewItem:
+        item = self._live(review_id)
+        if item.status != "pending":
+            raise _conflict(review_id, item.status, "pending")
+        item = replace(item, status=to, decided_by=by, decided_at=time.time(), note=note)
+        self._items[review_id] = item
+        return item
+
+    async def approve(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
+        return self._decide(review_id, "approved", by, note)
+
+    async def reject(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
+        return self._decide(review_id, "rejected", by, note)
+
+    async def release(self, review_id: str, digest: str) -> ReviewItem:
+        item = self._live(review_id)
+        if item.status != "approved":
+            raise _conflict(review_id, item.status, "approved")
+        if not secrets.compare_digest(item.digest, digest):
+            raise _digest_conflict(review_id, item.status)
+        item = replace(item, status="released", released_at=time.time())
+        self._items[review_id] = item
+        return item
+
+    async def aclose(self) -> None:
+        return None
+
+
+_CORE_FIELDS = ("id", "created_at", "expires_at", "decision_id", "policy_id", "policy_version", "rule", "message",
+                "subject", "state", "answers")
+
+
+class RedisReviewStore:
+    """A review store in Redis, shared by every replica: one hash per item with a TTL, plus an expiry index.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` client (any ``decode_responses`` setting).
+        prefix: key prefix (see :data:`DEFAULT_REVIEW_PREFIX`).
+        ttl_s: item lifetime, seconds (Redis expires the key).
+        owns_client: close ``client`` in :meth:`aclose` (set by :meth:`from_url`).
+    """
+
+    # KEYS[1] = item hash. ARGV[1] = required status, ARGV[2] = new status, ARGV[3] = required digest or "",
+    # ARGV[4..] = extra field/value pairs to set. Returns {code, current status}: 0 missing, 1 wrong status,
+    # 2 digest mismatch, 3 changed. HSET keeps the key's TTL.
+    TRANSITION_SCRIPT = """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {0, ''} end
+if cur ~= ARGV[1] then return {1, cur} end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'digest') ~= ARGV[3] then return {2, cur} end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 4))
+return {3, ARGV[2]}
+"""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = DEFAULT_REVIEW_PREFIX,
+        ttl_s: float = DEFAULT_REVIEW_TTL_S,
+        owns_client: bool = False,
+    ) -> None:
+        self.ttl_s = _check_ttl(ttl_s)
+        self.prefix = prefix
+        self._client = client
+        self._owns_client = owns_client
+        self._transition = client.register_script(self.TRANSITION_SCRIPT)
+        self._index = f"{prefix}index"
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = DEFAULT_REVIEW_PREFIX, ttl_s: float = DEFAULT_REVIEW_TTL_S,
+        timeout_s: float = 0.5,
+    ) -> RedisReviewStore:
+        """A store with its own client for ``url``; socket connect/read timeouts of ``timeout_s`` seconds."""
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        return cls(client, prefix=prefix, ttl_s=ttl_s, owns_client=True)
+
+    def __repr__(self) -> str:
+        return f"RedisReviewStore(prefix={self.prefix!r}, ttl_s={self.ttl_s})"
+
+    def _key(self, review_id: str) -> str:
+        return f"{self.prefix}{review_id}"
+
+    async def _call(self, review_id: str, coro: Any) -> Any:
+        from redis.exceptions import RedisError
+
+        try:
+            return await coro
+        except (RedisError, OSError) as exc:
+            raise ReviewStoreUnavailable(review_id, f"Redis failed: {type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _text(value: Any) -> str | None:
+        if value is None:
+            return None
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+    def _decode(self, fields: list[Any], *, with_request: bool) -> ReviewItem | None:
+        status, core, digest, decided, released_at, request = (self._text(v) for v in fields)
+        if status is None or core is None or digest is None:
+            return None
+        data = json.loads(core)
+        extra = json.loads(decided) if decided else {}
+        return ReviewItem(
+            **{k: data.get(k) for k in _CORE_FIELDS},
+            status=status,  # type: ignore[arg-type]
+            digest=digest,
+            decided_by=extra.get("by"),
+            decided_at=extra.get("at"),
+            note=extra.get("note"),
+            released_at=float(released_at) if released_at else None,
+            request=json.loads(request) if (with_request and request) else None,
+        )
+
+    _FIELDS = ("status", "core", "digest", "decided", "released_at", "request")
+
+    async def create(
+        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None
+    ) -> ReviewItem:
+        item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s)
+        key = self._key(item.id)
+        core = json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), default=str)
+        mapping = {"status": item.status, "core": core, "digest": digest}
+        if request is not None:
+            mapping["request"] = json.dumps(request, separators=(",", ":"))
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hset(key, mapping=mapping)
+        pipe.pexpireat(key, int(item.expires_at * 1000))
+        pipe.zadd(self._index, {item.id: item.expires_at})
+        pipe.zremrangebyscore(self._index, "-inf", time.time())
+        await self._call(item.id, pipe.execute())
+        return item
+
+    async def get(self, review_id: str) -> ReviewItem:
+        fields = await self._call(review_id, self._client.hmget(self._key(review_id), list(self._FIELDS)))
+        item = self._decode(fields, with_request=True)
+        if item is None:
+            raise ReviewNotFound(review_id)
+        return item
+
+    async def list_items(
+        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT
+    ) -> list[ReviewItem]:
+        await self._call("(list)", self._client.zremrangebyscore(self._index, "-inf", time.time()))
+        ids = await self._call("(list)", self._client.zrange(self._index, 0, DEFAULT_MAX_ITEMS - 1))
+        pipe = self._client.pipeline(transaction=False)
+        for raw in ids:
+            pipe.hmget(self._key(self._text(raw) or ""), list(self._FIELDS))
+        rows = await self._call("(list)", pipe.execute()) if ids else []
+        items = [item for row in rows if (item := self._decode(row, with_request=False)) is not None]
+        items = [i for i in items if status is None or i.status == status]
+        items.sort(key=lambda i: i.created_at)
+        return items[:limit]
+
+    async def _move(self, review_id: str, need: ReviewStatus, to: ReviewStatus, digest: str, *pairs: str) -> ReviewItem:
+        code, current = await self._call(
+            review_id, self._transition(keys=[self._key(review_id)], args=[need, to, digest, *pairs])
+        )
+        current = self._text(current) or ""
+        if int(code) == 0:
+            raise ReviewNotFound(review_id)
+        if int(code) == 1:
+            raise _conflict(review_id, current, need)
+        if int(code) == 2:
+            raise _digest_conflict(review_id, current)
+        return await self.get(review_id)
+
+    async def _decide(self, review_id: str, to: ReviewStatus, by: str | None, note: str | None) -> ReviewItem:
+        decided = json.dumps({"by": by, "at": time.time(), "note": note})
+        return await self._move(review_id, "pending", to, "", "decided", decided)
+
+    async def approve(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
+        return await self._decide(review_id, "approved", by, note)
+
+    async def reject(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
+        return await self._decide(review_id, "rejected", by, note)
+
+    async def release(self, review_id: str, digest: str) -> ReviewItem:
+        if not digest:
+            raise _digest_conflict(review_id, "unknown")
+        return await self._move(review_id, "approved", "released", digest, "released_at", repr(time.time()))
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            self._owns_client = False
+            await self._client.aclose()

@@ -1,0 +1,167 @@
+"""The review store: lifecycle, single-use release bound to the digest, TTL, concurrency, Redis down (real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from guard.errors import ReviewConflict, ReviewNotFound, ReviewStoreUnavailable
+from guard.review import MemoryReviewStore, RedisReviewStore, ReviewStore, digest_of
+from guard.systemone import AnswerV1
+from guard.verdict import Verdict
+
+pytestmark = pytest.mark.anyio
+
+
+def _verdict() -> Verdict:
+    answer = AnswerV1(question_id="injection", type="noul", probabilities={"true": 0.55, "false": 0.45}, noul=0.55)
+    return Verdict(
+        action="escalate",
+        decision_id=uuid.uuid4().hex,
+        policy_id="api_abuse",
+        policy_version="3",
+        rule="unsure_injection",
+        message="held for review",
+        answers={"injection": answer},
+        state={"body": {"prompt": "maybe"}},
+    )
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make_store(request: pytest.FixtureRequest, create_redis: Any) -> AsyncIterator[Callable[..., ReviewStore]]:
+    stores: list[ReviewStore] = []
+
+    def factory(ttl_s: float = 60.0) -> ReviewStore:
+        store: ReviewStore
+        if request.param == "memory":
+            store = MemoryReviewStore(ttl_s=ttl_s)
+        else:
+            store = RedisReviewStore(create_redis(), prefix=create_redis.prefix, ttl_s=ttl_s)
+        stores.append(store)
+        return store
+
+    yield factory
+    for store in stores:
+        await store.aclose()
+
+
+async def test_lifecycle_approve_then_release_exactly_once(make_store: Callable[..., ReviewStore]) -> None:
+    store = make_store()
+    digest = digest_of("POST", "/v1/chat", b'{"prompt":"maybe"}')
+    request = {"method": "POST", "path": "/v1/chat", "body_b64": "e30="}
+    item = await store.create(_verdict(), subject={"method": "POST", "path": "/v1/chat"}, digest=digest, request=request)
+    assert item.status == "pending" and item.id.startswith("rv_")
+    assert item.expires_at - item.created_at == pytest.approx(60.0)
+
+    got = await store.get(item.id)
+    assert got.request == request and got.answers["injection"]["probabilities"]["true"] == pytest.approx(0.55)
+    assert got.rule == "unsure_injection" and got.state == {"body": {"prompt": "maybe"}}
+    listed = await store.list_items("pending")
+    assert [i.id for i in listed] == [item.id] and listed[0].request is None
+
+    with pytest.raises(ReviewConflict, match="pending; this change needs it to be approved"):
+        await store.release(item.id, digest)
+    approved = await store.approve(item.id, by="alice", note="looks fine")
+    assert (approved.status, approved.decided_by, approved.note) == ("approved", "alice", "looks fine")
+    assert await store.list_items("pending") == []
+    assert [i.id for i in await store.list_items("approved")] == [item.id]
+
+    with pytest.raises(ReviewConflict, match="digest mismatch"):
+        await store.release(item.id, digest_of("POST", "/v1/chat", b'{"prompt":"other"}'))
+    released = await store.release(item.id, digest)
+    assert released.status == "released" and released.released_at is not None
+    with pytest.raises(ReviewConflict, match="already released"):
+        await store.release(item.id, digest)
+    assert (await store.get(item.id)).status == "released"
+
+
+async def test_reject_is_final(make_store: Callable[..., ReviewStore]) -> None:
+    store = make_store()
+    item = await store.create(_verdict(), subject={}, digest="d")
+    rejected = await store.reject(item.id, by="bob")
+    assert rejected.status == "rejected" and rejected.decided_by == "bob"
+    for change in (store.approve(item.id), store.reject(item.id), store.release(item.id, "d")):
+        with pytest.raises(ReviewConflict) as info:
+            await change
+        assert info.value.status == "rejected"
+
+
+async def test_concurrent_releases_give_one_success(make_store: Callable[..., ReviewStore]) -> None:
+    store = make_store()
+    item = await store.create(_verdict(), subject={}, digest="abc")
+    await store.approve(item.id)
+    results = await asyncio.gather(*(store.release(item.id, "abc") for _ in range(20)), return_exceptions=True)
+    assert sum(1 for r in results if not isinstance(r, Exception)) == 1
+    assert all(isinstance(r, ReviewConflict) for r in results if isinstance(r, Exception))
+
+
+async def test_unknown_and_expired_items(make_store: Callable[..., ReviewStore]) -> None:
+    store = make_store(ttl_s=0.3)
+    with pytest.raises(ReviewNotFound):
+        await store.get("rv_nope")
+    with pytest.raises(ReviewNotFound):
+        await store.approve("rv_nope")
+    item = await store.create(_verdict(), subject={}, digest="d")
+    assert [i.id for i in await store.list_items(None)] == [item.id]
+    await asyncio.sleep(0.45)
+    with pytest.raises(ReviewNotFound):
+        await store.get(item.id)
+    with pytest.raises(ReviewNotFound):
+        await store.approve(item.id)
+    assert await store.list_items(None) == []
+
+
+async def test_redis_store_is_shared_between_instances(create_redis: Any) -> None:
+    one = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    two = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    item = await one.create(_verdict(), subject={"path": "/x"}, digest="d")
+    await two.approve(item.id, by="carol")
+    assert (await one.get(item.id)).decided_by == "carol"
+    await one.release(item.id, "d")
+    with pytest.raises(ReviewConflict):
+        await two.release(item.id, "d")
+
+
+async def test_redis_down_is_unavailable_not_an_allow(private_redis: Any) -> None:
+    store = RedisReviewStore.from_url(private_redis.url, timeout_s=0.2)
+    item = await store.create(_verdict(), subject={}, digest="d")
+    private_redis.stop()
+    with pytest.raises(ReviewStoreUnavailable, match="Redis failed"):
+        await store.create(_verdict(), subject={}, digest="d")
+    with pytest.raises(ReviewStoreUnavailable):
+        await store.release(item.id, "d")
+    with pytest.raises(ReviewStoreUnavailable):
+        await store.list_items()
+    await store.aclose()
+    await store.aclose()
+
+
+async def test_memory_store_full_fails_closed() -> None:
+    store = MemoryReviewStore(max_items=2)
+    await store.create(_verdict(), subject={}, digest="d")
+    await store.create(_verdict(), subject={}, digest="d")
+    with pytest.raises(ReviewStoreUnavailable, match="its limit 2"):
+        await store.create(_verdict(), subject={}, digest="d")
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="ttl_s is 0"):
+        MemoryReviewStore(ttl_s=0)
+    with pytest.raises(ValueError, match="max_items is 0"):
+        MemoryReviewStore(max_items=0)
+
+
+def test_digest_is_length_prefixed() -> None:
+    assert digest_of("ab", "c") != digest_of("a", "bc")
+    assert digest_of(b"x") == digest_of("x") and len(digest_of()) == 64
+
+
+def test_public_json_hides_state_and_request() -> None:
+    item = asyncio.run(MemoryReviewStore().create(_verdict(), subject={}, digest="d", request={"body_b64": ""}))
+    assert set(item.public_json()) == {"id", "status", "decision_id", "policy", "rule", "message", "created_at",
+                                       "expires_at"}
+    assert "request" not in item.to_json() and item.to_json(include_request=True)["request"] == {"body_b64": ""}
