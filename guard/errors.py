@@ -16,7 +16,8 @@
     │   ├── ReviewNotFound          no review item has that id (never existed or expired)
     │   ├── ReviewConflict          the item's status or content digest forbids the change (e.g. a second release)
     │   └── ReviewStoreUnavailable  the review store (Redis) cannot be reached
-    └── HandoffError                the LLM handoff target is unknown, unreachable or answered badly
+    ├── HandoffError                the LLM handoff target is unknown, unreachable or answered badly
+    └── ResumeError                 an agent resume does not answer exactly the pending review items
 
 Exceptions from httpx, redis and torch are translated at the boundary with ``raise ... from exc``. Messages are one
 sentence built from the attributes, naming the object, the value, the limit and, where one exists, the fix.
@@ -41,6 +42,7 @@ __all__ = [
     "Overloaded",
     "PolicyError",
     "RequestValidationError",
+    "ResumeError",
     "ReviewConflict",
     "ReviewError",
     "ReviewNotFound",
@@ -276,3 +278,22 @@ class HandoffError(GuardError):
         self.target = target
         self.reason = reason
         super().__init__(message)
+
+
+class ResumeError(GuardError, ValueError):
+    """An agent resume value does not answer exactly the review items that are pending (case C18).
+
+    Raised inside an interrupt's ``response_schema`` (LangGraph then saves nothing, so the thread can be answered
+    again) and by ``guard.agents.resume_command`` before a ``Command`` is built.
+
+    Attributes:
+        expected: ids of the pending review items.
+        given: ids the resume value answered.
+        reason: what is wrong, in one sentence.
+    """
+
+    def __init__(self, reason: str, *, expected: tuple[str, ...] = (), given: tuple[str, ...] = ()) -> None:
+        self.expected = expected
+        self.given = given
+        self.reason = reason
+        super().__init__(reason)
