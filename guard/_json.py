@@ -64,8 +64,7 @@ def _pairs_collecting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _decode_text(data: bytes) -> str:
-    if data.startswith(_UTF8_BOM):
-        data = data[len(_UTF8_BOM) :]
+    data = data.removeprefix(_UTF8_BOM)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
