@@ -1,0 +1,153 @@
+"""The stored form of a System One response (answers, model, usage) and its shape check, for the probability cache.
+
+The same check validates every fresh backend response before rules see it, so "a malformed model answer is an error,
+never an allow" and "a cached value of the wrong shape is ignored" are one piece of code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from guard.errors import MalformedAnswer
+from guard.systemone import AnswerV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
+
+__all__ = ["KEY_VERSION", "VALUE_VERSION", "cache_key", "decode_answers", "encode_answers"]
+
+#: Bump when the key material changes; old entries then simply miss.
+KEY_VERSION = 1
+#: Bump when the stored value changes; values of another version are treated as corrupt and overwritten.
+VALUE_VERSION = 1
+#: Probabilities of one question must sum to 1 within this.
+SUM_TOLERANCE = 1e-3
+
+
+def _media(value: Any) -> Any:
+    # PIL images (Python API only) are hashed by their pixels; anything else non-JSON by its repr.
+    tobytes = getattr(value, "tobytes", None)
+    if callable(tobytes):
+        digest = hashlib.sha256(tobytes()).hexdigest()
+        return {"image": [getattr(value, "mode", ""), list(getattr(value, "size", ())), digest]}
+    return repr(value)
+
+
+def cache_key(request: SystemOneRequestV1, *, backend: str, revision: str) -> str:
+    """SHA-256 (hex) of everything the model sees.
+
+    Material, in order: key version, backend name, model revision, model name, the state (key order kept: it is model
+    input), every question in request order with its type, instructions and criteria (choice order kept), and the
+    images. Requests that differ in any of these never share an entry.
+    """
+    material = {
+        "v": KEY_VERSION,
+        "backend": backend,
+        "revision": revision,
+        "model": request.model,
+        "state": request.state,
+        "questions": [[q.id, q.type, q.instructions, q.criteria] for q in request.questions],
+        "images": list(request.images),
+    }
+    blob = json.dumps(material, ensure_ascii=False, separators=(",", ":"), default=_media)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _probability(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= 1
+
+
+def encode_answers(response: SystemOneResponseV1, request: SystemOneRequestV1) -> dict[str, Any]:
+    """Check ``response`` against ``request`` and return its stored form (JSON-safe, full precision).
+
+    Raises:
+        MalformedAnswer: a missing or extra answer, a wrong type, a non-finite probability, probabilities that do
+            not sum to 1, or a choice/score outside its options.
+    """
+    answers: dict[str, Any] = {}
+    for question in request.questions:
+        answer = response.answers.get(question.id)
+        if answer is None:
+            raise MalformedAnswer(f"answer for question {question.id!r} is missing")
+        if answer.type != question.type:
+            raise MalformedAnswer(f"answer for {question.id!r} has type {answer.type!r}, expected {question.type!r}")
+        option_ids = question.option_ids()
+        if list(answer.probabilities) != option_ids and set(answer.probabilities) != set(option_ids):
+            raise MalformedAnswer(f"answer for {question.id!r} has options {list(answer.probabilities)}")
+        probabilities = [answer.probabilities[o] for o in option_ids]
+        entry: dict[str, Any] = {"t": answer.type, "p": probabilities}
+        if answer.type == "noul":
+            entry["x"] = answer.noul
+        elif answer.type == "choice":
+            entry["x"], entry["c"] = answer.choice, answer.confidence
+        else:
+            entry["x"], entry["c"] = answer.score, answer.confidence
+        answers[question.id] = entry
+    extra = [qid for qid in response.answers if qid not in answers]
+    if extra:
+        raise MalformedAnswer(f"response answers unknown questions {extra}")
+    value = {
+        "v": VALUE_VERSION,
+        "model": response.model,
+        "usage": [response.usage.input_tokens, response.usage.output_tokens],
+        "answers": answers,
+    }
+    decode_answers(value, request)  # one shape check for fresh and cached answers
+    return value
+
+
+def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponseV1:
+    """Rebuild a response from its stored form, checking the shape against ``request``.
+
+    Raises:
+        MalformedAnswer: when the value does not have exactly the shape :func:`encode_answers` writes for this
+            request (another schema version, a string, missing or extra questions, bad numbers).
+    """
+    if not isinstance(value, Mapping) or value.get("v") != VALUE_VERSION:
+        raise MalformedAnswer("stored answers have another shape or version")
+    raw_answers, usage, model = value.get("answers"), value.get("usage"), value.get("model")
+    if not isinstance(raw_answers, Mapping) or set(raw_answers) != {q.id for q in request.questions}:
+        raise MalformedAnswer("stored answers do not cover exactly the request's questions")
+    if not isinstance(model, str) or not (isinstance(usage, list) and len(usage) == 2):
+        raise MalformedAnswer("stored answers lack model or usage")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in usage):
+        raise MalformedAnswer("stored usage is not two token counts")
+    answers: dict[str, AnswerV1] = {}
+    for question in request.questions:
+        entry = raw_answers[question.id]
+        if not isinstance(entry, Mapping) or entry.get("t") != question.type:
+            raise MalformedAnswer(f"answer for {question.id!r} is not a {question.type} answer")
+        option_ids = question.option_ids()
+        probabilities = entry.get("p")
+        if not isinstance(probabilities, list) or len(probabilities) != len(option_ids):
+            raise MalformedAnswer(f"answer for {question.id!r} has no probability per option")
+        if not all(_probability(p) for p in probabilities):
+            raise MalformedAnswer(f"answer for {question.id!r} has a probability that is not finite in [0, 1]")
+        total = math.fsum(probabilities)
+        if abs(total - 1.0) > SUM_TOLERANCE:
+            raise MalformedAnswer(f"probabilities for {question.id!r} sum to {total:.6f}, not 1")
+        by_id = {o: float(p) for o, p in zip(option_ids, probabilities, strict=True)}
+        headline, conf = entry.get("x"), entry.get("c")
+        if question.type == "noul":
+            if not _probability(headline):
+                raise MalformedAnswer(f"answer for {question.id!r} has noul={headline!r}")
+            answers[question.id] = AnswerV1(question.id, "noul", by_id, noul=float(headline))
+            continue
+        if not _probability(conf):
+            raise MalformedAnswer(f"answer for {question.id!r} has confidence={conf!r}")
+        if question.type == "choice":
+            if headline not in by_id:
+                raise MalformedAnswer(f"answer for {question.id!r} chose {headline!r}, not one of its options")
+            answers[question.id] = AnswerV1(question.id, "choice", by_id, choice=headline, confidence=float(conf))
+            continue
+        levels = len(option_ids)
+        if not (isinstance(headline, (int, float)) and not isinstance(headline, bool) and math.isfinite(headline)):
+            raise MalformedAnswer(f"answer for {question.id!r} has score={headline!r}")
+        if not -1e-6 <= headline <= levels - 1 + 1e-6:
+            raise MalformedAnswer(f"answer for {question.id!r} has score {headline!r}; expected 0 to {levels - 1}")
+        legend = {str(level): criterion for level, criterion in enumerate(question.criteria)}
+        answers[question.id] = AnswerV1(
+            question.id, "score", by_id, score=float(headline), confidence=float(conf), legend=legend
+        )
+    return SystemOneResponseV1(model=model, answers=answers, usage=UsageV1(int(usage[0]), int(usage[1])))

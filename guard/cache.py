@@ -1,0 +1,425 @@
+"""The probability cache: stores *answers* (probabilities, model, usage), never verdicts, so rules and thresholds can
+change without a model call (ARCHITECTURE.md layer 6).
+
+Keys are :func:`~guard._answers.cache_key` hashes of everything the model sees. Two implementations share one
+interface and one single-flight core:
+
+* :class:`MemoryCache`: in-process LRU + TTL; a single process needs nothing else.
+* :class:`RedisCache`: ``redis.asyncio`` with small timeouts. Redis slow, down or holding a value of the wrong shape
+  is a counted miss reported by :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
+  allow (case C15). Across replicas a short lock (``SET NX PX``, token-checked release in Lua) elects one leader per
+  key; followers poll for the value and, when the leader fails, raise the leader's error so the policy's fail mode
+  decides for them too (case C14).
+
+In one process, concurrent misses on one key share one task (one backend call); callers that time out leave the
+task running for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from guard._answers import cache_key, decode_answers, encode_answers
+from guard.errors import BackendError, BackendTimeout, BackendUnavailable, MalformedAnswer
+from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
+
+__all__ = [
+    "CacheConfig",
+    "CacheHealth",
+    "Lookup",
+    "MemoryCache",
+    "ProbabilityCache",
+    "RedisCache",
+    "cache_key",
+    "open_cache",
+]
+
+logger = logging.getLogger("guard.cache")
+
+DEFAULT_PREFIX = "guard:"
+DEFAULT_OP_TIMEOUT_S = 0.05
+DEFAULT_MAX_ENTRIES = 10_000
+DEFAULT_POLL_INTERVAL_S = 0.01
+DEFAULT_BREAKER_S = 1.0
+DEFAULT_DEGRADED_WINDOW_S = 30.0
+FAILURE_MARKER_MS = 1000
+
+Lookup = Literal["hit", "miss", "shared"]
+"""``hit``: read from the cache; ``miss``: this caller's backend call; ``shared``: another caller's call (in this
+process or, through the Redis lock, another replica)."""
+
+Compute = Callable[[], Awaitable[SystemOneResponseV1]]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Cache settings.
+
+    Attributes:
+        url: Redis URL; ``None`` = in-process cache.
+        prefix: prefix of every key (``<prefix>a:<sha256>`` values, ``l:`` locks, ``f:`` leader failures).
+        op_timeout: seconds per Redis operation (connect included) before it counts as a miss (C15: ~50 ms).
+        poll_interval: seconds between a follower's polls for the leader's value.
+        breaker: seconds Redis is skipped after an error (each skipped lookup is a counted miss).
+        degraded_window: seconds after the last error that health stays ``"degraded"``.
+        max_entries: in-process cache size (LRU).
+    """
+
+    url: str | None = None
+    prefix: str = DEFAULT_PREFIX
+    op_timeout: float = DEFAULT_OP_TIMEOUT_S
+    poll_interval: float = DEFAULT_POLL_INTERVAL_S
+    breaker: float = DEFAULT_BREAKER_S
+    degraded_window: float = DEFAULT_DEGRADED_WINDOW_S
+    max_entries: int = DEFAULT_MAX_ENTRIES
+
+    def __post_init__(self) -> None:
+        for name in ("op_timeout", "poll_interval"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"CacheConfig.{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.breaker < 0 or self.degraded_window < 0:
+            raise ValueError("CacheConfig.breaker and degraded_window must be >= 0 seconds")
+        if self.max_entries < 1:
+            raise ValueError(f"CacheConfig.max_entries must be >= 1, got {self.max_entries}")
+
+
+@dataclass
+class CacheHealth:
+    """Counters and status. ``status`` is ``"degraded"`` while Redis errors are recent, else ``"ok"``."""
+
+    status: Literal["ok", "degraded"] = "ok"
+    backend: str = "memory"
+    hits: int = 0
+    misses: int = 0
+    shared: int = 0
+    corrupt: int = 0
+    errors: int = 0
+    skipped: int = 0
+    stores: int = 0
+    last_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Failed:
+    """Sentinel: a Redis operation failed (already counted)."""
+
+
+_FAILED = _Failed()
+
+
+class ProbabilityCache:
+    """The interface and the in-process single-flight core. Use :class:`MemoryCache` or :class:`RedisCache`."""
+
+    kind = "base"
+
+    def __init__(self, config: CacheConfig | None = None) -> None:
+        self.config = config or CacheConfig()
+        self._stats = CacheHealth(backend=self.kind)
+        self._last_error_at: float | None = None
+        self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def health(self) -> CacheHealth:
+        """A snapshot of the counters and the status."""
+        snapshot = CacheHealth(**asdict(self._stats))
+        recent = self._last_error_at is not None and time.monotonic() - self._last_error_at < self.config.degraded_window
+        snapshot.status = "degraded" if recent else "ok"
+        return snapshot
+
+    async def get_or_compute(
+        self, key: str, request: SystemOneRequestV1, compute: Compute, *, ttl: float, wait: float
+    ) -> tuple[SystemOneResponseV1, Lookup]:
+        """The answers for ``key``: from the cache, from a call already in flight, or from ``compute()``.
+
+        Args:
+            key: :func:`cache_key` of ``request``.
+            request: the request (to check a stored value's shape and rebuild the answers).
+            compute: makes the backend call; its result is checked and stored for ``ttl`` seconds.
+            ttl: seconds to keep the answers; ``0`` = do not read or write the cache (single-flight still applies).
+            wait: seconds a follower waits for another replica's leader (the caller's remaining time budget).
+
+        Returns:
+            ``(response, lookup)``.
+
+        Raises:
+            Whatever ``compute`` raises (``BackendError`` and subclasses, ``UnsupportedQuestion``, ...), also in
+            followers of a failed leader. Never raises for cache trouble.
+        """
+        loop = asyncio.get_running_loop()
+        flights = self._inflight.setdefault(loop, {})
+        task = flights.get(key)
+        if task is not None:
+            response, _ = await asyncio.shield(task)
+            self._stats.shared += 1
+            return response, "shared"
+        task = loop.create_task(self._lead(key, request, compute, ttl, wait))
+        flights[key] = task
+
+        def _done(t: asyncio.Task[Any], flights: dict[str, asyncio.Task[Any]] = flights) -> None:
+            if flights.get(key) is t:
+                del flights[key]
+            if not t.cancelled():
+                t.exception()  # retrieved here so an unawaited failure is not reported as "never retrieved"
+
+        task.add_done_callback(_done)
+        return await asyncio.shield(task)
+
+    async def _lead(
+        self, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float
+    ) -> tuple[SystemOneResponseV1, Lookup]:
+        if ttl <= 0:
+            response, _ = await _run(compute, request, wait)
+            return response, "miss"
+        stored = await self._load(key)
+        if stored is not None:
+            try:
+                response = decode_answers(stored, request)
+            except MalformedAnswer:
+                self._stats.corrupt += 1
+                logger.warning("cache value for %s has the wrong shape; ignoring and overwriting it", key[:16])
+            else:
+                self._stats.hits += 1
+                return response, "hit"
+        self._stats.misses += 1
+        token = await self._acquire(key, wait)
+        if token is None:  # another replica leads: wait for its answers or its failure
+            followed = await self._follow(key, request, wait)
+            if followed is not None:
+                self._stats.shared += 1
+                return followed, "shared"
+            token = await self._acquire(key, wait)
+        try:
+            response, value = await _run(compute, request, wait)
+        except BackendError as exc:
+            await self._publish_failure(key, exc)
+            raise
+        finally:
+            if token is not None:
+                await self._release(key, token)
+        await self._store(key, value, ttl)
+        return response, "miss"
+
+    def _record_error(self, exc: BaseException) -> None:
+        self._stats.errors += 1
+        self._stats.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        self._last_error_at = time.monotonic()
+
+    # Storage hooks --------------------------------------------------------------------------------------------------
+
+    async def _load(self, key: str) -> Any | None:
+        raise NotImplementedError
+
+    async def _store(self, key: str, value: dict[str, Any], ttl: float) -> None:
+        raise NotImplementedError
+
+    async def _acquire(self, key: str, wait: float) -> str | None:
+        """A lock token, ``""`` when no cross-process lock applies, or ``None`` when another process holds it."""
+        return ""
+
+    async def _release(self, key: str, token: str) -> None:
+        return None
+
+    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float) -> SystemOneResponseV1 | None:
+        return None
+
+    async def _publish_failure(self, key: str, exc: BackendError) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        """Release connections. Idempotent."""
+        return None
+
+
+class MemoryCache(ProbabilityCache):
+    """In-process LRU + TTL cache (no cross-process lock needed)."""
+
+    kind = "memory"
+
+    def __init__(self, config: CacheConfig | None = None) -> None:
+        super().__init__(config)
+        self._entries: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+
+    async def _load(self, key: str) -> Any | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        expires, value = entry
+        if time.monotonic() >= expires:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return value
+
+    async def _store(self, key: str, value: dict[str, Any], ttl: float) -> None:
+        self._entries[key] = (time.monotonic() + ttl, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.config.max_entries:
+            self._entries.popitem(last=False)
+        self._stats.stores += 1
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class RedisCache(ProbabilityCache):
+    """Redis-backed cache with a cross-replica single-flight lock. One client per event loop (``redis.asyncio``
+    connections belong to the loop that opened them)."""
+
+    kind = "redis"
+
+    # KEYS[1] = lock key; ARGV[1] = the token this holder set. Deletes only our own lock.
+    RELEASE_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+    def __init__(self, config: CacheConfig) -> None:
+        if not config.url:
+            raise ValueError("RedisCache needs CacheConfig.url, e.g. redis://127.0.0.1:6379/0")
+        super().__init__(config)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._skip_until = 0.0
+
+    def _client(self) -> aioredis.Redis:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = aioredis.Redis.from_url(
+                self.config.url or "",
+                socket_timeout=self.config.op_timeout,
+                socket_connect_timeout=self.config.op_timeout,
+                retry_on_timeout=False,
+            )
+            self._clients[loop] = client
+        return client
+
+    def _key(self, kind: str, key: str) -> str:
+        return f"{self.config.prefix}{kind}:{key}"
+
+    async def _op(self, fn: Callable[[aioredis.Redis], Awaitable[Any]]) -> Any:
+        if time.monotonic() < self._skip_until:
+            self._stats.skipped += 1
+            return _FAILED
+        try:
+            async with asyncio.timeout(self.config.op_timeout):
+                return await fn(self._client())
+        except (RedisError, TimeoutError, OSError) as exc:
+            self._record_error(exc)
+            self._skip_until = time.monotonic() + self.config.breaker
+            logger.warning("redis cache unavailable (%s); treating as a miss", self._stats.last_error)
+            return _FAILED
+
+    async def _load(self, key: str) -> Any | None:
+        raw = await self._op(lambda r: r.get(self._key("a", key)))
+        if raw is None or raw is _FAILED:
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return {"corrupt": True}  # fails the shape check: counted and overwritten
+
+    async def _store(self, key: str, value: dict[str, Any], ttl: float) -> None:
+        blob = json.dumps(value, separators=(",", ":"))
+        result = await self._op(lambda r: r.set(self._key("a", key), blob, px=max(1, int(ttl * 1000))))
+        if result is not _FAILED:
+            self._stats.stores += 1
+
+    async def _acquire(self, key: str, wait: float) -> str | None:
+        token = uuid.uuid4().hex
+        ttl_ms = max(1, int((wait + 0.5) * 1000))
+        got = await self._op(lambda r: r.set(self._key("l", key), token, nx=True, px=ttl_ms))
+        if got is _FAILED:
+            return ""  # no lock without Redis; in-process single-flight still holds
+        return token if got else None
+
+    async def _release(self, key: str, token: str) -> None:
+        if token:
+            await self._op(lambda r: r.eval(self.RELEASE_SCRIPT, 1, self._key("l", key), token))
+
+    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float) -> SystemOneResponseV1 | None:
+        keys = (self._key("a", key), self._key("f", key), self._key("l", key))
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            await asyncio.sleep(self.config.poll_interval)
+            got = await self._op(lambda r: r.mget(keys))
+            if got is _FAILED:
+                return None
+            value, failure, lock = got
+            if value is not None:
+                try:
+                    return decode_answers(json.loads(value), request)
+                except (MalformedAnswer, ValueError):
+                    self._stats.corrupt += 1
+                    return None
+            if failure is not None:
+                raise _failure_from_marker(failure)
+            if lock is None:
+                return None  # the leader vanished without an answer: lead ourselves
+        return None
+
+    async def _publish_failure(self, key: str, exc: BackendError) -> None:
+        marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend})
+        await self._op(lambda r: r.set(self._key("f", key), marker, px=FAILURE_MARKER_MS))
+
+    async def aclose(self) -> None:
+        """Close this loop's client (clients of other, finished loops are dropped)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - called outside a loop
+            return
+        client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.aclose()
+
+
+async def _run(
+    compute: Compute, request: SystemOneRequestV1, wait: float
+) -> tuple[SystemOneResponseV1, dict[str, Any]]:
+    """Call ``compute`` within ``wait`` seconds and check its answers (the shared task must not outlive its callers'
+    budget even when a backend ignores its timeout)."""
+    try:
+        async with asyncio.timeout(wait):
+            response = await compute()
+    except TimeoutError as exc:
+        raise BackendTimeout(f"no answer within {wait * 1000:.0f} ms") from exc
+    return response, encode_answers(response, request)
+
+
+def _failure_from_marker(raw: bytes) -> BackendError:
+    try:
+        info = json.loads(raw)
+        reason, message, backend = str(info["reason"]), str(info["message"]), str(info.get("backend", ""))
+    except (ValueError, KeyError, TypeError):
+        reason, message, backend = "unavailable", "the leading replica's backend call failed", ""
+    text = f"leader's backend call failed: {message}"
+    if reason == "timeout":
+        return BackendTimeout(text, backend=backend)
+    if reason.startswith(("unavailable", "http_")):
+        return BackendUnavailable(text, backend=backend, reason=reason)
+    return BackendError(text, backend=backend, reason=reason)
+
+
+def open_cache(url: str | None = None, **settings: Any) -> ProbabilityCache:
+    """A :class:`RedisCache` for a URL, else a :class:`MemoryCache`. ``settings`` are :class:`CacheConfig` fields."""
+    config = CacheConfig(url=url, **settings)
+    return RedisCache(config) if url else MemoryCache(config)
+

@@ -1,0 +1,404 @@
+"""The decision engine: ``Guard.evaluate(subject) -> Verdict`` (ARCHITECTURE.md layer 7).
+
+Steps for one subject: match the first policy (cheap: never reads the body); render its state and normalise the
+text for scoring (``guard/normalize.py``); build one System One request with all the policy's questions; get the
+answers from the probability cache or the policy's backend within the policy's timeout; apply the rules; emit one
+span and one decision-log record.
+
+``aevaluate`` never raises for backend or cache trouble: a backend error, a timeout, a malformed answer or a rule
+that fails at run time is handed to the policy's fail mode (``closed`` / ``open`` / ``escalate``), and the verdict
+says so (``fail_mode``, ``error``, ``rule="on_error"``). Shadow policies compute and record the verdict but allow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from guard._answers import cache_key
+from guard.backends.base import DecisionBackend
+from guard.cache import CacheConfig, Lookup, MemoryCache, ProbabilityCache, RedisCache
+from guard.errors import BackendError, GuardError, Overloaded, PolicyError, UnsupportedQuestion
+from guard.normalize import normalize_value
+from guard.policy import Policy, PolicySet, apply_rules, load_files
+from guard.policy.rules import RuleError
+from guard.subject import Subject
+from guard.telemetry import DecisionLog, Telemetry
+from guard.verdict import Verdict
+
+__all__ = ["DEFAULT_BACKEND", "Guard"]
+
+logger = logging.getLogger("guard.engine")
+
+#: Backend name used when ``Guard`` is given a single backend, and by policies that name none.
+DEFAULT_BACKEND = "default"
+#: Message of a fail-closed block when the policy gives none.
+FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
+
+T = TypeVar("T")
+
+
+class _Portal:
+    """A private event loop in a daemon thread, so the sync facade works from any thread (with or without a loop)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="guard-portal", daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+class Guard:
+    """Evaluates subjects against policies with a decision backend.
+
+    Args:
+        policies: a :class:`PolicySet` (or a sequence of policies), in match order.
+        backends: one backend, or a mapping name -> backend that policies select with ``backend:``. A policy that
+            names none uses ``"default"``, or the only backend when there is one.
+        cache: a probability cache; ``None`` = an in-process :class:`MemoryCache`.
+        telemetry: spans and counters; ``None`` = the global OpenTelemetry providers.
+        decision_log: where decision records go; ``None`` = nowhere.
+
+    Raises:
+        PolicyError: when a policy names a backend that is not in ``backends`` (names the file and line).
+
+    The Guard owns the backends and cache it is given: :meth:`aclose` closes them.
+
+    Example:
+        >>> async with Guard.from_files("policies/api_abuse.yaml", backends=backend) as guard:  # doctest: +SKIP
+        ...     verdict = await guard.aevaluate(HttpSubject(method="POST", path="/v1/chat", body={"prompt": "hi"}))
+    """
+
+    def __init__(
+        self,
+        policies: PolicySet | Sequence[Policy],
+        *,
+        backends: DecisionBackend | Mapping[str, DecisionBackend],
+        cache: ProbabilityCache | None = None,
+        telemetry: Telemetry | None = None,
+        decision_log: DecisionLog | None = None,
+    ) -> None:
+        self.backends: dict[str, DecisionBackend] = (
+            dict(backends) if isinstance(backends, Mapping) else {DEFAULT_BACKEND: backends}
+        )
+        if not self.backends:
+            raise ValueError("Guard needs at least one backend")
+        self.policies = policies if isinstance(policies, PolicySet) else PolicySet(policies)
+        self._check_backends(self.policies.policies)
+        self.policies.validator = self._check_backends
+        self.cache = cache if cache is not None else MemoryCache()
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
+        self.decision_log = decision_log
+        self._portal: _Portal | None = None
+        self._portal_lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def from_files(
+        cls,
+        *paths: str | Path,
+        backends: DecisionBackend | Mapping[str, DecisionBackend],
+        redis_url: str | None = None,
+        cache_config: CacheConfig | None = None,
+        telemetry: Telemetry | None = None,
+        decision_log: DecisionLog | None = None,
+    ) -> Guard:
+        """Load policy files and build a Guard with a Redis cache when ``redis_url`` is given, else in-process.
+
+        Raises:
+            PolicyError: for the first invalid file (file, line, key) or a policy naming an unknown backend.
+        """
+        config = cache_config or CacheConfig()
+        if redis_url is not None:
+            config = CacheConfig(**{**config.__dict__, "url": redis_url})
+        cache: ProbabilityCache = RedisCache(config) if config.url else MemoryCache(config)
+        return cls(load_files(*paths), backends=backends, cache=cache, telemetry=telemetry, decision_log=decision_log)
+
+    # Backends ---------------------------------------------------------------------------------------------------
+
+    def _backend_name(self, policy: Policy) -> str | None:
+        if policy.backend is not None:
+            return policy.backend if policy.backend in self.backends else None
+        if DEFAULT_BACKEND in self.backends:
+            return DEFAULT_BACKEND
+        return next(iter(self.backends)) if len(self.backends) == 1 else None
+
+    def _check_backends(self, policies: Sequence[Policy]) -> None:
+        for policy in policies:
+            if self._backend_name(policy) is None:
+                wanted = policy.backend or DEFAULT_BACKEND
+                raise PolicyError(
+                    policy.file,
+                    policy.line,
+                    "backend",
+                    f"policy {policy.id!r} uses backend {wanted!r}, which is not one of {sorted(self.backends)}",
+                )
+
+    def backend_for(self, policy: Policy) -> DecisionBackend:
+        """The backend that answers ``policy``'s questions."""
+        name = self._backend_name(policy)
+        if name is None:  # pragma: no cover - prevented by _check_backends
+            raise KeyError(policy.backend)
+        return self.backends[name]
+
+    # Evaluation ---------------------------------------------------------------------------------------------------
+
+    def match(self, subject: Subject) -> Policy | None:
+        """The first policy whose ``match`` accepts ``subject`` (method/path/host/headers or event/tool), or None."""
+        return self.policies.match(subject)
+
+    async def aevaluate(self, subject: Subject) -> Verdict:
+        """Decide one subject. Never raises for backend, cache or rule trouble: the policy's fail mode decides.
+
+        Returns:
+            The :class:`Verdict`; ``allow`` with ``policy_id=None`` (and no model call) when no policy matches.
+        """
+        started = time.perf_counter()
+        decision_id = str(uuid.uuid4())
+        policy = self.policies.match(subject)
+        with self.telemetry.span(subject) as span:
+            if policy is None:
+                verdict = Verdict("allow", decision_id, latency_ms=(time.perf_counter() - started) * 1000)
+                self.telemetry.finish(span, verdict)
+                return verdict
+            verdict, lookup = await self._decide(policy, subject, decision_id, started)
+            self.telemetry.finish(span, verdict, cache=lookup)
+            if self.decision_log is not None:
+                self.decision_log.record(verdict, subject, policy_file=policy.file, cache=lookup, span=span)
+        return verdict
+
+    async def _decide(
+        self, policy: Policy, subject: Subject, decision_id: str, started: float
+    ) -> tuple[Verdict, Lookup | None]:
+        backend = self.backend_for(policy)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + policy.timeout
+        state: Any = None
+        flags: dict[str, Any] = {}
+        lookup: Lookup | None = None
+        response = None
+        try:
+            normalized = normalize_value(policy.render_state(subject))
+            state, flags = normalized.value, dict(normalized.flags)
+            request = policy.build_request(state)
+            key = cache_key(request, backend=backend.name, revision=backend.model_revision)
+
+            async def compute() -> Any:
+                return await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
+
+            async with asyncio.timeout(policy.timeout):
+                response, lookup = await self.cache.get_or_compute(
+                    key, request, compute, ttl=policy.cache_ttl, wait=policy.timeout
+                )
+            names = policy.question_keys()
+            answers = {names[qid]: answer for qid, answer in response.answers.items()}
+            result = apply_rules(
+                policy.id, policy.rules, policy.default, answers,
+                subject=subject, state=state, flags=flags, data=policy.data,
+            )  # fmt: skip
+        except Exception as exc:  # every failure goes to the fail mode; none escapes as a 500
+            verdict = self._fail(policy, subject, decision_id, started, exc, state, flags, backend, response)
+            return verdict, lookup
+        action = result.outcome.action
+        verdict = Verdict(
+            action="allow" if policy.mode == "shadow" else action,
+            decision_id=decision_id,
+            policy_id=policy.id,
+            policy_version=policy.version,
+            rule=result.rule,
+            answers=answers,
+            status=result.outcome.status,
+            message=result.outcome.message,
+            handoff=result.outcome.handoff,
+            cache_hit=lookup in ("hit", "shared"),
+            backend=backend.name,
+            model=response.model,
+            model_revision=backend.model_revision,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            retry_after=result.outcome.retry_after,
+            shadow_action=action if policy.mode == "shadow" else None,
+            state=state,
+            flags=flags,
+        )
+        return verdict, lookup
+
+    def _fail(
+        self,
+        policy: Policy,
+        subject: Subject,
+        decision_id: str,
+        started: float,
+        exc: Exception,
+        state: Any,
+        flags: dict[str, Any],
+        backend: DecisionBackend,
+        response: Any,
+    ) -> Verdict:
+        reason = _reason(exc)
+        if not isinstance(exc, (GuardError, TimeoutError)):
+            logger.error("policy %s: unexpected %s while deciding; fail mode applies", policy.id, reason, exc_info=exc)
+        fail = policy.fail_policy(subject)
+        action: Any
+        status = retry_after = message = None
+        if fail.mode == "closed":
+            action, status, message = "block", fail.status, fail.message or FAIL_CLOSED_MESSAGE
+            retry_after = getattr(exc, "retry_after", None) or fail.retry_after
+        elif fail.mode == "open":
+            action, message = "allow", fail.message
+            flags = {**flags, "fail_open": True}
+            logger.warning("policy %s@%s FAILED OPEN (%s): subject allowed without a decision", policy.id,
+                           policy.version, reason)  # fmt: skip
+        else:
+            action, message = "escalate", fail.message
+        return Verdict(
+            action="allow" if policy.mode == "shadow" else action,
+            decision_id=decision_id,
+            policy_id=policy.id,
+            policy_version=policy.version,
+            rule="on_error",
+            status=status,
+            message=message,
+            backend=backend.name,
+            model=getattr(response, "model", None) or policy.model,
+            model_revision=_revision(backend),
+            latency_ms=(time.perf_counter() - started) * 1000,
+            fail_mode=fail.mode,
+            error=f"{reason}: {exc}"[:500] if str(exc) else reason,
+            retry_after=retry_after,
+            shadow_action=action if policy.mode == "shadow" else None,
+            state=state,
+            flags=flags,
+        )
+
+    def evaluate(self, subject: Subject) -> Verdict:
+        """Sync twin of :meth:`aevaluate`: runs it on the Guard's private event-loop thread, so it is safe from any
+        thread, with or without a running loop (the calling thread blocks until the verdict is ready).
+
+        Raises:
+            RuntimeError: when the Guard is closed.
+        """
+        return self._portal_call(self.aevaluate(subject))
+
+    def _portal_call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("this Guard is closed; create a new one")
+        with self._portal_lock:
+            if self._portal is None:
+                self._portal = _Portal()
+            portal = self._portal
+        return portal.call(coro)
+
+    def health(self) -> dict[str, Any]:
+        """``{"status": "ok" | "degraded", "cache": {...}, "policies": n, "reload_failures": n}``."""
+        cache = self.cache.health()
+        degraded = cache.status != "ok" or self.policies.last_error is not None
+        return {
+            "status": "degraded" if degraded else "ok",
+            "cache": cache.to_json(),
+            "policies": len(self.policies),
+            "reload_failures": self.policies.reload_failures,
+            "last_reload_error": str(self.policies.last_error) if self.policies.last_error else None,
+        }
+
+    def reload(self) -> None:
+        """Reload the policy files; a failure keeps the last good policies and raises :class:`PolicyError`."""
+        self.policies.reload()
+
+    # Lifecycle --------------------------------------------------------------------------------------------------
+
+    async def _close_resources(self) -> None:
+        await self.cache.aclose()
+        for backend in self.backends.values():
+            await backend.aclose()
+
+    async def aclose(self) -> None:
+        """Close the cache, the backends and the sync portal. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._portal_lock:
+            portal, self._portal = self._portal, None
+        if portal is not None:
+            await asyncio.to_thread(portal.call, self.cache.aclose())
+            await asyncio.to_thread(portal.stop)
+        await self._close_resources()
+        if self.decision_log is not None:
+            self.decision_log.close()
+
+    def close(self) -> None:
+        """Sync twin of :meth:`aclose`.
+
+        Raises:
+            RuntimeError: when called from a thread whose event loop is running (use ``await aclose()``).
+        """
+        if self._closed:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("Guard.close() called inside a running event loop; use 'await guard.aclose()'")
+        with self._portal_lock:
+            portal = self._portal
+        if portal is not None:
+            self._closed = True
+            self._portal = None
+            portal.call(self._close_resources())
+            portal.stop()
+            if self.decision_log is not None:
+                self.decision_log.close()
+        else:
+            asyncio.run(self.aclose())
+
+    async def __aenter__(self) -> Guard:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, BackendError):
+        return exc.reason
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, UnsupportedQuestion):
+        return "unsupported_question"
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    if isinstance(exc, RuleError):
+        return "rule_error"
+    return "internal_error"
+
+
+def _revision(backend: DecisionBackend) -> str | None:
+    try:
+        return backend.model_revision
+    except Exception:  # a broken backend must not break the fail-mode verdict
+        return None

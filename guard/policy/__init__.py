@@ -1,0 +1,26 @@
+"""Policies: the YAML format, the safe loader, compiled policies and rules.
+
+See ``docs/policies.md`` for the format and ``policies/`` for examples.
+"""
+
+from __future__ import annotations
+
+from guard.policy.loader import PolicyLoadError, load_files, load_text
+from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion, PolicySet
+from guard.policy.rules import Outcome, RuleError, RuleResult, apply_rules
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "FailPolicy",
+    "HandoffTarget",
+    "Outcome",
+    "Policy",
+    "PolicyLoadError",
+    "PolicyQuestion",
+    "PolicySet",
+    "RuleError",
+    "RuleResult",
+    "apply_rules",
+    "load_files",
+    "load_text",
+]

@@ -1,0 +1,97 @@
+"""Compiled ``match`` blocks: cheap checks on method, path, host, headers, event and tool name (never the body)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from guard.policy.model import AgentMatchSpec, HttpMatchSpec
+from guard.subject import AgentSubject, HttpSubject, Subject
+
+__all__ = ["AgentMatcher", "HttpMatcher", "compile_glob"]
+
+
+def compile_glob(pattern: str, separator: str | None) -> re.Pattern[str]:
+    """Compile a glob: ``**`` matches anything, ``*`` anything but ``separator``, ``?`` one such character.
+
+    Args:
+        pattern: the glob, e.g. ``/v1/*/chat/**``.
+        separator: ``"/"`` for paths, ``"."`` for hosts, ``None`` when ``*`` may cross everything.
+    """
+    one = "." if separator is None else f"[^{re.escape(separator)}]"
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append(f"{one}*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append(one)
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _any(patterns: tuple[re.Pattern[str], ...], value: str) -> bool:
+    return not patterns or any(p.fullmatch(value) for p in patterns)
+
+
+@dataclass(frozen=True)
+class HttpMatcher:
+    methods: frozenset[str]
+    paths: tuple[re.Pattern[str], ...]
+    hosts: tuple[re.Pattern[str], ...]
+    headers: tuple[tuple[str, re.Pattern[str]], ...]
+    content_types: frozenset[str]
+
+    @classmethod
+    def from_spec(cls, spec: HttpMatchSpec) -> HttpMatcher:
+        return cls(
+            methods=frozenset(m.upper() for m in spec.methods),
+            paths=tuple(compile_glob(p, "/") for p in spec.paths),
+            hosts=tuple(compile_glob(h.lower(), ".") for h in spec.hosts),
+            headers=tuple((name.lower(), compile_glob(value, None)) for name, value in spec.headers.items()),
+            content_types=frozenset(c.lower() for c in spec.content_types),
+        )
+
+    def matches(self, subject: HttpSubject) -> bool:
+        if self.methods and subject.method.upper() not in self.methods:
+            return False
+        if self.content_types and subject.content_type.lower() not in self.content_types:
+            return False
+        if not _any(self.paths, subject.path) or not _any(self.hosts, subject.host.lower()):
+            return False
+        for name, pattern in self.headers:
+            value = subject.headers.get(name)
+            if value is None or not pattern.fullmatch(value):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class AgentMatcher:
+    events: frozenset[str]
+    tools: tuple[re.Pattern[str], ...]
+
+    @classmethod
+    def from_spec(cls, spec: AgentMatchSpec) -> AgentMatcher:
+        return cls(events=frozenset(spec.events), tools=tuple(compile_glob(t, None) for t in spec.tools))
+
+    def matches(self, subject: AgentSubject) -> bool:
+        if self.events and subject.event not in self.events:
+            return False
+        if self.tools and not (subject.tool_name is not None and _any(self.tools, subject.tool_name)):
+            return False
+        return True
+
+
+def subject_matches(http: HttpMatcher | None, agent: AgentMatcher | None, subject: Subject) -> bool:
+    """True when the matcher for the subject's kind exists and accepts it."""
+    if isinstance(subject, HttpSubject):
+        return http is not None and http.matches(subject)
+    return agent is not None and agent.matches(subject)

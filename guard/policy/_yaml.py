@@ -1,0 +1,201 @@
+"""Safe YAML for policy files: plain data only, with the line of every node kept for error messages.
+
+PyYAML's ``safe_load`` still accepts anchors and aliases (the "billion laughs" shape, case C22), silently keeps the
+last of two equal mapping keys (C21) and turns ``2024-01-01`` into a date. This loader composes the node tree itself
+and refuses, at the first offending event:
+
+* an anchor (``&a``) or alias (``*a``), so an alias bomb fails before anything is expanded;
+* a duplicate mapping key, a merge key (``<<``), a non-scalar key, an explicit tag other than the core scalar ones;
+* nesting deeper than :data:`MAX_DEPTH` and documents larger than :data:`MAX_POLICY_BYTES`.
+
+The result is plain Python data plus a :class:`LineMap` from key paths to 1-based line numbers, so schema errors
+found later (pydantic, CEL, System One limits) can still name the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from guard.errors import PolicyError
+
+__all__ = ["MAX_DEPTH", "MAX_POLICY_BYTES", "LineMap", "Path", "format_path", "load_yaml"]
+
+#: Largest policy (or policy test) file accepted, in bytes.
+MAX_POLICY_BYTES = 1 << 20
+#: Deepest nesting of mappings and sequences accepted.
+MAX_DEPTH = 48
+
+Path = tuple[str | int, ...]
+
+_SCALAR_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+}
+
+
+def format_path(path: Path) -> str:
+    """``("policies", 0, "questions", "urgency")`` -> ``policies[0].questions.urgency``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+@dataclass
+class LineMap:
+    """1-based line of each node, by key path. A missing path falls back to its nearest present ancestor."""
+
+    file: str
+    lines: dict[Path, int] = field(default_factory=dict)
+
+    def line(self, path: Path) -> int | None:
+        probe = tuple(path)
+        while probe:
+            if probe in self.lines:
+                return self.lines[probe]
+            probe = probe[:-1]
+        return self.lines.get((), None)
+
+    def error(self, path: Path, reason: str) -> PolicyError:
+        """A :class:`PolicyError` naming this file, the line of ``path`` and the dotted key path."""
+        return PolicyError(self.file, self.line(path), format_path(path), reason)
+
+
+class _Reject(Exception):
+    def __init__(self, mark: Any, reason: str, path: Path = ()) -> None:
+        super().__init__(reason)
+        self.line = mark.line + 1 if mark is not None else None
+        self.reason = reason
+        self.path = path
+
+
+class _Resolver(yaml.resolver.Resolver):
+    """The YAML 1.1 core resolver without timestamps (``version: 2024-05-01`` stays a string)."""
+
+
+_Resolver.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
+}
+
+
+class _Loader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    yaml.composer.Composer,
+    yaml.constructor.SafeConstructor,
+    _Resolver,
+):
+    def __init__(self, stream: str) -> None:
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        _Resolver.__init__(self)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _Reject(event.start_mark, f"alias *{event.anchor} is not allowed in policy files; repeat the value")
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            raise _Reject(event.start_mark, f"anchor &{anchor} is not allowed in policy files; repeat the value")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            self._depth += 1
+            if self._depth > MAX_DEPTH:
+                raise _Reject(event.start_mark, f"nesting deeper than {MAX_DEPTH} levels is not allowed")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, LineMap]:
+    """Parse one YAML document into plain data (dict, list, str, int, float, bool, None).
+
+    Args:
+        text: the document; bytes are decoded as UTF-8.
+        file: name used in errors.
+
+    Returns:
+        ``(data, lines)``: the data (``None`` for an empty document) and the line of every key path.
+
+    Raises:
+        PolicyError: on a YAML syntax error, an anchor or alias, a duplicate or merge key, a disallowed tag, excessive
+            nesting, a file over :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
+    """
+    lines = LineMap(file)
+    size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
+    if size > MAX_POLICY_BYTES:
+        raise PolicyError(file, None, "", f"file is {size} bytes; at most {MAX_POLICY_BYTES}")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PolicyError(file, None, "", f"file is not UTF-8 (byte {exc.start})") from exc
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = None if node is None else _to_data(loader, node, (), lines)
+    except _Reject as exc:
+        raise PolicyError(file, exc.line, format_path(exc.path), exc.reason) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise PolicyError(file, line, "", f"YAML syntax error: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(file, None, "", f"YAML error: {exc}") from None
+    finally:
+        loader.dispose()
+    return data, lines
+
+
+def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> Any:
+    lines.lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.ScalarNode):
+        if node.tag not in _SCALAR_TAGS:
+            raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
+        return loader.construct_object(node, deep=True)
+    if isinstance(node, yaml.SequenceNode):
+        if node.tag != "tag:yaml.org,2002:seq":
+            raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
+        return [_to_data(loader, item, (*path, i), lines) for i, item in enumerate(node.value)]
+    if isinstance(node, yaml.MappingNode):
+        if node.tag != "tag:yaml.org,2002:map":
+            raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise _Reject(key_node.start_mark, "mapping keys must be plain scalars")
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise _Reject(key_node.start_mark, "merge keys (<<) are not allowed in policy files")
+            key = _to_data(loader, key_node, (*path, "<key>"), lines)
+            if not isinstance(key, Hashable) or isinstance(key, float):
+                raise _Reject(key_node.start_mark, f"mapping key {key!r} must be a string or integer")
+            key = str(key) if not isinstance(key, str) else key
+            if key in out:
+                first = lines.lines.get((*path, key))
+                raise _Reject(
+                    key_node.start_mark,
+                    f"duplicate key {key!r} (first defined on line {first}); keys must be unique",
+                    (*path, key),
+                )
+            lines.lines[(*path, key)] = key_node.start_mark.line + 1
+            out[key] = _to_data(loader, value_node, (*path, key), lines)
+        lines.lines.pop((*path, "<key>"), None)
+        return out
+    raise _Reject(node.start_mark, f"unsupported YAML node {type(node).__name__}")  # pragma: no cover

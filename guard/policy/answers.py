@@ -1,0 +1,61 @@
+"""Answers written by hand: turn a short spec into an :class:`~guard.systemone.AnswerV1` for one question.
+
+Used by policy fixture tests (``guard policy test``), ``guard policy explain --answers`` and test backends, so a
+policy's rules can be exercised without a model. Specs:
+
+* noul: a number, P(true) (``0.93``), or ``{true: 0.93, false: 0.07}``;
+* choice: ``{option_id: probability, ...}`` covering every option, or an option id alone (probability 1);
+* score: a list of level probabilities, lowest level first, or ``{"0": p, "1": p, ...}``.
+
+Probabilities must be finite, in [0, 1] and sum to 1 (within 1e-6), so a hand-written answer is as strict as a
+model's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from guard.systemone import AnswerV1, QuestionV1, answer_question
+
+__all__ = ["answer_from_spec"]
+
+_TOLERANCE = 1e-6
+
+
+def answer_from_spec(question: QuestionV1, spec: Any) -> AnswerV1:
+    """Build the answer a model would give from a hand-written spec (see the module docstring).
+
+    Raises:
+        ValueError: when the spec does not fit the question (wrong shape, unknown or missing options, probabilities
+            not finite, outside [0, 1] or not summing to 1).
+    """
+    by_option = _by_option(question, spec)
+    values = list(by_option.values())
+    if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) for p in values):
+        raise ValueError(f"question {question.id!r}: probabilities must be numbers, got {spec!r}")
+    if any(p < 0 or p > 1 for p in values) or abs(math.fsum(values) - 1.0) > _TOLERANCE:
+        raise ValueError(f"question {question.id!r}: probabilities must be in [0, 1] and sum to 1, got {spec!r}")
+    prompt_order = [float(by_option[option_id]) for option_id, _ in question.options()]
+    return answer_question(question, prompt_order)
+
+
+def _by_option(question: QuestionV1, spec: Any) -> dict[str, Any]:
+    options = question.option_ids()
+    if question.type == "noul" and isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return {"true": spec, "false": 1.0 - spec}
+    if question.type == "choice" and isinstance(spec, str):
+        if spec not in options:
+            raise ValueError(f"question {question.id!r}: {spec!r} is not one of its options {options}")
+        return {option: 1.0 if option == spec else 0.0 for option in options}
+    if question.type == "score" and isinstance(spec, list):
+        if len(spec) != len(options):
+            raise ValueError(f"question {question.id!r} has {len(options)} levels; got {len(spec)} probabilities")
+        return dict(zip(options, spec, strict=True))
+    if isinstance(spec, Mapping):
+        keys = [str(k) for k in spec]
+        if sorted(keys) != sorted(options):
+            raise ValueError(f"question {question.id!r}: give a probability for each of {options}, got {keys}")
+        return {str(k): v for k, v in spec.items()}
+    raise ValueError(f"question {question.id!r} ({question.type}): cannot read an answer from {spec!r}")

@@ -1,0 +1,268 @@
+"""Load policy files: safe YAML -> pydantic schema -> compiled :class:`~guard.policy.policy.Policy` objects.
+
+Every problem is a :class:`PolicyLoadError` (a :class:`~guard.errors.PolicyError`) naming the file, the line and the
+key path, e.g. ``policies/api.yaml:31 at policies[0].questions.urgency.criteria: has 11 levels; a score needs 2 to
+10``. All problems found are kept in ``.problems``; the message names the first.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from guard.errors import FieldError, PolicyError, RequestValidationError
+from guard.policy._match import AgentMatcher, HttpMatcher
+from guard.policy._state import AGENT_SOURCES, HTTP_SOURCES, NAMED_SOURCES, POINTER_SOURCES, StateField, split_pointer
+from guard.policy._yaml import LineMap, Path as KeyPath, load_yaml
+from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
+from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion, PolicySet
+from guard.policy.rules import CEL_KEYWORDS, RESERVED_NAMES, CompiledRule, Outcome, compile_condition
+from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
+
+__all__ = ["PolicyLoadError", "load_files", "load_text"]
+
+logger = logging.getLogger("guard.policy")
+
+_CEL_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+class PolicyLoadError(PolicyError):
+    """One or more problems in a policy file; the message names the first, ``problems`` lists them all."""
+
+    def __init__(self, problems: Sequence[PolicyError]) -> None:
+        first = problems[0]
+        super().__init__(first.file, first.line, first.key, first.reason)
+        self.problems = list(problems)
+        if len(self.problems) > 1:
+            self.args = (f"{self.args[0]} (and {len(self.problems) - 1} more)",)
+
+
+def load_text(text: str | bytes, file: str = "<string>") -> list[Policy]:
+    """Load the policies in one document.
+
+    Args:
+        text: YAML text (``bytes`` are decoded as UTF-8).
+        file: name used in errors and recorded on each policy.
+
+    Raises:
+        PolicyLoadError: listing every problem found, each with file, line and key path.
+    """
+    data, lines = load_yaml(text, file)
+    if data is None:
+        raise PolicyLoadError([PolicyError(file, 1, "", "file is empty; expected a mapping with 'policies'")])
+    try:
+        spec = PolicyFileSpec.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise PolicyLoadError([_pydantic_problem(error, lines) for error in exc.errors()]) from None
+    problems: list[PolicyError] = []
+    policies = [_compile(i, policy, spec, lines, problems) for i, policy in enumerate(spec.policies)]
+    if problems:
+        raise PolicyLoadError(problems)
+    for policy in policies:
+        if policy.on_error is not None and policy.on_error.mode == "open":
+            logger.warning("policy %s@%s (%s) FAILS OPEN: backend errors will allow", policy.id, policy.version, file)
+    return policies
+
+
+def load_files(*paths: str | Path) -> PolicySet:
+    """Load every file, in order, into one :class:`PolicySet` that can :meth:`~PolicySet.reload` them.
+
+    Raises:
+        PolicyLoadError: for the first file with problems (a missing file names the file and line ``None``).
+    """
+    if not paths:
+        raise PolicyError("<none>", None, "", "no policy files given")
+    policies: list[Policy] = []
+    for path in paths:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise PolicyLoadError([PolicyError(str(path), None, "", f"cannot read file: {exc.strerror}")]) from None
+        policies.extend(load_text(raw, str(path)))
+    return PolicySet(policies, sources=paths)
+
+
+def _pydantic_problem(error: Any, lines: LineMap) -> PolicyError:
+    loc = tuple(error["loc"])
+    path: list[str | int] = []
+    for i, part in enumerate(loc):
+        candidate = (*path, part)
+        # Drop union/validator tags pydantic inserts into ``loc`` (they are not keys in the file).
+        if i == len(loc) - 1 or candidate in lines.lines:
+            path.append(part)
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        message = "unknown key; check the spelling against docs/policies.md"
+    elif error["type"] == "missing":
+        message = "is required"
+    elif "input" in error and error["type"] not in ("missing",):
+        shown = repr(error["input"])
+        message = f"{message}, got {shown if len(shown) <= 60 else shown[:57] + '...'}"
+    return lines.error(tuple(path), message)
+
+
+def _compile(
+    index: int, spec: PolicySpec, file_spec: PolicyFileSpec, lines: LineMap, problems: list[PolicyError]
+) -> Policy:
+    base: KeyPath = ("policies", index)
+
+    def problem(path: KeyPath, reason: str) -> None:
+        problems.append(lines.error((*base, *path), reason))
+
+    if spec.match.http is None and spec.match.agent is None:
+        problem(("match",), "needs 'http' or 'agent' (or both); a policy must say what it applies to")
+    questions, known = _questions(spec, problem)
+    rules = []
+    seen_rules: set[str] = set()
+    for i, rule in enumerate(spec.rules):
+        if rule.id in seen_rules:
+            problem(("rules", i, "id"), f"rule id {rule.id!r} is used twice; rule ids must be unique in a policy")
+        seen_rules.add(rule.id)
+        try:
+            program, names = compile_condition(rule.when, known)
+        except ValueError as exc:
+            problem(("rules", i, "when"), str(exc))
+            continue
+        outcome = _outcome(rule, ("rules", i), file_spec, problem)
+        rules.append(CompiledRule(rule.id, rule.when, program, outcome, names))
+    default = _outcome(spec.default, ("default",), file_spec, problem)
+    state_fields = _state(spec, problem)
+    on_error = None
+    if spec.on_error is not None:
+        e = spec.on_error
+        on_error = FailPolicy(e.mode, status=e.status, retry_after=e.retry_after, message=e.message, explicit=True)
+    return Policy(
+        id=spec.id,
+        version=spec.version,
+        description=spec.description,
+        mode=spec.mode,
+        file=lines.file,
+        line=lines.line(base),
+        http=HttpMatcher.from_spec(spec.match.http) if spec.match.http is not None else None,
+        agent=AgentMatcher.from_spec(spec.match.agent) if spec.match.agent is not None else None,
+        state_fields=state_fields,
+        questions=tuple(questions),
+        rules=tuple(rules),
+        default=default,
+        on_error=on_error,
+        timeout=spec.timeout_ms / 1000.0,
+        cache_ttl=spec.cache.ttl,
+        backend=spec.backend,
+        model=spec.model or DEFAULT_MODEL,
+        handoff_targets={
+            name: HandoffTarget(name, t.base_url, t.model, t.api_key_env, t.timeout, t.system_prompt)
+            for name, t in file_spec.handoff_targets.items()
+        },
+        data=file_spec.data,
+    )
+
+
+def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], dict[str, QuestionType]]:
+    """Validate each question against the Workers AI limits; returns the questions and every key's type (also for
+    questions with problems, so rules that use them do not report a second, misleading error)."""
+    if not spec.questions:
+        problem(("questions",), "needs at least one question")
+    if len(spec.questions) > MAX_QUESTIONS:
+        problem(("questions",), f"has {len(spec.questions)} entries; at most {MAX_QUESTIONS}")
+    out: list[PolicyQuestion] = []
+    known: dict[str, QuestionType] = {}
+    wire_ids: dict[str, str] = {}
+    for key, q in spec.questions.items():
+        where = ("questions", key)
+        known[key] = q.type
+        if not re.fullmatch(_CEL_IDENTIFIER, key) or key in RESERVED_NAMES or key in CEL_KEYWORDS:
+            problem(where, f"question key {key!r} must be a name rules can use ([A-Za-z_][A-Za-z0-9_]*, not "
+                    f"{', '.join(sorted(RESERVED_NAMES))} or a CEL keyword); set 'id' for a different wire id")
+            continue
+        wire_id = q.id if q.id is not None else key
+        if not ID_PATTERN.fullmatch(wire_id):
+            problem((*where, "id"), f"id {wire_id!r} must match [A-Za-z0-9_.-]{{1,100}}")
+            continue
+        if wire_id in wire_ids:
+            problem((*where, "id"), f"wire id {wire_id!r} is also used by question {wire_ids[wire_id]!r}")
+            continue
+        wire_ids[wire_id] = key
+        body = {"model": "m", "state": "", "questions": {wire_id: q.model_dump(exclude={"id"}, exclude_none=True)}}
+        try:
+            request = SystemOneRequestV1.from_json(body, profile="workers-ai")
+        except RequestValidationError as exc:
+            for field_error in exc.errors:
+                problem(_field_path(field_error, wire_id, key), field_error.message)
+            continue
+        out.append(PolicyQuestion(key, request.questions[0]))
+    return out, known
+
+
+def _field_path(error: FieldError, wire_id: str, key: str) -> KeyPath:
+    prefix = f"questions.{wire_id}"
+    rest = error.field[len(prefix) :].lstrip(".") if error.field.startswith(prefix) else ""
+    return ("questions", key, *(p for p in rest.split(".") if p))
+
+
+def _outcome(spec: Any, where: KeyPath, file_spec: PolicyFileSpec, problem: Any) -> Outcome:
+    if spec.action == "handoff":
+        if spec.handoff is None:
+            problem((*where, "handoff"), "a handoff needs 'handoff: <target>' naming one of handoff_targets")
+        elif spec.handoff not in file_spec.handoff_targets:
+            known = ", ".join(sorted(file_spec.handoff_targets)) or "(none declared)"
+            problem((*where, "handoff"), f"handoff target {spec.handoff!r} is not in handoff_targets ({known})")
+    elif spec.handoff is not None:
+        problem((*where, "handoff"), f"'handoff' is only for action handoff, not {spec.action}")
+    if spec.status is not None and spec.action != "block":
+        problem((*where, "status"), f"'status' is only for action block, not {spec.action}")
+    status = spec.status if spec.status is not None else (403 if spec.action == "block" else None)
+    return Outcome(spec.action, status=status, message=spec.message, retry_after=spec.retry_after, handoff=spec.handoff)
+
+
+def _state(spec: PolicySpec, problem: Any) -> tuple[StateField, ...] | None:
+    if spec.state is None:
+        return None
+    kinds = set()
+    if spec.match.http is not None:
+        kinds.add("http")
+    if spec.match.agent is not None:
+        kinds.add("agent")
+    fields = []
+    for name, source in spec.state.items():
+        where = ("state", name)
+        compiled = _state_field(name, source, kinds, lambda path, reason, w=where: problem((*w, *path), reason))
+        if compiled is not None:
+            fields.append(compiled)
+    return tuple(fields)
+
+
+def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -> StateField | None:
+    fields_set = source.model_fields_set
+    if source.from_ is None:
+        if "const" not in fields_set:
+            problem(("from",), "needs 'from: <source>' or 'const: <value>'")
+            return None
+        return StateField(name, None, const=source.const)
+    if "const" in fields_set:
+        problem(("const",), "give either 'from' or 'const', not both")
+        return None
+    src = source.from_
+    if src in HTTP_SOURCES and "http" not in kinds:
+        problem(("from",), f"source {src!r} reads HTTP requests but the policy matches only agent events")
+    if src in AGENT_SOURCES and "agent" not in kinds:
+        problem(("from",), f"source {src!r} reads agent events but the policy matches only HTTP requests")
+    pointer: tuple[str, ...] = ()
+    if source.pointer is not None:
+        if src not in POINTER_SOURCES:
+            problem(("pointer",), f"a JSON pointer applies to {', '.join(sorted(POINTER_SOURCES))}, not {src}")
+        try:
+            pointer = split_pointer(source.pointer)
+        except ValueError as exc:
+            problem(("pointer",), str(exc))
+    if source.name is not None and src not in NAMED_SOURCES:
+        problem(("name",), f"'name' applies to {', '.join(sorted(NAMED_SOURCES))}, not {src}")
+    if src == "header" and source.name is None:
+        problem(("name",), "a header source needs 'name' (e.g. header:user-agent); headers are never sent whole")
+    return StateField(
+        name, src, pointer=pointer, key=source.name, default=source.default, max_chars=source.max_chars
+    )

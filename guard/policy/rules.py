@@ -1,0 +1,215 @@
+"""Rules: CEL conditions over the answers, compiled once at load and applied as a pure function.
+
+Evaluation order (documented in ``docs/policies.md``): rules are tried top to bottom; the first whose ``when`` is
+``true`` decides; when none is, ``default`` decides. A ``when`` that fails at run time (a missing key, a type error)
+or yields a non-boolean is an error, handled by the policy's fail mode, never skipped and never an allow.
+
+Names a ``when`` can use:
+
+* each question by its key in ``questions``: ``{type, noul | choice | score, confidence, probabilities}``
+  (``injection.noul >= 0.8``, ``queue.choice == "billing" && queue.confidence > 0.6``, ``severity.score >= 3``,
+  ``queue.probabilities["other"] > 0.5``);
+* ``answers``: the same objects in one map; ``subject``: the subject's fields (``subject.method``,
+  ``subject.tool_name``, ``subject.headers["x-tier"]``); ``state``: the rendered (normalised) state; ``flags``: the
+  normalisation findings (``flags.unicode_tags > 0``); ``data``: the file's ``data`` block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import cel
+
+from guard.errors import GuardError
+from guard.normalize import FLAG_NAMES
+from guard.systemone import AnswerV1, QuestionType
+from guard.verdict import Action
+
+__all__ = [
+    "ANSWER_FIELDS",
+    "RESERVED_NAMES",
+    "CompiledRule",
+    "Outcome",
+    "RuleError",
+    "RuleResult",
+    "answer_variables",
+    "apply_rules",
+    "compile_condition",
+]
+
+#: Top-level names every ``when`` may use besides question keys.
+RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data"})
+#: CEL words a question key may not take.
+CEL_KEYWORDS = frozenset(
+    {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function", "if", "import",
+     "let", "loop", "package", "namespace", "return", "var", "void", "while"}
+)  # fmt: skip
+#: Fields of an answer object by question type.
+ANSWER_FIELDS: dict[str, frozenset[str]] = {
+    "noul": frozenset({"type", "noul", "probabilities"}),
+    "choice": frozenset({"type", "choice", "confidence", "probabilities"}),
+    "score": frozenset({"type", "score", "confidence", "probabilities"}),
+}
+_STRING_RE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
+_BOUND_RE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
+
+
+class RuleError(GuardError):
+    """A rule's ``when`` failed at run time or did not yield a boolean."""
+
+    def __init__(self, policy_id: str, rule_id: str, reason: str) -> None:
+        self.policy_id = policy_id
+        self.rule_id = rule_id
+        self.reason = reason
+        super().__init__(f"rule {rule_id!r} of policy {policy_id!r} failed: {reason}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a rule (or the default) does.
+
+    Attributes:
+        action: ``allow``, ``block``, ``escalate`` or ``handoff``.
+        status: HTTP status for block (default 403).
+        message: text for the caller or the model.
+        retry_after: seconds, e.g. for a 429.
+        handoff: handoff target name, for ``handoff``.
+    """
+
+    action: Action
+    status: int | None = None
+    message: str | None = None
+    retry_after: float | None = None
+    handoff: str | None = None
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    """A rule with its CEL program compiled and the names it reads."""
+
+    id: str
+    source: str
+    program: Any
+    outcome: Outcome
+    names: frozenset[str]
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """The rule that fired (``"default"`` when none did) and its outcome."""
+
+    rule: str
+    outcome: Outcome
+
+
+def compile_condition(source: str, known: Mapping[str, QuestionType]) -> tuple[Any, frozenset[str]]:
+    """Compile one ``when`` and check every name it reads.
+
+    Args:
+        source: the CEL expression.
+        known: question key -> question type, for the policy the rule belongs to.
+
+    Returns:
+        ``(program, names)``: the compiled program and the top-level names it reads.
+
+    Raises:
+        ValueError: a CEL syntax error, an unknown name (e.g. a question that does not exist), or an answer field the
+            question's type does not have (``injection.choice`` on a noul question).
+    """
+    try:
+        program = cel.compile(source)
+    except ValueError as exc:
+        detail = str(exc).splitlines()
+        raise ValueError(f"CEL syntax error: {' '.join(line.strip() for line in detail[:2])}") from None
+    without_strings = _STRING_RE.sub('""', source)
+    bound = set(_BOUND_RE.findall(without_strings))
+    names = set(program.variables()) - bound
+    unknown = sorted(names - RESERVED_NAMES - set(known))
+    if unknown:
+        allowed = ", ".join(sorted(known)) or "(none)"
+        raise ValueError(
+            f"unknown name {unknown[0]!r}; a rule may use the questions ({allowed}) or {', '.join(sorted(RESERVED_NAMES))}"
+        )
+    for key, qtype in known.items():
+        for match in re.finditer(rf"(?<![\w.]){re.escape(key)}\s*\.\s*([A-Za-z_]\w*)", without_strings):
+            field = match.group(1)
+            if field not in ANSWER_FIELDS[qtype]:
+                raise ValueError(
+                    f"{key}.{field}: a {qtype} answer has {', '.join(sorted(ANSWER_FIELDS[qtype]))}"
+                )
+    return program, frozenset(names)
+
+
+def answer_variables(answer: AnswerV1) -> dict[str, Any]:
+    """The CEL object for one answer: ``{type, noul | choice | score, confidence, probabilities}``."""
+    out: dict[str, Any] = {"type": answer.type, "probabilities": dict(answer.probabilities)}
+    if answer.type == "noul":
+        out["noul"] = answer.noul
+    elif answer.type == "choice":
+        out["choice"] = answer.choice
+        out["confidence"] = answer.confidence
+    else:
+        out["score"] = answer.score
+        out["confidence"] = answer.confidence
+    return out
+
+
+def subject_variables(subject: Any) -> dict[str, Any]:
+    """The subject's fields as a plain mapping for CEL (``None`` fields kept as ``null``)."""
+    return {f.name: getattr(subject, f.name) for f in dataclasses.fields(subject)}
+
+
+def apply_rules(
+    policy_id: str,
+    rules: tuple[CompiledRule, ...],
+    default: Outcome,
+    answers: Mapping[str, AnswerV1],
+    *,
+    subject: Any = None,
+    state: Any = None,
+    flags: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> RuleResult:
+    """Apply ordered rules to a policy's answers: a pure function of its arguments.
+
+    Args:
+        policy_id: for error messages.
+        rules: the compiled rules, in order.
+        default: the outcome when no rule fires.
+        answers: question key -> answer.
+        subject: the subject (a dataclass) or ``None``.
+        state: the rendered state.
+        flags: normalisation flags; missing names in :data:`~guard.normalize.FLAG_NAMES` read as 0.
+        data: the file's ``data`` block.
+
+    Returns:
+        The first rule whose ``when`` is true, or ``RuleResult("default", default)``.
+
+    Raises:
+        RuleError: when a ``when`` fails or does not return a boolean.
+    """
+    if not rules:
+        return RuleResult("default", default)
+    answer_objects = {key: answer_variables(answer) for key, answer in answers.items()}
+    variables: dict[str, Any] = dict(answer_objects)
+    variables["answers"] = answer_objects
+    variables["flags"] = {name: 0 for name in FLAG_NAMES} | dict(flags or {})
+    variables["data"] = dict(data or {})
+    variables["state"] = state
+    needs_subject = any("subject" in rule.names for rule in rules)
+    variables["subject"] = subject_variables(subject) if needs_subject and subject is not None else {}
+    context = cel.Context(variables=variables)
+    for rule in rules:
+        try:
+            result = rule.program.execute(context)
+        except Exception as exc:  # the CEL runtime raises KeyError, TypeError, ValueError, RuntimeError
+            raise RuleError(policy_id, rule.id, f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(result, bool):
+            raise RuleError(policy_id, rule.id, f"'when' returned {type(result).__name__} {result!r}, not a boolean")
+        if result:
+            return RuleResult(rule.id, rule.outcome)
+    return RuleResult("default", default)

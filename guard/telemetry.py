@@ -1,0 +1,293 @@
+"""Telemetry for decisions: one OpenTelemetry span per decision, outcome counters, and a JSON-lines decision log.
+
+Span ``guard.decision`` (one per evaluation, allow and block alike) carries the stable attributes in
+:data:`SPAN_ATTRIBUTES`. Counters (OpenTelemetry metrics): ``guard.decisions`` by policy, action, rule and fail
+mode; ``guard.fail_open`` (every decision a fail-open policy allowed because of an error); a latency histogram
+``guard.decision.latency`` in ms.
+
+The decision log (:class:`DecisionLog`) writes one JSON object per line, modelled on OPA's ``EventV1``:
+``decision_id``, ``timestamp``, ``labels``, ``policy`` (id, version, file), ``input`` (the subject, original text),
+``state`` (what the model saw), ``result``, ``answers`` (probabilities), ``cache``, ``backend``, ``model``,
+``revision``, ``metrics.latency_ms``, ``fail_mode``, ``error``, ``flags``, ``trace_id``/``span_id`` and ``erased``:
+the JSON pointers removed before the record left the process (``*`` matches any key or index).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from guard import __version__
+from guard.subject import AgentSubject, HttpSubject, Subject
+from guard.verdict import Verdict
+
+__all__ = ["DEFAULT_REDACT", "SPAN_ATTRIBUTES", "SPAN_NAME", "DecisionLog", "Telemetry"]
+
+logger = logging.getLogger("guard.telemetry")
+
+SPAN_NAME = "guard.decision"
+#: Attribute names set on every decision span (absent values are omitted, not set to empty).
+SPAN_ATTRIBUTES = (
+    "guard.decision_id",
+    "guard.subject.kind",
+    "guard.policy.id",
+    "guard.policy.version",
+    "guard.rule",
+    "guard.action",
+    "guard.shadow_action",
+    "guard.status",
+    "guard.cache_hit",
+    "guard.cache",
+    "guard.backend",
+    "guard.model",
+    "guard.model_revision",
+    "guard.latency_ms",
+    "guard.fail_mode",
+    "guard.error",
+    "guard.flags",
+)
+#: Pointers the decision log always removes unless told otherwise: credentials in headers and tool arguments.
+DEFAULT_REDACT = (
+    "/input/headers/authorization",
+    "/input/headers/cookie",
+    "/input/headers/proxy-authorization",
+    "/input/headers/x-api-key",
+)
+
+
+class Telemetry:
+    """Spans and counters for decisions.
+
+    Args:
+        tracer_provider: an OpenTelemetry ``TracerProvider``; ``None`` = the global one (a no-op until configured).
+        meter_provider: a ``MeterProvider``; ``None`` = the global one.
+    """
+
+    def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        self.tracer = trace.get_tracer("guard", __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter("guard", __version__, meter_provider=meter_provider)
+        self.decisions = meter.create_counter(
+            "guard.decisions", unit="{decision}", description="Decisions by policy, action, rule and fail mode."
+        )
+        self.fail_open = meter.create_counter(
+            "guard.fail_open", unit="{decision}", description="Decisions allowed because a fail-open policy erred."
+        )
+        self.latency = meter.create_histogram(
+            "guard.decision.latency", unit="ms", description="Wall time of one evaluation."
+        )
+
+    @contextmanager
+    def span(self, subject: Subject) -> Iterator[Span]:
+        """The decision span, current for the duration (backend client spans nest under it)."""
+        attributes: dict[str, Any] = {"guard.subject.kind": subject.kind}
+        if isinstance(subject, HttpSubject):
+            attributes["http.request.method"] = subject.method
+            attributes["url.path"] = subject.path
+        elif isinstance(subject, AgentSubject):
+            attributes["guard.agent.event"] = subject.event
+            if subject.tool_name:
+                attributes["guard.agent.tool"] = subject.tool_name
+        with self.tracer.start_as_current_span(SPAN_NAME, attributes=attributes, record_exception=False) as span:
+            yield span
+
+    def finish(self, span: Span, verdict: Verdict, *, cache: str | None = None) -> None:
+        """Set the verdict's attributes on ``span`` and count the outcome."""
+        attributes = span_attributes(verdict, cache=cache)
+        span.set_attributes(attributes)
+        if verdict.error is not None:
+            span.set_status(Status(StatusCode.ERROR, verdict.error))
+        labels = {
+            "guard.policy.id": verdict.policy_id or "",
+            "guard.action": verdict.action,
+            "guard.rule": verdict.rule or "",
+            "guard.fail_mode": verdict.fail_mode or "",
+            "guard.shadow": verdict.shadow_action is not None,
+        }
+        self.decisions.add(1, labels)
+        self.latency.record(verdict.latency_ms, {"guard.policy.id": verdict.policy_id or ""})
+        if verdict.flags.get("fail_open"):
+            self.fail_open.add(1, {"guard.policy.id": verdict.policy_id or ""})
+
+
+def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, Any]:
+    """The :data:`SPAN_ATTRIBUTES` of a verdict (``None`` values left out)."""
+    values: dict[str, Any] = {
+        "guard.decision_id": verdict.decision_id,
+        "guard.policy.id": verdict.policy_id,
+        "guard.policy.version": verdict.policy_version,
+        "guard.rule": verdict.rule,
+        "guard.action": verdict.action,
+        "guard.shadow_action": verdict.shadow_action,
+        "guard.status": verdict.status,
+        "guard.cache_hit": verdict.cache_hit,
+        "guard.cache": cache,
+        "guard.backend": verdict.backend,
+        "guard.model": verdict.model,
+        "guard.model_revision": verdict.model_revision,
+        "guard.latency_ms": round(verdict.latency_ms, 3),
+        "guard.fail_mode": verdict.fail_mode,
+        "guard.error": verdict.error,
+        "guard.flags": sorted(verdict.flags) if verdict.flags else None,
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _json_safe(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def _split(pointer: str) -> list[str]:
+    if not pointer.startswith("/"):
+        raise ValueError(f"redaction pointer {pointer!r} must be a JSON pointer starting with '/'")
+    return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
+
+
+def _erase(node: Any, tokens: list[str], at: str, erased: list[str]) -> None:
+    if not tokens:
+        return
+    head, rest = tokens[0], tokens[1:]
+    if isinstance(node, dict):
+        keys = list(node) if head == "*" else ([head] if head in node else [])
+        for key in keys:
+            where = f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            if rest:
+                _erase(node[key], rest, where, erased)
+            else:
+                del node[key]
+                erased.append(where)
+    elif isinstance(node, list):
+        if head == "*":
+            indices = range(len(node))
+        else:
+            try:
+                indices = range(int(head), int(head) + 1) if 0 <= int(head) < len(node) else range(0)
+            except ValueError:
+                return
+        for i in reversed(indices) if not rest else indices:
+            if rest:
+                _erase(node[i], rest, f"{at}/{i}", erased)
+            else:
+                node[i] = None  # keep indices stable; the value is gone
+                erased.append(f"{at}/{i}")
+
+
+class DecisionLog:
+    """JSON-lines decision records (OPA ``EventV1``-like), with fields removed before they are written.
+
+    Args:
+        sink: a path (appended to), a text stream, or a callable taking one line (without the newline).
+        redact: JSON pointers into the record to remove, e.g. ``/input/body/password``, ``/state/*/email``;
+            :data:`DEFAULT_REDACT` by default. Removed pointers are listed in the record's ``erased``.
+        include_input: write the subject (original, un-normalised text) as ``input``.
+        labels: static labels (e.g. service, region) copied into every record.
+
+    Raises:
+        ValueError: for a pointer that does not start with ``/``.
+    """
+
+    def __init__(
+        self,
+        sink: str | Path | IO[str] | Callable[[str], None],
+        *,
+        redact: Sequence[str] = DEFAULT_REDACT,
+        include_input: bool = True,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        self._redact = [(p, _split(p)) for p in redact]
+        self.include_input = include_input
+        self.labels = {"app": "guard", "version": __version__, **(labels or {})}
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._file: IO[str] | None = None
+        if isinstance(sink, (str, Path)):
+            self._file = open(sink, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by close()
+            self._write: Callable[[str], None] = lambda line: self._file.write(line + "\n")  # type: ignore[union-attr]
+        elif callable(sink):
+            self._write = sink
+        else:
+            stream = sink
+            self._write = lambda line: stream.write(line + "\n")
+
+    def event(self, verdict: Verdict, subject: Subject | None, *, policy_file: str | None = None,
+              cache: str | None = None, span: Span | None = None) -> dict[str, Any]:
+        """Build the redacted record for one decision (not written)."""
+        record: dict[str, Any] = {
+            "decision_id": verdict.decision_id,
+            "timestamp": _utc_now(),
+            "labels": dict(self.labels),
+            "policy": {"id": verdict.policy_id, "version": verdict.policy_version, "file": policy_file},
+            "input": _json_safe(subject) if self.include_input and subject is not None else None,
+            "state": _json_safe(verdict.state),
+            "result": {
+                "action": verdict.action,
+                "rule": verdict.rule,
+                "status": verdict.status,
+                "message": verdict.message,
+                "handoff": verdict.handoff,
+                "retry_after": verdict.retry_after,
+                "shadow_action": verdict.shadow_action,
+            },
+            "answers": {qid: dict(answer.probabilities) for qid, answer in verdict.answers.items()},
+            "cache_hit": verdict.cache_hit,
+            "cache": cache,
+            "backend": verdict.backend,
+            "model": verdict.model,
+            "revision": verdict.model_revision,
+            "metrics": {"latency_ms": round(verdict.latency_ms, 3)},
+            "fail_mode": verdict.fail_mode,
+            "error": verdict.error,
+            "flags": _json_safe(verdict.flags),
+            "trace_id": None,
+            "span_id": None,
+        }
+        if span is not None:
+            context = span.get_span_context()
+            if context.is_valid:
+                record["trace_id"] = format(context.trace_id, "032x")
+                record["span_id"] = format(context.span_id, "016x")
+        erased: list[str] = []
+        for _, tokens in self._redact:
+            _erase(record, tokens, "", erased)
+        record["erased"] = erased
+        return record
+
+    def record(self, verdict: Verdict, subject: Subject | None, **kwargs: Any) -> dict[str, Any]:
+        """Build and write the record for one decision; a failing sink drops it (counted in ``dropped``), never
+        the decision."""
+        event = self.event(verdict, subject, **kwargs)
+        line = json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=repr)
+        try:
+            with self._lock:
+                self._write(line)
+        except (OSError, ValueError) as exc:
+            self.dropped += 1
+            logger.error("decision log write failed (%d dropped): %s", self.dropped, exc)
+        return event
+
+    def close(self) -> None:
+        """Close the file this log opened (streams and callables given to it are left alone)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
