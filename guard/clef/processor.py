@@ -213,7 +213,9 @@ class ClefProcessor:
         if videos:
             raise RequestValidationError([FieldError("videos", _TORCHVISION_FIX.format(torch=torch.__version__))])
         if self.image_processor is None:
-            raise RequestValidationError([FieldError("images", "this checkpoint has no processor_config.json")])
+            raise RequestValidationError(
+                [FieldError("images", "this checkpoint is text-only (no processor_config.json); send no images")]
+            )
         out = self.image_processor(images=decoded, return_tensors="pt", **kwargs)
         grid = out["image_grid_thw"]  # [n_images, 3] (t, h, w) in patches
         merge = int(self.image_processor.merge_size) ** 2

@@ -1,0 +1,130 @@
+"""``guard decide``: answer one System One request with a local Clef checkpoint and print the response JSON.
+
+Usage::
+
+    guard decide --model DIR [--dtype auto|float32|bfloat16] [--device cpu|cuda] [--max-length N]
+                 [--confidence reference|workers-ai|jev] [--profile reference|workers-ai] [--raw] [FILE]
+
+The request is read from FILE (or stdin when FILE is absent or ``-``), parsed strictly (UTF-8, object key order kept,
+duplicate keys rejected), validated with ``--profile`` (default ``reference``: it accepts what the reference
+``systemone()`` accepts and reports the reference's messages) and answered. The response is printed with numbers
+rounded to 4 decimals. ``--raw`` adds a ``raw`` object: ``input_tokens`` and, per question, the option ids in prompt
+order with unrounded float32 logits and probabilities. Invalid input exits 2 with one line naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from guard.errors import GuardError, InvalidJson, RequestValidationError
+
+__all__ = ["register", "run"]
+
+EXIT_INVALID = 2
+EXIT_FAILED = 1
+_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``decide`` subcommand."""
+    parser = subparsers.add_parser(
+        "decide",
+        help="answer one System One request with a local Clef checkpoint",
+        description="Read one System One request (JSON) from FILE or stdin and print the response JSON.",
+    )
+    parser.add_argument("file", nargs="?", default="-", metavar="FILE", help="request JSON file (default: stdin)")
+    parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory (release layout)")
+    parser.add_argument(
+        "--dtype", choices=_DTYPES, default="auto", help="auto = bfloat16 on cuda (the reference), float32 on cpu"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--max-length", type=int, default=None, metavar="N", help="prompt limit (default 16384)")
+    parser.add_argument(
+        "--confidence", choices=("reference", "workers-ai", "jev"), default="reference", help="confidence formula"
+    )
+    parser.add_argument(
+        "--profile", choices=("reference", "workers-ai"), default="reference", help="request validation rules"
+    )
+    parser.add_argument("--raw", action="store_true", help="add prompt-order option ids, logits and probabilities")
+    parser.set_defaults(handler=run)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"guard decide: {message}", file=sys.stderr)
+    return code
+
+
+def _read(file: str) -> bytes:
+    if file == "-":
+        return sys.stdin.buffer.read()
+    return Path(file).read_bytes()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler: returns 0 on success, 2 for invalid input or arguments, 1 when the model cannot run."""
+    from guard import _json
+    from guard.systemone import SystemOneRequestV1
+
+    if args.max_length is not None and args.max_length < 1:
+        return _fail(f"--max-length must be a positive integer, got {args.max_length}", EXIT_INVALID)
+    try:
+        body = _json.loads(_read(args.file))
+        request = SystemOneRequestV1.from_json(body, profile=args.profile)
+    except OSError as exc:
+        return _fail(f"cannot read {args.file}: {exc.strerror or exc}", EXIT_INVALID)
+    except InvalidJson as exc:
+        return _fail(f"invalid JSON: {exc}", EXIT_INVALID)
+    except RequestValidationError as exc:
+        return _fail(f"invalid request: {exc}", EXIT_INVALID)
+
+    try:
+        model = _load(args)
+    except (OSError, ValueError) as exc:
+        return _fail(f"cannot load model from {args.model}: {exc}", EXIT_INVALID)
+    try:
+        record = model.encode(request, max_length=args.max_length)
+        (logits,) = model.forward_records([record])
+    except RequestValidationError as exc:
+        return _fail(f"invalid request: {exc}", EXIT_INVALID)
+    except GuardError as exc:
+        return _fail(str(exc), EXIT_FAILED)
+    response = model.answer(request, record, logits, confidence_profile=args.confidence)
+    body_out: dict[str, Any] = response.to_json()
+    if args.raw:
+        body_out["raw"] = _raw(record, logits)
+    sys.stdout.write(json.dumps(body_out, ensure_ascii=False) + "\n")
+    return 0
+
+
+def _load(args: argparse.Namespace) -> Any:
+    import torch
+    import transformers
+
+    from guard.clef.model import ClefModel
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    dtype_name = args.dtype
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if str(args.device).startswith("cuda") else "float32"
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device} requested but this torch build has no CUDA device")
+    return ClefModel.from_pretrained(args.model, dtype=dtype, device=args.device)
+
+
+def _raw(record: Any, logits: Any) -> dict[str, Any]:
+    import torch
+
+    questions = {}
+    for question, z in zip(record.questions, logits, strict=True):
+        questions[question.question_id] = {
+            "option_ids": list(question.option_ids),
+            "logits": [float(v) for v in z.tolist()],
+            "probabilities": [float(v) for v in torch.softmax(z.float(), dim=-1).tolist()],
+        }
+    return {"input_tokens": len(record.input_ids), "questions": questions}
