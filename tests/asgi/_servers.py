@@ -1,0 +1,106 @@
+"""Real servers for HTTP tests: uvicorn on a loopback port in a thread, and an OpenAI-compatible stand-in LLM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+
+class _Server(uvicorn.Server):
+    def install_signal_handlers(self) -> None:  # a thread cannot own signal handlers
+        pass
+
+
+@contextmanager
+def serve_in_thread(app: ASGIApp, **config: Any) -> Iterator[str]:
+    """Run ``app`` under uvicorn on 127.0.0.1 (a free port) in a thread; yields the base URL ``http://host:port``."""
+    cfg = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", **config)
+    server = _Server(cfg)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+class OpenAIStandIn:
+    """A small OpenAI-compatible ``/v1/chat/completions`` server for handoff tests.
+
+    The answer is ``"Stand-in answer to: <last user message>"``. The requested model picks a behaviour:
+    ``fail-500`` (HTTP 500), ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``broken-stream``
+    (streams one chunk, then a non-JSON event), ``gated`` (when streaming, waits after the first chunk until
+    :attr:`gate` is set, so a test can prove the chunk reached it before the rest was generated). Every request
+    body is kept in :attr:`calls`.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.gate = threading.Event()
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+
+    @staticmethod
+    def answer(body: dict[str, Any]) -> str:
+        user = [m["content"] for m in body["messages"] if m["role"] == "user"]
+        return f"Stand-in answer to: {user[-1] if user else ''}"
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.calls.append(body)
+        self.headers.append(dict(request.headers))
+        model = body["model"]
+        if model == "fail-500":
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if model == "slow":
+            await asyncio.sleep(1.5)
+        if model == "malformed":
+            return PlainTextResponse("this is not json")
+        text = self.answer(body)
+        if not body.get("stream"):
+            return JSONResponse({
+                "id": "chatcmpl-standin", "object": "chat.completion", "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            })
+        return StreamingResponse(self._events(model, text), media_type="text/event-stream")
+
+    async def _events(self, model: str, text: str) -> AsyncIterator[str]:
+        def event(delta: dict[str, Any], finish: str | None = None) -> str:
+            chunk = {"id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model,
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return f"data: {json.dumps(chunk)}\n\n"
+
+        yield event({"role": "assistant"})
+        words = text.split(" ")
+        for i, word in enumerate(words):
+            yield event({"content": word if i == 0 else " " + word})
+            if i == 0 and model == "broken-stream":
+                yield "data: {not json\n\n"
+                return
+            if i == 0 and model == "gated":
+                deadline = time.monotonic() + 5
+                while not self.gate.is_set() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+                if not self.gate.is_set():
+                    yield event({"content": " [GATE TIMEOUT]"})
+        yield event({}, "stop")
+        yield "data: [DONE]\n\n"

@@ -1,0 +1,155 @@
+"""The handoff client against a real OpenAI-compatible stand-in server (uvicorn on loopback)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from guard.errors import HandoffError
+from guard.handoff import DEFAULT_SYSTEM_PROMPT, HandoffClient, HandoffTarget
+from guard.subject import AgentSubject, HttpSubject
+from guard.systemone import AnswerV1
+from guard.verdict import Verdict
+from tests.asgi._servers import OpenAIStandIn, serve_in_thread
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def standin() -> Iterator[tuple[OpenAIStandIn, str]]:
+    server = OpenAIStandIn()
+    with serve_in_thread(server.app) as url:
+        yield server, url
+
+
+def _target(url: str, model: str = "helper-1", **kw: object) -> HandoffTarget:
+    return HandoffTarget(name="helper", base_url=f"{url}/v1", model=model, **kw)  # type: ignore[arg-type]
+
+
+def _verdict() -> Verdict:
+    answer = AnswerV1(question_id="topic", type="choice", probabilities={"billing": 0.2, "other": 0.8},
+                      choice="other", confidence=0.6)
+    return Verdict(action="handoff", decision_id="d-1", policy_id="support", policy_version="2", rule="no_queue",
+                   message="no queue fits", handoff="helper", answers={"topic": answer})
+
+
+def _subject(body: object, text: str = "") -> HttpSubject:
+    return HttpSubject(method="POST", path="/v1/messages", content_type="application/json", body=body, body_text=text)
+
+
+async def test_complete_sends_decision_and_request(standin: tuple[OpenAIStandIn, str]) -> None:
+    server, url = standin
+    client = HandoffClient(api_keys={"helper": "sk-test"})
+    target = _target(url)
+    messages = client.messages_for(_verdict(), _subject({"message": "my card is stuck"}, "my card is stuck"))
+    reply = await client.acomplete(target, messages)
+    await client.aclose()
+    assert reply.text == "Stand-in answer to: " + messages[-1]["content"]
+    assert reply.model == "helper-1" and reply.finish_reason == "stop"
+    sent = server.calls[-1]
+    assert sent["model"] == "helper-1" and sent["stream"] is False
+    system = sent["messages"][0]["content"]
+    assert system.startswith(DEFAULT_SYSTEM_PROMPT)
+    assert "policy support (version 2), rule no_queue (no queue fits)" in system
+    assert json.dumps({"topic": {"billing": 0.2, "other": 0.8}}) in system
+    user = sent["messages"][1]["content"]
+    assert "POST /v1/messages" in user and "my card is stuck" in user and "untrusted" in user
+    assert server.headers[-1]["authorization"] == "Bearer sk-test"
+
+
+async def test_api_key_from_env_and_custom_system_prompt(
+    standin: tuple[OpenAIStandIn, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, url = standin
+    monkeypatch.setenv("GUARD_TEST_HANDOFF_KEY", "sk-env")
+    target = _target(url, api_key_env="GUARD_TEST_HANDOFF_KEY", system_prompt="You are the billing desk.")
+    client = HandoffClient()
+    await client.acomplete(target, client.messages_for(_verdict(), _subject(None), target=target))
+    await client.aclose()
+    assert server.headers[-1]["authorization"] == "Bearer sk-env"
+    assert server.calls[-1]["messages"][0]["content"].startswith("You are the billing desk.")
+
+
+def test_chat_bodies_keep_the_users_messages_and_long_text_is_cut() -> None:
+    client = HandoffClient(max_context_chars=50)
+    chat = {"model": "x", "messages": [{"role": "user", "content": "hello"},
+                                       {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+                                       {"role": "user", "content": "refund please"}]}
+    messages = client.messages_for(_verdict(), _subject(chat))
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert [m["content"] for m in messages[1:]] == ["hello", "hi", "refund please"]
+    long = client.messages_for(_verdict(), _subject({"message": "x" * 500}, "x" * 500))[-1]["content"]
+    assert long.endswith("more characters cut]\n---") and len(long) < 250
+    odd = {"messages": [{"role": "tool", "content": "x"}]}  # not a chat we can forward: rendered as data
+    assert "POST /v1/messages" in client.messages_for(_verdict(), _subject(odd))[-1]["content"]
+    agent = HandoffClient().messages_for(_verdict(), AgentSubject(event="tool_call", tool_name="rm", arguments={"p": "/"}))
+    assert json.loads(agent[-1]["content"]) == {"event": "tool_call", "tool_name": "rm", "arguments": {"p": "/"},
+                                                "kind": "agent"}
+
+
+async def test_stream_is_incremental(standin: tuple[OpenAIStandIn, str]) -> None:
+    server, url = standin
+    server.gate.clear()
+    client = HandoffClient()
+    target = _target(url, model="gated")
+    messages = client.messages_for(_verdict(), _subject({"message": "stream me"}, "stream me"))
+    texts = []
+    async for chunk in client.astream(target, messages):
+        texts.append(chunk.text)
+        if chunk.text:
+            server.gate.set()  # the rest is generated only after this chunk reached us
+    await client.aclose()
+    assert "".join(texts) == OpenAIStandIn.answer({"messages": messages})
+    assert server.calls[-1]["stream"] is True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("model", "timeout", "reason"),
+    [("fail-500", 5.0, "http_500"), ("slow", 0.3, "timeout"), ("malformed", 5.0, "malformed")],
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_target_failures_are_handoff_errors(
+    standin: tuple[OpenAIStandIn, str], model: str, timeout: float, reason: str, stream: bool
+) -> None:
+    _, url = standin
+    client = HandoffClient()
+    target = _target(url, model=model, timeout=timeout)
+    messages = client.messages_for(_verdict(), _subject(None))
+    with pytest.raises(HandoffError) as info:
+        if stream:
+            async for _ in client.astream(target, messages):
+                pass
+        else:
+            await client.acomplete(target, messages)
+    await client.aclose()
+    assert info.value.reason == reason and info.value.target == "helper"
+
+
+async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenAIStandIn, str]) -> None:
+    _, url = standin
+    client = HandoffClient()
+    dead = _target(f"http://127.0.0.1:{_free_port()}", timeout=2.0)
+    with pytest.raises(HandoffError) as info:
+        await client.acomplete(dead, [{"role": "user", "content": "x"}])
+    assert info.value.reason == "unavailable"
+    seen = []
+    with pytest.raises(HandoffError) as info:
+        async for chunk in client.astream(_target(url, model="broken-stream"), [{"role": "user", "content": "a b"}]):
+            seen.append(chunk.text)
+    assert info.value.reason == "malformed" and seen == ["", "Stand-in"]
+    with pytest.raises(HandoffError, match="'nope' is not defined; known targets: \\['helper'\\]") as info:
+        client.resolve("nope", {"helper": _target(url)})
+    assert info.value.reason == "unknown_target"
+    override = HandoffClient(targets={"helper": _target(url, model="override")})
+    assert override.resolve("helper", {"helper": _target(url)}).model == "override"
+    await client.aclose()
+    await client.aclose()
