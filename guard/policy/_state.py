@@ -12,7 +12,15 @@ from typing import Any
 
 from guard.subject import AgentSubject, HttpSubject, Subject
 
-__all__ = ["HTTP_SOURCES", "AGENT_SOURCES", "StateField", "default_state", "render_state", "resolve_pointer"]
+__all__ = [
+    "AGENT_SOURCES",
+    "HTTP_SOURCES",
+    "StateField",
+    "default_state",
+    "render_state",
+    "resolve_pointer",
+    "split_pointer",
+]
 
 HTTP_SOURCES = frozenset(
     {"method", "path", "host", "client", "content_type", "query", "header", "body", "form", "body_text"}
@@ -36,6 +44,7 @@ class StateField:
         const: the constant value when ``source`` is ``None``.
         default: value when the source is absent.
         max_chars: cap on a string value's length.
+        children: the fields of a nested object (then ``source`` is ``None``).
     """
 
     name: str
@@ -45,6 +54,7 @@ class StateField:
     const: Any = None
     default: Any = None
     max_chars: int | None = None
+    children: tuple[StateField, ...] | None = None
 
 
 def split_pointer(pointer: str) -> tuple[str, ...]:
@@ -109,6 +119,8 @@ def _read(field: StateField, subject: Subject) -> Any:
 
 
 def _render_field(field: StateField, subject: Subject) -> Any:
+    if field.children is not None:
+        return render_state(field.children, subject)
     if field.source is None:
         return field.const
     value = _read(field, subject)
@@ -130,8 +142,9 @@ _HTTP_DEFAULT = (StateField("method", "method"), StateField("path", "path"), Sta
 _AGENT_DEFAULTS: dict[str, tuple[StateField, ...]] = {
     "tool_call": (
         StateField("task", "user_message"),
-        StateField("tool", "tool_name"),
-        StateField("arguments", "arguments"),
+        StateField(
+            "tool_call", None, children=(StateField("name", "tool_name"), StateField("arguments", "arguments"))
+        ),
     ),
     "tool_result": (
         StateField("task", "user_message"),
@@ -144,8 +157,8 @@ _AGENT_DEFAULTS: dict[str, tuple[StateField, ...]] = {
 
 
 def default_state(subject: Subject) -> tuple[StateField, ...]:
-    """The state used when a policy has no ``state`` block: method/path/body for HTTP; task/tool/arguments for a
-    tool call; task/tool/result for a tool result; the text for model input and output."""
+    """The state used when a policy has no ``state`` block: method/path/body for HTTP; ``{task, tool_call: {name,
+    arguments}}`` for a tool call; task/tool/result for a tool result; the text for model input and output."""
     if isinstance(subject, AgentSubject):
         return _AGENT_DEFAULTS[subject.event]
     return _HTTP_DEFAULT

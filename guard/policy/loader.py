@@ -162,7 +162,7 @@ def _compile(
     )
 
 
-def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], dict[str, QuestionType]]:
+def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], dict[str, QuestionType | None]]:
     """Validate each question against the Workers AI limits; returns the questions and every key's type (also for
     questions with problems, so rules that use them do not report a second, misleading error)."""
     if not spec.questions:
@@ -170,7 +170,7 @@ def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], di
     if len(spec.questions) > MAX_QUESTIONS:
         problem(("questions",), f"has {len(spec.questions)} entries; at most {MAX_QUESTIONS}")
     out: list[PolicyQuestion] = []
-    known: dict[str, QuestionType] = {}
+    known: dict[str, QuestionType | None] = {}
     wire_ids: dict[str, str] = {}
     for key, q in spec.questions.items():
         where = ("questions", key)
@@ -179,7 +179,17 @@ def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], di
             problem(where, f"question key {key!r} must be a name rules can use ([A-Za-z_][A-Za-z0-9_]*, not "
                     f"{', '.join(sorted(RESERVED_NAMES))} or a CEL keyword); set 'id' for a different wire id")
             continue
-        wire_id = q.id if q.id is not None else key
+        body_question = q.model_dump(exclude={"id", "catalog"}, exclude_none=True)
+        if q.catalog is not None:
+            catalog = _catalog_question(q, where, problem)
+            if catalog is None:
+                continue
+            known[key] = catalog.type
+            body_question = catalog.to_json()
+        elif q.type is None:
+            problem((*where, "type"), "is required (noul, choice or score) unless the question names a 'catalog' id")
+            continue
+        wire_id = q.id if q.id is not None else (q.catalog or key)
         if not ID_PATTERN.fullmatch(wire_id):
             problem((*where, "id"), f"id {wire_id!r} must match [A-Za-z0-9_.-]{{1,100}}")
             continue
@@ -187,7 +197,7 @@ def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], di
             problem((*where, "id"), f"wire id {wire_id!r} is also used by question {wire_ids[wire_id]!r}")
             continue
         wire_ids[wire_id] = key
-        body = {"model": "m", "state": "", "questions": {wire_id: q.model_dump(exclude={"id"}, exclude_none=True)}}
+        body = {"model": "m", "state": "", "questions": {wire_id: body_question}}
         try:
             request = SystemOneRequestV1.from_json(body, profile="workers-ai")
         except RequestValidationError as exc:
@@ -196,6 +206,27 @@ def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], di
             continue
         out.append(PolicyQuestion(key, request.questions[0]))
     return out, known
+
+
+def _catalog_question(q: Any, where: KeyPath, problem: Any) -> Any:
+    """The catalog entry ``q.catalog`` names, after checking the question does not contradict it."""
+    try:
+        from guard.compact.catalog import CATALOG
+    except ImportError:  # pragma: no cover - the catalog ships with guard
+        problem((*where, "catalog"), "the built-in question catalog is not installed")
+        return None
+    entry = CATALOG.get(q.catalog)
+    if entry is None:
+        problem((*where, "catalog"), f"{q.catalog!r} is not a catalog question; catalog ids are {sorted(CATALOG)}")
+        return None
+    if q.type is not None and q.type != entry.type:
+        problem((*where, "type"), f"catalog question {entry.id} is a {entry.type} question, not {q.type}")
+        return None
+    for name in ("instructions", "criteria"):
+        if getattr(q, name) is not None:
+            problem((*where, name), f"a catalog question uses the catalog's {name}; remove '{name}' or drop 'catalog'")
+            return None
+    return entry
 
 
 def _field_path(error: FieldError, wire_id: str, key: str) -> KeyPath:
@@ -238,14 +269,21 @@ def _state(spec: PolicySpec, problem: Any) -> tuple[StateField, ...] | None:
 
 def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -> StateField | None:
     fields_set = source.model_fields_set
-    if source.from_ is None:
-        if "const" not in fields_set:
-            problem(("from",), "needs 'from: <source>' or 'const: <value>'")
-            return None
-        return StateField(name, None, const=source.const)
-    if "const" in fields_set:
-        problem(("const",), "give either 'from' or 'const', not both")
+    given = [key for key in ("from_", "const", "fields") if key in fields_set]
+    if len(given) != 1:
+        problem((), "needs exactly one of 'from: <source>', 'const: <value>' or 'fields: {...}'")
         return None
+    if source.fields is not None:
+        children = []
+        for child_name, child in source.fields.items():
+            compiled = _state_field(
+                child_name, child, kinds, lambda path, reason, c=child_name: problem(("fields", c, *path), reason)
+            )
+            if compiled is not None:
+                children.append(compiled)
+        return StateField(name, None, children=tuple(children))
+    if source.from_ is None:
+        return StateField(name, None, const=source.const)
     src = source.from_
     if src in HTTP_SOURCES and "http" not in kinds:
         problem(("from",), f"source {src!r} reads HTTP requests but the policy matches only agent events")

@@ -118,35 +118,41 @@ class MatchSpec(_Strict):
 
 
 class SourceSpec(_Strict):
-    """Where one state field comes from. Shorthand strings: ``body``, ``body:/a/0/b`` (JSON pointer),
-    ``header:user-agent``, ``query:q``, ``form:prompt``, ``arguments:/command``, ``tool_result``.
+    """Where one state field comes from: exactly one of ``from`` (a subject field), ``const`` (a fixed value) or
+    ``fields`` (a nested object of further sources).
 
-    ``const`` gives a fixed value instead (then ``from`` is omitted). Negative array indices in pointers count from
-    the end (``/messages/-1/content`` = the last message).
+    Shorthand strings: ``body``, ``body:/a/0/b`` (JSON pointer), ``header:user-agent``, ``query:q``, ``form:prompt``,
+    ``arguments:/command``, ``tool_result``. Negative array indices in pointers count from the end
+    (``/messages/-1/content`` = the last message).
     """
 
     from_: SourceName | None = Field(default=None, alias="from")
     const: Any = None
+    fields: dict[str, SourceField] | None = Field(default=None, description="A nested object: name -> source.")
     pointer: str | None = Field(default=None, description="JSON pointer into body, form, arguments or tool_result.")
     name: str | None = Field(default=None, description="Header, query parameter or form field name.")
     default: Any = Field(default=None, description="Value when the source is absent.")
     max_chars: int | None = Field(default=None, gt=0, description="Truncate a string value to this many characters.")
 
 
-SourceField = Annotated[SourceSpec, BeforeValidator(_source_shorthand)]
+SourceField = Annotated[SourceSpec, BeforeValidator(_source_shorthand, json_schema_input_type=str | SourceSpec)]
+SourceSpec.model_rebuild()
 
 
 class QuestionSpec(_Strict):
-    """One System One question. ``id`` is the wire id sent to the model (default: the key in ``questions``); set it to
-    a built-in catalog id such as ``guard.prompt_injection`` so the compact model can answer it.
+    """One System One question, either written out (``type``, ``instructions``, ``criteria``) or taken from the
+    built-in catalog (``catalog: guard.prompt_injection``): then the canonical id, type, wording and options are used,
+    which both the compact CPU model and Clef answer.
 
-    ``criteria``: noul ``{true: ..., false: ...}``; choice ``{option_id: description}`` (2-255 options, order kept);
-    score ``[lowest level, ..., highest]`` (2-10 levels). Limits are the Workers AI limits, checked at load time.
+    ``id`` is the wire id sent to the model (default: the key in ``questions``; for a catalog question, the catalog
+    id). ``criteria``: noul ``{true: ..., false: ...}``; choice ``{option_id: description}`` (2-255 options, order
+    kept); score ``[lowest level, ..., highest]`` (2-10 levels). Limits are the Workers AI limits, checked at load.
     """
 
     id: str | None = None
-    type: Literal["noul", "choice", "score"]
-    instructions: Any = Field(description="What to decide: a string, or an object/array of strings.")
+    catalog: str | None = Field(default=None, description="A built-in catalog question id, e.g. guard.harm_severity.")
+    type: Literal["noul", "choice", "score"] | None = None
+    instructions: Any = Field(default=None, description="What to decide: a string, or an object/array of strings.")
     criteria: Any = None
 
 
@@ -193,7 +199,7 @@ class PolicySpec(_Strict):
     """One policy: match -> state -> questions -> ordered rules -> default."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")
-    version: Annotated[str, BeforeValidator(_version_string)]
+    version: Annotated[str, BeforeValidator(_version_string, json_schema_input_type=str | int | float)]
     description: str = ""
     mode: Literal["enforce", "shadow"] = "enforce"
     match: MatchSpec
@@ -202,7 +208,9 @@ class PolicySpec(_Strict):
     )
     questions: dict[str, QuestionSpec]
     rules: list[RuleSpec] = Field(default_factory=list)
-    default: Annotated[OutcomeSpec, BeforeValidator(_outcome_shorthand)] = OutcomeSpec(action="allow")
+    default: Annotated[
+        OutcomeSpec, BeforeValidator(_outcome_shorthand, json_schema_input_type=Action | OutcomeSpec)
+    ] = OutcomeSpec(action="allow")
     on_error: OnErrorSpec | None = None
     timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, ge=1, le=MAX_TIMEOUT_MS)
     cache: CacheSpec = CacheSpec()

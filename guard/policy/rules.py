@@ -39,6 +39,7 @@ __all__ = [
     "answer_variables",
     "apply_rules",
     "compile_condition",
+    "trace_rules",
 ]
 
 #: Top-level names every ``when`` may use besides question keys.
@@ -106,12 +107,12 @@ class RuleResult:
     outcome: Outcome
 
 
-def compile_condition(source: str, known: Mapping[str, QuestionType]) -> tuple[Any, frozenset[str]]:
+def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> tuple[Any, frozenset[str]]:
     """Compile one ``when`` and check every name it reads.
 
     Args:
         source: the CEL expression.
-        known: question key -> question type, for the policy the rule belongs to.
+        known: question key -> question type (``None`` when unknown: fields are then not checked).
 
     Returns:
         ``(program, names)``: the compiled program and the top-level names it reads.
@@ -135,6 +136,8 @@ def compile_condition(source: str, known: Mapping[str, QuestionType]) -> tuple[A
             f"unknown name {unknown[0]!r}; a rule may use the questions ({allowed}) or {', '.join(sorted(RESERVED_NAMES))}"
         )
     for key, qtype in known.items():
+        if qtype is None:
+            continue
         for match in re.finditer(rf"(?<![\w.]){re.escape(key)}\s*\.\s*([A-Za-z_]\w*)", without_strings):
             field = match.group(1)
             if field not in ANSWER_FIELDS[qtype]:
@@ -194,22 +197,58 @@ def apply_rules(
     """
     if not rules:
         return RuleResult("default", default)
+    context = _context(rules, answers, subject, state, flags, data)
+    for rule in rules:
+        if _run(policy_id, rule, context):
+            return RuleResult(rule.id, rule.outcome)
+    return RuleResult("default", default)
+
+
+def trace_rules(
+    policy_id: str,
+    rules: tuple[CompiledRule, ...],
+    answers: Mapping[str, AnswerV1],
+    *,
+    subject: Any = None,
+    state: Any = None,
+    flags: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> list[tuple[str, bool | str]]:
+    """Every rule's ``when`` value (or its error text), in order, for ``guard policy explain``."""
+    context = _context(rules, answers, subject, state, flags, data)
+    out: list[tuple[str, bool | str]] = []
+    for rule in rules:
+        try:
+            out.append((rule.id, _run(policy_id, rule, context)))
+        except RuleError as exc:
+            out.append((rule.id, exc.reason))
+    return out
+
+
+def _context(
+    rules: tuple[CompiledRule, ...],
+    answers: Mapping[str, AnswerV1],
+    subject: Any,
+    state: Any,
+    flags: Mapping[str, Any] | None,
+    data: Mapping[str, Any] | None,
+) -> Any:
     answer_objects = {key: answer_variables(answer) for key, answer in answers.items()}
     variables: dict[str, Any] = dict(answer_objects)
     variables["answers"] = answer_objects
-    variables["flags"] = {name: 0 for name in FLAG_NAMES} | dict(flags or {})
+    variables["flags"] = dict.fromkeys(FLAG_NAMES, 0) | dict(flags or {})
     variables["data"] = dict(data or {})
     variables["state"] = state
     needs_subject = any("subject" in rule.names for rule in rules)
     variables["subject"] = subject_variables(subject) if needs_subject and subject is not None else {}
-    context = cel.Context(variables=variables)
-    for rule in rules:
-        try:
-            result = rule.program.execute(context)
-        except Exception as exc:  # the CEL runtime raises KeyError, TypeError, ValueError, RuntimeError
-            raise RuleError(policy_id, rule.id, f"{type(exc).__name__}: {exc}") from exc
-        if not isinstance(result, bool):
-            raise RuleError(policy_id, rule.id, f"'when' returned {type(result).__name__} {result!r}, not a boolean")
-        if result:
-            return RuleResult(rule.id, rule.outcome)
-    return RuleResult("default", default)
+    return cel.Context(variables=variables)
+
+
+def _run(policy_id: str, rule: CompiledRule, context: Any) -> bool:
+    try:
+        result = rule.program.execute(context)
+    except Exception as exc:  # the CEL runtime raises KeyError, TypeError, ValueError, RuntimeError
+        raise RuleError(policy_id, rule.id, f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(result, bool):
+        raise RuleError(policy_id, rule.id, f"'when' returned {type(result).__name__} {result!r}, not a boolean")
+    return result

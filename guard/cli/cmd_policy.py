@@ -1,0 +1,236 @@
+"""``guard policy``: lint, explain and test policy files, and publish their JSON Schema.
+
+Usage::
+
+    guard policy check FILE...                         # line-numbered errors, exit 1 on any
+    guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--json]
+    guard policy test FILE... [--backend SPEC] [-v]    # runs <name>_test.yaml beside each file; exit 1 on failure
+    guard policy schema [--output PATH] [--check PATH] # the JSON Schema generated from the pydantic models
+
+``SUBJECT.json`` is ``{"http": {...}}`` or ``{"agent": {...}}`` (see ``guard/policy/testing.py``). ``ANSWERS.json``
+maps question keys to answer specs (``{"injection": 0.93}``). ``--backend`` is ``local:CHECKPOINT_DIR`` (in-process
+Clef), ``http:URL`` (a System One server) or ``compact`` (the built-in CPU model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from guard.errors import GuardError, PolicyError
+
+__all__ = ["register", "schema_json"]
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+SCHEMA_ID = "https://github.com/guard/guard/policies/guard-policy.schema.json"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``guard policy check|explain|test|schema``."""
+    parser = subparsers.add_parser("policy", help="check, explain and test policy files")
+    sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+
+    check = sub.add_parser("check", help="validate policy files; errors name file, line and key")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.set_defaults(handler=run_check)
+
+    explain = sub.add_parser("explain", help="show state, answers, rules and verdicts for one subject")
+    explain.add_argument("file", metavar="FILE")
+    explain.add_argument("--input", required=True, metavar="SUBJECT.json", help='{"http": {...}} or {"agent": {...}}')
+    source = explain.add_mutually_exclusive_group()
+    source.add_argument("--answers", metavar="ANSWERS.json", help="question key -> answer spec, instead of a model")
+    source.add_argument("--backend", metavar="SPEC", help="local:DIR, http:URL or compact")
+    explain.add_argument("--json", action="store_true", help="print one JSON object")
+    explain.set_defaults(handler=run_explain)
+
+    test = sub.add_parser("test", help="run <name>_test.yaml cases; fails on a failing case or on zero cases")
+    test.add_argument("files", nargs="+", metavar="FILE")
+    test.add_argument("--backend", metavar="SPEC", help="for cases without 'answers': local:DIR, http:URL, compact")
+    test.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
+    test.set_defaults(handler=run_test)
+
+    schema = sub.add_parser("schema", help="print (or write, or check) the policy file JSON Schema")
+    schema.add_argument("--output", metavar="PATH", help="write the schema here")
+    schema.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated schema")
+    schema.set_defaults(handler=run_schema)
+
+
+def _problems(exc: PolicyError) -> list[PolicyError]:
+    return list(getattr(exc, "problems", None) or [exc])
+
+
+def _print_problem(problem: PolicyError) -> None:
+    where = f"{problem.file}:{problem.line}" if problem.line is not None else problem.file
+    key = f" {problem.key}:" if problem.key else ""
+    print(f"{where}:{key} {problem.reason}", file=sys.stderr)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from guard.policy import load_text
+
+    failed = False
+    for name in args.files:
+        try:
+            policies = load_text(Path(name).read_bytes(), name)
+        except OSError as exc:
+            print(f"{name}: cannot read: {exc.strerror}", file=sys.stderr)
+            failed = True
+            continue
+        except PolicyError as exc:
+            for problem in _problems(exc):
+                _print_problem(problem)
+            failed = True
+            continue
+        ids = ", ".join(f"{p.id}@{p.version}" for p in policies)
+        print(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
+    return EXIT_FAILED if failed else 0
+
+
+def open_backend(spec: str) -> Any:
+    """Build a backend from a ``--backend`` spec (``local:DIR``, ``http:URL``, ``compact``).
+
+    Raises:
+        ValueError: for an unknown spec.
+    """
+    kind, _, arg = spec.partition(":")
+    if kind == "local" and arg:
+        from guard.backends.local import LocalBackend
+
+        return LocalBackend.from_pretrained(arg)
+    if kind == "http" and arg:
+        from guard.backends.http import SystemOneClient
+
+        return SystemOneClient(arg)
+    if kind == "compact":
+        from guard.backends.compact import CompactBackend
+
+        return CompactBackend.from_pretrained(arg) if arg else CompactBackend()
+    raise ValueError(f"--backend {spec!r}: expected local:CHECKPOINT_DIR, http:URL or compact")
+
+
+def _read_json(path: str) -> Any:
+    from guard._json import loads
+
+    return loads(Path(path).read_bytes())
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from guard.policy.explain import explain
+
+    try:
+        subject_data = _read_json(args.input)
+        answers = _read_json(args.answers) if args.answers else None
+        factory: Callable[[], Any] | None = (lambda: open_backend(args.backend)) if args.backend else None
+        report = asyncio.run(explain(args.file, subject_data, answers=answers, backend_factory=factory))
+    except PolicyError as exc:
+        for problem in _problems(exc):
+            _print_problem(problem)
+        return EXIT_FAILED
+    except (OSError, ValueError, GuardError, ImportError) as exc:
+        print(f"guard policy explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False, default=repr))
+    else:
+        _print_report(report)
+    return 0
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    if report["policy"] is None:
+        print("no policy matches this subject: allow, without a model call")
+        return
+    p = report["policy"]
+    print(f"policy     {p['id']}@{p['version']} ({p['file']}:{p['line']}, mode {p['mode']})")
+    print(f"state      {json.dumps(report['state'], ensure_ascii=False)}")
+    if report["flags"]:
+        print(f"flags      {json.dumps(report['flags'])}  (original text kept in the subject)")
+    print(f"cache key  {report['cache_key']}  (backend {report['backend']}, revision {report['revision']})")
+    print("answers")
+    for key, answer in report["answers"].items():
+        print(f"  {key:<20} {json.dumps(answer, ensure_ascii=False)}")
+    print("rules (in order; the first true one decides)")
+    for rule_id, value in report["rules"]:
+        print(f"  {rule_id:<20} {value}")
+    v = report["verdict"]
+    print(f"verdict    {v['action']} (rule {v['rule']}, status {v.get('status')}) {v.get('message') or ''}".rstrip())
+    print("on backend failure")
+    for mode, failed in report["fail_modes"].items():
+        marker = "  <- this policy" if mode == report["fail_mode"] else ""
+        print(f"  {mode:<9} -> {failed['action']} (status {failed.get('status')}){marker}")
+
+
+def run_test(args: argparse.Namespace) -> int:
+    from guard.policy.testing import run_test_file
+
+    factory: Callable[[], Any] | None = (lambda: open_backend(args.backend)) if args.backend else None
+    total = failed = 0
+    for name in args.files:
+        try:
+            results = run_test_file(name, backend_factory=factory)
+        except PolicyError as exc:
+            for problem in _problems(exc):
+                _print_problem(problem)
+            failed += 1
+            continue
+        except OSError as exc:
+            print(f"{name}: cannot read: {exc.strerror}", file=sys.stderr)
+            failed += 1
+            continue
+        if not results:
+            print(f"{name}: no test cases found (a policy without tests fails, like OPA's --fail-on-empty)",
+                  file=sys.stderr)  # fmt: skip
+            failed += 1
+        for result in results:
+            total += 1
+            if result.passed:
+                if args.verbose:
+                    print(f"PASS {name}: {result.name}")
+                continue
+            failed += 1
+            print(f"FAIL {name}:{result.line}: {result.name}", file=sys.stderr)
+            for problem in result.problems:
+                print(f"     {problem}", file=sys.stderr)
+    print(f"{total - min(failed, total)} passed, {failed} failed")
+    return EXIT_FAILED if failed else 0
+
+
+def schema_json() -> str:
+    """The policy file JSON Schema (draft 2020-12), as text with a trailing newline."""
+    from guard.policy.model import PolicyFileSpec
+
+    schema = PolicyFileSpec.model_json_schema(by_alias=True)
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "guard policy file",
+        **schema,
+    }
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    text = schema_json()
+    if args.check:
+        try:
+            current = Path(args.check).read_text(encoding="utf-8")
+        except OSError as exc:
+            print(f"{args.check}: cannot read: {exc.strerror}", file=sys.stderr)
+            return EXIT_FAILED
+        if current != text:
+            print(f"{args.check} is out of date; run: guard policy schema --output {args.check}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"ok {args.check}")
+        return 0
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        return 0
+    sys.stdout.write(text)
+    return 0
+

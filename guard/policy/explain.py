@@ -1,0 +1,100 @@
+"""``guard policy explain``: everything the engine does for one subject, step by step, as a JSON-safe report.
+
+The report holds the matched policy, the rendered state (normalised, with flags), the cache key, each answer, every
+rule's ``when`` value in order, the verdict, and the verdict each fail mode would give if the backend failed. The
+steps run through the real engine (:class:`~guard.engine.Guard`), so the report is what production would do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from guard._answers import cache_key
+from guard.backends.base import DecisionBackend
+from guard.cache import MemoryCache
+from guard.normalize import normalize_value
+from guard.policy.loader import load_text
+from guard.policy.policy import FailPolicy, Policy
+from guard.policy.rules import trace_rules
+from guard.policy.testing import FixtureBackend, wire_answers, subject_from_json
+from guard.verdict import Verdict
+
+__all__ = ["explain"]
+
+
+async def _verdict(policies: list[Policy], backend: DecisionBackend, subject: Any) -> Verdict:
+    from guard.engine import Guard
+
+    names = {p.backend or "default" for p in policies} | {"default"}
+    guard = Guard(policies, backends=dict.fromkeys(names, backend), cache=MemoryCache())
+    try:
+        return await guard.aevaluate(subject)
+    finally:
+        await guard.aclose()
+
+
+async def explain(
+    file: str | Path,
+    subject_data: Any,
+    *,
+    answers: Mapping[str, Any] | None = None,
+    backend_factory: Callable[[], DecisionBackend] | None = None,
+) -> dict[str, Any]:
+    """Explain the decision for one subject.
+
+    Args:
+        file: the policy file.
+        subject_data: ``{"http": {...}}`` or ``{"agent": {...}}``.
+        answers: hand-written answers by question key (see ``guard/policy/answers.py``); default: even splits.
+        backend_factory: builds a real backend instead of ``answers``.
+
+    Raises:
+        PolicyError: the file does not load. ValueError: the subject or the answers do not fit.
+    """
+    policies = load_text(Path(file).read_bytes(), str(file))
+    subject = subject_from_json(subject_data)
+    policy = next((p for p in policies if p.matches(subject)), None)
+    if policy is None:
+        return {"policy": None, "verdict": {"action": "allow", "policy": None}}
+    if backend_factory is not None:
+        backend = backend_factory()
+    else:
+        backend = FixtureBackend(wire_answers(policy, answers or {}))
+    normalized = normalize_value(policy.render_state(subject))
+    request = policy.build_request(normalized.value)
+    verdict = await _verdict(policies, backend, subject)
+    named = dict(verdict.answers)  # keyed by question key
+    traced = trace_rules(
+        policy.id, policy.rules, named, subject=subject, state=normalized.value, flags=normalized.flags,
+        data=policy.data,
+    )  # fmt: skip
+    fail_modes = {}
+    engine_logger = logging.getLogger("guard.engine")
+    level = engine_logger.level
+    engine_logger.setLevel(logging.ERROR)  # the simulated fail-open below is not a real one worth a warning
+    try:
+        for mode in ("closed", "open", "escalate"):
+            forced = dataclasses.replace(policy, on_error=FailPolicy(mode, explicit=True))  # type: ignore[arg-type]
+            failed = await _verdict([forced], FixtureBackend(error="unavailable"), subject)
+            fail_modes[mode] = {"action": failed.action, "status": failed.status, "retry_after": failed.retry_after}
+    finally:
+        engine_logger.setLevel(level)
+    return {
+        "policy": {"id": policy.id, "version": policy.version, "file": policy.file, "line": policy.line,
+                   "mode": policy.mode},
+        "state": normalized.value,
+        "flags": normalized.flags,
+        "questions": [{"key": q.key, **q.wire.to_json(), "id": q.wire.id} for q in policy.questions],
+        "cache_key": cache_key(request, backend=backend.name, revision=backend.model_revision),
+        "backend": backend.name,
+        "revision": backend.model_revision,
+        "answers": {key: answer.to_json() for key, answer in named.items()},
+        "rules": traced,
+        "verdict": verdict.to_json() | {"status": verdict.status},
+        "fail_mode": policy.fail_policy(subject).mode,
+        "fail_modes": fail_modes,
+    }
