@@ -1,0 +1,90 @@
+"""The ``handoff`` verdict over HTTP: the request goes to the policy's LLM target and its answer to the client.
+
+The answer is the target's own OpenAI ``chat.completion`` object, or, when the client asked for a stream
+(``"stream": true`` in a JSON body or ``Accept: text/event-stream``), its ``chat.completion.chunk`` events relayed as
+server-sent events as they arrive, ending with ``data: [DONE]``. A target that fails before answering gives a 502;
+one that fails mid-stream ends the stream with an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.types import Send
+
+from guard.asgi._responses import HANDOFF_FAILED, HeaderList, send_json
+from guard.errors import HandoffError
+from guard.handoff import HandoffClient, HandoffTarget
+from guard.policy import Policy
+from guard.subject import HttpSubject
+from guard.verdict import Verdict
+
+__all__ = ["respond_with_handoff", "wants_stream"]
+
+_SSE_HEADERS: HeaderList = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+def wants_stream(subject: HttpSubject) -> bool:
+    """The client asked for a stream: ``"stream": true`` in a JSON object body or ``Accept: text/event-stream``."""
+    body = subject.body
+    if isinstance(body, dict) and body.get("stream") is True:
+        return True
+    return "text/event-stream" in subject.headers.get("accept", "")
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+async def _failed(send: Send, exc: HandoffError, verdict: Verdict, headers: HeaderList) -> None:
+    await send_json(send, 502, {
+        "code": HANDOFF_FAILED, "message": str(exc), "reason": exc.reason, "target": exc.target,
+        "policy": verdict.policy_id, "rule": verdict.rule, "decision_id": verdict.decision_id,
+    }, headers)
+
+
+async def respond_with_handoff(
+    client: HandoffClient, policy: Policy, verdict: Verdict, subject: HttpSubject, send: Send, headers: HeaderList
+) -> str:
+    """Answer the request with the LLM target's answer. Returns the outcome for the counters: ``answered``,
+    ``streamed``, ``failed`` or ``client_gone``."""
+    try:
+        target: HandoffTarget = client.resolve(verdict.handoff, policy.handoff_targets)
+    except HandoffError as exc:
+        await _failed(send, exc, verdict, headers)
+        return "failed"
+    headers = [*headers, (b"x-guard-handoff", target.name.encode("latin-1", "replace"))]
+    messages = client.messages_for(verdict, subject, target=target)
+    if not wants_stream(subject):
+        try:
+            reply = await client.acomplete(target, messages)
+        except HandoffError as exc:
+            await _failed(send, exc, verdict, headers)
+            return "failed"
+        await send_json(send, 200, reply.raw, headers)
+        return "answered"
+    stream = client.astream(target, messages)
+    try:
+        try:
+            first = await anext(stream)
+        except StopAsyncIteration:
+            first = None
+        except HandoffError as exc:
+            await _failed(send, exc, verdict, headers)
+            return "failed"
+        await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *headers]})
+        if first is not None:
+            await send({"type": "http.response.body", "body": _event(first.data), "more_body": True})
+            try:
+                async for chunk in stream:
+                    await send({"type": "http.response.body", "body": _event(chunk.data), "more_body": True})
+            except HandoffError as exc:
+                error = {"error": {"code": HANDOFF_FAILED, "reason": exc.reason, "message": str(exc)}}
+                await send({"type": "http.response.body", "body": _event(error), "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        return "streamed"
+    except OSError:  # the client went away mid-stream (uvicorn's ClientDisconnected)
+        return "client_gone"
+    finally:
+        await stream.aclose()

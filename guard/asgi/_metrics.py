@@ -1,0 +1,38 @@
+"""Counters of the HTTP enforcement point, in a private Prometheus registry (one per middleware instance).
+
+The engine counts decisions itself (OpenTelemetry ``guard.decisions``, ``guard.fail_open``); these count what only
+the HTTP layer sees: responses by action, fail-open passes, bodies refused before a decision, reviews and handoffs.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+__all__ = ["HttpMetrics"]
+
+
+class HttpMetrics:
+    """Prometheus counters for one :class:`~guard.asgi.GuardMiddleware`.
+
+    Attributes:
+        registry: the private registry; :meth:`render` writes it in the text exposition format.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("guard_http_guarded_requests", "Guarded requests by policy and action.",
+                                ["policy", "action"], registry=self.registry)
+        self.fail_open = Counter("guard_http_fail_open", "Requests passed without a decision because the policy "
+                                 "fails open.", ["policy"], registry=self.registry)
+        self.body_rejections = Counter("guard_http_body_rejections", "Requests refused before a decision because "
+                                       "the body could not be inspected.", ["code"], registry=self.registry)
+        self.reviews = Counter("guard_http_reviews", "Review events: created, released, refused.", ["event"],
+                               registry=self.registry)
+        self.handoffs = Counter("guard_http_handoffs", "LLM handoffs by outcome.", ["outcome"],
+                                registry=self.registry)
+        self.disconnects = Counter("guard_http_client_disconnects", "Clients that left before the body was read.",
+                                   registry=self.registry)
+
+    def render(self) -> bytes:
+        """The counters in Prometheus text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,96 @@
+"""Answers the middleware gives itself: JSON error bodies with stable codes, and decision headers on ``send``.
+
+Bodies are ``{code, message, field}`` for requests the guard could not inspect and ``{code, message, policy, rule,
+decision_id}`` for decisions (OPA's ``ErrorV1`` shape; snake_case codes are the constants below).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.types import Message, Send
+
+from guard.verdict import Verdict
+
+__all__ = [
+    "BLOCKED",
+    "DECISION_UNAVAILABLE",
+    "HANDOFF_FAILED",
+    "PENDING_REVIEW",
+    "RATE_LIMITED",
+    "REVIEW_CONFLICT",
+    "REVIEW_NOT_FOUND",
+    "REVIEW_UNAVAILABLE",
+    "HeaderList",
+    "block_code",
+    "encode_headers",
+    "retry_after_value",
+    "send_json",
+    "send_with_headers",
+    "verdict_headers",
+]
+
+BLOCKED = "blocked"
+RATE_LIMITED = "rate_limited"
+DECISION_UNAVAILABLE = "decision_unavailable"
+PENDING_REVIEW = "pending_review"
+REVIEW_NOT_FOUND = "review_not_found"
+REVIEW_CONFLICT = "review_conflict"
+REVIEW_UNAVAILABLE = "review_unavailable"
+HANDOFF_FAILED = "handoff_failed"
+
+HeaderList = list[tuple[bytes, bytes]]
+_JSON = (b"content-type", b"application/json")
+
+
+def encode_headers(pairs: list[tuple[str, str]]) -> HeaderList:
+    """``[(name, value)]`` as ASGI header bytes (latin-1; unencodable characters become ``?``)."""
+    return [(k.encode("latin-1", "replace"), v.encode("latin-1", "replace")) for k, v in pairs]
+
+
+def retry_after_value(seconds: float) -> bytes:
+    """A ``Retry-After`` value: whole seconds, rounded up (RFC 9110 10.2.3)."""
+    return str(max(0, math.ceil(seconds))).encode()
+
+
+def verdict_headers(verdict: Verdict) -> HeaderList:
+    """The verdict's decision headers (``x-guard-*``), plus ``Retry-After`` when it carries one."""
+    out = encode_headers(verdict.headers())
+    if verdict.retry_after is not None and verdict.action != "allow":
+        out.append((b"retry-after", retry_after_value(verdict.retry_after)))
+    return out
+
+
+def block_code(verdict: Verdict) -> str:
+    """``decision_unavailable`` (fail closed), ``rate_limited`` (429) or ``blocked``."""
+    if verdict.fail_mode == "closed":
+        return DECISION_UNAVAILABLE
+    if verdict.status == 429:
+        return RATE_LIMITED
+    return BLOCKED
+
+
+async def send_json(
+    send: Send, status: int, payload: dict[str, Any], headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """Send a whole JSON response."""
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [_JSON, (b"content-length", str(len(body)).encode()), *headers],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_with_headers(send: Send, extra: HeaderList, message: Message) -> None:
+    """``send`` for the application: adds ``extra`` to ``http.response.start``, passes everything else untouched.
+
+    Bind with ``functools.partial(send_with_headers, send, extra)``.
+    """
+    if message["type"] == "http.response.start":
+        message = {**message, "headers": [*message.get("headers", ()), *extra]}
+    await send(message)

@@ -1,0 +1,167 @@
+"""Escalation over HTTP: hold the request as a review item, answer 202, and release it once when approved.
+
+* ``escalate`` verdict -> :func:`hold`: a review item with the request (minus credentials) and its content digest;
+  202 ``{code: pending_review, review_id, status_url, release_url, ...}`` with ``Location: status_url``.
+* The client polls ``GET <review_path>/<id>`` (:class:`ClientReviewEndpoints`) and, once approved, either calls
+  ``POST <review_path>/<id>/release`` (the held request is replayed to the application, with the releasing
+  request's credentials) or resends the same request with ``x-guard-review-id: <id>`` (:func:`release_on_resend`:
+  the content digest must match). Either way the release is single-use; a second one is a 409.
+
+Reviewers approve and reject through :mod:`guard.asgi.review_api`, which is mounted separately (and protected).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import Receive, Scope, Send
+
+from guard.asgi._body import ReplayReceive, read_body
+from guard.asgi._responses import (
+    PENDING_REVIEW,
+    REVIEW_CONFLICT,
+    REVIEW_NOT_FOUND,
+    REVIEW_UNAVAILABLE,
+    HeaderList,
+    send_json,
+    send_with_headers,
+    verdict_headers,
+)
+from guard.asgi._subject import SENSITIVE_HEADERS, held_request, subject_summary
+from guard.errors import BodyError, ReviewConflict, ReviewError, ReviewNotFound, ReviewStoreUnavailable
+from guard.review import ReviewItem, digest_of
+from guard.subject import HttpSubject
+from guard.verdict import Verdict
+
+if TYPE_CHECKING:
+    from guard.asgi.middleware import GuardMiddleware
+
+__all__ = ["REVIEW_HEADER", "ClientReviewEndpoints", "content_digest", "hold", "release_on_resend"]
+
+REVIEW_HEADER = "x-guard-review-id"
+DEFAULT_REVIEW_MESSAGE = "The request is held for review."
+STORE_RETRY_AFTER_S = 5
+_RELEASE_BODY_LIMIT = 64 * 1024
+
+
+def content_digest(scope: Scope, body: bytes) -> str:
+    """What a release is bound to: method, path, query string and the body bytes as received."""
+    return digest_of(scope["method"], scope["path"], scope.get("query_string", b""), body)
+
+
+async def _review_error(send: Send, exc: ReviewError, headers: HeaderList = ()) -> None:  # type: ignore[assignment]
+    if isinstance(exc, ReviewNotFound):
+        await send_json(send, 404, {"code": REVIEW_NOT_FOUND, "message": str(exc), "review_id": exc.review_id},
+                        headers)
+    elif isinstance(exc, ReviewConflict):
+        await send_json(send, 409, {"code": REVIEW_CONFLICT, "message": str(exc), "review_id": exc.review_id,
+                                    "status": exc.status}, headers)
+    else:
+        await send_json(send, 503, {"code": REVIEW_UNAVAILABLE, "message": str(exc), "review_id": exc.review_id},
+                        [*headers, (b"retry-after", str(STORE_RETRY_AFTER_S).encode())])
+
+
+def _urls(mw: GuardMiddleware, scope: Scope, review_id: str) -> tuple[str, str]:
+    status_url = f"{scope.get('root_path', '')}{mw.review_path}/{review_id}"
+    return status_url, f"{status_url}/release"
+
+
+async def hold(
+    mw: GuardMiddleware, scope: Scope, send: Send, subject: HttpSubject, body: bytes, verdict: Verdict
+) -> None:
+    """Store a review item for an ``escalate`` verdict and answer 202 (503 when the store is down: fail closed)."""
+    headers = verdict_headers(verdict)
+    try:
+        item = await mw.review_store.create(verdict, subject=subject_summary(subject),
+                                            digest=content_digest(scope, body), request=held_request(scope, body))
+    except ReviewStoreUnavailable as exc:
+        mw.metrics.reviews.labels("store_unavailable").inc()
+        await _review_error(send, exc, headers)
+        return
+    mw.metrics.reviews.labels("created").inc()
+    status_url, release_url = _urls(mw, scope, item.id)
+    await send_json(send, 202, {
+        "code": PENDING_REVIEW, "message": verdict.message or DEFAULT_REVIEW_MESSAGE, "review_id": item.id,
+        "status_url": status_url, "release_url": release_url, "expires_at": item.expires_at,
+        "policy": verdict.policy_id, "rule": verdict.rule, "decision_id": verdict.decision_id,
+    }, [*headers, (b"location", status_url.encode("latin-1", "replace")), (REVIEW_HEADER.encode(), item.id.encode())])
+
+
+def _released_headers(item: ReviewItem) -> HeaderList:
+    return [(b"x-guard-decision-id", item.decision_id.encode("latin-1", "replace")), (b"x-guard-action", b"allow"),
+            (REVIEW_HEADER.encode(), item.id.encode()), (b"x-guard-review", b"released")]
+
+
+async def release_on_resend(
+    mw: GuardMiddleware, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes
+) -> None:
+    """The client resent an approved request with ``x-guard-review-id``: release it once if the content matches."""
+    try:
+        item = await mw.review_store.release(review_id, content_digest(scope, body))
+    except ReviewError as exc:
+        mw.metrics.reviews.labels("refused").inc()
+        await _review_error(send, exc)
+        return
+    mw.metrics.reviews.labels("released").inc()
+    await mw.app(scope, ReplayReceive(body, receive), functools.partial(send_with_headers, send,
+                                                                         _released_headers(item)))
+
+
+class ClientReviewEndpoints:
+    """``GET <review_path>/<id>`` (status, no state or answers) and ``POST <review_path>/<id>/release``."""
+
+    def __init__(self, mw: GuardMiddleware) -> None:
+        self.mw = mw
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rest = scope["path"][len(self.mw.review_path):].strip("/")
+        review_id, _, action = rest.partition("/")
+        method = scope["method"].upper()
+        if review_id and not action and method in ("GET", "HEAD"):
+            await self._status(scope, send, review_id)
+        elif review_id and action == "release" and method == "POST":
+            await self._release(scope, receive, send, review_id)
+        else:
+            await send_json(send, 404 if not review_id or action not in ("", "release") else 405, {
+                "code": "not_found", "message": f"use GET {self.mw.review_path}/<id> or POST "
+                f"{self.mw.review_path}/<id>/release", "field": "path"})
+
+    async def _status(self, scope: Scope, send: Send, review_id: str) -> None:
+        try:
+            item = await self.mw.review_store.get(review_id)
+        except ReviewError as exc:
+            await _review_error(send, exc)
+            return
+        payload: dict[str, Any] = item.public_json()
+        if item.status == "approved":
+            payload["release_url"] = _urls(self.mw, scope, item.id)[1]
+        await send_json(send, 200, payload)
+
+    async def _release(self, scope: Scope, receive: Receive, send: Send, review_id: str) -> None:
+        try:
+            if await read_body(receive, _RELEASE_BODY_LIMIT) is None:  # the release call's own body is not used
+                return
+        except BodyError as exc:
+            await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field})
+            return
+        try:
+            item = await self.mw.review_store.get(review_id)
+            if item.request is None:
+                raise ReviewConflict(review_id, item.status, "the item holds no HTTP request to release")
+            item = await self.mw.review_store.release(review_id, item.digest)
+        except ReviewError as exc:
+            self.mw.metrics.reviews.labels("refused").inc()
+            await _review_error(send, exc)
+            return
+        self.mw.metrics.reviews.labels("released").inc()
+        held = item.request or {}
+        body = base64.b64decode(held["body_b64"])
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]]
+        headers += [(k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS]
+        headers.append((b"content-length", str(len(body)).encode()))
+        replay = {**scope, "method": held["method"], "path": held["path"], "raw_path": held["raw_path"].encode(
+            "latin-1"), "query_string": held["query_string"].encode("latin-1"), "headers": headers}
+        await self.mw.app(replay, ReplayReceive(body, receive), functools.partial(send_with_headers, send,
+                                                                                   _released_headers(item)))

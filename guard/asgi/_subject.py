@@ -1,0 +1,98 @@
+"""The ASGI scope as guard sees it: the body-less subject used for matching, and what a review item keeps."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.types import Scope
+
+from guard.asgi._multipart import parse_params
+from guard.errors import BodyError
+from guard.subject import HttpSubject
+
+__all__ = ["SENSITIVE_HEADERS", "head_subject", "header_map", "held_request", "query_map", "subject_summary"]
+
+SENSITIVE_HEADERS = frozenset({b"authorization", b"cookie", b"proxy-authorization", b"x-api-key"})
+"""Credentials a review item never stores: a release takes them from the releasing request instead."""
+_NOT_HELD = SENSITIVE_HEADERS | {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"te",
+                                 b"upgrade", b"expect", b"x-guard-review-id"}
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    """Header name (lower-case) -> value; repeated headers joined with ``", "`` (latin-1, as ASGI defines)."""
+    out: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+def query_map(scope: Scope, max_fields: int) -> dict[str, list[str]]:
+    """Query parameters, each name to its values in order; percent-escapes decoded as UTF-8 (bad bytes -> U+FFFD).
+
+    Raises:
+        BodyError: 400 ``invalid_query`` past ``max_fields`` parameters.
+    """
+    raw = scope.get("query_string", b"")
+    if not raw:
+        return {}
+    try:
+        pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True, errors="replace", max_num_fields=max_fields)
+    except ValueError as exc:
+        raise BodyError(400, "invalid_query", f"the query string has more than {max_fields} parameters; at most "
+                        f"{max_fields} are allowed", field="query") from exc
+    out: dict[str, list[str]] = {}
+    for name, value in pairs:
+        out.setdefault(name, []).append(value)
+    return out
+
+
+def _host(headers: dict[str, str], scope: Scope) -> str:
+    host = headers.get("host")
+    if host is None:
+        server = scope.get("server")
+        return str(server[0]).lower() if server else ""
+    host = host.strip().lower()
+    if host.startswith("["):  # [v6]:port
+        return host[: host.find("]") + 1]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def head_subject(scope: Scope, headers: dict[str, str], client_header: str | None) -> HttpSubject:
+    """The subject without query or body: everything a policy's ``match`` may look at."""
+    client: str | None = None
+    if client_header is not None and client_header in headers:
+        client = headers[client_header].split(",")[0].strip() or None
+    elif scope.get("client"):
+        client = str(scope["client"][0])
+    media, _ = parse_params(headers.get("content-type", ""))
+    return HttpSubject(
+        method=scope["method"].upper(),
+        path=scope["path"],
+        headers=headers,
+        host=_host(headers, scope),
+        client=client,
+        content_type=media,
+    )
+
+
+def subject_summary(subject: HttpSubject) -> dict[str, Any]:
+    """What a reviewer sees of the held request besides the state: method, path, host, client, media type."""
+    return {"kind": "http", "method": subject.method, "path": subject.path, "host": subject.host,
+            "client": subject.client, "content_type": subject.content_type}
+
+
+def held_request(scope: Scope, body: bytes) -> dict[str, Any]:
+    """Everything needed to replay the request later, minus credentials and hop-by-hop headers (JSON-safe)."""
+    return {
+        "method": scope["method"],
+        "path": scope["path"],
+        "raw_path": (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1"),
+        "query_string": scope.get("query_string", b"").decode("latin-1"),
+        "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]
+                    if k.lower() not in _NOT_HELD],
+        "body_b64": base64.b64encode(body).decode("ascii"),
+    }

@@ -1,0 +1,92 @@
+"""Limits on what the ASGI middleware reads and parses before it judges a request.
+
+Every limit is enforced on bytes actually seen, never on what a header claims. Defaults are named constants.
+
+Example:
+    >>> BodyLimits(max_body_bytes=256 * 1024, duplicate_keys="collect")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from guard._json import DEFAULT_MAX_DEPTH, DuplicateKeys
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_DECODED_BYTES",
+    "DEFAULT_MAX_ENCODINGS",
+    "DEFAULT_MAX_FORM_FIELDS",
+    "DEFAULT_MAX_JSON_DEPTH",
+    "DEFAULT_MAX_MULTIPART_JUNK_BYTES",
+    "DEFAULT_MAX_MULTIPART_PARTS",
+    "DEFAULT_MAX_PART_HEADER_BYTES",
+    "BodyLimits",
+    "OpaqueMedia",
+]
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+"""Most request-body bytes received for inspection (1 MiB); one more byte is a 413."""
+DEFAULT_MAX_DECODED_BYTES = 4 << 20
+"""Most bytes a ``Content-Encoding`` may decode to (4 MiB); past it the body is a decompression bomb (413)."""
+DEFAULT_MAX_ENCODINGS = 2
+"""Most stacked content codings (``gzip, br`` is 2)."""
+DEFAULT_MAX_JSON_DEPTH = DEFAULT_MAX_DEPTH
+"""Deepest JSON nesting accepted (64)."""
+DEFAULT_MAX_FORM_FIELDS = 256
+"""Most fields in an ``application/x-www-form-urlencoded`` body."""
+DEFAULT_MAX_MULTIPART_PARTS = 64
+"""Most parts in a ``multipart/form-data`` body."""
+DEFAULT_MAX_PART_HEADER_BYTES = 8 * 1024
+"""Most bytes in one multipart part's header block."""
+DEFAULT_MAX_MULTIPART_JUNK_BYTES = 1024
+"""Most bytes of multipart preamble (before the first boundary) and of epilogue (after the closing one)."""
+
+OpaqueMedia = Literal["reject", "metadata"]
+"""What to do with a non-empty body of a media type that cannot be read as text (images, octet-stream):
+``reject`` answers 415; ``metadata`` judges the request without its body (the body is still replayed)."""
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """Caps and parsing rules for guarded request bodies.
+
+    Attributes:
+        max_body_bytes: most received bytes (wire form, before decoding); 413 above.
+        max_decoded_bytes: most bytes after ``Content-Encoding`` decoding; 413 above.
+        max_encodings: most stacked content codings; 415 above.
+        max_json_depth: deepest JSON nesting; 400 above.
+        duplicate_keys: ``reject`` (400, the default) or ``collect`` (every value of a repeated key is judged).
+        max_form_fields: most urlencoded fields; 400 above.
+        max_multipart_parts: most multipart parts; 400 above.
+        max_part_header_bytes: most bytes of one part's header block; 400 above.
+        max_multipart_junk_bytes: most preamble bytes and most epilogue bytes; 400 above.
+        opaque_media: see :data:`OpaqueMedia`.
+    """
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES
+    max_encodings: int = DEFAULT_MAX_ENCODINGS
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    duplicate_keys: DuplicateKeys = "reject"
+    max_form_fields: int = DEFAULT_MAX_FORM_FIELDS
+    max_multipart_parts: int = DEFAULT_MAX_MULTIPART_PARTS
+    max_part_header_bytes: int = DEFAULT_MAX_PART_HEADER_BYTES
+    max_multipart_junk_bytes: int = DEFAULT_MAX_MULTIPART_JUNK_BYTES
+    opaque_media: OpaqueMedia = "reject"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.startswith("max_") and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"BodyLimits.{f.name} is {value!r}; it must be a positive integer")
+        if self.max_decoded_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"BodyLimits.max_decoded_bytes ({self.max_decoded_bytes}) is below max_body_bytes "
+                f"({self.max_body_bytes}); a plain body could never be inspected"
+            )
+        if self.duplicate_keys not in ("reject", "collect"):
+            raise ValueError(f"BodyLimits.duplicate_keys is {self.duplicate_keys!r}; use 'reject' or 'collect'")
+        if self.opaque_media not in ("reject", "metadata"):
+            raise ValueError(f"BodyLimits.opaque_media is {self.opaque_media!r}; use 'reject' or 'metadata'")

@@ -1,0 +1,209 @@
+"""``GuardMiddleware``: a pure ASGI middleware that judges requests before the application sees them.
+
+For a request that a policy matches, it reads the body up to a cap on received bytes, undoes ``Content-Encoding``,
+parses JSON, forms or text strictly, builds the :class:`~guard.subject.HttpSubject`, awaits the verdict and then:
+
+=========  ==========================================================================================================
+allow      replays the body byte for byte to the application and streams its response untouched (decision headers
+           added to ``http.response.start``; later ``receive()`` calls pass through)
+block      answers itself: JSON ``{code, message, policy, rule, decision_id}`` with the rule's status (403 default,
+           429 for rate-like rules, 503 + ``Retry-After`` when a fail-closed policy could not decide); never a 500
+escalate   stores a review item and answers 202 with its id and status URL (see ``guard/asgi/_reviews.py``)
+handoff    answers with the LLM target's reply, streamed when the client asked for a stream
+=========  ==========================================================================================================
+
+A body that cannot be inspected is refused before any decision: 413 too large (received or decoded), 415 unknown
+encoding, charset or media type, 400 malformed (JSON not UTF-8, duplicate keys, too deep; bad forms). Scopes other
+than ``http``, and requests no policy matches, pass straight through without their body being read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from guard.asgi._body import ReplayReceive, declared_length, read_body
+from guard.asgi._decode import decode_content, parse_encodings
+from guard.asgi._handoff import respond_with_handoff
+from guard.asgi._metrics import HttpMetrics
+from guard.asgi._parse import parse_body
+from guard.asgi._responses import block_code, send_json, send_with_headers, verdict_headers
+from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
+from guard.asgi._subject import head_subject, header_map, query_map
+from guard.asgi.limits import BodyLimits
+from guard.engine import Guard
+from guard.errors import BodyError
+from guard.handoff import HandoffClient
+from guard.policy import Policy
+from guard.review import MemoryReviewStore, ReviewStore
+from guard.subject import HttpSubject
+from guard.verdict import Verdict
+
+__all__ = ["DEFAULT_REVIEW_PATH", "GuardMiddleware"]
+
+logger = logging.getLogger("guard.asgi")
+
+DEFAULT_REVIEW_PATH = "/_guard/reviews"
+"""Where clients poll and release their held requests (``GET <path>/<id>``, ``POST <path>/<id>/release``)."""
+
+
+class GuardMiddleware:
+    """Judge matched requests with a :class:`~guard.engine.Guard` before the application sees them.
+
+    Example:
+        >>> app = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard)])  # doctest: +SKIP
+
+    Args:
+        app: the ASGI application to protect.
+        guard: the engine; its policies decide which requests are judged.
+        max_body_bytes: most received body bytes inspected (default 1 MiB); overrides ``limits``.
+        max_decoded_bytes: most bytes after ``Content-Encoding`` decoding (default 4 MiB); overrides ``limits``.
+        max_json_depth: deepest JSON nesting (default 64); overrides ``limits``.
+        limits: every body limit at once (:class:`~guard.asgi.limits.BodyLimits`).
+        review_store: where escalated requests wait; default an in-process :class:`~guard.review.MemoryReviewStore`.
+        handoff: the client for ``handoff`` verdicts; default a :class:`~guard.handoff.HandoffClient` using the
+            policy file's targets.
+        review_path: path prefix of the client-facing review endpoints.
+        client_header: a header set by a trusted proxy that names the client (``x-forwarded-for``: the first
+            address is used); default the peer address.
+        metrics: counters to use (a proxy shares them with its ``/metrics``); default a new :class:`HttpMetrics`.
+
+    Raises:
+        ValueError: for an invalid limit or a ``review_path`` that does not start with ``/``.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        guard: Guard,
+        max_body_bytes: int | None = None,
+        max_decoded_bytes: int | None = None,
+        max_json_depth: int | None = None,
+        limits: BodyLimits | None = None,
+        review_store: ReviewStore | None = None,
+        handoff: HandoffClient | None = None,
+        review_path: str = DEFAULT_REVIEW_PATH,
+        client_header: str | None = None,
+        metrics: HttpMetrics | None = None,
+    ) -> None:
+        base = limits or BodyLimits()
+        overrides: dict[str, Any] = {}
+        if max_body_bytes is not None:
+            overrides["max_body_bytes"] = max_body_bytes
+            if max_decoded_bytes is None:
+                overrides["max_decoded_bytes"] = max(base.max_decoded_bytes, max_body_bytes)
+        if max_decoded_bytes is not None:
+            overrides["max_decoded_bytes"] = max_decoded_bytes
+        if max_json_depth is not None:
+            overrides["max_json_depth"] = max_json_depth
+        self.limits = dataclasses.replace(base, **overrides) if overrides else base
+        if not review_path.startswith("/") or review_path.rstrip("/") == "":
+            raise ValueError(f"review_path is {review_path!r}; it must be a path like '/_guard/reviews'")
+        self.app = app
+        self.guard = guard
+        self.review_store: ReviewStore = review_store if review_store is not None else MemoryReviewStore()
+        self.handoff = handoff if handoff is not None else HandoffClient()
+        self.review_path = review_path.rstrip("/")
+        self.client_header = client_header.lower() if client_header else None
+        self.metrics = metrics if metrics is not None else HttpMetrics()
+        self._review_prefix = self.review_path + "/"
+        self._reviews = ClientReviewEndpoints(self)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan, websocket
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path.startswith(self._review_prefix) or path == self.review_path:
+            await self._reviews(scope, receive, send)
+            return
+        headers = header_map(scope)
+        head = head_subject(scope, headers, self.client_header)
+        policy = self.guard.match(head)
+        if policy is None:
+            await self.app(scope, receive, send)
+            return
+        await _GuardedRequest(self, scope, receive, send, head, policy).run()
+
+
+class _GuardedRequest:
+    """The state of one matched request, from body read to response."""
+
+    __slots__ = ("head", "mw", "policy", "receive", "scope", "send")
+
+    def __init__(
+        self, mw: GuardMiddleware, scope: Scope, receive: Receive, send: Send, head: HttpSubject, policy: Policy
+    ) -> None:
+        self.mw = mw
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.head = head
+        self.policy = policy
+
+    async def run(self) -> None:
+        mw, limits, headers = self.mw, self.mw.limits, self.head.headers
+        try:
+            codings = parse_encodings(headers.get("content-encoding", ""), limits.max_encodings)
+            declared = declared_length(headers["content-length"].encode("latin-1")) \
+                if "content-length" in headers else None
+            body = await read_body(self.receive, limits.max_body_bytes, declared)
+            if body is None:
+                mw.metrics.disconnects.inc()
+                return
+            decoded = decode_content(body, codings, limits.max_decoded_bytes)
+            value, text = parse_body(decoded, headers.get("content-type", ""), limits)
+            query = query_map(self.scope, limits.max_form_fields)
+        except BodyError as exc:
+            await self._refuse(exc)
+            return
+        subject = dataclasses.replace(self.head, query=query, body=value, body_text=text)
+        review_id = headers.get(REVIEW_HEADER)
+        if review_id:
+            await release_on_resend(mw, self.scope, self.receive, self.send, review_id.strip(), body)
+            return
+        verdict = await mw.guard.aevaluate(subject)
+        mw.metrics.requests.labels(verdict.policy_id or "", verdict.action).inc()
+        if verdict.fail_mode == "open":
+            mw.metrics.fail_open.labels(verdict.policy_id or "").inc()
+        if verdict.action == "allow":
+            send = functools.partial(send_with_headers, self.send, verdict_headers(verdict))
+            await mw.app(self.scope, ReplayReceive(body, self.receive), send)
+        elif verdict.action == "block":
+            await self._block(verdict)
+        elif verdict.action == "escalate":
+            await hold(mw, self.scope, self.send, subject, body, verdict)
+        else:
+            outcome = await respond_with_handoff(mw.handoff, self.policy, verdict, subject, self.send,
+                                                 verdict_headers(verdict))
+            mw.metrics.handoffs.labels(outcome).inc()
+
+    async def _block(self, verdict: Verdict) -> None:
+        status = verdict.status or (503 if verdict.fail_mode == "closed" else 403)
+        await send_json(self.send, status, {
+            "code": block_code(verdict), "message": verdict.message or "The request was blocked by policy.",
+            "policy": verdict.policy_id, "rule": verdict.rule, "decision_id": verdict.decision_id,
+        }, verdict_headers(verdict))
+
+    async def _refuse(self, exc: BodyError) -> None:
+        """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""
+        self.mw.metrics.body_rejections.labels(exc.code).inc()
+        verdict = Verdict(
+            action="block", decision_id=str(uuid.uuid4()), policy_id=self.policy.id,
+            policy_version=self.policy.version, rule=exc.code, status=exc.status, message=exc.reason, error=exc.code,
+        )
+        log = self.mw.guard.decision_log
+        if log is not None:
+            log.record(verdict, self.head, policy_file=self.policy.file)
+        logger.info("refused %s %s before a decision: %s (policy %s)", self.head.method, self.head.path, exc.code,
+                    self.policy.id)
+        await send_json(self.send, exc.status, {
+            "code": exc.code, "message": exc.reason, "field": exc.field, "policy": self.policy.id,
+            "rule": exc.code, "decision_id": verdict.decision_id,
+        }, verdict_headers(verdict))
