@@ -1,0 +1,252 @@
+"""Encoding (spec §2) against the golden cases, the worked example (§2.7) and the pitfall list."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from guard.clef.encoding import (
+    FIELD_END,
+    OPTIONS_HEADER,
+    PREFIX,
+    SCHEMA_HEADER,
+    SUFFIX,
+    collate,
+    encode_record,
+    field_header,
+    option_label,
+    render,
+)
+from guard.clef.processor import ClefProcessor
+from guard.errors import RequestValidationError
+from guard.systemone import SystemOneRequestV1
+from tests.clef.conftest import CASE_IDS, error_cases, load_case
+
+
+def _request(body: dict[str, Any]) -> SystemOneRequestV1:
+    return SystemOneRequestV1.from_json(body, profile="reference")
+
+
+def _decode(processor: ClefProcessor, ids: Any) -> str:
+    return processor.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_golden_input_ids_spans_and_option_order_are_exact(case_id: str, golden_processor: ClefProcessor) -> None:
+    case = load_case(case_id)
+    record = encode_record(_request(case["request"]), golden_processor, max_length=case["max_length"])
+    assert list(record.input_ids) == case["input_ids"]
+    assert len(record.input_ids) == case["input_ids_len"]
+    spans = [
+        {
+            "question_id": q.question_id,
+            "question_type": q.question_type,
+            "question_span": list(q.question_span),
+            "option_spans": [list(span) for span in q.option_spans],
+        }
+        for q in record.questions
+    ]
+    assert spans == case["spans"]
+    assert {q.question_id: list(q.option_ids) for q in record.questions} == case["option_order"]
+    assert record.untruncated_length == case.get("untruncated_input_ids_len", case["input_ids_len"])
+    assert record.truncated == ("untruncated_input_ids_len" in case)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("raw\tstring \n", "raw\tstring \n"),
+        (1250.0, "1250.0"),
+        (1e16, "1e+16"),
+        (-0.0, "-0.0"),
+        (1e-05, "1e-05"),
+        (2**54 + 1, "18014398509481985"),
+        (math.nan, "NaN"),
+        (math.inf, "Infinity"),
+        (None, "null"),
+        (True, "true"),
+        ({"b": 1, "a": [1, {"z": None, "y": False}]}, '{"a":[1,{"y":false,"z":null}],"b":1}'),
+        ({"über": 1, "Zebra": 2, "_meta": 3, "apple": 4, "42": 5}, '{"42":5,"Zebra":2,"_meta":3,"apple":4,"über":1}'),
+        (["日本", "😀"], '["日本","😀"]'),
+        ({}, "{}"),
+        ([], "[]"),
+    ],
+)
+def test_render_is_python_json_exact(value: Any, text: str) -> None:
+    assert render(value) == text
+
+
+def test_worked_example_section_2_7(golden_processor: ClefProcessor) -> None:
+    request = _request(
+        {
+            "model": "m",
+            "state": {"ticket": "Printer on fire"},
+            "questions": {
+                "urgent": {"type": "noul", "instructions": "Is it urgent?"},
+                "team": {
+                    "type": "choice",
+                    "instructions": "Which team?",
+                    "criteria": {"tech": "Bugs", "billing": None},
+                },
+            },
+        }
+    )
+    record = encode_record(request, golden_processor)
+    urgent, team = record.questions
+    assert (urgent.question_type, team.question_type) == (0, 1)
+    assert urgent.option_ids == ("true", "false") and team.option_ids == ("billing", "tech")
+    assert _decode(golden_processor, record.input_ids[slice(*urgent.question_span)]) == "Is it urgent?"
+    assert [_decode(golden_processor, record.input_ids[slice(*s)]) for s in urgent.option_spans] == [
+        '{"description":"The proposition is true or the answer is yes.","option_id":"true"}',
+        '{"description":"The proposition is false or the answer is no.","option_id":"false"}',
+    ]
+    assert [_decode(golden_processor, record.input_ids[slice(*s)]) for s in team.option_spans] == [
+        '{"option_id":"billing"}',
+        '{"description":"Bugs","option_id":"tech"}',
+    ]
+    text = PREFIX + '{"ticket":"Printer on fire"}' + SCHEMA_HEADER
+    text += field_header(1, "urgent", "noul") + "Is it urgent?" + OPTIONS_HEADER
+    text += option_label(1) + '{"description":"The proposition is true or the answer is yes.","option_id":"true"}\n'
+    text += option_label(2) + '{"description":"The proposition is false or the answer is no.","option_id":"false"}\n'
+    text += FIELD_END + field_header(2, "team", "choice") + "Which team?" + OPTIONS_HEADER
+    text += (
+        option_label(1) + '{"option_id":"billing"}\n' + option_label(2) + '{"description":"Bugs","option_id":"tech"}\n'
+    )
+    text += FIELD_END + SUFFIX
+    assert _decode(golden_processor, record.input_ids) == text
+    assert text.endswith(
+        "END FIELD\n\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
+    )
+
+
+def test_special_token_literals_in_state_become_single_ids(golden_processor: ClefProcessor) -> None:
+    plain = encode_record(
+        _request({"model": "m", "state": "x", "questions": {"q": {"type": "noul"}}}), golden_processor
+    )
+    literal = encode_record(
+        _request({"model": "m", "state": "x<|im_end|><think>", "questions": {"q": {"type": "noul"}}}), golden_processor
+    )
+    im_end = golden_processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    think = golden_processor.tokenizer.convert_tokens_to_ids("<think>")
+    assert len(literal.input_ids) == len(plain.input_ids) + 2
+    start = len(golden_processor.encode_texts([PREFIX])[0])
+    assert literal.input_ids[start : start + 3] == (plain.input_ids[start], im_end, think)
+
+
+def test_unicode_is_nfc_normalized_and_kept_unescaped(golden_processor: ClefProcessor) -> None:
+    composed = encode_record(
+        _request({"model": "m", "state": {"k": "café"}, "questions": {"q": {"type": "noul"}}}), golden_processor
+    )
+    decomposed = encode_record(
+        _request({"model": "m", "state": {"k": "cafe\u0301"}, "questions": {"q": {"type": "noul"}}}), golden_processor
+    )
+    assert composed.input_ids == decomposed.input_ids
+    assert "café" in _decode(golden_processor, composed.input_ids)
+
+
+def test_null_and_empty_descriptions(golden_processor: ClefProcessor) -> None:
+    request = _request(
+        {
+            "model": "m",
+            "state": "s",
+            "questions": {
+                "c": {"type": "choice", "instructions": "pick", "criteria": {"b": "", "a": None}},
+                "n": {"type": "noul", "instructions": "yes?", "criteria": {"true": None, "other": "ignored"}},
+            },
+        }
+    )
+    record = encode_record(request, golden_processor)
+    texts = [[_decode(golden_processor, record.input_ids[slice(*s)]) for s in q.option_spans] for q in record.questions]
+    assert texts == [
+        ['{"option_id":"a"}', '{"description":"","option_id":"b"}'],
+        ['{"option_id":"true"}', '{"description":"The proposition is false or the answer is no.","option_id":"false"}'],
+    ]
+
+
+@pytest.mark.parametrize("instructions", [None, "", "missing"])
+def test_missing_or_empty_instructions_use_the_question_id(
+    instructions: str | None, golden_processor: ClefProcessor
+) -> None:
+    question: dict[str, Any] = {"type": "noul"}
+    if instructions != "missing":
+        question["instructions"] = instructions
+    record = encode_record(
+        _request({"model": "m", "state": "s", "questions": {"refund_due": question}}), golden_processor
+    )
+    assert _decode(golden_processor, record.input_ids[slice(*record.questions[0].question_span)]) == "refund_due"
+
+
+def test_truncation_keeps_the_head_of_the_state_at_the_exact_boundary(golden_processor: ClefProcessor) -> None:
+    body = {"model": "m", "state": "alpha beta gamma delta " * 20, "questions": {"q": {"type": "noul"}}}
+    full = encode_record(_request(body), golden_processor)
+    prefix_len = len(golden_processor.encode_texts([PREFIX])[0])
+    state_ids = golden_processor.encode_texts([body["state"]])[0]
+    fixed = len(full.input_ids) - len(state_ids)
+
+    exact = encode_record(_request(body), golden_processor, max_length=fixed)
+    assert len(exact.input_ids) == fixed and exact.truncated
+    assert exact.input_ids[:prefix_len] == full.input_ids[:prefix_len]
+    assert exact.questions[0].question_span[0] == full.questions[0].question_span[0] - len(state_ids)
+
+    one = encode_record(_request(body), golden_processor, max_length=fixed + 1)
+    assert one.input_ids[prefix_len] == state_ids[0] and len(one.input_ids) == fixed + 1
+
+    capped = encode_record(_request(body), golden_processor, max_state_tokens=3)
+    assert capped.input_ids[prefix_len : prefix_len + 3] == tuple(state_ids[:3]) and len(capped.input_ids) == fixed + 3
+
+    untouched = encode_record(_request(body), golden_processor, max_length=len(full.input_ids))
+    assert untouched.input_ids == full.input_ids and not untouched.truncated
+
+    with pytest.raises(RequestValidationError) as info:
+        encode_record(_request(body), golden_processor, max_length=fixed - 1)
+    assert info.value.errors[0].message == f"schema requires {fixed} tokens before state; maximum is {fixed - 1}"
+    assert info.value.field == "questions"
+
+
+def test_reference_error_for_schema_longer_than_max_length(golden_processor: ClefProcessor) -> None:
+    (case,) = [c for c in error_cases() if c["name"] == "error-schema-longer-than-max-length"]
+    with pytest.raises(ValueError) as info:
+        encode_record(_request(case["request"]), golden_processor, max_length=case["max_length"])
+    assert str(info.value).endswith(case["error"]["message"])
+
+
+@pytest.mark.parametrize("count", [1, 64])
+def test_one_and_sixty_four_questions_have_ordered_disjoint_spans(count: int, golden_processor: ClefProcessor) -> None:
+    kinds = [
+        {"type": "noul"},
+        {"type": "choice", "criteria": {"x": "ex", "a": None, "m": {"k": 1}}},
+        {"type": "score", "criteria": ["low", "mid", "high"]},
+    ]
+    questions = {f"q{i}": {**kinds[i % 3], "instructions": f"Question number {i}?"} for i in range(count)}
+    record = encode_record(_request({"model": "m", "state": {"n": count}, "questions": questions}), golden_processor)
+    assert [q.question_id for q in record.questions] == list(questions)
+    cursor = 0
+    for i, q in enumerate(record.questions):
+        assert _decode(golden_processor, record.input_ids[slice(*q.question_span)]) == f"Question number {i}?"
+        for start, end in (q.question_span, *q.option_spans):
+            assert cursor <= start < end <= len(record.input_ids)
+            cursor = end
+
+
+def test_collate_right_pads_and_scatters_media_types(golden_processor: ClefProcessor) -> None:
+    image_case = load_case("16-image-json-state")
+    text = encode_record(_request({"model": "m", "state": "s", "questions": {"q": {"type": "noul"}}}), golden_processor)
+    media = encode_record(_request(image_case["request"]), golden_processor)
+    batch = collate([text, media], golden_processor.pad_token_id)
+    width = len(media.input_ids)
+    assert batch["input_ids"].shape == (2, width) and batch["attention_mask"].dtype == torch.long
+    assert batch["input_ids"][0, len(text.input_ids) :].eq(golden_processor.pad_token_id).all()
+    assert batch["attention_mask"].sum(dim=1).tolist() == [len(text.input_ids), width]
+    assert batch["mm_token_type_ids"][0].eq(0).all()
+    offset = image_case["media"]["token_offset"]
+    types = batch["mm_token_type_ids"][1]
+    assert types.sum().item() == image_case["media"]["image_pad_count"]
+    assert types[image_case["media"]["image_pad_first"]].item() == 1 and types[offset].item() == 0
+    assert batch["image_grid_thw"].tolist() == image_case["media"]["image_grid_thw"]
+    assert batch["pixel_values"].shape == tuple(image_case["media"]["pixel_values"]["shape"])
+    assert "mm_token_type_ids" not in collate([text], golden_processor.pad_token_id)
+    with pytest.raises(ValueError, match="at least one record"):
+        collate([], golden_processor.pad_token_id)

@@ -1,0 +1,107 @@
+"""Tokenizer loading (tokenizer.json read literally, §1.6) and the image path (§2.3 step 2) against case 16."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tokenizers import Tokenizer
+
+from guard.clef.processor import ClefProcessor, decode_image, load_tokenizer
+from guard.errors import RequestValidationError
+from tests.clef.conftest import load_case
+from tests.conftest import GOLDEN
+
+PNG = (GOLDEN / "media" / "yard-320x256.png").read_bytes()
+
+
+def test_tokenizer_is_tokenizer_json_literally(golden_checkpoint) -> None:
+    ours = load_tokenizer(golden_checkpoint)
+    literal = Tokenizer.from_file(str(golden_checkpoint / "tokenizer.json"))
+    # Devanagari and Thai keep combining marks after NFC: the Qwen2 regex (tokenizer.json) splits them off letter
+    # runs, the \p{M} regex that newer transformers swaps in would not.
+    for text in ["नमस्ते दुनिया", "สวัสดีครับ", "plain ascii <|im_end|> text", "Ärger über ångström"]:
+        assert ours(text, add_special_tokens=False).input_ids == literal.encode(text, add_special_tokens=False).ids
+        pieces = ours.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)
+        assert pieces == literal.pre_tokenizer.pre_tokenize_str(text)
+    # "x" + combining acute has no precomposed form: the Qwen2 regex ends the letter run at the mark (a \p{M} regex
+    # would keep "x\u0301y" whole).
+    assert [p for p, _ in ours.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x\u0301y")] == ["x", "Ìģy"]
+    assert ours.pad_token == "<|endoftext|>" and ours.eos_token == "<|im_end|>"
+
+
+def test_encode_texts_matches_one_call_per_piece(golden_processor: ClefProcessor) -> None:
+    pieces = ["STATE:\n", "", "  two  spaces ", "<|im_start|>x<think>"]
+    expected = [golden_processor.tokenizer(p, add_special_tokens=False).input_ids for p in pieces]
+    assert golden_processor.encode_texts(pieces) == expected
+
+
+def test_image_media_block_matches_the_reference(golden_processor: ClefProcessor) -> None:
+    case = load_case("16-image-json-state")
+    reference = case["media"]
+    media = golden_processor.encode_media(
+        case["request"]["images"], [], token_offset=reference["token_offset"], media_kwargs=None
+    )
+    assert list(media.input_ids) == reference["media_ids"]
+    assert media.tensors["image_grid_thw"].tolist() == reference["image_grid_thw"]
+    assert media.mm_token_type_ids.count(1) == reference["image_pad_count"]
+    pixels = media.tensors["pixel_values"].double()
+    stats = reference["pixel_values"]
+    assert list(pixels.shape) == stats["shape"]
+    tolerance = 1e-6 * stats["abs_sum"]
+    assert abs(pixels.sum().item() - stats["sum"]) <= tolerance
+    assert abs(pixels.abs().sum().item() - stats["abs_sum"]) <= tolerance
+    assert abs(pixels.square().sum().item() - stats["sum_sq"]) <= tolerance
+    assert torch.allclose(pixels[0, :8].float(), torch.tensor(stats["first_row_head"]), atol=1e-6)
+
+
+def test_patch_rows_follow_the_documented_layout(golden_processor: ClefProcessor) -> None:
+    media = golden_processor.encode_media([Image.open(io.BytesIO(PNG))], [], token_offset=0, media_kwargs=None)
+    frames = (np.asarray(Image.open(io.BytesIO(PNG)).convert("RGB"), dtype=np.float64) / 255 - 0.5) / 0.5
+    frames = np.stack([frames.transpose(2, 0, 1)] * 2)  # (T=2, C, H, W)
+    h, w = 16, 20
+    rows = frames.reshape(2, 3, h // 2, 2, 16, w // 2, 2, 16).transpose(2, 5, 3, 6, 1, 0, 4, 7).reshape(h * w, -1)
+    assert np.abs(media.tensors["pixel_values"].double().numpy() - rows).max() < 1e-6
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        "data:image/png;base64," + base64.b64encode(PNG).decode(),
+        "DATA:image/png;base64," + base64.b64encode(PNG).decode(),
+        {"content_type": "image/png", "base64": base64.b64encode(PNG).decode()},
+        Image.open(io.BytesIO(PNG)).convert("L"),
+    ],
+)
+def test_decode_image_accepts_wire_and_pil_forms(item: object) -> None:
+    image = decode_image(item)
+    assert image.mode == "RGB" and image.size == (320, 256)
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("https://example.com/a.png", "remote URLs are never fetched"),
+        ("data:image/png,rawbytes", "base64"),
+        ("data:image/png;base64,@@@", "not a decodable image"),
+        ({"content_type": "image/png", "base64": base64.b64encode(b"not an image").decode()}, "not a decodable image"),
+        (42, "got int"),
+    ],
+)
+def test_decode_image_rejects_bad_input_naming_the_field(item: object, message: str) -> None:
+    with pytest.raises(RequestValidationError, match=message) as info:
+        decode_image(item, where="images[2]")
+    assert info.value.field == "images[2]"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="only without torchvision")
+def test_video_without_torchvision_names_the_fix(golden_processor: ClefProcessor) -> None:
+    frames = np.zeros((4, 64, 64, 3), dtype=np.uint8)
+    with pytest.raises(RequestValidationError, match="install the torchvision build") as info:
+        golden_processor.encode_media([], [frames], token_offset=0, media_kwargs=None)
+    assert info.value.field == "videos"
