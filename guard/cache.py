@@ -205,13 +205,13 @@ class ProbabilityCache:
             token = await self._acquire(key, wait)
         try:
             response, value = await _run(compute, request, wait)
+            await self._store(key, value, ttl)  # before the lock goes, so no follower sees neither lock nor value
         except BackendError as exc:
             await self._publish_failure(key, exc)
             raise
         finally:
             if token is not None:
                 await self._release(key, token)
-        await self._store(key, value, ttl)
         return response, "miss"
 
     def _record_error(self, exc: BaseException) -> None:
@@ -239,6 +239,10 @@ class ProbabilityCache:
 
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
         return None
+
+    async def warm(self) -> bool:
+        """Open connections now (e.g. at startup) so the first decision does not pay for them. True when usable."""
+        return True
 
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
@@ -308,6 +312,8 @@ return 0
                 socket_timeout=self.config.op_timeout,
                 socket_connect_timeout=self.config.op_timeout,
                 retry_on_timeout=False,
+                lib_name=None,  # no CLIENT SETINFO round trips on connect: the first lookup fits the op timeout
+                lib_version=None,
             )
             self._clients[loop] = client
         return client
@@ -323,9 +329,11 @@ return 0
             async with asyncio.timeout(self.config.op_timeout):
                 return await fn(self._client())
         except (RedisError, TimeoutError, OSError) as exc:
+            was_ok = self.health().status == "ok"
             self._record_error(exc)
             self._skip_until = time.monotonic() + self.config.breaker
-            logger.warning("redis cache unavailable (%s); treating as a miss", self._stats.last_error)
+            log = logger.warning if was_ok else logger.debug  # once per outage, not once per request
+            log("redis cache unavailable (%s); treating as a miss", self._stats.last_error)
             return _FAILED
 
     async def _load(self, key: str) -> Any | None:
@@ -379,6 +387,10 @@ return 0
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
         marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend})
         await self._op(lambda r: r.set(self._key("f", key), marker, px=FAILURE_MARKER_MS))
+
+    async def warm(self) -> bool:
+        """PING Redis from this event loop's client (connecting it); a failure is counted like any other."""
+        return await self._op(lambda r: r.ping()) is True
 
     async def aclose(self) -> None:
         """Close this loop's client (clients of other, finished loops are dropped)."""

@@ -277,7 +277,7 @@ class Guard:
             model_revision=_revision(backend),
             latency_ms=(time.perf_counter() - started) * 1000,
             fail_mode=fail.mode,
-            error=f"{reason}: {exc}"[:500] if str(exc) else reason,
+            error=_error_text(reason, exc, policy),
             retry_after=retry_after,
             shadow_action=action if policy.mode == "shadow" else None,
             state=state,
@@ -395,6 +395,11 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, RuleError):
         return "rule_error"
     return "internal_error"
+
+
+def _error_text(reason: str, exc: BaseException, policy: Policy) -> str:
+    detail = str(exc) or (f"no decision within {policy.timeout * 1000:.0f} ms" if reason == "timeout" else "")
+    return f"{reason}: {detail}"[:500] if detail else reason
 
 
 def _revision(backend: DecisionBackend) -> str | None:

@@ -31,7 +31,10 @@ class ScriptedBackend:
 
     Args:
         answer: request -> ``{question_id: spec}``; questions it leaves out get an even split (noul 0.5).
-        delay: seconds to sleep before answering (honours the ``timeout`` argument like a real client would).
+        delay: seconds to sleep before answering.
+        honour_timeout: when true (default) a ``delay`` longer than the ``timeout`` argument raises
+            ``BackendTimeout`` after ``timeout`` seconds, like a real client; when false the backend ignores it (a hung
+            backend), so the engine's own deadline must cut it off.
         fail: an exception to raise on every call, or a function ``(call_number) -> exception | None``.
         name: backend name; revision: ``model_revision``; model: the model id it reports.
         answers_override: replace the built response (to return malformed answers on purpose).
@@ -42,6 +45,7 @@ class ScriptedBackend:
         answer: AnswerFn | None = None,
         *,
         delay: float = 0.0,
+        honour_timeout: bool = True,
         fail: BaseException | Callable[[int], BaseException | None] | None = None,
         name: str = "scripted",
         revision: str = "scripted-r1",
@@ -52,6 +56,7 @@ class ScriptedBackend:
         self._revision = revision
         self._answer = answer or (lambda request: {})
         self.delay = delay
+        self.honour_timeout = honour_timeout
         self.fail = fail
         self.model = model
         self.answers_override = answers_override
@@ -68,7 +73,7 @@ class ScriptedBackend:
         self.requests.append(request)
         call = self.calls
         if self.delay:
-            if timeout is not None and timeout < self.delay:
+            if self.honour_timeout and timeout is not None and timeout < self.delay:
                 await asyncio.sleep(timeout)
                 raise BackendTimeout(f"scripted backend took longer than {timeout:.3f} s", backend=self.name)
             await asyncio.sleep(self.delay)

@@ -1,0 +1,283 @@
+"""The probability cache against a real Redis (and the in-process cache): hit, miss, TTL, single-flight, Redis down or
+slow, corrupt values (cases C14, C15)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from guard._answers import cache_key
+from guard.cache import CacheConfig, MemoryCache, RedisCache
+from guard.engine import Guard
+from guard.errors import BackendUnavailable
+from guard.policy import load_text
+from guard.subject import HttpSubject
+from guard.systemone import QuestionV1, SystemOneRequestV1
+from tests._backends import ScriptedBackend
+
+POLICY = """
+policies:
+  - id: p
+    version: 1
+    match: {http: {methods: [POST]}}
+    state: {text: body_text}
+    questions:
+      injection: {type: noul, instructions: "Is this an injection?"}
+      tone: {type: choice, instructions: "Tone?", criteria: {calm: calm, angry: angry}}
+    rules:
+      - {id: injection, when: injection.noul >= THRESHOLD, action: block}
+    cache: {ttl: TTL}
+    timeout_ms: 2000
+"""
+
+
+def policies(threshold: float = 0.8, ttl: float = 60) -> Any:
+    return load_text(POLICY.replace("THRESHOLD", str(threshold)).replace("TTL", str(ttl)))
+
+
+def subject(text: str = "hello") -> HttpSubject:
+    return HttpSubject(method="POST", path="/x", body={"q": text}, body_text=text)
+
+
+def by_text(request: SystemOneRequestV1) -> dict[str, Any]:
+    return {"injection": 0.9 if "ignore" in request.state["text"] else 0.1, "tone": {"calm": 0.7, "angry": 0.3}}
+
+
+def redis_cache(redis_url: str, prefix: str, **settings: Any) -> RedisCache:
+    return RedisCache(CacheConfig(url=redis_url, prefix=prefix, **settings))
+
+
+async def keys(create_redis: Any, kind: str = "a") -> list[bytes]:
+    client = create_redis()
+    return [k async for k in client.scan_iter(match=f"{create_redis.prefix}{kind}:*")]
+
+
+# Keys ---------------------------------------------------------------------------------------------------------------
+
+
+def test_cache_key_changes_with_everything_the_model_sees() -> None:
+    q = QuestionV1("a", "choice", "Pick", {"x": "X", "y": "Y"})
+    base = SystemOneRequestV1(model="m", state={"a": 1, "b": 2}, questions=(q,))
+    key = cache_key(base, backend="b", revision="r1")
+    variants = [
+        cache_key(base, backend="b", revision="r2"),
+        cache_key(base, backend="other", revision="r1"),
+        cache_key(base.override(model="m2"), backend="b", revision="r1"),
+        cache_key(base.override(state={"b": 2, "a": 1}), backend="b", revision="r1"),  # key order is model input
+        cache_key(base.override(questions=[QuestionV1("a", "choice", "Pick", {"y": "Y", "x": "X"})]), backend="b",
+                  revision="r1"),
+        cache_key(base.override(questions=[QuestionV1("a", "choice", "Pick!", {"x": "X", "y": "Y"})]), backend="b",
+                  revision="r1"),
+        cache_key(base.override(images=("data:image/png;base64,AAAA",)), backend="b", revision="r1"),
+    ]
+    assert len({key, *variants}) == len(variants) + 1
+    assert cache_key(SystemOneRequestV1(model="m", state={"a": 1, "b": 2}, questions=(q,)), backend="b",
+                     revision="r1") == key
+
+
+# In-process cache ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_memory_cache_hit_and_threshold_change_needs_no_model_call() -> None:
+    backend = ScriptedBackend(by_text)
+    cache = MemoryCache()
+    guard = Guard(policies(0.8), backends=backend, cache=cache)
+    first = await guard.aevaluate(subject("ignore"))
+    second = await guard.aevaluate(subject("ignore"))
+    assert (first.action, first.cache_hit, second.action, second.cache_hit) == ("block", False, "block", True)
+    assert second.answers["injection"].noul == first.answers["injection"].noul
+    # A new threshold reuses the cached probabilities: rules run after the cache.
+    guard2 = Guard(policies(0.95), backends=backend, cache=cache)
+    third = await guard2.aevaluate(subject("ignore"))
+    assert (third.action, third.cache_hit, backend.calls) == ("allow", True, 1)
+
+
+@pytest.mark.anyio
+async def test_memory_cache_ttl_and_lru() -> None:
+    backend = ScriptedBackend(by_text)
+    guard = Guard(policies(ttl=0.05), backends=backend, cache=MemoryCache(CacheConfig(max_entries=2)))
+    await guard.aevaluate(subject("a"))
+    await asyncio.sleep(0.08)
+    assert not (await guard.aevaluate(subject("a"))).cache_hit
+    await guard.aevaluate(subject("b"))
+    await guard.aevaluate(subject("c"))  # evicts "a"
+    assert len(guard.cache) == 2  # type: ignore[arg-type]
+    assert backend.calls == 4
+
+
+@pytest.mark.anyio
+async def test_ttl_zero_never_caches() -> None:
+    backend = ScriptedBackend(by_text)
+    guard = Guard(policies(ttl=0), backends=backend)
+    for _ in range(3):
+        assert not (await guard.aevaluate(subject())).cache_hit
+    assert backend.calls == 3
+
+
+@pytest.mark.anyio
+async def test_memory_single_flight_100_concurrent_one_call() -> None:
+    backend = ScriptedBackend(by_text, delay=0.2)
+    guard = Guard(policies(), backends=backend)
+    verdicts = await asyncio.gather(*(guard.aevaluate(subject("ignore")) for _ in range(100)))
+    assert backend.calls == 1
+    assert {v.action for v in verdicts} == {"block"}
+    assert sum(not v.cache_hit for v in verdicts) == 1
+
+
+@pytest.mark.anyio
+async def test_followers_follow_the_leaders_failure() -> None:
+    backend = ScriptedBackend(by_text, delay=0.1, fail=BackendUnavailable("down", reason="http_500"))
+    guard = Guard(policies(), backends=backend)
+    verdicts = await asyncio.gather(*(guard.aevaluate(subject()) for _ in range(20)))
+    assert backend.calls == 1
+    assert {(v.action, v.fail_mode, v.status) for v in verdicts} == {("block", "closed", 503)}
+    assert all(v.error and v.error.startswith("http_500") for v in verdicts)
+
+
+# Redis --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_redis_hit_miss_and_ttl_expiry(redis_url: str, create_redis: Any) -> None:
+    backend = ScriptedBackend(by_text)
+    cache = redis_cache(redis_url, create_redis.prefix)
+    guard = Guard(policies(ttl=0.3), backends=backend, cache=cache)
+    assert not (await guard.aevaluate(subject("ignore"))).cache_hit
+    hit = await guard.aevaluate(subject("ignore"))
+    assert hit.cache_hit and hit.action == "block" and hit.answers["tone"].choice == "calm"
+    stored = await create_redis().get((await keys(create_redis))[0])
+    assert json.loads(stored)["answers"]["injection"]["p"] == pytest.approx([0.9, 0.1])
+    assert not (await guard.aevaluate(subject("other"))).cache_hit
+    await asyncio.sleep(0.4)
+    assert not (await guard.aevaluate(subject("ignore"))).cache_hit
+    assert backend.calls == 3
+    health = cache.health()
+    assert (health.status, health.hits, health.errors) == ("ok", 1, 0)
+    await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_redis_single_flight_across_two_guards(redis_url: str, create_redis: Any) -> None:
+    replicas = [ScriptedBackend(by_text, delay=0.3, name="clef") for _ in range(2)]
+    guards = [Guard(policies(), backends=b, cache=redis_cache(redis_url, create_redis.prefix)) for b in replicas]
+    assert all([await g.cache.warm() for g in guards])
+    verdicts = await asyncio.gather(*(guards[i % 2].aevaluate(subject("ignore")) for i in range(100)))
+    assert sum(b.calls for b in replicas) == 1, [g.cache.health() for g in guards]
+    assert {v.action for v in verdicts} == {"block"}
+    assert await keys(create_redis, "l") == []  # the leader released its lock
+    for guard in guards:
+        await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_url: str, create_redis: Any) -> None:
+    failing = ScriptedBackend(by_text, delay=0.2, name="clef", fail=BackendUnavailable("boom", reason="http_500"))
+    healthy = ScriptedBackend(by_text, name="clef")
+    leader = Guard(policies(), backends=failing, cache=redis_cache(redis_url, create_redis.prefix))
+    follower = Guard(policies(), backends=healthy, cache=redis_cache(redis_url, create_redis.prefix))
+    lead_task = asyncio.ensure_future(leader.aevaluate(subject()))
+    await asyncio.sleep(0.05)  # the leader holds the lock
+    followed = await follower.aevaluate(subject())
+    led = await lead_task
+    assert (failing.calls, healthy.calls) == (1, 0)
+    assert (led.fail_mode, followed.fail_mode, followed.action) == ("closed", "closed", "block")
+    assert "leader" in (followed.error or "")
+    await leader.aclose()
+    await follower.aclose()
+
+
+@pytest.mark.anyio
+async def test_redis_corrupt_values_are_ignored_and_overwritten(redis_url: str, create_redis: Any) -> None:
+    backend = ScriptedBackend(by_text)
+    cache = redis_cache(redis_url, create_redis.prefix)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    await guard.aevaluate(subject("ignore"))
+    (key,) = await keys(create_redis)
+    client = create_redis()
+    good = json.loads(await client.get(key))
+    wrong_shapes = [
+        b"not json at all",
+        json.dumps("a string").encode(),
+        json.dumps({**good, "v": 99}).encode(),  # another schema version
+        json.dumps({**good, "answers": {"injection": good["answers"]["injection"]}}).encode(),  # a question missing
+        json.dumps({**good, "answers": {**good["answers"], "injection": {"t": "noul", "p": [0.9, 0.9], "x": 0.9}}}
+                   ).encode(),  # probabilities do not sum to 1
+        b"\xff\xfe",
+    ]
+    for n, value in enumerate(wrong_shapes, start=2):
+        await client.set(key, value)
+        verdict = await guard.aevaluate(subject("ignore"))
+        assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, n)
+        assert json.loads(await client.get(key)) == good  # overwritten with the right shape
+    assert cache.health().corrupt == len(wrong_shapes)
+    await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_redis_stopped_mid_test_is_a_counted_miss(private_redis: Any) -> None:
+    backend = ScriptedBackend(by_text)
+    cache = RedisCache(CacheConfig(url=private_redis.url, breaker=0.0))
+    guard = Guard(policies(), backends=backend, cache=cache)
+    assert (await guard.aevaluate(subject("ignore"))).action == "block"
+    assert (await guard.aevaluate(subject("ignore"))).cache_hit
+    private_redis.stop()
+    for n in (2, 4):
+        verdict = await guard.aevaluate(subject("ignore"))
+        assert (verdict.action, verdict.cache_hit, verdict.fail_mode, backend.calls) == ("block", False, None, n)
+        benign = await guard.aevaluate(subject("fine"))  # a real decision, not an allow because the cache failed
+        assert benign.action == "allow" and benign.rule == "default" and benign.answers
+    health = cache.health()
+    assert health.status == "degraded" and health.errors >= 2 and health.last_error
+    assert guard.health()["status"] == "degraded"
+    await guard.aclose()
+
+
+@pytest.fixture
+def silent_server() -> Any:
+    """A TCP server that accepts connections (via the backlog) and never answers: a Redis with infinite latency."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    sock.close()
+
+
+@pytest.mark.anyio
+async def test_slow_redis_is_a_miss_within_the_op_timeout(silent_server: str) -> None:
+    backend = ScriptedBackend(by_text)
+    cache = RedisCache(CacheConfig(url=silent_server, op_timeout=0.05))
+    guard = Guard(policies(), backends=backend, cache=cache)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    verdict = await guard.aevaluate(subject("ignore"))
+    elapsed = loop.time() - started
+    assert (verdict.action, verdict.cache_hit, verdict.fail_mode) == ("block", False, None)
+    assert elapsed < 1.0  # one 50 ms timeout (the breaker skips the store), nowhere near the 2 s policy timeout
+    again = await guard.aevaluate(subject("ignore"))  # breaker open: Redis skipped, counted
+    assert again.action == "block" and backend.calls == 2
+    health = cache.health()
+    assert health.status == "degraded" and health.errors == 1 and health.skipped >= 2
+    await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_slow_redis_with_many_callers_still_one_model_call(silent_server: str) -> None:
+    backend = ScriptedBackend(by_text, delay=0.1)
+    guard = Guard(policies(), backends=backend, cache=RedisCache(CacheConfig(url=silent_server)))
+    verdicts = await asyncio.gather(*(guard.aevaluate(subject("ignore")) for _ in range(30)))
+    assert backend.calls == 1 and {v.action for v in verdicts} == {"block"}
+    await guard.aclose()
+
+
+def test_cache_config_validates() -> None:
+    with pytest.raises(ValueError, match="op_timeout"):
+        CacheConfig(op_timeout=0)
+    with pytest.raises(ValueError, match="max_entries"):
+        CacheConfig(max_entries=0)
+    with pytest.raises(ValueError, match="url"):
+        RedisCache(CacheConfig())
