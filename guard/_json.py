@@ -65,6 +65,9 @@ def _pairs_collecting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _decode_text(data: bytes) -> str:
     data = data.removeprefix(_UTF8_BOM)
+    if b"\x00" in data:  # never valid in JSON text; the usual sign of UTF-16 or UTF-32 (RFC 8259 section 8.1)
+        raise InvalidJson("not_utf8", f"byte 0x00 at offset {data.index(0)}: UTF-16/UTF-32 JSON is refused; JSON "
+                          "must be UTF-8")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

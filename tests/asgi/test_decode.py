@@ -1,0 +1,130 @@
+"""Compressed request bodies (C03): decoded and judged like the plain body; bombs 413; unknown codings 415."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+import time
+import zlib
+from collections.abc import Callable
+
+import brotli
+import pytest
+
+from guard.asgi._decode import decode_content, parse_encodings
+from guard.engine import Guard
+from guard.errors import BodyError
+from tests._backends import ScriptedBackend
+from tests.asgi._apps import ATTACK, BENIGN, client_for, guarded_app, scripted_answers, sha
+
+pytestmark = pytest.mark.anyio
+
+GuardFactory = Callable[..., Guard]
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    c = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return c.compress(data) + c.flush()
+
+
+ENCODERS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.compress,
+    "x-gzip": gzip.compress,
+    "deflate": zlib.compress,
+    "br": brotli.compress,
+    "gzip, gzip": lambda d: gzip.compress(gzip.compress(d)),
+    "gzip, br": lambda d: brotli.compress(gzip.compress(d)),
+    "identity, deflate": zlib.compress,
+}
+
+
+@pytest.mark.parametrize("coding", list(ENCODERS))
+async def test_encoded_attack_gets_the_plain_decision(make_guard: GuardFactory, coding: str) -> None:
+    plain = json.dumps({"prompt": ATTACK}).encode()
+    async with client_for(guarded_app(make_guard())) as client:
+        reference = await client.post("/v1/echo", content=plain, headers={"content-type": "application/json"})
+        encoded = await client.post("/v1/echo", content=ENCODERS[coding](plain),
+                                    headers={"content-type": "application/json", "content-encoding": coding})
+    assert reference.status_code == encoded.status_code == 403
+    assert encoded.json()["rule"] == reference.json()["rule"] == "prompt_injection"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "gzip, br"])
+async def test_encoded_benign_body_reaches_the_app_as_sent(make_guard: GuardFactory, coding: str) -> None:
+    wire = ENCODERS[coding](json.dumps({"message": BENIGN}).encode())
+    async with client_for(guarded_app(make_guard())) as client:
+        response = await client.post("/v1/echo", content=wire,
+                                     headers={"content-type": "application/json", "content-encoding": coding})
+    assert response.status_code == 200
+    assert response.json()["sha256"] == sha(wire) and response.json()["content_encoding"] == coding
+
+
+@pytest.mark.parametrize("coding", ["compress", "zstd", "gzip, gzip, gzip", "x-unknown"])
+async def test_unsupported_codings_are_415_before_reading(make_guard: GuardFactory, coding: str) -> None:
+    backend = ScriptedBackend(scripted_answers)
+    async with client_for(guarded_app(make_guard(backend))) as client:
+        response = await client.post("/v1/echo", content=b"....",
+                                     headers={"content-type": "application/json", "content-encoding": coding})
+    assert response.status_code == 415 and response.json()["code"] == "unsupported_encoding"
+    assert response.json()["field"] == "content-encoding" and backend.calls == 0
+
+
+def _deflate_zeros(mib: int) -> bytes:
+    """Raw deflate of ``mib`` MiB of zeros, built from one compressed MiB repeated (full flushes reset the window, so
+    every MiB compresses to the same bytes): a bomb without spending seconds compressing."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    c.compress(b"\0" * (1 << 20))
+    segment = c.flush(zlib.Z_FULL_FLUSH)
+    return segment * mib + c.flush()
+
+
+def _gzip_zeros(mib: int) -> bytes:
+    # header, deflate stream, trailer (CRC and size are never reached: decoding stops at the cap)
+    return b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + _deflate_zeros(mib) + struct.pack("<II", 0, 0)
+
+
+@pytest.fixture(scope="module")
+def bombs() -> dict[str, bytes]:
+    return {
+        "gzip": _gzip_zeros(256),  # 256 MiB in ~265 KB
+        "deflate": b"\x78\xda" + _deflate_zeros(256) + struct.pack(">I", 0),
+        "br": brotli.compress(b"\0" * (64 << 20), quality=1),  # 64 MiB in ~12 KB
+        "gzip, gzip": gzip.compress(_gzip_zeros(1024), 9),  # 1 GiB in ~2.5 KB
+    }
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "gzip, gzip"])
+async def test_decompression_bomb_is_413_and_stops_at_the_cap(
+    make_guard: GuardFactory, bombs: dict[str, bytes], coding: str
+) -> None:
+    wire = bombs[coding]
+    assert len(wire) < 1 << 20
+    started = time.perf_counter()
+    async with client_for(guarded_app(make_guard())) as client:
+        response = await client.post("/v1/echo", content=wire,
+                                     headers={"content-type": "application/json", "content-encoding": coding})
+    assert response.status_code == 413 and response.json()["code"] == "decoded_body_too_large"
+    assert time.perf_counter() - started < 2.0
+
+
+def test_decoder_layers_and_errors() -> None:
+    data = b"hello " * 100
+    assert decode_content(_raw_deflate(data), ["deflate"], 10_000) == data  # raw deflate is accepted too
+    assert decode_content(gzip.compress(data) + gzip.compress(data), ["gzip"], 10_000) == data * 2  # members
+    assert decode_content(b"", ["gzip"], 10) == b""
+    assert parse_encodings(" GZIP , identity ", 2) == ["gzip"]
+    for wire, codings, reason in [
+        (gzip.compress(data)[:-6], ["gzip"], "truncated"),
+        (b"not gzip", ["gzip"], "incorrect header"),
+        (brotli.compress(data)[:-2], ["br"], "truncated"),
+        (b"\xff\xff\xff", ["br"], "br-encoded"),
+        (zlib.compress(data) + b"junk", ["deflate"], "follow the end"),
+    ]:
+        with pytest.raises(BodyError, match=reason) as info:
+            decode_content(wire, codings, 10_000)
+        assert info.value.status == 400 and info.value.code == "malformed_encoding"
+    with pytest.raises(BodyError) as info:
+        decode_content(gzip.compress(data), ["gzip"], len(data) - 1)
+    assert info.value.status == 413
+    assert decode_content(gzip.compress(data), ["gzip"], len(data)) == data  # exactly at the cap is fine
