@@ -1,0 +1,134 @@
+"""``guard decide`` end to end: golden answers, --raw, stdin, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.cli import main
+from tests.clef.conftest import error_cases, load_case
+
+
+def _decide(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any, str]:
+    code = main(["decide", *argv])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def _write(tmp_path: Path, body: Any, name: str = "request.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(body, ensure_ascii=False), encoding="utf-8")
+    return str(path)
+
+
+def _close(ours: Any, reference: Any, tolerance: float) -> bool:
+    if isinstance(reference, dict):
+        return list(ours) == list(reference) and all(_close(ours[k], v, tolerance) for k, v in reference.items())
+    if isinstance(reference, float):
+        return abs(ours - reference) <= tolerance
+    return ours == reference
+
+
+def test_golden_case_from_a_file_float32(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    case = load_case("01-three-types")
+    code, body, err = _decide(
+        ["--model", str(golden_checkpoint), "--dtype", "float32", _write(tmp_path, case["request"])], capsys
+    )
+    assert code == 0, err
+    assert _close(body, case["response_fp32"], 2e-4 * 3)
+
+
+def test_raw_adds_prompt_order_logits_and_probabilities(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    case = load_case("02-choice-caller-order")
+    code, body, _ = _decide(["--model", str(golden_checkpoint), "--raw", _write(tmp_path, case["request"])], capsys)
+    assert code == 0
+    raw = body["raw"]
+    assert raw["input_tokens"] == case["input_ids_len"] == body["usage"]["input_tokens"]
+    for qid, entry in raw["questions"].items():
+        assert entry["option_ids"] == case["option_order"][qid]
+        assert all(abs(a - b) <= 1e-4 for a, b in zip(entry["logits"], case["logits_fp32"][qid], strict=True))
+        assert all(
+            abs(a - b) <= 1e-4 for a, b in zip(entry["probabilities"], case["probabilities_fp32"][qid], strict=True)
+        )
+
+
+def test_request_from_stdin_with_a_confidence_profile(golden_checkpoint: Path, capsys, monkeypatch) -> None:
+    case = load_case("01-three-types")
+    stdin = io.TextIOWrapper(io.BytesIO(json.dumps(case["request"]).encode()), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code, body, _ = _decide(["--model", str(golden_checkpoint), "--confidence", "jev", "--max-length", "16384"], capsys)
+    assert code == 0
+    seating = body["answers"]["seating"]
+    n = len(seating["probabilities"])
+    assert abs(seating["confidence"] - (n * max(seating["probabilities"].values()) - 1) / (n - 1)) < 1e-3
+
+
+@pytest.mark.parametrize("error", error_cases(), ids=lambda e: e["name"])
+def test_reference_errors_exit_2_with_the_reference_message(
+    error: dict[str, Any], golden_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
+    argv = [
+        "--model",
+        str(golden_checkpoint),
+        "--max-length",
+        str(error["max_length"]),
+        _write(tmp_path, error["request"]),
+    ]
+    code, body, err = _decide(argv, capsys)
+    assert code == 2 and body is None
+    assert err.count("\n") == 1 and err.rstrip().endswith(error["error"]["message"])
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ('{"model": "m", "model": "n", "state": "s"}', "duplicate key 'model'"),
+        ('{"model": "m", "state": ', "invalid JSON"),
+        ('{"model": "m", "state": NaN, "questions": {}}', "NaN"),
+        ('{"model": "m", "state": "s", "questions": {"q": {"type": "poll"}}}', "questions.q.type"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_problem(
+    payload: str, message: str, golden_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(payload, encoding="utf-8")
+    code, _, err = _decide(["--model", str(golden_checkpoint), str(path)], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_workers_ai_profile_requires_instructions(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    request = load_case("09-no-instructions")["request"]
+    argv = ["--model", str(golden_checkpoint), "--profile", "workers-ai", _write(tmp_path, request)]
+    code, _, err = _decide(argv, capsys)
+    assert code == 2 and ".instructions" in err
+
+
+def test_unusable_model_directory_and_arguments(tmp_path: Path, capsys) -> None:
+    request = _write(tmp_path, {"model": "m", "state": "s", "questions": {"q": {"type": "noul"}}})
+    code, _, err = _decide(["--model", str(tmp_path / "nowhere"), request], capsys)
+    assert code == 2 and "config.json is missing" in err
+    code, _, err = _decide(["--model", str(tmp_path), "--max-length", "0", request], capsys)
+    assert code == 2 and "--max-length" in err
+    code, _, err = _decide(["--model", str(tmp_path), str(tmp_path / "absent.json")], capsys)
+    assert code == 2 and "cannot read" in err
+
+
+def test_subprocess_bad_request_has_no_traceback(golden_checkpoint: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "guard", "decide", "--model", str(golden_checkpoint)],
+        input=b'{"model": "m", "state": "s", "questions": {"level": {"type": "score", "criteria": []}}}',
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2 and result.stdout == b""
+    assert result.stderr.decode().strip() == (
+        "guard decide: invalid request: questions.level.criteria: level: criteria must not be empty"
+    )
