@@ -1,0 +1,204 @@
+"""Tool-call arguments: find malformed calls before anything runs (case C17), and digest well-formed ones.
+
+A model can emit arguments that are not valid JSON (``{"{"a":1}``), ``null``, a list, a string, or an object cut
+off mid-way. LangChain keeps some of these in ``AIMessage.invalid_tool_calls``, but its streaming merge repairs
+others silently: ``parse_partial_json`` turns ``{"{"a":1}`` into ``{}`` and a truncated ``{"path": "/etc/pas``
+into ``{"path": "/etc/pas"}``. Where the raw argument text survives (OpenAI-style ``additional_kwargs["tool_calls"]``,
+``tool_call_chunks`` of a chunk, or a finish reason saying the output hit its length limit), this module checks it
+strictly, so a repaired call is treated as what it is: malformed. Malformed calls are never executed and never coerced
+to ``{}``; each sibling in the same turn is judged on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk
+
+from guard._json import loads as strict_loads
+from guard.errors import InvalidJson
+from guard.review import digest_of
+
+__all__ = ["ParsedCall", "arguments_digest", "canonical_json", "classify_arguments", "parse_calls"]
+
+LENGTH_FINISH_REASONS = frozenset({"length", "max_tokens", "MAX_TOKENS"})
+"""``finish_reason`` / ``stop_reason`` values saying the model was cut off by its output limit."""
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """One tool call of a model turn, checked.
+
+    Attributes:
+        id: the call's id (``None`` when the model gave none).
+        name: the tool name the model asked for (``""`` when missing).
+        arguments: the arguments object when well-formed, else ``None`` (never a coerced ``{}``).
+        problem: why the call is malformed (one phrase, e.g. ``"arguments are null"``), ``None`` when well-formed.
+        raw: the raw argument text when the model's message kept it, for the decision record.
+    """
+
+    id: str | None
+    name: str
+    arguments: dict[str, Any] | None
+    problem: str | None = None
+    raw: str | None = None
+
+    @property
+    def malformed(self) -> bool:
+        return self.problem is not None
+
+
+def canonical_json(value: Any) -> str:
+    """Key-sorted, compact JSON (non-ASCII kept) used for digests; values JSON cannot hold are written with
+    ``repr`` so that two different values never share a digest by accident."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+
+
+def arguments_digest(tool: str, arguments: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a tool name and its exact arguments; an approval is bound to it."""
+    return digest_of("tool_call", tool, canonical_json(dict(arguments)))
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a JSON boolean"
+    if isinstance(value, (int, float)):
+        return "a JSON number"
+    if isinstance(value, str):
+        return "a JSON string"
+    if isinstance(value, (list, tuple)):
+        return "a JSON array"
+    return f"a {type(value).__name__}"
+
+
+def _truncated(text: str) -> bool:
+    # Unterminated string/object/array: the parser ran out of input rather than meeting a wrong character.
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        return error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string")
+    except RecursionError:
+        return False
+    return False
+
+
+def classify_arguments(value: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """Check one tool call's arguments, given as parsed JSON or as raw text.
+
+    Args:
+        value: a ``dict`` (well-formed), raw argument text (``str``: parsed strictly by ``guard._json.loads``, so duplicate keys, ``NaN`` and
+            excessive nesting are malformed too; the empty
+            string means "no arguments", as LangChain's own parser reads it), or any other parsed value.
+
+    Returns:
+        ``(arguments, None)`` when the value is a JSON object, else ``(None, problem)`` with a phrase such as
+        ``"arguments are not valid JSON"``, ``"arguments are truncated"``, ``"arguments are null"`` or
+        ``"arguments are a JSON array, not an object"``.
+    """
+    if isinstance(value, dict):
+        return value, None
+    if isinstance(value, str):
+        if value.strip() == "":
+            return {}, None
+        try:
+            parsed = strict_loads(value)
+        except InvalidJson as exc:
+            if exc.reason != "syntax":
+                return None, f"arguments are not acceptable JSON: {exc.detail}"
+            return None, "arguments are truncated" if _truncated(value) else "arguments are not valid JSON"
+        if isinstance(parsed, dict):
+            return parsed, None
+        value = parsed
+    if value is None:
+        return None, "arguments are null"
+    return None, f"arguments are {_kind(value)}, not an object"
+
+
+def _raw_arguments(message: AIMessage) -> dict[str, str]:
+    """``{tool_call_id: raw argument text}`` from wherever the message kept it."""
+    raw: dict[str, str] = {}
+    for entry in message.additional_kwargs.get("tool_calls") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        function = entry.get("function")
+        call_id = entry.get("id")
+        if isinstance(function, Mapping) and isinstance(call_id, str) and isinstance(function.get("arguments"), str):
+            raw[call_id] = function["arguments"]
+    if isinstance(message, AIMessageChunk):
+        for chunk in message.tool_call_chunks:
+            if isinstance(chunk.get("id"), str) and isinstance(chunk.get("args"), str):
+                raw[chunk["id"]] = chunk["args"]  # type: ignore[index]
+    return raw
+
+
+def _cut_off(message: AIMessage) -> bool:
+    meta = message.response_metadata or {}
+    return meta.get("finish_reason") in LENGTH_FINISH_REASONS or meta.get("stop_reason") in LENGTH_FINISH_REASONS
+
+
+def _check_raw(arguments: dict[str, Any], raw: str) -> str | None:
+    strict, problem = classify_arguments(raw)
+    if problem is not None:
+        return problem
+    if strict != arguments:
+        return "arguments differ from the text the model produced"
+    return None
+
+
+def parse_calls(message: AIMessage) -> list[ParsedCall]:
+    """Every tool call of a model turn, well-formed or not, in the order the model gave them.
+
+    A call is malformed when LangChain already put it in ``invalid_tool_calls``; when its ``args`` are not an object;
+    when the raw argument text the message kept does not strictly parse to the same object; when it is the last call
+    of a turn that hit the output length limit and no raw text proves it complete; when it has no id; or when
+    another call of the same turn has the same id (answers could not be routed to the right call).
+
+    Args:
+        message: the model's turn.
+
+    Returns:
+        One :class:`ParsedCall` per call: ``tool_calls`` first, then ``invalid_tool_calls``.
+    """
+    raw = _raw_arguments(message)
+    calls: list[ParsedCall] = []
+    for call in message.tool_calls:
+        call_id = call.get("id")
+        name = call.get("name") or ""
+        args, problem = classify_arguments(call.get("args"))
+        text = raw.get(call_id) if call_id else None
+        if problem is None and args is not None and text is not None:
+            problem = _check_raw(args, text)
+        calls.append(ParsedCall(call_id, name, args if problem is None else None, problem, text))
+    if calls and _cut_off(message) and calls[-1].problem is None and calls[-1].raw is None:
+        last = calls[-1]
+        calls[-1] = ParsedCall(last.id, last.name, None, "arguments may be truncated: the output hit its length limit")
+    for invalid in message.invalid_tool_calls:
+        args_text = invalid.get("args")
+        _, problem = classify_arguments(args_text)
+        if problem is None:
+            problem = "the model's tool call could not be parsed"
+        calls.append(
+            ParsedCall(invalid.get("id"), invalid.get("name") or "", None, problem, args_text if args_text else None)
+        )
+    return _mark_id_problems(calls)
+
+
+def _mark_id_problems(calls: Sequence[ParsedCall]) -> list[ParsedCall]:
+    counts: dict[str | None, int] = {}
+    for call in calls:
+        counts[call.id] = counts.get(call.id, 0) + 1
+    out: list[ParsedCall] = []
+    for call in calls:
+        if not call.id:
+            out.append(ParsedCall(call.id, call.name, None, call.problem or "the tool call has no id", call.raw))
+        elif counts[call.id] > 1:
+            problem = call.problem or f"another tool call in the same turn has the id {call.id!r}"
+            out.append(ParsedCall(call.id, call.name, None, problem, call.raw))
+        else:
+            out.append(call)
+    return out

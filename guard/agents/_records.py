@@ -1,0 +1,204 @@
+"""Private agent state, decision records and the small message lookups both enforcement points share.
+
+The middleware keeps one record per model turn under ``state["guard"][<middleware name>]``::
+
+    {"turn": {"message_id": <AIMessage id>, "thread_id": ..., "output": <record or None>,
+              "calls": {<tool_call_id>: <call record>}},
+     "inputs": {<HumanMessage id>: "allowed"}}
+
+A call record holds the verdict summary, the outcome (``allow``/``block``/``escalate``/``route``), the arguments
+digest, and after review a ``status`` (``allowed``, ``approved``, ``edited``, ``blocked``, ``rejected``, ``malformed``)
+with the exact call allowed to run (``run_tool``, ``run_arguments``, ``run_digest``). Records are plain JSON so any
+checkpointer can store them; only the latest turn is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, NotRequired
+
+from langchain.agents.middleware.types import AgentState, PrivateStateAttr
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.config import get_config
+
+from guard.agents._judge import Judgement
+from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
+from guard.subject import AgentEvent
+from guard.verdict import Verdict
+
+__all__ = [
+    "RUNNABLE",
+    "GuardAgentState",
+    "ai_message_for",
+    "answered_ids",
+    "current_thread_id",
+    "merge_guard_state",
+    "text_item",
+    "tool_item",
+    "user_text",
+    "verdict_from_json",
+    "verdict_json",
+]
+
+RUNNABLE = frozenset({"allowed", "approved", "edited"})
+"""Call-record statuses that let the tool run."""
+
+
+def merge_guard_state(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Reducer for ``state["guard"]``: each middleware instance replaces only its own entry."""
+    merged = dict(left or {})
+    merged.update(right or {})
+    return merged
+
+
+class GuardAgentState(AgentState[Any]):
+    """State schema of :class:`~guard.agents.GuardAgentMiddleware`: ``guard`` is private (not in input or output)."""
+
+    guard: NotRequired[Annotated[dict[str, Any], merge_guard_state, PrivateStateAttr]]
+
+
+def current_thread_id() -> str | None:
+    """The LangGraph ``thread_id`` of the running graph, ``None`` outside one."""
+    try:
+        configurable = get_config().get("configurable") or {}
+    except RuntimeError:
+        return None
+    thread = configurable.get("thread_id")
+    return str(thread) if thread is not None else None
+
+
+def verdict_json(verdict: Verdict) -> dict[str, Any]:
+    """The part of a verdict a record keeps (JSON-safe)."""
+    return {
+        "decision_id": verdict.decision_id,
+        "action": verdict.action,
+        "policy": verdict.policy_id,
+        "policy_version": verdict.policy_version,
+        "rule": verdict.rule,
+        "message": verdict.message,
+        "handoff": verdict.handoff,
+        "fail_mode": verdict.fail_mode,
+        "error": verdict.error,
+        "probabilities": verdict.probabilities(),
+    }
+
+
+def verdict_from_json(data: Mapping[str, Any]) -> Verdict:
+    """A verdict rebuilt from :func:`verdict_json` (answers left out), for message templates."""
+    return Verdict(
+        action=data["action"],
+        decision_id=data["decision_id"],
+        policy_id=data.get("policy"),
+        policy_version=data.get("policy_version"),
+        rule=data.get("rule"),
+        message=data.get("message"),
+        handoff=data.get("handoff"),
+        fail_mode=data.get("fail_mode"),
+        error=data.get("error"),
+    )
+
+
+def _messages(state: Any) -> Sequence[AnyMessage]:
+    if isinstance(state, Mapping):
+        return state.get("messages") or ()
+    if isinstance(state, list):
+        return state
+    return getattr(state, "messages", None) or ()
+
+
+def ai_message_for(state: Any, tool_call_id: str | None) -> AIMessage | None:
+    """The latest model turn that holds ``tool_call_id`` (as a valid or an invalid call)."""
+    for message in reversed(_messages(state)):
+        if isinstance(message, AIMessage) and tool_call_id is not None:
+            ids = [c.get("id") for c in message.tool_calls] + [c.get("id") for c in message.invalid_tool_calls]
+            if tool_call_id in ids:
+                return message
+    return None
+
+
+def answered_ids(state: Any, message: AIMessage | None) -> set[str]:
+    """``tool_call_id`` of every tool message after ``message`` (all of them when ``message`` is ``None``)."""
+    messages = list(_messages(state))
+    start = 0
+    if message is not None:
+        for index in range(len(messages) - 1, -1, -1):
+            if messages[index] is message or (message.id is not None and messages[index].id == message.id):
+                start = index + 1
+                break
+    return {m.tool_call_id for m in messages[start:] if isinstance(m, ToolMessage)}
+
+
+def user_text(state: Any) -> str | None:
+    """The text of the latest human message: the task the agent is serving."""
+    for message in reversed(_messages(state)):
+        if isinstance(message, HumanMessage):
+            return message.text
+    return None
+
+
+def _item_base(
+    judgement: Judgement, item_id: str, thread_id: str | None, answers: dict[str, dict[str, float]] | None
+) -> dict[str, Any]:
+    verdict = judgement.verdict
+    return {
+        "id": item_id,
+        "thread_id": thread_id,
+        "decision_id": verdict.decision_id,
+        "policy": verdict.policy_id,
+        "policy_version": verdict.policy_version,
+        "rule": verdict.rule,
+        "message": judgement.reason or verdict.message,
+        "answers": answers if answers is not None else verdict.probabilities(),
+        "fail_mode": verdict.fail_mode,
+        "error": verdict.error,
+    }
+
+
+def tool_item(
+    judgement: Judgement,
+    *,
+    thread_id: str | None,
+    message_id: str | None,
+    tool_call_id: str,
+    tool: str,
+    arguments: dict[str, Any],
+    digest: str,
+    answers: dict[str, dict[str, float]] | None = None,
+) -> PendingItem:
+    """The pending item for one escalated tool call; its id binds thread, turn, call id and arguments digest."""
+    item_id = pending_id(thread_id=thread_id, scope=f"tool_call:{message_id or ''}", key=tool_call_id, digest=digest)
+    return PendingItem(  # type: ignore[typeddict-item]
+        event="tool_call",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        arguments=arguments,
+        text=None,
+        digest=digest,
+        allowed_decisions=list(TOOL_DECISIONS),
+        **_item_base(judgement, item_id, thread_id, answers),
+    )
+
+
+def text_item(
+    judgement: Judgement,
+    *,
+    thread_id: str | None,
+    event: AgentEvent,
+    message_id: str,
+    text: str,
+    digest: str,
+    answers: dict[str, dict[str, float]] | None = None,
+) -> PendingItem:
+    """The pending item for an escalated model input or output (``answers`` given when the verdict was rebuilt
+    from a record)."""
+    item_id = pending_id(thread_id=thread_id, scope=event, key=message_id, digest=digest)
+    return PendingItem(  # type: ignore[typeddict-item]
+        event=event,
+        tool=None,
+        tool_call_id=None,
+        arguments=None,
+        text=text,
+        digest=digest,
+        allowed_decisions=list(TEXT_DECISIONS),
+        **_item_base(judgement, item_id, thread_id, answers),
+    )

@@ -1,0 +1,477 @@
+"""``GuardAgentMiddleware``: guard policies for LangChain v1 ``create_agent`` agents.
+
+Where each event is judged and enforced:
+
+* **model input** (``before_model``): the latest user message, once per message. ``block`` ends the run with a notice;
+  ``escalate`` interrupts for approve/reject.
+* **model output and tool calls** (``wrap_model_call``): right after the model answers, inside the model node, the
+  reply text and every tool call are judged (concurrently under ``ainvoke``/``astream``) and the verdicts are stored
+  in the agent's private state. Malformed calls are recorded as blocked decisions (case C17).
+* **enforcement** (``after_model``): blocked and malformed calls get error tool messages now, so their tools never
+  start; all escalated items of the turn go to the reviewer in **one** ``interrupt()``, each with its own id
+  (case C18); a reply whose decisions do not match the items exactly is refused and nothing runs. Edits are judged
+  again. Verdicts were stored before the interrupt, so resuming never re-asks the backend about them.
+* **tools** (``wrap_tool_call``): a call runs only if its record allows it and its arguments digest, thread and turn
+  still match (single use: a call that already has a result never runs again). A call without a matching record is
+  judged on the spot (per-call interrupt). Then a ``tool_result`` policy may withhold or quote the output (case C11).
+
+Side-effecting tools therefore never start before their verdict is final, in ``invoke``, ``ainvoke`` and ``stream``
+modes alike (case C16): the tools node only runs after the model node (verdicts) and ``after_model`` (reviews).
+
+Example:
+    >>> agent = create_agent(
+    ...     model, tools,
+    ...     middleware=[GuardAgentMiddleware(guard=Guard.from_files("policies/agent_tools.yaml", backends=backend))],
+    ...     checkpointer=InMemorySaver(),
+    ... )
+    >>> result = agent.invoke({"messages": [("user", "pay the March invoice")]}, config)
+    >>> for intr in result.get("__interrupt__", ()):  # escalated calls wait here
+    ...     items = intr.value["items"]
+    >>> agent.invoke(resume_command(result["__interrupt__"], {items[0]["id"]: {"type": "approve"}}), config)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain.agents.middleware.types import (
+    AgentMiddleware,
+    ExtendedModelResponse,
+    ModelRequest,
+    ModelResponse,
+    hook_config,
+)
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.runtime import Runtime
+from langgraph.types import Command, interrupt
+
+from guard.agents import _messages as msgs
+from guard.agents._arguments import arguments_digest, classify_arguments, parse_calls
+from guard.agents._enforce import (
+    DEFAULT_MAX_REVIEW_ROUNDS,
+    TOO_MANY_ROUNDS,
+    AsyncHandler,
+    Prepared,
+    Result,
+    SyncHandler,
+    ToolCallEnforcer,
+    ToolResultAction,
+)
+from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, Judge, Judgement
+from guard.agents._records import (
+    RUNNABLE,
+    GuardAgentState,
+    ai_message_for,
+    answered_ids,
+    current_thread_id,
+    text_item,
+    tool_item,
+    user_text,
+    verdict_from_json,
+    verdict_json,
+)
+from guard.agents._validate import check_options
+from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, PendingItem, response_schema
+from guard.review import digest_of
+from guard.subject import AgentSubject
+from guard.verdict import FailMode
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+
+    from guard.engine import Guard
+
+__all__ = ["GuardAgentMiddleware"]
+
+Steps = Generator[AgentSubject, Judgement, dict[str, Any] | None]
+
+
+def _record(judgement: Judgement) -> dict[str, Any]:
+    return {
+        "outcome": "escalate" if judgement.outcome == "route" else judgement.outcome,
+        "verdict": verdict_json(judgement.verdict),
+        "reason": judgement.reason,
+        "reviewer": judgement.reviewer,
+    }
+
+
+def _drive(steps: Steps, judge: Callable[[AgentSubject], Judgement]) -> dict[str, Any] | None:
+    try:
+        subject = next(steps)
+        while True:
+            subject = steps.send(judge(subject))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def _adrive(steps: Steps, judge: Callable[[AgentSubject], Awaitable[Judgement]]) -> dict[str, Any] | None:
+    try:
+        subject = next(steps)
+        while True:
+            subject = steps.send(await judge(subject))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
+    """Judges model input, model output, tool calls and tool results of a ``create_agent`` agent.
+
+    Needs a checkpointer (escalations are LangGraph interrupts). Resume with
+    ``Command(resume={"decisions": {item_id: decision}})`` or :func:`~guard.agents.resume_command`; decisions are
+    ``{"type": "approve"}``, ``{"type": "reject", "message": ...}`` and ``{"type": "edit", "arguments": {...},
+    "tool": ...}`` (see :mod:`guard.agents.decisions`).
+
+    Args:
+        guard: the engine (``guard.Guard``).
+        reviewers: handoff target name -> LangChain chat model that answers allow/deny for ``handoff`` verdicts.
+            A handoff to any other target follows ``fail_mode``.
+        side_effecting_tools: tools that must wait for a final verdict, or ``"all"`` (default). Only matters for calls
+            judged on the spot in the tool node; calls judged with the model turn always wait.
+        tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it on as quoted data.
+        fail_mode: what an unsettled handoff or a raising guard becomes (``escalate`` by default); backend errors
+            follow each policy's own fail mode inside the engine.
+        reviewer_timeout_s: seconds an async LLM reviewer may take.
+        label: distinguishes two instances in one agent (the name becomes ``GuardAgentMiddleware[label]``); keep it
+            stable across deployments, since checkpoints refer to node names.
+
+    Raises:
+        TypeError: for an argument of the wrong type.
+        ValueError: for an option outside its allowed values.
+    """
+
+    state_schema = GuardAgentState
+
+    def __init__(
+        self,
+        *,
+        guard: Guard,
+        reviewers: Mapping[str, BaseChatModel] | None = None,
+        side_effecting_tools: Collection[str] | Literal["all"] = "all",
+        tool_result_action: ToolResultAction = "block",
+        fail_mode: FailMode = "escalate",
+        reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
+        label: str | None = None,
+    ) -> None:
+        super().__init__()
+        reviewers, _, side_effecting_tools = check_options(
+            guard=guard, reviewers=reviewers, handoff_nodes=(), side_effecting_tools=side_effecting_tools,
+            tool_result_action=tool_result_action, fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s,
+        )  # fmt: skip
+        if label is not None and (not isinstance(label, str) or not label.strip()):
+            raise ValueError(f"label must be a non-empty string or None; got {label!r}")
+        self.guard = guard
+        self.label = label
+        self.tools = []
+        self._judge = Judge(
+            guard, reviewers=reviewers, handoff_nodes=(), fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s
+        )
+        self._enforcer = ToolCallEnforcer(
+            self._judge, side_effecting_tools=side_effecting_tools, tool_result_action=tool_result_action
+        )
+
+    @property
+    def name(self) -> str:
+        return "GuardAgentMiddleware" if self.label is None else f"GuardAgentMiddleware[{self.label}]"
+
+    def __repr__(self) -> str:
+        return f"{self.name}(policies={len(self.guard.policies)}, reviewers={sorted(self._judge.reviewers)})"
+
+    def _mine(self, state: Any) -> dict[str, Any]:
+        guard_state = state.get("guard") if isinstance(state, Mapping) else None
+        return dict((guard_state or {}).get(self.name) or {})
+
+    def _update(self, state: Any, **changes: Any) -> dict[str, Any]:
+        return {"guard": {self.name: {**self._mine(state), **changes}}}
+
+    @staticmethod
+    def _ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:
+        request = GuardReviewRequest(type=REVIEW_REQUEST_TYPE, items=items)
+        answer = interrupt(request, response_schema=response_schema(items, exact=True))
+        return answer["decisions"]  # type: ignore[no-any-return]
+
+    # Model input ------------------------------------------------------------------------------------------------
+
+    def _input_steps(self, state: Any) -> Steps:
+        message = next((m for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), None)
+        if message is None or message.id is None:
+            return None
+        seen = self._mine(state).get("input") or {}
+        if seen.get("message_id") == message.id and seen.get("status") == "allowed":
+            return None
+        thread_id = current_thread_id()
+        subject = AgentSubject(event="model_input", text=message.text, user_message=message.text, thread_id=thread_id)
+        if not self._judge.matches(subject):
+            return None
+        judgement = yield subject
+        outcome, reason = judgement.outcome, judgement.reason
+        if outcome in ("escalate", "route"):
+            digest = digest_of("model_input", message.text)
+            item = text_item(
+                judgement, thread_id=thread_id, event="model_input", message_id=message.id, text=message.text,
+                digest=digest,
+            )  # fmt: skip
+            decision = self._ask([item])[item["id"]]
+            outcome = "allow" if decision["type"] == "approve" else "block"
+            reason = decision.get("message") or ("a reviewer rejected it" if outcome == "block" else None)
+        if outcome == "allow":
+            return self._update(state, input={"message_id": message.id, "status": "allowed"})
+        notice = msgs.assistant_notice(
+            msgs.INPUT_BLOCKED_TEMPLATE, judgement.verdict, reason, outcome="blocked", event="model_input"
+        )
+        return {
+            "messages": [notice],
+            "jump_to": "end",
+            **self._update(state, input={"message_id": message.id, "status": "blocked"}),
+        }
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Judge the latest user message (model input), once."""
+        return _drive(self._input_steps(state), self._judge.judge)
+
+    @hook_config(can_jump_to=["end"])
+    async def abefore_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Async twin of :meth:`before_model`."""
+        return await _adrive(self._input_steps(state), self._judge.ajudge)
+
+    # Model output and tool calls: judged in the model node -------------------------------------------------------
+
+    def _turn_subjects(self, ai: AIMessage, state: Any) -> tuple[dict[str, Any], list[tuple[str, AgentSubject]]]:
+        """The turn record with malformed calls already decided, and the subjects left to judge (key, subject)."""
+        if ai.id is None:
+            ai.id = f"lc_guard_{uuid.uuid4().hex}"
+        thread_id = current_thread_id()
+        task = user_text(state)
+        turn: dict[str, Any] = {"message_id": ai.id, "thread_id": thread_id, "output": None, "calls": {}}
+        todo: list[tuple[str, AgentSubject]] = []
+        text = ai.text
+        if text.strip():
+            subject = AgentSubject(event="model_output", text=text, user_message=task, thread_id=thread_id)
+            if self._judge.matches(subject):
+                todo.append(("", subject))
+        for call in parse_calls(ai):
+            subject = AgentSubject(
+                event="tool_call", tool_name=call.name, tool_call_id=call.id, arguments=call.arguments,
+                user_message=task, thread_id=thread_id,
+            )  # fmt: skip
+            if not call.id:
+                self._judge.malformed(subject, call.problem or "the tool call has no id", call.raw)
+                continue
+            record: dict[str, Any] = {"tool": call.name, "arguments": call.arguments, "problem": call.problem}
+            if call.problem is not None:
+                verdict = self._judge.malformed(subject, call.problem, call.raw)
+                record.update(outcome="block", verdict=verdict_json(verdict), reason=call.problem, digest=None)
+            else:
+                record["digest"] = arguments_digest(call.name, call.arguments or {})
+                todo.append((call.id, subject))
+            turn["calls"].setdefault(call.id, record)
+        return turn, todo
+
+    def _store(self, turn: dict[str, Any], todo: list[tuple[str, AgentSubject]], judgements: list[Judgement]) -> None:
+        for (key, subject), judgement in zip(todo, judgements, strict=True):
+            if key == "":
+                turn["output"] = {"text_digest": digest_of("model_output", subject.text or ""), **_record(judgement)}
+            else:
+                turn["calls"][key].update(_record(judgement))
+
+    @staticmethod
+    def _ai_of(response: ModelResponse[Any]) -> AIMessage | None:
+        return next((m for m in response.result if isinstance(m, AIMessage)), None)
+
+    def wrap_model_call(
+        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
+    ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
+        """Call the model, then judge its reply and tool calls before anything else happens (blocking)."""
+        response = handler(request)
+        ai = self._ai_of(response)
+        if ai is None:
+            return response
+        turn, todo = self._turn_subjects(ai, request.state)
+        self._store(turn, todo, self._judge.judge_all([subject for _, subject in todo]))
+        return ExtendedModelResponse(response, Command(update=self._update(request.state, turn=turn)))
+
+    async def awrap_model_call(
+        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
+    ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
+        """Async twin of :meth:`wrap_model_call`; the turn's subjects are judged concurrently."""
+        response = await handler(request)
+        ai = self._ai_of(response)
+        if ai is None:
+            return response
+        turn, todo = self._turn_subjects(ai, request.state)
+        self._store(turn, todo, await self._judge.ajudge_all([subject for _, subject in todo]))
+        return ExtendedModelResponse(response, Command(update=self._update(request.state, turn=turn)))
+
+    # Enforcement after the model ------------------------------------------------------------------------------------
+
+    def _turn_steps(self, state: Any) -> Steps:
+        ai = next((m for m in reversed(state["messages"]) if isinstance(m, AIMessage)), None)
+        if ai is None:
+            return None
+        turn = self._mine(state).get("turn")
+        if not turn or turn.get("message_id") != ai.id:
+            turn, todo = self._turn_subjects(ai, state)  # no record from the model node: judge now
+            judgements = []
+            for _, subject in todo:
+                judgements.append((yield subject))
+            self._store(turn, todo, judgements)
+        thread_id = turn["thread_id"]
+        calls = {key: dict(record) for key, record in turn["calls"].items()}
+        answered = answered_ids(state, ai)
+        out: list[ToolMessage] = []
+        items: list[PendingItem] = []
+        output = turn.get("output")
+        if output is not None and output["outcome"] == "block":
+            return self._withhold(state, ai, turn, output, None)
+        if output is not None and output["outcome"] == "escalate":
+            items.append(
+                text_item(
+                    Judgement("escalate", verdict_from_json(output["verdict"]), output.get("reason")),
+                    thread_id=thread_id, event="model_output", message_id=ai.id or "", text=ai.text,
+                    digest=output["text_digest"], answers=output["verdict"]["probabilities"],
+                )  # fmt: skip
+            )
+        for call_id, record in calls.items():
+            if call_id in answered:
+                continue
+            verdict = verdict_from_json(record["verdict"])
+            if record.get("problem"):
+                record["status"] = "malformed"
+                out.append(msgs.malformed(record["tool"], call_id, record["problem"], verdict))
+            elif record["outcome"] == "allow":
+                self._runnable(record, "allowed", record["tool"], record["arguments"])
+            elif record["outcome"] == "block":
+                record["status"] = "blocked"
+                out.append(msgs.blocked(record["tool"], call_id, verdict, record.get("reason")))
+            else:
+                items.append(self._call_item(record, call_id, thread_id, ai.id, verdict))
+        for _ in range(DEFAULT_MAX_REVIEW_ROUNDS + 1):
+            if not items:
+                break
+            decisions = self._ask(items)
+            next_items: list[PendingItem] = []
+            for item in items:
+                decision = decisions[item["id"]]
+                if item["event"] == "model_output":
+                    if decision["type"] == "reject":
+                        return self._withhold(state, ai, turn, output, decision.get("message") or "rejected")
+                    continue
+                call_id = item["tool_call_id"] or ""
+                record = calls[call_id]
+                if decision["type"] == "approve":
+                    self._runnable(record, "approved" if not record.get("run_tool") else "edited", item["tool"] or "",
+                                   item["arguments"] or {})  # fmt: skip
+                elif decision["type"] == "reject":
+                    record["status"] = "rejected"
+                    out.append(
+                        msgs.rejected(record["tool"], call_id, verdict_from_json(record["verdict"]),
+                                      decision.get("message"), item["id"])  # fmt: skip
+                    )
+                else:
+                    tool = decision.get("tool") or item["tool"] or record["tool"]
+                    arguments = decision["arguments"]
+                    subject = AgentSubject(
+                        event="tool_call", tool_name=tool, tool_call_id=call_id, arguments=arguments,
+                        user_message=user_text(state), thread_id=thread_id,
+                    )  # fmt: skip
+                    judgement = yield subject
+                    record["run_tool"] = tool  # marks the record as edited for a later approval
+                    if judgement.outcome == "allow":
+                        self._runnable(record, "edited", tool, arguments)
+                    elif judgement.outcome == "block":
+                        record["status"] = "blocked"
+                        out.append(msgs.blocked(tool, call_id, judgement.verdict, judgement.reason))
+                    else:
+                        record.update(_record(judgement), tool_edit=tool, arguments_edit=arguments)
+                        next_items.append(
+                            tool_item(
+                                judgement, thread_id=thread_id, message_id=ai.id, tool_call_id=call_id, tool=tool,
+                                arguments=arguments, digest=arguments_digest(tool, arguments),
+                            )  # fmt: skip
+                        )
+            items = next_items
+        for item in items:  # still escalated after the last round
+            record = calls[item["tool_call_id"] or ""]
+            record["status"] = "blocked"
+            reason = TOO_MANY_ROUNDS.format(rounds=DEFAULT_MAX_REVIEW_ROUNDS)
+            out.append(msgs.blocked(item["tool"] or "", item["tool_call_id"] or "", verdict_from_json(record["verdict"]),
+                                    reason))  # fmt: skip
+        update = self._update(state, turn={**turn, "calls": calls})
+        return {"messages": out, **update} if out else update
+
+    @staticmethod
+    def _runnable(record: dict[str, Any], status: str, tool: str, arguments: dict[str, Any]) -> None:
+        record.update(status=status, run_tool=tool, run_arguments=arguments, run_digest=arguments_digest(tool, arguments))
+
+    @staticmethod
+    def _call_item(
+        record: dict[str, Any], call_id: str, thread_id: str | None, message_id: str | None, verdict: Any
+    ) -> PendingItem:
+        judgement = Judgement("escalate", verdict, record.get("reason"), reviewer=record.get("reviewer"))
+        return tool_item(
+            judgement, thread_id=thread_id, message_id=message_id, tool_call_id=call_id, tool=record["tool"],
+            arguments=record["arguments"], digest=record["digest"], answers=record["verdict"]["probabilities"],
+        )  # fmt: skip
+
+    def _withhold(
+        self, state: Any, ai: AIMessage, turn: dict[str, Any], output: dict[str, Any] | None, reason: str | None
+    ) -> dict[str, Any]:
+        verdict = verdict_from_json(output["verdict"]) if output else None
+        notice = msgs.assistant_notice(
+            msgs.OUTPUT_BLOCKED_TEMPLATE, verdict, reason or (output or {}).get("reason"),
+            message_id=ai.id, outcome="withheld", event="model_output",
+        )  # fmt: skip
+        calls = {key: {**record, "status": "withheld"} for key, record in turn["calls"].items()}
+        return {"messages": [notice], "jump_to": "end", **self._update(state, turn={**turn, "calls": calls})}
+
+    @hook_config(can_jump_to=["end"])
+    def after_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Enforce the turn's verdicts: answer blocked and malformed calls, ask the reviewer about escalated ones."""
+        return _drive(self._turn_steps(state), self._judge.judge)
+
+    @hook_config(can_jump_to=["end"])
+    async def aafter_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Async twin of :meth:`after_model`."""
+        return await _adrive(self._turn_steps(state), self._judge.ajudge)
+
+    # Tools ------------------------------------------------------------------------------------------------------
+
+    def _recorded(self, request: ToolCallRequest) -> Prepared | ToolMessage | None:
+        """The prepared call its turn record lets run, an error message, or ``None`` to judge it on the spot."""
+        call = request.tool_call
+        call_id = call.get("id")
+        ai = ai_message_for(request.state, call_id)
+        turn = self._mine(request.state).get("turn")
+        if ai is None or not turn or turn.get("message_id") != ai.id or turn.get("thread_id") != current_thread_id():
+            return None
+        record = (turn.get("calls") or {}).get(call_id)
+        if record is None or record.get("status") not in RUNNABLE:
+            return None
+        arguments, problem = classify_arguments(call.get("args"))
+        if problem is not None or arguments_digest(call.get("name") or "", arguments or {}) != record["digest"]:
+            return None
+        prepared = self._enforcer.prepare(request)
+        if isinstance(prepared, ToolMessage) or record["status"] != "edited":
+            return prepared
+        return self._enforcer.apply_edit(prepared, {"tool": record["run_tool"], "arguments": record["run_arguments"]})
+
+    def wrap_tool_call(self, request: ToolCallRequest, handler: SyncHandler) -> Result:
+        """Run a call its record allows; judge any other call on the spot; then check the tool's output."""
+        prepared = self._recorded(request)
+        if prepared is None:
+            return self._enforcer.run(request, handler)
+        if isinstance(prepared, ToolMessage):
+            return prepared
+        return self._enforcer.run_allowed(prepared, handler)
+
+    async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Result:
+        """Async twin of :meth:`wrap_tool_call`."""
+        prepared = self._recorded(request)
+        if prepared is None:
+            return await self._enforcer.arun(request, handler)
+        if isinstance(prepared, ToolMessage):
+            return prepared
+        return await self._enforcer.arun_allowed(prepared, handler)

@@ -1,0 +1,178 @@
+"""Guard for hand-built LangGraph graphs: a guarded ``ToolNode`` and per-call ``Send`` routing.
+
+Plain ``tools_condition`` routing runs every call of a turn in one task, so an ``interrupt()`` for one call re-runs
+its siblings when the thread resumes. :func:`send_tool_calls` sends each unanswered call as its own task instead
+(as ``create_agent`` does), so a resume re-runs only the interrupted call. Malformed calls (``invalid_tool_calls``)
+are sent too, so each one is answered with an error message and a recorded decision instead of being left dangling.
+
+Example:
+    >>> tools = guarded_tool_node([send_money, read_file], guard=guard)
+    >>> graph = StateGraph(MessagesState)
+    >>> graph.add_node("model", call_model)
+    >>> graph.add_node("tools", tools)
+    >>> graph.add_edge(START, "model")
+    >>> graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
+    >>> graph.add_edge("tools", "model")
+    >>> app = graph.compile(checkpointer=InMemorySaver())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langgraph.graph import END
+from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Send
+
+from guard.agents._enforce import AsyncHandler, Result, SyncHandler, ToolCallEnforcer, ToolResultAction
+from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, Judge
+from guard.agents._validate import check_options
+from guard.verdict import FailMode
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.tools import BaseTool
+
+    from guard.engine import Guard
+
+__all__ = ["GuardToolWrapper", "guarded_tool_node", "send_tool_calls"]
+
+
+class GuardToolWrapper:
+    """A ``ToolNode``-compatible pair of wrappers: ``ToolNode(tools, wrap_tool_call=w.wrap_tool_call,
+    awrap_tool_call=w.awrap_tool_call)``.
+
+    Every call is judged before its tool starts. ``allow`` runs it; ``block`` answers with an error tool message;
+    ``escalate`` raises one ``interrupt()`` for this call (resume with ``Command(resume={"decisions": {...}})`` or
+    :func:`~guard.agents.resume_command`); ``handoff`` asks the named LLM reviewer or goes to the named graph node
+    (``Command(goto=node)`` with an error tool message answering the call). A ``tool_result`` policy then judges the
+    output. Malformed arguments are never run (case C17).
+
+    Args:
+        guard: the engine.
+        reviewers: handoff target -> chat model that answers allow/deny.
+        handoff_nodes: handoff targets that are nodes of this graph.
+        side_effecting_tools: tools that wait for a final verdict (default ``"all"``); the others may start while the
+            guard decides and their output is dropped unless allowed.
+        tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it as quoted data.
+        fail_mode: what an unsettled handoff or a raising guard becomes (default ``escalate``).
+        reviewer_timeout_s: seconds an async LLM reviewer may take.
+
+    Raises:
+        TypeError: for an argument of the wrong type.
+        ValueError: for an option outside its allowed values.
+    """
+
+    def __init__(
+        self,
+        *,
+        guard: Guard,
+        reviewers: Mapping[str, BaseChatModel] | None = None,
+        handoff_nodes: Collection[str] = (),
+        side_effecting_tools: Collection[str] | Literal["all"] = "all",
+        tool_result_action: ToolResultAction = "block",
+        fail_mode: FailMode = "escalate",
+        reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
+    ) -> None:
+        reviewers, handoff_nodes, side_effecting_tools = check_options(
+            guard=guard, reviewers=reviewers, handoff_nodes=handoff_nodes, side_effecting_tools=side_effecting_tools,
+            tool_result_action=tool_result_action, fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s,
+        )  # fmt: skip
+        judge = Judge(
+            guard, reviewers=reviewers, handoff_nodes=handoff_nodes, fail_mode=fail_mode,
+            reviewer_timeout_s=reviewer_timeout_s,
+        )  # fmt: skip
+        self.enforcer = ToolCallEnforcer(
+            judge, side_effecting_tools=side_effecting_tools, tool_result_action=tool_result_action
+        )
+
+    def __repr__(self) -> str:
+        return f"GuardToolWrapper(policies={len(self.enforcer.judge.guard.policies)})"
+
+    def wrap_tool_call(self, request: ToolCallRequest, handler: SyncHandler) -> Result:
+        """Judge and run one call (blocking)."""
+        return self.enforcer.run(request, handler)
+
+    async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Result:
+        """Judge and run one call."""
+        return await self.enforcer.arun(request, handler)
+
+
+def guarded_tool_node(
+    tools: Sequence[BaseTool | Callable[..., Any]],
+    *,
+    guard: Guard,
+    name: str = "tools",
+    reviewers: Mapping[str, BaseChatModel] | None = None,
+    handoff_nodes: Collection[str] = (),
+    side_effecting_tools: Collection[str] | Literal["all"] = "all",
+    tool_result_action: ToolResultAction = "block",
+    fail_mode: FailMode = "escalate",
+    reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
+    messages_key: str = "messages",
+    handle_tool_errors: Any = True,
+) -> ToolNode:
+    """A ``ToolNode`` whose every call goes through a :class:`GuardToolWrapper` (see it for the options).
+
+    ``handle_tool_errors`` is passed to ``ToolNode``; guard's own resume validation errors are never turned into
+    tool messages (LangGraph re-raises them so the interrupt can be answered again).
+    """
+    wrapper = GuardToolWrapper(
+        guard=guard, reviewers=reviewers, handoff_nodes=handoff_nodes, side_effecting_tools=side_effecting_tools,
+        tool_result_action=tool_result_action, fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s,
+    )  # fmt: skip
+    return ToolNode(
+        tools,
+        name=name,
+        messages_key=messages_key,
+        handle_tool_errors=handle_tool_errors,
+        wrap_tool_call=wrapper.wrap_tool_call,
+        awrap_tool_call=wrapper.awrap_tool_call,
+    )
+
+
+def _messages_of(state: Any, messages_key: str) -> list[AnyMessage]:
+    if isinstance(state, list):
+        return state
+    if isinstance(state, Mapping):
+        return list(state.get(messages_key) or [])
+    return list(getattr(state, messages_key, None) or [])
+
+
+def send_tool_calls(
+    state: Any, *, node: str = "tools", messages_key: str = "messages", end: str = END
+) -> list[Send] | str:
+    """Route each unanswered tool call of the last model turn to ``node`` as its own task.
+
+    Use as a conditional edge: ``graph.add_conditional_edges("model", send_tool_calls, ["tools", END])``; bind
+    other names with ``functools.partial``.
+
+    Args:
+        state: the graph state (a mapping or object with ``messages_key``, or a message list).
+        node: the guarded tool node's name.
+        messages_key: where the messages are.
+        end: where to go when no call is left.
+
+    Returns:
+        One ``Send(node, [tool_call])`` per call without a tool message yet, malformed ones included (as calls whose
+        ``args`` are the raw text, so the guarded node answers them with an error); ``end`` when there are none.
+    """
+    messages = _messages_of(state, messages_key)
+    last_ai = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+    if last_ai is None:
+        return end
+    index = messages.index(last_ai)
+    answered = {m.tool_call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+    sends: list[Send] = []
+    for call in last_ai.tool_calls:
+        if call.get("id") not in answered:
+            sends.append(Send(node, [{**call, "type": "tool_call"}]))
+    for invalid in last_ai.invalid_tool_calls:
+        if invalid.get("id") and invalid.get("id") not in answered:
+            raw = {"name": invalid.get("name") or "", "args": invalid.get("args"), "id": invalid["id"]}
+            sends.append(Send(node, [{**raw, "type": "tool_call"}]))
+    return sends or end
+

@@ -1,0 +1,91 @@
+"""Resume values: validated against the pending items, routed by item id, refused on any mismatch (case C18)."""
+
+from __future__ import annotations
+
+import pytest
+from langgraph.types import Interrupt
+from pydantic import TypeAdapter, ValidationError
+
+from guard.agents import resume_command
+from guard.agents.decisions import pending_id, response_schema
+from guard.errors import ResumeError
+
+
+def _item(item_id: str, allowed: tuple[str, ...] = ("approve", "reject", "edit")) -> dict:
+    return {"id": item_id, "allowed_decisions": list(allowed)}
+
+
+def test_pending_id_binds_thread_turn_call_and_digest() -> None:
+    base = pending_id(thread_id="t", scope="tool_call:m1", key="c1", digest="d")
+    assert base.startswith("gp_") and len(base) == 27
+    assert base == pending_id(thread_id="t", scope="tool_call:m1", key="c1", digest="d")
+    for other in [
+        pending_id(thread_id="t2", scope="tool_call:m1", key="c1", digest="d"),
+        pending_id(thread_id="t", scope="tool_call:m2", key="c1", digest="d"),
+        pending_id(thread_id="t", scope="tool_call:m1", key="c2", digest="d"),
+        pending_id(thread_id="t", scope="tool_call:m1", key="c1", digest="e"),
+    ]:
+        assert other != base
+
+
+def _validate(items: list[dict], value: object, *, exact: bool = True) -> dict:
+    return TypeAdapter(response_schema(items, exact=exact)).validate_python(value)
+
+
+def test_a_complete_answer_passes() -> None:
+    value = {"decisions": {"a": {"type": "approve"}, "b": {"type": "reject", "message": "no"},
+                           "c": {"type": "edit", "arguments": {"amount": 1}, "tool": "refund"}}}  # fmt: skip
+    assert _validate([_item("a"), _item("b"), _item("c")], value) == value
+
+
+@pytest.mark.parametrize(
+    ("decisions", "fragment"),
+    [
+        ({"a": {"type": "approve"}}, "no decision for b"),
+        ({"a": {"type": "approve"}, "b": {"type": "approve"}, "z": {"type": "approve"}}, "z is not pending"),
+        ({"a": {"type": "approve"}, "b": {"type": "edit", "arguments": {}}}, "'edit' is not allowed for b"),
+        ({"a": {"type": "edit", "arguments": []}, "b": {"type": "approve"}}, "valid dictionary"),
+        ({"a": {"type": "approve", "note": 1}, "b": {"type": "approve"}}, "Extra inputs"),
+        ({"a": {"type": "maybe"}, "b": {"type": "approve"}}, "does not match any of the expected tags"),
+    ],
+)
+def test_mismatched_answers_are_refused(decisions: dict, fragment: str) -> None:
+    with pytest.raises(ValidationError, match=fragment):
+        _validate([_item("a"), _item("b", ("approve", "reject"))], {"decisions": decisions})
+
+
+def test_bare_values_are_refused() -> None:
+    for value in ["approve", {"type": "approve"}, {"decisions": []}, None]:
+        with pytest.raises(ValidationError):
+            _validate([_item("a")], value)
+
+
+def test_per_call_schema_accepts_the_full_map_but_needs_its_own_item() -> None:
+    full = {"decisions": {"a": {"type": "approve"}, "b": {"type": "approve"}}}
+    assert _validate([_item("a")], full, exact=False) == full
+    with pytest.raises(ValidationError, match="no decision for a"):
+        _validate([_item("a")], {"decisions": {"b": {"type": "approve"}}}, exact=False)
+
+
+def _interrupt(interrupt_id: str, *item_ids: str) -> Interrupt:
+    return Interrupt(value={"type": "guard_review", "items": [_item(i) for i in item_ids]}, id=interrupt_id)
+
+
+def test_resume_command_routes_each_decision_to_its_interrupt() -> None:
+    pending = [_interrupt("i1", "a"), _interrupt("i2", "b", "c"), Interrupt(value="not guard", id="i3")]
+    decisions = {"a": {"type": "approve"}, "b": {"type": "reject"}, "c": {"type": "approve"}}
+    command = resume_command(pending, decisions, others={"i3": "yes"})
+    assert command.resume == {
+        "i3": "yes",
+        "i1": {"decisions": {"a": {"type": "approve"}}},
+        "i2": {"decisions": {"b": {"type": "reject"}, "c": {"type": "approve"}}},
+    }
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_resume_command_refuses_a_count_mismatch(count: int) -> None:
+    pending = [_interrupt("i1", "a"), _interrupt("i2", "b"), _interrupt("i3", "c")]
+    decisions = {k: {"type": "approve"} for k in ["a", "b", "c", "d"][:count]}
+    with pytest.raises(ResumeError) as caught:
+        resume_command(pending, decisions)  # type: ignore[arg-type]
+    assert caught.value.expected == ("a", "b", "c") and len(caught.value.given) == count
