@@ -38,8 +38,8 @@ _MAX_DECISION_BODY = 16 * 1024
 _MAX_TEXT = 1000
 
 
-def _error(status: int, code: str, message: str, field: str | None = None, **extra: Any) -> JSONResponse:
-    return JSONResponse({"code": code, "message": message, "field": field, **extra}, status_code=status)
+def _error(http_status: int, code: str, message: str, field: str | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message, "field": field, **extra}, status_code=http_status)
 
 
 def _review_error(exc: ReviewError) -> JSONResponse:

@@ -1,0 +1,106 @@
+"""The handoff verdict over HTTP, against a real OpenAI-compatible stand-in (uvicorn on loopback): whole answers,
+streams relayed incrementally through a real guarded server, and failures as 502."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from guard.engine import Guard
+from guard.handoff import HandoffClient, HandoffTarget
+from tests.asgi._apps import client_for, guarded_app
+from tests.asgi._servers import OpenAIStandIn, serve_in_thread
+
+pytestmark = pytest.mark.anyio
+
+GuardFactory = Callable[..., Guard]
+QUESTION = "what will the weather be like tomorrow in Lisbon?"
+
+
+@pytest.fixture(scope="module")
+def standin() -> Iterator[tuple[OpenAIStandIn, str]]:
+    server = OpenAIStandIn()
+    with serve_in_thread(server.app) as url:
+        yield server, url
+
+
+def _handoff(url: str, model: str = "helpdesk-1") -> HandoffClient:
+    return HandoffClient(targets={"helpdesk": HandoffTarget("helpdesk", f"{url}/v1", model, timeout=5)})
+
+
+async def test_handoff_returns_the_llm_answer(make_guard: GuardFactory, standin: tuple[OpenAIStandIn, str]) -> None:
+    server, url = standin
+    handoff = _handoff(url)
+    async with client_for(guarded_app(make_guard(), handoff=handoff)) as client:
+        response = await client.post("/v1/messages", json={"message": QUESTION})
+    await handoff.aclose()
+    assert response.status_code == 200
+    assert response.headers["x-guard-action"] == "handoff" and response.headers["x-guard-handoff"] == "helpdesk"
+    assert response.headers["x-guard-rule"] == "off_topic" and "x-app" not in response.headers
+    answer = response.json()
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"]["content"] == OpenAIStandIn.answer(server.calls[-1])
+    system, user = server.calls[-1]["messages"]
+    assert "policy api_guard (version 3), rule off_topic" in system["content"]
+    assert QUESTION in user["content"] and "POST /v1/messages" in user["content"]
+
+
+async def test_handoff_stream_is_relayed_incrementally_through_a_real_server(
+    make_guard: GuardFactory, standin: tuple[OpenAIStandIn, str]
+) -> None:
+    server, url = standin
+    server.gate.clear()
+    handoff = _handoff(url, model="gated")
+    chat = {"model": "assistant-small", "stream": True, "messages": [{"role": "user", "content": QUESTION}]}
+    events: list[str] = []
+    with serve_in_thread(guarded_app(make_guard(), handoff=handoff)) as guarded:
+        async with (
+            httpx.AsyncClient(base_url=guarded, timeout=10) as client,
+            client.stream("POST", "/v1/chat/completions", json=chat) as response,
+        ):
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "text/event-stream"
+            assert response.headers["x-guard-action"] == "handoff"
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if '"content"' in line:
+                        server.gate.set()  # the stand-in generates the rest only after this reached us
+    await handoff.aclose()
+    assert events[-1] == "[DONE]"
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1])
+    assert text == f"Stand-in answer to: {QUESTION}" and "GATE TIMEOUT" not in text
+    assert server.calls[-1]["messages"][1:] == [{"role": "user", "content": QUESTION}]  # the user's own messages
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_handoff_failures_are_502(
+    make_guard: GuardFactory, standin: tuple[OpenAIStandIn, str], stream: bool
+) -> None:
+    _, url = standin
+    guard = make_guard()
+    body = {"message": QUESTION, "stream": stream}
+    for handoff, reason in [(_handoff(url, model="fail-500"), "http_500"), (HandoffClient(), "unavailable")]:
+        async with client_for(guarded_app(guard, handoff=handoff)) as client:
+            response = await client.post("/v1/messages", json=body)
+        await handoff.aclose()
+        assert response.status_code == 502 and response.json()["code"] == "handoff_failed"
+        assert response.json()["reason"] == reason and response.json()["rule"] == "off_topic"
+        assert response.headers["x-guard-action"] == "handoff"
+
+
+async def test_handoff_stream_broken_midway_ends_with_an_error_event(
+    make_guard: GuardFactory, standin: tuple[OpenAIStandIn, str]
+) -> None:
+    _, url = standin
+    handoff = _handoff(url, model="broken-stream")
+    async with client_for(guarded_app(make_guard(), handoff=handoff)) as client:
+        response = await client.post("/v1/messages", json={"message": QUESTION},
+                                     headers={"accept": "text/event-stream"})
+    await handoff.aclose()
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert response.status_code == 200 and events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["reason"] == "malformed"
