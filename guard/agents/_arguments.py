@@ -131,8 +131,9 @@ def _raw_arguments(message: AIMessage) -> dict[str, str]:
             raw[call_id] = function["arguments"]
     if isinstance(message, AIMessageChunk):
         for chunk in message.tool_call_chunks:
-            if isinstance(chunk.get("id"), str) and isinstance(chunk.get("args"), str):
-                raw[chunk["id"]] = chunk["args"]  # type: ignore[index]
+            chunk_id, chunk_args = chunk.get("id"), chunk.get("args")
+            if isinstance(chunk_id, str) and isinstance(chunk_args, str):
+                raw[chunk_id] = chunk_args
     return raw
 
 

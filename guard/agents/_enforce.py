@@ -97,11 +97,11 @@ class ToolCallEnforcer:
         if call_id and call_id in answered_ids(request.state, ai):
             return msgs.already_answered(name, call_id)
         arguments, problem = classify_arguments(call.get("args"))
-        raw = call.get("args") if isinstance(call.get("args"), str) else None
-        if problem is None and ai is not None:
+        args = call.get("args")
+        raw: str | None = args if isinstance(args, str) else None
+        if problem is None and ai is not None and self._as_the_model_sent_it(ai, call_id, name, arguments):
             model_call = next((c for c in parse_calls(ai) if c.id == call_id), None)
-            unchanged = model_call is not None and (model_call.arguments == arguments or model_call.malformed)
-            if model_call is not None and model_call.problem and unchanged and model_call.name == name:
+            if model_call is not None and model_call.problem:
                 problem, raw = model_call.problem, model_call.raw
         if problem is None and not call_id:
             problem = "the tool call has no id"
@@ -118,9 +118,22 @@ class ToolCallEnforcer:
             verdict = self.judge.malformed(subject, problem or "arguments are missing", raw)
             return msgs.malformed(name, call_id, problem or "arguments are missing", verdict)
         return Prepared(
-            request, call_id, name, arguments, arguments_digest(name, arguments),
-            ai.id if ai is not None else None, thread_id, subject,
-        )  # fmt: skip
+            request,
+            call_id,
+            name,
+            arguments,
+            arguments_digest(name, arguments),
+            ai.id if ai is not None else None,
+            thread_id,
+            subject,
+        )
+
+    @staticmethod
+    def _as_the_model_sent_it(ai: Any, call_id: str, name: str, arguments: Any) -> bool:
+        """Whether the call still has the name and (as LangChain parsed them) arguments of the model's message; a
+        call another middleware replaced is judged as it is now, not by the model's raw text."""
+        sent = next((c for c in ai.tool_calls if c.get("id") == call_id), None)
+        return sent is not None and sent.get("name") == name and sent.get("args") == arguments
 
     def _speculative(self, prepared: Prepared) -> bool:
         return self.side_effecting is not None and prepared.tool not in self.side_effecting
@@ -140,23 +153,34 @@ class ToolCallEnforcer:
             if found is None:
                 names = ", ".join(sorted(t.name for t in runtime_tools)) or "(none)"
                 return msgs.rejected(
-                    prepared.tool, prepared.tool_call_id, None,
+                    prepared.tool,
+                    prepared.tool_call_id,
+                    None,
                     f"the reviewer's edit names tool {tool!r}, which this agent does not have (tools: {names})",
                     "",
-                )  # fmt: skip
+                )
             new_request = request.override(tool_call=call, tool=found)  # type: ignore[arg-type]
         subject = replace(prepared.subject, tool_name=tool, arguments=arguments)
         return replace(
-            prepared, request=new_request, tool=tool, arguments=arguments,
-            digest=arguments_digest(tool, arguments), subject=subject, edited=True,
-        )  # fmt: skip
+            prepared,
+            request=new_request,
+            tool=tool,
+            arguments=arguments,
+            digest=arguments_digest(tool, arguments),
+            subject=subject,
+            edited=True,
+        )
 
     def _review(self, prepared: Prepared, judgement: Judgement) -> dict[str, Any]:
         item = tool_item(
-            judgement, thread_id=prepared.thread_id, message_id=prepared.message_id,
-            tool_call_id=prepared.tool_call_id, tool=prepared.tool, arguments=prepared.arguments,
+            judgement,
+            thread_id=prepared.thread_id,
+            message_id=prepared.message_id,
+            tool_call_id=prepared.tool_call_id,
+            tool=prepared.tool,
+            arguments=prepared.arguments,
             digest=prepared.digest,
-        )  # fmt: skip
+        )
         request = GuardReviewRequest(type=REVIEW_REQUEST_TYPE, items=[item])
         answer = interrupt(request, response_schema=response_schema([item], exact=False))
         decision: dict[str, Any] = answer["decisions"][item["id"]]
@@ -182,10 +206,14 @@ class ToolCallEnforcer:
         if not text:
             return None
         subject = AgentSubject(
-            event="tool_result", tool_name=prepared.tool, tool_call_id=prepared.tool_call_id,
-            arguments=prepared.arguments, tool_result=text, user_message=prepared.subject.user_message,
+            event="tool_result",
+            tool_name=prepared.tool,
+            tool_call_id=prepared.tool_call_id,
+            arguments=prepared.arguments,
+            tool_result=text,
+            user_message=prepared.subject.user_message,
             thread_id=prepared.thread_id,
-        )  # fmt: skip
+        )
         return subject if self.judge.matches(subject) else None
 
     def _replace_result(self, message: ToolMessage, prepared: Prepared, judgement: Judgement) -> ToolMessage:

@@ -100,8 +100,13 @@ class Judge:
     # Verdicts -------------------------------------------------------------------------------------------------
 
     def _guard_failed(self, subject: AgentSubject, exc: BaseException, started: float) -> Verdict:
-        logger.error("guard raised while judging %s %s; fail mode %s applies", subject.event, subject.tool_name or "",
-                     self.fail_mode, exc_info=exc)  # fmt: skip
+        logger.error(
+            "guard raised while judging %s %s; fail mode %s applies",
+            subject.event,
+            subject.tool_name or "",
+            self.fail_mode,
+            exc_info=exc,
+        )
         policy = self.guard.match(subject)
         return Verdict(
             action=_FAIL_ACTIONS[self.fail_mode],
@@ -118,14 +123,14 @@ class Judge:
         started = time.perf_counter()
         try:
             return self.guard.evaluate(subject)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a raising guard gets the fail mode, never a crash or an allow
             return self._guard_failed(subject, exc, started)
 
     async def aevaluate(self, subject: AgentSubject) -> Verdict:
         started = time.perf_counter()
         try:
             return await self.guard.aevaluate(subject)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a raising guard gets the fail mode, never a crash or an allow
             return self._guard_failed(subject, exc, started)
 
     def malformed(self, subject: AgentSubject, problem: str, raw: str | None) -> Verdict:
@@ -155,15 +160,21 @@ class Judge:
         decision_log = getattr(self.guard, "decision_log", None)
         if decision_log is not None:
             decision_log.record(verdict, subject, policy_file=policy_file)
-        logger.info("decision %s: %s %s %s (%s)", verdict.decision_id, verdict.action, subject.event,
-                    subject.tool_name or "", verdict.rule)  # fmt: skip
+        logger.info(
+            "decision %s: %s %s %s (%s)",
+            verdict.decision_id,
+            verdict.action,
+            subject.event,
+            subject.tool_name or "",
+            verdict.rule,
+        )
 
     # Judgements -----------------------------------------------------------------------------------------------
 
     def _settle(self, subject: AgentSubject, verdict: Verdict) -> Judgement | str:
         """A judgement for anything but a reviewer handoff; for that, the reviewer's name."""
         if verdict.action in ("allow", "block", "escalate"):
-            return Judgement(verdict.action, verdict)  # type: ignore[arg-type]
+            return Judgement(verdict.action, verdict)
         target = verdict.handoff or ""
         if target in self.reviewers:
             return target
@@ -202,9 +213,7 @@ class Judge:
         if isinstance(settled, Judgement):
             return settled
         try:
-            answer = await areview(
-                settled, self.reviewers[settled], subject, verdict, timeout=self.reviewer_timeout_s
-            )
+            answer = await areview(settled, self.reviewers[settled], subject, verdict, timeout=self.reviewer_timeout_s)
         except HandoffError as exc:
             return self._failed_handoff(verdict, str(exc))
         return self._reviewed(settled, verdict, answer.decision, answer.reason)

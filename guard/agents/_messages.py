@@ -71,12 +71,12 @@ _DEFAULT_REASONS = {
 _NO_REASON = "no reason given"
 
 
-def reason_of(verdict: Verdict | None, fallback: str | None = None) -> str:
-    """The policy's message for the verdict, else ``fallback``, else a phrase for its action."""
+def reason_of(verdict: Verdict | None, reason: str | None = None) -> str:
+    """``reason`` when given (a reviewer's words), else the policy's message, else a phrase for the action."""
+    if reason:
+        return reason.rstrip(".")
     if verdict is not None and verdict.message:
         return verdict.message.rstrip(".")
-    if fallback:
-        return fallback.rstrip(".")
     return _DEFAULT_REASONS.get(verdict.action, _NO_REASON) if verdict is not None else _NO_REASON
 
 

@@ -15,7 +15,7 @@ checkpointer can store them; only the latest turn is kept.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, NotRequired
+from typing import Annotated, Any, NotRequired, cast
 
 from langchain.agents.middleware.types import AgentState, PrivateStateAttr
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
@@ -54,7 +54,7 @@ def merge_guard_state(left: Mapping[str, Any] | None, right: Mapping[str, Any] |
 class GuardAgentState(AgentState[Any]):
     """State schema of :class:`~guard.agents.GuardAgentMiddleware`: ``guard`` is private (not in input or output)."""
 
-    guard: NotRequired[Annotated[dict[str, Any], merge_guard_state, PrivateStateAttr]]
+    guard: NotRequired[Annotated[dict[str, Any], PrivateStateAttr, merge_guard_state]]
 
 
 def current_thread_id() -> str | None:
@@ -167,16 +167,17 @@ def tool_item(
 ) -> PendingItem:
     """The pending item for one escalated tool call; its id binds thread, turn, call id and arguments digest."""
     item_id = pending_id(thread_id=thread_id, scope=f"tool_call:{message_id or ''}", key=tool_call_id, digest=digest)
-    return PendingItem(  # type: ignore[typeddict-item]
-        event="tool_call",
-        tool=tool,
-        tool_call_id=tool_call_id,
-        arguments=arguments,
-        text=None,
-        digest=digest,
-        allowed_decisions=list(TOOL_DECISIONS),
+    item = {
+        "event": "tool_call",
+        "tool": tool,
+        "tool_call_id": tool_call_id,
+        "arguments": arguments,
+        "text": None,
+        "digest": digest,
+        "allowed_decisions": list(TOOL_DECISIONS),
         **_item_base(judgement, item_id, thread_id, answers),
-    )
+    }
+    return cast(PendingItem, item)
 
 
 def text_item(
@@ -192,13 +193,14 @@ def text_item(
     """The pending item for an escalated model input or output (``answers`` given when the verdict was rebuilt
     from a record)."""
     item_id = pending_id(thread_id=thread_id, scope=event, key=message_id, digest=digest)
-    return PendingItem(  # type: ignore[typeddict-item]
-        event=event,
-        tool=None,
-        tool_call_id=None,
-        arguments=None,
-        text=text,
-        digest=digest,
-        allowed_decisions=list(TEXT_DECISIONS),
+    item = {
+        "event": event,
+        "tool": None,
+        "tool_call_id": None,
+        "arguments": None,
+        "text": text,
+        "digest": digest,
+        "allowed_decisions": list(TEXT_DECISIONS),
         **_item_base(judgement, item_id, thread_id, answers),
-    )
+    }
+    return cast(PendingItem, item)

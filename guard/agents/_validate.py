@@ -64,11 +64,15 @@ def check_options(
     side: frozenset[str] | Literal["all"]
     side = "all" if side_effecting_tools == "all" else _names(side_effecting_tools, "side_effecting_tools")
     if tool_result_action not in TOOL_RESULT_ACTIONS:
-        raise ValueError(f"tool_result_action must be one of {', '.join(TOOL_RESULT_ACTIONS)}; got {tool_result_action!r}")
+        raise ValueError(
+            f"tool_result_action must be one of {', '.join(TOOL_RESULT_ACTIONS)}; got {tool_result_action!r}"
+        )
     if fail_mode not in get_args(FailMode):
         raise ValueError(f"fail_mode must be one of {', '.join(get_args(FailMode))}; got {fail_mode!r}")
-    if isinstance(reviewer_timeout_s, bool) or not isinstance(reviewer_timeout_s, (int, float)) or not (
-        0 < reviewer_timeout_s <= 600
+    if (
+        isinstance(reviewer_timeout_s, bool)
+        or not isinstance(reviewer_timeout_s, (int, float))
+        or not (0 < reviewer_timeout_s <= 600)
     ):
         raise ValueError(f"reviewer_timeout_s must be a number of seconds in (0, 600]; got {reviewer_timeout_s!r}")
     return dict(reviewers), nodes, side

@@ -44,7 +44,7 @@ __all__ = [
     "resume_command",
 ]
 
-REVIEW_REQUEST_TYPE = "guard_review"
+REVIEW_REQUEST_TYPE: Literal["guard_review"] = "guard_review"
 """``GuardReviewRequest["type"]``: tells clients an interrupt came from guard."""
 
 DecisionType = Literal["approve", "reject", "edit"]

@@ -157,9 +157,14 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     ) -> None:
         super().__init__()
         reviewers, _, side_effecting_tools = check_options(
-            guard=guard, reviewers=reviewers, handoff_nodes=(), side_effecting_tools=side_effecting_tools,
-            tool_result_action=tool_result_action, fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s,
-        )  # fmt: skip
+            guard=guard,
+            reviewers=reviewers,
+            handoff_nodes=(),
+            side_effecting_tools=side_effecting_tools,
+            tool_result_action=tool_result_action,
+            fail_mode=fail_mode,
+            reviewer_timeout_s=reviewer_timeout_s,
+        )
         if label is not None and (not isinstance(label, str) or not label.strip()):
             raise ValueError(f"label must be a non-empty string or None; got {label!r}")
         self.guard = guard
@@ -210,9 +215,13 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         if outcome in ("escalate", "route"):
             digest = digest_of("model_input", message.text)
             item = text_item(
-                judgement, thread_id=thread_id, event="model_input", message_id=message.id, text=message.text,
+                judgement,
+                thread_id=thread_id,
+                event="model_input",
+                message_id=message.id,
+                text=message.text,
                 digest=digest,
-            )  # fmt: skip
+            )
             decision = self._ask([item])[item["id"]]
             outcome = "allow" if decision["type"] == "approve" else "block"
             reason = decision.get("message") or ("a reviewer rejected it" if outcome == "block" else None)
@@ -254,9 +263,13 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
                 todo.append(("", subject))
         for call in parse_calls(ai):
             subject = AgentSubject(
-                event="tool_call", tool_name=call.name, tool_call_id=call.id, arguments=call.arguments,
-                user_message=task, thread_id=thread_id,
-            )  # fmt: skip
+                event="tool_call",
+                tool_name=call.name,
+                tool_call_id=call.id,
+                arguments=call.arguments,
+                user_message=task,
+                thread_id=thread_id,
+            )
             if not call.id:
                 self._judge.malformed(subject, call.problem or "the tool call has no id", call.raw)
                 continue
@@ -330,9 +343,13 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             items.append(
                 text_item(
                     Judgement("escalate", verdict_from_json(output["verdict"]), output.get("reason")),
-                    thread_id=thread_id, event="model_output", message_id=ai.id or "", text=ai.text,
-                    digest=output["text_digest"], answers=output["verdict"]["probabilities"],
-                )  # fmt: skip
+                    thread_id=thread_id,
+                    event="model_output",
+                    message_id=ai.id or "",
+                    text=ai.text,
+                    digest=output["text_digest"],
+                    answers=output["verdict"]["probabilities"],
+                )
             )
         for call_id, record in calls.items():
             if call_id in answered:
@@ -362,21 +379,34 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
                 call_id = item["tool_call_id"] or ""
                 record = calls[call_id]
                 if decision["type"] == "approve":
-                    self._runnable(record, "approved" if not record.get("run_tool") else "edited", item["tool"] or "",
-                                   item["arguments"] or {})  # fmt: skip
+                    self._runnable(
+                        record,
+                        "approved" if not record.get("run_tool") else "edited",
+                        item["tool"] or "",
+                        item["arguments"] or {},
+                    )
                 elif decision["type"] == "reject":
                     record["status"] = "rejected"
                     out.append(
-                        msgs.rejected(record["tool"], call_id, verdict_from_json(record["verdict"]),
-                                      decision.get("message"), item["id"])  # fmt: skip
+                        msgs.rejected(
+                            record["tool"],
+                            call_id,
+                            verdict_from_json(record["verdict"]),
+                            decision.get("message"),
+                            item["id"],
+                        )
                     )
                 else:
                     tool = decision.get("tool") or item["tool"] or record["tool"]
                     arguments = decision["arguments"]
                     subject = AgentSubject(
-                        event="tool_call", tool_name=tool, tool_call_id=call_id, arguments=arguments,
-                        user_message=user_text(state), thread_id=thread_id,
-                    )  # fmt: skip
+                        event="tool_call",
+                        tool_name=tool,
+                        tool_call_id=call_id,
+                        arguments=arguments,
+                        user_message=user_text(state),
+                        thread_id=thread_id,
+                    )
                     judgement = yield subject
                     record["run_tool"] = tool  # marks the record as edited for a later approval
                     if judgement.outcome == "allow":
@@ -388,23 +418,33 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
                         record.update(_record(judgement), tool_edit=tool, arguments_edit=arguments)
                         next_items.append(
                             tool_item(
-                                judgement, thread_id=thread_id, message_id=ai.id, tool_call_id=call_id, tool=tool,
-                                arguments=arguments, digest=arguments_digest(tool, arguments),
-                            )  # fmt: skip
+                                judgement,
+                                thread_id=thread_id,
+                                message_id=ai.id,
+                                tool_call_id=call_id,
+                                tool=tool,
+                                arguments=arguments,
+                                digest=arguments_digest(tool, arguments),
+                            )
                         )
             items = next_items
         for item in items:  # still escalated after the last round
             record = calls[item["tool_call_id"] or ""]
             record["status"] = "blocked"
             reason = TOO_MANY_ROUNDS.format(rounds=DEFAULT_MAX_REVIEW_ROUNDS)
-            out.append(msgs.blocked(item["tool"] or "", item["tool_call_id"] or "", verdict_from_json(record["verdict"]),
-                                    reason))  # fmt: skip
+            out.append(
+                msgs.blocked(
+                    item["tool"] or "", item["tool_call_id"] or "", verdict_from_json(record["verdict"]), reason
+                )
+            )
         update = self._update(state, turn={**turn, "calls": calls})
         return {"messages": out, **update} if out else update
 
     @staticmethod
     def _runnable(record: dict[str, Any], status: str, tool: str, arguments: dict[str, Any]) -> None:
-        record.update(status=status, run_tool=tool, run_arguments=arguments, run_digest=arguments_digest(tool, arguments))
+        record.update(
+            status=status, run_tool=tool, run_arguments=arguments, run_digest=arguments_digest(tool, arguments)
+        )
 
     @staticmethod
     def _call_item(
@@ -412,18 +452,28 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     ) -> PendingItem:
         judgement = Judgement("escalate", verdict, record.get("reason"), reviewer=record.get("reviewer"))
         return tool_item(
-            judgement, thread_id=thread_id, message_id=message_id, tool_call_id=call_id, tool=record["tool"],
-            arguments=record["arguments"], digest=record["digest"], answers=record["verdict"]["probabilities"],
-        )  # fmt: skip
+            judgement,
+            thread_id=thread_id,
+            message_id=message_id,
+            tool_call_id=call_id,
+            tool=record["tool"],
+            arguments=record["arguments"],
+            digest=record["digest"],
+            answers=record["verdict"]["probabilities"],
+        )
 
     def _withhold(
         self, state: Any, ai: AIMessage, turn: dict[str, Any], output: dict[str, Any] | None, reason: str | None
     ) -> dict[str, Any]:
         verdict = verdict_from_json(output["verdict"]) if output else None
         notice = msgs.assistant_notice(
-            msgs.OUTPUT_BLOCKED_TEMPLATE, verdict, reason or (output or {}).get("reason"),
-            message_id=ai.id, outcome="withheld", event="model_output",
-        )  # fmt: skip
+            msgs.OUTPUT_BLOCKED_TEMPLATE,
+            verdict,
+            reason or (output or {}).get("reason"),
+            message_id=ai.id,
+            outcome="withheld",
+            event="model_output",
+        )
         calls = {key: {**record, "status": "withheld"} for key, record in turn["calls"].items()}
         return {"messages": [notice], "jump_to": "end", **self._update(state, turn={**turn, "calls": calls})}
 

@@ -78,13 +78,21 @@ class GuardToolWrapper:
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
     ) -> None:
         reviewers, handoff_nodes, side_effecting_tools = check_options(
-            guard=guard, reviewers=reviewers, handoff_nodes=handoff_nodes, side_effecting_tools=side_effecting_tools,
-            tool_result_action=tool_result_action, fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s,
-        )  # fmt: skip
-        judge = Judge(
-            guard, reviewers=reviewers, handoff_nodes=handoff_nodes, fail_mode=fail_mode,
+            guard=guard,
+            reviewers=reviewers,
+            handoff_nodes=handoff_nodes,
+            side_effecting_tools=side_effecting_tools,
+            tool_result_action=tool_result_action,
+            fail_mode=fail_mode,
             reviewer_timeout_s=reviewer_timeout_s,
-        )  # fmt: skip
+        )
+        judge = Judge(
+            guard,
+            reviewers=reviewers,
+            handoff_nodes=handoff_nodes,
+            fail_mode=fail_mode,
+            reviewer_timeout_s=reviewer_timeout_s,
+        )
         self.enforcer = ToolCallEnforcer(
             judge, side_effecting_tools=side_effecting_tools, tool_result_action=tool_result_action
         )
@@ -121,9 +129,14 @@ def guarded_tool_node(
     tool messages (LangGraph re-raises them so the interrupt can be answered again).
     """
     wrapper = GuardToolWrapper(
-        guard=guard, reviewers=reviewers, handoff_nodes=handoff_nodes, side_effecting_tools=side_effecting_tools,
-        tool_result_action=tool_result_action, fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s,
-    )  # fmt: skip
+        guard=guard,
+        reviewers=reviewers,
+        handoff_nodes=handoff_nodes,
+        side_effecting_tools=side_effecting_tools,
+        tool_result_action=tool_result_action,
+        fail_mode=fail_mode,
+        reviewer_timeout_s=reviewer_timeout_s,
+    )
     return ToolNode(
         tools,
         name=name,
@@ -175,4 +188,3 @@ def send_tool_calls(
             raw = {"name": invalid.get("name") or "", "args": invalid.get("args"), "id": invalid["id"]}
             sends.append(Send(node, [{**raw, "type": "tool_call"}]))
     return sends or end
-

@@ -45,7 +45,12 @@ class ToolModel(GenericFakeChatModel):
         calls = []
         for index, (name, args, call_id) in enumerate(turn.calls):
             raw = args if isinstance(args, str) else json.dumps(args)
-            raw_entry = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": raw}}
+            raw_entry = {
+                "index": index,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": raw},
+            }
             calls.append(
                 AIMessageChunk(
                     content="",
@@ -57,14 +62,17 @@ class ToolModel(GenericFakeChatModel):
         if len(text) > 1:
             text = [AIMessageChunk(content=(c.content if i == 0 else " " + c.content)) for i, c in enumerate(text)]
         chunks = calls + text if turn.calls_first else text + calls
-        chunks.append(AIMessageChunk(content="", response_metadata={"finish_reason": turn.finish_reason},
-                                     chunk_position="last"))  # fmt: skip
+        chunks.append(
+            AIMessageChunk(content="", response_metadata={"finish_reason": turn.finish_reason}, chunk_position="last")
+        )
         return chunks
 
     def _next(self) -> Turn | AIMessage:
         return next(self.turns)
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
         turn = self._next()
         if isinstance(turn, AIMessage):
             return ChatResult(generations=[ChatGeneration(message=turn)])
@@ -79,10 +87,16 @@ class ToolModel(GenericFakeChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         turn = self._next()
         if isinstance(turn, AIMessage):
-            yield ChatGenerationChunk(message=AIMessageChunk(content=turn.content, tool_call_chunks=[
-                tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
-                for i, c in enumerate(turn.tool_calls)
-            ], chunk_position="last"))  # fmt: skip
+            yield ChatGenerationChunk(
+                message=AIMessageChunk(
+                    content=turn.content,
+                    tool_call_chunks=[
+                        tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
+                        for i, c in enumerate(turn.tool_calls)
+                    ],
+                    chunk_position="last",
+                )
+            )
             return
         for chunk in self._chunks(turn):
             generation = ChatGenerationChunk(message=chunk)
@@ -179,8 +193,10 @@ def answer(request: SystemOneRequestV1) -> dict[str, Any]:
         if question.id == "guard.tool_call_serves_task":
             out[question.id] = _serves(state)
         elif question.id == "guard.prompt_injection":
-            out[question.id] = 0.95 if ("forget everything" in text or "Ignore your rules" in text) else (
-                0.6 if "maybe ignore" in text else 0.02
+            out[question.id] = (
+                0.95
+                if ("forget everything" in text or "Ignore your rules" in text)
+                else (0.6 if "maybe ignore" in text else 0.02)
             )
         elif question.id == "leak":
             out[question.id] = 0.9 if "sk-" in text else 0.6 if "password" in text else 0.02

@@ -56,11 +56,14 @@ def _openai_style(raw_by_id: dict[str, str]) -> AIMessageChunk:
         AIMessageChunk(
             content="",
             tool_call_chunks=[tool_call_chunk(name="pay", args=raw, id=call_id, index=i)],
-            additional_kwargs={"tool_calls": [{"index": i, "id": call_id, "type": "function",
-                                               "function": {"name": "pay", "arguments": raw}}]},
+            additional_kwargs={
+                "tool_calls": [
+                    {"index": i, "id": call_id, "type": "function", "function": {"name": "pay", "arguments": raw}}
+                ]
+            },
         )
         for i, (call_id, raw) in enumerate(raw_by_id.items())
-    ]  # fmt: skip
+    ]
     return _merged(*chunks)
 
 
@@ -68,8 +71,10 @@ def test_langchain_repairs_are_undone_by_the_raw_text() -> None:
     message = _openai_style({"good": '{"amount": 5}', "bad": '{"{"a":1}', "cut": '{"amount": 5, "to": "bo'})
     # LangChain's streaming merge "repairs" both bad calls into objects ...
     assert {c["id"]: c["args"] for c in message.tool_calls} == {
-        "good": {"amount": 5}, "bad": {}, "cut": {"amount": 5, "to": "bo"},
-    }  # fmt: skip
+        "good": {"amount": 5},
+        "bad": {},
+        "cut": {"amount": 5, "to": "bo"},
+    }
     # ... guard reads the raw text and refuses both, judging the good sibling on its own.
     calls = {c.id: c for c in parse_calls(message)}
     assert calls["good"].arguments == {"amount": 5} and not calls["good"].malformed

@@ -33,8 +33,13 @@ def _validate(items: list[dict], value: object, *, exact: bool = True) -> dict:
 
 
 def test_a_complete_answer_passes() -> None:
-    value = {"decisions": {"a": {"type": "approve"}, "b": {"type": "reject", "message": "no"},
-                           "c": {"type": "edit", "arguments": {"amount": 1}, "tool": "refund"}}}  # fmt: skip
+    value = {
+        "decisions": {
+            "a": {"type": "approve"},
+            "b": {"type": "reject", "message": "no"},
+            "c": {"type": "edit", "arguments": {"amount": 1}, "tool": "refund"},
+        }
+    }
     assert _validate([_item("a"), _item("b"), _item("c")], value) == value
 
 

@@ -94,13 +94,20 @@ def test_parallel_escalations_one_item_each_mixed_decisions(harness: Any, thread
     }
     out = drive(agent, resume_command(out.interrupts, decisions), config, mode)
     assert sorted(h.runs.calls, key=str) == sorted(
-        [("pay", {"amount": 500, "to": "eve"}), ("pay", {"amount": 70, "to": "kim"}), ("pay", {"amount": 5, "to": "bob"})],
+        [
+            ("pay", {"amount": 500, "to": "eve"}),
+            ("pay", {"amount": 70, "to": "kim"}),
+            ("pay", {"amount": 5, "to": "bob"}),
+        ],
         key=str,
     )
     messages = out.tool_messages()
     assert messages["b"].status == "error" and "Reason: not this month" in messages["b"].text
     assert messages["b"].additional_kwargs["lc_data"]["review"] == items["b"]["id"]
-    assert messages["c"].text.startswith("Note: a reviewer replaced this tool call") and "paid 70 to kim" in messages["c"].text
+    assert (
+        messages["c"].text.startswith("Note: a reviewer replaced this tool call")
+        and "paid 70 to kim" in messages["c"].text
+    )
     assert sorted(messages) == ["a", "b", "c", "d"]  # every call answered: the thread stays usable
     assert not out.interrupts and out.last_ai().text == "done"
 
@@ -112,8 +119,11 @@ async def test_parallel_escalations_mixed_decisions_async(harness: Any, thread: 
     agent, config = make_agent(h, THREE), thread()
     out = await adrive(agent, USER, config, mode)
     items = _by_call(out)
-    decisions = {items["a"]["id"]: {"type": "reject"}, items["b"]["id"]: {"type": "approve"},
-                 items["c"]["id"]: {"type": "approve"}}  # fmt: skip
+    decisions = {
+        items["a"]["id"]: {"type": "reject"},
+        items["b"]["id"]: {"type": "approve"},
+        items["c"]["id"]: {"type": "approve"},
+    }
     out = await adrive(agent, Command(resume={"decisions": decisions}), config, mode)
     assert sorted(c[1]["to"] for c in h.runs.calls) == ["kim", "sam"]
     assert out.tool_messages()["a"].status == "error"
@@ -174,7 +184,11 @@ def test_repeated_resume_executes_nothing_twice(harness: Any, thread: Any) -> No
 def _escalate_then(h: Any, thread: Any, decision: dict[str, Any]) -> Any:
     agent, config = make_agent(h, pays((500, "eve", "a"))), thread()
     out = drive(agent, USER, config, "invoke")
-    return agent, config, drive(agent, Command(resume={"decisions": {out.items()[0]["id"]: decision}}), config, "invoke")
+    return (
+        agent,
+        config,
+        drive(agent, Command(resume={"decisions": {out.items()[0]["id"]: decision}}), config, "invoke"),
+    )
 
 
 def test_edit_that_renames_the_tool_runs_when_the_new_tools_policy_allows(harness: Any, thread: Any) -> None:
