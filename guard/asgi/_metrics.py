@@ -30,6 +30,8 @@ class HttpMetrics:
                                registry=self.registry)
         self.handoffs = Counter("guard_http_handoffs", "LLM handoffs by outcome.", ["outcome"],
                                 registry=self.registry)
+        self.upstream_errors = Counter("guard_proxy_upstream_errors", "Proxy upstream failures by kind: timeout, "
+                                       "unavailable, broken_stream.", ["kind"], registry=self.registry)
         self.disconnects = Counter("guard_http_client_disconnects", "Clients that left before the body was read.",
                                    registry=self.registry)
 

@@ -26,7 +26,8 @@ class _Server(uvicorn.Server):
 @contextmanager
 def serve_in_thread(app: ASGIApp, **config: Any) -> Iterator[str]:
     """Run ``app`` under uvicorn on 127.0.0.1 (a free port) in a thread; yields the base URL ``http://host:port``."""
-    cfg = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", **config)
+    config.setdefault("lifespan", "off")
+    cfg = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **config)
     server = _Server(cfg)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -1,0 +1,131 @@
+"""``guard proxy``: a reverse proxy that judges requests before they reach an HTTP service.
+
+    guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
+                [--backend compact | local:DIR | http:URL] [--redis-url redis://...] [--review-token-env VAR]
+                [--max-body-bytes N] [--decision-log FILE] [--client-header x-forwarded-for]
+
+With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica); without it
+both stay in the process. ``GET /_guard/health`` and ``GET /_guard/metrics`` are served by the proxy itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ProxyRuntime", "build", "register", "run"]
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+EXIT_USAGE = 2
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "proxy", help="run a reverse proxy with the guard in front of an HTTP service",
+        description="Reverse proxy: requests a policy matches are judged before they are forwarded to --upstream.",
+    )
+    parser.add_argument("--policy", action="append", required=True, metavar="FILE", help="policy file (repeatable)")
+    parser.add_argument("--upstream", required=True, metavar="URL", help="the protected service, e.g. http://app:9000")
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}")
+    parser.add_argument("--backend", default="compact", metavar="SPEC",
+                        help="decision backend: compact (default), local:CHECKPOINT_DIR or http:URL")
+    parser.add_argument("--redis-url", default=None, metavar="URL", help="Redis for the cache and the review queue")
+    parser.add_argument("--review-token-env", default=None, metavar="VAR",
+                        help="serve the reviewers' API at /_guard/admin/reviews with the bearer token in $VAR")
+    parser.add_argument("--max-body-bytes", type=int, default=None, metavar="N", help="inspection cap (1 MiB)")
+    parser.add_argument("--decision-log", default=None, metavar="FILE", help="append JSON-lines decision records")
+    parser.add_argument("--client-header", default=None, metavar="NAME",
+                        help="trusted header naming the client (e.g. x-forwarded-for); default the peer address")
+    parser.add_argument("--connect-timeout", type=float, default=5.0, metavar="S", help="upstream connect, seconds")
+    parser.add_argument("--read-timeout", type=float, default=60.0, metavar="S", help="upstream silence, seconds")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.set_defaults(handler=run)
+
+
+@dataclass
+class ProxyRuntime:
+    """What :func:`build` made: the ASGI app, where to listen, and how to release it all (the app's lifespan
+    shutdown calls ``aclose``; call it yourself when the app is served without lifespan)."""
+
+    app: Any
+    host: str
+    port: int
+    aclose: Callable[[], Awaitable[None]]
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _prometheus_meter_provider() -> None:
+    """Export the engine's OpenTelemetry counters on /_guard/metrics (once per process)."""
+    from opentelemetry import metrics
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    if not isinstance(metrics.get_meter_provider(), MeterProvider):
+        metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+
+
+def build(args: argparse.Namespace) -> ProxyRuntime:
+    """Build the proxy app from parsed arguments (reads the review token from the environment).
+
+    Raises:
+        ValueError: bad ``--listen``, ``--upstream``, ``--backend`` or a missing token variable.
+        PolicyError: an invalid policy file.
+    """
+    from guard.asgi.proxy import ProxyConfig, proxy_app
+    from guard.cli.cmd_policy import open_backend
+    from guard.engine import Guard
+    from guard.policy import load_files
+    from guard.review import MemoryReviewStore, RedisReviewStore, ReviewStore
+    from guard.telemetry import DecisionLog
+
+    host, port = _listen(args.listen)
+    config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout)
+    token = None
+    if args.review_token_env:
+        token = os.environ.get(args.review_token_env)
+        if not token:
+            raise ValueError(f"--review-token-env {args.review_token_env}: the variable is not set or empty")
+    load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
+    _prometheus_meter_provider()
+    backend = open_backend(args.backend)
+    log = DecisionLog(args.decision_log) if args.decision_log else None
+    guard = Guard.from_files(*args.policy, backends=backend, redis_url=args.redis_url, decision_log=log)
+    store: ReviewStore = RedisReviewStore.from_url(args.redis_url) if args.redis_url else MemoryReviewStore()
+    options: dict[str, Any] = {"review_store": store, "client_header": args.client_header}
+    if args.max_body_bytes is not None:
+        options["max_body_bytes"] = args.max_body_bytes
+
+    async def aclose() -> None:
+        await store.aclose()
+        await guard.aclose()
+
+    app = proxy_app(guard, config, review_token=token, on_shutdown=aclose, **options)
+    return ProxyRuntime(app=app, host=host, port=port, aclose=aclose)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; returns the exit status (2 for bad arguments or an invalid policy)."""
+    import uvicorn
+
+    from guard.errors import PolicyError
+
+    try:
+        runtime = build(args)
+    except (ValueError, PolicyError, FileNotFoundError) as exc:
+        print(f"guard proxy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"guard proxy: http://{runtime.host}:{runtime.port} -> {args.upstream} "
+          f"(policies: {', '.join(args.policy)}; backend: {args.backend})", file=sys.stderr)
+    uvicorn.run(runtime.app, host=runtime.host, port=runtime.port, log_level=args.log_level,
+                server_header=False, date_header=False, lifespan="on", proxy_headers=False)
+    return 0
