@@ -128,7 +128,8 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         if abs(total - 1.0) > SUM_TOLERANCE:
             raise MalformedAnswer(f"probabilities for {question.id!r} sum to {total:.6f}, not 1")
         by_id = {o: float(p) for o, p in zip(option_ids, probabilities, strict=True)}
-        headline, conf = entry.get("x"), entry.get("c")
+        headline: Any = entry.get("x")
+        conf: Any = entry.get("c")
         if question.type == "noul":
             if not _probability(headline):
                 raise MalformedAnswer(f"answer for {question.id!r} has noul={headline!r}")

@@ -137,7 +137,8 @@ class ProbabilityCache:
     def health(self) -> CacheHealth:
         """A snapshot of the counters and the status."""
         snapshot = CacheHealth(**asdict(self._stats))
-        recent = self._last_error_at is not None and time.monotonic() - self._last_error_at < self.config.degraded_window
+        since = None if self._last_error_at is None else time.monotonic() - self._last_error_at
+        recent = since is not None and since < self.config.degraded_window
         snapshot.status = "degraded" if recent else "ok"
         return snapshot
 
@@ -246,7 +247,7 @@ class ProbabilityCache:
 
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
-        return None
+        return
 
 
 class MemoryCache(ProbabilityCache):

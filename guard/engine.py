@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from guard._answers import cache_key
 from guard.backends.base import DecisionBackend
@@ -210,7 +210,7 @@ class Guard:
                 policy.id, policy.rules, policy.default, answers,
                 subject=subject, state=state, flags=flags, data=policy.data,
             )  # fmt: skip
-        except Exception as exc:  # every failure goes to the fail mode; none escapes as a 500
+        except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
             verdict = self._fail(policy, subject, decision_id, started, exc, state, flags, backend, response)
             return verdict, lookup
         action = result.outcome.action
@@ -366,7 +366,7 @@ class Guard:
         else:
             asyncio.run(self.aclose())
 
-    async def __aenter__(self) -> Guard:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -374,7 +374,7 @@ class Guard:
     ) -> None:
         await self.aclose()
 
-    def __enter__(self) -> Guard:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -405,5 +405,5 @@ def _error_text(reason: str, exc: BaseException, policy: Policy) -> str:
 def _revision(backend: DecisionBackend) -> str | None:
     try:
         return backend.model_revision
-    except Exception:  # a broken backend must not break the fail-mode verdict
+    except Exception:  # noqa: BLE001 - a broken backend must not break the fail-mode verdict
         return None

@@ -43,7 +43,7 @@ _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061
 _ZERO_WIDTH_RE = re.compile(f"[{_ZERO_WIDTH}]")
 _BIDI_RE = re.compile(f"[{_BIDI}]")
 _WORD_RE = re.compile(r"\w+")
-_BASE64_RE = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{%d,}={0,2}(?![A-Za-z0-9+/=])" % MIN_BASE64_CHARS)
+_BASE64_RE = re.compile(rf"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{{{MIN_BASE64_CHARS},}}={{0,2}}(?![A-Za-z0-9+/=])")
 
 # Cyrillic and Greek letters that render like Latin ones (Unicode TR39 confusables, the common subset).
 _CONFUSABLES = str.maketrans(
@@ -116,6 +116,11 @@ def _decode_base64(match: re.Match[str], counts: dict[str, int]) -> str:
     return f"{token} [base64: {text}]"
 
 
+def _decode_tag(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return chr(code - 0xE0000) if 0xE0020 <= code <= 0xE007E else ""
+
+
 def normalize_text(text: str) -> Normalized:
     """Normalise one string for scoring (steps 1-5 in the module docstring).
 
@@ -133,7 +138,7 @@ def normalize_text(text: str) -> Normalized:
     tags = len(_TAG_RE.findall(text))
     if tags:
         counts["unicode_tags"] = tags
-        text = _TAG_RE.sub(lambda m: chr(ord(m.group(0)) - 0xE0000) if 0xE0020 <= ord(m.group(0)) <= 0xE007E else "", text)
+        text = _TAG_RE.sub(_decode_tag, text)
     text = unicodedata.normalize("NFKC", text)
     for name, pattern in (("zero_width", _ZERO_WIDTH_RE), ("bidi_controls", _BIDI_RE)):
         text, n = pattern.subn("", text)

@@ -106,7 +106,7 @@ class Telemetry:
         span.set_attributes(attributes)
         if verdict.error is not None:
             span.set_status(Status(StatusCode.ERROR, verdict.error))
-        labels = {
+        labels: dict[str, str | bool] = {
             "guard.policy.id": verdict.policy_id or "",
             "guard.action": verdict.action,
             "guard.rule": verdict.rule or "",
@@ -221,14 +221,22 @@ class DecisionLog:
         self.dropped = 0
         self._lock = threading.Lock()
         self._file: IO[str] | None = None
+        self._stream: IO[str] | None = None
+        self._callback: Callable[[str], None] | None = None
         if isinstance(sink, (str, Path)):
-            self._file = open(sink, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by close()
-            self._write: Callable[[str], None] = lambda line: self._file.write(line + "\n")  # type: ignore[union-attr]
+            self._file = self._stream = open(sink, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - see close()
         elif callable(sink):
-            self._write = sink
+            self._callback = sink
         else:
-            stream = sink
-            self._write = lambda line: stream.write(line + "\n")
+            self._stream = sink
+
+    def _write(self, line: str) -> None:
+        if self._callback is not None:
+            self._callback(line)
+        elif self._stream is not None:
+            self._stream.write(line + "\n")
+        else:
+            raise ValueError("the decision log is closed")
 
     def event(self, verdict: Verdict, subject: Subject | None, *, policy_file: str | None = None,
               cache: str | None = None, span: Span | None = None) -> dict[str, Any]:
@@ -290,4 +298,4 @@ class DecisionLog:
         """Close the file this log opened (streams and callables given to it are left alone)."""
         if self._file is not None:
             self._file.close()
-            self._file = None
+            self._file = self._stream = None

@@ -17,7 +17,6 @@ from guard.engine import Guard
 from guard.errors import (
     BackendRejected,
     BackendUnavailable,
-    MalformedAnswer,
     Overloaded,
     PolicyError,
     UnsupportedQuestion,

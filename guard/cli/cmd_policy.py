@@ -195,8 +195,8 @@ def run_test(args: argparse.Namespace) -> int:
                 continue
             failed += 1
             print(f"FAIL {name}:{result.line}: {result.name}", file=sys.stderr)
-            for problem in result.problems:
-                print(f"     {problem}", file=sys.stderr)
+            for difference in result.problems:
+                print(f"     {difference}", file=sys.stderr)
     print(f"{total - min(failed, total)} passed, {failed} failed")
     return EXIT_FAILED if failed else 0
 

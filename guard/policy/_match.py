@@ -85,9 +85,7 @@ class AgentMatcher:
     def matches(self, subject: AgentSubject) -> bool:
         if self.events and subject.event not in self.events:
             return False
-        if self.tools and not (subject.tool_name is not None and _any(self.tools, subject.tool_name)):
-            return False
-        return True
+        return not self.tools or (subject.tool_name is not None and _any(self.tools, subject.tool_name))
 
 
 def subject_matches(http: HttpMatcher | None, agent: AgentMatcher | None, subject: Subject) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from guard.errors import PolicyError
 
@@ -79,31 +79,17 @@ class _Reject(Exception):
         self.path = path
 
 
-class _Resolver(yaml.resolver.Resolver):
-    """The YAML 1.1 core resolver without timestamps (``version: 2024-05-01`` stays a string)."""
+class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
+    """SafeLoader that composes nodes but refuses anchors, aliases and deep nesting as they are parsed."""
 
+    # The YAML 1.1 core resolver without timestamps: ``version: 2024-05-01`` stays a string.
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
-_Resolver.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
-}
-
-
-class _Loader(
-    yaml.reader.Reader,
-    yaml.scanner.Scanner,
-    yaml.parser.Parser,
-    yaml.composer.Composer,
-    yaml.constructor.SafeConstructor,
-    _Resolver,
-):
     def __init__(self, stream: str) -> None:
-        yaml.reader.Reader.__init__(self, stream)
-        yaml.scanner.Scanner.__init__(self)
-        yaml.parser.Parser.__init__(self)
-        yaml.composer.Composer.__init__(self)
-        yaml.constructor.SafeConstructor.__init__(self)
-        _Resolver.__init__(self)
+        super().__init__(stream)
         self._depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:

@@ -20,7 +20,7 @@ from guard.normalize import normalize_value
 from guard.policy.loader import load_text
 from guard.policy.policy import FailPolicy, Policy
 from guard.policy.rules import trace_rules
-from guard.policy.testing import FixtureBackend, wire_answers, subject_from_json
+from guard.policy.testing import FixtureBackend, subject_from_json, wire_answers
 from guard.verdict import Verdict
 
 __all__ = ["explain"]
@@ -78,7 +78,7 @@ async def explain(
     engine_logger.setLevel(logging.ERROR)  # the simulated fail-open below is not a real one worth a warning
     try:
         for mode in ("closed", "open", "escalate"):
-            forced = dataclasses.replace(policy, on_error=FailPolicy(mode, explicit=True))  # type: ignore[arg-type]
+            forced = dataclasses.replace(policy, on_error=FailPolicy(mode, explicit=True))
             failed = await _verdict([forced], FixtureBackend(error="unavailable"), subject)
             fail_modes[mode] = {"action": failed.action, "status": failed.status, "retry_after": failed.retry_after}
     finally:

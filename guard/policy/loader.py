@@ -18,7 +18,8 @@ import pydantic
 from guard.errors import FieldError, PolicyError, RequestValidationError
 from guard.policy._match import AgentMatcher, HttpMatcher
 from guard.policy._state import AGENT_SOURCES, HTTP_SOURCES, NAMED_SOURCES, POINTER_SOURCES, StateField, split_pointer
-from guard.policy._yaml import LineMap, Path as KeyPath, load_yaml
+from guard.policy._yaml import LineMap, load_yaml
+from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion, PolicySet
 from guard.policy.rules import CEL_KEYWORDS, RESERVED_NAMES, CompiledRule, Outcome, compile_condition

@@ -67,9 +67,14 @@ class _Strict(BaseModel):
 
 
 def _version_string(value: Any) -> Any:
-    # ``version: 3`` and ``version: 1.2`` are common; keep them as the text the author wrote.
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    # ``version: 3`` is common; keep it as text. ``version: 1.10`` would silently become 1.1, so it must be quoted.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):
+        # pydantic turns ValueError (not TypeError) into a validation error with the field's path
+        raise ValueError(f"YAML reads this as the number {value!r}; quote the version, e.g. version: '1.10'")  # noqa: TRY004
     return value
 
 
@@ -199,7 +204,7 @@ class PolicySpec(_Strict):
     """One policy: match -> state -> questions -> ordered rules -> default."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")
-    version: Annotated[str, BeforeValidator(_version_string, json_schema_input_type=str | int | float)]
+    version: Annotated[str, BeforeValidator(_version_string, json_schema_input_type=str | int)]
     description: str = ""
     mode: Literal["enforce", "shadow"] = "enforce"
     match: MatchSpec

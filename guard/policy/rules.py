@@ -132,9 +132,8 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     unknown = sorted(names - RESERVED_NAMES - set(known))
     if unknown:
         allowed = ", ".join(sorted(known)) or "(none)"
-        raise ValueError(
-            f"unknown name {unknown[0]!r}; a rule may use the questions ({allowed}) or {', '.join(sorted(RESERVED_NAMES))}"
-        )
+        others = ", ".join(sorted(RESERVED_NAMES))
+        raise ValueError(f"unknown name {unknown[0]!r}; a rule may use the questions ({allowed}) or {others}")
     for key, qtype in known.items():
         if qtype is None:
             continue

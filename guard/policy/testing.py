@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from guard.backends.base import DecisionBackend
 from guard.cache import MemoryCache
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer, PolicyError
+from guard.policy._yaml import load_yaml
 from guard.policy.answers import answer_from_spec
 from guard.policy.loader import PolicyLoadError, load_text
 from guard.policy.policy import Policy, PolicySet
-from guard.policy._yaml import load_yaml
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, UsageV1
 from guard.verdict import Verdict

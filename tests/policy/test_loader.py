@@ -1,0 +1,172 @@
+"""Policy loading: schema errors with file, line and key path; System One limits at load time (C22); CEL names;
+handoff targets; state sources; catalog questions; duplicate ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from guard.errors import PolicyError
+from guard.policy import PolicyLoadError, load_files, load_text
+
+BASE = """\
+policies:
+  - id: p
+    version: 1
+    match:
+      http: {methods: [POST]}
+    questions:
+      urgency:
+        type: score
+        instructions: How urgent?
+        criteria: [low, medium, high]
+      topic:
+        type: choice
+        instructions: Which topic?
+        criteria: {billing: Billing, tech: Tech}
+    rules:
+      - id: urgent
+        when: urgency.score >= 1.5
+        action: escalate
+"""
+
+
+def load_error(text: str) -> PolicyLoadError:
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "p.yaml")
+    assert caught.value.file == "p.yaml"
+    return caught.value  # type: ignore[return-value]
+
+
+def test_base_policy_loads() -> None:
+    (policy,) = load_text(BASE, "p.yaml")
+    assert (policy.id, policy.version, policy.line, policy.mode) == ("p", "1", 2, "enforce")
+    assert [q.key for q in policy.questions] == ["urgency", "topic"]
+    assert policy.timeout == 2.0 and policy.cache_ttl == 300.0 and policy.model == "clef-flash"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "key", "reason"),
+    [
+        # C22: a score with 1 or 11 levels, criteria as a string, a choice with 256 options
+        ("[low, medium, high]", "[only]", 10, "policies[0].questions.urgency.criteria",
+         "has 1 levels; a score needs 2 to 10"),
+        ("[low, medium, high]", str([f"l{i}" for i in range(11)]), 10, "policies[0].questions.urgency.criteria",
+         "has 11 levels"),
+        ("[low, medium, high]", "low to high", 10, "policies[0].questions.urgency.criteria", "must be an array"),
+        ("{billing: Billing, tech: Tech}", "{" + ", ".join(f"o{i}: d" for i in range(256)) + "}", 14,
+         "policies[0].questions.topic.criteria", "has 256 options; a choice needs 2 to 255"),
+        ("{billing: Billing, tech: Tech}", "{only: One}", 14, "policies[0].questions.topic.criteria", "has 1 options"),
+        ("        instructions: How urgent?\n", "", 7, "policies[0].questions.urgency.instructions", "is required"),
+        # wrong types and unknown keys
+        ("    version: 1\n", "    version: 1\n    timeout_ms: high\n", 4, "policies[0].timeout_ms", "valid integer"),
+        ("    version: 1\n", "    version: 1\n    cache: {ttl: soon}\n", 4, "policies[0].cache.ttl", "valid number"),
+        ("    version: 1\n", "    version: 1\n    threshold: 0.9\n", 4, "policies[0].threshold", "unknown key"),
+        ("        type: score\n", "        type: scale\n", 8, "policies[0].questions.urgency.type", "'noul', 'choice'"),
+        ("        action: escalate\n", "        action: deny\n", 18, "policies[0].rules[0].action", "'allow', 'block'"),
+        ("    version: 1\n", "    version: 1\n    mode: dry-run\n", 4, "policies[0].mode", "'enforce' or 'shadow'"),
+        ("      http: {methods: [POST]}\n", "      http: {methods: POST}\n", 5, "policies[0].match.http.methods",
+         "valid list"),
+        ("  - id: p\n", "  - id: 'bad id!'\n", 2, "policies[0].id", "should match pattern"),
+        # rules
+        ("urgency.score >= 1.5", "severity.score >= 1.5", 17, "policies[0].rules[0].when", "unknown name 'severity'"),
+        ("urgency.score >= 1.5", "urgency.choice == 'x'", 17, "policies[0].rules[0].when", "a score answer has"),
+        ("urgency.score >= 1.5", "urgency.score >=", 17, "policies[0].rules[0].when", "CEL syntax error"),
+        ("        action: escalate\n", "        action: escalate\n        status: 403\n", 19,
+         "policies[0].rules[0].status", "only for action block"),
+        ("        action: escalate\n", "        action: handoff\n        handoff: nobody\n", 19,
+         "policies[0].rules[0].handoff", "not in handoff_targets"),
+        ("        action: escalate\n", "        action: block\n        status: 200\n", 19,
+         "policies[0].rules[0].status", "greater than or equal to 400"),
+        ("        action: escalate\n", "        action: block\n      - {id: urgent, when: 'true', action: allow}\n",
+         19, "policies[0].rules[1].id", "used twice"),
+        # match, state, questions
+        ("    match:\n      http: {methods: [POST]}\n", "    match: {}\n", 4, "policies[0].match", "needs 'http' or"),
+        ("    questions:\n", "    state: {tool: tool_name}\n    questions:\n", 6, "policies[0].state.tool.from",
+         "reads agent events"),
+        ("    questions:\n", "    state: {ua: header}\n    questions:\n", 6, "policies[0].state.ua.name",
+         "needs 'name'"),
+        ("    questions:\n", "    state: {b: 'body:x/y'}\n    questions:\n", 6, "policies[0].state.b.name",
+         "'name' applies to"),
+        ("    questions:\n", "    state: {b: {from: body, const: 1}}\n    questions:\n", 6, "policies[0].state.b",
+         "exactly one of"),
+        ("    questions:\n", "    state: {b: {from: body, pointer: 'a/b'}}\n    questions:\n", 6,
+         "policies[0].state.b.pointer", "must start with '/'"),
+        ("    questions:\n", "    state: {b: {from: cookies}}\n    questions:\n", 6, "policies[0].state.b.from",
+         "Input should be"),
+        ("      topic:\n", "      subject:\n", 11, "policies[0].questions.subject", "must be a name rules can use"),
+        ("      topic:\n", "      topic:\n        id: urgency\n", 12, "policies[0].questions.topic.id", "also used by"),
+        ("      topic:\n", "      topic:\n        id: 'no spaces'\n", 12, "policies[0].questions.topic.id",
+         "must match"),
+        ("    version: 1\n", "    version: 1.10\n", 3, "policies[0].version", "quote the version"),
+        ("      topic:\n        type: choice\n", "      topic:\n", 11, "policies[0].questions.topic.type",
+         "is required"),
+    ],
+)
+def test_errors_name_line_and_key(old: str, new: str, line: int, key: str, reason: str) -> None:
+    assert old in BASE
+    error = load_error(BASE.replace(old, new, 1))
+    assert (error.line, error.key) == (line, key), str(error)
+    assert reason in error.reason, error.reason
+
+
+def test_all_problems_are_reported_and_a_bad_question_does_not_cascade() -> None:
+    text = BASE.replace("[low, medium, high]", "[x]").replace("{billing: Billing, tech: Tech}", "{a: A}")
+    error = load_error(text)
+    assert [p.key for p in error.problems] == ["policies[0].questions.urgency.criteria",
+                                               "policies[0].questions.topic.criteria"]
+    assert "(and 1 more)" in str(error)
+
+
+def test_question_and_rule_limits() -> None:
+    many = "".join(f"      q{i}: {{type: noul, instructions: q}}\n" for i in range(65))
+    text = "policies:\n  - id: p\n    version: 1\n    match: {http: {}}\n    questions:\n" + many
+    error = load_error(text)
+    assert (error.line, error.key) == (5, "policies[0].questions") and "65 entries; at most 64" in error.reason
+
+
+def test_catalog_questions() -> None:
+    text = BASE.replace("    rules:", "      injection: {catalog: guard.prompt_injection}\n    rules:")
+    (policy,) = load_text(text)
+    wire = policy.questions[-1].wire
+    assert (wire.id, wire.type) == ("guard.prompt_injection", "noul") and "prompt injection" in wire.instructions
+    assert load_error(BASE.replace("    rules:", "      x: {catalog: guard.nope}\n    rules:")).key == \
+        "policies[0].questions.x.catalog"
+    bad = load_error(BASE.replace("    rules:", "      x: {catalog: guard.harm_severity, type: noul}\n    rules:"))
+    assert bad.key == "policies[0].questions.x.type" and "is a score question" in bad.reason
+    reworded = "      x: {catalog: guard.refusal, instructions: 'Did it refuse?'}\n    rules:"
+    assert "uses the catalog's instructions" in load_error(BASE.replace("    rules:", reworded)).reason
+
+
+def test_file_level_shape() -> None:
+    assert load_error("").reason.startswith("file is empty")
+    assert load_error("policies: []\n").key == "policies"
+    assert load_error("- a\n").reason.startswith("Input should be a valid dictionary")
+    assert load_error(BASE + "extra: 1\n").key == "extra"
+    handoff = BASE.replace("        action: escalate\n", "        action: handoff\n        handoff: t\n")
+    targets = "handoff_targets:\n  t: {base_url: 'http://x/v1', model: m, timeout: -1}\n"
+    assert load_error(targets + handoff).key == "handoff_targets.t.timeout"
+    ok = load_text(targets.replace("timeout: -1", "api_key_env: K") + handoff)
+    assert ok[0].handoff_targets["t"].api_key_env == "K"
+
+
+def test_duplicate_policy_ids_across_files(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(BASE)
+    (tmp_path / "b.yaml").write_text(BASE)
+    with pytest.raises(PolicyError) as caught:
+        load_files(tmp_path / "a.yaml", tmp_path / "b.yaml")
+    assert caught.value.file.endswith("b.yaml") and "already defined in" in caught.value.reason
+    with pytest.raises(PolicyError, match="cannot read file"):
+        load_files(tmp_path / "missing.yaml")
+
+
+def test_versions_and_shorthands() -> None:
+    text = BASE.replace("version: 1", "version: '1.10'").replace(
+        "    questions:",
+        "    state: {p: 'body:/messages/-1/content', q: 'query:q', c: {const: [1, 2]}}\n    questions:",
+    )
+    (policy,) = load_text(text)
+    assert policy.version == "1.10"
+    assert [(f.name, f.source, f.pointer, f.key) for f in policy.state_fields or ()] == [
+        ("p", "body", ("messages", "-1", "content"), None), ("q", "query", (), "q"), ("c", None, (), None)]

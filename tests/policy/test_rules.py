@@ -1,0 +1,100 @@
+"""Rules are a pure function of (policy, answers, subject): tested by passing probabilities straight in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from guard.policy import Outcome, RuleError, apply_rules, load_text
+from guard.policy.answers import answer_from_spec
+from guard.policy.rules import compile_condition, trace_rules
+from guard.subject import HttpSubject
+
+TEXT = """
+data: {limit: 0.7, vip: [gold, platinum]}
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    questions:
+      spam: {type: noul, instructions: Spam}
+      topic: {type: choice, instructions: Topic, criteria: {billing: b, tech: t}}
+      severity: {type: score, instructions: Severity, criteria: [a, b, c, d]}
+    rules:
+      - {id: vip, when: 'subject.headers["x-tier"] in data.vip', action: allow}
+      - {id: spam, when: spam.noul > data.limit, action: block}
+      - {id: unsure, when: 'topic.confidence < 0.6 && topic.probabilities["tech"] > 0.4', action: escalate}
+      - {id: severe, when: severity.score >= 2.0, action: block, status: 429}
+      - {id: hidden, when: flags.unicode_tags > 0, action: block}
+    default: {action: escalate, message: nobody decided}
+"""
+
+
+@pytest.fixture(scope="module")
+def policy() -> Any:
+    return load_text(TEXT)[0]
+
+
+def answers(policy: Any, **specs: Any) -> dict[str, Any]:
+    defaults = {"spam": 0.1, "topic": "billing", "severity": [1, 0, 0, 0]}
+    out = {}
+    for q in policy.questions:
+        out[q.key] = answer_from_spec(q.wire, {**defaults, **specs}[q.key])
+    return out
+
+
+def decide(policy: Any, headers: dict[str, str] | None = None, flags: dict[str, int] | None = None, **specs: Any):
+    subject = HttpSubject(method="POST", path="/", headers={"x-tier": "free", **(headers or {})})
+    return apply_rules(policy.id, policy.rules, policy.default, answers(policy, **specs), subject=subject,
+                       state={}, flags=flags, data=policy.data)
+
+
+def test_default_when_no_rule_fires(policy: Any) -> None:
+    result = decide(policy)
+    assert result.rule == "default" and result.outcome == Outcome("escalate", message="nobody decided")
+
+
+@pytest.mark.parametrize(
+    ("headers", "specs", "rule"),
+    [
+        ({"x-tier": "gold"}, {"spam": 0.99}, "vip"),  # order: the first true rule decides
+        ({}, {"spam": 0.71}, "spam"),
+        ({}, {"spam": 0.69}, "default"),  # data.limit is 0.7
+        ({}, {"topic": {"billing": 0.55, "tech": 0.45}}, "unsure"),
+        ({}, {"severity": [0, 0, 1, 0]}, "severe"),
+        ({}, {"severity": [0, 0.5, 0.5, 0]}, "default"),  # expected level 1.5
+    ],
+)
+def test_rules_fire_in_order(policy: Any, headers: dict[str, str], specs: dict[str, Any], rule: str) -> None:
+    assert decide(policy, headers, **specs).rule == rule
+
+
+def test_flags_and_status(policy: Any) -> None:
+    assert decide(policy, flags={"unicode_tags": 3}).rule == "hidden"
+    assert decide(policy, severity=[0, 0, 0, 1]).outcome.status == 429
+
+
+def test_runtime_errors_and_non_booleans_raise() -> None:
+    text = TEXT.replace("""'subject.headers["x-tier"] in data.vip'""", """'subject.headers["x-missing"] == "a"'""")
+    policy = load_text(text)[0]
+    with pytest.raises(RuleError, match="rule 'vip' of policy 'p' failed: KeyError"):
+        decide(policy)
+    number = load_text(TEXT.replace("when: spam.noul > data.limit", "when: spam.noul"))[0]
+    with pytest.raises(RuleError, match="not a boolean"):
+        decide(number)
+    traced = trace_rules(policy.id, policy.rules, answers(policy), subject=HttpSubject(method="GET", path="/"),
+                         data=policy.data)
+    assert traced[0][0] == "vip" and "KeyError" in str(traced[0][1]) and traced[1] == ("spam", False)
+
+
+def test_compile_condition_checks_names() -> None:
+    known = {"spam": "noul", "topic": "choice"}
+    _, names = compile_condition("[1, 2].exists(x, x > 1) && spam.noul > 0.5", known)
+    assert names == {"spam"}  # comprehension variables are not names to check
+    _, names = compile_condition('subject.path == "spam.choice"', known)  # string contents are not code
+    assert names == {"subject"}
+    with pytest.raises(ValueError, match="unknown name 'tpoic'"):
+        compile_condition("tpoic.choice == 'a'", known)
+    with pytest.raises(ValueError, match="a noul answer has noul, probabilities, type"):
+        compile_condition("spam.score > 1", known)

@@ -1,0 +1,93 @@
+"""Safe YAML for policy files: duplicate keys (C21), anchors/aliases and bombs (C22), tags, depth, size, lines."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import pytest
+
+from guard.errors import PolicyError
+from guard.policy._yaml import MAX_DEPTH, MAX_POLICY_BYTES, load_yaml
+
+# The 9-level nested-anchor bomb (PyYAML #235 / js-yaml #738 shape): ~400 bytes, 9^9 leaves when expanded.
+ALIAS_BOMB = """\
+policies:
+  - a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+    b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+    c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+    d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+    e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+    f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+    g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+    h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+    i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+
+def test_plain_data_and_lines() -> None:
+    data, lines = load_yaml("a: 1\nb:\n  - x\n  - {y: 2.5, z: null, t: true}\nversion: 2024-05-01\n", "f.yaml")
+    assert data == {"a": 1, "b": ["x", {"y": 2.5, "z": None, "t": True}], "version": "2024-05-01"}
+    assert lines.line(("b",)) == 2 and lines.line(("b", 1, "z")) == 4 and lines.line(("version",)) == 5
+    assert lines.line(("b", 1, "missing")) == 4  # falls back to the nearest ancestor
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ("threshold: 0.9\nthreshold: 0.1\n", 2, "threshold"),
+        ("policies:\n  - questions:\n      urgency: {}\n      urgency: {}\n", 4, "policies[0].questions.urgency"),
+        ("a: {x: 1, x: 2}\n", 1, "a.x"),
+        ("1: a\n'1': b\n", 2, "1"),  # 1 and '1' are the same key once keys are strings
+    ],
+)
+def test_duplicate_keys_name_key_and_line(text: str, line: int, key: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_yaml(text, "p.yaml")
+    assert (caught.value.file, caught.value.line, caught.value.key) == ("p.yaml", line, key)
+    assert "duplicate key" in caught.value.reason and "first defined on line" in caught.value.reason
+
+
+def test_alias_bomb_is_rejected_fast_with_bounded_memory() -> None:
+    assert len(ALIAS_BOMB) < 450
+    tracemalloc.start()
+    started = time.perf_counter()
+    with pytest.raises(PolicyError) as caught:
+        load_yaml(ALIAS_BOMB, "bomb.yaml")
+    elapsed = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert caught.value.line == 2 and "anchor &a is not allowed" in caught.value.reason
+    assert elapsed < 1.0 and peak < 50 * 2**20  # C22: < 1 s and < 50 MB (it stops at the first anchor)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("a: *x\n", "alias *x is not allowed"),
+        ("a: &x 1\n", "anchor &x is not allowed"),
+        ("base: {a: 1}\nother:\n  <<: {b: 2}\n", "merge keys"),
+        ("a: !!python/object:os.system ls\n", "tag tag:yaml.org,2002:python/object:os.system is not allowed"),
+        ("a: !custom 1\n", "tag !custom is not allowed"),
+        ("a: !!binary aGVsbG8=\n", "is not allowed"),
+        ("a: !!set {x, y}\n", "is not allowed"),
+        ("? [a, b]\n: 1\n", "mapping keys must be plain scalars"),
+        ("a: [1, 2\n", "YAML syntax error"),
+        ("a: 1\n---\nb: 2\n", "YAML syntax error"),
+    ],
+)
+def test_unsafe_or_broken_yaml_is_rejected(text: str, reason: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_yaml(text, "p.yaml")
+    assert reason in caught.value.reason
+    assert caught.value.line is not None
+
+
+def test_depth_size_and_encoding_limits() -> None:
+    with pytest.raises(PolicyError, match=f"nesting deeper than {MAX_DEPTH}"):
+        load_yaml("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(PolicyError, match="at most"):
+        load_yaml("a: " + "x" * MAX_POLICY_BYTES)
+    with pytest.raises(PolicyError, match="not UTF-8"):
+        load_yaml(b"a: \xff\xfe\n")
+    assert load_yaml("") == (None, load_yaml("")[1])

@@ -1,0 +1,167 @@
+"""One span per decision with stable attributes, outcome counters, and the JSON-lines decision log with redaction."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from guard.engine import Guard
+from guard.errors import BackendUnavailable
+from guard.policy import load_text
+from guard.subject import HttpSubject
+from guard.telemetry import SPAN_NAME, DecisionLog, Telemetry
+from tests._backends import ScriptedBackend
+
+POLICY = """
+policies:
+  - id: api
+    version: 7
+    match: {http: {paths: ["/v1/**"]}}
+    state: {prompt: body:/prompt, password: body:/password}
+    questions:
+      injection: {type: noul, instructions: Injection}
+    rules:
+      - {id: injection, when: injection.noul >= 0.8, action: block}
+    ON_ERROR
+"""
+
+
+@pytest.fixture
+def otel() -> Any:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    yield Telemetry(tracer_provider=tracer_provider, meter_provider=meter_provider), exporter, reader
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+
+
+def guard_for(telemetry: Telemetry, backend: ScriptedBackend, on_error: str = "", log: DecisionLog | None = None):
+    return Guard(load_text(POLICY.replace("ON_ERROR", on_error)), backends=backend, telemetry=telemetry,
+                 decision_log=log)
+
+
+def post(prompt: str) -> HttpSubject:
+    return HttpSubject(method="POST", path="/v1/chat", headers={"authorization": "Bearer s3cret", "x-req": "1"},
+                       body={"prompt": prompt, "password": "hunter2"}, body_text=prompt)
+
+
+def by_prompt(request: Any) -> dict[str, Any]:
+    return {"injection": 0.95 if "ignore" in request.state["prompt"] else 0.05}
+
+
+def counters(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], float]]]:
+    out: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", None)
+                    if value is None:
+                        value = point.count
+                    out.setdefault(metric.name, []).append((dict(point.attributes), value))
+    return out
+
+
+@pytest.mark.anyio
+async def test_one_span_per_decision_with_stable_attributes(otel: Any) -> None:
+    telemetry, exporter, reader = otel
+    guard = guard_for(telemetry, ScriptedBackend(by_prompt, name="clef-local", revision="r9", model="clef-flash"))
+    blocked = await guard.aevaluate(post("ignore it"))
+    allowed = await guard.aevaluate(post("hello"))
+    cached = await guard.aevaluate(post("hello"))
+    unmatched = await guard.aevaluate(HttpSubject(method="GET", path="/health"))
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == [SPAN_NAME] * 4
+    first = dict(spans[0].attributes)
+    assert first == {
+        "guard.subject.kind": "http", "http.request.method": "POST", "url.path": "/v1/chat",
+        "guard.decision_id": blocked.decision_id, "guard.policy.id": "api", "guard.policy.version": "7",
+        "guard.rule": "injection", "guard.action": "block", "guard.status": 403, "guard.cache_hit": False,
+        "guard.cache": "miss", "guard.backend": "clef-local", "guard.model": "clef-flash",
+        "guard.model_revision": "r9", "guard.latency_ms": round(blocked.latency_ms, 3),
+    }
+    assert spans[1].attributes["guard.action"] == "allow" and spans[1].attributes["guard.rule"] == "default"
+    assert spans[2].attributes["guard.cache_hit"] is True and spans[2].attributes["guard.cache"] == "hit"
+    assert "guard.policy.id" not in spans[3].attributes and spans[3].attributes["guard.action"] == "allow"
+    assert allowed.decision_id != cached.decision_id and unmatched.policy_id is None
+    decisions = counters(reader)["guard.decisions"]
+    by_action = {(a["guard.policy.id"], a["guard.action"], a["guard.rule"]): v for a, v in decisions}
+    assert by_action == {("api", "block", "injection"): 1, ("api", "allow", "default"): 2, ("", "allow", ""): 1}
+
+
+@pytest.mark.anyio
+async def test_fail_mode_spans_and_the_fail_open_counter(otel: Any) -> None:
+    telemetry, exporter, reader = otel
+    down = ScriptedBackend(fail=BackendUnavailable("HTTP 503", reason="http_503"))
+    await guard_for(telemetry, down).aevaluate(post("x"))
+    await guard_for(telemetry, down, on_error="on_error: {mode: open}").aevaluate(post("x"))
+    closed, opened = exporter.get_finished_spans()
+    assert closed.attributes["guard.fail_mode"] == "closed" and closed.attributes["guard.action"] == "block"
+    assert closed.attributes["guard.error"] == "http_503: HTTP 503" and closed.status.status_code == StatusCode.ERROR
+    assert opened.attributes["guard.fail_mode"] == "open" and list(opened.attributes["guard.flags"]) == ["fail_open"]
+    assert [v for _, v in counters(reader)["guard.fail_open"]] == [1]
+
+
+@pytest.mark.anyio
+async def test_decision_log_records_and_redacts(otel: Any) -> None:
+    telemetry, exporter, _ = otel
+    stream = io.StringIO()
+    log = DecisionLog(stream, redact=("/input/headers/authorization", "/input/body/password", "/state/password",
+                                      "/input/headers/absent"), labels={"region": "eu"})
+    guard = guard_for(telemetry, ScriptedBackend(by_prompt, revision="r9"), log=log)
+    verdict = await guard.aevaluate(post("ignore it"))
+    await guard.aevaluate(HttpSubject(method="GET", path="/health"))  # unmatched: no record
+    (line,) = stream.getvalue().splitlines()
+    event = json.loads(line)
+    span = exporter.get_finished_spans()[0]
+    assert event["decision_id"] == verdict.decision_id
+    assert event["policy"] == {"id": "api", "version": "7", "file": "<string>"}
+    assert event["result"]["action"] == "block" and event["result"]["rule"] == "injection"
+    assert event["answers"]["injection"]["true"] == pytest.approx(0.95)
+    assert (event["cache_hit"], event["cache"], event["revision"], event["fail_mode"]) == (False, "miss", "r9", None)
+    assert event["trace_id"] == format(span.context.trace_id, "032x")
+    assert event["span_id"] == format(span.context.span_id, "016x")
+    assert event["labels"]["region"] == "eu" and event["metrics"]["latency_ms"] > 0
+    assert event["erased"] == ["/input/headers/authorization", "/input/body/password", "/state/password"]
+    assert "authorization" not in event["input"]["headers"] and event["input"]["headers"]["x-req"] == "1"
+    assert "password" not in event["input"]["body"] and "password" not in event["state"]
+    assert "hunter2" not in line and "s3cret" not in line
+
+
+def test_decision_log_wildcards_sinks_and_errors(tmp_path: Any) -> None:
+    from guard.verdict import Verdict
+
+    subject = HttpSubject(method="POST", path="/", body={"messages": [{"content": "a", "role": "u"},
+                                                                      {"content": "b", "role": "u"}]})
+    lines: list[str] = []
+    log = DecisionLog(lines.append, redact=("/input/body/messages/*/content",), include_input=True)
+    event = log.record(Verdict("allow", "d1"), subject)
+    assert event["erased"] == ["/input/body/messages/0/content", "/input/body/messages/1/content"]
+    assert event["input"]["body"]["messages"] == [{"role": "u"}, {"role": "u"}] and len(lines) == 1
+    path = tmp_path / "decisions.jsonl"
+    file_log = DecisionLog(path)
+    file_log.record(Verdict("block", "d2"), None)
+    file_log.close()
+    assert json.loads(path.read_text())["decision_id"] == "d2"
+
+    def broken(line: str) -> None:
+        raise OSError("disk full")
+
+    failing = DecisionLog(broken)
+    failing.record(Verdict("allow", "d3"), None)  # the decision is not lost because the log is
+    assert failing.dropped == 1
+    with pytest.raises(ValueError, match="must be a JSON pointer"):
+        DecisionLog(lines.append, redact=("input/x",))
