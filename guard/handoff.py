@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,7 +237,9 @@ class HandoffClient:
             raise self._malformed(target, f"{type(exc).__name__}: {exc}") from exc
         return HandoffReply(text=text, model=raw.get("model"), finish_reason=choice.get("finish_reason"), raw=raw)
 
-    async def astream(self, target: HandoffTarget, messages: list[dict[str, str]]) -> AsyncIterator[HandoffChunk]:
+    async def astream(
+        self, target: HandoffTarget, messages: list[dict[str, str]]
+    ) -> AsyncGenerator[HandoffChunk, None]:
         """Stream a chat completion as it is generated, one :class:`HandoffChunk` per server-sent event.
 
         Ends after the ``[DONE]`` event (or when the target closes the stream).

@@ -399,7 +399,7 @@ return {3, ARGV[2]}
         item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s)
         key = self._key(item.id)
         core = json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), default=str)
-        mapping = {"status": item.status, "core": core, "digest": digest}
+        mapping: dict[Any, Any] = {"status": item.status, "core": core, "digest": digest}
         if request is not None:
             mapping["request"] = json.dumps(request, separators=(",", ":"))
         pipe = self._client.pipeline(transaction=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
-import brotli
+import brotli  # type: ignore[import-untyped]
 
 from guard.errors import BodyError
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
@@ -51,7 +52,7 @@ def content_digest(scope: Scope, body: bytes) -> str:
     return digest_of(scope["method"], scope["path"], scope.get("query_string", b""), body)
 
 
-async def _review_error(send: Send, exc: ReviewError, headers: HeaderList = ()) -> None:  # type: ignore[assignment]
+async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     if isinstance(exc, ReviewNotFound):
         await send_json(send, 404, {"code": REVIEW_NOT_FOUND, "message": str(exc), "review_id": exc.review_id},
                         headers)
