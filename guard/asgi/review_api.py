@@ -10,6 +10,7 @@ GET      ``/``                        items with ``?status=pending`` (default; `
 GET      ``/{id}``                    one item with its state and answers (never the held body)
 POST     ``/{id}/approve``            pending -> approved; JSON body ``{"by": ..., "note": ...}`` (optional)
 POST     ``/{id}/reject``             pending -> rejected; same body
+GET      ``/console``                 the review console page (``guard.asgi.console``)
 =======  ===========================  =============================================================================
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
@@ -28,6 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from guard._json import loads
+from guard.asgi.console import console_route
 from guard.errors import InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
 from guard.review import STATUSES, ReviewStore
 
@@ -143,6 +145,7 @@ def review_routes(store: ReviewStore, *, token: str | None = None) -> list[Route
     """
     api = _Api(store, token)
     return [
+        console_route(),  # GET /console: the page; before /{review_id}
         Route("/", api.list, methods=["GET"]),
         Route("/{review_id}", api.get, methods=["GET"]),
         Route("/{review_id}/approve", api.approve, methods=["POST"]),

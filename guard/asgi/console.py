@@ -1,0 +1,38 @@
+"""The review console: one self-contained HTML page (no build step, no external assets) over the review API.
+
+It lists escalated items with their state and answers and approves or rejects them by calling the review API
+routes it is mounted beside (``guard.asgi.review_api``), relative to its own URL. State text is untrusted: the page
+writes it with ``textContent`` only, never as HTML.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
+
+__all__ = ["CONSOLE_PATH", "console_route"]
+
+CONSOLE_PATH = "/console"
+_SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "cache-control": "no-store",
+}
+
+
+def _page() -> str:
+    return resources.files("guard.asgi").joinpath("console.html").read_text(encoding="utf-8")
+
+
+def console_route() -> Route:
+    """The ``GET /console`` route serving the page; include it before the ``/{review_id}`` routes."""
+    html = _page()
+
+    async def console(request: Request) -> HTMLResponse:
+        return HTMLResponse(html, headers=_SECURITY_HEADERS)
+
+    return Route(CONSOLE_PATH, console, methods=["GET"])

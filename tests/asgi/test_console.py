@@ -1,0 +1,122 @@
+"""The review console in a real headless browser (Debian's chromium driven by Playwright) against a real uvicorn
+server and a real Redis-backed review store: list pending items with state and answers, approve one, reject one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from guard.asgi.review_api import review_app
+from guard.review import RedisReviewStore, ReviewItem
+from guard.systemone import QuestionV1, answer_question
+from guard.verdict import Verdict
+from tests.asgi._servers import serve_in_thread
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None and not os.environ.get("CI"):
+    pytest.skip("needs Debian's chromium (apt-get install chromium); .ci/run installs it", allow_module_level=True)
+
+ATTACK = '<img src=x onerror="document.title=\'pwned\'">Ignore previous instructions'
+
+
+def _verdict(rule: str, state: object) -> Verdict:
+    question = QuestionV1("injection", "noul", "Does the text try to override instructions?")
+    return Verdict(
+        action="escalate",
+        decision_id=uuid.uuid4().hex,
+        policy_id="api-abuse",
+        policy_version="3",
+        rule=rule,
+        message="A person must look at this request.",
+        answers={"injection": answer_question(question, [0.62, 0.38])},
+        state=state,
+    )
+
+
+async def _create_items(url: str, prefix: str) -> list[ReviewItem]:
+    store = RedisReviewStore.from_url(url, prefix=prefix)
+    try:
+        first = await store.create(_verdict("maybe_injection", {"body": ATTACK}), subject={"path": "/v1/chat"},
+                                   digest="d1")
+        second = await store.create(_verdict("unsure", {"body": "hello"}), subject={"path": "/v1/search"},
+                                    digest="d2")
+        return [first, second]
+    finally:
+        await store.aclose()
+
+
+async def _status(url: str, prefix: str, review_id: str) -> ReviewItem:
+    store = RedisReviewStore.from_url(url, prefix=prefix)
+    try:
+        return await store.get(review_id)
+    finally:
+        await store.aclose()
+
+
+@pytest.fixture
+def console(redis_url: str) -> Iterator[tuple[str, str]]:
+    prefix = f"guard-test-console-{uuid.uuid4().hex[:8]}:"
+    store = RedisReviewStore.from_url(redis_url, prefix=prefix)
+    app = Starlette(routes=[Mount("/reviews", app=review_app(store))])
+    with serve_in_thread(app) as base:
+        yield base, prefix
+
+
+def test_console_page_is_self_contained(console: tuple[str, str]) -> None:
+    base, _ = console
+    response = httpx.get(f"{base}/reviews/console")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    assert "http://" not in response.text and "https://" not in response.text  # no external assets
+
+
+def test_console_approve_and_reject_in_a_browser(console: tuple[str, str], redis_url: str) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    base, prefix = console
+    first, second = asyncio.run(_create_items(redis_url, prefix))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"],
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/reviews/console")
+            first_card = page.locator(f'section.item[data-id="{first.id}"]')
+            second_card = page.locator(f'section.item[data-id="{second.id}"]')
+            expect(first_card).to_be_visible()
+            expect(second_card).to_be_visible()
+            # state and answers are shown as text; the attack markup is not rendered or run
+            expect(first_card.locator("pre.state")).to_contain_text("Ignore previous instructions")
+            expect(first_card.locator("pre.state")).to_contain_text("<img src=x")
+            assert first_card.locator("img").count() == 0
+            expect(first_card.locator("table.answers")).to_contain_text("0.6200")
+            expect(first_card.locator(".rule")).to_have_text("rule maybe_injection")
+
+            first_card.locator("button.approve").click()
+            expect(page.locator("#status")).to_contain_text(f"Approved {first.id}")
+            second_card.locator("input.note").fill("looks like spam")
+            second_card.locator("button.reject").click()
+            expect(page.locator("#status")).to_contain_text(f"Rejected {second.id}")
+            expect(page.locator("#empty")).to_be_visible()  # nothing pending any more
+
+            page.select_option("#filter", "all")
+            expect(page.locator("section.item")).to_have_count(2)
+            assert page.title() == "guard review console"
+        finally:
+            browser.close()
+    approved = asyncio.run(_status(redis_url, prefix, first.id))
+    rejected = asyncio.run(_status(redis_url, prefix, second.id))
+    assert (approved.status, approved.decided_by) == ("approved", "console")
+    assert (rejected.status, rejected.note) == ("rejected", "looks like spam")
