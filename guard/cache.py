@@ -164,7 +164,7 @@ class ProbabilityCache:
         loop = asyncio.get_running_loop()
         flights = self._inflight.setdefault(loop, {})
         task = flights.get(key)
-        if task is not None:
+        if task is not None and not task.done():  # a finished flight (even one not yet removed) is never joined
             response, _ = await asyncio.shield(task)
             self._stats.shared += 1
             return response, "shared"

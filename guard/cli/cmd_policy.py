@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -104,13 +105,12 @@ def open_backend(spec: str) -> Any:
 
         return LocalBackend.from_pretrained(arg)
     if kind == "http" and arg:
-        from guard.backends.http import SystemOneClient
-
-        return SystemOneClient(arg)
+        http = importlib.import_module("guard.backends.http")
+        return http.SystemOneClient(arg)
     if kind == "compact":
         from guard.backends.compact import CompactBackend
 
-        return CompactBackend.from_pretrained(arg) if arg else CompactBackend()
+        return CompactBackend.from_pretrained(arg) if arg else CompactBackend.default()
     raise ValueError(f"--backend {spec!r}: expected local:CHECKPOINT_DIR, http:URL or compact")
 
 
