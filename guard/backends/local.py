@@ -1,0 +1,249 @@
+"""In-process Clef behind the micro-batcher: the :class:`~guard.backends.base.DecisionBackend` with no HTTP hop.
+
+Each ``decide`` encodes its request on a worker thread (tokenization, CPU), then waits in a
+:class:`~guard.worker.batcher.MicroBatcher` whose single inference thread runs one batched prefill + head
+(:meth:`ClefModel.forward_records`) for every batch and the readout (:meth:`ClefModel.answer`) for each record. The
+event loop never runs torch. The decision worker (``guard worker serve``) serves exactly this object over HTTP.
+
+Example:
+    >>> backend = LocalBackend.from_pretrained("tests/fixtures/clef-golden/checkpoint")  # doctest: +SKIP
+    >>> async with backend:  # doctest: +SKIP
+    ...     response = await backend.decide(request, timeout=2.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+from guard.errors import (
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    GuardError,
+    Overloaded,
+    RequestValidationError,
+)
+from guard.systemone import CONFIDENCE_PROFILES, ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
+from guard.worker.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
+
+if TYPE_CHECKING:
+    import torch
+
+    from guard.clef.encoding import EncodedRecord
+    from guard.clef.model import ClefModel
+
+__all__ = ["DEFAULT_LOCAL_BACKEND_NAME", "LocalBackend"]
+
+#: ``name`` of a :class:`LocalBackend` unless one is given.
+DEFAULT_LOCAL_BACKEND_NAME = "clef-local"
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What the batcher carries for one request: the request (for the readout) and its encoded record."""
+
+    request: SystemOneRequestV1
+    record: EncodedRecord
+
+
+def _job_tokens(job: _Job) -> int:
+    return len(job.record.input_ids)
+
+
+class LocalBackend:
+    """A loaded :class:`~guard.clef.model.ClefModel` answering System One requests through a micro-batcher.
+
+    Args:
+        model: the loaded model (any dtype/device).
+        batcher_config: batching limits (:class:`~guard.worker.batcher.BatcherConfig` defaults when ``None``).
+        confidence_profile: which ``confidence`` to report (spec §4.1): ``reference`` (top probability),
+            ``workers-ai`` or ``jev``.
+        max_length: prompt limit in tokens (the model's ``max_length``, 16,384 by default, when ``None``).
+        name: the backend's name in errors, logs and verdicts.
+        on_batch: called after every forward pass with its :class:`~guard.worker.batcher.BatchInfo` (metrics).
+
+    The batcher starts on the first ``decide`` (or on ``start()`` / ``async with``) and is bound to that event loop.
+
+    Raises:
+        ValueError: for an unknown confidence profile or a ``max_length`` below 1.
+    """
+
+    def __init__(
+        self,
+        model: ClefModel,
+        *,
+        batcher_config: BatcherConfig | None = None,
+        confidence_profile: ConfidenceProfile = "reference",
+        max_length: int | None = None,
+        name: str = DEFAULT_LOCAL_BACKEND_NAME,
+        on_batch: Callable[[BatchInfo], None] | None = None,
+    ) -> None:
+        if confidence_profile not in CONFIDENCE_PROFILES:
+            raise ValueError(f"confidence_profile must be one of {CONFIDENCE_PROFILES}, got {confidence_profile!r}")
+        if max_length is not None and (isinstance(max_length, bool) or max_length < 1):
+            raise ValueError(f"max_length must be an integer >= 1, got {max_length!r}")
+        self.name = name
+        self.model = model
+        self.confidence_profile: ConfidenceProfile = confidence_profile
+        self.max_length = max_length if max_length is not None else model.max_length
+        self.batcher: MicroBatcher[_Job, SystemOneResponseV1] = MicroBatcher(
+            self._run_batch, tokens=_job_tokens, config=batcher_config, on_batch=on_batch, name=f"{name} queue"
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype | None = None,
+        device: str = "cpu",
+        batcher_config: BatcherConfig | None = None,
+        confidence_profile: ConfidenceProfile = "reference",
+        max_length: int | None = None,
+        name: str = DEFAULT_LOCAL_BACKEND_NAME,
+        on_batch: Callable[[BatchInfo], None] | None = None,
+    ) -> LocalBackend:
+        """Load a checkpoint directory with :meth:`ClefModel.from_pretrained` and wrap it.
+
+        Args:
+            path: the release (or tiny) checkpoint directory.
+            dtype: ``torch.bfloat16`` (the reference; default) or ``torch.float32``.
+            device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+            batcher_config, confidence_profile, max_length, name, on_batch: as for the constructor.
+
+        Raises:
+            FileNotFoundError: when ``path`` is not a checkpoint directory.
+            ValueError: for an unsupported dtype.
+        """
+        import torch
+
+        from guard.clef.model import ClefModel
+
+        kwargs: dict[str, Any] = {"dtype": dtype if dtype is not None else torch.bfloat16, "device": device}
+        if max_length is not None:
+            kwargs["max_length"] = max_length
+        model = ClefModel.from_pretrained(path, **kwargs)
+        return cls(
+            model,
+            batcher_config=batcher_config,
+            confidence_profile=confidence_profile,
+            max_length=max_length,
+            name=name,
+            on_batch=on_batch,
+        )
+
+    def __repr__(self) -> str:
+        return f"LocalBackend(name={self.name!r}, model={self.model_revision!r}, batcher={self.batcher!r})"
+
+    @property
+    def model_revision(self) -> str:
+        """``<model_id>@<checkpoint hash>``: identifies the weights (part of the cache key)."""
+        return f"{self.model.model_id}@{self.model.revision}"
+
+    # ---------------------------------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Start the batcher on the running event loop (``decide`` does this on first use). Idempotent while open.
+
+        Raises:
+            RuntimeError: when the backend was closed.
+        """
+        if self.batcher.state is BatcherState.UNOPENED:
+            await self.batcher.start()
+        elif self.batcher.state is not BatcherState.RUNNING:
+            raise RuntimeError(f"LocalBackend {self.name!r} is closed; create a new one.")
+
+    async def aclose(self) -> None:
+        """Finish queued requests, then stop the inference thread. Idempotent. The model stays loaded."""
+        await self.batcher.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -------------------------------------------------------------------------------------------------------- decide
+
+    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+        """Answer every question of ``request`` (spec §2-§4), batched with concurrent callers.
+
+        Args:
+            request: a validated request.
+            timeout: seconds for encoding, queueing and compute together; ``None`` waits for the answer.
+
+        Returns:
+            The response: ``model`` echoed from the request, answers in request order (unrounded; the wire rounds),
+            ``usage.input_tokens`` = prompt length.
+
+        Raises:
+            BackendRejected: the request cannot be encoded (its schema alone exceeds ``max_length``, or an image
+                cannot be decoded); ``status_code`` 422 and ``detail`` the field errors.
+            BackendTimeout: no answer within ``timeout``; a request still queued at its deadline is never computed.
+            BackendUnavailable: the queue is full (``reason="overloaded"``, ``retry_after`` set), the backend is
+                closed (``reason="closed"``), or the forward pass failed (``reason="inference_failed"``).
+            MalformedAnswer: the model produced a non-finite probability.
+        """
+        started = time.monotonic()
+        if self.batcher.state is BatcherState.UNOPENED:
+            await self.start()
+        elif self.batcher.state is not BatcherState.RUNNING:
+            raise BackendUnavailable(f"backend {self.name!r} is closed", backend=self.name, reason="closed")
+        record = await self._encode(request)
+        remaining = None
+        if timeout is not None:
+            remaining = timeout - (time.monotonic() - started)
+            if remaining <= 0:
+                raise BackendTimeout(f"encoding took longer than the {timeout * 1000:g} ms deadline", backend=self.name)
+        try:
+            return await self.batcher.submit(_Job(request, record), timeout=remaining)
+        except Overloaded as exc:
+            raise BackendUnavailable(
+                str(exc), backend=self.name, reason="overloaded", retry_after=exc.retry_after
+            ) from exc
+        except GuardError:
+            raise
+        except RuntimeError as exc:
+            if self.batcher.state is not BatcherState.RUNNING:
+                raise BackendUnavailable(
+                    f"backend {self.name!r} closed before answering", backend=self.name, reason="closed"
+                ) from exc
+            raise BackendUnavailable(
+                f"inference failed in {self.name!r}: {exc}", backend=self.name, reason="inference_failed"
+            ) from exc
+        except Exception as exc:
+            raise BackendUnavailable(
+                f"inference failed in {self.name!r}: {type(exc).__name__}: {exc}",
+                backend=self.name,
+                reason="inference_failed",
+            ) from exc
+
+    async def _encode(self, request: SystemOneRequestV1) -> EncodedRecord:
+        """Tokenize on a worker thread; turn the model's refusals into ``BackendRejected``."""
+        try:
+            return await asyncio.to_thread(self.model.encode, request, max_length=self.max_length)
+        except RequestValidationError as exc:
+            raise BackendRejected(
+                str(exc), backend=self.name, status_code=422, detail=[e.to_json() for e in exc.errors]
+            ) from exc
+        except ValueError as exc:
+            raise BackendRejected(
+                f"request cannot be encoded: {exc}",
+                backend=self.name,
+                status_code=422,
+                detail=[{"field": "body", "message": str(exc)}],
+            ) from exc
+
+    def _run_batch(self, jobs: Sequence[_Job]) -> list[SystemOneResponseV1]:
+        """On the inference thread: one batched forward for ``jobs``, then each record's readout."""
+        logits = self.model.forward_records([job.record for job in jobs])
+        return [
+            self.model.answer(job.request, job.record, per_question, confidence_profile=self.confidence_profile)
+            for job, per_question in zip(jobs, logits, strict=True)
+        ]

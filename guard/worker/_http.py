@@ -1,0 +1,143 @@
+"""HTTP plumbing of the worker: error bodies, the deadline header, and racing work against a client disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import Receive
+
+from guard.errors import BodyError
+
+__all__ = [
+    "BODY_TOO_LARGE",
+    "INTERNAL_ERROR",
+    "INVALID_HEADER",
+    "INVALID_JSON",
+    "INVALID_REQUEST",
+    "MALFORMED_ANSWER",
+    "NOT_FOUND",
+    "NOT_READY",
+    "OVERLOADED",
+    "TIMEOUT",
+    "TIMEOUT_HEADER",
+    "UNAVAILABLE",
+    "ClientGone",
+    "error_response",
+    "parse_timeout",
+    "unless_disconnected",
+]
+
+T = TypeVar("T")
+
+#: Error codes of the worker's ``{code, message, field, errors}`` bodies (OPA ``ErrorV1`` style).
+INVALID_JSON = "invalid_json"
+INVALID_REQUEST = "invalid_request"
+INVALID_HEADER = "invalid_header"
+BODY_TOO_LARGE = "body_too_large"
+OVERLOADED = "overloaded"
+NOT_READY = "not_ready"
+TIMEOUT = "timeout"
+UNAVAILABLE = "unavailable"
+MALFORMED_ANSWER = "malformed_answer"
+NOT_FOUND = "not_found"
+INTERNAL_ERROR = "internal_error"
+
+#: Request header carrying the caller's deadline in milliseconds (queue + compute).
+TIMEOUT_HEADER = "x-request-timeout-ms"
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; there is nobody to answer."""
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    field: str | None = None,
+    errors: Sequence[Mapping[str, Any]] = (),
+    retry_after: float | None = None,
+) -> JSONResponse:
+    """A JSON error: ``{"code", "message", "field", "errors": [{"field", "message"}]}`` (+ ``Retry-After``).
+
+    Args:
+        status: HTTP status.
+        code: snake_case code (module constants).
+        message: one sentence naming the value and the limit.
+        field: the first field at fault (defaults to ``errors[0]["field"]``).
+        errors: every field at fault, each ``{"field", "message"}``.
+        retry_after: seconds; sent as whole seconds rounded up in ``Retry-After`` and as a number in the body.
+    """
+    errors_list = [dict(e) for e in errors]
+    if field is None and errors_list:
+        field = str(errors_list[0].get("field", ""))
+    body: dict[str, Any] = {"code": code, "message": message, "field": field, "errors": errors_list}
+    headers: dict[str, str] = {}
+    if retry_after is not None:
+        seconds = max(1, math.ceil(retry_after))
+        headers["retry-after"] = str(seconds)
+        body["retry_after"] = seconds
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def parse_timeout(headers: Headers, default_s: float, maximum_s: float) -> float:
+    """Seconds the caller will wait: the :data:`TIMEOUT_HEADER` value capped at ``maximum_s``, else ``default_s``.
+
+    Raises:
+        BodyError: 400 ``invalid_header`` when the header is not a number of milliseconds > 0.
+    """
+    raw = headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return default_s
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise BodyError(
+            400,
+            INVALID_HEADER,
+            f"{TIMEOUT_HEADER} {raw[:40]!r} must be a number of milliseconds > 0",
+            field=f"headers.{TIMEOUT_HEADER}",
+        )
+    return min(value / 1000.0, maximum_s)
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work`` while listening for the client's disconnect; on disconnect cancel ``work``.
+
+    Call only after the whole body was received: from then on ``receive`` yields only ``http.disconnect``.
+    Cancelling ``work`` cancels its queued request, so the batcher drops it before compute.
+
+    Raises:
+        ClientGone: the client disconnected first.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # our own handler was cancelled (server shutdown): take the work down with it
+        watcher.cancel()
+        task.cancel()
+        raise
+    watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientGone()

@@ -1,0 +1,363 @@
+"""The decision worker: System One over HTTP from an in-process, micro-batched Clef (``guard worker serve``).
+
+Routes:
+
+* ``POST /v1/systemone``: the System One API (spec §5). Body capped (413), strict JSON (400 for non-JSON, duplicate
+  keys, NaN), validated with the ``workers-ai`` profile by default (422 naming every bad field), answered through
+  :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
+  the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
+  disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once.
+* ``GET /v1/models``: ``{"models": [{"name", "description", "revision", ...}]}`` (TypeSafe Jev's shape).
+* ``GET /healthz``: 200 while the process is alive (503 once loading the model or the self-test failed).
+* ``GET /readyz``: 200 only after the model loaded and the startup self-test (a fixed request answered with finite
+  probabilities summing to 1) passed.
+* ``GET /metrics``: Prometheus text of the OpenTelemetry metrics (:mod:`guard.worker.metrics`).
+
+No input gets a 500: every refusal is a 4xx JSON ``{code, message, field, errors}``.
+
+Example:
+    >>> app = create_app(lambda: LocalBackend.from_pretrained("/models/clef-flash", device="cuda"))  # doctest: +SKIP
+    >>> uvicorn.run(app, host="0.0.0.0", port=8000)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, get_args
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from guard._json import loads
+from guard.asgi._body import declared_length, read_body
+from guard.errors import (
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    BodyError,
+    InvalidJson,
+    MalformedAnswer,
+    RequestValidationError,
+)
+from guard.systemone import SystemOneRequestV1, ValidationProfile
+from guard.worker import _http
+from guard.worker._selftest import run_self_test
+from guard.worker.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
+
+if TYPE_CHECKING:
+    from guard.backends.local import LocalBackend
+    from guard.worker.batcher import BatchInfo
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "WorkerConfig", "WorkerPhase", "create_app"]
+
+logger = logging.getLogger("guard.worker")
+
+#: Largest accepted request body (Workers AI documents 13 MiB; decision requests are far smaller).
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Deadline of a request that sends no ``x-request-timeout-ms``.
+DEFAULT_TIMEOUT_S = 30.0
+#: Longest deadline a caller may ask for.
+MAX_TIMEOUT_S = 300.0
+#: ``Retry-After`` while the model is loading.
+NOT_READY_RETRY_AFTER_S = 5.0
+DEFAULT_DESCRIPTION = "Clef decision model (System One API) served by guard"
+
+_PROFILES: tuple[str, ...] = get_args(ValidationProfile)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How the worker serves requests (the batching limits live in the backend's ``BatcherConfig``).
+
+    Attributes:
+        validation_profile: ``workers-ai`` (hosted limits, unknown fields refused) or ``reference``.
+        max_body_bytes: largest request body; more is a 413.
+        default_timeout_s: deadline when the request has no ``x-request-timeout-ms`` header.
+        max_timeout_s: cap on the header's deadline.
+        overload_status: 429 or 503, the status of a full queue (both with ``Retry-After``).
+        model_name: the name listed by ``GET /v1/models`` (the checkpoint directory name when ``None``).
+        description: its description there.
+
+    Raises:
+        ValueError: naming the field, the value and what is allowed.
+    """
+
+    validation_profile: ValidationProfile = "workers-ai"
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    default_timeout_s: float = DEFAULT_TIMEOUT_S
+    max_timeout_s: float = MAX_TIMEOUT_S
+    overload_status: int = 429
+    model_name: str | None = None
+    description: str = DEFAULT_DESCRIPTION
+
+    def __post_init__(self) -> None:
+        if self.validation_profile not in _PROFILES:
+            raise ValueError(
+                f"WorkerConfig.validation_profile must be one of {_PROFILES}, got {self.validation_profile!r}"
+            )
+        if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
+            raise ValueError(f"WorkerConfig.max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
+        for name in ("default_timeout_s", "max_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"WorkerConfig.{name} must be a finite number of seconds > 0, got {value!r}")
+        if self.default_timeout_s > self.max_timeout_s:
+            raise ValueError(
+                f"WorkerConfig.default_timeout_s ({self.default_timeout_s:g}) exceeds max_timeout_s "
+                f"({self.max_timeout_s:g})"
+            )
+        if self.overload_status not in (429, 503):
+            raise ValueError(f"WorkerConfig.overload_status must be 429 or 503, got {self.overload_status!r}")
+
+
+class WorkerPhase(enum.Enum):
+    """Where the worker is: ``LOADING -> READY -> STOPPING``, or ``FAILED`` if loading or the self-test failed."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+
+
+class _Runtime:
+    """The worker's state (held in ``app.state.worker``): backend, phase, metrics."""
+
+    def __init__(
+        self, source: LocalBackend | Callable[[], LocalBackend], config: WorkerConfig, metrics: WorkerMetrics
+    ) -> None:
+        self.source = source
+        self.config = config
+        self.metrics = metrics
+        self.backend: LocalBackend | None = None
+        self.phase = WorkerPhase.LOADING
+        self.error: str | None = None
+
+    async def boot(self) -> None:
+        """Load the backend (on a thread), start its batcher, run the self-test; set the phase accordingly."""
+        try:
+            source = self.source
+            backend = source if not callable(source) else await asyncio.to_thread(source)
+            self.backend = backend
+            self._attach_metrics(backend)
+            await backend.start()
+            await run_self_test(backend)
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.phase = WorkerPhase.FAILED
+            logger.exception("worker failed to become ready")
+            return
+        if self.phase is WorkerPhase.LOADING:
+            self.phase = WorkerPhase.READY
+            logger.info("worker ready: %s", backend.model_revision)
+
+    def _attach_metrics(self, backend: LocalBackend) -> None:
+        batcher = backend.batcher
+        previous = batcher.on_batch
+        observe = self.metrics.observe_batch
+
+        def on_batch(info: BatchInfo) -> None:
+            observe(info)
+            if previous is not None:
+                previous(info)
+
+        batcher.on_batch = on_batch
+        self.metrics.bind_queue(lambda: batcher.queue_depth, lambda: batcher.in_flight)
+
+    async def close(self) -> None:
+        self.phase = WorkerPhase.STOPPING
+        if self.backend is not None:
+            await self.backend.aclose()  # finishes queued work first
+        self.metrics.shutdown()
+
+    def model_name(self) -> str:
+        if self.config.model_name:
+            return self.config.model_name
+        return self.backend.model.model_id if self.backend is not None else ""
+
+
+# ---------------------------------------------------------------------------------------------------------- routes
+
+
+def _runtime(request: Request) -> _Runtime:
+    runtime: _Runtime = request.app.state.worker
+    return runtime
+
+
+def _not_ready(runtime: _Runtime) -> JSONResponse:
+    reason = f": {runtime.error}" if runtime.error else ""
+    return _http.error_response(
+        503,
+        _http.NOT_READY,
+        f"the worker is {runtime.phase.value}{reason}",
+        retry_after=NOT_READY_RETRY_AFTER_S,
+    )
+
+
+async def _systemone(request: Request) -> Response:
+    """``POST /v1/systemone``: answer one System One request (see the module docstring for every status)."""
+    runtime = _runtime(request)
+    started = time.perf_counter()
+    response, outcome = await _answer(request, runtime)
+    runtime.metrics.request_done(outcome, time.perf_counter() - started)
+    return response
+
+
+async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
+    backend = runtime.backend
+    if runtime.phase is not WorkerPhase.READY or backend is None:
+        return _not_ready(runtime), "not_ready"
+    config = runtime.config
+    try:
+        timeout = _http.parse_timeout(request.headers, config.default_timeout_s, config.max_timeout_s)
+        declared = declared_length(request.headers.get("content-length", "").encode() or None)
+        raw = await read_body(request.receive, config.max_body_bytes, declared)
+        if raw is None:
+            return Response(status_code=499), "cancelled"
+        body = loads(raw)
+        system_request = SystemOneRequestV1.from_json(body, profile=config.validation_profile)
+    except BodyError as exc:
+        return _http.error_response(exc.status, exc.code, exc.reason, field=exc.field), "invalid"
+    except InvalidJson as exc:
+        field = "body" if exc.path == "$" else exc.path.removeprefix("$.")
+        return _http.error_response(400, _http.INVALID_JSON, str(exc), field=field), "invalid"
+    except RequestValidationError as exc:
+        errors = [e.to_json() for e in exc.errors]
+        return _http.error_response(422, _http.INVALID_REQUEST, str(exc), errors=errors), "invalid"
+    try:
+        answer = await _http.unless_disconnected(request.receive, backend.decide(system_request, timeout=timeout))
+    except _http.ClientGone:
+        return Response(status_code=499), "cancelled"
+    except BackendRejected as exc:
+        status = exc.status_code if exc.status_code and 400 <= exc.status_code < 500 else 422
+        errors = exc.detail if isinstance(exc.detail, list) else []
+        return _http.error_response(status, _http.INVALID_REQUEST, str(exc), errors=errors), "invalid"
+    except BackendTimeout as exc:
+        return _http.error_response(504, _http.TIMEOUT, str(exc)), "timeout"
+    except BackendUnavailable as exc:
+        if exc.reason == "overloaded":
+            retry = exc.retry_after or 1.0
+            return _http.error_response(config.overload_status, _http.OVERLOADED, str(exc), retry_after=retry), (
+                "overloaded"
+            )
+        return _http.error_response(503, _http.UNAVAILABLE, str(exc), retry_after=1.0), "unavailable"
+    except MalformedAnswer as exc:
+        logger.error("model produced a malformed answer: %s", exc)
+        return _http.error_response(500, _http.MALFORMED_ANSWER, str(exc)), "error"
+    headers = {"x-guard-model-revision": backend.model_revision}
+    return JSONResponse(answer.to_json(), headers=headers), "ok"
+
+
+async def _models(request: Request) -> Response:
+    """``GET /v1/models``: the served model, in TypeSafe Jev's ``{"models": [...]}`` shape."""
+    runtime = _runtime(request)
+    backend = runtime.backend
+    if runtime.phase is not WorkerPhase.READY or backend is None:
+        return _not_ready(runtime)
+    entry: dict[str, Any] = {
+        "name": runtime.model_name(),
+        "description": runtime.config.description,
+        "release_date": None,
+        "revision": backend.model_revision,
+        "max_input_tokens": backend.max_length,
+        "dtype": str(backend.model.dtype).removeprefix("torch."),
+        "device": str(backend.model.device),
+        "confidence_profile": backend.confidence_profile,
+        "validation_profile": runtime.config.validation_profile,
+    }
+    return JSONResponse({"models": [entry]})
+
+
+async def _healthz(request: Request) -> Response:
+    """``GET /healthz``: 200 while alive; 503 when loading the model or the self-test failed (restart me)."""
+    runtime = _runtime(request)
+    if runtime.phase is WorkerPhase.FAILED:
+        return _http.error_response(503, _http.UNAVAILABLE, f"the worker failed to start: {runtime.error}")
+    return JSONResponse({"status": "ok", "phase": runtime.phase.value})
+
+
+async def _readyz(request: Request) -> Response:
+    """``GET /readyz``: 200 only when the model is loaded and the self-test passed."""
+    runtime = _runtime(request)
+    if runtime.phase is not WorkerPhase.READY or runtime.backend is None:
+        return _not_ready(runtime)
+    batcher = runtime.backend.batcher
+    return JSONResponse(
+        {"status": "ready", "model": runtime.backend.model_revision, "queue_depth": batcher.queue_depth}
+    )
+
+
+async def _metrics(request: Request) -> Response:
+    """``GET /metrics``: Prometheus text exposition."""
+    return Response(_runtime(request).metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = (
+        _http.NOT_FOUND if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else "http_error"
+    )
+    return _http.error_response(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _http.error_response(500, _http.INTERNAL_ERROR, "internal error; see the worker log")
+
+
+async def _client_disconnect(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)
+
+
+def create_app(
+    backend: LocalBackend | Callable[[], LocalBackend],
+    *,
+    config: WorkerConfig | None = None,
+    metrics: WorkerMetrics | None = None,
+) -> Starlette:
+    """Build the worker app.
+
+    Args:
+        backend: a :class:`~guard.backends.local.LocalBackend`, or a callable that loads one (called on a thread at
+            startup, so ``/healthz`` answers while the weights load). The app owns it: shutdown closes it after
+            finishing queued work.
+        config: serving options (:class:`WorkerConfig` defaults when ``None``).
+        metrics: where metrics go (a private Prometheus-backed :class:`WorkerMetrics` when ``None``).
+
+    Returns:
+        A Starlette app; run it with uvicorn. ``app.state.worker`` holds the runtime (``phase``, ``backend``).
+    """
+    runtime = _Runtime(backend, config or WorkerConfig(), metrics or WorkerMetrics())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        boot = asyncio.ensure_future(runtime.boot())
+        try:
+            yield
+        finally:
+            if not boot.done():
+                boot.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await boot
+            await runtime.close()
+
+    routes = [
+        Route("/v1/systemone", _systemone, methods=["POST"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/healthz", _healthz, methods=["GET"]),
+        Route("/readyz", _readyz, methods=["GET"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+    ]
+    handlers = {HTTPException: _http_error, ClientDisconnect: _client_disconnect, Exception: _internal_error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)  # type: ignore[arg-type]
+    app.state.worker = runtime
+    return app

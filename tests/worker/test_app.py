@@ -1,0 +1,337 @@
+"""The decision worker over real HTTP: uvicorn in a thread, the golden tiny checkpoint (float32), real requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from guard.backends.local import LocalBackend
+from guard.clef.model import ClefModel
+from guard.worker.app import WorkerConfig, create_app
+from guard.worker.batcher import BatcherConfig
+from tests.worker._requests import golden_case, long_body, ticket_body
+from tests.worker._serve import RunningWorker, ServerThread, serve_app_in_thread, serve_worker
+
+pytestmark = pytest.mark.anyio
+
+BODY_CAP = 64 * 1024
+ONE_OPTION = (
+    b'{"model": "m", "state": "s", "questions": {"q": {"type": "choice", "instructions": "?", "criteria": {"a": 1}}}}'
+)
+
+
+def assert_close(got: Any, want: Any, tol: float = 2e-4, path: str = "$") -> None:
+    """Recursive JSON equality with a tolerance on floats (batched and single fp32 runs differ by ~1e-6)."""
+    if isinstance(want, float) or isinstance(got, float):
+        assert abs(float(got) - float(want)) <= tol, f"{path}: {got} != {want}"
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and list(got) == list(want), f"{path}: keys {list(got)} != {list(want)}"
+        for key in want:
+            assert_close(got[key], want[key], tol, f"{path}.{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), f"{path}: {got} != {want}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_close(g, w, tol, f"{path}[{i}]")
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+@pytest.fixture(scope="module")
+def worker(clef_fp32: ClefModel) -> Iterator[RunningWorker]:
+    backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=16, max_wait_ms=5))
+    with serve_worker(backend, config=WorkerConfig(max_body_bytes=BODY_CAP)) as running:
+        yield running
+
+
+async def hold_inference_thread(worker: RunningWorker, client: httpx.AsyncClient) -> asyncio.Future[httpx.Response]:
+    """Send a long request and return once it is computing, so that what follows has to queue behind it."""
+    busy = asyncio.ensure_future(client.post("/v1/systemone", json=long_body()))
+    deadline = time.monotonic() + 10
+    while worker.batcher.in_flight == 0:
+        assert time.monotonic() < deadline and not busy.done(), "the long request never started computing"
+        await asyncio.sleep(0.002)
+    return busy
+
+
+async def test_answer_matches_the_reference_fixture(worker: RunningWorker) -> None:
+    case = golden_case("01-three-types")
+    async with worker.client() as client:
+        response = await client.post("/v1/systemone", json=case["request"])
+    assert response.status_code == 200, response.text
+    assert_close(response.json(), case["response_fp32"])
+    assert response.json()["model"] == "clef-public-tiny"
+    assert response.json()["usage"] == {"input_tokens": case["input_ids_len"], "output_tokens": 0}
+    assert response.headers["x-guard-model-revision"] == worker.backend.model_revision
+
+
+async def test_concurrent_requests_get_their_own_answers_in_fewer_forward_passes(worker: RunningWorker) -> None:
+    bodies = [ticket_body(i) for i in range(16)]
+    async with worker.client(timeout=60) as client:
+        one_at_a_time = [(await client.post("/v1/systemone", json=body)).json() for body in bodies]
+        passes_before = worker.batcher.stats.batches
+        responses = await asyncio.gather(*(client.post("/v1/systemone", json=body) for body in bodies))
+        passes = worker.batcher.stats.batches - passes_before
+    assert [r.status_code for r in responses] == [200] * len(bodies)
+    for i, (response, single) in enumerate(zip(responses, one_at_a_time, strict=True)):
+        assert_close(response.json(), single, path=f"request {i}")
+        assert list(response.json()["answers"]) == list(bodies[i]["questions"])
+    assert passes < len(bodies), f"{passes} forward passes for {len(bodies)} concurrent requests"
+
+
+async def test_deadline_header_drops_a_queued_request_before_compute(worker: RunningWorker) -> None:
+    stats = worker.batcher.stats
+    async with worker.client(timeout=60) as client:
+        busy = await hold_inference_thread(worker, client)
+        computed, expired = stats.batched_requests, stats.expired
+        late = await client.post("/v1/systemone", json=ticket_body(1), headers={"x-request-timeout-ms": "50"})
+        answered_while_busy = not busy.done()
+        assert (await busy).status_code == 200
+        assert (await client.post("/v1/systemone", json=ticket_body(2))).status_code == 200
+    assert late.status_code == 504 and late.json()["code"] == "timeout"
+    assert answered_while_busy  # at its deadline, not after the long request
+    assert stats.expired == expired + 1
+    assert stats.batched_requests == computed + 1  # only the follow-up request was computed, never the late one
+
+
+async def test_client_disconnect_drops_a_queued_request_before_compute(worker: RunningWorker) -> None:
+    stats = worker.batcher.stats
+    async with worker.client(timeout=60) as client:
+        busy = await hold_inference_thread(worker, client)
+        computed, cancelled = stats.batched_requests, stats.cancelled
+        async with worker.client() as impatient:
+            gone = asyncio.ensure_future(impatient.post("/v1/systemone", json=ticket_body(3)))
+            while worker.batcher.queue_depth == 0:
+                await asyncio.sleep(0.002)
+            gone.cancel()  # the client goes away while its request waits behind the long one
+            with contextlib.suppress(asyncio.CancelledError):
+                await gone
+        assert gone.cancelled()
+        assert (await busy).status_code == 200
+        assert (await client.post("/v1/systemone", json=ticket_body(4))).status_code == 200
+    assert stats.cancelled == cancelled + 1
+    assert stats.batched_requests == computed + 1
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status", "code", "field"),
+    [
+        (b"not json", {}, 400, "invalid_json", "body"),
+        (b"", {}, 400, "invalid_json", "body"),
+        (b'{"model": "m", "model": "n", "state": "s", "questions": {}}', {}, 400, "invalid_json", "body"),
+        (b'{"model": "m", "state": NaN, "questions": {}}', {}, 400, "invalid_json", "body"),
+        (b"\xff\xfe{}", {}, 400, "invalid_json", "body"),
+        (b"[1, 2]", {}, 422, "invalid_request", "body"),
+        (b'{"model": "m", "state": "s"}', {}, 422, "invalid_request", "questions"),
+        (
+            b'{"model": "m", "state": "s", "questions": {"q": {"type": "maybe"}}}',
+            {},
+            422,
+            "invalid_request",
+            "questions.q.type",
+        ),
+        (
+            b'{"model": "m", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}, "extra": 1}',
+            {},
+            422,
+            "invalid_request",
+            "extra",
+        ),
+        (ONE_OPTION, {}, 422, "invalid_request", "questions.q.criteria"),
+        (b"{}", {"x-request-timeout-ms": "soon"}, 400, "invalid_header", "headers.x-request-timeout-ms"),
+        (b"{}", {"x-request-timeout-ms": "-5"}, 400, "invalid_header", "headers.x-request-timeout-ms"),
+        (b"x" * (BODY_CAP + 1), {}, 413, "body_too_large", "body"),
+    ],
+    ids=[
+        "text",
+        "empty",
+        "duplicate-key",
+        "nan",
+        "utf16-bom",
+        "array",
+        "no-questions",
+        "bad-type",
+        "unknown-field",
+        "one-option",
+        "timeout-text",
+        "timeout-negative",
+        "too-large",
+    ],
+)
+async def test_bad_requests_get_a_4xx_naming_the_field(
+    worker: RunningWorker, content: bytes, headers: dict[str, str], status: int, code: str, field: str
+) -> None:
+    async with worker.client() as client:
+        response = await client.post("/v1/systemone", content=content, headers=headers)
+        assert response.status_code == status, response.text
+        body = response.json()
+        assert body["code"] == code and body["field"] == field and body["message"]
+        # the worker survives: the next valid request is answered
+        assert (await client.post("/v1/systemone", json=ticket_body(0))).status_code == 200
+
+
+async def test_every_bad_field_is_listed(worker: RunningWorker) -> None:
+    body = {"model": "", "state": 5, "questions": {"a b": {"type": "score", "instructions": "", "criteria": ["x"]}}}
+    async with worker.client() as client:
+        response = await client.post("/v1/systemone", json=body)
+    assert response.status_code == 422
+    fields = [e["field"] for e in response.json()["errors"]]
+    assert {"model", "state", "questions.a b", "questions.a b.instructions", "questions.a b.criteria"} <= set(fields)
+    assert all(e["message"] for e in response.json()["errors"])
+
+
+async def test_unknown_routes_and_methods_are_json_errors(worker: RunningWorker) -> None:
+    async with worker.client() as client:
+        missing = await client.get("/v2/nothing")
+        wrong = await client.get("/v1/systemone")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    assert wrong.status_code == 405 and wrong.json()["code"] == "method_not_allowed"
+
+
+async def test_models_health_ready_and_metrics(worker: RunningWorker) -> None:
+    async with worker.client() as client:
+        await client.post("/v1/systemone", json=ticket_body(5))
+        await client.post("/v1/systemone", content=b"nope")
+        models = (await client.get("/v1/models")).json()
+        health = await client.get("/healthz")
+        ready = await client.get("/readyz")
+        metrics = await client.get("/metrics")
+    (entry,) = models["models"]
+    assert entry["name"] == "checkpoint" and entry["revision"] == worker.backend.model_revision
+    assert entry["description"] and entry["dtype"] == "float32" and entry["max_input_tokens"] == 16384
+    assert health.status_code == 200 and ready.status_code == 200 and ready.json()["status"] == "ready"
+    text = metrics.text
+    assert metrics.headers["content-type"].startswith("text/plain")
+    for name in (
+        "guard_worker_queue_depth",
+        "guard_worker_in_flight",
+        "guard_worker_batch_size_bucket",
+        "guard_worker_batch_tokens_bucket",
+        "guard_worker_request_duration_seconds_bucket",
+        "guard_worker_batch_compute_seconds_bucket",
+        "guard_worker_forward_passes_total",
+    ):
+        assert name in text, name
+    assert "guard_worker_requests_total{" in text and 'outcome="ok"' in text and 'outcome="invalid"' in text
+
+
+async def test_full_queue_answers_429_with_retry_after_at_once(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=1, max_queue=2, max_wait_ms=0))
+    with serve_worker(backend) as worker:
+        async with worker.client(timeout=60) as client:
+            busy = await hold_inference_thread(worker, client)
+            sent = [asyncio.ensure_future(client.post("/v1/systemone", json=ticket_body(i))) for i in range(6)]
+            while sum(task.done() for task in sent) < 4 and not busy.done():
+                await asyncio.sleep(0.002)
+            refused = [task.result() for task in sent if task.done() and task.result().status_code == 429]
+            refused_while_busy = not busy.done()
+            results = await asyncio.gather(*sent)
+            assert (await busy).status_code == 200
+            assert (await client.get("/healthz")).status_code == 200
+    statuses = sorted(r.status_code for r in results)
+    assert statuses == [200, 200, 429, 429, 429, 429]
+    assert len(refused) == 4 and refused_while_busy  # refused at once, not after the long request
+    for response in refused:
+        assert int(response.headers["retry-after"]) >= 1
+        assert response.json()["code"] == "overloaded"
+    assert backend.batcher.stats.rejected == 4
+
+
+async def test_overload_status_can_be_503(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=1, max_queue=1, max_wait_ms=0))
+    with serve_worker(backend, config=WorkerConfig(overload_status=503)) as worker:
+        async with worker.client(timeout=60) as client:
+            busy = await hold_inference_thread(worker, client)
+            results = await asyncio.gather(*(client.post("/v1/systemone", json=ticket_body(i)) for i in range(3)))
+            await busy
+    assert sorted(r.status_code for r in results) == [200, 503, 503]
+    assert all("retry-after" in r.headers for r in results if r.status_code == 503)
+
+
+async def test_schema_longer_than_max_length_is_422(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32, max_length=600)  # the self-test request fits, so the worker becomes ready
+    many = {f"q{i}": {"type": "noul", "instructions": f"Is statement number {i} true?"} for i in range(12)}
+    with serve_worker(backend) as worker:
+        async with worker.client() as client:
+            response = await client.post("/v1/systemone", json={"model": "m", "state": "s", "questions": many})
+            long_state = await client.post("/v1/systemone", json=long_body(400))
+    assert response.status_code == 422, response.text
+    assert response.json()["code"] == "invalid_request" and "maximum is 600" in response.json()["message"]
+    assert long_state.status_code == 200 and long_state.json()["usage"]["input_tokens"] == 600  # state cut to fit
+
+
+async def test_serves_on_a_unix_socket(clef_fp32: ClefModel, tmp_path: Path) -> None:
+    backend = LocalBackend(clef_fp32)
+    with serve_worker(backend, uds=str(tmp_path / "worker.sock")) as worker:
+        async with worker.client() as client:
+            results = await asyncio.gather(*(client.post("/v1/systemone", json=ticket_body(i)) for i in range(4)))
+            ready = await client.get("/readyz")
+    assert [r.status_code for r in results] == [200] * 4 and ready.status_code == 200
+    assert results[0].json()["answers"]["churn_risk"]["type"] == "noul"
+
+
+async def test_graceful_shutdown_answers_requests_already_queued(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=2, max_wait_ms=0))
+    app = create_app(backend)
+    server = ServerThread(app)
+    server.start()
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        busy = asyncio.ensure_future(client.post("/v1/systemone", json=long_body()))
+        while backend.batcher.in_flight == 0:
+            await asyncio.sleep(0.002)
+        queued = [asyncio.ensure_future(client.post("/v1/systemone", json=ticket_body(i))) for i in range(5)]
+        while backend.batcher.queue_depth < 5:
+            await asyncio.sleep(0.002)
+        await asyncio.to_thread(server.stop)
+        results = await asyncio.gather(busy, *queued)
+    assert [r.status_code for r in results] == [200] * 6
+    assert backend.batcher.state.value == "closed"
+
+
+async def test_not_ready_until_loaded_and_unhealthy_when_loading_fails(tmp_path: Path) -> None:
+    app = create_app(lambda: LocalBackend.from_pretrained(tmp_path / "missing"))
+    with serve_app_in_thread(app, ready_path=None) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            deadline = time.monotonic() + 30
+            while (health := await client.get("/healthz")).status_code == 200:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            ready = await client.get("/readyz")
+            answer = await client.post("/v1/systemone", json=ticket_body(0))
+            models = await client.get("/v1/models")
+    assert health.status_code == 503 and "not a Clef checkpoint" in health.json()["message"]
+    assert ready.status_code == 503 and ready.json()["code"] == "not_ready" and "retry-after" in ready.headers
+    assert answer.status_code == 503 and answer.json()["code"] == "not_ready"
+    assert models.status_code == 503
+
+
+async def test_loads_from_a_callable_on_startup(clef_fp32: ClefModel) -> None:
+    app = create_app(lambda: LocalBackend(clef_fp32), config=WorkerConfig(model_name="clef-flash"))
+    with serve_app_in_thread(app) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            models = (await client.get("/v1/models")).json()
+            response = await client.post("/v1/systemone", content=json.dumps(ticket_body(9)))
+    assert models["models"][0]["name"] == "clef-flash"
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"validation_profile": "strict"}, "validation_profile"),
+        ({"max_body_bytes": 0}, "max_body_bytes"),
+        ({"default_timeout_s": 0}, "default_timeout_s"),
+        ({"default_timeout_s": 100, "max_timeout_s": 10}, "exceeds max_timeout_s"),
+        ({"overload_status": 500}, "overload_status"),
+    ],
+)
+def test_worker_config_is_validated(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        WorkerConfig(**kwargs)
