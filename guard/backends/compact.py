@@ -1,0 +1,211 @@
+"""The embedded default backend: the compact CPU model, answering only the questions it was trained for.
+
+:meth:`CompactBackend.default` loads the weights shipped in ``guard/compact/weights/`` (the catalog questions of
+``docs/catalog.md``) once per process. Routers trained with ``guard train --kind router`` are added with
+:meth:`CompactBackend.from_checkpoints`. A question no loaded model was trained for is refused with
+:class:`~guard.errors.UnsupportedQuestion` naming it, never answered; :meth:`CompactBackend.unsupported` lets a policy
+loader find such questions at load time so a policy can route them to Clef or another System One backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from guard.compact.catalog import catalog_ids
+from guard.errors import BackendTimeout, UnsupportedQuestion
+from guard.systemone import ConfidenceProfile, QuestionV1, SystemOneRequestV1, SystemOneResponseV1
+
+__all__ = ["DEFAULT_WEIGHTS", "CompactBackend", "LoadProgress", "catalog_ids"]
+
+#: The shipped catalog checkpoint.
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "compact" / "weights"
+#: ``progress(done, total, stage)`` while loading: stages ``"encoder"`` then one per checkpoint.
+LoadProgress = Callable[[int, int, str], None]
+_BACKEND_NAME = "compact"
+_DEFAULT_LOCK = threading.Lock()
+_DEFAULT: CompactBackend | None = None
+
+
+class CompactBackend:
+    """A :class:`~guard.backends.base.DecisionBackend` over one or more compact checkpoints.
+
+    Example:
+        >>> backend = CompactBackend.default()                                   # doctest: +SKIP
+        >>> backend.unsupported(["guard.prompt_injection", "is_urgent"])         # doctest: +SKIP
+        ['is_urgent']
+
+    Args:
+        models: loaded :class:`~guard.compact.model.CompactModel` objects; a question id is answered by the first
+            model that knows it. ``None`` shares the models of :meth:`default` (the shipped catalog).
+        accept_paraphrases: also answer catalog questions whose wording differs from the canonical one (not
+            calibrated; for evaluation of how well the model reads questions). Off by default.
+        confidence_profile: the ``confidence`` definition of choice and score answers (§4.1).
+        revision: the model revision string (defaults to a hash of the checkpoints).
+    """
+
+    name = _BACKEND_NAME
+
+    def __init__(self, models: Sequence[Any] | None = None, *, accept_paraphrases: bool = False,
+                 confidence_profile: ConfidenceProfile = "reference", revision: str = "") -> None:
+        if models is None:
+            shared = CompactBackend.default()
+            models, revision = shared.models, revision or shared.model_revision
+        if not models:
+            raise ValueError("CompactBackend needs at least one model")
+        self.models = list(models)
+        self.accept_paraphrases = accept_paraphrases
+        self.confidence_profile = confidence_profile
+        self._revision = revision or "compact-" + hashlib.sha256(
+            "|".join(str(getattr(m, "meta", {}).get("revision", id(m))) for m in self.models).encode()
+        ).hexdigest()[:16]
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def from_checkpoints(cls, paths: Iterable[str | Path], *, progress: LoadProgress | None = None,
+                         **options: Any) -> CompactBackend:
+        """Load checkpoint directories (the first may be the catalog, others routers) sharing one encoder."""
+        from guard.compact.encoder import TextEncoder
+        from guard.compact.model import CompactModel
+
+        roots = [Path(p) for p in paths]
+        total = len(roots) + 1
+        if progress:
+            progress(0, total, "encoder")
+        encoder = TextEncoder.load()
+        models = []
+        digest = hashlib.sha256()
+        for n, root in enumerate(roots, 1):
+            if progress:
+                progress(n, total, str(root))
+            models.append(CompactModel.load(root, encoder=encoder))
+            for name in ("compact_config.json", "joint_head.safetensors"):
+                digest.update((root / name).read_bytes())
+        if progress:
+            progress(total, total, "ready")
+        return cls(models, revision="compact-" + digest.hexdigest()[:16], **options)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, progress: LoadProgress | None = None,
+                        **options: Any) -> CompactBackend:
+        """Load one checkpoint directory (``guard train`` output or the shipped weights)."""
+        return cls.from_checkpoints([path], progress=progress, **options)
+
+    @classmethod
+    def default(cls, *, progress: LoadProgress | None = None) -> CompactBackend:
+        """The shipped catalog model, loaded once per process (thread-safe); later calls return the same object."""
+        global _DEFAULT
+        with _DEFAULT_LOCK:
+            if _DEFAULT is None or _DEFAULT._closed:
+                _DEFAULT = cls.from_checkpoints([DEFAULT_WEIGHTS], progress=progress)
+            return _DEFAULT
+
+    # ---------------------------------------------------------------------------------------------------- support
+    @property
+    def model_revision(self) -> str:
+        return self._revision
+
+    def question_ids(self) -> list[str]:
+        """Every question id some loaded model answers (catalog ids and router ids)."""
+        return [qid for model in self.models for qid in model.questions]
+
+    def explain(self, question: QuestionV1 | Mapping[str, Any] | str) -> str | None:
+        """``None`` when this backend answers ``question``; else the one-sentence reason it is refused.
+
+        A bare id (``str``) is checked by id only; a ``Mapping`` is a wire question body with an ``id`` key.
+        """
+        if isinstance(question, str):
+            found = any(question in model.questions for model in self.models)
+            return None if found else self._not_known(question)
+        if isinstance(question, Mapping):
+            body = dict(question)
+            question = QuestionV1(id=str(body.pop("id")), type=body.get("type", "noul"),
+                                  instructions=body.get("instructions"), criteria=body.get("criteria"))
+        for model in self.models:
+            known = model.questions.get(question.id)
+            if known is not None:
+                return known.mismatch(question, accept_paraphrases=self.accept_paraphrases)
+        return self._not_known(question.id)
+
+    def unsupported(self, questions: Iterable[QuestionV1 | Mapping[str, Any] | str]) -> list[str]:
+        """The ids of the ``questions`` this backend would refuse (for a policy loader, at load time)."""
+        out = []
+        for question in questions:
+            if self.explain(question) is not None:
+                out.append(question if isinstance(question, str) else
+                           str(question["id"]) if isinstance(question, Mapping) else question.id)
+        return out
+
+    def check(self, request: SystemOneRequestV1) -> None:
+        """Raise :class:`UnsupportedQuestion` for the first question of ``request`` this backend would refuse."""
+        for question in request.questions:
+            reason = self.explain(question)
+            if reason is not None:
+                raise UnsupportedQuestion(question.id, self.name, reason)
+
+    def _not_known(self, question_id: str) -> str:
+        return (f"the compact model answers only {sorted(self.question_ids())}; send free-form questions to a Clef "
+                "or System One backend (see docs/catalog.md)")
+
+    # ----------------------------------------------------------------------------------------------------- decide
+    def decide_sync(self, request: SystemOneRequestV1) -> SystemOneResponseV1:
+        """Answer ``request`` in the calling thread.
+
+        Raises:
+            UnsupportedQuestion: a question no loaded model was trained for (nothing is answered then).
+            RuntimeError: after :meth:`aclose`.
+        """
+        if self._closed:
+            raise RuntimeError("CompactBackend is closed")
+        self.check(request)
+        with self._lock:
+            groups: dict[int, list[QuestionV1]] = {}
+            for question in request.questions:
+                owner = next(i for i, m in enumerate(self.models) if question.id in m.questions)
+                groups.setdefault(owner, []).append(question)
+            if len(groups) == 1:
+                ((owner, _),) = groups.items()
+                return self.models[owner].answer(request, confidence_profile=self.confidence_profile)
+            parts = [self.models[i].answer(request.override(questions=qs), confidence_profile=self.confidence_profile)
+                     for i, qs in groups.items()]
+        return _merge(request, parts)
+
+    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+        """Answer every question of ``request`` on a worker thread.
+
+        Raises:
+            UnsupportedQuestion: a question outside what the loaded models were trained for.
+            BackendTimeout: no answer within ``timeout`` seconds.
+        """
+        self.check(request)
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.decide_sync, request), timeout)
+        except TimeoutError as exc:
+            raise BackendTimeout(f"compact model gave no answer within {timeout} s", backend=self.name) from exc
+
+    async def aclose(self) -> None:
+        """Mark the backend closed (idempotent); the process-wide default is reloaded on the next ``default()``."""
+        self._closed = True
+
+
+def _merge(request: SystemOneRequestV1, parts: Sequence[Any]) -> SystemOneResponseV1:
+    """One response from the per-model responses, answers in request order, usage summed (the state once)."""
+    import dataclasses
+
+    from guard.compact.model import CompactResponseV1
+
+    answers = {}
+    for part in parts:
+        answers.update(part.answers)
+    first = parts[0].usage
+    extra = sum(p.usage.input_tokens - (p.usage.state_tokens - p.usage.state_tokens_dropped + 2 * p.usage.windows)
+                for p in parts[1:])
+    usage = dataclasses.replace(first, input_tokens=first.input_tokens + extra)
+    return CompactResponseV1(model=request.model, answers={q.id: answers[q.id] for q in request.questions},
+                             usage=usage)

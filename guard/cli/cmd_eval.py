@@ -1,0 +1,111 @@
+"""``guard eval``: run a decision backend over labelled JSONL; print accuracy, macro-F1, AUROC, FPR at a fixed TPR,
+ECE, Brier, Spearman (score), in-scope accuracy / out-of-scope recall (choice) and latency percentiles, as a table
+and as JSON (see ``guard/compact/evaluate.py`` for the definitions).
+
+Backends (``--backend``): ``compact`` (the shipped model), ``compact:DIR`` (a ``guard train`` checkpoint; add
+``--router DIR`` for routers), ``local:DIR`` (a Clef checkpoint in process), ``http:URL`` (a System One server).
+
+Examples::
+
+    guard eval build/compact-data/test/prompt_injection.jsonl
+    guard eval clinc_val.jsonl --backend compact:routers/intent --question-id support.intent --json report.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+__all__ = ["open_eval_backend", "register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "eval", help="measure a backend on labelled JSONL", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("data", nargs="+", help="labelled JSONL files (System One records or text/label lines)")
+    parser.add_argument("--backend", default="compact", help="compact | compact:DIR | local:DIR | http:URL")
+    parser.add_argument("--router", action="append", default=[], metavar="DIR", help="extra compact checkpoints")
+    parser.add_argument("--accept-paraphrases", action="store_true",
+                        help="compact: answer catalog questions asked in other wordings (uncalibrated)")
+    parser.add_argument("--tpr", type=float, default=0.95, help="true-positive rate for the FPR column")
+    parser.add_argument("--oos-label", default="oos", help="out-of-scope option id of choice questions")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per request")
+    parser.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout, the default)")
+    parser.add_argument("--text-field", default="text")
+    parser.add_argument("--label-field", default="label")
+    parser.add_argument("--question-id", default="route", help="choice question id for text/label lines")
+    parser.add_argument("--instructions", help="wording of that question (default: its id)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.set_defaults(handler=run)
+
+
+def open_eval_backend(spec: str, routers: list[str], accept_paraphrases: bool) -> Any:
+    """A backend from ``--backend``; compact specs honour ``--router`` and ``--accept-paraphrases``.
+
+    Raises:
+        ValueError: an unknown spec.
+    """
+    kind, _, arg = spec.partition(":")
+    if kind == "compact":
+        from guard.backends.compact import DEFAULT_WEIGHTS, CompactBackend
+
+        paths = [arg] if arg else ([] if routers else [str(DEFAULT_WEIGHTS)])
+        return CompactBackend.from_checkpoints([*paths, *routers], accept_paraphrases=accept_paraphrases)
+    from guard.cli.cmd_policy import open_backend
+
+    return open_backend(spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    from guard.compact.evaluate import evaluate_backend, format_table
+    from guard.compact.records import load_records
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    records = []
+    try:
+        for path in args.data:
+            records.extend(load_records(path, text_field=args.text_field, label_field=args.label_field,
+                                        question_id=args.question_id, instructions=args.instructions))
+        backend = open_eval_backend(args.backend, args.router, args.accept_paraphrases)
+    except (OSError, ValueError) as exc:
+        print(f"guard eval: {exc}", file=sys.stderr)
+        return 2
+
+    async def go() -> Any:
+        if hasattr(backend, "start"):
+            await backend.start()
+        bar = None
+        if not args.no_progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(records), desc="eval", unit="record", file=sys.stderr)
+        try:
+            return await evaluate_backend(backend, records, tpr=args.tpr, oos_label=args.oos_label,
+                                          timeout=args.timeout, progress=bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()
+            await backend.aclose()
+
+    try:
+        report = asyncio.run(go())
+    except ValueError as exc:
+        print(f"guard eval: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    body = json.dumps(report.to_json(), indent=2)
+    if args.json and args.json != "-":
+        with open(args.json, "w", encoding="utf-8") as handle:
+            handle.write(body + "\n")
+    else:
+        print(body)
+    return 0

@@ -1,0 +1,140 @@
+"""``guard train``: fit the compact model's head (catalog questions or a router over your own labels) from labelled
+JSONL, or fine-tune the head of a Clef checkpoint (``--clef DIR``) with its backbone frozen.
+
+Examples::
+
+    # the shipped catalog model (see docs/compact-model.md for the full reproduction)
+    python -m guard.compact.data data/ build/compact-data
+    guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --out guard/compact/weights
+
+    # a router over your own intents: one {"text": ..., "label": ...} per line
+    guard train intents.jsonl --kind router --question-id support.intent --out routers/intent
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "train", help="train the compact model (or a Clef head) on labelled JSONL",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("train", help="labelled JSONL: System One records, or {text, label} lines for a router")
+    parser.add_argument("--out", required=True, help="checkpoint directory to write")
+    parser.add_argument("--val", help="validation JSONL (early stopping, calibration); default: --val-fraction of train")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="held out from train when --val is absent")
+    parser.add_argument("--kind", choices=("catalog", "router"), default=None,
+                        help="catalog: any questions (default for System One records); router: one choice question "
+                        "over fixed labels (default for text/label lines)")
+    parser.add_argument("--clef", metavar="CHECKPOINT", help="fine-tune the joint head of this Clef checkpoint instead")
+    parser.add_argument("--device", default="cpu", help="device for --clef (cpu, cuda, cuda:N)")
+    router = parser.add_argument_group("text/label lines")
+    router.add_argument("--text-field", default="text")
+    router.add_argument("--label-field", default="label")
+    router.add_argument("--question-id", default="route", help="id of the choice question policies will ask")
+    router.add_argument("--instructions", help="wording of that question (default: its id)")
+    hyper = parser.add_argument_group("training")
+    hyper.add_argument("--epochs", type=int, default=None)
+    hyper.add_argument("--patience", type=int, default=None)
+    hyper.add_argument("--batch-size", type=int, default=None)
+    hyper.add_argument("--lr", type=float, default=None, dest="learning_rate")
+    hyper.add_argument("--label-smoothing", type=float, default=None)
+    hyper.add_argument("--brier-weight", type=float, default=None)
+    hyper.add_argument("--max-state-tokens", type=int, default=None)
+    hyper.add_argument("--width", type=int, default=None)
+    hyper.add_argument("--seed", type=int, default=None)
+    hyper.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--cache-dir", default=None, help="encoder embedding cache (default ~/.cache/guard/compact)")
+    parser.add_argument("--no-cache", action="store_true", help="keep embeddings in memory only")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(handler=run)
+
+
+def _hyper(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
+             "max_state_tokens", "width", "seed")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from guard.compact.records import load_records
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = {"text_field": args.text_field, "label_field": args.label_field, "question_id": args.question_id,
+               "instructions": args.instructions}
+    try:
+        records = load_records(args.train, **options)
+        if args.val:
+            val = load_records(args.val, **options)
+        else:
+            shuffled = list(records)
+            random.Random(args.seed or 0).shuffle(shuffled)
+            cut = int(len(shuffled) * args.val_fraction)
+            val, records = shuffled[:cut], shuffled[cut:]
+    except (OSError, ValueError) as exc:
+        print(f"guard train: {exc}", file=sys.stderr)
+        return 2
+    progress = None if args.no_progress else _tqdm()
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    if args.clef:
+        from guard.compact.clef_finetune import ClefFinetuneConfig, finetune_clef_head
+
+        config = ClefFinetuneConfig(**{k: v for k, v in _hyper(args).items() if k in ClefFinetuneConfig.fields()})
+        report = finetune_clef_head(args.clef, records, val, config, args.out, device=args.device,
+                                    progress=progress, log=log)
+        print(json.dumps(report, indent=2))
+        return 0
+    from guard.compact._cache import DEFAULT_CACHE_DIR, EmbeddingCache
+    from guard.compact.encoder import TextEncoder
+    from guard.compact.train import TrainConfig, train
+
+    router_lines = records and len(records[0].request.questions) == 1 and records[0].request.questions[0].type == \
+        "choice" and not _is_system_one(args.train)
+    kind = args.kind or ("router" if router_lines else "catalog")
+    try:
+        config = TrainConfig(kind=kind, **_hyper(args))
+    except ValueError as exc:
+        print(f"guard train: {exc}", file=sys.stderr)
+        return 2
+    encoder = TextEncoder.load()
+    cache = EmbeddingCache(encoder, None if args.no_cache else Path(args.cache_dir) if args.cache_dir else
+                           DEFAULT_CACHE_DIR)
+    try:
+        model, report = train(records, val, config, encoder, cache=cache, progress=progress, log=log)
+    except ValueError as exc:
+        print(f"guard train: {exc}", file=sys.stderr)
+        return 2
+    model.meta["command"] = " ".join(["guard", "train", *sys.argv[2:]]) if sys.argv[1:2] == ["train"] else ""
+    out = model.save(args.out)
+    print(json.dumps({"out": str(out), "kind": kind, "train_records": len(records), "val_records": len(val),
+                      **report.to_json()}, indent=2))
+    return 0
+
+
+def _is_system_one(path: str) -> bool:
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                return '"questions"' in line
+    return False
+
+
+def _tqdm() -> Any:
+    from tqdm import tqdm
+
+    def factory(**kwargs: Any) -> Any:
+        return tqdm(file=sys.stderr, dynamic_ncols=True, **kwargs)
+
+    return factory

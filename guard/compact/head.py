@@ -1,0 +1,162 @@
+"""The compact model's head: Clef's joint schema head, fed by late interaction instead of one prompt.
+
+Clef (``shared/design/clef-runtime.md`` §3) reads one prompt that holds the state and the schema. Here the state and
+each question and option are encoded **separately** by the frozen sentence encoder (late interaction), and the head
+reads them together:
+
+* memory ``M`` = ``memory_projection(hidden_norm([state tokens ; question tokens]))`` plus a learned segment
+  embedding (state vs question): the positions every option and every field attend to (§3.2 steps 2, 8, 13);
+* global vector ``g`` = mean of the normed state tokens (Clef: the last prompt token, step 3);
+* question vector ``q_j`` = mean of the normed tokens of the question's instructions (step 4);
+* option context ``c_k`` = mean of the normed tokens of the rendered option object ``{"description":…,
+  "option_id":…}``, and option lexical vector ``ℓ_k`` = mean of the encoder's input word-piece embeddings of those
+  tokens (Clef: LM-head rows, step 6).
+
+From there the steps are Clef's (7 to 16): option queries, evidence routing, option summary, the joint field decoder,
+``field_norm``, and the prior + gated joint + residual scorer. The module subclasses :class:`JointSchemaHead`, so every
+parameter has the release's name; the only addition is ``memory_segment_embedding``. Unlike the reference the
+forward pass is batched: padding is masked with key-padding masks, which for one unpadded record gives the per-record
+computation.
+
+Shapes: B records, Ls state tokens, Q questions, Lq question tokens, K options, Lo option tokens, H encoder width
+(384), W head width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from guard.clef.head import LOGIT_SCALE_MAX, JointHeadConfig, JointSchemaHead
+
+__all__ = ["CompactHead", "HeadInputs", "masked_mean"]
+
+#: Rows of ``memory_segment_embedding``: 0 = state token, 1 = question token.
+MEMORY_SEGMENTS = 2
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` ``(..., L, D)`` over the rows where ``mask`` ``(..., L)`` is true; zeros where none is."""
+    weights = mask.to(x.dtype).unsqueeze(-1)  # (..., L, 1)
+    total = (x * weights).sum(dim=-2)  # (..., D)
+    return total / weights.sum(dim=-2).clamp(min=1.0)
+
+
+@dataclass(frozen=True)
+class HeadInputs:
+    """Padded encoder outputs for a batch of records (float tensors in the head's dtype, masks ``bool``).
+
+    Attributes:
+        state: ``(B, Ls, H)`` state token states; ``state_mask`` ``(B, Ls)``.
+        question_tokens: ``(B, Q, Lq, H)``; ``question_token_mask`` ``(B, Q, Lq)``.
+        question_mask: ``(B, Q)`` true for real questions (every record has at least one).
+        question_type: ``(B, Q)`` int64, 0 noul, 1 choice, 2 score.
+        option_tokens: ``(B, Q, K, Lo, H)``; ``option_token_mask`` ``(B, Q, K, Lo)``.
+        option_lexical: ``(B, Q, K, H)`` mean word-piece embedding of each option.
+        option_mask: ``(B, Q, K)`` true for real options.
+    """
+
+    state: torch.Tensor
+    state_mask: torch.Tensor
+    question_tokens: torch.Tensor
+    question_token_mask: torch.Tensor
+    question_mask: torch.Tensor
+    question_type: torch.Tensor
+    option_tokens: torch.Tensor
+    option_token_mask: torch.Tensor
+    option_lexical: torch.Tensor
+    option_mask: torch.Tensor
+
+
+class CompactHead(JointSchemaHead):
+    """Clef's joint schema head read over separately encoded state, questions and options.
+
+    Args:
+        config: the head hyper-parameters (``hidden_size`` is the encoder width).
+    """
+
+    def __init__(self, config: JointHeadConfig) -> None:
+        super().__init__(config)
+        self.memory_segment_embedding = nn.Embedding(MEMORY_SEGMENTS, config.width)
+
+    def forward_batch(self, inputs: HeadInputs) -> torch.Tensor:  # noqa: PLR0914 - one step per line, as in §3.2
+        """Score every option of every question.
+
+        Args:
+            inputs: the padded batch.
+
+        Returns:
+            ``(B, Q, K)`` float32 logits; ``-inf`` at padded options (and everywhere in padded questions).
+        """
+        batch, questions, options, q_len, hidden = inputs.question_tokens.shape[0], *inputs.option_mask.shape[1:], \
+            inputs.question_tokens.shape[2], inputs.state.shape[-1]
+        state = self.hidden_norm(inputs.state)  # (B, Ls, H)
+        question_tokens = self.hidden_norm(inputs.question_tokens)  # (B, Q, Lq, H)
+        option_tokens = self.hidden_norm(inputs.option_tokens)  # (B, Q, K, Lo, H)
+
+        memory_rows = torch.cat([state, question_tokens.reshape(batch, questions * q_len, hidden)], dim=1)
+        memory_mask = torch.cat(
+            [inputs.state_mask, inputs.question_token_mask.reshape(batch, questions * q_len)], dim=1
+        )  # (B, Lm)
+        segments = torch.cat(
+            [
+                torch.zeros_like(inputs.state_mask, dtype=torch.long),
+                torch.ones((batch, questions * q_len), dtype=torch.long, device=state.device),
+            ],
+            dim=1,
+        )  # (B, Lm)
+        memory = self.memory_projection(memory_rows) + self.memory_segment_embedding(segments)  # (B, Lm, W)
+        padding = ~memory_mask
+
+        global_vector = masked_mean(state, inputs.state_mask)  # (B, H)
+        question_vectors = masked_mean(question_tokens, inputs.question_token_mask)  # (B, Q, H)
+        contexts = masked_mean(option_tokens, inputs.option_token_mask)  # (B, Q, K, H)
+        option_vectors = (
+            self.option_context_projection(contexts)
+            + self.option_lexical_projection(inputs.option_lexical)
+            + self.option_question_projection(question_vectors).unsqueeze(2)
+        ).reshape(batch, questions * options, -1)  # (B, Q*K, W)
+        for layer in self.evidence_layers:  # Clef step 8, with key-padding masks for the batch
+            keys = layer.memory_norm(memory)  # (B, Lm, W)
+            attended, _ = layer.attention(
+                layer.query_norm(option_vectors), keys, keys, key_padding_mask=padding, need_weights=False
+            )
+            option_vectors = option_vectors + attended
+            option_vectors = option_vectors + layer.feedforward(layer.feedforward_norm(option_vectors))
+        routed = option_vectors.reshape(batch, questions, options, -1)  # (B, Q, K, W)
+
+        base = self.question_projection(question_vectors)  # (B, Q, W)
+        affinity = torch.einsum("bqkw,bqw->bqk", routed, base) / math.sqrt(self.config.width)
+        affinity = affinity.masked_fill(~inputs.option_mask, float("-inf"))
+        weights = torch.softmax(affinity.float(), dim=-1).nan_to_num(0.0).to(routed.dtype)  # (B, Q, K)
+        summaries = torch.einsum("bqk,bqkw->bqw", weights, routed)  # (B, Q, W)
+        fields_ = (
+            base
+            + self.option_summary_norm(summaries)
+            + self.global_projection(global_vector).unsqueeze(1)
+            + self.type_embedding(inputs.question_type)
+        )  # (B, Q, W)
+        question_padding = ~inputs.question_mask
+        for layer in self.layers:  # Clef step 13
+            fields_ = layer(
+                fields_, memory, tgt_key_padding_mask=question_padding, memory_key_padding_mask=padding
+            )
+        fields_ = self.field_norm(fields_)  # (B, Q, W)
+
+        prior_scale = self.prior_logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
+        joint_scale = self.joint_logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
+        gate = torch.sigmoid(self.residual_gate)
+        anchor = F.normalize(question_vectors + global_vector.unsqueeze(1), dim=-1, eps=1e-12)  # (B, Q, H)
+        lexical = F.normalize(inputs.option_lexical, dim=-1, eps=1e-12)  # (B, Q, K, H)
+        prior = prior_scale * torch.einsum("bqkh,bqh->bqk", lexical, anchor)
+        option_normed = self.option_norm(routed)  # (B, Q, K, W)
+        field = fields_.unsqueeze(2).expand_as(option_normed)  # (B, Q, K, W)
+        cosine = F.cosine_similarity(field, option_normed, dim=-1, eps=1e-8)  # (B, Q, K)
+        features = torch.cat([field, option_normed, field * option_normed, (field - option_normed).abs()], dim=-1)
+        residual = self.residual_scorer(features).squeeze(-1)  # (B, Q, K, 4W) -> (B, Q, K)
+        logits = (prior + gate * (joint_scale * cosine + residual)).float()
+        return logits.masked_fill(~inputs.option_mask, float("-inf"))

@@ -1,0 +1,367 @@
+"""Training the compact model's head on labelled records (``guard train``).
+
+The encoder stays frozen, so every state, question and option is encoded once (states through the on-disk
+:class:`~guard.compact._cache.EmbeddingCache`) and each epoch only runs the head. The loss per question is
+label-smoothed cross-entropy plus a Brier term over its options (the Clef recipe, ``clef-runtime.md`` §1.7). Training
+is seeded (``torch``, Python ``random``), validates after every epoch, keeps the best epoch by validation loss and
+stops after ``patience`` epochs without improvement. Afterwards the head is rounded to bf16 (its on-disk dtype) and
+a temperature per question id is fitted on the validation records (:func:`fit_temperature`).
+
+Two kinds of head are trained: ``catalog`` (:class:`~guard.compact.head.CompactHead`, any questions) and ``router``
+(:class:`~guard.compact.router.RouterHead`, one choice question over fixed labels).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from guard.clef.encoding import render
+from guard.clef.head import JointHeadConfig
+from guard.compact._batch import QuestionEncoding, collate
+from guard.compact._cache import EmbeddingCache
+from guard.compact.catalog import CATALOG
+from guard.compact.encoder import TextEncoder
+from guard.compact.head import CompactHead
+from guard.compact.model import CompactModel, ModelQuestion
+from guard.compact.records import LabelledRecord
+from guard.compact.router import RouterHead
+
+__all__ = ["TrainConfig", "TrainReport", "fit_temperature", "soft_loss", "train"]
+
+ProgressFactory = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training settings (defaults reproduce the shipped catalog model).
+
+    Attributes:
+        kind: ``"catalog"`` or ``"router"``.
+        epochs: most epochs; ``patience`` epochs without a better validation loss stop early.
+        batch_size, learning_rate, weight_decay: AdamW settings.
+        label_smoothing: ε of the smoothed cross-entropy target ``(1-ε)·onehot + ε/K``.
+        brier_weight: weight of ``Σ_k (p_k − onehot_k)²`` added to the loss.
+        seed: seeds torch and Python ``random``.
+        max_state_tokens: state rows a training example keeps (first and last halves); inference reads all.
+        width, routing_layers, layers, heads, feedforward, dropout: head sizes (:class:`JointHeadConfig`).
+    """
+
+    kind: str = "catalog"
+    epochs: int = 12
+    patience: int = 3
+    batch_size: int = 32
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.05
+    brier_weight: float = 0.5
+    seed: int = 0
+    max_state_tokens: int = 512
+    width: int = 256
+    routing_layers: int = 2
+    layers: int = 2
+    heads: int = 4
+    feedforward: int = 512
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("catalog", "router"):
+            raise ValueError(f"kind must be 'catalog' or 'router', got {self.kind!r}")
+        for name in ("epochs", "patience", "batch_size", "max_state_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+    def head_config(self, hidden_size: int) -> JointHeadConfig:
+        return JointHeadConfig(hidden_size=hidden_size, width=self.width, routing_layers=self.routing_layers,
+                               layers=self.layers, heads=self.heads, feedforward=self.feedforward, dropout=self.dropout)
+
+
+@dataclass
+class TrainReport:
+    """What happened: per-epoch train/val loss, the best epoch, fitted temperatures."""
+
+    train_loss: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    val_accuracy: list[float] = field(default_factory=list)
+    best_epoch: int = 0
+    temperatures: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def soft_loss(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, smoothing: float,
+              brier_weight: float) -> torch.Tensor:
+    """Label-smoothed cross-entropy plus ``brier_weight`` × Brier score, averaged over questions.
+
+    Args:
+        logits: ``(N, K)`` with ``-inf`` at invalid options.
+        target: ``(N,)`` label index.
+        valid: ``(N, K)`` bool, the real options.
+        smoothing: ε.
+        brier_weight: weight of the Brier term.
+    """
+    count = valid.sum(-1, keepdim=True).clamp(min=1).float()
+    onehot = F.one_hot(target, logits.shape[-1]).float()
+    smooth = (1.0 - smoothing) * onehot + smoothing * valid.float() / count
+    log_p = torch.log_softmax(logits, dim=-1).masked_fill(~valid, 0.0)
+    cross_entropy = -(smooth * log_p).sum(-1)
+    brier = ((log_p.exp() * valid - onehot) ** 2).sum(-1)
+    return (cross_entropy + brier_weight * brier).mean()
+
+
+def fit_temperature(logits: Sequence[torch.Tensor], targets: Sequence[int]) -> float:
+    """The temperature ``T`` in [0.05, 20] minimising the NLL of ``softmax(z / T)`` (grid search in log space)."""
+    if not logits:
+        return 1.0
+    best, best_nll = 1.0, math.inf
+    for step in range(241):
+        t = math.exp(math.log(0.05) + step * (math.log(20.0) - math.log(0.05)) / 240)
+        nll = sum(float(-torch.log_softmax(z.double() / t, -1)[y]) for z, y in zip(logits, targets, strict=True))
+        if nll < best_nll:
+            best, best_nll = t, nll
+    return best
+
+
+def _cap(rows: torch.Tensor, limit: int) -> torch.Tensor:
+    if rows.shape[0] <= limit:
+        return rows
+    half = limit // 2
+    return torch.cat([rows[:half], rows[-(limit - half):]], 0)
+
+
+@dataclass(frozen=True)
+class _Example:
+    state: int
+    questions: tuple[str, ...]
+    targets: tuple[int, ...]
+
+
+def train(
+    train_records: Sequence[LabelledRecord],
+    val_records: Sequence[LabelledRecord],
+    config: TrainConfig,
+    encoder: TextEncoder,
+    *,
+    cache: EmbeddingCache | None = None,
+    progress: ProgressFactory | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[CompactModel, TrainReport]:
+    """Train a head and return the calibrated model.
+
+    Args:
+        train_records, val_records: labelled records (val may be empty: then the last epoch wins and ``T = 1``).
+        config: settings.
+        encoder: the frozen encoder.
+        cache: embedding cache; default in memory only.
+        progress: a ``tqdm``-like factory (``progress(total=..., desc=...)`` with ``update``/``close``), or ``None``.
+        log: receives one line per epoch.
+
+    Raises:
+        ValueError: no training records, or a router trained on records with more than one question.
+    """
+    if not train_records:
+        raise ValueError("no training records")
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    cache = cache or EmbeddingCache(encoder, None)
+    questions: dict[str, ModelQuestion] = {}
+    labels: tuple[str, ...] = ()
+    if config.kind == "router":
+        labels = _router_labels(train_records)
+    texts = sorted({render(r.request.state) for r in (*train_records, *val_records)})
+    bar = progress(total=len(texts), desc="encoding states", unit="text") if progress else None
+    states = cache.get(texts, progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    index = {text: i for i, text in enumerate(texts)}
+    rows = [_cap(s.float(), config.max_state_tokens) for s in states]
+
+    head_config = config.head_config(encoder.hidden_size)
+    head: CompactHead | RouterHead
+    if config.kind == "router":
+        head = RouterHead(head_config, len(labels))
+    else:
+        head = CompactHead(head_config)
+    model = CompactModel(encoder, head, {}, kind=config.kind)
+    encodings: dict[str, QuestionEncoding] = {}
+
+    def examples(records: Sequence[LabelledRecord]) -> list[_Example]:
+        out = []
+        for record in records:
+            keys, targets = [], []
+            for question in record.request.questions:
+                key = json_key(question)
+                if key not in encodings and config.kind == "catalog":
+                    encodings[key] = model.encode_question(question)
+                if question.id in record.labels:
+                    keys.append(key)
+                    target = record.labels[question.id]
+                    if config.kind == "router":
+                        target = labels.index(question.options()[target][0])
+                    targets.append(target)
+                _remember(questions, question, labels)
+            if keys:
+                out.append(_Example(index[render(record.request.state)], tuple(keys), tuple(targets)))
+        return out
+
+    train_examples, val_examples = examples(train_records), examples(val_records)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    steps = config.epochs * math.ceil(len(train_examples) / config.batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=config.learning_rate, total_steps=max(1, steps),
+                                                   pct_start=0.1)
+    report = TrainReport()
+    best_state: dict[str, torch.Tensor] | None = None
+    best_loss, stale = math.inf, 0
+
+    def run(batch: Sequence[_Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        state_rows = [rows[e.state] for e in batch]
+        if config.kind == "router":
+            width = max(r.shape[0] for r in state_rows)
+            state = torch.zeros(len(batch), width, state_rows[0].shape[-1])
+            mask = torch.zeros(len(batch), width, dtype=torch.bool)
+            for b, r in enumerate(state_rows):
+                state[b, : r.shape[0]], mask[b, : r.shape[0]] = r, True
+            logits = head(state, mask)  # (B, K)
+            valid = torch.ones_like(logits, dtype=torch.bool)
+            target = torch.tensor([e.targets[0] for e in batch])
+            return logits, target, valid, torch.zeros(len(batch), dtype=torch.long)
+        encs = [[encodings[k] for k in e.questions] for e in batch]
+        out = head.forward_batch(collate(state_rows, encs, torch.float32))  # (B, Q, K)
+        picks = [(b, j) for b, e in enumerate(batch) for j in range(len(e.questions))]
+        logits = torch.stack([out[b, j] for b, j in picks])  # (N, K)
+        target = torch.tensor([batch[b].targets[j] for b, j in picks])
+        return logits, target, torch.isfinite(logits), torch.tensor([b for b, _ in picks])
+
+    for epoch in range(config.epochs):
+        head.train()
+        order = _batches(train_examples, rows, config.batch_size, rng)
+        bar = progress(total=len(order), desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch") if progress else None
+        total = 0.0
+        for batch in order:
+            logits, target, valid, _ = run(batch)
+            loss = soft_loss(logits, target, valid, config.label_smoothing, config.brier_weight)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            value = float(loss.detach())
+            total += value
+            if bar:
+                bar.update(1)
+                bar.set_postfix(loss=f"{value:.4f}")
+        if bar:
+            bar.close()
+        report.train_loss.append(total / max(1, len(order)))
+        val_loss, val_acc = _evaluate(head, val_examples, rows, config, run)
+        report.val_loss.append(val_loss)
+        report.val_accuracy.append(val_acc)
+        log(f"epoch {epoch + 1}: train loss {report.train_loss[-1]:.4f}, val loss {val_loss:.4f}, val acc {val_acc:.4f}")
+        if not val_examples or val_loss < best_loss - 1e-4:
+            best_loss, stale, report.best_epoch = val_loss, 0, epoch + 1
+            best_state = {k: v.detach().clone() for k, v in head.state_dict().items()}
+        else:
+            stale += 1
+            if stale >= config.patience:
+                break
+    assert best_state is not None
+    # Round to the on-disk dtype before calibrating, so the temperatures fit the weights that ship.
+    head.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in best_state.items()})
+    head.eval()
+    report.temperatures = _calibrate(head, val_examples, config, run, train_records, questions)
+    final = {qid: ModelQuestion(q.id, q.type, q.instructions, q.criteria, report.temperatures.get(qid, 1.0), q.labels)
+             for qid, q in questions.items() if config.kind == "router" or qid in CATALOG or not qid.startswith("aux.")}
+    model = CompactModel(encoder, head, final, kind=config.kind,
+                         meta={"train_config": asdict(config), "report": report.to_json()})
+    return model, report
+
+
+def json_key(question: Any) -> str:
+    """A key identifying a question's type, wording and options."""
+    return render([question.id, question.type, question.instruction_value(), question.options()])
+
+
+def _remember(questions: dict[str, ModelQuestion], question: Any, labels: tuple[str, ...]) -> None:
+    if question.id in questions:
+        return
+    entry = CATALOG.get(question.id)
+    if entry is not None:
+        questions[question.id] = ModelQuestion(entry.id, entry.type, entry.instructions,
+                                               list(entry.criteria) if entry.criteria else None)
+    else:
+        criteria = question.criteria
+        if labels:
+            criteria = {label: (question.criteria or {}).get(label) for label in labels}
+        questions[question.id] = ModelQuestion(question.id, question.type, str(question.instruction_value()),
+                                               criteria, labels=labels)
+
+
+def _router_labels(records: Sequence[LabelledRecord]) -> tuple[str, ...]:
+    ids = {q.id for r in records for q in r.request.questions}
+    if len(ids) != 1:
+        raise ValueError(f"a router is trained on one choice question; the records ask {sorted(ids)}")
+    found: set[str] = set()
+    for record in records:
+        (question,) = record.request.questions
+        if question.type != "choice":
+            raise ValueError(f"a router question must be 'choice', {question.id!r} is {question.type!r}")
+        found.update(question.option_ids())
+    return tuple(sorted(found))
+
+
+def _batches(examples: Sequence[_Example], rows: Sequence[torch.Tensor], size: int,
+             rng: random.Random) -> list[list[_Example]]:
+    """Shuffled batches of examples with similar state lengths (less padding)."""
+    keyed = sorted(examples, key=lambda e: rows[e.state].shape[0] * (1.0 + 0.3 * rng.random()))
+    batches = [list(keyed[i : i + size]) for i in range(0, len(keyed), size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _evaluate(head: torch.nn.Module, examples: Sequence[_Example], rows: Sequence[torch.Tensor],
+              config: TrainConfig, run: Callable[..., Any]) -> tuple[float, float]:
+    if not examples:
+        return math.nan, math.nan
+    head.eval()
+    total, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for start in range(0, len(examples), 64):
+            logits, target, valid, _ = run(examples[start : start + 64])
+            total += float(soft_loss(logits, target, valid, config.label_smoothing, config.brier_weight)) * len(target)
+            correct += int((logits.argmax(-1) == target).sum())
+            count += len(target)
+    return total / count, correct / count
+
+
+def _calibrate(head: torch.nn.Module, examples: Sequence[_Example], config: TrainConfig, run: Callable[..., Any],
+               records: Sequence[LabelledRecord], questions: dict[str, ModelQuestion]) -> dict[str, float]:
+    """One temperature per question id, fitted on the validation examples."""
+    per_id: dict[str, tuple[list[torch.Tensor], list[int]]] = {}
+    with torch.no_grad():
+        for start in range(0, len(examples), 64):
+            batch = examples[start : start + 64]
+            logits, target, valid, _ = run(batch)
+            qids = [_id_of(k, config) for e in batch for k in e.questions]
+            for qid, z, m, y in zip(qids, logits, valid, target, strict=True):
+                bucket = per_id.setdefault(qid, ([], []))
+                bucket[0].append(z[m])
+                bucket[1].append(int(y))
+    return {qid: fit_temperature(zs, ys) for qid, (zs, ys) in per_id.items()}
+
+
+def _id_of(key: str, config: TrainConfig) -> str:
+    """The question id stored in a :func:`json_key`."""
+    import json
+
+    qid: str = json.loads(key)[0]
+    return qid

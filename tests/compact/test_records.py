@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from guard.compact.records import label_index, load_records
+from guard.systemone import QuestionV1
+from tests.compact.conftest import write_jsonl
+
+
+def test_label_forms() -> None:
+    noul = QuestionV1("q", "noul")
+    assert [label_index(noul, v) for v in ("true", "false", True, False, 1, 0)] == [0, 1, 0, 1, 0, 1]
+    score = QuestionV1("s", "score", criteria=["a", "b", "c"])
+    assert label_index(score, 2) == 2 and label_index(score, "1") == 1
+    choice = QuestionV1("c", "choice", criteria={"z": None, "a": None})
+    assert label_index(choice, "z") == 1  # prompt order is sorted
+    with pytest.raises(ValueError, match="not one of its options"):
+        label_index(choice, "b")
+    with pytest.raises(ValueError, match="level index"):
+        label_index(score, 1.5)
+
+
+def test_text_label_lines_become_one_choice_question(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "x.jsonl", [{"utt": "hi", "intent": "greet"}, {"utt": "bye", "intent": "leave"}])
+    records = load_records(path, text_field="utt", label_field="intent", question_id="r")
+    assert records[0].request.questions[0].option_ids() == ["greet", "leave"]
+    assert records[1].labels == {"r": 1}
+
+
+def test_errors_name_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"state": "x", "questions": {"q": {"type": "noul"}}, "labels": {"q": "maybe"}}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: label 'maybe'"):
+        load_records(bad)
+    bad.write_text('{"state": "x", "questions": {"q": {"type": "noul"}}, "labels": {}}\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+        load_records(bad)
+    bad.write_text('{"text": "x", "label": "a"}\n')
+    with pytest.raises(ValueError, match="at least 2 labels"):
+        load_records(bad)

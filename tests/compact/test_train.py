@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from guard.compact.records import load_records
+from guard.compact.train import TrainConfig, fit_temperature, soft_loss, train
+from tests.compact.conftest import injection_records, write_jsonl
+
+TINY = dict(width=32, routing_layers=1, layers=1, heads=2, feedforward=64, batch_size=8, dropout=0.0,
+            learning_rate=3e-3)
+
+
+def test_soft_loss_by_hand() -> None:
+    logits = torch.tensor([[0.0, 0.0, float("-inf")]])
+    valid = torch.tensor([[True, True, False]])
+    # uniform over 2 valid options: CE = ln 2 whatever the smoothing; Brier = 0.5² + 0.5² = 0.5
+    loss = soft_loss(logits, torch.tensor([0]), valid, smoothing=0.1, brier_weight=2.0)
+    assert float(loss) == pytest.approx(torch.log(torch.tensor(2.0)).item() + 2 * 0.5)
+
+
+def test_fit_temperature_softens_overconfident_logits() -> None:
+    logits = [torch.tensor([4.0, -4.0]), torch.tensor([4.0, -4.0]), torch.tensor([4.0, -4.0]),
+              torch.tensor([4.0, -4.0])]
+    targets = [0, 0, 0, 1]  # right 3 times in 4: the best temperature makes P ~ 0.75
+    t = fit_temperature(logits, targets)
+    p = torch.softmax(torch.tensor([4.0, -4.0]) / t, -1)[0]
+    assert float(p) == pytest.approx(0.75, abs=0.02)
+
+
+def _train(encoder: Any, tmp_path: Path, epochs: int, seed: int = 0) -> tuple[Any, Any]:
+    records = load_records(write_jsonl(tmp_path / "train.jsonl", injection_records()))
+    config = TrainConfig(epochs=epochs, patience=epochs, seed=seed, **TINY)
+    return train(records, records[::3], config, encoder)
+
+
+def test_training_lowers_the_loss_and_is_reproducible(encoder: Any, tmp_path: Path) -> None:
+    model, report = _train(encoder, tmp_path, epochs=6)
+    assert report.train_loss[-1] < report.train_loss[0]
+    assert report.val_loss[-1] < report.val_loss[0]
+    _, again = _train(encoder, tmp_path, epochs=6)
+    assert again.train_loss == report.train_loss
+    assert set(model.questions) == {"guard.prompt_injection"}
+    assert model.questions["guard.prompt_injection"].temperature == report.temperatures["guard.prompt_injection"]
+
+
+def test_router_training(encoder: Any, tmp_path: Path) -> None:
+    rows = [{"text": t, "label": label} for label, texts in {
+        "billing": ["my invoice is wrong", "refund my payment", "charge on my card twice", "update billing address"],
+        "tech": ["the app crashes on start", "cannot log in", "error 500 on upload", "screen stays blank"],
+        "oos": ["what is the capital of peru", "tell me a joke", "how tall is everest", "sing a song"],
+    }.items() for t in texts]
+    records = load_records(write_jsonl(tmp_path / "intents.jsonl", rows), question_id="support.intent")
+    model, report = train(records, records, TrainConfig(kind="router", epochs=8, patience=8, **TINY), encoder)
+    assert report.train_loss[-1] < report.train_loss[0]
+    assert model.questions["support.intent"].labels == ("billing", "oos", "tech")
+
+
+def test_rejects_empty_and_mixed_router_input(encoder: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no training records"):
+        train([], [], TrainConfig(**TINY), encoder)
+    records = load_records(write_jsonl(tmp_path / "t.jsonl", injection_records()))
+    with pytest.raises(ValueError, match="choice"):
+        train(records, [], TrainConfig(kind="router", **TINY), encoder)
