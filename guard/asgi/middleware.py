@@ -163,7 +163,9 @@ class _GuardedRequest:
         except BodyError as exc:
             await self._refuse(exc)
             return
-        subject = dataclasses.replace(self.head, query=query, body=value, body_text=text)
+        head = self.head
+        subject = HttpSubject(method=head.method, path=head.path, query=query, headers=headers, host=head.host,
+                              client=head.client, content_type=head.content_type, body=value, body_text=text)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
             await release_on_resend(mw, self.scope, self.receive, self.send, review_id.strip(), body)
