@@ -24,7 +24,7 @@ import torch
 from guard.clef._tiny_tokenizer import SPECIAL_TOKENS, dumps, tokenizer_config, train_tokenizer_json
 from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig, JointSchemaHead
 
-__all__ = ["TinyConfig", "write_tiny_checkpoint"]
+__all__ = ["TinyConfig", "mrope_section", "write_tiny_checkpoint"]
 
 #: Shard size that splits even a tiny backbone into several files, so the index is always written.
 _SHARD_SIZE = "200KB"
@@ -77,19 +77,21 @@ class TinyConfig:
     merges: int = 512
 
 
-def _mrope_section(head_dim: int, partial_rotary: float) -> list[int]:
-    """Split the rotary frequencies over (t, h, w) like the release ([11, 11, 10] for 32 frequencies).
+def mrope_section(head_dim: int, partial_rotary: float) -> list[int]:
+    """Split the rotary frequencies over the (t, h, w) axes like the release ([11, 11, 10] for 32 frequencies).
+
+    transformers accepts a wrong ``mrope_section`` silently, so tiny configs must derive it from the rotary size.
 
     Raises:
-        ValueError: when there are fewer than 3 frequencies (a zero-width section is silently wrong).
+        ValueError: when there are fewer than 3 frequencies (an axis would get none).
     """
     frequencies = int(head_dim * partial_rotary) // 2
     if frequencies < 3:
         raise ValueError(
             f"head_dim {head_dim} x partial_rotary {partial_rotary} gives {frequencies} frequencies; need 3"
         )
-    first = math.ceil(frequencies / 3)
-    return [first, first, frequencies - 2 * first]
+    base, rest = divmod(frequencies, 3)
+    return [base + (rest > 0), base + (rest > 1), base]
 
 
 def _backbone_config(tiny: TinyConfig, vocab: int, special: dict[str, int], vision: bool) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def _backbone_config(tiny: TinyConfig, vocab: int, special: dict[str, int], visi
         "rms_norm_eps": 1e-6,
         "rope_parameters": {
             "mrope_interleaved": True,
-            "mrope_section": _mrope_section(tiny.head_dim, tiny.partial_rotary),
+            "mrope_section": mrope_section(tiny.head_dim, tiny.partial_rotary),
             "partial_rotary_factor": tiny.partial_rotary,
             "rope_theta": 10000000.0,
             "rope_type": "default",

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from guard.clef.model import ClefModel
-from guard.clef.tiny import TinyConfig, _mrope_section, write_tiny_checkpoint
+from guard.clef.tiny import TinyConfig, mrope_section, write_tiny_checkpoint
 from guard.errors import RequestValidationError
 from guard.systemone import SystemOneRequestV1
 from tests.conftest import GOLDEN
@@ -68,12 +68,15 @@ def test_same_seed_same_bytes_other_seed_other_weights(tiny_checkpoint: Path, tm
     assert other["tokenizer.json"] == _digests(tiny_checkpoint)["tokenizer.json"]
 
 
-@pytest.mark.parametrize(("head_dim", "rotary", "section"), [(256, 0.25, [11, 11, 10]), (40, 0.25, [2, 2, 1])])
-def test_mrope_section_matches_the_rotary_size(head_dim: int, rotary: float, section: list[int]) -> None:
-    assert _mrope_section(head_dim, rotary) == section
+@pytest.mark.parametrize(
+    ("head_dim", "rotary", "section"),
+    [(256, 0.25, [11, 11, 10]), (40, 0.25, [2, 2, 1]), (32, 0.25, [2, 1, 1]), (24, 0.25, [1, 1, 1])],
+)
+def testmrope_section_matches_the_rotary_size(head_dim: int, rotary: float, section: list[int]) -> None:
+    assert mrope_section(head_dim, rotary) == section
 
 
-def test_mrope_section_refuses_too_few_frequencies() -> None:
+def testmrope_section_refuses_too_few_frequencies() -> None:
     with pytest.raises(ValueError, match="need 3"):
         write_tiny_checkpoint("/nonexistent-never-written", config=TinyConfig(head_dim=8))
 
