@@ -18,6 +18,7 @@ task running for the others.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -53,6 +54,7 @@ DEFAULT_OP_TIMEOUT_S = 0.05
 DEFAULT_MAX_ENTRIES = 10_000
 DEFAULT_POLL_INTERVAL_S = 0.01
 DEFAULT_BREAKER_S = 1.0
+DEFAULT_BREAKER_AFTER = 2
 DEFAULT_DEGRADED_WINDOW_S = 30.0
 FAILURE_MARKER_MS = 1000
 
@@ -72,7 +74,9 @@ class CacheConfig:
         prefix: prefix of every key (``<prefix>a:<sha256>`` values, ``l:`` locks, ``f:`` leader failures).
         op_timeout: seconds per Redis operation (connect included) before it counts as a miss (C15: ~50 ms).
         poll_interval: seconds between a follower's polls for the leader's value.
-        breaker: seconds Redis is skipped after an error (each skipped lookup is a counted miss).
+        breaker: seconds Redis is skipped once ``breaker_after`` operations in a row failed (each skipped lookup is
+            a counted miss), so a dead or black-holed Redis costs one timeout per period, not one per request.
+        breaker_after: consecutive failed operations that open the breaker (one slow reply alone does not).
         degraded_window: seconds after the last error that health stays ``"degraded"``.
         max_entries: in-process cache size (LRU).
     """
@@ -82,6 +86,7 @@ class CacheConfig:
     op_timeout: float = DEFAULT_OP_TIMEOUT_S
     poll_interval: float = DEFAULT_POLL_INTERVAL_S
     breaker: float = DEFAULT_BREAKER_S
+    breaker_after: int = DEFAULT_BREAKER_AFTER
     degraded_window: float = DEFAULT_DEGRADED_WINDOW_S
     max_entries: int = DEFAULT_MAX_ENTRIES
 
@@ -91,6 +96,8 @@ class CacheConfig:
                 raise ValueError(f"CacheConfig.{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.breaker < 0 or self.degraded_window < 0:
             raise ValueError("CacheConfig.breaker and degraded_window must be >= 0 seconds")
+        if self.breaker_after < 1:
+            raise ValueError(f"CacheConfig.breaker_after must be >= 1, got {self.breaker_after}")
         if self.max_entries < 1:
             raise ValueError(f"CacheConfig.max_entries must be >= 1, got {self.max_entries}")
 
@@ -130,7 +137,7 @@ class ProbabilityCache:
         self.config = config or CacheConfig()
         self._stats = CacheHealth(backend=self.kind)
         self._last_error_at: float | None = None
-        self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[Any]]] = (
+        self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[Any]]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -163,22 +170,33 @@ class ProbabilityCache:
         """
         loop = asyncio.get_running_loop()
         flights = self._inflight.setdefault(loop, {})
-        task = flights.get(key)
-        if task is not None and not task.done():  # a finished flight (even one not yet removed) is never joined
-            response, _ = await asyncio.shield(task)
+        flight = flights.get(key)
+        if flight is not None and not flight.done():  # a finished flight (even one not yet removed) is never joined
+            response, _ = await asyncio.shield(flight)
             self._stats.shared += 1
             return response, "shared"
-        task = loop.create_task(self._lead(key, request, compute, ttl, wait))
-        flights[key] = task
+        flight = loop.create_future()
+        flights[key] = flight
+        flight.add_done_callback(functools.partial(_end_flight, flights, key))
+        try:
+            if ttl > 0:  # the hit path reads inline: no task and no extra event-loop hops
+                response = await self._read(key, request)
+                if response is not None:
+                    flight.set_result((response, "hit"))
+                    return response, "hit"
+        except BaseException:  # cancelled while reading: the flight goes on for the callers that joined it
+            self._launch(flight, key, request, compute, ttl, wait)
+            raise
+        self._launch(flight, key, request, compute, ttl, wait)
+        return await asyncio.shield(flight)
 
-        def _done(t: asyncio.Task[Any], flights: dict[str, asyncio.Task[Any]] = flights) -> None:
-            if flights.get(key) is t:
-                del flights[key]
-            if not t.cancelled():
-                t.exception()  # retrieved here so an unawaited failure is not reported as "never retrieved"
-
-        task.add_done_callback(_done)
-        return await asyncio.shield(task)
+    def _launch(
+        self, flight: asyncio.Future[Any], key: str, request: SystemOneRequestV1, compute: Compute, ttl: float,
+        wait: float,
+    ) -> None:
+        """Run the miss path in its own task, so a caller that times out does not cancel it for the others."""
+        task = asyncio.get_running_loop().create_task(self._lead(key, request, compute, ttl, wait))
+        task.add_done_callback(functools.partial(_settle, flight))
 
     async def _lead(
         self, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float
@@ -186,16 +204,6 @@ class ProbabilityCache:
         if ttl <= 0:
             response, _ = await _run(compute, request, wait)
             return response, "miss"
-        stored = await self._load(key)
-        if stored is not None:
-            try:
-                response = decode_answers(stored, request)
-            except MalformedAnswer:
-                self._stats.corrupt += 1
-                logger.warning("cache value for %s has the wrong shape; ignoring and overwriting it", key[:16])
-            else:
-                self._stats.hits += 1
-                return response, "hit"
         self._stats.misses += 1
         token = await self._acquire(key, wait)
         if token is None:  # another replica leads: wait for its answers or its failure
@@ -204,6 +212,12 @@ class ProbabilityCache:
                 self._stats.shared += 1
                 return followed, "shared"
             token = await self._acquire(key, wait)
+        if token:  # double-checked: a replica may have stored the answers between our read and our lock
+            stored = await self._read(key, request, count=False)
+            if stored is not None:
+                await self._release(key, token)
+                self._stats.shared += 1
+                return stored, "shared"
         try:
             response, value = await _run(compute, request, wait)
             await self._store(key, value, ttl)  # before the lock goes, so no follower sees neither lock nor value
@@ -214,6 +228,23 @@ class ProbabilityCache:
             if token is not None:
                 await self._release(key, token)
         return response, "miss"
+
+    async def _read(self, key: str, request: SystemOneRequestV1, *, count: bool = True) -> SystemOneResponseV1 | None:
+        """The stored answers, or ``None`` (absent, unreadable or of the wrong shape: counted, later overwritten)."""
+        stored = await self._load(key)
+        if stored is None:
+            return None
+        try:
+            response = decode_answers(stored, request)
+        except MalformedAnswer:
+            if not count:
+                return None
+            self._stats.corrupt += 1
+            logger.warning("cache value for %s has the wrong shape; ignoring and overwriting it", key[:16])
+            return None
+        if count:
+            self._stats.hits += 1
+        return response
 
     def _record_error(self, exc: BaseException) -> None:
         self._stats.errors += 1
@@ -303,6 +334,7 @@ return 0
             weakref.WeakKeyDictionary()
         )
         self._skip_until = 0.0
+        self._failures_in_a_row = 0
 
     def _client(self) -> aioredis.Redis:
         loop = asyncio.get_running_loop()
@@ -328,14 +360,19 @@ return 0
             return _FAILED
         try:
             async with asyncio.timeout(self.config.op_timeout):
-                return await fn(self._client())
+                result = await fn(self._client())
         except (RedisError, TimeoutError, OSError) as exc:
             was_ok = self.health().status == "ok"
             self._record_error(exc)
-            self._skip_until = time.monotonic() + self.config.breaker
+            self._failures_in_a_row += 1
+            if self._failures_in_a_row >= self.config.breaker_after:
+                self._skip_until = time.monotonic() + self.config.breaker
+                self._failures_in_a_row = 0
             log = logger.warning if was_ok else logger.debug  # once per outage, not once per request
             log("redis cache unavailable (%s); treating as a miss", self._stats.last_error)
             return _FAILED
+        self._failures_in_a_row = 0
+        return result
 
     async def _load(self, key: str) -> Any | None:
         raw = await self._op(lambda r: r.get(self._key("a", key)))
@@ -402,6 +439,24 @@ return 0
         client = self._clients.pop(loop, None)
         if client is not None:
             await client.aclose()
+
+
+def _end_flight(flights: dict[str, asyncio.Future[Any]], key: str, flight: asyncio.Future[Any]) -> None:
+    if flights.get(key) is flight:
+        del flights[key]
+    if not flight.cancelled():
+        flight.exception()  # retrieved here so a failure nobody awaited is not reported as "never retrieved"
+
+
+def _settle(flight: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
+    if flight.done():
+        return
+    if task.cancelled():
+        flight.cancel()
+    elif task.exception() is not None:
+        flight.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        flight.set_result(task.result())
 
 
 async def _run(

@@ -257,11 +257,11 @@ async def test_slow_redis_is_a_miss_within_the_op_timeout(silent_server: str) ->
     verdict = await guard.aevaluate(subject("ignore"))
     elapsed = loop.time() - started
     assert (verdict.action, verdict.cache_hit, verdict.fail_mode) == ("block", False, None)
-    assert elapsed < 1.0  # one 50 ms timeout (the breaker skips the store), nowhere near the 2 s policy timeout
+    assert elapsed < 1.0  # two 50 ms timeouts (GET, then the lock), then the breaker skips; far below the 2 s policy
     again = await guard.aevaluate(subject("ignore"))  # breaker open: Redis skipped, counted
     assert again.action == "block" and backend.calls == 2
     health = cache.health()
-    assert health.status == "degraded" and health.errors == 1 and health.skipped >= 2
+    assert health.status == "degraded" and health.errors == 2 and health.skipped >= 2
     await guard.aclose()
 
 
@@ -277,7 +277,43 @@ async def test_slow_redis_with_many_callers_still_one_model_call(silent_server: 
 def test_cache_config_validates() -> None:
     with pytest.raises(ValueError, match="op_timeout"):
         CacheConfig(op_timeout=0)
+    with pytest.raises(ValueError, match="breaker_after"):
+        CacheConfig(breaker_after=0)
     with pytest.raises(ValueError, match="max_entries"):
         CacheConfig(max_entries=0)
     with pytest.raises(ValueError, match="url"):
         RedisCache(CacheConfig())
+
+
+@pytest.mark.anyio
+async def test_a_reader_cancelled_mid_read_does_not_strand_the_callers_that_joined(silent_server: str) -> None:
+    backend = ScriptedBackend(by_text)
+    cache = RedisCache(CacheConfig(url=silent_server, op_timeout=0.3))
+    (policy,) = policies()
+    request = policy.build_request({"text": "ignore"})
+
+    async def compute() -> Any:
+        return await backend.decide(request)
+
+    key = cache_key(request, backend=backend.name, revision=backend.model_revision)
+    first = asyncio.ensure_future(cache.get_or_compute(key, request, compute, ttl=60, wait=2))
+    await asyncio.sleep(0.05)  # the first caller is waiting on the (silent) Redis GET
+    second = asyncio.ensure_future(cache.get_or_compute(key, request, compute, ttl=60, wait=2))
+    await asyncio.sleep(0.05)
+    first.cancel()
+    response, lookup = await second
+    assert lookup == "shared" and response.answers["injection"].noul == pytest.approx(0.9)
+    assert first.cancelled() and backend.calls == 1
+    await cache.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_failed_flight_is_not_remembered() -> None:
+    # The backend hangs past the policy timeout: the engine gives up and the shared flight fails too.
+    backend = ScriptedBackend(by_text, delay=5.0, honour_timeout=False)
+    text = POLICY.replace("THRESHOLD", "0.8").replace("TTL", "60").replace("timeout_ms: 2000", "timeout_ms: 100")
+    guard = Guard(load_text(text), backends=backend)
+    for calls in (1, 2):
+        verdict = await guard.aevaluate(subject())
+        assert verdict.fail_mode == "closed" and backend.calls == calls  # a fresh call, not the old failure
+        await asyncio.sleep(0.05)  # let the failed flight finish
