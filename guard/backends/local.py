@@ -207,6 +207,10 @@ class LocalBackend:
             raise BackendUnavailable(
                 str(exc), backend=self.name, reason="overloaded", retry_after=exc.retry_after
             ) from exc
+        except BackendTimeout as exc:
+            raise BackendTimeout(
+                f"no answer from {self.name!r} within {(timeout or 0.0) * 1000:g} ms", backend=self.name
+            ) from exc
         except GuardError:
             raise
         except RuntimeError as exc:

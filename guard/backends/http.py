@@ -1,0 +1,441 @@
+"""System One over HTTP(S) or a Unix socket: our worker, Cloudflare Workers AI, TypeSafe Jev, OpenRouter, any server.
+
+:class:`SystemOneClient` implements :class:`~guard.backends.base.DecisionBackend` with a pooled ``httpx.AsyncClient``
+and ``tenacity`` retries:
+
+* one overall deadline per ``decide`` (``timeout``): every attempt gets only what is left of it, and our worker is
+  told the rest in ``x-request-timeout-ms`` so it drops the request if we give up first;
+* retries with exponential backoff and jitter on 408, 429, 5xx and connection errors, honouring ``Retry-After``
+  (seconds or an HTTP date; also ``retry-after-ms``) when the wait fits in the deadline; never on other 4xx;
+* every 2xx body is checked with :meth:`SystemOneResponseV1.from_json` (each question answered, finite,
+  probabilities summing to 1 within the provider's rounding); Cloudflare's ``{result, success, errors, messages}``
+  envelope is unwrapped and ``success`` must be ``true`` (spec §5.5);
+* httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
+  ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``.
+
+Example:
+    >>> client = SystemOneClient.workers_ai(account_id, api_token, model="clef-flash")  # doctest: +SKIP
+    >>> response = await client.decide(request, timeout=2.0)  # doctest: +SKIP
+    >>> worker = SystemOneClient.worker(uds="/run/guard/worker.sock")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal, Self
+from urllib.parse import urlsplit
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
+
+from guard._json import loads
+from guard.errors import (
+    BackendError,
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidJson,
+    MalformedAnswer,
+)
+from guard.systemone import ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
+
+__all__ = [
+    "DEFAULT_HTTP_TIMEOUT_S",
+    "JEV_URL",
+    "OPENROUTER_URL",
+    "PROVIDERS",
+    "WORKERS_AI_URL",
+    "Provider",
+    "ProviderName",
+    "RetryConfig",
+    "SystemOneClient",
+    "parse_retry_after",
+]
+
+ProviderName = Literal["systemone", "worker", "workers-ai", "jev", "openrouter"]
+
+#: Overall deadline of one ``decide`` when neither the call nor the client sets one.
+DEFAULT_HTTP_TIMEOUT_S = 10.0
+#: Endpoints (spec §5.1).
+WORKERS_AI_URL = "https://api.cloudflare.com/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/{model}"
+JEV_URL = "https://api.typesafe.ai/v1/systemone"
+OPENROUTER_URL = "https://openrouter.ai/api/alpha/decisions"
+SYSTEMONE_PATH = "/v1/systemone"
+#: Header telling our worker how long we will wait (milliseconds).
+TIMEOUT_HEADER = "x-request-timeout-ms"
+#: Statuses worth retrying: request timeout, too many requests, and every 5xx.
+RETRY_STATUSES = frozenset({408, 429})
+DEFAULT_MAX_CONNECTIONS = 100
+DEFAULT_MAX_KEEPALIVE = 20
+_SNIPPET = 200
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """Retries of one ``decide``, all inside its deadline.
+
+    Attributes:
+        max_attempts: attempts in all (1 disables retries).
+        initial_backoff_s: first backoff; each retry doubles it (random jitter up to that bound).
+        max_backoff_s: longest backoff when the server sent no ``Retry-After``.
+
+    Raises:
+        ValueError: naming the field and the allowed range.
+    """
+
+    max_attempts: int = 3
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ValueError(f"RetryConfig.max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+        for name in ("initial_backoff_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"RetryConfig.{name} must be a finite number of seconds >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """What differs between System One servers.
+
+    Attributes:
+        name: preset name.
+        decimals: the provider's rounding of probabilities (sets the sum tolerance, spec §7 pitfall 2).
+        confidence_profile: the provider's ``confidence`` formula (used only when an answer omits it, §4.1).
+        sends_deadline: send ``x-request-timeout-ms`` (our worker drops work we gave up on).
+    """
+
+    name: ProviderName
+    decimals: int
+    confidence_profile: ConfidenceProfile
+    sends_deadline: bool = False
+
+
+#: The presets (spec §4.1, §5.1, §5.5).
+PROVIDERS: dict[str, Provider] = {
+    "systemone": Provider("systemone", 4, "reference", sends_deadline=True),
+    "worker": Provider("worker", 4, "reference", sends_deadline=True),
+    "workers-ai": Provider("workers-ai", 4, "workers-ai"),
+    "jev": Provider("jev", 2, "jev"),
+    "openrouter": Provider("openrouter", 2, "workers-ai"),
+}
+
+
+def parse_retry_after(headers: httpx.Headers, *, now: float | None = None) -> float | None:
+    """Seconds to wait from ``Retry-After`` (delta-seconds or an HTTP date, RFC 9110 §10.2.3) or ``retry-after-ms``.
+
+    Returns:
+        Seconds >= 0, or ``None`` when absent or unreadable.
+    """
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            value = float(raw_ms) / 1000.0
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _snippet(response: httpx.Response) -> str:
+    text = response.text.strip().replace("\n", " ")
+    return text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else "")
+
+
+def _error_message(detail: Any) -> str | None:
+    """The human message inside a provider's JSON error (ours, Cloudflare's, FastAPI's or OpenRouter's)."""
+    if not isinstance(detail, Mapping):
+        return None
+    errors = detail.get("errors")
+    if isinstance(errors, list) and errors and isinstance(errors[0], Mapping) and errors[0].get("message"):
+        code = errors[0].get("code")
+        return str(errors[0]["message"]) + (f" (code {code})" if code is not None else "")
+    if isinstance(detail.get("message"), str):
+        return str(detail["message"])
+    error = detail.get("error")
+    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    if isinstance(detail.get("detail"), (str, list)):
+        return json.dumps(detail["detail"])[:_SNIPPET]
+    return None
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, BackendUnavailable) and exc.reason != "closed"
+
+
+class SystemOneClient:
+    """A System One :class:`~guard.backends.base.DecisionBackend` over HTTP(S) or a Unix socket.
+
+    Args:
+        url: the endpoint; a bare origin (``http://worker:8000``) gets ``/v1/systemone`` appended.
+        provider: a preset name of :data:`PROVIDERS` (rounding, confidence formula, envelope handling).
+        api_key: sent as ``Authorization: Bearer <api_key>``.
+        model: overrides the request's ``model`` on the wire (Workers AI requires it to match the URL).
+        timeout: default overall deadline of one ``decide`` in seconds.
+        retry: retry policy (:class:`RetryConfig` defaults when ``None``).
+        uds: path of a Unix socket to connect through (the URL's host is then only a label).
+        headers: extra request headers.
+        name: backend name for errors and verdicts (``http:<provider>`` by default).
+        model_revision: identity of the remote weights for cache keys (``<provider>:<model or url>`` by default).
+        verify: TLS verification (``False`` or a CA bundle path for private endpoints).
+        max_connections: pool size.
+
+    Raises:
+        ValueError: for an unknown provider, a URL that is not http(s), or a bad timeout.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        provider: ProviderName = "systemone",
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: float = DEFAULT_HTTP_TIMEOUT_S,
+        retry: RetryConfig | None = None,
+        uds: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        name: str | None = None,
+        model_revision: str | None = None,
+        verify: bool | str = True,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ) -> None:
+        if provider not in PROVIDERS:
+            raise ValueError(f"provider must be one of {sorted(PROVIDERS)}, got {provider!r}")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        if parts.path in ("", "/"):
+            url = url.rstrip("/") + SYSTEMONE_PATH
+        self.url = url
+        self.provider = PROVIDERS[provider]
+        self.model = model
+        self.timeout = float(timeout)
+        self.retry = retry if retry is not None else RetryConfig()
+        self.name = name or f"http:{provider}"
+        self._model_revision = model_revision or f"{provider}:{model or url}"
+        self._headers = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=DEFAULT_MAX_KEEPALIVE)
+        transport = httpx.AsyncHTTPTransport(uds=uds, limits=limits, verify=verify)
+        self._client = httpx.AsyncClient(transport=transport, follow_redirects=False)
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------------------ presets
+
+    @classmethod
+    def worker(cls, url: str = "http://127.0.0.1:8000", *, uds: str | None = None, **kwargs: Any) -> Self:
+        """Our decision worker (``guard worker serve``), on TCP or a Unix socket (``uds``)."""
+        return cls(url, provider="worker", uds=uds, **kwargs)
+
+    @classmethod
+    def workers_ai(cls, account_id: str, api_token: str, *, model: str = "clef-flash", **kwargs: Any) -> Self:
+        """Cloudflare Workers AI (spec §5.1, §5.5): ``@cf/cloudflare/<model>`` with an API token.
+
+        Raises:
+            ValueError: for an empty account id, token or model.
+        """
+        for label, value in (("account_id", account_id), ("api_token", api_token), ("model", model)):
+            if not value or not isinstance(value, str):
+                raise ValueError(f"Workers AI needs a non-empty {label}")
+        url = WORKERS_AI_URL.format(account_id=account_id, model=model)
+        return cls(url, provider="workers-ai", api_key=api_token, model=model, **kwargs)
+
+    @classmethod
+    def jev(cls, api_key: str, *, url: str = JEV_URL, **kwargs: Any) -> Self:
+        """TypeSafe Jev (2-decimal probabilities, Jev confidence formulas)."""
+        return cls(url, provider="jev", api_key=api_key, **kwargs)
+
+    @classmethod
+    def openrouter(
+        cls, api_key: str, *, model: str = "cloudflare/clef-flash", url: str = OPENROUTER_URL, **kwargs: Any
+    ) -> Self:
+        """OpenRouter's decisions endpoint (2-decimal probabilities)."""
+        return cls(url, provider="openrouter", api_key=api_key, model=model, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"SystemOneClient(url={self.url!r}, provider={self.provider.name!r}, name={self.name!r})"
+
+    @property
+    def model_revision(self) -> str:
+        return self._model_revision
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent."""
+        self._closed = True
+        await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -------------------------------------------------------------------------------------------------------- decide
+
+    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+        """Send ``request`` and return the checked answer, retrying transient failures within ``timeout``.
+
+        Args:
+            request: a validated request (PIL images cannot be sent; use data URLs).
+            timeout: overall deadline in seconds, retries and backoff included (the client's default when ``None``).
+
+        Raises:
+            BackendTimeout: no answer within the deadline.
+            BackendUnavailable: connection failures, 408/429/5xx after the last attempt (``retry_after`` set when the
+                server sent one), or a wait the deadline cannot cover.
+            BackendRejected: any other non-2xx (not retried), or a Cloudflare envelope with ``success`` not ``true``.
+            MalformedAnswer: a 2xx body that is not JSON, is truncated, misses an answer, has a non-finite number, or
+                probabilities not summing to 1 within the provider's rounding.
+            RuntimeError: the client was closed.
+        """
+        if self._closed:
+            raise RuntimeError(f"Cannot send a request with {self!r}: it has been closed.")
+        budget = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        content = self._encode(request)
+        retrying = AsyncRetrying(
+            stop=lambda state: self._stop(state, deadline),
+            wait=self._wait,
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BackendTimeout(f"{self.name}: no answer within {budget * 1000:g} ms", backend=self.name)
+                response = await self._post(content, remaining, budget)
+                return self._parse(response, request)
+        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    def _encode(self, request: SystemOneRequestV1) -> bytes:
+        if self.provider.name == "openrouter" and request.images:
+            raise BackendRejected(
+                f"{self.name}: OpenRouter takes images inside the state array, not a top-level images field",
+                backend=self.name,
+            )
+        body = request.to_json()
+        if self.model:
+            body["model"] = self.model
+        try:
+            return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise BackendRejected(f"{self.name}: request is not JSON-serialisable: {exc}", backend=self.name) from exc
+
+    def _stop(self, state: RetryCallState, deadline: float) -> bool:
+        """Stop after ``max_attempts``, or when the next wait would end past the deadline."""
+        if state.attempt_number >= self.retry.max_attempts:
+            return True
+        return time.monotonic() + state.upcoming_sleep >= deadline
+
+    def _wait(self, state: RetryCallState) -> float:
+        """The server's ``Retry-After`` when it sent one, else exponential backoff with jitter."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, BackendUnavailable) and exc.retry_after is not None:
+            return exc.retry_after
+        backoff = wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s)
+        return float(backoff(state))
+
+    async def _post(self, content: bytes, remaining: float, budget: float) -> httpx.Response:
+        headers = dict(self._headers)
+        if self.provider.sends_deadline:
+            headers[TIMEOUT_HEADER] = str(max(1, math.floor(remaining * 1000)))
+        try:
+            async with asyncio.timeout(remaining):  # httpx's timeout is per phase; this bounds the whole exchange
+                return await self._client.post(self.url, content=content, headers=headers, timeout=remaining)
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise BackendTimeout(
+                f"{self.name}: no answer within {budget * 1000:g} ms ({type(exc).__name__})", backend=self.name
+            ) from exc
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(
+                f"{self.name}: cannot reach {self.url}: {type(exc).__name__}: {exc}",
+                backend=self.name,
+                reason="connection",
+            ) from exc
+
+    def _parse(self, response: httpx.Response, request: SystemOneRequestV1) -> SystemOneResponseV1:
+        status = response.status_code
+        if not 200 <= status < 300:
+            raise self._status_error(response)
+        try:
+            body = loads(response.content)
+        except InvalidJson as exc:
+            kind = response.headers.get("content-type", "no content-type")
+            raise MalformedAnswer(
+                f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.detail}): {_snippet(response)!r}",
+                backend=self.name,
+            ) from exc
+        if isinstance(body, Mapping) and "success" in body and "answers" not in body:
+            body = self._unwrap(body, status)
+        return SystemOneResponseV1.from_json(
+            body,
+            request,
+            decimals=self.provider.decimals,
+            confidence_profile=self.provider.confidence_profile,
+            backend=self.name,
+        )
+
+    def _unwrap(self, envelope: Mapping[str, Any], status: int) -> Any:
+        """Cloudflare's ``{result, success, errors, messages}`` (spec §5.5): ``result`` when ``success`` is true."""
+        if envelope.get("success") is not True:
+            message = _error_message(envelope) or f"success={envelope.get('success')!r} and no error message"
+            raise BackendRejected(
+                f"{self.name}: the request failed (HTTP {status}): {message}",
+                backend=self.name,
+                status_code=status,
+                detail=envelope.get("errors"),
+            )
+        if "result" not in envelope:
+            raise MalformedAnswer(f"{self.name}: success envelope without a 'result'", backend=self.name)
+        return envelope["result"]
+
+    def _status_error(self, response: httpx.Response) -> BackendError:
+        status = response.status_code
+        try:
+            detail: Any = loads(response.content)
+        except InvalidJson:
+            detail = _snippet(response)
+        message = _error_message(detail) or (detail if isinstance(detail, str) and detail else "no body")
+        if status in RETRY_STATUSES or status >= 500:
+            retry_after = parse_retry_after(response.headers)
+            return BackendUnavailable(
+                f"{self.name} answered HTTP {status}: {message}",
+                backend=self.name,
+                reason=f"http_{status}",
+                retry_after=retry_after,
+            )
+        return BackendRejected(
+            f"{self.name} refused the request with HTTP {status}: {message}",
+            backend=self.name,
+            status_code=status,
+            detail=detail,
+        )

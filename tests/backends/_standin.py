@@ -1,0 +1,174 @@
+"""A local stand-in of Cloudflare Workers AI's Clef endpoint, served by uvicorn, with scripted failure scenarios.
+
+The account id in the path picks the scenario (``/client/v4/accounts/<scenario>/ai/run/@cf/cloudflare/<model>``);
+every call is recorded so tests can count attempts and read the headers and body the client sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+PATH = "/client/v4/accounts/{scenario}/ai/run/@cf/cloudflare/{model}"
+HTML_ERROR = "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body><h1>Bad gateway</h1></body></html>"
+
+
+def answers_for(body: dict[str, Any], *, decimals: int = 4) -> dict[str, Any]:
+    """A valid System One ``answers`` object for a request body (first option favoured)."""
+    answers: dict[str, Any] = {}
+    for qid, question in body["questions"].items():
+        if question["type"] == "noul":
+            answers[qid] = {"type": "noul", "noul": 0.7}
+            continue
+        options = (
+            list(question["criteria"])
+            if question["type"] == "choice"
+            else [str(i) for i in range(len(question["criteria"]))]
+        )
+        rest = round(0.4 / (len(options) - 1), decimals)
+        probabilities = {option: (0.6 if i == 0 else rest) for i, option in enumerate(options)}
+        if question["type"] == "choice":
+            answers[qid] = {"type": "choice", "choice": options[0], "confidence": 0.6, "probabilities": probabilities}
+        else:
+            score = sum(i * p for i, p in enumerate(probabilities.values()))
+            legend = {str(i): c for i, c in enumerate(question["criteria"])}
+            answers[qid] = {
+                "type": "score",
+                "score": round(score, decimals),
+                "confidence": 0.6,
+                "legend": legend,
+                "probabilities": probabilities,
+            }
+    return answers
+
+
+def envelope(result: Any) -> dict[str, Any]:
+    return {"result": result, "success": True, "errors": [], "messages": []}
+
+
+def failure(message: str, code: int) -> dict[str, Any]:
+    return {"result": {}, "success": False, "errors": [{"message": message, "code": code}], "messages": []}
+
+
+class WorkersAIStandIn:
+    """Scenarios (the account id): ``ok``, ``unwrapped``, ``rejected`` (400/5006), ``success-false`` (200 with
+    ``success: false``), ``busy-then-ok`` (429 + ``Retry-After: 1``, then ok), ``busy-no-header`` (two 429/3040 without
+    ``Retry-After``, then ok), ``always-busy``, ``busy-long`` (429 + ``Retry-After: 30``), ``flaky-5xx`` (503 then ok),
+    ``always-500``, ``html-502``, ``html-200``, ``truncated``, ``missing-answer``, ``nan``, ``bad-sum``,
+    ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s).
+    """
+
+    def __init__(self) -> None:
+        self.calls: defaultdict[str, int] = defaultdict(int)
+        self.requests: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        self.app = Starlette(routes=[Route(PATH, self.run, methods=["POST"])])
+
+    async def run(self, request: Request) -> Response:
+        scenario = request.path_params["scenario"]
+        self.calls[scenario] += 1
+        n = self.calls[scenario]
+        body = json.loads(await request.body())
+        self.requests.append((scenario, dict(request.headers), body))
+        result = {
+            "model": body["model"],
+            "answers": answers_for(body),
+            "usage": {"input_tokens": 42, "output_tokens": 0},
+        }
+        if scenario == "ok":
+            return JSONResponse(envelope(result), headers={"cf-ai-req-id": "standin"})
+        if scenario == "unwrapped":
+            return JSONResponse(result)
+        if scenario == "rejected":
+            message = "required properties at '/' are 'model,state,questions'"
+            return JSONResponse(failure(message, 5006), status_code=400)
+        if scenario == "success-false":
+            return JSONResponse(failure("Clef inference failed", 5012))
+        if scenario == "busy-then-ok" and n == 1:
+            return JSONResponse(
+                failure("Capacity temporarily exceeded", 3040), status_code=429, headers={"retry-after": "1"}
+            )
+        if scenario == "busy-no-header" and n <= 2:
+            return JSONResponse(failure("Capacity temporarily exceeded", 3040), status_code=429)
+        if scenario == "always-busy":
+            return JSONResponse(failure("Capacity temporarily exceeded", 3040), status_code=429)
+        if scenario == "busy-long":
+            return JSONResponse(
+                failure("Daily allocation exhausted", 4006), status_code=429, headers={"retry-after": "30"}
+            )
+        if scenario == "flaky-5xx" and n == 1:
+            return JSONResponse(failure("upstream unavailable", 7001), status_code=503)
+        if scenario == "always-500":
+            return Response("Internal Server Error", status_code=500)
+        if scenario == "html-502":
+            return Response(HTML_ERROR, status_code=502, media_type="text/html")
+        if scenario == "html-200":
+            return Response(HTML_ERROR, media_type="text/html")
+        if scenario == "truncated":
+            return Response(json.dumps(envelope(result))[:-25], media_type="application/json")
+        if scenario == "missing-answer":
+            result["answers"].popitem()
+            return JSONResponse(envelope(result))
+        if scenario == "nan":
+            first = next(iter(result["answers"].values()))
+            first["noul"] = "__NAN__"
+            return Response(json.dumps(envelope(result)).replace('"__NAN__"', "NaN"), media_type="application/json")
+        if scenario == "bad-sum":
+            for answer in result["answers"].values():
+                if "probabilities" in answer:
+                    first_option = next(iter(answer["probabilities"]))
+                    answer["probabilities"][first_option] = 0.4
+            return JSONResponse(envelope(result))
+        if scenario == "two-decimals":
+            result["answers"] = answers_for(body, decimals=2)
+            return JSONResponse(envelope(result))
+        if scenario == "unprocessable":
+            return JSONResponse(failure("Unknown field 'extra'", 5012), status_code=422)
+        if scenario == "slow":
+            await asyncio.sleep(3)
+            return JSONResponse(envelope(result))
+        return JSONResponse(envelope(result))
+
+
+@contextmanager
+def socket_that_resets() -> Iterator[str]:
+    """A TCP listener that accepts each connection, reads a little and closes it without answering."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with connection:
+                connection.settimeout(1)
+                try:
+                    connection.recv(1024)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)

@@ -1,0 +1,322 @@
+"""SystemOneClient against a real worker (TCP and Unix socket) and a local stand-in of the Workers AI envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from guard.backends.base import DecisionBackend
+from guard.backends.http import PROVIDERS, RetryConfig, SystemOneClient, parse_retry_after
+from guard.backends.local import LocalBackend
+from guard.clef.model import ClefModel
+from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer
+from guard.systemone import SystemOneRequestV1
+from guard.worker.batcher import BatcherConfig
+from tests.backends._standin import PATH, WorkersAIStandIn, socket_that_resets
+from tests.worker._requests import long_body, ticket_body
+from tests.worker._serve import RunningWorker, serve_app_in_thread, serve_worker
+
+pytestmark = pytest.mark.anyio
+
+FAST_RETRY = RetryConfig(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05)
+REQUEST = SystemOneRequestV1.from_json(
+    {
+        "model": "clef-flash",
+        "state": {"ticket": "Card charged twice"},
+        "questions": {
+            "churn": {"type": "noul", "instructions": "Will they leave?"},
+            "queue": {"type": "choice", "instructions": "Which queue?", "criteria": {"billing": None, "tech": "Bugs"}},
+            "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "mid", "high", "now"]},
+        },
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def standin() -> Iterator[tuple[str, WorkersAIStandIn]]:
+    server = WorkersAIStandIn()
+    with serve_app_in_thread(server.app, ready_path=None) as url:
+        yield url, server
+
+
+def workers_ai(standin: tuple[str, WorkersAIStandIn], scenario: str, **kwargs: object) -> SystemOneClient:
+    url, _ = standin
+    kwargs.setdefault("retry", FAST_RETRY)
+    return SystemOneClient(
+        url + PATH.format(scenario=scenario, model="clef-flash"),
+        provider="workers-ai",
+        api_key="token-123",
+        model="clef-flash",
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def worker(clef_fp32: ClefModel) -> Iterator[RunningWorker]:
+    backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_wait_ms=5))
+    with serve_worker(backend) as running:
+        yield running
+
+
+# ------------------------------------------------------------------------------------------------- the stand-in
+
+
+async def test_success_envelope_is_unwrapped_and_checked(standin: tuple[str, WorkersAIStandIn]) -> None:
+    _, server = standin
+    async with workers_ai(standin, "ok") as client:
+        response = await client.decide(REQUEST.override(model="anything"))
+    assert isinstance(client, DecisionBackend)
+    assert list(response.answers) == ["churn", "queue", "urgency"]
+    assert response.answers["queue"].choice == "billing" and response.usage.input_tokens == 42
+    scenario, headers, body = server.requests[-1]
+    assert scenario == "ok" and headers["authorization"] == "Bearer token-123"
+    assert body["model"] == "clef-flash"  # Workers AI requires the body's model to match the URL
+    assert "x-request-timeout-ms" not in headers
+
+
+async def test_unwrapped_body_is_accepted(standin: tuple[str, WorkersAIStandIn]) -> None:
+    async with workers_ai(standin, "unwrapped") as client:
+        response = await client.decide(REQUEST)
+    assert response.answers["churn"].noul == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "status", "text"),
+    [
+        ("rejected", 400, "required properties at '/' are 'model,state,questions' (code 5006)"),
+        ("success-false", 200, "Clef inference failed (code 5012)"),
+        ("unprocessable", 422, "Unknown field 'extra'"),
+    ],
+)
+async def test_refusals_are_rejected_without_retry(
+    standin: tuple[str, WorkersAIStandIn], scenario: str, status: int, text: str
+) -> None:
+    _, server = standin
+    before = server.calls[scenario]
+    async with workers_ai(standin, scenario) as client:
+        with pytest.raises(BackendRejected) as info:
+            await client.decide(REQUEST)
+    assert info.value.status_code == status and text in str(info.value)
+    assert server.calls[scenario] == before + 1
+
+
+async def test_429_honours_retry_after(standin: tuple[str, WorkersAIStandIn]) -> None:
+    _, server = standin
+    started = time.monotonic()
+    async with workers_ai(standin, "busy-then-ok", timeout=10) as client:
+        response = await client.decide(REQUEST)
+    assert time.monotonic() - started >= 0.9  # waited the server's Retry-After: 1, not the 10 ms backoff
+    assert server.calls["busy-then-ok"] == 2 and response.answers["churn"].noul == pytest.approx(0.7)
+
+
+async def test_429_without_retry_after_backs_off_and_retries(standin: tuple[str, WorkersAIStandIn]) -> None:
+    _, server = standin
+    async with workers_ai(standin, "busy-no-header") as client:
+        response = await client.decide(REQUEST)
+    assert server.calls["busy-no-header"] == 3 and response.answers
+    async with workers_ai(standin, "always-busy") as client:
+        with pytest.raises(BackendUnavailable) as info:
+            await client.decide(REQUEST)
+    assert info.value.reason == "http_429" and "Capacity temporarily exceeded" in str(info.value)
+    assert server.calls["always-busy"] == FAST_RETRY.max_attempts
+
+
+async def test_a_retry_after_past_the_deadline_fails_at_once(standin: tuple[str, WorkersAIStandIn]) -> None:
+    _, server = standin
+    started = time.monotonic()
+    async with workers_ai(standin, "busy-long", timeout=2) as client:
+        with pytest.raises(BackendUnavailable) as info:
+            await client.decide(REQUEST)
+    assert time.monotonic() - started < 1.5
+    assert info.value.retry_after == 30 and server.calls["busy-long"] == 1
+
+
+async def test_5xx_is_retried(standin: tuple[str, WorkersAIStandIn]) -> None:
+    _, server = standin
+    async with workers_ai(standin, "flaky-5xx") as client:
+        assert (await client.decide(REQUEST)).answers
+    assert server.calls["flaky-5xx"] == 2
+    async with workers_ai(standin, "always-500") as client:
+        with pytest.raises(BackendUnavailable, match="HTTP 500: Internal Server Error"):
+            await client.decide(REQUEST)
+    assert server.calls["always-500"] == 3
+
+
+async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAIStandIn]) -> None:
+    async with workers_ai(standin, "html-502") as client:
+        with pytest.raises(BackendUnavailable, match="HTTP 502: <!DOCTYPE html>") as info:
+            await client.decide(REQUEST)
+    assert info.value.reason == "http_502"
+    async with workers_ai(standin, "html-200") as client:
+        with pytest.raises(MalformedAnswer, match="not valid JSON \\(text/html"):
+            await client.decide(REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "text"),
+    [
+        ("truncated", "not valid JSON"),
+        ("missing-answer", "answer for question 'urgency' is missing"),
+        ("nan", "NaN"),
+        ("bad-sum", "sum to"),
+    ],
+)
+async def test_bad_answers_are_malformed(standin: tuple[str, WorkersAIStandIn], scenario: str, text: str) -> None:
+    _, server = standin
+    before = server.calls[scenario]
+    async with workers_ai(standin, scenario) as client:
+        with pytest.raises(MalformedAnswer, match=text) as info:
+            await client.decide(REQUEST)
+    assert info.value.backend == "http:workers-ai"
+    assert server.calls[scenario] == before + 1  # a malformed answer is not retried
+
+
+async def test_rounding_tolerance_follows_the_provider(standin: tuple[str, WorkersAIStandIn]) -> None:
+    url, _ = standin
+    target = url + PATH.format(scenario="two-decimals", model="clef-flash")
+    async with SystemOneClient.jev("key", url=target, retry=FAST_RETRY) as jev:
+        response = await jev.decide(REQUEST)  # 0.6 + 3 x 0.13 = 0.99 is fine at 2 decimals
+    assert response.answers["urgency"].probabilities["1"] == pytest.approx(0.13)
+    async with SystemOneClient(target, provider="worker", retry=FAST_RETRY) as strict:
+        with pytest.raises(MalformedAnswer, match="sum to 0.99"):
+            await strict.decide(REQUEST)
+
+
+async def test_slow_server_times_out_within_the_deadline(standin: tuple[str, WorkersAIStandIn]) -> None:
+    started = time.monotonic()
+    async with workers_ai(standin, "slow") as client:
+        with pytest.raises(BackendTimeout, match="no answer within 500 ms"):
+            await client.decide(REQUEST, timeout=0.5)
+    assert time.monotonic() - started < 1.5
+
+
+async def test_connection_refused_and_reset_are_unavailable() -> None:
+    with socket_that_resets() as url:
+        async with SystemOneClient(url, retry=FAST_RETRY) as client:
+            with pytest.raises(BackendUnavailable) as info:
+                await client.decide(REQUEST, timeout=5)
+        assert info.value.reason == "connection" and isinstance(info.value.__cause__, httpx.TransportError)
+    async with SystemOneClient(url, retry=FAST_RETRY) as client:  # the listener is closed now: refused
+        with pytest.raises(BackendUnavailable, match="cannot reach"):
+            await client.decide(REQUEST, timeout=5)
+
+
+def test_retry_after_accepts_seconds_dates_and_milliseconds() -> None:
+    assert parse_retry_after(httpx.Headers({"retry-after": "7"})) == 7
+    assert parse_retry_after(httpx.Headers({"retry-after-ms": "250"})) == 0.25
+    when = datetime.now(UTC) + timedelta(seconds=20)
+    seconds = parse_retry_after(httpx.Headers({"retry-after": format_datetime(when, usegmt=True)}))
+    assert seconds is not None and 18 <= seconds <= 20
+    past = format_datetime(datetime.now(UTC) - timedelta(seconds=20), usegmt=True)
+    assert parse_retry_after(httpx.Headers({"retry-after": past})) == 0
+    assert parse_retry_after(httpx.Headers({"retry-after": "soon"})) is None
+    assert parse_retry_after(httpx.Headers()) is None
+
+
+def test_presets_and_configuration() -> None:
+    cf = SystemOneClient.workers_ai("acc", "tok", model="clef")
+    assert cf.url == "https://api.cloudflare.com/client/v4/accounts/acc/ai/run/@cf/cloudflare/clef"
+    assert cf.provider.decimals == 4 and cf.name == "http:workers-ai" and "tok" not in repr(cf)
+    assert SystemOneClient.openrouter("k").url == "https://openrouter.ai/api/alpha/decisions"
+    assert SystemOneClient.openrouter("k").provider.decimals == 2 and PROVIDERS["jev"].decimals == 2
+    assert SystemOneClient("http://worker:8000").url == "http://worker:8000/v1/systemone"
+    assert SystemOneClient.worker(uds="/tmp/w.sock").provider.sends_deadline
+    with pytest.raises(ValueError, match="provider must be one of"):
+        SystemOneClient("http://x", provider="nope")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="http:// or https://"):
+        SystemOneClient("ftp://x")
+    with pytest.raises(ValueError, match="non-empty account_id"):
+        SystemOneClient.workers_ai("", "tok")
+    with pytest.raises(ValueError, match="max_attempts"):
+        RetryConfig(max_attempts=0)
+
+
+async def test_openrouter_refuses_top_level_images() -> None:
+    request = REQUEST.override(images=("data:image/png;base64,AAAA",))
+    async with SystemOneClient.openrouter("k", url="http://127.0.0.1:9") as client:
+        with pytest.raises(BackendRejected, match="inside the state array"):
+            await client.decide(request)
+
+
+async def test_closed_client_refuses_in_a_sentence() -> None:
+    client = SystemOneClient("http://127.0.0.1:9")
+    await client.aclose()
+    await client.aclose()
+    with pytest.raises(RuntimeError, match="it has been closed"):
+        await client.decide(REQUEST)
+
+
+# --------------------------------------------------------------------------------------------------- our worker
+
+
+async def test_worker_answers_match_the_in_process_backend(worker: RunningWorker, clef_fp32: ClefModel) -> None:
+    requests = [SystemOneRequestV1.from_json(ticket_body(i)) for i in range(6)]
+    async with SystemOneClient.worker(worker.url, timeout=60) as client:
+        remote = await asyncio.gather(*(client.decide(r) for r in requests))
+    async with LocalBackend(clef_fp32) as local:
+        direct = [await local.decide(r) for r in requests]
+    for got, want in zip(remote, direct, strict=True):
+        assert list(got.answers) == list(want.answers) and got.usage == want.usage
+        for qid, answer in want.answers.items():
+            for option, p in answer.probabilities.items():
+                assert got.answers[qid].probabilities[option] == pytest.approx(p, abs=1e-4)
+
+
+async def test_worker_over_a_unix_socket(clef_fp32: ClefModel, tmp_path: Path) -> None:
+    sock = str(tmp_path / "w.sock")
+    with serve_worker(LocalBackend(clef_fp32), uds=sock):
+        async with SystemOneClient.worker(uds=sock, timeout=60) as client:
+            response = await client.decide(SystemOneRequestV1.from_json(ticket_body(3)))
+    assert set(response.answers) == {"churn_risk", "urgency"}
+
+
+async def test_worker_refusal_carries_the_field_errors(worker: RunningWorker) -> None:
+    # Valid for the reference profile (no instructions) but not for the worker's workers-ai profile.
+    request = SystemOneRequestV1.from_json(
+        {"model": "m", "state": "s", "questions": {"q": {"type": "noul"}}}, profile="reference"
+    )
+    async with SystemOneClient.worker(worker.url, timeout=60) as client:
+        with pytest.raises(BackendRejected) as info:
+            await client.decide(request)
+    assert info.value.status_code == 422
+    assert info.value.detail["errors"][0]["field"] == "questions.q.instructions"
+
+
+async def test_giving_up_on_a_busy_worker_drops_the_request_there(worker: RunningWorker) -> None:
+    stats = worker.batcher.stats
+    async with worker.client() as raw:
+        busy = asyncio.ensure_future(raw.post("/v1/systemone", json=long_body()))
+        while worker.batcher.in_flight == 0:
+            await asyncio.sleep(0.002)
+        computed, dropped = stats.batched_requests, stats.expired + stats.cancelled
+        async with SystemOneClient.worker(worker.url) as client:
+            with pytest.raises(BackendTimeout):
+                await client.decide(SystemOneRequestV1.from_json(ticket_body(7)), timeout=0.3)
+        assert (await busy).status_code == 200
+    assert stats.expired + stats.cancelled == dropped + 1
+    assert stats.batched_requests == computed
+
+
+async def test_overloaded_worker_is_unavailable_with_retry_after(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=1, max_queue=1, max_wait_ms=0))
+    with serve_worker(backend) as running:
+        async with running.client() as raw:
+            busy = asyncio.ensure_future(raw.post("/v1/systemone", json=long_body()))
+            while backend.batcher.in_flight == 0:
+                await asyncio.sleep(0.002)
+            queued = asyncio.ensure_future(raw.post("/v1/systemone", json=ticket_body(1)))
+            while backend.batcher.queue_depth == 0:
+                await asyncio.sleep(0.002)
+            no_retry = RetryConfig(max_attempts=1)
+            async with SystemOneClient.worker(running.url, retry=no_retry, timeout=30) as client:
+                with pytest.raises(BackendUnavailable) as info:
+                    await client.decide(SystemOneRequestV1.from_json(ticket_body(2)))
+            await asyncio.gather(busy, queued)
+    assert info.value.reason == "http_429" and info.value.retry_after is not None and info.value.retry_after >= 1

@@ -1,0 +1,139 @@
+"""LocalBackend: in-process Clef behind the micro-batcher, on the golden tiny checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from guard.backends.base import DecisionBackend
+from guard.backends.local import LocalBackend
+from guard.clef.model import ClefModel
+from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable
+from guard.systemone import SystemOneRequestV1, confidence
+from guard.worker.batcher import BatcherConfig, BatchInfo
+from tests.worker._requests import golden_case, long_body, ticket_body
+
+pytestmark = pytest.mark.anyio
+
+
+def request(body: dict[str, object]) -> SystemOneRequestV1:
+    return SystemOneRequestV1.from_json(body, profile="reference")
+
+
+async def busy(backend: LocalBackend) -> asyncio.Task[object]:
+    """Start a long request and return once it computes, so that what follows must queue."""
+    task = asyncio.ensure_future(backend.decide(request(long_body())))
+    while backend.batcher.in_flight == 0:
+        await asyncio.sleep(0.002)
+    return task
+
+
+async def test_answers_match_the_reference_fixture(clef_fp32: ClefModel) -> None:
+    case = golden_case("01-three-types")
+    async with LocalBackend(clef_fp32) as backend:
+        response = await backend.decide(request(case["request"]))
+    assert isinstance(backend, DecisionBackend)
+    want = case["response_fp32"]
+    got = response.to_json()
+    assert got["usage"] == want["usage"] and got["model"] == want["model"]
+    for qid, answer in want["answers"].items():
+        assert got["answers"][qid]["type"] == answer["type"]
+        for key in ("noul", "score", "confidence", "choice"):
+            if key in answer:
+                assert got["answers"][qid][key] == pytest.approx(answer[key], abs=2e-4)
+
+
+async def test_concurrent_decides_share_forward_passes(clef_fp32: ClefModel) -> None:
+    bodies = [request(ticket_body(i)) for i in range(8)]
+    async with LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_wait_ms=20)) as backend:
+        alone = [await backend.decide(r) for r in bodies]
+        before = backend.batcher.stats.batches
+        together = await asyncio.gather(*(backend.decide(r) for r in bodies))
+        passes = backend.batcher.stats.batches - before
+    assert passes < len(bodies)
+    for got, want in zip(together, alone, strict=True):
+        assert got.usage == want.usage and list(got.answers) == list(want.answers)
+        for qid, answer in want.answers.items():
+            assert got.answers[qid].probabilities == pytest.approx(answer.probabilities, abs=1e-4)
+
+
+async def test_lengths_far_apart_are_not_padded_together(clef_fp32: ClefModel) -> None:
+    infos: list[BatchInfo] = []
+    config = BatcherConfig(max_wait_ms=50, max_length_ratio=2.0)
+    async with LocalBackend(clef_fp32, batcher_config=config, on_batch=infos.append) as backend:
+        bodies = [long_body(200), ticket_body(0), ticket_body(1), long_body(210), ticket_body(2)]
+        responses = await asyncio.gather(*(backend.decide(request(b)) for b in bodies))
+    assert len(responses) == 5 and len(infos) >= 2
+    for info in infos:
+        assert info.padded_tokens <= 2 * info.tokens
+
+
+async def test_schema_too_long_is_rejected_with_field_errors(clef_fp32: ClefModel) -> None:
+    many = {f"q{i}": {"type": "noul", "instructions": f"Is statement {i} true?"} for i in range(12)}
+    async with LocalBackend(clef_fp32, max_length=300) as backend:
+        with pytest.raises(BackendRejected) as info:
+            await backend.decide(request({"model": "m", "state": "s", "questions": many}))
+    assert info.value.status_code == 422 and "maximum is 300" in str(info.value)
+    assert info.value.detail and info.value.detail[0]["field"]
+
+
+async def test_deadline_drops_a_queued_request(clef_fp32: ClefModel) -> None:
+    async with LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_wait_ms=0)) as backend:
+        long_running = await busy(backend)
+        computed = backend.batcher.stats.batched_requests
+        with pytest.raises(BackendTimeout, match="within 50 ms"):
+            await backend.decide(request(ticket_body(1)), timeout=0.05)
+        await long_running
+    assert backend.batcher.stats.batched_requests == computed and backend.batcher.stats.expired == 1
+
+
+async def test_full_queue_is_unavailable_with_retry_after(clef_fp32: ClefModel) -> None:
+    config = BatcherConfig(max_batch=1, max_queue=1, max_wait_ms=0)
+    async with LocalBackend(clef_fp32, batcher_config=config) as backend:
+        long_running = await busy(backend)
+        queued = asyncio.ensure_future(backend.decide(request(ticket_body(1))))
+        while backend.batcher.queue_depth == 0:
+            await asyncio.sleep(0.002)
+        with pytest.raises(BackendUnavailable) as info:
+            await backend.decide(request(ticket_body(2)))
+        await asyncio.gather(long_running, queued)
+    assert info.value.reason == "overloaded" and info.value.retry_after is not None and info.value.retry_after >= 1
+
+
+async def test_closed_backend_is_unavailable_and_cannot_restart(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32)
+    assert (await backend.decide(request(ticket_body(0)))).answers  # starts lazily
+    await backend.aclose()
+    await backend.aclose()
+    with pytest.raises(BackendUnavailable, match="is closed") as info:
+        await backend.decide(request(ticket_body(0)))
+    assert info.value.reason == "closed"
+    with pytest.raises(RuntimeError, match="is closed; create a new one"):
+        await backend.start()
+
+
+async def test_confidence_profile_and_validation(clef_fp32: ClefModel) -> None:
+    body = request(golden_case("01-three-types")["request"])
+    async with LocalBackend(clef_fp32, confidence_profile="workers-ai") as backend:
+        answer = (await backend.decide(body)).answers["seating"]
+    probabilities = list(answer.probabilities.values())
+    assert answer.confidence == pytest.approx(confidence(probabilities, "choice", "workers-ai"))
+    with pytest.raises(ValueError, match="confidence_profile must be one of"):
+        LocalBackend(clef_fp32, confidence_profile="max")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_length must be"):
+        LocalBackend(clef_fp32, max_length=0)
+
+
+async def test_from_pretrained_bf16_matches_the_bf16_fixture(golden_checkpoint: Path) -> None:
+    case = golden_case("01-three-types")
+    backend = LocalBackend.from_pretrained(golden_checkpoint)
+    assert backend.model.dtype == torch.bfloat16
+    assert backend.model_revision == f"checkpoint@{backend.model.revision}" and "LocalBackend" in repr(backend)
+    async with backend:
+        got = (await backend.decide(request(case["request"]))).to_json()
+    want = case["response_bf16"]
+    assert got["answers"]["seating"]["choice"] == want["answers"]["seating"]["choice"]
+    assert got["answers"]["needs_access"]["noul"] == pytest.approx(want["answers"]["needs_access"]["noul"], abs=2e-3)
