@@ -1,0 +1,164 @@
+"""Send the example traffic (benign requests and attacks) through the guard and print the verdicts.
+
+Three ways to run it:
+
+    # the guard inside the app's process (no sockets)
+    python examples/api/traffic.py --mode inprocess --policy policies/api_abuse.yaml --backend compact
+
+    # the same app behind `guard proxy` (both started here, on loopback ports)
+    python examples/api/traffic.py --mode proxy --policy policies/api_abuse.yaml --backend compact
+
+    # any running guarded endpoint, e.g. one started with `guard proxy ... --listen 127.0.0.1:8080`
+    python examples/api/traffic.py --mode url --url http://127.0.0.1:8080
+
+``--backend`` is ``compact`` (the embedded CPU model: catalog questions only), ``local:CHECKPOINT_DIR`` (Clef in
+process) or ``http:URL`` (a guard worker or another System One endpoint). The script prints ids, labels and verdicts,
+never the request text (the attack rows are real jailbreak prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+TRAFFIC = HERE / "data" / "traffic.jsonl"
+DEFAULT_POLICY = ROOT / "policies" / "api_abuse.yaml"
+
+
+def load_traffic(limit: int | None = None) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in TRAFFIC.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any) -> Iterator[str]:
+    """uvicorn on a free loopback port in a daemon thread; yields the base URL."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("server failed to start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def check_backend(policy: Path, backend: Any) -> None:
+    """Stop early, with a reason, when the backend cannot answer the policy's questions (the compact model only
+    answers its catalog)."""
+    from guard.policy import load_files
+
+    unsupported = getattr(backend, "unsupported", None)
+    if unsupported is None:
+        return
+    refused = sorted({qid for p in load_files(policy).policies for qid in unsupported([q.wire for q in p.questions])})
+    if refused:
+        raise SystemExit(f"backend {backend.name!r} cannot answer {refused} of {policy}; use --backend "
+                         "local:CHECKPOINT_DIR or http:URL (Clef), or a policy of catalog questions only")
+
+
+async def send_all(client: httpx.AsyncClient, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    results = []
+    for row in rows:
+        started = time.perf_counter()
+        response = await client.request(row["method"], row["path"], json=row["body"])
+        results.append({
+            "id": row["id"], "label": row["label"], "path": row["path"], "status": response.status_code,
+            "action": response.headers.get("x-guard-action", "-"), "rule": response.headers.get("x-guard-rule", "-"),
+            "fail_mode": response.headers.get("x-guard-fail-mode"),
+            "ms": (time.perf_counter() - started) * 1000,
+        })
+    return results
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    print(f"{'id':<26} {'label':<7} {'path':<22} {'status':>6} {'action':<9} {'rule':<16} {'ms':>8}")
+    for r in results:
+        flag = f" (fail {r['fail_mode']})" if r["fail_mode"] else ""
+        print(f"{r['id']:<26} {r['label']:<7} {r['path']:<22} {r['status']:>6} {r['action']:<9} {r['rule']:<16} "
+              f"{r['ms']:8.1f}{flag}")
+    counts = Counter((r["label"], r["action"]) for r in results)
+    print("\nlabel    " + "  ".join(f"{a:>9}" for a in ("allow", "block", "escalate", "handoff")))
+    for label in ("benign", "attack"):
+        print(f"{label:<8} " + "  ".join(f"{counts[(label, a)]:>9}" for a in ("allow", "block", "escalate", "handoff")))
+    latencies = sorted(r["ms"] for r in results)
+    print(f"\n{len(results)} requests; latency p50 {latencies[len(latencies) // 2]:.1f} ms, "
+          f"max {latencies[-1]:.1f} ms (first requests include model warm-up)")
+
+
+async def run(args: argparse.Namespace) -> None:
+    rows = load_traffic(args.limit)
+    if args.mode == "url":
+        async with httpx.AsyncClient(base_url=args.url, timeout=120) as client:
+            print_table(await send_all(client, rows))
+        return
+
+    from examples.api.app import create_app
+    from guard.cli.cmd_policy import open_backend
+    from guard.engine import Guard
+
+    if args.mode == "inprocess":
+        try:
+            backend = open_backend(args.backend)
+        except FileNotFoundError as exc:
+            raise SystemExit(f"backend {args.backend!r} could not be loaded: {exc}") from exc
+        check_backend(args.policy, backend)
+        guard = Guard.from_files(args.policy, backends=backend)
+        app = create_app(guard)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://example",
+                                     timeout=120) as client:
+            print_table(await send_all(client, rows))
+        await guard.aclose()
+        return
+
+    from guard.cli import build_parser
+    from guard.cli.cmd_proxy import build
+
+    with serve_in_thread(create_app()) as upstream:
+        argv = ["proxy", "--policy", str(args.policy), "--upstream", upstream, "--backend", args.backend,
+                "--listen", "127.0.0.1:0"]
+        runtime = build(build_parser().parse_args(argv))
+        check_backend(args.policy, runtime.app.guard.backends["default"])
+        with serve_in_thread(runtime.app) as proxy:
+            print(f"example API at {upstream}, guard proxy at {proxy}\n")
+            async with httpx.AsyncClient(base_url=proxy, timeout=120) as client:
+                print_table(await send_all(client, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Send the example traffic through the guard and print verdicts.")
+    parser.add_argument("--mode", choices=["inprocess", "proxy", "url"], default="inprocess")
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="for --mode url")
+    parser.add_argument("--policy", type=Path, default=DEFAULT_POLICY)
+    parser.add_argument("--backend", default="compact", help="compact, local:CHECKPOINT_DIR or http:URL")
+    parser.add_argument("--limit", type=int, default=None, help="send only the first N requests")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
