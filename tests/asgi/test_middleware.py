@@ -6,12 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import struct
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket
@@ -23,6 +28,7 @@ from guard.errors import BackendTimeout, BackendUnavailable
 from guard.telemetry import DecisionLog
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, client_for, echo, echo_routes, guarded_app, scripted_answers, sha
+from tests.asgi._servers import serve_in_thread
 
 pytestmark = pytest.mark.anyio
 
@@ -319,3 +325,62 @@ async def test_invalid_content_length_is_400(make_guard: GuardFactory) -> None:
     headers = [(b"host", b"testserver"), (b"content-type", b"application/json"), (b"content-length", b"-5")]
     sent, calls = await _call(guarded_app(make_guard()), [{"type": "http.request", "body": b"{}"}], headers=headers)
     assert sent[0]["status"] == 400 and _json_body(sent)["code"] == "invalid_content_length" and calls == 0
+
+
+class _ResettingServer:
+    """A TCP server that accepts connections and closes them at once (a worker that resets every request)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST on close
+            conn.close()
+
+
+def _failing_worker() -> Starlette:
+    async def systemone(request: Request) -> Response:
+        mode = request.path_params["mode"]
+        await request.body()
+        if mode == "slow":
+            await asyncio.sleep(3)
+        if mode == "busy":
+            return JSONResponse({"error": "overloaded"}, status_code=429, headers={"retry-after": "1"})
+        return JSONResponse({"error": "boom"}, status_code=500)
+
+    return Starlette(routes=[Route("/{mode}/v1/systemone", systemone, methods=["POST"])])
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("http500", "http_500"), ("busy", "http_429"), ("slow", "timeout"),
+                                              ("reset", "connection")])
+async def test_real_http_backend_failures_fail_closed_within_the_timeout(
+    make_guard: GuardFactory, mode: str, reason: str
+) -> None:
+    """C09 with the real HTTP backend client against a misbehaving worker: 500, 429, too slow, connection reset."""
+    from guard.backends.http import SystemOneClient
+
+    resetter = _ResettingServer()
+    with serve_in_thread(_failing_worker(), timeout_graceful_shutdown=1) as worker:
+        url = f"http://127.0.0.1:{resetter.port}" if mode == "reset" else f"{worker}/{mode}/v1/systemone"
+        backend = SystemOneClient(url, timeout=10)
+        lines: list[str] = []
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with client_for(guarded_app(make_guard(backend, decision_log=DecisionLog(lines.append)))) as client:
+            response = await client.post("/v1/echo", json={"message": BENIGN})
+        elapsed = loop.time() - started
+    resetter.sock.close()
+    assert response.status_code == 503 and response.json()["code"] == "decision_unavailable"
+    assert response.headers["x-guard-fail-mode"] == "closed" and int(response.headers["retry-after"]) >= 1
+    assert elapsed < 2.0 + 0.5  # the policy's timeout (2 s) plus a small margin
+    record = json.loads(lines[-1])
+    assert record["fail_mode"] == "closed" and record["error"].startswith(reason), record["error"]
