@@ -1,0 +1,169 @@
+"""``guard worker serve``: the decision worker (System One over HTTP, micro-batched Clef) under uvicorn.
+
+Usage::
+
+    guard worker serve --model DIR [--host H --port P | --uds PATH] [--device cpu|cuda|cuda:N]
+                       [--dtype auto|float32|bfloat16] [--max-batch N] [--max-batch-tokens T] [--max-wait-ms M]
+                       [--max-queue Q] [--max-length-ratio R] [--max-length L] [--confidence reference|workers-ai|jev]
+                       [--profile workers-ai|reference] [--max-body-bytes B] [--default-timeout-ms D]
+                       [--overload-status 429|503] [--model-name NAME] [--log-level LEVEL] [--access-log]
+
+The socket opens at once (``/healthz`` answers while the weights load); ``/readyz`` turns 200 after the model loaded
+and the startup self-test passed. SIGTERM/SIGINT stop accepting connections, finish the requests already queued,
+then exit. Invalid options exit 2 with one line naming the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "run"]
+
+EXIT_INVALID = 2
+_DTYPES = ("auto", "float32", "bfloat16")
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+DEFAULT_PORT = 8000
+
+
+def register(subparsers: Any) -> None:
+    """Add ``worker serve``."""
+    from guard.worker.batcher import (
+        DEFAULT_MAX_BATCH,
+        DEFAULT_MAX_BATCH_TOKENS,
+        DEFAULT_MAX_LENGTH_RATIO,
+        DEFAULT_MAX_QUEUE,
+        DEFAULT_MAX_WAIT_MS,
+    )
+
+    worker = subparsers.add_parser("worker", help="the decision worker (System One over HTTP, batched)")
+    commands = worker.add_subparsers(dest="worker_command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a Clef checkpoint on POST /v1/systemone",
+        description="Serve a Clef checkpoint: POST /v1/systemone, GET /v1/models, /healthz, /readyz, /metrics.",
+    )
+    serve.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory (release layout)")
+    where = serve.add_argument_group("listening (TCP or a Unix socket)")
+    where.add_argument("--host", default=None, help="TCP host (default 127.0.0.1)")
+    where.add_argument("--port", type=int, default=None, help=f"TCP port (default {DEFAULT_PORT})")
+    where.add_argument("--uds", default=None, metavar="PATH", help="listen on this Unix socket instead of TCP")
+    model = serve.add_argument_group("model")
+    model.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    model.add_argument(
+        "--dtype", choices=_DTYPES, default="auto", help="auto = bfloat16 on cuda (the reference), float32 on cpu"
+    )
+    model.add_argument("--max-length", type=int, default=None, metavar="L", help="prompt limit (default 16384)")
+    model.add_argument(
+        "--confidence", choices=("reference", "workers-ai", "jev"), default="reference", help="confidence formula"
+    )
+    model.add_argument("--model-name", default=None, help="name listed by GET /v1/models (default: directory name)")
+    batching = serve.add_argument_group("batching")
+    batching.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N", help="requests per pass")
+    batching.add_argument(
+        "--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS, metavar="T", help="padded tokens per pass"
+    )
+    batching.add_argument(
+        "--max-wait-ms", type=float, default=DEFAULT_MAX_WAIT_MS, metavar="M", help="longest wait to fill a batch"
+    )
+    batching.add_argument(
+        "--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="Q", help="waiting requests before 429"
+    )
+    batching.add_argument(
+        "--max-length-ratio",
+        type=float,
+        default=DEFAULT_MAX_LENGTH_RATIO,
+        metavar="R",
+        help="longest/shortest record in one batch",
+    )
+    http = serve.add_argument_group("http")
+    http.add_argument("--profile", choices=("workers-ai", "reference"), default="workers-ai", help="validation rules")
+    http.add_argument("--max-body-bytes", type=int, default=None, metavar="B", help="largest request body (8 MiB)")
+    http.add_argument(
+        "--default-timeout-ms", type=float, default=None, metavar="D", help="deadline without x-request-timeout-ms"
+    )
+    http.add_argument("--overload-status", type=int, choices=(429, 503), default=429, help="status of a full queue")
+    http.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn log level")
+    http.add_argument("--access-log", action="store_true", help="log every request (off by default)")
+    serve.set_defaults(handler=run)
+
+
+def _fail(message: str) -> int:
+    print(f"guard worker serve: {message}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(BatcherConfig, WorkerConfig)`` from the options; raises ``ValueError`` naming the bad one."""
+    from guard.worker.app import WorkerConfig
+    from guard.worker.batcher import BatcherConfig
+
+    batcher = BatcherConfig(
+        max_batch=args.max_batch,
+        max_batch_tokens=args.max_batch_tokens,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        max_length_ratio=args.max_length_ratio,
+    )
+    options: dict[str, Any] = {
+        "validation_profile": args.profile,
+        "overload_status": args.overload_status,
+        "model_name": args.model_name,
+    }
+    if args.max_body_bytes is not None:
+        options["max_body_bytes"] = args.max_body_bytes
+    if args.default_timeout_ms is not None:
+        options["default_timeout_s"] = args.default_timeout_ms / 1000.0
+    return batcher, WorkerConfig(**options)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler: serves until SIGTERM/SIGINT (exit 0); 2 for invalid options."""
+    if args.uds and (args.host or args.port):
+        return _fail("--uds cannot be combined with --host/--port")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        return _fail(f"--port must be 0-65535, got {args.port}")
+    if args.max_length is not None and args.max_length < 1:
+        return _fail(f"--max-length must be a positive integer, got {args.max_length}")
+    if not (Path(args.model) / "config.json").is_file():
+        return _fail(f"--model {args.model}: not a checkpoint directory (config.json is missing)")
+    try:
+        batcher_config, worker_config = _configs(args)
+    except ValueError as exc:
+        return _fail(
+            re.sub(r"(?:Batcher|Worker)Config\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(exc))
+        )
+
+    import uvicorn
+
+    from guard.worker.app import create_app
+
+    def load() -> Any:
+        import torch
+
+        from guard.backends.local import LocalBackend
+
+        on_cuda = str(args.device).startswith("cuda")
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+            args.dtype, torch.bfloat16 if on_cuda else torch.float32
+        )
+        return LocalBackend.from_pretrained(
+            args.model,
+            dtype=dtype,
+            device=args.device,
+            batcher_config=batcher_config,
+            confidence_profile=args.confidence,
+            max_length=args.max_length,
+        )
+
+    app = create_app(load, config=worker_config)
+    where: dict[str, Any] = (
+        {"uds": args.uds}
+        if args.uds
+        else {"host": args.host or "127.0.0.1", "port": DEFAULT_PORT if args.port is None else args.port}
+    )
+    uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log, **where)
+    return 0
