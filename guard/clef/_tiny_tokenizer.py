@@ -76,7 +76,7 @@ def _words(text: str) -> Counter[tuple[str, ...]]:
     """Pre-tokenize like the pipeline (NFC, Qwen2 split, byte-level) and count words as symbol tuples."""
     import unicodedata
 
-    import regex
+    import regex  # type: ignore[import-untyped]
 
     table = _bytes_to_unicode()
     counts: Counter[tuple[str, ...]] = Counter()

@@ -143,7 +143,8 @@ class EvidenceRoutingLayer(nn.Module):
         keys = self.memory_norm(memory)  # [1, L, W]
         attended, _ = self.attention(self.query_norm(options), keys, keys, need_weights=False)  # [1, N, W]
         options = options + attended
-        return options + self.feedforward(self.feedforward_norm(options))  # [1, N, W]
+        routed: torch.Tensor = options + self.feedforward(self.feedforward_norm(options))  # [1, N, W]
+        return routed
 
 
 def field_decoder_layer(width: int, heads: int, feedforward: int, dropout: float = 0.0) -> nn.TransformerDecoderLayer:
@@ -292,7 +293,7 @@ class JointSchemaHead(nn.Module):
         prior_scale = self.prior_logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
         joint_scale = self.joint_logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
         gate = torch.sigmoid(self.residual_gate)
-        lexical_per_question = lexicals.split(counts)  # Q tensors [n_j, H]
+        lexical_per_question = torch.split(lexicals, counts)  # Q tensors [n_j, H]
         logits: list[torch.Tensor] = []
         for j, routed in enumerate(per_question):  # step 15
             anchor = F.normalize(questions[j] + global_vector, dim=-1, eps=1e-12)  # [H]

@@ -132,7 +132,7 @@ class ClefModel:
         kwargs: dict[str, Any] = {"dtype": dtype}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
-        backbone = Qwen3_5ForConditionalGeneration.from_pretrained(str(root), **kwargs)
+        backbone: Any = Qwen3_5ForConditionalGeneration.from_pretrained(str(root), **kwargs)
         backbone.config.use_cache = False
         backbone = backbone.to(device).eval()
         head = JointSchemaHead.from_pretrained(root, dtype=dtype, device=device)
@@ -167,7 +167,8 @@ class ClefModel:
             out = self.backbone.model.language_model(
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False, return_dict=True
             )
-        return out.last_hidden_state
+        hidden: torch.Tensor = out.last_hidden_state  # [B, T, H]
+        return hidden
 
     @torch.inference_mode()
     def forward_records(self, records: Sequence[EncodedRecord]) -> list[list[torch.Tensor]]:

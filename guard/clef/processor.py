@@ -81,7 +81,7 @@ def load_tokenizer(path: str | Path) -> Any:
     config_path = root / "tokenizer_config.json"
     config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
     special = {key: config[key] for key in ("eos_token", "pad_token", "bos_token", "unk_token") if config.get(key)}
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=Tokenizer.from_file(str(root / "tokenizer.json")),
         model_max_length=config.get("model_max_length", 262144),
         **special,
@@ -157,16 +157,16 @@ class ClefProcessor:
             return cls(tokenizer)
         from transformers import AutoImageProcessor
 
-        image_processor = AutoImageProcessor.from_pretrained(str(root))
+        image_processor = AutoImageProcessor.from_pretrained(str(root))  # type: ignore[no-untyped-call]
         full = None
         if importlib.util.find_spec("torchvision") is not None:  # pragma: no cover - torchvision is absent in CI
             from transformers import AutoVideoProcessor
             from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
-            full = Qwen3VLProcessor(
+            full = Qwen3VLProcessor(  # type: ignore[no-untyped-call]
                 image_processor=image_processor,
                 tokenizer=tokenizer,
-                video_processor=AutoVideoProcessor.from_pretrained(str(root)),
+                video_processor=AutoVideoProcessor.from_pretrained(str(root)),  # type: ignore[no-untyped-call]
             )
         return cls(tokenizer, image_processor, full)
 

@@ -223,7 +223,7 @@ def write_tiny_checkpoint(
 
     backbone_config = _backbone_config(tiny, vocab, special, vision)
     torch.manual_seed(seed)
-    backbone = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**backbone_config))
+    backbone: Any = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**backbone_config))
     generator = torch.Generator().manual_seed(seed + 1)
     _randomize(backbone, generator)
     backbone.to(torch.bfloat16).save_pretrained(str(root), max_shard_size=_SHARD_SIZE)

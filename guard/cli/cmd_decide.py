@@ -106,8 +106,8 @@ def _load(args: argparse.Namespace) -> Any:
 
     from guard.clef.model import ClefModel
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     dtype_name = args.dtype
     if dtype_name == "auto":
         dtype_name = "bfloat16" if str(args.device).startswith("cuda") else "float32"
