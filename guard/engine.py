@@ -138,8 +138,11 @@ class Guard:
         return next(iter(self.backends)) if len(self.backends) == 1 else None
 
     def _check_backends(self, policies: Sequence[Policy]) -> None:
+        """Every policy names a known backend, and that backend can answer its questions (checked now, not on the
+        first request, for backends that can tell: the compact model's ``explain(question)``)."""
         for policy in policies:
-            if self._backend_name(policy) is None:
+            name = self._backend_name(policy)
+            if name is None:
                 wanted = policy.backend or DEFAULT_BACKEND
                 raise PolicyError(
                     policy.file,
@@ -147,6 +150,18 @@ class Guard:
                     "backend",
                     f"policy {policy.id!r} uses backend {wanted!r}, which is not one of {sorted(self.backends)}",
                 )
+            explain = getattr(self.backends[name], "explain", None)
+            if not callable(explain):
+                continue
+            for question in policy.questions:
+                reason = explain(question.wire)
+                if reason is not None:
+                    raise PolicyError(
+                        policy.file,
+                        question.line,
+                        question.path,
+                        f"backend {name!r} cannot answer question {question.key!r} ({question.wire.id}): {reason}",
+                    )
 
     def backend_for(self, policy: Policy) -> DecisionBackend:
         """The backend that answers ``policy``'s questions."""

@@ -9,12 +9,12 @@ through the same readout (``guard.systemone.answer_question``) as a real model's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from guard.errors import BackendTimeout
+from guard.errors import BackendTimeout, UnsupportedQuestion
 from guard.policy.answers import answer_from_spec
-from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, UsageV1
+from guard.systemone import QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
 __all__ = ["ScriptedBackend", "constant"]
 
@@ -38,6 +38,8 @@ class ScriptedBackend:
         fail: an exception to raise on every call, or a function ``(call_number) -> exception | None``.
         name: backend name; revision: ``model_revision``; model: the model id it reports.
         answers_override: replace the built response (to return malformed answers on purpose).
+        refuse: question ids it cannot answer, like the compact model: ``explain`` names them (the engine checks at
+            construction) and ``decide`` raises ``UnsupportedQuestion``.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class ScriptedBackend:
         revision: str = "scripted-r1",
         model: str = "scripted-model",
         answers_override: Callable[[SystemOneResponseV1], SystemOneResponseV1] | None = None,
+        refuse: Collection[str] = (),
     ) -> None:
         self.name = name
         self._revision = revision
@@ -60,6 +63,7 @@ class ScriptedBackend:
         self.fail = fail
         self.model = model
         self.answers_override = answers_override
+        self.refuse = frozenset(refuse)
         self.calls = 0
         self.requests: list[SystemOneRequestV1] = []
         self.closed = False
@@ -68,7 +72,15 @@ class ScriptedBackend:
     def model_revision(self) -> str:
         return self._revision
 
+    def explain(self, question: QuestionV1) -> str | None:
+        """``None`` when this backend answers ``question``, else why not (the compact backend's interface)."""
+        return f"{self.name} does not answer {question.id!r}" if question.id in self.refuse else None
+
     async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+        for question in request.questions:
+            reason = self.explain(question)
+            if reason is not None:
+                raise UnsupportedQuestion(question.id, self.name, reason)
         self.calls += 1
         self.requests.append(request)
         call = self.calls

@@ -272,6 +272,23 @@ async def test_policies_select_backends_by_name() -> None:
     assert "'compact'" in str(caught.value)
 
 
+def test_a_backend_that_cannot_answer_a_question_is_a_load_error(tmp_path: Path) -> None:
+    compact_like = ScriptedBackend(name="compact", refuse={"spam", "topic", "severity", "serves"})
+    with pytest.raises(PolicyError) as caught:
+        Guard(http_policies(), backends=compact_like)
+    error = caught.value
+    assert (error.file, error.line, error.key) == ("api.yaml", 14, "policies[0].questions.spam")
+    assert "backend 'default' cannot answer question 'spam' (spam): compact does not answer 'spam'" in error.reason
+    # A reload that introduces such a question fails and keeps the last good set.
+    path = tmp_path / "tools.yaml"
+    path.write_text(AGENT_POLICY)
+    guard = Guard.from_files(path, backends=compact_like)
+    path.write_text(AGENT_POLICY.replace("{catalog: guard.tool_call_serves_task}", "{type: noul, instructions: x}"))
+    with pytest.raises(PolicyError, match="cannot answer question 'serves'"):
+        guard.reload()
+    assert guard.policies["tools"].questions[0].wire.id == "guard.tool_call_serves_task"
+
+
 @pytest.mark.anyio
 async def test_reload_failure_keeps_the_last_good_policies(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"

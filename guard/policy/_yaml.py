@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
@@ -83,7 +83,7 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
     """SafeLoader that composes nodes but refuses anchors, aliases and deep nesting as they are parsed."""
 
     # The YAML 1.1 core resolver without timestamps: ``version: 2024-05-01`` stays a string.
-    yaml_implicit_resolvers = {
+    yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }

@@ -18,7 +18,7 @@ import pydantic
 from guard.errors import FieldError, PolicyError, RequestValidationError
 from guard.policy._match import AgentMatcher, HttpMatcher
 from guard.policy._state import AGENT_SOURCES, HTTP_SOURCES, NAMED_SOURCES, POINTER_SOURCES, StateField, split_pointer
-from guard.policy._yaml import LineMap, load_yaml
+from guard.policy._yaml import LineMap, format_path, load_yaml
 from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion, PolicySet
@@ -117,7 +117,7 @@ def _compile(
 
     if spec.match.http is None and spec.match.agent is None:
         problem(("match",), "needs 'http' or 'agent' (or both); a policy must say what it applies to")
-    questions, known = _questions(spec, problem)
+    questions, known = _questions(spec, problem, base, lines)
     rules = []
     seen_rules: set[str] = set()
     for i, rule in enumerate(spec.rules):
@@ -163,7 +163,9 @@ def _compile(
     )
 
 
-def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], dict[str, QuestionType | None]]:
+def _questions(
+    spec: PolicySpec, problem: Any, base: KeyPath, lines: LineMap
+) -> tuple[list[PolicyQuestion], dict[str, QuestionType | None]]:
     """Validate each question against the Workers AI limits; returns the questions and every key's type (also for
     questions with problems, so rules that use them do not report a second, misleading error)."""
     if not spec.questions:
@@ -205,7 +207,7 @@ def _questions(spec: PolicySpec, problem: Any) -> tuple[list[PolicyQuestion], di
             for field_error in exc.errors:
                 problem(_field_path(field_error, wire_id, key), field_error.message)
             continue
-        out.append(PolicyQuestion(key, request.questions[0]))
+        out.append(PolicyQuestion(key, request.questions[0], format_path((*base, *where)), lines.line((*base, *where))))
     return out, known
 
 

@@ -69,10 +69,13 @@ class FailPolicy:
 
 @dataclass(frozen=True)
 class PolicyQuestion:
-    """One question of a policy: ``key`` is the name rules use; ``wire`` is what the model is asked."""
+    """One question of a policy: ``key`` is the name rules use; ``wire`` is what the model is asked; ``path`` and
+    ``line`` locate it in the file (for errors found after loading, e.g. a backend that cannot answer it)."""
 
     key: str
     wire: QuestionV1
+    path: str = ""
+    line: int | None = None
 
 
 @dataclass(frozen=True)
