@@ -179,7 +179,9 @@ def encode_record(
     Raises:
         RequestValidationError: (a ``ValueError``) with field ``questions`` and the reference message
             ``schema requires N tokens before state; maximum is M`` when everything but the state exceeds
-            ``max_length``; with field ``questions`` when there are no questions; media errors from the processor.
+            ``max_length``; with field ``questions`` when there are no questions; with field
+            ``questions.<id>.instructions`` when a question span would be empty (id ``""`` and no instructions: the
+            reference would return NaN); media errors from the processor.
     """
     if not request.questions:
         raise RequestValidationError([FieldError("questions", "at least one question is required")])
@@ -187,6 +189,11 @@ def encode_record(
     prefix_ids, state_ids, suffix_ids, *schema_pieces = processor.encode_texts(
         [PREFIX, render(request.state), SUFFIX, *schema_texts]
     )
+    for piece, qi, k in marks:
+        if k < 0 and not schema_pieces[piece]:  # the head would average zero rows (NaN), §2.4 degenerate case
+            qid = request.questions[qi].id
+            message = "renders to no tokens; give non-empty instructions or a non-empty question id"
+            raise RequestValidationError([FieldError(f"questions.{qid}.instructions", message)])
     media = None
     media_ids: tuple[int, ...] = ()
     if request.images or request.videos:

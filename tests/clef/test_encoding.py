@@ -179,6 +179,13 @@ def test_missing_or_empty_instructions_use_the_question_id(
     assert _decode(golden_processor, record.input_ids[slice(*record.questions[0].question_span)]) == "refund_due"
 
 
+def test_an_empty_question_span_is_rejected_instead_of_averaging_nothing(golden_processor: ClefProcessor) -> None:
+    request = _request({"model": "m", "state": "s", "questions": {"": {"type": "noul", "instructions": ""}}})
+    with pytest.raises(RequestValidationError, match="renders to no tokens") as info:
+        encode_record(request, golden_processor)
+    assert info.value.field == "questions..instructions"
+
+
 def test_truncation_keeps_the_head_of_the_state_at_the_exact_boundary(golden_processor: ClefProcessor) -> None:
     body = {"model": "m", "state": "alpha beta gamma delta " * 20, "questions": {"q": {"type": "noul"}}}
     full = encode_record(_request(body), golden_processor)
