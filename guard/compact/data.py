@@ -283,8 +283,14 @@ def build_splits(root: Path, seed: int = SEED) -> Splits:  # noqa: C901, PLR0912
             padding = " ".join(rng.sample(benign_pool[split], rng.randint(40, 160)))
             if n % 2 == 0:
                 attack = rng.choice(pool)
-                at = "end" if n % 4 == 0 else "middle"
-                text = padding + " " + attack if at == "end" else _insert_middle(padding, attack, rng)
+                # Training keeps a state's first and last tokens only, so attacks go at either end there; the test
+                # set also hides them in the middle, which inference reads.
+                if n % 4 == 0:
+                    text = padding + " " + attack
+                elif split == "test":
+                    text = _insert_middle(padding, attack, rng)
+                else:
+                    text = attack + " " + padding
                 label = "true"
             else:
                 text, label = padding, "false"

@@ -4,8 +4,10 @@ Clef (``shared/design/clef-runtime.md`` §3) reads one prompt that holds the sta
 each question and option are encoded **separately** by the frozen sentence encoder (late interaction), and the head
 reads them together:
 
-* memory ``M`` = ``memory_projection(hidden_norm([state tokens ; question tokens]))`` plus a learned segment
-  embedding (state vs question): the positions every option and every field attend to (§3.2 steps 2, 8, 13);
+* memory ``M`` = ``memory_projection(hidden_norm([state rows ; question tokens]))`` plus a learned segment
+  embedding (state vs question): the positions every option and every field attend to (§3.2 steps 2, 8, 13). State
+  rows are the state's token states mean-pooled over runs of ``memory_pool`` tokens (:func:`pool_rows`, 4 in the
+  shipped model), which keeps the head's cost low for long states;
 * global vector ``g`` = mean of the normed state tokens (Clef: the last prompt token, step 3);
 * question vector ``q_j`` = mean of the normed tokens of the question's instructions (step 4);
 * option context ``c_k`` = mean of the normed tokens of the rendered option object ``{"description":…,
@@ -33,7 +35,7 @@ from torch.nn import functional as F
 
 from guard.clef.head import LOGIT_SCALE_MAX, JointHeadConfig, JointSchemaHead
 
-__all__ = ["CompactHead", "HeadInputs", "masked_mean"]
+__all__ = ["CompactHead", "HeadInputs", "masked_mean", "pool_rows"]
 
 #: Rows of ``memory_segment_embedding``: 0 = state token, 1 = question token.
 MEMORY_SEGMENTS = 2
@@ -44,6 +46,19 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     weights = mask.to(x.dtype).unsqueeze(-1)  # (..., L, 1)
     total = (x * weights).sum(dim=-2)  # (..., D)
     return total / weights.sum(dim=-2).clamp(min=1.0)
+
+
+def pool_rows(rows: torch.Tensor, pool: int) -> torch.Tensor:
+    """Mean of each run of ``pool`` consecutive rows: ``(n, H)`` -> ``(ceil(n / pool), H)`` (the last run may be
+    shorter). The state memory is pooled this way so the head's cost grows with ``n / pool``."""
+    if pool <= 1 or rows.shape[0] <= 1:
+        return rows
+    n = rows.shape[0]
+    full = n // pool
+    parts = [rows[: full * pool].reshape(full, pool, -1).mean(1)] if full else []
+    if n % pool:
+        parts.append(rows[full * pool :].mean(0, keepdim=True))
+    return torch.cat(parts, 0)
 
 
 @dataclass(frozen=True)

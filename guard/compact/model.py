@@ -30,7 +30,7 @@ from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig
 from guard.compact._batch import QuestionEncoding, collate, option_texts, question_text, type_id
 from guard.compact.catalog import CATALOG
 from guard.compact.encoder import ENCODER_NAME, ENCODER_PACKAGE, EncodedText, EncoderConfig, TextEncoder
-from guard.compact.head import CompactHead
+from guard.compact.head import CompactHead, pool_rows
 from guard.compact.router import RouterHead
 from guard.systemone import (
     AnswerV1,
@@ -55,6 +55,8 @@ __all__ = [
 COMPACT_CONFIG_FILE = "compact_config.json"
 FORMAT = "guard-compact/1"
 _QUESTION_CACHE = 256
+#: Default run length of state token states mean-pooled into one memory row (see ``guard/compact/head.py``).
+DEFAULT_MEMORY_POOL = 4
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ class CompactModel:
         questions: the answerable questions by id.
         kind: ``"catalog"`` or ``"router"``.
         meta: free-form training metadata kept in ``compact_config.json``.
+        memory_pool: state token states mean-pooled per memory row.
     """
 
     def __init__(
@@ -153,7 +156,11 @@ class CompactModel:
         *,
         kind: str,
         meta: dict[str, Any] | None = None,
+        memory_pool: int = DEFAULT_MEMORY_POOL,
     ) -> None:
+        if memory_pool < 1:
+            raise ValueError(f"memory_pool must be at least 1, got {memory_pool}")
+        self.memory_pool = memory_pool
         if kind not in ("catalog", "router"):
             raise ValueError(f"kind must be 'catalog' or 'router', got {kind!r}")
         self.encoder = encoder
@@ -195,7 +202,7 @@ class CompactModel:
     # ----------------------------------------------------------------------------------------------------- scoring
     def logits(self, states: Sequence[EncodedText], questions: Sequence[Sequence[QuestionV1]]) -> list[list[torch.Tensor]]:
         """Uncalibrated logits per record, per question, in prompt option order (float32 1-D tensors)."""
-        rows = [s.states.float() for s in states]
+        rows = [pool_rows(s.states.float(), self.memory_pool) for s in states]
         with torch.inference_mode():
             if isinstance(self.head, RouterHead):
                 width = max(r.shape[0] for r in rows)
@@ -254,6 +261,7 @@ class CompactModel:
             "format": FORMAT,
             "kind": self.kind,
             "encoder": {"name": ENCODER_NAME, "package": ENCODER_PACKAGE, **self.encoder.config.to_json()},
+            "memory_pool": self.memory_pool,
             "questions": {qid: q.to_json() for qid, q in self.questions.items()},
             "meta": self.meta,
         }
@@ -305,4 +313,5 @@ class CompactModel:
             raise ValueError(f"{root / COMPACT_CONFIG_FILE} has kind {kind!r}; expected 'catalog' or 'router'")
         state = {k: v.float() for k, v in load_file(str(root / HEAD_WEIGHTS_FILE)).items()}
         head.load_state_dict(state, strict=True)
-        return cls(encoder, head.float(), questions, kind=kind, meta=body.get("meta"))
+        return cls(encoder, head.float(), questions, kind=kind, meta=body.get("meta"),
+                   memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)))

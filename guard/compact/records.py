@@ -76,7 +76,7 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
         ValueError: naming the file and line of a malformed line, an invalid request or an unknown label.
     """
     source = Path(path)
-    lines = [(n, line) for n, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+    lines = [(n, line) for n, line in enumerate(source.read_text(encoding="utf-8").split("\n"), 1) if line.strip()]
     rows: list[tuple[int, Any]] = []
     for number, line in lines:
         try:

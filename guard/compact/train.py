@@ -29,8 +29,8 @@ from guard.compact._batch import QuestionEncoding, collate
 from guard.compact._cache import EmbeddingCache
 from guard.compact.catalog import CATALOG
 from guard.compact.encoder import TextEncoder
-from guard.compact.head import CompactHead
-from guard.compact.model import CompactModel, ModelQuestion
+from guard.compact.head import CompactHead, pool_rows
+from guard.compact.model import DEFAULT_MEMORY_POOL, CompactModel, ModelQuestion
 from guard.compact.records import LabelledRecord
 from guard.compact.router import RouterHead
 
@@ -50,7 +50,8 @@ class TrainConfig:
         label_smoothing: ε of the smoothed cross-entropy target ``(1-ε)·onehot + ε/K``.
         brier_weight: weight of ``Σ_k (p_k − onehot_k)²`` added to the loss.
         seed: seeds torch and Python ``random``.
-        max_state_tokens: state rows a training example keeps (first and last halves); inference reads all.
+        max_state_tokens: state tokens a training example keeps (first and last halves); inference reads all.
+        memory_pool: state token states mean-pooled per memory row (kept in the checkpoint).
         width, routing_layers, layers, heads, feedforward, dropout: head sizes (:class:`JointHeadConfig`).
     """
 
@@ -63,7 +64,8 @@ class TrainConfig:
     label_smoothing: float = 0.05
     brier_weight: float = 0.5
     seed: int = 0
-    max_state_tokens: int = 512
+    max_state_tokens: int = 768
+    memory_pool: int = DEFAULT_MEMORY_POOL
     width: int = 256
     routing_layers: int = 2
     layers: int = 2
@@ -184,7 +186,7 @@ def train(
     if bar:
         bar.close()
     index = {text: i for i, text in enumerate(texts)}
-    rows = [_cap(s.float(), config.max_state_tokens) for s in states]
+    rows = [pool_rows(_cap(s.float(), config.max_state_tokens), config.memory_pool) for s in states]
 
     head_config = config.head_config(encoder.hidden_size)
     head: CompactHead | RouterHead
@@ -192,7 +194,7 @@ def train(
         head = RouterHead(head_config, len(labels))
     else:
         head = CompactHead(head_config)
-    model = CompactModel(encoder, head, {}, kind=config.kind)
+    model = CompactModel(encoder, head, {}, kind=config.kind, memory_pool=config.memory_pool)
     encodings: dict[str, QuestionEncoding] = {}
 
     def examples(records: Sequence[LabelledRecord]) -> list[_Example]:
@@ -281,7 +283,7 @@ def train(
     report.temperatures = _calibrate(head, val_examples, config, run, train_records, questions)
     final = {qid: ModelQuestion(q.id, q.type, q.instructions, q.criteria, report.temperatures.get(qid, 1.0), q.labels)
              for qid, q in questions.items() if config.kind == "router" or qid in CATALOG or not qid.startswith("aux.")}
-    model = CompactModel(encoder, head, final, kind=config.kind,
+    model = CompactModel(encoder, head, final, kind=config.kind, memory_pool=config.memory_pool,
                          meta={"train_config": asdict(config), "report": report.to_json()})
     return model, report
 

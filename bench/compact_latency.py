@@ -1,0 +1,94 @@
+"""Latency of the compact CPU model (``CompactBackend.default()``), measured side by side in one run.
+
+Cases:
+  * ``short-3q``: one record, a 128-token state, 3 catalog questions (target p50 <= 15 ms on 2 cores);
+  * ``short-1q``: the same state, 1 question (late interaction: cost is flat in the number of questions);
+  * ``long-2000``: a 2,000-token state read whole in overlapping windows, 1 question (target <= 60 ms);
+  * the encoder alone on the 128-token state, in bf16 and in float32 (the ratio shows what bf16 buys).
+
+Run: ``python bench/compact_latency.py`` (no arguments; settings below). Prints p50/p95/p99 in ms.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+# ---- settings ------------------------------------------------------------------------------------------------------
+THREADS = 2
+WARMUP = 5
+REPEATS = 50
+SHORT_TOKENS = 128
+LONG_TOKENS = 2000
+QUESTIONS = ("guard.prompt_injection", "guard.harmful_request", "guard.refusal")
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _state(encoder: object, tokens: int) -> str:
+    words = ("please check the balance of my savings account and tell me when the next payment is due "
+             "because I want to plan the monthly budget carefully").split()
+    text, n = [], 0
+    while n < tokens:
+        text.append(words[len(text) % len(words)])
+        n = len(encoder.token_ids(" ".join(text)))  # type: ignore[attr-defined]
+    return " ".join(text)
+
+
+def _percentiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return f"p50 {pick(0.5):7.2f}  p95 {pick(0.95):7.2f}  p99 {pick(0.99):7.2f}  mean {statistics.mean(ordered):7.2f}"
+
+
+def _time(fn: object) -> list[float]:
+    for _ in range(WARMUP):
+        fn()  # type: ignore[operator]
+    out = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        fn()  # type: ignore[operator]
+        out.append((time.perf_counter() - started) * 1000.0)
+    return out
+
+
+def main() -> None:
+    from guard.backends.compact import CompactBackend
+    from guard.compact.catalog import CATALOG
+    from guard.compact.encoder import TextEncoder
+    from guard.systemone import SystemOneRequestV1
+
+    torch.set_num_threads(THREADS)
+    backend = CompactBackend.default()
+    model = backend.models[0]
+    encoder = model.encoder
+    short, long = _state(encoder, SHORT_TOKENS), _state(encoder, LONG_TOKENS)
+
+    def request(state: str, qids: tuple[str, ...]) -> SystemOneRequestV1:
+        return SystemOneRequestV1.from_json(
+            {"model": "compact", "state": state, "questions": {q: CATALOG[q].to_json() for q in qids}})
+
+    print(f"threads {torch.get_num_threads()}, encoder dtype {encoder.dtype}, cpu {torch.backends.cpu.get_cpu_capability()}")
+    cases = {
+        "short-3q (128 tok, 3 questions)": request(short, QUESTIONS),
+        "short-1q (128 tok, 1 question)": request(short, QUESTIONS[:1]),
+        "long-2000 (2000 tok, 1 question)": request(long, QUESTIONS[:1]),
+    }
+    for name, req in cases.items():
+        samples = _time(lambda req=req: backend.decide_sync(req))
+        print(f"{name:36s} {_percentiles(samples)} ms")
+    fp32 = TextEncoder(encoder.model, encoder.tokenizer, encoder.config, torch.float32)
+    fp32_samples = _time(lambda: fp32.encode([short]))
+    encoder.model.to(encoder.dtype)
+    native = _time(lambda: encoder.encode([short]))
+    print(f"{'encoder only, ' + str(encoder.dtype):36s} {_percentiles(native)} ms")
+    print(f"{'encoder only, torch.float32':36s} {_percentiles(fp32_samples)} ms")
+    print(f"float32 / {encoder.dtype} p50 ratio: {statistics.median(fp32_samples) / statistics.median(native):.2f}")
+
+
+if __name__ == "__main__":
+    main()
