@@ -121,12 +121,13 @@ def guarded_tool_node(
     fail_mode: FailMode = "escalate",
     reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
     messages_key: str = "messages",
-    handle_tool_errors: Any = True,
+    handle_tool_errors: Any = None,
 ) -> ToolNode:
     """A ``ToolNode`` whose every call goes through a :class:`GuardToolWrapper` (see it for the options).
 
-    ``handle_tool_errors`` is passed to ``ToolNode``; guard's own resume validation errors are never turned into
-    tool messages (LangGraph re-raises them so the interrupt can be answered again).
+    ``handle_tool_errors`` is passed to ``ToolNode`` when given (``None`` keeps ``ToolNode``'s default); guard's own
+    resume validation errors are never turned into tool messages (LangGraph re-raises them so the interrupt can be
+    answered again).
     """
     wrapper = GuardToolWrapper(
         guard=guard,
@@ -137,13 +138,14 @@ def guarded_tool_node(
         fail_mode=fail_mode,
         reviewer_timeout_s=reviewer_timeout_s,
     )
+    extra: dict[str, Any] = {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}
     return ToolNode(
         tools,
         name=name,
         messages_key=messages_key,
-        handle_tool_errors=handle_tool_errors,
         wrap_tool_call=wrapper.wrap_tool_call,
         awrap_tool_call=wrapper.awrap_tool_call,
+        **extra,
     )
 
 
