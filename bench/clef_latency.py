@@ -9,7 +9,7 @@ Usage::
     python bench/clef_latency.py                                   # golden tiny checkpoint, float32, CPU
     python bench/clef_latency.py --model /models/clef-flash --dtype bfloat16 --repeats 5
 
-The state is a long synthetic ticket cut to exactly N state tokens (``max_state_tokens``); questions cycle through
+The state is a synthetic ticket log a little longer than N tokens, cut to exactly N state tokens (``max_state_tokens``); questions cycle through
 noul, a 4-option choice and a 5-level score. ``input tokens`` in the table includes system prompt, schema and suffix,
 whose size depends on the checkpoint's tokenizer (the tiny fixture's 777-token vocabulary makes the schema long).
 """
@@ -40,8 +40,9 @@ _STATE_LINE = (
 )
 
 
-def build_request(questions: int) -> Any:
-    """A request with a long state (cut later to the wanted token count) and ``questions`` mixed questions."""
+def build_request(questions: int, state_tokens: int, processor: Any) -> Any:
+    """A request whose state has at least ``state_tokens`` tokens (cut to exactly that many at encode time), with
+    ``questions`` questions cycling through noul, a 4-option choice and a 5-level score."""
     from guard.systemone import SystemOneRequestV1
 
     kinds: list[dict[str, Any]] = [
@@ -57,9 +58,11 @@ def build_request(questions: int) -> Any:
             "criteria": ["later", "week", "day", "hour", "now"],
         },
     ]
+    per_line = len(processor.encode_texts([_STATE_LINE.format(i=1000)])[0])
+    lines = state_tokens // per_line + 2
     body = {
         "model": "bench",
-        "state": "".join(_STATE_LINE.format(i=i) for i in range(400)),
+        "state": "".join(_STATE_LINE.format(i=1000 + i) for i in range(lines)),
         "questions": {f"q{i}": kinds[i % 3] for i in range(questions)},
     }
     return SystemOneRequestV1.from_json(body, profile="reference")
@@ -105,8 +108,8 @@ def measure_table(
     """Measure every (state tokens, questions) cell; returns one row per cell (milliseconds)."""
     rows = []
     for n_questions in questions:
-        request = build_request(n_questions)
         for n_state in state_tokens:
+            request = build_request(n_questions, n_state, model.processor)
             for _ in range(warmup):
                 decide_once(model, request, n_state, sync)
             totals, heads = [], []
