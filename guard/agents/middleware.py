@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from langchain.agents.middleware.types import (
     AgentMiddleware,
@@ -43,7 +43,7 @@ from langchain.agents.middleware.types import (
     ModelResponse,
     hook_config,
 )
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
@@ -61,6 +61,7 @@ from guard.agents._enforce import (
     ToolResultAction,
 )
 from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, Judge, Judgement
+from guard.agents._output import held_id, quiet_tokens, screen
 from guard.agents._records import (
     RUNNABLE,
     GuardAgentState,
@@ -134,6 +135,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         fail_mode: what an unsettled handoff or a raising guard becomes (``escalate`` by default); backend errors
             follow each policy's own fail mode inside the engine.
         reviewer_timeout_s: seconds an async LLM reviewer may take.
+        hold_output_stream: when a ``model_output`` policy applies, stream no token of a reply before it is judged
+            (``stream_mode="messages"`` then carries the judged reply whole). ``False`` streams tokens live, before
+            the verdict.
         label: distinguishes two instances in one agent (the name becomes ``GuardAgentMiddleware[label]``); keep it
             stable across deployments, since checkpoints refer to node names.
 
@@ -154,6 +158,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         fail_mode: FailMode = "escalate",
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
         label: str | None = None,
+        hold_output_stream: bool = True,
     ) -> None:
         super().__init__()
         reviewers, _, side_effecting_tools = check_options(
@@ -167,6 +172,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         )
         if label is not None and (not isinstance(label, str) or not label.strip()):
             raise ValueError(f"label must be a non-empty string or None; got {label!r}")
+        if not isinstance(hold_output_stream, bool):
+            raise TypeError(f"hold_output_stream must be True or False, not {hold_output_stream!r}")
+        self.hold_output_stream = hold_output_stream
         self.guard = guard
         self.label = label
         self.tools = []
@@ -290,6 +298,10 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             else:
                 turn["calls"][key].update(_record(judgement))
 
+    def _holds_output(self) -> bool:
+        """Whether the model's tokens must wait for the output verdict (an output policy applies)."""
+        return self.hold_output_stream and self._judge.matches(AgentSubject(event="model_output", text=""))
+
     @staticmethod
     def _ai_of(response: ModelResponse[Any]) -> AIMessage | None:
         return next((m for m in response.result if isinstance(m, AIMessage)), None)
@@ -298,24 +310,28 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """Call the model, then judge its reply and tool calls before anything else happens (blocking)."""
-        response = handler(request)
+        with quiet_tokens(self._holds_output()):
+            response = handler(request)
         ai = self._ai_of(response)
         if ai is None:
             return response
         turn, todo = self._turn_subjects(ai, request.state)
         self._store(turn, todo, self._judge.judge_all([subject for _, subject in todo]))
+        response = screen(response, ai, turn)
         return ExtendedModelResponse(response, Command(update=self._update(request.state, turn=turn)))
 
     async def awrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """Async twin of :meth:`wrap_model_call`; the turn's subjects are judged concurrently."""
-        response = await handler(request)
+        with quiet_tokens(self._holds_output()):
+            response = await handler(request)
         ai = self._ai_of(response)
         if ai is None:
             return response
         turn, todo = self._turn_subjects(ai, request.state)
         self._store(turn, todo, await self._judge.ajudge_all([subject for _, subject in todo]))
+        response = screen(response, ai, turn)
         return ExtendedModelResponse(response, Command(update=self._update(request.state, turn=turn)))
 
     # Enforcement after the model ------------------------------------------------------------------------------------
@@ -325,20 +341,27 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         if ai is None:
             return None
         turn = self._mine(state).get("turn")
-        if not turn or turn.get("message_id") != ai.id:
+        held: AIMessage | None = (turn or {}).get("held")
+        placeholder: AIMessage | None = None
+        if held is not None and ai.id == held_id(held.id or ""):
+            placeholder, ai = ai, held  # the reply waits for its reviewer outside the message list
+        elif not turn or turn.get("message_id") != ai.id:
             turn, todo = self._turn_subjects(ai, state)  # no record from the model node: judge now
             judgements = []
             for _, subject in todo:
                 judgements.append((yield subject))
             self._store(turn, todo, judgements)
+        turn = {**cast(dict[str, Any], turn), "held": None}
         thread_id = turn["thread_id"]
         calls = {key: dict(record) for key, record in turn["calls"].items()}
-        answered = answered_ids(state, ai)
-        out: list[ToolMessage] = []
+        answered = answered_ids(state, ai) if placeholder is None else set()
+        out: list[Any] = []  # tool messages, and the placeholder's RemoveMessage
+        if placeholder is not None:
+            out += [RemoveMessage(id=placeholder.id or ""), ai]
         items: list[PendingItem] = []
         output = turn.get("output")
         if output is not None and output["outcome"] == "block":
-            return self._withhold(state, ai, turn, output, None)
+            return self._withhold(state, ai, turn, output, None, placeholder)
         if output is not None and output["outcome"] == "escalate":
             items.append(
                 text_item(
@@ -374,7 +397,8 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
                 decision = decisions[item["id"]]
                 if item["event"] == "model_output":
                     if decision["type"] == "reject":
-                        return self._withhold(state, ai, turn, output, decision.get("message") or "rejected")
+                        reason = decision.get("message") or "a reviewer rejected it"
+                        return self._withhold(state, ai, turn, output, reason, placeholder)
                     continue
                 call_id = item["tool_call_id"] or ""
                 record = calls[call_id]
@@ -463,7 +487,13 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         )
 
     def _withhold(
-        self, state: Any, ai: AIMessage, turn: dict[str, Any], output: dict[str, Any] | None, reason: str | None
+        self,
+        state: Any,
+        ai: AIMessage,
+        turn: dict[str, Any],
+        output: dict[str, Any] | None,
+        reason: str | None,
+        placeholder: AIMessage | None,
     ) -> dict[str, Any]:
         verdict = verdict_from_json(output["verdict"]) if output else None
         notice = msgs.assistant_notice(
@@ -475,7 +505,8 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             event="model_output",
         )
         calls = {key: {**record, "status": "withheld"} for key, record in turn["calls"].items()}
-        return {"messages": [notice], "jump_to": "end", **self._update(state, turn={**turn, "calls": calls})}
+        messages: list[Any] = [notice] if placeholder is None else [RemoveMessage(id=placeholder.id or ""), notice]
+        return {"messages": messages, "jump_to": "end", **self._update(state, turn={**turn, "calls": calls})}
 
     @hook_config(can_jump_to=["end"])
     def after_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:

@@ -38,9 +38,14 @@ def _outcome(graph: Any, config: dict[str, Any], seen: list[int]) -> Outcome:
 
 
 def _watch(chunk: Any, runs: Any, seen: list[int]) -> None:
+    """Note the run count when the client first sees a tool call: a streamed chunk, or the whole reply when the
+    middleware holds tokens back until the output verdict."""
     if isinstance(chunk, tuple) and len(chunk) == 2 and chunk[0] == "messages":
         message = chunk[1][0]
-        if isinstance(message, AIMessageChunk) and message.tool_call_chunks and not seen:
+        carries_call = (isinstance(message, AIMessageChunk) and message.tool_call_chunks) or (
+            isinstance(message, AIMessage) and message.tool_calls
+        )
+        if carries_call and not seen:
             seen.append(runs.count())
 
 

@@ -10,7 +10,7 @@ import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, AIMessageChunk
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
@@ -285,3 +285,49 @@ def test_private_state_stays_out_of_the_agents_input_and_output(harness: Any, th
     result = agent.invoke(USER, thread())
     assert "guard" not in result
     assert "guard" not in agent.get_input_jsonschema().get("properties", {})
+
+
+# Streaming model output (C26) -------------------------------------------------------------------------------------
+
+
+def _streamed_text(agent: Any, value: Any, config: dict[str, Any]) -> tuple[str, list[Any]]:
+    emitted: list[Any] = []
+    for mode, payload in agent.stream(value, config, stream_mode=["messages", "updates"]):
+        if mode == "messages":
+            emitted.append(payload[0])
+    return "".join(m.text for m in emitted if m.type in ("ai", "AIMessageChunk")), emitted
+
+
+def test_blocked_reply_never_reaches_the_message_stream(harness: Any, thread: Any) -> None:
+    """A secret split across many chunks: with an output policy, no token leaves before the verdict."""
+    h = harness()
+    agent = make_agent(h, Turn(text="Sure. Your API key is sk- 12345 - 6789 , keep it safe."))
+    text, emitted = _streamed_text(agent, USER, thread())
+    assert "sk-" not in text and "12345" not in text
+    assert "withheld by guard policy agent-output (rule leak)" in text
+    assert all(not isinstance(m, AIMessageChunk) for m in emitted)  # nothing streamed token by token
+
+
+def test_without_holding_tokens_the_stream_shows_the_reply_before_the_verdict(harness: Any, thread: Any) -> None:
+    h = harness()
+    agent = make_agent(h, Turn(text="Your API key is sk- 12345"), hold_output_stream=False)
+    config = thread()
+    text, _ = _streamed_text(agent, USER, config)
+    assert "sk-" in text  # streamed live: the documented trade-off of hold_output_stream=False
+    assert "withheld" in agent.get_state(config).values["messages"][-1].text  # the state still holds the notice
+
+
+def test_escalated_reply_waits_as_a_placeholder_then_appears_when_approved(harness: Any, thread: Any) -> None:
+    h = harness()
+    agent = make_agent(h, Turn(text="Reset your password here.", calls=[("pay", {"amount": 5, "to": "b"}, "a")]))
+    config = thread()
+    text, _ = _streamed_text(agent, USER, config)
+    assert "password" not in text
+    state = agent.get_state(config)
+    assert [m.text for m in state.values["messages"] if m.type == "ai"] == [""]  # the placeholder only
+    item = next(item for i in state.interrupts for item in i.value["items"])
+    assert item["text"] == "Reset your password here."
+    text, _ = _streamed_text(agent, Command(resume={"decisions": {item["id"]: {"type": "approve"}}}), config)
+    assert "Reset your password here." in text and h.runs.count() == 1
+    ai_texts = [m.text for m in agent.get_state(config).values["messages"] if m.type == "ai"]
+    assert ai_texts == ["Reset your password here.", "done"]  # the placeholder is gone
