@@ -1,5 +1,88 @@
-"""guard: decision-model middleware for agents and APIs."""
+"""guard: decision-model middleware for agents and APIs.
+
+The public names below are imported lazily, so ``import guard`` stays cheap and does not load torch until a model
+is used::
+
+    from guard import Guard, GuardMiddleware, GuardAgentMiddleware
+
+Layers (each imports only from the ones above it): ``guard.systemone`` wire types, ``guard.clef`` runtime,
+``guard.backends``, ``guard.worker``, ``guard.policy``, ``guard.cache``, ``guard.engine``, then the enforcement
+points ``guard.asgi`` and ``guard.agents``.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "AgentSubject": "guard.subject",
+    "AnswerV1": "guard.systemone",
+    "BackendError": "guard.errors",
+    "BackendRejected": "guard.errors",
+    "BackendTimeout": "guard.errors",
+    "BackendUnavailable": "guard.errors",
+    "ClefModel": "guard.clef",
+    "CompactBackend": "guard.backends",
+    "DecisionBackend": "guard.backends",
+    "Guard": "guard.engine",
+    "GuardAgentMiddleware": "guard.agents",
+    "GuardError": "guard.errors",
+    "GuardMiddleware": "guard.asgi",
+    "HttpSubject": "guard.subject",
+    "LocalBackend": "guard.backends",
+    "MalformedAnswer": "guard.errors",
+    "Overloaded": "guard.errors",
+    "Policy": "guard.policy",
+    "PolicyError": "guard.errors",
+    "PolicySet": "guard.policy",
+    "QuestionV1": "guard.systemone",
+    "RequestValidationError": "guard.errors",
+    "SystemOneClient": "guard.backends",
+    "SystemOneRequestV1": "guard.systemone",
+    "SystemOneResponseV1": "guard.systemone",
+    "UnsupportedQuestion": "guard.errors",
+    "UsageV1": "guard.systemone",
+    "Verdict": "guard.verdict",
+    "load_files": "guard.policy",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.agents import GuardAgentMiddleware
+    from guard.asgi import GuardMiddleware
+    from guard.backends import CompactBackend, DecisionBackend, LocalBackend, SystemOneClient
+    from guard.clef import ClefModel
+    from guard.engine import Guard
+    from guard.errors import (
+        BackendError,
+        BackendRejected,
+        BackendTimeout,
+        BackendUnavailable,
+        GuardError,
+        MalformedAnswer,
+        Overloaded,
+        PolicyError,
+        RequestValidationError,
+        UnsupportedQuestion,
+    )
+    from guard.policy import Policy, PolicySet, load_files
+    from guard.subject import AgentSubject, HttpSubject
+    from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
+    from guard.verdict import Verdict
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'guard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
