@@ -6,7 +6,8 @@ Usage::
                        [--dtype auto|float32|bfloat16] [--max-batch N] [--max-batch-tokens T] [--max-wait-ms M]
                        [--max-queue Q] [--max-length-ratio R] [--max-length L] [--confidence reference|workers-ai|jev]
                        [--profile workers-ai|reference] [--max-body-bytes B] [--default-timeout-ms D]
-                       [--overload-status 429|503] [--model-name NAME] [--log-level LEVEL] [--access-log]
+                       [--overload-status 429|503] [--model-name NAME] [--torch-threads N] [--log-level LEVEL]
+                       [--access-log]
 
 The socket opens at once (``/healthz`` answers while the weights load); ``/readyz`` turns 200 after the model loaded
 and the startup self-test passed. SIGTERM/SIGINT stop accepting connections, finish the requests already queued,
@@ -61,6 +62,9 @@ def register(subparsers: Any) -> None:
         "--confidence", choices=("reference", "workers-ai", "jev"), default="reference", help="confidence formula"
     )
     model.add_argument("--model-name", default=None, help="name listed by GET /v1/models (default: directory name)")
+    model.add_argument(
+        "--torch-threads", type=int, default=None, metavar="N", help="torch intra-op threads (default: torch's choice)"
+    )
     batching = serve.add_argument_group("batching")
     batching.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N", help="requests per pass")
     batching.add_argument(
@@ -128,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--port must be 0-65535, got {args.port}")
     if args.max_length is not None and args.max_length < 1:
         return _fail(f"--max-length must be a positive integer, got {args.max_length}")
+    if args.torch_threads is not None and args.torch_threads < 1:
+        return _fail(f"--torch-threads must be a positive integer, got {args.torch_threads}")
     if not (Path(args.model) / "config.json").is_file():
         return _fail(f"--model {args.model}: not a checkpoint directory (config.json is missing)")
     try:
@@ -146,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
 
         from guard.backends.local import LocalBackend
 
+        if args.torch_threads is not None:
+            torch.set_num_threads(args.torch_threads)
         on_cuda = str(args.device).startswith("cuda")
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
             args.dtype, torch.bfloat16 if on_cuda else torch.float32

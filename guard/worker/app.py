@@ -358,6 +358,6 @@ def create_app(
         Route("/metrics", _metrics, methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, ClientDisconnect: _client_disconnect, Exception: _internal_error}
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)  # type: ignore[arg-type]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.worker = runtime
     return app
