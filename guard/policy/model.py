@@ -101,25 +101,44 @@ class HttpMatchSpec(_Strict):
     matches within one ``.`` label; in ``headers`` values ``*`` matches anything (the header must be present).
     """
 
-    methods: list[str] = Field(default_factory=list, description="Upper-case methods, e.g. [POST, PUT].")
-    paths: list[str] = Field(default_factory=list, description="Path globs, e.g. /v1/chat/** or /api/*/items.")
-    hosts: list[str] = Field(default_factory=list, description="Host globs without port, e.g. *.example.com.")
-    headers: dict[str, str] = Field(default_factory=dict, description="Header name -> value glob (all must match).")
-    content_types: list[str] = Field(default_factory=list, description="Media types, e.g. application/json.")
+    methods: list[str] = Field(
+        default_factory=list, description="HTTP methods, e.g. [POST, PUT] (compared case-insensitively); [] = any."
+    )
+    paths: list[str] = Field(
+        default_factory=list,
+        description="Path globs, e.g. /v1/chat/** or /api/*/items (* within a segment, ** across, ? one character); "
+        "[] = any.",
+    )
+    hosts: list[str] = Field(
+        default_factory=list, description="Host globs without port, e.g. *.example.com (* within a label); [] = any."
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Header name (case-insensitive) -> value glob; every one must be present and match; '*' = present.",
+    )
+    content_types: list[str] = Field(
+        default_factory=list, description="Media types without parameters, e.g. application/json; [] = any."
+    )
 
 
 class AgentMatchSpec(_Strict):
     """Which agent events a policy applies to. An empty list means "any"."""
 
-    events: list[Literal["tool_call", "tool_result", "model_input", "model_output"]] = Field(default_factory=list)
-    tools: list[str] = Field(default_factory=list, description="Tool-name globs, e.g. [shell, 'fs_*'].")
+    events: list[Literal["tool_call", "tool_result", "model_input", "model_output"]] = Field(
+        default_factory=list, description="Agent events to judge; [] = all four."
+    )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Tool-name globs, e.g. [shell, 'fs_*']; [] = any. A non-empty list never matches events without a "
+        "tool (model input/output).",
+    )
 
 
 class MatchSpec(_Strict):
     """A policy matches HTTP subjects when ``http`` is given, agent subjects when ``agent`` is given (or both)."""
 
-    http: HttpMatchSpec | None = None
-    agent: AgentMatchSpec | None = None
+    http: HttpMatchSpec | None = Field(default=None, description="Match HTTP requests; omitted: none.")
+    agent: AgentMatchSpec | None = Field(default=None, description="Match agent events; omitted: none.")
 
 
 class SourceSpec(_Strict):
@@ -131,13 +150,28 @@ class SourceSpec(_Strict):
     (``/messages/-1/content`` = the last message).
     """
 
-    from_: SourceName | None = Field(default=None, alias="from")
-    const: Any = None
-    fields: dict[str, SourceField] | None = Field(default=None, description="A nested object: name -> source.")
-    pointer: str | None = Field(default=None, description="JSON pointer into body, form, arguments or tool_result.")
-    name: str | None = Field(default=None, description="Header, query parameter or form field name.")
-    default: Any = Field(default=None, description="Value when the source is absent.")
-    max_chars: int | None = Field(default=None, gt=0, description="Truncate a string value to this many characters.")
+    from_: SourceName | None = Field(
+        default=None,
+        alias="from",
+        description="The subject field to read: HTTP method, path, host, client, content_type, query, header, body, "
+        "form, body_text; agent event, tool_name, arguments, tool_result, user_message, text.",
+    )
+    const: Any = Field(default=None, description="A fixed JSON value for this field (instead of 'from').")
+    fields: dict[str, SourceField] | None = Field(
+        default=None, description="A nested object: field name -> source, rendered in this order."
+    )
+    pointer: str | None = Field(
+        default=None,
+        description="RFC 6901 JSON pointer into body, form, arguments or tool_result, e.g. /messages/-1/content "
+        "(negative index = from the end).",
+    )
+    name: str | None = Field(
+        default=None, description="Header, query parameter or form field name (required for header)."
+    )
+    default: Any = Field(default=None, description="Value when the source or pointer target is absent or null.")
+    max_chars: int | None = Field(
+        default=None, gt=0, description="Cut a string value to this many characters; omitted: no cap."
+    )
 
 
 SourceField = Annotated[SourceSpec, BeforeValidator(_source_shorthand, json_schema_input_type=str | SourceSpec)]
@@ -154,30 +188,58 @@ class QuestionSpec(_Strict):
     kept); score ``[lowest level, ..., highest]`` (2-10 levels). Limits are the Workers AI limits, checked at load.
     """
 
-    id: str | None = None
-    catalog: str | None = Field(default=None, description="A built-in catalog question id, e.g. guard.harm_severity.")
-    type: Literal["noul", "choice", "score"] | None = None
-    instructions: Any = Field(default=None, description="What to decide: a string, or an object/array of strings.")
-    criteria: Any = None
+    id: str | None = Field(
+        default=None,
+        description="Wire id sent to the model, [A-Za-z0-9_.-]{1,100}; default: the key (catalog: the catalog id).",
+    )
+    catalog: str | None = Field(
+        default=None,
+        description="A built-in catalog question id (guard.prompt_injection, guard.harmful_request, "
+        "guard.harm_severity, guard.tool_call_serves_task, guard.refusal); then omit type, instructions, criteria.",
+    )
+    type: Literal["noul", "choice", "score"] | None = Field(
+        default=None,
+        description="noul = yes/no (answer: P(true)); choice = one of 2-255 options; score = one of 2-10 ordered "
+        "levels (answer: expected level). Required unless catalog is given.",
+    )
+    instructions: Any = Field(
+        default=None, description="What to decide: a string, or an object/array of strings. Required unless catalog."
+    )
+    criteria: Any = Field(
+        default=None,
+        description="Options: noul {true: ..., false: ...} (optional); choice {option_id: description} (2-255, order "
+        "kept); score [lowest level, ..., highest] (2-10).",
+    )
 
 
 class OutcomeSpec(_Strict):
     """What to do: ``allow``, ``block`` (with ``status`` 4xx, default 403; 429 for rate-like rules), ``escalate``
     (human review) or ``handoff`` (to the LLM target named in ``handoff``)."""
 
-    action: Action
-    status: int | None = Field(default=None, ge=400, le=499)
-    message: str | None = None
-    retry_after: float | None = Field(default=None, ge=0)
-    handoff: str | None = None
+    action: Action = Field(
+        description="allow; block (refuse); escalate (hold for human review); handoff (send to an LLM target)."
+    )
+    status: int | None = Field(
+        default=None, ge=400, le=499, description="HTTP status of a block (block only); default 403."
+    )
+    message: str | None = Field(default=None, description="Text for the caller, the reviewer or the agent's model.")
+    retry_after: float | None = Field(
+        default=None, ge=0, description="Seconds, sent as Retry-After (e.g. with status 429); omitted: none."
+    )
+    handoff: str | None = Field(
+        default=None, description="A key of the file's handoff_targets (handoff only, and required there)."
+    )
 
 
 class RuleSpec(OutcomeSpec):
     """One rule: ``when`` is a CEL expression over the answers (by question key), ``subject``, ``state``, ``flags``
     and ``data``; rules are tried in order and the first whose ``when`` is true decides."""
 
-    id: str
-    when: str
+    id: str = Field(description="Rule id, unique in the policy; reported as the verdict's rule.")
+    when: str = Field(
+        description="CEL expression that must yield a bool, e.g. injection.noul >= 0.85; names: question keys, "
+        "answers, subject, state, flags, data."
+    )
 
 
 class OnErrorSpec(_Strict):
@@ -188,54 +250,96 @@ class OnErrorSpec(_Strict):
     other agent events.
     """
 
-    mode: FailModeName
-    status: int = Field(default=503, ge=400, le=599)
-    retry_after: float = Field(default=5.0, ge=0)
-    message: str | None = None
+    mode: FailModeName = Field(
+        description="closed (block with status), open (allow, flagged and logged) or escalate (human review)."
+    )
+    status: int = Field(default=503, ge=400, le=599, description="HTTP status of a fail-closed block.")
+    retry_after: float = Field(
+        default=5.0, ge=0, description="Seconds for Retry-After on a fail-closed block (the backend's own wins)."
+    )
+    message: str | None = Field(
+        default=None, description="Text for the caller; default for closed: the decision service is unavailable."
+    )
 
 
 class CacheSpec(_Strict):
     """Probability cache settings; ``ttl`` in seconds, 0 turns the cache off for this policy."""
 
-    ttl: float = Field(default=DEFAULT_CACHE_TTL_S, ge=0)
+    ttl: float = Field(
+        default=DEFAULT_CACHE_TTL_S, ge=0, description="Seconds to keep a subject's answers; 0 = do not cache."
+    )
 
 
 class PolicySpec(_Strict):
     """One policy: match -> state -> questions -> ordered rules -> default."""
 
-    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")
-    version: Annotated[str, BeforeValidator(_version_string, json_schema_input_type=str | int)]
-    description: str = ""
-    mode: Literal["enforce", "shadow"] = "enforce"
-    match: MatchSpec
-    state: dict[str, SourceField] | None = Field(
-        default=None, description="State field name -> source; omitted: a default state for the subject kind."
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$", description="Policy id, unique across all loaded files.")
+    version: Annotated[str, BeforeValidator(_version_string, json_schema_input_type=str | int)] = Field(
+        description="Policy version, a string (an integer is accepted; quote anything with dots, e.g. '1.10')."
     )
-    questions: dict[str, QuestionSpec]
-    rules: list[RuleSpec] = Field(default_factory=list)
+    description: str = Field(default="", description="What the policy is for (free text).")
+    mode: Literal["enforce", "shadow"] = Field(
+        default="enforce", description="enforce = act on the verdict; shadow = compute and record it, but allow."
+    )
+    match: MatchSpec = Field(description="Which subjects the policy decides; needs http, agent or both.")
+    state: dict[str, SourceField] | None = Field(
+        default=None,
+        description="State field name -> source, in model-input order; omitted: a default state for the subject kind.",
+    )
+    questions: dict[str, QuestionSpec] = Field(
+        description="Question key (the name rules use, [A-Za-z_][A-Za-z0-9_]*) -> question; 1-64, asked in one request."
+    )
+    rules: list[RuleSpec] = Field(
+        default_factory=list, description="Tried top to bottom; the first whose when is true decides."
+    )
     default: Annotated[
         OutcomeSpec, BeforeValidator(_outcome_shorthand, json_schema_input_type=Action | OutcomeSpec)
-    ] = OutcomeSpec(action="allow")
-    on_error: OnErrorSpec | None = None
-    timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, ge=1, le=MAX_TIMEOUT_MS)
-    cache: CacheSpec = CacheSpec()
-    backend: str | None = Field(default=None, description="A name in the backends given to Guard.")
-    model: str | None = Field(default=None, description="Model name sent in the System One request.")
+    ] = Field(
+        default=OutcomeSpec(action="allow"),
+        description="Outcome when no rule fires: an action name, or an outcome object.",
+        json_schema_extra={"default": "allow"},
+    )
+    on_error: OnErrorSpec | None = Field(
+        default=None,
+        description="Fail mode for backend errors, timeouts, malformed answers and failing rules; omitted: escalate "
+        "for agent tool calls, closed for everything else.",
+    )
+    timeout_ms: int = Field(
+        default=DEFAULT_TIMEOUT_MS,
+        ge=1,
+        le=MAX_TIMEOUT_MS,
+        description="Milliseconds for the whole decision (cache wait + model call); then the fail mode decides.",
+    )
+    cache: CacheSpec = Field(default=CacheSpec(), description="Probability cache settings.")
+    backend: str | None = Field(
+        default=None, description="A name in the backends given to Guard; omitted: 'default' (or the only one)."
+    )
+    model: str | None = Field(
+        default=None, description="Model name sent in the System One request; omitted: clef-flash."
+    )
 
 
 class HandoffTargetSpec(_Strict):
     """An OpenAI-compatible chat endpoint a ``handoff`` sends the subject to. The key is read from ``api_key_env``."""
 
-    base_url: str
-    model: str
-    api_key_env: str | None = None
-    timeout: float = Field(default=DEFAULT_HANDOFF_TIMEOUT_S, gt=0)
-    system_prompt: str | None = None
+    base_url: str = Field(description="Base URL of the OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field(description="Chat model name sent to the target.")
+    api_key_env: str | None = Field(
+        default=None, description="Environment variable holding the API key; omitted: no key is sent."
+    )
+    timeout: float = Field(default=DEFAULT_HANDOFF_TIMEOUT_S, gt=0, description="Seconds to wait for the target.")
+    system_prompt: str | None = Field(default=None, description="System prompt placed before the decision summary.")
 
 
 class PolicyFileSpec(_Strict):
     """A policy file: one or more policies, the handoff targets they name, and data their rules read."""
 
-    policies: list[PolicySpec] = Field(min_length=1)
-    handoff_targets: dict[str, HandoffTargetSpec] = Field(default_factory=dict)
-    data: dict[str, Any] = Field(default_factory=dict)
+    policies: list[PolicySpec] = Field(
+        min_length=1, description="One or more policies, tried in order: the first whose match accepts a subject."
+    )
+    handoff_targets: dict[str, HandoffTargetSpec] = Field(
+        default_factory=dict, description="Target name -> OpenAI-compatible endpoint that handoff rules name."
+    )
+    data: dict[str, Any] = Field(
+        default_factory=dict, description="Values rules read as data.<name> (thresholds, lists), like OPA's data."
+    )
