@@ -6,6 +6,7 @@ Usage::
     guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--json]
     guard policy test FILE... [--backend SPEC] [-v]    # runs <name>_test.yaml beside each file; exit 1 on failure
     guard policy schema [--output PATH] [--check PATH] # the JSON Schema generated from the pydantic models
+    guard policy reference [--output PATH] [--check PATH]  # that schema as a Markdown reference
 
 ``SUBJECT.json`` is ``{"http": {...}}`` or ``{"agent": {...}}`` (see ``guard/policy/testing.py``). ``ANSWERS.json``
 maps question keys to answer specs (``{"injection": 0.93}``). ``--backend`` is ``local:CHECKPOINT_DIR`` (in-process
@@ -25,7 +26,7 @@ from typing import Any
 
 from guard.errors import GuardError, PolicyError
 
-__all__ = ["register", "schema_json"]
+__all__ = ["reference_markdown", "register", "schema_json"]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -33,7 +34,7 @@ SCHEMA_ID = "https://github.com/guard/guard/policies/guard-policy.schema.json"
 
 
 def register(subparsers: Any) -> None:
-    """Add ``guard policy check|explain|test|schema``."""
+    """Add ``guard policy check|explain|test|schema|reference``."""
     parser = subparsers.add_parser("policy", help="check, explain and test policy files")
     sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
 
@@ -60,6 +61,11 @@ def register(subparsers: Any) -> None:
     schema.add_argument("--output", metavar="PATH", help="write the schema here")
     schema.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated schema")
     schema.set_defaults(handler=run_schema)
+
+    reference = sub.add_parser("reference", help="print (or write, or check) the Markdown policy file reference")
+    reference.add_argument("--output", metavar="PATH", help="write the reference here")
+    reference.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated reference")
+    reference.set_defaults(handler=run_reference)
 
 
 def _problems(exc: PolicyError) -> list[PolicyError]:
@@ -215,8 +221,23 @@ def schema_json() -> str:
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
+def reference_markdown() -> str:
+    """The policy file reference (``docs/policy-reference.md``): :func:`schema_json` rendered as Markdown."""
+    from guard.policy.reference import render_reference
+
+    return render_reference(json.loads(schema_json()))
+
+
 def run_schema(args: argparse.Namespace) -> int:
-    text = schema_json()
+    return _emit(schema_json(), args, "schema")
+
+
+def run_reference(args: argparse.Namespace) -> int:
+    return _emit(reference_markdown(), args, "reference")
+
+
+def _emit(text: str, args: argparse.Namespace, command: str) -> int:
+    """Print ``text``, write it to ``--output``, or with ``--check`` exit 1 when that file differs from it."""
     if args.check:
         try:
             current = Path(args.check).read_text(encoding="utf-8")
@@ -224,7 +245,7 @@ def run_schema(args: argparse.Namespace) -> int:
             print(f"{args.check}: cannot read: {exc.strerror}", file=sys.stderr)
             return EXIT_FAILED
         if current != text:
-            print(f"{args.check} is out of date; run: guard policy schema --output {args.check}", file=sys.stderr)
+            print(f"{args.check} is out of date; run: guard policy {command} --output {args.check}", file=sys.stderr)
             return EXIT_FAILED
         print(f"ok {args.check}")
         return 0
@@ -233,4 +254,3 @@ def run_schema(args: argparse.Namespace) -> int:
         return 0
     sys.stdout.write(text)
     return 0
-

@@ -102,22 +102,30 @@ class HttpMatchSpec(_Strict):
     """
 
     methods: list[str] = Field(
-        default_factory=list, description="HTTP methods, e.g. [POST, PUT] (compared case-insensitively); [] = any."
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="HTTP methods, e.g. [POST, PUT] (compared case-insensitively); [] = any.",
     )
     paths: list[str] = Field(
         default_factory=list,
+        json_schema_extra={"default": []},
         description="Path globs, e.g. /v1/chat/** or /api/*/items (* within a segment, ** across, ? one character); "
         "[] = any.",
     )
     hosts: list[str] = Field(
-        default_factory=list, description="Host globs without port, e.g. *.example.com (* within a label); [] = any."
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Host globs without port, e.g. *.example.com (* within a label); [] = any.",
     )
     headers: dict[str, str] = Field(
         default_factory=dict,
+        json_schema_extra={"default": {}},
         description="Header name (case-insensitive) -> value glob; every one must be present and match; '*' = present.",
     )
     content_types: list[str] = Field(
-        default_factory=list, description="Media types without parameters, e.g. application/json; [] = any."
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Media types without parameters, e.g. application/json; [] = any.",
     )
 
 
@@ -125,10 +133,11 @@ class AgentMatchSpec(_Strict):
     """Which agent events a policy applies to. An empty list means "any"."""
 
     events: list[Literal["tool_call", "tool_result", "model_input", "model_output"]] = Field(
-        default_factory=list, description="Agent events to judge; [] = all four."
+        default_factory=list, json_schema_extra={"default": []}, description="Agent events to judge; [] = all four."
     )
     tools: list[str] = Field(
         default_factory=list,
+        json_schema_extra={"default": []},
         description="Tool-name globs, e.g. [shell, 'fs_*']; [] = any. A non-empty list never matches events without a "
         "tool (model input/output).",
     )
@@ -158,7 +167,8 @@ class SourceSpec(_Strict):
     )
     const: Any = Field(default=None, description="A fixed JSON value for this field (instead of 'from').")
     fields: dict[str, SourceField] | None = Field(
-        default=None, description="A nested object: field name -> source, rendered in this order."
+        default=None,
+        description="A nested object: field name -> source or shorthand string, rendered in this order.",
     )
     pointer: str | None = Field(
         default=None,
@@ -284,13 +294,16 @@ class PolicySpec(_Strict):
     match: MatchSpec = Field(description="Which subjects the policy decides; needs http, agent or both.")
     state: dict[str, SourceField] | None = Field(
         default=None,
-        description="State field name -> source, in model-input order; omitted: a default state for the subject kind.",
+        description="State field name -> source, or a shorthand string (path, body:/prompt, header:user-agent), in "
+        "model-input order; omitted: a default state for the subject kind.",
     )
     questions: dict[str, QuestionSpec] = Field(
         description="Question key (the name rules use, [A-Za-z_][A-Za-z0-9_]*) -> question; 1-64, asked in one request."
     )
     rules: list[RuleSpec] = Field(
-        default_factory=list, description="Tried top to bottom; the first whose when is true decides."
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Tried top to bottom; the first whose when is true decides.",
     )
     default: Annotated[
         OutcomeSpec, BeforeValidator(_outcome_shorthand, json_schema_input_type=Action | OutcomeSpec)
@@ -338,8 +351,12 @@ class PolicyFileSpec(_Strict):
         min_length=1, description="One or more policies, tried in order: the first whose match accepts a subject."
     )
     handoff_targets: dict[str, HandoffTargetSpec] = Field(
-        default_factory=dict, description="Target name -> OpenAI-compatible endpoint that handoff rules name."
+        default_factory=dict,
+        json_schema_extra={"default": {}},
+        description="Target name -> OpenAI-compatible endpoint that handoff rules name.",
     )
     data: dict[str, Any] = Field(
-        default_factory=dict, description="Values rules read as data.<name> (thresholds, lists), like OPA's data."
+        default_factory=dict,
+        json_schema_extra={"default": {}},
+        description="Values rules read as data.<name> (thresholds, lists), like OPA's data.",
     )
