@@ -1,8 +1,10 @@
 """What the HTTP guard costs: a trivial app bare vs behind GuardMiddleware (cache hit), and the proxy vs direct.
 
 Every variant runs in its own uvicorn process on loopback; a small keep-alive HTTP/1.1 load generator in this
-process drives them in interleaved rounds (so drift hits all variants alike) and reports p50/p95/p99 latency at
-concurrency 1 and requests/s at ``CONCURRENCY``, each next to the bare app measured in the same run.
+process drives them in interleaved rounds, each round in a fresh random order, and reports p50/p95/p99 latency at
+concurrency 1 and requests/s at ``CONCURRENCY``. Ratios to the bare app are computed per round (variant and bare
+measured back to back) and the median round ratio is reported with the range, so drift on a shared machine hits both
+sides of each ratio alike.
 
 Variants:
   bare           Starlette app, POST /v1/echo reads the JSON body and answers a small JSON object
@@ -10,13 +12,18 @@ Variants:
   guarded-redis  the same with the Redis probability cache (hit: one Redis GET per request); needs Redis
   passthrough    the same middleware, on a path no policy matches (the cost of matching alone)
   proxy          guard proxy (same guard, memory cache) in front of the bare app
+  base-mem       with --baseline DIR: guarded-mem served by the guard package in DIR (e.g. an older commit checked out
+                 with ``git worktree add DIR <commit>``), for before/after numbers from one run
 
 Goal (issue 5): on a cache hit the middleware adds < 1 ms at p50 and keeps >= 80 % of the bare app's throughput.
 
-The in-process section first calls each ASGI app directly and reports CPU microseconds per request, which separates
-the guard's own cost from loopback and scheduler effects (large on a small, shared machine).
+The in-process section first calls each ASGI app directly and reports CPU microseconds per request (median of
+interleaved rounds), which separates the guard's own cost from loopback and scheduler effects (large on a small,
+shared machine). ``bare / hit`` there is the throughput ratio a CPU-bound server would keep if the server itself
+cost nothing; the loopback ratio also counts uvicorn's and the load generator's own work per request.
 
-Run:  python bench/asgi_overhead.py [--redis-url redis://127.0.0.1:6379/0] [--requests 2000] [--rounds 3]
+Run:  python bench/asgi_overhead.py [--redis-url redis://127.0.0.1:6379/0] [--requests 2000] [--rounds 5]
+                                    [--baseline DIR] [--variants bare,guarded-mem,...]
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -33,10 +41,12 @@ import time
 from pathlib import Path
 
 # Settings -----------------------------------------------------------------------------------------------------------
-REQUESTS = 2000  # timed requests per variant per round and mode
+REQUESTS = 2000  # timed requests per variant per round at concurrency 16 (half that at concurrency 1)
 WARMUP = 200  # untimed requests first (fills the cache, warms the interpreter)
 CONCURRENCY = 16  # connections for the throughput mode
-ROUNDS = 3  # interleaved rounds; the median round is reported
+ROUNDS = 5  # interleaved rounds; medians (and per-round ratios) are reported
+CPU_ROUNDS = 5  # interleaved rounds of the in-process CPU measurement
+SEED = 5  # order of the variants in each round
 BODY = json.dumps({"message": "What is the balance on my credit card?", "account": "12345"}).encode()
 POLICY = """
 policies:
@@ -54,6 +64,7 @@ policies:
     cache: {ttl: 3600}
 """
 ROOT = Path(__file__).resolve().parent.parent
+ALL_VARIANTS = ("bare", "guarded-mem", "guarded-redis", "passthrough", "proxy", "base-mem")
 
 
 # Servers (run in subprocesses) -----------------------------------------------------------------------------------
@@ -94,6 +105,7 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
     routes = [Route("/v1/echo", echo, methods=["POST"]), Route("/open/echo", echo, methods=["POST"])]
     if variant == "bare":
         return Starlette(routes=routes)
+    variant = "guarded-mem" if variant == "base-mem" else variant
     guard = Guard.from_files(
         policy_file, backends=ConstantBackend(), redis_url=redis_url if variant == "guarded-redis" else None
     )
@@ -120,7 +132,7 @@ def _free_port() -> int:
 
 
 def _start(
-    variant: str, redis_url: str | None, upstream: str | None, policy_file: str
+    variant: str, redis_url: str | None, upstream: str | None, policy_file: str, package_root: Path = ROOT
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     argv = [sys.executable, __file__, "--serve", variant, "--port", str(port), "--policy-file", policy_file]
@@ -128,7 +140,7 @@ def _start(
         argv += ["--redis-url", redis_url]
     if upstream:
         argv += ["--upstream", upstream]
-    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(argv, cwd=package_root, env={**os.environ, "PYTHONPATH": str(package_root)})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -171,13 +183,17 @@ async def _run(port: int, path: str, total: int, concurrency: int) -> tuple[list
     return latencies, len(latencies) / (time.perf_counter() - started)
 
 
+def _scope(path: str) -> dict[str, object]:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"bench"), (b"content-type", b"application/json"),
+                        (b"content-length", str(len(BODY)).encode())],
+            "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)}
+
+
 async def _cpu_per_request(app: object, path: str, n: int) -> float:
     """CPU microseconds per request, calling the ASGI app directly (no sockets, no scheduler noise)."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"bench"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(BODY)).encode())],
-             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)}
+    scope = _scope(path)
 
     async def receive() -> dict[str, object]:
         return {"type": "http.request", "body": BODY, "more_body": False}
@@ -185,17 +201,22 @@ async def _cpu_per_request(app: object, path: str, n: int) -> float:
     async def send(message: dict[str, object]) -> None:
         return None
 
-    for _ in range(WARMUP):
-        await app(dict(scope), receive, send)  # type: ignore[operator]
     started = time.process_time()
     for _ in range(n):
         await app(dict(scope), receive, send)  # type: ignore[operator]
     return (time.process_time() - started) / n * 1e6
 
 
-def in_process(policy_file: str, n: int) -> None:
-    """Side by side CPU cost per request: bare app, middleware on a no-match path, middleware + engine (cache hit),
-    and the engine's ``aevaluate`` alone."""
+CPU_ROWS = {
+    "bare": "bare app",
+    "nomatch": "middleware, no policy matches",
+    "hit": "middleware + engine (cache hit)",
+    "engine": "engine aevaluate alone (cache hit)",
+}
+
+
+def cpu_rounds(policy_file: str, n: int, rounds: int) -> dict[str, list[float]]:
+    """CPU microseconds per request for each row of :data:`CPU_ROWS`, one value per round (rows interleaved)."""
     from guard.subject import HttpSubject
 
     bare = _app("bare", None, None, policy_file)
@@ -208,21 +229,50 @@ def in_process(policy_file: str, n: int) -> None:
                           body=json.loads(BODY), body_text="\n".join(json.loads(BODY).values()))
 
     async def engine(count: int) -> float:
-        await guard.aevaluate(subject)
         started = time.process_time()
         for _ in range(count):
             await guard.aevaluate(subject)
         return (time.process_time() - started) / count * 1e6
 
-    rows = {
-        "bare app": asyncio.run(_cpu_per_request(bare, "/v1/echo", n)),
-        "middleware, no policy matches": asyncio.run(_cpu_per_request(guarded, "/open/echo", n)),
-        "middleware + engine (cache hit)": asyncio.run(_cpu_per_request(guarded, "/v1/echo", n)),
-        "engine aevaluate alone (cache hit)": asyncio.run(engine(n)),
-    }
-    print(f"in-process CPU per request ({n} requests, ASGI called directly, no sockets):")
-    for name, micros in rows.items():
-        print(f"  {name:<36} {micros:8.1f} us")
+    async def measure() -> dict[str, list[float]]:
+        jobs = {
+            "bare": lambda k: _cpu_per_request(bare, "/v1/echo", k),
+            "nomatch": lambda k: _cpu_per_request(guarded, "/open/echo", k),
+            "hit": lambda k: _cpu_per_request(guarded, "/v1/echo", k),
+            "engine": engine,
+        }
+        for job in jobs.values():
+            await job(WARMUP)
+        out: dict[str, list[float]] = {name: [] for name in jobs}
+        for _ in range(rounds):
+            for name, job in jobs.items():
+                out[name].append(await job(n))
+                await asyncio.sleep(0)  # let the loop run what the requests scheduled, as a server's loop would
+        return out
+
+    return asyncio.run(measure())
+
+
+def in_process(policy_file: str, n: int, rounds: int, baseline: Path | None) -> None:
+    """Side by side CPU cost per request: bare app, middleware on a no-match path, middleware + engine (cache hit),
+    and the engine's ``aevaluate`` alone; with ``baseline``, the same measured in a subprocess on that package."""
+    columns = {"this tree": cpu_rounds(policy_file, n, rounds)}
+    if baseline is not None:
+        argv = [sys.executable, __file__, "--cpu-json", "--policy-file", policy_file, "--requests", str(n),
+                "--rounds", str(rounds)]
+        env = {**os.environ, "PYTHONPATH": str(baseline)}
+        done = subprocess.run(argv, cwd=baseline, env=env, check=True, capture_output=True, text=True)
+        columns["baseline"] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"in-process CPU per request, us ({n} requests x {rounds} interleaved rounds, median round; ASGI called "
+          "directly, no sockets):")
+    print(f"  {'':<36}" + "".join(f" {name:>11}" for name in columns))
+    medians = {name: {row: statistics.median(values) for row, values in col.items()} for name, col in columns.items()}
+    for row, label in CPU_ROWS.items():
+        print(f"  {label:<36}" + "".join(f" {medians[name][row]:11.1f}" for name in columns))
+    print(f"  {'hit - bare (the guard on a hit)':<36}"
+          + "".join(f" {m['hit'] - m['bare']:11.1f}" for m in medians.values()))
+    print(f"  {'bare / hit (CPU-bound throughput)':<36}"
+          + "".join(f" {m['bare'] / m['hit']:11.0%}" for m in medians.values()))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -235,62 +285,92 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", help=argparse.SUPPRESS)
     parser.add_argument("--policy-file", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", default=None, help="also measure the Redis cache (hit)")
     parser.add_argument("--requests", type=int, default=REQUESTS)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of guard to compare with (adds base-mem and a baseline CPU column)")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated subset of {','.join(ALL_VARIANTS)} (bare is always measured)")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.redis_url, args.upstream, args.policy_file)
         return
+    if args.cpu_json:
+        print(json.dumps(cpu_rounds(args.policy_file, args.requests, args.rounds)))
+        return
 
     policy_file = ROOT / "bench" / ".asgi_overhead_policy.yaml"
     policy_file.write_text(POLICY)
-    in_process(str(policy_file), args.requests)
-    variants = ["bare", "guarded-mem", *(["guarded-redis"] if args.redis_url else []), "passthrough", "proxy"]
+    try:
+        in_process(str(policy_file), args.requests, args.rounds, args.baseline)
+        loopback(args, str(policy_file))
+    finally:
+        policy_file.unlink(missing_ok=True)
+
+
+def loopback(args: argparse.Namespace, policy_file: str) -> None:
+    """Latency and throughput over loopback HTTP, interleaved rounds, ratios to bare per round."""
+    wanted = ALL_VARIANTS if args.variants is None else tuple(v.strip() for v in args.variants.split(","))
+    variants = [v for v in ALL_VARIANTS if v in wanted or v == "bare"]
+    variants = [v for v in variants if (v != "guarded-redis" or args.redis_url) and (v != "base-mem" or args.baseline)]
     procs: list[subprocess.Popen[bytes]] = []
     ports: dict[str, int] = {}
     try:
-        for variant in ("bare", "guarded-mem", "guarded-redis"):
-            if variant in variants:
-                proc, ports[variant] = _start(variant, args.redis_url, None, str(policy_file))
-                procs.append(proc)
-        ports["passthrough"] = ports["guarded-mem"]
-        proc, ports["proxy"] = _start("proxy", None, f"http://127.0.0.1:{ports['bare']}", str(policy_file))
-        procs.append(proc)
+        for variant in variants:
+            if variant in ("bare", "guarded-mem", "guarded-redis"):
+                proc, ports[variant] = _start(variant, args.redis_url, None, policy_file)
+            elif variant == "base-mem":
+                proc, ports[variant] = _start(variant, None, None, policy_file, args.baseline.resolve())
+            elif variant == "passthrough":
+                if "guarded-mem" not in ports:
+                    proc, ports["guarded-mem"] = _start("guarded-mem", None, None, policy_file)
+                    procs.append(proc)
+                ports["passthrough"] = ports["guarded-mem"]
+                continue
+            else:
+                proc, ports[variant] = _start("proxy", None, f"http://127.0.0.1:{ports['bare']}", policy_file)
+            procs.append(proc)
         paths = {v: "/open/echo" if v == "passthrough" else "/v1/echo" for v in variants}
-        results: dict[str, dict[str, list[float]]] = {v: {"p50": [], "p95": [], "p99": [], "rps": []} for v in variants}
+        keys = ("p50", "p95", "p99", "rps", "dp50", "ratio")
+        results: dict[str, dict[str, list[float]]] = {v: {k: [] for k in keys} for v in variants}
         for variant in variants:  # warm-up: fills the caches and the interpreters
             asyncio.run(_run(ports[variant], paths[variant], WARMUP, 4))
+        order = random.Random(SEED)
         for _ in range(args.rounds):
-            for variant in variants:
+            shuffled = list(variants)
+            order.shuffle(shuffled)
+            for variant in shuffled:
                 latencies, _ = asyncio.run(_run(ports[variant], paths[variant], args.requests // 2, 1))
                 _, rps = asyncio.run(_run(ports[variant], paths[variant], args.requests, CONCURRENCY))
-                for key, value in (
-                    ("p50", _pct(latencies, 0.5)),
-                    ("p95", _pct(latencies, 0.95)),
-                    ("p99", _pct(latencies, 0.99)),
-                    ("rps", rps),
-                ):
+                for key, value in (("p50", _pct(latencies, 0.5)), ("p95", _pct(latencies, 0.95)),
+                                   ("p99", _pct(latencies, 0.99)), ("rps", rps)):
                     results[variant][key].append(value)
+            bare = results["bare"]
+            for variant in variants:
+                results[variant]["dp50"].append(results[variant]["p50"][-1] - bare["p50"][-1])
+                results[variant]["ratio"].append(results[variant]["rps"][-1] / bare["rps"][-1])
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(10)
-        policy_file.unlink(missing_ok=True)
 
     med = {v: {k: statistics.median(vals) for k, vals in r.items()} for v, r in results.items()}
-    base = med["bare"]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
         f"{args.rounds} rounds x {args.requests // 2} requests at concurrency 1 (latency) and {args.requests} at "
-        f"concurrency {CONCURRENCY} (throughput); median round; {os.cpu_count()} CPUs; body {len(BODY)} bytes"
+        f"concurrency {CONCURRENCY} (throughput); medians over rounds; +p50 and 'vs bare' are per-round differences "
+        f"and ratios to bare (median [min-max]); {os.cpu_count()} CPUs, load average {load}; body {len(BODY)} bytes"
     )
-    print(f"{'variant':<14} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'req/s':>8} {'vs bare':>8}")
+    print(f"{'variant':<14} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'req/s':>8} {'vs bare':>18}")
     for variant in variants:
-        m = med[variant]
+        m, ratios = med[variant], results[variant]["ratio"]
+        spread = f"{m['ratio']:4.0%} [{min(ratios):.0%}-{max(ratios):.0%}]"
         print(
-            f"{variant:<14} {m['p50']:8.3f} {m['p95']:8.3f} {m['p99']:8.3f} {m['p50'] - base['p50']:+8.3f} "
-            f"{m['rps']:8.0f} {m['rps'] / base['rps']:8.0%}"
+            f"{variant:<14} {m['p50']:8.3f} {m['p95']:8.3f} {m['p99']:8.3f} {m['dp50']:+8.3f} "
+            f"{m['rps']:8.0f} {spread:>18}"
         )
 
 

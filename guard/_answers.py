@@ -9,13 +9,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guard.errors import MalformedAnswer
-from guard.systemone import AnswerV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
+from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
-__all__ = ["KEY_VERSION", "VALUE_VERSION", "cache_key", "decode_answers", "encode_answers"]
+__all__ = [
+    "KEY_VERSION",
+    "VALUE_VERSION",
+    "KeyTemplate",
+    "cache_key",
+    "copy_answer",
+    "decode_answers",
+    "encode_answers",
+    "encode_checked",
+]
 
 #: Bump when the key material changes; old entries then simply miss.
 KEY_VERSION = 1
@@ -34,24 +43,58 @@ def _media(value: Any) -> Any:
     return repr(value)
 
 
+#: One encoder for all key material (what ``json.dumps(..., ensure_ascii=False, separators=(",", ":"),
+#: default=_media)`` builds on every call).
+_KEY_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_media)
+
+
+class KeyTemplate:
+    """:func:`cache_key` with everything but the state rendered and hashed once (a policy's questions do not change
+    between requests, so only the state is encoded per request).
+
+    ``KeyTemplate(backend=b, revision=r, model=m, questions=qs).key(state)`` equals ``cache_key(SystemOneRequestV1(m,
+    state, qs), backend=b, revision=r)``, byte for byte: the key material is the same JSON object, encoded in three
+    pieces (before the state, the state, after it) that concatenate to the one-piece encoding.
+
+    Args:
+        backend: the backend's name.
+        revision: the model revision.
+        model: the model name in the request.
+        questions: the questions in request order.
+        images: the request's images (policies send none).
+    """
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(
+        self, *, backend: str, revision: str, model: str, questions: Sequence[QuestionV1], images: Sequence[Any] = ()
+    ) -> None:
+        head = _KEY_ENCODER.encode({"v": KEY_VERSION, "backend": backend, "revision": revision, "model": model})
+        self._head = hashlib.sha256(f'{head[:-1]},"state":'.encode())
+        questions_json = _KEY_ENCODER.encode([[q.id, q.type, q.instructions, q.criteria] for q in questions])
+        images_json = _KEY_ENCODER.encode(list(images))
+        self._tail = f',"questions":{questions_json},"images":{images_json}}}'.encode()
+
+    def key(self, state: Any) -> str:
+        """SHA-256 (hex, 64 characters) of the key material with this ``state``."""
+        digest = self._head.copy()
+        digest.update(_KEY_ENCODER.encode(state).encode("utf-8"))
+        digest.update(self._tail)
+        return digest.hexdigest()
+
+
 def cache_key(request: SystemOneRequestV1, *, backend: str, revision: str) -> str:
     """SHA-256 (hex) of everything the model sees.
 
     Material, in order: key version, backend name, model revision, model name, the state (key order kept: it is model
     input), every question in request order with its type, instructions and criteria (choice order kept), and the
-    images. Requests that differ in any of these never share an entry.
+    images. Requests that differ in any of these never share an entry. The engine uses :class:`KeyTemplate` (same
+    keys, the constant part computed once per policy).
     """
-    material = {
-        "v": KEY_VERSION,
-        "backend": backend,
-        "revision": revision,
-        "model": request.model,
-        "state": request.state,
-        "questions": [[q.id, q.type, q.instructions, q.criteria] for q in request.questions],
-        "images": list(request.images),
-    }
-    blob = json.dumps(material, ensure_ascii=False, separators=(",", ":"), default=_media)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    template = KeyTemplate(
+        backend=backend, revision=revision, model=request.model, questions=request.questions, images=request.images
+    )
+    return template.key(request.state)
 
 
 def _probability(value: Any) -> bool:
@@ -60,6 +103,18 @@ def _probability(value: Any) -> bool:
 
 def encode_answers(response: SystemOneResponseV1, request: SystemOneRequestV1) -> dict[str, Any]:
     """Check ``response`` against ``request`` and return its stored form (JSON-safe, full precision).
+
+    Raises:
+        MalformedAnswer: see :func:`encode_checked`.
+    """
+    return encode_checked(response, request)[0]
+
+
+def encode_checked(
+    response: SystemOneResponseV1, request: SystemOneRequestV1
+) -> tuple[dict[str, Any], SystemOneResponseV1]:
+    """Check ``response`` against ``request``; return its stored form and that form decoded (what a later cache hit
+    reads back: :func:`decode_answers` of the stored form, so an in-process cache can keep it without a round trip).
 
     Raises:
         MalformedAnswer: a missing or extra answer, a wrong type, a non-finite probability, probabilities that do
@@ -93,8 +148,7 @@ def encode_answers(response: SystemOneResponseV1, request: SystemOneRequestV1) -
         "usage": [response.usage.input_tokens, response.usage.output_tokens],
         "answers": answers,
     }
-    decode_answers(value, request)  # one shape check for fresh and cached answers
-    return value
+    return value, decode_answers(value, request)  # one shape check for fresh and cached answers
 
 
 def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponseV1:
@@ -152,3 +206,11 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
             question.id, "score", by_id, score=float(headline), confidence=float(conf), legend=legend
         )
     return SystemOneResponseV1(model=model, answers=answers, usage=UsageV1(int(usage[0]), int(usage[1])))
+
+
+def copy_answer(answer: AnswerV1) -> AnswerV1:
+    """A copy of ``answer`` with its own ``probabilities`` (and ``legend``) dict, for answers handed out from objects
+    the cache shares between callers: changing a verdict's answer never changes what the next hit reads."""
+    legend = None if answer.legend is None else dict(answer.legend)
+    return AnswerV1(answer.question_id, answer.type, dict(answer.probabilities), answer.noul, answer.choice,
+                    answer.score, answer.confidence, legend)  # fmt: skip

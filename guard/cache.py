@@ -32,13 +32,14 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from guard._answers import cache_key, decode_answers, encode_answers
+from guard._answers import cache_key, decode_answers, encode_checked
 from guard.errors import BackendError, BackendTimeout, BackendUnavailable, MalformedAnswer
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
 
 __all__ = [
     "CacheConfig",
     "CacheHealth",
+    "CachedAnswers",
     "Lookup",
     "MemoryCache",
     "ProbabilityCache",
@@ -57,6 +58,10 @@ DEFAULT_BREAKER_S = 1.0
 DEFAULT_BREAKER_AFTER = 2
 DEFAULT_DEGRADED_WINDOW_S = 30.0
 FAILURE_MARKER_MS = 1000
+#: Redis values kept decoded in process (checked answers by key, reused while Redis returns the same bytes).
+DECODED_ENTRIES = 1024
+#: Derived values one entry keeps in :attr:`CachedAnswers.memo` before it starts over.
+MEMO_ENTRIES = 16
 
 Lookup = Literal["hit", "miss", "shared"]
 """``hit``: read from the cache; ``miss``: this caller's backend call; ``shared``: another caller's call (in this
@@ -121,6 +126,30 @@ class CacheHealth:
         return asdict(self)
 
 
+class CachedAnswers:
+    """Checked answers as the cache hands them out: one object per stored entry (or per backend call), shared by every
+    caller served from it, so treat it as read-only.
+
+    Attributes:
+        response: the answers; not copied per caller (copy what leaves the process, see
+            :func:`guard._answers.copy_answer`).
+        memo: values derived purely from ``response`` by a caller (the engine keeps rule results here, so rules that
+            read only the answers run once per entry, not once per hit); cleared past :data:`MEMO_ENTRIES`.
+    """
+
+    __slots__ = ("memo", "response")
+
+    def __init__(self, response: SystemOneResponseV1) -> None:
+        self.response = response
+        self.memo: dict[Any, Any] = {}
+
+    def remember(self, key: Any, value: Any) -> None:
+        """Store ``value`` in :attr:`memo` under ``key`` (bounded)."""
+        if len(self.memo) >= MEMO_ENTRIES:
+            self.memo.clear()
+        self.memo[key] = value
+
+
 class _Failed:
     """Sentinel: a Redis operation failed (already counted)."""
 
@@ -149,9 +178,25 @@ class ProbabilityCache:
         snapshot.status = "degraded" if recent else "ok"
         return snapshot
 
+    def peek(self, key: str) -> CachedAnswers | None:
+        """The answers for ``key`` when they can be had without waiting (the in-process cache holds them and no call
+        for ``key`` is in flight), counted as a hit; else ``None``, and :meth:`fetch` decides (the Redis cache always
+        answers ``None``: it cannot read without I/O).
+
+        The caller must honour the policy's ``ttl``: peek only when it is above 0.
+        """
+        return None
+
     async def get_or_compute(
         self, key: str, request: SystemOneRequestV1, compute: Compute, *, ttl: float, wait: float
     ) -> tuple[SystemOneResponseV1, Lookup]:
+        """:meth:`fetch`, returning the response itself (shared with other callers: read-only)."""
+        answers, lookup = await self.fetch(key, request, compute, ttl=ttl, wait=wait)
+        return answers.response, lookup
+
+    async def fetch(
+        self, key: str, request: SystemOneRequestV1, compute: Compute, *, ttl: float, wait: float
+    ) -> tuple[CachedAnswers, Lookup]:
         """The answers for ``key``: from the cache, from a call already in flight, or from ``compute()``.
 
         Args:
@@ -162,7 +207,7 @@ class ProbabilityCache:
             wait: seconds a follower waits for another replica's leader (the caller's remaining time budget).
 
         Returns:
-            ``(response, lookup)``.
+            ``(answers, lookup)``; ``answers`` is shared by every caller served from the same entry or flight.
 
         Raises:
             Whatever ``compute`` raises (``BackendError`` and subclasses, ``UnsupportedQuestion``, ...), also in
@@ -172,18 +217,18 @@ class ProbabilityCache:
         flights = self._inflight.setdefault(loop, {})
         flight = flights.get(key)
         if flight is not None and not flight.done():  # a finished flight (even one not yet removed) is never joined
-            response, _ = await asyncio.shield(flight)
+            answers, _ = await asyncio.shield(flight)
             self._stats.shared += 1
-            return response, "shared"
+            return answers, "shared"
         flight = loop.create_future()
         flights[key] = flight
         flight.add_done_callback(functools.partial(_end_flight, flights, key))
         try:
             if ttl > 0:  # the hit path reads inline: no task and no extra event-loop hops
-                response = await self._read(key, request)
-                if response is not None:
-                    flight.set_result((response, "hit"))
-                    return response, "hit"
+                answers = await self._read(key, request)
+                if answers is not None:
+                    flight.set_result((answers, "hit"))
+                    return answers, "hit"
         except BaseException:  # cancelled while reading: the flight goes on for the callers that joined it
             self._launch(flight, key, request, compute, ttl, wait)
             raise
@@ -200,10 +245,10 @@ class ProbabilityCache:
 
     async def _lead(
         self, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float
-    ) -> tuple[SystemOneResponseV1, Lookup]:
+    ) -> tuple[CachedAnswers, Lookup]:
         if ttl <= 0:
-            response, _ = await _run(compute, request, wait)
-            return response, "miss"
+            response, _, _ = await _run(compute, request, wait)
+            return CachedAnswers(response), "miss"
         self._stats.misses += 1
         token = await self._acquire(key, wait)
         if token is None:  # another replica leads: wait for its answers or its failure
@@ -219,32 +264,31 @@ class ProbabilityCache:
                 self._stats.shared += 1
                 return stored, "shared"
         try:
-            response, value = await _run(compute, request, wait)
-            await self._store(key, value, ttl)  # before the lock goes, so no follower sees neither lock nor value
+            response, value, decoded = await _run(compute, request, wait)
+            await self._store(key, value, decoded, ttl)  # before the lock goes: no follower sees neither lock nor value
         except BackendError as exc:
             await self._publish_failure(key, exc)
             raise
         finally:
             if token is not None:
                 await self._release(key, token)
-        return response, "miss"
+        return CachedAnswers(response), "miss"
 
-    async def _read(self, key: str, request: SystemOneRequestV1, *, count: bool = True) -> SystemOneResponseV1 | None:
+    async def _read(self, key: str, request: SystemOneRequestV1, *, count: bool = True) -> CachedAnswers | None:
         """The stored answers, or ``None`` (absent, unreadable or of the wrong shape: counted, later overwritten)."""
-        stored = await self._load(key)
-        if stored is None:
-            return None
         try:
-            response = decode_answers(stored, request)
+            answers = await self._load(key, request)
         except MalformedAnswer:
             if not count:
                 return None
             self._stats.corrupt += 1
             logger.warning("cache value for %s has the wrong shape; ignoring and overwriting it", key[:16])
             return None
+        if answers is None:
+            return None
         if count:
             self._stats.hits += 1
-        return response
+        return answers
 
     def _record_error(self, exc: BaseException) -> None:
         self._stats.errors += 1
@@ -253,10 +297,16 @@ class ProbabilityCache:
 
     # Storage hooks --------------------------------------------------------------------------------------------------
 
-    async def _load(self, key: str) -> Any | None:
+    async def _load(self, key: str, request: SystemOneRequestV1) -> CachedAnswers | None:
+        """The checked answers stored under ``key``, or ``None``.
+
+        Raises:
+            MalformedAnswer: the stored value does not have the shape ``encode_answers`` writes for ``request``.
+        """
         raise NotImplementedError
 
-    async def _store(self, key: str, value: dict[str, Any], ttl: float) -> None:
+    async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
+        """Store ``value`` (the JSON form) whose decoded form is ``decoded``."""
         raise NotImplementedError
 
     async def _acquire(self, key: str, wait: float) -> str | None:
@@ -266,7 +316,7 @@ class ProbabilityCache:
     async def _release(self, key: str, token: str) -> None:
         return None
 
-    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float) -> SystemOneResponseV1 | None:
+    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float) -> CachedAnswers | None:
         return None
 
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
@@ -288,21 +338,33 @@ class MemoryCache(ProbabilityCache):
 
     def __init__(self, config: CacheConfig | None = None) -> None:
         super().__init__(config)
-        self._entries: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        # Decoded, checked answers (checked when stored: nothing else writes here), so a hit is a dict lookup.
+        self._entries: OrderedDict[str, tuple[float, CachedAnswers]] = OrderedDict()
 
-    async def _load(self, key: str) -> Any | None:
+    def peek(self, key: str) -> CachedAnswers | None:
+        entry = self._entries.get(key)
+        if entry is None or time.monotonic() >= entry[0]:
+            return None  # absent or expired: fetch() misses (and drops the expired entry)
+        flights = self._inflight.get(asyncio.get_running_loop())
+        if flights is not None and key in flights and not flights[key].done():
+            return None  # a call for this key is in flight: fetch() joins it, as before the value was stored
+        self._entries.move_to_end(key)
+        self._stats.hits += 1
+        return entry[1]
+
+    async def _load(self, key: str, request: SystemOneRequestV1) -> CachedAnswers | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        expires, value = entry
+        expires, answers = entry
         if time.monotonic() >= expires:
             del self._entries[key]
             return None
         self._entries.move_to_end(key)
-        return value
+        return answers
 
-    async def _store(self, key: str, value: dict[str, Any], ttl: float) -> None:
-        self._entries[key] = (time.monotonic() + ttl, value)
+    async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
+        self._entries[key] = (time.monotonic() + ttl, CachedAnswers(decoded))
         self._entries.move_to_end(key)
         while len(self._entries) > self.config.max_entries:
             self._entries.popitem(last=False)
@@ -335,6 +397,8 @@ return 0
         )
         self._skip_until = 0.0
         self._failures_in_a_row = 0
+        # key -> (the raw value last read or written, its decoded answers): the same bytes decode the same way.
+        self._decoded: OrderedDict[str, tuple[bytes, CachedAnswers]] = OrderedDict()
 
     def _client(self) -> aioredis.Redis:
         loop = asyncio.get_running_loop()
@@ -374,20 +438,43 @@ return 0
         self._failures_in_a_row = 0
         return result
 
-    async def _load(self, key: str) -> Any | None:
+    def _decode(self, key: str, raw: bytes, request: SystemOneRequestV1) -> CachedAnswers:
+        """The checked answers in ``raw``: reused when ``raw`` is the value last seen for ``key`` (the key hashes the
+        questions, so the same bytes check and decode the same way), else decoded and checked now.
+
+        Raises:
+            MalformedAnswer: ``raw`` is not JSON or not of the stored shape for ``request``.
+        """
+        known = self._decoded.get(key)
+        if known is not None and known[0] == raw:
+            self._decoded.move_to_end(key)
+            return known[1]
+        try:
+            value = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedAnswer("stored answers are not JSON") from exc
+        answers = CachedAnswers(decode_answers(value, request))
+        self._remember(key, raw, answers)
+        return answers
+
+    def _remember(self, key: str, raw: bytes, answers: CachedAnswers) -> None:
+        self._decoded[key] = (raw, answers)
+        self._decoded.move_to_end(key)
+        while len(self._decoded) > DECODED_ENTRIES:
+            self._decoded.popitem(last=False)
+
+    async def _load(self, key: str, request: SystemOneRequestV1) -> CachedAnswers | None:
         raw = await self._op(lambda r: r.get(self._key("a", key)))
         if raw is None or raw is _FAILED:
             return None
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return {"corrupt": True}  # fails the shape check: counted and overwritten
+        return self._decode(key, raw, request)
 
-    async def _store(self, key: str, value: dict[str, Any], ttl: float) -> None:
-        blob = json.dumps(value, separators=(",", ":"))
+    async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
+        blob = json.dumps(value, separators=(",", ":")).encode()
         result = await self._op(lambda r: r.set(self._key("a", key), blob, px=max(1, int(ttl * 1000))))
         if result is not _FAILED:
             self._stats.stores += 1
+            self._remember(key, blob, CachedAnswers(decoded))
 
     async def _acquire(self, key: str, wait: float) -> str | None:
         token = uuid.uuid4().hex
@@ -401,7 +488,7 @@ return 0
         if token:
             await self._op(lambda r: r.eval(self.RELEASE_SCRIPT, 1, self._key("l", key), token))
 
-    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float) -> SystemOneResponseV1 | None:
+    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float) -> CachedAnswers | None:
         keys = (self._key("a", key), self._key("f", key), self._key("l", key))
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
@@ -412,8 +499,8 @@ return 0
             value, failure, lock = got
             if value is not None:
                 try:
-                    return decode_answers(json.loads(value), request)
-                except (MalformedAnswer, ValueError):
+                    return self._decode(key, value, request)
+                except MalformedAnswer:
                     self._stats.corrupt += 1
                     return None
             if failure is not None:
@@ -461,7 +548,7 @@ def _settle(flight: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
 
 async def _run(
     compute: Compute, request: SystemOneRequestV1, wait: float
-) -> tuple[SystemOneResponseV1, dict[str, Any]]:
+) -> tuple[SystemOneResponseV1, dict[str, Any], SystemOneResponseV1]:
     """Call ``compute`` within ``wait`` seconds and check its answers (the shared task must not outlive its callers'
     budget even when a backend ignores its timeout)."""
     try:
@@ -469,7 +556,8 @@ async def _run(
             response = await compute()
     except TimeoutError as exc:
         raise BackendTimeout(f"no answer within {wait * 1000:.0f} ms") from exc
-    return response, encode_answers(response, request)
+    value, decoded = encode_checked(response, request)
+    return response, value, decoded
 
 
 def _failure_from_marker(raw: bytes) -> BackendError:

@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
-import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from guard._answers import cache_key
+from guard._answers import copy_answer
+from guard._plan import Plan
 from guard.backends.base import DecisionBackend
 from guard.cache import CacheConfig, Lookup, MemoryCache, ProbabilityCache, RedisCache
 from guard.errors import BackendError, GuardError, Overloaded, PolicyError, UnsupportedQuestion
-from guard.normalize import normalize_value
-from guard.policy import Policy, PolicySet, apply_rules, load_files
+from guard.policy import Policy, PolicySet, load_files
 from guard.policy.rules import RuleError
 from guard.subject import Subject
 from guard.telemetry import DecisionLog, Telemetry
@@ -41,6 +41,8 @@ logger = logging.getLogger("guard.engine")
 DEFAULT_BACKEND = "default"
 #: Message of a fail-closed block when the policy gives none.
 FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
+#: Per-policy plans kept before the table starts over (old policies stay referenced until then).
+MAX_PLANS = 256
 
 T = TypeVar("T")
 
@@ -106,6 +108,7 @@ class Guard:
         self._portal: _Portal | None = None
         self._portal_lock = threading.Lock()
         self._closed = False
+        self._plans: dict[int, Plan] = {}
 
     @classmethod
     def from_files(
@@ -170,21 +173,37 @@ class Guard:
             raise KeyError(policy.backend)
         return self.backends[name]
 
+    def _plan(self, policy: Policy, backend: DecisionBackend) -> Plan:
+        """The policy's plan, rebuilt when the policy object, its backend or the backend's revision changed."""
+        revision = backend.model_revision
+        plan = self._plans.get(id(policy))
+        if plan is None or plan.policy is not policy or plan.backend is not backend or plan.revision != revision:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            plan = self._plans[id(policy)] = Plan(policy, backend, revision)
+        return plan
+
     # Evaluation ---------------------------------------------------------------------------------------------------
 
     def match(self, subject: Subject) -> Policy | None:
         """The first policy whose ``match`` accepts ``subject`` (method/path/host/headers or event/tool), or None."""
         return self.policies.match(subject)
 
-    async def aevaluate(self, subject: Subject) -> Verdict:
+    async def aevaluate(self, subject: Subject, *, policy: Policy | None = None) -> Verdict:
         """Decide one subject. Never raises for backend, cache or rule trouble: the policy's fail mode decides.
+
+        Args:
+            subject: what to decide.
+            policy: the policy :meth:`match` already returned for this subject (an enforcement point that matched
+                before reading the body passes it, so matching is not done twice); ``None`` = match now.
 
         Returns:
             The :class:`Verdict`; ``allow`` with ``policy_id=None`` (and no model call) when no policy matches.
         """
         started = time.perf_counter()
-        decision_id = str(uuid.uuid4())
-        policy = self.policies.match(subject)
+        decision_id = _decision_id()
+        if policy is None:
+            policy = self.policies.match(subject)
         with self.telemetry.span(subject) as span:
             if policy is None:
                 verdict = Verdict("allow", decision_id, latency_ms=(time.perf_counter() - started) * 1000)
@@ -207,24 +226,27 @@ class Guard:
         lookup: Lookup | None = None
         response = None
         try:
-            normalized = normalize_value(policy.render_state(subject))
-            state, flags = normalized.value, dict(normalized.flags)
-            request = policy.build_request(state)
-            key = cache_key(request, backend=backend.name, revision=backend.model_revision)
+            plan = self._plan(policy, backend)
+            state, flags, key = plan.prepare(subject)
+            # An in-process hit is answered inline: no timeout, no flight, no await.
+            cached = self.cache.peek(key) if policy.cache_ttl > 0 else None
+            if cached is not None:
+                lookup = "hit"
+            else:
+                request = policy.build_request(state)
 
-            async def compute() -> Any:
-                return await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
+                async def compute() -> Any:
+                    return await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
 
-            async with asyncio.timeout(policy.timeout):
-                response, lookup = await self.cache.get_or_compute(
-                    key, request, compute, ttl=policy.cache_ttl, wait=policy.timeout
-                )
-            names = policy.question_keys()
-            answers = {names[qid]: answer for qid, answer in response.answers.items()}
-            result = apply_rules(
-                policy.id, policy.rules, policy.default, answers,
-                subject=subject, state=state, flags=flags, data=policy.data,
-            )  # fmt: skip
+                async with asyncio.timeout(policy.timeout):
+                    cached, lookup = await self.cache.fetch(
+                        key, request, compute, ttl=policy.cache_ttl, wait=policy.timeout
+                    )
+            response = cached.response
+            names = plan.names
+            shared = {names[qid]: answer for qid, answer in response.answers.items()}
+            result = plan.rules(cached, shared, subject=subject, state=state, flags=flags)
+            answers = {name: copy_answer(answer) for name, answer in shared.items()}  # the cache's stay untouched
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
             verdict = self._fail(policy, subject, decision_id, started, exc, state, flags, backend, response)
             return verdict, lookup
@@ -242,7 +264,7 @@ class Guard:
             cache_hit=lookup in ("hit", "shared"),
             backend=backend.name,
             model=response.model,
-            model_revision=backend.model_revision,
+            model_revision=plan.revision,
             latency_ms=(time.perf_counter() - started) * 1000,
             retry_after=result.outcome.retry_after,
             shadow_action=action if policy.mode == "shadow" else None,
@@ -396,6 +418,17 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _decision_id() -> str:
+    """A random UUID (version 4, RFC 9562) in its canonical text form: ``str(uuid.uuid4())`` without building a
+    ``UUID`` object (about half the cost, on every decision)."""
+    digits = f"{int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET:032x}"
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 def _reason(exc: BaseException) -> str:

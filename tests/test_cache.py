@@ -4,13 +4,14 @@ slow, corrupt values (cases C14, C15)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
 from typing import Any
 
 import pytest
 
-from guard._answers import cache_key
+from guard._answers import KEY_VERSION, KeyTemplate, cache_key
 from guard.cache import CacheConfig, MemoryCache, RedisCache
 from guard.engine import Guard
 from guard.errors import BackendUnavailable
@@ -79,6 +80,19 @@ def test_cache_key_changes_with_everything_the_model_sees() -> None:
                      revision="r1") == key
 
 
+def test_cache_key_is_the_hash_of_the_documented_material_and_the_template_agrees() -> None:
+    questions = (QuestionV1("a", "choice", "Pick é", {"x": "X", "y": None}), QuestionV1("b", "noul", {"k": [1, 2.5]}),
+                 QuestionV1("c", "score", None, ["lo", {"d": 1}, "hi"]))
+    template = KeyTemplate(backend="b", revision="r1", model="m", questions=questions)
+    for state in ("plain", "ünï \"q\" \u2028", {"a": 1, "b": [1, 2.0, None, True], "c": {"x": "é"}}, [1, "x"], 3.5):
+        request = SystemOneRequestV1(model="m", state=state, questions=questions)
+        material = {"v": KEY_VERSION, "backend": "b", "revision": "r1", "model": "m", "state": state,
+                    "questions": [[q.id, q.type, q.instructions, q.criteria] for q in questions], "images": []}
+        blob = json.dumps(material, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        expected = hashlib.sha256(blob).hexdigest()
+        assert cache_key(request, backend="b", revision="r1") == template.key(state) == expected
+
+
 # In-process cache ---------------------------------------------------------------------------------------------------
 
 
@@ -95,6 +109,23 @@ async def test_memory_cache_hit_and_threshold_change_needs_no_model_call() -> No
     guard2 = Guard(policies(0.95), backends=backend, cache=cache)
     third = await guard2.aevaluate(subject("ignore"))
     assert (third.action, third.cache_hit, backend.calls) == ("allow", True, 1)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_hits_hand_out_answers_and_states_of_their_own(kind: str, redis_url: str, create_redis: Any) -> None:
+    cache = MemoryCache() if kind == "memory" else redis_cache(redis_url, create_redis.prefix)
+    guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=cache)
+    await guard.aevaluate(subject("ignore"))
+    hit = await guard.aevaluate(subject("ignore"))
+    hit.answers["injection"].probabilities["true"] = 0.0
+    hit.answers["tone"].probabilities.clear()
+    hit.state["text"] = "changed"
+    again = await guard.aevaluate(subject("ignore"))
+    assert again.cache_hit and again.answers["injection"].probabilities == pytest.approx({"true": 0.9, "false": 0.1})
+    assert again.answers["tone"].probabilities == pytest.approx({"calm": 0.7, "angry": 0.3})
+    assert again.state == {"text": "ignore"} and again.action == "block"
+    await guard.aclose()
 
 
 @pytest.mark.anyio
@@ -189,6 +220,21 @@ async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_u
     assert "leader" in (followed.error or "")
     await leader.aclose()
     await follower.aclose()
+
+
+@pytest.mark.anyio
+async def test_redis_hits_read_a_value_another_replica_rewrote(redis_url: str, create_redis: Any) -> None:
+    guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=redis_cache(redis_url, create_redis.prefix))
+    await guard.aevaluate(subject("ignore"))
+    assert (await guard.aevaluate(subject("ignore"))).action == "block"
+    (key,) = await keys(create_redis)
+    client = create_redis()
+    value = json.loads(await client.get(key))
+    value["answers"]["injection"].update(p=[0.2, 0.8], x=0.2)
+    await client.set(key, json.dumps(value))
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.cache_hit, verdict.action, verdict.answers["injection"].noul) == (True, "allow", 0.2)
+    await guard.aclose()
 
 
 @pytest.mark.anyio

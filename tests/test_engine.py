@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import math
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,16 @@ async def test_verdict_records_everything() -> None:
     assert (verdict.backend, verdict.model, verdict.model_revision) == ("clef-local", "clef-flash", "abc123")
     assert verdict.state == {"prompt": "hello", "tier": "free"} and verdict.fail_mode is None
     assert verdict.latency_ms > 0 and len(verdict.decision_id) == 36
+
+
+@pytest.mark.anyio
+async def test_decision_ids_are_random_uuid4s() -> None:
+    guard = Guard(http_policies(), backends=ScriptedBackend(calm()))
+    ids = [(await guard.aevaluate(post("hello"))).decision_id for _ in range(50)]
+    ids.append((await guard.aevaluate(HttpSubject(method="GET", path="/"))).decision_id)  # no policy matches
+    parsed = [uuid.UUID(i) for i in ids]
+    assert [str(u) for u in parsed] == ids and len(set(ids)) == len(ids)
+    assert {(u.version, u.variant) for u in parsed} == {(4, uuid.RFC_4122)}
 
 
 # Rules ----------------------------------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ def parse_encodings(header: str, max_layers: int) -> list[str]:
     Raises:
         BodyError: 415 for an unknown coding or more than ``max_layers`` of them.
     """
+    if not header:  # the usual case: nothing to undo
+        return []
     codings = [c.strip().lower() for c in header.split(",")]
     codings = [c for c in codings if c and c != "identity"]
     for coding in codings:

@@ -6,6 +6,8 @@ the HTTP layer sees: responses by action, fail-open passes, bodies refused befor
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 __all__ = ["HttpMetrics"]
@@ -34,6 +36,14 @@ class HttpMetrics:
                                        "unavailable, broken_stream.", ["kind"], registry=self.registry)
         self.disconnects = Counter("guard_http_client_disconnects", "Clients that left before the body was read.",
                                    registry=self.registry)
+        self._request_children: dict[tuple[str, str], Any] = {}
+
+    def count_request(self, policy: str, action: str) -> None:
+        """Add one to ``guard_http_guarded_requests{policy, action}`` (the labelled child is looked up once)."""
+        child = self._request_children.get((policy, action))
+        if child is None:
+            child = self._request_children[(policy, action)] = self.requests.labels(policy, action)
+        child.inc()
 
     def render(self) -> bytes:
         """The counters in Prometheus text format."""

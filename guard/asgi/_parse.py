@@ -45,6 +45,8 @@ def strings(value: Any) -> list[str]:
 
 def _charset(params: dict[str, str], default: str) -> str:
     name = params.get("charset", default).strip().lower()
+    if name in _UTF8_NAMES:  # the usual case, without a codec registry lookup
+        return "utf-8"
     try:
         return codecs.lookup(name).name
     except LookupError as exc:

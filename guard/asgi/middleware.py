@@ -170,8 +170,8 @@ class _GuardedRequest:
         if review_id:
             await release_on_resend(mw, self.scope, self.receive, self.send, review_id.strip(), body)
             return
-        verdict = await mw.guard.aevaluate(subject)
-        mw.metrics.requests.labels(verdict.policy_id or "", verdict.action).inc()
+        verdict = await mw.guard.aevaluate(subject, policy=self.policy)  # matched on the head already
+        mw.metrics.count_request(verdict.policy_id or "", verdict.action)
         if verdict.fail_mode == "open":
             mw.metrics.fail_open.labels(verdict.policy_id or "").inc()
         if verdict.action == "allow":

@@ -39,6 +39,7 @@ __all__ = [
     "answer_variables",
     "apply_rules",
     "compile_condition",
+    "rule_inputs",
     "trace_rules",
 ]
 
@@ -165,6 +166,11 @@ def subject_variables(subject: Any) -> dict[str, Any]:
     return {f.name: getattr(subject, f.name) for f in dataclasses.fields(subject)}
 
 
+def rule_inputs(rules: tuple[CompiledRule, ...]) -> frozenset[str]:
+    """Every top-level name some rule's ``when`` reads (question keys and :data:`RESERVED_NAMES`)."""
+    return frozenset().union(*(rule.names for rule in rules))
+
+
 def apply_rules(
     policy_id: str,
     rules: tuple[CompiledRule, ...],
@@ -233,7 +239,7 @@ def _context(
     data: Mapping[str, Any] | None,
 ) -> Any:
     # Converting values into CEL costs ~10-30 us per object, so only the names some rule reads are passed.
-    needed = frozenset().union(*(rule.names for rule in rules))
+    needed = rule_inputs(rules)
     answer_objects = {
         key: answer_variables(answer) for key, answer in answers.items() if key in needed or "answers" in needed
     }
