@@ -15,6 +15,7 @@ normalised every time, as before.
 from __future__ import annotations
 
 import json
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -30,8 +31,9 @@ from guard.systemone import AnswerV1
 
 __all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Plan"]
 
-#: Rendered states remembered per plan (least recently used first out).
-STATE_MEMO_ENTRIES = 256
+#: Rendered states remembered per plan (least recently used first out). With :data:`STATE_MEMO_MAX_CHARS` this
+#: bounds a plan's memo to about 2 MiB of ASCII text (raw and normalised JSON), 8 MiB at worst.
+STATE_MEMO_ENTRIES = 128
 #: Longest rendered state (JSON characters) that is remembered.
 STATE_MEMO_MAX_CHARS = 8192
 #: Names a rule may read whose values do not come from the subject: rules reading only these (and question keys)
@@ -53,7 +55,7 @@ class Plan:
             the rule result also depends on the normalisation flags (the memo key then includes them).
     """
 
-    __slots__ = ("_states", "backend", "key", "memo_flags", "names", "policy", "revision")
+    __slots__ = ("__weakref__", "_states", "backend", "key", "memo_flags", "names", "policy", "revision")
 
     def __init__(self, policy: Policy, backend: DecisionBackend, revision: str) -> None:
         self.policy = policy
@@ -116,11 +118,11 @@ class Plan:
             )  # fmt: skip
         memo_key = (id(self), tuple(sorted(flags.items())) if self.memo_flags else None)
         kept = cached.memo.get(memo_key)
-        if kept is not None and kept[0] is self:
+        if kept is not None and kept[0]() is self:  # a weak reference: cache entries do not keep old plans alive
             result: RuleResult = kept[1]
             return result
         result = apply_rules(policy.id, policy.rules, policy.default, answers, flags=flags, data=policy.data)
-        cached.remember(memo_key, (self, result))
+        cached.remember(memo_key, (weakref.ref(self), result))
         return result
 
     def _remember(self, text: str, state: Any, flags: dict[str, Any], key: str) -> None:

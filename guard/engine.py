@@ -41,7 +41,8 @@ logger = logging.getLogger("guard.engine")
 DEFAULT_BACKEND = "default"
 #: Message of a fail-closed block when the policy gives none.
 FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
-#: Per-policy plans kept before the table starts over (old policies stay referenced until then).
+#: Per-policy plans kept before the table starts over (plans of policies no longer loaded are dropped as new plans
+#: are made).
 MAX_PLANS = 256
 
 T = TypeVar("T")
@@ -178,6 +179,10 @@ class Guard:
         revision = backend.model_revision
         plan = self._plans.get(id(policy))
         if plan is None or plan.policy is not policy or plan.backend is not backend or plan.revision != revision:
+            live = self.policies.policies  # plans of policies a reload replaced go (with their state memos)
+            for key, old in list(self._plans.items()):
+                if not any(old.policy is p for p in live):
+                    self._plans.pop(key, None)
             if len(self._plans) >= MAX_PLANS:
                 self._plans.clear()
             plan = self._plans[id(policy)] = Plan(policy, backend, revision)

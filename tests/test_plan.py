@@ -4,7 +4,9 @@ subject, the rendered-state memo, and plans rebuilt when the policy or the backe
 from __future__ import annotations
 
 import datetime
+import gc
 import math
+import weakref
 from typing import Any
 
 import pytest
@@ -80,7 +82,7 @@ async def test_answer_only_rules_are_kept_with_the_entry_and_per_plan() -> None:
         "block", "allow", "block", "allow"
     ]
     (entry,) = (cached for _, cached in cache._entries.values())
-    assert {kept[0] for kept in entry.memo.values()} == {plan_for(strict), plan_for(lenient)}
+    assert {kept[0]() for kept in entry.memo.values()} == {plan_for(strict), plan_for(lenient)}
     assert backend.calls == 1 and plan_for(strict).memo_flags is False
 
 
@@ -167,6 +169,18 @@ async def test_a_new_backend_revision_is_a_new_plan_and_a_new_key() -> None:
     verdict = await guard.aevaluate(post("x"))
     assert (verdict.cache_hit, verdict.model_revision, backend.calls) == (False, "r2", 2)
     assert plan_for(guard) is not old and plan_for(guard).revision == "r2"
+
+
+@pytest.mark.anyio
+async def test_plans_of_replaced_policies_are_dropped() -> None:
+    guard = Guard(policies("injection.noul >= 0.5"), backends=ScriptedBackend(constant(injection=0.7)))
+    assert (await guard.aevaluate(post("x"))).action == "block"
+    old = weakref.ref(plan_for(guard))
+    guard.policies.replace(policies("injection.noul >= 0.9"))  # what a reload does
+    verdict = await guard.aevaluate(post("x"))
+    assert (verdict.action, verdict.cache_hit) == ("allow", True)
+    gc.collect()
+    assert old() is None and len(guard._plans) == 1  # neither the Guard nor the cache entry's memo keeps it
 
 
 def _noul(p: float) -> AnswerV1:
