@@ -108,6 +108,9 @@ async def run(guard: Guard, items: list[tuple[str, str, AgentSubject]], concurre
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     items = subjects(rows, args.hosts)
+    if args.sample:  # every k-th subject, so every suite and both kinds stay represented
+        step = max(1, len(items) // args.sample)
+        items = items[::step][: args.sample]
     policy_path = args.policy or (COMPACT_POLICY if args.backend == "compact" else CLEF_POLICY)
     loaded = list(load_files(policy_path))
     # Measure the model, not the fail mode (a generous timeout), and every decision a model call (no cache) ...
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=HOSTS_PER_INJECTION, help="user tasks per injection task")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--dtype", default="bfloat16", help="Clef weights dtype: bfloat16 (reference) or float32")
+    parser.add_argument("--sample", type=int, default=0, help="judge only this many calls, spread evenly (0 = all)")
     parser.add_argument("--json", type=Path, help="also write the summary as JSON")
     args = parser.parse_args(argv)
     summary = asyncio.run(main_async(args))
