@@ -1,0 +1,310 @@
+"""A model turn's records and their enforcement after the model (``after_model``), for
+:class:`~guard.agents.GuardAgentMiddleware`.
+
+The turn's verdicts are computed in the model node and stored in the private state (``state["guard"][name]``, see
+``_records.py``); :meth:`TurnKeeper.steps` then answers blocked and malformed calls with error tool messages, asks the
+reviewer about every escalated item of the turn in one ``interrupt()``, judges edits again, and marks what may run.
+It is a generator that yields the subjects it needs judged, so the sync and async hooks share it
+(:func:`drive` / :func:`adrive`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from typing import Any, cast
+
+from langchain_core.messages import AIMessage, RemoveMessage
+from langgraph.types import interrupt
+
+from guard.agents import _messages as msgs
+from guard.agents._arguments import arguments_digest, parse_calls
+from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
+from guard.agents._judge import Judge, Judgement
+from guard.agents._output import held_id
+from guard.agents._records import (
+    answered_ids,
+    current_thread_id,
+    text_item,
+    tool_item,
+    user_text,
+    verdict_from_json,
+    verdict_json,
+)
+from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, PendingItem, response_schema
+from guard.review import digest_of
+from guard.subject import AgentSubject
+
+__all__ = ["Steps", "TurnKeeper", "adrive", "drive"]
+
+Steps = Generator[AgentSubject, Judgement, dict[str, Any] | None]
+
+
+def _record(judgement: Judgement) -> dict[str, Any]:
+    return {
+        "outcome": "escalate" if judgement.outcome == "route" else judgement.outcome,
+        "verdict": verdict_json(judgement.verdict),
+        "reason": judgement.reason,
+        "reviewer": judgement.reviewer,
+    }
+
+
+def drive(steps: Steps, judge: Callable[[AgentSubject], Judgement]) -> dict[str, Any] | None:
+    """Run ``steps``, judging each subject it yields with ``judge`` (blocking); returns its state update."""
+    try:
+        subject = next(steps)
+        while True:
+            subject = steps.send(judge(subject))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def adrive(steps: Steps, judge: Callable[[AgentSubject], Awaitable[Judgement]]) -> dict[str, Any] | None:
+    """Async twin of :func:`drive`."""
+    try:
+        subject = next(steps)
+        while True:
+            subject = steps.send(await judge(subject))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class TurnKeeper:
+    """The records one middleware instance keeps in ``state["guard"][name]``, and the enforcement of a model turn
+    (``after_model``): blocked and malformed calls answered, escalated items reviewed in one interrupt, edits judged.
+
+    Args:
+        name: the middleware instance's name (its key in ``state["guard"]``).
+        judge: evaluates subjects.
+    """
+
+    def __init__(self, name: str, judge: Judge) -> None:
+        self.name = name
+        self.judge = judge
+
+    def mine(self, state: Any) -> dict[str, Any]:
+        guard_state = state.get("guard") if isinstance(state, Mapping) else None
+        return dict((guard_state or {}).get(self.name) or {})
+
+    def update(self, state: Any, **changes: Any) -> dict[str, Any]:
+        return {"guard": {self.name: {**self.mine(state), **changes}}}
+
+    @staticmethod
+    def ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:
+        request = GuardReviewRequest(type=REVIEW_REQUEST_TYPE, items=items)
+        answer = interrupt(request, response_schema=response_schema(items, exact=True))
+        return answer["decisions"]  # type: ignore[no-any-return]
+
+    def subjects(self, ai: AIMessage, state: Any) -> tuple[dict[str, Any], list[tuple[str, AgentSubject]]]:
+        """The turn record with malformed calls already decided, and the subjects left to judge (key, subject)."""
+        if ai.id is None:
+            ai.id = f"lc_guard_{uuid.uuid4().hex}"
+        thread_id = current_thread_id()
+        task = user_text(state)
+        turn: dict[str, Any] = {"message_id": ai.id, "thread_id": thread_id, "output": None, "calls": {}}
+        todo: list[tuple[str, AgentSubject]] = []
+        text = ai.text
+        if text.strip():
+            subject = AgentSubject(event="model_output", text=text, user_message=task, thread_id=thread_id)
+            if self.judge.matches(subject):
+                todo.append(("", subject))
+        for call in parse_calls(ai):
+            subject = AgentSubject(
+                event="tool_call",
+                tool_name=call.name,
+                tool_call_id=call.id,
+                arguments=call.arguments,
+                user_message=task,
+                thread_id=thread_id,
+            )
+            if not call.id:
+                self.judge.malformed(subject, call.problem or "the tool call has no id", call.raw)
+                continue
+            record: dict[str, Any] = {"tool": call.name, "arguments": call.arguments, "problem": call.problem}
+            if call.problem is not None:
+                verdict = self.judge.malformed(subject, call.problem, call.raw)
+                record.update(outcome="block", verdict=verdict_json(verdict), reason=call.problem, digest=None)
+            else:
+                record["digest"] = arguments_digest(call.name, call.arguments or {})
+                todo.append((call.id, subject))
+            turn["calls"].setdefault(call.id, record)
+        return turn, todo
+
+    def store(self, turn: dict[str, Any], todo: list[tuple[str, AgentSubject]], judgements: list[Judgement]) -> None:
+        for (key, subject), judgement in zip(todo, judgements, strict=True):
+            if key == "":
+                turn["output"] = {"text_digest": digest_of("model_output", subject.text or ""), **_record(judgement)}
+            else:
+                turn["calls"][key].update(_record(judgement))
+
+    def steps(self, state: Any) -> Steps:
+        ai = next((m for m in reversed(state["messages"]) if isinstance(m, AIMessage)), None)
+        if ai is None:
+            return None
+        turn = self.mine(state).get("turn")
+        held: AIMessage | None = (turn or {}).get("held")
+        placeholder: AIMessage | None = None
+        if held is not None and ai.id == held_id(held.id or ""):
+            placeholder, ai = ai, held  # the reply waits for its reviewer outside the message list
+        elif not turn or turn.get("message_id") != ai.id:
+            turn, todo = self.subjects(ai, state)  # no record from the model node: judge now
+            judgements = []
+            for _, subject in todo:
+                judgements.append((yield subject))
+            self.store(turn, todo, judgements)
+        turn = {**cast(dict[str, Any], turn), "held": None}
+        thread_id = turn["thread_id"]
+        calls = {key: dict(record) for key, record in turn["calls"].items()}
+        answered = answered_ids(state, ai) if placeholder is None else set()
+        out: list[Any] = []  # tool messages, and the placeholder's RemoveMessage
+        if placeholder is not None:
+            out += [RemoveMessage(id=placeholder.id or ""), ai]
+        items: list[PendingItem] = []
+        output = turn.get("output")
+        if output is not None and output["outcome"] == "block":
+            return self._withhold(state, ai, turn, output, None, placeholder)
+        if output is not None and output["outcome"] == "escalate":
+            items.append(
+                text_item(
+                    Judgement("escalate", verdict_from_json(output["verdict"]), output.get("reason")),
+                    thread_id=thread_id,
+                    event="model_output",
+                    message_id=ai.id or "",
+                    text=ai.text,
+                    digest=output["text_digest"],
+                    answers=output["verdict"]["probabilities"],
+                )
+            )
+        for call_id, record in calls.items():
+            if call_id in answered:
+                continue
+            verdict = verdict_from_json(record["verdict"])
+            if record.get("problem"):
+                record["status"] = "malformed"
+                out.append(msgs.malformed(record["tool"], call_id, record["problem"], verdict))
+            elif record["outcome"] == "allow":
+                self._runnable(record, "allowed", record["tool"], record["arguments"])
+            elif record["outcome"] == "block":
+                record["status"] = "blocked"
+                out.append(msgs.blocked(record["tool"], call_id, verdict, record.get("reason")))
+            else:
+                items.append(self._call_item(record, call_id, thread_id, ai.id, verdict))
+        for _ in range(DEFAULT_MAX_REVIEW_ROUNDS + 1):
+            if not items:
+                break
+            decisions = self.ask(items)
+            next_items: list[PendingItem] = []
+            for item in items:
+                decision = decisions[item["id"]]
+                if item["event"] == "model_output":
+                    if decision["type"] == "reject":
+                        reason = decision.get("message") or "a reviewer rejected it"
+                        return self._withhold(state, ai, turn, output, reason, placeholder)
+                    continue
+                call_id = item["tool_call_id"] or ""
+                record = calls[call_id]
+                if decision["type"] == "approve":
+                    self._runnable(
+                        record,
+                        "approved" if not record.get("run_tool") else "edited",
+                        item["tool"] or "",
+                        item["arguments"] or {},
+                    )
+                elif decision["type"] == "reject":
+                    record["status"] = "rejected"
+                    out.append(
+                        msgs.rejected(
+                            record["tool"],
+                            call_id,
+                            verdict_from_json(record["verdict"]),
+                            decision.get("message"),
+                            item["id"],
+                        )
+                    )
+                else:
+                    tool = decision.get("tool") or item["tool"] or record["tool"]
+                    arguments = decision["arguments"]
+                    subject = AgentSubject(
+                        event="tool_call",
+                        tool_name=tool,
+                        tool_call_id=call_id,
+                        arguments=arguments,
+                        user_message=user_text(state),
+                        thread_id=thread_id,
+                    )
+                    judgement = yield subject
+                    record["run_tool"] = tool  # marks the record as edited for a later approval
+                    if judgement.outcome == "allow":
+                        self._runnable(record, "edited", tool, arguments)
+                    elif judgement.outcome == "block":
+                        record["status"] = "blocked"
+                        out.append(msgs.blocked(tool, call_id, judgement.verdict, judgement.reason))
+                    else:
+                        record.update(_record(judgement), tool_edit=tool, arguments_edit=arguments)
+                        next_items.append(
+                            tool_item(
+                                judgement,
+                                thread_id=thread_id,
+                                message_id=ai.id,
+                                tool_call_id=call_id,
+                                tool=tool,
+                                arguments=arguments,
+                                digest=arguments_digest(tool, arguments),
+                            )
+                        )
+            items = next_items
+        for item in items:  # still escalated after the last round
+            record = calls[item["tool_call_id"] or ""]
+            record["status"] = "blocked"
+            reason = TOO_MANY_ROUNDS.format(rounds=DEFAULT_MAX_REVIEW_ROUNDS)
+            out.append(
+                msgs.blocked(
+                    item["tool"] or "", item["tool_call_id"] or "", verdict_from_json(record["verdict"]), reason
+                )
+            )
+        update = self.update(state, turn={**turn, "calls": calls})
+        return {"messages": out, **update} if out else update
+
+    @staticmethod
+    def _runnable(record: dict[str, Any], status: str, tool: str, arguments: dict[str, Any]) -> None:
+        record.update(
+            status=status, run_tool=tool, run_arguments=arguments, run_digest=arguments_digest(tool, arguments)
+        )
+
+    @staticmethod
+    def _call_item(
+        record: dict[str, Any], call_id: str, thread_id: str | None, message_id: str | None, verdict: Any
+    ) -> PendingItem:
+        judgement = Judgement("escalate", verdict, record.get("reason"), reviewer=record.get("reviewer"))
+        return tool_item(
+            judgement,
+            thread_id=thread_id,
+            message_id=message_id,
+            tool_call_id=call_id,
+            tool=record["tool"],
+            arguments=record["arguments"],
+            digest=record["digest"],
+            answers=record["verdict"]["probabilities"],
+        )
+
+    def _withhold(
+        self,
+        state: Any,
+        ai: AIMessage,
+        turn: dict[str, Any],
+        output: dict[str, Any] | None,
+        reason: str | None,
+        placeholder: AIMessage | None,
+    ) -> dict[str, Any]:
+        verdict = verdict_from_json(output["verdict"]) if output else None
+        notice = msgs.assistant_notice(
+            msgs.OUTPUT_BLOCKED_TEMPLATE,
+            verdict,
+            reason or (output or {}).get("reason"),
+            message_id=ai.id,
+            outcome="withheld",
+            event="model_output",
+        )
+        calls = {key: {**record, "status": "withheld"} for key, record in turn["calls"].items()}
+        messages: list[Any] = [notice] if placeholder is None else [RemoveMessage(id=placeholder.id or ""), notice]
+        return {"messages": messages, "jump_to": "end", **self.update(state, turn={**turn, "calls": calls})}
