@@ -1,0 +1,261 @@
+"""The docs stay true: marked shell blocks in ``docs/*.md`` run and exit 0, and relative links point somewhere real.
+
+Convention (an HTML comment on the line right before a fenced block; invisible when rendered):
+
+* ``<!-- doc-test -->`` before a `````bash`` block: the block runs with ``bash -euo pipefail`` and must exit 0. Mark
+  only commands that finish in seconds without network, GPU or downloaded weights (the tiny checkpoint in
+  ``tests/fixtures/clef-golden`` is fine).
+* ``<!-- doc-test: write PATH -->`` before any fenced block: its text is saved to ``PATH`` first, so a page can show a
+  file (a policy, a subject) and then run commands on it.
+
+The blocks of one page run in page order, in one scratch directory that mirrors the repository root (a symlink to
+each top-level entry), so commands use the same relative paths as in a clone and files they create vanish
+afterwards. ``guard`` on ``PATH`` runs this checkout (``python -m guard``) whether or not the package is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+LINKED = [*DOCS, ROOT / "README.md"]
+#: Seconds one marked block may take (``guard decide`` on the tiny checkpoint loads torch and transformers).
+BLOCK_TIMEOUT_S = 180
+
+_MARKER = re.compile(r"^<!--\s*doc-test(?::\s*write\s+(?P<path>\S+))?\s*-->\s*$")
+_FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One marked fenced block: ``write`` is the path to save it to, or ``None`` to run it (bash)."""
+
+    doc: Path
+    line: int
+    info: str
+    text: str
+    write: str | None
+
+    def where(self) -> str:
+        return f"{_rel(self.doc)}:{self.line}"
+
+
+def _rel(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def _fenced_blocks(lines: list[str]) -> list[tuple[int, int, str, str]]:
+    """``(opening line index, closing line index, info string, text)`` for every fenced block."""
+    blocks = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i].strip())
+        if opening is None:
+            i += 1
+            continue
+        fence = opening.group("fence")
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(fence)
+                    and lines[j].strip().strip(fence[0]) == ""), len(lines))  # fmt: skip
+        blocks.append((i, end, opening.group("info").strip(), "".join(f"{line}\n" for line in lines[i + 1 : end])))
+        i = end + 1
+    return blocks
+
+
+def marked_blocks(doc: Path) -> list[Block]:
+    """The blocks of ``doc`` that carry a doc-test marker, in page order.
+
+    Raises:
+        ValueError: for a marker that is not right before a fenced block, or a run marker on a non-bash block.
+    """
+    lines = doc.read_text(encoding="utf-8").splitlines()
+    by_opening = {start: (info, text) for start, _, info, text in _fenced_blocks(lines)}
+    inside = {i for start, end, _, _ in _fenced_blocks(lines) for i in range(start, end + 1)}
+    out = []
+    for i, line in enumerate(lines):
+        marker = _MARKER.match(line.strip())
+        if marker is None or i in inside:
+            continue
+        where = f"{_rel(doc)}:{i + 1}"
+        if i + 1 not in by_opening:
+            raise ValueError(f"{where}: a doc-test marker must be on the line right before a fenced block")
+        info, text = by_opening[i + 1]
+        if marker.group("path") is None and info.split()[:1] != ["bash"]:
+            raise ValueError(f"{where}: only ```bash blocks can be run; this one is {info or 'untagged'!r}")
+        out.append(Block(doc, i + 2, info, text, marker.group("path")))
+    return out
+
+
+def _scratch_root(tmp_path: Path) -> Path:
+    """A directory whose top-level entries are symlinks to the repository's (``.git`` left out)."""
+    scratch = tmp_path / "repo"
+    scratch.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name != ".git":
+            (scratch / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    return scratch
+
+
+def _environment(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "guard"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m guard "$@"\n')
+    shim.chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "COV_"))}
+    env["PATH"] = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _write(block: Block, scratch: Path) -> None:
+    """Save a ``write`` block under ``scratch``; the path must be new: relative, not inside a repository entry."""
+    relative = Path(block.write or "")
+    escapes = relative.is_absolute() or ".." in relative.parts or not relative.parts
+    if escapes or (ROOT / relative.parts[0]).exists():
+        raise ValueError(f"{block.where()}: write {block.write!r} must be a new relative path outside the repository's "
+                         "own files and folders")  # fmt: skip
+    target = scratch / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(block.text, encoding="utf-8")
+
+
+PAGES = [doc for doc in DOCS if marked_blocks(doc)]
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=[doc.name for doc in PAGES])
+def test_marked_commands_run(doc: Path, tmp_path: Path) -> None:
+    scratch = _scratch_root(tmp_path)
+    env = _environment(tmp_path)
+    for block in marked_blocks(doc):
+        if block.write is not None:
+            _write(block, scratch)
+            continue
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.text],
+            cwd=scratch,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT_S,
+            check=False,
+        )
+        assert result.returncode == 0, (
+            f"{block.where()}: exit {result.returncode}\n--- block\n{block.text}--- stdout\n{result.stdout[-4000:]}"
+            f"--- stderr\n{result.stderr[-4000:]}"
+        )
+
+
+def test_the_docs_mark_their_cheap_commands() -> None:
+    # Guards against the convention silently matching nothing (a typo in the marker or the fence regex).
+    names = {doc.name for doc in PAGES}
+    assert {"recipes.md", "policies.md", "clef.md"} <= names, names
+    blocks = [block for doc in PAGES for block in marked_blocks(doc)]
+    assert sum(block.write is None for block in blocks) >= 6
+    assert sum(block.write is not None for block in blocks) >= 4
+
+
+def test_marker_rules(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- doc-test -->\n```python\nprint(1)\n```\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="only ```bash blocks"):
+        marked_blocks(page)
+    page.write_text("<!-- doc-test -->\n\n```bash\ntrue\n```\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="right before a fenced block"):
+        marked_blocks(page)
+    page.write_text("```md\n<!-- doc-test -->\n```\n<!-- doc-test: write a/b.yaml -->\n~~~yaml\nx: 1\n~~~\n"
+                    "<!-- doc-test -->\n```bash title\ntrue\n```\n", encoding="utf-8")  # fmt: skip
+    write, run = marked_blocks(page)
+    assert (write.write, write.text, write.line) == ("a/b.yaml", "x: 1\n", 5)
+    assert (run.write, run.text, run.line) == (None, "true\n", 9)
+    _write(write, tmp_path)
+    assert (tmp_path / "a" / "b.yaml").read_text() == "x: 1\n"
+    for bad in ("policies/new.yaml", "../x.yaml", "/tmp/x.yaml"):
+        with pytest.raises(ValueError, match="outside the repository"):
+            _write(Block(page, 1, "yaml", "x", bad), tmp_path)
+
+
+# Links ----------------------------------------------------------------------------------------------------------------
+
+_LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HREF = re.compile(r"""<(?:a|img)\s[^>]*?(?:href|src)=["']([^"']+)["']""", re.IGNORECASE)
+_CODE_SPAN = re.compile(r"(`+).*?\1")
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
+
+
+def _prose_lines(path: Path, *, strip_code: bool) -> list[tuple[int, str]]:
+    """``(line number, text)`` outside fenced blocks, with code spans removed when ``strip_code``."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    inside = {i for start, end, _, _ in _fenced_blocks(lines) for i in range(start, end + 1)}
+    return [(i + 1, _CODE_SPAN.sub("", line) if strip_code else line) for i, line in enumerate(lines)
+            if i not in inside]  # fmt: skip
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub generates for a Markdown file, plus explicit ``id``/``name`` attributes."""
+    anchors: set[str] = set()
+    counts: dict[str, int] = {}
+    for _, line in _prose_lines(path, strip_code=False):
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).replace("`", "").lower()).replace(" ", "-")
+            n = counts.get(slug, 0)
+            counts[slug] = n + 1
+            anchors.add(slug if n == 0 else f"{slug}-{n}")
+        anchors.update(re.findall(r"""\s(?:id|name)=["']([^"']+)["']""", line))
+    return anchors
+
+
+def _targets(path: Path) -> list[tuple[int, str]]:
+    """Every link target in prose: Markdown links and images, and ``<a href>`` / ``<img src>``."""
+    found = []
+    for number, line in _prose_lines(path, strip_code=True):
+        found += [(number, target) for target in _LINK.findall(line) + _HREF.findall(line)]
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """Relative links in ``page`` whose file does not exist, or whose ``#anchor`` is not a heading of that file."""
+    broken = []
+    for number, target in _targets(page):
+        if _SCHEME.match(target):  # http:, https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        destination = (page.parent / file_part).resolve() if file_part else page
+        if not destination.exists():
+            broken.append(f"{_rel(page)}:{number}: {target} (no such file)")
+        elif anchor and destination.suffix == ".md" and anchor not in _anchors(destination):
+            broken.append(f"{_rel(page)}:{number}: {target} (no heading #{anchor})")
+    return broken
+
+
+@pytest.mark.parametrize("page", LINKED, ids=[p.name for p in LINKED])
+def test_relative_links_resolve(page: Path) -> None:
+    broken = broken_links(page)
+    assert not broken, "\n".join(broken)
+
+
+def test_link_checker_finds_broken_links(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# A `code` heading\n\n## Twice\n\n## Twice\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[ok](other.md#a-code-heading) [ok2](other.md#twice-1) [gone](missing.md) [bad](other.md#nope) [top](#t)\n"
+        '`[in code](missing.md)` [web](https://example.com/x) <a href="nowhere/">x</a> ![img](other.md)\n'
+        "```\n[in a block](missing.md)\n```\n",
+        encoding="utf-8",
+    )
+    assert [target for _, target in _targets(page)] == [
+        "other.md#a-code-heading", "other.md#twice-1", "missing.md", "other.md#nope", "#t",
+        "https://example.com/x", "other.md", "nowhere/"]  # fmt: skip
+    assert _anchors(tmp_path / "other.md") == {"a-code-heading", "twice", "twice-1"}
+    assert broken_links(page) == [
+        f"{page}:1: missing.md (no such file)", f"{page}:1: other.md#nope (no heading #nope)",
+        f"{page}:1: #t (no heading #t)", f"{page}:2: nowhere/ (no such file)"]  # fmt: skip
