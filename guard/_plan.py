@@ -6,10 +6,11 @@ with cached answers (:meth:`Plan.rules`), and a bounded memo from a rendered sta
 cache key (:meth:`Plan.prepare`).
 
 Why the state memo is exact: normalisation (``guard/normalize.py``) and the key are pure functions of the rendered
-state, and a memo entry is only made when the normalised state survives a JSON round trip unchanged, type for type
-(so a memo hit rebuilds the very same value, as a fresh object each time: callers may keep or change it freely).
-States that are not plain JSON (a YAML date, NaN, a tuple) or longer than :data:`STATE_MEMO_MAX_CHARS` are
-normalised every time, as before.
+state. The usual state, an object whose values are all strings, is remembered by its items and rebuilt as a new
+dict of the same strings. Any other state is remembered by its JSON text, and only when its normalised form survives
+a JSON round trip unchanged, type for type, so a memo hit rebuilds the very same value as a fresh object (callers may
+keep or change it freely). States that are not plain JSON (a YAML date, NaN) or longer than
+:data:`STATE_MEMO_MAX_CHARS` characters are normalised every time, as before.
 """
 
 from __future__ import annotations
@@ -34,13 +35,35 @@ __all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Plan"]
 #: Rendered states remembered per plan (least recently used first out). With :data:`STATE_MEMO_MAX_CHARS` this
 #: bounds a plan's memo to about 2 MiB of ASCII text (raw and normalised JSON), 8 MiB at worst.
 STATE_MEMO_ENTRIES = 128
-#: Longest rendered state (JSON characters) that is remembered.
+#: Longest rendered state that is remembered (characters of its JSON, or of an object of strings' names and values).
 STATE_MEMO_MAX_CHARS = 8192
 #: Names a rule may read whose values do not come from the subject: rules reading only these (and question keys)
 #: give the same result for the same cached answers.
 ANSWER_INPUTS = frozenset({"answers", "data", "flags"})
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+MemoKey = tuple[tuple[str, str], ...] | str
+
+
+def _memo_key(raw: Any) -> MemoKey | None:
+    """What identifies a rendered state in the memo: its items when it is an object of strings (the usual state:
+    text, a header, a path), else its JSON text; ``None`` when it is not plain JSON or too long to keep."""
+    if type(raw) is dict:
+        items = tuple(raw.items())
+        size = 0
+        for name, value in items:
+            if type(name) is not str or type(value) is not str:
+                break
+            size += len(name) + len(value)
+        else:
+            return items if size <= STATE_MEMO_MAX_CHARS else None
+    try:
+        text = _JSON.encode(raw)
+    except (TypeError, ValueError):  # not plain JSON (NaN, a date, ...): normalised every time
+        return None
+    return text if len(text) <= STATE_MEMO_MAX_CHARS else None
 
 
 class Plan:
@@ -68,7 +91,8 @@ class Plan:
         reads = rule_inputs(policy.rules)
         pure = reads <= ANSWER_INPUTS | frozenset(self.names.values())
         self.memo_flags: bool | None = ("flags" in reads) if pure else None
-        self._states: OrderedDict[str, tuple[str, tuple[tuple[str, Any], ...], str]] = OrderedDict()
+        # memo key -> (flat, normalised items or JSON, flags, cache key)
+        self._states: OrderedDict[MemoKey, tuple[bool, Any, tuple[tuple[str, Any], ...], str]] = OrderedDict()
 
     def prepare(self, subject: Subject) -> tuple[Any, dict[str, Any], str]:
         """Render ``subject``'s state, normalise it and hash its cache key.
@@ -78,26 +102,27 @@ class Plan:
             cache key (64 hex characters).
         """
         raw = self.policy.render_state(subject)
-        try:
-            text: str | None = _JSON.encode(raw)
-        except (TypeError, ValueError):  # not plain JSON: normalise every time
-            text = None
-        if text is not None and len(text) > STATE_MEMO_MAX_CHARS:
-            text = None
-        if text is not None:
-            known = self._states.get(text)
+        memo_key = _memo_key(raw)
+        if memo_key is not None:
+            known = self._states.get(memo_key)
             if known is not None:
-                normalized_json, known_flags, known_key = known
-                return json.loads(normalized_json), dict(known_flags), known_key
-        normalized = normalize_value(raw)
-        state, flags = normalized.value, dict(normalized.flags)
+                flat, normalized, known_flags, known_key = known
+                state = dict(normalized) if flat else json.loads(normalized)
+                return state, dict(known_flags), known_key
+        normalized_value = normalize_value(raw)
+        state, flags = normalized_value.value, dict(normalized_value.flags)
         key = self.key.key(state)
-        if text is not None:
-            self._remember(text, state, flags, key)
+        if memo_key is not None:
+            self._remember(memo_key, state, flags, key)
         return state, flags, key
 
     def rules(
-        self, cached: CachedAnswers, answers: Mapping[str, AnswerV1], *, subject: Subject, state: Any,
+        self,
+        cached: CachedAnswers,
+        answers: Mapping[str, AnswerV1],
+        *,
+        subject: Subject,
+        state: Any,
         flags: dict[str, Any],
     ) -> RuleResult:
         """Apply the policy's rules to ``answers`` (question key -> answer, from ``cached``).
@@ -125,16 +150,21 @@ class Plan:
         cached.remember(memo_key, (weakref.ref(self), result))
         return result
 
-    def _remember(self, text: str, state: Any, flags: dict[str, Any], key: str) -> None:
-        try:
-            normalized_json = _JSON.encode(state)
-        except (TypeError, ValueError):
-            return
-        if not _same_json(json.loads(normalized_json), state):
-            return
+    def _remember(self, memo_key: MemoKey, state: Any, flags: dict[str, Any], key: str) -> None:
+        entry: tuple[bool, Any, tuple[tuple[str, Any], ...], str]
+        if isinstance(memo_key, tuple):  # a flat object of strings normalises to one
+            entry = (True, tuple(state.items()), tuple(flags.items()), key)
+        else:
+            try:
+                normalized_json = _JSON.encode(state)
+            except (TypeError, ValueError):
+                return
+            if not _same_json(json.loads(normalized_json), state):
+                return
+            entry = (False, normalized_json, tuple(flags.items()), key)
         states = self._states
-        states[text] = (normalized_json, tuple(flags.items()), key)
-        states.move_to_end(text)
+        states[memo_key] = entry
+        states.move_to_end(memo_key)
         while len(states) > STATE_MEMO_ENTRIES:
             try:
                 states.popitem(last=False)

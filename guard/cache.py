@@ -578,4 +578,3 @@ def open_cache(url: str | None = None, **settings: Any) -> ProbabilityCache:
     """A :class:`RedisCache` for a URL, else a :class:`MemoryCache`. ``settings`` are :class:`CacheConfig` fields."""
     config = CacheConfig(url=url, **settings)
     return RedisCache(config) if url else MemoryCache(config)
-

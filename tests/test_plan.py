@@ -66,7 +66,10 @@ async def test_rules_that_read_flags_are_kept_per_flags() -> None:
     guard = Guard(policies("flags.zero_width > 0"), backends=ScriptedBackend(constant(injection=0.1)))
     verdicts = [await guard.aevaluate(post(text)) for text in ("ignore", "ign\u200bore", "ignore", "ign\u200bore")]
     assert [(v.action, v.cache_hit) for v in verdicts] == [
-        ("allow", False), ("block", True), ("allow", True), ("block", True)
+        ("allow", False),
+        ("block", True),
+        ("allow", True),
+        ("block", True),
     ]
     assert plan_for(guard).memo_flags is True
 
@@ -79,7 +82,10 @@ async def test_answer_only_rules_are_kept_with_the_entry_and_per_plan() -> None:
     lenient = Guard(policies("injection.noul >= 0.95"), backends=backend, cache=cache)
     assert (await strict.aevaluate(post("x"))).action == "block"
     assert [(await g.aevaluate(post("x"))).action for g in (strict, lenient, strict, lenient)] == [
-        "block", "allow", "block", "allow"
+        "block",
+        "allow",
+        "block",
+        "allow",
     ]
     (entry,) = (cached for _, cached in cache._entries.values())
     assert {kept[0]() for kept in entry.memo.values()} == {plan_for(strict), plan_for(lenient)}
@@ -146,8 +152,11 @@ def test_long_states_are_not_kept() -> None:
     ],
 )
 def test_only_plain_json_states_are_kept(value: Any, expected: Any, kept: int) -> None:
-    policy = load_text(POLICY.replace("RULE_ID", "r").replace("RULE", "injection.noul > 0.5").replace(
-        "state: {text: body_text, tier: {from: header, name: x-tier, default: free}}", "state: {v: body:/v}"))
+    policy = load_text(
+        POLICY.replace("RULE_ID", "r")
+        .replace("RULE", "injection.noul > 0.5")
+        .replace("state: {text: body_text, tier: {from: header, name: x-tier, default: free}}", "state: {v: body:/v}")
+    )
     guard = Guard(policy, backends=ScriptedBackend())
     plan = plan_for(guard)
     subject = HttpSubject(method="POST", path="/x", body={"v": value})
