@@ -27,8 +27,7 @@ QUESTIONS = ("guard.prompt_injection", "guard.harmful_request", "guard.refusal")
 
 
 def _state(encoder: object, tokens: int) -> str:
-    words = ("please check the balance of my savings account and tell me when the next payment is due "
-             "because I want to plan the monthly budget carefully").split()
+    words = ["please", "check", "the", "balance", "of", "my", "savings", "account", "and", "tell", "me", "when", "the", "next", "payment", "is", "due", "because", "I", "want", "to", "plan", "the", "monthly", "budget", "carefully"]
     text, n = [], 0
     while n < tokens:
         text.append(words[len(text) % len(words)])

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"guard train: {exc}", file=sys.stderr)
         return 2
     progress = None if args.no_progress else _tqdm()
-    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    log = lambda line: print(line, file=sys.stderr)
     if args.clef:
         from guard.compact.clef_finetune import ClefFinetuneConfig, finetune_clef_head
 

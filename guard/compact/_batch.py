@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from guard.clef.encoding import QUESTION_TYPE_IDS, render
-from guard.compact.head import HeadInputs
+from guard.compact.head import HeadInputs, pool_rows
 from guard.systemone import QuestionV1
 
 __all__ = ["QuestionEncoding", "collate", "option_texts", "question_text"]
@@ -50,49 +50,69 @@ def option_texts(question: QuestionV1) -> list[str]:
 
 
 def collate(
-    states: Sequence[torch.Tensor], questions: Sequence[Sequence[QuestionEncoding]], dtype: torch.dtype
+    states: Sequence[torch.Tensor], questions: Sequence[Sequence[QuestionEncoding]], dtype: torch.dtype,
+    pool: int = 1,
 ) -> HeadInputs:
-    """Pad a batch.
+    """Pad a batch; each distinct question (by identity) is stored once.
 
     Args:
-        states: per record ``(Ls_b, H)`` state token states.
+        states: per record ``(Ls_b, H)`` state rows (already pooled).
         questions: per record its questions (at least one each).
         dtype: the head's dtype.
+        pool: run length for the question's memory rows (:func:`~guard.compact.head.pool_rows`).
 
     Returns:
         The padded :class:`HeadInputs` (masks are ``bool``).
     """
     batch = len(states)
     hidden = states[0].shape[-1]
+    distinct: dict[int, int] = {}
+    unique: list[QuestionEncoding] = []
+    for encs in questions:
+        for enc in encs:
+            if id(enc) not in distinct:
+                distinct[id(enc)] = len(unique)
+                unique.append(enc)
     ls = max(s.shape[0] for s in states)
     nq = max(len(q) for q in questions)
-    lq = max(e.tokens.shape[0] for q in questions for e in q)
-    nk = max(len(e.options) for q in questions for e in q)
-    lo = max(o.shape[0] for q in questions for e in q for o in e.options)
+    lq = max(e.tokens.shape[0] for e in unique)
+    nk = max(len(e.options) for e in unique)
+    lo = max(o.shape[0] for e in unique for o in e.options)
     state = torch.zeros(batch, ls, hidden, dtype=dtype)
     state_mask = torch.zeros(batch, ls, dtype=torch.bool)
-    qtok = torch.zeros(batch, nq, lq, hidden, dtype=dtype)
-    qtok_mask = torch.zeros(batch, nq, lq, dtype=torch.bool)
-    qmask = torch.zeros(batch, nq, dtype=torch.bool)
-    qtype = torch.zeros(batch, nq, dtype=torch.long)
-    otok = torch.zeros(batch, nq, nk, lo, hidden, dtype=dtype)
-    otok_mask = torch.zeros(batch, nq, nk, lo, dtype=torch.bool)
-    lexical = torch.zeros(batch, nq, nk, hidden, dtype=dtype)
-    omask = torch.zeros(batch, nq, nk, dtype=torch.bool)
+    index = torch.zeros(batch, nq, dtype=torch.long)
+    asked = torch.zeros(batch, nq, dtype=torch.bool)
     for b, (rows, encs) in enumerate(zip(states, questions, strict=True)):
         state[b, : rows.shape[0]] = rows
         state_mask[b, : rows.shape[0]] = True
         for j, enc in enumerate(encs):
-            qmask[b, j] = True
-            qtype[b, j] = enc.type_id
-            qtok[b, j, : enc.tokens.shape[0]] = enc.tokens
-            qtok_mask[b, j, : enc.tokens.shape[0]] = True
-            lexical[b, j, : len(enc.options)] = enc.lexical
-            omask[b, j, : len(enc.options)] = True
-            for k, option in enumerate(enc.options):
-                otok[b, j, k, : option.shape[0]] = option
-                otok_mask[b, j, k, : option.shape[0]] = True
-    return HeadInputs(state, state_mask, qtok, qtok_mask, qmask, qtype, otok, otok_mask, lexical, omask)
+            index[b, j] = distinct[id(enc)]
+            asked[b, j] = True
+    u = len(unique)
+    pooled = [pool_rows(e.tokens, pool) for e in unique]
+    lr = max(p.shape[0] for p in pooled)
+    qrows = torch.zeros(u, lr, hidden, dtype=dtype)
+    qrows_mask = torch.zeros(u, lr, dtype=torch.bool)
+    qtok = torch.zeros(u, lq, hidden, dtype=dtype)
+    qtok_mask = torch.zeros(u, lq, dtype=torch.bool)
+    qtype = torch.zeros(u, dtype=torch.long)
+    otok = torch.zeros(u, nk, lo, hidden, dtype=dtype)
+    otok_mask = torch.zeros(u, nk, lo, dtype=torch.bool)
+    lexical = torch.zeros(u, nk, hidden, dtype=dtype)
+    omask = torch.zeros(u, nk, dtype=torch.bool)
+    for i, enc in enumerate(unique):
+        qtype[i] = enc.type_id
+        qtok[i, : enc.tokens.shape[0]] = enc.tokens
+        qtok_mask[i, : enc.tokens.shape[0]] = True
+        qrows[i, : pooled[i].shape[0]] = pooled[i]
+        qrows_mask[i, : pooled[i].shape[0]] = True
+        lexical[i, : len(enc.options)] = enc.lexical
+        omask[i, : len(enc.options)] = True
+        for k, option in enumerate(enc.options):
+            otok[i, k, : option.shape[0]] = option
+            otok_mask[i, k, : option.shape[0]] = True
+    return HeadInputs(state, state_mask, index, asked, qtok, qtok_mask, qrows, qrows_mask, qtype, otok, otok_mask, lexical,
+                      omask)
 
 
 def type_id(question: QuestionV1) -> int:

@@ -172,7 +172,7 @@ class _Builder:
             target.append(_record(rid + ":alt", state, entry, _flip(label) if negated else label, wording))
 
 
-def build_splits(root: Path, seed: int = SEED) -> Splits:  # noqa: C901, PLR0912, PLR0915 - one section per source
+def build_splits(root: Path, seed: int = SEED) -> Splits:
     """Build every catalog record from ``root`` (the repository's ``data/`` folder)."""
     rng = random.Random(seed)
     build = _Builder(random.Random(seed + 1))

@@ -56,7 +56,7 @@ COMPACT_CONFIG_FILE = "compact_config.json"
 FORMAT = "guard-compact/1"
 _QUESTION_CACHE = 256
 #: Default run length of state token states mean-pooled into one memory row (see ``guard/compact/head.py``).
-DEFAULT_MEMORY_POOL = 4
+DEFAULT_MEMORY_POOL = 8
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ class CompactModel:
                 out = self.head(state, mask)
                 return [[out[b] for _ in qs] for b, qs in enumerate(questions)]
             encodings = [[self.encode_question(q) for q in qs] for qs in questions]
-            out = self.head.forward_batch(collate(rows, encodings, torch.float32))  # (B, Q, K)
+            out = self.head.forward_batch(collate(rows, encodings, torch.float32, self.memory_pool))  # (B, Q, K)
         return [[out[b, j, : len(enc.options)] for j, enc in enumerate(encs)] for b, encs in enumerate(encodings)]
 
     def probabilities(self, question: QuestionV1, logits: torch.Tensor) -> list[float]:

@@ -98,7 +98,7 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
             raise ValueError(f"{where}: {exc}") from exc
         labels_raw = row.get("labels") or {}
         if not isinstance(labels_raw, Mapping):
-            raise ValueError(f"{where}: 'labels' must be an object keyed by question id")
+            raise ValueError(f"{where}: 'labels' must be an object keyed by question id")  # noqa: TRY004 - a bad line of the file, not a bad argument
         labels = {}
         for qid, label in labels_raw.items():
             try:

@@ -17,7 +17,6 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,13 +63,13 @@ class TrainConfig:
     label_smoothing: float = 0.05
     brier_weight: float = 0.5
     seed: int = 0
-    max_state_tokens: int = 768
+    max_state_tokens: int = 512
     memory_pool: int = DEFAULT_MEMORY_POOL
-    width: int = 256
+    width: int = 128
     routing_layers: int = 2
     layers: int = 2
-    heads: int = 4
-    feedforward: int = 512
+    heads: int = 2
+    feedforward: int = 256
     dropout: float = 0.1
 
     def __post_init__(self) -> None:
@@ -238,7 +237,7 @@ def train(
             target = torch.tensor([e.targets[0] for e in batch])
             return logits, target, valid, torch.zeros(len(batch), dtype=torch.long)
         encs = [[encodings[k] for k in e.questions] for e in batch]
-        out = head.forward_batch(collate(state_rows, encs, torch.float32))  # (B, Q, K)
+        out = head.forward_batch(collate(state_rows, encs, torch.float32, config.memory_pool))  # (B, Q, K)
         picks = [(b, j) for b, e in enumerate(batch) for j in range(len(e.questions))]
         logits = torch.stack([out[b, j] for b, j in picks])  # (N, K)
         target = torch.tensor([batch[b].targets[j] for b, j in picks])

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from guard.compact.evaluate import expected_calibration_error, format_table, question_metrics, EvalReport
+from guard.compact.evaluate import EvalReport, expected_calibration_error, format_table, question_metrics
 
 
 def test_noul_metrics_by_hand() -> None:

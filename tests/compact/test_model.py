@@ -12,7 +12,8 @@ from guard.compact.train import TrainConfig, train
 from guard.systemone import SystemOneRequestV1
 from tests.compact.conftest import injection_records, write_jsonl
 
-TINY = dict(width=32, routing_layers=1, layers=1, heads=2, feedforward=64, batch_size=8, dropout=0.0, epochs=2)
+TINY = {"width": 32, "routing_layers": 1, "layers": 1, "heads": 2, "feedforward": 64,
+        "batch_size": 8, "dropout": 0.0, "epochs": 2}
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from guard.compact.records import load_records
 from guard.compact.train import TrainConfig, fit_temperature, soft_loss, train
 from tests.compact.conftest import injection_records, write_jsonl
 
-TINY = dict(width=32, routing_layers=1, layers=1, heads=2, feedforward=64, batch_size=8, dropout=0.0,
-            learning_rate=3e-3)
+TINY = {"width": 32, "routing_layers": 1, "layers": 1, "heads": 2, "feedforward": 64,
+        "batch_size": 8, "dropout": 0.0, "learning_rate": 3e-3}
 
 
 def test_soft_loss_by_hand() -> None:

@@ -1,0 +1,51 @@
+"""``guard train`` and ``guard eval`` end to end on a tiny dataset (real encoder, no embedding cache on disk)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from guard.cli import main
+from tests.compact.conftest import injection_records, write_jsonl
+
+
+def test_train_then_eval_a_router(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"utt": t, "intent": label} for label, texts in {
+        "billing": ["refund my payment", "invoice is wrong", "charged twice", "update my card"],
+        "tech": ["app crashes", "cannot log in", "error on upload", "page is blank"],
+    }.items() for t in texts]
+    data = write_jsonl(tmp_path / "intents.jsonl", rows)
+    out = tmp_path / "router"
+    code = main(["train", str(data), "--out", str(out), "--text-field", "utt", "--label-field", "intent",
+                 "--question-id", "support.queue", "--epochs", "2", "--width", "32", "--no-cache", "--no-progress",
+                 "--val-fraction", "0.25"])
+    assert code == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert trained["kind"] == "router" and trained["train_records"] == 6 and trained["val_records"] == 2
+    assert (out / "joint_head.safetensors").exists()
+
+    report_path = tmp_path / "report.json"
+    code = main(["eval", str(data), "--backend", f"compact:{out}", "--text-field", "utt", "--label-field", "intent",
+                 "--question-id", "support.queue", "--json", str(report_path), "--no-progress"])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "support.queue" in table and "p50_ms" in table
+    report = json.loads(report_path.read_text())
+    metrics = report["questions"]["support.queue"]
+    assert metrics["n"] == 8 and 0.0 <= metrics["accuracy"] <= 1.0 and "macro_f1" in metrics
+    assert set(report["latency_ms"]) == {"p50_ms", "p95_ms", "p99_ms"}
+
+
+def test_train_catalog_records_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_jsonl(tmp_path / "t.jsonl", injection_records())
+    out = tmp_path / "ck"
+    assert main(["train", str(data), "--out", str(out), "--epochs", "1", "--width", "32", "--no-cache",
+                 "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "catalog"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    assert main(["train", str(bad), "--out", str(out), "--no-progress"]) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err
+    assert main(["eval", str(bad), "--no-progress"]) == 2
