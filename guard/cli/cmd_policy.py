@@ -215,8 +215,8 @@ def schema_json() -> str:
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
-        "title": "guard policy file",
         **schema,
+        "title": "guard policy file",  # after the spread: pydantic's own title is the class name
     }
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 

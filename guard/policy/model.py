@@ -2,7 +2,7 @@
 from :class:`PolicyFileSpec` (``guard policy schema``), so editors validate what the loader accepts.
 
 These models check shapes and types only (unknown keys and wrong types are errors, nothing is coerced from a
-string). Meaning is checked when a policy is compiled (``guard/policy/_compile.py``): CEL syntax and the names a rule
+string). Meaning is checked when a policy is compiled (``guard/policy/loader.py``): CEL syntax and the names a rule
 uses, System One limits, handoff targets, state sources that fit the matched subjects.
 
 A file::
