@@ -157,7 +157,7 @@ def test_marked_commands_run(doc: Path, tmp_path: Path) -> None:
 def test_the_docs_mark_their_cheap_commands() -> None:
     # Guards against the convention silently matching nothing (a typo in the marker or the fence regex).
     names = {doc.name for doc in PAGES}
-    assert {"recipes.md", "policies.md", "clef.md"} <= names, names
+    assert "recipes.md" in names and len(names) >= 3, names
     blocks = [block for doc in PAGES for block in marked_blocks(doc)]
     assert sum(block.write is None for block in blocks) >= 6
     assert sum(block.write is not None for block in blocks) >= 4
