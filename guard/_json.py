@@ -115,6 +115,15 @@ def _check_surrogates(value: Any) -> None:
             stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node))
 
 
+# Built once: json.loads(**kwargs) would build a new decoder (and scanner) on every call.
+_REJECTING = json.JSONDecoder(
+    object_pairs_hook=_pairs_rejecting, parse_constant=_reject_constant, parse_float=_finite_float
+)
+_COLLECTING = json.JSONDecoder(
+    object_pairs_hook=_pairs_collecting, parse_constant=_reject_constant, parse_float=_finite_float
+)
+
+
 def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_keys: DuplicateKeys = "reject") -> Any:
     """Parse one JSON document strictly.
 
@@ -131,9 +140,9 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_ke
             ``lone_surrogate`` or ``number_too_long``.
     """
     text = _decode_text(data) if isinstance(data, bytes | bytearray | memoryview) else data
-    hook = _pairs_rejecting if duplicate_keys == "reject" else _pairs_collecting
+    decoder = _REJECTING if duplicate_keys == "reject" else _COLLECTING
     try:
-        value = json.loads(text, object_pairs_hook=hook, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = decoder.decode(text)
     except InvalidJson:
         raise
     except json.JSONDecodeError as exc:

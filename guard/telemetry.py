@@ -88,24 +88,30 @@ class Telemetry:
 
     @contextmanager
     def span(self, subject: Subject) -> Iterator[Span]:
-        """The decision span, current for the duration (backend client spans nest under it)."""
-        attributes: dict[str, Any] = {"guard.subject.kind": subject.kind}
-        if isinstance(subject, HttpSubject):
-            attributes["http.request.method"] = subject.method
-            attributes["url.path"] = subject.path
-        elif isinstance(subject, AgentSubject):
-            attributes["guard.agent.event"] = subject.event
-            if subject.tool_name:
-                attributes["guard.agent.tool"] = subject.tool_name
-        with self.tracer.start_as_current_span(SPAN_NAME, attributes=attributes, record_exception=False) as span:
+        """The decision span, current for the duration (backend client spans nest under it).
+
+        Attributes are built only when the span records: with no OpenTelemetry SDK configured the span is a cheap
+        non-recording one and the hot path skips that work.
+        """
+        with self.tracer.start_as_current_span(SPAN_NAME, record_exception=False) as span:
+            if span.is_recording():
+                attributes: dict[str, Any] = {"guard.subject.kind": subject.kind}
+                if isinstance(subject, HttpSubject):
+                    attributes["http.request.method"] = subject.method
+                    attributes["url.path"] = subject.path
+                elif isinstance(subject, AgentSubject):
+                    attributes["guard.agent.event"] = subject.event
+                    if subject.tool_name:
+                        attributes["guard.agent.tool"] = subject.tool_name
+                span.set_attributes(attributes)
             yield span
 
     def finish(self, span: Span, verdict: Verdict, *, cache: str | None = None) -> None:
-        """Set the verdict's attributes on ``span`` and count the outcome."""
-        attributes = span_attributes(verdict, cache=cache)
-        span.set_attributes(attributes)
-        if verdict.error is not None:
-            span.set_status(Status(StatusCode.ERROR, verdict.error))
+        """Set the verdict's attributes on ``span`` (when it records) and count the outcome."""
+        if span.is_recording():
+            span.set_attributes(span_attributes(verdict, cache=cache))
+            if verdict.error is not None:
+                span.set_status(Status(StatusCode.ERROR, verdict.error))
         labels: dict[str, str | bool] = {
             "guard.policy.id": verdict.policy_id or "",
             "guard.action": verdict.action,
