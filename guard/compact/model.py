@@ -213,9 +213,16 @@ class CompactModel:
                     mask[b, : r.shape[0]] = True
                 out = self.head(state, mask)
                 return [[out[b] for _ in qs] for b, qs in enumerate(questions)]
-            encodings = [[self.encode_question(q) for q in qs] for qs in questions]
+            encodings = [[self.encode_question(self.canonical(q)) for q in qs] for qs in questions]
             out = self.head.forward_batch(collate(rows, encodings, torch.float32, self.memory_pool))  # (B, Q, K)
         return [[out[b, j, : len(enc.options)] for j, enc in enumerate(encs)] for b, encs in enumerate(encodings)]
+
+    def canonical(self, question: QuestionV1) -> QuestionV1:
+        """``question`` with its trained wording when it gives none (instructions missing, empty or the bare id)."""
+        known = self.questions.get(question.id)
+        if known is None or question.instructions not in (None, "", question.id):
+            return question
+        return QuestionV1(question.id, question.type, known.instructions, question.criteria)
 
     def probabilities(self, question: QuestionV1, logits: torch.Tensor) -> list[float]:
         """Calibrated probabilities in prompt order: ``softmax(logits / T)`` with the question's temperature."""
@@ -236,7 +243,7 @@ class CompactModel:
                 question, self.probabilities(question, values), confidence_profile=confidence_profile
             )
             if self.kind == "catalog":
-                encoding = self.encode_question(question)
+                encoding = self.encode_question(self.canonical(question))
                 question_tokens += encoding.tokens.shape[0] + sum(o.shape[0] for o in encoding.options)
         usage = CompactUsageV1(
             input_tokens=state.tokens - state.dropped + 2 * state.windows + question_tokens,
