@@ -46,6 +46,7 @@ WARMUP_PER_LEVEL = 2  # untimed rounds of C requests before each timed run
 CHECK_REQUESTS = 10_000
 CHECK_CONCURRENCY = 32
 STATE_REPEAT = 3  # sentences in each request's state (~350 prompt tokens with the golden tokenizer)
+TORCH_THREADS = 1  # per worker: robust on a shared CPU (oversubscribed OpenMP threads spin and stall)
 READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 120.0
 # ----------------------------------------------------------------------------------------------------------------------
@@ -311,11 +312,9 @@ def main() -> None:
     parser.add_argument("--check-requests", type=int, default=CHECK_REQUESTS, help="0 skips the exactly-once check")
     parser.add_argument("--max-batch", type=int, default=32, help="the batching worker's --max-batch")
     parser.add_argument("--max-wait-ms", type=float, default=3.0, help="the batching worker's --max-wait-ms")
-    parser.add_argument("--torch-threads", type=int, default=None, help="each worker's torch intra-op threads")
+    parser.add_argument("--torch-threads", type=int, default=TORCH_THREADS, help="each worker's torch intra-op threads")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
-
-    import torch
 
     common = [
         sys.executable,
@@ -331,12 +330,14 @@ def main() -> None:
         "warning",
         "--max-queue",
         "4096",
+        "--torch-threads",
+        str(args.torch_threads),
     ]
     batched = [*common, "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)]
     single = [*common, "--max-batch", "1", "--max-wait-ms", "0"]
     title = (
         f"guard worker, {Path(args.model).name} float32 on CPU ({os.cpu_count()} cores, torch threads "
-        f"{args.torch_threads or torch.get_num_threads()}), batched = --max-batch {args.max_batch} "
+        f"{args.torch_threads}), batched = --max-batch {args.max_batch} "
         f"--max-wait-ms {args.max_wait_ms:g}, {args.requests_per_level} timed requests per level"
     )
     run(

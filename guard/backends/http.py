@@ -26,15 +26,31 @@ import json
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
-from typing import Any, Literal, Self
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from guard._json import loads
+from guard.backends._providers import (
+    DEFAULT_HTTP_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_KEEPALIVE,
+    JEV_URL,
+    OPENROUTER_URL,
+    PROVIDERS,
+    RETRY_STATUSES,
+    SYSTEMONE_PATH,
+    TIMEOUT_HEADER,
+    WORKERS_AI_URL,
+    Provider,
+    ProviderName,
+    RetryConfig,
+    error_message,
+    parse_retry_after,
+    snippet,
+)
 from guard.errors import (
     BackendError,
     BackendRejected,
@@ -43,7 +59,7 @@ from guard.errors import (
     InvalidJson,
     MalformedAnswer,
 )
-from guard.systemone import ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
+from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
 
 __all__ = [
     "DEFAULT_HTTP_TIMEOUT_S",
@@ -57,130 +73,6 @@ __all__ = [
     "SystemOneClient",
     "parse_retry_after",
 ]
-
-ProviderName = Literal["systemone", "worker", "workers-ai", "jev", "openrouter"]
-
-#: Overall deadline of one ``decide`` when neither the call nor the client sets one.
-DEFAULT_HTTP_TIMEOUT_S = 10.0
-#: Endpoints (spec §5.1).
-WORKERS_AI_URL = "https://api.cloudflare.com/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/{model}"
-JEV_URL = "https://api.typesafe.ai/v1/systemone"
-OPENROUTER_URL = "https://openrouter.ai/api/alpha/decisions"
-SYSTEMONE_PATH = "/v1/systemone"
-#: Header telling our worker how long we will wait (milliseconds).
-TIMEOUT_HEADER = "x-request-timeout-ms"
-#: Statuses worth retrying: request timeout, too many requests, and every 5xx.
-RETRY_STATUSES = frozenset({408, 429})
-DEFAULT_MAX_CONNECTIONS = 100
-DEFAULT_MAX_KEEPALIVE = 20
-_SNIPPET = 200
-
-
-@dataclass(frozen=True)
-class RetryConfig:
-    """Retries of one ``decide``, all inside its deadline.
-
-    Attributes:
-        max_attempts: attempts in all (1 disables retries).
-        initial_backoff_s: first backoff; each retry doubles it (random jitter up to that bound).
-        max_backoff_s: longest backoff when the server sent no ``Retry-After``.
-
-    Raises:
-        ValueError: naming the field and the allowed range.
-    """
-
-    max_attempts: int = 3
-    initial_backoff_s: float = 0.1
-    max_backoff_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ValueError(f"RetryConfig.max_attempts must be an integer >= 1, got {self.max_attempts!r}")
-        for name in ("initial_backoff_s", "max_backoff_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"RetryConfig.{name} must be a finite number of seconds >= 0, got {value!r}")
-
-
-@dataclass(frozen=True)
-class Provider:
-    """What differs between System One servers.
-
-    Attributes:
-        name: preset name.
-        decimals: the provider's rounding of probabilities (sets the sum tolerance, spec §7 pitfall 2).
-        confidence_profile: the provider's ``confidence`` formula (used only when an answer omits it, §4.1).
-        sends_deadline: send ``x-request-timeout-ms`` (our worker drops work we gave up on).
-    """
-
-    name: ProviderName
-    decimals: int
-    confidence_profile: ConfidenceProfile
-    sends_deadline: bool = False
-
-
-#: The presets (spec §4.1, §5.1, §5.5).
-PROVIDERS: dict[str, Provider] = {
-    "systemone": Provider("systemone", 4, "reference", sends_deadline=True),
-    "worker": Provider("worker", 4, "reference", sends_deadline=True),
-    "workers-ai": Provider("workers-ai", 4, "workers-ai"),
-    "jev": Provider("jev", 2, "jev"),
-    "openrouter": Provider("openrouter", 2, "workers-ai"),
-}
-
-
-def parse_retry_after(headers: httpx.Headers, *, now: float | None = None) -> float | None:
-    """Seconds to wait from ``Retry-After`` (delta-seconds or an HTTP date, RFC 9110 §10.2.3) or ``retry-after-ms``.
-
-    Returns:
-        Seconds >= 0, or ``None`` when absent or unreadable.
-    """
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms is not None:
-        try:
-            value = float(raw_ms) / 1000.0
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and value >= 0:
-            return value
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    raw = raw.strip()
-    try:
-        seconds = float(raw)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(raw)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-def _snippet(response: httpx.Response) -> str:
-    text = response.text.strip().replace("\n", " ")
-    return text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else "")
-
-
-def _error_message(detail: Any) -> str | None:
-    """The human message inside a provider's JSON error (ours, Cloudflare's, FastAPI's or OpenRouter's)."""
-    if not isinstance(detail, Mapping):
-        return None
-    errors = detail.get("errors")
-    if isinstance(errors, list) and errors and isinstance(errors[0], Mapping) and errors[0].get("message"):
-        code = errors[0].get("code")
-        return str(errors[0]["message"]) + (f" (code {code})" if code is not None else "")
-    if isinstance(detail.get("message"), str):
-        return str(detail["message"])
-    error = detail.get("error")
-    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    if isinstance(detail.get("detail"), (str, list)):
-        return json.dumps(detail["detail"])[:_SNIPPET]
-    return None
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -391,7 +283,7 @@ class SystemOneClient:
         except InvalidJson as exc:
             kind = response.headers.get("content-type", "no content-type")
             raise MalformedAnswer(
-                f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.detail}): {_snippet(response)!r}",
+                f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.detail}): {snippet(response)!r}",
                 backend=self.name,
             ) from exc
         if isinstance(body, Mapping) and "success" in body and "answers" not in body:
@@ -407,7 +299,7 @@ class SystemOneClient:
     def _unwrap(self, envelope: Mapping[str, Any], status: int) -> Any:
         """Cloudflare's ``{result, success, errors, messages}`` (spec §5.5): ``result`` when ``success`` is true."""
         if envelope.get("success") is not True:
-            message = _error_message(envelope) or f"success={envelope.get('success')!r} and no error message"
+            message = error_message(envelope) or f"success={envelope.get('success')!r} and no error message"
             raise BackendRejected(
                 f"{self.name}: the request failed (HTTP {status}): {message}",
                 backend=self.name,
@@ -423,8 +315,8 @@ class SystemOneClient:
         try:
             detail: Any = loads(response.content)
         except InvalidJson:
-            detail = _snippet(response)
-        message = _error_message(detail) or (detail if isinstance(detail, str) and detail else "no body")
+            detail = snippet(response)
+        message = error_message(detail) or (detail if isinstance(detail, str) and detail else "no body")
         if status in RETRY_STATUSES or status >= 500:
             retry_after = parse_retry_after(response.headers)
             return BackendUnavailable(

@@ -26,7 +26,6 @@ This module is generic (no torch, no HTTP) so :class:`guard.backends.local.Local
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import math
 import time
@@ -34,9 +33,21 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from guard.errors import BackendTimeout, Overloaded
+from guard.worker._batch_types import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_MAX_LENGTH_RATIO,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_WAIT_MS,
+    MIN_RETRY_AFTER_S,
+    BatcherConfig,
+    BatcherState,
+    BatcherStats,
+    BatchInfo,
+)
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
@@ -56,119 +67,7 @@ logger = logging.getLogger("guard.worker")
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
 
-#: Most requests in one forward pass.
-DEFAULT_MAX_BATCH = 32
-#: Most padded tokens (``longest record × batch size``) in one forward pass.
-DEFAULT_MAX_BATCH_TOKENS = 32_768
-#: Longest time the oldest waiting request is held back so that others can join its batch.
-DEFAULT_MAX_WAIT_MS = 3.0
-#: Most requests waiting (not counting the batch being computed); beyond it ``submit`` raises ``Overloaded``.
-DEFAULT_MAX_QUEUE = 1024
-#: Longest record in a batch is at most this many times the shortest one.
-DEFAULT_MAX_LENGTH_RATIO = 2.0
-#: Floor of the ``retry_after`` hint given with ``Overloaded``, in seconds.
-MIN_RETRY_AFTER_S = 1.0
 _EWMA_ALPHA = 0.2
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"BatcherConfig.{name} must be an integer >= 1, got {value!r}")
-
-
-@dataclass(frozen=True)
-class BatcherConfig:
-    """Limits of a :class:`MicroBatcher`, validated at construction.
-
-    Attributes:
-        max_batch: most requests in one forward pass (``1`` turns batching off).
-        max_batch_tokens: most padded tokens in one forward pass, ``longest record × batch size``; a single record
-            longer than this still runs, alone.
-        max_wait_ms: milliseconds the oldest waiting request may be held so that others can join (``0``: never wait;
-            requests still coalesce while the previous batch computes).
-        max_queue: most requests waiting for a batch; when full, ``submit`` raises ``Overloaded`` at once.
-        max_length_ratio: a batch's longest record is at most this many times its shortest (``math.inf`` disables
-            length bucketing).
-
-    Raises:
-        ValueError: naming the field, the value and the allowed range.
-
-    Example:
-        >>> BatcherConfig(max_batch=1)  # batching off
-        BatcherConfig(max_batch=1, max_batch_tokens=32768, max_wait_ms=3.0, max_queue=1024, max_length_ratio=2.0)
-    """
-
-    max_batch: int = DEFAULT_MAX_BATCH
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
-    max_wait_ms: float = DEFAULT_MAX_WAIT_MS
-    max_queue: int = DEFAULT_MAX_QUEUE
-    max_length_ratio: float = DEFAULT_MAX_LENGTH_RATIO
-
-    def __post_init__(self) -> None:
-        _positive_int("max_batch", self.max_batch)
-        _positive_int("max_batch_tokens", self.max_batch_tokens)
-        _positive_int("max_queue", self.max_queue)
-        wait = self.max_wait_ms
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
-            raise ValueError(f"BatcherConfig.max_wait_ms must be a finite number >= 0, got {wait!r}")
-        ratio = self.max_length_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or math.isnan(ratio) or ratio < 1:
-            raise ValueError(f"BatcherConfig.max_length_ratio must be a number >= 1 (or math.inf), got {ratio!r}")
-
-
-class BatcherState(enum.Enum):
-    """Lifecycle of a :class:`MicroBatcher`: ``UNOPENED -> RUNNING -> CLOSING -> CLOSED``; never reopened."""
-
-    UNOPENED = "unopened"
-    RUNNING = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """What one forward pass did; passed to the ``on_batch`` hook (metrics).
-
-    Attributes:
-        size: requests in the batch.
-        tokens: real tokens (sum of record lengths).
-        padded_tokens: ``longest × size``, what a right-padded prefill computes.
-        max_queue_wait_s: seconds the longest-waiting request of the batch spent queued.
-        compute_s: seconds ``run_batch`` took on the inference thread.
-        ok: ``False`` when ``run_batch`` raised.
-    """
-
-    size: int
-    tokens: int
-    padded_tokens: int
-    max_queue_wait_s: float
-    compute_s: float
-    ok: bool
-
-
-@dataclass
-class BatcherStats:
-    """Running counters of a :class:`MicroBatcher` (monotonic since ``start()``).
-
-    Attributes:
-        submitted: requests accepted into the queue.
-        completed: requests answered with a result.
-        failed: requests answered with an exception from ``run_batch``.
-        expired: requests dropped before compute because their deadline passed.
-        cancelled: requests dropped before compute because their caller went away.
-        rejected: ``submit`` calls refused with ``Overloaded``.
-        batches: calls of ``run_batch`` (forward passes), including single-request reruns after a failed batch.
-        batched_requests: requests that went through ``run_batch`` (sum of batch sizes).
-    """
-
-    submitted: int = 0
-    completed: int = 0
-    failed: int = 0
-    expired: int = 0
-    cancelled: int = 0
-    rejected: int = 0
-    batches: int = 0
-    batched_requests: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -182,6 +81,7 @@ class _Pending(Generic[ItemT, ResultT]):
     deadline: float | None
     timeout: float | None = None
     timed_out: bool = False
+    arrival_gap: float = float("inf")
 
     def alive(self) -> bool:
         return not self.future.done()
@@ -232,6 +132,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._in_flight = 0
         self._avg_batch_s = 0.0
         self._avg_batch_size = 1.0
+        self._last_arrival = float("-inf")
 
     def __repr__(self) -> str:
         return f"MicroBatcher(name={self.name!r}, state={self._state.value}, queue={len(self._queue)}, {self.config!r})"
@@ -331,7 +232,8 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         now = loop.time()
         future: asyncio.Future[ResultT] = loop.create_future()
         deadline = now + timeout if timeout is not None else None
-        pending = _Pending(item, length, future, now, deadline, timeout)
+        pending = _Pending(item, length, future, now, deadline, timeout, arrival_gap=now - self._last_arrival)
+        self._last_arrival = now
         self._queue.append(pending)
         self._stats.submitted += 1
         assert self._wake is not None
@@ -405,7 +307,10 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         """Wait until the oldest request has waited ``max_wait_ms``, a full batch is queued, or closing begins."""
         assert self._wake is not None and self._loop is not None
         oldest = self._queue[0]
-        limit = oldest.enqueued_at + self.config.max_wait_ms / 1000.0
+        max_wait = self.config.max_wait_ms / 1000.0
+        if len(self._queue) == 1 and oldest.arrival_gap > max_wait:
+            return  # sparse traffic: nobody arrived within max_wait before it, so waiting would only add latency
+        limit = oldest.enqueued_at + max_wait
         while self._state is BatcherState.RUNNING and not self._queue_full():
             remaining = limit - self._loop.time()
             if remaining <= 0:

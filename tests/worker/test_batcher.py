@@ -231,6 +231,19 @@ async def test_on_batch_reports_sizes_and_survives_a_broken_hook() -> None:
     assert infos[0].size == 2 and infos[0].tokens == 8 and infos[0].padded_tokens == 10 and infos[0].ok
 
 
+async def test_a_lone_request_in_sparse_traffic_is_not_held_for_max_wait() -> None:
+    infos: list[BatchInfo] = []
+    config = BatcherConfig(max_batch=2, max_wait_ms=1000)
+    async with MicroBatcher(Model(), tokens=tokens, config=config, on_batch=infos.append) as batcher:
+        assert await batcher.submit(("first", 2)) == 4
+        await asyncio.sleep(1.1)  # longer than max_wait: the next request is sparse traffic
+        assert await batcher.submit(("second", 3)) == 9
+        assert await asyncio.gather(batcher.submit(("a", 1)), batcher.submit(("b", 1))) == [1, 1]  # fills a batch
+    assert [info.size for info in infos] == [1, 1, 2]
+    # held requests would have waited the full second; these went straight to compute
+    assert all(info.max_queue_wait_s < 1.0 for info in infos)
+
+
 async def test_bad_token_count_and_timeout_are_refused() -> None:
     async with MicroBatcher(Model(), tokens=tokens) as batcher:
         with pytest.raises(ValueError, match="tokens\\(item\\) must be an integer >= 1, got 0"):
