@@ -52,6 +52,10 @@ def register(subparsers: Any) -> None:
     hyper.add_argument("--max-state-tokens", type=int, default=None)
     hyper.add_argument("--width", type=int, default=None)
     hyper.add_argument("--seed", type=int, default=None)
+    hyper.add_argument("--outside-label", default=None, metavar="LABEL",
+                       help="router: the out-of-scope label (e.g. oos); its logit is biased so --outside-rate of "
+                       "in-scope validation records would go to it")
+    hyper.add_argument("--outside-rate", type=float, default=None)
     hyper.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", default=None, help="encoder embedding cache (default ~/.cache/guard/compact)")
     parser.add_argument("--no-cache", action="store_true", help="keep embeddings in memory only")
@@ -61,7 +65,7 @@ def register(subparsers: Any) -> None:
 
 def _hyper(args: argparse.Namespace) -> dict[str, Any]:
     names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
-             "max_state_tokens", "width", "seed")
+             "max_state_tokens", "width", "seed", "outside_label", "outside_rate")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

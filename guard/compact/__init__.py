@@ -9,8 +9,8 @@ from guard.compact.catalog import CATALOG, HARM_SEVERITY_LEVELS, CatalogQuestion
 
 __all__ = [
     "CATALOG",
-    "CatalogQuestion",
     "HARM_SEVERITY_LEVELS",
+    "CatalogQuestion",
     "catalog_ids",
     "catalog_question",
 ]

@@ -70,6 +70,8 @@ class ModelQuestion:
         criteria: canonical options (``None`` for noul; level list for score; label descriptions for a router).
         temperature: calibration temperature (logits are divided by it).
         labels: a router's labels in prompt (sorted) order.
+        label_bias: logit offsets by option id, added before the temperature (a router's out-of-scope bias, fitted
+            by :func:`guard.compact.train.fit_outside_bias`).
     """
 
     id: str
@@ -78,6 +80,7 @@ class ModelQuestion:
     criteria: Any = None
     temperature: float = 1.0
     labels: tuple[str, ...] = ()
+    label_bias: dict[str, float] = field(default_factory=dict)
 
     def to_question(self) -> QuestionV1:
         return QuestionV1(self.id, self.type, self.instructions, self.criteria)
@@ -105,6 +108,8 @@ class ModelQuestion:
                                 "temperature": self.temperature}
         if self.labels:
             body["labels"] = list(self.labels)
+        if self.label_bias:
+            body["label_bias"] = dict(self.label_bias)
         return body
 
 
@@ -227,8 +232,13 @@ class CompactModel:
     def probabilities(self, question: QuestionV1, logits: torch.Tensor) -> list[float]:
         """Calibrated probabilities in prompt order: ``softmax(logits / T)`` with the question's temperature."""
         known = self.questions.get(question.id)
-        temperature = known.temperature if known is not None else 1.0
-        return torch.softmax(logits.double() / temperature, dim=-1).tolist()
+        if known is None:
+            return torch.softmax(logits.double(), dim=-1).tolist()
+        values = logits.double()
+        if known.label_bias:
+            ids = [option_id for option_id, _ in question.options()]
+            values = values + torch.tensor([known.label_bias.get(i, 0.0) for i in ids], dtype=torch.float64)
+        return torch.softmax(values / known.temperature, dim=-1).tolist()
 
     def answer(
         self, request: SystemOneRequestV1, *, confidence_profile: ConfidenceProfile = "reference"
@@ -305,7 +315,8 @@ class CompactModel:
                 encoder.model, encoder.tokenizer, config, encoder.dtype)
         questions = {
             qid: ModelQuestion(id=qid, type=q["type"], instructions=q["instructions"], criteria=q.get("criteria"),
-                               temperature=float(q.get("temperature", 1.0)), labels=tuple(q.get("labels", ())))
+                               temperature=float(q.get("temperature", 1.0)), labels=tuple(q.get("labels", ())),
+                               label_bias={k: float(v) for k, v in (q.get("label_bias") or {}).items()})
             for qid, q in body["questions"].items()
         }
         head_config = JointHeadConfig.from_file(root / HEAD_CONFIG_FILE)

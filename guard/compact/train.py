@@ -33,7 +33,7 @@ from guard.compact.model import DEFAULT_MEMORY_POOL, CompactModel, ModelQuestion
 from guard.compact.records import LabelledRecord
 from guard.compact.router import RouterHead
 
-__all__ = ["TrainConfig", "TrainReport", "fit_temperature", "soft_loss", "train"]
+__all__ = ["TrainConfig", "TrainReport", "fit_outside_bias", "fit_temperature", "soft_loss", "train"]
 
 ProgressFactory = Callable[..., Any]
 
@@ -52,6 +52,9 @@ class TrainConfig:
         max_state_tokens: state tokens a training example keeps (first and last halves); inference reads all.
         memory_pool: state token states mean-pooled per memory row (kept in the checkpoint).
         width, routing_layers, layers, heads, feedforward, dropout: head sizes (:class:`JointHeadConfig`).
+        outside_label: a router's out-of-scope label (e.g. ``oos``); its logit gets the bias of
+            :func:`fit_outside_bias` so that ``outside_rate`` of the in-scope validation records would go to it.
+        outside_rate: see ``outside_label``.
     """
 
     kind: str = "catalog"
@@ -71,6 +74,8 @@ class TrainConfig:
     heads: int = 2
     feedforward: int = 256
     dropout: float = 0.1
+    outside_label: str | None = None
+    outside_rate: float = 0.03
 
     def __post_init__(self) -> None:
         if self.kind not in ("catalog", "router"):
@@ -95,6 +100,7 @@ class TrainReport:
     val_accuracy: list[float] = field(default_factory=list)
     best_epoch: int = 0
     temperatures: dict[str, float] = field(default_factory=dict)
+    outside_bias: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,6 +137,21 @@ def fit_temperature(logits: Sequence[torch.Tensor], targets: Sequence[int]) -> f
         if nll < best_nll:
             best, best_nll = t, nll
     return best
+
+
+def fit_outside_bias(logits: Sequence[torch.Tensor], targets: Sequence[int], outside: int, rate: float) -> float:
+    """The bias ``b`` added to the out-of-scope logit so that a fraction ``rate`` of the **in-scope** records would be
+    answered out-of-scope: ``b`` = the ``rate`` quantile of ``max_in_scope_logit − outside_logit`` over records whose
+    target is not ``outside``. Needs only in-scope validation data (out-of-scope examples are usually scarce)."""
+    margins = []
+    for z, y in zip(logits, targets, strict=True):
+        if y == outside:
+            continue
+        inside = torch.cat([z[:outside], z[outside + 1 :]])
+        margins.append(float(inside.max() - z[outside]))
+    if not margins:
+        return 0.0
+    return float(torch.quantile(torch.tensor(margins, dtype=torch.float64), rate))
 
 
 def _cap(rows: torch.Tensor, limit: int) -> torch.Tensor:
@@ -279,8 +300,16 @@ def train(
     # Round to the on-disk dtype before calibrating, so the temperatures fit the weights that ship.
     head.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in best_state.items()})
     head.eval()
-    report.temperatures = _calibrate(head, val_examples, config, run, train_records, questions)
-    final = {qid: ModelQuestion(q.id, q.type, q.instructions, q.criteria, report.temperatures.get(qid, 1.0), q.labels)
+    bias: dict[str, dict[str, float]] = {}
+    if config.kind == "router" and config.outside_label in labels and val_examples:
+        outside = labels.index(config.outside_label)
+        zs, ys = _collect(head, val_examples, run)
+        value = fit_outside_bias(zs, ys, outside, config.outside_rate)
+        bias = {qid: {config.outside_label: value} for qid in questions}
+        report.outside_bias = value
+    report.temperatures = _calibrate(head, val_examples, config, run, train_records, questions, bias)
+    final = {qid: ModelQuestion(q.id, q.type, q.instructions, q.criteria, report.temperatures.get(qid, 1.0), q.labels,
+                                bias.get(qid, {}))
              for qid, q in questions.items() if config.kind == "router" or qid in CATALOG or not qid.startswith("aux.")}
     model = CompactModel(encoder, head, final, kind=config.kind, memory_pool=config.memory_pool,
                          meta={"train_config": asdict(config), "report": report.to_json()})
@@ -344,9 +373,22 @@ def _evaluate(head: torch.nn.Module, examples: Sequence[_Example], rows: Sequenc
     return total / count, correct / count
 
 
+def _collect(head: torch.nn.Module, examples: Sequence[_Example], run: Callable[..., Any]) -> tuple[
+        list[torch.Tensor], list[int]]:
+    zs: list[torch.Tensor] = []
+    ys: list[int] = []
+    with torch.no_grad():
+        for start in range(0, len(examples), 64):
+            logits, target, _, _ = run(examples[start : start + 64])
+            zs.extend(logits)
+            ys.extend(int(y) for y in target)
+    return zs, ys
+
+
 def _calibrate(head: torch.nn.Module, examples: Sequence[_Example], config: TrainConfig, run: Callable[..., Any],
-               records: Sequence[LabelledRecord], questions: dict[str, ModelQuestion]) -> dict[str, float]:
-    """One temperature per question id, fitted on the validation examples."""
+               records: Sequence[LabelledRecord], questions: dict[str, ModelQuestion],
+               bias: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One temperature per question id, fitted on the validation examples (after any label bias)."""
     per_id: dict[str, tuple[list[torch.Tensor], list[int]]] = {}
     with torch.no_grad():
         for start in range(0, len(examples), 64):
@@ -355,6 +397,8 @@ def _calibrate(head: torch.nn.Module, examples: Sequence[_Example], config: Trai
             qids = [_id_of(k, config) for e in batch for k in e.questions]
             for qid, z, m, y in zip(qids, logits, valid, target, strict=True):
                 bucket = per_id.setdefault(qid, ([], []))
+                if qid in bias and config.kind == "router":
+                    z = z + torch.tensor([bias[qid].get(label, 0.0) for label in questions[qid].labels])
                 bucket[0].append(z[m])
                 bucket[1].append(int(y))
     return {qid: fit_temperature(zs, ys) for qid, (zs, ys) in per_id.items()}

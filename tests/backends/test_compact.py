@@ -105,10 +105,10 @@ async def test_canonical_wording_and_bare_id_answer_alike(backend: CompactBacken
 
 @pytest.mark.anyio
 async def test_a_long_states_tail_decides(backend: CompactBackend) -> None:
-    padding = " ".join(BENIGN * 25)  # ~2,000 tokens of benign requests, 8+ windows
+    padding = " ".join(BENIGN * 35)  # ~2,000 tokens of benign requests, 9 windows
     clean = await backend.decide(_request({"document": padding}, "guard.prompt_injection"))
     attacked = await backend.decide(_request({"document": padding + " " + ATTACK}, "guard.prompt_injection"))
-    assert clean.usage.windows >= 8 and clean.usage.state_tokens_dropped == 0
+    assert clean.usage.state_tokens > 1900 and clean.usage.windows >= 9 and clean.usage.state_tokens_dropped == 0
     assert clean.answers["guard.prompt_injection"].noul < 0.5
     assert attacked.answers["guard.prompt_injection"].noul > 0.5
 
