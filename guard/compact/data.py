@@ -47,6 +47,8 @@ CLINC_AUX = 2500
 COMPOSED_TRAIN = 400
 COMPOSED_TEST = 120
 _SHAPES = ("text", "message", "chat", "search", "agent")
+#: Extra training wordings per example for the smaller sources (each is one more training record).
+_ALTERNATES = {"guard.harm_severity": 3, "guard.refusal": 2}
 
 
 @dataclass
@@ -72,7 +74,8 @@ def _norm(text: str) -> str:
 
 
 def jaccard_clusters(texts: list[str], threshold: float = 0.5, n: int = 5) -> list[int]:
-    """Cluster ids (union-find) joining texts whose word ``n``-gram sets have Jaccard similarity >= ``threshold``."""
+    """Cluster ids (union-find) joining texts whose word ``n``-gram sets have Jaccard similarity >= ``threshold``;
+    a cluster's id is the index of its first text, so ids do not depend on hash or union order."""
     grams = []
     for text in texts:
         words = _norm(text).split()
@@ -98,7 +101,11 @@ def jaccard_clusters(texts: list[str], threshold: float = 0.5, n: int = 5) -> li
         for j, common in shared.items():
             if common / (len(gram_set) + len(grams[j]) - common) >= threshold:
                 parent[find(i)] = find(j)
-    return [find(i) for i in range(len(texts))]
+    roots = [find(i) for i in range(len(texts))]
+    first: dict[int, int] = {}
+    for i, root in enumerate(roots):  # name each cluster by its first member: independent of union order
+        first.setdefault(root, i)
+    return [first[root] for root in roots]
 
 
 def _assign(groups: Iterable[str], rng: random.Random) -> dict[str, str]:
@@ -167,9 +174,9 @@ class _Builder:
         if split != "train":
             return
         alternatives = [(w, False) for w in entry.training_wordings] + [(w, True) for w in entry.negated_wordings]
-        if alternatives:
+        for n in range(_ALTERNATES.get(entry.id, 1) if alternatives else 0):
             wording, negated = self.rng.choice(alternatives)
-            target.append(_record(rid + ":alt", state, entry, _flip(label) if negated else label, wording))
+            target.append(_record(f"{rid}:alt{n}", state, entry, _flip(label) if negated else label, wording))
 
 
 def build_splits(root: Path, seed: int = SEED) -> Splits:

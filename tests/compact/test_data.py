@@ -55,3 +55,19 @@ def test_splits_are_deterministic_and_written(splits, tmp_path: Path) -> None:  
     assert (tmp_path / "test" / "prompt_injection.jsonl").exists()
     assert {"prompt_injection", "harmful_request", "harm_severity", "tool_call_serves_task", "refusal",
             "prompt_injection_long"} <= set(splits.test)
+
+
+def test_clusters_do_not_depend_on_the_hash_seed() -> None:
+    import subprocess
+    import sys
+
+    code = ("import json; from pathlib import Path; from guard.compact.data import jaccard_clusters; "
+            "rows = [json.loads(l) for l in open(Path('data/jailbreak/inthewild.jsonl'))][:150]; "
+            "print(jaccard_clusters([r['text'] for r in rows]))")
+    root = Path(__file__).resolve().parents[2]
+    outputs = {
+        subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONHASHSEED": seed, "PATH": ""},
+                       capture_output=True, text=True, check=True).stdout
+        for seed in ("1", "2")
+    }
+    assert len(outputs) == 1
