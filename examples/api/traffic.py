@@ -36,7 +36,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
-TRAFFIC = HERE / "data" / "traffic.jsonl"
+TRAFFIC = ROOT / "guard" / "quickstart" / "data" / "http_traffic.jsonl"
 DEFAULT_POLICY = ROOT / "policies" / "api_abuse.yaml"
 
 

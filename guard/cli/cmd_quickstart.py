@@ -1,0 +1,67 @@
+"""``guard quickstart``: the example API behind the guard on real traffic, with a table of verdicts.
+
+    guard quickstart [--backend compact | local:DIR | http:URL] [--redis-url redis://...] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from guard.errors import GuardError
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "quickstart",
+        help="run the example API behind the guard on real traffic and print the verdicts",
+        description="Replay benign and abusive API requests and agent tool calls through the guard "
+        "(embedded CPU model, in-process cache, no GPU, network or Redis needed) and print each verdict.",
+    )
+    parser.add_argument("--backend", default="compact", metavar="SPEC",
+                        help="decision backend: compact (default, embedded CPU model), local:CHECKPOINT_DIR or "
+                        "http:URL")
+    parser.add_argument("--redis-url", default=None, help="share the probability cache in this Redis")
+    parser.add_argument("--limit", type=int, default=None, help="replay at most N requests and N tool calls")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from guard.cli.cmd_policy import open_backend
+    from guard.quickstart import NEXT_STEPS, print_header, print_row, print_summary, run_quickstart
+
+    out = sys.stdout
+    out.write("guard quickstart: an example API behind the guard, real traffic replayed through it.\n"
+              "Attack rows are real jailbreak prompts and payloads; their text is not printed.\n\n")
+    try:
+        if args.backend == "compact":
+            from guard.backends.compact import CompactBackend
+
+            bar = tqdm(total=1, desc="loading the embedded CPU model", unit="step", file=sys.stderr, leave=False)
+
+            def progress(done: int, total: int, stage: str) -> None:
+                bar.total = total
+                bar.n = done
+                bar.set_postfix_str(stage)
+                bar.refresh()
+
+            backend = CompactBackend.default(progress=progress)
+            bar.close()
+        else:
+            backend = open_backend(args.backend)
+        print_header(out)
+        result = asyncio.run(
+            run_quickstart(backend, redis_url=args.redis_url, limit=args.limit, on_row=lambda r: print_row(r, out))
+        )
+    except (GuardError, OSError, ValueError) as exc:
+        print(f"guard quickstart: {exc}", file=sys.stderr)
+        return 1
+    print_summary(result, out)
+    out.write(NEXT_STEPS)
+    return 0
