@@ -204,9 +204,11 @@ class _ProxyApp:
 
     def __init__(self, guarded: ASGIApp, proxy: ReverseProxy, guard: Guard, metrics: HttpMetrics,
                  admin: ASGIApp | None, paths: tuple[str, str, str],
+                 on_startup: Callable[[], Awaitable[None]] | None,
                  on_shutdown: Callable[[], Awaitable[None]] | None) -> None:
         self.guarded, self.proxy, self.guard, self.metrics, self.admin = guarded, proxy, guard, metrics, admin
         self.health_path, self.metrics_path, self.admin_path = paths
+        self.on_startup = on_startup
         self.on_shutdown = on_shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -234,6 +236,8 @@ class _ProxyApp:
         while True:
             message: Message = await receive()
             if message["type"] == "lifespan.startup":
+                if self.on_startup is not None:
+                    await self.on_startup()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.proxy.aclose()
@@ -252,6 +256,7 @@ def proxy_app(
     health_path: str = DEFAULT_HEALTH_PATH,
     metrics_path: str = DEFAULT_METRICS_PATH,
     admin_path: str = DEFAULT_ADMIN_PATH,
+    on_startup: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     **middleware_options: Any,
 ) -> ASGIApp:
@@ -264,6 +269,7 @@ def proxy_app(
         review_token: serve the reviewers' API at ``admin_path``, requiring ``Authorization: Bearer <token>``.
         client: an ``httpx.AsyncClient`` for the upstream (tests); default one from ``config``.
         health_path, metrics_path, admin_path: where the built-in endpoints live.
+        on_startup: awaited at lifespan startup (e.g. start a policy watcher).
         on_shutdown: awaited at lifespan shutdown, after the upstream pool is closed (e.g. close the Guard).
         **middleware_options: passed to :class:`GuardMiddleware` (``limits``, ``review_store``, ``handoff``, ...).
     """
@@ -273,5 +279,6 @@ def proxy_app(
     admin: ASGIApp | None = None
     if review_token is not None:
         admin = Starlette(routes=[Mount(admin_path, app=review_app(guarded.review_store, token=review_token))])
-    return _ProxyApp(guarded, proxy, guard, metrics, admin, (health_path, metrics_path, admin_path), on_shutdown)
+    return _ProxyApp(guarded, proxy, guard, metrics, admin, (health_path, metrics_path, admin_path), on_startup,
+                     on_shutdown)
 

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
+
 __all__ = ["ProxyRuntime", "build", "register", "run"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -42,6 +44,9 @@ def register(subparsers: Any) -> None:
                         help="trusted header naming the client (e.g. x-forwarded-for); default the peer address")
     parser.add_argument("--connect-timeout", type=float, default=5.0, metavar="S", help="upstream connect, seconds")
     parser.add_argument("--read-timeout", type=float, default=60.0, metavar="S", help="upstream silence, seconds")
+    parser.add_argument("--reload-interval", type=float, default=DEFAULT_RELOAD_INTERVAL_S, metavar="S",
+                        help="seconds between checks of the policy files for changes; 0 turns reloading off "
+                        f"(default {DEFAULT_RELOAD_INTERVAL_S:g}; a failing reload keeps the last good policies)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(handler=run)
 
@@ -105,11 +110,19 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     if args.max_body_bytes is not None:
         options["max_body_bytes"] = args.max_body_bytes
 
+    watcher = PolicyWatcher(guard.policies, interval_s=args.reload_interval) if args.reload_interval > 0 else None
+
+    async def astart() -> None:
+        if watcher is not None:
+            watcher.start()
+
     async def aclose() -> None:
+        if watcher is not None:
+            await watcher.aclose()
         await store.aclose()
         await guard.aclose()
 
-    app = proxy_app(guard, config, review_token=token, on_shutdown=aclose, **options)
+    app = proxy_app(guard, config, review_token=token, on_startup=astart, on_shutdown=aclose, **options)
     return ProxyRuntime(app=app, host=host, port=port, aclose=aclose)
 
 

@@ -1,0 +1,98 @@
+"""Reload policies when their files change (a Kubernetes ConfigMap update, an edit on disk).
+
+The watcher polls the files' identity (resolved path, size, modification time) every ``interval_s`` seconds and calls
+:meth:`guard.policy.PolicySet.reload` when it changes. A reload that fails keeps the last good policies active: the
+error is logged and counted in ``PolicySet.reload_failures`` (reported by ``Guard.health()``), and the watcher tries
+again at the next change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from guard.errors import PolicyError
+from guard.policy.policy import PolicySet
+
+__all__ = ["DEFAULT_RELOAD_INTERVAL_S", "PolicyWatcher"]
+
+DEFAULT_RELOAD_INTERVAL_S = 5.0
+
+logger = logging.getLogger("guard.policy")
+
+_Stamp = tuple[tuple[str, int, int], ...]
+
+
+def _stamp(paths: tuple[Path, ...]) -> _Stamp:
+    out = []
+    for path in paths:
+        try:
+            resolved = os.path.realpath(path)  # ConfigMap volumes swap a symlink on update
+            info = os.stat(resolved)
+            out.append((resolved, info.st_size, info.st_mtime_ns))
+        except OSError:
+            out.append((str(path), -1, -1))
+    return tuple(out)
+
+
+class PolicyWatcher:
+    """Polls a :class:`PolicySet`'s source files and reloads it on change.
+
+    Args:
+        policies: the live set (``guard.policies``); it must have been loaded from files.
+        interval_s: seconds between polls (> 0).
+
+    Raises:
+        ValueError: for a set without source files or a non-positive interval.
+
+    Example:
+        >>> watcher = PolicyWatcher(guard.policies, interval_s=5)   # doctest: +SKIP
+        >>> watcher.start(); ...; await watcher.aclose()            # doctest: +SKIP
+    """
+
+    def __init__(self, policies: PolicySet, *, interval_s: float = DEFAULT_RELOAD_INTERVAL_S) -> None:
+        if not policies.sources:
+            raise ValueError("PolicyWatcher needs a policy set loaded from files")
+        if not interval_s > 0:
+            raise ValueError(f"interval_s is {interval_s}; it must be a positive number of seconds")
+        self.policies = policies
+        self.interval_s = float(interval_s)
+        self.reloads = 0
+        self._stamp = _stamp(policies.sources)
+        self._task: asyncio.Task[None] | None = None
+
+    def check(self) -> bool:
+        """Reload now if the files changed since the last check; returns whether a reload succeeded."""
+        stamp = _stamp(self.policies.sources)
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            self.policies.reload()
+        except PolicyError as exc:
+            logger.error("policy reload failed; keeping the last good policies: %s", exc)
+            return False
+        self.reloads += 1
+        logger.info("policies reloaded from %s", ", ".join(str(p) for p in self.policies.sources))
+        return True
+
+    def start(self) -> None:
+        """Start polling in the running event loop. Idempotent."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="guard-policy-watcher")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.check()
+
+    async def aclose(self) -> None:
+        """Stop polling. Idempotent."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,76 @@
+"""Policy hot reload: a changed file is reloaded; a broken one keeps the last good policies (case C21)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from guard.policy import load_files
+from guard.policy.watch import PolicyWatcher
+
+POLICY = """\
+policies:
+  - id: p
+    version: "{version}"
+    match: {{http: {{methods: [POST]}}}}
+    questions:
+      spam: {{type: noul, instructions: "Is this spam?"}}
+    rules:
+      - {{id: spam, when: "spam.noul >= {threshold}", action: block}}
+    default: allow
+"""
+
+
+def _write(path: Path, text: str, bump: int) -> None:
+    path.write_text(text)
+    stamp = path.stat().st_mtime_ns + bump * 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))  # a distinct mtime even on coarse clocks
+
+
+def test_reload_on_change_and_keep_last_good_on_error(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+    watcher = PolicyWatcher(policies, interval_s=0.05)
+    assert watcher.check() is False  # nothing changed yet
+
+    _write(path, POLICY.format(version="2", threshold=0.5), 1)
+    assert watcher.check() is True
+    assert policies["p"].version == "2" and watcher.reloads == 1
+
+    _write(path, POLICY.format(version="3", threshold=0.5) + "data: {}\ndata: {}\n", 2)  # duplicate key
+    assert watcher.check() is False
+    assert policies["p"].version == "2"  # the last good set stays active
+    assert policies.reload_failures == 1
+    assert "duplicate" in str(policies.last_error)
+    assert watcher.check() is False  # no retry until the file changes again
+
+
+def test_rejects_bad_arguments(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY.format(version="1", threshold=0.9))
+    with pytest.raises(ValueError, match="positive"):
+        PolicyWatcher(load_files(path), interval_s=0)
+
+
+@pytest.mark.anyio
+async def test_background_polling_reloads(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+    watcher = PolicyWatcher(policies, interval_s=0.02)
+    watcher.start()
+    watcher.start()  # idempotent
+    try:
+        _write(path, POLICY.format(version="7", threshold=0.9), 1)
+        for _ in range(200):
+            if policies["p"].version == "7":
+                break
+            await asyncio.sleep(0.01)
+        assert policies["p"].version == "7"
+    finally:
+        await watcher.aclose()
+        await watcher.aclose()
