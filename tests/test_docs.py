@@ -259,3 +259,15 @@ def test_link_checker_finds_broken_links(tmp_path: Path) -> None:
     assert broken_links(page) == [
         f"{page}:1: missing.md (no such file)", f"{page}:1: other.md#nope (no heading #nope)",
         f"{page}:1: #t (no heading #t)", f"{page}:2: nowhere/ (no such file)"]  # fmt: skip
+
+
+def test_readme_policy_example_loads(tmp_path: Path) -> None:
+    """The policy shown in the README is a valid policy file."""
+    from guard.policy import load_files
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```yaml\n(.*?)```", text, re.S)
+    assert block is not None
+    path = tmp_path / "readme.yaml"
+    path.write_text(block.group(1), encoding="utf-8")
+    assert [p.id for p in load_files(path).policies] == ["api-abuse"]
