@@ -9,7 +9,7 @@ agent would make it: with the prompt of a user task of the same suite as ``user_
 Run from the repository root (not part of CI)::
 
     python bench/agentdojo_replay.py                         # compact CPU model, examples/agent policy
-    python bench/agentdojo_replay.py --backend clef:PATH     # Clef checkpoint, policies/tool_call_guard.yaml
+    python bench/agentdojo_replay.py --backend local:PATH    # Clef checkpoint, policies/tool_call_guard.yaml
     python bench/agentdojo_replay.py --json out.json
 
 The engine's probability cache is off for the timed pass (every decision calls the model); a second pass over the same
@@ -32,6 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from guard.backends import open_backend
 from guard.cache import MemoryCache
 from guard.engine import Guard
 from guard.policy import load_files
@@ -66,20 +67,6 @@ def subjects(rows: list[dict[str, Any]], hosts: int) -> list[tuple[str, str, Age
                 )
                 out.append((row["suite"], row["kind"], subject))
     return out
-
-
-def make_backend(spec: str, dtype: str) -> Any:
-    if spec == "compact":
-        from guard.backends.compact import CompactBackend
-
-        return CompactBackend.default()
-    if spec.startswith("clef:"):
-        import torch
-
-        from guard.backends.local import LocalBackend
-
-        return LocalBackend.from_pretrained(spec.removeprefix("clef:"), dtype=getattr(torch, dtype))
-    raise SystemExit(f"unknown backend {spec!r}; use 'compact' or 'clef:PATH'")
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -117,7 +104,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     uncached = [replace(p, timeout=max(p.timeout, POLICY_TIMEOUT_S), cache_ttl=0.0) for p in loaded]
     # ... then the same subjects again with the cache on, side by side.
     cached_policies = [replace(p, cache_ttl=300.0) for p in uncached]
-    backend = make_backend(args.backend, args.dtype)
+    import torch
+
+    backend = open_backend(args.backend, dtype=getattr(torch, args.dtype))
     async with Guard(uncached, backends=backend, cache=MemoryCache()) as guard:
         await run(guard, items[:WARMUP], 1)
         started = time.perf_counter()
@@ -176,7 +165,7 @@ def render(summary: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="compact", help="compact (default) or clef:PATH")
+    parser.add_argument("--backend", default="compact", help="compact (default), local:CHECKPOINT_DIR or http:URL")
     parser.add_argument("--policy", type=Path, help="tool-call policy file (default: by backend)")
     parser.add_argument("--hosts", type=int, default=HOSTS_PER_INJECTION, help="user tasks per injection task")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)

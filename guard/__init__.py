@@ -49,7 +49,37 @@ _EXPORTS: dict[str, str] = {
     "load_files": "guard.policy",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AgentSubject",
+    "AnswerV1",
+    "BackendError",
+    "BackendRejected",
+    "BackendTimeout",
+    "BackendUnavailable",
+    "ClefModel",
+    "CompactBackend",
+    "DecisionBackend",
+    "Guard",
+    "GuardAgentMiddleware",
+    "GuardError",
+    "GuardMiddleware",
+    "HttpSubject",
+    "LocalBackend",
+    "MalformedAnswer",
+    "Overloaded",
+    "Policy",
+    "PolicyError",
+    "PolicySet",
+    "QuestionV1",
+    "RequestValidationError",
+    "SystemOneClient",
+    "SystemOneRequestV1",
+    "SystemOneResponseV1",
+    "UnsupportedQuestion",
+    "UsageV1",
+    "Verdict",
+    "load_files",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.agents import GuardAgentMiddleware

@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python -m examples.agent.replay                         # compact CPU model, AgentDojo banking + hand-written
-    python -m examples.agent.replay --backend clef:PATH     # a Clef checkpoint (in-process)
+    python -m examples.agent.replay --backend local:PATH    # a Clef checkpoint (in-process)
     python -m examples.agent.replay --suite all --limit 20
 
 Every tool call passes ``GuardAgentMiddleware`` (policies: ``policies/tool_result_check.yaml`` and a tool-call policy:
@@ -28,6 +28,7 @@ from examples.agent.agent import LocalSite, build_agent
 from examples.agent.scenarios import Scenario, agentdojo, hand_written, site_pages, tool_specs
 from examples.agent.tools import Sandbox, sandbox_tools, stub_tools
 from guard.agents import resume_command
+from guard.backends import open_backend
 from guard.engine import Guard
 from guard.policy import load_files
 from guard.telemetry import DecisionLog
@@ -38,19 +39,6 @@ COMPACT_POLICIES = [
     ROOT / "policies/tool_result_check.yaml",
 ]
 CLEF_POLICIES = [ROOT / "policies" / "tool_call_guard.yaml", ROOT / "policies/tool_result_check.yaml"]
-
-
-def make_backend(spec: str) -> Any:
-    """``compact`` (the shipped CPU model) or ``clef:PATH`` (a Clef checkpoint directory, in-process)."""
-    if spec == "compact":
-        from guard.backends.compact import CompactBackend
-
-        return CompactBackend.default()
-    if spec.startswith("clef:"):
-        from guard.backends.local import LocalBackend
-
-        return LocalBackend.from_pretrained(spec.removeprefix("clef:"))
-    raise SystemExit(f"unknown backend {spec!r}; use 'compact' or 'clef:PATH'")
 
 
 def run_scenario(guard: Guard, sandbox: Sandbox, tools: list[Any], scenario: Scenario, out: Any) -> dict[str, Any]:
@@ -140,7 +128,7 @@ def replay(guard: Guard, records: list[dict[str, Any]], *, suite: str, limit: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="compact", help="compact (default) or clef:PATH")
+    parser.add_argument("--backend", default="compact", help="compact (default), local:CHECKPOINT_DIR or http:URL")
     parser.add_argument("--policy", action="append", type=Path, help="policy files (default: by backend)")
     parser.add_argument("--suite", default="banking", help="AgentDojo suite, or 'all' (default: banking)")
     parser.add_argument("--limit", type=int, default=0, help="at most this many AgentDojo tasks (0 = all)")
@@ -155,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 handle.write(line + "\n")
 
     policies = args.policy or (COMPACT_POLICIES if args.backend == "compact" else CLEF_POLICIES)
-    with Guard(load_files(*policies), backends=make_backend(args.backend), decision_log=DecisionLog(sink)) as guard:
+    with Guard(load_files(*policies), backends=open_backend(args.backend), decision_log=DecisionLog(sink)) as guard:
         replay(guard, records, suite=args.suite, limit=args.limit, out=sys.stdout)
     return 0
 

@@ -78,7 +78,7 @@ def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None =
 def main() -> None:
     import uvicorn
 
-    from guard.cli.cmd_policy import open_backend
+    from guard.backends import open_backend
 
     parser = argparse.ArgumentParser(description="The guard example API.")
     parser.add_argument("--host", default="127.0.0.1")

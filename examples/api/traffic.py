@@ -119,7 +119,7 @@ async def run(args: argparse.Namespace) -> None:
         return
 
     from examples.api.app import create_app
-    from guard.cli.cmd_policy import open_backend
+    from guard.backends import open_backend
     from guard.engine import Guard
 
     if args.mode == "inprocess":

@@ -19,7 +19,34 @@ from guard.backends.local import LocalBackend
 if TYPE_CHECKING:
     from guard.backends.compact import CompactBackend
 
-__all__ = ["CompactBackend", "DecisionBackend", "LocalBackend", "RetryConfig", "SystemOneClient"]
+__all__ = ["CompactBackend", "DecisionBackend", "LocalBackend", "RetryConfig", "SystemOneClient", "open_backend"]
+
+BACKEND_SPECS = "compact, compact:DIR, local:CHECKPOINT_DIR or http:URL"
+
+
+def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> DecisionBackend:
+    """Build a backend from a command-line spec.
+
+    Args:
+        spec: ``compact`` (the shipped CPU model), ``compact:DIR`` (a checkpoint from ``guard train``),
+            ``local:DIR`` (a Clef release directory, in process) or ``http:URL`` (a System One server such as
+            ``guard worker serve``).
+        dtype: torch dtype for ``local:`` (default: the runtime's choice for ``device``).
+        device: ``cpu`` or ``cuda`` for ``local:``.
+
+    Raises:
+        ValueError: for an unknown spec.
+    """
+    kind, _, arg = spec.partition(":")
+    if kind == "local" and arg:
+        return LocalBackend.from_pretrained(arg, dtype=dtype, device=device)
+    if kind == "http" and arg:
+        return SystemOneClient(arg)
+    if kind == "compact":
+        from guard.backends.compact import CompactBackend
+
+        return CompactBackend.from_pretrained(arg) if arg else CompactBackend.default()
+    raise ValueError(f"--backend {spec!r}: expected {BACKEND_SPECS}")
 
 
 def __getattr__(name: str) -> Any:

@@ -57,7 +57,7 @@ def open_eval_backend(spec: str, routers: list[str], accept_paraphrases: bool) -
 
         paths = [arg] if arg else ([] if routers else [str(DEFAULT_WEIGHTS)])
         return CompactBackend.from_checkpoints([*paths, *routers], accept_paraphrases=accept_paraphrases)
-    from guard.cli.cmd_policy import open_backend
+    from guard.backends import open_backend
 
     return open_backend(spec)
 

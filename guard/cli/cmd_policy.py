@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -99,27 +98,6 @@ def run_check(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
-def open_backend(spec: str) -> Any:
-    """Build a backend from a ``--backend`` spec (``local:DIR``, ``http:URL``, ``compact``).
-
-    Raises:
-        ValueError: for an unknown spec.
-    """
-    kind, _, arg = spec.partition(":")
-    if kind == "local" and arg:
-        from guard.backends.local import LocalBackend
-
-        return LocalBackend.from_pretrained(arg)
-    if kind == "http" and arg:
-        http = importlib.import_module("guard.backends.http")
-        return http.SystemOneClient(arg)
-    if kind == "compact":
-        from guard.backends.compact import CompactBackend
-
-        return CompactBackend.from_pretrained(arg) if arg else CompactBackend.default()
-    raise ValueError(f"--backend {spec!r}: expected local:CHECKPOINT_DIR, http:URL or compact")
-
-
 def _read_json(path: str) -> Any:
     from guard._json import loads
 
@@ -127,6 +105,7 @@ def _read_json(path: str) -> Any:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    from guard.backends import open_backend
     from guard.policy.explain import explain
 
     try:
@@ -173,6 +152,7 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def run_test(args: argparse.Namespace) -> int:
+    from guard.backends import open_backend
     from guard.policy.testing import run_test_file
 
     factory: Callable[[], Any] | None = (lambda: open_backend(args.backend)) if args.backend else None

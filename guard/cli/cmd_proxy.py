@@ -87,7 +87,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         PolicyError: an invalid policy file.
     """
     from guard.asgi.proxy import ProxyConfig, proxy_app
-    from guard.cli.cmd_policy import open_backend
+    from guard.backends import open_backend
     from guard.engine import Guard
     from guard.policy import load_files
     from guard.review import MemoryReviewStore, RedisReviewStore, ReviewStore

@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from guard.cli.cmd_policy import open_backend
+    from guard.backends import open_backend
     from guard.quickstart import NEXT_STEPS, print_header, print_row, print_summary, run_quickstart
 
     out = sys.stdout
