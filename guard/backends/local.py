@@ -189,12 +189,17 @@ class LocalBackend:
             BackendUnavailable: the queue is full (``reason="overloaded"``, ``retry_after`` set), the backend is
                 closed (``reason="closed"``), or the forward pass failed (``reason="inference_failed"``).
             MalformedAnswer: the model produced a non-finite probability.
+            RuntimeError: called from another event loop than the one the backend started on.
         """
         started = time.monotonic()
         if self.batcher.state is BatcherState.UNOPENED:
             await self.start()
         elif self.batcher.state is not BatcherState.RUNNING:
             raise BackendUnavailable(f"backend {self.name!r} is closed", backend=self.name, reason="closed")
+        if self.batcher.loop is not asyncio.get_running_loop():
+            raise RuntimeError(
+                f"LocalBackend {self.name!r} was started on another event loop; use one backend per event loop."
+            )
         record = await self._encode(request)
         remaining = None
         if timeout is not None:

@@ -154,6 +154,11 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         return len(self._queue)
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop ``start()`` ran on (``None`` before); ``submit`` works only there."""
+        return self._loop
+
+    @property
     def in_flight(self) -> int:
         """Requests in the batch being computed now."""
         return self._in_flight

@@ -115,6 +115,14 @@ async def test_closed_backend_is_unavailable_and_cannot_restart(clef_fp32: ClefM
         await backend.start()
 
 
+def test_a_backend_belongs_to_the_event_loop_it_started_on(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32)
+    body = request(ticket_body(0))
+    assert asyncio.run(backend.decide(body)).answers
+    with pytest.raises(RuntimeError, match="started on another event loop"):
+        asyncio.run(backend.decide(body))
+
+
 async def test_confidence_profile_and_validation(clef_fp32: ClefModel) -> None:
     body = request(golden_case("01-three-types")["request"])
     async with LocalBackend(clef_fp32, confidence_profile="workers-ai") as backend:
