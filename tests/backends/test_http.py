@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -289,19 +291,46 @@ async def test_worker_refusal_carries_the_field_errors(worker: RunningWorker) ->
     assert info.value.detail["errors"][0]["field"] == "questions.q.instructions"
 
 
-async def test_giving_up_on_a_busy_worker_drops_the_request_there(worker: RunningWorker) -> None:
-    stats = worker.batcher.stats
-    async with worker.client() as raw:
-        busy = asyncio.ensure_future(raw.post("/v1/systemone", json=long_body()))
-        while worker.batcher.in_flight == 0:
-            await asyncio.sleep(0.002)
-        computed, dropped = stats.batched_requests, stats.expired + stats.cancelled
-        async with SystemOneClient.worker(worker.url) as client:
-            with pytest.raises(BackendTimeout):
-                await client.decide(SystemOneRequestV1.from_json(ticket_body(7)), timeout=0.3)
-        assert (await busy).status_code == 200
-    assert stats.expired + stats.cancelled == dropped + 1
-    assert stats.batched_requests == computed
+class _GatedModel:
+    """The real ClefModel, except that ``forward_records`` waits for ``gate``: a test can hold the inference
+    thread busy for exactly as long as it needs, whatever the machine's speed."""
+
+    def __init__(self, model: ClefModel) -> None:
+        self.model = model
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def forward_records(self, records: Any) -> Any:
+        self.gate.wait(timeout=30)
+        return self.model.forward_records(records)
+
+
+async def test_giving_up_on_a_busy_worker_drops_the_request_there(clef_fp32: ClefModel) -> None:
+    gated = _GatedModel(clef_fp32)
+    backend = LocalBackend(gated, batcher_config=BatcherConfig(max_wait_ms=5))  # type: ignore[arg-type]
+    with serve_worker(backend) as worker:
+        stats = worker.batcher.stats
+        async with worker.client() as raw:
+            gated.gate.clear()  # the next forward pass blocks until the client below has given up
+            busy = asyncio.ensure_future(raw.post("/v1/systemone", json=long_body()))
+            while worker.batcher.in_flight == 0:
+                await asyncio.sleep(0.002)
+            computed, dropped = stats.batched_requests, stats.expired + stats.cancelled
+            try:
+                async with SystemOneClient.worker(worker.url) as client:
+                    with pytest.raises(BackendTimeout):
+                        await client.decide(SystemOneRequestV1.from_json(ticket_body(7)), timeout=0.3)
+            finally:
+                gated.gate.set()
+            assert (await busy).status_code == 200
+        deadline = time.monotonic() + 10
+        while stats.expired + stats.cancelled == dropped and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert stats.expired + stats.cancelled == dropped + 1
+        assert stats.batched_requests == computed
 
 
 async def test_overloaded_worker_is_unavailable_with_retry_after(clef_fp32: ClefModel) -> None:
