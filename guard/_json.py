@@ -27,6 +27,7 @@ DuplicateKeys = Literal["reject", "collect"]
 every value is judged (the application will use one of them, usually the last)."""
 
 _UTF8_BOM = b"\xef\xbb\xbf"
+_BINARY = (bytes, bytearray, memoryview)  # a tuple: isinstance on it is cheaper than on a union
 
 
 def _reject_constant(name: str) -> Any:
@@ -41,7 +42,10 @@ def _finite_float(text: str) -> float:
 
 
 def _pairs_rejecting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = dict(pairs)  # built in C; a key seen twice leaves the dict shorter than the pairs
+    if len(out) == len(pairs):
+        return out
+    out = {}
     for key, value in pairs:
         if key in out:
             raise InvalidJson("duplicate_key", f"duplicate key {key[:100]!r} in an object; each key may appear once")
@@ -115,13 +119,29 @@ def _check_surrogates(value: Any) -> None:
             stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node))
 
 
-# Built once: json.loads(**kwargs) would build a new decoder (and scanner) on every call.
+# Built once: json.loads(**kwargs) would build a new decoder (and scanner) on every call.  Their C scanners are called
+# directly by _scan (what JSONDecoder.decode and raw_decode do, without their two Python frames).
 _REJECTING = json.JSONDecoder(
     object_pairs_hook=_pairs_rejecting, parse_constant=_reject_constant, parse_float=_finite_float
 )
 _COLLECTING = json.JSONDecoder(
     object_pairs_hook=_pairs_collecting, parse_constant=_reject_constant, parse_float=_finite_float
 )
+
+
+_WHITESPACE = json.decoder.WHITESPACE.match
+
+
+def _scan(decoder: json.JSONDecoder, text: str) -> Any:
+    """``decoder.decode(text)``: the same value and the same :class:`json.JSONDecodeError` messages, one frame."""
+    try:
+        value, end = decoder.scan_once(text, _WHITESPACE(text, 0).end())
+    except StopIteration as exc:
+        raise json.JSONDecodeError("Expecting value", text, exc.value) from None
+    end = _WHITESPACE(text, end).end()
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+    return value
 
 
 def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_keys: DuplicateKeys = "reject") -> Any:
@@ -139,10 +159,10 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_ke
         InvalidJson: with ``reason`` ``not_utf8``, ``syntax``, ``duplicate_key``, ``too_deep``, ``non_finite``,
             ``lone_surrogate`` or ``number_too_long``.
     """
-    text = _decode_text(data) if isinstance(data, bytes | bytearray | memoryview) else data
+    text = _decode_text(data) if isinstance(data, _BINARY) else data
     decoder = _REJECTING if duplicate_keys == "reject" else _COLLECTING
     try:
-        value = decoder.decode(text)
+        value = _scan(decoder, text)
     except InvalidJson:
         raise
     except json.JSONDecodeError as exc:
@@ -156,6 +176,6 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_ke
         found = depth(value)
         if found > max_depth:
             raise InvalidJson("too_deep", f"JSON nests {found} levels deep; the limit is {max_depth}")
-    if "\\ud" in text or "\\uD" in text:
+    if "\\u" in text and ("\\ud" in text or "\\uD" in text):
         _check_surrogates(value)
     return value

@@ -14,6 +14,7 @@ from guard.errors import BodyError
 __all__ = ["BODY_TOO_LARGE", "ReplayReceive", "declared_length", "read_body"]
 
 BODY_TOO_LARGE = "body_too_large"
+_ASCII_SPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() removes
 
 
 def _too_large(limit: int, seen: int, declared: bool) -> BodyError:
@@ -23,13 +24,15 @@ def _too_large(limit: int, seen: int, declared: bool) -> BodyError:
     )
 
 
-def declared_length(raw: bytes | None) -> int | None:
-    """The ``Content-Length`` value, or ``None`` when absent; a malformed one is a 400."""
+def declared_length(raw: bytes | str | None) -> int | None:
+    """The ``Content-Length`` value (raw bytes, or the latin-1 text of a header map), or ``None`` when absent; a
+    malformed one (anything but ASCII digits around optional whitespace) is a 400."""
     if raw is None:
         return None
-    text = raw.strip()
-    if not text.isdigit():
-        raise BodyError(400, "invalid_content_length", f"Content-Length {raw[:40]!r} is not a non-negative integer",
+    text = raw.strip(_ASCII_SPACE) if isinstance(raw, str) else raw.strip()  # str.strip() would also take U+00A0
+    if not (text.isdigit() and text.isascii()):  # str.isdigit alone would take "²"
+        shown = raw.encode("latin-1", "replace") if isinstance(raw, str) else raw
+        raise BodyError(400, "invalid_content_length", f"Content-Length {shown[:40]!r} is not a non-negative integer",
                         field="content-length")
     return int(text)
 

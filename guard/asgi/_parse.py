@@ -9,6 +9,7 @@ key (unless ``duplicate_keys="collect"``), nests too deep or holds NaN; form tex
 from __future__ import annotations
 
 import codecs
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -29,17 +30,29 @@ def is_json(media: str) -> bool:
 
 
 def strings(value: Any) -> list[str]:
-    """Every string leaf of a parsed body, in document order (object values, not keys; file texts)."""
+    """Every string leaf of a parsed body, in document order (object values, not keys; file texts).
+
+    One pass with a stack of iterators (no recursion, so any depth is safe); a flat object is a single loop.
+    """
+    if isinstance(value, str):
+        return [value]
     out: list[str] = []
-    stack: list[Any] = [value]
+    if not isinstance(value, dict | list):
+        return out
+    append = out.append
+    stack: list[Iterator[Any]] = [iter(value.values() if isinstance(value, dict) else value)]
     while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            out.append(node)
-        elif isinstance(node, dict):
-            stack.extend(reversed(list(node.values())))
-        elif isinstance(node, list):
-            stack.extend(reversed(node))
+        for node in stack[-1]:
+            if isinstance(node, str):
+                append(node)
+            elif isinstance(node, dict):
+                stack.append(iter(node.values()))
+                break
+            elif isinstance(node, list):
+                stack.append(iter(node))
+                break
+        else:
+            stack.pop()
     return out
 
 
@@ -101,7 +114,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
     """
     if not body:
         return None, ""
-    media, params = parse_params(content_type)
+    media, params = parse_params(content_type) if ";" in content_type else (content_type.strip().lower(), {})
     value: Any
     if is_json(media):
         value = _json(body, params, limits)

@@ -34,7 +34,7 @@ from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import parse_body
 from guard.asgi._responses import block_code, send_json, send_with_headers, verdict_headers
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
-from guard.asgi._subject import head_subject, header_map, query_map
+from guard.asgi._subject import head_subject, header_map, query_map, with_body
 from guard.asgi.limits import BodyLimits
 from guard.engine import Guard
 from guard.errors import BodyError
@@ -151,8 +151,7 @@ class _GuardedRequest:
         mw, limits, headers = self.mw, self.mw.limits, self.head.headers
         try:
             codings = parse_encodings(headers.get("content-encoding", ""), limits.max_encodings)
-            declared = declared_length(headers["content-length"].encode("latin-1")) \
-                if "content-length" in headers else None
+            declared = declared_length(headers.get("content-length"))
             body = await read_body(self.receive, limits.max_body_bytes, declared)
             if body is None:
                 mw.metrics.disconnects.inc()
@@ -163,9 +162,7 @@ class _GuardedRequest:
         except BodyError as exc:
             await self._refuse(exc)
             return
-        head = self.head
-        subject = HttpSubject(method=head.method, path=head.path, query=query, headers=headers, host=head.host,
-                              client=head.client, content_type=head.content_type, body=value, body_text=text)
+        subject = with_body(self.head, query, value, text)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
             await release_on_resend(mw, self.scope, self.receive, self.send, review_id.strip(), body)
