@@ -18,7 +18,7 @@ import torch
 
 # ---- settings ------------------------------------------------------------------------------------------------------
 THREADS = 2
-WARMUP = 5
+WARMUP = 20  # the first ~10 calls of a fresh process are slow (bf16 kernels get set up)
 REPEATS = 50
 SHORT_TOKENS = 128
 LONG_TOKENS = 2000
