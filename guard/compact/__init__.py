@@ -7,4 +7,4 @@ from __future__ import annotations
 
 from guard.compact.catalog import CATALOG, HARM_SEVERITY_LEVELS, CatalogQuestion, catalog_ids, catalog_question
 
-__all__ = ["CATALOG", "CatalogQuestion", "HARM_SEVERITY_LEVELS", "catalog_ids", "catalog_question"]
+__all__ = ["CATALOG", "HARM_SEVERITY_LEVELS", "CatalogQuestion", "catalog_ids", "catalog_question"]
