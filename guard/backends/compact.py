@@ -50,8 +50,14 @@ class CompactBackend:
 
     name = _BACKEND_NAME
 
-    def __init__(self, models: Sequence[Any] | None = None, *, accept_paraphrases: bool = False,
-                 confidence_profile: ConfidenceProfile = "reference", revision: str = "") -> None:
+    def __init__(
+        self,
+        models: Sequence[Any] | None = None,
+        *,
+        accept_paraphrases: bool = False,
+        confidence_profile: ConfidenceProfile = "reference",
+        revision: str = "",
+    ) -> None:
         if models is None:
             shared = CompactBackend.default()
             models, revision = shared.models, revision or shared.model_revision
@@ -60,16 +66,21 @@ class CompactBackend:
         self.models = list(models)
         self.accept_paraphrases = accept_paraphrases
         self.confidence_profile = confidence_profile
-        self._revision = revision or "compact-" + hashlib.sha256(
-            "|".join(str(getattr(m, "meta", {}).get("revision", id(m))) for m in self.models).encode()
-        ).hexdigest()[:16]
+        self._revision = (
+            revision
+            or "compact-"
+            + hashlib.sha256(
+                "|".join(str(getattr(m, "meta", {}).get("revision", id(m))) for m in self.models).encode()
+            ).hexdigest()[:16]
+        )
         self._lock = threading.Lock()
         self._closed = False
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
-    def from_checkpoints(cls, paths: Iterable[str | Path], *, progress: LoadProgress | None = None,
-                         **options: Any) -> CompactBackend:
+    def from_checkpoints(
+        cls, paths: Iterable[str | Path], *, progress: LoadProgress | None = None, **options: Any
+    ) -> CompactBackend:
         """Load checkpoint directories (the first may be the catalog, others routers) sharing one encoder."""
         from guard.compact.encoder import TextEncoder
         from guard.compact.model import CompactModel
@@ -92,8 +103,9 @@ class CompactBackend:
         return cls(models, revision="compact-" + digest.hexdigest()[:16], **options)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, progress: LoadProgress | None = None,
-                        **options: Any) -> CompactBackend:
+    def from_pretrained(
+        cls, path: str | Path, *, progress: LoadProgress | None = None, **options: Any
+    ) -> CompactBackend:
         """Load one checkpoint directory (``guard train`` output or the shipped weights)."""
         return cls.from_checkpoints([path], progress=progress, **options)
 
@@ -125,8 +137,12 @@ class CompactBackend:
             return None if found else self._not_known(question)
         if isinstance(question, Mapping):
             body = dict(question)
-            question = QuestionV1(id=str(body.pop("id")), type=body.get("type", "noul"),
-                                  instructions=body.get("instructions"), criteria=body.get("criteria"))
+            question = QuestionV1(
+                id=str(body.pop("id")),
+                type=body.get("type", "noul"),
+                instructions=body.get("instructions"),
+                criteria=body.get("criteria"),
+            )
         for model in self.models:
             known = model.questions.get(question.id)
             if known is not None:
@@ -138,8 +154,13 @@ class CompactBackend:
         out = []
         for question in questions:
             if self.explain(question) is not None:
-                out.append(question if isinstance(question, str) else
-                           str(question["id"]) if isinstance(question, Mapping) else question.id)
+                out.append(
+                    question
+                    if isinstance(question, str)
+                    else str(question["id"])
+                    if isinstance(question, Mapping)
+                    else question.id
+                )
         return out
 
     def check(self, request: SystemOneRequestV1) -> None:
@@ -150,8 +171,10 @@ class CompactBackend:
                 raise UnsupportedQuestion(question.id, self.name, reason)
 
     def _not_known(self, question_id: str) -> str:
-        return (f"the compact model answers only {sorted(self.question_ids())}; send free-form questions to a Clef "
-                "or System One backend (see docs/catalog.md)")
+        return (
+            f"the compact model answers only {sorted(self.question_ids())}; send free-form questions to a Clef "
+            "or System One backend (see docs/catalog.md)"
+        )
 
     # ----------------------------------------------------------------------------------------------------- decide
     def decide_sync(self, request: SystemOneRequestV1) -> SystemOneResponseV1:
@@ -172,8 +195,10 @@ class CompactBackend:
             if len(groups) == 1:
                 ((owner, _),) = groups.items()
                 return self.models[owner].answer(request, confidence_profile=self.confidence_profile)
-            parts = [self.models[i].answer(request.override(questions=qs), confidence_profile=self.confidence_profile)
-                     for i, qs in groups.items()]
+            parts = [
+                self.models[i].answer(request.override(questions=qs), confidence_profile=self.confidence_profile)
+                for i, qs in groups.items()
+            ]
         return _merge(request, parts)
 
     async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
@@ -204,8 +229,9 @@ def _merge(request: SystemOneRequestV1, parts: Sequence[Any]) -> SystemOneRespon
     for part in parts:
         answers.update(part.answers)
     first = parts[0].usage
-    extra = sum(p.usage.input_tokens - (p.usage.state_tokens - p.usage.state_tokens_dropped + 2 * p.usage.windows)
-                for p in parts[1:])
+    extra = sum(
+        p.usage.input_tokens - (p.usage.state_tokens - p.usage.state_tokens_dropped + 2 * p.usage.windows)
+        for p in parts[1:]
+    )
     usage = dataclasses.replace(first, input_tokens=first.input_tokens + extra)
-    return CompactResponseV1(model=request.model, answers={q.id: answers[q.id] for q in request.questions},
-                             usage=usage)
+    return CompactResponseV1(model=request.model, answers={q.id: answers[q.id] for q in request.questions}, usage=usage)
