@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from guard.errors import InvalidJson
@@ -129,16 +131,24 @@ _COLLECTING = json.JSONDecoder(
 )
 
 
-_WHITESPACE = json.decoder.WHITESPACE.match
+_WHITESPACE = re.compile(r"[ \t\n\r]*")  # json.decoder.WHITESPACE (its stubs do not declare it); always matches
+_Scanner = Callable[[str, int], tuple[Any, int]]
+_SCAN_REJECTING: _Scanner = _REJECTING.scan_once  # type: ignore[attr-defined]  # the decoders' own C scanners
+_SCAN_COLLECTING: _Scanner = _COLLECTING.scan_once  # type: ignore[attr-defined]
 
 
-def _scan(decoder: json.JSONDecoder, text: str) -> Any:
-    """``decoder.decode(text)``: the same value and the same :class:`json.JSONDecodeError` messages, one frame."""
+def _skip_space(text: str, pos: int) -> int:
+    match = _WHITESPACE.match(text, pos)
+    return match.end() if match is not None else pos
+
+
+def _scan(scan: _Scanner, text: str) -> Any:
+    """``JSONDecoder.decode(text)`` for the decoder owning ``scan``: same value, same :class:`json.JSONDecodeError`."""
     try:
-        value, end = decoder.scan_once(text, _WHITESPACE(text, 0).end())
+        value, end = scan(text, _skip_space(text, 0))
     except StopIteration as exc:
         raise json.JSONDecodeError("Expecting value", text, exc.value) from None
-    end = _WHITESPACE(text, end).end()
+    end = _skip_space(text, end)
     if end != len(text):
         raise json.JSONDecodeError("Extra data", text, end)
     return value
@@ -160,9 +170,9 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_ke
             ``lone_surrogate`` or ``number_too_long``.
     """
     text = _decode_text(data) if isinstance(data, _BINARY) else data
-    decoder = _REJECTING if duplicate_keys == "reject" else _COLLECTING
+    scan = _SCAN_REJECTING if duplicate_keys == "reject" else _SCAN_COLLECTING
     try:
-        value = _scan(decoder, text)
+        value = _scan(scan, text)
     except InvalidJson:
         raise
     except json.JSONDecodeError as exc:
