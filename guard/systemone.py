@@ -29,9 +29,7 @@ from typing import Any, Literal, get_args
 from guard.errors import FieldError, MalformedAnswer, RequestValidationError
 
 __all__ = [
-    "AnswerV1",
     "CONFIDENCE_PROFILES",
-    "ConfidenceProfile",
     "MAX_CHOICE_OPTIONS",
     "MAX_IMAGES",
     "MAX_QUESTIONS",
@@ -40,6 +38,8 @@ __all__ = [
     "MIN_SCORE_LEVELS",
     "NOUL_DEFAULT_FALSE",
     "NOUL_DEFAULT_TRUE",
+    "AnswerV1",
+    "ConfidenceProfile",
     "QuestionType",
     "QuestionV1",
     "SystemOneRequestV1",

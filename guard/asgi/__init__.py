@@ -21,8 +21,8 @@ from guard.asgi.middleware import DEFAULT_REVIEW_PATH, GuardMiddleware
 from guard.asgi.review_api import review_app, review_routes
 
 __all__ = [
-    "BodyLimits",
     "DEFAULT_REVIEW_PATH",
+    "BodyLimits",
     "GuardMiddleware",
     "HttpMetrics",
     "review_app",
