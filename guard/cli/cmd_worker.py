@@ -17,6 +17,7 @@ then exit. Invalid options exit 2 with one line naming the option.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -136,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--torch-threads must be a positive integer, got {args.torch_threads}")
     if not (Path(args.model) / "config.json").is_file():
         return _fail(f"--model {args.model}: not a checkpoint directory (config.json is missing)")
+    if args.uds:
+        folder = Path(args.uds).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            return _fail(f"--uds {args.uds}: folder {folder} does not exist or is not writable; create it first")
     try:
         batcher_config, worker_config = _configs(args)
     except ValueError as exc:

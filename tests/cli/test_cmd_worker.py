@@ -73,6 +73,7 @@ def test_serves_until_sigterm_then_exits_cleanly(golden_checkpoint: Path, tmp_pa
         (["--max-wait-ms", "-1"], "--max-wait-ms must be a finite number >= 0"),
         (["--uds", "/tmp/x.sock", "--port", "9000"], "--uds cannot be combined with --host/--port"),
         (["--max-body-bytes", "0"], "--max-body-bytes must be an integer >= 1"),
+        (["--uds", "/nonexistent-guard-dir/worker.sock"], "folder /nonexistent-guard-dir does not exist"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(
