@@ -36,9 +36,9 @@ from guard.policy._yaml import load_yaml
 from guard.policy.answers import answer_from_spec
 from guard.policy.loader import PolicyLoadError, load_text
 from guard.policy.policy import Policy, PolicySet
-from guard.subject import AgentSubject, HttpSubject, Subject
+from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, UsageV1
-from guard.verdict import Verdict
+from guard.verdict import Action, FailMode, Verdict
 
 __all__ = ["CaseResult", "FixtureBackend", "find_test_file", "run_test_file", "subject_from_json", "wire_answers"]
 
@@ -62,7 +62,7 @@ class _HttpInput(_Strict):
 
 
 class _AgentInput(_Strict):
-    event: Literal["tool_call", "tool_result", "model_input", "model_output"]
+    event: AgentEvent
     tool_name: str | None = None
     tool_call_id: str | None = None
     arguments: Any = None
@@ -79,12 +79,12 @@ class _Input(_Strict):
 
 class _Expect(_Strict):
     policy: str | None = "<any>"
-    action: Literal["allow", "block", "escalate", "handoff"] | None = None
+    action: Action | None = None
     rule: str | None = None
     status: int | None = None
     handoff: str | None = None
-    fail_mode: Literal["closed", "open", "escalate"] | None = None
-    shadow_action: Literal["allow", "block", "escalate", "handoff"] | None = None
+    fail_mode: FailMode | None = None
+    shadow_action: Action | None = None
     flags: list[str] = Field(default_factory=list)
 
 

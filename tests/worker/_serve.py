@@ -16,11 +16,7 @@ from starlette.applications import Starlette
 from guard.backends.local import LocalBackend
 from guard.worker.app import WorkerConfig, create_app
 from guard.worker.batcher import MicroBatcher
-
-
-class _Server(uvicorn.Server):
-    def install_signal_handlers(self) -> None:  # a thread cannot own signal handlers
-        pass
+from tests.asgi._servers import _Server
 
 
 class ServerThread:
