@@ -206,7 +206,12 @@ class CompactModel:
 
     # ----------------------------------------------------------------------------------------------------- scoring
     def logits(self, states: Sequence[EncodedText], questions: Sequence[Sequence[QuestionV1]]) -> list[list[torch.Tensor]]:
-        """Uncalibrated logits per record, per question, in prompt option order (float32 1-D tensors)."""
+        """Uncalibrated logits per record, per question, in prompt option order (float32 1-D tensors).
+
+        A catalog head scores each question of a record in its own row of the batch (the record's state memory
+        shared, one question per row): the head was trained and calibrated on one question at a time, so an answer
+        never depends on which other questions a request asks with it.
+        """
         rows = [pool_rows(s.states.float(), self.memory_pool) for s in states]
         with torch.inference_mode():
             if isinstance(self.head, RouterHead):
@@ -218,9 +223,13 @@ class CompactModel:
                     mask[b, : r.shape[0]] = True
                 out = self.head(state, mask)
                 return [[out[b] for _ in qs] for b, qs in enumerate(questions)]
-            encodings = [[self.encode_question(self.canonical(q)) for q in qs] for qs in questions]
-            out = self.head.forward_batch(collate(rows, encodings, torch.float32, self.memory_pool))  # (B, Q, K)
-        return [[out[b, j, : len(enc.options)] for j, enc in enumerate(encs)] for b, encs in enumerate(encodings)]
+            pairs = [(b, self.encode_question(self.canonical(q))) for b, qs in enumerate(questions) for q in qs]
+            inputs = collate([rows[b] for b, _ in pairs], [[enc] for _, enc in pairs], torch.float32, self.memory_pool)
+            out = self.head.forward_batch(inputs)  # (B*Q, 1, K): one question per row
+        per_record: list[list[torch.Tensor]] = [[] for _ in questions]
+        for row, (b, enc) in enumerate(pairs):
+            per_record[b].append(out[row, 0, : len(enc.options)])
+        return per_record
 
     def canonical(self, question: QuestionV1) -> QuestionV1:
         """``question`` with its trained wording when it gives none (instructions missing, empty or the bare id)."""

@@ -239,8 +239,7 @@ def train(
     train_examples, val_examples = examples(train_records), examples(val_records)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     steps = config.epochs * math.ceil(len(train_examples) / config.batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=config.learning_rate, total_steps=max(1, steps),
-                                                   pct_start=0.1)
+    schedule = _one_cycle(optimizer, config.learning_rate, steps)
     report = TrainReport()
     best_state: dict[str, torch.Tensor] | None = None
     best_loss, stale = math.inf, 0
@@ -314,6 +313,18 @@ def train(
     model = CompactModel(encoder, head, final, kind=config.kind, memory_pool=config.memory_pool,
                          meta={"train_config": asdict(config), "report": report.to_json()})
     return model, report
+
+
+def _one_cycle(optimizer: torch.optim.Optimizer, max_lr: float, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """One-cycle learning rate over ``steps`` optimizer steps: 10 % warm-up, then cosine annealing.
+
+    ``OneCycleLR`` divides by the length of each phase minus one, so the warm-up gets at least 2 steps and the
+    annealing at least 2; a run too short for that (under 4 steps) keeps the learning rate constant.
+    """
+    if steps < 4:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    warmup = max(0.1, 2.0 / steps)
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=steps, pct_start=warmup)
 
 
 def json_key(question: Any) -> str:

@@ -65,3 +65,12 @@ def test_rejects_empty_and_mixed_router_input(encoder: Any, tmp_path: Path) -> N
     records = load_records(write_jsonl(tmp_path / "t.jsonl", injection_records()))
     with pytest.raises(ValueError, match="choice"):
         train(records, [], TrainConfig(kind="router", **TINY), encoder)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 10, 11])
+def test_any_number_of_optimizer_steps_trains(encoder: Any, tmp_path: Path, steps: int) -> None:
+    """Short runs: one-cycle's phases need at least 2 steps each (10 steps at a 10 % warm-up divided by zero)."""
+    records = load_records(write_jsonl(tmp_path / "train.jsonl", injection_records()))
+    config = TrainConfig(epochs=steps, patience=steps, **{**TINY, "batch_size": len(records)})
+    _, report = train(records, [], config, encoder)
+    assert len(report.train_loss) == steps
