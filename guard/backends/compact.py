@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -177,17 +178,25 @@ class CompactBackend:
         )
 
     # ----------------------------------------------------------------------------------------------------- decide
-    def decide_sync(self, request: SystemOneRequestV1) -> SystemOneResponseV1:
-        """Answer ``request`` in the calling thread.
+    def decide_sync(self, request: SystemOneRequestV1, *, deadline: float | None = None) -> SystemOneResponseV1:
+        """Answer ``request`` in the calling thread (one request computes at a time; others wait their turn).
+
+        Args:
+            request: the request.
+            deadline: ``time.monotonic()`` value after which the answer is no longer wanted: a request whose turn
+                comes after it is dropped without computing (so callers that gave up cost nothing).
 
         Raises:
             UnsupportedQuestion: a question no loaded model was trained for (nothing is answered then).
+            BackendTimeout: the deadline passed while the request waited for its turn.
             RuntimeError: after :meth:`aclose`.
         """
         if self._closed:
             raise RuntimeError("CompactBackend is closed")
         self.check(request)
         with self._lock:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise BackendTimeout("the deadline passed before the compact model's turn came", backend=self.name)
             groups: dict[int, list[QuestionV1]] = {}
             for question in request.questions:
                 owner = next(i for i, m in enumerate(self.models) if question.id in m.questions)
@@ -206,11 +215,13 @@ class CompactBackend:
 
         Raises:
             UnsupportedQuestion: a question outside what the loaded models were trained for.
-            BackendTimeout: no answer within ``timeout`` seconds.
+            BackendTimeout: no answer within ``timeout`` seconds; a request still waiting for its turn at its
+                deadline is never computed.
         """
         self.check(request)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self.decide_sync, request), timeout)
+            return await asyncio.wait_for(asyncio.to_thread(self.decide_sync, request, deadline=deadline), timeout)
         except TimeoutError as exc:
             raise BackendTimeout(f"compact model gave no answer within {timeout} s", backend=self.name) from exc
 

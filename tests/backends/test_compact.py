@@ -171,3 +171,48 @@ async def test_closed_backend_refuses_work(backend: CompactBackend) -> None:
     await own.aclose()
     with pytest.raises(RuntimeError, match="closed"):
         await own.decide(_request("hi", "guard.refusal"))
+
+
+@pytest.mark.anyio
+async def test_requests_whose_deadline_passed_while_waiting_are_never_computed(backend: CompactBackend) -> None:
+    """Case C09/overload: callers that gave up cost no CPU. While another request holds the model (here the test
+    holds its lock), five requests time out; once the model is free none of them is computed."""
+    import asyncio
+    import sys
+    import threading
+
+    from guard.errors import BackendTimeout
+
+    def _busy(thread: threading.Thread) -> bool:
+        frame = sys._current_frames().get(thread.ident or -1)
+        while frame is not None:
+            if frame.f_code is CompactBackend.decide_sync.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    model = backend.models[0]
+    computed: list[str] = []
+    real_answer = model.answer
+
+    def counting_answer(request: Any, **kwargs: Any) -> Any:
+        computed.append(str(request.state))
+        return real_answer(request, **kwargs)
+
+    model.answer = counting_answer  # type: ignore[method-assign]
+    try:
+        with backend._lock:
+            tasks = [asyncio.ensure_future(backend.decide(_request(f"late {i}", "guard.refusal"), timeout=0.2))
+                     for i in range(5)]
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            waiting = [t for t in threading.enumerate() if t.name.startswith("asyncio_")]
+        assert all(isinstance(r, BackendTimeout) for r in results)
+        for _ in range(200):  # the worker threads take their turn one by one (and drop themselves)
+            if computed or not any(_busy(t) for t in waiting):
+                break
+            await asyncio.sleep(0.05)
+        assert computed == []
+        await backend.decide(_request("on time", "guard.refusal"), timeout=30)
+        assert computed == ["on time"]
+    finally:
+        del model.answer
