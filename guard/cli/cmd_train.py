@@ -49,6 +49,8 @@ def register(subparsers: Any) -> None:
     hyper.add_argument("--lr", type=float, default=None, dest="learning_rate")
     hyper.add_argument("--label-smoothing", type=float, default=None)
     hyper.add_argument("--brier-weight", type=float, default=None)
+    hyper.add_argument("--ordinal-weight", type=float, default=None,
+                       help="weight of the expected-level error of score questions (default 1; 0 = off)")
     hyper.add_argument("--max-state-tokens", type=int, default=None)
     hyper.add_argument("--width", type=int, default=None)
     hyper.add_argument("--seed", type=int, default=None)
@@ -65,7 +67,7 @@ def register(subparsers: Any) -> None:
 
 def _hyper(args: argparse.Namespace) -> dict[str, Any]:
     names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
-             "max_state_tokens", "width", "seed", "outside_label", "outside_rate")
+             "ordinal_weight", "max_state_tokens", "width", "seed", "outside_label", "outside_rate")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

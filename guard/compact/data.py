@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -49,6 +50,13 @@ COMPOSED_TEST = 120
 _SHAPES = ("text", "message", "chat", "search", "agent")
 #: Extra training wordings per example for the smaller sources (each is one more training record).
 _ALTERNATES = {"guard.harm_severity": 3, "guard.refusal": 2}
+#: Share of request-shaped states (a JSON body) that are also seen as policies serve them: ``{"text": body_text}``,
+#: every string of the body joined by newlines (``state: {text: body_text}`` in the shipped policies).
+SERVED_FRACTION = 0.35
+#: Instances drawn per synthetic template (``data/synthetic_injection/templates.json``) on the training side and
+#: on the test side.
+SYNTHETIC_TRAIN = 14
+SYNTHETIC_TEST = 10
 
 
 @dataclass
@@ -147,14 +155,36 @@ def _flip(label: Any) -> Any:
     return {"true": "false", "false": "true"}[label]
 
 
-class _Builder:
-    """Collects (split, state, question, label) examples and expands training wordings."""
+def _strings(value: Any) -> list[str]:
+    """Every string value of a JSON value in document order (object keys left out), like ``HttpSubject.body_text``."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
 
-    def __init__(self, rng: random.Random) -> None:
+
+class _Builder:
+    """Collects (split, state, question, label) examples and expands training wordings.
+
+    ``view_rng`` (its own stream, so adding it left every split as it was) picks the request-shaped states of the
+    injection and harmful-request questions that are also written as served: ``{"text": body_text}``.
+    """
+
+    def __init__(self, rng: random.Random, view_rng: random.Random | None = None) -> None:
         self.rng = rng
+        self.view_rng = view_rng or random.Random(0)
         self.splits = Splits()
 
     def add(self, split: str, rid: str, state: Any, entry: CatalogQuestion, label: Any, test_set: str = "") -> None:
+        if (
+            entry.id in ("guard.prompt_injection", "guard.harmful_request")
+            and isinstance(state, dict)
+            and self.view_rng.random() < SERVED_FRACTION
+        ):
+            state = {"text": "\n".join(_strings(state))}
         if split == "test":
             name = test_set or entry.id.split(".", 1)[1]
             self.splits.test[name].append(_record(rid, state, entry, label))
@@ -182,7 +212,7 @@ class _Builder:
 def build_splits(root: Path, seed: int = SEED) -> Splits:
     """Build every catalog record from ``root`` (the repository's ``data/`` folder)."""
     rng = random.Random(seed)
-    build = _Builder(random.Random(seed + 1))
+    build = _Builder(random.Random(seed + 1), random.Random(seed + 2))
     injection, harmful = CATALOG["guard.prompt_injection"], CATALOG["guard.harmful_request"]
     severity, serves, refusal = (
         CATALOG["guard.harm_severity"], CATALOG["guard.tool_call_serves_task"], CATALOG["guard.refusal"]
@@ -304,6 +334,14 @@ def build_splits(root: Path, seed: int = SEED) -> Splits:
             build.add(split, f"composed:{split}:{n}", {"document": text}, injection, label,
                       test_set="prompt_injection_long")
 
+    # --- short synthetic injections and benign look-alikes: held-out templates and goals on the test side ----------
+    injection_goals = {
+        split: [_goal(t["prompt"]) for t in tasks if t["kind"] == "injection" and t["split"] == split]
+        for split in ("train", "val", "test")
+    }
+    _add_synthetic(build, root / "synthetic_injection" / "templates.json", injection_goals, benign_train, injection,
+                   harmful, random.Random(seed + 3))
+
     # --- auxiliary questions (training only): make the head read the question --------------------------------------
     domains = {row["intent"]: row["domain"] for row in json.loads((root / "clinc150" / "intents.json").read_text())}
     names = sorted(set(domains.values()))
@@ -320,6 +358,62 @@ def build_splits(root: Path, seed: int = SEED) -> Splits:
         question = {"type": "noul", "instructions": _domain_question(rng.choice(names), rng)}
         build.splits.train.append(_record(f"aux-attack:{i}", text, question, "false", qid="aux.domain"))
     return build.splits
+
+
+_ALTERNATIVE_RE = re.compile(r"\[([^\[\]]*\|[^\[\]]*)\]")
+_SLOT_RE = re.compile(r"\{(goal|Goal|email|url|iban|user|tool|args)\}")
+
+
+def _goal(prompt: str) -> str:
+    """An AgentDojo injection task's prompt as a goal phrase: first letter lower-cased, final period dropped."""
+    text = prompt.strip().rstrip(".")
+    return text[:1].lower() + text[1:]
+
+
+def _expand(template: str, goals: list[str], fill: dict[str, list[str]], rng: random.Random) -> str:
+    """Fill a synthetic template: ``[a|b]`` alternatives, then ``{goal}``/``{Goal}`` and the other slots."""
+
+    def pick(match: re.Match[str]) -> str:
+        return rng.choice(match.group(1).split("|"))
+
+    def slot(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in ("goal", "Goal"):
+            goal = _expand(rng.choice(goals), goals, fill, rng)
+            return goal[:1].upper() + goal[1:] if name == "Goal" else goal
+        return rng.choice(fill[name])
+
+    return _SLOT_RE.sub(slot, _ALTERNATIVE_RE.sub(pick, template))
+
+
+def _add_synthetic(build: _Builder, path: Path, agent_goals: dict[str, list[str]], benign_pool: list[str],
+                   injection: CatalogQuestion, harmful: CatalogQuestion, rng: random.Random) -> None:
+    """Short injections and benign look-alikes from ``templates.json`` (see its ``about``).
+
+    Training templates and goals (with the AgentDojo injection goals of training tasks) feed train and val (every
+    tenth instance); the ``test`` templates with the ``test`` goals (and the test tasks' goals) are written to the
+    ``prompt_injection_short`` test set only. Instances are wrapped like the other sources, and some are embedded in
+    a benign message (indirect injection). Benign look-alikes are also asked as ``guard.harmful_request`` (false).
+    """
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    fill = spec["fill"]
+    goals = {"train": spec["goals"]["train"] + agent_goals["train"] + agent_goals["val"],
+             "test": spec["goals"]["test"] + agent_goals["test"]}
+    for side, count in (("train", SYNTHETIC_TRAIN), ("test", SYNTHETIC_TEST)):
+        for label, families in (("true", spec["attack"]), ("false", spec["benign"])):
+            for family, templates in sorted(families.items()):
+                for t, template in enumerate(templates[side]):
+                    for n in range(count):
+                        text = _expand(template, goals[side], fill, rng)
+                        if rng.random() < 0.3:
+                            before, after = rng.sample(benign_pool, 2) if side == "train" else ("Hi,", "Thanks!")
+                            text = f"{before} {text} {after}"
+                        split = side if side == "test" else ("val" if n % 10 == 9 else "train")
+                        rid = f"synthetic:{label}:{family}:{side}{t}:{n}"
+                        state = _shape(text, rng.choice(_SHAPES))
+                        build.add(split, rid, state, injection, label, test_set="prompt_injection_short")
+                        if label == "false":
+                            build.add(split, rid, state, harmful, "false", test_set="harmful_request_short")
 
 
 _DOMAIN_WORDS = {

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from guard.clef.encoding import render
+from guard.clef.encoding import QUESTION_TYPE_IDS, render
 from guard.clef.head import JointHeadConfig
 from guard.compact._batch import QuestionEncoding, collate
 from guard.compact._cache import EmbeddingCache
@@ -36,6 +36,8 @@ from guard.compact.router import RouterHead
 __all__ = ["TrainConfig", "TrainReport", "fit_outside_bias", "fit_temperature", "soft_loss", "train"]
 
 ProgressFactory = Callable[..., Any]
+#: The head's type id of ``score`` questions (levels in option order).
+SCORE_TYPE = QUESTION_TYPE_IDS["score"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class TrainConfig:
         batch_size, learning_rate, weight_decay: AdamW settings.
         label_smoothing: ε of the smoothed cross-entropy target ``(1-ε)·onehot + ε/K``.
         brier_weight: weight of ``Σ_k (p_k − onehot_k)²`` added to the loss.
+        ordinal_weight: weight of the expected-level error of ``score`` questions (see :func:`soft_loss`).
         seed: seeds torch and Python ``random``.
         max_state_tokens: state tokens a training example keeps (first and last halves); inference reads all.
         memory_pool: state token states mean-pooled per memory row (kept in the checkpoint).
@@ -65,6 +68,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     label_smoothing: float = 0.05
     brier_weight: float = 0.5
+    ordinal_weight: float = 1.0
     seed: int = 0
     max_state_tokens: int = 512
     memory_pool: int = DEFAULT_MEMORY_POOL
@@ -107,8 +111,9 @@ class TrainReport:
 
 
 def soft_loss(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, smoothing: float,
-              brier_weight: float) -> torch.Tensor:
-    """Label-smoothed cross-entropy plus ``brier_weight`` × Brier score, averaged over questions.
+              brier_weight: float, ordinal: torch.Tensor | None = None, ordinal_weight: float = 0.0) -> torch.Tensor:
+    """Label-smoothed cross-entropy plus ``brier_weight`` × Brier score (plus, for ``score`` questions,
+    ``ordinal_weight`` × the squared error of the expected level), averaged over questions.
 
     Args:
         logits: ``(N, K)`` with ``-inf`` at invalid options.
@@ -116,14 +121,24 @@ def soft_loss(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, s
         valid: ``(N, K)`` bool, the real options.
         smoothing: ε.
         brier_weight: weight of the Brier term.
+        ordinal: ``(N,)`` bool, the rows whose options are ordered levels (``score`` questions, levels in index
+            order); their term is ``((Σ_k p_k·k − target) / (K_valid − 1))²``, the error of the expected level that
+            a score answer reports (spec §4), scaled to [0, 1].
+        ordinal_weight: weight of that term (0 = off).
     """
     count = valid.sum(-1, keepdim=True).clamp(min=1).float()
     onehot = F.one_hot(target, logits.shape[-1]).float()
     smooth = (1.0 - smoothing) * onehot + smoothing * valid.float() / count
     log_p = torch.log_softmax(logits, dim=-1).masked_fill(~valid, 0.0)
     cross_entropy = -(smooth * log_p).sum(-1)
-    brier = ((log_p.exp() * valid - onehot) ** 2).sum(-1)
-    return (cross_entropy + brier_weight * brier).mean()
+    p = log_p.exp() * valid
+    loss = cross_entropy + brier_weight * ((p - onehot) ** 2).sum(-1)
+    if ordinal is not None and ordinal_weight:
+        levels = torch.arange(logits.shape[-1], dtype=p.dtype, device=p.device)
+        expected = (p * levels).sum(-1)  # (N,)
+        span = (count.squeeze(-1) - 1.0).clamp(min=1.0)
+        loss = loss + ordinal_weight * ordinal.float() * ((expected - target.float()) / span) ** 2
+    return loss.mean()
 
 
 def fit_temperature(logits: Sequence[torch.Tensor], targets: Sequence[int]) -> float:
@@ -255,13 +270,14 @@ def train(
             logits = head(state, mask)  # (B, K)
             valid = torch.ones_like(logits, dtype=torch.bool)
             target = torch.tensor([e.targets[0] for e in batch])
-            return logits, target, valid, torch.zeros(len(batch), dtype=torch.long)
+            return logits, target, valid, torch.zeros(len(batch), dtype=torch.bool)
         encs = [[encodings[k] for k in e.questions] for e in batch]
         out = head.forward_batch(collate(state_rows, encs, torch.float32, config.memory_pool))  # (B, Q, K)
         picks = [(b, j) for b, e in enumerate(batch) for j in range(len(e.questions))]
         logits = torch.stack([out[b, j] for b, j in picks])  # (N, K)
         target = torch.tensor([batch[b].targets[j] for b, j in picks])
-        return logits, target, torch.isfinite(logits), torch.tensor([b for b, _ in picks])
+        ordinal = torch.tensor([encodings[batch[b].questions[j]].type_id == SCORE_TYPE for b, j in picks])
+        return logits, target, torch.isfinite(logits), ordinal
 
     for epoch in range(config.epochs):
         head.train()
@@ -269,8 +285,9 @@ def train(
         bar = progress(total=len(order), desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch") if progress else None
         total = 0.0
         for batch in order:
-            logits, target, valid, _ = run(batch)
-            loss = soft_loss(logits, target, valid, config.label_smoothing, config.brier_weight)
+            logits, target, valid, ordinal = run(batch)
+            loss = soft_loss(logits, target, valid, config.label_smoothing, config.brier_weight, ordinal,
+                             config.ordinal_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -377,8 +394,10 @@ def _evaluate(head: torch.nn.Module, examples: Sequence[_Example], rows: Sequenc
     total, correct, count = 0.0, 0, 0
     with torch.no_grad():
         for start in range(0, len(examples), 64):
-            logits, target, valid, _ = run(examples[start : start + 64])
-            total += float(soft_loss(logits, target, valid, config.label_smoothing, config.brier_weight)) * len(target)
+            logits, target, valid, ordinal = run(examples[start : start + 64])
+            loss = soft_loss(logits, target, valid, config.label_smoothing, config.brier_weight, ordinal,
+                             config.ordinal_weight)
+            total += float(loss) * len(target)
             correct += int((logits.argmax(-1) == target).sum())
             count += len(target)
     return total / count, correct / count

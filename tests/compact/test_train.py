@@ -74,3 +74,14 @@ def test_any_number_of_optimizer_steps_trains(encoder: Any, tmp_path: Path, step
     config = TrainConfig(epochs=steps, patience=steps, **{**TINY, "batch_size": len(records)})
     _, report = train(records, [], config, encoder)
     assert len(report.train_loss) == steps
+
+
+def test_ordinal_term_scores_the_expected_level() -> None:
+    """Levels 0..4, all probability on level 1, target 3: the expected level is off by 2 of 4 -> (2/4)² = 0.25."""
+    logits = torch.tensor([[0.0, 50.0, 0.0, 0.0, 0.0], [0.0, 50.0, 0.0, 0.0, 0.0]])
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    target = torch.tensor([3, 3])
+    plain = soft_loss(logits, target, valid, 0.0, 0.0)
+    score_rows = torch.tensor([True, False])  # only the first row is a score question
+    with_term = soft_loss(logits, target, valid, 0.0, 0.0, score_rows, ordinal_weight=2.0)
+    assert float(with_term - plain) == pytest.approx(2.0 * 0.25 / 2, abs=1e-4)  # mean over the 2 rows
