@@ -4,9 +4,10 @@ A model can emit arguments that are not valid JSON (``{"{"a":1}``), ``null``, a 
 off mid-way. LangChain keeps some of these in ``AIMessage.invalid_tool_calls``, but its streaming merge repairs
 others silently: ``parse_partial_json`` turns ``{"{"a":1}`` into ``{}`` and a truncated ``{"path": "/etc/pas``
 into ``{"path": "/etc/pas"}``. Where the raw argument text survives (OpenAI-style ``additional_kwargs["tool_calls"]``,
-``tool_call_chunks`` of a chunk, or a finish reason saying the output hit its length limit), this module checks it
-strictly, so a repaired call is treated as what it is: malformed. Malformed calls are never executed and never coerced
-to ``{}``; each sibling in the same turn is judged on its own.
+``tool_call_chunks`` of a chunk, or a finish reason saying the output was cut off), this module checks it strictly,
+so a repaired call is treated as what it is: malformed. Malformed calls are never executed and never coerced to
+``{}``; each sibling in the same turn is judged on its own. Empty arguments are "no arguments" only for a tool that
+has no required parameters, and never for the last call of a cut-off turn.
 """
 
 from __future__ import annotations
@@ -17,15 +18,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.tools import BaseTool
+from pydantic import BaseModel
 
 from guard._json import loads as strict_loads
 from guard.errors import InvalidJson
 from guard.review import digest_of
 
-__all__ = ["ParsedCall", "arguments_digest", "canonical_json", "classify_arguments", "parse_calls"]
+__all__ = [
+    "CUT_OFF_REASONS",
+    "ParsedCall",
+    "arguments_digest",
+    "canonical_json",
+    "classify_arguments",
+    "cut_off",
+    "empty_arguments_problem",
+    "parse_calls",
+    "required_parameters",
+]
 
-LENGTH_FINISH_REASONS = frozenset({"length", "max_tokens", "MAX_TOKENS"})
-"""``finish_reason`` / ``stop_reason`` values saying the model was cut off by its output limit."""
+CUT_OFF_REASONS = frozenset(
+    {"length", "max_tokens", "max_output_tokens", "model_context_window_exceeded", "content_filter"}
+)
+"""Stop reasons (compared lower-case) saying the output ended before the model finished it: its output limit
+(OpenAI, Mistral, Ollama ``length``; Anthropic, Bedrock ``max_tokens``; Gemini ``MAX_TOKENS``; OpenAI Responses
+``max_output_tokens``), the context window (Anthropic, Bedrock ``model_context_window_exceeded``), or a content filter
+that stopped it (``content_filter``)."""
+_REASON_KEYS = ("finish_reason", "stop_reason", "stopReason", "done_reason")
+"""``response_metadata`` keys that hold a stop reason (OpenAI/Gemini/Mistral, Anthropic, Bedrock, Ollama)."""
 
 
 @dataclass(frozen=True)
@@ -90,10 +110,16 @@ def _truncated(text: str) -> bool:
 def classify_arguments(value: Any) -> tuple[dict[str, Any] | None, str | None]:
     """Check one tool call's arguments, given as parsed JSON or as raw text.
 
+    The empty string (or only whitespace) reads as "no arguments", ``{}``, as LangChain's own parser reads it:
+    providers send empty argument text for a tool that takes no parameters (OpenAI-compatible servers, Anthropic's
+    stream when a tool has no input), and refusing it would make such tools unusable. That reading is safe only
+    where nothing is missing, so two checks around this function refuse it: :func:`parse_calls` treats empty text as
+    truncated on a cut-off turn, and :func:`empty_arguments_problem` refuses empty arguments for a tool with
+    required parameters (which would otherwise run with defaults, or with nothing, when its schema is not enforced).
+
     Args:
-        value: a ``dict`` (well-formed), raw argument text (``str``: parsed strictly by ``guard._json.loads``, so duplicate keys, ``NaN`` and
-            excessive nesting are malformed too; the empty
-            string means "no arguments", as LangChain's own parser reads it), or any other parsed value.
+        value: a ``dict`` (well-formed), raw argument text (``str``: parsed strictly by ``guard._json.loads``, so
+            duplicate keys, ``NaN`` and excessive nesting are malformed too), or any other parsed value.
 
     Returns:
         ``(arguments, None)`` when the value is a JSON object, else ``(None, problem)`` with a phrase such as
@@ -137,9 +163,54 @@ def _raw_arguments(message: AIMessage) -> dict[str, str]:
     return raw
 
 
-def _cut_off(message: AIMessage) -> bool:
+def _reason_name(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value.lower()
+    name = getattr(value, "name", None)  # an enum member (some SDKs keep the finish reason as one)
+    return name.lower() if isinstance(name, str) else None
+
+
+def cut_off(message: AIMessage) -> str | None:
+    """What in ``message``'s ``response_metadata`` says the output was cut off (e.g. ``"finish_reason=length"``:
+    one of :data:`CUT_OFF_REASONS`, or an OpenAI Responses ``status=incomplete``), ``None`` when nothing does."""
     meta = message.response_metadata or {}
-    return meta.get("finish_reason") in LENGTH_FINISH_REASONS or meta.get("stop_reason") in LENGTH_FINISH_REASONS
+    found = [(key, meta.get(key)) for key in _REASON_KEYS]
+    details = meta.get("incomplete_details")
+    if isinstance(details, Mapping):
+        found.append(("incomplete_details.reason", details.get("reason")))
+    for key, value in found:
+        reason = _reason_name(value)
+        if reason in CUT_OFF_REASONS:
+            return f"{key}={reason}"
+    return "status=incomplete" if meta.get("status") == "incomplete" else None
+
+
+def required_parameters(tool: BaseTool) -> frozenset[str]:
+    """The parameters the model must give ``tool`` (its ``tool_call_schema``'s ``required``; injected arguments
+    such as ``InjectedState`` are not in that schema). Empty when the schema cannot be read."""
+    try:
+        schema = tool.tool_call_schema
+        if isinstance(schema, dict):
+            required = schema.get("required")
+        elif issubclass(schema, BaseModel):
+            required = schema.model_json_schema().get("required")
+        else:  # a pydantic.v1 model
+            required = schema.schema().get("required")
+    except Exception:  # noqa: BLE001 - an unreadable schema leaves the check to the tool's own validation
+        return frozenset()
+    return frozenset(r for r in required or () if isinstance(r, str))
+
+
+def empty_arguments_problem(tool: Any, arguments: Mapping[str, Any]) -> str | None:
+    """Why ``arguments`` cannot run ``tool``: they are empty and the tool has required parameters. ``None`` when
+    the arguments are not empty, ``tool`` is not a ``BaseTool`` (unknown tools are answered by the tool node), or it
+    requires nothing."""
+    if arguments or not isinstance(tool, BaseTool):
+        return None
+    required = required_parameters(tool)
+    if not required:
+        return None
+    return f"arguments are empty, but tool `{tool.name}` requires {', '.join(sorted(required))}"
 
 
 def _check_raw(arguments: dict[str, Any], raw: str) -> str | None:
@@ -151,21 +222,25 @@ def _check_raw(arguments: dict[str, Any], raw: str) -> str | None:
     return None
 
 
-def parse_calls(message: AIMessage) -> list[ParsedCall]:
+def parse_calls(message: AIMessage, tools: Sequence[Any] = ()) -> list[ParsedCall]:
     """Every tool call of a model turn, well-formed or not, in the order the model gave them.
 
     A call is malformed when LangChain already put it in ``invalid_tool_calls``; when its ``args`` are not an object;
     when the raw argument text the message kept does not strictly parse to the same object; when it is the last call
-    of a turn that hit the output length limit and no raw text proves it complete; when it has no id; or when
-    another call of the same turn has the same id (answers could not be routed to the right call).
+    of a cut-off turn (:func:`cut_off`) and no raw text proves it complete (no raw text, or empty text: the output
+    ended before any argument was written); when its arguments are empty and its tool (in ``tools``) has required
+    parameters; when it has no id; or when another call of the same turn has the same id (answers could not be
+    routed to the right call).
 
     Args:
         message: the model's turn.
+        tools: the agent's tools (``BaseTool``; other entries are ignored), for the required-parameters check.
 
     Returns:
         One :class:`ParsedCall` per call: ``tool_calls`` first, then ``invalid_tool_calls``.
     """
     raw = _raw_arguments(message)
+    by_name = {tool.name: tool for tool in tools if isinstance(tool, BaseTool)}
     calls: list[ParsedCall] = []
     for call in message.tool_calls:
         call_id = call.get("id")
@@ -174,10 +249,14 @@ def parse_calls(message: AIMessage) -> list[ParsedCall]:
         text = raw.get(call_id) if call_id else None
         if problem is None and args is not None and text is not None:
             problem = _check_raw(args, text)
+        if problem is None and args is not None:
+            problem = empty_arguments_problem(by_name.get(name), args)
         calls.append(ParsedCall(call_id, name, args if problem is None else None, problem, text))
-    if calls and _cut_off(message) and calls[-1].problem is None and calls[-1].raw is None:
-        last = calls[-1]
-        calls[-1] = ParsedCall(last.id, last.name, None, "arguments may be truncated: the output hit its length limit")
+    reason = cut_off(message)
+    last = calls[-1] if calls else None
+    if last is not None and last.problem is None and not (last.raw or "").strip() and reason is not None:
+        problem = f"arguments may be truncated: the output was cut off ({reason})"
+        calls[-1] = ParsedCall(last.id, last.name, None, problem, last.raw)
     for invalid in message.invalid_tool_calls:
         args_text = invalid.get("args")
         _, problem = classify_arguments(args_text)

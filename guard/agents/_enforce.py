@@ -27,7 +27,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
 from guard.agents import _messages as msgs
-from guard.agents._arguments import arguments_digest, classify_arguments, parse_calls
+from guard.agents._arguments import arguments_digest, classify_arguments, empty_arguments_problem, parse_calls
+from guard.agents._content import message_text
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import ai_message_for, answered_ids, current_thread_id, tool_item, user_text
 from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, response_schema
@@ -103,6 +104,8 @@ class ToolCallEnforcer:
             model_call = next((c for c in parse_calls(ai) if c.id == call_id), None)
             if model_call is not None and model_call.problem:
                 problem, raw = model_call.problem, model_call.raw
+        if problem is None and arguments is not None:
+            problem = empty_arguments_problem(request.tool, arguments)
         if problem is None and not call_id:
             problem = "the tool call has no id"
         thread_id = current_thread_id()
@@ -202,7 +205,7 @@ class ToolCallEnforcer:
         return result.model_copy(update={"content": [{"type": "text", "text": notice}, *result.content]})
 
     def _result_subject(self, message: ToolMessage, prepared: Prepared) -> AgentSubject | None:
-        text = message.content if isinstance(message.content, str) else message.text
+        text = message_text(message)
         if not text:
             return None
         subject = AgentSubject(
@@ -221,8 +224,7 @@ class ToolCallEnforcer:
             return message
         verdict = judgement.verdict
         if self.tool_result_action == "quote":
-            text = message.content if isinstance(message.content, str) else message.text
-            return msgs.result_quoted(prepared.tool, prepared.tool_call_id, text, verdict)
+            return msgs.result_quoted(prepared.tool, prepared.tool_call_id, message_text(message), verdict)
         return msgs.result_withheld(prepared.tool, prepared.tool_call_id, verdict)
 
     @staticmethod

@@ -4,7 +4,9 @@ The middleware keeps one record per model turn under ``state["guard"][<middlewar
 
     {"turn": {"message_id": <AIMessage id>, "thread_id": ..., "output": <record or None>,
               "calls": {<tool_call_id>: <call record>}},
-     "inputs": {<HumanMessage id>: "allowed"}}
+     "inputs": {<HumanMessage id>: {"digest": <content SHA-256>, "status": "allowed" | "blocked"}}}
+
+(``inputs`` is kept by ``_input.py``.)
 
 A call record holds the verdict summary, the outcome (``allow``/``block``/``escalate``/``route``), the arguments
 digest, and after review a ``status`` (``allowed``, ``approved``, ``edited``, ``blocked``, ``rejected``, ``malformed``)
@@ -21,6 +23,7 @@ from langchain.agents.middleware.types import AgentState, PrivateStateAttr
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.config import get_config
 
+from guard.agents._content import message_text
 from guard.agents._judge import Judgement
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
 from guard.subject import AgentEvent
@@ -129,10 +132,11 @@ def answered_ids(state: Any, message: AIMessage | None) -> set[str]:
 
 
 def user_text(state: Any) -> str | None:
-    """The text of the latest human message: the task the agent is serving."""
+    """All the text of the latest human message (:func:`~guard.agents._content.message_text`): the task the agent
+    is serving."""
     for message in reversed(_messages(state)):
         if isinstance(message, HumanMessage):
-            return message.text
+            return message_text(message)
     return None
 
 

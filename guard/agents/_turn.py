@@ -11,7 +11,7 @@ It is a generator that yields the subjects it needs judged, so the sync and asyn
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, cast
 
 from langchain_core.messages import AIMessage, RemoveMessage
@@ -19,6 +19,7 @@ from langgraph.types import interrupt
 
 from guard.agents import _messages as msgs
 from guard.agents._arguments import arguments_digest, parse_calls
+from guard.agents._content import message_text
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
 from guard.agents._output import held_id
@@ -95,20 +96,27 @@ class TurnKeeper:
         answer = interrupt(request, response_schema=response_schema(items, exact=True))
         return answer["decisions"]  # type: ignore[no-any-return]
 
-    def subjects(self, ai: AIMessage, state: Any) -> tuple[dict[str, Any], list[tuple[str, AgentSubject]]]:
-        """The turn record with malformed calls already decided, and the subjects left to judge (key, subject)."""
+    def subjects(
+        self, ai: AIMessage, state: Any, tools: Sequence[Any] = ()
+    ) -> tuple[dict[str, Any], list[tuple[str, AgentSubject]]]:
+        """The turn record with malformed calls already decided, and the subjects left to judge (key, subject).
+
+        The reply's subject holds all of its text (:func:`~guard.agents._content.message_text`: text, reasoning and
+        every other block but tool calls), each tool call one subject of its own; ``tools`` (the model request's)
+        let calls with empty arguments be checked against their required parameters.
+        """
         if ai.id is None:
             ai.id = f"lc_guard_{uuid.uuid4().hex}"
         thread_id = current_thread_id()
         task = user_text(state)
         turn: dict[str, Any] = {"message_id": ai.id, "thread_id": thread_id, "output": None, "calls": {}}
         todo: list[tuple[str, AgentSubject]] = []
-        text = ai.text
+        text = message_text(ai)
         if text.strip():
             subject = AgentSubject(event="model_output", text=text, user_message=task, thread_id=thread_id)
             if self.judge.matches(subject):
                 todo.append(("", subject))
-        for call in parse_calls(ai):
+        for call in parse_calls(ai, tools):
             subject = AgentSubject(
                 event="tool_call",
                 tool_name=call.name,
@@ -170,7 +178,7 @@ class TurnKeeper:
                     thread_id=thread_id,
                     event="model_output",
                     message_id=ai.id or "",
-                    text=ai.text,
+                    text=message_text(ai),
                     digest=output["text_digest"],
                     answers=output["verdict"]["probabilities"],
                 )

@@ -2,11 +2,14 @@
 
 Where each event is judged and enforced:
 
-* **model input** (``before_model``): the latest user message, once per message. ``block`` ends the run with a notice;
-  ``escalate`` interrupts for approve/reject.
-* **model output and tool calls** (``wrap_model_call``): right after the model answers, inside the model node, the
-  reply text and every tool call are judged (concurrently under ``ainvoke``/``astream``) and the verdicts are stored
-  in the agent's private state. Malformed calls are recorded as blocked decisions (case C17).
+* **model input** (``before_model``): every user message new, or changed, since it was judged, one subject each; the
+  record is bound to a digest of the content, not only the message id (``_input.py``). ``block`` ends the run with a
+  notice, and the blocked message is left out of every later model request; ``escalate`` interrupts for
+  approve/reject.
+* **model output and tool calls** (``wrap_model_call``): right after the model answers, inside the model node, all
+  the reply's text (text, reasoning and any other block but tool calls, ``_content.py``) and every tool call are
+  judged (concurrently under ``ainvoke``/``astream``) and the verdicts are stored in the agent's private state.
+  Malformed calls are recorded as blocked decisions (case C17).
 * **enforcement** (``after_model``): blocked and malformed calls get error tool messages now, so their tools never
   start; all escalated items of the turn go to the reviewer in **one** ``interrupt()``, each with its own id
   (case C18); a reply whose decisions do not match the items exactly is refused and nothing runs. Edits are judged
@@ -42,12 +45,11 @@ from langchain.agents.middleware.types import (
     ModelResponse,
     hook_config,
 )
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from guard.agents import _messages as msgs
 from guard.agents._arguments import arguments_digest, classify_arguments
 from guard.agents._enforce import (
     AsyncHandler,
@@ -57,6 +59,7 @@ from guard.agents._enforce import (
     ToolCallEnforcer,
     ToolResultAction,
 )
+from guard.agents._input import InputGate
 from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, Judge
 from guard.agents._output import quiet_tokens, screen
 from guard.agents._records import (
@@ -64,11 +67,9 @@ from guard.agents._records import (
     GuardAgentState,
     ai_message_for,
     current_thread_id,
-    text_item,
 )
-from guard.agents._turn import Steps, TurnKeeper, adrive, drive
+from guard.agents._turn import TurnKeeper, adrive, drive
 from guard.agents._validate import check_options
-from guard.review import digest_of
 from guard.subject import AgentSubject
 from guard.verdict import FailMode
 
@@ -145,6 +146,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             guard, reviewers=reviewers, handoff_nodes=(), fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s
         )
         self._turns = TurnKeeper(self.name, self._judge)
+        self._inputs = InputGate(self._turns, self._judge)
         self._enforcer = ToolCallEnforcer(
             self._judge, side_effecting_tools=side_effecting_tools, tool_result_action=tool_result_action
         )
@@ -158,58 +160,30 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
 
     # Model input ------------------------------------------------------------------------------------------------
 
-    def _input_steps(self, state: Any) -> Steps:
-        message = next((m for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), None)
-        if message is None or message.id is None:
-            return None
-        seen = self._turns.mine(state).get("input") or {}
-        if seen.get("message_id") == message.id and seen.get("status") == "allowed":
-            return None
-        thread_id = current_thread_id()
-        subject = AgentSubject(event="model_input", text=message.text, user_message=message.text, thread_id=thread_id)
-        if not self._judge.matches(subject):
-            return None
-        judgement = yield subject
-        outcome, reason = judgement.outcome, judgement.reason
-        if outcome in ("escalate", "route"):
-            digest = digest_of("model_input", message.text)
-            item = text_item(
-                judgement,
-                thread_id=thread_id,
-                event="model_input",
-                message_id=message.id,
-                text=message.text,
-                digest=digest,
-            )
-            decision = self._turns.ask([item])[item["id"]]
-            outcome = "allow" if decision["type"] == "approve" else "block"
-            reason = decision.get("message") or ("a reviewer rejected it" if outcome == "block" else None)
-        if outcome == "allow":
-            return self._turns.update(state, input={"message_id": message.id, "status": "allowed"})
-        notice = msgs.assistant_notice(
-            msgs.INPUT_BLOCKED_TEMPLATE, judgement.verdict, reason, outcome="blocked", event="model_input"
-        )
-        return {
-            "messages": [notice],
-            "jump_to": "end",
-            **self._turns.update(state, input={"message_id": message.id, "status": "blocked"}),
-        }
-
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        """Judge the latest user message (model input), once."""
-        return drive(self._input_steps(state), self._judge.judge)
+        """Judge every user message that is new, or changed, since it was last judged (model input)."""
+        record, todo = self._inputs.pending(state)
+        judgements = self._judge.judge_all([pending.subject for pending in todo])
+        return self._inputs.settle(state, record, todo, judgements)
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        """Async twin of :meth:`before_model`."""
-        return await adrive(self._input_steps(state), self._judge.ajudge)
+        """Async twin of :meth:`before_model`; the messages are judged concurrently."""
+        record, todo = self._inputs.pending(state)
+        judgements = await self._judge.ajudge_all([pending.subject for pending in todo])
+        return self._inputs.settle(state, record, todo, judgements)
 
     # Model output and tool calls: judged in the model node -------------------------------------------------------
 
     def _holds_output(self) -> bool:
         """Whether the model's tokens must wait for the output verdict (an output policy applies)."""
         return self.hold_output_stream and self._judge.matches(AgentSubject(event="model_output", text=""))
+
+    def _visible(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        """The request without the user messages the input policy blocked (they stay in the thread, unread)."""
+        messages = self._inputs.visible(request.state, request.messages)
+        return request if len(messages) == len(request.messages) else request.override(messages=messages)
 
     @staticmethod
     def _ai_of(response: ModelResponse[Any]) -> AIMessage | None:
@@ -218,13 +192,15 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     def wrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
-        """Call the model, then judge its reply and tool calls before anything else happens (blocking)."""
+        """Call the model (without blocked user messages), then judge its reply and tool calls before anything else
+        happens (blocking)."""
+        request = self._visible(request)
         with quiet_tokens(self._holds_output()):
             response = handler(request)
         ai = self._ai_of(response)
         if ai is None:
             return response
-        turn, todo = self._turns.subjects(ai, request.state)
+        turn, todo = self._turns.subjects(ai, request.state, request.tools)
         self._turns.store(turn, todo, self._judge.judge_all([subject for _, subject in todo]))
         response = screen(response, ai, turn)
         return ExtendedModelResponse(response, Command(update=self._turns.update(request.state, turn=turn)))
@@ -233,12 +209,13 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """Async twin of :meth:`wrap_model_call`; the turn's subjects are judged concurrently."""
+        request = self._visible(request)
         with quiet_tokens(self._holds_output()):
             response = await handler(request)
         ai = self._ai_of(response)
         if ai is None:
             return response
-        turn, todo = self._turns.subjects(ai, request.state)
+        turn, todo = self._turns.subjects(ai, request.state, request.tools)
         self._turns.store(turn, todo, await self._judge.ajudge_all([subject for _, subject in todo]))
         response = screen(response, ai, turn)
         return ExtendedModelResponse(response, Command(update=self._turns.update(request.state, turn=turn)))

@@ -14,7 +14,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, message_chunk_to_message
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.tools import BaseTool, tool
+from langchain_core.tools import BaseTool, StructuredTool, tool
 
 from guard.systemone import SystemOneRequestV1
 
@@ -30,18 +30,28 @@ class Turn:
     finish_reason: str = "stop"
 
 
+@dataclass
+class Chunks:
+    """One scripted model turn given as the exact chunks a provider streams (``invoke`` gets them merged)."""
+
+    chunks: Sequence[AIMessageChunk]
+
+
 class ToolModel(GenericFakeChatModel):
     """``GenericFakeChatModel`` that accepts ``bind_tools`` and produces tool calls the way an OpenAI-style provider
     does: each call streamed as a ``tool_call_chunk`` with the raw argument text also kept in
     ``additional_kwargs["tool_calls"]``. ``invoke`` builds the same message by merging the same chunks, so invoke
     and stream see identical messages (LangChain's own chunk merge included)."""
 
-    turns: Any = None  # iterator of Turn | AIMessage
+    turns: Any = None  # iterator of Turn | Chunks | AIMessage
+    received: Any = None  # when a list: the messages of every model call are appended to it
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> ToolModel:
         return self
 
-    def _chunks(self, turn: Turn) -> list[AIMessageChunk]:
+    def _chunks(self, turn: Turn | Chunks) -> list[AIMessageChunk]:
+        if isinstance(turn, Chunks):
+            return list(turn.chunks)
         calls = []
         for index, (name, args, call_id) in enumerate(turn.calls):
             raw = args if isinstance(args, str) else json.dumps(args)
@@ -67,13 +77,15 @@ class ToolModel(GenericFakeChatModel):
         )
         return chunks
 
-    def _next(self) -> Turn | AIMessage:
+    def _next(self, messages: list[BaseMessage]) -> Turn | Chunks | AIMessage:
+        if self.received is not None:
+            self.received.append(list(messages))
         return next(self.turns)
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
     ) -> ChatResult:
-        turn = self._next()
+        turn = self._next(messages)
         if isinstance(turn, AIMessage):
             return ChatResult(generations=[ChatGeneration(message=turn)])
         merged = self._chunks(turn)
@@ -85,7 +97,7 @@ class ToolModel(GenericFakeChatModel):
     def _stream(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
     ) -> Iterator[ChatGenerationChunk]:
-        turn = self._next()
+        turn = self._next(messages)
         if isinstance(turn, AIMessage):
             yield ChatGenerationChunk(
                 message=AIMessageChunk(
@@ -105,9 +117,13 @@ class ToolModel(GenericFakeChatModel):
             yield generation
 
 
-def model(*turns: Turn | AIMessage) -> ToolModel:
-    """A :class:`ToolModel` answering with ``turns`` in order (then "done")."""
-    return ToolModel(turns=iter([*turns, Turn(text="done"), Turn(text="done"), Turn(text="done")]), messages=iter(()))
+def model(*turns: Turn | Chunks | AIMessage, received: list[list[BaseMessage]] | None = None) -> ToolModel:
+    """A :class:`ToolModel` answering with ``turns`` in order (then "done"); ``received`` collects what it was sent."""
+    return ToolModel(
+        turns=iter([*turns, Turn(text="done"), Turn(text="done"), Turn(text="done")]),
+        messages=iter(()),
+        received=received,
+    )
 
 
 @dataclass
@@ -128,7 +144,9 @@ class Runs:
 
 
 def counting_tools(runs: Runs, fetch_result: str = "nothing to see") -> list[BaseTool]:
-    """``pay``, ``read_file``, ``delete_all_records``, ``fetch`` and ``refund``: each records its run in ``runs``."""
+    """``pay``, ``read_file``, ``delete_all_records``, ``fetch``, ``refund``, ``list_records`` (no required
+    parameter) and ``wire`` (a JSON-schema ``args_schema``, as MCP adapters build tools: LangChain does not validate
+    its arguments): each records its run in ``runs``."""
 
     @tool
     def pay(amount: int, to: str) -> str:
@@ -160,7 +178,23 @@ def counting_tools(runs: Runs, fetch_result: str = "nothing to see") -> list[Bas
         runs.add("fetch", url=url)
         return fetch_result
 
-    return [pay, refund, read_file, delete_all_records, fetch]
+    @tool
+    def list_records(limit: int = 10) -> str:
+        """List the latest records."""
+        runs.add("list_records", limit=limit)
+        return f"{limit} records"
+
+    def send_wire(**kwargs: Any) -> str:
+        runs.add("wire", **kwargs)
+        return f"wired to {kwargs.get('iban')}"
+
+    wire = StructuredTool(
+        name="wire",
+        description="Wire money to an IBAN.",
+        args_schema={"type": "object", "properties": {"iban": {"type": "string"}}, "required": ["iban"]},
+        func=send_wire,
+    )
+    return [pay, refund, read_file, delete_all_records, fetch, list_records, wire]
 
 
 INJECTION = (

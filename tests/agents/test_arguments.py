@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.tools import StructuredTool, tool
 
-from guard.agents._arguments import arguments_digest, classify_arguments, parse_calls
+from guard.agents._arguments import (
+    arguments_digest,
+    classify_arguments,
+    empty_arguments_problem,
+    parse_calls,
+    required_parameters,
+)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +48,7 @@ def test_strict_json_rules_apply_to_argument_text() -> None:
 def test_well_formed_arguments_pass() -> None:
     assert classify_arguments('{"a": 1}') == ({"a": 1}, None)
     assert classify_arguments({"a": 1}) == ({"a": 1}, None)
-    assert classify_arguments("") == ({}, None)  # "no arguments", as LangChain's own parser reads it
+    assert classify_arguments("") == ({}, None)  # "no arguments", as LangChain's own parser reads it (a normal turn)
 
 
 def _merged(*chunks: AIMessageChunk) -> AIMessageChunk:
@@ -106,7 +113,106 @@ def test_cut_off_output_marks_the_last_call_when_no_raw_text_proves_it_whole() -
     message = AIMessage(content="", tool_calls=calls, response_metadata={"finish_reason": "length"})
     parsed = parse_calls(message)
     assert parsed[0].problem is None
-    assert parsed[1].problem is not None and "length limit" in parsed[1].problem
+    assert parsed[1].problem == "arguments may be truncated: the output was cut off (finish_reason=length)"
+
+
+def _empty_last_call(meta: dict[str, object], raw_last: str = "") -> AIMessageChunk:
+    message = _openai_style({"first": "", "last": raw_last})
+    return message.model_copy(update={"response_metadata": meta})
+
+
+@pytest.mark.parametrize(
+    ("meta", "reason"),
+    [
+        ({"finish_reason": "length"}, "finish_reason=length"),
+        ({"finish_reason": "MAX_TOKENS"}, "finish_reason=max_tokens"),  # Gemini
+        ({"stop_reason": "max_tokens"}, "stop_reason=max_tokens"),  # Anthropic
+        ({"stopReason": "max_tokens"}, "stopReason=max_tokens"),  # Bedrock Converse
+        ({"stop_reason": "model_context_window_exceeded"}, "stop_reason=model_context_window_exceeded"),
+        ({"done_reason": "length"}, "done_reason=length"),  # Ollama
+        ({"finish_reason": "content_filter"}, "finish_reason=content_filter"),
+        ({"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}, "incomplete_details.reason"),
+        ({"status": "incomplete"}, "status=incomplete"),  # OpenAI Responses
+    ],
+)
+def test_empty_raw_arguments_of_a_cut_off_turn_are_truncated_not_no_arguments(
+    meta: dict[str, object], reason: str
+) -> None:
+    """Raw argument text "" on a cut-off turn: the output ended before any argument was written."""
+    message = _empty_last_call(meta)
+    assert message.tool_calls[-1]["args"] == {}  # LangChain reads "" as {} ...
+    first, last = parse_calls(message)
+    assert last.arguments is None and last.raw == ""  # ... guard refuses it
+    assert last.problem is not None and last.problem.startswith("arguments may be truncated: the output was cut off (")
+    assert reason in last.problem
+    assert first.problem is None and first.arguments == {}  # an earlier call was complete before the next began
+
+
+@pytest.mark.parametrize("raw", ["  ", "\n"])
+def test_blank_raw_arguments_on_a_cut_off_turn_are_refused(raw: str) -> None:
+    # LangChain cannot parse whitespace, so the call is an invalid one: refused either way, never run as {}
+    (_, last) = parse_calls(_empty_last_call({"finish_reason": "length"}, raw))
+    assert last.arguments is None and last.problem is not None
+
+
+@pytest.mark.parametrize("meta", [{}, {"finish_reason": "stop"}, {"stop_reason": "end_turn"}, {"status": "completed"}])
+def test_empty_raw_arguments_of_a_finished_turn_mean_no_arguments(meta: dict[str, object]) -> None:
+    assert [(c.arguments, c.problem) for c in parse_calls(_empty_last_call(meta))] == [({}, None), ({}, None)]
+
+
+def test_a_cut_off_turn_whose_last_raw_text_is_a_whole_object_is_not_refused() -> None:
+    (_, last) = parse_calls(_empty_last_call({"finish_reason": "length"}, '{"amount": 5}'))
+    assert last.problem is None and last.arguments == {"amount": 5}
+
+
+@tool
+def _no_parameters() -> str:
+    """Takes nothing."""
+    return "ok"
+
+
+@tool
+def _pay(amount: int, to: str, memo: str = "") -> str:
+    """Pay someone."""
+    return "paid"
+
+
+_MCP_STYLE = StructuredTool(
+    name="wire",
+    description="A tool with a JSON-schema args_schema (as MCP adapters build them): LangChain does not validate it.",
+    args_schema={"type": "object", "properties": {"iban": {"type": "string"}}, "required": ["iban"]},
+    func=lambda **kwargs: "sent",
+)
+
+
+def test_required_parameters_come_from_the_schema_the_model_sees() -> None:
+    assert required_parameters(_pay) == {"amount", "to"}
+    assert required_parameters(_no_parameters) == frozenset()
+    assert required_parameters(_MCP_STYLE) == {"iban"}
+
+
+@pytest.mark.parametrize("args", ["", "{}", {}])
+def test_empty_arguments_for_a_tool_with_required_parameters_are_malformed(args: object) -> None:
+    calls = [("_pay", "p"), ("wire", "w"), ("_no_parameters", "n"), ("unknown", "u")]
+    if isinstance(args, str):  # raw text, as a provider streams it
+        message: AIMessage = _merged(
+            *[
+                AIMessageChunk(content="", tool_call_chunks=[tool_call_chunk(name=name, args=args, id=i, index=n)])
+                for n, (name, i) in enumerate(calls)
+            ]
+        )
+    else:  # parsed arguments only (no raw text kept)
+        message = AIMessage(
+            content="", tool_calls=[{"name": n, "args": {}, "id": i, "type": "tool_call"} for n, i in calls]
+        )
+    problems = {c.id: c.problem for c in parse_calls(message, [_pay, _MCP_STYLE, _no_parameters, {"type": "x"}])}
+    assert problems == {
+        "p": "arguments are empty, but tool `_pay` requires amount, to",
+        "w": "arguments are empty, but tool `wire` requires iban",
+        "n": None,  # no parameters: "" is "no arguments"
+        "u": None,  # a tool the agent does not have: the tool node answers it
+    }
+    assert empty_arguments_problem(_pay, {"amount": 1}) is None  # only empty arguments are checked here
 
 
 def test_duplicate_and_missing_ids_are_malformed() -> None:

@@ -14,8 +14,10 @@ from langchain.agents import create_agent
 from langgraph.checkpoint.memory import InMemorySaver
 
 from guard.agents import GuardAgentMiddleware, resume_command
+from guard.backends.compact import CompactBackend
 from guard.backends.local import LocalBackend
 from guard.engine import Guard
+from guard.errors import PolicyError
 from guard.policy import load_text
 from guard.telemetry import DecisionLog
 from tests.agents._fakes import Runs, Turn, counting_tools, model
@@ -66,3 +68,16 @@ async def test_real_model_decisions_are_enforced(golden_checkpoint: Path) -> Non
         should_run = action == "allow" or (action == "escalate" and call_id in approved)
         assert (names[call_id] in ran) == should_run, (call_id, action)
     assert result["messages"][-1].text == "done"
+
+
+def test_the_clef_policies_docs_agents_md_names_need_a_clef_backend(golden_checkpoint: Path) -> None:
+    """docs/agents.md: the compact model refuses policies/tool_call_guard.yaml at load time; a Clef backend loads it."""
+    root = Path(__file__).resolve().parents[2]
+    files = (root / "policies" / "tool_call_guard.yaml", root / "policies" / "tool_result_check.yaml")
+    with pytest.raises(PolicyError, match="cannot answer question 'destructive'"):
+        Guard.from_files(*files, backends=CompactBackend.default())
+    guard = Guard.from_files(*files, backends=LocalBackend.from_pretrained(golden_checkpoint, dtype=torch.float32))
+    try:
+        assert {policy.id for policy in guard.policies} == {"tool-call-guard", "tool-result-check"}
+    finally:
+        guard.close()

@@ -272,6 +272,53 @@ async def test_malformed_calls_async(harness: Any, thread: Any) -> None:
     assert h.runs.count() == 1 and len([m for m in out.tool_messages().values() if m.status == "error"]) == 5
 
 
+# Empty arguments: "no arguments" only on a finished turn, for a tool that requires nothing -------------------------
+
+
+@pytest.mark.parametrize("mode", SYNC_MODES)
+@pytest.mark.parametrize("finish_reason", ["length", "max_tokens", "MAX_TOKENS", "content_filter"])
+def test_empty_arguments_of_a_cut_off_turn_never_run(harness: Any, thread: Any, mode: str, finish_reason: str) -> None:
+    """A call whose raw arguments are "" on a turn cut off by its output limit is truncated, not ``{}``."""
+    h = harness()
+    turn = Turn(calls=[("list_records", "", "cut")], finish_reason=finish_reason)
+    out = drive(make_agent(h, turn), USER, thread(), mode)
+    assert h.runs.count() == 0
+    message = out.tool_messages()["cut"]
+    assert message.status == "error" and "arguments may be truncated: the output was cut off" in message.text
+    (logged,) = [d for d in h.decisions() if d["result"]["rule"] == "malformed_arguments"]
+    assert logged["input"]["tool_call_id"] == "cut" and logged["result"]["action"] == "block"
+
+
+@pytest.mark.parametrize("mode", SYNC_MODES)
+def test_empty_arguments_of_a_finished_turn_run_a_tool_without_required_parameters(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    h = harness()
+    drive(make_agent(h, Turn(calls=[("list_records", "", "ok")])), USER, thread(), mode)
+    assert h.runs.calls == [("list_records", {"limit": 10})]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "stream", "ainvoke", "astream"])
+@pytest.mark.parametrize("raw", ["", "{}"])
+async def test_empty_arguments_never_run_a_tool_with_required_parameters(
+    harness: Any, thread: Any, mode: str, raw: str
+) -> None:
+    """``wire`` has a JSON-schema args_schema LangChain does not enforce: without guard it would run with nothing."""
+    h = harness()
+    turn = Turn(calls=[("wire", raw, "w"), ("read_file", raw, "r"), ("list_records", raw, "l")])
+    agent, config = make_agent(h, turn), thread()
+    out = drive(agent, USER, config, mode) if mode in SYNC_MODES else await adrive(agent, USER, config, mode)
+    assert h.runs.calls == [("list_records", {"limit": 10})]
+    messages = out.tool_messages()
+    assert (
+        messages["w"].status == "error" and "arguments are empty, but tool `wire` requires iban" in messages["w"].text
+    )
+    assert "arguments are empty, but tool `read_file` requires path" in messages["r"].text
+    logged = {d["input"]["tool_call_id"] for d in h.decisions() if d["result"]["rule"] == "malformed_arguments"}
+    assert logged == {"w", "r"}
+
+
 # A slow guard racing the model (C16) -----------------------------------------------------------------------------
 
 

@@ -192,3 +192,27 @@ def test_wrapper_validates_and_repr(harness: Any) -> None:
         from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 
         GuardToolWrapper(guard=h.guard, reviewers={"x": FakeMessagesListChatModel(responses=[])}, handoff_nodes=["x"])
+
+
+@pytest.mark.parametrize(
+    ("turn", "problem"),
+    [
+        (Turn(calls=[("wire", "", "x")]), "arguments are empty, but tool `wire` requires iban"),
+        (Turn(calls=[("wire", "{}", "x")]), "arguments are empty, but tool `wire` requires iban"),
+        (Turn(calls=[("list_records", "", "x")], finish_reason="length"), "the output was cut off"),
+    ],
+)
+def test_the_tool_node_refuses_empty_arguments_that_cannot_mean_no_arguments(
+    harness: Any, thread: Any, turn: Turn, problem: str
+) -> None:
+    h = harness()
+    out = drive(build(h, turn), USER, thread(), "invoke")
+    assert h.runs.count() == 0
+    message = out.tool_messages()["x"]
+    assert message.status == "error" and problem in message.text
+
+
+def test_the_tool_node_runs_empty_arguments_of_a_tool_that_requires_nothing(harness: Any, thread: Any) -> None:
+    h = harness()
+    drive(build(h, Turn(calls=[("list_records", "", "x")])), USER, thread(), "invoke")
+    assert h.runs.calls == [("list_records", {"limit": 10})]

@@ -72,8 +72,9 @@ async def test_handoff_stream_is_relayed_incrementally_through_a_real_server(
     await handoff.aclose()
     assert events[-1] == "[DONE]"
     text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1])
-    assert text == f"Stand-in answer to: {QUESTION}" and "GATE TIMEOUT" not in text
-    assert server.calls[-1]["messages"][1:] == [{"role": "user", "content": QUESTION}]  # the user's own messages
+    assert text == OpenAIStandIn.answer(server.calls[-1]) and "GATE TIMEOUT" not in text
+    (user,) = server.calls[-1]["messages"][1:]  # the client's chat, quoted as data in one user message
+    assert user["role"] == "user" and json.dumps({"role": "user", "content": QUESTION}) in user["content"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -1,0 +1,71 @@
+"""All the text a message carries, wherever it sits: the part of a message that model input, model output and tool
+result policies judge.
+
+``BaseMessage.text`` joins only ``text`` blocks, but a message can carry text the reader (a client, the next model)
+sees in other places: ``reasoning`` blocks, provider-native blocks (Anthropic ``thinking``, OpenAI ``summary``),
+``non_standard`` blocks, citations, and provider extras in ``additional_kwargs`` (``reasoning_content``, ``refusal``).
+A policy that judges only ``.text`` lets those through unjudged. :func:`message_text` collects every string in the
+message instead, leaving out only
+
+* tool calls (``tool_call``, ``tool_call_chunk``, ``invalid_tool_call`` blocks, Anthropic ``tool_use``, OpenAI
+  ``function_call``, and ``additional_kwargs["tool_calls"]``): their arguments are judged by the tool-call policy;
+* values that are not text: ids, indexes, signatures, encrypted reasoning, base64 data and MIME types
+  (:data:`OPAQUE_KEYS`); and guard's own ``lc_source`` / ``lc_data`` metadata.
+
+Anything else, whatever its shape (a stray or unknown block included), is walked; a value that is not a string,
+list or mapping is skipped, so odd content never raises and never switches the check off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "message_text"]
+
+TOOL_CALL_BLOCKS = frozenset(
+    {"tool_call", "tool_call_chunk", "invalid_tool_call", "tool_use", "function_call", "input_json_delta"}
+)
+"""Content block types that hold a tool call (judged by the tool-call policy, not as text)."""
+OPAQUE_KEYS = frozenset(
+    {"type", "id", "index", "signature", "encrypted_content", "base64", "data", "mime_type", "file_id", "call_id"}
+)
+"""Keys whose values are identifiers or binary/encrypted payloads, never text a reader sees."""
+_SKIPPED_KWARGS = frozenset({"tool_calls", "function_call", "lc_source", "lc_data"})
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside ``value`` in document order (iterative, so deep nesting cannot overflow the stack)."""
+    found: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if item.strip():
+                found.append(item)
+        elif isinstance(item, Mapping):
+            if item.get("type") in TOOL_CALL_BLOCKS:
+                continue
+            stack.extend(reversed([v for k, v in item.items() if k not in OPAQUE_KEYS]))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+    return found
+
+
+def message_text(message: BaseMessage) -> str:
+    """Every piece of text in ``message`` (content blocks of any type, then ``additional_kwargs``), joined with
+    newlines; ``""`` when it has none.
+
+    Args:
+        message: any LangChain message (its ``content`` a string or a list of strings and blocks).
+
+    Returns:
+        The text a policy judges: ``message.text`` for a plain string message; for block content, the strings of
+        every block that is not a tool call, without identifiers, signatures or binary data.
+    """
+    parts = _strings(message.content)
+    extras = {key: value for key, value in (message.additional_kwargs or {}).items() if key not in _SKIPPED_KWARGS}
+    parts += _strings(extras)
+    return "\n".join(parts)

@@ -1,0 +1,199 @@
+"""All the text of a message is judged (guard/agents/_content.py): reasoning, provider-native and non-standard blocks
+of a model reply are judged and held back like its text, streamed or not (case C26), and odd content never switches
+the check off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+from guard.agents import GuardAgentMiddleware
+from guard.agents._content import message_text
+from tests.agents._drive import adrive, drive
+from tests.agents._fakes import Chunks, Turn, model
+
+USER = {"messages": [("user", "Summarise the report.")]}
+SECRET = "Your API key is sk-12345-6789"
+WITHHELD = "withheld by guard policy agent-output (rule leak)"
+
+
+# message_text ------------------------------------------------------------------------------------------------------
+
+
+def test_plain_text_is_unchanged() -> None:
+    assert message_text(AIMessage("  Here is the summary. ")) == "  Here is the summary. "
+    assert message_text(AIMessage("")) == ""
+
+
+def test_every_block_but_tool_calls_is_read() -> None:
+    message = AIMessage(
+        content=[
+            {"type": "text", "text": "Here is the summary.", "id": "t1", "annotations": [{"title": "Q3 report"}]},
+            {"type": "reasoning", "reasoning": "step one", "extras": {"signature": "c2lnbmF0dXJl"}},
+            {"type": "thinking", "thinking": "step two", "signature": "opaque"},  # Anthropic-native
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "step three"}]},  # OpenAI Responses
+            {"type": "non_standard", "value": {"deep": [{"note": "step four"}, 7, None, True]}},
+            {"type": "tool_use", "id": "call_1", "name": "pay", "input": {"to": "not text"}},
+            {"type": "tool_call", "id": "call_2", "name": "pay", "args": {"to": "not text either"}},
+            {"type": "image", "base64": "iVBORw0KGgo=", "mime_type": "image/png"},
+            {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"},
+            "a bare string",
+        ],
+        additional_kwargs={
+            "reasoning_content": "step five",
+            "refusal": "step six",
+            "tool_calls": [{"id": "c", "function": {"arguments": '{"to": "args"}'}}],
+        },
+    )
+    assert message_text(message).split("\n") == [
+        "Here is the summary.",
+        "Q3 report",
+        "step one",
+        "step two",
+        "step three",
+        "step four",
+        "a bare string",
+        "step five",
+        "step six",
+    ]
+
+
+def test_odd_content_never_raises() -> None:
+    nested: Any = {"text": "bottom"}
+    for _ in range(5000):
+        nested = {"type": "non_standard", "value": nested}
+    odd = AIMessage(content=[{"index": 3}, {"type": None, "value": b"bytes"}, {"type": "x", "n": 1.5}, nested])
+    assert message_text(odd) == "bottom"
+    assert message_text(ToolMessage(content=[{"type": "text", "text": "result"}], tool_call_id="c")) == "result"
+    assert message_text(HumanMessage(content=[{"type": "text", "text": "   "}])) == ""
+
+
+# Model output outside text blocks ----------------------------------------------------------------------------------
+
+
+def make_agent(h: Any, *turns: Any, **options: Any) -> Any:
+    middleware = GuardAgentMiddleware(guard=h.guard, **options)
+    return create_agent(model(*turns), h.tools, middleware=[middleware], checkpointer=InMemorySaver())
+
+
+REPLIES: dict[str, list[str | dict[str, Any]]] = {
+    "reasoning": [{"type": "text", "text": "Here is the summary."}, {"type": "reasoning", "reasoning": SECRET}],
+    "non_standard": [
+        {"type": "text", "text": "Here is the summary."},
+        {"type": "non_standard", "value": {"t": SECRET}},
+    ],
+    "thinking": [{"type": "thinking", "thinking": SECRET, "signature": "s"}, {"type": "text", "text": "Done."}],
+    "reasoning only": [{"type": "reasoning", "reasoning": SECRET}],
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "stream", "ainvoke", "astream"])
+@pytest.mark.parametrize("kind", sorted(REPLIES))
+async def test_a_secret_outside_text_blocks_is_withheld(harness: Any, thread: Any, mode: str, kind: str) -> None:
+    h = harness()
+    agent, config = make_agent(h, AIMessage(content=REPLIES[kind], id="r1")), thread()
+    out = drive(agent, USER, config, mode) if mode in ("invoke", "stream") else await adrive(agent, USER, config, mode)
+    assert all("sk-" not in message_text(m) for m in out.messages)
+    assert WITHHELD in out.last_ai().text
+
+
+def test_a_secret_in_provider_extras_is_withheld(harness: Any, thread: Any) -> None:
+    h = harness()
+    reply = AIMessage(content="Here is the summary.", additional_kwargs={"reasoning_content": SECRET})
+    out = drive(make_agent(h, reply), USER, thread(), "invoke")
+    assert WITHHELD in out.last_ai().text and not out.last_ai().additional_kwargs.get("reasoning_content")
+
+
+def test_the_reviewer_sees_all_of_an_escalated_reply(harness: Any, thread: Any) -> None:
+    h = harness()
+    reply = AIMessage(content=[{"type": "text", "text": "Done."}, {"type": "reasoning", "reasoning": "the password"}])
+    agent, config = make_agent(h, reply), thread()
+    out = drive(agent, USER, config, "invoke")
+    (item,) = out.items()
+    assert item["event"] == "model_output" and item["text"] == "Done.\nthe password"
+    out = drive(agent, Command(resume={"decisions": {item["id"]: {"type": "approve"}}}), config, "invoke")
+    assert any(m.type == "ai" and m.content == reply.content for m in out.messages)
+
+
+def test_a_clean_reply_with_reasoning_is_delivered_unchanged(harness: Any, thread: Any) -> None:
+    h = harness()
+    reply = AIMessage(content=[{"type": "reasoning", "reasoning": "sum the rows"}, {"type": "text", "text": "42."}])
+    out = drive(make_agent(h, reply), USER, thread(), "invoke")
+    assert out.last_ai().content == reply.content
+
+
+# Streaming (C26): reasoning chunks and odd chunks -------------------------------------------------------------------
+
+
+def _reasoning(text: str, index: int = 0) -> AIMessageChunk:
+    return AIMessageChunk(content=[{"type": "reasoning", "reasoning": text, "index": index}])
+
+
+STRAY = [
+    AIMessageChunk(content=""),
+    AIMessageChunk(content=[{"type": "non_standard", "value": {"raw": b"\x00\xff"}, "index": 2}]),
+    AIMessageChunk(content=[{"index": 3}]),
+    AIMessageChunk(content=[{"type": "image", "base64": "iVBORw0KGgo=", "mime_type": "image/png", "index": 4}]),
+]
+
+
+def _split_secret_turn(stray_first: bool) -> Chunks:
+    secret = [_reasoning("Your API key is sk-"), _reasoning("12345"), _reasoning("-6789")]
+    text = [AIMessageChunk(content=[{"type": "text", "text": "Here is the summary.", "index": 1}])]
+    chunks = [*STRAY, *secret, *text] if stray_first else [*secret, *STRAY[:2], *text, *STRAY[2:]]
+    last = AIMessageChunk(content="", response_metadata={"finish_reason": "stop"}, chunk_position="last")
+    return Chunks([*chunks, last])
+
+
+def _streamed(agent: Any, config: dict[str, Any]) -> list[Any]:
+    return [p[0] for mode, p in agent.stream(USER, config, stream_mode=["messages", "updates"]) if mode == "messages"]
+
+
+@pytest.mark.parametrize("stray_first", [True, False])
+def test_a_secret_split_across_reasoning_chunks_never_reaches_the_stream(
+    harness: Any, thread: Any, stray_first: bool
+) -> None:
+    h = harness()
+    agent, config = make_agent(h, _split_secret_turn(stray_first)), thread()
+    emitted = _streamed(agent, config)
+    streamed = "".join(message_text(m) for m in emitted)
+    assert "sk-" not in streamed and "12345" not in streamed and "6789" not in streamed
+    assert all(not isinstance(m, AIMessageChunk) for m in emitted)  # nothing token by token
+    assert WITHHELD in streamed
+    assert WITHHELD in agent.get_state(config).values["messages"][-1].text
+
+
+@pytest.mark.anyio
+async def test_a_secret_split_across_reasoning_chunks_async(harness: Any, thread: Any) -> None:
+    h = harness()
+    agent, config = make_agent(h, _split_secret_turn(True)), thread()
+    emitted = [
+        p[0] async for mode, p in agent.astream(USER, config, stream_mode=["messages", "updates"]) if mode == "messages"
+    ]
+    assert "sk-" not in "".join(message_text(m) for m in emitted)
+    assert WITHHELD in (await agent.aget_state(config)).values["messages"][-1].text
+
+
+def test_with_live_tokens_odd_chunks_do_not_switch_the_verdict_off(harness: Any, thread: Any) -> None:
+    """With tokens streamed live (hold_output_stream=False) the reply still gets its verdict: the state keeps the
+    notice, whatever odd chunks came with it."""
+    h = harness()
+    agent, config = make_agent(h, _split_secret_turn(True), hold_output_stream=False), thread()
+    _streamed(agent, config)
+    last = agent.get_state(config).values["messages"][-1]
+    assert WITHHELD in last.text and "sk-" not in message_text(last)
+
+
+def test_a_clean_streamed_reply_with_odd_chunks_arrives_whole(harness: Any, thread: Any) -> None:
+    h = harness()
+    chunks = [_reasoning("sum the rows"), *STRAY, AIMessageChunk(content=[{"type": "text", "text": "42.", "index": 1}])]
+    agent, config = make_agent(h, Chunks(chunks), Turn(text="unused")), thread()
+    emitted = _streamed(agent, config)
+    assert "42." in "".join(message_text(m) for m in emitted)
+    assert "42." in agent.get_state(config).values["messages"][-1].text
