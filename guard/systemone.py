@@ -508,10 +508,13 @@ def _answer_from_caller_order(
 
 @dataclass(frozen=True)
 class UsageV1:
-    """Token usage: ``input_tokens`` = prompt length including media; ``output_tokens`` is 0 for Clef."""
+    """Token usage: ``input_tokens`` = prompt length including media; ``output_tokens`` is 0 for Clef;
+    ``state_tokens_dropped`` = state tokens the model did not read because the state was over its window (0 unless
+    the backend cut it; sent on the wire only when above 0)."""
 
     input_tokens: int
     output_tokens: int = 0
+    state_tokens_dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -523,10 +526,13 @@ class SystemOneResponseV1:
     usage: UsageV1
 
     def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
+        usage: dict[str, int] = {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens}
+        if self.usage.state_tokens_dropped:
+            usage["state_tokens_dropped"] = self.usage.state_tokens_dropped
         return {
             "model": self.model,
             "answers": {qid: answer.to_json(decimals) for qid, answer in self.answers.items()},
-            "usage": {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens},
+            "usage": usage,
         }
 
     @classmethod
@@ -575,7 +581,9 @@ class SystemOneResponseV1:
             raise bad(f"response answers unknown questions {extra}")
         usage_raw = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         usage = UsageV1(
-            input_tokens=_as_int(usage_raw.get("input_tokens")), output_tokens=_as_int(usage_raw.get("output_tokens"))
+            input_tokens=_as_int(usage_raw.get("input_tokens")),
+            output_tokens=_as_int(usage_raw.get("output_tokens")),
+            state_tokens_dropped=_as_int(usage_raw.get("state_tokens_dropped")),
         )
         model = body.get("model")
         return cls(model=model if isinstance(model, str) else request.model, answers=answers, usage=usage)
