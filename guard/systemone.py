@@ -510,7 +510,7 @@ def _answer_from_caller_order(
 class UsageV1:
     """Token usage: ``input_tokens`` = prompt length including media; ``output_tokens`` is 0 for Clef;
     ``state_tokens_dropped`` = state tokens the model did not read because the state was over its window (0 unless
-    the backend cut it; sent on the wire only when above 0)."""
+    the backend cut it; read from a response's ``usage`` when a server sends it)."""
 
     input_tokens: int
     output_tokens: int = 0
@@ -526,13 +526,12 @@ class SystemOneResponseV1:
     usage: UsageV1
 
     def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
-        usage: dict[str, int] = {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens}
-        if self.usage.state_tokens_dropped:
-            usage["state_tokens_dropped"] = self.usage.state_tokens_dropped
+        """The wire body (§5.4), exactly the reference's keys: ``usage`` has ``input_tokens`` and ``output_tokens``
+        only (a backend that reports ``state_tokens_dropped`` on the wire adds it, as the compact model does)."""
         return {
             "model": self.model,
             "answers": {qid: answer.to_json(decimals) for qid, answer in self.answers.items()},
-            "usage": usage,
+            "usage": {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens},
         }
 
     @classmethod

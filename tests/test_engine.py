@@ -618,21 +618,42 @@ async def test_state_tokens_the_backend_dropped_are_flagged_on_misses_and_cache_
 
 
 @pytest.mark.anyio
-async def test_clef_reports_the_state_tail_it_cut_in_process_and_over_http(clef_fp32: Any) -> None:
-    from guard.backends.http import SystemOneClient
+async def test_clef_reports_the_state_tail_it_cut(clef_fp32: Any) -> None:
     from guard.backends.local import LocalBackend
-    from tests.worker._serve import serve_worker
 
     subject = AgentSubject(event="tool_result", tool_name="fetch", tool_result="report text " * 300)
-    local = LocalBackend(clef_fp32, max_length=512)
-    async with Guard(load_text(DROPPED_POLICY), backends=local) as guard:
-        verdict = await guard.aevaluate(subject)
-    dropped = verdict.flags["state_tokens_dropped"]
-    assert dropped > 100 and verdict.rule == "partial-read"
-    with serve_worker(LocalBackend(clef_fp32, max_length=512)) as worker:
-        async with Guard(load_text(DROPPED_POLICY), backends=SystemOneClient.worker(worker.url, timeout=60)) as guard:
+    async with Guard(load_text(DROPPED_POLICY), backends=LocalBackend(clef_fp32, max_length=512)) as guard:
+        cut = await guard.aevaluate(subject)
+        whole = await guard.aevaluate(AgentSubject(event="tool_result", tool_name="fetch", tool_result="report"))
+    assert cut.flags["state_tokens_dropped"] > 100 and cut.rule == "partial-read"
+    assert "state_tokens_dropped" not in whole.flags and whole.rule == "default"
+
+
+@pytest.mark.anyio
+async def test_a_system_one_server_reporting_dropped_tokens_is_flagged_over_http(short_compact: Any) -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from guard.backends.http import SystemOneClient
+    from tests.worker._serve import serve_app_in_thread
+
+    served = short_compact()
+
+    async def systemone(request: Request) -> JSONResponse:  # the compact model behind a System One endpoint
+        answer = await served.decide(SystemOneRequestV1.from_json(await request.json()))
+        return JSONResponse(answer.to_json())
+
+    app = Starlette(routes=[Route("/v1/systemone", systemone, methods=["POST"])])
+    subject = AgentSubject(event="tool_result", tool_name="fetch", tool_result="report text " * 200)
+    with serve_app_in_thread(app, ready_path=None) as url:
+        async with Guard(load_text(DROPPED_POLICY), backends=SystemOneClient.worker(url, timeout=60)) as guard:
             remote = await guard.aevaluate(subject)
-    assert remote.flags == {"state_tokens_dropped": dropped} and remote.rule == "partial-read"
+    async with Guard(load_text(DROPPED_POLICY), backends=short_compact()) as guard:
+        local = await guard.aevaluate(subject)
+    assert remote.flags == local.flags and local.flags["state_tokens_dropped"] > 300
+    assert remote.rule == "partial-read"
 
 
 # Fail-closed Retry-After ----------------------------------------------------------------------------------------
