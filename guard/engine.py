@@ -48,7 +48,7 @@ logger = logging.getLogger("guard.engine")
 DEFAULT_BACKEND = "default"
 #: Message of a fail-closed block when the policy gives none.
 FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
-#: Rule and HTTP status of the block for a state field over its ``max_chars`` with ``truncate: error``.
+#: Rule, HTTP status and message of the block for a state field over its ``max_chars`` with ``truncate: error``.
 STATE_TOO_LONG_RULE = "state_too_long"
 STATE_TOO_LONG_STATUS = 413
 STATE_TOO_LONG_MESSAGE = "Too long to check: {field} has {length} characters; this policy judges at most {max_chars}."
