@@ -148,6 +148,10 @@ def encode_checked(
         "usage": [response.usage.input_tokens, response.usage.output_tokens],
         "answers": answers,
     }
+    if response.usage.state_tokens_dropped > 0:
+        # Optional and only when non-zero: values without it read as 0, so the value version stays (a replica that
+        # does not know the key ignores it).
+        value["dropped"] = response.usage.state_tokens_dropped
     return value, decode_answers(value, request)  # one shape check for fresh and cached answers
 
 
@@ -165,8 +169,9 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         raise MalformedAnswer("stored answers do not cover exactly the request's questions")
     if not isinstance(model, str) or not (isinstance(usage, list) and len(usage) == 2):
         raise MalformedAnswer("stored answers lack model or usage")
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in usage):
-        raise MalformedAnswer("stored usage is not two token counts")
+    dropped = value.get("dropped", 0)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (*usage, dropped)):
+        raise MalformedAnswer("stored usage is not two token counts (and the dropped state tokens)")
     answers: dict[str, AnswerV1] = {}
     for question in request.questions:
         entry = raw_answers[question.id]
@@ -205,7 +210,9 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         answers[question.id] = AnswerV1(
             question.id, "score", by_id, score=float(headline), confidence=float(conf), legend=legend
         )
-    return SystemOneResponseV1(model=model, answers=answers, usage=UsageV1(int(usage[0]), int(usage[1])))
+    return SystemOneResponseV1(
+        model=model, answers=answers, usage=UsageV1(int(usage[0]), int(usage[1]), state_tokens_dropped=int(dropped))
+    )
 
 
 def copy_answer(answer: AnswerV1) -> AnswerV1:

@@ -5,9 +5,9 @@ part (:class:`~guard._answers.KeyTemplate`), the wire id -> question key map, wh
 with cached answers (:meth:`Plan.rules`), and a bounded memo from a rendered state to its normalised form, flags and
 cache key (:meth:`Plan.prepare`).
 
-Why the state memo is exact: normalisation (``guard/normalize.py``) and the key are pure functions of the rendered
-state. The usual state, an object whose values are all strings, is remembered by its items and rebuilt as a new
-dict of the same strings. Any other state is remembered by its JSON text, and only when its normalised form survives
+Why the state memo is exact: preparing the state (normalisation and the fields' caps, ``Policy.prepare_state``) and
+the key are pure functions of the rendered state. The usual state, an object whose values are all strings, is
+remembered by its items and rebuilt as a new dict of the same strings. Any other state is remembered by its JSON text, and only when its normalised form survives
 a JSON round trip unchanged, type for type, so a memo hit rebuilds the very same value as a fresh object (callers may
 keep or change it freely). States that are not plain JSON (a YAML date, NaN) or longer than
 :data:`STATE_MEMO_MAX_CHARS` characters are normalised every time, as before.
@@ -24,7 +24,6 @@ from typing import Any
 from guard._answers import KeyTemplate
 from guard.backends.base import DecisionBackend
 from guard.cache import CachedAnswers
-from guard.normalize import normalize_value
 from guard.policy import Policy, apply_rules
 from guard.policy.rules import RuleResult, rule_inputs
 from guard.subject import Subject
@@ -98,8 +97,11 @@ class Plan:
         """Render ``subject``'s state, normalise it and hash its cache key.
 
         Returns:
-            ``(state, flags, key)``: the normalised state (a new object), the normalisation flags (a new dict) and the
+            ``(state, flags, key)``: the normalised (and capped) state (a new object), its flags (a new dict) and the
             cache key (64 hex characters).
+
+        Raises:
+            StateTooLong: a field with ``truncate: error`` is over its ``max_chars``.
         """
         raw = self.policy.render_state(subject)
         memo_key = _memo_key(raw)
@@ -109,8 +111,8 @@ class Plan:
                 flat, normalized, known_flags, known_key = known
                 state = dict(normalized) if flat else json.loads(normalized)
                 return state, dict(known_flags), known_key
-        normalized_value = normalize_value(raw)
-        state, flags = normalized_value.value, dict(normalized_value.flags)
+        prepared = self.policy.prepare_state(raw, subject)
+        state, flags = prepared.value, dict(prepared.flags)
         key = self.key.key(state)
         if memo_key is not None:
             self._remember(memo_key, state, flags, key)

@@ -1,19 +1,26 @@
 """The decision engine: ``Guard.evaluate(subject) -> Verdict`` (ARCHITECTURE.md layer 7).
 
-Steps for one subject: match the first policy (cheap: never reads the body); render its state and normalise the
-text for scoring (``guard/normalize.py``); build one System One request with all the policy's questions; get the
-answers from the probability cache or the policy's backend within the policy's timeout; apply the rules; emit one
-span and one decision-log record.
+Steps for one subject: match the first policy (cheap: never reads the body); render its state, normalise the text
+for scoring (``guard/normalize.py``) and apply the fields' caps (``guard/policy/_state.py``); build one System One
+request with all the policy's questions; get the answers from the probability cache or the policy's backend within
+the policy's timeout; apply the rules; emit one span and one decision-log record.
 
 ``aevaluate`` never raises for backend or cache trouble: a backend error, a timeout, a malformed answer or a rule
 that fails at run time is handed to the policy's fail mode (``closed`` / ``open`` / ``escalate``), and the verdict
 says so (``fail_mode``, ``error``, ``rule="on_error"``). Shadow policies compute and record the verdict but allow.
+
+A decision on part of the text is never silent: a state field cut to its ``max_chars`` counts in
+``flags.truncated``, and state tokens the backend reports it did not read (``usage.state_tokens_dropped``) are
+``flags.state_tokens_dropped``; rules read both before they decide, and the verdict, the span, the decision log and
+the ``guard.state_cut`` counter carry them. A field with ``truncate: error`` over its cap is refused without a model
+call: a block with status 413 and rule :data:`STATE_TOO_LONG_RULE`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import threading
 import time
@@ -26,14 +33,14 @@ from guard._answers import copy_answer
 from guard._plan import Plan
 from guard.backends.base import DecisionBackend
 from guard.cache import CacheConfig, Lookup, MemoryCache, ProbabilityCache, RedisCache
-from guard.errors import BackendError, GuardError, Overloaded, PolicyError, UnsupportedQuestion
+from guard.errors import BackendError, GuardError, Overloaded, PolicyError, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy, PolicySet, load_files
 from guard.policy.rules import RuleError
 from guard.subject import Subject
 from guard.telemetry import DecisionLog, Telemetry
 from guard.verdict import Verdict
 
-__all__ = ["DEFAULT_BACKEND", "Guard"]
+__all__ = ["DEFAULT_BACKEND", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]
 
 logger = logging.getLogger("guard.engine")
 
@@ -41,6 +48,10 @@ logger = logging.getLogger("guard.engine")
 DEFAULT_BACKEND = "default"
 #: Message of a fail-closed block when the policy gives none.
 FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
+#: Rule, HTTP status and message of the block for a state field over its ``max_chars`` with ``truncate: error``.
+STATE_TOO_LONG_RULE = "state_too_long"
+STATE_TOO_LONG_STATUS = 413
+STATE_TOO_LONG_MESSAGE = "Too long to check: {field} has {length} characters; this policy judges at most {max_chars}."
 #: Per-policy plans kept before the table starts over (plans of policies no longer loaded are dropped as new plans
 #: are made).
 MAX_PLANS = 256
@@ -248,10 +259,15 @@ class Guard:
                         key, request, compute, ttl=policy.cache_ttl, wait=policy.timeout
                     )
             response = cached.response
+            dropped = getattr(response.usage, "state_tokens_dropped", 0)
+            if isinstance(dropped, int) and dropped > 0:
+                flags["state_tokens_dropped"] = dropped  # before the rules: they may act on a partial read
             names = plan.names
             shared = {names[qid]: answer for qid, answer in response.answers.items()}
             result = plan.rules(cached, shared, subject=subject, state=state, flags=flags)
             answers = {name: copy_answer(answer) for name, answer in shared.items()}  # the cache's stay untouched
+        except StateTooLong as exc:
+            return self._too_long(policy, decision_id, started, exc, flags, backend), lookup
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
             verdict = self._fail(policy, subject, decision_id, started, exc, state, flags, backend, response)
             return verdict, lookup
@@ -278,6 +294,32 @@ class Guard:
         )
         return verdict, lookup
 
+    def _too_long(
+        self,
+        policy: Policy,
+        decision_id: str,
+        started: float,
+        exc: StateTooLong,
+        flags: dict[str, Any],
+        backend: DecisionBackend,
+    ) -> Verdict:
+        """The block for a state a policy refuses to judge in part (``truncate: error``): no model was asked."""
+        message = STATE_TOO_LONG_MESSAGE.format(field=exc.field, length=exc.length, max_chars=exc.max_chars)
+        return Verdict(
+            action="allow" if policy.mode == "shadow" else "block",
+            decision_id=decision_id,
+            policy_id=policy.id,
+            policy_version=policy.version,
+            rule=STATE_TOO_LONG_RULE,
+            status=STATE_TOO_LONG_STATUS,
+            message=message,
+            backend=backend.name,
+            model_revision=_revision(backend),
+            latency_ms=(time.perf_counter() - started) * 1000,
+            shadow_action="block" if policy.mode == "shadow" else None,
+            flags=flags,
+        )
+
     def _fail(
         self,
         policy: Policy,
@@ -298,7 +340,7 @@ class Guard:
         status = retry_after = message = None
         if fail.mode == "closed":
             action, status, message = "block", fail.status, fail.message or FAIL_CLOSED_MESSAGE
-            retry_after = getattr(exc, "retry_after", None) or fail.retry_after
+            retry_after = _retry_after(fail.retry_after, getattr(exc, "retry_after", None))
         elif fail.mode == "open":
             action, message = "allow", fail.message
             flags = {**flags, "fail_open": True}
@@ -315,7 +357,7 @@ class Guard:
             status=status,
             message=message,
             backend=backend.name,
-            model=getattr(response, "model", None) or policy.model,
+            model=getattr(response, "model", None),  # None when no model answered
             model_revision=_revision(backend),
             latency_ms=(time.perf_counter() - started) * 1000,
             fail_mode=fail.mode,
@@ -434,6 +476,15 @@ def _decision_id() -> str:
     ``UUID`` object (about half the cost, on every decision)."""
     digits = f"{int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET:032x}"
     return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
+
+
+def _retry_after(policy_seconds: float, hint: Any) -> float:
+    """Retry-After of a fail-closed block: the policy's ``retry_after``, or the backend's hint (a worker's queue
+    estimate, a 429's header) when that is shorter. A longer hint is capped: a backend's own rate limit (an hour for
+    a used-up quota) is the operator's problem, not a wait to hand to every client."""
+    if isinstance(hint, (int, float)) and not isinstance(hint, bool) and math.isfinite(hint) and 0 <= hint:
+        return min(float(hint), policy_seconds)
+    return policy_seconds
 
 
 def _reason(exc: BaseException) -> str:

@@ -10,6 +10,7 @@
     │   └── MalformedAnswer         an answer is missing, not finite, or its probabilities do not sum to 1
     ├── Overloaded                  a bounded queue is full; carries ``retry_after`` seconds
     ├── UnsupportedQuestion         a backend was asked a question it cannot answer (compact model catalog)
+    ├── StateTooLong                a state field is longer than its max_chars and the policy says truncate: error
     ├── InvalidJson                 strict JSON parsing failed: not UTF-8, duplicate key, too deep, NaN, bad syntax
     ├── BodyError                   an HTTP request body cannot be inspected (too large, undecodable, malformed)
     ├── ReviewError                 a review item cannot be read or changed as asked
@@ -47,6 +48,7 @@ __all__ = [
     "ReviewError",
     "ReviewNotFound",
     "ReviewStoreUnavailable",
+    "StateTooLong",
     "UnsupportedQuestion",
 ]
 
@@ -191,6 +193,26 @@ class UnsupportedQuestion(GuardError, ValueError):
         self.backend = backend
         self.reason = reason
         super().__init__(f"question {question_id!r} cannot be answered by backend {backend!r}: {reason}")
+
+
+class StateTooLong(GuardError):
+    """A state field is longer than its ``max_chars`` and its policy refuses to judge a cut text (``truncate:
+    error``); the engine answers with a block (413), never with a decision on part of the text.
+
+    Attributes:
+        field: the state field's path, e.g. ``text`` or ``call.arguments``.
+        length: the field's length in characters (after normalisation; the raw length when far over the cap).
+        max_chars: the field's cap.
+    """
+
+    def __init__(self, field: str, length: int, max_chars: int) -> None:
+        self.field = field
+        self.length = length
+        self.max_chars = max_chars
+        super().__init__(
+            f"state field {field!r} has {length} characters; this policy judges at most {max_chars} and refuses to "
+            "judge a cut text (truncate: error)"
+        )
 
 
 class InvalidJson(GuardError, ValueError):

@@ -4,59 +4,106 @@ Obfuscated text must get the same decision as the plain text, while the original
 subject is never changed; only the copy sent to the model is). :func:`normalize_text` applies, in order:
 
 1. **Unicode tag characters** (U+E0000-U+E007F, "ASCII smuggling"): printable tags U+E0020-U+E007E are decoded to
-   the ASCII they shadow, so the model reads the hidden instruction; the rest (language tag, cancel tag) are removed.
-   Their presence is flagged (``unicode_tags``): invisible text is suspicious in itself.
-2. **NFKC** (UAX #15): full-width Latin, ligatures, superscripts and other compatibility forms fold to plain forms.
-3. **Invisible format characters**: zero-width space/joiners, word joiner, BOM, soft hyphen, Mongolian vowel
-   separator, and the bidi embedding/override/isolate controls (U+202A-U+202E, U+2066-U+2069, U+200E/U+200F, U+061C)
-   are removed (flags ``zero_width``, ``bidi_controls``).
-4. **Confusables in mixed-script words**: inside a word that mixes Latin with Cyrillic or Greek letters, look-alike
-   letters are mapped to Latin (``Іgnоrе`` -> ``Ignore``; flag ``mixed_script``). Words wholly in one script are left
-   alone, so Russian or Greek text is not damaged.
-5. **Base64 runs** of at least :data:`MIN_BASE64_CHARS` characters that decode to printable UTF-8 text get the decoded
-   text appended as ``[base64: ...]`` (flag ``base64``), so an encoded instruction is read too.
+   the ASCII they shadow, so the model reads the hidden instruction; the rest (language tag, cancel tag) are removed
+   (flag ``unicode_tags``).
+2. **Variation selectors** (U+FE00-U+FE0F, U+E0100-U+E01EF, Mongolian U+180B-U+180D, U+180F): a run of two or more,
+   or one after an ASCII character, is removed (flag ``variation_selectors``); a run that spells UTF-8 text in the
+   "emoji smuggling" code (one byte per selector: U+FE00+b for b < 16, U+E0100+b-16 above) is decoded in place. A
+   single selector after a non-ASCII character (an emoji, ideographic or Mongolian variation sequence such as
+   ``❤️``), and U+FE0F before the keycap mark U+20E3, are ordinary text and stay.
+3. **NFKC** (UAX #15): full-width Latin, ligatures, mathematical alphanumerics, superscripts and other compatibility
+   forms fold to plain forms.
+4. **Invisible characters** (Unicode's Default_Ignorable_Code_Point set, plus the braille blank): zero-width
+   space/joiners, word joiner, BOM, soft hyphen, invisible operators and other format characters are removed
+   (flag ``zero_width``); the bidi embedding/override/isolate controls (U+202A-U+202E, U+2066-U+2069,
+   U+200E/U+200F, U+061C) are removed (flag ``bidi_controls``); the Hangul fillers (U+115F, U+1160, U+3164,
+   U+FFA0) are removed and the braille pattern blank U+2800 becomes a space (flag ``fillers``).
+5. **Look-alike letters** (Unicode TR39 confusables, from the ``confusable-homoglyphs`` package, plus the Latin
+   small capitals by their Unicode names): inside a word that mixes Latin with another script, every letter that
+   looks like an ASCII letter is mapped to it (``Іgnоrе`` with Cyrillic І, о, е -> ``Ignore``; Cherokee ``ꮪystem``
+   -> ``system``; flag ``mixed_script``); in a word wholly in the Latin script, the phonetic and other rare Latin
+   letters that look like ASCII ones are mapped (small capitals ``ɪɢɴᴏʀᴇ`` -> ``ignore``, script ``ɡ``; flag
+   ``confusables``), while letters of living alphabets (``é``, Turkish ``ı``) stay. A word wholly in one other script
+   is left alone, so Russian, Greek or Armenian text is not damaged.
+6. **Encoded runs**: base64 runs of at least :data:`MIN_BASE64_CHARS` characters and hex runs of at least
+   :data:`MIN_HEX_BYTES` bytes (contiguous, space- or colon-separated pairs, or ``\\x`` escapes) that decode to
+   printable UTF-8 text get the decoded text appended as ``[base64: ...]`` / ``[hex: ...]`` (flags ``base64``,
+   ``hex``), so an encoded instruction is read too. The decoded text is normalised again (one level deeper), so an
+   obfuscation inside the encoding is undone and flagged as well.
+
+Every flag counts what was found (characters for steps 1, 2 and 4; words for step 5; decoded runs for step 6).
 
 :func:`normalize_value` walks a JSON value and normalises every string (object keys included), returning the new
 value and the combined flags.
+
+Cost: ASCII text only runs step 6 (two regular-expression scans). The look-alike table (about 1,200 letters) is
+built from the TR39 data on the first non-ASCII text, once per process (about 0.1 s).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
+import string
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FLAG_NAMES", "MIN_BASE64_CHARS", "Normalized", "normalize_text", "normalize_value"]
+__all__ = ["FLAG_NAMES", "MIN_BASE64_CHARS", "MIN_HEX_BYTES", "Normalized", "normalize_text", "normalize_value"]
 
-#: Flags :func:`normalize_text` can raise; each is ``False``/``0`` when absent.
-FLAG_NAMES = ("unicode_tags", "zero_width", "bidi_controls", "mixed_script", "base64")
+#: Flags :func:`normalize_text` can raise; each is ``0`` when absent.
+FLAG_NAMES = (
+    "unicode_tags",
+    "variation_selectors",
+    "zero_width",
+    "bidi_controls",
+    "fillers",
+    "mixed_script",
+    "confusables",
+    "base64",
+    "hex",
+)
 #: Shortest run of base64 alphabet characters that is tried as encoded text.
 MIN_BASE64_CHARS = 24
+#: Fewest bytes a hex run must spell to be tried as encoded text (``0f`` * 32, a SHA-256, decodes to binary and stays).
+MIN_HEX_BYTES = 12
+#: How many times decoded text is decoded again (base64 of hex of text: two levels).
+MAX_DECODE_DEPTH = 2
 
 _TAG_RE = re.compile("[\U000e0000-\U000e007f]")
-_ZERO_WIDTH = "\u200b\u200c\u200d\u2060\u2061\u2062\u2063\u2064\ufeff\u00ad\u180e\u034f"
-_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+_SELECTOR_RE = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef\u180b-\u180d\u180f]+")
+_ZERO_WIDTH = (
+    "\u00ad\u034f\u17b4\u17b5\u180e\u200b-\u200d\u2060-\u2065\u206a-\u206f\ufeff\ufff0-\ufff8"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0080-\U000e00ff\U000e01f0-\U000e0fff"
+)
+_BIDI = "\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c"
+_HANGUL_FILLERS = "\u115f\u1160\u3164\uffa0"
+_BRAILLE_BLANK = "\u2800"
 _ZERO_WIDTH_RE = re.compile(f"[{_ZERO_WIDTH}]")
 _BIDI_RE = re.compile(f"[{_BIDI}]")
+_FILLER_RE = re.compile(f"[{_HANGUL_FILLERS}{_BRAILLE_BLANK}]")
 _WORD_RE = re.compile(r"\w+")
 _BASE64_RE = re.compile(rf"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{{{MIN_BASE64_CHARS},}}={{0,2}}(?![A-Za-z0-9+/=])")
-
-# Cyrillic and Greek letters that render like Latin ones (Unicode TR39 confusables, the common subset).
-_CONFUSABLES = str.maketrans(
-    {
-        "а": "a", "в": "b", "е": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p", "с": "c", "т": "t",
-        "у": "y", "х": "x", "ѕ": "s", "і": "i", "ј": "j", "ԁ": "d", "ԛ": "q", "ԝ": "w", "ɡ": "g", "ӏ": "l",
-        "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C", "Т": "T",
-        "У": "Y", "Х": "X", "Ѕ": "S", "І": "I", "Ј": "J", "Ԛ": "Q", "Ԝ": "W", "Ӏ": "I",
-        "α": "a", "ο": "o", "ρ": "p", "ν": "v", "κ": "k", "ι": "i", "τ": "t", "υ": "u", "χ": "x",
-        "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O",
-        "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X",
-    }
-)  # fmt: skip
+_HEX = "[0-9A-Fa-f]"
+# Hex runs are found in two steps: a cheap scan for stretches of hex digits, spaces and colons, then the exact forms
+# inside each stretch (one pattern with alternatives and look-arounds over the whole text costs five times more).
+_HEX_STRETCH_RE = re.compile(rf"{_HEX}[0-9A-Fa-f :]{{{2 * MIN_HEX_BYTES - 2},}}{_HEX}")
+_HEX_RUN_RE = re.compile(
+    rf"(?<![0-9A-Fa-f])(?:{_HEX}{{2}}){{{MIN_HEX_BYTES},}}(?![0-9A-Fa-f])"  # 49676e6f7265...
+    rf"|(?<![0-9A-Fa-f:])(?:{_HEX}{{2}}[ :]){{{MIN_HEX_BYTES - 1},}}{_HEX}{{2}}(?![0-9A-Fa-f:])"  # 49 67 6e, 49:67:6e
+)
+_HEX_ESCAPED_RE = re.compile(rf"(?:\\x{_HEX}{{2}}){{{MIN_HEX_BYTES},}}")  # \x49\x67\x6e
+_KEYCAP = "\u20e3"
+_NOT_SCRIPTS = frozenset({"COMMON", "INHERITED", "Unknown"})
+#: The first code point after Latin Extended-B (the IPA block): Latin letters before it are letters of living
+#: alphabets (Turkish dotless ı, Greenlandic kra, ...) and are never folded in a word wholly in the Latin script.
+_FIRST_PHONETIC_LATIN = 0x0250
+_SMALL_CAPITAL_RE = re.compile(r"^LATIN LETTER SMALL CAPITAL ([A-Z])$")
+#: Unicode blocks that hold the Latin small capitals (IPA, Phonetic Extensions, Latin Extended-D/E/G).
+_SMALL_CAPITAL_BLOCKS = ((0x0250, 0x02B0), (0x1D00, 0x1DC0), (0xA720, 0xA800), (0xAB30, 0xAB70), (0x1DF00, 0x1E000))
 
 
 @dataclass(frozen=True)
@@ -76,44 +123,93 @@ class Normalized:
         return bool(self.flags)
 
 
-def _script(ch: str) -> str | None:
-    if not ch.isalpha():
-        return None
-    if ch < "\u0250":
-        return "latin"
-    name = unicodedata.name(ch, "")
-    if name.startswith("CYRILLIC"):
-        return "cyrillic"
-    if name.startswith("GREEK"):
-        return "greek"
-    if name.startswith("LATIN"):
-        return "latin"
-    return "other"
+@dataclass(frozen=True)
+class _LookAlikes:
+    """Translate tables to ASCII letters: every script (for mixed-script words) and Latin only (for Latin words);
+    ``foldable`` holds the letters either table maps; ``latin_letters`` every letter of the Latin script (ASCII
+    included). Words are tested against the sets (``isdisjoint`` runs in C); a ``translate`` with a dict, or a
+    regular-expression class of a few hundred ranges, costs several times more per character."""
+
+    any_script: dict[int, str]
+    latin: dict[int, str]
+    foldable: frozenset[str]
+    latin_letters: frozenset[str]
 
 
-def _fix_mixed_word(match: re.Match[str], counts: dict[str, int]) -> str:
-    word = match.group(0)
-    if word.isascii():
-        return word
-    scripts = {s for s in map(_script, word) if s is not None}
-    if "latin" in scripts and scripts & {"cyrillic", "greek"}:
-        counts["mixed_script"] = counts.get("mixed_script", 0) + 1
-        return word.translate(_CONFUSABLES)
-    return word
+@functools.cache
+def _script(ch: str) -> str:
+    """The Unicode script of ``ch`` (``LATIN``, ``CYRILLIC``, ``COMMON``, ...), from the package's Scripts data."""
+    from confusable_homoglyphs import categories  # type: ignore[import-untyped]
+
+    script: str = categories.alias(ch)
+    return script
 
 
-def _decode_base64(match: re.Match[str], counts: dict[str, int]) -> str:
-    token = match.group(0)
-    try:
-        raw = base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
-        text = raw.decode("utf-8")
-    except (binascii.Error, ValueError):
-        return token
-    printable = sum(ch.isprintable() or ch in "\n\t" for ch in text)
-    if not text or printable < 0.95 * len(text) or sum(ch.isalpha() for ch in text) < 0.5 * len(text):
-        return token
-    counts["base64"] = counts.get("base64", 0) + 1
-    return f"{token} [base64: {text}]"
+@functools.cache
+def _look_alikes() -> _LookAlikes:
+    """Build the to-ASCII tables once (thread-safe enough: a second concurrent build gives the same tables).
+
+    Sources, in order: the Latin small capitals by Unicode name (``LATIN LETTER SMALL CAPITAL G`` -> ``g``; TR39
+    maps several of them to Cherokee or Greek letters instead); every letter TR39 lists as confusable with one ASCII
+    letter; then, up to three times, letters TR39 lists as confusable with a letter already mapped (Cyrillic ``т`` ~
+    small capital ``ᴛ`` -> ``t``). TR39 maps capital-I look-alikes to ``l`` (its prototype for both); an upper-case
+    source keeps ``I``.
+    """
+    from confusable_homoglyphs import categories, confusables
+
+    letters = set(string.ascii_letters)
+    to_ascii: dict[str, str] = {}
+    for start, stop in _SMALL_CAPITAL_BLOCKS:
+        for code in range(start, stop):
+            match = _SMALL_CAPITAL_RE.match(unicodedata.name(chr(code), ""))
+            if match:
+                to_ascii[chr(code)] = match.group(1).lower()
+    groups: dict[str, list[str]] = {
+        source: [entry["c"] for entry in entries]
+        for source, entries in confusables.confusables_data.items()
+        if len(source) == 1 and not source.isascii() and source.isalpha()
+    }
+
+    def add(source: str, targets: list[str]) -> None:
+        target = min(targets)
+        if target == "l" and unicodedata.category(source) == "Lu":
+            target = "I"
+        to_ascii[source] = target
+
+    for source, glyphs in groups.items():
+        direct = [glyph for glyph in glyphs if glyph in letters]
+        if direct and source not in to_ascii:
+            add(source, direct)
+    for _ in range(3):
+        known = dict(to_ascii)
+        for source, glyphs in groups.items():
+            via = [known[glyph] for glyph in glyphs if glyph in known]
+            if via and source not in to_ascii:
+                add(source, via)
+    # Letters NFKC already folds (full-width, mathematical alphanumerics) never reach this step.
+    any_script = {
+        ord(source): target for source, target in to_ascii.items() if unicodedata.normalize("NFKC", source) == source
+    }
+    # In a Latin-only word, letters of living alphabets (Latin-1 and Latin Extended-A/B: Turkish ı, é, ...) stay.
+    latin = {
+        code: target
+        for code, target in any_script.items()
+        if code >= _FIRST_PHONETIC_LATIN and _script(chr(code)) == "LATIN"
+    }
+    data = categories.categories_data
+    latin_index = data["iso_15924_aliases"].index("LATIN")
+    latin_letters = frozenset(
+        chr(code)
+        for start, stop, script, category in data["code_points_ranges"]
+        if script == latin_index and data["categories"][category].startswith("L")
+        for code in range(start, stop + 1)
+    )
+    return _LookAlikes(any_script, latin, frozenset(map(chr, any_script)), latin_letters)
+
+
+def _count(counts: dict[str, int], name: str, n: int = 1) -> None:
+    if n:
+        counts[name] = counts.get(name, 0) + n
 
 
 def _decode_tag(match: re.Match[str]) -> str:
@@ -121,8 +217,111 @@ def _decode_tag(match: re.Match[str]) -> str:
     return chr(code - 0xE0000) if 0xE0020 <= code <= 0xE007E else ""
 
 
+def _selector_byte(ch: str) -> int | None:
+    code = ord(ch)
+    if 0xFE00 <= code <= 0xFE0F:
+        return code - 0xFE00
+    if 0xE0100 <= code <= 0xE01EF:
+        return code - 0xE0100 + 16
+    return None  # a Mongolian selector encodes nothing
+
+
+def _selectors(match: re.Match[str], counts: dict[str, int]) -> str:
+    run, text, start = match.group(0), match.string, match.start()
+    if len(run) == 1:
+        before = text[start - 1] if start else ""
+        after = text[match.end() : match.end() + 1]
+        if (before and not before.isascii()) or (run in "\ufe0e\ufe0f" and after == _KEYCAP):
+            return run  # an emoji, ideographic or Mongolian variation sequence: ordinary text
+    _count(counts, "variation_selectors", len(run))
+    values = [_selector_byte(ch) for ch in run]
+    if len(run) < 2 or None in values:
+        return ""
+    try:
+        hidden = bytes(v for v in values if v is not None).decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    return hidden if _readable(hidden) else ""
+
+
+def _readable(text: str) -> bool:
+    """Whether decoded bytes are text a model should read: printable, and at least half letters."""
+    if not text:
+        return False
+    printable = sum(ch.isprintable() or ch in "\n\t" for ch in text)
+    return printable >= 0.95 * len(text) and sum(ch.isalpha() for ch in text) >= 0.5 * len(text)
+
+
+def _fillers(match: re.Match[str], counts: dict[str, int]) -> str:
+    _count(counts, "fillers")
+    return " " if match.group(0) == _BRAILLE_BLANK else ""
+
+
+def _fix_word(match: re.Match[str], tables: _LookAlikes, counts: dict[str, int]) -> str:
+    word = match.group(0)
+    if word.isascii() or tables.foldable.isdisjoint(word):
+        return word  # nothing in it looks like an ASCII letter
+    if tables.latin_letters.isdisjoint(word):
+        return word  # no Latin letter: wholly in another script (Russian, Greek, ...), never touched
+    latin = tables.latin_letters
+    mixed = any(ch not in latin and ch.isalpha() and _script(ch) not in _NOT_SCRIPTS for ch in word)
+    fixed = word.translate(tables.any_script if mixed else tables.latin)
+    if fixed != word:
+        _count(counts, "mixed_script" if mixed else "confusables")
+    return fixed
+
+
+def _decode_encoded(match: re.Match[str], name: str, counts: dict[str, int], depth: int) -> str:
+    token = match.group(0)
+    try:
+        if name == "hex":
+            raw = bytes.fromhex(token.replace("\\x", "").replace(":", " "))
+        else:
+            raw = base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
+        text = raw.decode("utf-8")
+    except (binascii.Error, ValueError):
+        return token
+    found: dict[str, int] = {}
+    if depth < MAX_DECODE_DEPTH:
+        text = _normalize(text, found, depth + 1)
+    if not (_readable(text) or found.get("hex") or found.get("base64")):
+        return token  # binary, an id or a hash: left alone
+    _count(counts, name)
+    for flag, n in found.items():
+        _count(counts, flag, n)
+    return f"{token} [{name}: {text}]"
+
+
+def _hex_stretch(match: re.Match[str], counts: dict[str, int], depth: int) -> str:
+    return _HEX_RUN_RE.sub(lambda m: _decode_encoded(m, "hex", counts, depth), match.group(0))
+
+
+def _normalize(text: str, counts: dict[str, int], depth: int) -> str:
+    if not text.isascii():
+        tags = len(_TAG_RE.findall(text))
+        if tags:
+            _count(counts, "unicode_tags", tags)
+            text = _TAG_RE.sub(_decode_tag, text)
+        text = _SELECTOR_RE.sub(lambda m: _selectors(m, counts), text)
+        text = unicodedata.normalize("NFKC", text)
+        for name, pattern in (("zero_width", _ZERO_WIDTH_RE), ("bidi_controls", _BIDI_RE)):
+            text, n = pattern.subn("", text)
+            _count(counts, name, n)
+        text = _FILLER_RE.sub(lambda m: _fillers(m, counts), text)
+        tables = _look_alikes()
+        if not tables.foldable.isdisjoint(text):
+            text = _WORD_RE.sub(lambda m: _fix_word(m, tables, counts), text)
+    if len(text) >= 2 * MIN_HEX_BYTES:
+        text = _HEX_STRETCH_RE.sub(lambda m: _hex_stretch(m, counts, depth), text)
+        if "\\x" in text:
+            text = _HEX_ESCAPED_RE.sub(lambda m: _decode_encoded(m, "hex", counts, depth), text)
+    if len(text) >= MIN_BASE64_CHARS:
+        text = _BASE64_RE.sub(lambda m: _decode_encoded(m, "base64", counts, depth), text)
+    return text
+
+
 def normalize_text(text: str) -> Normalized:
-    """Normalise one string for scoring (steps 1-5 in the module docstring).
+    """Normalise one string for scoring (steps 1-6 in the module docstring).
 
     Args:
         text: the original text.
@@ -131,23 +330,7 @@ def normalize_text(text: str) -> Normalized:
         :class:`Normalized` with the scoring copy and the flags raised; ``text`` itself is not changed.
     """
     counts: dict[str, int] = {}
-    if text.isascii():
-        if len(text) >= MIN_BASE64_CHARS:
-            text = _BASE64_RE.sub(lambda m: _decode_base64(m, counts), text)
-        return Normalized(text, counts)
-    tags = len(_TAG_RE.findall(text))
-    if tags:
-        counts["unicode_tags"] = tags
-        text = _TAG_RE.sub(_decode_tag, text)
-    text = unicodedata.normalize("NFKC", text)
-    for name, pattern in (("zero_width", _ZERO_WIDTH_RE), ("bidi_controls", _BIDI_RE)):
-        text, n = pattern.subn("", text)
-        if n:
-            counts[name] = n
-    text = _WORD_RE.sub(lambda m: _fix_mixed_word(m, counts), text)
-    if len(text) >= MIN_BASE64_CHARS:
-        text = _BASE64_RE.sub(lambda m: _decode_base64(m, counts), text)
-    return Normalized(text, counts)
+    return Normalized(_normalize(text, counts, 0), counts)
 
 
 def normalize_value(value: Any) -> Normalized:
@@ -163,10 +346,7 @@ def normalize_value(value: Any) -> Normalized:
 
     def walk(item: Any) -> Any:
         if isinstance(item, str):
-            result = normalize_text(item)
-            for name, n in result.flags.items():
-                flags[name] = flags.get(name, 0) + n
-            return result.value
+            return _normalize(item, flags, 0)
         if isinstance(item, Mapping):
             return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in item.items()}
         if isinstance(item, (list, tuple)):

@@ -508,10 +508,13 @@ def _answer_from_caller_order(
 
 @dataclass(frozen=True)
 class UsageV1:
-    """Token usage: ``input_tokens`` = prompt length including media; ``output_tokens`` is 0 for Clef."""
+    """Token usage: ``input_tokens`` = prompt length including media; ``output_tokens`` is 0 for Clef;
+    ``state_tokens_dropped`` = state tokens the model did not read because the state was over its window (0 unless
+    the backend cut it; read from a response's ``usage`` when a server sends it)."""
 
     input_tokens: int
     output_tokens: int = 0
+    state_tokens_dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -523,6 +526,8 @@ class SystemOneResponseV1:
     usage: UsageV1
 
     def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
+        """The wire body (§5.4), exactly the reference's keys: ``usage`` has ``input_tokens`` and ``output_tokens``
+        only (a backend that reports ``state_tokens_dropped`` on the wire adds it, as the compact model does)."""
         return {
             "model": self.model,
             "answers": {qid: answer.to_json(decimals) for qid, answer in self.answers.items()},
@@ -575,7 +580,9 @@ class SystemOneResponseV1:
             raise bad(f"response answers unknown questions {extra}")
         usage_raw = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         usage = UsageV1(
-            input_tokens=_as_int(usage_raw.get("input_tokens")), output_tokens=_as_int(usage_raw.get("output_tokens"))
+            input_tokens=_as_int(usage_raw.get("input_tokens")),
+            output_tokens=_as_int(usage_raw.get("output_tokens")),
+            state_tokens_dropped=_as_int(usage_raw.get("state_tokens_dropped")),
         )
         model = body.get("model")
         return cls(model=model if isinstance(model, str) else request.model, answers=answers, usage=usage)

@@ -2,8 +2,9 @@
 
 Span ``guard.decision`` (one per evaluation, allow and block alike) carries the stable attributes in
 :data:`SPAN_ATTRIBUTES`. Counters (OpenTelemetry metrics): ``guard.decisions`` by policy, action, rule and fail
-mode; ``guard.fail_open`` (every decision a fail-open policy allowed because of an error); a latency histogram
-``guard.decision.latency`` in ms.
+mode; ``guard.fail_open`` (every decision a fail-open policy allowed because of an error); ``guard.state_cut``
+(every decision made on part of its state: a field cut to its ``max_chars``, or state tokens the backend did not
+read); a latency histogram ``guard.decision.latency`` in ms.
 
 The decision log (:class:`DecisionLog`) writes one JSON object per line, modelled on OPA's ``EventV1``:
 ``decision_id``, ``timestamp``, ``labels``, ``policy`` (id, version, file), ``input`` (the subject, original text),
@@ -82,6 +83,11 @@ class Telemetry:
         self.fail_open = meter.create_counter(
             "guard.fail_open", unit="{decision}", description="Decisions allowed because a fail-open policy erred."
         )
+        self.state_cut = meter.create_counter(
+            "guard.state_cut",
+            unit="{decision}",
+            description="Decisions made on part of the state (a field over max_chars, or tokens the backend dropped).",
+        )
         self.latency = meter.create_histogram(
             "guard.decision.latency", unit="ms", description="Wall time of one evaluation."
         )
@@ -123,6 +129,8 @@ class Telemetry:
         self.latency.record(verdict.latency_ms, {"guard.policy.id": verdict.policy_id or ""})
         if verdict.flags.get("fail_open"):
             self.fail_open.add(1, {"guard.policy.id": verdict.policy_id or ""})
+        if verdict.flags.get("truncated") or verdict.flags.get("state_tokens_dropped"):
+            self.state_cut.add(1, {"guard.policy.id": verdict.policy_id or ""})
 
 
 def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, Any]:

@@ -198,13 +198,16 @@ class ClefModel:
     ) -> SystemOneResponseV1:
         """Readout (§4): float32 softmax per question, then answers in request order.
 
-        ``usage.input_tokens`` is ``len(record.input_ids)`` (media and truncation included); ``output_tokens`` is 0.
+        ``usage.input_tokens`` is ``len(record.input_ids)`` (media and truncation included); ``output_tokens`` is 0;
+        ``state_tokens_dropped`` is the tail of the state cut to fit ``max_length`` (§2.5; only the state is cut).
         """
         answers = {}
         for question, z in zip(request.questions, logits, strict=True):
             probabilities = torch.softmax(z.float(), dim=-1).tolist()
             answers[question.id] = answer_question(question, probabilities, confidence_profile=confidence_profile)
-        return SystemOneResponseV1(model=request.model, answers=answers, usage=UsageV1(len(record.input_ids)))
+        dropped = max(record.untruncated_length - len(record.input_ids), 0)
+        usage = UsageV1(len(record.input_ids), state_tokens_dropped=dropped)
+        return SystemOneResponseV1(model=request.model, answers=answers, usage=usage)
 
     def systemone(
         self,

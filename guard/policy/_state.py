@@ -1,26 +1,54 @@
-"""Render the decision state from a subject, following a policy's declarative ``state`` mapping.
+"""Render the decision state from a subject, following a policy's declarative ``state`` mapping, and prepare it for
+the model.
 
 No code runs from YAML: each state field names a source (a subject field), optionally a JSON pointer into it, a
 header/query/form name, a default and a character cap. The judged content only ever becomes *data* in the state.
+
+Two steps: :func:`render_state` reads the subject (the raw state, nothing cut), and :func:`prepare_state` makes
+what the model sees: every string normalised (``guard/normalize.py``), then each field's ``max_chars`` applied to
+the normalised text, so the cap counts characters the model reads (invisible padding does not use it up). A cut is
+never silent: it keeps what the field's ``truncate`` says, puts :data:`CUT_MARKER` where text was left out, and
+counts the field in the flag ``truncated``; with ``truncate: error`` the state is refused (:class:`StateTooLong`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from guard.errors import StateTooLong
+from guard.normalize import Normalized, normalize_value
 from guard.subject import AgentSubject, HttpSubject, Subject
 
 __all__ = [
     "AGENT_SOURCES",
+    "CUT_MARKER",
+    "DEFAULT_TRUNCATE",
     "HTTP_SOURCES",
+    "NORMALIZE_WINDOW",
     "StateField",
+    "Truncate",
     "default_state",
+    "prepare_state",
     "render_state",
     "resolve_pointer",
     "split_pointer",
 ]
+
+#: What a field over its ``max_chars`` keeps: ``head_tail`` the first and last halves of the cap, ``head`` the first
+#: ``max_chars`` characters; ``error`` refuses the state (the verdict is a block, HTTP 413).
+Truncate = Literal["head_tail", "head", "error"]
+#: The default: an instruction placed after filler (the usual way to push it past a cap) is still read.
+DEFAULT_TRUNCATE: Truncate = "head_tail"
+#: Put where text was left out (``{cut}``: characters not shown), so the model and a reviewer see the state is partial.
+CUT_MARKER = "[... {cut} characters cut ...]"
+#: A string longer than this many times its cap is normalised only at the ends that can be kept (this many times the
+#: cap at each end), so a huge body costs a bounded amount of work; shorter strings are normalised whole, then cut.
+NORMALIZE_WINDOW = 2
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 
 HTTP_SOURCES = frozenset(
     {"method", "path", "host", "client", "content_type", "query", "header", "body", "form", "body_text"}
@@ -43,7 +71,9 @@ class StateField:
         key: header, query parameter or form field name.
         const: the constant value when ``source`` is ``None``.
         default: value when the source is absent.
-        max_chars: cap on a string value's length.
+        max_chars: cap on the value's length in characters, after normalisation (a string's length; an object's,
+            list's or number's compact JSON text); ``None`` = no cap.
+        truncate: what a value over ``max_chars`` keeps (:data:`Truncate`).
         children: the fields of a nested object (then ``source`` is ``None``).
     """
 
@@ -54,6 +84,7 @@ class StateField:
     const: Any = None
     default: Any = None
     max_chars: int | None = None
+    truncate: Truncate = DEFAULT_TRUNCATE
     children: tuple[StateField, ...] | None = None
 
 
@@ -128,14 +159,86 @@ def _render_field(field: StateField, subject: Subject) -> Any:
         value = resolve_pointer(value, field.pointer)
     if value is _MISSING or value is None:
         value = field.default
-    if field.max_chars is not None and isinstance(value, str) and len(value) > field.max_chars:
-        value = value[: field.max_chars]
     return value
 
 
 def render_state(fields: tuple[StateField, ...], subject: Subject) -> dict[str, Any]:
-    """Build the state object ``{field.name: value}`` in declaration order (key order is model input)."""
+    """Build the raw state object ``{field.name: value}`` in declaration order (key order is model input): the
+    subject's values as they are, not yet normalised or cut (see :func:`prepare_state`)."""
     return {field.name: _render_field(field, subject) for field in fields}
+
+
+def prepare_state(fields: tuple[StateField, ...], raw: Mapping[str, Any]) -> Normalized:
+    """The state the model sees, from the raw state :func:`render_state` built with the same ``fields``.
+
+    Every string is normalised (object keys inside values too; the field names come from the policy and stay), then
+    each field with ``max_chars`` is cut as its ``truncate`` says, innermost fields first.
+
+    Returns:
+        :class:`~guard.normalize.Normalized`: the new state (``raw`` is not changed) and the flags: the
+        normalisation findings plus ``truncated``, the number of fields cut.
+
+    Raises:
+        StateTooLong: a field with ``truncate: error`` is over its ``max_chars``.
+    """
+    flags: dict[str, int] = {}
+    state = {field.name: _prepare(field, raw.get(field.name), field.name, flags) for field in fields}
+    return Normalized(state, flags)
+
+
+def _prepare(field: StateField, value: Any, path: str, flags: dict[str, int]) -> Any:
+    if field.children is not None and isinstance(value, Mapping):
+        value = {c.name: _prepare(c, value.get(c.name), f"{path}.{c.name}", flags) for c in field.children}
+        return value if field.max_chars is None else _cap(field, value, path, flags)
+    limit = field.max_chars
+    if limit is not None and isinstance(value, str) and len(value) > 2 * NORMALIZE_WINDOW * limit:
+        return _cut_long(field, value, limit, path, flags)
+    normalized = normalize_value(value)
+    _merge(flags, normalized.flags)
+    return normalized.value if limit is None else _cap(field, normalized.value, path, flags)
+
+
+def _merge(flags: dict[str, int], found: Mapping[str, int]) -> None:
+    for name, n in found.items():
+        flags[name] = flags.get(name, 0) + n
+
+
+def _cap(field: StateField, value: Any, path: str, flags: dict[str, int]) -> Any:
+    """``value`` (already normalised) within ``field.max_chars``: itself, or its text cut with the marker."""
+    limit = field.max_chars
+    if limit is None or value is None:
+        return value
+    text = value if isinstance(value, str) else _JSON.encode(value)
+    if len(text) <= limit:
+        return value
+    if field.truncate == "error":
+        raise StateTooLong(path, len(text), limit)
+    flags["truncated"] = flags.get("truncated", 0) + 1
+    marker = CUT_MARKER.format(cut=len(text) - limit)
+    if field.truncate == "head":
+        return f"{text[:limit]}\n{marker}"
+    head = limit - limit // 2
+    return f"{text[:head]}\n{marker}\n{text[len(text) - (limit - head) :]}"
+
+
+def _cut_long(field: StateField, raw: str, limit: int, path: str, flags: dict[str, int]) -> str:
+    """A string far over its cap: only the ends that can be kept are normalised (:data:`NORMALIZE_WINDOW`), then cut
+    to the cap; the marker counts the characters of the original text left out."""
+    if field.truncate == "error":
+        raise StateTooLong(path, len(raw), limit)
+    window = NORMALIZE_WINDOW * limit
+    head_raw = normalize_value(raw[:window])
+    _merge(flags, head_raw.flags)
+    flags["truncated"] = flags.get("truncated", 0) + 1
+    head_text: str = head_raw.value
+    if field.truncate == "head":
+        return f"{head_text[:limit]}\n{CUT_MARKER.format(cut=len(raw) - limit)}"
+    tail_raw = normalize_value(raw[-window:])
+    _merge(flags, tail_raw.flags)
+    tail_text: str = tail_raw.value
+    head = limit - limit // 2
+    marker = CUT_MARKER.format(cut=len(raw) - limit)
+    return f"{head_text[:head]}\n{marker}\n{tail_text[len(tail_text) - (limit - head) :]}"
 
 
 _HTTP_DEFAULT = (StateField("method", "method"), StateField("path", "path"), StateField("body", "body"))

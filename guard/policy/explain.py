@@ -16,7 +16,6 @@ from typing import Any
 from guard._answers import cache_key
 from guard.backends.base import DecisionBackend
 from guard.cache import MemoryCache
-from guard.normalize import normalize_value
 from guard.policy.loader import load_text
 from guard.policy.policy import FailPolicy, Policy
 from guard.policy.rules import trace_rules
@@ -64,7 +63,7 @@ async def explain(
         backend = backend_factory()
     else:
         backend = FixtureBackend(wire_answers(policy, answers or {}))
-    normalized = normalize_value(policy.render_state(subject))
+    normalized = policy.prepare_state(policy.render_state(subject), subject)
     request = policy.build_request(normalized.value)
     verdict = await _verdict(policies, backend, subject)
     named = dict(verdict.answers)  # keyed by question key

@@ -276,6 +276,9 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
     if len(given) != 1:
         problem((), "needs exactly one of 'from: <source>', 'const: <value>' or 'fields: {...}'")
         return None
+    if "truncate" in fields_set and source.max_chars is None:
+        problem(("truncate",), "'truncate' says what to keep of a value over 'max_chars'; give max_chars too")
+    limit, truncate = source.max_chars, source.truncate
     if source.fields is not None:
         children = []
         for child_name, child in source.fields.items():
@@ -284,9 +287,9 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
             )
             if compiled is not None:
                 children.append(compiled)
-        return StateField(name, None, children=tuple(children))
+        return StateField(name, None, children=tuple(children), max_chars=limit, truncate=truncate)
     if source.from_ is None:
-        return StateField(name, None, const=source.const)
+        return StateField(name, None, const=source.const, max_chars=limit, truncate=truncate)
     src = source.from_
     if src in HTTP_SOURCES and "http" not in kinds:
         problem(("from",), f"source {src!r} reads HTTP requests but the policy matches only agent events")
@@ -305,5 +308,5 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
     if src == "header" and source.name is None:
         problem(("name",), "a header source needs 'name' (e.g. header:user-agent); headers are never sent whole")
     return StateField(
-        name, src, pointer=pointer, key=source.name, default=source.default, max_chars=source.max_chars
+        name, src, pointer=pointer, key=source.name, default=source.default, max_chars=limit, truncate=truncate
     )

@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 Action = Literal["allow", "block", "escalate", "handoff"]
+Truncate = Literal["head_tail", "head", "error"]
 FailModeName = Literal["closed", "open", "escalate"]
 SourceName = Literal[
     # HTTP subjects
@@ -180,7 +181,17 @@ class SourceSpec(_Strict):
     )
     default: Any = Field(default=None, description="Value when the source or pointer target is absent or null.")
     max_chars: int | None = Field(
-        default=None, gt=0, description="Cut a string value to this many characters; omitted: no cap."
+        default=None,
+        gt=0,
+        description="Cap on the value's length in characters, counted after normalisation (a string's length; an "
+        "object's, list's or number's compact JSON text); a longer value is cut as 'truncate' says and counted in "
+        "flags.truncated; omitted: no cap.",
+    )
+    truncate: Truncate = Field(
+        default="head_tail",
+        description="What a value over max_chars keeps: head_tail = its first and last max_chars/2 characters with a "
+        "cut marker between (an instruction placed after filler is still read); head = its first max_chars and the "
+        "marker; error = judge nothing and block (HTTP 413). Only with max_chars.",
     )
 
 
@@ -265,7 +276,10 @@ class OnErrorSpec(_Strict):
     )
     status: int = Field(default=503, ge=400, le=599, description="HTTP status of a fail-closed block.")
     retry_after: float = Field(
-        default=5.0, ge=0, description="Seconds for Retry-After on a fail-closed block (the backend's own wins)."
+        default=5.0,
+        ge=0,
+        description="Seconds for Retry-After on a fail-closed block; a shorter hint from the backend is passed on, a "
+        "longer one is capped at this value.",
     )
     message: str | None = Field(
         default=None, description="Text for the caller; default for closed: the decision service is unavailable."

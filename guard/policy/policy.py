@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from guard.errors import PolicyError
+from guard.normalize import Normalized
 from guard.policy._match import AgentMatcher, HttpMatcher, subject_matches
-from guard.policy._state import StateField, default_state, render_state
+from guard.policy._state import StateField, default_state, prepare_state, render_state
 from guard.policy.rules import CompiledRule, Outcome
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import QuestionV1, SystemOneRequestV1
@@ -123,9 +124,23 @@ class Policy:
         return subject_matches(self.http, self.agent, subject)
 
     def render_state(self, subject: Subject) -> dict[str, Any]:
-        """The decision state for ``subject`` (not yet normalised), in declaration order."""
-        fields = self.state_fields if self.state_fields is not None else default_state(subject)
-        return render_state(fields, subject)
+        """The raw decision state for ``subject``, in declaration order (not yet normalised or cut)."""
+        return render_state(self._fields(subject), subject)
+
+    def prepare_state(self, raw: Mapping[str, Any], subject: Subject) -> Normalized:
+        """What the model sees, from :meth:`render_state`'s ``raw`` state for the same ``subject``: every string
+        normalised, then each field's ``max_chars`` applied (``guard/policy/_state.py``).
+
+        Returns:
+            The state and its flags (normalisation findings, ``truncated``: fields cut).
+
+        Raises:
+            StateTooLong: a field with ``truncate: error`` is over its ``max_chars``.
+        """
+        return prepare_state(self._fields(subject), raw)
+
+    def _fields(self, subject: Subject) -> tuple[StateField, ...]:
+        return self.state_fields if self.state_fields is not None else default_state(subject)
 
     def build_request(self, state: Any) -> SystemOneRequestV1:
         """One System One request with all of this policy's questions (one subject per request, case C25)."""

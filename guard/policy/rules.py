@@ -11,7 +11,8 @@ Names a ``when`` can use:
   ``queue.probabilities["other"] > 0.5``);
 * ``answers``: the same objects in one map; ``subject``: the subject's fields (``subject.method``,
   ``subject.tool_name``, ``subject.headers["x-tier"]``); ``state``: the rendered (normalised) state; ``flags``: the
-  normalisation findings (``flags.unicode_tags > 0``); ``data``: the file's ``data`` block.
+  normalisation findings and the cuts (``flags.unicode_tags > 0``, ``flags.truncated > 0``; every name in
+  :data:`~guard.verdict.FLAG_NAMES` reads 0 when absent); ``data``: the file's ``data`` block.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from typing import Any
 import cel
 
 from guard.errors import GuardError
-from guard.normalize import FLAG_NAMES
 from guard.systemone import AnswerV1, QuestionType
-from guard.verdict import Action
+from guard.verdict import FLAG_NAMES, Action
 
 __all__ = [
     "ANSWER_FIELDS",
@@ -191,7 +191,7 @@ def apply_rules(
         answers: question key -> answer.
         subject: the subject (a dataclass) or ``None``.
         state: the rendered state.
-        flags: normalisation flags; missing names in :data:`~guard.normalize.FLAG_NAMES` read as 0.
+        flags: the state's flags; missing names in :data:`~guard.verdict.FLAG_NAMES` read as 0.
         data: the file's ``data`` block.
 
     Returns:
