@@ -245,4 +245,5 @@ def _merge(request: SystemOneRequestV1, parts: Sequence[Any]) -> SystemOneRespon
         for p in parts[1:]
     )
     usage = dataclasses.replace(first, input_tokens=first.input_tokens + extra)
-    return CompactResponseV1(model=request.model, answers={q.id: answers[q.id] for q in request.questions}, usage=usage)
+    return CompactResponseV1(model=parts[0].model, answers={q.id: answers[q.id] for q in request.questions},
+                             usage=usage)

@@ -46,6 +46,7 @@ from guard.systemone import (
 __all__ = [
     "COMPACT_CONFIG_FILE",
     "FORMAT",
+    "MODEL_NAME",
     "CompactModel",
     "CompactResponseV1",
     "CompactUsageV1",
@@ -54,6 +55,9 @@ __all__ = [
 
 COMPACT_CONFIG_FILE = "compact_config.json"
 FORMAT = "guard-compact/1"
+#: The ``model`` of every compact response: the model that answered, not the name the request asked for (a
+#: policy's default ``clef-flash`` would otherwise be recorded for answers Clef never gave).
+MODEL_NAME = "guard-compact"
 _QUESTION_CACHE = 256
 #: Default run length of state token states mean-pooled into one memory row (see ``guard/compact/head.py``).
 DEFAULT_MEMORY_POOL = 8
@@ -270,7 +274,7 @@ class CompactModel:
             state_tokens_dropped=state.dropped,
             windows=state.windows,
         )
-        return CompactResponseV1(model=request.model, answers=answers, usage=usage)
+        return CompactResponseV1(model=MODEL_NAME, answers=answers, usage=usage)
 
     # ---------------------------------------------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:

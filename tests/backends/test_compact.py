@@ -80,6 +80,7 @@ async def test_answers_are_valid_system_one_responses(backend: CompactBackend) -
     response = await backend.decide(request, timeout=30)
     assert isinstance(response, SystemOneResponseV1)
     assert list(response.answers) == catalog_ids()
+    assert response.model == "guard-compact"  # the model that answered, not the name the request asked for
     parsed = SystemOneResponseV1.from_json(response.to_json(), request)
     assert parsed.answers["guard.harm_severity"].legend == {
         str(i): c for i, c in enumerate(CATALOG["guard.harm_severity"].criteria)
