@@ -1,7 +1,7 @@
 """Counters of the HTTP enforcement point, in a private Prometheus registry (one per middleware instance).
 
 The engine counts decisions itself (OpenTelemetry ``guard.decisions``, ``guard.fail_open``); these count what only
-the HTTP layer sees: responses by action, fail-open passes, bodies refused before a decision, reviews and handoffs.
+the HTTP layer sees: responses by action, fail-open passes, targets and bodies refused before a decision, reviews and handoffs.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ class HttpMetrics:
                                  "fails open.", ["policy"], registry=self.registry)
         self.body_rejections = Counter("guard_http_body_rejections", "Requests refused before a decision because "
                                        "the body could not be inspected.", ["code"], registry=self.registry)
+        self.target_rejections = Counter("guard_http_target_rejections", "Requests refused before matching because "
+                                         "their target is not a canonical origin-form path.", ["code"],
+                                         registry=self.registry)
         self.reviews = Counter("guard_http_reviews", "Review events: created, released, refused.", ["event"],
                                registry=self.registry)
         self.handoffs = Counter("guard_http_handoffs", "LLM handoffs by outcome.", ["outcome"],

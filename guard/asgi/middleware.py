@@ -32,9 +32,10 @@ from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import parse_body
-from guard.asgi._responses import block_code, send_json, send_with_headers, verdict_headers
+from guard.asgi._responses import block_code, refuse_target, send_json, send_with_headers, verdict_headers
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
 from guard.asgi._subject import head_subject, header_map, query_map, with_body
+from guard.asgi._target import canonical_scope
 from guard.asgi.limits import BodyLimits
 from guard.engine import Guard
 from guard.errors import BodyError
@@ -118,6 +119,11 @@ class GuardMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan, websocket
             await self.app(scope, receive, send)
+            return
+        try:
+            scope = canonical_scope(scope)  # what is matched below is what the application routes on
+        except BodyError as exc:
+            await refuse_target(send, exc, self.metrics)
             return
         path: str = scope["path"]
         if path.startswith(self._review_prefix) or path == self.review_path:
