@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Scope
 
-from guard.asgi._multipart import parse_params
+from guard.asgi._media import media_type
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
@@ -96,8 +96,7 @@ def head_subject(scope: Scope, headers: dict[str, str], client_header: str | Non
         peer = scope.get("client")
         if peer:
             client = str(peer[0])
-    content_type = headers.get("content-type", "")
-    media = parse_params(content_type)[0] if ";" in content_type else content_type.strip().lower()
+    media = media_type(headers.get("content-type", ""))
     return _subject({
         "method": scope["method"].upper(), "path": scope["path"], "query": {}, "headers": headers,
         "host": _host(headers, scope), "client": client, "content_type": media, "body": None, "body_text": "",
