@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,9 @@ from guard.asgi.proxy import ProxyConfig, proxy_app
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
-from tests.asgi._apps import ATTACK, BENIGN, POLICY, sha
+from guard.errors import PolicyError
+from tests._backends import ScriptedBackend
+from tests.asgi._apps import ATTACK, BENIGN, POLICY, scripted_answers, sha
 from tests.asgi._servers import serve_in_thread
 
 pytestmark = pytest.mark.anyio
@@ -219,6 +222,55 @@ async def test_health_metrics_and_review_admin(make_guard: GuardFactory, upstrea
     assert released.status_code == 200 and released.json()["path"] == "/v1/echo"
     assert 'guard_http_guarded_requests_total{action="escalate",policy="api_guard"} 1.0' in metrics
     assert 'guard_http_reviews_total{event="released"} 1.0' in metrics
+
+
+async def test_liveness_and_readiness_stay_up_when_degraded(
+    make_guard: GuardFactory, upstream: tuple[Upstream, str], private_redis: Any, tmp_path: Path
+) -> None:
+    """A failed hot reload (last good policies still judging) and a Redis outage are ``degraded``, not an outage:
+    liveness and readiness stay 200 so Kubernetes neither restarts nor unroutes the gateway."""
+    _, url = upstream
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.read_text())
+    guard = Guard.from_files(policy, backends=ScriptedBackend(scripted_answers), redis_url=private_redis.url)
+    try:
+        with serve_in_thread(proxy_app(guard, ProxyConfig(url))) as proxy:
+            async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+                ok = await client.get("/_guard/health")
+                policy.write_text("policies: [{id: broken")  # a bad ConfigMap update
+                with pytest.raises(PolicyError):
+                    guard.reload()
+                reload_failed = await client.get("/_guard/health")
+                still_judged = await client.post("/v1/echo", json={"message": ATTACK})
+                private_redis.stop()
+                await client.post("/v1/echo", json={"message": BENIGN + " after redis"})  # a cache error
+                redis_down = await client.get("/_guard/health")
+                live = await client.get("/_guard/live")
+    finally:
+        await guard.aclose()
+    assert ok.status_code == 200 and ok.json()["status"] == "ok" and ok.json()["ready"] is True
+    assert reload_failed.status_code == 200 and reload_failed.json()["status"] == "degraded"
+    assert reload_failed.json()["reload_failures"] == 1 and reload_failed.json()["last_reload_error"]
+    assert still_judged.status_code == 403  # the last good policy set is serving
+    assert redis_down.status_code == 200 and redis_down.json()["status"] == "degraded"
+    assert redis_down.json()["cache"]["status"] != "ok"
+    assert live.status_code == 200 and live.json() == {"status": "alive"}
+
+
+async def test_admin_list_answers_without_a_trailing_slash(
+    make_guard: GuardFactory, upstream: tuple[Upstream, str]
+) -> None:
+    _, url = upstream
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url), review_token="t0ken")) as proxy:
+        async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+            auth = {"authorization": "Bearer t0ken"}
+            bare = await client.get("/_guard/admin/reviews", headers=auth)
+            slash = await client.get("/_guard/admin/reviews/", headers=auth)
+            query = await client.get("/_guard/admin/reviews?status=all", headers=auth)
+            denied = await client.get("/_guard/admin/reviews")
+    assert bare.status_code == slash.status_code == query.status_code == 200
+    assert bare.json() == slash.json() == {"items": [], "count": 0}
+    assert denied.status_code == 401
 
 
 def test_config_validation() -> None:
