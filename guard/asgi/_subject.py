@@ -57,6 +57,9 @@ def query_map(scope: Scope, max_fields: int) -> dict[str, list[str]]:
 
 
 def _host(headers: dict[str, str], scope: Scope) -> str:
+    """The ``Host`` header, lower-case, without port and without the trailing dot of a fully qualified name
+    (``API.example.com.:443`` -> ``api.example.com``); the server address when there is no header. This is what the
+    client says, not what chose the upstream: see docs/http.md on ``hosts:``."""
     host = headers.get("host")
     if host is None:
         server = scope.get("server")
@@ -64,7 +67,8 @@ def _host(headers: dict[str, str], scope: Scope) -> str:
     host = host.strip().lower()
     if host.startswith("["):  # [v6]:port
         return host[: host.find("]") + 1]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return host.removesuffix(".")
 
 
 # HttpSubject is a frozen dataclass: its __init__ pays one object.__setattr__ per field, twice per guarded request.
