@@ -140,8 +140,9 @@ def test_compose_api_runs_an_importable_uvicorn_target_with_its_dependencies_ins
     argv = service["entrypoint"]
     assert argv[:3] == ["python", "-m", "uvicorn"]
     params = uvicorn_cli.make_context("uvicorn", argv[3:]).params  # uvicorn's own command-line parser
-    mounts = {volume.split(":")[1]: (DEPLOY / "compose" / volume.split(":")[0]).resolve()
-              for volume in service["volumes"]}
+    mounts = {
+        volume.split(":")[1]: (DEPLOY / "compose" / volume.split(":")[0]).resolve() for volume in service["volumes"]
+    }
     module = params["app"].partition(":")[0]
     package = module.partition(".")[0]
     assert mounts[f"{service['working_dir']}/{package}"] == ROOT / package  # the code uvicorn imports is mounted
@@ -157,10 +158,17 @@ def test_compose_api_runs_an_importable_uvicorn_target_with_its_dependencies_ins
     assert 'RUN pip install "/src${GUARD_EXTRAS}"' in dockerfile
     installed = _image_requirements(service["build"].get("args", {}).get("GUARD_EXTRAS", ""))
     source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
-    imported = {alias.name.partition(".")[0] for node in ast.walk(ast.parse(source))
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.partition(".")[0] for node in ast.walk(ast.parse(source))
-                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    imported = {
+        alias.name.partition(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {
+        node.module.partition(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level
+    }
     distributions = importlib.metadata.packages_distributions()
     for name in sorted(imported - set(sys.stdlib_module_names) - {"guard", "__future__"}):
         assert {_normalised(d) for d in distributions[name]} & installed, f"the api image does not install {name}"

@@ -35,18 +35,39 @@ __all__ = [
 ]
 
 UNSUPPORTED_CHARSET = "unsupported_charset"
-UTF8_LABELS = frozenset({"utf-8", "utf8", "unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "x-unicode20utf8",
-                         "csutf8"})
+UTF8_LABELS = frozenset(
+    {"utf-8", "utf8", "unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "x-unicode20utf8", "csutf8"}
+)
 """Labels read as UTF-8 (the WHATWG Encoding labels for UTF-8, plus IANA's ``csUTF8``), compared lower-case."""
-ASCII_LABELS = frozenset({"us-ascii", "ascii", "iso646-us", "ansi_x3.4-1968", "ansi_x3.4-1986", "iso_646.irv:1991",
-                          "iso-ir-6", "us", "ibm367", "cp367", "csascii", "646"})
+ASCII_LABELS = frozenset(
+    {
+        "us-ascii",
+        "ascii",
+        "iso646-us",
+        "ansi_x3.4-1968",
+        "ansi_x3.4-1986",
+        "iso_646.irv:1991",
+        "iso-ir-6",
+        "us",
+        "ibm367",
+        "cp367",
+        "csascii",
+        "646",
+    }
+)
 """Labels read as US-ASCII (IANA's aliases), strictly: a byte above 0x7F is a 400."""
 READ_PARAMS = frozenset({"boundary", "charset", "name"})
 """Parameters guard reads; their RFC 2231 ``name*`` forms are refused rather than ignored."""
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TEXTUAL_PREFIXES = ("text/", "application/json", "application/xml", "application/x-yaml", "application/yaml",
-                     "application/graphql")
+_TEXTUAL_PREFIXES = (
+    "text/",
+    "application/json",
+    "application/xml",
+    "application/x-yaml",
+    "application/yaml",
+    "application/graphql",
+)
 _XML_DECL = re.compile(rb"<\?xml[^>]{0,200}?encoding\s*=\s*[\"']([^\"']{0,40})[\"']")
 
 
@@ -69,8 +90,11 @@ def _quoted(value: str, start: int, field: str) -> tuple[str, int]:
             return "".join(chars), i + 1
         if char == "\\":
             if value[i + 1 : i + 2] not in ('"', "\\"):
-                raise _bad(f"a quoted parameter value has the escape {value[i : i + 2]!r}; only \\\\ and \\\" are "
-                           "read the same way by every parser", field)
+                raise _bad(
+                    f'a quoted parameter value has the escape {value[i : i + 2]!r}; only \\\\ and \\" are '
+                    "read the same way by every parser",
+                    field,
+                )
             i += 1
             char = value[i]
         chars.append(char)
@@ -115,8 +139,11 @@ def parse_params(value: str, field: str = "content-type") -> tuple[str, dict[str
             end = n if end < 0 else end
             text = rest[i:end].strip()
             if not _TOKEN.fullmatch(text):
-                raise _bad(f"the parameter {name[:40]!r} has the value {text[:40]!r}, which is neither a token nor a "
-                           "quoted string", field)
+                raise _bad(
+                    f"the parameter {name[:40]!r} has the value {text[:40]!r}, which is neither a token nor a "
+                    "quoted string",
+                    field,
+                )
             i = end
         while i < n and rest[i] in " \t":
             i += 1
@@ -126,8 +153,10 @@ def parse_params(value: str, field: str = "content-type") -> tuple[str, dict[str
             raise _bad(f"the parameter {name[:40]!r} is repeated; parsers differ on which one counts", field)
         base, star, _ = name.partition("*")
         if star and base in READ_PARAMS:
-            raise _bad(f"the parameter {name[:40]!r} uses the RFC 2231 form, which parsers read differently; send "
-                       f"{base}=...", field)
+            raise _bad(
+                f"the parameter {name[:40]!r} uses the RFC 2231 form, which parsers read differently; send {base}=...",
+                field,
+            )
         params[name] = text
     return head.strip().lower(), params
 
@@ -146,8 +175,12 @@ def charset(params: dict[str, str], field: str = "content-type") -> str:
         return "utf-8"
     if name in ASCII_LABELS:
         return "ascii"
-    raise BodyError(415, UNSUPPORTED_CHARSET, f"charset {name[:40]!r} cannot be inspected; send the text as UTF-8 "
-                    "(or US-ASCII)", field=field)
+    raise BodyError(
+        415,
+        UNSUPPORTED_CHARSET,
+        f"charset {name[:40]!r} cannot be inspected; send the text as UTF-8 (or US-ASCII)",
+        field=field,
+    )
 
 
 def is_textual(media: str) -> bool:
@@ -175,5 +208,9 @@ def check_xml_encoding(body: bytes, field: str = "body") -> None:
         return
     name = match.group(1).decode("latin-1").strip().lower()
     if name not in UTF8_LABELS and name not in ASCII_LABELS:
-        raise BodyError(415, UNSUPPORTED_CHARSET, f"the XML declaration names encoding {name!r}, which cannot be "
-                        "inspected; send the document as UTF-8", field=field)
+        raise BodyError(
+            415,
+            UNSUPPORTED_CHARSET,
+            f"the XML declaration names encoding {name!r}, which cannot be inspected; send the document as UTF-8",
+            field=field,
+        )

@@ -79,8 +79,10 @@ def _boundary(params: dict[str, str]) -> bytes:
         raise _bad("multipart/form-data without a boundary parameter", "content-type")
     raw = params["boundary"].encode("latin-1", "replace")
     if not 1 <= len(raw) <= 70 or not set(raw) <= _BOUNDARY_CHARS or raw.endswith(b" "):
-        raise _bad(f"the multipart boundary {params['boundary'][:80]!r} is not a valid boundary (1-70 RFC 2046 "
-                   "characters)", "content-type")
+        raise _bad(
+            f"the multipart boundary {params['boundary'][:80]!r} is not a valid boundary (1-70 RFC 2046 characters)",
+            "content-type",
+        )
     return raw
 
 
@@ -108,8 +110,9 @@ def parse_multipart(body: bytes, params: dict[str, str], limits: BodyLimits) -> 
     if start > limits.max_multipart_junk_bytes:
         raise _bad(f"the multipart preamble is {start} bytes; at most {limits.max_multipart_junk_bytes} are allowed")
     if start and any(line.startswith(b"--") for line in body[:start].splitlines()):
-        raise _bad("the multipart preamble holds a line starting with '--'; parsers differ on which delimiter opens "
-                   "the body")
+        raise _bad(
+            "the multipart preamble holds a line starting with '--'; parsers differ on which delimiter opens the body"
+        )
     fields: dict[str, list[Any]] = {}
     parts = 0
     pos = start + len(delimiter)
@@ -117,8 +120,10 @@ def parse_multipart(body: bytes, params: dict[str, str], limits: BodyLimits) -> 
         if body[pos : pos + 2] == b"--":
             epilogue = len(body) - (pos + 2)
             if epilogue > limits.max_multipart_junk_bytes:
-                raise _bad(f"{epilogue} bytes follow the closing multipart boundary; at most "
-                           f"{limits.max_multipart_junk_bytes} are allowed")
+                raise _bad(
+                    f"{epilogue} bytes follow the closing multipart boundary; at most "
+                    f"{limits.max_multipart_junk_bytes} are allowed"
+                )
             return fields
         while body[pos : pos + 1] in (b" ", b"\t"):
             pos += 1
@@ -127,8 +132,10 @@ def parse_multipart(body: bytes, params: dict[str, str], limits: BodyLimits) -> 
         pos += 2
         parts += 1
         if parts > limits.max_multipart_parts:
-            raise _bad(f"the body has more than {limits.max_multipart_parts} multipart parts; at most "
-                       f"{limits.max_multipart_parts} are allowed")
+            raise _bad(
+                f"the body has more than {limits.max_multipart_parts} multipart parts; at most "
+                f"{limits.max_multipart_parts} are allowed"
+            )
         if body[pos : pos + 2] == b"\r\n":
             block, content_start = b"", pos + 2
         else:
@@ -143,8 +150,9 @@ def parse_multipart(body: bytes, params: dict[str, str], limits: BodyLimits) -> 
         pos = content_end + 2 + len(delimiter)
 
 
-def _add_part(fields: dict[str, list[Any]], headers: dict[str, str], content: bytes, codec: str,
-              limits: BodyLimits) -> None:
+def _add_part(
+    fields: dict[str, list[Any]], headers: dict[str, str], content: bytes, codec: str, limits: BodyLimits
+) -> None:
     disposition, params = parse_params(headers.get("content-disposition", ""), "body")
     name = params.get("name")
     if disposition != "form-data" or name is None:
@@ -152,8 +160,13 @@ def _add_part(fields: dict[str, list[Any]], headers: dict[str, str], content: by
     where = f"body.{name}"
     transfer = headers.get("content-transfer-encoding", "binary").lower()
     if transfer not in _PLAIN_TRANSFER:
-        raise BodyError(415, "unsupported_encoding", f"the part {name[:40]!r} has Content-Transfer-Encoding "
-                        f"{transfer[:40]!r}; send the content as it is (binary)", field=where)
+        raise BodyError(
+            415,
+            "unsupported_encoding",
+            f"the part {name[:40]!r} has Content-Transfer-Encoding "
+            f"{transfer[:40]!r}; send the content as it is (binary)",
+            field=where,
+        )
     media, type_params = parse_params(headers.get("content-type", ""), where)
     if charset(type_params, where) == "ascii":
         codec = "ascii"
@@ -169,8 +182,13 @@ def _add_part(fields: dict[str, list[Any]], headers: dict[str, str], content: by
         except UnicodeDecodeError:
             text = None
     if text is None and limits.opaque_media == "reject":
-        raise BodyError(415, "unsupported_media_type", f"the file part {name[:40]!r} is a {media or 'untyped'} "
-                        "binary that cannot be inspected; send text, or set opaque_media='metadata'", field=where)
+        raise BodyError(
+            415,
+            "unsupported_media_type",
+            f"the file part {name[:40]!r} is a {media or 'untyped'} "
+            "binary that cannot be inspected; send text, or set opaque_media='metadata'",
+            field=where,
+        )
     fields.setdefault(name, []).append(
         {"filename": params["filename"], "content_type": media or None, "size": len(content), FILE_TEXT: text}
     )

@@ -94,28 +94,38 @@ def _json(body: bytes, params: dict[str, str], limits: BodyLimits) -> Any:
     try:
         charset(params)  # JSON is UTF-8 (RFC 8259 8.1); a label is accepted only when it agrees
     except BodyError as exc:
-        raise BodyError(415, exc.code, f"JSON must be UTF-8; the body declares charset {params['charset'][:40]!r}",
-                        field="content-type") from exc
+        raise BodyError(
+            415,
+            exc.code,
+            f"JSON must be UTF-8; the body declares charset {params['charset'][:40]!r}",
+            field="content-type",
+        ) from exc
     try:
         return loads(body, max_depth=limits.max_json_depth, duplicate_keys=limits.duplicate_keys)
     except InvalidJson as exc:
         field = "body" if exc.path == "$" else "body" + exc.path[1:]
-        raise BodyError(400, f"invalid_json_{exc.reason}" if exc.reason != "syntax" else "invalid_json", str(exc),
-                        field=field) from exc
+        raise BodyError(
+            400, f"invalid_json_{exc.reason}" if exc.reason != "syntax" else "invalid_json", str(exc), field=field
+        ) from exc
 
 
 def _urlencoded(body: bytes, params: dict[str, str], limits: BodyLimits) -> dict[str, list[str]]:
     charset(params)  # percent-escapes are read as UTF-8 (US-ASCII text has none above 0x7F)
     try:
         text = body.decode("ascii")
-        pairs = parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict",
-                          max_num_fields=limits.max_form_fields)
+        pairs = parse_qsl(
+            text, keep_blank_values=True, encoding="utf-8", errors="strict", max_num_fields=limits.max_form_fields
+        )
     except UnicodeDecodeError as exc:
-        raise BodyError(400, "invalid_form", f"the form body is not UTF-8 or not percent-encoded (byte offset "
-                        f"{exc.start})") from exc
+        raise BodyError(
+            400, "invalid_form", f"the form body is not UTF-8 or not percent-encoded (byte offset {exc.start})"
+        ) from exc
     except ValueError as exc:
-        raise BodyError(400, "invalid_form", f"the form has more than {limits.max_form_fields} fields; at most "
-                        f"{limits.max_form_fields} are allowed") from exc
+        raise BodyError(
+            400,
+            "invalid_form",
+            f"the form has more than {limits.max_form_fields} fields; at most {limits.max_form_fields} are allowed",
+        ) from exc
     fields: dict[str, list[str]] = {}
     for name, value in pairs:
         fields.setdefault(name, []).append(value)
@@ -158,8 +168,13 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
     elif limits.opaque_media == "metadata":
         return None, ""
     else:
-        raise BodyError(415, "unsupported_media_type", f"a {media or 'untyped'} body cannot be inspected; send JSON, "
-                        "a form or text, or set opaque_media='metadata'", field="content-type")
+        raise BodyError(
+            415,
+            "unsupported_media_type",
+            f"a {media or 'untyped'} body cannot be inspected; send JSON, "
+            "a form or text, or set opaque_media='metadata'",
+            field="content-type",
+        )
     return value, "\n".join(strings(value))
 
 

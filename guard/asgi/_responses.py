@@ -83,11 +83,13 @@ async def send_json(
 ) -> None:
     """Send a whole JSON response."""
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [_JSON, (b"content-length", str(len(body)).encode()), *headers],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [_JSON, (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -66,8 +66,10 @@ def _bad(reason: str, field: str = "path") -> BodyError:
 
 _REFUSED = {
     "\\": "a backslash, which some servers read as '/'",
-    ";": "';', which some servers strip with what follows before routing (path parameters); send %3B for a literal "
-         "semicolon",
+    ";": (
+        "';', which some servers strip with what follows before routing (path parameters); send %3B for a literal "
+        "semicolon"
+    ),
     "#": "'#'; a fragment is never part of a request target",
 }
 
@@ -94,8 +96,10 @@ def _segment(segment: str) -> tuple[str, str]:
                 raise _bad(f"the path has a '%' not followed by two hex digits: {segment[i : i + 3]!r}")
             byte = int(digits, 16)
             if byte in (0x2F, 0x5C):
-                raise _bad(f"the path contains an encoded {'slash' if byte == 0x2F else 'backslash'} "
-                           f"(%{digits}), which servers read differently")
+                raise _bad(
+                    f"the path contains an encoded {'slash' if byte == 0x2F else 'backslash'} "
+                    f"(%{digits}), which servers read differently"
+                )
             if byte < 0x20 or byte == 0x7F:
                 raise _bad(f"the path contains an encoded control character (%{digits})")
             encoded.append(chr(byte) if chr(byte) in _UNRESERVED else f"%{digits.upper()}")
@@ -127,8 +131,10 @@ def canonical_path(raw: str) -> RequestTarget:
         BodyError: 400 ``invalid_target`` naming what is refused.
     """
     if not raw.startswith("/"):
-        raise _bad(f"the request target {raw[:60]!r} is not a path starting with '/'; absolute-form, authority-form "
-                   "and asterisk-form targets are not accepted")
+        raise _bad(
+            f"the request target {raw[:60]!r} is not a path starting with '/'; absolute-form, authority-form "
+            "and asterisk-form targets are not accepted"
+        )
     if _PLAIN.fullmatch(raw):
         return RequestTarget(raw, raw.encode("ascii"))
     segments = [_segment(s) for s in raw[1:].split("/")]

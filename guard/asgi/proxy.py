@@ -57,8 +57,19 @@ __all__ = [
 
 logger = logging.getLogger("guard.proxy")
 
-HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
-                        b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
 DEFAULT_LIVE_PATH = "/_guard/live"
 DEFAULT_HEALTH_PATH = "/_guard/health"
 DEFAULT_METRICS_PATH = "/_guard/metrics"
@@ -133,9 +144,11 @@ class ReverseProxy:
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout),
-            limits=httpx.Limits(max_connections=config.max_connections,
-                                max_keepalive_connections=config.max_connections),
-            follow_redirects=False, trust_env=False,
+            limits=httpx.Limits(
+                max_connections=config.max_connections, max_keepalive_connections=config.max_connections
+            ),
+            follow_redirects=False,
+            trust_env=False,
         )
 
     async def aclose(self) -> None:
@@ -158,8 +171,9 @@ class ReverseProxy:
     def _request(self, scope: Scope, receive: Receive) -> httpx.Request:
         url = self._url(scope)
         headers = [(k, v) for k, v in _forward_headers(scope["headers"]) if k.lower() not in (b"host", b"expect")]
-        headers.append((b"host", self._host if not self.config.preserve_host else
-                        dict(scope["headers"]).get(b"host", self._host)))
+        headers.append(
+            (b"host", self._host if not self.config.preserve_host else dict(scope["headers"]).get(b"host", self._host))
+        )
         client = scope.get("client")
         if client:
             prior = [v for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"]
@@ -202,17 +216,36 @@ class ReverseProxy:
             return
         except httpx.TimeoutException as exc:
             self.metrics.upstream_errors.labels("timeout").inc()
-            await send_json(send, 504, {"code": "upstream_timeout", "message": f"the upstream did not answer in "
-                                        f"time ({type(exc).__name__})", "field": None})
+            await send_json(
+                send,
+                504,
+                {
+                    "code": "upstream_timeout",
+                    "message": f"the upstream did not answer in time ({type(exc).__name__})",
+                    "field": None,
+                },
+            )
             return
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels("unavailable").inc()
-            await send_json(send, 502, {"code": "upstream_unavailable", "message": f"the upstream could not be "
-                                        f"reached ({type(exc).__name__})", "field": None})
+            await send_json(
+                send,
+                502,
+                {
+                    "code": "upstream_unavailable",
+                    "message": f"the upstream could not be reached ({type(exc).__name__})",
+                    "field": None,
+                },
+            )
             return
         try:
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": _forward_headers(response.headers.raw)})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": _forward_headers(response.headers.raw),
+                }
+            )
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -233,10 +266,17 @@ class _ProxyApp:
     the guard and the upstream all see the same path.
     """
 
-    def __init__(self, guarded: ASGIApp, proxy: ReverseProxy, guard: Guard, metrics: HttpMetrics,
-                 admin: ASGIApp | None, paths: tuple[str, str, str, str],
-                 on_startup: Callable[[], Awaitable[None]] | None,
-                 on_shutdown: Callable[[], Awaitable[None]] | None) -> None:
+    def __init__(
+        self,
+        guarded: ASGIApp,
+        proxy: ReverseProxy,
+        guard: Guard,
+        metrics: HttpMetrics,
+        admin: ASGIApp | None,
+        paths: tuple[str, str, str, str],
+        on_startup: Callable[[], Awaitable[None]] | None,
+        on_shutdown: Callable[[], Awaitable[None]] | None,
+    ) -> None:
         self.guarded, self.proxy, self.guard, self.metrics, self.admin = guarded, proxy, guard, metrics, admin
         self.live_path, self.health_path, self.metrics_path, self.admin_path = paths
         self.on_startup = on_startup
@@ -261,8 +301,13 @@ class _ProxyApp:
                 return
             if path == self.metrics_path:
                 body = generate_latest(REGISTRY) + self.metrics.render()
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
             if self.admin is not None and (path == self.admin_path or path.startswith(self.admin_path + "/")):
@@ -329,6 +374,13 @@ def proxy_app(
     admin: ASGIApp | None = None
     if review_token is not None:
         admin = Starlette(routes=[Mount(admin_path, app=review_app(guarded.review_store, token=review_token))])
-    return _ProxyApp(guarded, proxy, guard, metrics, admin, (live_path, health_path, metrics_path, admin_path),
-                     on_startup, on_shutdown)
-
+    return _ProxyApp(
+        guarded,
+        proxy,
+        guard,
+        metrics,
+        admin,
+        (live_path, health_path, metrics_path, admin_path),
+        on_startup,
+        on_shutdown,
+    )

@@ -104,16 +104,26 @@ class OpenAIStandIn:
             return PlainTextResponse("this is not json")
         text = self.answer(body)
         if not body.get("stream"):
-            return JSONResponse({
-                "id": "chatcmpl-standin", "object": "chat.completion", "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            })
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-standin",
+                    "object": "chat.completion",
+                    "model": model,
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    ],
+                }
+            )
         return StreamingResponse(self._events(model, text), media_type="text/event-stream")
 
     async def _events(self, model: str, text: str) -> AsyncIterator[str]:
         def event(delta: dict[str, Any], finish: str | None = None) -> str:
-            chunk = {"id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model,
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            chunk = {
+                "id": "chatcmpl-standin",
+                "object": "chat.completion.chunk",
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
             return f"data: {json.dumps(chunk)}\n\n"
 
         yield event({"role": "assistant"})

@@ -24,15 +24,46 @@ BOUNDARY = "guard-media-7MA4YWxk"
 
 # Real text encodings that read the same bytes differently, and codecs that are not text encodings at all (each of
 # these raised LookupError or UnicodeError, a 500, before).
-REFUSED_CHARSETS = ["utf-16-le", "utf-16-be", "utf-16", "utf-32", "cp037", "utf-7", "latin-1", "iso-8859-1",
-                    "windows-1252", "shift_jis", "rot13", "rot_13", "base64", "hex", "zlib", "bz2", "uu", "quopri",
-                    "punycode", "undefined", "idna", "unicode_escape", "raw_unicode_escape", "mbcs", "klingon", ""]
+REFUSED_CHARSETS = [
+    "utf-16-le",
+    "utf-16-be",
+    "utf-16",
+    "utf-32",
+    "cp037",
+    "utf-7",
+    "latin-1",
+    "iso-8859-1",
+    "windows-1252",
+    "shift_jis",
+    "rot13",
+    "rot_13",
+    "base64",
+    "hex",
+    "zlib",
+    "bz2",
+    "uu",
+    "quopri",
+    "punycode",
+    "undefined",
+    "idna",
+    "unicode_escape",
+    "raw_unicode_escape",
+    "mbcs",
+    "klingon",
+    "",
+]
 ATTACK_JSON = json.dumps({"message": ATTACK}).encode()
 
 
 def _multipart_part(part_charset: str) -> bytes:
-    return (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"message\"\r\nContent-Type: text/plain; "
-            f"charset={part_charset}\r\n\r\n").encode() + ATTACK.encode() + f"\r\n--{BOUNDARY}--\r\n".encode()
+    return (
+        (
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="message"\r\nContent-Type: text/plain; '
+            f"charset={part_charset}\r\n\r\n"
+        ).encode()
+        + ATTACK.encode()
+        + f"\r\n--{BOUNDARY}--\r\n".encode()
+    )
 
 
 def _bodies(label: str) -> list[tuple[bytes, str]]:
@@ -64,29 +95,38 @@ async def test_other_charsets_are_415_recorded_never_500(make_guard: GuardFactor
     assert backend.calls == 0
 
 
-@pytest.mark.parametrize("label", ["utf-8", "UTF-8", "utf8", "csUTF8", "unicode-1-1-utf-8", "us-ascii", "US-ASCII",
-                                   "ascii", "ANSI_X3.4-1968"])
+@pytest.mark.parametrize(
+    "label",
+    ["utf-8", "UTF-8", "utf8", "csUTF8", "unicode-1-1-utf-8", "us-ascii", "US-ASCII", "ascii", "ANSI_X3.4-1968"],
+)
 async def test_utf8_and_ascii_labels_are_judged(make_guard: GuardFactory, label: str) -> None:
     async with client_for(guarded_app(make_guard())) as client:
         for body, content_type in _bodies(label):
             response = await client.post("/v1/echo", content=body, headers={"content-type": content_type})
             assert response.status_code == 403 and response.json()["rule"] == "prompt_injection", content_type
-        benign = await client.post("/v1/echo", content=BENIGN.encode(),
-                                   headers={"content-type": f"text/plain; charset={label}"})
+        benign = await client.post(
+            "/v1/echo", content=BENIGN.encode(), headers={"content-type": f"text/plain; charset={label}"}
+        )
     assert benign.status_code == 200
 
 
 async def test_ascii_label_reads_strictly(make_guard: GuardFactory) -> None:
     async with client_for(guarded_app(make_guard())) as client:
-        response = await client.post("/v1/echo", content="caf\u00e9".encode(),
-                                     headers={"content-type": "text/plain; charset=us-ascii"})
+        response = await client.post(
+            "/v1/echo", content="caf\u00e9".encode(), headers={"content-type": "text/plain; charset=us-ascii"}
+        )
     assert response.status_code == 400 and response.json()["code"] == "invalid_text"
 
 
-@pytest.mark.parametrize("declaration", ['<?xml version="1.0" encoding="UTF-7"?>',
-                                         "<?xml version='1.0' encoding='utf-16'?>",
-                                         '\ufeff<?xml version="1.0" encoding="ISO-8859-1" standalone="yes"?>',
-                                         '<?xml version="1.0" encoding="EBCDIC-CP-US"?>'])
+@pytest.mark.parametrize(
+    "declaration",
+    [
+        '<?xml version="1.0" encoding="UTF-7"?>',
+        "<?xml version='1.0' encoding='utf-16'?>",
+        '\ufeff<?xml version="1.0" encoding="ISO-8859-1" standalone="yes"?>',
+        '<?xml version="1.0" encoding="EBCDIC-CP-US"?>',
+    ],
+)
 async def test_xml_declaring_another_encoding_is_415(make_guard: GuardFactory, declaration: str) -> None:
     body = (declaration + f"<note>{ATTACK}</note>").encode()
     async with client_for(guarded_app(make_guard())) as client:
@@ -154,8 +194,10 @@ def test_ambiguous_params_are_400(value: str, reason: str) -> None:
 
 async def test_ambiguous_content_type_is_400_through_the_middleware(make_guard: GuardFactory) -> None:
     backend = ScriptedBackend(scripted_answers)
-    headers: list[dict[str, Any]] = [{"content-type": "text/plain; charset=utf-16; charset=utf-8"},
-                                     {"content-type": "application/json; charset"}]
+    headers: list[dict[str, Any]] = [
+        {"content-type": "text/plain; charset=utf-16; charset=utf-8"},
+        {"content-type": "application/json; charset"},
+    ]
     async with client_for(guarded_app(make_guard(backend))) as client:
         for header in headers:
             response = await client.post("/v1/echo", content=ATTACK_JSON, headers=header)

@@ -105,6 +105,7 @@ def test_scope_path_wins_when_raw_path_disagrees() -> None:
 
 # Real servers ---------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Recorder:
     """An upstream that answers every path and records what it was sent."""
@@ -114,8 +115,13 @@ class Recorder:
 
     async def handle(self, request: Request) -> Response:
         body = await request.body()
-        self.seen.append({"path": request.url.path, "raw_path": request.scope["raw_path"].decode("latin-1"),
-                          "query": request.scope["query_string"].decode("latin-1")})
+        self.seen.append(
+            {
+                "path": request.url.path,
+                "raw_path": request.scope["raw_path"].decode("latin-1"),
+                "query": request.scope["query_string"].decode("latin-1"),
+            }
+        )
         return JSONResponse({"who": self.name, "path": request.url.path, "length": len(body)})
 
     @property
@@ -137,8 +143,10 @@ def servers(make_guard: GuardFactory) -> Iterator[tuple[int, Recorder, Recorder,
 
 def _request(method: str, target: str, text: str | None = None) -> bytes:
     body = json.dumps({"message": text}).encode() if text is not None else b""
-    head = (f"{method} {target} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("latin-1")
+    head = (
+        f"{method} {target} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode("latin-1")
     return head + body
 
 
@@ -158,8 +166,15 @@ async def test_proxy_never_forwards_to_another_host(servers: tuple[int, Recorder
     """The reported case (``POST @127.0.0.1:<port>/internal/admin``: the part before ``@`` became userinfo and the
     request went to the other port) and its variants, with and without a body, on paths no policy matches."""
     port, upstream, internal, other = servers
-    targets = [f"@127.0.0.1:{other}/internal/admin", f"@127.0.0.1:{other}", f"http://127.0.0.1:{other}/internal/admin",
-               f"127.0.0.1:{other}", "x/y", "*", f":{other}/internal/admin"]
+    targets = [
+        f"@127.0.0.1:{other}/internal/admin",
+        f"@127.0.0.1:{other}",
+        f"http://127.0.0.1:{other}/internal/admin",
+        f"127.0.0.1:{other}",
+        "x/y",
+        "*",
+        f":{other}/internal/admin",
+    ]
     for target in targets:
         for method, text in (("POST", BENIGN), ("GET", None), ("DELETE", None)):
             raw = await _send(port, method, target, text)
@@ -171,8 +186,16 @@ async def test_proxy_never_forwards_to_another_host(servers: tuple[int, Recorder
     assert internal.seen == [] and len(upstream.seen) == 1
 
 
-TRICKS = ["/x/../v1/chat", "/./v1/chat", "//v1/chat", "/%2e%2e/v1/chat", "/public/%2E%2E/v1/chat", "/v1//./chat",
-          "/v1/%63hat", "/../v1/chat"]
+TRICKS = [
+    "/x/../v1/chat",
+    "/./v1/chat",
+    "//v1/chat",
+    "/%2e%2e/v1/chat",
+    "/public/%2E%2E/v1/chat",
+    "/v1//./chat",
+    "/v1/%63hat",
+    "/../v1/chat",
+]
 
 
 @pytest.mark.parametrize("target", TRICKS)
@@ -186,8 +209,21 @@ async def test_proxy_judges_the_path_it_forwards(servers: tuple[int, Recorder, R
     assert upstream.seen == [{"path": "/v1/chat", "raw_path": "/v1/chat", "query": ""}]
 
 
-@pytest.mark.parametrize("target", ["/%2fv1/chat", "/v1%2Fchat", "/v1\\chat", "/v1%5Cchat", "/v1;x/chat",
-                                    "/x/..;/v1/chat", "/v1/%ff", "/v1/%00", "/v1/chat?a=1#x", "/v1/chat#x"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/%2fv1/chat",
+        "/v1%2Fchat",
+        "/v1\\chat",
+        "/v1%5Cchat",
+        "/v1;x/chat",
+        "/x/..;/v1/chat",
+        "/v1/%ff",
+        "/v1/%00",
+        "/v1/chat?a=1#x",
+        "/v1/chat#x",
+    ],
+)
 async def test_proxy_refuses_what_servers_read_differently(
     servers: tuple[int, Recorder, Recorder, int], target: str
 ) -> None:
@@ -202,8 +238,9 @@ async def test_proxy_keeps_encoded_characters_and_the_query(servers: tuple[int, 
     port, upstream, _, _ = servers
     raw = await _send(port, "POST", "/v1/caf%c3%a9/a%20b?x=%2e%2E&y=/?&z=%ZZ", BENIGN)
     assert _status(raw) == 200
-    assert upstream.seen == [{"path": "/v1/caf\u00e9/a b", "raw_path": "/v1/caf%C3%A9/a%20b",
-                              "query": "x=%2e%2E&y=/?&z=%ZZ"}]
+    assert upstream.seen == [
+        {"path": "/v1/caf\u00e9/a b", "raw_path": "/v1/caf%C3%A9/a%20b", "query": "x=%2e%2E&y=/?&z=%ZZ"}
+    ]
 
 
 def _app_with_routes(guard: Guard) -> tuple[Starlette, list[str]]:
