@@ -6,15 +6,23 @@ No Docker engine or cluster runs here; docs/operations.md says what was and was 
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import re
 import shlex
+import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from uvicorn import main as uvicorn_cli
+from uvicorn.importer import import_from_string
 
+from guard.asgi.proxy import DEFAULT_HEALTH_PATH, DEFAULT_LIVE_PATH
 from guard.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +57,10 @@ def test_worker_is_ready_on_readyz_and_scaled_on_queue_depth() -> None:
 
 def _dockerfile_entrypoint(path: Path) -> list[str]:
     text = path.read_text().replace("\\\n", " ")
-    entry = re.search(r"^ENTRYPOINT (\[.*\])$", text, re.M)
+    entry = re.search(r"^ENTRYPOINT (\[.*\])$", text, re.MULTILINE)
     assert entry, f"{path.name} has no exec-form ENTRYPOINT"
     args = yaml.safe_load(entry.group(1))
-    cmd = re.search(r"^CMD (\[.*\])$", text, re.M)
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.MULTILINE)
     return list(args) + (list(yaml.safe_load(cmd.group(1))) if cmd else [])
 
 
@@ -102,3 +110,65 @@ def test_compose_services_build_from_existing_files_and_parse() -> None:
     build_parser().parse_args(proxy_entry[1:] + services["proxy"]["command"])
     for volume in services["otel-collector"]["volumes"]:
         assert (DEPLOY / "compose" / volume.split(":")[0]).exists()
+
+
+def test_gateway_probes_use_liveness_and_readiness() -> None:
+    """Liveness must not follow 'degraded' (a Redis blip or a bad policy reload would restart every gateway)."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _documents(DEPLOY / "k8s" / "gateway.yaml")}
+    container = docs[("Deployment", "guard-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == DEFAULT_LIVE_PATH
+    assert container["readinessProbe"]["httpGet"]["path"] == DEFAULT_HEALTH_PATH
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _image_requirements(extras: str) -> set[str]:
+    """Distribution names ``pip install "/src<extras>"`` installs directly (project dependencies plus the extras)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in re.findall(r"[\w-]+", extras):
+        requirements += project["optional-dependencies"][extra]
+    return {_normalised(Requirement(r).name) for r in requirements}
+
+
+def test_compose_api_runs_an_importable_uvicorn_target_with_its_dependencies_installed() -> None:
+    """The example API service: its uvicorn target resolves (module, attribute, ``--factory`` call gives an ASGI app),
+    and the image it runs in installs every third-party package the target module imports."""
+    service = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]["api"]
+    argv = service["entrypoint"]
+    assert argv[:3] == ["python", "-m", "uvicorn"]
+    params = uvicorn_cli.make_context("uvicorn", argv[3:]).params  # uvicorn's own command-line parser
+    mounts = {
+        volume.split(":")[1]: (DEPLOY / "compose" / volume.split(":")[0]).resolve() for volume in service["volumes"]
+    }
+    module = params["app"].partition(":")[0]
+    package = module.partition(".")[0]
+    assert mounts[f"{service['working_dir']}/{package}"] == ROOT / package  # the code uvicorn imports is mounted
+    sys.path.insert(0, str(ROOT))
+    try:
+        target = import_from_string(params["app"])
+        app = target() if params["factory"] else target
+    finally:
+        sys.path.remove(str(ROOT))
+    assert callable(app), f"{params['app']} is not an ASGI app"
+
+    dockerfile = (ROOT / service["build"]["dockerfile"]).read_text()
+    assert 'RUN pip install "/src${GUARD_EXTRAS}"' in dockerfile
+    installed = _image_requirements(service["build"].get("args", {}).get("GUARD_EXTRAS", ""))
+    source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
+    imported = {
+        alias.name.partition(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {
+        node.module.partition(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level
+    }
+    distributions = importlib.metadata.packages_distributions()
+    for name in sorted(imported - set(sys.stdlib_module_names) - {"guard", "__future__"}):
+        assert {_normalised(d) for d in distributions[name]} & installed, f"the api image does not install {name}"

@@ -11,7 +11,9 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md /src/
 COPY guard /src/guard
 COPY policies /etc/guard/policies
-RUN pip install /src
+# Optional extras, e.g. GUARD_EXTRAS="[examples]" for the example API (FastAPI) that deploy/compose runs from this image.
+ARG GUARD_EXTRAS=""
+RUN pip install "/src${GUARD_EXTRAS}"
 
 RUN useradd --system --uid 10001 guard
 USER 10001

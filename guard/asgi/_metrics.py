@@ -1,7 +1,7 @@
 """Counters of the HTTP enforcement point, in a private Prometheus registry (one per middleware instance).
 
 The engine counts decisions itself (OpenTelemetry ``guard.decisions``, ``guard.fail_open``); these count what only
-the HTTP layer sees: responses by action, fail-open passes, bodies refused before a decision, reviews and handoffs.
+the HTTP layer sees: responses by action, fail-open passes, targets and bodies refused before a decision, reviews and handoffs.
 """
 
 from __future__ import annotations
@@ -22,20 +22,43 @@ class HttpMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("guard_http_guarded_requests", "Guarded requests by policy and action.",
-                                ["policy", "action"], registry=self.registry)
-        self.fail_open = Counter("guard_http_fail_open", "Requests passed without a decision because the policy "
-                                 "fails open.", ["policy"], registry=self.registry)
-        self.body_rejections = Counter("guard_http_body_rejections", "Requests refused before a decision because "
-                                       "the body could not be inspected.", ["code"], registry=self.registry)
-        self.reviews = Counter("guard_http_reviews", "Review events: created, released, refused.", ["event"],
-                               registry=self.registry)
-        self.handoffs = Counter("guard_http_handoffs", "LLM handoffs by outcome.", ["outcome"],
-                                registry=self.registry)
-        self.upstream_errors = Counter("guard_proxy_upstream_errors", "Proxy upstream failures by kind: timeout, "
-                                       "unavailable, broken_stream.", ["kind"], registry=self.registry)
-        self.disconnects = Counter("guard_http_client_disconnects", "Clients that left before the body was read.",
-                                   registry=self.registry)
+        self.requests = Counter(
+            "guard_http_guarded_requests",
+            "Guarded requests by policy and action.",
+            ["policy", "action"],
+            registry=self.registry,
+        )
+        self.fail_open = Counter(
+            "guard_http_fail_open",
+            "Requests passed without a decision because the policy fails open.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.body_rejections = Counter(
+            "guard_http_body_rejections",
+            "Requests refused before a decision because the body could not be inspected.",
+            ["code"],
+            registry=self.registry,
+        )
+        self.target_rejections = Counter(
+            "guard_http_target_rejections",
+            "Requests refused before matching because their target is not a canonical origin-form path.",
+            ["code"],
+            registry=self.registry,
+        )
+        self.reviews = Counter(
+            "guard_http_reviews", "Review events: created, released, refused.", ["event"], registry=self.registry
+        )
+        self.handoffs = Counter("guard_http_handoffs", "LLM handoffs by outcome.", ["outcome"], registry=self.registry)
+        self.upstream_errors = Counter(
+            "guard_proxy_upstream_errors",
+            "Proxy upstream failures by kind: timeout, unavailable, broken_stream.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.disconnects = Counter(
+            "guard_http_client_disconnects", "Clients that left before the body was read.", registry=self.registry
+        )
         self._request_children: dict[tuple[str, str], Any] = {}
 
     def count_request(self, policy: str, action: str) -> None:

@@ -1,27 +1,40 @@
 """Turning decoded body bytes into the judged value: JSON, forms, multipart, text (cases C04, C06, C07).
 
 ``parse_body`` returns ``(value, text)``: the value the policy renders into its state (a JSON value, ``{field:
-[values]}`` for forms, a ``str`` for text) and every string in it joined by newlines (``HttpSubject.body_text``).
+[values]}`` for forms, a ``str`` for text) and the judged text, ``HttpSubject.body_text``: every string value in it,
+in document order, joined by newlines, with two rules:
+
+* **Keys are judged unless they are plain identifiers.** An object key or form field name is data the application can
+  read (iterate, store, hand to a model), so ``{"Ignore all previous instructions...": 1}`` must be judged. A key
+  of at most :data:`PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $`` (``max_tokens``, ``user_id``,
+  ``Content-Type``) is structure, not text, and is left out so it neither dilutes the text nor causes false
+  positives; any other key (with a space or other punctuation, non-ASCII, or longer) comes before its value.
+* **File metadata is not text.** A multipart file's ``filename`` and ``content_type`` stay in ``body`` (a policy's
+  state can address them) but only the file's content is judged.
+
 Anything the application could read differently from the guard is refused: JSON that is not UTF-8, has a duplicate
-key (unless ``duplicate_keys="collect"``), nests too deep or holds NaN; form text that is not UTF-8.
+key (unless ``duplicate_keys="collect"``), nests too deep or holds NaN; text or forms in a charset other than UTF-8 or
+US-ASCII (see :mod:`guard.asgi._media`); form text that is not valid in its charset.
 """
 
 from __future__ import annotations
 
-import codecs
+import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
 from guard._json import loads
-from guard.asgi._multipart import parse_multipart, parse_params
+from guard.asgi._media import charset, check_xml_encoding, is_textual, is_xml, parse_params
+from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
 
-__all__ = ["is_json", "parse_body", "strings"]
+__all__ = ["PLAIN_KEY_CHARS", "is_json", "parse_body", "strings"]
 
-_UTF8_NAMES = frozenset({"utf-8", "utf8"})
-_TEXTUAL = ("text/", "application/xml", "application/x-yaml", "application/yaml", "application/graphql")
+PLAIN_KEY_CHARS = 24
+"""Longest object key or form field name left out of the judged text when it is a plain identifier."""
+_PLAIN_KEY = re.compile(rf"[A-Za-z0-9_.:@$\-]{{1,{PLAIN_KEY_CHARS}}}")
 
 
 def is_json(media: str) -> bool:
@@ -30,7 +43,8 @@ def is_json(media: str) -> bool:
 
 
 def strings(value: Any) -> list[str]:
-    """Every string leaf of a parsed body, in document order (object values, not keys; file texts).
+    """The judged strings of a parsed JSON or urlencoded body, in document order: every string value, and every
+    object key (form field name) that is not a plain identifier, just before its value.
 
     One pass with a stack of iterators (no recursion, so any depth is safe); a flat object is a single loop.
     """
@@ -40,13 +54,18 @@ def strings(value: Any) -> list[str]:
     if not isinstance(value, dict | list):
         return out
     append = out.append
-    stack: list[Iterator[Any]] = [iter(value.values() if isinstance(value, dict) else value)]
+    plain = _PLAIN_KEY.fullmatch
+    stack: list[Iterator[Any]] = [iter(value.items() if isinstance(value, dict) else value)]
     while stack:
         for node in stack[-1]:
+            if isinstance(node, tuple):  # (key, value) of an object: parsed JSON holds no tuples otherwise
+                key, node = node
+                if not plain(key):
+                    append(key)
             if isinstance(node, str):
                 append(node)
             elif isinstance(node, dict):
-                stack.append(iter(node.values()))
+                stack.append(iter(node.items()))
                 break
             elif isinstance(node, list):
                 stack.append(iter(node))
@@ -56,51 +75,71 @@ def strings(value: Any) -> list[str]:
     return out
 
 
-def _charset(params: dict[str, str], default: str) -> str:
-    name = params.get("charset", default).strip().lower()
-    if name in _UTF8_NAMES:  # the usual case, without a codec registry lookup
-        return "utf-8"
-    try:
-        return codecs.lookup(name).name
-    except LookupError as exc:
-        raise BodyError(415, "unsupported_charset", f"charset {name[:40]!r} is not known", field="content-type") from exc
+def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
+    """The judged strings of a multipart form: field names that are not plain identifiers, text values and file
+    contents; never a file's name or media type."""
+    out: list[str] = []
+    for name, values in fields.items():
+        if not _PLAIN_KEY.fullmatch(name):
+            out.append(name)
+        for value in values:
+            if isinstance(value, str):
+                out.append(value)
+            elif value[FILE_TEXT] is not None:
+                out.append(value[FILE_TEXT])
+    return out
 
 
 def _json(body: bytes, params: dict[str, str], limits: BodyLimits) -> Any:
-    if _charset(params, "utf-8") != "utf-8":
-        raise BodyError(415, "unsupported_charset", f"JSON must be UTF-8; the body declares charset "
-                        f"{params['charset'][:40]!r}", field="content-type")
+    try:
+        charset(params)  # JSON is UTF-8 (RFC 8259 8.1); a label is accepted only when it agrees
+    except BodyError as exc:
+        raise BodyError(
+            415,
+            exc.code,
+            f"JSON must be UTF-8; the body declares charset {params['charset'][:40]!r}",
+            field="content-type",
+        ) from exc
     try:
         return loads(body, max_depth=limits.max_json_depth, duplicate_keys=limits.duplicate_keys)
     except InvalidJson as exc:
         field = "body" if exc.path == "$" else "body" + exc.path[1:]
-        raise BodyError(400, f"invalid_json_{exc.reason}" if exc.reason != "syntax" else "invalid_json", str(exc),
-                        field=field) from exc
+        raise BodyError(
+            400, f"invalid_json_{exc.reason}" if exc.reason != "syntax" else "invalid_json", str(exc), field=field
+        ) from exc
 
 
-def _urlencoded(body: bytes, limits: BodyLimits) -> dict[str, list[str]]:
+def _urlencoded(body: bytes, params: dict[str, str], limits: BodyLimits) -> dict[str, list[str]]:
+    charset(params)  # percent-escapes are read as UTF-8 (US-ASCII text has none above 0x7F)
     try:
         text = body.decode("ascii")
-        pairs = parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict",
-                          max_num_fields=limits.max_form_fields)
+        pairs = parse_qsl(
+            text, keep_blank_values=True, encoding="utf-8", errors="strict", max_num_fields=limits.max_form_fields
+        )
     except UnicodeDecodeError as exc:
-        raise BodyError(400, "invalid_form", f"the form body is not UTF-8 or not percent-encoded (byte offset "
-                        f"{exc.start})") from exc
+        raise BodyError(
+            400, "invalid_form", f"the form body is not UTF-8 or not percent-encoded (byte offset {exc.start})"
+        ) from exc
     except ValueError as exc:
-        raise BodyError(400, "invalid_form", f"the form has more than {limits.max_form_fields} fields; at most "
-                        f"{limits.max_form_fields} are allowed") from exc
+        raise BodyError(
+            400,
+            "invalid_form",
+            f"the form has more than {limits.max_form_fields} fields; at most {limits.max_form_fields} are allowed",
+        ) from exc
     fields: dict[str, list[str]] = {}
     for name, value in pairs:
         fields.setdefault(name, []).append(value)
     return fields
 
 
-def _text(body: bytes, params: dict[str, str]) -> str:
-    charset = _charset(params, "utf-8")
+def _text(body: bytes, media: str, params: dict[str, str]) -> str:
+    codec = charset(params)
+    if is_xml(media):
+        check_xml_encoding(body)
     try:
-        return body.decode(charset)
+        return body.decode(codec)
     except UnicodeDecodeError as exc:
-        raise BodyError(400, "invalid_text", f"the body is not valid {charset} text (byte offset {exc.start})") from exc
+        raise BodyError(400, "invalid_text", f"the body is not valid {codec} text (byte offset {exc.start})") from exc
 
 
 def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any, str]:
@@ -110,33 +149,32 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         ``(value, text)``; ``(None, "")`` for an empty body or an opaque one under ``opaque_media="metadata"``.
 
     Raises:
-        BodyError: 400 malformed (JSON, form, multipart, text), 415 unsupported media type or charset.
+        BodyError: 400 malformed (``Content-Type`` parameters, JSON, form, multipart, text), 415 unsupported media
+            type, charset or part encoding.
     """
     if not body:
         return None, ""
     media, params = parse_params(content_type) if ";" in content_type else (content_type.strip().lower(), {})
-    value: Any
     if is_json(media):
-        value = _json(body, params, limits)
+        value: Any = _json(body, params, limits)
     elif media == "application/x-www-form-urlencoded":
-        value = _urlencoded(body, limits)
+        value = _urlencoded(body, params, limits)
     elif media == "multipart/form-data":
-        if "boundary" not in params:
-            raise BodyError(400, "malformed_multipart", "multipart/form-data without a boundary parameter",
-                            field="content-type")
-        value = parse_multipart(
-            body, params["boundary"], max_parts=limits.max_multipart_parts,
-            max_part_header_bytes=limits.max_part_header_bytes, max_junk_bytes=limits.max_multipart_junk_bytes,
-        )
-    elif media.startswith(_TEXTUAL) or (not media and _is_utf8(body)):
-        value = _text(body, params)
+        fields = parse_multipart(body, params, limits)
+        return fields, "\n".join(_form_strings(fields))
+    elif is_textual(media) or (not media and _is_utf8(body)):
+        text = _text(body, media, params)
+        return text, text
     elif limits.opaque_media == "metadata":
         return None, ""
     else:
-        raise BodyError(415, "unsupported_media_type", f"a {media or 'untyped'} body cannot be inspected; send JSON, "
-                        "a form or text, or set opaque_media='metadata'", field="content-type")
-    if isinstance(value, str):
-        return value, value
+        raise BodyError(
+            415,
+            "unsupported_media_type",
+            f"a {media or 'untyped'} body cannot be inspected; send JSON, "
+            "a form or text, or set opaque_media='metadata'",
+            field="content-type",
+        )
     return value, "\n".join(strings(value))
 
 

@@ -7,12 +7,15 @@ decision_id}`` for decisions (OPA's ``ErrorV1`` shape; snake_case codes are the 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
 
 from starlette.types import Message, Send
 
+from guard.asgi._metrics import HttpMetrics
+from guard.errors import BodyError
 from guard.verdict import Verdict
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "HeaderList",
     "block_code",
     "encode_headers",
+    "refuse_target",
     "retry_after_value",
     "send_json",
     "send_with_headers",
@@ -44,6 +48,7 @@ HANDOFF_FAILED = "handoff_failed"
 
 HeaderList = list[tuple[bytes, bytes]]
 _JSON = (b"content-type", b"application/json")
+logger = logging.getLogger("guard.asgi")
 
 
 def encode_headers(pairs: list[tuple[str, str]]) -> HeaderList:
@@ -78,11 +83,13 @@ async def send_json(
 ) -> None:
     """Send a whole JSON response."""
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [_JSON, (b"content-length", str(len(body)).encode()), *headers],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [_JSON, (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -94,3 +101,11 @@ async def send_with_headers(send: Send, extra: HeaderList, message: Message) -> 
     if message["type"] == "http.response.start":
         message = {**message, "headers": [*message.get("headers", ()), *extra]}
     await send(message)
+
+
+async def refuse_target(send: Send, exc: BodyError, metrics: HttpMetrics) -> None:
+    """Answer a request whose target was refused before any policy was matched (400 ``invalid_target``,
+    ``{code, message, field}``; counted in ``guard_http_target_rejections_total``). The target itself is not logged."""
+    metrics.target_rejections.labels(exc.code).inc()
+    logger.info("refused a request target before matching: %s (%s)", exc.code, exc.field)
+    await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field})

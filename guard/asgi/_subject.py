@@ -9,17 +9,32 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Scope
 
-from guard.asgi._multipart import parse_params
+from guard.asgi._media import media_type
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
-__all__ = ["SENSITIVE_HEADERS", "head_subject", "header_map", "held_request", "query_map", "subject_summary",
-           "with_body"]
+__all__ = [
+    "SENSITIVE_HEADERS",
+    "head_subject",
+    "header_map",
+    "held_request",
+    "query_map",
+    "subject_summary",
+    "with_body",
+]
 
 SENSITIVE_HEADERS = frozenset({b"authorization", b"cookie", b"proxy-authorization", b"x-api-key"})
 """Credentials a review item never stores: a release takes them from the releasing request instead."""
-_NOT_HELD = SENSITIVE_HEADERS | {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"te",
-                                 b"upgrade", b"expect", b"x-guard-review-id"}
+_NOT_HELD = SENSITIVE_HEADERS | {
+    b"content-length",
+    b"transfer-encoding",
+    b"connection",
+    b"keep-alive",
+    b"te",
+    b"upgrade",
+    b"expect",
+    b"x-guard-review-id",
+}
 
 
 def header_map(scope: Scope) -> dict[str, str]:
@@ -48,8 +63,12 @@ def query_map(scope: Scope, max_fields: int) -> dict[str, list[str]]:
     try:
         pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True, errors="replace", max_num_fields=max_fields)
     except ValueError as exc:
-        raise BodyError(400, "invalid_query", f"the query string has more than {max_fields} parameters; at most "
-                        f"{max_fields} are allowed", field="query") from exc
+        raise BodyError(
+            400,
+            "invalid_query",
+            f"the query string has more than {max_fields} parameters; at most {max_fields} are allowed",
+            field="query",
+        ) from exc
     out: dict[str, list[str]] = {}
     for name, value in pairs:
         out.setdefault(name, []).append(value)
@@ -57,6 +76,9 @@ def query_map(scope: Scope, max_fields: int) -> dict[str, list[str]]:
 
 
 def _host(headers: dict[str, str], scope: Scope) -> str:
+    """The ``Host`` header, lower-case, without port and without the trailing dot of a fully qualified name
+    (``API.example.com.:443`` -> ``api.example.com``); the server address when there is no header. This is what the
+    client says, not what chose the upstream: see docs/http.md on ``hosts:``."""
     host = headers.get("host")
     if host is None:
         server = scope.get("server")
@@ -64,7 +86,8 @@ def _host(headers: dict[str, str], scope: Scope) -> str:
     host = host.strip().lower()
     if host.startswith("["):  # [v6]:port
         return host[: host.find("]") + 1]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return host.removesuffix(".")
 
 
 # HttpSubject is a frozen dataclass: its __init__ pays one object.__setattr__ per field, twice per guarded request.
@@ -73,7 +96,8 @@ def _host(headers: dict[str, str], scope: Scope) -> str:
 _FIELDS = ("method", "path", "query", "headers", "host", "client", "content_type", "body", "body_text", "kind")
 _FAST_SUBJECT = (
     tuple(f.name for f in dataclasses.fields(HttpSubject)) == _FIELDS
-    and "__dict__" in dir(HttpSubject) and not hasattr(HttpSubject, "__post_init__")
+    and "__dict__" in dir(HttpSubject)
+    and not hasattr(HttpSubject, "__post_init__")
 )
 _new = object.__new__
 
@@ -96,13 +120,21 @@ def head_subject(scope: Scope, headers: dict[str, str], client_header: str | Non
         peer = scope.get("client")
         if peer:
             client = str(peer[0])
-    content_type = headers.get("content-type", "")
-    media = parse_params(content_type)[0] if ";" in content_type else content_type.strip().lower()
-    return _subject({
-        "method": scope["method"].upper(), "path": scope["path"], "query": {}, "headers": headers,
-        "host": _host(headers, scope), "client": client, "content_type": media, "body": None, "body_text": "",
-        "kind": "http",
-    })
+    media = media_type(headers.get("content-type", ""))
+    return _subject(
+        {
+            "method": scope["method"].upper(),
+            "path": scope["path"],
+            "query": {},
+            "headers": headers,
+            "host": _host(headers, scope),
+            "client": client,
+            "content_type": media,
+            "body": None,
+            "body_text": "",
+            "kind": "http",
+        }
+    )
 
 
 def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_text: str) -> HttpSubject:
@@ -116,8 +148,14 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
 
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:
     """What a reviewer sees of the held request besides the state: method, path, host, client, media type."""
-    return {"kind": "http", "method": subject.method, "path": subject.path, "host": subject.host,
-            "client": subject.client, "content_type": subject.content_type}
+    return {
+        "kind": "http",
+        "method": subject.method,
+        "path": subject.path,
+        "host": subject.host,
+        "client": subject.client,
+        "content_type": subject.content_type,
+    }
 
 
 def held_request(scope: Scope, body: bytes) -> dict[str, Any]:
@@ -127,7 +165,8 @@ def held_request(scope: Scope, body: bytes) -> dict[str, Any]:
         "path": scope["path"],
         "raw_path": (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1"),
         "query_string": scope.get("query_string", b"").decode("latin-1"),
-        "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]
-                    if k.lower() not in _NOT_HELD],
+        "headers": [
+            [k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"] if k.lower() not in _NOT_HELD
+        ],
         "body_b64": base64.b64encode(body).decode("ascii"),
     }

@@ -1,7 +1,10 @@
 """``GuardMiddleware``: a pure ASGI middleware that judges requests before the application sees them.
 
-For a request that a policy matches, it reads the body up to a cap on received bytes, undoes ``Content-Encoding``,
-parses JSON, forms or text strictly, builds the :class:`~guard.subject.HttpSubject`, awaits the verdict and then:
+Every ``http`` request's target is first made canonical (:mod:`guard.asgi._target`: origin-form only, dot segments
+removed, slashes merged; ``%2F``, backslash and ``;`` refused with 400 ``invalid_target``), and the application gets
+that path, so what policies match is what the application routes on. For a request that a policy matches, it reads
+the body up to a cap on received bytes, undoes ``Content-Encoding``, parses JSON, forms or text strictly, builds the
+:class:`~guard.subject.HttpSubject`, awaits the verdict and then:
 
 =========  ==========================================================================================================
 allow      replays the body byte for byte to the application and streams its response untouched (decision headers
@@ -12,9 +15,11 @@ escalate   stores a review item and answers 202 with its id and status URL (see 
 handoff    answers with the LLM target's reply, streamed when the client asked for a stream
 =========  ==========================================================================================================
 
-A body that cannot be inspected is refused before any decision: 413 too large (received or decoded), 415 unknown
-encoding, charset or media type, 400 malformed (JSON not UTF-8, duplicate keys, too deep; bad forms). Scopes other
-than ``http``, and requests no policy matches, pass straight through without their body being read.
+A body that cannot be inspected, or that the application could read differently, is refused before any decision
+and recorded as one: 413 too large (received or decoded), 415 unknown encoding, a charset other than UTF-8 or
+US-ASCII, or a binary media type, 400 malformed (``Content-Type`` parameters, JSON not UTF-8, duplicate keys, too
+deep; bad forms; ambiguous multipart). Scopes other than ``http``, and requests no policy matches, pass straight
+through without their body being read.
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import parse_body
-from guard.asgi._responses import block_code, send_json, send_with_headers, verdict_headers
+from guard.asgi._responses import block_code, refuse_target, send_json, send_with_headers, verdict_headers
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
 from guard.asgi._subject import head_subject, header_map, query_map, with_body
+from guard.asgi._target import canonical_scope
 from guard.asgi.limits import BodyLimits
 from guard.engine import Guard
 from guard.errors import BodyError
@@ -119,6 +125,11 @@ class GuardMiddleware:
         if scope["type"] != "http":  # lifespan, websocket
             await self.app(scope, receive, send)
             return
+        try:
+            scope = canonical_scope(scope)  # what is matched below is what the application routes on
+        except BodyError as exc:
+            await refuse_target(send, exc, self.metrics)
+            return
         path: str = scope["path"]
         if path.startswith(self._review_prefix) or path == self.review_path:
             await self._reviews(scope, receive, send)
@@ -179,30 +190,59 @@ class _GuardedRequest:
         elif verdict.action == "escalate":
             await hold(mw, self.scope, self.send, subject, body, verdict)
         else:
-            outcome = await respond_with_handoff(mw.handoff, self.policy, verdict, subject, self.send,
-                                                 verdict_headers(verdict))
+            outcome = await respond_with_handoff(
+                mw.handoff, self.policy, verdict, subject, self.send, verdict_headers(verdict)
+            )
             mw.metrics.handoffs.labels(outcome).inc()
 
     async def _block(self, verdict: Verdict) -> None:
         status = verdict.status or (503 if verdict.fail_mode == "closed" else 403)
-        await send_json(self.send, status, {
-            "code": block_code(verdict), "message": verdict.message or "The request was blocked by policy.",
-            "policy": verdict.policy_id, "rule": verdict.rule, "decision_id": verdict.decision_id,
-        }, verdict_headers(verdict))
+        await send_json(
+            self.send,
+            status,
+            {
+                "code": block_code(verdict),
+                "message": verdict.message or "The request was blocked by policy.",
+                "policy": verdict.policy_id,
+                "rule": verdict.rule,
+                "decision_id": verdict.decision_id,
+            },
+            verdict_headers(verdict),
+        )
 
     async def _refuse(self, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""
         self.mw.metrics.body_rejections.labels(exc.code).inc()
         verdict = Verdict(
-            action="block", decision_id=str(uuid.uuid4()), policy_id=self.policy.id,
-            policy_version=self.policy.version, rule=exc.code, status=exc.status, message=exc.reason, error=exc.code,
+            action="block",
+            decision_id=str(uuid.uuid4()),
+            policy_id=self.policy.id,
+            policy_version=self.policy.version,
+            rule=exc.code,
+            status=exc.status,
+            message=exc.reason,
+            error=exc.code,
         )
         log = self.mw.guard.decision_log
         if log is not None:
             log.record(verdict, self.head, policy_file=self.policy.file)
-        logger.info("refused %s %s before a decision: %s (policy %s)", self.head.method, self.head.path, exc.code,
-                    self.policy.id)
-        await send_json(self.send, exc.status, {
-            "code": exc.code, "message": exc.reason, "field": exc.field, "policy": self.policy.id,
-            "rule": exc.code, "decision_id": verdict.decision_id,
-        }, verdict_headers(verdict))
+        logger.info(
+            "refused %s %s before a decision: %s (policy %s)",
+            self.head.method,
+            self.head.path,
+            exc.code,
+            self.policy.id,
+        )
+        await send_json(
+            self.send,
+            exc.status,
+            {
+                "code": exc.code,
+                "message": exc.reason,
+                "field": exc.field,
+                "policy": self.policy.id,
+                "rule": exc.code,
+                "decision_id": verdict.decision_id,
+            },
+            verdict_headers(verdict),
+        )

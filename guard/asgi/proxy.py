@@ -7,12 +7,18 @@ minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection`` and the headers it name
 Bodies pass as raw bytes, so ``Content-Encoding`` and ``Content-Length`` stay valid. HTTP/1.1 trailers cannot be
 relayed (httpx does not expose them and uvicorn does not send them); they are dropped.
 
+The upstream URL is built from parts: the configured scheme, host and port (nothing the client sends can change
+them), the configured path prefix, then the request's canonical path (:mod:`guard.asgi._target`: the path the guard
+matched) and its query string. A target that is not an origin-form path, or that servers could read differently
+(``%2F``, backslash, ``;``), is a 400 ``invalid_target`` and is never forwarded.
+
 Upstream trouble becomes ``{code, message}``: 502 ``upstream_unavailable`` (refused, reset, protocol error) or 504
 ``upstream_timeout`` (no connection or no response in time). If the upstream breaks after the response started, the
 client connection is aborted (never a truncated body that looks complete).
 
-Built-in endpoints, outside the guard: ``GET /_guard/health`` (the engine's health; 503 when degraded) and ``GET
-/_guard/metrics`` (Prometheus text). With ``review_token`` the reviewers' API is served at
+Built-in endpoints, outside the guard: ``GET /_guard/live`` (liveness: 200 while the process serves), ``GET
+/_guard/health`` (readiness: 200 with the engine's health, ``ok`` or ``degraded``, while a policy set is loaded) and
+``GET /_guard/metrics`` (Prometheus text). With ``review_token`` the reviewers' API is served at
 ``/_guard/admin/reviews`` behind that bearer token.
 """
 
@@ -31,14 +37,17 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.asgi._metrics import HttpMetrics
-from guard.asgi._responses import send_json
+from guard.asgi._responses import refuse_target, send_json
+from guard.asgi._target import canonical_scope, request_target
 from guard.asgi.middleware import GuardMiddleware
 from guard.asgi.review_api import review_app
 from guard.engine import Guard
+from guard.errors import BodyError
 
 __all__ = [
     "DEFAULT_ADMIN_PATH",
     "DEFAULT_HEALTH_PATH",
+    "DEFAULT_LIVE_PATH",
     "DEFAULT_METRICS_PATH",
     "HOP_BY_HOP",
     "ProxyConfig",
@@ -48,8 +57,20 @@ __all__ = [
 
 logger = logging.getLogger("guard.proxy")
 
-HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
-                        b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+DEFAULT_LIVE_PATH = "/_guard/live"
 DEFAULT_HEALTH_PATH = "/_guard/health"
 DEFAULT_METRICS_PATH = "/_guard/metrics"
 DEFAULT_ADMIN_PATH = "/_guard/admin/reviews"
@@ -78,8 +99,12 @@ class ProxyConfig:
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
-        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
             raise ValueError(f"upstream {self.upstream!r} must be an http(s) URL without query or fragment")
+        try:
+            httpx.URL(self.upstream)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"upstream {self.upstream!r} is not a valid URL: {exc}") from exc
         if not (self.connect_timeout > 0 and self.read_timeout > 0):
             raise ValueError("connect_timeout and read_timeout must be positive seconds")
         if self.max_connections < 1:
@@ -113,16 +138,17 @@ class ReverseProxy:
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
-        base = urlsplit(config.upstream)
-        self._base_path = base.path.rstrip("/").encode()
-        self._origin = f"{base.scheme}://{base.netloc}"
-        self._host = base.netloc.encode()
+        self._base = httpx.URL(config.upstream)
+        self._base_path = self._base.path.rstrip("/")
+        self._host = self._base.netloc  # host[:port], never userinfo
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout),
-            limits=httpx.Limits(max_connections=config.max_connections,
-                                max_keepalive_connections=config.max_connections),
-            follow_redirects=False, trust_env=False,
+            limits=httpx.Limits(
+                max_connections=config.max_connections, max_keepalive_connections=config.max_connections
+            ),
+            follow_redirects=False,
+            trust_env=False,
         )
 
     async def aclose(self) -> None:
@@ -131,13 +157,23 @@ class ReverseProxy:
             self._owns_client = False
             await self._client.aclose()
 
+    def _url(self, scope: Scope) -> httpx.URL:
+        """The upstream URL: the configured scheme, host and port, never anything from the client; the canonical
+        path (already matched by the guard in front) under the upstream's path prefix; the query as received.
+
+        Raises:
+            BodyError: 400 ``invalid_target`` (see :mod:`guard.asgi._target`).
+        """
+        target = request_target(scope)
+        query: bytes = scope.get("query_string", b"")
+        return self._base.copy_with(path=self._base_path + target.raw_path.decode("ascii"), query=query or None)
+
     def _request(self, scope: Scope, receive: Receive) -> httpx.Request:
-        raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
-        query = scope.get("query_string", b"")
-        url = self._origin.encode() + self._base_path + raw_path + (b"?" + query if query else b"")
+        url = self._url(scope)
         headers = [(k, v) for k, v in _forward_headers(scope["headers"]) if k.lower() not in (b"host", b"expect")]
-        headers.append((b"host", self._host if not self.config.preserve_host else
-                        dict(scope["headers"]).get(b"host", self._host)))
+        headers.append(
+            (b"host", self._host if not self.config.preserve_host else dict(scope["headers"]).get(b"host", self._host))
+        )
         client = scope.get("client")
         if client:
             prior = [v for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"]
@@ -150,7 +186,7 @@ class ReverseProxy:
             headers.append((b"x-forwarded-host", original_host))
         has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
         content = self._body(receive) if has_body else None
-        return self._client.build_request(scope["method"], url.decode("latin-1"), headers=headers, content=content)
+        return self._client.build_request(scope["method"], url, headers=headers, content=content)
 
     @staticmethod
     async def _body(receive: Receive) -> AsyncIterator[bytes]:
@@ -170,22 +206,46 @@ class ReverseProxy:
                 await send({"type": "websocket.close", "code": 1003})
             return
         try:
-            response = await self._client.send(self._request(scope, receive), stream=True)
+            request = self._request(scope, receive)
+        except BodyError as exc:
+            await refuse_target(send, exc, self.metrics)
+            return
+        try:
+            response = await self._client.send(request, stream=True)
         except _ClientGone:
             return
         except httpx.TimeoutException as exc:
             self.metrics.upstream_errors.labels("timeout").inc()
-            await send_json(send, 504, {"code": "upstream_timeout", "message": f"the upstream did not answer in "
-                                        f"time ({type(exc).__name__})", "field": None})
+            await send_json(
+                send,
+                504,
+                {
+                    "code": "upstream_timeout",
+                    "message": f"the upstream did not answer in time ({type(exc).__name__})",
+                    "field": None,
+                },
+            )
             return
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels("unavailable").inc()
-            await send_json(send, 502, {"code": "upstream_unavailable", "message": f"the upstream could not be "
-                                        f"reached ({type(exc).__name__})", "field": None})
+            await send_json(
+                send,
+                502,
+                {
+                    "code": "upstream_unavailable",
+                    "message": f"the upstream could not be reached ({type(exc).__name__})",
+                    "field": None,
+                },
+            )
             return
         try:
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": _forward_headers(response.headers.raw)})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": _forward_headers(response.headers.raw),
+                }
+            )
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -200,14 +260,25 @@ class ReverseProxy:
 
 
 class _ProxyApp:
-    """Top-level dispatcher: lifespan, health, metrics and the admin API outside the guard; the rest guarded."""
+    """Top-level dispatcher: lifespan, health, metrics and the admin API outside the guard; the rest guarded.
 
-    def __init__(self, guarded: ASGIApp, proxy: ReverseProxy, guard: Guard, metrics: HttpMetrics,
-                 admin: ASGIApp | None, paths: tuple[str, str, str],
-                 on_startup: Callable[[], Awaitable[None]] | None,
-                 on_shutdown: Callable[[], Awaitable[None]] | None) -> None:
+    Every ``http`` request's target is made canonical first (:mod:`guard.asgi._target`), so the built-in endpoints,
+    the guard and the upstream all see the same path.
+    """
+
+    def __init__(
+        self,
+        guarded: ASGIApp,
+        proxy: ReverseProxy,
+        guard: Guard,
+        metrics: HttpMetrics,
+        admin: ASGIApp | None,
+        paths: tuple[str, str, str, str],
+        on_startup: Callable[[], Awaitable[None]] | None,
+        on_shutdown: Callable[[], Awaitable[None]] | None,
+    ) -> None:
         self.guarded, self.proxy, self.guard, self.metrics, self.admin = guarded, proxy, guard, metrics, admin
-        self.health_path, self.metrics_path, self.admin_path = paths
+        self.live_path, self.health_path, self.metrics_path, self.admin_path = paths
         self.on_startup = on_startup
         self.on_shutdown = on_shutdown
 
@@ -216,21 +287,43 @@ class _ProxyApp:
             await self._lifespan(receive, send)
             return
         if scope["type"] == "http":
+            try:
+                scope = canonical_scope(scope)
+            except BodyError as exc:
+                await refuse_target(send, exc, self.metrics)
+                return
             path = scope["path"]
+            if path == self.live_path:
+                await send_json(send, 200, {"status": "alive"})
+                return
             if path == self.health_path:
-                health = self.guard.health()
-                await send_json(send, 200 if health["status"] == "ok" else 503, health)
+                await self._readiness(send)
                 return
             if path == self.metrics_path:
                 body = generate_latest(REGISTRY) + self.metrics.render()
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
             if self.admin is not None and (path == self.admin_path or path.startswith(self.admin_path + "/")):
+                if path == self.admin_path:  # the list lives at "<admin>/"; answer it here rather than with a 307
+                    scope = {**scope, "path": path + "/", "raw_path": scope["raw_path"] + b"/"}
                 await self.admin(scope, receive, send)
                 return
         await self.guarded(scope, receive, send)
+
+    async def _readiness(self, send: Send) -> None:
+        """200 while a policy set is loaded and requests are judged, ``status`` ``ok`` or ``degraded`` (a Redis
+        error in the last 30 s, or a failed reload with the last good policies still active); 503 only when no policy
+        is loaded."""
+        health = self.guard.health()
+        ready = health["policies"] > 0
+        await send_json(send, 200 if ready else 503, {**health, "ready": ready})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -253,6 +346,7 @@ def proxy_app(
     *,
     review_token: str | None = None,
     client: httpx.AsyncClient | None = None,
+    live_path: str = DEFAULT_LIVE_PATH,
     health_path: str = DEFAULT_HEALTH_PATH,
     metrics_path: str = DEFAULT_METRICS_PATH,
     admin_path: str = DEFAULT_ADMIN_PATH,
@@ -268,7 +362,8 @@ def proxy_app(
         config: upstream and timeouts.
         review_token: serve the reviewers' API at ``admin_path``, requiring ``Authorization: Bearer <token>``.
         client: an ``httpx.AsyncClient`` for the upstream (tests); default one from ``config``.
-        health_path, metrics_path, admin_path: where the built-in endpoints live.
+        live_path, health_path, metrics_path, admin_path: where the built-in endpoints live (liveness, readiness,
+            Prometheus text, reviewers' API).
         on_startup: awaited at lifespan startup (e.g. start a policy watcher).
         on_shutdown: awaited at lifespan shutdown, after the upstream pool is closed (e.g. close the Guard).
         **middleware_options: passed to :class:`GuardMiddleware` (``limits``, ``review_store``, ``handoff``, ...).
@@ -279,6 +374,13 @@ def proxy_app(
     admin: ASGIApp | None = None
     if review_token is not None:
         admin = Starlette(routes=[Mount(admin_path, app=review_app(guarded.review_store, token=review_token))])
-    return _ProxyApp(guarded, proxy, guard, metrics, admin, (health_path, metrics_path, admin_path), on_startup,
-                     on_shutdown)
-
+    return _ProxyApp(
+        guarded,
+        proxy,
+        guard,
+        metrics,
+        admin,
+        (live_path, health_path, metrics_path, admin_path),
+        on_startup,
+        on_shutdown,
+    )

@@ -5,7 +5,8 @@
                 [--max-body-bytes N] [--decision-log FILE] [--client-header x-forwarded-for]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica); without it
-both stay in the process. ``GET /_guard/health`` and ``GET /_guard/metrics`` are served by the proxy itself.
+both stay in the process. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
+``degraded`` while a policy set is loaded) and ``GET /_guard/metrics`` are served by the proxy itself.
 """
 
 from __future__ import annotations

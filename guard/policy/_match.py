@@ -43,6 +43,13 @@ def _any(patterns: tuple[re.Pattern[str], ...], value: str) -> bool:
 
 @dataclass(frozen=True)
 class HttpMatcher:
+    """A compiled ``match.http`` block.
+
+    Paths are matched against the subject's canonical path (percent-decoded, dot segments removed, slashes merged:
+    ``guard/asgi/_target.py``), the same path the application routes on and the proxy forwards. Hosts are matched
+    against the client's ``Host`` header, which the client chooses (docs/http.md).
+    """
+
     methods: frozenset[str]
     paths: tuple[re.Pattern[str], ...]
     hosts: tuple[re.Pattern[str], ...]

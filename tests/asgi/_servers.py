@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,6 +46,30 @@ def serve_in_thread(app: ASGIApp, **config: Any) -> Iterator[str]:
         thread.join(10)
 
 
+def raw_request(port: int, head: bytes, body_pieces: Sequence[bytes] = (), pause: float = 0.0) -> bytes:
+    """Send a hand-made HTTP/1.1 request (the head, then body pieces one by one) to 127.0.0.1:``port`` and read one
+    whole response (to ``Content-Length``, or to the end of the connection without one)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(head)
+        for piece in body_pieces:
+            try:
+                conn.sendall(piece)
+            except OSError:  # the server answered and closed: fine, read the answer
+                break
+            time.sleep(pause)
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+                data += chunk
+            head_part, _, rest = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length: (\d+)", head_part)
+            while (length is None or len(rest) < int(length.group(1))) and (chunk := conn.recv(65536)):
+                rest += chunk
+            return head_part + b"\r\n\r\n" + rest
+        except OSError:
+            return data
+
+
 class OpenAIStandIn:
     """A small OpenAI-compatible ``/v1/chat/completions`` server for handoff tests.
 
@@ -78,16 +104,26 @@ class OpenAIStandIn:
             return PlainTextResponse("this is not json")
         text = self.answer(body)
         if not body.get("stream"):
-            return JSONResponse({
-                "id": "chatcmpl-standin", "object": "chat.completion", "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            })
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-standin",
+                    "object": "chat.completion",
+                    "model": model,
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    ],
+                }
+            )
         return StreamingResponse(self._events(model, text), media_type="text/event-stream")
 
     async def _events(self, model: str, text: str) -> AsyncIterator[str]:
         def event(delta: dict[str, Any], finish: str | None = None) -> str:
-            chunk = {"id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model,
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            chunk = {
+                "id": "chatcmpl-standin",
+                "object": "chat.completion.chunk",
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
             return f"data: {json.dumps(chunk)}\n\n"
 
         yield event({"role": "assistant"})

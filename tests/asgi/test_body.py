@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import socket
-import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +15,7 @@ from guard.engine import Guard
 from guard.errors import BodyError
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import BENIGN, guarded_app, scripted_answers, sha
-from tests.asgi._servers import serve_in_thread
+from tests.asgi._servers import raw_request, serve_in_thread
 
 pytestmark = pytest.mark.anyio
 
@@ -81,12 +78,14 @@ async def test_one_message_over_the_cap_and_disconnects() -> None:
 def _single(body: bytes) -> Any:
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": body, "more_body": False}
+
     return receive
 
 
 def _single_disconnect() -> Any:
     async def receive() -> dict[str, Any]:
         return {"type": "http.disconnect"}
+
     return receive
 
 
@@ -109,8 +108,15 @@ async def test_guarded_oversized_bodies_get_413_and_never_reach_the_app(make_gua
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/echo", "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"t"), (b"content-type", b"application/json")], "client": ("1.2.3.4", 1)}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/echo",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"t"), (b"content-type", b"application/json")],
+        "client": ("1.2.3.4", 1),
+    }
     feeder = Feeder(50 * MiB, chunk=512)
     await app(scope, feeder, send)
     assert sent[0]["status"] == 413 and feeder.pulled <= 1536 and backend.calls == 0
@@ -118,44 +124,29 @@ async def test_guarded_oversized_bodies_get_413_and_never_reach_the_app(make_gua
     assert payload["code"] == "body_too_large" and payload["field"] == "body" and payload["policy"] == "api_guard"
 
 
-def _raw_request(port: int, head: bytes, body_pieces: list[bytes], pause: float = 0.0) -> bytes:
-    """Send a hand-made HTTP/1.1 request (body pieces one by one) and read one whole response."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-        conn.sendall(head)
-        for piece in body_pieces:
-            try:
-                conn.sendall(piece)
-            except OSError:  # the server answered and closed: fine, read the answer
-                break
-            time.sleep(pause)
-        data = b""
-        try:
-            while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
-                data += chunk
-            head_part, _, rest = data.partition(b"\r\n\r\n")
-            length = int(re.search(rb"(?i)content-length: (\d+)", head_part).group(1))  # type: ignore[union-attr]
-            while len(rest) < length and (chunk := conn.recv(65536)):
-                rest += chunk
-            return head_part + b"\r\n\r\n" + rest
-        except OSError:
-            return data
-
-
 async def test_real_server_413_for_lying_or_missing_lengths(make_guard: GuardFactory) -> None:
     app = guarded_app(make_guard(), max_body_bytes=64 * 1024)
     with serve_in_thread(app) as url:
         port = int(url.rsplit(":", 1)[1])
-        declared = (b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: 2147483648\r\n\r\n")
-        chunked = b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        declared = (
+            b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2147483648\r\n\r\n"
+        )
+        chunked = (
+            b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         piece = b"%x\r\n%s\r\n" % (16 * 1024, b"b" * 16 * 1024)
         results = await asyncio.gather(
-            asyncio.to_thread(_raw_request, port, declared, [b"a" * 1024] * 4, 0.05),
-            asyncio.to_thread(_raw_request, port, chunked, [piece] * 50),
+            asyncio.to_thread(raw_request, port, declared, [b"a" * 1024] * 4, 0.05),
+            asyncio.to_thread(raw_request, port, chunked, [piece] * 50),
         )
         ok = json.dumps({"message": BENIGN}).encode()
-        normal = await asyncio.to_thread(_raw_request, port, b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                                         b"application/json\r\nContent-Length: %d\r\n\r\n" % len(ok), [ok])
+        normal = await asyncio.to_thread(
+            raw_request,
+            port,
+            b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nContent-Length: %d\r\n\r\n" % len(ok),
+            [ok],
+        )
     for raw in results:
         assert raw.startswith(b"HTTP/1.1 413"), raw[:200]
         assert b'"code":"body_too_large"' in raw

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,9 @@ from guard.asgi.proxy import ProxyConfig, proxy_app
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
-from tests.asgi._apps import ATTACK, BENIGN, POLICY, sha
+from guard.errors import PolicyError
+from tests._backends import ScriptedBackend
+from tests.asgi._apps import ATTACK, BENIGN, POLICY, scripted_answers, sha
 from tests.asgi._servers import serve_in_thread
 
 pytestmark = pytest.mark.anyio
@@ -39,21 +42,30 @@ class Upstream:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.gates = [threading.Event() for _ in range(4)]
-        self.app = Starlette(routes=[
-            Route("/{prefix}/echo", self.echo, methods=["POST", "PUT", "GET"]),
-            Route("/v1/stream", self.stream, methods=["POST"]),
-            Route("/public/headers", self.headers, methods=["GET", "HEAD"]),
-            Route("/public/gzip", self.gzipped),
-            Route("/public/slow", self.slow),
-            Route("/public/break", self.broken),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/{prefix}/echo", self.echo, methods=["POST", "PUT", "GET"]),
+                Route("/v1/stream", self.stream, methods=["POST"]),
+                Route("/public/headers", self.headers, methods=["GET", "HEAD"]),
+                Route("/public/gzip", self.gzipped),
+                Route("/public/slow", self.slow),
+                Route("/public/break", self.broken),
+            ]
+        )
 
     async def echo(self, request: Request) -> Response:
         self.calls.append(request.url.path)
         body = b"".join([chunk async for chunk in request.stream()])
-        return JSONResponse({"sha256": hashlib.sha256(body).hexdigest(), "length": len(body),
-                             "headers": dict(request.headers), "query": request.url.query,
-                             "path": request.url.path}, status_code=201 if request.method == "PUT" else 200)
+        return JSONResponse(
+            {
+                "sha256": hashlib.sha256(body).hexdigest(),
+                "length": len(body),
+                "headers": dict(request.headers),
+                "query": request.url.query,
+                "path": request.url.path,
+            },
+            status_code=201 if request.method == "PUT" else 200,
+        )
 
     async def stream(self, request: Request) -> Response:
         self.calls.append(request.url.path)
@@ -70,15 +82,19 @@ class Upstream:
         return StreamingResponse(chunks(), media_type="text/plain")
 
     async def headers(self, request: Request) -> Response:
-        response = Response(b"hello", status_code=203, headers={"x-custom": "1", "x-hop": "secret",
-                                                                "connection": "x-hop", "keep-alive": "timeout=5"})
+        response = Response(
+            b"hello",
+            status_code=203,
+            headers={"x-custom": "1", "x-hop": "secret", "connection": "x-hop", "keep-alive": "timeout=5"},
+        )
         response.set_cookie("a", "1")
         response.set_cookie("b", "2")
         return response
 
     async def gzipped(self, request: Request) -> Response:
-        return Response(gzip.compress(b"compressed " * 100), headers={"content-encoding": "gzip"},
-                        media_type="text/plain")
+        return Response(
+            gzip.compress(b"compressed " * 100), headers={"content-encoding": "gzip"}, media_type="text/plain"
+        )
 
     async def slow(self, request: Request) -> Response:
         await asyncio.sleep(2)
@@ -113,9 +129,16 @@ async def test_guarded_and_unguarded_bodies_reach_the_upstream_intact(
     big = b"z" * (5 << 20)  # above the 1 MiB inspection cap, on a path no policy matches: streamed, not capped
     with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url)), proxy_headers=False) as proxy:
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
-            guarded = await client.post("/v1/echo?x=1&y=%20", content=body,
-                                        headers={"content-type": "application/json", "connection": "x-secret",
-                                                 "x-secret": "hop", "x-forwarded-for": "10.0.0.1"})
+            guarded = await client.post(
+                "/v1/echo?x=1&y=%20",
+                content=body,
+                headers={
+                    "content-type": "application/json",
+                    "connection": "x-secret",
+                    "x-secret": "hop",
+                    "x-forwarded-for": "10.0.0.1",
+                },
+            )
             unguarded = await client.post("/public/echo", content=big)
             put = await client.put("/v1/echo", content=body, headers={"content-type": "application/json"})
     assert guarded.status_code == 200 and guarded.headers["x-guard-action"] == "allow"
@@ -170,8 +193,9 @@ async def test_blocked_requests_never_reach_the_upstream(
     with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url))) as proxy:
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
             blocked = await client.post("/v1/echo", json={"message": ATTACK})
-            too_big = await client.post("/v1/echo", content=b"{" + b" " * (2 << 20) + b"}",
-                                        headers={"content-type": "application/json"})
+            too_big = await client.post(
+                "/v1/echo", content=b"{" + b" " * (2 << 20) + b"}", headers={"content-type": "application/json"}
+            )
     assert blocked.status_code == 403 and blocked.json()["rule"] == "prompt_injection"
     assert too_big.status_code == 413
     assert len(service.calls) == before
@@ -221,6 +245,55 @@ async def test_health_metrics_and_review_admin(make_guard: GuardFactory, upstrea
     assert 'guard_http_reviews_total{event="released"} 1.0' in metrics
 
 
+async def test_liveness_and_readiness_stay_up_when_degraded(
+    make_guard: GuardFactory, upstream: tuple[Upstream, str], private_redis: Any, tmp_path: Path
+) -> None:
+    """A failed hot reload (last good policies still judging) and a Redis outage are ``degraded``, not an outage:
+    liveness and readiness stay 200 so Kubernetes neither restarts nor unroutes the gateway."""
+    _, url = upstream
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.read_text())
+    guard = Guard.from_files(policy, backends=ScriptedBackend(scripted_answers), redis_url=private_redis.url)
+    try:
+        with serve_in_thread(proxy_app(guard, ProxyConfig(url))) as proxy:
+            async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+                ok = await client.get("/_guard/health")
+                policy.write_text("policies: [{id: broken")  # a bad ConfigMap update
+                with pytest.raises(PolicyError):
+                    guard.reload()
+                reload_failed = await client.get("/_guard/health")
+                still_judged = await client.post("/v1/echo", json={"message": ATTACK})
+                private_redis.stop()
+                await client.post("/v1/echo", json={"message": BENIGN + " after redis"})  # a cache error
+                redis_down = await client.get("/_guard/health")
+                live = await client.get("/_guard/live")
+    finally:
+        await guard.aclose()
+    assert ok.status_code == 200 and ok.json()["status"] == "ok" and ok.json()["ready"] is True
+    assert reload_failed.status_code == 200 and reload_failed.json()["status"] == "degraded"
+    assert reload_failed.json()["reload_failures"] == 1 and reload_failed.json()["last_reload_error"]
+    assert still_judged.status_code == 403  # the last good policy set is serving
+    assert redis_down.status_code == 200 and redis_down.json()["status"] == "degraded"
+    assert redis_down.json()["cache"]["status"] != "ok"
+    assert live.status_code == 200 and live.json() == {"status": "alive"}
+
+
+async def test_admin_list_answers_without_a_trailing_slash(
+    make_guard: GuardFactory, upstream: tuple[Upstream, str]
+) -> None:
+    _, url = upstream
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url), review_token="t0ken")) as proxy:
+        async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+            auth = {"authorization": "Bearer t0ken"}
+            bare = await client.get("/_guard/admin/reviews", headers=auth)
+            slash = await client.get("/_guard/admin/reviews/", headers=auth)
+            query = await client.get("/_guard/admin/reviews?status=all", headers=auth)
+            denied = await client.get("/_guard/admin/reviews")
+    assert bare.status_code == slash.status_code == query.status_code == 200
+    assert bare.json() == slash.json() == {"items": [], "count": 0}
+    assert denied.status_code == 401
+
+
 def test_config_validation() -> None:
     for bad in ("ftp://x", "http://", "http://x/?q=1", "localhost:80"):
         with pytest.raises(ValueError, match="upstream"):
@@ -232,26 +305,43 @@ def test_config_validation() -> None:
 def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str]) -> None:
     _, url = upstream
     parser = build_parser()
-    for bad in (["--listen", "nowhere"], ["--listen", "x:99999"], ["--review-token-env", "GUARD_TEST_UNSET_VAR"],
-                ["--upstream", "ftp://x"]):
+    for bad in (
+        ["--listen", "nowhere"],
+        ["--listen", "x:99999"],
+        ["--review-token-env", "GUARD_TEST_UNSET_VAR"],
+        ["--upstream", "ftp://x"],
+    ):
         argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "compact", *bad]
         with pytest.raises(ValueError):
             build(parser.parse_args(argv))
     assert main(["proxy", "--policy", "/nonexistent.yaml", "--upstream", url]) == 2
 
 
-async def test_cli_proxy_end_to_end_with_a_real_model(upstream: tuple[Upstream, str], monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Path, golden_checkpoint: Path) -> None:
+async def test_cli_proxy_end_to_end_with_a_real_model(
+    upstream: tuple[Upstream, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, golden_checkpoint: Path
+) -> None:
     """``guard proxy`` as built by the CLI, with the tiny Clef checkpoint answering on CPU (random weights: the
     verdict is arbitrary, but it is a real model's, reached through every layer)."""
     _, url = upstream
     monkeypatch.setenv("GUARD_TEST_REVIEW_TOKEN", "abc")
     log = tmp_path / "decisions.jsonl"
-    args = build_parser().parse_args([
-        "proxy", "--policy", str(E2E_POLICY), "--upstream", url, "--listen", "127.0.0.1:0",
-        "--backend", f"local:{golden_checkpoint}", "--review-token-env", "GUARD_TEST_REVIEW_TOKEN",
-        "--decision-log", str(log),
-    ])
+    args = build_parser().parse_args(
+        [
+            "proxy",
+            "--policy",
+            str(E2E_POLICY),
+            "--upstream",
+            url,
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            f"local:{golden_checkpoint}",
+            "--review-token-env",
+            "GUARD_TEST_REVIEW_TOKEN",
+            "--decision-log",
+            str(log),
+        ]
+    )
     runtime = build(args)
     with serve_in_thread(runtime.app, lifespan="on") as proxy:
         async with httpx.AsyncClient(base_url=proxy, timeout=120) as client:
