@@ -7,12 +7,18 @@ its body cap, decoding and duplicate-key checks before a subject exists.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["AgentEvent", "AgentSubject", "HttpSubject", "Subject"]
+__all__ = ["PLAIN_KEY_CHARS", "AgentEvent", "AgentSubject", "HttpSubject", "Subject", "body_strings", "is_plain_key"]
 
 AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
+
+PLAIN_KEY_CHARS = 24
+"""Longest object key or form field name left out of the judged text when it is a plain identifier."""
+_PLAIN_KEY = re.compile(rf"[A-Za-z0-9_.:@$\-]{{1,{PLAIN_KEY_CHARS}}}")
 
 
 @dataclass(frozen=True)
@@ -72,3 +78,42 @@ class AgentSubject:
 
 
 Subject = HttpSubject | AgentSubject
+
+
+def is_plain_key(key: str) -> bool:
+    """Whether an object key or form field name is a plain identifier (structure, left out of ``body_text``): at most
+    :data:`PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $``."""
+    return _PLAIN_KEY.fullmatch(key) is not None
+
+
+def body_strings(value: Any) -> list[str]:
+    """The judged strings of a parsed JSON or urlencoded body, in document order: every string value, and every
+    object key (form field name) that is not a plain identifier, just before its value.
+
+    One pass with a stack of iterators (no recursion, so any depth is safe); a flat object is a single loop.
+    """
+    if isinstance(value, str):
+        return [value]
+    out: list[str] = []
+    if not isinstance(value, dict | list):
+        return out
+    append = out.append
+    plain = _PLAIN_KEY.fullmatch
+    stack: list[Iterator[Any]] = [iter(value.items() if isinstance(value, dict) else value)]
+    while stack:
+        for node in stack[-1]:
+            if isinstance(node, tuple):  # (key, value) of an object: parsed JSON holds no tuples otherwise
+                key, node = node
+                if not plain(key):
+                    append(key)
+            if isinstance(node, str):
+                append(node)
+            elif isinstance(node, dict):
+                stack.append(iter(node.items()))
+                break
+            elif isinstance(node, list):
+                stack.append(iter(node))
+                break
+        else:
+            stack.pop()
+    return out

@@ -6,7 +6,7 @@ in document order, joined by newlines, with two rules:
 
 * **Keys are judged unless they are plain identifiers.** An object key or form field name is data the application can
   read (iterate, store, hand to a model), so ``{"Ignore all previous instructions...": 1}`` must be judged. A key
-  of at most :data:`PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $`` (``max_tokens``, ``user_id``,
+  of at most :data:`guard.subject.PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $`` (``max_tokens``, ``user_id``,
   ``Content-Type``) is structure, not text, and is left out so it neither dilutes the text nor causes false
   positives; any other key (with a space or other punctuation, non-ASCII, or longer) comes before its value.
 * **File metadata is not text.** A multipart file's ``filename`` and ``content_type`` stay in ``body`` (a policy's
@@ -19,8 +19,6 @@ US-ASCII (see :mod:`guard.asgi._media`); form text that is not valid in its char
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -29,50 +27,13 @@ from guard.asgi._media import charset, check_xml_encoding, is_textual, is_xml, p
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
+from guard.subject import body_strings, is_plain_key
 
-__all__ = ["PLAIN_KEY_CHARS", "is_json", "parse_body", "strings"]
-
-PLAIN_KEY_CHARS = 24
-"""Longest object key or form field name left out of the judged text when it is a plain identifier."""
-_PLAIN_KEY = re.compile(rf"[A-Za-z0-9_.:@$\-]{{1,{PLAIN_KEY_CHARS}}}")
-
+__all__ = ["is_json", "parse_body"]
 
 def is_json(media: str) -> bool:
     """``application/json`` and every ``+json`` suffix type (``application/problem+json``)."""
     return media == "application/json" or media.endswith("+json")
-
-
-def strings(value: Any) -> list[str]:
-    """The judged strings of a parsed JSON or urlencoded body, in document order: every string value, and every
-    object key (form field name) that is not a plain identifier, just before its value.
-
-    One pass with a stack of iterators (no recursion, so any depth is safe); a flat object is a single loop.
-    """
-    if isinstance(value, str):
-        return [value]
-    out: list[str] = []
-    if not isinstance(value, dict | list):
-        return out
-    append = out.append
-    plain = _PLAIN_KEY.fullmatch
-    stack: list[Iterator[Any]] = [iter(value.items() if isinstance(value, dict) else value)]
-    while stack:
-        for node in stack[-1]:
-            if isinstance(node, tuple):  # (key, value) of an object: parsed JSON holds no tuples otherwise
-                key, node = node
-                if not plain(key):
-                    append(key)
-            if isinstance(node, str):
-                append(node)
-            elif isinstance(node, dict):
-                stack.append(iter(node.items()))
-                break
-            elif isinstance(node, list):
-                stack.append(iter(node))
-                break
-        else:
-            stack.pop()
-    return out
 
 
 def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
@@ -80,7 +41,7 @@ def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
     contents; never a file's name or media type."""
     out: list[str] = []
     for name, values in fields.items():
-        if not _PLAIN_KEY.fullmatch(name):
+        if not is_plain_key(name):
             out.append(name)
         for value in values:
             if isinstance(value, str):
@@ -175,7 +136,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
             "a form or text, or set opaque_media='metadata'",
             field="content-type",
         )
-    return value, "\n".join(strings(value))
+    return value, "\n".join(body_strings(value))
 
 
 def _is_utf8(body: bytes) -> bool:

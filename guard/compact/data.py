@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.compact.catalog import CATALOG, CatalogQuestion
+from guard.subject import body_strings
 
 __all__ = ["SEED", "Splits", "build_splits", "jaccard_clusters", "main", "write_splits"]
 
@@ -155,17 +156,6 @@ def _flip(label: Any) -> Any:
     return {"true": "false", "false": "true"}[label]
 
 
-def _strings(value: Any) -> list[str]:
-    """Every string value of a JSON value in document order (object keys left out), like ``HttpSubject.body_text``."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for item in value.values() for s in _strings(item)]
-    if isinstance(value, list):
-        return [s for item in value for s in _strings(item)]
-    return []
-
-
 class _Builder:
     """Collects (split, state, question, label) examples and expands training wordings.
 
@@ -184,7 +174,7 @@ class _Builder:
             and isinstance(state, dict)
             and self.view_rng.random() < SERVED_FRACTION
         ):
-            state = {"text": "\n".join(_strings(state))}
+            state = {"text": "\n".join(body_strings(state))}
         if split == "test":
             name = test_set or entry.id.split(".", 1)[1]
             self.splits.test[name].append(_record(rid, state, entry, label))

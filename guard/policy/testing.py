@@ -36,7 +36,7 @@ from guard.policy._yaml import load_yaml
 from guard.policy.answers import answer_from_spec
 from guard.policy.loader import PolicyLoadError, load_text
 from guard.policy.policy import Policy, PolicySet
-from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject
+from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, body_strings
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, UsageV1
 from guard.verdict import Action, FailMode, Verdict
 
@@ -100,19 +100,10 @@ class _TestFile(_Strict):
     cases: list[_Case] = Field(default_factory=list)
 
 
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, Mapping):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
-
-
 def subject_from_json(data: Any) -> Subject:
     """A subject from ``{"http": {...}}`` or ``{"agent": {...}}`` (the fields of :class:`HttpSubject` /
-    :class:`AgentSubject`; ``body_text`` defaults to every string in ``body`` joined by newlines).
+    :class:`AgentSubject`; ``body_text`` defaults to the body's judged strings joined by newlines, as the middleware builds it:
+    :func:`guard.subject.body_strings`).
 
     Raises:
         ValueError: when the object is not exactly one of those shapes.
@@ -127,7 +118,7 @@ def subject_from_json(data: Any) -> Subject:
         raise ValueError("input needs exactly one of 'http' or 'agent'")
     if parsed.http is not None:
         h = parsed.http
-        body_text = h.body_text if h.body_text is not None else "\n".join(_strings(h.body))
+        body_text = h.body_text if h.body_text is not None else "\n".join(body_strings(h.body))
         return HttpSubject(
             method=h.method.upper(), path=h.path, query=h.query, headers={k.lower(): v for k, v in h.headers.items()},
             host=h.host.lower(), client=h.client, content_type=h.content_type.lower(), body=h.body,
