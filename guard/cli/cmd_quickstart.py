@@ -16,6 +16,7 @@ import asyncio
 import sys
 from typing import Any
 
+from guard.backends.base import DecisionBackend
 from guard.cli._backend import add_backend_options, check_device_options, describe_backend, open_cli_backend
 from guard.errors import GuardError
 
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         "Attack rows are real jailbreak prompts and payloads; their text is not printed.\n\n"
     )
     embedded = args.backend == "compact"
+    backend: DecisionBackend
     try:
         check_device_options(args)
         if embedded:
