@@ -6,15 +6,20 @@ Cases:
   * ``long-2000``: a 2,000-token state read whole in overlapping windows, 1 question (target <= 60 ms);
   * the encoder alone on the 128-token state, in bf16 and in float32 (the ratio shows what bf16 buys).
 
-Run: ``python bench/compact_latency.py`` (no arguments; settings below). Prints p50/p95/p99 in ms.
+Usage::
+
+    python bench/compact_latency.py                       # the settings below
+    python bench/compact_latency.py --threads 1 --repeats 200
+
+Prints p50/p95/p99 in ms.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
-
-import torch
+from collections.abc import Callable
 
 # ---- settings ------------------------------------------------------------------------------------------------------
 THREADS = 2
@@ -23,11 +28,15 @@ REPEATS = 50
 SHORT_TOKENS = 128
 LONG_TOKENS = 2000
 QUESTIONS = ("guard.prompt_injection", "guard.harmful_request", "guard.refusal")
+STATE_WORDS = (  # repeated until the state has SHORT_TOKENS / LONG_TOKENS tokens
+    "please check the balance of my savings account and tell me when the next payment is due because I want to "
+    "plan the monthly budget carefully"
+)
 # --------------------------------------------------------------------------------------------------------------------
 
 
 def _state(encoder: object, tokens: int) -> str:
-    words = ["please", "check", "the", "balance", "of", "my", "savings", "account", "and", "tell", "me", "when", "the", "next", "payment", "is", "due", "because", "I", "want", "to", "plan", "the", "monthly", "budget", "carefully"]
+    words = STATE_WORDS.split()
     text, n = [], 0
     while n < tokens:
         text.append(words[len(text) % len(words)])
@@ -44,24 +53,37 @@ def _percentiles(samples: list[float]) -> str:
     return f"p50 {pick(0.5):7.2f}  p95 {pick(0.95):7.2f}  p99 {pick(0.99):7.2f}  mean {statistics.mean(ordered):7.2f}"
 
 
-def _time(fn: object) -> list[float]:
-    for _ in range(WARMUP):
-        fn()  # type: ignore[operator]
+def _time(fn: Callable[[], object], warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
     out = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         started = time.perf_counter()
-        fn()  # type: ignore[operator]
+        fn()
         out.append((time.perf_counter() - started) * 1000.0)
     return out
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--threads", type=int, default=THREADS, help=f"torch CPU threads (default {THREADS})")
+    parser.add_argument("--warmup", type=int, default=WARMUP, help=f"untimed calls per case (default {WARMUP})")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help=f"timed calls per case (default {REPEATS})")
+    args = parser.parse_args()
+    if min(args.threads, args.repeats) < 1 or args.warmup < 0:
+        parser.error("--threads and --repeats must be >= 1, --warmup >= 0")
+
+    import torch
+
     from guard.backends.compact import CompactBackend
     from guard.compact.catalog import CATALOG
     from guard.compact.encoder import TextEncoder
     from guard.systemone import SystemOneRequestV1
 
-    torch.set_num_threads(THREADS)
+    def timed(fn: Callable[[], object]) -> list[float]:
+        return _time(fn, args.warmup, args.repeats)
+
+    torch.set_num_threads(args.threads)
     backend = CompactBackend.default()
     model = backend.models[0]
     encoder = model.encoder
@@ -69,21 +91,24 @@ def main() -> None:
 
     def request(state: str, qids: tuple[str, ...]) -> SystemOneRequestV1:
         return SystemOneRequestV1.from_json(
-            {"model": "compact", "state": state, "questions": {q: CATALOG[q].to_json() for q in qids}})
+            {"model": "compact", "state": state, "questions": {q: CATALOG[q].to_json() for q in qids}}
+        )
 
-    print(f"threads {torch.get_num_threads()}, encoder dtype {encoder.dtype}, cpu {torch.backends.cpu.get_cpu_capability()}")
+    print(
+        f"threads {torch.get_num_threads()}, encoder dtype {encoder.dtype}, cpu {torch.backends.cpu.get_cpu_capability()}"
+    )
     cases = {
         "short-3q (128 tok, 3 questions)": request(short, QUESTIONS),
         "short-1q (128 tok, 1 question)": request(short, QUESTIONS[:1]),
         "long-2000 (2000 tok, 1 question)": request(long, QUESTIONS[:1]),
     }
     for name, req in cases.items():
-        samples = _time(lambda req=req: backend.decide_sync(req))
+        samples = timed(lambda req=req: backend.decide_sync(req))
         print(f"{name:36s} {_percentiles(samples)} ms")
     fp32 = TextEncoder(encoder.model, encoder.tokenizer, encoder.config, torch.float32)
-    fp32_samples = _time(lambda: fp32.encode([short]))
+    fp32_samples = timed(lambda: fp32.encode([short]))
     encoder.model.to(encoder.dtype)
-    native = _time(lambda: encoder.encode([short]))
+    native = timed(lambda: encoder.encode([short]))
     print(f"{'encoder only, ' + str(encoder.dtype):36s} {_percentiles(native)} ms")
     print(f"{'encoder only, torch.float32':36s} {_percentiles(fp32_samples)} ms")
     print(f"float32 / {encoder.dtype} p50 ratio: {statistics.median(fp32_samples) / statistics.median(native):.2f}")

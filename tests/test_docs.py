@@ -1,4 +1,5 @@
-"""The docs stay true: marked shell blocks in ``docs/*.md`` run and exit 0, and relative links point somewhere real.
+"""The docs stay true: marked shell blocks in ``docs/*.md``, ``README.md`` and ``examples/*/README.md`` run and exit 0,
+relative links point somewhere real, and every ``bench/`` script answers ``--help``.
 
 Convention (an HTML comment on the line right before a fenced block; invisible when rendered):
 
@@ -8,15 +9,18 @@ Convention (an HTML comment on the line right before a fenced block; invisible w
 * ``<!-- doc-test: write PATH -->`` before any fenced block: its text is saved to ``PATH`` first, so a page can show a
   file (a policy, a subject) and then run commands on it.
 
-The blocks of one page run in page order, in one scratch directory that mirrors the repository root (a symlink to
-each top-level entry), so commands use the same relative paths as in a clone and files they create vanish
-afterwards. ``guard`` on ``PATH`` runs this checkout (``python -m guard``) whether or not the package is installed.
+The blocks of one page run in page order, in one scratch directory that mirrors the repository's own top-level
+entries (a symlink to each entry git tracks), so commands use the same relative paths as in a clone, files they create
+vanish afterwards, and files a reader saved at the root while following a page (``my-policies/``) neither show
+through nor block the page's own ``write`` blocks. ``guard`` on ``PATH`` runs this checkout (``python -m guard``)
+whether or not the package is installed.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,7 +30,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-LINKED = [*DOCS, ROOT / "README.md"]
+EXAMPLES = sorted((ROOT / "examples").glob("*/README.md"))
+LINKED = [*DOCS, ROOT / "README.md", *EXAMPLES]
+BENCH = sorted((ROOT / "bench").glob("*.py"))
 #: Seconds one marked block may take (``guard decide`` on the tiny checkpoint loads torch and transformers).
 BLOCK_TIMEOUT_S = 180
 
@@ -93,13 +99,25 @@ def marked_blocks(doc: Path) -> list[Block]:
     return out
 
 
-def _scratch_root(tmp_path: Path) -> Path:
-    """A directory whose top-level entries are symlinks to the repository's (``.git`` left out)."""
+def repository_entries(root: Path = ROOT) -> set[str]:
+    """The repository's own top-level entries: those git tracks (every existing one outside a git checkout)."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True, timeout=30
+        ).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return {entry.name for entry in root.iterdir() if entry.name != ".git"}
+    return {path.split("/", 1)[0] for path in listed.split("\0") if path}
+
+
+def _scratch_root(tmp_path: Path, root: Path = ROOT) -> Path:
+    """A directory whose top-level entries are symlinks to the repository's own (:func:`repository_entries`)."""
     scratch = tmp_path / "repo"
     scratch.mkdir()
-    for entry in ROOT.iterdir():
-        if entry.name != ".git":
-            (scratch / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    for name in sorted(repository_entries(root)):
+        entry = root / name
+        if entry.exists():
+            (scratch / name).symlink_to(entry, target_is_directory=entry.is_dir())
     return scratch
 
 
@@ -116,11 +134,12 @@ def _environment(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _write(block: Block, scratch: Path) -> None:
-    """Save a ``write`` block under ``scratch``; the path must be new: relative, not inside a repository entry."""
+def _write(block: Block, scratch: Path, root: Path = ROOT) -> None:
+    """Save a ``write`` block under ``scratch``; the path must be new: relative, not inside a repository entry (what
+    else exists in the working tree does not matter: the scratch directory does not mirror it)."""
     relative = Path(block.write or "")
     escapes = relative.is_absolute() or ".." in relative.parts or not relative.parts
-    if escapes or (ROOT / relative.parts[0]).exists():
+    if escapes or relative.parts[0] in repository_entries(root):
         raise ValueError(f"{block.where()}: write {block.write!r} must be a new relative path outside the repository's "
                          "own files and folders")  # fmt: skip
     target = scratch / relative
@@ -128,10 +147,12 @@ def _write(block: Block, scratch: Path) -> None:
     target.write_text(block.text, encoding="utf-8")
 
 
-PAGES = [doc for doc in DOCS if marked_blocks(doc)]
+PAGES = [doc for doc in [*DOCS, ROOT / "README.md", *EXAMPLES] if marked_blocks(doc)]
 
 
-@pytest.mark.parametrize("doc", PAGES, ids=[doc.name for doc in PAGES])
+@pytest.mark.parametrize(
+    "doc", PAGES, ids=[doc.name if doc.parent == ROOT / "docs" else str(_rel(doc)) for doc in PAGES]
+)
 def test_marked_commands_run(doc: Path, tmp_path: Path) -> None:
     scratch = _scratch_root(tmp_path)
     env = _environment(tmp_path)
@@ -181,6 +202,62 @@ def test_marker_rules(tmp_path: Path) -> None:
     for bad in ("policies/new.yaml", "../x.yaml", "/tmp/x.yaml"):
         with pytest.raises(ValueError, match="outside the repository"):
             _write(Block(page, 1, "yaml", "x", bad), tmp_path)
+
+
+def _git_repository(path: Path) -> Path:
+    """A git repository with tracked ``policies/p.yaml`` and ``README.md``, plus an untracked ``my-policies/``."""
+    (path / "policies").mkdir(parents=True)
+    (path / "policies" / "p.yaml").write_text("policies: []\n", encoding="utf-8")
+    (path / "README.md").write_text("# r\n", encoding="utf-8")
+    subprocess.run(["git", "init", "-q", str(path)], check=True, timeout=30)
+    subprocess.run(["git", "-C", str(path), "add", "policies", "README.md"], check=True, timeout=30)
+    (path / "my-policies").mkdir()
+    (path / "my-policies" / "api.yaml").write_text("left here by a reader\n", encoding="utf-8")
+    (path / "my_app.py").write_text("# also a reader's\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_reader_s_files_at_the_root_do_not_break_or_leak_into_the_page(tmp_path: Path) -> None:
+    repo = _git_repository(tmp_path / "clone")
+    assert repository_entries(repo) == {"policies", "README.md"}
+    scratch = _scratch_root(tmp_path, root=repo)
+    assert sorted(p.name for p in scratch.iterdir()) == ["README.md", "policies"]
+    page = tmp_path / "page.md"
+    for path in ("my-policies/api.yaml", "my_app.py"):
+        _write(Block(page, 1, "yaml", "x: 1\n", path), scratch, root=repo)
+        assert (scratch / path).read_text() == "x: 1\n" and not (scratch / path).is_symlink()
+    assert (repo / "my-policies" / "api.yaml").read_text() == "left here by a reader\n"
+    for bad in ("policies/new.yaml", "README.md"):
+        with pytest.raises(ValueError, match="outside the repository"):
+            _write(Block(page, 1, "yaml", "x", bad), scratch, root=repo)
+
+
+def test_outside_a_git_checkout_every_entry_counts_as_the_repository_s(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "notes.txt").write_text("n", encoding="utf-8")
+    assert repository_entries(tmp_path) == {"docs", "notes.txt"}
+
+
+def test_this_checkout_s_entries_are_its_tracked_ones() -> None:
+    entries = repository_entries()
+    assert {"guard", "docs", "tests", "README.md", "pyproject.toml"} <= entries
+    assert not entries & {".venv", ".git", "guard.egg-info"}
+
+
+# Bench scripts --------------------------------------------------------------------------------------------------------
+
+
+def test_every_bench_script_answers_help_without_running() -> None:
+    """docs/benchmarks.md: every script has --help; it prints usage and exits at once (nothing is measured)."""
+    assert len(BENCH) >= 8
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    running = {path.name: subprocess.Popen([sys.executable, str(path), "--help"], stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True, env=env) for path in BENCH}  # fmt: skip
+    for name, process in running.items():
+        out, err = process.communicate(timeout=BLOCK_TIMEOUT_S)
+        assert process.returncode == 0, f"{name}: exit {process.returncode}\n{err[-2000:]}"
+        assert out.startswith(f"usage: {name}"), f"{name} printed {out[:200]!r}"
 
 
 # Links ----------------------------------------------------------------------------------------------------------------
@@ -266,7 +343,7 @@ def test_readme_policy_example_loads(tmp_path: Path) -> None:
     from guard.policy import load_files
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"```yaml\n(.*?)```", text, re.S)
+    block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)
     assert block is not None
     path = tmp_path / "readme.yaml"
     path.write_text(block.group(1), encoding="utf-8")

@@ -3,12 +3,19 @@ the shipped model separates the quickstart's benign requests from its attacks.""
 
 from __future__ import annotations
 
+import re
+import socket
+from pathlib import Path
+
 import pytest
+import torch
 
 from guard.backends.compact import CompactBackend
+from guard.backends.local import LocalBackend
 from guard.cli import main
 from guard.policy import load_files
-from guard.quickstart import load_traffic, policy_path, run_quickstart
+from guard.quickstart import NEXT_STEPS, load_traffic, policy_path, run_quickstart
+from guard.worker._selftest import SELF_TEST_REQUEST
 
 STATUS = {"allow": 200, "block": 403, "escalate": 202}
 
@@ -49,3 +56,55 @@ def test_quickstart_cli(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "Summary" in out and "Next steps" in out and "local:/path/to/clef-flash" in out
     assert out.count("\nhttp ") == 2 and out.count("\ntool ") == 2
+
+
+TOOL_NOTE = "weak on guard.tool_call_serves_task"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_the_tool_call_note_is_for_the_embedded_model_only(
+    golden_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["quickstart", "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(TOOL_NOTE) == 1 and "backend: compact (" in out
+    for spec in (f"local:{golden_checkpoint}", f"http://127.0.0.1:{_closed_port()}"):
+        assert main(["quickstart", "--limit", "1", "--backend", spec]) == 0
+        out = capsys.readouterr().out
+        assert TOOL_NOTE not in out and "Next steps" in out and "\n\nNext steps" in out
+    assert main(["quickstart", "--limit", "1", "--backend", f"local:{golden_checkpoint}", "--dtype", "bfloat16"]) == 0
+    assert "backend: clef-local (checkpoint@" in (out := capsys.readouterr().out) and "bfloat16 on cpu)" in out
+
+
+def test_a_local_checkpoint_is_warmed_up_before_the_first_row(golden_checkpoint: Path, capsys) -> None:
+    assert main(["quickstart", "--limit", "2", "--backend", f"local:{golden_checkpoint}"]) == 0
+    out = capsys.readouterr().out
+    assert "float32 on cpu)" in out  # --dtype auto on CPU
+    rows = [line for line in out.splitlines() if line.startswith(("http ", "tool "))]
+    assert len(rows) == 4 and not [row for row in rows if "on_error" in row]
+
+
+@pytest.mark.anyio
+async def test_run_quickstart_starts_the_backend_before_any_row(golden_checkpoint: Path) -> None:
+    events: list[str] = []
+    backend = LocalBackend.from_pretrained(golden_checkpoint, dtype=torch.float32,
+                                           on_batch=lambda info: events.append(f"batch {info.tokens}"))  # fmt: skip
+    self_test = len(backend.model.encode(SELF_TEST_REQUEST).input_ids)
+    result = await run_quickstart(backend, limit=1, on_row=lambda row: events.append(f"row {row.id}"))
+    assert events[0] == f"batch {self_test}" and events.index(f"row {result.rows[0].id}") >= 2
+    assert all(row.rule != "on_error" for row in result.rows)
+
+
+def test_next_steps_keep_the_api_and_the_worker_on_different_ports() -> None:
+    upstreams = set(re.findall(r"--upstream http://127\.0\.0\.1:(\d+)", NEXT_STEPS))
+    apps = set(re.findall(r"app\.py --port (\d+)", NEXT_STEPS))
+    workers = set(re.findall(r"worker serve .*--port (\d+)", NEXT_STEPS))
+    backends = set(re.findall(r"--backend http://127\.0\.0\.1:(\d+)", NEXT_STEPS))
+    assert upstreams == apps == {"9000"} and workers == backends == {"8000"}
+    assert "--backend local:/path/to/clef-flash --device cuda" in NEXT_STEPS

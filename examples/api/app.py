@@ -4,23 +4,29 @@ Run it bare (for ``guard proxy`` to front it)::
 
     python examples/api/app.py --port 9000
 
-Run it with the guard inside the process::
+Run it with the guard inside the process (the quickstart's policy asks only catalog questions, which the embedded
+compact model answers; ``policies/api_abuse.yaml`` needs Clef: ``--backend local:DIR`` or ``http://WORKER``)::
 
-    python examples/api/app.py --port 8080 --policy policies/api_abuse.yaml --backend compact
+    python examples/api/app.py --port 8080 --policy guard/quickstart/policies.yaml
 
-The guarded app also serves the reviewers' API at ``/admin/reviews`` (token from ``$GUARD_REVIEW_TOKEN``, if set).
+The guarded app also serves the reviewers' API at ``/admin/reviews`` (token from ``$GUARD_REVIEW_TOKEN``, if set),
+and starts (warms up) the guard's backends at startup. A backend that cannot answer the policy, or a bad option,
+stops it with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel
 
 from guard.asgi import GuardMiddleware, review_app
+from guard.backends import start_backend
 from guard.engine import Guard
 from guard.review import MemoryReviewStore, ReviewStore
 
@@ -46,8 +52,17 @@ class SearchRequest(BaseModel):
 
 def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None = None,
                review_token: str | None = None) -> FastAPI:
-    """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware` and serves the review API."""
-    app = FastAPI(title="guard example API")
+    """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware`, serves the review API, and its
+    lifespan starts the guard's backends (a ``LocalBackend`` warms up before the first request)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if guard is not None:
+            for backend in guard.backends.values():
+                await start_backend(backend)
+        yield
+
+    app = FastAPI(title="guard example API", lifespan=lifespan)
 
     @app.post("/v1/messages")
     async def messages(body: Message) -> dict[str, Any]:
@@ -78,15 +93,19 @@ def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None =
 def main() -> None:
     import uvicorn
 
-    from guard.backends import open_backend
+    from guard.cli._backend import add_backend_options, open_cli_backend
+    from guard.errors import GuardError
 
     parser = argparse.ArgumentParser(description="The guard example API.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--policy", help="guard the app in-process with this policy file")
-    parser.add_argument("--backend", default="compact", help="compact, local:CHECKPOINT_DIR or http:URL")
+    add_backend_options(parser, default="compact")
     args = parser.parse_args()
-    guard = Guard.from_files(args.policy, backends=open_backend(args.backend)) if args.policy else None
+    try:
+        guard = Guard.from_files(args.policy, backends=open_cli_backend(args)) if args.policy else None
+    except (GuardError, OSError, ValueError) as exc:  # PolicyError is a GuardError
+        raise SystemExit(f"app.py: {exc}") from None
     app = create_app(guard, review_token=os.environ.get("GUARD_REVIEW_TOKEN"))
     uvicorn.run(app, host=args.host, port=args.port)
 

@@ -3,17 +3,20 @@
 Three ways to run it:
 
     # the guard inside the app's process (no sockets)
-    python examples/api/traffic.py --mode inprocess --policy policies/api_abuse.yaml --backend compact
+    python examples/api/traffic.py --mode inprocess
 
     # the same app behind `guard proxy` (both started here, on loopback ports)
-    python examples/api/traffic.py --mode proxy --policy policies/api_abuse.yaml --backend compact
+    python examples/api/traffic.py --mode proxy
 
     # any running guarded endpoint, e.g. one started with `guard proxy ... --listen 127.0.0.1:8080`
     python examples/api/traffic.py --mode url --url http://127.0.0.1:8080
 
-``--backend`` is ``compact`` (the embedded CPU model: catalog questions only), ``local:CHECKPOINT_DIR`` (Clef in
-process) or ``http:URL`` (a guard worker or another System One endpoint). The script prints ids, labels and verdicts,
-never the request text (the attack rows are real jailbreak prompts).
+``--backend`` is ``compact`` (the default: the embedded CPU model, catalog questions only), ``local:CHECKPOINT_DIR``
+(Clef in process, with ``--device`` / ``--dtype``) or a System One endpoint (a guard worker): ``http://HOST:PORT``.
+``--policy`` defaults to the quickstart's policy (``guard/quickstart/policies.yaml``: catalog questions, so the
+compact model answers it); ``policies/api_abuse.yaml`` adds a free-form ``spam`` question that needs Clef. A backend
+that cannot answer the policy stops the script with one line naming the question. The script prints ids, labels and
+verdicts, never the request text (the attack rows are real jailbreak prompts).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 TRAFFIC = ROOT / "guard" / "quickstart" / "data" / "http_traffic.jsonl"
-DEFAULT_POLICY = ROOT / "policies" / "api_abuse.yaml"
+DEFAULT_POLICY = ROOT / "guard" / "quickstart" / "policies.yaml"
 
 
 def load_traffic(limit: int | None = None) -> list[dict[str, Any]]:
@@ -66,20 +69,6 @@ def serve_in_thread(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
-
-
-def check_backend(policy: Path, backend: Any) -> None:
-    """Stop early, with a reason, when the backend cannot answer the policy's questions (the compact model only
-    answers its catalog)."""
-    from guard.policy import load_files
-
-    unsupported = getattr(backend, "unsupported", None)
-    if unsupported is None:
-        return
-    refused = sorted({qid for p in load_files(policy).policies for qid in unsupported([q.wire for q in p.questions])})
-    if refused:
-        raise SystemExit(f"backend {backend.name!r} cannot answer {refused} of {policy}; use --backend "
-                         "local:CHECKPOINT_DIR or http:URL (Clef), or a policy of catalog questions only")
 
 
 async def send_all(client: httpx.AsyncClient, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -112,6 +101,12 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 
 async def run(args: argparse.Namespace) -> None:
+    """Send the traffic the way ``--mode`` says.
+
+    Raises:
+        ValueError, FileNotFoundError, PolicyError: an unusable backend, policy, or pair of them (``main`` prints
+            them as one line).
+    """
     rows = load_traffic(args.limit)
     if args.mode == "url":
         async with httpx.AsyncClient(base_url=args.url, timeout=120) as client:
@@ -119,45 +114,50 @@ async def run(args: argparse.Namespace) -> None:
         return
 
     from examples.api.app import create_app
-    from guard.backends import open_backend
+    from guard.backends import start_backend
+    from guard.cli._backend import open_cli_backend
     from guard.engine import Guard
 
     if args.mode == "inprocess":
+        guard = Guard.from_files(args.policy, backends=open_cli_backend(args))
         try:
-            backend = open_backend(args.backend)
-        except FileNotFoundError as exc:
-            raise SystemExit(f"backend {args.backend!r} could not be loaded: {exc}") from exc
-        check_backend(args.policy, backend)
-        guard = Guard.from_files(args.policy, backends=backend)
-        app = create_app(guard)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://example",
-                                     timeout=120) as client:
-            print_table(await send_all(client, rows))
-        await guard.aclose()
+            await start_backend(guard.backends["default"])  # warm up before anything is timed
+            app = create_app(guard)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://example", timeout=120) as client:
+                print_table(await send_all(client, rows))
+        finally:
+            await guard.aclose()
         return
 
     from guard.cli import build_parser
     from guard.cli.cmd_proxy import build
 
+    options = [f"--{name}={getattr(args, name)}" for name in ("device", "dtype") if getattr(args, name) is not None]
     with serve_in_thread(create_app()) as upstream:
-        argv = ["proxy", "--policy", str(args.policy), "--upstream", upstream, "--backend", args.backend,
-                "--listen", "127.0.0.1:0"]
+        argv = ["proxy", "--policy", str(args.policy), "--upstream", upstream, f"--backend={args.backend}",
+                *options, "--listen", "127.0.0.1:0"]  # fmt: skip
         runtime = build(build_parser().parse_args(argv))
-        check_backend(args.policy, runtime.app.guard.backends["default"])
-        with serve_in_thread(runtime.app) as proxy:
+        with serve_in_thread(runtime.app) as proxy:  # its lifespan starts (warms up) the backend
             print(f"example API at {upstream}, guard proxy at {proxy}\n")
             async with httpx.AsyncClient(base_url=proxy, timeout=120) as client:
                 print_table(await send_all(client, rows))
 
 
 def main() -> None:
+    from guard.cli._backend import add_backend_options
+    from guard.errors import GuardError
+
     parser = argparse.ArgumentParser(description="Send the example traffic through the guard and print verdicts.")
     parser.add_argument("--mode", choices=["inprocess", "proxy", "url"], default="inprocess")
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="for --mode url")
-    parser.add_argument("--policy", type=Path, default=DEFAULT_POLICY)
-    parser.add_argument("--backend", default="compact", help="compact, local:CHECKPOINT_DIR or http:URL")
+    parser.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help="default: the quickstart's policy")
+    add_backend_options(parser, default="compact")
     parser.add_argument("--limit", type=int, default=None, help="send only the first N requests")
-    asyncio.run(run(parser.parse_args()))
+    try:
+        asyncio.run(run(parser.parse_args()))
+    except (GuardError, OSError, ValueError) as exc:  # PolicyError is a GuardError
+        raise SystemExit(f"traffic.py: {exc}") from None
 
 
 if __name__ == "__main__":

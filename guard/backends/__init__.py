@@ -4,6 +4,7 @@
 * :class:`LocalBackend`: in-process Clef behind the micro-batcher (no HTTP hop).
 * :class:`SystemOneClient`: System One over HTTP(S) or a Unix socket (our worker, Workers AI, Jev, OpenRouter).
 * :class:`CompactBackend`: the shipped compact CPU model for a catalog of built-in questions.
+* :func:`open_backend`: a backend from a command-line spec; :func:`start_backend`: its startup step (warm-up).
 
 ``CompactBackend`` is imported on first use so that importing this package stays light.
 """
@@ -19,9 +20,17 @@ from guard.backends.local import LocalBackend
 if TYPE_CHECKING:
     from guard.backends.compact import CompactBackend
 
-__all__ = ["CompactBackend", "DecisionBackend", "LocalBackend", "RetryConfig", "SystemOneClient", "open_backend"]
+__all__ = [
+    "CompactBackend",
+    "DecisionBackend",
+    "LocalBackend",
+    "RetryConfig",
+    "SystemOneClient",
+    "open_backend",
+    "start_backend",
+]
 
-BACKEND_SPECS = "compact, compact:DIR, local:CHECKPOINT_DIR or http:URL"
+BACKEND_SPECS = "compact, compact:DIR, local:CHECKPOINT_DIR, http:URL or a bare http(s)://URL"
 
 
 def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> DecisionBackend:
@@ -29,15 +38,19 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> Decisi
 
     Args:
         spec: ``compact`` (the shipped CPU model), ``compact:DIR`` (a checkpoint from ``guard train``),
-            ``local:DIR`` (a Clef release directory, in process) or ``http:URL`` (a System One server such as
-            ``guard worker serve``).
-        dtype: torch dtype for ``local:`` (default: the runtime's choice for ``device``).
-        device: ``cpu`` or ``cuda`` for ``local:``.
+            ``local:DIR`` (a Clef release directory, in process), or a System One server such as
+            ``guard worker serve``: ``http:URL`` or the URL itself (``http://...`` / ``https://...``).
+        dtype: torch dtype for ``local:``; ``None`` is :meth:`LocalBackend.from_pretrained`'s default (bfloat16).
+            The CLI passes ``--dtype`` (``auto``: bfloat16 on CUDA, float32 on CPU).
+        device: ``cpu``, ``cuda`` or ``cuda:N`` for ``local:``.
 
     Raises:
-        ValueError: for an unknown spec.
+        ValueError: for an unknown spec or a URL that is not http(s).
+        FileNotFoundError: ``local:DIR`` or ``compact:DIR`` is not a checkpoint directory.
     """
     kind, _, arg = spec.partition(":")
+    if kind in ("http", "https") and arg.startswith("//"):
+        return SystemOneClient(spec)
     if kind == "local" and arg:
         return LocalBackend.from_pretrained(arg, dtype=dtype, device=device)
     if kind == "http" and arg:
@@ -47,6 +60,22 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> Decisi
 
         return CompactBackend.from_pretrained(arg) if arg else CompactBackend.default()
     raise ValueError(f"--backend {spec!r}: expected {BACKEND_SPECS}")
+
+
+async def start_backend(backend: DecisionBackend) -> None:
+    """Run ``backend``'s startup step, when it has one, before anything is timed.
+
+    A :class:`LocalBackend` starts its batcher and warms up with the worker's self-test (its first forward pass sets
+    up kernels and allocators, which would otherwise eat the first decision's deadline). Backends without a
+    ``start()`` coroutine (HTTP, compact) need none. Call it on the event loop that will use the backend.
+
+    Raises:
+        BackendUnavailable: the self-test failed.
+        RuntimeError: the backend was closed.
+    """
+    start = getattr(backend, "start", None)
+    if callable(start):
+        await start()
 
 
 def __getattr__(name: str) -> Any:

@@ -29,6 +29,7 @@ from guard.errors import (
     RequestValidationError,
 )
 from guard.systemone import CONFIDENCE_PROFILES, ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
+from guard.worker._selftest import run_self_test
 from guard.worker.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ class LocalBackend:
         name: the backend's name in errors, logs and verdicts.
         on_batch: called after every forward pass with its :class:`~guard.worker.batcher.BatchInfo` (metrics).
 
-    The batcher starts on the first ``decide`` (or on ``start()`` / ``async with``) and is bound to that event loop.
+    ``start()`` / ``async with`` starts the batcher and warms the model up with a self-test (``decide`` does it on
+    first use); the backend is then bound to that event loop.
 
     Raises:
         ValueError: for an unknown confidence profile or a ``max_length`` below 1.
@@ -94,6 +96,7 @@ class LocalBackend:
         self.batcher: MicroBatcher[_Job, SystemOneResponseV1] = MicroBatcher(
             self._run_batch, tokens=_job_tokens, config=batcher_config, on_batch=on_batch, name=f"{name} queue"
         )
+        self._warmup: asyncio.Future[None] | None = None
 
     @classmethod
     def from_pretrained(
@@ -148,15 +151,34 @@ class LocalBackend:
     # ---------------------------------------------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Start the batcher on the running event loop (``decide`` does this on first use). Idempotent while open.
+        """Start the batcher on the running event loop, then warm up with the decision worker's startup self-test
+        (:func:`guard.worker._selftest.run_self_test`: one fixed request with a noul, a choice and a score question
+        must come back with finite probabilities summing to 1). The first forward pass sets up kernels and
+        allocators and can take seconds, so start the backend before timing decisions; ``decide`` starts it on first
+        use, inside that call's deadline. Idempotent while open; concurrent callers wait for the same warm-up.
 
         Raises:
+            BackendUnavailable: the self-test failed (``reason="self_test_failed"``); the backend is closed.
             RuntimeError: when the backend was closed.
         """
         if self.batcher.state is BatcherState.UNOPENED:
             await self.batcher.start()
+            self._warmup = asyncio.ensure_future(self._self_test())
         elif self.batcher.state is not BatcherState.RUNNING:
             raise RuntimeError(f"LocalBackend {self.name!r} is closed; create a new one.")
+        if self._warmup is not None:
+            await asyncio.shield(self._warmup)
+
+    async def _self_test(self) -> None:
+        try:
+            await run_self_test(self)
+        except Exception as exc:
+            await self.batcher.aclose()
+            raise BackendUnavailable(
+                f"backend {self.name!r} failed its startup self-test: {type(exc).__name__}: {exc}",
+                backend=self.name,
+                reason="self_test_failed",
+            ) from exc
 
     async def aclose(self) -> None:
         """Finish queued requests, then stop the inference thread. Idempotent. The model stays loaded."""

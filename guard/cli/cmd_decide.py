@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from guard.cli._backend import add_device_options, device, torch_dtype
 from guard.errors import GuardError, InvalidJson, RequestValidationError
 
 __all__ = ["register", "run"]
 
 EXIT_INVALID = 2
 EXIT_FAILED = 1
-_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def register(subparsers: Any) -> None:
@@ -38,10 +38,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("file", nargs="?", default="-", metavar="FILE", help="request JSON file (default: stdin)")
     parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory (release layout)")
-    parser.add_argument(
-        "--dtype", choices=_DTYPES, default="auto", help="auto = bfloat16 on cuda (the reference), float32 on cpu"
-    )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    add_device_options(parser)
     parser.add_argument("--max-length", type=int, default=None, metavar="N", help="prompt limit (default 16384)")
     parser.add_argument(
         "--confidence", choices=("reference", "workers-ai", "jev"), default="reference", help="confidence formula"
@@ -71,18 +68,25 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_length is not None and args.max_length < 1:
         return _fail(f"--max-length must be a positive integer, got {args.max_length}", EXIT_INVALID)
+    source = "stdin" if args.file == "-" else args.file
     try:
-        body = _json.loads(_read(args.file))
-        request = SystemOneRequestV1.from_json(body, profile=args.profile)
+        raw = _read(args.file)
+        if not raw.strip():
+            return _fail(f"{source} is empty: expected one System One request (a JSON object)", EXIT_INVALID)
+        request = SystemOneRequestV1.from_json(_json.loads(raw), profile=args.profile)
     except OSError as exc:
         return _fail(f"cannot read {args.file}: {exc.strerror or exc}", EXIT_INVALID)
-    except InvalidJson as exc:
-        return _fail(f"invalid JSON: {exc}", EXIT_INVALID)
+    except InvalidJson as exc:  # its message names the fault ("invalid JSON: ...", "duplicate key ...")
+        return _fail(f"{source}: {exc}", EXIT_INVALID)
     except RequestValidationError as exc:
         return _fail(f"invalid request: {exc}", EXIT_INVALID)
 
     try:
-        model = _load(args)
+        dtype = torch_dtype(args)
+    except ValueError as exc:
+        return _fail(str(exc), EXIT_INVALID)
+    try:
+        model = _load(args.model, dtype, device(args))
     except (OSError, ValueError) as exc:
         return _fail(f"cannot load model from {args.model}: {exc}", EXIT_INVALID)
     try:
@@ -100,21 +104,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace) -> Any:
-    import torch
+def _load(path: str, dtype: Any, where: str) -> Any:
     import transformers
 
     from guard.clef.model import ClefModel
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    dtype_name = args.dtype
-    if dtype_name == "auto":
-        dtype_name = "bfloat16" if str(args.device).startswith("cuda") else "float32"
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
-    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device} requested but this torch build has no CUDA device")
-    return ClefModel.from_pretrained(args.model, dtype=dtype, device=args.device)
+    return ClefModel.from_pretrained(path, dtype=dtype, device=where)
 
 
 def _raw(record: Any, logits: Any) -> dict[str, Any]:

@@ -3,7 +3,9 @@ ECE, Brier, Spearman (score), in-scope accuracy / out-of-scope recall (choice) a
 and as JSON (see ``guard/compact/evaluate.py`` for the definitions).
 
 Backends (``--backend``): ``compact`` (the shipped model), ``compact:DIR`` (a ``guard train`` checkpoint; add
-``--router DIR`` for routers), ``local:DIR`` (a Clef checkpoint in process), ``http:URL`` (a System One server).
+``--router DIR`` for routers), ``local:DIR`` (a Clef checkpoint in process, on ``--device`` in ``--dtype``),
+``http:URL`` or a bare ``http(s)://`` URL (a System One server). The backend is started (warmed up) before the first
+record is timed.
 
 Examples::
 
@@ -19,19 +21,26 @@ import json
 import sys
 from typing import Any
 
+from guard.cli._backend import add_backend_options, check_device_options, open_cli_backend
+
 __all__ = ["open_eval_backend", "register"]
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "eval", help="measure a backend on labelled JSONL", description=__doc__,
+        "eval",
+        help="measure a backend on labelled JSONL",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("data", nargs="+", help="labelled JSONL files (System One records or text/label lines)")
-    parser.add_argument("--backend", default="compact", help="compact | compact:DIR | local:DIR | http:URL")
+    add_backend_options(parser, default="compact")
     parser.add_argument("--router", action="append", default=[], metavar="DIR", help="extra compact checkpoints")
-    parser.add_argument("--accept-paraphrases", action="store_true",
-                        help="compact: answer catalog questions asked in other wordings (uncalibrated)")
+    parser.add_argument(
+        "--accept-paraphrases",
+        action="store_true",
+        help="compact: answer catalog questions asked in other wordings (uncalibrated)",
+    )
     parser.add_argument("--tpr", type=float, default=0.95, help="true-positive rate for the FPR column")
     parser.add_argument("--oos-label", default="oos", help="out-of-scope option id of choice questions")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per request")
@@ -45,26 +54,28 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def open_eval_backend(spec: str, routers: list[str], accept_paraphrases: bool) -> Any:
-    """A backend from ``--backend``; compact specs honour ``--router`` and ``--accept-paraphrases``.
+def open_eval_backend(args: argparse.Namespace) -> Any:
+    """The backend ``--backend`` names; compact specs honour ``--router`` and ``--accept-paraphrases``, ``local:``
+    ones ``--device`` and ``--dtype``.
 
     Raises:
-        ValueError: an unknown spec.
+        ValueError: an unknown spec, or ``--device``/``--dtype`` with a backend that is not ``local:``.
     """
-    kind, _, arg = spec.partition(":")
+    kind, _, arg = args.backend.partition(":")
     if kind == "compact":
         from guard.backends.compact import DEFAULT_WEIGHTS, CompactBackend
 
-        paths = [arg] if arg else ([] if routers else [str(DEFAULT_WEIGHTS)])
-        return CompactBackend.from_checkpoints([*paths, *routers], accept_paraphrases=accept_paraphrases)
-    from guard.backends import open_backend
-
-    return open_backend(spec)
+        check_device_options(args)
+        paths = [arg] if arg else ([] if args.router else [str(DEFAULT_WEIGHTS)])
+        return CompactBackend.from_checkpoints([*paths, *args.router], accept_paraphrases=args.accept_paraphrases)
+    return open_cli_backend(args)
 
 
 def run(args: argparse.Namespace) -> int:
+    from guard.backends import start_backend
     from guard.compact.evaluate import evaluate_backend, format_table
     from guard.compact.records import load_records
+    from guard.errors import GuardError
 
     if args.threads:
         import torch
@@ -73,24 +84,36 @@ def run(args: argparse.Namespace) -> int:
     records = []
     try:
         for path in args.data:
-            records.extend(load_records(path, text_field=args.text_field, label_field=args.label_field,
-                                        question_id=args.question_id, instructions=args.instructions))
-        backend = open_eval_backend(args.backend, args.router, args.accept_paraphrases)
+            records.extend(
+                load_records(
+                    path,
+                    text_field=args.text_field,
+                    label_field=args.label_field,
+                    question_id=args.question_id,
+                    instructions=args.instructions,
+                )
+            )
+        backend = open_eval_backend(args)
     except (OSError, ValueError) as exc:
         print(f"guard eval: {exc}", file=sys.stderr)
         return 2
 
     async def go() -> Any:
-        if hasattr(backend, "start"):
-            await backend.start()
+        await start_backend(backend)
         bar = None
         if not args.no_progress:
             from tqdm import tqdm
 
             bar = tqdm(total=len(records), desc="eval", unit="record", file=sys.stderr)
         try:
-            return await evaluate_backend(backend, records, tpr=args.tpr, oos_label=args.oos_label,
-                                          timeout=args.timeout, progress=bar.update if bar else None)
+            return await evaluate_backend(
+                backend,
+                records,
+                tpr=args.tpr,
+                oos_label=args.oos_label,
+                timeout=args.timeout,
+                progress=bar.update if bar else None,
+            )
         finally:
             if bar:
                 bar.close()
@@ -101,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"guard eval: {exc}", file=sys.stderr)
         return 2
+    except GuardError as exc:  # the backend failed to start (self-test) or to answer
+        print(f"guard eval: {exc}", file=sys.stderr)
+        return 1
     print(format_table(report))
     body = json.dumps(report.to_json(), indent=2)
     if args.json and args.json != "-":

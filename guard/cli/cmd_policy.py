@@ -3,14 +3,17 @@
 Usage::
 
     guard policy check FILE...                         # line-numbered errors, exit 1 on any
-    guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--json]
-    guard policy test FILE... [--backend SPEC] [-v]    # runs <name>_test.yaml beside each file; exit 1 on failure
+    guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--timeout-ms MS] [--json]
+    guard policy test FILE... [--backend SPEC] [--timeout-ms MS] [-v]  # runs <name>_test.yaml beside each file
     guard policy schema [--output PATH] [--check PATH] # the JSON Schema generated from the pydantic models
     guard policy reference [--output PATH] [--check PATH]  # that schema as a Markdown reference
 
 ``SUBJECT.json`` is ``{"http": {...}}`` or ``{"agent": {...}}`` (see ``guard/policy/testing.py``). ``ANSWERS.json``
 maps question keys to answer specs (``{"injection": 0.93}``). ``--backend`` is ``local:CHECKPOINT_DIR`` (in-process
-Clef), ``http:URL`` (a System One server) or ``compact`` (the built-in CPU model).
+Clef, on ``--device`` in ``--dtype``), ``http:URL`` or a bare ``http(s)://`` URL (a System One server) or ``compact``
+(the built-in CPU model); it is started (warmed up) before anything is timed. ``--timeout-ms`` replaces the policies'
+``timeout_ms``, e.g. for a checkpoint on a slow CPU. ``test`` exits 1 on a failing case or on zero cases and names
+each failure by its test file and line.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from guard.cli._backend import add_backend_options, backend_factory, check_device_options, open_cli_backend
 from guard.errors import GuardError, PolicyError
 
 __all__ = ["reference_markdown", "register", "schema_json"]
@@ -46,13 +51,15 @@ def register(subparsers: Any) -> None:
     explain.add_argument("--input", required=True, metavar="SUBJECT.json", help='{"http": {...}} or {"agent": {...}}')
     source = explain.add_mutually_exclusive_group()
     source.add_argument("--answers", metavar="ANSWERS.json", help="question key -> answer spec, instead of a model")
-    source.add_argument("--backend", metavar="SPEC", help="local:DIR, http:URL or compact")
+    add_backend_options(explain, default=None, group=source)
+    _add_timeout_option(explain)
     explain.add_argument("--json", action="store_true", help="print one JSON object")
     explain.set_defaults(handler=run_explain)
 
     test = sub.add_parser("test", help="run <name>_test.yaml cases; fails on a failing case or on zero cases")
     test.add_argument("files", nargs="+", metavar="FILE")
-    test.add_argument("--backend", metavar="SPEC", help="for cases without 'answers': local:DIR, http:URL, compact")
+    add_backend_options(test, default=None, note="for cases without 'answers'")
+    _add_timeout_option(test)
     test.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
     test.set_defaults(handler=run_test)
 
@@ -65,6 +72,22 @@ def register(subparsers: Any) -> None:
     reference.add_argument("--output", metavar="PATH", help="write the reference here")
     reference.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated reference")
     reference.set_defaults(handler=run_reference)
+
+
+def _add_timeout_option(parser: Any) -> None:
+    parser.add_argument(
+        "--timeout-ms", type=float, default=None, metavar="MS",
+        help="replace the policies' timeout_ms (e.g. for a checkpoint on a slow CPU)",
+    )  # fmt: skip
+
+
+def _timeout_s(args: argparse.Namespace) -> float | None:
+    """``--timeout-ms`` in seconds. Raises ValueError unless it is a finite number > 0."""
+    if args.timeout_ms is None:
+        return None
+    if not math.isfinite(args.timeout_ms) or args.timeout_ms <= 0:
+        raise ValueError(f"--timeout-ms must be a number of milliseconds > 0, got {args.timeout_ms:g}")
+    return float(args.timeout_ms) / 1000.0
 
 
 def _problems(exc: PolicyError) -> list[PolicyError]:
@@ -105,14 +128,18 @@ def _read_json(path: str) -> Any:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from guard.backends import open_backend
     from guard.policy.explain import explain
 
     try:
+        timeout_s = _timeout_s(args)
+        if args.backend:
+            check_device_options(args)
         subject_data = _read_json(args.input)
         answers = _read_json(args.answers) if args.answers else None
-        factory: Callable[[], Any] | None = (lambda: open_backend(args.backend)) if args.backend else None
-        report = asyncio.run(explain(args.file, subject_data, answers=answers, backend_factory=factory))
+        factory: Callable[[], Any] | None = (lambda: open_cli_backend(args)) if args.backend else None
+        report = asyncio.run(
+            explain(args.file, subject_data, answers=answers, backend_factory=factory, timeout_s=timeout_s)
+        )
     except PolicyError as exc:
         for problem in _problems(exc):
             _print_problem(problem)
@@ -132,18 +159,24 @@ def _print_report(report: dict[str, Any]) -> None:
         print("no policy matches this subject: allow, without a model call")
         return
     p = report["policy"]
+    v = report["verdict"]
     print(f"policy     {p['id']}@{p['version']} ({p['file']}:{p['line']}, mode {p['mode']})")
     print(f"state      {json.dumps(report['state'], ensure_ascii=False)}")
     if report["flags"]:
         print(f"flags      {json.dumps(report['flags'])}  (original text kept in the subject)")
     print(f"cache key  {report['cache_key']}  (backend {report['backend']}, revision {report['revision']})")
-    print("answers")
-    for key, answer in report["answers"].items():
-        print(f"  {key:<20} {json.dumps(answer, ensure_ascii=False)}")
-    print("rules (in order; the first true one decides)")
-    for rule_id, value in report["rules"]:
-        print(f"  {rule_id:<20} {value}")
-    v = report["verdict"]
+    if report["error"]:
+        print(f"FAILED     {report['error']}")
+        print(f"           fail mode {v['fail_mode']} decided: {v['action']} (status {v.get('status')})")
+        print("answers    none: the decision failed before the backend answered")
+        print("rules      not evaluated: there are no answers to run them on")
+    else:
+        print("answers")
+        for key, answer in report["answers"].items():
+            print(f"  {key:<20} {json.dumps(answer, ensure_ascii=False)}")
+        print("rules (in order; the first true one decides)")
+        for rule_id, value in report["rules"]:
+            print(f"  {rule_id:<20} {value}")
     print(f"verdict    {v['action']} (rule {v['rule']}, status {v.get('status')}) {v.get('message') or ''}".rstrip())
     print("on backend failure")
     for mode, failed in report["fail_modes"].items():
@@ -152,14 +185,19 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def run_test(args: argparse.Namespace) -> int:
-    from guard.backends import open_backend
-    from guard.policy.testing import run_test_file
+    from guard.policy.testing import find_test_file, run_test_file
 
-    factory: Callable[[], Any] | None = (lambda: open_backend(args.backend)) if args.backend else None
+    try:
+        timeout_s = _timeout_s(args)
+        factory: Callable[[], Any] | None = backend_factory(args) if args.backend else None
+    except (OSError, ValueError) as exc:
+        print(f"guard policy test: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     total = failed = 0
     for name in args.files:
+        test_file = find_test_file(name)[1]
         try:
-            results = run_test_file(name, backend_factory=factory)
+            results = run_test_file(name, backend_factory=factory, timeout_s=timeout_s)
         except PolicyError as exc:
             for problem in _problems(exc):
                 _print_problem(problem)
@@ -170,17 +208,18 @@ def run_test(args: argparse.Namespace) -> int:
             failed += 1
             continue
         if not results:
-            print(f"{name}: no test cases found (a policy without tests fails, like OPA's --fail-on-empty)",
+            print(f"{test_file}: no test cases found (a policy without tests fails, like OPA's --fail-on-empty)",
                   file=sys.stderr)  # fmt: skip
             failed += 1
         for result in results:
             total += 1
+            where = f"{test_file}:{result.line}" if result.line is not None else str(test_file)
             if result.passed:
                 if args.verbose:
-                    print(f"PASS {name}: {result.name}")
+                    print(f"PASS {where}: {result.name}")
                 continue
             failed += 1
-            print(f"FAIL {name}:{result.line}: {result.name}", file=sys.stderr)
+            print(f"FAIL {where}: {result.name}", file=sys.stderr)
             for difference in result.problems:
                 print(f"     {difference}", file=sys.stderr)
     print(f"{total - min(failed, total)} passed, {failed} failed")

@@ -1,8 +1,8 @@
 """``guard proxy``: a reverse proxy that judges requests before they reach an HTTP service.
 
     guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
-                [--backend compact | local:DIR | http:URL] [--redis-url redis://...] [--review-token-env VAR]
-                [--max-body-bytes N] [--decision-log FILE] [--client-header x-forwarded-for]
+                [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
+                [--review-token-env VAR] [--max-body-bytes N] [--decision-log FILE] [--client-header x-forwarded-for]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica); without it
 both stay in the process. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from guard.cli._backend import add_backend_options, open_cli_backend
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
 
 __all__ = ["ProxyRuntime", "build", "register", "run"]
@@ -28,26 +29,39 @@ EXIT_USAGE = 2
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "proxy", help="run a reverse proxy with the guard in front of an HTTP service",
+        "proxy",
+        help="run a reverse proxy with the guard in front of an HTTP service",
         description="Reverse proxy: requests a policy matches are judged before they are forwarded to --upstream.",
     )
     parser.add_argument("--policy", action="append", required=True, metavar="FILE", help="policy file (repeatable)")
     parser.add_argument("--upstream", required=True, metavar="URL", help="the protected service, e.g. http://app:9000")
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}")
-    parser.add_argument("--backend", default="compact", metavar="SPEC",
-                        help="decision backend: compact (default), local:CHECKPOINT_DIR or http:URL")
+    add_backend_options(parser, default="compact")
     parser.add_argument("--redis-url", default=None, metavar="URL", help="Redis for the cache and the review queue")
-    parser.add_argument("--review-token-env", default=None, metavar="VAR",
-                        help="serve the reviewers' API at /_guard/admin/reviews with the bearer token in $VAR")
+    parser.add_argument(
+        "--review-token-env",
+        default=None,
+        metavar="VAR",
+        help="serve the reviewers' API at /_guard/admin/reviews with the bearer token in $VAR",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=None, metavar="N", help="inspection cap (1 MiB)")
     parser.add_argument("--decision-log", default=None, metavar="FILE", help="append JSON-lines decision records")
-    parser.add_argument("--client-header", default=None, metavar="NAME",
-                        help="trusted header naming the client (e.g. x-forwarded-for); default the peer address")
+    parser.add_argument(
+        "--client-header",
+        default=None,
+        metavar="NAME",
+        help="trusted header naming the client (e.g. x-forwarded-for); default the peer address",
+    )
     parser.add_argument("--connect-timeout", type=float, default=5.0, metavar="S", help="upstream connect, seconds")
     parser.add_argument("--read-timeout", type=float, default=60.0, metavar="S", help="upstream silence, seconds")
-    parser.add_argument("--reload-interval", type=float, default=DEFAULT_RELOAD_INTERVAL_S, metavar="S",
-                        help="seconds between checks of the policy files for changes; 0 turns reloading off "
-                        f"(default {DEFAULT_RELOAD_INTERVAL_S:g}; a failing reload keeps the last good policies)")
+    parser.add_argument(
+        "--reload-interval",
+        type=float,
+        default=DEFAULT_RELOAD_INTERVAL_S,
+        metavar="S",
+        help="seconds between checks of the policy files for changes; 0 turns reloading off "
+        f"(default {DEFAULT_RELOAD_INTERVAL_S:g}; a failing reload keeps the last good policies)",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(handler=run)
 
@@ -84,11 +98,11 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
     Raises:
-        ValueError: bad ``--listen``, ``--upstream``, ``--backend`` or a missing token variable.
+        ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device`` or a missing token variable.
         PolicyError: an invalid policy file.
     """
     from guard.asgi.proxy import ProxyConfig, proxy_app
-    from guard.backends import open_backend
+    from guard.backends import start_backend
     from guard.engine import Guard
     from guard.policy import load_files
     from guard.review import MemoryReviewStore, RedisReviewStore, ReviewStore
@@ -103,7 +117,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
             raise ValueError(f"--review-token-env {args.review_token_env}: the variable is not set or empty")
     load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
     _prometheus_meter_provider()
-    backend = open_backend(args.backend)
+    backend = open_cli_backend(args)
     log = DecisionLog(args.decision_log) if args.decision_log else None
     guard = Guard.from_files(*args.policy, backends=backend, redis_url=args.redis_url, decision_log=log)
     store: ReviewStore = RedisReviewStore.from_url(args.redis_url) if args.redis_url else MemoryReviewStore()
@@ -114,6 +128,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     watcher = PolicyWatcher(guard.policies, interval_s=args.reload_interval) if args.reload_interval > 0 else None
 
     async def astart() -> None:
+        await start_backend(backend)  # warm up before the first request is timed
         if watcher is not None:
             watcher.start()
 
@@ -138,8 +153,19 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, PolicyError, FileNotFoundError) as exc:
         print(f"guard proxy: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"guard proxy: http://{runtime.host}:{runtime.port} -> {args.upstream} "
-          f"(policies: {', '.join(args.policy)}; backend: {args.backend})", file=sys.stderr)
-    uvicorn.run(runtime.app, host=runtime.host, port=runtime.port, log_level=args.log_level,
-                server_header=False, date_header=False, lifespan="on", proxy_headers=False)
+    print(
+        f"guard proxy: http://{runtime.host}:{runtime.port} -> {args.upstream} "
+        f"(policies: {', '.join(args.policy)}; backend: {args.backend})",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        runtime.app,
+        host=runtime.host,
+        port=runtime.port,
+        log_level=args.log_level,
+        server_header=False,
+        date_header=False,
+        lifespan="on",
+        proxy_headers=False,
+    )
     return 0

@@ -1,6 +1,12 @@
 """``guard quickstart``: the example API behind the guard on real traffic, with a table of verdicts.
 
-    guard quickstart [--backend compact | local:DIR | http:URL] [--redis-url redis://...] [--limit N]
+Usage::
+
+    guard quickstart [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL]
+                     [--redis-url redis://...] [--limit N]
+
+The backend is started (a ``local:`` checkpoint warms up) before the first row is timed. The note on tool calls
+after the summary is printed only for the embedded CPU model (the default backend).
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ import asyncio
 import sys
 from typing import Any
 
+from guard.backends.base import DecisionBackend
+from guard.cli._backend import add_backend_options, check_device_options, describe_backend, open_cli_backend
 from guard.errors import GuardError
 
 __all__ = ["register"]
@@ -22,9 +30,7 @@ def register(subparsers: Any) -> None:
         description="Replay benign and abusive API requests and agent tool calls through the guard "
         "(embedded CPU model, in-process cache, no GPU, network or Redis needed) and print each verdict.",
     )
-    parser.add_argument("--backend", default="compact", metavar="SPEC",
-                        help="decision backend: compact (default, embedded CPU model), local:CHECKPOINT_DIR or "
-                        "http:URL")
+    add_backend_options(parser, default="compact")
     parser.add_argument("--redis-url", default=None, help="share the probability cache in this Redis")
     parser.add_argument("--limit", type=int, default=None, help="replay at most N requests and N tool calls")
     parser.set_defaults(handler=run)
@@ -33,14 +39,18 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from guard.backends import open_backend
-    from guard.quickstart import NEXT_STEPS, print_header, print_row, print_summary, run_quickstart
+    from guard.quickstart import NEXT_STEPS, TOOL_CALL_NOTE, print_header, print_row, print_summary, run_quickstart
 
     out = sys.stdout
-    out.write("guard quickstart: an example API behind the guard, real traffic replayed through it.\n"
-              "Attack rows are real jailbreak prompts and payloads; their text is not printed.\n\n")
+    out.write(
+        "guard quickstart: an example API behind the guard, real traffic replayed through it.\n"
+        "Attack rows are real jailbreak prompts and payloads; their text is not printed.\n\n"
+    )
+    embedded = args.backend == "compact"
+    backend: DecisionBackend
     try:
-        if args.backend == "compact":
+        check_device_options(args)
+        if embedded:
             from guard.backends.compact import CompactBackend
 
             bar = tqdm(total=1, desc="loading the embedded CPU model", unit="step", file=sys.stderr, leave=False)
@@ -54,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             backend = CompactBackend.default(progress=progress)
             bar.close()
         else:
-            backend = open_backend(args.backend)
+            backend = open_cli_backend(args)
+        out.write(f"backend: {describe_backend(backend)}\n\n")
         print_header(out)
         result = asyncio.run(
             run_quickstart(backend, redis_url=args.redis_url, limit=args.limit, on_row=lambda r: print_row(r, out))
@@ -63,5 +74,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"guard quickstart: {exc}", file=sys.stderr)
         return 1
     print_summary(result, out)
+    if embedded:
+        out.write(TOOL_CALL_NOTE)
     out.write(NEXT_STEPS)
     return 0

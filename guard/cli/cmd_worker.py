@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from guard.cli._backend import add_device_options, device, torch_dtype
+
 __all__ = ["register", "run"]
 
 EXIT_INVALID = 2
-_DTYPES = ("auto", "float32", "bfloat16")
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 DEFAULT_PORT = 8000
 
@@ -54,10 +55,7 @@ def register(subparsers: Any) -> None:
     where.add_argument("--port", type=int, default=None, help=f"TCP port (default {DEFAULT_PORT})")
     where.add_argument("--uds", default=None, metavar="PATH", help="listen on this Unix socket instead of TCP")
     model = serve.add_argument_group("model")
-    model.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    model.add_argument(
-        "--dtype", choices=_DTYPES, default="auto", help="auto = bfloat16 on cuda (the reference), float32 on cpu"
-    )
+    add_device_options(model)
     model.add_argument("--max-length", type=int, default=None, metavar="L", help="prompt limit (default 16384)")
     model.add_argument(
         "--confidence", choices=("reference", "workers-ai", "jev"), default="reference", help="confidence formula"
@@ -159,14 +157,10 @@ def run(args: argparse.Namespace) -> int:
 
         if args.torch_threads is not None:
             torch.set_num_threads(args.torch_threads)
-        on_cuda = str(args.device).startswith("cuda")
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
-            args.dtype, torch.bfloat16 if on_cuda else torch.float32
-        )
         return LocalBackend.from_pretrained(
             args.model,
-            dtype=dtype,
-            device=args.device,
+            dtype=torch_dtype(args),
+            device=device(args),
             batcher_config=batcher_config,
             confidence_profile=args.confidence,
             max_length=args.max_length,

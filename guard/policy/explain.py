@@ -2,7 +2,9 @@
 
 The report holds the matched policy, the rendered state (normalised, with flags), the cache key, each answer, every
 rule's ``when`` value in order, the verdict, and the verdict each fail mode would give if the backend failed. The
-steps run through the real engine (:class:`~guard.engine.Guard`), so the report is what production would do.
+steps run through the real engine (:class:`~guard.engine.Guard`), so the report is what production would do. When
+the decision itself failed (backend error or timeout), ``error`` says why, the verdict is the policy's fail mode, and
+the rules are not traced: without answers there is nothing to run them on.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from guard._answers import cache_key
+from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.cache import MemoryCache
 from guard.policy.loader import load_text
 from guard.policy.policy import FailPolicy, Policy
 from guard.policy.rules import trace_rules
-from guard.policy.testing import FixtureBackend, subject_from_json, wire_answers
+from guard.policy.testing import FixtureBackend, subject_from_json, wire_answers, with_timeout
 from guard.verdict import Verdict
 
 __all__ = ["explain"]
@@ -42,6 +45,7 @@ async def explain(
     *,
     answers: Mapping[str, Any] | None = None,
     backend_factory: Callable[[], DecisionBackend] | None = None,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Explain the decision for one subject.
 
@@ -49,28 +53,36 @@ async def explain(
         file: the policy file.
         subject_data: ``{"http": {...}}`` or ``{"agent": {...}}``.
         answers: hand-written answers by question key (see ``guard/policy/answers.py``); default: even splits.
-        backend_factory: builds a real backend instead of ``answers``.
+        backend_factory: builds a real backend instead of ``answers``; it is started (warmed up) before the decision.
+        timeout_s: replaces the policies' ``timeout`` (seconds) when given.
+
+    Returns:
+        The report; ``error`` is the verdict's error text (``None`` when the decision succeeded) and ``rules`` is
+        empty when the decision failed before any answer.
 
     Raises:
         PolicyError: the file does not load. ValueError: the subject or the answers do not fit.
     """
-    policies = load_text(Path(file).read_bytes(), str(file))
+    policies = with_timeout(load_text(Path(file).read_bytes(), str(file)), timeout_s)
     subject = subject_from_json(subject_data)
     policy = next((p for p in policies if p.matches(subject)), None)
     if policy is None:
         return {"policy": None, "verdict": {"action": "allow", "policy": None}}
     if backend_factory is not None:
         backend = backend_factory()
+        await start_backend(backend)
     else:
         backend = FixtureBackend(wire_answers(policy, answers or {}))
     normalized = policy.prepare_state(policy.render_state(subject), subject)
     request = policy.build_request(normalized.value)
     verdict = await _verdict(policies, backend, subject)
     named = dict(verdict.answers)  # keyed by question key
-    traced = trace_rules(
-        policy.id, policy.rules, named, subject=subject, state=normalized.value, flags=normalized.flags,
-        data=policy.data,
-    )  # fmt: skip
+    traced: list[tuple[str, bool | str]] = []
+    if verdict.error is None:  # a failed decision has no answers to run the rules on
+        traced = trace_rules(
+            policy.id, policy.rules, named, subject=subject, state=normalized.value, flags=normalized.flags,
+            data=policy.data,
+        )  # fmt: skip
     fail_modes = {}
     engine_logger = logging.getLogger("guard.engine")
     level = engine_logger.level
@@ -83,8 +95,13 @@ async def explain(
     finally:
         engine_logger.setLevel(level)
     return {
-        "policy": {"id": policy.id, "version": policy.version, "file": policy.file, "line": policy.line,
-                   "mode": policy.mode},
+        "policy": {
+            "id": policy.id,
+            "version": policy.version,
+            "file": policy.file,
+            "line": policy.line,
+            "mode": policy.mode,
+        },
         "state": normalized.value,
         "flags": normalized.flags,
         "questions": [{"key": q.key, **q.wire.to_json(), "id": q.wire.id} for q in policy.questions],
@@ -94,6 +111,7 @@ async def explain(
         "answers": {key: answer.to_json() for key, answer in named.items()},
         "rules": traced,
         "verdict": verdict.to_json() | {"status": verdict.status},
+        "error": verdict.error,
         "fail_mode": policy.fail_policy(subject).mode,
         "fail_modes": fail_modes,
     }

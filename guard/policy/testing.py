@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.cache import MemoryCache
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer, PolicyError
@@ -40,7 +41,15 @@ from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, body_s
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, UsageV1
 from guard.verdict import Action, FailMode, Verdict
 
-__all__ = ["CaseResult", "FixtureBackend", "find_test_file", "run_test_file", "subject_from_json", "wire_answers"]
+__all__ = [
+    "CaseResult",
+    "FixtureBackend",
+    "find_test_file",
+    "run_test_file",
+    "subject_from_json",
+    "wire_answers",
+    "with_timeout",
+]
 
 BackendFactory = Callable[[], DecisionBackend]
 
@@ -182,6 +191,14 @@ def find_test_file(path: str | Path) -> tuple[Path, Path]:
     return p, p.with_name(f"{p.stem}_test{p.suffix}")
 
 
+def with_timeout(policies: Sequence[Policy], timeout_s: float | None) -> list[Policy]:
+    """``policies`` with ``timeout`` (seconds for the whole decision) replaced by ``timeout_s``, unless ``None``
+    (``--timeout-ms`` of ``guard policy explain|test``, e.g. for a slow CPU checkpoint)."""
+    if timeout_s is None:
+        return list(policies)
+    return [replace(policy, timeout=timeout_s) for policy in policies]
+
+
 def wire_answers(policy: Policy, answers: Mapping[str, Any]) -> dict[str, Any]:
     by_key = {q.key: q.wire.id for q in policy.questions}
     unknown = [key for key in answers if key not in by_key]
@@ -203,6 +220,7 @@ async def _run_case(
         backend = FixtureBackend(wire, case.backend_error)
     elif backend_factory is not None:
         backend = backend_factory()
+        await start_backend(backend)  # warm up before the decision is timed
     else:
         return None, ["the case has no 'answers' or 'backend_error'; give one, or run with --backend"]
     names = {p.backend or "default" for p in policies} | {"default"}
@@ -230,12 +248,16 @@ def _compare(expect: _Expect, verdict: Verdict) -> list[str]:
     return problems
 
 
-def run_test_file(path: str | Path, *, backend_factory: BackendFactory | None = None) -> list[CaseResult]:
+def run_test_file(
+    path: str | Path, *, backend_factory: BackendFactory | None = None, timeout_s: float | None = None
+) -> list[CaseResult]:
     """Run the cases for one policy file.
 
     Args:
         path: the policy file or its ``_test.yaml``.
-        backend_factory: builds a real backend for cases without ``answers``.
+        backend_factory: builds a real backend for cases without ``answers`` (one per case: each runs in its own
+            event loop); it is started before the case is decided.
+        timeout_s: replaces every policy's ``timeout`` (seconds) when given.
 
     Returns:
         One :class:`CaseResult` per case (an empty list when the file holds no cases: the caller fails on it).
@@ -244,7 +266,7 @@ def run_test_file(path: str | Path, *, backend_factory: BackendFactory | None = 
         PolicyError: when the policy or the test file cannot be loaded (file, line, key).
     """
     policy_path, test_path = find_test_file(path)
-    policies = load_text(policy_path.read_bytes(), str(policy_path))
+    policies = with_timeout(load_text(policy_path.read_bytes(), str(policy_path)), timeout_s)
     try:
         raw = test_path.read_bytes()
     except OSError as exc:

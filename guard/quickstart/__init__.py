@@ -26,30 +26,48 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from guard.asgi import GuardMiddleware
+from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.engine import Guard
 from guard.subject import AgentSubject
 from guard.telemetry import DecisionLog
 
-__all__ = ["QuickstartResult", "Row", "example_app", "load_traffic", "policy_path", "run_quickstart"]
+__all__ = [
+    "NEXT_STEPS",
+    "TOOL_CALL_NOTE",
+    "QuickstartResult",
+    "Row",
+    "example_app",
+    "load_traffic",
+    "policy_path",
+    "run_quickstart",
+]
 
 _DATA = "guard.quickstart"
 _TEXT_WIDTH = 44
 
+#: Printed after the summary when the embedded CPU model answered (``guard quickstart`` without ``--backend``).
 TOOL_CALL_NOTE = """\
   Tool calls: the embedded CPU model is weak on guard.tool_call_serves_task (docs/catalog.md gives its held-out
   numbers), so the quickstart policy sends doubtful calls to a human; point tool-call policies at Clef.
-
 """
 
-NEXT_STEPS = """\
+#: Ports in NEXT_STEPS: the protected API (examples/api/app.py's default) and the decision worker, kept apart.
+_API_PORT = 9000
+_WORKER_PORT = 8000
+
+NEXT_STEPS = f"""
 Next steps
-  * Real Clef-flash weights (a local release directory, GPU recommended):
-      guard quickstart --backend local:/path/to/clef-flash
-      guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:8000 --backend local:/path/to/clef-flash
-  * A GPU worker shared by many gateways and agents:
-      guard worker serve --model /path/to/clef-flash --device cuda --port 8000
-      guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:9000 --backend http:http://127.0.0.1:8000
+  * Real Clef-flash weights (a local release directory; on a GPU, bfloat16 like the reference):
+      guard quickstart --backend local:/path/to/clef-flash --device cuda
+  * Your API (here the example one on :{_API_PORT}) behind the guard, Clef in the proxy's process:
+      python examples/api/app.py --port {_API_PORT}
+      guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:{_API_PORT} \\
+          --backend local:/path/to/clef-flash --device cuda
+  * A GPU worker on :{_WORKER_PORT} shared by many gateways and agents:
+      guard worker serve --model /path/to/clef-flash --device cuda --port {_WORKER_PORT}
+      guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:{_API_PORT} \\
+          --backend http://127.0.0.1:{_WORKER_PORT}
   * A shared Redis probability cache (replicas agree, single-flight across processes):
       guard quickstart --redis-url redis://127.0.0.1:6379/0
   * Write and test your own policy: docs/recipes.md; all docs: docs/concepts.md
@@ -140,6 +158,9 @@ async def run_quickstart(
 ) -> QuickstartResult:
     """Replay the quickstart traffic through the example API behind the guard, and the tool calls through the engine.
 
+    The backend is started first (:func:`~guard.backends.start_backend`: a ``LocalBackend`` warms up), so no row
+    pays for model warm-up.
+
     Args:
         backend: the decision backend (the embedded CPU model by default in the CLI).
         redis_url: a Redis for the probability cache; in-process cache when ``None``.
@@ -156,6 +177,7 @@ async def run_quickstart(
         record = json.loads(line)
         records[record["decision_id"]] = record
 
+    await start_backend(backend)
     log = DecisionLog(keep, include_input=False)  # the record carries each question's probabilities
     guard = Guard.from_files(policy_path(), backends=backend, redis_url=redis_url, decision_log=log)
     try:
@@ -197,8 +219,10 @@ async def run_quickstart(
                 what=_what(item, "tool"),
                 action=verdict.action,
                 rule=verdict.rule or "-",
-                probabilities={k: (a.noul if a.noul is not None else max(a.probabilities.values()))
-                               for k, a in verdict.answers.items()},
+                probabilities={
+                    k: (a.noul if a.noul is not None else max(a.probabilities.values()))
+                    for k, a in verdict.answers.items()
+                },
                 latency_ms=verdict.latency_ms,
             )
             result.rows.append(row)
@@ -235,4 +259,3 @@ def print_summary(result: QuickstartResult, out: TextIO) -> None:
         out.write(f"  {key:<13} {total:>3} items: {parts}\n")
     latency = summary["latency_ms"]
     out.write(f"  latency per decision: p50 {latency['p50']:.1f} ms, p95 {latency['p95']:.1f} ms\n")
-    out.write(TOOL_CALL_NOTE)

@@ -51,7 +51,6 @@ from guard.errors import (
 )
 from guard.systemone import SystemOneRequestV1, ValidationProfile
 from guard.worker import _http
-from guard.worker._selftest import run_self_test
 from guard.worker.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
 
 if TYPE_CHECKING:
@@ -143,14 +142,14 @@ class _Runtime:
         self.error: str | None = None
 
     async def boot(self) -> None:
-        """Load the backend (on a thread), start its batcher, run the self-test; set the phase accordingly."""
+        """Load the backend (on a thread) and start it (batcher and self-test, ``LocalBackend.start``); set the phase
+        accordingly."""
         try:
             source = self.source
             backend = source if not callable(source) else await asyncio.to_thread(source)
             self.backend = backend
             self._attach_metrics(backend)
             await backend.start()
-            await run_self_test(backend)
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             self.phase = WorkerPhase.FAILED

@@ -13,6 +13,7 @@ from guard.backends.local import LocalBackend
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from guard.systemone import SystemOneRequestV1, confidence
+from guard.worker._selftest import SELF_TEST_REQUEST
 from guard.worker.batcher import BatcherConfig, BatchInfo
 from tests.worker._requests import golden_case, long_body, ticket_body
 
@@ -73,10 +74,10 @@ async def test_lengths_far_apart_are_not_padded_together(clef_fp32: ClefModel) -
 
 async def test_schema_too_long_is_rejected_with_field_errors(clef_fp32: ClefModel) -> None:
     many = {f"q{i}": {"type": "noul", "instructions": f"Is statement {i} true?"} for i in range(12)}
-    async with LocalBackend(clef_fp32, max_length=300) as backend:
+    async with LocalBackend(clef_fp32, max_length=600) as backend:  # the self-test request fits in 600
         with pytest.raises(BackendRejected) as info:
             await backend.decide(request({"model": "m", "state": "s", "questions": many}))
-    assert info.value.status_code == 422 and "maximum is 300" in str(info.value)
+    assert info.value.status_code == 422 and "maximum is 600" in str(info.value)
     assert info.value.detail and info.value.detail[0]["field"]
 
 
@@ -145,3 +146,38 @@ async def test_from_pretrained_bf16_matches_the_bf16_fixture(golden_checkpoint: 
     want = case["response_bf16"]
     assert got["answers"]["seating"]["choice"] == want["answers"]["seating"]["choice"]
     assert got["answers"]["needs_access"]["noul"] == pytest.approx(want["answers"]["needs_access"]["noul"], abs=2e-3)
+
+
+async def test_start_warms_up_with_the_worker_self_test(clef_fp32: ClefModel) -> None:
+    infos: list[BatchInfo] = []
+    backend = LocalBackend(clef_fp32, on_batch=infos.append)
+    await asyncio.gather(backend.start(), backend.start())  # concurrent callers share one warm-up
+    self_test_tokens = len(clef_fp32.encode(SELF_TEST_REQUEST, max_length=backend.max_length).input_ids)
+    assert [(info.size, info.tokens) for info in infos] == [(1, self_test_tokens)]
+    await backend.start()  # idempotent: no second self-test
+    assert len(infos) == 1
+    async with backend:
+        await backend.decide(request(ticket_body(0)), timeout=30)
+    assert len(infos) == 2
+
+
+async def test_a_lazy_start_warms_up_before_the_first_request(clef_fp32: ClefModel) -> None:
+    infos: list[BatchInfo] = []
+    backend = LocalBackend(clef_fp32, on_batch=infos.append)
+    body = request(ticket_body(0))
+    await backend.decide(body)
+    await backend.aclose()
+    assert len(infos) == 2 and infos[1].tokens == len(clef_fp32.encode(body).input_ids)
+
+
+@pytest.mark.parametrize("max_length", [300, 480])
+async def test_a_failed_self_test_closes_the_backend_and_says_why(clef_fp32: ClefModel, max_length: int) -> None:
+    backend = LocalBackend(clef_fp32, max_length=max_length)  # the self-test's schema does not fit
+    with pytest.raises(BackendUnavailable, match=f"failed its startup self-test: .*maximum is {max_length}") as info:
+        await backend.start()
+    assert info.value.reason == "self_test_failed"
+    with pytest.raises(BackendUnavailable, match="is closed"):
+        await backend.decide(request(ticket_body(0)))
+    with pytest.raises(RuntimeError, match="is closed; create a new one"):
+        async with backend:
+            pass

@@ -132,3 +132,56 @@ def test_subprocess_bad_request_has_no_traceback(golden_checkpoint: Path) -> Non
     assert result.stderr.decode().strip() == (
         "guard decide: invalid request: questions.level.criteria: level: criteria must not be empty"
     )
+
+
+@pytest.mark.parametrize("stdin", [b"", b"  \n", b"\t\r\n"])
+def test_empty_stdin_says_so_once(stdin: bytes, golden_checkpoint: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code, body, err = _decide(["--model", str(golden_checkpoint)], capsys)
+    assert (code, body) == (2, None)
+    assert err == "guard decide: stdin is empty: expected one System One request (a JSON object)\n"
+
+
+def test_an_empty_file_is_named(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "empty.json"
+    path.write_bytes(b"")
+    code, _, err = _decide(["--model", str(golden_checkpoint), str(path)], capsys)
+    assert code == 2 and err == f"guard decide: {path} is empty: expected one System One request (a JSON object)\n"
+
+
+@pytest.mark.parametrize(
+    ("stdin", "expected"),
+    [
+        (
+            b"{",
+            "guard decide: stdin: invalid JSON: Expecting property name enclosed in double quotes at line 1 column 2",
+        ),
+        (b"not json", "guard decide: stdin: invalid JSON: Expecting value at line 1 column 1"),
+        (b'{"a": 1, "a": 2}', "guard decide: stdin: duplicate key 'a' in an object; each key may appear once"),
+        (b'{"a": Infinity}', "guard decide: stdin: the constant Infinity is not JSON; numbers must be finite"),
+    ],
+)
+def test_json_errors_are_named_once(stdin: bytes, expected: str, golden_checkpoint: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code, _, err = _decide(["--model", str(golden_checkpoint)], capsys)
+    assert code == 2 and err == expected + "\n"
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("gpu", "--device 'gpu': expected cpu, cuda or cuda:N"), ("cuda:x", "--device 'cuda:x': expected cpu")],
+)
+def test_a_bad_device_is_one_line(device: str, message: str, golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    request = _write(tmp_path, load_case("01-three-types")["request"])
+    code, _, err = _decide(["--model", str(golden_checkpoint), "--device", device, request], capsys)
+    assert code == 2 and err.startswith(f"guard decide: {message}") and err.count("\n") == 1
+
+
+def test_cuda_without_a_cuda_build_is_one_line(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch build has CUDA")
+    request = _write(tmp_path, load_case("01-three-types")["request"])
+    code, _, err = _decide(["--model", str(golden_checkpoint), "--device", "cuda", request], capsys)
+    assert code == 2 and "--device cuda: this torch build has no CUDA device" in err and err.count("\n") == 1
