@@ -93,7 +93,7 @@ def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None =
 def main() -> None:
     import uvicorn
 
-    from guard.cli._backend import add_backend_options, open_cli_backend
+    from guard.cli.backend_options import add_backend_options, open_cli_backend
     from guard.errors import GuardError
 
     parser = argparse.ArgumentParser(description="The guard example API.")

@@ -115,7 +115,7 @@ async def run(args: argparse.Namespace) -> None:
 
     from examples.api.app import create_app
     from guard.backends import start_backend
-    from guard.cli._backend import open_cli_backend
+    from guard.cli.backend_options import open_cli_backend
     from guard.engine import Guard
 
     if args.mode == "inprocess":
@@ -145,7 +145,7 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from guard.cli._backend import add_backend_options
+    from guard.cli.backend_options import add_backend_options
     from guard.errors import GuardError
 
     parser = argparse.ArgumentParser(description="Send the example traffic through the guard and print verdicts.")

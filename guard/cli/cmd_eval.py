@@ -21,7 +21,7 @@ import json
 import sys
 from typing import Any
 
-from guard.cli._backend import add_backend_options, check_device_options, open_cli_backend
+from guard.cli.backend_options import add_backend_options, check_device_options, open_cli_backend
 
 __all__ = ["open_eval_backend", "register"]
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from guard.cli._backend import add_backend_options, open_cli_backend
+from guard.cli.backend_options import add_backend_options, open_cli_backend
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
 
 __all__ = ["ProxyRuntime", "build", "register", "run"]
