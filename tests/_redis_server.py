@@ -67,7 +67,7 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
         )
         url = f"redis://127.0.0.1:{port}/0"
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not _ping(url):
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()

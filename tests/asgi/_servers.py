@@ -27,13 +27,17 @@ class _Server(uvicorn.Server):
 
 @contextmanager
 def serve_in_thread(app: ASGIApp, **config: Any) -> Iterator[str]:
-    """Run ``app`` under uvicorn on 127.0.0.1 (a free port) in a thread; yields the base URL ``http://host:port``."""
+    """Run ``app`` under uvicorn on 127.0.0.1 (a free port) in a thread; yields the base URL ``http://host:port``.
+
+    Startup (``lifespan="on"`` may load and warm up a model) gets up to 120 s on a loaded machine; a server that
+    fails to start is seen at once, when its thread ends.
+    """
     config.setdefault("lifespan", "off")
     cfg = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **config)
     server = _Server(cfg)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("uvicorn did not start")

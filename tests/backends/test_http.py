@@ -326,7 +326,7 @@ async def test_giving_up_on_a_busy_worker_drops_the_request_there(clef_fp32: Cle
             finally:
                 gated.gate.set()
             assert (await busy).status_code == 200
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while stats.expired + stats.cancelled == dropped and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert stats.expired + stats.cancelled == dropped + 1

@@ -147,10 +147,12 @@ async def _echo(request: Request) -> JSONResponse:
 
 
 @pytest.mark.anyio
-async def test_the_proxy_warms_a_local_backend_up_at_startup(golden_checkpoint: Path) -> None:
+async def test_the_proxy_warms_a_local_backend_up_at_startup(golden_checkpoint: Path, tmp_path: Path) -> None:
     upstream = Starlette(routes=[Route("/v1/messages", _echo, methods=["POST"])])
+    policy = tmp_path / "policies.yaml"  # the quickstart's, with room for a loaded machine (2 s -> 60 s)
+    policy.write_text(Path(POLICY).read_text(encoding="utf-8").replace("timeout_ms: 2000", "timeout_ms: 60000"))
     with serve_in_thread(upstream) as url:
-        argv = ["proxy", "--policy", POLICY, "--upstream", url, "--listen", f"127.0.0.1:{_free_port()}",
+        argv = ["proxy", "--policy", str(policy), "--upstream", url, "--listen", f"127.0.0.1:{_free_port()}",
                 "--backend", f"local:{golden_checkpoint}", "--dtype", "float32"]  # fmt: skip
         runtime = build(build_parser().parse_args(argv))
         backend = runtime.app.guard.backends["default"]

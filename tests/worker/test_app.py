@@ -54,7 +54,7 @@ def worker(clef_fp32: ClefModel) -> Iterator[RunningWorker]:
 async def hold_inference_thread(worker: RunningWorker, client: httpx.AsyncClient) -> asyncio.Future[httpx.Response]:
     """Send a long request and return once it is computing, so that what follows has to queue behind it."""
     busy = asyncio.ensure_future(client.post("/v1/systemone", json=long_body()))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while worker.batcher.in_flight == 0:
         assert time.monotonic() < deadline and not busy.done(), "the long request never started computing"
         await asyncio.sleep(0.002)
