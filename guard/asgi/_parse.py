@@ -64,10 +64,14 @@ def _json(body: bytes, params: dict[str, str], limits: BodyLimits) -> Any:
     try:
         return loads(body, max_depth=limits.max_json_depth, duplicate_keys=limits.duplicate_keys)
     except InvalidJson as exc:
-        field = "body" if exc.path == "$" else "body" + exc.path[1:]
-        raise BodyError(
-            400, f"invalid_json_{exc.reason}" if exc.reason != "syntax" else "invalid_json", str(exc), field=field
-        ) from exc
+        raise _json_error(exc) from exc
+
+
+def _json_error(exc: InvalidJson) -> BodyError:
+    """The 400 for a body that breaks the strict JSON rules, naming the offending value's path."""
+    field = "body" if exc.path == "$" else "body" + exc.path[1:]
+    code = f"invalid_json_{exc.reason}" if exc.reason != "syntax" else "invalid_json"
+    return BodyError(400, code, str(exc), field=field)
 
 
 def _urlencoded(body: bytes, params: dict[str, str], limits: BodyLimits) -> dict[str, list[str]]:
@@ -123,7 +127,9 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
     elif media == "multipart/form-data":
         fields = parse_multipart(body, params, limits)
         return fields, "\n".join(_form_strings(fields))
-    elif is_textual(media) or (not media and _is_utf8(body)):
+    elif not media and _is_utf8(body):
+        return _untyped(body, limits)
+    elif is_textual(media):
         text = _text(body, media, params)
         return text, text
     elif limits.opaque_media == "metadata":
@@ -136,6 +142,22 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
             "a form or text, or set opaque_media='metadata'",
             field="content-type",
         )
+    return value, "\n".join(body_strings(value))
+
+
+def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
+    """A UTF-8 body without a ``Content-Type``: JSON when it parses as JSON, else text.
+
+    FastAPI parses an untyped body as JSON, so one that is JSON is judged as JSON (its ``\\u`` escapes decoded,
+    its duplicate keys refused, like a typed one); anything that is not even JSON syntax is judged as the text it is.
+    """
+    try:
+        value = loads(body, max_depth=limits.max_json_depth, duplicate_keys=limits.duplicate_keys)
+    except InvalidJson as exc:
+        if exc.reason == "syntax":
+            text = body.decode("utf-8")
+            return text, text
+        raise _json_error(exc) from exc
     return value, "\n".join(body_strings(value))
 
 

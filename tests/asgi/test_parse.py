@@ -286,3 +286,22 @@ def test_parse_units() -> None:
         BodyLimits(max_body_bytes=10, max_decoded_bytes=5)
     with pytest.raises(ValueError, match="duplicate_keys"):
         BodyLimits(duplicate_keys="last")  # type: ignore[arg-type]
+
+
+# An untyped body: judged as JSON when it is JSON ------------------------------------------------------------------
+
+ESCAPED = '{"prompt": "' + "".join(f"\\u{ord(c):04x}" for c in ATTACK) + '"}'  # every character a \u escape
+
+
+async def test_an_untyped_json_body_is_judged_as_json(make_guard: GuardFactory) -> None:
+    """Many apps parse a body without Content-Type as JSON (Flask's ``get_json(force=True)``, older FastAPI releases,
+    Express with a catch-all parser), and a model reading the raw bytes decodes ``\\u`` escapes anyway: such a body is
+    judged on its decoded strings, with the JSON rules (duplicate keys refused); one that is not JSON at all is
+    judged as the text it is."""
+    assert json.loads(ESCAPED) == {"prompt": ATTACK} and "Ignore" not in ESCAPED
+    guarded = await _post(make_guard(), ESCAPED.encode(), {})
+    assert guarded.status_code == 403  # judged on the decoded text, not on the escapes
+    duplicate = await _post(make_guard(), DUPLICATES[0].encode(), {})
+    assert duplicate.status_code == 400 and duplicate.json()["code"] == "invalid_json_duplicate_key"
+    plain = await _post(make_guard(), b"{not json, just text: " + ATTACK.encode(), {})
+    assert plain.status_code == 403
