@@ -355,7 +355,7 @@ def _validate_images(raw: Any, strict: bool, errors: list[FieldError]) -> list[A
     for i, image in enumerate(raw):
         where = f"images[{i}]"
         if isinstance(image, str):
-            if not image[:5].lower() == "data:":
+            if image[:5].lower() != "data:":
                 errors.append(FieldError(where, "must be a data: URL; remote URLs are never fetched"))
         elif isinstance(image, Mapping):
             if image.get("content_type") not in IMAGE_CONTENT_TYPES:

@@ -19,24 +19,28 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode
 
 from guard import __version__
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.verdict import Verdict
 
-__all__ = ["DEFAULT_REDACT", "SPAN_ATTRIBUTES", "SPAN_NAME", "DecisionLog", "Telemetry"]
+__all__ = ["DEFAULT_REDACT", "SPAN_ATTRIBUTES", "SPAN_NAME", "TRACING_RECHECK_S", "DecisionLog", "Telemetry"]
 
 logger = logging.getLogger("guard.telemetry")
 
 SPAN_NAME = "guard.decision"
+#: Seconds between two reads of the global tracer provider while none that records is configured.
+TRACING_RECHECK_S = 1.0
 #: Attribute names set on every decision span (absent values are omitted, not set to empty).
 SPAN_ATTRIBUTES = (
     "guard.decision_id",
@@ -75,7 +79,10 @@ class Telemetry:
     """
 
     def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        self.tracer_provider = tracer_provider
         self.tracer = trace.get_tracer("guard", __version__, tracer_provider=tracer_provider)
+        self._tracing = False
+        self._tracing_checked = -math.inf
         meter = metrics.get_meter("guard", __version__, meter_provider=meter_provider)
         self.decisions = meter.create_counter(
             "guard.decisions", unit="{decision}", description="Decisions by policy, action, rule and fail mode."
@@ -92,13 +99,40 @@ class Telemetry:
             "guard.decision.latency", unit="ms", description="Wall time of one evaluation."
         )
 
-    @contextmanager
-    def span(self, subject: Subject) -> Iterator[Span]:
+    @property
+    def tracing(self) -> bool:
+        """Whether spans can record: the tracer provider (this one's, else the global one) is not OpenTelemetry's
+        no-op or not-yet-configured proxy provider.
+
+        A global provider set after this object was made is seen within :data:`TRACING_RECHECK_S` seconds (reading
+        the global provider costs about a third of a cached decision, so it is not read on every call); once a
+        recording provider is seen the answer stays ``True`` (OpenTelemetry sets the global provider only once).
+        """
+        if self._tracing:
+            return True
+        now = time.monotonic()
+        if now >= self._tracing_checked + TRACING_RECHECK_S:
+            provider = self.tracer_provider if self.tracer_provider is not None else trace.get_tracer_provider()
+            self._tracing = not isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider))
+            self._tracing_checked = now
+        return self._tracing
+
+    def span(self, subject: Subject) -> AbstractContextManager[Span]:
         """The decision span, current for the duration (backend client spans nest under it).
 
-        Attributes are built only when the span records: with no OpenTelemetry SDK configured the span is a cheap
-        non-recording one and the hot path skips that work.
+        Attributes are built only when the span records. With no tracer provider configured no span is started at
+        all (starting OpenTelemetry's no-op span and making it current costs about as much as the rest of a cache
+        hit): the context manager yields the non-recording current span, which is what the no-op tracer would have
+        made current, and leaves the context as it is. A recording span of someone else's provider is never
+        yielded; its context is wrapped in a :class:`~opentelemetry.trace.NonRecordingSpan`.
         """
+        if not self.tracing:
+            current = trace.get_current_span()
+            return nullcontext(current if not current.is_recording() else NonRecordingSpan(current.get_span_context()))
+        return self._recording_span(subject)
+
+    @contextmanager
+    def _recording_span(self, subject: Subject) -> Iterator[Span]:
         with self.tracer.start_as_current_span(SPAN_NAME, record_exception=False) as span:
             if span.is_recording():
                 attributes: dict[str, Any] = {"guard.subject.kind": subject.kind}

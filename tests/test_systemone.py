@@ -110,7 +110,11 @@ def test_reference_profile_accepts_what_the_reference_accepts() -> None:
         SystemOneRequestV1.from_json(body)
 
 
-_VALIDATION_ERRORS = [c for c in json.load(open(CASES / "errors.json")) if "schema requires" not in c["error"]["message"]]
+_VALIDATION_ERRORS = [
+    c
+    for c in json.loads((CASES / "errors.json").read_text(encoding="utf-8"))
+    if "schema requires" not in c["error"]["message"]
+]
 
 
 @pytest.mark.parametrize("case", _VALIDATION_ERRORS, ids=lambda c: c["name"])

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import NoOpTracerProvider, StatusCode
 
 from guard.engine import Guard
 from guard.errors import BackendUnavailable
@@ -100,6 +104,63 @@ async def test_one_span_per_decision_with_stable_attributes(otel: Any) -> None:
     decisions = counters(reader)["guard.decisions"]
     by_action = {(a["guard.policy.id"], a["guard.action"], a["guard.rule"]): v for a, v in decisions}
     assert by_action == {("api", "block", "injection"): 1, ("api", "allow", "default"): 2, ("", "allow", ""): 1}
+
+
+@pytest.mark.anyio
+async def test_without_a_tracer_provider_no_span_is_started_and_a_foreign_span_is_left_alone() -> None:
+    # No provider configured (the global proxy, as in this test process) or an explicit no-op one: nothing records.
+    assert Telemetry().tracing is False and Telemetry(tracer_provider=NoOpTracerProvider()).tracing is False
+    assert Telemetry(tracer_provider=TracerProvider()).tracing is True
+    # A recording span of another provider is current: guard's decision writes nothing on it, the context is left
+    # as it was, and the decision log still names that trace (as OpenTelemetry's no-op tracer would make it).
+    exporter = InMemorySpanExporter()
+    foreign = TracerProvider()
+    foreign.add_span_processor(SimpleSpanProcessor(exporter))
+    lines: list[str] = []
+    guard = guard_for(Telemetry(), ScriptedBackend(by_prompt), log=DecisionLog(lines.append))
+    with foreign.get_tracer("app").start_as_current_span("request") as outer:
+        verdict = await guard.aevaluate(post("ignore it"))
+        assert trace.get_current_span() is outer
+    assert verdict.action == "block"
+    (finished,) = exporter.get_finished_spans()
+    assert finished.name == "request" and not any(k.startswith("guard.") for k in finished.attributes)
+    record = json.loads(lines[0])
+    assert record["trace_id"] == format(outer.get_span_context().trace_id, "032x")
+    assert record["span_id"] == format(outer.get_span_context().span_id, "016x")
+    foreign.shutdown()
+
+
+def test_a_global_tracer_provider_set_after_the_guard_was_built_records_spans_within_the_recheck_interval() -> None:
+    # The global provider can be set once per process, so this runs in a fresh interpreter.
+    code = textwrap.dedent(
+        """
+        import asyncio
+        import time
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from tests._backends import ScriptedBackend
+        from guard.telemetry import TRACING_RECHECK_S
+        from tests.test_telemetry import Telemetry, by_prompt, guard_for, post
+
+        guard = guard_for(Telemetry(), ScriptedBackend(by_prompt))
+        subject = post("hello")
+        before = asyncio.run(guard.aevaluate(subject))
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        time.sleep(TRACING_RECHECK_S + 0.1)
+        after = asyncio.run(guard.aevaluate(subject))
+        spans = exporter.get_finished_spans()
+        assert [s.attributes["guard.decision_id"] for s in spans] == [after.decision_id], spans
+        print("ok", before.action, after.action)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok allow allow"
 
 
 @pytest.mark.anyio
