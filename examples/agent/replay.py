@@ -120,7 +120,9 @@ def replay(guard: Guard, records: list[dict[str, Any]], *, suite: str, limit: in
     print(
         f"\nwanted calls that ran: {totals['wanted_ran']}/{totals['wanted_calls']}; attacker calls stopped: "
         f"{totals['attacker_stopped']}/{totals['attacker_calls']}; tool outputs withheld: {totals['outputs_withheld']}; "
-        f"reviewer decisions: {totals['approvals']}",
+        f"reviewer decisions: {totals['approvals']}\n(stopped = blocked by the guard, or escalated by it and then "
+        "rejected by this script's reviewer, which knows the scripted attacks: with a weak model the guard escalates, "
+        "and the human decides)",
         file=out,
     )
     return totals

@@ -30,7 +30,7 @@ __all__ = [
     "start_backend",
 ]
 
-BACKEND_SPECS = "compact, compact:DIR, local:CHECKPOINT_DIR, http:URL or a bare http(s)://URL"
+BACKEND_SPECS = "compact, compact:DIR, local:CHECKPOINT_DIR, http:URL, a bare http(s)://URL or unix:SOCKET"
 
 
 def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> DecisionBackend:
@@ -39,7 +39,8 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> Decisi
     Args:
         spec: ``compact`` (the shipped CPU model), ``compact:DIR`` (a checkpoint from ``guard train``),
             ``local:DIR`` (a Clef release directory, in process), or a System One server such as
-            ``guard worker serve``: ``http:URL`` or the URL itself (``http://...`` / ``https://...``).
+            ``guard worker serve``: ``http:URL`` or the URL itself (``http://...`` / ``https://...``), or
+            ``unix:SOCKET`` for a worker on a Unix socket (``guard worker serve --uds SOCKET``).
         dtype: torch dtype for ``local:``; ``None`` is :meth:`LocalBackend.from_pretrained`'s default (bfloat16).
             The CLI passes ``--dtype`` (``auto``: bfloat16 on CUDA, float32 on CPU).
         device: ``cpu``, ``cuda`` or ``cuda:N`` for ``local:``.
@@ -55,6 +56,8 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> Decisi
         return LocalBackend.from_pretrained(arg, dtype=dtype, device=device)
     if kind == "http" and arg:
         return SystemOneClient(arg)
+    if kind == "unix" and arg:
+        return SystemOneClient.worker(uds=arg)
     if kind == "compact":
         from guard.backends.compact import CompactBackend
 

@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_KEEPALIVE",
     "JEV_URL",
+    "MODEL_REVISION_HEADER",
     "OPENROUTER_URL",
     "PROVIDERS",
     "RETRY_STATUSES",
@@ -45,6 +46,8 @@ OPENROUTER_URL = "https://openrouter.ai/api/alpha/decisions"
 SYSTEMONE_PATH = "/v1/systemone"
 #: Header telling our worker how long we will wait (milliseconds).
 TIMEOUT_HEADER = "x-request-timeout-ms"
+#: Response header in which our worker names the checkpoint revision that answered.
+MODEL_REVISION_HEADER = "x-guard-model-revision"
 #: Statuses worth retrying: request timeout, too many requests, and every 5xx.
 RETRY_STATUSES = frozenset({408, 429})
 DEFAULT_MAX_CONNECTIONS = 100

@@ -6,11 +6,25 @@ the cache and the enforcement points never know which model answers.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
 
-__all__ = ["DecisionBackend"]
+__all__ = ["DecisionBackend", "require_request"]
+
+
+def require_request(request: Any, backend: str) -> SystemOneRequestV1:
+    """``request`` itself when it is a :class:`~guard.systemone.SystemOneRequestV1`.
+
+    Raises:
+        TypeError: for anything else (a parsed JSON body included), naming the backend and how to build a request.
+    """
+    if isinstance(request, SystemOneRequestV1):
+        return request
+    raise TypeError(
+        f"{backend}: decide() takes a SystemOneRequestV1, not {type(request).__name__}; "
+        "build one from a JSON body with SystemOneRequestV1.from_json(body)"
+    )
 
 
 @runtime_checkable

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from guard.backends.base import require_request
 from guard.compact.catalog import catalog_ids
 from guard.errors import BackendTimeout, UnsupportedQuestion
 from guard.systemone import ConfidenceProfile, QuestionV1, SystemOneRequestV1, SystemOneResponseV1
@@ -217,7 +218,9 @@ class CompactBackend:
             UnsupportedQuestion: a question outside what the loaded models were trained for.
             BackendTimeout: no answer within ``timeout`` seconds; a request still waiting for its turn at its
                 deadline is never computed.
+            TypeError: ``request`` is not a :class:`~guard.systemone.SystemOneRequestV1`.
         """
+        request = require_request(request, self.name)
         self.check(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:

@@ -38,6 +38,7 @@ from guard.backends._providers import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_KEEPALIVE,
     JEV_URL,
+    MODEL_REVISION_HEADER,
     OPENROUTER_URL,
     PROVIDERS,
     RETRY_STATUSES,
@@ -51,6 +52,7 @@ from guard.backends._providers import (
     parse_retry_after,
     snippet,
 )
+from guard.backends.base import require_request
 from guard.errors import (
     BackendError,
     BackendRejected,
@@ -74,6 +76,9 @@ __all__ = [
     "parse_retry_after",
 ]
 
+#: Longest ``x-guard-model-revision`` value taken into cache keys (longer or unprintable values are ignored).
+MAX_REVISION_CHARS = 200
+
 
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, BackendUnavailable) and exc.reason != "closed"
@@ -92,7 +97,10 @@ class SystemOneClient:
         uds: path of a Unix socket to connect through (the URL's host is then only a label).
         headers: extra request headers.
         name: backend name for errors and verdicts (``http:<provider>`` by default).
-        model_revision: identity of the remote weights for cache keys (``<provider>:<model or url>`` by default).
+        model_revision: identity of the remote weights for cache keys, used as given. By default it is
+            ``<provider>:<model or url>`` (plus ``@<uds>`` on a Unix socket) and, once the server has named the
+            checkpoint that answered in ``x-guard-model-revision`` (guard's worker does on every answer),
+            ``...#<that revision>``: see :attr:`model_revision`.
         verify: TLS verification (``False`` or a CA bundle path for private endpoints).
         max_connections: pool size.
 
@@ -131,7 +139,9 @@ class SystemOneClient:
         self.timeout = float(timeout)
         self.retry = retry if retry is not None else RetryConfig()
         self.name = name or f"http:{provider}"
-        self._model_revision = model_revision or f"{provider}:{model or url}"
+        self._fixed_revision = model_revision
+        self._base_revision = f"{provider}:{model or url}" + (f"@{uds}" if uds else "")
+        self._reported_revision: str | None = None
         self._headers = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
@@ -177,7 +187,19 @@ class SystemOneClient:
 
     @property
     def model_revision(self) -> str:
-        return self._model_revision
+        """Identity of the remote weights, part of every cache key (the engine rebuilds its plan when it changes).
+
+        The ``model_revision`` argument when one was given. Otherwise ``<provider>:<model or url>[@<uds>]``, followed
+        by ``#<revision>`` once a successful answer carried ``x-guard-model-revision``: from then on a shared Redis
+        keeps the answers of different checkpoints behind the same address apart. A checkpoint swapped behind the
+        address is seen on the next answer the server sends (a cache miss); answers cached before stay until their
+        TTL, as with any cache.
+        """
+        if self._fixed_revision is not None:
+            return self._fixed_revision
+        if self._reported_revision is None:
+            return self._base_revision
+        return f"{self._base_revision}#{self._reported_revision}"
 
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent."""
@@ -207,7 +229,9 @@ class SystemOneClient:
             MalformedAnswer: a 2xx body that is not JSON, is truncated, misses an answer, has a non-finite number, or
                 probabilities not summing to 1 within the provider's rounding.
             RuntimeError: the client was closed.
+            TypeError: ``request`` is not a :class:`~guard.systemone.SystemOneRequestV1`.
         """
+        request = require_request(request, self.name)
         if self._closed:
             raise RuntimeError(f"Cannot send a request with {self!r}: it has been closed.")
         budget = self.timeout if timeout is None else timeout
@@ -278,6 +302,9 @@ class SystemOneClient:
         status = response.status_code
         if not 200 <= status < 300:
             raise self._status_error(response)
+        reported = response.headers.get(MODEL_REVISION_HEADER)
+        if reported and len(reported) <= MAX_REVISION_CHARS and reported.isprintable():
+            self._reported_revision = reported
         try:
             body = loads(response.content)
         except InvalidJson as exc:

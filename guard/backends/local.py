@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from guard.backends.base import require_request
 from guard.errors import (
     BackendRejected,
     BackendTimeout,
@@ -212,7 +213,9 @@ class LocalBackend:
                 closed (``reason="closed"``), or the forward pass failed (``reason="inference_failed"``).
             MalformedAnswer: the model produced a non-finite probability.
             RuntimeError: called from another event loop than the one the backend started on.
+            TypeError: ``request`` is not a :class:`~guard.systemone.SystemOneRequestV1`.
         """
+        request = require_request(request, self.name)
         started = time.monotonic()
         if self.batcher.state is BatcherState.UNOPENED:
             await self.start()

@@ -35,7 +35,8 @@ DTYPES = ("auto", "float32", "bfloat16")
 DEFAULT_DEVICE = "cpu"
 BACKEND_HELP = (
     "decision backend: compact (the embedded CPU model), compact:DIR, local:CHECKPOINT_DIR (Clef in process) or "
-    "http:URL / a bare http(s)://URL (a System One server such as guard worker serve)"
+    "http:URL / a bare http(s)://URL (a System One server such as guard worker serve) or unix:SOCKET (a guard worker "
+    "on a Unix socket)"
 )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import sys
 from typing import Any
@@ -134,4 +135,17 @@ def run(args: argparse.Namespace) -> int:
             handle.write(body + "\n")
     else:
         print(body)
-    return 0
+    if report.refused:
+        _print_refusals(report.errors, report.refused, report.records)
+    return 1 if report.records and report.refused == report.records else 0
+
+
+def _print_refusals(errors: list[str], refused: int, records: int) -> None:
+    """The distinct reasons records were refused (``record_id: reason`` lines), most frequent first, on stderr."""
+    reasons = collections.Counter(error.split(": ", 1)[-1] for error in errors)
+    what = "every record" if refused == records else f"{refused} of {records} records"
+    print(f"guard eval: the backend refused {what} (not scored):", file=sys.stderr)
+    for reason, count in reasons.most_common(3):
+        print(f"  {count} x {reason[:500]}", file=sys.stderr)
+    if len(reasons) > 3:
+        print(f"  ... and {len(reasons) - 3} other reasons (the JSON report lists each record)", file=sys.stderr)

@@ -50,7 +50,12 @@ def register(subparsers: Any) -> None:
     explain.add_argument("file", metavar="FILE")
     explain.add_argument("--input", required=True, metavar="SUBJECT.json", help='{"http": {...}} or {"agent": {...}}')
     source = explain.add_mutually_exclusive_group()
-    source.add_argument("--answers", metavar="ANSWERS.json", help="question key -> answer spec, instead of a model")
+    source.add_argument(
+        "--answers",
+        metavar="ANSWERS.json",
+        help="question key -> answer spec, instead of a model (with neither --answers nor --backend every question "
+        "gets uniform probabilities, which shows the rules but decides nothing)",
+    )
     add_backend_options(explain, default=None, group=source)
     _add_timeout_option(explain)
     explain.add_argument("--json", action="store_true", help="print one JSON object")
@@ -127,6 +132,13 @@ def _read_json(path: str) -> Any:
     return loads(Path(path).read_bytes())
 
 
+UNIFORM_NOTE = (
+    "guard policy explain: no --answers or --backend given: every question is answered with uniform probabilities "
+    "(noul 0.5, each of n options 1/n), so the verdict below only shows how the rules read; pass --answers FILE or "
+    "--backend SPEC for real answers"
+)
+
+
 def run_explain(args: argparse.Namespace) -> int:
     from guard.policy.explain import explain
 
@@ -137,6 +149,8 @@ def run_explain(args: argparse.Namespace) -> int:
         subject_data = _read_json(args.input)
         answers = _read_json(args.answers) if args.answers else None
         factory: Callable[[], Any] | None = (lambda: open_cli_backend(args)) if args.backend else None
+        if answers is None and factory is None:
+            print(UNIFORM_NOTE, file=sys.stderr)
         report = asyncio.run(
             explain(args.file, subject_data, answers=answers, backend_factory=factory, timeout_s=timeout_s)
         )

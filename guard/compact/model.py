@@ -94,8 +94,9 @@ class ModelQuestion:
         if question.type != self.type:
             return f"its type is {question.type!r} but the model answers it as {self.type!r}"
         if self.labels:
-            if sorted(question.option_ids()) != list(self.labels):
-                return f"its options must be exactly the trained labels {list(self.labels)}"
+            asked, trained = set(question.option_ids()), set(self.labels)
+            if asked != trained:
+                return _label_mismatch(sorted(asked - trained), sorted(trained - asked), len(trained))
             if not accept_paraphrases and question.instructions not in (None, "", self.id, self.instructions):
                 return "its instructions differ from the trained wording"
             return None
@@ -346,3 +347,18 @@ class CompactModel:
         head.load_state_dict(state, strict=True)
         return cls(encoder, head.float(), questions, kind=kind, meta=body.get("meta"),
                    memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)))
+
+
+def _label_mismatch(untrained: list[str], missing: list[str], trained: int) -> str:
+    """Why a router question's options are not its trained labels, naming the differences (at most 10 of each)."""
+
+    def some(names: list[str]) -> str:
+        shown = ", ".join(repr(n) for n in names[:10])
+        return shown + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+
+    parts = []
+    if untrained:
+        parts.append(f"{len(untrained)} option(s) it was not trained on ({some(untrained)})")
+    if missing:
+        parts.append(f"{len(missing)} trained label(s) missing ({some(missing)})")
+    return f"its options must be exactly the {trained} trained labels: {'; '.join(parts)}"

@@ -12,6 +12,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Receive
 
+from guard.backends._providers import MODEL_REVISION_HEADER, TIMEOUT_HEADER
 from guard.errors import BodyError
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "INVALID_JSON",
     "INVALID_REQUEST",
     "MALFORMED_ANSWER",
+    "MODEL_REVISION_HEADER",
     "NOT_FOUND",
     "NOT_READY",
     "OVERLOADED",
@@ -48,8 +50,6 @@ MALFORMED_ANSWER = "malformed_answer"
 NOT_FOUND = "not_found"
 INTERNAL_ERROR = "internal_error"
 
-#: Request header carrying the caller's deadline in milliseconds (queue + compute).
-TIMEOUT_HEADER = "x-request-timeout-ms"
 
 
 class ClientGone(Exception):

@@ -252,7 +252,7 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     except MalformedAnswer as exc:
         logger.error("model produced a malformed answer: %s", exc)
         return _http.error_response(500, _http.MALFORMED_ANSWER, str(exc)), "error"
-    headers = {"x-guard-model-revision": backend.model_revision}
+    headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}
     return JSONResponse(answer.to_json(), headers=headers), "ok"
 
 

@@ -60,6 +60,13 @@ async def test_question_outside_the_catalog_is_refused(backend: CompactBackend) 
         await backend.decide(reworded)
 
 
+@pytest.mark.anyio
+async def test_a_parsed_json_body_is_refused_with_a_type_error(backend: CompactBackend) -> None:
+    body = _request("hello", "guard.prompt_injection").to_json()
+    with pytest.raises(TypeError, match=r"compact: decide\(\) takes a SystemOneRequestV1, not dict"):
+        await backend.decide(body)  # type: ignore[arg-type]
+
+
 def test_unsupported_reports_questions_at_load_time(backend: CompactBackend) -> None:
     assert backend.unsupported(
         [

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from guard.backends import open_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.http import PROVIDERS, RetryConfig, SystemOneClient, parse_retry_after
 from guard.backends.local import LocalBackend
@@ -273,10 +274,32 @@ async def test_worker_answers_match_the_in_process_backend(worker: RunningWorker
 
 async def test_worker_over_a_unix_socket(clef_fp32: ClefModel, tmp_path: Path) -> None:
     sock = str(tmp_path / "w.sock")
-    with serve_worker(LocalBackend(clef_fp32), uds=sock):
-        async with SystemOneClient.worker(uds=sock, timeout=60) as client:
+    with serve_worker(LocalBackend(clef_fp32), uds=sock) as running:
+        async with open_backend(f"unix:{sock}") as client:  # what --backend unix:SOCKET opens
+            before = client.model_revision
             response = await client.decide(SystemOneRequestV1.from_json(ticket_body(3)))
+            after = client.model_revision
     assert set(response.answers) == {"churn_risk", "urgency"}
+    # Two sockets are two workers: the socket is part of the revision, then the checkpoint the worker reports.
+    assert before == f"worker:http://127.0.0.1:8000/v1/systemone@{sock}"
+    assert after == f"{before}#{running.backend.model_revision}"
+
+
+async def test_the_revision_in_cache_keys_follows_the_checkpoint_the_worker_reports(worker: RunningWorker) -> None:
+    request = SystemOneRequestV1.from_json(ticket_body(1))
+    async with SystemOneClient.worker(worker.url, timeout=60) as client:
+        assert client.model_revision == f"worker:{worker.url}/v1/systemone"
+        await client.decide(request)
+        assert client.model_revision == f"worker:{worker.url}/v1/systemone#{worker.backend.model_revision}"
+    async with SystemOneClient.worker(worker.url, timeout=60, model_revision="pinned-7") as pinned:
+        await pinned.decide(request)
+        assert pinned.model_revision == "pinned-7"  # an explicit revision is used as given
+
+
+async def test_a_parsed_json_body_is_refused_with_a_type_error_naming_the_fix(worker: RunningWorker) -> None:
+    async with SystemOneClient.worker(worker.url, timeout=60) as client:
+        with pytest.raises(TypeError, match=r"takes a SystemOneRequestV1, not dict.*from_json"):
+            await client.decide(ticket_body(1))  # type: ignore[arg-type]
 
 
 async def test_worker_refusal_carries_the_field_errors(worker: RunningWorker) -> None:

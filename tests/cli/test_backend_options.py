@@ -107,6 +107,12 @@ def test_a_bare_url_is_the_http_backend(spec: str, url: str) -> None:
     assert isinstance(backend, SystemOneClient) and backend.url == url
 
 
+def test_a_unix_spec_is_a_worker_on_that_socket() -> None:
+    backend = open_backend("unix:/run/guard/worker.sock")
+    assert isinstance(backend, SystemOneClient) and backend.provider.name == "worker"
+    assert backend.model_revision == "worker:http://127.0.0.1:8000/v1/systemone@/run/guard/worker.sock"
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -115,6 +121,7 @@ def test_a_bare_url_is_the_http_backend(spec: str, url: str) -> None:
         ("ftp://host", r"--backend 'ftp://host': expected compact, compact:DIR, local:CHECKPOINT_DIR, http:URL"),
         ("http:ftp://host", "url must be an http:// or https:// URL"),
         ("local:", "expected compact"),
+        ("unix:", "expected compact.*or unix:SOCKET"),
         ("clef", "expected compact"),
     ],
 )

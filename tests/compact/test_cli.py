@@ -37,6 +37,16 @@ def test_train_then_eval_a_router(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert metrics["n"] == 8 and 0.0 <= metrics["accuracy"] <= 1.0 and "macro_f1" in metrics
     assert set(report["latency_ms"]) == {"p50_ms", "p95_ms", "p99_ms"}
 
+    # An eval file whose labels differ from the trained ones: every record is refused, the exit code says so, and
+    # the reason names the differing labels once instead of listing every trained one per record.
+    other = write_jsonl(tmp_path / "other.jsonl", [*rows, {"utt": "where is my parcel", "intent": "shipping"}])
+    code = main(["eval", str(other), "--backend", f"compact:{out}", "--text-field", "utt", "--label-field", "intent",
+                 "--question-id", "support.queue", "--json", str(report_path), "--no-progress"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "the backend refused every record (not scored)" in err
+    assert "9 x " in err and "1 option(s) it was not trained on ('shipping')" in err and err.count("\n") == 2
+
 
 def test_train_catalog_records_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = write_jsonl(tmp_path / "t.jsonl", injection_records())

@@ -239,3 +239,20 @@ def test_failures_name_the_test_file_line_and_case(tmp_path: Path, capsys: pytes
         assert f"PASS {tests}:3: a greeting is allowed" in out
         assert err.splitlines()[0] == f"FAIL {tests}:7: wrong on purpose"
         assert f"{policy}:" not in err
+
+
+def test_explain_without_answers_or_a_backend_says_the_answers_are_uniform(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["policy", "explain", str(POLICIES / "api_abuse.yaml"), "--input", _subject(tmp_path, HTTP_SUBJECT), "--json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "no --answers or --backend given: every question is answered with uniform probabilities" in captured.err
+    report = json.loads(captured.out)
+    assert {name: answer["noul"] for name, answer in report["answers"].items()} == {
+        "injection": 0.5, "harmful": 0.5, "spam": 0.5,
+    }
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"injection": 0.1, "harmful": 0.1, "spam": 0.1}))
+    assert main([*args, "--answers", str(answers)]) == 0
+    assert "uniform" not in capsys.readouterr().err
