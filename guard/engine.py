@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
@@ -30,15 +29,16 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from guard._answers import copy_answer
+from guard._frozen import frozen_builder
 from guard._plan import Plan
 from guard.backends.base import DecisionBackend
-from guard.cache import CacheConfig, Lookup, MemoryCache, ProbabilityCache, RedisCache
+from guard.cache import CacheConfig, CachedAnswers, Lookup, MemoryCache, ProbabilityCache, RedisCache
 from guard.errors import BackendError, GuardError, Overloaded, PolicyError, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy, PolicySet, load_files
 from guard.policy.rules import RuleError
 from guard.subject import Subject
 from guard.telemetry import DecisionLog, Telemetry
-from guard.verdict import Verdict
+from guard.verdict import Verdict, new_decision_id
 
 __all__ = ["DEFAULT_BACKEND", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]
 
@@ -57,6 +57,8 @@ STATE_TOO_LONG_MESSAGE = "Too long to check: {field} has {length} characters; th
 MAX_PLANS = 256
 
 T = TypeVar("T")
+
+_verdict = frozen_builder(Verdict)  # one per decision: see guard/_frozen.py
 
 
 class _Portal:
@@ -217,7 +219,7 @@ class Guard:
             The :class:`Verdict`; ``allow`` with ``policy_id=None`` (and no model call) when no policy matches.
         """
         started = time.perf_counter()
-        decision_id = _decision_id()
+        decision_id = new_decision_id()
         if policy is None:
             policy = self.policies.match(subject)
         with self.telemetry.span(subject) as span:
@@ -235,8 +237,6 @@ class Guard:
         self, policy: Policy, subject: Subject, decision_id: str, started: float
     ) -> tuple[Verdict, Lookup | None]:
         backend = self.backend_for(policy)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + policy.timeout
         state: Any = None
         flags: dict[str, Any] = {}
         lookup: Lookup | None = None
@@ -249,15 +249,7 @@ class Guard:
             if cached is not None:
                 lookup = "hit"
             else:
-                request = policy.build_request(state)
-
-                async def compute() -> Any:
-                    return await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
-
-                async with asyncio.timeout(policy.timeout):
-                    cached, lookup = await self.cache.fetch(
-                        key, request, compute, ttl=policy.cache_ttl, wait=policy.timeout
-                    )
+                cached, lookup = await self._fetch(policy, backend, state, key)
             response = cached.response
             dropped = getattr(response.usage, "state_tokens_dropped", 0)
             if isinstance(dropped, int) and dropped > 0:
@@ -271,28 +263,48 @@ class Guard:
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
             verdict = self._fail(policy, subject, decision_id, started, exc, state, flags, backend, response)
             return verdict, lookup
-        action = result.outcome.action
-        verdict = Verdict(
-            action="allow" if policy.mode == "shadow" else action,
-            decision_id=decision_id,
-            policy_id=policy.id,
-            policy_version=policy.version,
-            rule=result.rule,
-            answers=answers,
-            status=result.outcome.status,
-            message=result.outcome.message,
-            handoff=result.outcome.handoff,
-            cache_hit=lookup in ("hit", "shared"),
-            backend=backend.name,
-            model=response.model,
-            model_revision=plan.revision,
-            latency_ms=(time.perf_counter() - started) * 1000,
-            retry_after=result.outcome.retry_after,
-            shadow_action=action if policy.mode == "shadow" else None,
-            state=state,
-            flags=flags,
+        outcome = result.outcome
+        shadow = policy.mode == "shadow"
+        verdict = _verdict(
+            {
+                "action": "allow" if shadow else outcome.action,
+                "decision_id": decision_id,
+                "policy_id": policy.id,
+                "policy_version": policy.version,
+                "rule": result.rule,
+                "answers": answers,
+                "status": outcome.status,
+                "message": outcome.message,
+                "handoff": outcome.handoff,
+                "cache_hit": lookup in ("hit", "shared"),
+                "backend": backend.name,
+                "model": response.model,
+                "model_revision": plan.revision,
+                "latency_ms": (time.perf_counter() - started) * 1000,
+                "fail_mode": None,
+                "error": None,
+                "retry_after": outcome.retry_after,
+                "shadow_action": outcome.action if shadow else None,
+                "state": state,
+                "flags": flags,
+            }
         )
         return verdict, lookup
+
+    async def _fetch(
+        self, policy: Policy, backend: DecisionBackend, state: Any, key: str
+    ) -> tuple[CachedAnswers, Lookup]:
+        """The answers on a miss of the in-process peek: from the cache's store, a flight in progress or the backend,
+        within the policy's timeout (the backend is told what is left of it)."""
+        request = policy.build_request(state)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + policy.timeout
+
+        async def compute() -> Any:
+            return await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
+
+        async with asyncio.timeout(policy.timeout):
+            return await self.cache.fetch(key, request, compute, ttl=policy.cache_ttl, wait=policy.timeout)
 
     def _too_long(
         self,
@@ -465,17 +477,6 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
-_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
-
-
-def _decision_id() -> str:
-    """A random UUID (version 4, RFC 9562) in its canonical text form: ``str(uuid.uuid4())`` without building a
-    ``UUID`` object (about half the cost, on every decision)."""
-    digits = f"{int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET:032x}"
-    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 def _retry_after(policy_seconds: float, hint: Any) -> float:

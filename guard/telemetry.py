@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace import NonRecordingSpan, NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 
 from guard import __version__
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -39,7 +39,7 @@ __all__ = ["DEFAULT_REDACT", "SPAN_ATTRIBUTES", "SPAN_NAME", "TRACING_RECHECK_S"
 logger = logging.getLogger("guard.telemetry")
 
 SPAN_NAME = "guard.decision"
-#: Seconds between two reads of the global tracer provider while none that records is configured.
+#: Seconds between two reads of the global tracer (or meter) provider while none that records is configured.
 TRACING_RECHECK_S = 1.0
 #: Attribute names set on every decision span (absent values are omitted, not set to empty).
 SPAN_ATTRIBUTES = (
@@ -70,6 +70,41 @@ DEFAULT_REDACT = (
 )
 
 
+_NO_SPAN: AbstractContextManager[None] = nullcontext()
+
+
+class _ProviderWatch:
+    """Whether an OpenTelemetry provider that does something is configured, read at most every
+    :data:`TRACING_RECHECK_S` seconds.
+
+    Providers defined by the OpenTelemetry API itself (``opentelemetry.trace`` and ``opentelemetry.metrics``: the
+    no-op providers and the proxies that stand in until a global provider is set) record nothing; any other (the
+    SDK's, a vendor's) does. Reading the global provider costs about a third of a cached decision, so it is not read on
+    every call; once a working provider is seen the answer stays ``True`` (OpenTelemetry sets a global provider only
+    once).
+
+    Args:
+        provider: returns the provider to judge (the one given to :class:`Telemetry`, else the global one).
+    """
+
+    __slots__ = ("_checked", "_provider", "_seen")
+
+    def __init__(self, provider: Callable[[], object]) -> None:
+        self._provider = provider
+        self._seen = False
+        self._checked = -math.inf
+
+    def __call__(self) -> bool:
+        if self._seen:
+            return True
+        now = time.monotonic()
+        if now >= self._checked + TRACING_RECHECK_S:
+            module = type(self._provider()).__module__
+            self._seen = not module.startswith(("opentelemetry.trace", "opentelemetry.metrics"))
+            self._checked = now
+        return self._seen
+
+
 class Telemetry:
     """Spans and counters for decisions.
 
@@ -81,8 +116,12 @@ class Telemetry:
     def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         self.tracer_provider = tracer_provider
         self.tracer = trace.get_tracer("guard", __version__, tracer_provider=tracer_provider)
-        self._tracing = False
-        self._tracing_checked = -math.inf
+        self._tracing = _ProviderWatch(
+            (lambda: tracer_provider) if tracer_provider is not None else trace.get_tracer_provider
+        )
+        self._metering = _ProviderWatch(
+            (lambda: meter_provider) if meter_provider is not None else metrics.get_meter_provider
+        )
         meter = metrics.get_meter("guard", __version__, meter_provider=meter_provider)
         self.decisions = meter.create_counter(
             "guard.decisions", unit="{decision}", description="Decisions by policy, action, rule and fail mode."
@@ -101,34 +140,28 @@ class Telemetry:
 
     @property
     def tracing(self) -> bool:
-        """Whether spans can record: the tracer provider (this one's, else the global one) is not OpenTelemetry's
-        no-op or not-yet-configured proxy provider.
+        """Whether spans can record: a tracer provider (this one's, else the global one) other than OpenTelemetry's
+        no-op or not-yet-configured proxy provider is there. A global provider set later is seen within
+        :data:`TRACING_RECHECK_S` seconds (see :class:`_ProviderWatch`)."""
+        return self._tracing()
 
-        A global provider set after this object was made is seen within :data:`TRACING_RECHECK_S` seconds (reading
-        the global provider costs about a third of a cached decision, so it is not read on every call); once a
-        recording provider is seen the answer stays ``True`` (OpenTelemetry sets the global provider only once).
-        """
-        if self._tracing:
-            return True
-        now = time.monotonic()
-        if now >= self._tracing_checked + TRACING_RECHECK_S:
-            provider = self.tracer_provider if self.tracer_provider is not None else trace.get_tracer_provider()
-            self._tracing = not isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider))
-            self._tracing_checked = now
-        return self._tracing
+    @property
+    def metering(self) -> bool:
+        """Whether the counters count: a meter provider other than OpenTelemetry's no-op or proxy one is there
+        (this one's, else the global one; one set later is seen within :data:`TRACING_RECHECK_S` seconds)."""
+        return self._metering()
 
-    def span(self, subject: Subject) -> AbstractContextManager[Span]:
-        """The decision span, current for the duration (backend client spans nest under it).
+    def span(self, subject: Subject) -> AbstractContextManager[Span | None]:
+        """The decision span, current for the duration (backend client spans nest under it); ``None`` when no span
+        is started.
 
         Attributes are built only when the span records. With no tracer provider configured no span is started at
         all (starting OpenTelemetry's no-op span and making it current costs about as much as the rest of a cache
-        hit): the context manager yields the non-recording current span, which is what the no-op tracer would have
-        made current, and leaves the context as it is. A recording span of someone else's provider is never
-        yielded; its context is wrapped in a :class:`~opentelemetry.trace.NonRecordingSpan`.
+        hit): the context manager yields ``None`` and leaves the context as it is, so a recording span of someone
+        else's provider stays current and untouched (the decision log still takes its trace id).
         """
-        if not self.tracing:
-            current = trace.get_current_span()
-            return nullcontext(current if not current.is_recording() else NonRecordingSpan(current.get_span_context()))
+        if not self._tracing():
+            return _NO_SPAN
         return self._recording_span(subject)
 
     @contextmanager
@@ -146,12 +179,15 @@ class Telemetry:
                 span.set_attributes(attributes)
             yield span
 
-    def finish(self, span: Span, verdict: Verdict, *, cache: str | None = None) -> None:
-        """Set the verdict's attributes on ``span`` (when it records) and count the outcome."""
-        if span.is_recording():
+    def finish(self, span: Span | None, verdict: Verdict, *, cache: str | None = None) -> None:
+        """Set the verdict's attributes on ``span`` (when there is one and it records) and count the outcome (when
+        a meter provider is configured)."""
+        if span is not None and span.is_recording():
             span.set_attributes(span_attributes(verdict, cache=cache))
             if verdict.error is not None:
                 span.set_status(Status(StatusCode.ERROR, verdict.error))
+        if not self._metering():
+            return
         labels: dict[str, str | bool] = {
             "guard.policy.id": verdict.policy_id or "",
             "guard.action": verdict.action,
@@ -288,7 +324,8 @@ class DecisionLog:
 
     def event(self, verdict: Verdict, subject: Subject | None, *, policy_file: str | None = None,
               cache: str | None = None, span: Span | None = None) -> dict[str, Any]:
-        """Build the redacted record for one decision (not written)."""
+        """Build the redacted record for one decision (not written); ``span`` gives the trace and span ids (``None``
+        = the current span: a caller's recording span when guard started none)."""
         record: dict[str, Any] = {
             "decision_id": verdict.decision_id,
             "timestamp": _utc_now(),
@@ -318,11 +355,10 @@ class DecisionLog:
             "trace_id": None,
             "span_id": None,
         }
-        if span is not None:
-            context = span.get_span_context()
-            if context.is_valid:
-                record["trace_id"] = format(context.trace_id, "032x")
-                record["span_id"] = format(context.span_id, "016x")
+        context = (span if span is not None else trace.get_current_span()).get_span_context()
+        if context.is_valid:
+            record["trace_id"] = format(context.trace_id, "032x")
+            record["span_id"] = format(context.span_id, "016x")
         erased: list[str] = []
         for _, tokens in self._redact:
             _erase(record, tokens, "", erased)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from guard.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.systemone import AnswerV1
 
-__all__ = ["FLAG_NAMES", "Action", "FailMode", "Verdict"]
+__all__ = ["FLAG_NAMES", "Action", "FailMode", "Verdict", "new_decision_id", "outcome_headers"]
 
 Action = Literal["allow", "block", "escalate", "handoff"]
 FailMode = Literal["closed", "open", "escalate"]
@@ -79,17 +81,19 @@ class Verdict:
         return {qid: dict(answer.probabilities) for qid, answer in self.answers.items()}
 
     def headers(self) -> list[tuple[str, str]]:
-        """Decision headers for HTTP responses (lower-case names)."""
-        out = [("x-guard-decision-id", self.decision_id), ("x-guard-action", self.shadow_action or self.action)]
-        if self.policy_id:
-            out.append(("x-guard-policy", f"{self.policy_id}@{self.policy_version}"))
-        if self.rule:
-            out.append(("x-guard-rule", self.rule))
-        if self.fail_mode:
-            out.append(("x-guard-fail-mode", self.fail_mode))
-        if self.shadow_action:
-            out.append(("x-guard-shadow", "true"))
-        return out
+        """Decision headers for HTTP responses (lower-case names): the decision id, then
+        :func:`outcome_headers`."""
+        return [
+            ("x-guard-decision-id", self.decision_id),
+            *outcome_headers(
+                self.shadow_action or self.action,
+                self.policy_id,
+                self.policy_version,
+                self.rule,
+                self.fail_mode,
+                shadow=self.shadow_action is not None,
+            ),
+        ]
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe summary for response bodies and logs (probabilities rounded to 4 decimals)."""
@@ -111,3 +115,75 @@ class Verdict:
             "shadow_action": self.shadow_action,
             "flags": self.flags,
         }
+
+
+def outcome_headers(
+    action: str,
+    policy_id: str | None,
+    policy_version: str | None,
+    rule: str | None,
+    fail_mode: str | None,
+    *,
+    shadow: bool = False,
+) -> tuple[tuple[str, str], ...]:
+    """The decision headers other than the id, the same for every verdict with the same outcome: ``x-guard-action``
+    (the shadow action in shadow mode, which then adds ``x-guard-shadow: true``), ``x-guard-policy`` (``id@version``),
+    ``x-guard-rule`` and ``x-guard-fail-mode``, each only when set.
+
+    Args:
+        action: the action taken, or in shadow mode the action the policy computed (``Verdict.shadow_action``).
+        shadow: the policy is in shadow mode.
+    """
+    out = [("x-guard-action", action)]
+    if policy_id:
+        out.append(("x-guard-policy", f"{policy_id}@{policy_version}"))
+    if rule:
+        out.append(("x-guard-rule", rule))
+    if fail_mode:
+        out.append(("x-guard-fail-mode", fail_mode))
+    if shadow:
+        out.append(("x-guard-shadow", "true"))
+    return tuple(out)
+
+
+class _RandomAhead:
+    """``os.urandom`` read :data:`CHUNK` bytes at a time (as hex text), handed out 16 bytes per decision id.
+
+    One ``getrandom`` system call per 256 ids instead of one per id: on a virtual machine with kernel page-table
+    isolation a system call also slows the code after it (flushed translation buffers), a few microseconds of every
+    cached decision. The bytes are the kernel's CSPRNG output all the same, never reused: a lock hands each 16 bytes
+    out once, and a forked child drops what it inherited (it would repeat its parent's ids).
+    """
+
+    CHUNK = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hex = ""
+        self._offset = 0
+        os.register_at_fork(after_in_child=self._drop)
+
+    def _drop(self) -> None:
+        self._lock = threading.Lock()  # a lock held by another thread at fork time stays held in the child
+        self._hex, self._offset = "", 0
+
+    def hex32(self) -> str:
+        """16 fresh random bytes as 32 lower-case hex digits."""
+        with self._lock:
+            offset = self._offset
+            if offset >= len(self._hex):
+                self._hex, offset = os.urandom(self.CHUNK).hex(), 0
+            self._offset = offset + 32
+            return self._hex[offset : offset + 32]
+
+
+_RANDOM = _RandomAhead()
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}  # RFC 9562 variant bits 10xx
+
+
+def new_decision_id() -> str:
+    """A random UUID (version 4, RFC 9562 section 5.4) in its canonical text form, like ``str(uuid.uuid4())``: 122
+    random bits from ``os.urandom``, the version digit ``4`` and the variant bits ``10``, without building a ``UUID``
+    object or making a system call per id."""
+    h = _RANDOM.hex32()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import threading
 import uuid
 from pathlib import Path
@@ -26,6 +27,7 @@ from guard.errors import (
 from guard.policy import load_text
 from guard.subject import AgentSubject, HttpSubject
 from guard.systemone import AnswerV1, SystemOneRequestV1, SystemOneResponseV1
+from guard.verdict import new_decision_id
 from tests._backends import ScriptedBackend, constant
 
 HTTP_POLICY = """
@@ -129,6 +131,38 @@ async def test_decision_ids_are_random_uuid4s() -> None:
     parsed = [uuid.UUID(i) for i in ids]
     assert [str(u) for u in parsed] == ids and len(set(ids)) == len(ids)
     assert {(u.version, u.variant) for u in parsed} == {(4, uuid.RFC_4122)}
+
+
+def test_decision_ids_from_many_threads_and_across_read_ahead_chunks_are_all_distinct() -> None:
+    ids: list[str] = []
+
+    def take() -> None:
+        ids.extend(new_decision_id() for _ in range(2000))  # 8 x 2000 ids: 62 chunks of read-ahead bytes
+
+    threads = [threading.Thread(target=take) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ids) == 16000 and len(set(ids)) == 16000
+    assert {(uuid.UUID(i).version, uuid.UUID(i).variant) for i in ids} == {(4, uuid.RFC_4122)}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_repeats_its_parents_decision_ids() -> None:
+    new_decision_id()  # the parent now holds read-ahead bytes the child inherits
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, then out without running pytest's teardown
+        os.close(read_end)
+        os.write(write_end, ",".join(new_decision_id() for _ in range(300)).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        child = pipe.read().decode().split(",")
+    os.waitpid(pid, 0)
+    parent = [new_decision_id() for _ in range(300)]
+    assert len(child) == 300 and not set(child) & set(parent)
 
 
 # Rules ----------------------------------------------------------------------------------------------------------

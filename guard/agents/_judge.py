@@ -10,7 +10,6 @@ import asyncio
 import contextvars
 import logging
 import time
-import uuid
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from guard.agents._reviewer import areview, review
 from guard.errors import HandoffError
 from guard.subject import AgentSubject
-from guard.verdict import Action, FailMode, Verdict
+from guard.verdict import Action, FailMode, Verdict, new_decision_id
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -110,7 +109,7 @@ class Judge:
         policy = self.guard.match(subject)
         return Verdict(
             action=_FAIL_ACTIONS[self.fail_mode],
-            decision_id=str(uuid.uuid4()),
+            decision_id=new_decision_id(),
             policy_id=policy.id if policy else None,
             policy_version=policy.version if policy else None,
             rule=GUARD_ERROR_RULE,
@@ -141,7 +140,7 @@ class Judge:
             flags["raw_arguments"] = raw[:1000]
         verdict = Verdict(
             action="block",
-            decision_id=str(uuid.uuid4()),
+            decision_id=new_decision_id(),
             policy_id=policy.id if policy else None,
             policy_version=policy.version if policy else None,
             rule=MALFORMED_RULE,

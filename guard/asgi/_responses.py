@@ -6,6 +6,7 @@ decision_id}`` for decisions (OPA's ``ErrorV1`` shape; snake_case codes are the 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -16,7 +17,7 @@ from starlette.types import Message, Send
 
 from guard.asgi._metrics import HttpMetrics
 from guard.errors import BodyError
-from guard.verdict import Verdict
+from guard.verdict import Verdict, outcome_headers
 
 __all__ = [
     "BLOCKED",
@@ -61,9 +62,30 @@ def retry_after_value(seconds: float) -> bytes:
     return str(max(0, math.ceil(seconds))).encode()
 
 
+@functools.lru_cache(maxsize=1024)
+def _encoded_outcome(
+    action: str, policy_id: str | None, version: str | None, rule: str | None, fail_mode: str | None, shadow: bool
+) -> tuple[tuple[bytes, bytes], ...]:
+    """:func:`~guard.verdict.outcome_headers` encoded, remembered: they repeat for every request with the same
+    outcome."""
+    return tuple(encode_headers(list(outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow))))
+
+
 def verdict_headers(verdict: Verdict) -> HeaderList:
-    """The verdict's decision headers (``x-guard-*``), plus ``Retry-After`` when it carries one."""
-    out = encode_headers(verdict.headers())
+    """The verdict's decision headers (``x-guard-*``, as :meth:`Verdict.headers` names them), plus ``Retry-After``
+    when it carries one. A new list."""
+    shadow = verdict.shadow_action
+    out = [
+        (b"x-guard-decision-id", verdict.decision_id.encode("latin-1", "replace")),
+        *_encoded_outcome(
+            shadow or verdict.action,
+            verdict.policy_id,
+            verdict.policy_version,
+            verdict.rule,
+            verdict.fail_mode,
+            shadow is not None,
+        ),
+    ]
     if verdict.retry_after is not None and verdict.action != "allow":
         out.append((b"retry-after", retry_after_value(verdict.retry_after)))
     return out

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.types import Scope
 
+from guard._frozen import frozen_builder
 from guard.asgi._media import media_type
 from guard.errors import BodyError
 from guard.subject import HttpSubject
@@ -90,25 +90,7 @@ def _host(headers: dict[str, str], scope: Scope) -> str:
     return host.removesuffix(".")
 
 
-# HttpSubject is a frozen dataclass: its __init__ pays one object.__setattr__ per field, twice per guarded request.
-# When its fields are exactly these (no slots, no __post_init__), the subject is built by filling its __dict__, which
-# gives an equal object in a third of the time; otherwise the ordinary constructor is used.
-_FIELDS = ("method", "path", "query", "headers", "host", "client", "content_type", "body", "body_text", "kind")
-_FAST_SUBJECT = (
-    tuple(f.name for f in dataclasses.fields(HttpSubject)) == _FIELDS
-    and "__dict__" in dir(HttpSubject)
-    and not hasattr(HttpSubject, "__post_init__")
-)
-_new = object.__new__
-
-
-def _subject(values: dict[str, Any]) -> HttpSubject:
-    """An :class:`HttpSubject` with every field of ``_FIELDS`` taken from ``values``."""
-    if not _FAST_SUBJECT:
-        return HttpSubject(**values)
-    subject = _new(HttpSubject)
-    subject.__dict__.update(values)
-    return subject
+_subject = frozen_builder(HttpSubject)  # built twice per guarded request: see guard/_frozen.py
 
 
 def head_subject(scope: Scope, headers: dict[str, str], client_header: str | None) -> HttpSubject:
@@ -139,11 +121,7 @@ def head_subject(scope: Scope, headers: dict[str, str], client_header: str | Non
 
 def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_text: str) -> HttpSubject:
     """``head`` with its query and body filled in (``head`` itself is unchanged)."""
-    values = dict(vars(head)) if _FAST_SUBJECT else {name: getattr(head, name) for name in _FIELDS}
-    values["query"] = query
-    values["body"] = body
-    values["body_text"] = body_text
-    return _subject(values)
+    return _subject({**vars(head), "query": query, "body": body, "body_text": body_text})
 
 
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:

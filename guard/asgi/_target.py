@@ -44,6 +44,7 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 # A path that is already canonical: segments of plain characters, none empty, none starting with "." (so no dot
 # segments), no "%", ";" or "\"; an optional trailing slash. Most requests take this path and cost one regex match.
 _PLAIN = re.compile(r"(?:/(?!\.)[A-Za-z0-9\-._~!$&'()*+,=:@]+)*/?")
+_PLAIN_RAW = re.compile(_PLAIN.pattern.encode())  # the same, for the raw path bytes of the scope
 _QUERY = re.compile(rb"[!\"$-~]*")  # printable ASCII without "#"
 _QUOTE_SAFE = "/!$&'()*+,;=:@-._~"  # re-encoding a decoded path keeps these as they are (";" is then refused)
 
@@ -179,6 +180,11 @@ def canonical_scope(scope: Scope) -> Scope:
     Raises:
         BodyError: 400 ``invalid_target``.
     """
+    raw = scope.get("raw_path")
+    if raw is not None and raw[:1] == b"/" and _PLAIN_RAW.fullmatch(raw) and raw.decode("ascii") == scope["path"]:
+        query: bytes = scope.get("query_string", b"")
+        if not query or _QUERY.fullmatch(query):  # the usual request: already canonical, one regex match
+            return scope
     target = request_target(scope)
     if target.path == scope["path"] and target.raw_path == scope.get("raw_path"):
         return scope

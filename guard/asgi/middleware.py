@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import uuid
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,7 +35,7 @@ from guard.asgi._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
-from guard.asgi._parse import parse_body
+from guard.asgi._parse import ParsedBodies
 from guard.asgi._responses import block_code, refuse_target, send_json, send_with_headers, verdict_headers
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
 from guard.asgi._subject import head_subject, header_map, query_map, with_body
@@ -48,7 +47,7 @@ from guard.handoff import HandoffClient
 from guard.policy import Policy
 from guard.review import MemoryReviewStore, ReviewStore
 from guard.subject import HttpSubject
-from guard.verdict import Verdict
+from guard.verdict import Verdict, new_decision_id
 
 __all__ = ["DEFAULT_REVIEW_PATH", "GuardMiddleware"]
 
@@ -118,6 +117,7 @@ class GuardMiddleware:
         self.review_path = review_path.rstrip("/")
         self.client_header = client_header.lower() if client_header else None
         self.metrics = metrics if metrics is not None else HttpMetrics()
+        self.bodies = ParsedBodies()
         self._review_prefix = self.review_path + "/"
         self._reviews = ClientReviewEndpoints(self)
 
@@ -168,7 +168,7 @@ class _GuardedRequest:
                 mw.metrics.disconnects.inc()
                 return
             decoded = decode_content(body, codings, limits.max_decoded_bytes)
-            value, text = parse_body(decoded, headers.get("content-type", ""), limits)
+            value, text = mw.bodies.parse(decoded, headers.get("content-type", ""), limits)
             query = query_map(self.scope, limits.max_form_fields)
         except BodyError as exc:
             await self._refuse(exc)
@@ -215,7 +215,7 @@ class _GuardedRequest:
         self.mw.metrics.body_rejections.labels(exc.code).inc()
         verdict = Verdict(
             action="block",
-            decision_id=str(uuid.uuid4()),
+            decision_id=new_decision_id(),
             policy_id=self.policy.id,
             policy_version=self.policy.version,
             rule=exc.code,

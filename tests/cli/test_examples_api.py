@@ -40,8 +40,8 @@ def test_a_bare_url_reaches_a_clef_worker_for_the_policy_compact_cannot_answer(g
         (TRAFFIC, ["--backend", "https://"], "url must be an http:// or https:// URL, got 'https://'"),
         (APP, ["--backend", "https://"], "url must be an http:// or https:// URL, got 'https://'"),
         (TRAFFIC, ["--backend", "ftp://host"],
-         "--backend 'ftp://host': expected compact, compact:DIR, local:CHECKPOINT_DIR, http:URL, a bare http(s)://URL "
-         "or unix:SOCKET"),
+         ("--backend 'ftp://host': expected compact, compact:DIR, local:CHECKPOINT_DIR, http:URL, a bare http(s)://URL "
+          "or unix:SOCKET")),
         (TRAFFIC, ["--backend", "local:/nowhere/clef"], "/nowhere/clef is not a Clef checkpoint: config.json is missing"),
         (TRAFFIC, ["--backend", "http://127.0.0.1:9", "--dtype", "float32"],
          "--dtype applies only to a local: backend, not --backend http://127.0.0.1:9"),
