@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from guard._frozen import frozen_replace
 from guard.errors import MalformedAnswer
 from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
@@ -218,6 +219,8 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
 def copy_answer(answer: AnswerV1) -> AnswerV1:
     """A copy of ``answer`` with its own ``probabilities`` (and ``legend``) dict, for answers handed out from objects
     the cache shares between callers: changing a verdict's answer never changes what the next hit reads."""
-    legend = None if answer.legend is None else dict(answer.legend)
-    return AnswerV1(answer.question_id, answer.type, dict(answer.probabilities), answer.noul, answer.choice,
-                    answer.score, answer.confidence, legend)  # fmt: skip
+    legend = answer.legend
+    changes = {"probabilities": dict(answer.probabilities)}
+    if legend is not None:
+        changes["legend"] = dict(legend)
+    return frozen_replace(answer, changes)  # once per answer per decision: see guard/_frozen.py

@@ -137,7 +137,7 @@ def test_decision_ids_from_many_threads_and_across_read_ahead_chunks_are_all_dis
     ids: list[str] = []
 
     def take() -> None:
-        ids.extend(new_decision_id() for _ in range(2000))  # 8 x 2000 ids: 62 chunks of read-ahead bytes
+        ids.extend(new_decision_id() for _ in range(2000))  # 8 x 2000 ids: 62 batches made ahead
 
     threads = [threading.Thread(target=take) for _ in range(8)]
     for thread in threads:

@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Scope
 
-from guard._frozen import frozen_builder
+from guard._frozen import frozen_builder, frozen_replace
 from guard.asgi._media import media_type
 from guard.errors import BodyError
 from guard.subject import HttpSubject
@@ -121,7 +121,7 @@ def head_subject(scope: Scope, headers: dict[str, str], client_header: str | Non
 
 def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_text: str) -> HttpSubject:
     """``head`` with its query and body filled in (``head`` itself is unchanged)."""
-    return _subject({**vars(head), "query": query, "body": body, "body_text": body_text})
+    return frozen_replace(head, {"query": query, "body": body, "body_text": body_text})
 
 
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:

@@ -117,7 +117,7 @@ class GuardMiddleware:
         self.review_path = review_path.rstrip("/")
         self.client_header = client_header.lower() if client_header else None
         self.metrics = metrics if metrics is not None else HttpMetrics()
-        self.bodies = ParsedBodies()
+        self._bodies = ParsedBodies()
         self._review_prefix = self.review_path + "/"
         self._reviews = ClientReviewEndpoints(self)
 
@@ -140,109 +140,89 @@ class GuardMiddleware:
         if policy is None:
             await self.app(scope, receive, send)
             return
-        await _GuardedRequest(self, scope, receive, send, head, policy).run()
+        await self._guard(scope, receive, send, head, policy)
 
-
-class _GuardedRequest:
-    """The state of one matched request, from body read to response."""
-
-    __slots__ = ("head", "mw", "policy", "receive", "scope", "send")
-
-    def __init__(
-        self, mw: GuardMiddleware, scope: Scope, receive: Receive, send: Send, head: HttpSubject, policy: Policy
-    ) -> None:
-        self.mw = mw
-        self.scope = scope
-        self.receive = receive
-        self.send = send
-        self.head = head
-        self.policy = policy
-
-    async def run(self) -> None:
-        mw, limits, headers = self.mw, self.mw.limits, self.head.headers
+    async def _guard(self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, policy: Policy) -> None:
+        """One matched request, from body read to response."""
+        limits, headers = self.limits, head.headers
         try:
             codings = parse_encodings(headers.get("content-encoding", ""), limits.max_encodings)
             declared = declared_length(headers.get("content-length"))
-            body = await read_body(self.receive, limits.max_body_bytes, declared)
+            body = await read_body(receive, limits.max_body_bytes, declared)
             if body is None:
-                mw.metrics.disconnects.inc()
+                self.metrics.disconnects.inc()
                 return
             decoded = decode_content(body, codings, limits.max_decoded_bytes)
-            value, text = mw.bodies.parse(decoded, headers.get("content-type", ""), limits)
-            query = query_map(self.scope, limits.max_form_fields)
+            value, text = self._bodies.parse(decoded, headers.get("content-type", ""), limits)
+            query = query_map(scope, limits.max_form_fields)
         except BodyError as exc:
-            await self._refuse(exc)
+            await self._refuse(send, head, policy, exc)
             return
-        subject = with_body(self.head, query, value, text)
+        subject = with_body(head, query, value, text)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
-            await release_on_resend(mw, self.scope, self.receive, self.send, review_id.strip(), body)
+            await release_on_resend(self, scope, receive, send, review_id.strip(), body)
             return
-        verdict = await mw.guard.aevaluate(subject, policy=self.policy)  # matched on the head already
-        mw.metrics.count_request(verdict.policy_id or "", verdict.action)
+        verdict = await self.guard.aevaluate(subject, policy=policy)  # matched on the head already
+        self.metrics.count_request(verdict.policy_id or "", verdict.action)
         if verdict.fail_mode == "open":
-            mw.metrics.fail_open.labels(verdict.policy_id or "").inc()
+            self.metrics.fail_open.labels(verdict.policy_id or "").inc()
         if verdict.action == "allow":
-            send = functools.partial(send_with_headers, self.send, verdict_headers(verdict))
-            await mw.app(self.scope, ReplayReceive(body, self.receive), send)
+            send = functools.partial(send_with_headers, send, verdict_headers(verdict))
+            await self.app(scope, ReplayReceive(body, receive), send)
         elif verdict.action == "block":
-            await self._block(verdict)
+            await _block(send, verdict)
         elif verdict.action == "escalate":
-            await hold(mw, self.scope, self.send, subject, body, verdict)
+            await hold(self, scope, send, subject, body, verdict)
         else:
-            outcome = await respond_with_handoff(
-                mw.handoff, self.policy, verdict, subject, self.send, verdict_headers(verdict)
-            )
-            mw.metrics.handoffs.labels(outcome).inc()
+            outcome = await respond_with_handoff(self.handoff, policy, verdict, subject, send, verdict_headers(verdict))
+            self.metrics.handoffs.labels(outcome).inc()
 
-    async def _block(self, verdict: Verdict) -> None:
-        status = verdict.status or (503 if verdict.fail_mode == "closed" else 403)
-        await send_json(
-            self.send,
-            status,
-            {
-                "code": block_code(verdict),
-                "message": verdict.message or "The request was blocked by policy.",
-                "policy": verdict.policy_id,
-                "rule": verdict.rule,
-                "decision_id": verdict.decision_id,
-            },
-            verdict_headers(verdict),
-        )
-
-    async def _refuse(self, exc: BodyError) -> None:
+    async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""
-        self.mw.metrics.body_rejections.labels(exc.code).inc()
+        self.metrics.body_rejections.labels(exc.code).inc()
         verdict = Verdict(
             action="block",
             decision_id=new_decision_id(),
-            policy_id=self.policy.id,
-            policy_version=self.policy.version,
+            policy_id=policy.id,
+            policy_version=policy.version,
             rule=exc.code,
             status=exc.status,
             message=exc.reason,
             error=exc.code,
         )
-        log = self.mw.guard.decision_log
+        log = self.guard.decision_log
         if log is not None:
-            log.record(verdict, self.head, policy_file=self.policy.file)
-        logger.info(
-            "refused %s %s before a decision: %s (policy %s)",
-            self.head.method,
-            self.head.path,
-            exc.code,
-            self.policy.id,
-        )
+            log.record(verdict, head, policy_file=policy.file)
+        logger.info("refused %s %s before a decision: %s (policy %s)", head.method, head.path, exc.code, policy.id)
         await send_json(
-            self.send,
+            send,
             exc.status,
             {
                 "code": exc.code,
                 "message": exc.reason,
                 "field": exc.field,
-                "policy": self.policy.id,
+                "policy": policy.id,
                 "rule": exc.code,
                 "decision_id": verdict.decision_id,
             },
             verdict_headers(verdict),
         )
+
+
+async def _block(send: Send, verdict: Verdict) -> None:
+    """Answer a block verdict: its status (403 by default, 503 when a fail-closed policy could not decide) and
+    ``{code, message, policy, rule, decision_id}``."""
+    status = verdict.status or (503 if verdict.fail_mode == "closed" else 403)
+    await send_json(
+        send,
+        status,
+        {
+            "code": block_code(verdict),
+            "message": verdict.message or "The request was blocked by policy.",
+            "policy": verdict.policy_id,
+            "rule": verdict.rule,
+            "decision_id": verdict.decision_id,
+        },
+        verdict_headers(verdict),
+    )
