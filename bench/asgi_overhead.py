@@ -22,7 +22,7 @@ interleaved rounds), which separates the guard's own cost from loopback and sche
 shared machine). ``bare / hit`` there is the throughput ratio a CPU-bound server would keep if the server itself
 cost nothing; the loopback ratio also counts uvicorn's and the load generator's own work per request.
 
-Run:  python bench/asgi_overhead.py [--redis-url redis://127.0.0.1:6379/0] [--requests 2000] [--rounds 5]
+Run:  python bench/asgi_overhead.py [--redis-url redis://127.0.0.1:6379/0] [--requests 1500] [--rounds 15]
                                     [--baseline DIR] [--variants bare,guarded-mem,...]
 """
 
@@ -41,10 +41,10 @@ import time
 from pathlib import Path
 
 # Settings -----------------------------------------------------------------------------------------------------------
-REQUESTS = 2000  # timed requests per variant per round at concurrency 16 (half that at concurrency 1)
+REQUESTS = 1500  # timed requests per variant per round at concurrency 16 (half that at concurrency 1)
 WARMUP = 200  # untimed requests first (fills the cache, warms the interpreter)
 CONCURRENCY = 16  # connections for the throughput mode
-ROUNDS = 5  # interleaved rounds; medians (and per-round ratios) are reported
+ROUNDS = 15  # interleaved rounds; medians (and per-round ratios) are reported: rounds swing by +-30 % on a shared VM
 CPU_ROUNDS = 5  # interleaved rounds of the in-process CPU measurement
 SEED = 5  # order of the variants in each round
 BODY = json.dumps({"message": "What is the balance on my credit card?", "account": "12345"}).encode()
