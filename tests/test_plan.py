@@ -45,7 +45,7 @@ def post(text: str, **headers: str) -> HttpSubject:
 
 def plan_for(guard: Guard) -> Plan:
     policy = guard.policies["p"]
-    return guard._plan(policy, guard.backend_for(policy))
+    return guard._current_plan(policy) or guard._plan(policy, guard.backend_for(policy))
 
 
 @pytest.mark.anyio
@@ -178,6 +178,19 @@ async def test_a_new_backend_revision_is_a_new_plan_and_a_new_key() -> None:
     verdict = await guard.aevaluate(post("x"))
     assert (verdict.cache_hit, verdict.model_revision, backend.calls) == (False, "r2", 2)
     assert plan_for(guard) is not old and plan_for(guard).revision == "r2"
+
+
+@pytest.mark.anyio
+async def test_a_backend_swapped_in_the_guard_answers_from_the_next_decision() -> None:
+    first = ScriptedBackend(constant(injection=0.9))
+    guard = Guard(policies("injection.noul >= 0.5"), backends=first)
+    assert (await guard.aevaluate(post("x"))).action == "block"
+    second = ScriptedBackend(constant(injection=0.1))
+    second.name = "second"
+    guard.backends["default"] = second  # same name, another backend: its own plan, its own cache keys
+    verdict = await guard.aevaluate(post("x"))
+    assert (verdict.action, verdict.backend, verdict.cache_hit, second.calls) == ("allow", "second", False, 1)
+    assert plan_for(guard).backend is second
 
 
 @pytest.mark.anyio
