@@ -122,7 +122,7 @@ class Guard:
         self._portal: _Portal | None = None
         self._portal_lock = threading.Lock()
         self._closed = False
-        self._plans: dict[int, tuple[str, Plan]] = {}  # id(policy) -> (backend name, plan)
+        self._plans: dict[int, Plan] = {}
 
     @classmethod
     def from_files(
@@ -187,28 +187,18 @@ class Guard:
             raise KeyError(policy.backend)
         return self.backends[name]
 
-    def _current_plan(self, policy: Policy) -> Plan | None:
-        """The policy's plan when it is still current: made for this policy object, with the backend its name still
-        resolves to in :attr:`backends`, at that backend's current revision; else ``None``."""
-        known = self._plans.get(id(policy))
-        if known is None:
-            return None
-        name, plan = known
-        backend = plan.backend
-        if plan.policy is policy and self.backends.get(name) is backend and backend.model_revision == plan.revision:
-            return plan
-        return None
-
     def _plan(self, policy: Policy, backend: DecisionBackend) -> Plan:
-        """A new plan for ``policy`` answered by ``backend`` (see :meth:`_current_plan` for when it is replaced)."""
-        live = self.policies.policies  # plans of policies a reload replaced go (with their state memos)
-        for key, (_, old) in list(self._plans.items()):
-            if not any(old.policy is p for p in live):
-                self._plans.pop(key, None)
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.clear()
-        plan = Plan(policy, backend, backend.model_revision)
-        self._plans[id(policy)] = (self._backend_name(policy) or "", plan)
+        """The policy's plan, rebuilt when the policy object, its backend or the backend's revision changed."""
+        revision = backend.model_revision
+        plan = self._plans.get(id(policy))
+        if plan is None or plan.policy is not policy or plan.backend is not backend or plan.revision != revision:
+            live = self.policies.policies  # plans of policies a reload replaced go (with their state memos)
+            for key, old in list(self._plans.items()):
+                if not any(old.policy is p for p in live):
+                    self._plans.pop(key, None)
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            plan = self._plans[id(policy)] = Plan(policy, backend, revision)
         return plan
 
     # Evaluation ---------------------------------------------------------------------------------------------------
@@ -246,15 +236,13 @@ class Guard:
     async def _decide(
         self, policy: Policy, subject: Subject, decision_id: str, started: float
     ) -> tuple[Verdict, Lookup | None]:
-        plan = self._current_plan(policy)
-        backend = plan.backend if plan is not None else self.backend_for(policy)
+        backend = self.backend_for(policy)
         state: Any = None
         flags: dict[str, Any] = {}
         lookup: Lookup | None = None
         response = None
         try:
-            if plan is None:
-                plan = self._plan(policy, backend)
+            plan = self._plan(policy, backend)
             state, flags, key = plan.prepare(subject)
             # An in-process hit is answered inline: no timeout, no flight, no await.
             cached = self.cache.peek(key) if policy.cache_ttl > 0 else None

@@ -257,6 +257,26 @@ async def test_backend_trouble_fails_closed_for_http(backend_kwargs: dict[str, A
 
 
 @pytest.mark.anyio
+async def test_a_backend_whose_revision_fails_is_the_fail_mode_not_an_exception() -> None:
+    class BrokenRevision(ScriptedBackend):
+        broken = False
+
+        @property
+        def model_revision(self) -> str:
+            if self.broken:
+                raise RuntimeError("revision file unreadable")
+            return "r1"
+
+    backend = BrokenRevision(calm())
+    guard = Guard(http_policies(), backends=backend)
+    assert (await guard.aevaluate(post("x"))).action == "allow"  # the policy has a plan now
+    backend.broken = True
+    verdict = await guard.aevaluate(post("x"))
+    assert (verdict.action, verdict.fail_mode, verdict.model_revision) == ("block", "closed", None)
+    assert verdict.error is not None and verdict.error.startswith("internal_error")
+
+
+@pytest.mark.anyio
 async def test_a_hung_backend_is_cut_off_at_the_policy_timeout() -> None:
     backend = ScriptedBackend(calm(), delay=30.0, honour_timeout=False)
     guard = Guard(http_policies(timeout_ms=150), backends=backend)
