@@ -209,7 +209,10 @@ class ParsedBodies:
         key = (content_type, body)
         known = memo.get(key)
         if known is not None:
-            memo.move_to_end(key)
+            try:
+                memo.move_to_end(key)
+            except KeyError:  # dropped by another thread meanwhile: the value read is still the right one
+                pass
             return known
         result = memo[key] = parse_body(body, content_type, limits)
         if len(memo) > PARSE_MEMO_ENTRIES:
