@@ -158,19 +158,16 @@ class _IdsAhead:
     BATCH = 256
 
     def __init__(self) -> None:
-        self._ready: list[str] = []
+        self.ready: list[str] = []
         os.register_at_fork(after_in_child=self._drop)
 
     def _drop(self) -> None:
-        self._ready = []
+        self.ready = []
 
-    def take(self) -> str:
-        """A new id."""
-        try:
-            return self._ready.pop()
-        except IndexError:
-            ready = self._ready = _uuid4_texts(os.urandom(16 * self.BATCH).hex())
-            return ready.pop()
+    def refill(self) -> str:
+        """A new batch in :attr:`ready`, less the id returned."""
+        ready = self.ready = _uuid4_texts(os.urandom(16 * self.BATCH).hex())
+        return ready.pop()
 
 
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}  # RFC 9562 variant bits 10xx
@@ -191,4 +188,7 @@ _IDS = _IdsAhead()
 def new_decision_id() -> str:
     """A random UUID (version 4, RFC 9562 section 5.4) in its canonical text form, like ``str(uuid.uuid4())``: 122
     random bits from ``os.urandom``, without building a ``UUID`` object or making a system call per id."""
-    return _IDS.take()
+    try:
+        return _IDS.ready.pop()
+    except IndexError:
+        return _IDS.refill()

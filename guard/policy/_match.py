@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from guard.policy.model import AgentMatchSpec, HttpMatchSpec
-from guard.subject import AgentSubject, HttpSubject, Subject
+from guard.subject import AgentSubject, HttpSubject
 
 __all__ = ["AgentMatcher", "HttpMatcher", "compile_glob"]
 
@@ -101,10 +101,3 @@ class AgentMatcher:
         if self.tools is None:
             return True
         return subject.tool_name is not None and self.tools.fullmatch(subject.tool_name) is not None
-
-
-def subject_matches(http: HttpMatcher | None, agent: AgentMatcher | None, subject: Subject) -> bool:
-    """True when the matcher for the subject's kind exists and accepts it."""
-    if isinstance(subject, HttpSubject):
-        return http is not None and http.matches(subject)
-    return agent is not None and agent.matches(subject)

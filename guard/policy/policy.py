@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from guard.errors import PolicyError
 from guard.normalize import Normalized
-from guard.policy._match import AgentMatcher, HttpMatcher, subject_matches
+from guard.policy._match import AgentMatcher, HttpMatcher
 from guard.policy._state import StateField, default_state, prepare_state, render_state
 from guard.policy.rules import CompiledRule, Outcome
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -121,7 +121,9 @@ class Policy:
 
     def matches(self, subject: Subject) -> bool:
         """Cheap check on method/path/host/headers or event/tool name; never reads the body."""
-        return subject_matches(self.http, self.agent, subject)
+        if isinstance(subject, HttpSubject):
+            return self.http is not None and self.http.matches(subject)
+        return self.agent is not None and self.agent.matches(subject)
 
     def render_state(self, subject: Subject) -> dict[str, Any]:
         """The raw decision state for ``subject``, in declaration order (not yet normalised or cut)."""
