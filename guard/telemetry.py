@@ -39,7 +39,7 @@ __all__ = ["DEFAULT_REDACT", "SPAN_ATTRIBUTES", "SPAN_NAME", "TRACING_RECHECK_S"
 logger = logging.getLogger("guard.telemetry")
 
 SPAN_NAME = "guard.decision"
-#: Seconds between two reads of the global tracer (or meter) provider while none that records is configured.
+#: Seconds between two reads of the global tracer provider while none that records is configured.
 TRACING_RECHECK_S = 1.0
 #: Attribute names set on every decision span (absent values are omitted, not set to empty).
 SPAN_ATTRIBUTES = (
@@ -74,12 +74,10 @@ _NO_SPAN: AbstractContextManager[None] = nullcontext()
 
 
 class _ProviderWatch:
-    """Whether an OpenTelemetry provider that does something is configured, read at most every
-    :data:`TRACING_RECHECK_S` seconds.
+    """Whether a tracer provider that records is configured, read at most every :data:`TRACING_RECHECK_S` seconds.
 
-    Providers defined by the OpenTelemetry API itself (``opentelemetry.trace`` and ``opentelemetry.metrics``: the
-    no-op providers and the proxies that stand in until a global provider is set) record nothing; any other (the
-    SDK's, a vendor's) does. Reading the global provider costs about a third of a cached decision, so it is not read on
+    Providers defined by the OpenTelemetry API itself (``opentelemetry.trace``: the no-op provider and the proxy that
+    stands in until a global provider is set) record nothing; any other (the SDK's, a vendor's) does. Reading the global provider costs about a third of a cached decision, so it is not read on
     every call; once a working provider is seen the answer stays ``True`` (OpenTelemetry sets a global provider only
     once).
 
@@ -100,7 +98,7 @@ class _ProviderWatch:
         now = time.monotonic()
         if now >= self._checked + TRACING_RECHECK_S:
             module = type(self._provider()).__module__
-            self._seen = not module.startswith(("opentelemetry.trace", "opentelemetry.metrics"))
+            self._seen = not module.startswith("opentelemetry.trace")
             self._checked = now
         return self._seen
 
@@ -118,9 +116,6 @@ class Telemetry:
         self.tracer = trace.get_tracer("guard", __version__, tracer_provider=tracer_provider)
         self._tracing = _ProviderWatch(
             (lambda: tracer_provider) if tracer_provider is not None else trace.get_tracer_provider
-        )
-        self._metering = _ProviderWatch(
-            (lambda: meter_provider) if meter_provider is not None else metrics.get_meter_provider
         )
         meter = metrics.get_meter("guard", __version__, meter_provider=meter_provider)
         self.decisions = meter.create_counter(
@@ -144,12 +139,6 @@ class Telemetry:
         no-op or not-yet-configured proxy provider is there. A global provider set later is seen within
         :data:`TRACING_RECHECK_S` seconds (see :class:`_ProviderWatch`)."""
         return self._tracing()
-
-    @property
-    def metering(self) -> bool:
-        """Whether the counters count: a meter provider other than OpenTelemetry's no-op or proxy one is there
-        (this one's, else the global one; one set later is seen within :data:`TRACING_RECHECK_S` seconds)."""
-        return self._metering()
 
     def span(self, subject: Subject) -> AbstractContextManager[Span | None]:
         """The decision span, current for the duration (backend client spans nest under it); ``None`` when no span
@@ -180,14 +169,11 @@ class Telemetry:
             yield span
 
     def finish(self, span: Span | None, verdict: Verdict, *, cache: str | None = None) -> None:
-        """Set the verdict's attributes on ``span`` (when there is one and it records) and count the outcome (when
-        a meter provider is configured)."""
+        """Set the verdict's attributes on ``span`` (when there is one and it records) and count the outcome."""
         if span is not None and span.is_recording():
             span.set_attributes(span_attributes(verdict, cache=cache))
             if verdict.error is not None:
                 span.set_status(Status(StatusCode.ERROR, verdict.error))
-        if not self._metering():
-            return
         labels: dict[str, str | bool] = {
             "guard.policy.id": verdict.policy_id or "",
             "guard.action": verdict.action,

@@ -200,7 +200,7 @@ class ParsedBodies:
         Raises:
             BodyError: as :func:`parse_body`.
         """
-        if len(body) > PARSE_MEMO_MAX_BYTES:
+        if len(body) > PARSE_MEMO_MAX_BYTES or type(body) is not bytes:  # a bytearray (not ASGI, but seen) is no key
             return parse_body(body, content_type, limits)
         memo = self._memo
         if limits is not self._limits:

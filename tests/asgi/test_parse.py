@@ -316,6 +316,7 @@ def test_the_body_memo_answers_as_parse_body_does_and_remembers_only_what_parsed
     first = bodies.parse(body, "application/json", limits)
     assert first == parse_body(body, "application/json", limits)
     assert bodies.parse(bytes(body), "application/json", limits) is first  # equal bytes, another object: remembered
+    assert bodies.parse(bytearray(body), "application/json", limits) == first  # not ASGI, but parsed, not a 500
     # The Content-Type is part of the key: the same bytes as text are judged as the text they are.
     assert bodies.parse(body, "text/plain", limits) == (body.decode(), body.decode())
     # A refused body is refused every time (nothing is remembered for it).
@@ -349,3 +350,22 @@ async def test_a_remembered_body_gets_the_same_verdict_and_a_refused_one_stays_r
             assert len({r.headers["x-guard-decision-id"] for r in verdicts}) == 3  # one decision per request
         refused = [await client.post("/v1/echo", content=DUPLICATES[0], headers=JSON) for _ in range(2)]
         assert [(r.status_code, r.json()["code"]) for r in refused] == [(400, "invalid_json_duplicate_key")] * 2
+
+
+async def test_a_bytearray_body_from_a_non_conforming_server_is_judged_not_a_500(make_guard: GuardFactory) -> None:
+    app = guarded_app(make_guard())
+    sent: list[dict[str, Any]] = []
+    body = bytearray(json.dumps({"prompt": BENIGN}).encode())
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/echo", "raw_path": b"/v1/echo", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 5000),
+             "server": ("testserver", 80)}  # fmt: skip
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 200 and (b"x-guard-action", b"allow") in sent[0]["headers"]
