@@ -77,7 +77,7 @@ def frozen_replace(obj: T, changes: dict[str, Any]) -> T:
         TypeError: for a name that is not a field, or when ``obj`` is not a dataclass instance.
     """
     cls = type(obj)
-    names = _PLAIN[cls] if cls in _PLAIN else _plain_fields(cls)
+    names = _plain_fields(cls)
     if names is None or not changes.keys() <= names:
         return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
     copy: T = object.__new__(cls)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode
 
 from guard import __version__
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -73,36 +73,6 @@ DEFAULT_REDACT = (
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
 
 
-class _ProviderWatch:
-    """Whether a tracer provider that records is configured, read at most every :data:`TRACING_RECHECK_S` seconds.
-
-    Providers defined by the OpenTelemetry API itself (``opentelemetry.trace``: the no-op provider and the proxy that
-    stands in until a global provider is set) record nothing; any other (the SDK's, a vendor's) does. Reading the global provider costs about a third of a cached decision, so it is not read on
-    every call; once a working provider is seen the answer stays ``True`` (OpenTelemetry sets a global provider only
-    once).
-
-    Args:
-        provider: returns the provider to judge (the one given to :class:`Telemetry`, else the global one).
-    """
-
-    __slots__ = ("_checked", "_provider", "_seen")
-
-    def __init__(self, provider: Callable[[], object]) -> None:
-        self._provider = provider
-        self._seen = False
-        self._checked = -math.inf
-
-    def __call__(self) -> bool:
-        if self._seen:
-            return True
-        now = time.monotonic()
-        if now >= self._checked + TRACING_RECHECK_S:
-            module = type(self._provider()).__module__
-            self._seen = not module.startswith("opentelemetry.trace")
-            self._checked = now
-        return self._seen
-
-
 class Telemetry:
     """Spans and counters for decisions.
 
@@ -114,9 +84,8 @@ class Telemetry:
     def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         self.tracer_provider = tracer_provider
         self.tracer = trace.get_tracer("guard", __version__, tracer_provider=tracer_provider)
-        self._tracing = _ProviderWatch(
-            (lambda: tracer_provider) if tracer_provider is not None else trace.get_tracer_provider
-        )
+        self._tracing = False
+        self._tracing_checked = -math.inf
         meter = metrics.get_meter("guard", __version__, meter_provider=meter_provider)
         self.decisions = meter.create_counter(
             "guard.decisions", unit="{decision}", description="Decisions by policy, action, rule and fail mode."
@@ -135,10 +104,21 @@ class Telemetry:
 
     @property
     def tracing(self) -> bool:
-        """Whether spans can record: a tracer provider (this one's, else the global one) other than OpenTelemetry's
-        no-op or not-yet-configured proxy provider is there. A global provider set later is seen within
-        :data:`TRACING_RECHECK_S` seconds (see :class:`_ProviderWatch`)."""
-        return self._tracing()
+        """Whether spans can record: the tracer provider (this one's, else the global one) is not OpenTelemetry's
+        no-op or not-yet-configured proxy provider.
+
+        A global provider set after this object was made is seen within :data:`TRACING_RECHECK_S` seconds (reading
+        the global provider costs about a third of a cached decision, so it is not read on every call); once a
+        recording provider is seen the answer stays ``True`` (OpenTelemetry sets the global provider only once).
+        """
+        if self._tracing:
+            return True
+        now = time.monotonic()
+        if now >= self._tracing_checked + TRACING_RECHECK_S:
+            provider = self.tracer_provider if self.tracer_provider is not None else trace.get_tracer_provider()
+            self._tracing = not isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider))
+            self._tracing_checked = now
+        return self._tracing
 
     def span(self, subject: Subject) -> AbstractContextManager[Span | None]:
         """The decision span, current for the duration (backend client spans nest under it); ``None`` when no span
@@ -149,7 +129,7 @@ class Telemetry:
         hit): the context manager yields ``None`` and leaves the context as it is, so a recording span of someone
         else's provider stays current and untouched (the decision log still takes its trace id).
         """
-        if not self._tracing():
+        if not self.tracing:
             return _NO_SPAN
         return self._recording_span(subject)
 

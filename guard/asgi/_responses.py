@@ -52,7 +52,7 @@ _JSON = (b"content-type", b"application/json")
 logger = logging.getLogger("guard.asgi")
 
 
-def encode_headers(pairs: list[tuple[str, str]]) -> HeaderList:
+def encode_headers(pairs: Sequence[tuple[str, str]]) -> HeaderList:
     """``[(name, value)]`` as ASGI header bytes (latin-1; unencodable characters become ``?``)."""
     return [(k.encode("latin-1", "replace"), v.encode("latin-1", "replace")) for k, v in pairs]
 
@@ -68,7 +68,7 @@ def _encoded_outcome(
 ) -> tuple[tuple[bytes, bytes], ...]:
     """:func:`~guard.verdict.outcome_headers` encoded, remembered: they repeat for every request with the same
     outcome."""
-    return tuple(encode_headers(list(outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow))))
+    return tuple(encode_headers(outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow)))
 
 
 def verdict_headers(verdict: Verdict) -> HeaderList:

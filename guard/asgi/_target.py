@@ -165,12 +165,14 @@ def request_target(scope: Scope) -> RequestTarget:
     """
     path: str = scope["path"]
     raw: bytes | None = scope.get("raw_path")
-    text = raw.decode("latin-1") if raw is not None else None
-    if text is None or (text != path and unquote(text) != path):
-        text = quote(path, safe=_QUOTE_SAFE)
     query: bytes = scope.get("query_string", b"")
     if query and not _QUERY.fullmatch(query):
         raise _bad("the query string must be printable ASCII without '#'; percent-encode other bytes", "query")
+    if raw is not None and raw[:1] == b"/" and _PLAIN_RAW.fullmatch(raw) and raw.decode("ascii") == path:
+        return RequestTarget(path, raw)  # the usual request: already canonical (step 1-5 change nothing), one regex
+    text = raw.decode("latin-1") if raw is not None else None
+    if text is None or (text != path and unquote(text) != path):
+        text = quote(path, safe=_QUOTE_SAFE)
     return canonical_path(text)
 
 
@@ -180,11 +182,6 @@ def canonical_scope(scope: Scope) -> Scope:
     Raises:
         BodyError: 400 ``invalid_target``.
     """
-    raw = scope.get("raw_path")
-    if raw is not None and raw[:1] == b"/" and _PLAIN_RAW.fullmatch(raw) and raw.decode("ascii") == scope["path"]:
-        query: bytes = scope.get("query_string", b"")
-        if not query or _QUERY.fullmatch(query):  # the usual request: already canonical, one regex match
-            return scope
     target = request_target(scope)
     if target.path == scope["path"] and target.raw_path == scope.get("raw_path"):
         return scope
