@@ -12,7 +12,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from guard._frozen import frozen_replace
 from guard.errors import MalformedAnswer
 from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
@@ -21,7 +20,6 @@ __all__ = [
     "VALUE_VERSION",
     "KeyTemplate",
     "cache_key",
-    "copy_answer",
     "decode_answers",
     "encode_answers",
     "encode_checked",
@@ -215,12 +213,3 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         model=model, answers=answers, usage=UsageV1(int(usage[0]), int(usage[1]), state_tokens_dropped=int(dropped))
     )
 
-
-def copy_answer(answer: AnswerV1) -> AnswerV1:
-    """A copy of ``answer`` with its own ``probabilities`` (and ``legend``) dict, for answers handed out from objects
-    the cache shares between callers: changing a verdict's answer never changes what the next hit reads."""
-    legend = answer.legend
-    changes = {"probabilities": dict(answer.probabilities)}
-    if legend is not None:
-        changes["legend"] = dict(legend)
-    return frozen_replace(answer, changes)  # once per answer per decision: see guard/_frozen.py

@@ -1,12 +1,11 @@
 """Building frozen dataclasses on the decision hot path without their ``__init__``.
 
-A frozen dataclass's ``__init__`` pays one ``object.__setattr__`` per field. The subject, the verdict and the copies
-of the cached answers are built on every guarded request (the verdict has 20 fields: about 4 us of a cache hit that
-costs tens of microseconds), so the hot path fills the new object's ``__dict__`` instead, which gives an equal object
-(same ``==``, ``repr``, ``hash``, ``dataclasses.asdict`` and pickle) in about a quarter of the time. Where that would
-not be the same object (a class with ``__slots__``, ``__post_init__`` or ``init=False`` fields, or names that are not
-exactly the fields) the ordinary constructor, or :func:`dataclasses.replace`, is called instead, so a field added
-later or a misspelt name is never skipped silently.
+A frozen dataclass's ``__init__`` pays one ``object.__setattr__`` per field. The subject and the verdict are built on
+every guarded request (the verdict has 20 fields: about 4 us of a cache hit that costs tens of microseconds), so the
+hot path fills the new object's ``__dict__`` instead, which gives an equal object (same ``==``, ``repr``, ``hash``,
+``dataclasses.asdict`` and pickle) in about a quarter of the time. Where that would not be the same object (a class
+with ``__slots__``, ``__post_init__`` or ``init=False`` fields, or names that are not exactly the fields) the ordinary
+constructor is called instead, so a field added later or a misspelt name is never skipped silently.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["frozen_builder", "frozen_replace"]
+__all__ = ["frozen_builder"]
 
 T = TypeVar("T")
 
@@ -64,24 +63,3 @@ def frozen_builder(cls: type[T]) -> Callable[[dict[str, Any]], T]:
 
     return build
 
-
-def frozen_replace(obj: T, changes: dict[str, Any]) -> T:
-    """``dataclasses.replace(obj, **changes)``: a copy of the dataclass instance ``obj`` with ``changes`` applied.
-
-    Args:
-        obj: a dataclass instance (``obj`` itself is unchanged).
-        changes: field name -> new value; names that are not fields go to :func:`dataclasses.replace`, which raises
-            ``TypeError`` for them.
-
-    Raises:
-        TypeError: for a name that is not a field, or when ``obj`` is not a dataclass instance.
-    """
-    cls = type(obj)
-    names = _plain_fields(cls)
-    if names is None or not changes.keys() <= names:
-        return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
-    copy: T = object.__new__(cls)
-    fields = copy.__dict__
-    fields.update(obj.__dict__)
-    fields.update(changes)
-    return copy

@@ -131,8 +131,8 @@ class CachedAnswers:
     caller served from it, so treat it as read-only.
 
     Attributes:
-        response: the answers; not copied per caller (copy what leaves the process, see
-            :func:`guard._answers.copy_answer`).
+        response: the answers; not copied per caller (an :class:`~guard.systemone.AnswerV1` is immutable, its
+            probabilities included).
         memo: values derived purely from ``response`` by a caller (the engine keeps rule results here, so rules that
             read only the answers run once per entry, not once per hit); cleared past :data:`MEMO_ENTRIES`.
     """

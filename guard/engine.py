@@ -28,7 +28,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from guard._answers import copy_answer
 from guard._frozen import frozen_builder
 from guard._plan import Plan
 from guard.backends.base import DecisionBackend
@@ -255,9 +254,8 @@ class Guard:
             if isinstance(dropped, int) and dropped > 0:
                 flags["state_tokens_dropped"] = dropped  # before the rules: they may act on a partial read
             names = plan.names
-            shared = {names[qid]: answer for qid, answer in response.answers.items()}
-            result = plan.rules(cached, shared, subject=subject, state=state, flags=flags)
-            answers = {name: copy_answer(answer) for name, answer in shared.items()}  # the cache's stay untouched
+            answers = {names[qid]: answer for qid, answer in response.answers.items()}  # immutable: shared with the cache
+            result = plan.rules(cached, answers, subject=subject, state=state, flags=flags)
         except StateTooLong as exc:
             return self._too_long(policy, decision_id, started, exc, flags, backend), lookup
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500

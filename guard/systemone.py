@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NoReturn, get_args
 
 from guard.errors import FieldError, MalformedAnswer, RequestValidationError
 
@@ -42,6 +42,7 @@ __all__ = [
     "ConfidenceProfile",
     "QuestionType",
     "QuestionV1",
+    "ReadOnlyDict",
     "SystemOneRequestV1",
     "SystemOneResponseV1",
     "UsageV1",
@@ -408,9 +409,36 @@ def confidence(probabilities: Sequence[float], question_type: QuestionType, prof
     raise ValueError(f"confidence profile must be one of {CONFIDENCE_PROFILES}, got {profile!r}")
 
 
+class ReadOnlyDict(dict[str, Any]):
+    """A ``dict`` that cannot change once made. Reading, ``==``, ``json.dumps``, ``dict(x)``, ``copy`` and ``pickle``
+    work as for any dict; every change raises ``TypeError``.
+
+    :class:`AnswerV1` keeps its ``probabilities`` and ``legend`` in one, so an answer is immutable all the way down and
+    can be shared by every decision a cache serves from it (no copy per decision; a caller cannot change what the next
+    one reads).
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("an answer's probabilities and legend are read-only; copy them with dict(...) to change them")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[type[ReadOnlyDict], tuple[dict[str, Any]]]:
+        return (type(self), (dict(self),))
+
+    def __copy__(self) -> ReadOnlyDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReadOnlyDict:
+        return self  # keys are strings; values are numbers or (legend) the criteria's strings, as received
+
+
 @dataclass(frozen=True)
 class AnswerV1:
-    """One question's answer. Numbers are unrounded; :meth:`to_json` rounds for the wire.
+    """One question's answer. Numbers are unrounded; :meth:`to_json` rounds for the wire. Immutable: ``probabilities``
+    and ``legend`` are made :class:`ReadOnlyDict` copies of what is given.
 
     Attributes:
         question_id: the question's id.
@@ -431,6 +459,12 @@ class AnswerV1:
     score: float | None = None
     confidence: float | None = None
     legend: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.probabilities) is not ReadOnlyDict:
+            object.__setattr__(self, "probabilities", ReadOnlyDict(self.probabilities))
+        if self.legend is not None and type(self.legend) is not ReadOnlyDict:
+            object.__setattr__(self, "legend", ReadOnlyDict(self.legend))
 
     @property
     def value(self) -> float | str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import math
@@ -154,19 +155,30 @@ class Telemetry:
             span.set_attributes(span_attributes(verdict, cache=cache))
             if verdict.error is not None:
                 span.set_status(Status(StatusCode.ERROR, verdict.error))
-        labels: dict[str, str | bool] = {
-            "guard.policy.id": verdict.policy_id or "",
-            "guard.action": verdict.action,
-            "guard.rule": verdict.rule or "",
-            "guard.fail_mode": verdict.fail_mode or "",
-            "guard.shadow": verdict.shadow_action is not None,
-        }
+        policy_id = verdict.policy_id or ""
+        labels, by_policy = _labels(policy_id, verdict.action, verdict.rule, verdict.fail_mode, verdict.shadow_action)
         self.decisions.add(1, labels)
-        self.latency.record(verdict.latency_ms, {"guard.policy.id": verdict.policy_id or ""})
+        self.latency.record(verdict.latency_ms, by_policy)
         if verdict.flags.get("fail_open"):
-            self.fail_open.add(1, {"guard.policy.id": verdict.policy_id or ""})
+            self.fail_open.add(1, by_policy)
         if verdict.flags.get("truncated") or verdict.flags.get("state_tokens_dropped"):
-            self.state_cut.add(1, {"guard.policy.id": verdict.policy_id or ""})
+            self.state_cut.add(1, by_policy)
+
+
+@functools.lru_cache(maxsize=1024)
+def _labels(
+    policy_id: str, action: str, rule: str | None, fail_mode: str | None, shadow_action: str | None
+) -> tuple[dict[str, str | bool], dict[str, str]]:
+    """The counters' attributes for one outcome, and the policy's alone: made once per outcome (OpenTelemetry reads
+    attributes and never changes them; nor does anything here)."""
+    labels: dict[str, str | bool] = {
+        "guard.policy.id": policy_id,
+        "guard.action": action,
+        "guard.rule": rule or "",
+        "guard.fail_mode": fail_mode or "",
+        "guard.shadow": shadow_action is not None,
+    }
+    return labels, {"guard.policy.id": policy_id}
 
 
 def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, Any]:

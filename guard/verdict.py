@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -9,10 +10,23 @@ from typing import Any, Literal
 from guard.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.systemone import AnswerV1
 
-__all__ = ["FLAG_NAMES", "Action", "FailMode", "Verdict", "new_decision_id", "outcome_headers"]
+__all__ = [
+    "DECISION_HEADERS",
+    "FLAG_NAMES",
+    "Action",
+    "DecisionHeaders",
+    "FailMode",
+    "Verdict",
+    "new_decision_id",
+    "outcome_headers",
+]
 
 Action = Literal["allow", "block", "escalate", "handoff"]
 FailMode = Literal["closed", "open", "escalate"]
+DecisionHeaders = Literal["brief", "full"]
+#: How much the response to an allowed HTTP request says of the decision (``GuardMiddleware(decision_headers=...)``,
+#: ``guard proxy --decision-headers``): ``brief``, the decision id and a fail-open flag; ``full``, every decision header.
+DECISION_HEADERS: tuple[DecisionHeaders, ...] = ("brief", "full")
 
 #: Flags rules read as ``flags.<name>`` (``0`` when absent): the normalisation findings (``guard/normalize.py``),
 #: ``truncated`` (state fields cut to their ``max_chars``) and ``state_tokens_dropped`` (state tokens the backend
@@ -124,6 +138,7 @@ def outcome_headers(
     fail_mode: str | None,
     *,
     shadow: bool = False,
+    detail: bool = True,
 ) -> tuple[tuple[str, str], ...]:
     """The decision headers other than the id, the same for every verdict with the same outcome: ``x-guard-action``
     (the shadow action in shadow mode, which then adds ``x-guard-shadow: true``), ``x-guard-policy`` (``id@version``),
@@ -132,7 +147,11 @@ def outcome_headers(
     Args:
         action: the action taken, or in shadow mode the action the policy computed (``Verdict.shadow_action``).
         shadow: the policy is in shadow mode.
+        detail: ``False``: only ``x-guard-fail-mode`` (when set), what the HTTP middleware adds to a response the
+            application gave unless told otherwise (``decision_headers="brief"``, docs/http.md).
     """
+    if not detail:
+        return (("x-guard-fail-mode", fail_mode),) if fail_mode else ()
     out = [("x-guard-action", action)]
     if policy_id:
         out.append(("x-guard-policy", f"{policy_id}@{policy_version}"))
@@ -148,7 +167,7 @@ def outcome_headers(
 class _IdsAhead:
     """Decision ids made :data:`BATCH` at a time from one ``os.urandom`` call, handed out one per decision.
 
-    One ``getrandom`` system call and one tight formatting loop per 256 ids instead of both per id: on a virtual
+    One ``getrandom`` system call and one batch of C-level formatting per 256 ids instead of both per id: on a virtual
     machine with kernel page-table isolation a system call also slows the code after it (flushed translation buffers),
     and the two together were a few microseconds of every cached decision. The bits are the kernel's CSPRNG output all
     the same and each id is handed out once: ``list.pop`` is atomic, two threads that find the list empty at once each
@@ -166,20 +185,36 @@ class _IdsAhead:
 
     def refill(self) -> str:
         """A new batch in :attr:`ready`, less the id returned."""
-        ready = self.ready = _uuid4_texts(os.urandom(16 * self.BATCH).hex())
+        ready = self.ready = _uuid4_texts(os.urandom(16 * self.BATCH))
         return ready.pop()
 
 
-_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}  # RFC 9562 variant bits 10xx
+# RFC 9562 section 5.4: the version nibble (octet 6, high half) is 0100 and the variant's top bits (octet 8) are 10.
+_KEEP = bytes.fromhex("ffffffffffff0fff3fffffffffffffff")
+_SET = bytes.fromhex("00000000000040008000000000000000")
+_DASHES = (8, 13, 18, 23)  # where the canonical text form puts "-" (8-4-4-4-12 hex digits)
+_DIGIT_AT = tuple(i for i in range(36) if i not in _DASHES)  # text position of each of the 32 hex digits
 
 
-def _uuid4_texts(digits: str) -> list[str]:
-    """Version-4 UUID texts from random hex ``digits``, 32 per UUID: the version digit becomes ``4`` and the top
-    two variant bits ``10`` (RFC 9562 section 5.4), as ``uuid.uuid4()`` sets them."""
-    return [
-        f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
-        for h in (digits[i : i + 32] for i in range(0, len(digits), 32))
-    ]
+@functools.lru_cache(maxsize=4)
+def _uuid_masks(count: int) -> tuple[int, int, bytes]:
+    keep = int.from_bytes(_KEEP * count, "big")
+    set_bits = int.from_bytes(_SET * count, "big")
+    template = b"00000000-0000-0000-0000-000000000000\n" * count
+    return keep, set_bits, template
+
+
+def _uuid4_texts(random_bytes: bytes) -> list[str]:
+    """Version-4 UUID texts, one per 16 of ``random_bytes``, as ``str(uuid.uuid4())`` writes them: the version and
+    variant bits set (RFC 9562 section 5.4) on all of them at once with two big-integer operations, and the hex digits
+    placed into their text positions with one strided copy per digit position (32 in all, whatever the count)."""
+    count = len(random_bytes) // 16
+    keep, set_bits, template = _uuid_masks(count)
+    digits = ((int.from_bytes(random_bytes, "big") & keep) | set_bits).to_bytes(16 * count, "big").hex().encode()
+    text = bytearray(template)
+    for digit, position in enumerate(_DIGIT_AT):
+        text[position::37] = digits[digit::32]
+    return text.decode("ascii").split()
 
 
 _IDS = _IdsAhead()

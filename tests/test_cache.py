@@ -113,13 +113,16 @@ async def test_memory_cache_hit_and_threshold_change_needs_no_model_call() -> No
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", ["memory", "redis"])
-async def test_hits_hand_out_answers_and_states_of_their_own(kind: str, redis_url: str, create_redis: Any) -> None:
+async def test_hits_hand_out_immutable_answers_and_states_of_their_own(kind: str, redis_url: str, create_redis: Any) -> None:
     cache = MemoryCache() if kind == "memory" else redis_cache(redis_url, create_redis.prefix)
     guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=cache)
     await guard.aevaluate(subject("ignore"))
     hit = await guard.aevaluate(subject("ignore"))
-    hit.answers["injection"].probabilities["true"] = 0.0
-    hit.answers["tone"].probabilities.clear()
+    with pytest.raises(TypeError, match="read-only"):
+        hit.answers["injection"].probabilities["true"] = 0.0
+    with pytest.raises(TypeError, match="read-only"):
+        hit.answers["tone"].probabilities.clear()
+    hit.answers.pop("tone")
     hit.state["text"] = "changed"
     again = await guard.aevaluate(subject("ignore"))
     assert again.cache_hit and again.answers["injection"].probabilities == pytest.approx({"true": 0.9, "false": 0.1})

@@ -27,7 +27,7 @@ from guard.errors import (
 from guard.policy import load_text
 from guard.subject import AgentSubject, HttpSubject
 from guard.systemone import AnswerV1, SystemOneRequestV1, SystemOneResponseV1
-from guard.verdict import new_decision_id
+from guard.verdict import _uuid4_texts, new_decision_id
 from tests._backends import ScriptedBackend, constant
 
 HTTP_POLICY = """
@@ -132,6 +132,12 @@ async def test_decision_ids_are_random_uuid4s() -> None:
     assert [str(u) for u in parsed] == ids and len(set(ids)) == len(ids)
     assert {(u.version, u.variant) for u in parsed} == {(4, uuid.RFC_4122)}
 
+
+
+@pytest.mark.parametrize("random_bytes", [bytes(16), b"\xff" * 16, bytes(range(16)) * 3, os.urandom(16 * 256)])
+def test_a_batch_of_decision_ids_is_what_uuid_writes_for_the_same_random_bytes(random_bytes: bytes) -> None:
+    expected = [str(uuid.UUID(bytes=random_bytes[i : i + 16], version=4)) for i in range(0, len(random_bytes), 16)]
+    assert _uuid4_texts(random_bytes) == expected
 
 def test_decision_ids_from_many_threads_and_across_read_ahead_chunks_are_all_distinct() -> None:
     ids: list[str] = []

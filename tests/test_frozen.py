@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from guard._frozen import frozen_builder, frozen_replace
+from guard._frozen import frozen_builder
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
@@ -70,15 +70,3 @@ def test_default_factories_are_not_shared() -> None:
     a, b = frozen_builder(Box)({}), frozen_builder(Box)({})
     assert a.items == [] and a.items is not b.items
 
-
-def test_replace_is_dataclasses_replace() -> None:
-    head = HttpSubject(method="POST", path="/v1", headers={"host": "h"}, content_type="application/json")
-    changes = {"query": {"q": ["1"]}, "body": {"prompt": "hi"}, "body_text": "hi"}
-    copy = frozen_replace(head, changes)
-    assert copy == dataclasses.replace(head, **changes) and type(copy) is HttpSubject
-    assert head.body is None and head.query == {} and copy.headers is head.headers  # a shallow copy, head unchanged
-    with pytest.raises(TypeError, match="bdy"):
-        frozen_replace(head, {"bdy": 1})
-    assert frozen_replace(_Slotted(1), {"value": 2}) == _Slotted(2)
-    with pytest.raises(ValueError, match="negative"):
-        frozen_replace(_Checked(1), {"value": -1})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
+import pickle
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,9 @@ from guard.errors import MalformedAnswer, RequestValidationError
 from guard.systemone import (
     NOUL_DEFAULT_FALSE,
     NOUL_DEFAULT_TRUE,
+    AnswerV1,
     QuestionV1,
+    ReadOnlyDict,
     SystemOneRequestV1,
     SystemOneResponseV1,
     answer_question,
@@ -258,3 +263,34 @@ def test_two_decimal_provider_tolerance() -> None:
     SystemOneResponseV1.from_json(body, _remote_request(), decimals=2)
     with pytest.raises(MalformedAnswer):
         SystemOneResponseV1.from_json(body, _remote_request(), decimals=4)
+
+
+# Immutable answers --------------------------------------------------------------------------------------------------
+
+
+def test_an_answer_is_immutable_all_the_way_down_and_still_reads_as_a_dict() -> None:
+    given = {"0": 0.2, "1": 0.8}
+    answer = AnswerV1("urgency", "score", given, score=0.8, confidence=0.6, legend={"0": "calm", "1": "urgent"})
+    given["0"] = 1.0  # what the caller passed is copied, not kept
+    assert answer.probabilities == {"0": 0.2, "1": 0.8} and isinstance(answer.probabilities, dict)
+    assert type(answer.probabilities) is type(answer.legend) is ReadOnlyDict
+    changes = [
+        lambda p: p.__setitem__("0", 1.0), lambda p: p.__delitem__("0"), lambda p: p.update({"0": 1.0}),
+        lambda p: p.pop("0"), lambda p: p.popitem(), lambda p: p.clear(), lambda p: p.setdefault("2", 0.0),
+        lambda p: p.__ior__({"0": 1.0}),
+    ]  # fmt: skip
+    for change in changes:
+        with pytest.raises(TypeError, match="read-only"):
+            change(answer.probabilities)
+    with pytest.raises(TypeError, match="read-only"):
+        answer.legend["0"] = "changed"  # type: ignore[index]
+    assert answer.probabilities == {"0": 0.2, "1": 0.8} and answer.legend == {"0": "calm", "1": "urgent"}
+    mutable = dict(answer.probabilities)
+    mutable["0"] = 1.0  # a copy changes freely
+    assert json.loads(json.dumps(answer.probabilities)) == {"0": 0.2, "1": 0.8}
+    for twin in (pickle.loads(pickle.dumps(answer)), copy.copy(answer), copy.deepcopy(answer)):
+        assert twin == answer and type(twin.probabilities) is ReadOnlyDict
+    as_dict = dataclasses.asdict(answer)
+    assert as_dict["probabilities"] == {"0": 0.2, "1": 0.8} and as_dict["legend"] == {"0": "calm", "1": "urgent"}
+    replaced = dataclasses.replace(answer, probabilities={"0": 0.9, "1": 0.1})
+    assert type(replaced.probabilities) is ReadOnlyDict and answer.probabilities["0"] == 0.2

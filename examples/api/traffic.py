@@ -71,6 +71,14 @@ def serve_in_thread(app: Any) -> Iterator[str]:
         thread.join(10)
 
 
+def _action(response: httpx.Response) -> str:
+    """What guard decided: named on the responses guard gives itself; an allowed request's response carries only the
+    decision id (brief decision headers); no id, no decision (no policy matched)."""
+    if "x-guard-action" in response.headers:
+        return response.headers["x-guard-action"]
+    return "allow" if "x-guard-decision-id" in response.headers else "-"
+
+
 async def send_all(client: httpx.AsyncClient, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     results = []
     for row in rows:
@@ -78,7 +86,7 @@ async def send_all(client: httpx.AsyncClient, rows: list[dict[str, Any]]) -> lis
         response = await client.request(row["method"], row["path"], json=row["body"])
         results.append({
             "id": row["id"], "label": row["label"], "path": row["path"], "status": response.status_code,
-            "action": response.headers.get("x-guard-action", "-"), "rule": response.headers.get("x-guard-rule", "-"),
+            "action": _action(response), "rule": response.headers.get("x-guard-rule", "-"),
             "fail_mode": response.headers.get("x-guard-fail-mode"),
             "ms": (time.perf_counter() - started) * 1000,
         })

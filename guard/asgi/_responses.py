@@ -64,16 +64,29 @@ def retry_after_value(seconds: float) -> bytes:
 
 @functools.lru_cache(maxsize=1024)
 def _encoded_outcome(
-    action: str, policy_id: str | None, version: str | None, rule: str | None, fail_mode: str | None, shadow: bool
+    action: str,
+    policy_id: str | None,
+    version: str | None,
+    rule: str | None,
+    fail_mode: str | None,
+    shadow: bool,
+    detail: bool,
 ) -> tuple[tuple[bytes, bytes], ...]:
     """:func:`~guard.verdict.outcome_headers` encoded, remembered: they repeat for every request with the same
     outcome."""
-    return tuple(encode_headers(outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow)))
+    headers = outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow, detail=detail)
+    return tuple(encode_headers(headers))
 
 
-def verdict_headers(verdict: Verdict) -> HeaderList:
+def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
     """The verdict's decision headers (``x-guard-*``, as :meth:`Verdict.headers` names them), plus ``Retry-After``
-    when it carries one. A new list."""
+    when it carries one. A new list.
+
+    Args:
+        full: every header also when the verdict allows; ``False``: an allowing verdict's headers are the decision
+            id and ``x-guard-fail-mode`` (when set). A verdict guard answers itself (block, escalate, handoff) always
+            gets every header.
+    """
     shadow = verdict.shadow_action
     out = [
         (b"x-guard-decision-id", verdict.decision_id.encode("latin-1", "replace")),
@@ -84,6 +97,7 @@ def verdict_headers(verdict: Verdict) -> HeaderList:
             verdict.rule,
             verdict.fail_mode,
             shadow is not None,
+            full or verdict.action != "allow",
         ),
     ]
     if verdict.retry_after is not None and verdict.action != "allow":

@@ -38,7 +38,7 @@ from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import ParsedBodies
 from guard.asgi._responses import block_code, refuse_target, send_json, send_with_headers, verdict_headers
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
-from guard.asgi._subject import head_subject, header_map, query_map, with_body
+from guard.asgi._subject import fill_body, head_subject, header_map, query_map
 from guard.asgi._target import canonical_scope
 from guard.asgi.limits import BodyLimits
 from guard.engine import Guard
@@ -47,7 +47,7 @@ from guard.handoff import HandoffClient
 from guard.policy import Policy
 from guard.review import MemoryReviewStore, ReviewStore
 from guard.subject import HttpSubject
-from guard.verdict import Verdict, new_decision_id
+from guard.verdict import DECISION_HEADERS, DecisionHeaders, Verdict, new_decision_id
 
 __all__ = ["DEFAULT_REVIEW_PATH", "GuardMiddleware"]
 
@@ -77,9 +77,14 @@ class GuardMiddleware:
         client_header: a header set by a trusted proxy that names the client (``x-forwarded-for``: the first
             address is used); default the peer address.
         metrics: counters to use (a proxy shares them with its ``/metrics``); default a new :class:`HttpMetrics`.
+        decision_headers: what the application's response to an allowed request says of the decision.
+            ``"brief"`` (default): ``x-guard-decision-id``, and ``x-guard-fail-mode: open`` when the policy failed
+            open; ``"full"``: every decision header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``,
+            ``x-guard-shadow``). Responses guard gives itself (block, review, handoff) always carry every one.
 
     Raises:
-        ValueError: for an invalid limit or a ``review_path`` that does not start with ``/``.
+        ValueError: for an invalid limit, a ``review_path`` that does not start with ``/`` or an unknown
+            ``decision_headers``.
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class GuardMiddleware:
         review_path: str = DEFAULT_REVIEW_PATH,
         client_header: str | None = None,
         metrics: HttpMetrics | None = None,
+        decision_headers: DecisionHeaders = "brief",
     ) -> None:
         base = limits or BodyLimits()
         overrides: dict[str, Any] = {}
@@ -110,8 +116,12 @@ class GuardMiddleware:
         self.limits = dataclasses.replace(base, **overrides) if overrides else base
         if not review_path.startswith("/") or review_path.rstrip("/") == "":
             raise ValueError(f"review_path is {review_path!r}; it must be a path like '/_guard/reviews'")
+        if decision_headers not in DECISION_HEADERS:
+            raise ValueError(f"decision_headers is {decision_headers!r}; it must be one of {DECISION_HEADERS}")
         self.app = app
         self.guard = guard
+        self.decision_headers = decision_headers
+        self._full_headers = decision_headers == "full"
         self.review_store: ReviewStore = review_store if review_store is not None else MemoryReviewStore()
         self.handoff = handoff if handoff is not None else HandoffClient()
         self.review_path = review_path.rstrip("/")
@@ -158,7 +168,7 @@ class GuardMiddleware:
         except BodyError as exc:
             await self._refuse(send, head, policy, exc)
             return
-        subject = with_body(head, query, value, text)
+        subject = fill_body(head, query, value, text)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
             await release_on_resend(self, scope, receive, send, review_id.strip(), body)
@@ -168,7 +178,7 @@ class GuardMiddleware:
         if verdict.fail_mode == "open":
             self.metrics.fail_open.labels(verdict.policy_id or "").inc()
         if verdict.action == "allow":
-            send = functools.partial(send_with_headers, send, verdict_headers(verdict))
+            send = functools.partial(send_with_headers, send, verdict_headers(verdict, full=self._full_headers))
             await self.app(scope, ReplayReceive(body, receive), send)
         elif verdict.action == "block":
             await _block(send, verdict)

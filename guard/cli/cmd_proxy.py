@@ -3,6 +3,7 @@
     guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
                 [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
                 [--review-token-env VAR] [--max-body-bytes N] [--decision-log FILE] [--client-header x-forwarded-for]
+                [--decision-headers brief|full]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica); without it
 both stay in the process. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
@@ -20,6 +21,7 @@ from typing import Any
 
 from guard.cli.backend_options import add_backend_options, open_cli_backend
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
+from guard.verdict import DECISION_HEADERS
 
 __all__ = ["ProxyRuntime", "build", "register", "run"]
 
@@ -51,6 +53,13 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="NAME",
         help="trusted header naming the client (e.g. x-forwarded-for); default the peer address",
+    )
+    parser.add_argument(
+        "--decision-headers",
+        default="brief",
+        choices=DECISION_HEADERS,
+        help="brief (default): allowed responses carry x-guard-decision-id (and x-guard-fail-mode when failing "
+        "open); full: every decision header (blocked, held and handed-off responses always carry all)",
     )
     parser.add_argument("--connect-timeout", type=float, default=5.0, metavar="S", help="upstream connect, seconds")
     parser.add_argument("--read-timeout", type=float, default=60.0, metavar="S", help="upstream silence, seconds")
@@ -121,7 +130,11 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     log = DecisionLog(args.decision_log) if args.decision_log else None
     guard = Guard.from_files(*args.policy, backends=backend, redis_url=args.redis_url, decision_log=log)
     store: ReviewStore = RedisReviewStore.from_url(args.redis_url) if args.redis_url else MemoryReviewStore()
-    options: dict[str, Any] = {"review_store": store, "client_header": args.client_header}
+    options: dict[str, Any] = {
+        "review_store": store,
+        "client_header": args.client_header,
+        "decision_headers": args.decision_headers,
+    }
     if args.max_body_bytes is not None:
         options["max_body_bytes"] = args.max_body_bytes
 

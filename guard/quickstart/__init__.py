@@ -194,8 +194,9 @@ async def run_quickstart(
                     id=item["id"],
                     label=item["label"],
                     what=_what(item, "http"),
-                    action=response.headers.get("x-guard-action", "allow"),
-                    rule=response.headers.get("x-guard-rule", "-"),
+                    # from the decision record: the response to an allowed request names only the decision
+                    action=record.get("result", {}).get("action", "allow"),
+                    rule=record.get("result", {}).get("rule") or "-",
                     probabilities=_probabilities(record.get("answers") or {}),
                     latency_ms=elapsed,
                     status=response.status_code,

@@ -67,15 +67,28 @@ def _json_body(sent: list[dict[str, Any]]) -> dict[str, Any]:
 
 # Allow and pass-through ------------------------------------------------------------------------------------------
 
-async def test_allow_replays_body_byte_for_byte_with_decision_headers(make_guard: GuardFactory) -> None:
+@pytest.mark.parametrize("decision_headers", ["brief", "full"])
+async def test_allow_replays_body_byte_for_byte_with_decision_headers(make_guard: GuardFactory,
+                                                                      decision_headers: str) -> None:
+    lines: list[str] = []
     body = json.dumps({"message": BENIGN, "pad": "x" * 10_000}).encode()
-    async with client_for(guarded_app(make_guard())) as client:
+    app = guarded_app(make_guard(decision_log=DecisionLog(lines.append)), decision_headers=decision_headers)
+    async with client_for(app) as client:
         response = await client.post("/v1/echo", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 200
     assert response.json()["sha256"] == sha(body) and response.json()["length"] == len(body)
-    assert response.headers["x-app"] == "echo" and response.headers["x-guard-action"] == "allow"
-    assert response.headers["x-guard-policy"] == "api_guard@3" and response.headers["x-guard-rule"] == "default"
-    assert len(response.headers["x-guard-decision-id"]) == 36
+    assert response.headers["x-app"] == "echo"
+    assert response.headers["x-guard-decision-id"] == json.loads(lines[-1])["decision_id"]
+    guard_headers = {k: v for k, v in response.headers.items() if k.startswith("x-guard-") and k != "x-guard-decision-id"}
+    if decision_headers == "brief":  # the application answered: only the decision id
+        assert guard_headers == {}
+    else:
+        assert guard_headers == {"x-guard-action": "allow", "x-guard-policy": "api_guard@3", "x-guard-rule": "default"}
+
+
+async def test_decision_headers_must_be_brief_or_full(make_guard: GuardFactory) -> None:
+    with pytest.raises(ValueError, match="decision_headers is 'all'"):
+        GuardMiddleware(echo, guard=make_guard(), decision_headers="all")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("pieces", [1, 3, 7])
@@ -99,7 +112,8 @@ async def test_empty_body_and_two_stacked_guards(make_guard: GuardFactory) -> No
         full = await client.post("/v1/echo", content=body, headers={"content-type": "application/json"})
     assert empty.status_code == 200 and empty.json()["length"] == 0
     assert full.json()["sha256"] == sha(body)
-    assert full.headers.get_list("x-guard-action") == ["allow", "allow"]  # each guard judged the same bytes
+    ids = full.headers.get_list("x-guard-decision-id")
+    assert len(ids) == 2 and ids[0] != ids[1]  # each guard judged the same bytes
 
 
 async def test_client_disconnect_mid_body_stops_quietly(make_guard: GuardFactory) -> None:
@@ -159,6 +173,8 @@ async def test_block_is_json_403_naming_policy_and_rule(make_guard: GuardFactory
     assert body["message"] == "The request looks like a prompt injection."
     assert body["decision_id"] == response.headers["x-guard-decision-id"]
     assert response.headers["x-guard-action"] == "block" and "x-app" not in response.headers
+    # guard answered itself: every decision header, with the default (brief) headers for allowed requests too
+    assert response.headers["x-guard-policy"] == "api_guard@3" and response.headers["x-guard-rule"] == "prompt_injection"
     assert backend.calls == 1
 
 
@@ -226,7 +242,8 @@ async def test_fail_open_passes_flagged_and_counted(make_guard: GuardFactory) ->
     async with client_for(middleware) as client:
         response = await client.post("/open/echo", content=b"hello", headers={"content-type": "text/plain"})
     assert response.status_code == 200 and response.json()["sha256"] == sha(b"hello")
-    assert response.headers["x-guard-fail-mode"] == "open" and response.headers["x-guard-action"] == "allow"
+    assert response.headers["x-guard-fail-mode"] == "open" and "x-guard-decision-id" in response.headers
+    assert "x-guard-action" not in response.headers  # brief headers: the application's answer, flagged fail-open
     metrics = _find_middleware(middleware).metrics.render().decode()
     assert 'guard_http_fail_open_total{policy="open_guard"} 1.0' in metrics
 
@@ -266,10 +283,14 @@ async def test_cache_hit_skips_the_backend(make_guard: GuardFactory, redis_url: 
 # Shadow mode and the decision log ---------------------------------------------------------------------------------
 
 async def test_shadow_policy_allows_and_says_what_it_would_do(make_guard: GuardFactory) -> None:
-    async with client_for(guarded_app(make_guard())) as client:
+    guard = make_guard()
+    async with client_for(guarded_app(guard, decision_headers="full")) as client:
         response = await client.post("/shadow/echo", json={"message": ATTACK})
     assert response.status_code == 200 and response.headers["x-guard-shadow"] == "true"
     assert response.headers["x-guard-action"] == "block"  # the header names the computed action
+    async with client_for(guarded_app(guard)) as client:  # brief: the client is not told what shadow mode found
+        brief = await client.post("/shadow/echo", json={"message": ATTACK})
+    assert brief.status_code == 200 and "x-guard-shadow" not in brief.headers and "x-guard-action" not in brief.headers
 
 
 async def test_body_refusals_are_logged_as_decisions(make_guard: GuardFactory) -> None:

@@ -141,13 +141,13 @@ async def test_guarded_and_unguarded_bodies_reach_the_upstream_intact(
             )
             unguarded = await client.post("/public/echo", content=big)
             put = await client.put("/v1/echo", content=body, headers={"content-type": "application/json"})
-    assert guarded.status_code == 200 and guarded.headers["x-guard-action"] == "allow"
+    assert guarded.status_code == 200 and "x-guard-decision-id" in guarded.headers  # judged and allowed
     seen = guarded.json()
     assert seen["sha256"] == sha(body) and seen["query"] == "x=1&y=%20"
     assert seen["headers"]["host"] == url.removeprefix("http://") and "x-secret" not in seen["headers"]
     assert seen["headers"]["x-forwarded-for"] == "10.0.0.1, 127.0.0.1"
     assert seen["headers"]["x-forwarded-proto"] == "http"
-    assert unguarded.json()["sha256"] == sha(big) and "x-guard-action" not in unguarded.headers
+    assert unguarded.json()["sha256"] == sha(big) and "x-guard-decision-id" not in unguarded.headers
     assert put.status_code == 201
 
 
@@ -177,7 +177,7 @@ async def test_streaming_is_incremental_through_the_proxy(
             httpx.AsyncClient(base_url=proxy, timeout=10) as client,
             client.stream("POST", "/v1/stream", json={"message": BENIGN}) as response,
         ):
-            assert response.headers["x-guard-action"] == "allow"
+            assert response.status_code == 200 and "x-guard-decision-id" in response.headers
             async for line in response.aiter_lines():
                 lines.append(line)
                 if len(lines) < len(service.gates):
@@ -210,7 +210,8 @@ async def test_upstream_errors_are_502_and_504(make_guard: GuardFactory, upstrea
             guarded_down = await client.post("/v1/echo", json={"message": BENIGN})
     assert down.status_code == guarded_down.status_code == 502
     assert down.json()["code"] == "upstream_unavailable"
-    assert guarded_down.headers["x-guard-action"] == "allow"  # the guard allowed; the upstream failed
+    assert "x-guard-decision-id" in guarded_down.headers  # the guard allowed (its decision); the upstream failed
+    assert "x-guard-decision-id" not in down.headers
     with serve_in_thread(proxy_app(guard, ProxyConfig(url, read_timeout=0.3))) as proxy:
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
             started = time.perf_counter()
@@ -340,6 +341,8 @@ async def test_cli_proxy_end_to_end_with_a_real_model(
             "GUARD_TEST_REVIEW_TOKEN",
             "--decision-log",
             str(log),
+            "--decision-headers",
+            "full",
         ]
     )
     runtime = build(args)

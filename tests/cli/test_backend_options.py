@@ -160,7 +160,7 @@ async def test_the_proxy_warms_a_local_backend_up_at_startup(golden_checkpoint: 
     policy.write_text(Path(POLICY).read_text(encoding="utf-8").replace("timeout_ms: 2000", "timeout_ms: 60000"))
     with serve_in_thread(upstream) as url:
         argv = ["proxy", "--policy", str(policy), "--upstream", url, "--listen", f"127.0.0.1:{_free_port()}",
-                "--backend", f"local:{golden_checkpoint}", "--dtype", "float32"]  # fmt: skip
+                "--backend", f"local:{golden_checkpoint}", "--dtype", "float32", "--decision-headers", "full"]  # fmt: skip
         runtime = build(build_parser().parse_args(argv))
         backend = runtime.app.guard.backends["default"]
         assert isinstance(backend, LocalBackend) and backend.batcher.stats.batches == 0
