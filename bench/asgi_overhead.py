@@ -15,6 +15,11 @@ Variants:
   base-mem       with --baseline DIR: guarded-mem served by the guard package in DIR (e.g. an older commit checked out
                  with ``git worktree add DIR <commit>``), for before/after numbers from one run
 
+Last, every variant with a server of its own (bare, guarded-mem, guarded-redis, base-mem) is loaded at the same time
+and each server's CPU time per request is read from ``/proc``: ``bare / variant`` there is the throughput a CPU-bound
+server keeps, with the machine's speed (which drifts from second to second on a shared VM) the same for all of them.
+Its rounds agree within a few per cent where the sequential throughput ratios spread over tens of per cent.
+
 Goal (issue 5): on a cache hit the middleware adds < 1 ms at p50 and keeps >= 80 % of the bare app's throughput.
 
 The in-process section first calls each ASGI app directly and reports CPU microseconds per request (median of
@@ -45,7 +50,8 @@ REQUESTS = 1500  # timed requests per variant per round at concurrency 16 (half 
 WARMUP = 200  # untimed requests first (fills the cache, warms the interpreter)
 CONCURRENCY = 16  # connections for the throughput mode
 ROUNDS = 15  # interleaved rounds; medians (and per-round ratios) are reported: rounds swing by +-30 % on a shared VM
-CPU_ROUNDS = 5  # interleaved rounds of the in-process CPU measurement
+CONCURRENT_ROUNDS = 5  # rounds of the all-at-once server CPU measurement
+CONCURRENT_SECONDS = 5.0  # measured seconds per round (after 1 s of load)
 SEED = 5  # order of the variants in each round
 BODY = json.dumps({"message": "What is the balance on my credit card?", "account": "12345"}).encode()
 POLICY = """
@@ -155,12 +161,17 @@ def _start(
 # Load generator ---------------------------------------------------------------------------------------------------
 
 
-async def _connection(port: int, path: str, count: int, latencies: list[float]) -> None:
+async def _connection(
+    port: int, path: str, count: int | None, latencies: list[float], stop: asyncio.Event | None = None
+) -> None:
+    """``count`` requests on one keep-alive connection (``None``: until ``stop`` is set), their latencies appended."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     request = (
         f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
     ).encode() + BODY
-    for _ in range(count):
+    sent = 0
+    while (sent < count) if count is not None else not (stop is not None and stop.is_set()):
+        sent += 1
         started = time.perf_counter()
         writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
@@ -275,6 +286,44 @@ def in_process(policy_file: str, n: int, rounds: int, baseline: Path | None) -> 
           + "".join(f" {m['bare'] / m['hit']:11.0%}" for m in medians.values()))
 
 
+def _server_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _all_at_once(servers: dict[str, tuple[int, int]], path: str) -> dict[str, float]:
+    """Load every server at once (4 connections each) and return each one's CPU microseconds per request: the machine's
+    speed, which drifts from second to second on a shared VM, is then the same for all of them."""
+    stop = asyncio.Event()
+    latencies: dict[str, list[float]] = {name: [] for name in servers}
+    tasks = [asyncio.create_task(_connection(port, path, None, latencies[name], stop))
+             for name, (_, port) in servers.items() for _ in range(4)]  # fmt: skip
+    await asyncio.sleep(1.0)
+    before = {name: (_server_cpu(pid), len(latencies[name])) for name, (pid, _) in servers.items()}
+    await asyncio.sleep(CONCURRENT_SECONDS)
+    after = {name: (_server_cpu(pid), len(latencies[name])) for name, (pid, _) in servers.items()}
+    stop.set()
+    await asyncio.gather(*tasks)
+    return {name: (after[name][0] - before[name][0]) / (after[name][1] - before[name][1]) * 1e6 for name in servers}
+
+
+def all_at_once(pids: dict[str, int], ports: dict[str, int], rounds: int) -> None:
+    """Server CPU per request with every variant that has a server of its own loaded at the same time; ``bare /
+    variant`` is the throughput a CPU-bound server keeps, per round, without the drift between sequential runs."""
+    servers = {v: (pids[v], ports[v]) for v in pids if v in ("bare", "guarded-mem", "guarded-redis", "base-mem")}
+    if len(servers) < 2 or not Path(f"/proc/{pids['bare']}/stat").exists():
+        return
+    per_round = [asyncio.run(_all_at_once(servers, "/v1/echo")) for _ in range(rounds)]
+    print(f"server CPU per request with these loaded at once, 4 connections each ({rounds} rounds x "
+          f"{CONCURRENT_SECONDS:g} s; median [min-max] of rounds):")
+    for variant in servers:
+        cpu = [r[variant] for r in per_round]
+        ratios = [r["bare"] / r[variant] for r in per_round]
+        print(f"  {variant:<14} {statistics.median(cpu):7.1f} us   bare / variant {statistics.median(ratios):4.0%} "
+              f"[{min(ratios):.0%}-{max(ratios):.0%}]")
+
+
 def _pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))] * 1000
 
@@ -317,6 +366,7 @@ def loopback(args: argparse.Namespace, policy_file: str) -> None:
     variants = [v for v in variants if (v != "guarded-redis" or args.redis_url) and (v != "base-mem" or args.baseline)]
     procs: list[subprocess.Popen[bytes]] = []
     ports: dict[str, int] = {}
+    pids: dict[str, int] = {}
     try:
         for variant in variants:
             if variant in ("bare", "guarded-mem", "guarded-redis"):
@@ -332,6 +382,7 @@ def loopback(args: argparse.Namespace, policy_file: str) -> None:
             else:
                 proc, ports[variant] = _start("proxy", None, f"http://127.0.0.1:{ports['bare']}", policy_file)
             procs.append(proc)
+            pids[variant] = proc.pid
         paths = {v: "/open/echo" if v == "passthrough" else "/v1/echo" for v in variants}
         keys = ("p50", "p95", "p99", "rps", "dp50", "ratio")
         results: dict[str, dict[str, list[float]]] = {v: {k: [] for k in keys} for v in variants}
@@ -351,12 +402,17 @@ def loopback(args: argparse.Namespace, policy_file: str) -> None:
             for variant in variants:
                 results[variant]["dp50"].append(results[variant]["p50"][-1] - bare["p50"][-1])
                 results[variant]["ratio"].append(results[variant]["rps"][-1] / bare["rps"][-1])
+        report(args, variants, results)
+        all_at_once(pids, ports, CONCURRENT_ROUNDS)
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(10)
 
+
+def report(args: argparse.Namespace, variants: list[str], results: dict[str, dict[str, list[float]]]) -> None:
+    """The latency and throughput table of :func:`loopback`."""
     med = {v: {k: statistics.median(vals) for k, vals in r.items()} for v, r in results.items()}
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(

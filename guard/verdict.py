@@ -138,7 +138,6 @@ def outcome_headers(
     fail_mode: str | None,
     *,
     shadow: bool = False,
-    detail: bool = True,
 ) -> tuple[tuple[str, str], ...]:
     """The decision headers other than the id, the same for every verdict with the same outcome: ``x-guard-action``
     (the shadow action in shadow mode, which then adds ``x-guard-shadow: true``), ``x-guard-policy`` (``id@version``),
@@ -147,11 +146,7 @@ def outcome_headers(
     Args:
         action: the action taken, or in shadow mode the action the policy computed (``Verdict.shadow_action``).
         shadow: the policy is in shadow mode.
-        detail: ``False``: only ``x-guard-fail-mode`` (when set), what the HTTP middleware adds to a response the
-            application gave unless told otherwise (``decision_headers="brief"``, docs/http.md).
     """
-    if not detail:
-        return (("x-guard-fail-mode", fail_mode),) if fail_mode else ()
     out = [("x-guard-action", action)]
     if policy_id:
         out.append(("x-guard-policy", f"{policy_id}@{policy_version}"))

@@ -70,12 +70,10 @@ def _encoded_outcome(
     rule: str | None,
     fail_mode: str | None,
     shadow: bool,
-    detail: bool,
 ) -> tuple[tuple[bytes, bytes], ...]:
     """:func:`~guard.verdict.outcome_headers` encoded, remembered: they repeat for every request with the same
     outcome."""
-    headers = outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow, detail=detail)
-    return tuple(encode_headers(headers))
+    return tuple(encode_headers(outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow)))
 
 
 def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
@@ -87,19 +85,19 @@ def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
             id and ``x-guard-fail-mode`` (when set). A verdict guard answers itself (block, escalate, handoff) always
             gets every header.
     """
-    shadow = verdict.shadow_action
-    out = [
-        (b"x-guard-decision-id", verdict.decision_id.encode("latin-1", "replace")),
-        *_encoded_outcome(
+    out = [(b"x-guard-decision-id", verdict.decision_id.encode("latin-1", "replace"))]
+    shadow, fail_mode = verdict.shadow_action, verdict.fail_mode
+    if full or verdict.action != "allow":
+        out += _encoded_outcome(
             shadow or verdict.action,
             verdict.policy_id,
             verdict.policy_version,
             verdict.rule,
-            verdict.fail_mode,
+            fail_mode,
             shadow is not None,
-            full or verdict.action != "allow",
-        ),
-    ]
+        )
+    elif fail_mode:
+        out.append((b"x-guard-fail-mode", fail_mode.encode("latin-1", "replace")))
     if verdict.retry_after is not None and verdict.action != "allow":
         out.append((b"retry-after", retry_after_value(verdict.retry_after)))
     return out

@@ -168,12 +168,17 @@ def request_target(scope: Scope) -> RequestTarget:
     query: bytes = scope.get("query_string", b"")
     if query and not _QUERY.fullmatch(query):
         raise _bad("the query string must be printable ASCII without '#'; percent-encode other bytes", "query")
-    if raw is not None and raw[:1] == b"/" and _PLAIN_RAW.fullmatch(raw) and raw.decode("ascii") == path:
-        return RequestTarget(path, raw)  # the usual request: already canonical (step 1-5 change nothing), one regex
+    if _plain(path, raw):
+        return RequestTarget(path, raw)  # type: ignore[arg-type] # _plain: raw is bytes
     text = raw.decode("latin-1") if raw is not None else None
     if text is None or (text != path and unquote(text) != path):
         text = quote(path, safe=_QUOTE_SAFE)
     return canonical_path(text)
+
+
+def _plain(path: str, raw: bytes | None) -> bool:
+    """The usual request: ``raw`` is already canonical and is ``path`` encoded (steps 1-5 change nothing); one regex."""
+    return raw is not None and raw[:1] == b"/" and _PLAIN_RAW.fullmatch(raw) is not None and raw.decode("ascii") == path
 
 
 def canonical_scope(scope: Scope) -> Scope:
@@ -182,6 +187,9 @@ def canonical_scope(scope: Scope) -> Scope:
     Raises:
         BodyError: 400 ``invalid_target``.
     """
+    query: bytes = scope.get("query_string", b"")
+    if (not query or _QUERY.fullmatch(query)) and _plain(scope["path"], scope.get("raw_path")):
+        return scope  # what request_target would return, without building it
     target = request_target(scope)
     if target.path == scope["path"] and target.raw_path == scope.get("raw_path"):
         return scope
