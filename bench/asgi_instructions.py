@@ -3,7 +3,7 @@
 Each variant of ``asgi_overhead.py`` (the same apps, policy and request) is served by uvicorn under valgrind's
 callgrind, with instrumentation off while it starts and warms up; then instrumentation goes on, ``REQUESTS`` requests
 are sent over loopback, and the server's user-space instructions are read back. Instructions per request repeat to
-within a few hundred from run to run whatever else the machine is doing (loopback throughput on a small shared VM
+within about 0.5 % from run to run whatever else the machine is doing (loopback throughput on a small shared VM
 moves by +-30 % from round to round), so a change to the hot path shows up here as a number, not as a trend in the
 noise. ``bare / variant`` is the throughput a CPU-bound server would keep if every instruction cost the same; the real
 ratio is lower where the guard's code runs at a lower rate than the server's own (cache and branch-predictor misses:

@@ -64,12 +64,7 @@ def retry_after_value(seconds: float) -> bytes:
 
 @functools.lru_cache(maxsize=1024)
 def _encoded_outcome(
-    action: str,
-    policy_id: str | None,
-    version: str | None,
-    rule: str | None,
-    fail_mode: str | None,
-    shadow: bool,
+    action: str, policy_id: str | None, version: str | None, rule: str | None, fail_mode: str | None, shadow: bool
 ) -> tuple[tuple[bytes, bytes], ...]:
     """:func:`~guard.verdict.outcome_headers` encoded, remembered: they repeat for every request with the same
     outcome."""
