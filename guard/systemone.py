@@ -490,7 +490,7 @@ class AnswerV1:
             "type": "score",
             "score": round(float(self.score or 0.0), decimals),
             "confidence": conf,
-            "legend": self.legend,
+            "legend": dict(self.legend) if self.legend is not None else None,
             "probabilities": probabilities,
         }
 

@@ -10,6 +10,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+import yaml
 
 from guard.errors import MalformedAnswer, RequestValidationError
 from guard.systemone import (
@@ -294,3 +295,6 @@ def test_an_answer_is_immutable_all_the_way_down_and_still_reads_as_a_dict() -> 
     assert as_dict["probabilities"] == {"0": 0.2, "1": 0.8} and as_dict["legend"] == {"0": "calm", "1": "urgent"}
     replaced = dataclasses.replace(answer, probabilities={"0": 0.9, "1": 0.1})
     assert type(replaced.probabilities) is ReadOnlyDict and answer.probabilities["0"] == 0.2
+    wire = answer.to_json()  # plain types only: any serialiser (YAML's safe dumper too) takes it
+    assert type(wire["legend"]) is dict and type(wire["probabilities"]) is dict
+    assert yaml.safe_load(yaml.safe_dump(wire)) == wire

@@ -77,8 +77,8 @@ def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
 
     Args:
         full: every header also when the verdict allows; ``False``: an allowing verdict's headers are the decision
-            id and ``x-guard-fail-mode`` (when set). A verdict guard answers itself (block, escalate, handoff) always
-            gets every header.
+            id and, when the policy failed open, ``x-guard-fail-mode: open``. A verdict guard answers itself (block,
+            escalate, handoff) always gets every header.
     """
     out = [(b"x-guard-decision-id", verdict.decision_id.encode("latin-1", "replace"))]
     shadow, fail_mode = verdict.shadow_action, verdict.fail_mode
@@ -91,8 +91,8 @@ def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
             fail_mode,
             shadow is not None,
         )
-    elif fail_mode:
-        out.append((b"x-guard-fail-mode", fail_mode.encode("latin-1", "replace")))
+    elif fail_mode == "open":  # a shadow policy's closed or escalate fail mode allows too: not the client's to know
+        out.append((b"x-guard-fail-mode", b"open"))
     if verdict.retry_after is not None and verdict.action != "allow":
         out.append((b"retry-after", retry_after_value(verdict.retry_after)))
     return out

@@ -293,6 +293,20 @@ async def test_shadow_policy_allows_and_says_what_it_would_do(make_guard: GuardF
     assert brief.status_code == 200 and "x-guard-shadow" not in brief.headers and "x-guard-action" not in brief.headers
 
 
+@pytest.mark.parametrize("decision_headers", ["brief", "full"])
+async def test_a_shadow_policy_that_could_not_decide_tells_brief_clients_nothing(make_guard: GuardFactory,
+                                                                               decision_headers: str) -> None:
+    guard = make_guard(ScriptedBackend(fail=BackendTimeout("slow", backend="scripted")))
+    async with client_for(guarded_app(guard, decision_headers=decision_headers)) as client:
+        response = await client.post("/shadow/echo", json={"message": ATTACK})
+    guard_headers = {k: v for k, v in response.headers.items() if k.startswith("x-guard-") and k != "x-guard-decision-id"}
+    assert response.status_code == 200 and "x-guard-decision-id" in response.headers
+    if decision_headers == "brief":  # failing closed in shadow mode allowed the request: no fail-mode header
+        assert guard_headers == {}
+    else:
+        assert guard_headers["x-guard-fail-mode"] == "closed" and guard_headers["x-guard-shadow"] == "true"
+
+
 async def test_body_refusals_are_logged_as_decisions(make_guard: GuardFactory) -> None:
     lines: list[str] = []
     guard = make_guard(decision_log=DecisionLog(lines.append))
