@@ -17,6 +17,7 @@ handled here:
 
 from __future__ import annotations
 
+import functools
 import re
 
 from guard.errors import BodyError
@@ -75,8 +76,10 @@ def _bad(reason: str, field: str) -> BodyError:
     return BodyError(400, "invalid_content_type", reason, field=field)
 
 
+@functools.lru_cache(maxsize=64)
 def media_type(value: str) -> str:
-    """The media type of a ``Content-Type`` value without its parameters, lower-case (``"application/json"``)."""
+    """The media type of a ``Content-Type`` value without its parameters, lower-case (``"application/json"``).
+    Remembered: a service sees a handful of values, and this runs for every request."""
     return value.partition(";")[0].strip().lower()
 
 

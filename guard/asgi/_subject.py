@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -83,6 +84,13 @@ def _host(headers: dict[str, str], scope: Scope) -> str:
     if host is None:
         server = scope.get("server")
         return str(server[0]).lower() if server else ""
+    return _host_name(host)
+
+
+@functools.lru_cache(maxsize=64)
+def _host_name(host: str) -> str:
+    """A ``Host`` value as :func:`_host` gives it; remembered (a service answers to a handful of names, and this runs
+    for every request)."""
     host = host.strip().lower()
     if host.startswith("["):  # [v6]:port
         return host[: host.find("]") + 1]
