@@ -163,22 +163,31 @@ def request_target(scope: Scope) -> RequestTarget:
     Raises:
         BodyError: 400 ``invalid_target`` (field ``path`` or ``query``).
     """
-    path: str = scope["path"]
-    raw: bytes | None = scope.get("raw_path")
+    if _already_canonical(scope):
+        return RequestTarget(scope["path"], scope["raw_path"])
+    return _rebuilt_target(scope)
+
+
+def _already_canonical(scope: Scope) -> bool:
+    """Check the query string (400 when it is not printable ASCII without ``#``), then say whether the target is the
+    usual one: ``raw_path`` already canonical and ``path`` encoded (steps 1-5 change nothing), one regex."""
     query: bytes = scope.get("query_string", b"")
     if query and not _QUERY.fullmatch(query):
         raise _bad("the query string must be printable ASCII without '#'; percent-encode other bytes", "query")
-    if _plain(path, raw):
-        return RequestTarget(path, raw)  # type: ignore[arg-type] # _plain: raw is bytes
+    raw: bytes | None = scope.get("raw_path")
+    if raw is None or raw[:1] != b"/" or _PLAIN_RAW.fullmatch(raw) is None:
+        return False
+    return raw.decode("ascii") == scope["path"]
+
+
+def _rebuilt_target(scope: Scope) -> RequestTarget:
+    """Steps 1-5 on a target that is not already canonical (the query string already checked)."""
+    path: str = scope["path"]
+    raw: bytes | None = scope.get("raw_path")
     text = raw.decode("latin-1") if raw is not None else None
     if text is None or (text != path and unquote(text) != path):
         text = quote(path, safe=_QUOTE_SAFE)
     return canonical_path(text)
-
-
-def _plain(path: str, raw: bytes | None) -> bool:
-    """The usual request: ``raw`` is already canonical and is ``path`` encoded (steps 1-5 change nothing); one regex."""
-    return raw is not None and raw[:1] == b"/" and _PLAIN_RAW.fullmatch(raw) is not None and raw.decode("ascii") == path
 
 
 def canonical_scope(scope: Scope) -> Scope:
@@ -187,10 +196,9 @@ def canonical_scope(scope: Scope) -> Scope:
     Raises:
         BodyError: 400 ``invalid_target``.
     """
-    query: bytes = scope.get("query_string", b"")
-    if (not query or _QUERY.fullmatch(query)) and _plain(scope["path"], scope.get("raw_path")):
+    if _already_canonical(scope):
         return scope  # what request_target would return, without building it
-    target = request_target(scope)
+    target = _rebuilt_target(scope)
     if target.path == scope["path"] and target.raw_path == scope.get("raw_path"):
         return scope
     return {**scope, "path": target.path, "raw_path": target.raw_path}
