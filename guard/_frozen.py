@@ -5,7 +5,8 @@ every guarded request (the verdict has 20 fields: about 4 us of a cache hit that
 hot path fills the new object's ``__dict__`` instead, which gives an equal object (same ``==``, ``repr``, ``hash``,
 ``dataclasses.asdict`` and pickle) in about a quarter of the time. Where that would not be the same object (a class
 with ``__slots__``, ``__post_init__`` or ``init=False`` fields, or names that are not exactly the fields) the ordinary
-constructor is called instead, so a field added later or a misspelt name is never skipped silently.
+constructor is called instead, so a field added later or a misspelt name is never skipped silently: a builder's
+first full set of names is compared with the fields, later ones by their number (see :func:`frozen_builder`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def _plain_fields(cls: type) -> frozenset[str] | None:
 def frozen_builder(cls: type[T]) -> Callable[[dict[str, Any]], T]:
     """A function ``values -> instance of cls`` for a frozen dataclass, where ``values`` maps field names to values.
 
+    Each builder is meant for one dict display (one call site, the same names every time). The first ``values`` with
+    as many names as the class has fields has its names compared with the fields one by one; after that, the number
+    of names is checked (a dict display's names cannot change from one call to the next, and comparing 20 names is
+    about 40 % of building a verdict).
+
     Args:
         cls: a dataclass (frozen or not).
 
@@ -52,14 +58,20 @@ def frozen_builder(cls: type[T]) -> Callable[[dict[str, Any]], T]:
         TypeError: when ``cls`` is not a dataclass.
     """
     names = _plain_fields(cls)
+    count = -1 if names is None else len(names)
     new = object.__new__
+    checked = False
 
     def build(values: dict[str, Any]) -> T:
-        if names is None or values.keys() != names:
+        nonlocal checked
+        if len(values) != count:
             return cls(**values)
+        if not checked:
+            if values.keys() != names:
+                return cls(**values)
+            checked = True
         obj = new(cls)
         obj.__dict__.update(values)
         return obj
 
     return build
-
