@@ -2,7 +2,7 @@
 
 A :class:`Plan` belongs to one policy object answered by one backend revision. It holds the cache key's constant
 part (:class:`~guard._answers.KeyTemplate`), the wire id -> question key map, whether the rule result may be kept
-with cached answers (:meth:`Plan.rules`), and a bounded memo from a rendered state to its normalised form, flags and
+with cached answers (:meth:`Plan.outcome`), and a bounded memo from a rendered state to its normalised form, flags and
 cache key (:meth:`Plan.prepare`).
 
 Why the state memo is exact: preparing the state (normalisation and the fields' caps, ``Policy.prepare_state``) and
@@ -18,16 +18,15 @@ from __future__ import annotations
 import json
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
 from typing import Any
 
 from guard._answers import KeyTemplate
 from guard.backends.base import DecisionBackend
 from guard.cache import CachedAnswers
 from guard.policy import Policy, apply_rules
-from guard.policy.rules import RuleResult, rule_inputs
+from guard.policy.rules import rule_inputs
 from guard.subject import Subject
-from guard.systemone import AnswerV1
+from guard.systemone import ReadOnlyDict, SystemOneResponseV1
 
 __all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Plan"]
 
@@ -118,39 +117,76 @@ class Plan:
             self._remember(memo_key, state, flags, key)
         return state, flags, key
 
-    def rules(
-        self,
-        cached: CachedAnswers,
-        answers: Mapping[str, AnswerV1],
-        *,
-        subject: Subject,
-        state: Any,
-        flags: dict[str, Any],
-    ) -> RuleResult:
-        """Apply the policy's rules to ``answers`` (question key -> answer, from ``cached``).
+    def outcome(self, cached: CachedAnswers, *, subject: Subject, state: Any, flags: dict[str, Any]) -> dict[str, Any]:
+        """The verdict's fields that follow from the answers in ``cached`` and the rules: ``action``, ``policy_id``,
+        ``policy_version``, ``rule``, ``answers``, ``status``, ``message``, ``handoff``, ``backend``, ``model``,
+        ``model_revision``, ``fail_mode``, ``error``, ``retry_after`` and ``shadow_action`` (the caller adds the
+        decision's own: id, latency, state, flags, cache use). ``answers`` maps question keys to the cached answers,
+        read-only (:class:`~guard.systemone.ReadOnlyDict`): answers and map are shared by the decisions served from
+        one entry.
+
+        Sets ``flags["state_tokens_dropped"]`` first when the backend read only part of the state (the rules may act
+        on a partial read).
 
         When the rules read only the answers, ``data`` and ``flags``, the result is a pure function of those (CEL
         has no clock or randomness here), so it is kept in ``cached.memo`` and reused by later hits on the same cache
         entry; another plan (a reloaded policy, a new threshold) keeps its own. Converting answers into CEL values is
         most of a rule's cost, so this takes the rules off the hit path. A rule that fails is not kept.
 
+        Returns:
+            A new dict (the caller may add to it).
+
         Raises:
             RuleError: when a ``when`` fails or does not return a boolean.
         """
-        policy = self.policy
+        response = cached.response
+        dropped = getattr(response.usage, "state_tokens_dropped", 0)
+        if isinstance(dropped, int) and dropped > 0:
+            flags["state_tokens_dropped"] = dropped
         if self.memo_flags is None:
-            return apply_rules(
-                policy.id, policy.rules, policy.default, answers,
-                subject=subject, state=state, flags=flags, data=policy.data,
-            )  # fmt: skip
+            return self._outcome(response, subject=subject, state=state, flags=flags)
         memo_key = (id(self), tuple(sorted(flags.items())) if self.memo_flags else None)
         kept = cached.memo.get(memo_key)
         if kept is not None and kept[0]() is self:  # a weak reference: cache entries do not keep old plans alive
-            result: RuleResult = kept[1]
-            return result
-        result = apply_rules(policy.id, policy.rules, policy.default, answers, flags=flags, data=policy.data)
-        cached.remember(memo_key, (weakref.ref(self), result))
-        return result
+            return dict(kept[1])
+        fields = self._outcome(response, flags=flags)
+        cached.remember(memo_key, (weakref.ref(self), fields))
+        return dict(fields)
+
+    def _outcome(
+        self, response: SystemOneResponseV1, *, subject: Subject | None = None, state: Any = None,
+        flags: dict[str, Any],
+    ) -> dict[str, Any]:
+        """:meth:`outcome` computed: the rules applied to ``response``'s answers (``subject`` and ``state`` only
+        for rules that read them)."""
+        policy, names = self.policy, self.names
+        answers = ReadOnlyDict({names[qid]: answer for qid, answer in response.answers.items()})
+        if self.memo_flags is None:
+            result = apply_rules(
+                policy.id, policy.rules, policy.default, answers,
+                subject=subject, state=state, flags=flags, data=policy.data,
+            )  # fmt: skip
+        else:
+            result = apply_rules(policy.id, policy.rules, policy.default, answers, flags=flags, data=policy.data)
+        outcome = result.outcome
+        shadow = policy.mode == "shadow"
+        return {
+            "action": "allow" if shadow else outcome.action,
+            "policy_id": policy.id,
+            "policy_version": policy.version,
+            "rule": result.rule,
+            "answers": answers,
+            "status": outcome.status,
+            "message": outcome.message,
+            "handoff": outcome.handoff,
+            "backend": self.backend.name,
+            "model": response.model,
+            "model_revision": self.revision,
+            "fail_mode": None,
+            "error": None,
+            "retry_after": outcome.retry_after,
+            "shadow_action": outcome.action if shadow else None,
+        }
 
     def _remember(self, memo_key: MemoKey, state: Any, flags: dict[str, Any], key: str) -> None:
         entry: tuple[bool, Any, tuple[tuple[str, Any], ...], str]

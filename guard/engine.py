@@ -121,7 +121,7 @@ class Guard:
         self._portal: _Portal | None = None
         self._portal_lock = threading.Lock()
         self._closed = False
-        self._plans: dict[int, Plan] = {}
+        self._plans: dict[int, tuple[Plan, str]] = {}  # id(policy) -> (plan, backend name)
 
     @classmethod
     def from_files(
@@ -186,18 +186,25 @@ class Guard:
             raise KeyError(policy.backend)
         return self.backends[name]
 
-    def _plan(self, policy: Policy, backend: DecisionBackend) -> Plan:
-        """The policy's plan, rebuilt when the policy object, its backend or the backend's revision changed."""
-        revision = backend.model_revision
-        plan = self._plans.get(id(policy))
-        if plan is None or plan.policy is not policy or plan.backend is not backend or plan.revision != revision:
-            live = self.policies.policies  # plans of policies a reload replaced go (with their state memos)
-            for key, old in list(self._plans.items()):
-                if not any(old.policy is p for p in live):
-                    self._plans.pop(key, None)
-            if len(self._plans) >= MAX_PLANS:
-                self._plans.clear()
-            plan = self._plans[id(policy)] = Plan(policy, backend, revision)
+    def _plan(self, policy: Policy) -> Plan:
+        """``policy``'s plan, made again when the policy object, its backend or the backend's revision changed."""
+        known = self._plans.get(id(policy))
+        if known is not None:
+            plan, name = known
+            backend = plan.backend
+            if plan.policy is policy and self.backends.get(name) is backend and plan.revision == backend.model_revision:
+                return plan
+        backend = self.backend_for(policy)
+        chosen = self._backend_name(policy)
+        assert chosen is not None  # backend_for found it
+        live = self.policies.policies  # plans of policies a reload replaced go (with their state memos)
+        for key, (old, _) in list(self._plans.items()):
+            if not any(old.policy is p for p in live):
+                self._plans.pop(key, None)
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        plan = Plan(policy, backend, backend.model_revision)
+        self._plans[id(policy)] = (plan, chosen)
         return plan
 
     # Evaluation ---------------------------------------------------------------------------------------------------
@@ -221,27 +228,33 @@ class Guard:
         decision_id = new_decision_id()
         if policy is None:
             policy = self.policies.match(subject)
+        if not self.telemetry.tracing:  # no span to start: no context manager either (part of every cache hit)
+            return self._conclude(None, policy, subject, *await self._decide(policy, subject, decision_id, started))
         with self.telemetry.span(subject) as span:
-            if policy is None:
-                verdict = Verdict("allow", decision_id, latency_ms=(time.perf_counter() - started) * 1000)
-                self.telemetry.finish(span, verdict)
-                return verdict
-            verdict, lookup = await self._decide(policy, subject, decision_id, started)
-            self.telemetry.finish(span, verdict, cache=lookup)
-            if self.decision_log is not None:
-                self.decision_log.record(verdict, subject, policy_file=policy.file, cache=lookup, span=span)
+            return self._conclude(span, policy, subject, *await self._decide(policy, subject, decision_id, started))
+
+    def _conclude(
+        self, span: Any, policy: Policy | None, subject: Subject, verdict: Verdict, lookup: Lookup | None
+    ) -> Verdict:
+        """Count the decision, finish its span (``None``: none was started) and record it (not when no policy
+        matched)."""
+        self.telemetry.finish(span, verdict, cache=lookup)
+        if policy is not None and self.decision_log is not None:
+            self.decision_log.record(verdict, subject, policy_file=policy.file, cache=lookup, span=span)
         return verdict
 
     async def _decide(
-        self, policy: Policy, subject: Subject, decision_id: str, started: float
+        self, policy: Policy | None, subject: Subject, decision_id: str, started: float
     ) -> tuple[Verdict, Lookup | None]:
-        backend = self.backend_for(policy)
+        if policy is None:
+            return Verdict("allow", decision_id, latency_ms=(time.perf_counter() - started) * 1000), None
         state: Any = None
         flags: dict[str, Any] = {}
         lookup: Lookup | None = None
         response = None
         try:
-            plan = self._plan(policy, backend)
+            plan = self._plan(policy)  # reads the backend's revision, which may fail
+            backend = plan.backend
             state, flags, key = plan.prepare(subject)
             # An in-process hit is answered inline: no timeout, no flight, no await.
             cached = self.cache.peek(key) if policy.cache_ttl > 0 else None
@@ -250,43 +263,19 @@ class Guard:
             else:
                 cached, lookup = await self._fetch(policy, backend, state, key)
             response = cached.response
-            dropped = getattr(response.usage, "state_tokens_dropped", 0)
-            if isinstance(dropped, int) and dropped > 0:
-                flags["state_tokens_dropped"] = dropped  # before the rules: they may act on a partial read
-            names = plan.names
-            answers = {names[qid]: answer for qid, answer in response.answers.items()}  # immutable: shared with the cache
-            result = plan.rules(cached, answers, subject=subject, state=state, flags=flags)
+            fields = plan.outcome(cached, subject=subject, state=state, flags=flags)
         except StateTooLong as exc:
-            return self._too_long(policy, decision_id, started, exc, flags, backend), lookup
+            return self._too_long(policy, decision_id, started, exc, flags, self.backend_for(policy)), lookup
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
+            backend = self.backend_for(policy)
             verdict = self._fail(policy, subject, decision_id, started, exc, state, flags, backend, response)
             return verdict, lookup
-        outcome = result.outcome
-        shadow = policy.mode == "shadow"
-        verdict = _verdict(
-            {
-                "action": "allow" if shadow else outcome.action,
-                "decision_id": decision_id,
-                "policy_id": policy.id,
-                "policy_version": policy.version,
-                "rule": result.rule,
-                "answers": answers,
-                "status": outcome.status,
-                "message": outcome.message,
-                "handoff": outcome.handoff,
-                "cache_hit": lookup in ("hit", "shared"),
-                "backend": backend.name,
-                "model": response.model,
-                "model_revision": plan.revision,
-                "latency_ms": (time.perf_counter() - started) * 1000,
-                "fail_mode": None,
-                "error": None,
-                "retry_after": outcome.retry_after,
-                "shadow_action": outcome.action if shadow else None,
-                "state": state,
-                "flags": flags,
-            }
-        )
+        fields["decision_id"] = decision_id
+        fields["cache_hit"] = lookup in ("hit", "shared")
+        fields["latency_ms"] = (time.perf_counter() - started) * 1000
+        fields["state"] = state
+        fields["flags"] = flags
+        verdict = _verdict(fields)
         return verdict, lookup
 
     async def _fetch(

@@ -421,7 +421,7 @@ class ReadOnlyDict(dict[str, Any]):
     __slots__ = ()
 
     def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
-        raise TypeError("an answer's probabilities and legend are read-only; copy them with dict(...) to change them")
+        raise TypeError("this mapping is read-only (it is shared); copy it with dict(...) to change it")
 
     __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
 

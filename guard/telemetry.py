@@ -159,10 +159,12 @@ class Telemetry:
         labels, by_policy = _labels(policy_id, verdict.action, verdict.rule, verdict.fail_mode, verdict.shadow_action)
         self.decisions.add(1, labels)
         self.latency.record(verdict.latency_ms, by_policy)
-        if verdict.flags.get("fail_open"):
-            self.fail_open.add(1, by_policy)
-        if verdict.flags.get("truncated") or verdict.flags.get("state_tokens_dropped"):
-            self.state_cut.add(1, by_policy)
+        flags = verdict.flags
+        if flags:  # usually empty
+            if flags.get("fail_open"):
+                self.fail_open.add(1, by_policy)
+            if flags.get("truncated") or flags.get("state_tokens_dropped"):
+                self.state_cut.add(1, by_policy)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -45,7 +45,7 @@ def post(text: str, **headers: str) -> HttpSubject:
 
 def plan_for(guard: Guard) -> Plan:
     policy = guard.policies["p"]
-    return guard._plan(policy, guard.backend_for(policy))
+    return guard._plan(policy)
 
 
 @pytest.mark.anyio
@@ -103,14 +103,18 @@ async def test_a_rule_that_fails_is_not_kept() -> None:
     assert entry.memo == {} and plan.memo_flags is False
 
 
-def test_plan_rules_returns_the_kept_result() -> None:
+def test_plan_outcome_returns_a_copy_of_the_kept_fields() -> None:
     guard = Guard(policies("injection.noul >= 0.5"), backends=ScriptedBackend())
     plan = plan_for(guard)
-    answers = {"injection": _noul(0.7)}
-    cached = CachedAnswers(_response(answers["injection"]))
-    first = plan.rules(cached, answers, subject=post("x"), state={}, flags={})
-    again = plan.rules(cached, answers, subject=post("y"), state={"other": 1}, flags={"base64": 1})
-    assert first is again and first.rule == "r" and len(cached.memo) == 1
+    cached = CachedAnswers(_response(_noul(0.7)))
+    first = plan.outcome(cached, subject=post("x"), state={}, flags={})
+    first["decision_id"] = "mine"  # the caller's to add to: the kept fields do not change
+    again = plan.outcome(cached, subject=post("y"), state={"other": 1}, flags={"base64": 1})
+    assert first is not again and "decision_id" not in again and len(cached.memo) == 1
+    assert (again["action"], again["rule"], again["policy_id"], again["backend"]) == ("block", "r", "p", "scripted")
+    assert again["answers"] is first["answers"] and again["answers"]["injection"] is cached.response.answers["injection"]
+    with pytest.raises(TypeError, match="read-only"):
+        again["answers"]["injection"] = _noul(0.1)
 
 
 @pytest.mark.anyio
