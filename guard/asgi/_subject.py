@@ -38,10 +38,29 @@ _NOT_HELD = SENSITIVE_HEADERS | {
 }
 
 
+#: Header names remembered by :func:`header_map` (raw bytes -> lower-case text); names past this many are decoded
+#: every time, so a client sending made-up names cannot grow the table.
+HEADER_NAMES_KEPT = 256
+_header_names: dict[bytes, str] = {}
+
+
+def _header_name(raw: bytes) -> str:
+    """``raw`` decoded (latin-1) and lower-cased, remembered while the table has room: the same few names come with
+    every request, and a dict lookup costs about half of decoding and lower-casing one."""
+    name = raw.decode("latin-1").lower()
+    if len(_header_names) < HEADER_NAMES_KEPT:
+        _header_names[raw] = name
+    return name
+
+
 def header_map(scope: Scope) -> dict[str, str]:
     """Header name (lower-case) -> value; repeated headers joined with ``", "`` (latin-1, as ASGI defines)."""
     raw = scope["headers"]
-    out = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw}
+    known = _header_names.get
+    try:
+        out = {known(name) or _header_name(name): value.decode("latin-1") for name, value in raw}
+    except TypeError:  # a bytearray name (not ASGI, but seen) is no key of the table: the loop below decodes it
+        out = {}
     if len(out) == len(raw):  # no repeated name: the usual case, built in one comprehension
         return out
     out = {}

@@ -156,15 +156,16 @@ class GuardMiddleware:
         """One matched request, from body read to response."""
         limits, headers = self.limits, head.headers
         try:
-            codings = parse_encodings(headers.get("content-encoding", ""), limits.max_encodings)
+            encoding = headers.get("content-encoding")
+            codings = parse_encodings(encoding, limits.max_encodings) if encoding else None
             declared = declared_length(headers.get("content-length"))
             body = await read_body(receive, limits.max_body_bytes, declared)
             if body is None:
                 self.metrics.disconnects.inc()
                 return
-            decoded = decode_content(body, codings, limits.max_decoded_bytes)
+            decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
             value, text = self._bodies.parse(decoded, headers.get("content-type", ""), limits)
-            query = query_map(scope, limits.max_form_fields)
+            query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
             await self._refuse(send, head, policy, exc)
             return

@@ -121,7 +121,12 @@ def resolve_pointer(value: Any, tokens: tuple[str, ...]) -> Any:
     return value
 
 
+#: HTTP sources that are the subject's attribute of that name.
+_HTTP_ATTRIBUTES = HTTP_SOURCES - NAMED_SOURCES
+
+
 def _read(field: StateField, subject: Subject) -> Any:
+    """The value of a source that is not an attribute of an HTTP subject (:func:`_render_field` reads those)."""
     source = field.source
     if isinstance(subject, HttpSubject):
         if source == "header":
@@ -141,8 +146,6 @@ def _read(field: StateField, subject: Subject) -> Any:
                     return values[0]
                 return values
             return form
-        if source in HTTP_SOURCES:
-            return getattr(subject, source)
         return _MISSING
     if source in AGENT_SOURCES:
         return getattr(subject, source)
@@ -150,11 +153,15 @@ def _read(field: StateField, subject: Subject) -> Any:
 
 
 def _render_field(field: StateField, subject: Subject) -> Any:
-    if field.children is not None:
+    source = field.source
+    if source in _HTTP_ATTRIBUTES and isinstance(subject, HttpSubject):  # the usual case: body_text, body, path, ...
+        value = getattr(subject, source)
+    elif field.children is not None:
         return render_state(field.children, subject)
-    if field.source is None:
+    elif source is None:
         return field.const
-    value = _read(field, subject)
+    else:
+        value = _read(field, subject)
     if field.pointer and value is not _MISSING:
         value = resolve_pointer(value, field.pointer)
     if value is _MISSING or value is None:
@@ -165,7 +172,10 @@ def _render_field(field: StateField, subject: Subject) -> Any:
 def render_state(fields: tuple[StateField, ...], subject: Subject) -> dict[str, Any]:
     """Build the raw state object ``{field.name: value}`` in declaration order (key order is model input): the
     subject's values as they are, not yet normalised or cut (see :func:`prepare_state`)."""
-    return {field.name: _render_field(field, subject) for field in fields}
+    state: dict[str, Any] = {}
+    for field in fields:  # a loop, not a comprehension: no function object made per call
+        state[field.name] = _render_field(field, subject)
+    return state
 
 
 def prepare_state(fields: tuple[StateField, ...], raw: Mapping[str, Any]) -> Normalized:
