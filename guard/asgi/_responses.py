@@ -10,7 +10,7 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from starlette.types import Message, Send
@@ -122,14 +122,15 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_with_headers(send: Send, extra: HeaderList, message: Message) -> None:
+def send_with_headers(send: Send, extra: HeaderList, message: Message) -> Awaitable[None]:
     """``send`` for the application: adds ``extra`` to ``http.response.start``, passes everything else untouched.
 
-    Bind with ``functools.partial(send_with_headers, send, extra)``.
+    Bind with ``functools.partial(send_with_headers, send, extra)``. Not a coroutine function: it returns what
+    ``send`` returns for the caller to await, so each message costs no extra coroutine.
     """
     if message["type"] == "http.response.start":
         message = {**message, "headers": [*message.get("headers", ()), *extra]}
-    await send(message)
+    return send(message)
 
 
 async def refuse_target(send: Send, exc: BodyError, metrics: HttpMetrics) -> None:

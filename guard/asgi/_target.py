@@ -175,9 +175,27 @@ def _already_canonical(scope: Scope) -> bool:
     if query and not _QUERY.fullmatch(query):
         raise _bad("the query string must be printable ASCII without '#'; percent-encode other bytes", "query")
     raw: bytes | None = scope.get("raw_path")
-    if raw is None or raw[:1] != b"/" or _PLAIN_RAW.fullmatch(raw) is None:
-        return False
-    return raw.decode("ascii") == scope["path"]
+    if type(raw) is not bytes:  # None, or a bytearray (not ASGI, but seen): no key of the table below
+        return raw is not None and _plain_path(raw) == scope["path"]
+    path = _canonical_raw.get(raw)
+    if path is None:
+        path = _plain_path(raw)
+        if path is not None and len(_canonical_raw) < CANONICAL_PATHS_KEPT:
+            _canonical_raw[raw] = path
+    return path == scope["path"]
+
+
+#: Canonical raw paths remembered by :func:`_already_canonical` (raw bytes -> the same text); paths past this many are
+#: matched every time, so clients sending made-up paths cannot grow the table.
+CANONICAL_PATHS_KEPT = 1024
+_canonical_raw: dict[bytes, str] = {}
+
+
+def _plain_path(raw: bytes | bytearray) -> str | None:
+    """``raw`` as text when it is already canonical (:data:`_PLAIN`), else ``None``."""
+    if raw[:1] != b"/" or _PLAIN_RAW.fullmatch(raw) is None:
+        return None
+    return raw.decode("ascii")
 
 
 def _rebuilt_target(scope: Scope) -> RequestTarget:

@@ -280,3 +280,27 @@ async def test_middleware_routes_the_app_on_the_path_it_matched(make_guard: Guar
             refused = await _send(port, "POST", target, ATTACK)
             assert _status(refused) == 400 and _json(refused)["code"] == "invalid_target", target
     assert routed == ["/v1/chat"] * len(TRICKS) + ["/public/page"] * 3
+
+
+def test_remembered_canonical_paths_answer_as_the_first_time_and_the_table_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from guard.asgi import _target
+
+    monkeypatch.setattr(_target, "_canonical_raw", {})
+
+    def scope(raw: bytes | bytearray, path: str) -> dict[str, Any]:
+        return {"type": "http", "path": path, "raw_path": raw, "query_string": b""}
+
+    plain = scope(b"/v1/echo", "/v1/echo")
+    assert [_target.canonical_scope(plain) is plain for _ in range(2)] == [True, True]
+    # The same raw path under another decoded path (an outer layer rewrote it) is re-encoded, remembered or not.
+    rewritten = _target.canonical_scope(scope(b"/v1/echo", "/v1/other"))
+    assert (rewritten["path"], rewritten["raw_path"]) == ("/v1/other", b"/v1/other")
+    assert _target.canonical_scope(scope(bytearray(b"/v1/echo"), "/v1/echo"))["path"] == "/v1/echo"
+    with pytest.raises(BodyError):
+        _target.canonical_scope(scope(b"/v1/a%2Fb", "/v1/a/b"))
+    for n in range(2 * _target.CANONICAL_PATHS_KEPT):  # made-up paths: checked all the same, never kept past the cap
+        made_up = scope(f"/items/{n}".encode(), f"/items/{n}")
+        assert _target.canonical_scope(made_up) is made_up
+    assert len(_target._canonical_raw) == _target.CANONICAL_PATHS_KEPT
