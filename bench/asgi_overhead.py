@@ -9,13 +9,15 @@ sides of each ratio alike.
 Variants:
   bare           Starlette app, POST /v1/echo reads the JSON body and answers a small JSON object
   guarded-mem    the same app + GuardMiddleware; the policy matches; answers from the in-process cache (hit)
-  guarded-redis  the same with the Redis probability cache (hit: one Redis GET per request); needs Redis
+  guarded-redis  the same with the Redis probability cache, as configured by default (hits answered from the copy
+                 this process holds for CacheConfig.local_ttl, 1 s: one Redis GET a second per key); needs Redis
+  redis-get      the same with local_ttl=0: every hit is one Redis GET
   passthrough    the same middleware, on a path no policy matches (the cost of matching alone)
   proxy          guard proxy (same guard, memory cache) in front of the bare app
   base-mem       with --baseline DIR: guarded-mem served by the guard package in DIR (e.g. an older commit checked out
                  with ``git worktree add DIR <commit>``), for before/after numbers from one run
 
-Last, every variant with a server of its own (bare, guarded-mem, guarded-redis, base-mem) is loaded at the same time
+Last, every variant with a server of its own (bare, guarded-mem, guarded-redis, redis-get, base-mem) is loaded at the same time
 and each server's CPU time per request is read from ``/proc``: ``bare / variant`` there is the throughput a CPU-bound
 server keeps, with the machine's speed (which drifts from second to second on a shared VM) the same for all of them.
 Its rounds agree within a few per cent where the sequential throughput ratios spread over tens of per cent.
@@ -70,7 +72,8 @@ policies:
     cache: {ttl: 3600}
 """
 ROOT = Path(__file__).resolve().parent.parent
-ALL_VARIANTS = ("bare", "guarded-mem", "guarded-redis", "passthrough", "proxy", "base-mem")
+ALL_VARIANTS = ("bare", "guarded-mem", "guarded-redis", "redis-get", "passthrough", "proxy", "base-mem")
+REDIS_VARIANTS = ("guarded-redis", "redis-get")
 
 
 # Servers (run in subprocesses) -----------------------------------------------------------------------------------
@@ -83,6 +86,7 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    from guard.cache import CacheConfig
     from guard.engine import Guard
     from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
 
@@ -113,7 +117,10 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
         return Starlette(routes=routes)
     variant = "guarded-mem" if variant == "base-mem" else variant
     guard = Guard.from_files(
-        policy_file, backends=ConstantBackend(), redis_url=redis_url if variant == "guarded-redis" else None
+        policy_file,
+        backends=ConstantBackend(),
+        redis_url=redis_url if variant in REDIS_VARIANTS else None,
+        cache_config=CacheConfig(local_ttl=0) if variant == "redis-get" else None,
     )
     if variant == "proxy":
         from guard.asgi.proxy import ProxyConfig, proxy_app
@@ -311,7 +318,7 @@ async def _all_at_once(servers: dict[str, tuple[int, int]], path: str) -> dict[s
 def all_at_once(pids: dict[str, int], ports: dict[str, int], rounds: int) -> None:
     """Server CPU per request with every variant that has a server of its own loaded at the same time; ``bare /
     variant`` is the throughput a CPU-bound server keeps, per round, without the drift between sequential runs."""
-    servers = {v: (pids[v], ports[v]) for v in pids if v in ("bare", "guarded-mem", "guarded-redis", "base-mem")}
+    servers = {v: (pids[v], ports[v]) for v in pids if v in ("bare", "guarded-mem", *REDIS_VARIANTS, "base-mem")}
     if len(servers) < 2 or not Path(f"/proc/{pids['bare']}/stat").exists():
         return
     per_round = [asyncio.run(_all_at_once(servers, "/v1/echo")) for _ in range(rounds)]
@@ -363,13 +370,13 @@ def loopback(args: argparse.Namespace, policy_file: str) -> None:
     """Latency and throughput over loopback HTTP, interleaved rounds, ratios to bare per round."""
     wanted = ALL_VARIANTS if args.variants is None else tuple(v.strip() for v in args.variants.split(","))
     variants = [v for v in ALL_VARIANTS if v in wanted or v == "bare"]
-    variants = [v for v in variants if (v != "guarded-redis" or args.redis_url) and (v != "base-mem" or args.baseline)]
+    variants = [v for v in variants if (v not in REDIS_VARIANTS or args.redis_url) and (v != "base-mem" or args.baseline)]
     procs: list[subprocess.Popen[bytes]] = []
     ports: dict[str, int] = {}
     pids: dict[str, int] = {}
     try:
         for variant in variants:
-            if variant in ("bare", "guarded-mem", "guarded-redis"):
+            if variant in ("bare", "guarded-mem", *REDIS_VARIANTS):
                 proc, ports[variant] = _start(variant, args.redis_url, None, policy_file)
             elif variant == "base-mem":
                 proc, ports[variant] = _start(variant, None, None, policy_file, args.baseline.resolve())

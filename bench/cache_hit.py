@@ -10,6 +10,8 @@ What it measures (one process, one event loop, sequential calls, after a warm-up
   (no-op) span;
 * ``evaluate, redis hit + OTel SDK``: the same with a real SDK tracer and an in-memory exporter;
 * ``evaluate, memory hit``: the same with the in-process cache (no network);
+* ``evaluate, redis cache, local copy hit``: the Redis cache as configured by default, answering from the copy it
+  holds in process for ``CacheConfig.local_ttl`` (the Redis-hit rows above set ``local_ttl=0``: one GET per hit);
 * ``evaluate, no cache``: ttl 0 with an instant in-process backend (the engine's own overhead around a model call).
 
 Usage::
@@ -93,7 +95,7 @@ def summary(samples: list[float]) -> tuple[float, float, float]:
 
 async def main(redis_url: str, iterations: int) -> None:
     policies = load_files(POLICY)
-    redis_cache = RedisCache(CacheConfig(url=redis_url, prefix=PREFIX))
+    redis_cache = RedisCache(CacheConfig(url=redis_url, prefix=PREFIX, local_ttl=0))  # every hit a GET
     # The baseline client: same library and connection settings, but no 50 ms op timeout (a bench must not crash).
     client = aioredis.Redis.from_url(redis_url, lib_name=None, lib_version=None)
     async for stale in client.scan_iter(match=f"{PREFIX}*"):
@@ -121,6 +123,7 @@ async def main(redis_url: str, iterations: int) -> None:
         return verdict
 
     memory = Guard(policies, backends=FixtureBackend(ANSWERS), cache=MemoryCache())
+    local = Guard(policies, backends=FixtureBackend(ANSWERS), cache=RedisCache(CacheConfig(url=redis_url, prefix=PREFIX)))
 
     async def get_after_work() -> SelfTimed:
         # Back-to-back GETs keep redis-server hot; a real hit does ~0.2 ms of work first. Time only the GET.
@@ -137,6 +140,7 @@ async def main(redis_url: str, iterations: int) -> None:
             ("evaluate, redis hit", lambda: guard.aevaluate(subject())),
             ("evaluate, redis hit + OTel SDK", traced_eval),
             ("evaluate, memory hit", lambda: memory.aevaluate(subject())),
+            ("evaluate, redis cache, local copy hit", lambda: local.aevaluate(subject())),
             ("evaluate, no cache (instant backend)", lambda: no_cache.aevaluate(subject())),
         ],
         iterations,
@@ -156,6 +160,7 @@ async def main(redis_url: str, iterations: int) -> None:
     async for stale in client.scan_iter(match=f"{PREFIX}*"):
         await client.delete(stale)
     await guard.aclose()
+    await local.aclose()
     await client.aclose()
     provider.shutdown()
 

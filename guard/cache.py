@@ -58,8 +58,8 @@ DEFAULT_BREAKER_S = 1.0
 DEFAULT_BREAKER_AFTER = 2
 DEFAULT_DEGRADED_WINDOW_S = 30.0
 FAILURE_MARKER_MS = 1000
-#: Redis values kept decoded in process (checked answers by key, reused while Redis returns the same bytes).
-DECODED_ENTRIES = 1024
+#: Seconds a Redis cache answers from its in-process copy of an entry it read or wrote before reading Redis again.
+DEFAULT_LOCAL_TTL_S = 1.0
 #: Derived values one entry keeps in :attr:`CachedAnswers.memo` before it starts over.
 MEMO_ENTRIES = 16
 
@@ -83,7 +83,12 @@ class CacheConfig:
             a counted miss), so a dead or black-holed Redis costs one timeout per period, not one per request.
         breaker_after: consecutive failed operations that open the breaker (one slow reply alone does not).
         degraded_window: seconds after the last error that health stays ``"degraded"``.
-        max_entries: in-process cache size (LRU).
+        max_entries: entries held in process (LRU): the in-process cache's size; a Redis cache's local copies.
+        local_ttl: seconds a Redis cache answers a key from the copy it holds in process (of a value it read from
+            Redis or wrote there, never longer than the policy's ``ttl``) before it reads Redis again; ``0`` = every
+            hit reads Redis. Answers are a pure function of the key (the state, questions and model revision), so
+            a copy is never wrong, only up to this much older than a change made to Redis by hand (a flush, a
+            deleted key).
     """
 
     url: str | None = None
@@ -94,13 +99,14 @@ class CacheConfig:
     breaker_after: int = DEFAULT_BREAKER_AFTER
     degraded_window: float = DEFAULT_DEGRADED_WINDOW_S
     max_entries: int = DEFAULT_MAX_ENTRIES
+    local_ttl: float = DEFAULT_LOCAL_TTL_S
 
     def __post_init__(self) -> None:
         for name in ("op_timeout", "poll_interval"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"CacheConfig.{name} must be > 0 seconds, got {getattr(self, name)!r}")
-        if self.breaker < 0 or self.degraded_window < 0:
-            raise ValueError("CacheConfig.breaker and degraded_window must be >= 0 seconds")
+        if self.breaker < 0 or self.degraded_window < 0 or not self.local_ttl >= 0:
+            raise ValueError("CacheConfig.breaker, degraded_window and local_ttl must be >= 0 seconds")
         if self.breaker_after < 1:
             raise ValueError(f"CacheConfig.breaker_after must be >= 1, got {self.breaker_after}")
         if self.max_entries < 1:
@@ -170,6 +176,9 @@ class ProbabilityCache:
             weakref.WeakKeyDictionary()
         )
         self._last_flights: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[str, asyncio.Future[Any]]] | None = None
+        # Answers this process holds, decoded and checked: key -> (answered from here until (monotonic s), answers,
+        # the raw value they were decoded from: b"" in the in-process cache). LRU, at most config.max_entries.
+        self._entries: OrderedDict[str, tuple[float, CachedAnswers, bytes]] = OrderedDict()
 
     def _flights(self, loop: asyncio.AbstractEventLoop) -> dict[str, asyncio.Future[Any]]:
         """``loop``'s calls in flight, key -> future. The last loop's table is remembered (by a weak reference):
@@ -190,13 +199,33 @@ class ProbabilityCache:
         return snapshot
 
     def peek(self, key: str) -> CachedAnswers | None:
-        """The answers for ``key`` when they can be had without waiting (the in-process cache holds them and no call
-        for ``key`` is in flight), counted as a hit; else ``None``, and :meth:`fetch` decides (the Redis cache always
-        answers ``None``: it cannot read without I/O).
+        """The answers for ``key`` when they can be had without waiting (this process holds them: the in-process
+        cache's entry, or a Redis cache's local copy within ``local_ttl``; and no call for ``key`` is in flight),
+        counted as a hit; else ``None``, and :meth:`fetch` decides.
 
         The caller must honour the policy's ``ttl``: peek only when it is above 0.
         """
-        return None
+        entry = self._entries.get(key)
+        if entry is None or time.monotonic() >= entry[0]:
+            return None  # absent or expired: fetch() misses (and drops the expired entry)
+        flights = self._flights(asyncio.get_running_loop())
+        if key in flights and not flights[key].done():
+            return None  # a call for this key is in flight: fetch() joins it, as before the value was stored
+        self._entries.move_to_end(key)
+        self._stats.hits += 1
+        return entry[1]
+
+    def _keep(self, key: str, answers: CachedAnswers, until: float, raw: bytes = b"") -> None:
+        """Hold ``answers`` in process until ``until`` (monotonic seconds), dropping the least recently used past
+        ``max_entries``."""
+        entries = self._entries
+        entries[key] = (until, answers, raw)
+        entries.move_to_end(key)
+        while len(entries) > self.config.max_entries:
+            try:
+                entries.popitem(last=False)
+            except KeyError:  # emptied by another thread (the sync facade's portal) meanwhile
+                break
 
     async def get_or_compute(
         self, key: str, request: SystemOneRequestV1, compute: Compute, *, ttl: float, wait: float
@@ -236,7 +265,7 @@ class ProbabilityCache:
         flight.add_done_callback(functools.partial(_end_flight, flights, key))
         try:
             if ttl > 0:  # the hit path reads inline: no task and no extra event-loop hops
-                answers = await self._read(key, request)
+                answers = await self._read(key, request, ttl)
                 if answers is not None:
                     flight.set_result((answers, "hit"))
                     return answers, "hit"
@@ -263,13 +292,13 @@ class ProbabilityCache:
         self._stats.misses += 1
         token = await self._acquire(key, wait)
         if token is None:  # another replica leads: wait for its answers or its failure
-            followed = await self._follow(key, request, wait)
+            followed = await self._follow(key, request, wait, ttl)
             if followed is not None:
                 self._stats.shared += 1
                 return followed, "shared"
             token = await self._acquire(key, wait)
         if token:  # double-checked: a replica may have stored the answers between our read and our lock
-            stored = await self._read(key, request, count=False)
+            stored = await self._read(key, request, ttl, count=False)
             if stored is not None:
                 await self._release(key, token)
                 self._stats.shared += 1
@@ -285,10 +314,12 @@ class ProbabilityCache:
                 await self._release(key, token)
         return CachedAnswers(response), "miss"
 
-    async def _read(self, key: str, request: SystemOneRequestV1, *, count: bool = True) -> CachedAnswers | None:
+    async def _read(
+        self, key: str, request: SystemOneRequestV1, ttl: float, *, count: bool = True
+    ) -> CachedAnswers | None:
         """The stored answers, or ``None`` (absent, unreadable or of the wrong shape: counted, later overwritten)."""
         try:
-            answers = await self._load(key, request)
+            answers = await self._load(key, request, ttl)
         except MalformedAnswer:
             if not count:
                 return None
@@ -308,8 +339,8 @@ class ProbabilityCache:
 
     # Storage hooks --------------------------------------------------------------------------------------------------
 
-    async def _load(self, key: str, request: SystemOneRequestV1) -> CachedAnswers | None:
-        """The checked answers stored under ``key``, or ``None``.
+    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
+        """The checked answers stored under ``key``, or ``None`` (``ttl``: the policy's, which bounds a local copy).
 
         Raises:
             MalformedAnswer: the stored value does not have the shape ``encode_answers`` writes for ``request``.
@@ -327,7 +358,7 @@ class ProbabilityCache:
     async def _release(self, key: str, token: str) -> None:
         return None
 
-    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float) -> CachedAnswers | None:
+    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float, ttl: float) -> CachedAnswers | None:
         return None
 
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
@@ -347,38 +378,18 @@ class MemoryCache(ProbabilityCache):
 
     kind = "memory"
 
-    def __init__(self, config: CacheConfig | None = None) -> None:
-        super().__init__(config)
-        # Decoded, checked answers (checked when stored: nothing else writes here), so a hit is a dict lookup.
-        self._entries: OrderedDict[str, tuple[float, CachedAnswers]] = OrderedDict()
-
-    def peek(self, key: str) -> CachedAnswers | None:
-        entry = self._entries.get(key)
-        if entry is None or time.monotonic() >= entry[0]:
-            return None  # absent or expired: fetch() misses (and drops the expired entry)
-        flights = self._flights(asyncio.get_running_loop())
-        if key in flights and not flights[key].done():
-            return None  # a call for this key is in flight: fetch() joins it, as before the value was stored
-        self._entries.move_to_end(key)
-        self._stats.hits += 1
-        return entry[1]
-
-    async def _load(self, key: str, request: SystemOneRequestV1) -> CachedAnswers | None:
+    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        expires, answers = entry
-        if time.monotonic() >= expires:
-            del self._entries[key]
+        if time.monotonic() >= entry[0]:
+            self._entries.pop(key, None)
             return None
         self._entries.move_to_end(key)
-        return answers
+        return entry[1]
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
-        self._entries[key] = (time.monotonic() + ttl, CachedAnswers(decoded))
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.config.max_entries:
-            self._entries.popitem(last=False)
+        self._keep(key, CachedAnswers(decoded), time.monotonic() + ttl)  # checked when stored: nothing else writes
         self._stats.stores += 1
 
     def __len__(self) -> int:
@@ -408,8 +419,6 @@ return 0
         )
         self._skip_until = 0.0
         self._failures_in_a_row = 0
-        # key -> (the raw value last read or written, its decoded answers): the same bytes decode the same way.
-        self._decoded: OrderedDict[str, tuple[bytes, CachedAnswers]] = OrderedDict()
 
     def _client(self) -> aioredis.Redis:
         loop = asyncio.get_running_loop()
@@ -449,43 +458,42 @@ return 0
         self._failures_in_a_row = 0
         return result
 
-    def _decode(self, key: str, raw: bytes, request: SystemOneRequestV1) -> CachedAnswers:
-        """The checked answers in ``raw``: reused when ``raw`` is the value last seen for ``key`` (the key hashes the
-        questions, so the same bytes check and decode the same way), else decoded and checked now.
+    def _decode(self, key: str, raw: bytes, request: SystemOneRequestV1, ttl: float) -> CachedAnswers:
+        """The checked answers in ``raw``, just read from Redis, now held in process for ``local_ttl`` (at most
+        ``ttl``): reused when ``raw`` is the value held for ``key`` (the key hashes the questions, so the same bytes
+        check and decode the same way), else decoded and checked now.
 
         Raises:
             MalformedAnswer: ``raw`` is not JSON or not of the stored shape for ``request``.
         """
-        known = self._decoded.get(key)
-        if known is not None and known[0] == raw:
-            self._decoded.move_to_end(key)
-            return known[1]
-        try:
-            value = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedAnswer("stored answers are not JSON") from exc
-        answers = CachedAnswers(decode_answers(value, request))
-        self._remember(key, raw, answers)
+        held = self._entries.get(key)
+        if held is not None and held[2] == raw:
+            answers = held[1]
+        else:
+            try:
+                value = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise MalformedAnswer("stored answers are not JSON") from exc
+            answers = CachedAnswers(decode_answers(value, request))
+        self._keep(key, answers, self._local_until(ttl), raw)
         return answers
 
-    def _remember(self, key: str, raw: bytes, answers: CachedAnswers) -> None:
-        self._decoded[key] = (raw, answers)
-        self._decoded.move_to_end(key)
-        while len(self._decoded) > DECODED_ENTRIES:
-            self._decoded.popitem(last=False)
+    def _local_until(self, ttl: float) -> float:
+        return time.monotonic() + min(self.config.local_ttl, ttl)
 
-    async def _load(self, key: str, request: SystemOneRequestV1) -> CachedAnswers | None:
+    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
         raw = await self._op(lambda r: r.get(self._key("a", key)))
         if raw is None or raw is _FAILED:
             return None
-        return self._decode(key, raw, request)
+        return self._decode(key, raw, request, ttl)
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
         blob = json.dumps(value, separators=(",", ":")).encode()
         result = await self._op(lambda r: r.set(self._key("a", key), blob, px=max(1, int(ttl * 1000))))
         if result is not _FAILED:
             self._stats.stores += 1
-            self._remember(key, blob, CachedAnswers(decoded))
+        # Held in process even when Redis failed: these answers are right for local_ttl, Redis or not.
+        self._keep(key, CachedAnswers(decoded), self._local_until(ttl), blob)
 
     async def _acquire(self, key: str, wait: float) -> str | None:
         token = uuid.uuid4().hex
@@ -499,7 +507,7 @@ return 0
         if token:
             await self._op(lambda r: r.eval(self.RELEASE_SCRIPT, 1, self._key("l", key), token))
 
-    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float) -> CachedAnswers | None:
+    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float, ttl: float) -> CachedAnswers | None:
         keys = (self._key("a", key), self._key("f", key), self._key("l", key))
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
@@ -510,7 +518,7 @@ return 0
             value, failure, lock = got
             if value is not None:
                 try:
-                    return self._decode(key, value, request)
+                    return self._decode(key, value, request, ttl)
                 except MalformedAnswer:
                     self._stats.corrupt += 1
                     return None

@@ -228,23 +228,80 @@ async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_u
 
 @pytest.mark.anyio
 async def test_redis_hits_read_a_value_another_replica_rewrote(redis_url: str, create_redis: Any) -> None:
-    guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=redis_cache(redis_url, create_redis.prefix))
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)  # every hit reads Redis
+    guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=cache)
     await guard.aevaluate(subject("ignore"))
     assert (await guard.aevaluate(subject("ignore"))).action == "block"
-    (key,) = await keys(create_redis)
-    client = create_redis()
-    value = json.loads(await client.get(key))
-    value["answers"]["injection"].update(p=[0.2, 0.8], x=0.2)
-    await client.set(key, json.dumps(value))
+    await rewrite_injection(create_redis, 0.2)
     verdict = await guard.aevaluate(subject("ignore"))
     assert (verdict.cache_hit, verdict.action, verdict.answers["injection"].noul) == (True, "allow", 0.2)
     await guard.aclose()
 
 
 @pytest.mark.anyio
+async def test_redis_hits_are_answered_in_process_for_local_ttl(redis_url: str, create_redis: Any) -> None:
+    backend = ScriptedBackend(by_text)
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0.3)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    assert (await guard.aevaluate(subject("ignore"))).cache_hit is False
+    reads = await redis_gets(create_redis)
+    hits = [await guard.aevaluate(subject("ignore")) for _ in range(20)]
+    assert all(v.cache_hit and v.action == "block" for v in hits) and backend.calls == 1
+    assert await redis_gets(create_redis) == reads  # answered from the copy this process wrote: no GET
+    await rewrite_injection(create_redis, 0.2)  # by hand, or another replica: seen once the copy is too old
+    assert (await guard.aevaluate(subject("ignore"))).action == "block"
+    await asyncio.sleep(0.35)
+    reads = await redis_gets(create_redis)
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.cache_hit, verdict.action, verdict.answers["injection"].noul) == (True, "allow", 0.2)
+    assert await redis_gets(create_redis) == reads + 1
+    # A second replica's first hit reads Redis once, then holds its own copy.
+    other = Guard(policies(), backends=backend, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=0.3))
+    reads = await redis_gets(create_redis)
+    assert [(await other.aevaluate(subject("ignore"))).action for _ in range(5)] == ["allow"] * 5
+    assert await redis_gets(create_redis) == reads + 1 and backend.calls == 1
+    await guard.aclose()
+    await other.aclose()
+
+
+@pytest.mark.anyio
+async def test_local_copies_never_outlive_the_policy_ttl_and_answer_while_redis_is_down(
+    redis_url: str, create_redis: Any
+) -> None:
+    backend = ScriptedBackend(by_text)
+    guard = Guard(policies(ttl=0.2), backends=backend, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=60))
+    await guard.aevaluate(subject("ignore"))
+    assert (await guard.aevaluate(subject("ignore"))).cache_hit
+    await asyncio.sleep(0.25)  # past the policy's ttl: Redis dropped the value and the copy is too old
+    assert (await guard.aevaluate(subject("ignore"))).cache_hit is False and backend.calls == 2
+    down = Guard(policies(), backends=backend, cache=redis_cache("redis://127.0.0.1:1/0", "x:", local_ttl=60))
+    await down.aevaluate(subject("ignore"))  # Redis refuses: a miss, answered by the backend, held in process
+    again = await down.aevaluate(subject("ignore"))
+    assert again.cache_hit and again.fail_mode is None and backend.calls == 3
+    await guard.aclose()
+    await down.aclose()
+
+
+async def redis_gets(create_redis: Any) -> int:
+    """GET commands the Redis server has run so far (INFO commandstats: the whole server's, so each count is read
+    right before the calls it measures)."""
+    stats = await create_redis().info("commandstats")
+    return int(stats.get("cmdstat_get", {}).get("calls", 0))
+
+
+async def rewrite_injection(create_redis: Any, noul: float) -> None:
+    """Rewrite the one stored value's injection answer, as another replica (or a person) could."""
+    (key,) = await keys(create_redis)
+    client = create_redis()
+    value = json.loads(await client.get(key))
+    value["answers"]["injection"].update(p=[noul, 1 - noul], x=noul)
+    await client.set(key, json.dumps(value))
+
+
+@pytest.mark.anyio
 async def test_redis_corrupt_values_are_ignored_and_overwritten(redis_url: str, create_redis: Any) -> None:
     backend = ScriptedBackend(by_text)
-    cache = redis_cache(redis_url, create_redis.prefix)
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)  # every hit reads what is in Redis
     guard = Guard(policies(), backends=backend, cache=cache)
     await guard.aevaluate(subject("ignore"))
     (key,) = await keys(create_redis)
@@ -271,7 +328,7 @@ async def test_redis_corrupt_values_are_ignored_and_overwritten(redis_url: str, 
 @pytest.mark.anyio
 async def test_redis_stopped_mid_test_is_a_counted_miss(private_redis: Any) -> None:
     backend = ScriptedBackend(by_text)
-    cache = RedisCache(CacheConfig(url=private_redis.url, breaker=0.0))
+    cache = RedisCache(CacheConfig(url=private_redis.url, breaker=0.0, local_ttl=0))  # every hit reads Redis
     guard = Guard(policies(), backends=backend, cache=cache)
     assert (await guard.aevaluate(subject("ignore"))).action == "block"
     assert (await guard.aevaluate(subject("ignore"))).cache_hit
@@ -300,7 +357,7 @@ def silent_server() -> Any:
 @pytest.mark.anyio
 async def test_slow_redis_is_a_miss_within_the_op_timeout(silent_server: str) -> None:
     backend = ScriptedBackend(by_text)
-    cache = RedisCache(CacheConfig(url=silent_server, op_timeout=0.05))
+    cache = RedisCache(CacheConfig(url=silent_server, op_timeout=0.05, local_ttl=0))
     guard = Guard(policies(), backends=backend, cache=cache)
     loop = asyncio.get_running_loop()
     started = loop.time()

@@ -87,7 +87,7 @@ async def test_answer_only_rules_are_kept_with_the_entry_and_per_plan() -> None:
         "block",
         "allow",
     ]
-    (entry,) = (cached for _, cached in cache._entries.values())
+    (entry,) = (cached for _, cached, _ in cache._entries.values())
     assert {kept[0]() for kept in entry.memo.values()} == {plan_for(strict), plan_for(lenient)}
     assert backend.calls == 1 and plan_for(strict).memo_flags is False
 
@@ -99,7 +99,7 @@ async def test_a_rule_that_fails_is_not_kept() -> None:
     for _ in range(2):
         verdict = await guard.aevaluate(post("x"))
         assert (verdict.rule, verdict.fail_mode) == ("on_error", "closed")
-    (entry,) = (cached for _, cached in guard.cache._entries.values())  # type: ignore[attr-defined]
+    (entry,) = (cached for _, cached, _ in guard.cache._entries.values())
     assert entry.memo == {} and plan.memo_flags is False
 
 

@@ -2,11 +2,12 @@
 
     guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
                 [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
-                [--review-token-env VAR] [--max-body-bytes N] [--decision-log FILE] [--client-header x-forwarded-for]
-                [--decision-headers brief|full]
+                [--cache-local-ttl SECONDS] [--review-token-env VAR] [--max-body-bytes N] [--decision-log FILE]
+                [--client-header x-forwarded-for] [--decision-headers brief|full]
 
-With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica); without it
-both stay in the process. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
+With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
+answers a cached key from its own copy for ``--cache-local-ttl`` seconds before it reads Redis again); without it both
+stay in the process. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
 ``degraded`` while a policy set is loaded) and ``GET /_guard/metrics`` are served by the proxy itself.
 """
 
@@ -40,6 +41,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}")
     add_backend_options(parser, default="compact")
     parser.add_argument("--redis-url", default=None, metavar="URL", help="Redis for the cache and the review queue")
+    parser.add_argument(
+        "--cache-local-ttl",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --redis-url: seconds a cached answer is served from this process before Redis is read again "
+        "(0 = read Redis on every hit; default CacheConfig.local_ttl, 1 s)",
+    )
     parser.add_argument(
         "--review-token-env",
         default=None,
@@ -107,11 +116,13 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
     Raises:
-        ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device`` or a missing token variable.
+        ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device``, ``--cache-local-ttl`` or a missing
+            token variable.
         PolicyError: an invalid policy file.
     """
     from guard.asgi.proxy import ProxyConfig, proxy_app
     from guard.backends import start_backend
+    from guard.cache import CacheConfig
     from guard.engine import Guard
     from guard.policy import load_files
     from guard.review import MemoryReviewStore, RedisReviewStore, ReviewStore
@@ -125,10 +136,13 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         if not token:
             raise ValueError(f"--review-token-env {args.review_token_env}: the variable is not set or empty")
     load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
+    cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
     _prometheus_meter_provider()
     backend = open_cli_backend(args)
     log = DecisionLog(args.decision_log) if args.decision_log else None
-    guard = Guard.from_files(*args.policy, backends=backend, redis_url=args.redis_url, decision_log=log)
+    guard = Guard.from_files(
+        *args.policy, backends=backend, redis_url=args.redis_url, cache_config=cache_config, decision_log=log
+    )
     store: ReviewStore = RedisReviewStore.from_url(args.redis_url) if args.redis_url else MemoryReviewStore()
     options: dict[str, Any] = {
         "review_store": store,

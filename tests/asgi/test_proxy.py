@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi.proxy import ProxyConfig, proxy_app
+from guard.cache import CacheConfig, RedisCache
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
@@ -311,11 +312,23 @@ def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str]) -> None:
         ["--listen", "x:99999"],
         ["--review-token-env", "GUARD_TEST_UNSET_VAR"],
         ["--upstream", "ftp://x"],
+        ["--cache-local-ttl", "-1"],
     ):
         argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "compact", *bad]
         with pytest.raises(ValueError):
             build(parser.parse_args(argv))
     assert main(["proxy", "--policy", "/nonexistent.yaml", "--upstream", url]) == 2
+
+
+def test_cli_cache_local_ttl_reaches_the_cache(upstream: tuple[Upstream, str], redis_url: str) -> None:
+    _, url = upstream
+    argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "http://127.0.0.1:9",
+            "--redis-url", redis_url]  # fmt: skip
+    for extra, expected in (([], CacheConfig().local_ttl), (["--cache-local-ttl", "0"], 0.0)):
+        runtime = build(build_parser().parse_args([*argv, *extra]))
+        cache = runtime.app.guard.cache
+        assert isinstance(cache, RedisCache) and cache.config.local_ttl == expected and cache.config.url == redis_url
+        asyncio.run(runtime.aclose())
 
 
 async def test_cli_proxy_end_to_end_with_a_real_model(
