@@ -46,7 +46,9 @@ class Verdict:
         policy_id: the policy that matched (``None`` when none matched: allow without a model call).
         policy_version: that policy's version.
         rule: the id of the rule that fired, ``"default"`` when none did, or ``"on_error"`` when a fail mode decided.
-        answers: each question's answer (probabilities unrounded), empty when the backend failed.
+        answers: each question's answer (probabilities unrounded), empty when the backend failed; on a decision
+            from the model or the cache a read-only :class:`~guard.systemone.ReadOnlyDict` shared with the cache entry
+            (copy it with ``dict(...)`` to change it).
         status: HTTP status for ``block`` (403 default, 429 for rate-like rules, 503 for fail-closed).
         message: the rule's message for the caller or the model.
         handoff: the handoff target named by the rule.
