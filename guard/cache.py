@@ -85,8 +85,8 @@ class CacheConfig:
         degraded_window: seconds after the last error that health stays ``"degraded"``.
         max_entries: entries held in process (LRU): the in-process cache's size; a Redis cache's local copies.
         local_ttl: seconds a Redis cache answers a key from the copy it holds in process (of a value it read from
-            Redis or wrote there, never longer than the policy's ``ttl``) before it reads Redis again; ``0`` = every
-            hit reads Redis. Answers are a pure function of the key (the state, questions and model revision), so
+            Redis or wrote there, never longer than the value has left in Redis: a read takes its PTTL in the same
+            round trip) before it reads Redis again; ``0`` = every hit reads Redis (one GET, no PTTL). Answers are a pure function of the key (the state, questions and model revision), so
             a copy is never wrong, only up to this much older than a change made to Redis by hand (a flush, a
             deleted key).
     """
@@ -211,7 +211,10 @@ class ProbabilityCache:
         flights = self._flights(asyncio.get_running_loop())
         if key in flights and not flights[key].done():
             return None  # a call for this key is in flight: fetch() joins it, as before the value was stored
-        self._entries.move_to_end(key)
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:  # dropped by another thread (the sync facade's portal) meanwhile: the entry read is still right
+            pass
         self._stats.hits += 1
         return entry[1]
 
@@ -220,7 +223,10 @@ class ProbabilityCache:
         ``max_entries``."""
         entries = self._entries
         entries[key] = (until, answers, raw)
-        entries.move_to_end(key)
+        try:
+            entries.move_to_end(key)
+        except KeyError:  # evicted by another thread meanwhile: not held, the next lookup reads again
+            return
         while len(entries) > self.config.max_entries:
             try:
                 entries.popitem(last=False)
@@ -385,7 +391,10 @@ class MemoryCache(ProbabilityCache):
         if time.monotonic() >= entry[0]:
             self._entries.pop(key, None)
             return None
-        self._entries.move_to_end(key)
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:  # dropped by another thread meanwhile
+            pass
         return entry[1]
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
@@ -482,10 +491,16 @@ return 0
         return time.monotonic() + min(self.config.local_ttl, ttl)
 
     async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
-        raw = await self._op(lambda r: r.get(self._key("a", key)))
+        name = self._key("a", key)
+        if self.config.local_ttl <= 0:  # no copy is served from process: the value alone
+            raw, left = await self._op(lambda r: r.get(name)), ttl
+        else:  # and what it has left in Redis, which bounds the copy (another replica may have written it long ago)
+            got = await self._op(functools.partial(_get_with_pttl, name=name))
+            raw, left_ms = (None, -2) if got is _FAILED else got
+            left = min(ttl, left_ms / 1000) if isinstance(left_ms, int) and left_ms >= 0 else ttl
         if raw is None or raw is _FAILED:
             return None
-        return self._decode(key, raw, request, ttl)
+        return self._decode(key, raw, request, left)
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
         blob = json.dumps(value, separators=(",", ":")).encode()
@@ -545,6 +560,14 @@ return 0
         client = self._clients.pop(loop, None)
         if client is not None:
             await client.aclose()
+
+
+async def _get_with_pttl(client: aioredis.Redis, *, name: str) -> list[Any]:
+    """``[GET name, PTTL name]`` in one round trip (PTTL: milliseconds left, -1 without expiry, -2 when absent)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.get(name)
+    pipe.pttl(name)
+    return await pipe.execute()
 
 
 def _end_flight(flights: dict[str, asyncio.Future[Any]], key: str, flight: asyncio.Future[Any]) -> None:

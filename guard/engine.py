@@ -192,7 +192,12 @@ class Guard:
         if known is not None:
             plan, name = known
             backend = plan.backend
-            if plan.policy is policy and self.backends.get(name) is backend and plan.revision == backend.model_revision:
+            if (
+                plan.policy is policy
+                and self.backends.get(name) is backend
+                and (policy.backend is not None or self._backend_name(policy) == name)  # a "default" added later
+                and plan.revision == backend.model_revision
+            ):
                 return plan
         backend = self.backend_for(policy)
         chosen = self._backend_name(policy)

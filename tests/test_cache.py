@@ -7,6 +7,9 @@ import asyncio
 import hashlib
 import json
 import socket
+import sys
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -280,6 +283,67 @@ async def test_local_copies_never_outlive_the_policy_ttl_and_answer_while_redis_
     assert again.cache_hit and again.fail_mode is None and backend.calls == 3
     await guard.aclose()
     await down.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_copy_read_from_redis_is_not_served_after_the_value_expired_there(
+    redis_url: str, create_redis: Any
+) -> None:
+    """Replica B reads a value replica A wrote 0.35 s earlier (0.15 s left of a 0.5 s ttl); 0.25 s later Redis has
+    dropped it, so the answers are 0.6 s old: past the policy's ttl, a miss."""
+    backend = ScriptedBackend(by_text)
+    writer = Guard(policies(ttl=0.5), backends=backend, cache=redis_cache(redis_url, create_redis.prefix))
+    reader = Guard(policies(ttl=0.5), backends=backend, cache=redis_cache(redis_url, create_redis.prefix))
+    assert (await writer.aevaluate(subject("ignore"))).cache_hit is False
+    await asyncio.sleep(0.35)
+    assert (await reader.aevaluate(subject("ignore"))).cache_hit is True  # read from Redis: 0.15 s left there
+    await asyncio.sleep(0.25)
+    assert await keys(create_redis) == []  # Redis dropped it
+    late = await reader.aevaluate(subject("ignore"))
+    assert (late.cache_hit, backend.calls) == (False, 2)
+    await writer.aclose()
+    await reader.aclose()
+
+
+def test_peek_survives_another_thread_evicting_the_entry() -> None:
+    """The sync facade's loop thread and the caller's loop share a cache: an entry evicted between a lookup and its
+    ``move_to_end`` must not raise (the engine would turn a KeyError into a fail-mode verdict)."""
+    cache = MemoryCache(CacheConfig(max_entries=2))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            store = cache._store(f"k{i % 50}", {}, None, 60)  # type: ignore[arg-type]  # never awaits
+            try:
+                store.send(None)
+            except StopIteration:
+                pass
+            except KeyError as exc:
+                errors.append(exc)
+            i += 1
+
+    async def reader() -> None:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline and not errors:
+            for i in range(50):
+                try:
+                    cache.peek(f"k{i}")
+                except KeyError as exc:
+                    errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        asyncio.run(reader())
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
 
 
 async def redis_gets(create_redis: Any) -> int:

@@ -103,6 +103,16 @@ async def test_a_rule_that_fails_is_not_kept() -> None:
     assert entry.memo == {} and plan.memo_flags is False
 
 
+@pytest.mark.anyio
+async def test_a_default_backend_added_later_is_used() -> None:
+    """A policy without ``backend:`` resolves to "default" once there is one, as when plans did not exist."""
+    first, second = ScriptedBackend(name="first"), ScriptedBackend(name="second")
+    guard = Guard(policies("injection.noul >= 0.5"), backends={"only": first})
+    assert (await guard.aevaluate(post("a"))).backend == "first"
+    guard.backends["default"] = second
+    assert (await guard.aevaluate(post("b"))).backend == "second" and second.calls == 1
+
+
 def test_plan_outcome_returns_a_copy_of_the_kept_fields() -> None:
     guard = Guard(policies("injection.noul >= 0.5"), backends=ScriptedBackend())
     plan = plan_for(guard)

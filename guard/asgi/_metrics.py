@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -46,8 +47,9 @@ class _GuardedRequests(Collector):
         family = CounterMetricFamily(self.NAME, self.HELP, labels=["policy", "action"])
         with self._lock:
             counts = [(key, entry[0], entry[1]) for key, entry in self._counts.items()]
+        with_created = getattr(prometheus_metrics, "_use_created", True)  # off after disable_created_metrics()
         for (policy, action), count, created in counts:
-            family.add_metric([policy, action], count, created=created)
+            family.add_metric([policy, action], count, created=created if with_created else None)
         yield family
 
 

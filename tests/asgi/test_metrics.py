@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from guard.asgi._metrics import HttpMetrics
@@ -35,3 +37,14 @@ def test_guarded_requests_are_written_as_a_prometheus_counter_writes_them() -> N
     ).keys()
     header = [line for line in ours.splitlines() if "guard_http_guarded_requests_total" in line and line[0] == "#"]
     assert header == [line for line in theirs.splitlines() if "guarded_requests_total" in line and line[0] == "#"]
+
+
+def test_guarded_requests_honour_disabled_created_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After ``prometheus_client.disable_created_metrics()`` a labelled Counter writes no ``_created`` line; nor do
+    these."""
+    monkeypatch.setattr(prometheus_metrics, "_use_created", False)
+    metrics = HttpMetrics()
+    metrics.count_request("p", "allow")
+    text = metrics.render().decode()
+    assert 'guard_http_guarded_requests_total{action="allow",policy="p"} 1.0' in text
+    assert "_created" not in text
