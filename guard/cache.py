@@ -105,8 +105,9 @@ class CacheConfig:
         for name in ("op_timeout", "poll_interval"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"CacheConfig.{name} must be > 0 seconds, got {getattr(self, name)!r}")
-        if self.breaker < 0 or self.degraded_window < 0 or not self.local_ttl >= 0:
-            raise ValueError("CacheConfig.breaker, degraded_window and local_ttl must be >= 0 seconds")
+        for name in ("breaker", "degraded_window", "local_ttl"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"CacheConfig.{name} must be >= 0 seconds, got {getattr(self, name)!r}")
         if self.breaker_after < 1:
             raise ValueError(f"CacheConfig.breaker_after must be >= 1, got {self.breaker_after}")
         if self.max_entries < 1:

@@ -452,6 +452,11 @@ def test_cache_config_validates() -> None:
         CacheConfig(breaker_after=0)
     with pytest.raises(ValueError, match="max_entries"):
         CacheConfig(max_entries=0)
+    for name in ("breaker", "degraded_window", "local_ttl"):
+        for bad in (-1.0, float("nan")):
+            with pytest.raises(ValueError, match=rf"CacheConfig\.{name} must be >= 0 seconds"):
+                CacheConfig(**{name: bad})
+    assert CacheConfig(local_ttl=0).local_ttl == 0
     with pytest.raises(ValueError, match="url"):
         RedisCache(CacheConfig())
 
