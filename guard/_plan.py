@@ -161,13 +161,10 @@ class Plan:
         for rules that read them)."""
         policy, names = self.policy, self.names
         answers = ReadOnlyDict({names[qid]: answer for qid, answer in response.answers.items()})
-        if self.memo_flags is None:
-            result = apply_rules(
-                policy.id, policy.rules, policy.default, answers,
-                subject=subject, state=state, flags=flags, data=policy.data,
-            )  # fmt: skip
-        else:
-            result = apply_rules(policy.id, policy.rules, policy.default, answers, flags=flags, data=policy.data)
+        result = apply_rules(
+            policy.id, policy.rules, policy.default, answers,
+            subject=subject, state=state, flags=flags, data=policy.data,
+        )  # fmt: skip
         outcome = result.outcome
         shadow = policy.mode == "shadow"
         return {

@@ -86,9 +86,9 @@ class CacheConfig:
         max_entries: entries held in process (LRU): the in-process cache's size; a Redis cache's local copies.
         local_ttl: seconds a Redis cache answers a key from the copy it holds in process (of a value it read from
             Redis or wrote there, never longer than the value has left in Redis: a read takes its PTTL in the same
-            round trip) before it reads Redis again; ``0`` = every hit reads Redis (one GET, no PTTL). Answers are a pure function of the key (the state, questions and model revision), so
-            a copy is never wrong, only up to this much older than a change made to Redis by hand (a flush, a
-            deleted key).
+            round trip) before it reads Redis again; ``0`` = every hit reads Redis (one GET, no PTTL). Answers are
+            a pure function of the key (the state, questions and model revision), so a copy is never wrong, only up
+            to this much older than a change made to Redis by hand (a flush, a deleted key).
     """
 
     url: str | None = None
@@ -214,7 +214,7 @@ class ProbabilityCache:
             return None  # a call for this key is in flight: fetch() joins it, as before the value was stored
         try:
             self._entries.move_to_end(key)
-        except KeyError:  # dropped by another thread (the sync facade's portal) meanwhile: the entry read is still right
+        except KeyError:  # dropped by another thread (the sync facade's portal): the entry read is still right
             pass
         self._stats.hits += 1
         return entry[1]

@@ -194,8 +194,8 @@ class Guard:
             backend = plan.backend
             if (
                 plan.policy is policy
-                and self.backends.get(name) is backend
-                and (policy.backend is not None or self._backend_name(policy) == name)  # a "default" added later
+                and self._backend_name(policy) == name  # the name resolves as when the plan was made ...
+                and self.backends[name] is backend  # ... to the same backend, at the same revision
                 and plan.revision == backend.model_revision
             ):
                 return plan

@@ -127,8 +127,7 @@ class Policy:
 
     def render_state(self, subject: Subject) -> dict[str, Any]:
         """The raw decision state for ``subject``, in declaration order (not yet normalised or cut)."""
-        fields = self.state_fields
-        return render_state(fields if fields is not None else default_state(subject), subject)
+        return render_state(self._fields(subject), subject)
 
     def prepare_state(self, raw: Mapping[str, Any], subject: Subject) -> Normalized:
         """What the model sees, from :meth:`render_state`'s ``raw`` state for the same ``subject``: every string
