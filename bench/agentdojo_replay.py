@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from guard.backends import open_backend
-from guard.cache import MemoryCache
 from guard.engine import Guard
+from guard.engine.cache import MemoryCache
 from guard.policy import load_files
 from guard.subject import AgentSubject
 

@@ -86,8 +86,8 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from guard.cache import CacheConfig
     from guard.engine import Guard
+    from guard.engine.cache import CacheConfig
     from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
 
     async def echo(request: Request) -> JSONResponse:

@@ -39,12 +39,12 @@ sys.path.insert(0, str(ROOT))
 
 import redis.asyncio as aioredis
 
-from guard.cache import CacheConfig, MemoryCache, RedisCache
+from guard.backends.fixture import FixtureBackend
 from guard.engine import Guard
+from guard.engine.cache import CacheConfig, MemoryCache, RedisCache
+from guard.engine.telemetry import Telemetry
 from guard.policy import load_files
-from guard.policy.testing import FixtureBackend
 from guard.subject import HttpSubject
-from guard.telemetry import Telemetry
 
 # Settings -------------------------------------------------------------------------------------------------------
 REDIS_URL = "redis://127.0.0.1:6379/0"

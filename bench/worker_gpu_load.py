@@ -48,9 +48,9 @@ def serve(args: argparse.Namespace) -> None:
     import transformers
     import uvicorn
 
+    from guard.backends.batcher import BatcherConfig
     from guard.backends.local import LocalBackend
     from guard.worker.app import WorkerConfig, create_app
-    from guard.worker.batcher import BatcherConfig
 
     transformers.logging.set_verbosity_error()
     if args.device.startswith("cuda") and not torch.cuda.is_available():

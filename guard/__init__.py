@@ -5,9 +5,21 @@ is used::
 
     from guard import Guard, GuardMiddleware, GuardAgentMiddleware
 
-Layers (each imports only from the ones above it): ``guard.systemone`` wire types, ``guard.clef`` runtime,
-``guard.backends``, ``guard.worker``, ``guard.policy``, ``guard.cache``, ``guard.engine``, then the enforcement
-points ``guard.asgi`` and ``guard.agents``.
+Layers, bottom up; each imports only from the ones before it (``tests/test_layers.py`` checks it, lazy imports
+included)::
+
+    guard.errors, guard._json, guard.subject   errors; strict JSON; what is judged
+    guard.systemone                            wire types; the one answer check
+    guard.verdict                              the Verdict type
+    guard._body                                ASGI body reading and replay (worker and middleware)
+    guard.clef, guard.compact                  the Clef runtime; the compact CPU model
+    guard.backends                             decide(request) -> response: clients, local + batcher, compact, fixture
+    guard.worker                               the System One server
+    guard.policy                               format, loader, rules, normalisation
+    guard.engine                               Guard; verdicts; probability cache; telemetry
+    guard.asgi, guard.agents                   the enforcement points
+    guard.devtools                             policy explain and policy tests
+    guard.quickstart, guard.cli                the demo; the command line
 """
 
 from __future__ import annotations

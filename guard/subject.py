@@ -7,12 +7,13 @@ its body cap, decoding and duplicate-key checks before a subject exists.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["PLAIN_KEY_CHARS", "AgentEvent", "AgentSubject", "HttpSubject", "Subject", "body_strings", "is_plain_key"]
+__all__ = ["PLAIN_KEY_CHARS", "AgentEvent", "AgentSubject", "HttpSubject", "Subject", "body_strings", "digest_of", "is_plain_key"]
 
 AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
 
@@ -117,3 +118,13 @@ def body_strings(value: Any) -> list[str]:
         else:
             stack.pop()
     return out
+
+
+def digest_of(*parts: bytes | str) -> str:
+    """What an approval is bound to: SHA-256 (hex) of the parts, each length-prefixed so ``("ab", "c")`` and ``("a", "bc")`` differ."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode("utf-8") if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()

@@ -7,14 +7,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from guard.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.systemone import AnswerV1
 
 __all__ = [
-    "DECISION_HEADERS",
-    "FLAG_NAMES",
     "Action",
-    "DecisionHeaders",
     "FailMode",
     "Verdict",
     "new_decision_id",
@@ -23,16 +19,7 @@ __all__ = [
 
 Action = Literal["allow", "block", "escalate", "handoff"]
 FailMode = Literal["closed", "open", "escalate"]
-DecisionHeaders = Literal["brief", "full"]
-#: How much the response to an allowed HTTP request says of the decision (``GuardMiddleware(decision_headers=...)``,
-#: ``guard proxy --decision-headers``): ``brief``, the decision id and a fail-open flag; ``full``, every decision header.
-DECISION_HEADERS: tuple[DecisionHeaders, ...] = ("brief", "full")
 
-#: Flags rules read as ``flags.<name>`` (``0`` when absent): the normalisation findings (``guard/normalize.py``),
-#: ``truncated`` (state fields cut to their ``max_chars``) and ``state_tokens_dropped`` (state tokens the backend
-#: reported it did not read, ``usage.state_tokens_dropped``). A verdict also carries ``fail_open`` (rules never see it:
-#: they did not run).
-FLAG_NAMES = (*NORMALIZE_FLAG_NAMES, "truncated", "state_tokens_dropped")
 
 
 @dataclass(frozen=True)
@@ -62,7 +49,7 @@ class Verdict:
         retry_after: seconds, for fail-closed and rate-like blocks.
         shadow_action: in shadow mode, the action the policy computed.
         state: the rendered decision state the model saw (for reviewers; already normalised and redacted).
-        flags: findings about the state, by name in :data:`FLAG_NAMES` (only non-zero ones, e.g. ``{"unicode_tags":
+        flags: findings about the state, by name in :data:`guard.policy.rules.FLAG_NAMES` (only non-zero ones, e.g. ``{"unicode_tags":
             18, "truncated": 1}``), and ``fail_open`` when a fail-open policy allowed without a decision.
     """
 

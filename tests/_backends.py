@@ -1,7 +1,7 @@
 """A small, honest ``DecisionBackend`` for deterministic tests of rules, fail modes, caching and enforcement points.
 
 ``ScriptedBackend(answer)`` answers each request with ``answer(request)``: a mapping ``{question_id: spec}`` in the
-hand-written answer format of ``guard.policy.answers`` (noul: P(true); choice: ``{option: p}`` or an option id;
+hand-written answer format of ``guard.backends.fixture`` (noul: P(true); choice: ``{option: p}`` or an option id;
 score: level probabilities). It counts calls, keeps the requests, and can be slow or fail on purpose. Its answers go
 through the same readout (``guard.systemone.answer_question``) as a real model's.
 """
@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from guard.backends.fixture import answer_from_spec
 from guard.errors import BackendTimeout, UnsupportedQuestion
-from guard.policy.answers import answer_from_spec
 from guard.systemone import QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
 __all__ = ["ScriptedBackend", "constant"]

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from guard._answers import KEY_VERSION, KeyTemplate, cache_key
-from guard.cache import CacheConfig, MemoryCache, RedisCache
 from guard.engine import Guard
+from guard.engine.cache import CacheConfig, MemoryCache, RedisCache
 from guard.errors import BackendUnavailable
 from guard.policy import load_text
 from guard.subject import HttpSubject
 from guard.systemone import QuestionV1, SystemOneRequestV1
+from guard.systemone.answers import KEY_VERSION, KeyTemplate, cache_key
 from tests._backends import ScriptedBackend
 
 POLICY = """

@@ -538,7 +538,7 @@ async def test_an_attack_after_the_cap_of_the_shipped_policies_is_read_and_the_c
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from guard.telemetry import DecisionLog, Telemetry
+    from guard.engine.telemetry import DecisionLog, Telemetry
 
     reader = InMemoryMetricReader()
     records: list[dict[str, Any]] = []
@@ -656,7 +656,7 @@ def short_compact() -> Any:
 async def test_state_tokens_the_backend_dropped_are_flagged_on_misses_and_cache_hits(
     short_compact: Any, cache_kind: str, redis_url: str
 ) -> None:
-    from guard.cache import CacheConfig, MemoryCache, RedisCache
+    from guard.engine.cache import CacheConfig, MemoryCache, RedisCache
 
     cache: Any = (
         MemoryCache() if cache_kind == "memory" else RedisCache(CacheConfig(url=redis_url, prefix=f"t-drop-{uuid.uuid4()}"))

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from guard.asgi.handoff import DEFAULT_SYSTEM_PROMPT, HandoffClient, HandoffTarget
 from guard.errors import HandoffError
-from guard.handoff import DEFAULT_SYSTEM_PROMPT, HandoffClient, HandoffTarget
 from guard.subject import AgentSubject, HttpSubject
 from guard.systemone import AnswerV1
 from guard.verdict import Verdict

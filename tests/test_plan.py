@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from guard._plan import STATE_MEMO_MAX_CHARS, Plan
-from guard.cache import CachedAnswers, MemoryCache
 from guard.engine import Guard
-from guard.normalize import normalize_value
+from guard.engine.cache import CachedAnswers, MemoryCache
+from guard.engine.plan import STATE_MEMO_MAX_CHARS, Plan
 from guard.policy import load_text
+from guard.policy.normalize import normalize_value
 from guard.subject import HttpSubject
 from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
 from tests._backends import ScriptedBackend, constant

@@ -12,10 +12,10 @@ import torch
 
 from guard.backends.compact import CompactBackend
 from guard.backends.local import LocalBackend
+from guard.backends.selftest import SELF_TEST_REQUEST
 from guard.cli import main
 from guard.policy import load_files
 from guard.quickstart import NEXT_STEPS, load_traffic, policy_path, run_quickstart
-from guard.worker._selftest import SELF_TEST_REQUEST
 
 STATUS = {"allow": 200, "block": 403, "escalate": 202}
 

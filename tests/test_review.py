@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore, digest_of
 from guard.errors import ReviewConflict, ReviewNotFound, ReviewStoreUnavailable
-from guard.review import MemoryReviewStore, RedisReviewStore, ReviewStore, digest_of
 from guard.systemone import AnswerV1
 from guard.verdict import Verdict
 

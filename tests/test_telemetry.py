@@ -19,10 +19,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, StatusCode
 
 from guard.engine import Guard
+from guard.engine.telemetry import SPAN_NAME, DecisionLog, Telemetry
 from guard.errors import BackendUnavailable
 from guard.policy import load_text
 from guard.subject import HttpSubject
-from guard.telemetry import SPAN_NAME, DecisionLog, Telemetry
 from tests._backends import ScriptedBackend
 
 POLICY = """
@@ -143,7 +143,7 @@ def test_global_providers_set_after_the_guard_was_built_record_within_the_rechec
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
         from tests._backends import ScriptedBackend
-        from guard.telemetry import TRACING_RECHECK_S
+        from guard.engine.telemetry import TRACING_RECHECK_S
         from tests.test_telemetry import Telemetry, by_prompt, counters, guard_for, post
 
         guard = guard_for(Telemetry(), ScriptedBackend(by_prompt))

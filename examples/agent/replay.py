@@ -31,7 +31,7 @@ from guard.agents import resume_command
 from guard.backends import open_backend
 from guard.engine import Guard
 from guard.policy import load_files
-from guard.telemetry import DecisionLog
+from guard.engine.telemetry import DecisionLog
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPACT_POLICIES = [

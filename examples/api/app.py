@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from guard.asgi import GuardMiddleware, review_app
 from guard.backends import start_backend
 from guard.engine import Guard
-from guard.review import MemoryReviewStore, ReviewStore
+from guard.asgi.review_store import MemoryReviewStore, ReviewStore
 
 
 class Message(BaseModel):

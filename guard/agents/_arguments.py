@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from guard._json import loads as strict_loads
 from guard.errors import InvalidJson
-from guard.review import digest_of
+from guard.subject import digest_of
 
 __all__ = [
     "CUT_OFF_REASONS",

@@ -29,8 +29,7 @@ from guard.agents._judge import Judge, Judgement
 from guard.agents._records import current_thread_id, text_item
 from guard.agents._turn import TurnKeeper
 from guard.agents.decisions import PendingItem
-from guard.review import digest_of
-from guard.subject import AgentSubject
+from guard.subject import AgentSubject, digest_of
 from guard.verdict import Verdict
 
 __all__ = ["InputGate", "PendingInput", "input_digest"]

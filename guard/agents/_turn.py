@@ -33,8 +33,7 @@ from guard.agents._records import (
     verdict_json,
 )
 from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, PendingItem, response_schema
-from guard.review import digest_of
-from guard.subject import AgentSubject
+from guard.subject import AgentSubject, digest_of
 
 __all__ = ["Steps", "TurnKeeper", "adrive", "drive"]
 

@@ -26,8 +26,7 @@ from pydantic import AfterValidator, ConfigDict, Discriminator, with_config
 from typing_extensions import TypedDict
 
 from guard.errors import ResumeError
-from guard.review import digest_of
-from guard.subject import AgentEvent
+from guard.subject import AgentEvent, digest_of
 
 __all__ = [
     "REVIEW_REQUEST_TYPE",

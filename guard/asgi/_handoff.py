@@ -14,8 +14,8 @@ from typing import Any
 from starlette.types import Send
 
 from guard.asgi._responses import HANDOFF_FAILED, HeaderList, send_json
+from guard.asgi.handoff import HandoffClient, HandoffTarget
 from guard.errors import HandoffError
-from guard.handoff import HandoffClient, HandoffTarget
 from guard.policy import Policy
 from guard.subject import HttpSubject
 from guard.verdict import Verdict

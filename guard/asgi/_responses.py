@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from starlette.types import Message, Send
 
@@ -21,6 +21,7 @@ from guard.verdict import Verdict, outcome_headers
 
 __all__ = [
     "BLOCKED",
+    "DECISION_HEADERS",
     "DECISION_UNAVAILABLE",
     "HANDOFF_FAILED",
     "PENDING_REVIEW",
@@ -28,6 +29,7 @@ __all__ = [
     "REVIEW_CONFLICT",
     "REVIEW_NOT_FOUND",
     "REVIEW_UNAVAILABLE",
+    "DecisionHeaders",
     "HeaderList",
     "block_code",
     "encode_headers",
@@ -37,6 +39,11 @@ __all__ = [
     "send_with_headers",
     "verdict_headers",
 ]
+
+DecisionHeaders = Literal["brief", "full"]
+#: How much the response to an allowed HTTP request says of the decision (``GuardMiddleware(decision_headers=...)``,
+#: ``guard proxy --decision-headers``): ``brief``, the decision id and a fail-open flag; ``full``, every decision header.
+DECISION_HEADERS: tuple[DecisionHeaders, ...] = ("brief", "full")
 
 BLOCKED = "blocked"
 RATE_LIMITED = "rate_limited"

@@ -15,11 +15,12 @@ from __future__ import annotations
 import base64
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from guard.asgi._body import ReplayReceive, read_body
+from guard._body import ReplayReceive, read_body
+from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import (
     PENDING_REVIEW,
     REVIEW_CONFLICT,
@@ -31,13 +32,10 @@ from guard.asgi._responses import (
     verdict_headers,
 )
 from guard.asgi._subject import SENSITIVE_HEADERS, held_request, subject_summary
+from guard.asgi.review_store import ReviewItem, ReviewStore
 from guard.errors import BodyError, ReviewConflict, ReviewError, ReviewNotFound, ReviewStoreUnavailable
-from guard.review import ReviewItem, digest_of
-from guard.subject import HttpSubject
+from guard.subject import HttpSubject, digest_of
 from guard.verdict import Verdict
-
-if TYPE_CHECKING:
-    from guard.asgi.middleware import GuardMiddleware
 
 __all__ = ["REVIEW_HEADER", "ClientReviewEndpoints", "content_digest", "hold", "release_on_resend"]
 
@@ -45,6 +43,15 @@ REVIEW_HEADER = "x-guard-review-id"
 DEFAULT_REVIEW_MESSAGE = "The request is held for review."
 STORE_RETRY_AFTER_S = 5
 _RELEASE_BODY_LIMIT = 64 * 1024
+
+
+class ReviewHost(Protocol):
+    """What the review steps read from the middleware that holds them (``GuardMiddleware``)."""
+
+    app: ASGIApp
+    review_store: ReviewStore
+    review_path: str
+    metrics: HttpMetrics
 
 
 def content_digest(scope: Scope, body: bytes) -> str:
@@ -64,13 +71,13 @@ async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[by
                         [*headers, (b"retry-after", str(STORE_RETRY_AFTER_S).encode())])
 
 
-def _urls(mw: GuardMiddleware, scope: Scope, review_id: str) -> tuple[str, str]:
+def _urls(mw: ReviewHost, scope: Scope, review_id: str) -> tuple[str, str]:
     status_url = f"{scope.get('root_path', '')}{mw.review_path}/{review_id}"
     return status_url, f"{status_url}/release"
 
 
 async def hold(
-    mw: GuardMiddleware, scope: Scope, send: Send, subject: HttpSubject, body: bytes, verdict: Verdict
+    mw: ReviewHost, scope: Scope, send: Send, subject: HttpSubject, body: bytes, verdict: Verdict
 ) -> None:
     """Store a review item for an ``escalate`` verdict and answer 202 (503 when the store is down: fail closed)."""
     headers = verdict_headers(verdict)
@@ -96,7 +103,7 @@ def _released_headers(item: ReviewItem) -> HeaderList:
 
 
 async def release_on_resend(
-    mw: GuardMiddleware, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes
+    mw: ReviewHost, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes
 ) -> None:
     """The client resent an approved request with ``x-guard-review-id``: release it once if the content matches."""
     try:
@@ -113,7 +120,7 @@ async def release_on_resend(
 class ClientReviewEndpoints:
     """``GET <review_path>/<id>`` (status, no state or answers) and ``POST <review_path>/<id>/release``."""
 
-    def __init__(self, mw: GuardMiddleware) -> None:
+    def __init__(self, mw: ReviewHost) -> None:
         self.mw = mw
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

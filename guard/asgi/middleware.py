@@ -31,23 +31,31 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from guard.asgi._body import ReplayReceive, declared_length, read_body
+from guard._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import ParsedBodies
-from guard.asgi._responses import block_code, refuse_target, send_json, send_with_headers, verdict_headers
+from guard.asgi._responses import (
+    DECISION_HEADERS,
+    DecisionHeaders,
+    block_code,
+    refuse_target,
+    send_json,
+    send_with_headers,
+    verdict_headers,
+)
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
 from guard.asgi._subject import fill_body, head_subject, header_map, query_map
 from guard.asgi._target import canonical_scope
+from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
+from guard.asgi.review_store import MemoryReviewStore, ReviewStore
 from guard.engine import Guard
 from guard.errors import BodyError
-from guard.handoff import HandoffClient
 from guard.policy import Policy
-from guard.review import MemoryReviewStore, ReviewStore
 from guard.subject import HttpSubject
-from guard.verdict import DECISION_HEADERS, DecisionHeaders, Verdict, new_decision_id
+from guard.verdict import Verdict, new_decision_id
 
 __all__ = ["DEFAULT_REVIEW_PATH", "GuardMiddleware"]
 
@@ -70,8 +78,8 @@ class GuardMiddleware:
         max_decoded_bytes: most bytes after ``Content-Encoding`` decoding (default 4 MiB); overrides ``limits``.
         max_json_depth: deepest JSON nesting (default 64); overrides ``limits``.
         limits: every body limit at once (:class:`~guard.asgi.limits.BodyLimits`).
-        review_store: where escalated requests wait; default an in-process :class:`~guard.review.MemoryReviewStore`.
-        handoff: the client for ``handoff`` verdicts; default a :class:`~guard.handoff.HandoffClient` using the
+        review_store: where escalated requests wait; default an in-process :class:`~guard.asgi.review_store.MemoryReviewStore`.
+        handoff: the client for ``handoff`` verdicts; default a :class:`~guard.asgi.handoff.HandoffClient` using the
             policy file's targets.
         review_path: path prefix of the client-facing review endpoints.
         client_header: a header set by a trusted proxy that names the client (``x-forwarded-for``: the first

@@ -15,7 +15,7 @@ GET      ``/console``                 the review console page (``guard.asgi.cons
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
 ``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``. Releasing an approved
-item is the client's step (``guard/asgi/_reviews.py``) or the agent's (``guard.review.ReviewStore.release``).
+item is the client's step (``guard/asgi/_reviews.py``) or the agent's (``guard.asgi.review_store.ReviewStore.release``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from starlette.routing import Route
 
 from guard._json import loads
 from guard.asgi.console import console_route
+from guard.asgi.review_store import STATUSES, ReviewStore
 from guard.errors import InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
-from guard.review import STATUSES, ReviewStore
 
 __all__ = ["MAX_LIST_LIMIT", "review_app", "review_routes"]
 

@@ -1,7 +1,9 @@
 """Decision backends: one async protocol, ``decide(request) -> response``, and its implementations.
 
 * :class:`DecisionBackend`: the protocol every backend implements.
-* :class:`LocalBackend`: in-process Clef behind the micro-batcher (no HTTP hop).
+* :class:`LocalBackend`: in-process Clef behind the micro-batcher (:class:`MicroBatcher`, :class:`BatcherConfig`),
+  no HTTP hop; the worker serves the same backend over HTTP.
+* :class:`FixtureBackend`: answers from hand-written specs (policy tests, ``guard policy explain``).
 * :class:`SystemOneClient`: System One over HTTP(S) or a Unix socket (our worker, Workers AI, Jev, OpenRouter).
 * :class:`CompactBackend`: the shipped compact CPU model for a catalog of built-in questions.
 * :func:`open_backend`: a backend from a command-line spec; :func:`start_backend`: its startup step (warm-up).
@@ -14,6 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from guard.backends.base import DecisionBackend
+from guard.backends.batcher import BatcherConfig, BatcherState, BatcherStats, BatchInfo, MicroBatcher
+from guard.backends.fixture import FixtureBackend
 from guard.backends.http import RetryConfig, SystemOneClient
 from guard.backends.local import LocalBackend
 
@@ -21,9 +25,15 @@ if TYPE_CHECKING:
     from guard.backends.compact import CompactBackend
 
 __all__ = [
+    "BatchInfo",
+    "BatcherConfig",
+    "BatcherState",
+    "BatcherStats",
     "CompactBackend",
     "DecisionBackend",
+    "FixtureBackend",
     "LocalBackend",
+    "MicroBatcher",
     "RetryConfig",
     "SystemOneClient",
     "open_backend",

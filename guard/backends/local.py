@@ -1,7 +1,7 @@
 """In-process Clef behind the micro-batcher: the :class:`~guard.backends.base.DecisionBackend` with no HTTP hop.
 
 Each ``decide`` encodes its request on a worker thread (tokenization, CPU), then waits in a
-:class:`~guard.worker.batcher.MicroBatcher` whose single inference thread runs one batched prefill + head
+:class:`~guard.backends.batcher.MicroBatcher` whose single inference thread runs one batched prefill + head
 (:meth:`ClefModel.forward_records`) for every batch and the readout (:meth:`ClefModel.answer`) for each record. The
 event loop never runs torch. The decision worker (``guard worker serve``) serves exactly this object over HTTP.
 
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from guard.backends.base import require_request
+from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
+from guard.backends.selftest import run_self_test
 from guard.errors import (
     BackendRejected,
     BackendTimeout,
@@ -30,8 +32,6 @@ from guard.errors import (
     RequestValidationError,
 )
 from guard.systemone import CONFIDENCE_PROFILES, ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
-from guard.worker._selftest import run_self_test
-from guard.worker.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 
 if TYPE_CHECKING:
     import torch
@@ -62,12 +62,12 @@ class LocalBackend:
 
     Args:
         model: the loaded model (any dtype/device).
-        batcher_config: batching limits (:class:`~guard.worker.batcher.BatcherConfig` defaults when ``None``).
+        batcher_config: batching limits (:class:`~guard.backends.batcher.BatcherConfig` defaults when ``None``).
         confidence_profile: which ``confidence`` to report (spec §4.1): ``reference`` (top probability),
             ``workers-ai`` or ``jev``.
         max_length: prompt limit in tokens (the model's ``max_length``, 16,384 by default, when ``None``).
         name: the backend's name in errors, logs and verdicts.
-        on_batch: called after every forward pass with its :class:`~guard.worker.batcher.BatchInfo` (metrics).
+        on_batch: called after every forward pass with its :class:`~guard.backends.batcher.BatchInfo` (metrics).
 
     ``start()`` / ``async with`` starts the batcher and warms the model up with a self-test (``decide`` does it on
     first use); the backend is then bound to that event loop.
@@ -153,7 +153,7 @@ class LocalBackend:
 
     async def start(self) -> None:
         """Start the batcher on the running event loop, then warm up with the decision worker's startup self-test
-        (:func:`guard.worker._selftest.run_self_test`: one fixed request with a noul, a choice and a score question
+        (:func:`guard.backends.selftest.run_self_test`: one fixed request with a noul, a choice and a score question
         must come back with finite probabilities summing to 1). The first forward pass sets up kernels and
         allocators and can take seconds, so start the backend before timing decisions; ``decide`` starts it on first
         use, inside that call's deadline. Idempotent while open; concurrent callers wait for the same warm-up.

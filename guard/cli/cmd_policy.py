@@ -8,7 +8,7 @@ Usage::
     guard policy schema [--output PATH] [--check PATH] # the JSON Schema generated from the pydantic models
     guard policy reference [--output PATH] [--check PATH]  # that schema as a Markdown reference
 
-``SUBJECT.json`` is ``{"http": {...}}`` or ``{"agent": {...}}`` (see ``guard/policy/testing.py``). ``ANSWERS.json``
+``SUBJECT.json`` is ``{"http": {...}}`` or ``{"agent": {...}}`` (see ``guard/devtools/testing.py``). ``ANSWERS.json``
 maps question keys to answer specs (``{"injection": 0.93}``). ``--backend`` is ``local:CHECKPOINT_DIR`` (in-process
 Clef, on ``--device`` in ``--dtype``), ``http:URL`` or a bare ``http(s)://`` URL (a System One server) or ``compact``
 (the built-in CPU model); it is started (warmed up) before anything is timed. ``--timeout-ms`` replaces the policies'
@@ -140,7 +140,7 @@ UNIFORM_NOTE = (
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from guard.policy.explain import explain
+    from guard.devtools.explain import explain
 
     try:
         timeout_s = _timeout_s(args)
@@ -199,7 +199,7 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def run_test(args: argparse.Namespace) -> int:
-    from guard.policy.testing import find_test_file, run_test_file
+    from guard.devtools.testing import find_test_file, run_test_file
 
     try:
         timeout_s = _timeout_s(args)

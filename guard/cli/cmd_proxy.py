@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from guard.asgi._responses import DECISION_HEADERS
 from guard.cli.backend_options import add_backend_options, open_cli_backend
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
-from guard.verdict import DECISION_HEADERS
 
 __all__ = ["ProxyRuntime", "build", "register", "run"]
 
@@ -121,12 +121,12 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         PolicyError: an invalid policy file.
     """
     from guard.asgi.proxy import ProxyConfig, proxy_app
+    from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
     from guard.backends import start_backend
-    from guard.cache import CacheConfig
     from guard.engine import Guard
+    from guard.engine.cache import CacheConfig
+    from guard.engine.telemetry import DecisionLog
     from guard.policy import load_files
-    from guard.review import MemoryReviewStore, RedisReviewStore, ReviewStore
-    from guard.telemetry import DecisionLog
 
     host, port = _listen(args.listen)
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout)

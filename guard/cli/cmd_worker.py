@@ -34,7 +34,7 @@ DEFAULT_PORT = 8000
 
 def register(subparsers: Any) -> None:
     """Add ``worker serve``."""
-    from guard.worker.batcher import (
+    from guard.backends.batcher import (
         DEFAULT_MAX_BATCH,
         DEFAULT_MAX_BATCH_TOKENS,
         DEFAULT_MAX_LENGTH_RATIO,
@@ -101,8 +101,8 @@ def _fail(message: str) -> int:
 
 def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
     """``(BatcherConfig, WorkerConfig)`` from the options; raises ``ValueError`` naming the bad one."""
+    from guard.backends.batcher import BatcherConfig
     from guard.worker.app import WorkerConfig
-    from guard.worker.batcher import BatcherConfig
 
     batcher = BatcherConfig(
         max_batch=args.max_batch,

@@ -5,8 +5,8 @@ See ``docs/policies.md`` for the format and ``policies/`` for examples.
 
 from __future__ import annotations
 
-from guard.policy.loader import PolicyLoadError, load_files, load_text
-from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion, PolicySet
+from guard.policy.loader import PolicyLoadError, PolicySet, load_files, load_text
+from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
 from guard.policy.rules import Outcome, RuleError, RuleResult, apply_rules
 
 __all__ = [

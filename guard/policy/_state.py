@@ -5,7 +5,7 @@ No code runs from YAML: each state field names a source (a subject field), optio
 header/query/form name, a default and a character cap. The judged content only ever becomes *data* in the state.
 
 Two steps: :func:`render_state` reads the subject (the raw state, nothing cut), and :func:`prepare_state` makes
-what the model sees: every string normalised (``guard/normalize.py``), then each field's ``max_chars`` applied to
+what the model sees: every string normalised (``guard/policy/normalize.py``), then each field's ``max_chars`` applied to
 the normalised text, so the cap counts characters the model reads (invisible padding does not use it up). A cut is
 never silent: it keeps what the field's ``truncate`` says, puts :data:`CUT_MARKER` where text was left out, and
 counts the field in the flag ``truncated``; with ``truncate: error`` the state is refused (:class:`StateTooLong`).
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from guard.errors import StateTooLong
-from guard.normalize import Normalized, normalize_value
+from guard.policy.normalize import Normalized, normalize_value
 from guard.subject import AgentSubject, HttpSubject, Subject
 
 __all__ = [
@@ -185,7 +185,7 @@ def prepare_state(fields: tuple[StateField, ...], raw: Mapping[str, Any]) -> Nor
     each field with ``max_chars`` is cut as its ``truncate`` says, innermost fields first.
 
     Returns:
-        :class:`~guard.normalize.Normalized`: the new state (``raw`` is not changed) and the flags: the
+        :class:`~guard.policy.normalize.Normalized`: the new state (``raw`` is not changed) and the flags: the
         normalisation findings plus ``truncated``, the number of fields cut.
 
     Raises:

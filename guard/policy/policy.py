@@ -1,4 +1,4 @@
-"""Compiled policies (:class:`Policy`) and the live, reloadable set of them (:class:`PolicySet`).
+"""Compiled policies (:class:`Policy`); the live, reloadable set of them is :class:`~guard.policy.loader.PolicySet`.
 
 A :class:`Policy` is immutable and built only by the loader (``guard/policy/loader.py``), so everything in it has
 been validated: matchers compiled, CEL compiled and name-checked, questions within the System One limits.
@@ -7,22 +7,19 @@ been validated: matchers compiled, CEL compiled and name-checked, questions with
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from guard.errors import PolicyError
-from guard.normalize import Normalized
 from guard.policy._match import AgentMatcher, HttpMatcher
 from guard.policy._state import StateField, default_state, prepare_state, render_state
+from guard.policy.normalize import Normalized
 from guard.policy.rules import CompiledRule, Outcome
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import QuestionV1, SystemOneRequestV1
 from guard.verdict import FailMode
 
-__all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "Policy", "PolicyQuestion", "PolicySet"]
+__all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "Policy", "PolicyQuestion"]
 
 logger = logging.getLogger("guard.policy")
 
@@ -162,100 +159,3 @@ class Policy:
     def question_keys(self) -> dict[str, str]:
         """Wire question id -> the key rules use."""
         return {q.wire.id: q.key for q in self.questions}
-
-
-class PolicySet:
-    """The live set of policies, in match order (files in the order given, policies in file order).
-
-    The first policy whose ``match`` accepts a subject decides it. :meth:`reload` re-reads the source files; if any
-    fails, the last good set stays active and the error is logged and raised.
-
-    Attributes:
-        sources: the files this set was loaded from (empty for sets built from text).
-        reload_failures: how many reloads failed.
-    """
-
-    def __init__(
-        self,
-        policies: Sequence[Policy],
-        *,
-        sources: Sequence[str | Path] = (),
-        validator: Callable[[Sequence[Policy]], None] | None = None,
-    ) -> None:
-        self._policies: tuple[Policy, ...] = tuple(policies)
-        self.sources: tuple[Path, ...] = tuple(Path(s) for s in sources)
-        self.validator = validator
-        self.reload_failures = 0
-        self.last_error: PolicyError | None = None
-        self._lock = threading.Lock()
-        _check_unique(self._policies)
-
-    @property
-    def policies(self) -> tuple[Policy, ...]:
-        return self._policies
-
-    def __iter__(self) -> Iterator[Policy]:
-        return iter(self._policies)
-
-    def __len__(self) -> int:
-        return len(self._policies)
-
-    def __getitem__(self, policy_id: str) -> Policy:
-        for policy in self._policies:
-            if policy.id == policy_id:
-                return policy
-        raise KeyError(policy_id)
-
-    def match(self, subject: Subject) -> Policy | None:
-        """The first policy that matches ``subject``, or ``None``."""
-        for policy in self._policies:
-            if policy.matches(subject):
-                return policy
-        return None
-
-    def replace(self, policies: Sequence[Policy]) -> None:
-        """Swap in a new set after validating it; on error the current set stays.
-
-        Raises:
-            PolicyError: when two policies share an id or the validator (e.g. ``Guard``'s backend check) rejects one.
-        """
-        new = tuple(policies)
-        _check_unique(new)
-        if self.validator is not None:
-            self.validator(new)
-        with self._lock:
-            self._policies = new
-
-    def reload(self) -> None:
-        """Re-read :attr:`sources`. On any error the last good policies stay active.
-
-        Raises:
-            PolicyError: naming the file, line and key of the first problem (also logged, and counted in
-                :attr:`reload_failures`).
-        """
-        from guard.policy.loader import load_files
-
-        try:
-            fresh = load_files(*self.sources)
-            self.replace(fresh.policies)
-        except PolicyError as exc:
-            self.reload_failures += 1
-            self.last_error = exc
-            logger.error("policy reload failed; keeping the last good policies (%d active): %s", len(self), exc)
-            raise
-        self.last_error = None
-        logger.info("policies reloaded: %s", ", ".join(f"{p.id}@{p.version}" for p in self._policies))
-
-
-def _check_unique(policies: Sequence[Policy]) -> None:
-    seen: dict[str, Policy] = {}
-    for policy in policies:
-        if policy.id in seen:
-            first = seen[policy.id]
-            raise PolicyError(
-                policy.file,
-                policy.line,
-                "id",
-                f"policy id {policy.id!r} is already defined in {first.file}:{first.line}; ids must be unique",
-            )
-        seen[policy.id] = policy

@@ -12,7 +12,7 @@ Names a ``when`` can use:
 * ``answers``: the same objects in one map; ``subject``: the subject's fields (``subject.method``,
   ``subject.tool_name``, ``subject.headers["x-tier"]``); ``state``: the rendered (normalised) state; ``flags``: the
   normalisation findings and the cuts (``flags.unicode_tags > 0``, ``flags.truncated > 0``; every name in
-  :data:`~guard.verdict.FLAG_NAMES` reads 0 when absent); ``data``: the file's ``data`` block.
+  :data:`FLAG_NAMES` reads 0 when absent); ``data``: the file's ``data`` block.
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from typing import Any
 import cel
 
 from guard.errors import GuardError
+from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.systemone import AnswerV1, QuestionType
-from guard.verdict import FLAG_NAMES, Action
+from guard.verdict import Action
 
 __all__ = [
     "ANSWER_FIELDS",
+    "FLAG_NAMES",
     "RESERVED_NAMES",
     "CompiledRule",
     "Outcome",
@@ -42,6 +44,12 @@ __all__ = [
     "rule_inputs",
     "trace_rules",
 ]
+
+#: Flags rules read as ``flags.<name>`` (``0`` when absent): the normalisation findings (:mod:`guard.policy.normalize`),
+#: ``truncated`` (state fields cut to their ``max_chars``) and ``state_tokens_dropped`` (state tokens the backend
+#: reported it did not read, ``usage.state_tokens_dropped``). A verdict also carries ``fail_open`` (rules never see it:
+#: they did not run).
+FLAG_NAMES = (*NORMALIZE_FLAG_NAMES, "truncated", "state_tokens_dropped")
 
 #: Top-level names every ``when`` may use besides question keys.
 RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data"})
@@ -191,7 +199,7 @@ def apply_rules(
         answers: question key -> answer.
         subject: the subject (a dataclass) or ``None``.
         state: the rendered state.
-        flags: the state's flags; missing names in :data:`~guard.verdict.FLAG_NAMES` read as 0.
+        flags: the state's flags; missing names in :data:`FLAG_NAMES` read as 0.
         data: the file's ``data`` block.
 
     Returns:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from guard.errors import PolicyError
-from guard.policy.policy import PolicySet
+from guard.policy.loader import PolicySet
 
 __all__ = ["DEFAULT_RELOAD_INTERVAL_S", "PolicyWatcher"]
 

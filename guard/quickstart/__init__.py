@@ -29,8 +29,8 @@ from guard.asgi import GuardMiddleware
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.engine import Guard
+from guard.engine.telemetry import DecisionLog
 from guard.subject import AgentSubject
-from guard.telemetry import DecisionLog
 
 __all__ = [
     "NEXT_STEPS",

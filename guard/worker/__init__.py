@@ -2,31 +2,22 @@
 
 Key components:
 
-* :class:`MicroBatcher` / :class:`BatcherConfig`: coalesce concurrent requests into few prefill batches on one
-  inference thread (also used in-process by :class:`guard.backends.local.LocalBackend`).
 * :func:`create_app` / :class:`WorkerConfig`: the Starlette app behind ``guard worker serve``.
 * :class:`WorkerMetrics`: its OpenTelemetry metrics, exported for Prometheus on ``GET /metrics``.
 
-The app-level names are imported lazily, so that importing the batcher (as ``guard.backends.local`` does) does not
-pull in the HTTP stack.
+The micro-batcher it serves through is :class:`guard.backends.MicroBatcher`. The names here are imported lazily, so
+that importing ``guard.worker`` does not pull in the HTTP stack.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from guard.worker.batcher import BatcherConfig, BatcherState, BatcherStats, BatchInfo, MicroBatcher
-
 if TYPE_CHECKING:
     from guard.worker.app import WorkerConfig, WorkerPhase, create_app
     from guard.worker.metrics import WorkerMetrics
 
 __all__ = [
-    "BatchInfo",
-    "BatcherConfig",
-    "BatcherState",
-    "BatcherStats",
-    "MicroBatcher",
     "WorkerConfig",
     "WorkerMetrics",
     "WorkerPhase",

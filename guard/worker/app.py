@@ -38,8 +38,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from guard._body import declared_length, read_body
 from guard._json import loads
-from guard.asgi._body import declared_length, read_body
 from guard.errors import (
     BackendRejected,
     BackendTimeout,
@@ -54,8 +54,8 @@ from guard.worker import _http
 from guard.worker.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
 
 if TYPE_CHECKING:
+    from guard.backends.batcher import BatchInfo
     from guard.backends.local import LocalBackend
-    from guard.worker.batcher import BatchInfo
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "WorkerConfig", "WorkerPhase", "create_app"]
 

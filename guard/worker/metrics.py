@@ -33,7 +33,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from guard.worker.batcher import BatchInfo
+from guard.backends.batcher import BatchInfo
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "WorkerMetrics"]
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from guard.engine import Guard
+from guard.engine.telemetry import DecisionLog
 from guard.policy import load_files
-from guard.telemetry import DecisionLog
 from tests._backends import ScriptedBackend
 from tests.agents._fakes import Runs, answer, counting_tools
 

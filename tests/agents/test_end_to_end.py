@@ -17,9 +17,9 @@ from guard.agents import GuardAgentMiddleware, resume_command
 from guard.backends.compact import CompactBackend
 from guard.backends.local import LocalBackend
 from guard.engine import Guard
+from guard.engine.telemetry import DecisionLog
 from guard.errors import PolicyError
 from guard.policy import load_text
-from guard.telemetry import DecisionLog
 from tests.agents._fakes import Runs, Turn, counting_tools, model
 
 POLICY = """

@@ -13,8 +13,8 @@ import pytest
 from examples.agent import replay as example
 from examples.agent.tools import Sandbox, SandboxError, sandbox_tools
 from guard.engine import Guard
+from guard.engine.telemetry import DecisionLog
 from guard.policy import load_files
-from guard.telemetry import DecisionLog
 from tests._backends import ScriptedBackend
 
 ATTACKER = "US133000000121212121212"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from guard.asgi._body import ReplayReceive, read_body
+from guard._body import ReplayReceive, read_body
 from guard.engine import Guard
 from guard.errors import BodyError
 from tests._backends import ScriptedBackend

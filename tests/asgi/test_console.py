@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from guard.asgi.review_api import review_app
-from guard.review import RedisReviewStore, ReviewItem
+from guard.asgi.review_store import RedisReviewStore, ReviewItem
 from guard.systemone import QuestionV1, answer_question
 from guard.verdict import Verdict
 from tests.asgi._servers import serve_in_thread

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from guard.engine import Guard
-from guard.normalize import normalize_text
+from guard.policy.normalize import normalize_text
 from guard.systemone import SystemOneRequestV1
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import client_for

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from guard.asgi.handoff import HandoffClient, HandoffTarget
 from guard.engine import Guard
-from guard.handoff import HandoffClient, HandoffTarget
 from tests.asgi._apps import client_for, guarded_app
 from tests.asgi._servers import OpenAIStandIn, serve_in_thread
 

@@ -12,8 +12,8 @@ import pytest
 
 from guard.asgi._media import charset, check_xml_encoding, parse_params
 from guard.engine import Guard
+from guard.engine.telemetry import DecisionLog
 from guard.errors import BodyError
-from guard.telemetry import DecisionLog
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, client_for, guarded_app, scripted_answers
 

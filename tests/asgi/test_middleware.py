@@ -22,10 +22,10 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocket
 
 from guard.asgi import GuardMiddleware
-from guard.cache import CacheConfig
 from guard.engine import Guard
+from guard.engine.cache import CacheConfig
+from guard.engine.telemetry import DecisionLog
 from guard.errors import BackendTimeout, BackendUnavailable
-from guard.telemetry import DecisionLog
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, client_for, echo, echo_routes, guarded_app, scripted_answers, sha
 from tests.asgi._servers import serve_in_thread

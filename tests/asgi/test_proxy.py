@@ -22,10 +22,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi.proxy import ProxyConfig, proxy_app
-from guard.cache import CacheConfig, RedisCache
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
+from guard.engine.cache import CacheConfig, RedisCache
 from guard.errors import PolicyError
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, scripted_answers, sha

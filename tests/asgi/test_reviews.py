@@ -14,8 +14,8 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from guard.asgi import GuardMiddleware, review_app
+from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
 from guard.engine import Guard
-from guard.review import MemoryReviewStore, RedisReviewStore, ReviewStore
 from tests.asgi._apps import client_for, echo_routes, sha
 
 pytestmark = pytest.mark.anyio

@@ -245,7 +245,7 @@ LOOK_ALIKES = (  # not "What are the system requirements for this laptop?": harm
 @pytest.mark.anyio
 @pytest.mark.parametrize("text", CASE_ATTACKS)
 async def test_the_shipped_model_does_not_allow_the_cases_attacks(backend: CompactBackend, text: str) -> None:
-    from guard.normalize import normalize_text
+    from guard.policy.normalize import normalize_text
 
     state = {"text": normalize_text(text).value}  # what the engine sends (zero-width characters stripped)
     answer = (await backend.decide(_request(state, "guard.prompt_injection"))).answers["guard.prompt_injection"]

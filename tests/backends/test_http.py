@@ -16,12 +16,12 @@ import pytest
 
 from guard.backends import open_backend
 from guard.backends.base import DecisionBackend
+from guard.backends.batcher import BatcherConfig
 from guard.backends.http import PROVIDERS, RetryConfig, SystemOneClient, parse_retry_after
 from guard.backends.local import LocalBackend
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer
 from guard.systemone import SystemOneRequestV1
-from guard.worker.batcher import BatcherConfig
 from tests.backends._standin import PATH, WorkersAIStandIn, socket_that_resets
 from tests.worker._requests import long_body, ticket_body
 from tests.worker._serve import RunningWorker, serve_app_in_thread, serve_worker

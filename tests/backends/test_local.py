@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from guard.backends.base import DecisionBackend
+from guard.backends.batcher import BatcherConfig, BatchInfo
 from guard.backends.local import LocalBackend
+from guard.backends.selftest import SELF_TEST_REQUEST
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from guard.systemone import SystemOneRequestV1, confidence
-from guard.worker._selftest import SELF_TEST_REQUEST
-from guard.worker.batcher import BatcherConfig, BatchInfo
 from tests.worker._requests import golden_case, long_body, ticket_body
 
 pytestmark = pytest.mark.anyio

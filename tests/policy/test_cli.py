@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from guard.backends.local import LocalBackend
+from guard.backends.selftest import SELF_TEST_REQUEST
 from guard.cli import main
-from guard.policy.explain import explain
-from guard.worker._selftest import SELF_TEST_REQUEST
+from guard.devtools.explain import explain
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 EXAMPLES = sorted(p for p in POLICIES.glob("*.yaml") if not p.stem.endswith("_test"))

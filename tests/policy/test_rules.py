@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from guard.backends.fixture import answer_from_spec
 from guard.policy import Outcome, RuleError, apply_rules, load_text
-from guard.policy.answers import answer_from_spec
 from guard.policy.rules import compile_condition, trace_rules
 from guard.subject import HttpSubject
 

@@ -13,9 +13,9 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from guard.backends.batcher import MicroBatcher
 from guard.backends.local import LocalBackend
 from guard.worker.app import WorkerConfig, create_app
-from guard.worker.batcher import MicroBatcher
 from tests.asgi._servers import _Server
 
 

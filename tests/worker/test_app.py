@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from guard.backends.batcher import BatcherConfig
 from guard.backends.local import LocalBackend
 from guard.clef.model import ClefModel
 from guard.worker.app import WorkerConfig, create_app
-from guard.worker.batcher import BatcherConfig
 from tests.worker._requests import golden_case, long_body, ticket_body
 from tests.worker._serve import RunningWorker, ServerThread, serve_app_in_thread, serve_worker
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.errors import BackendTimeout, Overloaded
-from guard.worker.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 
 pytestmark = pytest.mark.anyio
 

@@ -35,8 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from guard.errors import BackendTimeout, Overloaded
-from guard.worker._batch_types import (
+from guard.backends._batch_types import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_LENGTH_RATIO,
@@ -48,6 +47,7 @@ from guard.worker._batch_types import (
     BatcherStats,
     BatchInfo,
 )
+from guard.errors import BackendTimeout, Overloaded
 
 __all__ = [
     "DEFAULT_MAX_BATCH",

@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import time
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from guard.errors import ReviewConflict, ReviewNotFound, ReviewStoreUnavailable
+from guard.subject import digest_of
 from guard.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -58,16 +58,6 @@ DEFAULT_REVIEW_PREFIX = "guard:review:"
 DEFAULT_MAX_ITEMS = 10_000
 """Most items the in-memory store holds; creating one more fails closed."""
 DEFAULT_LIST_LIMIT = 100
-
-
-def digest_of(*parts: bytes | str) -> str:
-    """SHA-256 (hex) of the parts, each length-prefixed so ``("ab", "c")`` and ``("a", "bc")`` differ."""
-    h = hashlib.sha256()
-    for part in parts:
-        data = part.encode("utf-8") if isinstance(part, str) else part
-        h.update(len(data).to_bytes(8, "big"))
-        h.update(data)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

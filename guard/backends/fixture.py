@@ -1,4 +1,5 @@
-"""Answers written by hand: turn a short spec into an :class:`~guard.systemone.AnswerV1` for one question.
+"""A backend that answers from hand-written specs (:class:`FixtureBackend`), and the specs themselves: turn a short
+spec into an :class:`~guard.systemone.AnswerV1` for one question (:func:`answer_from_spec`).
 
 Used by policy fixture tests (``guard policy test``), ``guard policy explain --answers`` and test backends, so a
 policy's rules can be exercised without a model. Specs:
@@ -17,9 +18,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from guard.systemone import AnswerV1, QuestionV1, answer_question
+from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer
+from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1, answer_question
 
-__all__ = ["answer_from_spec"]
+__all__ = ["FixtureBackend", "answer_from_spec"]
 
 _TOLERANCE = 1e-6
 
@@ -59,3 +61,38 @@ def _by_option(question: QuestionV1, spec: Any) -> dict[str, Any]:
             raise ValueError(f"question {question.id!r}: give a probability for each of {options}, got {keys}")
         return {str(k): v for k, v in spec.items()}
     raise ValueError(f"question {question.id!r} ({question.type}): cannot read an answer from {spec!r}")
+
+
+class FixtureBackend:
+    """A backend that answers from hand-written specs keyed by wire question id (for policy tests and
+    ``guard policy explain --answers``), or fails the way a case asks."""
+
+    name = "fixture"
+    model_revision = "fixture"
+
+    def __init__(self, answers: Mapping[str, Any] | None = None, error: str | None = None) -> None:
+        self.answers = dict(answers or {})
+        self.error = error
+        self.calls = 0
+
+    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+        self.calls += 1
+        if self.error == "timeout":
+            raise BackendTimeout("fixture: simulated timeout", backend=self.name)
+        if self.error == "unavailable":
+            raise BackendUnavailable("fixture: simulated backend outage", backend=self.name, reason="http_503")
+        if self.error == "rejected":
+            raise BackendRejected("fixture: simulated 400 from the backend", backend=self.name, status_code=400)
+        if self.error == "malformed":
+            raise MalformedAnswer("fixture: simulated malformed answer", backend=self.name)
+        answers = {}
+        for question in request.questions:
+            spec = self.answers.get(question.id)
+            if spec is None:
+                n = len(question.option_ids())
+                spec = 0.5 if question.type == "noul" else dict.fromkeys(question.option_ids(), 1.0 / n)
+            answers[question.id] = answer_from_spec(question, spec)
+        return SystemOneResponseV1(model="fixture", answers=answers, usage=UsageV1(0))
+
+    async def aclose(self) -> None:
+        return None

@@ -1,7 +1,7 @@
 """The decision engine: ``Guard.evaluate(subject) -> Verdict`` (ARCHITECTURE.md layer 7).
 
 Steps for one subject: match the first policy (cheap: never reads the body); render its state, normalise the text
-for scoring (``guard/normalize.py``) and apply the fields' caps (``guard/policy/_state.py``); build one System One
+for scoring (``guard/policy/normalize.py``) and apply the fields' caps (``guard/policy/_state.py``); build one System One
 request with all the policy's questions; get the answers from the probability cache or the policy's backend within
 the policy's timeout; apply the rules; emit one span and one decision-log record.
 
@@ -29,14 +29,14 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from guard._frozen import frozen_builder
-from guard._plan import Plan
 from guard.backends.base import DecisionBackend
-from guard.cache import CacheConfig, CachedAnswers, Lookup, MemoryCache, ProbabilityCache, RedisCache
+from guard.engine.cache import CacheConfig, CachedAnswers, Lookup, MemoryCache, ProbabilityCache, RedisCache
+from guard.engine.plan import Plan
+from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.errors import BackendError, GuardError, Overloaded, PolicyError, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy, PolicySet, load_files
 from guard.policy.rules import RuleError
 from guard.subject import Subject
-from guard.telemetry import DecisionLog, Telemetry
 from guard.verdict import Verdict, new_decision_id
 
 __all__ = ["DEFAULT_BACKEND", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]

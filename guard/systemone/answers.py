@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guard.errors import MalformedAnswer
-from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
+from guard.systemone.wire import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
 __all__ = [
     "KEY_VERSION",

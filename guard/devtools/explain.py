@@ -15,14 +15,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from guard._answers import cache_key
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
-from guard.cache import MemoryCache
+from guard.backends.fixture import FixtureBackend
+from guard.devtools.testing import subject_from_json, wire_answers, with_timeout
+from guard.engine.cache import MemoryCache
 from guard.policy.loader import load_text
 from guard.policy.policy import FailPolicy, Policy
 from guard.policy.rules import trace_rules
-from guard.policy.testing import FixtureBackend, subject_from_json, wire_answers, with_timeout
+from guard.systemone.answers import cache_key
 from guard.verdict import Verdict
 
 __all__ = ["explain"]
@@ -52,7 +53,7 @@ async def explain(
     Args:
         file: the policy file.
         subject_data: ``{"http": {...}}`` or ``{"agent": {...}}``.
-        answers: hand-written answers by question key (see ``guard/policy/answers.py``); default: even splits.
+        answers: hand-written answers by question key (see ``guard/backends/fixture.py``); default: even splits.
         backend_factory: builds a real backend instead of ``answers``; it is started (warmed up) before the decision.
         timeout_s: replaces the policies' ``timeout`` (seconds) when given.
 

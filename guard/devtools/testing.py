@@ -14,7 +14,7 @@ A test file::
         backend_error: timeout                        # timeout | unavailable | malformed | rejected
         expect: {action: escalate, fail_mode: escalate}
 
-``answers`` follow ``guard/policy/answers.py``; questions left out get an even split. A case without ``answers`` or
+``answers`` follow ``guard/backends/fixture.py``; questions left out get an even split. A case without ``answers`` or
 ``backend_error`` needs a real backend (``--backend``). ``expect.policy: null`` asserts no policy matches.
 """
 
@@ -31,19 +31,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
-from guard.cache import MemoryCache
-from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer, PolicyError
+from guard.backends.fixture import FixtureBackend
+from guard.engine.cache import MemoryCache
+from guard.errors import PolicyError
 from guard.policy._yaml import load_yaml
-from guard.policy.answers import answer_from_spec
-from guard.policy.loader import PolicyLoadError, load_text
-from guard.policy.policy import Policy, PolicySet
+from guard.policy.loader import PolicyLoadError, PolicySet, load_text
+from guard.policy.policy import Policy
 from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, body_strings
-from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, UsageV1
 from guard.verdict import Action, FailMode, Verdict
 
 __all__ = [
     "CaseResult",
-    "FixtureBackend",
     "find_test_file",
     "run_test_file",
     "subject_from_json",
@@ -135,41 +133,6 @@ def subject_from_json(data: Any) -> Subject:
         )  # fmt: skip
     assert parsed.agent is not None
     return AgentSubject(**parsed.agent.model_dump())
-
-
-class FixtureBackend:
-    """A backend that answers from hand-written specs keyed by wire question id (for policy tests and
-    ``guard policy explain --answers``), or fails the way a case asks."""
-
-    name = "fixture"
-    model_revision = "fixture"
-
-    def __init__(self, answers: Mapping[str, Any] | None = None, error: str | None = None) -> None:
-        self.answers = dict(answers or {})
-        self.error = error
-        self.calls = 0
-
-    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
-        self.calls += 1
-        if self.error == "timeout":
-            raise BackendTimeout("fixture: simulated timeout", backend=self.name)
-        if self.error == "unavailable":
-            raise BackendUnavailable("fixture: simulated backend outage", backend=self.name, reason="http_503")
-        if self.error == "rejected":
-            raise BackendRejected("fixture: simulated 400 from the backend", backend=self.name, status_code=400)
-        if self.error == "malformed":
-            raise MalformedAnswer("fixture: simulated malformed answer", backend=self.name)
-        answers = {}
-        for question in request.questions:
-            spec = self.answers.get(question.id)
-            if spec is None:
-                n = len(question.option_ids())
-                spec = 0.5 if question.type == "noul" else dict.fromkeys(question.option_ids(), 1.0 / n)
-            answers[question.id] = answer_from_spec(question, spec)
-        return SystemOneResponseV1(model="fixture", answers=answers, usage=UsageV1(0))
-
-    async def aclose(self) -> None:
-        return None
 
 
 @dataclass
