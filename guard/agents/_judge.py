@@ -12,10 +12,11 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from guard.agents._reviewer import areview, review
+from guard.engine import verdicts
 from guard.errors import HandoffError
 from guard.subject import AgentSubject
 from guard.verdict import Action, FailMode, Verdict, new_decision_id
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
 
     from guard.engine import Guard
+    from guard.policy import Policy
 
 __all__ = ["DEFAULT_REVIEWER_TIMEOUT_S", "Judge", "Judgement", "Outcome"]
 
@@ -35,7 +37,7 @@ MAX_PARALLEL_JUDGEMENTS = 8
 """Most subjects of one model turn judged at once by the blocking path (the async path has no limit)."""
 MALFORMED_RULE = "malformed_arguments"
 """``Verdict.rule`` of the decision recorded for a malformed tool call."""
-GUARD_ERROR_RULE = "on_error"
+
 
 Outcome = Literal["allow", "block", "escalate", "route"]
 
@@ -70,7 +72,7 @@ class Judge:
     """Evaluates agent subjects with a :class:`~guard.engine.Guard` and settles ``handoff`` verdicts.
 
     Args:
-        guard: the engine (``match``, ``evaluate``, ``aevaluate``, ``decision_log``, ``telemetry``).
+        guard: the engine (``match``, ``evaluate``, ``aevaluate``, ``record``).
         reviewers: handoff target name -> LangChain chat model that answers allow/deny.
         handoff_nodes: handoff target names that are graph nodes (hand-built graphs only).
         fail_mode: what a handoff that cannot be settled, or a guard that raises, turns into.
@@ -107,16 +109,14 @@ class Judge:
             exc_info=exc,
         )
         policy = self.guard.match(subject)
-        return Verdict(
-            action=_FAIL_ACTIONS[self.fail_mode],
-            decision_id=new_decision_id(),
-            policy_id=policy.id if policy else None,
-            policy_version=policy.version if policy else None,
-            rule=GUARD_ERROR_RULE,
-            latency_ms=(time.perf_counter() - started) * 1000,
-            fail_mode=self.fail_mode,
-            error=f"guard_error: {exc!r}"[:500],
+        verdict = verdicts.guard_failed(
+            policy, self.fail_mode, exc, decision_id=new_decision_id(), latency_ms=(time.perf_counter() - started) * 1000
         )
+        try:
+            self._record(verdict, subject, policy)
+        except Exception:
+            logger.exception("recording the fail-mode decision %s failed", verdict.decision_id)
+        return verdict
 
     def evaluate(self, subject: AgentSubject) -> Verdict:
         started = time.perf_counter()
@@ -138,27 +138,14 @@ class Judge:
         flags: dict[str, Any] = {"malformed": problem}
         if raw is not None:
             flags["raw_arguments"] = raw[:1000]
-        verdict = Verdict(
-            action="block",
-            decision_id=new_decision_id(),
-            policy_id=policy.id if policy else None,
-            policy_version=policy.version if policy else None,
-            rule=MALFORMED_RULE,
-            status=400,
-            message=problem,
-            flags=flags,
+        verdict = verdicts.refused(
+            policy, decision_id=new_decision_id(), rule=MALFORMED_RULE, status=400, message=problem, flags=flags
         )
-        self._record(verdict, subject, policy.file if policy else None)
+        self._record(verdict, subject, policy)
         return verdict
 
-    def _record(self, verdict: Verdict, subject: AgentSubject, policy_file: str | None) -> None:
-        telemetry = getattr(self.guard, "telemetry", None)
-        if telemetry is not None:
-            with telemetry.span(subject) as span:
-                telemetry.finish(span, verdict)
-        decision_log = getattr(self.guard, "decision_log", None)
-        if decision_log is not None:
-            decision_log.record(verdict, subject, policy_file=policy_file)
+    def _record(self, verdict: Verdict, subject: AgentSubject, policy: Policy | None) -> None:
+        self.guard.record(verdict, subject, policy=policy)
         logger.info(
             "decision %s: %s %s %s (%s)",
             verdict.decision_id,
@@ -185,7 +172,7 @@ class Judge:
 
     def _failed_handoff(self, verdict: Verdict, reason: str) -> Judgement:
         outcome = _fail_outcome(self.fail_mode)
-        return Judgement(outcome, replace(verdict, fail_mode=self.fail_mode, error=reason[:500]), reason=reason)
+        return Judgement(outcome, verdicts.unsettled_handoff(verdict, self.fail_mode, reason), reason=reason)
 
     @staticmethod
     def _reviewed(target: str, verdict: Verdict, decision: str, reason: str) -> Judgement:

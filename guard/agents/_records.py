@@ -26,6 +26,7 @@ from langgraph.config import get_config
 from guard.agents._content import message_text
 from guard.agents._judge import Judgement
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
+from guard.engine import verdicts
 from guard.subject import AgentEvent
 from guard.verdict import Verdict
 
@@ -88,17 +89,7 @@ def verdict_json(verdict: Verdict) -> dict[str, Any]:
 
 def verdict_from_json(data: Mapping[str, Any]) -> Verdict:
     """A verdict rebuilt from :func:`verdict_json` (answers left out), for message templates."""
-    return Verdict(
-        action=data["action"],
-        decision_id=data["decision_id"],
-        policy_id=data.get("policy"),
-        policy_version=data.get("policy_version"),
-        rule=data.get("rule"),
-        message=data.get("message"),
-        handoff=data.get("handoff"),
-        fail_mode=data.get("fail_mode"),
-        error=data.get("error"),
-    )
+    return verdicts.copy_from_json(data)
 
 
 def _messages(state: Any) -> Sequence[AnyMessage]:

@@ -51,7 +51,7 @@ from guard.asgi._target import canonical_scope
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
 from guard.asgi.review_store import MemoryReviewStore, ReviewStore
-from guard.engine import Guard
+from guard.engine import Guard, verdicts
 from guard.errors import BodyError
 from guard.policy import Policy
 from guard.subject import HttpSubject
@@ -200,19 +200,10 @@ class GuardMiddleware:
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""
         self.metrics.body_rejections.labels(exc.code).inc()
-        verdict = Verdict(
-            action="block",
-            decision_id=new_decision_id(),
-            policy_id=policy.id,
-            policy_version=policy.version,
-            rule=exc.code,
-            status=exc.status,
-            message=exc.reason,
-            error=exc.code,
+        verdict = verdicts.refused(
+            policy, decision_id=new_decision_id(), rule=exc.code, status=exc.status, message=exc.reason, error=exc.code
         )
-        log = self.guard.decision_log
-        if log is not None:
-            log.record(verdict, head, policy_file=policy.file)
+        self.guard.record(verdict, head, policy=policy)
         logger.info("refused %s %s before a decision: %s (policy %s)", head.method, head.path, exc.code, policy.id)
         await send_json(
             send,

@@ -1,26 +1,18 @@
-"""The decision engine: ``Guard.evaluate(subject) -> Verdict`` (ARCHITECTURE.md layer 7).
+"""``Guard.evaluate(subject) -> Verdict``.
 
-Steps for one subject: match the first policy (cheap: never reads the body); render its state, normalise the text
-for scoring (``guard/policy/normalize.py``) and apply the fields' caps (``guard/policy/_state.py``); build one System One
-request with all the policy's questions; get the answers from the probability cache or the policy's backend within
-the policy's timeout; apply the rules; emit one span and one decision-log record.
+For one subject: match the first policy (never reads the body); take its plan (:mod:`guard.engine.plan`: render the
+state, normalise it, apply the fields' caps, hash the cache key); read the probability cache or ask the policy's
+backend within the policy's timeout; apply the rules; make the verdict and record it (:mod:`guard.engine.verdicts`).
 
-``aevaluate`` never raises for backend or cache trouble: a backend error, a timeout, a malformed answer or a rule
-that fails at run time is handed to the policy's fail mode (``closed`` / ``open`` / ``escalate``), and the verdict
-says so (``fail_mode``, ``error``, ``rule="on_error"``). Shadow policies compute and record the verdict but allow.
-
-A decision on part of the text is never silent: a state field cut to its ``max_chars`` counts in
-``flags.truncated``, and state tokens the backend reports it did not read (``usage.state_tokens_dropped``) are
-``flags.state_tokens_dropped``; rules read both before they decide, and the verdict, the span, the decision log and
-the ``guard.state_cut`` counter carry them. A field with ``truncate: error`` over its cap is refused without a model
-call: a block with status 413 and rule :data:`STATE_TOO_LONG_RULE`.
+``aevaluate`` never raises for backend, cache or rule trouble: the policy's fail mode decides, and the verdict says
+so (``fail_mode``, ``error``, ``rule="on_error"``). Shadow policies compute and record the verdict but allow. A field
+with ``truncate: error`` over its cap is blocked without a model call (status 413, rule ``state_too_long``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
@@ -28,14 +20,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from guard._frozen import frozen_builder
 from guard.backends.base import DecisionBackend
+from guard.engine import verdicts
 from guard.engine.cache import CacheConfig, CachedAnswers, Lookup, MemoryCache, ProbabilityCache, RedisCache
 from guard.engine.plan import Plan
 from guard.engine.telemetry import DecisionLog, Telemetry
-from guard.errors import BackendError, GuardError, Overloaded, PolicyError, StateTooLong, UnsupportedQuestion
+from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
+from guard.errors import PolicyError, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
-from guard.policy.rules import RuleError
 from guard.subject import Subject
 from guard.verdict import Verdict, new_decision_id
 
@@ -45,20 +37,11 @@ logger = logging.getLogger("guard.engine")
 
 #: Backend name used when ``Guard`` is given a single backend, and by policies that name none.
 DEFAULT_BACKEND = "default"
-#: Message of a fail-closed block when the policy gives none.
-FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
-#: Rule, HTTP status and message of the block for a state field over its ``max_chars`` with ``truncate: error``.
-STATE_TOO_LONG_RULE = "state_too_long"
-STATE_TOO_LONG_STATUS = 413
-STATE_TOO_LONG_MESSAGE = "Too long to check: {field} has {length} characters; this policy judges at most {max_chars}."
 #: Per-policy plans kept before the table starts over (plans of policies no longer loaded are dropped as new plans
 #: are made).
 MAX_PLANS = 256
 
 T = TypeVar("T")
-
-_verdict = frozen_builder(Verdict)  # one per decision: see guard/_frozen.py
-
 
 class _Portal:
     """A private event loop in a daemon thread, so the sync facade works from any thread (with or without a loop)."""
@@ -241,46 +224,57 @@ class Guard:
     def _conclude(
         self, span: Any, policy: Policy | None, subject: Subject, verdict: Verdict, lookup: Lookup | None
     ) -> Verdict:
-        """Count the decision, finish its span (``None``: none was started) and record it (not when no policy
-        matched)."""
-        self.telemetry.finish(span, verdict, cache=lookup)
-        if policy is not None and self.decision_log is not None:
-            self.decision_log.record(verdict, subject, policy_file=policy.file, cache=lookup, span=span)
-        return verdict
+        """Record the decision (``span`` ``None``: none was started)."""
+        policy_file = policy.file if policy is not None else None
+        return verdicts.record(
+            self.telemetry, self.decision_log, verdict, subject, policy_file=policy_file, cache=lookup, span=span
+        )
+
+    def record(self, verdict: Verdict, subject: Subject, *, policy: Policy | None) -> Verdict:
+        """Record a verdict an enforcement point made without :meth:`aevaluate` (a refused body, a malformed tool
+        call, a guard that raised) the way every decision is recorded: counters, a span, the decision log."""
+        with self.telemetry.span(subject) as span:
+            return self._conclude(span, policy, subject, verdict, None)
 
     async def _decide(
         self, policy: Policy | None, subject: Subject, decision_id: str, started: float
     ) -> tuple[Verdict, Lookup | None]:
         if policy is None:
-            return Verdict("allow", decision_id, latency_ms=(time.perf_counter() - started) * 1000), None
+            return verdicts.no_match(decision_id, _since(started)), None
         state: Any = None
         flags: dict[str, Any] = {}
         lookup: Lookup | None = None
         response = None
         try:
             plan = self._plan(policy)  # reads the backend's revision, which may fail
-            backend = plan.backend
             state, flags, key = plan.prepare(subject)
             # An in-process hit is answered inline: no timeout, no flight, no await.
             cached = self.cache.peek(key) if policy.cache_ttl > 0 else None
             if cached is not None:
                 lookup = "hit"
             else:
-                cached, lookup = await self._fetch(policy, backend, state, key)
+                cached, lookup = await self._fetch(policy, plan.backend, state, key)
             response = cached.response
-            fields = plan.outcome(cached, subject=subject, state=state, flags=flags)
+            outcome = plan.outcome(cached, subject=subject, state=state, flags=flags)
         except StateTooLong as exc:
-            return self._too_long(policy, decision_id, started, exc, flags, self.backend_for(policy)), lookup
+            backend = self.backend_for(policy)
+            verdict = verdicts.too_long(
+                policy, exc, decision_id=decision_id, backend=backend.name, model_revision=_revision(backend),
+                latency_ms=_since(started), flags=flags,
+            )  # fmt: skip
+            return verdict, lookup
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
             backend = self.backend_for(policy)
-            verdict = self._fail(policy, subject, decision_id, started, exc, state, flags, backend, response)
+            verdict = verdicts.fail_mode(
+                policy, subject, exc, decision_id=decision_id, backend=backend.name,
+                model=getattr(response, "model", None),  # None when no model answered
+                model_revision=_revision(backend), latency_ms=_since(started), state=state, flags=flags,
+            )  # fmt: skip
             return verdict, lookup
-        fields["decision_id"] = decision_id
-        fields["cache_hit"] = lookup in ("hit", "shared")
-        fields["latency_ms"] = (time.perf_counter() - started) * 1000
-        fields["state"] = state
-        fields["flags"] = flags
-        verdict = _verdict(fields)
+        verdict = verdicts.answered(
+            policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"), latency_ms=_since(started),
+            state=state, flags=flags,
+        )  # fmt: skip
         return verdict, lookup
 
     async def _fetch(
@@ -297,80 +291,6 @@ class Guard:
 
         async with asyncio.timeout(policy.timeout):
             return await self.cache.fetch(key, request, compute, ttl=policy.cache_ttl, wait=policy.timeout)
-
-    def _too_long(
-        self,
-        policy: Policy,
-        decision_id: str,
-        started: float,
-        exc: StateTooLong,
-        flags: dict[str, Any],
-        backend: DecisionBackend,
-    ) -> Verdict:
-        """The block for a state a policy refuses to judge in part (``truncate: error``): no model was asked."""
-        message = STATE_TOO_LONG_MESSAGE.format(field=exc.field, length=exc.length, max_chars=exc.max_chars)
-        return Verdict(
-            action="allow" if policy.mode == "shadow" else "block",
-            decision_id=decision_id,
-            policy_id=policy.id,
-            policy_version=policy.version,
-            rule=STATE_TOO_LONG_RULE,
-            status=STATE_TOO_LONG_STATUS,
-            message=message,
-            backend=backend.name,
-            model_revision=_revision(backend),
-            latency_ms=(time.perf_counter() - started) * 1000,
-            shadow_action="block" if policy.mode == "shadow" else None,
-            flags=flags,
-        )
-
-    def _fail(
-        self,
-        policy: Policy,
-        subject: Subject,
-        decision_id: str,
-        started: float,
-        exc: Exception,
-        state: Any,
-        flags: dict[str, Any],
-        backend: DecisionBackend,
-        response: Any,
-    ) -> Verdict:
-        reason = _reason(exc)
-        if not isinstance(exc, (GuardError, TimeoutError)):
-            logger.error("policy %s: unexpected %s while deciding; fail mode applies", policy.id, reason, exc_info=exc)
-        fail = policy.fail_policy(subject)
-        action: Any
-        status = retry_after = message = None
-        if fail.mode == "closed":
-            action, status, message = "block", fail.status, fail.message or FAIL_CLOSED_MESSAGE
-            retry_after = _retry_after(fail.retry_after, getattr(exc, "retry_after", None))
-        elif fail.mode == "open":
-            action, message = "allow", fail.message
-            flags = {**flags, "fail_open": True}
-            logger.warning("policy %s@%s FAILED OPEN (%s): subject allowed without a decision", policy.id,
-                           policy.version, reason)  # fmt: skip
-        else:
-            action, message = "escalate", fail.message
-        return Verdict(
-            action="allow" if policy.mode == "shadow" else action,
-            decision_id=decision_id,
-            policy_id=policy.id,
-            policy_version=policy.version,
-            rule="on_error",
-            status=status,
-            message=message,
-            backend=backend.name,
-            model=getattr(response, "model", None),  # None when no model answered
-            model_revision=_revision(backend),
-            latency_ms=(time.perf_counter() - started) * 1000,
-            fail_mode=fail.mode,
-            error=_error_text(reason, exc, policy),
-            retry_after=retry_after,
-            shadow_action=action if policy.mode == "shadow" else None,
-            state=state,
-            flags=flags,
-        )
 
     def evaluate(self, subject: Subject) -> Verdict:
         """Sync twin of :meth:`aevaluate`: runs it on the Guard's private event-loop thread, so it is safe from any
@@ -471,32 +391,9 @@ class Guard:
         self.close()
 
 
-def _retry_after(policy_seconds: float, hint: Any) -> float:
-    """Retry-After of a fail-closed block: the policy's ``retry_after``, or the backend's hint (a worker's queue
-    estimate, a 429's header) when that is shorter. A longer hint is capped: a backend's own rate limit (an hour for
-    a used-up quota) is the operator's problem, not a wait to hand to every client."""
-    if isinstance(hint, (int, float)) and not isinstance(hint, bool) and math.isfinite(hint) and 0 <= hint:
-        return min(float(hint), policy_seconds)
-    return policy_seconds
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, BackendError):
-        return exc.reason
-    if isinstance(exc, TimeoutError):
-        return "timeout"
-    if isinstance(exc, UnsupportedQuestion):
-        return "unsupported_question"
-    if isinstance(exc, Overloaded):
-        return "overloaded"
-    if isinstance(exc, RuleError):
-        return "rule_error"
-    return "internal_error"
-
-
-def _error_text(reason: str, exc: BaseException, policy: Policy) -> str:
-    detail = str(exc) or (f"no decision within {policy.timeout * 1000:.0f} ms" if reason == "timeout" else "")
-    return f"{reason}: {detail}"[:500] if detail else reason
+def _since(started: float) -> float:
+    """Milliseconds since ``started`` (a ``time.perf_counter()`` reading)."""
+    return (time.perf_counter() - started) * 1000
 
 
 def _revision(backend: DecisionBackend) -> str | None:

@@ -117,13 +117,14 @@ class Plan:
             self._remember(memo_key, state, flags, key)
         return state, flags, key
 
-    def outcome(self, cached: CachedAnswers, *, subject: Subject, state: Any, flags: dict[str, Any]) -> dict[str, Any]:
-        """The verdict's fields that follow from the answers in ``cached`` and the rules: ``action``, ``policy_id``,
-        ``policy_version``, ``rule``, ``answers``, ``status``, ``message``, ``handoff``, ``backend``, ``model``,
-        ``model_revision``, ``fail_mode``, ``error``, ``retry_after`` and ``shadow_action`` (the caller adds the
-        decision's own: id, latency, state, flags, cache use). ``answers`` maps question keys to the cached answers,
-        read-only (:class:`~guard.systemone.ReadOnlyDict`): answers and map are shared by the decisions served from
-        one entry.
+    def outcome(
+        self, cached: CachedAnswers, *, subject: Subject, state: Any, flags: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What the rules decided on the answers in ``cached``, for :func:`guard.engine.verdicts.answered`:
+        ``action`` (before shadow mode applies), ``policy_id``, ``policy_version``, ``rule``, ``answers``, ``status``,
+        ``message``, ``handoff``, ``backend``, ``model``, ``model_revision`` and ``retry_after``. ``answers`` maps question keys to the cached answers, read-only
+        (:class:`~guard.systemone.ReadOnlyDict`): answers and map are shared by the decisions served from one
+        entry.
 
         Sets ``flags["state_tokens_dropped"]`` first when the backend read only part of the state (the rules may act
         on a partial read).
@@ -134,7 +135,7 @@ class Plan:
         most of a rule's cost, so this takes the rules off the hit path. A rule that fails is not kept.
 
         Returns:
-            A new dict (the caller may add to it).
+            A new dict (the kept one stays as it was whatever the caller does with it).
 
         Raises:
             RuleError: when a ``when`` fails or does not return a boolean.
@@ -166,9 +167,8 @@ class Plan:
             subject=subject, state=state, flags=flags, data=policy.data,
         )  # fmt: skip
         outcome = result.outcome
-        shadow = policy.mode == "shadow"
         return {
-            "action": "allow" if shadow else outcome.action,
+            "action": outcome.action,
             "policy_id": policy.id,
             "policy_version": policy.version,
             "rule": result.rule,
@@ -179,10 +179,7 @@ class Plan:
             "backend": self.backend.name,
             "model": response.model,
             "model_revision": self.revision,
-            "fail_mode": None,
-            "error": None,
             "retry_after": outcome.retry_after,
-            "shadow_action": outcome.action if shadow else None,
         }
 
     def _remember(self, memo_key: MemoKey, state: Any, flags: dict[str, Any], key: str) -> None:

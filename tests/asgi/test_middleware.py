@@ -419,3 +419,27 @@ async def test_real_http_backend_failures_fail_closed_within_the_timeout(
     assert elapsed < 2.0 + 0.5  # the policy's timeout (2 s) plus a small margin
     record = json.loads(lines[-1])
     assert record["fail_mode"] == "closed" and record["error"].startswith(reason), record["error"]
+
+
+async def test_body_refusals_are_counted_as_decisions(make_guard: GuardFactory) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from guard.engine.telemetry import Telemetry
+
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    guard = make_guard(telemetry=Telemetry(meter_provider=meter_provider))
+    async with client_for(guarded_app(guard)) as client:
+        response = await client.post("/v1/echo", content=b"\xfe", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    points = [
+        dict(point.attributes)
+        for resource in reader.get_metrics_data().resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "guard.decisions"
+        for point in metric.data.data_points
+    ]
+    meter_provider.shutdown()
+    assert any(p["guard.action"] == "block" and p["guard.rule"] == "invalid_json_not_utf8" for p in points), points

@@ -1,0 +1,374 @@
+"""Where every verdict is made and recorded.
+
+:func:`make` is the one place a :class:`~guard.verdict.Verdict` is constructed. The functions below it make the
+verdicts that have no model answer (no policy matched, a fail mode decided, a state too long to judge, a body or a
+tool call refused before a decision, a guard that raised) and the one that has (:func:`answered`). :func:`record` is
+the one recording path: the ``guard.decisions`` counters, the decision span's attributes and the decision log.
+
+A shadow policy's verdict allows and keeps the computed action in ``shadow_action``; :func:`make` applies that rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from guard.errors import BackendError, GuardError, Overloaded, StateTooLong, UnsupportedQuestion
+from guard.policy import Policy
+from guard.policy.rules import RuleError
+from guard.subject import Subject
+from guard.systemone import AnswerV1
+from guard.verdict import Action, FailMode, Verdict
+
+__all__ = [
+    "FAIL_CLOSED_MESSAGE",
+    "GUARD_ERROR_RULE",
+    "STATE_TOO_LONG_MESSAGE",
+    "STATE_TOO_LONG_RULE",
+    "STATE_TOO_LONG_STATUS",
+    "answered",
+    "copy_from_json",
+    "fail_mode",
+    "guard_failed",
+    "make",
+    "no_match",
+    "record",
+    "refused",
+    "too_long",
+    "unsettled_handoff",
+]
+
+logger = logging.getLogger("guard.engine")
+
+#: Message of a fail-closed block when the policy gives none.
+FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
+#: Rule, HTTP status and message of the block for a state field over its ``max_chars`` with ``truncate: error``.
+STATE_TOO_LONG_RULE = "state_too_long"
+STATE_TOO_LONG_STATUS = 413
+STATE_TOO_LONG_MESSAGE = "Too long to check: {field} has {length} characters; this policy judges at most {max_chars}."
+#: Rule of a verdict a fail mode made (the backend failed, or the guard itself raised).
+GUARD_ERROR_RULE = "on_error"
+
+_FAIL_ACTIONS: dict[str, Action] = {"closed": "block", "open": "allow", "escalate": "escalate"}
+
+
+def make(
+    action: Action,
+    decision_id: str,
+    *,
+    policy_id: str | None = None,
+    policy_version: str | None = None,
+    rule: str | None = None,
+    answers: Mapping[str, AnswerV1] | None = None,
+    status: int | None = None,
+    message: str | None = None,
+    handoff: str | None = None,
+    cache_hit: bool = False,
+    backend: str | None = None,
+    model: str | None = None,
+    model_revision: str | None = None,
+    latency_ms: float = 0.0,
+    fail_mode: FailMode | None = None,
+    error: str | None = None,
+    retry_after: float | None = None,
+    shadow: bool = False,
+    state: Any = None,
+    flags: dict[str, Any] | None = None,
+) -> Verdict:
+    """The one constructor call of :class:`~guard.verdict.Verdict`.
+
+    Args:
+        action: what the policy decided; with ``shadow`` the verdict allows and this becomes ``shadow_action``.
+        shadow: the policy runs in shadow mode.
+        The others are the verdict's fields of the same name (``latency_ms`` in milliseconds).
+    """
+    return Verdict(
+        action="allow" if shadow else action,
+        decision_id=decision_id,
+        policy_id=policy_id,
+        policy_version=policy_version,
+        rule=rule,
+        answers=answers if answers is not None else {},  # type: ignore[arg-type]
+        status=status,
+        message=message,
+        handoff=handoff,
+        cache_hit=cache_hit,
+        backend=backend,
+        model=model,
+        model_revision=model_revision,
+        latency_ms=latency_ms,
+        fail_mode=fail_mode,
+        error=error,
+        retry_after=retry_after,
+        shadow_action=action if shadow else None,
+        state=state,
+        flags=flags if flags is not None else {},
+    )
+
+
+# Verdicts from the model's answers ---------------------------------------------------------------------------------
+
+
+def answered(
+    policy: Policy,
+    outcome: Mapping[str, Any],
+    *,
+    decision_id: str,
+    cache_hit: bool,
+    latency_ms: float,
+    state: Any,
+    flags: dict[str, Any],
+) -> Verdict:
+    """The verdict the rules reached on the model's (or the cache's) answers.
+
+    Args:
+        outcome: the rules' result and the plan's constants, as :meth:`guard.engine.plan.Plan.outcome` returns them.
+    """
+    return make(
+        outcome["action"],
+        decision_id,
+        policy_id=outcome["policy_id"],
+        policy_version=outcome["policy_version"],
+        rule=outcome["rule"],
+        answers=outcome["answers"],
+        status=outcome["status"],
+        message=outcome["message"],
+        handoff=outcome["handoff"],
+        cache_hit=cache_hit,
+        backend=outcome["backend"],
+        model=outcome["model"],
+        model_revision=outcome["model_revision"],
+        latency_ms=latency_ms,
+        retry_after=outcome["retry_after"],
+        shadow=policy.mode == "shadow",
+        state=state,
+        flags=flags,
+    )
+
+
+# Verdicts without a model answer -----------------------------------------------------------------------------------
+
+
+def no_match(decision_id: str, latency_ms: float) -> Verdict:
+    """No policy matched: allow, without a model call."""
+    return make("allow", decision_id, latency_ms=latency_ms)
+
+
+def too_long(
+    policy: Policy,
+    exc: StateTooLong,
+    *,
+    decision_id: str,
+    backend: str,
+    model_revision: str | None,
+    latency_ms: float,
+    flags: dict[str, Any],
+) -> Verdict:
+    """The block for a state a policy refuses to judge in part (``truncate: error``): no model was asked."""
+    return make(
+        "block",
+        decision_id,
+        policy_id=policy.id,
+        policy_version=policy.version,
+        rule=STATE_TOO_LONG_RULE,
+        status=STATE_TOO_LONG_STATUS,
+        message=STATE_TOO_LONG_MESSAGE.format(field=exc.field, length=exc.length, max_chars=exc.max_chars),
+        backend=backend,
+        model_revision=model_revision,
+        latency_ms=latency_ms,
+        shadow=policy.mode == "shadow",
+        flags=flags,
+    )
+
+
+def fail_mode(
+    policy: Policy,
+    subject: Subject,
+    exc: Exception,
+    *,
+    decision_id: str,
+    backend: str,
+    model: str | None,
+    model_revision: str | None,
+    latency_ms: float,
+    state: Any,
+    flags: dict[str, Any],
+) -> Verdict:
+    """The verdict of the policy's fail mode (``closed``: block, ``open``: allow, flagged ``fail_open``;
+    ``escalate``) when deciding failed: a backend error, a timeout, a malformed answer or a rule that failed."""
+    reason = _reason(exc)
+    if not isinstance(exc, (GuardError, TimeoutError)):
+        logger.error("policy %s: unexpected %s while deciding; fail mode applies", policy.id, reason, exc_info=exc)
+    fail = policy.fail_policy(subject)
+    status = retry_after = None
+    message = fail.message
+    if fail.mode == "closed":
+        status = fail.status
+        message = fail.message or FAIL_CLOSED_MESSAGE
+        retry_after = _retry_after(fail.retry_after, getattr(exc, "retry_after", None))
+    elif fail.mode == "open":
+        flags = {**flags, "fail_open": True}
+        logger.warning("policy %s@%s FAILED OPEN (%s): subject allowed without a decision", policy.id,
+                       policy.version, reason)  # fmt: skip
+    return make(
+        _FAIL_ACTIONS[fail.mode],
+        decision_id,
+        policy_id=policy.id,
+        policy_version=policy.version,
+        rule=GUARD_ERROR_RULE,
+        status=status,
+        message=message,
+        backend=backend,
+        model=model,
+        model_revision=model_revision,
+        latency_ms=latency_ms,
+        fail_mode=fail.mode,
+        error=_error_text(reason, exc, policy),
+        retry_after=retry_after,
+        shadow=policy.mode == "shadow",
+        state=state,
+        flags=flags,
+    )
+
+
+def refused(
+    policy: Policy | None,
+    *,
+    decision_id: str,
+    rule: str,
+    status: int,
+    message: str,
+    error: str | None = None,
+    flags: dict[str, Any] | None = None,
+) -> Verdict:
+    """A block made before any decision because the input cannot be judged: an HTTP body that cannot be inspected
+    (``rule`` = the body error's code), a malformed tool call (``malformed_arguments``). Shadow mode does not apply:
+    there was nothing to judge."""
+    return make(
+        "block",
+        decision_id,
+        policy_id=policy.id if policy else None,
+        policy_version=policy.version if policy else None,
+        rule=rule,
+        status=status,
+        message=message,
+        error=error,
+        flags=flags,
+    )
+
+
+def guard_failed(
+    policy: Policy | None, mode: FailMode, exc: BaseException, *, decision_id: str, latency_ms: float
+) -> Verdict:
+    """The verdict of an enforcement point's fail mode when the guard itself raised."""
+    return make(
+        _FAIL_ACTIONS[mode],
+        decision_id,
+        policy_id=policy.id if policy else None,
+        policy_version=policy.version if policy else None,
+        rule=GUARD_ERROR_RULE,
+        latency_ms=latency_ms,
+        fail_mode=mode,
+        error=f"guard_error: {exc!r}"[:500],
+    )
+
+
+def unsettled_handoff(verdict: Verdict, mode: FailMode, reason: str) -> Verdict:
+    """``verdict`` (a ``handoff``) with the fail mode that decided because the handoff could not be settled."""
+    return make(
+        verdict.action,
+        verdict.decision_id,
+        policy_id=verdict.policy_id,
+        policy_version=verdict.policy_version,
+        rule=verdict.rule,
+        answers=verdict.answers,
+        status=verdict.status,
+        message=verdict.message,
+        handoff=verdict.handoff,
+        cache_hit=verdict.cache_hit,
+        backend=verdict.backend,
+        model=verdict.model,
+        model_revision=verdict.model_revision,
+        latency_ms=verdict.latency_ms,
+        fail_mode=mode,
+        error=reason[:500],
+        retry_after=verdict.retry_after,
+        state=verdict.state,
+        flags=verdict.flags,
+    )
+
+
+def copy_from_json(data: Mapping[str, Any]) -> Verdict:
+    """A verdict rebuilt from the summary an agent's private state keeps (answers left out), for message
+    templates."""
+    return make(
+        data["action"],
+        data["decision_id"],
+        policy_id=data.get("policy"),
+        policy_version=data.get("policy_version"),
+        rule=data.get("rule"),
+        message=data.get("message"),
+        handoff=data.get("handoff"),
+        fail_mode=data.get("fail_mode"),
+        error=data.get("error"),
+    )
+
+
+# Recording ---------------------------------------------------------------------------------------------------------
+
+
+def record(
+    telemetry: Any,
+    decision_log: Any,
+    verdict: Verdict,
+    subject: Subject,
+    *,
+    policy_file: str | None,
+    cache: str | None = None,
+    span: Any = None,
+) -> Verdict:
+    """Record one decision: count it and set its span's attributes (``telemetry.finish``; ``span`` ``None`` when
+    none was started), and write its decision-log record when a policy matched and a log is configured.
+
+    Args:
+        telemetry: a :class:`~guard.engine.telemetry.Telemetry`.
+        decision_log: a :class:`~guard.engine.telemetry.DecisionLog`, or ``None``.
+        cache: how the answers were found (``hit``, ``miss``, ``shared``), ``None`` without a cache lookup.
+
+    Returns:
+        ``verdict``.
+    """
+    telemetry.finish(span, verdict, cache=cache)
+    if verdict.policy_id is not None and decision_log is not None:
+        decision_log.record(verdict, subject, policy_file=policy_file, cache=cache, span=span)
+    return verdict
+
+
+def _retry_after(policy_seconds: float, hint: Any) -> float:
+    """Retry-After of a fail-closed block: the policy's ``retry_after``, or the backend's hint (a worker's queue
+    estimate, a 429's header) when that is shorter. A longer hint is capped: a backend's own rate limit (an hour for
+    a used-up quota) is the operator's problem, not a wait to hand to every client."""
+    if isinstance(hint, (int, float)) and not isinstance(hint, bool) and math.isfinite(hint) and 0 <= hint:
+        return min(float(hint), policy_seconds)
+    return policy_seconds
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, BackendError):
+        return exc.reason
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, UnsupportedQuestion):
+        return "unsupported_question"
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    if isinstance(exc, RuleError):
+        return "rule_error"
+    return "internal_error"
+
+
+def _error_text(reason: str, exc: BaseException, policy: Policy) -> str:
+    detail = str(exc) or (f"no decision within {policy.timeout * 1000:.0f} ms" if reason == "timeout" else "")
+    return f"{reason}: {detail}"[:500] if detail else reason
