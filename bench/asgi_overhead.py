@@ -87,8 +87,12 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
     from starlette.routing import Route
 
     from guard.engine import Guard
-    from guard.engine.cache import CacheConfig
     from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
+
+    try:
+        from guard.engine.cache import CacheConfig
+    except ImportError:  # a --baseline checkout from before guard/engine/ was a package
+        from guard.cache import CacheConfig  # type: ignore[no-redef]
 
     async def echo(request: Request) -> JSONResponse:
         body = await request.body()

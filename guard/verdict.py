@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,7 +11,6 @@ __all__ = [
     "Action",
     "FailMode",
     "Verdict",
-    "new_decision_id",
     "outcome_headers",
 ]
 
@@ -146,68 +143,3 @@ def outcome_headers(
     if shadow:
         out.append(("x-guard-shadow", "true"))
     return tuple(out)
-
-
-class _IdsAhead:
-    """Decision ids made :data:`BATCH` at a time from one ``os.urandom`` call, handed out one per decision.
-
-    One ``getrandom`` system call and one batch of C-level formatting per 256 ids instead of both per id: on a virtual
-    machine with kernel page-table isolation a system call also slows the code after it (flushed translation buffers),
-    and the two together were a few microseconds of every cached decision. The bits are the kernel's CSPRNG output all
-    the same and each id is handed out once: ``list.pop`` is atomic, two threads that find the list empty at once each
-    make their own, and a forked child drops what it inherited (it would repeat its parent's ids).
-    """
-
-    BATCH = 256
-
-    def __init__(self) -> None:
-        self.ready: list[str] = []
-        os.register_at_fork(after_in_child=self._drop)
-
-    def _drop(self) -> None:
-        self.ready = []
-
-    def refill(self) -> str:
-        """A new batch in :attr:`ready`, less the id returned."""
-        ready = self.ready = _uuid4_texts(os.urandom(16 * self.BATCH))
-        return ready.pop()
-
-
-# RFC 9562 section 5.4: the version nibble (octet 6, high half) is 0100 and the variant's top bits (octet 8) are 10.
-_KEEP = bytes.fromhex("ffffffffffff0fff3fffffffffffffff")
-_SET = bytes.fromhex("00000000000040008000000000000000")
-_DASHES = (8, 13, 18, 23)  # where the canonical text form puts "-" (8-4-4-4-12 hex digits)
-_DIGIT_AT = tuple(i for i in range(36) if i not in _DASHES)  # text position of each of the 32 hex digits
-
-
-@functools.lru_cache(maxsize=4)
-def _uuid_masks(count: int) -> tuple[int, int, bytes]:
-    keep = int.from_bytes(_KEEP * count, "big")
-    set_bits = int.from_bytes(_SET * count, "big")
-    template = b"00000000-0000-0000-0000-000000000000\n" * count
-    return keep, set_bits, template
-
-
-def _uuid4_texts(random_bytes: bytes) -> list[str]:
-    """Version-4 UUID texts, one per 16 of ``random_bytes``, as ``str(uuid.uuid4())`` writes them: the version and
-    variant bits set (RFC 9562 section 5.4) on all of them at once with two big-integer operations, and the hex digits
-    placed into their text positions with one strided copy per digit position (32 in all, whatever the count)."""
-    count = len(random_bytes) // 16
-    keep, set_bits, template = _uuid_masks(count)
-    digits = ((int.from_bytes(random_bytes, "big") & keep) | set_bits).to_bytes(16 * count, "big").hex().encode()
-    text = bytearray(template)
-    for digit, position in enumerate(_DIGIT_AT):
-        text[position::37] = digits[digit::32]
-    return text.decode("ascii").split()
-
-
-_IDS = _IdsAhead()
-
-
-def new_decision_id() -> str:
-    """A random UUID (version 4, RFC 9562 section 5.4) in its canonical text form, like ``str(uuid.uuid4())``: 122
-    random bits from ``os.urandom``, without building a ``UUID`` object or making a system call per id."""
-    try:
-        return _IDS.ready.pop()
-    except IndexError:
-        return _IDS.refill()

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from guard.agents._reviewer import areview, review
 from guard.engine import verdicts
+from guard.engine.ids import new_decision_id
 from guard.errors import HandoffError
 from guard.subject import AgentSubject
-from guard.verdict import Action, FailMode, Verdict, new_decision_id
+from guard.verdict import Action, FailMode, Verdict
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel

@@ -19,7 +19,6 @@ US-ASCII (see :mod:`guard.asgi._media`); form text that is not valid in its char
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -30,12 +29,8 @@ from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
 from guard.subject import body_strings, is_plain_key
 
-__all__ = ["PARSE_MEMO_ENTRIES", "PARSE_MEMO_MAX_BYTES", "ParsedBodies", "is_json", "parse_body"]
+__all__ = ["is_json", "parse_body"]
 
-#: Bodies whose parse result :class:`ParsedBodies` remembers (least recently used first out), and the longest such
-#: body in bytes: together at most 512 KiB of bodies, plus their parsed values.
-PARSE_MEMO_ENTRIES = 128
-PARSE_MEMO_MAX_BYTES = 4096
 
 def is_json(media: str) -> bool:
     """``application/json`` and every ``+json`` suffix type (``application/problem+json``)."""
@@ -173,51 +168,3 @@ def _is_utf8(body: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-class ParsedBodies:
-    """:func:`parse_body` with a memo of the bodies parsed last (one per middleware).
-
-    A cached decision is a request whose state was seen recently, and with a body-only state that is a body seen
-    recently: parsing it again (strict JSON, text extraction) was about a sixth of such a request's cost in the
-    middleware. The result is a pure function of the decoded bytes, the ``Content-Type`` value and the limits, so the
-    memo is exact (it starts over when it is given other limits). Only bodies that parsed are remembered; one that is
-    refused is parsed, and refused, every time.
-
-    The parsed value is shared by the requests with the same bytes; like the rest of a subject it is read-only: guard
-    renders states from it and never changes it.
-    """
-
-    __slots__ = ("_limits", "_memo")
-
-    def __init__(self) -> None:
-        self._limits: BodyLimits | None = None
-        self._memo: OrderedDict[tuple[str, bytes], tuple[Any, str]] = OrderedDict()
-
-    def parse(self, body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any, str]:
-        """``parse_body(body, content_type, limits)``, from the memo when these bytes were parsed lately.
-
-        Raises:
-            BodyError: as :func:`parse_body`.
-        """
-        if len(body) > PARSE_MEMO_MAX_BYTES or type(body) is not bytes:  # a bytearray (not ASGI, but seen) is no key
-            return parse_body(body, content_type, limits)
-        memo = self._memo
-        if limits is not self._limits:
-            memo.clear()
-            self._limits = limits
-        key = (content_type, body)
-        known = memo.get(key)
-        if known is not None:
-            try:
-                memo.move_to_end(key)
-            except KeyError:  # dropped by another thread meanwhile: the value read is still the right one
-                pass
-            return known
-        result = memo[key] = parse_body(body, content_type, limits)
-        if len(memo) > PARSE_MEMO_ENTRIES:
-            try:
-                memo.popitem(last=False)
-            except KeyError:  # emptied by another thread meanwhile
-                pass
-        return result

@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.types import Scope
 
-from guard._frozen import frozen_builder
 from guard.asgi._media import media_type
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
 __all__ = [
     "SENSITIVE_HEADERS",
-    "fill_body",
     "head_subject",
     "header_map",
     "held_request",
     "query_map",
     "subject_summary",
+    "with_body",
 ]
 
 SENSITIVE_HEADERS = frozenset({b"authorization", b"cookie", b"proxy-authorization", b"x-api-key"})
@@ -38,33 +38,10 @@ _NOT_HELD = SENSITIVE_HEADERS | {
 }
 
 
-#: Header names remembered by :func:`header_map` (raw bytes -> lower-case text); names past this many are decoded
-#: every time, so a client sending made-up names cannot grow the table.
-HEADER_NAMES_KEPT = 256
-_header_names: dict[bytes, str] = {}
-
-
-def _header_name(raw: bytes) -> str:
-    """``raw`` decoded (latin-1) and lower-cased, remembered while the table has room: the same few names come with
-    every request, and a dict lookup costs about half of decoding and lower-casing one."""
-    name = raw.decode("latin-1").lower()
-    if len(_header_names) < HEADER_NAMES_KEPT:
-        _header_names[raw] = name
-    return name
-
-
 def header_map(scope: Scope) -> dict[str, str]:
     """Header name (lower-case) -> value; repeated headers joined with ``", "`` (latin-1, as ASGI defines)."""
-    raw = scope["headers"]
-    known = _header_names.get
-    try:
-        out = {known(name) or _header_name(name): value.decode("latin-1") for name, value in raw}
-    except TypeError:  # a bytearray name (not ASGI, but seen) is no key of the table: the loop below decodes it
-        out = {}
-    if len(out) == len(raw):  # no repeated name: the usual case, built in one comprehension
-        return out
-    out = {}
-    for raw_name, raw_value in raw:
+    out: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
         name = raw_name.decode("latin-1").lower()
         value = raw_value.decode("latin-1")
         out[name] = f"{out[name]}, {value}" if name in out else value
@@ -117,9 +94,6 @@ def _host_name(host: str) -> str:
     return host.removesuffix(".")
 
 
-_subject = frozen_builder(HttpSubject)  # built twice per guarded request: see guard/_frozen.py
-
-
 def head_subject(scope: Scope, headers: dict[str, str], client_header: str | None) -> HttpSubject:
     """The subject without query or body: everything a policy's ``match`` may look at."""
     client: str | None = None
@@ -130,31 +104,19 @@ def head_subject(scope: Scope, headers: dict[str, str], client_header: str | Non
         if peer:
             client = str(peer[0])
     media = media_type(headers.get("content-type", ""))
-    return _subject(
-        {
-            "method": scope["method"].upper(),
-            "path": scope["path"],
-            "query": {},
-            "headers": headers,
-            "host": _host(headers, scope),
-            "client": client,
-            "content_type": media,
-            "body": None,
-            "body_text": "",
-            "kind": "http",
-        }
+    return HttpSubject(
+        method=scope["method"].upper(),
+        path=scope["path"],
+        headers=headers,
+        host=_host(headers, scope),
+        client=client,
+        content_type=media,
     )
 
 
-def fill_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_text: str) -> HttpSubject:
-    """``head`` itself, with its query and body filled in.
-
-    Only for a subject :func:`head_subject` made for this request and nothing has kept: matching reads it and keeps
-    nothing, and it is filled before it goes anywhere else (the engine, a review item, the decision log). Filling it
-    in place saves copying a frozen object's fields on every guarded request.
-    """
-    head.__dict__.update(query=query, body=body, body_text=body_text)
-    return head
+def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_text: str) -> HttpSubject:
+    """A new subject: ``head`` with its query and body."""
+    return dataclasses.replace(head, query=query, body=body, body_text=body_text)
 
 
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:

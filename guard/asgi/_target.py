@@ -174,21 +174,8 @@ def _already_canonical(scope: Scope) -> bool:
     query: bytes = scope.get("query_string", b"")
     if query and not _QUERY.fullmatch(query):
         raise _bad("the query string must be printable ASCII without '#'; percent-encode other bytes", "query")
-    raw: bytes | None = scope.get("raw_path")
-    if type(raw) is not bytes:  # None, or a bytearray (not ASGI, but seen): no key of the table below
-        return raw is not None and _plain_path(raw) == scope["path"]
-    path = _canonical_raw.get(raw)
-    if path is None:
-        path = _plain_path(raw)
-        if path is not None and len(_canonical_raw) < CANONICAL_PATHS_KEPT:
-            _canonical_raw[raw] = path
-    return path == scope["path"]
-
-
-#: Canonical raw paths remembered by :func:`_already_canonical` (raw bytes -> the same text); paths past this many are
-#: matched every time, so clients sending made-up paths cannot grow the table.
-CANONICAL_PATHS_KEPT = 1024
-_canonical_raw: dict[bytes, str] = {}
+    raw: bytes | bytearray | None = scope.get("raw_path")
+    return raw is not None and _plain_path(raw) == scope["path"]
 
 
 def _plain_path(raw: bytes | bytearray) -> str | None:

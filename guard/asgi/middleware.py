@@ -35,7 +35,7 @@ from guard._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
-from guard.asgi._parse import ParsedBodies
+from guard.asgi._parse import parse_body
 from guard.asgi._responses import (
     DECISION_HEADERS,
     DecisionHeaders,
@@ -46,16 +46,17 @@ from guard.asgi._responses import (
     verdict_headers,
 )
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
-from guard.asgi._subject import fill_body, head_subject, header_map, query_map
+from guard.asgi._subject import head_subject, header_map, query_map, with_body
 from guard.asgi._target import canonical_scope
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
 from guard.asgi.review_store import MemoryReviewStore, ReviewStore
 from guard.engine import Guard, verdicts
+from guard.engine.ids import new_decision_id
 from guard.errors import BodyError
 from guard.policy import Policy
 from guard.subject import HttpSubject
-from guard.verdict import Verdict, new_decision_id
+from guard.verdict import Verdict
 
 __all__ = ["DEFAULT_REVIEW_PATH", "GuardMiddleware"]
 
@@ -135,7 +136,6 @@ class GuardMiddleware:
         self.review_path = review_path.rstrip("/")
         self.client_header = client_header.lower() if client_header else None
         self.metrics = metrics if metrics is not None else HttpMetrics()
-        self._bodies = ParsedBodies()
         self._review_prefix = self.review_path + "/"
         self._reviews = ClientReviewEndpoints(self)
 
@@ -172,12 +172,12 @@ class GuardMiddleware:
                 self.metrics.disconnects.inc()
                 return
             decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
-            value, text = self._bodies.parse(decoded, headers.get("content-type", ""), limits)
+            value, text = parse_body(decoded, headers.get("content-type", ""), limits)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
             await self._refuse(send, head, policy, exc)
             return
-        subject = fill_body(head, query, value, text)
+        subject = with_body(head, query, value, text)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
             await release_on_resend(self, scope, receive, send, review_id.strip(), body)

@@ -21,6 +21,7 @@ import asyncio
 import functools
 import json
 import logging
+import threading
 import time
 import uuid
 import weakref
@@ -142,6 +143,9 @@ class CachedAnswers:
             probabilities included).
         memo: values derived purely from ``response`` by a caller (the engine keeps rule results here, so rules that
             read only the answers run once per entry, not once per hit); cleared past :data:`MEMO_ENTRIES`.
+
+    Threading: any thread may read and write :attr:`memo` without a lock: each dict operation is atomic, and a
+    value lost to a concurrent clear is derived again.
     """
 
     __slots__ = ("memo", "response")
@@ -165,7 +169,12 @@ _FAILED = _Failed()
 
 
 class ProbabilityCache:
-    """The interface and the in-process single-flight core. Use :class:`MemoryCache` or :class:`RedisCache`."""
+    """The interface and the in-process single-flight core. Use :class:`MemoryCache` or :class:`RedisCache`.
+
+    Threading: one cache serves every event loop of its Guard (the caller's and the sync facade's portal thread).
+    The answers held in process (``_entries``) are read and written only under ``_lock``; calls in flight are kept
+    per event loop and touched only from their loop.
+    """
 
     kind = "base"
 
@@ -180,6 +189,7 @@ class ProbabilityCache:
         # Answers this process holds, decoded and checked: key -> (answered from here until (monotonic s), answers,
         # the raw value they were decoded from: b"" in the in-process cache). LRU, at most config.max_entries.
         self._entries: OrderedDict[str, tuple[float, CachedAnswers, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _flights(self, loop: asyncio.AbstractEventLoop) -> dict[str, asyncio.Future[Any]]:
         """``loop``'s calls in flight, key -> future. The last loop's table is remembered (by a weak reference):
@@ -206,33 +216,26 @@ class ProbabilityCache:
 
         The caller must honour the policy's ``ttl``: peek only when it is above 0.
         """
-        entry = self._entries.get(key)
-        if entry is None or time.monotonic() >= entry[0]:
-            return None  # absent or expired: fetch() misses (and drops the expired entry)
         flights = self._flights(asyncio.get_running_loop())
         if key in flights and not flights[key].done():
             return None  # a call for this key is in flight: fetch() joins it, as before the value was stored
-        try:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or time.monotonic() >= entry[0]:
+                return None  # absent or expired: fetch() misses (and drops the expired entry)
             self._entries.move_to_end(key)
-        except KeyError:  # dropped by another thread (the sync facade's portal): the entry read is still right
-            pass
-        self._stats.hits += 1
+            self._stats.hits += 1
         return entry[1]
 
     def _keep(self, key: str, answers: CachedAnswers, until: float, raw: bytes = b"") -> None:
         """Hold ``answers`` in process until ``until`` (monotonic seconds), dropping the least recently used past
         ``max_entries``."""
-        entries = self._entries
-        entries[key] = (until, answers, raw)
-        try:
+        with self._lock:
+            entries = self._entries
+            entries[key] = (until, answers, raw)
             entries.move_to_end(key)
-        except KeyError:  # evicted by another thread meanwhile: not held, the next lookup reads again
-            return
-        while len(entries) > self.config.max_entries:
-            try:
+            while len(entries) > self.config.max_entries:
                 entries.popitem(last=False)
-            except KeyError:  # emptied by another thread (the sync facade's portal) meanwhile
-                break
 
     async def get_or_compute(
         self, key: str, request: SystemOneRequestV1, compute: Compute, *, ttl: float, wait: float
@@ -386,16 +389,14 @@ class MemoryCache(ProbabilityCache):
     kind = "memory"
 
     async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        if time.monotonic() >= entry[0]:
-            self._entries.pop(key, None)
-            return None
-        try:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if time.monotonic() >= entry[0]:
+                del self._entries[key]
+                return None
             self._entries.move_to_end(key)
-        except KeyError:  # dropped by another thread meanwhile
-            pass
         return entry[1]
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
@@ -476,7 +477,8 @@ return 0
         Raises:
             MalformedAnswer: ``raw`` is not JSON or not of the stored shape for ``request``.
         """
-        held = self._entries.get(key)
+        with self._lock:
+            held = self._entries.get(key)
         if held is not None and held[2] == raw:
             answers = held[1]
         else:

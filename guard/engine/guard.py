@@ -23,13 +23,14 @@ from typing import Any, Self, TypeVar
 from guard.backends.base import DecisionBackend
 from guard.engine import verdicts
 from guard.engine.cache import CacheConfig, CachedAnswers, Lookup, MemoryCache, ProbabilityCache, RedisCache
+from guard.engine.ids import new_decision_id
 from guard.engine.plan import Plan
 from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
 from guard.errors import PolicyError, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
 from guard.subject import Subject
-from guard.verdict import Verdict, new_decision_id
+from guard.verdict import Verdict
 
 __all__ = ["DEFAULT_BACKEND", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]
 

@@ -16,6 +16,7 @@ keep or change it freely). States that are not plain JSON (a YAML date, NaN) or 
 from __future__ import annotations
 
 import json
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -74,9 +75,12 @@ class Plan:
         names: wire question id -> question key.
         memo_flags: ``None`` when the rules read the subject or the state (they run on every request); else whether
             the rule result also depends on the normalisation flags (the memo key then includes them).
+
+    Threading: a plan serves every event loop of its Guard; its state memo is read and written only under
+    ``_lock``.
     """
 
-    __slots__ = ("__weakref__", "_states", "backend", "key", "memo_flags", "names", "policy", "revision")
+    __slots__ = ("__weakref__", "_lock", "_states", "backend", "key", "memo_flags", "names", "policy", "revision")
 
     def __init__(self, policy: Policy, backend: DecisionBackend, revision: str) -> None:
         self.policy = policy
@@ -91,6 +95,7 @@ class Plan:
         self.memo_flags: bool | None = ("flags" in reads) if pure else None
         # memo key -> (flat, normalised items or JSON, flags, cache key)
         self._states: OrderedDict[MemoKey, tuple[bool, Any, tuple[tuple[str, Any], ...], str]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def prepare(self, subject: Subject) -> tuple[Any, dict[str, Any], str]:
         """Render ``subject``'s state, normalise it and hash its cache key.
@@ -105,7 +110,8 @@ class Plan:
         raw = self.policy.render_state(subject)
         memo_key = _memo_key(raw)
         if memo_key is not None:
-            known = self._states.get(memo_key)
+            with self._lock:
+                known = self._states.get(memo_key)
             if known is not None:
                 flat, normalized, known_flags, known_key = known
                 state = dict(normalized) if flat else json.loads(normalized)
@@ -194,14 +200,12 @@ class Plan:
             if not _same_json(json.loads(normalized_json), state):
                 return
             entry = (False, normalized_json, tuple(flags.items()), key)
-        states = self._states
-        states[memo_key] = entry
-        states.move_to_end(memo_key)
-        while len(states) > STATE_MEMO_ENTRIES:
-            try:
+        with self._lock:
+            states = self._states
+            states[memo_key] = entry
+            states.move_to_end(memo_key)
+            while len(states) > STATE_MEMO_ENTRIES:
                 states.popitem(last=False)
-            except KeyError:  # emptied by another thread (the sync facade's portal) meanwhile
-                break
 
 
 def _same_json(a: Any, b: Any) -> bool:

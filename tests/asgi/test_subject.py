@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from guard.asgi import _subject
 from guard.asgi._subject import head_subject, header_map
 
 
@@ -26,12 +25,18 @@ def test_host_is_the_header_without_port_or_trailing_dot(host: str | None, expec
     assert subject.host == expected and subject.method == "POST"
 
 
-def test_header_map_lower_cases_names_joins_repeats_and_bounds_its_name_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_subject, "_header_names", {})
+def test_header_map_lower_cases_names_and_joins_repeats() -> None:
     scope = {"headers": [(b"Host", b"api"), (b"X-Tag", b"a"), (b"x-tag", b"b"), (bytearray(b"X-Raw"), b"\xe9")]}
     expected = {"host": "api", "x-tag": "a, b", "x-raw": "\xe9"}  # latin-1, as ASGI defines
     assert header_map(scope) == expected and header_map(scope) == expected
     assert header_map({"headers": [(b"Host", b"api"), (b"X-Tag", b"a")]}) == {"host": "api", "x-tag": "a"}
-    for n in range(3 * _subject.HEADER_NAMES_KEPT):  # made-up names: decoded all the same, never kept past the cap
-        assert header_map({"headers": [(f"X-Made-Up-{n}".encode(), b"1")]}) == {f"x-made-up-{n}": "1"}
-    assert len(_subject._header_names) == _subject.HEADER_NAMES_KEPT
+
+
+def test_with_body_makes_a_new_subject_and_leaves_the_head_as_it_was() -> None:
+    from guard.asgi._subject import with_body
+
+    scope = {"type": "http", "method": "POST", "path": "/v1", "headers": [(b"host", b"api")], "server": ("api", 80)}
+    head = head_subject(scope, header_map(scope), None)
+    full = with_body(head, {"q": ["1"]}, {"prompt": "hi"}, "hi")
+    assert (full.query, full.body, full.body_text) == ({"q": ["1"]}, {"prompt": "hi"}, "hi")
+    assert (head.query, head.body, head.body_text) == ({}, None, "") and full is not head
