@@ -8,8 +8,8 @@ policy's rules can be exercised without a model. Specs:
 * choice: ``{option_id: probability, ...}`` covering every option, or an option id alone (probability 1);
 * score: a list of level probabilities, lowest level first, or ``{"0": p, "1": p, ...}``.
 
-Probabilities must be finite, in [0, 1] and sum to 1 (within 1e-6), so a hand-written answer is as strict as a
-model's.
+Probabilities must be finite, in [0, 1] and sum to 1 (within :func:`~guard.systemone.sum_tolerance`, as a model's
+answers).
 """
 
 from __future__ import annotations
@@ -19,12 +19,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer
-from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1, answer_question
+from guard.systemone import (
+    AnswerV1,
+    QuestionV1,
+    SystemOneRequestV1,
+    SystemOneResponseV1,
+    UsageV1,
+    answer_question,
+    sum_tolerance,
+)
 
 __all__ = ["FixtureBackend", "answer_from_spec"]
-
-_TOLERANCE = 1e-6
-
 
 def answer_from_spec(question: QuestionV1, spec: Any) -> AnswerV1:
     """Build the answer a model would give from a hand-written spec (see the module docstring).
@@ -37,7 +42,7 @@ def answer_from_spec(question: QuestionV1, spec: Any) -> AnswerV1:
     values = list(by_option.values())
     if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) for p in values):
         raise ValueError(f"question {question.id!r}: probabilities must be numbers, got {spec!r}")
-    if any(p < 0 or p > 1 for p in values) or abs(math.fsum(values) - 1.0) > _TOLERANCE:
+    if any(p < 0 or p > 1 for p in values) or abs(math.fsum(values) - 1.0) > sum_tolerance(len(values)):
         raise ValueError(f"question {question.id!r}: probabilities must be in [0, 1] and sum to 1, got {spec!r}")
     prompt_order = [float(by_option[option_id]) for option_id, _ in question.options()]
     return answer_question(question, prompt_order)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 
 from guard.backends.base import DecisionBackend
-from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
+from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, sum_tolerance
 
 __all__ = ["SELF_TEST_REQUEST", "SELF_TEST_TIMEOUT_S", "check_answers", "run_self_test"]
 
 #: Seconds the self-test may take (the first forward pass also warms up kernels and allocators).
 SELF_TEST_TIMEOUT_S = 120.0
 #: How far a question's unrounded probabilities may sum from 1.
-_SUM_TOLERANCE = 1e-3
 
 #: One request with each question type (spec §5.8a's minimal request).
 SELF_TEST_REQUEST = SystemOneRequestV1.from_json(
@@ -41,7 +40,8 @@ SELF_TEST_REQUEST = SystemOneRequestV1.from_json(
 
 
 def check_answers(request: SystemOneRequestV1, response: SystemOneResponseV1) -> None:
-    """Check that every question is answered with finite probabilities summing to 1 (within 1e-3).
+    """Check that every question is answered with finite probabilities summing to 1 (within
+    :func:`~guard.systemone.sum_tolerance` of the backend's own, unrounded answers).
 
     Raises:
         ValueError: naming the question and what is wrong.
@@ -54,7 +54,7 @@ def check_answers(request: SystemOneRequestV1, response: SystemOneResponseV1) ->
         if len(values) != len(question.option_ids()) or not all(math.isfinite(p) for p in values):
             raise ValueError(f"question {question.id!r} has probabilities {values}; expected one finite value each")
         total = math.fsum(values)
-        if abs(total - 1.0) > _SUM_TOLERANCE:
+        if abs(total - 1.0) > sum_tolerance(len(values)):
             raise ValueError(f"question {question.id!r} probabilities sum to {total:.6f}; expected 1")
     if response.usage.input_tokens < 1:
         raise ValueError(f"usage.input_tokens is {response.usage.input_tokens}; expected the prompt length")

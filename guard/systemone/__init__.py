@@ -5,6 +5,7 @@ to answers (:mod:`guard.systemone.wire`); the one check a backend's answers pass
 from __future__ import annotations
 
 from guard.systemone.wire import (
+    COARSEST_DECIMALS,
     CONFIDENCE_PROFILES,
     ID_PATTERN,
     MAX_CHOICE_OPTIONS,
@@ -26,9 +27,11 @@ from guard.systemone.wire import (
     ValidationProfile,
     answer_question,
     confidence,
+    sum_tolerance,
 )
 
 __all__ = [
+    "COARSEST_DECIMALS",
     "CONFIDENCE_PROFILES",
     "ID_PATTERN",
     "MAX_CHOICE_OPTIONS",
@@ -50,4 +53,5 @@ __all__ = [
     "ValidationProfile",
     "answer_question",
     "confidence",
+    "sum_tolerance",
 ]

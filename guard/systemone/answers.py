@@ -13,7 +13,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guard.errors import MalformedAnswer
-from guard.systemone.wire import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
+from guard.systemone.wire import (
+    COARSEST_DECIMALS,
+    AnswerV1,
+    QuestionV1,
+    SystemOneRequestV1,
+    SystemOneResponseV1,
+    UsageV1,
+    sum_tolerance,
+)
 
 __all__ = [
     "KEY_VERSION",
@@ -30,7 +38,6 @@ KEY_VERSION = 1
 #: Bump when the stored value changes; values of another version are treated as corrupt and overwritten.
 VALUE_VERSION = 1
 #: Probabilities of one question must sum to 1 within this.
-SUM_TOLERANCE = 1e-3
 
 
 def _media(value: Any) -> Any:
@@ -183,7 +190,7 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         if not all(_probability(p) for p in probabilities):
             raise MalformedAnswer(f"answer for {question.id!r} has a probability that is not finite in [0, 1]")
         total = math.fsum(probabilities)
-        if abs(total - 1.0) > SUM_TOLERANCE:
+        if abs(total - 1.0) > sum_tolerance(len(option_ids), COARSEST_DECIMALS):
             raise MalformedAnswer(f"probabilities for {question.id!r} sum to {total:.6f}, not 1")
         by_id = {o: float(p) for o, p in zip(option_ids, probabilities, strict=True)}
         headline: Any = entry.get("x")

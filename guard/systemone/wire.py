@@ -29,6 +29,7 @@ from typing import Any, Literal, NoReturn, get_args
 from guard.errors import FieldError, MalformedAnswer, RequestValidationError
 
 __all__ = [
+    "COARSEST_DECIMALS",
     "CONFIDENCE_PROFILES",
     "MAX_CHOICE_OPTIONS",
     "MAX_IMAGES",
@@ -49,6 +50,7 @@ __all__ = [
     "ValidationProfile",
     "answer_question",
     "confidence",
+    "sum_tolerance",
 ]
 
 QuestionType = Literal["noul", "choice", "score"]
@@ -76,6 +78,8 @@ IMAGE_CONTENT_TYPES = ("image/png", "image/jpeg", "image/webp")
 _REQUEST_KEYS = ("model", "state", "questions", "images")
 _QUESTION_KEYS = ("type", "instructions", "criteria")
 _WIRE_DECIMALS = 4
+#: The coarsest rounding of any provider (Jev, OpenRouter): the tolerance stored answers are checked with.
+COARSEST_DECIMALS = 2
 
 
 def _describe(value: Any) -> str:
@@ -622,6 +626,18 @@ class SystemOneResponseV1:
         return cls(model=model if isinstance(model, str) else request.model, answers=answers, usage=usage)
 
 
+def sum_tolerance(options: int, decimals: int = _WIRE_DECIMALS) -> float:
+    """How far from 1 the probabilities of one answer may sum: ``max(1e-3, options · ½·10^-decimals)`` (spec §7
+    pitfall 2: a provider that rounds to ``decimals`` places can be off by half a unit per option).
+
+    Args:
+        options: the answer's number of options.
+        decimals: the provider's rounding (4 for Clef and Workers AI, 2 for Jev and OpenRouter; stored answers,
+            which may come from any provider, use :data:`COARSEST_DECIMALS`).
+    """
+    return max(1e-3, options * 0.5 * 10.0**-decimals) + 1e-9
+
+
 def _as_int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
@@ -651,7 +667,7 @@ def _parse_answer(
     for option_id, p in probabilities.items():
         if not _finite_probability(p):
             raise bad(f"answer for {question.id!r} has probability {p!r} for option {option_id!r}")
-    tolerance = max(1e-3, len(expected_ids) * 0.5 * 10.0**-decimals) + 1e-9
+    tolerance = sum_tolerance(len(expected_ids), decimals)
     total = sum(float(p) for p in probabilities.values())
     if abs(total - 1.0) > tolerance:
         raise bad(f"probabilities for {question.id!r} sum to {total:.6f}; expected 1 within {tolerance:.4f}")
