@@ -69,3 +69,13 @@ def private_redis() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def golden_checkpoint() -> Path:
     return GOLDEN / "checkpoint"
+
+
+@pytest.fixture(scope="session")
+def clef_fp32(golden_checkpoint: Path) -> Any:
+    """The golden tiny checkpoint loaded once (float32), for the worker and local-backend tests."""
+    import torch
+
+    from guard.clef.model import ClefModel
+
+    return ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)

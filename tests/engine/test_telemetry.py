@@ -144,7 +144,7 @@ def test_global_providers_set_after_the_guard_was_built_record_within_the_rechec
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
         from tests._backends import ScriptedBackend
         from guard.engine.telemetry import TRACING_RECHECK_S
-        from tests.test_telemetry import Telemetry, by_prompt, counters, guard_for, post
+        from tests.engine.test_telemetry import Telemetry, by_prompt, counters, guard_for, post
 
         guard = guard_for(Telemetry(), ScriptedBackend(by_prompt))
         subject = post("hello")

@@ -1,0 +1,75 @@
+"""Where verdicts are made (guard/engine/verdicts.py): the one constructor call, shadow mode, verdicts without a
+model answer, and the one recording path."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import guard
+from guard.engine import verdicts
+from guard.engine.telemetry import DecisionLog, Telemetry
+from guard.errors import BackendTimeout
+from guard.policy import load_text
+from guard.subject import AgentSubject
+
+POLICY = """
+policies:
+  - id: tools
+    version: 3
+    MODE
+    match: {agent: {events: [tool_call]}}
+    questions:
+      risky: {type: noul, instructions: Is the call risky}
+    rules:
+      - {id: risky, when: risky.noul >= 0.5, action: block}
+    on_error: {mode: closed}
+"""
+
+
+def _policy(mode: str = "") -> guard.Policy:
+    return load_text(POLICY.replace("MODE", mode))[0]
+
+
+def test_only_verdicts_py_calls_the_verdict_constructor() -> None:
+    root = Path(guard.__file__).parent
+    callers = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Verdict":
+                callers.append(str(path.relative_to(root)))
+    assert callers == ["engine/verdicts.py"]
+
+
+def test_shadow_mode_allows_and_keeps_the_action_it_computed() -> None:
+    made = verdicts.make("block", "d-1", policy_id="p", rule="r", shadow=True)
+    assert (made.action, made.shadow_action, made.rule) == ("allow", "block", "r")
+    plain = verdicts.make("block", "d-2", policy_id="p", rule="r")
+    assert (plain.action, plain.shadow_action, plain.answers, plain.flags) == ("block", None, {}, {})
+
+
+def test_a_refused_input_blocks_even_under_a_shadow_policy() -> None:
+    refused = verdicts.refused(_policy("mode: shadow"), decision_id="d", rule="invalid_json", status=400, message="no")
+    assert (refused.action, refused.shadow_action, refused.status, refused.policy_id) == ("block", None, 400, "tools")
+
+
+def test_the_fail_mode_verdict_names_the_error_and_is_shadowed_in_shadow_mode() -> None:
+    subject = AgentSubject(event="tool_call", tool_name="shell", arguments={})
+    for mode, action in (("", "block"), ("mode: shadow", "allow")):
+        verdict = verdicts.fail_mode(
+            _policy(mode), subject, BackendTimeout("slow", backend="b"), decision_id="d", backend="b", model=None,
+            model_revision=None, latency_ms=1.0, state=None, flags={},
+        )  # fmt: skip
+        assert (verdict.action, verdict.rule, verdict.fail_mode, verdict.status) == (action, "on_error", "closed", 503)
+        assert verdict.error is not None and verdict.error.startswith("timeout")
+
+
+def test_record_counts_every_verdict_and_logs_those_of_a_matched_policy() -> None:
+    lines: list[str] = []
+    log = DecisionLog(lines.append)
+    subject = AgentSubject(event="tool_call", tool_name="shell", arguments={})
+    matched = verdicts.refused(_policy(), decision_id="d-1", rule="malformed_arguments", status=400, message="bad")
+    assert verdicts.record(Telemetry(), log, matched, subject, policy_file="p.yaml") is matched
+    verdicts.record(Telemetry(), log, verdicts.no_match("d-2", 0.1), subject, policy_file=None)
+    assert [json.loads(line)["decision_id"] for line in lines] == ["d-1"]
