@@ -36,25 +36,35 @@ _EXPORTS: dict[str, str] = {
     "BackendRejected": "guard.errors",
     "BackendTimeout": "guard.errors",
     "BackendUnavailable": "guard.errors",
+    "CacheConfig": "guard.engine.cache",
     "ClefModel": "guard.clef",
     "CompactBackend": "guard.backends",
     "DecisionBackend": "guard.backends",
+    "DecisionLog": "guard.engine.telemetry",
+    "FixtureBackend": "guard.backends",
     "Guard": "guard.engine",
     "GuardAgentMiddleware": "guard.agents",
     "GuardError": "guard.errors",
     "GuardMiddleware": "guard.asgi",
+    "HandoffClient": "guard.asgi.handoff",
     "HttpSubject": "guard.subject",
     "LocalBackend": "guard.backends",
     "MalformedAnswer": "guard.errors",
+    "MemoryCache": "guard.engine.cache",
+    "MemoryReviewStore": "guard.asgi.review_store",
     "Overloaded": "guard.errors",
     "Policy": "guard.policy",
     "PolicyError": "guard.errors",
     "PolicySet": "guard.policy",
     "QuestionV1": "guard.systemone",
+    "RedisCache": "guard.engine.cache",
+    "RedisReviewStore": "guard.asgi.review_store",
     "RequestValidationError": "guard.errors",
+    "ReviewStore": "guard.asgi.review_store",
     "SystemOneClient": "guard.backends",
     "SystemOneRequestV1": "guard.systemone",
     "SystemOneResponseV1": "guard.systemone",
+    "Telemetry": "guard.engine.telemetry",
     "UnsupportedQuestion": "guard.errors",
     "UsageV1": "guard.systemone",
     "Verdict": "guard.verdict",
@@ -68,25 +78,35 @@ __all__ = [
     "BackendRejected",
     "BackendTimeout",
     "BackendUnavailable",
+    "CacheConfig",
     "ClefModel",
     "CompactBackend",
     "DecisionBackend",
+    "DecisionLog",
+    "FixtureBackend",
     "Guard",
     "GuardAgentMiddleware",
     "GuardError",
     "GuardMiddleware",
+    "HandoffClient",
     "HttpSubject",
     "LocalBackend",
     "MalformedAnswer",
+    "MemoryCache",
+    "MemoryReviewStore",
     "Overloaded",
     "Policy",
     "PolicyError",
     "PolicySet",
     "QuestionV1",
+    "RedisCache",
+    "RedisReviewStore",
     "RequestValidationError",
+    "ReviewStore",
     "SystemOneClient",
     "SystemOneRequestV1",
     "SystemOneResponseV1",
+    "Telemetry",
     "UnsupportedQuestion",
     "UsageV1",
     "Verdict",
@@ -96,9 +116,13 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from guard.agents import GuardAgentMiddleware
     from guard.asgi import GuardMiddleware
-    from guard.backends import CompactBackend, DecisionBackend, LocalBackend, SystemOneClient
+    from guard.asgi.handoff import HandoffClient
+    from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
+    from guard.backends import CompactBackend, DecisionBackend, FixtureBackend, LocalBackend, SystemOneClient
     from guard.clef import ClefModel
     from guard.engine import Guard
+    from guard.engine.cache import CacheConfig, MemoryCache, RedisCache
+    from guard.engine.telemetry import DecisionLog, Telemetry
     from guard.errors import (
         BackendError,
         BackendRejected,
@@ -115,7 +139,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.subject import AgentSubject, HttpSubject
     from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1
     from guard.verdict import Verdict
-
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)

@@ -1,8 +1,8 @@
 """Reading a request body with a cap on received bytes, and replaying it to the application.
 
 The cap counts bytes as they arrive: a small or lying ``Content-Length`` does not help an oversized body, and a large
-declared length is refused before anything is read (case C02). Memory stays under ``limit`` plus one ASGI message.
-A client that disconnects mid-body ends the read with ``None``; nothing is raised (case C01).
+declared length is refused before anything is read. Memory stays under ``limit`` plus one ASGI message.
+A client that disconnects mid-body ends the read with ``None``; nothing is raised.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Python's ``json`` keeps the last of duplicate keys, accepts ``NaN``/``Infinity``, decodes ``"\\ud800"`` into a lone
 surrogate, and ``json.loads(bytes)`` silently accepts UTF-16 and UTF-32. A guard that parses leniently can score one
-value while the application uses another (cases C04 and C06), so judged JSON goes through :func:`loads` instead.
+value while the application uses another, so judged JSON goes through :func:`loads` instead.
 
 Example:
     >>> loads(b'{"prompt": "hi"}')

@@ -303,7 +303,7 @@ class HandoffError(GuardError):
 
 
 class ResumeError(GuardError, ValueError):
-    """An agent resume value does not answer exactly the review items that are pending (case C18).
+    """An agent resume value does not answer exactly the review items that are pending.
 
     Raised inside an interrupt's ``response_schema`` (LangGraph then saves nothing, so the thread can be answered
     again) and by ``guard.agents.resume_command`` before a ``Command`` is built.

@@ -19,8 +19,8 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.memory import InMemorySaver
 
+from guard import Guard
 from guard.agents import GuardAgentMiddleware
-from guard.engine import Guard
 
 Call = tuple[str, dict[str, Any]]
 

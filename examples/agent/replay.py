@@ -27,11 +27,10 @@ from langchain_core.messages import ToolMessage
 from examples.agent.agent import LocalSite, build_agent
 from examples.agent.scenarios import Scenario, agentdojo, hand_written, site_pages, tool_specs
 from examples.agent.tools import Sandbox, sandbox_tools, stub_tools
+from guard import DecisionLog, Guard
 from guard.agents import resume_command
 from guard.backends import open_backend
-from guard.engine import Guard
 from guard.policy import load_files
-from guard.engine.telemetry import DecisionLog
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPACT_POLICIES = [

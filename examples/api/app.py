@@ -25,10 +25,9 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from guard import Guard, MemoryReviewStore, ReviewStore
 from guard.asgi import GuardMiddleware, review_app
 from guard.backends import start_backend
-from guard.engine import Guard
-from guard.asgi.review_store import MemoryReviewStore, ReviewStore
 
 
 class Message(BaseModel):
@@ -93,7 +92,7 @@ def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None =
 def main() -> None:
     import uvicorn
 
-    from guard.cli.backend_options import add_backend_options, open_cli_backend
+    from guard.backends.options import add_backend_options, open_cli_backend
     from guard.errors import GuardError
 
     parser = argparse.ArgumentParser(description="The guard example API.")

@@ -122,9 +122,9 @@ async def run(args: argparse.Namespace) -> None:
         return
 
     from examples.api.app import create_app
+    from guard import Guard
     from guard.backends import start_backend
-    from guard.cli.backend_options import open_cli_backend
-    from guard.engine import Guard
+    from guard.backends.options import open_cli_backend
 
     if args.mode == "inprocess":
         guard = Guard.from_files(args.policy, backends=open_cli_backend(args))
@@ -138,22 +138,26 @@ async def run(args: argparse.Namespace) -> None:
             await guard.aclose()
         return
 
-    from guard.cli import build_parser
-    from guard.cli.cmd_proxy import build
+    from guard.asgi.proxy import ProxyConfig, proxy_app
 
-    options = [f"--{name}={getattr(args, name)}" for name in ("device", "dtype") if getattr(args, name) is not None]
-    with serve_in_thread(create_app()) as upstream:
-        argv = ["proxy", "--policy", str(args.policy), "--upstream", upstream, f"--backend={args.backend}",
-                *options, "--listen", "127.0.0.1:0"]  # fmt: skip
-        runtime = build(build_parser().parse_args(argv))
-        with serve_in_thread(runtime.app) as proxy:  # its lifespan starts (warms up) the backend
-            print(f"example API at {upstream}, guard proxy at {proxy}\n")
-            async with httpx.AsyncClient(base_url=proxy, timeout=120) as client:
-                print_table(await send_all(client, rows))
+    guard = Guard.from_files(args.policy, backends=open_cli_backend(args))
+
+    async def warm_up() -> None:
+        await start_backend(guard.backends["default"])
+
+    try:
+        with serve_in_thread(create_app()) as upstream:
+            app = proxy_app(guard, ProxyConfig(upstream), on_startup=warm_up)
+            with serve_in_thread(app) as proxy:  # its lifespan starts (warms up) the backend
+                print(f"example API at {upstream}, guard proxy at {proxy}\n")
+                async with httpx.AsyncClient(base_url=proxy, timeout=120) as client:
+                    print_table(await send_all(client, rows))
+    finally:
+        await guard.aclose()
 
 
 def main() -> None:
-    from guard.cli.backend_options import add_backend_options
+    from guard.backends.options import add_backend_options
     from guard.errors import GuardError
 
     parser = argparse.ArgumentParser(description="Send the example traffic through the guard and print verdicts.")

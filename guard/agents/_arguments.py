@@ -1,4 +1,4 @@
-"""Tool-call arguments: find malformed calls before anything runs (case C17), and digest well-formed ones.
+"""Tool-call arguments: find malformed calls before anything runs, and digest well-formed ones.
 
 A model can emit arguments that are not valid JSON (``{"{"a":1}``), ``null``, a list, a string, or an object cut
 off mid-way. LangChain keeps some of these in ``AIMessage.invalid_tool_calls``, but its streaming merge repairs

@@ -1,10 +1,10 @@
-"""Per-call enforcement inside a tool node: the verdict is final before a side-effecting tool starts (case C16).
+"""Per-call enforcement inside a tool node: the verdict is final before a side-effecting tool starts.
 
 :class:`ToolCallEnforcer` is what the guarded ``ToolNode`` runs for every call, and what
 :class:`~guard.agents.GuardAgentMiddleware` falls back to when a call reaches the tool node without a record from the
-model turn (another middleware changed it, or it came from elsewhere). It checks the arguments (case C17), judges the
+model turn (another middleware changed it, or it came from elsewhere). It checks the arguments, judges the
 call, and then runs it, blocks it, hands it to a graph node, or raises one ``interrupt()`` for this call alone. After
-the tool ran, a ``tool_result`` policy may withhold or quote its output (case C11).
+the tool ran, a ``tool_result`` policy may withhold or quote its output.
 
 An interrupt here is per call: each call runs as its own task (``Send``), so resuming one never re-runs a sibling
 that already finished. On resume the task starts again and the call is judged again (a probability cache makes that

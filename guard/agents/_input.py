@@ -8,7 +8,7 @@ content and its outcome::
 A message is judged when it has no record, or when its content no longer matches the recorded digest: LangGraph's
 ``add_messages`` replaces a message that reuses an id, and the new content is judged, never waved through by the
 old record. Every human message new since the last judged model call is judged, not only the latest one (a client
-can send several at once, or a whole conversation): one subject per message (case C25), judged concurrently. Any
+can send several at once, or a whole conversation): one subject per message, judged concurrently. Any
 ``block`` ends the run with a notice; otherwise the escalated messages go to the reviewer together in one
 ``interrupt()`` (approve / reject). A blocked message stays in the thread (the client's history is not rewritten),
 but :meth:`InputGate.visible` leaves it out of every later model request, so no model ever reads it.

@@ -206,12 +206,12 @@ class Judge:
         return self._reviewed(settled, verdict, answer.decision, answer.reason)
 
     def judge_all(self, subjects: list[AgentSubject]) -> list[Judgement]:
-        """Judge several subjects concurrently on worker threads (blocking); one decision each (case C25)."""
+        """Judge several subjects concurrently on worker threads (blocking); one decision each."""
         if len(subjects) < 2:
             return [self.judge(s) for s in subjects]
         with ThreadPoolExecutor(max_workers=min(len(subjects), MAX_PARALLEL_JUDGEMENTS)) as pool:
             return list(pool.map(lambda s: contextvars.copy_context().run(self.judge, s), subjects))
 
     async def ajudge_all(self, subjects: list[AgentSubject]) -> list[Judgement]:
-        """Judge several subjects concurrently (one decision each, case C25)."""
+        """Judge several subjects concurrently (one decision each)."""
         return list(await asyncio.gather(*(self.ajudge(s) for s in subjects)))

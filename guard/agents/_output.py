@@ -1,4 +1,4 @@
-"""Model output that is not judged yet never leaves the model node (case C26 for agents).
+"""Model output that is not judged yet never leaves the model node.
 
 LangGraph's ``stream_mode="messages"`` sends the model's tokens while it generates them, before any later hook can
 judge the reply. When a ``model_output`` policy applies, the middleware runs the model with LangGraph's ``nostream``

@@ -1,4 +1,4 @@
-"""What a reviewer sees when guard escalates, and what they answer (cases C18 and the approval binding).
+"""What a reviewer sees when guard escalates, what they answer, and how an approval is bound to the call.
 
 An escalation raises ``langgraph.types.interrupt(GuardReviewRequest)``: one request holds one :class:`PendingItem`
 per held tool call (or model input/output), each with its own ``id``. The id is bound to the thread, the model turn,
@@ -213,7 +213,7 @@ def resume_command(
         ``Command(resume={interrupt_id: {"decisions": {...}}, ...})``, each interrupt getting its own items' decisions.
 
     Raises:
-        ResumeError: when an item has no decision or a decision names no pending item (case C18: a count mismatch
+        ResumeError: when an item has no decision or a decision names no pending item (a count mismatch
             runs nothing).
     """
     pending = guard_interrupts(interrupts)

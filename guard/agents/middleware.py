@@ -9,17 +9,17 @@ Where each event is judged and enforced:
 * **model output and tool calls** (``wrap_model_call``): right after the model answers, inside the model node, all
   the reply's text (text, reasoning and any other block but tool calls, ``_content.py``) and every tool call are
   judged (concurrently under ``ainvoke``/``astream``) and the verdicts are stored in the agent's private state.
-  Malformed calls are recorded as blocked decisions (case C17).
+  Malformed calls are recorded as blocked decisions.
 * **enforcement** (``after_model``): blocked and malformed calls get error tool messages now, so their tools never
   start; all escalated items of the turn go to the reviewer in **one** ``interrupt()``, each with its own id
-  (case C18); a reply whose decisions do not match the items exactly is refused and nothing runs. Edits are judged
+ ; a reply whose decisions do not match the items exactly is refused and nothing runs. Edits are judged
   again. Verdicts were stored before the interrupt, so resuming never re-asks the backend about them.
 * **tools** (``wrap_tool_call``): a call runs only if its record allows it and its arguments digest, thread and turn
   still match (single use: a call that already has a result never runs again). A call without a matching record is
-  judged on the spot (per-call interrupt). Then a ``tool_result`` policy may withhold or quote the output (case C11).
+  judged on the spot (per-call interrupt). Then a ``tool_result`` policy may withhold or quote the output.
 
 Side-effecting tools therefore never start before their verdict is final, in ``invoke``, ``ainvoke`` and ``stream``
-modes alike (case C16): the tools node only runs after the model node (verdicts) and ``after_model`` (reviews).
+modes alike: the tools node only runs after the model node (verdicts) and ``after_model`` (reviews).
 
 Example:
     >>> agent = create_agent(

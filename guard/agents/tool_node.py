@@ -49,7 +49,7 @@ class GuardToolWrapper:
     ``escalate`` raises one ``interrupt()`` for this call (resume with ``Command(resume={"decisions": {...}})`` or
     :func:`~guard.agents.resume_command`); ``handoff`` asks the named LLM reviewer or goes to the named graph node
     (``Command(goto=node)`` with an error tool message answering the call). A ``tool_result`` policy then judges the
-    output. Malformed arguments are never run (case C17).
+    output. Malformed arguments are never run.
 
     Args:
         guard: the engine.

@@ -1,4 +1,4 @@
-"""``Content-Encoding`` decoding with a cap on decoded bytes (case C03).
+"""``Content-Encoding`` decoding with a cap on decoded bytes.
 
 Codings are undone last-applied first (``Content-Encoding: gzip, br`` means gzip was applied, then br). Each layer
 stops producing output one byte past ``max_bytes``, so a gzip/deflate/br bomb costs at most the cap in memory and

@@ -1,4 +1,4 @@
-"""A strict, bounded ``multipart/form-data`` parser for judging form fields (case C07, and parser differentials).
+"""A strict, bounded ``multipart/form-data`` parser for judging form fields (parser differentials).
 
 The body is already in memory and capped, so the parser works on one ``bytes`` with ``bytes.find`` (linear, in C).
 The guard must read the fields the application's parser reads (python-multipart, under Starlette and FastAPI; other

@@ -1,4 +1,4 @@
-"""Turning decoded body bytes into the judged value: JSON, forms, multipart, text (cases C04, C06, C07).
+"""Turning decoded body bytes into the judged value: JSON, forms, multipart, text.
 
 ``parse_body`` returns ``(value, text)``: the value the policy renders into its state (a JSON value, ``{field:
 [values]}`` for forms, a ``str`` for text) and the judged text, ``HttpSubject.body_text``: every string value in it,

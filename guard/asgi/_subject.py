@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 from typing import Any
 from urllib.parse import parse_qsl
@@ -116,7 +115,17 @@ def head_subject(scope: Scope, headers: dict[str, str], client_header: str | Non
 
 def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_text: str) -> HttpSubject:
     """A new subject: ``head`` with its query and body."""
-    return dataclasses.replace(head, query=query, body=body, body_text=body_text)
+    return HttpSubject(
+        method=head.method,
+        path=head.path,
+        query=query,
+        headers=head.headers,
+        host=head.host,
+        client=head.client,
+        content_type=head.content_type,
+        body=body,
+        body_text=body_text,
+    )
 
 
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:

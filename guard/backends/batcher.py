@@ -6,7 +6,7 @@ Key components:
 * :class:`MicroBatcher`: an asyncio queue in front of one synchronous ``run_batch`` callable that runs on a single
   dedicated thread, so the event loop never blocks on torch.
 
-How a batch forms (``shared/design/ARCHITECTURE.md`` layer 4): the oldest waiting request anchors the batch; the
+How a batch forms: the oldest waiting request anchors the batch; the
 batcher waits until that request has waited ``max_wait_ms`` or the queue already holds a full batch (``max_batch``
 requests or ``max_batch_tokens`` tokens), then adds the waiting requests whose lengths are closest to the anchor's,
 as long as the padded cost ``longest × count`` stays within ``max_batch_tokens`` and the longest is at most

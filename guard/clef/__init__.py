@@ -1,6 +1,6 @@
 """Clef runtime: a faithful re-implementation of Cloudflare's reference ``joint_schema_model.py``.
 
-Modules (``shared/design/clef-runtime.md``): :mod:`~guard.clef.encoding` (§2 prompt, spans, truncation, collation),
+Modules (the Clef runtime spec): :mod:`~guard.clef.encoding` (§2 prompt, spans, truncation, collation),
 :mod:`~guard.clef.processor` (§1.6 tokenizer and media), :mod:`~guard.clef.head` (§3 joint schema head),
 :mod:`~guard.clef.model` (§1.8 loading, §4 readout) and :mod:`~guard.clef.tiny` (a tiny random checkpoint).
 

@@ -1,6 +1,6 @@
 """A small byte-level BPE with the release tokenizer's pipeline, trained deterministically in pure Python.
 
-Used by :mod:`guard.clef.tiny`. The pipeline is the release ``tokenizer.json``'s (``shared/design/clef-runtime.md``
+Used by :mod:`guard.clef.tiny`. The pipeline is the release ``tokenizer.json``'s (the Clef runtime spec
 §1.6): NFC normalizer, ``Split`` with the Qwen2 regex (``Isolated``), ``ByteLevel`` without prefix space or regex,
 BPE with no unk token and no byte fallback, ByteLevel decoder. Ids 0-255 are the byte symbols in GPT-2
 byte-to-unicode order, then one id per merge in rank order, then the Qwen special tokens. Training counts pairs over

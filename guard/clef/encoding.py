@@ -1,6 +1,6 @@
 """Record encoding: System One request -> token ids, question and option spans, and collated batches.
 
-Implements ``shared/design/clef-runtime.md`` §2 (reference behaviour):
+Implements the Clef runtime spec §2 (reference behaviour):
 
 * §2.1 :func:`render`: strings raw, everything else as Python's compact, key-sorted, non-ASCII ``json.dumps``.
 * §2.2 option lists come from :meth:`guard.systemone.QuestionV1.options` (prompt order).

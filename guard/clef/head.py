@@ -1,6 +1,6 @@
 """The joint schema head: backbone hidden states + LM-head rows of option tokens -> one logit per option.
 
-Implements ``shared/design/clef-runtime.md`` §3 (reference semantics). Attribute names are the release's
+Implements the Clef runtime spec §3 (reference semantics). Attribute names are the release's
 ``joint_head.safetensors`` keys (§1.5), so a release file loads with ``strict=True``. The forward pass follows §3.2
 step by step, one record at a time (the per-record loop is part of the reference semantics), in whatever dtype the
 module is in (bf16 like the reference by default), and returns ``.float()`` logits.

@@ -1,6 +1,6 @@
 """Clef / Clef-flash: load a release directory and answer System One requests like the reference ``systemone()``.
 
-Implements ``shared/design/clef-runtime.md`` §1.8 (loading), §3.7 (which backbone module runs) and §4 (readout):
+Implements the Clef runtime spec §1.8 (loading), §3.7 (which backbone module runs) and §4 (readout):
 
 * backbone ``Qwen3_5ForConditionalGeneration`` (transformers), ``use_cache`` off, prefill only;
 * head :class:`~guard.clef.head.JointSchemaHead`, same device and dtype as the backbone (bf16 by default);

@@ -1,6 +1,6 @@
 """Tokenizer and media processor of a Clef checkpoint, loaded without a network and (for images) without torchvision.
 
-Implements the loading half of ``shared/design/clef-runtime.md`` §1.6 and §2.3 step 2:
+Implements the loading half of the Clef runtime spec §1.6 and §2.3 step 2:
 
 * The tokenizer is read **literally from ``tokenizer.json``** with the ``tokenizers`` library, the way transformers
   5.10.2 (the version the reference was tested with) reads it. transformers >= 5.24 loads a ``Qwen3_5Tokenizer`` for

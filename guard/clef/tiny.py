@@ -1,6 +1,6 @@
 """Write a tiny random Clef checkpoint in the exact release file layout, deterministically from a seed.
 
-The layout is ``shared/design/clef-runtime.md`` §1.2: ``config.json`` (``Qwen3_5ForConditionalGeneration``),
+The layout is the Clef runtime spec §1.2: ``config.json`` (``Qwen3_5ForConditionalGeneration``),
 ``generation_config.json``, sharded ``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json`` (with
 ``lm_head.weight``), ``joint_head_config.json`` + ``joint_head.safetensors`` (bf16), ``tokenizer.json`` +
 ``tokenizer_config.json`` (a small byte-level BPE with the release pipeline and the Qwen special tokens) and

@@ -22,7 +22,7 @@ import json
 import sys
 from typing import Any
 
-from guard.cli.backend_options import add_backend_options, check_device_options, open_cli_backend
+from guard.backends.options import add_backend_options, check_device_options, open_cli_backend
 
 __all__ = ["open_eval_backend", "register"]
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from guard.cli.backend_options import add_backend_options, backend_factory, check_device_options, open_cli_backend
+from guard.backends.options import add_backend_options, backend_factory, check_device_options, open_cli_backend
 from guard.errors import GuardError, PolicyError
 
 __all__ = ["reference_markdown", "register", "schema_json"]

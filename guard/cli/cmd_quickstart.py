@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from guard.backends.base import DecisionBackend
-from guard.cli.backend_options import add_backend_options, check_device_options, describe_backend, open_cli_backend
+from guard.backends.options import add_backend_options, check_device_options, describe_backend, open_cli_backend
 from guard.errors import GuardError
 
 __all__ = ["register"]

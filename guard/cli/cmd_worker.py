@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from guard.cli.backend_options import add_device_options, device, torch_dtype
+from guard.backends.options import add_device_options, device, torch_dtype
 
 __all__ = ["register", "run"]
 

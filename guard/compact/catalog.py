@@ -12,7 +12,7 @@ and held-out wordings used only to check that the model reads the question (``gu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,13 +213,3 @@ def catalog_question(question_id: str) -> CatalogQuestion:
         return CATALOG[question_id]
     except KeyError:
         raise KeyError(f"{question_id!r} is not a catalog question; catalog ids are {catalog_ids()}") from None
-
-
-def wordings(entries: Iterable[CatalogQuestion]) -> list[tuple[str, str, bool]]:
-    """``(question id, wording, negated)`` for every training wording of ``entries`` (canonical first)."""
-    out: list[tuple[str, str, bool]] = []
-    for entry in entries:
-        out.append((entry.id, entry.instructions, False))
-        out.extend((entry.id, text, False) for text in entry.training_wordings)
-        out.extend((entry.id, text, True) for text in entry.negated_wordings)
-    return out

@@ -1,5 +1,5 @@
 """The probability cache: stores *answers* (probabilities, model, usage), never verdicts, so rules and thresholds can
-change without a model call (ARCHITECTURE.md layer 6).
+change without a model call.
 
 Keys are :func:`~guard.systemone.answers.cache_key` hashes of everything the model sees. Two implementations share one
 interface and one single-flight core:
@@ -7,9 +7,9 @@ interface and one single-flight core:
 * :class:`MemoryCache`: in-process LRU + TTL; a single process needs nothing else.
 * :class:`RedisCache`: ``redis.asyncio`` with small timeouts. Redis slow, down or holding a value of the wrong shape
   is a counted miss reported by :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
-  allow (case C15). Across replicas a short lock (``SET NX PX``, token-checked release in Lua) elects one leader per
+  allow. Across replicas a short lock (``SET NX PX``, token-checked release in Lua) elects one leader per
   key; followers poll for the value and, when the leader fails, raise the leader's error so the policy's fail mode
-  decides for them too (case C14).
+  decides for them too.
 
 In one process, concurrent misses on one key share one task (one backend call); callers that time out leave the
 task running for the others.
@@ -46,7 +46,6 @@ __all__ = [
     "ProbabilityCache",
     "RedisCache",
     "cache_key",
-    "open_cache",
 ]
 
 logger = logging.getLogger("guard.cache")
@@ -78,7 +77,7 @@ class CacheConfig:
     Attributes:
         url: Redis URL; ``None`` = in-process cache.
         prefix: prefix of every key (``<prefix>a:<sha256>`` values, ``l:`` locks, ``f:`` leader failures).
-        op_timeout: seconds per Redis operation (connect included) before it counts as a miss (C15: ~50 ms).
+        op_timeout: seconds per Redis operation (connect included) before it counts as a miss (~50 ms).
         poll_interval: seconds between a follower's polls for the leader's value.
         breaker: seconds Redis is skipped once ``breaker_after`` operations in a row failed (each skipped lookup is
             a counted miss), so a dead or black-holed Redis costs one timeout per period, not one per request.
@@ -353,7 +352,7 @@ class ProbabilityCache:
         """The checked answers stored under ``key``, or ``None`` (``ttl``: the policy's, which bounds a local copy).
 
         Raises:
-            MalformedAnswer: the stored value does not have the shape ``encode_answers`` writes for ``request``.
+            MalformedAnswer: the stored value does not have the shape ``encode_checked`` writes for ``request``.
         """
         raise NotImplementedError
 
@@ -373,10 +372,6 @@ class ProbabilityCache:
 
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
         return None
-
-    async def warm(self) -> bool:
-        """Open connections now (e.g. at startup) so the first decision does not pay for them. True when usable."""
-        return True
 
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
@@ -550,10 +545,6 @@ return 0
         marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend})
         await self._op(lambda r: r.set(self._key("f", key), marker, px=FAILURE_MARKER_MS))
 
-    async def warm(self) -> bool:
-        """PING Redis from this event loop's client (connecting it); a failure is counted like any other."""
-        return await self._op(lambda r: r.ping()) is True
-
     async def aclose(self) -> None:
         """Close this loop's client (clients of other, finished loops are dropped)."""
         try:
@@ -617,9 +608,3 @@ def _failure_from_marker(raw: bytes) -> BackendError:
     if reason.startswith(("unavailable", "http_")):
         return BackendUnavailable(text, backend=backend, reason=reason)
     return BackendError(text, backend=backend, reason=reason)
-
-
-def open_cache(url: str | None = None, **settings: Any) -> ProbabilityCache:
-    """A :class:`RedisCache` for a URL, else a :class:`MemoryCache`. ``settings`` are :class:`CacheConfig` fields."""
-    config = CacheConfig(url=url, **settings)
-    return RedisCache(config) if url else MemoryCache(config)

@@ -271,6 +271,9 @@ class DecisionLog:
         ValueError: for a pointer that does not start with ``/``.
     """
 
+    #: The pointers removed by default; extend with ``redact=(*DecisionLog.DEFAULT_REDACT, ...)``.
+    DEFAULT_REDACT = DEFAULT_REDACT
+
     def __init__(
         self,
         sink: str | Path | IO[str] | Callable[[str], None],

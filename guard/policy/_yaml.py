@@ -1,7 +1,7 @@
 """Safe YAML for policy files: plain data only, with the line of every node kept for error messages.
 
-PyYAML's ``safe_load`` still accepts anchors and aliases (the "billion laughs" shape, case C22), silently keeps the
-last of two equal mapping keys (C21) and turns ``2024-01-01`` into a date. This loader composes the node tree itself
+PyYAML's ``safe_load`` still accepts anchors and aliases (the "billion laughs" shape), silently keeps the
+last of two equal mapping keys and turns ``2024-01-01`` into a date. This loader composes the node tree itself
 and refuses, at the first offending event:
 
 * an anchor (``&a``) or alias (``*a``), so an alias bomb fails before anything is expanded;

@@ -1,4 +1,4 @@
-"""Unicode normalisation of the decision state before scoring (case C23).
+"""Unicode normalisation of the decision state before scoring.
 
 Obfuscated text must get the same decision as the plain text, while the original stays available for audit (the
 subject is never changed; only the copy sent to the model is). :func:`normalize_text` applies, in order:

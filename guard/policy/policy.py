@@ -25,7 +25,7 @@ logger = logging.getLogger("guard.policy")
 
 #: Model name sent in the System One request when a policy names none.
 DEFAULT_MODEL = "clef-flash"
-#: Fail-mode defaults (ARCHITECTURE.md "Failure modes are policy"): closed for HTTP, escalate for agent tool calls.
+#: Fail-mode defaults: closed for HTTP, escalate for agent tool calls.
 DEFAULT_HTTP_FAIL_MODE: FailMode = "closed"
 DEFAULT_TOOL_CALL_FAIL_MODE: FailMode = "escalate"
 DEFAULT_AGENT_FAIL_MODE: FailMode = "closed"
@@ -142,7 +142,7 @@ class Policy:
         return self.state_fields if self.state_fields is not None else default_state(subject)
 
     def build_request(self, state: Any) -> SystemOneRequestV1:
-        """One System One request with all of this policy's questions (one subject per request, case C25)."""
+        """One System One request with all of this policy's questions (one subject per request)."""
         return SystemOneRequestV1(model=self.model, state=state, questions=tuple(q.wire for q in self.questions))
 
     def fail_policy(self, subject: Subject) -> FailPolicy:

@@ -29,7 +29,6 @@ __all__ = [
     "KeyTemplate",
     "cache_key",
     "decode_answers",
-    "encode_answers",
     "encode_checked",
 ]
 
@@ -107,15 +106,6 @@ def _probability(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= 1
 
 
-def encode_answers(response: SystemOneResponseV1, request: SystemOneRequestV1) -> dict[str, Any]:
-    """Check ``response`` against ``request`` and return its stored form (JSON-safe, full precision).
-
-    Raises:
-        MalformedAnswer: see :func:`encode_checked`.
-    """
-    return encode_checked(response, request)[0]
-
-
 def encode_checked(
     response: SystemOneResponseV1, request: SystemOneRequestV1
 ) -> tuple[dict[str, Any], SystemOneResponseV1]:
@@ -165,7 +155,7 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
     """Rebuild a response from its stored form, checking the shape against ``request``.
 
     Raises:
-        MalformedAnswer: when the value does not have exactly the shape :func:`encode_answers` writes for this
+        MalformedAnswer: when the value does not have exactly the shape :func:`encode_checked` writes for this
             request (another schema version, a string, missing or extra questions, bad numbers).
     """
     if not isinstance(value, Mapping) or value.get("v") != VALUE_VERSION:

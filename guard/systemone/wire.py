@@ -1,6 +1,6 @@
 """System One wire types, their validation, and the readout from probabilities to answers.
 
-Pure Python (no torch). Implements ``shared/design/clef-runtime.md``:
+Pure Python (no torch). Implements the Clef runtime spec:
 
 * §5.2 request body and field rules, with two validation profiles:
   ``"workers-ai"`` (the hosted limits: 1-64 questions, 2-255 choice options, 2-10 score levels, ids

@@ -1,4 +1,4 @@
-"""``--backend`` / ``--device`` / ``--dtype``, defined once (``guard/cli/backend_options.py``) for every command that opens a
+"""``--backend`` / ``--device`` / ``--dtype``, defined once (``guard/backends/options.py``) for every command that opens a
 backend, and ``open_backend``'s specs (a bare ``http(s)://`` URL is the HTTP backend)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from starlette.routing import Route
 
 from guard.backends import SystemOneClient, open_backend, start_backend
 from guard.backends.local import LocalBackend
+from guard.backends.options import backend_factory, describe_backend, open_cli_backend, torch_dtype
 from guard.cli import build_parser, main
-from guard.cli.backend_options import backend_factory, describe_backend, open_cli_backend, torch_dtype
 from guard.cli.cmd_proxy import build
 from guard.quickstart import policy_path
 from tests.asgi._servers import serve_in_thread
