@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -34,13 +34,12 @@ from guard.agents._records import ai_message_for, answered_ids, current_thread_i
 from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, response_schema
 from guard.subject import AgentSubject
 
-__all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer", "ToolResultAction"]
+__all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer"]
 
 DEFAULT_MAX_REVIEW_ROUNDS = 3
 """How many times an edited call may be escalated again before it is refused."""
 TOO_MANY_ROUNDS = "the edited call still needs approval after {rounds} review rounds"
 
-ToolResultAction = Literal["block", "quote"]
 Result = ToolMessage | Command[Any]
 SyncHandler = Callable[[ToolCallRequest], Result]
 AsyncHandler = Callable[[ToolCallRequest], Awaitable[Result]]
@@ -73,17 +72,11 @@ class ToolCallEnforcer:
         max_review_rounds: escalations of an edited call before it is refused.
     """
 
-    def __init__(
-        self,
-        judge: Judge,
-        *,
-        side_effecting_tools: Collection[str] | Literal["all"],
-        tool_result_action: ToolResultAction,
-        max_review_rounds: int = DEFAULT_MAX_REVIEW_ROUNDS,
-    ) -> None:
+    def __init__(self, judge: Judge, *, max_review_rounds: int = DEFAULT_MAX_REVIEW_ROUNDS) -> None:
         self.judge = judge
-        self.side_effecting = None if side_effecting_tools == "all" else frozenset(side_effecting_tools)
-        self.tool_result_action = tool_result_action
+        side = judge.options.side_effecting_tools
+        self.side_effecting = None if side == "all" else side
+        self.tool_result_action = judge.options.tool_result_action
         self.max_review_rounds = max_review_rounds
 
     # Preparation (no I/O) -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ The middleware keeps one record per model turn under ``state["guard"][<middlewar
               "calls": {<tool_call_id>: <call record>}},
      "inputs": {<HumanMessage id>: {"digest": <content SHA-256>, "status": "allowed" | "blocked"}}}
 
-(``inputs`` is kept by ``_input.py``.)
+(``inputs`` is kept by :class:`~guard.agents._turn.InputGate`.)
 
 A call record holds the verdict summary, the outcome (``allow``/``block``/``escalate``/``route``), the arguments
 digest, and after review a ``status`` (``allowed``, ``approved``, ``edited``, ``blocked``, ``rejected``, ``malformed``)

@@ -1,28 +1,53 @@
-"""A model turn's records and their enforcement after the model (``after_model``), for
-:class:`~guard.agents.GuardAgentMiddleware`.
+"""One agent turn for :class:`~guard.agents.GuardAgentMiddleware`, in the order the hooks run it: the user messages
+judged before a model reads them (``before_model``, :class:`InputGate`); the model's reply held until it is judged
+(``wrap_model_call``, :func:`quiet_tokens` and :func:`screen`); the turn's records enforced after the model
+(``after_model``, :class:`TurnKeeper`).
 
-The turn's verdicts are computed in the model node and stored in the private state (``state["guard"][name]``, see
-``_records.py``); :meth:`TurnKeeper.steps` then answers blocked and malformed calls with error tool messages, asks the
-reviewer about every escalated item of the turn in one ``interrupt()``, judges edits again, and marks what may run.
-It is a generator that yields the subjects it needs judged, so the sync and async hooks share it
-(:func:`drive` / :func:`adrive`).
+**Model input.** The record under ``state["guard"][<middleware name>]["inputs"]`` maps each human message to the
+digest of its content and its outcome::
+
+    {"<message id>": {"digest": <SHA-256 of the content>, "status": "allowed" | "blocked"}}
+
+A message is judged when it has no record, or when its content no longer matches the recorded digest: LangGraph's
+``add_messages`` replaces a message that reuses an id, and the new content is judged, never waved through by the
+old record. Every human message new since the last judged model call is judged, not only the latest one: one
+subject per message, judged concurrently. Any ``block`` ends the run with a notice; otherwise the escalated messages
+go to the reviewer together in one ``interrupt()`` (approve / reject). A blocked message stays in the thread, but
+:meth:`InputGate.visible` leaves it out of every later model request, so no model ever reads it.
+
+**Model output.** LangGraph's ``stream_mode="messages"`` sends the model's tokens while it generates them, before
+any later hook can judge the reply. When a ``model_output`` policy applies, the middleware runs the model with
+LangGraph's ``nostream`` tag (:func:`quiet_tokens`), so no token is streamed; the reply is judged inside the model
+node and only then leaves it, whole: as it was (allow), replaced by a notice with the same id (block), or as an empty
+placeholder while a reviewer decides (escalate; the reply waits in the private state and replaces the placeholder
+once approved).
+
+**The turn's records.** The turn's verdicts are computed in the model node and stored in the private state
+(``state["guard"][name]``, see ``_records.py``); :meth:`TurnKeeper.steps` then answers blocked and malformed calls
+with error tool messages, asks the reviewer about every escalated item of the turn in one ``interrupt()``, judges
+edits again, and marks what may run. It is a generator that yields the subjects it needs judged, so the sync and
+async hooks share it (:func:`drive` / :func:`adrive`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, cast
 
-from langchain_core.messages import AIMessage, RemoveMessage
+from langchain.agents.middleware.types import ModelResponse
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, RemoveMessage, add_notification_metadata
+from langchain_core.runnables.config import ensure_config, var_child_runnable_config
+from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
 
 from guard.agents import _messages as msgs
-from guard.agents._arguments import arguments_digest, parse_calls
+from guard.agents._arguments import arguments_digest, canonical_json, parse_calls
 from guard.agents._content import message_text
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
-from guard.agents._output import held_id
 from guard.agents._records import (
     answered_ids,
     current_thread_id,
@@ -34,8 +59,199 @@ from guard.agents._records import (
 )
 from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, PendingItem, response_schema
 from guard.subject import AgentSubject, digest_of
+from guard.verdict import Verdict
 
-__all__ = ["Steps", "TurnKeeper", "adrive", "drive"]
+__all__ = [
+    "HELD_SUFFIX",
+    "InputGate",
+    "PendingInput",
+    "Steps",
+    "TurnKeeper",
+    "adrive",
+    "drive",
+    "held_id",
+    "input_digest",
+    "quiet_tokens",
+    "screen",
+]
+
+
+# Model input ---------------------------------------------------------------------------------------------------------
+
+REJECTED_REASON = "a reviewer rejected it"
+
+
+def input_digest(message: AnyMessage) -> str:
+    """SHA-256 (hex) of a message's exact content and the text judged from it; an input record is bound to it."""
+    return digest_of("model_input", canonical_json(message.content), message_text(message))
+
+
+def _key(message: AnyMessage, digest: str) -> str:
+    """The record key: the message id (``add_messages`` gives every message in a thread one), else its digest."""
+    return message.id if message.id else f"digest:{digest}"
+
+
+@dataclass(frozen=True)
+class PendingInput:
+    """One human message to judge: its record key, the message, its content digest and its subject."""
+
+    key: str
+    message: HumanMessage
+    digest: str
+    subject: AgentSubject
+
+
+class InputGate:
+    """Judges model input (``before_model``) and keeps blocked messages out of model requests (``wrap_model_call``).
+
+    Args:
+        turns: the instance's record keeper (``state["guard"][name]``) and interrupt helper.
+        judge: evaluates subjects.
+    """
+
+    def __init__(self, turns: TurnKeeper, judge: Judge) -> None:
+        self.turns = turns
+        self.judge = judge
+
+    def _record(self, state: Any) -> dict[str, dict[str, str]]:
+        return dict(self.turns.mine(state).get("inputs") or {})
+
+    def pending(self, state: Any) -> tuple[dict[str, dict[str, str]], list[PendingInput]]:
+        """The input record pruned to the messages still in the thread, and the human messages left to judge (new,
+        or changed since judged), in thread order."""
+        record = self._record(state)
+        kept: dict[str, dict[str, str]] = {}
+        todo: list[PendingInput] = []
+        thread_id = current_thread_id()
+        for message in state["messages"]:
+            if not isinstance(message, HumanMessage):
+                continue
+            digest = input_digest(message)
+            key = _key(message, digest)
+            entry = record.get(key)
+            if entry is not None and entry.get("digest") == digest:
+                kept[key] = entry
+                continue
+            text = message_text(message)
+            subject = AgentSubject(event="model_input", text=text, user_message=text, thread_id=thread_id)
+            if self.judge.matches(subject):
+                todo.append(PendingInput(key, message, digest, subject))
+        return kept, todo
+
+    def _item(self, pending: PendingInput, judgement: Judgement) -> PendingItem:
+        return text_item(
+            judgement,
+            thread_id=pending.subject.thread_id,
+            event="model_input",
+            message_id=pending.key,
+            text=pending.subject.text or "",
+            digest=pending.digest,
+        )
+
+    def settle(
+        self,
+        state: Any,
+        record: dict[str, dict[str, str]],
+        todo: Sequence[PendingInput],
+        judgements: Sequence[Judgement],
+    ) -> dict[str, Any] | None:
+        """Carry out the judgements of :meth:`pending`: record allowed messages, end the run on a block, ask the
+        reviewer about escalated ones (one interrupt). Returns the state update (``None`` when nothing changed)."""
+        record = dict(record)
+        blocked: tuple[Verdict, str | None] | None = None
+        escalated: list[tuple[PendingInput, Judgement, PendingItem]] = []
+        for pending, judgement in zip(todo, judgements, strict=True):
+            if judgement.outcome == "allow":
+                record[pending.key] = {"digest": pending.digest, "status": "allowed"}
+            elif judgement.outcome == "block":
+                record[pending.key] = {"digest": pending.digest, "status": "blocked"}
+                blocked = blocked or (judgement.verdict, judgement.reason)
+            else:
+                escalated.append((pending, judgement, self._item(pending, judgement)))
+        if escalated and blocked is None:  # with a block the run ends anyway; the others are judged next time
+            decisions = self.turns.ask([item for _, _, item in escalated])
+            for pending, judgement, item in escalated:
+                decision = decisions[item["id"]]
+                status = "allowed" if decision["type"] == "approve" else "blocked"
+                record[pending.key] = {"digest": pending.digest, "status": status}
+                if status == "blocked":
+                    blocked = blocked or (judgement.verdict, decision.get("message") or REJECTED_REASON)
+        if record == self._record(state) and blocked is None:
+            return None
+        update = self.turns.update(state, inputs=record)
+        if blocked is None:
+            return update
+        notice = msgs.assistant_notice(
+            msgs.INPUT_BLOCKED_TEMPLATE, blocked[0], blocked[1], outcome="blocked", event="model_input"
+        )
+        return {"messages": [notice], "jump_to": "end", **update}
+
+    def visible(self, state: Any, messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+        """``messages`` without the human messages whose record says ``blocked`` (for the same content)."""
+        record = self._record(state)
+        if not any(entry.get("status") == "blocked" for entry in record.values()):
+            return list(messages)
+        out: list[AnyMessage] = []
+        for message in messages:
+            if isinstance(message, HumanMessage):
+                digest = input_digest(message)
+                entry = record.get(_key(message, digest))
+                if entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked":
+                    continue
+            out.append(message)
+        return out
+
+
+# Model output --------------------------------------------------------------------------------------------------------
+
+HELD_SUFFIX = "-held"
+"""Suffix of the placeholder's id: ``<reply id>-held``."""
+
+
+@contextmanager
+def quiet_tokens(enabled: bool) -> Iterator[None]:
+    """Within the block, chat model runs carry the ``nostream`` tag (their tokens are not streamed)."""
+    if not enabled:
+        yield
+        return
+    config = ensure_config()
+    token = var_child_runnable_config.set({**config, "tags": [*(config.get("tags") or []), TAG_NOSTREAM]})
+    try:
+        yield
+    finally:
+        var_child_runnable_config.reset(token)
+
+
+def held_id(message_id: str) -> str:
+    return f"{message_id}{HELD_SUFFIX}"
+
+
+def _placeholder(ai: AIMessage) -> AIMessage:
+    message = AIMessage(content="", id=held_id(ai.id or ""))
+    return add_notification_metadata(message, source=msgs.SOURCE, data={"outcome": "held"})  # type: ignore[arg-type,return-value]
+
+
+def screen(response: ModelResponse[Any], ai: AIMessage, turn: dict[str, Any]) -> ModelResponse[Any]:
+    """The response as it may leave the model node: ``ai`` kept (allowed or not judged), replaced by a notice
+    (blocked) or by a placeholder (escalated; ``turn["held"]`` keeps the reply)."""
+    output = turn.get("output")
+    if output is None or output["outcome"] == "allow":
+        return response
+    if output["outcome"] == "block":
+        verdict = verdict_from_json(output["verdict"])
+        reason = output.get("reason")
+        replacement = msgs.assistant_notice(
+            msgs.OUTPUT_BLOCKED_TEMPLATE, verdict, reason, message_id=ai.id, outcome="withheld", event="model_output"
+        )
+        turn["calls"] = {key: {**record, "status": "withheld"} for key, record in turn["calls"].items()}
+    else:
+        turn["held"] = ai
+        replacement = _placeholder(ai)
+    result = [replacement if message is ai else message for message in response.result]
+    return ModelResponse(result=result, structured_response=response.structured_response)
+
+
+# The turn's records, after the model ---------------------------------------------------------------------------------
 
 Steps = Generator[AgentSubject, Judgement, dict[str, Any] | None]
 

@@ -3,7 +3,7 @@
 Where each event is judged and enforced:
 
 * **model input** (``before_model``): every user message new, or changed, since it was judged, one subject each; the
-  record is bound to a digest of the content, not only the message id (``_input.py``). ``block`` ends the run with a
+  record is bound to a digest of the content, not only the message id (``_turn.py``). ``block`` ends the run with a
   notice, and the blocked message is left out of every later model request; ``escalate`` interrupts for
   approve/reject.
 * **model output and tool calls** (``wrap_model_call``): right after the model answers, inside the model node, all
@@ -57,19 +57,15 @@ from guard.agents._enforce import (
     Result,
     SyncHandler,
     ToolCallEnforcer,
-    ToolResultAction,
 )
-from guard.agents._input import InputGate
-from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, Judge
-from guard.agents._output import quiet_tokens, screen
+from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
 from guard.agents._records import (
     RUNNABLE,
     GuardAgentState,
     ai_message_for,
     current_thread_id,
 )
-from guard.agents._turn import TurnKeeper, adrive, drive
-from guard.agents._validate import check_options
+from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, quiet_tokens, screen
 from guard.subject import AgentSubject
 from guard.verdict import FailMode
 
@@ -125,10 +121,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         hold_output_stream: bool = True,
     ) -> None:
         super().__init__()
-        reviewers, _, side_effecting_tools = check_options(
+        options = AgentOptions.checked(
             guard=guard,
             reviewers=reviewers,
-            handoff_nodes=(),
             side_effecting_tools=side_effecting_tools,
             tool_result_action=tool_result_action,
             fail_mode=fail_mode,
@@ -142,14 +137,10 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self.guard = guard
         self.label = label
         self.tools = []
-        self._judge = Judge(
-            guard, reviewers=reviewers, handoff_nodes=(), fail_mode=fail_mode, reviewer_timeout_s=reviewer_timeout_s
-        )
+        self._judge = Judge(options)
         self._turns = TurnKeeper(self.name, self._judge)
         self._inputs = InputGate(self._turns, self._judge)
-        self._enforcer = ToolCallEnforcer(
-            self._judge, side_effecting_tools=side_effecting_tools, tool_result_action=tool_result_action
-        )
+        self._enforcer = ToolCallEnforcer(self._judge)
 
     @property
     def name(self) -> str:

@@ -27,9 +27,8 @@ from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Send
 
-from guard.agents._enforce import AsyncHandler, Result, SyncHandler, ToolCallEnforcer, ToolResultAction
-from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, Judge
-from guard.agents._validate import check_options
+from guard.agents._enforce import AsyncHandler, Result, SyncHandler, ToolCallEnforcer
+from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
 from guard.verdict import FailMode
 
 if TYPE_CHECKING:
@@ -77,7 +76,7 @@ class GuardToolWrapper:
         fail_mode: FailMode = "escalate",
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
     ) -> None:
-        reviewers, handoff_nodes, side_effecting_tools = check_options(
+        options = AgentOptions.checked(
             guard=guard,
             reviewers=reviewers,
             handoff_nodes=handoff_nodes,
@@ -86,16 +85,7 @@ class GuardToolWrapper:
             fail_mode=fail_mode,
             reviewer_timeout_s=reviewer_timeout_s,
         )
-        judge = Judge(
-            guard,
-            reviewers=reviewers,
-            handoff_nodes=handoff_nodes,
-            fail_mode=fail_mode,
-            reviewer_timeout_s=reviewer_timeout_s,
-        )
-        self.enforcer = ToolCallEnforcer(
-            judge, side_effecting_tools=side_effecting_tools, tool_result_action=tool_result_action
-        )
+        self.enforcer = ToolCallEnforcer(Judge(options))
 
     def __repr__(self) -> str:
         return f"GuardToolWrapper(policies={len(self.enforcer.judge.guard.policies)})"
