@@ -16,7 +16,7 @@ included)::
     guard.backends                             decide(request) -> response: clients, local + batcher, compact, fixture
     guard.worker                               the System One server
     guard.policy                               format, loader, rules, normalisation
-    guard.engine                               Guard; verdicts; probability cache; telemetry
+    guard.engine                               Guard; verdicts; probability cache and its keys; telemetry; ids
     guard.asgi, guard.agents                   the enforcement points
     guard.devtools                             policy explain and policy tests
     guard.quickstart, guard.cli                the demo; the command line

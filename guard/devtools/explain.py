@@ -20,10 +20,10 @@ from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend
 from guard.devtools.testing import subject_from_json, wire_answers, with_timeout
 from guard.engine.cache import MemoryCache
+from guard.engine.keys import cache_key
 from guard.policy.loader import load_text
 from guard.policy.policy import FailPolicy, Policy
 from guard.policy.rules import trace_rules
-from guard.systemone.answers import cache_key
 from guard.verdict import Verdict
 
 __all__ = ["explain"]

@@ -1,6 +1,8 @@
 """The decision engine: :class:`Guard` (``guard.engine.guard``) matches a policy, makes or reuses its plan, reads the
 probability cache or asks the backend, applies the rules and returns a :class:`~guard.verdict.Verdict`; verdicts
-made without a model answer and the one recording path live in ``guard.engine.verdicts``."""
+made without a model answer and the one recording path live in ``guard.engine.verdicts``. Also here: the
+probability cache (``cache``) and its keys (``keys``), per-policy plans (``plan``), spans, counters and the decision
+log (``telemetry``), decision ids (``ids``)."""
 
 from __future__ import annotations
 

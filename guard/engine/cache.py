@@ -1,7 +1,7 @@
 """The probability cache: stores *answers* (probabilities, model, usage), never verdicts, so rules and thresholds can
 change without a model call.
 
-Keys are :func:`~guard.systemone.answers.cache_key` hashes of everything the model sees. Two implementations share one
+Keys are :func:`~guard.engine.keys.cache_key` hashes of everything the model sees. Two implementations share one
 interface and one single-flight core:
 
 * :class:`MemoryCache`: in-process LRU + TTL; a single process needs nothing else.
@@ -33,9 +33,10 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from guard.engine.keys import cache_key
 from guard.errors import BackendError, BackendTimeout, BackendUnavailable, MalformedAnswer
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
-from guard.systemone.answers import cache_key, decode_answers, encode_checked
+from guard.systemone.answers import decode_answers, encode_checked
 
 __all__ = [
     "CacheConfig",

@@ -1,7 +1,7 @@
 """Per-policy plans for the decision hot path: what one policy needs per request, worked out once.
 
 A :class:`Plan` belongs to one policy object answered by one backend revision. It holds the cache key's constant
-part (:class:`~guard.systemone.answers.KeyTemplate`), the wire id -> question key map, whether the rule result may be kept
+part (:class:`~guard.engine.keys.KeyTemplate`), the wire id -> question key map, whether the rule result may be kept
 with cached answers (:meth:`Plan.outcome`), and a bounded memo from a rendered state to its normalised form, flags and
 cache key (:meth:`Plan.prepare`).
 
@@ -23,11 +23,11 @@ from typing import Any
 
 from guard.backends.base import DecisionBackend
 from guard.engine.cache import CachedAnswers
+from guard.engine.keys import KeyTemplate
 from guard.policy import Policy, apply_rules
 from guard.policy.rules import rule_inputs
 from guard.subject import Subject
 from guard.systemone import ReadOnlyDict, SystemOneResponseV1
-from guard.systemone.answers import KeyTemplate
 
 __all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Plan"]
 

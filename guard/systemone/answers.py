@@ -6,100 +6,24 @@ never an allow" and "a cached value of the wrong shape is ignored" are one piece
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from guard.errors import MalformedAnswer
 from guard.systemone.wire import (
     COARSEST_DECIMALS,
     AnswerV1,
-    QuestionV1,
     SystemOneRequestV1,
     SystemOneResponseV1,
     UsageV1,
     sum_tolerance,
 )
 
-__all__ = [
-    "KEY_VERSION",
-    "VALUE_VERSION",
-    "KeyTemplate",
-    "cache_key",
-    "decode_answers",
-    "encode_checked",
-]
+__all__ = ["VALUE_VERSION", "decode_answers", "encode_checked"]
 
-#: Bump when the key material changes; old entries then simply miss.
-KEY_VERSION = 1
 #: Bump when the stored value changes; values of another version are treated as corrupt and overwritten.
 VALUE_VERSION = 1
-#: Probabilities of one question must sum to 1 within this.
-
-
-def _media(value: Any) -> Any:
-    # PIL images (Python API only) are hashed by their pixels; anything else non-JSON by its repr.
-    tobytes = getattr(value, "tobytes", None)
-    if callable(tobytes):
-        digest = hashlib.sha256(tobytes()).hexdigest()
-        return {"image": [getattr(value, "mode", ""), list(getattr(value, "size", ())), digest]}
-    return repr(value)
-
-
-#: One encoder for all key material (what ``json.dumps(..., ensure_ascii=False, separators=(",", ":"),
-#: default=_media)`` builds on every call).
-_KEY_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_media)
-
-
-class KeyTemplate:
-    """:func:`cache_key` with everything but the state rendered and hashed once (a policy's questions do not change
-    between requests, so only the state is encoded per request).
-
-    ``KeyTemplate(backend=b, revision=r, model=m, questions=qs).key(state)`` equals ``cache_key(SystemOneRequestV1(m,
-    state, qs), backend=b, revision=r)``, byte for byte: the key material is the same JSON object, encoded in three
-    pieces (before the state, the state, after it) that concatenate to the one-piece encoding.
-
-    Args:
-        backend: the backend's name.
-        revision: the model revision.
-        model: the model name in the request.
-        questions: the questions in request order.
-        images: the request's images (policies send none).
-    """
-
-    __slots__ = ("_head", "_tail")
-
-    def __init__(
-        self, *, backend: str, revision: str, model: str, questions: Sequence[QuestionV1], images: Sequence[Any] = ()
-    ) -> None:
-        head = _KEY_ENCODER.encode({"v": KEY_VERSION, "backend": backend, "revision": revision, "model": model})
-        self._head = hashlib.sha256(f'{head[:-1]},"state":'.encode())
-        questions_json = _KEY_ENCODER.encode([[q.id, q.type, q.instructions, q.criteria] for q in questions])
-        images_json = _KEY_ENCODER.encode(list(images))
-        self._tail = f',"questions":{questions_json},"images":{images_json}}}'.encode()
-
-    def key(self, state: Any) -> str:
-        """SHA-256 (hex, 64 characters) of the key material with this ``state``."""
-        digest = self._head.copy()
-        digest.update(_KEY_ENCODER.encode(state).encode("utf-8"))
-        digest.update(self._tail)
-        return digest.hexdigest()
-
-
-def cache_key(request: SystemOneRequestV1, *, backend: str, revision: str) -> str:
-    """SHA-256 (hex) of everything the model sees.
-
-    Material, in order: key version, backend name, model revision, model name, the state (key order kept: it is model
-    input), every question in request order with its type, instructions and criteria (choice order kept), and the
-    images. Requests that differ in any of these never share an entry. The engine uses :class:`KeyTemplate` (same
-    keys, the constant part computed once per policy).
-    """
-    template = KeyTemplate(
-        backend=backend, revision=revision, model=request.model, questions=request.questions, images=request.images
-    )
-    return template.key(request.state)
 
 
 def _probability(value: Any) -> bool:

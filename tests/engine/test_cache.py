@@ -16,11 +16,11 @@ import pytest
 
 from guard.engine import Guard
 from guard.engine.cache import CacheConfig, MemoryCache, RedisCache
+from guard.engine.keys import KEY_VERSION, KeyTemplate, cache_key
 from guard.errors import BackendUnavailable
 from guard.policy import load_text
 from guard.subject import HttpSubject
 from guard.systemone import QuestionV1, SystemOneRequestV1
-from guard.systemone.answers import KEY_VERSION, KeyTemplate, cache_key
 from tests._backends import ScriptedBackend
 
 POLICY = """
