@@ -24,7 +24,8 @@ from guard._answers import KeyTemplate
 from guard.backends.base import DecisionBackend
 from guard.cache import CachedAnswers
 from guard.policy import Policy, apply_rules
-from guard.policy.rules import rule_inputs
+from guard.policy.provenance import rule_features
+from guard.policy.rules import FEATURE_NAMES, rule_inputs
 from guard.subject import Subject
 from guard.systemone import ReadOnlyDict, SystemOneResponseV1
 
@@ -76,7 +77,7 @@ class Plan:
             the rule result also depends on the normalisation flags (the memo key then includes them).
     """
 
-    __slots__ = ("__weakref__", "_states", "backend", "key", "memo_flags", "names", "policy", "revision")
+    __slots__ = ("__weakref__", "_states", "backend", "features", "key", "memo_flags", "names", "policy", "revision")
 
     def __init__(self, policy: Policy, backend: DecisionBackend, revision: str) -> None:
         self.policy = policy
@@ -87,6 +88,7 @@ class Plan:
         )
         self.names = policy.question_keys()
         reads = rule_inputs(policy.rules)
+        self.features = reads & FEATURE_NAMES  # call / result: computed from the subject for every decision
         pure = reads <= ANSWER_INPUTS | frozenset(self.names.values())
         self.memo_flags: bool | None = ("flags" in reads) if pure else None
         # memo key -> (flat, normalised items or JSON, flags, cache key)
@@ -161,9 +163,12 @@ class Plan:
         for rules that read them)."""
         policy, names = self.policy, self.names
         answers = ReadOnlyDict({names[qid]: answer for qid, answer in response.answers.items()})
+        features = rule_features(
+            subject, self.features, tools=policy.tools, trusted=policy.trusted, detector=policy.detector
+        ) if self.features else None
         result = apply_rules(
             policy.id, policy.rules, policy.default, answers,
-            subject=subject, state=state, flags=flags, data=policy.data,
+            subject=subject, state=state, flags=flags, data=policy.data, features=features,
         )  # fmt: skip
         outcome = result.outcome
         shadow = policy.mode == "shadow"

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["check_options"]
 
-TOOL_RESULT_ACTIONS = ("block", "quote")
+TOOL_RESULT_ACTIONS = ("block", "quote", "strip")
 
 
 def _names(value: Any, argument: str) -> frozenset[str]:
