@@ -15,7 +15,7 @@ Run from the repository root (not part of CI)::
     python bench/agentdojo_replay.py --quick                    # every user task clean, every 4th under attack
     python bench/agentdojo_replay.py                            # all 97 user tasks x injection tasks x 4 attacks
     python bench/agentdojo_replay.py --attacks direct,system_message --tool-result-action strip
-    python bench/agentdojo_replay.py --quick --export tests/agents/data/agentdojo_sample.jsonl --export-limit 3
+    python bench/agentdojo_replay.py --quick --export tests/agents/data/agentdojo_sample.jsonl --export-limit 1
 
 ``--export`` writes the replayed traces with their recorded tool results (the sample the tests replay offline).
 Policies: ``examples/agent/policies/tool_calls_compact.yaml`` and ``policies/tool_result_check.yaml`` on the compact

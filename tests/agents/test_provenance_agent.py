@@ -108,6 +108,7 @@ def test_recorded_agentdojo_traces_replay_as_the_bench_does() -> None:
         if key.endswith("/clean"):
             assert c["user_ran"] == c["user_calls"] > 0 and c["flagged"] == 0, key
         else:
-            assert c["injection_stopped"] == c["injection_calls"] > 0, key
+            assert c.get("injection_stopped", 0) == c.get("injection_calls", 0), key
             assert c["flagged"] >= c["traces"], key  # every attacked trace had its injected result flagged
+            assert not key.startswith("all/") or c["injection_calls"] > 0, key
     assert {key.split("/")[0] for key in counts} == {"all", "banking", "slack", "travel", "workspace"}
