@@ -13,7 +13,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["PLAIN_KEY_CHARS", "AgentEvent", "AgentSubject", "HttpSubject", "Subject", "body_strings", "digest_of", "is_plain_key"]
+__all__ = [
+    "PLAIN_KEY_CHARS",
+    "AgentEvent",
+    "AgentSubject",
+    "HttpSubject",
+    "Subject",
+    "TurnMessage",
+    "body_strings",
+    "digest_of",
+    "is_plain_key",
+]
 
 AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
 
@@ -52,6 +62,26 @@ class HttpSubject:
 
 
 @dataclass(frozen=True)
+class TurnMessage:
+    """One message of the conversation before an agent event, as argument provenance reads it.
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant`` or ``tool``.
+        text: all of the message's text.
+        tool_name, tool_call_id: the tool and call a ``tool`` message answers.
+        flagged: what guard did with a tool result it flagged: ``withheld`` or ``quoted`` (the text is guard's notice
+            or quote), ``stripped`` (the text is what was left once the instructions were cut out); ``None`` for a
+            result passed on as it was.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
+    text: str
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    flagged: Literal["withheld", "quoted", "stripped"] | None = None
+
+
+@dataclass(frozen=True)
 class AgentSubject:
     """One agent event: a tool call before it runs, a tool result before the model sees it, or model input/output.
 
@@ -64,6 +94,7 @@ class AgentSubject:
         user_message: the user's last message, i.e. the task the agent is serving.
         text: the model input or output text (model events).
         thread_id: the LangGraph thread, when known.
+        history: the conversation before the event, oldest first (tool calls: what argument provenance reads).
         kind: always ``"agent"``.
     """
 
@@ -75,6 +106,7 @@ class AgentSubject:
     user_message: str | None = None
     text: str | None = None
     thread_id: str | None = None
+    history: tuple[TurnMessage, ...] = ()
     kind: Literal["agent"] = "agent"
 
 

@@ -30,8 +30,16 @@ from guard.agents import _messages as msgs
 from guard.agents._arguments import arguments_digest, classify_arguments, empty_arguments_problem, parse_calls
 from guard.agents._content import message_text
 from guard.agents._judge import Judge, Judgement
-from guard.agents._records import ai_message_for, answered_ids, current_thread_id, tool_item, user_text
+from guard.agents._records import (
+    ai_message_for,
+    answered_ids,
+    current_thread_id,
+    tool_item,
+    turn_history,
+    user_text,
+)
 from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, response_schema
+from guard.policy.instructions import find_instructions, strip_spans
 from guard.subject import AgentSubject
 
 __all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer"]
@@ -67,7 +75,8 @@ class ToolCallEnforcer:
         judge: evaluates subjects and settles handoffs.
         side_effecting_tools: tool names that must wait for a final verdict, or ``"all"``. Other tools (read-only)
             may start while the guard decides; their output is discarded unless the verdict allows it.
-        tool_result_action: what a non-allow ``tool_result`` verdict does: ``block`` (withhold the output) or
+        tool_result_action: what a non-allow ``tool_result`` verdict does: ``block`` (withhold the output),
+            ``strip`` (pass it on without the spans that give the agent instructions; withheld when none is found) or
             ``quote`` (pass it on as quoted data with a warning).
         max_review_rounds: escalations of an edited call before it is refused.
     """
@@ -109,6 +118,7 @@ class ToolCallEnforcer:
             arguments=arguments if problem is None else None,
             user_message=user_text(request.state),
             thread_id=thread_id,
+            history=turn_history(request.state),
         )
         if problem is not None or arguments is None:
             verdict = self.judge.malformed(subject, problem or "arguments are missing", raw)
@@ -218,6 +228,11 @@ class ToolCallEnforcer:
         verdict = judgement.verdict
         if self.tool_result_action == "quote":
             return msgs.result_quoted(prepared.tool, prepared.tool_call_id, message_text(message), verdict)
+        if self.tool_result_action == "strip":
+            text = message_text(message)
+            spans = find_instructions(text)
+            if spans:  # the rest of the output is passed on; without spans to cut, the output is withheld
+                return msgs.result_stripped(prepared.tool, prepared.tool_call_id, strip_spans(text, spans), verdict)
         return msgs.result_withheld(prepared.tool, prepared.tool_call_id, verdict)
 
     @staticmethod

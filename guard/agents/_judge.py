@@ -67,7 +67,7 @@ MALFORMED_RULE = "malformed_arguments"
 Outcome = Literal["allow", "block", "escalate", "route"]
 
 #: What a ``tool_result`` policy does with flagged output.
-ToolResultAction = Literal["block", "quote"]
+ToolResultAction = Literal["block", "quote", "strip"]
 
 
 # Options -------------------------------------------------------------------------------------------------------
@@ -95,7 +95,8 @@ class AgentOptions:
         reviewers: handoff target name -> LangChain chat model that answers allow/deny.
         handoff_nodes: handoff targets that are graph nodes (hand-built graphs only).
         side_effecting_tools: tools that wait for a final verdict, or ``"all"``.
-        tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it on as quoted data.
+        tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it on as quoted data; ``strip``
+            removes the flagged spans and passes the rest on.
         fail_mode: what an unsettled handoff or a raising guard becomes.
         reviewer_timeout_s: seconds an async LLM reviewer may take.
     """

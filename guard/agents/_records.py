@@ -20,14 +20,15 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, NotRequired, cast
 
 from langchain.agents.middleware.types import AgentState, PrivateStateAttr
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.config import get_config
 
 from guard.agents._content import message_text
 from guard.agents._judge import Judgement
+from guard.agents._messages import SOURCE
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
 from guard.engine import verdicts
-from guard.subject import AgentEvent
+from guard.subject import AgentEvent, TurnMessage
 from guard.verdict import Verdict
 
 __all__ = [
@@ -129,6 +130,33 @@ def user_text(state: Any) -> str | None:
         if isinstance(message, HumanMessage):
             return message_text(message)
     return None
+
+
+#: ``lc_data["outcome"]`` of the tool messages guard writes in place of a flagged result.
+FLAGGED_RESULT_OUTCOMES = frozenset({"withheld", "quoted", "stripped"})
+
+
+def turn_history(state: Any) -> tuple[TurnMessage, ...]:
+    """The conversation in ``state`` as argument provenance reads it (:class:`~guard.subject.TurnMessage`), oldest
+    first: system, user, assistant text and tool results; a tool message guard wrote for a flagged result carries
+    what guard did (``flagged``: withheld, quoted or stripped)."""
+    out: list[TurnMessage] = []
+    for message in _messages(state):
+        if isinstance(message, HumanMessage):
+            out.append(TurnMessage("user", message_text(message)))
+        elif isinstance(message, SystemMessage):
+            out.append(TurnMessage("system", message_text(message)))
+        elif isinstance(message, ToolMessage):
+            extra = message.additional_kwargs
+            data = extra.get("lc_data") if extra.get("lc_source") == SOURCE else None
+            outcome = data.get("outcome") if isinstance(data, Mapping) else None
+            flagged = outcome if outcome in FLAGGED_RESULT_OUTCOMES else None
+            out.append(TurnMessage("tool", message_text(message), message.name, message.tool_call_id, flagged))
+        elif isinstance(message, AIMessage):
+            text = message_text(message)
+            if text:
+                out.append(TurnMessage("assistant", text))
+    return tuple(out)
 
 
 def _item_base(

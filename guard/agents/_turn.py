@@ -53,6 +53,7 @@ from guard.agents._records import (
     current_thread_id,
     text_item,
     tool_item,
+    turn_history,
     user_text,
     verdict_from_json,
     verdict_json,
@@ -324,6 +325,7 @@ class TurnKeeper:
             ai.id = f"lc_guard_{uuid.uuid4().hex}"
         thread_id = current_thread_id()
         task = user_text(state)
+        history = turn_history(state)
         turn: dict[str, Any] = {"message_id": ai.id, "thread_id": thread_id, "output": None, "calls": {}}
         todo: list[tuple[str, AgentSubject]] = []
         text = message_text(ai)
@@ -339,6 +341,7 @@ class TurnKeeper:
                 arguments=call.arguments,
                 user_message=task,
                 thread_id=thread_id,
+                history=history,
             )
             if not call.id:
                 self.judge.malformed(subject, call.problem or "the tool call has no id", call.raw)
@@ -454,6 +457,7 @@ class TurnKeeper:
                         arguments=arguments,
                         user_message=user_text(state),
                         thread_id=thread_id,
+                        history=turn_history(state),
                     )
                     judgement = yield subject
                     record["run_tool"] = tool  # marks the record as edited for a later approval

@@ -91,7 +91,8 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             A handoff to any other target follows ``fail_mode``.
         side_effecting_tools: tools that must wait for a final verdict, or ``"all"`` (default). Only matters for calls
             judged on the spot in the tool node; calls judged with the model turn always wait.
-        tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it on as quoted data.
+        tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it on as quoted data;
+            ``strip`` passes it on without the spans that give the assistant instructions.
         fail_mode: what an unsettled handoff or a raising guard becomes (``escalate`` by default); backend errors
             follow each policy's own fail mode inside the engine.
         reviewer_timeout_s: seconds an async LLM reviewer may take.

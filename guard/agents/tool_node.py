@@ -56,7 +56,8 @@ class GuardToolWrapper:
         handoff_nodes: handoff targets that are nodes of this graph.
         side_effecting_tools: tools that wait for a final verdict (default ``"all"``); the others may start while the
             guard decides and their output is dropped unless allowed.
-        tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it as quoted data.
+        tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it as quoted data; ``strip``
+            passes it without the spans that give the assistant instructions.
         fail_mode: what an unsettled handoff or a raising guard becomes (default ``escalate``).
         reviewer_timeout_s: seconds an async LLM reviewer may take.
 

@@ -201,7 +201,8 @@ class HandoffClient:
                 quoted = json.dumps(_cut(body, self.max_context_chars), ensure_ascii=False)
                 text = REQUEST_TEMPLATE.format(method=subject.method, path=subject.path, body=quoted)
         else:
-            fields = {k: v for k, v in vars(subject).items() if v is not None}
+            # the event's own fields; the conversation before it (``history``) stays out, as in the decision log
+            fields = {k: v for k, v in vars(subject).items() if v is not None and k != "history"}
             text = _cut(json.dumps(fields, ensure_ascii=False, default=str), self.max_context_chars)
         return [{"role": "system", "content": system}, {"role": "user", "content": text}]
 

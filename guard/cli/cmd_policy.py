@@ -179,6 +179,8 @@ def _print_report(report: dict[str, Any]) -> None:
     if report["flags"]:
         print(f"flags      {json.dumps(report['flags'])}  (original text kept in the subject)")
     print(f"cache key  {report['cache_key']}  (backend {report['backend']}, revision {report['revision']})")
+    for name, features in report["features"].items():  # call: argument provenance; result: instructions found
+        print(f"{name:<10} {json.dumps(features, ensure_ascii=False)}")
     if report["error"]:
         print(f"FAILED     {report['error']}")
         print(f"           fail mode {v['fail_mode']} decided: {v['action']} (status {v.get('status')})")

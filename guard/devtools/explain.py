@@ -1,6 +1,7 @@
 """``guard policy explain``: everything the engine does for one subject, step by step, as a JSON-safe report.
 
-The report holds the matched policy, the rendered state (normalised, with flags), the cache key, each answer, every
+The report holds the matched policy, the rendered state (normalised, with flags), the cache key, each answer, the
+``call`` / ``result`` features its rules read (argument provenance, instructions found in a tool result), every
 rule's ``when`` value in order, the verdict, and the verdict each fail mode would give if the backend failed. The
 steps run through the real engine (:class:`~guard.engine.Guard`), so the report is what production would do. When
 the decision itself failed (backend error or timeout), ``error`` says why, the verdict is the policy's fail mode, and
@@ -23,7 +24,8 @@ from guard.engine.cache import MemoryCache
 from guard.engine.keys import cache_key
 from guard.policy.loader import load_text
 from guard.policy.policy import FailPolicy, Policy
-from guard.policy.rules import trace_rules
+from guard.policy.provenance import rule_features
+from guard.policy.rules import FEATURE_NAMES, rule_inputs, trace_rules
 from guard.verdict import Verdict
 
 __all__ = ["explain"]
@@ -78,11 +80,15 @@ async def explain(
     request = policy.build_request(normalized.value)
     verdict = await _verdict(policies, backend, subject)
     named = dict(verdict.answers)  # keyed by question key
+    features = rule_features(
+        subject, rule_inputs(policy.rules) & FEATURE_NAMES, tools=policy.tools, trusted=policy.trusted,
+        detector=policy.detector,
+    )  # fmt: skip
     traced: list[tuple[str, bool | str]] = []
     if verdict.error is None:  # a failed decision has no answers to run the rules on
         traced = trace_rules(
             policy.id, policy.rules, named, subject=subject, state=normalized.value, flags=normalized.flags,
-            data=policy.data,
+            data=policy.data, features=features,
         )  # fmt: skip
     fail_modes = {}
     engine_logger = logging.getLogger("guard.engine")
@@ -110,6 +116,7 @@ async def explain(
         "backend": backend.name,
         "revision": backend.model_revision,
         "answers": {key: answer.to_json() for key, answer in named.items()},
+        "features": features,
         "rules": traced,
         "verdict": verdict.to_json() | {"status": verdict.status},
         "error": verdict.error,

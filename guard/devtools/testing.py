@@ -37,7 +37,7 @@ from guard.errors import PolicyError
 from guard.policy._yaml import load_yaml
 from guard.policy.loader import PolicyLoadError, PolicySet, load_text
 from guard.policy.policy import Policy
-from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, body_strings
+from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMessage, body_strings
 from guard.verdict import Action, FailMode, Verdict
 
 __all__ = [
@@ -68,6 +68,14 @@ class _HttpInput(_Strict):
     body_text: str | None = None
 
 
+class _TurnInput(_Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    text: str
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    flagged: Literal["withheld", "quoted", "stripped"] | None = None
+
+
 class _AgentInput(_Strict):
     event: AgentEvent
     tool_name: str | None = None
@@ -77,6 +85,7 @@ class _AgentInput(_Strict):
     user_message: str | None = None
     text: str | None = None
     thread_id: str | None = None
+    history: list[_TurnInput] = Field(default_factory=list)
 
 
 class _Input(_Strict):
@@ -109,7 +118,7 @@ class _TestFile(_Strict):
 
 def subject_from_json(data: Any) -> Subject:
     """A subject from ``{"http": {...}}`` or ``{"agent": {...}}`` (the fields of :class:`HttpSubject` /
-    :class:`AgentSubject`; ``body_text`` defaults to the body's judged strings joined by newlines, as the middleware builds it:
+    :class:`AgentSubject`, an agent's ``history`` as a list of :class:`TurnMessage` objects); ``body_text`` defaults to the body's judged strings joined by newlines, as the middleware builds it:
     :func:`guard.subject.body_strings`).
 
     Raises:
@@ -132,7 +141,9 @@ def subject_from_json(data: Any) -> Subject:
             body_text=body_text,
         )  # fmt: skip
     assert parsed.agent is not None
-    return AgentSubject(**parsed.agent.model_dump())
+    fields = parsed.agent.model_dump()
+    fields["history"] = tuple(TurnMessage(**turn) for turn in fields["history"])
+    return AgentSubject(**fields)
 
 
 @dataclass

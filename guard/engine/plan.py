@@ -25,7 +25,8 @@ from guard.backends.base import DecisionBackend
 from guard.engine.cache import CachedAnswers
 from guard.engine.keys import KeyTemplate
 from guard.policy import Policy, apply_rules
-from guard.policy.rules import rule_inputs
+from guard.policy.provenance import rule_features
+from guard.policy.rules import FEATURE_NAMES, rule_inputs
 from guard.subject import Subject
 from guard.systemone import ReadOnlyDict, SystemOneResponseV1
 
@@ -80,7 +81,18 @@ class Plan:
     ``_lock``.
     """
 
-    __slots__ = ("__weakref__", "_lock", "_states", "backend", "key", "memo_flags", "names", "policy", "revision")
+    __slots__ = (
+        "__weakref__",
+        "_lock",
+        "_states",
+        "backend",
+        "features",
+        "key",
+        "memo_flags",
+        "names",
+        "policy",
+        "revision",
+    )
 
     def __init__(self, policy: Policy, backend: DecisionBackend, revision: str) -> None:
         self.policy = policy
@@ -91,6 +103,7 @@ class Plan:
         )
         self.names = policy.question_keys()
         reads = rule_inputs(policy.rules)
+        self.features = reads & FEATURE_NAMES  # call / result: computed from the subject for every decision
         pure = reads <= ANSWER_INPUTS | frozenset(self.names.values())
         self.memo_flags: bool | None = ("flags" in reads) if pure else None
         # memo key -> (flat, normalised items or JSON, flags, cache key)
@@ -168,9 +181,12 @@ class Plan:
         for rules that read them)."""
         policy, names = self.policy, self.names
         answers = ReadOnlyDict({names[qid]: answer for qid, answer in response.answers.items()})
+        features = rule_features(
+            subject, self.features, tools=policy.tools, trusted=policy.trusted, detector=policy.detector
+        ) if self.features else None
         result = apply_rules(
             policy.id, policy.rules, policy.default, answers,
-            subject=subject, state=state, flags=flags, data=policy.data,
+            subject=subject, state=state, flags=flags, data=policy.data, features=features,
         )  # fmt: skip
         outcome = result.outcome
         return {

@@ -222,6 +222,14 @@ def _json_safe(value: Any) -> Any:
     return repr(value)
 
 
+def _input_json(subject: Subject) -> Any:
+    """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
+    event, which would make every record as long as the thread)."""
+    record = _json_safe(subject)
+    record.pop("history", None)
+    return record
+
+
 def _split(pointer: str) -> list[str]:
     if not pointer.startswith("/"):
         raise ValueError(f"redaction pointer {pointer!r} must be a JSON pointer starting with '/'")
@@ -314,7 +322,7 @@ class DecisionLog:
             "timestamp": _utc_now(),
             "labels": dict(self.labels),
             "policy": {"id": verdict.policy_id, "version": verdict.policy_version, "file": policy_file},
-            "input": _json_safe(subject) if self.include_input and subject is not None else None,
+            "input": _input_json(subject) if self.include_input and subject is not None else None,
             "state": _json_safe(verdict.state),
             "result": {
                 "action": verdict.action,

@@ -23,6 +23,7 @@ from guard.policy._yaml import LineMap, format_path, load_yaml
 from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
+from guard.policy.provenance import ToolSpec
 from guard.policy.rules import CEL_KEYWORDS, RESERVED_NAMES, CompiledRule, Outcome, compile_condition
 from guard.subject import Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
@@ -162,6 +163,11 @@ def _compile(
             for name, t in file_spec.handoff_targets.items()
         },
         data=file_spec.data,
+        tools={
+            name: ToolSpec(t.effect, {arg: tuple(a.from_) for arg, a in t.arguments.items()} or None)
+            for name, t in spec.tools.items()
+        },
+        trusted=tuple(spec.trusted),
     )
 
 

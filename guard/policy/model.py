@@ -31,6 +31,8 @@ __all__ = [
     "QuestionSpec",
     "RuleSpec",
     "SourceSpec",
+    "ToolArgumentSpec",
+    "ToolSpec",
 ]
 
 Action = Literal["allow", "block", "escalate", "handoff"]
@@ -294,6 +296,33 @@ class CacheSpec(_Strict):
     )
 
 
+ProvenanceSource = Literal["user", "trusted", "tool_result", "flagged_tool_result", "none"]
+
+
+class ToolArgumentSpec(_Strict):
+    """The sources a sensitive argument may have (``guard/policy/provenance.py``)."""
+
+    from_: list[ProvenanceSource] = Field(
+        alias="from",
+        min_length=1,
+        description="Allowed sources: user (the user's messages), trusted (system messages, the policy's trusted "
+        "values), tool_result (a tool result outside spans flagged as instructions), flagged_tool_result, none.",
+    )
+
+
+class ToolSpec(_Strict):
+    """What a tool does, for tool-call rules (``call.effect``, ``call.disallowed``)."""
+
+    effect: Literal["read_only", "side_effecting"] = Field(
+        description="read_only (reads, changes nothing) or side_effecting (sends, pays, writes, deletes)."
+    )
+    arguments: dict[str, ToolArgumentSpec] = Field(
+        default_factory=dict,
+        json_schema_extra={"default": {}},
+        description="Sensitive argument name -> the sources it may have, e.g. recipient: {from: [user, trusted]}.",
+    )
+
+
 class PolicySpec(_Strict):
     """One policy: match -> state -> questions -> ordered rules -> default."""
 
@@ -343,6 +372,18 @@ class PolicySpec(_Strict):
     )
     model: str | None = Field(
         default=None, description="Model name sent in the System One request; omitted: clef-flash."
+    )
+    tools: dict[str, ToolSpec] = Field(
+        default_factory=dict,
+        json_schema_extra={"default": {}},
+        description="Tool name -> its effect and sensitive arguments, read by tool-call rules through call.*; a tool "
+        "not listed has effect unknown.",
+    )
+    trusted: list[str] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Values from trusted configuration (own accounts, company domains): an argument found here has "
+        "the source trusted.",
     )
 
 

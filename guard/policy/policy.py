@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from guard.policy._match import AgentMatcher, HttpMatcher
 from guard.policy._state import StateField, default_state, prepare_state, render_state
+from guard.policy.instructions import Detector, find_instructions
 from guard.policy.normalize import Normalized
+from guard.policy.provenance import ToolSpec
 from guard.policy.rules import CompiledRule, Outcome
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import QuestionV1, SystemOneRequestV1
@@ -94,6 +96,10 @@ class Policy:
         model: model name sent in the request.
         handoff_targets: the file's targets.
         data: the file's ``data`` block.
+        tools: tool name -> :class:`~guard.policy.provenance.ToolSpec` (effect, sensitive arguments).
+        trusted: values from trusted configuration (argument provenance ``trusted``).
+        detector: finds instructions to the agent in tool results (``call.*`` and ``result.*`` in rules); replace
+            it with ``dataclasses.replace(policy, detector=...)`` to plug in another.
     """
 
     id: str
@@ -115,6 +121,9 @@ class Policy:
     model: str
     handoff_targets: Mapping[str, HandoffTarget] = field(default_factory=dict)
     data: Mapping[str, Any] = field(default_factory=dict)
+    tools: Mapping[str, ToolSpec] = field(default_factory=dict)
+    trusted: tuple[str, ...] = ()
+    detector: Detector = find_instructions
 
     def matches(self, subject: Subject) -> bool:
         """Cheap check on method/path/host/headers or event/tool name; never reads the body."""

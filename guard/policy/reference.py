@@ -31,6 +31,8 @@ SECTION_TITLES: dict[str, str] = {
     "OnErrorSpec": "On error",
     "CacheSpec": "Cache",
     "HandoffTargetSpec": "Handoff target",
+    "ToolSpec": "Tool",
+    "ToolArgumentSpec": "Tool argument",
 }
 
 _REF_PREFIX = "#/$defs/"

@@ -12,7 +12,10 @@ Names a ``when`` can use:
 * ``answers``: the same objects in one map; ``subject``: the subject's fields (``subject.method``,
   ``subject.tool_name``, ``subject.headers["x-tier"]``); ``state``: the rendered (normalised) state; ``flags``: the
   normalisation findings and the cuts (``flags.unicode_tags > 0``, ``flags.truncated > 0``; every name in
-  :data:`FLAG_NAMES` reads 0 when absent); ``data``: the file's ``data`` block.
+  :data:`FLAG_NAMES` reads 0 when absent); ``data``: the file's ``data`` block;
+* ``call`` (tool calls): argument provenance and the tool's effect (``call.provenance.recipient == "user"``,
+  ``size(call.disallowed) > 0``); ``result`` (tool results): instructions to the agent found in the text
+  (``result.instructions > 0``); both from ``guard/policy/provenance.py``, empty objects for other events.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from guard.verdict import Action
 
 __all__ = [
     "ANSWER_FIELDS",
+    "FEATURE_NAMES",
     "FLAG_NAMES",
     "RESERVED_NAMES",
     "CompiledRule",
@@ -52,7 +56,9 @@ __all__ = [
 FLAG_NAMES = (*NORMALIZE_FLAG_NAMES, "truncated", "state_tokens_dropped")
 
 #: Top-level names every ``when`` may use besides question keys.
-RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data"})
+RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data", "call", "result"})
+#: Reserved names whose values the caller computes per subject (``features=`` of :func:`apply_rules`).
+FEATURE_NAMES = frozenset({"call", "result"})
 #: CEL words a question key may not take.
 CEL_KEYWORDS = frozenset(
     {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function", "if", "import",
@@ -170,8 +176,9 @@ def answer_variables(answer: AnswerV1) -> dict[str, Any]:
 
 
 def subject_variables(subject: Any) -> dict[str, Any]:
-    """The subject's fields as a plain mapping for CEL (``None`` fields kept as ``null``)."""
-    return {f.name: getattr(subject, f.name) for f in dataclasses.fields(subject)}
+    """The subject's fields as a plain mapping for CEL (``None`` fields kept as ``null``; an agent subject's
+    ``history`` left out: rules read it through ``call``)."""
+    return {f.name: getattr(subject, f.name) for f in dataclasses.fields(subject) if f.name != "history"}
 
 
 def rule_inputs(rules: tuple[CompiledRule, ...]) -> frozenset[str]:
@@ -189,6 +196,7 @@ def apply_rules(
     state: Any = None,
     flags: Mapping[str, Any] | None = None,
     data: Mapping[str, Any] | None = None,
+    features: Mapping[str, Any] | None = None,
 ) -> RuleResult:
     """Apply ordered rules to a policy's answers: a pure function of its arguments.
 
@@ -201,6 +209,7 @@ def apply_rules(
         state: the rendered state.
         flags: the state's flags; missing names in :data:`FLAG_NAMES` read as 0.
         data: the file's ``data`` block.
+        features: values of :data:`FEATURE_NAMES` (``call``, ``result``); a name missing here reads as ``{}``.
 
     Returns:
         The first rule whose ``when`` is true, or ``RuleResult("default", default)``.
@@ -210,7 +219,7 @@ def apply_rules(
     """
     if not rules:
         return RuleResult("default", default)
-    context = _context(rules, answers, subject, state, flags, data)
+    context = _context(rules, answers, subject, state, flags, data, features)
     for rule in rules:
         if _run(policy_id, rule, context):
             return RuleResult(rule.id, rule.outcome)
@@ -226,9 +235,10 @@ def trace_rules(
     state: Any = None,
     flags: Mapping[str, Any] | None = None,
     data: Mapping[str, Any] | None = None,
+    features: Mapping[str, Any] | None = None,
 ) -> list[tuple[str, bool | str]]:
     """Every rule's ``when`` value (or its error text), in order, for ``guard policy explain``."""
-    context = _context(rules, answers, subject, state, flags, data)
+    context = _context(rules, answers, subject, state, flags, data, features)
     out: list[tuple[str, bool | str]] = []
     for rule in rules:
         try:
@@ -245,6 +255,7 @@ def _context(
     state: Any,
     flags: Mapping[str, Any] | None,
     data: Mapping[str, Any] | None,
+    features: Mapping[str, Any] | None = None,
 ) -> Any:
     # Converting values into CEL costs ~10-30 us per object, so only the names some rule reads are passed.
     needed = rule_inputs(rules)
@@ -262,6 +273,8 @@ def _context(
         variables["state"] = state
     if "subject" in needed:
         variables["subject"] = subject_variables(subject) if subject is not None else {}
+    for name in FEATURE_NAMES & needed:
+        variables[name] = dict((features or {}).get(name) or {})
     return cel.Context(variables=variables)
 
 

@@ -30,7 +30,7 @@ from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
-from guard.subject import AgentSubject
+from guard.subject import AgentSubject, TurnMessage
 
 __all__ = [
     "NEXT_STEPS",
@@ -48,8 +48,8 @@ _TEXT_WIDTH = 44
 
 #: Printed after the summary when the embedded CPU model answered (``guard quickstart`` without ``--backend``).
 TOOL_CALL_NOTE = """\
-  Tool calls: the embedded CPU model is weak on guard.tool_call_serves_task (docs/catalog.md gives its held-out
-  numbers), so the quickstart policy sends doubtful calls to a human; point tool-call policies at Clef.
+  Tool calls: decided by argument provenance and the tool-result check (docs/agents.md); the embedded CPU model is
+  weak on guard.tool_call_serves_task (docs/catalog.md), so the policy reads it only as an optional signal.
 """
 
 #: Ports in NEXT_STEPS: the protected API (examples/api/app.py's default) and the decision worker, kept apart.
@@ -211,6 +211,13 @@ async def run_quickstart(
                 tool_call_id=item["id"],
                 arguments=item["arguments"],
                 user_message=item["task"],
+                history=(
+                    TurnMessage("user", item["task"]),
+                    *(
+                        TurnMessage("tool", h["text"], h["tool_name"], f"{item['id']}-{n}")
+                        for n, h in enumerate(item.get("history", []))
+                    ),
+                ),
             )
             verdict = await guard.aevaluate(subject)
             row = Row(

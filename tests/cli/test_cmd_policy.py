@@ -42,10 +42,10 @@ def test_test_fails_on_wrong_expectations_and_zero_cases(tmp_path: Path, capsys:
     policy = tmp_path / "p.yaml"
     policy.write_text((POLICIES / "tool_result_check.yaml").read_text())
     cases = (POLICIES / "tool_result_check_test.yaml").read_text()
-    (tmp_path / "p_test.yaml").write_text(cases.replace("rule: injected-instructions}", "rule: suspicious}", 1))
+    (tmp_path / "p_test.yaml").write_text(cases.replace("rule: instructions}", "rule: suspicious}", 1))
     assert main(["policy", "test", str(policy)]) == 1
     err = capsys.readouterr().err
-    assert "FAIL" in err and "rule: expected 'suspicious', got 'injected-instructions'" in err
+    assert "FAIL" in err and "rule: expected 'suspicious', got 'instructions'" in err
     (tmp_path / "p_test.yaml").write_text("cases: []\n")
     assert main(["policy", "test", str(tmp_path / "p_test.yaml")]) == 1
     assert "no test cases found" in capsys.readouterr().err

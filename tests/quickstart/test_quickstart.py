@@ -47,6 +47,9 @@ async def test_quickstart_replays_traffic_through_the_guard() -> None:
     attacks_stopped = sum(r.action != "allow" for r in http if r.label == "attack")
     assert benign_allowed / sum(r.label == "benign" for r in http) >= 0.9
     assert attacks_stopped / sum(r.label == "attack" for r in http) >= 0.6
+    tools = [row for row in result.rows if row.kind == "tool"]
+    assert all(r.action == "allow" for r in tools if r.label == "benign")  # provenance: the user's own calls
+    assert all(r.action != "allow" for r in tools if r.label == "attack")  # values from the injected tool results
     counts = result.summary()["counts"]
     assert sum(counts["http/benign"].values()) == sum(r.label == "benign" for r in http)
 

@@ -1,0 +1,395 @@
+"""Argument provenance: where each argument value of a tool call came from, in the turn the agent has seen so far.
+
+A tool call's arguments are looked up in the conversation before it (the subject's ``history``, see
+:class:`~guard.subject.TurnMessage`), newest message first. Each argument gets one **source**:
+
+* ``user``: the value is in one of the user's messages;
+* ``trusted``: it is in a system message, or in the policy's ``trusted`` values (trusted configuration);
+* ``tool_result``: it is in a tool result, outside any span flagged as instructions to the agent;
+* ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`), or in a
+  tool result guard withheld or quoted (what is left of a *stripped* result is an ordinary tool result);
+* ``none``: it is nowhere (the model wrote it: a computed amount, a composed e-mail body).
+
+Precedence when a value is found in several places: ``user`` > ``trusted`` > ``flagged_tool_result`` >
+``tool_result``. A value the user typed is the user's even if a tool result repeats it; a value an injected
+instruction names is tainted even if an ordinary tool result repeats it too. An argument that is a list or an object
+takes the weakest source of its items (``flagged_tool_result`` < ``none`` < ``tool_result`` < ``trusted`` <
+``user``). A string found nowhere as a whole (text the model composed: a shell command, an e-mail body) takes the
+weakest source of the identifiers inside it (URLs, e-mail addresses, file and host names, account-like codes), so
+``wc notes.txt`` is the user's when the user named ``notes.txt`` and a link an injection named taints the body it is
+pasted into; with no identifier inside, it is ``none``. Arguments that carry no evidence (booleans, ``null``, strings under :data:`MIN_TEXT_CHARS`) count as
+``user`` without a match.
+
+Matching, after the same normalisation of value and text (a value is found *inside* longer text):
+
+* text: Unicode NFKC, case folded, runs of white space as one space, YAML's doubled quote ``''`` as one;
+* identifiers (a value of 6 or more letters and digits with at least one digit: IBANs, phone and card numbers, ids):
+  also compared with every character but letters and digits removed, so ``GB29 NWBK 6016`` matches ``gb29nwbk6016``;
+* e-mail addresses: case folded, a ``mailto:`` prefix dropped;
+* URLs: scheme, ``www.`` and trailing ``/`` dropped, so ``https://www.example.com/a/`` matches ``example.com/a``;
+* numbers: compared as numbers with the numbers written in the text (``98.7`` matches ``98.70``, ``1200`` matches
+  ``1,200.00``).
+
+Cost: each message's normalised forms are computed once per text (remembered for the last
+:data:`CACHED_TEXTS` texts); a lookup is a few substring searches per argument. ``bench/provenance_latency.py``
+measures a 10-message turn.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from functools import cached_property, lru_cache
+from typing import Any, Literal
+
+from guard.policy.instructions import Detector, find_instructions
+from guard.policy.normalize import normalize_text
+from guard.subject import AgentSubject, Subject, TurnMessage
+
+__all__ = [
+    "CACHED_TEXTS",
+    "SOURCES",
+    "ArgumentSource",
+    "Source",
+    "ToolSpec",
+    "call_features",
+    "result_features",
+    "rule_features",
+    "trace_arguments",
+]
+
+Source = Literal["user", "trusted", "tool_result", "flagged_tool_result", "none"]
+#: Every source, strongest first (the order an argument made of several values takes the weakest of).
+SOURCES: tuple[Source, ...] = ("user", "trusted", "tool_result", "none", "flagged_tool_result")
+_RANK = {source: rank for rank, source in enumerate(SOURCES)}
+#: Message texts whose normalised forms are remembered.
+CACHED_TEXTS = 2048
+#: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.
+MIN_TEXT_CHARS = 3
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What a policy says about one tool (``tools:`` in the policy file).
+
+    Attributes:
+        effect: ``read_only``, ``side_effecting`` or ``unknown`` (not declared).
+        arguments: sensitive argument name -> the sources it may have (e.g. ``("user", "trusted")``).
+    """
+
+    effect: Literal["read_only", "side_effecting", "unknown"] = "unknown"
+    arguments: Mapping[str, tuple[Source, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class ArgumentSource:
+    """Where one argument came from: ``source``, for a tool result the ``tool`` and ``tool_call_id``, and whether
+    any value of it was found at all (``matched``; ``False`` for arguments that carry no evidence)."""
+
+    source: Source
+    tool: str | None = None
+    tool_call_id: str | None = None
+    matched: bool = True
+
+
+class _Prepared:
+    """The normalised forms of one text: the folded text, and (computed when a value first needs them) its
+    letters-and-digits-only form, its URL form and the numbers in it."""
+
+    __slots__ = ("__dict__", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @cached_property
+    def compact(self) -> str:
+        return _NOT_ALNUM.sub("", self.text)
+
+    @cached_property
+    def url(self) -> str:
+        return _url_form(self.text)
+
+    @cached_property
+    def numbers(self) -> frozenset[Decimal]:
+        return _numbers(self.text)
+
+
+_SPACE = re.compile(r"\s+")
+_NOT_ALNUM = re.compile(r"[\W_]+")
+_URL_NOISE = re.compile(r"\b(?:https?://|ftp://|mailto:)|\bwww\.|/+(?=[\s'\"),;\]}]|$)")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])[-+]?\d+(?:\.\d+)?")
+_IDENTIFIER = re.compile(r"(?=.*\d)[A-Za-z0-9][A-Za-z0-9 .\-/]*")
+# Identifiers inside a longer text the model wrote: URLs, e-mail addresses, file and host names, account-like codes
+# (IBANs, ids).
+_EMBEDDED = re.compile(
+    r"(?:https?://|www\.)[^\s'\"<>)\]]+"
+    r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
+    r"|(?<![\w/.-])[\w-]+(?:\.[\w-]+)*\.[a-z][a-z0-9]{0,4}(?:/[^\s'\"<>)\]]*)?(?![\w.])"
+    r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{12,34}\b",
+    re.IGNORECASE,
+)
+
+
+def _fold(text: str) -> str:
+    """``guard.policy.normalize`` (invisible characters, look-alikes, NFKC), case folded, YAML ``''`` and escaped line
+    breaks undone, white space collapsed."""
+    text = normalize_text(text).value.casefold().replace("''", "'").replace("\\n", " ")
+    return _SPACE.sub(" ", text).strip()
+
+
+def _url_form(folded: str) -> str:
+    return _URL_NOISE.sub("", folded)
+
+
+def _numbers(folded: str) -> frozenset[Decimal]:
+    out = set()
+    for match in _NUMBER.finditer(folded):
+        try:
+            out.add(Decimal(match.group().replace(",", "")).normalize())
+        except InvalidOperation:  # pragma: no cover - the pattern only matches numbers
+            continue
+    return frozenset(out)
+
+
+@lru_cache(maxsize=CACHED_TEXTS)
+def _prepare(text: str) -> _Prepared:
+    return _Prepared(_fold(text))
+
+
+@lru_cache(maxsize=CACHED_TEXTS)
+def _split_tool_text(text: str, detector: Detector) -> tuple[_Prepared, _Prepared]:
+    """A tool result's (ordinary part, flagged part): the spans the detector finds go to the second."""
+    spans = detector(text)
+    if not spans:
+        return _prepare(text), _prepare("")
+    plain, flagged, position = [], [], 0
+    for span in spans:
+        plain.append(text[position : span.start])
+        flagged.append(text[span.start : span.end])
+        position = span.end
+    plain.append(text[position:])
+    return _prepare("\n".join(plain)), _prepare("\n".join(flagged))
+
+
+@dataclass(frozen=True)
+class _Needle:
+    """One scalar value to look for, in the forms it can be matched by."""
+
+    text: str
+    compact: str | None
+    url: str | None
+    number: Decimal | None
+
+
+def _needle(value: Any) -> _Needle | None:
+    """The forms ``value`` is matched by; ``None`` when it carries no evidence (bool, null, very short text)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        try:
+            number = Decimal(str(value)).normalize()
+        except InvalidOperation:
+            return None
+        return _Needle(_fold(str(value)), None, None, number)
+    if not isinstance(value, str):
+        value = str(value)
+    folded = _fold(value)
+    folded = folded.removeprefix("mailto:")
+    if len(folded) < MIN_TEXT_CHARS:
+        return None
+    compact = _NOT_ALNUM.sub("", folded)
+    identifier = len(compact) >= 6 and _IDENTIFIER.fullmatch(value.strip()) is not None
+    url = _url_form(folded)
+    number = None
+    if _NUMBER.fullmatch(folded):
+        try:
+            number = Decimal(folded.replace(",", "")).normalize()
+        except InvalidOperation:  # pragma: no cover
+            number = None
+    return _Needle(folded, compact if identifier else None, url if url != folded else None, number)
+
+
+def _found(needle: _Needle, haystack: _Prepared) -> bool:
+    if needle.text in haystack.text:
+        return True
+    if needle.number is not None and needle.number in haystack.numbers:
+        return True
+    if needle.url is not None and needle.url and needle.url in haystack.url:
+        return True
+    return needle.compact is not None and needle.compact in haystack.compact
+
+
+def _embedded(value: Any) -> list[_Needle]:
+    """The identifiers inside a string leaf that are not the whole of it (a link or address in a composed body)."""
+    if not isinstance(value, str) or len(value) < 2 * MIN_TEXT_CHARS:
+        return []
+    out = []
+    for match in _EMBEDDED.finditer(value):
+        token = match.group().rstrip(".,;:!?")
+        if token.strip() != value.strip():
+            needle = _needle(token)
+            if needle is not None:
+                out.append(needle)
+    return out
+
+
+def _leaves(value: Any) -> Iterable[Any]:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        else:
+            yield item
+
+
+def _source_of(
+    needle: _Needle, history: Sequence[TurnMessage], trusted: Sequence[_Prepared], detector: Detector
+) -> ArgumentSource:
+    if any(_found(needle, _prepare(m.text)) for m in history if m.role == "user"):
+        return ArgumentSource("user")
+    if any(_found(needle, t) for t in trusted) or any(
+        _found(needle, _prepare(m.text)) for m in history if m.role == "system"
+    ):
+        return ArgumentSource("trusted")
+    plain: ArgumentSource | None = None
+    for message in reversed(history):
+        if message.role != "tool":
+            continue
+        if message.flagged in ("withheld", "quoted"):  # all of guard's notice or quote counts as flagged
+            if _found(needle, _prepare(message.text)):
+                return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
+            continue
+        ordinary, flagged = _split_tool_text(message.text, detector)
+        if flagged.text and _found(needle, flagged):
+            return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
+        if plain is None and _found(needle, ordinary):
+            plain = ArgumentSource("tool_result", message.tool_name, message.tool_call_id)
+    return plain if plain is not None else ArgumentSource("none")
+
+
+def trace_arguments(
+    arguments: Mapping[str, Any] | None,
+    history: Sequence[TurnMessage],
+    *,
+    trusted: Sequence[str] = (),
+    detector: Detector = find_instructions,
+) -> dict[str, ArgumentSource]:
+    """The source of every top-level argument of a tool call.
+
+    Args:
+        arguments: the call's parsed arguments (an object; ``None`` = no arguments).
+        history: the messages before the call, oldest first.
+        trusted: values from trusted configuration (e.g. the policy's ``trusted`` list).
+        detector: finds the spans of a tool result that give the agent instructions.
+
+    Returns:
+        Argument name -> :class:`ArgumentSource`; an argument made of several values gets the weakest of theirs.
+    """
+    out: dict[str, ArgumentSource] = {}
+    if not arguments:
+        return out
+    trusted_prepared = [_prepare(t) for t in trusted]
+    for name, value in arguments.items():
+        worst: ArgumentSource | None = None
+        for leaf in _leaves(value):
+            needle = _needle(leaf)
+            if needle is None:
+                continue
+            found = _source_of(needle, history, trusted_prepared, detector)
+            if found.source == "none":  # composed text: its links, addresses, names and codes are traced one by one
+                inner = [_source_of(n, history, trusted_prepared, detector) for n in _embedded(leaf)]
+                if inner:
+                    found = max(inner, key=lambda f: _RANK[f.source])
+            if worst is None or _RANK[found.source] > _RANK[worst.source]:
+                worst = found
+        out[name] = worst if worst is not None else ArgumentSource("user", matched=False)
+    return out
+
+
+def call_features(
+    tool: str | None,
+    arguments: Mapping[str, Any] | None,
+    history: Sequence[TurnMessage],
+    *,
+    tools: Mapping[str, ToolSpec],
+    trusted: Sequence[str] = (),
+    detector: Detector = find_instructions,
+) -> dict[str, Any]:
+    """The ``call`` object tool-call rules read (plain JSON values).
+
+    Keys:
+        ``tool``: the tool's name; ``effect``: ``read_only``, ``side_effecting`` or ``unknown`` (from ``tools``);
+        ``provenance``: argument -> source (every top-level argument); ``origin``: argument -> the ``tool_call_id``
+        of the tool result it came from (``""`` otherwise); ``disallowed``: the sensitive arguments (named in the
+        tool's spec) whose source the spec does not allow, sorted; ``from_flagged``: the arguments whose source is
+        ``flagged_tool_result``, sorted; ``flagged_results``: how many tool results since the user's last message
+        were flagged (guard withheld, quoted or stripped them, or the detector finds instructions in them);
+        ``user_arguments``: how many arguments come from the user.
+    """
+    sources = trace_arguments(arguments, history, trusted=trusted, detector=detector)
+    spec = tools.get(tool or "", ToolSpec())
+    allowed = spec.arguments or {}
+    disallowed = sorted(
+        name for name, permitted in allowed.items() if name in sources and sources[name].source not in permitted
+    )
+    return {
+        "tool": tool or "",
+        "effect": spec.effect,
+        "provenance": {name: found.source for name, found in sources.items()},
+        "origin": {name: found.tool_call_id or "" for name, found in sources.items()},
+        "disallowed": disallowed,
+        "from_flagged": sorted(name for name, found in sources.items() if found.source == "flagged_tool_result"),
+        "flagged_results": _flagged_results(history, detector),
+        "user_arguments": sum(1 for found in sources.values() if found.source == "user" and found.matched),
+    }
+
+
+def _flagged_results(history: Sequence[TurnMessage], detector: Detector) -> int:
+    count = 0
+    for message in reversed(history):
+        if message.role == "user":
+            break
+        if message.role == "tool" and (message.flagged is not None or detector(message.text)):
+            count += 1
+    return count
+
+
+def result_features(text: Any, *, detector: Detector = find_instructions) -> dict[str, Any]:
+    """The ``result`` object tool-result rules read: ``instructions`` (how many spans give the agent instructions),
+    ``cues`` (their cue families, sorted) and ``chars`` (characters in them), found in the normalised text."""
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    spans = detector(normalize_text(text).value)
+    return {
+        "instructions": len(spans),
+        "cues": sorted({cue for span in spans for cue in span.cues}),
+        "chars": sum(span.end - span.start for span in spans),
+    }
+
+
+def rule_features(
+    subject: Subject | None,
+    names: frozenset[str],
+    *,
+    tools: Mapping[str, ToolSpec],
+    trusted: Sequence[str] = (),
+    detector: Detector = find_instructions,
+) -> dict[str, Any]:
+    """``call`` and ``result`` for the rules of a policy, only those in ``names`` (what its rules read) and only for
+    the events they describe (a tool call, a tool result); ``{}`` otherwise."""
+    out: dict[str, Any] = {}
+    if not isinstance(subject, AgentSubject):
+        return out
+    if "call" in names and subject.event == "tool_call":
+        arguments = subject.arguments if isinstance(subject.arguments, Mapping) else None
+        out["call"] = call_features(
+            subject.tool_name, arguments, subject.history, tools=tools, trusted=trusted, detector=detector
+        )
+    if "result" in names and subject.event == "tool_result":
+        out["result"] = result_features(subject.tool_result, detector=detector)
+    return out
