@@ -1,8 +1,11 @@
 """Latency of the compact CPU model (``CompactBackend.default()``), measured side by side in one run.
 
 Cases:
-  * ``short-3q``: one record, a 128-token state, 3 catalog questions (target p50 <= 15 ms on 2 cores);
-  * ``short-1q``: the same state, 1 question (late interaction: cost is flat in the number of questions);
+  * ``guard-3q``: the served path, ``Guard.evaluate`` on a catalog policy with 3 questions for an HTTP request whose
+    body text is the 128-token state (target p50 <= 15 ms on 2 cores); every call is a cache miss (the text changes);
+  * ``short-3q``: the model alone (``decide_sync``), the same state (``{"text": ...}``), 3 catalog questions (the
+    two text questions share one encoder pass, ``guard.refusal`` reads the rendered state in a second one);
+  * ``short-1q``: the 128-token text as a plain string state, 1 question;
   * ``long-2000``: a 2,000-token state read whole in overlapping windows, 1 question (target <= 60 ms);
   * the encoder alone on the 128-token state, in bf16 and in float32 (the ratio shows what bf16 buys; on a CPU
     without native bf16 the encoder runs in float32 and only that is shown).
@@ -29,6 +32,20 @@ REPEATS = 50
 SHORT_TOKENS = 128
 LONG_TOKENS = 2000
 QUESTIONS = ("guard.prompt_injection", "guard.harmful_request", "guard.refusal")
+POLICY = """
+policies:
+  - id: bench
+    version: "1"
+    match: {http: {methods: [POST], paths: ["/v1/messages"]}}
+    state: {text: body_text}
+    questions:
+      injection: {catalog: guard.prompt_injection}
+      harmful: {catalog: guard.harmful_request}
+      refusal: {catalog: guard.refusal}
+    rules:
+      - {id: injection, when: injection.noul >= 0.85, action: block}
+    default: allow
+"""
 STATE_WORDS = (  # repeated until the state has SHORT_TOKENS / LONG_TOKENS tokens
     "please check the balance of my savings account and tell me when the next payment is due because I want to "
     "plan the monthly budget carefully"
@@ -79,6 +96,9 @@ def main() -> None:
     from guard.backends.compact import CompactBackend
     from guard.compact.catalog import CATALOG
     from guard.compact.encoder import TextEncoder
+    from guard.engine import Guard
+    from guard.policy import load_text
+    from guard.subject import HttpSubject
     from guard.systemone import SystemOneRequestV1
 
     def timed(fn: Callable[[], object]) -> list[float]:
@@ -90,7 +110,7 @@ def main() -> None:
     encoder = model.encoder
     short, long = _state(encoder, SHORT_TOKENS), _state(encoder, LONG_TOKENS)
 
-    def request(state: str, qids: tuple[str, ...]) -> SystemOneRequestV1:
+    def request(state: object, qids: tuple[str, ...]) -> SystemOneRequestV1:
         return SystemOneRequestV1.from_json(
             {"model": "compact", "state": state, "questions": {q: CATALOG[q].to_json() for q in qids}}
         )
@@ -98,8 +118,17 @@ def main() -> None:
     print(
         f"threads {torch.get_num_threads()}, encoder dtype {encoder.dtype}, cpu {torch.backends.cpu.get_cpu_capability()}"
     )
+    guard = Guard(load_text(POLICY), backends=backend)
+    calls = iter(range(10**9))
+
+    def served() -> object:
+        text = f"{short} {next(calls)}"  # a new state each call: never a cache hit
+        return guard.evaluate(HttpSubject(method="POST", path="/v1/messages", content_type="application/json",
+                                          body={"message": text}, body_text=text))
+
+    print(f"{'guard-3q (Guard.evaluate, 3 questions)':36s} {_percentiles(timed(served))} ms")
     cases = {
-        "short-3q (128 tok, 3 questions)": request(short, QUESTIONS),
+        "short-3q (128 tok, 3 questions)": request({"text": short}, QUESTIONS),  # the state guard-3q sends
         "short-1q (128 tok, 1 question)": request(short, QUESTIONS[:1]),
         "long-2000 (2000 tok, 1 question)": request(long, QUESTIONS[:1]),
     }

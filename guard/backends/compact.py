@@ -10,10 +10,12 @@ loader find such questions at load time so a policy can route them to Clef or an
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,14 @@ _DEFAULT_LOCK = threading.Lock()
 _DEFAULT: CompactBackend | None = None
 
 
+@functools.cache
+def _compute_thread() -> ThreadPoolExecutor:
+    """The one thread every compact model computes on: torch's OpenMP pool belongs to the thread that calls it, so
+    answering on whichever executor thread is free would start a pool per thread and the pools would fight for the
+    cores (about twice the latency on 2 cores)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="guard-compact")
+
+
 class CompactBackend:
     """A :class:`~guard.backends.base.DecisionBackend` over one or more compact checkpoints.
 
@@ -44,8 +54,6 @@ class CompactBackend:
     Args:
         models: loaded :class:`~guard.compact.model.CompactModel` objects; a question id is answered by the first
             model that knows it. ``None`` shares the models of :meth:`default` (the shipped catalog).
-        accept_paraphrases: also answer catalog questions whose wording differs from the canonical one (not
-            calibrated; for evaluation of how well the model reads questions). Off by default.
         confidence_profile: the ``confidence`` definition of choice and score answers (§4.1).
         revision: the model revision string (defaults to a hash of the checkpoints).
     """
@@ -56,7 +64,6 @@ class CompactBackend:
         self,
         models: Sequence[Any] | None = None,
         *,
-        accept_paraphrases: bool = False,
         confidence_profile: ConfidenceProfile = "reference",
         revision: str = "",
     ) -> None:
@@ -66,7 +73,6 @@ class CompactBackend:
         if not models:
             raise ValueError("CompactBackend needs at least one model")
         self.models = list(models)
-        self.accept_paraphrases = accept_paraphrases
         self.confidence_profile = confidence_profile
         self._revision = (
             revision
@@ -98,7 +104,7 @@ class CompactBackend:
             if progress:
                 progress(n, total, str(root))
             models.append(CompactModel.load(root, encoder=encoder))
-            for name in ("compact_config.json", "joint_head.safetensors"):
+            for name in ("compact_config.json", *sorted(p.name for p in root.glob("*.safetensors"))):
                 digest.update((root / name).read_bytes())
         if progress:
             progress(total, total, "ready")
@@ -148,7 +154,7 @@ class CompactBackend:
         for model in self.models:
             known = model.questions.get(question.id)
             if known is not None:
-                return known.mismatch(question, accept_paraphrases=self.accept_paraphrases)
+                return known.mismatch(question)
         return self._not_known(question.id)
 
     def unsupported(self, questions: Iterable[QuestionV1 | Mapping[str, Any] | str]) -> list[str]:
@@ -212,7 +218,7 @@ class CompactBackend:
         return _merge(request, parts)
 
     async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
-        """Answer every question of ``request`` on a worker thread.
+        """Answer every question of ``request`` on the compact models' compute thread.
 
         Raises:
             UnsupportedQuestion: a question outside what the loaded models were trained for.
@@ -224,7 +230,8 @@ class CompactBackend:
         self.check(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self.decide_sync, request, deadline=deadline), timeout)
+            work = functools.partial(self.decide_sync, request, deadline=deadline)
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(_compute_thread(), work), timeout)
         except TimeoutError as exc:
             raise BackendTimeout(f"compact model gave no answer within {timeout} s", backend=self.name) from exc
 
@@ -247,6 +254,7 @@ def _merge(request: SystemOneRequestV1, parts: Sequence[Any]) -> SystemOneRespon
         p.usage.input_tokens - (p.usage.state_tokens - p.usage.state_tokens_dropped + 2 * p.usage.windows)
         for p in parts[1:]
     )
-    usage = dataclasses.replace(first, input_tokens=first.input_tokens + extra)
+    usage = dataclasses.replace(first, input_tokens=first.input_tokens + extra,
+                                out_of_competence=max(p.usage.out_of_competence for p in parts))
     return CompactResponseV1(model=parts[0].model, answers={q.id: answers[q.id] for q in request.questions},
                              usage=usage)

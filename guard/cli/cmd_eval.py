@@ -9,7 +9,7 @@ record is timed.
 
 Examples::
 
-    guard eval build/compact-data/test/prompt_injection.jsonl
+    guard eval build/compact-data/test/prompt_injection.jsonl --by source
     guard eval clinc_val.jsonl --backend compact:routers/intent --question-id support.intent --json report.json
 """
 
@@ -37,11 +37,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("data", nargs="+", help="labelled JSONL files (System One records or text/label lines)")
     add_backend_options(parser, default="compact")
     parser.add_argument("--router", action="append", default=[], metavar="DIR", help="extra compact checkpoints")
-    parser.add_argument(
-        "--accept-paraphrases",
-        action="store_true",
-        help="compact: answer catalog questions asked in other wordings (uncalibrated)",
-    )
+    parser.add_argument("--by", choices=("source", "fold"), default="",
+                        help="also report each question per record 'source' or 'fold' (the held-out view)")
     parser.add_argument("--tpr", type=float, default=0.95, help="true-positive rate for the FPR column")
     parser.add_argument("--oos-label", default="oos", help="out-of-scope option id of choice questions")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per request")
@@ -56,8 +53,8 @@ def register(subparsers: Any) -> None:
 
 
 def open_eval_backend(args: argparse.Namespace) -> Any:
-    """The backend ``--backend`` names; compact specs honour ``--router`` and ``--accept-paraphrases``, ``local:``
-    ones ``--device`` and ``--dtype``.
+    """The backend ``--backend`` names; compact specs honour ``--router``, ``local:`` ones ``--device`` and
+    ``--dtype``.
 
     Raises:
         ValueError: an unknown spec, or ``--device``/``--dtype`` with a backend that is not ``local:``.
@@ -68,7 +65,7 @@ def open_eval_backend(args: argparse.Namespace) -> Any:
 
         check_device_options(args)
         paths = [arg] if arg else ([] if args.router else [str(DEFAULT_WEIGHTS)])
-        return CompactBackend.from_checkpoints([*paths, *args.router], accept_paraphrases=args.accept_paraphrases)
+        return CompactBackend.from_checkpoints([*paths, *args.router])
     return open_cli_backend(args)
 
 
@@ -114,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 oos_label=args.oos_label,
                 timeout=args.timeout,
                 progress=bar.update if bar else None,
+                by=args.by,
             )
         finally:
             if bar:

@@ -1,5 +1,6 @@
-"""``guard train``: fit the compact model's head (catalog questions or a router over your own labels) from labelled
-JSONL, or fine-tune the head of a Clef checkpoint (``--clef DIR``) with its backbone frozen.
+"""``guard train``: fit the compact model (the catalog questions: the encoder's last layer fine-tuned with per-question
+heads, leave-one-source-group-out folds first; or a router over your own labels) from labelled JSONL, or fine-tune
+the head of a Clef checkpoint (``--clef DIR``) with its backbone frozen.
 
 Examples::
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,15 @@ def register(subparsers: Any) -> None:
                        help="router: the out-of-scope label (e.g. oos); its logit is biased so --outside-rate of "
                        "in-scope validation records would go to it")
     hyper.add_argument("--outside-rate", type=float, default=None)
+    hyper.add_argument("--layer-lr", type=float, default=None, dest="layer_learning_rate",
+                       help="catalog: learning rate of the fine-tuned encoder layer (0 = frozen)")
+    hyper.add_argument("--train-windows", type=int, default=None, help="catalog: most windows per training text")
+    hyper.add_argument("--fold-share", type=float, default=None,
+                       help="catalog: share of the other folds' records each fold model trains on")
+    hyper.add_argument("--no-folds", action="store_true",
+                       help="catalog: skip the leave-one-source-group-out models (temperatures fitted on --val)")
+    hyper.add_argument("--window", type=int, default=128, help="catalog: encoder window in word pieces")
+    hyper.add_argument("--overlap", type=int, default=48, help="catalog: word pieces shared by neighbouring windows")
     hyper.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", default=None, help="encoder embedding cache (default ~/.cache/guard/compact)")
     parser.add_argument("--no-cache", action="store_true", help="keep embeddings in memory only")
@@ -67,7 +78,8 @@ def register(subparsers: Any) -> None:
 
 def _hyper(args: argparse.Namespace) -> dict[str, Any]:
     names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
-             "ordinal_weight", "max_state_tokens", "width", "seed", "outside_label", "outside_rate")
+             "ordinal_weight", "max_state_tokens", "width", "seed", "outside_label", "outside_rate",
+             "layer_learning_rate", "train_windows", "fold_share")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
@@ -103,25 +115,40 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     from guard.compact._cache import DEFAULT_CACHE_DIR, EmbeddingCache
-    from guard.compact.encoder import TextEncoder
-    from guard.compact.train import TrainConfig, train
+    from guard.compact.encoder import EncoderConfig, TextEncoder
 
     router_lines = records and len(records[0].request.questions) == 1 and records[0].request.questions[0].type == \
         "choice" and not _is_system_one(args.train)
     kind = args.kind or ("router" if router_lines else "catalog")
     try:
-        config = TrainConfig(kind=kind, **_hyper(args))
+        if kind == "catalog":
+            from guard.compact.finetune import FinetuneConfig, train_catalog
+
+            names = set(FinetuneConfig.__dataclass_fields__)
+            config: Any = FinetuneConfig(**{k: v for k, v in _hyper(args).items() if k in names})
+            window = EncoderConfig(window=args.window, overlap=args.overlap)
+        else:
+            from guard.compact.train import TrainConfig, train
+
+            config = TrainConfig(kind=kind, **{k: v for k, v in _hyper(args).items()
+                                               if k in TrainConfig.__dataclass_fields__})
     except ValueError as exc:
         print(f"guard train: {exc}", file=sys.stderr)
         return 2
-    encoder = TextEncoder.load()
-    cache = EmbeddingCache(encoder, None if args.no_cache else Path(args.cache_dir) if args.cache_dir else
-                           DEFAULT_CACHE_DIR)
+    started = time.perf_counter()
     try:
-        model, report = train(records, val, config, encoder, cache=cache, progress=progress, log=log)
+        if kind == "catalog":
+            model, report = train_catalog(records, val, config, TextEncoder.load(window), folds=not args.no_folds,
+                                          progress=progress, log=log)
+        else:
+            encoder = TextEncoder.load()
+            cache = EmbeddingCache(encoder, None if args.no_cache else Path(args.cache_dir) if args.cache_dir else
+                                   DEFAULT_CACHE_DIR)
+            model, report = train(records, val, config, encoder, cache=cache, progress=progress, log=log)
     except ValueError as exc:
         print(f"guard train: {exc}", file=sys.stderr)
         return 2
+    model.meta["wall_seconds"] = round(time.perf_counter() - started, 1)
     model.meta["command"] = " ".join(["guard", "train", *sys.argv[2:]]) if sys.argv[1:2] == ["train"] else ""
     out = model.save(args.out)
     print(json.dumps({"out": str(out), "kind": kind, "train_records": len(records), "val_records": len(val),

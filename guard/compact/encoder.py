@@ -31,6 +31,7 @@ __all__ = [
     "EncodedText",
     "EncoderConfig",
     "TextEncoder",
+    "WindowStates",
     "default_dtype",
 ]
 
@@ -132,6 +133,32 @@ class EncodedText:
     windows: int
 
 
+@dataclass(frozen=True)
+class WindowStates:
+    """One text's windows after every encoder layer but the last (the catalog head runs its own last layer).
+
+    Attributes:
+        hidden: ``(windows, width, 384)`` hidden states in the encoder's dtype, ``[CLS]``/``[SEP]`` included.
+        mask: ``(windows, width)`` bool, the real (non-padding) positions.
+        tokens: word-piece tokens of the whole text before any cut.
+        dropped: tokens cut from the middle because the text exceeded ``max_tokens``.
+    """
+
+    hidden: torch.Tensor
+    mask: torch.Tensor
+    tokens: int
+    dropped: int
+
+    @property
+    def windows(self) -> int:
+        return int(self.hidden.shape[0])
+
+
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(B, L)`` bool/int padding mask -> the ``(B, 1, 1, L)`` additive mask a ``BertLayer`` takes (0 or dtype min)."""
+    return (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
 def text_key(text: str, config: EncoderConfig) -> str:
     """A cache key for a text under a window configuration (SHA-256 hex)."""
     digest = hashlib.sha256()
@@ -214,15 +241,10 @@ class TextEncoder:
         windows = [window for plan in plans for window in plan[0]]
         if not windows:
             return []
-        width = max(len(window) for window in windows)
-        ids = torch.full((len(windows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(windows), width), dtype=torch.long)
-        for row, window in enumerate(windows):
-            ids[row, : len(window)] = torch.tensor(window, dtype=torch.long)
-            mask[row, : len(window)] = 1
+        ids, mask = self._pad(windows)
         context = torch.enable_grad() if grad else torch.inference_mode()
         with context:
-            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (windows, width, 384)
+            hidden = self.model(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # (windows, width, 384)
         out: list[EncodedText] = []
         row = 0
         for (plan_windows, keeps, total, dropped) in plans:
@@ -242,6 +264,49 @@ class TextEncoder:
                 )
             )
         return out
+
+    def encode_windows(self, texts: Sequence[str], *, limit: int | None = None) -> list[WindowStates]:
+        """Every window of each text through all encoder layers but the last, in one padded batch.
+
+        Args:
+            texts: the texts.
+            limit: keep at most this many windows per text, evenly spaced (first and last kept); training uses it to
+                bound the cost of long texts. ``None`` keeps every window.
+        """
+        plans = []
+        for text in texts:
+            windows, _, total, dropped = self._plan(self.token_ids(text))
+            if limit is not None and len(windows) > limit:
+                step = (len(windows) - 1) / (limit - 1) if limit > 1 else 0
+                windows = [windows[round(i * step)] for i in range(limit)]
+            plans.append((windows, total, dropped))
+        flat = [window for windows, _, _ in plans for window in windows]
+        if not flat:
+            return []
+        ids, mask = self._pad(flat)
+        with torch.inference_mode():
+            hidden = self.model.embeddings(input_ids=ids)
+            bias = attention_bias(mask, hidden.dtype)
+            for layer in self.model.encoder.layer[:-1]:
+                out = layer(hidden, attention_mask=bias)
+                hidden = out[0] if isinstance(out, tuple) else out
+        result, row = [], 0
+        for windows, total, dropped in plans:
+            n = len(windows)
+            used = int(mask[row : row + n].sum(-1).max())
+            result.append(WindowStates(hidden[row : row + n, :used], mask[row : row + n, :used], total, dropped))
+            row += n
+        return result
+
+    def _pad(self, windows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Framed windows -> ``(N, width)`` int64 ids padded with ``[PAD]`` and the bool mask of real positions."""
+        width = max(len(window) for window in windows)
+        ids = torch.full((len(windows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(windows), width), dtype=torch.bool)
+        for row, window in enumerate(windows):
+            ids[row, : len(window)] = torch.tensor(window, dtype=torch.long)
+            mask[row, : len(window)] = True
+        return ids, mask
 
     def _plan(self, ids: list[int]) -> tuple[list[list[int]], list[tuple[int, int]], int, int]:
         """Windows (framed id lists) and, per window, the half-open row range it contributes."""

@@ -69,6 +69,8 @@ class EvalReport:
     questions: list[QuestionMetrics] = field(default_factory=list)
     latency_ms: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    by: str = ""
+    groups: dict[str, list[QuestionMetrics]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,8 @@ class EvalReport:
             "refused": self.refused,
             "latency_ms": self.latency_ms,
             "questions": {m.question_id: m.to_json() for m in self.questions},
+            **({"by": self.by, "groups": {g: {m.question_id: m.to_json() for m in ms} for g, ms in
+                                          self.groups.items()}} if self.by else {}),
             "errors": self.errors[:20],
         }
 
@@ -155,13 +159,20 @@ def question_metrics(question_id: str, question_type: str, option_ids: Sequence[
 
 async def evaluate_backend(backend: Any, records: Sequence[LabelledRecord], *, tpr: float = DEFAULT_TPR,
                            oos_label: str | None = "oos", timeout: float | None = None,
-                           progress: Callable[[int], None] | None = None) -> EvalReport:
+                           progress: Callable[[int], None] | None = None, by: str = "") -> EvalReport:
     """Ask ``backend`` every record (one at a time) and score the labelled questions.
 
+    Args:
+        by: also report every question per value of this record field (``source`` or ``fold``, see
+            :class:`~guard.compact.records.LabelledRecord`); ``""`` = not.
+
     Raises:
-        ValueError: when no record has a labelled question.
+        ValueError: when no record has a labelled question, or ``by`` is not ``source``, ``fold`` or ``""``.
     """
+    if by not in ("", "source", "fold"):
+        raise ValueError(f"by must be 'source' or 'fold', got {by!r}")
     per_question: dict[str, tuple[QuestionV1, list[list[float]], list[int]]] = {}
+    per_group: dict[tuple[str, str], tuple[QuestionV1, list[list[float]], list[int]]] = {}
     latencies: list[float] = []
     report = EvalReport(backend=getattr(backend, "name", type(backend).__name__),
                         model_revision=str(getattr(backend, "model_revision", "")), records=len(records), refused=0)
@@ -180,9 +191,13 @@ async def evaluate_backend(backend: Any, records: Sequence[LabelledRecord], *, t
             question = record.request.question(qid)
             answer = response.answers[qid]
             prompt_ids = [option_id for option_id, _ in question.options()]
-            bucket = per_question.setdefault(qid, (question, [], []))
-            bucket[1].append([float(answer.probabilities[option_id]) for option_id in prompt_ids])
-            bucket[2].append(target)
+            probabilities = [float(answer.probabilities[option_id]) for option_id in prompt_ids]
+            buckets = [per_question.setdefault(qid, (question, [], []))]
+            if by:
+                buckets.append(per_group.setdefault((getattr(record, by) or "-", qid), (question, [], [])))
+            for bucket in buckets:
+                bucket[1].append(probabilities)
+                bucket[2].append(target)
         if progress:
             progress(1)
     if not per_question and not report.refused:
@@ -191,6 +206,11 @@ async def evaluate_backend(backend: Any, records: Sequence[LabelledRecord], *, t
         option_ids = [option_id for option_id, _ in question.options()]
         report.questions.append(question_metrics(qid, question.type, option_ids, probs, targets, tpr=tpr,
                                                  oos_label=oos_label))
+    report.by = by
+    for (group, qid), (question, probs, targets) in sorted(per_group.items()):
+        option_ids = [option_id for option_id, _ in question.options()]
+        report.groups.setdefault(group, []).append(question_metrics(qid, question.type, option_ids, probs, targets,
+                                                                    tpr=tpr, oos_label=oos_label))
     if latencies:
         values = np.asarray(latencies)
         report.latency_ms = {f"p{q}_ms": float(np.percentile(values, q)) for q in (50, 95, 99)}
@@ -198,12 +218,15 @@ async def evaluate_backend(backend: Any, records: Sequence[LabelledRecord], *, t
 
 
 def format_table(report: EvalReport) -> str:
-    """A plain-text table of the report (one row per question)."""
+    """A plain-text table of the report (one row per question, then one per question and group when grouped)."""
     columns = ["question", "type", "n", "acc", "macro_f1", "auroc", "fpr@tpr", "ece", "brier", "spearman",
                "in_scope", "oos_rec"]
+    if report.by:
+        columns.insert(1, report.by)
     rows = []
-    for m in report.questions:
-        rows.append([m.question_id, m.type, str(m.n)] + [
+    listed = [("all", m) for m in report.questions] + [(g, m) for g, ms in report.groups.items() for m in ms]
+    for group, m in listed:
+        rows.append([m.question_id, *([group] if report.by else []), m.type, str(m.n)] + [
             "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
             for v in (m.accuracy, m.macro_f1, m.auroc, m.fpr_at_tpr, m.ece, m.brier, m.spearman,
                       m.in_scope_accuracy, m.oos_recall)

@@ -1,44 +1,31 @@
-"""The compact model's head: Clef's joint schema head, fed by late interaction instead of one prompt.
+"""The catalog head: the encoder's last layer, fine-tuned, plus one small pooling head per catalog question.
 
-Clef (``shared/design/clef-runtime.md`` §3) reads one prompt that holds the state and the schema. Here the state and
-each question and option are encoded **separately** by the frozen sentence encoder (late interaction), and the head
-reads them together:
+The compact model scores a state window by window (see ``guard/compact/model.py``). For every window the frozen
+lower layers of all-MiniLM-L6-v2 give hidden states; :class:`CatalogHead` runs its own copy of the **last encoder
+layer** (fine-tuned jointly with the heads by ``guard train``) and then, per question, pools the window's token
+states two ways and maps them to that question's option logits:
 
-* memory ``M`` = ``memory_projection(hidden_norm([state rows ; question rows]))`` plus a learned segment
-  embedding (state vs question): the positions every option and every field attend to (§3.2 steps 2, 8, 13). Rows
-  are token states mean-pooled over runs of ``memory_pool`` tokens (:func:`pool_rows`, 8 in the shipped model),
-  which keeps the head's cost low for long states;
-* global vector ``g`` = mean of the normed state tokens (Clef: the last prompt token, step 3);
-* question vector ``q_j`` = mean of the normed tokens of the question's instructions (step 4);
-* option context ``c_k`` = mean of the normed tokens of the rendered option object ``{"description":…,
-  "option_id":…}``, and option lexical vector ``ℓ_k`` = mean of the encoder's input word-piece embeddings of those
-  tokens (Clef: LM-head rows, step 6).
+* ``mean``: the masked mean of the token states (the sentence embedding all-MiniLM-L6-v2 was trained for);
+* ``attention``: a softmax over tokens of ``h_t · q / sqrt(H)`` with a learned query ``q`` per question, so a few
+  tokens (one injected sentence) can carry the window however long the benign text around them is;
+* ``logits = W_q · LayerNorm([mean ; attention]) + b_q``, options beyond a question's count masked with ``-inf``.
 
-From there the steps are Clef's (7 to 16): option queries, evidence routing, option summary, the joint field decoder,
-``field_norm``, and the prior + gated joint + residual scorer. The module subclasses :class:`JointSchemaHead`, so every
-parameter has the release's name; the only addition is ``memory_segment_embedding``. Unlike the reference the
-forward pass is batched: padding is masked with key-padding masks, which for one unpadded record gives the per-record
-computation.
-
-Shapes: B records, Ls state tokens, Q questions, Lq question tokens, K options, Lo option tokens, H encoder width
-(384), W head width.
+Shapes: N windows, L tokens, H = 384, Q questions, K = most options of any question.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from guard.clef.head import LOGIT_SCALE_MAX, JointHeadConfig, JointSchemaHead
+from guard.compact.encoder import attention_bias
 
-__all__ = ["CompactHead", "HeadInputs", "masked_mean", "pool_rows"]
-
-#: Rows of ``memory_segment_embedding``: 0 = state token, 1 = question token.
-MEMORY_SEGMENTS = 2
+__all__ = ["CatalogHead", "masked_mean", "pool_rows"]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -61,121 +48,51 @@ def pool_rows(rows: torch.Tensor, pool: int) -> torch.Tensor:
     return torch.cat(parts, 0)
 
 
-@dataclass(frozen=True)
-class HeadInputs:
-    """Padded encoder outputs for a batch of records (float tensors in the head's dtype, masks ``bool``).
-
-    Questions are stored once per distinct question (``U`` of them) and referenced by index, so a batch that asks
-    the same question of every record normalises and pools its tokens once.
-
-    Attributes:
-        state: ``(B, Ls, H)`` state rows; ``state_mask`` ``(B, Ls)``.
-        question_index: ``(B, Q)`` int64 index into the distinct questions (0 for padding).
-        question_mask: ``(B, Q)`` true for real questions (every record has at least one).
-        question_tokens: ``(U, Lq, H)``; ``question_token_mask`` ``(U, Lq)``: pooled into the question vector.
-        question_rows: ``(U, Lr, H)`` the question's memory rows (its tokens mean-pooled like the state's);
-            ``question_row_mask`` ``(U, Lr)``.
-        question_type: ``(U,)`` int64, 0 noul, 1 choice, 2 score.
-        option_tokens: ``(U, K, Lo, H)``; ``option_token_mask`` ``(U, K, Lo)``.
-        option_lexical: ``(U, K, H)`` mean word-piece embedding of each option.
-        option_mask: ``(U, K)`` true for real options.
-    """
-
-    state: torch.Tensor
-    state_mask: torch.Tensor
-    question_index: torch.Tensor
-    question_mask: torch.Tensor
-    question_tokens: torch.Tensor
-    question_token_mask: torch.Tensor
-    question_rows: torch.Tensor
-    question_row_mask: torch.Tensor
-    question_type: torch.Tensor
-    option_tokens: torch.Tensor
-    option_token_mask: torch.Tensor
-    option_lexical: torch.Tensor
-    option_mask: torch.Tensor
-
-
-class CompactHead(JointSchemaHead):
-    """Clef's joint schema head read over separately encoded state, questions and options.
+class CatalogHead(nn.Module):
+    """The fine-tuned last encoder layer and one pooling head per question.
 
     Args:
-        config: the head hyper-parameters (``hidden_size`` is the encoder width).
+        layer: the encoder's last ``BertLayer`` (copied; the copy is trained).
+        options: option count per question, in head order.
+        hidden: the encoder width (384).
     """
 
-    def __init__(self, config: JointHeadConfig) -> None:
-        super().__init__(config)
-        self.memory_segment_embedding = nn.Embedding(MEMORY_SEGMENTS, config.width)
+    def __init__(self, layer: nn.Module, options: Sequence[int], hidden: int = 384) -> None:
+        super().__init__()
+        self.top = copy.deepcopy(layer).float()
+        self.options = list(options)
+        count, width = len(self.options), max(self.options)
+        self.query = nn.Parameter(torch.zeros(count, hidden))
+        self.norm = nn.LayerNorm(2 * hidden)
+        self.weight = nn.Parameter(torch.randn(count, 2 * hidden, width) * (2 * hidden) ** -0.5)
+        self.bias = nn.Parameter(torch.zeros(count, width))
+        valid = torch.zeros(count, width, dtype=torch.bool)
+        for q, k in enumerate(self.options):
+            valid[q, :k] = True
+        self.register_buffer("valid", valid, persistent=False)
 
-    def forward_batch(self, inputs: HeadInputs) -> torch.Tensor:
-        """Score every option of every question.
+    def encode(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The last layer: ``(N, L, H)`` states below it and ``(N, L)`` bool mask -> ``(N, L, H)`` float32."""
+        top_dtype = next(self.top.parameters()).dtype
+        x = hidden.to(top_dtype)
+        out = self.top(x, attention_mask=attention_bias(mask, top_dtype))
+        out = out[0] if isinstance(out, tuple) else out
+        return out.float()
 
-        Args:
-            inputs: the padded batch.
+    def score(self, states: torch.Tensor, mask: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+        """Option logits ``(N, K)`` of question index ``question`` ``(N,)`` for each window's ``states``."""
+        mean = masked_mean(states, mask)
+        scores = torch.einsum("nlh,nh->nl", states, self.query[question]) / math.sqrt(states.shape[-1])
+        weights = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1)
+        attended = torch.einsum("nl,nlh->nh", weights, states)
+        pooled = self.norm(torch.cat([mean, attended], dim=-1))
+        logits = torch.einsum("nd,ndk->nk", pooled, self.weight[question]) + self.bias[question]
+        return logits.masked_fill(~self.valid[question], -torch.inf)
 
-        Returns:
-            ``(B, Q, K)`` float32 logits; ``-inf`` at padded options (and everywhere in padded questions).
-        """
-        index, asked = inputs.question_index, inputs.question_mask  # (B, Q)
-        batch, questions = index.shape
-        options = inputs.option_mask.shape[1]
-        segment = self.memory_segment_embedding.weight  # (2, W)
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+        """``score(encode(hidden, mask), mask, question)``."""
+        return self.score(self.encode(hidden, mask), mask, question)
 
-        # Distinct questions first: normalise, pool and project their tokens once (U rows).
-        question_rows = self.hidden_norm(inputs.question_tokens)  # (U, Lq, H)
-        unique_questions = masked_mean(question_rows, inputs.question_token_mask)  # (U, H)
-        unique_contexts = masked_mean(self.hidden_norm(inputs.option_tokens), inputs.option_token_mask)  # (U, K, H)
-        unique_memory = self.memory_projection(self.hidden_norm(inputs.question_rows)) + segment[1]  # (U, Lr, W)
-
-        state = self.hidden_norm(inputs.state)  # (B, Ls, H)
-        question_memory = unique_memory[index].reshape(batch, -1, unique_memory.shape[-1])  # (B, Q*Lr, W)
-        question_memory_mask = (inputs.question_row_mask[index] & asked.unsqueeze(-1)).reshape(batch, -1)
-        memory = torch.cat([self.memory_projection(state) + segment[0], question_memory], dim=1)  # (B, Lm, W)
-        padding = ~torch.cat([inputs.state_mask, question_memory_mask], dim=1)  # (B, Lm)
-
-        global_vector = masked_mean(state, inputs.state_mask)  # (B, H)
-        question_vectors = unique_questions[index]  # (B, Q, H)
-        option_mask = inputs.option_mask[index] & asked.unsqueeze(-1)  # (B, Q, K)
-        lexical_raw = inputs.option_lexical[index]  # (B, Q, K, H)
-        option_vectors = (
-            self.option_context_projection(unique_contexts[index])
-            + self.option_lexical_projection(lexical_raw)
-            + self.option_question_projection(question_vectors).unsqueeze(2)
-        ).reshape(batch, questions * options, -1)  # (B, Q*K, W)
-        for layer in self.evidence_layers:  # Clef step 8, with key-padding masks for the batch
-            keys = layer.memory_norm(memory)  # (B, Lm, W)
-            attended, _ = layer.attention(
-                layer.query_norm(option_vectors), keys, keys, key_padding_mask=padding, need_weights=False
-            )
-            option_vectors = option_vectors + attended
-            option_vectors = option_vectors + layer.feedforward(layer.feedforward_norm(option_vectors))
-        routed = option_vectors.reshape(batch, questions, options, -1)  # (B, Q, K, W)
-
-        base = self.question_projection(question_vectors)  # (B, Q, W)
-        affinity = torch.einsum("bqkw,bqw->bqk", routed, base) / math.sqrt(self.config.width)
-        affinity = affinity.masked_fill(~option_mask, float("-inf"))
-        weights = torch.softmax(affinity.float(), dim=-1).nan_to_num(0.0).to(routed.dtype)  # (B, Q, K)
-        summaries = torch.einsum("bqk,bqkw->bqw", weights, routed)  # (B, Q, W)
-        fields_ = (
-            base
-            + self.option_summary_norm(summaries)
-            + self.global_projection(global_vector).unsqueeze(1)
-            + self.type_embedding(inputs.question_type[index])
-        )  # (B, Q, W)
-        for layer in self.layers:  # Clef step 13
-            fields_ = layer(fields_, memory, tgt_key_padding_mask=~asked, memory_key_padding_mask=padding)
-        fields_ = self.field_norm(fields_)  # (B, Q, W)
-
-        prior_scale = self.prior_logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
-        joint_scale = self.joint_logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
-        gate = torch.sigmoid(self.residual_gate)
-        anchor = F.normalize(question_vectors + global_vector.unsqueeze(1), dim=-1, eps=1e-12)  # (B, Q, H)
-        lexical = F.normalize(lexical_raw, dim=-1, eps=1e-12)  # (B, Q, K, H)
-        prior = prior_scale * torch.einsum("bqkh,bqh->bqk", lexical, anchor)
-        option_normed = self.option_norm(routed)  # (B, Q, K, W)
-        field = fields_.unsqueeze(2).expand_as(option_normed)  # (B, Q, K, W)
-        cosine = F.cosine_similarity(field, option_normed, dim=-1, eps=1e-8)  # (B, Q, K)
-        features = torch.cat([field, option_normed, field * option_normed, (field - option_normed).abs()], dim=-1)
-        residual = self.residual_scorer(features).squeeze(-1)  # (B, Q, K, 4W) -> (B, Q, K)
-        logits = (prior + gate * (joint_scale * cosine + residual)).float()
-        return logits.masked_fill(~option_mask, float("-inf"))
+    def config(self) -> dict[str, Any]:
+        """What :meth:`from_config` needs besides the encoder layer."""
+        return {"options": self.options, "hidden": int(self.query.shape[1])}

@@ -1,23 +1,31 @@
-"""The compact decision model: frozen MiniLM encoder + a head from Clef's parts, answering System One requests.
+"""The compact decision model: MiniLM with a fine-tuned last layer and per-question heads, answering System One
+requests for the catalog questions (``kind="catalog"``), or a router head over frozen token states
+(``kind="router"``).
 
-A checkpoint directory holds (release layout, ``shared/design/clef-runtime.md`` §1.2):
+A checkpoint directory holds:
 
-* ``joint_head_config.json``: the head sizes (:class:`~guard.clef.head.JointHeadConfig`, ``hidden_size`` 384);
-* ``joint_head.safetensors``: the head weights (bf16 on disk, run in float32);
-* ``compact_config.json``: ``format``, ``kind`` (``catalog`` = :class:`~guard.compact.head.CompactHead` answering
-  catalog questions, ``router`` = :class:`~guard.compact.router.RouterHead` answering one ``choice`` question over
-  fixed labels), the reference to the encoder (name, package, windows), and per question its canonical wording,
-  options and calibration temperature.
+* ``compact_config.json``: ``format``, ``kind``, the reference to the encoder (name, package, windows), and per
+  question its canonical wording, options and calibration temperature; for a catalog model also the head's layout
+  (question order, option counts);
+* catalog: ``catalog_head.safetensors``: the fine-tuned last encoder layer and the question heads (bf16 on disk);
+* router: ``joint_head_config.json`` + ``joint_head.safetensors`` (:class:`~guard.compact.router.RouterHead`).
 
-The encoder runs in bf16 where the CPU supports it (:func:`~guard.compact.encoder.default_dtype`), else float32.
-Probabilities are ``softmax(logits / T)`` per question with the question's fitted temperature ``T``, read out by
-:func:`guard.systemone.answer_question`.
+**Catalog answers.** What the model reads of the state depends on the question (:func:`state_text`): the text only
+for the untrusted-text questions, the whole rendered state for pairs. That text is cut into overlapping windows
+(``encoder.config``: 128 word pieces with 48 shared by neighbours in the shipped model, so any sentence of up to 48
+pieces lies whole inside one window); every window is scored and the window most in favour of the question's
+``risky`` option answers (:func:`pick_window`): one attack sentence decides however much benign text surrounds it.
+Probabilities are ``softmax(logits / T)`` with the question's temperature, capped on text the model cannot read
+(:mod:`guard.compact.competence`), and read out by :func:`guard.systemone.answer_question`.
+
+The encoder runs in bf16 where the CPU supports it (:func:`~guard.compact.encoder.default_dtype`), else float32; the
+fine-tuned layer runs in the encoder's dtype, the heads in float32.
 """
 
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +35,19 @@ import torch
 
 from guard.clef.encoding import render
 from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig
-from guard.compact._batch import QuestionEncoding, collate, option_texts, question_text, type_id
-from guard.compact.catalog import CATALOG
-from guard.compact.encoder import ENCODER_NAME, ENCODER_PACKAGE, EncodedText, EncoderConfig, TextEncoder
-from guard.compact.head import CompactHead, pool_rows
+from guard.compact.catalog import CATALOG, CatalogQuestion
+from guard.compact.competence import SAFE_CAP, Competence, assess
+from guard.compact.encoder import (
+    ENCODER_NAME,
+    ENCODER_PACKAGE,
+    EncodedText,
+    EncoderConfig,
+    TextEncoder,
+    WindowStates,
+)
+from guard.compact.head import CatalogHead, pool_rows
 from guard.compact.router import RouterHead
+from guard.subject import body_strings
 from guard.systemone import (
     AnswerV1,
     ConfidenceProfile,
@@ -51,16 +67,101 @@ __all__ = [
     "CompactResponseV1",
     "CompactUsageV1",
     "ModelQuestion",
+    "pick_window",
+    "state_text",
 ]
 
 COMPACT_CONFIG_FILE = "compact_config.json"
-FORMAT = "guard-compact/1"
+CATALOG_WEIGHTS_FILE = "catalog_head.safetensors"
+FORMAT = "guard-compact/2"
 #: The ``model`` of every compact response: the model that answered, not the name the request asked for (a
 #: policy's default ``clef-flash`` would otherwise be recorded for answers Clef never gave).
 MODEL_NAME = "guard-compact"
-_QUESTION_CACHE = 256
 #: Default run length of state token states mean-pooled into one memory row (see ``guard/compact/head.py``).
 DEFAULT_MEMORY_POOL = 8
+
+
+#: Longest single-token line the ``text`` view treats as metadata (see ``_METADATA_RE``).
+METADATA_CHARS = 40
+#: A metadata line: one token of at most METADATA_CHARS characters that is an HTTP method, a chat role, or an
+#: identifier with a digit or one of ``/ - _ . :`` (a route, an id, a model name); plain words are kept.
+_METADATA_RE = re.compile(
+    r"|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|user|assistant|system|tool|developer)"
+    rf"|(?=[\w./:-]{{1,{METADATA_CHARS}}}$)[\w./:-]*[\d/_.:-][\w./:-]*"
+)
+
+
+def state_text(state: Any, view: str) -> str:
+    """What a catalog question reads of ``state``.
+
+    ``view="json"``: the state rendered as Clef does (strings raw, JSON compact and key-sorted). ``view="text"``: the
+    lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
+    identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
+    single-token routes, ids and model names of at most :data:`METADATA_CHARS` characters) whenever other lines
+    remain, so metadata next to the text do not move the answer, whether they come as fields or joined into one
+    text (a policy's ``body_text``).
+    """
+    if view != "text":
+        return render(state)
+    lines = [line for s in ([state] if isinstance(state, str) else body_strings(state)) for line in s.split("\n")]
+    texts = [line for line in lines if not _METADATA_RE.fullmatch(line.strip())]
+    return "\n".join(texts if texts else lines)
+
+
+_SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
+#: Sentences of fewer words are joined to the next one (headings, list markers, "Hi,").
+MIN_SENTENCE_WORDS = 3
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` cut after ``.``, ``!``, ``?`` or ``;`` followed by whitespace and at line breaks; fragments of fewer
+    than :data:`MIN_SENTENCE_WORDS` words are joined to the next sentence. Never empty."""
+    out: list[str] = []
+    pending = ""
+    for piece in _SENTENCE_RE.split(text):
+        piece = piece.strip()
+        if not piece:
+            continue
+        pending = f"{pending} {piece}" if pending else piece
+        if len(pending.split()) >= MIN_SENTENCE_WORDS:
+            out.append(pending)
+            pending = ""
+    if pending:
+        if out:
+            out[-1] = f"{out[-1]} {pending}"
+        else:
+            out.append(pending)
+    return out or [text]
+
+
+def _stack(parts: Sequence[WindowStates], tokens: int) -> WindowStates:
+    """The windows of several segments as one padded batch (``tokens`` = the whole text's word pieces)."""
+    width = max(p.hidden.shape[1] for p in parts)
+    count = sum(p.windows for p in parts)
+    hidden = parts[0].hidden.new_zeros(count, width, parts[0].hidden.shape[-1])
+    mask = torch.zeros(count, width, dtype=torch.bool)
+    row = 0
+    for p in parts:
+        hidden[row : row + p.windows, : p.hidden.shape[1]] = p.hidden
+        mask[row : row + p.windows, : p.hidden.shape[1]] = p.mask
+        row += p.windows
+    return WindowStates(hidden, mask, tokens, 0)
+
+
+def pick_window(logits: torch.Tensor, entry: CatalogQuestion | None) -> int:
+    """The window that answers for a whole state, from its windows' logits ``(W, K)`` (prompt option order).
+
+    For a noul question the window with the highest margin of the catalog entry's ``risky`` option over the other
+    (an attack in any window decides); for a score question the window with the highest expected level.
+    """
+    if logits.shape[0] == 1:
+        return 0
+    if entry is None or entry.risky is None:
+        valid = torch.isfinite(logits[0])
+        p = torch.softmax(logits[:, valid], -1)
+        return int((p * torch.arange(p.shape[1], dtype=p.dtype)).sum(-1).argmax())
+    risky = 0 if entry.risky == "true" else 1  # noul prompt order: true, false
+    return int((logits[:, risky] - logits[:, 1 - risky]).argmax())
 
 
 @dataclass(frozen=True)
@@ -89,7 +190,7 @@ class ModelQuestion:
     def to_question(self) -> QuestionV1:
         return QuestionV1(self.id, self.type, self.instructions, self.criteria)
 
-    def mismatch(self, question: QuestionV1, *, accept_paraphrases: bool) -> str | None:
+    def mismatch(self, question: QuestionV1) -> str | None:
         """``None`` when this checkpoint can answer ``question`` as calibrated, else why not."""
         if question.type != self.type:
             return f"its type is {question.type!r} but the model answers it as {self.type!r}"
@@ -97,16 +198,11 @@ class ModelQuestion:
             asked, trained = set(question.option_ids()), set(self.labels)
             if asked != trained:
                 return _label_mismatch(sorted(asked - trained), sorted(trained - asked), len(trained))
-            if not accept_paraphrases and question.instructions not in (None, "", self.id, self.instructions):
+            if question.instructions not in (None, "", self.id, self.instructions):
                 return "its instructions differ from the trained wording"
             return None
         entry = CATALOG.get(self.id)
-        if entry is not None:
-            reason = entry.matches(question)
-            if reason and accept_paraphrases and question.type == entry.type:
-                return None if len(question.options()) == len(entry.to_question().options()) else reason
-            return reason
-        return None
+        return entry.matches(question) if entry is not None else None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"type": self.type, "instructions": self.instructions, "criteria": self.criteria,
@@ -123,11 +219,12 @@ class CompactUsageV1(UsageV1):
     """Usage of one compact answer. ``input_tokens`` counts every encoded token (state windows incl. ``[CLS]``/
     ``[SEP]``, question and option texts); ``state_tokens`` the state's word pieces; ``state_tokens_dropped`` those
     cut from the middle of a state longer than the encoder's ``max_tokens`` (0 unless something was cut);
-    ``windows`` the encoder windows the state took."""
+    ``windows`` the encoder windows the state took; ``out_of_competence`` 1 when the model could not read the text
+    (:mod:`guard.compact.competence`), with ``competence`` saying why (``language:<code>`` or ``non_text``)."""
 
     state_tokens: int = 0
-    state_tokens_dropped: int = 0
     windows: int = 0
+    competence: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,6 +240,9 @@ class CompactResponseV1(SystemOneResponseV1):
         body["usage"]["windows"] = self.usage.windows
         if self.usage.state_tokens_dropped:
             body["usage"]["state_tokens_dropped"] = self.usage.state_tokens_dropped
+        if self.usage.out_of_competence:
+            body["usage"]["out_of_competence"] = self.usage.out_of_competence
+            body["usage"]["competence"] = self.usage.competence
         return body
 
 
@@ -150,18 +250,18 @@ class CompactModel:
     """Encoder + head + the questions they answer.
 
     Args:
-        encoder: the loaded text encoder.
-        head: a :class:`CompactHead` (``kind="catalog"``) or :class:`RouterHead` (``kind="router"``), float32.
-        questions: the answerable questions by id.
+        encoder: the loaded text encoder (its window settings are the model's).
+        head: a :class:`CatalogHead` (``kind="catalog"``) or :class:`RouterHead` (``kind="router"``).
+        questions: the answerable questions by id; a catalog head scores them in this order.
         kind: ``"catalog"`` or ``"router"``.
         meta: free-form training metadata kept in ``compact_config.json``.
-        memory_pool: state token states mean-pooled per memory row.
+        memory_pool: a router's state token states mean-pooled per memory row.
     """
 
     def __init__(
         self,
         encoder: TextEncoder,
-        head: CompactHead | RouterHead,
+        head: CatalogHead | RouterHead,
         questions: dict[str, ModelQuestion],
         *,
         kind: str,
@@ -170,71 +270,44 @@ class CompactModel:
     ) -> None:
         if memory_pool < 1:
             raise ValueError(f"memory_pool must be at least 1, got {memory_pool}")
-        self.memory_pool = memory_pool
         if kind not in ("catalog", "router"):
             raise ValueError(f"kind must be 'catalog' or 'router', got {kind!r}")
+        self.memory_pool = memory_pool
         self.encoder = encoder
         self.head = head.eval()
         self.questions = dict(questions)
         self.kind = kind
         self.meta = dict(meta or {})
-        self._question_cache: OrderedDict[tuple[str, ...], QuestionEncoding] = OrderedDict()
+        self._order = {qid: n for n, qid in enumerate(self.questions)}
 
     # ---------------------------------------------------------------------------------------------------- encoding
     def encode_states(self, states: Sequence[Any]) -> list[EncodedText]:
-        """Encode request states (rendered as in Clef §2.1) in overlapping windows."""
+        """Encode request states (rendered as in Clef §2.1) in overlapping windows (a router's input)."""
         return self.encoder.encode([render(state) for state in states])
 
-    def encode_question(self, question: QuestionV1) -> QuestionEncoding:
-        """Encode a question's wording and options (LRU-cached by their texts)."""
-        texts = [question_text(question), *option_texts(question)]
-        key = (question.type, *texts)
-        cached = self._question_cache.get(key)
-        if cached is not None:
-            self._question_cache.move_to_end(key)
-            return cached
-        encoded = self.encoder.encode(texts)
-        embedding = self.encoder.word_embeddings
-        with torch.inference_mode():
-            lexical = torch.stack([embedding[e.token_ids].float().mean(0) for e in encoded[1:]])
-        result = QuestionEncoding(
-            type_id=type_id(question),
-            tokens=encoded[0].states.float(),
-            options=tuple(e.states.float() for e in encoded[1:]),
-            lexical=lexical,
-            option_ids=tuple(option_id for option_id, _ in question.options()),
-        )
-        self._question_cache[key] = result
-        while len(self._question_cache) > _QUESTION_CACHE:
-            self._question_cache.popitem(last=False)
-        return result
-
     # ----------------------------------------------------------------------------------------------------- scoring
-    def logits(self, states: Sequence[EncodedText], questions: Sequence[Sequence[QuestionV1]]) -> list[list[torch.Tensor]]:
-        """Uncalibrated logits per record, per question, in prompt option order (float32 1-D tensors).
+    def window_logits(self, text: str, question_ids: Sequence[str], *, sentences: bool = False
+                      ) -> tuple[list[torch.Tensor], Any]:
+        """Catalog: uncalibrated logits ``(segments, K)`` of every segment of ``text`` for each question, and the
+        :class:`~guard.compact.encoder.WindowStates` that were scored (token counts in ``tokens``/``dropped``).
 
-        A catalog head scores each question of a record in its own row of the batch (the record's state memory
-        shared, one question per row): the head was trained and calibrated on one question at a time, so an answer
-        never depends on which other questions a request asks with it.
+        A segment is a window of the text; with ``sentences`` a text longer than one window is scored sentence by
+        sentence instead (:func:`split_sentences`, each sentence windowed on its own when it is longer than a
+        window), so one sentence is read with no more context than it has alone and the answer cannot be diluted.
         """
-        rows = [pool_rows(s.states.float(), self.memory_pool) for s in states]
+        assert isinstance(self.head, CatalogHead)
+        ids = len(self.encoder.token_ids(text))
+        if sentences and self.encoder.config.chunk < ids <= self.encoder.config.max_tokens:
+            windows = _stack(self.encoder.encode_windows(split_sentences(text)), ids)
+        else:
+            (windows,) = self.encoder.encode_windows([text])
         with torch.inference_mode():
-            if isinstance(self.head, RouterHead):
-                width = max(r.shape[0] for r in rows)
-                state = torch.zeros(len(rows), width, rows[0].shape[-1])
-                mask = torch.zeros(len(rows), width, dtype=torch.bool)
-                for b, r in enumerate(rows):
-                    state[b, : r.shape[0]] = r
-                    mask[b, : r.shape[0]] = True
-                out = self.head(state, mask)
-                return [[out[b] for _ in qs] for b, qs in enumerate(questions)]
-            pairs = [(b, self.encode_question(self.canonical(q))) for b, qs in enumerate(questions) for q in qs]
-            inputs = collate([rows[b] for b, _ in pairs], [[enc] for _, enc in pairs], torch.float32, self.memory_pool)
-            out = self.head.forward_batch(inputs)  # (B*Q, 1, K): one question per row
-        per_record: list[list[torch.Tensor]] = [[] for _ in questions]
-        for row, (b, enc) in enumerate(pairs):
-            per_record[b].append(out[row, 0, : len(enc.options)])
-        return per_record
+            states = self.head.encode(windows.hidden, windows.mask)
+            out = []
+            for qid in question_ids:
+                index = torch.full((windows.windows,), self._order[qid], dtype=torch.long)
+                out.append(self.head.score(states, windows.mask, index))
+        return out, windows
 
     def canonical(self, question: QuestionV1) -> QuestionV1:
         """``question`` with its trained wording when it gives none (instructions missing, empty or the bare id)."""
@@ -246,9 +319,9 @@ class CompactModel:
     def probabilities(self, question: QuestionV1, logits: torch.Tensor) -> list[float]:
         """Calibrated probabilities in prompt order: ``softmax(logits / T)`` with the question's temperature."""
         known = self.questions.get(question.id)
+        values = logits[torch.isfinite(logits)].double()
         if known is None:
-            return torch.softmax(logits.double(), dim=-1).tolist()
-        values = logits.double()
+            return torch.softmax(values, dim=-1).tolist()
         if known.label_bias:
             ids = [option_id for option_id, _ in question.options()]
             values = values + torch.tensor([known.label_bias.get(i, 0.0) for i in ids], dtype=torch.float64)
@@ -258,44 +331,68 @@ class CompactModel:
         self, request: SystemOneRequestV1, *, confidence_profile: ConfidenceProfile = "reference"
     ) -> CompactResponseV1:
         """Answer every question of ``request`` (callers check support first, see the backend)."""
-        (state,) = self.encode_states([request.state])
-        (logits,) = self.logits([state], [list(request.questions)])
+        if self.kind == "router":
+            return self._route(request, confidence_profile)
+        texts: dict[str, list[QuestionV1]] = {}  # questions that read the same text share one encoder pass
+        for question in request.questions:
+            texts.setdefault(state_text(request.state, CATALOG[question.id].view), []).append(question)
+        competence = assess(state_text(request.state, "text"))
         answers: dict[str, AnswerV1] = {}
-        question_tokens = 0
-        for question, values in zip(request.questions, logits, strict=True):
-            answers[question.id] = answer_question(
-                question, self.probabilities(question, values), confidence_profile=confidence_profile
-            )
-            if self.kind == "catalog":
-                encoding = self.encode_question(self.canonical(question))
-                question_tokens += encoding.tokens.shape[0] + sum(o.shape[0] for o in encoding.options)
+        tokens = dropped = windows_run = read = 0
+        for text, questions in texts.items():
+            sentences = any(CATALOG[q.id].view == "text" for q in questions)
+            logits, windows = self.window_logits(text, [q.id for q in questions], sentences=sentences)
+            tokens, dropped = max(tokens, windows.tokens), max(dropped, windows.dropped)
+            windows_run += windows.windows
+            read += int(windows.mask.sum())
+            for question, rows in zip(questions, logits, strict=True):
+                entry = CATALOG[question.id]
+                probabilities = self.probabilities(question, rows[pick_window(rows, entry)])
+                if not competence.supported:
+                    probabilities = cap_safe(probabilities, question, entry)
+                answers[question.id] = answer_question(question, probabilities, confidence_profile=confidence_profile)
         usage = CompactUsageV1(
-            input_tokens=state.tokens - state.dropped + 2 * state.windows + question_tokens,
-            state_tokens=state.tokens,
-            state_tokens_dropped=state.dropped,
-            windows=state.windows,
+            input_tokens=read, state_tokens=tokens, state_tokens_dropped=dropped, windows=windows_run,
+            out_of_competence=0 if competence.supported else 1, competence=_competence_label(competence),
         )
+        ordered = {q.id: answers[q.id] for q in request.questions}
+        return CompactResponseV1(model=MODEL_NAME, answers=ordered, usage=usage)
+
+    def _route(self, request: SystemOneRequestV1, confidence_profile: ConfidenceProfile) -> CompactResponseV1:
+        assert isinstance(self.head, RouterHead)
+        (state,) = self.encode_states([request.state])
+        rows = pool_rows(state.states.float(), self.memory_pool)
+        with torch.inference_mode():
+            out = self.head(rows.unsqueeze(0), torch.ones(1, rows.shape[0], dtype=torch.bool))[0]
+        answers = {q.id: answer_question(q, self.probabilities(q, out), confidence_profile=confidence_profile)
+                   for q in request.questions}
+        usage = CompactUsageV1(input_tokens=state.tokens - state.dropped + 2 * state.windows,
+                               state_tokens=state.tokens, state_tokens_dropped=state.dropped, windows=state.windows)
         return CompactResponseV1(model=MODEL_NAME, answers=answers, usage=usage)
 
     # ---------------------------------------------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:
-        """Write the checkpoint directory (head weights in bf16)."""
+        """Write the checkpoint directory (weights in bf16)."""
         from safetensors.torch import save_file
 
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
-        config: JointHeadConfig = self.head.config
-        (root / HEAD_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
         tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.head.state_dict().items()}
-        save_file(tensors, str(root / HEAD_WEIGHTS_FILE))
-        body = {
+        body: dict[str, Any] = {
             "format": FORMAT,
             "kind": self.kind,
             "encoder": {"name": ENCODER_NAME, "package": ENCODER_PACKAGE, **self.encoder.config.to_json()},
-            "memory_pool": self.memory_pool,
-            "questions": {qid: q.to_json() for qid, q in self.questions.items()},
-            "meta": self.meta,
         }
+        if isinstance(self.head, CatalogHead):
+            save_file(tensors, str(root / CATALOG_WEIGHTS_FILE))
+            body["head"] = self.head.config()
+        else:
+            config: JointHeadConfig = self.head.config
+            (root / HEAD_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
+            save_file(tensors, str(root / HEAD_WEIGHTS_FILE))
+            body["memory_pool"] = self.memory_pool
+        body["questions"] = {qid: q.to_json() for qid, q in self.questions.items()}
+        body["meta"] = self.meta
         (root / COMPACT_CONFIG_FILE).write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         return root
 
@@ -307,7 +404,8 @@ class CompactModel:
 
         Args:
             path: the directory.
-            encoder: reuse an already loaded encoder (its window settings must match); else one is loaded.
+            encoder: reuse an already loaded encoder's weights (its window settings are replaced by the
+                checkpoint's); else one is loaded.
             dtype: encoder dtype; default :func:`~guard.compact.encoder.default_dtype`.
 
         Raises:
@@ -333,20 +431,50 @@ class CompactModel:
                                label_bias={k: float(v) for k, v in (q.get("label_bias") or {}).items()})
             for qid, q in body["questions"].items()
         }
-        head_config = JointHeadConfig.from_file(root / HEAD_CONFIG_FILE)
         kind = body.get("kind")
-        head: CompactHead | RouterHead
+        head: CatalogHead | RouterHead
         if kind == "catalog":
-            head = CompactHead(head_config)
+            layout = body["head"]
+            head = CatalogHead(encoder.model.encoder.layer[-1], layout["options"], int(layout["hidden"]))
+            weights = root / CATALOG_WEIGHTS_FILE
         elif kind == "router":
             (router,) = questions.values()
-            head = RouterHead(head_config, len(router.labels))
+            head = RouterHead(JointHeadConfig.from_file(root / HEAD_CONFIG_FILE), len(router.labels))
+            weights = root / HEAD_WEIGHTS_FILE
         else:
             raise ValueError(f"{root / COMPACT_CONFIG_FILE} has kind {kind!r}; expected 'catalog' or 'router'")
-        state = {k: v.float() for k, v in load_file(str(root / HEAD_WEIGHTS_FILE)).items()}
+        state = {k: v.float() for k, v in load_file(str(weights)).items()}
         head.load_state_dict(state, strict=True)
-        return cls(encoder, head.float(), questions, kind=kind, meta=body.get("meta"),
+        head = head.float()
+        if isinstance(head, CatalogHead):
+            head.top.to(encoder.dtype)
+        return cls(encoder, head, questions, kind=kind, meta=body.get("meta"),
                    memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)))
+
+
+def cap_safe(probabilities: list[float], question: QuestionV1, entry: CatalogQuestion) -> list[float]:
+    """``probabilities`` (prompt order) with the catalog entry's ``safe`` option capped at
+    :data:`~guard.compact.competence.SAFE_CAP`, the excess shared by the other options in proportion (evenly when
+    they hold nothing)."""
+    ids = [option_id for option_id, _ in question.options()]
+    safe = ids.index(entry.safe)
+    excess = probabilities[safe] - SAFE_CAP
+    if excess <= 0:
+        return probabilities
+    rest = sum(p for i, p in enumerate(probabilities) if i != safe)
+    out = []
+    for i, p in enumerate(probabilities):
+        if i == safe:
+            out.append(SAFE_CAP)
+        else:
+            out.append(p + excess * (p / rest if rest > 0 else 1.0 / (len(ids) - 1)))
+    return out
+
+
+def _competence_label(competence: Competence) -> str:
+    if competence.supported:
+        return ""
+    return f"language:{competence.language}" if competence.reason == "language" else competence.reason
 
 
 def _label_mismatch(untrained: list[str], missing: list[str], trained: int) -> str:

@@ -35,11 +35,15 @@ class LabelledRecord:
         request: the validated System One request (``reference`` profile).
         labels: question id -> label index in the question's **prompt** option order (§2.2).
         record_id: the line's ``id`` or ``<file>:<line>``.
+        source: the line's ``source`` (where the record came from; ``""`` when absent), for per-source reports.
+        fold: the line's ``fold`` (its leave-one-source-group-out fold; ``""`` when absent).
     """
 
     request: SystemOneRequestV1
     labels: dict[str, int]
     record_id: str
+    source: str = ""
+    fold: str = ""
 
 
 def label_index(question: QuestionV1, label: Any) -> int:
@@ -107,7 +111,8 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
                 raise ValueError(f"{where}: label for unknown question {qid!r}") from None
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from exc
-        out.append(LabelledRecord(request, labels, str(row.get("id", where))))
+        out.append(LabelledRecord(request, labels, str(row.get("id", where)), str(row.get("source") or ""),
+                                  str(row.get("fold") or "")))
     return out
 
 

@@ -1,14 +1,14 @@
-"""Training the compact model's head on labelled records (``guard train``).
+"""Training a router head on labelled records (``guard train --kind router``), and the loss and calibration
+helpers the catalog training (:mod:`guard.compact.finetune`) shares.
 
-The encoder stays frozen, so every state, question and option is encoded once (states through the on-disk
+The encoder stays frozen, so every state is encoded once (through the on-disk
 :class:`~guard.compact._cache.EmbeddingCache`) and each epoch only runs the head. The loss per question is
 label-smoothed cross-entropy plus a Brier term over its options (the Clef recipe, ``clef-runtime.md`` §1.7). Training
 is seeded (``torch``, Python ``random``), validates after every epoch, keeps the best epoch by validation loss and
 stops after ``patience`` epochs without improvement. Afterwards the head is rounded to bf16 (its on-disk dtype) and
 a temperature per question id is fitted on the validation records (:func:`fit_temperature`).
 
-Two kinds of head are trained: ``catalog`` (:class:`~guard.compact.head.CompactHead`, any questions) and ``router``
-(:class:`~guard.compact.router.RouterHead`, one choice question over fixed labels).
+The head is a :class:`~guard.compact.router.RouterHead`: one choice question over fixed labels.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from guard.clef.encoding import QUESTION_TYPE_IDS, render
+from guard.clef.encoding import render
 from guard.clef.head import JointHeadConfig
-from guard.compact._batch import QuestionEncoding, collate
 from guard.compact._cache import EmbeddingCache
-from guard.compact.catalog import CATALOG
 from guard.compact.encoder import TextEncoder
-from guard.compact.head import CompactHead, pool_rows
+from guard.compact.head import pool_rows
 from guard.compact.model import DEFAULT_MEMORY_POOL, CompactModel, ModelQuestion
 from guard.compact.records import LabelledRecord
 from guard.compact.router import RouterHead
@@ -36,16 +34,14 @@ from guard.compact.router import RouterHead
 __all__ = ["TrainConfig", "TrainReport", "fit_outside_bias", "fit_temperature", "soft_loss", "train"]
 
 ProgressFactory = Callable[..., Any]
-#: The head's type id of ``score`` questions (levels in option order).
-SCORE_TYPE = QUESTION_TYPE_IDS["score"]
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Training settings (defaults reproduce the shipped catalog model).
+    """Router training settings.
 
     Attributes:
-        kind: ``"catalog"`` or ``"router"``.
+        kind: ``"router"`` (the catalog model is trained by :mod:`guard.compact.finetune`).
         epochs: most epochs; ``patience`` epochs without a better validation loss stop early.
         batch_size, learning_rate, weight_decay: AdamW settings.
         label_smoothing: ε of the smoothed cross-entropy target ``(1-ε)·onehot + ε/K``.
@@ -60,7 +56,7 @@ class TrainConfig:
         outside_rate: see ``outside_label``.
     """
 
-    kind: str = "catalog"
+    kind: str = "router"
     epochs: int = 12
     patience: int = 3
     batch_size: int = 32
@@ -82,8 +78,8 @@ class TrainConfig:
     outside_rate: float = 0.03
 
     def __post_init__(self) -> None:
-        if self.kind not in ("catalog", "router"):
-            raise ValueError(f"kind must be 'catalog' or 'router', got {self.kind!r}")
+        if self.kind != "router":
+            raise ValueError(f"kind must be 'router' (catalog models: guard.compact.finetune), got {self.kind!r}")
         for name in ("epochs", "patience", "batch_size", "max_state_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -212,9 +208,7 @@ def train(
     rng = random.Random(config.seed)
     cache = cache or EmbeddingCache(encoder, None)
     questions: dict[str, ModelQuestion] = {}
-    labels: tuple[str, ...] = ()
-    if config.kind == "router":
-        labels = _router_labels(train_records)
+    labels = _router_labels(train_records)
     texts = sorted({render(r.request.state) for r in (*train_records, *val_records)})
     bar = progress(total=len(texts), desc="encoding states", unit="text") if progress else None
     states = cache.get(texts, progress=bar.update if bar else None)
@@ -224,13 +218,7 @@ def train(
     rows = [pool_rows(_cap(s.float(), config.max_state_tokens), config.memory_pool) for s in states]
 
     head_config = config.head_config(encoder.hidden_size)
-    head: CompactHead | RouterHead
-    if config.kind == "router":
-        head = RouterHead(head_config, len(labels))
-    else:
-        head = CompactHead(head_config)
-    model = CompactModel(encoder, head, {}, kind=config.kind, memory_pool=config.memory_pool)
-    encodings: dict[str, QuestionEncoding] = {}
+    head = RouterHead(head_config, len(labels))
 
     def examples(records: Sequence[LabelledRecord]) -> list[_Example]:
         out = []
@@ -238,14 +226,9 @@ def train(
             keys, targets = [], []
             for question in record.request.questions:
                 key = json_key(question)
-                if key not in encodings and config.kind == "catalog":
-                    encodings[key] = model.encode_question(question)
                 if question.id in record.labels:
                     keys.append(key)
-                    target = record.labels[question.id]
-                    if config.kind == "router":
-                        target = labels.index(question.options()[target][0])
-                    targets.append(target)
+                    targets.append(labels.index(question.options()[record.labels[question.id]][0]))
                 _remember(questions, question, labels)
             if keys:
                 out.append(_Example(index[render(record.request.state)], tuple(keys), tuple(targets)))
@@ -261,23 +244,15 @@ def train(
 
     def run(batch: Sequence[_Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         state_rows = [rows[e.state] for e in batch]
-        if config.kind == "router":
-            width = max(r.shape[0] for r in state_rows)
-            state = torch.zeros(len(batch), width, state_rows[0].shape[-1])
-            mask = torch.zeros(len(batch), width, dtype=torch.bool)
-            for b, r in enumerate(state_rows):
-                state[b, : r.shape[0]], mask[b, : r.shape[0]] = r, True
-            logits = head(state, mask)  # (B, K)
-            valid = torch.ones_like(logits, dtype=torch.bool)
-            target = torch.tensor([e.targets[0] for e in batch])
-            return logits, target, valid, torch.zeros(len(batch), dtype=torch.bool)
-        encs = [[encodings[k] for k in e.questions] for e in batch]
-        out = head.forward_batch(collate(state_rows, encs, torch.float32, config.memory_pool))  # (B, Q, K)
-        picks = [(b, j) for b, e in enumerate(batch) for j in range(len(e.questions))]
-        logits = torch.stack([out[b, j] for b, j in picks])  # (N, K)
-        target = torch.tensor([batch[b].targets[j] for b, j in picks])
-        ordinal = torch.tensor([encodings[batch[b].questions[j]].type_id == SCORE_TYPE for b, j in picks])
-        return logits, target, torch.isfinite(logits), ordinal
+        width = max(r.shape[0] for r in state_rows)
+        state = torch.zeros(len(batch), width, state_rows[0].shape[-1])
+        mask = torch.zeros(len(batch), width, dtype=torch.bool)
+        for b, r in enumerate(state_rows):
+            state[b, : r.shape[0]], mask[b, : r.shape[0]] = r, True
+        logits = head(state, mask)  # (B, K)
+        valid = torch.ones_like(logits, dtype=torch.bool)
+        target = torch.tensor([e.targets[0] for e in batch])
+        return logits, target, valid, torch.zeros(len(batch), dtype=torch.bool)
 
     for epoch in range(config.epochs):
         head.train()
@@ -317,7 +292,7 @@ def train(
     head.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in best_state.items()})
     head.eval()
     bias: dict[str, dict[str, float]] = {}
-    if config.kind == "router" and config.outside_label in labels and val_examples:
+    if config.outside_label in labels and val_examples:
         outside = labels.index(config.outside_label)
         zs, ys = _collect(head, val_examples, run)
         value = fit_outside_bias(zs, ys, outside, config.outside_rate)
@@ -326,7 +301,7 @@ def train(
     report.temperatures = _calibrate(head, val_examples, config, run, train_records, questions, bias)
     final = {qid: ModelQuestion(q.id, q.type, q.instructions, q.criteria, report.temperatures.get(qid, 1.0), q.labels,
                                 bias.get(qid, {}))
-             for qid, q in questions.items() if config.kind == "router" or qid in CATALOG or not qid.startswith("aux.")}
+             for qid, q in questions.items()}
     model = CompactModel(encoder, head, final, kind=config.kind, memory_pool=config.memory_pool,
                          meta={"train_config": asdict(config), "report": report.to_json()})
     return model, report
@@ -352,16 +327,9 @@ def json_key(question: Any) -> str:
 def _remember(questions: dict[str, ModelQuestion], question: Any, labels: tuple[str, ...]) -> None:
     if question.id in questions:
         return
-    entry = CATALOG.get(question.id)
-    if entry is not None:
-        questions[question.id] = ModelQuestion(entry.id, entry.type, entry.instructions,
-                                               list(entry.criteria) if entry.criteria else None)
-    else:
-        criteria = question.criteria
-        if labels:
-            criteria = {label: (question.criteria or {}).get(label) for label in labels}
-        questions[question.id] = ModelQuestion(question.id, question.type, str(question.instruction_value()),
-                                               criteria, labels=labels)
+    criteria = {label: (question.criteria or {}).get(label) for label in labels}
+    questions[question.id] = ModelQuestion(question.id, question.type, str(question.instruction_value()), criteria,
+                                           labels=labels)
 
 
 def _router_labels(records: Sequence[LabelledRecord]) -> tuple[str, ...]:
@@ -427,7 +395,7 @@ def _calibrate(head: torch.nn.Module, examples: Sequence[_Example], config: Trai
             qids = [_id_of(k, config) for e in batch for k in e.questions]
             for qid, z, m, y in zip(qids, logits, valid, target, strict=True):
                 bucket = per_id.setdefault(qid, ([], []))
-                if qid in bias and config.kind == "router":
+                if qid in bias:
                     z = z + torch.tensor([bias[qid].get(label, 0.0) for label in questions[qid].labels])
                 bucket[0].append(z[m])
                 bucket[1].append(int(y))

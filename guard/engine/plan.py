@@ -146,7 +146,7 @@ class Plan:
         entry.
 
         Sets ``flags["state_tokens_dropped"]`` first when the backend read only part of the state (the rules may act
-        on a partial read).
+        on a partial read), and ``flags["out_of_competence"]`` when it reports it could not read the state.
 
         When the rules read only the answers, ``data`` and ``flags``, the result is a pure function of those (CEL
         has no clock or randomness here), so it is kept in ``cached.memo`` and reused by later hits on the same cache
@@ -163,6 +163,8 @@ class Plan:
         dropped = getattr(response.usage, "state_tokens_dropped", 0)
         if isinstance(dropped, int) and dropped > 0:
             flags["state_tokens_dropped"] = dropped
+        if getattr(response.usage, "out_of_competence", 0):
+            flags["out_of_competence"] = 1
         if self.memo_flags is None:
             return self._outcome(response, subject=subject, state=state, flags=flags)
         memo_key = (id(self), tuple(sorted(flags.items())) if self.memo_flags else None)

@@ -51,9 +51,10 @@ __all__ = [
 
 #: Flags rules read as ``flags.<name>`` (``0`` when absent): the normalisation findings (:mod:`guard.policy.normalize`),
 #: ``truncated`` (state fields cut to their ``max_chars``) and ``state_tokens_dropped`` (state tokens the backend
-#: reported it did not read, ``usage.state_tokens_dropped``). A verdict also carries ``fail_open`` (rules never see it:
-#: they did not run).
-FLAG_NAMES = (*NORMALIZE_FLAG_NAMES, "truncated", "state_tokens_dropped")
+#: reported it did not read, ``usage.state_tokens_dropped``) and ``out_of_competence`` (the backend could not read the
+#: state: an unsupported language or non-text, ``usage.out_of_competence``). A verdict also carries ``fail_open``
+#: (rules never see it: they did not run).
+FLAG_NAMES = (*NORMALIZE_FLAG_NAMES, "truncated", "state_tokens_dropped", "out_of_competence")
 
 #: Top-level names every ``when`` may use besides question keys.
 RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data", "call", "result"})

@@ -72,6 +72,8 @@ def encode_checked(
         # Optional and only when non-zero: values without it read as 0, so the value version stays (a replica that
         # does not know the key ignores it).
         value["dropped"] = response.usage.state_tokens_dropped
+    if response.usage.out_of_competence > 0:
+        value["ooc"] = response.usage.out_of_competence
     return value, decode_answers(value, request)  # one shape check for fresh and cached answers
 
 
@@ -89,8 +91,8 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         raise MalformedAnswer("stored answers do not cover exactly the request's questions")
     if not isinstance(model, str) or not (isinstance(usage, list) and len(usage) == 2):
         raise MalformedAnswer("stored answers lack model or usage")
-    dropped = value.get("dropped", 0)
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (*usage, dropped)):
+    dropped, ooc = value.get("dropped", 0), value.get("ooc", 0)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (*usage, dropped, ooc)):
         raise MalformedAnswer("stored usage is not two token counts (and the dropped state tokens)")
     answers: dict[str, AnswerV1] = {}
     for question in request.questions:
@@ -131,6 +133,7 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
             question.id, "score", by_id, score=float(headline), confidence=float(conf), legend=legend
         )
     return SystemOneResponseV1(
-        model=model, answers=answers, usage=UsageV1(int(usage[0]), int(usage[1]), state_tokens_dropped=int(dropped))
+        model=model, answers=answers, usage=UsageV1(int(usage[0]), int(usage[1]), state_tokens_dropped=int(dropped),
+                                                   out_of_competence=int(ooc))
     )
 

@@ -548,11 +548,13 @@ def _answer_from_caller_order(
 class UsageV1:
     """Token usage: ``input_tokens`` = prompt length including media; ``output_tokens`` is 0 for Clef;
     ``state_tokens_dropped`` = state tokens the model did not read because the state was over its window (0 unless
-    the backend cut it; read from a response's ``usage`` when a server sends it)."""
+    the backend cut it; read from a response's ``usage`` when a server sends it); ``out_of_competence`` = 1 when the
+    model reports it could not read the state (an unsupported language or non-text; 0 otherwise)."""
 
     input_tokens: int
     output_tokens: int = 0
     state_tokens_dropped: int = 0
+    out_of_competence: int = 0
 
 
 @dataclass(frozen=True)
@@ -621,6 +623,7 @@ class SystemOneResponseV1:
             input_tokens=_as_int(usage_raw.get("input_tokens")),
             output_tokens=_as_int(usage_raw.get("output_tokens")),
             state_tokens_dropped=_as_int(usage_raw.get("state_tokens_dropped")),
+            out_of_competence=_as_int(usage_raw.get("out_of_competence")),
         )
         model = body.get("model")
         return cls(model=model if isinstance(model, str) else request.model, answers=answers, usage=usage)

@@ -49,11 +49,21 @@ def test_train_then_eval_a_router(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_train_catalog_records_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = write_jsonl(tmp_path / "t.jsonl", injection_records())
+    rows = [{**row, "source": f"src{n % 2}", "fold": f"f{n % 2}"} for n, row in enumerate(injection_records())]
+    data = write_jsonl(tmp_path / "t.jsonl", rows)
     out = tmp_path / "ck"
-    assert main(["train", str(data), "--out", str(out), "--epochs", "1", "--width", "32", "--no-cache",
+    assert main(["train", str(data), "--out", str(out), "--epochs", "1", "--fold-share", "1", "--window", "64",
+                 "--overlap", "16", "--no-progress"]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert trained["kind"] == "catalog" and set(trained["heldout"]["by_fold"]["guard.prompt_injection"]) == {"f0", "f1"}
+    assert (out / "catalog_head.safetensors").exists()
+    report_path = tmp_path / "report.json"
+    assert main(["eval", str(data), "--backend", f"compact:{out}", "--by", "source", "--json", str(report_path),
                  "--no-progress"]) == 0
-    assert json.loads(capsys.readouterr().out)["kind"] == "catalog"
+    assert "src0" in capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert report["by"] == "source" and set(report["groups"]) == {"src0", "src1"}
+    assert report["groups"]["src0"]["guard.prompt_injection"]["n"] == 8
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     assert main(["train", str(bad), "--out", str(out), "--no-progress"]) == 2

@@ -1,19 +1,17 @@
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from guard.compact.data import build_splits, jaccard_clusters, write_splits
+from guard.compact.catalog import CATALOG
+from guard.compact.data import FOLDS, build_splits, write_splits
+from guard.compact.model import state_text
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-
-
-def test_jaccard_clusters_join_near_duplicates() -> None:
-    a = "one two three four five six seven eight nine ten"
-    texts = [a, a + " eleven", "completely different words that share nothing with the others at all"]
-    ids = jaccard_clusters(texts)
-    assert ids[0] == ids[1] != ids[2]
 
 
 @pytest.fixture(scope="module")
@@ -21,30 +19,49 @@ def splits():  # type: ignore[no-untyped-def]
     return build_splits(DATA)
 
 
-def _texts(rows):  # type: ignore[no-untyped-def]
-    import json
-
-    return {json.dumps(r["state"], sort_keys=True) for r in rows}
-
-
-def test_no_state_is_on_both_sides(splits) -> None:  # type: ignore[no-untyped-def]
-    train = _texts(splits.train)
-    for name, rows in splits.test.items():
-        assert not train & _texts(rows), name
+def _question(row: dict[str, Any]) -> str:
+    (qid,) = row["questions"]
+    return qid
 
 
-def test_attack_near_duplicates_stay_on_one_side(splits) -> None:  # type: ignore[no-untyped-def]
-    def attacks(rows):  # type: ignore[no-untyped-def]
-        out = []
-        for r in rows:
-            if r["id"].startswith("attack:"):
-                s = r["state"]
-                out.append(s if isinstance(s, str) else str(s))
-        return out
+def test_twins_and_tasks_never_straddle_the_split(splits) -> None:  # type: ignore[no-untyped-def]
+    def groups(rows: list[dict[str, Any]]) -> set[str]:
+        return {r["id"].rsplit("-", 1)[0] for r in rows if "authored" in r["source"]}
 
-    train, test = attacks(splits.train), attacks(splits.test["prompt_injection"])
-    ids = jaccard_clusters(train + test)
-    assert not set(ids[: len(train)]) & set(ids[len(train):])
+    train = groups(splits.train)
+    for rows in splits.test.values():
+        assert not train & groups(rows)
+    tasks = {r["id"] for r in splits.train if r["source"].startswith("agentdojo")}
+    assert tasks  # the tool-call pairs are split by task; their ids name the pair, not the task
+    assert "guard.tool_call_serves_task" in {_question(r) for r in splits.test["tool_call_serves_task"]}
+
+
+def test_every_source_of_a_question_is_in_one_named_fold(splits) -> None:  # type: ignore[no-untyped-def]
+    rows = [*splits.train, *splits.val, *(r for rs in splits.test.values() for r in rs)]
+    folds: dict[tuple[str, str], set[str]] = {}
+    for row in rows:
+        folds.setdefault((_question(row), row["source"]), set()).add(row["fold"])
+    for (qid, source), names in folds.items():
+        assert len(names) == 1 or qid in ("guard.refusal", "guard.harm_severity"), (qid, source, names)
+        if FOLDS[qid] and qid != "guard.harm_severity":
+            assert any(source == s or s.startswith(source + ":") or source.startswith(s)
+                       for sources in FOLDS[qid].values() for s in sources), (qid, source)
+    per_question = Counter((_question(r), r["fold"]) for r in rows)
+    for qid in CATALOG:
+        assert {f for q, f in per_question if q == qid} == {"f0", "f1", "f2", "f3", "f4"}, qid
+
+
+def test_metadata_fields_are_on_both_classes(splits) -> None:  # type: ignore[no-untyped-def]
+    with_route = Counter(
+        r["labels"][_question(r)] for r in splits.train
+        if _question(r) == "guard.prompt_injection" and isinstance(r["state"], dict) and "route" in r["state"]
+    )
+    assert with_route["true"] > 50 and with_route["false"] > 50
+
+
+def test_the_text_view_of_every_record_is_nonempty(splits) -> None:  # type: ignore[no-untyped-def]
+    for row in splits.train[:2000]:
+        assert state_text(row["state"], CATALOG[_question(row)].view).strip()
 
 
 def test_splits_are_deterministic_and_written(splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -52,22 +69,7 @@ def test_splits_are_deterministic_and_written(splits, tmp_path: Path) -> None:  
     assert [r["id"] for r in again.train] == [r["id"] for r in splits.train]
     counts = write_splits(splits, tmp_path)
     assert counts["train.jsonl"] == len(splits.train)
-    assert (tmp_path / "test" / "prompt_injection.jsonl").exists()
+    first = json.loads((tmp_path / "train.jsonl").read_text().split("\n", 1)[0])
+    assert {"id", "state", "questions", "labels", "source", "fold"} <= set(first)
     assert {"prompt_injection", "harmful_request", "harm_severity", "tool_call_serves_task", "refusal",
             "prompt_injection_long"} <= set(splits.test)
-
-
-def test_clusters_do_not_depend_on_the_hash_seed() -> None:
-    import subprocess
-    import sys
-
-    code = ("import json; from pathlib import Path; from guard.compact.data import jaccard_clusters; "
-            "rows = [json.loads(l) for l in open(Path('data/jailbreak/inthewild.jsonl'))][:150]; "
-            "print(jaccard_clusters([r['text'] for r in rows]))")
-    root = Path(__file__).resolve().parents[2]
-    outputs = {
-        subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONHASHSEED": seed, "PATH": ""},
-                       capture_output=True, text=True, check=True).stdout
-        for seed in ("1", "2")
-    }
-    assert len(outputs) == 1

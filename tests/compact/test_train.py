@@ -31,29 +31,15 @@ def test_fit_temperature_softens_overconfident_logits() -> None:
     assert float(p) == pytest.approx(0.75, abs=0.02)
 
 
-def _train(encoder: Any, tmp_path: Path, epochs: int, seed: int = 0) -> tuple[Any, Any]:
-    records = load_records(write_jsonl(tmp_path / "train.jsonl", injection_records()))
-    config = TrainConfig(epochs=epochs, patience=epochs, seed=seed, **TINY)
-    return train(records, records[::3], config, encoder)
-
-
-def test_training_lowers_the_loss_and_is_reproducible(encoder: Any, tmp_path: Path) -> None:
-    model, report = _train(encoder, tmp_path, epochs=6)
-    assert report.train_loss[-1] < report.train_loss[0]
-    assert report.val_loss[-1] < report.val_loss[0]
-    _, again = _train(encoder, tmp_path, epochs=6)
-    assert again.train_loss == report.train_loss
-    assert set(model.questions) == {"guard.prompt_injection"}
-    assert model.questions["guard.prompt_injection"].temperature == report.temperatures["guard.prompt_injection"]
+ROUTES = [{"text": t, "label": label} for label, texts in {
+    "billing": ["my invoice is wrong", "refund my payment", "charge on my card twice", "update billing address"],
+    "tech": ["the app crashes on start", "cannot log in", "error 500 on upload", "screen stays blank"],
+    "oos": ["what is the capital of peru", "tell me a joke", "how tall is everest", "sing a song"],
+}.items() for t in texts]
 
 
 def test_router_training(encoder: Any, tmp_path: Path) -> None:
-    rows = [{"text": t, "label": label} for label, texts in {
-        "billing": ["my invoice is wrong", "refund my payment", "charge on my card twice", "update billing address"],
-        "tech": ["the app crashes on start", "cannot log in", "error 500 on upload", "screen stays blank"],
-        "oos": ["what is the capital of peru", "tell me a joke", "how tall is everest", "sing a song"],
-    }.items() for t in texts]
-    records = load_records(write_jsonl(tmp_path / "intents.jsonl", rows), question_id="support.intent")
+    records = load_records(write_jsonl(tmp_path / "intents.jsonl", ROUTES), question_id="support.intent")
     model, report = train(records, records, TrainConfig(kind="router", epochs=8, patience=8, **TINY), encoder)
     assert report.train_loss[-1] < report.train_loss[0]
     assert model.questions["support.intent"].labels == ("billing", "oos", "tech")
@@ -62,6 +48,8 @@ def test_router_training(encoder: Any, tmp_path: Path) -> None:
 def test_rejects_empty_and_mixed_router_input(encoder: Any, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no training records"):
         train([], [], TrainConfig(**TINY), encoder)
+    with pytest.raises(ValueError, match="guard.compact.finetune"):
+        TrainConfig(kind="catalog")
     records = load_records(write_jsonl(tmp_path / "t.jsonl", injection_records()))
     with pytest.raises(ValueError, match="choice"):
         train(records, [], TrainConfig(kind="router", **TINY), encoder)
@@ -70,8 +58,8 @@ def test_rejects_empty_and_mixed_router_input(encoder: Any, tmp_path: Path) -> N
 @pytest.mark.parametrize("steps", [1, 2, 3, 4, 10, 11])
 def test_any_number_of_optimizer_steps_trains(encoder: Any, tmp_path: Path, steps: int) -> None:
     """Short runs: one-cycle's phases need at least 2 steps each (10 steps at a 10 % warm-up divided by zero)."""
-    records = load_records(write_jsonl(tmp_path / "train.jsonl", injection_records()))
-    config = TrainConfig(epochs=steps, patience=steps, **{**TINY, "batch_size": len(records)})
+    records = load_records(write_jsonl(tmp_path / "intents.jsonl", ROUTES), question_id="support.intent")
+    config = TrainConfig(kind="router", epochs=steps, patience=steps, **{**TINY, "batch_size": len(records)})
     _, report = train(records, [], config, encoder)
     assert len(report.train_loss) == steps
 

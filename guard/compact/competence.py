@@ -1,0 +1,88 @@
+"""Can the compact model read this text? Language and non-text checks (out of competence).
+
+The catalog model was trained on English text. :func:`assess` says when a state's text is outside that:
+
+* ``language``: the letters are mostly in a non-Latin script and ``py3langid`` (a well-kept fork of langid.py,
+  97 languages) names a language other than English, or it names another language with probability >=
+  :data:`LANGUAGE_CONFIDENCE` while English gets less than :data:`ENGLISH_FLOOR` (short English questions are often
+  misnamed by langid, so a low bar for English keeps them in: 1 % of English prompts and 85 % of prompts in
+  German, French, Spanish, Italian, Vietnamese, Swahili, Javanese, Zulu, Albanian, Irish and Scottish Gaelic of the
+  data are flagged); texts with fewer than :data:`MIN_LETTERS` letters (4 in another script) are not judged;
+* ``non_text``: fewer than :data:`MIN_WORD_SHARE` of its whitespace-separated tokens look like words (letters,
+  optional surrounding punctuation), over at least :data:`MIN_TOKENS` tokens, or one unbroken run of
+  :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data).
+
+The model still answers such a state, but flags it (``usage.out_of_competence``, ``flags.out_of_competence`` for
+policy rules) and never answers its "nothing to worry about" option with more than :data:`SAFE_CAP` probability.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ENGLISH_FLOOR", "LANGUAGE_CONFIDENCE", "SAFE_CAP", "SUPPORTED_LANGUAGES", "Competence", "assess"]
+
+SUPPORTED_LANGUAGES = ("en",)
+LANGUAGE_CONFIDENCE = 0.5
+ENGLISH_FLOOR = 0.02
+MIN_LETTERS = 16
+#: Fewest letters of a mostly non-Latin text that are judged (one CJK character is a word).
+MIN_OTHER_SCRIPT_LETTERS = 4
+MIN_TOKENS = 6
+MIN_WORD_SHARE = 0.3
+LONG_RUN = 48
+#: Most probability the safe option of a catalog question gets on text out of competence.
+SAFE_CAP = 0.5
+_WORD_RE = re.compile(r"^[\"'(\[]*[^\W\d_]+(?:[-'][^\W\d_]+)*[\"')\].,;:!?]*$")
+_RUN_RE = re.compile(rf"\S{{{LONG_RUN},}}")
+
+
+@dataclass(frozen=True)
+class Competence:
+    """The verdict of :func:`assess`.
+
+    Attributes:
+        supported: ``False`` when the text is out of competence.
+        reason: ``""``, ``"language"`` or ``"non_text"``.
+        language: the language py3langid names (ISO 639-1), ``""`` when not judged.
+    """
+
+    supported: bool
+    reason: str = ""
+    language: str = ""
+
+
+@functools.cache
+def _identifier() -> Any:
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+
+def assess(text: str) -> Competence:
+    """Whether the catalog model can read ``text`` (see the module docstring for the rules)."""
+    tokens = text.split()
+    if tokens:
+        words = sum(1 for token in tokens if _WORD_RE.match(token))
+        if len(tokens) >= MIN_TOKENS and words / len(tokens) < MIN_WORD_SHARE:
+            return Competence(False, "non_text")
+        runs = sum(len(run) for run in _RUN_RE.findall(text))
+        if runs and runs * 2 > len(text.replace(" ", "")):
+            return Competence(False, "non_text")
+    letters = [ch for ch in text if ch.isalpha()]
+    latin = sum(1 for ch in letters if ch.isascii() or unicodedata.name(ch, "").startswith("LATIN"))
+    other_script = latin * 2 < len(letters)
+    if len(letters) < (MIN_OTHER_SCRIPT_LETTERS if other_script else MIN_LETTERS):
+        return Competence(True)
+    ranked = dict(_identifier().rank(text))
+    best = max(ranked, key=ranked.__getitem__)
+    if other_script:
+        return Competence(best in SUPPORTED_LANGUAGES, "" if best in SUPPORTED_LANGUAGES else "language", best)
+    english = sum(ranked.get(code, 0.0) for code in SUPPORTED_LANGUAGES)
+    if best not in SUPPORTED_LANGUAGES and ranked[best] >= LANGUAGE_CONFIDENCE and english < ENGLISH_FLOOR:
+        return Competence(False, "language", best)
+    return Competence(True, "", best)

@@ -1,0 +1,432 @@
+"""Training the catalog model (``guard train``): the encoder's last layer fine-tuned jointly with per-question heads.
+
+The lower five layers of all-MiniLM-L6-v2 stay frozen, so each training text is run through them **once** (its
+windows' hidden states are kept in memory as float16, and on disk under ``--cache-dir``); every step then runs only
+the last layer and the heads (:class:`~guard.compact.head.CatalogHead`), forward and backward. A record's label
+belongs to the whole state while the model scores windows: the loss is taken on the window the model itself would
+answer with (the one most in favour of the question's ``risky`` option, or the highest expected level; multiple-
+instance learning), so the training objective and the max-over-windows answer agree. Long training texts keep at
+most ``train_windows`` evenly spaced windows.
+
+Loss per record: label-smoothed cross-entropy + ``brier_weight`` × Brier (+ ``ordinal_weight`` × the expected-level
+error for score questions), :func:`guard.compact.train.soft_loss`. AdamW (``layer_learning_rate`` for the encoder
+layer, ``learning_rate`` for the heads), linear warm-up then cosine decay, seeded, a tqdm bar per epoch.
+
+Honest numbers (``folds=True``): before the final fit, one model per fold is trained without that fold's records
+(records carry a ``fold``: a group of sources by provenance, ``guard/compact/data.py``) on a seeded share of the rest
+and scores the held-out fold. The out-of-fold answers give the leave-one-source-group-out metrics (pooled, per fold
+and per source), calibrated as the procedure would be on new sources: for each fold a temperature fitted on the
+other folds' out-of-fold logits (:func:`~guard.compact.train.fit_temperature`). The shipped model's temperatures are
+fitted on ``val`` with the final weights (fold models train on a share of the data and are less sure of themselves,
+so their temperatures would flatten the final model's answers).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from guard.compact.catalog import CATALOG
+from guard.compact.encoder import TextEncoder
+from guard.compact.evaluate import question_metrics
+from guard.compact.head import CatalogHead, masked_mean
+from guard.compact.model import CompactModel, ModelQuestion, pick_window, state_text
+from guard.compact.records import LabelledRecord
+from guard.compact.train import fit_temperature, soft_loss
+
+__all__ = ["FinetuneConfig", "FinetuneReport", "train_catalog"]
+
+ProgressFactory = Callable[..., Any]
+_ENCODE_BATCH = 16
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Settings of :func:`train_catalog` (defaults reproduce the shipped model).
+
+    Attributes:
+        epochs: passes over the training records of the final model.
+        batch_size: records per step.
+        learning_rate: AdamW rate of the heads.
+        layer_learning_rate: AdamW rate of the fine-tuned encoder layer (0 freezes it: the frozen-encoder baseline).
+        weight_decay, label_smoothing, brier_weight, ordinal_weight: loss and optimiser settings.
+        seed: seeds torch and Python ``random``.
+        train_windows: most windows kept per training text (evenly spaced).
+        fold_share: share of the other folds' training records a fold model trains on.
+        fold_epochs: epochs of a fold model.
+    """
+
+    epochs: int = 2
+    batch_size: int = 16
+    learning_rate: float = 2e-3
+    layer_learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.05
+    brier_weight: float = 0.5
+    ordinal_weight: float = 1.0
+    seed: int = 0
+    train_windows: int = 2
+    fold_share: float = 0.3
+    fold_epochs: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "train_windows", "fold_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 < self.fold_share <= 1.0:
+            raise ValueError(f"fold_share must be in (0, 1], got {self.fold_share}")
+
+
+@dataclass
+class FinetuneReport:
+    """Losses per epoch, the out-of-fold (leave-one-source-group-out) metrics and the fitted temperatures."""
+
+    train_loss: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    temperatures: dict[str, float] = field(default_factory=dict)
+    heldout: dict[str, Any] = field(default_factory=dict)
+    val: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Example:
+    text: int
+    question: int
+    target: int
+    fold: str
+    source: str
+
+
+class _Windows:
+    """The training texts' windows below the last layer, float16, in memory."""
+
+    def __init__(self, encoder: TextEncoder, texts: Sequence[str], limit: int,
+                 progress: ProgressFactory | None) -> None:
+        self.hidden: list[torch.Tensor] = [torch.empty(0)] * len(texts)
+        self.mask: list[torch.Tensor] = [torch.empty(0)] * len(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        bar = progress(total=len(texts), desc="encoding texts", unit="text") if progress else None
+        for start in range(0, len(order), _ENCODE_BATCH):
+            batch = order[start : start + _ENCODE_BATCH]
+            for i, windows in zip(batch, encoder.encode_windows([texts[i] for i in batch], limit=limit), strict=True):
+                self.hidden[i] = windows.hidden.to(torch.float16).clone()
+                self.mask[i] = windows.mask.clone()
+            if bar:
+                bar.update(len(batch))
+        if bar:
+            bar.close()
+
+    def batch(self, texts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Every window of ``texts`` padded into one batch, and each text's window count."""
+        counts = [self.hidden[t].shape[0] for t in texts]
+        width = max(self.hidden[t].shape[1] for t in texts)
+        hidden = torch.zeros(sum(counts), width, self.hidden[texts[0]].shape[-1])
+        mask = torch.zeros(sum(counts), width, dtype=torch.bool)
+        row = 0
+        for t in texts:
+            n, length = self.hidden[t].shape[:2]
+            hidden[row : row + n, :length] = self.hidden[t].float()
+            mask[row : row + n, :length] = self.mask[t]
+            row += n
+        return hidden, mask, counts
+
+
+def train_catalog(
+    train_records: Sequence[LabelledRecord],
+    val_records: Sequence[LabelledRecord],
+    config: FinetuneConfig,
+    encoder: TextEncoder,
+    *,
+    folds: bool = True,
+    progress: ProgressFactory | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[CompactModel, FinetuneReport]:
+    """Fine-tune the catalog model and return it calibrated, with its report.
+
+    Args:
+        train_records: labelled records of catalog questions (their ``fold`` is used when ``folds``).
+        val_records: validation records (loss per epoch; the calibration temperatures, fitted with the final weights).
+        config: settings.
+        encoder: the encoder (its lower layers stay frozen; its window settings are the model's).
+        folds: run the leave-one-fold-out models first (records without a fold are never held out).
+        progress: a ``tqdm``-like factory, or ``None``.
+        log: receives one line per epoch and per fold.
+
+    Raises:
+        ValueError: no training records, or a question that is not in the catalog.
+    """
+    if not train_records:
+        raise ValueError("no training records")
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    ids = [qid for qid in CATALOG if any(qid in r.labels for r in (*train_records, *val_records))]
+    unknown = sorted({q for r in train_records for q in r.labels} - set(CATALOG))
+    if unknown:
+        raise ValueError(f"the catalog model answers catalog questions only; the records ask {unknown}")
+    entries = [CATALOG[qid] for qid in ids]
+    options = [len(entry.to_question().options()) for entry in entries]
+    texts: dict[str, int] = {}
+
+    def examples(records: Sequence[LabelledRecord]) -> list[_Example]:
+        out = []
+        for record in records:
+            for qid, target in record.labels.items():
+                q = ids.index(qid)
+                text = state_text(record.request.state, entries[q].view)
+                out.append(_Example(texts.setdefault(text, len(texts)), q, target, record.fold, record.source))
+        return out
+
+    train_examples, val_examples = examples(train_records), examples(val_records)
+    report = FinetuneReport()
+    started = time.perf_counter()
+    windows = _Windows(encoder, list(texts), config.train_windows, progress)
+    report.seconds["encode"] = time.perf_counter() - started
+    layer = encoder.model.encoder.layer[-1]
+
+    def fit(selected: Sequence[_Example], epochs: int, desc: str, val: Sequence[_Example] = ()) -> CatalogHead:
+        torch.manual_seed(config.seed)
+        head = CatalogHead(layer, options, encoder.hidden_size)
+        groups = [{"params": [p for n, p in head.named_parameters() if not n.startswith("top.")],
+                   "lr": config.learning_rate}]
+        if config.layer_learning_rate > 0:
+            groups.append({"params": list(head.top.parameters()), "lr": config.layer_learning_rate})
+        else:
+            head.top.requires_grad_(False)
+        optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
+        steps = epochs * math.ceil(len(selected) / config.batch_size)
+        schedule = _warmup_cosine(optimizer, steps)
+        for epoch in range(epochs):
+            head.train()
+            batches = _batches(selected, windows, config.batch_size, rng)
+            bar = progress(total=len(batches), desc=f"{desc} epoch {epoch + 1}/{epochs}", unit="batch") \
+                if progress else None
+            total = 0.0
+            for batch in batches:
+                loss = _loss(head, batch, windows, entries, config)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+                optimizer.step()
+                schedule.step()
+                total += float(loss.detach())
+                if bar:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+            if bar:
+                bar.close()
+            if desc == "final":
+                report.train_loss.append(total / max(1, len(batches)))
+                if val:
+                    report.val_loss.append(_mean_loss(head, val, windows, entries, config))
+                log(f"{desc} epoch {epoch + 1}: train loss {total / max(1, len(batches)):.4f}"
+                    + (f", val loss {report.val_loss[-1]:.4f}" if val else ""))
+        return _rounded(head.eval())
+
+    heldout: list[tuple[_Example, torch.Tensor]] = []
+    if folds:
+        names = sorted({e.fold for e in train_examples if e.fold})
+        for name in names:
+            rest = [e for e in train_examples if e.fold != name]
+            rng_fold = random.Random(f"{config.seed}|{name}")
+            share = rng_fold.sample(rest, max(1, round(len(rest) * config.fold_share)))
+            scored = [e for e in (*train_examples, *val_examples) if e.fold == name]
+            t0 = time.perf_counter()
+            head = fit(share, config.fold_epochs, f"fold {name}")
+            heldout.extend(zip(scored, _logits(head, scored, windows, entries), strict=True))
+            report.seconds[f"fold_{name}"] = time.perf_counter() - t0
+            log(f"fold {name}: trained on {len(share)} records of the other folds, scored {len(scored)} held out")
+    t0 = time.perf_counter()
+    head = fit(train_examples, config.epochs, "final", val_examples)
+    report.seconds["final"] = time.perf_counter() - t0
+    val_logits = _logits(head, val_examples, windows, entries)
+    if heldout:
+        report.heldout = _heldout_report(heldout, ids, entries)
+        report.heldout["frozen_encoder"] = _frozen_baseline(layer, windows, train_examples, val_examples, ids,
+                                                            entries, progress)
+    pairs = list(zip(val_examples, val_logits, strict=True))
+    report.temperatures = {ids[q]: fit_temperature(*_pairs(pairs, q)) for q in range(len(ids))
+                           if _pairs(pairs, q)[0]}
+    report.val = _metrics(list(zip(val_examples, val_logits, strict=True)), ids, entries, report.temperatures)
+    questions = {
+        entry.id: ModelQuestion(entry.id, entry.type, entry.instructions,
+                                list(entry.criteria) if entry.criteria else None,
+                                temperature=report.temperatures.get(entry.id, 1.0))
+        for entry in entries
+    }
+    head.top.to(encoder.dtype)  # as a loaded checkpoint runs it
+    model = CompactModel(encoder, head, questions, kind="catalog",
+                         meta={"config": asdict(config), "folds": folds, "report": report.to_json()})
+    return model, report
+
+
+def _loss(head: CatalogHead, batch: Sequence[_Example], windows: _Windows, entries: Sequence[Any],
+          config: FinetuneConfig) -> torch.Tensor:
+    hidden, mask, counts = windows.batch([e.text for e in batch])
+    question = torch.tensor([e.question for e, n in zip(batch, counts, strict=True) for _ in range(n)])
+    per_window = head(hidden, mask, question)
+    logits = torch.stack(_per_record(per_window, counts, batch, entries))
+    target = torch.tensor([e.target for e in batch])
+    ordinal = torch.tensor([entries[e.question].type == "score" for e in batch])
+    return soft_loss(logits, target, torch.isfinite(logits), config.label_smoothing, config.brier_weight, ordinal,
+                     config.ordinal_weight)
+
+
+def _per_record(per_window: torch.Tensor, counts: Sequence[int], batch: Sequence[_Example],
+                entries: Sequence[Any]) -> list[torch.Tensor]:
+    out, row = [], 0
+    for example, n in zip(batch, counts, strict=True):
+        rows = per_window[row : row + n]
+        out.append(rows[pick_window(rows.detach(), entries[example.question])])
+        row += n
+    return out
+
+
+def _logits(head: CatalogHead, examples: Sequence[_Example], windows: _Windows,
+            entries: Sequence[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    with torch.no_grad():
+        for start in range(0, len(examples), 32):
+            batch = examples[start : start + 32]
+            hidden, mask, counts = windows.batch([e.text for e in batch])
+            question = torch.tensor([e.question for e, n in zip(batch, counts, strict=True) for _ in range(n)])
+            out.extend(z.clone() for z in _per_record(head(hidden, mask, question), counts, batch, entries))
+    return out
+
+
+def _mean_loss(head: CatalogHead, examples: Sequence[_Example], windows: _Windows, entries: Sequence[Any],
+               config: FinetuneConfig) -> float:
+    head.eval()
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(examples), 32):
+            batch = examples[start : start + 32]
+            total += float(_loss(head, batch, windows, entries, config)) * len(batch)
+    head.train()
+    return total / max(1, len(examples))
+
+
+def _pairs(pairs: Sequence[tuple[_Example, torch.Tensor]], q: int) -> tuple[list[torch.Tensor], list[int]]:
+    chosen = [(z, e.target) for e, z in pairs if e.question == q]
+    return [z[torch.isfinite(z)] for z, _ in chosen], [y for _, y in chosen]
+
+
+def _metrics(pairs: Sequence[tuple[_Example, torch.Tensor]], ids: Sequence[str], entries: Sequence[Any],
+             temperatures: dict[str, float], by: Callable[[_Example], str] | None = None) -> dict[str, Any]:
+    """Metrics per question (and per ``by`` group) with the temperatures applied."""
+    buckets: dict[tuple[str, str], list[tuple[list[float], int]]] = defaultdict(list)
+    for example, z in pairs:
+        qid = ids[example.question]
+        p = torch.softmax(z[torch.isfinite(z)].double() / temperatures.get(qid, 1.0), -1).tolist()
+        buckets[(qid, by(example) if by else "")].append((p, example.target))
+    out: dict[str, Any] = {}
+    for (qid, group), rows in sorted(buckets.items()):
+        entry = entries[ids.index(qid)]
+        option_ids = [o for o, _ in entry.to_question().options()]
+        metrics = question_metrics(qid, entry.type, option_ids, [p for p, _ in rows], [y for _, y in rows]).to_json()
+        if by:
+            out.setdefault(qid, {})[group] = metrics
+        else:
+            out[qid] = metrics
+    return out
+
+
+def _heldout_report(pairs: Sequence[tuple[_Example, torch.Tensor]], ids: Sequence[str],
+                    entries: Sequence[Any]) -> dict[str, Any]:
+    """Out-of-fold metrics: pooled per question (each fold's temperature fitted on the other folds), per fold and
+    per source."""
+    cross: dict[str, float] = {}
+    crossed: list[tuple[_Example, torch.Tensor]] = []
+    for fold in sorted({e.fold for e, _ in pairs}):
+        others = [(e, z) for e, z in pairs if e.fold != fold]
+        for q, qid in enumerate(ids):
+            zs, ys = _pairs(others, q)
+            cross[f"{fold}|{qid}"] = fit_temperature(zs, ys) if zs else 1.0
+        for e, z in pairs:
+            if e.fold == fold:
+                crossed.append((e, z / cross[f"{fold}|{ids[e.question]}"]))
+    return {
+        "pooled": _metrics(crossed, ids, entries, {}),
+        "by_fold": _metrics(crossed, ids, entries, {}, by=lambda e: e.fold),
+        "by_source": _metrics(crossed, ids, entries, {}, by=lambda e: e.source),
+    }
+
+
+def _frozen_baseline(layer: torch.nn.Module, windows: _Windows, train_examples: Sequence[_Example],
+                     val_examples: Sequence[_Example], ids: Sequence[str], entries: Sequence[Any],
+                     progress: ProgressFactory | None) -> dict[str, Any]:
+    """The frozen-encoder comparison on the same folds: all-MiniLM-L6-v2 as shipped (mean-pooled sentence
+    embedding of each window), a logistic regression per question (scikit-learn, ``C=1``) trained on the other folds'
+    first windows, the record answered by its window with the highest score. Pooled out-of-fold metrics."""
+    from sklearn.linear_model import LogisticRegression
+
+    head = CatalogHead(layer, [2], windows.hidden[0].shape[-1]).eval()
+    features: dict[int, torch.Tensor] = {}
+    texts = sorted({e.text for e in (*train_examples, *val_examples)})
+    bar = progress(total=len(texts), desc="frozen-encoder features", unit="text") if progress else None
+    with torch.no_grad():
+        for start in range(0, len(texts), 32):
+            chunk = texts[start : start + 32]
+            hidden, mask, counts = windows.batch(chunk)
+            pooled = masked_mean(head.encode(hidden, mask), mask)
+            row = 0
+            for t, n in zip(chunk, counts, strict=True):
+                features[t] = pooled[row : row + n].numpy()
+                row += n
+            if bar:
+                bar.update(len(chunk))
+    if bar:
+        bar.close()
+    pairs: list[tuple[_Example, torch.Tensor]] = []
+    every = [*train_examples, *val_examples]
+    for fold in sorted({e.fold for e in train_examples if e.fold}):
+        for q, entry in enumerate(entries):
+            rest = [e for e in train_examples if e.fold != fold and e.question == q]
+            held = [e for e in every if e.fold == fold and e.question == q]
+            if not held or len({e.target for e in rest}) < 2:
+                continue
+            model = LogisticRegression(C=1.0, max_iter=2000).fit(
+                [features[e.text][0] for e in rest], [e.target for e in rest])
+            k = len(entry.to_question().options())
+            for e in held:
+                scores = torch.full((features[e.text].shape[0], k), -torch.inf, dtype=torch.float64)
+                scores[:, model.classes_] = torch.from_numpy(model.predict_log_proba(features[e.text]))
+                pairs.append((e, scores[pick_window(scores, entry)]))
+    return _metrics(pairs, ids, entries, {})
+
+
+def _rounded(head: CatalogHead) -> CatalogHead:
+    """The head with its weights rounded to bf16 (their on-disk dtype), so scores match the saved checkpoint."""
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return head
+
+
+def _batches(examples: Sequence[_Example], windows: _Windows, size: int, rng: random.Random) -> list[list[_Example]]:
+    """Shuffled batches of records with similar window sizes (less padding)."""
+    keyed = sorted(examples, key=lambda e: windows.hidden[e.text].numel() * (1.0 + 0.3 * rng.random()))
+    batches = [list(keyed[i : i + size]) for i in range(0, len(keyed), size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _warmup_cosine(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    warm = max(1, steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, steps - warm))))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,62 @@
+"""Catalog training: the last encoder layer and the heads learn, runs are reproducible, folds score held-out
+sources."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from guard.compact.finetune import FinetuneConfig, train_catalog
+from guard.compact.records import LabelledRecord, load_records
+from tests.compact.conftest import injection_records, write_jsonl
+
+
+def _records(tmp_path: Any) -> list[LabelledRecord]:
+    return load_records(write_jsonl(tmp_path / "train.jsonl", injection_records()))
+
+
+def test_a_few_steps_lower_the_loss_and_runs_are_reproducible(encoder: Any, tmp_path: Any) -> None:
+    records = _records(tmp_path)
+    config = FinetuneConfig(epochs=4, batch_size=4)
+    model, report = train_catalog(records, records, config, encoder, folds=False)
+    assert report.val_loss[-1] < report.val_loss[0] and report.train_loss[-1] < report.train_loss[0]
+    _, again = train_catalog(records, records, config, encoder, folds=False)
+    assert again.train_loss == report.train_loss
+    assert set(model.questions) == {"guard.prompt_injection"}
+    assert model.questions["guard.prompt_injection"].temperature == report.temperatures["guard.prompt_injection"]
+
+
+def test_the_encoder_layer_is_trained_unless_frozen(encoder: Any, tmp_path: Any) -> None:
+    records = _records(tmp_path)
+    base = {k: v.float() for k, v in encoder.model.encoder.layer[-1].state_dict().items()}
+    tuned, _ = train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4), encoder, folds=False)
+    frozen, _ = train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4, layer_learning_rate=0.0), encoder,
+                              folds=False)
+    key = "attention.self.query.weight"
+    rounded = base[key].bfloat16().float()  # checkpoints hold bf16 weights
+    assert not tuned.head.top.state_dict()[key].float().equal(rounded)
+    assert frozen.head.top.state_dict()[key].float().equal(rounded)
+    assert base[key].equal(encoder.model.encoder.layer[-1].state_dict()[key].float())  # the encoder is untouched
+
+
+def test_folds_score_only_sources_the_fold_model_never_saw(encoder: Any, tmp_path: Any) -> None:
+    records = _records(tmp_path)
+    records = [dataclasses.replace(r, fold=f"f{n % 2}", source=f"src{n % 2}") for n, r in enumerate(records)]
+    _, report = train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4, fold_share=1.0), encoder)
+    held = report.heldout
+    assert held["pooled"]["guard.prompt_injection"]["n"] == len(records)
+    assert set(held["by_source"]["guard.prompt_injection"]) == {"src0", "src1"}
+    assert set(held["by_fold"]["guard.prompt_injection"]) == {"f0", "f1"}
+    assert "guard.prompt_injection" in held["frozen_encoder"]
+    assert set(report.seconds) >= {"encode", "fold_f0", "fold_f1", "final"}
+
+
+def test_questions_outside_the_catalog_are_refused(encoder: Any, tmp_path: Any) -> None:
+    rows = [{"state": "hi", "questions": {"is_urgent": {"type": "noul", "instructions": "Urgent?"}},
+             "labels": {"is_urgent": "true"}}]
+    with pytest.raises(ValueError, match="catalog questions only"):
+        train_catalog(load_records(write_jsonl(tmp_path / "x.jsonl", rows)), [], FinetuneConfig(), encoder)
+    with pytest.raises(ValueError, match="no training records"):
+        train_catalog([], [], FinetuneConfig(), encoder)
