@@ -95,6 +95,8 @@ class AgentSubject:
         text: the model input or output text (model events).
         thread_id: the LangGraph thread, when known.
         history: the conversation before the event, oldest first (tool calls: what argument provenance reads).
+        tool_effect: what the tool's own metadata says it does (``read_only``, ``side_effecting``; ``unknown`` when
+            it says nothing); a policy's ``tools:`` declaration takes precedence.
         kind: always ``"agent"``.
     """
 
@@ -107,6 +109,7 @@ class AgentSubject:
     text: str | None = None
     thread_id: str | None = None
     history: tuple[TurnMessage, ...] = ()
+    tool_effect: Literal["read_only", "side_effecting", "unknown"] = "unknown"
     kind: Literal["agent"] = "agent"
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.tools import BaseTool
@@ -27,6 +27,7 @@ from guard.subject import digest_of
 
 __all__ = [
     "CUT_OFF_REASONS",
+    "EFFECT_METADATA_KEY",
     "ParsedCall",
     "arguments_digest",
     "canonical_json",
@@ -35,6 +36,7 @@ __all__ = [
     "empty_arguments_problem",
     "parse_calls",
     "required_parameters",
+    "tool_effect",
 ]
 
 CUT_OFF_REASONS = frozenset(
@@ -282,3 +284,26 @@ def _mark_id_problems(calls: Sequence[ParsedCall]) -> list[ParsedCall]:
         else:
             out.append(call)
     return out
+
+
+#: ``BaseTool.metadata`` key a tool author sets to declare the tool's effect for guard.
+EFFECT_METADATA_KEY = "guard_effect"
+
+
+def tool_effect(tool: BaseTool | None) -> Literal["read_only", "side_effecting", "unknown"]:
+    """What ``tool``'s metadata says it does: ``metadata["guard_effect"]`` when it is ``"read_only"`` or
+    ``"side_effecting"``, else the MCP tool annotations that ``langchain-mcp-adapters`` copies into the metadata
+    (``readOnlyHint: true`` -> read-only; ``destructiveHint: true`` or ``readOnlyHint: false`` -> side-effecting);
+    ``"unknown"`` when it says nothing (no tool, no metadata, or other values)."""
+    metadata = getattr(tool, "metadata", None)
+    if not isinstance(metadata, Mapping):
+        return "unknown"
+    declared = metadata.get(EFFECT_METADATA_KEY)
+    if declared in ("read_only", "side_effecting"):
+        return declared  # type: ignore[return-value]
+    if metadata.get("destructiveHint") is True or metadata.get("readOnlyHint") is False:
+        return "side_effecting"
+    if metadata.get("readOnlyHint") is True:
+        return "read_only"
+    return "unknown"
+

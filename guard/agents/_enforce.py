@@ -27,7 +27,13 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
 from guard.agents import _messages as msgs
-from guard.agents._arguments import arguments_digest, classify_arguments, empty_arguments_problem, parse_calls
+from guard.agents._arguments import (
+    arguments_digest,
+    classify_arguments,
+    empty_arguments_problem,
+    parse_calls,
+    tool_effect,
+)
 from guard.agents._content import message_text
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
@@ -119,6 +125,7 @@ class ToolCallEnforcer:
             user_message=user_text(request.state),
             thread_id=thread_id,
             history=turn_history(request.state),
+            tool_effect=tool_effect(request.tool),
         )
         if problem is not None or arguments is None:
             verdict = self.judge.malformed(subject, problem or "arguments are missing", raw)

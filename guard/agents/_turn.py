@@ -44,7 +44,7 @@ from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
 
 from guard.agents import _messages as msgs
-from guard.agents._arguments import arguments_digest, canonical_json, parse_calls
+from guard.agents._arguments import arguments_digest, canonical_json, parse_calls, tool_effect
 from guard.agents._content import message_text
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
@@ -319,7 +319,8 @@ class TurnKeeper:
 
         The reply's subject holds all of its text (:func:`~guard.agents._content.message_text`: text, reasoning and
         every other block but tool calls), each tool call one subject of its own; ``tools`` (the model request's)
-        let calls with empty arguments be checked against their required parameters.
+        let calls with empty arguments be checked against their required parameters, and give each call its tool's
+        declared effect (:func:`~guard.agents._arguments.tool_effect`).
         """
         if ai.id is None:
             ai.id = f"lc_guard_{uuid.uuid4().hex}"
@@ -333,6 +334,7 @@ class TurnKeeper:
             subject = AgentSubject(event="model_output", text=text, user_message=task, thread_id=thread_id)
             if self.judge.matches(subject):
                 todo.append(("", subject))
+        by_name = {getattr(tool, "name", None): tool for tool in tools}
         for call in parse_calls(ai, tools):
             subject = AgentSubject(
                 event="tool_call",
@@ -342,11 +344,17 @@ class TurnKeeper:
                 user_message=task,
                 thread_id=thread_id,
                 history=history,
+                tool_effect=tool_effect(by_name.get(call.name)),
             )
             if not call.id:
                 self.judge.malformed(subject, call.problem or "the tool call has no id", call.raw)
                 continue
-            record: dict[str, Any] = {"tool": call.name, "arguments": call.arguments, "problem": call.problem}
+            record: dict[str, Any] = {
+                "tool": call.name,
+                "arguments": call.arguments,
+                "problem": call.problem,
+                "effect": subject.tool_effect,
+            }
             if call.problem is not None:
                 verdict = self.judge.malformed(subject, call.problem, call.raw)
                 record.update(outcome="block", verdict=verdict_json(verdict), reason=call.problem, digest=None)
@@ -458,6 +466,8 @@ class TurnKeeper:
                         user_message=user_text(state),
                         thread_id=thread_id,
                         history=turn_history(state),
+                        # an edit to another tool has no declared effect here; policies treat unknown as not read-only
+                        tool_effect=record.get("effect", "unknown") if tool == record["tool"] else "unknown",
                     )
                     judgement = yield subject
                     record["run_tool"] = tool  # marks the record as edited for a later approval

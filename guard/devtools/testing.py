@@ -86,6 +86,7 @@ class _AgentInput(_Strict):
     text: str | None = None
     thread_id: str | None = None
     history: list[_TurnInput] = Field(default_factory=list)
+    tool_effect: Literal["read_only", "side_effecting", "unknown"] = "unknown"
 
 
 class _Input(_Strict):

@@ -37,6 +37,7 @@ measures a 10-message turn.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -112,14 +113,14 @@ class _Prepared:
         return _url_form(self.text)
 
     @cached_property
-    def numbers(self) -> frozenset[Decimal]:
+    def numbers(self) -> frozenset[str]:
         return _numbers(self.text)
 
 
 _SPACE = re.compile(r"\s+")
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _URL_NOISE = re.compile(r"\b(?:https?://|ftp://|mailto:)|\bwww\.|/+(?=[\s'\"),;\]}]|$)")
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])[-+]?\d+(?:\.\d+)?")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _IDENTIFIER = re.compile(r"(?=.*\d)[A-Za-z0-9][A-Za-z0-9 .\-/]*")
 # Identifiers inside a longer text the model wrote: URLs, e-mail addresses, file and host names, account-like codes
 # (IBANs, ids).
@@ -143,14 +144,21 @@ def _url_form(folded: str) -> str:
     return _URL_NOISE.sub("", folded)
 
 
-def _numbers(folded: str) -> frozenset[Decimal]:
-    out = set()
-    for match in _NUMBER.finditer(folded):
-        try:
-            out.add(Decimal(match.group().replace(",", "")).normalize())
-        except InvalidOperation:  # pragma: no cover - the pattern only matches numbers
-            continue
-    return frozenset(out)
+def _canonical_number(written: str) -> str:
+    """A number as written (``1,200.50``, ``-07``) in one canonical form (``1200.5``, ``-7``): thousands separators,
+    leading zeros and trailing fractional zeros removed, so equal numbers compare equal as strings."""
+    sign = "-" if written.startswith("-") else ""
+    digits = written.lstrip("+-").replace(",", "")
+    whole, _, fraction = digits.partition(".")
+    whole, fraction = whole.lstrip("0") or "0", fraction.rstrip("0")
+    if whole == "0" and not fraction:
+        sign = ""
+    return f"{sign}{whole}.{fraction}" if fraction else f"{sign}{whole}"
+
+
+def _numbers(folded: str) -> frozenset[str]:
+    written = set(_NUMBER.findall(folded))
+    return frozenset(w if w.isdigit() and w[0] != "0" else _canonical_number(w) for w in written)
 
 
 @lru_cache(maxsize=CACHED_TEXTS)
@@ -180,7 +188,7 @@ class _Needle:
     text: str
     compact: str | None
     url: str | None
-    number: Decimal | None
+    number: str | None
 
 
 def _needle(value: Any) -> _Needle | None:
@@ -188,9 +196,11 @@ def _needle(value: Any) -> _Needle | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
         try:
-            number = Decimal(str(value)).normalize()
-        except InvalidOperation:
+            number = _canonical_number(format(Decimal(str(value)), "f"))
+        except InvalidOperation:  # inf and nan
             return None
         return _Needle(_fold(str(value)), None, None, number)
     if not isinstance(value, str):
@@ -204,10 +214,7 @@ def _needle(value: Any) -> _Needle | None:
     url = _url_form(folded)
     number = None
     if _NUMBER.fullmatch(folded):
-        try:
-            number = Decimal(folded.replace(",", "")).normalize()
-        except InvalidOperation:  # pragma: no cover
-            number = None
+        number = _canonical_number(folded)
     return _Needle(folded, compact if identifier else None, url if url != folded else None, number)
 
 
@@ -319,11 +326,13 @@ def call_features(
     tools: Mapping[str, ToolSpec],
     trusted: Sequence[str] = (),
     detector: Detector = find_instructions,
+    declared_effect: Literal["read_only", "side_effecting", "unknown"] = "unknown",
 ) -> dict[str, Any]:
     """The ``call`` object tool-call rules read (plain JSON values).
 
     Keys:
-        ``tool``: the tool's name; ``effect``: ``read_only``, ``side_effecting`` or ``unknown`` (from ``tools``);
+        ``tool``: the tool's name; ``effect``: ``read_only``, ``side_effecting`` or ``unknown`` (from ``tools``, else
+        ``declared_effect``: what the tool's own metadata says);
         ``provenance``: argument -> source (every top-level argument); ``origin``: argument -> the ``tool_call_id``
         of the tool result it came from (``""`` otherwise); ``disallowed``: the sensitive arguments (named in the
         tool's spec) whose source the spec does not allow, sorted; ``from_flagged``: the arguments whose source is
@@ -339,7 +348,7 @@ def call_features(
     )
     return {
         "tool": tool or "",
-        "effect": spec.effect,
+        "effect": spec.effect if spec.effect != "unknown" else declared_effect,
         "provenance": {name: found.source for name, found in sources.items()},
         "origin": {name: found.tool_call_id or "" for name, found in sources.items()},
         "disallowed": disallowed,
@@ -388,7 +397,13 @@ def rule_features(
     if "call" in names and subject.event == "tool_call":
         arguments = subject.arguments if isinstance(subject.arguments, Mapping) else None
         out["call"] = call_features(
-            subject.tool_name, arguments, subject.history, tools=tools, trusted=trusted, detector=detector
+            subject.tool_name,
+            arguments,
+            subject.history,
+            tools=tools,
+            trusted=trusted,
+            detector=detector,
+            declared_effect=subject.tool_effect,
         )
     if "result" in names and subject.event == "tool_result":
         out["result"] = result_features(subject.tool_result, detector=detector)

@@ -13,6 +13,7 @@ from guard.agents._arguments import (
     empty_arguments_problem,
     parse_calls,
     required_parameters,
+    tool_effect,
 )
 
 
@@ -235,3 +236,29 @@ def test_digest_binds_tool_and_exact_arguments() -> None:
     assert base != arguments_digest("refund", {"amount": 5, "to": "bob"})
     assert base != arguments_digest("pay", {"amount": 5.0001, "to": "bob"})
     assert base != arguments_digest("pay", {"amount": "5", "to": "bob"})
+
+
+def _tool_with(metadata: dict | None) -> StructuredTool:
+    return StructuredTool.from_function(lambda x: x, name="t", description="t", metadata=metadata)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "effect"),
+    [
+        (None, "unknown"),
+        ({}, "unknown"),
+        ({"readOnlyHint": True}, "read_only"),  # MCP annotations as langchain-mcp-adapters copies them
+        ({"readOnlyHint": False}, "side_effecting"),
+        ({"readOnlyHint": True, "destructiveHint": True}, "side_effecting"),
+        ({"guard_effect": "side_effecting", "readOnlyHint": True}, "side_effecting"),  # guard's own key wins
+        ({"guard_effect": "read_only"}, "read_only"),
+        ({"guard_effect": "maybe"}, "unknown"),
+    ],
+)
+def test_tool_effect_comes_from_the_tools_metadata(metadata: dict | None, effect: str) -> None:
+    assert tool_effect(_tool_with(metadata)) == effect
+
+
+def test_tool_effect_without_a_tool_is_unknown() -> None:
+    assert tool_effect(None) == "unknown"
+

@@ -112,3 +112,42 @@ def test_recorded_agentdojo_traces_replay_as_the_bench_does() -> None:
             assert c["flagged"] >= c["traces"], key  # every attacked trace had its injected result flagged
             assert not key.startswith("all/") or c["injection_calls"] > 0, key
     assert {key.split("/")[0] for key in counts} == {"all", "banking", "slack", "travel", "workspace"}
+
+
+def test_a_tools_metadata_declares_its_effect_to_the_rules(tmp_path: Path) -> None:
+    """MCP annotations (as langchain-mcp-adapters copies them into ``BaseTool.metadata``) reach ``call.effect``."""
+    policy = tmp_path / "effects.yaml"
+    policy.write_text(
+        "policies:\n"
+        "  - id: effects\n"
+        "    version: '1'\n"
+        "    match: {agent: {events: [tool_call]}}\n"
+        "    state: {task: user_message}\n"
+        "    questions: {serves_task: {catalog: guard.tool_call_serves_task}}\n"
+        "    rules:\n"
+        "      - {id: side-effect, when: call.effect == 'side_effecting', action: block}\n"
+        "    default: allow\n"
+    )
+    ran: list[str] = []
+
+    @tool
+    def lookup(name: str) -> str:
+        """Look a name up."""
+        ran.append("lookup")
+        return "found"
+
+    @tool
+    def wipe(name: str) -> str:
+        """Delete a record."""
+        ran.append("wipe")
+        return "deleted"
+
+    lookup.metadata = {"readOnlyHint": True}
+    wipe.metadata = {"readOnlyHint": False, "destructiveHint": True}
+    with Guard.from_files(policy, backends=CompactBackend.default()) as engine:
+        agent = create_agent(replay_model([[("lookup", {"name": "ada"})], [("wipe", {"name": "ada"})]], "done"),
+                             [lookup, wipe], middleware=[GuardAgentMiddleware(guard=engine)])  # fmt: skip
+        result = agent.invoke({"messages": [("user", "Find Ada's record.")]})
+    assert ran == ["lookup"]
+    stopped = [m for m in result["messages"] if isinstance(m, ToolMessage) and m.status == "error"]
+    assert [m.name for m in stopped] == ["wipe"]

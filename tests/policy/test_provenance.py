@@ -153,3 +153,23 @@ def test_strip_spans_cuts_only_the_injection() -> None:
     assert "UK12 3456" in stripped and "US133" not in stripped and "characters of instructions" in stripped
     assert result_features(INJECTED_BILL)["instructions"] == 1 and result_features(BILL)["instructions"] == 0
     assert "address" in result_features(INJECTED_BILL)["cues"]
+
+
+def test_the_policys_declaration_of_a_tools_effect_wins_over_its_metadata() -> None:
+    declared = {"send_money": ToolSpec("read_only")}
+    assert call_features("send_money", {}, (USER,), tools={})["effect"] == "unknown"
+    assert call_features("send_money", {}, (USER,), tools={}, declared_effect="side_effecting")["effect"] == (
+        "side_effecting"
+    )
+    assert call_features("send_money", {}, (USER,), tools=declared, declared_effect="side_effecting")["effect"] == (
+        "read_only"
+    )
+
+
+def test_numbers_ignore_leading_and_trailing_zeros_and_thousands_separators() -> None:
+    result = tool("a refund of -07.50, a charge of 0012 and a deposit of 2,000 on 2024-01-05")
+    assert source({"refund": -7.5, "charge": 12, "deposit": 2000.0, "day": 5, "other": 2001}, USER, result) == {
+        "refund": "tool_result", "charge": "tool_result", "deposit": "tool_result", "day": "tool_result",
+        "other": "none",
+    }  # fmt: skip
+
