@@ -34,6 +34,7 @@ _NOT_HELD = SENSITIVE_HEADERS | {
     b"upgrade",
     b"expect",
     b"x-guard-review-id",
+    b"x-guard-release-token",
 }
 
 

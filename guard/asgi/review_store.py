@@ -207,7 +207,7 @@ def _conflict(item_id: str, status: str, wanted: str) -> ReviewConflict:
 
 
 def _digest_conflict(item_id: str, status: str) -> ReviewConflict:
-    return ReviewConflict(item_id, status, "the content differs from the content that was reviewed (digest mismatch)")
+    return ReviewConflict(item_id, status, "the content or the client differs from what was reviewed (digest mismatch)")
 
 
 class MemoryReviewStore:
