@@ -8,7 +8,8 @@
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
 answers a cached key from its own copy for ``--cache-local-ttl`` seconds before it reads Redis again); without it both
-stay in the process. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
+stay in the process. ``--review-redis-url`` puts the review queue in a Redis of its own (persistent, ``noeviction``).
+Redis needs ``$GUARD_STORE_KEY``, the secret that seals what guard writes there. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
 ``degraded`` while a policy set is loaded) and ``GET /_guard/metrics`` are served by the proxy itself.
 
 The reviewers' API (``/_guard/admin/reviews``) is served only with credentials: ``--review-tokens-env VAR`` names a
@@ -45,7 +46,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--upstream", required=True, metavar="URL", help="the protected service, e.g. http://app:9000")
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}")
     add_backend_options(parser, default="compact")
-    parser.add_argument("--redis-url", default=None, metavar="URL", help="Redis for the cache and the review queue")
+    parser.add_argument("--redis-url", default=None, metavar="URL",
+                        help="Redis for the cache (and the review queue, without --review-redis-url); "
+                        "redis://:PASSWORD@host:port/db or rediss:// for TLS; needs $GUARD_STORE_KEY")
+    parser.add_argument("--review-redis-url", default=None, metavar="URL",
+                        help="a separate Redis for the review queue (persistent, noeviction); default --redis-url")
     parser.add_argument(
         "--cache-local-ttl",
         type=float,
@@ -162,7 +167,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     guard = Guard.from_files(
         *args.policy, backends=backend, redis_url=args.redis_url, cache_config=cache_config, decision_log=log
     )
-    store: ReviewStore = RedisReviewStore.from_url(args.redis_url) if args.redis_url else MemoryReviewStore()
+    review_url = args.review_redis_url or args.redis_url
+    store: ReviewStore = RedisReviewStore.from_url(review_url) if review_url else MemoryReviewStore()
     options: dict[str, Any] = {
         "review_store": store,
         "client_header": args.client_header,

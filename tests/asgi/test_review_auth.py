@@ -106,3 +106,37 @@ async def test_release_is_bound_to_the_original_client(make_guard: GuardFactory,
         assert refused.status_code == 409 and "digest mismatch" in refused.json()["message"]
     assert released.status_code == 200 and released.json()["sha256"] == sha(UNSURE)
     assert released.json()["authorization"] == CLIENT["authorization"]
+
+
+async def test_an_item_edited_in_redis_is_never_released(make_guard: GuardFactory, create_redis: Any) -> None:
+    """``HSET guard:review:<id> status approved`` (no reviewer) releases nothing, and the edited item is refused
+    (409 ``tampered``) rather than listed for approval; a reviewer's approval still works on an untouched item."""
+    store = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    redis = create_redis()
+    async with client_for(_app(make_guard(), store, reviewers=REVIEWERS)) as client:
+        edited = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
+        genuine = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
+        await redis.hset(f"{create_redis.prefix}{edited['review_id']}", "status", "approved")
+        token = {"x-guard-release-token": edited["release_token"], "authorization": CLIENT["authorization"]}
+        released = await client.post(edited["release_url"], headers=token)
+        resent = await client.post("/v1/echo", content=UNSURE,
+                                   headers={**CLIENT, **token, "x-guard-review-id": edited["review_id"]})
+        admin = {"authorization": f"Bearer {REVIEWERS['alice']}"}
+        listed = (await client.get("/admin/reviews/?status=all", headers=admin)).json()
+        approve_edited = await client.post(f"/admin/reviews/{edited['review_id']}/approve", headers=admin)
+        await client.post(f"/admin/reviews/{genuine['review_id']}/approve", headers=admin)
+        ok = await client.post(genuine["release_url"], headers={
+            "x-guard-release-token": genuine["release_token"], "authorization": CLIENT["authorization"]})
+    for refused in (released, resent, approve_edited):
+        assert refused.status_code == 409 and refused.json()["status"] == "tampered", refused.text
+    assert [i["id"] for i in listed["items"]] == [genuine["review_id"]]
+    assert ok.status_code == 200 and ok.json()["sha256"] == sha(UNSURE)
+    assert store.tampered >= 3
+    await store.aclose()
+
+
+def test_a_redis_review_store_requires_a_store_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GUARD_STORE_KEY")
+    with pytest.raises(ValueError, match="GUARD_STORE_KEY"):
+        RedisReviewStore.from_url("redis://127.0.0.1:1")
+    RedisReviewStore.from_url("redis://127.0.0.1:1", store_key="a-store-key-0123456789")
