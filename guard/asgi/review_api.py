@@ -20,7 +20,8 @@ GET      ``/console``                 the review console page (``guard.asgi.cons
 =======  ===========================  =============================================================================
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
-``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``, 403 ``loopback_only``. Releasing an approved
+``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``,
+403 ``loopback_only``. Releasing an approved
 item is the client's step (``guard/asgi/_reviews.py``) or the agent's (``guard.asgi.review_store.ReviewStore.release``).
 """
 

@@ -9,7 +9,8 @@
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
 answers a cached key from its own copy for ``--cache-local-ttl`` seconds before it reads Redis again); without it both
 stay in the process. ``--review-redis-url`` puts the review queue in a Redis of its own (persistent, ``noeviction``).
-Redis needs ``$GUARD_STORE_KEY``, the secret that seals what guard writes there. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
+Redis needs ``$GUARD_STORE_KEY``, the secret that seals what guard writes there.
+``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
 ``degraded`` while a policy set is loaded) and ``GET /_guard/metrics`` are served by the proxy itself.
 
 The reviewers' API (``/_guard/admin/reviews``) is served only with credentials: ``--review-tokens-env VAR`` names a

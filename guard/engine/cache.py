@@ -8,7 +8,8 @@ interface and one single-flight core:
 * :class:`RedisCache`: ``redis.asyncio`` with small timeouts. Every value it writes is sealed (HMAC-SHA256 keyed by
   ``CacheConfig.store_key`` or ``$GUARD_STORE_KEY``, :mod:`guard._seal`) under its Redis key; a value whose seal does
   not check (forged or edited in Redis, or written under another key) is a miss counted as ``forged``, never an
-  answer. Redis slow, down or holding a value of the wrong shape is a counted miss reported by :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
+  answer. Redis slow, down or holding a value of the wrong shape is a counted miss reported by
+  :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
   allow. Across replicas a short lock (``SET NX PX``, token-checked release in Lua) elects one leader per
   key; followers poll for the value and, when the leader fails, raise the leader's error so the policy's fail mode
   decides for them too.
