@@ -4,6 +4,7 @@
                 [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
                 [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
                 [--max-body-bytes N] [--decision-log FILE]
+                [--log-input none|redacted|full]
                 [--client-header x-forwarded-for] [--decision-headers brief|full]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.asgi._responses import DECISION_HEADERS
+from guard.engine.telemetry import LOG_INPUT_MODES
 from guard.backends.options import add_backend_options, open_cli_backend
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
 
@@ -73,6 +75,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--max-body-bytes", type=int, default=None, metavar="N", help="inspection cap (1 MiB)")
     parser.add_argument("--decision-log", default=None, metavar="FILE", help="append JSON-lines decision records")
+    parser.add_argument(
+        "--log-input",
+        default="redacted",
+        choices=LOG_INPUT_MODES,
+        help="what the decision log keeps of each request: redacted (default: headers, query parameters and body "
+        "fields named like secrets removed), none (no input and no state), full (all but the credential headers)",
+    )
     parser.add_argument(
         "--client-header",
         default=None,
@@ -164,7 +173,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
     _prometheus_meter_provider()
     backend = open_cli_backend(args)
-    log = DecisionLog(args.decision_log) if args.decision_log else None
+    log = DecisionLog(args.decision_log, log_input=args.log_input) if args.decision_log else None
     guard = Guard.from_files(
         *args.policy, backends=backend, redis_url=args.redis_url, cache_config=cache_config, decision_log=log
     )
