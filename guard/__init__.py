@@ -8,7 +8,7 @@ is used::
 Layers, bottom up; each imports only from the ones before it (``tests/test_layers.py`` checks it, lazy imports
 included)::
 
-    guard.errors, guard._json, guard.subject   errors; strict JSON; what is judged
+    guard.errors, guard._json, guard._seal, guard.subject   errors; strict JSON; store seals; what is judged
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)

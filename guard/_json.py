@@ -19,7 +19,13 @@ from typing import Any, Literal
 
 from guard.errors import InvalidJson
 
-__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "depth", "loads"]
+__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "depth", "is_json_media", "loads"]
+
+def is_json_media(media: str) -> bool:
+    """Whether a media type (lower-case, without parameters) is JSON: ``application/json`` or any structured
+    syntax suffix ``+json`` (RFC 6839: ``application/vnd.api+json``, ``application/problem+json``, ...)."""
+    return media == "application/json" or (media.endswith("+json") and "/" in media)
+
 
 DEFAULT_MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted (``{}`` is depth 1, a bare scalar depth 0)."""

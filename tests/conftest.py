@@ -12,6 +12,8 @@ import pytest
 from tests._redis_server import RedisServer, find_redis_url
 
 FIXTURES = Path(__file__).parent / "fixtures"
+STORE_KEY = "test-store-key-0123456789abcdef"
+os.environ.setdefault("GUARD_STORE_KEY", STORE_KEY)  # what a deployment sets: Redis stores seal what they write
 GOLDEN = FIXTURES / "clef-golden"
 
 

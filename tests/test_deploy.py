@@ -172,3 +172,39 @@ def test_compose_api_runs_an_importable_uvicorn_target_with_its_dependencies_ins
     distributions = importlib.metadata.packages_distributions()
     for name in sorted(imported - set(sys.stdlib_module_names) - {"guard", "__future__"}):
         assert {_normalised(d) for d in distributions[name]} & installed, f"the api image does not install {name}"
+
+
+def _redis_args(argv: list[str]) -> dict[str, str]:
+    """``--name value`` pairs of a redis-server command line."""
+    flags = [a for a in argv if a != "redis-server"]
+    return {flags[i][2:]: flags[i + 1] for i in range(0, len(flags) - 1, 2) if flags[i].startswith("--")}
+
+
+def test_shipped_redis_needs_a_password_and_keeps_reviews() -> None:
+    """Both stacks run every Redis with ``requirepass``; the review queue has its own Redis with an append-only file
+    and ``noeviction`` (cache pressure never evicts a held review); the gateway's URLs carry the password and it gets
+    the store key that seals what it writes."""
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]
+    k8s = {d["metadata"]["name"]: d for d in _documents(DEPLOY / "k8s" / "redis.yaml") if d["kind"] == "Deployment"}
+    stacks = {
+        "compose": ({n: _redis_args(compose[n]["command"]) for n in ("redis", "redis-reviews")},
+                    compose["proxy"]["command"], compose["proxy"]["environment"]),
+        "k8s": ({n: _redis_args(k8s[n]["spec"]["template"]["spec"]["containers"][0]["args"])
+                 for n in ("redis", "redis-reviews")}, [], {}),
+    }
+    gateway = next(d for d in _documents(DEPLOY / "k8s" / "gateway.yaml") if d["kind"] == "Deployment")
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    stacks["k8s"] = (stacks["k8s"][0], container["args"], {e["name"]: e for e in container["env"]})
+    for where, (servers, argv, env) in stacks.items():
+        for name, args in servers.items():
+            assert args.get("requirepass", "").strip(), (where, name)
+        assert servers["redis-reviews"]["maxmemory-policy"] == "noeviction", where
+        assert servers["redis-reviews"]["appendonly"] == "yes", where
+        parsed = build_parser().parse_args(["proxy", "--upstream", "http://x", "--policy", "p.yaml", *argv])
+        for url in (parsed.redis_url, parsed.review_redis_url):
+            assert url.startswith("redis://:") and "PASSWORD" in url, (where, url)
+        assert "redis-reviews" in parsed.review_redis_url, where
+        assert "GUARD_STORE_KEY" in env, where
+    policies = [d for d in _documents(DEPLOY / "k8s" / "redis.yaml") if d["kind"] == "NetworkPolicy"]
+    assert policies and policies[0]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "guard-gateway"}

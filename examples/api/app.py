@@ -9,8 +9,10 @@ compact model answers; ``policies/api_abuse.yaml`` needs Clef: ``--backend local
 
     python examples/api/app.py --port 8080 --policy guard/quickstart/policies.yaml
 
-The guarded app also serves the reviewers' API at ``/admin/reviews`` (token from ``$GUARD_REVIEW_TOKEN``, if set),
-and starts (warms up) the guard's backends at startup. A backend that cannot answer the policy, or a bad option,
+The guarded app serves the reviewers' API at ``/admin/reviews`` only with credentials: ``$GUARD_REVIEW_TOKENS`` holds
+``name:token,name:token`` (one token per reviewer, at least 16 characters each). Without it, ``--insecure-review``
+serves the API to loopback clients only (and only with a loopback ``--host``); with neither, the API is not mounted.
+The app starts (warms up) the guard's backends at startup. A backend that cannot answer the policy, or a bad option,
 stops it with one line.
 """
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -27,6 +29,7 @@ from pydantic import BaseModel
 
 from guard import Guard, MemoryReviewStore, ReviewStore
 from guard.asgi import GuardMiddleware, review_app
+from guard.asgi.review_api import is_loopback, parse_reviewer_tokens
 from guard.backends import start_backend
 
 
@@ -50,9 +53,10 @@ class SearchRequest(BaseModel):
 
 
 def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None = None,
-               review_token: str | None = None) -> FastAPI:
-    """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware`, serves the review API, and its
-    lifespan starts the guard's backends (a ``LocalBackend`` warms up before the first request)."""
+               reviewers: Mapping[str, str] | None = None, insecure_review: bool = False) -> FastAPI:
+    """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware` and its lifespan starts the
+    guard's backends (a ``LocalBackend`` warms up before the first request). The review API is mounted with
+    ``reviewers`` (name -> token), or for loopback clients only with ``insecure_review``; otherwise not at all."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,7 +88,8 @@ def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None =
 
     if guard is not None:
         store = review_store or MemoryReviewStore()
-        app.mount("/admin/reviews", review_app(store, token=review_token))
+        if reviewers is not None or insecure_review:
+            app.mount("/admin/reviews", review_app(store, reviewers=reviewers, insecure_loopback=insecure_review))
         app.add_middleware(GuardMiddleware, guard=guard, review_store=store)
     return app
 
@@ -99,13 +104,21 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--policy", help="guard the app in-process with this policy file")
+    parser.add_argument("--insecure-review", action="store_true",
+                        help="without $GUARD_REVIEW_TOKENS, serve the review API to loopback clients (loopback --host)")
     add_backend_options(parser, default="compact")
     args = parser.parse_args()
     try:
+        tokens = os.environ.get("GUARD_REVIEW_TOKENS")
+        reviewers = parse_reviewer_tokens(tokens) if tokens else None
+        if args.insecure_review and (reviewers is not None or not is_loopback(args.host)):
+            raise ValueError("--insecure-review needs a loopback --host and no $GUARD_REVIEW_TOKENS")
         guard = Guard.from_files(args.policy, backends=open_cli_backend(args)) if args.policy else None
     except (GuardError, OSError, ValueError) as exc:  # PolicyError is a GuardError
         raise SystemExit(f"app.py: {exc}") from None
-    app = create_app(guard, review_token=os.environ.get("GUARD_REVIEW_TOKEN"))
+    if guard is not None and reviewers is None and not args.insecure_review:
+        print("app.py: the review API is not served (set GUARD_REVIEW_TOKENS, or --insecure-review on loopback)")
+    app = create_app(guard, reviewers=reviewers, insecure_review=args.insecure_review)
     uvicorn.run(app, host=args.host, port=args.port)
 
 

@@ -22,19 +22,14 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl
 
-from guard._json import loads
+from guard._json import is_json_media, loads
 from guard.asgi._media import charset, check_xml_encoding, is_textual, is_xml, parse_params
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
 from guard.subject import body_strings, is_plain_key
 
-__all__ = ["is_json", "parse_body"]
-
-
-def is_json(media: str) -> bool:
-    """``application/json`` and every ``+json`` suffix type (``application/problem+json``)."""
-    return media == "application/json" or media.endswith("+json")
+__all__ = ["parse_body"]
 
 
 def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
@@ -121,7 +116,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
     if not body:
         return None, ""
     media, params = parse_params(content_type) if ";" in content_type else (content_type.strip().lower(), {})
-    if is_json(media):
+    if is_json_media(media):
         value: Any = _json(body, params, limits)
     elif media == "application/x-www-form-urlencoded":
         value = _urlencoded(body, params, limits)

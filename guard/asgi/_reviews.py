@@ -4,8 +4,11 @@
   202 ``{code: pending_review, review_id, status_url, release_url, ...}`` with ``Location: status_url``.
 * The client polls ``GET <review_path>/<id>`` (:class:`ClientReviewEndpoints`) and, once approved, either calls
   ``POST <review_path>/<id>/release`` (the held request is replayed to the application, with the releasing
-  request's credentials) or resends the same request with ``x-guard-review-id: <id>`` (:func:`release_on_resend`:
-  the content digest must match). Either way the release is single-use; a second one is a 409.
+  request's credentials) or resends the same request with ``x-guard-review-id: <id>`` (:func:`release_on_resend`).
+  Either way the release is single-use (a second one is a 409) and bound to the original client: it must carry the
+  ``release_token`` from the 202 in ``x-guard-release-token`` and the same credentials (``Authorization``,
+  ``Cookie``, ``X-Api-Key``, ``Proxy-Authorization``) as the held request; the digest covers both, so a review id
+  alone releases nothing.
 
 Reviewers approve and reject through :mod:`guard.asgi.review_api`, which is mounted separately (and protected).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -37,9 +41,11 @@ from guard.errors import BodyError, ReviewConflict, ReviewError, ReviewNotFound,
 from guard.subject import HttpSubject, digest_of
 from guard.verdict import Verdict
 
-__all__ = ["REVIEW_HEADER", "ClientReviewEndpoints", "content_digest", "hold", "release_on_resend"]
+__all__ = ["RELEASE_TOKEN_HEADER", "REVIEW_HEADER", "ClientReviewEndpoints", "content_digest", "hold",
+           "release_on_resend"]
 
 REVIEW_HEADER = "x-guard-review-id"
+RELEASE_TOKEN_HEADER = "x-guard-release-token"
 DEFAULT_REVIEW_MESSAGE = "The request is held for review."
 STORE_RETRY_AFTER_S = 5
 _RELEASE_BODY_LIMIT = 64 * 1024
@@ -54,9 +60,21 @@ class ReviewHost(Protocol):
     metrics: HttpMetrics
 
 
-def content_digest(scope: Scope, body: bytes) -> str:
-    """What a release is bound to: method, path, query string and the body bytes as received."""
-    return digest_of(scope["method"], scope["path"], scope.get("query_string", b""), body)
+def _client_binding(headers: Sequence[tuple[bytes, bytes]], release_token: bytes) -> list[bytes]:
+    """The release token and the credential headers (name and value, sorted): who may release."""
+    credentials = sorted(b"%s:%s" % (k.lower(), v) for k, v in headers if k.lower() in SENSITIVE_HEADERS)
+    return [release_token, *credentials]
+
+
+def content_digest(scope: Scope, body: bytes, release_token: bytes) -> str:
+    """What a release is bound to: method, path, query string, the body bytes as received, the release token and
+    the request's credential headers (SHA-256 hex, :func:`guard.subject.digest_of`)."""
+    return digest_of(scope["method"], scope["path"], scope.get("query_string", b""), body,
+                     *_client_binding(scope["headers"], release_token))
+
+
+def _presented_token(scope: Scope) -> bytes:
+    return next((v for k, v in scope["headers"] if k.lower() == RELEASE_TOKEN_HEADER.encode()), b"")
 
 
 async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
@@ -81,9 +99,11 @@ async def hold(
 ) -> None:
     """Store a review item for an ``escalate`` verdict and answer 202 (503 when the store is down: fail closed)."""
     headers = verdict_headers(verdict)
+    release_token = secrets.token_urlsafe(24)
     try:
         item = await mw.review_store.create(verdict, subject=subject_summary(subject),
-                                            digest=content_digest(scope, body), request=held_request(scope, body))
+                                            digest=content_digest(scope, body, release_token.encode()),
+                                            request=held_request(scope, body))
     except ReviewStoreUnavailable as exc:
         mw.metrics.reviews.labels("store_unavailable").inc()
         await _review_error(send, exc, headers)
@@ -92,7 +112,8 @@ async def hold(
     status_url, release_url = _urls(mw, scope, item.id)
     await send_json(send, 202, {
         "code": PENDING_REVIEW, "message": verdict.message or DEFAULT_REVIEW_MESSAGE, "review_id": item.id,
-        "status_url": status_url, "release_url": release_url, "expires_at": item.expires_at,
+        "status_url": status_url, "release_url": release_url, "release_token": release_token,
+        "expires_at": item.expires_at,
         "policy": verdict.policy_id, "rule": verdict.rule, "decision_id": verdict.decision_id,
     }, [*headers, (b"location", status_url.encode("latin-1", "replace")), (REVIEW_HEADER.encode(), item.id.encode())])
 
@@ -105,9 +126,10 @@ def _released_headers(item: ReviewItem) -> HeaderList:
 async def release_on_resend(
     mw: ReviewHost, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes
 ) -> None:
-    """The client resent an approved request with ``x-guard-review-id``: release it once if the content matches."""
+    """The client resent an approved request with ``x-guard-review-id``: release it once if the content, the release
+    token and the credentials match."""
     try:
-        item = await mw.review_store.release(review_id, content_digest(scope, body))
+        item = await mw.review_store.release(review_id, content_digest(scope, body, _presented_token(scope)))
     except ReviewError as exc:
         mw.metrics.reviews.labels("refused").inc()
         await _review_error(send, exc)
@@ -158,14 +180,16 @@ class ClientReviewEndpoints:
             item = await self.mw.review_store.get(review_id)
             if item.request is None:
                 raise ReviewConflict(review_id, item.status, "the item holds no HTTP request to release")
-            item = await self.mw.review_store.release(review_id, item.digest)
+            held = item.request
+            body = base64.b64decode(held["body_b64"])
+            digest = digest_of(held["method"], held["path"], held["query_string"].encode("latin-1"), body,
+                               *_client_binding(scope["headers"], _presented_token(scope)))
+            item = await self.mw.review_store.release(review_id, digest)
         except ReviewError as exc:
             self.mw.metrics.reviews.labels("refused").inc()
             await _review_error(send, exc)
             return
         self.mw.metrics.reviews.labels("released").inc()
-        held = item.request or {}
-        body = base64.b64decode(held["body_b64"])
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]]
         headers += [(k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS]
         headers.append((b"content-length", str(len(body)).encode()))

@@ -14,10 +14,13 @@ from guard.errors import BodyError
 from guard.subject import HttpSubject
 
 __all__ = [
+    "METHOD_OVERRIDE_HEADERS",
     "SENSITIVE_HEADERS",
+    "SINGLE_VALUE_HEADERS",
     "head_subject",
     "header_map",
     "held_request",
+    "method_override",
     "query_map",
     "subject_summary",
     "with_body",
@@ -34,17 +37,50 @@ _NOT_HELD = SENSITIVE_HEADERS | {
     b"upgrade",
     b"expect",
     b"x-guard-review-id",
+    b"x-guard-release-token",
 }
 
 
+METHOD_OVERRIDE_HEADERS = frozenset({"x-http-method-override", "x-http-method", "x-method-override"})
+"""Headers some frameworks read as the request's real method."""
+SINGLE_VALUE_HEADERS = frozenset({
+    "content-type", "content-length", "host", "authorization", "proxy-authorization", "user-agent",
+    "x-guard-review-id", "x-guard-release-token", *METHOD_OVERRIDE_HEADERS,
+})
+"""Headers that hold one value: sent twice they are refused, because readers differ on which copy wins (the first,
+the last, or both joined), so a policy and the application would read different values."""
+
+
 def header_map(scope: Scope) -> dict[str, str]:
-    """Header name (lower-case) -> value; repeated headers joined with ``", "`` (latin-1, as ASGI defines)."""
+    """Header name (lower-case) -> value; repeated headers joined with ``", "`` (latin-1, as ASGI defines).
+
+    Raises:
+        BodyError: 400 ``repeated_header`` (``field``: the header's name) for a repeated
+            :data:`SINGLE_VALUE_HEADERS` header.
+    """
     out: dict[str, str] = {}
     for raw_name, raw_value in scope["headers"]:
         name = raw_name.decode("latin-1").lower()
         value = raw_value.decode("latin-1")
+        if name in out and name in SINGLE_VALUE_HEADERS:
+            raise BodyError(400, "repeated_header", f"the {name} header is sent more than once; send it once",
+                            field=name)
         out[name] = f"{out[name]}, {value}" if name in out else value
     return out
+
+
+def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | None:
+    """``(where, method)`` when the request asks for another method: a :data:`METHOD_OVERRIDE_HEADERS` header or a
+    ``_method`` query parameter (``where`` names it), else ``None``."""
+    for name in METHOD_OVERRIDE_HEADERS:
+        if name in headers:
+            return name, headers[name].strip().upper()
+    query = scope.get("query_string", b"")
+    if b"_method" in query:
+        for key, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+            if key == "_method":
+                return "_method", value.strip().upper()
+    return None
 
 
 def query_map(scope: Scope, max_fields: int) -> dict[str, list[str]]:

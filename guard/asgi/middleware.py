@@ -2,7 +2,16 @@
 
 Every ``http`` request's target is first made canonical (:mod:`guard.asgi._target`: origin-form only, dot segments
 removed, slashes merged; ``%2F``, backslash and ``;`` refused with 400 ``invalid_target``), and the application gets
-that path, so what policies match is what the application routes on. For a request that a policy matches, it reads
+that path, so what policies match is what the application routes on. Paths are matched case-sensitively and a
+trailing slash is kept (``/V1/x`` and ``/v1/x/`` are other paths than ``/v1/x``): in front of a router that folds
+case or slashes, list every form in the policy's ``paths`` or use a glob. Headers the policy reads have one
+canonical view: a repeated single-value header (``Content-Type``, ``Content-Length``, ``Host``, ...,
+:data:`~guard.asgi._subject.SINGLE_VALUE_HEADERS`) is refused with 400 ``repeated_header`` naming it, and a
+``+json`` media type matches a policy's ``application/json``. A method override (``X-HTTP-Method-Override``,
+``X-HTTP-Method``, ``X-Method-Override`` or ``?_method=``) is refused with 400 ``method_override`` by default;
+``method_override="judge"`` matches and judges the request as the method it asks for, ``"ignore"`` as sent.
+
+For a request that a policy matches, it reads
 the body up to a cap on received bytes, undoes ``Content-Encoding``, parses JSON, forms or text strictly, builds the
 :class:`~guard.subject.HttpSubject`, awaits the verdict and then:
 
@@ -27,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -46,7 +55,7 @@ from guard.asgi._responses import (
     verdict_headers,
 )
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
-from guard.asgi._subject import head_subject, header_map, query_map, with_body
+from guard.asgi._subject import head_subject, header_map, method_override, query_map, with_body
 from guard.asgi._target import canonical_scope
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
@@ -58,11 +67,15 @@ from guard.policy import Policy
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
-__all__ = ["DEFAULT_REVIEW_PATH", "GuardMiddleware"]
+__all__ = ["DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "GuardMiddleware", "MethodOverride"]
 
 logger = logging.getLogger("guard.asgi")
 
 DEFAULT_REVIEW_PATH = "/_guard/reviews"
+MethodOverride = Literal["refuse", "judge", "ignore"]
+"""What a method override header or ``?_method=`` does: 400 (``refuse``), the judged method (``judge``), nothing
+(``ignore``: for applications that never honour one)."""
+METHOD_OVERRIDES: tuple[str, ...] = ("refuse", "judge", "ignore")
 """Where clients poll and release their held requests (``GET <path>/<id>``, ``POST <path>/<id>/release``)."""
 
 
@@ -90,10 +103,11 @@ class GuardMiddleware:
             ``"brief"`` (default): ``x-guard-decision-id``, and ``x-guard-fail-mode: open`` when the policy failed
             open; ``"full"``: every decision header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``,
             ``x-guard-shadow``). Responses guard gives itself (block, review, handoff) always carry every one.
+        method_override: ``"refuse"`` (default), ``"judge"`` or ``"ignore"`` (:data:`MethodOverride`).
 
     Raises:
-        ValueError: for an invalid limit, a ``review_path`` that does not start with ``/`` or an unknown
-            ``decision_headers``.
+        ValueError: for an invalid limit, a ``review_path`` that does not start with ``/``, an unknown
+            ``decision_headers`` or ``method_override``.
     """
 
     def __init__(
@@ -111,6 +125,7 @@ class GuardMiddleware:
         client_header: str | None = None,
         metrics: HttpMetrics | None = None,
         decision_headers: DecisionHeaders = "brief",
+        method_override: MethodOverride = "refuse",
     ) -> None:
         base = limits or BodyLimits()
         overrides: dict[str, Any] = {}
@@ -127,6 +142,9 @@ class GuardMiddleware:
             raise ValueError(f"review_path is {review_path!r}; it must be a path like '/_guard/reviews'")
         if decision_headers not in DECISION_HEADERS:
             raise ValueError(f"decision_headers is {decision_headers!r}; it must be one of {DECISION_HEADERS}")
+        if method_override not in METHOD_OVERRIDES:
+            raise ValueError(f"method_override is {method_override!r}; it must be one of {METHOD_OVERRIDES}")
+        self.method_override = method_override
         self.app = app
         self.guard = guard
         self.decision_headers = decision_headers
@@ -152,13 +170,32 @@ class GuardMiddleware:
         if path.startswith(self._review_prefix) or path == self.review_path:
             await self._reviews(scope, receive, send)
             return
-        headers = header_map(scope)
-        head = head_subject(scope, headers, self.client_header)
+        try:
+            headers = header_map(scope)
+            head = head_subject(self._judged_method(scope, headers), headers, self.client_header)
+        except BodyError as exc:
+            await refuse_target(send, exc, self.metrics)
+            return
         policy = self.guard.match(head)
         if policy is None:
             await self.app(scope, receive, send)
             return
         await self._guard(scope, receive, send, head, policy)
+
+    def _judged_method(self, scope: Scope, headers: dict[str, str]) -> Scope:
+        """The scope the subject is built from: as sent, or with the overriding method (``judge``).
+
+        Raises:
+            BodyError: 400 ``method_override`` under ``refuse``.
+        """
+        override = method_override(scope, headers) if self.method_override != "ignore" else None
+        if override is None:
+            return scope
+        where, method = override
+        if self.method_override == "refuse":
+            raise BodyError(400, "method_override", f"{where} asks for another method ({method[:20]!r}); send the "
+                            "request with that method instead", field=where)
+        return {**scope, "method": method}
 
     async def _guard(self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, policy: Policy) -> None:
         """One matched request, from body read to response."""

@@ -18,14 +18,14 @@ client connection is aborted (never a truncated body that looks complete).
 
 Built-in endpoints, outside the guard: ``GET /_guard/live`` (liveness: 200 while the process serves), ``GET
 /_guard/health`` (readiness: 200 with the engine's health, ``ok`` or ``degraded``, while a policy set is loaded) and
-``GET /_guard/metrics`` (Prometheus text). With ``review_token`` the reviewers' API is served at
-``/_guard/admin/reviews`` behind that bearer token.
+``GET /_guard/metrics`` (Prometheus text). With ``reviewers`` the reviewers' API is served at
+``/_guard/admin/reviews``, each reviewer with their own bearer token.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -344,7 +344,8 @@ def proxy_app(
     guard: Guard,
     config: ProxyConfig,
     *,
-    review_token: str | None = None,
+    reviewers: Mapping[str, str] | None = None,
+    review_insecure_loopback: bool = False,
     client: httpx.AsyncClient | None = None,
     live_path: str = DEFAULT_LIVE_PATH,
     health_path: str = DEFAULT_HEALTH_PATH,
@@ -355,12 +356,14 @@ def proxy_app(
     **middleware_options: Any,
 ) -> ASGIApp:
     """The whole proxy: :class:`ReverseProxy` behind :class:`GuardMiddleware`, plus health, metrics and (with
-    ``review_token``) the reviewers' API.
+    ``reviewers``, or ``review_insecure_loopback``) the reviewers' API.
 
     Args:
         guard: the engine (the caller closes it).
         config: upstream and timeouts.
-        review_token: serve the reviewers' API at ``admin_path``, requiring ``Authorization: Bearer <token>``.
+        reviewers: serve the reviewers' API at ``admin_path``; reviewer name -> bearer token
+            (:func:`guard.asgi.review_api.review_routes`).
+        review_insecure_loopback: serve it without tokens to loopback clients only (403 for any other).
         client: an ``httpx.AsyncClient`` for the upstream (tests); default one from ``config``.
         live_path, health_path, metrics_path, admin_path: where the built-in endpoints live (liveness, readiness,
             Prometheus text, reviewers' API).
@@ -372,8 +375,9 @@ def proxy_app(
     proxy = ReverseProxy(config, client=client, metrics=metrics)
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
     admin: ASGIApp | None = None
-    if review_token is not None:
-        admin = Starlette(routes=[Mount(admin_path, app=review_app(guarded.review_store, token=review_token))])
+    if reviewers is not None or review_insecure_loopback:
+        reviews = review_app(guarded.review_store, reviewers=reviewers, insecure_loopback=review_insecure_loopback)
+        admin = Starlette(routes=[Mount(admin_path, app=reviews)])
     return _ProxyApp(
         guarded,
         proxy,

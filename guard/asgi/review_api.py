@@ -1,26 +1,36 @@
 """The reviewers' API: list, read, approve and reject review items (JSON over HTTP, mountable Starlette routes).
 
-Mount it where only reviewers can reach it (behind your own authentication, or with ``token=``)::
+Authentication is on by default: every call sends ``Authorization: Bearer <token>`` with one reviewer's own token,
+and the reviewer recorded on a decision is the token's name (a request body cannot choose it)::
 
-    app = Starlette(routes=[Mount("/admin/reviews", app=review_app(store, token=os.environ["GUARD_REVIEW_TOKEN"]))])
+    reviewers = parse_reviewer_tokens(os.environ["GUARD_REVIEW_TOKENS"])   # "alice:<token>,bob:<token>"
+    app = Starlette(routes=[Mount("/admin/reviews", app=review_app(store, reviewers=reviewers))])
+
+Without tokens the API refuses to be built, unless ``insecure_loopback=True``: then it answers only clients
+connecting from a loopback address (127.0.0.0/8, ``::1``) and records them as ``loopback``; any other client gets 403.
+Tokens are compared in constant time (SHA-256 of the presented token against each reviewer's, every one compared).
 
 =======  ===========================  =============================================================================
 GET      ``/``                        items with ``?status=pending`` (default; ``approved``, ``rejected``,
                                       ``released``, ``all``) and ``?limit=`` (1-1000, default 100), oldest first
 GET      ``/{id}``                    one item with its state and answers (never the held body)
-POST     ``/{id}/approve``            pending -> approved; JSON body ``{"by": ..., "note": ...}`` (optional)
+POST     ``/{id}/approve``            pending -> approved; JSON body ``{"note": ...}`` (optional)
 POST     ``/{id}/reject``             pending -> rejected; same body
 GET      ``/console``                 the review console page (``guard.asgi.console``)
 =======  ===========================  =============================================================================
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
-``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``. Releasing an approved
+``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``,
+403 ``loopback_only``. Releasing an approved
 item is the client's step (``guard/asgi/_reviews.py``) or the agent's (``guard.asgi.review_store.ReviewStore.release``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -33,9 +43,11 @@ from guard.asgi.console import console_route
 from guard.asgi.review_store import STATUSES, ReviewStore
 from guard.errors import InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
 
-__all__ = ["MAX_LIST_LIMIT", "review_app", "review_routes"]
+__all__ = ["MAX_LIST_LIMIT", "MIN_TOKEN_CHARS", "is_loopback", "parse_reviewer_tokens", "review_app", "review_routes"]
 
 MAX_LIST_LIMIT = 1000
+MIN_TOKEN_CHARS = 16
+LOOPBACK_REVIEWER = "loopback"
 _MAX_DECISION_BODY = 16 * 1024
 _MAX_TEXT = 1000
 
@@ -52,22 +64,79 @@ def _review_error(exc: ReviewError) -> JSONResponse:
     return _error(503, "review_unavailable", str(exc))
 
 
-class _Api:
-    def __init__(self, store: ReviewStore, token: str | None) -> None:
-        self.store = store
-        self.token = token
+def parse_reviewer_tokens(text: str) -> dict[str, str]:
+    """Reviewer tokens from ``"name:token,name:token"`` (whitespace around entries ignored).
 
-    def _denied(self, request: Request) -> JSONResponse | None:
-        if self.token is None:
-            return None
+    Returns:
+        reviewer name -> token.
+
+    Raises:
+        ValueError: an empty list, an entry without ``name:``, a repeated name or token, or a token shorter than
+            :data:`MIN_TOKEN_CHARS`.
+    """
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        name, sep, token = entry.partition(":")
+        if not entry:
+            continue
+        if not sep or not name.strip():
+            raise ValueError(f"reviewer token entry {entry[:12]!r}...: expected name:token")
+        if name.strip() in out:
+            raise ValueError(f"reviewer {name.strip()!r} is listed twice")
+        out[name.strip()] = token.strip()
+    _check_reviewers(out)
+    return out
+
+
+def _check_reviewers(reviewers: Mapping[str, str]) -> None:
+    if not reviewers:
+        raise ValueError("no reviewer tokens given")
+    for name, token in reviewers.items():
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"reviewer {name!r}: the token has {len(token)} characters; at least {MIN_TOKEN_CHARS}")
+    if len(set(reviewers.values())) != len(reviewers):
+        raise ValueError("two reviewers share a token; each reviewer needs their own")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback IP address (127.0.0.0/8, ``::1``); names are not resolved."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Api:
+    def __init__(self, store: ReviewStore, reviewers: Mapping[str, str] | None, insecure_loopback: bool) -> None:
+        self.store = store
+        if reviewers is None and not insecure_loopback:
+            raise ValueError("the review API needs reviewer tokens (reviewers={name: token}); without them it runs "
+                             "only with insecure_loopback=True, for clients on this machine")
+        if reviewers is not None:
+            _check_reviewers(reviewers)
+        self._digests = [(hashlib.sha256(t.encode()).digest(), n) for n, t in (reviewers or {}).items()]
+
+    def _reviewer(self, request: Request) -> str | JSONResponse:
+        """The caller's reviewer name, or the 401/403 answer."""
+        if not self._digests:
+            client = request.client.host if request.client else ""
+            if is_loopback(client):
+                return LOOPBACK_REVIEWER
+            return _error(403, "loopback_only", "this review API has no tokens and answers loopback clients only",
+                          "client")
         given = request.headers.get("authorization", "")
-        if given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode(), self.token.encode()):
-            return None
-        return _error(401, "unauthorized", "send 'Authorization: Bearer <review token>'", "authorization")
+        presented = hashlib.sha256(given[7:].encode() if given.startswith("Bearer ") else b"").digest()
+        found: str | None = None
+        for digest, name in self._digests:  # every digest is compared, so the time does not tell which matched
+            if secrets.compare_digest(presented, digest) and given.startswith("Bearer "):
+                found = name
+        if found is None:
+            return _error(401, "unauthorized", "send 'Authorization: Bearer <your review token>'", "authorization")
+        return found
 
     async def list(self, request: Request) -> JSONResponse:
-        if (denied := self._denied(request)) is not None:
-            return denied
+        if isinstance(who := self._reviewer(request), JSONResponse):
+            return who
         status = request.query_params.get("status", "pending")
         if status not in (*STATUSES, "all"):
             return _error(400, "invalid_parameter", f"status {status[:40]!r} is not one of {[*STATUSES, 'all']}",
@@ -84,36 +153,34 @@ class _Api:
         return JSONResponse({"items": [item.to_json() for item in items], "count": len(items)})
 
     async def get(self, request: Request) -> JSONResponse:
-        if (denied := self._denied(request)) is not None:
-            return denied
+        if isinstance(who := self._reviewer(request), JSONResponse):
+            return who
         try:
             item = await self.store.get(request.path_params["review_id"])
         except ReviewError as exc:
             return _review_error(exc)
         return JSONResponse(item.to_json())
 
-    async def _decision(self, request: Request) -> dict[str, str | None] | JSONResponse:
+    async def _note(self, request: Request) -> str | None | JSONResponse:
         body = await request.body()
         if len(body) > _MAX_DECISION_BODY:
             return _error(413, "body_too_large", f"the decision body is {len(body)} bytes; at most "
                           f"{_MAX_DECISION_BODY}", "body")
         if not body.strip():
-            return {"by": None, "note": None}
+            return None
         try:
             data = loads(body)
         except InvalidJson as exc:
             return _error(400, "invalid_json", str(exc), "body")
-        if not isinstance(data, dict) or set(data) - {"by", "note"}:
-            return _error(400, "invalid_parameter", "the body must be an object with optional 'by' and 'note'",
-                          "body")
-        out: dict[str, str | None] = {}
-        for key in ("by", "note"):
-            value = data.get(key)
-            if value is not None and (not isinstance(value, str) or len(value) > _MAX_TEXT):
-                return _error(400, "invalid_parameter", f"{key} must be a string of at most {_MAX_TEXT} characters",
-                              key)
-            out[key] = value
-        return out
+        if isinstance(data, dict) and "by" in data:
+            return _error(400, "invalid_parameter", "the reviewer comes from the token; do not send 'by'", "by")
+        if not isinstance(data, dict) or set(data) - {"note"}:
+            return _error(400, "invalid_parameter", "the body must be an object with an optional 'note'", "body")
+        note = data.get("note")
+        if note is not None and (not isinstance(note, str) or len(note) > _MAX_TEXT):
+            return _error(400, "invalid_parameter", f"note must be a string of at most {_MAX_TEXT} characters",
+                          "note")
+        return note
 
     async def approve(self, request: Request) -> JSONResponse:
         return await self._decide(request, approve=True)
@@ -122,28 +189,35 @@ class _Api:
         return await self._decide(request, approve=False)
 
     async def _decide(self, request: Request, *, approve: bool) -> JSONResponse:
-        if (denied := self._denied(request)) is not None:
-            return denied
-        decision = await self._decision(request)
-        if isinstance(decision, JSONResponse):
-            return decision
+        if isinstance(who := self._reviewer(request), JSONResponse):
+            return who
+        note = await self._note(request)
+        if isinstance(note, JSONResponse):
+            return note
         review_id = request.path_params["review_id"]
         change = self.store.approve if approve else self.store.reject
         try:
-            item = await change(review_id, by=decision["by"], note=decision["note"])
+            item = await change(review_id, by=who, note=note)
         except ReviewError as exc:
             return _review_error(exc)
         return JSONResponse(item.to_json())
 
 
-def review_routes(store: ReviewStore, *, token: str | None = None) -> list[Route]:
+def review_routes(
+    store: ReviewStore, *, reviewers: Mapping[str, str] | None = None, insecure_loopback: bool = False
+) -> list[Route]:
     """The reviewers' routes (see the module docstring), to include in your own app or ``Mount``.
 
     Args:
         store: the review store the middleware writes to.
-        token: when given, every call must send ``Authorization: Bearer <token>`` (401 otherwise).
+        reviewers: reviewer name -> bearer token (each at least :data:`MIN_TOKEN_CHARS` characters, all distinct);
+            every call must send one (401 otherwise).
+        insecure_loopback: with no ``reviewers``, answer loopback clients without a token (403 for others).
+
+    Raises:
+        ValueError: no ``reviewers`` and not ``insecure_loopback``; a short or shared token.
     """
-    api = _Api(store, token)
+    api = _Api(store, reviewers, insecure_loopback)
     return [
         console_route(),  # GET /console: the page; before /{review_id}
         Route("/", api.list, methods=["GET"]),
@@ -153,6 +227,8 @@ def review_routes(store: ReviewStore, *, token: str | None = None) -> list[Route
     ]
 
 
-def review_app(store: ReviewStore, *, token: str | None = None) -> Starlette:
-    """A small Starlette app serving :func:`review_routes`, ready to ``Mount``."""
-    return Starlette(routes=review_routes(store, token=token))
+def review_app(
+    store: ReviewStore, *, reviewers: Mapping[str, str] | None = None, insecure_loopback: bool = False
+) -> Starlette:
+    """A small Starlette app serving :func:`review_routes` (same arguments and errors), ready to ``Mount``."""
+    return Starlette(routes=review_routes(store, reviewers=reviewers, insecure_loopback=insecure_loopback))

@@ -11,7 +11,11 @@ Every transition is atomic (a Lua script in Redis, a plain check-and-set in memo
 the same item give one success and one :class:`~guard.errors.ReviewConflict`. Items expire after their TTL.
 
 Two stores share the :class:`ReviewStore` protocol: :class:`RedisReviewStore` (shared across replicas, Redis TTL)
-and :class:`MemoryReviewStore` (one process, the fallback when no Redis is configured). A Redis that cannot be
+and :class:`MemoryReviewStore` (one process, the fallback when no Redis is configured). Redis items are sealed
+(HMAC-SHA256 keyed by the store key, :mod:`guard._seal`) over every field, status included, and each transition is
+a compare-and-set on the seal: an item edited in Redis by someone without the key (``HSET ... status approved``)
+is refused as ``tampered`` (409), never approved or released. The in-memory store needs no seal: only this process
+writes it. A Redis that cannot be
 reached raises :class:`~guard.errors.ReviewStoreUnavailable`; callers fail closed on it, never open.
 
 Example:
@@ -24,11 +28,13 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from guard._seal import Sealer
 from guard.errors import ReviewConflict, ReviewNotFound, ReviewStoreUnavailable
 from guard.subject import digest_of
 from guard.verdict import Verdict
@@ -58,6 +64,8 @@ DEFAULT_REVIEW_PREFIX = "guard:review:"
 DEFAULT_MAX_ITEMS = 10_000
 """Most items the in-memory store holds; creating one more fails closed."""
 DEFAULT_LIST_LIMIT = 100
+
+logger = logging.getLogger("guard.review")
 
 
 @dataclass(frozen=True)
@@ -207,7 +215,7 @@ def _conflict(item_id: str, status: str, wanted: str) -> ReviewConflict:
 
 
 def _digest_conflict(item_id: str, status: str) -> ReviewConflict:
-    return ReviewConflict(item_id, status, "the content differs from the content that was reviewed (digest mismatch)")
+    return ReviewConflict(item_id, status, "the content or the client differs from what was reviewed (digest mismatch)")
 
 
 class MemoryReviewStore:
@@ -296,6 +304,11 @@ _CORE_FIELDS = ("id", "created_at", "expires_at", "decision_id", "policy_id", "p
                 "subject", "state", "answers")
 
 
+def _sealed(fields: list[str | None]) -> bytes:
+    """What a Redis item's seal covers: status, core, digest, decided, released_at and request, as stored."""
+    return json.dumps([f or "" for f in fields[:6]], separators=(",", ":")).encode()
+
+
 class RedisReviewStore:
     """A review store in Redis, shared by every replica: one hash per item with a TTL, plus an expiry index.
 
@@ -304,17 +317,27 @@ class RedisReviewStore:
         prefix: key prefix (see :data:`DEFAULT_REVIEW_PREFIX`).
         ttl_s: item lifetime, seconds (Redis expires the key).
         owns_client: close ``client`` in :meth:`aclose` (set by :meth:`from_url`).
+        store_key: the secret items are sealed with (at least 16 bytes); ``None`` = ``$GUARD_STORE_KEY``. Every
+            replica sharing the store needs the same one.
+
+    Attributes:
+        tampered: items refused so far because their seal did not check.
+
+    Raises:
+        ValueError: no store key, or a short one.
     """
 
     # KEYS[1] = item hash. ARGV[1] = required status, ARGV[2] = new status, ARGV[3] = required digest or "",
-    # ARGV[4..] = extra field/value pairs to set. Returns {code, current status}: 0 missing, 1 wrong status,
-    # 2 digest mismatch, 3 changed. HSET keeps the key's TTL.
+    # ARGV[4] = required seal (the one just read and checked), ARGV[5..] = field/value pairs to set (the new seal
+    # among them). Returns {code, current status}: 0 missing, 1 wrong status, 2 digest mismatch, 3 changed,
+    # 4 the item changed since it was read. HSET keeps the key's TTL.
     TRANSITION_SCRIPT = """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {0, ''} end
 if cur ~= ARGV[1] then return {1, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'digest') ~= ARGV[3] then return {2, cur} end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 4))
+if redis.call('HGET', KEYS[1], 'seal') ~= ARGV[4] then return {4, cur} end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 5))
 return {3, ARGV[2]}
 """
 
@@ -325,8 +348,11 @@ return {3, ARGV[2]}
         prefix: str = DEFAULT_REVIEW_PREFIX,
         ttl_s: float = DEFAULT_REVIEW_TTL_S,
         owns_client: bool = False,
+        store_key: bytes | str | None = None,
     ) -> None:
         self.ttl_s = _check_ttl(ttl_s)
+        self._sealer = Sealer.resolve(store_key, "RedisReviewStore")
+        self.tampered = 0
         self.prefix = prefix
         self._client = client
         self._owns_client = owns_client
@@ -336,13 +362,14 @@ return {3, ARGV[2]}
     @classmethod
     def from_url(
         cls, url: str, *, prefix: str = DEFAULT_REVIEW_PREFIX, ttl_s: float = DEFAULT_REVIEW_TTL_S,
-        timeout_s: float = 0.5,
+        timeout_s: float = 0.5, store_key: bytes | str | None = None,
     ) -> RedisReviewStore:
-        """A store with its own client for ``url``; socket connect/read timeouts of ``timeout_s`` seconds."""
+        """A store with its own client for ``url`` (``redis://:PASSWORD@host`` or ``rediss://`` for TLS); socket
+        connect/read timeouts of ``timeout_s`` seconds."""
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        return cls(client, prefix=prefix, ttl_s=ttl_s, owns_client=True)
+        return cls(client, prefix=prefix, ttl_s=ttl_s, owns_client=True, store_key=store_key)
 
     def __repr__(self) -> str:
         return f"RedisReviewStore(prefix={self.prefix!r}, ttl_s={self.ttl_s})"
@@ -364,16 +391,32 @@ return {3, ARGV[2]}
             return None
         return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
-    def _decode(self, fields: list[Any], *, with_request: bool) -> ReviewItem | None:
-        status, core, digest, decided, released_at, request = (self._text(v) for v in fields)
-        if status is None or core is None or digest is None:
+    def _checked(self, review_id: str, raw: list[Any]) -> list[str | None] | None:
+        """The item's fields as text (:attr:`_FIELDS` order), ``None`` when it is absent.
+
+        Raises:
+            ReviewConflict: status ``tampered``: the seal does not check.
+        """
+        texts = [self._text(v) for v in raw]
+        if texts[0] is None:
             return None
-        data = json.loads(core)
+        seal = texts[-1]
+        if seal is None or not self._sealer.check(self._key(review_id), _sealed(texts), seal):
+            self.tampered += 1
+            logger.warning("review item %s fails its integrity check (edited in Redis); refusing it", review_id)
+            raise ReviewConflict(review_id, "tampered", "the item fails its integrity check (edited in the store "
+                                 "without the store key); it cannot be approved or released")
+        return texts
+
+    @staticmethod
+    def _decode(texts: list[str | None], *, with_request: bool) -> ReviewItem:
+        status, core, digest, decided, released_at, request, _ = texts
+        data = json.loads(core or "{}")
         extra = json.loads(decided) if decided else {}
         return ReviewItem(
             **{k: data.get(k) for k in _CORE_FIELDS},
             status=status,  # type: ignore[arg-type]
-            digest=digest,
+            digest=digest or "",
             decided_by=extra.get("by"),
             decided_at=extra.get("at"),
             note=extra.get("note"),
@@ -381,7 +424,7 @@ return {3, ARGV[2]}
             request=json.loads(request) if (with_request and request) else None,
         )
 
-    _FIELDS = ("status", "core", "digest", "decided", "released_at", "request")
+    _FIELDS = ("status", "core", "digest", "decided", "released_at", "request", "seal")
 
     async def create(
         self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None
@@ -389,9 +432,11 @@ return {3, ARGV[2]}
         item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s)
         key = self._key(item.id)
         core = json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), default=str)
-        mapping: dict[Any, Any] = {"status": item.status, "core": core, "digest": digest}
-        if request is not None:
-            mapping["request"] = json.dumps(request, separators=(",", ":"))
+        held = json.dumps(request, separators=(",", ":")) if request is not None else None
+        seal = self._sealer.seal(key, _sealed([item.status, core, digest, None, None, held]))
+        mapping: dict[Any, Any] = {"status": item.status, "core": core, "digest": digest, "seal": seal}
+        if held is not None:
+            mapping["request"] = held
         pipe = self._client.pipeline(transaction=True)
         pipe.hset(key, mapping=mapping)
         pipe.pexpireat(key, int(item.expires_at * 1000))
@@ -400,12 +445,15 @@ return {3, ARGV[2]}
         await self._call(item.id, pipe.execute())
         return item
 
-    async def get(self, review_id: str) -> ReviewItem:
-        fields = await self._call(review_id, self._client.hmget(self._key(review_id), list(self._FIELDS)))
-        item = self._decode(fields, with_request=True)
-        if item is None:
+    async def _read(self, review_id: str) -> list[str | None]:
+        raw = await self._call(review_id, self._client.hmget(self._key(review_id), list(self._FIELDS)))
+        texts = self._checked(review_id, raw)
+        if texts is None:
             raise ReviewNotFound(review_id)
-        return item
+        return texts
+
+    async def get(self, review_id: str) -> ReviewItem:
+        return self._decode(await self._read(review_id), with_request=True)
 
     async def list_items(
         self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT
@@ -416,14 +464,33 @@ return {3, ARGV[2]}
         for raw in ids:
             pipe.hmget(self._key(self._text(raw) or ""), list(self._FIELDS))
         rows = await self._call("(list)", pipe.execute()) if ids else []
-        items = [item for row in rows if (item := self._decode(row, with_request=False)) is not None]
+        items = []
+        for raw_id, row in zip(ids, rows):
+            try:
+                texts = self._checked(self._text(raw_id) or "", row)
+            except ReviewConflict:  # tampered: counted and logged, never listed for approval
+                continue
+            if texts is not None:
+                items.append(self._decode(texts, with_request=False))
         items = [i for i in items if status is None or i.status == status]
         items.sort(key=lambda i: i.created_at)
         return items[:limit]
 
-    async def _move(self, review_id: str, need: ReviewStatus, to: ReviewStatus, digest: str, *pairs: str) -> ReviewItem:
+    async def _move(self, review_id: str, need: ReviewStatus, to: ReviewStatus, digest: str,
+                    changes: dict[str, str]) -> ReviewItem:
+        """Check the item (seal, status, digest), then set ``to`` and ``changes`` with a new seal, atomically if the
+        item is still what was read."""
+        texts = await self._read(review_id)
+        if texts[0] != need:
+            raise _conflict(review_id, texts[0] or "", need)
+        if digest and not secrets.compare_digest(texts[2] or "", digest):
+            raise _digest_conflict(review_id, need)
+        fields = {**dict(zip(self._FIELDS, texts)), "status": to, **changes}
+        key = self._key(review_id)
+        seal = self._sealer.seal(key, _sealed([fields[f] for f in self._FIELDS]))
+        pairs = [x for name, value in {**changes, "seal": seal}.items() for x in (name, value)]
         code, current = await self._call(
-            review_id, self._transition(keys=[self._key(review_id)], args=[need, to, digest, *pairs])
+            review_id, self._transition(keys=[key], args=[need, to, digest, texts[-1] or "", *pairs])
         )
         current = self._text(current) or ""
         if int(code) == 0:
@@ -432,11 +499,13 @@ return {3, ARGV[2]}
             raise _conflict(review_id, current, need)
         if int(code) == 2:
             raise _digest_conflict(review_id, current)
+        if int(code) == 4:
+            raise ReviewConflict(review_id, current, "the item changed while this change was made; read it again")
         return await self.get(review_id)
 
     async def _decide(self, review_id: str, to: ReviewStatus, by: str | None, note: str | None) -> ReviewItem:
         decided = json.dumps({"by": by, "at": time.time(), "note": note})
-        return await self._move(review_id, "pending", to, "", "decided", decided)
+        return await self._move(review_id, "pending", to, "", {"decided": decided})
 
     async def approve(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
         return await self._decide(review_id, "approved", by, note)
@@ -447,7 +516,7 @@ return {3, ARGV[2]}
     async def release(self, review_id: str, digest: str) -> ReviewItem:
         if not digest:
             raise _digest_conflict(review_id, "unknown")
-        return await self._move(review_id, "approved", "released", digest, "released_at", repr(time.time()))
+        return await self._move(review_id, "approved", "released", digest, {"released_at": repr(time.time())})
 
     async def aclose(self) -> None:
         if self._owns_client:

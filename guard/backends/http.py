@@ -9,7 +9,7 @@ and ``tenacity`` retries:
   (seconds or an HTTP date; also ``retry-after-ms``) when the wait fits in the deadline; never on other 4xx;
 * every 2xx body is checked with :meth:`SystemOneResponseV1.from_json` (each question answered, finite,
   probabilities summing to 1 within the provider's rounding); Cloudflare's ``{result, success, errors, messages}``
-  envelope is unwrapped and ``success`` must be ``true`` (spec §5.5);
+  envelope is unwrapped and ``success`` must be ``true`` (spec §5.5), also when ``answers`` sit beside it;
 * httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
   ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``.
 
@@ -313,7 +313,7 @@ class SystemOneClient:
                 f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.detail}): {snippet(response)!r}",
                 backend=self.name,
             ) from exc
-        if isinstance(body, Mapping) and "success" in body and "answers" not in body:
+        if isinstance(body, Mapping) and "success" in body:  # an envelope, even one that also carries answers
             body = self._unwrap(body, status)
         return SystemOneResponseV1.from_json(
             body,
@@ -333,9 +333,11 @@ class SystemOneClient:
                 status_code=status,
                 detail=envelope.get("errors"),
             )
-        if "result" not in envelope:
-            raise MalformedAnswer(f"{self.name}: success envelope without a 'result'", backend=self.name)
-        return envelope["result"]
+        if "result" in envelope:
+            return envelope["result"]
+        if "answers" in envelope:  # a successful envelope with the answers beside its flags
+            return envelope
+        raise MalformedAnswer(f"{self.name}: success envelope without a 'result'", backend=self.name)
 
     def _status_error(self, response: httpx.Response) -> BackendError:
         status = response.status_code

@@ -2,13 +2,21 @@
 
     guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
                 [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
-                [--cache-local-ttl SECONDS] [--review-token-env VAR] [--max-body-bytes N] [--decision-log FILE]
+                [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
+                [--max-body-bytes N] [--decision-log FILE]
+                [--log-input none|redacted|full]
                 [--client-header x-forwarded-for] [--decision-headers brief|full]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
 answers a cached key from its own copy for ``--cache-local-ttl`` seconds before it reads Redis again); without it both
-stay in the process. ``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
+stay in the process. ``--review-redis-url`` puts the review queue in a Redis of its own (persistent, ``noeviction``).
+Redis needs ``$GUARD_STORE_KEY``, the secret that seals what guard writes there.
+``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
 ``degraded`` while a policy set is loaded) and ``GET /_guard/metrics`` are served by the proxy itself.
+
+The reviewers' API (``/_guard/admin/reviews``) is served only with credentials: ``--review-tokens-env VAR`` names a
+variable holding ``name:token,name:token`` (one token per reviewer, each at least 16 characters). Without tokens,
+``--review-insecure-loopback`` serves it to loopback clients only, and only when ``--listen`` is a loopback address.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.asgi._responses import DECISION_HEADERS
+from guard.engine.telemetry import LOG_INPUT_MODES
 from guard.backends.options import add_backend_options, open_cli_backend
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
 
@@ -40,7 +49,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--upstream", required=True, metavar="URL", help="the protected service, e.g. http://app:9000")
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}")
     add_backend_options(parser, default="compact")
-    parser.add_argument("--redis-url", default=None, metavar="URL", help="Redis for the cache and the review queue")
+    parser.add_argument("--redis-url", default=None, metavar="URL",
+                        help="Redis for the cache (and the review queue, without --review-redis-url); "
+                        "redis://:PASSWORD@host:port/db or rediss:// for TLS; needs $GUARD_STORE_KEY")
+    parser.add_argument("--review-redis-url", default=None, metavar="URL",
+                        help="a separate Redis for the review queue (persistent, noeviction); default --redis-url")
     parser.add_argument(
         "--cache-local-ttl",
         type=float,
@@ -50,13 +63,25 @@ def register(subparsers: Any) -> None:
         "(0 = read Redis on every hit; default CacheConfig.local_ttl, 1 s)",
     )
     parser.add_argument(
-        "--review-token-env",
+        "--review-tokens-env",
         default=None,
         metavar="VAR",
-        help="serve the reviewers' API at /_guard/admin/reviews with the bearer token in $VAR",
+        help="serve the reviewers' API at /_guard/admin/reviews; $VAR holds name:token,name:token (one per reviewer)",
+    )
+    parser.add_argument(
+        "--review-insecure-loopback",
+        action="store_true",
+        help="serve the reviewers' API without tokens to loopback clients (only with a loopback --listen)",
     )
     parser.add_argument("--max-body-bytes", type=int, default=None, metavar="N", help="inspection cap (1 MiB)")
     parser.add_argument("--decision-log", default=None, metavar="FILE", help="append JSON-lines decision records")
+    parser.add_argument(
+        "--log-input",
+        default="redacted",
+        choices=LOG_INPUT_MODES,
+        help="what the decision log keeps of each request: redacted (default: headers, query parameters and body "
+        "fields named like secrets removed), none (no input and no state), full (all but the credential headers)",
+    )
     parser.add_argument(
         "--client-header",
         default=None,
@@ -116,11 +141,13 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
     Raises:
-        ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device``, ``--cache-local-ttl`` or a missing
-            token variable.
+        ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device``, ``--cache-local-ttl``; a missing
+            or malformed token variable; ``--review-insecure-loopback`` with a non-loopback ``--listen``.
         PolicyError: an invalid policy file.
     """
     from guard.asgi.proxy import ProxyConfig, proxy_app
+    from guard.asgi.review_api import is_loopback as _is_loopback
+    from guard.asgi.review_api import parse_reviewer_tokens
     from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
     from guard.backends import start_backend
     from guard.engine import Guard
@@ -130,20 +157,28 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
 
     host, port = _listen(args.listen)
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout)
-    token = None
-    if args.review_token_env:
-        token = os.environ.get(args.review_token_env)
-        if not token:
-            raise ValueError(f"--review-token-env {args.review_token_env}: the variable is not set or empty")
+    reviewers = None
+    if args.review_tokens_env:
+        text = os.environ.get(args.review_tokens_env)
+        if not text:
+            raise ValueError(f"--review-tokens-env {args.review_tokens_env}: the variable is not set or empty")
+        try:
+            reviewers = parse_reviewer_tokens(text)
+        except ValueError as exc:
+            raise ValueError(f"--review-tokens-env {args.review_tokens_env}: {exc}") from None
+    if args.review_insecure_loopback and (reviewers is not None or not _is_loopback(host)):
+        raise ValueError("--review-insecure-loopback needs a loopback --listen (127.0.0.1, ::1) and no "
+                         "--review-tokens-env")
     load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
     cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
     _prometheus_meter_provider()
     backend = open_cli_backend(args)
-    log = DecisionLog(args.decision_log) if args.decision_log else None
+    log = DecisionLog(args.decision_log, log_input=args.log_input) if args.decision_log else None
     guard = Guard.from_files(
         *args.policy, backends=backend, redis_url=args.redis_url, cache_config=cache_config, decision_log=log
     )
-    store: ReviewStore = RedisReviewStore.from_url(args.redis_url) if args.redis_url else MemoryReviewStore()
+    review_url = args.review_redis_url or args.redis_url
+    store: ReviewStore = RedisReviewStore.from_url(review_url) if review_url else MemoryReviewStore()
     options: dict[str, Any] = {
         "review_store": store,
         "client_header": args.client_header,
@@ -165,7 +200,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         await store.aclose()
         await guard.aclose()
 
-    app = proxy_app(guard, config, review_token=token, on_startup=astart, on_shutdown=aclose, **options)
+    app = proxy_app(guard, config, reviewers=reviewers, review_insecure_loopback=args.review_insecure_loopback,
+                    on_startup=astart, on_shutdown=aclose, **options)
     return ProxyRuntime(app=app, host=host, port=port, aclose=aclose)
 
 

@@ -5,8 +5,11 @@ Keys are :func:`~guard.engine.keys.cache_key` hashes of everything the model see
 interface and one single-flight core:
 
 * :class:`MemoryCache`: in-process LRU + TTL; a single process needs nothing else.
-* :class:`RedisCache`: ``redis.asyncio`` with small timeouts. Redis slow, down or holding a value of the wrong shape
-  is a counted miss reported by :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
+* :class:`RedisCache`: ``redis.asyncio`` with small timeouts. Every value it writes is sealed (HMAC-SHA256 keyed by
+  ``CacheConfig.store_key`` or ``$GUARD_STORE_KEY``, :mod:`guard._seal`) under its Redis key; a value whose seal does
+  not check (forged or edited in Redis, or written under another key) is a miss counted as ``forged``, never an
+  answer. Redis slow, down or holding a value of the wrong shape is a counted miss reported by
+  :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
   allow. Across replicas a short lock (``SET NX PX``, token-checked release in Lua) elects one leader per
   key; followers poll for the value and, when the leader fails, raise the leader's error so the policy's fail mode
   decides for them too.
@@ -27,12 +30,13 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from guard._seal import Sealer
 from guard.engine.keys import cache_key
 from guard.errors import BackendError, BackendTimeout, BackendUnavailable, MalformedAnswer
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
@@ -42,6 +46,7 @@ __all__ = [
     "CacheConfig",
     "CacheHealth",
     "CachedAnswers",
+    "ForgedEntry",
     "Lookup",
     "MemoryCache",
     "ProbabilityCache",
@@ -85,6 +90,8 @@ class CacheConfig:
         breaker_after: consecutive failed operations that open the breaker (one slow reply alone does not).
         degraded_window: seconds after the last error that health stays ``"degraded"``.
         max_entries: entries held in process (LRU): the in-process cache's size; a Redis cache's local copies.
+        store_key: the secret a Redis cache seals its values with (at least 16 bytes); ``None`` = ``$GUARD_STORE_KEY``.
+            Required for Redis (every replica sharing it needs the same one); unused in process.
         local_ttl: seconds a Redis cache answers a key from the copy it holds in process (of a value it read from
             Redis or wrote there, never longer than the value has left in Redis: a read takes its PTTL in the same
             round trip) before it reads Redis again; ``0`` = every hit reads Redis (one GET, no PTTL). Answers are
@@ -101,6 +108,7 @@ class CacheConfig:
     degraded_window: float = DEFAULT_DEGRADED_WINDOW_S
     max_entries: int = DEFAULT_MAX_ENTRIES
     local_ttl: float = DEFAULT_LOCAL_TTL_S
+    store_key: bytes | str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("op_timeout", "poll_interval"):
@@ -125,6 +133,7 @@ class CacheHealth:
     misses: int = 0
     shared: int = 0
     corrupt: int = 0
+    forged: int = 0
     errors: int = 0
     skipped: int = 0
     stores: int = 0
@@ -330,17 +339,24 @@ class ProbabilityCache:
         """The stored answers, or ``None`` (absent, unreadable or of the wrong shape: counted, later overwritten)."""
         try:
             answers = await self._load(key, request, ttl)
-        except MalformedAnswer:
-            if not count:
-                return None
-            self._stats.corrupt += 1
-            logger.warning("cache value for %s has the wrong shape; ignoring and overwriting it", key[:16])
+        except MalformedAnswer as exc:
+            if count:
+                self._count_bad(key, exc)
             return None
         if answers is None:
             return None
         if count:
             self._stats.hits += 1
         return answers
+
+    def _count_bad(self, key: str, exc: MalformedAnswer) -> None:
+        if isinstance(exc, ForgedEntry):
+            self._stats.forged += 1
+            logger.warning("cache value for %s fails its integrity check (forged or edited in the store); ignoring "
+                           "and overwriting it", key[:16])
+        else:
+            self._stats.corrupt += 1
+            logger.warning("cache value for %s has the wrong shape; ignoring and overwriting it", key[:16])
 
     def _record_error(self, exc: BaseException) -> None:
         self._stats.errors += 1
@@ -403,6 +419,10 @@ class MemoryCache(ProbabilityCache):
         return len(self._entries)
 
 
+class ForgedEntry(MalformedAnswer):
+    """A stored value whose seal does not check: written by someone without the store key."""
+
+
 class RedisCache(ProbabilityCache):
     """Redis-backed cache with a cross-replica single-flight lock. One client per event loop (``redis.asyncio``
     connections belong to the loop that opened them)."""
@@ -420,6 +440,7 @@ return 0
     def __init__(self, config: CacheConfig) -> None:
         if not config.url:
             raise ValueError("RedisCache needs CacheConfig.url, e.g. redis://127.0.0.1:6379/0")
+        self._sealer = Sealer.resolve(config.store_key, "RedisCache")
         super().__init__(config)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
             weakref.WeakKeyDictionary()
@@ -471,6 +492,7 @@ return 0
         check and decode the same way), else decoded and checked now.
 
         Raises:
+            ForgedEntry: ``raw`` does not carry this cache's seal for ``key``.
             MalformedAnswer: ``raw`` is not JSON or not of the stored shape for ``request``.
         """
         with self._lock:
@@ -478,8 +500,11 @@ return 0
         if held is not None and held[2] == raw:
             answers = held[1]
         else:
+            seal, _, blob = raw.partition(b"\n")
+            if not self._sealer.check(self._key("a", key), blob, seal):
+                raise ForgedEntry("stored answers fail their integrity check")
             try:
-                value = json.loads(raw)
+                value = json.loads(blob)
             except (ValueError, UnicodeDecodeError) as exc:
                 raise MalformedAnswer("stored answers are not JSON") from exc
             answers = CachedAnswers(decode_answers(value, request))
@@ -502,7 +527,8 @@ return 0
         return self._decode(key, raw, request, left)
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
-        blob = json.dumps(value, separators=(",", ":")).encode()
+        data = json.dumps(value, separators=(",", ":")).encode()
+        blob = self._sealer.seal(self._key("a", key), data).encode() + b"\n" + data
         result = await self._op(lambda r: r.set(self._key("a", key), blob, px=max(1, int(ttl * 1000))))
         if result is not _FAILED:
             self._stats.stores += 1
@@ -533,8 +559,8 @@ return 0
             if value is not None:
                 try:
                     return self._decode(key, value, request, ttl)
-                except MalformedAnswer:
-                    self._stats.corrupt += 1
+                except MalformedAnswer as exc:
+                    self._count_bad(key, exc)
                     return None
             if failure is not None:
                 raise _failure_from_marker(failure)

@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +36,16 @@ from guard import __version__
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.verdict import Verdict
 
-__all__ = ["DEFAULT_REDACT", "SPAN_ATTRIBUTES", "SPAN_NAME", "TRACING_RECHECK_S", "DecisionLog", "Telemetry"]
+__all__ = [
+    "DEFAULT_REDACT",
+    "LOG_INPUT_MODES",
+    "SECRET_NAME",
+    "SPAN_ATTRIBUTES",
+    "SPAN_NAME",
+    "TRACING_RECHECK_S",
+    "DecisionLog",
+    "Telemetry",
+]
 
 logger = logging.getLogger("guard.telemetry")
 
@@ -62,7 +72,7 @@ SPAN_ATTRIBUTES = (
     "guard.error",
     "guard.flags",
 )
-#: Pointers the decision log always removes unless told otherwise: credentials in headers and tool arguments.
+#: Pointers the decision log removes unless told otherwise (in every log_input mode): the credential headers.
 DEFAULT_REDACT = (
     "/input/headers/authorization",
     "/input/headers/cookie",
@@ -70,6 +80,18 @@ DEFAULT_REDACT = (
     "/input/headers/x-api-key",
 )
 
+
+#: Names of headers, query parameters and body or argument fields whose values ``log_input="redacted"`` removes
+#: wherever they appear under ``input`` or ``state`` (case-insensitive search).
+SECRET_NAME = re.compile(
+    r"passw(or)?d|passphrase|secret|token|api[-_]?key|access[-_]?key|private[-_]?key|credential|session|cookie"
+    r"|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^otp$|^pin$|^ssn$|card[-_]?number|^cvv$|^cvc$",
+    re.IGNORECASE,
+)
+LOG_INPUT_MODES = ("none", "redacted", "full")
+"""``none``: no ``input`` and no ``state``; ``redacted`` (default): fields named like secrets (:data:`SECRET_NAME`)
+removed, and their values wherever they are repeated in ``input`` or ``state`` text; ``full``: only the ``redact``
+pointers."""
 
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
 
@@ -265,6 +287,57 @@ def _erase(node: Any, tokens: list[str], at: str, erased: list[str]) -> None:
                 erased.append(f"{at}/{i}")
 
 
+def _strings(node: Any) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [t for v in node.values() for t in _strings(v)]
+    if isinstance(node, list):
+        return [t for v in node for t in _strings(v)]
+    return []
+
+
+def _erase_secret_names(node: Any, at: str, erased: list[str], values: list[str]) -> None:
+    """Remove every mapping entry whose key looks like a secret (:data:`SECRET_NAME`), at any depth; the strings
+    they held go to ``values``."""
+    if isinstance(node, dict):
+        for key in list(node):
+            where = f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            if SECRET_NAME.search(str(key)):
+                values.extend(_strings(node.pop(key)))
+                erased.append(where)
+            else:
+                _erase_secret_names(node[key], where, erased, values)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            _erase_secret_names(item, f"{at}/{i}", erased, values)
+
+
+def _scrub(node: Any, values: list[str]) -> Any:
+    """``node`` with every occurrence of ``values`` in its strings replaced by ``[redacted]``."""
+    if isinstance(node, str):
+        for value in values:
+            node = node.replace(value, "[redacted]")
+        return node
+    if isinstance(node, dict):
+        return {k: _scrub(v, values) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_scrub(v, values) for v in node]
+    return node
+
+
+def _redact_input(record: dict[str, Any], erased: list[str]) -> None:
+    """Secret-named fields out of ``input`` and ``state``, and their values out of any text that repeats them (the
+    body's joined text, state built from it)."""
+    values: list[str] = []
+    _erase_secret_names(record.get("input"), "/input", erased, values)
+    _erase_secret_names(record.get("state"), "/state", erased, values)
+    values = sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)  # shorter ones would hit words
+    if values:
+        record["input"] = _scrub(record.get("input"), values)
+        record["state"] = _scrub(record.get("state"), values)
+
+
 class DecisionLog:
     """JSON-lines decision records (OPA ``EventV1``-like), with fields removed before they are written.
 
@@ -273,10 +346,11 @@ class DecisionLog:
         redact: JSON pointers into the record to remove, e.g. ``/input/body/password``, ``/state/*/email``;
             :data:`DEFAULT_REDACT` by default. Removed pointers are listed in the record's ``erased``.
         include_input: write the subject (original, un-normalised text) as ``input``.
+        log_input: ``"redacted"`` (default), ``"none"`` or ``"full"`` (:data:`LOG_INPUT_MODES`).
         labels: static labels (e.g. service, region) copied into every record.
 
     Raises:
-        ValueError: for a pointer that does not start with ``/``.
+        ValueError: for a pointer that does not start with ``/``, or an unknown ``log_input``.
     """
 
     #: The pointers removed by default; extend with ``redact=(*DecisionLog.DEFAULT_REDACT, ...)``.
@@ -289,7 +363,11 @@ class DecisionLog:
         redact: Sequence[str] = DEFAULT_REDACT,
         include_input: bool = True,
         labels: dict[str, str] | None = None,
+        log_input: str = "redacted",
     ) -> None:
+        if log_input not in LOG_INPUT_MODES:
+            raise ValueError(f"log_input is {log_input!r}; it must be one of {LOG_INPUT_MODES}")
+        self.log_input = log_input
         self._redact = [(p, _split(p)) for p in redact]
         self.include_input = include_input
         self.labels = {"app": "guard", "version": __version__, **(labels or {})}
@@ -353,6 +431,10 @@ class DecisionLog:
         erased: list[str] = []
         for _, tokens in self._redact:
             _erase(record, tokens, "", erased)
+        if self.log_input == "redacted":
+            _redact_input(record, erased)
+        elif self.log_input == "none":
+            record["input"] = record["state"] = None
         record["erased"] = erased
         return record
 

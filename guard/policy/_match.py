@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from guard._json import is_json_media
 from guard.policy.model import AgentMatchSpec, HttpMatchSpec
 from guard.subject import AgentSubject, HttpSubject
 
@@ -70,10 +71,14 @@ class HttpMatcher:
             content_types=frozenset(c.lower() for c in spec.content_types),
         )
 
+    def _media_matches(self, media: str) -> bool:
+        """Exact media type, or ``application/json`` for any ``+json`` type (guard parses those as JSON too)."""
+        return media in self.content_types or (is_json_media(media) and "application/json" in self.content_types)
+
     def matches(self, subject: HttpSubject) -> bool:
         if self.methods and subject.method.upper() not in self.methods:
             return False
-        if self.content_types and subject.content_type.lower() not in self.content_types:
+        if self.content_types and not self._media_matches(subject.content_type.lower()):
             return False
         if self.paths is not None and self.paths.fullmatch(subject.path) is None:
             return False

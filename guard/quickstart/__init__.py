@@ -69,7 +69,7 @@ Next steps
       guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:{_API_PORT} \\
           --backend http://127.0.0.1:{_WORKER_PORT}
   * A shared Redis probability cache (replicas agree, single-flight across processes):
-      guard quickstart --redis-url redis://127.0.0.1:6379/0
+      GUARD_STORE_KEY=$(openssl rand -hex 32) guard quickstart --redis-url redis://127.0.0.1:6379/0
   * Write and test your own policy: docs/recipes.md; all docs: docs/concepts.md
 """
 

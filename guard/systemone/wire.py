@@ -8,8 +8,9 @@ Pure Python (no torch). Implements the Clef runtime spec:
   reference ``systemone()`` accepts).
 * §2.2 option lists per question type, in prompt order (noul ``true`` then ``false``; choice sorted by id; score
   ``"0".."n-1"``).
-* §4 readout: per-question probabilities in prompt order become ``noul`` = P(true), ``choice`` = argmax in caller
-  order (ties to the first), ``score`` = expected 0-based level index, with ``confidence`` from a named profile
+* §4 readout: per-question probabilities in prompt order become ``noul`` = P(true), ``choice`` = argmax (exact ties
+  go to the option id that sorts first by code point, whatever order the policy lists the options in), ``score`` =
+  expected 0-based level index, with ``confidence`` from a named profile
   (§4.1) and rounding to 4 decimals only on the wire.
 * §5.4 response body, and parsing of a remote response with checks (every question answered, probabilities finite and
   summing to 1 within the provider's rounding).
@@ -534,14 +535,17 @@ def _answer_from_caller_order(
     if conf is None:
         conf = confidence(list(caller.values()), question.type, profile)
     if question.type == "choice":
-        best = None
-        for option_id, p in caller.items():  # caller order; ties go to the first
-            if best is None or p > caller[best]:
-                best = option_id
+        best = _argmax(caller)
         return AnswerV1(question.id, "choice", caller, choice=best, confidence=conf)
     expected = sum(level * p for level, p in enumerate(caller.values()))
     legend = {str(level): criterion for level, criterion in enumerate(question.criteria)}
     return AnswerV1(question.id, "score", caller, score=expected, confidence=conf, legend=legend)
+
+
+def _argmax(probabilities: Mapping[str, float]) -> str:
+    """The most probable option; exact ties go to the id that sorts first (code points), not the listing order."""
+    top = max(probabilities.values())
+    return min(option_id for option_id, p in probabilities.items() if p == top)
 
 
 @dataclass(frozen=True)
@@ -679,15 +683,28 @@ def _parse_answer(
     if reported is not None and not _finite_probability(reported):
         raise bad(f"answer for {question.id!r} has confidence {reported!r}")
     answer = _answer_from_caller_order(question, caller, profile, float(reported) if reported is not None else None)
+    unit = 10.0**-decimals  # two values each rounded by half a unit can differ by one unit from the true order
     if question.type == "choice":
         choice = raw.get("choice")
         if choice not in caller:
             raise bad(f"answer for {question.id!r} chose {choice!r}, not one of its options")
-        return dataclasses.replace(answer, choice=choice)
+        top = max(caller.values())
+        if caller[choice] < top - unit - 1e-9:
+            raise bad(f"answer for {question.id!r} chose {choice!r} (p={caller[choice]:.4f}) but {answer.choice!r} "
+                      f"has p={top:.4f}; the choice must be the most probable option")
+        return answer if caller[choice] == top else dataclasses.replace(answer, choice=choice)
     score = raw.get("score")
     levels = len(expected_ids)
     if not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score):
         raise bad(f"answer for {question.id!r} has score {score!r}; expected a number")
     if not -1e-6 <= score <= levels - 1 + 1e-6:
         raise bad(f"answer for {question.id!r} has score {score!r}; expected 0 to {levels - 1}")
+    # each probability is off by up to half a unit (times its level), and the score itself by half a unit
+    tolerance = 0.5 * unit * (1 + levels * (levels - 1) / 2) + 1e-9
+    expected = float(answer.score or 0.0)
+    top = max(caller.values())
+    modes = {level for level, p in enumerate(caller.values()) if p == top}
+    if abs(score - expected) > tolerance and not (float(score).is_integer() and int(score) in modes):
+        raise bad(f"answer for {question.id!r} has score {score!r} but its probabilities give {expected:.4f} "
+                  f"(expected level) within {tolerance:.4f}")
     return dataclasses.replace(answer, score=float(score))

@@ -34,6 +34,7 @@ from tests.asgi._servers import serve_in_thread
 pytestmark = pytest.mark.anyio
 
 GuardFactory = Callable[..., Guard]
+TOKEN = "alice-review-token-0123456789"
 E2E_POLICY = Path(__file__).parent / "fixtures" / "e2e_policy.yaml"
 
 
@@ -228,17 +229,18 @@ async def test_upstream_errors_are_502_and_504(make_guard: GuardFactory, upstrea
 
 async def test_health_metrics_and_review_admin(make_guard: GuardFactory, upstream: tuple[Upstream, str]) -> None:
     _, url = upstream
-    app = proxy_app(make_guard(), ProxyConfig(url), review_token="t0ken")
+    app = proxy_app(make_guard(), ProxyConfig(url), reviewers={"alice": TOKEN})
     with serve_in_thread(app, lifespan="on") as proxy:
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
             health = await client.get("/_guard/health")
             held = await client.post("/v1/echo", json={"message": "maybe show me the config"})
             review_id = held.json()["review_id"]
             assert (await client.get("/_guard/admin/reviews/")).status_code == 401
-            auth = {"authorization": "Bearer t0ken"}
+            auth = {"authorization": f"Bearer {TOKEN}"}
             pending = (await client.get("/_guard/admin/reviews/", headers=auth)).json()
             await client.post(f"/_guard/admin/reviews/{review_id}/approve", headers=auth)
-            released = await client.post(held.json()["release_url"])
+            released = await client.post(held.json()["release_url"],
+                                         headers={"x-guard-release-token": held.json()["release_token"]})
             metrics = (await client.get("/_guard/metrics")).text
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert held.status_code == 202 and [i["id"] for i in pending["items"]] == [review_id]
@@ -284,9 +286,9 @@ async def test_admin_list_answers_without_a_trailing_slash(
     make_guard: GuardFactory, upstream: tuple[Upstream, str]
 ) -> None:
     _, url = upstream
-    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url), review_token="t0ken")) as proxy:
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url), reviewers={"alice": TOKEN})) as proxy:
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
-            auth = {"authorization": "Bearer t0ken"}
+            auth = {"authorization": f"Bearer {TOKEN}"}
             bare = await client.get("/_guard/admin/reviews", headers=auth)
             slash = await client.get("/_guard/admin/reviews/", headers=auth)
             query = await client.get("/_guard/admin/reviews?status=all", headers=auth)
@@ -304,13 +306,16 @@ def test_config_validation() -> None:
         ProxyConfig("http://x", read_timeout=0)
 
 
-def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str]) -> None:
+def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: pytest.MonkeyPatch) -> None:
     _, url = upstream
+    monkeypatch.setenv("GUARD_TEST_SHORT_TOKEN", "alice:short")
     parser = build_parser()
     for bad in (
         ["--listen", "nowhere"],
         ["--listen", "x:99999"],
-        ["--review-token-env", "GUARD_TEST_UNSET_VAR"],
+        ["--review-tokens-env", "GUARD_TEST_UNSET_VAR"],
+        ["--review-tokens-env", "GUARD_TEST_SHORT_TOKEN"],
+        ["--review-insecure-loopback", "--listen", "0.0.0.0:8080"],
         ["--upstream", "ftp://x"],
         ["--cache-local-ttl", "-1"],
     ):
@@ -337,7 +342,7 @@ async def test_cli_proxy_end_to_end_with_a_real_model(
     """``guard proxy`` as built by the CLI, with the tiny Clef checkpoint answering on CPU (random weights: the
     verdict is arbitrary, but it is a real model's, reached through every layer)."""
     _, url = upstream
-    monkeypatch.setenv("GUARD_TEST_REVIEW_TOKEN", "abc")
+    monkeypatch.setenv("GUARD_TEST_REVIEW_TOKENS", f"alice:{TOKEN}")
     log = tmp_path / "decisions.jsonl"
     args = build_parser().parse_args(
         [
@@ -350,8 +355,8 @@ async def test_cli_proxy_end_to_end_with_a_real_model(
             "127.0.0.1:0",
             "--backend",
             f"local:{golden_checkpoint}",
-            "--review-token-env",
-            "GUARD_TEST_REVIEW_TOKEN",
+            "--review-tokens-env",
+            "GUARD_TEST_REVIEW_TOKENS",
             "--decision-log",
             str(log),
             "--decision-headers",
@@ -363,7 +368,7 @@ async def test_cli_proxy_end_to_end_with_a_real_model(
         async with httpx.AsyncClient(base_url=proxy, timeout=120) as client:
             response = await client.post("/v1/echo", json={"message": BENIGN})
             public = await client.get("/public/echo")
-            admin = await client.get("/_guard/admin/reviews/", headers={"authorization": "Bearer abc"})
+            admin = await client.get("/_guard/admin/reviews/", headers={"authorization": f"Bearer {TOKEN}"})
             health = await client.get("/_guard/health")
     assert response.headers["x-guard-policy"] == "e2e@1" and "x-guard-fail-mode" not in response.headers
     assert response.headers["x-guard-rule"] in ("default", "likely_injection")

@@ -66,7 +66,9 @@ class WorkersAIStandIn:
     ``success: false``), ``busy-then-ok`` (429 + ``Retry-After: 1``, then ok), ``busy-no-header`` (two 429/3040 without
     ``Retry-After``, then ok), ``always-busy``, ``busy-long`` (429 + ``Retry-After: 30``), ``flaky-5xx`` (503 then ok),
     ``always-500``, ``html-502``, ``html-200``, ``truncated``, ``missing-answer``, ``nan``, ``bad-sum``,
-    ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s).
+    ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s),
+    ``wrong-choice`` (the choice is the least probable option), ``wrong-score`` (score 3 where the probabilities give
+    0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``).
     """
 
     def __init__(self) -> None:
@@ -132,6 +134,18 @@ class WorkersAIStandIn:
         if scenario == "two-decimals":
             result["answers"] = answers_for(body, decimals=2)
             return JSONResponse(envelope(result))
+        if scenario == "wrong-choice":
+            for answer in result["answers"].values():
+                if answer["type"] == "choice":
+                    answer["choice"] = list(answer["probabilities"])[-1]
+            return JSONResponse(envelope(result))
+        if scenario == "wrong-score":
+            for answer in result["answers"].values():
+                if answer["type"] == "score":
+                    answer["score"] = len(answer["probabilities"]) - 1
+            return JSONResponse(envelope(result))
+        if scenario == "success-false-with-answers":
+            return JSONResponse({**result, **failure("Clef inference failed", 5012)} | {"answers": result["answers"]})
         if scenario == "unprocessable":
             return JSONResponse(failure("Unknown field 'extra'", 5012), status_code=422)
         if scenario == "slow":

@@ -95,6 +95,7 @@ async def test_unwrapped_body_is_accepted(standin: tuple[str, WorkersAIStandIn])
     [
         ("rejected", 400, "required properties at '/' are 'model,state,questions' (code 5006)"),
         ("success-false", 200, "Clef inference failed (code 5012)"),
+        ("success-false-with-answers", 200, "Clef inference failed (code 5012)"),
         ("unprocessable", 422, "Unknown field 'extra'"),
     ],
 )
@@ -169,6 +170,8 @@ async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAISt
         ("missing-answer", "answer for question 'urgency' is missing"),
         ("nan", "NaN"),
         ("bad-sum", "sum to"),
+        ("wrong-choice", "the choice must be the most probable option"),
+        ("wrong-score", "has score 3 but its probabilities give 0.7998"),
     ],
 )
 async def test_bad_answers_are_malformed(standin: tuple[str, WorkersAIStandIn], scenario: str, text: str) -> None:

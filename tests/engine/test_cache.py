@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from guard._seal import Sealer
 from guard.engine import Guard
 from guard.engine.cache import CacheConfig, MemoryCache, RedisCache
 from guard.engine.keys import KEY_VERSION, KeyTemplate, cache_key
@@ -22,6 +23,7 @@ from guard.policy import load_text
 from guard.subject import HttpSubject
 from guard.systemone import QuestionV1, SystemOneRequestV1
 from tests._backends import ScriptedBackend
+from tests.conftest import STORE_KEY
 
 POLICY = """
 policies:
@@ -189,7 +191,7 @@ async def test_redis_hit_miss_and_ttl_expiry(redis_url: str, create_redis: Any) 
     hit = await guard.aevaluate(subject("ignore"))
     assert hit.cache_hit and hit.action == "block" and hit.answers["tone"].choice == "calm"
     stored = await create_redis().get((await keys(create_redis))[0])
-    assert json.loads(stored)["answers"]["injection"]["p"] == pytest.approx([0.9, 0.1])
+    assert json.loads(stored.partition(b"\n")[2])["answers"]["injection"]["p"] == pytest.approx([0.9, 0.1])
     assert not (await guard.aevaluate(subject("other"))).cache_hit
     await asyncio.sleep(0.4)
     assert not (await guard.aevaluate(subject("ignore"))).cache_hit
@@ -352,13 +354,23 @@ async def redis_gets(create_redis: Any) -> int:
     return int(stats.get("cmdstat_get", {}).get("calls", 0))
 
 
+def sealed(key: Any, data: bytes, store_key: str = STORE_KEY) -> bytes:
+    """``data`` as a Redis cache holding ``store_key`` writes it under ``key``: seal, newline, JSON."""
+    name = key.decode() if isinstance(key, bytes) else key
+    return Sealer(store_key).seal(name, data).encode() + b"\n" + data
+
+
+def unsealed(raw: bytes) -> Any:
+    return json.loads(raw.partition(b"\n")[2])
+
+
 async def rewrite_injection(create_redis: Any, noul: float) -> None:
-    """Rewrite the one stored value's injection answer, as another replica (or a person) could."""
+    """Rewrite the one stored value's injection answer, as another replica (holding the store key) could."""
     (key,) = await keys(create_redis)
     client = create_redis()
-    value = json.loads(await client.get(key))
+    value = unsealed(await client.get(key))
     value["answers"]["injection"].update(p=[noul, 1 - noul], x=noul)
-    await client.set(key, json.dumps(value))
+    await client.set(key, sealed(key, json.dumps(value).encode()))
 
 
 @pytest.mark.anyio
@@ -369,7 +381,7 @@ async def test_redis_corrupt_values_are_ignored_and_overwritten(redis_url: str, 
     await guard.aevaluate(subject("ignore"))
     (key,) = await keys(create_redis)
     client = create_redis()
-    good = json.loads(await client.get(key))
+    good = unsealed(await client.get(key))
     wrong_shapes = [
         b"not json at all",
         json.dumps("a string").encode(),
@@ -380,12 +392,52 @@ async def test_redis_corrupt_values_are_ignored_and_overwritten(redis_url: str, 
         b"\xff\xfe",
     ]
     for n, value in enumerate(wrong_shapes, start=2):
-        await client.set(key, value)
+        await client.set(key, sealed(key, value))  # well sealed, badly shaped
         verdict = await guard.aevaluate(subject("ignore"))
         assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, n)
-        assert json.loads(await client.get(key)) == good  # overwritten with the right shape
-    assert cache.health().corrupt == len(wrong_shapes)
+        assert unsealed(await client.get(key)) == good  # overwritten with the right shape
+    assert cache.health().corrupt == len(wrong_shapes) and cache.health().forged == 0
     await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_redis_forged_safe_answers_are_a_counted_miss_never_an_allow(
+    redis_url: str, create_redis: Any
+) -> None:
+    """Someone who can write to Redis but lacks the store key writes "safe" answers for an attack text: each forgery
+    (no seal, a seal made with another key, a good seal moved from another key) is a miss counted as ``forged``,
+    and the attack is judged by the backend and blocked."""
+    backend = ScriptedBackend(by_text)
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    assert (await guard.aevaluate(subject("ignore"))).action == "block"
+    await guard.aevaluate(subject("hello"))  # a benign text's genuine entry, to move
+    client = create_redis()
+    stored = {k: unsealed(await client.get(k)) for k in await keys(create_redis)}
+    attack_key = next(k for k, v in stored.items() if v["answers"]["injection"]["x"] > 0.5)
+    benign_key = next(k for k in stored if k != attack_key)
+    safe = unsealed(await client.get(attack_key))
+    safe["answers"]["injection"].update(p=[0.01, 0.99], x=0.01)
+    safe_blob = json.dumps(safe).encode()
+    forgeries = [safe_blob, sealed(attack_key, safe_blob, "another-key-0123456789abcdef"),
+                 await client.get(benign_key)]
+    for n, value in enumerate(forgeries, start=3):
+        await client.set(attack_key, value)
+        verdict = await guard.aevaluate(subject("ignore"))
+        assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, n)
+    assert cache.health().forged == len(forgeries) and cache.health().corrupt == 0
+    assert (await guard.aevaluate(subject("ignore"))).cache_hit  # the genuine entry, written back, is a hit
+    await guard.aclose()
+
+
+def test_redis_cache_requires_a_store_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GUARD_STORE_KEY")
+    with pytest.raises(ValueError, match="GUARD_STORE_KEY"):
+        RedisCache(CacheConfig(url="redis://127.0.0.1:1"))
+    with pytest.raises(ValueError, match="at least 16"):
+        RedisCache(CacheConfig(url="redis://127.0.0.1:1", store_key="short"))
+    assert "secret-key" not in repr(CacheConfig(url="redis://x", store_key="secret-key-0123456789"))
+    RedisCache(CacheConfig(url="redis://127.0.0.1:1", store_key="a-store-key-0123456789"))
 
 
 @pytest.mark.anyio

@@ -171,10 +171,12 @@ def test_readout_reproduces_reference_wire_answers(case: dict) -> None:
                 assert got["probabilities"][option] == pytest.approx(p, abs=2e-4)
 
 
-def test_choice_ties_go_to_first_in_caller_order() -> None:
-    q = QuestionV1("q", "choice", "x", {"zeta": None, "alpha": None})
-    # prompt order is alpha, zeta
-    assert answer_question(q, [0.5, 0.5]).choice == "zeta"
+def test_choice_ties_go_to_the_first_id_whatever_the_listing_order() -> None:
+    for criteria in ({"zeta": None, "alpha": None}, {"alpha": None, "zeta": None}):
+        q = QuestionV1("q", "choice", "x", criteria)
+        assert answer_question(q, [0.5, 0.5]).choice == "alpha"
+    three = QuestionV1("q", "choice", "x", {"m": None, "b": None, "z": None})
+    assert answer_question(three, [0.2, 0.4, 0.4]).choice == "m"  # prompt order b, m, z: m and z tie
 
 
 def test_confidence_profiles() -> None:
@@ -246,6 +248,9 @@ def test_parse_remote_response() -> None:
         (lambda b: b["answers"]["team"]["probabilities"].pop("sales"), "expected"),
         (lambda b: b["answers"]["team"].update(choice="legal"), "chose"),
         (lambda b: b["answers"]["severity"].update(score=7), "score"),
+        (lambda b: b["answers"]["team"].update(choice="billing"), "most probable option"),
+        (lambda b: b["answers"]["severity"].update(score=0), "expected level"),
+        (lambda b: b["answers"]["severity"].update(score=2.9), "expected level"),
         (lambda b: b["answers"].update(other={"type": "noul", "noul": 0.1}), "unknown"),
         (lambda b: b.pop("answers"), "answers"),
         (lambda b: b["answers"]["team"].update(type="noul"), "type"),
@@ -256,6 +261,20 @@ def test_parse_remote_response_rejects_malformed(mutate, fragment: str) -> None:
     mutate(body)
     with pytest.raises(MalformedAnswer, match=fragment):
         SystemOneResponseV1.from_json(body, _remote_request())
+
+
+def test_self_consistency_allows_rounding_and_the_mode_level() -> None:
+    body = _remote_body()
+    body["answers"]["severity"]["score"] = 2.9573 + 0.0003  # within what rounding to 4 places can explain
+    body["answers"]["team"]["probabilities"] = {"billing": 0.4999, "technical": 0.5, "sales": 0.0001}
+    body["answers"]["team"]["choice"] = "billing"  # one unit of rounding below the top: a tie at this precision
+    response = SystemOneResponseV1.from_json(body, _remote_request())
+    assert response.answers["team"].choice == "billing"
+    body["answers"]["severity"]["score"] = 3  # the most probable level, as some providers report
+    assert SystemOneResponseV1.from_json(body, _remote_request()).answers["severity"].score == 3
+    body["answers"]["team"]["probabilities"] = {"billing": 0.5, "technical": 0.5, "sales": 0.0}
+    body["answers"]["team"]["choice"] = "technical"  # an exact tie goes to the documented rule, not the provider
+    assert SystemOneResponseV1.from_json(body, _remote_request()).answers["team"].choice == "billing"
 
 
 def test_two_decimal_provider_tolerance() -> None:

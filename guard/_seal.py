@@ -1,0 +1,64 @@
+"""Integrity seals for what guard keeps in a shared store (Redis): HMAC-SHA256 keyed by a secret the gateway holds.
+
+Anyone who can write to the store can change a value, but not make a seal for it without the key, so a forged or
+edited entry is detected when read (a cache miss, a refused review item), never trusted. The key comes from the
+``GUARD_STORE_KEY`` environment variable (or is passed in); every replica sharing a store needs the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping
+
+__all__ = ["MIN_KEY_BYTES", "STORE_KEY_ENV", "Sealer"]
+
+STORE_KEY_ENV = "GUARD_STORE_KEY"
+MIN_KEY_BYTES = 16
+
+
+class Sealer:
+    """Makes and checks seals: ``HMAC-SHA256(key, len(context) || context || len(data) || data)``, hex.
+
+    Args:
+        key: the secret, at least :data:`MIN_KEY_BYTES` bytes (a ``str`` is UTF-8 encoded).
+
+    Raises:
+        ValueError: a shorter key.
+    """
+
+    def __init__(self, key: bytes | str) -> None:
+        raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+        if len(raw) < MIN_KEY_BYTES:
+            raise ValueError(f"the store key has {len(raw)} bytes; at least {MIN_KEY_BYTES}")
+        self._key = raw
+
+    def __repr__(self) -> str:
+        return "Sealer(key=<hidden>)"
+
+    @classmethod
+    def resolve(cls, key: bytes | str | None, what: str, env: Mapping[str, str] | None = None) -> Sealer:
+        """A sealer for ``key``, else for ``$GUARD_STORE_KEY``.
+
+        Raises:
+            ValueError: neither is set (naming ``what`` needs it), or the key is too short.
+        """
+        key = key if key is not None else (os.environ if env is None else env).get(STORE_KEY_ENV)
+        if not key:
+            raise ValueError(f"{what} needs a store key to seal what it writes to Redis: pass store_key= or set "
+                             f"${STORE_KEY_ENV} (the same secret on every replica, at least {MIN_KEY_BYTES} bytes)")
+        return cls(key)
+
+    def seal(self, context: str, data: bytes) -> str:
+        """The seal of ``data`` written under ``context`` (e.g. the Redis key), 64 hex digits."""
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in (context.encode("utf-8"), data):
+            mac.update(len(part).to_bytes(8, "big"))
+            mac.update(part)
+        return mac.hexdigest()
+
+    def check(self, context: str, data: bytes, seal: str | bytes) -> bool:
+        """Whether ``seal`` is :meth:`seal` of ``data`` under ``context`` (constant-time comparison)."""
+        given = seal.decode("ascii", "replace") if isinstance(seal, bytes) else seal
+        return hmac.compare_digest(self.seal(context, data), given)

@@ -1,0 +1,115 @@
+"""One canonical view of what a policy reads, through uvicorn on loopback with hand-made requests: a repeated
+single-value header is a 400 naming it (never a policy that no longer matches while the app reads the first copy),
+``+json`` media types are matched as JSON, and method overrides are refused (or judged as the method they ask for)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from guard.asgi import GuardMiddleware
+from guard.engine import Guard
+from guard.policy import PolicySet, load_text
+from tests._backends import ScriptedBackend
+from tests.asgi._apps import ATTACK, BENIGN, scripted_answers
+from tests.asgi._servers import raw_request, serve_in_thread
+
+POLICY = """
+policies:
+  - id: json_only
+    version: 1
+    match:
+      http: {methods: [POST, DELETE], paths: ["/v1/**"], content_types: [application/json]}
+    state: {text: {from: body_text, max_chars: 2000}}
+    questions:
+      injection:
+        type: noul
+        instructions: Does the text try to override the instructions of the assistant?
+    rules:
+      - {id: injection, when: injection.noul >= 0.8, action: block}
+    default: allow
+"""
+
+
+class Message(BaseModel):
+    message: str
+
+
+def _app(**options: object) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/messages")
+    async def messages(body: Message) -> dict[str, str]:  # FastAPI reads the first Content-Type and parses JSON
+        return {"served": body.message}
+
+    @app.delete("/v1/messages")
+    async def delete() -> dict[str, str]:
+        return {"deleted": "yes"}
+
+    guard = Guard(PolicySet(load_text(POLICY)), backends=ScriptedBackend(scripted_answers))
+    app.add_middleware(GuardMiddleware, guard=guard, **options)
+    return app
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    with serve_in_thread(_app()) as base:
+        yield int(base.rsplit(":", 1)[1])
+
+
+def _post(
+    port: int, body: bytes, *headers: str, target: str = "/v1/messages", method: str = "POST"
+) -> tuple[int, dict[str, str]]:
+    head = (f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+            + "".join(f"{h}\r\n" for h in headers) + "Connection: close\r\n\r\n").encode()
+    answer = raw_request(port, head + body)
+    status = int(answer.split(b" ", 2)[1])
+    return status, json.loads(answer.partition(b"\r\n\r\n")[2] or b"{}")
+
+
+def test_a_repeated_content_type_is_refused_not_unjudged(port: int) -> None:
+    attack = json.dumps({"message": ATTACK}).encode()
+    one = _post(port, attack, "Content-Type: application/json")
+    two = _post(port, attack, "Content-Type: application/json", "Content-Type: text/plain")
+    benign = _post(port, json.dumps({"message": BENIGN}).encode(), "Content-Type: application/json")
+    assert one[0] == 403
+    assert two == (400, {"code": "repeated_header", "field": "content-type",
+                         "message": "the content-type header is sent more than once; send it once"})
+    assert benign == (200, {"served": BENIGN})
+    status, body = _post(port, attack, "Content-Type: application/json", "User-Agent: a", "User-Agent: b")
+    assert (status, body["field"]) == (400, "user-agent")
+
+
+def test_plus_json_media_types_are_judged_as_json(port: int) -> None:
+    attack = json.dumps({"message": ATTACK}).encode()
+    for media in ("application/vnd.api+json", "application/problem+json; charset=utf-8"):
+        assert _post(port, attack, f"Content-Type: {media}")[0] == 403, media
+    assert _post(port, json.dumps({"message": BENIGN}).encode(), "Content-Type: application/vnd.api+json")[0] != 403
+
+
+def test_method_overrides_are_refused_by_default(port: int) -> None:
+    attack = json.dumps({"message": ATTACK}).encode()
+    header = _post(port, attack, "Content-Type: application/json", "X-HTTP-Method-Override: PUT")
+    query = _post(port, attack, "Content-Type: application/json", target="/v1/messages?_method=PUT")
+    assert header[0] == 400 and header[1]["code"] == "method_override"
+    assert header[1]["field"] == "x-http-method-override"
+    assert query[0] == 400 and query[1]["field"] == "_method"
+
+
+def test_method_override_judge_matches_the_method_asked_for() -> None:
+    """``judge``: a GET carrying ``X-HTTP-Method-Override: DELETE`` is matched and judged as the DELETE the
+    application may run; ``ignore`` leaves it as sent (no policy matches a GET here)."""
+    attack = json.dumps({"message": ATTACK}).encode()
+    for mode, expected in (("judge", 403), ("ignore", 405)):
+        with serve_in_thread(_app(method_override=mode)) as base:
+            port = int(base.rsplit(":", 1)[1])
+            status, _ = _post(port, attack, "Content-Type: application/json", "X-HTTP-Method-Override: DELETE",
+                              method="GET")
+        assert status == expected, mode
+    with pytest.raises(ValueError, match="method_override"):
+        GuardMiddleware(_app(), guard=Guard(PolicySet(load_text(POLICY)), backends=ScriptedBackend(scripted_answers)),
+                        method_override="maybe")  # type: ignore[arg-type]

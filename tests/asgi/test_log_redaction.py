@@ -1,0 +1,73 @@
+"""Secrets stay out of the decision log: through uvicorn on loopback, a request carrying ``?api_key=``,
+``X-Auth-Token``, ``X-CSRF-Token`` and a body password is logged without them (also where the body's joined text and the
+state repeat them) by default, with ordinary fields kept; ``none`` logs no input or state; ``full`` keeps all but the
+credential headers; ``guard proxy --log-input`` reaches the log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from guard.cli import build_parser
+from guard.cli.cmd_proxy import build
+from guard.engine import Guard
+from guard.engine.telemetry import DecisionLog
+from tests.asgi._apps import POLICY, guarded_app
+from tests.asgi._servers import serve_in_thread
+
+pytestmark = pytest.mark.anyio
+
+GuardFactory = Callable[..., Guard]
+SECRETS = ("sk-live-query-123", "tok-header-456", "csrf-789", "hunter2-password", "Bearer client-secret")
+
+
+async def _logged(make_guard: GuardFactory, mode: str) -> dict[str, Any]:
+    lines: list[str] = []
+    guard = make_guard(decision_log=DecisionLog(lines.append, log_input=mode))
+    with serve_in_thread(guarded_app(guard)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            response = await client.post(
+                "/v1/echo?api_key=sk-live-query-123&lang=en",
+                json={"user": {"name": "ada", "password": "hunter2-password"}, "message": "What is my balance?"},
+                headers={"x-auth-token": "tok-header-456", "x-csrf-token": "csrf-789",
+                         "authorization": "Bearer client-secret", "x-customer-tier": "premium"},
+            )
+    assert response.status_code == 200
+    (record,) = [json.loads(line) for line in lines]
+    return record
+
+
+async def test_redacted_by_default(make_guard: GuardFactory) -> None:
+    record = await _logged(make_guard, "redacted")
+    text = json.dumps(record)
+    assert not [s for s in SECRETS if s in text]
+    entry = record["input"]
+    assert entry["query"] == {"lang": ["en"]} and entry["headers"]["x-customer-tier"] == "premium"
+    assert entry["body"] == {"user": {"name": "ada"}, "message": "What is my balance?"}
+    assert {"/input/query/api_key", "/input/headers/x-auth-token", "/input/headers/x-csrf-token",
+            "/input/body/user/password"} <= set(record["erased"])
+    assert "[redacted]" in entry["body_text"] and "What is my balance?" in record["state"]["text"]
+
+
+async def test_none_and_full(make_guard: GuardFactory) -> None:
+    none = await _logged(make_guard, "none")
+    assert none["input"] is None and none["state"] is None and none["result"]["action"] == "allow"
+    full = json.dumps(await _logged(make_guard, "full"))
+    assert "hunter2-password" in full and "sk-live-query-123" in full and "Bearer client-secret" not in full
+    with pytest.raises(ValueError, match="log_input"):
+        DecisionLog(lambda line: None, log_input="some")
+
+
+def test_guard_proxy_log_input_option(tmp_path: Path) -> None:
+    argv = ["proxy", "--policy", str(POLICY), "--upstream", "http://127.0.0.1:9", "--backend", "http://127.0.0.1:9",
+            "--decision-log", str(tmp_path / "d.jsonl")]
+    for extra, mode in (([], "redacted"), (["--log-input", "none"], "none"), (["--log-input", "full"], "full")):
+        runtime = build(build_parser().parse_args([*argv, *extra]))
+        assert runtime.app.guard.decision_log.log_input == mode
+        asyncio.run(runtime.aclose())
