@@ -116,6 +116,7 @@ def test_chat_bodies_are_quoted_as_data_and_long_text_is_cut() -> None:
         "event": "tool_call",
         "tool_name": "rm",
         "arguments": {"p": "/"},
+        "tool_effect": "unknown",
         "kind": "agent",
     }
 
