@@ -121,7 +121,7 @@ def load_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, LineMap]:
         ``(data, lines)``: the data (``None`` for an empty document) and the line of every key path.
 
     Raises:
-        PolicyError: on a YAML syntax error, an anchor or alias, a duplicate or merge key, a disallowed tag, excessive
+        PolicyError: on a YAML syntax error, a control character, an anchor or alias, a duplicate or merge key, a disallowed tag, excessive
             nesting, a file over :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
     """
     lines = LineMap(file)
@@ -133,7 +133,12 @@ def load_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, LineMap]:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise PolicyError(file, None, "", f"file is not UTF-8 (byte {exc.start})") from exc
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # the reader refuses control characters here, before any parsing
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise PolicyError(file, line, "", f"control character U+{int(exc.character):04X} is not "
+                          "allowed in a policy file") from None
     try:
         node = loader.get_single_node()
         data = None if node is None else _to_data(loader, node, (), lines)

@@ -38,6 +38,17 @@ def test_check_reports_file_line_and_key(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["policy", "check", str(tmp_path / "missing.yaml")]) == 1
 
 
+def test_a_control_character_is_reported_with_its_line_and_proxy_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "ctl.yaml"
+    bad.write_text("policies:\n  - id: a\x07b\n")
+    assert main(["policy", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:2" in err and "U+0007" in err and "Traceback" not in err
+    assert main(["proxy", "--policy", str(bad), "--upstream", "http://127.0.0.1:9"]) == 2
+
+
 def test_test_fails_on_wrong_expectations_and_zero_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     policy = tmp_path / "p.yaml"
     policy.write_text((POLICIES / "tool_result_check.yaml").read_text())

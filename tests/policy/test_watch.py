@@ -74,3 +74,17 @@ async def test_background_polling_reloads(tmp_path: Path) -> None:
     finally:
         await watcher.aclose()
         await watcher.aclose()
+
+
+def test_a_control_character_is_a_policy_error_and_later_changes_still_apply(tmp_path: Path) -> None:
+    """A control character is a PolicyError naming file and line (not a raw YAML ReaderError), so a watcher keeps
+    the last good policies and applies the next valid change."""
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+    watcher = PolicyWatcher(policies, interval_s=0.05)
+    _write(path, POLICY.format(version="2", threshold=0.5).replace("Is this spam?", "Is this\x01 spam?"), 1)
+    assert watcher.check() is False and policies["p"].version == "1"
+    assert f"{path}:6" in str(policies.last_error) and "U+0001" in str(policies.last_error)
+    _write(path, POLICY.format(version="3", threshold=0.5), 2)
+    assert watcher.check() is True and policies["p"].version == "3"
