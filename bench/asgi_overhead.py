@@ -157,7 +157,9 @@ def _start(
         argv += ["--redis-url", redis_url]
     if upstream:
         argv += ["--upstream", upstream]
-    proc = subprocess.Popen(argv, cwd=package_root, env={**os.environ, "PYTHONPATH": str(package_root)})
+    # the Redis variants seal what they write: a bench-run key unless the caller set one
+    env = {"GUARD_STORE_KEY": os.urandom(32).hex(), **os.environ, "PYTHONPATH": str(package_root)}
+    proc = subprocess.Popen(argv, cwd=package_root, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

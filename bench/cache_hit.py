@@ -53,6 +53,7 @@ WARMUP = 300
 CHUNK = 100
 POLICY = ROOT / "policies" / "api_abuse.yaml"
 PREFIX = "guard-bench:"
+KEY = os.urandom(32)  # this run seals and reads its own cache entries
 PROMPT = "Hi! My card was charged twice for the same order last week; can you refund one of the charges? " * 3
 ANSWERS = {"guard.prompt_injection": 0.02, "guard.harmful_request": 0.01, "spam": 0.03}
 
@@ -95,7 +96,7 @@ def summary(samples: list[float]) -> tuple[float, float, float]:
 
 async def main(redis_url: str, iterations: int) -> None:
     policies = load_files(POLICY)
-    redis_cache = RedisCache(CacheConfig(url=redis_url, prefix=PREFIX, local_ttl=0))  # every hit a GET
+    redis_cache = RedisCache(CacheConfig(url=redis_url, prefix=PREFIX, local_ttl=0, store_key=KEY))  # every hit a GET
     # The baseline client: same library and connection settings, but no 50 ms op timeout (a bench must not crash).
     client = aioredis.Redis.from_url(redis_url, lib_name=None, lib_version=None)
     async for stale in client.scan_iter(match=f"{PREFIX}*"):
@@ -123,7 +124,7 @@ async def main(redis_url: str, iterations: int) -> None:
         return verdict
 
     memory = Guard(policies, backends=FixtureBackend(ANSWERS), cache=MemoryCache())
-    local = Guard(policies, backends=FixtureBackend(ANSWERS), cache=RedisCache(CacheConfig(url=redis_url, prefix=PREFIX)))
+    local = Guard(policies, backends=FixtureBackend(ANSWERS), cache=RedisCache(CacheConfig(url=redis_url, prefix=PREFIX, store_key=KEY)))
 
     async def get_after_work() -> SelfTimed:
         # Back-to-back GETs keep redis-server hot; a real hit does ~0.2 ms of work first. Time only the GET.
