@@ -21,6 +21,8 @@ A test file::
 from __future__ import annotations
 
 import asyncio
+import glob
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,7 +44,9 @@ from guard.verdict import Action, FailMode, Verdict
 
 __all__ = [
     "CaseResult",
+    "expand_policy_paths",
     "find_test_file",
+    "is_test_file",
     "run_test_file",
     "subject_from_json",
     "wire_answers",
@@ -154,6 +158,34 @@ def find_test_file(path: str | Path) -> tuple[Path, Path]:
     return p, p.with_name(f"{p.stem}_test{p.suffix}")
 
 
+def is_test_file(path: str | Path) -> bool:
+    """Whether ``path`` names a test file (``*_test.yaml`` / ``*_test.yml``) rather than a policy file."""
+    p = Path(path)
+    return p.suffix in (".yaml", ".yml") and p.stem.endswith("_test")
+
+
+def expand_policy_paths(names: Sequence[str]) -> list[Path]:
+    """Policy files named by files, directories (every ``*.yaml``/``*.yml`` below, recursively) and globs, sorted
+    per argument and without repeats; a test file stands for its policy file, so ``policies/*.yaml`` works.
+
+    Raises:
+        FileNotFoundError: naming an argument that matches no file.
+    """
+    found: dict[Path, None] = {}
+    for name in names:
+        if glob.has_magic(name):
+            matches = [Path(m) for m in sorted(glob.glob(name, recursive=True))]
+        elif Path(name).is_dir():
+            matches = sorted(p for p in Path(name).rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+        else:
+            matches = [Path(name)]
+        if not matches:
+            raise FileNotFoundError(f"{name}: no file matches")
+        for match in matches:
+            found.setdefault(find_test_file(match)[0] if is_test_file(match) else match, None)
+    return list(found)
+
+
 def with_timeout(policies: Sequence[Policy], timeout_s: float | None) -> list[Policy]:
     """``policies`` with ``timeout`` (seconds for the whole decision) replaced by ``timeout_s``, unless ``None``
     (``--timeout-ms`` of ``guard policy explain|test``, e.g. for a slow CPU checkpoint)."""
@@ -212,7 +244,11 @@ def _compare(expect: _Expect, verdict: Verdict) -> list[str]:
 
 
 def run_test_file(
-    path: str | Path, *, backend_factory: BackendFactory | None = None, timeout_s: float | None = None
+    path: str | Path,
+    *,
+    backend_factory: BackendFactory | None = None,
+    timeout_s: float | None = None,
+    run: re.Pattern[str] | None = None,
 ) -> list[CaseResult]:
     """Run the cases for one policy file.
 
@@ -221,6 +257,7 @@ def run_test_file(
         backend_factory: builds a real backend for cases without ``answers`` (one per case: each runs in its own
             event loop); it is started before the case is decided.
         timeout_s: replaces every policy's ``timeout`` (seconds) when given.
+        run: only the cases whose name this pattern matches (``re.search``), like ``opa test --run``.
 
     Returns:
         One :class:`CaseResult` per case (an empty list when the file holds no cases: the caller fails on it).
@@ -243,6 +280,8 @@ def run_test_file(
         raise PolicyLoadError([_pydantic_problem(e, lines) for e in exc.errors()]) from None
     results = []
     for i, case in enumerate(spec.cases):
+        if run is not None and not run.search(case.name):
+            continue
         line = lines.line(("cases", i))
         try:
             verdict, problems = asyncio.run(_run_case(policies, case, backend_factory))
