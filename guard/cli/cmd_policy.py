@@ -5,7 +5,7 @@ Usage::
     guard policy check PATH...                         # files, directories, globs; line-numbered errors, exit 1 on any
     guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--timeout-ms MS] [--json]
     guard policy test PATH... [--backend SPEC] [--timeout-ms MS] [--run PATTERN] [--format text|json|junit] [-v]
-    guard policy schema [--output PATH] [--check PATH] # the JSON Schema generated from the pydantic models
+    guard policy schema [--tests] [--output PATH] [--check PATH]  # JSON Schema of policy (or test) files
     guard policy reference [--output PATH] [--check PATH]  # that schema as a Markdown reference
 
 ``SUBJECT.json`` is ``{"http": {...}}`` or ``{"agent": {...}}`` (see ``guard/devtools/testing.py``). ``ANSWERS.json``
@@ -73,6 +73,7 @@ def register(subparsers: Any) -> None:
     test.set_defaults(handler=run_test)
 
     schema = sub.add_parser("schema", help="print (or write, or check) the policy file JSON Schema")
+    schema.add_argument("--tests", action="store_true", help="the schema of <name>_test.yaml files instead")
     schema.add_argument("--output", metavar="PATH", help="write the schema here")
     schema.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated schema")
     schema.set_defaults(handler=run_schema)
@@ -329,6 +330,10 @@ def reference_markdown() -> str:
 
 
 def run_schema(args: argparse.Namespace) -> int:
+    if args.tests:
+        from guard.devtools.testing import test_file_schema
+
+        return _emit(json.dumps(test_file_schema(), indent=2, ensure_ascii=False) + "\n", args, "schema --tests")
     return _emit(schema_json(), args, "schema")
 
 

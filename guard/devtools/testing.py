@@ -49,6 +49,7 @@ __all__ = [
     "is_test_file",
     "run_test_file",
     "subject_from_json",
+    "test_file_schema",
     "wire_answers",
     "with_timeout",
 ]
@@ -109,6 +110,12 @@ class _Case(_Strict):
 
 class _TestFile(_Strict):
     cases: list[_Case] = Field(default_factory=list)
+
+
+def test_file_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a ``<name>_test.yaml`` file, from the pydantic models that read it."""
+    schema = _TestFile.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "guard policy test file"}
 
 
 def subject_from_json(data: Any) -> Subject:

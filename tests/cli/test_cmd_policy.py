@@ -311,3 +311,22 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0 and capsys.readouterr().out == f"guard {version('guard')}\n"
+
+
+def test_shipped_files_name_their_schema_and_the_test_file_schema_is_current() -> None:
+    import jsonschema
+    import yaml
+
+    # Regenerate with: guard policy schema --tests --output policies/guard-policy-test.schema.json
+    assert main(["policy", "schema", "--tests", "--check", str(POLICIES / "guard-policy-test.schema.json")]) == 0
+    test_schema = json.loads((POLICIES / "guard-policy-test.schema.json").read_text())
+    files = sorted(POLICIES.glob("*.yaml"))
+    assert len(files) == 8
+    for file in files:
+        is_test = file.stem.endswith("_test")
+        schema = "guard-policy-test.schema.json" if is_test else "guard-policy.schema.json"
+        assert file.read_text().splitlines()[0] == f"# yaml-language-server: $schema=./{schema}", file
+        if is_test:
+            jsonschema.validate(yaml.safe_load(file.read_text()), test_schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"cases": [{"name": "x", "input": {"http": {}}, "expect": {}, "typo": 1}]}, test_schema)
