@@ -73,6 +73,8 @@ SPAN_ATTRIBUTES = (
     "guard.fail_mode",
     "guard.error",
     "guard.flags",
+    "gen_ai.request.model",
+    "error.type",
 )
 #: Pointers the decision log always removes unless told otherwise: credentials in headers and tool arguments.
 DEFAULT_REDACT = (
@@ -202,6 +204,7 @@ class Telemetry:
                     attributes["guard.agent.event"] = subject.event
                     if subject.tool_name:
                         attributes["guard.agent.tool"] = subject.tool_name
+                        attributes["gen_ai.tool.name"] = subject.tool_name
                 span.set_attributes(attributes)
             yield span
 
@@ -258,6 +261,9 @@ def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, 
         "guard.fail_mode": verdict.fail_mode,
         "guard.error": verdict.error,
         "guard.flags": sorted(verdict.flags) if verdict.flags else None,
+        "gen_ai.request.model": verdict.model,
+        # OpenTelemetry's error.type: the kind before the colon of guard.error ("timeout", "connection", ...)
+        "error.type": verdict.error.split(":", 1)[0] if verdict.error else None,
     }
     return {k: v for k, v in values.items() if v is not None}
 

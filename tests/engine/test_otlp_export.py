@@ -73,6 +73,9 @@ async def test_otel_endpoint_sends_decision_spans_to_an_otlp_receiver() -> None:
     assert service == "guard-test"
     assert attributes["guard.policy.id"].string_value == "tool-result-check"
     assert attributes["guard.action"].string_value == "block"
+    assert attributes["gen_ai.tool.name"].string_value == "fetch"
+    assert attributes["gen_ai.request.model"].string_value == verdict.model and verdict.model
+    assert "error.type" not in attributes  # the decision did not fail
 
 
 def test_otel_variables_choose_the_exporter() -> None:
