@@ -233,7 +233,8 @@ def assets_to_images(body: dict[str, Any], parts: dict[str, tuple[str, bytes]]) 
                 raise BodyError(422, "invalid_request", f"names part {str(part)[:40]!r}, which was not sent",
                                 field=f"{where}.part")
             if part in claimed:
-                raise BodyError(422, "invalid_request", f"part {part!r} is claimed by two assets", field=f"{where}.part")
+                message = f"part {part!r} is claimed by two assets"
+                raise BodyError(422, "invalid_request", message, field=f"{where}.part")
             claimed.add(part)
             declared, data = parts[part]
             images.append({"content_type": _image_type(declared, data), "base64": base64.b64encode(data).decode()})

@@ -4,7 +4,8 @@ Routes:
 
 * ``POST /v1/systemone``: the System One API (spec §5). Body capped (413, also after undoing a ``Content-Encoding``
   of gzip, deflate, br or zstd; any other coding is a 415), JSON or ``multipart/form-data`` with image parts named by
-  ``assets`` (TypeSafe's SDK), strict JSON (400 for non-JSON, duplicate keys, NaN), validated with the ``workers-ai`` profile by default (422 naming every bad field), answered through
+  ``assets`` (TypeSafe's SDK), strict JSON (400 for non-JSON, duplicate keys, NaN), validated with the ``workers-ai``
+  profile by default (422 naming every bad field), answered through
   :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once. A ``model``
@@ -128,7 +129,9 @@ class WorkerConfig:
                 f"({self.max_timeout_s:g})"
             )
         if isinstance(self.model_aliases, str) or not all(isinstance(a, str) and a for a in self.model_aliases):
-            raise ValueError(f"WorkerConfig.model_aliases must be a tuple of non-empty names, got {self.model_aliases!r}")
+            raise ValueError(
+                f"WorkerConfig.model_aliases must be a tuple of non-empty names, got {self.model_aliases!r}"
+            )
         if self.release_date is not None:
             try:
                 datetime.date.fromisoformat(self.release_date)
@@ -435,7 +438,10 @@ def create_app(
     ]
     handlers = {HTTPException: _http_error, ClientDisconnect: _client_disconnect, Exception: _internal_error}
     app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers=handlers, middleware=[Middleware(_http.RequestIdMiddleware)]
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=handlers,
+        middleware=[Middleware(_http.RequestIdMiddleware)],
     )
     app.state.worker = runtime
     return app
