@@ -14,6 +14,7 @@ The API is split so a micro-batcher can encode on CPU, run one batched forward, 
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,7 +34,7 @@ from guard.systemone import (
     answer_question,
 )
 
-__all__ = ["SUPPORTED_DTYPES", "ClefModel", "checkpoint_revision"]
+__all__ = ["SUPPORTED_DTYPES", "ClefModel", "checkpoint_date", "checkpoint_revision"]
 
 #: Backbone/head dtypes we run: bf16 (the reference) or float32 (the same bf16 weights upcast exactly).
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
@@ -64,12 +65,19 @@ def checkpoint_revision(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def checkpoint_date(path: str | Path) -> datetime.date:
+    """The UTC date the checkpoint's weights were written: the newest modification time of its ``*.safetensors``."""
+    newest = max(p.stat().st_mtime for p in Path(path).glob("*.safetensors"))
+    return datetime.datetime.fromtimestamp(newest, tz=datetime.UTC).date()
+
+
 class ClefModel:
     """A loaded Clef checkpoint: backbone + joint schema head + processor.
 
     Use :meth:`from_pretrained`. Attributes: ``backbone``, ``head``, ``processor``, ``dtype``, ``device``,
     ``max_length`` (default prompt limit), ``model_id`` (the directory name), ``revision`` (see
-    :func:`checkpoint_revision`).
+    :func:`checkpoint_revision`), ``released`` (UTC date the weights were written, see :func:`checkpoint_date`; ``None``
+    when unknown).
 
     Example:
         >>> model = ClefModel.from_pretrained("tests/fixtures/clef-golden/checkpoint", dtype=torch.float32)
@@ -86,6 +94,7 @@ class ClefModel:
         model_id: str,
         revision: str,
         max_length: int = DEFAULT_MAX_LENGTH,
+        released: datetime.date | None = None,
     ) -> None:
         self.backbone = backbone
         self.head = head
@@ -93,6 +102,7 @@ class ClefModel:
         self.model_id = model_id
         self.revision = revision
         self.max_length = max_length
+        self.released = released
         self.dtype: torch.dtype = head.hidden_norm.weight.dtype
         self.device: torch.device = head.hidden_norm.weight.device
 
@@ -143,6 +153,7 @@ class ClefModel:
             model_id=root.resolve().name,
             revision=checkpoint_revision(root),
             max_length=max_length,
+            released=checkpoint_date(root),
         )
 
     def encode(self, request: SystemOneRequestV1, *, max_length: int | None = None) -> EncodedRecord:

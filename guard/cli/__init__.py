@@ -13,7 +13,14 @@ __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
     parser = argparse.ArgumentParser(prog="guard", description="Decision-model guardrails for agents and APIs.")
+    try:
+        installed = version("guard")
+    except PackageNotFoundError:
+        installed = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"guard {installed}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.startswith("cmd_"):

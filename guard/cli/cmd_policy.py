@@ -2,18 +2,20 @@
 
 Usage::
 
-    guard policy check FILE...                         # line-numbered errors, exit 1 on any
+    guard policy check PATH...                         # files, directories, globs; line-numbered errors, exit 1 on any
     guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--timeout-ms MS] [--json]
-    guard policy test FILE... [--backend SPEC] [--timeout-ms MS] [-v]  # runs <name>_test.yaml beside each file
-    guard policy schema [--output PATH] [--check PATH] # the JSON Schema generated from the pydantic models
+    guard policy test PATH... [--backend SPEC] [--timeout-ms MS] [--run PATTERN] [--format text|json|junit] [-v]
+    guard policy schema [--tests] [--output PATH] [--check PATH]  # JSON Schema of policy (or test) files
     guard policy reference [--output PATH] [--check PATH]  # that schema as a Markdown reference
 
 ``SUBJECT.json`` is ``{"http": {...}}`` or ``{"agent": {...}}`` (see ``guard/devtools/testing.py``). ``ANSWERS.json``
 maps question keys to answer specs (``{"injection": 0.93}``). ``--backend`` is ``local:CHECKPOINT_DIR`` (in-process
 Clef, on ``--device`` in ``--dtype``), ``http:URL`` or a bare ``http(s)://`` URL (a System One server) or ``compact``
 (the built-in CPU model); it is started (warmed up) before anything is timed. ``--timeout-ms`` replaces the policies'
-``timeout_ms``, e.g. for a checkpoint on a slow CPU. ``test`` exits 1 on a failing case or on zero cases and names
-each failure by its test file and line.
+``timeout_ms``, e.g. for a checkpoint on a slow CPU. A PATH is a file, a directory (every ``*.yaml`` below) or a glob;
+``*_test.yaml`` files stand for the policy beside them. ``test`` runs ``<name>_test.yaml`` beside each policy, names
+each failure by its test file and line, lists the rules no case fired (coverage), warns about a policy without test
+cases, and exits 1 on a failing case. ``explain`` exits 1 when the decision failed (the fail mode decided).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
 
     check = sub.add_parser("check", help="validate policy files; errors name file, line and key")
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("files", nargs="+", metavar="PATH")
     check.set_defaults(handler=run_check)
 
     explain = sub.add_parser("explain", help="show state, answers, rules and verdicts for one subject")
@@ -61,14 +63,17 @@ def register(subparsers: Any) -> None:
     explain.add_argument("--json", action="store_true", help="print one JSON object")
     explain.set_defaults(handler=run_explain)
 
-    test = sub.add_parser("test", help="run <name>_test.yaml cases; fails on a failing case or on zero cases")
-    test.add_argument("files", nargs="+", metavar="FILE")
+    test = sub.add_parser("test", help="run <name>_test.yaml cases; fails on a failing case")
+    test.add_argument("files", nargs="+", metavar="PATH")
+    test.add_argument("--run", metavar="PATTERN", default=None, help="only cases whose name matches this regex")
+    test.add_argument("--format", choices=("text", "json", "junit"), default="text", help="report format on stdout")
     add_backend_options(test, default=None, note="for cases without 'answers'")
     _add_timeout_option(test)
     test.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
     test.set_defaults(handler=run_test)
 
     schema = sub.add_parser("schema", help="print (or write, or check) the policy file JSON Schema")
+    schema.add_argument("--tests", action="store_true", help="the schema of <name>_test.yaml files instead")
     schema.add_argument("--output", metavar="PATH", help="write the schema here")
     schema.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated schema")
     schema.set_defaults(handler=run_schema)
@@ -106,10 +111,16 @@ def _print_problem(problem: PolicyError) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from guard.devtools.testing import expand_policy_paths
     from guard.policy import load_text
 
+    try:
+        files = expand_policy_paths(args.files)
+    except FileNotFoundError as exc:
+        print(f"guard policy check: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     failed = False
-    for name in args.files:
+    for name in map(str, files):
         try:
             policies = load_text(Path(name).read_bytes(), name)
         except OSError as exc:
@@ -165,7 +176,7 @@ def run_explain(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, ensure_ascii=False, default=repr))
     else:
         _print_report(report)
-    return 0
+    return EXIT_FAILED if report["error"] else 0
 
 
 def _print_report(report: dict[str, Any]) -> None:
@@ -201,45 +212,102 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def run_test(args: argparse.Namespace) -> int:
-    from guard.devtools.testing import find_test_file, run_test_file
+    import re
+
+    from guard.devtools.testing import CaseResult, expand_policy_paths, find_test_file, run_test_file
+    from guard.policy import load_text
 
     try:
         timeout_s = _timeout_s(args)
         factory: Callable[[], Any] | None = backend_factory(args) if args.backend else None
+        pattern = re.compile(args.run) if args.run else None
+        files = expand_policy_paths(args.files)
+    except re.error as exc:
+        print(f"guard policy test: --run {args.run!r} is not a regular expression: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, ValueError) as exc:
         print(f"guard policy test: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    total = failed = 0
-    for name in args.files:
-        test_file = find_test_file(name)[1]
+    text = args.format == "text"
+    suites: list[tuple[str, list[CaseResult]]] = []
+    uncovered: list[str] = []
+    broken = 0
+    for policy_file in files:
+        test_file = find_test_file(policy_file)[1]
+        if not test_file.is_file():
+            print(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
+            continue
         try:
-            results = run_test_file(name, backend_factory=factory, timeout_s=timeout_s)
+            results = run_test_file(policy_file, backend_factory=factory, timeout_s=timeout_s, run=pattern)
+            policies = load_text(policy_file.read_bytes(), str(policy_file))
         except PolicyError as exc:
             for problem in _problems(exc):
                 _print_problem(problem)
-            failed += 1
+            broken += 1
             continue
         except OSError as exc:
-            print(f"{name}: cannot read: {exc.strerror}", file=sys.stderr)
-            failed += 1
+            print(f"{policy_file}: cannot read: {exc.strerror}", file=sys.stderr)
+            broken += 1
             continue
         if not results:
-            print(f"{test_file}: no test cases found (a policy without tests fails, like OPA's --fail-on-empty)",
-                  file=sys.stderr)  # fmt: skip
-            failed += 1
+            print(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
+        suites.append((str(test_file), results))
+        fired = {(r.verdict.policy_id, r.verdict.rule) for r in results if r.verdict is not None}
+        if pattern is None:
+            uncovered += [f"{policy_file}: {p.id}/{rule.id}" for p in policies for rule in p.rules
+                          if (p.id, rule.id) not in fired]  # fmt: skip
         for result in results:
-            total += 1
             where = f"{test_file}:{result.line}" if result.line is not None else str(test_file)
             if result.passed:
-                if args.verbose:
+                if args.verbose and text:
                     print(f"PASS {where}: {result.name}")
                 continue
-            failed += 1
             print(f"FAIL {where}: {result.name}", file=sys.stderr)
             for difference in result.problems:
                 print(f"     {difference}", file=sys.stderr)
-    print(f"{total - min(failed, total)} passed, {failed} failed")
-    return EXIT_FAILED if failed else 0
+    total = sum(len(results) for _, results in suites)
+    failed = sum(not r.passed for _, results in suites for r in results)
+    if args.format == "json":
+        print(json.dumps(_json_report(suites, uncovered), indent=2, ensure_ascii=False))
+    elif args.format == "junit":
+        print(_junit_report(suites))
+    else:
+        for line in uncovered:
+            print(f"not covered {line}")
+        print(f"{total - failed} passed, {failed} failed" + (f", {broken} files broken" if broken else ""))
+    return EXIT_FAILED if failed or broken else 0
+
+
+def _json_report(suites: list[tuple[str, list[Any]]], uncovered: list[str]) -> dict[str, Any]:
+    """``{"results": [{file, line, name, passed, problems, action, rule}], "not_covered": [...]}``."""
+    results = [
+        {
+            "file": file, "line": r.line, "name": r.name, "passed": r.passed, "problems": r.problems,
+            "action": r.verdict.action if r.verdict is not None else None,
+            "rule": r.verdict.rule if r.verdict is not None else None,
+        }
+        for file, rs in suites for r in rs
+    ]  # fmt: skip
+    return {"results": results, "not_covered": uncovered}
+
+
+def _junit_report(suites: list[tuple[str, list[Any]]]) -> str:
+    """JUnit XML: one ``<testsuite>`` per test file, a ``<failure>`` per failing case listing its differences."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.Element("testsuites", name="guard policy test")
+    for file, results in suites:
+        failures = sum(not r.passed for r in results)
+        suite = ET.SubElement(root, "testsuite", name=file, tests=str(len(results)), failures=str(failures))
+        for r in results:
+            case = ET.SubElement(suite, "testcase", classname=file, name=r.name, file=file, line=str(r.line or 0))
+            if not r.passed:
+                ET.SubElement(case, "failure", message=r.problems[0] if r.problems else "failed").text = "\n".join(
+                    r.problems
+                )
+    root.set("tests", str(sum(len(rs) for _, rs in suites)))
+    root.set("failures", str(sum(not r.passed for _, rs in suites for r in rs)))
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)
 
 
 def schema_json() -> str:
@@ -264,6 +332,10 @@ def reference_markdown() -> str:
 
 
 def run_schema(args: argparse.Namespace) -> int:
+    if args.tests:
+        from guard.devtools.testing import test_file_schema
+
+        return _emit(json.dumps(test_file_schema(), indent=2, ensure_ascii=False) + "\n", args, "schema --tests")
     return _emit(schema_json(), args, "schema")
 
 

@@ -137,6 +137,23 @@ def _prometheus_meter_provider() -> None:
         metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
 
 
+def _tracing_from_env() -> None:
+    """Install the tracer provider the ``OTEL_*`` variables describe (once per process; none when they ask for
+    none). Raises ValueError for an unknown ``OTEL_TRACES_EXPORTER``."""
+    import os
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from guard.engine.telemetry import tracer_provider_from_env
+
+    if isinstance(trace.get_tracer_provider(), TracerProvider):
+        return  # already configured, e.g. by opentelemetry-instrument
+    provider = tracer_provider_from_env(os.environ)
+    if provider is not None:
+        trace.set_tracer_provider(provider)
+
+
 def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
@@ -172,6 +189,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
     cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
     _prometheus_meter_provider()
+    _tracing_from_env()
     backend = open_cli_backend(args)
     log = DecisionLog(args.decision_log, log_input=args.log_input) if args.decision_log else None
     guard = Guard.from_files(

@@ -6,7 +6,8 @@ Usage::
                        [--dtype auto|float32|bfloat16] [--max-batch N] [--max-batch-tokens T] [--max-wait-ms M]
                        [--max-queue Q] [--max-length-ratio R] [--max-length L] [--confidence reference|workers-ai|jev]
                        [--profile workers-ai|reference] [--max-body-bytes B] [--default-timeout-ms D]
-                       [--overload-status 429|503] [--model-name NAME] [--torch-threads N] [--log-level LEVEL]
+                       [--overload-status 429|503] [--model-name NAME]
+                       [--model-alias NAME]... [--release-date YYYY-MM-DD] [--torch-threads N] [--log-level LEVEL]
                        [--access-log]
 
 The socket opens at once (``/healthz`` answers while the weights load); ``/readyz`` turns 200 after the model loaded
@@ -62,6 +63,12 @@ def register(subparsers: Any) -> None:
     )
     model.add_argument("--model-name", default=None, help="name listed by GET /v1/models (default: directory name)")
     model.add_argument(
+        "--model-alias", action="append", default=[], metavar="NAME", help="another accepted model name (repeatable)"
+    )
+    model.add_argument(
+        "--release-date", default=None, metavar="YYYY-MM-DD", help="release date listed (default: the weights' date)"
+    )
+    model.add_argument(
         "--torch-threads", type=int, default=None, metavar="N", help="torch intra-op threads (default: torch's choice)"
     )
     batching = serve.add_argument_group("batching")
@@ -115,6 +122,8 @@ def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
         "validation_profile": args.profile,
         "overload_status": args.overload_status,
         "model_name": args.model_name,
+        "model_aliases": tuple(args.model_alias),
+        "release_date": args.release_date,
     }
     if args.max_body_bytes is not None:
         options["max_body_bytes"] = args.max_body_bytes

@@ -21,6 +21,8 @@ A test file::
 from __future__ import annotations
 
 import asyncio
+import glob
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,9 +44,12 @@ from guard.verdict import Action, FailMode, Verdict
 
 __all__ = [
     "CaseResult",
+    "expand_policy_paths",
     "find_test_file",
+    "is_test_file",
     "run_test_file",
     "subject_from_json",
+    "test_file_schema",
     "wire_answers",
     "with_timeout",
 ]
@@ -117,6 +122,12 @@ class _TestFile(_Strict):
     cases: list[_Case] = Field(default_factory=list)
 
 
+def test_file_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a ``<name>_test.yaml`` file, from the pydantic models that read it."""
+    schema = _TestFile.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "guard policy test file"}
+
+
 def subject_from_json(data: Any) -> Subject:
     """A subject from ``{"http": {...}}`` or ``{"agent": {...}}`` (the fields of :class:`HttpSubject` /
     :class:`AgentSubject`, an agent's ``history`` as a list of :class:`TurnMessage` objects); ``body_text`` defaults to the body's judged strings joined by newlines, as the middleware builds it:
@@ -164,6 +175,34 @@ def find_test_file(path: str | Path) -> tuple[Path, Path]:
     if p.stem.endswith("_test"):
         return p.with_name(p.stem[: -len("_test")] + p.suffix), p
     return p, p.with_name(f"{p.stem}_test{p.suffix}")
+
+
+def is_test_file(path: str | Path) -> bool:
+    """Whether ``path`` names a test file (``*_test.yaml`` / ``*_test.yml``) rather than a policy file."""
+    p = Path(path)
+    return p.suffix in (".yaml", ".yml") and p.stem.endswith("_test")
+
+
+def expand_policy_paths(names: Sequence[str]) -> list[Path]:
+    """Policy files named by files, directories (every ``*.yaml``/``*.yml`` below, recursively) and globs, sorted
+    per argument and without repeats; a test file stands for its policy file, so ``policies/*.yaml`` works.
+
+    Raises:
+        FileNotFoundError: naming an argument that matches no file.
+    """
+    found: dict[Path, None] = {}
+    for name in names:
+        if glob.has_magic(name):
+            matches = [Path(m) for m in sorted(glob.glob(name, recursive=True))]
+        elif Path(name).is_dir():
+            matches = sorted(p for p in Path(name).rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+        else:
+            matches = [Path(name)]
+        if not matches:
+            raise FileNotFoundError(f"{name}: no file matches")
+        for match in matches:
+            found.setdefault(find_test_file(match)[0] if is_test_file(match) else match, None)
+    return list(found)
 
 
 def with_timeout(policies: Sequence[Policy], timeout_s: float | None) -> list[Policy]:
@@ -224,7 +263,11 @@ def _compare(expect: _Expect, verdict: Verdict) -> list[str]:
 
 
 def run_test_file(
-    path: str | Path, *, backend_factory: BackendFactory | None = None, timeout_s: float | None = None
+    path: str | Path,
+    *,
+    backend_factory: BackendFactory | None = None,
+    timeout_s: float | None = None,
+    run: re.Pattern[str] | None = None,
 ) -> list[CaseResult]:
     """Run the cases for one policy file.
 
@@ -233,6 +276,7 @@ def run_test_file(
         backend_factory: builds a real backend for cases without ``answers`` (one per case: each runs in its own
             event loop); it is started before the case is decided.
         timeout_s: replaces every policy's ``timeout`` (seconds) when given.
+        run: only the cases whose name this pattern matches (``re.search``), like ``opa test --run``.
 
     Returns:
         One :class:`CaseResult` per case (an empty list when the file holds no cases: the caller fails on it).
@@ -255,6 +299,8 @@ def run_test_file(
         raise PolicyLoadError([_pydantic_problem(e, lines) for e in exc.errors()]) from None
     results = []
     for i, case in enumerate(spec.cases):
+        if run is not None and not run.search(case.name):
+            continue
         line = lines.line(("cases", i))
         try:
             verdict, problems = asyncio.run(_run_case(policies, case, backend_factory))

@@ -24,7 +24,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Any
@@ -42,10 +42,15 @@ __all__ = [
     "SECRET_NAME",
     "SPAN_ATTRIBUTES",
     "SPAN_NAME",
+    "TRACES_EXPORTERS",
     "TRACING_RECHECK_S",
     "DecisionLog",
     "Telemetry",
+    "tracer_provider_from_env",
 ]
+
+#: ``OTEL_TRACES_EXPORTER`` values understood by :func:`tracer_provider_from_env`.
+TRACES_EXPORTERS = ("otlp", "console", "none")
 
 logger = logging.getLogger("guard.telemetry")
 
@@ -71,6 +76,8 @@ SPAN_ATTRIBUTES = (
     "guard.fail_mode",
     "guard.error",
     "guard.flags",
+    "gen_ai.request.model",
+    "error.type",
 )
 #: Pointers the decision log removes unless told otherwise (in every log_input mode): the credential headers.
 DEFAULT_REDACT = (
@@ -94,6 +101,50 @@ removed, and their values wherever they are repeated in ``input`` or ``state`` t
 pointers."""
 
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
+
+
+def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
+    """An SDK ``TracerProvider`` configured by the standard ``OTEL_*`` variables, or ``None`` for no tracing.
+
+    ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none`` turn tracing off. ``OTEL_TRACES_EXPORTER=console``
+    prints spans on stdout; ``otlp`` (also chosen when only ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set) sends them in batches over OTLP/HTTP protobuf to the traces
+    endpoint (default ``http://localhost:4318/v1/traces``). With none of these set there is no tracing. The resource
+    comes from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` (service name ``guard`` by default).
+
+    Raises:
+        ValueError: an ``OTEL_TRACES_EXPORTER`` other than :data:`TRACES_EXPORTERS` (one exporter at a time).
+    """
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    traces_endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    base_endpoint = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not exporter:
+        exporter = "otlp" if traces_endpoint or base_endpoint else "none"
+    if exporter not in TRACES_EXPORTERS:
+        raise ValueError(f"OTEL_TRACES_EXPORTER must be one of {', '.join(TRACES_EXPORTERS)}, got {exporter!r}")
+    if exporter == "none":
+        return None
+    attributes: dict[str, Any] = {}
+    for pair in environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip():
+            attributes[key.strip()] = value.strip()
+    attributes["service.name"] = environ.get("OTEL_SERVICE_NAME") or attributes.get("service.name") or "guard"
+    provider = TracerProvider(resource=Resource.create(attributes))
+    if exporter == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        return provider
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    endpoint = traces_endpoint or (base_endpoint or "http://localhost:4318").rstrip("/") + "/v1/traces"
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    return provider
 
 
 class Telemetry:
@@ -168,6 +219,7 @@ class Telemetry:
                     attributes["guard.agent.event"] = subject.event
                     if subject.tool_name:
                         attributes["guard.agent.tool"] = subject.tool_name
+                        attributes["gen_ai.tool.name"] = subject.tool_name
                 span.set_attributes(attributes)
             yield span
 
@@ -224,6 +276,9 @@ def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, 
         "guard.fail_mode": verdict.fail_mode,
         "guard.error": verdict.error,
         "guard.flags": sorted(verdict.flags) if verdict.flags else None,
+        "gen_ai.request.model": verdict.model,
+        # OpenTelemetry's error.type: the kind before the colon of guard.error ("timeout", "connection", ...)
+        "error.type": verdict.error.split(":", 1)[0] if verdict.error else None,
     }
     return {k: v for k, v in values.items() if v is not None}
 

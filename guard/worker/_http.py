@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import uuid
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
-from starlette.types import Receive
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.backends._providers import MODEL_REVISION_HEADER, TIMEOUT_HEADER
 from guard.errors import BodyError
@@ -22,14 +23,18 @@ __all__ = [
     "INVALID_JSON",
     "INVALID_REQUEST",
     "MALFORMED_ANSWER",
+    "MODEL_NOT_FOUND",
     "MODEL_REVISION_HEADER",
     "NOT_FOUND",
     "NOT_READY",
     "OVERLOADED",
+    "REQUEST_ID_HEADER",
     "TIMEOUT",
     "TIMEOUT_HEADER",
     "UNAVAILABLE",
     "ClientGone",
+    "RequestIdMiddleware",
+    "request_id",
     "error_response",
     "parse_timeout",
     "unless_disconnected",
@@ -48,8 +53,40 @@ TIMEOUT = "timeout"
 UNAVAILABLE = "unavailable"
 MALFORMED_ANSWER = "malformed_answer"
 NOT_FOUND = "not_found"
+MODEL_NOT_FOUND = "model_not_found"
 INTERNAL_ERROR = "internal_error"
 
+#: The header a response's request id travels in (echoed from the request, else generated).
+REQUEST_ID_HEADER = "x-request-id"
+_MAX_REQUEST_ID = 128
+
+def request_id(raw: bytes | None) -> bytes:
+    """The caller's request id when it is 1 to 128 visible ASCII characters, else a new random one (32 hex)."""
+    if raw and len(raw) <= _MAX_REQUEST_ID and all(0x21 <= b <= 0x7E for b in raw):
+        return raw
+    return uuid.uuid4().hex.encode()
+
+
+class RequestIdMiddleware:
+    """ASGI middleware: every HTTP response carries :data:`REQUEST_ID_HEADER` (see :func:`request_id`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        key = REQUEST_ID_HEADER.encode()
+        rid = request_id(next((v for k, v in scope["headers"] if k == key), None))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != key]
+                message = {**message, "headers": [*headers, (key, rid)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class ClientGone(Exception):

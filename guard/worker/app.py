@@ -2,18 +2,24 @@
 
 Routes:
 
-* ``POST /v1/systemone``: the System One API (spec §5). Body capped (413), strict JSON (400 for non-JSON, duplicate
-  keys, NaN), validated with the ``workers-ai`` profile by default (422 naming every bad field), answered through
+* ``POST /v1/systemone``: the System One API (spec §5). Body capped (413, also after undoing a ``Content-Encoding``
+  of gzip, deflate, br or zstd; any other coding is a 415), JSON or ``multipart/form-data`` with image parts named by
+  ``assets`` (TypeSafe's SDK), strict JSON (400 for non-JSON, duplicate keys, NaN), validated with the ``workers-ai``
+  profile by default (422 naming every bad field), answered through
   :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
-  disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once.
-* ``GET /v1/models``: ``{"models": [{"name", "description", "revision", ...}]}`` (TypeSafe Jev's shape).
+  disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once. A ``model``
+  the worker does not serve is a 404 ``model_not_found``.
+* ``GET /v1/models``: TypeSafe Jev's ``{"models": [{"name", "description", "release_date", ...}]}`` and OpenAI's
+  ``{"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}`` in one body.
+* ``GET /v1/models/{id}``: one model, both shapes' fields (404 ``model_not_found`` for another name).
 * ``GET /healthz``: 200 while the process is alive (503 once loading the model or the self-test failed).
 * ``GET /readyz``: 200 only after the model loaded and the startup self-test (a fixed request answered with finite
   probabilities summing to 1) passed.
 * ``GET /metrics``: Prometheus text of the OpenTelemetry metrics (:mod:`guard.worker.metrics`).
 
-No input gets a 500: every refusal is a 4xx JSON ``{code, message, field, errors}``.
+No input gets a 500: every refusal is a 4xx JSON ``{code, message, field, errors}``. Every response carries
+``x-request-id``: the caller's (when it is 1 to 128 visible ASCII characters) or a new one.
 
 Example:
     >>> app = create_app(lambda: LocalBackend.from_pretrained("/models/clef-flash", device="cuda"))  # doctest: +SKIP
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import enum
 import logging
 import math
@@ -34,6 +41,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -50,7 +58,7 @@ from guard.errors import (
     RequestValidationError,
 )
 from guard.systemone import SystemOneRequestV1, ValidationProfile
-from guard.worker import _http
+from guard.worker import _http, _intake
 from guard.worker.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
 
 if TYPE_CHECKING:
@@ -85,7 +93,10 @@ class WorkerConfig:
         max_timeout_s: cap on the header's deadline.
         overload_status: 429 or 503, the status of a full queue (both with ``Retry-After``).
         model_name: the name listed by ``GET /v1/models`` (the checkpoint directory name when ``None``).
+        model_aliases: other names requests may use for the model (listed too); any other name is a 404.
         description: its description there.
+        release_date: ``YYYY-MM-DD`` listed as the model's release date (default: the date its weights were written,
+            else the date the worker loaded it).
 
     Raises:
         ValueError: naming the field, the value and what is allowed.
@@ -97,7 +108,9 @@ class WorkerConfig:
     max_timeout_s: float = MAX_TIMEOUT_S
     overload_status: int = 429
     model_name: str | None = None
+    model_aliases: tuple[str, ...] = ()
     description: str = DEFAULT_DESCRIPTION
+    release_date: str | None = None
 
     def __post_init__(self) -> None:
         if self.validation_profile not in _PROFILES:
@@ -115,6 +128,17 @@ class WorkerConfig:
                 f"WorkerConfig.default_timeout_s ({self.default_timeout_s:g}) exceeds max_timeout_s "
                 f"({self.max_timeout_s:g})"
             )
+        if isinstance(self.model_aliases, str) or not all(isinstance(a, str) and a for a in self.model_aliases):
+            raise ValueError(
+                f"WorkerConfig.model_aliases must be a tuple of non-empty names, got {self.model_aliases!r}"
+            )
+        if self.release_date is not None:
+            try:
+                datetime.date.fromisoformat(self.release_date)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"WorkerConfig.release_date must be a YYYY-MM-DD date, got {self.release_date!r}"
+                ) from None
         if self.overload_status not in (429, 503):
             raise ValueError(f"WorkerConfig.overload_status must be 429 or 503, got {self.overload_status!r}")
 
@@ -140,6 +164,7 @@ class _Runtime:
         self.backend: LocalBackend | None = None
         self.phase = WorkerPhase.LOADING
         self.error: str | None = None
+        self.loaded_on = datetime.datetime.now(datetime.UTC).date()
 
     async def boot(self) -> None:
         """Load the backend (on a thread) and start it (batcher and self-test, ``LocalBackend.start``); set the phase
@@ -148,6 +173,7 @@ class _Runtime:
             source = self.source
             backend = source if not callable(source) else await asyncio.to_thread(source)
             self.backend = backend
+            self.loaded_on = datetime.datetime.now(datetime.UTC).date()
             self._attach_metrics(backend)
             await backend.start()
         except Exception as exc:
@@ -182,6 +208,19 @@ class _Runtime:
         if self.config.model_name:
             return self.config.model_name
         return self.backend.model.model_id if self.backend is not None else ""
+
+    def model_names(self) -> tuple[str, ...]:
+        """Every name a request may use: the listed name, the checkpoint's id, then the aliases (no repeats)."""
+        ids = [self.model_name()]
+        if self.backend is not None:
+            ids.append(self.backend.model.model_id)
+        return tuple(dict.fromkeys([*ids, *self.config.model_aliases]))
+
+    def release_date(self) -> datetime.date:
+        if self.config.release_date is not None:
+            return datetime.date.fromisoformat(self.config.release_date)
+        released = getattr(self.backend.model, "released", None) if self.backend is not None else None
+        return released if isinstance(released, datetime.date) else self.loaded_on
 
 
 # ---------------------------------------------------------------------------------------------------------- routes
@@ -222,7 +261,14 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         raw = await read_body(request.receive, config.max_body_bytes, declared)
         if raw is None:
             return Response(status_code=499), "cancelled"
+        raw = _intake.decode_content(raw, request.headers.get("content-encoding"), config.max_body_bytes)
+        parts: dict[str, tuple[str, bytes]] = {}
+        content_type = request.headers.get("content-type", "")
+        if content_type.split(";", 1)[0].strip().lower() == "multipart/form-data":
+            raw, parts = _intake.split_multipart(raw, content_type)
         body = loads(raw)
+        if isinstance(body, dict):
+            body = _intake.assets_to_images(body, parts)
         system_request = SystemOneRequestV1.from_json(body, profile=config.validation_profile)
     except BodyError as exc:
         return _http.error_response(exc.status, exc.code, exc.reason, field=exc.field), "invalid"
@@ -232,6 +278,8 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     except RequestValidationError as exc:
         errors = [e.to_json() for e in exc.errors]
         return _http.error_response(422, _http.INVALID_REQUEST, str(exc), errors=errors), "invalid"
+    if system_request.model not in runtime.model_names():
+        return _model_not_found(runtime, system_request.model, "model"), "invalid"
     try:
         answer = await _http.unless_disconnected(request.receive, backend.decide(system_request, timeout=timeout))
     except _http.ClientGone:
@@ -256,16 +304,26 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     return JSONResponse(answer.to_json(), headers=headers), "ok"
 
 
-async def _models(request: Request) -> Response:
-    """``GET /v1/models``: the served model, in TypeSafe Jev's ``{"models": [...]}`` shape."""
-    runtime = _runtime(request)
-    backend = runtime.backend
-    if runtime.phase is not WorkerPhase.READY or backend is None:
-        return _not_ready(runtime)
-    entry: dict[str, Any] = {
-        "name": runtime.model_name(),
+def _model_not_found(runtime: _Runtime, name: str, field: str) -> JSONResponse:
+    served = ", ".join(runtime.model_names())
+    return _http.error_response(
+        404, _http.MODEL_NOT_FOUND, f"model {name[:80]!r} is not served here; this worker serves {served}", field=field
+    )
+
+
+def _model_entry(runtime: _Runtime, backend: LocalBackend, name: str) -> dict[str, Any]:
+    """One model in both shapes: OpenAI's ``id, object, created, owned_by`` and Jev's ``name, description,
+    release_date`` plus guard's serving details."""
+    released = runtime.release_date()
+    created = int(datetime.datetime.combine(released, datetime.time(), tzinfo=datetime.UTC).timestamp())
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "guard",
+        "name": name,
         "description": runtime.config.description,
-        "release_date": None,
+        "release_date": released.isoformat(),
         "revision": backend.model_revision,
         "max_input_tokens": backend.max_length,
         "dtype": str(backend.model.dtype).removeprefix("torch."),
@@ -273,7 +331,28 @@ async def _models(request: Request) -> Response:
         "confidence_profile": backend.confidence_profile,
         "validation_profile": runtime.config.validation_profile,
     }
-    return JSONResponse({"models": [entry]})
+
+
+async def _models(request: Request) -> Response:
+    """``GET /v1/models``: every name the worker answers to, in Jev's and OpenAI's list shapes at once."""
+    runtime = _runtime(request)
+    backend = runtime.backend
+    if runtime.phase is not WorkerPhase.READY or backend is None:
+        return _not_ready(runtime)
+    entries = [_model_entry(runtime, backend, name) for name in runtime.model_names()]
+    return JSONResponse({"object": "list", "data": entries, "models": entries})
+
+
+async def _model(request: Request) -> Response:
+    """``GET /v1/models/{id}``: one served model (404 ``model_not_found`` for any other name)."""
+    runtime = _runtime(request)
+    backend = runtime.backend
+    if runtime.phase is not WorkerPhase.READY or backend is None:
+        return _not_ready(runtime)
+    name = request.path_params["model_id"]
+    if name not in runtime.model_names():
+        return _model_not_found(runtime, name, "path.model_id")
+    return JSONResponse(_model_entry(runtime, backend, name))
 
 
 async def _healthz(request: Request) -> Response:
@@ -352,11 +431,17 @@ def create_app(
     routes = [
         Route("/v1/systemone", _systemone, methods=["POST"]),
         Route("/v1/models", _models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", _readyz, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, ClientDisconnect: _client_disconnect, Exception: _internal_error}
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=handlers,
+        middleware=[Middleware(_http.RequestIdMiddleware)],
+    )
     app.state.worker = runtime
     return app

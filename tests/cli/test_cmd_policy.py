@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def test_a_control_character_is_reported_with_its_line_and_proxy_exits_2(
     assert main(["proxy", "--policy", str(bad), "--upstream", "http://127.0.0.1:9"]) == 2
 
 
-def test_test_fails_on_wrong_expectations_and_zero_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_test_fails_on_wrong_expectations_and_warns_on_zero_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     policy = tmp_path / "p.yaml"
     policy.write_text((POLICIES / "tool_result_check.yaml").read_text())
     cases = (POLICIES / "tool_result_check_test.yaml").read_text()
@@ -58,8 +59,8 @@ def test_test_fails_on_wrong_expectations_and_zero_cases(tmp_path: Path, capsys:
     err = capsys.readouterr().err
     assert "FAIL" in err and "rule: expected 'suspicious', got 'instructions'" in err
     (tmp_path / "p_test.yaml").write_text("cases: []\n")
-    assert main(["policy", "test", str(tmp_path / "p_test.yaml")]) == 1
-    assert "no test cases found" in capsys.readouterr().err
+    assert main(["policy", "test", str(tmp_path / "p_test.yaml")]) == 0
+    assert f"warning: {tmp_path / 'p_test.yaml'}: no test cases" in capsys.readouterr().err
     (tmp_path / "p_test.yaml").write_text(
         "cases:\n  - name: x\n    input: {http: {}}\n    expect: {action: allow}\n    unknown: 1\n"
     )
@@ -146,14 +147,14 @@ def test_explain_shows_a_failed_decision_and_runs_no_rules(
 ) -> None:  # fmt: skip
     args = ["policy", "explain", str(POLICIES / policy), "--input", _subject(tmp_path, data),
             "--backend", f"http://127.0.0.1:{_closed_port()}"]  # fmt: skip
-    assert main(args) == 0
+    assert main(args) == 1  # the decision failed: the fail mode decided
     out = capsys.readouterr().out
     lines = out.splitlines()
     failed = next(i for i, line in enumerate(lines) if line.startswith("FAILED     connection: "))
     assert lines[failed + 1] == f"           fail mode {mode} decided: {action} (status {status})"
     assert lines[failed + 2].startswith("answers    none") and lines[failed + 3].startswith("rules      not evaluated")
     assert "Undefined variable" not in out and "RuntimeError" not in out
-    assert main([*args, "--json"]) == 0
+    assert main([*args, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["error"].startswith("connection: ") and report["rules"] == [] and report["answers"] == {}
     assert (report["verdict"]["fail_mode"], report["verdict"]["action"]) == (mode, action)
@@ -189,7 +190,7 @@ def test_timeout_ms_replaces_the_policy_timeout(
 ) -> None:
     args = ["policy", "explain", str(POLICIES / "api_abuse.yaml"), "--input", _subject(tmp_path, HTTP_SUBJECT),
             "--backend", f"local:{golden_checkpoint}", "--timeout-ms", timeout_ms, "--json"]  # fmt: skip
-    assert main(args) == 0
+    assert main(args) == 1  # the decision failed: the fail mode decided
     report = json.loads(capsys.readouterr().out)
     assert report["error"] == f"timeout: no decision within {float(timeout_ms):.0f} ms"  # the policy says 1500 ms
     assert report["verdict"]["fail_mode"] == "closed" and report["rules"] == []
@@ -267,3 +268,76 @@ def test_explain_without_answers_or_a_backend_says_the_answers_are_uniform(
     answers.write_text(json.dumps({"injection": 0.1, "harmful": 0.1, "spam": 0.1}))
     assert main([*args, "--answers", str(answers)]) == 0
     assert "uniform" not in capsys.readouterr().err
+
+
+def test_check_and_test_take_directories_and_globs_beside_test_files(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "check", str(POLICIES)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ok ") == 4 and "_test.yaml" not in out
+    assert main(["policy", "check", str(POLICIES / "*.yaml")]) == 0
+    assert capsys.readouterr().out == out  # the test files stand for their policies
+    assert main(["policy", "check", str(POLICIES / "nothing-*.yaml")]) == 1
+    assert "no file matches" in capsys.readouterr().err
+
+
+def test_test_reports_junit_json_coverage_and_filters_with_run(capsys: pytest.CaptureFixture[str]) -> None:
+    import xml.etree.ElementTree as ET
+
+    assert main(["policy", "test", str(POLICIES), "--format", "junit"]) == 0
+    root = ET.fromstring(capsys.readouterr().out)
+    suites = root.findall("testsuite")
+    assert len(suites) == 4 and int(root.get("tests", "0")) == sum(len(s.findall("testcase")) for s in suites) > 0
+    assert root.get("failures") == "0"
+    assert main(["policy", "test", str(POLICIES / "tool_result_check.yaml"), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["results"] and all(r["passed"] for r in report["results"])
+    fired = {r["rule"] for r in report["results"]}
+    assert report["not_covered"] and all(line.rsplit("/", 1)[1] not in fired for line in report["not_covered"])
+    first = report["results"][0]["name"]
+    assert main(["policy", "test", str(POLICIES / "tool_result_check.yaml"), "--run", f"^{re.escape(first)}$",
+                 "--format", "json"]) == 0  # fmt: skip
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)["results"]] == [first]
+    assert main(["policy", "test", str(POLICIES), "--run", "("]) == 2
+
+
+def test_test_fails_in_junit_too_and_a_policy_without_tests_is_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import xml.etree.ElementTree as ET
+
+    (tmp_path / "p.yaml").write_text((POLICIES / "tool_result_check.yaml").read_text())
+    (tmp_path / "lonely.yaml").write_text((POLICIES / "api_abuse.yaml").read_text())
+    cases = (POLICIES / "tool_result_check_test.yaml").read_text()
+    (tmp_path / "p_test.yaml").write_text(cases.replace("rule: injected-instructions}", "rule: suspicious}", 1))
+    assert main(["policy", "test", str(tmp_path), "--format", "junit"]) == 1
+    captured = capsys.readouterr()
+    assert f"warning: {tmp_path / 'lonely.yaml'}: no test file (lonely_test.yaml)" in captured.err
+    failure = ET.fromstring(captured.out).find("testsuite/testcase/failure")
+    assert failure is not None and "rule: expected 'suspicious'" in failure.get("message", "")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out == f"guard {version('guard')}\n"
+
+
+def test_shipped_files_name_their_schema_and_the_test_file_schema_is_current() -> None:
+    import jsonschema
+    import yaml
+
+    # Regenerate with: guard policy schema --tests --output policies/guard-policy-test.schema.json
+    assert main(["policy", "schema", "--tests", "--check", str(POLICIES / "guard-policy-test.schema.json")]) == 0
+    test_schema = json.loads((POLICIES / "guard-policy-test.schema.json").read_text())
+    files = sorted(POLICIES.glob("*.yaml"))
+    assert len(files) == 8
+    for file in files:
+        is_test = file.stem.endswith("_test")
+        schema = "guard-policy-test.schema.json" if is_test else "guard-policy.schema.json"
+        assert file.read_text().splitlines()[0] == f"# yaml-language-server: $schema=./{schema}", file
+        if is_test:
+            jsonschema.validate(yaml.safe_load(file.read_text()), test_schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"cases": [{"name": "x", "input": {"http": {}}, "expect": {}, "typo": 1}]}, test_schema)

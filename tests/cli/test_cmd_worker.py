@@ -36,6 +36,8 @@ def test_serves_until_sigterm_then_exits_cleanly(golden_checkpoint: Path, tmp_pa
             "4",
             "--model-name",
             "clef-tiny",
+            "--model-alias",
+            "clef-flash",
             "--log-level",
             "warning",
         ),

@@ -95,6 +95,7 @@ async def test_one_span_per_decision_with_stable_attributes(otel: Any) -> None:
         "guard.decision_id": blocked.decision_id, "guard.policy.id": "api", "guard.policy.version": "7",
         "guard.rule": "injection", "guard.action": "block", "guard.status": 403, "guard.cache_hit": False,
         "guard.cache": "miss", "guard.backend": "clef-local", "guard.model": "clef-flash",
+        "gen_ai.request.model": "clef-flash",
         "guard.model_revision": "r9", "guard.latency_ms": round(blocked.latency_ms, 3),
     }
     assert spans[1].attributes["guard.action"] == "allow" and spans[1].attributes["guard.rule"] == "default"

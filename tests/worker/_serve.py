@@ -100,8 +100,11 @@ class RunningWorker:
 def serve_worker(
     backend: LocalBackend, *, config: WorkerConfig | None = None, uds: str | None = None
 ) -> Iterator[RunningWorker]:
-    """Serve ``backend`` through the worker app; the app closes the backend when the server stops."""
-    app = create_app(backend, config=config)
+    """Serve ``backend`` through the worker app; the app closes the backend when the server stops.
+
+    Without ``config`` the worker serves the checkpoint as ``clef-flash``, the model name policies send by default.
+    """
+    app = create_app(backend, config=config or WorkerConfig(model_name="clef-flash"))
     server = ServerThread(app, uds=uds)
     try:
         url = server.start()

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.anyio
 
 BODY_CAP = 64 * 1024
 ONE_OPTION = (
-    b'{"model": "m", "state": "s", "questions": {"q": {"type": "choice", "instructions": "?", "criteria": {"a": 1}}}}'
+    b'{"model": "clef-public-tiny", "state": "s", "questions": {"q": {"type": "choice", "instructions": "?", "criteria": {"a": 1}}}}'
 )
 
 
@@ -47,7 +47,8 @@ def assert_close(got: Any, want: Any, tol: float = 2e-4, path: str = "$") -> Non
 @pytest.fixture(scope="module")
 def worker(clef_fp32: ClefModel) -> Iterator[RunningWorker]:
     backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=16, max_wait_ms=5))
-    with serve_worker(backend, config=WorkerConfig(max_body_bytes=BODY_CAP)) as running:
+    config = WorkerConfig(max_body_bytes=BODY_CAP, model_name="clef-flash", model_aliases=("clef-public-tiny",))
+    with serve_worker(backend, config=config) as running:
         yield running
 
 
@@ -203,8 +204,9 @@ async def test_models_health_ready_and_metrics(worker: RunningWorker) -> None:
         health = await client.get("/healthz")
         ready = await client.get("/readyz")
         metrics = await client.get("/metrics")
-    (entry,) = models["models"]
-    assert entry["name"] == "checkpoint" and entry["revision"] == worker.backend.model_revision
+    assert [entry["name"] for entry in models["models"]] == ["clef-flash", "checkpoint", "clef-public-tiny"]
+    entry = models["models"][0]
+    assert entry["revision"] == worker.backend.model_revision
     assert entry["description"] and entry["dtype"] == "float32" and entry["max_input_tokens"] == 16384
     assert health.status_code == 200 and ready.status_code == 200 and ready.json()["status"] == "ready"
     text = metrics.text
@@ -246,7 +248,7 @@ async def test_full_queue_answers_429_with_retry_after_at_once(clef_fp32: ClefMo
 
 async def test_overload_status_can_be_503(clef_fp32: ClefModel) -> None:
     backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=1, max_queue=1, max_wait_ms=0))
-    with serve_worker(backend, config=WorkerConfig(overload_status=503)) as worker:
+    with serve_worker(backend, config=WorkerConfig(overload_status=503, model_name="clef-flash")) as worker:
         async with worker.client(timeout=60) as client:
             busy = await hold_inference_thread(worker, client)
             results = await asyncio.gather(*(client.post("/v1/systemone", json=ticket_body(i)) for i in range(3)))
@@ -260,7 +262,7 @@ async def test_schema_longer_than_max_length_is_422(clef_fp32: ClefModel) -> Non
     many = {f"q{i}": {"type": "noul", "instructions": f"Is statement number {i} true?"} for i in range(12)}
     with serve_worker(backend) as worker:
         async with worker.client() as client:
-            response = await client.post("/v1/systemone", json={"model": "m", "state": "s", "questions": many})
+            response = await client.post("/v1/systemone", json={"model": "clef-flash", "state": "s", "questions": many})
             long_state = await client.post("/v1/systemone", json=long_body(400))
     assert response.status_code == 422, response.text
     assert response.json()["code"] == "invalid_request" and "maximum is 600" in response.json()["message"]
@@ -279,7 +281,7 @@ async def test_serves_on_a_unix_socket(clef_fp32: ClefModel, tmp_path: Path) -> 
 
 async def test_graceful_shutdown_answers_requests_already_queued(clef_fp32: ClefModel) -> None:
     backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=2, max_wait_ms=0))
-    app = create_app(backend)
+    app = create_app(backend, config=WorkerConfig(model_name="clef-flash"))
     server = ServerThread(app)
     server.start()
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:

@@ -1,0 +1,254 @@
+"""Request bodies as System One clients send them: ``Content-Encoding`` (gzip, deflate, br, zstd) and
+``multipart/form-data`` with image parts (TypeSafe's SDK: a JSON part named ``request``, then one part per asset that
+``assets.<name>.part`` names).
+
+Decompression stops as soon as the output passes the body cap (413), so a small compressed bomb costs at most the cap.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import brotli
+import zstandard
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from guard.errors import BodyError
+
+__all__ = ["ENCODINGS", "assets_to_images", "decode_content", "split_multipart"]
+
+UNSUPPORTED_ENCODING = "unsupported_encoding"
+INVALID_ENCODING = "invalid_encoding"
+INVALID_MULTIPART = "invalid_multipart"
+_FIELD = "headers.content-encoding"
+#: Most parts a multipart request may have (the request part and its images).
+MAX_PARTS = 16
+_SNIFF = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"))
+_FORMAT_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "webp": "image/webp"}
+
+
+def _too_large(limit: int) -> BodyError:
+    return BodyError(413, "body_too_large", f"the decompressed request body exceeds the limit of {limit} bytes")
+
+
+def _zlib(wbits: int) -> Callable[[bytes, int], bytes]:
+    def decode(data: bytes, limit: int) -> bytes:
+        stream = zlib.decompressobj(wbits)
+        out = stream.decompress(data, limit + 1)
+        if len(out) > limit or stream.unconsumed_tail:
+            raise _too_large(limit)
+        if not stream.eof:
+            raise zlib.error("truncated stream")
+        return out
+
+    return decode
+
+
+def _deflate(data: bytes, limit: int) -> bytes:
+    # HTTP "deflate" is the zlib format (RFC 9110 §8.4.1.2); some clients send a raw deflate stream instead.
+    try:
+        return _zlib(zlib.MAX_WBITS)(data, limit)
+    except zlib.error:
+        return _zlib(-zlib.MAX_WBITS)(data, limit)
+
+
+def _brotli(data: bytes, limit: int) -> bytes:
+    stream = brotli.Decompressor()
+    out = stream.process(data, output_buffer_limit=limit + 1)
+    if len(out) > limit or not stream.is_finished():
+        if len(out) > limit or not stream.can_accept_more_data():
+            raise _too_large(limit)
+        raise brotli.error("truncated stream")
+    return out
+
+
+def _zstd(data: bytes, limit: int) -> bytes:
+    with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := reader.read(min(limit + 1 - size, 1 << 20) or 1):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+    return b"".join(chunks)
+
+
+#: ``Content-Encoding`` tokens accepted, each ``(body, limit) -> decoded body``.
+ENCODINGS: dict[str, Callable[[bytes, int], bytes]] = {
+    "gzip": _zlib(16 + zlib.MAX_WBITS),
+    "x-gzip": _zlib(16 + zlib.MAX_WBITS),
+    "deflate": _deflate,
+    "br": _brotli,
+    "zstd": _zstd,
+}
+
+
+def decode_content(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """Undo ``Content-Encoding`` (codings applied in header order, so undone last first).
+
+    Raises:
+        BodyError: 415 ``unsupported_encoding`` for a coding not in :data:`ENCODINGS` (nor ``identity``); 413
+            ``body_too_large`` when a decoded body passes ``limit`` bytes; 400 ``invalid_encoding`` for a corrupt
+            stream.
+    """
+    if not content_encoding:
+        return body
+    codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+    for coding in codings:
+        if coding != "identity" and coding not in ENCODINGS:
+            raise BodyError(
+                415,
+                UNSUPPORTED_ENCODING,
+                f"Content-Encoding {coding[:40]!r} is not supported; use one of {', '.join(ENCODINGS)}",
+                field=_FIELD,
+            )
+    for coding in reversed(codings):
+        if coding == "identity":
+            continue
+        try:
+            body = ENCODINGS[coding](body, limit)
+        except (zlib.error, brotli.error, zstandard.ZstdError) as exc:
+            raise BodyError(400, INVALID_ENCODING, f"the body is not valid {coding}: {exc}", field=_FIELD) from exc
+    return body
+
+
+def split_multipart(body: bytes, content_type: str) -> tuple[bytes, dict[str, tuple[str, bytes]]]:
+    """Split a ``multipart/form-data`` body into its ``request`` JSON part and the other parts.
+
+    Returns:
+        ``(request JSON bytes, {part name: (content type, bytes)})``.
+
+    Raises:
+        BodyError: 400 ``invalid_multipart`` naming what is wrong (no boundary, no ``request`` part, a repeated or
+            unnamed part, more than :data:`MAX_PARTS` parts, a truncated body).
+    """
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise BodyError(400, INVALID_MULTIPART, "multipart/form-data needs a boundary parameter", field="content-type")
+    parts: list[tuple[dict[str, str], bytearray]] = []
+    header: dict[str, list[bytearray]] = {"field": [bytearray()], "value": [bytearray()]}
+
+    def on_part_begin() -> None:
+        parts.append(({}, bytearray()))
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        parts[-1][1].extend(data[start:end])
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        header["field"][0].extend(data[start:end])
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        header["value"][0].extend(data[start:end])
+
+    def on_header_end() -> None:
+        parts[-1][0][header["field"][0].decode("latin-1").lower()] = header["value"][0].decode("latin-1")
+        header["field"][0] = bytearray()
+        header["value"][0] = bytearray()
+
+    def on_part_end() -> None:
+        if len(parts) > MAX_PARTS:
+            raise BodyError(400, INVALID_MULTIPART, f"more than {MAX_PARTS} parts", field="body")
+
+    ended: list[bool] = []
+    parser = MultipartParser(
+        boundary,
+        {
+            "on_part_begin": on_part_begin,
+            "on_part_data": on_part_data,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_part_end": on_part_end,
+            "on_end": lambda: ended.append(True),
+        },
+    )
+    try:
+        parser.write(body)
+        parser.finalize()
+    except BodyError:
+        raise
+    except Exception as exc:  # python-multipart raises its own error types for malformed input
+        raise BodyError(400, INVALID_MULTIPART, f"malformed multipart body: {exc}", field="body") from exc
+    if not ended:
+        raise BodyError(400, INVALID_MULTIPART, "the multipart body ends before its closing boundary", field="body")
+    named: dict[str, tuple[str, bytes]] = {}
+    for i, (headers, data) in enumerate(parts):
+        _, disposition = parse_options_header(headers.get("content-disposition", ""))
+        name = disposition.get(b"name", b"").decode("latin-1")
+        if not name:
+            raise BodyError(400, INVALID_MULTIPART, f"part {i} has no Content-Disposition name", field="body")
+        if name in named:
+            raise BodyError(400, INVALID_MULTIPART, f"part {name!r} appears twice", field=f"parts.{name}")
+        named[name] = (headers.get("content-type", "application/octet-stream"), bytes(data))
+    if "request" not in named:
+        raise BodyError(400, INVALID_MULTIPART, "a multipart request needs a JSON part named 'request'", field="body")
+    _, request = named.pop("request")
+    return request, named
+
+
+def _image_type(declared: str, data: bytes) -> str:
+    media = declared.split(";", 1)[0].strip().lower()
+    if media.startswith("image/"):
+        return media
+    for magic, sniffed in _SNIFF:
+        if data.startswith(magic):
+            return sniffed
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return media
+
+
+def assets_to_images(body: dict[str, Any], parts: dict[str, tuple[str, bytes]]) -> dict[str, Any]:
+    """Turn TypeSafe's ``assets`` (``{name: {type: "image", part | format + data_base64}}``) into ``images`` entries
+    (``{content_type, base64}``, in ``assets`` order) and return the body without ``assets``.
+
+    Raises:
+        BodyError: 422 ``invalid_request`` naming the asset or part: an asset that is not an image, names a missing
+            part, or has no data; a part no asset claims; ``assets`` together with ``images``.
+    """
+    assets = body.get("assets")
+    if assets is None:
+        if parts:
+            raise BodyError(422, "invalid_request", "multipart parts need an 'assets' entry naming them",
+                            field=f"parts.{next(iter(parts))}")
+        return body
+    if not isinstance(assets, dict) or not assets:
+        raise BodyError(422, "invalid_request", "must be a non-empty object of assets", field="assets")
+    if "images" in body:
+        raise BodyError(422, "invalid_request", "send images or assets, not both", field="assets")
+    images: list[dict[str, str]] = []
+    claimed: set[str] = set()
+    for name, asset in assets.items():
+        where = f"assets.{name}"
+        if not isinstance(asset, dict) or asset.get("type", "image") != "image":
+            raise BodyError(422, "invalid_request", "must be an object with type 'image'", field=where)
+        part = asset.get("part")
+        if part is not None:
+            if part not in parts:
+                raise BodyError(422, "invalid_request", f"names part {str(part)[:40]!r}, which was not sent",
+                                field=f"{where}.part")
+            if part in claimed:
+                message = f"part {part!r} is claimed by two assets"
+                raise BodyError(422, "invalid_request", message, field=f"{where}.part")
+            claimed.add(part)
+            declared, data = parts[part]
+            images.append({"content_type": _image_type(declared, data), "base64": base64.b64encode(data).decode()})
+        elif isinstance(asset.get("data_base64"), str) and asset["data_base64"]:
+            media = _FORMAT_TYPES.get(str(asset.get("format", "")).lower())
+            if media is None:
+                raise BodyError(422, "invalid_request", f"must be one of {', '.join(_FORMAT_TYPES)}",
+                                field=f"{where}.format")
+            images.append({"content_type": media, "base64": asset["data_base64"]})
+        else:
+            raise BodyError(422, "invalid_request", "needs a part or data_base64", field=where)
+    unclaimed = sorted(set(parts) - claimed)
+    if unclaimed:
+        raise BodyError(422, "invalid_request", "no asset names this part", field=f"parts.{unclaimed[0]}")
+    rest = {key: value for key, value in body.items() if key != "assets"}
+    rest["images"] = images
+    return rest

@@ -1,0 +1,87 @@
+"""Traces leave the process as users configure them: ``OTEL_*`` variables -> OTLP/HTTP -> a receiver in this test."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import TracerProvider
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from guard.backends.fixture import FixtureBackend
+from guard.devtools.testing import subject_from_json, wire_answers
+from guard.engine import Guard
+from guard.engine.cache import MemoryCache
+from guard.engine.telemetry import Telemetry, tracer_provider_from_env
+from guard.policy.loader import load_text
+from tests.worker._serve import serve_app_in_thread
+
+pytestmark = pytest.mark.anyio
+
+POLICY = Path(__file__).resolve().parents[2] / "policies" / "tool_result_check.yaml"
+
+
+def receiver() -> tuple[Starlette, list[ExportTraceServiceRequest], threading.Event]:
+    received: list[ExportTraceServiceRequest] = []
+    arrived = threading.Event()
+
+    async def traces(request: Request) -> Response:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(await request.body())
+        received.append(message)
+        arrived.set()
+        return Response(ExportTraceServiceRequest().SerializeToString(), media_type="application/x-protobuf")
+
+    return Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])]), received, arrived
+
+
+async def test_otel_endpoint_sends_decision_spans_to_an_otlp_receiver() -> None:
+    app, received, arrived = receiver()
+    with serve_app_in_thread(app, ready_path=None) as url:
+        provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_SERVICE_NAME": "guard-test"})
+        assert isinstance(provider, TracerProvider)
+        policies = load_text(POLICY.read_bytes(), str(POLICY))
+        subject = subject_from_json({"agent": {"event": "tool_result", "tool_name": "fetch", "tool_result": "x"}})
+        backend = FixtureBackend(wire_answers(policies[0], {"injection": 0.94}))
+        guard = Guard(policies, backends={"default": backend}, cache=MemoryCache(),
+                      telemetry=Telemetry(tracer_provider=provider))  # fmt: skip
+        try:
+            verdict = await guard.aevaluate(subject)
+        finally:
+            await guard.aclose()
+        assert provider.force_flush(30_000)
+        assert arrived.wait(30)
+        provider.shutdown()
+    assert verdict.action == "block"
+    spans = [
+        (resource.resource, span)
+        for message in received
+        for resource in message.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+    decision = [(res, span) for res, span in spans if span.name == "guard.decision"]
+    assert len(decision) == 1
+    resource, span = decision[0]
+    service = {a.key: a.value.string_value for a in resource.attributes}["service.name"]
+    attributes = {a.key: a.value for a in span.attributes}
+    assert service == "guard-test"
+    assert attributes["guard.policy.id"].string_value == "tool-result-check"
+    assert attributes["guard.action"].string_value == "block"
+    assert attributes["gen_ai.tool.name"].string_value == "fetch"
+    assert attributes["gen_ai.request.model"].string_value == verdict.model and verdict.model
+    assert "error.type" not in attributes  # the decision did not fail
+
+
+def test_otel_variables_choose_the_exporter() -> None:
+    assert tracer_provider_from_env({}) is None
+    assert tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}) is None
+    assert tracer_provider_from_env({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"}) is None
+    assert isinstance(tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "console"}), TracerProvider)
+    with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER must be one of otlp, console, none, got 'jaeger'"):
+        tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "jaeger"})

@@ -1,0 +1,178 @@
+"""The worker as System One clients use it: TypeSafe's SDK (zstd bodies, multipart images) and the openai SDK with only
+``base_url`` changed, and the encodings, request ids and model errors on the wire."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import brotli
+import openai
+import pytest
+import torch
+import zstandard
+from typesafe_sdk import AsyncTypeSafeClient, Image, TypeSafeClient
+from typesafe_sdk._core.compression import MIN_COMPRESSED_BODY_LENGTH, resolve_compression
+
+from guard.backends.batcher import BatcherConfig
+from guard.backends.local import LocalBackend
+from guard.clef.model import ClefModel
+from guard.clef.tiny import write_tiny_checkpoint
+from guard.worker.app import WorkerConfig
+from tests.worker._serve import RunningWorker, serve_worker
+
+pytestmark = pytest.mark.anyio
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "clef-golden"
+PNG = (GOLDEN / "media" / "yard-320x256.png").read_bytes()
+CAP = 256 * 1024
+QUESTIONS = {"risky": {"type": "noul", "instructions": "Is this message risky?"}}
+LONG_STATE = "Please refund my last order, it arrived broken. " * 60  # > 1 KiB: the SDK compresses it
+
+
+@pytest.fixture(scope="module")
+def vision_model(tmp_path_factory: pytest.TempPathFactory) -> ClefModel:
+    root = write_tiny_checkpoint(tmp_path_factory.mktemp("vision") / "jev-tiny", seed=5, vision=True)
+    return ClefModel.from_pretrained(root, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def worker(vision_model: ClefModel) -> Iterator[RunningWorker]:
+    backend = LocalBackend(vision_model, batcher_config=BatcherConfig(max_wait_ms=2))
+    config = WorkerConfig(model_name="jev-latest", max_body_bytes=CAP, release_date="2026-09-15")
+    with serve_worker(backend, config=config) as running:
+        yield running
+
+
+def direct(model: ClefModel, state: Any, images: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "jev-latest", "state": state, "questions": QUESTIONS}
+    if images:
+        body["images"] = images
+    return model.systemone(body).to_json()
+
+
+def test_the_sdk_compresses_long_bodies_with_zstd() -> None:
+    assert resolve_compression(None) == "zstd" and len(LONG_STATE.encode()) > MIN_COMPRESSED_BODY_LENGTH
+
+
+def test_typesafe_sync_client_text_image_and_models(worker: RunningWorker, vision_model: ClefModel) -> None:
+    image = Image(PNG)
+    with TypeSafeClient(api_key="k", base_url=worker.url) as client:
+        text = client.system_one(LONG_STATE, QUESTIONS)
+        pictured = client.system_one(f"What is in {image}?", QUESTIONS, assets={"yard": image})
+        models = client.models.list()
+    want = direct(vision_model, LONG_STATE)["answers"]["risky"]["noul"]
+    assert text.model == "jev-latest" and text.answers["risky"].noul == pytest.approx(want, abs=1e-4)
+    png = {"content_type": "image/png", "base64": base64.b64encode(PNG).decode()}
+    # The SDK sends the image once per name: as "yard" and as the reference the state text contains.
+    with_image = direct(vision_model, f"What is in {image}?", [png, png])
+    assert pictured.answers["risky"].noul == pytest.approx(with_image["answers"]["risky"]["noul"], abs=1e-4)
+    assert pictured.usage.input_tokens == with_image["usage"]["input_tokens"]
+    assert pictured.usage.input_tokens > direct(vision_model, f"What is in {image}?")["usage"]["input_tokens"]
+    (entry,) = [m for m in models.models if m.name == "jev-latest"]
+    assert entry.release_date == "2026-09-15" and entry.description
+
+
+async def test_typesafe_async_client_text_image_and_models(worker: RunningWorker, vision_model: ClefModel) -> None:
+    image = Image(PNG)
+    async with AsyncTypeSafeClient(api_key="k", base_url=worker.url) as client:
+        text = await client.system_one(LONG_STATE, QUESTIONS)
+        pictured = await client.system_one({"photo": image, "note": LONG_STATE}, QUESTIONS)
+        models = await client.models.list()
+    assert text.answers["risky"].noul == pytest.approx(direct(vision_model, LONG_STATE)["answers"]["risky"]["noul"],
+                                                       abs=1e-4)  # fmt: skip
+    assert pictured.model == "jev-latest" and 0.0 <= pictured.answers["risky"].noul <= 1.0
+    assert "jev-latest" in [m.name for m in models.models]
+
+
+def test_openai_sdk_lists_and_retrieves_the_model(worker: RunningWorker) -> None:
+    with openai.OpenAI(api_key="k", base_url=worker.url + "/v1") as client:
+        ids = [model.id for model in client.models.list()]
+        one = client.models.retrieve("jev-latest")
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("gpt-4o")
+    assert ids == ["jev-latest", "jev-tiny"]
+    assert one.id == "jev-latest" and one.object == "model" and one.created == 1789430400  # 2026-09-15 UTC
+
+
+ENCODERS = {
+    "gzip": gzip.compress,
+    "deflate": zlib.compress,
+    "br": brotli.compress,
+    "zstd": zstandard.ZstdCompressor().compress,
+}
+
+
+@pytest.mark.parametrize("encoding", list(ENCODERS))
+async def test_every_content_encoding_gives_the_plain_answer(worker: RunningWorker, encoding: str) -> None:
+    raw = json.dumps({"model": "jev-latest", "state": LONG_STATE, "questions": QUESTIONS}).encode()
+    headers = {"content-type": "application/json", "content-encoding": encoding}
+    async with worker.client() as client:
+        plain = await client.post("/v1/systemone", content=raw)
+        packed = await client.post("/v1/systemone", content=ENCODERS[encoding](raw), headers=headers)
+    assert packed.status_code == 200, packed.text
+    assert packed.json()["answers"]["risky"]["noul"] == pytest.approx(plain.json()["answers"]["risky"]["noul"],
+                                                                       abs=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize("encoding", list(ENCODERS))
+async def test_a_compression_bomb_is_413_whatever_the_encoding(worker: RunningWorker, encoding: str) -> None:
+    bomb = ENCODERS[encoding](b" " * (64 * CAP))  # 16 MiB of whitespace, a few KiB on the wire
+    assert len(bomb) < CAP
+    async with worker.client() as client:
+        response = await client.post("/v1/systemone", content=bomb, headers={"content-encoding": encoding})
+    assert response.status_code == 413 and response.json()["code"] == "body_too_large"
+
+
+async def test_unknown_encodings_corrupt_streams_and_bad_multipart_are_4xx(worker: RunningWorker) -> None:
+    raw = json.dumps({"model": "jev-latest", "state": "hi", "questions": QUESTIONS}).encode()
+    async with worker.client() as client:
+        lzw = await client.post("/v1/systemone", content=raw, headers={"content-encoding": "compress"})
+        corrupt = await client.post("/v1/systemone", content=b"not gzip", headers={"content-encoding": "gzip"})
+        no_request = await client.post("/v1/systemone", files={"asset-0": ("a.png", PNG, "image/png")})
+        unclaimed = await client.post(
+            "/v1/systemone",
+            files={"request": (None, raw, "application/json"), "asset-0": ("a.png", PNG, "image/png")},
+        )
+    assert lzw.status_code == 415 and lzw.json()["field"] == "headers.content-encoding"
+    assert corrupt.status_code == 400 and corrupt.json()["code"] == "invalid_encoding"
+    assert no_request.status_code == 400 and no_request.json()["code"] == "invalid_multipart"
+    assert unclaimed.status_code == 422 and unclaimed.json()["field"] == "parts.asset-0"
+
+
+async def test_an_unknown_model_is_404_and_request_ids_are_echoed_or_made(worker: RunningWorker) -> None:
+    async with worker.client() as client:
+        wrong = await client.post("/v1/systemone", json={"model": "gpt-4o", "state": "hi", "questions": QUESTIONS},
+                                  headers={"x-request-id": "req-42"})  # fmt: skip
+        made = await client.get("/v1/models")
+        missing = await client.get("/v1/models/gpt-4o")
+        bad_id = await client.get("/readyz", headers={"x-request-id": "has space"})
+    assert wrong.status_code == 404 and wrong.json()["code"] == "model_not_found"
+    assert wrong.json()["field"] == "model" and "jev-latest" in wrong.json()["message"]
+    assert wrong.headers["x-request-id"] == "req-42"
+    assert len(made.headers["x-request-id"]) == 32 and made.headers["x-request-id"] != bad_id.headers["x-request-id"]
+    assert bad_id.headers["x-request-id"] != "has space"
+    assert missing.status_code == 404 and missing.json()["field"] == "path.model_id"
+    assert made.json()["object"] == "list" and made.json()["data"] == made.json()["models"]
+
+
+async def test_release_date_defaults_to_the_weights_date(vision_model: ClefModel) -> None:
+    backend = LocalBackend(vision_model)
+    with serve_worker(backend, config=WorkerConfig(model_name="jev-latest")) as running:
+        async with running.client() as client:
+            entry = (await client.get("/v1/models/jev-latest")).json()
+    assert vision_model.released is not None and entry["release_date"] == vision_model.released.isoformat()
+
+
+def test_bad_release_dates_and_aliases_are_refused() -> None:
+    with pytest.raises(ValueError, match="release_date must be a YYYY-MM-DD date"):
+        WorkerConfig(release_date="15/09/2026")
+    with pytest.raises(ValueError, match="model_aliases"):
+        WorkerConfig(model_aliases="jev")  # type: ignore[arg-type]
+
+
