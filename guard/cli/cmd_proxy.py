@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.asgi._responses import DECISION_HEADERS
-from guard.engine.telemetry import LOG_INPUT_MODES
 from guard.backends.options import add_backend_options, open_cli_backend
+from guard.engine.telemetry import LOG_INPUT_MODES
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
 
 __all__ = ["ProxyRuntime", "build", "register", "run"]

@@ -34,9 +34,9 @@ __all__ = [
     "UNAVAILABLE",
     "ClientGone",
     "RequestIdMiddleware",
-    "request_id",
     "error_response",
     "parse_timeout",
+    "request_id",
     "unless_disconnected",
 ]
 
