@@ -308,7 +308,7 @@ def test_test_fails_in_junit_too_and_a_policy_without_tests_is_a_warning(
     (tmp_path / "p.yaml").write_text((POLICIES / "tool_result_check.yaml").read_text())
     (tmp_path / "lonely.yaml").write_text((POLICIES / "api_abuse.yaml").read_text())
     cases = (POLICIES / "tool_result_check_test.yaml").read_text()
-    (tmp_path / "p_test.yaml").write_text(cases.replace("rule: injected-instructions}", "rule: suspicious}", 1))
+    (tmp_path / "p_test.yaml").write_text(cases.replace("rule: instructions}", "rule: suspicious}", 1))
     assert main(["policy", "test", str(tmp_path), "--format", "junit"]) == 1
     captured = capsys.readouterr()
     assert f"warning: {tmp_path / 'lonely.yaml'}: no test file (lonely_test.yaml)" in captured.err
