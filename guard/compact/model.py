@@ -11,7 +11,9 @@ A checkpoint directory holds:
 * router: ``joint_head_config.json`` + ``joint_head.safetensors`` (:class:`~guard.compact.router.RouterHead`).
 
 **Catalog answers.** What the model reads of the state depends on the question (:func:`state_text`): the text only
-for the untrusted-text questions, the whole rendered state for pairs. That text is cut into overlapping windows
+for the untrusted-text questions, the whole rendered state for pairs. A long text of a text question is cut into
+sentences joined into pieces of at least :data:`PIECE_TOKENS` tokens (:func:`pack_sentences`); a pair's text is cut
+into overlapping windows
 (``encoder.config``: 128 word pieces with 48 shared by neighbours in the shipped model, so any sentence of up to 48
 pieces lies whole inside one window); every window is scored and the window most in favour of the question's
 ``risky`` option answers (:func:`pick_window`): one attack sentence decides however much benign text surrounds it.
@@ -67,6 +69,7 @@ __all__ = [
     "CompactResponseV1",
     "CompactUsageV1",
     "ModelQuestion",
+    "pack_sentences",
     "pick_window",
     "state_text",
 ]
@@ -132,6 +135,29 @@ def split_sentences(text: str) -> list[str]:
         else:
             out.append(pending)
     return out or [text]
+
+
+#: Fewest word-piece tokens of one piece of a long text: shorter sentences are joined to the next ones until a
+#: piece has at least this many; 0 scores every sentence alone.
+PIECE_TOKENS = 24
+
+
+def pack_sentences(sentences: Sequence[str], lengths: Sequence[int], budget: int) -> list[str]:
+    """Consecutive ``sentences`` (``lengths`` their word-piece counts) joined with a space until a piece holds at
+    least ``budget`` tokens (the last piece may hold fewer; ``budget`` 0 returns the sentences unchanged). A
+    sentence is never cut and lies whole inside exactly one piece."""
+    pieces: list[str] = []
+    current: list[str] = []
+    used = 0
+    for sentence, n in zip(sentences, lengths, strict=True):
+        current.append(sentence)
+        used += n
+        if used >= budget:
+            pieces.append(" ".join(current))
+            current, used = [], 0
+    if current:
+        pieces.append(" ".join(current))
+    return pieces
 
 
 def _stack(parts: Sequence[WindowStates], tokens: int) -> WindowStates:
@@ -291,14 +317,18 @@ class CompactModel:
         """Catalog: uncalibrated logits ``(segments, K)`` of every segment of ``text`` for each question, and the
         :class:`~guard.compact.encoder.WindowStates` that were scored (token counts in ``tokens``/``dropped``).
 
-        A segment is a window of the text; with ``sentences`` a text longer than one window is scored sentence by
-        sentence instead (:func:`split_sentences`, each sentence windowed on its own when it is longer than a
-        window), so one sentence is read with no more context than it has alone and the answer cannot be diluted.
+        A segment is a window of the text; with ``sentences`` a text longer than one window is cut into sentences
+        (:func:`split_sentences`) joined into pieces of at least :data:`PIECE_TOKENS` tokens (:func:`pack_sentences`,
+        a piece longer than a window is windowed on its own), so every sentence is read whole, short ones with a
+        neighbour or two of context: the answer (max over pieces, :func:`pick_window`) is hardly diluted, and fewer
+        pieces with more context than single sentences lower the false positives that grow with length.
         """
         assert isinstance(self.head, CatalogHead)
         ids = len(self.encoder.token_ids(text))
         if sentences and self.encoder.config.chunk < ids <= self.encoder.config.max_tokens:
-            windows = _stack(self.encoder.encode_windows(split_sentences(text)), ids)
+            parts = split_sentences(text)
+            pieces = pack_sentences(parts, [len(self.encoder.token_ids(p)) for p in parts], PIECE_TOKENS)
+            windows = _stack(self.encoder.encode_windows(pieces), ids)
         else:
             (windows,) = self.encoder.encode_windows([text])
         with torch.inference_mode():

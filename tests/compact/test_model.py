@@ -8,7 +8,7 @@ import torch
 
 from guard.compact.catalog import CATALOG
 from guard.compact.finetune import FinetuneConfig, train_catalog
-from guard.compact.model import CompactModel, CompactResponseV1, pick_window, state_text
+from guard.compact.model import CompactModel, CompactResponseV1, pack_sentences, pick_window, state_text
 from guard.compact.records import load_records
 from guard.systemone import SystemOneRequestV1
 from tests.compact.conftest import injection_records, write_jsonl
@@ -78,3 +78,10 @@ def test_the_window_most_in_favour_of_the_risky_option_answers() -> None:
     assert pick_window(windows, CATALOG["guard.tool_call_serves_task"]) == 0  # risky = false
     levels = torch.tensor([[5.0, 0, 0, 0, 0], [0, 0, 0, 0, 5.0], [0, 5.0, 0, 0, 0]])
     assert pick_window(levels, CATALOG["guard.harm_severity"]) == 1  # highest expected level
+
+
+def test_pack_sentences_joins_short_sentences_and_keeps_every_sentence_whole() -> None:
+    sentences = ["a b c.", "d e.", "f g h i.", "j."]
+    assert pack_sentences(sentences, [3, 2, 4, 1], 4) == ["a b c. d e.", "f g h i.", "j."]
+    assert pack_sentences(sentences, [3, 2, 4, 1], 6) == ["a b c. d e. f g h i.", "j."]  # the rest stays short
+    assert pack_sentences(sentences, [3, 2, 4, 1], 0) == sentences
