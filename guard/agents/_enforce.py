@@ -36,7 +36,6 @@ from guard.agents._arguments import (
 )
 from guard.agents._content import message_text
 from guard.agents._judge import Judge, Judgement
-from guard.agents.claims import ApprovalClaims, MemoryApprovalClaims, claim_id
 from guard.agents._records import (
     ai_message_for,
     answered_ids,
@@ -45,6 +44,7 @@ from guard.agents._records import (
     turn_history,
     user_text,
 )
+from guard.agents.claims import ApprovalClaims, MemoryApprovalClaims, claim_id
 from guard.agents.decisions import response_schema, review_request
 from guard.policy.instructions import find_instructions, strip_spans
 from guard.subject import AgentSubject

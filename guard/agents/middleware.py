@@ -52,6 +52,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from guard.agents import _messages as msgs
 from guard.agents._arguments import arguments_digest, classify_arguments
 from guard.agents._enforce import (
     AsyncHandler,
@@ -69,9 +70,8 @@ from guard.agents._records import (
     current_thread_id,
     hitl_edit,
 )
-from guard.agents.claims import ApprovalClaims
-from guard.agents import _messages as msgs
 from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, quiet_tokens, screen
+from guard.agents.claims import ApprovalClaims
 from guard.subject import AgentSubject
 from guard.verdict import FailMode
 
