@@ -44,7 +44,14 @@ from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
 
 from guard.agents import _messages as msgs
-from guard.agents._arguments import arguments_digest, canonical_json, classify_arguments, parse_calls, tool_effect
+from guard.agents._arguments import (
+    arguments_digest,
+    canonical_json,
+    classify_arguments,
+    parse_calls,
+    tool_effect,
+    withhold_oversized,
+)
 from guard.agents._content import message_text
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
@@ -235,7 +242,13 @@ def _placeholder(ai: AIMessage) -> AIMessage:
 
 def screen(response: ModelResponse[Any], ai: AIMessage, turn: dict[str, Any]) -> ModelResponse[Any]:
     """The response as it may leave the model node: ``ai`` kept (allowed or not judged), replaced by a notice
-    (blocked) or by a placeholder (escalated; ``turn["held"]`` keeps the reply)."""
+    (blocked) or by a placeholder (escalated; ``turn["held"]`` keeps the reply). Calls whose arguments are too deep
+    or too large to store are moved to ``invalid_tool_calls`` (:func:`~guard.agents._arguments.withhold_oversized`;
+    their records already say why they are malformed)."""
+    stored = withhold_oversized(ai)
+    if stored is not ai:
+        result = [stored if message is ai else message for message in response.result]
+        response, ai = ModelResponse(result=result, structured_response=response.structured_response), stored
     output = turn.get("output")
     if output is None or output["outcome"] == "allow":
         return response
