@@ -124,19 +124,19 @@ def shape_problem(arguments: dict[str, Any]) -> str | None:
     """Why parsed arguments are too deep or too large to judge (``None`` when they are not). Iterative, and it stops
     at the first level or value past a limit, so it is safe on values nested past the interpreter's recursion limit
     (or holding themselves)."""
-    count = 0
+    count = len(arguments)
     stack: list[tuple[Any, int]] = [(arguments, 1)]
     while stack:
         node, level = stack.pop()
-        if level > MAX_ARGUMENT_DEPTH:
-            return f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels"
         for child in node.values() if isinstance(node, dict) else node:
-            count += 1
-            if count > MAX_ARGUMENT_VALUES:
-                return f"arguments hold more than {MAX_ARGUMENT_VALUES} values"
             if isinstance(child, (dict, list, tuple)):
+                if level >= MAX_ARGUMENT_DEPTH:
+                    return f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels"
+                count += len(child)
+                if count > MAX_ARGUMENT_VALUES:
+                    return f"arguments hold more than {MAX_ARGUMENT_VALUES} values"
                 stack.append((child, level + 1))
-    return None
+    return None if count <= MAX_ARGUMENT_VALUES else f"arguments hold more than {MAX_ARGUMENT_VALUES} values"
 
 
 def classify_arguments(value: Any) -> tuple[dict[str, Any] | None, str | None]:
