@@ -15,8 +15,10 @@ Where each event is judged and enforced:
  ; a reply whose decisions do not match the items exactly is refused and nothing runs. Edits are judged
   again. Verdicts were stored before the interrupt, so resuming never re-asks the backend about them.
 * **tools** (``wrap_tool_call``): a call runs only if its record allows it and its arguments digest, thread and turn
-  still match (single use: a call that already has a result never runs again). A call without a matching record is
-  judged on the spot (per-call interrupt). Then a ``tool_result`` policy may withhold or quote the output.
+  still match (a call that already has a result never runs again); a call a review released is first claimed in
+  ``approval_claims`` (single use across concurrent or replayed resumes, ``claims.py``). A call without a matching
+  record, or one a ``HumanInTheLoopMiddleware`` reviewer edited, is judged on the spot (per-call interrupt). Then a
+  ``tool_result`` policy may withhold or quote the output.
 
 Side-effecting tools therefore never start before their verdict is final, in ``invoke``, ``ainvoke`` and ``stream``
 modes alike: the tools node only runs after the model node (verdicts) and ``after_model`` (reviews).
@@ -28,9 +30,9 @@ Example:
     ...     checkpointer=InMemorySaver(),
     ... )
     >>> result = agent.invoke({"messages": [("user", "pay the March invoice")]}, config)
-    >>> for intr in result.get("__interrupt__", ()):  # escalated calls wait here
-    ...     items = intr.value["items"]
-    >>> agent.invoke(resume_command(result["__interrupt__"], {items[0]["id"]: {"type": "approve"}}), config)
+    >>> for intr in result.get("__interrupt__", ()):  # escalated calls wait here (LangChain's HITLRequest shape)
+    ...     actions = intr.value["action_requests"]
+    >>> agent.invoke(Command(resume={"decisions": [{"type": "approve"} for _ in actions]}), config)
 """
 
 from __future__ import annotations
