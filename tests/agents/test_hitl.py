@@ -56,6 +56,10 @@ def sdk_interrupts(interrupts: Any) -> list[dict[str, Any]]:
     return json.loads(json.dumps([{"value": i.value, "id": i.id} for i in interrupts]))
 
 
+def _hitl_edit(to: str, amount: int) -> dict[str, Any]:
+    return {"type": "edit", "edited_action": {"name": "pay", "args": {"amount": amount, "to": to}}}
+
+
 # Agent Chat UI's schema check ---------------------------------------------------------------------------------------
 
 
@@ -244,22 +248,36 @@ def test_refused_resume_then_the_correct_one_works(harness: Any, thread: Any, va
     _check_mixed(h, drive(agent, Command(resume={"decisions": _hitl_decisions()}), config, "invoke"))
 
 
-def test_refused_second_round_then_the_correct_one_works(harness: Any, thread: Any) -> None:
+def _edits() -> list[dict[str, Any]]:
+    return [_hitl_edit(to, amount) for amount, to in ((700, "eve"), (800, "sam"))]
+
+
+@pytest.mark.parametrize("mode", SYNC_MODES)
+def test_refused_second_round_then_the_correct_one_works(harness: Any, thread: Any, mode: str) -> None:
     """Edits that are escalated again open a second review round in the same node; refusing it keeps both rounds."""
     h = harness()
     agent, config = guard_agent(h, pays((500, "eve", "a"), (600, "sam", "b"))), thread()
-    drive(agent, USER, config, "invoke")
-    edits = [
-        {"type": "edit", "edited_action": {"name": "pay", "args": {"amount": a, "to": t}}}
-        for a, t in ((700, "eve"), (800, "sam"))
-    ]
-    second = drive(agent, Command(resume={"decisions": edits}), config, "invoke")
+    drive(agent, USER, config, mode)
+    second = drive(agent, Command(resume={"decisions": _edits()}), config, mode)
     assert [i["arguments"]["amount"] for i in second.items()] == [700, 800]
     for wrong in ([{"type": "approve"}], {second.items()[0]["id"]: {"type": "approve"}}):
         with pytest.raises(ValidationError, match="given for 2"):
-            agent.invoke(Command(resume={"decisions": wrong}), config)
-    out = drive(agent, Command(resume={"decisions": [{"type": "approve"}, {"type": "reject"}]}), config, "invoke")
+            drive(agent, Command(resume={"decisions": wrong}), config, mode)
+    out = drive(agent, Command(resume={"decisions": [{"type": "approve"}, {"type": "reject"}]}), config, mode)
     assert h.runs.calls == [("pay", {"amount": 700, "to": "eve"})] and not out.interrupts
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ASYNC_MODES)
+async def test_refused_second_round_then_the_correct_one_works_async(harness: Any, thread: Any, mode: str) -> None:
+    h = harness()
+    agent, config = guard_agent(h, pays((500, "eve", "a"), (600, "sam", "b"))), thread()
+    await adrive(agent, USER, config, mode)
+    second = await adrive(agent, Command(resume={"decisions": _edits()}), config, mode)
+    with pytest.raises(ValidationError, match="given for 2"):
+        await adrive(agent, Command(resume={"decisions": {second.items()[1]["id"]: {"type": "approve"}}}), config, mode)
+    out = await adrive(agent, Command(resume={"decisions": [{"type": "reject"}, {"type": "approve"}]}), config, mode)
+    assert h.runs.calls == [("pay", {"amount": 800, "to": "sam"})] and not out.interrupts
 
 
 def test_refused_per_call_resume_then_the_correct_one_works(harness: Any, thread: Any) -> None:
@@ -280,10 +298,6 @@ def test_refused_per_call_resume_then_the_correct_one_works(harness: Any, thread
 
 def test_hitl_edits_key_is_langchains() -> None:
     assert HITL_EDITS_KEY == lc_hitl._EDITED_TOOL_CALLS_KEY
-
-
-def _hitl_edit(to: str, amount: int) -> dict[str, Any]:
-    return {"type": "edit", "edited_action": {"name": "pay", "args": {"amount": amount, "to": to}}}
 
 
 def _answer(agent: Any, config: dict[str, Any], hitl_decision: dict[str, Any], mode: str) -> Any:
