@@ -9,7 +9,9 @@ the tool ran, a ``tool_result`` policy may withhold or quote its output.
 An interrupt here is per call: each call runs as its own task (``Send``), so resuming one never re-runs a sibling
 that already finished. On resume the task starts again and the call is judged again (a probability cache makes that
 cheap); the pending item's id depends only on thread, turn, call id and arguments, so the reviewer's decision still
-applies, and an approval can never release different arguments.
+applies, and an approval can never release different arguments. A call a review released is claimed once in the
+shared :mod:`~guard.agents.claims` store right before its side-effecting tool runs, so a second resume of the same
+interrupt (concurrent, or replayed from its checkpoint) raises instead of running it again.
 """
 
 from __future__ import annotations
