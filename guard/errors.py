@@ -16,6 +16,7 @@
     ├── ReviewError                 a review item cannot be read or changed as asked
     │   ├── ReviewNotFound          no review item has that id (never existed or expired)
     │   ├── ReviewConflict          the item's status or content digest forbids the change (e.g. a second release)
+    │   │   └── ApprovalAlreadyUsed an approved agent tool call was already released once (single use)
     │   └── ReviewStoreUnavailable  the review store (Redis) cannot be reached
     ├── HandoffError                the LLM handoff target is unknown, unreachable or answered badly
     └── ResumeError                 an agent resume does not answer exactly the pending review items
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ApprovalAlreadyUsed",
     "BackendError",
     "BackendRejected",
     "BackendTimeout",
@@ -281,6 +283,18 @@ class ReviewConflict(ReviewError):
     def __init__(self, review_id: str, status: str, reason: str) -> None:
         self.status = status
         super().__init__(review_id, reason)
+
+
+class ApprovalAlreadyUsed(ReviewConflict):
+    """An approved agent tool call was already released once: a second resume of the same interrupt (concurrent, or
+    replayed from the checkpoint saved at the interrupt) claimed it after the first. The tool did not run again.
+
+    Attributes:
+        review_id: the approval's claim id (``ga_`` + 24 hex digits, bound to thread, turn, call and arguments).
+    """
+
+    def __init__(self, claim_id: str, reason: str) -> None:
+        super().__init__(claim_id, "claimed", reason)
 
 
 class ReviewStoreUnavailable(ReviewError):

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages.tool import invalid_tool_call
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel
 
+from guard._json import DEFAULT_MAX_DEPTH
 from guard._json import loads as strict_loads
 from guard.errors import InvalidJson
 from guard.subject import digest_of
@@ -28,6 +30,8 @@ from guard.subject import digest_of
 __all__ = [
     "CUT_OFF_REASONS",
     "EFFECT_METADATA_KEY",
+    "MAX_ARGUMENT_DEPTH",
+    "MAX_ARGUMENT_VALUES",
     "ParsedCall",
     "arguments_digest",
     "canonical_json",
@@ -36,7 +40,9 @@ __all__ = [
     "empty_arguments_problem",
     "parse_calls",
     "required_parameters",
+    "shape_problem",
     "tool_effect",
+    "withhold_oversized",
 ]
 
 CUT_OFF_REASONS = frozenset(
@@ -46,6 +52,11 @@ CUT_OFF_REASONS = frozenset(
 (OpenAI, Mistral, Ollama ``length``; Anthropic, Bedrock ``max_tokens``; Gemini ``MAX_TOKENS``; OpenAI Responses
 ``max_output_tokens``), the context window (Anthropic, Bedrock ``model_context_window_exceeded``), or a content filter
 that stopped it (``content_filter``)."""
+MAX_ARGUMENT_DEPTH = DEFAULT_MAX_DEPTH
+"""Deepest nesting of objects and arrays accepted in a call's arguments (the arguments object is level 1), the same
+limit raw argument text gets from :func:`guard._json.loads`."""
+MAX_ARGUMENT_VALUES = 100_000
+"""Most values (members and elements, at every level) accepted in a call's arguments."""
 _REASON_KEYS = ("finish_reason", "stop_reason", "stopReason", "done_reason")
 """``response_metadata`` keys that hold a stop reason (OpenAI/Gemini/Mistral, Anthropic, Bedrock, Ollama)."""
 
@@ -109,6 +120,25 @@ def _truncated(text: str) -> bool:
     return False
 
 
+def shape_problem(arguments: dict[str, Any]) -> str | None:
+    """Why parsed arguments are too deep or too large to judge (``None`` when they are not). Iterative, and it stops
+    at the first level or value past a limit, so it is safe on values nested past the interpreter's recursion limit
+    (or holding themselves)."""
+    count = len(arguments)
+    stack: list[tuple[Any, int]] = [(arguments, 1)]
+    while stack:
+        node, level = stack.pop()
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list, tuple)):
+                if level >= MAX_ARGUMENT_DEPTH:
+                    return f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels"
+                count += len(child)
+                if count > MAX_ARGUMENT_VALUES:
+                    return f"arguments hold more than {MAX_ARGUMENT_VALUES} values"
+                stack.append((child, level + 1))
+    return None if count <= MAX_ARGUMENT_VALUES else f"arguments hold more than {MAX_ARGUMENT_VALUES} values"
+
+
 def classify_arguments(value: Any) -> tuple[dict[str, Any] | None, str | None]:
     """Check one tool call's arguments, given as parsed JSON or as raw text.
 
@@ -120,16 +150,19 @@ def classify_arguments(value: Any) -> tuple[dict[str, Any] | None, str | None]:
     required parameters (which would otherwise run with defaults, or with nothing, when its schema is not enforced).
 
     Args:
-        value: a ``dict`` (well-formed), raw argument text (``str``: parsed strictly by ``guard._json.loads``, so
-            duplicate keys, ``NaN`` and excessive nesting are malformed too), or any other parsed value.
+        value: a ``dict`` (arguments that arrived parsed: malformed when nested deeper than
+            :data:`MAX_ARGUMENT_DEPTH` or holding more than :data:`MAX_ARGUMENT_VALUES` values), raw argument text
+            (``str``: parsed strictly by ``guard._json.loads``, so duplicate keys, ``NaN`` and excessive nesting are
+            malformed too), or any other parsed value.
 
     Returns:
         ``(arguments, None)`` when the value is a JSON object, else ``(None, problem)`` with a phrase such as
-        ``"arguments are not valid JSON"``, ``"arguments are truncated"``, ``"arguments are null"`` or
-        ``"arguments are a JSON array, not an object"``.
+        ``"arguments are not valid JSON"``, ``"arguments are truncated"``, ``"arguments are null"``,
+        ``"arguments nest deeper than 64 levels"`` or ``"arguments are a JSON array, not an object"``.
     """
     if isinstance(value, dict):
-        return value, None
+        problem = shape_problem(value)
+        return (value, None) if problem is None else (None, problem)
     if isinstance(value, str):
         if value.strip() == "":
             return {}, None
@@ -307,3 +340,21 @@ def tool_effect(tool: BaseTool | None) -> Literal["read_only", "side_effecting",
         return "read_only"
     return "unknown"
 
+
+
+def withhold_oversized(message: AIMessage) -> AIMessage:
+    """``message`` with every call whose parsed arguments break :func:`shape_problem` moved to
+    ``invalid_tool_calls``, its arguments replaced by a short note (a checkpointer could not store them, and they
+    never run). The same message when there is none."""
+    problems = [
+        shape_problem(call["args"]) if isinstance(call.get("args"), dict) else None for call in message.tool_calls
+    ]
+    if not any(problems):
+        return message
+    kept = [call for call, problem in zip(message.tool_calls, problems, strict=True) if problem is None]
+    withheld = [
+        invalid_tool_call(name=call.get("name"), args=f"<withheld by guard: {problem}>", id=call.get("id"), error=problem)
+        for call, problem in zip(message.tool_calls, problems, strict=True)
+        if problem is not None
+    ]
+    return message.model_copy(update={"tool_calls": kept, "invalid_tool_calls": [*message.invalid_tool_calls, *withheld]})

@@ -9,7 +9,9 @@ the tool ran, a ``tool_result`` policy may withhold or quote its output.
 An interrupt here is per call: each call runs as its own task (``Send``), so resuming one never re-runs a sibling
 that already finished. On resume the task starts again and the call is judged again (a probability cache makes that
 cheap); the pending item's id depends only on thread, turn, call id and arguments, so the reviewer's decision still
-applies, and an approval can never release different arguments.
+applies, and an approval can never release different arguments. A call a review released is claimed once in the
+shared :mod:`~guard.agents.claims` store right before its side-effecting tool runs, so a second resume of the same
+interrupt (concurrent, or replayed from its checkpoint) raises instead of running it again.
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ from guard.agents._records import (
     turn_history,
     user_text,
 )
-from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, response_schema
+from guard.agents.claims import ApprovalClaims, MemoryApprovalClaims, claim_id
+from guard.agents.decisions import response_schema, review_request
 from guard.policy.instructions import find_instructions, strip_spans
 from guard.subject import AgentSubject
 
-__all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer"]
+__all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer", "redirect"]
 
 DEFAULT_MAX_REVIEW_ROUNDS = 3
 """How many times an edited call may be escalated again before it is refused."""
@@ -59,9 +62,24 @@ SyncHandler = Callable[[ToolCallRequest], Result]
 AsyncHandler = Callable[[ToolCallRequest], Awaitable[Result]]
 
 
+def redirect(request: ToolCallRequest, tool: str, arguments: Any) -> ToolCallRequest | str:
+    """``request`` with its call replaced by ``tool(arguments)`` (the tool looked up in the runtime's tools when the
+    name changes), or why it cannot be (``"names tool 'x', which this agent does not have ..."``)."""
+    call = {**request.tool_call, "name": tool, "args": arguments}
+    if tool == request.tool_call.get("name"):
+        return request.override(tool_call=call)  # type: ignore[arg-type]
+    runtime_tools = getattr(request.runtime, "tools", None) or []
+    found = next((t for t in runtime_tools if t.name == tool), None)
+    if found is None:
+        names = ", ".join(sorted(t.name for t in runtime_tools)) or "(none)"
+        return f"names tool {tool!r}, which this agent does not have (tools: {names})"
+    return request.override(tool_call=call, tool=found)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class Prepared:
-    """One well-formed call, ready to judge: the request, its subject and the binding facts."""
+    """One well-formed call, ready to judge: the request, its subject and the binding facts. ``edited``: a reviewer
+    changed it; ``reviewed``: a review decision released it (it is claimed once before it runs)."""
 
     request: ToolCallRequest
     tool_call_id: str
@@ -72,6 +90,7 @@ class Prepared:
     thread_id: str | None
     subject: AgentSubject
     edited: bool = False
+    reviewed: bool = False
 
 
 class ToolCallEnforcer:
@@ -85,10 +104,21 @@ class ToolCallEnforcer:
             ``strip`` (pass it on without the spans that give the agent instructions; withheld when none is found) or
             ``quote`` (pass it on as quoted data with a warning).
         max_review_rounds: escalations of an edited call before it is refused.
+        claims: where calls released by a review decision are claimed before a side-effecting tool runs (single
+            use; :mod:`guard.agents.claims`); a :class:`~guard.agents.claims.MemoryApprovalClaims` by default.
     """
 
-    def __init__(self, judge: Judge, *, max_review_rounds: int = DEFAULT_MAX_REVIEW_ROUNDS) -> None:
+    def __init__(
+        self,
+        judge: Judge,
+        *,
+        max_review_rounds: int = DEFAULT_MAX_REVIEW_ROUNDS,
+        claims: ApprovalClaims | None = None,
+    ) -> None:
+        if claims is not None and not isinstance(claims, ApprovalClaims):
+            raise TypeError(f"approval_claims must have claim() and aclaim(), not {type(claims).__name__}")
         self.judge = judge
+        self.claims: ApprovalClaims = claims if claims is not None else MemoryApprovalClaims()
         side = judge.options.side_effecting_tools
         self.side_effecting = None if side == "all" else side
         self.tool_result_action = judge.options.tool_result_action
@@ -154,25 +184,11 @@ class ToolCallEnforcer:
     def apply_edit(self, prepared: Prepared, decision: Mapping[str, Any]) -> Prepared | ToolMessage:
         """The call a reviewer edited (``arguments`` and maybe ``tool``), or an error message when the new tool does
         not exist. The edited call is not judged here."""
-        request = prepared.request
         tool = decision.get("tool") or prepared.tool
         arguments = decision["arguments"]
-        call = {**request.tool_call, "name": tool, "args": arguments}
-        if tool == prepared.tool:
-            new_request = request.override(tool_call=call)  # type: ignore[arg-type]
-        else:
-            runtime_tools = getattr(request.runtime, "tools", None) or []
-            found = next((t for t in runtime_tools if t.name == tool), None)
-            if found is None:
-                names = ", ".join(sorted(t.name for t in runtime_tools)) or "(none)"
-                return msgs.rejected(
-                    prepared.tool,
-                    prepared.tool_call_id,
-                    None,
-                    f"the reviewer's edit names tool {tool!r}, which this agent does not have (tools: {names})",
-                    "",
-                )
-            new_request = request.override(tool_call=call, tool=found)  # type: ignore[arg-type]
+        new_request = redirect(prepared.request, tool, arguments)
+        if isinstance(new_request, str):
+            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, f"the reviewer's edit {new_request}", "")
         subject = replace(prepared.subject, tool_name=tool, arguments=arguments)
         return replace(
             prepared,
@@ -182,6 +198,18 @@ class ToolCallEnforcer:
             digest=arguments_digest(tool, arguments),
             subject=subject,
             edited=True,
+        )
+
+    def claim_key(self, prepared: Prepared) -> str | None:
+        """The claim id of a call a review decision released to a side-effecting tool (``None`` for any other
+        call)."""
+        if not (prepared.reviewed or prepared.edited) or self._speculative(prepared):
+            return None
+        return claim_id(
+            thread_id=prepared.thread_id,
+            message_id=prepared.message_id,
+            tool_call_id=prepared.tool_call_id,
+            digest=prepared.digest,
         )
 
     def _review(self, prepared: Prepared, judgement: Judgement) -> dict[str, Any]:
@@ -194,7 +222,7 @@ class ToolCallEnforcer:
             arguments=prepared.arguments,
             digest=prepared.digest,
         )
-        request = GuardReviewRequest(type=REVIEW_REQUEST_TYPE, items=[item])
+        request = review_request([item])
         answer = interrupt(request, response_schema=response_schema([item], exact=False))
         decision: dict[str, Any] = answer["decisions"][item["id"]]
         return decision | {"_item": item["id"]}
@@ -272,7 +300,15 @@ class ToolCallEnforcer:
         return result
 
     def run_allowed(self, prepared: Prepared, handler: SyncHandler) -> Result:
-        """Run a call whose verdict is final and allows it; then check its output."""
+        """Run a call whose verdict is final and allows it (claimed first when a review released it); then check its
+        output.
+
+        Raises:
+            ApprovalAlreadyUsed: the release was claimed before (the tool does not run).
+        """
+        key = self.claim_key(prepared)
+        if key is not None:
+            self.claims.claim(key)
         return self._annotate(self.check_result(handler(prepared.request), prepared), prepared)
 
     def _judge_speculating(self, prepared: Prepared, handler: SyncHandler) -> tuple[Judgement, Result | None]:
@@ -313,7 +349,7 @@ class ToolCallEnforcer:
                 return self._stop(prepared, judgement)
             decision = self._review(prepared, judgement)
             if decision["type"] == "approve":
-                return self.run_allowed(prepared, handler)
+                return self.run_allowed(replace(prepared, reviewed=True), handler)
             if decision["type"] == "reject":
                 return msgs.rejected(
                     prepared.tool, prepared.tool_call_id, judgement.verdict, decision.get("message"), decision["_item"]
@@ -339,6 +375,9 @@ class ToolCallEnforcer:
 
     async def arun_allowed(self, prepared: Prepared, handler: AsyncHandler) -> Result:
         """Async twin of :meth:`run_allowed`."""
+        key = self.claim_key(prepared)
+        if key is not None:
+            await self.claims.aclaim(key)
         return self._annotate(await self.acheck_result(await handler(prepared.request), prepared), prepared)
 
     async def _ajudge_speculating(self, prepared: Prepared, handler: AsyncHandler) -> tuple[Judgement, Result | None]:
@@ -380,7 +419,7 @@ class ToolCallEnforcer:
                 return self._stop(prepared, judgement)
             decision = self._review(prepared, judgement)
             if decision["type"] == "approve":
-                return await self.arun_allowed(prepared, handler)
+                return await self.arun_allowed(replace(prepared, reviewed=True), handler)
             if decision["type"] == "reject":
                 return msgs.rejected(
                     prepared.tool, prepared.tool_call_id, judgement.verdict, decision.get("message"), decision["_item"]

@@ -32,11 +32,13 @@ from guard.subject import AgentEvent, TurnMessage
 from guard.verdict import Verdict
 
 __all__ = [
+    "HITL_EDITS_KEY",
     "RUNNABLE",
     "GuardAgentState",
     "ai_message_for",
     "answered_ids",
     "current_thread_id",
+    "hitl_edit",
     "merge_guard_state",
     "text_item",
     "tool_item",
@@ -47,6 +49,19 @@ __all__ = [
 
 RUNNABLE = frozenset({"allowed", "approved", "edited"})
 """Call-record statuses that let the tool run."""
+
+
+HITL_EDITS_KEY = "hitl_edited_tool_calls"
+"""The state key where LangChain's ``HumanInTheLoopMiddleware`` (batched mode) keeps each edited call,
+``{tool_call_id: {"name": ..., "args": ...}}``; its ``wrap_tool_call`` runs that call in place of the model's."""
+
+
+def hitl_edit(state: Any, tool_call_id: str | None) -> Mapping[str, Any] | None:
+    """The call a ``HumanInTheLoopMiddleware`` reviewer put in place of ``tool_call_id`` (``{"name", "args"}``), or
+    ``None`` when there is none."""
+    edits = state.get(HITL_EDITS_KEY) if isinstance(state, Mapping) and tool_call_id else None
+    edit = edits.get(tool_call_id) if isinstance(edits, Mapping) else None
+    return edit if isinstance(edit, Mapping) else None
 
 
 def merge_guard_state(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -187,8 +202,10 @@ def tool_item(
     arguments: dict[str, Any],
     digest: str,
     answers: dict[str, dict[str, float]] | None = None,
+    decisions: tuple[str, ...] = TOOL_DECISIONS,
 ) -> PendingItem:
-    """The pending item for one escalated tool call; its id binds thread, turn, call id and arguments digest."""
+    """The pending item for one escalated tool call; its id binds thread, turn, call id and arguments digest.
+    ``decisions`` are the decision types it allows (all three by default)."""
     item_id = pending_id(thread_id=thread_id, scope=f"tool_call:{message_id or ''}", key=tool_call_id, digest=digest)
     item = {
         "event": "tool_call",
@@ -197,7 +214,7 @@ def tool_item(
         "arguments": arguments,
         "text": None,
         "digest": digest,
-        "allowed_decisions": list(TOOL_DECISIONS),
+        "allowed_decisions": list(decisions),
         **_item_base(judgement, item_id, thread_id, answers),
     }
     return cast(PendingItem, item)

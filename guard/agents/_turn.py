@@ -44,13 +44,21 @@ from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
 
 from guard.agents import _messages as msgs
-from guard.agents._arguments import arguments_digest, canonical_json, parse_calls, tool_effect
+from guard.agents._arguments import (
+    arguments_digest,
+    canonical_json,
+    classify_arguments,
+    parse_calls,
+    tool_effect,
+    withhold_oversized,
+)
 from guard.agents._content import message_text
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
     answered_ids,
     current_thread_id,
+    hitl_edit,
     text_item,
     tool_item,
     turn_history,
@@ -58,7 +66,7 @@ from guard.agents._records import (
     verdict_from_json,
     verdict_json,
 )
-from guard.agents.decisions import REVIEW_REQUEST_TYPE, GuardReviewRequest, PendingItem, response_schema
+from guard.agents.decisions import TOOL_DECISIONS, PendingItem, response_schema, review_request
 from guard.subject import AgentSubject, digest_of
 from guard.verdict import Verdict
 
@@ -234,7 +242,13 @@ def _placeholder(ai: AIMessage) -> AIMessage:
 
 def screen(response: ModelResponse[Any], ai: AIMessage, turn: dict[str, Any]) -> ModelResponse[Any]:
     """The response as it may leave the model node: ``ai`` kept (allowed or not judged), replaced by a notice
-    (blocked) or by a placeholder (escalated; ``turn["held"]`` keeps the reply)."""
+    (blocked) or by a placeholder (escalated; ``turn["held"]`` keeps the reply). Calls whose arguments are too deep
+    or too large to store are moved to ``invalid_tool_calls`` (:func:`~guard.agents._arguments.withhold_oversized`;
+    their records already say why they are malformed)."""
+    stored = withhold_oversized(ai)
+    if stored is not ai:
+        result = [stored if message is ai else message for message in response.result]
+        response, ai = ModelResponse(result=result, structured_response=response.structured_response), stored
     output = turn.get("output")
     if output is None or output["outcome"] == "allow":
         return response
@@ -308,7 +322,7 @@ class TurnKeeper:
 
     @staticmethod
     def ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:
-        request = GuardReviewRequest(type=REVIEW_REQUEST_TYPE, items=items)
+        request = review_request(items)
         answer = interrupt(request, response_schema=response_schema(items, exact=True))
         return answer["decisions"]  # type: ignore[no-any-return]
 
@@ -412,6 +426,9 @@ class TurnKeeper:
         for call_id, record in calls.items():
             if call_id in answered:
                 continue
+            edit = hitl_edit(state, call_id)
+            if edit is not None and not record.get("problem") and not record.get("hitl_edit"):
+                yield from self._judge_hitl_edit(state, record, call_id, thread_id, edit)
             verdict = verdict_from_json(record["verdict"])
             if record.get("problem"):
                 record["status"] = "malformed"
@@ -502,6 +519,36 @@ class TurnKeeper:
         update = self.update(state, turn={**turn, "calls": calls})
         return {"messages": out, **update} if out else update
 
+    def _judge_hitl_edit(
+        self, state: Any, record: dict[str, Any], call_id: str, thread_id: str | None, edit: Mapping[str, Any]
+    ) -> Generator[AgentSubject, Judgement, None]:
+        """Put a ``HumanInTheLoopMiddleware`` reviewer's edit of the call (an HITL middleware listed after this one
+        made it, and swaps it in when the tool runs) in the record in place of the model's call, judged."""
+        name = edit.get("name")
+        arguments, problem = classify_arguments(edit.get("args"))
+        if not isinstance(name, str) or not name:
+            problem = "the HumanInTheLoopMiddleware edit has no tool name"
+        if problem is None and arguments_digest(name, arguments or {}) == record["digest"]:
+            return  # the edit changed nothing
+        renamed = name != record.get("tool")
+        record.update(tool=name if isinstance(name, str) else "", arguments=arguments, hitl_edit=True)
+        subject = AgentSubject(
+            event="tool_call",
+            tool_name=record["tool"],
+            tool_call_id=call_id,
+            arguments=arguments if problem is None else None,
+            user_message=user_text(state),
+            thread_id=thread_id,
+            history=turn_history(state),
+            tool_effect="unknown" if renamed else record.get("effect", "unknown"),
+        )
+        if problem is not None:
+            verdict = self.judge.malformed(subject, problem, None)
+            record.update(problem=problem, outcome="block", verdict=verdict_json(verdict), reason=problem, digest=None)
+            return
+        record["digest"] = arguments_digest(record["tool"], arguments or {})
+        record.update(_record((yield subject)))
+
     @staticmethod
     def _runnable(record: dict[str, Any], status: str, tool: str, arguments: dict[str, Any]) -> None:
         record.update(
@@ -522,6 +569,8 @@ class TurnKeeper:
             arguments=record["arguments"],
             digest=record["digest"],
             answers=record["verdict"]["probabilities"],
+            # an HITL middleware after this one swaps its own edit in at run time, so a second edit could not run
+            decisions=("approve", "reject") if record.get("hitl_edit") else TOOL_DECISIONS,
         )
 
     def _withhold(

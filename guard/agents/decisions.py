@@ -1,28 +1,43 @@
 """What a reviewer sees when guard escalates, what they answer, and how an approval is bound to the call.
 
-An escalation raises ``langgraph.types.interrupt(GuardReviewRequest)``: one request holds one :class:`PendingItem`
-per held tool call (or model input/output), each with its own ``id``. The id is bound to the thread, the model turn,
-the ``tool_call_id`` and a digest of the exact arguments, so a decision can only release the call it was made for.
+An escalation raises ``langgraph.types.interrupt(GuardReviewRequest)``. The value has LangChain's
+``HumanInTheLoopMiddleware`` request shape (``HITLRequest``), so Agent Chat UI, Agent Inbox and any client written for
+that middleware can show and answer it, plus guard's own details::
 
-The run continues with ``Command(resume={"decisions": {item_id: decision}})`` (or, when several guard interrupts
-are pending at once, the ``Command`` that :func:`resume_command` builds). Each decision is one of::
+    {"action_requests": [{"name": "pay", "args": {...}, "description": "..."}, ...],  # one per held item, in order
+     "review_configs": [{"action_name": "pay", "allowed_decisions": ["approve", "edit", "reject"]}, ...],
+     "type": "guard_review",                                                         # tells clients it is guard's
+     "items": [PendingItem, ...]}                                                    # verdict details, same order
 
-    {"type": "approve"}
-    {"type": "reject", "message": "why"}                       # message optional
-    {"type": "edit", "arguments": {...}, "tool": "other_tool"} # tool optional; the edit is judged again
+Each :class:`PendingItem` has its own ``id``, bound to the thread, the model turn, the ``tool_call_id`` and a digest
+of the exact arguments, so a decision can only release the call it was made for. Held model input or output is an
+action named ``guard.model_input`` / ``guard.model_output`` with ``args == {"text": ...}`` (approve or reject only).
+
+The run continues with ``Command(resume=value)`` where ``value`` is either shape:
+
+* LangChain's ``HITLResponse``: ``{"decisions": [decision, ...]}``, one per action request, in order; decisions are
+  ``{"type": "approve"}``, ``{"type": "reject", "message": "why"}`` (message optional) and
+  ``{"type": "edit", "edited_action": {"name": tool, "args": {...}}}``;
+* guard's map: ``{"decisions": {item_id: decision}}``, where an edit may also be written
+  ``{"type": "edit", "arguments": {...}, "tool": "other_tool"}`` (``tool`` optional).
+
+An edit is judged again before it runs. With several interrupts pending at once (per-call reviews), key each value by
+its interrupt id; :func:`resume_command` builds that ``Command`` from either shape.
 
 The resume value is validated inside LangGraph's ``response_schema`` check: a value that misses an item, names an
-unknown or stale item, or uses a decision the item does not allow raises ``pydantic.ValidationError`` wrapping a
-:class:`~guard.errors.ResumeError`; LangGraph then saves nothing, nothing runs, and the thread can be answered again.
+unknown or stale item, has the wrong number of decisions, or uses a decision the item does not allow raises
+``pydantic.ValidationError`` wrapping a :class:`~guard.errors.ResumeError`; LangGraph then saves nothing, nothing
+runs, and the same interrupt can be answered again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal, NotRequired, cast
 
+from langchain.agents.middleware.human_in_the_loop import Action, ActionRequest, HITLRequest, ReviewConfig
 from langgraph.types import Command, Interrupt
-from pydantic import AfterValidator, ConfigDict, Discriminator, with_config
+from pydantic import AfterValidator, ConfigDict, Discriminator, Tag, with_config
 from typing_extensions import TypedDict
 
 from guard.errors import ResumeError
@@ -34,6 +49,7 @@ __all__ = [
     "Decision",
     "DecisionType",
     "EditDecision",
+    "EditedActionDecision",
     "GuardReviewRequest",
     "GuardReviewResponse",
     "PendingItem",
@@ -41,6 +57,7 @@ __all__ = [
     "guard_interrupts",
     "pending_id",
     "resume_command",
+    "review_request",
 ]
 
 REVIEW_REQUEST_TYPE: Literal["guard_review"] = "guard_review"
@@ -49,6 +66,8 @@ REVIEW_REQUEST_TYPE: Literal["guard_review"] = "guard_review"
 DecisionType = Literal["approve", "reject", "edit"]
 TOOL_DECISIONS: tuple[DecisionType, ...] = ("approve", "reject", "edit")
 TEXT_DECISIONS: tuple[DecisionType, ...] = ("approve", "reject")
+TEXT_ACTION_PREFIX = "guard."
+"""Held model input/output is the action ``guard.model_input`` / ``guard.model_output``."""
 
 
 class PendingItem(TypedDict):
@@ -91,8 +110,9 @@ class PendingItem(TypedDict):
     allowed_decisions: list[DecisionType]
 
 
-class GuardReviewRequest(TypedDict):
-    """The value of a guard interrupt: ``type`` is always ``"guard_review"``; ``items`` are the held calls."""
+class GuardReviewRequest(HITLRequest):
+    """The value of a guard interrupt: LangChain's ``HITLRequest`` (``action_requests`` and ``review_configs``, one
+    per held item, in order) plus ``type`` (always ``"guard_review"``) and ``items`` (guard's details, same order)."""
 
     type: Literal["guard_review"]
     items: list[PendingItem]
@@ -122,14 +142,36 @@ class EditDecision(TypedDict):
     tool: NotRequired[str]
 
 
-Decision = Annotated[ApproveDecision | RejectDecision | EditDecision, Discriminator("type")]
+@with_config(ConfigDict(extra="forbid"))
+class EditedActionDecision(TypedDict):
+    """LangChain's edit: run ``edited_action`` (``{"name": tool, "args": {...}}``) once the policy allows it."""
+
+    type: Literal["edit"]
+    edited_action: Action
+
+
+def _decision_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind == "edit" and "edited_action" in value:
+        return "edited_action"
+    return kind if isinstance(kind, str) else None
+
+
+Decision = Annotated[
+    Annotated[ApproveDecision, Tag("approve")]
+    | Annotated[RejectDecision, Tag("reject")]
+    | Annotated[EditDecision, Tag("edit")]
+    | Annotated[EditedActionDecision, Tag("edited_action")],
+    Discriminator(_decision_tag),
+]
 
 
 @with_config(ConfigDict(extra="forbid"))
 class GuardReviewResponse(TypedDict):
-    """The resume value: one decision per pending item id."""
+    """The resume value: decisions in the order of ``action_requests`` (LangChain's ``HITLResponse``), or keyed by
+    pending item id."""
 
-    decisions: dict[str, Decision]
+    decisions: dict[str, Decision] | list[Decision]
 
 
 def pending_id(*, thread_id: str | None, scope: str, key: str, digest: str) -> str:
@@ -144,10 +186,51 @@ def pending_id(*, thread_id: str | None, scope: str, key: str, digest: str) -> s
     return "gp_" + digest_of("pending", thread_id or "", scope, key, digest)[:24]
 
 
+def _description(item: PendingItem) -> str:
+    text = f"guard holds this {item['event'].replace('_', ' ')} for review"
+    where = ", ".join(f"{key} {value}" for key, value in (("policy", item["policy"]), ("rule", item["rule"])) if value)
+    if where:
+        text += f" ({where})"
+    reason = item["message"] or (f"the decision backend failed: {item['error']}" if item["error"] else "")
+    return f"{text}: {reason}" if reason else text
+
+
+def review_request(items: Sequence[PendingItem]) -> GuardReviewRequest:
+    """The interrupt value for ``items``: one action request and one review config per item, in order."""
+    actions: list[ActionRequest] = []
+    configs: list[ReviewConfig] = []
+    for item in items:
+        if item["event"] == "tool_call":
+            name, args = item["tool"] or "", dict(item["arguments"] or {})
+        else:
+            name, args = TEXT_ACTION_PREFIX + item["event"], {"text": item["text"] or ""}
+        actions.append(ActionRequest(name=name, args=args, description=_description(item)))
+        configs.append(ReviewConfig(action_name=name, allowed_decisions=list(item["allowed_decisions"])))
+    return GuardReviewRequest(
+        action_requests=actions, review_configs=configs, type=REVIEW_REQUEST_TYPE, items=list(items)
+    )
+
+
+def _plain(decision: Mapping[str, Any]) -> dict[str, Any]:
+    """A decision in guard's own form (a LangChain ``edited_action`` edit becomes ``arguments`` and ``tool``)."""
+    if "edited_action" not in decision:
+        return dict(decision)
+    action = decision["edited_action"]
+    return {"type": "edit", "arguments": dict(action["args"]), "tool": action["name"]}
+
+
 def _check(value: dict[str, Any], *, items: Sequence[PendingItem], exact: bool) -> dict[str, Any]:
-    decisions: Mapping[str, Any] = value["decisions"]
     by_id = {item["id"]: item for item in items}
     expected = tuple(by_id)
+    decisions: Mapping[str, Any] | list[Any] = value["decisions"]
+    if isinstance(decisions, list):
+        if len(decisions) != len(items):
+            raise ResumeError(
+                f"{len(decisions)} decision(s) given for {len(items)} pending review item(s); a list of decisions "
+                f"answers the interrupt's action_requests in order, one each",
+                expected=expected,
+            )
+        decisions = {item["id"]: decision for item, decision in zip(items, decisions, strict=True)}
     given = tuple(decisions)
     unknown = [key for key in given if key not in by_id]
     missing = [key for key in expected if key not in decisions]
@@ -171,11 +254,13 @@ def _check(value: dict[str, Any], *, items: Sequence[PendingItem], exact: bool) 
                 expected=expected,
                 given=given,
             )
-    return value
+    return {"decisions": {key: _plain(decision) for key, decision in decisions.items()}}
 
 
 def response_schema(items: Sequence[PendingItem], *, exact: bool = True) -> Any:
-    """The ``response_schema`` for ``interrupt()``: a :class:`GuardReviewResponse` that must answer every item.
+    """The ``response_schema`` for ``interrupt()``: a :class:`GuardReviewResponse` that must answer every item; the
+    validated value always comes back as guard's map, ``{"decisions": {item_id: decision}}``, edits as
+    ``{"type": "edit", "arguments": ..., "tool": ...}``.
 
     Args:
         items: the pending items of this interrupt.
@@ -190,34 +275,72 @@ def response_schema(items: Sequence[PendingItem], *, exact: bool = True) -> Any:
     return Annotated[GuardReviewResponse, AfterValidator(guard_review_decisions)]
 
 
-def guard_interrupts(interrupts: Iterable[Interrupt]) -> list[Interrupt]:
-    """The interrupts raised by guard (value ``type == "guard_review"``), in the order given."""
-    return [i for i in interrupts if isinstance(i.value, Mapping) and i.value.get("type") == REVIEW_REQUEST_TYPE]
+def _interrupt_value(interrupt: Any) -> Any:
+    return interrupt.get("value") if isinstance(interrupt, Mapping) else getattr(interrupt, "value", None)
+
+
+def _interrupt_id(interrupt: Any) -> str:
+    if isinstance(interrupt, Mapping):
+        found = interrupt.get("id") or interrupt.get("interrupt_id")
+    else:
+        found = getattr(interrupt, "id", None)
+    if not isinstance(found, str) or not found:
+        raise ResumeError(f"a guard interrupt has no id to resume it by: {interrupt!r}")
+    return found
+
+
+def guard_interrupts(interrupts: Iterable[Interrupt | Mapping[str, Any]]) -> list[Interrupt | Mapping[str, Any]]:
+    """The interrupts raised by guard (value ``type == "guard_review"``), in the order given: ``Interrupt`` objects,
+    or the plain ``{"value": ..., "id": ...}`` dicts the LangGraph SDK returns."""
+    out = []
+    for interrupt in interrupts:
+        value = _interrupt_value(interrupt)
+        if isinstance(value, Mapping) and value.get("type") == REVIEW_REQUEST_TYPE:
+            out.append(interrupt)
+    return out
 
 
 def resume_command(
-    interrupts: Iterable[Interrupt],
-    decisions: Mapping[str, Decision],
+    interrupts: Iterable[Interrupt | Mapping[str, Any]],
+    decisions: Mapping[str, Decision] | Sequence[Decision],
     *,
     others: Mapping[str, Any] | None = None,
 ) -> Command[Any]:
     """Build the ``Command`` that answers every pending guard item, after checking the decisions match them exactly.
 
     Args:
-        interrupts: the thread's pending interrupts (``graph.get_state(config).interrupts`` or the
-            ``"__interrupt__"`` entry of a result).
-        decisions: ``{item_id: decision}``, one per pending item across all guard interrupts.
+        interrupts: the thread's pending interrupts: ``Interrupt`` objects (``graph.get_state(config).interrupts``,
+            the ``"__interrupt__"`` entry of a result) or the plain dicts of the LangGraph SDK
+            (``(await client.threads.get_state(thread_id))["interrupts"]``).
+        decisions: ``{item_id: decision}``, one per pending item across all guard interrupts; or a list of
+            decisions in the order of the interrupts' ``action_requests``, one per action request.
         others: resume values for interrupts that are not guard's, ``{interrupt_id: value}``.
 
     Returns:
-        ``Command(resume={interrupt_id: {"decisions": {...}}, ...})``, each interrupt getting its own items' decisions.
+        ``Command(resume={interrupt_id: {"decisions": ...}, ...})``, each interrupt getting its own items' decisions
+        (in the form given). Through the LangGraph SDK send ``command={"resume": resume_command(...).resume}``.
 
     Raises:
         ResumeError: when an item has no decision or a decision names no pending item (a count mismatch
-            runs nothing).
+            runs nothing), or an interrupt has no id.
     """
     pending = guard_interrupts(interrupts)
-    expected = tuple(item["id"] for i in pending for item in i.value["items"])
+    per_interrupt = [(_interrupt_id(i), cast(GuardReviewRequest, _interrupt_value(i))["items"]) for i in pending]
+    expected = tuple(item["id"] for _, items in per_interrupt for item in items)
+    resume: dict[str, Any] = dict(others or {})
+    if not isinstance(decisions, Mapping):
+        listed = list(decisions)
+        if len(listed) != len(expected):
+            raise ResumeError(
+                f"{len(listed)} decision(s) given for {len(expected)} pending review item(s); a list of decisions "
+                f"answers the action_requests of the pending guard interrupts in order, one each",
+                expected=expected,
+            )
+        start = 0
+        for interrupt_id, items in per_interrupt:
+            resume[interrupt_id] = {"decisions": listed[start : start + len(items)]}
+            start += len(items)
+        return Command(resume=resume)
     given = tuple(decisions)
     if set(expected) != set(given) or len(expected) != len(set(expected)):
         missing = sorted(set(expected) - set(given))
@@ -229,7 +352,6 @@ def resume_command(
             expected=expected,
             given=given,
         )
-    resume: dict[str, Any] = dict(others or {})
-    for intr in pending:
-        resume[intr.id] = {"decisions": {item["id"]: decisions[item["id"]] for item in intr.value["items"]}}
+    for interrupt_id, items in per_interrupt:
+        resume[interrupt_id] = {"decisions": {item["id"]: decisions[item["id"]] for item in items}}
     return Command(resume=resume)

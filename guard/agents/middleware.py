@@ -15,8 +15,10 @@ Where each event is judged and enforced:
  ; a reply whose decisions do not match the items exactly is refused and nothing runs. Edits are judged
   again. Verdicts were stored before the interrupt, so resuming never re-asks the backend about them.
 * **tools** (``wrap_tool_call``): a call runs only if its record allows it and its arguments digest, thread and turn
-  still match (single use: a call that already has a result never runs again). A call without a matching record is
-  judged on the spot (per-call interrupt). Then a ``tool_result`` policy may withhold or quote the output.
+  still match (a call that already has a result never runs again); a call a review released is first claimed in
+  ``approval_claims`` (single use across concurrent or replayed resumes, ``claims.py``). A call without a matching
+  record, or one a ``HumanInTheLoopMiddleware`` reviewer edited, is judged on the spot (per-call interrupt). Then a
+  ``tool_result`` policy may withhold or quote the output.
 
 Side-effecting tools therefore never start before their verdict is final, in ``invoke``, ``ainvoke`` and ``stream``
 modes alike: the tools node only runs after the model node (verdicts) and ``after_model`` (reviews).
@@ -28,14 +30,15 @@ Example:
     ...     checkpointer=InMemorySaver(),
     ... )
     >>> result = agent.invoke({"messages": [("user", "pay the March invoice")]}, config)
-    >>> for intr in result.get("__interrupt__", ()):  # escalated calls wait here
-    ...     items = intr.value["items"]
-    >>> agent.invoke(resume_command(result["__interrupt__"], {items[0]["id"]: {"type": "approve"}}), config)
+    >>> for intr in result.get("__interrupt__", ()):  # escalated calls wait here (LangChain's HITLRequest shape)
+    ...     actions = intr.value["action_requests"]
+    >>> agent.invoke(Command(resume={"decisions": [{"type": "approve"} for _ in actions]}), config)
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain.agents.middleware.types import (
@@ -46,10 +49,12 @@ from langchain.agents.middleware.types import (
     hook_config,
 )
 from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from guard.agents import _messages as msgs
 from guard.agents._arguments import arguments_digest, classify_arguments
 from guard.agents._enforce import (
     AsyncHandler,
@@ -57,6 +62,7 @@ from guard.agents._enforce import (
     Result,
     SyncHandler,
     ToolCallEnforcer,
+    redirect,
 )
 from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
 from guard.agents._records import (
@@ -64,8 +70,10 @@ from guard.agents._records import (
     GuardAgentState,
     ai_message_for,
     current_thread_id,
+    hitl_edit,
 )
 from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, quiet_tokens, screen
+from guard.agents.claims import ApprovalClaims
 from guard.subject import AgentSubject
 from guard.verdict import FailMode
 
@@ -80,10 +88,15 @@ __all__ = ["GuardAgentMiddleware"]
 class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     """Judges model input, model output, tool calls and tool results of a ``create_agent`` agent.
 
-    Needs a checkpointer (escalations are LangGraph interrupts). Resume with
-    ``Command(resume={"decisions": {item_id: decision}})`` or :func:`~guard.agents.resume_command`; decisions are
-    ``{"type": "approve"}``, ``{"type": "reject", "message": ...}`` and ``{"type": "edit", "arguments": {...},
-    "tool": ...}`` (see :mod:`guard.agents.decisions`).
+    Needs a checkpointer (escalations are LangGraph interrupts whose value has LangChain's ``HITLRequest`` shape).
+    Resume with LangChain's ``Command(resume={"decisions": [decision, ...]})`` (in the order of ``action_requests``),
+    guard's ``Command(resume={"decisions": {item_id: decision}})``, or :func:`~guard.agents.resume_command`; see
+    :mod:`guard.agents.decisions`.
+
+    With LangChain's ``HumanInTheLoopMiddleware`` in the same agent, a call its reviewer edits is judged again before
+    it runs, in either order. Its ``interrupt_mode="per_call"`` must be listed before this middleware (its edits are
+    made inside the tool-call chain where an outer guard cannot see them); listed after, the first gated call raises
+    ``ValueError`` naming the fix.
 
     Args:
         guard: the engine (``guard.Guard``).
@@ -101,6 +114,11 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             the verdict.
         label: distinguishes two instances in one agent (the name becomes ``GuardAgentMiddleware[label]``); keep it
             stable across deployments, since checkpoints refer to node names.
+        approval_claims: where a call released by a review decision is claimed before its side-effecting tool runs,
+            so a second resume of the same interrupt (concurrent, or replayed from its checkpoint) raises
+            :class:`~guard.errors.ApprovalAlreadyUsed` instead of running it again. A
+            :class:`~guard.agents.MemoryApprovalClaims` of this instance by default; pass one
+            :class:`~guard.agents.RedisApprovalClaims` to every replica for multi-process deployments.
 
     Raises:
         TypeError: for an argument of the wrong type.
@@ -120,6 +138,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
         label: str | None = None,
         hold_output_stream: bool = True,
+        approval_claims: ApprovalClaims | None = None,
     ) -> None:
         super().__init__()
         options = AgentOptions.checked(
@@ -141,7 +160,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self._judge = Judge(options)
         self._turns = TurnKeeper(self.name, self._judge)
         self._inputs = InputGate(self._turns, self._judge)
-        self._enforcer = ToolCallEnforcer(self._judge)
+        self._enforcer = ToolCallEnforcer(self._judge, claims=approval_claims)
 
     @property
     def name(self) -> str:
@@ -226,6 +245,21 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
 
     # Tools ------------------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _effective(request: ToolCallRequest) -> ToolCallRequest | ToolMessage:
+        """The call that will run: a ``HumanInTheLoopMiddleware`` reviewer's edit of it when one is in the state (an
+        inner HITL middleware swaps it in after this one), else the call as it is."""
+        call = request.tool_call
+        edit = hitl_edit(request.state, call.get("id"))
+        if edit is None or (edit.get("name") == call.get("name") and edit.get("args") == call.get("args")):
+            return request
+        name = edit.get("name")
+        redirected = redirect(request, name if isinstance(name, str) else "", edit.get("args"))
+        if isinstance(redirected, str):
+            reason = f"the HumanInTheLoopMiddleware reviewer's edit {redirected}"
+            return msgs.rejected(call.get("name") or "", call.get("id") or "", None, reason, "")
+        return redirected
+
     def _recorded(self, request: ToolCallRequest) -> Prepared | ToolMessage | None:
         """The prepared call its turn record lets run, an error message, or ``None`` to judge it on the spot."""
         call = request.tool_call
@@ -241,24 +275,68 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         if problem is not None or arguments_digest(call.get("name") or "", arguments or {}) != record["digest"]:
             return None
         prepared = self._enforcer.prepare(request)
-        if isinstance(prepared, ToolMessage) or record["status"] != "edited":
+        if isinstance(prepared, ToolMessage):
+            return prepared
+        if record["status"] == "approved" or record.get("hitl_edit"):
+            prepared = replace(prepared, reviewed=True)
+        if record["status"] != "edited":
             return prepared
         return self._enforcer.apply_edit(prepared, {"tool": record["run_tool"], "arguments": record["run_arguments"]})
 
+    @staticmethod
+    def _order_error(interrupt: GraphInterrupt) -> ValueError | None:
+        """The error for an interrupt of a per-call ``HumanInTheLoopMiddleware`` listed after this one."""
+        pending = interrupt.args[0] if interrupt.args else ()
+        values = [getattr(i, "value", None) for i in pending] if isinstance(pending, (list, tuple)) else []
+        if not any(isinstance(v, Mapping) and v.get("type") == "tool_approval" for v in values):
+            return None
+        return ValueError(
+            "HumanInTheLoopMiddleware(interrupt_mode='per_call') is listed after GuardAgentMiddleware, so its "
+            "reviewer's edits would run without guard judging them; list it first: create_agent(..., middleware="
+            "[HumanInTheLoopMiddleware(..., interrupt_mode='per_call'), GuardAgentMiddleware(...)]) (or use its "
+            "default batched mode, which works in either order)"
+        )
+
     def wrap_tool_call(self, request: ToolCallRequest, handler: SyncHandler) -> Result:
         """Run a call its record allows; judge any other call on the spot; then check the tool's output."""
-        prepared = self._recorded(request)
+        effective = self._effective(request)
+        if isinstance(effective, ToolMessage):
+            return effective
+
+        def inner(call: ToolCallRequest) -> Result:
+            try:
+                return handler(call)
+            except GraphInterrupt as interrupt:
+                error = self._order_error(interrupt)
+                if error is None:
+                    raise
+                raise error from None
+
+        prepared = self._recorded(effective)
         if prepared is None:
-            return self._enforcer.run(request, handler)
+            return self._enforcer.run(effective, inner)
         if isinstance(prepared, ToolMessage):
             return prepared
-        return self._enforcer.run_allowed(prepared, handler)
+        return self._enforcer.run_allowed(prepared, inner)
 
     async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Result:
         """Async twin of :meth:`wrap_tool_call`."""
-        prepared = self._recorded(request)
+        effective = self._effective(request)
+        if isinstance(effective, ToolMessage):
+            return effective
+
+        async def inner(call: ToolCallRequest) -> Result:
+            try:
+                return await handler(call)
+            except GraphInterrupt as interrupt:
+                error = self._order_error(interrupt)
+                if error is None:
+                    raise
+                raise error from None
+
+        prepared = self._recorded(effective)
         if prepared is None:
-            return await self._enforcer.arun(request, handler)
+            return await self._enforcer.arun(effective, inner)
         if isinstance(prepared, ToolMessage):
             return prepared
-        return await self._enforcer.arun_allowed(prepared, handler)
+        return await self._enforcer.arun_allowed(prepared, inner)

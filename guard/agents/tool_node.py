@@ -29,6 +29,7 @@ from langgraph.types import Send
 
 from guard.agents._enforce import AsyncHandler, Result, SyncHandler, ToolCallEnforcer
 from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
+from guard.agents.claims import ApprovalClaims
 from guard.verdict import FailMode
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class GuardToolWrapper:
             passes it without the spans that give the assistant instructions.
         fail_mode: what an unsettled handoff or a raising guard becomes (default ``escalate``).
         reviewer_timeout_s: seconds an async LLM reviewer may take.
+        approval_claims: where a call released by a review decision is claimed once before its side-effecting tool
+            runs (:mod:`guard.agents.claims`); a :class:`~guard.agents.MemoryApprovalClaims` by default.
 
     Raises:
         TypeError: for an argument of the wrong type.
@@ -76,6 +79,7 @@ class GuardToolWrapper:
         tool_result_action: ToolResultAction = "block",
         fail_mode: FailMode = "escalate",
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
+        approval_claims: ApprovalClaims | None = None,
     ) -> None:
         options = AgentOptions.checked(
             guard=guard,
@@ -86,7 +90,7 @@ class GuardToolWrapper:
             fail_mode=fail_mode,
             reviewer_timeout_s=reviewer_timeout_s,
         )
-        self.enforcer = ToolCallEnforcer(Judge(options))
+        self.enforcer = ToolCallEnforcer(Judge(options), claims=approval_claims)
 
     def __repr__(self) -> str:
         return f"GuardToolWrapper(policies={len(self.enforcer.judge.guard.policies)})"
@@ -113,6 +117,7 @@ def guarded_tool_node(
     reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
     messages_key: str = "messages",
     handle_tool_errors: Any = None,
+    approval_claims: ApprovalClaims | None = None,
 ) -> ToolNode:
     """A ``ToolNode`` whose every call goes through a :class:`GuardToolWrapper` (see it for the options).
 
@@ -128,6 +133,7 @@ def guarded_tool_node(
         tool_result_action=tool_result_action,
         fail_mode=fail_mode,
         reviewer_timeout_s=reviewer_timeout_s,
+        approval_claims=approval_claims,
     )
     extra: dict[str, Any] = {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}
     return ToolNode(

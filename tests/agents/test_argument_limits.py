@@ -1,0 +1,121 @@
+"""Tool arguments that arrive already parsed (issue 18, item 9): a depth and a size limit, so a call nested ~5,000
+levels deep (or holding too many values) gets a recorded block decision and an error tool message, never an exception
+out of ``agent.invoke`` with no decision recorded. Real create_agent graphs with a checkpointer, and a tool node."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from guard.agents import GuardAgentMiddleware, guarded_tool_node, send_tool_calls
+from guard.agents._arguments import MAX_ARGUMENT_DEPTH, MAX_ARGUMENT_VALUES, classify_arguments
+from tests.agents._drive import SYNC_MODES, adrive, drive
+from tests.agents._fakes import Turn, model
+
+USER = {"messages": [("user", "Please pay bob.")]}
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """``{"amount": 5, "to": "bob", "x": {"x": {...}}}``: ``levels`` objects deep."""
+    root: dict[str, Any] = {"amount": 5, "to": "bob"}
+    node = root
+    for _ in range(levels - 1):
+        node["x"] = {}
+        node = node["x"]
+    return root
+
+
+def deep_turn(arguments: dict[str, Any]) -> AIMessage:
+    return AIMessage(
+        content="",
+        tool_calls=[
+            {"name": "pay", "args": arguments, "id": "deep"},
+            {"name": "pay", "args": {"amount": 5, "to": "ann"}, "id": "fine"},
+        ],
+    )
+
+
+def test_limits_on_parsed_arguments() -> None:
+    assert classify_arguments(nested(MAX_ARGUMENT_DEPTH))[1] is None
+    assert classify_arguments(nested(MAX_ARGUMENT_DEPTH + 1)) == (
+        None,
+        f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels",
+    )
+    assert classify_arguments({"a": [[[]]] * 10})[1] is None
+    wide = {"items": list(range(MAX_ARGUMENT_VALUES))}
+    assert classify_arguments(wide) == (None, f"arguments hold more than {MAX_ARGUMENT_VALUES} values")
+    looped: dict[str, Any] = {}
+    looped["self"] = looped
+    assert classify_arguments(looped)[1] is not None  # a value holding itself ends at a limit, never loops
+    started = time.perf_counter()
+    assert classify_arguments(nested(5000))[1] is not None
+    assert time.perf_counter() - started < 0.5
+
+
+def _check(h: Any, out: Any) -> None:
+    assert h.runs.calls == [("pay", {"amount": 5, "to": "ann"})]  # the sibling is judged on its own
+    answer = out.tool_messages()["deep"]
+    assert answer.status == "error" and f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels" in answer.text
+    blocked = [d for d in h.decisions() if (d.get("input") or {}).get("tool_call_id") == "deep"]
+    assert [d["result"]["action"] for d in blocked] == ["block"]
+    assert "deeper than" in (blocked[0]["error"] or blocked[0]["result"]["message"] or "")
+    stored = next(m for m in out.messages if isinstance(m, AIMessage) and m.invalid_tool_calls)
+    assert stored.invalid_tool_calls[0]["id"] == "deep" and len(stored.invalid_tool_calls[0]["args"]) < 200
+
+
+# The parsed-arguments turns below are whole AIMessages, which the test model can only return, not stream (a provider
+# streams argument text, checked by the raw-text test after them).
+
+
+def test_deep_arguments_get_a_recorded_block(harness: Any, thread: Any) -> None:
+    h = harness()
+    middleware = GuardAgentMiddleware(guard=h.guard)
+    agent = create_agent(model(deep_turn(nested(5000))), h.tools, middleware=[middleware], checkpointer=InMemorySaver())
+    _check(h, drive(agent, USER, thread(), "invoke"))
+
+
+@pytest.mark.anyio
+async def test_deep_arguments_get_a_recorded_block_async(harness: Any, thread: Any) -> None:
+    h = harness()
+    middleware = GuardAgentMiddleware(guard=h.guard)
+    agent = create_agent(model(deep_turn(nested(5000))), h.tools, middleware=[middleware], checkpointer=InMemorySaver())
+    _check(h, await adrive(agent, USER, thread(), "ainvoke"))
+
+
+@pytest.mark.parametrize("mode", SYNC_MODES)
+def test_deep_argument_text_gets_a_recorded_block(harness: Any, thread: Any, mode: str) -> None:
+    h = harness()
+    raw = '{"amount": 5, "to": "bob", "x": ' + '{"x": ' * 5000 + "{}" + "}" * 5000 + "}"
+    turn = Turn(calls=[("pay", raw, "deep"), ("pay", {"amount": 5, "to": "ann"}, "fine")])
+    agent = create_agent(
+        model(turn), h.tools, middleware=[GuardAgentMiddleware(guard=h.guard)], checkpointer=InMemorySaver()
+    )
+    out = drive(agent, USER, thread(), mode)
+    assert h.runs.calls == [("pay", {"amount": 5, "to": "ann"})]
+    assert "nesting exceeds the limit of 64 levels" in out.tool_messages()["deep"].text
+    blocked = [d for d in h.decisions() if (d.get("input") or {}).get("tool_call_id") == "deep"]
+    assert [d["result"]["action"] for d in blocked] == ["block"]
+
+
+def test_tool_node_blocks_deep_arguments(harness: Any) -> None:
+    h = harness()
+    chat = model(deep_turn(nested(5000)))
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
+    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
+    graph.add_edge("tools", "model")
+    result = graph.compile().invoke(USER)  # no checkpointer: the state holds the deep arguments as the model sent them
+    answer = next(m for m in result["messages"] if getattr(m, "tool_call_id", None) == "deep")
+    assert answer.status == "error" and "deeper than" in answer.text
+    assert h.runs.calls == [("pay", {"amount": 5, "to": "ann"})]
+    assert [d["result"]["action"] for d in h.decisions() if (d.get("input") or {}).get("tool_call_id") == "deep"] == [
+        "block"
+    ]

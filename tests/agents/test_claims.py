@@ -1,0 +1,235 @@
+"""Single-use approvals (issue 18, item 4): a reviewer's approval runs its side-effecting tool once, whether the
+interrupt is resumed twice at the same time (two threads, ``asyncio.gather`` of two ``ainvoke``) or replayed from
+the checkpoint saved at the interrupt; the second claimant gets ``ApprovalAlreadyUsed``. Memory and real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from langchain.agents import create_agent
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Command
+
+from guard.agents import (
+    GuardAgentMiddleware,
+    MemoryApprovalClaims,
+    RedisApprovalClaims,
+    guarded_tool_node,
+    resume_command,
+    send_tool_calls,
+)
+from guard.errors import ApprovalAlreadyUsed, ReviewStoreUnavailable
+from tests.agents._fakes import Turn, model
+
+USER = {"messages": [("user", "Please settle my invoices.")]}
+KEY = "k" * 32
+APPROVE = Command(resume={"decisions": [{"type": "approve"}]})
+
+
+def escalated_pay(call_id: str = "a") -> Turn:
+    return Turn(calls=[("pay", {"amount": 500, "to": "eve"}, call_id)])
+
+
+def agent_for(h: Any, checkpointer: Any, claims: Any = None, turn: Turn | None = None) -> Any:
+    middleware = GuardAgentMiddleware(guard=h.guard, approval_claims=claims)
+    return create_agent(model(turn or escalated_pay()), h.tools, middleware=[middleware], checkpointer=checkpointer)
+
+
+def at_interrupt(agent: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """The config pinned to the checkpoint saved at the pending interrupt."""
+    state = agent.get_state(config)
+    assert state.interrupts
+    return state.config
+
+
+def test_replayed_resume_runs_the_tool_once(harness: Any, thread: Any) -> None:
+    h = harness()
+    agent, config = agent_for(h, InMemorySaver()), thread()
+    agent.invoke(USER, config)
+    saved = at_interrupt(agent, config)
+    agent.invoke(APPROVE, saved)
+    assert h.runs.calls == [("pay", {"amount": 500, "to": "eve"})]
+    with pytest.raises(ApprovalAlreadyUsed, match="already used") as caught:
+        agent.invoke(APPROVE, saved)  # replayed from the checkpoint saved at the interrupt
+    assert caught.value.review_id.startswith("ga_") and caught.value.status == "claimed"
+    assert h.runs.count() == 1
+
+
+def test_two_threads_resume_one_interrupt_the_tool_runs_once(harness: Any, thread: Any) -> None:
+    h = harness()
+    agent, config = agent_for(h, InMemorySaver()), thread()
+    agent.invoke(USER, config)
+    saved = at_interrupt(agent, config)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def resume() -> None:
+        barrier.wait()
+        try:
+            agent.invoke(APPROVE, saved)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    workers = [threading.Thread(target=resume) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    assert h.runs.count() == 1
+    assert len(errors) == 1 and isinstance(errors[0], ApprovalAlreadyUsed)
+
+
+@pytest.mark.anyio
+async def test_gather_of_two_ainvoke_runs_the_tool_once(harness: Any, thread: Any) -> None:
+    h = harness()
+    agent, config = agent_for(h, InMemorySaver()), thread()
+    await agent.ainvoke(USER, config)
+    results = await asyncio.gather(
+        agent.ainvoke(APPROVE, config), agent.ainvoke(APPROVE, config), return_exceptions=True
+    )
+    assert h.runs.count() == 1
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(errors) == 1 and isinstance(errors[0], ApprovalAlreadyUsed)
+
+
+def test_an_approved_edit_is_single_use_too(harness: Any, thread: Any) -> None:
+    h = harness()
+    agent, config = agent_for(h, InMemorySaver()), thread()
+    agent.invoke(USER, config)
+    saved = at_interrupt(agent, config)
+    edit = Command(
+        resume={"decisions": [{"type": "edit", "edited_action": {"name": "pay", "args": {"amount": 5, "to": "eve"}}}]}
+    )
+    agent.invoke(edit, saved)
+    with pytest.raises(ApprovalAlreadyUsed):
+        agent.invoke(edit, saved)
+    assert h.runs.calls == [("pay", {"amount": 5, "to": "eve"})]
+
+
+def test_policy_allowed_calls_make_no_claim(harness: Any, thread: Any) -> None:
+    h = harness()
+    claims = MemoryApprovalClaims()
+    agent = agent_for(h, InMemorySaver(), claims, Turn(calls=[("pay", {"amount": 5, "to": "bob"}, "a")]))
+    agent.invoke(USER, thread())
+    assert h.runs.count() == 1 and "claims=0" in repr(claims)
+
+
+def test_per_call_review_in_a_tool_node_is_single_use(harness: Any, thread: Any) -> None:
+    h = harness()
+    chat = model(escalated_pay())
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
+    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
+    graph.add_edge("tools", "model")
+    app, config = graph.compile(checkpointer=InMemorySaver()), thread()
+    app.invoke(USER, config)
+    state = app.get_state(config)
+    command = resume_command(state.interrupts, [{"type": "approve"}])
+    app.invoke(command, state.config)
+    with pytest.raises(ApprovalAlreadyUsed):
+        app.invoke(command, state.config)
+    assert h.runs.count() == 1
+
+
+def test_memory_claims_forget_the_oldest_past_the_cap() -> None:
+    claims = MemoryApprovalClaims(max_entries=2)
+    for key in ("a", "b", "c"):
+        claims.claim(key)
+    claims.claim("a")  # forgotten: the oldest of three
+    with pytest.raises(ApprovalAlreadyUsed):
+        claims.claim("c")
+    with pytest.raises(ValueError, match="positive"):
+        MemoryApprovalClaims(ttl_s=0)
+
+
+# Redis: several processes (here: separate middleware instances and clients) share the claims ---------------------
+
+
+def _redis_claims(redis_url: str, prefix: str, **options: Any) -> RedisApprovalClaims:
+    return RedisApprovalClaims.from_url(redis_url, store_key=KEY, prefix=prefix, **options)
+
+
+@pytest.fixture
+def claim_prefix(redis_url: str) -> Any:
+    prefix = f"guard-test-claims-{uuid.uuid4().hex[:8]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=prefix + "*"):
+        client.delete(key)
+    client.close()
+
+
+def test_redis_claims_across_instances(harness: Any, thread: Any, redis_url: str, claim_prefix: str) -> None:
+    h = harness()
+    checkpointer = InMemorySaver()
+    first_claims, second_claims = _redis_claims(redis_url, claim_prefix), _redis_claims(redis_url, claim_prefix)
+    first, second = agent_for(h, checkpointer, first_claims), agent_for(h, checkpointer, second_claims)
+    config = thread()
+    first.invoke(USER, config)
+    saved = at_interrupt(first, config)
+    first.invoke(APPROVE, saved)
+    with pytest.raises(ApprovalAlreadyUsed, match="Unix time"):
+        second.invoke(APPROVE, saved)  # another replica replays the same resume
+    assert h.runs.count() == 1
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=claim_prefix + "*"))
+    assert len(keys) == 1 and 0 < client.pttl(keys[0]) <= 30 * 24 * 3600 * 1000
+    client.close()
+    first_claims.close()
+    second_claims.close()
+
+
+@pytest.mark.anyio
+async def test_redis_claims_async_gather(harness: Any, thread: Any, redis_url: str, claim_prefix: str) -> None:
+    h = harness()
+    claims = _redis_claims(redis_url, claim_prefix)
+    agent, config = agent_for(h, InMemorySaver(), claims), thread()
+    await agent.ainvoke(USER, config)
+    results = await asyncio.gather(
+        agent.ainvoke(APPROVE, config), agent.ainvoke(APPROVE, config), return_exceptions=True
+    )
+    assert h.runs.count() == 1
+    assert [type(r) for r in results if isinstance(r, BaseException)] == [ApprovalAlreadyUsed]
+    await claims.aclose()
+    claims.close()
+
+
+def test_redis_claim_held_by_a_forged_entry_is_refused(redis_url: str, claim_prefix: str) -> None:
+    claims = _redis_claims(redis_url, claim_prefix)
+    client = redis.Redis.from_url(redis_url)
+    client.set(claim_prefix + "ga_forged", "1700000000.0:" + "0" * 64)
+    with pytest.raises(ApprovalAlreadyUsed, match="seal does not check"):
+        claims.claim("ga_forged")
+    assert claims.forged == 1
+    claims.claim("ga_fresh")
+    with pytest.raises(ApprovalAlreadyUsed, match="Unix time"):
+        claims.claim("ga_fresh")
+    client.close()
+    claims.close()
+
+
+def test_redis_down_fails_closed(harness: Any, thread: Any) -> None:
+    h = harness()
+    claims = RedisApprovalClaims.from_url("redis://127.0.0.1:1/0", store_key=KEY, timeout_s=0.2)
+    agent, config = agent_for(h, InMemorySaver(), claims), thread()
+    agent.invoke(USER, config)
+    with pytest.raises(ReviewStoreUnavailable, match="approval claim store failed"):
+        agent.invoke(APPROVE, config)
+    assert h.runs.count() == 0
+    claims.close()
+
+
+def test_redis_claims_need_a_store_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GUARD_STORE_KEY", raising=False)
+    with pytest.raises(ValueError, match="RedisApprovalClaims needs a store key"):
+        RedisApprovalClaims(redis.Redis())
+    with pytest.raises(ValueError, match="client="):
+        RedisApprovalClaims(store_key=KEY)
