@@ -168,6 +168,7 @@ def _compile(
             for name, t in spec.tools.items()
         },
         trusted=tuple(spec.trusted),
+        priority=spec.priority,
     )
 
 
@@ -176,8 +177,8 @@ def _questions(
 ) -> tuple[list[PolicyQuestion], dict[str, QuestionType | None]]:
     """Validate each question against the Workers AI limits; returns the questions and every key's type (also for
     questions with problems, so rules that use them do not report a second, misleading error)."""
-    if not spec.questions:
-        problem(("questions",), "needs at least one question")
+    if not spec.questions and not spec.rules:
+        problem(("questions",), "needs at least one question, or rules that decide without one (a rules-only policy)")
     if len(spec.questions) > MAX_QUESTIONS:
         problem(("questions",), f"has {len(spec.questions)} entries; at most {MAX_QUESTIONS}")
     out: list[PolicyQuestion] = []
@@ -323,8 +324,9 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
 class PolicySet:
     """The live set of policies, in match order (files in the order given, policies in file order).
 
-    The first policy whose ``match`` accepts a subject decides it. :meth:`reload` re-reads the source files; if any
-    fails, the last good set stays active and the error is logged and raised.
+    Every policy whose ``match`` accepts a subject decides it (:meth:`matching`; the engine combines their verdicts).
+    :meth:`reload` re-reads the source files; if any fails, the last good set stays active and the error is logged
+    and raised.
 
     Attributes:
         sources: the files this set was loaded from (empty for sets built from text).
@@ -368,6 +370,10 @@ class PolicySet:
             if policy.matches(subject):
                 return policy
         return None
+
+    def matching(self, subject: Subject) -> tuple[Policy, ...]:
+        """Every policy that matches ``subject``, in match order (all of them decide, ``docs/policies.md``)."""
+        return tuple([policy for policy in self._policies if policy.matches(subject)])
 
     def replace(self, policies: Sequence[Policy]) -> None:
         """Swap in a new set after validating it; on error the current set stays.
