@@ -255,7 +255,7 @@ class Group:
         ttl: seconds the answers are cached: the shortest of the policies' ``cache.ttl`` (0 when one says 0).
     """
 
-    __slots__ = ("key", "plans", "questions", "timeout", "ttl")
+    __slots__ = ("_keys", "key", "plans", "questions", "timeout", "ttl")
 
     def __init__(self, plans: tuple[Plan, ...], questions: tuple[QuestionV1, ...]) -> None:
         first = plans[0]
@@ -266,11 +266,21 @@ class Group:
         )
         self.timeout = max(plan.policy.timeout for plan in plans)
         self.ttl = min(plan.policy.cache_ttl for plan in plans)
+        self._keys: dict[str, str] = {}  # first plan's key (it names the state exactly) -> this group's key
 
     def prepare(self, subject: Subject) -> tuple[Any, dict[str, Any], str]:
-        """``(state, flags, key)`` as :meth:`Plan.prepare`, with this group's cache key."""
+        """``(state, flags, key)`` as :meth:`Plan.prepare`, with this group's cache key (remembered for the last
+        :data:`STATE_MEMO_ENTRIES` states: each dict operation is atomic, so no lock)."""
         state, flags, own_key = self.plans[0].prepare(subject)
-        return state, flags, own_key if len(self.plans) == 1 else self.key.key(state)
+        if len(self.plans) == 1:
+            return state, flags, own_key
+        key = self._keys.get(own_key)
+        if key is None:
+            key = self.key.key(state)
+            if len(self._keys) >= STATE_MEMO_ENTRIES:
+                self._keys.clear()
+            self._keys[own_key] = key
+        return state, flags, key
 
     def request(self, state: Any) -> SystemOneRequestV1:
         """The one System One request for every plan's questions."""
