@@ -48,6 +48,8 @@ class Verdict:
         state: the rendered decision state the model saw (for reviewers; already normalised and redacted).
         flags: findings about the state, by name in :data:`guard.policy.rules.FLAG_NAMES` (only non-zero ones, e.g. ``{"unicode_tags":
             18, "truncated": 1}``), and ``fail_open`` when a fail-open policy allowed without a decision.
+        contributions: when several policies matched, each one's own verdict, in match order (the fields above are
+            those of the one that decided, ``docs/policies.md`` "Several matching policies"); empty otherwise.
     """
 
     action: Action
@@ -70,6 +72,7 @@ class Verdict:
     shadow_action: Action | None = None
     state: Any = None
     flags: dict[str, Any] = field(default_factory=dict)
+    contributions: tuple[Verdict, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -95,8 +98,9 @@ class Verdict:
         ]
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe summary for response bodies and logs (probabilities rounded to 4 decimals)."""
-        return {
+        """A JSON-safe summary for response bodies and logs (probabilities rounded to 4 decimals); with
+        ``contributions``, ``policies`` lists each matching policy's own summary (without ``policies``)."""
+        out = {
             "decision_id": self.decision_id,
             "action": self.action,
             "policy": self.policy_id,
@@ -114,6 +118,9 @@ class Verdict:
             "shadow_action": self.shadow_action,
             "flags": self.flags,
         }
+        if self.contributions:
+            out["policies"] = [contribution.to_json() for contribution in self.contributions]
+        return out
 
 
 def outcome_headers(

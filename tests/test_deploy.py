@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
 import re
 import shlex
+import socket
+import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kubernetes_validate
 import pytest
 import yaml
@@ -118,6 +123,63 @@ def test_gateway_probes_use_liveness_and_readiness() -> None:
     container = docs[("Deployment", "guard-gateway")]["spec"]["template"]["spec"]["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == DEFAULT_LIVE_PATH
     assert container["readinessProbe"]["httpGet"]["path"] == DEFAULT_HEALTH_PATH
+
+
+def _local_argv(dockerfile: Path, argv: list[str], port: int) -> list[str]:
+    """``argv`` as it would run in the image, made to run here: paths under a ``COPY`` destination read from the
+    copied source in this checkout, and ``--listen`` on a loopback port."""
+    copies = [shlex.split(line)[1:] for line in dockerfile.read_text().splitlines() if line.startswith("COPY ")]
+    mounts = {dst.rstrip("/"): ROOT / srcs[0] for *srcs, dst in copies if len(srcs) == 1}
+    out = []
+    for arg in argv:
+        for dst, src in mounts.items():
+            if arg.startswith(dst + "/"):
+                arg = str(src / arg[len(dst) + 1 :])
+        out.append(arg)
+    out[out.index("--listen") + 1] = f"127.0.0.1:{port}"
+    return out
+
+
+def _start_gateway(argv: list[str], port: int, seconds: float) -> tuple[int | None, str]:
+    """Run ``argv`` (a guard command line) until ``/_guard/health`` answers 200 or the process ends, then stop it;
+    returns ``(None, output)`` when it served readiness, else ``(exit code, output)``."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "guard", *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+        text=True,
+    )  # fmt: skip
+    ready = False
+    deadline = time.monotonic() + seconds
+    while not ready and time.monotonic() < deadline and process.poll() is None:
+        try:
+            ready = httpx.get(f"http://127.0.0.1:{port}{DEFAULT_HEALTH_PATH}", timeout=1).status_code == 200
+        except httpx.TransportError:
+            time.sleep(0.2)
+    if process.poll() is None:
+        process.terminate()
+    output, _ = process.communicate(timeout=30)
+    return (None if ready else process.returncode), output
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_gateway_image_default_command_starts() -> None:
+    """The gateway image's ENTRYPOINT + CMD, run here (no docker): it starts on the embedded CPU model and serves
+    readiness; the policy it used before (a free-form question, no backend flag) exits 2 instead."""
+    dockerfile = DEPLOY / "docker" / "gateway.Dockerfile"
+    port = _free_port()
+    argv = _local_argv(dockerfile, _dockerfile_entrypoint(dockerfile), port)
+    code, output = _start_gateway(argv, port, seconds=180)
+    assert code is None, f"the default command {argv} did not start (exit {code}):\n{output}"
+    old = [arg.replace("api_abuse_compact.yaml", "api_abuse.yaml") for arg in argv]
+    port = _free_port()
+    old[old.index("--listen") + 1] = f"127.0.0.1:{port}"
+    code, output = _start_gateway(old, port, seconds=180)
+    assert code == 2 and "spam" in output, output
 
 
 def _normalised(name: str) -> str:

@@ -19,4 +19,6 @@ RUN useradd --system --uid 10001 guard
 USER 10001
 EXPOSE 8080
 ENTRYPOINT ["guard", "proxy"]
-CMD ["--policy", "/etc/guard/policies/api_abuse.yaml", "--upstream", "http://api:8000", "--listen", "0.0.0.0:8080"]
+# The default command runs on the embedded CPU model alone: a policy of catalog questions (api_abuse.yaml also asks a
+# free-form question, so it needs --backend pointing at a Clef worker, as deploy/compose passes it).
+CMD ["--policy", "/etc/guard/policies/api_abuse_compact.yaml", "--upstream", "http://api:8000", "--listen", "0.0.0.0:8080"]

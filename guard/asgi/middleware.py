@@ -176,11 +176,11 @@ class GuardMiddleware:
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
-        policy = self.guard.match(head)
-        if policy is None:
+        matched = self.guard.matching(head)
+        if not matched:
             await self.app(scope, receive, send)
             return
-        await self._guard(scope, receive, send, head, policy)
+        await self._guard(scope, receive, send, head, matched)
 
     def _judged_method(self, scope: Scope, headers: dict[str, str]) -> Scope:
         """The scope the subject is built from: as sent, or with the overriding method (``judge``).
@@ -197,8 +197,11 @@ class GuardMiddleware:
                             "request with that method instead", field=where)
         return {**scope, "method": method}
 
-    async def _guard(self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, policy: Policy) -> None:
-        """One matched request, from body read to response."""
+    async def _guard(
+        self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, matched: tuple[Policy, ...]
+    ) -> None:
+        """One matched request (``matched``: every policy that matches it, in match order), from body read to
+        response."""
         limits, headers = self.limits, head.headers
         try:
             encoding = headers.get("content-encoding")
@@ -212,14 +215,14 @@ class GuardMiddleware:
             value, text = parse_body(decoded, headers.get("content-type", ""), limits)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
-            await self._refuse(send, head, policy, exc)
+            await self._refuse(send, head, matched[0], exc)
             return
         subject = with_body(head, query, value, text)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
             await release_on_resend(self, scope, receive, send, review_id.strip(), body)
             return
-        verdict = await self.guard.aevaluate(subject, policy=policy)  # matched on the head already
+        verdict = await self.guard.aevaluate(subject, policies=matched)  # matched on the head already
         self.metrics.count_request(verdict.policy_id or "", verdict.action)
         if verdict.fail_mode == "open":
             self.metrics.fail_open.labels(verdict.policy_id or "").inc()
@@ -231,6 +234,7 @@ class GuardMiddleware:
         elif verdict.action == "escalate":
             await hold(self, scope, send, subject, body, verdict)
         else:
+            policy = next(p for p in matched if p.id == verdict.policy_id)  # the policy whose rule handed off
             outcome = await respond_with_handoff(self.handoff, policy, verdict, subject, send, verdict_headers(verdict))
             self.metrics.handoffs.labels(outcome).inc()
 

@@ -142,7 +142,7 @@ class CompactBackend:
         """
         if isinstance(question, str):
             found = any(question in model.questions for model in self.models)
-            return None if found else self._not_known(question)
+            return None if found else self._not_known(None)
         if isinstance(question, Mapping):
             body = dict(question)
             question = QuestionV1(
@@ -155,7 +155,7 @@ class CompactBackend:
             known = model.questions.get(question.id)
             if known is not None:
                 return known.mismatch(question)
-        return self._not_known(question.id)
+        return self._not_known(question)
 
     def unsupported(self, questions: Iterable[QuestionV1 | Mapping[str, Any] | str]) -> list[str]:
         """The ids of the ``questions`` this backend would refuse (for a policy loader, at load time)."""
@@ -178,11 +178,26 @@ class CompactBackend:
             if reason is not None:
                 raise UnsupportedQuestion(question.id, self.name, reason)
 
-    def _not_known(self, question_id: str) -> str:
-        return (
-            f"the compact model answers only {sorted(self.question_ids())}; send free-form questions to a Clef "
-            "or System One backend (see docs/catalog.md)"
-        )
+    def _not_known(self, question: QuestionV1 | None) -> str:
+        """Why an id no loaded model answers is refused, and how to fix the usual cause: a trained router asked
+        under the policy's question key (the wire id is the key unless the question sets ``id:``)."""
+        reason = f"the compact model answers only {sorted(self.question_ids())}"
+        routers = [q for model in self.models for q in model.questions.values() if q.labels]
+        if question is not None:
+            options = set(question.option_ids())
+            fits = [r.id for r in routers if r.type == question.type and set(r.labels) == options]
+            if fits:
+                return (
+                    f"{reason}; {question.id!r} has the options of the trained router {fits[0]!r}: set "
+                    f"'id: {fits[0]}' on the question (a question's wire id is its key unless it sets 'id')"
+                )
+        if routers:
+            return (
+                f"{reason}; to ask a trained router, set 'id:' on the question to the router's id (e.g. 'id: "
+                f"{routers[0].id}'), since a question's wire id is its key unless it sets 'id'; send free-form "
+                "questions to a Clef or System One backend (see docs/catalog.md)"
+            )
+        return f"{reason}; send free-form questions to a Clef or System One backend (see docs/catalog.md)"
 
     # ----------------------------------------------------------------------------------------------------- decide
     def decide_sync(self, request: SystemOneRequestV1, *, deadline: float | None = None) -> SystemOneResponseV1:

@@ -2,7 +2,8 @@
 
 Usage::
 
-    guard policy check PATH...                         # files, directories, globs; line-numbered errors, exit 1 on any
+    guard policy check PATH...                         # files, directories, globs; line-numbered errors, exit 1 on any;
+                                                       # lists overlapping policies (information, exit 0)
     guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--timeout-ms MS] [--json]
     guard policy test PATH... [--backend SPEC] [--timeout-ms MS] [--run PATTERN] [--format text|json|junit] [-v]
     guard policy schema [--tests] [--output PATH] [--check PATH]  # JSON Schema of policy (or test) files
@@ -120,6 +121,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"guard policy check: {exc}", file=sys.stderr)
         return EXIT_FAILED
     failed = False
+    loaded = []
     for name in map(str, files):
         try:
             policies = load_text(Path(name).read_bytes(), name)
@@ -134,7 +136,24 @@ def run_check(args: argparse.Namespace) -> int:
             continue
         ids = ", ".join(f"{p.id}@{p.version}" for p in policies)
         print(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
+        loaded.extend(policies)
+    _print_overlaps(loaded)
     return EXIT_FAILED if failed else 0
+
+
+def _print_overlaps(policies: list[Any]) -> None:
+    """List the pairs of policies that can match one subject (information: all of them decide, the most severe
+    verdict wins)."""
+    from guard.engine.verdicts import SEVERITY
+    from guard.policy.overlap import overlapping_pairs
+
+    order = " > ".join(SEVERITY)
+    for a, b, kinds in overlapping_pairs(policies):
+        print(
+            f"overlap {a.id} ({a.file}:{a.line}) and {b.id} ({b.file}:{b.line}): both match some "
+            f"{' and '.join('HTTP requests' if k == 'http' else 'agent events' for k in kinds)}; both decide, the "
+            f"most severe verdict wins ({order})"
+        )
 
 
 def _read_json(path: str) -> Any:
@@ -205,6 +224,11 @@ def _print_report(report: dict[str, Any]) -> None:
         for rule_id, value in report["rules"]:
             print(f"  {rule_id:<20} {value}")
     print(f"verdict    {v['action']} (rule {v['rule']}, status {v.get('status')}) {v.get('message') or ''}".rstrip())
+    if len(report["matched"]) > 1:
+        print("matched    (every policy decides; the most severe verdict wins)")
+        for part in report["matched"]:
+            own, mark = part["own_verdict"], "  <- decided" if part["policy"]["id"] == p["id"] else ""
+            print(f"  {part['policy']['id']:<20} {own['action']} (rule {own['rule']}){mark}")
     print("on backend failure")
     for mode, failed in report["fail_modes"].items():
         marker = "  <- this policy" if mode == report["fail_mode"] else ""

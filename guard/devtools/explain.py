@@ -1,8 +1,9 @@
 """``guard policy explain``: everything the engine does for one subject, step by step, as a JSON-safe report.
 
-The report holds the matched policy, the rendered state (normalised, with flags), the cache key, each answer, the
-``call`` / ``result`` features its rules read (argument provenance, instructions found in a tool result), every
-rule's ``when`` value in order, the verdict, and the verdict each fail mode would give if the backend failed. The
+The report holds the policy that decided, the rendered state (normalised, with flags), the cache key, each answer,
+the ``call`` / ``result`` features its rules read (argument provenance, instructions found in a tool result), every
+rule's ``when`` value in order, the verdict, and the verdict each fail mode would give if the backend failed; and
+``matched``: the same for every policy that matched (all of them decide; the most severe verdict wins). The
 steps run through the real engine (:class:`~guard.engine.Guard`), so the report is what production would do. When
 the decision itself failed (backend error or timeout), ``error`` says why, the verdict is the policy's fail mode, and
 the rules are not traced: without answers there is nothing to run them on.
@@ -22,7 +23,7 @@ from guard.backends.fixture import FixtureBackend
 from guard.devtools.testing import subject_from_json, wire_answers, with_timeout
 from guard.engine.cache import MemoryCache
 from guard.engine.keys import cache_key
-from guard.policy.loader import load_text
+from guard.policy.loader import PolicySet, load_text
 from guard.policy.policy import FailPolicy, Policy
 from guard.policy.provenance import rule_features
 from guard.policy.rules import FEATURE_NAMES, rule_inputs, trace_rules
@@ -68,28 +69,19 @@ async def explain(
     """
     policies = with_timeout(load_text(Path(file).read_bytes(), str(file)), timeout_s)
     subject = subject_from_json(subject_data)
-    policy = next((p for p in policies if p.matches(subject)), None)
-    if policy is None:
-        return {"policy": None, "verdict": {"action": "allow", "policy": None}}
+    matched = PolicySet(policies).matching(subject)
+    if not matched:
+        return {"policy": None, "matched": [], "verdict": {"action": "allow", "policy": None}, "error": None}
     if backend_factory is not None:
         backend = backend_factory()
         await start_backend(backend)
     else:
-        backend = FixtureBackend(wire_answers(policy, answers or {}))
-    normalized = policy.prepare_state(policy.render_state(subject), subject)
-    request = policy.build_request(normalized.value)
+        backend = FixtureBackend(wire_answers(matched, answers or {}))
     verdict = await _verdict(policies, backend, subject)
-    named = dict(verdict.answers)  # keyed by question key
-    features = rule_features(
-        subject, rule_inputs(policy.rules) & FEATURE_NAMES, tools=policy.tools, trusted=policy.trusted,
-        detector=policy.detector,
-    )  # fmt: skip
-    traced: list[tuple[str, bool | str]] = []
-    if verdict.error is None:  # a failed decision has no answers to run the rules on
-        traced = trace_rules(
-            policy.id, policy.rules, named, subject=subject, state=normalized.value, flags=normalized.flags,
-            data=policy.data, features=features,
-        )  # fmt: skip
+    own = dict(zip((p.id for p in matched), verdict.contributions or (verdict,), strict=True))
+    reports = [_policy_report(policy, own[policy.id], subject, backend) for policy in matched]
+    decisive = next(r for r in reports if r["policy"]["id"] == verdict.policy_id)
+    policy = next(p for p in matched if p.id == verdict.policy_id)
     fail_modes = {}
     engine_logger = logging.getLogger("guard.engine")
     level = engine_logger.level
@@ -102,24 +94,49 @@ async def explain(
     finally:
         engine_logger.setLevel(level)
     return {
+        **decisive,
+        "verdict": verdict.to_json() | {"status": verdict.status},
+        "error": verdict.error,
+        "fail_mode": policy.fail_policy(subject).mode,
+        "fail_modes": fail_modes,
+        "matched": reports,
+    }
+
+
+def _policy_report(policy: Policy, verdict: Verdict, subject: Any, backend: DecisionBackend) -> dict[str, Any]:
+    """One matching policy's part: its state, questions, answers, features, traced rules and own verdict."""
+    normalized = policy.prepare_state(policy.render_state(subject), subject)
+    request = policy.build_request(normalized.value)
+    named = dict(verdict.answers)  # keyed by question key
+    features = rule_features(
+        subject, rule_inputs(policy.rules) & FEATURE_NAMES, tools=policy.tools, trusted=policy.trusted,
+        detector=policy.detector,
+    )  # fmt: skip
+    traced: list[tuple[str, bool | str]] = []
+    if verdict.error is None:  # a failed decision has no answers to run the rules on
+        traced = trace_rules(
+            policy.id, policy.rules, named, subject=subject, state=normalized.value, flags=normalized.flags,
+            data=policy.data, features=features,
+        )  # fmt: skip
+    return {
         "policy": {
             "id": policy.id,
             "version": policy.version,
             "file": policy.file,
             "line": policy.line,
             "mode": policy.mode,
+            "priority": policy.priority,
         },
         "state": normalized.value,
         "flags": normalized.flags,
         "questions": [{"key": q.key, **q.wire.to_json(), "id": q.wire.id} for q in policy.questions],
         "cache_key": cache_key(request, backend=backend.name, revision=backend.model_revision),
-        "backend": backend.name,
-        "revision": backend.model_revision,
+        "backend": backend.name if policy.questions else None,
+        "revision": backend.model_revision if policy.questions else None,
         "answers": {key: answer.to_json() for key, answer in named.items()},
         "features": features,
         "rules": traced,
-        "verdict": verdict.to_json() | {"status": verdict.status},
-        "error": verdict.error,
-        "fail_mode": policy.fail_policy(subject).mode,
-        "fail_modes": fail_modes,
-    }
+        "own_verdict": {"action": verdict.action, "rule": verdict.rule, "status": verdict.status,
+                        "shadow_action": verdict.shadow_action, "fail_mode": verdict.fail_mode,
+                        "error": verdict.error},
+    }  # fmt: skip

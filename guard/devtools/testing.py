@@ -14,7 +14,8 @@ A test file::
         backend_error: timeout                        # timeout | unavailable | malformed | rejected
         expect: {action: escalate, fail_mode: escalate}
 
-``answers`` follow ``guard/backends/fixture.py``; questions left out get an even split. A case without ``answers`` or
+``answers`` follow ``guard/backends/fixture.py``, by the question keys of every policy the input matches (all of them
+decide; ``expect.policy`` is the one whose verdict wins); questions left out get an even split. A case without ``answers`` or
 ``backend_error`` needs a real backend (``--backend``). ``expect.policy: null`` asserts no policy matches.
 """
 
@@ -213,12 +214,22 @@ def with_timeout(policies: Sequence[Policy], timeout_s: float | None) -> list[Po
     return [replace(policy, timeout=timeout_s) for policy in policies]
 
 
-def wire_answers(policy: Policy, answers: Mapping[str, Any]) -> dict[str, Any]:
-    by_key = {q.key: q.wire.id for q in policy.questions}
+def wire_answers(policies: Sequence[Policy], answers: Mapping[str, Any]) -> dict[str, Any]:
+    """Answer specs by question key (of any of ``policies``, the policies matching one subject) -> specs by wire id,
+    for :class:`~guard.backends.fixture.FixtureBackend` (a key several policies use answers each one's question).
+
+    Raises:
+        ValueError: naming a key no policy has, with the keys there are.
+    """
+    by_key: dict[str, list[str]] = {}
+    for policy in policies:
+        for q in policy.questions:
+            by_key.setdefault(q.key, []).append(q.wire.id)
     unknown = [key for key in answers if key not in by_key]
     if unknown:
-        raise ValueError(f"answers name {unknown}, which are not questions of policy {policy.id!r} ({sorted(by_key)})")
-    return {by_key[key]: spec for key, spec in answers.items()}
+        ids = ", ".join(repr(p.id) for p in policies)
+        raise ValueError(f"answers name {unknown}, which are not questions of policy {ids} ({sorted(by_key)})")
+    return {wire: spec for key, spec in answers.items() for wire in by_key[key]}
 
 
 async def _run_case(
@@ -227,11 +238,10 @@ async def _run_case(
     from guard.engine import Guard
 
     subject = subject_from_json(case.input.model_dump(exclude_none=True))
-    policy = PolicySet(policies).match(subject)
+    matched = PolicySet(policies).matching(subject)
     backend: DecisionBackend
-    if case.answers is not None or case.backend_error is not None or policy is None:
-        wire = wire_answers(policy, case.answers or {}) if policy is not None else {}
-        backend = FixtureBackend(wire, case.backend_error)
+    if case.answers is not None or case.backend_error is not None or not matched:
+        backend = FixtureBackend(wire_answers(matched, case.answers or {}), case.backend_error)
     elif backend_factory is not None:
         backend = backend_factory()
         await start_backend(backend)  # warm up before the decision is timed

@@ -1,12 +1,18 @@
 """``Guard.evaluate(subject) -> Verdict``.
 
-For one subject: match the first policy (never reads the body); take its plan (:mod:`guard.engine.plan`: render the
-state, normalise it, apply the fields' caps, hash the cache key); read the probability cache or ask the policy's
-backend within the policy's timeout; apply the rules; make the verdict and record it (:mod:`guard.engine.verdicts`).
+For one subject: find every policy that matches (never reads the body); take each one's plan
+(:mod:`guard.engine.plan`: render the state, normalise it, apply the fields' caps, hash the cache key); read the
+probability cache or ask the backend within the policy's timeout; apply the rules; make the verdict and record it
+(:mod:`guard.engine.verdicts`). When several policies match, policies that share a backend, model and state are asked
+in one request (each distinct question once, :func:`~guard.engine.plan.group_plans`), each policy's rules make its
+own verdict, and :func:`~guard.engine.verdicts.combined` picks the one that decides (the most severe,
+:data:`~guard.engine.verdicts.SEVERITY`); the others stay in ``Verdict.contributions``. A policy without questions
+(rules only) is decided without a model call.
 
-``aevaluate`` never raises for backend, cache or rule trouble: the policy's fail mode decides, and the verdict says
-so (``fail_mode``, ``error``, ``rule="on_error"``). Shadow policies compute and record the verdict but allow. A field
-with ``truncate: error`` over its cap is blocked without a model call (status 413, rule ``state_too_long``).
+``aevaluate`` never raises for backend, cache or rule trouble: each policy's fail mode decides for that policy, and
+its verdict says so (``fail_mode``, ``error``, ``rule="on_error"``). Shadow policies compute and record the verdict
+but allow. A field with ``truncate: error`` over its cap is blocked without a model call (status 413, rule
+``state_too_long``).
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ from guard.backends.base import DecisionBackend
 from guard.engine import verdicts
 from guard.engine.cache import CacheConfig, CachedAnswers, Lookup, MemoryCache, ProbabilityCache, RedisCache
 from guard.engine.ids import new_decision_id
-from guard.engine.plan import Plan
+from guard.engine.plan import Group, Plan, group_plans
 from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
 from guard.errors import PolicyError, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
 from guard.subject import Subject
+from guard.systemone import SystemOneRequestV1
 from guard.verdict import Verdict
 
 __all__ = ["DEFAULT_BACKEND", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]
@@ -106,6 +113,7 @@ class Guard:
         self._portal_lock = threading.Lock()
         self._closed = False
         self._plans: dict[int, tuple[Plan, str]] = {}  # id(policy) -> (plan, backend name)
+        self._groups: dict[tuple[int, ...], tuple[tuple[Plan, ...], tuple[Group, ...]]] = {}  # id(plan)s -> groups
 
     @classmethod
     def from_files(
@@ -199,34 +207,41 @@ class Guard:
     # Evaluation ---------------------------------------------------------------------------------------------------
 
     def match(self, subject: Subject) -> Policy | None:
-        """The first policy whose ``match`` accepts ``subject`` (method/path/host/headers or event/tool), or None."""
+        """The first policy whose ``match`` accepts ``subject`` (method/path/host/headers or event/tool), or None
+        (:meth:`matching` gives every one)."""
         return self.policies.match(subject)
 
-    async def aevaluate(self, subject: Subject, *, policy: Policy | None = None) -> Verdict:
-        """Decide one subject. Never raises for backend, cache or rule trouble: the policy's fail mode decides.
+    def matching(self, subject: Subject) -> tuple[Policy, ...]:
+        """Every policy whose ``match`` accepts ``subject``, in match order; empty when none does."""
+        return self.policies.matching(subject)
+
+    async def aevaluate(self, subject: Subject, *, policies: Sequence[Policy] | None = None) -> Verdict:
+        """Decide one subject. Never raises for backend, cache or rule trouble: each policy's fail mode decides.
 
         Args:
             subject: what to decide.
-            policy: the policy :meth:`match` already returned for this subject (an enforcement point that matched
-                before reading the body passes it, so matching is not done twice); ``None`` = match now.
+            policies: the policies :meth:`matching` already returned for this subject (an enforcement point that
+                matched before reading the body passes them, so matching is not done twice); ``None`` = match now.
 
         Returns:
-            The :class:`Verdict`; ``allow`` with ``policy_id=None`` (and no model call) when no policy matches.
+            The :class:`Verdict`; ``allow`` with ``policy_id=None`` (and no model call) when no policy matches; when
+            several match, the one :func:`~guard.engine.verdicts.combined` picks, with every policy's own verdict
+            in ``contributions``.
         """
         started = time.perf_counter()
         decision_id = new_decision_id()
-        if policy is None:
-            policy = self.policies.match(subject)
+        if policies is None:
+            policies = self.policies.matching(subject)
         if not self.telemetry.tracing:  # no span to start: no context manager either (part of every cache hit)
-            return self._conclude(None, policy, subject, *await self._decide(policy, subject, decision_id, started))
+            return self._conclude(None, policies, subject, *await self._decide_all(policies, subject, decision_id, started))
         with self.telemetry.span(subject) as span:
-            return self._conclude(span, policy, subject, *await self._decide(policy, subject, decision_id, started))
+            return self._conclude(span, policies, subject, *await self._decide_all(policies, subject, decision_id, started))
 
     def _conclude(
-        self, span: Any, policy: Policy | None, subject: Subject, verdict: Verdict, lookup: Lookup | None
+        self, span: Any, policies: Sequence[Policy], subject: Subject, verdict: Verdict, lookup: Lookup | None
     ) -> Verdict:
-        """Record the decision (``span`` ``None``: none was started)."""
-        policy_file = policy.file if policy is not None else None
+        """Record the decision (``span`` ``None``: none was started) under the file of the policy that decided."""
+        policy_file = next((p.file for p in policies if p.id == verdict.policy_id), None)
         return verdicts.record(
             self.telemetry, self.decision_log, verdict, subject, policy_file=policy_file, cache=lookup, span=span
         )
@@ -235,13 +250,21 @@ class Guard:
         """Record a verdict an enforcement point made without :meth:`aevaluate` (a refused body, a malformed tool
         call, a guard that raised) the way every decision is recorded: counters, a span, the decision log."""
         with self.telemetry.span(subject) as span:
-            return self._conclude(span, policy, subject, verdict, None)
+            return self._conclude(span, (policy,) if policy is not None else (), subject, verdict, None)
+
+    async def _decide_all(
+        self, policies: Sequence[Policy], subject: Subject, decision_id: str, started: float
+    ) -> tuple[Verdict, Lookup | None]:
+        if not policies:
+            return verdicts.no_match(decision_id, _since(started)), None
+        if len(policies) == 1:
+            return await self._decide(policies[0], subject, decision_id, started)
+        return await self._compose(tuple(policies), subject, decision_id, started)
 
     async def _decide(
-        self, policy: Policy | None, subject: Subject, decision_id: str, started: float
+        self, policy: Policy, subject: Subject, decision_id: str, started: float
     ) -> tuple[Verdict, Lookup | None]:
-        if policy is None:
-            return verdicts.no_match(decision_id, _since(started)), None
+        """One matching policy (the hot path)."""
         state: Any = None
         flags: dict[str, Any] = {}
         lookup: Lookup | None = None
@@ -249,49 +272,137 @@ class Guard:
         try:
             plan = self._plan(policy)  # reads the backend's revision, which may fail
             state, flags, key = plan.prepare(subject)
-            # An in-process hit is answered inline: no timeout, no flight, no await.
-            cached = self.cache.peek(key) if policy.cache_ttl > 0 else None
-            if cached is not None:
-                lookup = "hit"
+            if plan.no_answers is not None:  # rules only: no model call, no cache
+                cached = plan.no_answers
             else:
-                cached, lookup = await self._fetch(policy, plan.backend, state, key)
+                # An in-process hit is answered inline: no timeout, no flight, no await.
+                cached = self.cache.peek(key) if policy.cache_ttl > 0 else None
+                if cached is not None:
+                    lookup = "hit"
+                else:
+                    request = policy.build_request(state)
+                    cached, lookup = await self._fetch(
+                        request, plan.backend, key, timeout=policy.timeout, ttl=policy.cache_ttl
+                    )
             response = cached.response
             outcome = plan.outcome(cached, subject=subject, state=state, flags=flags)
-        except StateTooLong as exc:
-            backend = self.backend_for(policy)
-            verdict = verdicts.too_long(
-                policy, exc, decision_id=decision_id, backend=backend.name, model_revision=_revision(backend),
-                latency_ms=_since(started), flags=flags,
-            )  # fmt: skip
-            return verdict, lookup
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
-            backend = self.backend_for(policy)
-            verdict = verdicts.fail_mode(
-                policy, subject, exc, decision_id=decision_id, backend=backend.name,
-                model=getattr(response, "model", None),  # None when no model answered
-                model_revision=_revision(backend), latency_ms=_since(started), state=state, flags=flags,
-            )  # fmt: skip
-            return verdict, lookup
+            model = getattr(response, "model", None)  # None when no model answered
+            return self._failed(policy, subject, exc, decision_id, started, state, flags, model), lookup
         verdict = verdicts.answered(
             policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"), latency_ms=_since(started),
             state=state, flags=flags,
         )  # fmt: skip
         return verdict, lookup
 
+    async def _compose(
+        self, policies: tuple[Policy, ...], subject: Subject, decision_id: str, started: float
+    ) -> tuple[Verdict, Lookup | None]:
+        """Several matching policies: one request per :class:`~guard.engine.plan.Group` (started together), each
+        policy waiting for its group's answers within its own timeout, then its own rules; then
+        :func:`~guard.engine.verdicts.combined`."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        own: dict[int, Verdict] = {}  # id(policy) -> its verdict
+        lookups: list[Lookup] = []
+        plans = []
+        for policy in policies:
+            try:
+                plans.append(self._plan(policy))
+            except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
+                own[id(policy)] = self._failed(policy, subject, exc, decision_id, started, None, {}, None)
+        asks: list[tuple[Group, Any, dict[str, Any], CachedAnswers | asyncio.Future[Any] | None]] = []
+        for group in self._grouped(tuple(plans)):
+            try:
+                state, flags, key = group.prepare(subject)
+            except Exception as exc:  # noqa: BLE001 - a state too long (or a failing render) for every member
+                for plan in group.plans:
+                    own[id(plan.policy)] = self._failed(plan.policy, subject, exc, decision_id, started, None, {}, None)
+                continue
+            source: CachedAnswers | asyncio.Future[Any] | None = None  # None: rules only
+            if group.questions:
+                source = self.cache.peek(key) if group.ttl > 0 else None
+                if source is None:
+                    request = group.request(state)
+                    source = asyncio.ensure_future(
+                        self._fetch(request, group.plans[0].backend, key, timeout=group.timeout, ttl=group.ttl)
+                    )
+                    source.add_done_callback(_retrieve)
+            asks.append((group, state, flags, source))
+        for group, state, flags, source in asks:
+            for plan in group.plans:
+                policy, policy_flags = plan.policy, dict(flags)
+                lookup: Lookup | None = None
+                response = None
+                try:
+                    if source is None:
+                        cached = plan.no_answers
+                        assert cached is not None  # a group without questions holds one rules-only plan
+                    elif isinstance(source, CachedAnswers):
+                        cached, lookup = source, "hit"
+                    else:
+                        left = max(began + policy.timeout - loop.time(), 0.0)
+                        cached, lookup = await asyncio.wait_for(asyncio.shield(source), left)
+                    response = cached.response
+                    outcome = plan.outcome(cached, subject=subject, state=state, flags=policy_flags)
+                except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
+                    model = getattr(response, "model", None)
+                    own[id(policy)] = self._failed(
+                        policy, subject, exc, decision_id, started, state, policy_flags, model
+                    )
+                    continue
+                if lookup is not None:
+                    lookups.append(lookup)
+                own[id(policy)] = verdicts.answered(
+                    policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"),
+                    latency_ms=_since(started), state=state, flags=policy_flags,
+                )  # fmt: skip
+        contributions = [own[id(policy)] for policy in policies]
+        verdict = verdicts.combined(policies, contributions, decision_id=decision_id, latency_ms=_since(started))
+        return verdict, _combined_lookup(lookups)
+
+    def _grouped(self, plans: tuple[Plan, ...]) -> tuple[Group, ...]:
+        """:func:`~guard.engine.plan.group_plans` of ``plans``, worked out once per set of plans."""
+        token = tuple(id(plan) for plan in plans)
+        known = self._groups.get(token)
+        if known is not None and all(a is b for a, b in zip(known[0], plans, strict=True)):
+            return known[1]
+        if len(self._groups) >= MAX_PLANS:
+            self._groups.clear()
+        groups = group_plans(plans)
+        self._groups[token] = (plans, groups)
+        return groups
+
+    def _failed(
+        self, policy: Policy, subject: Subject, exc: Exception, decision_id: str, started: float, state: Any,
+        flags: dict[str, Any], model: str | None,
+    ) -> Verdict:
+        """``policy``'s verdict when deciding it failed: the block for a state too long to judge, else its fail
+        mode."""
+        backend = self.backend_for(policy)
+        if isinstance(exc, StateTooLong):
+            return verdicts.too_long(
+                policy, exc, decision_id=decision_id, backend=backend.name, model_revision=_revision(backend),
+                latency_ms=_since(started), flags=flags,
+            )  # fmt: skip
+        return verdicts.fail_mode(
+            policy, subject, exc, decision_id=decision_id, backend=backend.name, model=model,
+            model_revision=_revision(backend), latency_ms=_since(started), state=state, flags=flags,
+        )  # fmt: skip
+
     async def _fetch(
-        self, policy: Policy, backend: DecisionBackend, state: Any, key: str
+        self, request: SystemOneRequestV1, backend: DecisionBackend, key: str, *, timeout: float, ttl: float
     ) -> tuple[CachedAnswers, Lookup]:
         """The answers on a miss of the in-process peek: from the cache's store, a flight in progress or the backend,
-        within the policy's timeout (the backend is told what is left of it)."""
-        request = policy.build_request(state)
+        within ``timeout`` seconds (the backend is told what is left of it)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + policy.timeout
+        deadline = loop.time() + timeout
 
         async def compute() -> Any:
             return await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
 
-        async with asyncio.timeout(policy.timeout):
-            return await self.cache.fetch(key, request, compute, ttl=policy.cache_ttl, wait=policy.timeout)
+        async with asyncio.timeout(timeout):
+            return await self.cache.fetch(key, request, compute, ttl=ttl, wait=timeout)
 
     def evaluate(self, subject: Subject) -> Verdict:
         """Sync twin of :meth:`aevaluate`: runs it on the Guard's private event-loop thread, so it is safe from any
@@ -402,3 +513,19 @@ def _revision(backend: DecisionBackend) -> str | None:
         return backend.model_revision
     except Exception:  # noqa: BLE001 - a broken backend must not break the fail-mode verdict
         return None
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Read a group call's outcome so an error no policy waited for (all timed out first) is not reported as never
+    retrieved; each waiting policy gets it through its own await."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _combined_lookup(lookups: Sequence[Lookup]) -> Lookup | None:
+    """How the answers of several groups were found, as one word: ``miss`` when any call was made, else ``shared``
+    when any joined another's, else ``hit``; ``None`` without a lookup (rules only, or every decision failed)."""
+    for word in ("miss", "shared", "hit"):
+        if word in lookups:
+            return word  # type: ignore[return-value]
+    return None

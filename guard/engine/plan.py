@@ -28,9 +28,9 @@ from guard.policy import Policy, apply_rules
 from guard.policy.provenance import rule_features
 from guard.policy.rules import FEATURE_NAMES, rule_inputs
 from guard.subject import Subject
-from guard.systemone import ReadOnlyDict, SystemOneResponseV1
+from guard.systemone import QuestionV1, ReadOnlyDict, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
-__all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Plan"]
+__all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Group", "Plan", "group_plans"]
 
 #: Rendered states remembered per plan (least recently used first out). With :data:`STATE_MEMO_MAX_CHARS` this
 #: bounds a plan's memo to about 2 MiB of ASCII text (raw and normalised JSON), 8 MiB at worst.
@@ -76,6 +76,8 @@ class Plan:
         names: wire question id -> question key.
         memo_flags: ``None`` when the rules read the subject or the state (they run on every request); else whether
             the rule result also depends on the normalisation flags (the memo key then includes them).
+        no_answers: for a policy without questions (rules only), the empty answers its rules run on (no model call
+            and no cache; the rule result is kept here when it reads no per-subject name); else ``None``.
 
     Threading: a plan serves every event loop of its Guard; its state memo is read and written only under
     ``_lock``.
@@ -90,6 +92,7 @@ class Plan:
         "key",
         "memo_flags",
         "names",
+        "no_answers",
         "policy",
         "revision",
     )
@@ -108,6 +111,7 @@ class Plan:
         self.memo_flags: bool | None = ("flags" in reads) if pure else None
         # memo key -> (flat, normalised items or JSON, flags, cache key)
         self._states: OrderedDict[MemoKey, tuple[bool, Any, tuple[tuple[str, Any], ...], str]] = OrderedDict()
+        self.no_answers = None if policy.questions else CachedAnswers(SystemOneResponseV1("", {}, UsageV1(0)))
         self._lock = threading.Lock()
 
     def prepare(self, subject: Subject) -> tuple[Any, dict[str, Any], str]:
@@ -182,7 +186,7 @@ class Plan:
         """:meth:`outcome` computed: the rules applied to ``response``'s answers (``subject`` and ``state`` only
         for rules that read them)."""
         policy, names = self.policy, self.names
-        answers = ReadOnlyDict({names[qid]: answer for qid, answer in response.answers.items()})
+        answers = ReadOnlyDict({key: response.answers[qid] for qid, key in names.items()})  # a group's has more
         features = rule_features(
             subject, self.features, tools=policy.tools, trusted=policy.trusted, detector=policy.detector
         ) if self.features else None
@@ -191,6 +195,7 @@ class Plan:
             subject=subject, state=state, flags=flags, data=policy.data, features=features,
         )  # fmt: skip
         outcome = result.outcome
+        asked = bool(names)  # rules only: no backend, model or revision took part
         return {
             "action": outcome.action,
             "policy_id": policy.id,
@@ -200,9 +205,9 @@ class Plan:
             "status": outcome.status,
             "message": outcome.message,
             "handoff": outcome.handoff,
-            "backend": self.backend.name,
-            "model": response.model,
-            "model_revision": self.revision,
+            "backend": self.backend.name if asked else None,
+            "model": response.model if asked else None,
+            "model_revision": self.revision if asked else None,
             "retry_after": outcome.retry_after,
         }
 
@@ -235,3 +240,83 @@ def _same_json(a: Any, b: Any) -> bool:
     if isinstance(a, list):
         return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+class Group:
+    """Plans of policies that one model call answers: the same backend (revision), model and state declaration, so
+    the same state; their questions go out in one request, each distinct question once (:func:`group_plans`).
+
+    Attributes:
+        plans: the policies' plans, in match order.
+        questions: the request's questions: the first plan's, then each later plan's that are not already there.
+        key: the cache key template of that request (answers for a group are cached apart from one policy's).
+        timeout: seconds the call may take: the longest of the policies' timeouts (each policy still waits only its
+            own ``timeout``, then its fail mode decides).
+        ttl: seconds the answers are cached: the shortest of the policies' ``cache.ttl`` (0 when one says 0).
+    """
+
+    __slots__ = ("_keys", "key", "plans", "questions", "timeout", "ttl")
+
+    def __init__(self, plans: tuple[Plan, ...], questions: tuple[QuestionV1, ...]) -> None:
+        first = plans[0]
+        self.plans = plans
+        self.questions = questions
+        self.key = KeyTemplate(
+            backend=first.backend.name, revision=first.revision, model=first.policy.model, questions=questions
+        )
+        self.timeout = max(plan.policy.timeout for plan in plans)
+        self.ttl = min(plan.policy.cache_ttl for plan in plans)
+        self._keys: dict[str, str] = {}  # first plan's key (it names the state exactly) -> this group's key
+
+    def prepare(self, subject: Subject) -> tuple[Any, dict[str, Any], str]:
+        """``(state, flags, key)`` as :meth:`Plan.prepare`, with this group's cache key (remembered for the last
+        :data:`STATE_MEMO_ENTRIES` states: each dict operation is atomic, so no lock)."""
+        state, flags, own_key = self.plans[0].prepare(subject)
+        if len(self.plans) == 1:
+            return state, flags, own_key
+        key = self._keys.get(own_key)
+        if key is None:
+            key = self.key.key(state)
+            if len(self._keys) >= STATE_MEMO_ENTRIES:
+                self._keys.clear()
+            self._keys[own_key] = key
+        return state, flags, key
+
+    def request(self, state: Any) -> SystemOneRequestV1:
+        """The one System One request for every plan's questions."""
+        return SystemOneRequestV1(model=self.plans[0].policy.model, state=state, questions=self.questions)
+
+
+def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
+    """Split the plans of the policies matching one subject into :class:`Group` s, in match order.
+
+    A plan joins the first group with the same backend object and revision, the same model and an equal ``state``
+    declaration (so the same state for every subject), unless one of its questions has the wire id of a different
+    question there (a request holds each id once); otherwise it starts a group. Identical questions are asked once.
+    A plan without questions (rules only) is a group of its own with no questions: nothing is asked for it.
+    """
+    groups: list[tuple[list[Plan], list[QuestionV1]]] = []
+    for plan in plans:
+        policy = plan.policy
+        if not policy.questions:  # rules only: a group of its own that asks nothing
+            groups.append(([plan], []))
+            continue
+        for members, questions in groups:
+            head = members[0]
+            if (
+                not questions
+                or head.backend is not plan.backend
+                or head.revision != plan.revision
+                or head.policy.model != policy.model
+                or head.policy.state_fields != policy.state_fields
+            ):
+                continue
+            by_id = {q.id: q for q in questions}
+            if any(q.wire.id in by_id and by_id[q.wire.id] != q.wire for q in policy.questions):
+                continue
+            members.append(plan)
+            questions.extend(q.wire for q in policy.questions if q.wire.id not in by_id)
+            break
+        else:
+            groups.append(([plan], [q.wire for q in policy.questions]))
+    return tuple(Group(tuple(members), tuple(questions)) for members, questions in groups)

@@ -10,7 +10,9 @@ The decision log (:class:`DecisionLog`) writes one JSON object per line, modelle
 ``decision_id``, ``timestamp``, ``labels``, ``policy`` (id, version, file), ``input`` (the subject, original text),
 ``state`` (what the model saw), ``result``, ``answers`` (probabilities), ``cache``, ``backend``, ``model``,
 ``revision``, ``metrics.latency_ms``, ``fail_mode``, ``error``, ``flags``, ``trace_id``/``span_id`` and ``erased``:
-the JSON pointers removed before the record left the process (``*`` matches any key or index).
+the JSON pointers removed before the record left the process (``*`` matches any key or index). When several
+policies matched, ``policy`` and ``result`` are the deciding one's and ``policies`` lists each one's own verdict
+(id, version, action, rule, answers, fail mode) in match order.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ SPAN_ATTRIBUTES = (
     "guard.fail_mode",
     "guard.error",
     "guard.flags",
+    "guard.policies",
     "gen_ai.request.model",
     "error.type",
 )
@@ -276,6 +279,10 @@ def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, 
         "guard.fail_mode": verdict.fail_mode,
         "guard.error": verdict.error,
         "guard.flags": sorted(verdict.flags) if verdict.flags else None,
+        # several matching policies: each one's "id@version=action/rule", in match order
+        "guard.policies": [
+            f"{c.policy_id}@{c.policy_version}={c.shadow_action or c.action}/{c.rule}" for c in verdict.contributions
+        ] or None,
         "gen_ai.request.model": verdict.model,
         # OpenTelemetry's error.type: the kind before the colon of guard.error ("timeout", "connection", ...)
         "error.type": verdict.error.split(":", 1)[0] if verdict.error else None,
@@ -393,6 +400,23 @@ def _redact_input(record: dict[str, Any], erased: list[str]) -> None:
         record["state"] = _scrub(record.get("state"), values)
 
 
+def _contribution(verdict: Verdict) -> dict[str, Any]:
+    """One matching policy's own verdict in a decision record (``policies``)."""
+    return {
+        "id": verdict.policy_id,
+        "version": verdict.policy_version,
+        "action": verdict.action,
+        "rule": verdict.rule,
+        "shadow_action": verdict.shadow_action,
+        "status": verdict.status,
+        "answers": {qid: dict(answer.probabilities) for qid, answer in verdict.answers.items()},
+        "cache_hit": verdict.cache_hit,
+        "backend": verdict.backend,
+        "fail_mode": verdict.fail_mode,
+        "error": verdict.error,
+    }
+
+
 class DecisionLog:
     """JSON-lines decision records (OPA ``EventV1``-like), with fields removed before they are written.
 
@@ -479,6 +503,8 @@ class DecisionLog:
             "trace_id": None,
             "span_id": None,
         }
+        if verdict.contributions:  # several policies matched: each one's part, in match order
+            record["policies"] = [_contribution(c) for c in verdict.contributions]
         context = (span if span is not None else trace.get_current_span()).get_span_context()
         if context.is_valid:
             record["trace_id"] = format(context.trace_id, "032x")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guard.errors import BackendError, GuardError, Overloaded, StateTooLong, UnsupportedQuestion
@@ -25,10 +25,12 @@ from guard.verdict import Action, FailMode, Verdict
 __all__ = [
     "FAIL_CLOSED_MESSAGE",
     "GUARD_ERROR_RULE",
+    "SEVERITY",
     "STATE_TOO_LONG_MESSAGE",
     "STATE_TOO_LONG_RULE",
     "STATE_TOO_LONG_STATUS",
     "answered",
+    "combined",
     "copy_from_json",
     "fail_mode",
     "guard_failed",
@@ -53,6 +55,12 @@ GUARD_ERROR_RULE = "on_error"
 
 _FAIL_ACTIONS: dict[str, Action] = {"closed": "block", "open": "allow", "escalate": "escalate"}
 
+#: Actions from most to least severe: when several policies match, the most severe verdict decides
+#: (:func:`combined`). The one place that order is written; a new action takes its place here (``redact`` goes
+#: between ``handoff`` and ``allow``).
+SEVERITY: tuple[Action, ...] = ("block", "escalate", "handoff", "allow")
+_RANK = {action: rank for rank, action in enumerate(SEVERITY)}
+
 
 def make(
     action: Action,
@@ -76,6 +84,7 @@ def make(
     shadow: bool = False,
     state: Any = None,
     flags: dict[str, Any] | None = None,
+    contributions: tuple[Verdict, ...] = (),
 ) -> Verdict:
     """The one constructor call of :class:`~guard.verdict.Verdict`.
 
@@ -105,6 +114,7 @@ def make(
         shadow_action=action if shadow else None,
         state=state,
         flags=flags if flags is not None else {},
+        contributions=contributions,
     )
 
 
@@ -145,6 +155,65 @@ def answered(
         shadow=policy.mode == "shadow",
         state=state,
         flags=flags,
+    )
+
+
+def combined(
+    policies: Sequence[Policy], contributions: Sequence[Verdict], *, decision_id: str, latency_ms: float
+) -> Verdict:
+    """The verdict of several matching policies from each one's own verdict (``contributions[i]`` is
+    ``policies[i]``'s): the one that decides is the first by
+
+    1. its action's place in :data:`SEVERITY` (block > escalate > handoff > allow; a shadow policy's verdict allows);
+    2. then, among equal actions, its shadow action's place (a shadow policy that would block shows over a plain
+       allow), then a fail mode that decided before one that did not (degraded decisions show);
+    3. then the higher ``priority`` (default 0), then the policy id in string order, never the file order: the
+       verdict does not depend on the order files are given in.
+
+    Its fields are the verdict's; ``latency_ms`` is the whole evaluation, ``cache_hit`` holds when every policy's
+    answers came from the cache (or it asked none), ``flags`` are every contribution's (the decisive one's values
+    last), and ``contributions`` keeps all of them in match order.
+    """
+    priority = {policy.id: policy.priority for policy in policies}
+
+    def rank(verdict: Verdict) -> tuple[int, int, bool, int, str]:
+        return (
+            _RANK[verdict.action],
+            _RANK[verdict.shadow_action or "allow"],
+            verdict.fail_mode is None,
+            -priority[verdict.policy_id or ""],
+            verdict.policy_id or "",
+        )
+
+    decisive = min(contributions, key=rank)
+    asked = [c for c in contributions if c.backend is not None]  # rules-only verdicts name no backend
+    flags: dict[str, Any] = {}
+    for contribution in contributions:
+        if contribution is not decisive:
+            flags.update(contribution.flags)
+    flags.update(decisive.flags)
+    return make(
+        decisive.shadow_action or decisive.action,
+        decision_id,
+        policy_id=decisive.policy_id,
+        policy_version=decisive.policy_version,
+        rule=decisive.rule,
+        answers=decisive.answers,
+        status=decisive.status,
+        message=decisive.message,
+        handoff=decisive.handoff,
+        cache_hit=bool(asked) and all(c.cache_hit for c in asked),
+        backend=decisive.backend,
+        model=decisive.model,
+        model_revision=decisive.model_revision,
+        latency_ms=latency_ms,
+        fail_mode=decisive.fail_mode,
+        error=decisive.error,
+        retry_after=decisive.retry_after,
+        shadow=decisive.shadow_action is not None,
+        state=decisive.state,
+        flags=flags,
+        contributions=tuple(contributions),
     )
 
 

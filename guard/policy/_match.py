@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from guard._json import is_json_media
 from guard.policy.model import AgentMatchSpec, HttpMatchSpec
@@ -60,15 +60,20 @@ class HttpMatcher:
     hosts: re.Pattern[str] | None
     headers: tuple[tuple[str, re.Pattern[str]], ...]
     content_types: frozenset[str]
+    #: The globs as written (paths, hosts lower-cased, header name -> value glob), for ``guard policy check``'s
+    #: overlap report (:mod:`guard.policy.overlap`).
+    globs: tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]] = field(default=((), (), ()))
 
     @classmethod
     def from_spec(cls, spec: HttpMatchSpec) -> HttpMatcher:
+        headers = tuple((name.lower(), value) for name, value in spec.headers.items())
         return cls(
             methods=frozenset(m.upper() for m in spec.methods),
             paths=_either([compile_glob(p, "/") for p in spec.paths]),
             hosts=_either([compile_glob(h.lower(), ".") for h in spec.hosts]),
-            headers=tuple((name.lower(), compile_glob(value, None)) for name, value in spec.headers.items()),
+            headers=tuple((name, compile_glob(value, None)) for name, value in headers),
             content_types=frozenset(c.lower() for c in spec.content_types),
+            globs=(tuple(spec.paths), tuple(h.lower() for h in spec.hosts), headers),
         )
 
     def _media_matches(self, media: str) -> bool:
@@ -95,10 +100,16 @@ class HttpMatcher:
 class AgentMatcher:
     events: frozenset[str]
     tools: re.Pattern[str] | None
+    #: The tool globs as written, for the overlap report.
+    tool_globs: tuple[str, ...] = ()
 
     @classmethod
     def from_spec(cls, spec: AgentMatchSpec) -> AgentMatcher:
-        return cls(events=frozenset(spec.events), tools=_either([compile_glob(t, None) for t in spec.tools]))
+        return cls(
+            events=frozenset(spec.events),
+            tools=_either([compile_glob(t, None) for t in spec.tools]),
+            tool_globs=tuple(spec.tools),
+        )
 
     def matches(self, subject: AgentSubject) -> bool:
         if self.events and subject.event not in self.events:

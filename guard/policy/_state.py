@@ -14,7 +14,7 @@ counts the field in the flag ``truncated``; with ``truncate: error`` the state i
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ __all__ = [
     "NORMALIZE_WINDOW",
     "StateField",
     "Truncate",
+    "default_fields",
     "default_state",
     "prepare_state",
     "render_state",
@@ -275,3 +276,10 @@ def default_state(subject: Subject) -> tuple[StateField, ...]:
     if isinstance(subject, AgentSubject):
         return _AGENT_DEFAULTS[subject.event]
     return _HTTP_DEFAULT
+
+
+def default_fields(http: bool, events: Collection[str]) -> list[tuple[StateField, ...]]:
+    """Every default state a policy without a ``state`` block may render: HTTP's when it matches HTTP requests, and
+    each of ``events``' (the agent events it matches; all four when it matches agent events of any kind)."""
+    out = [_HTTP_DEFAULT] if http else []
+    return out + [_AGENT_DEFAULTS[event] for event in _AGENT_DEFAULTS if event in events]

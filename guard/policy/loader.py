@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,21 @@ import pydantic
 
 from guard.errors import FieldError, PolicyError, RequestValidationError
 from guard.policy._match import AgentMatcher, HttpMatcher
-from guard.policy._state import AGENT_SOURCES, HTTP_SOURCES, NAMED_SOURCES, POINTER_SOURCES, StateField, split_pointer
+from guard.policy._state import (
+    AGENT_SOURCES,
+    HTTP_SOURCES,
+    NAMED_SOURCES,
+    POINTER_SOURCES,
+    StateField,
+    default_fields,
+    split_pointer,
+)
 from guard.policy._yaml import LineMap, format_path, load_yaml
 from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
 from guard.policy.provenance import ToolSpec
-from guard.policy.rules import CEL_KEYWORDS, RESERVED_NAMES, CompiledRule, Outcome, compile_condition
+from guard.policy.rules import CEL_KEYWORDS, RESERVED_NAMES, CompiledRule, Outcome, compile_condition, field_reads
 from guard.subject import Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
@@ -121,6 +129,8 @@ def _compile(
     if spec.match.http is None and spec.match.agent is None:
         problem(("match",), "needs 'http' or 'agent' (or both); a policy must say what it applies to")
     questions, known = _questions(spec, problem, base, lines)
+    state_fields = _state(spec, problem)
+    state_names = _state_names(spec, state_fields)
     rules = []
     seen_rules: set[str] = set()
     for i, rule in enumerate(spec.rules):
@@ -132,10 +142,12 @@ def _compile(
         except ValueError as exc:
             problem(("rules", i, "when"), str(exc))
             continue
+        unknown = _unknown_read(rule.when, state_names, file_spec.data, declared=spec.state is not None)
+        if unknown is not None:
+            problem(("rules", i, "when"), unknown)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
         rules.append(CompiledRule(rule.id, rule.when, program, outcome, names))
     default = _outcome(spec.default, ("default",), file_spec, problem)
-    state_fields = _state(spec, problem)
     on_error = None
     if spec.on_error is not None:
         e = spec.on_error
@@ -168,7 +180,57 @@ def _compile(
             for name, t in spec.tools.items()
         },
         trusted=tuple(spec.trusted),
+        priority=spec.priority,
     )
+
+
+def _field_names(fields: tuple[StateField, ...]) -> dict[str, Any]:
+    """State field name -> the names under it: a dict for a nested object (``fields``) or a constant object, else
+    ``None`` (a subject value: what is under it is not known before a request)."""
+    out: dict[str, Any] = {}
+    for f in fields:
+        if f.children is not None:
+            out[f.name] = _field_names(f.children)
+        elif f.source is None and isinstance(f.const, Mapping):
+            out[f.name] = dict(f.const)
+        else:
+            out[f.name] = None
+    return out
+
+
+def _state_names(spec: PolicySpec, fields: tuple[StateField, ...] | None) -> dict[str, Any]:
+    """The names a rule may read under ``state``: the declared fields, else those of every default state the
+    policy may render (:func:`guard.policy._state.default_fields`)."""
+    if fields is not None:
+        return _field_names(fields)
+    agent = spec.match.agent
+    events = (agent.events or ("tool_call", "tool_result", "model_input", "model_output")) if agent else ()
+    merged: dict[str, Any] = {}
+    for default in default_fields(spec.match.http is not None, events):
+        for name, under in _field_names(default).items():
+            merged[name] = {**(merged.get(name) or {}), **under} if isinstance(under, dict) else under
+    return merged
+
+
+def _unknown_read(source: str, state: Mapping[str, Any], data: Mapping[str, Any], *, declared: bool) -> str | None:
+    """Why a ``when`` reads a ``state.`` or ``data.`` name that cannot exist (a ``KeyError`` on every request at run
+    time), naming the known names; ``None`` when every fixed path it reads is there."""
+    for root, path in field_reads(source):
+        node: Any = state if root == "state" else data
+        for depth, name in enumerate(path):
+            if not isinstance(node, Mapping):
+                break  # a subject value or a data list: what is under it is not known here
+            if name not in node:
+                read = ".".join((root, *path[: depth + 1]))
+                known = ", ".join(sorted(map(str, node))) or "(none)"
+                if root == "data":
+                    where = "the file's data" if depth == 0 else f"data.{'.'.join(path[:depth])}"
+                    return f"reads {read}, but {where} has no {name!r}; known names: {known}"
+                where = "the state" if depth == 0 else f"state.{'.'.join(path[:depth])}"
+                hint = "" if declared else " (the default state of the subjects it matches; declare 'state:' to set it)"
+                return f"reads {read}, but {where} has no field {name!r}; known names: {known}{hint}"
+            node = node[name]
+    return None
 
 
 def _questions(
@@ -176,8 +238,8 @@ def _questions(
 ) -> tuple[list[PolicyQuestion], dict[str, QuestionType | None]]:
     """Validate each question against the Workers AI limits; returns the questions and every key's type (also for
     questions with problems, so rules that use them do not report a second, misleading error)."""
-    if not spec.questions:
-        problem(("questions",), "needs at least one question")
+    if not spec.questions and not spec.rules:
+        problem(("questions",), "needs at least one question, or rules that decide without one (a rules-only policy)")
     if len(spec.questions) > MAX_QUESTIONS:
         problem(("questions",), f"has {len(spec.questions)} entries; at most {MAX_QUESTIONS}")
     out: list[PolicyQuestion] = []
@@ -323,8 +385,9 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
 class PolicySet:
     """The live set of policies, in match order (files in the order given, policies in file order).
 
-    The first policy whose ``match`` accepts a subject decides it. :meth:`reload` re-reads the source files; if any
-    fails, the last good set stays active and the error is logged and raised.
+    Every policy whose ``match`` accepts a subject decides it (:meth:`matching`; the engine combines their verdicts).
+    :meth:`reload` re-reads the source files; if any fails, the last good set stays active and the error is logged
+    and raised.
 
     Attributes:
         sources: the files this set was loaded from (empty for sets built from text).
@@ -368,6 +431,10 @@ class PolicySet:
             if policy.matches(subject):
                 return policy
         return None
+
+    def matching(self, subject: Subject) -> tuple[Policy, ...]:
+        """Every policy that matches ``subject``, in match order (all of them decide, ``docs/policies.md``)."""
+        return tuple([policy for policy in self._policies if policy.matches(subject)])
 
     def replace(self, policies: Sequence[Policy]) -> None:
         """Swap in a new set after validating it; on error the current set stays.

@@ -334,6 +334,14 @@ class PolicySpec(_Strict):
     mode: Literal["enforce", "shadow"] = Field(
         default="enforce", description="enforce = act on the verdict; shadow = compute and record it, but allow."
     )
+    priority: int = Field(
+        default=0,
+        ge=-1000,
+        le=1000,
+        description="When several policies match and their verdicts have the same action, the higher priority's "
+        "verdict is the one reported (its rule, message, status); it never outranks a more severe action. Ties: the "
+        "policy id in string order.",
+    )
     match: MatchSpec = Field(description="Which subjects the policy decides; needs http, agent or both.")
     state: dict[str, SourceField] | None = Field(
         default=None,
@@ -341,7 +349,10 @@ class PolicySpec(_Strict):
         "model-input order; omitted: a default state for the subject kind.",
     )
     questions: dict[str, QuestionSpec] = Field(
-        description="Question key (the name rules use, [A-Za-z_][A-Za-z0-9_]*) -> question; 1-64, asked in one request."
+        default_factory=dict,
+        json_schema_extra={"default": {}},
+        description="Question key (the name rules use, [A-Za-z_][A-Za-z0-9_]*) -> question; 0-64, asked in one "
+        "request. None (rules only): the rules decide without a model call.",
     )
     rules: list[RuleSpec] = Field(
         default_factory=list,
@@ -403,7 +414,9 @@ class PolicyFileSpec(_Strict):
     """A policy file: one or more policies, the handoff targets they name, and data their rules read."""
 
     policies: list[PolicySpec] = Field(
-        min_length=1, description="One or more policies, tried in order: the first whose match accepts a subject."
+        min_length=1,
+        description="One or more policies; every policy whose match accepts a subject decides it, and the most "
+        "severe verdict wins (block > escalate > handoff > allow).",
     )
     handoff_targets: dict[str, HandoffTargetSpec] = Field(
         default_factory=dict,

@@ -85,6 +85,7 @@ class Policy:
     Attributes:
         id, version, description: from the file.
         mode: ``enforce`` or ``shadow`` (compute and record, but allow).
+        priority: among several matching policies' verdicts with the same action, the higher one is reported.
         file, line: where it was defined.
         questions: in file order (the order is model input).
         rules: in evaluation order.
@@ -124,6 +125,7 @@ class Policy:
     tools: Mapping[str, ToolSpec] = field(default_factory=dict)
     trusted: tuple[str, ...] = ()
     detector: Detector = find_instructions
+    priority: int = 0
 
     def matches(self, subject: Subject) -> bool:
         """Cheap check on method/path/host/headers or event/tool name; never reads the body."""
@@ -151,7 +153,8 @@ class Policy:
         return self.state_fields if self.state_fields is not None else default_state(subject)
 
     def build_request(self, state: Any) -> SystemOneRequestV1:
-        """One System One request with all of this policy's questions (one subject per request)."""
+        """One System One request with all of this policy's questions (one subject per request; a policy without
+        questions asks nothing and is never sent)."""
         return SystemOneRequestV1(model=self.model, state=state, questions=tuple(q.wire for q in self.questions))
 
     def fail_policy(self, subject: Subject) -> FailPolicy:

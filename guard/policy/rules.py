@@ -45,6 +45,7 @@ __all__ = [
     "answer_variables",
     "apply_rules",
     "compile_condition",
+    "field_reads",
     "rule_inputs",
     "trace_rules",
 ]
@@ -160,6 +161,33 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
                     f"{key}.{field}: a {qtype} answer has {', '.join(sorted(ANSWER_FIELDS[qtype]))}"
                 )
     return program, frozenset(names)
+
+
+_READ_ROOT = re.compile(r"(?<![\w.])(state|data)(?![\w])")
+_READ_STEP = re.compile(r"\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*(\"[^\"\\]*\"|'[^'\\]*')\s*\])")
+
+
+def field_reads(source: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The fixed paths a ``when`` reads under ``state`` and ``data``: ``state.user.name`` and ``data["limits"]``
+    give ``("state", ("user", "name"))`` and ``("data", ("limits",))``. A path ends before a method call
+    (``state.text.matches(...)`` reads ``("text",)``) and at the first step that is not a name or a string literal;
+    text inside string literals is not read, nor a name a macro binds (``x.exists(state, ...)``)."""
+    strings = [m.span() for m in _STRING_RE.finditer(source)]
+    bound = set(_BOUND_RE.findall(_STRING_RE.sub('""', source)))
+    out = []
+    for root in _READ_ROOT.finditer(source):
+        if root.group(1) in bound or any(a <= root.start() < b for a, b in strings):
+            continue
+        path: list[str] = []
+        at = root.end()
+        while (step := _READ_STEP.match(source, at)) is not None:
+            name = step.group(1) if step.group(1) is not None else step.group(2)[1:-1]
+            if step.group(1) is not None and source[step.end() :].lstrip().startswith("("):
+                break  # a method call on the value, not a field
+            path.append(name)
+            at = step.end()
+        out.append((root.group(1), tuple(path)))
+    return out
 
 
 def answer_variables(answer: AnswerV1) -> dict[str, Any]:

@@ -257,3 +257,39 @@ async def test_the_shipped_model_does_not_allow_the_cases_attacks(backend: Compa
 async def test_the_shipped_model_allows_benign_look_alikes(backend: CompactBackend, text: str) -> None:
     response = await backend.decide(_request({"text": text}, "guard.prompt_injection", "guard.harmful_request"))
     assert all(answer.noul < 0.5 for answer in response.answers.values())
+
+
+@pytest.mark.anyio
+async def test_a_router_under_another_key_says_to_set_its_id(backend: CompactBackend, tmp_path: Path) -> None:
+    from guard.compact.records import load_records
+    from guard.compact.train import TrainConfig, train
+    from guard.engine import Guard
+    from guard.errors import PolicyError
+    from guard.policy import load_text
+    from guard.subject import HttpSubject
+    from tests.compact.conftest import write_jsonl
+
+    rows = [{"text": t, "label": "billing"} for t in ("refund my payment", "invoice is wrong", "charged twice")]
+    rows += [{"text": t, "label": "tech"} for t in ("app crashes", "cannot log in", "error on upload")]
+    records = load_records(write_jsonl(tmp_path / "r.jsonl", rows), question_id="bank.intent")
+    config = TrainConfig(kind="router", epochs=2, width=32, heads=2, feedforward=64, routing_layers=1)
+    router, _ = train(records, records, config, backend.models[0].encoder)
+    policy = """
+policies:
+  - id: routing
+    version: 1
+    match: {http: {}}
+    questions:
+      intent: {ID type: choice, instructions: bank.intent, criteria: {billing: money, tech: bugs}}
+    rules: [{id: tech, when: intent.choice == "tech", action: escalate}]
+"""
+    fix = r"answers only \[.*'bank.intent'.*set 'id: bank.intent' on the question"
+    with pytest.raises(PolicyError, match=fix) as info:
+        Guard(load_text(policy.replace("ID ", "")), backends=CompactBackend([router]))
+    assert info.value.key == "policies[0].questions.intent" and info.value.line == 7
+    unrelated = policy.replace("ID ", "").replace("{billing: money, tech: bugs}", "{a: 1, b: 2}")
+    with pytest.raises(PolicyError, match=r"set 'id:' on the question to the router's id \(e.g. 'id: bank.intent'\)"):
+        Guard(load_text(unrelated), backends=CompactBackend([router]))
+    async with Guard(load_text(policy.replace("ID ", "id: bank.intent, ")), backends=CompactBackend([router])) as g:
+        verdict = await g.aevaluate(HttpSubject(method="POST", path="/", body={"q": "app crashes"}, body_text="x"))
+    assert set(verdict.answers["intent"].probabilities) == {"billing", "tech"}

@@ -1,0 +1,138 @@
+"""Which policies can match the same subject (``guard policy check`` lists them: every matching policy decides, so
+an overlap is where verdicts combine, ``docs/policies.md``).
+
+Two ``match`` blocks overlap when some subject passes both: the HTTP methods, content types, path and host globs and
+required headers all admit a common request, or the agent events and tool globs a common event. Glob against glob is
+decided exactly (:func:`globs_intersect`: is there a string both match), not by sampling.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from guard._json import is_json_media
+from guard.policy._match import AgentMatcher, HttpMatcher
+from guard.policy.policy import Policy
+
+__all__ = ["globs_intersect", "overlapping_pairs", "overlaps"]
+
+_ANY = "**"  # any run of characters
+_RUN = "*"  # any run of characters other than the separator
+_ONE = "?"  # one character other than the separator
+_STARS = (_ANY, _RUN)
+_TOOL_EVENTS = frozenset({"tool_call", "tool_result"})
+
+
+def _tokens(glob: str, separator: str | None) -> tuple[str, ...]:
+    """``glob`` as tokens: :data:`_ANY`, :data:`_RUN`, :data:`_ONE` or a one-character literal (as
+    :func:`guard.policy._match.compile_glob` reads it; without a separator ``*`` crosses everything)."""
+    out: list[str] = []
+    i = 0
+    while i < len(glob):
+        if glob.startswith("**", i):
+            out.append(_ANY)
+            i += 2
+        elif glob[i] == "*":
+            out.append(_ANY if separator is None else _RUN)
+            i += 1
+        else:
+            out.append(glob[i])
+            i += 1
+    return tuple(out)
+
+
+def globs_intersect(a: str, b: str, separator: str | None) -> bool:
+    """Whether some string fully matches both globs (``**`` anything, ``*`` anything but ``separator``, ``?`` one
+    such character; ``separator`` ``None``: ``*`` and ``?`` cross everything)."""
+    x, y = _tokens(a, separator), _tokens(b, separator)
+
+    def single_fits(star: str, token: str) -> bool:  # can ``star`` eat one character ``token`` stands for
+        return star == _ANY or token == _ONE or token != separator
+
+    def singles_meet(s: str, t: str) -> bool:  # is there one character both stand for
+        if s == _ONE or t == _ONE:
+            other = t if s == _ONE else s
+            return other == _ONE or other != separator
+        return s == t
+
+    @functools.cache
+    def go(i: int, j: int) -> bool:
+        if i == len(x) and j == len(y):
+            return True
+        s = x[i] if i < len(x) else None
+        t = y[j] if j < len(y) else None
+        # A star may match nothing; when both are stars, skipping the one that matches less is enough.
+        if s in _STARS and go(i + 1, j):
+            return True
+        if t in _STARS and go(i, j + 1):
+            return True
+        if s is None or t is None or (s in _STARS and t in _STARS):
+            return False
+        if s in _STARS:
+            return single_fits(s, t) and go(i, j + 1)
+        if t in _STARS:
+            return single_fits(t, s) and go(i + 1, j)
+        return singles_meet(s, t) and go(i + 1, j + 1)
+
+    return go(0, 0)
+
+
+def _lists_meet(a: Sequence[str], b: Sequence[str], separator: str | None) -> bool:
+    """Two glob lists (empty = anything) admit a common string."""
+    return not a or not b or any(globs_intersect(p, q, separator) for p in a for q in b)
+
+
+def _media_meet(a: frozenset[str], b: frozenset[str]) -> bool:
+    if not a or not b or a & b:
+        return True
+    json_a = "application/json" in a or any(is_json_media(m) for m in a)
+    json_b = "application/json" in b or any(is_json_media(m) for m in b)
+    # "application/json" also matches every +json type (guard parses those as JSON)
+    return ("application/json" in a and json_b) or ("application/json" in b and json_a)
+
+
+def _http_overlap(a: HttpMatcher, b: HttpMatcher) -> bool:
+    if a.methods and b.methods and not a.methods & b.methods:
+        return False
+    if not _media_meet(a.content_types, b.content_types):
+        return False
+    paths_a, hosts_a, headers_a = a.globs
+    paths_b, hosts_b, headers_b = b.globs
+    if not _lists_meet(paths_a, paths_b, "/") or not _lists_meet(hosts_a, hosts_b, "."):
+        return False
+    wanted = dict(headers_b)
+    return all(globs_intersect(value, wanted[name], None) for name, value in headers_a if name in wanted)
+
+
+def _agent_overlap(a: AgentMatcher, b: AgentMatcher) -> bool:
+    events = (a.events or None, b.events or None)
+    common = set.intersection(*(set(e) for e in events if e is not None)) if any(events) else None
+    if common is not None and not common:
+        return False
+    if not a.tool_globs and not b.tool_globs:
+        return True
+    if common is not None and not common & _TOOL_EVENTS:
+        return False  # a tool list never matches events without a tool
+    return _lists_meet(a.tool_globs, b.tool_globs, None)
+
+
+def overlaps(a: Policy, b: Policy) -> list[str]:
+    """The kinds of subject (``"http"``, ``"agent"``) that both policies can match; empty when none."""
+    kinds = []
+    if a.http is not None and b.http is not None and _http_overlap(a.http, b.http):
+        kinds.append("http")
+    if a.agent is not None and b.agent is not None and _agent_overlap(a.agent, b.agent):
+        kinds.append("agent")
+    return kinds
+
+
+def overlapping_pairs(policies: Sequence[Policy]) -> list[tuple[Policy, Policy, list[str]]]:
+    """Every pair of ``policies`` (in order) that can match a common subject, with the kinds of subject."""
+    out = []
+    for i, a in enumerate(policies):
+        for b in policies[i + 1 :]:
+            kinds = overlaps(a, b)
+            if kinds:
+                out.append((a, b, kinds))
+    return out

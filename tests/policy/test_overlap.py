@@ -1,0 +1,69 @@
+"""Which policies can match one subject (``guard policy check`` lists them): glob against glob decided exactly,
+methods, content types, headers, agent events and tools."""
+
+from __future__ import annotations
+
+import pytest
+
+from guard.policy import load_text
+from guard.policy.overlap import globs_intersect, overlapping_pairs, overlaps
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "meet"),
+    [
+        ("/v1/**", "/v1/chat/*", True),
+        ("/v1/*", "/v1/chat/completions", False),  # * stays within a segment
+        ("/v1/**", "/api/**", False),
+        ("/v1/*/items", "/v1/users/*", True),  # /v1/users/items
+        ("/v?/chat", "/v1/*", True),
+        ("/v?/chat", "/v/chat", False),
+        ("/a*b", "/*c", False),
+        ("/**/x", "/v1/**", True),
+        ("/*", "/**/deep/**", False),
+        ("**", "", True),
+    ],
+)
+def test_path_globs_meet_when_some_path_matches_both(a: str, b: str, meet: bool) -> None:
+    assert globs_intersect(a, b, "/") is meet
+    assert globs_intersect(b, a, "/") is meet
+
+
+def test_host_and_header_globs() -> None:
+    assert globs_intersect("*.example.com", "api.example.com", ".")
+    assert not globs_intersect("*.example.com", "a.b.example.com", ".")
+    assert globs_intersect("Bearer *", "*xyz", None) and not globs_intersect("a*", "b*", None)
+
+
+def _policy(match: str, pid: str) -> str:
+    return f"""
+  - id: {pid}
+    version: 1
+    match: {match}
+    questions: {{q: {{type: noul, instructions: "?"}}}}"""
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "kinds"),
+    [
+        ("{http: {methods: [POST]}}", "{http: {paths: ['/v1/**']}}", ["http"]),
+        ("{http: {methods: [POST]}}", "{http: {methods: [GET]}}", []),
+        ("{http: {content_types: [application/json]}}", "{http: {content_types: [application/vnd.api+json]}}",
+         ["http"]),
+        ("{http: {content_types: [text/plain]}}", "{http: {content_types: [application/json]}}", []),
+        ("{http: {headers: {x-tier: free}}}", "{http: {headers: {x-tier: paid}}}", []),
+        ("{http: {headers: {x-tier: free}}}", "{http: {headers: {x-user: '*'}}}", ["http"]),
+        ("{http: {hosts: ['*.a.com']}}", "{http: {hosts: [b.com]}}", []),
+        ("{agent: {tools: ['fs_*']}}", "{agent: {tools: [fs_write, shell]}}", ["agent"]),
+        ("{agent: {tools: ['fs_*']}}", "{agent: {tools: [shell]}}", []),
+        ("{agent: {events: [model_output]}}", "{agent: {tools: [shell]}}", []),  # no tool on model output
+        ("{agent: {events: [tool_call]}}", "{agent: {events: [tool_result]}}", []),
+        ("{agent: {}}", "{agent: {events: [tool_call], tools: [shell]}}", ["agent"]),
+        ("{http: {}, agent: {}}", "{agent: {events: [model_input]}}", ["agent"]),
+        ("{http: {}}", "{agent: {}}", []),
+    ],
+)  # fmt: skip
+def test_policies_overlap_when_one_subject_can_match_both(a: str, b: str, kinds: list[str]) -> None:
+    first, second = load_text("policies:" + _policy(a, "a") + _policy(b, "b"))
+    assert overlaps(first, second) == kinds == overlaps(second, first)
+    assert [(x.id, y.id) for x, y, _ in overlapping_pairs([first, second])] == ([("a", "b")] if kinds else [])
