@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -104,6 +105,10 @@ class GuardMiddleware:
             open; ``"full"``: every decision header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``,
             ``x-guard-shadow``). Responses guard gives itself (block, review, handoff) always carry every one.
         method_override: ``"refuse"`` (default), ``"judge"`` or ``"ignore"`` (:data:`MethodOverride`).
+        tenant_header: a header set by a trusted layer in front (an authenticating gateway) naming the request's
+            tenant; review items carry it, and reviewers scoped to tenants see only theirs. Sent twice: 400.
+        tenant: instead of ``tenant_header``, a function from the request's subject (its credentials in
+            ``subject.headers``) to the tenant, or ``None``.
 
     Raises:
         ValueError: for an invalid limit, a ``review_path`` that does not start with ``/``, an unknown
@@ -126,6 +131,8 @@ class GuardMiddleware:
         metrics: HttpMetrics | None = None,
         decision_headers: DecisionHeaders = "brief",
         method_override: MethodOverride = "refuse",
+        tenant_header: str | None = None,
+        tenant: Callable[[HttpSubject], str | None] | None = None,
     ) -> None:
         base = limits or BodyLimits()
         overrides: dict[str, Any] = {}
@@ -145,6 +152,10 @@ class GuardMiddleware:
         if method_override not in METHOD_OVERRIDES:
             raise ValueError(f"method_override is {method_override!r}; it must be one of {METHOD_OVERRIDES}")
         self.method_override = method_override
+        if tenant_header is not None and tenant is not None:
+            raise ValueError("give tenant_header or tenant, not both")
+        self.tenant_header = tenant_header.lower() if tenant_header else None
+        self._tenant = tenant
         self.app = app
         self.guard = guard
         self.decision_headers = decision_headers
@@ -182,6 +193,24 @@ class GuardMiddleware:
             return
         await self._guard(scope, receive, send, head, policy)
 
+    def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:
+        """The request's tenant: the ``tenant_header`` value, or what ``tenant`` says of the request's subject;
+        ``None`` without either.
+
+        Raises:
+            BodyError: 400 ``repeated_header`` when the tenant header is sent more than once.
+        """
+        if self.tenant_header is not None:
+            raw = self.tenant_header.encode("latin-1")
+            if sum(1 for k, _ in scope["headers"] if k.lower() == raw) > 1:
+                raise BodyError(400, "repeated_header", f"the {self.tenant_header} header is sent more than once; "
+                                "send it once", field=self.tenant_header)
+            value = headers.get(self.tenant_header, "").strip()
+            return value or None
+        if self._tenant is not None:
+            return self._tenant(head_subject(scope, headers, self.client_header))
+        return None
+
     def _judged_method(self, scope: Scope, headers: dict[str, str]) -> Scope:
         """The scope the subject is built from: as sent, or with the overriding method (``judge``).
 
@@ -201,6 +230,7 @@ class GuardMiddleware:
         """One matched request, from body read to response."""
         limits, headers = self.limits, head.headers
         try:
+            self.tenant_of(scope, headers)  # an ambiguous tenant is refused before anything is held
             encoding = headers.get("content-encoding")
             codings = parse_encodings(encoding, limits.max_encodings) if encoding else None
             declared = declared_length(headers.get("content-length"))
@@ -229,7 +259,7 @@ class GuardMiddleware:
         elif verdict.action == "block":
             await _block(send, verdict)
         elif verdict.action == "escalate":
-            await hold(self, scope, send, subject, body, verdict)
+            await hold(self, scope, send, subject, body, verdict, policy.http_reads)
         else:
             outcome = await respond_with_handoff(self.handoff, policy, verdict, subject, send, verdict_headers(verdict))
             self.metrics.handoffs.labels(outcome).inc()

@@ -46,6 +46,7 @@ __all__ = [
     "TRACING_RECHECK_S",
     "DecisionLog",
     "Telemetry",
+    "redact_secrets",
     "tracer_provider_from_env",
 ]
 
@@ -391,6 +392,14 @@ def _redact_input(record: dict[str, Any], erased: list[str]) -> None:
     if values:
         record["input"] = _scrub(record.get("input"), values)
         record["state"] = _scrub(record.get("state"), values)
+
+
+def redact_secrets(state: Any) -> Any:
+    """A copy of ``state`` as ``log_input="redacted"`` writes it: secret-named fields (:data:`SECRET_NAME`) removed
+    at any depth, and their values replaced by ``[redacted]`` in the text that repeats them."""
+    record = {"input": None, "state": json.loads(json.dumps(state, default=str))}
+    _redact_input(record, [])
+    return record["state"]
 
 
 class DecisionLog:
