@@ -2,18 +2,22 @@
 
 The cap counts bytes as they arrive: a small or lying ``Content-Length`` does not help an oversized body, and a large
 declared length is refused before anything is read. Memory stays under ``limit`` plus one ASGI message.
-A client that disconnects mid-body ends the read with ``None``; nothing is raised.
+A client that disconnects mid-body ends the read with ``None``; nothing is raised. A body that takes longer than
+``timeout_s`` to arrive is refused with 408 (one timer for the whole read, not one per message).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.types import Message, Receive
 
 from guard.errors import BodyError
 
-__all__ = ["BODY_TOO_LARGE", "ReplayReceive", "declared_length", "read_body"]
+__all__ = ["BODY_TIMEOUT", "BODY_TOO_LARGE", "ReplayReceive", "declared_length", "read_body"]
 
 BODY_TOO_LARGE = "body_too_large"
+BODY_TIMEOUT = "body_timeout"
 _ASCII_SPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() removes
 
 
@@ -37,22 +41,36 @@ def declared_length(raw: bytes | str | None) -> int | None:
     return int(text)
 
 
-async def read_body(receive: Receive, limit: int, declared: int | None = None) -> bytes | None:
+async def read_body(
+    receive: Receive, limit: int, declared: int | None = None, timeout_s: float | None = None
+) -> bytes | None:
     """Receive the whole body, refusing it as soon as more than ``limit`` bytes have arrived.
 
     Args:
         receive: the ASGI receive callable of an ``http`` scope.
         limit: most bytes accepted.
         declared: the ``Content-Length``, if any; only a value over ``limit`` is acted on (413 before reading).
+        timeout_s: most seconds for the whole body; ``None`` = no limit.
 
     Returns:
         The body bytes, or ``None`` if the client disconnected first.
 
     Raises:
-        BodyError: 413 ``body_too_large``.
+        BodyError: 413 ``body_too_large``; 408 ``body_timeout``.
     """
     if declared is not None and declared > limit:
         raise _too_large(limit, declared, True)
+    if timeout_s is None:
+        return await _read(receive, limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read(receive, limit)
+    except TimeoutError:
+        raise BodyError(408, BODY_TIMEOUT, f"the request body did not arrive within {timeout_s:g} s",
+                        field="body") from None
+
+
+async def _read(receive: Receive, limit: int) -> bytes | None:
     message = await receive()
     if message["type"] != "http.request":
         return None

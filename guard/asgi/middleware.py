@@ -234,7 +234,7 @@ class GuardMiddleware:
             encoding = headers.get("content-encoding")
             codings = parse_encodings(encoding, limits.max_encodings) if encoding else None
             declared = declared_length(headers.get("content-length"))
-            body = await read_body(receive, limits.max_body_bytes, declared)
+            body = await read_body(receive, limits.max_body_bytes, declared, limits.body_timeout_s)
             if body is None:
                 self.metrics.disconnects.inc()
                 return

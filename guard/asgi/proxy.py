@@ -24,6 +24,7 @@ to the upstream like any other path (judged when a policy matches it).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ HOP_BY_HOP = frozenset(
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 60.0
 DEFAULT_MAX_CONNECTIONS = 200
+DEFAULT_BODY_IDLE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class ProxyConfig:
         read_timeout: seconds of upstream silence allowed, before the response starts or between chunks.
         max_connections: size of the upstream connection pool.
         preserve_host: forward the client's ``Host`` (default: the upstream's host).
+        body_idle_timeout: most seconds of client silence while a request body is forwarded (408 before the
+            upstream answered; the upstream request is abandoned).
     """
 
     upstream: str
@@ -85,6 +89,7 @@ class ProxyConfig:
     read_timeout: float = DEFAULT_READ_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     preserve_host: bool = False
+    body_idle_timeout: float = DEFAULT_BODY_IDLE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -94,14 +99,18 @@ class ProxyConfig:
             httpx.URL(self.upstream)
         except httpx.InvalidURL as exc:
             raise ValueError(f"upstream {self.upstream!r} is not a valid URL: {exc}") from exc
-        if not (self.connect_timeout > 0 and self.read_timeout > 0):
-            raise ValueError("connect_timeout and read_timeout must be positive seconds")
+        if not (self.connect_timeout > 0 and self.read_timeout > 0 and self.body_idle_timeout > 0):
+            raise ValueError("connect_timeout, read_timeout and body_idle_timeout must be positive seconds")
         if self.max_connections < 1:
             raise ValueError(f"max_connections is {self.max_connections}; it must be at least 1")
 
 
 class _ClientGone(Exception):
     """The client disconnected while its body was being forwarded."""
+
+
+class _ClientStalled(Exception):
+    """The client sent nothing for ``body_idle_timeout`` seconds while its body was being forwarded."""
 
 
 def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
@@ -174,13 +183,17 @@ class ReverseProxy:
         if original_host:
             headers.append((b"x-forwarded-host", original_host))
         has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
-        content = self._body(receive) if has_body else None
+        content = self._body(receive, self.config.body_idle_timeout) if has_body else None
         return self._client.build_request(scope["method"], url, headers=headers, content=content)
 
     @staticmethod
-    async def _body(receive: Receive) -> AsyncIterator[bytes]:
+    async def _body(receive: Receive, idle_s: float) -> AsyncIterator[bytes]:
         while True:
-            message = await receive()
+            try:
+                async with asyncio.timeout(idle_s):
+                    message = await receive()
+            except TimeoutError:
+                raise _ClientStalled from None
             if message["type"] == "http.disconnect":
                 raise _ClientGone
             chunk = message.get("body", b"")
@@ -202,6 +215,10 @@ class ReverseProxy:
         try:
             response = await self._client.send(request, stream=True)
         except _ClientGone:
+            return
+        except _ClientStalled:
+            await send_json(send, 408, {"code": "body_timeout", "message": "the request body stalled for "
+                                        f"{self.config.body_idle_timeout:g} s", "field": "body"})
             return
         except httpx.TimeoutException as exc:
             self.metrics.upstream_errors.labels("timeout").inc()
