@@ -254,10 +254,11 @@ class ClientReviewEndpoints:
                 raise ReviewConflict(review_id, item.status, "the item holds no HTTP request to release")
             held = item.request
             body = base64.b64decode(held["body_b64"])
-            held_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]]
+            headers = [*((k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]),
+                       *((k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS)]  # what is replayed
             mine = header_map(scope)
             digest = content_digest(held["method"], held["path"], held["query_string"].encode("latin-1"), body,
-                                    held_headers, held.get("bound", {}), client_address(scope, mine, self.mw.client_header),
+                                    headers, held.get("bound", {}), client_address(scope, mine, self.mw.client_header),
                                     self.mw.tenant_of(scope, mine), _presented_token(scope), scope["headers"])
             item = await self.mw.review_store.release(review_id, digest)
         except BodyError as exc:
@@ -268,7 +269,6 @@ class ClientReviewEndpoints:
             await _review_error(send, exc)
             return
         self.mw.metrics.reviews.labels("released").inc()
-        headers = [*held_headers, *((k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS)]
         headers.append((b"content-length", str(len(body)).encode()))
         replay = {**scope, "method": held["method"], "path": held["path"], "raw_path": held["raw_path"].encode(
             "latin-1"), "query_string": held["query_string"].encode("latin-1"), "headers": headers}

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -102,13 +106,35 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class _Follower(uvicorn.Server):
-    """A server that leaves signals to the main one and stops when told."""
-
-    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
-        pass
+    """A server that leaves signals to the main one (:class:`_Main` stops it)."""
 
     def capture_signals(self) -> Any:
         return contextlib.nullcontext()
+
+
+class _Main(uvicorn.Server):
+    """A server whose SIGINT/SIGTERM also stops its follower; the signal is handled here, not raised again after
+    shutdown (uvicorn's default), so both servers finish their shutdown."""
+
+    def __init__(self, config: uvicorn.Config, follower: uvicorn.Server) -> None:
+        super().__init__(config)
+        self.follower = follower
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.follower.should_exit = True
+        super().handle_exit(sig, frame)
 
 
 def serve_together(app: Any, admin: Any, sockets: list[socket.socket], *, log_level: str = "info",
@@ -118,15 +144,10 @@ def serve_together(app: Any, admin: Any, sockets: list[socket.socket], *, log_le
     protocol = head_timeout_protocol(header_timeout)
     common: dict[str, Any] = {"log_level": log_level, "http": protocol, "server_header": False,
                               "date_header": False, "proxy_headers": False, **config}
-    main = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))
     follower = _Follower(uvicorn.Config(admin, lifespan="off", **common))
+    main = _Main(uvicorn.Config(app, lifespan="on", **common), follower)
 
     async def both() -> None:
-        admin_task = asyncio.ensure_future(follower.serve(sockets=[sockets[1]]))
-        try:
-            await main.serve(sockets=[sockets[0]])
-        finally:
-            follower.should_exit = True
-            await admin_task
+        await asyncio.gather(main.serve(sockets=[sockets[0]]), follower.serve(sockets=[sockets[1]]))
 
     asyncio.run(both())

@@ -240,7 +240,7 @@ async def test_upstream_errors_are_502_and_504(make_guard: GuardFactory, upstrea
 async def test_health_metrics_and_review_admin(make_guard: GuardFactory, upstream: tuple[Upstream, str]) -> None:
     """The admin endpoints answer on the admin listener only; on the proxied listener their paths are forwarded to
     the upstream like any other (which has no such routes: 404 from the upstream, not guard's health)."""
-    service, url = upstream
+    _, url = upstream
     app = proxy_app(make_guard(), ProxyConfig(url))
     with _served(app, "on", reviewers={"alice": TOKEN}) as (proxy, admin):
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
