@@ -139,13 +139,16 @@ def client_address(scope: Scope, headers: dict[str, str], client_header: str | N
     return str(peer[0]) if peer else None
 
 
-def head_subject(scope: Scope, headers: dict[str, str], client_header: str | None) -> HttpSubject:
-    """The subject without query or body: everything a policy's ``match`` may look at."""
+def head_subject(
+    scope: Scope, headers: dict[str, str], client_header: str | None, path: str | None = None
+) -> HttpSubject:
+    """The subject without query or body: everything a policy's ``match`` may look at; ``path`` replaces the
+    scope's (the matching view of it, ``GuardMiddleware(path_case=..., trailing_slash=...)``)."""
     client = client_address(scope, headers, client_header)
     media = media_type(headers.get("content-type", ""))
     return HttpSubject(
         method=scope["method"].upper(),
-        path=scope["path"],
+        path=scope["path"] if path is None else path,
         headers=headers,
         host=_host(headers, scope),
         client=client,

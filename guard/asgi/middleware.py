@@ -68,16 +68,27 @@ from guard.policy import Policy
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
-__all__ = ["DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "GuardMiddleware", "MethodOverride"]
+__all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "GuardMiddleware", "MethodOverride",
+           "PathCase", "TrailingSlash", "UnexpectedBody"]
 
 logger = logging.getLogger("guard.asgi")
 
 DEFAULT_REVIEW_PATH = "/_guard/reviews"
+"""Where clients poll and release their held requests (``GET <path>/<id>``, ``POST <path>/<id>/release``)."""
 MethodOverride = Literal["refuse", "judge", "ignore"]
 """What a method override header or ``?_method=`` does: 400 (``refuse``), the judged method (``judge``), nothing
 (``ignore``: for applications that never honour one)."""
 METHOD_OVERRIDES: tuple[str, ...] = ("refuse", "judge", "ignore")
-"""Where clients poll and release their held requests (``GET <path>/<id>``, ``POST <path>/<id>/release``)."""
+PathCase = Literal["fold", "exact"]
+"""How paths are matched: ``fold`` (default) also as lower-cased, ``exact`` only as sent."""
+TrailingSlash = Literal["strip", "keep"]
+"""``strip`` (default): a path ending in ``/`` is also matched without it; ``keep``: only as sent."""
+UnexpectedBody = Literal["refuse", "judge", "pass"]
+"""A body on a method without body semantics (:data:`BODYLESS_METHODS`) that no policy matches as sent (one that
+lists the method judges it as usual): 400 ``unexpected_body`` (``refuse``, default), judged by the policy that would
+judge it as a POST (``judge``), or passed unjudged (``pass``)."""
+BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
+"""Methods whose request content has no defined meaning (RFC 9110 9.3); many routers still read one."""
 
 
 class GuardMiddleware:
@@ -105,6 +116,9 @@ class GuardMiddleware:
             open; ``"full"``: every decision header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``,
             ``x-guard-shadow``). Responses guard gives itself (block, review, handoff) always carry every one.
         method_override: ``"refuse"`` (default), ``"judge"`` or ``"ignore"`` (:data:`MethodOverride`).
+        path_case: ``"fold"`` (default) or ``"exact"`` (:data:`PathCase`).
+        trailing_slash: ``"strip"`` (default) or ``"keep"`` (:data:`TrailingSlash`).
+        unexpected_body: ``"refuse"`` (default), ``"judge"`` or ``"pass"`` (:data:`UnexpectedBody`).
         tenant_header: a header set by a trusted layer in front (an authenticating gateway) naming the request's
             tenant; review items carry it, and reviewers scoped to tenants see only theirs. Sent twice: 400.
         tenant: instead of ``tenant_header``, a function from the request's subject (its credentials in
@@ -131,6 +145,9 @@ class GuardMiddleware:
         metrics: HttpMetrics | None = None,
         decision_headers: DecisionHeaders = "brief",
         method_override: MethodOverride = "refuse",
+        path_case: PathCase = "fold",
+        trailing_slash: TrailingSlash = "strip",
+        unexpected_body: UnexpectedBody = "refuse",
         tenant_header: str | None = None,
         tenant: Callable[[HttpSubject], str | None] | None = None,
     ) -> None:
@@ -152,6 +169,14 @@ class GuardMiddleware:
         if method_override not in METHOD_OVERRIDES:
             raise ValueError(f"method_override is {method_override!r}; it must be one of {METHOD_OVERRIDES}")
         self.method_override = method_override
+        for name, value, allowed in (("path_case", path_case, ("fold", "exact")),
+                                     ("trailing_slash", trailing_slash, ("strip", "keep")),
+                                     ("unexpected_body", unexpected_body, ("refuse", "judge", "pass"))):
+            if value not in allowed:
+                raise ValueError(f"{name} is {value!r}; it must be one of {allowed}")
+        self._fold = path_case == "fold"
+        self._strip = trailing_slash == "strip"
+        self.unexpected_body = unexpected_body
         if tenant_header is not None and tenant is not None:
             raise ValueError("give tenant_header or tenant, not both")
         self.tenant_header = tenant_header.lower() if tenant_header else None
@@ -183,15 +208,34 @@ class GuardMiddleware:
             return
         try:
             headers = header_map(scope)
-            head = head_subject(self._judged_method(scope, headers), headers, self.client_header)
+            judged = self._judged_method(scope, headers)
+            head, policy = self._match(judged, headers)
+            if (policy is None and self.unexpected_body != "pass" and judged["method"].upper() in BODYLESS_METHODS
+                    and _has_body(headers)):  # a body no policy would judge
+                if self.unexpected_body == "refuse":
+                    raise BodyError(400, "unexpected_body", f"a {judged['method'].upper()} request carries a body; "
+                                    "send it with POST, PUT or PATCH", field="body")
+                head, policy = self._match({**judged, "method": "POST"}, headers)
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
-        policy = self.guard.match(head)
         if policy is None:
             await self.app(scope, receive, send)
             return
         await self._guard(scope, receive, send, head, policy)
+
+    def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, Policy | None]:
+        """The subject and the policy that judges it: matched on the path's canonical view first (lower-cased,
+        trailing slash removed, as configured), then on the path as sent."""
+        path: str = scope["path"]
+        view = (path.rstrip("/") or "/") if self._strip else path
+        view = view.lower() if self._fold else view
+        head = head_subject(scope, headers, self.client_header, view)
+        policy = self.guard.match(head)
+        if policy is None and view != path:
+            head = head_subject(scope, headers, self.client_header)
+            policy = self.guard.match(head)
+        return head, policy
 
     def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:
         """The request's tenant: the ``tenant_header`` value, or what ``tenant`` says of the request's subject;
@@ -285,6 +329,12 @@ class GuardMiddleware:
             },
             verdict_headers(verdict),
         )
+
+
+def _has_body(headers: dict[str, str]) -> bool:
+    """Whether the request declares content: a ``Transfer-Encoding``, or a ``Content-Length`` other than 0."""
+    length = headers.get("content-length")
+    return "transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
 
 
 async def _block(send: Send, verdict: Verdict) -> None:
