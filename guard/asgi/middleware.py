@@ -327,7 +327,9 @@ class GuardMiddleware:
                 "rule": exc.code,
                 "decision_id": verdict.decision_id,
             },
-            verdict_headers(verdict),
+            # the rest of a body too large or too slow is not read: close rather than wait for it
+            [*verdict_headers(verdict), (b"connection", b"close")] if exc.status in (408, 413)
+            else verdict_headers(verdict),
         )
 
 

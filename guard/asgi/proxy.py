@@ -218,7 +218,8 @@ class ReverseProxy:
             return
         except _ClientStalled:
             await send_json(send, 408, {"code": "body_timeout", "message": "the request body stalled for "
-                                        f"{self.config.body_idle_timeout:g} s", "field": "body"})
+                                        f"{self.config.body_idle_timeout:g} s", "field": "body"},
+                            [(b"connection", b"close")])
             return
         except httpx.TimeoutException as exc:
             self.metrics.upstream_errors.labels("timeout").inc()
