@@ -19,4 +19,5 @@ RUN useradd --system --uid 10001 guard
 USER 10001
 EXPOSE 8080
 ENTRYPOINT ["guard", "proxy"]
-CMD ["--policy", "/etc/guard/policies/api_abuse.yaml", "--upstream", "http://api:8000", "--listen", "0.0.0.0:8080"]
+CMD ["--policy", "/etc/guard/policies/api_abuse.yaml", "--upstream", "http://api:8000", "--listen", "0.0.0.0:8080", \
+     "--admin-listen", "0.0.0.0:9901"]
