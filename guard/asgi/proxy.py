@@ -24,7 +24,6 @@ to the upstream like any other path (judged when a policy matches it).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 from starlette.types import Message, Receive, Scope, Send
 
+from guard._body import Deadline
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import request_target
@@ -190,7 +190,7 @@ class ReverseProxy:
     async def _body(receive: Receive, idle_s: float) -> AsyncIterator[bytes]:
         while True:
             try:
-                async with asyncio.timeout(idle_s):
+                with Deadline(idle_s):
                     message = await receive()
             except TimeoutError:
                 raise _ClientStalled from None
