@@ -327,9 +327,9 @@ class GuardMiddleware:
                 "rule": exc.code,
                 "decision_id": verdict.decision_id,
             },
-            # the rest of a body too large or too slow is not read: close rather than wait for it
-            [*verdict_headers(verdict), (b"connection", b"close")] if exc.status in (408, 413)
-            else verdict_headers(verdict),
+            # a stalled body is not waited for: close. (After a 413 the server reads and drops the rest, so the
+            # client, still sending, gets the answer rather than a reset; the head timer bounds that drain.)
+            [*verdict_headers(verdict), (b"connection", b"close")] if exc.status == 408 else verdict_headers(verdict),
         )
 
 
