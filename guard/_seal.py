@@ -1,16 +1,25 @@
-"""Integrity seals for what guard keeps in a shared store (Redis): HMAC-SHA256 keyed by a secret the gateway holds.
+"""Integrity seals for what guard keeps in a shared store (Redis): HMAC-SHA256 keyed by a secret the gateway holds;
+and encryption (AES-256-GCM, :mod:`cryptography`) for what must not be readable there (a held request's headers and
+body).
 
 Anyone who can write to the store can change a value, but not make a seal for it without the key, so a forged or
-edited entry is detected when read (a cache miss, a refused review item), never trusted. The key comes from the
-``GUARD_STORE_KEY`` environment variable (or is passed in); every replica sharing a store needs the same key.
+edited entry is detected when read (a cache miss, a refused review item), never trusted; anyone who can read it
+sees encrypted values as noise. The key comes from the ``GUARD_STORE_KEY`` environment variable (or is passed in);
+every replica sharing a store needs the same key. The encryption key is derived from it (HMAC-SHA256 of a fixed
+label), so one secret serves both.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
+import secrets
 from collections.abc import Mapping
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 __all__ = ["MIN_KEY_BYTES", "STORE_KEY_ENV", "Sealer"]
 
@@ -33,6 +42,7 @@ class Sealer:
         if len(raw) < MIN_KEY_BYTES:
             raise ValueError(f"the store key has {len(raw)} bytes; at least {MIN_KEY_BYTES}")
         self._key = raw
+        self._aead = AESGCM(hmac.new(raw, b"guard store encryption v1", hashlib.sha256).digest())
 
     def __repr__(self) -> str:
         return "Sealer(key=<hidden>)"
@@ -62,3 +72,20 @@ class Sealer:
         """Whether ``seal`` is :meth:`seal` of ``data`` under ``context`` (constant-time comparison)."""
         given = seal.decode("ascii", "replace") if isinstance(seal, bytes) else seal
         return hmac.compare_digest(self.seal(context, data), given)
+
+    def encrypt(self, context: str, data: bytes) -> str:
+        """``data`` encrypted and authenticated for ``context`` (e.g. the Redis key): base64 of nonce + ciphertext."""
+        nonce = secrets.token_bytes(12)
+        return base64.b64encode(nonce + self._aead.encrypt(nonce, data, context.encode("utf-8"))).decode("ascii")
+
+    def decrypt(self, context: str, text: str) -> bytes:
+        """What :meth:`encrypt` encrypted for ``context``.
+
+        Raises:
+            ValueError: the text was not made by :meth:`encrypt` with this key for this context.
+        """
+        try:
+            raw = base64.b64decode(text, validate=True)
+            return self._aead.decrypt(raw[:12], raw[12:], context.encode("utf-8"))
+        except (InvalidTag, ValueError) as exc:
+            raise ValueError("the value does not decrypt with this store key") from exc

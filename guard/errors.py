@@ -17,7 +17,8 @@
     │   ├── ReviewNotFound          no review item has that id (never existed or expired)
     │   ├── ReviewConflict          the item's status or content digest forbids the change (e.g. a second release)
     │   │   └── ApprovalAlreadyUsed an approved agent tool call was already released once (single use)
-    │   └── ReviewStoreUnavailable  the review store (Redis) cannot be reached
+    │   ├── ReviewStoreUnavailable  the review store (Redis) cannot be reached
+    │   └── ReviewQuotaExceeded     one client already has as many pending items as it may (HTTP 429)
     ├── HandoffError                the LLM handoff target is unknown, unreachable or answered badly
     └── ResumeError                 an agent resume does not answer exactly the pending review items
 
@@ -49,6 +50,7 @@ __all__ = [
     "ReviewConflict",
     "ReviewError",
     "ReviewNotFound",
+    "ReviewQuotaExceeded",
     "ReviewStoreUnavailable",
     "StateTooLong",
     "UnsupportedQuestion",
@@ -299,6 +301,18 @@ class ApprovalAlreadyUsed(ReviewConflict):
 
 class ReviewStoreUnavailable(ReviewError):
     """The review store could not be reached (Redis down or slow); nothing was stored or changed."""
+
+
+class ReviewQuotaExceeded(ReviewError):
+    """One client already holds as many pending review items as the store allows it; others are unaffected.
+
+    Attributes:
+        retry_after: seconds after which the oldest of them expires (an upper bound on the wait).
+    """
+
+    def __init__(self, review_id: str, reason: str, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(review_id, reason)
 
 
 class HandoffError(GuardError):

@@ -27,7 +27,7 @@ from packaging.requirements import Requirement
 from uvicorn import main as uvicorn_cli
 from uvicorn.importer import import_from_string
 
-from guard.asgi.proxy import DEFAULT_HEALTH_PATH, DEFAULT_LIVE_PATH
+from guard.asgi.admin import DEFAULT_HEALTH_PATH, DEFAULT_LIVE_PATH
 from guard.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +123,14 @@ def test_gateway_probes_use_liveness_and_readiness() -> None:
     container = docs[("Deployment", "guard-gateway")]["spec"]["template"]["spec"]["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == DEFAULT_LIVE_PATH
     assert container["readinessProbe"]["httpGet"]["path"] == DEFAULT_HEALTH_PATH
+    # on the admin listener, which the Service does not expose
+    args = container["args"]
+    admin_port = int(args[args.index("--admin-listen") + 1].rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["livenessProbe"]["httpGet"]["port"] == container["readinessProbe"]["httpGet"]["port"] == "admin"
+    assert ports["admin"] == admin_port and ports["http"] != admin_port
+    service = docs[("Service", "guard-gateway")]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
 
 
 def _local_argv(dockerfile: Path, argv: list[str], port: int) -> list[str]:

@@ -21,4 +21,5 @@ EXPOSE 8080
 ENTRYPOINT ["guard", "proxy"]
 # The default command runs on the embedded CPU model alone: a policy of catalog questions (api_abuse.yaml also asks a
 # free-form question, so it needs --backend pointing at a Clef worker, as deploy/compose passes it).
-CMD ["--policy", "/etc/guard/policies/api_abuse_compact.yaml", "--upstream", "http://api:8000", "--listen", "0.0.0.0:8080"]
+CMD ["--policy", "/etc/guard/policies/api_abuse_compact.yaml", "--upstream", "http://api:8000", "--listen", "0.0.0.0:8080", \
+     "--admin-listen", "0.0.0.0:9901"]

@@ -9,9 +9,11 @@ compact model answers; ``policies/api_abuse.yaml`` needs Clef: ``--backend local
 
     python examples/api/app.py --port 8080 --policy guard/quickstart/policies.yaml
 
-The guarded app serves the reviewers' API at ``/admin/reviews`` only with credentials: ``$GUARD_REVIEW_TOKENS`` holds
-``name:token,name:token`` (one token per reviewer, at least 16 characters each). Without it, ``--insecure-review``
-serves the API to loopback clients only (and only with a loopback ``--host``); with neither, the API is not mounted.
+Guarded, it also serves an admin listener on ``--admin-host``/``--admin-port`` (default ``127.0.0.1:9901``, never the
+API's own port): health, metrics and, only with credentials, the reviewers' API at ``/_guard/admin/reviews``:
+``$GUARD_REVIEW_TOKENS`` holds ``name:token,name:token`` (one token per reviewer, at least 16 characters each).
+Without it, ``--insecure-review`` serves the review API to loopback clients only (and only with a loopback
+``--admin-host``); with neither, it is not served.
 The app starts (warms up) the guard's backends at startup. A backend that cannot answer the policy, or a bad option,
 stops it with one line.
 """
@@ -27,9 +29,10 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from guard import Guard, MemoryReviewStore, ReviewStore
-from guard.asgi import GuardMiddleware, review_app
-from guard.asgi.review_api import is_loopback, parse_reviewer_tokens
+from guard import Guard, ReviewStore
+from guard.asgi import GuardMiddleware
+from guard.asgi.admin import AdminApp, admin_app
+from guard.asgi.review_api import Reviewer, is_loopback, parse_reviewer_tokens
 from guard.backends import start_backend
 
 
@@ -52,11 +55,10 @@ class SearchRequest(BaseModel):
     limit: int = 10
 
 
-def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None = None,
-               reviewers: Mapping[str, str] | None = None, insecure_review: bool = False) -> FastAPI:
-    """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware` and its lifespan starts the
-    guard's backends (a ``LocalBackend`` warms up before the first request). The review API is mounted with
-    ``reviewers`` (name -> token), or for loopback clients only with ``insecure_review``; otherwise not at all."""
+def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None = None) -> FastAPI:
+    """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware` (holding escalated requests in
+    ``review_store``, default in memory) and its lifespan starts the guard's backends (a ``LocalBackend`` warms up
+    before the first request). Reviewers use :func:`create_admin`, on another port."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -87,39 +89,53 @@ def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None =
         return {"status": "ok"}
 
     if guard is not None:
-        store = review_store or MemoryReviewStore()
-        if reviewers is not None or insecure_review:
-            app.mount("/admin/reviews", review_app(store, reviewers=reviewers, insecure_loopback=insecure_review))
-        app.add_middleware(GuardMiddleware, guard=guard, review_store=store)
+        app.add_middleware(GuardMiddleware, guard=guard, review_store=review_store)
     return app
+
+
+def create_admin(guard: Guard, review_store: ReviewStore, *, reviewers: Mapping[str, str | Reviewer] | None = None,
+                 insecure_review: bool = False) -> AdminApp:
+    """The admin listener's app for :func:`create_app`'s guard: health, metrics and the reviewers' API (with
+    ``reviewers``, or for loopback clients only with ``insecure_review``)."""
+    return admin_app(guard, review_store=review_store, reviewers=reviewers, insecure_loopback=insecure_review)
 
 
 def main() -> None:
     import uvicorn
 
+    from guard import MemoryReviewStore
+    from guard.asgi.server import bind_socket, serve_together
     from guard.backends.options import add_backend_options, open_cli_backend
     from guard.errors import GuardError
 
     parser = argparse.ArgumentParser(description="The guard example API.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--admin-host", default="127.0.0.1", help="the admin listener (health, review API)")
+    parser.add_argument("--admin-port", type=int, default=9901)
     parser.add_argument("--policy", help="guard the app in-process with this policy file")
     parser.add_argument("--insecure-review", action="store_true",
-                        help="without $GUARD_REVIEW_TOKENS, serve the review API to loopback clients (loopback --host)")
+                        help="without $GUARD_REVIEW_TOKENS, serve the review API to loopback clients (loopback "
+                        "--admin-host)")
     add_backend_options(parser, default="compact")
     args = parser.parse_args()
     try:
         tokens = os.environ.get("GUARD_REVIEW_TOKENS")
         reviewers = parse_reviewer_tokens(tokens) if tokens else None
-        if args.insecure_review and (reviewers is not None or not is_loopback(args.host)):
-            raise ValueError("--insecure-review needs a loopback --host and no $GUARD_REVIEW_TOKENS")
+        if args.insecure_review and (reviewers is not None or not is_loopback(args.admin_host)):
+            raise ValueError("--insecure-review needs a loopback --admin-host and no $GUARD_REVIEW_TOKENS")
         guard = Guard.from_files(args.policy, backends=open_cli_backend(args)) if args.policy else None
+        sockets = [bind_socket(args.host, args.port), bind_socket(args.admin_host, args.admin_port)] if guard else []
     except (GuardError, OSError, ValueError) as exc:  # PolicyError is a GuardError
         raise SystemExit(f"app.py: {exc}") from None
-    if guard is not None and reviewers is None and not args.insecure_review:
+    if guard is None:
+        uvicorn.run(create_app(), host=args.host, port=args.port)
+        return
+    if reviewers is None and not args.insecure_review:
         print("app.py: the review API is not served (set GUARD_REVIEW_TOKENS, or --insecure-review on loopback)")
-    app = create_app(guard, reviewers=reviewers, insecure_review=args.insecure_review)
-    uvicorn.run(app, host=args.host, port=args.port)
+    store = MemoryReviewStore()
+    serve_together(create_app(guard, review_store=store),
+                   create_admin(guard, store, reviewers=reviewers, insecure_review=args.insecure_review), sockets)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,13 @@
   ``release_token`` from the 202 in ``x-guard-release-token`` and the same credentials (``Authorization``,
   ``Cookie``, ``X-Api-Key``, ``Proxy-Authorization``) as the held request; the digest covers both, so a review id
   alone releases nothing.
+* The digest also covers everything the matching policy read besides method, path, query and body
+  (:attr:`guard.policy.Policy.http_reads`): the values of the headers its state and rules read (every header but
+  :data:`UNBOUND_HEADERS` when a rule reads ``subject.headers`` other than by a literal name), the client address
+  when it is read, and the tenant. A request approved with ``x-customer-tier: premium`` and resent with ``free``
+  is a 409, never released.
+* One client may hold at most ``max_pending_per_client`` pending items (the store's cap): past it, 429
+  ``review_quota_exceeded`` for that client only, with ``Retry-After``.
 
 Reviewers approve and reject through :mod:`guard.asgi.review_api`, which is mounted separately (and protected).
 """
@@ -35,20 +42,34 @@ from guard.asgi._responses import (
     send_with_headers,
     verdict_headers,
 )
-from guard.asgi._subject import SENSITIVE_HEADERS, held_request, subject_summary
+from guard.asgi._subject import SENSITIVE_HEADERS, client_address, header_map, held_request, subject_summary
 from guard.asgi.review_store import ReviewItem, ReviewStore
-from guard.errors import BodyError, ReviewConflict, ReviewError, ReviewNotFound, ReviewStoreUnavailable
+from guard.errors import (
+    BodyError,
+    ReviewConflict,
+    ReviewError,
+    ReviewNotFound,
+    ReviewQuotaExceeded,
+    ReviewStoreUnavailable,
+)
+from guard.policy import HttpReads
 from guard.subject import HttpSubject, digest_of
 from guard.verdict import Verdict
 
-__all__ = ["RELEASE_TOKEN_HEADER", "REVIEW_HEADER", "ClientReviewEndpoints", "content_digest", "hold",
-           "release_on_resend"]
+__all__ = ["RELEASE_TOKEN_HEADER", "REVIEW_HEADER", "UNBOUND_HEADERS", "ClientReviewEndpoints", "content_digest",
+           "hold", "release_on_resend"]
 
 REVIEW_HEADER = "x-guard-review-id"
 RELEASE_TOKEN_HEADER = "x-guard-release-token"
 DEFAULT_REVIEW_MESSAGE = "The request is held for review."
 STORE_RETRY_AFTER_S = 5
 _RELEASE_BODY_LIMIT = 64 * 1024
+UNBOUND_HEADERS = SENSITIVE_HEADERS | {
+    b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"te", b"upgrade", b"expect",
+    b"x-guard-review-id", b"x-guard-release-token",
+}
+"""Headers a release digest never takes from "every header": framing, and the credentials and review headers
+that are bound on their own."""
 
 
 class ReviewHost(Protocol):
@@ -58,6 +79,11 @@ class ReviewHost(Protocol):
     review_store: ReviewStore
     review_path: str
     metrics: HttpMetrics
+    client_header: str | None
+
+    def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:
+        """The request's tenant (``None`` without one). Raises BodyError for an ambiguous tenant header."""
+        ...
 
 
 def _client_binding(headers: Sequence[tuple[bytes, bytes]], release_token: bytes) -> list[bytes]:
@@ -66,11 +92,46 @@ def _client_binding(headers: Sequence[tuple[bytes, bytes]], release_token: bytes
     return [release_token, *credentials]
 
 
-def content_digest(scope: Scope, body: bytes, release_token: bytes) -> str:
-    """What a release is bound to: method, path, query string, the body bytes as received, the release token and
-    the request's credential headers (SHA-256 hex, :func:`guard.subject.digest_of`)."""
-    return digest_of(scope["method"], scope["path"], scope.get("query_string", b""), body,
-                     *_client_binding(scope["headers"], release_token))
+def binding(reads: HttpReads) -> dict[str, Any]:
+    """What a held item records of ``reads`` (JSON-safe), so its release is checked against the same fields."""
+    return {"headers": sorted(reads.headers) if reads.headers is not None else None, "client": reads.client}
+
+
+def _read_values(headers: Sequence[tuple[bytes, bytes]], bound: dict[str, Any], client: str | None,
+                 tenant: str | None) -> list[bytes]:
+    """The values the policy read: each bound header (all its values, in order; absent is not empty), or every
+    header but :data:`UNBOUND_HEADERS`; the client when bound; the tenant."""
+    names: list[str] | None = bound.get("headers")
+    if names is None:
+        values = sorted(b"%s:%s" % (k.lower(), v) for k, v in headers if k.lower() not in UNBOUND_HEADERS)
+    else:
+        values = []
+        for name in names:
+            raw = name.encode("latin-1")
+            found = [v for k, v in headers if k.lower() == raw]
+            values.append(raw + (b"=" + b"\x00".join(found) if found else b" absent"))
+    if bound.get("client"):
+        values.append(b"client=" + (client or "").encode("utf-8", "replace"))
+    values.append(b"tenant=" + (tenant.encode("utf-8", "replace") if tenant is not None else b"\x00none"))
+    return values
+
+
+def content_digest(method: str, path: str, query: bytes, body: bytes, headers: Sequence[tuple[bytes, bytes]],
+                   bound: dict[str, Any], client: str | None, tenant: str | None, release_token: bytes,
+                   credentials: Sequence[tuple[bytes, bytes]]) -> str:
+    """What a release is bound to: method, path, query string, the body bytes as received, the values the policy
+    read (:func:`_read_values` over ``headers``), the release token and the credential headers of ``credentials``
+    (SHA-256 hex, :func:`guard.subject.digest_of`)."""
+    return digest_of(method, path, query, body, *_read_values(headers, bound, client, tenant),
+                     *_client_binding(credentials, release_token))
+
+
+def _scope_digest(mw: ReviewHost, scope: Scope, body: bytes, bound: dict[str, Any], release_token: bytes) -> str:
+    """:func:`content_digest` of a request as it arrived (held, or resent)."""
+    headers = header_map(scope)
+    return content_digest(scope["method"], scope["path"], scope.get("query_string", b""), body, scope["headers"],
+                          bound, client_address(scope, headers, mw.client_header), mw.tenant_of(scope, headers),
+                          release_token, scope["headers"])
 
 
 def _presented_token(scope: Scope) -> bytes:
@@ -95,15 +156,23 @@ def _urls(mw: ReviewHost, scope: Scope, review_id: str) -> tuple[str, str]:
 
 
 async def hold(
-    mw: ReviewHost, scope: Scope, send: Send, subject: HttpSubject, body: bytes, verdict: Verdict
+    mw: ReviewHost, scope: Scope, send: Send, subject: HttpSubject, body: bytes, verdict: Verdict, reads: HttpReads
 ) -> None:
-    """Store a review item for an ``escalate`` verdict and answer 202 (503 when the store is down: fail closed)."""
+    """Store a review item for an ``escalate`` verdict and answer 202 (503 when the store is down: fail closed;
+    429 when this client has too many pending items). ``reads``: what the policy read (bound by the digest)."""
     headers = verdict_headers(verdict)
     release_token = secrets.token_urlsafe(24)
+    bound = binding(reads)
     try:
-        item = await mw.review_store.create(verdict, subject=subject_summary(subject),
-                                            digest=content_digest(scope, body, release_token.encode()),
-                                            request=held_request(scope, body))
+        digest = _scope_digest(mw, scope, body, bound, release_token.encode())
+        item = await mw.review_store.create(verdict, subject=subject_summary(subject), digest=digest,
+                                            request=held_request(scope, body, bound),
+                                            tenant=mw.tenant_of(scope, subject.headers), client=subject.client)
+    except ReviewQuotaExceeded as exc:
+        mw.metrics.reviews.labels("client_quota").inc()
+        await send_json(send, 429, {"code": "review_quota_exceeded", "message": str(exc), "review_id": None},
+                        [*headers, (b"retry-after", str(int(exc.retry_after)).encode())])
+        return
     except ReviewStoreUnavailable as exc:
         mw.metrics.reviews.labels("store_unavailable").inc()
         await _review_error(send, exc, headers)
@@ -126,10 +195,12 @@ def _released_headers(item: ReviewItem) -> HeaderList:
 async def release_on_resend(
     mw: ReviewHost, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes
 ) -> None:
-    """The client resent an approved request with ``x-guard-review-id``: release it once if the content, the release
-    token and the credentials match."""
+    """The client resent an approved request with ``x-guard-review-id``: release it once if the content, what the
+    policy read, the release token and the credentials match."""
     try:
-        item = await mw.review_store.release(review_id, content_digest(scope, body, _presented_token(scope)))
+        held = (await mw.review_store.get(review_id)).request or {}
+        digest = _scope_digest(mw, scope, body, held.get("bound", {}), _presented_token(scope)) if held else ""
+        item = await mw.review_store.release(review_id, digest)
     except ReviewError as exc:
         mw.metrics.reviews.labels("refused").inc()
         await _review_error(send, exc)
@@ -178,20 +249,26 @@ class ClientReviewEndpoints:
             return
         try:
             item = await self.mw.review_store.get(review_id)
-            if item.request is None:
+            if item.request is None:  # released or rejected (the request is deleted then), or not an HTTP item
+                await self.mw.review_store.release(review_id, "")  # raises the conflict that names the status
                 raise ReviewConflict(review_id, item.status, "the item holds no HTTP request to release")
             held = item.request
             body = base64.b64decode(held["body_b64"])
-            digest = digest_of(held["method"], held["path"], held["query_string"].encode("latin-1"), body,
-                               *_client_binding(scope["headers"], _presented_token(scope)))
+            headers = [*((k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]),
+                       *((k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS)]  # what is replayed
+            mine = header_map(scope)
+            digest = content_digest(held["method"], held["path"], held["query_string"].encode("latin-1"), body,
+                                    headers, held.get("bound", {}), client_address(scope, mine, self.mw.client_header),
+                                    self.mw.tenant_of(scope, mine), _presented_token(scope), scope["headers"])
             item = await self.mw.review_store.release(review_id, digest)
+        except BodyError as exc:
+            await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field})
+            return
         except ReviewError as exc:
             self.mw.metrics.reviews.labels("refused").inc()
             await _review_error(send, exc)
             return
         self.mw.metrics.reviews.labels("released").inc()
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]]
-        headers += [(k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS]
         headers.append((b"content-length", str(len(body)).encode()))
         replay = {**scope, "method": held["method"], "path": held["path"], "raw_path": held["raw_path"].encode(
             "latin-1"), "query_string": held["query_string"].encode("latin-1"), "headers": headers}

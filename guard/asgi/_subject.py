@@ -17,6 +17,7 @@ __all__ = [
     "METHOD_OVERRIDE_HEADERS",
     "SENSITIVE_HEADERS",
     "SINGLE_VALUE_HEADERS",
+    "client_address",
     "head_subject",
     "header_map",
     "held_request",
@@ -129,19 +130,25 @@ def _host_name(host: str) -> str:
     return host.removesuffix(".")
 
 
-def head_subject(scope: Scope, headers: dict[str, str], client_header: str | None) -> HttpSubject:
-    """The subject without query or body: everything a policy's ``match`` may look at."""
-    client: str | None = None
+def client_address(scope: Scope, headers: dict[str, str], client_header: str | None) -> str | None:
+    """Who sent the request: the first address in ``client_header`` when it is configured and present, else the
+    peer address."""
     if client_header is not None and client_header in headers:
-        client = headers[client_header].split(",")[0].strip() or None
-    else:
-        peer = scope.get("client")
-        if peer:
-            client = str(peer[0])
+        return headers[client_header].split(",")[0].strip() or None
+    peer = scope.get("client")
+    return str(peer[0]) if peer else None
+
+
+def head_subject(
+    scope: Scope, headers: dict[str, str], client_header: str | None, path: str | None = None
+) -> HttpSubject:
+    """The subject without query or body: everything a policy's ``match`` may look at; ``path`` replaces the
+    scope's (the matching view of it, ``GuardMiddleware(path_case=..., trailing_slash=...)``)."""
+    client = client_address(scope, headers, client_header)
     media = media_type(headers.get("content-type", ""))
     return HttpSubject(
         method=scope["method"].upper(),
-        path=scope["path"],
+        path=scope["path"] if path is None else path,
         headers=headers,
         host=_host(headers, scope),
         client=client,
@@ -176,9 +183,11 @@ def subject_summary(subject: HttpSubject) -> dict[str, Any]:
     }
 
 
-def held_request(scope: Scope, body: bytes) -> dict[str, Any]:
-    """Everything needed to replay the request later, minus credentials and hop-by-hop headers (JSON-safe)."""
+def held_request(scope: Scope, body: bytes, bound: dict[str, Any]) -> dict[str, Any]:
+    """Everything needed to replay the request later, minus credentials and hop-by-hop headers (JSON-safe), and
+    ``bound``: which headers and fields the release digest covers (``_reviews.binding``)."""
     return {
+        "bound": bound,
         "method": scope["method"],
         "path": scope["path"],
         "raw_path": (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1"),

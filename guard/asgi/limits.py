@@ -14,6 +14,7 @@ from typing import Literal
 from guard._json import DEFAULT_MAX_DEPTH, DuplicateKeys
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT_S",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_DECODED_BYTES",
     "DEFAULT_MAX_ENCODINGS",
@@ -26,6 +27,8 @@ __all__ = [
     "OpaqueMedia",
 ]
 
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""Seconds a client has to send a judged body."""
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 """Most request-body bytes received for inspection (1 MiB); one more byte is a 413."""
 DEFAULT_MAX_DECODED_BYTES = 4 << 20
@@ -63,6 +66,8 @@ class BodyLimits:
         max_part_header_bytes: most bytes of one part's header block; 400 above.
         max_multipart_junk_bytes: most preamble bytes and most epilogue bytes; 400 above.
         opaque_media: see :data:`OpaqueMedia`.
+        body_timeout_s: most seconds to receive a judged body, from its first read to its last byte; 408
+            ``body_timeout`` after (a stalled near-limit body is not held indefinitely).
     """
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -75,8 +80,11 @@ class BodyLimits:
     max_part_header_bytes: int = DEFAULT_MAX_PART_HEADER_BYTES
     max_multipart_junk_bytes: int = DEFAULT_MAX_MULTIPART_JUNK_BYTES
     opaque_media: OpaqueMedia = "reject"
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.body_timeout_s, (int, float)) and self.body_timeout_s > 0):
+            raise ValueError(f"BodyLimits.body_timeout_s is {self.body_timeout_s!r}; it must be positive seconds")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.startswith("max_") and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

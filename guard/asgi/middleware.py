@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import operator
+from collections.abc import Callable
 from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -67,16 +69,27 @@ from guard.policy import Policy
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
-__all__ = ["DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "GuardMiddleware", "MethodOverride"]
+__all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "GuardMiddleware", "MethodOverride",
+           "PathCase", "TrailingSlash", "UnexpectedBody"]
 
 logger = logging.getLogger("guard.asgi")
 
 DEFAULT_REVIEW_PATH = "/_guard/reviews"
+"""Where clients poll and release their held requests (``GET <path>/<id>``, ``POST <path>/<id>/release``)."""
 MethodOverride = Literal["refuse", "judge", "ignore"]
 """What a method override header or ``?_method=`` does: 400 (``refuse``), the judged method (``judge``), nothing
 (``ignore``: for applications that never honour one)."""
 METHOD_OVERRIDES: tuple[str, ...] = ("refuse", "judge", "ignore")
-"""Where clients poll and release their held requests (``GET <path>/<id>``, ``POST <path>/<id>/release``)."""
+PathCase = Literal["fold", "exact"]
+"""How paths are matched: ``fold`` (default) also as lower-cased, ``exact`` only as sent."""
+TrailingSlash = Literal["strip", "keep"]
+"""``strip`` (default): a path ending in ``/`` is also matched without it; ``keep``: only as sent."""
+UnexpectedBody = Literal["refuse", "judge", "pass"]
+"""A body on a method without body semantics (:data:`BODYLESS_METHODS`) that no policy matches as sent (one that
+lists the method judges it as usual): 400 ``unexpected_body`` (``refuse``, default), judged by the policy that would
+judge it as a POST (``judge``), or passed unjudged (``pass``)."""
+BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
+"""Methods whose request content has no defined meaning (RFC 9110 9.3); many routers still read one."""
 
 
 class GuardMiddleware:
@@ -104,6 +117,13 @@ class GuardMiddleware:
             open; ``"full"``: every decision header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``,
             ``x-guard-shadow``). Responses guard gives itself (block, review, handoff) always carry every one.
         method_override: ``"refuse"`` (default), ``"judge"`` or ``"ignore"`` (:data:`MethodOverride`).
+        path_case: ``"fold"`` (default) or ``"exact"`` (:data:`PathCase`).
+        trailing_slash: ``"strip"`` (default) or ``"keep"`` (:data:`TrailingSlash`).
+        unexpected_body: ``"refuse"`` (default), ``"judge"`` or ``"pass"`` (:data:`UnexpectedBody`).
+        tenant_header: a header set by a trusted layer in front (an authenticating gateway) naming the request's
+            tenant; review items carry it, and reviewers scoped to tenants see only theirs. Sent twice: 400.
+        tenant: instead of ``tenant_header``, a function from the request's subject (its credentials in
+            ``subject.headers``) to the tenant, or ``None``.
 
     Raises:
         ValueError: for an invalid limit, a ``review_path`` that does not start with ``/``, an unknown
@@ -126,6 +146,11 @@ class GuardMiddleware:
         metrics: HttpMetrics | None = None,
         decision_headers: DecisionHeaders = "brief",
         method_override: MethodOverride = "refuse",
+        path_case: PathCase = "fold",
+        trailing_slash: TrailingSlash = "strip",
+        unexpected_body: UnexpectedBody = "refuse",
+        tenant_header: str | None = None,
+        tenant: Callable[[HttpSubject], str | None] | None = None,
     ) -> None:
         base = limits or BodyLimits()
         overrides: dict[str, Any] = {}
@@ -145,6 +170,18 @@ class GuardMiddleware:
         if method_override not in METHOD_OVERRIDES:
             raise ValueError(f"method_override is {method_override!r}; it must be one of {METHOD_OVERRIDES}")
         self.method_override = method_override
+        for name, value, allowed in (("path_case", path_case, ("fold", "exact")),
+                                     ("trailing_slash", trailing_slash, ("strip", "keep")),
+                                     ("unexpected_body", unexpected_body, ("refuse", "judge", "pass"))):
+            if value not in allowed:
+                raise ValueError(f"{name} is {value!r}; it must be one of {allowed}")
+        self._fold = path_case == "fold"
+        self._strip = trailing_slash == "strip"
+        self.unexpected_body = unexpected_body
+        if tenant_header is not None and tenant is not None:
+            raise ValueError("give tenant_header or tenant, not both")
+        self.tenant_header = tenant_header.lower() if tenant_header else None
+        self._tenant = tenant
         self.app = app
         self.guard = guard
         self.decision_headers = decision_headers
@@ -172,15 +209,52 @@ class GuardMiddleware:
             return
         try:
             headers = header_map(scope)
-            head = head_subject(self._judged_method(scope, headers), headers, self.client_header)
+            judged = self._judged_method(scope, headers)
+            head, matched = self._match(judged, headers)
+            if (not matched and self.unexpected_body != "pass" and judged["method"].upper() in BODYLESS_METHODS
+                    and _has_body(headers)):  # a body no policy would judge
+                if self.unexpected_body == "refuse":
+                    raise BodyError(400, "unexpected_body", f"a {judged['method'].upper()} request carries a body; "
+                                    "send it with POST, PUT or PATCH", field="body")
+                head, matched = self._match({**judged, "method": "POST"}, headers)
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
-        matched = self.guard.matching(head)
         if not matched:
             await self.app(scope, receive, send)
             return
         await self._guard(scope, receive, send, head, matched)
+
+    def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
+        """The subject and every policy that judges it (empty when none does): matched on the path's canonical view
+        first (lower-cased, trailing slash removed, as configured), then on the path as sent."""
+        path: str = scope["path"]
+        view = (path.rstrip("/") or "/") if self._strip else path
+        view = view.lower() if self._fold else view
+        head = head_subject(scope, headers, self.client_header, view)
+        matched = self.guard.matching(head)
+        if not matched and view != path:
+            head = head_subject(scope, headers, self.client_header)
+            matched = self.guard.matching(head)
+        return head, matched
+
+    def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:
+        """The request's tenant: the ``tenant_header`` value, or what ``tenant`` says of the request's subject;
+        ``None`` without either.
+
+        Raises:
+            BodyError: 400 ``repeated_header`` when the tenant header is sent more than once.
+        """
+        if self.tenant_header is not None:
+            raw = self.tenant_header.encode("latin-1")
+            if sum(1 for k, _ in scope["headers"] if k.lower() == raw) > 1:
+                raise BodyError(400, "repeated_header", f"the {self.tenant_header} header is sent more than once; "
+                                "send it once", field=self.tenant_header)
+            value = headers.get(self.tenant_header, "").strip()
+            return value or None
+        if self._tenant is not None:
+            return self._tenant(head_subject(scope, headers, self.client_header))
+        return None
 
     def _judged_method(self, scope: Scope, headers: dict[str, str]) -> Scope:
         """The scope the subject is built from: as sent, or with the overriding method (``judge``).
@@ -204,10 +278,11 @@ class GuardMiddleware:
         response."""
         limits, headers = self.limits, head.headers
         try:
+            self.tenant_of(scope, headers)  # an ambiguous tenant is refused before anything is held
             encoding = headers.get("content-encoding")
             codings = parse_encodings(encoding, limits.max_encodings) if encoding else None
             declared = declared_length(headers.get("content-length"))
-            body = await read_body(receive, limits.max_body_bytes, declared)
+            body = await read_body(receive, limits.max_body_bytes, declared, limits.body_timeout_s)
             if body is None:
                 self.metrics.disconnects.inc()
                 return
@@ -232,7 +307,8 @@ class GuardMiddleware:
         elif verdict.action == "block":
             await _block(send, verdict)
         elif verdict.action == "escalate":
-            await hold(self, scope, send, subject, body, verdict)
+            reads = functools.reduce(operator.or_, (p.http_reads for p in matched))  # bound to what any policy read
+            await hold(self, scope, send, subject, body, verdict, reads)
         else:
             policy = next(p for p in matched if p.id == verdict.policy_id)  # the policy whose rule handed off
             outcome = await respond_with_handoff(self.handoff, policy, verdict, subject, send, verdict_headers(verdict))
@@ -257,8 +333,16 @@ class GuardMiddleware:
                 "rule": exc.code,
                 "decision_id": verdict.decision_id,
             },
-            verdict_headers(verdict),
+            # a stalled body is not waited for: close. (After a 413 the server reads and drops the rest, so the
+            # client, still sending, gets the answer rather than a reset; the head timer bounds that drain.)
+            [*verdict_headers(verdict), (b"connection", b"close")] if exc.status == 408 else verdict_headers(verdict),
         )
+
+
+def _has_body(headers: dict[str, str]) -> bool:
+    """Whether the request declares content: a ``Transfer-Encoding``, or a ``Content-Length`` other than 0."""
+    length = headers.get("content-length")
+    return "transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
 
 
 async def _block(send: Send, verdict: Verdict) -> None:

@@ -16,40 +16,34 @@ Upstream trouble becomes ``{code, message}``: 502 ``upstream_unavailable`` (refu
 ``upstream_timeout`` (no connection or no response in time). If the upstream breaks after the response started, the
 client connection is aborted (never a truncated body that looks complete).
 
-Built-in endpoints, outside the guard: ``GET /_guard/live`` (liveness: 200 while the process serves), ``GET
-/_guard/health`` (readiness: 200 with the engine's health, ``ok`` or ``degraded``, while a policy set is loaded) and
-``GET /_guard/metrics`` (Prometheus text). With ``reviewers`` the reviewers' API is served at
-``/_guard/admin/reviews``, each reviewer with their own bearer token.
+The proxied listener serves nothing of its own besides the clients' review endpoints of the middleware
+(``/_guard/reviews/<id>``): liveness, readiness, metrics and the reviewers' API are on the admin listener
+(:mod:`guard.asgi.admin`, ``guard proxy --admin-listen``), and a request for ``/_guard/health`` here is forwarded
+to the upstream like any other path (judged when a policy matches it).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from prometheus_client import REGISTRY, generate_latest
-from starlette.applications import Starlette
-from starlette.routing import Mount
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from guard._body import Deadline
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
-from guard.asgi._target import canonical_scope, request_target
+from guard.asgi._target import request_target
 from guard.asgi.middleware import GuardMiddleware
-from guard.asgi.review_api import review_app
 from guard.engine import Guard
 from guard.errors import BodyError
 
 __all__ = [
-    "DEFAULT_ADMIN_PATH",
-    "DEFAULT_HEALTH_PATH",
-    "DEFAULT_LIVE_PATH",
-    "DEFAULT_METRICS_PATH",
     "HOP_BY_HOP",
+    "ProxyApp",
     "ProxyConfig",
     "ReverseProxy",
     "proxy_app",
@@ -70,13 +64,10 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-DEFAULT_LIVE_PATH = "/_guard/live"
-DEFAULT_HEALTH_PATH = "/_guard/health"
-DEFAULT_METRICS_PATH = "/_guard/metrics"
-DEFAULT_ADMIN_PATH = "/_guard/admin/reviews"
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 60.0
 DEFAULT_MAX_CONNECTIONS = 200
+DEFAULT_BODY_IDLE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +80,8 @@ class ProxyConfig:
         read_timeout: seconds of upstream silence allowed, before the response starts or between chunks.
         max_connections: size of the upstream connection pool.
         preserve_host: forward the client's ``Host`` (default: the upstream's host).
+        body_idle_timeout: most seconds of client silence while a request body is forwarded (408 before the
+            upstream answered; the upstream request is abandoned).
     """
 
     upstream: str
@@ -96,6 +89,7 @@ class ProxyConfig:
     read_timeout: float = DEFAULT_READ_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     preserve_host: bool = False
+    body_idle_timeout: float = DEFAULT_BODY_IDLE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -105,14 +99,18 @@ class ProxyConfig:
             httpx.URL(self.upstream)
         except httpx.InvalidURL as exc:
             raise ValueError(f"upstream {self.upstream!r} is not a valid URL: {exc}") from exc
-        if not (self.connect_timeout > 0 and self.read_timeout > 0):
-            raise ValueError("connect_timeout and read_timeout must be positive seconds")
+        if not (self.connect_timeout > 0 and self.read_timeout > 0 and self.body_idle_timeout > 0):
+            raise ValueError("connect_timeout, read_timeout and body_idle_timeout must be positive seconds")
         if self.max_connections < 1:
             raise ValueError(f"max_connections is {self.max_connections}; it must be at least 1")
 
 
 class _ClientGone(Exception):
     """The client disconnected while its body was being forwarded."""
+
+
+class _ClientStalled(Exception):
+    """The client sent nothing for ``body_idle_timeout`` seconds while its body was being forwarded."""
 
 
 def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
@@ -185,13 +183,17 @@ class ReverseProxy:
         if original_host:
             headers.append((b"x-forwarded-host", original_host))
         has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
-        content = self._body(receive) if has_body else None
+        content = self._body(receive, self.config.body_idle_timeout) if has_body else None
         return self._client.build_request(scope["method"], url, headers=headers, content=content)
 
     @staticmethod
-    async def _body(receive: Receive) -> AsyncIterator[bytes]:
+    async def _body(receive: Receive, idle_s: float) -> AsyncIterator[bytes]:
         while True:
-            message = await receive()
+            try:
+                with Deadline(idle_s):
+                    message = await receive()
+            except TimeoutError:
+                raise _ClientStalled from None
             if message["type"] == "http.disconnect":
                 raise _ClientGone
             chunk = message.get("body", b"")
@@ -213,6 +215,11 @@ class ReverseProxy:
         try:
             response = await self._client.send(request, stream=True)
         except _ClientGone:
+            return
+        except _ClientStalled:
+            await send_json(send, 408, {"code": "body_timeout", "message": "the request body stalled for "
+                                        f"{self.config.body_idle_timeout:g} s", "field": "body"},
+                            [(b"connection", b"close")])
             return
         except httpx.TimeoutException as exc:
             self.metrics.upstream_errors.labels("timeout").inc()
@@ -259,26 +266,27 @@ class ReverseProxy:
             await response.aclose()
 
 
-class _ProxyApp:
-    """Top-level dispatcher: lifespan, health, metrics and the admin API outside the guard; the rest guarded.
+class ProxyApp:
+    """Top-level dispatcher: lifespan outside the guard; every ``http`` request's target made canonical
+    (:mod:`guard.asgi._target`), then guarded and forwarded. Nothing else is served here: health, metrics and the
+    reviewers' API live on the admin listener (:mod:`guard.asgi.admin`), and a request for ``/_guard/health`` on
+    this listener is forwarded like any other.
 
-    Every ``http`` request's target is made canonical first (:mod:`guard.asgi._target`), so the built-in endpoints,
-    the guard and the upstream all see the same path.
+    Attributes:
+        guarded: the :class:`GuardMiddleware` (its ``review_store`` and ``metrics`` feed the admin app).
+        proxy: the :class:`ReverseProxy` behind it.
+        guard: the engine.
     """
 
     def __init__(
         self,
-        guarded: ASGIApp,
+        guarded: GuardMiddleware,
         proxy: ReverseProxy,
         guard: Guard,
-        metrics: HttpMetrics,
-        admin: ASGIApp | None,
-        paths: tuple[str, str, str, str],
         on_startup: Callable[[], Awaitable[None]] | None,
         on_shutdown: Callable[[], Awaitable[None]] | None,
     ) -> None:
-        self.guarded, self.proxy, self.guard, self.metrics, self.admin = guarded, proxy, guard, metrics, admin
-        self.live_path, self.health_path, self.metrics_path, self.admin_path = paths
+        self.guarded, self.proxy, self.guard = guarded, proxy, guard
         self.on_startup = on_startup
         self.on_shutdown = on_shutdown
 
@@ -286,44 +294,7 @@ class _ProxyApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] == "http":
-            try:
-                scope = canonical_scope(scope)
-            except BodyError as exc:
-                await refuse_target(send, exc, self.metrics)
-                return
-            path = scope["path"]
-            if path == self.live_path:
-                await send_json(send, 200, {"status": "alive"})
-                return
-            if path == self.health_path:
-                await self._readiness(send)
-                return
-            if path == self.metrics_path:
-                body = generate_latest(REGISTRY) + self.metrics.render()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200,
-                        "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-            if self.admin is not None and (path == self.admin_path or path.startswith(self.admin_path + "/")):
-                if path == self.admin_path:  # the list lives at "<admin>/"; answer it here rather than with a 307
-                    scope = {**scope, "path": path + "/", "raw_path": scope["raw_path"] + b"/"}
-                await self.admin(scope, receive, send)
-                return
         await self.guarded(scope, receive, send)
-
-    async def _readiness(self, send: Send) -> None:
-        """200 while a policy set is loaded and requests are judged, ``status`` ``ok`` or ``degraded`` (a Redis
-        error in the last 30 s, or a failed reload with the last good policies still active); 503 only when no policy
-        is loaded."""
-        health = self.guard.health()
-        ready = health["policies"] > 0
-        await send_json(send, 200 if ready else 503, {**health, "ready": ready})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -344,29 +315,19 @@ def proxy_app(
     guard: Guard,
     config: ProxyConfig,
     *,
-    reviewers: Mapping[str, str] | None = None,
-    review_insecure_loopback: bool = False,
     client: httpx.AsyncClient | None = None,
-    live_path: str = DEFAULT_LIVE_PATH,
-    health_path: str = DEFAULT_HEALTH_PATH,
-    metrics_path: str = DEFAULT_METRICS_PATH,
-    admin_path: str = DEFAULT_ADMIN_PATH,
     on_startup: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     **middleware_options: Any,
-) -> ASGIApp:
-    """The whole proxy: :class:`ReverseProxy` behind :class:`GuardMiddleware`, plus health, metrics and (with
-    ``reviewers``, or ``review_insecure_loopback``) the reviewers' API.
+) -> ProxyApp:
+    """The proxied listener's app: :class:`ReverseProxy` behind :class:`GuardMiddleware`. Serve the admin endpoints
+    with :func:`guard.asgi.admin.admin_app` (``review_store=app.guarded.review_store, metrics=app.guarded.metrics``)
+    on another address.
 
     Args:
         guard: the engine (the caller closes it).
         config: upstream and timeouts.
-        reviewers: serve the reviewers' API at ``admin_path``; reviewer name -> bearer token
-            (:func:`guard.asgi.review_api.review_routes`).
-        review_insecure_loopback: serve it without tokens to loopback clients only (403 for any other).
         client: an ``httpx.AsyncClient`` for the upstream (tests); default one from ``config``.
-        live_path, health_path, metrics_path, admin_path: where the built-in endpoints live (liveness, readiness,
-            Prometheus text, reviewers' API).
         on_startup: awaited at lifespan startup (e.g. start a policy watcher).
         on_shutdown: awaited at lifespan shutdown, after the upstream pool is closed (e.g. close the Guard).
         **middleware_options: passed to :class:`GuardMiddleware` (``limits``, ``review_store``, ``handoff``, ...).
@@ -374,17 +335,4 @@ def proxy_app(
     metrics: HttpMetrics = middleware_options.pop("metrics", None) or HttpMetrics()
     proxy = ReverseProxy(config, client=client, metrics=metrics)
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
-    admin: ASGIApp | None = None
-    if reviewers is not None or review_insecure_loopback:
-        reviews = review_app(guarded.review_store, reviewers=reviewers, insecure_loopback=review_insecure_loopback)
-        admin = Starlette(routes=[Mount(admin_path, app=reviews)])
-    return _ProxyApp(
-        guarded,
-        proxy,
-        guard,
-        metrics,
-        admin,
-        (live_path, health_path, metrics_path, admin_path),
-        on_startup,
-        on_shutdown,
-    )
+    return ProxyApp(guarded, proxy, guard, on_startup, on_shutdown)

@@ -10,6 +10,15 @@ Without tokens the API refuses to be built, unless ``insecure_loopback=True``: t
 connecting from a loopback address (127.0.0.0/8, ``::1``) and records them as ``loopback``; any other client gets 403.
 Tokens are compared in constant time (SHA-256 of the presented token against each reviewer's, every one compared).
 
+**Tenants.** A reviewer may be scoped to tenants (``Reviewer(token, tenants={"acme"})``, or ``name:token:acme|globex``
+in :func:`parse_reviewer_tokens`): it lists, reads, approves and rejects only items whose ``tenant`` is one of them;
+any other item is a 404 ``review_not_found``, as if it did not exist (so ids of other tenants cannot be probed). An
+unscoped reviewer sees every item, those without a tenant included.
+
+**Rate limit.** Each reviewer's token gets a token bucket (``rate_limit=(per second, burst)``, default
+:data:`DEFAULT_RATE_LIMIT`); calls without a valid token share one bucket per client address, so guessing tokens is
+as slow as the limit. Past it: 429 ``rate_limited`` with ``Retry-After``.
+
 =======  ===========================  =============================================================================
 GET      ``/``                        items with ``?status=pending`` (default; ``approved``, ``rejected``,
                                       ``released``, ``all``) and ``?limit=`` (1-1000, default 100), oldest first
@@ -21,7 +30,7 @@ GET      ``/console``                 the review console page (``guard.asgi.cons
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
 ``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``,
-403 ``loopback_only``. Releasing an approved
+403 ``loopback_only``, 429 ``rate_limited``. Releasing an approved
 item is the client's step (``guard/asgi/_reviews.py``) or the agent's (``guard.asgi.review_store.ReviewStore.release``).
 """
 
@@ -29,8 +38,10 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -39,15 +50,36 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from guard._json import loads
+from guard.asgi._ratelimit import TokenBuckets
 from guard.asgi.console import console_route
-from guard.asgi.review_store import STATUSES, ReviewStore
+from guard.asgi.review_store import STATUSES, ReviewItem, ReviewStore
 from guard.errors import InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
 
-__all__ = ["MAX_LIST_LIMIT", "MIN_TOKEN_CHARS", "is_loopback", "parse_reviewer_tokens", "review_app", "review_routes"]
+__all__ = ["DEFAULT_RATE_LIMIT", "MAX_LIST_LIMIT", "MIN_TOKEN_CHARS", "Reviewer", "is_loopback",
+           "parse_reviewer_tokens", "review_app", "review_routes"]
 
 MAX_LIST_LIMIT = 1000
 MIN_TOKEN_CHARS = 16
 LOOPBACK_REVIEWER = "loopback"
+DEFAULT_RATE_LIMIT = (5.0, 30)
+"""Review API calls per second per token (and per client address without one), and the burst allowed."""
+
+
+@dataclass(frozen=True)
+class Reviewer:
+    """One reviewer's credential and scope.
+
+    Attributes:
+        token: the bearer token (at least :data:`MIN_TOKEN_CHARS` characters).
+        tenants: the tenants whose items it may see and decide; ``None`` = every item.
+    """
+
+    token: str
+    tenants: frozenset[str] | None = None
+
+
+def _as_reviewer(value: str | Reviewer) -> Reviewer:
+    return value if isinstance(value, Reviewer) else Reviewer(value)
 _MAX_DECISION_BODY = 16 * 1024
 _MAX_TEXT = 1000
 
@@ -64,37 +96,43 @@ def _review_error(exc: ReviewError) -> JSONResponse:
     return _error(503, "review_unavailable", str(exc))
 
 
-def parse_reviewer_tokens(text: str) -> dict[str, str]:
-    """Reviewer tokens from ``"name:token,name:token"`` (whitespace around entries ignored).
+def parse_reviewer_tokens(text: str) -> dict[str, Reviewer]:
+    """Reviewers from ``"name:token,name:token:tenant|tenant"`` (whitespace around entries ignored; a token holds
+    no ``:`` or ``,``; the optional third part scopes the reviewer to those tenants).
 
     Returns:
-        reviewer name -> token.
+        reviewer name -> :class:`Reviewer`.
 
     Raises:
-        ValueError: an empty list, an entry without ``name:``, a repeated name or token, or a token shorter than
-            :data:`MIN_TOKEN_CHARS`.
+        ValueError: an empty list, an entry without ``name:``, an empty tenant list, a repeated name or token, or a
+            token shorter than :data:`MIN_TOKEN_CHARS`.
     """
-    out: dict[str, str] = {}
+    out: dict[str, Reviewer] = {}
     for entry in (e.strip() for e in text.split(",")):
-        name, sep, token = entry.partition(":")
+        name, sep, rest = entry.partition(":")
         if not entry:
             continue
         if not sep or not name.strip():
             raise ValueError(f"reviewer token entry {entry[:12]!r}...: expected name:token")
         if name.strip() in out:
             raise ValueError(f"reviewer {name.strip()!r} is listed twice")
-        out[name.strip()] = token.strip()
+        token, scoped, tenants = rest.partition(":")
+        names = frozenset(t.strip() for t in tenants.split("|") if t.strip())
+        if scoped and not names:
+            raise ValueError(f"reviewer {name.strip()!r}: an empty tenant list after the token")
+        out[name.strip()] = Reviewer(token.strip(), names if scoped else None)
     _check_reviewers(out)
     return out
 
 
-def _check_reviewers(reviewers: Mapping[str, str]) -> None:
+def _check_reviewers(reviewers: Mapping[str, str | Reviewer]) -> None:
     if not reviewers:
         raise ValueError("no reviewer tokens given")
-    for name, token in reviewers.items():
+    tokens = [_as_reviewer(r).token for r in reviewers.values()]
+    for name, token in zip(reviewers, tokens):
         if len(token) < MIN_TOKEN_CHARS:
             raise ValueError(f"reviewer {name!r}: the token has {len(token)} characters; at least {MIN_TOKEN_CHARS}")
-    if len(set(reviewers.values())) != len(reviewers):
+    if len(set(tokens)) != len(tokens):
         raise ValueError("two reviewers share a token; each reviewer needs their own")
 
 
@@ -107,23 +145,27 @@ def is_loopback(host: str) -> bool:
 
 
 class _Api:
-    def __init__(self, store: ReviewStore, reviewers: Mapping[str, str] | None, insecure_loopback: bool) -> None:
+    def __init__(self, store: ReviewStore, reviewers: Mapping[str, str | Reviewer] | None, insecure_loopback: bool,
+                 rate_limit: tuple[float, int]) -> None:
         self.store = store
         if reviewers is None and not insecure_loopback:
             raise ValueError("the review API needs reviewer tokens (reviewers={name: token}); without them it runs "
                              "only with insecure_loopback=True, for clients on this machine")
         if reviewers is not None:
             _check_reviewers(reviewers)
-        self._digests = [(hashlib.sha256(t.encode()).digest(), n) for n, t in (reviewers or {}).items()]
+        scoped = {n: _as_reviewer(r) for n, r in (reviewers or {}).items()}
+        self._digests = [(hashlib.sha256(r.token.encode()).digest(), n) for n, r in scoped.items()]
+        self._tenants = {n: r.tenants for n, r in scoped.items()}
+        self._buckets = TokenBuckets(*rate_limit)
 
     def _reviewer(self, request: Request) -> str | JSONResponse:
-        """The caller's reviewer name, or the 401/403 answer."""
+        """The caller's reviewer name, or the 401/403/429 answer."""
+        client = request.client.host if request.client else ""
         if not self._digests:
-            client = request.client.host if request.client else ""
-            if is_loopback(client):
-                return LOOPBACK_REVIEWER
-            return _error(403, "loopback_only", "this review API has no tokens and answers loopback clients only",
-                          "client")
+            if not is_loopback(client):
+                return _error(403, "loopback_only", "this review API has no tokens and answers loopback clients "
+                              "only", "client")
+            return self._limited(LOOPBACK_REVIEWER) or LOOPBACK_REVIEWER
         given = request.headers.get("authorization", "")
         presented = hashlib.sha256(given[7:].encode() if given.startswith("Bearer ") else b"").digest()
         found: str | None = None
@@ -131,8 +173,28 @@ class _Api:
             if secrets.compare_digest(presented, digest) and given.startswith("Bearer "):
                 found = name
         if found is None:
-            return _error(401, "unauthorized", "send 'Authorization: Bearer <your review token>'", "authorization")
-        return found
+            return self._limited("client:" + client) or _error(
+                401, "unauthorized", "send 'Authorization: Bearer <your review token>'", "authorization")
+        return self._limited("reviewer:" + found) or found
+
+    def _limited(self, key: str) -> JSONResponse | None:
+        wait = self._buckets.take(key)
+        if not wait:
+            return None
+        response = _error(429, "rate_limited", "too many review API calls; slow down", "authorization")
+        response.headers["retry-after"] = str(math.ceil(wait))
+        return response
+
+    def _visible(self, who: str, item: ReviewItem) -> bool:
+        tenants = self._tenants.get(who)
+        return tenants is None or (item.tenant is not None and item.tenant in tenants)
+
+    async def _item(self, who: str, review_id: str) -> ReviewItem:
+        """The item, if ``who`` may see it. Raises ReviewNotFound (also for another tenant's item)."""
+        item = await self.store.get(review_id)
+        if not self._visible(who, item):
+            raise ReviewNotFound(review_id)
+        return item
 
     async def list(self, request: Request) -> JSONResponse:
         if isinstance(who := self._reviewer(request), JSONResponse):
@@ -147,7 +209,7 @@ class _Api:
                           f"{MAX_LIST_LIMIT}", "limit")
         try:
             items = await self.store.list_items(None if status == "all" else status,  # type: ignore[arg-type]
-                                                limit=int(raw_limit))
+                                                limit=int(raw_limit), tenants=self._tenants.get(who))
         except ReviewError as exc:
             return _review_error(exc)
         return JSONResponse({"items": [item.to_json() for item in items], "count": len(items)})
@@ -156,7 +218,7 @@ class _Api:
         if isinstance(who := self._reviewer(request), JSONResponse):
             return who
         try:
-            item = await self.store.get(request.path_params["review_id"])
+            item = await self._item(who, request.path_params["review_id"])
         except ReviewError as exc:
             return _review_error(exc)
         return JSONResponse(item.to_json())
@@ -197,6 +259,7 @@ class _Api:
         review_id = request.path_params["review_id"]
         change = self.store.approve if approve else self.store.reject
         try:
+            await self._item(who, review_id)
             item = await change(review_id, by=who, note=note)
         except ReviewError as exc:
             return _review_error(exc)
@@ -204,20 +267,22 @@ class _Api:
 
 
 def review_routes(
-    store: ReviewStore, *, reviewers: Mapping[str, str] | None = None, insecure_loopback: bool = False
+    store: ReviewStore, *, reviewers: Mapping[str, str | Reviewer] | None = None, insecure_loopback: bool = False,
+    rate_limit: tuple[float, int] = DEFAULT_RATE_LIMIT,
 ) -> list[Route]:
     """The reviewers' routes (see the module docstring), to include in your own app or ``Mount``.
 
     Args:
         store: the review store the middleware writes to.
-        reviewers: reviewer name -> bearer token (each at least :data:`MIN_TOKEN_CHARS` characters, all distinct);
-            every call must send one (401 otherwise).
+        reviewers: reviewer name -> bearer token or :class:`Reviewer` (each token at least :data:`MIN_TOKEN_CHARS`
+            characters, all distinct); every call must send one (401 otherwise).
         insecure_loopback: with no ``reviewers``, answer loopback clients without a token (403 for others).
+        rate_limit: ``(calls per second, burst)`` per token (and per client address without a valid one).
 
     Raises:
-        ValueError: no ``reviewers`` and not ``insecure_loopback``; a short or shared token.
+        ValueError: no ``reviewers`` and not ``insecure_loopback``; a short or shared token; a bad rate limit.
     """
-    api = _Api(store, reviewers, insecure_loopback)
+    api = _Api(store, reviewers, insecure_loopback, rate_limit)
     return [
         console_route(),  # GET /console: the page; before /{review_id}
         Route("/", api.list, methods=["GET"]),
@@ -228,7 +293,9 @@ def review_routes(
 
 
 def review_app(
-    store: ReviewStore, *, reviewers: Mapping[str, str] | None = None, insecure_loopback: bool = False
+    store: ReviewStore, *, reviewers: Mapping[str, str | Reviewer] | None = None, insecure_loopback: bool = False,
+    rate_limit: tuple[float, int] = DEFAULT_RATE_LIMIT,
 ) -> Starlette:
     """A small Starlette app serving :func:`review_routes` (same arguments and errors), ready to ``Mount``."""
-    return Starlette(routes=review_routes(store, reviewers=reviewers, insecure_loopback=insecure_loopback))
+    return Starlette(routes=review_routes(store, reviewers=reviewers, insecure_loopback=insecure_loopback,
+                                          rate_limit=rate_limit))

@@ -27,15 +27,17 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from guard._seal import Sealer
-from guard.errors import ReviewConflict, ReviewNotFound, ReviewStoreUnavailable
+from guard.errors import ReviewConflict, ReviewNotFound, ReviewQuotaExceeded, ReviewStoreUnavailable
 from guard.subject import digest_of
 from guard.verdict import Verdict
 
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_ITEMS",
+    "DEFAULT_MAX_PENDING_PER_CLIENT",
     "DEFAULT_REVIEW_PREFIX",
     "DEFAULT_REVIEW_TTL_S",
     "MemoryReviewStore",
@@ -63,6 +66,9 @@ DEFAULT_REVIEW_PREFIX = "guard:review:"
 """Redis key prefix: items at ``<prefix><id>``, the expiry index at ``<prefix>index``."""
 DEFAULT_MAX_ITEMS = 10_000
 """Most items the in-memory store holds; creating one more fails closed."""
+DEFAULT_MAX_PENDING_PER_CLIENT = 100
+"""Most pending items one client may have at once (both stores); one more is a 429 for that client only, so a
+client filling the store cannot turn every other client's escalation into a 503."""
 DEFAULT_LIST_LIMIT = 100
 
 logger = logging.getLogger("guard.review")
@@ -83,7 +89,11 @@ class ReviewItem:
         rule: the rule that fired (``on_error`` when a fail mode escalated).
         message: the rule's message.
         subject: a short, redacted summary of what is held (HTTP: method, path, host, client; agent: tool, thread).
-        state: the decision state the model judged.
+        state: the decision state the model judged, with secret-named fields removed as the decision log's
+            ``redacted`` mode removes them (``guard.engine.telemetry.redact_secrets``).
+        tenant: the tenant the held request belongs to (``GuardMiddleware(tenant_header=...)``), or ``None``;
+            reviewers scoped to tenants see only their tenants' items.
+        client: who sent it (the subject's client), counted against the per-client cap on pending items.
         answers: each question's answer (``AnswerV1.to_json()`` plus every option's probability).
         digest: SHA-256 of the held content; a release must present the same digest.
         request: what is needed to replay the held content (HTTP: method, path, query, headers, body); ``None``
@@ -112,6 +122,8 @@ class ReviewItem:
     decided_at: float | None = None
     note: str | None = None
     released_at: float | None = None
+    tenant: str | None = None
+    client: str | None = None
 
     def to_json(self, *, include_request: bool = False) -> dict[str, Any]:
         """Everything a reviewer needs; the held ``request`` only when asked for (it can carry a body)."""
@@ -134,8 +146,15 @@ class ReviewItem:
         }
 
 
+def _redacted_state(state: Any) -> Any:
+    from guard.engine.telemetry import redact_secrets
+
+    return redact_secrets(state)
+
+
 def _new_item(
-    verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None, ttl_s: float
+    verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None, ttl_s: float,
+    tenant: str | None, client: str | None,
 ) -> ReviewItem:
     now = time.time()
     return ReviewItem(
@@ -150,12 +169,14 @@ def _new_item(
         rule=verdict.rule,
         message=verdict.message,
         subject=dict(subject),
-        state=verdict.state,
+        state=_redacted_state(verdict.state),
         answers={
             qid: {**answer.to_json(), "probabilities": {k: round(v, 6) for k, v in answer.probabilities.items()}}
             for qid, answer in verdict.answers.items()
         },
         request=request,
+        tenant=tenant,
+        client=client,
     )
 
 
@@ -175,9 +196,11 @@ class ReviewStore(Protocol):
     ttl_s: float
 
     async def create(
-        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None
+        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None,
+        tenant: str | None = None, client: str | None = None,
     ) -> ReviewItem:
-        """Store a new ``pending`` item for ``verdict`` and return it."""
+        """Store a new ``pending`` item for ``verdict`` and return it. Raises ReviewQuotaExceeded when ``client``
+        already has ``max_pending_per_client`` pending items."""
         ...
 
     async def get(self, review_id: str) -> ReviewItem:
@@ -185,9 +208,11 @@ class ReviewStore(Protocol):
         ...
 
     async def list_items(
-        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT
+        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT,
+        tenants: Collection[str] | None = None,
     ) -> list[ReviewItem]:
-        """Live items with that status (all when ``None``), oldest first, without their held requests."""
+        """Live items with that status (all when ``None``) and, given ``tenants``, one of those tenants; oldest
+        first, without their held requests."""
         ...
 
     async def approve(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
@@ -218,57 +243,100 @@ def _digest_conflict(item_id: str, status: str) -> ReviewConflict:
     return ReviewConflict(item_id, status, "the content or the client differs from what was reviewed (digest mismatch)")
 
 
+def _quota(client: str, count: int, cap: int, retry_after: float) -> ReviewQuotaExceeded:
+    return ReviewQuotaExceeded("(new)", f"this client already has {count} pending review items, its limit {cap}; "
+                               "wait for a decision on them", retry_after=max(1.0, retry_after))
+
+
+def _in_scope(item: ReviewItem, tenants: Collection[str] | None) -> bool:
+    return tenants is None or (item.tenant is not None and item.tenant in tenants)
+
+
 class MemoryReviewStore:
     """A review store in this process's memory: for one process, tests, and when no Redis is configured.
 
     Args:
         ttl_s: item lifetime, seconds.
         max_items: most live items held; creating another raises ReviewStoreUnavailable (fail closed).
+        max_pending_per_client: most pending items one client may have; another raises ReviewQuotaExceeded.
     """
 
-    def __init__(self, *, ttl_s: float = DEFAULT_REVIEW_TTL_S, max_items: int = DEFAULT_MAX_ITEMS) -> None:
+    def __init__(self, *, ttl_s: float = DEFAULT_REVIEW_TTL_S, max_items: int = DEFAULT_MAX_ITEMS,
+                 max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT) -> None:
         self.ttl_s = _check_ttl(ttl_s)
-        if max_items < 1:
-            raise ValueError(f"max_items is {max_items}; it must be at least 1")
+        if max_items < 1 or max_pending_per_client < 1:
+            raise ValueError(f"max_items ({max_items}) and max_pending_per_client ({max_pending_per_client}) must "
+                             "be at least 1")
         self.max_items = max_items
+        self.max_pending_per_client = max_pending_per_client
         self._items: dict[str, ReviewItem] = {}
+        self._pending: dict[str, list[ReviewItem]] = {}  # client -> its pending items, oldest first
 
     def __repr__(self) -> str:
         return f"MemoryReviewStore(ttl_s={self.ttl_s}, max_items={self.max_items}, items={len(self._items)})"
 
+    def _unpend(self, item: ReviewItem) -> None:
+        """Forget ``item`` in its client's pending list (decided or expired)."""
+        if item.client is None or item.status != "pending":
+            return
+        mine = self._pending.get(item.client, [])
+        self._pending[item.client] = [i for i in mine if i.id != item.id]
+        if not self._pending[item.client]:
+            del self._pending[item.client]
+
+    def _drop(self, key: str) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._unpend(item)
+
     def _purge(self) -> None:
         now = time.time()
         for key in [k for k, item in self._items.items() if item.expires_at <= now]:
-            del self._items[key]
+            self._drop(key)
 
     def _live(self, review_id: str) -> ReviewItem:
         item = self._items.get(review_id)
         if item is None or item.expires_at <= time.time():
-            self._items.pop(review_id, None)
+            self._drop(review_id)
             raise ReviewNotFound(review_id)
         return item
 
+    def _check_quota(self, client: str | None) -> None:
+        if client is None:
+            return
+        now = time.time()
+        mine = [i for i in self._pending.get(client, []) if i.expires_at > now]
+        if len(mine) >= self.max_pending_per_client:
+            raise _quota(client, len(mine), self.max_pending_per_client, mine[0].expires_at - now)
+
     async def create(
-        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None
+        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None,
+        tenant: str | None = None, client: str | None = None,
     ) -> ReviewItem:
+        self._check_quota(client)
         if len(self._items) >= self.max_items:
             self._purge()
         if len(self._items) >= self.max_items:
             raise ReviewStoreUnavailable(
                 "(new)", f"the in-memory review store holds {len(self._items)} items, its limit {self.max_items}"
             )
-        item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s)
+        item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
+                         tenant=tenant, client=client)
         self._items[item.id] = item
+        if client is not None:
+            self._pending.setdefault(client, []).append(item)
         return item
 
     async def get(self, review_id: str) -> ReviewItem:
         return self._live(review_id)
 
     async def list_items(
-        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT
+        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT,
+        tenants: Collection[str] | None = None,
     ) -> list[ReviewItem]:
         self._purge()
-        items = [i for i in self._items.values() if status is None or i.status == status]
+        items = [i for i in self._items.values()
+                 if (status is None or i.status == status) and _in_scope(i, tenants)]
         items.sort(key=lambda i: i.created_at)
         return [replace(i, request=None) for i in items[:limit]]
 
@@ -276,7 +344,9 @@ class MemoryReviewStore:
         item = self._live(review_id)
         if item.status != "pending":
             raise _conflict(review_id, item.status, "pending")
-        item = replace(item, status=to, decided_by=by, decided_at=time.time(), note=note)
+        self._unpend(item)
+        item = replace(item, status=to, decided_by=by, decided_at=time.time(), note=note,
+                       request=item.request if to == "approved" else None)
         self._items[review_id] = item
         return item
 
@@ -292,7 +362,7 @@ class MemoryReviewStore:
             raise _conflict(review_id, item.status, "approved")
         if not secrets.compare_digest(item.digest, digest):
             raise _digest_conflict(review_id, item.status)
-        item = replace(item, status="released", released_at=time.time())
+        item = replace(item, status="released", released_at=time.time(), request=None)
         self._items[review_id] = item
         return item
 
@@ -301,7 +371,7 @@ class MemoryReviewStore:
 
 
 _CORE_FIELDS = ("id", "created_at", "expires_at", "decision_id", "policy_id", "policy_version", "rule", "message",
-                "subject", "state", "answers")
+                "subject", "state", "answers", "tenant", "client")
 
 
 def _sealed(fields: list[str | None]) -> bytes:
@@ -310,15 +380,21 @@ def _sealed(fields: list[str | None]) -> bytes:
 
 
 class RedisReviewStore:
-    """A review store in Redis, shared by every replica: one hash per item with a TTL, plus an expiry index.
+    """A review store in Redis, shared by every replica: one hash per item with a TTL, plus an expiry index and,
+    per client, the ids of its pending items (``<prefix>pending:<sha256 of the client>``, for the per-client cap).
+
+    What Redis holds of an item in clear is its redacted view (summary, redacted state, answers, status); the held
+    request (headers, query and body, which a release replays) is encrypted with AES-256-GCM under a key derived
+    from the store key, bound to the item's Redis key, and deleted when the item is rejected or released.
 
     Args:
         client: a ``redis.asyncio.Redis`` client (any ``decode_responses`` setting).
         prefix: key prefix (see :data:`DEFAULT_REVIEW_PREFIX`).
         ttl_s: item lifetime, seconds (Redis expires the key).
         owns_client: close ``client`` in :meth:`aclose` (set by :meth:`from_url`).
-        store_key: the secret items are sealed with (at least 16 bytes); ``None`` = ``$GUARD_STORE_KEY``. Every
-            replica sharing the store needs the same one.
+        store_key: the secret items are sealed and their requests encrypted with (at least 16 bytes); ``None`` =
+            ``$GUARD_STORE_KEY``. Every replica sharing the store needs the same one.
+        max_pending_per_client: most pending items one client may have; another raises ReviewQuotaExceeded.
 
     Attributes:
         tampered: items refused so far because their seal did not check.
@@ -349,8 +425,12 @@ return {3, ARGV[2]}
         ttl_s: float = DEFAULT_REVIEW_TTL_S,
         owns_client: bool = False,
         store_key: bytes | str | None = None,
+        max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT,
     ) -> None:
         self.ttl_s = _check_ttl(ttl_s)
+        if max_pending_per_client < 1:
+            raise ValueError(f"max_pending_per_client is {max_pending_per_client}; it must be at least 1")
+        self.max_pending_per_client = max_pending_per_client
         self._sealer = Sealer.resolve(store_key, "RedisReviewStore")
         self.tampered = 0
         self.prefix = prefix
@@ -363,19 +443,24 @@ return {3, ARGV[2]}
     def from_url(
         cls, url: str, *, prefix: str = DEFAULT_REVIEW_PREFIX, ttl_s: float = DEFAULT_REVIEW_TTL_S,
         timeout_s: float = 0.5, store_key: bytes | str | None = None,
+        max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT,
     ) -> RedisReviewStore:
         """A store with its own client for ``url`` (``redis://:PASSWORD@host`` or ``rediss://`` for TLS); socket
         connect/read timeouts of ``timeout_s`` seconds."""
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        return cls(client, prefix=prefix, ttl_s=ttl_s, owns_client=True, store_key=store_key)
+        return cls(client, prefix=prefix, ttl_s=ttl_s, owns_client=True, store_key=store_key,
+                   max_pending_per_client=max_pending_per_client)
 
     def __repr__(self) -> str:
         return f"RedisReviewStore(prefix={self.prefix!r}, ttl_s={self.ttl_s})"
 
     def _key(self, review_id: str) -> str:
         return f"{self.prefix}{review_id}"
+
+    def _pending_key(self, client: str) -> str:
+        return f"{self.prefix}pending:{hashlib.sha256(client.encode('utf-8', 'replace')).hexdigest()[:32]}"
 
     async def _call(self, review_id: str, coro: Any) -> Any:
         from redis.exceptions import RedisError
@@ -408,8 +493,7 @@ return {3, ARGV[2]}
                                  "without the store key); it cannot be approved or released")
         return texts
 
-    @staticmethod
-    def _decode(texts: list[str | None], *, with_request: bool) -> ReviewItem:
+    def _decode(self, texts: list[str | None], *, with_request: bool) -> ReviewItem:
         status, core, digest, decided, released_at, request, _ = texts
         data = json.loads(core or "{}")
         extra = json.loads(decided) if decided else {}
@@ -421,18 +505,35 @@ return {3, ARGV[2]}
             decided_at=extra.get("at"),
             note=extra.get("note"),
             released_at=float(released_at) if released_at else None,
-            request=json.loads(request) if (with_request and request) else None,
+            request=json.loads(self._sealer.decrypt(self._key(data["id"]), request)) if (with_request and request)
+            else None,
         )
 
     _FIELDS = ("status", "core", "digest", "decided", "released_at", "request", "seal")
 
+    async def _check_quota(self, client: str | None) -> None:
+        if client is None:
+            return
+        key, now = self._pending_key(client), time.time()
+        pipe = self._client.pipeline(transaction=True)
+        pipe.zremrangebyscore(key, "-inf", now)
+        pipe.zrange(key, 0, 0, withscores=True)
+        pipe.zcard(key)
+        _, oldest, count = await self._call("(new)", pipe.execute())
+        if int(count) >= self.max_pending_per_client:
+            raise _quota(client, int(count), self.max_pending_per_client, float(oldest[0][1]) - now if oldest else 1)
+
     async def create(
-        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None
+        self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None,
+        tenant: str | None = None, client: str | None = None,
     ) -> ReviewItem:
-        item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s)
+        await self._check_quota(client)
+        item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
+                         tenant=tenant, client=client)
         key = self._key(item.id)
         core = json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), default=str)
-        held = json.dumps(request, separators=(",", ":")) if request is not None else None
+        held = (self._sealer.encrypt(key, json.dumps(request, separators=(",", ":")).encode())
+                if request is not None else None)
         seal = self._sealer.seal(key, _sealed([item.status, core, digest, None, None, held]))
         mapping: dict[Any, Any] = {"status": item.status, "core": core, "digest": digest, "seal": seal}
         if held is not None:
@@ -442,6 +543,9 @@ return {3, ARGV[2]}
         pipe.pexpireat(key, int(item.expires_at * 1000))
         pipe.zadd(self._index, {item.id: item.expires_at})
         pipe.zremrangebyscore(self._index, "-inf", time.time())
+        if client is not None:
+            pipe.zadd(self._pending_key(client), {item.id: item.expires_at})
+            pipe.pexpireat(self._pending_key(client), int(item.expires_at * 1000))
         await self._call(item.id, pipe.execute())
         return item
 
@@ -456,7 +560,8 @@ return {3, ARGV[2]}
         return self._decode(await self._read(review_id), with_request=True)
 
     async def list_items(
-        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT
+        self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT,
+        tenants: Collection[str] | None = None,
     ) -> list[ReviewItem]:
         await self._call("(list)", self._client.zremrangebyscore(self._index, "-inf", time.time()))
         ids = await self._call("(list)", self._client.zrange(self._index, 0, DEFAULT_MAX_ITEMS - 1))
@@ -472,7 +577,7 @@ return {3, ARGV[2]}
                 continue
             if texts is not None:
                 items.append(self._decode(texts, with_request=False))
-        items = [i for i in items if status is None or i.status == status]
+        items = [i for i in items if (status is None or i.status == status) and _in_scope(i, tenants)]
         items.sort(key=lambda i: i.created_at)
         return items[:limit]
 
@@ -501,11 +606,15 @@ return {3, ARGV[2]}
             raise _digest_conflict(review_id, current)
         if int(code) == 4:
             raise ReviewConflict(review_id, current, "the item changed while this change was made; read it again")
-        return await self.get(review_id)
+        item = self._decode([fields[f] for f in self._FIELDS], with_request=True)
+        if need == "pending" and item.client is not None:
+            await self._call(review_id, self._client.zrem(self._pending_key(item.client), review_id))
+        return item
 
     async def _decide(self, review_id: str, to: ReviewStatus, by: str | None, note: str | None) -> ReviewItem:
         decided = json.dumps({"by": by, "at": time.time(), "note": note})
-        return await self._move(review_id, "pending", to, "", {"decided": decided})
+        changes = {"decided": decided} if to == "approved" else {"decided": decided, "request": ""}
+        return await self._move(review_id, "pending", to, "", changes)
 
     async def approve(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
         return await self._decide(review_id, "approved", by, note)
@@ -514,9 +623,9 @@ return {3, ARGV[2]}
         return await self._decide(review_id, "rejected", by, note)
 
     async def release(self, review_id: str, digest: str) -> ReviewItem:
-        if not digest:
-            raise _digest_conflict(review_id, "unknown")
-        return await self._move(review_id, "approved", "released", digest, {"released_at": repr(time.time())})
+        digest = digest or "-"  # no digest matches nothing (after the status check, which names a second release)
+        return await self._move(review_id, "approved", "released", digest,
+                                {"released_at": repr(time.time()), "request": ""})
 
     async def aclose(self) -> None:
         if self._owns_client:

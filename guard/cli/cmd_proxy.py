@@ -1,6 +1,7 @@
 """``guard proxy``: a reverse proxy that judges requests before they reach an HTTP service.
 
     guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
+                [--admin-listen 127.0.0.1:9901] [--tenant-header NAME]
                 [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
                 [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
                 [--max-body-bytes N] [--decision-log FILE]
@@ -11,12 +12,19 @@ With ``--redis-url`` the probability cache and the review queue live in Redis (s
 answers a cached key from its own copy for ``--cache-local-ttl`` seconds before it reads Redis again); without it both
 stay in the process. ``--review-redis-url`` puts the review queue in a Redis of its own (persistent, ``noeviction``).
 Redis needs ``$GUARD_STORE_KEY``, the secret that seals what guard writes there.
-``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
-``degraded`` while a policy set is loaded) and ``GET /_guard/metrics`` are served by the proxy itself.
 
-The reviewers' API (``/_guard/admin/reviews``) is served only with credentials: ``--review-tokens-env VAR`` names a
-variable holding ``name:token,name:token`` (one token per reviewer, each at least 16 characters). Without tokens,
-``--review-insecure-loopback`` serves it to loopback clients only, and only when ``--listen`` is a loopback address.
+Two listeners, one process: ``--listen`` carries the proxied traffic (and the clients' ``/_guard/reviews/<id>``
+polls and releases) and nothing else; ``--admin-listen`` (default ``127.0.0.1:9901``) serves ``GET /_guard/live``
+(liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or ``degraded`` while a policy set is loaded),
+``GET /_guard/metrics`` and the reviewers' API with its console (``/_guard/admin/reviews``). Requests for those paths
+on ``--listen`` are forwarded to the upstream like any other.
+
+The reviewers' API is served only with credentials: ``--review-tokens-env VAR`` names a variable holding
+``name:token,name:token:tenant|tenant`` (one token per reviewer, each at least 16 characters, optionally scoped to
+tenants; ``--tenant-header`` names the trusted header that says a request's tenant). Without tokens,
+``--review-insecure-loopback`` serves it to loopback clients only, and only when ``--admin-listen`` is a loopback
+address. Slow clients: ``--header-timeout`` (seconds to send a request head) and ``--body-timeout`` (seconds to send a
+judged body) close or refuse them.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.asgi._responses import DECISION_HEADERS
+from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
+from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
 from guard.engine.telemetry import LOG_INPUT_MODES
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
@@ -47,7 +57,20 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--policy", action="append", required=True, metavar="FILE", help="policy file (repeatable)")
     parser.add_argument("--upstream", required=True, metavar="URL", help="the protected service, e.g. http://app:9000")
-    parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}")
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
+                        help=f"the proxied listener, default {DEFAULT_LISTEN}")
+    parser.add_argument("--admin-listen", default=DEFAULT_ADMIN_LISTEN, metavar="HOST:PORT",
+                        help="health, metrics and the reviewers' API (never on --listen); default "
+                        f"{DEFAULT_ADMIN_LISTEN}, loopback: bind an internal address for probes and scrapes")
+    parser.add_argument("--tenant-header", default=None, metavar="NAME",
+                        help="trusted header naming the request's tenant (set by an authenticating layer in front); "
+                        "review items carry it and tenant-scoped reviewers see only theirs")
+    parser.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
+                        help="seconds a client has to send a request head (line and headers) before the connection "
+                        f"is closed (default {DEFAULT_HEADER_TIMEOUT_S:g})")
+    parser.add_argument("--body-timeout", type=float, default=None, metavar="S",
+                        help="seconds a client has to send a judged body (408 after; default BodyLimits, "
+                        "30) and the most silence between chunks of a forwarded one")
     add_backend_options(parser, default="compact")
     parser.add_argument("--redis-url", default=None, metavar="URL",
                         help="Redis for the cache (and the review queue, without --review-redis-url); "
@@ -66,12 +89,13 @@ def register(subparsers: Any) -> None:
         "--review-tokens-env",
         default=None,
         metavar="VAR",
-        help="serve the reviewers' API at /_guard/admin/reviews; $VAR holds name:token,name:token (one per reviewer)",
+        help="serve the reviewers' API at /_guard/admin/reviews on --admin-listen; $VAR holds "
+        "name:token,name:token:tenant|tenant (one per reviewer, optionally scoped to tenants)",
     )
     parser.add_argument(
         "--review-insecure-loopback",
         action="store_true",
-        help="serve the reviewers' API without tokens to loopback clients (only with a loopback --listen)",
+        help="serve the reviewers' API without tokens to loopback clients (only with a loopback --admin-listen)",
     )
     parser.add_argument("--max-body-bytes", type=int, default=None, metavar="N", help="inspection cap (1 MiB)")
     parser.add_argument("--decision-log", default=None, metavar="FILE", help="append JSON-lines decision records")
@@ -111,19 +135,23 @@ def register(subparsers: Any) -> None:
 
 @dataclass
 class ProxyRuntime:
-    """What :func:`build` made: the ASGI app, where to listen, and how to release it all (the app's lifespan
-    shutdown calls ``aclose``; call it yourself when the app is served without lifespan)."""
+    """What :func:`build` made: the proxied app and the admin app, where each listens, and how to release it all
+    (the proxied app's lifespan shutdown calls ``aclose``; call it yourself when it is served without lifespan)."""
 
     app: Any
     host: str
     port: int
+    admin: Any
+    admin_host: str
+    admin_port: int
+    header_timeout: float
     aclose: Callable[[], Awaitable[None]]
 
 
-def _listen(value: str) -> tuple[str, int]:
+def _listen(value: str, option: str = "--listen") -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+        raise ValueError(f"{option} {value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
@@ -162,6 +190,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
             or malformed token variable; ``--review-insecure-loopback`` with a non-loopback ``--listen``.
         PolicyError: an invalid policy file.
     """
+    from guard.asgi.admin import admin_app
+    from guard.asgi.limits import BodyLimits
     from guard.asgi.proxy import ProxyConfig, proxy_app
     from guard.asgi.review_api import is_loopback as _is_loopback
     from guard.asgi.review_api import parse_reviewer_tokens
@@ -173,7 +203,14 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     from guard.policy import load_files
 
     host, port = _listen(args.listen)
-    config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout)
+    admin_host, admin_port = _listen(args.admin_listen, "--admin-listen")
+    if (admin_host, admin_port) == (host, port) and port != 0:
+        raise ValueError("--admin-listen must differ from --listen: the admin endpoints are never on the proxied one")
+    if not args.header_timeout > 0:
+        raise ValueError(f"--header-timeout is {args.header_timeout}; it must be positive seconds")
+    limits = BodyLimits() if args.body_timeout is None else BodyLimits(body_timeout_s=args.body_timeout)
+    config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
+                         body_idle_timeout=limits.body_timeout_s)
     reviewers = None
     if args.review_tokens_env:
         text = os.environ.get(args.review_tokens_env)
@@ -183,8 +220,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
             reviewers = parse_reviewer_tokens(text)
         except ValueError as exc:
             raise ValueError(f"--review-tokens-env {args.review_tokens_env}: {exc}") from None
-    if args.review_insecure_loopback and (reviewers is not None or not _is_loopback(host)):
-        raise ValueError("--review-insecure-loopback needs a loopback --listen (127.0.0.1, ::1) and no "
+    if args.review_insecure_loopback and (reviewers is not None or not _is_loopback(admin_host)):
+        raise ValueError("--review-insecure-loopback needs a loopback --admin-listen (127.0.0.1, ::1) and no "
                          "--review-tokens-env")
     load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
     cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
@@ -201,6 +238,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         "review_store": store,
         "client_header": args.client_header,
         "decision_headers": args.decision_headers,
+        "tenant_header": args.tenant_header,
+        "limits": limits,
     }
     if args.max_body_bytes is not None:
         options["max_body_bytes"] = args.max_body_bytes
@@ -218,35 +257,31 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         await store.aclose()
         await guard.aclose()
 
-    app = proxy_app(guard, config, reviewers=reviewers, review_insecure_loopback=args.review_insecure_loopback,
-                    on_startup=astart, on_shutdown=aclose, **options)
-    return ProxyRuntime(app=app, host=host, port=port, aclose=aclose)
+    app = proxy_app(guard, config, on_startup=astart, on_shutdown=aclose, **options)
+    admin = admin_app(guard, review_store=store, reviewers=reviewers, insecure_loopback=args.review_insecure_loopback,
+                      metrics=app.guarded.metrics)
+    return ProxyRuntime(app=app, host=host, port=port, admin=admin, admin_host=admin_host, admin_port=admin_port,
+                        header_timeout=args.header_timeout, aclose=aclose)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; returns the exit status (2 for bad arguments or an invalid policy)."""
-    import uvicorn
-
+    """Serve both listeners until interrupted; returns the exit status (2 for bad arguments, an invalid policy or
+    an address that cannot be bound)."""
+    from guard.asgi.server import bind_socket, serve_together
     from guard.errors import PolicyError
 
     try:
         runtime = build(args)
-    except (ValueError, PolicyError, FileNotFoundError) as exc:
+        sockets = [bind_socket(runtime.host, runtime.port), bind_socket(runtime.admin_host, runtime.admin_port)]
+    except (ValueError, PolicyError, FileNotFoundError, OSError) as exc:
         print(f"guard proxy: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(
         f"guard proxy: http://{runtime.host}:{runtime.port} -> {args.upstream} "
-        f"(policies: {', '.join(args.policy)}; backend: {args.backend})",
+        f"(policies: {', '.join(args.policy)}; backend: {args.backend}); "
+        f"admin: http://{runtime.admin_host}:{runtime.admin_port}",
         file=sys.stderr,
     )
-    uvicorn.run(
-        runtime.app,
-        host=runtime.host,
-        port=runtime.port,
-        log_level=args.log_level,
-        server_header=False,
-        date_header=False,
-        lifespan="on",
-        proxy_headers=False,
-    )
+    serve_together(runtime.app, runtime.admin, sockets, log_level=args.log_level,
+                   header_timeout=runtime.header_timeout)
     return 0

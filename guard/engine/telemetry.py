@@ -48,6 +48,7 @@ __all__ = [
     "TRACING_RECHECK_S",
     "DecisionLog",
     "Telemetry",
+    "redact_secrets",
     "tracer_provider_from_env",
 ]
 
@@ -415,6 +416,14 @@ def _contribution(verdict: Verdict) -> dict[str, Any]:
         "fail_mode": verdict.fail_mode,
         "error": verdict.error,
     }
+
+
+def redact_secrets(state: Any) -> Any:
+    """A copy of ``state`` as ``log_input="redacted"`` writes it: secret-named fields (:data:`SECRET_NAME`) removed
+    at any depth, and their values replaced by ``[redacted]`` in the text that repeats them."""
+    record = {"input": None, "state": json.loads(json.dumps(state, default=str))}
+    _redact_input(record, [])
+    return record["state"]
 
 
 class DecisionLog:

@@ -6,8 +6,10 @@ been validated: matchers compiled, CEL compiled and name-checked, questions with
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,7 +23,7 @@ from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import QuestionV1, SystemOneRequestV1
 from guard.verdict import FailMode
 
-__all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "Policy", "PolicyQuestion"]
+__all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "HttpReads", "Policy", "PolicyQuestion"]
 
 logger = logging.getLogger("guard.policy")
 
@@ -76,6 +78,61 @@ class PolicyQuestion:
     wire: QuestionV1
     path: str = ""
     line: int | None = None
+
+
+@dataclass(frozen=True)
+class HttpReads:
+    """What of an HTTP request a policy's state and rules read, besides method, path, query and body.
+
+    Attributes:
+        headers: lower-case header names read (``host`` for ``host``, ``content-type`` for ``content_type``);
+            ``None`` = possibly any header (a rule reads ``subject.headers`` other than by a literal name, or reads
+            ``subject`` whole).
+        client: whether the client address is read.
+    """
+
+    headers: frozenset[str] | None
+    client: bool
+
+    def __or__(self, other: HttpReads) -> HttpReads:
+        """What either reads: the union of header names (``None`` if either may read any header)."""
+        headers = None if self.headers is None or other.headers is None else self.headers | other.headers
+        return HttpReads(headers, self.client or other.client)
+
+
+_SUBJECT_HEADER_FIELDS = {"host": "host", "content_type": "content-type"}
+_LITERAL_HEADER = re.compile(r"""subject\s*\.\s*headers\s*\[\s*(["'])([^"'\\]+)\1\s*\]""")
+_LITERAL_IN = re.compile(r"""(["'])([^"'\\]+)\1\s+in\s+subject\s*\.\s*headers\b""")
+_SUBJECT_FIELD = re.compile(r"subject\s*\.\s*([A-Za-z_]\w*)")
+_PLAIN_FIELDS = frozenset({"method", "path", "query", "body", "body_text"})
+
+
+def _state_leaves(fields: tuple[StateField, ...]) -> Iterator[StateField]:
+    for f in fields:
+        if f.children is not None:
+            yield from _state_leaves(f.children)
+        else:
+            yield f
+
+
+def _rule_reads(source: str) -> tuple[set[str] | None, bool]:
+    """Header names and whether the client is read by one ``when``; ``None`` names = any header."""
+    names: set[str] = set()
+    for pattern in (_LITERAL_HEADER, _LITERAL_IN):
+        names |= {m.group(2).lower() for m in pattern.finditer(source)}
+        source = pattern.sub("", source)
+    client = False
+    for match in _SUBJECT_FIELD.finditer(source):
+        name = match.group(1)
+        if name == "client":
+            client = True
+        elif name in _SUBJECT_HEADER_FIELDS:
+            names.add(_SUBJECT_HEADER_FIELDS[name])
+        elif name not in _PLAIN_FIELDS:
+            return None, True  # subject.headers used some other way, or an unknown field
+    if len(_SUBJECT_FIELD.findall(source)) != len(re.findall(r"\bsubject\b", source)):
+        return None, True  # subject read whole (passed to a function, indexed)
+    return names, client
 
 
 @dataclass(frozen=True)
@@ -167,6 +224,27 @@ class Policy:
             return FailPolicy(mode)
         assert isinstance(subject, HttpSubject)
         return FailPolicy(DEFAULT_HTTP_FAIL_MODE)
+
+    @functools.cached_property
+    def http_reads(self) -> HttpReads:
+        """The headers and client fields this policy's state and rules read (:class:`HttpReads`): what an HTTP
+        approval must stay bound to besides method, path, query and body."""
+        headers: set[str] | None = set()
+        client = False
+        for leaf in _state_leaves(self.state_fields or ()):
+            if leaf.source == "header" and leaf.key:
+                headers.add(leaf.key.lower())
+            elif leaf.source in _SUBJECT_HEADER_FIELDS:
+                headers.add(_SUBJECT_HEADER_FIELDS[leaf.source])
+            elif leaf.source == "client":
+                client = True
+        for rule in self.rules:
+            if "subject" not in rule.names:
+                continue
+            names, reads_client = _rule_reads(rule.source)
+            client = client or reads_client
+            headers = None if names is None or headers is None else headers | names
+        return HttpReads(frozenset(headers) if headers is not None else None, client)
 
     def question_keys(self) -> dict[str, str]:
         """Wire question id -> the key rules use."""

@@ -10,6 +10,11 @@ from collections.abc import Iterator
 import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from guard.asgi import GuardMiddleware
 from guard.engine import Guard
@@ -102,9 +107,10 @@ def test_method_overrides_are_refused_by_default(port: int) -> None:
 
 def test_method_override_judge_matches_the_method_asked_for() -> None:
     """``judge``: a GET carrying ``X-HTTP-Method-Override: DELETE`` is matched and judged as the DELETE the
-    application may run; ``ignore`` leaves it as sent (no policy matches a GET here)."""
+    application may run; ``ignore`` leaves it as sent: no policy matches a GET here, and a GET's body that no policy
+    would judge is refused (``unexpected_body="refuse"``)."""
     attack = json.dumps({"message": ATTACK}).encode()
-    for mode, expected in (("judge", 403), ("ignore", 405)):
+    for mode, expected in (("judge", 403), ("ignore", 400)):
         with serve_in_thread(_app(method_override=mode)) as base:
             port = int(base.rsplit(":", 1)[1])
             status, _ = _post(port, attack, "Content-Type: application/json", "X-HTTP-Method-Override: DELETE",
@@ -113,3 +119,61 @@ def test_method_override_judge_matches_the_method_asked_for() -> None:
     with pytest.raises(ValueError, match="method_override"):
         GuardMiddleware(_app(), guard=Guard(PolicySet(load_text(POLICY)), backends=ScriptedBackend(scripted_answers)),
                         method_override="maybe")  # type: ignore[arg-type]
+
+
+EXACT_POLICY = POLICY.replace('paths: ["/v1/**"], content_types: [application/json]', 'paths: ["/v1/x"]')
+
+
+def _echo_path_app(**options: object) -> Starlette:
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse({"path": request.url.path, "raw": request.scope["raw_path"].decode(),
+                             "length": len(await request.body())})
+
+    guard = Guard(PolicySet(load_text(EXACT_POLICY)), backends=ScriptedBackend(scripted_answers))
+    return Starlette(routes=[Route("/{path:path}", echo, methods=["GET", "POST", "DELETE", "OPTIONS"])],
+                     middleware=[Middleware(GuardMiddleware, guard=guard, **options)])
+
+
+VARIANTS = ("/V1/x", "/v1/x/", "/v1//x", "/v1/./x", "/v1/%78", "/V1/./X/")
+
+
+def test_every_spelling_of_a_path_is_judged_and_forwarded_as_sent() -> None:
+    """A policy for exactly ``/v1/x`` judges every spelling of it (case, trailing slash, empty and dot segments,
+    an escaped unreserved character); the application (or upstream) still gets the path as sent, minus only the
+    RFC 3986 normalisation (dot segments, merged slashes, unreserved escapes), never lower-cased or stripped."""
+    attack = json.dumps({"message": ATTACK}).encode()
+    benign = json.dumps({"message": BENIGN}).encode()
+    with serve_in_thread(_echo_path_app()) as base:
+        port = int(base.rsplit(":", 1)[1])
+        judged = {v: _post(port, attack, "Content-Type: application/json", target=v)[0] for v in VARIANTS}
+        served = {v: _post(port, benign, "Content-Type: application/json", target=v)[1]["path"] for v in VARIANTS}
+    assert judged == dict.fromkeys(VARIANTS, 403)
+    assert served == {"/V1/x": "/V1/x", "/v1/x/": "/v1/x/", "/v1//x": "/v1/x", "/v1/./x": "/v1/x", "/v1/%78": "/v1/x",
+                      "/V1/./X/": "/V1/X/"}
+    with serve_in_thread(_echo_path_app(path_case="exact", trailing_slash="keep")) as base:
+        port = int(base.rsplit(":", 1)[1])
+        exact = {v: _post(port, attack, "Content-Type: application/json", target=v)[0] for v in VARIANTS}
+    assert exact == {"/V1/x": 200, "/v1/x/": 200, "/v1//x": 403, "/v1/./x": 403, "/v1/%78": 403, "/V1/./X/": 200}
+
+
+def test_a_body_on_get_or_delete_is_refused_or_judged_never_unjudged() -> None:
+    attack = json.dumps({"message": ATTACK}).encode()
+    with serve_in_thread(_echo_path_app()) as base:
+        port = int(base.rsplit(":", 1)[1])
+        refused = {m: _post(port, attack, "Content-Type: application/json", method=m, target="/v1/x")
+                   for m in ("GET", "OPTIONS")}
+        listed = _post(port, attack, "Content-Type: application/json", method="DELETE", target="/v1/x")
+        bodiless = _post(port, b"", method="GET", target="/v1/x")
+    for status, body in refused.values():
+        assert (status, body["code"], body["field"]) == (400, "unexpected_body", "body")
+    assert bodiless == (200, {"path": "/v1/x", "raw": "/v1/x", "length": 0})
+    assert listed[0] == 403  # the policy lists DELETE: its body is judged as usual
+    with serve_in_thread(_echo_path_app(unexpected_body="judge")) as base:
+        port = int(base.rsplit(":", 1)[1])
+        judged = _post(port, attack, "Content-Type: application/json", method="GET", target="/v1/x")
+        allowed = _post(port, json.dumps({"message": BENIGN}).encode(), "Content-Type: application/json",
+                        method="GET", target="/v1/x")
+    assert judged[0] == 403 and allowed == (200, {"path": "/v1/x", "raw": "/v1/x", "length": len(BENIGN) + 15})
+    with serve_in_thread(_echo_path_app(unexpected_body="pass")) as base:
+        port = int(base.rsplit(":", 1)[1])
+        assert _post(port, attack, "Content-Type: application/json", method="GET", target="/v1/x")[0] == 200

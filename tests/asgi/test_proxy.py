@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from guard.asgi.proxy import ProxyConfig, proxy_app
+from guard.asgi.admin import admin_app
+from guard.asgi.proxy import ProxyApp, ProxyConfig, proxy_app
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
@@ -115,6 +117,14 @@ def upstream() -> Iterator[tuple[Upstream, str]]:
     service = Upstream()
     with serve_in_thread(service.app) as url:
         yield service, url
+
+
+@contextmanager
+def _served(app: ProxyApp, lifespan: str = "off", **review: Any) -> Iterator[tuple[str, str]]:
+    """The proxied app and its admin app, each on its own loopback port: ``(proxy URL, admin URL)``."""
+    admin = admin_app(app.guard, review_store=app.guarded.review_store, metrics=app.guarded.metrics, **review)
+    with serve_in_thread(app, lifespan=lifespan) as proxy, serve_in_thread(admin) as admin_url:
+        yield proxy, admin_url
 
 
 def _free_port() -> int:
@@ -214,39 +224,48 @@ async def test_upstream_errors_are_502_and_504(make_guard: GuardFactory, upstrea
     assert down.json()["code"] == "upstream_unavailable"
     assert "x-guard-decision-id" in guarded_down.headers  # the guard allowed (its decision); the upstream failed
     assert "x-guard-decision-id" not in down.headers
-    with serve_in_thread(proxy_app(guard, ProxyConfig(url, read_timeout=0.3))) as proxy:
+    with _served(proxy_app(guard, ProxyConfig(url, read_timeout=0.3))) as (proxy, admin):
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
             started = time.perf_counter()
             slow = await client.get("/public/slow")
             assert time.perf_counter() - started < 1.5
             with pytest.raises(httpx.RemoteProtocolError):
                 await client.get("/public/break")  # aborted, never a complete-looking truncated body
-            metrics = (await client.get("/_guard/metrics")).text
+            metrics = (await client.get(f"{admin}/_guard/metrics")).text
     assert slow.status_code == 504 and slow.json()["code"] == "upstream_timeout"
     assert 'guard_proxy_upstream_errors_total{kind="timeout"} 1.0' in metrics
     assert 'guard_proxy_upstream_errors_total{kind="broken_stream"} 1.0' in metrics
 
 
 async def test_health_metrics_and_review_admin(make_guard: GuardFactory, upstream: tuple[Upstream, str]) -> None:
+    """The admin endpoints answer on the admin listener only; on the proxied listener their paths are forwarded to
+    the upstream like any other (which has no such routes: 404 from the upstream, not guard's health)."""
     _, url = upstream
-    app = proxy_app(make_guard(), ProxyConfig(url), reviewers={"alice": TOKEN})
-    with serve_in_thread(app, lifespan="on") as proxy:
+    app = proxy_app(make_guard(), ProxyConfig(url))
+    with _served(app, "on", reviewers={"alice": TOKEN}) as (proxy, admin):
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
-            health = await client.get("/_guard/health")
+            health = await client.get(f"{admin}/_guard/health")
             held = await client.post("/v1/echo", json={"message": "maybe show me the config"})
             review_id = held.json()["review_id"]
-            assert (await client.get("/_guard/admin/reviews/")).status_code == 401
+            assert (await client.get(f"{admin}/_guard/admin/reviews/")).status_code == 401
             auth = {"authorization": f"Bearer {TOKEN}"}
-            pending = (await client.get("/_guard/admin/reviews/", headers=auth)).json()
-            await client.post(f"/_guard/admin/reviews/{review_id}/approve", headers=auth)
+            pending = (await client.get(f"{admin}/_guard/admin/reviews/", headers=auth)).json()
+            await client.post(f"{admin}/_guard/admin/reviews/{review_id}/approve", headers=auth)
             released = await client.post(held.json()["release_url"],
                                          headers={"x-guard-release-token": held.json()["release_token"]})
-            metrics = (await client.get("/_guard/metrics")).text
+            metrics = (await client.get(f"{admin}/_guard/metrics")).text
+            on_proxied = {path: await client.get(path, headers=auth) for path in (
+                "/_guard/health", "/_guard/metrics", "/_guard/live", "/_guard/admin/reviews/",
+                "/_guard/admin/reviews/console")}
+            elsewhere = await client.get(f"{admin}/v1/echo")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert held.status_code == 202 and [i["id"] for i in pending["items"]] == [review_id]
     assert released.status_code == 200 and released.json()["path"] == "/v1/echo"
     assert 'guard_http_guarded_requests_total{action="escalate",policy="api_guard"} 1.0' in metrics
     assert 'guard_http_reviews_total{event="released"} 1.0' in metrics
+    for path, response in on_proxied.items():
+        assert response.status_code == 404 and response.text == "Not Found", path  # the upstream's own 404
+    assert elsewhere.status_code == 404 and elsewhere.json()["code"] == "not_found"
 
 
 async def test_liveness_and_readiness_stay_up_when_degraded(
@@ -259,18 +278,18 @@ async def test_liveness_and_readiness_stay_up_when_degraded(
     policy.write_text(POLICY.read_text())
     guard = Guard.from_files(policy, backends=ScriptedBackend(scripted_answers), redis_url=private_redis.url)
     try:
-        with serve_in_thread(proxy_app(guard, ProxyConfig(url))) as proxy:
+        with _served(proxy_app(guard, ProxyConfig(url))) as (proxy, admin):
             async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
-                ok = await client.get("/_guard/health")
+                ok = await client.get(f"{admin}/_guard/health")
                 policy.write_text("policies: [{id: broken")  # a bad ConfigMap update
                 with pytest.raises(PolicyError):
                     guard.reload()
-                reload_failed = await client.get("/_guard/health")
+                reload_failed = await client.get(f"{admin}/_guard/health")
                 still_judged = await client.post("/v1/echo", json={"message": ATTACK})
                 private_redis.stop()
                 await client.post("/v1/echo", json={"message": BENIGN + " after redis"})  # a cache error
-                redis_down = await client.get("/_guard/health")
-                live = await client.get("/_guard/live")
+                redis_down = await client.get(f"{admin}/_guard/health")
+                live = await client.get(f"{admin}/_guard/live")
     finally:
         await guard.aclose()
     assert ok.status_code == 200 and ok.json()["status"] == "ok" and ok.json()["ready"] is True
@@ -286,8 +305,8 @@ async def test_admin_list_answers_without_a_trailing_slash(
     make_guard: GuardFactory, upstream: tuple[Upstream, str]
 ) -> None:
     _, url = upstream
-    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url), reviewers={"alice": TOKEN})) as proxy:
-        async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+    with _served(proxy_app(make_guard(), ProxyConfig(url)), reviewers={"alice": TOKEN}) as (_, admin):
+        async with httpx.AsyncClient(base_url=admin, timeout=10) as client:
             auth = {"authorization": f"Bearer {TOKEN}"}
             bare = await client.get("/_guard/admin/reviews", headers=auth)
             slash = await client.get("/_guard/admin/reviews/", headers=auth)
@@ -315,7 +334,11 @@ def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: 
         ["--listen", "x:99999"],
         ["--review-tokens-env", "GUARD_TEST_UNSET_VAR"],
         ["--review-tokens-env", "GUARD_TEST_SHORT_TOKEN"],
-        ["--review-insecure-loopback", "--listen", "0.0.0.0:8080"],
+        ["--review-insecure-loopback", "--admin-listen", "0.0.0.0:9901"],
+        ["--admin-listen", "127.0.0.1:8080"],
+        ["--admin-listen", "nowhere"],
+        ["--header-timeout", "0"],
+        ["--body-timeout", "-1"],
         ["--upstream", "ftp://x"],
         ["--cache-local-ttl", "-1"],
     ):
@@ -364,12 +387,14 @@ async def test_cli_proxy_end_to_end_with_a_real_model(
         ]
     )
     runtime = build(args)
-    with serve_in_thread(runtime.app, lifespan="on") as proxy:
+    assert (runtime.admin_host, runtime.admin_port) == ("127.0.0.1", 9901)  # the default admin listener
+    with serve_in_thread(runtime.app, lifespan="on") as proxy, serve_in_thread(runtime.admin) as admin_url:
         async with httpx.AsyncClient(base_url=proxy, timeout=120) as client:
             response = await client.post("/v1/echo", json={"message": BENIGN})
             public = await client.get("/public/echo")
-            admin = await client.get("/_guard/admin/reviews/", headers={"authorization": f"Bearer {TOKEN}"})
-            health = await client.get("/_guard/health")
+            admin = await client.get(f"{admin_url}/_guard/admin/reviews/",
+                                     headers={"authorization": f"Bearer {TOKEN}"})
+            health = await client.get(f"{admin_url}/_guard/health")
     assert response.headers["x-guard-policy"] == "e2e@1" and "x-guard-fail-mode" not in response.headers
     assert response.headers["x-guard-rule"] in ("default", "likely_injection")
     assert response.status_code == (200 if response.headers["x-guard-action"] == "allow" else 403)

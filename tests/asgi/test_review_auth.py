@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from guard.asgi import GuardMiddleware, review_app
-from guard.asgi.review_api import parse_reviewer_tokens
+from guard.asgi.review_api import Reviewer, parse_reviewer_tokens
 from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
 from guard.engine import Guard
 from tests.asgi._apps import client_for, echo_routes, sha
@@ -50,8 +50,9 @@ def test_no_tokens_no_review_api() -> None:
         review_app(MemoryReviewStore(), reviewers={"alice": "short"})
     with pytest.raises(ValueError, match="share a token"):
         review_app(MemoryReviewStore(), reviewers={"a": "x" * 20, "b": "x" * 20})
-    assert parse_reviewer_tokens(" alice:" + "a" * 16 + " , bob:" + "b" * 16) == {"alice": "a" * 16, "bob": "b" * 16}
-    for bad in ("", "alice", "alice:" + "a" * 16 + ",alice:" + "b" * 16, ":" + "a" * 16):
+    assert parse_reviewer_tokens(" alice:" + "a" * 16 + " , bob:" + "b" * 16 + ":acme|globex") == {
+        "alice": Reviewer("a" * 16), "bob": Reviewer("b" * 16, frozenset({"acme", "globex"}))}
+    for bad in ("", "alice", "alice:" + "a" * 16 + ",alice:" + "b" * 16, ":" + "a" * 16, "bob:" + "b" * 16 + ":"):
         with pytest.raises(ValueError):
             parse_reviewer_tokens(bad)
 

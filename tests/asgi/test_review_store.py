@@ -151,7 +151,7 @@ async def test_memory_store_full_fails_closed() -> None:
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="ttl_s is 0"):
         MemoryReviewStore(ttl_s=0)
-    with pytest.raises(ValueError, match="max_items is 0"):
+    with pytest.raises(ValueError, match=r"max_items \(0\)"):
         MemoryReviewStore(max_items=0)
 
 

@@ -1,0 +1,51 @@
+"""A token bucket per key (a reviewer's token, a client address), in process: ``rate`` requests per second on
+average, bursts of up to ``burst``.
+
+Each key's bucket holds up to ``burst`` tokens and refills at ``rate`` per second; a request takes one, and is
+refused while the bucket is empty. At most ``max_keys`` buckets are kept: when full, buckets that have refilled
+completely (they carry no state a new one would not) are dropped first, then the oldest. Every replica limits on
+its own, so N replicas let through up to N times the rate.
+"""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["TokenBuckets"]
+
+
+class TokenBuckets:
+    """Token buckets by key.
+
+    Args:
+        rate: tokens added per second (> 0).
+        burst: most tokens a bucket holds (>= 1).
+        max_keys: most buckets kept.
+
+    Raises:
+        ValueError: a rate or burst out of range.
+    """
+
+    def __init__(self, rate: float, burst: int, *, max_keys: int = 10_000) -> None:
+        if not rate > 0 or burst < 1 or max_keys < 1:
+            raise ValueError(f"rate {rate} must be > 0, burst {burst} and max_keys {max_keys} at least 1")
+        self.rate, self.burst, self.max_keys = float(rate), burst, max_keys
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, at), oldest first
+
+    def take(self, key: str) -> float:
+        """Take one token for ``key``: ``0.0`` when allowed, else the seconds until one is available."""
+        now = time.monotonic()
+        tokens, at = self._buckets.pop(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+        if tokens >= 1.0:
+            self._store(key, tokens - 1.0, now)
+            return 0.0
+        self._store(key, tokens, now)
+        return (1.0 - tokens) / self.rate
+
+    def _store(self, key: str, tokens: float, now: float) -> None:
+        if len(self._buckets) >= self.max_keys:
+            full = [k for k, (t, a) in self._buckets.items() if t + (now - a) * self.rate >= self.burst]
+            for k in full or [next(iter(self._buckets))]:
+                del self._buckets[k]
+        self._buckets[key] = (tokens, now)

@@ -1,0 +1,153 @@
+"""Serving guard under uvicorn with a request-head timeout, and two listeners (proxied and admin) in one process.
+
+uvicorn closes an idle keep-alive connection after ``timeout_keep_alive`` (5 s) and caps a request head at
+``h11_max_incomplete_event_size`` (16 KiB), but has no timeout for *sending* a head: a client that opens a connection
+and sends a byte every few seconds holds it forever (slowloris). :func:`head_timeout_protocol` returns uvicorn's h11
+protocol with one more timer: a connection that has not sent a complete request head within ``header_timeout``
+seconds of being opened (or of its previous response, plus the keep-alive time) is answered 408 and closed. A
+request being served is never cut by it. Body timeouts are the ASGI side's job: guard's body reader
+(``BodyLimits.body_timeout_s``) and the proxy's forwarding (``ProxyConfig.body_idle_timeout``).
+
+With the middleware in your own app::
+
+    uvicorn.run(app, http=head_timeout_protocol(10.0), timeout_keep_alive=5)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["DEFAULT_HEADER_TIMEOUT_S", "bind_socket", "head_timeout_protocol", "serve_together"]
+
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+_TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+
+
+class _HeadTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol, closing connections that take longer than :attr:`header_timeout` to send a head."""
+
+    header_timeout = DEFAULT_HEADER_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm_head(self.header_timeout)
+
+    def _arm_head(self, delay: float) -> None:
+        self._cancel_head()
+        self._waiting_cycle = self.cycle
+        self._head_timer = self.loop.call_later(delay, self._head_expired)
+
+    def _cancel_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_timer is not None and self.cycle is not self._waiting_cycle:
+            self._cancel_head()  # a whole request head arrived
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self._head_timer is None:
+            self._arm_head(self.timeout_keep_alive + self.header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head()
+        super().connection_lost(exc)
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self.cycle is self._waiting_cycle and not self.transport.is_closing():
+            self.transport.write(_TIMEOUT_RESPONSE)
+            self.transport.close()
+
+
+def head_timeout_protocol(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> type[H11Protocol]:
+    """uvicorn's h11 protocol class with a request-head timeout of ``header_timeout`` seconds (for ``http=``).
+
+    Raises:
+        ValueError: a timeout that is not positive.
+    """
+    if not header_timeout > 0:
+        raise ValueError(f"header_timeout is {header_timeout}; it must be positive seconds")
+    return type("HeadTimeoutH11", (_HeadTimeoutH11,), {"header_timeout": float(header_timeout)})
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv4 or IPv6 literal, or a name).
+
+    Raises:
+        OSError: the address cannot be bound (in use, not local), with the address in the message.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+class _Follower(uvicorn.Server):
+    """A server that leaves signals to the main one (:class:`_Main` stops it)."""
+
+    def capture_signals(self) -> Any:
+        return contextlib.nullcontext()
+
+
+class _Main(uvicorn.Server):
+    """A server whose SIGINT/SIGTERM also stops its follower; the signal is handled here, not raised again after
+    shutdown (uvicorn's default), so both servers finish their shutdown."""
+
+    def __init__(self, config: uvicorn.Config, follower: uvicorn.Server) -> None:
+        super().__init__(config)
+        self.follower = follower
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.follower.should_exit = True
+        super().handle_exit(sig, frame)
+
+
+def serve_together(app: Any, admin: Any, sockets: list[socket.socket], *, log_level: str = "info",
+                   header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **config: Any) -> None:
+    """Serve ``app`` on ``sockets[0]`` (with its lifespan) and ``admin`` on ``sockets[1]`` in one event loop,
+    until SIGINT or SIGTERM; both with the request-head timeout. ``config`` goes to both ``uvicorn.Config``."""
+    protocol = head_timeout_protocol(header_timeout)
+    common: dict[str, Any] = {"log_level": log_level, "http": protocol, "server_header": False,
+                              "date_header": False, "proxy_headers": False, **config}
+    follower = _Follower(uvicorn.Config(admin, lifespan="off", **common))
+    main = _Main(uvicorn.Config(app, lifespan="on", **common), follower)
+
+    async def both() -> None:
+        await asyncio.gather(main.serve(sockets=[sockets[0]]), follower.serve(sockets=[sockets[1]]))
+
+    asyncio.run(both())

@@ -1,0 +1,154 @@
+"""Slow and stalled clients over real sockets (uvicorn on loopback, and ``guard proxy`` as a process): a request head
+that does not arrive in time is answered 408 and closed, a judged body that stalls is refused with 408, a forwarded
+body that stalls is cut, and a request being served is never cut by the head timer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from guard.asgi.limits import BodyLimits
+from guard.asgi.proxy import ProxyConfig, proxy_app
+from guard.asgi.server import head_timeout_protocol
+from guard.engine import Guard
+from tests.asgi._apps import BENIGN, POLICY, guarded_app
+from tests.asgi._servers import serve_in_thread
+
+GuardFactory = Callable[..., Guard]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _port(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+def _closed_within(conn: socket.socket, seconds: float) -> tuple[bytes, float]:
+    """Read until the server closes; ``(what it sent, seconds it took)``."""
+    conn.settimeout(seconds)
+    started, data = time.monotonic(), b""
+    try:
+        while chunk := conn.recv(4096):
+            data += chunk
+    except TimeoutError:
+        return data, float("inf")
+    except OSError:
+        pass
+    return data, time.monotonic() - started
+
+
+async def _slow(request: Request) -> JSONResponse:
+    await asyncio.sleep(1.2)
+    return JSONResponse({"slow": True})
+
+
+def test_a_head_that_does_not_arrive_in_time_is_closed() -> None:
+    app = Starlette(routes=[Route("/slow", _slow)])
+    with serve_in_thread(app, http=head_timeout_protocol(0.5), timeout_keep_alive=1) as base:
+        port = _port(base)
+        trickling = []
+        for _ in range(30):
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+            trickling.append(conn)
+        silent = socket.create_connection(("127.0.0.1", port))
+        results = [_closed_within(c, 5) for c in [*trickling, silent]]
+        # a served request outlives the head timer, and the next head on the connection is timed again
+        kept = socket.create_connection(("127.0.0.1", port))
+        kept.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept.settimeout(5)
+        first = b""
+        while b'{"slow":true}' not in first and (chunk := kept.recv(4096)):
+            first += chunk
+        kept.sendall(b"GET /slow HTTP/1.1\r\n")
+        after_keepalive = _closed_within(kept, 6)
+    for data, took in results:
+        assert data.startswith(b"HTTP/1.1 408") and took < 3
+    assert first.startswith(b"HTTP/1.1 200") and b'{"slow":true}' in first
+    assert after_keepalive[0].startswith(b"HTTP/1.1 408") and after_keepalive[1] < 4
+    for conn in [*trickling, silent, kept]:
+        conn.close()
+
+
+@pytest.mark.anyio
+async def test_a_stalled_judged_body_is_refused_and_a_stalled_forwarded_body_cut(make_guard: GuardFactory) -> None:
+    guard = make_guard()
+    app = guarded_app(guard, limits=BodyLimits(body_timeout_s=0.5))
+    with serve_in_thread(app) as base:
+        conn = socket.create_connection(("127.0.0.1", _port(base)))
+        conn.sendall(b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000000\r\n\r\n" + b'{"message": "' + b"a" * 60000)  # near the limit, stalled
+        judged = _closed_within(conn, 5)
+        conn.close()
+    assert judged[0].startswith(b"HTTP/1.1 408") and b'"code":"body_timeout"' in judged[0] and judged[1] < 3
+
+    upstream = Starlette(routes=[Route("/public/sink", _slow, methods=["POST"])])
+    with (serve_in_thread(upstream) as url,
+          serve_in_thread(proxy_app(guard, ProxyConfig(url, body_idle_timeout=0.5))) as proxy):
+        conn = socket.create_connection(("127.0.0.1", _port(proxy)))
+        conn.sendall(b"POST /public/sink HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+        forwarded = _closed_within(conn, 5)
+        conn.close()
+    assert forwarded[0].startswith(b"HTTP/1.1 408") and b'"code":"body_timeout"' in forwarded[0]
+    assert forwarded[1] < 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Path) -> None:
+    """``guard proxy`` as a process: health on the admin listener only (the proxied one forwards the path), slow
+    heads closed on both, a clean exit on SIGTERM."""
+    upstream = Starlette(routes=[Route("/{p:path}", lambda r: JSONResponse({"upstream": r.url.path}),
+                                       methods=["GET", "POST"])])
+    with serve_in_thread(upstream) as url:
+        listen, admin = _free_port(), _free_port()
+        env = {**os.environ, "GUARD_TEST_REVIEWERS": "alice:alice-review-token-0123456789"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "guard", "proxy", "--policy", str(POLICY), "--upstream", url,
+             "--backend", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{listen}",
+             "--admin-listen", f"127.0.0.1:{admin}", "--header-timeout", "0.5",
+             "--review-tokens-env", "GUARD_TEST_REVIEWERS", "--log-level", "warning"],
+            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    health = httpx.get(f"http://127.0.0.1:{admin}/_guard/health", timeout=2)
+                    break
+                except httpx.TransportError:
+                    assert process.poll() is None and time.monotonic() < deadline, "guard proxy did not start"
+                    time.sleep(0.2)
+            proxied = httpx.get(f"http://127.0.0.1:{listen}/_guard/health", timeout=5)
+            reviews = httpx.get(f"http://127.0.0.1:{admin}/_guard/admin/reviews/", timeout=5,
+                                headers={"authorization": "Bearer alice-review-token-0123456789"})
+            judged = httpx.post(f"http://127.0.0.1:{listen}/v1/echo", json={"message": BENIGN}, timeout=5)
+            slow = [socket.create_connection(("127.0.0.1", p)) for p in (listen, admin)]
+            for conn in slow:
+                conn.sendall(b"GET / HTTP/1.1\r\n")
+            closed = [_closed_within(conn, 5) for conn in slow]
+        finally:
+            process.terminate()
+            _, stderr = process.communicate(timeout=30)
+    assert health.status_code == 200 and health.json()["ready"] is True
+    assert proxied.status_code == 200 and proxied.json() == {"upstream": "/_guard/health"}
+    assert reviews.status_code == 200 and reviews.json() == {"items": [], "count": 0}
+    assert judged.status_code == 503 and json.loads(judged.text)["code"] == "decision_unavailable"  # no backend
+    assert all(data.startswith(b"HTTP/1.1 408") and took < 3 for data, took in closed)
+    assert process.returncode == 0 and "Traceback" not in stderr
