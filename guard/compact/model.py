@@ -97,7 +97,9 @@ _METADATA_RE = re.compile(
 def state_text(state: Any, view: str) -> str:
     """What a catalog question reads of ``state``.
 
-    ``view="json"``: the state rendered as Clef does (strings raw, JSON compact and key-sorted). ``view="text"``: the
+    ``view="json"``: the state rendered as Clef does (strings raw, JSON compact and key-sorted); a mapping with one
+    key whose value is a string (the shipped policies' ``{"text": body_text}``) holds no pair to tell apart and is
+    read as that string, so a pair question on it shares the text questions' encoder pass. ``view="text"``: the
     lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
     identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
     single-token routes, ids and model names of at most :data:`METADATA_CHARS` characters) whenever other lines
@@ -105,6 +107,8 @@ def state_text(state: Any, view: str) -> str:
     text (a policy's ``body_text``).
     """
     if view != "text":
+        if isinstance(state, dict) and len(state) == 1 and isinstance(next(iter(state.values())), str):
+            return str(next(iter(state.values())))
         return render(state)
     lines = [line for s in ([state] if isinstance(state, str) else body_strings(state)) for line in s.split("\n")]
     texts = [line for line in lines if not _METADATA_RE.fullmatch(line.strip())]
