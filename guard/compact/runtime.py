@@ -3,8 +3,9 @@
 The whole encoder stack of a catalog checkpoint (all-MiniLM-L6-v2's embeddings and five frozen layers, then the
 checkpoint's fine-tuned last layer) is exported from the torch modules to one ONNX graph in float32 and run with
 ONNX Runtime's CPU provider, which fuses attention, GELU and layer norms and has less per-operation overhead than
-eager torch: on a CPU without native bf16 matrix units it replaces torch's float32 (1.2-1.5x faster at p50 on a
-shared 2-core machine); where torch runs bf16 it is not faster, so :func:`choose` keeps torch there. The heads stay in
+eager torch: on a CPU without native bf16 matrix units it replaces torch's float32 (faster on a shared 2-core
+machine, ``docs/compact-model.md#latency``); where torch runs bf16 it is not faster, so :func:`choose` keeps torch
+there. The heads stay in
 torch (float32). Training never uses this path.
 
 The graph is exported once per checkpoint and cached on disk (``~/.cache/guard/compact/onnx/<key>.onnx``, never inside
