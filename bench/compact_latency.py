@@ -1,14 +1,15 @@
-"""Latency of the compact CPU model (``CompactBackend.default()``), measured side by side in one run.
+"""Latency of the compact CPU model, the served path side by side with the model alone, for both encoder runtimes.
 
-Cases:
+Every case runs for the torch runtime (the encoder's dtype: bf16 where the CPU has it, the default there) and the
+ONNX Runtime one (float32, the default where torch would run float32; ``guard/compact/runtime.py``), one runtime's
+calls after the other (interleaved calls let one runtime's idle threads take the other's time):
   * ``guard-3q``: the served path, ``Guard.evaluate`` on a catalog policy with 3 questions for an HTTP request whose
     body text is the 128-token state (target p50 <= 15 ms on 2 cores); every call is a cache miss (the text changes);
-  * ``short-3q``: the model alone (``decide_sync``), the same state (``{"text": ...}``), 3 catalog questions (the
-    two text questions share one encoder pass, ``guard.refusal`` reads the rendered state in a second one);
+  * ``short-3q``: the model alone (``decide_sync``), the same state (``{"text": ...}``), 3 catalog questions (one
+    encoder pass: a one-string state is read as that string by the pair question too);
   * ``short-1q``: the 128-token text as a plain string state, 1 question;
   * ``long-2000``: a 2,000-token state read whole in overlapping windows, 1 question (target <= 60 ms);
-  * the encoder alone on the 128-token state, in bf16 and in float32 (the ratio shows what bf16 buys; on a CPU
-    without native bf16 the encoder runs in float32 and only that is shown).
+  * ``stack``: the encoder stack alone on the 128-token state (torch also in float32 where it runs bf16).
 
 Usage::
 
@@ -91,9 +92,12 @@ def main() -> None:
     if min(args.threads, args.repeats) < 1 or args.warmup < 0:
         parser.error("--threads and --repeats must be >= 1, --warmup >= 0")
 
+    import copy
+
+    import onnxruntime
     import torch
 
-    from guard.backends.compact import CompactBackend
+    from guard.backends.compact import DEFAULT_WEIGHTS, CompactBackend
     from guard.compact.catalog import CATALOG
     from guard.compact.encoder import TextEncoder
     from guard.engine import Guard
@@ -105,46 +109,51 @@ def main() -> None:
         return _time(fn, args.warmup, args.repeats)
 
     torch.set_num_threads(args.threads)
-    backend = CompactBackend.default()
-    model = backend.models[0]
-    encoder = model.encoder
+    default = CompactBackend.default()
+    backends = {name: CompactBackend.from_pretrained(DEFAULT_WEIGHTS, runtime=name) for name in ("torch", "onnx")}
+    encoder = backends["torch"].models[0].encoder
     short, long = _state(encoder, SHORT_TOKENS), _state(encoder, LONG_TOKENS)
+    chosen = "onnx" if default.models[0].runtime is not None else "torch"
+    print(f"threads {torch.get_num_threads()}, torch encoder dtype {encoder.dtype}, cpu "
+          f"{torch.backends.cpu.get_cpu_capability()}, onnxruntime {onnxruntime.__version__}, default runtime {chosen}")
 
     def request(state: object, qids: tuple[str, ...]) -> SystemOneRequestV1:
         return SystemOneRequestV1.from_json(
             {"model": "compact", "state": state, "questions": {q: CATALOG[q].to_json() for q in qids}}
         )
 
-    print(
-        f"threads {torch.get_num_threads()}, encoder dtype {encoder.dtype}, cpu {torch.backends.cpu.get_cpu_capability()}"
-    )
-    guard = Guard(load_text(POLICY), backends=backend)
     calls = iter(range(10**9))
-
-    def served() -> object:
-        text = f"{short} {next(calls)}"  # a new state each call: never a cache hit
-        return guard.evaluate(HttpSubject(method="POST", path="/v1/messages", content_type="application/json",
-                                          body={"message": text}, body_text=text))
-
-    print(f"{'guard-3q (Guard.evaluate, 3 questions)':36s} {_percentiles(timed(served))} ms")
     cases = {
         "short-3q (128 tok, 3 questions)": request({"text": short}, QUESTIONS),  # the state guard-3q sends
         "short-1q (128 tok, 1 question)": request(short, QUESTIONS[:1]),
         "long-2000 (2000 tok, 1 question)": request(long, QUESTIONS[:1]),
     }
-    for name, req in cases.items():
-        samples = timed(lambda req=req: backend.decide_sync(req))
-        print(f"{name:36s} {_percentiles(samples)} ms")
-    native = timed(lambda: encoder.encode([short]))
-    print(f"{'encoder only, ' + str(encoder.dtype):36s} {_percentiles(native)} ms")
-    if encoder.dtype == torch.float32:
-        print("(this CPU has no native bf16: the encoder already runs in float32, so there is no ratio to show)")
-        return
-    fp32 = TextEncoder(encoder.model, encoder.tokenizer, encoder.config, torch.float32)
-    fp32_samples = timed(lambda: fp32.encode([short]))
-    encoder.model.to(encoder.dtype)
-    print(f"{'encoder only, torch.float32':36s} {_percentiles(fp32_samples)} ms")
-    print(f"float32 / {encoder.dtype} p50 ratio: {statistics.median(fp32_samples) / statistics.median(native):.2f}")
+    ids, mask, _, _ = encoder.window_batch([short])
+    for name, backend in backends.items():
+        guard = Guard(load_text(POLICY), backends=backend)
+
+        def served(guard: Guard = guard) -> object:
+            text = f"{short} {next(calls)}"  # a new state each call: never a cache hit
+            return guard.evaluate(HttpSubject(method="POST", path="/v1/messages", content_type="application/json",
+                                              body={"message": text}, body_text=text))
+
+        print(f"{'guard-3q (Guard.evaluate, 3q), ' + name:40s} {_percentiles(timed(served))} ms")
+        for case, req in cases.items():
+            samples = timed(lambda backend=backend, req=req: backend.decide_sync(req))
+            print(f"{case + ', ' + name:40s} {_percentiles(samples)} ms")
+        model = backend.models[0]
+        with torch.inference_mode():
+            if model.runtime is not None:
+                samples = timed(lambda model=model: model.runtime(ids, mask))
+            else:
+                samples = timed(lambda model=model: model.head.encode(encoder.lower(ids, mask), mask))
+        print(f"{'stack (128 tok), ' + name:40s} {_percentiles(samples)} ms")
+    if encoder.dtype != torch.float32:
+        fp32 = TextEncoder(copy.deepcopy(encoder.model), encoder.tokenizer, encoder.config, torch.float32)
+        top = copy.deepcopy(backends["torch"].models[0].head).float()
+        with torch.inference_mode():
+            samples = timed(lambda: top.encode(fp32.lower(ids, mask), mask))
+        print(f"{'stack (128 tok), torch float32':40s} {_percentiles(samples)} ms")
 
 
 if __name__ == "__main__":

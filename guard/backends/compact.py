@@ -87,9 +87,13 @@ class CompactBackend:
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
     def from_checkpoints(
-        cls, paths: Iterable[str | Path], *, progress: LoadProgress | None = None, **options: Any
+        cls, paths: Iterable[str | Path], *, progress: LoadProgress | None = None, runtime: str = "auto",
+        **options: Any
     ) -> CompactBackend:
-        """Load checkpoint directories (the first may be the catalog, others routers) sharing one encoder."""
+        """Load checkpoint directories (the first may be the catalog, others routers) sharing one encoder.
+
+        ``runtime``: ``"auto"`` (torch where it runs bf16, else ONNX Runtime), ``"onnx"`` (ONNX Runtime, float32)
+        or ``"torch"`` for the catalog encoder (:meth:`guard.compact.model.CompactModel.load`)."""
         from guard.compact.encoder import TextEncoder
         from guard.compact.model import CompactModel
 
@@ -103,7 +107,7 @@ class CompactBackend:
         for n, root in enumerate(roots, 1):
             if progress:
                 progress(n, total, str(root))
-            models.append(CompactModel.load(root, encoder=encoder))
+            models.append(CompactModel.load(root, encoder=encoder, runtime=runtime))
             for name in ("compact_config.json", *sorted(p.name for p in root.glob("*.safetensors"))):
                 digest.update((root / name).read_bytes())
         if progress:
@@ -112,10 +116,10 @@ class CompactBackend:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, *, progress: LoadProgress | None = None, **options: Any
+        cls, path: str | Path, *, progress: LoadProgress | None = None, runtime: str = "auto", **options: Any
     ) -> CompactBackend:
         """Load one checkpoint directory (``guard train`` output or the shipped weights)."""
-        return cls.from_checkpoints([path], progress=progress, **options)
+        return cls.from_checkpoints([path], progress=progress, runtime=runtime, **options)
 
     @classmethod
     def default(cls, *, progress: LoadProgress | None = None) -> CompactBackend:

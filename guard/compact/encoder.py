@@ -273,6 +273,38 @@ class TextEncoder:
             limit: keep at most this many windows per text, evenly spaced (first and last kept); training uses it to
                 bound the cost of long texts. ``None`` keeps every window.
         """
+        plans, ids, mask = self._window_plans(texts, limit)
+        if not plans:
+            return []
+        hidden = self.lower(ids, mask)
+        result, row = [], 0
+        for windows, total, dropped in plans:
+            n = len(windows)
+            used = int(mask[row : row + n].sum(-1).max())
+            result.append(WindowStates(hidden[row : row + n, :used], mask[row : row + n, :used], total, dropped))
+            row += n
+        return result
+
+    def window_batch(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Every window of the ``texts`` framed and padded into one batch: ``(N, width)`` int64 ids, the ``(N, width)``
+        bool mask of real positions, and the texts' word pieces and dropped tokens (summed)."""
+        plans, ids, mask = self._window_plans(texts, None)
+        return ids, mask, sum(total for _, total, _ in plans), sum(dropped for _, _, dropped in plans)
+
+    def lower(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``(N, width, 384)`` after every encoder layer but the last, in the encoder's dtype."""
+        with torch.inference_mode():
+            hidden = self.model.embeddings(input_ids=ids)
+            bias = attention_bias(mask, hidden.dtype)
+            for layer in self.model.encoder.layer[:-1]:
+                out = layer(hidden, attention_mask=bias)
+                hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
+    def _window_plans(self, texts: Sequence[str], limit: int | None
+                      ) -> tuple[list[tuple[list[list[int]], int, int]], torch.Tensor, torch.Tensor]:
+        """Per text its framed windows (at most ``limit``, evenly spaced), word pieces and dropped tokens; and all
+        windows padded into one batch (empty when there are no texts)."""
         plans = []
         for text in texts:
             windows, _, total, dropped = self._plan(self.token_ids(text))
@@ -282,21 +314,9 @@ class TextEncoder:
             plans.append((windows, total, dropped))
         flat = [window for windows, _, _ in plans for window in windows]
         if not flat:
-            return []
+            return [], torch.empty(0, 0, dtype=torch.long), torch.empty(0, 0, dtype=torch.bool)
         ids, mask = self._pad(flat)
-        with torch.inference_mode():
-            hidden = self.model.embeddings(input_ids=ids)
-            bias = attention_bias(mask, hidden.dtype)
-            for layer in self.model.encoder.layer[:-1]:
-                out = layer(hidden, attention_mask=bias)
-                hidden = out[0] if isinstance(out, tuple) else out
-        result, row = [], 0
-        for windows, total, dropped in plans:
-            n = len(windows)
-            used = int(mask[row : row + n].sum(-1).max())
-            result.append(WindowStates(hidden[row : row + n, :used], mask[row : row + n, :used], total, dropped))
-            row += n
-        return result
+        return plans, ids, mask
 
     def _pad(self, windows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Framed windows -> ``(N, width)`` int64 ids padded with ``[PAD]`` and the bool mask of real positions."""

@@ -45,7 +45,6 @@ from guard.compact.encoder import (
     EncodedText,
     EncoderConfig,
     TextEncoder,
-    WindowStates,
 )
 from guard.compact.head import CatalogHead, pool_rows
 from guard.compact.router import RouterHead
@@ -97,7 +96,9 @@ _METADATA_RE = re.compile(
 def state_text(state: Any, view: str) -> str:
     """What a catalog question reads of ``state``.
 
-    ``view="json"``: the state rendered as Clef does (strings raw, JSON compact and key-sorted). ``view="text"``: the
+    ``view="json"``: the state rendered as Clef does (strings raw, JSON compact and key-sorted); a mapping with one
+    key whose value is a string (the shipped policies' ``{"text": body_text}``) holds no pair to tell apart and is
+    read as that string, so a pair question on it shares the text questions' encoder pass. ``view="text"``: the
     lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
     identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
     single-token routes, ids and model names of at most :data:`METADATA_CHARS` characters) whenever other lines
@@ -105,6 +106,8 @@ def state_text(state: Any, view: str) -> str:
     text (a policy's ``body_text``).
     """
     if view != "text":
+        if isinstance(state, dict) and len(state) == 1 and isinstance(next(iter(state.values())), str):
+            return str(next(iter(state.values())))
         return render(state)
     lines = [line for s in ([state] if isinstance(state, str) else body_strings(state)) for line in s.split("\n")]
     texts = [line for line in lines if not _METADATA_RE.fullmatch(line.strip())]
@@ -158,20 +161,6 @@ def pack_sentences(sentences: Sequence[str], lengths: Sequence[int], budget: int
     if current:
         pieces.append(" ".join(current))
     return pieces
-
-
-def _stack(parts: Sequence[WindowStates], tokens: int) -> WindowStates:
-    """The windows of several segments as one padded batch (``tokens`` = the whole text's word pieces)."""
-    width = max(p.hidden.shape[1] for p in parts)
-    count = sum(p.windows for p in parts)
-    hidden = parts[0].hidden.new_zeros(count, width, parts[0].hidden.shape[-1])
-    mask = torch.zeros(count, width, dtype=torch.bool)
-    row = 0
-    for p in parts:
-        hidden[row : row + p.windows, : p.hidden.shape[1]] = p.hidden
-        mask[row : row + p.windows, : p.hidden.shape[1]] = p.mask
-        row += p.windows
-    return WindowStates(hidden, mask, tokens, 0)
 
 
 def pick_window(logits: torch.Tensor, entry: CatalogQuestion | None) -> int:
@@ -282,6 +271,8 @@ class CompactModel:
         kind: ``"catalog"`` or ``"router"``.
         meta: free-form training metadata kept in ``compact_config.json``.
         memory_pool: a router's state token states mean-pooled per memory row.
+        runtime: a catalog model's encoder stack under ONNX Runtime (:class:`~guard.compact.runtime.OnnxStack`), or
+            ``None`` to run it in torch (as training does).
     """
 
     def __init__(
@@ -293,12 +284,14 @@ class CompactModel:
         kind: str,
         meta: dict[str, Any] | None = None,
         memory_pool: int = DEFAULT_MEMORY_POOL,
+        runtime: Any = None,
     ) -> None:
         if memory_pool < 1:
             raise ValueError(f"memory_pool must be at least 1, got {memory_pool}")
         if kind not in ("catalog", "router"):
             raise ValueError(f"kind must be 'catalog' or 'router', got {kind!r}")
         self.memory_pool = memory_pool
+        self.runtime = runtime
         self.encoder = encoder
         self.head = head.eval()
         self.questions = dict(questions)
@@ -313,31 +306,33 @@ class CompactModel:
 
     # ----------------------------------------------------------------------------------------------------- scoring
     def window_logits(self, text: str, question_ids: Sequence[str], *, sentences: bool = False
-                      ) -> tuple[list[torch.Tensor], Any]:
-        """Catalog: uncalibrated logits ``(segments, K)`` of every segment of ``text`` for each question, and the
-        :class:`~guard.compact.encoder.WindowStates` that were scored (token counts in ``tokens``/``dropped``).
+                      ) -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
+        """Catalog: uncalibrated logits ``(segments, K)`` of every segment of ``text`` for each question, the
+        ``(segments, width)`` bool mask of the positions read, the text's word pieces and the tokens cut from the
+        middle of a text longer than the encoder's ``max_tokens``.
 
         A segment is a window of the text; with ``sentences`` a text longer than one window is cut into sentences
         (:func:`split_sentences`) joined into pieces of at least :data:`PIECE_TOKENS` tokens (:func:`pack_sentences`,
         a piece longer than a window is windowed on its own), so every sentence is read whole, short ones with a
         neighbour or two of context: the answer (max over pieces, :func:`pick_window`) is hardly diluted, and fewer
-        pieces with more context than single sentences lower the false positives that grow with length.
+        pieces with more context than single sentences lower the false positives that grow with length. All
+        segments run as one batch, through the ONNX Runtime graph when the model has one (:attr:`runtime`), else
+        through torch.
         """
         assert isinstance(self.head, CatalogHead)
-        ids = len(self.encoder.token_ids(text))
-        if sentences and self.encoder.config.chunk < ids <= self.encoder.config.max_tokens:
+        tokens = len(self.encoder.token_ids(text))
+        pieces = [text]
+        if sentences and self.encoder.config.chunk < tokens <= self.encoder.config.max_tokens:
             parts = split_sentences(text)
             pieces = pack_sentences(parts, [len(self.encoder.token_ids(p)) for p in parts], PIECE_TOKENS)
-            windows = _stack(self.encoder.encode_windows(pieces), ids)
-        else:
-            (windows,) = self.encoder.encode_windows([text])
+        ids, mask, _, dropped = self.encoder.window_batch(pieces)
         with torch.inference_mode():
-            states = self.head.encode(windows.hidden, windows.mask)
+            states = self.runtime(ids, mask) if self.runtime else self.head.encode(self.encoder.lower(ids, mask), mask)
             out = []
             for qid in question_ids:
-                index = torch.full((windows.windows,), self._order[qid], dtype=torch.long)
-                out.append(self.head.score(states, windows.mask, index))
-        return out, windows
+                index = torch.full((ids.shape[0],), self._order[qid], dtype=torch.long)
+                out.append(self.head.score(states, mask, index))
+        return out, mask, tokens, dropped
 
     def canonical(self, question: QuestionV1) -> QuestionV1:
         """``question`` with its trained wording when it gives none (instructions missing, empty or the bare id)."""
@@ -371,10 +366,10 @@ class CompactModel:
         tokens = dropped = windows_run = read = 0
         for text, questions in texts.items():
             sentences = any(CATALOG[q.id].view == "text" for q in questions)
-            logits, windows = self.window_logits(text, [q.id for q in questions], sentences=sentences)
-            tokens, dropped = max(tokens, windows.tokens), max(dropped, windows.dropped)
-            windows_run += windows.windows
-            read += int(windows.mask.sum())
+            logits, mask, text_tokens, cut = self.window_logits(text, [q.id for q in questions], sentences=sentences)
+            tokens, dropped = max(tokens, text_tokens), max(dropped, cut)
+            windows_run += mask.shape[0]
+            read += int(mask.sum())
             for question, rows in zip(questions, logits, strict=True):
                 entry = CATALOG[question.id]
                 probabilities = self.probabilities(question, rows[pick_window(rows, entry)])
@@ -428,7 +423,8 @@ class CompactModel:
 
     @classmethod
     def load(
-        cls, path: str | Path, *, encoder: TextEncoder | None = None, dtype: torch.dtype | None = None
+        cls, path: str | Path, *, encoder: TextEncoder | None = None, dtype: torch.dtype | None = None,
+        runtime: str = "auto",
     ) -> CompactModel:
         """Load a checkpoint directory written by :meth:`save`.
 
@@ -437,13 +433,21 @@ class CompactModel:
             encoder: reuse an already loaded encoder's weights (its window settings are replaced by the
                 checkpoint's); else one is loaded.
             dtype: encoder dtype; default :func:`~guard.compact.encoder.default_dtype`.
+            runtime: ``"onnx"`` runs a catalog model's encoder stack under ONNX Runtime in float32
+                (:mod:`guard.compact.runtime`; the graph is exported once and cached), ``"torch"`` in torch in the
+                encoder's dtype, ``"auto"`` torch where it runs bf16 and ONNX Runtime where it would run float32
+                (:func:`~guard.compact.runtime.choose`). Routers always run in torch.
 
         Raises:
-            ValueError: an unknown format or kind, or an encoder other than all-MiniLM-L6-v2.
+            ValueError: an unknown format, kind or runtime, or an encoder other than all-MiniLM-L6-v2.
             FileNotFoundError: a missing file.
         """
         from safetensors.torch import load_file
 
+        from guard.compact.runtime import RUNTIMES, OnnxStack, choose
+
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
         root = Path(path)
         body = json.loads((root / COMPACT_CONFIG_FILE).read_text(encoding="utf-8"))
         if body.get("format") != FORMAT:
@@ -476,10 +480,13 @@ class CompactModel:
         state = {k: v.float() for k, v in load_file(str(weights)).items()}
         head.load_state_dict(state, strict=True)
         head = head.float()
+        stack = None
         if isinstance(head, CatalogHead):
             head.top.to(encoder.dtype)
+            if choose(runtime, encoder.dtype) == "onnx":
+                stack = OnnxStack.export(encoder.model, head.top)
         return cls(encoder, head, questions, kind=kind, meta=body.get("meta"),
-                   memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)))
+                   memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)), runtime=stack)
 
 
 def cap_safe(probabilities: list[float], question: QuestionV1, entry: CatalogQuestion) -> list[float]:

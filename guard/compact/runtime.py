@@ -1,0 +1,131 @@
+"""ONNX Runtime for the catalog model's encoder at serving time, on CPUs without native bf16.
+
+The whole encoder stack of a catalog checkpoint (all-MiniLM-L6-v2's embeddings and five frozen layers, then the
+checkpoint's fine-tuned last layer) is exported from the torch modules to one ONNX graph in float32 and run with
+ONNX Runtime's CPU provider, which fuses attention, GELU and layer norms and has less per-operation overhead than
+eager torch: on a CPU without native bf16 matrix units it replaces torch's float32 (faster on a shared 2-core
+machine, ``docs/compact-model.md#latency``); where torch runs bf16 it is not faster, so :func:`choose` keeps torch
+there. The heads stay in
+torch (float32). Training never uses this path.
+
+The graph is exported once per checkpoint and cached on disk (``~/.cache/guard/compact/onnx/<key>.onnx``, never inside
+the repository), keyed by a hash of every exported weight, their dtype, and the torch and exporter versions, so a
+changed checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads read the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from guard.compact.encoder import attention_bias
+
+__all__ = ["DEFAULT_ONNX_DIR", "OPSET", "RUNTIMES", "OnnxStack", "choose"]
+
+DEFAULT_ONNX_DIR = Path(os.path.expanduser("~")) / ".cache" / "guard" / "compact" / "onnx"
+#: ONNX opset of the exported graph.
+OPSET = 17
+#: What a catalog model's encoder stack may run on.
+RUNTIMES = ("auto", "onnx", "torch")
+
+
+def choose(runtime: str, dtype: torch.dtype) -> str:
+    """``"onnx"`` or ``"torch"`` for a requested ``runtime`` (one of :data:`RUNTIMES`) and the torch encoder's
+    ``dtype``: ``"auto"`` is torch where it runs bf16, ONNX Runtime where torch would run float32.
+
+    Raises:
+        ValueError: an unknown runtime.
+    """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
+    if runtime == "auto":
+        return "torch" if dtype == torch.bfloat16 else "onnx"
+    return runtime
+
+
+class _Stack(nn.Module):
+    """Embeddings, the frozen layers and the fine-tuned last layer as one float32 module: ``(ids, mask)`` -> states."""
+
+    def __init__(self, model: nn.Module, top: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = copy.deepcopy(model.embeddings).float()  # type: ignore[attr-defined]
+        lower = [copy.deepcopy(layer).float() for layer in model.encoder.layer[:-1]]  # type: ignore[attr-defined]
+        self.layers = nn.ModuleList([*lower, copy.deepcopy(top).float()])
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.embeddings(input_ids=ids)
+        bias = attention_bias(mask, hidden.dtype)
+        for layer in self.layers:
+            out = layer(hidden, attention_mask=bias)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
+
+class OnnxStack:
+    """An ONNX Runtime session over the encoder stack: ``stack(ids, mask)`` -> ``(N, L, 384)`` float32 states.
+
+    Args:
+        path: the exported ``.onnx`` file.
+        threads: intra-op threads (default: torch's current ``get_num_threads()``, so ``torch.set_num_threads`` and
+            ``--threads`` settings carry over).
+    """
+
+    def __init__(self, path: Path, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # idle workers sleep instead of spinning: on shared cores spinning threads took the time the next call needed
+        # (p50 3-5x slower with other jobs running, bench/compact_latency.py)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        self.path = path
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    @classmethod
+    def export(cls, model: nn.Module, top: nn.Module, *, directory: Path | None = None,
+               threads: int | None = None) -> OnnxStack:
+        """The session for ``model`` (a transformers ``BertModel``) with ``top`` as its last layer, exporting the
+        graph into ``directory`` (default :data:`DEFAULT_ONNX_DIR`) unless a file for these weights is there."""
+        stack = _Stack(model, top).eval()
+        root = directory or DEFAULT_ONNX_DIR
+        path = root / f"{_key(model, top, stack)}.onnx"
+        if not path.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            ids = torch.full((2, 8), 100, dtype=torch.long)
+            mask = torch.ones(2, 8, dtype=torch.bool)
+            # the tracer warns about shape checks in transformers' attention (``q_length > 1``) and torch about the
+            # TorchScript exporter; the graph is checked against torch (tests/compact/test_runtime.py)
+            with tempfile.TemporaryDirectory(dir=root) as tmp, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                staged = Path(tmp) / path.name
+                torch.onnx.export(stack, (ids, mask), str(staged), input_names=["ids", "mask"],
+                                  output_names=["states"], opset_version=OPSET, dynamo=False,
+                                  dynamic_axes={"ids": {0: "n", 1: "l"}, "mask": {0: "n", 1: "l"},
+                                                "states": {0: "n", 1: "l"}})
+                os.replace(staged, path)  # atomic: a concurrent loader sees no half-written file
+        return cls(path, threads)
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``(N, L)`` int64 ids and bool mask -> ``(N, L, 384)`` float32 states of the last layer."""
+        (states,) = self.session.run(None, {"ids": ids.numpy(), "mask": mask.numpy()})
+        return torch.from_numpy(states)
+
+
+def _key(model: nn.Module, top: nn.Module, stack: nn.Module) -> str:
+    """Hash of the weights as loaded (dtype included), the torch version and the opset."""
+    digest = hashlib.sha256(f"{torch.__version__}|{OPSET}|{next(model.parameters()).dtype}|"
+                            f"{next(top.parameters()).dtype}".encode())
+    for name, tensor in stack.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:32]
