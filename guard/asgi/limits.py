@@ -22,6 +22,9 @@ __all__ = [
     "DEFAULT_MAX_MULTIPART_JUNK_BYTES",
     "DEFAULT_MAX_MULTIPART_PARTS",
     "DEFAULT_MAX_PART_HEADER_BYTES",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_STREAM_OVERLAP_BYTES",
+    "DEFAULT_STREAM_WINDOW_BYTES",
     "BodyLimits",
     "OpaqueMedia",
 ]
@@ -43,6 +46,13 @@ DEFAULT_MAX_PART_HEADER_BYTES = 8 * 1024
 DEFAULT_MAX_MULTIPART_JUNK_BYTES = 1024
 """Most bytes of multipart preamble (before the first boundary) and of epilogue (after the closing one)."""
 
+DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
+"""Most bytes of a whole (not streamed) upstream response a response policy reads (1 MiB); more is a 502."""
+DEFAULT_STREAM_WINDOW_BYTES = 4096
+"""Most bytes of a streamed response held back before they are judged and sent on (the sliding window)."""
+DEFAULT_STREAM_OVERLAP_BYTES = 256
+"""Already-sent bytes judged again with the next window, so a span across two windows is seen whole."""
+
 OpaqueMedia = Literal["reject", "metadata"]
 """What to do with a non-empty body of a media type that cannot be read as text (images, octet-stream):
 ``reject`` answers 415; ``metadata`` judges the request without its body (the body is still replayed)."""
@@ -63,6 +73,9 @@ class BodyLimits:
         max_part_header_bytes: most bytes of one part's header block; 400 above.
         max_multipart_junk_bytes: most preamble bytes and most epilogue bytes; 400 above.
         opaque_media: see :data:`OpaqueMedia`.
+        max_response_bytes: most bytes of a whole upstream response read for a response policy; 502 above.
+        stream_window_bytes: most bytes of a streamed response (SSE, chunked) held back before judging.
+        stream_overlap_bytes: bytes judged twice across consecutive windows (below ``stream_window_bytes``).
     """
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -75,6 +88,9 @@ class BodyLimits:
     max_part_header_bytes: int = DEFAULT_MAX_PART_HEADER_BYTES
     max_multipart_junk_bytes: int = DEFAULT_MAX_MULTIPART_JUNK_BYTES
     opaque_media: OpaqueMedia = "reject"
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    stream_window_bytes: int = DEFAULT_STREAM_WINDOW_BYTES
+    stream_overlap_bytes: int = DEFAULT_STREAM_OVERLAP_BYTES
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -85,6 +101,11 @@ class BodyLimits:
             raise ValueError(
                 f"BodyLimits.max_decoded_bytes ({self.max_decoded_bytes}) is below max_body_bytes "
                 f"({self.max_body_bytes}); a plain body could never be inspected"
+            )
+        if self.stream_overlap_bytes >= self.stream_window_bytes:
+            raise ValueError(
+                f"BodyLimits.stream_overlap_bytes ({self.stream_overlap_bytes}) must be below stream_window_bytes "
+                f"({self.stream_window_bytes})"
             )
         if self.duplicate_keys not in ("reject", "collect"):
             raise ValueError(f"BodyLimits.duplicate_keys is {self.duplicate_keys!r}; use 'reject' or 'collect'")

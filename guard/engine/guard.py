@@ -29,7 +29,7 @@ from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
 from guard.errors import PolicyError, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
-from guard.subject import Subject
+from guard.subject import HttpSubject, Subject
 from guard.verdict import Verdict
 
 __all__ = ["DEFAULT_BACKEND", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]
@@ -202,6 +202,10 @@ class Guard:
         """The first policy whose ``match`` accepts ``subject`` (method/path/host/headers or event/tool), or None."""
         return self.policies.match(subject)
 
+    def watching(self, request: HttpSubject) -> tuple[Policy, ...]:
+        """The response policies that judge ``request``'s response (``match.http.response``), in match order."""
+        return self.policies.watching(request)
+
     async def aevaluate(self, subject: Subject, *, policy: Policy | None = None) -> Verdict:
         """Decide one subject. Never raises for backend, cache or rule trouble: the policy's fail mode decides.
 
@@ -274,7 +278,7 @@ class Guard:
             return verdict, lookup
         verdict = verdicts.answered(
             policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"), latency_ms=_since(started),
-            state=state, flags=flags,
+            state=state, flags=flags, subject=subject,
         )  # fmt: skip
         return verdict, lookup
 

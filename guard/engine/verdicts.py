@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from guard.errors import BackendError, GuardError, Overloaded, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
 from guard.policy.rules import RuleError
-from guard.subject import Subject
+from guard.subject import HttpSubject, Subject
 from guard.systemone import AnswerV1
-from guard.verdict import Action, FailMode, Verdict
+from guard.verdict import Action, FailMode, Redaction, Verdict
 
 __all__ = [
     "FAIL_CLOSED_MESSAGE",
@@ -34,6 +34,7 @@ __all__ = [
     "guard_failed",
     "make",
     "no_match",
+    "phase_of",
     "record",
     "refused",
     "too_long",
@@ -41,6 +42,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("guard.engine")
+
+Phase = Literal["request", "response"]
 
 #: Message of a fail-closed block when the policy gives none.
 FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
@@ -76,6 +79,8 @@ def make(
     shadow: bool = False,
     state: Any = None,
     flags: dict[str, Any] | None = None,
+    redactions: tuple[Redaction, ...] = (),
+    phase: Phase = "request",
 ) -> Verdict:
     """The one constructor call of :class:`~guard.verdict.Verdict`.
 
@@ -105,7 +110,14 @@ def make(
         shadow_action=action if shadow else None,
         state=state,
         flags=flags if flags is not None else {},
+        redactions=redactions,
+        phase=phase,
     )
+
+
+def phase_of(subject: Subject | None) -> Phase:
+    """``response`` for an HTTP response subject, else ``request``."""
+    return "response" if isinstance(subject, HttpSubject) and subject.phase == "response" else "request"
 
 
 # Verdicts from the model's answers ---------------------------------------------------------------------------------
@@ -120,12 +132,21 @@ def answered(
     latency_ms: float,
     state: Any,
     flags: dict[str, Any],
+    subject: Subject,
 ) -> Verdict:
     """The verdict the rules reached on the model's (or the cache's) answers.
+
+    A ``redact`` outcome finds its spans in ``subject``'s body here (:meth:`~guard.policy.redact.Redactor.find`);
+    the verdict then keeps where they are, and no ``state`` (it would hold the text being masked).
 
     Args:
         outcome: the rules' result and the plan's constants, as :meth:`guard.engine.plan.Plan.outcome` returns them.
     """
+    redactor = outcome["redact"]
+    redactions: tuple[Redaction, ...] = ()
+    if redactor is not None and isinstance(subject, HttpSubject):
+        redactions = redactor.find(subject.body, policy.detector)
+        state = None
     return make(
         outcome["action"],
         decision_id,
@@ -145,6 +166,8 @@ def answered(
         shadow=policy.mode == "shadow",
         state=state,
         flags=flags,
+        redactions=redactions,
+        phase=phase_of(subject),
     )
 
 
@@ -230,6 +253,7 @@ def fail_mode(
         shadow=policy.mode == "shadow",
         state=state,
         flags=flags,
+        phase=phase_of(subject),
     )
 
 
@@ -242,10 +266,11 @@ def refused(
     message: str,
     error: str | None = None,
     flags: dict[str, Any] | None = None,
+    phase: Phase = "request",
 ) -> Verdict:
     """A block made before any decision because the input cannot be judged: an HTTP body that cannot be inspected
-    (``rule`` = the body error's code), a malformed tool call (``malformed_arguments``). Shadow mode does not apply:
-    there was nothing to judge."""
+    (``rule`` = the body error's code; ``phase`` ``response`` for an upstream response), a malformed tool call
+    (``malformed_arguments``). Shadow mode does not apply: there was nothing to judge."""
     return make(
         "block",
         decision_id,
@@ -256,6 +281,7 @@ def refused(
         message=message,
         error=error,
         flags=flags,
+        phase=phase,
     )
 
 
