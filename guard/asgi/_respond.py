@@ -57,8 +57,9 @@ _SSE = "text/event-stream"
 
 
 class StreamStopped(OSError):
-    """Raised to the application's ``send`` once its response was blocked: like a client that left (Starlette's
-    responses and the proxy stop streaming on an ``OSError``)."""
+    """Raised to the application's ``send`` to cut a response that was already started off (a chunked stream
+    blocked mid-way): like a client that left, so Starlette's responses and the proxy stop streaming. After a block
+    that completed the response (JSON, or an SSE error event) later messages are dropped instead."""
 
 
 def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -100,9 +101,8 @@ class ResponseJudge:
         mode = self.mode
         if mode == "pass":
             await self.send(message)
-        elif mode == "done":
-            if message["type"] == "http.response.body":
-                raise StreamStopped("the response was blocked by policy")
+        elif mode == "done":  # the client has its whole answer (or its block): the rest is dropped
+            return
         elif message["type"] == "http.response.start":
             await self._start(message)
         elif message["type"] != "http.response.body":
@@ -142,7 +142,7 @@ class ResponseJudge:
             self.mode = "done"
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response has more than "
                                          f"{self.limits.max_response_bytes} bytes, the response inspection limit"))
-            raise StreamStopped("the response is too large to judge")
+            return
         self.chunks.append(chunk)
         if message.get("more_body", False):
             return
@@ -197,7 +197,7 @@ class ResponseJudge:
         if verdict.action == "block":
             self.mode = "done"
             await self._stop(verdict)
-            raise StreamStopped("the response was blocked by policy")
+            return
         end = len(text) if final else self._boundary(text, context)
         spans = verdict.redactions if verdict.action == "redact" else ()
         for r in spans:
@@ -208,7 +208,8 @@ class ResponseJudge:
                 self.mode = "done"
                 await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "a streamed event is longer than the "
                                              "response inspection limit"))
-                raise StreamStopped("a streamed event is too large to judge")
+                if self.started:
+                    raise StreamStopped("a streamed event is too large to judge")
             return
         piece = [r for r in spans if r.end > context and r.start < end]
         out = text[context:end]
@@ -250,7 +251,7 @@ class ResponseJudge:
         if not self.sse:
             logger.info("response of %s %s blocked mid-stream (policy %s); cutting the connection",
                         self.request.method, self.request.path, verdict.policy_id)
-            return
+            raise StreamStopped("the response was blocked by policy mid-stream")
         data = json.dumps(_block_payload(verdict), separators=(",", ":"), ensure_ascii=False)
         event = f"event: {SSE_BLOCK_EVENT}\ndata: {data}\n\n".encode()
         await self.send({"type": "http.response.body", "body": event, "more_body": False})
