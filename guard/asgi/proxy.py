@@ -18,7 +18,8 @@ client connection is aborted (never a truncated body that looks complete).
 
 Built-in endpoints, outside the guard: ``GET /_guard/live`` (liveness: 200 while the process serves), ``GET
 /_guard/health`` (readiness: 200 with the engine's health, ``ok`` or ``degraded``, while a policy set is loaded) and
-``GET /_guard/metrics`` (Prometheus text). With ``reviewers`` the reviewers' API is served at
+``GET /_guard/metrics`` (Prometheus text). WebSocket upgrades on paths no policy matches are relayed to the
+upstream; on a path a policy matches they are refused with a reason (:mod:`guard.asgi._websocket`). With ``reviewers`` the reviewers' API is served at
 ``/_guard/admin/reviews``, each reviewer with their own bearer token.
 """
 
@@ -37,6 +38,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.asgi._metrics import HttpMetrics
+from guard.asgi._websocket import WebSocketRelay
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope, request_target
 from guard.asgi.middleware import GuardMiddleware
@@ -138,7 +140,7 @@ class ReverseProxy:
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
-        self._base = httpx.URL(config.upstream)
+        self._base = self.base = httpx.URL(config.upstream)
         self._base_path = self._base.path.rstrip("/")
         self._host = self._base.netloc  # host[:port], never userinfo
         self._owns_client = client is None
@@ -201,9 +203,7 @@ class ReverseProxy:
                 return
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # pragma: no cover - proxy_app routes lifespan itself; websockets unsupported
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1003})
+        if scope["type"] != "http":  # pragma: no cover - proxy_app routes lifespan and websockets itself
             return
         try:
             request = self._request(scope, receive)
@@ -270,6 +270,7 @@ class _ProxyApp:
         self,
         guarded: ASGIApp,
         proxy: ReverseProxy,
+        websockets: WebSocketRelay,
         guard: Guard,
         metrics: HttpMetrics,
         admin: ASGIApp | None,
@@ -278,6 +279,7 @@ class _ProxyApp:
         on_shutdown: Callable[[], Awaitable[None]] | None,
     ) -> None:
         self.guarded, self.proxy, self.guard, self.metrics, self.admin = guarded, proxy, guard, metrics, admin
+        self.websockets = websockets
         self.live_path, self.health_path, self.metrics_path, self.admin_path = paths
         self.on_startup = on_startup
         self.on_shutdown = on_shutdown
@@ -285,6 +287,14 @@ class _ProxyApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
+            return
+        if scope["type"] == "websocket":
+            try:
+                scope = canonical_scope(scope)
+            except BodyError as exc:
+                await send({"type": "websocket.close", "code": 1008, "reason": exc.reason[:120]})
+                return
+            await self.websockets(scope, receive, send)
             return
         if scope["type"] == "http":
             try:
@@ -378,9 +388,12 @@ def proxy_app(
     if reviewers is not None or review_insecure_loopback:
         reviews = review_app(guarded.review_store, reviewers=reviewers, insecure_loopback=review_insecure_loopback)
         admin = Starlette(routes=[Mount(admin_path, app=reviews)])
+    relay = WebSocketRelay(guard, proxy.base, open_timeout=config.connect_timeout,
+                           client_header=middleware_options.get("client_header"))
     return _ProxyApp(
         guarded,
         proxy,
+        relay,
         guard,
         metrics,
         admin,
