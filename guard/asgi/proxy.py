@@ -1,11 +1,12 @@
 """A reverse proxy with the guard in front: ``guard proxy --policy FILE --upstream URL``.
 
-Requests stream to the upstream with httpx and responses stream back, both without buffering (a guarded request's
+Requests stream to the upstream over a pool of keep-alive connections (:mod:`guard.asgi._upstream`) and responses
+stream back, both without buffering (a guarded request's
 body is read once by :class:`~guard.asgi.GuardMiddleware` and then streamed on). The status and headers are kept,
 minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection`` and the headers it names, ``Keep-Alive``,
 ``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``); ``X-Forwarded-For/-Proto/-Host`` are added.
 Bodies pass as raw bytes, so ``Content-Encoding`` and ``Content-Length`` stay valid. HTTP/1.1 trailers cannot be
-relayed (httpx does not expose them and uvicorn does not send them); they are dropped.
+relayed (uvicorn does not send them); they are dropped.
 
 The upstream URL is built from parts: the configured scheme, host and port (nothing the client sends can change
 them), the configured path prefix, then the request's canonical path (:mod:`guard.asgi._target`: the path the guard
@@ -26,6 +27,7 @@ upstream; on a path a policy matches they are refused with a reason (:mod:`guard
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.asgi._metrics import HttpMetrics
+from guard.asgi._upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope, request_target
@@ -89,7 +92,7 @@ class ProxyConfig:
         upstream: base URL of the protected service (``http://127.0.0.1:9000`` or with a path prefix).
         connect_timeout: seconds to connect to the upstream (then 504).
         read_timeout: seconds of upstream silence allowed, before the response starts or between chunks.
-        max_connections: size of the upstream connection pool.
+        max_connections: most upstream connections open at once (and kept alive when idle).
         preserve_host: forward the client's ``Host`` (default: the upstream's host).
     """
 
@@ -122,8 +125,13 @@ def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
 
 
 def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    drop = HOP_BY_HOP | _connection_tokens(headers)
+    drop = HOP_BY_HOP | _connection_tokens(headers) if any(k.lower() == b"connection" for k, _ in headers) else \
+        HOP_BY_HOP
     return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
+#: Request headers the proxy sets itself (besides the hop-by-hop ones).
+_REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for"})
 
 
 class ReverseProxy:
@@ -131,64 +139,60 @@ class ReverseProxy:
 
     Args:
         config: the upstream and timeouts.
-        client: an ``httpx.AsyncClient`` to use (not closed here); default one built from ``config``.
         metrics: counters shared with the middleware (upstream errors are counted there).
     """
 
-    def __init__(
-        self, config: ProxyConfig, *, client: httpx.AsyncClient | None = None, metrics: HttpMetrics | None = None
-    ) -> None:
+    def __init__(self, config: ProxyConfig, *, metrics: HttpMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
-        self._base = self.base = httpx.URL(config.upstream)
-        self._base_path = self._base.path.rstrip("/")
-        self._host = self._base.netloc  # host[:port], never userinfo
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout),
-            limits=httpx.Limits(
-                max_connections=config.max_connections, max_keepalive_connections=config.max_connections
-            ),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self.base = httpx.URL(config.upstream)
+        self._base_path = self.base.path.rstrip("/").encode("ascii")
+        self._host = self.base.netloc  # host[:port], never userinfo
+        tls = ssl.create_default_context() if self.base.scheme == "https" else None
+        port = self.base.port or (443 if tls else 80)
+        self._pool = UpstreamPool(self.base.host, port, tls=tls, max_connections=config.max_connections,
+                                  connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
 
     async def aclose(self) -> None:
-        """Close the upstream connection pool this proxy created. Idempotent."""
-        if self._owns_client:
-            self._owns_client = False
-            await self._client.aclose()
+        """Close the idle upstream connections. Idempotent."""
+        await self._pool.aclose()
 
-    def _url(self, scope: Scope) -> httpx.URL:
-        """The upstream URL: the configured scheme, host and port, never anything from the client; the canonical
-        path (already matched by the guard in front) under the upstream's path prefix; the query as received.
+    def _target(self, scope: Scope) -> bytes:
+        """The upstream target: the configured path prefix, then the canonical path (already matched by the guard in
+        front), then the query as received. Scheme, host and port are the configured ones, never the client's.
 
         Raises:
             BodyError: 400 ``invalid_target`` (see :mod:`guard.asgi._target`).
         """
         target = request_target(scope)
         query: bytes = scope.get("query_string", b"")
-        return self._base.copy_with(path=self._base_path + target.raw_path.decode("ascii"), query=query or None)
+        return self._base_path + target.raw_path + (b"?" + query if query else b"")
 
-    def _request(self, scope: Scope, receive: Receive) -> httpx.Request:
-        url = self._url(scope)
-        headers = [(k, v) for k, v in _forward_headers(scope["headers"]) if k.lower() not in (b"host", b"expect")]
-        headers.append(
-            (b"host", self._host if not self.config.preserve_host else dict(scope["headers"]).get(b"host", self._host))
-        )
+    def _headers(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """The headers sent upstream (hop-by-hop ones dropped; ``Host`` and ``X-Forwarded-*`` set) and whether the
+        request has a body."""
+        raw: list[tuple[bytes, bytes]] = scope["headers"]
+        headers = _forward_headers(raw)
+        host = forwarded_for = None
+        has_body = False
+        for k, v in raw:
+            name = k.lower()
+            if name == b"host":
+                host = v
+            elif name == b"x-forwarded-for":
+                forwarded_for = v if forwarded_for is None else forwarded_for + b", " + v
+            elif name in (b"content-length", b"transfer-encoding"):
+                has_body = True
+        out = [(k.lower(), v) for k, v in headers if k.lower() not in _REPLACED]
+        out.append((b"host", host if self.config.preserve_host and host else self._host))
         client = scope.get("client")
         if client:
-            prior = [v for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"]
-            chain = b", ".join([*prior, str(client[0]).encode()])
-            headers = [(k, v) for k, v in headers if k.lower() != b"x-forwarded-for"]
-            headers.append((b"x-forwarded-for", chain))
-        headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
-        original_host = dict(scope["headers"]).get(b"host")
-        if original_host:
-            headers.append((b"x-forwarded-host", original_host))
-        has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
-        content = self._body(receive) if has_body else None
-        return self._client.build_request(scope["method"], url, headers=headers, content=content)
+            peer = str(client[0]).encode()
+            out.append((b"x-forwarded-for", forwarded_for + b", " + peer if forwarded_for else peer))
+        out.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
+        if host:
+            out.append((b"x-forwarded-host", host))
+        return out, has_body
 
     @staticmethod
     async def _body(receive: Receive) -> AsyncIterator[bytes]:
@@ -206,52 +210,37 @@ class ReverseProxy:
         if scope["type"] != "http":  # pragma: no cover - proxy_app routes lifespan and websockets itself
             return
         try:
-            request = self._request(scope, receive)
+            target = self._target(scope)
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
+        headers, has_body = self._headers(scope)
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self._pool.request(scope["method"], target, headers,
+                                                self._body(receive) if has_body else None)
         except _ClientGone:
             return
-        except httpx.TimeoutException as exc:
-            self.metrics.upstream_errors.labels("timeout").inc()
-            await send_json(
-                send,
-                504,
-                {
-                    "code": "upstream_timeout",
-                    "message": f"the upstream did not answer in time ({type(exc).__name__})",
-                    "field": None,
-                },
-            )
-            return
-        except httpx.HTTPError as exc:
-            self.metrics.upstream_errors.labels("unavailable").inc()
-            await send_json(
-                send,
-                502,
-                {
-                    "code": "upstream_unavailable",
-                    "message": f"the upstream could not be reached ({type(exc).__name__})",
-                    "field": None,
-                },
-            )
+        except UpstreamError as exc:
+            self.metrics.upstream_errors.labels(exc.kind).inc()
+            timeout = isinstance(exc, UpstreamTimeout)
+            await send_json(send, 504 if timeout else 502, {
+                "code": "upstream_timeout" if timeout else "upstream_unavailable",
+                "message": f"the upstream {'did not answer in time' if timeout else 'could not be reached'} ({exc})",
+                "field": None,
+            })  # fmt: skip
             return
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": _forward_headers(response.headers.raw),
-                }
-            )
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except httpx.HTTPError as exc:
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": _forward_headers(response.headers)})
+            ended = False
+            async for chunk in response.body():
+                ended = response.complete  # a known length's last piece ends the response itself
+                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except UpstreamError as exc:
             self.metrics.upstream_errors.labels("broken_stream").inc()
-            logger.warning("upstream broke mid-response (%s); aborting the client connection", type(exc).__name__)
+            logger.warning("upstream broke mid-response (%s); aborting the client connection", exc)
             raise
         except OSError:  # the client went away mid-response
             return
@@ -356,7 +345,6 @@ def proxy_app(
     *,
     reviewers: Mapping[str, str] | None = None,
     review_insecure_loopback: bool = False,
-    client: httpx.AsyncClient | None = None,
     live_path: str = DEFAULT_LIVE_PATH,
     health_path: str = DEFAULT_HEALTH_PATH,
     metrics_path: str = DEFAULT_METRICS_PATH,
@@ -374,7 +362,6 @@ def proxy_app(
         reviewers: serve the reviewers' API at ``admin_path``; reviewer name -> bearer token
             (:func:`guard.asgi.review_api.review_routes`).
         review_insecure_loopback: serve it without tokens to loopback clients only (403 for any other).
-        client: an ``httpx.AsyncClient`` for the upstream (tests); default one from ``config``.
         live_path, health_path, metrics_path, admin_path: where the built-in endpoints live (liveness, readiness,
             Prometheus text, reviewers' API).
         on_startup: awaited at lifespan startup (e.g. start a policy watcher).
@@ -382,7 +369,7 @@ def proxy_app(
         **middleware_options: passed to :class:`GuardMiddleware` (``limits``, ``review_store``, ``handoff``, ...).
     """
     metrics: HttpMetrics = middleware_options.pop("metrics", None) or HttpMetrics()
-    proxy = ReverseProxy(config, client=client, metrics=metrics)
+    proxy = ReverseProxy(config, metrics=metrics)
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
     admin: ASGIApp | None = None
     if reviewers is not None or review_insecure_loopback:
