@@ -40,10 +40,10 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.asgi._metrics import HttpMetrics
-from guard.asgi._upstream import UpstreamError, UpstreamPool, UpstreamTimeout
-from guard.asgi._websocket import WebSocketRelay
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope, request_target
+from guard.asgi._upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from guard.asgi._websocket import WebSocketRelay
 from guard.asgi.middleware import GuardMiddleware
 from guard.asgi.review_api import review_app
 from guard.engine import Guard
