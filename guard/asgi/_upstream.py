@@ -99,11 +99,7 @@ class UpstreamResponse:
         try:
             if self._framing == "length":
                 left = self._length
-                while left:
-                    async with asyncio.timeout(timeout):
-                        piece = await reader.read(min(left, READ_BYTES))
-                    if not piece:
-                        raise UpstreamBroken("the upstream closed before the end of the body")
+                async for piece in _exactly(reader, left, timeout):
                     left -= len(piece)
                     self.complete = not left
                     yield piece
@@ -134,12 +130,7 @@ class UpstreamResponse:
                     while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, dropped
                         pass
                 return
-            while size:
-                async with asyncio.timeout(timeout):
-                    piece = await reader.read(min(size, READ_BYTES))
-                if not piece:
-                    raise UpstreamBroken("the upstream closed inside a chunk")
-                size -= len(piece)
+            async for piece in _exactly(reader, size, timeout):
                 yield piece
             async with asyncio.timeout(timeout):
                 if await reader.readexactly(2) != b"\r\n":
@@ -269,6 +260,17 @@ class UpstreamPool:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+async def _exactly(reader: asyncio.StreamReader, size: int, timeout: float) -> AsyncIterator[bytes]:
+    """``size`` bytes in pieces of at most :data:`READ_BYTES`, as they arrive."""
+    while size:
+        async with asyncio.timeout(timeout):
+            piece = await reader.read(min(size, READ_BYTES))
+        if not piece:
+            raise UpstreamBroken("the upstream closed before the end of the body")
+        size -= len(piece)
+        yield piece
 
 
 class _Stale(Exception):

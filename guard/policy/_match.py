@@ -51,6 +51,15 @@ def _media_in(media: str, wanted: frozenset[str]) -> bool:
     return media in wanted or (is_json_media(media) and "application/json" in wanted)
 
 
+def _headers_match(patterns: tuple[tuple[str, re.Pattern[str]], ...], headers: dict[str, str]) -> bool:
+    """Every named header is present and its value fully matches its glob."""
+    for name, pattern in patterns:
+        value = headers.get(name)
+        if value is None or not pattern.fullmatch(value):
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class ResponseMatcher:
     """A compiled ``match.http.response`` block: status, headers and media type of the upstream's response."""
@@ -72,11 +81,7 @@ class ResponseMatcher:
             return False
         if self.content_types and not _media_in(response.content_type.lower(), self.content_types):
             return False
-        for name, pattern in self.headers:
-            value = response.headers.get(name)
-            if value is None or not pattern.fullmatch(value):
-                return False
-        return True
+        return _headers_match(self.headers, response.headers)
 
 
 @dataclass(frozen=True)
@@ -128,11 +133,7 @@ class HttpMatcher:
             return False
         if self.hosts is not None and self.hosts.fullmatch(subject.host.lower()) is None:
             return False
-        for name, pattern in self.headers:
-            value = subject.headers.get(name)
-            if value is None or not pattern.fullmatch(value):
-                return False
-        return True
+        return _headers_match(self.headers, subject.headers)
 
 
 @dataclass(frozen=True)
