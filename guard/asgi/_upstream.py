@@ -218,13 +218,16 @@ class UpstreamPool:
                         body: AsyncIterator[bytes] | None, chunked: bool) -> UpstreamResponse:
         try:
             writer = conn.writer
-            writer.write(head)
-            if body is not None:
+            if body is None:
+                writer.write(head)
+            else:  # the head goes out with the first piece: one write (one syscall) for the usual one-piece body
+                first = True
                 async for piece in body:
-                    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                    data = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
+                    writer.write(head + data if first else data)
+                    first = False
                     await writer.drain()
-                if chunked:
-                    writer.write(b"0\r\n\r\n")
+                writer.write((head if first else b"") + (b"0\r\n\r\n" if chunked else b""))
             await writer.drain()
             async with asyncio.timeout(self.read_timeout):
                 while True:
