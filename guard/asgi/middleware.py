@@ -244,7 +244,7 @@ class GuardMiddleware:
                 except BodyError as exc:
                     await self._refuse(send, head, policy, exc)
                     return
-            scope = {**scope, "state": {**(scope.get("state") or {}), STATE_KEY: verdict}}
+            scope.setdefault("state", {})[STATE_KEY] = verdict  # as Starlette's Request.state does; servers copy it
             watching = self.guard.watching(head)
             if watching:
                 send = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics)
