@@ -4,7 +4,8 @@ guard judges HTTP requests and responses, not WebSocket messages, so a WebSocket
 (a request policy, or a response policy watching it, as a ``GET`` with the upgrade's headers) is refused: with a
 403 JSON body ``{code: websocket_not_judged, message, policy}`` where the server supports the ASGI
 ``websocket.http.response`` extension (uvicorn does), else a close with code 1008 and the same reason. Any other
-upgrade is opened to the upstream (``ws://`` or ``wss://`` for ``http://`` or ``https://``, the same host, path prefix
+upgrade is opened to the upstream (an unreachable or refusing upstream: 502 ``upstream_unavailable``, or a close with
+1014) (``ws://`` or ``wss://`` for ``http://`` or ``https://``, the same host, path prefix
 and path rules as HTTP), the subprotocol the upstream picks is accepted, and text and binary messages are relayed both
 ways until either side closes; the close code goes to the other side.
 """
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from typing import Any
 
 import httpx
 from starlette.types import Receive, Scope, Send
@@ -71,7 +73,9 @@ class WebSocketRelay:
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             code = exc.response.status_code if isinstance(exc, InvalidStatus) else None
             logger.warning("websocket upstream %s refused or unreachable (%s)", url, code or type(exc).__name__)
-            await send({"type": "websocket.close", "code": _UPSTREAM_UNAVAILABLE, "reason": "upstream unavailable"})
+            reason = f"the upstream refused or could not be reached ({code or type(exc).__name__})"
+            await _deny(scope, send, 502, {"code": "upstream_unavailable", "message": reason, "field": None},
+                        _UPSTREAM_UNAVAILABLE)
             return
         async with upstream:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
@@ -92,13 +96,7 @@ class WebSocketRelay:
     async def _refuse(self, scope: Scope, send: Send, policy: str) -> None:
         message = (f"guard does not judge WebSocket messages, and policy {policy!r} matches {scope['path']}; serve "
                    "this path without a WebSocket or narrow the policy's match")
-        if "websocket.http.response" in scope.get("extensions", {}):
-            body = json.dumps({"code": NOT_JUDGED, "message": message, "policy": policy}).encode()
-            await send({"type": "websocket.http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-            await send({"type": "websocket.http.response.body", "body": body})
-            return
-        await send({"type": "websocket.close", "code": _POLICY_VIOLATION, "reason": message[:120]})
+        await _deny(scope, send, 403, {"code": NOT_JUDGED, "message": message, "policy": policy}, _POLICY_VIOLATION)
 
     @staticmethod
     async def _relay(upstream: ClientConnection, receive: Receive, send: Send) -> None:
@@ -133,3 +131,15 @@ class WebSocketRelay:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, ConnectionClosed, OSError):
                     await task
+
+
+async def _deny(scope: Scope, send: Send, status: int, payload: dict[str, Any], close_code: int) -> None:
+    """Refuse an upgrade: an HTTP ``status`` with the JSON ``payload`` where the server supports the ASGI
+    ``websocket.http.response`` extension, else a close with ``close_code`` and the message as its reason."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
+        return
+    await send({"type": "websocket.close", "code": close_code, "reason": str(payload["message"])[:120]})

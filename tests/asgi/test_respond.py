@@ -20,6 +20,7 @@ from starlette.routing import Route
 from guard.asgi import GuardMiddleware
 from guard.asgi._respond import SSE_BLOCK_EVENT
 from guard.asgi.limits import BodyLimits
+from guard.asgi.proxy import ProxyConfig, proxy_app
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
 from guard.errors import PolicyError
@@ -262,3 +263,26 @@ policies:
         return
     with pytest.raises(PolicyError, match=reason):
         load_text(text)
+
+
+def test_the_proxy_judges_responses_the_same_way(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY)
+    guard = Guard.from_files(path, backends=ScriptedBackend(answers))
+    limits = BodyLimits(stream_window_bytes=256, stream_overlap_bytes=32)
+    received = b""
+    with serve_in_thread(Starlette(routes=ROUTES)) as upstream, \
+            serve_in_thread(proxy_app(guard, ProxyConfig(upstream), limits=limits)) as proxy, \
+            httpx.Client(base_url=proxy) as client:
+        key = client.get("/out/plain", params={"kind": "key"})
+        events = _sse_events(client.get("/out/sse", params={"kind": "leak"}).text)
+        with pytest.raises(httpx.RemoteProtocolError), client.stream("GET", "/out/chunked",
+                                                                     params={"kind": "leak"}) as leak:
+            for piece in leak.iter_raw():
+                received += piece
+        after = client.get("/out/plain", params={"kind": "ok"})  # the proxy is still serving
+    guard.close()
+    assert key.json() == {"answer": "use [REDACTED:api_key] here"}
+    assert events[-1].startswith(f"event: {SSE_BLOCK_EVENT}") and 0 < len(events) - 1 < EVENTS // 2
+    assert SECRET.encode() not in received and received.decode().split()[0] == "word000"
+    assert after.status_code == 200

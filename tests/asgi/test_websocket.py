@@ -4,6 +4,7 @@ upstream WebSocket endpoint (Starlette under uvicorn); upgrades on paths a polic
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -69,3 +70,15 @@ async def test_matched_paths_are_refused_with_a_reason(make_guard: Callable[...,
     assert response.status_code == 403
     body = json.loads(response.body or b"{}")
     assert body["code"] == NOT_JUDGED and body["policy"] == "open_guard" and "/open/feed" in body["message"]
+
+
+async def test_an_unreachable_upstream_is_a_502(make_guard: Callable[..., Guard]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    app = proxy_app(make_guard(), ProxyConfig(f"http://127.0.0.1:{dead}"))
+    with serve_in_thread(app) as proxy, pytest.raises(InvalidStatus) as refused:
+        async with connect(proxy.replace("http://", "ws://") + "/live/feed"):
+            pass
+    assert refused.value.response.status_code == 502
+    assert json.loads(refused.value.response.body or b"{}")["code"] == "upstream_unavailable"
