@@ -13,13 +13,14 @@ Variants:
                  this process holds for CacheConfig.local_ttl, 1 s: one Redis GET a second per key); needs Redis
   redis-get      the same with local_ttl=0: every hit is one Redis GET
   passthrough    the same middleware, on a path no policy matches (the cost of matching alone)
-  proxy          guard proxy (same guard, memory cache) in front of the bare app
+  proxy          guard proxy (same guard, memory cache) in front of a bare app of its own (an upstream process)
   base-mem       with --baseline DIR: guarded-mem served by the guard package in DIR (e.g. an older commit checked out
                  with ``git worktree add DIR <commit>``), for before/after numbers from one run
+  base-proxy     with --baseline DIR: the proxy served by the guard package in DIR, with its own upstream
 
-Last, every variant with a server of its own (bare, guarded-mem, guarded-redis, redis-get, base-mem) is loaded at the same time
-and each server's CPU time per request is read from ``/proc``: ``bare / variant`` there is the throughput a CPU-bound
-server keeps, with the machine's speed (which drifts from second to second on a shared VM) the same for all of them.
+Last, every variant with a server of its own (bare, guarded-mem, guarded-redis, redis-get, base-mem, proxy, base-proxy) is
+loaded at the same time and each server's CPU time per request is read from ``/proc`` (a proxy's: the proxy's plus its
+upstream's): ``bare / variant`` there is the throughput a CPU-bound server keeps, with the machine's speed (which drifts from second to second on a shared VM) the same for all of them.
 Its rounds agree within a few per cent where the sequential throughput ratios spread over tens of per cent.
 
 Goal (issue 5): on a cache hit the middleware adds < 1 ms at p50 and keeps >= 80 % of the bare app's throughput.
@@ -72,7 +73,9 @@ policies:
     cache: {ttl: 3600}
 """
 ROOT = Path(__file__).resolve().parent.parent
-ALL_VARIANTS = ("bare", "guarded-mem", "guarded-redis", "redis-get", "passthrough", "proxy", "base-mem")
+ALL_VARIANTS = ("bare", "guarded-mem", "guarded-redis", "redis-get", "passthrough", "proxy", "base-mem", "base-proxy")
+BASELINE_VARIANTS = ("base-mem", "base-proxy")
+PROXY_VARIANTS = ("proxy", "base-proxy")
 REDIS_VARIANTS = ("guarded-redis", "redis-get")
 
 
@@ -119,7 +122,7 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
     routes = [Route("/v1/echo", echo, methods=["POST"]), Route("/open/echo", echo, methods=["POST"])]
     if variant == "bare":
         return Starlette(routes=routes)
-    variant = "guarded-mem" if variant == "base-mem" else variant
+    variant = {"base-mem": "guarded-mem", "base-proxy": "proxy"}.get(variant, variant)
     guard = Guard.from_files(
         policy_file,
         backends=ConstantBackend(),
@@ -305,27 +308,29 @@ def _server_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _all_at_once(servers: dict[str, tuple[int, int]], path: str) -> dict[str, float]:
-    """Load every server at once (4 connections each) and return each one's CPU microseconds per request: the machine's
-    speed, which drifts from second to second on a shared VM, is then the same for all of them."""
+async def _all_at_once(servers: dict[str, tuple[tuple[int, ...], int]], path: str) -> dict[str, float]:
+    """Load every server at once (4 connections each) and return each one's CPU microseconds per request (summed over
+    its processes: a proxy and its upstream): the machine's speed, which drifts from second to second on a shared VM,
+    is then the same for all of them."""
     stop = asyncio.Event()
     latencies: dict[str, list[float]] = {name: [] for name in servers}
     tasks = [asyncio.create_task(_connection(port, path, None, latencies[name], stop))
              for name, (_, port) in servers.items() for _ in range(4)]  # fmt: skip
     await asyncio.sleep(1.0)
-    before = {name: (_server_cpu(pid), len(latencies[name])) for name, (pid, _) in servers.items()}
+    before = {name: (sum(map(_server_cpu, pids)), len(latencies[name])) for name, (pids, _) in servers.items()}
     await asyncio.sleep(CONCURRENT_SECONDS)
-    after = {name: (_server_cpu(pid), len(latencies[name])) for name, (pid, _) in servers.items()}
+    after = {name: (sum(map(_server_cpu, pids)), len(latencies[name])) for name, (pids, _) in servers.items()}
     stop.set()
     await asyncio.gather(*tasks)
     return {name: (after[name][0] - before[name][0]) / (after[name][1] - before[name][1]) * 1e6 for name in servers}
 
 
-def all_at_once(pids: dict[str, int], ports: dict[str, int], rounds: int) -> None:
+def all_at_once(pids: dict[str, tuple[int, ...]], ports: dict[str, int], rounds: int) -> None:
     """Server CPU per request with every variant that has a server of its own loaded at the same time; ``bare /
     variant`` is the throughput a CPU-bound server keeps, per round, without the drift between sequential runs."""
-    servers = {v: (pids[v], ports[v]) for v in pids if v in ("bare", "guarded-mem", *REDIS_VARIANTS, "base-mem")}
-    if len(servers) < 2 or not Path(f"/proc/{pids['bare']}/stat").exists():
+    own = ("bare", "guarded-mem", *REDIS_VARIANTS, *BASELINE_VARIANTS, *PROXY_VARIANTS)
+    servers = {v: (pids[v], ports[v]) for v in pids if v in own}
+    if len(servers) < 2 or not Path(f"/proc/{pids['bare'][0]}/stat").exists():
         return
     per_round = [asyncio.run(_all_at_once(servers, "/v1/echo")) for _ in range(rounds)]
     print(f"server CPU per request with these loaded at once, 4 connections each ({rounds} rounds x "
@@ -376,10 +381,11 @@ def loopback(args: argparse.Namespace, policy_file: str) -> None:
     """Latency and throughput over loopback HTTP, interleaved rounds, ratios to bare per round."""
     wanted = ALL_VARIANTS if args.variants is None else tuple(v.strip() for v in args.variants.split(","))
     variants = [v for v in ALL_VARIANTS if v in wanted or v == "bare"]
-    variants = [v for v in variants if (v not in REDIS_VARIANTS or args.redis_url) and (v != "base-mem" or args.baseline)]
+    variants = [v for v in variants
+                if (v not in REDIS_VARIANTS or args.redis_url) and (v not in BASELINE_VARIANTS or args.baseline)]
     procs: list[subprocess.Popen[bytes]] = []
     ports: dict[str, int] = {}
-    pids: dict[str, int] = {}
+    pids: dict[str, tuple[int, ...]] = {}
     try:
         for variant in variants:
             if variant in ("bare", "guarded-mem", *REDIS_VARIANTS):
@@ -392,10 +398,16 @@ def loopback(args: argparse.Namespace, policy_file: str) -> None:
                     procs.append(proc)
                 ports["passthrough"] = ports["guarded-mem"]
                 continue
-            else:
-                proc, ports[variant] = _start("proxy", None, f"http://127.0.0.1:{ports['bare']}", policy_file)
+            else:  # a proxy, with an upstream of its own
+                upstream, upstream_port = _start("bare", None, None, policy_file)
+                procs.append(upstream)
+                root = args.baseline.resolve() if variant == "base-proxy" else ROOT
+                proc, ports[variant] = _start(variant, None, f"http://127.0.0.1:{upstream_port}", policy_file, root)
+                procs.append(proc)
+                pids[variant] = (proc.pid, upstream.pid)
+                continue
             procs.append(proc)
-            pids[variant] = proc.pid
+            pids[variant] = (proc.pid,)
         paths = {v: "/open/echo" if v == "passthrough" else "/v1/echo" for v in variants}
         keys = ("p50", "p95", "p99", "rps", "dp50", "ratio")
         results: dict[str, dict[str, list[float]]] = {v: {k: [] for k in keys} for v in variants}

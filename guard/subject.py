@@ -34,7 +34,7 @@ _PLAIN_KEY = re.compile(rf"[A-Za-z0-9_.:@$\-]{{1,{PLAIN_KEY_CHARS}}}")
 
 @dataclass(frozen=True)
 class HttpSubject:
-    """One HTTP request.
+    """One HTTP request, or the upstream's response to one (``phase="response"``).
 
     Attributes:
         method: upper-case method, e.g. ``"POST"``.
@@ -46,6 +46,10 @@ class HttpSubject:
         content_type: media type without parameters, lower-case (``"application/json"``).
         body: the decoded body: a JSON value, ``{field: [values]}`` for forms, a ``str`` for text, ``None`` if empty.
         body_text: the text fields of the body joined, for policies that judge "all user text" at once.
+        status: the response status (responses only).
+        phase: ``request``, or ``response``: then ``headers``, ``content_type``, ``body`` and ``body_text`` are the
+            response's (a streamed response's: the window being judged, as text), and method, path, host, client and
+            query the request's.
         kind: always ``"http"``.
     """
 
@@ -58,6 +62,8 @@ class HttpSubject:
     content_type: str = ""
     body: Any = None
     body_text: str = ""
+    status: int | None = None
+    phase: Literal["request", "response"] = "request"
     kind: Literal["http"] = "http"
 
 

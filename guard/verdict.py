@@ -2,20 +2,61 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from guard.systemone import AnswerV1
 
 __all__ = [
+    "ACTIONS",
     "Action",
     "FailMode",
+    "MaskStyle",
+    "Redaction",
     "Verdict",
     "outcome_headers",
+    "strongest",
 ]
 
-Action = Literal["allow", "block", "escalate", "handoff"]
+Action = Literal["allow", "block", "escalate", "handoff", "redact"]
+#: Every action, strongest first: when verdicts combine, the earlier action wins (block > escalate > handoff > redact
+#: > allow). The one list the policy schema, the rules and verdict combination read.
+ACTIONS: tuple[Action, ...] = ("block", "escalate", "handoff", "redact", "allow")
 FailMode = Literal["closed", "open", "escalate"]
+MaskStyle = Literal["redact", "mask"]
+"""How a redacted span is replaced: ``redact`` by ``[REDACTED:<label>]``; ``mask`` by one ``*`` per character,
+keeping the last 4 characters of a span of 8 or more (``************1111``)."""
+
+_RANK = {action: rank for rank, action in enumerate(ACTIONS)}
+
+
+def strongest(actions: Iterable[Action]) -> Action:
+    """The action that wins among ``actions`` by :data:`ACTIONS` order (``allow`` for none)."""
+    return min(actions, key=_RANK.__getitem__, default="allow")
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """One span a ``redact`` verdict replaces; it locates the span, it never holds the text.
+
+    Attributes:
+        pointer: RFC 6901 JSON pointer to the string in the body (``""``: the body is that string; forms:
+            ``/<field>/<index>``).
+        start, end: character offsets into that string (``text[start:end]``).
+        label: the rule's pattern name, or ``instructions`` for a span the policy's detector found.
+        style: how it is replaced (:data:`MaskStyle`).
+    """
+
+    pointer: str
+    start: int
+    end: int
+    label: str
+    style: MaskStyle = "redact"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pointer": self.pointer, "start": self.start, "end": self.end, "label": self.label,
+                "style": self.style}
 
 
 
@@ -24,7 +65,8 @@ class Verdict:
     """What to do with a subject, and why.
 
     Attributes:
-        action: ``allow``, ``block``, ``escalate`` or ``handoff``. In shadow mode this is always ``allow`` and
+        action: ``allow``, ``block``, ``escalate``, ``handoff`` or ``redact`` (allow with :attr:`redactions`
+            replaced first). In shadow mode this is always ``allow`` and
             ``shadow_action`` holds what the policy would have done.
         decision_id: unique id of this decision; goes back to the caller (body or ``x-guard-decision-id`` header).
         policy_id: the policy that matched (``None`` when none matched: allow without a model call).
@@ -50,6 +92,8 @@ class Verdict:
             18, "truncated": 1}``), and ``fail_open`` when a fail-open policy allowed without a decision.
         contributions: when several policies matched, each one's own verdict, in match order (the fields above are
             those of the one that decided, ``docs/policies.md`` "Several matching policies"); empty otherwise.
+        redactions: what a ``redact`` verdict replaces (where, not what); in shadow mode what it would have.
+        phase: ``request``, or ``response`` for a verdict on an upstream's response (``match.http.response``).
     """
 
     action: Action
@@ -73,6 +117,8 @@ class Verdict:
     state: Any = None
     flags: dict[str, Any] = field(default_factory=dict)
     contributions: tuple[Verdict, ...] = ()
+    redactions: tuple[Redaction, ...] = ()
+    phase: Literal["request", "response"] = "request"
 
     @property
     def allowed(self) -> bool:
@@ -117,6 +163,8 @@ class Verdict:
             "error": self.error,
             "shadow_action": self.shadow_action,
             "flags": self.flags,
+            "redactions": [r.to_json() for r in self.redactions],
+            "phase": self.phase,
         }
         if self.contributions:
             out["policies"] = [contribution.to_json() for contribution in self.contributions]

@@ -24,6 +24,10 @@ class HttpMetrics:
             "guard_http_guarded_requests", "Guarded requests by policy and action.", ["policy", "action"],
             registry=self.registry,
         )  # fmt: skip
+        self.responses = Counter(
+            "guard_http_judged_responses", "Upstream responses judged by a response policy, by policy and action.",
+            ["policy", "action"], registry=self.registry,
+        )  # fmt: skip
         self.fail_open = Counter(
             "guard_http_fail_open",
             "Requests passed without a decision because the policy fails open.",

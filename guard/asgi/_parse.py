@@ -19,8 +19,9 @@ US-ASCII (see :mod:`guard.asgi._media`); form text that is not valid in its char
 
 from __future__ import annotations
 
+import json
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 from guard._json import is_json_media, loads
 from guard.asgi._media import charset, check_xml_encoding, is_textual, is_xml, parse_params
@@ -29,7 +30,7 @@ from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
 from guard.subject import body_strings, is_plain_key
 
-__all__ = ["parse_body"]
+__all__ = ["encode_body", "parse_body"]
 
 
 def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
@@ -139,6 +140,24 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
             field="content-type",
         )
     return value, "\n".join(body_strings(value))
+
+
+def encode_body(value: Any, content_type: str) -> bytes:
+    """The body :func:`parse_body` read as ``value``, written again after a ``redact`` verdict changed it: compact
+    JSON (UTF-8), a urlencoded form, or UTF-8 text.
+
+    Raises:
+        BodyError: 422 ``redact_unsupported`` for a multipart body (guard does not rewrite its parts).
+    """
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "multipart/form-data":
+        raise BodyError(422, "redact_unsupported", "a multipart body cannot be redacted; send JSON, a form or text",
+                        field="content-type")
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if media == "application/x-www-form-urlencoded":
+        return urlencode([(k, v) for k, values in value.items() for v in values]).encode("ascii")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:

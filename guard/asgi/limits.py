@@ -23,6 +23,9 @@ __all__ = [
     "DEFAULT_MAX_MULTIPART_JUNK_BYTES",
     "DEFAULT_MAX_MULTIPART_PARTS",
     "DEFAULT_MAX_PART_HEADER_BYTES",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_STREAM_OVERLAP_BYTES",
+    "DEFAULT_STREAM_WINDOW_BYTES",
     "BodyLimits",
     "OpaqueMedia",
 ]
@@ -46,6 +49,13 @@ DEFAULT_MAX_PART_HEADER_BYTES = 8 * 1024
 DEFAULT_MAX_MULTIPART_JUNK_BYTES = 1024
 """Most bytes of multipart preamble (before the first boundary) and of epilogue (after the closing one)."""
 
+DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
+"""Most bytes of a whole (not streamed) upstream response a response policy reads (1 MiB); more is a 502."""
+DEFAULT_STREAM_WINDOW_BYTES = 4096
+"""Most bytes of a streamed response held back before they are judged and sent on (the sliding window)."""
+DEFAULT_STREAM_OVERLAP_BYTES = 256
+"""Already-sent bytes judged again with the next window, so a span across two windows is seen whole."""
+
 OpaqueMedia = Literal["reject", "metadata"]
 """What to do with a non-empty body of a media type that cannot be read as text (images, octet-stream):
 ``reject`` answers 415; ``metadata`` judges the request without its body (the body is still replayed)."""
@@ -68,6 +78,9 @@ class BodyLimits:
         opaque_media: see :data:`OpaqueMedia`.
         body_timeout_s: most seconds to receive a judged body, from its first read to its last byte; 408
             ``body_timeout`` after (a stalled near-limit body is not held indefinitely).
+        max_response_bytes: most bytes of a whole upstream response read for a response policy; 502 above.
+        stream_window_bytes: most bytes of a streamed response (SSE, chunked) held back before judging.
+        stream_overlap_bytes: bytes judged twice across consecutive windows (below ``stream_window_bytes``).
     """
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -81,6 +94,9 @@ class BodyLimits:
     max_multipart_junk_bytes: int = DEFAULT_MAX_MULTIPART_JUNK_BYTES
     opaque_media: OpaqueMedia = "reject"
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    stream_window_bytes: int = DEFAULT_STREAM_WINDOW_BYTES
+    stream_overlap_bytes: int = DEFAULT_STREAM_OVERLAP_BYTES
 
     def __post_init__(self) -> None:
         if not (isinstance(self.body_timeout_s, (int, float)) and self.body_timeout_s > 0):
@@ -93,6 +109,11 @@ class BodyLimits:
             raise ValueError(
                 f"BodyLimits.max_decoded_bytes ({self.max_decoded_bytes}) is below max_body_bytes "
                 f"({self.max_body_bytes}); a plain body could never be inspected"
+            )
+        if self.stream_overlap_bytes >= self.stream_window_bytes:
+            raise ValueError(
+                f"BodyLimits.stream_overlap_bytes ({self.stream_overlap_bytes}) must be below stream_window_bytes "
+                f"({self.stream_window_bytes})"
             )
         if self.duplicate_keys not in ("reject", "collect"):
             raise ValueError(f"BodyLimits.duplicate_keys is {self.duplicate_keys!r}; use 'reject' or 'collect'")

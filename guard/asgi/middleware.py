@@ -17,7 +17,10 @@ the body up to a cap on received bytes, undoes ``Content-Encoding``, parses JSON
 
 =========  ==========================================================================================================
 allow      replays the body byte for byte to the application and streams its response untouched (decision headers
-           added to ``http.response.start``; later ``receive()`` calls pass through)
+           added to ``http.response.start``; later ``receive()`` calls pass through); the verdict is in
+           ``scope["state"]["guard"]`` (Starlette's ``request.state.guard``)
+redact     the same with the rule's spans masked in the body (re-encoded: new ``Content-Length``, no
+           ``Content-Encoding``; 422 ``redact_unsupported`` for multipart); ``verdict.redactions`` says where
 block      answers itself: JSON ``{code, message, policy, rule, decision_id}`` with the rule's status (403 default,
            429 for rate-like rules, 503 + ``Retry-After`` when a fail-closed policy could not decide); never a 500
 escalate   stores a review item and answers 202 with its id and status URL (see ``guard/asgi/_reviews.py``)
@@ -29,6 +32,9 @@ and recorded as one: 413 too large (received or decoded), 415 unknown encoding, 
 US-ASCII, or a binary media type, 400 malformed (``Content-Type`` parameters, JSON not UTF-8, duplicate keys, too
 deep; bad forms; ambiguous multipart). Scopes other than ``http``, and requests no policy matches, pass straight
 through without their body being read.
+
+A response policy (``match.http.response``) that watches the request judges the application's response before the
+client gets it (:mod:`guard.asgi._respond`), whether or not a request policy matched.
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ from guard._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
-from guard.asgi._parse import parse_body
+from guard.asgi._parse import encode_body, parse_body
+from guard.asgi._respond import ResponseJudge
 from guard.asgi._responses import (
     DECISION_HEADERS,
     DecisionHeaders,
@@ -66,16 +73,21 @@ from guard.engine import Guard, verdicts
 from guard.engine.ids import new_decision_id
 from guard.errors import BodyError
 from guard.policy import Policy
+from guard.policy.redact import apply_redactions
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
-__all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "GuardMiddleware", "MethodOverride",
-           "PathCase", "TrailingSlash", "UnexpectedBody"]
+__all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "STATE_KEY", "GuardMiddleware",
+           "MethodOverride", "PathCase", "TrailingSlash", "UnexpectedBody"]
 
 logger = logging.getLogger("guard.asgi")
 
 DEFAULT_REVIEW_PATH = "/_guard/reviews"
 """Where clients poll and release their held requests (``GET <path>/<id>``, ``POST <path>/<id>/release``)."""
+
+#: Where the application finds the request's verdict: ``scope["state"]["guard"]`` (Starlette:
+#: ``request.state.guard``), set for allowed and redacted requests; absent when no policy matched.
+STATE_KEY = "guard"
 MethodOverride = Literal["refuse", "judge", "ignore"]
 """What a method override header or ``?_method=`` does: 400 (``refuse``), the judged method (``judge``), nothing
 (``ignore``: for applications that never honour one)."""
@@ -221,6 +233,9 @@ class GuardMiddleware:
             await refuse_target(send, exc, self.metrics)
             return
         if not matched:
+            watching = self.guard.watching(head)
+            if watching:
+                send = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics)
             await self.app(scope, receive, send)
             return
         await self._guard(scope, receive, send, head, matched)
@@ -301,7 +316,17 @@ class GuardMiddleware:
         self.metrics.count_request(verdict.policy_id or "", verdict.action)
         if verdict.fail_mode == "open":
             self.metrics.fail_open.labels(verdict.policy_id or "").inc()
-        if verdict.action == "allow":
+        if verdict.action in ("allow", "redact"):
+            if verdict.action == "redact" and verdict.redactions:
+                try:
+                    body, scope = _redacted(scope, value, verdict)
+                except BodyError as exc:
+                    await self._refuse(send, head, next(p for p in matched if p.id == verdict.policy_id), exc)
+                    return
+            scope.setdefault("state", {})[STATE_KEY] = verdict  # as Starlette's Request.state does; servers copy it
+            watching = self.guard.watching(head)
+            if watching:
+                send = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics)
             send = functools.partial(send_with_headers, send, verdict_headers(verdict, full=self._full_headers))
             await self.app(scope, ReplayReceive(body, receive), send)
         elif verdict.action == "block":
@@ -343,6 +368,21 @@ def _has_body(headers: dict[str, str]) -> bool:
     """Whether the request declares content: a ``Transfer-Encoding``, or a ``Content-Length`` other than 0."""
     length = headers.get("content-length")
     return "transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
+
+
+def _redacted(scope: Scope, value: Any, verdict: Verdict) -> tuple[bytes, Scope]:
+    """The body the application gets after a ``redact`` verdict, and the scope with its new ``Content-Length`` (the
+    body is re-encoded from the parsed value, so ``Content-Encoding`` goes).
+
+    Raises:
+        BodyError: 422 ``redact_unsupported`` for a multipart body.
+    """
+    content_type = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"content-type"), "")
+    body = encode_body(apply_redactions(value, verdict.redactions), content_type)
+    drop = (b"content-length", b"content-encoding")
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
+    headers.append((b"content-length", str(len(body)).encode()))
+    return body, {**scope, "headers": headers}
 
 
 async def _block(send: Send, verdict: Verdict) -> None:

@@ -20,11 +20,15 @@ The proxied listener serves nothing of its own besides the clients' review endpo
 (``/_guard/reviews/<id>``): liveness, readiness, metrics and the reviewers' API are on the admin listener
 (:mod:`guard.asgi.admin`, ``guard proxy --admin-listen``), and a request for ``/_guard/health`` here is forwarded
 to the upstream like any other path (judged when a policy matches it).
+
+WebSocket upgrades on paths no policy matches are relayed to the upstream; on a path a policy matches they
+are refused with a reason (:mod:`guard.asgi._websocket`).
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +40,9 @@ from starlette.types import Message, Receive, Scope, Send
 from guard._body import Deadline
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
-from guard.asgi._target import request_target
+from guard.asgi._target import canonical_scope, request_target
+from guard.asgi._upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from guard.asgi._websocket import WebSocketRelay
 from guard.asgi.middleware import GuardMiddleware
 from guard.engine import Guard
 from guard.errors import BodyError
@@ -78,7 +84,7 @@ class ProxyConfig:
         upstream: base URL of the protected service (``http://127.0.0.1:9000`` or with a path prefix).
         connect_timeout: seconds to connect to the upstream (then 504).
         read_timeout: seconds of upstream silence allowed, before the response starts or between chunks.
-        max_connections: size of the upstream connection pool.
+        max_connections: most upstream connections open at once (and kept alive when idle).
         preserve_host: forward the client's ``Host`` (default: the upstream's host).
         body_idle_timeout: most seconds of client silence while a request body is forwarded (408 before the
             upstream answered; the upstream request is abandoned).
@@ -118,8 +124,13 @@ def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
 
 
 def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    drop = HOP_BY_HOP | _connection_tokens(headers)
+    drop = HOP_BY_HOP | _connection_tokens(headers) if any(k.lower() == b"connection" for k, _ in headers) else \
+        HOP_BY_HOP
     return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
+#: Request headers the proxy sets itself (besides the hop-by-hop ones).
+_REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for"})
 
 
 class ReverseProxy:
@@ -127,64 +138,60 @@ class ReverseProxy:
 
     Args:
         config: the upstream and timeouts.
-        client: an ``httpx.AsyncClient`` to use (not closed here); default one built from ``config``.
         metrics: counters shared with the middleware (upstream errors are counted there).
     """
 
-    def __init__(
-        self, config: ProxyConfig, *, client: httpx.AsyncClient | None = None, metrics: HttpMetrics | None = None
-    ) -> None:
+    def __init__(self, config: ProxyConfig, *, metrics: HttpMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
-        self._base = httpx.URL(config.upstream)
-        self._base_path = self._base.path.rstrip("/")
-        self._host = self._base.netloc  # host[:port], never userinfo
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout),
-            limits=httpx.Limits(
-                max_connections=config.max_connections, max_keepalive_connections=config.max_connections
-            ),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self.base = httpx.URL(config.upstream)
+        self._base_path = self.base.path.rstrip("/").encode("ascii")
+        self._host = self.base.netloc  # host[:port], never userinfo
+        tls = ssl.create_default_context() if self.base.scheme == "https" else None
+        port = self.base.port or (443 if tls else 80)
+        self._pool = UpstreamPool(self.base.host, port, tls=tls, max_connections=config.max_connections,
+                                  connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
 
     async def aclose(self) -> None:
-        """Close the upstream connection pool this proxy created. Idempotent."""
-        if self._owns_client:
-            self._owns_client = False
-            await self._client.aclose()
+        """Close the idle upstream connections. Idempotent."""
+        await self._pool.aclose()
 
-    def _url(self, scope: Scope) -> httpx.URL:
-        """The upstream URL: the configured scheme, host and port, never anything from the client; the canonical
-        path (already matched by the guard in front) under the upstream's path prefix; the query as received.
+    def _target(self, scope: Scope) -> bytes:
+        """The upstream target: the configured path prefix, then the canonical path (already matched by the guard in
+        front), then the query as received. Scheme, host and port are the configured ones, never the client's.
 
         Raises:
             BodyError: 400 ``invalid_target`` (see :mod:`guard.asgi._target`).
         """
         target = request_target(scope)
         query: bytes = scope.get("query_string", b"")
-        return self._base.copy_with(path=self._base_path + target.raw_path.decode("ascii"), query=query or None)
+        return self._base_path + target.raw_path + (b"?" + query if query else b"")
 
-    def _request(self, scope: Scope, receive: Receive) -> httpx.Request:
-        url = self._url(scope)
-        headers = [(k, v) for k, v in _forward_headers(scope["headers"]) if k.lower() not in (b"host", b"expect")]
-        headers.append(
-            (b"host", self._host if not self.config.preserve_host else dict(scope["headers"]).get(b"host", self._host))
-        )
+    def _headers(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """The headers sent upstream (hop-by-hop ones dropped; ``Host`` and ``X-Forwarded-*`` set) and whether the
+        request has a body."""
+        raw: list[tuple[bytes, bytes]] = scope["headers"]
+        headers = _forward_headers(raw)
+        host = forwarded_for = None
+        has_body = False
+        for k, v in raw:
+            name = k.lower()
+            if name == b"host":
+                host = v
+            elif name == b"x-forwarded-for":
+                forwarded_for = v if forwarded_for is None else forwarded_for + b", " + v
+            elif name in (b"content-length", b"transfer-encoding"):
+                has_body = True
+        out = [(k.lower(), v) for k, v in headers if k.lower() not in _REPLACED]
+        out.append((b"host", host if self.config.preserve_host and host else self._host))
         client = scope.get("client")
         if client:
-            prior = [v for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"]
-            chain = b", ".join([*prior, str(client[0]).encode()])
-            headers = [(k, v) for k, v in headers if k.lower() != b"x-forwarded-for"]
-            headers.append((b"x-forwarded-for", chain))
-        headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
-        original_host = dict(scope["headers"]).get(b"host")
-        if original_host:
-            headers.append((b"x-forwarded-host", original_host))
-        has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
-        content = self._body(receive, self.config.body_idle_timeout) if has_body else None
-        return self._client.build_request(scope["method"], url, headers=headers, content=content)
+            peer = str(client[0]).encode()
+            out.append((b"x-forwarded-for", forwarded_for + b", " + peer if forwarded_for else peer))
+        out.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
+        if host:
+            out.append((b"x-forwarded-host", host))
+        return out, has_body
 
     @staticmethod
     async def _body(receive: Receive, idle_s: float) -> AsyncIterator[bytes]:
@@ -203,17 +210,17 @@ class ReverseProxy:
                 return
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # pragma: no cover - proxy_app routes lifespan itself; websockets unsupported
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1003})
+        if scope["type"] != "http":  # pragma: no cover - proxy_app routes lifespan and websockets itself
             return
         try:
-            request = self._request(scope, receive)
+            target = self._target(scope)
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
+        headers, has_body = self._headers(scope)
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self._pool.request(scope["method"], target, headers,
+                                                self._body(receive, self.config.body_idle_timeout) if has_body else None)
         except _ClientGone:
             return
         except _ClientStalled:
@@ -221,44 +228,27 @@ class ReverseProxy:
                                         f"{self.config.body_idle_timeout:g} s", "field": "body"},
                             [(b"connection", b"close")])
             return
-        except httpx.TimeoutException as exc:
-            self.metrics.upstream_errors.labels("timeout").inc()
-            await send_json(
-                send,
-                504,
-                {
-                    "code": "upstream_timeout",
-                    "message": f"the upstream did not answer in time ({type(exc).__name__})",
-                    "field": None,
-                },
-            )
-            return
-        except httpx.HTTPError as exc:
-            self.metrics.upstream_errors.labels("unavailable").inc()
-            await send_json(
-                send,
-                502,
-                {
-                    "code": "upstream_unavailable",
-                    "message": f"the upstream could not be reached ({type(exc).__name__})",
-                    "field": None,
-                },
-            )
+        except UpstreamError as exc:
+            self.metrics.upstream_errors.labels(exc.kind).inc()
+            timeout = isinstance(exc, UpstreamTimeout)
+            await send_json(send, 504 if timeout else 502, {
+                "code": "upstream_timeout" if timeout else "upstream_unavailable",
+                "message": f"the upstream {'did not answer in time' if timeout else 'could not be reached'} ({exc})",
+                "field": None,
+            })  # fmt: skip
             return
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": _forward_headers(response.headers.raw),
-                }
-            )
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except httpx.HTTPError as exc:
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": _forward_headers(response.headers)})
+            ended = False
+            async for chunk in response.body():
+                ended = response.complete  # a known length's last piece ends the response itself
+                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except UpstreamError as exc:
             self.metrics.upstream_errors.labels("broken_stream").inc()
-            logger.warning("upstream broke mid-response (%s); aborting the client connection", type(exc).__name__)
+            logger.warning("upstream broke mid-response (%s); aborting the client connection", exc)
             raise
         except OSError:  # the client went away mid-response
             return
@@ -275,6 +265,7 @@ class ProxyApp:
     Attributes:
         guarded: the :class:`GuardMiddleware` (its ``review_store`` and ``metrics`` feed the admin app).
         proxy: the :class:`ReverseProxy` behind it.
+        websockets: the :class:`~guard.asgi._websocket.WebSocketRelay` for upgrades.
         guard: the engine.
     """
 
@@ -282,17 +273,26 @@ class ProxyApp:
         self,
         guarded: GuardMiddleware,
         proxy: ReverseProxy,
+        websockets: WebSocketRelay,
         guard: Guard,
         on_startup: Callable[[], Awaitable[None]] | None,
         on_shutdown: Callable[[], Awaitable[None]] | None,
     ) -> None:
-        self.guarded, self.proxy, self.guard = guarded, proxy, guard
+        self.guarded, self.proxy, self.websockets, self.guard = guarded, proxy, websockets, guard
         self.on_startup = on_startup
         self.on_shutdown = on_shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
+            return
+        if scope["type"] == "websocket":
+            try:
+                scope = canonical_scope(scope)
+            except BodyError as exc:
+                await send({"type": "websocket.close", "code": 1008, "reason": exc.reason[:120]})
+                return
+            await self.websockets(scope, receive, send)
             return
         await self.guarded(scope, receive, send)
 
@@ -315,7 +315,6 @@ def proxy_app(
     guard: Guard,
     config: ProxyConfig,
     *,
-    client: httpx.AsyncClient | None = None,
     on_startup: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     **middleware_options: Any,
@@ -327,12 +326,13 @@ def proxy_app(
     Args:
         guard: the engine (the caller closes it).
         config: upstream and timeouts.
-        client: an ``httpx.AsyncClient`` for the upstream (tests); default one from ``config``.
         on_startup: awaited at lifespan startup (e.g. start a policy watcher).
         on_shutdown: awaited at lifespan shutdown, after the upstream pool is closed (e.g. close the Guard).
         **middleware_options: passed to :class:`GuardMiddleware` (``limits``, ``review_store``, ``handoff``, ...).
     """
     metrics: HttpMetrics = middleware_options.pop("metrics", None) or HttpMetrics()
-    proxy = ReverseProxy(config, client=client, metrics=metrics)
+    proxy = ReverseProxy(config, metrics=metrics)
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
-    return ProxyApp(guarded, proxy, guard, on_startup, on_shutdown)
+    relay = WebSocketRelay(guard, proxy.base, open_timeout=config.connect_timeout,
+                           client_header=middleware_options.get("client_header"))
+    return ProxyApp(guarded, proxy, relay, guard, on_startup, on_shutdown)

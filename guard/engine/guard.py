@@ -35,7 +35,7 @@ from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
 from guard.errors import PolicyError, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
-from guard.subject import Subject
+from guard.subject import HttpSubject, Subject
 from guard.systemone import SystemOneRequestV1
 from guard.verdict import Verdict
 
@@ -211,6 +211,10 @@ class Guard:
         (:meth:`matching` gives every one)."""
         return self.policies.match(subject)
 
+    def watching(self, request: HttpSubject) -> tuple[Policy, ...]:
+        """The response policies that judge ``request``'s response (``match.http.response``), in match order."""
+        return self.policies.watching(request)
+
     def matching(self, subject: Subject) -> tuple[Policy, ...]:
         """Every policy whose ``match`` accepts ``subject``, in match order; empty when none does."""
         return self.policies.matching(subject)
@@ -291,7 +295,7 @@ class Guard:
             return self._failed(policy, subject, exc, decision_id, started, state, flags, model), lookup
         verdict = verdicts.answered(
             policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"), latency_ms=_since(started),
-            state=state, flags=flags,
+            state=state, flags=flags, subject=subject,
         )  # fmt: skip
         return verdict, lookup
 

@@ -145,7 +145,8 @@ class Plan:
     ) -> dict[str, Any]:
         """What the rules decided on the answers in ``cached``, for :func:`guard.engine.verdicts.answered`:
         ``action`` (before shadow mode applies), ``policy_id``, ``policy_version``, ``rule``, ``answers``, ``status``,
-        ``message``, ``handoff``, ``backend``, ``model``, ``model_revision`` and ``retry_after``. ``answers`` maps question keys to the cached answers, read-only
+        ``message``, ``handoff``, ``backend``, ``model``, ``model_revision``, ``retry_after`` and ``redact`` (the rule's
+        :class:`~guard.policy.redact.Redactor`, for ``redact``). ``answers`` maps question keys to the cached answers, read-only
         (:class:`~guard.systemone.ReadOnlyDict`): answers and map are shared by the decisions served from one
         entry.
 
@@ -209,6 +210,7 @@ class Plan:
             "model": response.model if asked else None,
             "model_revision": self.revision if asked else None,
             "retry_after": outcome.retry_after,
+            "redact": outcome.redact,
         }
 
     def _remember(self, memo_key: MemoKey, state: Any, flags: dict[str, Any], key: str) -> None:

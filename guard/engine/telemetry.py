@@ -35,7 +35,8 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode
 
 from guard import __version__
-from guard.subject import AgentSubject, HttpSubject, Subject
+from guard.policy.redact import apply_redactions
+from guard.subject import AgentSubject, HttpSubject, Subject, body_strings
 from guard.verdict import Verdict
 
 __all__ = [
@@ -307,11 +308,16 @@ def _json_safe(value: Any) -> Any:
     return repr(value)
 
 
-def _input_json(subject: Subject) -> Any:
+def _input_json(subject: Subject, verdict: Verdict) -> Any:
     """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
-    event, which would make every record as long as the thread)."""
+    event, which would make every record as long as the thread); a ``redact`` verdict's spans masked in the body and
+    its text."""
     record = _json_safe(subject)
     record.pop("history", None)
+    if verdict.redactions and isinstance(subject, HttpSubject):
+        body = apply_redactions(subject.body, verdict.redactions)
+        record["body"] = _json_safe(body)
+        record["body_text"] = "\n".join(body_strings(body))
     return record
 
 
@@ -488,7 +494,7 @@ class DecisionLog:
             "timestamp": _utc_now(),
             "labels": dict(self.labels),
             "policy": {"id": verdict.policy_id, "version": verdict.policy_version, "file": policy_file},
-            "input": _input_json(subject) if self.include_input and subject is not None else None,
+            "input": _input_json(subject, verdict) if self.include_input and subject is not None else None,
             "state": _json_safe(verdict.state),
             "result": {
                 "action": verdict.action,
@@ -498,7 +504,9 @@ class DecisionLog:
                 "handoff": verdict.handoff,
                 "retry_after": verdict.retry_after,
                 "shadow_action": verdict.shadow_action,
+                "redactions": [r.to_json() for r in verdict.redactions],
             },
+            "phase": verdict.phase,
             "answers": {qid: dict(answer.probabilities) for qid, answer in verdict.answers.items()},
             "cache_hit": verdict.cache_hit,
             "cache": cache,

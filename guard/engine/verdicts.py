@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from guard.errors import BackendError, GuardError, Overloaded, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
 from guard.policy.rules import RuleError
-from guard.subject import Subject
+from guard.subject import HttpSubject, Subject
 from guard.systemone import AnswerV1
-from guard.verdict import Action, FailMode, Verdict
+from guard.verdict import ACTIONS, Action, FailMode, Redaction, Verdict
 
 __all__ = [
     "FAIL_CLOSED_MESSAGE",
@@ -36,6 +36,7 @@ __all__ = [
     "guard_failed",
     "make",
     "no_match",
+    "phase_of",
     "record",
     "refused",
     "too_long",
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("guard.engine")
+
+Phase = Literal["request", "response"]
 
 #: Message of a fail-closed block when the policy gives none.
 FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
@@ -58,7 +61,7 @@ _FAIL_ACTIONS: dict[str, Action] = {"closed": "block", "open": "allow", "escalat
 #: Actions from most to least severe: when several policies match, the most severe verdict decides
 #: (:func:`combined`). The one place that order is written; a new action takes its place here (``redact`` goes
 #: between ``handoff`` and ``allow``).
-SEVERITY: tuple[Action, ...] = ("block", "escalate", "handoff", "allow")
+SEVERITY: tuple[Action, ...] = ACTIONS
 _RANK = {action: rank for rank, action in enumerate(SEVERITY)}
 
 
@@ -85,6 +88,8 @@ def make(
     state: Any = None,
     flags: dict[str, Any] | None = None,
     contributions: tuple[Verdict, ...] = (),
+    redactions: tuple[Redaction, ...] = (),
+    phase: Phase = "request",
 ) -> Verdict:
     """The one constructor call of :class:`~guard.verdict.Verdict`.
 
@@ -115,7 +120,14 @@ def make(
         state=state,
         flags=flags if flags is not None else {},
         contributions=contributions,
+        redactions=redactions,
+        phase=phase,
     )
+
+
+def phase_of(subject: Subject | None) -> Phase:
+    """``response`` for an HTTP response subject, else ``request``."""
+    return "response" if isinstance(subject, HttpSubject) and subject.phase == "response" else "request"
 
 
 # Verdicts from the model's answers ---------------------------------------------------------------------------------
@@ -130,12 +142,21 @@ def answered(
     latency_ms: float,
     state: Any,
     flags: dict[str, Any],
+    subject: Subject,
 ) -> Verdict:
     """The verdict the rules reached on the model's (or the cache's) answers.
+
+    A ``redact`` outcome finds its spans in ``subject``'s body here (:meth:`~guard.policy.redact.Redactor.find`);
+    the verdict then keeps where they are, and no ``state`` (it would hold the text being masked).
 
     Args:
         outcome: the rules' result and the plan's constants, as :meth:`guard.engine.plan.Plan.outcome` returns them.
     """
+    redactor = outcome["redact"]
+    redactions: tuple[Redaction, ...] = ()
+    if redactor is not None and isinstance(subject, HttpSubject):
+        redactions = redactor.find(subject.body, policy.detector)
+        state = None
     return make(
         outcome["action"],
         decision_id,
@@ -155,6 +176,8 @@ def answered(
         shadow=policy.mode == "shadow",
         state=state,
         flags=flags,
+        redactions=redactions,
+        phase=phase_of(subject),
     )
 
 
@@ -164,7 +187,8 @@ def combined(
     """The verdict of several matching policies from each one's own verdict (``contributions[i]`` is
     ``policies[i]``'s): the one that decides is the first by
 
-    1. its action's place in :data:`SEVERITY` (block > escalate > handoff > allow; a shadow policy's verdict allows);
+    1. its action's place in :data:`SEVERITY` (block > escalate > handoff > redact > allow; a shadow policy's verdict
+       allows);
     2. then, among equal actions, its shadow action's place (a shadow policy that would block shows over a plain
        allow), then a fail mode that decided before one that did not (degraded decisions show);
     3. then the higher ``priority`` (default 0), then the policy id in string order, never the file order: the
@@ -172,7 +196,8 @@ def combined(
 
     Its fields are the verdict's; ``latency_ms`` is the whole evaluation, ``cache_hit`` holds when every policy's
     answers came from the cache (or it asked none), ``flags`` are every contribution's (the decisive one's values
-    last), and ``contributions`` keeps all of them in match order.
+    last), ``redactions`` are those of every policy that redacts when the verdict is ``redact``, and
+    ``contributions`` keeps all of them in match order.
     """
     priority = {policy.id: policy.priority for policy in policies}
 
@@ -192,6 +217,10 @@ def combined(
         if contribution is not decisive:
             flags.update(contribution.flags)
     flags.update(decisive.flags)
+    redactions: tuple[Redaction, ...] = ()
+    if decisive.action == "redact" and decisive.shadow_action is None:
+        redactions = tuple(r for c in contributions if c.action == "redact" and c.shadow_action is None
+                           for r in c.redactions)  # fmt: skip
     return make(
         decisive.shadow_action or decisive.action,
         decision_id,
@@ -214,6 +243,8 @@ def combined(
         state=decisive.state,
         flags=flags,
         contributions=tuple(contributions),
+        redactions=redactions,
+        phase=decisive.phase,
     )
 
 
@@ -299,6 +330,7 @@ def fail_mode(
         shadow=policy.mode == "shadow",
         state=state,
         flags=flags,
+        phase=phase_of(subject),
     )
 
 
@@ -311,10 +343,11 @@ def refused(
     message: str,
     error: str | None = None,
     flags: dict[str, Any] | None = None,
+    phase: Phase = "request",
 ) -> Verdict:
     """A block made before any decision because the input cannot be judged: an HTTP body that cannot be inspected
-    (``rule`` = the body error's code), a malformed tool call (``malformed_arguments``). Shadow mode does not apply:
-    there was nothing to judge."""
+    (``rule`` = the body error's code; ``phase`` ``response`` for an upstream response), a malformed tool call
+    (``malformed_arguments``). Shadow mode does not apply: there was nothing to judge."""
     return make(
         "block",
         decision_id,
@@ -325,6 +358,7 @@ def refused(
         message=message,
         error=error,
         flags=flags,
+        phase=phase,
     )
 
 

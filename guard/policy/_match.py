@@ -6,10 +6,10 @@ import re
 from dataclasses import dataclass, field
 
 from guard._json import is_json_media
-from guard.policy.model import AgentMatchSpec, HttpMatchSpec
+from guard.policy.model import AgentMatchSpec, HttpMatchSpec, ResponseMatchSpec
 from guard.subject import AgentSubject, HttpSubject
 
-__all__ = ["AgentMatcher", "HttpMatcher", "compile_glob"]
+__all__ = ["AgentMatcher", "HttpMatcher", "ResponseMatcher", "compile_glob"]
 
 
 def compile_glob(pattern: str, separator: str | None) -> re.Pattern[str]:
@@ -46,6 +46,44 @@ def _either(patterns: list[re.Pattern[str]]) -> re.Pattern[str] | None:
     return re.compile("|".join(f"(?:{p.pattern})" for p in patterns), re.DOTALL)
 
 
+def _media_in(media: str, wanted: frozenset[str]) -> bool:
+    """Exact media type, or ``application/json`` for any ``+json`` type (guard parses those as JSON too)."""
+    return media in wanted or (is_json_media(media) and "application/json" in wanted)
+
+
+def _headers_match(patterns: tuple[tuple[str, re.Pattern[str]], ...], headers: dict[str, str]) -> bool:
+    """Every named header is present and its value fully matches its glob."""
+    for name, pattern in patterns:
+        value = headers.get(name)
+        if value is None or not pattern.fullmatch(value):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class ResponseMatcher:
+    """A compiled ``match.http.response`` block: status, headers and media type of the upstream's response."""
+
+    status: frozenset[int]
+    headers: tuple[tuple[str, re.Pattern[str]], ...]
+    content_types: frozenset[str]
+
+    @classmethod
+    def from_spec(cls, spec: ResponseMatchSpec) -> ResponseMatcher:
+        return cls(
+            status=frozenset(spec.status),
+            headers=tuple((name.lower(), compile_glob(value, None)) for name, value in spec.headers.items()),
+            content_types=frozenset(c.lower() for c in spec.content_types),
+        )
+
+    def matches(self, response: HttpSubject) -> bool:
+        if self.status and response.status not in self.status:
+            return False
+        if self.content_types and not _media_in(response.content_type.lower(), self.content_types):
+            return False
+        return _headers_match(self.headers, response.headers)
+
+
 @dataclass(frozen=True)
 class HttpMatcher:
     """A compiled ``match.http`` block.
@@ -53,6 +91,9 @@ class HttpMatcher:
     Paths are matched against the subject's canonical path (percent-decoded, dot segments removed, slashes merged:
     ``guard/asgi/_target.py``), the same path the application routes on and the proxy forwards. Hosts are matched
     against the client's ``Host`` header, which the client chooses (docs/http.md).
+
+    With ``response`` set it belongs to a response policy: it never matches a request; it :meth:`watches` the
+    requests its other conditions accept, and matches their responses on ``response`` alone.
     """
 
     methods: frozenset[str]
@@ -63,6 +104,7 @@ class HttpMatcher:
     #: The globs as written (paths, hosts lower-cased, header name -> value glob), for ``guard policy check``'s
     #: overlap report (:mod:`guard.policy.overlap`).
     globs: tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]] = field(default=((), (), ()))
+    response: ResponseMatcher | None = None
 
     @classmethod
     def from_spec(cls, spec: HttpMatchSpec) -> HttpMatcher:
@@ -74,26 +116,29 @@ class HttpMatcher:
             headers=tuple((name, compile_glob(value, None)) for name, value in headers),
             content_types=frozenset(c.lower() for c in spec.content_types),
             globs=(tuple(spec.paths), tuple(h.lower() for h in spec.hosts), headers),
+            response=ResponseMatcher.from_spec(spec.response) if spec.response is not None else None,
         )
 
-    def _media_matches(self, media: str) -> bool:
-        """Exact media type, or ``application/json`` for any ``+json`` type (guard parses those as JSON too)."""
-        return media in self.content_types or (is_json_media(media) and "application/json" in self.content_types)
-
     def matches(self, subject: HttpSubject) -> bool:
+        """A request: its conditions hold and this is not a response matcher; a response: ``response`` holds."""
+        if subject.phase == "response":
+            return self.response is not None and self.response.matches(subject)
+        return self.response is None and self._request_matches(subject)
+
+    def watches(self, request: HttpSubject) -> bool:
+        """This is a response matcher and ``request``'s response is to be judged."""
+        return self.response is not None and self._request_matches(request)
+
+    def _request_matches(self, subject: HttpSubject) -> bool:
         if self.methods and subject.method.upper() not in self.methods:
             return False
-        if self.content_types and not self._media_matches(subject.content_type.lower()):
+        if self.content_types and not _media_in(subject.content_type.lower(), self.content_types):
             return False
         if self.paths is not None and self.paths.fullmatch(subject.path) is None:
             return False
         if self.hosts is not None and self.hosts.fullmatch(subject.host.lower()) is None:
             return False
-        for name, pattern in self.headers:
-            value = subject.headers.get(name)
-            if value is None or not pattern.fullmatch(value):
-                return False
-        return True
+        return _headers_match(self.headers, subject.headers)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_TRUNCATE",
     "HTTP_SOURCES",
     "NORMALIZE_WINDOW",
+    "RESPONSE_SOURCES",
     "StateField",
     "Truncate",
     "default_fields",
@@ -52,8 +53,10 @@ NORMALIZE_WINDOW = 2
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 
 HTTP_SOURCES = frozenset(
-    {"method", "path", "host", "client", "content_type", "query", "header", "body", "form", "body_text"}
+    {"method", "path", "host", "client", "content_type", "query", "header", "body", "form", "body_text", "status"}
 )
+#: Sources only a response policy (``match.http.response``) can read.
+RESPONSE_SOURCES = frozenset({"status"})
 AGENT_SOURCES = frozenset({"event", "tool_name", "arguments", "tool_result", "user_message", "text"})
 POINTER_SOURCES = frozenset({"body", "form", "arguments", "tool_result"})
 NAMED_SOURCES = frozenset({"header", "query", "form"})
@@ -253,6 +256,7 @@ def _cut_long(field: StateField, raw: str, limit: int, path: str, flags: dict[st
 
 
 _HTTP_DEFAULT = (StateField("method", "method"), StateField("path", "path"), StateField("body", "body"))
+_HTTP_RESPONSE_DEFAULT = (StateField("status", "status"), StateField("body", "body"))
 _AGENT_DEFAULTS: dict[str, tuple[StateField, ...]] = {
     "tool_call": (
         StateField("task", "user_message"),
@@ -271,11 +275,11 @@ _AGENT_DEFAULTS: dict[str, tuple[StateField, ...]] = {
 
 
 def default_state(subject: Subject) -> tuple[StateField, ...]:
-    """The state used when a policy has no ``state`` block: method/path/body for HTTP; ``{task, tool_call: {name,
+    """The state used when a policy has no ``state`` block: method/path/body for an HTTP request, status/body for a response; ``{task, tool_call: {name,
     arguments}}`` for a tool call; task/tool/result for a tool result; the text for model input and output."""
     if isinstance(subject, AgentSubject):
         return _AGENT_DEFAULTS[subject.event]
-    return _HTTP_DEFAULT
+    return _HTTP_RESPONSE_DEFAULT if subject.phase == "response" else _HTTP_DEFAULT
 
 
 def default_fields(http: bool, events: Collection[str]) -> list[tuple[StateField, ...]]:

@@ -23,6 +23,7 @@ from guard.policy._state import (
     HTTP_SOURCES,
     NAMED_SOURCES,
     POINTER_SOURCES,
+    RESPONSE_SOURCES,
     StateField,
     default_fields,
     split_pointer,
@@ -32,8 +33,9 @@ from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
 from guard.policy.provenance import ToolSpec
+from guard.policy.redact import Redactor
 from guard.policy.rules import CEL_KEYWORDS, RESERVED_NAMES, CompiledRule, Outcome, compile_condition, field_reads
-from guard.subject import Subject
+from guard.subject import HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
 __all__ = ["PolicyLoadError", "PolicySet", "load_files", "load_text"]
@@ -148,6 +150,7 @@ def _compile(
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
         rules.append(CompiledRule(rule.id, rule.when, program, outcome, names))
     default = _outcome(spec.default, ("default",), file_spec, problem)
+    _check_actions(spec, problem)
     on_error = None
     if spec.on_error is not None:
         e = spec.on_error
@@ -231,6 +234,24 @@ def _unknown_read(source: str, state: Mapping[str, Any], data: Mapping[str, Any]
                 return f"reads {read}, but {where} has no field {name!r}; known names: {known}{hint}"
             node = node[name]
     return None
+
+
+def _check_actions(spec: PolicySpec, problem: Any) -> None:
+    """``redact`` needs HTTP bodies (no agent events); a response policy can allow, block or redact (there is no
+    client request left to hold for review or hand off)."""
+    response = spec.match.http is not None and spec.match.http.response is not None
+    outcomes: list[tuple[KeyPath, Any]] = [(("rules", i, "action"), r) for i, r in enumerate(spec.rules)]
+    outcomes.append((("default",), spec.default))
+    for where, outcome in outcomes:
+        if outcome.action == "redact" and spec.match.agent is not None:
+            problem(where, "redact masks HTTP bodies; a policy with match.agent cannot redact (use the agent "
+                    "middleware's tool_result action for agent events)")
+        if response and outcome.action in ("escalate", "handoff"):
+            problem(where, f"a response policy (match.http.response) can allow, block or redact, not "
+                    f"{outcome.action}: the request was already answered by the upstream")
+    if response and spec.match.agent is not None:
+        problem(("match", "agent"), "a response policy (match.http.response) judges HTTP responses only; put the "
+                "agent match in a policy of its own")
 
 
 def _questions(
@@ -320,7 +341,29 @@ def _outcome(spec: Any, where: KeyPath, file_spec: PolicyFileSpec, problem: Any)
     if spec.status is not None and spec.action != "block":
         problem((*where, "status"), f"'status' is only for action block, not {spec.action}")
     status = spec.status if spec.status is not None else (403 if spec.action == "block" else None)
-    return Outcome(spec.action, status=status, message=spec.message, retry_after=spec.retry_after, handoff=spec.handoff)
+    redactor = _redactor(spec, where, problem)
+    return Outcome(spec.action, status=status, message=spec.message, retry_after=spec.retry_after,
+                   handoff=spec.handoff, redact=redactor)
+
+
+def _redactor(spec: Any, where: KeyPath, problem: Any) -> Redactor | None:
+    """The compiled ``redact`` block of a ``redact`` outcome (patterns compiled now, so a bad regex names its key)."""
+    if spec.action != "redact":
+        if spec.redact is not None:
+            problem((*where, "redact"), f"'redact' is only for action redact, not {spec.action}")
+        return None
+    block = spec.redact
+    if block is None or not (block.patterns or block.detector):
+        problem((*where, "redact"), "a redact outcome needs 'redact: {patterns: {label: regex}}' and/or "
+                "'detector: true' saying what to mask")
+        return None
+    patterns = []
+    for label, source in block.patterns.items():
+        try:
+            patterns.append((label, re.compile(source)))
+        except re.error as exc:
+            problem((*where, "redact", "patterns", label), f"not a valid regular expression: {exc}")
+    return Redactor(tuple(patterns), detector=block.detector, style=block.style)
 
 
 def _state(spec: PolicySpec, problem: Any) -> tuple[StateField, ...] | None:
@@ -329,6 +372,8 @@ def _state(spec: PolicySpec, problem: Any) -> tuple[StateField, ...] | None:
     kinds = set()
     if spec.match.http is not None:
         kinds.add("http")
+        if spec.match.http.response is not None:
+            kinds.add("response")
     if spec.match.agent is not None:
         kinds.add("agent")
     fields = []
@@ -363,6 +408,9 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
     src = source.from_
     if src in HTTP_SOURCES and "http" not in kinds:
         problem(("from",), f"source {src!r} reads HTTP requests but the policy matches only agent events")
+    if src in RESPONSE_SOURCES and "response" not in kinds:
+        problem(("from",), f"source {src!r} reads upstream responses; only a response policy (match.http.response) "
+                "has one")
     if src in AGENT_SOURCES and "agent" not in kinds:
         problem(("from",), f"source {src!r} reads agent events but the policy matches only HTTP requests")
     pointer: tuple[str, ...] = ()
@@ -402,6 +450,7 @@ class PolicySet:
         validator: Callable[[Sequence[Policy]], None] | None = None,
     ) -> None:
         self._policies: tuple[Policy, ...] = tuple(policies)
+        self._response: tuple[Policy, ...] = _response_policies(self._policies)
         self.sources: tuple[Path, ...] = tuple(Path(s) for s in sources)
         self.validator = validator
         self.reload_failures = 0
@@ -435,6 +484,12 @@ class PolicySet:
     def matching(self, subject: Subject) -> tuple[Policy, ...]:
         """Every policy that matches ``subject``, in match order (all of them decide, ``docs/policies.md``)."""
         return tuple([policy for policy in self._policies if policy.matches(subject)])
+    def watching(self, request: HttpSubject) -> tuple[Policy, ...]:
+        """The response policies (``match.http.response``) whose request conditions match ``request``, in match
+        order: the ones that judge its response. Empty, at once, when none is loaded."""
+        if not self._response:
+            return ()
+        return tuple(p for p in self._response if p.watches(request))
 
     def replace(self, policies: Sequence[Policy]) -> None:
         """Swap in a new set after validating it; on error the current set stays.
@@ -447,7 +502,7 @@ class PolicySet:
         if self.validator is not None:
             self.validator(new)
         with self._lock:
-            self._policies = new
+            self._policies, self._response = new, _response_policies(new)
 
     def reload(self) -> None:
         """Re-read :attr:`sources`. On any error the last good policies stay active.
@@ -466,6 +521,10 @@ class PolicySet:
             raise
         self.last_error = None
         logger.info("policies reloaded: %s", ", ".join(f"{p.id}@{p.version}" for p in self._policies))
+
+
+def _response_policies(policies: Sequence[Policy]) -> tuple[Policy, ...]:
+    return tuple(p for p in policies if p.http is not None and p.http.response is not None)
 
 
 def _check_unique(policies: Sequence[Policy]) -> None:

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from guard.verdict import Action, MaskStyle
+
 __all__ = [
     "AgentMatchSpec",
     "CacheSpec",
@@ -29,13 +31,14 @@ __all__ = [
     "PolicyFileSpec",
     "PolicySpec",
     "QuestionSpec",
+    "RedactSpec",
+    "ResponseMatchSpec",
     "RuleSpec",
     "SourceSpec",
     "ToolArgumentSpec",
     "ToolSpec",
 ]
 
-Action = Literal["allow", "block", "escalate", "handoff"]
 Truncate = Literal["head_tail", "head", "error"]
 FailModeName = Literal["closed", "open", "escalate"]
 SourceName = Literal[
@@ -50,6 +53,7 @@ SourceName = Literal[
     "body",
     "form",
     "body_text",
+    "status",
     # agent subjects
     "event",
     "tool_name",
@@ -97,6 +101,27 @@ def _outcome_shorthand(value: Any) -> Any:
     return {"action": value} if isinstance(value, str) else value
 
 
+class ResponseMatchSpec(_Strict):
+    """Which upstream responses a response policy judges (of the requests its other ``http`` conditions match).
+    Every listed condition must hold; an empty list means "any"."""
+
+    status: list[int] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Response status codes, e.g. [200, 201]; [] = any.",
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={"default": {}},
+        description="Response header name (case-insensitive) -> value glob; every one must be present and match.",
+    )
+    content_types: list[str] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Response media types without parameters, e.g. [application/json, text/event-stream]; [] = any.",
+    )
+
+
 class HttpMatchSpec(_Strict):
     """Which HTTP requests a policy applies to. Every listed condition must hold; an empty list means "any".
 
@@ -129,6 +154,11 @@ class HttpMatchSpec(_Strict):
         default_factory=list,
         json_schema_extra={"default": []},
         description="Media types without parameters, e.g. application/json; [] = any.",
+    )
+    response: ResponseMatchSpec | None = Field(
+        default=None,
+        description="Judge the upstream's response instead of the request: the conditions above select the "
+        "requests, these the responses (status, headers, media type); omitted: the policy judges requests.",
     )
 
 
@@ -235,12 +265,32 @@ class QuestionSpec(_Strict):
     )
 
 
+class RedactSpec(_Strict):
+    """What a ``redact`` outcome masks in an HTTP body (request or response) before it goes on."""
+
+    patterns: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={"default": {}},
+        description="Label -> regular expression (Python syntax) searched in every string of the body, e.g. "
+        "card: '\\b(?:\\d[ -]?){13,16}\\b'; the label is recorded, never the text.",
+    )
+    detector: bool = Field(
+        default=False, description="Also mask the spans the policy's instruction detector finds (label instructions)."
+    )
+    style: MaskStyle = Field(
+        default="redact",
+        description="redact = [REDACTED:<label>]; mask = one * per character, the last 4 kept for spans of 8 or more.",
+    )
+
+
 class OutcomeSpec(_Strict):
     """What to do: ``allow``, ``block`` (with ``status`` 4xx, default 403; 429 for rate-like rules), ``escalate``
-    (human review) or ``handoff`` (to the LLM target named in ``handoff``)."""
+    (human review), ``handoff`` (to the LLM target named in ``handoff``) or ``redact`` (mask spans named in
+    ``redact``, then allow; HTTP only)."""
 
     action: Action = Field(
-        description="allow; block (refuse); escalate (hold for human review); handoff (send to an LLM target)."
+        description="allow; block (refuse); escalate (hold for human review); handoff (send to an LLM target); "
+        "redact (mask the spans 'redact' names in the body, then allow; HTTP only)."
     )
     status: int | None = Field(
         default=None, ge=400, le=499, description="HTTP status of a block (block only); default 403."
@@ -251,6 +301,9 @@ class OutcomeSpec(_Strict):
     )
     handoff: str | None = Field(
         default=None, description="A key of the file's handoff_targets (handoff only, and required there)."
+    )
+    redact: RedactSpec | None = Field(
+        default=None, description="What to mask (redact only, and required there): patterns and/or the detector."
     )
 
 

@@ -190,6 +190,10 @@ class Policy:
             return self.http is not None and self.http.matches(subject)
         return self.agent is not None and self.agent.matches(subject)
 
+    def watches(self, request: HttpSubject) -> bool:
+        """A response policy whose request conditions accept ``request``: it judges that request's response."""
+        return self.http is not None and self.http.watches(request)
+
     def render_state(self, subject: Subject) -> dict[str, Any]:
         """The raw decision state for ``subject``, in declaration order (not yet normalised or cut)."""
         return render_state(self._fields(subject), subject)

@@ -30,6 +30,7 @@ import cel
 
 from guard.errors import GuardError
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
+from guard.policy.redact import Redactor
 from guard.systemone import AnswerV1, QuestionType
 from guard.verdict import Action
 
@@ -91,11 +92,12 @@ class Outcome:
     """What a rule (or the default) does.
 
     Attributes:
-        action: ``allow``, ``block``, ``escalate`` or ``handoff``.
+        action: ``allow``, ``block``, ``escalate``, ``handoff`` or ``redact``.
         status: HTTP status for block (default 403).
         message: text for the caller or the model.
         retry_after: seconds, e.g. for a 429.
         handoff: handoff target name, for ``handoff``.
+        redact: what to mask, for ``redact``.
     """
 
     action: Action
@@ -103,6 +105,7 @@ class Outcome:
     message: str | None = None
     retry_after: float | None = None
     handoff: str | None = None
+    redact: Redactor | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,293 @@
+"""Judging the application's (or upstream's) response for response policies (``match.http.response``).
+
+:class:`ResponseJudge` wraps ``send`` for one request whose request conditions a response policy accepts. It holds
+``http.response.start`` back, picks every watching policy whose ``response`` conditions accept the status, headers
+and media type (none: the response passes untouched; several: their verdicts combine as a request's do), then judges
+the body in one of two ways:
+
+* **whole** (a ``Content-Length`` and not ``text/event-stream``): the body is read up to
+  ``BodyLimits.max_response_bytes``, decoded (``Content-Encoding``) and parsed like a request body, and judged once.
+  allow: sent as it came; redact: sent re-encoded with the spans replaced (new ``Content-Length``, no
+  ``Content-Encoding``); block: the client gets ``{code: response_blocked, ...}`` with the rule's status instead.
+* **streamed** (``text/event-stream``, or no ``Content-Length``: chunked): a sliding window. Bytes are held back
+  until ``stream_window_bytes`` have arrived or the stream ends; the held text, after the last
+  ``stream_overlap_bytes`` already sent, is judged; then it is sent on (for SSE only up to the last complete event, so
+  an event is never split from its end). Nothing is sent before it was judged, so nothing after a blocked span leaves.
+  A block before anything was sent is a plain JSON block; after, an SSE stream gets one ``event: guard_blocked``
+  with the block's JSON as data and ends; a chunked stream that is not SSE is cut off without its last chunk, so the
+  client sees an incomplete body, never one that looks whole. Redact replaces spans in the window before it is sent
+  (a span reaching past the window waits for the next one). A compressed stream is not judged (502).
+
+Every judgement is a verdict of its own (``phase: response``), recorded like a request's; an allowed or redacted
+response carries ``x-guard-response-decision-id``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import json
+import logging
+from typing import Any
+
+from starlette.types import Message, Send
+
+from guard.asgi._decode import decode_content, parse_encodings
+from guard.asgi._metrics import HttpMetrics
+from guard.asgi._parse import encode_body, parse_body
+from guard.asgi._responses import send_json, verdict_headers
+from guard.asgi.limits import BodyLimits
+from guard.engine import Guard, verdicts
+from guard.engine.ids import new_decision_id
+from guard.errors import BodyError
+from guard.policy import Policy
+from guard.policy.redact import apply_redactions
+from guard.subject import HttpSubject
+from guard.verdict import Verdict
+
+__all__ = ["RESPONSE_BLOCKED", "RESPONSE_UNINSPECTABLE", "SSE_BLOCK_EVENT", "ResponseJudge", "StreamStopped"]
+
+logger = logging.getLogger("guard.asgi")
+
+RESPONSE_BLOCKED = "response_blocked"
+RESPONSE_UNINSPECTABLE = "response_uninspectable"
+#: The SSE event name a blocked stream ends with.
+SSE_BLOCK_EVENT = "guard_blocked"
+_RESPONSE_ID = b"x-guard-response-decision-id"
+_SSE = "text/event-stream"
+
+
+class StreamStopped(OSError):
+    """Raised to the application's ``send`` to cut a response that was already started off (a chunked stream
+    blocked mid-way): like a client that left, so Starlette's responses and the proxy stop streaming. After a block
+    that completed the response (JSON, or an SSE error event) later messages are dropped instead."""
+
+
+def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in raw:
+        name, value = k.decode("latin-1").lower(), v.decode("latin-1")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+class ResponseJudge:
+    """``send`` for one request's response: judged by every watching policy it matches (see the module doc).
+
+    Args:
+        guard: the engine. request: the request's head subject. watching: the response policies that watch it.
+        send: the next ``send``. limits: read limits and the stream window. metrics: counters.
+    """
+
+    def __init__(
+        self, guard: Guard, request: HttpSubject, watching: tuple[Policy, ...], send: Send, limits: BodyLimits,
+        metrics: HttpMetrics,
+    ) -> None:
+        self.guard, self.request, self.watching, self.send = guard, request, watching, send
+        self.limits, self.metrics = limits, metrics
+        self.mode = "start"  # start -> pass | whole | stream -> done
+        self.policies: tuple[Policy, ...] = ()
+        self.policy: Policy | None = None
+        self.head: HttpSubject | None = None
+        self.start: Message | None = None
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.sse = False
+        self.started = False  # http.response.start was sent on
+        self.held = ""  # stream: received, not yet sent
+        self.held_bytes = 0
+        self.tail = ""  # stream: the end of what was sent, judged again with the next window
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    async def __call__(self, message: Message) -> None:
+        mode = self.mode
+        if mode == "pass":
+            await self.send(message)
+        elif mode == "done":  # the client has its whole answer (or its block): the rest is dropped
+            return
+        elif message["type"] == "http.response.start":
+            await self._start(message)
+        elif message["type"] != "http.response.body":
+            await self.send(message)
+        elif mode == "whole":
+            await self._whole(message)
+        else:
+            await self._stream(message)
+
+    async def _start(self, message: Message) -> None:
+        headers = _headers(message.get("headers", []))
+        media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        head = dataclasses.replace(self.request, phase="response", status=message["status"], headers=headers,
+                                   content_type=media, query=self.request.query, body=None, body_text="")
+        self.policies = tuple(p for p in self.watching if p.matches(head))  # every one decides (docs/policies.md)
+        self.policy = self.policies[0] if self.policies else None  # records a response that cannot be judged
+        if self.policy is None:
+            self.mode = "pass"
+            await self.send(message)
+            return
+        self.head, self.start = head, message
+        self.sse = media == _SSE
+        if "content-length" in headers and not self.sse:
+            self.mode = "whole"
+        elif "content-encoding" in headers:
+            self.mode = "done"
+            await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "a compressed streamed response cannot be "
+                                         "judged; serve it uncompressed", field="content-encoding"))
+        else:
+            self.mode = "stream"
+
+    # Whole bodies ----------------------------------------------------------------------------------------------
+
+    async def _whole(self, message: Message) -> None:
+        chunk = message.get("body", b"")
+        self.size += len(chunk)
+        if self.size > self.limits.max_response_bytes:
+            self.mode = "done"
+            await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response has more than "
+                                         f"{self.limits.max_response_bytes} bytes, the response inspection limit"))
+            return
+        self.chunks.append(chunk)
+        if message.get("more_body", False):
+            return
+        self.mode = "done"
+        assert self.head is not None and self.start is not None
+        body, headers = b"".join(self.chunks), self.head.headers
+        try:
+            encoding = headers.get("content-encoding")
+            codings = parse_encodings(encoding, self.limits.max_encodings) if encoding else None
+            decoded = decode_content(body, codings, self.limits.max_decoded_bytes) if codings else body
+            value, text = parse_body(decoded, headers.get("content-type", ""), self.limits)
+        except BodyError as exc:
+            await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response cannot be judged: {exc.reason}",
+                                         field=exc.field))
+            return
+        verdict = await self._judge(dataclasses.replace(self.head, body=value, body_text=text))
+        if verdict.action == "block":
+            await self._block(verdict)
+            return
+        start_headers = list(self.start.get("headers", []))
+        if verdict.action == "redact" and verdict.redactions:
+            try:
+                body = encode_body(apply_redactions(value, verdict.redactions), headers.get("content-type", ""))
+            except BodyError as exc:
+                await self._refuse(BodyError(502, exc.code, exc.reason, field=exc.field))
+                return
+            drop = (b"content-length", b"content-encoding")
+            start_headers = [(k, v) for k, v in start_headers if k.lower() not in drop]
+            start_headers.append((b"content-length", str(len(body)).encode()))
+        start_headers.append((_RESPONSE_ID, verdict.decision_id.encode("latin-1", "replace")))
+        await self.send({**self.start, "headers": start_headers})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+    # Streams ---------------------------------------------------------------------------------------------------
+
+    async def _stream(self, message: Message) -> None:
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
+        if chunk:
+            self.held += self.decoder.decode(chunk)
+            self.held_bytes += len(chunk)
+        if not more:
+            self.held += self.decoder.decode(b"", final=True)
+        if self.held_bytes >= self.limits.stream_window_bytes or not more:
+            await self._window(final=not more)
+
+    async def _window(self, *, final: bool) -> None:
+        """Judge the tail already sent plus what is held; send on what may go."""
+        assert self.head is not None
+        context, text = len(self.tail), self.tail + self.held
+        verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=text))
+        if verdict.action == "block":
+            self.mode = "done"
+            await self._stop(verdict)
+            return
+        end = len(text) if final else self._boundary(text, context)
+        spans = verdict.redactions if verdict.action == "redact" else ()
+        for r in spans:
+            if r.start < end < r.end and not final:  # reaches past what may go now: wait for the rest
+                end = self._boundary(text[: r.start], context) if self.sse else r.start
+        if end <= context and not final:
+            if self.held_bytes > self.limits.max_response_bytes:
+                self.mode = "done"
+                await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "a streamed event is longer than the "
+                                             "response inspection limit"))
+                if self.started:
+                    raise StreamStopped("a streamed event is too large to judge")
+            return
+        piece = [r for r in spans if r.end > context and r.start < end]
+        out = text[context:end]
+        if piece:
+            shifted = tuple(dataclasses.replace(r, start=max(r.start, context) - context, end=r.end - context)
+                        for r in piece)
+            out = apply_redactions(out, shifted)
+        await self._send_start(verdict)
+        await self.send({"type": "http.response.body", "body": out.encode("utf-8"), "more_body": not final})
+        sent = text[:end]
+        self.tail = sent[-self.limits.stream_overlap_bytes:]
+        self.held = text[end:]
+        self.held_bytes = len(self.held.encode("utf-8"))
+        if final:
+            self.mode = "done"
+
+    def _boundary(self, text: str, context: int) -> int:
+        """Where the text that may be sent now ends: SSE after the last complete event; else all but the overlap
+        (kept back so a span that continues in the next chunk is masked whole)."""
+        if self.sse:
+            cut = max(text.rfind("\n\n"), text.rfind("\r\n\r\n"))
+            return max(cut + (4 if text.startswith("\r\n\r\n", cut) else 2), context) if cut >= 0 else context
+        return max(len(text) - self.limits.stream_overlap_bytes, context)
+
+    async def _send_start(self, verdict: Verdict) -> None:
+        if self.started:
+            return
+        self.started = True
+        assert self.start is not None
+        headers = [*self.start.get("headers", []), (_RESPONSE_ID, verdict.decision_id.encode("latin-1", "replace"))]
+        await self.send({**self.start, "headers": headers})
+
+    async def _stop(self, verdict: Verdict) -> None:
+        """A blocked stream: a JSON block when nothing was sent; else an SSE error event and the end, or (not SSE)
+        an abort."""
+        if not self.started:
+            await self._block(verdict)
+            return
+        if not self.sse:
+            logger.info("response of %s %s blocked mid-stream (policy %s); cutting the connection",
+                        self.request.method, self.request.path, verdict.policy_id)
+            raise StreamStopped("the response was blocked by policy mid-stream")
+        data = json.dumps(_block_payload(verdict), separators=(",", ":"), ensure_ascii=False)
+        event = f"event: {SSE_BLOCK_EVENT}\ndata: {data}\n\n".encode()
+        await self.send({"type": "http.response.body", "body": event, "more_body": False})
+
+    # Verdicts --------------------------------------------------------------------------------------------------
+
+    async def _judge(self, subject: HttpSubject) -> Verdict:
+        verdict = await self.guard.aevaluate(subject, policies=self.policies)
+        self.metrics.responses.labels(verdict.policy_id or "", verdict.action).inc()
+        return verdict
+
+    async def _block(self, verdict: Verdict) -> None:
+        status = verdict.status or (503 if verdict.fail_mode == "closed" else 403)
+        await send_json(self.send, status, _block_payload(verdict), verdict_headers(verdict))
+
+    async def _refuse(self, exc: BodyError) -> None:
+        """A response that cannot be judged: recorded as a verdict, answered 502 (or nothing, once started)."""
+        assert self.policy is not None and self.head is not None
+        verdict = verdicts.refused(self.policy, decision_id=new_decision_id(), rule=exc.code, status=exc.status,
+                                   message=exc.reason, error=exc.code, phase="response")
+        self.guard.record(verdict, self.head, policy=self.policy)
+        self.metrics.responses.labels(self.policy.id, "block").inc()
+        if not self.started:
+            await send_json(self.send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field,
+                                                    "policy": self.policy.id, "rule": exc.code,
+                                                    "decision_id": verdict.decision_id}, verdict_headers(verdict))
+
+
+def _block_payload(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "code": RESPONSE_BLOCKED,
+        "message": verdict.message or "The response was blocked by policy.",
+        "policy": verdict.policy_id,
+        "rule": verdict.rule,
+        "decision_id": verdict.decision_id,
+    }

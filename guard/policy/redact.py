@@ -1,0 +1,142 @@
+"""The ``redact`` action: find the spans a rule masks in a body, and replace them.
+
+A rule with ``action: redact`` names what to mask in its ``redact`` block: ``patterns`` (label -> regular
+expression, searched in every string of the body) and ``detector: true`` (the spans the policy's instruction
+detector returns, labelled ``instructions``). :meth:`Redactor.find` returns :class:`~guard.verdict.Redaction`
+records, which say where a span is (a JSON pointer into the body, character offsets) and never what it holds;
+:func:`apply_redactions` replaces them in a copy of the body. Both run on the parsed body the guard judged: a JSON
+value, ``{field: [values]}`` for a form, or a ``str`` for text (pointer ``""``).
+
+Styles (:data:`~guard.verdict.MaskStyle`): ``redact`` writes ``[REDACTED:<label>]``; ``mask`` writes one ``*`` per
+character and keeps the last 4 characters of a span of 8 or more (what a card receipt shows).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from guard.policy.instructions import Detector
+from guard.verdict import MaskStyle, Redaction
+
+__all__ = ["DETECTOR_LABEL", "MASK_KEEP", "MASK_STYLES", "Redactor", "apply_redactions", "replacement"]
+
+#: Label of a span the policy's detector found.
+DETECTOR_LABEL = "instructions"
+#: Characters ``mask`` keeps at the end of a span of at least twice as many.
+MASK_KEEP = 4
+MASK_STYLES: tuple[MaskStyle, ...] = ("redact", "mask")
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """A rule's compiled ``redact`` block.
+
+    Attributes:
+        patterns: ``(label, compiled regex)`` in file order.
+        detector: also mask the spans the policy's detector finds.
+        style: how spans are replaced.
+    """
+
+    patterns: tuple[tuple[str, re.Pattern[str]], ...]
+    detector: bool = False
+    style: MaskStyle = "redact"
+
+    def find(self, body: Any, detector: Detector | None = None) -> tuple[Redaction, ...]:
+        """The spans to replace in ``body``, in document order; overlapping spans in one string are merged (the
+        first one's label).
+
+        Args:
+            body: the parsed body (JSON value, form mapping or text).
+            detector: the policy's detector (used when :attr:`detector` is set).
+        """
+        out: list[Redaction] = []
+        for pointer, text in _strings(body, ""):
+            spans: list[tuple[int, int, str]] = []
+            for label, pattern in self.patterns:
+                spans += [(m.start(), m.end(), label) for m in pattern.finditer(text) if m.end() > m.start()]
+            if self.detector and detector is not None:
+                spans += [(s.start, s.end, DETECTOR_LABEL) for s in detector(text)]
+            spans.sort()
+            merged: list[list[Any]] = []
+            for start, end, label in spans:
+                if merged and start < merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([start, end, label])
+            out += [Redaction(pointer, start, end, label, self.style) for start, end, label in merged]
+        return tuple(out)
+
+
+def replacement(text: str, label: str, style: MaskStyle) -> str:
+    """What one span's ``text`` becomes under ``style``."""
+    if style == "mask":
+        keep = MASK_KEEP if len(text) >= 2 * MASK_KEEP else 0
+        return "*" * (len(text) - keep) + text[len(text) - keep:]
+    return f"[REDACTED:{label}]"
+
+
+def apply_redactions(body: Any, redactions: tuple[Redaction, ...]) -> Any:
+    """A copy of ``body`` with every span replaced (``body`` itself is not changed).
+
+    Raises:
+        ValueError: a redaction's pointer does not lead to a string in ``body`` or its offsets fall outside it.
+    """
+    by_pointer: dict[str, list[Redaction]] = {}
+    for r in redactions:
+        by_pointer.setdefault(r.pointer, []).append(r)
+    return _rebuild(body, "", by_pointer) if by_pointer else body
+
+
+def _rebuild(node: Any, pointer: str, spans: dict[str, list[Redaction]]) -> Any:
+    if isinstance(node, str):
+        found = spans.get(pointer)
+        return _replace(node, found) if found else node
+    if isinstance(node, dict):
+        if not any(p.startswith(pointer + "/") for p in spans):
+            return node
+        return {k: _rebuild(v, f"{pointer}/{_escape(k)}", spans) for k, v in node.items()}
+    if isinstance(node, list):
+        if not any(p.startswith(pointer + "/") for p in spans):
+            return node
+        return [_rebuild(v, f"{pointer}/{i}", spans) for i, v in enumerate(node)]
+    if pointer in spans:
+        raise ValueError(f"redaction at {pointer or '/'} does not point to a string")
+    return node
+
+
+def _replace(text: str, found: list[Redaction]) -> str:
+    parts: list[str] = []
+    at = 0
+    merged: list[list] = []  # [start, end, label, style]; overlapping spans (several rules or policies) become one
+    for r in sorted(found, key=lambda r: (r.start, -r.end)):
+        if not (0 <= r.start < r.end <= len(text)):
+            raise ValueError(f"redaction {r.start}:{r.end} at {r.pointer or '/'} is outside its {len(text)} characters")
+        if merged and r.start < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], r.end)
+        else:
+            merged.append([r.start, r.end, r.label, r.style])
+    for start, end, label, style in merged:
+        parts += [text[at:start], replacement(text[start:end], label, style)]
+        at = end
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+def _strings(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
+    """Every string value in ``node`` with its JSON pointer, in document order (object keys are not masked)."""
+    stack: list[tuple[str, Any]] = [(pointer, node)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            yield where, value
+        elif isinstance(value, dict):
+            stack += [(f"{where}/{_escape(k)}", v) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(f"{where}/{i}", v) for i, v in reversed(list(enumerate(value)))]
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
