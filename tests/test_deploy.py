@@ -133,9 +133,9 @@ def test_gateway_probes_use_liveness_and_readiness() -> None:
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
 
 
-def _local_argv(dockerfile: Path, argv: list[str], port: int) -> list[str]:
+def _local_argv(dockerfile: Path, argv: list[str], port: int, admin_port: int) -> list[str]:
     """``argv`` as it would run in the image, made to run here: paths under a ``COPY`` destination read from the
-    copied source in this checkout, and ``--listen`` on a loopback port."""
+    copied source in this checkout, ``--listen`` and ``--admin-listen`` on loopback ports."""
     copies = [shlex.split(line)[1:] for line in dockerfile.read_text().splitlines() if line.startswith("COPY ")]
     mounts = {dst.rstrip("/"): ROOT / srcs[0] for *srcs, dst in copies if len(srcs) == 1}
     out = []
@@ -145,12 +145,13 @@ def _local_argv(dockerfile: Path, argv: list[str], port: int) -> list[str]:
                 arg = str(src / arg[len(dst) + 1 :])
         out.append(arg)
     out[out.index("--listen") + 1] = f"127.0.0.1:{port}"
+    out[out.index("--admin-listen") + 1] = f"127.0.0.1:{admin_port}"
     return out
 
 
-def _start_gateway(argv: list[str], port: int, seconds: float) -> tuple[int | None, str]:
-    """Run ``argv`` (a guard command line) until ``/_guard/health`` answers 200 or the process ends, then stop it;
-    returns ``(None, output)`` when it served readiness, else ``(exit code, output)``."""
+def _start_gateway(argv: list[str], admin_port: int, seconds: float) -> tuple[int | None, str]:
+    """Run ``argv`` (a guard command line) until ``/_guard/health`` on the admin listener answers 200 or the process
+    ends, then stop it; returns ``(None, output)`` when it served readiness, else ``(exit code, output)``."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "guard", *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -160,7 +161,7 @@ def _start_gateway(argv: list[str], port: int, seconds: float) -> tuple[int | No
     deadline = time.monotonic() + seconds
     while not ready and time.monotonic() < deadline and process.poll() is None:
         try:
-            ready = httpx.get(f"http://127.0.0.1:{port}{DEFAULT_HEALTH_PATH}", timeout=1).status_code == 200
+            ready = httpx.get(f"http://127.0.0.1:{admin_port}{DEFAULT_HEALTH_PATH}", timeout=1).status_code == 200
         except httpx.TransportError:
             time.sleep(0.2)
     if process.poll() is None:
@@ -179,14 +180,15 @@ def test_gateway_image_default_command_starts() -> None:
     """The gateway image's ENTRYPOINT + CMD, run here (no docker): it starts on the embedded CPU model and serves
     readiness; the policy it used before (a free-form question, no backend flag) exits 2 instead."""
     dockerfile = DEPLOY / "docker" / "gateway.Dockerfile"
-    port = _free_port()
-    argv = _local_argv(dockerfile, _dockerfile_entrypoint(dockerfile), port)
-    code, output = _start_gateway(argv, port, seconds=180)
+    admin_port = _free_port()
+    argv = _local_argv(dockerfile, _dockerfile_entrypoint(dockerfile), _free_port(), admin_port)
+    code, output = _start_gateway(argv, admin_port, seconds=180)
     assert code is None, f"the default command {argv} did not start (exit {code}):\n{output}"
     old = [arg.replace("api_abuse_compact.yaml", "api_abuse.yaml") for arg in argv]
-    port = _free_port()
-    old[old.index("--listen") + 1] = f"127.0.0.1:{port}"
-    code, output = _start_gateway(old, port, seconds=180)
+    admin_port = _free_port()
+    old[old.index("--listen") + 1] = f"127.0.0.1:{_free_port()}"
+    old[old.index("--admin-listen") + 1] = f"127.0.0.1:{admin_port}"
+    code, output = _start_gateway(old, admin_port, seconds=180)
     assert code == 2 and "spam" in output, output
 
 
