@@ -1,6 +1,7 @@
 """``guard policy explain``: everything the engine does for one subject, step by step, as a JSON-safe report.
 
-The report holds the matched policy, the rendered state (normalised, with flags), the cache key, each answer, the
+The report holds the matched policy, the state the model reads (normalised, with flags) and the one the rules read
+(``rule_state``: as received), the cache key, each answer, the
 ``call`` / ``result`` features its rules read (argument provenance, instructions found in a tool result), every
 rule's ``when`` value in order, the verdict, and the verdict each fail mode would give if the backend failed. The
 steps run through the real engine (:class:`~guard.engine.Guard`), so the report is what production would do. When
@@ -76,7 +77,8 @@ async def explain(
         await start_backend(backend)
     else:
         backend = FixtureBackend(wire_answers(policy, answers or {}))
-    normalized = policy.prepare_state(policy.render_state(subject), subject)
+    raw = policy.render_state(subject)
+    normalized = policy.prepare_state(raw, subject)
     request = policy.build_request(normalized.value)
     verdict = await _verdict(policies, backend, subject)
     named = dict(verdict.answers)  # keyed by question key
@@ -87,7 +89,7 @@ async def explain(
     traced: list[tuple[str, bool | str]] = []
     if verdict.error is None:  # a failed decision has no answers to run the rules on
         traced = trace_rules(
-            policy.id, policy.rules, named, subject=subject, state=normalized.value, flags=normalized.flags,
+            policy.id, policy.rules, named, subject=subject, state=raw, flags=normalized.flags,
             data=policy.data, features=features,
         )  # fmt: skip
     fail_modes = {}
@@ -110,6 +112,7 @@ async def explain(
             "mode": policy.mode,
         },
         "state": normalized.value,
+        "rule_state": raw,
         "flags": normalized.flags,
         "questions": [{"key": q.key, **q.wire.to_json(), "id": q.wire.id} for q in policy.questions],
         "cache_key": cache_key(request, backend=backend.name, revision=backend.model_revision),

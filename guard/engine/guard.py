@@ -248,7 +248,7 @@ class Guard:
         response = None
         try:
             plan = self._plan(policy)  # reads the backend's revision, which may fail
-            state, flags, key = plan.prepare(subject)
+            raw, state, flags, key = plan.prepare(subject)  # rules read ``raw``; the model and the cache ``state``
             # An in-process hit is answered inline: no timeout, no flight, no await.
             cached = self.cache.peek(key) if policy.cache_ttl > 0 else None
             if cached is not None:
@@ -256,7 +256,7 @@ class Guard:
             else:
                 cached, lookup = await self._fetch(policy, plan.backend, state, key)
             response = cached.response
-            outcome = plan.outcome(cached, subject=subject, state=state, flags=flags)
+            outcome = plan.outcome(cached, subject=subject, state=raw, flags=flags)
         except StateTooLong as exc:
             backend = self.backend_for(policy)
             verdict = verdicts.too_long(

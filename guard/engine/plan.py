@@ -110,12 +110,13 @@ class Plan:
         self._states: OrderedDict[MemoKey, tuple[bool, Any, tuple[tuple[str, Any], ...], str]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def prepare(self, subject: Subject) -> tuple[Any, dict[str, Any], str]:
+    def prepare(self, subject: Subject) -> tuple[dict[str, Any], Any, dict[str, Any], str]:
         """Render ``subject``'s state, normalise it and hash its cache key.
 
         Returns:
-            ``(state, flags, key)``: the normalised (and capped) state (a new object), its flags (a new dict) and the
-            cache key (64 hex characters).
+            ``(raw, state, flags, key)``: the rendered state as received (what the rules read), the normalised (and
+            capped) state the model reads (a new object), its flags (a new dict) and the cache key (64 hex
+            characters).
 
         Raises:
             StateTooLong: a field with ``truncate: error`` is over its ``max_chars``.
@@ -128,18 +129,19 @@ class Plan:
             if known is not None:
                 flat, normalized, known_flags, known_key = known
                 state = dict(normalized) if flat else json.loads(normalized)
-                return state, dict(known_flags), known_key
+                return raw, state, dict(known_flags), known_key
         prepared = self.policy.prepare_state(raw, subject)
         state, flags = prepared.value, dict(prepared.flags)
         key = self.key.key(state)
         if memo_key is not None:
             self._remember(memo_key, state, flags, key)
-        return state, flags, key
+        return raw, state, flags, key
 
     def outcome(
         self, cached: CachedAnswers, *, subject: Subject, state: Any, flags: dict[str, Any]
     ) -> dict[str, Any]:
-        """What the rules decided on the answers in ``cached``, for :func:`guard.engine.verdicts.answered`:
+        """What the rules decided on the answers in ``cached`` (``state``: the rendered state as received, not the
+        model's normalised copy), for :func:`guard.engine.verdicts.answered`:
         ``action`` (before shadow mode applies), ``policy_id``, ``policy_version``, ``rule``, ``answers``, ``status``,
         ``message``, ``handoff``, ``backend``, ``model``, ``model_revision`` and ``retry_after``. ``answers`` maps question keys to the cached answers, read-only
         (:class:`~guard.systemone.ReadOnlyDict`): answers and map are shared by the decisions served from one
@@ -179,8 +181,8 @@ class Plan:
         self, response: SystemOneResponseV1, *, subject: Subject | None = None, state: Any = None,
         flags: dict[str, Any],
     ) -> dict[str, Any]:
-        """:meth:`outcome` computed: the rules applied to ``response``'s answers (``subject`` and ``state`` only
-        for rules that read them)."""
+        """:meth:`outcome` computed: the rules applied to ``response``'s answers (``subject`` and ``state``, the
+        rendered state as received, only for rules that read them)."""
         policy, names = self.policy, self.names
         answers = ReadOnlyDict({names[qid]: answer for qid, answer in response.answers.items()})
         features = rule_features(
