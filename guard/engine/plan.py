@@ -74,6 +74,8 @@ class Plan:
         backend: the backend that answers it; revision: its ``model_revision`` when the plan was made.
         key: the cache key template (constant part rendered once).
         names: wire question id -> question key.
+        orders: wire id -> option ids in the policy's order, for each choice question (a cached answer may come
+            from a policy that lists the same options in another order: the key does not depend on it).
         memo_flags: ``None`` when the rules read the subject or the state (they run on every request); else whether
             the rule result also depends on the normalisation flags (the memo key then includes them).
 
@@ -90,6 +92,7 @@ class Plan:
         "key",
         "memo_flags",
         "names",
+        "orders",
         "policy",
         "revision",
     )
@@ -102,6 +105,7 @@ class Plan:
             backend=backend.name, revision=revision, model=policy.model, questions=[q.wire for q in policy.questions]
         )
         self.names = policy.question_keys()
+        self.orders = {q.wire.id: q.wire.option_ids() for q in policy.questions if q.wire.type == "choice"}
         reads = rule_inputs(policy.rules)
         self.features = reads & FEATURE_NAMES  # call / result: computed from the subject for every decision
         pure = reads <= ANSWER_INPUTS | frozenset(self.names.values())
@@ -143,9 +147,10 @@ class Plan:
         """What the rules decided on the answers in ``cached`` (``state``: the rendered state as received, not the
         model's normalised copy), for :func:`guard.engine.verdicts.answered`:
         ``action`` (before shadow mode applies), ``policy_id``, ``policy_version``, ``rule``, ``answers``, ``status``,
-        ``message``, ``handoff``, ``backend``, ``model``, ``model_revision`` and ``retry_after``. ``answers`` maps question keys to the cached answers, read-only
-        (:class:`~guard.systemone.ReadOnlyDict`): answers and map are shared by the decisions served from one
-        entry.
+        ``message``, ``handoff``, ``backend``, ``model``, ``model_revision`` and ``retry_after``. ``answers`` maps
+        question keys to the cached answers, read-only (:class:`~guard.systemone.ReadOnlyDict`; a choice answer's
+        probabilities in this policy's option order, :attr:`orders`): answers and map are shared by the decisions
+        this plan serves from one entry.
 
         Sets ``flags["state_tokens_dropped"]`` first when the backend read only part of the state (the rules may act
         on a partial read), and ``flags["out_of_competence"]`` when it reports it could not read the state.
@@ -183,8 +188,11 @@ class Plan:
     ) -> dict[str, Any]:
         """:meth:`outcome` computed: the rules applied to ``response``'s answers (``subject`` and ``state``, the
         rendered state as received, only for rules that read them)."""
-        policy, names = self.policy, self.names
-        answers = ReadOnlyDict({names[qid]: answer for qid, answer in response.answers.items()})
+        policy, names, orders = self.policy, self.names, self.orders
+        answers = ReadOnlyDict({
+            names[qid]: answer.in_order(orders[qid]) if qid in orders else answer
+            for qid, answer in response.answers.items()
+        })  # fmt: skip
         features = rule_features(
             subject, self.features, tools=policy.tools, trusted=policy.trusted, detector=policy.detector
         ) if self.features else None
