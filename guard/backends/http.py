@@ -7,6 +7,9 @@ and ``tenacity`` retries:
   told the rest in ``x-request-timeout-ms`` so it drops the request if we give up first;
 * retries with exponential backoff and jitter on 408, 429, 5xx and connection errors, honouring ``Retry-After``
   (seconds or an HTTP date; also ``retry-after-ms``) when the wait fits in the deadline; never on other 4xx;
+* a choice's options are sent sorted by option id (:meth:`SystemOneRequestV1.canonical`), whatever order the policy
+  lists them in, so a backend that reads options by position answers the same for either order; answers are keyed
+  by option id and reported back in the policy's order;
 * every 2xx body is checked with :meth:`SystemOneResponseV1.from_json` (each question answered, finite,
   probabilities summing to 1 within the provider's rounding); Cloudflare's ``{result, success, errors, messages}``
   envelope is unwrapped and ``success`` must be ``true`` (spec §5.5), also when ``answers`` sit beside it;
@@ -258,7 +261,7 @@ class SystemOneClient:
                 f"{self.name}: OpenRouter takes images inside the state array, not a top-level images field",
                 backend=self.name,
             )
-        body = request.to_json()
+        body = request.canonical().to_json()  # choice options sorted by id: no route depends on listing order
         if self.model:
             body["model"] = self.model
         try:

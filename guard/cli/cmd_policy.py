@@ -206,6 +206,8 @@ def _print_report(report: dict[str, Any]) -> None:
     v = report["verdict"]
     print(f"policy     {p['id']}@{p['version']} ({p['file']}:{p['line']}, mode {p['mode']})")
     print(f"state      {json.dumps(report['state'], ensure_ascii=False)}")
+    if report["rule_state"] != report["state"]:
+        print(f"rules read {json.dumps(report['rule_state'], ensure_ascii=False)}  (the state as received)")
     if report["flags"]:
         print(f"flags      {json.dumps(report['flags'])}  (original text kept in the subject)")
     print(f"cache key  {report['cache_key']}  (backend {report['backend']}, revision {report['revision']})")

@@ -1,9 +1,10 @@
 """``guard policy explain``: everything the engine does for one subject, step by step, as a JSON-safe report.
 
-The report holds the policy that decided, the rendered state (normalised, with flags), the cache key, each answer,
-the ``call`` / ``result`` features its rules read (argument provenance, instructions found in a tool result), every
-rule's ``when`` value in order, the verdict, and the verdict each fail mode would give if the backend failed; and
-``matched``: the same for every policy that matched (all of them decide; the most severe verdict wins). The
+The report holds the policy that decided, the state the model reads (normalised, with flags) and the one the rules
+read (``rule_state``: as received), the cache key, each answer, the ``call`` / ``result`` features its rules read
+(argument provenance, instructions found in a tool result), every rule's ``when`` value in order, the verdict, and the
+verdict each fail mode would give if the backend failed; and ``matched``: the same for every policy that matched (all
+of them decide; the most severe verdict wins). The
 steps run through the real engine (:class:`~guard.engine.Guard`), so the report is what production would do. When
 the decision itself failed (backend error or timeout), ``error`` says why, the verdict is the policy's fail mode, and
 the rules are not traced: without answers there is nothing to run them on.
@@ -104,8 +105,10 @@ async def explain(
 
 
 def _policy_report(policy: Policy, verdict: Verdict, subject: Any, backend: DecisionBackend) -> dict[str, Any]:
-    """One matching policy's part: its state, questions, answers, features, traced rules and own verdict."""
-    normalized = policy.prepare_state(policy.render_state(subject), subject)
+    """One matching policy's part: its states (the model's, and the rules' as received), questions, answers,
+    features, traced rules and own verdict."""
+    raw = policy.render_state(subject)
+    normalized = policy.prepare_state(raw, subject)
     request = policy.build_request(normalized.value)
     named = dict(verdict.answers)  # keyed by question key
     features = rule_features(
@@ -115,7 +118,7 @@ def _policy_report(policy: Policy, verdict: Verdict, subject: Any, backend: Deci
     traced: list[tuple[str, bool | str]] = []
     if verdict.error is None:  # a failed decision has no answers to run the rules on
         traced = trace_rules(
-            policy.id, policy.rules, named, subject=subject, state=normalized.value, flags=normalized.flags,
+            policy.id, policy.rules, named, subject=subject, state=raw, flags=normalized.flags,
             data=policy.data, features=features,
         )  # fmt: skip
     return {
@@ -128,6 +131,7 @@ def _policy_report(policy: Policy, verdict: Verdict, subject: Any, backend: Deci
             "priority": policy.priority,
         },
         "state": normalized.value,
+        "rule_state": raw,
         "flags": normalized.flags,
         "questions": [{"key": q.key, **q.wire.to_json(), "id": q.wire.id} for q in policy.questions],
         "cache_key": cache_key(request, backend=backend.name, revision=backend.model_revision),

@@ -275,7 +275,7 @@ class Guard:
         response = None
         try:
             plan = self._plan(policy)  # reads the backend's revision, which may fail
-            state, flags, key = plan.prepare(subject)
+            raw, state, flags, key = plan.prepare(subject)  # rules read ``raw``; the model and the cache ``state``
             if plan.no_answers is not None:  # rules only: no model call, no cache
                 cached = plan.no_answers
             else:
@@ -289,7 +289,7 @@ class Guard:
                         request, plan.backend, key, timeout=policy.timeout, ttl=policy.cache_ttl
                     )
             response = cached.response
-            outcome = plan.outcome(cached, subject=subject, state=state, flags=flags)
+            outcome = plan.outcome(cached, subject=subject, state=raw, flags=flags)
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
             model = getattr(response, "model", None)  # None when no model answered
             return self._failed(policy, subject, exc, decision_id, started, state, flags, model), lookup
@@ -315,10 +315,10 @@ class Guard:
                 plans.append(self._plan(policy))
             except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
                 own[id(policy)] = self._failed(policy, subject, exc, decision_id, started, None, {}, None)
-        asks: list[tuple[Group, Any, dict[str, Any], CachedAnswers | asyncio.Future[Any] | None]] = []
+        asks: list[tuple[Group, Any, Any, dict[str, Any], CachedAnswers | asyncio.Future[Any] | None]] = []
         for group in self._grouped(tuple(plans)):
             try:
-                state, flags, key = group.prepare(subject)
+                raw, state, flags, key = group.prepare(subject)
             except Exception as exc:  # noqa: BLE001 - a state too long (or a failing render) for every member
                 for plan in group.plans:
                     own[id(plan.policy)] = self._failed(plan.policy, subject, exc, decision_id, started, None, {}, None)
@@ -332,8 +332,8 @@ class Guard:
                         self._fetch(request, group.plans[0].backend, key, timeout=group.timeout, ttl=group.ttl)
                     )
                     source.add_done_callback(_retrieve)
-            asks.append((group, state, flags, source))
-        for group, state, flags, source in asks:
+            asks.append((group, raw, state, flags, source))
+        for group, raw, state, flags, source in asks:
             for plan in group.plans:
                 policy, policy_flags = plan.policy, dict(flags)
                 lookup: Lookup | None = None
@@ -348,7 +348,7 @@ class Guard:
                         left = max(began + policy.timeout - loop.time(), 0.0)
                         cached, lookup = await asyncio.wait_for(asyncio.shield(source), left)
                     response = cached.response
-                    outcome = plan.outcome(cached, subject=subject, state=state, flags=policy_flags)
+                    outcome = plan.outcome(cached, subject=subject, state=raw, flags=policy_flags)
                 except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
                     model = getattr(response, "model", None)
                     own[id(policy)] = self._failed(
@@ -359,7 +359,7 @@ class Guard:
                     lookups.append(lookup)
                 own[id(policy)] = verdicts.answered(
                     policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"),
-                    latency_ms=_since(started), state=state, flags=policy_flags,
+                    latency_ms=_since(started), state=state, flags=policy_flags, subject=subject,
                 )  # fmt: skip
         contributions = [own[id(policy)] for policy in policies]
         verdict = verdicts.combined(policies, contributions, decision_id=decision_id, latency_ms=_since(started))

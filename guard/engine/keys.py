@@ -53,7 +53,8 @@ class KeyTemplate:
     ) -> None:
         head = _KEY_ENCODER.encode({"v": KEY_VERSION, "backend": backend, "revision": revision, "model": model})
         self._head = hashlib.sha256(f'{head[:-1]},"state":'.encode())
-        questions_json = _KEY_ENCODER.encode([[q.id, q.type, q.instructions, q.criteria] for q in questions])
+        canonical = [q.canonical() for q in questions]  # a choice's options sorted by id: listing order is no key
+        questions_json = _KEY_ENCODER.encode([[q.id, q.type, q.instructions, q.criteria] for q in canonical])
         images_json = _KEY_ENCODER.encode(list(images))
         self._tail = f',"questions":{questions_json},"images":{images_json}}}'.encode()
 
@@ -69,7 +70,8 @@ def cache_key(request: SystemOneRequestV1, *, backend: str, revision: str) -> st
     """SHA-256 (hex) of everything the model sees.
 
     Material, in order: key version, backend name, model revision, model name, the state (key order kept: it is model
-    input), every question in request order with its type, instructions and criteria (choice order kept), and the
+    input), every question in request order with its type, instructions and criteria (a choice's options sorted by
+    id, as they go on the wire: two policies that list the same options in another order share entries), and the
     images. Requests that differ in any of these never share an entry. The engine uses :class:`KeyTemplate` (same
     keys, the constant part computed once per policy).
     """

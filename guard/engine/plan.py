@@ -74,6 +74,8 @@ class Plan:
         backend: the backend that answers it; revision: its ``model_revision`` when the plan was made.
         key: the cache key template (constant part rendered once).
         names: wire question id -> question key.
+        orders: wire id -> option ids in the policy's order, for each choice question (a cached answer may come
+            from a policy that lists the same options in another order: the key does not depend on it).
         memo_flags: ``None`` when the rules read the subject or the state (they run on every request); else whether
             the rule result also depends on the normalisation flags (the memo key then includes them).
         no_answers: for a policy without questions (rules only), the empty answers its rules run on (no model call
@@ -93,6 +95,7 @@ class Plan:
         "memo_flags",
         "names",
         "no_answers",
+        "orders",
         "policy",
         "revision",
     )
@@ -105,6 +108,7 @@ class Plan:
             backend=backend.name, revision=revision, model=policy.model, questions=[q.wire for q in policy.questions]
         )
         self.names = policy.question_keys()
+        self.orders = {q.wire.id: q.wire.option_ids() for q in policy.questions if q.wire.type == "choice"}
         reads = rule_inputs(policy.rules)
         self.features = reads & FEATURE_NAMES  # call / result: computed from the subject for every decision
         pure = reads <= ANSWER_INPUTS | frozenset(self.names.values())
@@ -114,12 +118,13 @@ class Plan:
         self.no_answers = None if policy.questions else CachedAnswers(SystemOneResponseV1("", {}, UsageV1(0)))
         self._lock = threading.Lock()
 
-    def prepare(self, subject: Subject) -> tuple[Any, dict[str, Any], str]:
+    def prepare(self, subject: Subject) -> tuple[dict[str, Any], Any, dict[str, Any], str]:
         """Render ``subject``'s state, normalise it and hash its cache key.
 
         Returns:
-            ``(state, flags, key)``: the normalised (and capped) state (a new object), its flags (a new dict) and the
-            cache key (64 hex characters).
+            ``(raw, state, flags, key)``: the rendered state as received (what the rules read), the normalised (and
+            capped) state the model reads (a new object), its flags (a new dict) and the cache key (64 hex
+            characters).
 
         Raises:
             StateTooLong: a field with ``truncate: error`` is over its ``max_chars``.
@@ -132,23 +137,24 @@ class Plan:
             if known is not None:
                 flat, normalized, known_flags, known_key = known
                 state = dict(normalized) if flat else json.loads(normalized)
-                return state, dict(known_flags), known_key
+                return raw, state, dict(known_flags), known_key
         prepared = self.policy.prepare_state(raw, subject)
         state, flags = prepared.value, dict(prepared.flags)
         key = self.key.key(state)
         if memo_key is not None:
             self._remember(memo_key, state, flags, key)
-        return state, flags, key
+        return raw, state, flags, key
 
     def outcome(
         self, cached: CachedAnswers, *, subject: Subject, state: Any, flags: dict[str, Any]
     ) -> dict[str, Any]:
-        """What the rules decided on the answers in ``cached``, for :func:`guard.engine.verdicts.answered`:
+        """What the rules decided on the answers in ``cached`` (``state``: the rendered state as received, not the
+        model's normalised copy), for :func:`guard.engine.verdicts.answered`:
         ``action`` (before shadow mode applies), ``policy_id``, ``policy_version``, ``rule``, ``answers``, ``status``,
         ``message``, ``handoff``, ``backend``, ``model``, ``model_revision``, ``retry_after`` and ``redact`` (the rule's
-        :class:`~guard.policy.redact.Redactor`, for ``redact``). ``answers`` maps question keys to the cached answers, read-only
-        (:class:`~guard.systemone.ReadOnlyDict`): answers and map are shared by the decisions served from one
-        entry.
+        :class:`~guard.policy.redact.Redactor`, for ``redact``). ``answers`` maps question keys to the cached answers,
+        read-only (:class:`~guard.systemone.ReadOnlyDict`; a choice answer's probabilities in this policy's option
+        order, :attr:`orders`): answers and map are shared by the decisions this plan serves from one entry.
 
         Sets ``flags["state_tokens_dropped"]`` first when the backend read only part of the state (the rules may act
         on a partial read), and ``flags["out_of_competence"]`` when it reports it could not read the state.
@@ -184,10 +190,13 @@ class Plan:
         self, response: SystemOneResponseV1, *, subject: Subject | None = None, state: Any = None,
         flags: dict[str, Any],
     ) -> dict[str, Any]:
-        """:meth:`outcome` computed: the rules applied to ``response``'s answers (``subject`` and ``state`` only
-        for rules that read them)."""
-        policy, names = self.policy, self.names
-        answers = ReadOnlyDict({key: response.answers[qid] for qid, key in names.items()})  # a group's has more
+        """:meth:`outcome` computed: the rules applied to ``response``'s answers (``subject`` and ``state``, the
+        rendered state as received, only for rules that read them)."""
+        policy, names, orders = self.policy, self.names, self.orders
+        answers = ReadOnlyDict({
+            key: response.answers[qid].in_order(orders[qid]) if qid in orders else response.answers[qid]
+            for qid, key in names.items()
+        })  # fmt: skip; a group's response has more answers than this policy's
         features = rule_features(
             subject, self.features, tools=policy.tools, trusted=policy.trusted, detector=policy.detector
         ) if self.features else None
@@ -270,19 +279,19 @@ class Group:
         self.ttl = min(plan.policy.cache_ttl for plan in plans)
         self._keys: dict[str, str] = {}  # first plan's key (it names the state exactly) -> this group's key
 
-    def prepare(self, subject: Subject) -> tuple[Any, dict[str, Any], str]:
-        """``(state, flags, key)`` as :meth:`Plan.prepare`, with this group's cache key (remembered for the last
+    def prepare(self, subject: Subject) -> tuple[dict[str, Any], Any, dict[str, Any], str]:
+        """``(raw, state, flags, key)`` as :meth:`Plan.prepare`, with this group's cache key (remembered for the last
         :data:`STATE_MEMO_ENTRIES` states: each dict operation is atomic, so no lock)."""
-        state, flags, own_key = self.plans[0].prepare(subject)
+        raw, state, flags, own_key = self.plans[0].prepare(subject)
         if len(self.plans) == 1:
-            return state, flags, own_key
+            return raw, state, flags, own_key
         key = self._keys.get(own_key)
         if key is None:
             key = self.key.key(state)
             if len(self._keys) >= STATE_MEMO_ENTRIES:
                 self._keys.clear()
             self._keys[own_key] = key
-        return state, flags, key
+        return raw, state, flags, key
 
     def request(self, state: Any) -> SystemOneRequestV1:
         """The one System One request for every plan's questions."""

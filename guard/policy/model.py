@@ -237,8 +237,9 @@ class QuestionSpec(_Strict):
     which both the compact CPU model and Clef answer.
 
     ``id`` is the wire id sent to the model (default: the key in ``questions``; for a catalog question, the catalog
-    id). ``criteria``: noul ``{true: ..., false: ...}``; choice ``{option_id: description}`` (2-255 options, order
-    kept); score ``[lowest level, ..., highest]`` (2-10 levels). Limits are the Workers AI limits, checked at load.
+    id). ``criteria``: noul ``{true: ..., false: ...}``; choice ``{option_id: description}`` (2-255 options, sent
+    sorted by id: their order does not matter); score ``[lowest level, ..., highest]`` (2-10 levels). Limits are the
+    Workers AI limits, checked at load.
     """
 
     id: str | None = Field(
@@ -260,8 +261,8 @@ class QuestionSpec(_Strict):
     )
     criteria: Any = Field(
         default=None,
-        description="Options: noul {true: ..., false: ...} (optional); choice {option_id: description} (2-255, order "
-        "kept); score [lowest level, ..., highest] (2-10).",
+        description="Options: noul {true: ..., false: ...} (optional); choice {option_id: description} (2-255, sent "
+        "sorted by id: their order does not matter); score [lowest level, ..., highest] (2-10).",
     )
 
 

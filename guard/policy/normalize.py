@@ -6,38 +6,49 @@ subject is never changed; only the copy sent to the model is). :func:`normalize_
 1. **Unicode tag characters** (U+E0000-U+E007F, "ASCII smuggling"): printable tags U+E0020-U+E007E are decoded to
    the ASCII they shadow, so the model reads the hidden instruction; the rest (language tag, cancel tag) are removed
    (flag ``unicode_tags``).
-2. **Variation selectors** (U+FE00-U+FE0F, U+E0100-U+E01EF, Mongolian U+180B-U+180D, U+180F): a run of two or more,
+2. **Letter and digit symbols NFKC leaves** (found by their Unicode names in the blocks of :data:`_SYMBOL_BLOCKS`):
+   negative circled and negative squared capitals (``🅘``, ``🅰``), regional-indicator letters (``🇮``; a flag
+   ``🇫🇷`` reads ``FR``), parenthesized and tortoise-shell-bracketed letters and digits (``⒤`` -> ``i`` where NFKC
+   gives ``(i)``), combining Latin letters (U+0363-U+036F, U+1DD3-U+1DF4), double-circled, negative circled and
+   dingbat circled digits and numbers (``❶`` -> ``1``, ``⓫`` -> ``11``, ``㉈`` -> ``10``), the Latin capital small
+   capital I, capital script G and small script R (``Ɪ``, ``Ɡ``, ``ꭋ``); a presentation selector after one goes
+   with it. ``tests/policy/test_letterlike.py`` sweeps every code point whose name shows one Latin letter or number:
+   each reads as it, or is listed there as left alone, with the reason.
+3. **Variation selectors** (U+FE00-U+FE0F, U+E0100-U+E01EF, Mongolian U+180B-U+180D, U+180F): a run of two or more,
    or one after an ASCII character, is removed (flag ``variation_selectors``); a run that spells UTF-8 text in the
    "emoji smuggling" code (one byte per selector: U+FE00+b for b < 16, U+E0100+b-16 above) is decoded in place. A
    single selector after a non-ASCII character (an emoji, ideographic or Mongolian variation sequence such as
    ``❤️``), and U+FE0F before the keycap mark U+20E3, are ordinary text and stay.
-3. **NFKC** (UAX #15): full-width Latin, ligatures, mathematical alphanumerics, superscripts and other compatibility
+4. **NFKC** (UAX #15): full-width Latin, ligatures, mathematical alphanumerics, superscripts and other compatibility
    forms fold to plain forms.
-4. **Invisible characters** (Unicode's Default_Ignorable_Code_Point set, plus the braille blank): zero-width
+5. **Invisible characters** (Unicode's Default_Ignorable_Code_Point set, plus the braille blank): zero-width
    space/joiners, word joiner, BOM, soft hyphen, invisible operators and other format characters are removed
    (flag ``zero_width``); the bidi embedding/override/isolate controls (U+202A-U+202E, U+2066-U+2069,
    U+200E/U+200F, U+061C) are removed (flag ``bidi_controls``); the Hangul fillers (U+115F, U+1160, U+3164,
    U+FFA0) are removed and the braille pattern blank U+2800 becomes a space (flag ``fillers``).
-5. **Look-alike letters** (Unicode TR39 confusables, from the ``confusable-homoglyphs`` package, plus the Latin
+6. **Look-alike letters** (Unicode TR39 confusables, from the ``confusable-homoglyphs`` package, plus the Latin
    small capitals by their Unicode names): inside a word that mixes Latin with another script, every letter that
    looks like an ASCII letter is mapped to it (``Іgnоrе`` with Cyrillic І, о, е -> ``Ignore``; Cherokee ``ꮪystem``
    -> ``system``; flag ``mixed_script``); in a word wholly in the Latin script, the phonetic and other rare Latin
    letters that look like ASCII ones are mapped (small capitals ``ɪɢɴᴏʀᴇ`` -> ``ignore``, script ``ɡ``; flag
    ``confusables``), while letters of living alphabets (``é``, Turkish ``ı``) stay. A word wholly in one other script
    is left alone, so Russian, Greek or Armenian text is not damaged.
-6. **Encoded runs**: base64 runs of at least :data:`MIN_BASE64_CHARS` characters and hex runs of at least
+7. **Encoded runs**: base64 runs of at least :data:`MIN_BASE64_CHARS` characters and hex runs of at least
    :data:`MIN_HEX_BYTES` bytes (contiguous, space- or colon-separated pairs, or ``\\x`` escapes) that decode to
    printable UTF-8 text get the decoded text appended as ``[base64: ...]`` / ``[hex: ...]`` (flags ``base64``,
    ``hex``), so an encoded instruction is read too. The decoded text is normalised again (one level deeper), so an
    obfuscation inside the encoding is undone and flagged as well.
 
-Every flag counts what was found (characters for steps 1, 2 and 4; words for step 5; decoded runs for step 6).
+Every flag counts what was found (characters for steps 1, 3 and 5; words for step 6; decoded runs for step 7). Steps 2
+and 4 raise no flag: they read compatibility forms as their letters.
 
 :func:`normalize_value` walks a JSON value and normalises every string (object keys included), returning the new
 value and the combined flags.
 
-Cost: ASCII text only runs step 6 (two regular-expression scans). The look-alike table (about 1,200 letters) is
-built from the TR39 data on the first non-ASCII text, once per process (about 0.1 s).
+Cost: ASCII text only runs step 7 (two regular-expression scans). The look-alike table (about 1,200 letters) is
+built from the TR39 data on the first non-ASCII text, once per process (about 0.1 s), and the symbol table of step 2
+(about 240 code points) from the Unicode names of its blocks (about 1 ms); text with no tag character and none of
+those symbols costs one regular-expression scan for steps 1 and 2 (about 5 us per KiB).
 """
 
 from __future__ import annotations
@@ -104,6 +115,33 @@ _FIRST_PHONETIC_LATIN = 0x0250
 _SMALL_CAPITAL_RE = re.compile(r"^LATIN LETTER SMALL CAPITAL ([A-Z])$")
 #: Unicode blocks that hold the Latin small capitals (IPA, Phonetic Extensions, Latin Extended-D/E/G).
 _SMALL_CAPITAL_BLOCKS = ((0x0250, 0x02B0), (0x1D00, 0x1DC0), (0xA720, 0xA800), (0xAB30, 0xAB70), (0x1DF00, 0x1E000))
+#: Blocks with letter and digit symbols NFKC leaves as they are or wraps in brackets (step 2): Combining Diacritical
+#: Marks (Latin letters), Combining Diacritical Marks Supplement, Enclosed Alphanumerics, Dingbats (circled digits),
+#: the circled numbers on black squares of Enclosed CJK Letters and Months, Latin Extended-D and -E, Enclosed
+#: Alphanumeric Supplement.
+_SYMBOL_BLOCKS = (
+    (0x0363, 0x0370), (0x1DC0, 0x1E00), (0x2460, 0x2500), (0x2776, 0x2794), (0x3248, 0x3250), (0xA720, 0xA800),
+    (0xAB30, 0xAB70), (0x1F100, 0x1F200),
+)  # fmt: skip
+#: A name that depicts one Latin letter (``NEGATIVE SQUARED LATIN CAPITAL LETTER A``, ``REGIONAL INDICATOR SYMBOL
+#: LETTER A``, ``COMBINING LATIN LETTER SMALL CAPITAL G``, ``LATIN CAPITAL LETTER SCRIPT G``) or one number
+#: (``DINGBAT NEGATIVE CIRCLED SANS-SERIF DIGIT ONE``, ``NEGATIVE CIRCLED NUMBER ELEVEN``).
+_SYMBOL_NAME_RE = re.compile(
+    r"^(?:(?:COMBINING|PARENTHESIZED|TORTOISE SHELL BRACKETED|CROSSED|NEGATIVE|DOUBLE|DINGBAT|CIRCLED|SQUARED|SANS-SERIF"
+    r"|REGIONAL INDICATOR SYMBOL) )*"
+    r"(?:(?:LATIN )?(?P<case>CAPITAL |SMALL )?LETTER (?P<small>SMALL CAPITAL |SCRIPT )?(?P<letter>[A-Z])"
+    r"|(?:DIGIT|NUMBER) [A-Z]+(?: ON BLACK SQUARE)?)$"
+)
+#: Emoji and text presentation selectors (U+FE0E, U+FE0F): one after a symbol of step 2 goes with it.
+_PRESENTATION = "\ufe0e\ufe0f"
+_SYMBOL_CLASS = "".join(f"{chr(start)}-{chr(stop - 1)}" for start, stop in _SYMBOL_BLOCKS)
+#: Any character of :data:`_SYMBOL_BLOCKS`: a class of ranges, which the regular-expression engine scans for fast.
+_SYMBOL_RE = re.compile(f"[{_SYMBOL_CLASS}]")
+#: A tag character (step 1) or such a character.
+_TAG_OR_SYMBOL_RE = re.compile(f"[\U000e0000-\U000e007f{_SYMBOL_CLASS}]")
+#: A run of such characters, each with a single presentation selector after it (a run of selectors is left for step
+#: 3 to decode); three times slower to scan, so it runs only where :data:`_SYMBOL_RE` found one.
+_SYMBOL_RUN_RE = re.compile(f"(?:[{_SYMBOL_CLASS}](?:[{_PRESENTATION}](?!{_SELECTOR_RE.pattern}))?)+")
 
 
 @dataclass(frozen=True)
@@ -207,6 +245,38 @@ def _look_alikes() -> _LookAlikes:
     return _LookAlikes(any_script, latin, frozenset(map(chr, any_script)), latin_letters)
 
 
+@functools.cache
+def _symbols() -> dict[int, str]:
+    """Step 2's translate table: each letter or number symbol of :data:`_SYMBOL_BLOCKS` (found by its Unicode name)
+    -> its letter or number, and the presentation selectors -> nothing (the table is applied only to the runs
+    :data:`_SYMBOL_RUN_RE` finds). Built once per process."""
+    table: dict[int, str] = dict.fromkeys(map(ord, _PRESENTATION), "")
+    for start, stop in _SYMBOL_BLOCKS:
+        for code in range(start, stop):
+            ch = chr(code)
+            name = unicodedata.name(ch, "")
+            match = _SYMBOL_NAME_RE.match(name)
+            if match is None or _SMALL_CAPITAL_RE.match(name):
+                continue  # not a symbol of one letter or number, or a small capital letter (step 6 reads those)
+            letter, case, small = match.group("letter", "case", "small")
+            if letter is None:
+                value = unicodedata.numeric(ch, -1.0)
+                if not (value >= 0 and value.is_integer()):
+                    continue
+                target = str(int(value))
+            elif case == "SMALL " or (case is None and small is not None):
+                target = letter.lower()  # a small letter, or a combining small capital
+            else:
+                target = letter  # a capital (a capital small capital Ɪ too) or a regional indicator
+            if unicodedata.normalize("NFKC", ch) != target:
+                table[code] = target
+    return table
+
+
+def _symbol_run(match: re.Match[str]) -> str:
+    return match.group(0).translate(_symbols())
+
+
 def _count(counts: dict[str, int], name: str, n: int = 1) -> None:
     if n:
         counts[name] = counts.get(name, 0) + n
@@ -298,10 +368,13 @@ def _hex_stretch(match: re.Match[str], counts: dict[str, int], depth: int) -> st
 
 def _normalize(text: str, counts: dict[str, int], depth: int) -> str:
     if not text.isascii():
-        tags = len(_TAG_RE.findall(text))
-        if tags:
-            _count(counts, "unicode_tags", tags)
-            text = _TAG_RE.sub(_decode_tag, text)
+        if _TAG_OR_SYMBOL_RE.search(text):  # one scan for steps 1 and 2: most text has neither
+            tags = len(_TAG_RE.findall(text))
+            if tags:
+                _count(counts, "unicode_tags", tags)
+                text = _TAG_RE.sub(_decode_tag, text)
+            if _SYMBOL_RE.search(text):
+                text = _SYMBOL_RUN_RE.sub(_symbol_run, text)
         text = _SELECTOR_RE.sub(lambda m: _selectors(m, counts), text)
         text = unicodedata.normalize("NFKC", text)
         for name, pattern in (("zero_width", _ZERO_WIDTH_RE), ("bidi_controls", _BIDI_RE)):
@@ -321,7 +394,7 @@ def _normalize(text: str, counts: dict[str, int], depth: int) -> str:
 
 
 def normalize_text(text: str) -> Normalized:
-    """Normalise one string for scoring (steps 1-6 in the module docstring).
+    """Normalise one string for scoring (steps 1-7 in the module docstring).
 
     Args:
         text: the original text.

@@ -10,12 +10,17 @@ Names a ``when`` can use:
   (``injection.noul >= 0.8``, ``queue.choice == "billing" && queue.confidence > 0.6``, ``severity.score >= 3``,
   ``queue.probabilities["other"] > 0.5``);
 * ``answers``: the same objects in one map; ``subject``: the subject's fields (``subject.method``,
-  ``subject.tool_name``, ``subject.headers["x-tier"]``); ``state``: the rendered (normalised) state; ``flags``: the
-  normalisation findings and the cuts (``flags.unicode_tags > 0``, ``flags.truncated > 0``; every name in
-  :data:`FLAG_NAMES` reads 0 when absent); ``data``: the file's ``data`` block;
+  ``subject.tool_name``, ``subject.headers["x-tier"]``); ``state``: the rendered state as received (not normalised
+  and not cut: normalisation feeds the model only, so ``state.user == "admin"`` does not match a Cyrillic or
+  full-width look-alike); ``flags``: the normalisation findings and the cuts (``flags.unicode_tags > 0``,
+  ``flags.truncated > 0``; every name in :data:`FLAG_NAMES` reads 0 when absent); ``data``: the file's ``data`` block;
 * ``call`` (tool calls): argument provenance and the tool's effect (``call.provenance.recipient == "user"``,
   ``size(call.disallowed) > 0``); ``result`` (tool results): instructions to the agent found in the text
   (``result.instructions > 0``); both from ``guard/policy/provenance.py``, empty objects for other events.
+
+Functions besides CEL's own (:data:`guard.policy.skeleton.FUNCTIONS`): ``skeleton(x)`` (the UTS #39 skeleton of a
+string) and ``confusable(x, y)`` (their skeletons are equal), for rules that want homoglyph-insensitive comparison
+(``confusable(state.user, "admin")``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import cel
 from guard.errors import GuardError
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.redact import Redactor
+from guard.policy.skeleton import FUNCTIONS
 from guard.systemone import AnswerV1, QuestionType
 from guard.verdict import Action
 
@@ -238,7 +244,7 @@ def apply_rules(
         default: the outcome when no rule fires.
         answers: question key -> answer.
         subject: the subject (a dataclass) or ``None``.
-        state: the rendered state.
+        state: the rendered state as received (``Policy.render_state``: not normalised, not cut).
         flags: the state's flags; missing names in :data:`FLAG_NAMES` read as 0.
         data: the file's ``data`` block.
         features: values of :data:`FEATURE_NAMES` (``call``, ``result``); a name missing here reads as ``{}``.
@@ -307,7 +313,7 @@ def _context(
         variables["subject"] = subject_variables(subject) if subject is not None else {}
     for name in FEATURE_NAMES & needed:
         variables[name] = dict((features or {}).get(name) or {})
-    return cel.Context(variables=variables)
+    return cel.Context(variables=variables, functions=FUNCTIONS)
 
 
 def _run(policy_id: str, rule: CompiledRule, context: Any) -> bool:

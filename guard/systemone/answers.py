@@ -1,5 +1,8 @@
 """The stored form of a System One response (answers, model, usage) and its shape check, for the probability cache.
 
+Probabilities are stored in each question's prompt order (a choice's options sorted by id), the order its cache key
+uses, so policies that list the same options differently share an entry; decoding reports them in the caller's order.
+
 The same check validates every fresh backend response before rules see it, so "a malformed model answer is an error,
 never an allow" and "a cached value of the wrong shape is ignored" are one piece of code.
 """
@@ -50,7 +53,7 @@ def encode_checked(
         option_ids = question.option_ids()
         if list(answer.probabilities) != option_ids and set(answer.probabilities) != set(option_ids):
             raise MalformedAnswer(f"answer for {question.id!r} has options {list(answer.probabilities)}")
-        probabilities = [answer.probabilities[o] for o in option_ids]
+        probabilities = [answer.probabilities[o] for o, _ in question.options()]  # prompt order, as the key
         entry: dict[str, Any] = {"t": answer.type, "p": probabilities}
         if answer.type == "noul":
             entry["x"] = answer.noul
@@ -108,7 +111,8 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         total = math.fsum(probabilities)
         if abs(total - 1.0) > sum_tolerance(len(option_ids), COARSEST_DECIMALS):
             raise MalformedAnswer(f"probabilities for {question.id!r} sum to {total:.6f}, not 1")
-        by_id = {o: float(p) for o, p in zip(option_ids, probabilities, strict=True)}
+        stored = {o: float(p) for (o, _), p in zip(question.options(), probabilities, strict=True)}
+        by_id = {o: stored[o] for o in option_ids}  # reported in the caller's order
         headline: Any = entry.get("x")
         conf: Any = entry.get("c")
         if question.type == "noul":

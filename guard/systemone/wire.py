@@ -15,7 +15,9 @@ Pure Python (no torch). Implements the Clef runtime spec:
 * §5.4 response body, and parsing of a remote response with checks (every question answered, probabilities finite and
   summing to 1 within the provider's rounding).
 
-Object key order is preserved everywhere: question order and the caller's choice order both change answers.
+Object key order is preserved: question order is model input. A choice's option order is not: the prompt lists
+options sorted by id, remote backends are sent them sorted (:meth:`SystemOneRequestV1.canonical`), the cache key and
+the stored answers use that order, and only the reported ``probabilities`` follow the caller's order.
 """
 
 from __future__ import annotations
@@ -140,6 +142,14 @@ class QuestionV1:
             return sorted(self.criteria.items(), key=lambda item: item[0])
         return [(str(level), description) for level, description in enumerate(self.criteria)]
 
+    def canonical(self) -> QuestionV1:
+        """This question as it goes to a remote backend: a choice's options sorted by id (the prompt order of §2.2),
+        so no backend sees the order a policy lists them in; noul and score questions as they are (a score's level
+        order is its meaning). ``self`` when nothing changes."""
+        if self.type != "choice" or list(self.criteria) == sorted(self.criteria):
+            return self
+        return dataclasses.replace(self, criteria=dict(self.options()))
+
     def option_ids(self) -> list[str]:
         """Option ids in **caller** order (the order answers report them in, §4)."""
         if self.type == "noul":
@@ -239,6 +249,16 @@ class SystemOneRequestV1:
         if self.images:
             body["images"] = list(self.images)
         return body
+
+    def canonical(self) -> SystemOneRequestV1:
+        """This request with every question :meth:`QuestionV1.canonical` (choice options sorted by id): what goes on
+        the wire to a remote backend. Answers to it are keyed by option id, so parsing them against the original
+        request (:meth:`SystemOneResponseV1.from_json`) reports them in the caller's order. ``self`` when nothing
+        changes."""
+        questions = tuple(q.canonical() for q in self.questions)
+        if all(a is b for a, b in zip(questions, self.questions, strict=True)):
+            return self
+        return dataclasses.replace(self, questions=questions)
 
     def override(self, **changes: Any) -> SystemOneRequestV1:
         """Return a copy with some fields replaced (``model``, ``state``, ``questions``, ``images``, ``videos``)."""
@@ -482,6 +502,13 @@ class AnswerV1:
             return self.choice
         assert self.score is not None
         return self.score
+
+    def in_order(self, option_ids: Sequence[str]) -> AnswerV1:
+        """This answer with ``probabilities`` in the order of ``option_ids`` (the same ids, another order): an answer
+        cached for one policy, reported in the order another lists the same options. ``self`` when already so."""
+        if list(self.probabilities) == list(option_ids):
+            return self
+        return dataclasses.replace(self, probabilities={o: self.probabilities[o] for o in option_ids})
 
     def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
         """The wire answer, with the reference's key order and ``round(x, decimals)``."""

@@ -74,13 +74,15 @@ def test_cache_key_changes_with_everything_the_model_sees() -> None:
         cache_key(base, backend="other", revision="r1"),
         cache_key(base.override(model="m2"), backend="b", revision="r1"),
         cache_key(base.override(state={"b": 2, "a": 1}), backend="b", revision="r1"),  # key order is model input
-        cache_key(base.override(questions=[QuestionV1("a", "choice", "Pick", {"y": "Y", "x": "X"})]), backend="b",
+        cache_key(base.override(questions=[QuestionV1("a", "choice", "Pick", {"x": "X", "y": "Z"})]), backend="b",
                   revision="r1"),
         cache_key(base.override(questions=[QuestionV1("a", "choice", "Pick!", {"x": "X", "y": "Y"})]), backend="b",
                   revision="r1"),
         cache_key(base.override(images=("data:image/png;base64,AAAA",)), backend="b", revision="r1"),
     ]
     assert len({key, *variants}) == len(variants) + 1
+    listed_otherwise = base.override(questions=[QuestionV1("a", "choice", "Pick", {"y": "Y", "x": "X"})])
+    assert cache_key(listed_otherwise, backend="b", revision="r1") == key  # option order is not model input
     assert cache_key(SystemOneRequestV1(model="m", state={"a": 1, "b": 2}, questions=(q,)), backend="b",
                      revision="r1") == key
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from guard.systemone import SystemOneResponseV1
@@ -18,3 +19,18 @@ def test_an_answer_a_two_decimal_provider_may_send_is_also_accepted_by_the_store
     stored, decoded = encode_checked(response, _remote_request())
     assert decode_answers(json.loads(json.dumps(stored)), _remote_request()) == decoded
     assert decoded.answers["team"].probabilities == response.answers["team"].probabilities
+
+
+def test_stored_answers_are_in_prompt_order_and_read_back_in_each_callers_order() -> None:
+    body = _remote_body()
+    request = _remote_request()
+    response = SystemOneResponseV1.from_json(body, request)
+    stored, _ = encode_checked(response, request)
+    team = next(q for q in request.questions if q.id == "team")
+    by_id = response.answers["team"].probabilities
+    assert stored["answers"]["team"]["p"] == [by_id[o] for o, _ in team.options()]  # sorted by option id
+    relisted = dataclasses.replace(team, criteria=dict(reversed(list(team.criteria.items()))))
+    other = request.override(questions=[relisted if q.id == "team" else q for q in request.questions])
+    decoded = decode_answers(json.loads(json.dumps(stored)), other)
+    assert list(decoded.answers["team"].probabilities) == relisted.option_ids()
+    assert decoded.answers["team"].probabilities == by_id and decoded.answers["team"].choice == "technical"

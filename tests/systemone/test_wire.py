@@ -317,3 +317,16 @@ def test_an_answer_is_immutable_all_the_way_down_and_still_reads_as_a_dict() -> 
     wire = answer.to_json()  # plain types only: any serialiser (YAML's safe dumper too) takes it
     assert type(wire["legend"]) is dict and type(wire["probabilities"]) is dict
     assert yaml.safe_load(yaml.safe_dump(wire)) == wire
+
+
+def test_the_canonical_request_sorts_choice_options_and_nothing_else() -> None:
+    choice = QuestionV1("team", "choice", "Team?", {"tech": "Bugs", "billing": None, "sales": {"k": 1}})
+    score = QuestionV1("level", "score", "How bad?", ["low", "high"])
+    noul = QuestionV1("spam", "noul", "Spam?", {"false": "no", "true": "yes"})
+    request = SystemOneRequestV1(model="m", state="s", questions=(choice, score, noul))
+    canonical = request.canonical()
+    assert list(canonical.questions[0].criteria.items()) == [("billing", None), ("sales", {"k": 1}), ("tech", "Bugs")]
+    assert canonical.questions[1:] == (score, noul) and canonical.questions[1] is score
+    assert canonical.canonical() is canonical and canonical.questions[0].canonical() is canonical.questions[0]
+    assert [q.id for q in canonical.questions] == ["team", "level", "spam"]  # question order is model input: kept
+    assert choice.option_ids() == ["tech", "billing", "sales"]  # the caller's order, for reporting
