@@ -47,7 +47,7 @@ __all__ = [
 #: Seconds the self-test may take (the first forward pass also warms up kernels and allocators).
 SELF_TEST_TIMEOUT_S = 120.0
 #: Spread a Clef checkpoint must show by default (non-directional): the model reads its input.
-CLEF_CANARY_MARGIN = 1e-3
+CLEF_CANARY_MARGIN = 1e-4
 
 #: One request with each question type (spec §5.8a's minimal request).
 SELF_TEST_REQUEST = SystemOneRequestV1.from_json(

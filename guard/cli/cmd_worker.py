@@ -120,7 +120,7 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         metavar="M",
-        help="spread the benign and attack canaries must show (default 0.001: the answers depend on the state)",
+        help="spread the benign and attack canaries must show (default 0.0001: the answers depend on the state)",
     )
     canary.add_argument(
         "--canary-directional", action="store_true", help="the attack must score higher (use with a release model)"
