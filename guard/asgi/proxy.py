@@ -17,8 +17,9 @@ Upstream trouble becomes ``{code, message}``: 502 ``upstream_unavailable`` (refu
 client connection is aborted (never a truncated body that looks complete).
 
 Built-in endpoints, outside the guard: ``GET /_guard/live`` (liveness: 200 while the process serves), ``GET
-/_guard/health`` (readiness: 200 with the engine's health, ``ok`` or ``degraded``, while a policy set is loaded) and
-``GET /_guard/metrics`` (Prometheus text). With ``reviewers`` the reviewers' API is served at
+/_guard/health`` (readiness, :mod:`guard.asgi.health`: 200 ``ok`` or ``degraded``, 503 ``failing`` when every request
+would fail: no policy, a backend failing or failing its canary, the upstream unreachable; codes only, details for a
+reviewer token) and ``GET /_guard/metrics`` (Prometheus text). With ``reviewers`` the reviewers' API is served at
 ``/_guard/admin/reviews``, each reviewer with their own bearer token.
 """
 
@@ -39,10 +40,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope, request_target
+from guard.asgi.health import HealthEndpoint
 from guard.asgi.middleware import GuardMiddleware
 from guard.asgi.review_api import review_app
 from guard.engine import Guard
+from guard.engine.health import FailureTracker
 from guard.errors import BodyError
+from guard.policy.watch import PolicyWatcher
 
 __all__ = [
     "DEFAULT_ADMIN_PATH",
@@ -131,6 +135,8 @@ class ReverseProxy:
         config: the upstream and timeouts.
         client: an ``httpx.AsyncClient`` to use (not closed here); default one built from ``config``.
         metrics: counters shared with the middleware (upstream errors are counted there).
+
+    ``health`` tracks the upstream's recent outcomes (a refused or timed-out connection makes it ``failing``).
     """
 
     def __init__(
@@ -138,6 +144,7 @@ class ReverseProxy:
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
+        self.health = FailureTracker()
         self._base = httpx.URL(config.upstream)
         self._base_path = self._base.path.rstrip("/")
         self._host = self._base.netloc  # host[:port], never userinfo
@@ -216,6 +223,7 @@ class ReverseProxy:
             return
         except httpx.TimeoutException as exc:
             self.metrics.upstream_errors.labels("timeout").inc()
+            self.health.failure("upstream_timeout", f"{type(exc).__name__}: {exc}")
             await send_json(
                 send,
                 504,
@@ -228,6 +236,7 @@ class ReverseProxy:
             return
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels("unavailable").inc()
+            self.health.failure("upstream_unavailable", f"{type(exc).__name__}: {exc}")
             await send_json(
                 send,
                 502,
@@ -238,6 +247,7 @@ class ReverseProxy:
                 },
             )
             return
+        self.health.success()
         try:
             await send(
                 {
@@ -270,14 +280,15 @@ class _ProxyApp:
         self,
         guarded: ASGIApp,
         proxy: ReverseProxy,
-        guard: Guard,
+        health: HealthEndpoint,
         metrics: HttpMetrics,
         admin: ASGIApp | None,
         paths: tuple[str, str, str, str],
         on_startup: Callable[[], Awaitable[None]] | None,
         on_shutdown: Callable[[], Awaitable[None]] | None,
     ) -> None:
-        self.guarded, self.proxy, self.guard, self.metrics, self.admin = guarded, proxy, guard, metrics, admin
+        self.guarded, self.proxy, self.health, self.metrics, self.admin = guarded, proxy, health, metrics, admin
+        self.guard = health.guard
         self.live_path, self.health_path, self.metrics_path, self.admin_path = paths
         self.on_startup = on_startup
         self.on_shutdown = on_shutdown
@@ -297,7 +308,7 @@ class _ProxyApp:
                 await send_json(send, 200, {"status": "alive"})
                 return
             if path == self.health_path:
-                await self._readiness(send)
+                await self.health(scope, send)
                 return
             if path == self.metrics_path:
                 body = generate_latest(REGISTRY) + self.metrics.render()
@@ -316,14 +327,6 @@ class _ProxyApp:
                 await self.admin(scope, receive, send)
                 return
         await self.guarded(scope, receive, send)
-
-    async def _readiness(self, send: Send) -> None:
-        """200 while a policy set is loaded and requests are judged, ``status`` ``ok`` or ``degraded`` (a Redis
-        error in the last 30 s, or a failed reload with the last good policies still active); 503 only when no policy
-        is loaded."""
-        health = self.guard.health()
-        ready = health["policies"] > 0
-        await send_json(send, 200 if ready else 503, {**health, "ready": ready})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -346,6 +349,7 @@ def proxy_app(
     *,
     reviewers: Mapping[str, str] | None = None,
     review_insecure_loopback: bool = False,
+    watcher: PolicyWatcher | None = None,
     client: httpx.AsyncClient | None = None,
     live_path: str = DEFAULT_LIVE_PATH,
     health_path: str = DEFAULT_HEALTH_PATH,
@@ -364,6 +368,7 @@ def proxy_app(
         reviewers: serve the reviewers' API at ``admin_path``; reviewer name -> bearer token
             (:func:`guard.asgi.review_api.review_routes`).
         review_insecure_loopback: serve it without tokens to loopback clients only (403 for any other).
+        watcher: the policy watcher, reported by health (``watcher_dead`` when its task ended).
         client: an ``httpx.AsyncClient`` for the upstream (tests); default one from ``config``.
         live_path, health_path, metrics_path, admin_path: where the built-in endpoints live (liveness, readiness,
             Prometheus text, reviewers' API).
@@ -378,10 +383,12 @@ def proxy_app(
     if reviewers is not None or review_insecure_loopback:
         reviews = review_app(guarded.review_store, reviewers=reviewers, insecure_loopback=review_insecure_loopback)
         admin = Starlette(routes=[Mount(admin_path, app=reviews)])
+    health = HealthEndpoint(guard, upstream=proxy.health, admin_tokens=(reviewers or {}).values(),
+                            watcher=watcher)
     return _ProxyApp(
         guarded,
         proxy,
-        guard,
+        health,
         metrics,
         admin,
         (live_path, health_path, metrics_path, admin_path),

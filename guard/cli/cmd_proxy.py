@@ -5,14 +5,18 @@
                 [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
                 [--max-body-bytes N] [--decision-log FILE]
                 [--log-input none|redacted|full]
-                [--client-header x-forwarded-for] [--decision-headers brief|full]
+                [--client-header x-forwarded-for] [--decision-headers brief|full] [--canary-interval S]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
 answers a cached key from its own copy for ``--cache-local-ttl`` seconds before it reads Redis again); without it both
 stay in the process. ``--review-redis-url`` puts the review queue in a Redis of its own (persistent, ``noeviction``).
 Redis needs ``$GUARD_STORE_KEY``, the secret that seals what guard writes there.
-``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or
-``degraded`` while a policy set is loaded) and ``GET /_guard/metrics`` are served by the proxy itself.
+``GET /_guard/live`` (liveness), ``GET /_guard/health`` (readiness, :mod:`guard.asgi.health`: 200 ``ok`` or
+``degraded``, 503 ``failing`` while a backend or the upstream fails every call or the backend fails its canary; codes
+only, the details for a reviewer token) and ``GET /_guard/metrics`` are served by the proxy itself. The backend's
+canaries (:mod:`guard.backends.selftest`) run at start-up and every ``--canary-interval`` seconds; while they fail the
+backend gets no model calls and each policy's fail mode decides. A System One server started with
+``--api-keys-env`` gets the key in ``$GUARD_BACKEND_API_KEY``.
 
 The reviewers' API (``/_guard/admin/reviews``) is served only with credentials: ``--review-tokens-env VAR`` names a
 variable holding ``name:token,name:token`` (one token per reviewer, each at least 16 characters). Without tokens,
@@ -30,6 +34,7 @@ from typing import Any
 
 from guard.asgi._responses import DECISION_HEADERS
 from guard.backends.options import add_backend_options, open_cli_backend
+from guard.engine.health import DEFAULT_CANARY_INTERVAL_S
 from guard.engine.telemetry import LOG_INPUT_MODES
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
 
@@ -105,6 +110,13 @@ def register(subparsers: Any) -> None:
         help="seconds between checks of the policy files for changes; 0 turns reloading off "
         f"(default {DEFAULT_RELOAD_INTERVAL_S:g}; a failing reload keeps the last good policies)",
     )
+    parser.add_argument(
+        "--canary-interval",
+        type=float,
+        default=DEFAULT_CANARY_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between canary runs of the backend (default {DEFAULT_CANARY_INTERVAL_S:g}; 0: start-up only)",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(handler=run)
 
@@ -169,6 +181,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     from guard.backends import start_backend
     from guard.engine import Guard
     from guard.engine.cache import CacheConfig
+    from guard.engine.health import HealthMonitor
     from guard.engine.telemetry import DecisionLog
     from guard.policy import load_files
 
@@ -206,20 +219,23 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         options["max_body_bytes"] = args.max_body_bytes
 
     watcher = PolicyWatcher(guard.policies, interval_s=args.reload_interval) if args.reload_interval > 0 else None
+    monitor = HealthMonitor(guard, interval_s=args.canary_interval)
 
     async def astart() -> None:
         await start_backend(backend)  # warm up before the first request is timed
+        await monitor.start()  # the canaries: a degenerate backend gets no model calls and health says failing
         if watcher is not None:
             watcher.start()
 
     async def aclose() -> None:
+        await monitor.aclose()
         if watcher is not None:
             await watcher.aclose()
         await store.aclose()
         await guard.aclose()
 
     app = proxy_app(guard, config, reviewers=reviewers, review_insecure_loopback=args.review_insecure_loopback,
-                    on_startup=astart, on_shutdown=aclose, **options)
+                    watcher=watcher, on_startup=astart, on_shutdown=aclose, **options)
     return ProxyRuntime(app=app, host=host, port=port, aclose=aclose)
 
 
