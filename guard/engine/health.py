@@ -206,6 +206,8 @@ def _watcher_check(watcher: PolicyWatcher | None) -> Check:
     detail = {"reloads": watcher.reloads, "failures": watcher.failures, "last_error": watcher.last_error}
     if not watcher.alive:
         return Check("watcher_dead", "degraded", detail)
+    if watcher.last_error is not None:  # the last change was refused; the last good policies serve
+        return Check("reload_failed", "degraded", detail)
     return Check("ok", "ok", detail)
 
 

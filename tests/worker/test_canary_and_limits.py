@@ -16,23 +16,20 @@ import httpx
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from guard.backends.compact import CompactBackend
 from guard.backends.http import SystemOneClient
 from guard.backends.local import LocalBackend
 from guard.backends.selftest import CLEF_CANARY_MARGIN, CanaryFailed, catalog_canaries, clef_canaries, run_canaries
-from guard.cli import main
 from guard.clef.model import ClefModel
+from guard.cli import main
 from guard.engine import Guard
 from guard.errors import BackendRejected, BackendUnavailable
 from guard.policy import load_text
 from guard.subject import AgentSubject
 from guard.systemone import SystemOneRequestV1
 from guard.worker.app import WorkerConfig, WorkerPhase, create_app
+from tests._degenerate import always_no_app
 from tests.worker._requests import ticket_body
 from tests.worker._serve import ServerThread, serve_app_in_thread, serve_worker
 
@@ -128,26 +125,6 @@ async def test_the_compact_model_separates_its_catalog_canaries_by_their_margin(
     results = await run_canaries(CompactBackend.default(), catalog_canaries())
     assert [r.question for r in results] == ["guard.prompt_injection", "guard.harmful_request"]
     assert all(r.passed and r.spread >= r.margin >= 0.5 for r in results)
-
-
-def always_no_app() -> Starlette:
-    """A System One server that answers "false" (or the first option) with certainty to every question."""
-
-    async def systemone(request: Request) -> JSONResponse:
-        body = await request.json()
-        answers = {}
-        for qid, q in body["questions"].items():
-            if q["type"] == "noul":
-                answers[qid] = {"type": "noul", "noul": 0.0, "confidence": 1.0,
-                                "probabilities": {"true": 0.0, "false": 1.0}}  # fmt: skip
-            else:
-                options = list(q["criteria"]) if q["type"] == "choice" else [str(i) for i in range(len(q["criteria"]))]
-                probabilities = {o: float(i == 0) for i, o in enumerate(options)}
-                answers[qid] = {"type": q["type"], "probabilities": probabilities, "confidence": 1.0,
-                                **({"choice": options[0]} if q["type"] == "choice" else {"score": 0.0})}  # fmt: skip
-        return JSONResponse({"model": body["model"], "answers": answers, "usage": {"input_tokens": 9}})
-
-    return Starlette(routes=[Route("/v1/systemone", systemone, methods=["POST"])])
 
 
 async def test_a_backend_that_always_says_no_fails_the_canaries() -> None:
