@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from opentelemetry import trace
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
+
 from guard.backends.base import require_request
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.backends.selftest import Canary, clef_canaries, run_self_test
@@ -47,10 +50,12 @@ DEFAULT_LOCAL_BACKEND_NAME = "clef-local"
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    """What the batcher carries for one request: the request (for the readout) and its encoded record."""
+    """What the batcher carries for one request: the request (for the readout), its encoded record and the span
+    context it was submitted in (the batch span's parent or link)."""
 
     request: SystemOneRequestV1
     record: EncodedRecord
+    context: SpanContext
 
 
 def _job_tokens(job: _Job) -> int:
@@ -70,6 +75,8 @@ class LocalBackend:
         on_batch: called after every forward pass with its :class:`~guard.backends.batcher.BatchInfo` (metrics).
         canaries: the self-test's canaries (:func:`guard.backends.selftest.clef_canaries` when ``None``: the
             answers must depend on the state; ``()`` checks only that answers are well formed).
+        tracer_provider: where the ``guard.batch`` spans go (one per forward pass, child of the first request's
+            span, linked to the others'); ``None``: the global provider.
 
     ``start()`` / ``async with`` starts the batcher and warms the model up with a self-test (``decide`` does it on
     first use); the backend is then bound to that event loop.
@@ -88,6 +95,7 @@ class LocalBackend:
         name: str = DEFAULT_LOCAL_BACKEND_NAME,
         on_batch: Callable[[BatchInfo], None] | None = None,
         canaries: Sequence[Canary] | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         if confidence_profile not in CONFIDENCE_PROFILES:
             raise ValueError(f"confidence_profile must be one of {CONFIDENCE_PROFILES}, got {confidence_profile!r}")
@@ -101,6 +109,7 @@ class LocalBackend:
             self._run_batch, tokens=_job_tokens, config=batcher_config, on_batch=on_batch, name=f"{name} queue"
         )
         self.canaries: tuple[Canary, ...] = tuple(clef_canaries() if canaries is None else canaries)
+        self._tracer = trace.get_tracer("guard.backends.local", tracer_provider=tracer_provider)
         self._warmup: asyncio.Future[None] | None = None
 
     @classmethod
@@ -241,7 +250,8 @@ class LocalBackend:
             if remaining <= 0:
                 raise BackendTimeout(f"encoding took longer than the {timeout * 1000:g} ms deadline", backend=self.name)
         try:
-            return await self.batcher.submit(_Job(request, record), timeout=remaining)
+            job = _Job(request, record, trace.get_current_span().get_span_context())
+            return await self.batcher.submit(job, timeout=remaining)
         except Overloaded as exc:
             raise BackendUnavailable(
                 str(exc), backend=self.name, reason="overloaded", retry_after=exc.retry_after
@@ -284,7 +294,20 @@ class LocalBackend:
             ) from exc
 
     def _run_batch(self, jobs: Sequence[_Job]) -> list[SystemOneResponseV1]:
-        """On the inference thread: one batched forward for ``jobs``, then each record's readout."""
+        """On the inference thread: one batched forward for ``jobs``, then each record's readout (in a
+        ``guard.batch`` span when a request was traced)."""
+        traced = [job.context for job in jobs if job.context.is_valid]
+        if not traced:
+            return self._forward(jobs)
+        parent = trace.set_span_in_context(NonRecordingSpan(traced[0]))
+        attributes = {"guard.batch.size": len(jobs), "guard.batch.tokens": sum(len(j.record.input_ids) for j in jobs)}
+        with self._tracer.start_as_current_span(
+            "guard.batch", context=parent, kind=SpanKind.INTERNAL, links=[Link(c) for c in traced[1:]],
+            attributes=attributes,
+        ):  # fmt: skip
+            return self._forward(jobs)
+
+    def _forward(self, jobs: Sequence[_Job]) -> list[SystemOneResponseV1]:
         logits = self.model.forward_records([job.record for job in jobs])
         return [
             self.model.answer(job.request, job.record, per_question, confidence_profile=self.confidence_profile)

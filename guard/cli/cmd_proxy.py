@@ -34,6 +34,7 @@ from typing import Any
 
 from guard.asgi._responses import DECISION_HEADERS
 from guard.backends.options import add_backend_options, open_cli_backend
+from guard.cli._otel import install_metrics_from_env, install_tracing_from_env
 from guard.engine.health import DEFAULT_CANARY_INTERVAL_S
 from guard.engine.telemetry import LOG_INPUT_MODES
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
@@ -139,33 +140,6 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def _prometheus_meter_provider() -> None:
-    """Export the engine's OpenTelemetry counters on /_guard/metrics (once per process)."""
-    from opentelemetry import metrics
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    if not isinstance(metrics.get_meter_provider(), MeterProvider):
-        metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
-
-
-def _tracing_from_env() -> None:
-    """Install the tracer provider the ``OTEL_*`` variables describe (once per process; none when they ask for
-    none). Raises ValueError for an unknown ``OTEL_TRACES_EXPORTER``."""
-    import os
-
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-
-    from guard.engine.telemetry import tracer_provider_from_env
-
-    if isinstance(trace.get_tracer_provider(), TracerProvider):
-        return  # already configured, e.g. by opentelemetry-instrument
-    provider = tracer_provider_from_env(os.environ)
-    if provider is not None:
-        trace.set_tracer_provider(provider)
-
-
 def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
@@ -201,8 +175,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
                          "--review-tokens-env")
     load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
     cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
-    _prometheus_meter_provider()
-    _tracing_from_env()
+    install_metrics_from_env()
+    install_tracing_from_env()
     backend = open_cli_backend(args)
     log = DecisionLog(args.decision_log, log_input=args.log_input) if args.decision_log else None
     guard = Guard.from_files(

@@ -246,7 +246,16 @@ def run(args: argparse.Namespace) -> int:
             canaries=clef_canaries(margin=margin, directional=args.canary_directional),
         )
 
-    app = create_app(load, config=worker_config)
+    from guard.cli._otel import install_tracing_from_env
+    from guard.engine.telemetry import metric_readers_from_env
+    from guard.worker.metrics import WorkerMetrics
+
+    try:
+        install_tracing_from_env()
+        readers, _ = metric_readers_from_env(os.environ)  # /metrics always serves the Prometheus text
+    except ValueError as exc:
+        return _fail(str(exc))
+    app = create_app(load, config=worker_config, metrics=WorkerMetrics(extra_readers=readers))
     where: dict[str, Any] = (
         {"uds": args.uds}
         if args.uds

@@ -24,6 +24,11 @@ Routes:
   503 ``canary_failed`` (and ``POST /v1/systemone`` answers 503) while they fail.
 * ``GET /metrics``: Prometheus text of the OpenTelemetry metrics (:mod:`guard.worker.metrics`).
 
+Tracing: every ``POST /v1/systemone`` is a SERVER span (``POST /v1/systemone``) continuing the caller's W3C
+``traceparent``, with ``gen_ai.operation.name`` ``text_completion`` (see :mod:`guard.engine.telemetry` for why),
+``gen_ai.request.model``, ``gen_ai.usage.input_tokens``, ``http.response.status_code`` and ``error.type`` on a refusal;
+the forward pass that answers it is its child ``guard.batch`` span (:class:`~guard.backends.local.LocalBackend`).
+
 ``/healthz``, ``/readyz`` and ``/metrics`` need no key (probes and scrapers). No input gets a 500: every refusal is a 4xx JSON ``{code, message, field, errors}``. Every response carries
 ``x-request-id``: the caller's (when it is 1 to 128 visible ASCII characters) or a new one.
 
@@ -46,6 +51,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -193,11 +200,16 @@ class _Runtime:
     """The worker's state (held in ``app.state.worker``): backend, phase, metrics."""
 
     def __init__(
-        self, source: LocalBackend | Callable[[], LocalBackend], config: WorkerConfig, metrics: WorkerMetrics
+        self,
+        source: LocalBackend | Callable[[], LocalBackend],
+        config: WorkerConfig,
+        metrics: WorkerMetrics,
+        tracer_provider: Any = None,
     ) -> None:
         self.source = source
         self.config = config
         self.metrics = metrics
+        self.tracer = trace.get_tracer("guard.worker", tracer_provider=tracer_provider)
         self.backend: LocalBackend | None = None
         self.phase = WorkerPhase.LOADING
         self.error: str | None = None
@@ -309,11 +321,24 @@ def _not_ready(runtime: _Runtime) -> JSONResponse:
     )
 
 
+#: ``gen_ai.operation.name`` of the worker's server spans (the engine's decision spans use the same).
+GEN_AI_OPERATION = "text_completion"
+
+
 async def _systemone(request: Request) -> Response:
-    """``POST /v1/systemone``: answer one System One request (see the module docstring for every status)."""
+    """``POST /v1/systemone``: answer one System One request (see the module docstring for every status), in a
+    server span continuing the caller's ``traceparent``."""
     runtime = _runtime(request)
     started = time.perf_counter()
-    response, outcome = await _answer(request, runtime)
+    attributes = {"http.request.method": "POST", "url.path": "/v1/systemone", "gen_ai.operation.name": GEN_AI_OPERATION}
+    with runtime.tracer.start_as_current_span(
+        "POST /v1/systemone", context=propagate.extract(request.headers), kind=SpanKind.SERVER, attributes=attributes
+    ) as span:
+        response, outcome = await _answer(request, runtime)
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", response.status_code)
+            if response.status_code >= 400:
+                span.set_attribute("error.type", str(response.status_code))
     runtime.metrics.request_done(outcome, time.perf_counter() - started)
     return response
 
@@ -350,6 +375,8 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         return _http.error_response(422, _http.INVALID_REQUEST, str(exc), errors=errors), "invalid"
     if system_request.model not in runtime.model_names():
         return _model_not_found(runtime, system_request.model, "model"), "invalid"
+    span = trace.get_current_span()
+    span.set_attribute("gen_ai.request.model", system_request.model)
     try:
         answer = await _http.unless_disconnected(request.receive, backend.decide(system_request, timeout=timeout))
     except _http.ClientGone:
@@ -371,6 +398,7 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         logger.error("model produced a malformed answer: %s", exc)
         return _http.error_response(500, _http.MALFORMED_ANSWER, str(exc)), "error"
     headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}
+    span.set_attribute("gen_ai.usage.input_tokens", answer.usage.input_tokens)
     return JSONResponse(answer.to_json(), headers=headers), "ok"
 
 
@@ -501,6 +529,7 @@ def create_app(
     *,
     config: WorkerConfig | None = None,
     metrics: WorkerMetrics | None = None,
+    tracer_provider: Any = None,
 ) -> Starlette:
     """Build the worker app.
 
@@ -510,11 +539,12 @@ def create_app(
             finishing queued work.
         config: serving options (:class:`WorkerConfig` defaults when ``None``).
         metrics: where metrics go (a private Prometheus-backed :class:`WorkerMetrics` when ``None``).
+        tracer_provider: where the server spans go (``None``: the global provider; a no-op until one is set).
 
     Returns:
         A Starlette app; run it with uvicorn. ``app.state.worker`` holds the runtime (``phase``, ``backend``).
     """
-    runtime = _Runtime(backend, config or WorkerConfig(), metrics or WorkerMetrics())
+    runtime = _Runtime(backend, config or WorkerConfig(), metrics or WorkerMetrics(), tracer_provider)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -46,5 +46,5 @@ def test_guarded_requests_honour_disabled_created_series(monkeypatch: pytest.Mon
     metrics = HttpMetrics()
     metrics.count_request("p", "allow")
     text = metrics.render().decode()
-    assert 'guard_http_guarded_requests_total{action="allow",policy="p"} 1.0' in text
+    assert 'guard_http_guarded_requests_total{guard_action="allow",guard_policy_id="p"} 1.0' in text
     assert "_created" not in text

@@ -245,7 +245,7 @@ async def test_health_metrics_and_review_admin(make_guard: GuardFactory, upstrea
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert held.status_code == 202 and [i["id"] for i in pending["items"]] == [review_id]
     assert released.status_code == 200 and released.json()["path"] == "/v1/echo"
-    assert 'guard_http_guarded_requests_total{action="escalate",policy="api_guard"} 1.0' in metrics
+    assert 'guard_http_guarded_requests_total{guard_action="escalate",guard_policy_id="api_guard"} 1.0' in metrics
     assert 'guard_http_reviews_total{event="released"} 1.0' in metrics
 
 
