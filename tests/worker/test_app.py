@@ -47,7 +47,8 @@ def assert_close(got: Any, want: Any, tol: float = 2e-4, path: str = "$") -> Non
 @pytest.fixture(scope="module")
 def worker(clef_fp32: ClefModel) -> Iterator[RunningWorker]:
     backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=16, max_wait_ms=5))
-    config = WorkerConfig(max_body_bytes=BODY_CAP, model_name="clef-flash", model_aliases=("clef-public-tiny",))
+    config = WorkerConfig(max_body_bytes=BODY_CAP, model_name="clef-flash", model_aliases=("clef-public-tiny",),
+                          canary_interval_s=0)  # counts of forward passes below must not see a periodic canary run
     with serve_worker(backend, config=config) as running:
         yield running
 
