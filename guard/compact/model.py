@@ -255,9 +255,8 @@ class CompactUsageV1(UsageV1):
 
 @dataclass(frozen=True)
 class CompactResponseV1(SystemOneResponseV1):
-    """A System One response whose wire ``usage`` also reports ``state_tokens``, ``windows`` and, when the text
-    was out of competence, ``competence`` (``state_tokens_dropped`` and ``out_of_competence`` come from
-    :meth:`SystemOneResponseV1.to_json`)."""
+    """A System One response whose wire ``usage`` also reports ``state_tokens``, ``windows`` and, when anything
+    was cut, ``state_tokens_dropped``."""
 
     usage: CompactUsageV1 = field(default_factory=lambda: CompactUsageV1(0))
 
@@ -265,7 +264,10 @@ class CompactResponseV1(SystemOneResponseV1):
         body = super().to_json(decimals)
         body["usage"]["state_tokens"] = self.usage.state_tokens
         body["usage"]["windows"] = self.usage.windows
+        if self.usage.state_tokens_dropped:
+            body["usage"]["state_tokens_dropped"] = self.usage.state_tokens_dropped
         if self.usage.out_of_competence:
+            body["usage"]["out_of_competence"] = self.usage.out_of_competence
             body["usage"]["competence"] = self.usage.competence
         return body
 

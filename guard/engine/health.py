@@ -159,8 +159,9 @@ class HealthMonitor:
                 logger.error("backend %r failed its canary; its answers are refused: %s", name, exc)
             self.canary_failed.add(name)
             return Check("canary_failed", "failing", {"canaries": [r.to_json() for r in exc.results]})
-        except (GuardError, TimeoutError) as exc:  # the backend is down: the failure tracker reports it
-            self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
+        except (GuardError, TimeoutError) as exc:
+            if getattr(exc, "reason", None) not in ("overloaded", "http_429"):  # down, not busy: report it
+                self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
         if name in self.canary_failed:
             logger.info("backend %r passed its canary again", name)

@@ -573,18 +573,13 @@ class SystemOneResponseV1:
     usage: UsageV1
 
     def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
-        """The wire body (§5.4), the reference's keys: ``usage`` has ``input_tokens`` and ``output_tokens``, plus
-        ``state_tokens_dropped`` and ``out_of_competence`` when they are not 0 (a cut or unreadable state is never
-        silent on the wire; :meth:`from_json` reads them back)."""
-        usage: dict[str, int] = {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens}
-        if self.usage.state_tokens_dropped:
-            usage["state_tokens_dropped"] = self.usage.state_tokens_dropped
-        if self.usage.out_of_competence:
-            usage["out_of_competence"] = self.usage.out_of_competence
+        """The wire body (§5.4), exactly the reference's keys: ``usage`` has ``input_tokens`` and ``output_tokens``
+        only (a backend that reports ``state_tokens_dropped`` on the wire adds it, as the compact model and guard's
+        worker do)."""
         return {
             "model": self.model,
             "answers": {qid: answer.to_json(decimals) for qid, answer in self.answers.items()},
-            "usage": usage,
+            "usage": {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens},
         }
 
     @classmethod

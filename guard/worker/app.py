@@ -246,14 +246,17 @@ class _Runtime:
             await self.check_canaries(backend)
 
     async def check_canaries(self, backend: LocalBackend) -> None:
-        """One canary run; sets the phase (``READY`` or ``UNREADY``) and ``canary_error``."""
+        """One canary run; sets the phase (``READY`` or ``UNREADY``) and ``canary_error``. A run the backend could not
+        finish (overloaded, timed out) changes nothing: only answers that fail the margin make the worker unready."""
         try:
             await run_canaries(backend, backend.canaries)
-        except (CanaryFailed, GuardError) as exc:
-            self.canary_error = f"{type(exc).__name__}: {exc}"
+        except CanaryFailed as exc:
+            self.canary_error = str(exc)
             if self.phase is WorkerPhase.READY:
                 logger.error("canary failed; the worker is unready: %s", exc)
                 self.phase = WorkerPhase.UNREADY
+        except (GuardError, TimeoutError) as exc:  # a full queue or a slow pass says nothing about the model
+            logger.warning("canary run not completed (%s: %s); readiness unchanged", type(exc).__name__, exc)
         else:
             self.canary_error = None
             if self.phase is WorkerPhase.UNREADY:
@@ -399,7 +402,10 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         return _http.error_response(500, _http.MALFORMED_ANSWER, str(exc)), "error"
     headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}
     span.set_attribute("gen_ai.usage.input_tokens", answer.usage.input_tokens)
-    return JSONResponse(answer.to_json(), headers=headers), "ok"
+    body = answer.to_json()
+    if answer.usage.state_tokens_dropped:  # the reference's usage has no such key; a cut is never silent here
+        body["usage"]["state_tokens_dropped"] = answer.usage.state_tokens_dropped
+    return JSONResponse(body, headers=headers), "ok"
 
 
 def _model_not_found(runtime: _Runtime, name: str, field: str) -> JSONResponse:
