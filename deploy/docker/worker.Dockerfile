@@ -19,5 +19,7 @@ RUN useradd --system --uid 10001 guard
 USER 10001
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s CMD curl -fsS http://127.0.0.1:8000/readyz || exit 1
+# Listening on 0.0.0.0 needs bearer keys: set GUARD_WORKER_API_KEYS (comma-separated, 16+ characters each); the
+# gateway sends one in GUARD_BACKEND_API_KEY. /healthz, /readyz and /metrics need no key.
 ENTRYPOINT ["guard", "worker", "serve", "--model", "/models/clef-flash", "--device", "cuda", "--dtype", "bfloat16", \
-            "--host", "0.0.0.0", "--port", "8000"]
+            "--host", "0.0.0.0", "--port", "8000", "--api-keys-env", "GUARD_WORKER_API_KEYS"]

@@ -2,6 +2,8 @@
 
 The engine counts decisions itself (OpenTelemetry ``guard.decisions``, ``guard.fail_open``); these count what only
 the HTTP layer sees: responses by action, fail-open passes, targets and bodies refused before a decision, reviews and handoffs.
+Label names follow the engine's attributes as Prometheus writes them (``guard.policy.id`` -> ``guard_policy_id``,
+``guard.action`` -> ``guard_action``), so one query joins both.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class HttpMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
-            "guard_http_guarded_requests", "Guarded requests by policy and action.", ["policy", "action"],
+            "guard_http_guarded_requests", "Guarded requests by policy and action.", ["guard_policy_id", "guard_action"],
             registry=self.registry,
         )  # fmt: skip
         self.responses = Counter(
@@ -31,7 +33,7 @@ class HttpMetrics:
         self.fail_open = Counter(
             "guard_http_fail_open",
             "Requests passed without a decision because the policy fails open.",
-            ["policy"],
+            ["guard_policy_id"],
             registry=self.registry,
         )
         self.body_rejections = Counter(
@@ -61,7 +63,7 @@ class HttpMetrics:
         )
 
     def count_request(self, policy: str, action: str) -> None:
-        """Add one to ``guard_http_guarded_requests_total{policy, action}``."""
+        """Add one to ``guard_http_guarded_requests_total{guard_policy_id, guard_action}``."""
         self.requests.labels(policy, action).inc()
 
     def render(self) -> bytes:

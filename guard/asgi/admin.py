@@ -11,7 +11,7 @@ way, on a second uvicorn server bound to loopback or an internal interface::
 
 =======  ===========================  ========================================================================
 GET      ``/_guard/live``             liveness: 200 ``{"status": "alive"}`` while the process serves
-GET      ``/_guard/health``           readiness (:func:`readiness`)
+GET      ``/_guard/health``           readiness (:class:`guard.asgi.health.HealthEndpoint`)
 GET      ``/_guard/metrics``          Prometheus text: the process registry plus the ``guard_http_*`` counters
 any      ``/_guard/admin/reviews/``   the reviewers' API and console (:mod:`guard.asgi.review_api`), when built
                                       with ``reviewers`` or ``insecure_loopback``
@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope
+from guard.asgi.health import HealthEndpoint
 from guard.asgi.review_api import Reviewer, review_app
 from guard.asgi.review_store import ReviewStore
 from guard.engine import Guard
@@ -46,7 +47,7 @@ __all__ = [
     "DEFAULT_METRICS_PATH",
     "AdminApp",
     "admin_app",
-    "readiness",
+    "reviewer_tokens",
 ]
 
 DEFAULT_ADMIN_LISTEN = "127.0.0.1:9901"
@@ -56,26 +57,18 @@ DEFAULT_METRICS_PATH = "/_guard/metrics"
 DEFAULT_ADMIN_PATH = "/_guard/admin/reviews"
 
 
-def readiness(guard: Guard) -> tuple[int, dict[str, Any]]:
-    """The readiness answer: ``(status, body)``. 200 while a policy set is loaded and requests are judged,
-    ``status`` ``ok`` or ``degraded`` (a Redis error in the last 30 s, or a failed reload with the last good
-    policies still active); 503 only when no policy is loaded."""
-    health = guard.health()
-    ready = health["policies"] > 0
-    return (200 if ready else 503), {**health, "ready": ready}
-
-
 class AdminApp:
     """The admin ASGI app (see the module docstring); built by :func:`admin_app`.
 
     Attributes:
-        guard, metrics: what health and metrics report.
+        health: answers readiness (codes only; details for an admin token).
+        metrics: the middleware's counters, reported with the process registry.
         reviews: the mounted reviewers' API, or ``None``.
     """
 
-    def __init__(self, guard: Guard, metrics: HttpMetrics, reviews: ASGIApp | None,
+    def __init__(self, health: HealthEndpoint, metrics: HttpMetrics, reviews: ASGIApp | None,
                  paths: tuple[str, str, str, str]) -> None:
-        self.guard, self.metrics, self.reviews = guard, metrics, reviews
+        self.health, self.metrics, self.reviews = health, metrics, reviews
         self.live_path, self.health_path, self.metrics_path, self.admin_path = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -93,7 +86,7 @@ class AdminApp:
         if path == self.live_path:
             await send_json(send, 200, {"status": "alive"})
         elif path == self.health_path:
-            await send_json(send, *readiness(self.guard))
+            await self.health(scope, send)
         elif path == self.metrics_path:
             body = generate_latest(REGISTRY) + self.metrics.render()
             await send({"type": "http.response.start", "status": 200,
@@ -124,6 +117,7 @@ def admin_app(
     reviewers: Mapping[str, str | Reviewer] | None = None,
     insecure_loopback: bool = False,
     metrics: HttpMetrics | None = None,
+    health: HealthEndpoint | None = None,
     live_path: str = DEFAULT_LIVE_PATH,
     health_path: str = DEFAULT_HEALTH_PATH,
     metrics_path: str = DEFAULT_METRICS_PATH,
@@ -138,6 +132,8 @@ def admin_app(
         review_store: the store the middleware holds items in (required with ``reviewers``).
         reviewers, insecure_loopback, **review_options: passed to :func:`guard.asgi.review_api.review_app`.
         metrics: the middleware's counters (``GuardMiddleware.metrics``); default a new, empty set.
+        health: the readiness endpoint (``guard proxy`` passes one reporting its upstream and policy watcher);
+            default one for ``guard`` alone, whose details the reviewers' tokens may read.
         live_path, health_path, metrics_path, admin_path: where each endpoint lives.
 
     Raises:
@@ -149,5 +145,12 @@ def admin_app(
             raise ValueError("the reviewers' API needs the review_store the middleware writes to")
         api = review_app(review_store, reviewers=reviewers, insecure_loopback=insecure_loopback, **review_options)
         reviews = Starlette(routes=[Mount(admin_path, app=api)])
-    return AdminApp(guard, metrics if metrics is not None else HttpMetrics(), reviews,
+    if health is None:
+        health = HealthEndpoint(guard, admin_tokens=reviewer_tokens(reviewers))
+    return AdminApp(health, metrics if metrics is not None else HttpMetrics(), reviews,
                     (live_path, health_path, metrics_path, admin_path))
+
+
+def reviewer_tokens(reviewers: Mapping[str, str | Reviewer] | None) -> list[str]:
+    """The bearer tokens of ``reviewers`` (the credentials that may read health details)."""
+    return [r.token if isinstance(r, Reviewer) else r for r in (reviewers or {}).values()]

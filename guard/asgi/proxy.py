@@ -45,6 +45,7 @@ from guard.asgi._upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
 from guard.asgi.middleware import GuardMiddleware
 from guard.engine import Guard
+from guard.engine.health import FailureTracker
 from guard.errors import BodyError
 
 __all__ = [
@@ -139,11 +140,14 @@ class ReverseProxy:
     Args:
         config: the upstream and timeouts.
         metrics: counters shared with the middleware (upstream errors are counted there).
+
+    ``health`` tracks the upstream's recent outcomes (a refused or timed-out connection makes it ``failing``).
     """
 
     def __init__(self, config: ProxyConfig, *, metrics: HttpMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
+        self.health = FailureTracker()
         self.base = httpx.URL(config.upstream)
         self._base_path = self.base.path.rstrip("/").encode("ascii")
         self._host = self.base.netloc  # host[:port], never userinfo
@@ -231,12 +235,15 @@ class ReverseProxy:
         except UpstreamError as exc:
             self.metrics.upstream_errors.labels(exc.kind).inc()
             timeout = isinstance(exc, UpstreamTimeout)
+            code = "upstream_timeout" if timeout else "upstream_unavailable"
+            self.health.failure(code, str(exc))
             await send_json(send, 504 if timeout else 502, {
-                "code": "upstream_timeout" if timeout else "upstream_unavailable",
+                "code": code,
                 "message": f"the upstream {'did not answer in time' if timeout else 'could not be reached'} ({exc})",
                 "field": None,
             })  # fmt: skip
             return
+        self.health.success()
         try:
             await send({"type": "http.response.start", "status": response.status,
                         "headers": _forward_headers(response.headers)})

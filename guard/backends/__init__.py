@@ -43,7 +43,7 @@ __all__ = [
 BACKEND_SPECS = "compact, compact:DIR, local:CHECKPOINT_DIR, http:URL, a bare http(s)://URL or unix:SOCKET"
 
 
-def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> DecisionBackend:
+def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu", api_key: str | None = None) -> DecisionBackend:
     """Build a backend from a command-line spec.
 
     Args:
@@ -54,6 +54,7 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> Decisi
         dtype: torch dtype for ``local:``; ``None`` is :meth:`LocalBackend.from_pretrained`'s default (bfloat16).
             The CLI passes ``--dtype`` (``auto``: bfloat16 on CUDA, float32 on CPU).
         device: ``cpu``, ``cuda`` or ``cuda:N`` for ``local:``.
+        api_key: bearer key sent to an ``http:`` / ``unix:`` server (a worker started with ``--api-keys-env``).
 
     Raises:
         ValueError: for an unknown spec or a URL that is not http(s).
@@ -61,13 +62,13 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu") -> Decisi
     """
     kind, _, arg = spec.partition(":")
     if kind in ("http", "https") and arg.startswith("//"):
-        return SystemOneClient(spec)
+        return SystemOneClient(spec, api_key=api_key)
     if kind == "local" and arg:
         return LocalBackend.from_pretrained(arg, dtype=dtype, device=device)
     if kind == "http" and arg:
-        return SystemOneClient(arg)
+        return SystemOneClient(arg, api_key=api_key)
     if kind == "unix" and arg:
-        return SystemOneClient.worker(uds=arg)
+        return SystemOneClient.worker(uds=arg, api_key=api_key)
     if kind == "compact":
         from guard.backends.compact import CompactBackend
 

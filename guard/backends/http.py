@@ -13,6 +13,8 @@ and ``tenacity`` retries:
 * every 2xx body is checked with :meth:`SystemOneResponseV1.from_json` (each question answered, finite,
   probabilities summing to 1 within the provider's rounding); Cloudflare's ``{result, success, errors, messages}``
   envelope is unwrapped and ``success`` must be ``true`` (spec §5.5), also when ``answers`` sit beside it;
+* the current trace context goes in ``traceparent`` (OpenTelemetry's propagator), so guard's worker continues the
+  gateway's trace;
 * httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
   ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``.
 
@@ -33,6 +35,7 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 import httpx
+from opentelemetry import propagate
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from guard._json import loads
@@ -285,6 +288,7 @@ class SystemOneClient:
 
     async def _post(self, content: bytes, remaining: float, budget: float) -> httpx.Response:
         headers = dict(self._headers)
+        propagate.inject(headers)  # W3C traceparent of the current span (the decision): the worker continues it
         if self.provider.sends_deadline:
             headers[TIMEOUT_HEADER] = str(max(1, math.floor(remaining * 1000)))
         try:

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from opentelemetry import trace
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
+
 from guard.backends.base import require_request
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
-from guard.backends.selftest import run_self_test
+from guard.backends.selftest import Canary, clef_canaries, run_self_test
 from guard.errors import (
     BackendRejected,
     BackendTimeout,
@@ -47,10 +50,12 @@ DEFAULT_LOCAL_BACKEND_NAME = "clef-local"
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    """What the batcher carries for one request: the request (for the readout) and its encoded record."""
+    """What the batcher carries for one request: the request (for the readout), its encoded record and the span
+    context it was submitted in (the batch span's parent or link)."""
 
     request: SystemOneRequestV1
     record: EncodedRecord
+    context: SpanContext
 
 
 def _job_tokens(job: _Job) -> int:
@@ -68,6 +73,10 @@ class LocalBackend:
         max_length: prompt limit in tokens (the model's ``max_length``, 16,384 by default, when ``None``).
         name: the backend's name in errors, logs and verdicts.
         on_batch: called after every forward pass with its :class:`~guard.backends.batcher.BatchInfo` (metrics).
+        canaries: the self-test's canaries (:func:`guard.backends.selftest.clef_canaries` when ``None``: the
+            answers must depend on the state; ``()`` checks only that answers are well formed).
+        tracer_provider: where the ``guard.batch`` spans go (one per forward pass, child of the first request's
+            span, linked to the others'); ``None``: the global provider.
 
     ``start()`` / ``async with`` starts the batcher and warms the model up with a self-test (``decide`` does it on
     first use); the backend is then bound to that event loop.
@@ -85,6 +94,8 @@ class LocalBackend:
         max_length: int | None = None,
         name: str = DEFAULT_LOCAL_BACKEND_NAME,
         on_batch: Callable[[BatchInfo], None] | None = None,
+        canaries: Sequence[Canary] | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         if confidence_profile not in CONFIDENCE_PROFILES:
             raise ValueError(f"confidence_profile must be one of {CONFIDENCE_PROFILES}, got {confidence_profile!r}")
@@ -97,6 +108,8 @@ class LocalBackend:
         self.batcher: MicroBatcher[_Job, SystemOneResponseV1] = MicroBatcher(
             self._run_batch, tokens=_job_tokens, config=batcher_config, on_batch=on_batch, name=f"{name} queue"
         )
+        self.canaries: tuple[Canary, ...] = tuple(clef_canaries() if canaries is None else canaries)
+        self._tracer = trace.get_tracer("guard.backends.local", tracer_provider=tracer_provider)
         self._warmup: asyncio.Future[None] | None = None
 
     @classmethod
@@ -111,6 +124,7 @@ class LocalBackend:
         max_length: int | None = None,
         name: str = DEFAULT_LOCAL_BACKEND_NAME,
         on_batch: Callable[[BatchInfo], None] | None = None,
+        canaries: Sequence[Canary] | None = None,
     ) -> LocalBackend:
         """Load a checkpoint directory with :meth:`ClefModel.from_pretrained` and wrap it.
 
@@ -118,7 +132,7 @@ class LocalBackend:
             path: the release (or tiny) checkpoint directory.
             dtype: ``torch.bfloat16`` (the reference; default) or ``torch.float32``.
             device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-            batcher_config, confidence_profile, max_length, name, on_batch: as for the constructor.
+            batcher_config, confidence_profile, max_length, name, on_batch, canaries: as for the constructor.
 
         Raises:
             FileNotFoundError: when ``path`` is not a checkpoint directory.
@@ -139,6 +153,7 @@ class LocalBackend:
             max_length=max_length,
             name=name,
             on_batch=on_batch,
+            canaries=canaries,
         )
 
     def __repr__(self) -> str:
@@ -154,12 +169,15 @@ class LocalBackend:
     async def start(self) -> None:
         """Start the batcher on the running event loop, then warm up with the decision worker's startup self-test
         (:func:`guard.backends.selftest.run_self_test`: one fixed request with a noul, a choice and a score question
-        must come back with finite probabilities summing to 1). The first forward pass sets up kernels and
+        must come back with finite probabilities summing to 1, then every canary's benign and attack states must be
+        answered apart by its margin, so a degenerate model, such as a zeroed head answering 0.5 to everything, never
+        starts). The first forward pass sets up kernels and
         allocators and can take seconds, so start the backend before timing decisions; ``decide`` starts it on first
         use, inside that call's deadline. Idempotent while open; concurrent callers wait for the same warm-up.
 
         Raises:
-            BackendUnavailable: the self-test failed (``reason="self_test_failed"``); the backend is closed.
+            BackendUnavailable: the self-test failed (``reason="self_test_failed"``; the message names the question
+                and, for a canary, both values and the margin); the backend is closed.
             RuntimeError: when the backend was closed.
         """
         if self.batcher.state is BatcherState.UNOPENED:
@@ -172,7 +190,7 @@ class LocalBackend:
 
     async def _self_test(self) -> None:
         try:
-            await run_self_test(self)
+            await run_self_test(self, self.canaries)
         except Exception as exc:
             await self.batcher.aclose()
             raise BackendUnavailable(
@@ -232,7 +250,8 @@ class LocalBackend:
             if remaining <= 0:
                 raise BackendTimeout(f"encoding took longer than the {timeout * 1000:g} ms deadline", backend=self.name)
         try:
-            return await self.batcher.submit(_Job(request, record), timeout=remaining)
+            job = _Job(request, record, trace.get_current_span().get_span_context())
+            return await self.batcher.submit(job, timeout=remaining)
         except Overloaded as exc:
             raise BackendUnavailable(
                 str(exc), backend=self.name, reason="overloaded", retry_after=exc.retry_after
@@ -275,7 +294,20 @@ class LocalBackend:
             ) from exc
 
     def _run_batch(self, jobs: Sequence[_Job]) -> list[SystemOneResponseV1]:
-        """On the inference thread: one batched forward for ``jobs``, then each record's readout."""
+        """On the inference thread: one batched forward for ``jobs``, then each record's readout (in a
+        ``guard.batch`` span when a request was traced)."""
+        traced = [job.context for job in jobs if job.context.is_valid]
+        if not traced:
+            return self._forward(jobs)
+        parent = trace.set_span_in_context(NonRecordingSpan(traced[0]))
+        attributes = {"guard.batch.size": len(jobs), "guard.batch.tokens": sum(len(j.record.input_ids) for j in jobs)}
+        with self._tracer.start_as_current_span(
+            "guard.batch", context=parent, kind=SpanKind.INTERNAL, links=[Link(c) for c in traced[1:]],
+            attributes=attributes,
+        ):  # fmt: skip
+            return self._forward(jobs)
+
+    def _forward(self, jobs: Sequence[_Job]) -> list[SystemOneResponseV1]:
         logits = self.model.forward_records([job.record for job in jobs])
         return [
             self.model.answer(job.request, job.record, per_question, confidence_profile=self.confidence_profile)

@@ -2,6 +2,9 @@
 ``--backend``, ``--device`` and ``--dtype`` mean the same in each: ``decide`` and ``worker serve`` (a checkpoint),
 ``proxy``, ``quickstart``, ``policy explain|test`` and ``eval`` (a backend spec).
 
+A System One server (``http:``, ``unix:``) gets the bearer key in ``$GUARD_BACKEND_API_KEY`` when it is set (a
+worker started with ``--api-keys-env``).
+
 ``--dtype auto`` (the default) is bfloat16 on CUDA, the reference's setting, and float32 on CPU, the most accurate
 mode and the fastest on most CPUs (docs/clef.md, "dtype and device"). ``--device`` and ``--dtype`` apply to a Clef
 checkpoint only: given with another backend they are an error, not silently ignored.
@@ -10,6 +13,7 @@ checkpoint only: given with another backend they are an error, not silently igno
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +23,7 @@ if TYPE_CHECKING:
     from guard.backends.base import DecisionBackend
 
 __all__ = [
+    "BACKEND_API_KEY_ENV",
     "DTYPES",
     "add_backend_options",
     "add_device_options",
@@ -30,6 +35,8 @@ __all__ = [
     "torch_dtype",
 ]
 
+#: Environment variable holding the bearer key sent to an ``http:`` / ``unix:`` backend.
+BACKEND_API_KEY_ENV = "GUARD_BACKEND_API_KEY"
 #: ``--dtype`` choices.
 DTYPES = ("auto", "float32", "bfloat16")
 DEFAULT_DEVICE = "cpu"
@@ -106,7 +113,8 @@ def check_device_options(args: argparse.Namespace) -> None:
 
 
 def open_cli_backend(args: argparse.Namespace) -> DecisionBackend:
-    """The backend ``--backend`` names, a ``local:`` one on ``--device`` in ``--dtype``.
+    """The backend ``--backend`` names, a ``local:`` one on ``--device`` in ``--dtype``, a remote one with the key in
+    ``$GUARD_BACKEND_API_KEY``.
 
     Raises:
         ValueError: an unknown spec, a bad URL, a bad ``--device``, or ``--device``/``--dtype`` with a backend that is
@@ -118,7 +126,7 @@ def open_cli_backend(args: argparse.Namespace) -> DecisionBackend:
     check_device_options(args)
     if _is_local(args.backend):
         return open_backend(args.backend, dtype=torch_dtype(args), device=device(args))
-    return open_backend(args.backend)
+    return open_backend(args.backend, api_key=os.environ.get(BACKEND_API_KEY_ENV) or None)
 
 
 def backend_factory(args: argparse.Namespace) -> Callable[[], DecisionBackend]:
@@ -141,7 +149,8 @@ def backend_factory(args: argparse.Namespace) -> Callable[[], DecisionBackend]:
             return unused.pop()
         if isinstance(first, LocalBackend):
             return LocalBackend(
-                first.model, confidence_profile=first.confidence_profile, max_length=first.max_length, name=first.name
+                first.model, confidence_profile=first.confidence_profile, max_length=first.max_length, name=first.name,
+                canaries=first.canaries,
             )
         return open_cli_backend(args)
 

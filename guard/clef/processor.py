@@ -29,8 +29,16 @@ from typing import Any
 import torch
 
 from guard.errors import FieldError, RequestValidationError
+from guard.systemone import MAX_IMAGE_PIXELS
 
-__all__ = ["IMAGE_PLACEHOLDER", "VIDEO_PLACEHOLDER", "ClefProcessor", "EncodedMedia", "decode_image", "load_tokenizer"]
+__all__ = [
+    "IMAGE_PLACEHOLDER",
+    "VIDEO_PLACEHOLDER",
+    "ClefProcessor",
+    "EncodedMedia",
+    "decode_image",
+    "load_tokenizer",
+]
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -95,7 +103,8 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
     Accepts a PIL image, a ``data:image/...;base64,...`` URL (Workers AI form) or ``{"content_type", "base64"}``.
 
     Raises:
-        RequestValidationError: for a remote URL, bad base64 or bytes PIL cannot decode; the field is ``where``.
+        RequestValidationError: for a remote URL, bad base64, bytes PIL cannot decode, or an image over
+            :data:`MAX_IMAGE_PIXELS` (read from its header, before decoding); the field is ``where``.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -120,8 +129,18 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
     try:
         raw = base64.b64decode(payload, validate=True)
         image = Image.open(io.BytesIO(raw))
-        image.load()
+    except Image.DecompressionBombError as exc:
+        raise RequestValidationError([FieldError(where, f"is too large to decode ({exc})")]) from exc
     except (binascii.Error, ValueError, UnidentifiedImageError, OSError) as exc:
+        raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise RequestValidationError(
+            [FieldError(where, f"is {width}x{height} pixels; the limit is {MAX_IMAGE_PIXELS} (checked before decoding)")]
+        )
+    try:
+        image.load()
+    except (ValueError, OSError) as exc:
         raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
     return image.convert("RGB")
 

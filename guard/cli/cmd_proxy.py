@@ -6,16 +6,22 @@
                 [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
                 [--max-body-bytes N] [--decision-log FILE]
                 [--log-input none|redacted|full]
-                [--client-header x-forwarded-for] [--decision-headers brief|full]
+                [--client-header x-forwarded-for] [--decision-headers brief|full] [--canary-interval S]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
 answers a cached key from its own copy for ``--cache-local-ttl`` seconds before it reads Redis again); without it both
 stay in the process. ``--review-redis-url`` puts the review queue in a Redis of its own (persistent, ``noeviction``).
 Redis needs ``$GUARD_STORE_KEY``, the secret that seals what guard writes there.
 
+The admin listener's ``GET /_guard/health`` is readiness (:mod:`guard.asgi.health`: 200 ``ok`` or ``degraded``, 503
+``failing`` while a backend or the upstream fails every call or the backend fails its canary; codes only, the
+details for a reviewer token). The backend's canaries (:mod:`guard.backends.selftest`) run at start-up and every
+``--canary-interval`` seconds; while they fail the backend gets no model calls and each policy's fail mode decides. A
+System One server started with ``--api-keys-env`` gets the key in ``$GUARD_BACKEND_API_KEY``.
+
 Two listeners, one process: ``--listen`` carries the proxied traffic (and the clients' ``/_guard/reviews/<id>``
 polls and releases) and nothing else; ``--admin-listen`` (default ``127.0.0.1:9901``) serves ``GET /_guard/live``
-(liveness), ``GET /_guard/health`` (readiness: 200 ``ok`` or ``degraded`` while a policy set is loaded),
+(liveness), ``GET /_guard/health`` (readiness, above),
 ``GET /_guard/metrics`` and the reviewers' API with its console (``/_guard/admin/reviews``). Requests for those paths
 on ``--listen`` are forwarded to the upstream like any other.
 
@@ -40,6 +46,8 @@ from guard.asgi._responses import DECISION_HEADERS
 from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
+from guard.cli._otel import install_metrics_from_env, install_tracing_from_env
+from guard.engine.health import DEFAULT_CANARY_INTERVAL_S
 from guard.engine.telemetry import LOG_INPUT_MODES
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
 
@@ -129,6 +137,13 @@ def register(subparsers: Any) -> None:
         help="seconds between checks of the policy files for changes; 0 turns reloading off "
         f"(default {DEFAULT_RELOAD_INTERVAL_S:g}; a failing reload keeps the last good policies)",
     )
+    parser.add_argument(
+        "--canary-interval",
+        type=float,
+        default=DEFAULT_CANARY_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between canary runs of the backend (default {DEFAULT_CANARY_INTERVAL_S:g}; 0: start-up only)",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(handler=run)
 
@@ -155,33 +170,6 @@ def _listen(value: str, option: str = "--listen") -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def _prometheus_meter_provider() -> None:
-    """Export the engine's OpenTelemetry counters on /_guard/metrics (once per process)."""
-    from opentelemetry import metrics
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    if not isinstance(metrics.get_meter_provider(), MeterProvider):
-        metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
-
-
-def _tracing_from_env() -> None:
-    """Install the tracer provider the ``OTEL_*`` variables describe (once per process; none when they ask for
-    none). Raises ValueError for an unknown ``OTEL_TRACES_EXPORTER``."""
-    import os
-
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-
-    from guard.engine.telemetry import tracer_provider_from_env
-
-    if isinstance(trace.get_tracer_provider(), TracerProvider):
-        return  # already configured, e.g. by opentelemetry-instrument
-    provider = tracer_provider_from_env(os.environ)
-    if provider is not None:
-        trace.set_tracer_provider(provider)
-
-
 def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
@@ -190,7 +178,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
             or malformed token variable; ``--review-insecure-loopback`` with a non-loopback ``--listen``.
         PolicyError: an invalid policy file.
     """
-    from guard.asgi.admin import admin_app
+    from guard.asgi.admin import admin_app, reviewer_tokens
+    from guard.asgi.health import HealthEndpoint
     from guard.asgi.limits import BodyLimits
     from guard.asgi.proxy import ProxyConfig, proxy_app
     from guard.asgi.review_api import is_loopback as _is_loopback
@@ -199,6 +188,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     from guard.backends import start_backend
     from guard.engine import Guard
     from guard.engine.cache import CacheConfig
+    from guard.engine.health import HealthMonitor
     from guard.engine.telemetry import DecisionLog
     from guard.policy import load_files
 
@@ -225,8 +215,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
                          "--review-tokens-env")
     load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
     cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
-    _prometheus_meter_provider()
-    _tracing_from_env()
+    install_metrics_from_env()
+    install_tracing_from_env()
     backend = open_cli_backend(args)
     log = DecisionLog(args.decision_log, log_input=args.log_input) if args.decision_log else None
     guard = Guard.from_files(
@@ -245,21 +235,25 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         options["max_body_bytes"] = args.max_body_bytes
 
     watcher = PolicyWatcher(guard.policies, interval_s=args.reload_interval) if args.reload_interval > 0 else None
+    monitor = HealthMonitor(guard, interval_s=args.canary_interval)
 
     async def astart() -> None:
         await start_backend(backend)  # warm up before the first request is timed
+        await monitor.start()  # the canaries: a degenerate backend gets no model calls and health says failing
         if watcher is not None:
             watcher.start()
 
     async def aclose() -> None:
+        await monitor.aclose()
         if watcher is not None:
             await watcher.aclose()
         await store.aclose()
         await guard.aclose()
 
     app = proxy_app(guard, config, on_startup=astart, on_shutdown=aclose, **options)
+    health = HealthEndpoint(guard, upstream=app.proxy.health, admin_tokens=reviewer_tokens(reviewers), watcher=watcher)
     admin = admin_app(guard, review_store=store, reviewers=reviewers, insecure_loopback=args.review_insecure_loopback,
-                      metrics=app.guarded.metrics)
+                      metrics=app.guarded.metrics, health=health)
     return ProxyRuntime(app=app, host=host, port=port, admin=admin, admin_host=admin_host, admin_port=admin_port,
                         header_timeout=args.header_timeout, aclose=aclose)
 

@@ -8,10 +8,16 @@ Usage::
                        [--profile workers-ai|reference] [--max-body-bytes B] [--default-timeout-ms D]
                        [--overload-status 429|503] [--model-name NAME]
                        [--model-alias NAME]... [--release-date YYYY-MM-DD] [--torch-threads N] [--log-level LEVEL]
-                       [--access-log]
+                       [--access-log] [--api-keys-env VAR | --insecure-no-auth] [--max-image-pixels N]
+                       [--canary-margin M] [--canary-directional] [--canary-interval S]
 
 The socket opens at once (``/healthz`` answers while the weights load); ``/readyz`` turns 200 after the model loaded
-and the startup self-test passed. SIGTERM/SIGINT stop accepting connections, finish the requests already queued,
+and the startup self-test passed (well-formed answers, and the canaries' benign and attack states answered apart by
+``--canary-margin``; re-run every ``--canary-interval`` seconds, unready while they fail).
+
+Authentication: ``--api-keys-env VAR`` names an environment variable holding comma-separated bearer keys (16+
+characters each) that ``/v1/*`` requires. Without keys the worker refuses to listen on a non-loopback TCP address
+unless ``--insecure-no-auth`` is given (loopback and ``--uds`` need no keys). SIGTERM/SIGINT stop accepting connections, finish the requests already queued,
 then exit. Invalid options exit 2 with one line naming the option.
 """
 
@@ -98,6 +104,30 @@ def register(subparsers: Any) -> None:
     http.add_argument("--overload-status", type=int, choices=(429, 503), default=429, help="status of a full queue")
     http.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn log level")
     http.add_argument("--access-log", action="store_true", help="log every request (off by default)")
+    http.add_argument(
+        "--max-image-pixels", type=int, default=None, metavar="N", help="largest image, width x height (4096x4096)"
+    )
+    auth = serve.add_argument_group("authentication")
+    auth.add_argument(
+        "--api-keys-env", default=None, metavar="VAR", help="environment variable with comma-separated bearer keys"
+    )
+    auth.add_argument(
+        "--insecure-no-auth", action="store_true", help="allow a non-loopback address without API keys"
+    )
+    canary = serve.add_argument_group("canary self-test")
+    canary.add_argument(
+        "--canary-margin",
+        type=float,
+        default=None,
+        metavar="M",
+        help="spread the benign and attack canaries must show (default 0.0001: the answers depend on the state)",
+    )
+    canary.add_argument(
+        "--canary-directional", action="store_true", help="the attack must score higher (use with a release model)"
+    )
+    canary.add_argument(
+        "--canary-interval", type=float, default=None, metavar="S", help="seconds between canary runs (60; 0: start only)"
+    )
     serve.set_defaults(handler=run)
 
 
@@ -127,9 +157,39 @@ def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
     }
     if args.max_body_bytes is not None:
         options["max_body_bytes"] = args.max_body_bytes
+    if args.max_image_pixels is not None:
+        options["max_image_pixels"] = args.max_image_pixels
+    if args.canary_interval is not None:
+        options["canary_interval_s"] = args.canary_interval
+    options["api_keys"] = _api_keys(args)
     if args.default_timeout_ms is not None:
         options["default_timeout_s"] = args.default_timeout_ms / 1000.0
     return batcher, WorkerConfig(**options)
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """The keys in ``$VAR`` of ``--api-keys-env`` (none without it); raises ``ValueError`` naming the variable."""
+    if args.api_keys_env is None:
+        return ()
+    raw = os.environ.get(args.api_keys_env, "")
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    if not keys:
+        raise ValueError(f"--api-keys-env {args.api_keys_env}: the variable is unset or holds no keys")
+    short = [i for i, k in enumerate(keys) if len(k) < 16]
+    if short:
+        raise ValueError(f"--api-keys-env {args.api_keys_env}: key {short[0] + 1} is shorter than 16 characters")
+    return keys
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,11 +208,19 @@ def run(args: argparse.Namespace) -> int:
         folder = Path(args.uds).parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             return _fail(f"--uds {args.uds}: folder {folder} does not exist or is not writable; create it first")
+    if args.canary_margin is not None and not 0 < args.canary_margin <= 1:
+        return _fail(f"--canary-margin must be in (0, 1], got {args.canary_margin}")
     try:
         batcher_config, worker_config = _configs(args)
     except ValueError as exc:
         return _fail(
             re.sub(r"(?:Batcher|Worker)Config\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(exc))
+        )
+    host = args.host or "127.0.0.1"
+    if not args.uds and not worker_config.api_keys and not _loopback(host) and not args.insecure_no_auth:
+        return _fail(
+            f"--host {host} is not a loopback address and no API keys are set; pass --api-keys-env VAR "
+            "(or --insecure-no-auth to serve without authentication)"
         )
 
     import uvicorn
@@ -163,7 +231,9 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         from guard.backends.local import LocalBackend
+        from guard.backends.selftest import CLEF_CANARY_MARGIN, clef_canaries
 
+        margin = CLEF_CANARY_MARGIN if args.canary_margin is None else args.canary_margin
         if args.torch_threads is not None:
             torch.set_num_threads(args.torch_threads)
         return LocalBackend.from_pretrained(
@@ -173,13 +243,23 @@ def run(args: argparse.Namespace) -> int:
             batcher_config=batcher_config,
             confidence_profile=args.confidence,
             max_length=args.max_length,
+            canaries=clef_canaries(margin=margin, directional=args.canary_directional),
         )
 
-    app = create_app(load, config=worker_config)
+    from guard.cli._otel import install_tracing_from_env
+    from guard.engine.telemetry import metric_readers_from_env
+    from guard.worker.metrics import WorkerMetrics
+
+    try:
+        install_tracing_from_env()
+        readers, _ = metric_readers_from_env(os.environ)  # /metrics always serves the Prometheus text
+    except ValueError as exc:
+        return _fail(str(exc))
+    app = create_app(load, config=worker_config, metrics=WorkerMetrics(extra_readers=readers))
     where: dict[str, Any] = (
         {"uds": args.uds}
         if args.uds
-        else {"host": args.host or "127.0.0.1", "port": DEFAULT_PORT if args.port is None else args.port}
+        else {"host": host, "port": DEFAULT_PORT if args.port is None else args.port}
     )
     uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log, **where)
     return 0

@@ -29,11 +29,12 @@ from typing import Any, Self, TypeVar
 from guard.backends.base import DecisionBackend
 from guard.engine import verdicts
 from guard.engine.cache import CacheConfig, CachedAnswers, Lookup, MemoryCache, ProbabilityCache, RedisCache
+from guard.engine.health import FailureTracker, HealthMonitor, error_code, health_report
 from guard.engine.ids import new_decision_id
 from guard.engine.plan import Group, Plan, group_plans
 from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
-from guard.errors import PolicyError, StateTooLong
+from guard.errors import BackendUnavailable, PolicyError, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
 from guard.subject import HttpSubject, Subject
 from guard.systemone import SystemOneRequestV1
@@ -114,6 +115,11 @@ class Guard:
         self._closed = False
         self._plans: dict[int, tuple[Plan, str]] = {}  # id(policy) -> (plan, backend name)
         self._groups: dict[tuple[int, ...], tuple[tuple[Plan, ...], tuple[Group, ...]]] = {}  # id(plan)s -> groups
+        #: Each backend's recent model calls (:meth:`health`); a call is counted on a cache miss only.
+        self.backend_health: dict[str, FailureTracker] = {name: FailureTracker() for name in self.backends}
+        #: The canary monitor, once a :class:`~guard.engine.health.HealthMonitor` is made for this Guard: a backend
+        #: failing its canary gets no model calls (the policy's fail mode decides) until it passes again.
+        self.monitor: HealthMonitor | None = None
 
     @classmethod
     def from_files(
@@ -286,7 +292,8 @@ class Guard:
                 else:
                     request = policy.build_request(state)
                     cached, lookup = await self._fetch(
-                        request, plan.backend, key, timeout=policy.timeout, ttl=policy.cache_ttl
+                        request, plan.backend, key, name=self._backend_name(policy) or DEFAULT_BACKEND,
+                        timeout=policy.timeout, ttl=policy.cache_ttl,
                     )
             response = cached.response
             outcome = plan.outcome(cached, subject=subject, state=raw, flags=flags)
@@ -329,7 +336,11 @@ class Guard:
                 if source is None:
                     request = group.request(state)
                     source = asyncio.ensure_future(
-                        self._fetch(request, group.plans[0].backend, key, timeout=group.timeout, ttl=group.ttl)
+                        self._fetch(
+                            request, group.plans[0].backend, key,
+                            name=self._backend_name(group.plans[0].policy) or DEFAULT_BACKEND,
+                            timeout=group.timeout, ttl=group.ttl,
+                        )
                     )
                     source.add_done_callback(_retrieve)
             asks.append((group, raw, state, flags, source))
@@ -395,15 +406,34 @@ class Guard:
         )  # fmt: skip
 
     async def _fetch(
-        self, request: SystemOneRequestV1, backend: DecisionBackend, key: str, *, timeout: float, ttl: float
+        self, request: SystemOneRequestV1, backend: DecisionBackend, key: str, *, name: str, timeout: float, ttl: float
     ) -> tuple[CachedAnswers, Lookup]:
-        """The answers on a miss of the in-process peek: from the cache's store, a flight in progress or the backend,
-        within ``timeout`` seconds (the backend is told what is left of it)."""
+        """The answers on a miss of the in-process peek: from the cache's store, a flight in progress or the backend
+        (registered as ``name``: its calls count in :attr:`backend_health`), within ``timeout`` seconds (the backend
+        is told what is left of it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        tracker = self.backend_health.get(name) or self.backend_health.setdefault(name, FailureTracker())
+        monitor = self.monitor
 
         async def compute() -> Any:
-            return await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
+            if monitor is not None and name in monitor.canary_failed:
+                raise BackendUnavailable(
+                    f"backend {name!r} failed its canary self-test; its answers are not used",
+                    backend=backend.name,
+                    reason="canary_failed",
+                )
+            try:
+                answer = await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
+            except asyncio.CancelledError:
+                if loop.time() >= deadline - 0.001:  # the policy's timeout, not a caller that went away
+                    tracker.failure("backend_timeout", f"no answer within {timeout * 1000:g} ms")
+                raise
+            except Exception as exc:
+                tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}")
+                raise
+            tracker.success()
+            return answer
 
         async with asyncio.timeout(timeout):
             return await self.cache.fetch(key, request, compute, ttl=ttl, wait=timeout)
@@ -428,16 +458,12 @@ class Guard:
         return portal.call(coro)
 
     def health(self) -> dict[str, Any]:
-        """``{"status": "ok" | "degraded", "cache": {...}, "policies": n, "reload_failures": n}``."""
-        cache = self.cache.health()
-        degraded = cache.status != "ok" or self.policies.last_error is not None
-        return {
-            "status": "degraded" if degraded else "ok",
-            "cache": cache.to_json(),
-            "policies": len(self.policies),
-            "reload_failures": self.policies.reload_failures,
-            "last_reload_error": str(self.policies.last_error) if self.policies.last_error else None,
-        }
+        """The full health report (:func:`guard.engine.health.health_report`): ``{"status": "ok" | "degraded" |
+        "failing", "ready", "checks": {part: code}, "details": {...}}``. ``failing`` while no policy is loaded, a
+        backend's last model call failed (within 30 s) or its canary fails; ``degraded`` for a Redis error or a
+        failed reload. ``details`` holds error text: show it to admins only
+        (:func:`guard.engine.health.public_health` keeps the codes)."""
+        return health_report(self)
 
     def reload(self) -> None:
         """Reload the policy files; a failure keeps the last good policies and raises :class:`PolicyError`."""

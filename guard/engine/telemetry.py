@@ -4,7 +4,16 @@ Span ``guard.decision`` (one per evaluation, allow and block alike) carries the 
 :data:`SPAN_ATTRIBUTES`. Counters (OpenTelemetry metrics): ``guard.decisions`` by policy, action, rule and fail
 mode; ``guard.fail_open`` (every decision a fail-open policy allowed because of an error); ``guard.state_cut``
 (every decision made on part of its state: a field cut to its ``max_chars``, or state tokens the backend did not
-read); a latency histogram ``guard.decision.latency`` in ms.
+read); a duration histogram ``guard.decision.duration`` in seconds (buckets from 25 us to 10 s,
+:data:`guard._buckets.DURATION_BUCKETS_S`). Every metric's attributes use one vocabulary: ``guard.policy.id``,
+``guard.action``, ``guard.rule``, ``guard.fail_mode``, ``guard.shadow`` (Prometheus: ``guard_policy_id``, ...).
+
+The span also carries ``gen_ai.operation.name`` = ``text_completion`` (the GenAI conventions' closest operation: one
+prompt, the rendered state and questions, is read and one structured answer comes back, with no chat history, no
+tool and no generated tokens; ``chat`` and ``generate_content`` imply a conversation or generated output) and one
+``gen_ai.evaluation.result`` event for the verdict: ``gen_ai.evaluation.name`` = the policy id,
+``gen_ai.evaluation.score.label`` = the action, ``gen_ai.evaluation.explanation`` = the rule, plus ``error.type``
+when the fail mode decided.
 
 The decision log (:class:`DecisionLog`) writes one JSON object per line, modelled on OPA's ``EventV1``:
 ``decision_id``, ``timestamp``, ``labels``, ``policy`` (id, version, file), ``input`` (the subject, original text),
@@ -35,13 +44,17 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode
 
 from guard import __version__
+from guard._buckets import DURATION_BUCKETS_S
 from guard.policy.redact import apply_redactions
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings
 from guard.verdict import Verdict
 
 __all__ = [
     "DEFAULT_REDACT",
+    "EVALUATION_EVENT",
+    "GEN_AI_OPERATION",
     "LOG_INPUT_MODES",
+    "METRICS_EXPORTERS",
     "SECRET_NAME",
     "SPAN_ATTRIBUTES",
     "SPAN_NAME",
@@ -49,16 +62,23 @@ __all__ = [
     "TRACING_RECHECK_S",
     "DecisionLog",
     "Telemetry",
+    "metric_readers_from_env",
     "redact_secrets",
     "tracer_provider_from_env",
 ]
 
 #: ``OTEL_TRACES_EXPORTER`` values understood by :func:`tracer_provider_from_env`.
 TRACES_EXPORTERS = ("otlp", "console", "none")
+#: ``OTEL_METRICS_EXPORTER`` values understood by :func:`metric_readers_from_env` (a comma-separated list).
+METRICS_EXPORTERS = ("otlp", "console", "prometheus", "none")
 
 logger = logging.getLogger("guard.telemetry")
 
 SPAN_NAME = "guard.decision"
+#: ``gen_ai.operation.name`` of decision spans (see the module docstring for why).
+GEN_AI_OPERATION = "text_completion"
+#: Name of the span event carrying the verdict.
+EVALUATION_EVENT = "gen_ai.evaluation.result"
 #: Seconds between two reads of the global tracer provider while none that records is configured.
 TRACING_RECHECK_S = 1.0
 #: Attribute names set on every decision span (absent values are omitted, not set to empty).
@@ -82,6 +102,7 @@ SPAN_ATTRIBUTES = (
     "guard.flags",
     "guard.policies",
     "gen_ai.request.model",
+    "gen_ai.operation.name",
     "error.type",
 )
 #: Pointers the decision log removes unless told otherwise (in every log_input mode): the credential headers.
@@ -152,6 +173,44 @@ def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
     return provider
 
 
+def metric_readers_from_env(environ: Mapping[str, str]) -> tuple[list[Any], bool]:
+    """The metric readers the standard ``OTEL_*`` variables ask for, and whether Prometheus is among them.
+
+    ``OTEL_METRICS_EXPORTER`` is a comma-separated list of ``otlp`` (OTLP/HTTP protobuf to
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/metrics``, every
+    ``OTEL_METRIC_EXPORT_INTERVAL`` ms, default 60000), ``console`` (stdout, same interval), ``prometheus`` (the
+    process's ``/metrics`` or ``/_guard/metrics`` endpoint; not a reader made here) or ``none``. Unset: ``prometheus``,
+    plus ``otlp`` when an OTLP endpoint is set. ``OTEL_SDK_DISABLED=true`` leaves only ``prometheus``.
+
+    Returns:
+        ``(readers to add to a MeterProvider, whether the Prometheus endpoint should serve)``.
+
+    Raises:
+        ValueError: an unknown exporter name.
+    """
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "").strip()
+    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    raw = environ.get("OTEL_METRICS_EXPORTER", "").strip().lower()
+    names = [n.strip() for n in raw.split(",") if n.strip()] or ["prometheus", *(["otlp"] if endpoint or base else [])]
+    unknown = [n for n in names if n not in METRICS_EXPORTERS]
+    if unknown:
+        raise ValueError(f"OTEL_METRICS_EXPORTER must list {', '.join(METRICS_EXPORTERS)}, got {unknown[0]!r}")
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return [], "prometheus" in names
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+    interval = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL", "60000") or 60000)
+    readers: list[Any] = []
+    if "console" in names:
+        readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=interval))
+    if "otlp" in names:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        url = endpoint or (base or "http://localhost:4318").rstrip("/") + "/v1/metrics"
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=url), export_interval_millis=interval))
+    return readers, "prometheus" in names
+
+
 class Telemetry:
     """Spans and counters for decisions.
 
@@ -177,8 +236,11 @@ class Telemetry:
             unit="{decision}",
             description="Decisions made on part of the state (a field over max_chars, or tokens the backend dropped).",
         )
-        self.latency = meter.create_histogram(
-            "guard.decision.latency", unit="ms", description="Wall time of one evaluation."
+        self.duration = meter.create_histogram(
+            "guard.decision.duration",
+            unit="s",
+            description="Wall time of one evaluation.",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS_S),
         )
 
     @property
@@ -234,10 +296,11 @@ class Telemetry:
             span.set_attributes(span_attributes(verdict, cache=cache))
             if verdict.error is not None:
                 span.set_status(Status(StatusCode.ERROR, verdict.error))
+            span.add_event(EVALUATION_EVENT, evaluation_attributes(verdict))
         policy_id = verdict.policy_id or ""
         labels, by_policy = _labels(policy_id, verdict.action, verdict.rule, verdict.fail_mode, verdict.shadow_action)
         self.decisions.add(1, labels)
-        self.latency.record(verdict.latency_ms, by_policy)
+        self.duration.record(verdict.latency_ms / 1000.0, by_policy)
         flags = verdict.flags
         if flags:  # usually empty
             if flags.get("fail_open"):
@@ -260,6 +323,17 @@ def _labels(
         "guard.shadow": shadow_action is not None,
     }
     return labels, {"guard.policy.id": policy_id}
+
+
+def evaluation_attributes(verdict: Verdict) -> dict[str, Any]:
+    """The ``gen_ai.evaluation.result`` event's attributes for a verdict (GenAI semantic conventions)."""
+    values: dict[str, Any] = {
+        "gen_ai.evaluation.name": verdict.policy_id or "no_policy",
+        "gen_ai.evaluation.score.label": verdict.action,
+        "gen_ai.evaluation.explanation": verdict.rule,
+        "error.type": verdict.error.split(":", 1)[0] if verdict.error else None,
+    }
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, Any]:
@@ -286,6 +360,7 @@ def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, 
             f"{c.policy_id}@{c.policy_version}={c.shadow_action or c.action}/{c.rule}" for c in verdict.contributions
         ] or None,
         "gen_ai.request.model": verdict.model,
+        "gen_ai.operation.name": GEN_AI_OPERATION,
         # OpenTelemetry's error.type: the kind before the colon of guard.error ("timeout", "connection", ...)
         "error.type": verdict.error.split(":", 1)[0] if verdict.error else None,
     }

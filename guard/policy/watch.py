@@ -3,7 +3,9 @@
 The watcher polls the files' identity (resolved path, size, modification time) every ``interval_s`` seconds and calls
 :meth:`guard.policy.PolicySet.reload` when it changes. A reload that fails keeps the last good policies active: the
 error is logged and counted in ``PolicySet.reload_failures`` (reported by ``Guard.health()``), and the watcher tries
-again at the next change.
+again at the next change. Any other error in a check (an unexpected exception from a reader) is logged and counted in
+:attr:`PolicyWatcher.failures` too; the watcher keeps polling. :attr:`PolicyWatcher.alive` says whether its task still
+runs (health reports ``watcher_dead`` otherwise).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class PolicyWatcher:
         self.policies = policies
         self.interval_s = float(interval_s)
         self.reloads = 0
+        self.failures = 0
+        self.last_error: str | None = None
         self._stamp = _stamp(policies.sources)
         self._task: asyncio.Task[None] | None = None
 
@@ -74,10 +78,23 @@ class PolicyWatcher:
             self.policies.reload()
         except PolicyError as exc:
             logger.error("policy reload failed; keeping the last good policies: %s", exc)
+            self.failures += 1
+            self.last_error = str(exc)[:300]
+            return False
+        except Exception as exc:  # a reader's own error must not end the watcher
+            logger.exception("policy reload failed unexpectedly; keeping the last good policies")
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:300]
             return False
         self.reloads += 1
+        self.last_error = None
         logger.info("policies reloaded from %s", ", ".join(str(p) for p in self.policies.sources))
         return True
+
+    @property
+    def alive(self) -> bool:
+        """Whether the polling task runs (``False`` before :meth:`start`, after :meth:`aclose`, or if it died)."""
+        return self._task is not None and not self._task.done()
 
     def start(self) -> None:
         """Start polling in the running event loop. Idempotent."""

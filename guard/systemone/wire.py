@@ -36,6 +36,7 @@ __all__ = [
     "CONFIDENCE_PROFILES",
     "MAX_CHOICE_OPTIONS",
     "MAX_IMAGES",
+    "MAX_IMAGE_PIXELS",
     "MAX_QUESTIONS",
     "MAX_SCORE_LEVELS",
     "MIN_CHOICE_OPTIONS",
@@ -75,6 +76,8 @@ MAX_CHOICE_OPTIONS = 255
 MIN_SCORE_LEVELS = 2
 MAX_SCORE_LEVELS = 10
 MAX_IMAGES = 4
+#: Largest image (width x height) a guard backend decodes: 4096 x 4096, read from the header before decoding.
+MAX_IMAGE_PIXELS = 4096 * 4096
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 IMAGE_CONTENT_TYPES = ("image/png", "image/jpeg", "image/webp")
 
@@ -598,7 +601,8 @@ class SystemOneResponseV1:
 
     def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
         """The wire body (§5.4), exactly the reference's keys: ``usage`` has ``input_tokens`` and ``output_tokens``
-        only (a backend that reports ``state_tokens_dropped`` on the wire adds it, as the compact model does)."""
+        only (a backend that reports ``state_tokens_dropped`` on the wire adds it, as the compact model and guard's
+        worker do)."""
         return {
             "model": self.model,
             "answers": {qid: answer.to_json(decimals) for qid, answer in self.answers.items()},

@@ -18,6 +18,7 @@ from guard.errors import BodyError
 
 __all__ = [
     "BODY_TOO_LARGE",
+    "CANARY_FAILED",
     "INTERNAL_ERROR",
     "INVALID_HEADER",
     "INVALID_JSON",
@@ -31,6 +32,7 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "TIMEOUT",
     "TIMEOUT_HEADER",
+    "UNAUTHORIZED",
     "UNAVAILABLE",
     "ClientGone",
     "RequestIdMiddleware",
@@ -49,6 +51,8 @@ INVALID_HEADER = "invalid_header"
 BODY_TOO_LARGE = "body_too_large"
 OVERLOADED = "overloaded"
 NOT_READY = "not_ready"
+CANARY_FAILED = "canary_failed"
+UNAUTHORIZED = "unauthorized"
 TIMEOUT = "timeout"
 UNAVAILABLE = "unavailable"
 MALFORMED_ANSWER = "malformed_answer"

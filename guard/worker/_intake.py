@@ -1,6 +1,7 @@
 """Request bodies as System One clients send them: ``Content-Encoding`` (gzip, deflate, br, zstd) and
 ``multipart/form-data`` with image parts (TypeSafe's SDK: a JSON part named ``request``, then one part per asset that
-``assets.<name>.part`` names).
+``assets.<name>.part`` names). Only JSON and multipart bodies are taken (:func:`body_kind`), and every image's size is
+read from its header before anything decodes it (:func:`check_images`).
 
 Decompression stops as soon as the output passes the body cap (413), so a small compressed bomb costs at most the cap.
 """
@@ -8,6 +9,9 @@ Decompression stops as soon as the output passes the body cap (413), so a small 
 from __future__ import annotations
 
 import base64
+import binascii
+import io
+import warnings
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -17,12 +21,25 @@ import zstandard
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from guard.errors import BodyError
+from guard.systemone import MAX_IMAGE_PIXELS
 
-__all__ = ["ENCODINGS", "assets_to_images", "decode_content", "split_multipart"]
+__all__ = [
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "ENCODINGS",
+    "assets_to_images",
+    "body_kind",
+    "check_images",
+    "decode_content",
+    "split_multipart",
+]
 
 UNSUPPORTED_ENCODING = "unsupported_encoding"
 INVALID_ENCODING = "invalid_encoding"
 INVALID_MULTIPART = "invalid_multipart"
+UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+IMAGE_TOO_LARGE = "image_too_large"
+#: Largest image accepted by default, width x height (4096 x 4096); Clef's processor resizes far below it anyway.
+DEFAULT_MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 _FIELD = "headers.content-encoding"
 #: Most parts a multipart request may have (the request part and its images).
 MAX_PARTS = 16
@@ -203,9 +220,15 @@ def _image_type(declared: str, data: bytes) -> str:
     return media
 
 
-def assets_to_images(body: dict[str, Any], parts: dict[str, tuple[str, bytes]]) -> dict[str, Any]:
+def assets_to_images(
+    body: dict[str, Any], parts: dict[str, tuple[str, bytes]]
+) -> tuple[dict[str, Any], list[str]]:
     """Turn TypeSafe's ``assets`` (``{name: {type: "image", part | format + data_base64}}``) into ``images`` entries
-    (``{content_type, base64}``, in ``assets`` order) and return the body without ``assets``.
+    (``{content_type, base64}``, in ``assets`` order).
+
+    Returns:
+        ``(the body without assets, the asset names in images order)``; a body without ``assets`` comes back as it
+        is, with no names.
 
     Raises:
         BodyError: 422 ``invalid_request`` naming the asset or part: an asset that is not an image, names a missing
@@ -216,7 +239,7 @@ def assets_to_images(body: dict[str, Any], parts: dict[str, tuple[str, bytes]]) 
         if parts:
             raise BodyError(422, "invalid_request", "multipart parts need an 'assets' entry naming them",
                             field=f"parts.{next(iter(parts))}")
-        return body
+        return body, []
     if not isinstance(assets, dict) or not assets:
         raise BodyError(422, "invalid_request", "must be a non-empty object of assets", field="assets")
     if "images" in body:
@@ -251,4 +274,86 @@ def assets_to_images(body: dict[str, Any], parts: dict[str, tuple[str, bytes]]) 
         raise BodyError(422, "invalid_request", "no asset names this part", field=f"parts.{unclaimed[0]}")
     rest = {key: value for key, value in body.items() if key != "assets"}
     rest["images"] = images
-    return rest
+    return rest, list(assets)
+
+
+def body_kind(content_type: str) -> str:
+    """``"json"`` for ``application/json`` or any ``application/*+json`` type, ``"multipart"`` for
+    ``multipart/form-data``.
+
+    Raises:
+        BodyError: 415 ``unsupported_media_type`` for anything else, a missing type included (``text/plain``,
+            ``application/x-www-form-urlencoded`` and no type are what a browser sends without a CORS preflight).
+    """
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return "json"
+    if media == "multipart/form-data":
+        return "multipart"
+    shown = repr(media[:60]) if media else "missing"
+    raise BodyError(
+        415,
+        UNSUPPORTED_MEDIA_TYPE,
+        f"Content-Type {shown} is not accepted; send application/json or multipart/form-data",
+        field="headers.content-type",
+    )
+
+
+def _image_size(payload: str) -> tuple[int, int] | None:
+    """``(width, height)`` from an image's header (nothing is decoded), or ``None`` when the bytes are
+    not an image (the backend then refuses them with a 422 of its own).
+
+    Raises:
+        _TooManyPixels: PIL itself refused the header as a decompression bomb (over twice its pixel limit).
+    """
+    from PIL import Image
+
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as image:
+                return image.size
+    except Image.DecompressionBombError as exc:
+        raise _TooManyPixels(str(exc)) from exc
+    except Exception:  # noqa: BLE001 - PIL raises many types for bytes that are not an image
+        return None
+
+
+class _TooManyPixels(Exception):
+    """PIL's own decompression-bomb refusal, carrying its message."""
+
+
+def check_images(body: dict[str, Any], max_pixels: int, names: list[str] | tuple[str, ...] = ()) -> None:
+    """Refuse any image in ``body["images"]`` larger than ``max_pixels`` (width x height), from its header alone;
+    ``names`` are the asset names of the images, in order (from :func:`assets_to_images`).
+
+    Raises:
+        BodyError: 413 ``image_too_large`` naming the image (``assets.<name>`` when it came as an asset, else
+            ``images[i]``) and its size.
+    """
+    images = body.get("images")
+    if not isinstance(images, list):
+        return
+    for i, item in enumerate(images):
+        if isinstance(item, dict):
+            payload = item.get("base64")
+        elif isinstance(item, str) and "," in item:
+            payload = item.split(",", 1)[1]
+        else:
+            continue
+        where = f"assets.{names[i]}" if i < len(names) else f"images[{i}]"
+        try:
+            size = _image_size(payload) if isinstance(payload, str) else None
+        except _TooManyPixels as exc:
+            raise BodyError(413, IMAGE_TOO_LARGE, f"the image is too large: {exc}", field=where) from exc
+        if size is not None and size[0] * size[1] > max_pixels:
+            raise BodyError(
+                413,
+                IMAGE_TOO_LARGE,
+                f"the image is {size[0]}x{size[1]} = {size[0] * size[1]} pixels; the limit is {max_pixels}",
+                field=where,
+            )

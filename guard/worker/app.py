@@ -2,23 +2,34 @@
 
 Routes:
 
-* ``POST /v1/systemone``: the System One API (spec §5). Body capped (413, also after undoing a ``Content-Encoding``
-  of gzip, deflate, br or zstd; any other coding is a 415), JSON or ``multipart/form-data`` with image parts named by
-  ``assets`` (TypeSafe's SDK), strict JSON (400 for non-JSON, duplicate keys, NaN), validated with the ``workers-ai``
+* ``POST /v1/systemone``: the System One API (spec §5). With ``api_keys`` configured it needs ``Authorization:
+  Bearer <key>`` (401 otherwise). Body capped (413, also after undoing a ``Content-Encoding`` of gzip, deflate, br or
+  zstd; any other coding is a 415), ``Content-Type`` ``application/json`` (or a ``+json`` type) or
+  ``multipart/form-data`` with image parts named by ``assets`` (TypeSafe's SDK); any other or no type is a 415, so a
+  browser page cannot post to it without a CORS preflight. Images are checked from their headers before decoding:
+  more than ``max_image_pixels`` is a 413 ``image_too_large`` naming the asset. Strict JSON (400 for non-JSON, duplicate keys, NaN), validated with the ``workers-ai``
   profile by default (422 naming every bad field), answered through
   :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once. A ``model``
-  the worker does not serve is a 404 ``model_not_found``.
+  the worker does not serve is a 404 ``model_not_found``. A state cut to fit ``max_length`` is reported in
+  ``usage.state_tokens_dropped`` (never silently).
 * ``GET /v1/models``: TypeSafe Jev's ``{"models": [{"name", "description", "release_date", ...}]}`` and OpenAI's
   ``{"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}`` in one body.
 * ``GET /v1/models/{id}``: one model, both shapes' fields (404 ``model_not_found`` for another name).
 * ``GET /healthz``: 200 while the process is alive (503 once loading the model or the self-test failed).
-* ``GET /readyz``: 200 only after the model loaded and the startup self-test (a fixed request answered with finite
-  probabilities summing to 1) passed.
+* ``GET /readyz``: 200 only after the model loaded and the startup self-test passed (a fixed request answered with
+  finite probabilities summing to 1, and the canaries' benign and attack states answered apart by their margin,
+  :mod:`guard.backends.selftest`), and while the canaries, run again every ``canary_interval_s``, keep passing;
+  503 ``canary_failed`` (and ``POST /v1/systemone`` answers 503) while they fail.
 * ``GET /metrics``: Prometheus text of the OpenTelemetry metrics (:mod:`guard.worker.metrics`).
 
-No input gets a 500: every refusal is a 4xx JSON ``{code, message, field, errors}``. Every response carries
+Tracing: every ``POST /v1/systemone`` is a SERVER span (``POST /v1/systemone``) continuing the caller's W3C
+``traceparent``, with ``gen_ai.operation.name`` ``text_completion`` (see :mod:`guard.engine.telemetry` for why),
+``gen_ai.request.model``, ``gen_ai.usage.input_tokens``, ``http.response.status_code`` and ``error.type`` on a refusal;
+the forward pass that answers it is its child ``guard.batch`` span (:class:`~guard.backends.local.LocalBackend`).
+
+``/healthz``, ``/readyz`` and ``/metrics`` need no key (probes and scrapers). No input gets a 500: every refusal is a 4xx JSON ``{code, message, field, errors}``. Every response carries
 ``x-request-id``: the caller's (when it is 1 to 128 visible ASCII characters) or a new one.
 
 Example:
@@ -32,6 +43,7 @@ import asyncio
 import contextlib
 import datetime
 import enum
+import hmac
 import logging
 import math
 import time
@@ -39,25 +51,30 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from guard._body import declared_length, read_body
 from guard._json import loads
+from guard.backends.selftest import CanaryFailed, run_canaries
 from guard.errors import (
     BackendRejected,
     BackendTimeout,
     BackendUnavailable,
     BodyError,
+    GuardError,
     InvalidJson,
     MalformedAnswer,
     RequestValidationError,
 )
-from guard.systemone import SystemOneRequestV1, ValidationProfile
+from guard.systemone import MAX_IMAGE_PIXELS, SystemOneRequestV1, ValidationProfile
 from guard.worker import _http, _intake
 from guard.worker.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
 
@@ -65,7 +82,7 @@ if TYPE_CHECKING:
     from guard.backends.batcher import BatchInfo
     from guard.backends.local import LocalBackend
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "WorkerConfig", "WorkerPhase", "create_app"]
+__all__ = ["DEFAULT_CANARY_INTERVAL_S", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "WorkerConfig", "WorkerPhase", "create_app"]
 
 logger = logging.getLogger("guard.worker")
 
@@ -75,6 +92,8 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 30.0
 #: Longest deadline a caller may ask for.
 MAX_TIMEOUT_S = 300.0
+#: Seconds between canary runs once ready.
+DEFAULT_CANARY_INTERVAL_S = 60.0
 #: ``Retry-After`` while the model is loading.
 NOT_READY_RETRY_AFTER_S = 5.0
 DEFAULT_DESCRIPTION = "Clef decision model (System One API) served by guard"
@@ -97,6 +116,10 @@ class WorkerConfig:
         description: its description there.
         release_date: ``YYYY-MM-DD`` listed as the model's release date (default: the date its weights were written,
             else the date the worker loaded it).
+        api_keys: bearer keys accepted on ``/v1/*`` (empty: no authentication; ``guard worker serve`` refuses that
+            on a non-loopback address unless ``--insecure-no-auth``).
+        max_image_pixels: largest image (width x height) accepted, checked from the image header before decoding.
+        canary_interval_s: seconds between canary runs once ready (0: only at start-up).
 
     Raises:
         ValueError: naming the field, the value and what is allowed.
@@ -111,6 +134,9 @@ class WorkerConfig:
     model_aliases: tuple[str, ...] = ()
     description: str = DEFAULT_DESCRIPTION
     release_date: str | None = None
+    api_keys: tuple[str, ...] = ()
+    max_image_pixels: int = _intake.DEFAULT_MAX_IMAGE_PIXELS
+    canary_interval_s: float = DEFAULT_CANARY_INTERVAL_S
 
     def __post_init__(self) -> None:
         if self.validation_profile not in _PROFILES:
@@ -139,15 +165,33 @@ class WorkerConfig:
                 raise ValueError(
                     f"WorkerConfig.release_date must be a YYYY-MM-DD date, got {self.release_date!r}"
                 ) from None
+        if isinstance(self.api_keys, str) or not all(isinstance(k, str) and len(k) >= 16 for k in self.api_keys):
+            raise ValueError("WorkerConfig.api_keys must be a tuple of keys of at least 16 characters each")
+        if isinstance(self.max_image_pixels, bool) or not isinstance(self.max_image_pixels, int) or (
+            self.max_image_pixels < 1
+        ):
+            raise ValueError(f"WorkerConfig.max_image_pixels must be an integer >= 1, got {self.max_image_pixels!r}")
+        if self.max_image_pixels > MAX_IMAGE_PIXELS:
+            raise ValueError(
+                f"WorkerConfig.max_image_pixels must be at most {MAX_IMAGE_PIXELS} (what the backend decodes), got "
+                f"{self.max_image_pixels}"
+            )
+        interval = self.canary_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not math.isfinite(interval) or (
+            interval < 0
+        ):
+            raise ValueError(f"WorkerConfig.canary_interval_s must be a number of seconds >= 0, got {interval!r}")
         if self.overload_status not in (429, 503):
             raise ValueError(f"WorkerConfig.overload_status must be 429 or 503, got {self.overload_status!r}")
 
 
 class WorkerPhase(enum.Enum):
-    """Where the worker is: ``LOADING -> READY -> STOPPING``, or ``FAILED`` if loading or the self-test failed."""
+    """Where the worker is: ``LOADING -> READY -> STOPPING``, or ``FAILED`` if loading or the self-test failed;
+    ``UNREADY`` while a periodic canary run fails (back to ``READY`` when one passes)."""
 
     LOADING = "loading"
     READY = "ready"
+    UNREADY = "unready"
     FAILED = "failed"
     STOPPING = "stopping"
 
@@ -156,14 +200,21 @@ class _Runtime:
     """The worker's state (held in ``app.state.worker``): backend, phase, metrics."""
 
     def __init__(
-        self, source: LocalBackend | Callable[[], LocalBackend], config: WorkerConfig, metrics: WorkerMetrics
+        self,
+        source: LocalBackend | Callable[[], LocalBackend],
+        config: WorkerConfig,
+        metrics: WorkerMetrics,
+        tracer_provider: Any = None,
     ) -> None:
         self.source = source
         self.config = config
         self.metrics = metrics
+        self.tracer = trace.get_tracer("guard.worker", tracer_provider=tracer_provider)
         self.backend: LocalBackend | None = None
         self.phase = WorkerPhase.LOADING
         self.error: str | None = None
+        self.canary_error: str | None = None
+        self.canary_runs = 0
         self.loaded_on = datetime.datetime.now(datetime.UTC).date()
 
     async def boot(self) -> None:
@@ -184,6 +235,34 @@ class _Runtime:
         if self.phase is WorkerPhase.LOADING:
             self.phase = WorkerPhase.READY
             logger.info("worker ready: %s", backend.model_revision)
+        if self.config.canary_interval_s > 0 and backend.canaries:
+            await self._watch(backend)
+
+    async def _watch(self, backend: LocalBackend) -> None:
+        """Run the backend's canaries every ``canary_interval_s``; a failure makes the worker ``UNREADY`` (no
+        answers, ``/readyz`` 503) until a run passes."""
+        while self.phase in (WorkerPhase.READY, WorkerPhase.UNREADY):
+            await asyncio.sleep(self.config.canary_interval_s)
+            await self.check_canaries(backend)
+
+    async def check_canaries(self, backend: LocalBackend) -> None:
+        """One canary run; sets the phase (``READY`` or ``UNREADY``) and ``canary_error``. A run the backend could not
+        finish (overloaded, timed out) changes nothing: only answers that fail the margin make the worker unready."""
+        try:
+            await run_canaries(backend, backend.canaries)
+        except CanaryFailed as exc:
+            self.canary_error = str(exc)
+            if self.phase is WorkerPhase.READY:
+                logger.error("canary failed; the worker is unready: %s", exc)
+                self.phase = WorkerPhase.UNREADY
+        except (GuardError, TimeoutError) as exc:  # a full queue or a slow pass says nothing about the model
+            logger.warning("canary run not completed (%s: %s); readiness unchanged", type(exc).__name__, exc)
+        else:
+            self.canary_error = None
+            if self.phase is WorkerPhase.UNREADY:
+                logger.info("canary passed again; the worker is ready")
+                self.phase = WorkerPhase.READY
+        self.canary_runs += 1
 
     def _attach_metrics(self, backend: LocalBackend) -> None:
         batcher = backend.batcher
@@ -232,6 +311,10 @@ def _runtime(request: Request) -> _Runtime:
 
 
 def _not_ready(runtime: _Runtime) -> JSONResponse:
+    if runtime.phase is WorkerPhase.UNREADY:
+        return _http.error_response(
+            503, _http.CANARY_FAILED, f"the worker's canary failed: {runtime.canary_error}", retry_after=1.0
+        )
     reason = f": {runtime.error}" if runtime.error else ""
     return _http.error_response(
         503,
@@ -241,11 +324,24 @@ def _not_ready(runtime: _Runtime) -> JSONResponse:
     )
 
 
+#: ``gen_ai.operation.name`` of the worker's server spans (the engine's decision spans use the same).
+GEN_AI_OPERATION = "text_completion"
+
+
 async def _systemone(request: Request) -> Response:
-    """``POST /v1/systemone``: answer one System One request (see the module docstring for every status)."""
+    """``POST /v1/systemone``: answer one System One request (see the module docstring for every status), in a
+    server span continuing the caller's ``traceparent``."""
     runtime = _runtime(request)
     started = time.perf_counter()
-    response, outcome = await _answer(request, runtime)
+    attributes = {"http.request.method": "POST", "url.path": "/v1/systemone", "gen_ai.operation.name": GEN_AI_OPERATION}
+    with runtime.tracer.start_as_current_span(
+        "POST /v1/systemone", context=propagate.extract(request.headers), kind=SpanKind.SERVER, attributes=attributes
+    ) as span:
+        response, outcome = await _answer(request, runtime)
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", response.status_code)
+            if response.status_code >= 400:
+                span.set_attribute("error.type", str(response.status_code))
     runtime.metrics.request_done(outcome, time.perf_counter() - started)
     return response
 
@@ -257,18 +353,20 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     config = runtime.config
     try:
         timeout = _http.parse_timeout(request.headers, config.default_timeout_s, config.max_timeout_s)
+        content_type = request.headers.get("content-type", "")
+        multipart = _intake.body_kind(content_type) == "multipart"
         declared = declared_length(request.headers.get("content-length", "").encode() or None)
         raw = await read_body(request.receive, config.max_body_bytes, declared)
         if raw is None:
             return Response(status_code=499), "cancelled"
         raw = _intake.decode_content(raw, request.headers.get("content-encoding"), config.max_body_bytes)
         parts: dict[str, tuple[str, bytes]] = {}
-        content_type = request.headers.get("content-type", "")
-        if content_type.split(";", 1)[0].strip().lower() == "multipart/form-data":
+        if multipart:
             raw, parts = _intake.split_multipart(raw, content_type)
         body = loads(raw)
         if isinstance(body, dict):
-            body = _intake.assets_to_images(body, parts)
+            body, names = _intake.assets_to_images(body, parts)
+            _intake.check_images(body, config.max_image_pixels, names)
         system_request = SystemOneRequestV1.from_json(body, profile=config.validation_profile)
     except BodyError as exc:
         return _http.error_response(exc.status, exc.code, exc.reason, field=exc.field), "invalid"
@@ -280,6 +378,8 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         return _http.error_response(422, _http.INVALID_REQUEST, str(exc), errors=errors), "invalid"
     if system_request.model not in runtime.model_names():
         return _model_not_found(runtime, system_request.model, "model"), "invalid"
+    span = trace.get_current_span()
+    span.set_attribute("gen_ai.request.model", system_request.model)
     try:
         answer = await _http.unless_disconnected(request.receive, backend.decide(system_request, timeout=timeout))
     except _http.ClientGone:
@@ -301,7 +401,11 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         logger.error("model produced a malformed answer: %s", exc)
         return _http.error_response(500, _http.MALFORMED_ANSWER, str(exc)), "error"
     headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}
-    return JSONResponse(answer.to_json(), headers=headers), "ok"
+    span.set_attribute("gen_ai.usage.input_tokens", answer.usage.input_tokens)
+    body = answer.to_json()
+    if answer.usage.state_tokens_dropped:  # the reference's usage has no such key; a cut is never silent here
+        body["usage"]["state_tokens_dropped"] = answer.usage.state_tokens_dropped
+    return JSONResponse(body, headers=headers), "ok"
 
 
 def _model_not_found(runtime: _Runtime, name: str, field: str) -> JSONResponse:
@@ -370,13 +474,43 @@ async def _readyz(request: Request) -> Response:
         return _not_ready(runtime)
     batcher = runtime.backend.batcher
     return JSONResponse(
-        {"status": "ready", "model": runtime.backend.model_revision, "queue_depth": batcher.queue_depth}
+        {
+            "status": "ready",
+            "model": runtime.backend.model_revision,
+            "queue_depth": batcher.queue_depth,
+            "canaries": len(runtime.backend.canaries),
+        }
     )
 
 
 async def _metrics(request: Request) -> Response:
     """``GET /metrics``: Prometheus text exposition."""
     return Response(_runtime(request).metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+
+class _ApiKeys:
+    """ASGI middleware: ``/v1/*`` needs ``Authorization: Bearer <key>`` with one of ``keys`` (401 otherwise)."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = tuple(k.encode() for k in keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.keys or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, _, token = given.partition(b" ")
+        token = token.strip()
+        # compare with every key (no early exit) so the time taken does not say which key was close
+        matched = [hmac.compare_digest(token, key) for key in self.keys]
+        if scheme.lower() == b"bearer" and any(matched):
+            await self.app(scope, receive, send)
+            return
+        message = "this worker needs Authorization: Bearer <api key>" if not given else "the API key is not valid"
+        response = _http.error_response(401, _http.UNAUTHORIZED, message, field="headers.authorization")
+        response.headers["www-authenticate"] = 'Bearer realm="guard-worker"'
+        await response(scope, receive, send)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -401,6 +535,7 @@ def create_app(
     *,
     config: WorkerConfig | None = None,
     metrics: WorkerMetrics | None = None,
+    tracer_provider: Any = None,
 ) -> Starlette:
     """Build the worker app.
 
@@ -410,11 +545,12 @@ def create_app(
             finishing queued work.
         config: serving options (:class:`WorkerConfig` defaults when ``None``).
         metrics: where metrics go (a private Prometheus-backed :class:`WorkerMetrics` when ``None``).
+        tracer_provider: where the server spans go (``None``: the global provider; a no-op until one is set).
 
     Returns:
         A Starlette app; run it with uvicorn. ``app.state.worker`` holds the runtime (``phase``, ``backend``).
     """
-    runtime = _Runtime(backend, config or WorkerConfig(), metrics or WorkerMetrics())
+    runtime = _Runtime(backend, config or WorkerConfig(), metrics or WorkerMetrics(), tracer_provider)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -441,7 +577,7 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
         exception_handlers=handlers,
-        middleware=[Middleware(_http.RequestIdMiddleware)],
+        middleware=[Middleware(_http.RequestIdMiddleware), Middleware(_ApiKeys, keys=runtime.config.api_keys)],
     )
     app.state.worker = runtime
     return app

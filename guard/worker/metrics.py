@@ -23,7 +23,8 @@ go to that provider's readers (OTLP, say) and ``/metrics`` serves nothing of its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
@@ -33,14 +34,16 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from guard._buckets import DURATION_BUCKETS_S
 from guard.backends.batcher import BatchInfo
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "WorkerMetrics"]
 
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-#: Histogram bucket boundaries (seconds for latencies, counts for sizes).
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Histogram bucket boundaries (seconds for durations: guard's shared 25 us - 10 s bounds plus 30 s, the longest
+#: default deadline; counts for sizes).
+LATENCY_BUCKETS_S = (*DURATION_BUCKETS_S, 30.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)
 
@@ -69,6 +72,8 @@ class WorkerMetrics:
     Args:
         meter_provider: where the instruments live; ``None`` builds a private SDK provider with a Prometheus reader
             on a private registry, rendered by :meth:`render`.
+        extra_readers: more readers for the private provider (OTLP or console, from
+            :func:`guard.engine.telemetry.metric_readers_from_env`).
 
     Example:
         >>> metrics = WorkerMetrics()
@@ -77,14 +82,16 @@ class WorkerMetrics:
         True
     """
 
-    def __init__(self, *, meter_provider: MeterProvider | None = None) -> None:
+    def __init__(self, *, meter_provider: MeterProvider | None = None, extra_readers: Sequence[Any] = ()) -> None:
         self.registry: CollectorRegistry | None = None
         self._own_provider: SdkMeterProvider | None = None
         if meter_provider is None:
             self.registry = CollectorRegistry(auto_describe=True)
             reader = PrometheusMetricReader(registry=self.registry)
             self._own_provider = SdkMeterProvider(
-                metric_readers=[reader], views=_views(), resource=Resource.create({"service.name": SERVICE_NAME})
+                metric_readers=[reader, *extra_readers],
+                views=_views(),
+                resource=Resource.create({"service.name": SERVICE_NAME}),
             )
             meter_provider = self._own_provider
         meter = meter_provider.get_meter(_METER_NAME)

@@ -12,7 +12,7 @@ from guard.asgi._metrics import HttpMetrics
 
 def _samples(text: str, name: str) -> dict[tuple[str, str], float]:
     return {
-        (s.labels["policy"], s.labels["action"]): s.value
+        (s.labels["guard_policy_id"], s.labels["guard_action"]): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
         if s.name == name
@@ -22,8 +22,8 @@ def _samples(text: str, name: str) -> dict[tuple[str, str], float]:
 def test_guarded_requests_are_written_as_a_prometheus_counter_writes_them() -> None:
     metrics = HttpMetrics()
     reference_registry = CollectorRegistry(auto_describe=True)
-    reference = Counter("guard_http_guarded_requests", "Guarded requests by policy and action.", ["policy", "action"],
-                        registry=reference_registry)  # fmt: skip
+    reference = Counter("guard_http_guarded_requests", "Guarded requests by policy and action.",
+                        ["guard_policy_id", "guard_action"], registry=reference_registry)  # fmt: skip
     for policy, action in [("api", "allow"), ("api", "allow"), ("api", "block"), ("tools", "escalate")]:
         metrics.count_request(policy, action)
         reference.labels(policy, action).inc()
@@ -46,5 +46,5 @@ def test_guarded_requests_honour_disabled_created_series(monkeypatch: pytest.Mon
     metrics = HttpMetrics()
     metrics.count_request("p", "allow")
     text = metrics.render().decode()
-    assert 'guard_http_guarded_requests_total{action="allow",policy="p"} 1.0' in text
+    assert 'guard_http_guarded_requests_total{guard_action="allow",guard_policy_id="p"} 1.0' in text
     assert "_created" not in text

@@ -247,7 +247,7 @@ async def test_fail_open_passes_flagged_and_counted(make_guard: GuardFactory) ->
     assert response.headers["x-guard-fail-mode"] == "open" and "x-guard-decision-id" in response.headers
     assert "x-guard-action" not in response.headers  # brief headers: the application's answer, flagged fail-open
     metrics = _find_middleware(middleware).metrics.render().decode()
-    assert 'guard_http_fail_open_total{policy="open_guard"} 1.0' in metrics
+    assert 'guard_http_fail_open_total{guard_policy_id="open_guard"} 1.0' in metrics
 
 
 async def test_fail_escalate_holds_the_request(make_guard: GuardFactory) -> None:

@@ -153,12 +153,14 @@ async def test_start_warms_up_with_the_worker_self_test(clef_fp32: ClefModel) ->
     backend = LocalBackend(clef_fp32, on_batch=infos.append)
     await asyncio.gather(backend.start(), backend.start())  # concurrent callers share one warm-up
     self_test_tokens = len(clef_fp32.encode(SELF_TEST_REQUEST, max_length=backend.max_length).input_ids)
-    assert [(info.size, info.tokens) for info in infos] == [(1, self_test_tokens)]
+    warm_up = 1 + 2 * len(backend.canaries)  # the well-formedness request, then each canary's two states
+    assert len(backend.canaries) == 2 and len(infos) == warm_up
+    assert (infos[0].size, infos[0].tokens) == (1, self_test_tokens) and all(i.size == 1 for i in infos)
     await backend.start()  # idempotent: no second self-test
-    assert len(infos) == 1
+    assert len(infos) == warm_up
     async with backend:
         await backend.decide(request(ticket_body(0)), timeout=30)
-    assert len(infos) == 2
+    assert len(infos) == warm_up + 1
 
 
 async def test_a_lazy_start_warms_up_before_the_first_request(clef_fp32: ClefModel) -> None:
@@ -167,7 +169,8 @@ async def test_a_lazy_start_warms_up_before_the_first_request(clef_fp32: ClefMod
     body = request(ticket_body(0))
     await backend.decide(body)
     await backend.aclose()
-    assert len(infos) == 2 and infos[1].tokens == len(clef_fp32.encode(body).input_ids)
+    warm_up = 1 + 2 * len(backend.canaries)
+    assert len(infos) == warm_up + 1 and infos[-1].tokens == len(clef_fp32.encode(body).input_ids)
 
 
 @pytest.mark.parametrize("max_length", [300, 480])

@@ -87,6 +87,7 @@ def test_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "harmful": False,
         "spam": False,
         "uncertain": True,
+        "partly-read": False,
     }
     assert report["verdict"]["action"] == "escalate" and report["verdict"]["rule"] == "uncertain"
     assert {m: v["action"] for m, v in report["fail_modes"].items()} == {
@@ -169,7 +170,8 @@ def test_explain_with_a_local_checkpoint_warms_up_then_answers(
     report = json.loads(capsys.readouterr().out)
     assert report["error"] is None and report["verdict"]["fail_mode"] is None
     assert set(report["answers"]) == {"injection", "harmful", "spam"}
-    assert [rule for rule, _ in report["rules"]] == ["hidden-text", "injection", "harmful", "spam", "uncertain"]
+    assert [rule for rule, _ in report["rules"]] == ["hidden-text", "injection", "harmful", "spam", "uncertain",
+                                                     "partly-read"]  # fmt: skip
     assert all(isinstance(value, bool) for _, value in report["rules"])
 
 
@@ -181,7 +183,8 @@ async def test_explain_starts_the_backend_before_the_timed_decision(golden_check
     self_test = len(backend.model.encode(SELF_TEST_REQUEST).input_ids)
     report = await explain(POLICIES / "api_abuse.yaml", HTTP_SUBJECT, backend_factory=lambda: backend)
     assert report["error"] is None
-    assert events[0] == f"batch of {self_test} tokens" and len(events) == 2
+    warm_up = 1 + 2 * len(backend.canaries)  # the self-test request, then each canary's two states
+    assert events[0] == f"batch of {self_test} tokens" and len(events) == warm_up + 1
 
 
 @pytest.mark.parametrize("timeout_ms", ["1", "0.5"])

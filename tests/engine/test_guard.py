@@ -338,7 +338,9 @@ async def test_reload_failure_keeps_the_last_good_policies(tmp_path: Path) -> No
         guard.reload()
     assert caught.value.line == good.count("\n") + 2 and "duplicate key 'threshold'" in str(caught.value)
     assert (await guard.aevaluate(subject)).action == "block"  # still the last good policy
-    assert guard.health()["reload_failures"] == 1 and guard.health()["status"] == "degraded"
+    health = guard.health()
+    assert health["details"]["policy_reload"]["reload_failures"] == 1 and health["status"] == "degraded"
+    assert health["checks"]["policy_reload"] == "reload_failed" and health["ready"] is True
     path.write_text(good.replace("serves.noul < 0.5", "serves.noul < 0.05"))
     guard.reload()
     assert (await guard.aevaluate(subject)).action == "allow"
@@ -518,11 +520,11 @@ async def test_an_attack_after_the_cap_of_the_shipped_policies_is_read_and_the_c
     result = await guard.aevaluate(AgentSubject(event="tool_result", tool_name="fetch", tool_result=page))
     assert (result.action, result.rule, result.flags) == ("block", "instructions", {"truncated": 1})
     assert result.answers["injection"].noul > 0.9  # the model read the cut state's tail too
-    # Padding on both sides hides the attack from a head-and-tail read: then the verdict allows, and says it read a
-    # cut state (verdict, decision log, counter), so the partial read is never silent.
+    # Padding on both sides hides the attack from a head-and-tail read: the policy's partly-read rule escalates it
+    # (never an allow), and the verdict says it read a cut state (verdict, decision log, counter).
     hidden = FILLER * 40 + ATTACK + FILLER * 40
     allowed = await guard.aevaluate(post(hidden))
-    assert (allowed.action, allowed.flags) == ("allow", {"truncated": 1})
+    assert (allowed.action, allowed.rule, allowed.flags) == ("escalate", "partly-read", {"truncated": 1})
     assert "characters cut" in allowed.state["text"]
     # A short request is untouched and unflagged.
     short = await guard.aevaluate(post(ATTACK))

@@ -95,9 +95,14 @@ async def test_one_span_per_decision_with_stable_attributes(otel: Any) -> None:
         "guard.decision_id": blocked.decision_id, "guard.policy.id": "api", "guard.policy.version": "7",
         "guard.rule": "injection", "guard.action": "block", "guard.status": 403, "guard.cache_hit": False,
         "guard.cache": "miss", "guard.backend": "clef-local", "guard.model": "clef-flash",
-        "gen_ai.request.model": "clef-flash",
+        "gen_ai.request.model": "clef-flash", "gen_ai.operation.name": "text_completion",
         "guard.model_revision": "r9", "guard.latency_ms": round(blocked.latency_ms, 3),
     }
+    (event,) = spans[0].events
+    assert event.name == "gen_ai.evaluation.result" and dict(event.attributes) == {
+        "gen_ai.evaluation.name": "api", "gen_ai.evaluation.score.label": "block",
+        "gen_ai.evaluation.explanation": "injection",
+    }  # fmt: skip
     assert spans[1].attributes["guard.action"] == "allow" and spans[1].attributes["guard.rule"] == "default"
     assert spans[2].attributes["guard.cache_hit"] is True and spans[2].attributes["guard.cache"] == "hit"
     assert "guard.policy.id" not in spans[3].attributes and spans[3].attributes["guard.action"] == "allow"

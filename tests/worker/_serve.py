@@ -102,9 +102,10 @@ def serve_worker(
 ) -> Iterator[RunningWorker]:
     """Serve ``backend`` through the worker app; the app closes the backend when the server stops.
 
-    Without ``config`` the worker serves the checkpoint as ``clef-flash``, the model name policies send by default.
+    Without ``config`` the worker serves the checkpoint as ``clef-flash``, the model name policies send by default,
+    and runs its canaries at start-up only (a periodic run would add forward passes that tests count).
     """
-    app = create_app(backend, config=config or WorkerConfig(model_name="clef-flash"))
+    app = create_app(backend, config=config or WorkerConfig(model_name="clef-flash", canary_interval_s=0))
     server = ServerThread(app, uds=uds)
     try:
         url = server.start()

@@ -47,7 +47,8 @@ def assert_close(got: Any, want: Any, tol: float = 2e-4, path: str = "$") -> Non
 @pytest.fixture(scope="module")
 def worker(clef_fp32: ClefModel) -> Iterator[RunningWorker]:
     backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=16, max_wait_ms=5))
-    config = WorkerConfig(max_body_bytes=BODY_CAP, model_name="clef-flash", model_aliases=("clef-public-tiny",))
+    config = WorkerConfig(max_body_bytes=BODY_CAP, model_name="clef-flash", model_aliases=("clef-public-tiny",),
+                          canary_interval_s=0)  # counts of forward passes below must not see a periodic canary run
     with serve_worker(backend, config=config) as running:
         yield running
 
@@ -170,7 +171,9 @@ async def test_bad_requests_get_a_4xx_naming_the_field(
     worker: RunningWorker, content: bytes, headers: dict[str, str], status: int, code: str, field: str
 ) -> None:
     async with worker.client() as client:
-        response = await client.post("/v1/systemone", content=content, headers=headers)
+        response = await client.post(
+            "/v1/systemone", content=content, headers={"content-type": "application/json", **headers}
+        )
         assert response.status_code == status, response.text
         body = response.json()
         assert body["code"] == code and body["field"] == field and body["message"]
@@ -319,7 +322,9 @@ async def test_loads_from_a_callable_on_startup(clef_fp32: ClefModel) -> None:
     with serve_app_in_thread(app) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             models = (await client.get("/v1/models")).json()
-            response = await client.post("/v1/systemone", content=json.dumps(ticket_body(9)))
+            response = await client.post(
+                "/v1/systemone", content=json.dumps(ticket_body(9)), headers={"content-type": "application/json"}
+            )
     assert models["models"][0]["name"] == "clef-flash"
     assert response.status_code == 200
 

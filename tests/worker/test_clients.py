@@ -113,7 +113,7 @@ async def test_every_content_encoding_gives_the_plain_answer(worker: RunningWork
     raw = json.dumps({"model": "jev-latest", "state": LONG_STATE, "questions": QUESTIONS}).encode()
     headers = {"content-type": "application/json", "content-encoding": encoding}
     async with worker.client() as client:
-        plain = await client.post("/v1/systemone", content=raw)
+        plain = await client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"})
         packed = await client.post("/v1/systemone", content=ENCODERS[encoding](raw), headers=headers)
     assert packed.status_code == 200, packed.text
     assert packed.json()["answers"]["risky"]["noul"] == pytest.approx(plain.json()["answers"]["risky"]["noul"],
@@ -125,15 +125,18 @@ async def test_a_compression_bomb_is_413_whatever_the_encoding(worker: RunningWo
     bomb = ENCODERS[encoding](b" " * (64 * CAP))  # 16 MiB of whitespace, a few KiB on the wire
     assert len(bomb) < CAP
     async with worker.client() as client:
-        response = await client.post("/v1/systemone", content=bomb, headers={"content-encoding": encoding})
+        response = await client.post("/v1/systemone", content=bomb,
+                                     headers={"content-encoding": encoding, "content-type": "application/json"})
     assert response.status_code == 413 and response.json()["code"] == "body_too_large"
 
 
 async def test_unknown_encodings_corrupt_streams_and_bad_multipart_are_4xx(worker: RunningWorker) -> None:
     raw = json.dumps({"model": "jev-latest", "state": "hi", "questions": QUESTIONS}).encode()
     async with worker.client() as client:
-        lzw = await client.post("/v1/systemone", content=raw, headers={"content-encoding": "compress"})
-        corrupt = await client.post("/v1/systemone", content=b"not gzip", headers={"content-encoding": "gzip"})
+        json_type = {"content-type": "application/json"}
+        lzw = await client.post("/v1/systemone", content=raw, headers={"content-encoding": "compress", **json_type})
+        corrupt = await client.post("/v1/systemone", content=b"not gzip",
+                                    headers={"content-encoding": "gzip", **json_type})
         no_request = await client.post("/v1/systemone", files={"asset-0": ("a.png", PNG, "image/png")})
         unclaimed = await client.post(
             "/v1/systemone",

@@ -1,0 +1,68 @@
+"""The gateway's readiness endpoint (``GET /_guard/health`` of ``guard proxy``): what the report says, and to whom.
+
+Anyone gets the status, ``ready`` and one code per check (:func:`guard.engine.health.public_health`): no error text
+and nothing of the policies. A caller with an admin bearer token (``Authorization: Bearer <token>``; ``guard proxy``
+takes its reviewers' tokens) gets the full report with ``details``. The HTTP status is 200 while ``ready`` (``ok`` or
+``degraded``) and 503 when ``failing``: no policy loaded, a backend that fails every call or its canary, or an
+upstream that cannot be reached (see :mod:`guard.engine.health`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from guard.asgi._responses import send_json
+from guard.engine.health import FailureTracker, health_report, public_health
+from guard.policy.watch import PolicyWatcher
+
+if TYPE_CHECKING:
+    from starlette.types import Scope, Send
+
+    from guard.engine import Guard
+
+__all__ = ["HealthEndpoint"]
+
+
+class HealthEndpoint:
+    """Answers health requests for one gateway.
+
+    Args:
+        guard: the engine.
+        upstream: the proxy's upstream tracker (``ReverseProxy.health``), reported as check ``upstream``.
+        admin_tokens: bearer tokens that see the details (none: nobody does).
+        watcher: the policy watcher, when one runs (set later with :attr:`watcher` when it is made after the app).
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        upstream: FailureTracker | None = None,
+        admin_tokens: Iterable[str] = (),
+        watcher: PolicyWatcher | None = None,
+    ) -> None:
+        self.guard = guard
+        self.upstream = upstream
+        self.watcher = watcher
+        self._digests = [hashlib.sha256(t.encode()).digest() for t in admin_tokens]
+
+    def _admin(self, scope: Scope) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        bearer = given.startswith(b"Bearer ")
+        presented = hashlib.sha256(given[7:] if bearer else b"").digest()
+        matched = [secrets.compare_digest(presented, d) for d in self._digests]  # all compared: timing tells nothing
+        return bearer and any(matched)
+
+    def report(self) -> dict[str, Any]:
+        """The full report (:func:`guard.engine.health.health_report`) with the upstream check."""
+        parts = {"upstream": self.upstream.check("failing")} if self.upstream is not None else None
+        return health_report(self.guard, watcher=self.watcher, parts=parts)
+
+    async def __call__(self, scope: Scope, send: Send) -> None:
+        """Send the report: codes only, or everything for an admin; 503 while failing."""
+        report = self.report()
+        body = report if self._admin(scope) else public_health(report)
+        await send_json(send, 200 if report["ready"] else 503, body, [(b"cache-control", b"no-store")])

@@ -1,0 +1,39 @@
+"""OpenTelemetry set up from the standard ``OTEL_*`` variables, for the long-running commands (``proxy``, ``worker
+serve``). ``opentelemetry-instrument`` works too: a provider it installed first is kept."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["install_metrics_from_env", "install_tracing_from_env"]
+
+
+def install_metrics_from_env() -> None:
+    """Install the meter provider the ``OTEL_METRICS_EXPORTER`` variables describe (once per process): the engine's
+    metrics on /_guard/metrics (``prometheus``, the default) and/or pushed over OTLP or to the console. Raises
+    ValueError for an unknown exporter."""
+    from opentelemetry import metrics
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from guard.engine.telemetry import metric_readers_from_env
+
+    if not isinstance(metrics.get_meter_provider(), MeterProvider):
+        readers, prometheus = metric_readers_from_env(os.environ)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[*([PrometheusMetricReader()] if prometheus else []),
+                                                                 *readers]))  # fmt: skip
+
+
+def install_tracing_from_env() -> None:
+    """Install the tracer provider the ``OTEL_*`` variables describe (once per process; none when they ask for
+    none). Raises ValueError for an unknown ``OTEL_TRACES_EXPORTER``."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from guard.engine.telemetry import tracer_provider_from_env
+
+    if isinstance(trace.get_tracer_provider(), TracerProvider):
+        return  # already configured, e.g. by opentelemetry-instrument
+    provider = tracer_provider_from_env(os.environ)
+    if provider is not None:
+        trace.set_tracer_provider(provider)

@@ -1,0 +1,265 @@
+"""What health reports: each part's state as a short code, and the details behind it.
+
+* :class:`FailureTracker`: the outcome of a part's recent calls (a backend's decisions, the proxy's upstream): it is
+  ``failing`` while its last call failed within ``window_s`` seconds (every request then fails closed or 502s).
+* :class:`HealthMonitor`: runs each backend's canaries (:mod:`guard.backends.selftest`) at start-up and every
+  ``interval_s`` seconds; a backend whose canary fails is ``canary_failed`` and the engine refuses its answers
+  (``BackendUnavailable``, ``reason="canary_failed"``: the policy's fail mode decides) until a run passes.
+* :func:`health_report`: ``{"status", "ready", "checks": {part: code}, "details": {...}}`` from the engine, the
+  monitor, the policy watcher and any other parts; :func:`public_health` keeps codes only (no error text, no policy
+  content) for unauthenticated callers.
+
+Status: ``failing`` when a check fails every request (no policy, a backend failing or failing its canary, the
+upstream failing); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
+reload, a dead reload watcher); else ``ok``. ``ready`` is ``status != "failing"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from guard.backends.selftest import Canary, CanaryFailed, catalog_canaries, clef_canaries, run_canaries
+from guard.errors import GuardError
+
+if TYPE_CHECKING:
+    from guard.backends.base import DecisionBackend
+    from guard.policy.watch import PolicyWatcher
+
+__all__ = [
+    "DEFAULT_CANARY_INTERVAL_S",
+    "DEFAULT_FAILING_WINDOW_S",
+    "Check",
+    "FailureTracker",
+    "HealthMonitor",
+    "canaries_for",
+    "error_code",
+    "health_report",
+    "public_health",
+]
+
+logger = logging.getLogger("guard.health")
+
+#: Seconds a failed call keeps its part ``failing`` when no call succeeded since.
+DEFAULT_FAILING_WINDOW_S = 30.0
+#: Seconds between canary runs of the gateway's backends.
+DEFAULT_CANARY_INTERVAL_S = 60.0
+_SEVERITY = {"ok": 0, "degraded": 1, "failing": 2}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One part's state: ``code`` (``ok`` or a snake_case failure code), ``severity`` (``ok``, ``degraded`` or
+    ``failing``) and ``detail`` (for authenticated callers only: may hold error text)."""
+
+    code: str
+    severity: str = "ok"
+    detail: Mapping[str, Any] | None = None
+
+
+class FailureTracker:
+    """The outcome of a part's recent calls.
+
+    Args:
+        window_s: seconds a failure keeps the part ``failing`` when nothing succeeded since.
+    """
+
+    __slots__ = ("calls_failed", "last_code", "last_error", "last_failure_at", "window_s")
+
+    def __init__(self, window_s: float = DEFAULT_FAILING_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.last_failure_at: float | None = None  # None: the last call succeeded (or none was made)
+        self.last_code = ""
+        self.last_error = ""
+        self.calls_failed = 0
+
+    def success(self) -> None:
+        """A call succeeded (one attribute store: cheap enough for every request)."""
+        self.last_failure_at = None
+
+    def failure(self, code: str, message: str) -> None:
+        """A call failed with ``code`` (snake_case, shown to anyone) and ``message`` (shown to admins only)."""
+        self.last_failure_at = time.monotonic()
+        self.last_code = code
+        self.last_error = message[:300]
+        self.calls_failed += 1
+
+    def check(self, failing_code: str) -> Check:
+        """``failing`` (with ``failing_code``) while the last call failed within the window, else ``ok``."""
+        detail = {"calls_failed": self.calls_failed, "last_error": self.last_error or None}
+        at = self.last_failure_at
+        if at is not None and time.monotonic() - at < self.window_s:
+            return Check(failing_code, "failing", {**detail, "error_code": self.last_code,
+                                                   "seconds_ago": round(time.monotonic() - at, 1)})  # fmt: skip
+        return Check("ok", "ok", detail)
+
+
+def canaries_for(backend: DecisionBackend, question_ids: Sequence[str]) -> list[Canary]:
+    """The canaries that ``backend`` is checked with: its own (a :class:`~guard.backends.local.LocalBackend`'s
+    ``canaries``); the catalog canaries of ``question_ids`` it can answer, at their margins, for a backend that says
+    what it answers (the compact model's ``explain``); else (a remote System One server) the catalog states with
+    :func:`~guard.backends.selftest.clef_canaries`' default: the answers must depend on the state."""
+    own = getattr(backend, "canaries", None)
+    if own is not None:
+        return list(own)
+    explain = getattr(backend, "explain", None)
+    if callable(explain):
+        return [c for c in catalog_canaries(question_ids) if explain(c.question) is None]
+    return clef_canaries()
+
+
+class HealthMonitor:
+    """Runs every backend's canaries now and every ``interval_s`` seconds, and keeps the results.
+
+    Args:
+        guard: the :class:`~guard.engine.Guard` whose backends are checked (it reads :attr:`canary_failed` before
+            each model call).
+        interval_s: seconds between runs (0: only when :meth:`check` is called, e.g. at start-up).
+        timeout_s: seconds one backend's canaries may take.
+
+    Example:
+        >>> monitor = HealthMonitor(guard)   # doctest: +SKIP
+        >>> await monitor.start()            # first run, then every minute
+    """
+
+    def __init__(
+        self, guard: Any, *, interval_s: float = DEFAULT_CANARY_INTERVAL_S, timeout_s: float = 30.0
+    ) -> None:
+        if interval_s < 0 or timeout_s <= 0:
+            raise ValueError("interval_s must be >= 0 and timeout_s > 0 seconds")
+        self.guard = guard
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.results: dict[str, Check] = {}
+        self.canary_failed: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        guard.monitor = self
+
+    async def check(self) -> dict[str, Check]:
+        """One run over every backend; returns (and keeps) each backend's canary check."""
+        for name, backend in self.guard.backends.items():
+            ids = [q.wire.id for p in self.guard.policies.policies for q in p.questions
+                   if self.guard.backend_for(p) is backend]  # fmt: skip
+            canaries = canaries_for(backend, ids)
+            self.results[name] = await self._run(name, backend, canaries)
+        return dict(self.results)
+
+    async def _run(self, name: str, backend: DecisionBackend, canaries: Sequence[Canary]) -> Check:
+        if not canaries:
+            return Check("no_canary", "ok", {"canaries": 0})
+        try:
+            results = await run_canaries(backend, canaries, timeout=self.timeout_s)
+        except CanaryFailed as exc:
+            if name not in self.canary_failed:
+                logger.error("backend %r failed its canary; its answers are refused: %s", name, exc)
+            self.canary_failed.add(name)
+            return Check("canary_failed", "failing", {"canaries": [r.to_json() for r in exc.results]})
+        except (GuardError, TimeoutError) as exc:
+            if getattr(exc, "reason", None) not in ("overloaded", "http_429"):  # down, not busy: report it
+                self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
+            return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
+        if name in self.canary_failed:
+            logger.info("backend %r passed its canary again", name)
+        self.canary_failed.discard(name)
+        return Check("ok", "ok", {"canaries": [r.to_json() for r in results]})
+
+    async def start(self) -> None:
+        """Run once now, then every ``interval_s`` in the running loop (when > 0). Idempotent."""
+        if self._task is not None:
+            return
+        await self.check()
+        if self.interval_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="guard-health-monitor")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.check()
+            except Exception:  # the monitor must outlive any one bad run
+                logger.exception("health monitor run failed")
+
+    async def aclose(self) -> None:
+        """Stop the periodic runs. Idempotent."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+def error_code(exc: BaseException) -> str:
+    """The code :class:`FailureTracker` records for ``exc``: its class name in snake_case, plus the ``reason`` of a
+    ``BackendUnavailable`` (``backend_unavailable:connection``); never its text."""
+    name = "".join("_" + c.lower() if c.isupper() else c for c in type(exc).__name__).lstrip("_")
+    reason = getattr(exc, "reason", None)
+    return name + (f":{reason}" if isinstance(reason, str) and reason else "")
+
+
+def _watcher_check(watcher: PolicyWatcher | None) -> Check:
+    if watcher is None:
+        return Check("off", "ok")
+    detail = {"reloads": watcher.reloads, "failures": watcher.failures, "last_error": watcher.last_error}
+    if not watcher.alive:
+        return Check("watcher_dead", "degraded", detail)
+    if watcher.last_error is not None:  # the last change was refused; the last good policies serve
+        return Check("reload_failed", "degraded", detail)
+    return Check("ok", "ok", detail)
+
+
+def health_report(
+    guard: Any, *, watcher: PolicyWatcher | None = None, parts: Mapping[str, Check] | None = None
+) -> dict[str, Any]:
+    """The full report (for the library caller and authenticated admins).
+
+    Args:
+        guard: the :class:`~guard.engine.Guard` (policies, cache, backends and, when one is attached, its
+            :class:`HealthMonitor`).
+        watcher: the policy watcher, when one runs.
+        parts: other checks by name (the proxy's ``upstream``).
+
+    Returns:
+        ``{"status": "ok" | "degraded" | "failing", "ready": bool, "checks": {name: code or {backend: code}},
+        "details": {name: ...}}``.
+    """
+    checks: dict[str, Check] = {}
+    policies = guard.policies
+    checks["policies"] = Check("ok", "ok", {"loaded": len(policies)}) if len(policies) else Check("none", "failing")
+    reload_detail = {"reload_failures": policies.reload_failures,
+                     "last_reload_error": str(policies.last_error) if policies.last_error else None}  # fmt: skip
+    checks["policy_reload"] = (
+        Check("reload_failed", "degraded", reload_detail) if policies.last_error else Check("ok", "ok", reload_detail)
+    )
+    checks["policy_watcher"] = _watcher_check(watcher)
+    cache = guard.cache.health()
+    checks["cache"] = Check(cache.status if cache.status != "ok" else "ok",
+                            "ok" if cache.status == "ok" else "degraded", cache.to_json())  # fmt: skip
+    backends: dict[str, Check] = {}
+    monitor: HealthMonitor | None = getattr(guard, "monitor", None)
+    for name in guard.backends:
+        check = guard.backend_health[name].check("failing")
+        canary = monitor.results.get(name) if monitor is not None else None
+        if canary is not None and canary.severity == "failing" and check.severity != "failing":
+            check = canary
+        detail = {**(check.detail or {}), "canary": dict(canary.detail or {}, code=canary.code) if canary else None}
+        backends[name] = Check(check.code, check.severity, detail)
+    for name, check in (parts or {}).items():
+        checks[name] = check
+    worst = max([*(c.severity for c in checks.values()), *(c.severity for c in backends.values())],
+                key=_SEVERITY.__getitem__)  # fmt: skip
+    codes: dict[str, Any] = {n: c.code for n, c in checks.items()}
+    details: dict[str, Any] = {n: dict(c.detail or {}) for n, c in checks.items()}
+    codes["backends"] = {n: c.code for n, c in backends.items()}
+    details["backends"] = {n: dict(c.detail or {}) for n, c in backends.items()}
+    return {"status": worst, "ready": worst != "failing", "checks": codes, "details": details}
+
+
+def public_health(report: Mapping[str, Any]) -> dict[str, Any]:
+    """``report`` without its details: status, readiness and one code per check (nothing a caller could learn the
+    policies or error text from)."""
+    return {"status": report["status"], "ready": report["ready"], "checks": report["checks"]}

@@ -1,0 +1,122 @@
+"""Issue 18 item 5 on the gateway: ``/_guard/health`` tells the truth over real HTTP (backend down, upstream down,
+a degenerate backend, a reload watcher hit by a reader error), and tells strangers codes only."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from guard.asgi.proxy import ProxyConfig, proxy_app
+from guard.backends.http import SystemOneClient
+from guard.engine import Guard
+from guard.engine.health import HealthMonitor
+from guard.policy import load_files
+from guard.policy.watch import PolicyWatcher
+from tests._degenerate import always_no_app
+from tests.asgi._apps import POLICY
+from tests.asgi._servers import serve_in_thread
+from tests.worker._serve import serve_app_in_thread
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "health-admin-token-0123456789"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def dead_url() -> str:
+    """A loopback URL nothing listens on (the port was bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def test_health_reports_a_dead_backend_and_upstream_and_leaks_nothing() -> None:
+    guard = Guard(load_files(POLICY), backends=SystemOneClient(dead_url(), timeout=2))
+    app = proxy_app(guard, ProxyConfig(dead_url(), connect_timeout=1), reviewers={"alice": TOKEN},
+                    on_shutdown=guard.aclose)  # fmt: skip
+    with serve_in_thread(app, lifespan="on") as proxy:  # the guard's HTTP client lives on the server's loop
+        async with httpx.AsyncClient(base_url=proxy, timeout=30) as client:
+            before = await client.get("/_guard/health")
+            judged = await client.post("/v1/echo", json={"message": "hello"})  # fails closed: backend down
+            after_backend = await client.get("/_guard/health")
+            unjudged = await client.get("/public/echo")  # no policy: forwarded, and the upstream is down
+            after_upstream = await client.get("/_guard/health")
+            admin = await client.get("/_guard/health", headers=AUTH)
+            wrong = await client.get("/_guard/health", headers={"authorization": "Bearer " + "x" * 29})
+    assert before.status_code == 200 and before.json()["status"] == "ok"
+    assert judged.status_code == 503 and unjudged.status_code == 502
+    body = after_backend.json()
+    assert after_backend.status_code == 503 and body["status"] == "failing" and body["ready"] is False
+    assert body["checks"]["backends"] == {"default": "failing"} and body["checks"]["upstream"] == "ok"
+    assert after_upstream.status_code == 503 and after_upstream.json()["checks"]["upstream"] == "failing"
+    for public in (before, after_backend, after_upstream, wrong):
+        text = public.text
+        assert "details" not in public.json() and "Connect" not in text and "api_guard" not in text
+        assert set(public.json()) == {"status", "ready", "checks"}
+    details = admin.json()["details"]
+    assert details["backends"]["default"]["error_code"].startswith("backend_unavailable")
+    assert "ConnectError" in details["backends"]["default"]["last_error"]
+    assert details["upstream"]["error_code"] == "upstream_unavailable" and details["upstream"]["calls_failed"] == 1
+
+
+async def test_a_backend_that_always_says_no_is_failing_and_gets_no_model_calls() -> None:
+    calls: list[int] = []
+    no = always_no_app(calls)
+    with serve_app_in_thread(no, ready_path=None) as backend_url:
+        guard = Guard(load_files(POLICY), backends=SystemOneClient(backend_url, timeout=10))
+        monitor = HealthMonitor(guard, interval_s=0)
+        app = proxy_app(guard, ProxyConfig(dead_url()), reviewers={"alice": TOKEN}, on_startup=monitor.start,
+                        on_shutdown=guard.aclose)  # fmt: skip
+        with serve_in_thread(app, lifespan="on") as proxy:
+            async with httpx.AsyncClient(base_url=proxy, timeout=30) as client:
+                canary_calls = len(calls)
+                health = await client.get("/_guard/health")
+                judged = await client.post("/v1/echo", json={"message": "hello"})
+                admin = await client.get("/_guard/health", headers=AUTH)
+    assert canary_calls == 4  # two canaries, a benign and an attack state each
+    assert health.status_code == 503 and health.json()["checks"]["backends"] == {"default": "canary_failed"}
+    assert judged.status_code == 503 and judged.headers["x-guard-rule"] == "on_error"  # its fail mode decided
+    assert len(calls) == canary_calls  # the degenerate backend was never asked to decide
+    canaries = admin.json()["details"]["backends"]["default"]["canary"]["canaries"]
+    assert [c["spread"] for c in canaries] == [0.0, 0.0] and canaries[0]["question"] == "guard.prompt_injection"
+
+
+async def test_a_control_character_does_not_kill_the_watcher_and_health_says_so(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.read_text())
+    guard = Guard.from_files(policy, backends=SystemOneClient(dead_url(), timeout=1))
+    watcher = PolicyWatcher(guard.policies, interval_s=0.05)
+    app = proxy_app(guard, ProxyConfig(dead_url()), reviewers={"alice": TOKEN}, watcher=watcher,
+                    on_shutdown=guard.aclose)  # fmt: skip
+    with serve_in_thread(app, lifespan="on") as proxy:
+        async with httpx.AsyncClient(base_url=proxy, timeout=30) as client:
+            watcher.start()
+            ok = await client.get("/_guard/health")
+            policy.write_text(POLICY.read_text() + "\x01\n")  # a control character: yaml's ReaderError
+            while watcher.failures == 0:
+                await _sleep()
+            bad = await client.get("/_guard/health")
+            admin = await client.get("/_guard/health", headers=AUTH)
+            policy.write_text(POLICY.read_text().replace("version: 3", "version: 4", 1))
+            while watcher.reloads == 0:
+                await _sleep()
+            fixed = await client.get("/_guard/health")
+            await watcher.aclose()
+            dead = await client.get("/_guard/health")
+    assert ok.json()["checks"]["policy_watcher"] == "ok"
+    assert bad.status_code == 200 and bad.json()["status"] == "degraded"
+    assert bad.json()["checks"]["policy_watcher"] == "reload_failed" and watcher.failures == 1
+    assert "control character" in admin.json()["details"]["policy_watcher"]["last_error"]
+    assert "control character" not in bad.text and "policy.yaml" not in bad.text
+    assert fixed.json()["checks"]["policy_watcher"] == "ok"  # the later valid change was applied
+    assert guard.policies.policies[0].version == "4"
+    assert dead.json()["checks"]["policy_watcher"] == "watcher_dead" and dead.json()["status"] == "degraded"
+
+
+async def _sleep() -> None:
+    await asyncio.sleep(0.02)

@@ -1,0 +1,283 @@
+"""Issue 18 items 5, 7, 9 on the worker side: the canary self-test (a degenerate model never becomes ready),
+truncation reported on the wire, content types, image pixel limits and API keys, all over real HTTP."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from guard.backends.compact import CompactBackend
+from guard.backends.http import SystemOneClient
+from guard.backends.local import LocalBackend
+from guard.backends.selftest import CLEF_CANARY_MARGIN, CanaryFailed, catalog_canaries, clef_canaries, run_canaries
+from guard.clef.model import ClefModel
+from guard.cli import main
+from guard.engine import Guard
+from guard.errors import BackendRejected, BackendUnavailable
+from guard.policy import load_text
+from guard.subject import AgentSubject
+from guard.systemone import SystemOneRequestV1
+from guard.worker.app import WorkerConfig, WorkerPhase, create_app
+from tests._degenerate import always_no_app
+from tests.worker._requests import ticket_body
+from tests.worker._serve import ServerThread, serve_app_in_thread, serve_worker
+
+pytestmark = pytest.mark.anyio
+
+KEY = "worker-key-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def zeroed_checkpoint(golden_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The golden tiny checkpoint with every joint-head tensor zeroed: it answers 0.5 to every noul question."""
+    target = tmp_path_factory.mktemp("zeroed") / "checkpoint"
+    shutil.copytree(golden_checkpoint, target)
+    weights = load_file(target / "joint_head.safetensors")
+    save_file({name: torch.zeros_like(t) for name, t in weights.items()}, target / "joint_head.safetensors")
+    return target
+
+
+def wait_for(predicate: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+# Canary ---------------------------------------------------------------------------------------------------------
+
+
+async def test_a_zeroed_head_fails_local_backend_start_with_the_canary_named(zeroed_checkpoint: Path) -> None:
+    backend = LocalBackend.from_pretrained(zeroed_checkpoint, dtype=torch.float32)
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.start()
+    assert info.value.reason == "self_test_failed"
+    message = str(info.value)
+    assert "canary 'guard.prompt_injection'" in message and "benign 0.5000, attack 0.5000" in message
+    with pytest.raises(BackendUnavailable):  # closed: it answers nothing
+        await backend.decide(SystemOneRequestV1.from_json(ticket_body(0)))
+
+
+async def test_the_real_tiny_checkpoint_passes_its_canaries(clef_fp32: ClefModel) -> None:
+    async with LocalBackend(clef_fp32) as backend:
+        results = await run_canaries(backend, backend.canaries)
+    assert len(results) == 2 and all(r.passed and abs(r.spread) >= CLEF_CANARY_MARGIN > 0 for r in results)
+    # a directional margin a release model must reach is not reached by random tiny weights
+    strict = clef_canaries(margin=0.3, directional=True)
+    async with LocalBackend(clef_fp32, canaries=()) as backend:
+        with pytest.raises(CanaryFailed, match="needs >= 0.3"):
+            await run_canaries(backend, strict)
+    with pytest.raises(BackendUnavailable, match="needs >= 0.3"):
+        await LocalBackend(clef_fp32, canaries=strict).start()
+
+
+def test_a_worker_over_a_zeroed_head_is_never_ready(zeroed_checkpoint: Path) -> None:
+    app = create_app(lambda: LocalBackend.from_pretrained(zeroed_checkpoint, dtype=torch.float32))
+    server = ServerThread(app)
+    url = server.start(ready_path=None)
+    try:
+        wait_for(lambda: app.state.worker.phase is WorkerPhase.FAILED)
+        with httpx.Client(base_url=url, timeout=30) as client:
+            ready = client.get("/readyz")
+            answer = client.post("/v1/systemone", json=ticket_body(0))
+            alive = client.get("/healthz")
+    finally:
+        server.stop()
+    assert ready.status_code == 503 and "canary 'guard.prompt_injection'" in ready.json()["message"]
+    assert answer.status_code == 503 and alive.status_code == 503
+
+
+def test_a_model_that_degenerates_after_start_makes_the_worker_unready(golden_checkpoint: Path) -> None:
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test zeroes it
+    saved = {name: p.detach().clone() for name, p in model.head.named_parameters()}
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        assert c.get("/readyz").status_code == 200 and c.post("/v1/systemone", json=ticket_body(1)).status_code == 200
+        with torch.no_grad():
+            for p in model.head.parameters():
+                p.zero_()
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        ready = c.get("/readyz")
+        refused = c.post("/v1/systemone", json=ticket_body(1))
+        assert ready.status_code == 503 and ready.json()["code"] == "canary_failed"
+        assert refused.status_code == 503 and refused.json()["code"] == "canary_failed"
+        with torch.no_grad():
+            for name, p in model.head.named_parameters():
+                p.copy_(saved[name])
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+        assert c.get("/readyz").status_code == 200
+
+
+async def test_the_compact_model_separates_its_catalog_canaries_by_their_margin() -> None:
+    results = await run_canaries(CompactBackend.default(), catalog_canaries())
+    assert [r.question for r in results] == ["guard.prompt_injection", "guard.harmful_request"]
+    assert all(r.passed and r.spread >= r.margin >= 0.5 for r in results)
+
+
+async def test_a_backend_that_always_says_no_fails_the_canaries() -> None:
+    with serve_app_in_thread(always_no_app(), ready_path=None) as url:
+        async with SystemOneClient(url, timeout=30) as client:
+            with pytest.raises(CanaryFailed) as info:
+                await run_canaries(client, catalog_canaries())
+    assert all(r.benign == r.attack == 0.0 and not r.passed for r in info.value.results)
+
+
+# Truncation -----------------------------------------------------------------------------------------------------
+
+DROPPED_POLICY = """
+policies:
+  - id: long-read
+    version: 1
+    match: {agent: {events: [tool_result]}}
+    state: {result: tool_result}
+    questions:
+      injection: {type: noul, instructions: "Does the text give the assistant instructions?"}
+    rules:
+      - {id: partial-read, when: flags.state_tokens_dropped > 0, action: escalate}
+    timeout_ms: 60000
+"""
+
+
+async def test_a_state_cut_by_the_worker_is_reported_and_flagged_over_http(clef_fp32: ClefModel) -> None:
+    config = WorkerConfig(model_name="clef-flash")
+    with serve_worker(LocalBackend(clef_fp32, max_length=512), config=config) as worker:
+        long_text = "report text " * 400
+        body = {"model": "clef-flash", "state": long_text,
+                "questions": {"q": {"type": "noul", "instructions": "Is this a report?"}}}  # fmt: skip
+        async with worker.client() as client:
+            raw = (await client.post("/v1/systemone", json=body)).json()
+            short = (await client.post("/v1/systemone", json={**body, "state": "report"})).json()
+        assert raw["usage"]["state_tokens_dropped"] > 300 and raw["usage"]["input_tokens"] <= 512
+        assert "state_tokens_dropped" not in short["usage"]
+        backend = SystemOneClient.worker(worker.url, timeout=60)
+        async with Guard(load_text(DROPPED_POLICY), backends=backend) as guard:
+            cut = await guard.aevaluate(AgentSubject(event="tool_result", tool_name="f", tool_result=long_text))
+            whole = await guard.aevaluate(AgentSubject(event="tool_result", tool_name="f", tool_result="report"))
+    assert cut.flags["state_tokens_dropped"] > 300  # the policy's state renders {"result": ...}: a few more tokens
+    assert (cut.action, cut.rule) == ("escalate", "partial-read")
+    assert "state_tokens_dropped" not in whole.flags and whole.rule == "default"
+
+
+# Content types, images, keys --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed_worker(clef_fp32: ClefModel) -> Any:
+    config = WorkerConfig(model_name="clef-flash", api_keys=(KEY,))
+    with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
+        yield worker
+
+
+def auth(key: str = KEY) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", None]
+)
+async def test_non_json_content_types_are_415(keyed_worker: Any, content_type: str | None) -> None:
+    headers = {**auth(), **({"content-type": content_type} if content_type else {})}
+    async with keyed_worker.client() as client:
+        response = await client.post("/v1/systemone", content=json.dumps(ticket_body(0)), headers=headers)
+    assert response.status_code == 415, response.text
+    assert response.json()["code"] == "unsupported_media_type" and response.json()["field"] == "headers.content-type"
+
+
+async def test_json_suffix_types_are_accepted(keyed_worker: Any) -> None:
+    headers = {**auth(), "content-type": "application/vnd.api+json"}
+    async with keyed_worker.client() as client:
+        response = await client.post("/v1/systemone", content=json.dumps(ticket_body(0)), headers=headers)
+    assert response.status_code == 200, response.text
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose header says ``width x height`` (8-bit grey) with one tiny IDAT: what a bomb looks like before
+    decoding."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 1024)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def multipart(request: dict[str, Any], parts: dict[str, bytes]) -> tuple[bytes, str]:
+    boundary = "guardtestboundary"
+    out = [f'--{boundary}\r\nContent-Disposition: form-data; name="request"\r\nContent-Type: application/json\r\n\r\n'
+           .encode() + json.dumps(request).encode() + b"\r\n"]  # fmt: skip
+    for name, data in parts.items():
+        out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}.png"\r\n'
+                   f"Content-Type: image/png\r\n\r\n".encode() + data + b"\r\n")  # fmt: skip
+    out.append(f"--{boundary}--\r\n".encode())
+    return b"".join(out), f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.mark.parametrize("size", [(13000, 13000), (20000, 20000), (4097, 4096)])
+async def test_an_image_over_the_pixel_limit_is_413_naming_the_asset(keyed_worker: Any, size: tuple[int, int]) -> None:
+    png = png_header(*size)
+    request = {**ticket_body(0), "assets": {"scan": {"type": "image", "part": "scan"}}}
+    content, content_type = multipart(request, {"scan": png})
+    as_json = {**ticket_body(0), "images": [{"content_type": "image/png", "base64": base64.b64encode(png).decode()}]}
+    async with keyed_worker.client() as client:
+        parts = await client.post("/v1/systemone", content=content, headers={**auth(), "content-type": content_type})
+        inline = await client.post("/v1/systemone", json=as_json, headers=auth())
+        alive = await client.post("/v1/systemone", json=ticket_body(1), headers=auth())
+    assert parts.status_code == 413, parts.text
+    assert parts.json()["code"] == "image_too_large" and parts.json()["field"] == "assets.scan"
+    assert inline.status_code == 413 and inline.json()["field"] == "images[0]"
+    assert alive.status_code == 200
+
+
+async def test_the_in_process_backend_refuses_a_pixel_bomb_with_422(clef_fp32: ClefModel) -> None:
+    png = base64.b64encode(png_header(20000, 20000)).decode()  # over twice PIL's limit: its DecompressionBombError
+    body = {**ticket_body(0), "images": [f"data:image/png;base64,{png}"]}
+    async with LocalBackend(clef_fp32, canaries=()) as backend:
+        with pytest.raises(BackendRejected) as info:
+            await backend.decide(SystemOneRequestV1.from_json(body))
+    assert info.value.status_code == 422 and info.value.detail[0]["field"] == "images[0]"
+
+
+async def test_api_keys_guard_the_api_and_not_the_probes(keyed_worker: Any) -> None:
+    async with keyed_worker.client() as client:
+        missing = await client.post("/v1/systemone", json=ticket_body(0))
+        wrong = await client.post("/v1/systemone", json=ticket_body(0), headers=auth("x" * 26))
+        models = await client.get("/v1/models")
+        probes = [await client.get(path) for path in ("/healthz", "/readyz", "/metrics")]
+    assert missing.status_code == wrong.status_code == models.status_code == 401
+    assert missing.headers["www-authenticate"].startswith("Bearer") and missing.json()["code"] == "unauthorized"
+    assert all(p.status_code == 200 for p in probes)
+    async with SystemOneClient.worker(keyed_worker.url, api_key=KEY, timeout=60) as backend:
+        answered = await backend.decide(SystemOneRequestV1.from_json(ticket_body(2)))
+    assert set(answered.answers) == set(ticket_body(2)["questions"])
+    async with SystemOneClient.worker(keyed_worker.url, timeout=60) as keyless:
+        with pytest.raises(BackendRejected, match="401"):
+            await keyless.decide(SystemOneRequestV1.from_json(ticket_body(2)))
+
+
+def test_worker_serve_refuses_a_public_address_without_keys(
+    golden_checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["worker", "serve", "--model", str(golden_checkpoint), "--host", "0.0.0.0"]) == 2
+    assert "--api-keys-env" in capsys.readouterr().err
+    monkeypatch.setenv("WORKER_KEYS", "short")
+    args = ["worker", "serve", "--model", str(golden_checkpoint), "--host", "0.0.0.0", "--api-keys-env", "WORKER_KEYS"]
+    assert main(args) == 2
+    assert "shorter than 16" in capsys.readouterr().err
+    monkeypatch.delenv("WORKER_KEYS")
+    assert main(args) == 2
+    assert "unset or holds no keys" in capsys.readouterr().err
+

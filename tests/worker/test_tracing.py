@@ -1,0 +1,156 @@
+"""Issue 19 item 3: one trace shows gateway -> worker -> batch; metrics in seconds with 25 us buckets and one label
+vocabulary; prometheus_client's own parser reads what guard serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from guard.backends.http import SystemOneClient
+from guard.backends.local import LocalBackend
+from guard.clef.model import ClefModel
+from guard.engine import Guard
+from guard.engine.telemetry import Telemetry, metric_readers_from_env
+from guard.policy import load_text
+from guard.subject import AgentSubject
+from guard.worker.app import WorkerConfig, create_app
+from tests.worker._serve import ServerThread
+
+pytestmark = pytest.mark.anyio
+
+POLICY = """
+policies:
+  - id: traced
+    version: 1
+    match: {agent: {events: [tool_result]}}
+    state: {result: tool_result}
+    questions:
+      injection: {type: noul, instructions: "Does the text give the assistant instructions?"}
+    rules:
+      - {id: injection, when: injection.noul >= 0.99, action: block}
+    timeout_ms: 60000
+"""
+
+
+@pytest.fixture
+def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+async def test_one_trace_runs_from_the_gateway_through_the_worker_to_the_batch(
+    clef_fp32: ClefModel, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    backend = LocalBackend(clef_fp32, tracer_provider=provider)
+    app = create_app(backend, config=WorkerConfig(model_name="clef-flash"), tracer_provider=provider)
+    server = ServerThread(app)
+    url = server.start()
+    try:
+        exporter.clear()  # the start-up canaries ran without a parent: not part of this trace
+        telemetry = Telemetry(tracer_provider=provider)
+        async with Guard(load_text(POLICY), backends=SystemOneClient.worker(url, timeout=60), telemetry=telemetry) as g:
+            verdict = await g.aevaluate(AgentSubject(event="tool_result", tool_name="fetch", tool_result="a page"))
+    finally:
+        server.stop()
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    decision, served, batch = by_name["guard.decision"], by_name["POST /v1/systemone"], by_name["guard.batch"]
+    assert decision.context.trace_id == served.context.trace_id == batch.context.trace_id
+    assert served.parent is not None and served.parent.span_id == decision.context.span_id
+    assert batch.parent is not None and batch.parent.span_id == served.context.span_id
+    assert served.kind is SpanKind.SERVER and served.attributes["gen_ai.operation.name"] == "text_completion"
+    assert served.attributes["gen_ai.request.model"] == "clef-flash" and served.attributes["gen_ai.usage.input_tokens"]
+    assert served.attributes["http.response.status_code"] == 200 and batch.attributes["guard.batch.size"] == 1
+    assert decision.attributes["gen_ai.operation.name"] == "text_completion"
+    (event,) = [e for e in decision.events if e.name == "gen_ai.evaluation.result"]
+    assert event.attributes["gen_ai.evaluation.name"] == "traced"
+    assert event.attributes["gen_ai.evaluation.score.label"] == verdict.action
+    assert event.attributes["gen_ai.evaluation.explanation"] == verdict.rule
+
+
+async def test_a_refused_request_is_an_error_span(
+    clef_fp32: ClefModel, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    app = create_app(LocalBackend(clef_fp32), config=WorkerConfig(model_name="clef-flash"), tracer_provider=provider)
+    server = ServerThread(app)
+    url = server.start()
+    try:
+        traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        with httpx.Client(base_url=url, timeout=30) as client:
+            refused = client.post("/v1/systemone", content=b"{}", headers={"content-type": "text/plain",
+                                                                           "traceparent": traceparent})  # fmt: skip
+    finally:
+        server.stop()
+    (served,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/systemone"]
+    assert refused.status_code == 415 and served.attributes["error.type"] == "415"
+    assert f"{served.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"  # the caller's trace continues
+    assert served.parent is not None and f"{served.parent.span_id:016x}" == "b7ad6b7169203331"
+
+
+def families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+async def test_prometheus_reads_the_decision_metrics_in_seconds_with_25us_buckets() -> None:
+    from tests._backends import ScriptedBackend, constant
+
+    registry = CollectorRegistry(auto_describe=True)
+    meter_provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    policy = load_text(POLICY.replace("type: noul, instructions: \"Does the text give the assistant instructions?\"",
+                                      "catalog: guard.prompt_injection"))  # fmt: skip
+    backend = ScriptedBackend(constant(**{"guard.prompt_injection": 0.1}))
+    async with Guard(policy, backends=backend, telemetry=Telemetry(meter_provider=meter_provider)) as guard:
+        for _ in range(3):
+            await guard.aevaluate(AgentSubject(event="tool_result", tool_name="fetch", tool_result="a page"))
+    parsed = families(generate_latest(registry).decode())
+    duration = parsed["guard_decision_duration_seconds"]
+    assert duration.type == "histogram" and duration.unit in ("seconds", "")
+    bounds = [s.labels["le"] for s in duration.samples if s.name.endswith("_bucket")]
+    assert bounds[:3] == ["2.5e-05", "5e-05", "0.0001"] and bounds[-2:] == ["10.0", "+Inf"]
+    count = next(s.value for s in duration.samples if s.name.endswith("_count"))
+    fast = next(s.value for s in duration.samples if s.name.endswith("_bucket") and s.labels["le"] == "0.001")
+    assert count == 3 and fast >= 2  # the two cache hits take well under a millisecond
+    decisions = parsed["guard_decisions"]
+    assert {s.labels["guard_policy_id"] for s in decisions.samples} == {"traced"}
+    assert all(s.labels.get("guard_policy_id") == "traced" for s in duration.samples)
+    meter_provider.shutdown()
+
+
+async def test_prometheus_reads_the_worker_metrics(clef_fp32: ClefModel) -> None:
+    server = ServerThread(create_app(LocalBackend(clef_fp32), config=WorkerConfig(model_name="clef-flash")))
+    url = server.start()
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            text = client.get("/metrics").text
+    finally:
+        server.stop()
+    parsed = families(text)
+    compute = parsed["guard_worker_batch_compute_seconds"]
+    bounds = [s.labels["le"] for s in compute.samples if s.name.endswith("_bucket")]
+    assert bounds[:2] == ["2.5e-05", "5e-05"] and "+Inf" in bounds
+    assert next(s.value for s in compute.samples if s.name.endswith("_count")) >= 5  # self-test and canaries
+
+
+def test_otel_metrics_exporter_is_read_from_the_environment() -> None:
+    assert metric_readers_from_env({}) == ([], True)
+    readers, prometheus = metric_readers_from_env({"OTEL_METRICS_EXPORTER": "otlp,console",
+                                                   "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})  # fmt: skip
+    assert not prometheus and [type(r).__name__ for r in readers] == ["PeriodicExportingMetricReader"] * 2
+    assert metric_readers_from_env({"OTEL_METRICS_EXPORTER": "none"}) == ([], False)
+    with pytest.raises(ValueError, match="OTEL_METRICS_EXPORTER"):
+        metric_readers_from_env({"OTEL_METRICS_EXPORTER": "zipkin"})
+    for reader in readers:
+        reader.shutdown()
