@@ -10,7 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from guard.asgi.proxy import ProxyConfig, proxy_app
+from guard.asgi.admin import AdminApp, admin_app
+from guard.asgi.health import HealthEndpoint
+from guard.asgi.proxy import ProxyApp, ProxyConfig, proxy_app
 from guard.backends.http import SystemOneClient
 from guard.engine import Guard
 from guard.engine.health import HealthMonitor
@@ -27,6 +29,14 @@ TOKEN = "health-admin-token-0123456789"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
+def admin_for(guard: Guard, app: ProxyApp, watcher: PolicyWatcher | None = None) -> AdminApp:
+    """The admin listener's app for ``app``, as ``guard proxy`` builds it: health reporting the proxy's upstream and
+    the watcher, details for the reviewer's token."""
+    health = HealthEndpoint(guard, upstream=app.proxy.health, admin_tokens=[TOKEN], watcher=watcher)
+    return admin_app(guard, review_store=app.guarded.review_store, reviewers={"alice": TOKEN},
+                     metrics=app.guarded.metrics, health=health)  # fmt: skip
+
+
 def dead_url() -> str:
     """A loopback URL nothing listens on (the port was bound, then released)."""
     with socket.socket() as s:
@@ -37,17 +47,18 @@ def dead_url() -> str:
 
 async def test_health_reports_a_dead_backend_and_upstream_and_leaks_nothing() -> None:
     guard = Guard(load_files(POLICY), backends=SystemOneClient(dead_url(), timeout=2))
-    app = proxy_app(guard, ProxyConfig(dead_url(), connect_timeout=1), reviewers={"alice": TOKEN},
-                    on_shutdown=guard.aclose)  # fmt: skip
-    with serve_in_thread(app, lifespan="on") as proxy:  # the guard's HTTP client lives on the server's loop
-        async with httpx.AsyncClient(base_url=proxy, timeout=30) as client:
-            before = await client.get("/_guard/health")
+    app = proxy_app(guard, ProxyConfig(dead_url(), connect_timeout=1), on_shutdown=guard.aclose)
+    # the guard's HTTP client lives on the proxy server's loop; health is on the admin listener
+    with serve_in_thread(app, lifespan="on") as proxy, serve_in_thread(admin_for(guard, app)) as admin_url:
+        async with httpx.AsyncClient(base_url=proxy, timeout=30) as client, \
+                httpx.AsyncClient(base_url=admin_url, timeout=30) as ops:
+            before = await ops.get("/_guard/health")
             judged = await client.post("/v1/echo", json={"message": "hello"})  # fails closed: backend down
-            after_backend = await client.get("/_guard/health")
+            after_backend = await ops.get("/_guard/health")
             unjudged = await client.get("/public/echo")  # no policy: forwarded, and the upstream is down
-            after_upstream = await client.get("/_guard/health")
-            admin = await client.get("/_guard/health", headers=AUTH)
-            wrong = await client.get("/_guard/health", headers={"authorization": "Bearer " + "x" * 29})
+            after_upstream = await ops.get("/_guard/health")
+            admin = await ops.get("/_guard/health", headers=AUTH)
+            wrong = await ops.get("/_guard/health", headers={"authorization": "Bearer " + "x" * 29})
     assert before.status_code == 200 and before.json()["status"] == "ok"
     assert judged.status_code == 503 and unjudged.status_code == 502
     body = after_backend.json()
@@ -70,14 +81,14 @@ async def test_a_backend_that_always_says_no_is_failing_and_gets_no_model_calls(
     with serve_app_in_thread(no, ready_path=None) as backend_url:
         guard = Guard(load_files(POLICY), backends=SystemOneClient(backend_url, timeout=10))
         monitor = HealthMonitor(guard, interval_s=0)
-        app = proxy_app(guard, ProxyConfig(dead_url()), reviewers={"alice": TOKEN}, on_startup=monitor.start,
-                        on_shutdown=guard.aclose)  # fmt: skip
-        with serve_in_thread(app, lifespan="on") as proxy:
-            async with httpx.AsyncClient(base_url=proxy, timeout=30) as client:
+        app = proxy_app(guard, ProxyConfig(dead_url()), on_startup=monitor.start, on_shutdown=guard.aclose)
+        with serve_in_thread(app, lifespan="on") as proxy, serve_in_thread(admin_for(guard, app)) as admin_url:
+            async with httpx.AsyncClient(base_url=proxy, timeout=30) as client, \
+                    httpx.AsyncClient(base_url=admin_url, timeout=30) as ops:
                 canary_calls = len(calls)
-                health = await client.get("/_guard/health")
+                health = await ops.get("/_guard/health")
                 judged = await client.post("/v1/echo", json={"message": "hello"})
-                admin = await client.get("/_guard/health", headers=AUTH)
+                admin = await ops.get("/_guard/health", headers=AUTH)
     assert canary_calls == 4  # two canaries, a benign and an attack state each
     assert health.status_code == 503 and health.json()["checks"]["backends"] == {"default": "canary_failed"}
     assert judged.status_code == 503 and judged.headers["x-guard-rule"] == "on_error"  # its fail mode decided
@@ -91,10 +102,9 @@ async def test_a_control_character_does_not_kill_the_watcher_and_health_says_so(
     policy.write_text(POLICY.read_text())
     guard = Guard.from_files(policy, backends=SystemOneClient(dead_url(), timeout=1))
     watcher = PolicyWatcher(guard.policies, interval_s=0.05)
-    app = proxy_app(guard, ProxyConfig(dead_url()), reviewers={"alice": TOKEN}, watcher=watcher,
-                    on_shutdown=guard.aclose)  # fmt: skip
-    with serve_in_thread(app, lifespan="on") as proxy:
-        async with httpx.AsyncClient(base_url=proxy, timeout=30) as client:
+    app = proxy_app(guard, ProxyConfig(dead_url()), on_shutdown=guard.aclose)
+    with serve_in_thread(app, lifespan="on"), serve_in_thread(admin_for(guard, app, watcher)) as admin_url:
+        async with httpx.AsyncClient(base_url=admin_url, timeout=30) as client:
             watcher.start()
             ok = await client.get("/_guard/health")
             policy.write_text(POLICY.read_text() + "\x01\n")  # a control character: yaml's ReaderError
