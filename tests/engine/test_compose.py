@@ -16,6 +16,7 @@ from guard.engine.telemetry import DecisionLog, span_attributes
 from guard.engine.verdicts import SEVERITY
 from guard.errors import BackendUnavailable
 from guard.policy import load_files, load_text
+from guard.policy.redact import apply_redactions
 from guard.subject import HttpSubject
 from tests._backends import ScriptedBackend, constant
 
@@ -293,3 +294,43 @@ async def test_a_rules_only_policy_beside_a_model_policy_adds_no_question() -> N
     assert backend.calls == 1 and [q.id for q in backend.requests[0].questions] == [
         "guard.prompt_injection", "harmful"
     ]
+
+
+async def test_two_redacting_policies_mask_both_their_spans_and_block_still_wins() -> None:
+    """Two rules-only policies redact different patterns in one body, overlapping on one span: the combined
+    verdict holds both policies' spans (merged where they overlap); a third policy's block outranks them."""
+    cards = """
+policies:
+  - id: cards
+    version: 1
+    match: {http: {paths: ["/v1/**"]}}
+    rules:
+      - {id: card, when: "true", action: redact, redact: {patterns: {card: '\\b\\d{4}(?: ?\\d{4}){3}\\b'}}}
+    default: allow
+"""
+    names = """
+policies:
+  - id: names
+    version: 1
+    match: {http: {paths: ["/v1/**"]}}
+    rules:
+      - {id: name, when: "true", action: redact, redact: {patterns: {name: 'Mallory 4111'}}}
+    default: allow
+"""
+    guard = Guard(load_text(cards + names.replace("policies:\n", "", 1)), backends=ScriptedBackend(constant()))
+    text = "pay Mallory 4111 1111 1111 1111 now"
+    verdict = await guard.aevaluate(post(text, "/v1/pay"))
+    assert verdict.action == "redact"
+    assert {(r.label, r.start, r.end) for r in verdict.redactions} == {("card", 12, 31), ("name", 4, 16)}
+    masked = apply_redactions({"prompt": text}, verdict.redactions)["prompt"]
+    assert "Mallory" not in masked and "1111" not in masked and masked.startswith("pay ") and masked.endswith(" now")
+    blocker = """
+  - id: blocker
+    version: 1
+    match: {http: {paths: ["/v1/**"]}}
+    rules:
+      - {id: always, when: "true", action: block}
+    default: allow
+"""
+    guard = Guard(load_text(cards + names.replace("policies:\n", "", 1) + blocker), backends=ScriptedBackend(constant()))
+    assert (await guard.aevaluate(post(text, "/v1/pay"))).action == "block"
