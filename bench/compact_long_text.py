@@ -9,7 +9,7 @@ text of 2k, 8k, 32k characters: the share of cells whose verdict equals the sent
 Both tables are printed for each piece budget tried (``guard.compact.model.PIECE_TOKENS``: 0 scores every sentence
 alone, N joins consecutive sentences into pieces of at least N tokens).
 
-    nice -n 10 .venv/bin/python bench/compact_long_text.py [--docs 12] [--budgets 0,96]
+    nice -n 10 .venv/bin/python bench/compact_long_text.py [--docs 12] [--budgets 0,96] [--weights DIR]
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=12, help="benign documents per source and length")
     parser.add_argument("--budgets", default="0,96", help="piece budgets in tokens, comma-separated")
+    parser.add_argument("--weights", type=Path, help="a checkpoint directory from guard train (default: the shipped)")
     args = parser.parse_args()
-    backend = CompactBackend.default()
+    backend = CompactBackend.from_pretrained(args.weights) if args.weights else CompactBackend.default()
     sources = benign_sources()
     rng = random.Random(0)
     docs = {(s, c): [document(p, c, rng) for _ in range(args.docs)] for s, p in sources.items() for c in LENGTHS}
