@@ -9,8 +9,8 @@
   monitor, the policy watcher and any other parts; :func:`public_health` keeps codes only (no error text, no policy
   content) for unauthenticated callers.
 
-Status: ``failing`` when a check fails every request (no policy, a backend failing or failing its canary, the
-upstream failing); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
+Status: ``failing`` when a check fails every request (no policy, a backend failing or failing its canary, a
+backend whose monitor has not finished its first canary run (``starting``), the upstream failing); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
 reload, a dead reload watcher); else ``ok``. ``ready`` is ``status != "failing"``.
 """
 
@@ -246,6 +246,8 @@ def health_report(
         canary = monitor.results.get(name) if monitor is not None else None
         if canary is not None and canary.severity == "failing" and check.severity != "failing":
             check = canary
+        if monitor is not None and canary is None and check.severity != "failing":  # its first run is under way
+            check = Check("starting", "failing", {"error": "the canaries have not run yet"})
         detail = {**(check.detail or {}), "canary": dict(canary.detail or {}, code=canary.code) if canary else None}
         backends[name] = Check(check.code, check.severity, detail)
     for name, check in (parts or {}).items():

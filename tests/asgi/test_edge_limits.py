@@ -128,13 +128,15 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
             cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 60
-            while True:
+            while True:  # until the start-up canary run has tried the (unreachable) backend
                 try:
                     health = httpx.get(f"http://127.0.0.1:{admin}/_guard/health", timeout=2)
-                    break
+                    if health.json()["checks"]["backends"]["default"] != "starting":
+                        break
                 except httpx.TransportError:
-                    assert process.poll() is None and time.monotonic() < deadline, "guard proxy did not start"
-                    time.sleep(0.2)
+                    pass
+                assert process.poll() is None and time.monotonic() < deadline, "guard proxy did not start"
+                time.sleep(0.2)
             proxied = httpx.get(f"http://127.0.0.1:{listen}/_guard/health", timeout=5)
             reviews = httpx.get(f"http://127.0.0.1:{admin}/_guard/admin/reviews/", timeout=5,
                                 headers={"authorization": "Bearer alice-review-token-0123456789"})
@@ -146,7 +148,8 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
         finally:
             process.terminate()
             _, stderr = process.communicate(timeout=30)
-    assert health.status_code == 200 and health.json()["ready"] is True
+    # no backend answers at 127.0.0.1:9: health says so (every judged request fails closed)
+    assert health.status_code == 503 and health.json()["checks"]["backends"] == {"default": "failing"}, health.text
     assert proxied.status_code == 200 and proxied.json() == {"upstream": "/_guard/health"}
     assert reviews.status_code == 200 and reviews.json() == {"items": [], "count": 0}
     assert judged.status_code == 503 and json.loads(judged.text)["code"] == "decision_unavailable"  # no backend

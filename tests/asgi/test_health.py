@@ -18,6 +18,7 @@ from guard.engine import Guard
 from guard.engine.health import HealthMonitor
 from guard.policy import load_files
 from guard.policy.watch import PolicyWatcher
+from tests._backends import ScriptedBackend
 from tests._degenerate import always_no_app
 from tests.asgi._apps import POLICY
 from tests.asgi._servers import serve_in_thread
@@ -95,6 +96,21 @@ async def test_a_backend_that_always_says_no_is_failing_and_gets_no_model_calls(
     assert len(calls) == canary_calls  # the degenerate backend was never asked to decide
     canaries = admin.json()["details"]["backends"]["default"]["canary"]["canaries"]
     assert [c["spread"] for c in canaries] == [0.0, 0.0] and canaries[0]["question"] == "guard.prompt_injection"
+
+
+async def test_health_is_not_ready_until_the_first_canary_run_has_finished() -> None:
+    """The admin listener can answer before the proxy's start-up has run the canaries: until then the backend is
+    ``starting`` and health is not ready; a passing run makes it ``ok``."""
+    guard = Guard(load_files(POLICY), backends=ScriptedBackend())
+    monitor = HealthMonitor(guard, interval_s=0)
+    app = proxy_app(guard, ProxyConfig(dead_url()))
+    with serve_in_thread(admin_for(guard, app)) as admin_url:
+        async with httpx.AsyncClient(base_url=admin_url, timeout=30) as ops:
+            before = await ops.get("/_guard/health")
+            await monitor.start()
+            after = await ops.get("/_guard/health")
+    assert before.status_code == 503 and before.json()["checks"]["backends"] == {"default": "starting"}
+    assert after.status_code == 200 and after.json()["checks"]["backends"] == {"default": "ok"}
 
 
 async def test_a_control_character_does_not_kill_the_watcher_and_health_says_so(tmp_path: Path) -> None:
