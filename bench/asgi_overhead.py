@@ -138,11 +138,25 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
     return Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard)])
 
 
+def _server_options() -> dict[str, object]:
+    """The uvicorn settings ``guard proxy`` serves with, used for every variant (the bare app and each proxy's
+    upstream included), so a ratio compares the guard's work alone."""
+    try:
+        from guard.asgi.server import server_options
+    except ImportError:  # a --baseline checkout from before server_options: the settings its guard proxy used
+        from guard.asgi.server import head_timeout_protocol
+
+        return {"http": head_timeout_protocol(), "loop": "auto", "server_header": False, "date_header": False,
+                "proxy_headers": False}
+    return server_options()
+
+
 def serve(variant: str, port: int, redis_url: str | None, upstream: str | None, policy_file: str) -> None:
     import uvicorn
 
     app = _app(variant, redis_url, upstream, policy_file)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False, lifespan="off")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False, lifespan="off",
+                **_server_options())  # type: ignore[arg-type]
 
 
 def _free_port() -> int:
