@@ -1,6 +1,8 @@
 """What the HTTP guard costs: a trivial app bare vs behind GuardMiddleware (cache hit), and the proxy vs direct.
 
-Every variant runs in its own uvicorn process on loopback; a small keep-alive HTTP/1.1 load generator in this
+Every variant runs in its own uvicorn process on loopback, served with ``guard proxy``'s settings
+(``guard.asgi.server.server_options``: h11 with the request-head timeout, uvloop where installed; the bare app and each
+proxy's upstream too, so a ratio compares the guard's work alone); a small keep-alive HTTP/1.1 load generator in this
 process drives them in interleaved rounds, each round in a fresh random order, and reports p50/p95/p99 latency at
 concurrency 1 and requests/s at ``CONCURRENCY``. Ratios to the bare app are computed per round (variant and bare
 measured back to back) and the median round ratio is reported with the range, so drift on a shared machine hits both

@@ -97,7 +97,7 @@ class _Connection(asyncio.Protocol):
         self.head_done = self.complete = self.received = self.reusable = self.sized = False
         self.error: str | None = None
         self._head_only, self._interim, self._until_close = head_only, False, False
-        self._head_bytes = self._buffered = 0
+        self._head_bytes = self._header_bytes = self._buffered = 0  # bytes read before the head's end; in headers
 
     # transport events
 
@@ -115,8 +115,8 @@ class _Connection(asyncio.Protocol):
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # a 101: what follows is another protocol
             self.reusable = False
-        except (httptools.HttpParserError, ValueError) as exc:
-            self.error = str(exc) or type(exc).__name__
+        except httptools.HttpParserError as exc:
+            self.error = self.error or str(exc) or type(exc).__name__
             self.close()
         if not self.head_done:
             self._head_bytes += len(data)
@@ -155,6 +155,10 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.head_done:  # after the head: trailers, dropped
             self.headers.append((name.lower(), value))
+            self._header_bytes += len(name) + len(value)
+            if self._header_bytes > MAX_HEAD_BYTES:  # in the bytes of one read: stop the parser here
+                self.error = f"the response head is longer than {MAX_HEAD_BYTES} bytes"
+                raise ValueError(self.error)
 
     def on_headers_complete(self) -> None:
         parser = self._parser
