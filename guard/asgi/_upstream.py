@@ -5,7 +5,9 @@ One host, one protocol, no redirects, no cookies, no proxies from the environmen
 fraction of a general client's per-request cost (connection reuse is a pop from a list; bytes are parsed where they
 arrive, with no stream buffer and no task switch in between). Bodies stream both ways: a response body is handed on
 in pieces of at most :data:`READ_BYTES`, and the connection stops reading from the upstream while more than
-:data:`READ_BYTES` wait for the client, so memory per request stays bounded whatever the body size.
+:data:`READ_BYTES` wait for the client, so memory per request stays bounded whatever the body size. A response with a
+``Content-Length`` is handed on once its first body bytes are in (within the read timeout); any other as soon as its
+head is, so a stream's head is never held back.
 
 Response framing follows RFC 9112 6.3: no body for ``HEAD``, 1xx, 204 and 304; ``Transfer-Encoding: chunked``
 (de-chunked; trailers are dropped); ``Content-Length``; else until the upstream closes. llhttp refuses what servers
@@ -97,7 +99,9 @@ class _Connection(asyncio.Protocol):
         self.head_done = self.complete = self.received = self.reusable = self.sized = False
         self.error: str | None = None
         self._head_only, self._interim, self._until_close = head_only, False, False
-        self._head_bytes = self._header_bytes = self._buffered = 0  # bytes read before the head's end; in headers
+        self._head_bytes = 0  # bytes read while the head was not complete
+        self._header_bytes = 0  # bytes in the header names and values so far
+        self._buffered = 0  # body bytes waiting in pieces
 
     # transport events
 
@@ -376,12 +380,12 @@ class UpstreamPool:
                         break
                 if first or chunked:
                     transport.write((head if first else b"") + (b"0\r\n\r\n" if chunked else b""))
-            while not conn.head_done or (conn.sized and not (conn.pieces or conn.complete or conn.closed)):
-                if conn.head_done:  # a sized body's first bytes usually follow at once: one wake-up for both
-                    pass
-                elif conn.error is not None:
+            # with a Content-Length, the head is handed on with the first body bytes (they usually follow at once):
+            # one wake-up for both
+            while not (conn.head_done and (conn.pieces or conn.complete or conn.closed or not conn.sized)):
+                if not conn.head_done and conn.error is not None:
                     raise UpstreamUnavailable(f"the upstream's answer is not usable ({conn.error})")
-                elif conn.closed:
+                if not conn.head_done and conn.closed:
                     if reused and not conn.received:
                         raise _Stale
                     raise UpstreamUnavailable("the upstream closed the connection before answering")
