@@ -1,6 +1,8 @@
 """What the HTTP guard costs: a trivial app bare vs behind GuardMiddleware (cache hit), and the proxy vs direct.
 
-Every variant runs in its own uvicorn process on loopback; a small keep-alive HTTP/1.1 load generator in this
+Every variant runs in its own uvicorn process on loopback, served with ``guard proxy``'s settings
+(``guard.asgi.server.server_options``: h11 with the request-head timeout, uvloop where installed; the bare app and each
+proxy's upstream too, so a ratio compares the guard's work alone); a small keep-alive HTTP/1.1 load generator in this
 process drives them in interleaved rounds, each round in a fresh random order, and reports p50/p95/p99 latency at
 concurrency 1 and requests/s at ``CONCURRENCY``. Ratios to the bare app are computed per round (variant and bare
 measured back to back) and the median round ratio is reported with the range, so drift on a shared machine hits both
@@ -138,11 +140,25 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
     return Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard)])
 
 
+def _server_options() -> dict[str, object]:
+    """The uvicorn settings ``guard proxy`` serves with, used for every variant (the bare app and each proxy's
+    upstream included), so a ratio compares the guard's work alone."""
+    try:
+        from guard.asgi.server import server_options
+    except ImportError:  # a --baseline checkout from before server_options: the settings its guard proxy used
+        from guard.asgi.server import head_timeout_protocol
+
+        return {"http": head_timeout_protocol(), "loop": "auto", "server_header": False, "date_header": False,
+                "proxy_headers": False}
+    return server_options()
+
+
 def serve(variant: str, port: int, redis_url: str | None, upstream: str | None, policy_file: str) -> None:
     import uvicorn
 
     app = _app(variant, redis_url, upstream, policy_file)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False, lifespan="off")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False, lifespan="off",
+                **_server_options())  # type: ignore[arg-type]
 
 
 def _free_port() -> int:

@@ -1,26 +1,35 @@
-"""The proxy's HTTP/1.1 client to its one upstream: a pool of keep-alive connections over asyncio streams.
+"""The proxy's HTTP/1.1 client to its one upstream: a pool of keep-alive connections, each an asyncio protocol whose
+responses are parsed by httptools (llhttp, the parser uvicorn serves with).
 
 One host, one protocol, no redirects, no cookies, no proxies from the environment: what a reverse proxy needs, at a
-fraction of a general client's per-request cost (connection reuse is a pop from a list). Bodies stream both ways in
-pieces of at most :data:`READ_BYTES`, so memory per request stays bounded whatever the body size.
+fraction of a general client's per-request cost (connection reuse is a pop from a list; bytes are parsed where they
+arrive, with no stream buffer and no task switch in between). Bodies stream both ways: a response body is handed on
+in pieces of at most :data:`READ_BYTES`, and the connection stops reading from the upstream while more than
+:data:`READ_BYTES` wait for the client, so memory per request stays bounded whatever the body size. A response with a
+``Content-Length`` is handed on once its first body bytes are in (within the read timeout); any other as soon as its
+head is, so a stream's head is never held back.
 
 Response framing follows RFC 9112 6.3: no body for ``HEAD``, 1xx, 204 and 304; ``Transfer-Encoding: chunked``
-(de-chunked here; trailers are read and dropped); ``Content-Length``; else until the upstream closes. A connection goes
-back to the pool only after its response was read to the end with a known length and neither side said ``Connection:
-close``; idle connections older than :data:`KEEPALIVE_EXPIRY_S` or closed by the upstream are dropped. A request
-without a body that fails on a reused connection before any response byte (the upstream closed it meanwhile) is sent
-once more on a new connection.
+(de-chunked; trailers are dropped); ``Content-Length``; else until the upstream closes. llhttp refuses what servers
+could read two ways: ``Content-Length`` with ``Transfer-Encoding``, differing lengths, folded or malformed header
+lines. A connection goes back to the pool only after its response was read to the end with a known length and neither
+side said ``Connection: close``; idle connections older than :data:`KEEPALIVE_EXPIRY_S`, closed by the upstream, or
+sent bytes while no request was out are dropped. A request without a body that fails on a reused connection before
+any response byte (the upstream closed it meanwhile) is sent once more on a new connection.
 
 Errors: :class:`UpstreamTimeout` (no connection, or no bytes within the read timeout), :class:`UpstreamUnavailable`
-(refused, reset, malformed response), :class:`UpstreamBroken` (the response broke after it started).
+(refused, reset, malformed response head), :class:`UpstreamBroken` (the response broke after its head).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 import time
 from collections.abc import AsyncIterator
+
+import httptools
 
 __all__ = [
     "KEEPALIVE_EXPIRY_S",
@@ -34,7 +43,7 @@ __all__ = [
     "UpstreamUnavailable",
 ]
 
-#: Most bytes read from the upstream at once (a body piece sent on to the client).
+#: Largest body piece handed on, and the most response bytes held for a slow client before reading pauses.
 READ_BYTES = 64 * 1024
 #: Longest response head (status line and headers) accepted.
 MAX_HEAD_BYTES = 64 * 1024
@@ -62,17 +71,178 @@ class UpstreamBroken(UpstreamError):
     kind = "broken_stream"
 
 
-class _Connection:
-    __slots__ = ("idle_since", "reader", "writer")
+class _Stale(Exception):
+    """A reused connection failed before any response byte."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer, self.idle_since = reader, writer, 0.0
 
-    def usable(self, now: float) -> bool:
-        return not self.reader.at_eof() and not self.writer.is_closing() and now - self.idle_since < KEEPALIVE_EXPIRY_S
+def _wake(waiter: asyncio.Future[bool] | None, woken: bool = True) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(woken)
+
+
+class _Connection(asyncio.Protocol):
+    """One connection and the exchange on it: the response being parsed (head, body pieces, end) as the protocol
+    receives it. httptools calls the ``on_*`` methods from :meth:`data_received`."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False  # the upstream closed, or we did
+        self.idle_since = 0.0
+        self._parser: httptools.HttpResponseParser | None = None  # None while no request is out
+        self._waiter: asyncio.Future[bool] | None = None
+        self._write_paused = False
+        self._drained: asyncio.Future[bool] | None = None
+        self._reset(head_only=False)
+
+    def _reset(self, *, head_only: bool) -> None:
+        self.status, self.headers, self.pieces = 0, [], collections.deque()
+        self.head_done = self.complete = self.received = self.reusable = self.sized = False
+        self.error: str | None = None
+        self._head_only, self._interim, self._until_close = head_only, False, False
+        self._head_bytes = 0  # bytes read while the head was not complete
+        self._header_bytes = 0  # bytes in the header names and values so far
+        self._buffered = 0  # body bytes waiting in pieces
+
+    # transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None or self.complete:  # bytes nobody asked for: this connection's framing cannot be trusted
+            self.reusable = False
+            self.close()
+            return
+        self.received = True
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # a 101: what follows is another protocol
+            self.reusable = False
+        except httptools.HttpParserError as exc:
+            self.error = self.error or str(exc) or type(exc).__name__
+            self.close()
+        if not self.head_done:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and self.error is None:
+                self.error = f"the response head is longer than {MAX_HEAD_BYTES} bytes"
+                self.close()
+        elif self._buffered > READ_BYTES and not self.complete and self.transport is not None:
+            self.transport.pause_reading()  # the client is slower than the upstream
+        _wake(self._waiter)
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.head_done and not self.complete and self._until_close and self.error is None:
+            self.complete = True  # a close-delimited body ends here
+        _wake(self._waiter)
+        _wake(self._drained)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        _wake(self._drained)
 
     def close(self) -> None:
-        self.writer.close()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # parser events (httptools)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.head_done:  # after the head: trailers, dropped
+            self.headers.append((name.lower(), value))
+            self._header_bytes += len(name) + len(value)
+            if self._header_bytes > MAX_HEAD_BYTES:  # in the bytes of one read: stop the parser here
+                self.error = f"the response head is longer than {MAX_HEAD_BYTES} bytes"
+                raise ValueError(self.error)
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim response: the real one follows
+            self._interim = True
+            self.headers = []
+            return
+        self.status, self.head_done = status, True
+        self.reusable = parser.should_keep_alive() and status != 101
+        encoding = b", ".join(v for k, v in self.headers if k == b"transfer-encoding").lower().rstrip()
+        lengths = any(k == b"content-length" for k, _ in self.headers)
+        no_body = self._head_only or status < 200 or status in (204, 304)
+        self._until_close = not no_body and not encoding.endswith(b"chunked") and not lengths
+        if self._until_close:
+            self.reusable = False
+        self.sized = lengths and not no_body
+        if no_body:
+            self.complete = True
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:  # a body to a HEAD request, or after the end
+            self.reusable = False
+            return
+        self.pieces.append(body)
+        self._buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self.complete = True
+
+    # the exchange, as the pool and the response use it
+
+    def begin(self, method: str) -> None:
+        """Ready to read the response to a ``method`` request."""
+        self._reset(head_only=method == "HEAD")
+        self._parser = httptools.HttpResponseParser(self)
+
+    def end(self) -> bool:
+        """Stop reading this exchange; whether the connection may carry another request."""
+        self._parser = None
+        return self.complete and self.reusable and not self.pieces and not self.closed
+
+    async def wait(self, timeout: float) -> None:
+        """Until the protocol has news (bytes, the end, a close).
+
+        Raises:
+            TimeoutError: nothing within ``timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _wake, waiter, False)
+        try:
+            woken = await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        if not woken:
+            raise TimeoutError
+
+    async def drain(self) -> None:
+        """Until the transport's write buffer is below its high-water mark (or the connection closed)."""
+        while self._write_paused and not self.closed:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+        self._drained = None
+
+    def take_piece(self) -> bytes:
+        """The next body piece, at most :data:`READ_BYTES` (reading resumes once the held bytes fit again)."""
+        piece = self.pieces.popleft()
+        if len(piece) > READ_BYTES:
+            self.pieces.appendleft(piece[READ_BYTES:])
+            piece = piece[:READ_BYTES]
+        self._buffered -= len(piece)
+        if self._buffered <= READ_BYTES and self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        return piece
 
 
 class UpstreamResponse:
@@ -83,11 +253,10 @@ class UpstreamResponse:
         complete: the whole body has been read (already true while the last piece is being yielded).
     """
 
-    def __init__(self, pool: UpstreamPool, conn: _Connection, status: int, headers: Headers, framing: str,
-                 length: int, reusable: bool) -> None:
-        self.status, self.headers = status, headers
-        self._pool, self._conn, self._framing, self._length, self._reusable = pool, conn, framing, length, reusable
-        self._done = self.complete = framing == "none"
+    def __init__(self, pool: UpstreamPool, conn: _Connection) -> None:
+        self.status, self.headers = conn.status, conn.headers
+        self._pool, self._conn = pool, conn
+        self.complete = conn.complete and not conn.pieces
 
     async def body(self) -> AsyncIterator[bytes]:
         """The body, de-chunked, in pieces of at most :data:`READ_BYTES`.
@@ -95,53 +264,31 @@ class UpstreamResponse:
         Raises:
             UpstreamTimeout: no bytes within the read timeout. UpstreamBroken: the body ended early or is malformed.
         """
-        reader, timeout = self._conn.reader, self._pool.read_timeout
-        try:
-            if self._framing == "length":
-                left = self._length
-                async for piece in _exactly(reader, left, timeout):
-                    left -= len(piece)
-                    self.complete = not left
-                    yield piece
-            elif self._framing == "chunked":
-                async for piece in self._chunks(reader, timeout):
-                    yield piece
-            elif self._framing == "close":
-                while True:
-                    async with asyncio.timeout(timeout):
-                        piece = await reader.read(READ_BYTES)
-                    if not piece:
-                        break
-                    yield piece
-        except TimeoutError as exc:
-            raise UpstreamTimeout("the upstream went silent mid-body") from exc
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            raise UpstreamBroken(f"the response body broke off ({type(exc).__name__})") from exc
-        self._done = self.complete = True
-
-    @staticmethod
-    async def _chunks(reader: asyncio.StreamReader, timeout: float) -> AsyncIterator[bytes]:
+        conn, timeout = self._conn, self._pool.read_timeout
         while True:
-            async with asyncio.timeout(timeout):
-                line = await reader.readuntil(b"\r\n")
-            size = int(line.split(b";", 1)[0].strip(), 16)  # ValueError: malformed
-            if size == 0:
-                async with asyncio.timeout(timeout):
-                    while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, dropped
-                        pass
-                return
-            async for piece in _exactly(reader, size, timeout):
+            if conn.pieces:
+                piece = conn.take_piece()
+                self.complete = conn.complete and not conn.pieces
                 yield piece
-            async with asyncio.timeout(timeout):
-                if await reader.readexactly(2) != b"\r\n":
-                    raise UpstreamBroken("a chunk does not end with CRLF")
+            elif conn.complete:
+                self.complete = True
+                return
+            elif conn.error is not None:
+                raise UpstreamBroken(f"the response body is malformed ({conn.error})")
+            elif conn.closed:
+                raise UpstreamBroken("the upstream closed before the end of the body")
+            else:
+                try:
+                    await conn.wait(timeout)
+                except TimeoutError:
+                    raise UpstreamTimeout("the upstream went silent mid-body") from None
 
     async def aclose(self) -> None:
         """Give the connection back when the response was read whole and may be reused, else close it."""
         conn, self._conn = self._conn, None  # type: ignore[assignment]
         if conn is None:
             return
-        if self._done and self._reusable:
+        if conn.end():
             self._pool._release(conn)
         else:
             conn.close()
@@ -198,61 +345,63 @@ class UpstreamPool:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if conn.usable(now):
+            if not conn.closed and now - conn.idle_since < KEEPALIVE_EXPIRY_S:
                 return conn
             conn.close()
         return None
 
     async def _open(self) -> _Connection:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self.tls,
-                                                               limit=MAX_HEAD_BYTES)
+                _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self.tls)
         except TimeoutError as exc:
             raise UpstreamTimeout("no connection to the upstream in time") from exc
         except OSError as exc:
             raise UpstreamUnavailable(f"cannot connect to the upstream ({type(exc).__name__})") from exc
-        return _Connection(reader, writer)
+        return conn
 
     async def _exchange(self, conn: _Connection, reused: bool, method: str, head: bytes,
                         body: AsyncIterator[bytes] | None, chunked: bool) -> UpstreamResponse:
+        transport = conn.transport
+        assert transport is not None
+        conn.begin(method)
         try:
-            writer = conn.writer
             if body is None:
-                writer.write(head)
+                transport.write(head)
             else:  # the head goes out with the first piece: one write (one syscall) for the usual one-piece body
                 first = True
                 async for piece in body:
                     data = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
-                    writer.write(head + data if first else data)
+                    transport.write(head + data if first else data)
                     first = False
-                    await writer.drain()
-                writer.write((head if first else b"") + (b"0\r\n\r\n" if chunked else b""))
-            await writer.drain()
-            async with asyncio.timeout(self.read_timeout):
-                while True:
-                    raw = await conn.reader.readuntil(b"\r\n\r\n")
-                    http10, status, headers = _parse_head(raw)
-                    if status >= 200 or status == 101:
+                    await conn.drain()
+                    if conn.closed:
                         break
-        except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
-            conn.close()
-            if reused and (not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial):
-                raise _Stale from exc
-            raise UpstreamUnavailable(f"the upstream closed the connection ({type(exc).__name__})") from exc
+                if first or chunked:
+                    transport.write((head if first else b"") + (b"0\r\n\r\n" if chunked else b""))
+            # with a Content-Length, the head is handed on with the first body bytes (they usually follow at once):
+            # one wake-up for both
+            while not (conn.head_done and (conn.pieces or conn.complete or conn.closed or not conn.sized)):
+                if not conn.head_done and conn.error is not None:
+                    raise UpstreamUnavailable(f"the upstream's answer is not usable ({conn.error})")
+                if not conn.head_done and conn.closed:
+                    if reused and not conn.received:
+                        raise _Stale
+                    raise UpstreamUnavailable("the upstream closed the connection before answering")
+                await conn.wait(self.read_timeout)
         except TimeoutError as exc:
+            conn.end()
             conn.close()
             raise UpstreamTimeout("the upstream did not answer in time") from exc
-        except (OSError, asyncio.LimitOverrunError, ValueError) as exc:
-            conn.close()
-            raise UpstreamUnavailable(f"the upstream's answer is not usable ({type(exc).__name__})") from exc
         except BaseException:
+            conn.end()
             conn.close()
             raise
-        return _response(self, conn, method, http10, status, headers)
+        return UpstreamResponse(self, conn)
 
     def _release(self, conn: _Connection) -> None:
-        if len(self._idle) >= self.max_connections or conn.reader.at_eof():
+        if len(self._idle) >= self.max_connections:
             conn.close()
             return
         conn.idle_since = time.monotonic()
@@ -263,56 +412,3 @@ class UpstreamPool:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
-
-
-async def _exactly(reader: asyncio.StreamReader, size: int, timeout: float) -> AsyncIterator[bytes]:
-    """``size`` bytes in pieces of at most :data:`READ_BYTES`, as they arrive."""
-    while size:
-        async with asyncio.timeout(timeout):
-            piece = await reader.read(min(size, READ_BYTES))
-        if not piece:
-            raise UpstreamBroken("the upstream closed before the end of the body")
-        size -= len(piece)
-        yield piece
-
-
-class _Stale(Exception):
-    """A reused connection failed before any response byte."""
-
-
-def _parse_head(raw: bytes) -> tuple[bool, int, Headers]:
-    """``(HTTP/1.0?, status, headers)`` of a response head (``ValueError`` when malformed; folded lines are
-    refused)."""
-    lines = raw[:-4].split(b"\r\n")
-    version, _, rest = lines[0].partition(b" ")
-    if not version.startswith(b"HTTP/1.") or len(rest) < 3 or not rest[:3].isdigit():
-        raise ValueError(f"bad status line {lines[0][:40]!r}")
-    headers: Headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
-            raise ValueError(f"bad header line {line[:40]!r}")
-        headers.append((name.lower(), value.strip()))
-    return version == b"HTTP/1.0", int(rest[:3]), headers
-
-
-def _response(
-    pool: UpstreamPool, conn: _Connection, method: str, http10: bool, status: int, headers: Headers
-) -> UpstreamResponse:
-    """The response with its framing (RFC 9112 6.3) and whether its connection may be reused."""
-    tokens = {t.strip().lower() for k, v in headers if k == b"connection" for t in v.split(b",")}
-    reusable = not http10 and b"close" not in tokens
-    encoding = [v for k, v in headers if k == b"transfer-encoding"]
-    lengths = {v for k, v in headers if k == b"content-length"}
-    if method == "HEAD" or status < 200 or status in (204, 304):
-        return UpstreamResponse(pool, conn, status, headers, "none", 0, reusable and status != 101)
-    if encoding:
-        if not b", ".join(encoding).lower().rstrip().endswith(b"chunked"):
-            return UpstreamResponse(pool, conn, status, headers, "close", 0, False)
-        return UpstreamResponse(pool, conn, status, headers, "chunked", 0, reusable)
-    if lengths:
-        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
-            conn.close()
-            raise UpstreamUnavailable("the upstream sent conflicting or malformed Content-Length headers")
-        return UpstreamResponse(pool, conn, status, headers, "length", int(next(iter(lengths))), reusable)
-    return UpstreamResponse(pool, conn, status, headers, "close", 0, False)

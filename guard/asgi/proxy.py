@@ -1,11 +1,11 @@
 """A reverse proxy with the guard in front: ``guard proxy --policy FILE --upstream URL``.
 
-Requests stream to the upstream with httpx and responses stream back, both without buffering (a guarded request's
-body is read once by :class:`~guard.asgi.GuardMiddleware` and then streamed on). The status and headers are kept,
-minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection`` and the headers it names, ``Keep-Alive``,
-``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``); ``X-Forwarded-For/-Proto/-Host`` are added.
-Bodies pass as raw bytes, so ``Content-Encoding`` and ``Content-Length`` stay valid. HTTP/1.1 trailers cannot be
-relayed (httpx does not expose them and uvicorn does not send them); they are dropped.
+Requests stream to the upstream over the proxy's own keep-alive pool (:mod:`guard.asgi._upstream`) and responses
+stream back, both without buffering (a guarded request's body is read once by :class:`~guard.asgi.GuardMiddleware`
+and then streamed on). The status and headers are kept, minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection``
+and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``);
+``X-Forwarded-For/-Proto/-Host`` are added. Bodies pass as raw bytes, so ``Content-Encoding`` and ``Content-Length``
+stay valid. HTTP/1.1 trailers cannot be relayed (uvicorn does not send them); they are dropped.
 
 The upstream URL is built from parts: the configured scheme, host and port (nothing the client sends can change
 them), the configured path prefix, then the request's canonical path (:mod:`guard.asgi._target`: the path the guard

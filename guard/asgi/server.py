@@ -8,9 +8,11 @@ seconds of being opened (or of its previous response, plus the keep-alive time) 
 request being served is never cut by it. Body timeouts are the ASGI side's job: guard's body reader
 (``BodyLimits.body_timeout_s``) and the proxy's forwarding (``ProxyConfig.body_idle_timeout``).
 
-With the middleware in your own app::
+:func:`server_options` are the uvicorn settings ``guard proxy`` serves with (this protocol; the event loop uvicorn's
+``loop="auto"`` picks: uvloop where it is installed, as it is with guard, else asyncio). With the middleware in your
+own app::
 
-    uvicorn.run(app, http=head_timeout_protocol(10.0), timeout_keep_alive=5)
+    uvicorn.run(app, timeout_keep_alive=5, **server_options(10.0))
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["DEFAULT_HEADER_TIMEOUT_S", "bind_socket", "head_timeout_protocol", "serve_together"]
+__all__ = ["DEFAULT_HEADER_TIMEOUT_S", "bind_socket", "head_timeout_protocol", "serve_together", "server_options"]
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
@@ -86,6 +88,17 @@ def head_timeout_protocol(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> t
     return type("HeadTimeoutH11", (_HeadTimeoutH11,), {"header_timeout": float(header_timeout)})
 
 
+def server_options(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> dict[str, Any]:
+    """The ``uvicorn.Config`` settings guard serves with: the request-head timeout protocol, ``loop="auto"``, and no
+    ``Server``/``Date`` headers or ``X-Forwarded-*`` trust of uvicorn's own.
+
+    Raises:
+        ValueError: a timeout that is not positive.
+    """
+    return {"http": head_timeout_protocol(header_timeout), "loop": "auto", "server_header": False,
+            "date_header": False, "proxy_headers": False}
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv4 or IPv6 literal, or a name).
 
@@ -140,14 +153,13 @@ class _Main(uvicorn.Server):
 def serve_together(app: Any, admin: Any, sockets: list[socket.socket], *, log_level: str = "info",
                    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **config: Any) -> None:
     """Serve ``app`` on ``sockets[0]`` (with its lifespan) and ``admin`` on ``sockets[1]`` in one event loop,
-    until SIGINT or SIGTERM; both with the request-head timeout. ``config`` goes to both ``uvicorn.Config``."""
-    protocol = head_timeout_protocol(header_timeout)
-    common: dict[str, Any] = {"log_level": log_level, "http": protocol, "server_header": False,
-                              "date_header": False, "proxy_headers": False, **config}
+    until SIGINT or SIGTERM; both with :func:`server_options`. ``config`` goes to both ``uvicorn.Config``."""
+    common: dict[str, Any] = {"log_level": log_level, **server_options(header_timeout), **config}
     follower = _Follower(uvicorn.Config(admin, lifespan="off", **common))
     main = _Main(uvicorn.Config(app, lifespan="on", **common), follower)
 
     async def both() -> None:
         await asyncio.gather(main.serve(sockets=[sockets[0]]), follower.serve(sockets=[sockets[1]]))
 
-    asyncio.run(both())
+    with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+        runner.run(both())

@@ -237,6 +237,23 @@ async def test_upstream_errors_are_502_and_504(make_guard: GuardFactory, upstrea
     assert 'guard_proxy_upstream_errors_total{kind="broken_stream"} 1.0' in metrics
 
 
+async def test_a_malformed_upstream_head_is_a_502(make_guard: GuardFactory) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        with serve_in_thread(proxy_app(make_guard(), ProxyConfig(f"http://127.0.0.1:{port}"))) as proxy:
+            async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+                response = await client.get("/public/echo")
+    assert response.status_code == 502 and response.json()["code"] == "upstream_unavailable"
+    assert "Transfer-Encoding can't be present with Content-Length" in response.json()["message"]
+
+
 async def test_health_metrics_and_review_admin(make_guard: GuardFactory, upstream: tuple[Upstream, str]) -> None:
     """The admin endpoints answer on the admin listener only; on the proxied listener their paths are forwarded to
     the upstream like any other (which has no such routes: 404 from the upstream, not guard's health)."""

@@ -1,5 +1,7 @@
 """The proxy's upstream pool against a raw asyncio server on loopback: framings (length, chunked with trailers,
-close-delimited, none), keep-alive reuse, a stale connection retried, malformed answers and timeouts."""
+close-delimited, none, interim 1xx), keep-alive reuse and when a connection is not reused, a stale connection
+retried, malformed answers, timeouts, and a large body read in bounded pieces for a slow reader; on asyncio's loop and
+on uvloop."""
 
 from __future__ import annotations
 
@@ -8,9 +10,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from guard.asgi._upstream import UpstreamBroken, UpstreamPool, UpstreamTimeout, UpstreamUnavailable
+from guard.asgi._upstream import (
+    MAX_HEAD_BYTES,
+    READ_BYTES,
+    UpstreamBroken,
+    UpstreamPool,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, bool]]:
+    """Each test on asyncio's own loop and on uvloop (what ``guard proxy`` serves on where it is installed)."""
+    if request.param == "uvloop":
+        pytest.importorskip("uvloop")
+    return "asyncio", {"use_uvloop": request.param == "uvloop"}
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -88,6 +105,78 @@ async def test_keep_alive_is_reused_and_framings_are_read() -> None:
     assert len(connections) == 1
 
 
+async def test_pieces_as_they_trickle_in_and_an_interim_response_first() -> None:
+    answer = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+              b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            await _read_request(reader)
+            for i in range(len(answer)):  # one byte a write: every parser state split across reads
+                writer.write(answer[i : i + 1])
+                await writer.drain()
+                await asyncio.sleep(0)
+
+    server, port, connections = await _serve(handler)
+    async with server:
+        pool = _pool(port)
+        assert await _get(pool) == (200, b"hello world")
+        assert await _get(pool, "POST", [b"x"], [(b"content-length", b"1")]) == (200, b"hello world")
+        await pool.aclose()
+    assert len(connections) == 1
+
+
+async def test_bytes_nobody_asked_for_drop_the_connection() -> None:
+    answers = [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA",  # more than the length said
+        b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbody",  # a body to a HEAD
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+    ]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(answers[len(connections) - 1])
+        await writer.drain()
+        await reader.read()  # until the pool closes its side
+
+    server, port, connections = await _serve(handler)
+    async with server:
+        pool = _pool(port)
+        assert await _get(pool) == (200, b"ok")
+        assert await _get(pool, "HEAD") == (200, b"")
+        assert await _get(pool) == (200, b"ok")
+        await pool.aclose()
+    assert len(connections) == 3
+
+
+async def test_a_large_body_is_read_in_bounded_pieces_while_the_reader_is_slow() -> None:
+    size = 4 * 1024 * 1024
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        for _ in range(size // READ_BYTES):
+            writer.write(b"x" * READ_BYTES)
+            await writer.drain()
+
+    server, port, _ = await _serve(handler)
+    async with server:
+        pool = _pool(port)
+        response = await pool.request("GET", b"/big", [(b"host", b"up")], None)
+        received, held = 0, []
+        try:
+            async for piece in response.body():
+                assert 0 < len(piece) <= READ_BYTES
+                received += len(piece)
+                await asyncio.sleep(0.001)  # a slow client: the upstream must wait, not fill our memory
+                held.append(sum(map(len, response._conn.pieces)))
+        finally:
+            await response.aclose()
+        await pool.aclose()
+    assert received == size and response.complete
+    assert max(held) <= READ_BYTES + 256 * 1024  # the high-water mark plus at most one socket read
+
+
 async def test_close_delimited_and_connection_close_are_not_reused() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
@@ -129,6 +218,10 @@ async def test_a_stale_connection_is_retried_once_without_a_body() -> None:
         (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", UpstreamBroken),
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", UpstreamBroken),
         (b"", UpstreamUnavailable),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\nok", UpstreamUnavailable),
+        (b"HTTP/1.1 200 OK\nx: 1\n\n", UpstreamUnavailable),  # bare LF
+        (b"HTTP/1.1 200 OK\r\nx: " + b"y" * MAX_HEAD_BYTES + b"\r\n\r\n", UpstreamUnavailable),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n", UpstreamBroken),  # closed before the body
     ],
 )
 async def test_malformed_answers_are_errors(answer: bytes, error: type[Exception]) -> None:
