@@ -248,7 +248,7 @@ class ResponseJudge:
                         await self._window(final=False)
                         if self.mode == "done":  # blocked: the client has its block, the rest is not read
                             raise StreamStopped("the response was blocked by policy")
-        except Exception as exc:  # handed to run(), which decides what the request sees
+        except Exception as exc:  # noqa: BLE001 - handed to run(), which re-raises what is not a connection error
             self.failure = exc
             self.mode = "done"
             if self.app is not None:
