@@ -1,13 +1,18 @@
 """What judging a streamed response costs: an SSE stream bare vs behind a response policy (sliding window).
 
 One uvicorn process on loopback serves the same Starlette app twice: ``/bare/sse`` (no policy watches it) and
-``/judged/sse`` (a response policy judges it with the default window, 4 KiB, answered by a constant in-process backend:
-every window is a cache miss, so each costs one engine evaluation). Events come ``PACE_MS`` apart, like tokens from a
-model, so the first-byte delay shows the window being filled. The client reads each stream whole and reports, per
-variant, the median time to the first byte and to the last byte over interleaved rounds, and the difference. A
-plain (``Content-Length``) JSON response, judged whole, is measured the same way.
+``/judged/sse`` (a response policy judges it with the default window, 4 KiB, and the default timed flush, answered by
+a constant in-process backend: every window is a cache miss, so each costs one engine evaluation). Events come
+``PACE_MS`` apart, like tokens from a model. The client reads each stream whole and reports, per variant, the median
+time to the first byte and to the last byte over interleaved rounds, and the difference. A plain
+(``Content-Length``) JSON response, judged whole, is measured the same way.
 
-Run:  python bench/response_stream.py [--events 200] [--rounds 30]
+Then a slow token stream (``SLOW_EVENTS`` small events ``SLOW_PACE_MS`` apart): the delay of every event from the
+app's send to its arrival at the client (one process, one clock), bare, judged with the window alone
+(``stream_flush_s=None``: held until 4 KiB or the end) and judged with the timed flush (the default
+``stream_flush_s``), interleaved; median and p99 per variant.
+
+Run:  python bench/response_stream.py [--events 200] [--rounds 30] [--slow-events 40] [--slow-pace-ms 100]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -31,6 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi import GuardMiddleware
+from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, BodyLimits
 from guard.engine import Guard
 from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
 
@@ -38,11 +45,14 @@ from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
 EVENTS = 200  # SSE events per stream (about 90 bytes each: an OpenAI-style delta chunk)
 PACE_MS = 1.0  # pause between events, as a model generating tokens (0: as fast as the app can)
 ROUNDS = 30
+SLOW_EVENTS = 40  # events of the slow stream (about 40 bytes each: one token)
+SLOW_PACE_MS = 100.0  # between them, as a slow model's tokens
+SLOW_ROUNDS = 3
 POLICY = """
 policies:
   - id: answers
     version: 1
-    match: {http: {paths: ["/judged/**"], response: {status: [200]}}}
+    match: {http: {paths: ["/judged/**", "/window/**"], response: {status: [200]}}}
     state: {text: body_text}
     questions:
       leak: {type: noul, instructions: "Does the text leak a secret?"}
@@ -66,7 +76,9 @@ class ConstantBackend:
         return None
 
 
-def _app(policy_file: str, events: int, pace_ms: float) -> Starlette:
+def _app(policy_file: str, events: int, pace_ms: float, slow_events: int, slow_pace_ms: float) -> Any:
+    """``/window/...`` behind a guard without the timed flush; every other path behind one with the defaults."""
+
     async def sse(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
             for i in range(events):
@@ -77,13 +89,29 @@ def _app(policy_file: str, events: int, pace_ms: float) -> Starlette:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
+    async def slow(request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            for i in range(slow_events):
+                yield f"data: {json.dumps({'t': f' w{i}', 'sent': time.perf_counter()})}\n\n"
+                await asyncio.sleep(slow_pace_ms / 1000)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
     async def plain(request: Request) -> Response:
         return JSONResponse({"answer": " ".join(f"w{i}" for i in range(events))})
 
-    routes = [Route(f"/{p}/sse", sse) for p in ("bare", "judged")] + [Route(f"/{p}/plain", plain) for p in
-                                                                         ("bare", "judged")]
+    routes = [Route(f"/{p}/{name}", view) for p in ("bare", "judged", "window")
+              for name, view in (("sse", sse), ("slow", slow), ("plain", plain))]
     guard = Guard.from_files(policy_file, backends=ConstantBackend())
-    return Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard)])
+    flushed = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard)])
+    window = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard,
+                                                             limits=BodyLimits(stream_flush_s=None))])
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await (window if scope.get("path", "").startswith("/window/") else flushed)(scope, receive, send)
+
+    return app
 
 
 async def _read(client: httpx.AsyncClient, path: str) -> tuple[float, float, int]:
@@ -95,6 +123,26 @@ async def _read(client: httpx.AsyncClient, path: str) -> tuple[float, float, int
             first = first if first is not None else time.perf_counter()
             size += len(piece)
     return ((first or time.perf_counter()) - started) * 1000, (time.perf_counter() - started) * 1000, size
+
+
+async def _delays(client: httpx.AsyncClient, path: str) -> list[float]:
+    """Each event's delay (ms) from the app's send to its arrival here."""
+    out: list[float] = []
+    async with client.stream("GET", path) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                out.append((time.perf_counter() - json.loads(line[len("data: "):])["sent"]) * 1000)
+    return out
+
+
+async def _measure_slow(url: str, rounds: int) -> dict[str, list[float]]:
+    paths = ["/bare/slow", "/window/slow", "/judged/slow"]
+    out: dict[str, list[float]] = {p: [] for p in paths}
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        for _ in range(rounds):
+            for path in paths:
+                out[path] += await _delays(client, path)
+    return out
 
 
 async def _measure(url: str, rounds: int) -> dict[str, list[tuple[float, float, int]]]:
@@ -114,12 +162,15 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=EVENTS)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--pace-ms", type=float, default=PACE_MS)
+    parser.add_argument("--slow-events", type=int, default=SLOW_EVENTS)
+    parser.add_argument("--slow-pace-ms", type=float, default=SLOW_PACE_MS)
+    parser.add_argument("--slow-rounds", type=int, default=SLOW_ROUNDS)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         policy_file = Path(tmp) / "policy.yaml"
         policy_file.write_text(POLICY)
-        config = uvicorn.Config(_app(str(policy_file), args.events, args.pace_ms), host="127.0.0.1", port=0, log_level="error",
-                                lifespan="off")
+        app = _app(str(policy_file), args.events, args.pace_ms, args.slow_events, args.slow_pace_ms)
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="off")
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -127,8 +178,18 @@ def main() -> None:
             time.sleep(0.01)
         url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
         results = asyncio.run(_measure(url, args.rounds))
+        slow = asyncio.run(_measure_slow(url, args.slow_rounds))
         server.should_exit = True
         thread.join(10)
+    print(f"{args.slow_rounds} rounds; slow SSE stream of {args.slow_events} events {args.slow_pace_ms:g} ms apart; "
+          "delay of each event from the app's send to the client, ms")
+    print(f"{'variant':<34} {'events':>6} {'p50':>9} {'p99':>9} {'max':>9}")
+    names = {"/bare/slow": "bare", "/window/slow": "judged, window only (no flush)",
+             "/judged/slow": f"judged, flush {DEFAULT_STREAM_FLUSH_S:g} s (default)"}
+    for path, delays in slow.items():
+        ordered = sorted(delays)
+        p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+        print(f"{names[path]:<34} {len(delays):>6} {statistics.median(delays):9.1f} {p99:9.1f} {ordered[-1]:9.1f}")
     print(f"{args.rounds} rounds; SSE stream of {args.events} events {args.pace_ms:g} ms apart, plain JSON of the "
           "same words; medians, ms")
     print(f"{'path':<16} {'bytes':>8} {'first byte':>11} {'last byte':>10}")

@@ -17,6 +17,10 @@ the body in one of two ways:
   with the block's JSON as data and ends; a chunked stream that is not SSE is cut off without its last chunk, so the
   client sees an incomplete body, never one that looks whole. Redact replaces spans in the window before it is sent
   (a span reaching past the window waits for the next one). A compressed stream is not judged (502).
+  A slow stream does not wait for the window to fill: ``stream_flush_s`` after the first byte that was not judged yet
+  arrived, a flusher task judges what is held as it stands and sends on what may go, by the same rules (whole SSE
+  events; all but the overlap of a chunked stream). A block it finds cuts the response off: the application's call
+  is cancelled. :meth:`ResponseJudge.run` runs the application's call next to the flusher.
 
 Every judgement is a verdict of its own (``phase: response``), recorded like a request's; an allowed or redacted
 response carries ``x-guard-response-decision-id``.
@@ -24,10 +28,13 @@ response carries ``x-guard-response-decision-id``.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.types import Message, Send
@@ -72,7 +79,8 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
 
 
 class ResponseJudge:
-    """``send`` for one request's response: judged by every watching policy it matches (see the module doc).
+    """``send`` for one request's response: judged by every watching policy it matches (see the module doc). Give
+    it to the application and await the application's call through :meth:`run`.
 
     Args:
         guard: the engine. request: the request's head subject. watching: the response policies that watch it.
@@ -98,6 +106,30 @@ class ResponseJudge:
         self.held_bytes = 0
         self.tail = ""  # stream: the end of what was sent, judged again with the next window
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.lock = asyncio.Lock()  # stream: one judgement at a time, the application's send or the flusher's
+        self.due: float | None = None  # stream: loop time by which what is held gets judged (None: all judged)
+        self.pending = asyncio.Event()  # set while ``due`` is
+        self.app: asyncio.Future[None] | None = None
+        self.flusher: asyncio.Task[None] | None = None
+        self.failure: BaseException | None = None  # what ended the flusher (a cut-off, a client gone, a bug)
+
+    async def run(self, response: Awaitable[None]) -> None:
+        """Await the application's call (``app(scope, receive, judge)``, possibly wrapped) next to the flusher of a
+        streamed response; cancelled when a flush blocks the stream or cannot send. Re-raises what broke the flusher
+        unless it was the client's connection (an ``OSError``: the cut-off itself, or a client that left)."""
+        self.app = asyncio.ensure_future(response)
+        try:
+            await self.app
+        except asyncio.CancelledError:
+            if self.failure is None:  # not ours: the request itself is cancelled
+                raise
+        finally:
+            if self.flusher is not None:
+                self.flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.flusher
+        if self.failure is not None and not isinstance(self.failure, OSError):
+            raise self.failure
 
     async def __call__(self, message: Message) -> None:
         mode = self.mode
@@ -112,7 +144,9 @@ class ResponseJudge:
         elif mode == "whole":
             await self._whole(message)
         else:
-            await self._stream(message)
+            async with self.lock:
+                if self.mode == "stream":  # the flusher may have ended it meanwhile
+                    await self._stream(message)
 
     async def _start(self, message: Message) -> None:
         headers = _headers(message.get("headers", []))
@@ -135,6 +169,8 @@ class ResponseJudge:
                                          "judged; serve it uncompressed", field="content-encoding"))
         else:
             self.mode = "stream"
+            if self.limits.stream_flush_s is not None and self.app is not None:
+                self.flusher = asyncio.ensure_future(self._flush())
 
     # Whole bodies ----------------------------------------------------------------------------------------------
 
@@ -187,14 +223,42 @@ class ResponseJudge:
         if chunk:
             self.held += self.decoder.decode(chunk)
             self.held_bytes += len(chunk)
+            if self.due is None and self.flusher is not None and self.limits.stream_flush_s is not None:
+                self.due = asyncio.get_running_loop().time() + self.limits.stream_flush_s
+                self.pending.set()
         if not more:
             self.held += self.decoder.decode(b"", final=True)
         if self.held_bytes >= self.limits.stream_window_bytes or not more:
             await self._window(final=not more)
 
+    async def _flush(self) -> None:
+        """The flusher: whenever bytes have waited ``stream_flush_s`` unjudged, judge the held text as it stands. A
+        block ends the application's call (it has nothing more to send), as does a failed send; what ended it is
+        kept in :attr:`failure` for :meth:`run`."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self.mode == "stream":
+                await self.pending.wait()
+                wait = (self.due or 0.0) - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue  # a window judged meanwhile moves ``due`` on
+                async with self.lock:
+                    if self.mode == "stream" and self.due is not None and loop.time() >= self.due:
+                        await self._window(final=False)
+                        if self.mode == "done":  # blocked: the client has its block, the rest is not read
+                            raise StreamStopped("the response was blocked by policy")
+        except Exception as exc:  # noqa: BLE001 - handed to run(), which re-raises what is not a connection error
+            self.failure = exc
+            self.mode = "done"
+            if self.app is not None:
+                self.app.cancel()
+
     async def _window(self, *, final: bool) -> None:
         """Judge the tail already sent plus what is held; send on what may go."""
         assert self.head is not None
+        self.due = None  # everything held is judged now
+        self.pending.clear()
         context, text = len(self.tail), self.tail + self.held
         verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=text))
         if verdict.action == "block":

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_MAX_MULTIPART_PARTS",
     "DEFAULT_MAX_PART_HEADER_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_STREAM_FLUSH_S",
     "DEFAULT_STREAM_OVERLAP_BYTES",
     "DEFAULT_STREAM_WINDOW_BYTES",
     "BodyLimits",
@@ -55,6 +56,8 @@ DEFAULT_STREAM_WINDOW_BYTES = 4096
 """Most bytes of a streamed response held back before they are judged and sent on (the sliding window)."""
 DEFAULT_STREAM_OVERLAP_BYTES = 256
 """Already-sent bytes judged again with the next window, so a span across two windows is seen whole."""
+DEFAULT_STREAM_FLUSH_S = 0.2
+"""Most seconds a streamed byte is held back waiting for the window to fill; then what is held is judged and sent on."""
 
 OpaqueMedia = Literal["reject", "metadata"]
 """What to do with a non-empty body of a media type that cannot be read as text (images, octet-stream):
@@ -81,6 +84,8 @@ class BodyLimits:
         max_response_bytes: most bytes of a whole upstream response read for a response policy; 502 above.
         stream_window_bytes: most bytes of a streamed response (SSE, chunked) held back before judging.
         stream_overlap_bytes: bytes judged twice across consecutive windows (below ``stream_window_bytes``).
+        stream_flush_s: seconds after which held-back stream bytes are judged and sent on without waiting for the
+            window to fill (a slow token stream); ``None``: only a full window or the end of the stream does.
     """
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -97,10 +102,14 @@ class BodyLimits:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     stream_window_bytes: int = DEFAULT_STREAM_WINDOW_BYTES
     stream_overlap_bytes: int = DEFAULT_STREAM_OVERLAP_BYTES
+    stream_flush_s: float | None = DEFAULT_STREAM_FLUSH_S
 
     def __post_init__(self) -> None:
         if not (isinstance(self.body_timeout_s, (int, float)) and self.body_timeout_s > 0):
             raise ValueError(f"BodyLimits.body_timeout_s is {self.body_timeout_s!r}; it must be positive seconds")
+        flush = self.stream_flush_s
+        if flush is not None and (isinstance(flush, bool) or not isinstance(flush, (int, float)) or not flush > 0):
+            raise ValueError(f"BodyLimits.stream_flush_s is {flush!r}; it must be positive seconds or None")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.startswith("max_") and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -235,8 +235,10 @@ class GuardMiddleware:
         if not matched:
             watching = self.guard.watching(head)
             if watching:
-                send = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics)
-            await self.app(scope, receive, send)
+                judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics)
+                await judge.run(self.app(scope, receive, judge))
+            else:
+                await self.app(scope, receive, send)
             return
         await self._guard(scope, receive, send, head, matched)
 
@@ -325,10 +327,10 @@ class GuardMiddleware:
                     return
             scope.setdefault("state", {})[STATE_KEY] = verdict  # as Starlette's Request.state does; servers copy it
             watching = self.guard.watching(head)
-            if watching:
-                send = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics)
-            send = functools.partial(send_with_headers, send, verdict_headers(verdict, full=self._full_headers))
-            await self.app(scope, ReplayReceive(body, receive), send)
+            judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
+            send = functools.partial(send_with_headers, judge or send, verdict_headers(verdict, full=self._full_headers))
+            response = self.app(scope, ReplayReceive(body, receive), send)
+            await (judge.run(response) if judge else response)
         elif verdict.action == "block":
             await _block(send, verdict)
         elif verdict.action == "escalate":

@@ -44,6 +44,7 @@ from typing import Any
 
 from guard.asgi._responses import DECISION_HEADERS
 from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
+from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, BodyLimits
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
 from guard.cli._otel import install_metrics_from_env, install_tracing_from_env
@@ -79,6 +80,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--body-timeout", type=float, default=None, metavar="S",
                         help="seconds a client has to send a judged body (408 after; default BodyLimits, "
                         "30) and the most silence between chunks of a forwarded one")
+    parser.add_argument("--stream-flush", type=float, default=None, metavar="S",
+                        help="seconds a streamed response's bytes wait for a response policy's window to fill before "
+                        f"they are judged and sent on (default {DEFAULT_STREAM_FLUSH_S:g}; 0: wait for a full window)")
     add_backend_options(parser, default="compact")
     parser.add_argument("--redis-url", default=None, metavar="URL",
                         help="Redis for the cache (and the review queue, without --review-redis-url); "
@@ -180,7 +184,6 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     """
     from guard.asgi.admin import admin_app, reviewer_tokens
     from guard.asgi.health import HealthEndpoint
-    from guard.asgi.limits import BodyLimits
     from guard.asgi.proxy import ProxyConfig, proxy_app
     from guard.asgi.review_api import is_loopback as _is_loopback
     from guard.asgi.review_api import parse_reviewer_tokens
@@ -198,7 +201,12 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         raise ValueError("--admin-listen must differ from --listen: the admin endpoints are never on the proxied one")
     if not args.header_timeout > 0:
         raise ValueError(f"--header-timeout is {args.header_timeout}; it must be positive seconds")
-    limits = BodyLimits() if args.body_timeout is None else BodyLimits(body_timeout_s=args.body_timeout)
+    overrides: dict[str, Any] = {} if args.body_timeout is None else {"body_timeout_s": args.body_timeout}
+    if args.stream_flush is not None:
+        if not args.stream_flush >= 0:
+            raise ValueError(f"--stream-flush is {args.stream_flush}; it must be 0 (no timed flush) or positive seconds")
+        overrides["stream_flush_s"] = args.stream_flush or None
+    limits = BodyLimits(**overrides)
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
                          body_idle_timeout=limits.body_timeout_s)
     reviewers = None

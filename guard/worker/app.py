@@ -82,7 +82,15 @@ if TYPE_CHECKING:
     from guard.backends.batcher import BatchInfo
     from guard.backends.local import LocalBackend
 
-__all__ = ["DEFAULT_CANARY_INTERVAL_S", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "WorkerConfig", "WorkerPhase", "create_app"]
+__all__ = [
+    "DEFAULT_CANARY_INTERVAL_S",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_TIMEOUT_S",
+    "MAX_TIMEOUT_S",
+    "WorkerConfig",
+    "WorkerPhase",
+    "create_app",
+]
 
 logger = logging.getLogger("guard.worker")
 
@@ -167,8 +175,10 @@ class WorkerConfig:
                 ) from None
         if isinstance(self.api_keys, str) or not all(isinstance(k, str) and len(k) >= 16 for k in self.api_keys):
             raise ValueError("WorkerConfig.api_keys must be a tuple of keys of at least 16 characters each")
-        if isinstance(self.max_image_pixels, bool) or not isinstance(self.max_image_pixels, int) or (
-            self.max_image_pixels < 1
+        if (
+            isinstance(self.max_image_pixels, bool)
+            or not isinstance(self.max_image_pixels, int)
+            or (self.max_image_pixels < 1)
         ):
             raise ValueError(f"WorkerConfig.max_image_pixels must be an integer >= 1, got {self.max_image_pixels!r}")
         if self.max_image_pixels > MAX_IMAGE_PIXELS:
@@ -177,12 +187,19 @@ class WorkerConfig:
                 f"{self.max_image_pixels}"
             )
         interval = self.canary_interval_s
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not math.isfinite(interval) or (
-            interval < 0
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not math.isfinite(interval)
+            or (interval < 0)
         ):
             raise ValueError(f"WorkerConfig.canary_interval_s must be a number of seconds >= 0, got {interval!r}")
         if self.overload_status not in (429, 503):
             raise ValueError(f"WorkerConfig.overload_status must be 429 or 503, got {self.overload_status!r}")
+
+
+#: How long shutdown waits for the spans still queued to be exported (ms).
+_TRACE_FLUSH_TIMEOUT_MS = 5000
 
 
 class WorkerPhase(enum.Enum):
@@ -209,6 +226,7 @@ class _Runtime:
         self.source = source
         self.config = config
         self.metrics = metrics
+        self.tracer_provider = tracer_provider
         self.tracer = trace.get_tracer("guard.worker", tracer_provider=tracer_provider)
         self.backend: LocalBackend | None = None
         self.phase = WorkerPhase.LOADING
@@ -282,6 +300,10 @@ class _Runtime:
         if self.backend is not None:
             await self.backend.aclose()  # finishes queued work first
         self.metrics.shutdown()
+        provider = self.tracer_provider if self.tracer_provider is not None else trace.get_tracer_provider()
+        flush = getattr(provider, "force_flush", None)  # the SDK's; the default no-op provider has none
+        if flush is not None:  # the spans still queued leave now: uvicorn re-raises SIGTERM, so no exit hook runs
+            await asyncio.to_thread(flush, _TRACE_FLUSH_TIMEOUT_MS)
 
     def model_name(self) -> str:
         if self.config.model_name:

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi.admin import admin_app
+from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S
 from guard.asgi.proxy import ProxyApp, ProxyConfig, proxy_app
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
@@ -357,6 +358,7 @@ def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: 
         ["--admin-listen", "nowhere"],
         ["--header-timeout", "0"],
         ["--body-timeout", "-1"],
+        ["--stream-flush", "-1"],
         ["--upstream", "ftp://x"],
         ["--cache-local-ttl", "-1"],
     ):
@@ -364,6 +366,16 @@ def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: 
         with pytest.raises(ValueError):
             build(parser.parse_args(argv))
     assert main(["proxy", "--policy", "/nonexistent.yaml", "--upstream", url]) == 2
+
+
+def test_cli_stream_flush_reaches_the_response_judge(upstream: tuple[Upstream, str]) -> None:
+    _, url = upstream
+    argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "http://127.0.0.1:9"]
+    cases = (([], DEFAULT_STREAM_FLUSH_S), (["--stream-flush", "0.05"], 0.05), (["--stream-flush", "0"], None))
+    for extra, expected in cases:
+        runtime = build(build_parser().parse_args([*argv, *extra]))
+        assert runtime.app.guarded.limits.stream_flush_s == expected
+        asyncio.run(runtime.aclose())
 
 
 def test_cli_cache_local_ttl_reaches_the_cache(upstream: tuple[Upstream, str], redis_url: str) -> None:

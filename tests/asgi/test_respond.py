@@ -1,10 +1,13 @@
 """Verdicts the application sees, the redact action, and response policies, over real HTTP (uvicorn on loopback):
-plain, SSE and chunked responses, with the check that nothing after a blocked span leaves."""
+plain, SSE and chunked responses, with the check that nothing after a blocked span leaves; slow streams released by
+the timed flush."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,10 @@ policies:
 """
 SECRET = "SECRET-PLAN"
 EVENTS = 40
+FLUSH_S = 0.1  # the slow streams' flush delay
+PACE_S = 0.15  # between the slow streams' events: each event waits alone for the flush
+SLOW_EVENTS = 10  # 1.5 s a stream: without the flush the first event would wait for the end
+MARGIN_S = 0.5  # a loaded machine's scheduling on top of the flush delay
 
 
 def answers(request: SystemOneRequestV1) -> dict[str, Any]:
@@ -127,28 +134,72 @@ async def chunked(request: Request) -> Response:
     return StreamingResponse(pieces(), media_type="text/plain")
 
 
+async def slow_sse(request: Request) -> Response:
+    kind = request.query_params["kind"]
+
+    async def events() -> AsyncIterator[str]:
+        if kind == "split":  # one event, its key cut by a pause longer than the flush delay
+            yield 'data: {"delta": "use sk-abcd'
+            await asyncio.sleep(3 * FLUSH_S)
+            yield 'efgh12345 here"}\n\n'
+        for i in range(SLOW_EVENTS if kind != "split" else 0):
+            delta = SECRET if kind == "leak" and i == SLOW_EVENTS // 2 else f"word{i:03d}"
+            yield f"data: {json.dumps({'i': i, 'delta': delta, 'sent': time.monotonic()})}\n\n"
+            await asyncio.sleep(PACE_S)
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def slow_chunked(request: Request) -> Response:
+    kind = request.query_params["kind"]
+
+    async def pieces() -> AsyncIterator[bytes]:
+        if kind == "split":  # the key cut by a pause longer than the flush delay
+            yield b"use sk-abcd"
+            await asyncio.sleep(3 * FLUSH_S)
+            yield b"efgh12345 here"
+            return
+        for i in range(SLOW_EVENTS):
+            yield f"{SECRET if i == SLOW_EVENTS // 2 else f'word{i:03d}'} ".encode()
+            await asyncio.sleep(PACE_S)
+
+    return StreamingResponse(pieces(), media_type="text/plain")
+
+
 ROUTES = [
     Route("/in/echo", echo, methods=["POST"]),
     Route("/route/desk", route, methods=["POST"]),
     Route("/out/plain", plain),
     Route("/out/sse", sse),
     Route("/out/chunked", chunked),
+    Route("/out/slow-sse", slow_sse),
+    Route("/out/slow-chunked", slow_chunked),
     Route("/open/echo", echo, methods=["POST"]),
 ]
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def _served(tmp_path: Path, limits: BodyLimits) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     path = tmp_path / "p.yaml"
     path.write_text(POLICY)
     records: list[dict[str, Any]] = []
     guard = Guard.from_files(path, backends=ScriptedBackend(answers),
                              decision_log=DecisionLog(lambda line: records.append(json.loads(line))))
-    limits = BodyLimits(stream_window_bytes=256, stream_overlap_bytes=32)
     app = Starlette(routes=ROUTES, middleware=[Middleware(GuardMiddleware, guard=guard, limits=limits)])
     with serve_in_thread(app) as url:
         yield url, records
     guard.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    yield from _served(tmp_path, BodyLimits(stream_window_bytes=256, stream_overlap_bytes=32))
+
+
+@pytest.fixture
+def slow(tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """The default 4 KiB window, flushed after ``FLUSH_S``; a 32-byte overlap kept back from chunked streams."""
+    yield from _served(tmp_path, BodyLimits(stream_flush_s=FLUSH_S, stream_overlap_bytes=32))
 
 
 def test_the_app_sees_the_verdict_and_routes_on_its_answers(served: tuple[str, list[Any]]) -> None:
@@ -239,6 +290,69 @@ def test_chunked_is_cut_off_before_the_blocked_span(served: tuple[str, list[Any]
     assert len(words) < EVENTS // 2
 
 
+def _arrivals(client: httpx.Client, path: str) -> tuple[list[dict[str, Any]], list[float], str]:
+    """A slow SSE stream read as it comes: its data events, each one's delay from the app's send to its arrival
+    here (s; the app runs in this process's server thread, on the same clock), and the whole text."""
+    events: list[dict[str, Any]] = []
+    delays: list[float] = []
+    text = ""
+    with client.stream("GET", path) as response:
+        for line in response.iter_lines():
+            text += line + "\n"
+            if line.startswith("data: {"):
+                event = json.loads(line[len("data: "):])
+                events.append(event)
+                if "sent" in event:
+                    delays.append(time.monotonic() - event["sent"])
+    return events, delays, text
+
+
+def test_a_slow_sse_stream_is_released_event_by_event_after_the_flush_delay(
+    slow: tuple[str, list[Any]], tmp_path: Path
+) -> None:
+    url, _ = slow
+    with httpx.Client(base_url=url, timeout=30) as client:
+        events, delays, _ = _arrivals(client, "/out/slow-sse?kind=ok")
+    assert [e["i"] for e in events] == list(range(SLOW_EVENTS))
+    assert max(delays) < FLUSH_S + MARGIN_S, delays
+    unflushed = _served(tmp_path, BodyLimits(stream_flush_s=None))  # the window alone: held until the stream ends
+    with contextlib.closing(unflushed), httpx.Client(base_url=next(unflushed)[0], timeout=30) as client:
+        _, waited, _ = _arrivals(client, "/out/slow-sse?kind=ok")
+    assert waited[0] > (SLOW_EVENTS - 1) * PACE_S > FLUSH_S + MARGIN_S
+
+
+def test_a_block_after_a_flush_stops_the_stream_with_nothing_after_it(slow: tuple[str, list[Any]]) -> None:
+    url, records = slow
+    received = b""
+    with httpx.Client(base_url=url, timeout=30) as client:
+        events, _, text = _arrivals(client, "/out/slow-sse?kind=leak")
+        started = time.monotonic()
+        with pytest.raises(httpx.RemoteProtocolError), client.stream("GET", "/out/slow-chunked",
+                                                                     params={"kind": "leak"}) as leak:
+            for piece in leak.iter_raw():
+                received += piece
+        cut_after = time.monotonic() - started
+    indices = [e["i"] for e in events if "i" in e]
+    assert 0 < len(indices) <= SLOW_EVENTS // 2 and indices == list(range(len(indices)))  # flushed before the block
+    assert SECRET not in text and text.rstrip("\n").split("\n")[-2] == f"event: {SSE_BLOCK_EVENT}"
+    words = received.decode().split()
+    assert SECRET.encode() not in received and 0 < len(words) <= SLOW_EVENTS // 2
+    assert words == [f"word{i:03d}" for i in range(len(words))]
+    assert cut_after < SLOW_EVENTS * PACE_S  # cut off when the flush found the span, not at the stream's end
+    assert [r["result"]["action"] for r in records if r["phase"] == "response"].count("block") == 2
+
+
+def test_a_redact_span_cut_by_a_flush_is_masked_whole(slow: tuple[str, list[Any]]) -> None:
+    url, _ = slow
+    with httpx.Client(base_url=url, timeout=30) as client:
+        sse = client.get("/out/slow-sse", params={"kind": "split"}).text
+        chunked = client.get("/out/slow-chunked", params={"kind": "split"}).text
+    assert _sse_events(sse) == ['data: {"delta": "use [REDACTED:api_key] here"}', "data: [DONE]"]  # held: incomplete
+    assert chunked == "use [REDACTED:api_key] here"  # held: inside the overlap kept back from a chunked stream
+    with pytest.raises(ValueError, match="stream_flush_s is 0; it must be positive seconds or None"):
+        BodyLimits(stream_flush_s=0)
+
+
 @pytest.mark.parametrize(
     ("policy", "reason"),
     [
@@ -269,11 +383,12 @@ def test_the_proxy_judges_responses_the_same_way(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(POLICY)
     guard = Guard.from_files(path, backends=ScriptedBackend(answers))
-    limits = BodyLimits(stream_window_bytes=256, stream_overlap_bytes=32)
+    limits = BodyLimits(stream_window_bytes=256, stream_overlap_bytes=32, stream_flush_s=FLUSH_S)
     received = b""
     with serve_in_thread(Starlette(routes=ROUTES)) as upstream, \
             serve_in_thread(proxy_app(guard, ProxyConfig(upstream), limits=limits)) as proxy, \
             httpx.Client(base_url=proxy) as client:
+        _, delays, _ = _arrivals(client, "/out/slow-sse?kind=ok")
         key = client.get("/out/plain", params={"kind": "key"})
         events = _sse_events(client.get("/out/sse", params={"kind": "leak"}).text)
         with pytest.raises(httpx.RemoteProtocolError), client.stream("GET", "/out/chunked",
@@ -286,3 +401,4 @@ def test_the_proxy_judges_responses_the_same_way(tmp_path: Path) -> None:
     assert events[-1].startswith(f"event: {SSE_BLOCK_EVENT}") and 0 < len(events) - 1 < EVENTS // 2
     assert SECRET.encode() not in received and received.decode().split()[0] == "word000"
     assert after.status_code == 200
+    assert len(delays) == SLOW_EVENTS and max(delays) < FLUSH_S + MARGIN_S, delays  # flushed through the proxy too

@@ -2,69 +2,25 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from guard.cli import build_parser
 from tests.worker._requests import ticket_body
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _guard(*args: str) -> list[str]:
-    return [sys.executable, "-m", "guard", "worker", "serve", *args]
+from tests.worker._serve import worker_process
 
 
 def test_serves_until_sigterm_then_exits_cleanly(golden_checkpoint: Path, tmp_path: Path) -> None:
-    sock = str(tmp_path / "worker.sock")
-    process = subprocess.Popen(
-        _guard(
-            "--model",
-            str(golden_checkpoint),
-            "--uds",
-            sock,
-            "--dtype",
-            "float32",
-            "--max-batch",
-            "4",
-            "--model-name",
-            "clef-tiny",
-            "--model-alias",
-            "clef-flash",
-            "--log-level",
-            "warning",
-        ),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://worker", timeout=60) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
-                assert time.monotonic() < deadline, "worker never became ready"
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
-            answer = client.post("/v1/systemone", json=ticket_body(0))
-            models = client.get("/v1/models").json()
-        assert answer.status_code == 200 and set(answer.json()["answers"]) == {"churn_risk", "queue", "urgency"}
-        assert models["models"][0]["name"] == "clef-tiny" and models["models"][0]["dtype"] == "float32"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        returncode = process.wait(60)
+    options = ("--model", str(golden_checkpoint), "--dtype", "float32", "--max-batch", "4", "--model-name", "clef-tiny",
+               "--model-alias", "clef-flash", "--log-level", "warning")  # fmt: skip
+    with worker_process(str(tmp_path / "worker.sock"), *options) as worker, worker.client() as client:
+        answer = client.post("/v1/systemone", json=ticket_body(0))
+        models = client.get("/v1/models").json()
+        returncode = worker.stop()
+    assert answer.status_code == 200 and set(answer.json()["answers"]) == {"churn_risk", "queue", "urgency"}
+    assert models["models"][0]["name"] == "clef-tiny" and models["models"][0]["dtype"] == "float32"
     assert returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once its graceful shutdown is done
 
 

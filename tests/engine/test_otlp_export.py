@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from guard.backends.fixture import FixtureBackend
 from guard.devtools.testing import subject_from_json, wire_answers
@@ -19,6 +13,7 @@ from guard.engine import Guard
 from guard.engine.cache import MemoryCache
 from guard.engine.telemetry import Telemetry, tracer_provider_from_env
 from guard.policy.loader import load_text
+from tests._otlp import Receiver
 from tests.worker._serve import serve_app_in_thread
 
 pytestmark = pytest.mark.anyio
@@ -26,23 +21,9 @@ pytestmark = pytest.mark.anyio
 POLICY = Path(__file__).resolve().parents[2] / "policies" / "tool_result_check.yaml"
 
 
-def receiver() -> tuple[Starlette, list[ExportTraceServiceRequest], threading.Event]:
-    received: list[ExportTraceServiceRequest] = []
-    arrived = threading.Event()
-
-    async def traces(request: Request) -> Response:
-        message = ExportTraceServiceRequest()
-        message.ParseFromString(await request.body())
-        received.append(message)
-        arrived.set()
-        return Response(ExportTraceServiceRequest().SerializeToString(), media_type="application/x-protobuf")
-
-    return Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])]), received, arrived
-
-
 async def test_otel_endpoint_sends_decision_spans_to_an_otlp_receiver() -> None:
-    app, received, arrived = receiver()
-    with serve_app_in_thread(app, ready_path=None) as url:
+    otlp = Receiver()
+    with serve_app_in_thread(otlp.app, ready_path=None) as url:
         provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_SERVICE_NAME": "guard-test"})
         assert isinstance(provider, TracerProvider)
         policies = load_text(POLICY.read_bytes(), str(POLICY))
@@ -56,20 +37,13 @@ async def test_otel_endpoint_sends_decision_spans_to_an_otlp_receiver() -> None:
         finally:
             await guard.aclose()
         assert provider.force_flush(30_000)
-        assert arrived.wait(30)
+        assert otlp.arrived.wait(30)
         provider.shutdown()
     assert verdict.action == "block"
-    spans = [
-        (resource.resource, span)
-        for message in received
-        for resource in message.resource_spans
-        for scope in resource.scope_spans
-        for span in scope.spans
-    ]
-    decision = [(res, span) for res, span in spans if span.name == "guard.decision"]
+    decision = [(resource, span) for resource, span in otlp.spans() if span.name == "guard.decision"]
     assert len(decision) == 1
     resource, span = decision[0]
-    service = {a.key: a.value.string_value for a in resource.attributes}["service.name"]
+    service = resource["service.name"]
     attributes = {a.key: a.value for a in span.attributes}
     assert service == "guard-test"
     assert attributes["guard.policy.id"].string_value == "tool-result-check"

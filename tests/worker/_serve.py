@@ -1,12 +1,18 @@
-"""A real worker for tests: uvicorn serving ``create_app`` in a thread, on loopback TCP or a Unix socket."""
+"""A real worker for tests: uvicorn serving ``create_app`` in a thread, on loopback TCP or a Unix socket; or
+``guard worker serve`` as its own process, as a user runs it."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +23,8 @@ from guard.backends.batcher import MicroBatcher
 from guard.backends.local import LocalBackend
 from guard.worker.app import WorkerConfig, create_app
 from tests.asgi._servers import _Server
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerThread:
@@ -112,3 +120,48 @@ def serve_worker(
         yield RunningWorker(url=url, uds=uds, app=app, backend=backend, server=server)
     finally:
         server.stop()
+
+
+@dataclass
+class WorkerProcess:
+    """A running ``guard worker serve`` on a Unix socket: the process and a client factory for its socket."""
+
+    process: subprocess.Popen[bytes]
+    uds: str
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        kwargs.setdefault("timeout", 60)
+        return httpx.Client(transport=httpx.HTTPTransport(uds=self.uds), base_url="http://worker", **kwargs)
+
+    def stop(self) -> int:
+        """SIGTERM (finish the queued requests, run the lifespan shutdown, exit); the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(60)
+
+
+@contextmanager
+def worker_process(uds: str, *args: str, env: Mapping[str, str] | None = None) -> Iterator[WorkerProcess]:
+    """``python -m guard worker serve --uds UDS ARGS...`` with ``env`` added to this process's environment; yields
+    once ``/readyz`` answers 200 (up to 120 s), stops it with SIGTERM on exit."""
+    command = [sys.executable, "-m", "guard", "worker", "serve", "--uds", uds, *args]
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    worker = WorkerProcess(process, uds)
+    try:
+        with worker.client() as client:
+            deadline = time.monotonic() + 120
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"worker exited {process.returncode}: {process.stderr.read().decode()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("worker never became ready")
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        yield worker
+    finally:
+        worker.stop()

@@ -1,8 +1,11 @@
-"""Issue 19 item 3: one trace shows gateway -> worker -> batch; metrics in seconds with 25 us buckets and one label
+"""Issue 19 item 3: one trace shows gateway -> worker -> batch; ``guard worker serve`` configured only by ``OTEL_*``
+variables sends its spans (and metrics) to an OTLP receiver; metrics in seconds with 25 us buckets and one label
 vocabulary; prometheus_client's own parser reads what guard serves."""
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +27,9 @@ from guard.engine.telemetry import Telemetry, metric_readers_from_env
 from guard.policy import load_text
 from guard.subject import AgentSubject
 from guard.worker.app import WorkerConfig, create_app
-from tests.worker._serve import ServerThread
+from tests._otlp import Receiver
+from tests.worker._requests import ticket_body
+from tests.worker._serve import ServerThread, serve_app_in_thread, worker_process
 
 pytestmark = pytest.mark.anyio
 
@@ -98,6 +103,34 @@ async def test_a_refused_request_is_an_error_span(
     assert refused.status_code == 415 and served.attributes["error.type"] == "415"
     assert f"{served.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"  # the caller's trace continues
     assert served.parent is not None and f"{served.parent.span_id:016x}" == "b7ad6b7169203331"
+
+
+def test_a_worker_process_configured_by_otel_variables_sends_its_spans_to_an_otlp_receiver(
+    golden_checkpoint: Path, tmp_path: Path
+) -> None:
+    otlp = Receiver()
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with serve_app_in_thread(otlp.app, ready_path=None) as collector:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_SERVICE_NAME": "guard-worker-test"}
+        # one torch thread: half the start-up CPU where cores are shared
+        options = ("--model", str(golden_checkpoint), "--dtype", "float32", "--model-name", "clef-flash",
+                   "--log-level", "warning", "--torch-threads", "1")  # fmt: skip
+        with worker_process(str(tmp_path / "w.sock"), *options, env=env) as worker, worker.client() as client:
+            answer = client.post("/v1/systemone", json=ticket_body(0),
+                                 headers={"traceparent": f"00-{trace_id}-{parent_id}-01"})  # fmt: skip
+            returncode = worker.stop()  # spans still queued for export must leave before the process ends
+            stderr = worker.process.stderr.read().decode() if worker.process.stderr else ""
+    assert answer.status_code == 200 and returncode in (0, -signal.SIGTERM), stderr
+    traced = {span.name: (resource, span) for resource, span in otlp.spans() if span.trace_id.hex() == trace_id}
+    assert set(traced) == {"POST /v1/systemone", "guard.batch"}, (sorted(traced), stderr)
+    (resource, served), (_, batch) = traced["POST /v1/systemone"], traced["guard.batch"]
+    assert resource["service.name"] == "guard-worker-test"
+    assert served.parent_span_id.hex() == parent_id and batch.parent_span_id == served.span_id
+    assert served.kind == served.SPAN_KIND_SERVER
+    attributes = {a.key: a.value for a in served.attributes}
+    assert attributes["gen_ai.request.model"].string_value == "clef-flash"
+    assert attributes["http.response.status_code"].int_value == 200
+    assert "guard.worker.requests" in otlp.metric_names()  # metrics go to the same endpoint, flushed at shutdown
 
 
 def families(text: str) -> dict[str, Any]:
