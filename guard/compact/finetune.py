@@ -355,11 +355,26 @@ def _heldout_report(pairs: Sequence[tuple[_Example, torch.Tensor]], ids: Sequenc
         for e, z in pairs:
             if e.fold == fold:
                 crossed.append((e, z / cross[f"{fold}|{ids[e.question]}"]))
+    by_fold = _metrics(crossed, ids, entries, {}, by=lambda e: e.fold)
     return {
         "pooled": _metrics(crossed, ids, entries, {}),
-        "by_fold": _metrics(crossed, ids, entries, {}, by=lambda e: e.fold),
+        "by_fold": by_fold,
+        "fold_mean": _fold_mean(by_fold),
         "by_source": _metrics(crossed, ids, entries, {}, by=lambda e: e.source),
     }
+
+
+def _fold_mean(by_fold: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per question, the mean over folds of each fold's AUROC and Spearman (folds where it is defined): unlike the
+    pooled numbers, not moved by the fold models' different calibrations."""
+    out: dict[str, dict[str, float]] = {}
+    for qid, folds in by_fold.items():
+        for metric in ("auroc", "spearman"):
+            values = [m[metric] for m in folds.values() if isinstance(m.get(metric), float)
+                      and not math.isnan(m[metric])]
+            if values:
+                out.setdefault(qid, {})[metric] = sum(values) / len(values)
+    return out
 
 
 def _frozen_baseline(layer: torch.nn.Module, windows: _Windows, train_examples: Sequence[_Example],
@@ -367,7 +382,8 @@ def _frozen_baseline(layer: torch.nn.Module, windows: _Windows, train_examples: 
                      progress: ProgressFactory | None) -> dict[str, Any]:
     """The frozen-encoder comparison on the same folds: all-MiniLM-L6-v2 as shipped (mean-pooled sentence
     embedding of each window), a logistic regression per question (scikit-learn, ``C=1``) trained on the other folds'
-    first windows, the record answered by its window with the highest score. Pooled out-of-fold metrics."""
+    first windows, the record answered by its window with the highest score. Out-of-fold metrics pooled, per fold
+    and their mean over folds."""
     from sklearn.linear_model import LogisticRegression
 
     head = CatalogHead(layer, [2], windows.hidden[0].shape[-1]).eval()
@@ -402,7 +418,8 @@ def _frozen_baseline(layer: torch.nn.Module, windows: _Windows, train_examples: 
                 scores = torch.full((features[e.text].shape[0], k), -torch.inf, dtype=torch.float64)
                 scores[:, model.classes_] = torch.from_numpy(model.predict_log_proba(features[e.text]))
                 pairs.append((e, scores[pick_window(scores, entry)]))
-    return _metrics(pairs, ids, entries, {})
+    by_fold = _metrics(pairs, ids, entries, {}, by=lambda e: e.fold)
+    return {"pooled": _metrics(pairs, ids, entries, {}), "by_fold": by_fold, "fold_mean": _fold_mean(by_fold)}
 
 
 def _rounded(head: CatalogHead) -> CatalogHead:

@@ -49,7 +49,13 @@ def test_folds_score_only_sources_the_fold_model_never_saw(encoder: Any, tmp_pat
     assert held["pooled"]["guard.prompt_injection"]["n"] == len(records)
     assert set(held["by_source"]["guard.prompt_injection"]) == {"src0", "src1"}
     assert set(held["by_fold"]["guard.prompt_injection"]) == {"f0", "f1"}
-    assert "guard.prompt_injection" in held["frozen_encoder"]
+    frozen = held["frozen_encoder"]
+    assert frozen["pooled"]["guard.prompt_injection"]["n"] == len(records)
+    assert set(frozen["by_fold"]["guard.prompt_injection"]) == {"f0", "f1"}
+    for report_of in (held, frozen):  # the fold mean is the mean of the folds' AUROCs
+        folds = report_of["by_fold"]["guard.prompt_injection"]
+        mean = sum(m["auroc"] for m in folds.values()) / len(folds)
+        assert report_of["fold_mean"]["guard.prompt_injection"]["auroc"] == pytest.approx(mean)
     assert set(report.seconds) >= {"encode", "fold_f0", "fold_f1", "final"}
 
 
