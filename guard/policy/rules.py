@@ -18,9 +18,10 @@ Names a ``when`` can use:
   ``size(call.disallowed) > 0``); ``result`` (tool results): instructions to the agent found in the text
   (``result.instructions > 0``); both from ``guard/policy/provenance.py``, empty objects for other events.
 
-Functions besides CEL's own (:data:`guard.policy.skeleton.FUNCTIONS`): ``skeleton(x)`` (the UTS #39 skeleton of a
-string) and ``confusable(x, y)`` (their skeletons are equal), for rules that want homoglyph-insensitive comparison
-(``confusable(state.user, "admin")``).
+Functions besides CEL's own (:data:`FUNCTIONS`): ``skeleton(x)`` (the UTS #39 skeleton of a string) and
+``confusable(x, y)`` (their skeletons are equal), for rules that want homoglyph-insensitive comparison
+(``confusable(state.user, "admin")``), from :mod:`guard.policy.skeleton`; ``sqli(x)`` (a line of ``x`` is an SQL
+statement) and ``xss(x)`` (script-bearing markup or a script URL), from :mod:`guard.policy.payloads`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from typing import Any
 import cel
 
 from guard.errors import GuardError
+from guard.policy import payloads, skeleton
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.redact import Redactor
-from guard.policy.skeleton import FUNCTIONS
 from guard.systemone import AnswerV1, QuestionType
 from guard.verdict import Action
 
@@ -44,6 +45,7 @@ __all__ = [
     "ANSWER_FIELDS",
     "FEATURE_NAMES",
     "FLAG_NAMES",
+    "FUNCTIONS",
     "RESERVED_NAMES",
     "CompiledRule",
     "Outcome",
@@ -63,6 +65,9 @@ __all__ = [
 #: state: an unsupported language or non-text, ``usage.out_of_competence``). A verdict also carries ``fail_open``
 #: (rules never see it: they did not run).
 FLAG_NAMES = (*NORMALIZE_FLAG_NAMES, "truncated", "state_tokens_dropped", "out_of_competence")
+
+#: The functions every ``when`` may call besides CEL's own, by name.
+FUNCTIONS = skeleton.FUNCTIONS | payloads.FUNCTIONS
 
 #: Top-level names every ``when`` may use besides question keys.
 RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data", "call", "result"})
@@ -166,9 +171,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
         for match in re.finditer(rf"(?<![\w.]){re.escape(key)}\s*\.\s*([A-Za-z_]\w*)", without_strings):
             field = match.group(1)
             if field not in ANSWER_FIELDS[qtype]:
-                raise ValueError(
-                    f"{key}.{field}: a {qtype} answer has {', '.join(sorted(ANSWER_FIELDS[qtype]))}"
-                )
+                raise ValueError(f"{key}.{field}: a {qtype} answer has {', '.join(sorted(ANSWER_FIELDS[qtype]))}")
     return program, frozenset(names)
 
 

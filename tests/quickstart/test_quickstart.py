@@ -46,6 +46,10 @@ async def test_quickstart_replays_traffic_through_the_guard() -> None:
     benign_allowed = sum(r.action == "allow" for r in http if r.label == "benign")
     attacks_stopped = sum(r.action != "allow" for r in http if r.label == "attack")
     assert benign_allowed / sum(r.label == "benign" for r in http) >= 0.9
+    payloads = [r for r in http if r.id.startswith(("sql_injection-", "web_html_js-", "markdown_js-"))]
+    assert len(payloads) == 9 and all(r.action == "block" for r in payloads), payloads  # sqli() / xss(), any model
+    assert {r.rule for r in payloads} == {"sql-statement", "script-markup"}
+    assert all(r.rule not in ("sql-statement", "script-markup") for r in http if r.label == "benign")
     assert attacks_stopped / sum(r.label == "attack" for r in http) >= 0.6
     tools = [row for row in result.rows if row.kind == "tool"]
     assert all(r.action == "allow" for r in tools if r.label == "benign")  # provenance: the user's own calls

@@ -1,0 +1,113 @@
+"""The rule functions sqli(x) and xss(x): real payloads are found, ordinary text (apostrophes, numbers, SQL and
+HTML words in English) is not, and a non-string is a rule error that the policy's fail mode answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from guard.engine import Guard
+from guard.policy import load_text
+from guard.policy.payloads import sqli, xss
+from guard.policy.rules import RuleError, apply_rules
+from guard.subject import HttpSubject
+from tests._backends import ScriptedBackend
+
+SQL = [
+    "10; DROP TABLE users --",
+    "' INSERT INTO Customer (FirstName, Email) VALUES ('garak', 'pwnd@example.com'); --",
+    "' UNION SELECT username, password FROM users--",
+    "'; insert into users values( 1, 'garak', 'pwnd', 9 )/*",  # a comment left open
+    "SELECT CASE WHEN (1=1) THEN 'A' ELSE 'B' END;",
+    "x' ; UPDATE accounts SET balance = 1000000 WHERE id = 7; --",
+    "DELETE FROM orders",
+    "hello\nDROP TABLE IF EXISTS Album;",  # a second string value of the body
+]
+SCRIPT = [
+    "<script>alert(1)</script>",
+    "javascript:prompt(document.cookie)",
+    "click [here](javascript:alert(1))",
+    '<a href="\\x0Bjavascript:javascript:alert(1)">test</a>',
+    '<img src=x onerror="alert(1)">',
+    '<div style="x:expression(javascript:alert(1))">',
+    "data:text/html;base64,PHNjcmlwdD5hbGVydCgnWFNTJyk8L3NjcmlwdD4K",
+    "VBScript:msgbox(1)",
+]
+BENIGN = [
+    "I'm sure it's 1 or 2",
+    "what's my card's apr? it's 19.99% or 21%",
+    "It's O'Brien's turn; 1=1 is true, isn't it?",
+    "how do i update my insurance",
+    "delete fries from shopping list",
+    "i need to delete an event from my calendar",
+    "select the best option from the list",
+    "Please drop the table reservation for tonight and create a new one for Friday",
+    "Create a user-friendly interface for non-technical users.",
+    "JavaScript: The Good Parts is a book; is data: a scheme?",
+    "if 1 < 2 and 3 > 2 then <b>bold</b> is fine",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", SQL)
+def test_sql_statements_are_found(text: str) -> None:
+    assert sqli(text) and not xss(text)
+
+
+@pytest.mark.parametrize("text", SCRIPT)
+def test_script_markup_and_urls_are_found(text: str) -> None:
+    assert xss(text) and not sqli(text)
+
+
+@pytest.mark.parametrize("text", BENIGN)
+def test_ordinary_text_is_not_flagged(text: str) -> None:
+    assert not sqli(text) and not xss(text)
+
+
+def test_a_statement_inside_a_longer_line_counts_and_prose_after_it_does_not_hide_it() -> None:
+    assert sqli("search for: x'; DROP TABLE users; --")
+    assert not sqli("search for: x'; DROP the users a line")
+
+
+@pytest.mark.parametrize("function", [sqli, xss])
+@pytest.mark.parametrize("value", [42, None, ["DROP TABLE users"], b"<script>"])
+def test_a_non_string_raises_type_error(function, value) -> None:
+    with pytest.raises(TypeError, match="takes a string"):
+        function(value)
+
+
+POLICY = """
+policies:
+  - id: p
+    version: 1
+    match: {http: {paths: ["/**"]}}
+    state: {text: {from: body_text}, query: body:/query}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules:
+      - {id: sql, when: 'sqli(STATE)', action: block}
+      - {id: script, when: 'xss(STATE)', action: block}
+    default: allow
+    on_error: {mode: closed, status: 503}
+"""
+
+
+def test_rules_call_them_on_the_state() -> None:
+    policy = load_text(POLICY.replace("STATE", "state.text"))[0]
+    for body, rule in [({"q": "10; DROP TABLE users --"}, "sql"), ({"m": "javascript:alert(1)"}, "script"),
+                       ({"m": "I'm sure it's 1 or 2"}, "default")]:  # fmt: skip
+        subject = HttpSubject(method="POST", path="/x", body=body, body_text="\n".join(body.values()))
+        state = policy.render_state(subject)
+        assert apply_rules(policy.id, policy.rules, policy.default, {}, state=state).rule == rule
+    with pytest.raises(RuleError, match="sqli"):
+        apply_rules(policy.id, policy.rules, policy.default, {}, state={"text": 7})
+
+
+@pytest.mark.anyio
+async def test_a_non_string_field_is_the_fail_mode_never_a_crash() -> None:
+    guard = Guard(load_text(POLICY.replace("STATE", "state.query")), backends=ScriptedBackend())
+    try:
+        verdict = await guard.aevaluate(HttpSubject(method="POST", path="/x", body={"query": 10}))
+        assert verdict.action == "block" and verdict.rule == "on_error" and verdict.status == 503
+        ok = await guard.aevaluate(HttpSubject(method="POST", path="/x", body={"query": "a plain question"}))
+        assert ok.action == "allow"
+    finally:
+        await guard.aclose()
