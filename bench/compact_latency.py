@@ -9,7 +9,8 @@ calls after the other (interleaved calls let one runtime's idle threads take the
     encoder pass: a one-string state is read as that string by the pair question too);
   * ``short-1q``: the 128-token text as a plain string state, 1 question;
   * ``long-2000``: a 2,000-token state read whole in overlapping windows, 1 question (target <= 60 ms);
-  * ``stack``: the encoder stack alone on the 128-token state (torch also in float32 where it runs bf16).
+  * ``stack``: the encoder stack alone on the 128-token state's windows, run in length buckets as served
+    (``CompactModel.stack_states``; torch also in float32, padded, where it runs bf16).
 
 Usage::
 
@@ -142,11 +143,7 @@ def main() -> None:
             samples = timed(lambda backend=backend, req=req: backend.decide_sync(req))
             print(f"{case + ', ' + name:40s} {_percentiles(samples)} ms")
         model = backend.models[0]
-        with torch.inference_mode():
-            if model.runtime is not None:
-                samples = timed(lambda model=model: model.runtime(ids, mask))
-            else:
-                samples = timed(lambda model=model: model.head.encode(encoder.lower(ids, mask), mask))
+        samples = timed(lambda model=model: model.stack_states(ids, mask))  # windows in length buckets, as served
         print(f"{'stack (128 tok), ' + name:40s} {_percentiles(samples)} ms")
     if encoder.dtype != torch.float32:
         fp32 = TextEncoder(copy.deepcopy(encoder.model), encoder.tokenizer, encoder.config, torch.float32)

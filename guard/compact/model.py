@@ -68,6 +68,7 @@ __all__ = [
     "CompactResponseV1",
     "CompactUsageV1",
     "ModelQuestion",
+    "length_buckets",
     "pack_sentences",
     "pick_window",
     "state_text",
@@ -161,6 +162,28 @@ def pack_sentences(sentences: Sequence[str], lengths: Sequence[int], budget: int
     if current:
         pieces.append(" ".join(current))
     return pieces
+
+
+#: A window joins a length bucket when it is at least this share of the bucket's longest window.
+BUCKET_SHARE = 0.75
+
+
+def length_buckets(lengths: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """Windows grouped by length for running with little padding: ``(N,)`` int lengths -> ``(rows, width)`` per
+    bucket, ``rows`` an int64 index tensor and ``width`` the bucket's longest length; every window is in exactly one
+    bucket, and each bucket's windows are at least :data:`BUCKET_SHARE` of its ``width`` long."""
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    sizes = lengths.tolist()
+    buckets: list[tuple[torch.Tensor, int]] = []
+    start = 0
+    while start < len(order):
+        width = int(sizes[order[start]])
+        stop = start + 1
+        while stop < len(order) and sizes[order[stop]] >= BUCKET_SHARE * width:
+            stop += 1
+        buckets.append((torch.tensor(order[start:stop], dtype=torch.long), width))
+        start = stop
+    return buckets
 
 
 def pick_window(logits: torch.Tensor, entry: CatalogQuestion | None) -> int:
@@ -315,9 +338,9 @@ class CompactModel:
         (:func:`split_sentences`) joined into pieces of at least :data:`PIECE_TOKENS` tokens (:func:`pack_sentences`,
         a piece longer than a window is windowed on its own), so every sentence is read whole, short ones with a
         neighbour or two of context: the answer (max over pieces, :func:`pick_window`) is hardly diluted, and fewer
-        pieces with more context than single sentences lower the false positives that grow with length. All
-        segments run as one batch, through the ONNX Runtime graph when the model has one (:attr:`runtime`), else
-        through torch.
+        pieces with more context than single sentences lower the false positives that grow with length. The
+        segments run in length buckets (:meth:`stack_states`), through the ONNX Runtime graph when the model has one
+        (:attr:`runtime`), else through torch; every question's head scores them in one call.
         """
         assert isinstance(self.head, CatalogHead)
         tokens = len(self.encoder.token_ids(text))
@@ -327,12 +350,28 @@ class CompactModel:
             pieces = pack_sentences(parts, [len(self.encoder.token_ids(p)) for p in parts], PIECE_TOKENS)
         ids, mask, _, dropped = self.encoder.window_batch(pieces)
         with torch.inference_mode():
-            states = self.runtime(ids, mask) if self.runtime else self.head.encode(self.encoder.lower(ids, mask), mask)
-            out = []
-            for qid in question_ids:
-                index = torch.full((ids.shape[0],), self._order[qid], dtype=torch.long)
-                out.append(self.head.score(states, mask, index))
-        return out, mask, tokens, dropped
+            states = self.stack_states(ids, mask)
+            n, count = ids.shape[0], len(question_ids)
+            index = torch.tensor([self._order[qid] for qid in question_ids], dtype=torch.long).repeat_interleave(n)
+            logits = self.head.score(states.repeat(count, 1, 1), mask.repeat(count, 1), index)  # all questions at once
+        return list(logits.split(n)), mask, tokens, dropped
+
+    def stack_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Last-layer states ``(N, width, 384)`` float32 of a padded window batch, zeros at padding.
+
+        The windows run in buckets of similar length (:func:`length_buckets`), each cut to its longest window, so
+        little compute goes to padding (a long text's short last window, pieces of different lengths); padding
+        never reaches the real positions' states (attention masks it), so the answers are those of one padded batch.
+        """
+        with torch.inference_mode():
+            out = torch.zeros(*ids.shape, self.encoder.hidden_size)
+            for rows, width in length_buckets(mask.sum(-1)):
+                part_ids, part_mask = ids[rows, :width], mask[rows, :width]
+                if self.runtime:
+                    out[rows, :width] = self.runtime(part_ids, part_mask)
+                else:
+                    out[rows, :width] = self.head.encode(self.encoder.lower(part_ids, part_mask), part_mask)
+        return out
 
     def canonical(self, question: QuestionV1) -> QuestionV1:
         """``question`` with its trained wording when it gives none (instructions missing, empty or the bare id)."""

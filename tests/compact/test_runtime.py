@@ -11,7 +11,7 @@ import torch
 
 from guard.backends.compact import DEFAULT_WEIGHTS, CompactBackend
 from guard.compact.catalog import CATALOG
-from guard.compact.model import CompactModel, state_text
+from guard.compact.model import BUCKET_SHARE, CompactModel, length_buckets, state_text
 from guard.compact.runtime import OnnxStack, choose
 from guard.systemone import SystemOneRequestV1
 
@@ -84,3 +84,27 @@ def test_a_one_string_state_is_read_once_by_text_and_pair_questions(backends: di
     three = backends["torch"].decide_sync(_request({"text": text}, TEXT_QUESTIONS))
     one = backends["torch"].decide_sync(_request({"text": text}, TEXT_QUESTIONS[:1]))
     assert three.usage.windows == one.usage.windows == 1
+
+
+def test_length_buckets_cover_every_window_once_with_little_padding() -> None:
+    lengths = torch.tensor([128, 52, 128, 30, 100, 29, 97])
+    buckets = length_buckets(lengths)
+    rows = sorted(int(r) for bucket, _ in buckets for r in bucket)
+    assert rows == list(range(len(lengths)))
+    for bucket, width in buckets:
+        assert width == int(lengths[bucket].max())
+        assert bool((lengths[bucket] >= BUCKET_SHARE * width).all())
+    assert [width for _, width in buckets] == [128, 52, 30]
+
+
+@pytest.mark.parametrize("name", ["onnx", "torch"])
+def test_bucketed_windows_give_the_states_of_one_padded_batch(backends: dict[str, CompactBackend], name: str) -> None:
+    model: CompactModel = backends[name].models[0]
+    text = "Knives are tools. " * 40  # a full window and a short last one
+    ids, mask, _, _ = model.encoder.window_batch([text, "hello there"])
+    with torch.inference_mode():
+        whole = model.runtime(ids, mask) if model.runtime else model.head.encode(model.encoder.lower(ids, mask), mask)
+    bucketed = model.stack_states(ids, mask)
+    assert len(length_buckets(mask.sum(-1))) > 1
+    assert torch.allclose(bucketed[mask], whole.float()[mask], atol=1e-3)
+    assert bool((bucketed[~mask] == 0).all())
