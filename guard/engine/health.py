@@ -10,8 +10,9 @@
   content) for unauthenticated callers.
 
 Status: ``failing`` when a check fails every request (no policy, a backend failing or failing its canary, a
-backend whose monitor has not finished its first canary run (``starting``), the upstream failing); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
-reload, a dead reload watcher); else ``ok``. ``ready`` is ``status != "failing"``.
+backend whose monitor has not finished its first canary run (``starting``), the upstream failing); ``degraded`` when
+requests are still judged but something needs a look (a Redis error, a failed reload, a dead reload watcher); else
+``ok``. ``ready`` is ``status != "failing"``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The model reads meaning; these read syntax, so a rule can stop a request that carries SQL or script whatever the
 model thinks of its words. Both take a string and test each line of it on its own (``body_text`` joins a body's
 string values with newlines, so each line is one value or a line of one), and both answer rarely on ordinary text
-(measured on every benign record in ``data/``: ``docs/policy-reference.md``).
+(measured on every benign record in ``data/``: docs/policies.md, ``bench/payload_detectors.py``).
 
 ``sqli(x)``: some line holds a complete SQL statement that modifies or reads data, parsed by ``sqlglot`` from an SQL
 keyword to the end of the line: ``DROP``, ``INSERT``, ``UPDATE``, ``DELETE``, ``CREATE``, ``ALTER``, ``TRUNCATE``, or
@@ -33,10 +33,10 @@ from sqlglot.tokens import Tokenizer
 __all__ = ["FUNCTIONS", "sqli", "xss"]
 
 #: Keywords that start a statement sqlglot parses in full (others fall back to an unchecked "command").
-_SQL_START_RE = re.compile(r"\b(?:select|insert|update|delete|drop|create|alter|truncate)\b", re.IGNORECASE)
+_SQL_WORDS = ("select", "insert", "update", "delete", "drop", "create", "alter", "truncate")
+_SQL_START_RE = re.compile(rf"\b(?:{'|'.join(_SQL_WORDS)})\b", re.IGNORECASE)
 #: Statements that change data or schema (UPDATE and DELETE are checked further in ``_statement_is_code``).
 _WRITES = (exp.Drop, exp.Insert, exp.Create, exp.Alter, exp.TruncateTable)
-_SQL_WORDS = ("select", "insert", "update", "delete", "drop", "create", "alter", "truncate")
 #: Projections that make a FROM-less SELECT code rather than words.
 _COMPUTED = (exp.Case, exp.Func, exp.SessionParameter, exp.Parameter)
 #: Longest line parsed as SQL, in characters (a longer line is prose or data, and parsing it costs milliseconds).
