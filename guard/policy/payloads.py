@@ -73,8 +73,8 @@ _CODE_EXEC = tuple((mark, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for
     ("nc ", r"\bnc +(?:-\w+\s+)*-[ec]\s"),
     ("rm ", r"\brm +-[rf]{1,2}\s+/"),
     ("@{[", r"@\{\[\s*\w"),  # Perl: code interpolated into a string
-    ("(", r"\b(?:system|exec|execv?p?|eval|popen|passthru|shell_exec|proc_open|pcntl_exec|spawn)\s*\(\s*"
-          r"(?:r?[\"'`]|compile\s*\(|__import__)"),  # a call that runs a string or compiled code
+    ("(", (r"\b(?:system|exec|execv?p?|eval|popen|passthru|shell_exec|proc_open|pcntl_exec|spawn)\s*\(\s*"
+           r"(?:r?[\"'`]|compile\s*\(|__import__)")),  # a call that runs a string or compiled code
     ("kernel", r"\bkernel\s*\.\s*(?:exec|system|spawn)\b"),
     ("system", r"\bsystem\s+[\"'][^\"'\n]*[\"']"),
     ("__", r"__import__\s*\(|__subclasses__\s*\(|__mro__|__builtins__|__globals__"),
@@ -115,15 +115,20 @@ def _parses_as_code(candidate: str) -> bool:
     return any(_statement_is_code(statement) for statement in statements)
 
 
+def _lowered(text: str, function: str) -> str:
+    """``text.lower()``; a ``TypeError`` naming ``function`` when ``text`` is not a string."""
+    if not isinstance(text, str):
+        raise TypeError(f"{function}() takes a string, got {type(text).__name__}")
+    return text.lower()
+
+
 def sqli(text: str) -> bool:
     """Whether some line of ``text`` holds a complete SQL statement that reads or changes data (module docstring).
 
     Raises:
         TypeError: ``text`` is not a string (a rule error: the policy's fail mode decides).
     """
-    if not isinstance(text, str):
-        raise TypeError(f"sqli() takes a string, got {type(text).__name__}")
-    lowered = text.lower()
+    lowered = _lowered(text, "sqli")
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
     for line in text.splitlines():
@@ -141,9 +146,7 @@ def xss(text: str) -> bool:
     Raises:
         TypeError: ``text`` is not a string.
     """
-    if not isinstance(text, str):
-        raise TypeError(f"xss() takes a string, got {type(text).__name__}")
-    lowered = text.lower()
+    lowered = _lowered(text, "xss")
     if "<" not in text and "script" not in lowered and "text/html" not in lowered:  # the common case, fast
         return False
     return _XSS_RE.search(text) is not None
@@ -155,9 +158,7 @@ def code_exec(text: str) -> bool:
     Raises:
         TypeError: ``text`` is not a string.
     """
-    if not isinstance(text, str):
-        raise TypeError(f"code_exec() takes a string, got {type(text).__name__}")
-    lowered = text.lower()
+    lowered = _lowered(text, "code_exec")
     return any(mark in lowered and pattern.search(text) is not None for mark, pattern in _CODE_EXEC)
 
 
