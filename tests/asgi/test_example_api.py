@@ -52,7 +52,7 @@ async def test_example_traffic_through_the_guarded_example_app() -> None:
                 assert response.status_code == 403, row["id"]
                 assert response.headers["x-guard-policy"].startswith("api-abuse@"), row["id"]
                 rule = response.json()["rule"]
-                assert rule in ("injection", "hidden-text", "sql-statement", "script-markup"), row["id"]
+                assert rule in ("injection", "hidden-text", "sql-statement", "script-markup", "code-execution"), row["id"]
         health = await client.get("/healthz")
     assert health.status_code == 200 and "x-guard-decision-id" not in health.headers
     assert backend.calls == len(ROWS)
