@@ -85,6 +85,7 @@ def test_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "hidden-text": False,
         "sql-statement": False,
         "script-markup": False,
+        "code-execution": False,
         "injection": False,
         "harmful": False,
         "spam": False,
@@ -172,8 +173,9 @@ def test_explain_with_a_local_checkpoint_warms_up_then_answers(
     report = json.loads(capsys.readouterr().out)
     assert report["error"] is None and report["verdict"]["fail_mode"] is None
     assert set(report["answers"]) == {"injection", "harmful", "spam"}
-    assert [rule for rule, _ in report["rules"]] == ["hidden-text", "sql-statement", "script-markup", "injection",
-                                                     "harmful", "spam", "uncertain", "partly-read"]  # fmt: skip
+    assert [rule for rule, _ in report["rules"]] == ["hidden-text", "sql-statement", "script-markup",
+                                                     "code-execution", "injection", "harmful", "spam", "uncertain",
+                                                     "partly-read"]  # fmt: skip
     assert all(isinstance(value, bool) for _, value in report["rules"])
 
 

@@ -46,10 +46,12 @@ async def test_quickstart_replays_traffic_through_the_guard() -> None:
     benign_allowed = sum(r.action == "allow" for r in http if r.label == "benign")
     attacks_stopped = sum(r.action != "allow" for r in http if r.label == "attack")
     assert benign_allowed / sum(r.label == "benign" for r in http) >= 0.9
-    payloads = [r for r in http if r.id.startswith(("sql_injection-", "web_html_js-", "markdown_js-"))]
-    assert len(payloads) == 9 and all(r.action == "block" for r in payloads), payloads  # sqli() / xss(), any model
-    assert {r.rule for r in payloads} == {"sql-statement", "script-markup"}
-    assert all(r.rule not in ("sql-statement", "script-markup") for r in http if r.label == "benign")
+    payloads = [r for r in http if r.id.startswith(("sql_injection-", "web_html_js-", "markdown_js-",
+                                                    "access_shell_commands-", "python_code_execution-"))]
+    syntax_rules = {"sql-statement", "script-markup", "code-execution"}  # sqli() / xss() / code_exec(), any model
+    assert len(payloads) == 15 and all(r.action == "block" for r in payloads), payloads
+    assert {r.rule for r in payloads} == syntax_rules
+    assert all(r.rule not in syntax_rules for r in http if r.label == "benign")
     assert attacks_stopped / sum(r.label == "attack" for r in http) >= 0.6
     tools = [row for row in result.rows if row.kind == "tool"]
     assert all(r.action == "allow" for r in tools if r.label == "benign")  # provenance: the user's own calls
