@@ -106,5 +106,9 @@ def test_bucketed_windows_give_the_states_of_one_padded_batch(backends: dict[str
         whole = model.runtime(ids, mask) if model.runtime else model.head.encode(model.encoder.lower(ids, mask), mask)
     bucketed = model.stack_states(ids, mask)
     assert len(length_buckets(mask.sum(-1))) > 1
-    assert torch.allclose(bucketed[mask], whole.float()[mask], atol=1e-3)
+    # float32 agrees to rounding; in bf16 a batch of another shape takes other kernels, whose roundings (8-bit
+    # mantissa, 6 layers) move single values by a few hundredths and the mean by well under one
+    diff = (bucketed[mask] - whole.float()[mask]).abs()
+    exact = model.runtime is not None or model.encoder.dtype == torch.float32
+    assert float(diff.max()) <= (1e-3 if exact else 0.1) and float(diff.mean()) <= (1e-4 if exact else 0.01)
     assert bool((bucketed[~mask] == 0).all())
