@@ -73,7 +73,7 @@ _CODE_EXEC = tuple((mark, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for
     ("nc ", r"\bnc +(?:-\w+\s+)*-[ec]\s"),
     ("rm ", r"\brm +-[rf]{1,2}\s+/"),
     ("@{[", r"@\{\[\s*\w"),  # Perl: code interpolated into a string
-    ("(", (r"\b(?:system|exec|execv?p?|eval|popen|passthru|shell_exec|proc_open|pcntl_exec|spawn)\s*\(\s*"
+    ("(", (r"\b(?:system|execv?p?|eval|popen|passthru|shell_exec|proc_open|pcntl_exec|spawn)\s*\(\s*"
            r"(?:r?[\"'`]|compile\s*\(|__import__)")),  # a call that runs a string or compiled code
     ("kernel", r"\bkernel\s*\.\s*(?:exec|system|spawn)\b"),
     ("system", r"\bsystem\s+[\"'][^\"'\n]*[\"']"),
