@@ -65,6 +65,8 @@ def register(subparsers: Any) -> None:
     hyper.add_argument("--train-windows", type=int, default=None, help="catalog: most windows per training text")
     hyper.add_argument("--fold-share", type=float, default=None,
                        help="catalog: share of the other folds' records each fold model trains on")
+    hyper.add_argument("--source-balance", type=float, default=None,
+                       help="catalog: exponent of source-balanced sampling, 1 = as the data is, 0 = every source alike")
     hyper.add_argument("--no-folds", action="store_true",
                        help="catalog: skip the leave-one-source-group-out models (temperatures fitted on --val)")
     hyper.add_argument("--window", type=int, default=128, help="catalog: encoder window in word pieces")
@@ -79,7 +81,7 @@ def register(subparsers: Any) -> None:
 def _hyper(args: argparse.Namespace) -> dict[str, Any]:
     names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
              "ordinal_weight", "max_state_tokens", "width", "seed", "outside_label", "outside_rate",
-             "layer_learning_rate", "train_windows", "fold_share")
+             "layer_learning_rate", "train_windows", "fold_share", "source_balance")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

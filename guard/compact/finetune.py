@@ -61,6 +61,11 @@ class FinetuneConfig:
         train_windows: most windows kept per training text (evenly spaced).
         fold_share: share of the other folds' training records a fold model trains on.
         fold_epochs: epochs of a fold model.
+        source_balance: exponent ``a`` of source-balanced sampling. Each epoch draws a question's records of a source
+            in proportion to ``n ** a`` (``n``: that source's records of the question), the epoch keeping its
+            length: 1 trains on the records as they are, 0.5 gives a source four times the size twice the share,
+            0 gives every source of a question the same share. Small sources are repeated, large ones subsampled
+            afresh each epoch (temperature sampling, as multilingual models balance languages).
     """
 
     epochs: int = 2
@@ -75,6 +80,7 @@ class FinetuneConfig:
     train_windows: int = 2
     fold_share: float = 0.3
     fold_epochs: int = 1
+    source_balance: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "train_windows", "fold_epochs"):
@@ -82,6 +88,8 @@ class FinetuneConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0.0 < self.fold_share <= 1.0:
             raise ValueError(f"fold_share must be in (0, 1], got {self.fold_share}")
+        if not 0.0 <= self.source_balance <= 1.0:
+            raise ValueError(f"source_balance must be in [0, 1], got {self.source_balance}")
 
 
 @dataclass
@@ -208,7 +216,8 @@ def train_catalog(
         schedule = _warmup_cosine(optimizer, steps)
         for epoch in range(epochs):
             head.train()
-            batches = _batches(selected, windows, config.batch_size, rng)
+            drawn = balanced(selected, config.source_balance, rng) if config.source_balance < 1.0 else selected
+            batches = _batches(drawn, windows, config.batch_size, rng)
             bar = progress(total=len(batches), desc=f"{desc} epoch {epoch + 1}/{epochs}", unit="batch") \
                 if progress else None
             total = 0.0
@@ -428,6 +437,35 @@ def _rounded(head: CatalogHead) -> CatalogHead:
         for p in head.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     return head
+
+
+def balanced(examples: Sequence[Any], exponent: float, rng: random.Random) -> list[Any]:
+    """One epoch of source-balanced sampling: as many records as ``examples``, a (question, source) group of ``n``
+    drawn ``len(examples) * n ** exponent / sum(n_g ** exponent)`` times (rounded down; the remainders go to the
+    groups with the largest fractions). A group drawn ``k`` times gives ``k // n`` copies of each record plus
+    ``k % n`` records sampled without replacement, so no record of a group is drawn twice before all were drawn once.
+
+    Args:
+        examples: records with ``question`` and ``source`` attributes.
+        exponent: in [0, 1]; 1 returns every record once, 0 gives every group of a question the same count.
+        rng: the seeded random source.
+    """
+    groups: dict[tuple[Any, str], list[Any]] = defaultdict(list)
+    for example in examples:
+        groups[(example.question, example.source)].append(example)
+    weights = {key: len(members) ** exponent for key, members in groups.items()}
+    total = sum(weights.values())
+    shares = {key: len(examples) * w / total for key, w in weights.items()}
+    counts = {key: math.floor(share) for key, share in shares.items()}
+    by_fraction = sorted(shares, key=lambda key: (counts[key] - shares[key], key))
+    for key in by_fraction[: len(examples) - sum(counts.values())]:
+        counts[key] += 1
+    out: list[Any] = []
+    for key in sorted(groups):
+        members, k = groups[key], counts[key]
+        out.extend(members * (k // len(members)))
+        out.extend(rng.sample(members, k % len(members)))
+    return out
 
 
 def _batches(examples: Sequence[_Example], windows: _Windows, size: int, rng: random.Random) -> list[list[_Example]]:

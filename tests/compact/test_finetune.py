@@ -66,3 +66,42 @@ def test_questions_outside_the_catalog_are_refused(encoder: Any, tmp_path: Any) 
         train_catalog(load_records(write_jsonl(tmp_path / "x.jsonl", rows)), [], FinetuneConfig(), encoder)
     with pytest.raises(ValueError, match="no training records"):
         train_catalog([], [], FinetuneConfig(), encoder)
+
+
+def _grouped(sizes: dict[str, int]) -> list[Any]:
+    from guard.compact.finetune import _Example
+
+    return [_Example(text=n, question=0, target=n % 2, fold="", source=source)
+            for source, size in sizes.items() for n in range(size)]
+
+
+def test_source_balance_one_keeps_every_record_once_and_zero_gives_every_source_the_same_share() -> None:
+    import random
+    from collections import Counter
+
+    from guard.compact.finetune import balanced
+
+    examples = _grouped({"big": 90, "mid": 24, "tiny": 6})
+    assert sorted(balanced(examples, 1.0, random.Random(0)), key=id) == sorted(examples, key=id)
+    even = balanced(examples, 0.0, random.Random(0))
+    assert len(even) == len(examples)
+    assert Counter(e.source for e in even) == {"big": 40, "mid": 40, "tiny": 40}
+    tiny = Counter(e.text for e in even if e.source == "tiny")
+    assert set(tiny.values()) in ({6, 7}, {6}, {7})  # 40 draws of 6 records: every record 6 or 7 times
+    big = [e.text for e in even if e.source == "big"]
+    assert len(set(big)) == len(big) == 40  # subsampled without replacement
+    sqrt = Counter(e.source for e in balanced(examples, 0.5, random.Random(0)))
+    assert sum(sqrt.values()) == len(examples) and sqrt["big"] > sqrt["mid"] > sqrt["tiny"] > 6
+
+
+def test_source_balanced_training_is_seeded_and_the_setting_is_checked(encoder: Any, tmp_path: Any) -> None:
+    records = _records(tmp_path)
+    records = [dataclasses.replace(r, source=f"src{min(n % 5, 1)}") for n, r in enumerate(records)]
+    config = FinetuneConfig(epochs=2, batch_size=4, source_balance=0.0)
+    _, report = train_catalog(records, records, config, encoder, folds=False)
+    _, again = train_catalog(records, records, config, encoder, folds=False)
+    assert again.train_loss == report.train_loss
+    _, plain = train_catalog(records, records, FinetuneConfig(epochs=2, batch_size=4), encoder, folds=False)
+    assert plain.train_loss != report.train_loss
+    with pytest.raises(ValueError, match="source_balance"):
+        FinetuneConfig(source_balance=1.5)
