@@ -16,13 +16,16 @@ Variants:
   redis-get      the same with local_ttl=0: every hit is one Redis GET
   passthrough    the same middleware, on a path no policy matches (the cost of matching alone)
   proxy          guard proxy (same guard, memory cache) in front of a bare app of its own (an upstream process)
+  forward        the proxy's forwarding alone (``ReverseProxy``, no guard in front) before a bare app of its own: what
+                 any proxy built this way keeps, the bound on ``proxy``
   base-mem       with --baseline DIR: guarded-mem served by the guard package in DIR (e.g. an older commit checked out
                  with ``git worktree add DIR <commit>``), for before/after numbers from one run
   base-proxy     with --baseline DIR: the proxy served by the guard package in DIR, with its own upstream
 
-Last, every variant with a server of its own (bare, guarded-mem, guarded-redis, redis-get, base-mem, proxy, base-proxy) is
-loaded at the same time and each server's CPU time per request is read from ``/proc`` (a proxy's: the proxy's plus its
-upstream's): ``bare / variant`` there is the throughput a CPU-bound server keeps, with the machine's speed (which drifts from second to second on a shared VM) the same for all of them.
+Last, every variant with a server of its own (bare, guarded-mem, guarded-redis, redis-get, base-mem, proxy, forward,
+base-proxy) is loaded at the same time and each server's CPU time per request is read from ``/proc`` (a proxy's: the
+proxy's plus its upstream's): ``bare / variant`` there is the throughput a CPU-bound server keeps, with the machine's
+speed (which drifts from second to second on a shared VM) the same for all of them.
 Its rounds agree within a few per cent where the sequential throughput ratios spread over tens of per cent.
 
 Goal (issue 5): on a cache hit the middleware adds < 1 ms at p50 and keeps >= 80 % of the bare app's throughput.
@@ -75,9 +78,10 @@ policies:
     cache: {ttl: 3600}
 """
 ROOT = Path(__file__).resolve().parent.parent
-ALL_VARIANTS = ("bare", "guarded-mem", "guarded-redis", "redis-get", "passthrough", "proxy", "base-mem", "base-proxy")
+ALL_VARIANTS = ("bare", "guarded-mem", "guarded-redis", "redis-get", "passthrough", "proxy", "forward", "base-mem",
+                "base-proxy")
 BASELINE_VARIANTS = ("base-mem", "base-proxy")
-PROXY_VARIANTS = ("proxy", "base-proxy")
+PROXY_VARIANTS = ("proxy", "forward", "base-proxy")
 REDIS_VARIANTS = ("guarded-redis", "redis-get")
 
 
@@ -124,6 +128,10 @@ def _app(variant: str, redis_url: str | None, upstream: str | None, policy_file:
     routes = [Route("/v1/echo", echo, methods=["POST"]), Route("/open/echo", echo, methods=["POST"])]
     if variant == "bare":
         return Starlette(routes=routes)
+    if variant == "forward":
+        from guard.asgi.proxy import ProxyConfig, ReverseProxy
+
+        return ReverseProxy(ProxyConfig(upstream or ""))
     variant = {"base-mem": "guarded-mem", "base-proxy": "proxy"}.get(variant, variant)
     guard = Guard.from_files(
         policy_file,
@@ -324,26 +332,31 @@ def _server_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _all_at_once(servers: dict[str, tuple[tuple[int, ...], int]], path: str) -> dict[str, float]:
-    """Load every server at once (4 connections each) and return each one's CPU microseconds per request (summed over
-    its processes: a proxy and its upstream): the machine's speed, which drifts from second to second on a shared VM,
-    is then the same for all of them."""
+async def _all_at_once(servers: dict[str, tuple[tuple[int, ...], int]], path: str) -> dict[str, tuple[float, ...]]:
+    """Load every server at once (4 connections each) and return each one's CPU microseconds per request, per process
+    (a proxy's: the proxy's, then its upstream's): the machine's speed, which drifts from second to second on a shared
+    VM, is then the same for all of them."""
     stop = asyncio.Event()
     latencies: dict[str, list[float]] = {name: [] for name in servers}
     tasks = [asyncio.create_task(_connection(port, path, None, latencies[name], stop))
              for name, (_, port) in servers.items() for _ in range(4)]  # fmt: skip
     await asyncio.sleep(1.0)
-    before = {name: (sum(map(_server_cpu, pids)), len(latencies[name])) for name, (pids, _) in servers.items()}
+    before = {name: ([_server_cpu(p) for p in pids], len(latencies[name])) for name, (pids, _) in servers.items()}
     await asyncio.sleep(CONCURRENT_SECONDS)
-    after = {name: (sum(map(_server_cpu, pids)), len(latencies[name])) for name, (pids, _) in servers.items()}
+    after = {name: ([_server_cpu(p) for p in pids], len(latencies[name])) for name, (pids, _) in servers.items()}
     stop.set()
     await asyncio.gather(*tasks)
-    return {name: (after[name][0] - before[name][0]) / (after[name][1] - before[name][1]) * 1e6 for name in servers}
+    out = {}
+    for name in servers:
+        (cpu_before, count_before), (cpu_after, count_after) = before[name], after[name]
+        out[name] = tuple((a - b) / (count_after - count_before) * 1e6 for a, b in zip(cpu_after, cpu_before))
+    return out
 
 
 def all_at_once(pids: dict[str, tuple[int, ...]], ports: dict[str, int], rounds: int) -> None:
     """Server CPU per request with every variant that has a server of its own loaded at the same time; ``bare /
-    variant`` is the throughput a CPU-bound server keeps, per round, without the drift between sequential runs."""
+    variant`` is the throughput a CPU-bound server keeps, per round, without the drift between sequential runs. A
+    proxy's CPU is its own plus its upstream's, each also shown alone."""
     own = ("bare", "guarded-mem", *REDIS_VARIANTS, *BASELINE_VARIANTS, *PROXY_VARIANTS)
     servers = {v: (pids[v], ports[v]) for v in pids if v in own}
     if len(servers) < 2 or not Path(f"/proc/{pids['bare'][0]}/stat").exists():
@@ -352,10 +365,14 @@ def all_at_once(pids: dict[str, tuple[int, ...]], ports: dict[str, int], rounds:
     print(f"server CPU per request with these loaded at once, 4 connections each ({rounds} rounds x "
           f"{CONCURRENT_SECONDS:g} s; median [min-max] of rounds):")
     for variant in servers:
-        cpu = [r[variant] for r in per_round]
-        ratios = [r["bare"] / r[variant] for r in per_round]
+        cpu = [sum(r[variant]) for r in per_round]
+        ratios = [sum(r["bare"]) / sum(r[variant]) for r in per_round]
+        split = ""
+        if len(servers[variant][0]) == 2:
+            own_cpu, upstream_cpu = (statistics.median(r[variant][i] for r in per_round) for i in (0, 1))
+            split = f"   (proxy {own_cpu:.1f} us + its upstream {upstream_cpu:.1f} us, medians)"
         print(f"  {variant:<14} {statistics.median(cpu):7.1f} us   bare / variant {statistics.median(ratios):4.0%} "
-              f"[{min(ratios):.0%}-{max(ratios):.0%}]")
+              f"[{min(ratios):.0%}-{max(ratios):.0%}]{split}")
 
 
 def _pct(values: list[float], q: float) -> float:

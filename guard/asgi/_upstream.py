@@ -99,6 +99,8 @@ class _Connection(asyncio.Protocol):
         self.head_done = self.complete = self.received = self.reusable = self.sized = False
         self.error: str | None = None
         self._head_only, self._interim, self._until_close = head_only, False, False
+        self._encodings: list[bytes] = []  # the Transfer-Encoding values
+        self._has_length = False  # a Content-Length was sent
         self._head_bytes = 0  # bytes read while the head was not complete
         self._header_bytes = 0  # bytes in the header names and values so far
         self._buffered = 0  # body bytes waiting in pieces
@@ -158,7 +160,12 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.head_done:  # after the head: trailers, dropped
-            self.headers.append((name.lower(), value))
+            name = name.lower()
+            self.headers.append((name, value))
+            if name == b"transfer-encoding":
+                self._encodings.append(value)
+            elif name == b"content-length":
+                self._has_length = True
             self._header_bytes += len(name) + len(value)
             if self._header_bytes > MAX_HEAD_BYTES:  # in the bytes of one read: stop the parser here
                 self.error = f"the response head is longer than {MAX_HEAD_BYTES} bytes"
@@ -170,17 +177,16 @@ class _Connection(asyncio.Protocol):
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # an interim response: the real one follows
             self._interim = True
-            self.headers = []
+            self.headers, self._encodings, self._has_length = [], [], False
             return
         self.status, self.head_done = status, True
         self.reusable = parser.should_keep_alive() and status != 101
-        encoding = b", ".join(v for k, v in self.headers if k == b"transfer-encoding").lower().rstrip()
-        lengths = any(k == b"content-length" for k, _ in self.headers)
+        encoding = b", ".join(self._encodings).lower().rstrip()
         no_body = self._head_only or status < 200 or status in (204, 304)
-        self._until_close = not no_body and not encoding.endswith(b"chunked") and not lengths
+        self._until_close = not no_body and not encoding.endswith(b"chunked") and not self._has_length
         if self._until_close:
             self.reusable = False
-        self.sized = lengths and not no_body
+        self.sized = self._has_length and not no_body
         if no_body:
             self.complete = True
 
@@ -323,10 +329,14 @@ class UpstreamPool:
         Raises:
             UpstreamTimeout, UpstreamUnavailable: see the module doc (errors of ``body`` itself propagate).
         """
-        chunked = body is not None and not any(k == b"content-length" for k, _ in headers)
-        head = b"".join([method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n",
-                         *(b"%s: %s\r\n" % (k, v) for k, v in headers),
-                         b"transfer-encoding: chunked\r\n\r\n" if chunked else b"\r\n"])
+        lines = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+        sized = False
+        for k, v in headers:
+            lines.append(b"%s: %s\r\n" % (k, v))
+            sized = sized or k == b"content-length"
+        chunked = body is not None and not sized
+        lines.append(b"transfer-encoding: chunked\r\n\r\n" if chunked else b"\r\n")
+        head = b"".join(lines)
         await self._slots.acquire()
         try:
             conn = self._take()

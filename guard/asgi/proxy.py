@@ -120,18 +120,28 @@ class _ClientStalled(Exception):
     """The client sent nothing for ``body_idle_timeout`` seconds while its body was being forwarded."""
 
 
-def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
-    return {t.strip().lower() for k, v in headers if k.lower() == b"connection" for t in v.split(b",")}
+def _connection_tokens(value: bytes) -> set[bytes]:
+    return {t.strip().lower() for t in value.split(b",")}
 
 
 def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    drop = HOP_BY_HOP | _connection_tokens(headers) if any(k.lower() == b"connection" for k, _ in headers) else \
-        HOP_BY_HOP
-    return [(k, v) for k, v in headers if k.lower() not in drop]
+    """``headers`` without the hop-by-hop ones (:data:`HOP_BY_HOP` and those ``Connection`` names), in one pass."""
+    out: list[tuple[bytes, bytes]] = []
+    named: set[bytes] | None = None
+    for k, v in headers:
+        name = k.lower()
+        if name in HOP_BY_HOP:
+            if name == b"connection":
+                named = _connection_tokens(v) if named is None else named | _connection_tokens(v)
+        else:
+            out.append((k, v))
+    return out if named is None else [(k, v) for k, v in out if k.lower() not in named]
 
 
 #: Request headers the proxy sets itself (besides the hop-by-hop ones).
 _REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for"})
+#: Request headers not copied upstream as they are.
+_NOT_COPIED = HOP_BY_HOP | _REPLACED
 
 
 class ReverseProxy:
@@ -173,20 +183,28 @@ class ReverseProxy:
 
     def _headers(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
         """The headers sent upstream (hop-by-hop ones dropped; ``Host`` and ``X-Forwarded-*`` set) and whether the
-        request has a body."""
-        raw: list[tuple[bytes, bytes]] = scope["headers"]
-        headers = _forward_headers(raw)
+        request has a body; names lower-cased."""
+        out: list[tuple[bytes, bytes]] = []
+        named: set[bytes] | None = None
         host = forwarded_for = None
         has_body = False
-        for k, v in raw:
+        for k, v in scope["headers"]:
             name = k.lower()
-            if name == b"host":
-                host = v
-            elif name == b"x-forwarded-for":
-                forwarded_for = v if forwarded_for is None else forwarded_for + b", " + v
-            elif name in (b"content-length", b"transfer-encoding"):
+            if name in _NOT_COPIED:
+                if name == b"host":
+                    host = v
+                elif name == b"x-forwarded-for":
+                    forwarded_for = v if forwarded_for is None else forwarded_for + b", " + v
+                elif name == b"transfer-encoding":
+                    has_body = True
+                elif name == b"connection":
+                    named = _connection_tokens(v) if named is None else named | _connection_tokens(v)
+                continue
+            if name == b"content-length":
                 has_body = True
-        out = [(k.lower(), v) for k, v in headers if k.lower() not in _REPLACED]
+            out.append((name, v))
+        if named is not None:
+            out = [(k, v) for k, v in out if k not in named]
         out.append((b"host", host if self.config.preserve_host and host else self._host))
         client = scope.get("client")
         if client:
@@ -199,9 +217,10 @@ class ReverseProxy:
 
     @staticmethod
     async def _body(receive: Receive, idle_s: float) -> AsyncIterator[bytes]:
+        deadline = Deadline(idle_s)  # entered around each receive only: the upstream's pace is not the client's
         while True:
             try:
-                with Deadline(idle_s):
+                with deadline:
                     message = await receive()
             except TimeoutError:
                 raise _ClientStalled from None

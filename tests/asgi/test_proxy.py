@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from guard.asgi.admin import admin_app
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S
-from guard.asgi.proxy import ProxyApp, ProxyConfig, proxy_app
+from guard.asgi.proxy import ProxyApp, ProxyConfig, ReverseProxy, _forward_headers, proxy_app
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
@@ -432,3 +432,33 @@ async def test_cli_proxy_end_to_end_with_a_real_model(
     record = json.loads(log.read_text().splitlines()[-1])
     assert record["backend"] == "clef-local" and record["fail_mode"] is None
     assert sum(record["answers"]["injection"].values()) == pytest.approx(1.0)
+
+
+def test_upstream_headers_drop_every_hop_by_hop_header_and_what_connection_names() -> None:
+    proxy = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))
+    scope = {"type": "http", "scheme": "https", "client": ("10.0.0.9", 5000), "headers": [
+        (b"Host", b"api.example"), (b"Connection", b"X-One, keep-alive"), (b"x-one", b"1"), (b"connection", b"x-two"),
+        (b"X-Two", b"2"), (b"Keep-Alive", b"timeout=5"), (b"TE", b"trailers"), (b"Content-Length", b"3"),
+        (b"X-Forwarded-For", b"10.0.0.1"), (b"x-forwarded-for", b"10.0.0.2"), (b"Expect", b"100-continue"),
+        (b"X-Kept", b"yes"),
+    ]}  # fmt: skip
+    headers, has_body = proxy._headers(scope)
+    assert has_body
+    assert headers == [
+        (b"content-length", b"3"), (b"x-kept", b"yes"), (b"host", b"127.0.0.1:9"),
+        (b"x-forwarded-for", b"10.0.0.1, 10.0.0.2, 10.0.0.9"), (b"x-forwarded-proto", b"https"),
+        (b"x-forwarded-host", b"api.example"),
+    ]  # fmt: skip
+    # a Content-Length that Connection names is dropped: the body still goes (chunked, as the pool sends a body
+    # without a length)
+    named, has_body = proxy._headers({**scope, "headers": [(b"connection", b"content-length"),
+                                                           (b"content-length", b"3")]})
+    assert has_body and not any(k == b"content-length" for k, _ in named)
+    assert proxy._headers({**scope, "headers": [(b"host", b"h")]})[1] is False
+
+
+def test_response_headers_drop_hop_by_hop_ones_and_keep_the_rest_in_order() -> None:
+    kept = [(b"content-type", b"text/plain"), (b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")]
+    dropped = [(b"Connection", b"x-hop"), (b"X-Hop", b"1"), (b"transfer-encoding", b"chunked"), (b"Upgrade", b"h2c"),
+               (b"Proxy-Authenticate", b"Basic"), (b"trailer", b"x-t")]
+    assert _forward_headers([*dropped[:3], kept[0], *dropped[3:], *kept[1:]]) == kept
