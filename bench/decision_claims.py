@@ -27,9 +27,10 @@ LINES = (0.5, 0.85)
 
 
 def _auroc(positives: list[float], negatives: list[float]) -> float:
-    """Probability that a random claim scores above a random plain scene (ties count half)."""
-    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
-    return wins / (len(positives) * len(negatives))
+    """AUROC of claims (positives) against plain scenes (negatives)."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score([1] * len(positives) + [0] * len(negatives), positives + negatives))
 
 
 def main() -> None:

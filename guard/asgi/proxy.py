@@ -127,15 +127,15 @@ def _connection_tokens(value: bytes) -> set[bytes]:
 def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """``headers`` without the hop-by-hop ones (:data:`HOP_BY_HOP` and those ``Connection`` names), in one pass."""
     out: list[tuple[bytes, bytes]] = []
-    named: set[bytes] | None = None
+    named: set[bytes] = set()
     for k, v in headers:
         name = k.lower()
         if name in HOP_BY_HOP:
             if name == b"connection":
-                named = _connection_tokens(v) if named is None else named | _connection_tokens(v)
+                named |= _connection_tokens(v)
         else:
             out.append((k, v))
-    return out if named is None else [(k, v) for k, v in out if k.lower() not in named]
+    return [(k, v) for k, v in out if k.lower() not in named] if named else out
 
 
 #: Request headers the proxy sets itself (besides the hop-by-hop ones).
@@ -185,7 +185,7 @@ class ReverseProxy:
         """The headers sent upstream (hop-by-hop ones dropped; ``Host`` and ``X-Forwarded-*`` set) and whether the
         request has a body; names lower-cased."""
         out: list[tuple[bytes, bytes]] = []
-        named: set[bytes] | None = None
+        named: set[bytes] = set()
         host = forwarded_for = None
         has_body = False
         for k, v in scope["headers"]:
@@ -198,12 +198,12 @@ class ReverseProxy:
                 elif name == b"transfer-encoding":
                     has_body = True
                 elif name == b"connection":
-                    named = _connection_tokens(v) if named is None else named | _connection_tokens(v)
+                    named |= _connection_tokens(v)
                 continue
             if name == b"content-length":
                 has_body = True
             out.append((name, v))
-        if named is not None:
+        if named:
             out = [(k, v) for k, v in out if k not in named]
         out.append((b"host", host if self.config.preserve_host and host else self._host))
         client = scope.get("client")
