@@ -62,7 +62,12 @@ def register(subparsers: Any) -> None:
     hyper.add_argument("--outside-rate", type=float, default=None)
     hyper.add_argument("--layer-lr", type=float, default=None, dest="layer_learning_rate",
                        help="catalog: learning rate of the fine-tuned encoder layer (0 = frozen)")
-    hyper.add_argument("--train-windows", type=int, default=None, help="catalog: most windows per training text")
+    hyper.add_argument("--train-windows", type=int, default=None,
+                       help="catalog: most windows per training text of a pair question")
+    hyper.add_argument("--train-pieces", type=int, default=None,
+                       help="catalog: most sentence pieces per long training text of a text question")
+    hyper.add_argument("--top-layers", type=int, default=None,
+                       help="catalog: encoder layers fine-tuned (the top ones; the rest stay frozen)")
     hyper.add_argument("--fold-share", type=float, default=None,
                        help="catalog: share of the other folds' records each fold model trains on")
     hyper.add_argument("--source-balance", type=float, default=None,
@@ -81,7 +86,8 @@ def register(subparsers: Any) -> None:
 def _hyper(args: argparse.Namespace) -> dict[str, Any]:
     names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
              "ordinal_weight", "max_state_tokens", "width", "seed", "outside_label", "outside_rate",
-             "layer_learning_rate", "train_windows", "fold_share", "source_balance")
+             "layer_learning_rate", "train_windows", "train_pieces", "top_layers", "fold_share",
+             "source_balance")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

@@ -135,7 +135,7 @@ class EncodedText:
 
 @dataclass(frozen=True)
 class WindowStates:
-    """One text's windows after every encoder layer but the last (the catalog head runs its own last layer).
+    """One text's windows after the encoder's lower layers (the catalog head runs its own top layers).
 
     Attributes:
         hidden: ``(windows, width, 384)`` hidden states in the encoder's dtype, ``[CLS]``/``[SEP]`` included.
@@ -265,18 +265,19 @@ class TextEncoder:
             )
         return out
 
-    def encode_windows(self, texts: Sequence[str], *, limit: int | None = None) -> list[WindowStates]:
-        """Every window of each text through all encoder layers but the last, in one padded batch.
+    def encode_windows(self, texts: Sequence[str], *, limit: int | None = None, top: int = 1) -> list[WindowStates]:
+        """Every window of each text through all encoder layers but the ``top`` ones, in one padded batch.
 
         Args:
             texts: the texts.
             limit: keep at most this many windows per text, evenly spaced (first and last kept); training uses it to
                 bound the cost of long texts. ``None`` keeps every window.
+            top: layers left out at the top (the ones a catalog head fine-tunes).
         """
         plans, ids, mask = self._window_plans(texts, limit)
         if not plans:
             return []
-        hidden = self.lower(ids, mask)
+        hidden = self.lower(ids, mask, top=top)
         result, row = [], 0
         for windows, total, dropped in plans:
             n = len(windows)
@@ -291,12 +292,19 @@ class TextEncoder:
         plans, ids, mask = self._window_plans(texts, None)
         return ids, mask, sum(total for _, total, _ in plans), sum(dropped for _, _, dropped in plans)
 
-    def lower(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Hidden states ``(N, width, 384)`` after every encoder layer but the last, in the encoder's dtype."""
+    def lower(self, ids: torch.Tensor, mask: torch.Tensor, *, top: int = 1) -> torch.Tensor:
+        """Hidden states ``(N, width, 384)`` after every encoder layer but the ``top`` ones, in the encoder's dtype.
+
+        Raises:
+            ValueError: ``top`` is not between 1 and the encoder's layer count.
+        """
+        layers = self.model.encoder.layer
+        if not 1 <= top <= len(layers):
+            raise ValueError(f"top is {top}; the encoder has {len(layers)} layers")
         with torch.inference_mode():
             hidden = self.model.embeddings(input_ids=ids)
             bias = attention_bias(mask, hidden.dtype)
-            for layer in self.model.encoder.layer[:-1]:
+            for layer in layers[: len(layers) - top]:
                 out = layer(hidden, attention_mask=bias)
                 hidden = out[0] if isinstance(out, tuple) else out
         return hidden

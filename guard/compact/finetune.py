@@ -1,16 +1,18 @@
-"""Training the catalog model (``guard train``): the encoder's last layer fine-tuned jointly with per-question heads.
+"""Training the catalog model (``guard train``): the encoder's top layers fine-tuned jointly with per-question heads.
 
-The lower five layers of all-MiniLM-L6-v2 stay frozen, so each training text is run through them **once** (its
-windows' hidden states are kept in memory as float16, and on disk under ``--cache-dir``); every step then runs only
-the last layer and the heads (:class:`~guard.compact.head.CatalogHead`), forward and backward. A record's label
-belongs to the whole state while the model scores windows: the loss is taken on the window the model itself would
-answer with (the one most in favour of the question's ``risky`` option, or the highest expected level; multiple-
-instance learning), so the training objective and the max-over-windows answer agree. Long training texts keep at
-most ``train_windows`` evenly spaced windows.
+The lower layers of all-MiniLM-L6-v2 stay frozen, so each training text is run through them **once** (its windows'
+hidden states are kept in memory as float16); every step then runs only the ``top_layers`` fine-tuned layers and
+the heads (:class:`~guard.compact.head.CatalogHead`), forward and backward. A text is read as serving reads it
+(:func:`~guard.compact.model.segments`): a long text of a text question as its sentence pieces, a pair's text as
+overlapping windows. A record's label belongs to the whole state while the model scores pieces or windows: the loss
+is taken on the one the model itself would answer with (the one most in favour of the question's ``risky`` option,
+or the highest expected level; multiple-instance learning), so the training objective and the max-over-pieces
+answer agree. Long training texts keep at most ``train_pieces`` evenly spaced pieces (text questions) or
+``train_windows`` windows (pair questions).
 
 Loss per record: label-smoothed cross-entropy + ``brier_weight`` × Brier (+ ``ordinal_weight`` × the expected-level
 error for score questions), :func:`guard.compact.train.soft_loss`. AdamW (``layer_learning_rate`` for the encoder
-layer, ``learning_rate`` for the heads), linear warm-up then cosine decay, seeded, a tqdm bar per epoch.
+layers, ``learning_rate`` for the heads), linear warm-up then cosine decay, seeded, a tqdm bar per epoch.
 
 Honest numbers (``folds=True``): before the final fit, one model per fold is trained without that fold's records
 (records carry a ``fold``: a group of sources by provenance, ``guard/compact/data.py``) on a seeded share of the rest
@@ -37,7 +39,7 @@ from guard.compact.catalog import CATALOG
 from guard.compact.encoder import TextEncoder
 from guard.compact.evaluate import question_metrics
 from guard.compact.head import CatalogHead, masked_mean
-from guard.compact.model import CompactModel, ModelQuestion, pick_window, state_text
+from guard.compact.model import CompactModel, ModelQuestion, pick_window, segments, state_text
 from guard.compact.records import LabelledRecord
 from guard.compact.train import fit_temperature, soft_loss
 
@@ -55,10 +57,12 @@ class FinetuneConfig:
         epochs: passes over the training records of the final model.
         batch_size: records per step.
         learning_rate: AdamW rate of the heads.
-        layer_learning_rate: AdamW rate of the fine-tuned encoder layer (0 freezes it: the frozen-encoder baseline).
+        layer_learning_rate: AdamW rate of the fine-tuned encoder layers (0 freezes them: the frozen-encoder baseline).
         weight_decay, label_smoothing, brier_weight, ordinal_weight: loss and optimiser settings.
         seed: seeds torch and Python ``random``.
-        train_windows: most windows kept per training text (evenly spaced).
+        train_windows: most windows kept per training text of a pair question (evenly spaced).
+        train_pieces: most pieces kept per long training text of a text question (evenly spaced).
+        top_layers: encoder layers fine-tuned (the top ones; the rest stay frozen).
         fold_share: share of the other folds' training records a fold model trains on.
         fold_epochs: epochs of a fold model.
         source_balance: exponent ``a`` of source-balanced sampling. Each epoch draws a question's records of a source
@@ -78,12 +82,14 @@ class FinetuneConfig:
     ordinal_weight: float = 1.0
     seed: int = 0
     train_windows: int = 2
+    train_pieces: int = 32
+    top_layers: int = 1
     fold_share: float = 0.3
     fold_epochs: int = 1
     source_balance: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "train_windows", "fold_epochs"):
+        for name in ("epochs", "batch_size", "train_windows", "train_pieces", "top_layers", "fold_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0.0 < self.fold_share <= 1.0:
@@ -117,23 +123,49 @@ class _Example:
 
 
 class _Windows:
-    """The training texts' windows below the last layer, float16, in memory."""
+    """The training texts' windows below the fine-tuned top layers, float16, in memory.
 
-    def __init__(self, encoder: TextEncoder, texts: Sequence[str], limit: int,
-                 progress: ProgressFactory | None) -> None:
-        self.hidden: list[torch.Tensor] = [torch.empty(0)] * len(texts)
-        self.mask: list[torch.Tensor] = [torch.empty(0)] * len(texts)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        bar = progress(total=len(texts), desc="encoding texts", unit="text") if progress else None
+    Each item is ``(text, sentences)``: a text question's text (``sentences`` true) is cut into pieces as serving
+    cuts it (:func:`~guard.compact.model.segments`) and keeps at most ``pieces`` of them, evenly spaced; a pair's
+    text keeps at most ``windows`` windows. All windows run through the frozen layers in batches of similar length.
+    """
+
+    def __init__(self, encoder: TextEncoder, items: Sequence[tuple[str, bool]], *, windows: int, pieces: int,
+                 top: int, progress: ProgressFactory | None) -> None:
+        kept: list[list[torch.Tensor]] = []
+        for text, sentences in items:
+            ids, mask, _, _ = encoder.window_batch(segments(encoder, text, sentences=sentences)[0])
+            rows = _spaced(ids.shape[0], pieces if sentences else windows)
+            kept.append([ids[r, : int(mask[r].sum())] for r in rows])
+        order = sorted(((t, w) for t, rows in enumerate(kept) for w in range(len(rows))),
+                       key=lambda tw: len(kept[tw[0]][tw[1]]))
+        states: list[list[torch.Tensor]] = [[torch.empty(0)] * len(rows) for rows in kept]
+        bar = progress(total=len(order), desc="encoding texts", unit="window") if progress else None
         for start in range(0, len(order), _ENCODE_BATCH):
             batch = order[start : start + _ENCODE_BATCH]
-            for i, windows in zip(batch, encoder.encode_windows([texts[i] for i in batch], limit=limit), strict=True):
-                self.hidden[i] = windows.hidden.to(torch.float16).clone()
-                self.mask[i] = windows.mask.clone()
+            width = max(len(kept[t][w]) for t, w in batch)
+            ids = torch.full((len(batch), width), encoder.pad_id, dtype=torch.long)
+            mask = torch.zeros(len(batch), width, dtype=torch.bool)
+            for row, (t, w) in enumerate(batch):
+                ids[row, : len(kept[t][w])] = kept[t][w]
+                mask[row, : len(kept[t][w])] = True
+            hidden = encoder.lower(ids, mask, top=top)
+            for row, (t, w) in enumerate(batch):
+                states[t][w] = hidden[row, : len(kept[t][w])].to(torch.float16).clone()
             if bar:
                 bar.update(len(batch))
         if bar:
             bar.close()
+        self.hidden: list[torch.Tensor] = []
+        self.mask: list[torch.Tensor] = []
+        for rows in states:
+            width = max(r.shape[0] for r in rows)
+            hidden = torch.zeros(len(rows), width, encoder.hidden_size, dtype=torch.float16)
+            mask = torch.zeros(len(rows), width, dtype=torch.bool)
+            for w, r in enumerate(rows):
+                hidden[w, : r.shape[0]], mask[w, : r.shape[0]] = r, True
+            self.hidden.append(hidden)
+            self.mask.append(mask)
 
     def batch(self, texts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Every window of ``texts`` padded into one batch, and each text's window count."""
@@ -148,6 +180,16 @@ class _Windows:
             mask[row : row + n, :length] = self.mask[t]
             row += n
         return hidden, mask, counts
+
+
+def _spaced(count: int, limit: int) -> list[int]:
+    """At most ``limit`` of ``range(count)``, evenly spaced, the first and last kept."""
+    if count <= limit:
+        return list(range(count))
+    if limit == 1:
+        return [0]
+    step = (count - 1) / (limit - 1)
+    return [round(i * step) for i in range(limit)]
 
 
 def train_catalog(
@@ -184,27 +226,28 @@ def train_catalog(
         raise ValueError(f"the catalog model answers catalog questions only; the records ask {unknown}")
     entries = [CATALOG[qid] for qid in ids]
     options = [len(entry.to_question().options()) for entry in entries]
-    texts: dict[str, int] = {}
+    texts: dict[tuple[str, bool], int] = {}
 
     def examples(records: Sequence[LabelledRecord]) -> list[_Example]:
         out = []
         for record in records:
             for qid, target in record.labels.items():
                 q = ids.index(qid)
-                text = state_text(record.request.state, entries[q].view)
-                out.append(_Example(texts.setdefault(text, len(texts)), q, target, record.fold, record.source))
+                item = (state_text(record.request.state, entries[q].view), entries[q].view == "text")
+                out.append(_Example(texts.setdefault(item, len(texts)), q, target, record.fold, record.source))
         return out
 
     train_examples, val_examples = examples(train_records), examples(val_records)
     report = FinetuneReport()
     started = time.perf_counter()
-    windows = _Windows(encoder, list(texts), config.train_windows, progress)
+    windows = _Windows(encoder, list(texts), windows=config.train_windows, pieces=config.train_pieces,
+                       top=config.top_layers, progress=progress)
     report.seconds["encode"] = time.perf_counter() - started
-    layer = encoder.model.encoder.layer[-1]
+    layers = encoder.model.encoder.layer[-config.top_layers :]
 
     def fit(selected: Sequence[_Example], epochs: int, desc: str, val: Sequence[_Example] = ()) -> CatalogHead:
         torch.manual_seed(config.seed)
-        head = CatalogHead(layer, options, encoder.hidden_size)
+        head = CatalogHead(layers, options, encoder.hidden_size)
         groups = [{"params": [p for n, p in head.named_parameters() if not n.startswith("top.")],
                    "lr": config.learning_rate}]
         if config.layer_learning_rate > 0:
@@ -261,7 +304,7 @@ def train_catalog(
     val_logits = _logits(head, val_examples, windows, entries)
     if heldout:
         report.heldout = _heldout_report(heldout, ids, entries)
-        report.heldout["frozen_encoder"] = _frozen_baseline(layer, windows, train_examples, val_examples, ids,
+        report.heldout["frozen_encoder"] = _frozen_baseline(layers, windows, train_examples, val_examples, ids,
                                                             entries, progress)
     pairs = list(zip(val_examples, val_logits, strict=True))
     report.temperatures = {ids[q]: fit_temperature(*_pairs(pairs, q)) for q in range(len(ids))
@@ -386,16 +429,16 @@ def _fold_mean(by_fold: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[
     return out
 
 
-def _frozen_baseline(layer: torch.nn.Module, windows: _Windows, train_examples: Sequence[_Example],
+def _frozen_baseline(layers: Sequence[torch.nn.Module], windows: _Windows, train_examples: Sequence[_Example],
                      val_examples: Sequence[_Example], ids: Sequence[str], entries: Sequence[Any],
                      progress: ProgressFactory | None) -> dict[str, Any]:
     """The frozen-encoder comparison on the same folds: all-MiniLM-L6-v2 as shipped (mean-pooled sentence
     embedding of each window), a logistic regression per question (scikit-learn, ``C=1``) trained on the other folds'
-    first windows, the record answered by its window with the highest score. Out-of-fold metrics pooled, per fold
+    first pieces or windows, the record answered by its piece or window with the highest score. Out-of-fold metrics pooled, per fold
     and their mean over folds."""
     from sklearn.linear_model import LogisticRegression
 
-    head = CatalogHead(layer, [2], windows.hidden[0].shape[-1]).eval()
+    head = CatalogHead(layers, [2], windows.hidden[0].shape[-1]).eval()
     features: dict[int, torch.Tensor] = {}
     texts = sorted({e.text for e in (*train_examples, *val_examples)})
     bar = progress(total=len(texts), desc="frozen-encoder features", unit="text") if progress else None

@@ -1,8 +1,8 @@
-"""The catalog head: the encoder's last layer, fine-tuned, plus one small pooling head per catalog question.
+"""The catalog head: the encoder's top layers, fine-tuned, plus one small pooling head per catalog question.
 
 The compact model scores a state window by window (see ``guard/compact/model.py``). For every window the frozen
-lower layers of all-MiniLM-L6-v2 give hidden states; :class:`CatalogHead` runs its own copy of the **last encoder
-layer** (fine-tuned jointly with the heads by ``guard train``) and then, per question, pools the window's token
+lower layers of all-MiniLM-L6-v2 give hidden states; :class:`CatalogHead` runs its own copies of the **top encoder
+layers** (fine-tuned jointly with the heads by ``guard train``) and then, per question, pools the window's token
 states two ways and maps them to that question's option logits:
 
 * ``mean``: the masked mean of the token states (the sentence embedding all-MiniLM-L6-v2 was trained for);
@@ -49,17 +49,22 @@ def pool_rows(rows: torch.Tensor, pool: int) -> torch.Tensor:
 
 
 class CatalogHead(nn.Module):
-    """The fine-tuned last encoder layer and one pooling head per question.
+    """The fine-tuned top encoder layers and one pooling head per question.
 
     Args:
-        layer: the encoder's last ``BertLayer`` (copied; the copy is trained).
+        layers: the encoder's top ``BertLayer`` modules, bottom up (copied; the copies are trained).
         options: option count per question, in head order.
         hidden: the encoder width (384).
+
+    Raises:
+        ValueError: no layer.
     """
 
-    def __init__(self, layer: nn.Module, options: Sequence[int], hidden: int = 384) -> None:
+    def __init__(self, layers: Sequence[nn.Module], options: Sequence[int], hidden: int = 384) -> None:
         super().__init__()
-        self.top = copy.deepcopy(layer).float()
+        if not len(layers):
+            raise ValueError("the catalog head needs at least one encoder layer to fine-tune")
+        self.top = nn.ModuleList(copy.deepcopy(layer).float() for layer in layers)
         self.options = list(options)
         count, width = len(self.options), max(self.options)
         self.query = nn.Parameter(torch.zeros(count, hidden))
@@ -72,12 +77,14 @@ class CatalogHead(nn.Module):
         self.register_buffer("valid", valid, persistent=False)
 
     def encode(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The last layer: ``(N, L, H)`` states below it and ``(N, L)`` bool mask -> ``(N, L, H)`` float32."""
+        """The top layers: ``(N, L, H)`` states below them and ``(N, L)`` bool mask -> ``(N, L, H)`` float32."""
         top_dtype = next(self.top.parameters()).dtype
         x = hidden.to(top_dtype)
-        out = self.top(x, attention_mask=attention_bias(mask, top_dtype))
-        out = out[0] if isinstance(out, tuple) else out
-        return out.float()
+        bias = attention_bias(mask, top_dtype)
+        for layer in self.top:
+            out = layer(x, attention_mask=bias)
+            x = out[0] if isinstance(out, tuple) else out
+        return x.float()
 
     def score(self, states: torch.Tensor, mask: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
         """Option logits ``(N, K)`` of question index ``question`` ``(N,)`` for each window's ``states``."""
@@ -94,5 +101,5 @@ class CatalogHead(nn.Module):
         return self.score(self.encode(hidden, mask), mask, question)
 
     def config(self) -> dict[str, Any]:
-        """What :meth:`from_config` needs besides the encoder layer."""
-        return {"options": self.options, "hidden": int(self.query.shape[1])}
+        """The head's layout as a checkpoint records it: option counts, width and the number of top layers."""
+        return {"options": self.options, "hidden": int(self.query.shape[1]), "top_layers": len(self.top)}

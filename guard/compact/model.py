@@ -1,4 +1,4 @@
-"""The compact decision model: MiniLM with a fine-tuned last layer and per-question heads, answering System One
+"""The compact decision model: MiniLM with fine-tuned top layers and per-question heads, answering System One
 requests for the catalog questions (``kind="catalog"``), or a router head over frozen token states
 (``kind="router"``).
 
@@ -7,7 +7,7 @@ A checkpoint directory holds:
 * ``compact_config.json``: ``format``, ``kind``, the reference to the encoder (name, package, windows), and per
   question its canonical wording, options and calibration temperature; for a catalog model also the head's layout
   (question order, option counts);
-* catalog: ``catalog_head.safetensors``: the fine-tuned last encoder layer and the question heads (bf16 on disk);
+* catalog: ``catalog_head.safetensors``: the fine-tuned top encoder layers and the question heads (bf16 on disk);
 * router: ``joint_head_config.json`` + ``joint_head.safetensors`` (:class:`~guard.compact.router.RouterHead`).
 
 **Catalog answers.** What the model reads of the state depends on the question (:func:`state_text`): the text only
@@ -21,7 +21,7 @@ Probabilities are ``softmax(logits / T)`` with the question's temperature, cappe
 (:mod:`guard.compact.competence`), and read out by :func:`guard.systemone.answer_question`.
 
 The encoder runs in bf16 where the CPU supports it (:func:`~guard.compact.encoder.default_dtype`), else float32; the
-fine-tuned layer runs in the encoder's dtype, the heads in float32.
+fine-tuned layers run in the encoder's dtype, the heads in float32.
 """
 
 from __future__ import annotations
@@ -71,12 +71,15 @@ __all__ = [
     "length_buckets",
     "pack_sentences",
     "pick_window",
+    "segments",
     "state_text",
 ]
 
 COMPACT_CONFIG_FILE = "compact_config.json"
 CATALOG_WEIGHTS_FILE = "catalog_head.safetensors"
-FORMAT = "guard-compact/2"
+FORMAT = "guard-compact/3"
+#: Earlier formats :meth:`CompactModel.load` still reads (``/2``: a catalog head with one fine-tuned layer).
+_READABLE_FORMATS = ("guard-compact/2", FORMAT)
 #: The ``model`` of every compact response: the model that answered, not the name the request asked for (a
 #: policy's default ``clef-flash`` would otherwise be recorded for answers Clef never gave).
 MODEL_NAME = "guard-compact"
@@ -162,6 +165,21 @@ def pack_sentences(sentences: Sequence[str], lengths: Sequence[int], budget: int
     if current:
         pieces.append(" ".join(current))
     return pieces
+
+
+def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[str], int]:
+    """The parts of ``text`` the model scores one by one, and the text's word-piece count.
+
+    With ``sentences`` (the text questions) a text longer than one window and no longer than the encoder's
+    ``max_tokens`` is cut into sentences (:func:`split_sentences`) joined into pieces of at least
+    :data:`PIECE_TOKENS` word pieces (:func:`pack_sentences`); otherwise the text is one part, which the encoder cuts
+    into overlapping windows. Serving and training both read a text through this function.
+    """
+    tokens = len(encoder.token_ids(text))
+    if sentences and encoder.config.chunk < tokens <= encoder.config.max_tokens:
+        parts = split_sentences(text)
+        return pack_sentences(parts, [len(encoder.token_ids(p)) for p in parts], PIECE_TOKENS), tokens
+    return [text], tokens
 
 
 #: A window joins a length bucket when it is at least this share of the bucket's longest window.
@@ -343,11 +361,7 @@ class CompactModel:
         (:attr:`runtime`), else through torch; every question's head scores them in one call.
         """
         assert isinstance(self.head, CatalogHead)
-        tokens = len(self.encoder.token_ids(text))
-        pieces = [text]
-        if sentences and self.encoder.config.chunk < tokens <= self.encoder.config.max_tokens:
-            parts = split_sentences(text)
-            pieces = pack_sentences(parts, [len(self.encoder.token_ids(p)) for p in parts], PIECE_TOKENS)
+        pieces, tokens = segments(self.encoder, text, sentences=sentences)
         ids, mask, _, dropped = self.encoder.window_batch(pieces)
         with torch.inference_mode():
             states = self.stack_states(ids, mask)
@@ -370,7 +384,8 @@ class CompactModel:
                 if self.runtime:
                     out[rows, :width] = self.runtime(part_ids, part_mask)
                 else:
-                    out[rows, :width] = self.head.encode(self.encoder.lower(part_ids, part_mask), part_mask)
+                    lower = self.encoder.lower(part_ids, part_mask, top=len(self.head.top))
+                    out[rows, :width] = self.head.encode(lower, part_mask)
         return out
 
     def canonical(self, question: QuestionV1) -> QuestionV1:
@@ -489,8 +504,9 @@ class CompactModel:
             raise ValueError(f"runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
         root = Path(path)
         body = json.loads((root / COMPACT_CONFIG_FILE).read_text(encoding="utf-8"))
-        if body.get("format") != FORMAT:
-            raise ValueError(f"{root / COMPACT_CONFIG_FILE} has format {body.get('format')!r}; expected {FORMAT!r}")
+        if body.get("format") not in _READABLE_FORMATS:
+            raise ValueError(f"{root / COMPACT_CONFIG_FILE} has format {body.get('format')!r}; expected one of "
+                             f"{list(_READABLE_FORMATS)}")
         spec = body["encoder"]
         if spec.get("name") != ENCODER_NAME:
             raise ValueError(f"checkpoint encoder is {spec.get('name')!r}; only {ENCODER_NAME!r} is supported")
@@ -508,7 +524,8 @@ class CompactModel:
         head: CatalogHead | RouterHead
         if kind == "catalog":
             layout = body["head"]
-            head = CatalogHead(encoder.model.encoder.layer[-1], layout["options"], int(layout["hidden"]))
+            top = int(layout.get("top_layers", 1))
+            head = CatalogHead(encoder.model.encoder.layer[-top:], layout["options"], int(layout["hidden"]))
             weights = root / CATALOG_WEIGHTS_FILE
         elif kind == "router":
             (router,) = questions.values()
@@ -517,6 +534,8 @@ class CompactModel:
         else:
             raise ValueError(f"{root / COMPACT_CONFIG_FILE} has kind {kind!r}; expected 'catalog' or 'router'")
         state = {k: v.float() for k, v in load_file(str(weights)).items()}
+        if body["format"] == "guard-compact/2" and kind == "catalog":  # its one layer was stored as ``top.*``
+            state = {(f"top.0.{k[4:]}" if k.startswith("top.") else k): v for k, v in state.items()}
         head.load_state_dict(state, strict=True)
         head = head.float()
         stack = None

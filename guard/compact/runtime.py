@@ -1,7 +1,7 @@
 """ONNX Runtime for the catalog model's encoder at serving time, on CPUs without native bf16.
 
-The whole encoder stack of a catalog checkpoint (all-MiniLM-L6-v2's embeddings and five frozen layers, then the
-checkpoint's fine-tuned last layer) is exported from the torch modules to one ONNX graph in float32 and run with
+The whole encoder stack of a catalog checkpoint (all-MiniLM-L6-v2's embeddings and frozen lower layers, then the
+checkpoint's fine-tuned top layers) is exported from the torch modules to one ONNX graph in float32 and run with
 ONNX Runtime's CPU provider, which fuses attention, GELU and layer norms and has less per-operation overhead than
 eager torch: on a CPU without native bf16 matrix units it replaces torch's float32 (faster on a shared 2-core
 machine, ``docs/compact-model.md#latency``); where torch runs bf16 it is not faster, so :func:`choose` keeps torch
@@ -20,6 +20,7 @@ import hashlib
 import os
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -51,13 +52,15 @@ def choose(runtime: str, dtype: torch.dtype) -> str:
 
 
 class _Stack(nn.Module):
-    """Embeddings, the frozen layers and the fine-tuned last layer as one float32 module: ``(ids, mask)`` -> states."""
+    """Embeddings, the frozen lower layers and the fine-tuned top layers as one float32 module: ``(ids, mask)`` ->
+    states."""
 
-    def __init__(self, model: nn.Module, top: nn.Module) -> None:
+    def __init__(self, model: nn.Module, top: Sequence[nn.Module]) -> None:
         super().__init__()
         self.embeddings = copy.deepcopy(model.embeddings).float()  # type: ignore[attr-defined]
-        lower = [copy.deepcopy(layer).float() for layer in model.encoder.layer[:-1]]  # type: ignore[attr-defined]
-        self.layers = nn.ModuleList([*lower, copy.deepcopy(top).float()])
+        frozen = model.encoder.layer[: len(model.encoder.layer) - len(top)]  # type: ignore[attr-defined]
+        self.layers = nn.ModuleList([*(copy.deepcopy(layer).float() for layer in frozen),
+                                     *(copy.deepcopy(layer).float() for layer in top)])
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         hidden = self.embeddings(input_ids=ids)
@@ -92,10 +95,11 @@ class OnnxStack:
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     @classmethod
-    def export(cls, model: nn.Module, top: nn.Module, *, directory: Path | None = None,
+    def export(cls, model: nn.Module, top: Sequence[nn.Module], *, directory: Path | None = None,
                threads: int | None = None) -> OnnxStack:
-        """The session for ``model`` (a transformers ``BertModel``) with ``top`` as its last layer, exporting the
-        graph into ``directory`` (default :data:`DEFAULT_ONNX_DIR`) unless a file for these weights is there."""
+        """The session for ``model`` (a transformers ``BertModel``) with ``top`` as its top layers (in place of as
+        many of its own), exporting the graph into ``directory`` (default :data:`DEFAULT_ONNX_DIR`) unless a file for
+        these weights is there."""
         stack = _Stack(model, top).eval()
         root = directory or DEFAULT_ONNX_DIR
         path = root / f"{_key(model, top, stack)}.onnx"
@@ -121,10 +125,10 @@ class OnnxStack:
         return torch.from_numpy(states)
 
 
-def _key(model: nn.Module, top: nn.Module, stack: nn.Module) -> str:
+def _key(model: nn.Module, top: Sequence[nn.Module], stack: nn.Module) -> str:
     """Hash of the weights as loaded (dtype included), the torch version and the opset."""
     digest = hashlib.sha256(f"{torch.__version__}|{OPSET}|{next(model.parameters()).dtype}|"
-                            f"{next(top.parameters()).dtype}".encode())
+                            f"{next(top[0].parameters()).dtype}|{len(top)}".encode())
     for name, tensor in stack.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().contiguous().numpy().tobytes())

@@ -36,8 +36,8 @@ def test_the_encoder_layer_is_trained_unless_frozen(encoder: Any, tmp_path: Any)
                               folds=False)
     key = "attention.self.query.weight"
     rounded = base[key].bfloat16().float()  # checkpoints hold bf16 weights
-    assert not tuned.head.top.state_dict()[key].float().equal(rounded)
-    assert frozen.head.top.state_dict()[key].float().equal(rounded)
+    assert not tuned.head.top[-1].state_dict()[key].float().equal(rounded)
+    assert frozen.head.top[-1].state_dict()[key].float().equal(rounded)
     assert base[key].equal(encoder.model.encoder.layer[-1].state_dict()[key].float())  # the encoder is untouched
 
 
