@@ -66,7 +66,8 @@ FOLDS: dict[str, dict[str, tuple[str, ...]]] = {
         "f1": ("prompt_injection/pyrit_jailbreaks", "prompt_injection/gptfuzz_templates",
                "prompt_injection/greshake_scenarios", "prompt_injection/awesome_chatgpt_prompts"),
         "f2": ("prompt_injection/spikee", "prompt_injection/bipia_email"),
-        "f3": ("prompt_injection/authored",),
+        "f3": ("prompt_injection/authored", "prompt_injection/authored_direct", "prompt_injection/authored_indirect",
+               "benign_requests/authored_hard_benign"),
         "f4": ("agent_tool_safety/agentdojo_v1_tool_outputs", "prompt_injection/inspect_agent_injections",
                "multilingual/xsafety_sample", "clinc150/train", "composed/clinc150", "pieces/agentdojo_v1_tool_outputs"),
     },
@@ -76,7 +77,8 @@ FOLDS: dict[str, dict[str, tuple[str, ...]]] = {
                "harmful_requests/gptfuzz_questions", "harmful_requests/spikee_harmful", "harm/objectives",
                "prompt_injection/awesome_chatgpt_prompts"),
         "f2": ("harmful_requests/coconot",),
-        "f3": ("harmful_requests/authored_lookalikes",),
+        "f3": ("harmful_requests/authored_lookalikes", "harmful_requests/authored_twins",
+               "benign_requests/authored_hard_benign"),
         "f4": ("harmful_requests/ailuminate_en", "multilingual/xsafety_sample", "multilingual/multijail_sample",
                "clinc150/train", "pieces/agentdojo_v1_tool_outputs"),
     },
@@ -276,7 +278,28 @@ def build_splits(root: Path, seed: int = SEED) -> Splits:
             build.add("guard.tool_call_serves_task", f"{prefix}:{row['suite']}", f"{row['suite']}/{task}",
                       f"{prefix}:{row['id']}", state, label)
     _benign_pieces(build, root, random.Random(f"{seed}|pieces"))
+    _contrast_sets(build, root, random.Random(f"{seed}|contrast"))
     return build.splits
+
+
+#: The second round of authored contrast sets (``data/README.md``): balanced pairs written for this model, every row
+#: kept, in fold f3 with the first authored sets. Each file, the question it labels and its positive label.
+CONTRAST_SETS = (("prompt_injection/authored_direct.jsonl", "guard.prompt_injection", "attack"),
+                 ("prompt_injection/authored_indirect.jsonl", "guard.prompt_injection", "attack"),
+                 ("harmful_requests/authored_twins.jsonl", "guard.harmful_request", "harmful"),
+                 ("benign_requests/authored_hard_benign.jsonl", "guard.prompt_injection", "attack"),
+                 ("benign_requests/authored_hard_benign.jsonl", "guard.harmful_request", "harmful"))
+
+
+def _contrast_sets(build: _Builder, root: Path, rng: random.Random) -> None:
+    """The :data:`CONTRAST_SETS` rows in request shapes, with their own seeded random source (the other sources'
+    records do not change when these files do)."""
+    for relative, question, positive in CONTRAST_SETS:
+        source = relative.removesuffix(".jsonl")
+        for row in _rows(root / relative):
+            label = "true" if row["label"] == positive else "false"
+            build.add(question, source, str(row.get("pair_id") or row["id"]), f"{source}:{row['id']}",
+                      _shape(row["text"], rng), label)
 
 
 def _benign_pieces(build: _Builder, root: Path, rng: random.Random) -> None:

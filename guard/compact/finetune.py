@@ -39,14 +39,15 @@ from guard.compact.catalog import CATALOG
 from guard.compact.encoder import TextEncoder
 from guard.compact.evaluate import question_metrics
 from guard.compact.head import CatalogHead, masked_mean
-from guard.compact.model import CompactModel, ModelQuestion, pick_window, segments, state_text
+from guard.compact.model import CompactModel, ModelQuestion, length_buckets, pick_window, segments, state_text
 from guard.compact.records import LabelledRecord
 from guard.compact.train import fit_temperature, soft_loss
 
 __all__ = ["FinetuneConfig", "FinetuneReport", "train_catalog"]
 
 ProgressFactory = Callable[..., Any]
-_ENCODE_BATCH = 16
+#: Most padded positions of one batch through the frozen layers.
+_ENCODE_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,13 @@ class _Windows:
                        key=lambda tw: len(kept[tw[0]][tw[1]]))
         states: list[list[torch.Tensor]] = [[torch.empty(0)] * len(rows) for rows in kept]
         bar = progress(total=len(order), desc="encoding texts", unit="window") if progress else None
-        for start in range(0, len(order), _ENCODE_BATCH):
-            batch = order[start : start + _ENCODE_BATCH]
-            width = max(len(kept[t][w]) for t, w in batch)
+        batches: list[list[tuple[int, int]]] = [[]]
+        for t, w in order:  # shortest first: a batch's last window is its widest
+            if batches[-1] and (len(batches[-1]) + 1) * len(kept[t][w]) > _ENCODE_TOKENS:
+                batches.append([])
+            batches[-1].append((t, w))
+        for batch in batches:
+            width = len(kept[batch[-1][0]][batch[-1][1]])
             ids = torch.full((len(batch), width), encoder.pad_id, dtype=torch.long)
             mask = torch.zeros(len(batch), width, dtype=torch.bool)
             for row, (t, w) in enumerate(batch):
@@ -326,12 +331,21 @@ def _loss(head: CatalogHead, batch: Sequence[_Example], windows: _Windows, entri
           config: FinetuneConfig) -> torch.Tensor:
     hidden, mask, counts = windows.batch([e.text for e in batch])
     question = torch.tensor([e.question for e, n in zip(batch, counts, strict=True) for _ in range(n)])
-    per_window = head(hidden, mask, question)
+    per_window = head.score(_encoded(head, hidden, mask), mask, question)
     logits = torch.stack(_per_record(per_window, counts, batch, entries))
     target = torch.tensor([e.target for e in batch])
     ordinal = torch.tensor([entries[e.question].type == "score" for e in batch])
     return soft_loss(logits, target, torch.isfinite(logits), config.label_smoothing, config.brier_weight, ordinal,
                      config.ordinal_weight)
+
+
+def _encoded(head: CatalogHead, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``head.encode`` of a padded batch run in length buckets (:func:`~guard.compact.model.length_buckets`), so
+    short pieces next to a full window are not padded to its width; the same states as one padded call."""
+    states = torch.zeros(hidden.shape)
+    for rows, width in length_buckets(mask.sum(-1)):
+        states[rows, :width] = head.encode(hidden[rows, :width], mask[rows, :width])
+    return states
 
 
 def _per_record(per_window: torch.Tensor, counts: Sequence[int], batch: Sequence[_Example],
@@ -352,7 +366,8 @@ def _logits(head: CatalogHead, examples: Sequence[_Example], windows: _Windows,
             batch = examples[start : start + 32]
             hidden, mask, counts = windows.batch([e.text for e in batch])
             question = torch.tensor([e.question for e, n in zip(batch, counts, strict=True) for _ in range(n)])
-            out.extend(z.clone() for z in _per_record(head(hidden, mask, question), counts, batch, entries))
+            per_window = head.score(_encoded(head, hidden, mask), mask, question)
+            out.extend(z.clone() for z in _per_record(per_window, counts, batch, entries))
     return out
 
 

@@ -26,7 +26,8 @@ def _question(row: dict[str, Any]) -> str:
 
 def test_twins_and_tasks_never_straddle_the_split(splits) -> None:  # type: ignore[no-untyped-def]
     def groups(rows: list[dict[str, Any]]) -> set[str]:
-        return {r["id"].rsplit("-", 1)[0] for r in rows if "authored" in r["source"]}
+        pairs = [r["id"].rsplit("-", 1) for r in rows if "authored" in r["source"]]
+        return {pair for pair, label in pairs if label in ("attack", "benign", "harmful")}  # a pair's two records
 
     train = groups(splits.train)
     for rows in splits.test.values():
@@ -73,3 +74,21 @@ def test_splits_are_deterministic_and_written(splits, tmp_path: Path) -> None:  
     assert {"id", "state", "questions", "labels", "source", "fold"} <= set(first)
     assert {"prompt_injection", "harmful_request", "harm_severity", "tool_call_serves_task", "refusal",
             "prompt_injection_long"} <= set(splits.test)
+
+
+def test_the_contrast_sets_leave_every_other_record_as_it_was(splits, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import guard.compact.data as data
+
+    contrast = {relative.removesuffix(".jsonl") for relative, _, _ in data.CONTRAST_SETS}
+    monkeypatch.setattr(data, "CONTRAST_SETS", ())
+    without = build_splits(DATA)
+
+    def others(s: Any) -> list[str]:
+        rows = [*s.train, *s.val, *(r for name in sorted(s.test) for r in s.test[name])]
+        return [json.dumps(r, sort_keys=True) for r in rows if r["source"] not in contrast]
+
+    assert others(splits) == others(without)
+    added = Counter((r["source"], _question(r)) for r in splits.train if r["source"] in contrast)
+    assert added[("harmful_requests/authored_twins", "guard.harmful_request")] > 1000
+    assert added[("benign_requests/authored_hard_benign", "guard.prompt_injection")] > 400
+    assert added[("benign_requests/authored_hard_benign", "guard.harmful_request")] > 400
