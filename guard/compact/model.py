@@ -12,7 +12,8 @@ A checkpoint directory holds:
 
 **Catalog answers.** What the model reads of the state depends on the question (:func:`state_text`): the text only
 for the untrusted-text questions, the whole rendered state for pairs. A long text of a text question is cut into
-sentences joined into pieces of at least :data:`PIECE_TOKENS` tokens (:func:`pack_sentences`); a pair's text is cut
+sentences joined into pieces of at least :data:`PIECE_TOKENS` tokens (:func:`pack_sentences`), and each sentence of
+at least :data:`ALONE_TOKENS` tokens is read alone as well (:func:`segments`); a pair's text is cut
 into overlapping windows
 (``encoder.config``: 128 word pieces with 48 shared by neighbours in the shipped model, so any sentence of up to 48
 pieces lies whole inside one window); every window is scored and the window most in favour of the question's
@@ -147,6 +148,9 @@ def split_sentences(text: str) -> list[str]:
 #: Fewest word-piece tokens of one piece of a long text: shorter sentences are joined to the next ones until a
 #: piece has at least this many; 0 scores every sentence alone.
 PIECE_TOKENS = 24
+#: A sentence of at least this many word-piece tokens is also scored alone, next to the piece that holds it, so a
+#: benign neighbour packed with it cannot lower its score (``len(sentences)`` tokens or more: never).
+ALONE_TOKENS = 12
 
 
 def pack_sentences(sentences: Sequence[str], lengths: Sequence[int], budget: int) -> list[str]:
@@ -172,13 +176,17 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
 
     With ``sentences`` (the text questions) a text longer than one window and no longer than the encoder's
     ``max_tokens`` is cut into sentences (:func:`split_sentences`) joined into pieces of at least
-    :data:`PIECE_TOKENS` word pieces (:func:`pack_sentences`); otherwise the text is one part, which the encoder cuts
-    into overlapping windows. Serving and training both read a text through this function.
+    :data:`PIECE_TOKENS` word pieces (:func:`pack_sentences`), followed by every sentence of at least
+    :data:`ALONE_TOKENS` word pieces that is not a piece already, alone; otherwise the text is one part, which the
+    encoder cuts into overlapping windows. Serving and training both read a text through this function.
     """
     tokens = len(encoder.token_ids(text))
     if sentences and encoder.config.chunk < tokens <= encoder.config.max_tokens:
         parts = split_sentences(text)
-        return pack_sentences(parts, [len(encoder.token_ids(p)) for p in parts], PIECE_TOKENS), tokens
+        lengths = [len(encoder.token_ids(p)) for p in parts]
+        pieces = pack_sentences(parts, lengths, PIECE_TOKENS)
+        packed = set(pieces)
+        return pieces + [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed], tokens
     return [text], tokens
 
 
@@ -355,8 +363,9 @@ class CompactModel:
         A segment is a window of the text; with ``sentences`` a text longer than one window is cut into sentences
         (:func:`split_sentences`) joined into pieces of at least :data:`PIECE_TOKENS` tokens (:func:`pack_sentences`,
         a piece longer than a window is windowed on its own), so every sentence is read whole, short ones with a
-        neighbour or two of context: the answer (max over pieces, :func:`pick_window`) is hardly diluted, and fewer
-        pieces with more context than single sentences lower the false positives that grow with length. The
+        neighbour or two of context, and each sentence of at least :data:`ALONE_TOKENS` tokens is also read alone
+        (:func:`segments`): the answer (max over segments, :func:`pick_window`) is never lower than such a sentence's
+        own, and packing the short ones lowers the false positives that grow with length. The
         segments run in length buckets (:meth:`stack_states`), through the ONNX Runtime graph when the model has one
         (:attr:`runtime`), else through torch; every question's head scores them in one call.
         """

@@ -77,7 +77,7 @@ def test_splits_are_deterministic_and_written(splits, tmp_path: Path) -> None:  
 
 
 def test_the_contrast_sets_leave_every_other_record_as_it_was(splits, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import guard.compact.data as data
+    from guard.compact import data
 
     contrast = {relative.removesuffix(".jsonl") for relative, _, _ in data.CONTRAST_SETS}
     monkeypatch.setattr(data, "CONTRAST_SETS", ())
