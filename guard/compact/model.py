@@ -186,7 +186,8 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
         lengths = [len(encoder.token_ids(p)) for p in parts]
         pieces = pack_sentences(parts, lengths, PIECE_TOKENS)
         packed = set(pieces)
-        return pieces + [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed], tokens
+        alone = [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed]
+        return pieces + alone, tokens
     return [text], tokens
 
 
