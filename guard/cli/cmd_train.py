@@ -76,6 +76,9 @@ def register(subparsers: Any) -> None:
                        help="catalog: exponent of source-balanced sampling, 1 = as the data is, 0 = every source alike")
     hyper.add_argument("--no-folds", action="store_true",
                        help="catalog: skip the leave-one-source-group-out models (temperatures fitted on --val)")
+    hyper.add_argument("--fold-models", metavar="DIR", default=None,
+                       help="catalog: also save each leave-one-fold-out model in DIR/<fold> (score its held-out "
+                            "records again with guard eval --backend compact:DIR/<fold> --by fold)")
     hyper.add_argument("--window", type=int, default=128, help="catalog: encoder window in word pieces")
     hyper.add_argument("--overlap", type=int, default=48, help="catalog: word pieces shared by neighbouring windows")
     hyper.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -149,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if kind == "catalog":
             model, report = train_catalog(records, val, config, TextEncoder.load(window), folds=not args.no_folds,
+                                          fold_models=Path(args.fold_models) if args.fold_models else None,
                                           progress=progress, log=log)
         else:
             encoder = TextEncoder.load()

@@ -31,6 +31,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -204,6 +205,7 @@ def train_catalog(
     encoder: TextEncoder,
     *,
     folds: bool = True,
+    fold_models: Path | None = None,
     progress: ProgressFactory | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> tuple[CompactModel, FinetuneReport]:
@@ -215,6 +217,9 @@ def train_catalog(
         config: settings.
         encoder: the encoder (its lower layers stay frozen; its window settings are the model's).
         folds: run the leave-one-fold-out models first (records without a fold are never held out).
+        fold_models: also save each fold model as a checkpoint in ``fold_models/<fold>`` (temperatures 1.0; its
+            ``meta.held_out`` names the fold), so its held-out records can be scored again through any serving path
+            (``guard eval --backend compact:DIR --runtime ...``).
         progress: a ``tqdm``-like factory, or ``None``.
         log: receives one line per epoch and per fold.
 
@@ -302,6 +307,10 @@ def train_catalog(
             head = fit(share, config.fold_epochs, f"fold {name}")
             heldout.extend(zip(scored, _logits(head, scored, windows, entries), strict=True))
             report.seconds[f"fold_{name}"] = time.perf_counter() - t0
+            if fold_models is not None:
+                head.top.to(encoder.dtype)
+                CompactModel(encoder, head, _questions(entries, {}), kind="catalog",
+                             meta={"config": asdict(config), "held_out": name}).save(fold_models / name)
             log(f"fold {name}: trained on {len(share)} records of the other folds, scored {len(scored)} held out")
     t0 = time.perf_counter()
     head = fit(train_examples, config.epochs, "final", val_examples)
@@ -315,16 +324,20 @@ def train_catalog(
     report.temperatures = {ids[q]: fit_temperature(*_pairs(pairs, q)) for q in range(len(ids))
                            if _pairs(pairs, q)[0]}
     report.val = _metrics(list(zip(val_examples, val_logits, strict=True)), ids, entries, report.temperatures)
-    questions = {
-        entry.id: ModelQuestion(entry.id, entry.type, entry.instructions,
-                                list(entry.criteria) if entry.criteria else None,
-                                temperature=report.temperatures.get(entry.id, 1.0))
-        for entry in entries
-    }
     head.top.to(encoder.dtype)  # as a loaded checkpoint runs it
-    model = CompactModel(encoder, head, questions, kind="catalog",
+    model = CompactModel(encoder, head, _questions(entries, report.temperatures), kind="catalog",
                          meta={"config": asdict(config), "folds": folds, "report": report.to_json()})
     return model, report
+
+
+def _questions(entries: Sequence[Any], temperatures: dict[str, float]) -> dict[str, ModelQuestion]:
+    """The checkpoint's question table: each catalog entry with its fitted temperature (1.0 where none)."""
+    return {
+        entry.id: ModelQuestion(entry.id, entry.type, entry.instructions,
+                                list(entry.criteria) if entry.criteria else None,
+                                temperature=temperatures.get(entry.id, 1.0))
+        for entry in entries
+    }
 
 
 def _loss(head: CatalogHead, batch: Sequence[_Example], windows: _Windows, entries: Sequence[Any],
@@ -482,7 +495,9 @@ def _frozen_baseline(layers: Sequence[torch.nn.Module], windows: _Windows, train
                 [features[e.text][0] for e in rest], [e.target for e in rest])
             k = len(entry.to_question().options())
             for e in held:
-                scores = torch.full((features[e.text].shape[0], k), -torch.inf, dtype=torch.float64)
+                # an option no training record of these folds had gets log-probability -1e4 (probability 0), finite
+                # because the metrics drop non-finite logits as options the question does not have
+                scores = torch.full((features[e.text].shape[0], k), -1e4, dtype=torch.float64)
                 scores[:, model.classes_] = torch.from_numpy(model.predict_log_proba(features[e.text]))
                 pairs.append((e, scores[pick_window(scores, entry)]))
     by_fold = _metrics(pairs, ids, entries, {}, by=lambda e: e.fold)

@@ -59,6 +59,27 @@ def test_folds_score_only_sources_the_fold_model_never_saw(encoder: Any, tmp_pat
     assert set(report.seconds) >= {"encode", "fold_f0", "fold_f1", "final"}
 
 
+def test_fold_models_are_saved_and_score_their_held_out_fold_as_training_did(encoder: Any, tmp_path: Any) -> None:
+    from guard.backends.compact import CompactBackend
+    from guard.compact.evaluate import question_metrics
+
+    records = _records(tmp_path)
+    records = [dataclasses.replace(r, fold=f"f{n % 2}", source=f"src{n % 2}") for n, r in enumerate(records)]
+    _, report = train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4, fold_share=1.0), encoder,
+                              fold_models=tmp_path / "folds")
+    assert sorted(p.name for p in (tmp_path / "folds").iterdir()) == ["f0", "f1"]
+    for fold in ("f0", "f1"):
+        backend = CompactBackend.from_pretrained(tmp_path / "folds" / fold, runtime="torch")
+        assert backend.models[0].meta["held_out"] == fold
+        held = [r for r in records if r.fold == fold]
+        answers = [backend.decide_sync(r.request).answers["guard.prompt_injection"] for r in held]
+        served = question_metrics("guard.prompt_injection", "noul", ["true", "false"],
+                                  [[a.noul, 1.0 - a.noul] for a in answers],
+                                  [r.labels["guard.prompt_injection"] for r in held])
+        trained = report.heldout["by_fold"]["guard.prompt_injection"][fold]
+        assert served.auroc == pytest.approx(trained["auroc"], abs=0.02)
+
+
 def test_questions_outside_the_catalog_are_refused(encoder: Any, tmp_path: Any) -> None:
     rows = [{"state": "hi", "questions": {"is_urgent": {"type": "noul", "instructions": "Urgent?"}},
              "labels": {"is_urgent": "true"}}]
