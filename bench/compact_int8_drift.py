@@ -1,73 +1,105 @@
-"""Answer drift of an int8 encoder stack against the float32 one, on labelled records (docs/compact-model.md#latency).
+"""The catalog model's encoder in ONNX Runtime int8 against float32: answer drift, and quality out of fold.
 
-The shipped catalog model's ONNX Runtime graph (float32) is quantised with ONNX Runtime's dynamic int8 quantisation,
-per channel, leaving the fine-tuned last layer in float32 (the heads are torch float32 either way). Every record is
-answered by both; per question it prints the largest and mean |dp| (p(``true``); severity: expected level / 4) and,
-for yes/no questions, the AUROC of each.
+Every record is answered twice, with ``runtime="onnx"`` (float32) and ``runtime="onnx-int8"`` (the same graph
+quantised, ``guard/compact/runtime.py``). Per question it prints the answers' drift (|dp| of p(``true``); severity:
+expected level / 4; max, 99th percentile, mean) and each runtime's AUROC (yes/no questions) or Spearman (severity).
+
+With ``--folds DIR`` (the fold models ``guard train --fold-models DIR`` saved) each fold model answers only the
+records of the fold it was trained without, as the out-of-fold numbers of training do, so the table is
+leave-one-source-group-out: per question the pooled metric (temperature 1) and the mean over folds of each fold's
+metric, for both runtimes. Without it the shipped weights (or ``--weights``) answer every record.
 
 Usage::
 
     python -m guard.compact.data data build/compact-data
-    python bench/compact_int8_drift.py build/compact-data/val.jsonl --step 2
+    guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --out run \\
+        --fold-models run-folds --epochs 1 --fold-share 1.0 --threads 2
+    python bench/compact_int8_drift.py build/compact-data/train.jsonl build/compact-data/val.jsonl \\
+        --folds run-folds --step 3
+    python bench/compact_int8_drift.py build/compact-data/test/*.jsonl --step 3     # the shipped weights
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import tempfile
+import math
 from pathlib import Path
+
+RUNTIMES = ("onnx", "onnx-int8")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("records", help="labelled JSONL (guard eval's format)")
-    parser.add_argument("--step", type=int, default=1, help="answer every N-th record (default 1)")
+    parser.add_argument("records", nargs="+", help="labelled JSONL files (guard eval's format)")
+    parser.add_argument("--step", type=int, default=1, help="answer every N-th record of each fold (default 1)")
+    parser.add_argument("--folds", type=Path, help="fold models of guard train --fold-models")
+    parser.add_argument("--weights", type=Path, help="a catalog checkpoint (default: the shipped weights)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     args = parser.parse_args()
+    if args.step < 1:
+        parser.error("--step must be >= 1")
 
     import numpy as np
-    import onnx
     import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from scipy.stats import spearmanr
     from sklearn.metrics import roc_auc_score
+    from tqdm import tqdm
 
     from guard.backends.compact import DEFAULT_WEIGHTS, CompactBackend
     from guard.compact.records import load_records
-    from guard.compact.runtime import OnnxStack
 
-    torch.set_num_threads(2)
-    backend = CompactBackend.from_pretrained(DEFAULT_WEIGHTS, runtime="onnx")
-    model = backend.models[0]
-    source = str(model.runtime.path)
-    last = [n.name for n in onnx.load(source).graph.node if n.op_type == "MatMul" and "layers.5" in n.name]
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / "int8.onnx"
-        quantize_dynamic(source, str(target), weight_type=QuantType.QInt8, nodes_to_exclude=last, per_channel=True)
-        sessions = {"float32": model.runtime.session, "int8": OnnxStack(target).session}
-    values: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    torch.set_num_threads(args.threads)
+    records = [r for path in args.records for r in load_records(path)]
+    if args.folds:
+        plan = [(d, [r for r in records if r.fold == d.name][:: args.step])
+                for d in sorted(p for p in args.folds.iterdir() if p.is_dir())]
+    else:
+        plan = [(args.weights or DEFAULT_WEIGHTS, records[:: args.step])]
+    # values[qid][fold] = {"onnx": [...], "onnx-int8": [...], "label": [...]}
+    values: dict[str, dict[str, dict[str, list[float]]]] = collections.defaultdict(
+        lambda: collections.defaultdict(lambda: collections.defaultdict(list)))
     scores: set[str] = set()  # questions answered with a level, not yes/no
-    for record in load_records(args.records)[:: args.step]:
-        for name, session in sessions.items():
-            model.runtime.session = session
-            response = backend.decide_sync(record.request)
-            for qid in record.labels:
-                answer = response.answers[qid]
-                if answer.noul is None:
-                    scores.add(qid)
-                value = float(answer.score) / 4 if answer.noul is None else float(answer.probabilities["true"])
-                values[qid][name].append(value)
-        for qid, target_index in record.labels.items():
-            values[qid]["label"].append(target_index)
-    for qid, columns in values.items():
-        exact, quantised, labels = (np.array(columns[k]) for k in ("float32", "int8", "label"))
-        drift = np.abs(exact - quantised)
-        line = f"{qid:30s} n {len(labels):4d}  |dp| max {drift.max():.3f} mean {drift.mean():.4f}"
-        if qid not in scores and len(set(labels.tolist())) == 2:
-            positive = labels == 0  # noul prompt order: true, false
-            line += (
-                f"  AUROC float32 {roc_auc_score(positive, exact):.4f} int8 {roc_auc_score(positive, quantised):.4f}"
-            )
+    for weights, chosen in plan:
+        backends = {name: CompactBackend.from_pretrained(weights, runtime=name) for name in RUNTIMES}
+        for record in tqdm(chosen, desc=weights.name, unit="record"):
+            for name, backend in backends.items():
+                response = backend.decide_sync(record.request)
+                for qid in record.labels:
+                    answer = response.answers[qid]
+                    if answer.noul is None:
+                        scores.add(qid)
+                    value = float(answer.score) / 4 if answer.noul is None else float(answer.probabilities["true"])
+                    values[qid][weights.name][name].append(value)
+            for qid, target_index in record.labels.items():
+                values[qid][weights.name]["label"].append(target_index)
+
+    def metric(qid: str, labels: np.ndarray, answers: np.ndarray) -> float:
+        if qid in scores:
+            return float(spearmanr(labels, answers).statistic) if len(set(labels.tolist())) > 1 else float("nan")
+        positive = labels == 0  # noul prompt order: true, false
+        return float(roc_auc_score(positive, answers)) if len(set(positive.tolist())) == 2 else float("nan")
+
+    print(f"{'question':30s} {'n':>5s}  {'|dp| max':>8s} {'p99':>6s} {'mean':>6s}   metric   "
+          f"{'pooled f32':>10s} {'int8':>6s}" + (f"   {'fold mean f32':>13s} {'int8':>6s}" if args.folds else ""))
+    for qid, folds in values.items():
+        pooled = {k: np.concatenate([np.array(f[k]) for f in folds.values()]) for k in (*RUNTIMES, "label")}
+        drift = np.abs(pooled["onnx"] - pooled["onnx-int8"])
+        line = (f"{qid:30s} {len(drift):5d}  {drift.max():8.3f} {np.quantile(drift, 0.99):6.3f} {drift.mean():6.4f}"
+                f"   {'Spearman' if qid in scores else 'AUROC   '} "
+                f"{metric(qid, pooled['label'], pooled['onnx']):10.4f} "
+                f"{metric(qid, pooled['label'], pooled['onnx-int8']):6.4f}")
+        if args.folds:
+            per_fold = {name: [metric(qid, np.array(f["label"]), np.array(f[name])) for f in folds.values()]
+                        for name in RUNTIMES}
+            line += f"   {_mean(per_fold['onnx']):13.4f} {_mean(per_fold['onnx-int8']):6.4f}"
         print(line)
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of the values that are numbers (a fold without both labels has no AUROC); NaN when none is."""
+    defined = [v for v in values if not math.isnan(v)]
+    return sum(defined) / len(defined) if defined else math.nan
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Latency of the compact CPU model, the served path side by side with the model alone, for both encoder runtimes.
 
-Every case runs for the torch runtime (the encoder's dtype: bf16 where the CPU has it, the default there) and the
-ONNX Runtime one (float32, the default where torch would run float32; ``guard/compact/runtime.py``), one runtime's
-calls after the other (interleaved calls let one runtime's idle threads take the other's time):
+Every case runs for the torch runtime (the encoder's dtype: bf16 where the CPU has it), the ONNX Runtime one
+(float32) and ONNX Runtime int8 (``guard/compact/runtime.py``), one runtime's calls after the other (interleaved
+calls let one runtime's idle threads take the other's time):
   * ``guard-3q``: the served path, ``Guard.evaluate`` on a catalog policy with 3 questions for an HTTP request whose
     body text is the 128-token state (target p50 <= 15 ms on 2 cores); every call is a cache miss (the text changes);
   * ``short-3q``: the model alone (``decide_sync``), the same state (``{"text": ...}``), 3 catalog questions (one
@@ -111,10 +111,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     default = CompactBackend.default()
-    backends = {name: CompactBackend.from_pretrained(DEFAULT_WEIGHTS, runtime=name) for name in ("torch", "onnx")}
+    backends = {name: CompactBackend.from_pretrained(DEFAULT_WEIGHTS, runtime=name)
+                for name in ("torch", "onnx", "onnx-int8")}
     encoder = backends["torch"].models[0].encoder
     short, long = _state(encoder, SHORT_TOKENS), _state(encoder, LONG_TOKENS)
-    chosen = "onnx" if default.models[0].runtime is not None else "torch"
+    stack = default.models[0].runtime
+    chosen = stack.runtime if stack else "torch"
     print(f"threads {torch.get_num_threads()}, torch encoder dtype {encoder.dtype}, cpu "
           f"{torch.backends.cpu.get_cpu_capability()}, onnxruntime {onnxruntime.__version__}, default runtime {chosen}")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,10 +25,13 @@ from guard.compact.catalog import catalog_ids
 from guard.errors import BackendTimeout, UnsupportedQuestion
 from guard.systemone import ConfidenceProfile, QuestionV1, SystemOneRequestV1, SystemOneResponseV1
 
-__all__ = ["DEFAULT_WEIGHTS", "CompactBackend", "LoadProgress", "catalog_ids"]
+__all__ = ["DEFAULT_WEIGHTS", "RUNTIME_ENV", "CompactBackend", "LoadProgress", "catalog_ids"]
 
 #: The shipped catalog checkpoint.
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "compact" / "weights"
+#: Environment variable naming the catalog encoder's runtime when the caller names none (one of
+#: :data:`guard.compact.runtime.RUNTIMES`; unset: ``auto``).
+RUNTIME_ENV = "GUARD_COMPACT_RUNTIME"
 #: ``progress(done, total, stage)`` while loading: stages ``"encoder"`` then one per checkpoint.
 LoadProgress = Callable[[int, int, str], None]
 _BACKEND_NAME = "compact"
@@ -87,15 +91,27 @@ class CompactBackend:
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
     def from_checkpoints(
-        cls, paths: Iterable[str | Path], *, progress: LoadProgress | None = None, runtime: str = "auto",
+        cls, paths: Iterable[str | Path], *, progress: LoadProgress | None = None, runtime: str | None = None,
         **options: Any
     ) -> CompactBackend:
         """Load checkpoint directories (the first may be the catalog, others routers) sharing one encoder.
 
-        ``runtime``: ``"auto"`` (torch where it runs bf16, else ONNX Runtime), ``"onnx"`` (ONNX Runtime, float32)
-        or ``"torch"`` for the catalog encoder (:meth:`guard.compact.model.CompactModel.load`)."""
+        ``runtime``: ``"auto"`` (torch where it runs bf16, else ONNX Runtime), ``"onnx"`` (ONNX Runtime, float32),
+        ``"onnx-int8"`` (ONNX Runtime, int8) or ``"torch"`` for the catalog encoder
+        (:meth:`guard.compact.model.CompactModel.load`); ``None``: the :data:`RUNTIME_ENV` environment variable, else
+        ``"auto"``.
+
+        Raises:
+            ValueError: an unknown runtime (naming the environment variable when it came from there).
+        """
         from guard.compact.encoder import TextEncoder
         from guard.compact.model import CompactModel
+        from guard.compact.runtime import RUNTIMES
+
+        if runtime is None:
+            runtime = os.environ.get(RUNTIME_ENV) or "auto"
+            if runtime not in RUNTIMES:
+                raise ValueError(f"{RUNTIME_ENV}={runtime!r}: expected one of {list(RUNTIMES)}")
 
         roots = [Path(p) for p in paths]
         total = len(roots) + 1
@@ -116,7 +132,7 @@ class CompactBackend:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, *, progress: LoadProgress | None = None, runtime: str = "auto", **options: Any
+        cls, path: str | Path, *, progress: LoadProgress | None = None, runtime: str | None = None, **options: Any
     ) -> CompactBackend:
         """Load one checkpoint directory (``guard train`` output or the shipped weights)."""
         return cls.from_checkpoints([path], progress=progress, runtime=runtime, **options)

@@ -498,7 +498,8 @@ class CompactModel:
                 checkpoint's); else one is loaded.
             dtype: encoder dtype; default :func:`~guard.compact.encoder.default_dtype`.
             runtime: ``"onnx"`` runs a catalog model's encoder stack under ONNX Runtime in float32
-                (:mod:`guard.compact.runtime`; the graph is exported once and cached), ``"torch"`` in torch in the
+                (:mod:`guard.compact.runtime`; the graph is exported once and cached), ``"onnx-int8"`` under ONNX
+                Runtime quantized to int8, ``"torch"`` in torch in the
                 encoder's dtype, ``"auto"`` torch where it runs bf16 and ONNX Runtime where it would run float32
                 (:func:`~guard.compact.runtime.choose`). Routers always run in torch.
 
@@ -551,8 +552,9 @@ class CompactModel:
         stack = None
         if isinstance(head, CatalogHead):
             head.top.to(encoder.dtype)
-            if choose(runtime, encoder.dtype) == "onnx":
-                stack = OnnxStack.export(encoder.model, head.top)
+            chosen = choose(runtime, encoder.dtype)
+            if chosen != "torch":
+                stack = OnnxStack.export(encoder.model, head.top, int8=chosen == "onnx-int8")
         return cls(encoder, head, questions, kind=kind, meta=body.get("meta"),
                    memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)), runtime=stack)
 

@@ -1,5 +1,5 @@
-"""The ONNX Runtime encoder stack of the served catalog model answers as the torch one does, and the pair question on
-a one-string state shares the text questions' encoder pass."""
+"""The ONNX Runtime encoder stack of the served catalog model answers as the torch one does (float32) or near it (int8),
+and the pair question on a one-string state shares the text questions' encoder pass."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from guard.backends.compact import DEFAULT_WEIGHTS, CompactBackend
+from guard.backends.compact import DEFAULT_WEIGHTS, RUNTIME_ENV, CompactBackend
 from guard.compact.catalog import CATALOG
 from guard.compact.model import BUCKET_SHARE, CompactModel, length_buckets, state_text
 from guard.compact.runtime import OnnxStack, choose
@@ -18,6 +18,9 @@ from guard.systemone import SystemOneRequestV1
 #: Largest difference allowed between an ONNX Runtime (float32) and a torch answer (bf16 on CPUs with native bf16,
 #: else float32): a probability, or a severity's expected level divided by 4.
 TOLERANCE = 0.02
+#: The same between ONNX Runtime int8 and float32, for one answer and on average over :data:`STATES`' answers (on the
+#: test split the mean was 0.017 and the 99th percentile 0.097, docs/compact-model.md#int8).
+INT8_TOLERANCE, INT8_MEAN_TOLERANCE = 0.1, 0.03
 TEXT_QUESTIONS = ("guard.prompt_injection", "guard.harmful_request", "guard.refusal")
 PAIR_QUESTIONS = ("guard.refusal", "guard.harm_severity")
 STATES: list[tuple[Any, tuple[str, ...]]] = [
@@ -36,7 +39,7 @@ STATES: list[tuple[Any, tuple[str, ...]]] = [
 
 @pytest.fixture(scope="module")
 def backends() -> dict[str, CompactBackend]:
-    return {name: CompactBackend.from_pretrained(DEFAULT_WEIGHTS, runtime=name) for name in ("onnx", "torch")}
+    return {name: CompactBackend.from_pretrained(DEFAULT_WEIGHTS, runtime=name) for name in ("onnx", "onnx-int8", "torch")}
 
 
 def _request(state: Any, questions: tuple[str, ...]) -> SystemOneRequestV1:
@@ -68,13 +71,49 @@ def test_onnx_answers_match_torch(backends: dict[str, CompactBackend], state: An
     assert onnx.usage == torch_.usage
 
 
-def test_the_graph_is_exported_once_per_checkpoint(backends: dict[str, CompactBackend], tmp_path: Path) -> None:
+def test_int8_answers_stay_near_float32(backends: dict[str, CompactBackend]) -> None:
+    assert backends["onnx-int8"].models[0].runtime.runtime == "onnx-int8"
+    assert backends["onnx"].models[0].runtime.runtime == "onnx"
+    diffs = []
+    for state, questions in STATES:
+        request = _request(state, questions)
+        onnx, int8 = (backends[name].decide_sync(request) for name in ("onnx", "onnx-int8"))
+        diffs += [abs(_value(onnx.answers[qid]) - _value(int8.answers[qid])) for qid in questions]
+        assert onnx.usage == int8.usage
+    assert max(diffs) <= INT8_TOLERANCE and sum(diffs) / len(diffs) <= INT8_MEAN_TOLERANCE, diffs
+    assert max(diffs) > 0.0  # the int8 graph is another graph, not the float32 one again
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_graph_is_exported_once_per_checkpoint(backends: dict[str, CompactBackend], tmp_path: Path,
+                                                   int8: bool) -> None:
+    import onnx
+
     model: CompactModel = backends["torch"].models[0]
-    first = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path)
+    first = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path, int8=int8)
     stamp = first.path.stat().st_mtime_ns
-    again = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path)
+    again = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path, int8=int8)
     assert again.path == first.path and again.path.stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [first.path.name]  # no staging folder left behind
+    files = sorted(p.name for p in tmp_path.iterdir())  # no staging folder left behind
+    ops = {node.op_type for node in onnx.load(str(first.path)).graph.node}
+    if int8:
+        float32 = first.path.with_name(first.path.name.replace(".int8.onnx", ".onnx"))
+        assert files == sorted([float32.name, first.path.name])
+        assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
+        assert first.path.stat().st_size < 0.5 * float32.stat().st_size
+    else:
+        assert files == [first.path.name] and "MatMulInteger" not in ops
+
+
+def test_the_runtime_comes_from_the_environment_when_the_caller_names_none(
+        backends: dict[str, CompactBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RUNTIME_ENV, "onnx-int8")
+    stack = CompactBackend.from_pretrained(DEFAULT_WEIGHTS).models[0].runtime
+    assert stack is not None and stack.runtime == "onnx-int8"
+    assert CompactBackend.from_pretrained(DEFAULT_WEIGHTS, runtime="torch").models[0].runtime is None
+    monkeypatch.setenv(RUNTIME_ENV, "int4")
+    with pytest.raises(ValueError, match=f"{RUNTIME_ENV}='int4': expected one of"):
+        CompactBackend.from_pretrained(DEFAULT_WEIGHTS)
 
 
 def test_a_one_string_state_is_read_once_by_text_and_pair_questions(backends: dict[str, CompactBackend]) -> None:
