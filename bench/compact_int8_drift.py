@@ -2,7 +2,9 @@
 
 Every record is answered twice, with ``runtime="onnx"`` (float32) and ``runtime="onnx-int8"`` (the same graph
 quantised, ``guard/compact/runtime.py``). Per question it prints the answers' drift (|dp| of p(``true``); severity:
-expected level / 4; max, 99th percentile, mean) and each runtime's AUROC (yes/no questions) or Spearman (severity).
+expected level / 4; max, 99th percentile, mean), the share of answers on the other side of the shipped policies'
+review and block lines (0.5, 0.85; yes/no questions) and each runtime's AUROC (yes/no questions) or Spearman
+(severity).
 
 With ``--folds DIR`` (the fold models ``guard train --fold-models DIR`` saved) each fold model answers only the
 records of the fold it was trained without, as the out-of-fold numbers of training do, so the table is
@@ -27,6 +29,7 @@ import math
 from pathlib import Path
 
 RUNTIMES = ("onnx", "onnx-int8")
+LINES = (0.5, 0.85)  # the shipped policies' review and block lines
 
 
 def main() -> None:
@@ -80,12 +83,16 @@ def main() -> None:
         positive = labels == 0  # noul prompt order: true, false
         return float(roc_auc_score(positive, answers)) if len(set(positive.tolist())) == 2 else float("nan")
 
-    print(f"{'question':30s} {'n':>5s}  {'|dp| max':>8s} {'p99':>6s} {'mean':>6s}   metric   "
+    print(f"{'question':30s} {'n':>5s}  {'|dp| max':>8s} {'p99':>6s} {'mean':>6s}  {'flip@.5':>7s} {'@.85':>6s}   metric   "
           f"{'pooled f32':>10s} {'int8':>6s}" + (f"   {'fold mean f32':>13s} {'int8':>6s}" if args.folds else ""))
     for qid, folds in values.items():
         pooled = {k: np.concatenate([np.array(f[k]) for f in folds.values()]) for k in (*RUNTIMES, "label")}
         drift = np.abs(pooled["onnx"] - pooled["onnx-int8"])
+        flips = ["-" if qid in scores else
+                 f"{100 * np.mean((pooled['onnx'] >= cut) != (pooled['onnx-int8'] >= cut)):.1f}%"
+                 for cut in LINES]
         line = (f"{qid:30s} {len(drift):5d}  {drift.max():8.3f} {np.quantile(drift, 0.99):6.3f} {drift.mean():6.4f}"
+                f"  {flips[0]:>7s} {flips[1]:>6s}"
                 f"   {'Spearman' if qid in scores else 'AUROC   '} "
                 f"{metric(qid, pooled['label'], pooled['onnx']):10.4f} "
                 f"{metric(qid, pooled['label'], pooled['onnx-int8']):6.4f}")

@@ -1,23 +1,22 @@
-"""ONNX Runtime for the catalog model's encoder at serving time: float32, or int8 where the CPU multiplies int8 fast.
+"""ONNX Runtime for the catalog model's encoder at serving time, in float32 or int8.
 
 The whole encoder stack of a catalog checkpoint (all-MiniLM-L6-v2's embeddings and frozen lower layers, then the
 checkpoint's fine-tuned top layers) is exported from the torch modules to one ONNX graph in float32 and run with
-ONNX Runtime's CPU provider, which fuses attention, GELU and layer norms and has less per-operation overhead than
-eager torch: on a CPU without native bf16 matrix units it replaces torch's float32 (faster on a shared 2-core
-machine, ``docs/compact-model.md#latency``); where torch runs bf16 it is not faster, so :func:`choose` keeps torch
-there. The heads stay in torch (float32). Training never uses this path.
+ONNX Runtime's CPU provider, which fuses GELU and layer norms and has less per-operation overhead than eager torch:
+on a CPU without native bf16 matrix units it replaces torch's float32 (faster on a shared 2-core machine,
+``docs/compact-model.md#latency``); where torch runs bf16 :func:`choose` keeps torch. The heads stay in torch
+(float32). Training never uses this path.
 
-``onnx-int8`` quantizes that graph once more with ONNX Runtime's dynamic quantization (``quantize_dynamic``): weights
-of the matrix products and the embedding tables in int8, one scale per output channel; activations quantized per call
-(8 bits, a scale per tensor). It runs the stack about 2x faster than float32 where the CPU has AVX512-VNNI; answers
-move by 0.02 on average (``docs/compact-model.md#int8``, where its leave-one-source-group-out numbers stand next to
-float32's).
+``onnx-int8``, only when asked for (``runtime="onnx-int8"``, ``$GUARD_COMPACT_RUNTIME``), quantizes that graph with
+ONNX Runtime's dynamic quantization (``quantize_dynamic``): the matrix products' weights in int8 with one scale per
+output channel, the embedding tables in int8, activations quantized on each call. On a CPU with int8 dot-product
+instructions (AVX512-VNNI) it runs the stack about 2x faster than float32; the leave-one-source-group-out AUROCs
+move by at most 0.004, single answers by 0.02 on average and up to 0.26 (``docs/compact-model.md#int8``).
 
 Graphs are exported once per checkpoint and cached on disk (``~/.cache/guard/compact/onnx/<key>.onnx`` and
 ``<key>.int8.onnx``, never inside the repository), keyed by a hash of every exported weight, their dtype, and the torch
 and exporter versions, so a changed checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads
-read the file.
-"""
+read the file."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ from torch import nn
 
 from guard.compact.encoder import attention_bias
 
-__all__ = ["DEFAULT_ONNX_DIR", "OPSET", "RUNTIMES", "OnnxStack", "choose"]
+__all__ = ["DEFAULT_ONNX_DIR", "OPSET", "RUNTIMES", "OnnxStack", "choose", "quantize"]
 
 DEFAULT_ONNX_DIR = Path(os.path.expanduser("~")) / ".cache" / "guard" / "compact" / "onnx"
 #: ONNX opset of the exported graph.
@@ -46,7 +45,8 @@ RUNTIMES = ("auto", "onnx", "onnx-int8", "torch")
 
 def choose(runtime: str, dtype: torch.dtype) -> str:
     """``"onnx"``, ``"onnx-int8"`` or ``"torch"`` for a requested ``runtime`` (one of :data:`RUNTIMES`) and the torch
-    encoder's ``dtype``: ``"auto"`` is torch where it runs bf16, ONNX Runtime float32 where torch would run float32.
+    encoder's ``dtype``: ``"auto"`` is torch where it runs bf16, ONNX Runtime float32 where torch would run float32;
+    int8 only when asked for.
 
     Raises:
         ValueError: an unknown runtime.

@@ -56,6 +56,7 @@ def test_auto_runs_torch_where_it_has_bf16_and_onnx_where_it_would_run_float32(
     assert isinstance(backends["onnx"].models[0].runtime, OnnxStack)
     assert backends["torch"].models[0].runtime is None
     assert choose("auto", torch.bfloat16) == "torch" and choose("auto", torch.float32) == "onnx"
+    assert choose("onnx-int8", torch.bfloat16) == "onnx-int8"  # int8 only when asked for
     default = CompactBackend.default().models[0]
     assert (default.runtime is None) == (default.encoder.dtype == torch.bfloat16)
     with pytest.raises(ValueError, match="runtime must be one of"):
