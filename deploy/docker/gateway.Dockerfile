@@ -15,7 +15,9 @@ COPY policies /etc/guard/policies
 ARG GUARD_EXTRAS=""
 RUN pip install "/src${GUARD_EXTRAS}"
 
-RUN useradd --system --uid 10001 guard
+# a home directory for the compact model's ONNX graph cache (~/.cache/guard/compact/onnx; without one each start
+# exports the graph again into a temporary directory)
+RUN useradd --system --create-home --uid 10001 guard
 USER 10001
 EXPOSE 8080
 ENTRYPOINT ["guard", "proxy"]

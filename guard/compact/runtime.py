@@ -16,7 +16,8 @@ move by at most 0.004, single answers by 0.02 on average and up to 0.26 (``docs/
 Graphs are exported once per checkpoint and cached on disk (``~/.cache/guard/compact/onnx/<key>.onnx`` and
 ``<key>.int8.onnx``, never inside the repository), keyed by a hash of every exported weight, their dtype, and the torch
 and exporter versions, so a changed checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads
-read the file."""
+read the file. Where that directory cannot be written, each load exports into a private temporary directory and
+removes it once the session has read the graph."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from torch import nn
 from guard.compact.encoder import attention_bias
 
 __all__ = ["DEFAULT_ONNX_DIR", "OPSET", "RUNTIMES", "OnnxStack", "choose", "quantize"]
+
+logger = logging.getLogger("guard.compact")
 
 DEFAULT_ONNX_DIR = Path(os.path.expanduser("~")) / ".cache" / "guard" / "compact" / "onnx"
 #: ONNX opset of the exported graph.
@@ -108,32 +111,56 @@ class OnnxStack:
                threads: int | None = None, int8: bool = False) -> OnnxStack:
         """The session for ``model`` (a transformers ``BertModel``) with ``top`` as its top layers (in place of as
         many of its own), exporting the graph into ``directory`` (default :data:`DEFAULT_ONNX_DIR`) unless a file for
-        these weights is there; ``int8``: the graph quantized (:func:`quantize`), also cached."""
+        these weights is there; ``int8``: the graph quantized (:func:`quantize`), also cached.
+
+        When the default directory cannot be written (a container user without a home, a read-only file system) the
+        graph is exported into a private temporary directory (``mkdtemp``: readable by this user only, never one
+        another user could have prepared), loaded, and the directory removed; a warning names the cause. Every
+        load then exports again (a few seconds).
+
+        Raises:
+            OSError: ``directory`` was given and cannot be written, or no temporary directory can be.
+        """
         stack = _Stack(model, top).eval()
-        root = directory or DEFAULT_ONNX_DIR
-        path = root / f"{_key(model, top, stack)}.onnx"
-        if not path.exists():
-            root.mkdir(parents=True, exist_ok=True)
-            ids = torch.full((2, 8), 100, dtype=torch.long)
-            mask = torch.ones(2, 8, dtype=torch.bool)
-            # the tracer warns about shape checks in transformers' attention (``q_length > 1``) and torch about the
-            # TorchScript exporter; the graph is checked against torch (tests/compact/test_runtime.py)
-            with tempfile.TemporaryDirectory(dir=root) as tmp, warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                staged = Path(tmp) / path.name
-                torch.onnx.export(stack, (ids, mask), str(staged), input_names=["ids", "mask"],
-                                  output_names=["states"], opset_version=OPSET, dynamo=False,
-                                  dynamic_axes={"ids": {0: "n", 1: "l"}, "mask": {0: "n", 1: "l"},
-                                                "states": {0: "n", 1: "l"}})
-                os.replace(staged, path)  # atomic: a concurrent loader sees no half-written file
-        if int8:
-            path = quantize(path)
-        return cls(path, threads)
+        key = _key(model, top, stack)
+        if directory is not None:
+            return cls(_graph(stack, directory, key, int8), threads)
+        try:
+            return cls(_graph(stack, DEFAULT_ONNX_DIR, key, int8), threads)
+        except OSError as exc:
+            logger.warning("cannot write the ONNX cache %s (%s); exporting the graph to a temporary directory, again "
+                         "on every load", DEFAULT_ONNX_DIR, exc)
+        with tempfile.TemporaryDirectory(prefix="guard-onnx-") as private:
+            return cls(_graph(stack, Path(private), key, int8), threads)  # the session holds the graph in memory
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``(N, L)`` int64 ids and bool mask -> ``(N, L, 384)`` float32 states of the last layer."""
         (states,) = self.session.run(None, {"ids": ids.numpy(), "mask": mask.numpy()})
         return torch.from_numpy(states)
+
+
+def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
+    """The graph file of ``stack`` under ``root`` (``<key>.onnx``, or its int8 version), exported unless there.
+
+    Raises:
+        OSError: ``root`` cannot be created or written.
+    """
+    path = root / f"{key}.onnx"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        ids = torch.full((2, 8), 100, dtype=torch.long)
+        mask = torch.ones(2, 8, dtype=torch.bool)
+        # the tracer warns about shape checks in transformers' attention (``q_length > 1``) and torch about the
+        # TorchScript exporter; the graph is checked against torch (tests/compact/test_runtime.py)
+        with tempfile.TemporaryDirectory(dir=root) as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            staged = Path(tmp) / path.name
+            torch.onnx.export(stack, (ids, mask), str(staged), input_names=["ids", "mask"],
+                              output_names=["states"], opset_version=OPSET, dynamo=False,
+                              dynamic_axes={"ids": {0: "n", 1: "l"}, "mask": {0: "n", 1: "l"},
+                                            "states": {0: "n", 1: "l"}})
+            os.replace(staged, path)  # atomic: a concurrent loader sees no half-written file
+    return quantize(path) if int8 else path
 
 
 def quantize(path: Path) -> Path:
