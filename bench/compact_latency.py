@@ -1,4 +1,4 @@
-"""Latency of the compact CPU model, the served path side by side with the model alone, for both encoder runtimes.
+"""Latency of the compact CPU model, the served path side by side with the model alone, for each encoder runtime.
 
 Every case runs for the torch runtime (the encoder's dtype: bf16 where the CPU has it), the ONNX Runtime one
 (float32) and ONNX Runtime int8 (``guard/compact/runtime.py``), one runtime's calls after the other (interleaved

@@ -128,7 +128,10 @@ class CompactBackend:
                 digest.update((root / name).read_bytes())
         if progress:
             progress(total, total, "ready")
-        return cls(models, revision="compact-" + digest.hexdigest()[:16], **options)
+        # int8 answers differ from float32 ones beyond rounding (docs/compact-model.md#int8): another revision, so a
+        # shared cache keeps them apart and reports name the runtime
+        int8 = any(m.runtime is not None and m.runtime.runtime == "onnx-int8" for m in models)
+        return cls(models, revision="compact-" + digest.hexdigest()[:16] + ("+int8" if int8 else ""), **options)
 
     @classmethod
     def from_pretrained(

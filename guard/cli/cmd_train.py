@@ -101,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
 
     from guard.compact.records import load_records
 
+    if args.fold_models and (args.no_folds or args.clef):
+        print(f"guard train: --fold-models saves the leave-one-fold-out models of a catalog run; it cannot go with "
+              f"{'--no-folds' if args.no_folds else '--clef'}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     options = {"text_field": args.text_field, "label_field": args.label_field, "question_id": args.question_id,
@@ -133,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
     router_lines = records and len(records[0].request.questions) == 1 and records[0].request.questions[0].type == \
         "choice" and not _is_system_one(args.train)
     kind = args.kind or ("router" if router_lines else "catalog")
+    if args.fold_models and kind != "catalog":
+        print("guard train: --fold-models applies to catalog training; a router has no leave-one-fold-out models",
+              file=sys.stderr)
+        return 2
     try:
         if kind == "catalog":
             from guard.compact.finetune import FinetuneConfig, train_catalog

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -49,6 +50,8 @@ __all__ = ["FinetuneConfig", "FinetuneReport", "train_catalog"]
 ProgressFactory = Callable[..., Any]
 #: Most padded positions of one batch through the frozen layers.
 _ENCODE_TOKENS = 4096
+#: A fold name that can name a folder of ``fold_models`` (no separators, not ``.`` or ``..``).
+_FOLD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -219,15 +222,23 @@ def train_catalog(
         folds: run the leave-one-fold-out models first (records without a fold are never held out).
         fold_models: also save each fold model as a checkpoint in ``fold_models/<fold>`` (temperatures 1.0; its
             ``meta.held_out`` names the fold), so its held-out records can be scored again through any serving path
-            (``guard eval --backend compact:DIR --runtime ...``).
+            (``bench/compact_int8_drift.py --folds``, ``guard eval --backend compact:DIR/<fold>``).
         progress: a ``tqdm``-like factory, or ``None``.
         log: receives one line per epoch and per fold.
 
     Raises:
-        ValueError: no training records, or a question that is not in the catalog.
+        ValueError: no training records, a question that is not in the catalog, or ``fold_models`` without ``folds``
+            or with a fold name that cannot name a folder.
     """
     if not train_records:
         raise ValueError("no training records")
+    if fold_models is not None:
+        if not folds:
+            raise ValueError("fold_models needs folds (the fold models are those of the leave-one-fold-out runs)")
+        unsafe = sorted({r.fold for r in train_records if r.fold and not _FOLD_NAME.fullmatch(r.fold)})
+        if unsafe:
+            raise ValueError(f"fold names {unsafe} cannot name a folder of fold_models: letters, digits, '_', '-' "
+                             f"and '.' only, not starting with '.'")
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     ids = [qid for qid in CATALOG if any(qid in r.labels for r in (*train_records, *val_records))]

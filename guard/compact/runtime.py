@@ -14,20 +14,21 @@ instructions (AVX512-VNNI) it runs the stack about 2x faster than float32; the l
 move by at most 0.004, single answers by 0.02 on average and up to 0.26 (``docs/compact-model.md#int8``).
 
 Graphs are exported once per checkpoint and cached on disk (``~/.cache/guard/compact/onnx/<key>.onnx`` and
-``<key>.int8.onnx``, never inside the repository), keyed by a hash of every exported weight, their dtype, and the torch
-and exporter versions, so a changed checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads
+``<key>.ort<version>.int8.onnx``, never inside the repository), keyed by a hash of every exported weight, their
+dtype, and the torch, exporter and quantizer versions, so a changed checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads
 read the file. Where that directory cannot be written, each load exports into a private temporary directory and
 removes it once the session has read the graph."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -164,25 +165,39 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
 
 
 def quantize(path: Path) -> Path:
-    """The int8 graph of the float32 graph at ``path`` (written next to it as ``<stem>.int8.onnx`` unless there):
-    ONNX Runtime's dynamic quantization, int8 weights with one scale per output channel (``per_channel``), which
-    moved answers a third as much as one scale per tensor on the test split."""
-    out = path.with_name(f"{path.stem}.int8.onnx")
+    """The int8 graph of the float32 graph at ``path``, written next to it as ``<stem>.ort<version>.int8.onnx`` (the
+    quantizer's version: another one may quantize differently) unless there: ONNX Runtime's dynamic quantization,
+    int8 weights with one scale per output channel (``per_channel``), which moved answers a third as much as one
+    scale per tensor on the test split."""
+    import onnxruntime
+
+    out = path.with_name(f"{path.stem}.ort{onnxruntime.__version__}.int8.onnx")
     if not out.exists():
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        # the quantizer logs a hint to pre-process the graph with symbolic shape inference, which fails on this
-        # graph (its attention shapes are data-dependent); the quantized graph is checked against float32 in tests
-        hint = _DropLogged("pre-processing before quantization")
-        logging.getLogger().addFilter(hint)
-        try:
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-                staged = Path(tmp) / out.name
-                quantize_dynamic(str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True)
-                os.replace(staged, out)
-        finally:
-            logging.getLogger().removeFilter(hint)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp, _quiet_root_logger():
+            staged = Path(tmp) / out.name
+            quantize_dynamic(str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True)
+            os.replace(staged, out)
     return out
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """While quantizing: the quantizer logs a hint to pre-process the graph with symbolic shape inference (which fails
+    on this graph: its attention shapes are data-dependent; the quantized graph is checked against float32 in tests)
+    through ``logging.warning``, which would also install a root handler (``basicConfig``) in an application that has
+    none. A handler that drops records is attached for the time, and a filter keeps the hint from the application's
+    own handlers."""
+    root = logging.getLogger()
+    hint, sink = _DropLogged("pre-processing before quantization"), logging.NullHandler()
+    root.addFilter(hint)
+    root.addHandler(sink)
+    try:
+        yield
+    finally:
+        root.removeHandler(sink)
+        root.removeFilter(hint)
 
 
 class _DropLogged(logging.Filter):

@@ -69,3 +69,19 @@ def test_train_catalog_records_and_bad_input(tmp_path: Path, capsys: pytest.Capt
     assert main(["train", str(bad), "--out", str(out), "--no-progress"]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
     assert main(["eval", str(bad), "--no-progress"]) == 2
+
+
+def test_fold_models_are_refused_where_there_are_none_and_for_fold_names_that_are_not_folder_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{**row, "source": "src", "fold": "../escape" if n % 2 else "f0"}
+            for n, row in enumerate(injection_records())]
+    data = write_jsonl(tmp_path / "t.jsonl", rows)
+    out, folds = tmp_path / "ck", tmp_path / "folds"
+    base = ["train", str(data), "--out", str(out), "--fold-models", str(folds), "--no-progress"]
+    assert main([*base, "--no-folds"]) == 2
+    assert "cannot go with --no-folds" in capsys.readouterr().err
+    assert main([*base, "--kind", "router"]) == 2
+    assert "applies to catalog training" in capsys.readouterr().err
+    assert main(base) == 2
+    assert "fold names ['../escape'] cannot name a folder" in capsys.readouterr().err
+    assert not folds.exists() and not (tmp_path / "escape").exists() and not out.exists()

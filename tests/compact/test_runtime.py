@@ -83,22 +83,30 @@ def test_int8_answers_stay_near_float32(backends: dict[str, CompactBackend]) -> 
         assert onnx.usage == int8.usage
     assert max(diffs) <= INT8_TOLERANCE and sum(diffs) / len(diffs) <= INT8_MEAN_TOLERANCE, diffs
     assert max(diffs) > 0.0  # the int8 graph is another graph, not the float32 one again
+    # another revision for int8 (a shared cache keeps its answers apart); float32 ONNX and torch share one
+    assert backends["onnx-int8"].model_revision == backends["onnx"].model_revision + "+int8"
+    assert backends["onnx"].model_revision == backends["torch"].model_revision
 
 
 @pytest.mark.parametrize("int8", [False, True])
 def test_the_graph_is_exported_once_per_checkpoint(backends: dict[str, CompactBackend], tmp_path: Path,
-                                                   int8: bool) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch, int8: bool) -> None:
+    import logging
+
     import onnx
 
     model: CompactModel = backends["torch"].models[0]
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # an application that configured no logging
     first = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path, int8=int8)
+    assert root.handlers == [] and root.filters == []  # quantizing installed no handler (basicConfig) and left none
     stamp = first.path.stat().st_mtime_ns
     again = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path, int8=int8)
     assert again.path == first.path and again.path.stat().st_mtime_ns == stamp
     files = sorted(p.name for p in tmp_path.iterdir())  # no staging folder left behind
     ops = {node.op_type for node in onnx.load(str(first.path)).graph.node}
     if int8:
-        float32 = first.path.with_name(first.path.name.replace(".int8.onnx", ".onnx"))
+        float32 = first.path.with_name(first.path.name.split(".")[0] + ".onnx")
         assert files == sorted([float32.name, first.path.name])
         assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
         assert first.path.stat().st_size < 0.5 * float32.stat().st_size
