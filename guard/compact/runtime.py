@@ -16,8 +16,8 @@ move by at most 0.004, single answers by 0.02 on average and up to 0.26 (``docs/
 Graphs are exported once per checkpoint and cached on disk (``~/.cache/guard/compact/onnx/<key>.onnx`` and
 ``<key>.ort<version>.int8.onnx``, never inside the repository), keyed by a hash of every exported weight, their
 dtype, and the torch, exporter and quantizer versions, so a changed checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads
-read the file. Where that directory cannot be written, each load exports into a private temporary directory and
-removes it once the session has read the graph."""
+read the file. Where that directory cannot be written, or is not private to this user (:func:`_check_private`), each
+load exports into a private temporary directory and removes it once the session has read the graph."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import copy
 import hashlib
 import logging
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -114,13 +115,14 @@ class OnnxStack:
         many of its own), exporting the graph into ``directory`` (default :data:`DEFAULT_ONNX_DIR`) unless a file for
         these weights is there; ``int8``: the graph quantized (:func:`quantize`), also cached.
 
-        When the default directory cannot be written (a container user without a home, a read-only file system) the
-        graph is exported into a private temporary directory (``mkdtemp``: readable by this user only, never one
-        another user could have prepared), loaded, and the directory removed; a warning names the cause. Every
-        load then exports again (a few seconds).
+        When the default directory cannot be written (a container user without a home, a read-only file system) or is
+        not private to this user (:func:`_check_private`), the graph is exported into a private temporary directory
+        (``mkdtemp``: readable by this user only, never one another user could have prepared), loaded, and the
+        directory removed; a warning names the cause. Every load then exports again (a few seconds).
 
         Raises:
-            OSError: ``directory`` was given and cannot be written, or no temporary directory can be.
+            OSError: ``directory`` was given and cannot be written or is not private, or no temporary directory can
+                be written.
         """
         stack = _Stack(model, top).eval()
         key = _key(model, top, stack)
@@ -144,11 +146,12 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
     """The graph file of ``stack`` under ``root`` (``<key>.onnx``, or its int8 version), exported unless there.
 
     Raises:
-        OSError: ``root`` cannot be created or written.
+        OSError: ``root`` cannot be created or written; ``PermissionError``: it is not private (:func:`_check_private`).
     """
+    root.mkdir(parents=True, exist_ok=True)
+    _check_private(root)
     path = root / f"{key}.onnx"
     if not path.exists():
-        root.mkdir(parents=True, exist_ok=True)
         ids = torch.full((2, 8), 100, dtype=torch.long)
         mask = torch.ones(2, 8, dtype=torch.bool)
         # the tracer warns about shape checks in transformers' attention (``q_length > 1``) and torch about the
@@ -162,6 +165,20 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
                                             "states": {0: "n", 1: "l"}})
             os.replace(staged, path)  # atomic: a concurrent loader sees no half-written file
     return quantize(path) if int8 else path
+
+
+def _check_private(root: Path) -> None:
+    """A graph decides what the model answers, so it is read only from a folder that this user owns and others cannot
+    write to (where ``HOME`` is a shared folder, another user could plant a graph under the predictable name).
+
+    Raises:
+        PermissionError: ``root`` belongs to another user or is writable by everyone.
+    """
+    info = root.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise PermissionError(f"{root} belongs to another user (uid {info.st_uid})")
+    if info.st_mode & stat.S_IWOTH:
+        raise PermissionError(f"{root} is writable by every user")
 
 
 def quantize(path: Path) -> Path:

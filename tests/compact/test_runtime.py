@@ -139,6 +139,26 @@ def test_an_unwritable_cache_exports_into_a_private_temporary_directory_removed_
         OnnxStack.export(model.encoder.model, model.head.top, directory=blocker / "onnx", int8=int8)
 
 
+def test_a_cache_folder_everyone_can_write_to_is_not_read(backends: dict[str, CompactBackend], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    from guard.compact import runtime
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    planted = shared / "planted.onnx"
+    planted.write_bytes(b"not a graph")
+    monkeypatch.setattr(runtime, "DEFAULT_ONNX_DIR", shared)
+    model: CompactModel = backends["torch"].models[0]
+    with caplog.at_level("WARNING", logger="guard.compact"):
+        stack = OnnxStack.export(model.encoder.model, model.head.top)
+    assert "writable by every user" in caplog.text
+    assert stack.path.parent != shared and sorted(p.name for p in shared.iterdir()) == ["planted.onnx"]
+    with pytest.raises(PermissionError, match="writable by every user"):
+        OnnxStack.export(model.encoder.model, model.head.top, directory=shared)
+
+
 def test_the_runtime_comes_from_the_environment_when_the_caller_names_none(
         backends: dict[str, CompactBackend], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RUNTIME_ENV, "onnx-int8")
