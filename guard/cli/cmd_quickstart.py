@@ -61,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
                 bar.set_postfix_str(stage)
                 bar.refresh()
 
-            backend = CompactBackend.default(progress=progress)
-            bar.close()
+            try:
+                backend = CompactBackend.default(progress=progress)
+            finally:
+                bar.close()  # an error message then starts on its own line
         else:
             backend = open_cli_backend(args)
         out.write(f"backend: {describe_backend(backend)}\n\n")
