@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
     hyper.add_argument("--window", type=int, default=128, help="catalog: encoder window in word pieces")
     hyper.add_argument("--overlap", type=int, default=48, help="catalog: word pieces shared by neighbouring windows")
     hyper.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--cache-dir", default=None, help="encoder embedding cache (default ~/.cache/guard/compact)")
+    parser.add_argument("--cache-dir", default=None, help="encoder embedding cache (default $XDG_CACHE_HOME/guard/compact, else ~/.cache/guard/compact)")
     parser.add_argument("--no-cache", action="store_true", help="keep embeddings in memory only")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(handler=run)

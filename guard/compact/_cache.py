@@ -2,7 +2,8 @@
 
 Entries are keyed by :func:`~guard.compact.encoder.text_key` (encoder name, window settings and the text) and stored
 as float16 ``(n, 384)`` tensors in ``safetensors`` shards under the cache directory (default
-``~/.cache/guard/compact``; never inside the repository). A cache only ever adds shards; delete the folder to clear it.
+``$XDG_CACHE_HOME/guard/compact``, ``~/.cache/guard/compact`` when that variable is unset; never inside the
+repository). A cache only ever adds shards; delete the folder to clear it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from guard.compact.encoder import TextEncoder, text_key
 
 __all__ = ["DEFAULT_CACHE_DIR", "EmbeddingCache"]
 
-DEFAULT_CACHE_DIR = Path(os.path.expanduser("~")) / ".cache" / "guard" / "compact"
+
+def _user_cache() -> Path:
+    """``$XDG_CACHE_HOME`` when it is an absolute path (the XDG base directory spec ignores a relative one), else
+    ``~/.cache``."""
+    configured = os.environ.get("XDG_CACHE_HOME", "")
+    return Path(configured) if os.path.isabs(configured) else Path(os.path.expanduser("~")) / ".cache"
+
+
+#: guard's compact-model caches, read once at import: ``$XDG_CACHE_HOME/guard/compact`` (default ``~/.cache``).
+DEFAULT_CACHE_DIR = _user_cache() / "guard" / "compact"
 #: Texts encoded per encoder call while filling the cache (longer texts take several windows each).
 _FILL_BATCH = 32
 

@@ -13,7 +13,8 @@ output channel, the embedding tables in int8, activations quantized on each call
 instructions (AVX512-VNNI) it runs the stack about 2x faster than float32; the leave-one-source-group-out AUROCs
 move by at most 0.004, single answers by 0.02 on average and up to 0.26 (``docs/compact-model.md#int8``).
 
-Graphs are exported once per checkpoint and cached on disk (``~/.cache/guard/compact/onnx/<key>.onnx`` and
+Graphs are exported once per checkpoint and cached on disk (``$XDG_CACHE_HOME/guard/compact/onnx/<key>.onnx``,
+``~/.cache`` when the variable is unset, and
 ``<key>.ort<version>.int8.onnx``, never inside the repository), keyed by a hash of every exported weight, their
 dtype, and the torch, exporter and quantizer versions, so a changed checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads
 read the file. Where that directory cannot be written, or is not private to this user (:func:`_check_private`), each
@@ -35,13 +36,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from guard.compact._cache import DEFAULT_CACHE_DIR
 from guard.compact.encoder import attention_bias
 
 __all__ = ["DEFAULT_ONNX_DIR", "OPSET", "RUNTIMES", "OnnxStack", "choose", "quantize"]
 
 logger = logging.getLogger("guard.compact")
 
-DEFAULT_ONNX_DIR = Path(os.path.expanduser("~")) / ".cache" / "guard" / "compact" / "onnx"
+DEFAULT_ONNX_DIR = DEFAULT_CACHE_DIR / "onnx"
 #: ONNX opset of the exported graph.
 OPSET = 17
 #: What a catalog model's encoder stack may run on.
@@ -131,8 +133,8 @@ class OnnxStack:
         try:
             return cls(_graph(stack, DEFAULT_ONNX_DIR, key, int8), threads)
         except OSError as exc:
-            logger.warning("cannot write the ONNX cache %s (%s); exporting the graph to a temporary directory, again "
-                         "on every load", DEFAULT_ONNX_DIR, exc)
+            logger.warning("cannot use the ONNX cache %s (%s); exporting the graph to a temporary directory, again on "
+                         "every load (XDG_CACHE_HOME can name a folder of this user's)", DEFAULT_ONNX_DIR, exc)
         with tempfile.TemporaryDirectory(prefix="guard-onnx-") as private:
             return cls(_graph(stack, Path(private), key, int8), threads)  # the session holds the graph in memory
 
