@@ -499,9 +499,9 @@ class CompactModel:
             dtype: encoder dtype; default :func:`~guard.compact.encoder.default_dtype`.
             runtime: ``"onnx"`` runs a catalog model's encoder stack under ONNX Runtime in float32
                 (:mod:`guard.compact.runtime`; the graph is exported once and cached), ``"onnx-int8"`` under ONNX
-                Runtime quantized to int8, ``"torch"`` in torch in the
-                encoder's dtype, ``"auto"`` torch where it runs bf16 and ONNX Runtime where it would run float32
-                (:func:`~guard.compact.runtime.choose`). Routers always run in torch.
+                Runtime quantized to int8, ``"torch"`` in torch in the encoder's dtype, ``"auto"`` torch where it
+                runs bf16 and ONNX Runtime float32 where it would run float32 (:func:`~guard.compact.runtime.choose`).
+                Routers always run in torch.
 
         Raises:
             ValueError: an unknown format, kind or runtime, or an encoder other than all-MiniLM-L6-v2.

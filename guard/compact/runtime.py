@@ -13,12 +13,12 @@ output channel, the embedding tables in int8, activations quantized on each call
 instructions (AVX512-VNNI) it runs the stack about 2x faster than float32; the leave-one-source-group-out AUROCs
 move by at most 0.004, single answers by 0.02 on average and up to 0.26 (``docs/compact-model.md#int8``).
 
-Graphs are exported once per checkpoint and cached on disk (``$XDG_CACHE_HOME/guard/compact/onnx/<key>.onnx``,
-``~/.cache`` when the variable is unset, and
-``<key>.ort<version>.int8.onnx``, never inside the repository), keyed by a hash of every exported weight, their
-dtype, and the torch, exporter and quantizer versions, so a changed checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads
-read the file. Where that directory cannot be written, or is not private to this user (:func:`_check_private`), each
-load exports into a private temporary directory and removes it once the session has read the graph."""
+Graphs are exported once per checkpoint and cached on disk as ``<key>.onnx`` and ``<key>.ort<version>.int8.onnx`` in
+``$XDG_CACHE_HOME/guard/compact/onnx`` (``~/.cache`` when the variable is unset; never inside the repository), keyed
+by a hash of every exported weight, their dtype, and the torch, exporter and quantizer versions, so a changed
+checkpoint or encoder gets a new graph. Exporting takes a few seconds; later loads read the file. Where that directory
+cannot be written, or is not private to this user (:func:`_check_private`), each load exports into a private
+temporary directory and removes it once the session has read the graph."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ class OnnxStack:
             return cls(_graph(stack, DEFAULT_ONNX_DIR, key, int8), threads)
         except OSError as exc:
             logger.warning("cannot use the ONNX cache %s (%s); exporting the graph to a temporary directory, again on "
-                         "every load (XDG_CACHE_HOME can name a folder of this user's)", DEFAULT_ONNX_DIR, exc)
+                           "every load (XDG_CACHE_HOME can name a folder of this user's)", DEFAULT_ONNX_DIR, exc)
         with tempfile.TemporaryDirectory(prefix="guard-onnx-") as private:
             return cls(_graph(stack, Path(private), key, int8), threads)  # the session holds the graph in memory
 
