@@ -4,7 +4,9 @@ Every case runs for the torch runtime (the encoder's dtype: bf16 where the CPU h
 (float32) and ONNX Runtime int8 (``guard/compact/runtime.py``), one runtime's calls after the other (interleaved
 calls let one runtime's idle threads take the other's time):
   * ``guard-3q``: the served path, ``Guard.evaluate`` on a catalog policy with 3 questions for an HTTP request whose
-    body text is the 128-token state (target p50 <= 15 ms on 2 cores); every call is a cache miss (the text changes);
+    body text is the 128-token state (target p50 <= 15 ms on 2 cores); every call is a cache miss (the text changes).
+    128 word pieces are two more than one 128-position window holds, so this state runs as two windows (128 and 52
+    positions); ``guard-3q-1w`` is the same for a state that one window holds (122 tokens and the call number);
   * ``short-3q``: the model alone (``decide_sync``), the same state (``{"text": ...}``), 3 catalog questions (one
     encoder pass: a one-string state is read as that string by the pair question too);
   * ``short-1q``: the 128-token text as a plain string state, 1 question;
@@ -32,6 +34,7 @@ THREADS = 2
 WARMUP = 20  # the first ~10 calls of a fresh process are slow (bf16 kernels get set up)
 REPEATS = 50
 SHORT_TOKENS = 128
+ONE_WINDOW_TOKENS = 122  # with the call number (at most 3 word pieces), at most the 126 one window holds
 LONG_TOKENS = 2000
 QUESTIONS = ("guard.prompt_injection", "guard.harmful_request", "guard.refusal")
 POLICY = """
@@ -115,6 +118,7 @@ def main() -> None:
                 for name in ("torch", "onnx", "onnx-int8")}
     encoder = backends["torch"].models[0].encoder
     short, long = _state(encoder, SHORT_TOKENS), _state(encoder, LONG_TOKENS)
+    one_window = _state(encoder, ONE_WINDOW_TOKENS)
     stack = default.models[0].runtime
     chosen = stack.runtime if stack else "torch"
     print(f"threads {torch.get_num_threads()}, torch encoder dtype {encoder.dtype}, cpu "
@@ -131,16 +135,21 @@ def main() -> None:
         "short-1q (128 tok, 1 question)": request(short, QUESTIONS[:1]),
         "long-2000 (2000 tok, 1 question)": request(long, QUESTIONS[:1]),
     }
+    for label, state in (("guard-3q", short), ("guard-3q-1w", one_window)):
+        usage = backends["torch"].decide_sync(request({"text": f"{state} 99999"}, QUESTIONS)).usage
+        print(f"{label}: {usage.state_tokens} tokens (with the call number), {usage.windows} window(s)")
     ids, mask, _, _ = encoder.window_batch([short])
     for name, backend in backends.items():
         guard = Guard(load_text(POLICY), backends=backend)
 
-        def served(guard: Guard = guard) -> object:
-            text = f"{short} {next(calls)}"  # a new state each call: never a cache hit
+        def served(guard: Guard = guard, state: str = short) -> object:
+            text = f"{state} {next(calls)}"  # a new state each call (the number is one more token): never a cache hit
             return guard.evaluate(HttpSubject(method="POST", path="/v1/messages", content_type="application/json",
                                               body={"message": text}, body_text=text))
 
         print(f"{'guard-3q (Guard.evaluate, 3q), ' + name:40s} {_percentiles(timed(served))} ms")
+        samples = timed(lambda guard=guard: served(guard, one_window))
+        print(f"{'guard-3q-1w (one window), ' + name:40s} {_percentiles(samples)} ms")
         for case, req in cases.items():
             samples = timed(lambda backend=backend, req=req: backend.decide_sync(req))
             print(f"{case + ', ' + name:40s} {_percentiles(samples)} ms")

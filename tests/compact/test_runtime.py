@@ -100,18 +100,22 @@ def test_the_graph_is_exported_once_per_checkpoint(backends: dict[str, CompactBa
     monkeypatch.setattr(root, "handlers", [])  # an application that configured no logging
     first = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path, int8=int8)
     assert root.handlers == [] and root.filters == []  # quantizing installed no handler (basicConfig) and left none
-    stamp = first.path.stat().st_mtime_ns
+    inode = first.path.stat().st_ino  # a new export would replace the file (os.replace: another inode)
     again = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path, int8=int8)
-    assert again.path == first.path and again.path.stat().st_mtime_ns == stamp
+    assert again.path == first.path and again.path.stat().st_ino == inode
     files = sorted(p.name for p in tmp_path.iterdir())  # no staging folder left behind
     ops = {node.op_type for node in onnx.load(str(first.path)).graph.node}
     if int8:
         float32 = first.path.with_name(first.path.name.split(".")[0] + ".onnx")
         assert files == sorted([float32.name, first.path.name])
-        assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
+        assert {"MatMulInteger", "DynamicQuantizeLinear", "QAttention"} <= ops
         assert first.path.stat().st_size < 0.5 * float32.stat().st_size
     else:
         assert files == [first.path.name] and "MatMulInteger" not in ops
+        # fused by ONNX Runtime's optimizer: one Attention operator per layer, the embeddings in one operator
+        nodes = [node.op_type for node in onnx.load(str(first.path)).graph.node]
+        assert nodes.count("Attention") == 6 and nodes.count("EmbedLayerNormalization") == 1
+        assert "Softmax" not in nodes and "Transpose" not in nodes
 
 
 @pytest.mark.parametrize("int8", [False, True])
@@ -157,6 +161,31 @@ def test_a_cache_folder_everyone_can_write_to_is_not_read(backends: dict[str, Co
     assert stack.path.parent != shared and sorted(p.name for p in shared.iterdir()) == ["planted.onnx"]
     with pytest.raises(PermissionError, match="writable by every user"):
         OnnxStack.export(model.encoder.model, model.head.top, directory=shared)
+
+
+def test_graphs_unused_for_the_cache_period_are_removed_when_a_new_graph_is_written(
+        backends: dict[str, CompactBackend], tmp_path: Path) -> None:
+    import os
+    import time
+
+    from guard.compact.runtime import CACHE_DAYS
+
+    model: CompactModel = backends["torch"].models[0]
+    old = time.time() - (CACHE_DAYS + 1) * 86400
+    stale, recent, other = tmp_path / ("a" * 32 + ".onnx"), tmp_path / ("b" * 32 + ".int8.onnx"), tmp_path / "notes.onnx"
+    for path, stamp in ((stale, old), (stale.with_name("a" * 32 + ".int8.onnx"), old),
+                        (recent, time.time() - (CACHE_DAYS - 1) * 86400), (other, old)):
+        path.write_bytes(b"graph")
+        os.utime(path, (stamp, stamp))
+    first = OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path, int8=True)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    float32 = first.path.with_name(first.path.name.split(".")[0] + ".onnx")
+    assert names == sorted([recent.name, other.name, float32.name, first.path.name])  # only stale graphs went
+    # a load from the cache marks both graphs as used, so a cache period later they are still there
+    for path in (float32, first.path):
+        os.utime(path, (old, old))
+    OnnxStack.export(model.encoder.model, model.head.top, directory=tmp_path, int8=True)
+    assert min(float32.stat().st_mtime, first.path.stat().st_mtime) > time.time() - 60
 
 
 def test_the_caches_live_under_xdg_cache_home_when_it_is_an_absolute_path(tmp_path: Path) -> None:
