@@ -4,7 +4,7 @@ Every record is answered twice, with ``runtime="onnx"`` (float32) and ``runtime=
 quantised, ``guard/compact/runtime.py``). Per question it prints the answers' drift (|dp| of p(``true``); severity:
 expected level / 4; max, 99th percentile, mean), the share of answers on the other side of the shipped policies'
 review and block lines (0.5, 0.85; yes/no questions) and each runtime's AUROC (yes/no questions) or Spearman
-(severity).
+(severity), both as ``guard eval`` defines them (``guard.compact.evaluate.question_metrics``).
 
 With ``--folds DIR`` (the fold models ``guard train --fold-models DIR`` saved) each fold model answers only the
 records of the fold it was trained without, as the out-of-fold numbers of training do, so the table is
@@ -27,6 +27,10 @@ import argparse
 import collections
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from guard.systemone import QuestionV1
 
 RUNTIMES = ("onnx", "onnx-int8")
 LINES = (0.5, 0.85)  # the shipped policies' review and block lines
@@ -45,11 +49,10 @@ def main() -> None:
 
     import numpy as np
     import torch
-    from scipy.stats import spearmanr
-    from sklearn.metrics import roc_auc_score
     from tqdm import tqdm
 
     from guard.backends.compact import DEFAULT_WEIGHTS, CompactBackend
+    from guard.compact.evaluate import question_metrics
     from guard.compact.records import load_records
 
     torch.set_num_threads(args.threads)
@@ -59,34 +62,42 @@ def main() -> None:
                 for d in sorted(p for p in args.folds.iterdir() if p.is_dir())]
     else:
         plan = [(args.weights or DEFAULT_WEIGHTS, records[:: args.step])]
-    # values[qid][fold] = {"onnx": [...], "onnx-int8": [...], "label": [...]}
-    values: dict[str, dict[str, dict[str, list[float]]]] = collections.defaultdict(
+    # values[qid][fold][runtime]: p(true), or the expected level / 4; probabilities[qid][fold][runtime]: every option's
+    # probability in prompt order; values[qid][fold]["label"]: the labelled option's index
+    values: dict[str, dict[str, dict[str, list[Any]]]] = collections.defaultdict(
         lambda: collections.defaultdict(lambda: collections.defaultdict(list)))
-    scores: set[str] = set()  # questions answered with a level, not yes/no
+    probabilities: dict[str, dict[str, dict[str, list[list[float]]]]] = collections.defaultdict(
+        lambda: collections.defaultdict(lambda: collections.defaultdict(list)))
+    questions: dict[str, QuestionV1] = {}
     for weights, chosen in plan:
         backends = {name: CompactBackend.from_pretrained(weights, runtime=name) for name in RUNTIMES}
         for record in tqdm(chosen, desc=weights.name, unit="record"):
+            asked = {q.id: q for q in record.request.questions}
             for name, backend in backends.items():
                 response = backend.decide_sync(record.request)
                 for qid in record.labels:
-                    answer = response.answers[qid]
-                    if answer.noul is None:
-                        scores.add(qid)
+                    answer, questions[qid] = response.answers[qid], asked[qid]
                     value = float(answer.score) / 4 if answer.noul is None else float(answer.probabilities["true"])
                     values[qid][weights.name][name].append(value)
+                    probabilities[qid][weights.name][name].append(
+                        [float(answer.probabilities[option]) for option, _ in asked[qid].options()])
             for qid, target_index in record.labels.items():
                 values[qid][weights.name]["label"].append(target_index)
+    scores = {qid for qid, question in questions.items() if question.type == "score"}
 
-    def metric(qid: str, labels: np.ndarray, answers: np.ndarray) -> float:
-        if qid in scores:
-            return float(spearmanr(labels, answers).statistic) if len(set(labels.tolist())) > 1 else float("nan")
-        positive = labels == 0  # noul prompt order: true, false
-        return float(roc_auc_score(positive, answers)) if len(set(positive.tolist())) == 2 else float("nan")
+    def metric(qid: str, labels: list[int], answers: list[list[float]]) -> float:
+        """AUROC of p(true), or Spearman of the expected level (guard eval's definitions); NaN where undefined."""
+        question = questions[qid]
+        found = question_metrics(qid, question.type, [option for option, _ in question.options()], answers, labels)
+        value = found.spearman if qid in scores else found.auroc
+        return math.nan if value is None else value
 
     print(f"{'question':30s} {'n':>5s}  {'|dp| max':>8s} {'p99':>6s} {'mean':>6s}  {'flip@.5':>7s} {'@.85':>6s}   metric   "
           f"{'pooled f32':>10s} {'int8':>6s}" + (f"   {'fold mean f32':>13s} {'int8':>6s}" if args.folds else ""))
     for qid, folds in values.items():
         pooled = {k: np.concatenate([np.array(f[k]) for f in folds.values()]) for k in (*RUNTIMES, "label")}
+        answers = {name: [row for f in probabilities[qid].values() for row in f[name]] for name in RUNTIMES}
+        labels = pooled["label"].tolist()
         drift = np.abs(pooled["onnx"] - pooled["onnx-int8"])
         flips = ["-" if qid in scores else
                  f"{100 * np.mean((pooled['onnx'] >= cut) != (pooled['onnx-int8'] >= cut)):.1f}%"
@@ -94,10 +105,9 @@ def main() -> None:
         line = (f"{qid:30s} {len(drift):5d}  {drift.max():8.3f} {np.quantile(drift, 0.99):6.3f} {drift.mean():6.4f}"
                 f"  {flips[0]:>7s} {flips[1]:>6s}"
                 f"   {'Spearman' if qid in scores else 'AUROC   '} "
-                f"{metric(qid, pooled['label'], pooled['onnx']):10.4f} "
-                f"{metric(qid, pooled['label'], pooled['onnx-int8']):6.4f}")
+                f"{metric(qid, labels, answers['onnx']):10.4f} {metric(qid, labels, answers['onnx-int8']):6.4f}")
         if args.folds:
-            per_fold = {name: [metric(qid, np.array(f["label"]), np.array(f[name])) for f in folds.values()]
+            per_fold = {name: [metric(qid, folds[fold]["label"], probabilities[qid][fold][name]) for fold in folds]
                         for name in RUNTIMES}
             line += f"   {_mean(per_fold['onnx']):13.4f} {_mean(per_fold['onnx-int8']):6.4f}"
         print(line)

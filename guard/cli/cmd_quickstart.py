@@ -6,7 +6,9 @@ Usage::
                      [--redis-url redis://...] [--limit N]
 
 The backend is started (a ``local:`` checkpoint warms up) before the first row is timed. The note on tool calls
-after the summary is printed only for the embedded CPU model (the default backend).
+after the summary is printed only for the embedded CPU model (the default backend). Exit status: 0 after the
+replay, 2 when the backend options are invalid or the backend cannot be loaded (as ``guard proxy``), 1 when the
+replay fails.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from guard.backends.options import add_backend_options, check_device_options, de
 from guard.errors import GuardError
 
 __all__ = ["register"]
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
 
 
 def register(subparsers: Any) -> None:
@@ -67,14 +72,18 @@ def run(args: argparse.Namespace) -> int:
                 bar.close()  # an error message then starts on its own line
         else:
             backend = open_cli_backend(args)
-        out.write(f"backend: {describe_backend(backend)}\n\n")
-        print_header(out)
+    except (GuardError, OSError, ValueError) as exc:
+        print(f"guard quickstart: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out.write(f"backend: {describe_backend(backend)}\n\n")
+    print_header(out)
+    try:
         result = asyncio.run(
             run_quickstart(backend, redis_url=args.redis_url, limit=args.limit, on_row=lambda r: print_row(r, out))
         )
     except (GuardError, OSError, ValueError) as exc:
         print(f"guard quickstart: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print_summary(result, out)
     if embedded:
         out.write(TOOL_CALL_NOTE)

@@ -1,11 +1,11 @@
 """ONNX Runtime for the catalog model's encoder at serving time, in float32 or int8.
 
 The whole encoder stack of a catalog checkpoint (all-MiniLM-L6-v2's embeddings and frozen lower layers, then the
-checkpoint's fine-tuned top layers) is exported from the torch modules to one ONNX graph in float32, fused by ONNX
-Runtime's transformer optimizer (one ``Attention`` operator per layer, :func:`_fuse`) and run with ONNX Runtime's
-CPU provider, which has less per-operation overhead than eager torch: on a CPU without native bf16 matrix units it
-replaces torch's float32 (faster on a shared 2-core machine, ``docs/compact-model.md#latency``); where torch runs
-bf16 :func:`choose` keeps torch. The heads stay in torch (float32). Training never uses this path.
+checkpoint's fine-tuned top layers) is exported from the torch modules to one ONNX graph in float32 and run with
+ONNX Runtime's CPU provider, which fuses GELU and layer norms and has less per-operation overhead than eager torch:
+on a CPU without native bf16 matrix units it replaces torch's float32 (faster on a shared 2-core machine,
+``docs/compact-model.md#latency``); where torch runs bf16 :func:`choose` keeps torch. The heads stay in torch
+(float32). Training never uses this path.
 
 ``onnx-int8``, only when asked for (``runtime="onnx-int8"``, ``$GUARD_COMPACT_RUNTIME``), quantizes that graph with
 ONNX Runtime's dynamic quantization (``quantize_dynamic``): the matrix products' weights in int8 with one scale per
@@ -15,11 +15,11 @@ move by at most 0.004, single answers by 0.02 on average and up to 0.26 (``docs/
 
 Graphs are exported once per checkpoint and cached on disk as ``<key>.onnx`` and ``<key>.int8.onnx`` in
 ``$XDG_CACHE_HOME/guard/compact/onnx`` (``~/.cache`` when the variable is unset; never inside the repository), keyed
-by a hash of every exported weight, their dtype, the torch and ONNX Runtime versions (exporter, optimizer, quantizer)
-and the graph layout, so a changed checkpoint, encoder or library gets a new graph. Exporting takes a few seconds;
-later loads read the file. Graphs no load has used for :data:`CACHE_DAYS` days are removed when a new one is written.
-Where that directory cannot be written, or is not private to this user (:func:`_check_private`), each load exports
-into a private temporary directory and removes it once the session has read the graph."""
+by a hash of every exported weight, their dtype, the torch (exporter) and ONNX Runtime (quantizer) versions, so a
+changed checkpoint, encoder or library gets a new graph. Exporting takes a few seconds; later loads read the file.
+Graphs no load has used for :data:`CACHE_DAYS` days are removed when a new one is written. Where that directory
+cannot be written, or is not private to this user (:func:`_check_private`), each load exports into a private
+temporary directory and removes it once the session has read the graph."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ import contextlib
 import copy
 import hashlib
 import logging
-import math
 import os
 import re
 import stat
@@ -41,6 +40,7 @@ import torch
 from torch import nn
 
 from guard.compact._cache import DEFAULT_CACHE_DIR
+from guard.compact.encoder import attention_bias
 
 __all__ = ["CACHE_DAYS", "DEFAULT_ONNX_DIR", "OPSET", "RUNTIMES", "OnnxStack", "choose", "quantize"]
 
@@ -52,8 +52,6 @@ OPSET = 17
 #: Cached graphs not loaded for this many days are removed when a new graph is written next to them (:func:`_prune`).
 CACHE_DAYS = 30
 _GRAPH_FILE = re.compile(r"[0-9a-f]{32}(\.int8)?\.onnx")
-#: How the exported graph is built, part of its cache key (a new layout is exported again).
-GRAPH_LAYOUT = "bert-fused-1"
 #: What a catalog model's encoder stack may run on.
 RUNTIMES = ("auto", "onnx", "onnx-int8", "torch")
 
@@ -73,59 +71,23 @@ def choose(runtime: str, dtype: torch.dtype) -> str:
     return runtime
 
 
-class _Layer(nn.Module):
-    """One ``BertLayer`` of all-MiniLM-L6-v2 (post-norm, exact GELU) written out as the BERT attention pattern that ONNX
-    Runtime's transformer optimizer fuses into its ``Attention`` operator (query, key and value products, scores
-    scaled by ``1 / sqrt(head size)`` plus the additive mask, softmax, context), so the exported graph runs one
-    operator per attention block instead of about twenty. Same weights and arithmetic as the transformers module
-    (their states differ by float rounding, about 1e-6).
-
-    Raises:
-        ValueError: a layer with another activation than ``gelu``.
-    """
-
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        attention = layer.attention  # type: ignore[attr-defined]
-        if attention.self.config.hidden_act != "gelu":
-            raise ValueError(f"expected a GELU encoder layer, got {attention.self.config.hidden_act!r}")
-        self.query, self.key, self.value = attention.self.query, attention.self.key, attention.self.value
-        self.heads, self.head_size = attention.self.num_attention_heads, attention.self.attention_head_size
-        self.attention_out, self.attention_norm = attention.output.dense, attention.output.LayerNorm
-        self.inner = layer.intermediate.dense  # type: ignore[attr-defined]
-        self.out, self.out_norm = layer.output.dense, layer.output.LayerNorm  # type: ignore[attr-defined]
-
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
-        """``(N, L, H)`` -> ``(N, heads, L, head size)``."""
-        return x.view(x.shape[0], x.shape[1], self.heads, self.head_size).permute(0, 2, 1, 3)
-
-    def forward(self, hidden: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """``(N, L, H)`` states and ``(N, 1, 1, L)`` additive mask -> ``(N, L, H)`` states."""
-        query, key, value = self._split(self.query(hidden)), self._split(self.key(hidden)), self._split(self.value(hidden))
-        scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(self.head_size) + bias
-        context = torch.matmul(torch.softmax(scores, dim=-1), value).permute(0, 2, 1, 3).contiguous()
-        context = context.view(context.shape[0], context.shape[1], self.heads * self.head_size)
-        hidden = self.attention_norm(self.attention_out(context) + hidden)
-        return self.out_norm(self.out(nn.functional.gelu(self.inner(hidden))) + hidden)
-
-
 class _Stack(nn.Module):
     """Embeddings, the frozen lower layers and the fine-tuned top layers as one float32 module: ``(ids, mask)`` ->
-    states, each layer as :class:`_Layer`."""
+    states."""
 
     def __init__(self, model: nn.Module, top: Sequence[nn.Module]) -> None:
         super().__init__()
         self.embeddings = copy.deepcopy(model.embeddings).float()  # type: ignore[attr-defined]
         frozen = model.encoder.layer[: len(model.encoder.layer) - len(top)]  # type: ignore[attr-defined]
-        self.layers = nn.ModuleList([_Layer(copy.deepcopy(layer).float()) for layer in (*frozen, *top)])
+        self.layers = nn.ModuleList([*(copy.deepcopy(layer).float() for layer in frozen),
+                                     *(copy.deepcopy(layer).float() for layer in top)])
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         hidden = self.embeddings(input_ids=ids)
-        # the optimizer's attention fusion reads the mask from this pattern (1 - mask) * -10000; masked keys get
-        # exp(-10000) = 0 weight in float32, as with attention_bias's dtype minimum
-        bias = (1.0 - mask[:, None, None, :].to(hidden.dtype)) * -10000.0
+        bias = attention_bias(mask, hidden.dtype)
         for layer in self.layers:
-            hidden = layer(hidden, bias)
+            out = layer(hidden, attention_mask=bias)
+            hidden = out[0] if isinstance(out, tuple) else out
         return hidden
 
 
@@ -209,7 +171,6 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
                               output_names=["states"], opset_version=OPSET, dynamo=False,
                               dynamic_axes={"ids": {0: "n", 1: "l"}, "mask": {0: "n", 1: "l"},
                                             "states": {0: "n", 1: "l"}})
-            _fuse(staged, stack)
             os.replace(staged, path)  # atomic: a concurrent loader sees no half-written file
         _prune(root)
     else:
@@ -236,24 +197,6 @@ def _prune(root: Path) -> None:
                     path.unlink()
 
 
-def _fuse(path: Path, stack: _Stack) -> None:
-    """Rewrite the exported graph at ``path`` with ONNX Runtime's transformer optimizer (``model_type="bert"``, its
-    Python fusions only, so the file holds no machine-specific kernels): each layer's attention becomes one
-    ``Attention`` operator, the embeddings one ``EmbedLayerNormalization``, residual additions with their layer norms
-    ``SkipLayerNormalization`` and bias with GELU ``BiasGelu`` (about 80 operators instead of 500). A graph the
-    optimizer could not fuse computes the same states, more slowly; a warning says so."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    first = stack.layers[0]
-    fused = optimize_model(str(path), model_type="bert", num_heads=first.heads,
-                           hidden_size=first.heads * first.head_size, opt_level=0)
-    counts = fused.get_fused_operator_statistics()
-    if counts.get("Attention", 0) != len(stack.layers):
-        logger.warning("ONNX Runtime's optimizer fused %s of %d attention blocks of the compact encoder; the graph "
-                       "is correct but slower", counts.get("Attention", 0), len(stack.layers))
-    fused.save_model_to_file(str(path))
-
-
 def _check_private(root: Path) -> None:
     """A graph decides what the model answers, so it is read only from a folder that this user owns and others cannot
     write to (where ``HOME`` is a shared folder, another user could plant a graph under the predictable name).
@@ -277,14 +220,11 @@ def quantize(path: Path) -> Path:
     if out.exists():
         _touch(out)
     else:
-        import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp, _quiet_root_logger():
             staged = Path(tmp) / out.name
-            # the fused operators are ONNX Runtime's own, which ONNX shape inference cannot type: their outputs are float32
-            quantize_dynamic(str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True,
-                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            quantize_dynamic(str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True)
             os.replace(staged, out)
         _prune(path.parent)
     return out
@@ -320,11 +260,11 @@ class _DropLogged(logging.Filter):
 
 
 def _key(model: nn.Module, top: Sequence[nn.Module], stack: nn.Module) -> str:
-    """Hash of the weights as loaded (dtype included), the torch and ONNX Runtime versions (exporter and optimizer),
-    the opset and :data:`GRAPH_LAYOUT`."""
+    """Hash of the weights as loaded (dtype included), the torch and ONNX Runtime versions (exporter and quantizer) and
+    the opset."""
     import onnxruntime
 
-    digest = hashlib.sha256(f"{torch.__version__}|{onnxruntime.__version__}|{OPSET}|{GRAPH_LAYOUT}|"
+    digest = hashlib.sha256(f"{torch.__version__}|{onnxruntime.__version__}|{OPSET}|"
                             f"{next(model.parameters()).dtype}|"
                             f"{next(top[0].parameters()).dtype}|{len(top)}".encode())
     for name, tensor in stack.state_dict().items():

@@ -108,14 +108,10 @@ def test_the_graph_is_exported_once_per_checkpoint(backends: dict[str, CompactBa
     if int8:
         float32 = first.path.with_name(first.path.name.split(".")[0] + ".onnx")
         assert files == sorted([float32.name, first.path.name])
-        assert {"MatMulInteger", "DynamicQuantizeLinear", "QAttention"} <= ops
+        assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
         assert first.path.stat().st_size < 0.5 * float32.stat().st_size
     else:
         assert files == [first.path.name] and "MatMulInteger" not in ops
-        # fused by ONNX Runtime's optimizer: one Attention operator per layer, the embeddings in one operator
-        nodes = [node.op_type for node in onnx.load(str(first.path)).graph.node]
-        assert nodes.count("Attention") == 6 and nodes.count("EmbedLayerNormalization") == 1
-        assert "Softmax" not in nodes and "Transpose" not in nodes
 
 
 @pytest.mark.parametrize("int8", [False, True])
