@@ -159,6 +159,7 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     _check_private(root)
     path = root / f"{key}.onnx"
+    _touch(path)  # before the check, so a concurrent prune sees a graph about to be read as used
     if not path.exists():
         ids = torch.full((2, 8), 100, dtype=torch.long)
         mask = torch.ones(2, 8, dtype=torch.bool)
@@ -173,14 +174,12 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
                                             "states": {0: "n", 1: "l"}})
             os.replace(staged, path)  # atomic: a concurrent loader sees no half-written file
         _prune(root)
-    else:
-        _touch(path)
     return quantize(path) if int8 else path
 
 
 def _touch(path: Path) -> None:
-    """Mark a cached graph as used now (its modification time), so :func:`_prune` keeps it; a cache this process
-    cannot write (a read-only image layer) is read as it is."""
+    """Mark a cached graph as used now (its modification time), so :func:`_prune` keeps it; nothing when the file is
+    not there, or when this process cannot write the cache (a read-only image layer: the graph is read as it is)."""
     with contextlib.suppress(OSError):
         os.utime(path)
 
@@ -217,9 +216,8 @@ def quantize(path: Path) -> Path:
     quantization, int8 weights with one scale per output channel (``per_channel``), which moved answers a third as
     much as one scale per tensor on the test split."""
     out = path.with_name(f"{path.stem}.int8.onnx")
-    if out.exists():
-        _touch(out)
-    else:
+    _touch(out)
+    if not out.exists():
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp, _quiet_root_logger():
