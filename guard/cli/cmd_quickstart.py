@@ -7,8 +7,8 @@ Usage::
 
 The backend is started (a ``local:`` checkpoint warms up) before the first row is timed. The note on tool calls
 after the summary is printed only for the embedded CPU model (the default backend). Exit status: 0 after the
-replay, 2 when the backend options are invalid or the backend cannot be loaded (as ``guard proxy``), 1 when the
-replay fails.
+replay; 2 when it cannot start (invalid options, a backend that cannot be loaded or warmed up, a cache it cannot
+use: as ``guard proxy``); 1 when the replay fails after its first row.
 """
 
 from __future__ import annotations
@@ -53,12 +53,20 @@ def run(args: argparse.Namespace) -> int:
     )
     embedded = args.backend == "compact"
     backend: DecisionBackend
+    rows = 0
+
+    def on_row(row: Any) -> None:
+        nonlocal rows
+        rows += 1
+        print_row(row, out)
+
     try:
         check_device_options(args)
         if embedded:
             from guard.backends.compact import CompactBackend
 
-            bar = tqdm(total=1, desc="loading the embedded CPU model", unit="step", file=sys.stderr, leave=False)
+            bar = tqdm(total=1, desc="loading the embedded CPU model", unit="step", file=sys.stderr, leave=False,
+                       disable=None)  # no bar where stderr is not a terminal (a log)
 
             def progress(done: int, total: int, stage: str) -> None:
                 bar.total = total
@@ -72,18 +80,12 @@ def run(args: argparse.Namespace) -> int:
                 bar.close()  # an error message then starts on its own line
         else:
             backend = open_cli_backend(args)
+        out.write(f"backend: {describe_backend(backend)}\n\n")
+        print_header(out)
+        result = asyncio.run(run_quickstart(backend, redis_url=args.redis_url, limit=args.limit, on_row=on_row))
     except (GuardError, OSError, ValueError) as exc:
         print(f"guard quickstart: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    out.write(f"backend: {describe_backend(backend)}\n\n")
-    print_header(out)
-    try:
-        result = asyncio.run(
-            run_quickstart(backend, redis_url=args.redis_url, limit=args.limit, on_row=lambda r: print_row(r, out))
-        )
-    except (GuardError, OSError, ValueError) as exc:
-        print(f"guard quickstart: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_FAILED if rows else EXIT_USAGE
     print_summary(result, out)
     if embedded:
         out.write(TOOL_CALL_NOTE)

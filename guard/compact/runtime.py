@@ -17,7 +17,7 @@ Graphs are exported once per checkpoint and cached on disk as ``<key>.onnx`` and
 ``$XDG_CACHE_HOME/guard/compact/onnx`` (``~/.cache`` when the variable is unset; never inside the repository), keyed
 by a hash of every exported weight, their dtype, the torch (exporter) and ONNX Runtime (quantizer) versions, so a
 changed checkpoint, encoder or library gets a new graph. Exporting takes a few seconds; later loads read the file.
-Graphs no load has used for :data:`CACHE_DAYS` days are removed when a new one is written. Where that directory
+Graphs no load has used for :data:`CACHE_DAYS` days are removed from that folder on each load. Where that directory
 cannot be written, or is not private to this user (:func:`_check_private`), each load exports into a private
 temporary directory and removes it once the session has read the graph."""
 
@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import stat
 import tempfile
 import time
@@ -49,9 +50,13 @@ logger = logging.getLogger("guard.compact")
 DEFAULT_ONNX_DIR = DEFAULT_CACHE_DIR / "onnx"
 #: ONNX opset of the exported graph.
 OPSET = 17
-#: Cached graphs not loaded for this many days are removed when a new graph is written next to them (:func:`_prune`).
+#: Graphs in the default cache that no load has used for this many days are removed (:func:`_prune`).
 CACHE_DAYS = 30
-_GRAPH_FILE = re.compile(r"[0-9a-f]{32}(\.int8)?\.onnx")
+#: Cached graph names: ``<key>.onnx``, ``<key>.int8.onnx`` and the earlier ``<key>.ort<version>.int8.onnx``.
+_GRAPH_FILE = re.compile(r"[0-9a-f]{32}(\.ort[\w.+-]+)?(\.int8)?\.onnx")
+#: An export's staging folder in the cache (removed when the export ends; left behind only by a killed process).
+_STAGING = "staging-"
+_STAGING_SECONDS = 86400
 #: What a catalog model's encoder stack may run on.
 RUNTIMES = ("auto", "onnx", "onnx-int8", "torch")
 
@@ -114,7 +119,9 @@ class OnnxStack:
         self.path = path
         #: ``"onnx-int8"`` for a quantized graph (:func:`quantize`), else ``"onnx"``.
         self.runtime = "onnx-int8" if path.name.endswith(".int8.onnx") else "onnx"
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # read here, so a file removed meanwhile (another process pruning the cache) is an OSError, as an unreadable
+        # cache is
+        self.session = ort.InferenceSession(path.read_bytes(), options, providers=["CPUExecutionProvider"])
 
     @classmethod
     def export(cls, model: nn.Module, top: Sequence[nn.Module], *, directory: Path | None = None,
@@ -123,7 +130,8 @@ class OnnxStack:
         many of its own), exporting the graph into ``directory`` (default :data:`DEFAULT_ONNX_DIR`) unless a file for
         these weights is there; ``int8``: the graph quantized (:func:`quantize`), also cached.
 
-        When the default directory cannot be written (a container user without a home, a read-only file system) or is
+        In the default directory, graphs no load has used for :data:`CACHE_DAYS` days are then removed
+        (:func:`_prune`); a directory the caller names is left as it is. When the default directory cannot be written (a container user without a home, a read-only file system) or is
         not private to this user (:func:`_check_private`), the graph is exported into a private temporary directory
         (``mkdtemp``: readable by this user only, never one another user could have prepared), loaded, and the
         directory removed; a warning names the cause. Every load then exports again (a few seconds).
@@ -137,7 +145,9 @@ class OnnxStack:
         if directory is not None:
             return cls(_graph(stack, directory, key, int8), threads)
         try:
-            return cls(_graph(stack, DEFAULT_ONNX_DIR, key, int8), threads)
+            session = cls(_graph(stack, DEFAULT_ONNX_DIR, key, int8), threads)
+            _prune(DEFAULT_ONNX_DIR)
+            return session
         except OSError as exc:
             logger.warning("cannot use the ONNX cache %s (%s); exporting the graph to a temporary directory, again on "
                            "every load (XDG_CACHE_HOME can name a folder of this user's)", DEFAULT_ONNX_DIR, exc)
@@ -165,7 +175,7 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
         mask = torch.ones(2, 8, dtype=torch.bool)
         # the tracer warns about shape checks in transformers' attention (``q_length > 1``) and torch about the
         # TorchScript exporter; the graph is checked against torch (tests/compact/test_runtime.py)
-        with tempfile.TemporaryDirectory(dir=root) as tmp, warnings.catch_warnings():
+        with tempfile.TemporaryDirectory(prefix=_STAGING, dir=root) as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             staged = Path(tmp) / path.name
             torch.onnx.export(stack, (ids, mask), str(staged), input_names=["ids", "mask"],
@@ -173,7 +183,6 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
                               dynamic_axes={"ids": {0: "n", 1: "l"}, "mask": {0: "n", 1: "l"},
                                             "states": {0: "n", 1: "l"}})
             os.replace(staged, path)  # atomic: a concurrent loader sees no half-written file
-        _prune(root)
     return quantize(path) if int8 else path
 
 
@@ -185,15 +194,23 @@ def _touch(path: Path) -> None:
 
 
 def _prune(root: Path) -> None:
-    """Remove the graphs in ``root`` that no load has used for :data:`CACHE_DAYS` days (graphs of older checkpoints
-    or library versions; about 110 MB for a float32 graph and its int8 one); other files are left alone. Called after
-    a graph is written, so the cache holds what was used recently plus at most one new graph per load."""
-    cutoff = time.time() - CACHE_DAYS * 86400
+    """Remove from the cache folder ``root`` the graphs no load has used for :data:`CACHE_DAYS` days (graphs of older
+    checkpoints or library versions; about 110 MB for a float32 graph and its int8 one) and staging folders a killed
+    export left (older than a day). Only regular files named like graphs and folders named like staging folders are
+    removed; links and anything else are left alone.
+
+    A process that loads a graph marks it as used before reading it (:func:`_graph`); if a prune removes it in between,
+    the read is an ``OSError`` and that load exports into a temporary directory (:meth:`OnnxStack.export`)."""
+    now = time.time()
     for path in root.iterdir():
-        if _GRAPH_FILE.fullmatch(path.name):
-            with contextlib.suppress(OSError):  # another process may have removed it first
-                if path.stat().st_mtime < cutoff:
-                    path.unlink()
+        with contextlib.suppress(OSError):  # another process may have removed it first
+            info = path.lstat()
+            graph = _GRAPH_FILE.fullmatch(path.name) and stat.S_ISREG(info.st_mode)
+            staging = path.name.startswith(_STAGING) and stat.S_ISDIR(info.st_mode)
+            if graph and info.st_mtime < now - CACHE_DAYS * 86400:
+                path.unlink()
+            elif staging and info.st_mtime < now - _STAGING_SECONDS:
+                shutil.rmtree(path)
 
 
 def _check_private(root: Path) -> None:
@@ -220,11 +237,10 @@ def quantize(path: Path) -> Path:
     if not out.exists():
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp, _quiet_root_logger():
+        with tempfile.TemporaryDirectory(prefix=_STAGING, dir=path.parent) as tmp, _quiet_root_logger():
             staged = Path(tmp) / out.name
             quantize_dynamic(str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True)
             os.replace(staged, out)
-        _prune(path.parent)
     return out
 
 

@@ -67,6 +67,25 @@ def test_quickstart_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.count("\nhttp ") == 2 and out.count("\ntool ") == 2
 
 
+
+def test_quickstart_exits_2_when_it_cannot_start_and_1_when_the_replay_breaks(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import guard.quickstart
+
+    monkeypatch.delenv("GUARD_STORE_KEY", raising=False)
+    assert main(["quickstart", "--limit", "1", "--redis-url", "redis://127.0.0.1:1/0"]) == 2  # as guard proxy
+    assert "$GUARD_STORE_KEY" in capsys.readouterr().err
+    printed = []
+
+    def closed_pipe(row: object, out: object) -> None:  # `guard quickstart | head -n 8`: the reader went away
+        if printed:
+            raise BrokenPipeError(32, "Broken pipe")
+        printed.append(row)
+
+    monkeypatch.setattr(guard.quickstart, "print_row", closed_pipe)
+    assert main(["quickstart", "--limit", "2"]) == 1 and len(printed) == 1
+    assert "Broken pipe" in capsys.readouterr().err
+
 TOOL_NOTE = "weak on guard.tool_call_serves_task"
 
 
