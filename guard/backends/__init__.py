@@ -80,8 +80,9 @@ async def start_backend(backend: DecisionBackend) -> None:
     """Run ``backend``'s startup step, when it has one, before anything is timed.
 
     A :class:`LocalBackend` starts its batcher and warms up with the worker's self-test (its first forward pass sets
-    up kernels and allocators, which would otherwise eat the first decision's deadline). Backends without a
-    ``start()`` coroutine (HTTP, compact) need none. Call it on the event loop that will use the backend.
+    up kernels and allocators, which would otherwise eat the first decision's deadline); the compact backend reads a
+    short text with every loaded model. Backends without a ``start()`` coroutine (HTTP) need none. Call it on the
+    event loop that will use the backend.
 
     Raises:
         BackendUnavailable: the self-test failed.

@@ -34,6 +34,8 @@ DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "compact" / "weights"
 RUNTIME_ENV = "GUARD_COMPACT_RUNTIME"
 #: ``progress(done, total, stage)`` while loading: stages ``"encoder"`` then one per checkpoint.
 LoadProgress = Callable[[int, int, str], None]
+#: What :meth:`CompactBackend.start` reads to warm up (two sentences, so sentence pieces run too).
+WARM_UP_TEXT = "Please check the balance of my savings account. Then tell me when the next payment is due."
 _BACKEND_NAME = "compact"
 _DEFAULT_LOCK = threading.Lock()
 _DEFAULT: CompactBackend | None = None
@@ -272,6 +274,30 @@ class CompactBackend:
             return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(_compute_thread(), work), timeout)
         except TimeoutError as exc:
             raise BackendTimeout(f"compact model gave no answer within {timeout} s", backend=self.name) from exc
+
+    async def start(self) -> None:
+        """Warm up on the compute thread: every loaded model reads :data:`WARM_UP_TEXT` once, so the first decision
+        does not pay for setting up kernels and thread pools (hundreds of ms; ``guard proxy`` and the quickstart call
+        this through :func:`~guard.backends.start_backend` before serving).
+
+        Raises:
+            RuntimeError: after :meth:`aclose`.
+        """
+        if self._closed:
+            raise RuntimeError("CompactBackend is closed")
+        await asyncio.get_running_loop().run_in_executor(_compute_thread(), self._warm_up)
+
+    def _warm_up(self) -> None:
+        from guard.compact.catalog import CATALOG
+
+        with self._lock:
+            for model in self.models:
+                if model.kind == "catalog":  # the whole answer path: the language check loads its model on first use
+                    questions = {qid: CATALOG[qid].to_json() for qid in model.questions}
+                    model.answer(SystemOneRequestV1.from_json(
+                        {"model": _BACKEND_NAME, "state": WARM_UP_TEXT, "questions": questions}))
+                else:
+                    model.encode_states([WARM_UP_TEXT])
 
     async def aclose(self) -> None:
         """Mark the backend closed (idempotent); the process-wide default is reloaded on the next ``default()``."""

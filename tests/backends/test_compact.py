@@ -179,6 +179,29 @@ async def test_closed_backend_refuses_work(backend: CompactBackend) -> None:
     await own.aclose()
     with pytest.raises(RuntimeError, match="closed"):
         await own.decide(_request("hi", "guard.refusal"))
+    with pytest.raises(RuntimeError, match="closed"):
+        await own.start()
+
+
+@pytest.mark.anyio
+async def test_start_runs_the_whole_answer_path_once_so_the_first_decision_loads_nothing(
+        backend: CompactBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    from guard.backends import start_backend
+    from guard.compact import competence
+
+    competence._identifier.cache_clear()  # the language model, loaded on its first use (about 0.4 s)
+    own = CompactBackend(backend.models)
+    answered = []
+    for model in own.models:
+        def counted(request: Any, *, answer: Any = model.answer, **options: Any) -> Any:
+            answered.append(request)
+            return answer(request, **options)
+
+        monkeypatch.setattr(model, "answer", counted)
+    await start_backend(own)
+    assert competence._identifier.cache_info().currsize == 1 and len(answered) == len(own.models)
+    response = await own.decide(_request("hi", "guard.refusal"))
+    assert response.answers["guard.refusal"].noul is not None
 
 
 @pytest.mark.anyio
