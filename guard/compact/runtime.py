@@ -146,11 +146,13 @@ class OnnxStack:
             return cls(_graph(stack, directory, key, int8), threads)
         try:
             session = cls(_graph(stack, DEFAULT_ONNX_DIR, key, int8), threads)
-            _prune(DEFAULT_ONNX_DIR)
-            return session
         except OSError as exc:
             logger.warning("cannot use the ONNX cache %s (%s); exporting the graph to a temporary directory, again on "
                            "every load (XDG_CACHE_HOME can name a folder of this user's)", DEFAULT_ONNX_DIR, exc)
+        else:
+            with contextlib.suppress(OSError):  # a cache that cannot be listed keeps its files; the load stands
+                _prune(DEFAULT_ONNX_DIR)
+            return session
         with tempfile.TemporaryDirectory(prefix="guard-onnx-") as private:
             return cls(_graph(stack, Path(private), key, int8), threads)  # the session holds the graph in memory
 
