@@ -131,10 +131,11 @@ class OnnxStack:
         these weights is there; ``int8``: the graph quantized (:func:`quantize`), also cached.
 
         In the default directory, graphs no load has used for :data:`CACHE_DAYS` days are then removed
-        (:func:`_prune`); a directory the caller names is left as it is. When the default directory cannot be written (a container user without a home, a read-only file system) or is
-        not private to this user (:func:`_check_private`), the graph is exported into a private temporary directory
-        (``mkdtemp``: readable by this user only, never one another user could have prepared), loaded, and the
-        directory removed; a warning names the cause. Every load then exports again (a few seconds).
+        (:func:`_prune`); a directory the caller names is left as it is. When the default directory cannot be written
+        (a container user without a home, a read-only file system) or is not private to this user
+        (:func:`_check_private`), the graph is exported into a private temporary directory (``mkdtemp``: readable by
+        this user only, never one another user could have prepared), loaded, and the directory removed; a warning
+        names the cause. Every load then exports again (a few seconds).
 
         Raises:
             OSError: ``directory`` was given and cannot be written or is not private, or no temporary directory can
