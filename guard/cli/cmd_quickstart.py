@@ -5,10 +5,10 @@ Usage::
     guard quickstart [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL]
                      [--redis-url redis://...] [--limit N]
 
-The backend is started (a ``local:`` checkpoint warms up) before the first row is timed. The note on tool calls
-after the summary is printed only for the embedded CPU model (the default backend). Exit status: 0 after the
-replay; 2 when it cannot start (invalid options, a backend that cannot be loaded or warmed up, a cache it cannot
-use: as ``guard proxy``); 1 when the replay fails after its first row.
+The backend is started (a ``local:`` checkpoint or the embedded model warms up) before the first row is timed. The
+note on tool calls after the summary is printed only for the embedded CPU model (the default backend). Exit status:
+0 after the replay; 2 when it cannot start (invalid options, a backend that cannot be loaded or warmed up, a cache it
+cannot use: as ``guard proxy``); 1 when the replay fails after its first row.
 """
 
 from __future__ import annotations

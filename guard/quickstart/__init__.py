@@ -158,8 +158,8 @@ async def run_quickstart(
 ) -> QuickstartResult:
     """Replay the quickstart traffic through the example API behind the guard, and the tool calls through the engine.
 
-    The backend is started first (:func:`~guard.backends.start_backend`: a ``LocalBackend`` warms up), so no row
-    pays for model warm-up.
+    The backend is started first (:func:`~guard.backends.start_backend`: a ``LocalBackend`` or the compact model
+    warms up), so no row pays for model warm-up.
 
     Args:
         backend: the decision backend (the embedded CPU model by default in the CLI).
