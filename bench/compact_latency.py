@@ -5,8 +5,7 @@ Every case runs for the torch runtime (the encoder's dtype: bf16 where the CPU h
 calls let one runtime's idle threads take the other's time):
   * ``guard-3q``: the served path, ``Guard.evaluate`` on a catalog policy with 3 questions for an HTTP request whose
     body text is the 128-token state (target p50 <= 15 ms on 2 cores); every call is a cache miss (the text changes).
-    128 word pieces are two more than one 128-position window holds, so this state runs as two windows (128 and 52
-    positions); ``guard-3q-1w`` is the same for a state that one window holds (122 tokens and the call number);
+    The shipped model's 160-position window holds it whole (with the call number: 131 word pieces, 133 positions);
   * ``short-3q``: the model alone (``decide_sync``), the same state (``{"text": ...}``), 3 catalog questions (one
     encoder pass: a one-string state is read as that string by the pair question too);
   * ``short-1q``: the 128-token text as a plain string state, 1 question;
@@ -18,6 +17,7 @@ Usage::
 
     python bench/compact_latency.py                       # the settings below
     python bench/compact_latency.py --threads 1 --repeats 200
+    python bench/compact_latency.py --weights build/catalog  # a checkpoint of your own
 
 Prints p50/p95/p99 in ms.
 """
@@ -34,7 +34,6 @@ THREADS = 2
 WARMUP = 20  # the first ~10 calls of a fresh process are slow (bf16 kernels get set up)
 REPEATS = 50
 SHORT_TOKENS = 128
-ONE_WINDOW_TOKENS = 122  # with the call number (at most 3 word pieces), at most the 126 one window holds
 LONG_TOKENS = 2000
 QUESTIONS = ("guard.prompt_injection", "guard.harmful_request", "guard.refusal")
 POLICY = """
@@ -92,6 +91,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=THREADS, help=f"torch CPU threads (default {THREADS})")
     parser.add_argument("--warmup", type=int, default=WARMUP, help=f"untimed calls per case (default {WARMUP})")
     parser.add_argument("--repeats", type=int, default=REPEATS, help=f"timed calls per case (default {REPEATS})")
+    parser.add_argument("--weights", default=None, help="a catalog checkpoint directory (default: the shipped one)")
     args = parser.parse_args()
     if min(args.threads, args.repeats) < 1 or args.warmup < 0:
         parser.error("--threads and --repeats must be >= 1, --warmup >= 0")
@@ -104,6 +104,7 @@ def main() -> None:
     from guard.backends.compact import DEFAULT_WEIGHTS, CompactBackend
     from guard.compact.catalog import CATALOG
     from guard.compact.encoder import TextEncoder
+    from guard.compact.runtime import choose
     from guard.engine import Guard
     from guard.policy import load_text
     from guard.subject import HttpSubject
@@ -113,14 +114,11 @@ def main() -> None:
         return _time(fn, args.warmup, args.repeats)
 
     torch.set_num_threads(args.threads)
-    default = CompactBackend.default()
-    backends = {name: CompactBackend.from_pretrained(DEFAULT_WEIGHTS, runtime=name)
-                for name in ("torch", "onnx", "onnx-int8")}
+    weights = args.weights or DEFAULT_WEIGHTS
+    backends = {name: CompactBackend.from_pretrained(weights, runtime=name) for name in ("torch", "onnx", "onnx-int8")}
     encoder = backends["torch"].models[0].encoder
     short, long = _state(encoder, SHORT_TOKENS), _state(encoder, LONG_TOKENS)
-    one_window = _state(encoder, ONE_WINDOW_TOKENS)
-    stack = default.models[0].runtime
-    chosen = stack.runtime if stack else "torch"
+    chosen = choose("auto", encoder.dtype)
     print(f"threads {torch.get_num_threads()}, torch encoder dtype {encoder.dtype}, cpu "
           f"{torch.backends.cpu.get_cpu_capability()}, onnxruntime {onnxruntime.__version__}, default runtime {chosen}")
 
@@ -135,21 +133,18 @@ def main() -> None:
         "short-1q (128 tok, 1 question)": request(short, QUESTIONS[:1]),
         "long-2000 (2000 tok, 1 question)": request(long, QUESTIONS[:1]),
     }
-    for label, state in (("guard-3q", short), ("guard-3q-1w", one_window)):
-        usage = backends["torch"].decide_sync(request({"text": f"{state} 99999"}, QUESTIONS)).usage
-        print(f"{label}: {usage.state_tokens} tokens (with the call number), {usage.windows} window(s)")
+    usage = backends["torch"].decide_sync(request({"text": f"{short} 99999"}, QUESTIONS)).usage
+    print(f"guard-3q: {usage.state_tokens} tokens (with the call number), {usage.windows} window(s)")
     ids, mask, _, _ = encoder.window_batch([short])
     for name, backend in backends.items():
         guard = Guard(load_text(POLICY), backends=backend)
 
-        def served(guard: Guard = guard, state: str = short) -> object:
-            text = f"{state} {next(calls)}"  # a new state each call (the number is one more token): never a cache hit
+        def served(guard: Guard = guard) -> object:
+            text = f"{short} {next(calls)}"  # a new state each call (the number is one more token): never a cache hit
             return guard.evaluate(HttpSubject(method="POST", path="/v1/messages", content_type="application/json",
                                               body={"message": text}, body_text=text))
 
         print(f"{'guard-3q (Guard.evaluate, 3q), ' + name:40s} {_percentiles(timed(served))} ms")
-        samples = timed(lambda guard=guard: served(guard, one_window))
-        print(f"{'guard-3q-1w (one window), ' + name:40s} {_percentiles(samples)} ms")
         for case, req in cases.items():
             samples = timed(lambda backend=backend, req=req: backend.decide_sync(req))
             print(f"{case + ', ' + name:40s} {_percentiles(samples)} ms")

@@ -79,7 +79,7 @@ def register(subparsers: Any) -> None:
     hyper.add_argument("--fold-models", metavar="DIR", default=None,
                        help="catalog: also save each leave-one-fold-out model in DIR/<fold> (score its held-out "
                             "records again with guard eval --backend compact:DIR/<fold> --by fold)")
-    hyper.add_argument("--window", type=int, default=128, help="catalog: encoder window in word pieces")
+    hyper.add_argument("--window", type=int, default=160, help="catalog: encoder window in word pieces")
     hyper.add_argument("--overlap", type=int, default=48, help="catalog: word pieces shared by neighbouring windows")
     hyper.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", default=None, help="encoder embedding cache (default $XDG_CACHE_HOME/guard/compact, else ~/.cache/guard/compact)")

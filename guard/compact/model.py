@@ -15,7 +15,7 @@ for the untrusted-text questions, the whole rendered state for pairs. A long tex
 sentences joined into pieces of at least :data:`PIECE_TOKENS` tokens (:func:`pack_sentences`), and each sentence of
 at least :data:`ALONE_TOKENS` tokens is read alone as well (:func:`segments`); a pair's text is cut
 into overlapping windows
-(``encoder.config``: 128 word pieces with 48 shared by neighbours in the shipped model, so any sentence of up to 48
+(``encoder.config``: 160 word pieces with 48 shared by neighbours in the shipped model, so any sentence of up to 48
 pieces lies whole inside one window); every window is scored and the window most in favour of the question's
 ``risky`` option answers (:func:`pick_window`): one attack sentence decides however much benign text surrounds it.
 Probabilities are ``softmax(logits / T)`` with the question's temperature, capped on text the model cannot read
