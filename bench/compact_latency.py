@@ -19,6 +19,11 @@ Usage::
     python bench/compact_latency.py                       # the settings below
     python bench/compact_latency.py --threads 1 --repeats 200
     python bench/compact_latency.py --weights build/catalog  # a checkpoint of your own
+    python bench/compact_latency.py --baseline OLD_DIR       # also guard-3q side by side with another checkpoint
+
+With ``--baseline`` the served ``guard-3q`` case also runs for both checkpoints in one process, per runtime, in blocks
+of 10 calls alternating between them, and prints both p50s and their ratio (the way to compare two checkpoints on a
+noisy machine).
 
 Prints p50/p95/p99 in ms.
 """
@@ -34,6 +39,7 @@ from collections.abc import Callable
 THREADS = 2
 WARMUP = 20  # the first ~10 calls of a fresh process are slow (bf16 kernels get set up)
 REPEATS = 50
+BLOCK = 10  # calls per block when --baseline alternates two checkpoints
 SHORT_TOKENS = 128
 LONG_TOKENS = 2000
 QUESTIONS = ("guard.prompt_injection", "guard.harmful_request", "guard.refusal")
@@ -93,6 +99,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=WARMUP, help=f"untimed calls per case (default {WARMUP})")
     parser.add_argument("--repeats", type=int, default=REPEATS, help=f"timed calls per case (default {REPEATS})")
     parser.add_argument("--weights", default=None, help="a catalog checkpoint directory (default: the shipped one)")
+    parser.add_argument("--baseline", default=None, help="another catalog checkpoint to run guard-3q side by side with")
     args = parser.parse_args()
     if min(args.threads, args.repeats) < 1 or args.warmup < 0:
         parser.error("--threads and --repeats must be >= 1, --warmup >= 0")
@@ -137,15 +144,18 @@ def main() -> None:
     usage = backends["torch"].decide_sync(request({"text": f"{short} 99999"}, QUESTIONS)).usage
     print(f"guard-3q: {usage.state_tokens} tokens (with the call number), {usage.windows} window(s)")
     ids, mask, _, _ = encoder.window_batch([short])
-    for name, backend in backends.items():
+    def served_by(backend: CompactBackend) -> Callable[[], object]:
         guard = Guard(load_text(POLICY), backends=backend)
 
-        def served(guard: Guard = guard) -> object:
+        def served() -> object:
             text = f"{short} {next(calls)}"  # a new state each call (the number is one more token): never a cache hit
             return guard.evaluate(HttpSubject(method="POST", path="/v1/messages", content_type="application/json",
                                               body={"message": text}, body_text=text))
 
-        print(f"{'guard-3q (Guard.evaluate, 3q), ' + name:40s} {_percentiles(timed(served))} ms")
+        return served
+
+    for name, backend in backends.items():
+        print(f"{'guard-3q (Guard.evaluate, 3q), ' + name:40s} {_percentiles(timed(served_by(backend)))} ms")
         for case, req in cases.items():
             samples = timed(lambda backend=backend, req=req: backend.decide_sync(req))
             print(f"{case + ', ' + name:40s} {_percentiles(samples)} ms")
@@ -158,6 +168,20 @@ def main() -> None:
         with torch.inference_mode():
             samples = timed(lambda: top.encode(fp32.lower(ids, mask, top=len(top.top)), mask))
         print(f"{'stack (128 tok), torch float32':40s} {_percentiles(samples)} ms")
+    if args.baseline:
+        print(f"guard-3q side by side, blocks of {BLOCK} calls alternating: baseline {args.baseline}, weights {weights}")
+        for name, backend in backends.items():
+            pair = {"baseline": served_by(CompactBackend.from_pretrained(args.baseline, runtime=name)),
+                    "weights": served_by(backend)}
+            for fn in pair.values():
+                _time(fn, args.warmup, 0)
+            samples = {label: [] for label in pair}
+            for _ in range(max(1, args.repeats // BLOCK)):
+                for label, fn in pair.items():
+                    samples[label] += _time(fn, 0, BLOCK)
+            base, new = (statistics.median(samples[label]) for label in pair)
+            print(f"{'guard-3q, ' + name:40s} baseline p50 {base:7.2f}  weights p50 {new:7.2f}  "
+                  f"baseline / weights {base / new:.2f}")
 
 
 if __name__ == "__main__":
