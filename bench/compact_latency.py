@@ -179,7 +179,7 @@ def main() -> None:
             for _ in range(max(1, args.repeats // BLOCK)):
                 for label, fn in pair.items():
                     samples[label] += _time(fn, 0, BLOCK)
-            base, new = (statistics.median(samples[label]) for label in pair)
+            base, new = statistics.median(samples["baseline"]), statistics.median(samples["weights"])
             print(f"{'guard-3q, ' + name:40s} baseline p50 {base:7.2f}  weights p50 {new:7.2f}  "
                   f"baseline / weights {base / new:.2f}")
 

@@ -288,14 +288,11 @@ class CompactBackend:
         await asyncio.get_running_loop().run_in_executor(_compute_thread(), self._warm_up)
 
     def _warm_up(self) -> None:
-        from guard.compact.catalog import CATALOG
-
         with self._lock:
             for model in self.models:
                 if model.kind == "catalog":  # the whole answer path: the language check loads its model on first use
-                    questions = {qid: CATALOG[qid].to_json() for qid in model.questions}
-                    model.answer(SystemOneRequestV1.from_json(
-                        {"model": _BACKEND_NAME, "state": WARM_UP_TEXT, "questions": questions}))
+                    questions = tuple(q.to_question() for q in model.questions.values())
+                    model.answer(SystemOneRequestV1(model=_BACKEND_NAME, state=WARM_UP_TEXT, questions=questions))
                 else:
                     model.encode_states([WARM_UP_TEXT])
 
