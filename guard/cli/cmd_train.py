@@ -70,6 +70,9 @@ def register(subparsers: Any) -> None:
                        help="catalog: encoder layers fine-tuned (the top ones; the rest stay frozen)")
     hyper.add_argument("--fold-epochs", type=int, default=None,
                        help="catalog: epochs of each leave-one-fold-out model (default 1)")
+    hyper.add_argument("--head-epochs", type=int, default=None,
+                       help="catalog: epochs of the heads alone on the fine-tuned layers' states, after the joint "
+                            "epochs (default 0: none)")
     hyper.add_argument("--fold-share", type=float, default=None,
                        help="catalog: share of the other folds' records each fold model trains on")
     hyper.add_argument("--source-balance", type=float, default=None,
@@ -92,7 +95,7 @@ def _hyper(args: argparse.Namespace) -> dict[str, Any]:
     names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
              "ordinal_weight", "max_state_tokens", "width", "seed", "outside_label", "outside_rate",
              "layer_learning_rate", "train_windows", "train_pieces", "top_layers", "fold_epochs", "fold_share",
-             "source_balance")
+             "head_epochs", "source_balance")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

@@ -14,6 +14,11 @@ Loss per record: label-smoothed cross-entropy + ``brier_weight`` × Brier (+ ``o
 error for score questions), :func:`guard.compact.train.soft_loss`. AdamW (``layer_learning_rate`` for the encoder
 layers, ``learning_rate`` for the heads), linear warm-up then cosine decay, seeded, a tqdm bar per epoch.
 
+With ``head_epochs`` the heads then train alone for that many more epochs (a second warm-up and decay) on the
+fine-tuned top layers' output, computed once: a joint epoch gives a question with a few hundred records a few dozen
+steps, far from a fitted head. Off by default: the shipped weights have none (``docs/compact-model.md`` has the
+measured trade-off).
+
 Honest numbers (``folds=True``): before the final fit, one model per fold is trained without that fold's records
 (records carry a ``fold``: a group of sources by provenance, ``guard/compact/data.py``) on a seeded share of the rest
 and scores the held-out fold. The out-of-fold answers give the leave-one-source-group-out metrics (pooled, per fold
@@ -30,7 +35,7 @@ import random
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +75,9 @@ class FinetuneConfig:
         top_layers: encoder layers fine-tuned (the top ones; the rest stay frozen).
         fold_share: share of the other folds' training records a fold model trains on.
         fold_epochs: epochs of a fold model.
+        head_epochs: epochs of the heads alone after the joint epochs (final and fold models), on the fine-tuned
+            top layers' states of the training texts, computed once with those layers frozen. 0 (the shipped
+            weights) skips them.
         source_balance: exponent ``a`` of source-balanced sampling. Each epoch draws a question's records of a source
             in proportion to ``n ** a`` (``n``: that source's records of the question), the epoch keeping its
             length: 1 trains on the records as they are, 0.5 gives a source four times the size twice the share,
@@ -91,12 +99,15 @@ class FinetuneConfig:
     top_layers: int = 1
     fold_share: float = 0.3
     fold_epochs: int = 1
+    head_epochs: int = 0
     source_balance: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "train_windows", "train_pieces", "top_layers", "fold_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.head_epochs < 0:
+            raise ValueError(f"head_epochs must be at least 0, got {self.head_epochs}")
         if not 0.0 < self.fold_share <= 1.0:
             raise ValueError(f"fold_share must be in (0, 1], got {self.fold_share}")
         if not 0.0 <= self.source_balance <= 1.0:
@@ -105,7 +116,10 @@ class FinetuneConfig:
 
 @dataclass
 class FinetuneReport:
-    """Losses per epoch, the out-of-fold (leave-one-source-group-out) metrics and the fitted temperatures."""
+    """The final model's losses, the out-of-fold (leave-one-source-group-out) metrics and the fitted temperatures.
+
+    ``train_loss`` has one entry per joint epoch, then one per head epoch; ``val_loss`` one per joint epoch, then
+    one after the head epochs."""
 
     train_loss: list[float] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
@@ -127,7 +141,30 @@ class _Example:
     source: str
 
 
-class _Windows:
+class _Stack:
+    """Per text (an int id) its windows' states ``(W, L, H)`` float16 and ``(W, L)`` bool masks, padded into one
+    batch on demand."""
+
+    def __init__(self, hidden: Mapping[int, torch.Tensor] | Sequence[torch.Tensor],
+                 mask: Mapping[int, torch.Tensor] | Sequence[torch.Tensor]) -> None:
+        self.hidden, self.mask = hidden, mask
+
+    def batch(self, texts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Every window of ``texts`` padded into one float32 batch, its mask, and each text's window count."""
+        counts = [self.hidden[t].shape[0] for t in texts]
+        width = max(self.hidden[t].shape[1] for t in texts)
+        hidden = torch.zeros(sum(counts), width, self.hidden[texts[0]].shape[-1])
+        mask = torch.zeros(sum(counts), width, dtype=torch.bool)
+        row = 0
+        for t in texts:
+            n, length = self.hidden[t].shape[:2]
+            hidden[row : row + n, :length] = self.hidden[t].float()
+            mask[row : row + n, :length] = self.mask[t]
+            row += n
+        return hidden, mask, counts
+
+
+class _Windows(_Stack):
     """The training texts' windows below the fine-tuned top layers, float16, in memory.
 
     Each item is ``(text, sentences)``: a text question's text (``sentences`` true) is cut into pieces as serving
@@ -165,30 +202,17 @@ class _Windows:
                 bar.update(len(batch))
         if bar:
             bar.close()
-        self.hidden: list[torch.Tensor] = []
-        self.mask: list[torch.Tensor] = []
+        padded: list[torch.Tensor] = []
+        masks: list[torch.Tensor] = []
         for rows in states:
             width = max(r.shape[0] for r in rows)
             hidden = torch.zeros(len(rows), width, encoder.hidden_size, dtype=torch.float16)
             mask = torch.zeros(len(rows), width, dtype=torch.bool)
             for w, r in enumerate(rows):
                 hidden[w, : r.shape[0]], mask[w, : r.shape[0]] = r, True
-            self.hidden.append(hidden)
-            self.mask.append(mask)
-
-    def batch(self, texts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Every window of ``texts`` padded into one batch, and each text's window count."""
-        counts = [self.hidden[t].shape[0] for t in texts]
-        width = max(self.hidden[t].shape[1] for t in texts)
-        hidden = torch.zeros(sum(counts), width, self.hidden[texts[0]].shape[-1])
-        mask = torch.zeros(sum(counts), width, dtype=torch.bool)
-        row = 0
-        for t in texts:
-            n, length = self.hidden[t].shape[:2]
-            hidden[row : row + n, :length] = self.hidden[t].float()
-            mask[row : row + n, :length] = self.mask[t]
-            row += n
-        return hidden, mask, counts
+            padded.append(hidden)
+            masks.append(mask)
+        super().__init__(padded, masks)
 
 
 def _spaced(count: int, limit: int) -> list[int]:
@@ -266,30 +290,27 @@ def train_catalog(
     report.seconds["encode"] = time.perf_counter() - started
     layers = encoder.model.encoder.layer[-config.top_layers :]
 
-    def fit(selected: Sequence[_Example], epochs: int, desc: str, val: Sequence[_Example] = ()) -> CatalogHead:
-        torch.manual_seed(config.seed)
-        head = CatalogHead(layers, options, encoder.hidden_size)
-        groups = [{"params": [p for n, p in head.named_parameters() if not n.startswith("top.")],
-                   "lr": config.learning_rate}]
-        if config.layer_learning_rate > 0:
-            groups.append({"params": list(head.top.parameters()), "lr": config.layer_learning_rate})
-        else:
-            head.top.requires_grad_(False)
+    def run_epochs(head: CatalogHead, groups: list[dict[str, Any]], selected: Sequence[_Example], stack: _Stack,
+                   epochs: int, desc: str, rng: random.Random, *, top: bool, val: Sequence[_Example] = ()
+                   ) -> list[float]:
+        """``epochs`` AdamW epochs (warm-up then cosine) of ``groups`` on ``selected``; ``stack`` holds the states
+        below the top layers (``top``: run them) or their output. Returns the mean training loss per epoch; with
+        ``val``, appends the validation loss after each epoch to the report and logs both."""
         optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
-        steps = epochs * math.ceil(len(selected) / config.batch_size)
-        schedule = _warmup_cosine(optimizer, steps)
+        schedule = _warmup_cosine(optimizer, epochs * math.ceil(len(selected) / config.batch_size))
+        losses = []
         for epoch in range(epochs):
             head.train()
             drawn = balanced(selected, config.source_balance, rng) if config.source_balance < 1.0 else selected
-            batches = _batches(drawn, windows, config.batch_size, rng)
+            batches = _batches(drawn, stack, config.batch_size, rng)
             bar = progress(total=len(batches), desc=f"{desc} epoch {epoch + 1}/{epochs}", unit="batch") \
                 if progress else None
             total = 0.0
             for batch in batches:
-                loss = _loss(head, batch, windows, entries, config)
+                loss = _loss(head, batch, stack, entries, config, top=top)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+                torch.nn.utils.clip_grad_norm_([p for group in groups for p in group["params"]], 1.0)
                 optimizer.step()
                 schedule.step()
                 total += float(loss.detach())
@@ -298,12 +319,33 @@ def train_catalog(
                     bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
             if bar:
                 bar.close()
-            if desc == "final":
-                report.train_loss.append(total / max(1, len(batches)))
-                if val:
-                    report.val_loss.append(_mean_loss(head, val, windows, entries, config))
-                log(f"{desc} epoch {epoch + 1}: train loss {total / max(1, len(batches)):.4f}"
-                    + (f", val loss {report.val_loss[-1]:.4f}" if val else ""))
+            losses.append(total / max(1, len(batches)))
+            if val:
+                report.val_loss.append(_mean_loss(head, val, windows, entries, config))
+                log(f"{desc} epoch {epoch + 1}: train loss {losses[-1]:.4f}, val loss {report.val_loss[-1]:.4f}")
+        return losses
+
+    def fit(selected: Sequence[_Example], epochs: int, desc: str, val: Sequence[_Example] = ()) -> CatalogHead:
+        torch.manual_seed(config.seed)
+        head = CatalogHead(layers, options, encoder.hidden_size)
+        heads = [p for n, p in head.named_parameters() if not n.startswith("top.")]
+        groups = [{"params": heads, "lr": config.learning_rate}]
+        if config.layer_learning_rate > 0:
+            groups.append({"params": list(head.top.parameters()), "lr": config.layer_learning_rate})
+        else:
+            head.top.requires_grad_(False)
+        losses = run_epochs(head, groups, selected, windows, epochs, desc, rng, top=True, val=val)
+        if config.head_epochs:
+            head.top.requires_grad_(False)
+            tops = _top_states(head.eval(), windows, sorted({e.text for e in selected}), progress)
+            losses += run_epochs(head, [{"params": heads, "lr": config.learning_rate}], selected, tops,
+                                 config.head_epochs, f"{desc} heads", random.Random(f"{config.seed}|heads|{desc}"),
+                                 top=False)
+            if val:
+                report.val_loss.append(_mean_loss(head, val, windows, entries, config))
+                log(f"{desc} heads: train loss {losses[-1]:.4f}, val loss {report.val_loss[-1]:.4f}")
+        if desc == "final":
+            report.train_loss = losses
         return _rounded(head.eval())
 
     heldout: list[tuple[_Example, torch.Tensor]] = []
@@ -351,11 +393,13 @@ def _questions(entries: Sequence[Any], temperatures: dict[str, float]) -> dict[s
     }
 
 
-def _loss(head: CatalogHead, batch: Sequence[_Example], windows: _Windows, entries: Sequence[Any],
-          config: FinetuneConfig) -> torch.Tensor:
-    hidden, mask, counts = windows.batch([e.text for e in batch])
+def _loss(head: CatalogHead, batch: Sequence[_Example], stack: _Stack, entries: Sequence[Any],
+          config: FinetuneConfig, *, top: bool = True) -> torch.Tensor:
+    """The mean :func:`~guard.compact.train.soft_loss` of ``batch``, each record scored by its chosen window;
+    ``stack`` holds the states below the top layers (``top``: run them) or their output."""
+    hidden, mask, counts = stack.batch([e.text for e in batch])
     question = torch.tensor([e.question for e, n in zip(batch, counts, strict=True) for _ in range(n)])
-    per_window = head.score(_encoded(head, hidden, mask), mask, question)
+    per_window = head.score(_encoded(head, hidden, mask) if top else hidden, mask, question)
     logits = torch.stack(_per_record(per_window, counts, batch, entries))
     target = torch.tensor([e.target for e in batch])
     ordinal = torch.tensor([entries[e.question].type == "score" for e in batch])
@@ -370,6 +414,28 @@ def _encoded(head: CatalogHead, hidden: torch.Tensor, mask: torch.Tensor) -> tor
     for rows, width in length_buckets(mask.sum(-1)):
         states[rows, :width] = head.encode(hidden[rows, :width], mask[rows, :width])
     return states
+
+
+def _top_states(head: CatalogHead, windows: _Windows, texts: Sequence[int],
+                progress: ProgressFactory | None) -> _Stack:
+    """The top layers' output for the windows of ``texts`` (float16, no gradient), keyed by text."""
+    hidden: dict[int, torch.Tensor] = {}
+    order = sorted(texts, key=lambda t: windows.hidden[t].numel())  # similar sizes batch with little padding
+    bar = progress(total=len(order), desc="top-layer states", unit="text") if progress else None
+    with torch.no_grad():
+        for start in range(0, len(order), 64):
+            chunk = order[start : start + 64]
+            batch, mask, counts = windows.batch(chunk)
+            states = _encoded(head, batch, mask)
+            row = 0
+            for t, n in zip(chunk, counts, strict=True):
+                hidden[t] = states[row : row + n, : windows.hidden[t].shape[1]].to(torch.float16)
+                row += n
+            if bar:
+                bar.update(len(chunk))
+    if bar:
+        bar.close()
+    return _Stack(hidden, {t: windows.mask[t] for t in order})
 
 
 def _per_record(per_window: torch.Tensor, counts: Sequence[int], batch: Sequence[_Example],
@@ -552,9 +618,9 @@ def balanced(examples: Sequence[Any], exponent: float, rng: random.Random) -> li
     return out
 
 
-def _batches(examples: Sequence[_Example], windows: _Windows, size: int, rng: random.Random) -> list[list[_Example]]:
+def _batches(examples: Sequence[_Example], stack: _Stack, size: int, rng: random.Random) -> list[list[_Example]]:
     """Shuffled batches of records with similar window sizes (less padding)."""
-    keyed = sorted(examples, key=lambda e: windows.hidden[e.text].numel() * (1.0 + 0.3 * rng.random()))
+    keyed = sorted(examples, key=lambda e: stack.hidden[e.text].numel() * (1.0 + 0.3 * rng.random()))
     batches = [list(keyed[i : i + size]) for i in range(0, len(keyed), size)]
     rng.shuffle(batches)
     return batches

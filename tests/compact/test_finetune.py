@@ -126,3 +126,19 @@ def test_source_balanced_training_is_seeded_and_the_setting_is_checked(encoder: 
     assert plain.train_loss != report.train_loss
     with pytest.raises(ValueError, match="source_balance"):
         FinetuneConfig(source_balance=1.5)
+
+
+def test_head_epochs_fit_the_heads_alone_on_the_fine_tuned_layers(encoder: Any, tmp_path: Any) -> None:
+    records = _records(tmp_path)
+    joint, joint_report = train_catalog(records, records, FinetuneConfig(epochs=2, batch_size=4, head_epochs=0),
+                                        encoder, folds=False)
+    refit, report = train_catalog(records, records, FinetuneConfig(epochs=2, batch_size=4, head_epochs=3), encoder,
+                                  folds=False)
+    assert report.train_loss[:2] == joint_report.train_loss  # the joint epochs are the same run
+    assert len(report.train_loss) == 5 and len(report.val_loss) == 3
+    assert report.train_loss[-1] < report.train_loss[1] and report.val_loss[-1] < report.val_loss[1]
+    tuned = refit.head.top.state_dict()
+    assert all(value.equal(tuned[key]) for key, value in joint.head.top.state_dict().items())  # layers untouched
+    assert not refit.head.weight.equal(joint.head.weight)
+    with pytest.raises(ValueError, match="head_epochs"):
+        FinetuneConfig(head_epochs=-1)
