@@ -144,6 +144,7 @@ def main() -> None:
     usage = backends["torch"].decide_sync(request({"text": f"{short} 99999"}, QUESTIONS)).usage
     print(f"guard-3q: {usage.state_tokens} tokens (with the call number), {usage.windows} window(s)")
     ids, mask, _, _ = encoder.window_batch([short])
+
     def served_by(backend: CompactBackend) -> Callable[[], object]:
         guard = Guard(load_text(POLICY), backends=backend)
 
