@@ -16,8 +16,9 @@ layers, ``learning_rate`` for the heads), linear warm-up then cosine decay, seed
 
 With ``head_epochs`` the heads then train alone for that many more epochs (a second warm-up and decay) on the
 fine-tuned top layers' output, computed once: a joint epoch gives a question with a few hundred records a few dozen
-steps, far from a fitted head. Off by default: the shipped weights have none (``docs/compact-model.md`` has the
-measured trade-off).
+steps, far from a fitted head. ``head_questions`` limits them to some questions' heads (the pair questions, whose
+records are few), leaving the others and the shared ``LayerNorm`` as the joint epochs left them, as the shipped
+weights do. Off by default (``docs/compact-model.md`` has the measurements).
 
 Honest numbers (``folds=True``): before the final fit, one model per fold is trained without that fold's records
 (records carry a ``fold``: a group of sources by provenance, ``guard/compact/data.py``) on a seeded share of the rest
@@ -61,7 +62,7 @@ _FOLD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """Settings of :func:`train_catalog` (defaults reproduce the shipped model).
+    """Settings of :func:`train_catalog` (``docs/compact-model.md`` gives the shipped model's command).
 
     Attributes:
         epochs: passes over the training records of the final model.
@@ -76,8 +77,11 @@ class FinetuneConfig:
         fold_share: share of the other folds' training records a fold model trains on.
         fold_epochs: epochs of a fold model.
         head_epochs: epochs of the heads alone after the joint epochs (final and fold models), on the fine-tuned
-            top layers' states of the training texts, computed once with those layers frozen. 0 (the shipped
-            weights) skips them.
+            top layers' states of the training texts, computed once with those layers frozen. 0 skips them (the
+            shipped weights: 20, for the pair questions' heads).
+        head_questions: catalog question ids whose heads the head epochs train, on those questions' records only;
+            the other questions' heads and the ``LayerNorm`` all questions share stay as the joint epochs left them.
+            Empty: every head and the ``LayerNorm``.
         source_balance: exponent ``a`` of source-balanced sampling. Each epoch draws a question's records of a source
             in proportion to ``n ** a`` (``n``: that source's records of the question), the epoch keeping its
             length: 1 trains on the records as they are, 0.5 gives a source four times the size twice the share,
@@ -100,6 +104,7 @@ class FinetuneConfig:
     fold_share: float = 0.3
     fold_epochs: int = 1
     head_epochs: int = 0
+    head_questions: tuple[str, ...] = ()
     source_balance: float = 1.0
 
     def __post_init__(self) -> None:
@@ -108,6 +113,11 @@ class FinetuneConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.head_epochs < 0:
             raise ValueError(f"head_epochs must be at least 0, got {self.head_epochs}")
+        if self.head_questions and not self.head_epochs:
+            raise ValueError("head_questions needs head_epochs (they name the heads the head epochs train)")
+        unknown = sorted(set(self.head_questions) - set(CATALOG))
+        if unknown:
+            raise ValueError(f"head_questions {unknown} are not catalog questions; known: {sorted(CATALOG)}")
         if not 0.0 < self.fold_share <= 1.0:
             raise ValueError(f"fold_share must be in (0, 1], got {self.fold_share}")
         if not 0.0 <= self.source_balance <= 1.0:
@@ -325,6 +335,27 @@ def train_catalog(
                 log(f"{desc} epoch {epoch + 1}: train loss {losses[-1]:.4f}, val loss {report.val_loss[-1]:.4f}")
         return losses
 
+    def fit_heads(head: CatalogHead, refit: Sequence[_Example], desc: str) -> list[float]:
+        """The head epochs on ``refit`` over the frozen top layers' output. With ``config.head_questions`` the
+        ``LayerNorm`` all questions share stays frozen and the other questions' rows of the query, weight and bias
+        (which get no gradient, only AdamW's weight decay) are put back afterwards."""
+        head.top.requires_grad_(False)
+        tops = _top_states(head.eval(), windows, sorted({e.text for e in refit}), progress)
+        rows = [head.query, head.weight, head.bias]
+        if config.head_questions:
+            head.norm.requires_grad_(False)
+            params, kept = rows, [p.detach().clone() for p in rows]
+        else:
+            params, kept = [p for n, p in head.named_parameters() if not n.startswith("top.")], []
+        losses = run_epochs(head, [{"params": params, "lr": config.learning_rate}], refit, tops, config.head_epochs,
+                            f"{desc} heads", random.Random(f"{config.seed}|heads|{desc}"), top=False)
+        if config.head_questions:
+            others = [q for q, qid in enumerate(ids) if qid not in config.head_questions]
+            with torch.no_grad():
+                for p, saved in zip(rows, kept, strict=True):
+                    p[others] = saved[others]
+        return losses
+
     def fit(selected: Sequence[_Example], epochs: int, desc: str, val: Sequence[_Example] = ()) -> CatalogHead:
         torch.manual_seed(config.seed)
         head = CatalogHead(layers, options, encoder.hidden_size)
@@ -335,12 +366,9 @@ def train_catalog(
         else:
             head.top.requires_grad_(False)
         losses = run_epochs(head, groups, selected, windows, epochs, desc, rng, top=True, val=val)
-        if config.head_epochs:
-            head.top.requires_grad_(False)
-            tops = _top_states(head.eval(), windows, sorted({e.text for e in selected}), progress)
-            losses += run_epochs(head, [{"params": heads, "lr": config.learning_rate}], selected, tops,
-                                 config.head_epochs, f"{desc} heads", random.Random(f"{config.seed}|heads|{desc}"),
-                                 top=False)
+        refit = [e for e in selected if not config.head_questions or ids[e.question] in config.head_questions]
+        if config.head_epochs and refit:
+            losses += fit_heads(head, refit, desc)
             if val:
                 report.val_loss.append(_mean_loss(head, val, windows, entries, config))
                 log(f"{desc} heads: train loss {losses[-1]:.4f}, val loss {report.val_loss[-1]:.4f}")

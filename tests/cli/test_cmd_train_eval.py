@@ -69,6 +69,9 @@ def test_train_catalog_records_and_bad_input(tmp_path: Path, capsys: pytest.Capt
     assert main(["train", str(bad), "--out", str(out), "--no-progress"]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
     assert main(["eval", str(bad), "--no-progress"]) == 2
+    assert main(["train", str(data), "--out", str(out), "--head-epochs", "2", "--head-questions",
+                 "guard.refusal, guard.refusals", "--no-progress"]) == 2
+    assert "head_questions ['guard.refusals'] are not catalog questions" in capsys.readouterr().err
 
 
 def test_fold_models_are_refused_where_there_are_none_and_for_fold_names_that_are_not_folder_names(

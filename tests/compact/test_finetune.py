@@ -142,3 +142,25 @@ def test_head_epochs_fit_the_heads_alone_on_the_fine_tuned_layers(encoder: Any, 
     assert not refit.head.weight.equal(joint.head.weight)
     with pytest.raises(ValueError, match="head_epochs"):
         FinetuneConfig(head_epochs=-1)
+
+
+def test_head_questions_refit_only_the_heads_they_name(encoder: Any, tmp_path: Any) -> None:
+    injection = _records(tmp_path)
+    harmful = [dataclasses.replace(r, labels={"guard.harmful_request": r.labels["guard.prompt_injection"]})
+               for r in injection]
+    records = injection + harmful
+    config = FinetuneConfig(epochs=1, batch_size=4)
+    joint, _ = train_catalog(records, records, config, encoder, folds=False)
+    some, report = train_catalog(records, records, dataclasses.replace(config, head_epochs=3,
+                                 head_questions=("guard.harmful_request",)), encoder, folds=False)
+    assert len(report.train_loss) == 4
+    q = list(some.questions).index("guard.harmful_request")
+    other = 1 - q
+    for name in ("query", "weight", "bias"):
+        assert getattr(some.head, name)[other].equal(getattr(joint.head, name)[other])  # as the joint epoch left it
+        assert not getattr(some.head, name)[q].equal(getattr(joint.head, name)[q])
+    assert some.head.norm.weight.equal(joint.head.norm.weight)  # the LayerNorm every question shares
+    with pytest.raises(ValueError, match="head_questions needs head_epochs"):
+        FinetuneConfig(head_questions=("guard.refusal",))
+    with pytest.raises(ValueError, match="not catalog questions"):
+        FinetuneConfig(head_epochs=1, head_questions=("guard.refusals",))
