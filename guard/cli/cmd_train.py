@@ -4,9 +4,11 @@ the head of a Clef checkpoint (``--clef DIR``) with its backbone frozen.
 
 Examples::
 
-    # the shipped catalog model (see docs/compact-model.md for the full reproduction)
+    # the shipped catalog model (docs/compact-model.md, "Reproducing the shipped weights")
     python -m guard.compact.data data/ build/compact-data
-    guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --out guard/compact/weights
+    guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --out guard/compact/weights \\
+        --epochs 1 --fold-share 1.0 --threads 2 --head-epochs 20 \\
+        --head-questions guard.harm_severity,guard.refusal,guard.tool_call_serves_task
 
     # a router over your own intents: one {"text": ..., "label": ...} per line
     guard train intents.jsonl --kind router --question-id support.intent --out routers/intent
