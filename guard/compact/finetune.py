@@ -261,8 +261,8 @@ def train_catalog(
         log: receives one line per epoch and per fold.
 
     Raises:
-        ValueError: no training records, a question that is not in the catalog, or ``fold_models`` without ``folds``
-            or with a fold name that cannot name a folder.
+        ValueError: no training records, a question that is not in the catalog, ``head_questions`` the records do
+            not ask, or ``fold_models`` without ``folds`` or with a fold name that cannot name a folder.
     """
     if not train_records:
         raise ValueError("no training records")
@@ -279,6 +279,9 @@ def train_catalog(
     unknown = sorted({q for r in train_records for q in r.labels} - set(CATALOG))
     if unknown:
         raise ValueError(f"the catalog model answers catalog questions only; the records ask {unknown}")
+    unasked = sorted(set(config.head_questions) - set(ids))
+    if unasked:
+        raise ValueError(f"head_questions {unasked} are not asked by the training or validation records")
     entries = [CATALOG[qid] for qid in ids]
     options = [len(entry.to_question().options()) for entry in entries]
     texts: dict[tuple[str, bool], int] = {}

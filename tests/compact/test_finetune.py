@@ -160,6 +160,9 @@ def test_head_questions_refit_only_the_heads_they_name(encoder: Any, tmp_path: A
         assert getattr(some.head, name)[other].equal(getattr(joint.head, name)[other])  # as the joint epoch left it
         assert not getattr(some.head, name)[q].equal(getattr(joint.head, name)[q])
     assert some.head.norm.weight.equal(joint.head.norm.weight)  # the LayerNorm every question shares
+    with pytest.raises(ValueError, match=r"head_questions \['guard.refusal'\] are not asked"):
+        train_catalog(records, records, dataclasses.replace(config, head_epochs=1, head_questions=("guard.refusal",)),
+                      encoder, folds=False)
     with pytest.raises(ValueError, match="head_questions needs head_epochs"):
         FinetuneConfig(head_questions=("guard.refusal",))
     with pytest.raises(ValueError, match="not catalog questions"):
