@@ -344,19 +344,17 @@ def train_catalog(
         (which get no gradient, only AdamW's weight decay) are put back afterwards."""
         head.top.requires_grad_(False)
         tops = _top_states(head.eval(), windows, sorted({e.text for e in refit}), progress)
-        rows = [head.query, head.weight, head.bias]
+        others = [q for q, qid in enumerate(ids) if config.head_questions and qid not in config.head_questions]
         if config.head_questions:
             head.norm.requires_grad_(False)
-            params, kept = rows, [p.detach().clone() for p in rows]
-        else:
-            params, kept = [p for n, p in head.named_parameters() if not n.startswith("top.")], []
+        rows = [head.query, head.weight, head.bias]
+        kept = [p.detach()[others].clone() for p in rows]
+        params = [p for p in head.parameters() if p.requires_grad]
         losses = run_epochs(head, [{"params": params, "lr": config.learning_rate}], refit, tops, config.head_epochs,
                             f"{desc} heads", random.Random(f"{config.seed}|heads|{desc}"), top=False)
-        if config.head_questions:
-            others = [q for q, qid in enumerate(ids) if qid not in config.head_questions]
-            with torch.no_grad():
-                for p, saved in zip(rows, kept, strict=True):
-                    p[others] = saved[others]
+        with torch.no_grad():
+            for p, saved in zip(rows, kept, strict=True):
+                p[others] = saved
         return losses
 
     def fit(selected: Sequence[_Example], epochs: int, desc: str, val: Sequence[_Example] = ()) -> CatalogHead:
