@@ -128,7 +128,7 @@ def main() -> None:
     short, long = _state(encoder, SHORT_TOKENS), _state(encoder, LONG_TOKENS)
     print(f"threads {torch.get_num_threads()}, torch encoder dtype {encoder.dtype}, cpu "
           f"{torch.backends.cpu.get_cpu_capability()}, onnxruntime {onnxruntime.__version__}, "
-          f"auto picks {choose('auto', encoder.dtype)}")
+          f"auto picks {choose('auto')}")
 
     def request(state: object, qids: tuple[str, ...]) -> SystemOneRequestV1:
         return SystemOneRequestV1.from_json(

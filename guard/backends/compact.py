@@ -98,8 +98,8 @@ class CompactBackend:
     ) -> CompactBackend:
         """Load checkpoint directories (the first may be the catalog, others routers) sharing one encoder.
 
-        ``runtime``: ``"auto"`` (torch where it runs bf16, else ONNX Runtime), ``"onnx"`` (ONNX Runtime, float32),
-        ``"onnx-int8"`` (ONNX Runtime, int8) or ``"torch"`` for the catalog encoder
+        ``runtime``: ``"auto"`` (ONNX Runtime int8), ``"onnx-int8"``, ``"onnx"`` (ONNX Runtime, float32) or ``"torch"``
+        for the catalog encoder
         (:meth:`guard.compact.model.CompactModel.load`); ``None``: the :data:`RUNTIME_ENV` environment variable, else
         ``"auto"``.
 

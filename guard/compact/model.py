@@ -497,10 +497,10 @@ class CompactModel:
             encoder: reuse an already loaded encoder's weights (its window settings are replaced by the
                 checkpoint's); else one is loaded.
             dtype: encoder dtype; default :func:`~guard.compact.encoder.default_dtype`.
-            runtime: ``"onnx"`` runs a catalog model's encoder stack under ONNX Runtime in float32
-                (:mod:`guard.compact.runtime`; the graph is exported once and cached), ``"onnx-int8"`` under ONNX
-                Runtime quantized to int8, ``"torch"`` in torch in the encoder's dtype, ``"auto"`` torch where it
-                runs bf16 and ONNX Runtime float32 where it would run float32 (:func:`~guard.compact.runtime.choose`).
+            runtime: ``"onnx-int8"`` runs a catalog model's encoder stack under ONNX Runtime quantized to int8
+                (:mod:`guard.compact.runtime`; the graph is exported once and cached), ``"onnx"`` under ONNX Runtime
+                in float32, ``"torch"`` in torch in the encoder's dtype; ``"auto"`` is ``"onnx-int8"``
+                (:func:`~guard.compact.runtime.choose`).
                 Routers always run in torch.
 
         Raises:
@@ -552,7 +552,7 @@ class CompactModel:
         stack = None
         if isinstance(head, CatalogHead):
             head.top.to(encoder.dtype)
-            chosen = choose(runtime, encoder.dtype)
+            chosen = choose(runtime)
             if chosen != "torch":
                 stack = OnnxStack.export(encoder.model, head.top, int8=chosen == "onnx-int8")
         return cls(encoder, head, questions, kind=kind, meta=body.get("meta"),

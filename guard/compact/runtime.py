@@ -1,17 +1,17 @@
-"""ONNX Runtime for the catalog model's encoder at serving time, in float32 or int8.
+"""ONNX Runtime for the catalog model's encoder at serving time, in int8 (the default) or float32.
 
 The whole encoder stack of a catalog checkpoint (all-MiniLM-L6-v2's embeddings and frozen lower layers, then the
 checkpoint's fine-tuned top layers) is exported from the torch modules to one ONNX graph in float32 and run with
-ONNX Runtime's CPU provider, which fuses GELU and layer norms and has less per-operation overhead than eager torch:
-on a CPU without native bf16 matrix units it replaces torch's float32 (faster on a shared 2-core machine,
-``docs/compact-model.md#latency``); where torch runs bf16 :func:`choose` keeps torch. The heads stay in torch
-(float32). Training never uses this path.
+ONNX Runtime's CPU provider, which fuses GELU and layer norms and has less per-operation overhead than eager torch.
+The heads stay in torch (float32). Training never uses this path.
 
-``onnx-int8``, only when asked for (``runtime="onnx-int8"``, ``$GUARD_COMPACT_RUNTIME``), quantizes that graph with
-ONNX Runtime's dynamic quantization (``quantize_dynamic``): the matrix products' weights in int8 with one scale per
-output channel, the embedding tables in int8, activations quantized on each call. On a CPU with int8 dot-product
-instructions (AVX512-VNNI) it runs the stack about 2x faster than float32; the leave-one-source-group-out AUROCs
-move by at most 0.004, single answers by 0.02 on average and up to 0.26 (``docs/compact-model.md#int8``).
+``onnx-int8``, what ``runtime="auto"`` serves with (:func:`choose`), quantizes that graph with ONNX Runtime's dynamic
+quantization (``quantize_dynamic``): the matrix products' weights in int8 with one scale per output channel, the
+embedding tables in int8, activations quantized on each call. It runs the stack about 2x faster than float32 and
+torch bf16 (a 128-token request's ``Guard.evaluate`` p50 12.8 ms against 23-24 ms on a 2-core AVX512-VNNI VM,
+``bench/compact_latency.py``); the leave-one-source-group-out AUROCs move by at most 0.01 and single answers by 0.02
+on average (``docs/compact-model.md#int8``). ``onnx`` (float32) and ``torch`` (the encoder's dtype: bf16 where the CPU
+has it) give answers closer to training's, for those who name them (``$GUARD_COMPACT_RUNTIME``).
 
 Graphs are exported once per checkpoint and cached on disk as ``<key>.onnx`` and ``<key>.int8.onnx`` in
 ``$XDG_CACHE_HOME/guard/compact/onnx`` (``~/.cache`` when the variable is unset; never inside the repository), keyed
@@ -61,19 +61,16 @@ _STAGING_SECONDS = 86400
 RUNTIMES = ("auto", "onnx", "onnx-int8", "torch")
 
 
-def choose(runtime: str, dtype: torch.dtype) -> str:
-    """``"onnx"``, ``"onnx-int8"`` or ``"torch"`` for a requested ``runtime`` (one of :data:`RUNTIMES`) and the torch
-    encoder's ``dtype``: ``"auto"`` is torch where it runs bf16, ONNX Runtime float32 where torch would run float32;
-    int8 only when asked for.
+def choose(runtime: str) -> str:
+    """``"onnx"``, ``"onnx-int8"`` or ``"torch"`` for a requested ``runtime`` (one of :data:`RUNTIMES`): ``"auto"`` is
+    ONNX Runtime int8, the fastest of the three on every CPU measured (``docs/compact-model.md#latency``).
 
     Raises:
         ValueError: an unknown runtime.
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
-    if runtime == "auto":
-        return "torch" if dtype == torch.bfloat16 else "onnx"
-    return runtime
+    return "onnx-int8" if runtime == "auto" else runtime
 
 
 class _Stack(nn.Module):

@@ -51,16 +51,16 @@ def _value(answer: Any) -> float:
     return float(answer.noul) if answer.noul is not None else float(answer.score) / 4.0
 
 
-def test_auto_runs_torch_where_it_has_bf16_and_onnx_where_it_would_run_float32(
-        backends: dict[str, CompactBackend]) -> None:
+def test_auto_runs_int8_and_the_others_run_when_named(backends: dict[str, CompactBackend]) -> None:
     assert isinstance(backends["onnx"].models[0].runtime, OnnxStack)
     assert backends["torch"].models[0].runtime is None
-    assert choose("auto", torch.bfloat16) == "torch" and choose("auto", torch.float32) == "onnx"
-    assert choose("onnx-int8", torch.bfloat16) == "onnx-int8"  # int8 only when asked for
-    default = CompactBackend.default().models[0]
-    assert (default.runtime is None) == (default.encoder.dtype == torch.bfloat16)
+    assert choose("auto") == "onnx-int8"
+    assert [choose(name) for name in ("onnx", "onnx-int8", "torch")] == ["onnx", "onnx-int8", "torch"]
+    default = CompactBackend.default()
+    assert default.models[0].runtime.runtime == "onnx-int8" and default.model_revision.endswith("+int8")
+    assert default.model_revision == backends["onnx-int8"].model_revision
     with pytest.raises(ValueError, match="runtime must be one of"):
-        CompactModel.load(DEFAULT_WEIGHTS, encoder=default.encoder, runtime="gpu")
+        CompactModel.load(DEFAULT_WEIGHTS, encoder=default.models[0].encoder, runtime="gpu")
 
 
 @pytest.mark.parametrize(("state", "questions"), STATES)
