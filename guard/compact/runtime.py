@@ -8,7 +8,7 @@ The heads stay in torch (float32). Training never uses this path.
 ``onnx-int8``, what ``runtime="auto"`` serves with (:func:`choose`), quantizes that graph with ONNX Runtime's dynamic
 quantization (``quantize_dynamic``): the matrix products' weights in int8 with one scale per output channel, the
 embedding tables in int8, activations quantized on each call. It runs the stack about 2x faster than float32 and
-torch bf16 (a 128-token request's ``Guard.evaluate`` p50 12.8 ms against 23-24 ms on a 2-core AVX512-VNNI VM,
+torch bf16 (a 128-token request's ``Guard.evaluate`` p50 11.8-14.2 ms against 22-26 ms on a 2-core AVX512-VNNI VM,
 ``bench/compact_latency.py``); the leave-one-source-group-out AUROCs move by at most 0.01 and single answers by 0.02
 on average (``docs/compact-model.md#int8``). ``onnx`` (float32) and ``torch`` (the encoder's dtype: bf16 where the CPU
 has it) give answers closer to training's, for those who name them (``$GUARD_COMPACT_RUNTIME``).
