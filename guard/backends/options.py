@@ -43,8 +43,8 @@ DEFAULT_DEVICE = "cpu"
 BACKEND_HELP = (
     "decision backend: compact (the embedded CPU model), compact:DIR, local:CHECKPOINT_DIR (Clef in process) or "
     "http:URL / a bare http(s)://URL (a System One server such as guard worker serve) or unix:SOCKET (a guard worker "
-    "on a Unix socket); a compact model's encoder runs on $GUARD_COMPACT_RUNTIME: auto (default), onnx, onnx-int8 or "
-    "torch"
+    "on a Unix socket); a compact model's encoder runs on $GUARD_COMPACT_RUNTIME: auto (default: onnx-int8), onnx, "
+    "onnx-int8 or torch"
 )
 
 
