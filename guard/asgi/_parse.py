@@ -9,6 +9,8 @@ in document order, joined by newlines, with two rules:
   of at most :data:`guard.subject.PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $`` (``max_tokens``, ``user_id``,
   ``Content-Type``) is structure, not text, and is left out so it neither dilutes the text nor causes false
   positives; any other key (with a space or other punctuation, non-ASCII, or longer) comes before its value.
+* **A text body that is a JSON document is judged as both.** An application may parse any body as JSON, so the
+  document's decoded strings follow the text (:func:`_judged_text`).
 * **File metadata is not text.** A multipart file's ``filename`` and ``content_type`` stay in ``body`` (a policy's
   state can address them) but only the file's content is judged.
 
@@ -128,7 +130,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         return _untyped(body, limits)
     elif is_textual(media):
         text = _text(body, media, params)
-        return text, text
+        return text, _judged_text(text, limits)
     elif limits.opaque_media == "metadata":
         return None, ""
     else:
@@ -174,6 +176,25 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
             return text, text
         raise _json_error(exc) from exc
     return value, "\n".join(body_strings(value))
+
+
+def _judged_text(text: str, limits: BodyLimits) -> str:
+    """What a text body (``text/*``, XML, YAML...) is judged as: the text, and when it is also a JSON document, the
+    document's strings after it.
+
+    An application can parse any body as JSON whatever its media type (Starlette's ``request.json()``, Flask's
+    ``get_json(force=True)``), so ``\\u`` escapes in a ``text/plain`` body must not hide what they decode to. Every
+    value of a repeated key is judged; a document too deep to parse is refused as a typed one is (400).
+    """
+    if text.lstrip()[:1] not in ("{", "[", '"'):
+        return text
+    try:
+        value = loads(text, max_depth=limits.max_json_depth, duplicate_keys="collect")
+    except InvalidJson as exc:
+        if exc.reason == "syntax":
+            return text
+        raise _json_error(exc) from exc
+    return "\n".join([text, *body_strings(value)])
 
 
 def _is_utf8(body: bytes) -> bool:

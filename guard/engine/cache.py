@@ -11,8 +11,9 @@ interface and one single-flight core:
   answer. Redis slow, down or holding a value of the wrong shape is a counted miss reported by
   :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
   allow. Across replicas a short lock (``SET NX PX``, token-checked release in Lua) elects one leader per
-  key; followers poll for the value and, when the leader fails, raise the leader's error so the policy's fail mode
-  decides for them too.
+  key; followers poll for the value and, when the leader fails, raise the leader's error (from a failure marker,
+  sealed like the values: an unsealed one is counted as ``forged`` and ignored) so the policy's fail mode decides
+  for them too.
 
 In one process, concurrent misses on one key share one task (one backend call); callers that time out leave the
 task running for the others.
@@ -550,6 +551,7 @@ return 0
     async def _follow(self, key: str, request: SystemOneRequestV1, wait: float, ttl: float) -> CachedAnswers | None:
         keys = (self._key("a", key), self._key("f", key), self._key("l", key))
         deadline = time.monotonic() + wait
+        ignored: bytes | None = None
         while time.monotonic() < deadline:
             await asyncio.sleep(self.config.poll_interval)
             got = await self._op(lambda r: r.mget(keys))
@@ -562,15 +564,30 @@ return 0
                 except MalformedAnswer as exc:
                     self._count_bad(key, exc)
                     return None
-            if failure is not None:
-                raise _failure_from_marker(failure)
+            if failure is not None and failure != ignored:
+                marker = self._checked_marker(key, failure)
+                if marker is not None:
+                    raise _failure_from_marker(marker)
+                ignored = failure  # counted once, not on every poll
             if lock is None:
                 return None  # the leader vanished without an answer: lead ourselves
         return None
 
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
-        marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend})
-        await self._op(lambda r: r.set(self._key("f", key), marker, px=FAILURE_MARKER_MS))
+        marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend}).encode()
+        blob = self._sealer.seal(self._key("f", key), marker).encode() + b"\n" + marker
+        await self._op(lambda r: r.set(self._key("f", key), blob, px=FAILURE_MARKER_MS))
+
+    def _checked_marker(self, key: str, raw: bytes) -> bytes | None:
+        """The leader's failure marker in ``raw`` when it carries this cache's seal for ``key``; else ``None``,
+        counted as ``forged``: a marker written without the store key cannot put followers in the fail mode."""
+        seal, _, marker = raw.partition(b"\n")
+        if self._sealer.check(self._key("f", key), marker, seal):
+            return marker
+        self._stats.forged += 1
+        logger.warning("leader failure marker for %s fails its integrity check (forged or edited in the store); "
+                       "ignoring it", key[:16])
+        return None
 
     async def aclose(self) -> None:
         """Close this loop's client (clients of other, finished loops are dropped)."""

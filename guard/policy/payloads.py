@@ -2,20 +2,28 @@
 shell or interpreter code that would run commands (``code_exec(x)``).
 
 The model reads meaning; these read syntax, so a rule can stop a request that carries SQL or script whatever the
-model thinks of its words. Each takes a string and tests each line of it on its own (``body_text`` joins a body's
-string values with newlines, so each line is one value or a line of one), and all answer rarely on ordinary text
+model thinks of its words. Each takes a string; ``sqli`` and ``code_exec`` test each line of it on its own
+(``body_text`` joins a body's string values with newlines, so each line is one value or a line of one), ``xss`` the
+whole text, as a browser would read it. All answer rarely on ordinary text
 (measured on every benign record in ``data/``: docs/policies.md, ``bench/payload_detectors.py``).
 
 ``sqli(x)``: some line holds a complete SQL statement that modifies or reads data, parsed by ``sqlglot`` from an SQL
-keyword to the end of the line: ``DROP``, ``INSERT``, ``UPDATE``, ``DELETE``, ``CREATE``, ``ALTER``, ``TRUNCATE``, or
-a ``SELECT`` that reads a table (``FROM``) or computes (``CASE``, a function, ``@@version``). Text before the keyword
-is not parsed, so a fragment that closes a quote first (``' UNION SELECT ...``, ``10; DROP TABLE users --``) counts.
-English that starts like SQL ("select the best option from the list", "delete my account") does not parse.
+keyword to the first ``;`` outside quotes (at most :data:`MAX_SQL_STATEMENT` characters): ``DROP``, ``INSERT``,
+``UPDATE``, ``DELETE``, ``CREATE``, ``ALTER``, ``TRUNCATE``, or a ``SELECT`` that reads a table (``FROM``) or computes
+(``CASE``, a function, ``@@version``). Text before the keyword is not parsed, so a fragment that closes a quote first
+(``' UNION SELECT ...``, ``10; DROP TABLE users --``) counts, and neither is text after the statement's ``;``
+(``'; DROP TABLE orders; nice shoes``). Lines are split at ``\n`` and ``\r`` only: a form feed, vertical tab or
+Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE`` is one statement. English that starts like SQL
+("select the best option from the list", "delete my account") does not parse. A text with more than
+:data:`MAX_SQL_STARTS` places where a statement could start counts as SQL: checking each would cost too much, and
+ordinary prose holds far fewer.
 
-``xss(x)``: some line holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
-event handler or a CSS ``expression(``, or a script URL: ``javascript:``/``vbscript:`` followed at once by code, or
-``data:text/html``, anywhere in the line (a bare link, a Markdown ``](...)`` target, an ``href``). "JavaScript: a
-guide" is not one (a space follows the colon).
+``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
+event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
+``javascript:``/``vbscript:`` followed at once by code, or ``data:text/html``, anywhere (a bare link, a Markdown
+``](...)`` target, an ``href``). The text is read as a browser reads it: character references decoded
+in a URL (``&#106;avascript&colon;``; escaped markup such as ``&lt;script&gt;`` is text, not a tag), tabs and line
+breaks inside a scheme ignored (``java<TAB>script:``). "JavaScript: a guide" is not one (a space follows the colon).
 
 ``code_exec(x)``: some line holds code that runs a command or reaches the interpreter's internals, by its syntax:
 shell command substitution with a command and an argument (``$(touch /tmp/x)``, ``$(whoami)``), a backticked command
@@ -31,6 +39,7 @@ in Python?", "what does eval do") has no such call and is not counted.
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +47,7 @@ from typing import Any
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.parser import Parser
-from sqlglot.tokens import Tokenizer
+from sqlglot.tokens import Token, Tokenizer, TokenType
 
 __all__ = ["FUNCTIONS", "code_exec", "sqli", "xss"]
 
@@ -49,17 +58,28 @@ _SQL_START_RE = re.compile(rf"\b(?:{'|'.join(_SQL_WORDS)})\b", re.IGNORECASE)
 _WRITES = (exp.Drop, exp.Insert, exp.Create, exp.Alter, exp.TruncateTable)
 #: Projections that make a FROM-less SELECT code rather than words.
 _COMPUTED = (exp.Case, exp.Func, exp.SessionParameter, exp.Parameter)
-#: Longest line parsed as SQL, in characters (a longer line is prose or data, and parsing it costs milliseconds).
-MAX_SQL_LINE = 2000
+#: Most characters parsed from one SQL keyword on (a statement longer than this is not looked for; parsing 2,000
+#: characters costs about a millisecond).
+MAX_SQL_STATEMENT = 2000
+#: Most SQL keywords parsed from in one text; a text with more counts as SQL (module docstring).
+MAX_SQL_STARTS = 64
+_LINE_BREAK_RE = re.compile(r"\r\n?|\n")
 
-_XSS_RE = re.compile(
-    r"<\s*(?:script|iframe|object|embed)\b"  # tags that run or load code
-    r"|<[a-z][^>\n]*?[\s/\"']on[a-z]+\s*="  # an event handler attribute
-    r"|<[a-z][^>\n]*?style\s*=[^>\n]*?expression\s*\("  # a CSS expression
-    r"|(?<![\w-])(?:javascript|vbscript)\s*:[^\s]"  # a script URL, code right after the colon
-    r"|(?<![\w-])data\s*:\s*text/html",  # an HTML document as a URL
-    re.IGNORECASE,
-)
+#: A URL scheme as browsers read it: tabs and line breaks inside it are removed before it is parsed.
+_SCHEME = "[\t\r\n]*".join
+_URL_BLANKS = str.maketrans("", "", "\t\r\n")
+#: A script URL (``javascript:``/``vbscript:`` with code right after the colon) or an HTML document as a URL.
+_SCRIPT_URL = (rf"(?<![\w-])(?:{_SCHEME('javascript')}|{_SCHEME('vbscript')})\s*:[^\s]"
+               r"|(?<![\w-])data\s*:\s*text/html")
+_SCRIPT_URL_RE = re.compile(_SCRIPT_URL, re.IGNORECASE)
+_XSS_RE = re.compile(r"<\s*(?:script|iframe|object|embed)\b|" + _SCRIPT_URL, re.IGNORECASE)  # + code-loading tags
+#: A start tag as a browser reads it: ``<``, a letter, then everything up to the first ``>`` outside quotes (its
+#: attributes may sit on lines of their own). The three alternatives start with different characters, so a match
+#: never backtracks and one scan of the text finds every tag.
+_TAG_RE = re.compile(r"<[a-z](?:\"[^\"]*\"|'[^']*'|[^\"'>])*", re.IGNORECASE)
+_EVENT_RE = re.compile(r"[\s/\"']on[a-z]+\s*=", re.IGNORECASE)  # an event handler attribute
+_STYLE_RE = re.compile(r"style\s*=", re.IGNORECASE)
+_EXPRESSION_RE = re.compile(r"expression\s*\(", re.IGNORECASE)  # a CSS expression, after a style attribute
 
 #: (mark, pattern): each pattern matches only text that holds its mark (lower case), so a text is searched only with
 #: the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
@@ -105,12 +125,32 @@ def _statement_is_code(statement: exp.Expression | None) -> bool:
     return False
 
 
+def _first_statement(candidate: str) -> list[Token] | None:
+    """The tokens of ``candidate`` up to its first ``;`` outside quotes; ``None`` when it does not tokenise. Text
+    after that ``;`` that does not tokenise (an apostrophe in prose) is cut off at the first ``;`` and tried again."""
+    try:
+        tokens = Tokenizer().tokenize(candidate)
+    except SqlglotError:  # TokenError: an unclosed quote or comment
+        head = candidate.split(";", 1)[0]
+        if head == candidate:
+            return None
+        try:
+            tokens = Tokenizer().tokenize(head)
+        except SqlglotError:
+            return None
+    end = next((i for i, token in enumerate(tokens) if token.token_type == TokenType.SEMICOLON), len(tokens))
+    return tokens[:end]
+
+
 def _parses_as_code(candidate: str) -> bool:
     if "/*" in candidate and "*/" not in candidate:
         candidate += "*/"  # a comment left open to cut off the rest of the host query
+    tokens = _first_statement(candidate)
+    if not tokens:
+        return False
     try:
-        statements = _Parser().parse(Tokenizer().tokenize(candidate), candidate)
-    except SqlglotError:  # ParseError, TokenError: words, not SQL
+        statements = _Parser().parse(tokens, candidate)
+    except SqlglotError:  # ParseError: words, not SQL
         return False
     return any(_statement_is_code(statement) for statement in statements)
 
@@ -131,11 +171,13 @@ def sqli(text: str) -> bool:
     lowered = _lowered(text, "sqli")
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
-    for line in text.splitlines():
-        if len(line) > MAX_SQL_LINE:
-            continue
+    starts = 0
+    for line in _LINE_BREAK_RE.split(text):
         for match in _SQL_START_RE.finditer(line):
-            if _parses_as_code(line[match.start() :]):
+            starts += 1
+            if starts > MAX_SQL_STARTS:
+                return True
+            if _parses_as_code(line[match.start() : match.start() + MAX_SQL_STATEMENT]):
                 return True
     return False
 
@@ -147,9 +189,24 @@ def xss(text: str) -> bool:
         TypeError: ``text`` is not a string.
     """
     lowered = _lowered(text, "xss")
-    if "<" not in text and "script" not in lowered and "text/html" not in lowered:  # the common case, fast
-        return False
-    return _XSS_RE.search(text) is not None
+    if "&" in text:  # a browser decodes character references in an attribute: &#106;avascript: is javascript:
+        decoded = html.unescape(text)  # (in markup, &lt;script&gt; is text that shows, not a tag)
+        if decoded != text and _SCRIPT_URL_RE.search(decoded) is not None:
+            return True
+    if "<" not in text and "text/html" not in lowered and "script" not in lowered.translate(_URL_BLANKS):
+        return False  # the common case, fast
+    if _XSS_RE.search(text) is not None:
+        return True
+    return "<" in text and any(_tag_runs_code(tag.group()) for tag in _TAG_RE.finditer(text))
+
+
+def _tag_runs_code(tag: str) -> bool:
+    """Whether a start tag (``<`` up to its ``>``) has an ``on...=`` event handler or a CSS ``expression(`` in a
+    ``style`` attribute."""
+    if _EVENT_RE.search(tag) is not None:
+        return True
+    style = _STYLE_RE.search(tag)
+    return style is not None and _EXPRESSION_RE.search(tag, style.end()) is not None
 
 
 def code_exec(text: str) -> bool:

@@ -307,6 +307,22 @@ async def test_an_untyped_json_body_is_judged_as_json(make_guard: GuardFactory) 
     assert plain.status_code == 403
 
 
+async def test_a_text_body_that_is_json_is_judged_on_its_decoded_strings_too(make_guard: GuardFactory) -> None:
+    """Starlette's ``request.json()`` parses a ``text/plain`` body as JSON whatever its media type says, so the escapes
+    of a text body that is a JSON document cannot hide what they decode to; every value of a repeated key counts."""
+    for media in ("text/plain", "text/plain; charset=utf-8", "text/markdown"):
+        guarded = await _post(make_guard(), ESCAPED.encode(), {"content-type": media})
+        assert guarded.status_code == 403, media
+    duplicate = '{"prompt": "hello", "prompt": ' + ESCAPED.split(": ", 1)[1]
+    assert (await _post(make_guard(), duplicate.encode(), {"content-type": "text/plain"})).status_code == 403
+    limits = BodyLimits()
+    assert parse_body(b'{"a": "\\u0044ROP"}', "text/plain", limits) == ('{"a": "\\u0044ROP"}', '{"a": "\\u0044ROP"}\nDROP')
+    assert parse_body(b"{not json", "text/plain", limits) == ("{not json", "{not json")  # text, as it is
+    with pytest.raises(BodyError) as refused:
+        parse_body(b'{"a": ' * 200 + b"1" + b"}" * 200, "text/plain", limits)  # deeper than a JSON body may be
+    assert refused.value.status == 400
+
+
 async def test_a_repeated_body_gets_the_same_verdict_and_a_refused_one_stays_refused(make_guard: GuardFactory) -> None:
     guard = make_guard()
     async with client_for(guarded_app(guard)) as client:

