@@ -183,11 +183,16 @@ class ReverseProxy:
 
     def _headers(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
         """The headers sent upstream (hop-by-hop ones dropped; ``Host`` and ``X-Forwarded-*`` set) and whether the
-        request has a body; names lower-cased."""
+        request has a body; names lower-cased.
+
+        With ``Transfer-Encoding`` the client's ``Content-Length`` is not sent either: the server read the body by
+        its chunks (RFC 9112 section 6.3: the encoding overrides the length), so the upstream gets that body chunked.
+        Sending the length with the de-chunked body would let the upstream read the rest of it as a second request,
+        one guard never judged (request smuggling)."""
         out: list[tuple[bytes, bytes]] = []
         named: set[bytes] = set()
         host = forwarded_for = None
-        has_body = False
+        has_body = chunked = False
         for k, v in scope["headers"]:
             name = k.lower()
             if name in _NOT_COPIED:
@@ -196,13 +201,15 @@ class ReverseProxy:
                 elif name == b"x-forwarded-for":
                     forwarded_for = v if forwarded_for is None else forwarded_for + b", " + v
                 elif name == b"transfer-encoding":
-                    has_body = True
+                    has_body = chunked = True
                 elif name == b"connection":
                     named |= _connection_tokens(v)
                 continue
             if name == b"content-length":
                 has_body = True
             out.append((name, v))
+        if chunked:
+            named.add(b"content-length")
         if named:
             out = [(k, v) for k, v in out if k not in named]
         out.append((b"host", host if self.config.preserve_host and host else self._host))

@@ -25,6 +25,7 @@ from starlette.routing import Route
 from guard.asgi.admin import admin_app
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S
 from guard.asgi.proxy import ProxyApp, ProxyConfig, ReverseProxy, _forward_headers, proxy_app
+from guard.asgi.server import server_options
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
@@ -32,7 +33,7 @@ from guard.engine.cache import CacheConfig, RedisCache
 from guard.errors import PolicyError
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, scripted_answers, sha
-from tests.asgi._servers import serve_in_thread
+from tests.asgi._servers import raw_request, serve_in_thread
 
 pytestmark = pytest.mark.anyio
 
@@ -455,6 +456,30 @@ def test_upstream_headers_drop_every_hop_by_hop_header_and_what_connection_names
                                                            (b"content-length", b"3")]})
     assert has_body and not any(k == b"content-length" for k, _ in named)
     assert proxy._headers({**scope, "headers": [(b"host", b"h")]})[1] is False
+    # Content-Length next to Transfer-Encoding: the body was read by its chunks, so it goes chunked, without the length
+    both, has_body = proxy._headers({**scope, "headers": [(b"content-length", b"2"), (b"transfer-encoding", b"chunked")]})
+    assert has_body and not any(k in (b"content-length", b"transfer-encoding") for k, _ in both)
+
+
+async def test_a_request_with_both_framings_cannot_smuggle_a_second_request(make_guard: GuardFactory,
+                                                                            upstream: tuple[Upstream, str]) -> None:
+    """Content-Length: 2 and Transfer-Encoding: chunked on a path no policy judges, the chunked body holding ``{}``
+    and then a second request with an attack for a judged path: the upstream must get one request with the whole
+    body, not the first two bytes and a second request guard never judged."""
+    server, url = upstream
+    inner = json.dumps({"prompt": ATTACK}).encode()
+    smuggled = (b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(inner)) + inner
+    body = b"{}" + smuggled
+    head = (b"POST /public/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    calls = len(server.calls)
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url)), **server_options()) as proxy:  # as guard proxy
+        answer = raw_request(int(proxy.rsplit(":", 1)[1]), head + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+        await asyncio.sleep(0.2)  # a smuggled second request would reach the upstream right after the first
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["length"] == len(body)
+    assert server.calls[calls:] == ["/public/echo"]
 
 
 def test_response_headers_drop_hop_by_hop_ones_and_keep_the_rest_in_order() -> None:
