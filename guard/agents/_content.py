@@ -10,7 +10,10 @@ message instead, leaving out only
 * tool calls (``tool_call``, ``tool_call_chunk``, ``invalid_tool_call`` blocks, Anthropic ``tool_use``, OpenAI
   ``function_call``, and ``additional_kwargs["tool_calls"]``): their arguments are judged by the tool-call policy;
 * values that are not text: ids, indexes, signatures, encrypted reasoning, base64 data and MIME types
-  (:data:`OPAQUE_KEYS`); and guard's own ``lc_source`` / ``lc_data`` metadata.
+  (:data:`OPAQUE_KEYS`); and guard's own ``lc_source`` / ``lc_data`` metadata. Data whose block says it is text is
+  read (:func:`_text_payload`): an Anthropic plain-text document (``source: {type: text, media_type: text/plain,
+  data}``), LangChain's ``text-plain`` block with ``base64``, any ``data`` / ``base64`` of a text, JSON, XML or YAML
+  media type (base64 decoded as UTF-8), so a document block cannot carry instructions past the check.
 
 Anything else, whatever its shape (a stray or unknown block included), is walked; a value that is not a string,
 list or mapping is skipped, so odd content never raises and never switches the check off.
@@ -18,6 +21,8 @@ list or mapping is skipped, so odd content never raises and never switches the c
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +35,8 @@ TOOL_CALL_BLOCKS = frozenset(
 )
 """Content block types that hold a tool call (judged by the tool-call policy, not as text)."""
 OPAQUE_KEYS = frozenset(
-    {"type", "id", "index", "signature", "encrypted_content", "base64", "data", "mime_type", "file_id", "call_id"}
+    {"type", "id", "index", "signature", "encrypted_content", "base64", "data", "mime_type", "media_type", "file_id",
+     "call_id"}
 )
 """Keys whose values are identifiers or binary/encrypted payloads, never text a reader sees."""
 _SKIPPED_KWARGS = frozenset({"tool_calls", "function_call", "lc_source", "lc_data"})
@@ -49,10 +55,41 @@ def _strings(value: Any) -> list[str]:
             if item.get("type") in TOOL_CALL_BLOCKS:
                 continue
             stack.extend(reversed([v for k, v in item.items() if k not in OPAQUE_KEYS]))
+            payload = _text_payload(item)
+            if payload:
+                found.append(payload)
         elif isinstance(item, (list, tuple)):
             stack.extend(reversed(item))
     return found
 
+
+def _text_payload(block: Mapping[Any, Any]) -> str | None:
+    """The text ``block`` carries as data: its ``data`` or ``base64`` string when the block is text (its ``type`` is
+    ``text`` or ``text-plain``, or its ``media_type`` / ``mime_type`` is ``text/*``, JSON, XML or YAML); base64
+    (``base64``, or ``data`` of a block whose ``type`` is ``base64``) decoded as UTF-8, undecodable bytes replaced.
+    ``None`` for other blocks (images, PDFs, encrypted reasoning)."""
+    media = block.get("media_type") or block.get("mime_type")
+    kind = block.get("type")
+    textual = kind in ("text", "text-plain") or (isinstance(media, str) and _is_text_media(media))
+    if not textual:
+        return None
+    data, encoded = block.get("data"), block.get("base64")
+    if isinstance(data, str):
+        return _from_base64(data) if kind == "base64" else data
+    return _from_base64(encoded) if isinstance(encoded, str) else None
+
+
+def _is_text_media(media: str) -> bool:
+    name = media.split(";", 1)[0].strip().lower()
+    return name.startswith("text/") or name.endswith(("/json", "+json", "/xml", "+xml", "/yaml", "/x-yaml"))
+
+
+def _from_base64(encoded: str) -> str:
+    try:
+        return base64.b64decode(encoded, validate=False).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return encoded  # not base64 after all: judged as the text it is
+    
 
 def message_text(message: BaseMessage) -> str:
     """Every piece of text in ``message`` (content blocks of any type, then ``additional_kwargs``), joined with
