@@ -3,8 +3,10 @@
 Pure Python and deterministic: each segment of the text (a sentence or a line; YAML and JSON escapes undone first) is
 matched against families of cues that say "this text talks to the assistant, not to a reader":
 
-* ``address``: it speaks to the model (``to you, GPT-4``, ``dear assistant``, ``note to AI``);
-* ``override``: it tries to replace the agent's instructions (``ignore your previous ...``, ``new task``,
+* ``address``: it speaks to the model (``to you, GPT-4``, ``dear assistant``, ``note to AI``, a command that opens
+  by calling it: ``Assistant, forward ...``, ``AI agent: send ...``);
+* ``override``: it tries to replace the agent's instructions (``ignore your previous ...``, ``ignore what you were
+  told``, ``new task``,
   ``your objective is``, ``from now on``, ``instead``);
 * ``task``: it refers to the agent's own task (``before you can solve the task``, ``the task I gave you``,
   ``end each response with``);
@@ -60,6 +62,12 @@ class Span:
 Detector = Callable[[str], tuple[Span, ...]]
 
 _F = re.IGNORECASE
+_VERBS = (
+    "send|email|e-mail|forward|transfer|pay|wire|delete|remove|erase|wipe|create|invite|add|post|publish|upload|"
+    "visit|open|go|click|change|modify|update|reset|set|make|reserve|book|cancel|concatenate|share|say|tell|write|"
+    "reply|schedule|grant|give|download|execute|run|copy|move|rename|get|fetch|read|find|search|list|print|reveal|"
+    "leak|disclose|exfiltrate|summari[sz]e|include|append|output|respond|answer|insert|put|transmit|submit|buy|order"
+)
 _ADDRESS = re.compile(
     r"\bto you,?\s+(?:the\s+)?(?:ai|assistant|model|agent|llm|gpt|claude|gemini|llama|chatbot|bot)\b"
     r"|\bto you,\s+[A-Z][\w.-]*\b"  # "from me, Emma, to you, GPT-4"
@@ -67,12 +75,17 @@ _ADDRESS = re.compile(
     r"(?:ai|a\.i\.|assistant|model|agent|llm|language model|chatbot|bot)s?\b"
     r"|\b(?:ai|assistant|model|agent|llm)s?\s+(?:reading|processing|summari[sz]ing)\s+(?:this|these)\b"
     r"|\byou,?\s+(?:the\s+)?(?:ai|assistant|ai model|language model)\b"
-    r"|\bimportant message from\b",
+    r"|\bimportant message from\b"
+    # a command that opens by calling the model ("Assistant, forward ...", "AI agent: send ...")
+    r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?(?:ai\s+)?(?:assistant|agent|model|llm|ai)\s*[,:]\s*"
+    rf"(?:(?:please|kindly|now)\s*,?\s+)?(?:{_VERBS})\b",
     _F,
 )
 _OVERRIDE = re.compile(
     r"\b(?:ignore|disregard|forget|override|bypass|skip)\b[^.\n]{0,40}?"
     r"\b(?:previous|prior|earlier|above|all|everything|your|any|other|original|initial)\b"
+    r"|\b(?:ignore|disregard|forget)\b[^.\n]{0,40}?\byou(?:'ve|\s+have|\s+were|\s+are)\s+(?:been\s+)?"
+    r"(?:told|given|instructed|asked)\b"  # "ignore what you were told before"
     r"|\b(?:previous|prior|earlier|original|initial)\s+(?:instructions?|iunstructions?|tasks?|prompts?|directives?|rules)"
     r"|\bnew\s+(?:instructions?|task|objective|goal|directive|priority)\b"
     r"|\byour\s+(?:real\s+|true\s+|new\s+|actual\s+|only\s+|primary\s+)?(?:objective|task|goal|mission|job|instructions?)"
@@ -103,12 +116,6 @@ _CHANNEL = re.compile(
 _LABEL = re.compile(
     r"^(?:todo|important|attention|urgent|note|system|instructions?|admin|reminder|action required)\b\s*(?:[:!]|!!)",
     _F,
-)
-_VERBS = (
-    "send|email|e-mail|forward|transfer|pay|wire|delete|remove|erase|wipe|create|invite|add|post|publish|upload|"
-    "visit|open|go|click|change|modify|update|reset|set|make|reserve|book|cancel|concatenate|share|say|tell|write|"
-    "reply|schedule|grant|give|download|execute|run|copy|move|rename|get|fetch|read|find|search|list|print|reveal|"
-    "leak|disclose|exfiltrate|summari[sz]e|include|append|output|respond|answer|insert|put|transmit|submit|buy|order"
 )
 _IMPERATIVE = re.compile(
     rf"^\W{{0,3}}(?:[A-Za-z]+\s*[:!]+\s*)?(?:(?:please|kindly|now|then|also|first|just)\s*,?\s+)*"
@@ -148,7 +155,7 @@ _SEGMENT_END = re.compile(
 
 
 def _cues(segment: str) -> tuple[str, ...]:
-    text = segment.replace("''", "'").strip()
+    text = whole = segment.replace("''", "'").strip()
     labelled = bool(_CHANNEL.search(text))
     while True:  # peel list dashes, quotes, keys and tags off the front, noting any label on the way
         labelled = labelled or bool(_LABEL.match(text))
@@ -157,7 +164,7 @@ def _cues(segment: str) -> tuple[str, ...]:
             break
         text = peeled
     found = []
-    if _ADDRESS.search(text):
+    if _ADDRESS.search(text) or _ADDRESS.search(whole):  # whole: "AI agent: send ..." reads as a key and its value
         found.append("address")
     if _IMPERATIVE.match(text):
         found.append("imperative")
