@@ -98,10 +98,12 @@ TrailingSlash = Literal["strip", "keep"]
 """``strip`` (default): a path ending in ``/`` is also matched without it; ``keep``: only as sent."""
 UnexpectedBody = Literal["refuse", "judge", "pass"]
 """A body on a method without body semantics (:data:`BODYLESS_METHODS`) that no policy matches as sent (one that
-lists the method judges it as usual): 400 ``unexpected_body`` (``refuse``, default), judged by the policy that would
-judge it as a POST (``judge``), or passed unjudged (``pass``)."""
+lists the method judges it as usual), or on any other method but POST, PUT and PATCH (``QUERY``, a WebDAV or custom
+method) that no policy matches as sent but one would as a POST: 400 ``unexpected_body`` (``refuse``, default), judged
+by the policy that would judge it as a POST (``judge``), or passed unjudged (``pass``)."""
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
 """Methods whose request content has no defined meaning (RFC 9110 9.3); many routers still read one."""
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class GuardMiddleware:
@@ -223,12 +225,15 @@ class GuardMiddleware:
             headers = header_map(scope)
             judged = self._judged_method(scope, headers)
             head, matched = self._match(judged, headers)
-            if (not matched and self.unexpected_body != "pass" and judged["method"].upper() in BODYLESS_METHODS
+            method = judged["method"].upper()
+            if (not matched and self.unexpected_body != "pass" and method not in _BODY_METHODS
                     and _has_body(headers)):  # a body no policy would judge
-                if self.unexpected_body == "refuse":
-                    raise BodyError(400, "unexpected_body", f"a {judged['method'].upper()} request carries a body; "
-                                    "send it with POST, PUT or PATCH", field="body")
-                head, matched = self._match({**judged, "method": "POST"}, headers)
+                as_post = self._match({**judged, "method": "POST"}, headers)
+                if method in BODYLESS_METHODS or as_post[1]:  # another method: only where a POST would be judged
+                    if self.unexpected_body == "refuse":
+                        raise BodyError(400, "unexpected_body", f"a {method} request carries a body; send it with "
+                                        "POST, PUT or PATCH", field="body")
+                    head, matched = as_post
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return

@@ -130,7 +130,7 @@ def _echo_path_app(**options: object) -> Starlette:
                              "length": len(await request.body())})
 
     guard = Guard(PolicySet(load_text(EXACT_POLICY)), backends=ScriptedBackend(scripted_answers))
-    return Starlette(routes=[Route("/{path:path}", echo, methods=["GET", "POST", "DELETE", "OPTIONS"])],
+    return Starlette(routes=[Route("/{path:path}", echo, methods=["GET", "POST", "DELETE", "OPTIONS", "QUERY"])],
                      middleware=[Middleware(GuardMiddleware, guard=guard, **options)])
 
 
@@ -161,16 +161,19 @@ def test_a_body_on_get_or_delete_is_refused_or_judged_never_unjudged() -> None:
     with serve_in_thread(_echo_path_app()) as base:
         port = int(base.rsplit(":", 1)[1])
         refused = {m: _post(port, attack, "Content-Type: application/json", method=m, target="/v1/x")
-                   for m in ("GET", "OPTIONS")}
+                   for m in ("GET", "OPTIONS", "QUERY")}  # QUERY: a method with a body no policy lists
+        elsewhere = _post(port, attack, "Content-Type: application/json", method="QUERY", target="/other")
         listed = _post(port, attack, "Content-Type: application/json", method="DELETE", target="/v1/x")
         bodiless = _post(port, b"", method="GET", target="/v1/x")
     for status, body in refused.values():
         assert (status, body["code"], body["field"]) == (400, "unexpected_body", "body")
     assert bodiless == (200, {"path": "/v1/x", "raw": "/v1/x", "length": 0})
     assert listed[0] == 403  # the policy lists DELETE: its body is judged as usual
+    assert elsewhere[0] == 200  # no policy would judge it as a POST either: another method's body there is the app's
     with serve_in_thread(_echo_path_app(unexpected_body="judge")) as base:
         port = int(base.rsplit(":", 1)[1])
         judged = _post(port, attack, "Content-Type: application/json", method="GET", target="/v1/x")
+        assert _post(port, attack, "Content-Type: application/json", method="QUERY", target="/v1/x")[0] == 403
         allowed = _post(port, json.dumps({"message": BENIGN}).encode(), "Content-Type: application/json",
                         method="GET", target="/v1/x")
     assert judged[0] == 403 and allowed == (200, {"path": "/v1/x", "raw": "/v1/x", "length": len(BENIGN) + 15})
