@@ -12,6 +12,7 @@ authored indirect set, AgentDojo tool outputs) are the detector's target.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import Counter
 from pathlib import Path
@@ -23,6 +24,7 @@ FILES = (*sorted((DATA / "prompt_injection").glob("*.jsonl")), DATA / "agent_too
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0]).parse_args()
     total: Counter[str] = Counter()
     print(f"{'source':42s} {'attacks found':>16s} {'benign flagged':>16s}")
     for path in FILES:
