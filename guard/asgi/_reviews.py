@@ -42,7 +42,14 @@ from guard.asgi._responses import (
     send_with_headers,
     verdict_headers,
 )
-from guard.asgi._subject import SENSITIVE_HEADERS, client_address, header_map, held_request, subject_summary
+from guard.asgi._subject import (
+    METHOD_OVERRIDE_HEADERS,
+    SENSITIVE_HEADERS,
+    client_address,
+    header_map,
+    held_request,
+    subject_summary,
+)
 from guard.asgi.review_store import ReviewItem, ReviewStore
 from guard.errors import (
     BodyError,
@@ -127,9 +134,12 @@ def content_digest(method: str, path: str, query: bytes, body: bytes, headers: S
 
 
 def _scope_digest(mw: ReviewHost, scope: Scope, body: bytes, bound: dict[str, Any], release_token: bytes) -> str:
-    """:func:`content_digest` of a request as it arrived (held, or resent)."""
+    """:func:`content_digest` of a request as it arrived (held, or resent). The method is bound with any method
+    override header (the ``_method`` query parameter is in the query), so an approved POST cannot be resent as the
+    PUT an application that honours the header would run."""
     headers = header_map(scope)
-    return content_digest(scope["method"], scope["path"], scope.get("query_string", b""), body, scope["headers"],
+    overrides = [f"{name}={headers[name]}" for name in sorted(METHOD_OVERRIDE_HEADERS) if name in headers]
+    return content_digest("\n".join([scope["method"], *overrides]), scope["path"], scope.get("query_string", b""), body, scope["headers"],
                           bound, client_address(scope, headers, mw.client_header), mw.tenant_of(scope, headers),
                           release_token, scope["headers"])
 

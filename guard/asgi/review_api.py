@@ -204,7 +204,7 @@ class _Api:
             return _error(400, "invalid_parameter", f"status {status[:40]!r} is not one of {[*STATUSES, 'all']}",
                           "status")
         raw_limit = request.query_params.get("limit", "100")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
+        if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
             return _error(400, "invalid_parameter", f"limit {raw_limit[:40]!r} must be an integer from 1 to "
                           f"{MAX_LIST_LIMIT}", "limit")
         try:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Collection
@@ -70,6 +71,7 @@ DEFAULT_MAX_PENDING_PER_CLIENT = 100
 """Most pending items one client may have at once (both stores); one more is a 429 for that client only, so a
 client filling the store cannot turn every other client's escalation into a 503."""
 DEFAULT_LIST_LIMIT = 100
+_REVIEW_ID = re.compile(r"rv_[0-9a-f]{24}")
 
 logger = logging.getLogger("guard.review")
 
@@ -457,6 +459,14 @@ return {3, ARGV[2]}
         return f"RedisReviewStore(prefix={self.prefix!r}, ttl_s={self.ttl_s})"
 
     def _key(self, review_id: str) -> str:
+        """The item's Redis key.
+
+        Raises:
+            ReviewNotFound: ``review_id`` is not of an item's shape (``rv_`` + 24 hex digits), so no id a client
+                sends reaches the store's own keys (its expiry index, its per-client counters).
+        """
+        if not _REVIEW_ID.fullmatch(review_id):
+            raise ReviewNotFound(review_id)
         return f"{self.prefix}{review_id}"
 
     def _pending_key(self, client: str) -> str:

@@ -28,9 +28,10 @@ JSON = {"content-type": "application/json", "authorization": "Bearer client-toke
 REVIEWERS = {"alice": "alice-secret-0123456789", "bob": "bob-secret-0123456789ab"}
 
 
-def _app(guard: Guard, store: ReviewStore) -> Starlette:
+def _app(guard: Guard, store: ReviewStore, **options: Any) -> Starlette:
     routes = [Mount("/admin/reviews", app=review_app(store, reviewers=REVIEWERS)), *echo_routes()]
-    return Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard, review_store=store)])
+    return Starlette(routes=routes,
+                     middleware=[Middleware(GuardMiddleware, guard=guard, review_store=store, **options)])
 
 
 def _admin(token: str = REVIEWERS["alice"]) -> dict[str, str]:
@@ -105,12 +106,31 @@ async def test_round_trip_by_resending_with_the_review_id(make_guard: GuardFacto
         resend = {**JSON, **_release(held), "x-guard-review-id": held["review_id"]}
         other = await client.post("/v1/echo?lang=en", content=UNSURE.replace(b"maybe", b"MAYBE"), headers=resend)
         assert other.status_code == 409 and "digest mismatch" in other.json()["message"]
+        # a method override header the reviewer never saw (refused by default: 400 method_override)
+        overridden = await client.post("/v1/echo?lang=en", content=UNSURE,
+                                       headers={**resend, "x-http-method-override": "PUT"})
+        assert overridden.status_code == 400 and overridden.json()["code"] == "method_override"
         same = await client.post("/v1/echo?lang=en", content=UNSURE, headers=resend)
         assert same.status_code == 200 and same.json()["sha256"] == sha(UNSURE)
         assert same.json()["authorization"] == "Bearer client-token"
         twice = await client.post("/v1/echo?lang=en", content=UNSURE, headers=resend)
         assert twice.status_code == 409 and twice.json()["status"] == "released"
         assert (await client.post(held["release_url"], headers=_release(held))).status_code == 409
+
+
+@pytest.mark.parametrize("mode", ["judge", "ignore"])
+async def test_a_release_is_bound_to_the_method_override_headers(make_guard: GuardFactory, mode: str) -> None:
+    """With overrides judged or ignored, an approved POST resent with an override header (which an application that
+    honours it would run as a PUT) does not match what was reviewed."""
+    store = MemoryReviewStore()
+    async with client_for(_app(make_guard(), store, method_override=mode)) as client:
+        held = await _escalate(client)
+        await client.post(f"/admin/reviews/{held['review_id']}/approve", headers=_admin())
+        resend = {**JSON, **_release(held), "x-guard-review-id": held["review_id"]}
+        overridden = await client.post("/v1/echo?lang=en", content=UNSURE,
+                                       headers={**resend, "x-http-method-override": "PUT"})
+        assert overridden.status_code == 409 and "digest mismatch" in overridden.json()["message"]
+        assert (await client.post("/v1/echo?lang=en", content=UNSURE, headers=resend)).status_code == 200
 
 
 async def test_rejected_and_unknown_items(make_guard: GuardFactory, store: ReviewStore) -> None:
@@ -121,6 +141,9 @@ async def test_rejected_and_unknown_items(make_guard: GuardFactory, store: Revie
         assert (await client.post(held["release_url"])).status_code == 409
         assert (await client.post(f"/admin/reviews/{held['review_id']}/approve", headers=_admin())).status_code == 409
         assert (await client.get("/_guard/reviews/rv_unknown")).status_code == 404
+        for odd in ("index", "pending:" + "0" * 32):  # not an item's id: never one of the store's own keys
+            assert (await client.get(f"/_guard/reviews/{odd}")).status_code == 404, odd
+            assert (await client.post(f"/_guard/reviews/{odd}/release")).status_code == 404, odd
         assert (await client.post("/_guard/reviews/rv_unknown/release")).json()["code"] == "review_not_found"
         resend = await client.post("/v1/echo", content=UNSURE, headers={**JSON, "x-guard-review-id": "rv_unknown"})
         assert resend.status_code == 404
@@ -138,6 +161,9 @@ async def test_review_api_validation_and_token(make_guard: GuardFactory) -> None
         bad_status = await client.get("/admin/reviews/?status=done", headers=_admin())
         assert bad_status.status_code == 400 and bad_status.json()["field"] == "status"
         assert (await client.get("/admin/reviews/?limit=0", headers=_admin())).json()["field"] == "limit"
+        for odd in ("\u00b2", "1\u00b2", "\u0663", "+5", " 5"):  # a superscript, an Arabic-Indic digit, a sign
+            answer = await client.get("/admin/reviews/", params={"limit": odd}, headers=_admin())
+            assert (answer.status_code, answer.json()["field"]) == (400, "limit"), odd
         item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
         assert item["rule"] == "unsure_injection" and "request" not in item
         url = f"/admin/reviews/{held['review_id']}/approve"
