@@ -89,7 +89,7 @@ def _from_base64(encoded: str) -> str:
         return base64.b64decode(encoded, validate=False).decode("utf-8", "replace")
     except (binascii.Error, ValueError):
         return encoded  # not base64 after all: judged as the text it is
-    
+
 
 def message_text(message: BaseMessage) -> str:
     """Every piece of text in ``message`` (content blocks of any type, then ``additional_kwargs``), joined with

@@ -501,8 +501,8 @@ return 0
         if held is not None and held[2] == raw:
             answers = held[1]
         else:
-            seal, _, blob = raw.partition(b"\n")
-            if not self._sealer.check(self._key("a", key), blob, seal):
+            blob = self._opened("a", key, raw)
+            if blob is None:
                 raise ForgedEntry("stored answers fail their integrity check")
             try:
                 value = json.loads(blob)
@@ -529,7 +529,7 @@ return 0
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
         data = json.dumps(value, separators=(",", ":")).encode()
-        blob = self._sealer.seal(self._key("a", key), data).encode() + b"\n" + data
+        blob = self._sealed("a", key, data)
         result = await self._op(lambda r: r.set(self._key("a", key), blob, px=max(1, int(ttl * 1000))))
         if result is not _FAILED:
             self._stats.stores += 1
@@ -575,14 +575,24 @@ return 0
 
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
         marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend}).encode()
-        blob = self._sealer.seal(self._key("f", key), marker).encode() + b"\n" + marker
+        blob = self._sealed("f", key, marker)
         await self._op(lambda r: r.set(self._key("f", key), blob, px=FAILURE_MARKER_MS))
+
+    def _sealed(self, kind: str, key: str, data: bytes) -> bytes:
+        """``data`` as stored under the ``kind`` key of ``key``: its seal (hex), a newline, the data."""
+        return self._sealer.seal(self._key(kind, key), data).encode() + b"\n" + data
+
+    def _opened(self, kind: str, key: str, raw: bytes) -> bytes | None:
+        """The data of :meth:`_sealed` ``raw`` read from the ``kind`` key of ``key``; ``None`` when its seal does not
+        check."""
+        seal, _, data = raw.partition(b"\n")
+        return data if self._sealer.check(self._key(kind, key), data, seal) else None
 
     def _checked_marker(self, key: str, raw: bytes) -> bytes | None:
         """The leader's failure marker in ``raw`` when it carries this cache's seal for ``key``; else ``None``,
         counted as ``forged``: a marker written without the store key cannot put followers in the fail mode."""
-        seal, _, marker = raw.partition(b"\n")
-        if self._sealer.check(self._key("f", key), marker, seal):
+        marker = self._opened("f", key, raw)
+        if marker is not None:
             return marker
         self._stats.forged += 1
         logger.warning("leader failure marker for %s fails its integrity check (forged or edited in the store); "
