@@ -45,7 +45,7 @@ class HttpSubject:
         client: client identity: the peer address, or what a trusted header says.
         content_type: media type without parameters, lower-case (``"application/json"``).
         body: the decoded body: a JSON value, ``{field: [values]}`` for forms, a ``str`` for text, ``None`` if empty.
-        body_text: the text fields of the body joined, for policies that judge "all user text" at once.
+        body_text: the text fields of the body joined, for policies that judge "all user text" of the body at once.
         status: the response status (responses only).
         phase: ``request``, or ``response``: then ``headers``, ``content_type``, ``body`` and ``body_text`` are the
             response's (a streamed response's: the window being judged, as text), and method, path, host, client and
@@ -65,6 +65,17 @@ class HttpSubject:
     status: int | None = None
     phase: Literal["request", "response"] = "request"
     kind: Literal["http"] = "http"
+
+    @property
+    def request_text(self) -> str:
+        """All user text the request carries, joined with newlines: the query's judged strings (each value, and each
+        parameter name that is not a plain identifier, as :func:`body_strings` reads a form), then ``body_text``.
+
+        An app may read a parameter from the query as readily as from the body (a web framework's scalar
+        parameters default to the query), so a policy that judges "all user text" reads this, not ``body_text``.
+        Empty strings are left out.
+        """
+        return "\n".join(part for part in (*body_strings(self.query), self.body_text) if part)
 
 
 @dataclass(frozen=True)

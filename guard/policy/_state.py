@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_TRUNCATE",
     "HTTP_SOURCES",
     "NORMALIZE_WINDOW",
+    "REQUEST_SOURCES",
     "RESPONSE_SOURCES",
     "StateField",
     "Truncate",
@@ -53,10 +54,15 @@ NORMALIZE_WINDOW = 2
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 
 HTTP_SOURCES = frozenset(
-    {"method", "path", "host", "client", "content_type", "query", "header", "body", "form", "body_text", "status"}
+    {
+        "method", "path", "host", "client", "content_type", "query", "header", "body", "form", "body_text",
+        "request_text", "status",
+    }
 )
 #: Sources only a response policy (``match.http.response``) can read.
 RESPONSE_SOURCES = frozenset({"status"})
+#: Sources only a request policy can read (a response policy's ``body_text`` is the response's text).
+REQUEST_SOURCES = frozenset({"request_text"})
 AGENT_SOURCES = frozenset({"event", "tool_name", "arguments", "tool_result", "user_message", "text"})
 POINTER_SOURCES = frozenset({"body", "form", "arguments", "tool_result"})
 NAMED_SOURCES = frozenset({"header", "query", "form"})

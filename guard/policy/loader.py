@@ -23,6 +23,7 @@ from guard.policy._state import (
     HTTP_SOURCES,
     NAMED_SOURCES,
     POINTER_SOURCES,
+    REQUEST_SOURCES,
     RESPONSE_SOURCES,
     StateField,
     default_fields,
@@ -411,6 +412,9 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
     if src in RESPONSE_SOURCES and "response" not in kinds:
         problem(("from",), f"source {src!r} reads upstream responses; only a response policy (match.http.response) "
                 "has one")
+    if src in REQUEST_SOURCES and "response" in kinds:
+        problem(("from",), f"source {src!r} reads a request's query and body; a response policy judges the "
+                "response's text (body_text)")
     if src in AGENT_SOURCES and "agent" not in kinds:
         problem(("from",), f"source {src!r} reads agent events but the policy matches only HTTP requests")
     pointer: tuple[str, ...] = ()

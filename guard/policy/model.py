@@ -53,6 +53,7 @@ SourceName = Literal[
     "body",
     "form",
     "body_text",
+    "request_text",
     "status",
     # agent subjects
     "event",
@@ -196,7 +197,8 @@ class SourceSpec(_Strict):
         default=None,
         alias="from",
         description="The subject field to read: HTTP method, path, host, client, content_type, query, header, body, "
-        "form, body_text; agent event, tool_name, arguments, tool_result, user_message, text.",
+        "form, body_text (the body's text), request_text (the query's and the body's text; requests only), status "
+        "(responses only); agent event, tool_name, arguments, tool_result, user_message, text.",
     )
     const: Any = Field(default=None, description="A fixed JSON value for this field (instead of 'from').")
     fields: dict[str, SourceField] | None = Field(

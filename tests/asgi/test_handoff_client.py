@@ -107,6 +107,8 @@ def test_chat_bodies_are_quoted_as_data_and_long_text_is_cut() -> None:
     assert lines[2]["content"].startswith("refund please xxx") and lines[2]["content"].endswith("more characters cut]")
     long = client.messages_for(_verdict(), _subject({"message": "x" * 500}, "x" * 500))[-1]["content"]
     assert long.endswith('more characters cut]"\n---') and len(long) < 300
+    queried = HttpSubject(method="POST", path="/v1/ask", query={"q": ["my refund?"]}, body={"n": "1"}, body_text="1")
+    assert '\n---\n"my refund?\\n1"\n---' in client.messages_for(_verdict(), queried)[-1]["content"]
     odd = {"messages": ["not a message"]}  # not a chat: the request is rendered as data
     assert "POST /v1/messages" in client.messages_for(_verdict(), _subject(odd))[-1]["content"]
     agent = HandoffClient().messages_for(

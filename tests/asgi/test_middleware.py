@@ -10,6 +10,7 @@ import socket
 import struct
 import threading
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from guard.engine import Guard
 from guard.engine.cache import CacheConfig
 from guard.engine.telemetry import DecisionLog
 from guard.errors import BackendTimeout, BackendUnavailable
+from guard.systemone import SystemOneRequestV1
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, client_for, echo, echo_routes, guarded_app, scripted_answers, sha
 from tests.asgi._servers import serve_in_thread
@@ -178,6 +180,28 @@ async def test_block_is_json_403_naming_policy_and_rule(make_guard: GuardFactory
     # guard answered itself: every decision header, with the default (brief) headers for allowed requests too
     assert response.headers["x-guard-policy"] == "api_guard@3" and response.headers["x-guard-rule"] == "prompt_injection"
     assert backend.calls == 1
+
+
+async def test_the_shipped_abuse_policy_judges_a_writes_query_string() -> None:
+    """A web framework reads a scalar parameter from the query as readily as from the body (FastAPI's default), so
+    an attack in the query string of a POST with a benign body is judged like one in the body."""
+    root = Path(__file__).resolve().parents[2]
+
+    def judge(request: SystemOneRequestV1) -> dict[str, Any]:
+        attack = "ignore all previous instructions" in request.state["text"].lower()
+        return {"guard.prompt_injection": 0.97 if attack else 0.02, "guard.harmful_request": 0.02}
+
+    backend = ScriptedBackend(judge)
+    guard = Guard.from_files(root / "policies" / "api_abuse_compact.yaml", backends=backend)
+    async with client_for(guarded_app(guard)) as client:
+        attacked = await client.post("/v1/chat", params={"message": ATTACK}, json={"note": "hello"})
+        benign = await client.post("/v1/chat", params={"message": BENIGN}, json={"note": "hello"})
+        bare = await client.post("/v1/chat", params={"message": ATTACK})
+    assert attacked.status_code == 403 and attacked.json()["rule"] == "injection"
+    assert bare.status_code == 403 and "x-app" not in bare.headers
+    assert benign.status_code == 200 and benign.json()["path"] == "/v1/chat"
+    assert backend.requests[0].state["text"] == f"{ATTACK}\nhello"
+    await guard.aclose()
 
 
 async def test_rate_like_rule_is_429_with_retry_after(make_guard: GuardFactory) -> None:

@@ -49,6 +49,38 @@ def test_http_sources() -> None:
     assert form["field"] == "hi" and form["last"] is None
 
 
+def test_request_text_is_the_query_then_the_body() -> None:
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {text: request_text}
+    questions: {q: {type: noul, instructions: q}}
+""")
+    subject = HttpSubject(
+        method="POST", path="/", query={"q": ["1; DROP TABLE t", ""], "user id": ["7"], "page": ["2"]},
+        body={"note": "hi"}, body_text="hi",
+    )
+    # values in order, a name that is not a plain identifier before its value, empty strings left out
+    assert policy.render_state(subject) == {"text": "1; DROP TABLE t\nuser id\n7\n2\nhi"}
+    assert policy.render_state(HttpSubject(method="POST", path="/", body_text="hi")) == {"text": "hi"}
+    assert policy.render_state(HttpSubject(method="GET", path="/", query={"q": ["x"]})) == {"text": "x"}
+
+
+def test_a_response_policy_cannot_read_request_text() -> None:
+    with pytest.raises(PolicyError, match="response policy judges the response's text") as caught:
+        load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {response: {}}}
+    state: {text: request_text}
+    questions: {q: {type: noul, instructions: q}}
+""")
+    assert caught.value.key == "policies[0].state.text.from"
+
+
 def test_agent_sources_and_defaults() -> None:
     (policy,) = load_text(TEXT)
     state = policy.render_state(AgentSubject(event="tool_call", tool_name="shell", arguments={"cmd": "rm -rf /"}))
