@@ -4,6 +4,7 @@ For each language of ``data/multilingual/*_sample.jsonl``, ``data/multilingual/g
 non-English rows of ``data/prompt_injection/spikee.jsonl`` (plus English rows of the same files and CLINC150 ``val``
 utterances): how many states the model flags out of competence, and how many answers are a confident "no"
 (probability of the safe option >= 0.9) on flagged and on unflagged states. Both catalog text questions are asked.
+Then the flag alone (no model call) on every English record of ``data/`` labelled benign: how many it flags, and why.
 
 Usage::
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +59,24 @@ def main() -> None:
                 confident_other += confident
         n = len(sample)
         print(f"{language:18s} {n:4d} {flagged / n:8.0%} {confident_flagged:>22d} {confident_other:>26d}")
+    benign_english_flags()
+
+
+def benign_english_flags() -> None:
+    """Print how many benign English texts of ``data/`` the out-of-competence flag marks, by reason and language."""
+    from guard.compact.competence import assess
+
+    texts = []
+    for path in sorted((ROOT / "data").rglob("*.jsonl")):
+        if path.parent.name == "multilingual" or path.parent.name == "clinc150" and path.name == "train.jsonl":
+            continue
+        for line in path.open(encoding="utf-8"):
+            row = json.loads(line)
+            if isinstance(row.get("text"), str) and row.get("lang", "en") == "en" and row.get("label") == "benign":
+                texts.append(row["text"])
+    reasons = Counter(f"{c.reason} {c.language}".strip() for c in map(assess, texts) if not c.supported)
+    print(f"\nbenign English texts of data/: {len(texts)}, flagged {sum(reasons.values())}: "
+          + ", ".join(f"{reason} {n}" for reason, n in reasons.most_common()))
 
 
 if __name__ == "__main__":
