@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage, convert_to_messages
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
@@ -57,7 +57,7 @@ DEFAULT_MAX_REVIEW_ROUNDS = 3
 """How many times an edited call may be escalated again before it is refused."""
 TOO_MANY_ROUNDS = "the edited call still needs approval after {rounds} review rounds"
 
-Result = ToolMessage | Command[Any]
+Result = ToolMessage | Command[Any] | list[ToolMessage | Command[Any]]
 SyncHandler = Callable[[ToolCallRequest], Result]
 AsyncHandler = Callable[[ToolCallRequest], Awaitable[Result]]
 
@@ -242,7 +242,7 @@ class ToolCallEnforcer:
             return result.model_copy(update={"content": f"{notice}\n\nTool response:\n{result.content}"})
         return result.model_copy(update={"content": [{"type": "text", "text": notice}, *result.content]})
 
-    def _result_subject(self, message: ToolMessage, prepared: Prepared) -> AgentSubject | None:
+    def _result_subject(self, message: BaseMessage, prepared: Prepared) -> AgentSubject | None:
         text = message_text(message)
         if not text:
             return None
@@ -257,47 +257,98 @@ class ToolCallEnforcer:
         )
         return subject if self.judge.matches(subject) else None
 
-    def _replace_result(self, message: ToolMessage, prepared: Prepared, judgement: Judgement) -> ToolMessage:
+    def _stripped(self, message: BaseMessage, judgement: Judgement) -> str | None:
+        """What ``strip`` would pass on of a flagged output: its text with the instruction spans cut (``None`` when the
+        output is allowed, the action is not ``strip``, or there is nothing to cut). The caller judges it again."""
+        if judgement.outcome == "allow" or self.tool_result_action != "strip":
+            return None
+        text = message_text(message)
+        spans = find_instructions(text)
+        return strip_spans(text, spans) if spans else None
+
+    def _replace_result(self, message: BaseMessage, prepared: Prepared, judgement: Judgement,
+                        stripped: str | None) -> BaseMessage:
+        """The message the model gets in place of a judged output: the output itself when allowed; else quoted,
+        ``stripped`` (when given: the caller judged it allowed) or withheld. A message other than the call's own
+        result keeps its type and ids and takes the replacement's content."""
         if judgement.outcome == "allow":
             return message
         verdict = judgement.verdict
+        call_id = message.tool_call_id if isinstance(message, ToolMessage) else prepared.tool_call_id
         if self.tool_result_action == "quote":
-            return msgs.result_quoted(prepared.tool, prepared.tool_call_id, message_text(message), verdict)
-        if self.tool_result_action == "strip":
-            text = message_text(message)
-            spans = find_instructions(text)
-            if spans:  # the rest of the output is passed on; without spans to cut, the output is withheld
-                return msgs.result_stripped(prepared.tool, prepared.tool_call_id, strip_spans(text, spans), verdict)
-        return msgs.result_withheld(prepared.tool, prepared.tool_call_id, verdict)
-
-    @staticmethod
-    def _tool_messages(result: Result, call_id: str) -> list[ToolMessage]:
-        if isinstance(result, ToolMessage):
-            return [result]
-        update = result.update if isinstance(result, Command) else None
-        if isinstance(update, dict) and isinstance(update.get("messages"), list):
-            return [m for m in update["messages"] if isinstance(m, ToolMessage) and m.tool_call_id == call_id]
-        return []
-
-    @staticmethod
-    def _swap(result: Result, old: ToolMessage, new: ToolMessage) -> Result:
-        if old is new:
-            return result
-        if isinstance(result, ToolMessage):
+            new = msgs.result_quoted(prepared.tool, call_id, message_text(message), verdict)
+        elif stripped is not None:
+            new = msgs.result_stripped(prepared.tool, call_id, stripped, verdict)
+        else:
+            new = msgs.result_withheld(prepared.tool, call_id, verdict)
+        if isinstance(message, ToolMessage):
             return new
-        assert isinstance(result, Command) and isinstance(result.update, dict)
-        messages = [new if m is old else m for m in result.update["messages"]]
-        return replace(result, update={**result.update, "messages": messages})
+        return message.model_copy(update={"content": new.content, "additional_kwargs": new.additional_kwargs})
+
+    @staticmethod
+    def _map_messages(result: Result, change: Callable[[BaseMessage], BaseMessage]) -> Result:
+        """``result`` with every message it adds to the conversation passed through ``change``: a tool message, each
+        item of a list of them (a tool may return several), and the messages of a ``Command``'s update (under
+        ``messages`` in a dict update; a list update is the messages). Entries in another form (a dict, a tuple)
+        are read as LangGraph's reducer reads them (``convert_to_messages``).
+
+        Raises:
+            TypeError: a ``Command`` whose update is neither a dict nor a list (guard cannot find its messages).
+        """
+        if isinstance(result, list):
+            return [ToolCallEnforcer._map_messages(item, change) for item in result]  # type: ignore[misc]
+        if isinstance(result, BaseMessage):
+            return change(result)  # type: ignore[return-value]
+        if not isinstance(result, Command) or result.update is None:
+            return result
+        update = result.update
+        if isinstance(update, dict):
+            if "messages" not in update:
+                return result
+            messages = update["messages"]
+            single = not isinstance(messages, list | tuple)
+            changed = [change(m) for m in convert_to_messages([messages] if single else messages)]
+            return replace(result, update={**update, "messages": changed[0] if single else changed})
+        if isinstance(update, list):
+            return replace(result, update=[change(m) for m in convert_to_messages(update)])
+        raise TypeError(f"a Command update of type {type(update).__name__} holds messages guard cannot find")
+
+    def _unreadable(self, result: Result, prepared: Prepared, problem: Exception) -> Result:
+        """The call's result when its messages cannot be found: withheld when a ``tool_result`` policy applies to
+        this tool (fail closed), else as it is."""
+        subject = AgentSubject(
+            event="tool_result",
+            tool_name=prepared.tool,
+            tool_call_id=prepared.tool_call_id,
+            arguments=prepared.arguments,
+            user_message=prepared.subject.user_message,
+            thread_id=prepared.thread_id,
+        )
+        if not self.judge.matches(subject):
+            return result
+        verdict = self.judge.unreadable(subject, str(problem))
+        return msgs.result_withheld(prepared.tool, prepared.tool_call_id, verdict)
 
     # Sync -------------------------------------------------------------------------------------------------------
 
     def check_result(self, result: Result, prepared: Prepared) -> Result:
-        """Judge the tool's output with the ``tool_result`` policy, if one applies (blocking)."""
-        for message in self._tool_messages(result, prepared.tool_call_id):
+        """Judge the tool's output with the ``tool_result`` policy, if one applies (blocking): every message it adds
+        (see :meth:`_map_messages`)."""
+
+        def judged(message: BaseMessage) -> BaseMessage:
             subject = self._result_subject(message, prepared)
-            if subject is not None:
-                result = self._swap(result, message, self._replace_result(message, prepared, self.judge.judge(subject)))
-        return result
+            if subject is None:
+                return message
+            judgement = self.judge.judge(subject)
+            stripped = self._stripped(message, judgement)
+            if stripped is not None and self.judge.judge(replace(subject, tool_result=stripped)).outcome != "allow":
+                stripped = None  # what is left is still flagged: withheld
+            return self._replace_result(message, prepared, judgement, stripped)
+
+        try:
+            return self._map_messages(result, judged)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            return self._unreadable(result, prepared, exc)
 
     def run_allowed(self, prepared: Prepared, handler: SyncHandler) -> Result:
         """Run a call whose verdict is final and allows it (claimed first when a review released it); then check its
@@ -365,13 +416,30 @@ class ToolCallEnforcer:
     # Async ------------------------------------------------------------------------------------------------------
 
     async def acheck_result(self, result: Result, prepared: Prepared) -> Result:
-        """Async twin of :meth:`check_result`."""
-        for message in self._tool_messages(result, prepared.tool_call_id):
+        """Async twin of :meth:`check_result`: the messages are judged first, then put in place."""
+        found: list[BaseMessage] = []
+
+        def collect(message: BaseMessage) -> BaseMessage:
+            found.append(message)
+            return message
+
+        try:
+            self._map_messages(result, collect)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            return self._unreadable(result, prepared, exc)
+        replacements: list[BaseMessage] = []
+        for message in found:
             subject = self._result_subject(message, prepared)
-            if subject is not None:
-                judgement = await self.judge.ajudge(subject)
-                result = self._swap(result, message, self._replace_result(message, prepared, judgement))
-        return result
+            if subject is None:
+                replacements.append(message)
+                continue
+            judgement = await self.judge.ajudge(subject)
+            stripped = self._stripped(message, judgement)
+            if stripped is not None and (await self.judge.ajudge(replace(subject, tool_result=stripped))).outcome != "allow":
+                stripped = None  # what is left is still flagged: withheld
+            replacements.append(self._replace_result(message, prepared, judgement, stripped))
+        queue = iter(replacements)
+        return self._map_messages(result, lambda message: next(queue))
 
     async def arun_allowed(self, prepared: Prepared, handler: AsyncHandler) -> Result:
         """Async twin of :meth:`run_allowed`."""

@@ -61,6 +61,7 @@ DEFAULT_REVIEWER_TIMEOUT_S = 30.0
 MAX_PARALLEL_JUDGEMENTS = 8
 """Most subjects of one model turn judged at once by the blocking path (the async path has no limit)."""
 MALFORMED_RULE = "malformed_arguments"
+UNREADABLE_RULE = "unreadable_result"
 """``Verdict.rule`` of the decision recorded for a malformed tool call."""
 
 
@@ -372,6 +373,16 @@ class Judge:
             flags["raw_arguments"] = raw[:1000]
         verdict = verdicts.refused(
             policy, decision_id=new_decision_id(), rule=MALFORMED_RULE, status=400, message=problem, flags=flags
+        )
+        self._record(verdict, subject, policy)
+        return verdict
+
+    def unreadable(self, subject: AgentSubject, problem: str) -> Verdict:
+        """Record the decision for a tool output whose messages guard cannot find (block, rule
+        ``unreadable_result``) and return it."""
+        policy = self.guard.match(subject)
+        verdict = verdicts.refused(
+            policy, decision_id=new_decision_id(), rule=UNREADABLE_RULE, status=422, message=problem
         )
         self._record(verdict, subject, policy)
         return verdict

@@ -167,8 +167,16 @@ def _prepare(text: str) -> _Prepared:
 
 
 @lru_cache(maxsize=CACHED_TEXTS)
+def _normalised(text: str) -> str:
+    """``text`` as the detector reads it in a tool-result rule (:func:`result_features`): normalised."""
+    return normalize_text(text).value
+
+
+@lru_cache(maxsize=CACHED_TEXTS)
 def _split_tool_text(text: str, detector: Detector) -> tuple[_Prepared, _Prepared]:
-    """A tool result's (ordinary part, flagged part): the spans the detector finds go to the second."""
+    """A tool result's (ordinary part, flagged part) of its normalised text: the spans the detector finds there (as a
+    tool-result rule finds them) go to the second."""
+    text = _normalised(text)
     spans = detector(text)
     if not spans:
         return _prepare(text), _prepare("")
@@ -363,7 +371,7 @@ def _flagged_results(history: Sequence[TurnMessage], detector: Detector) -> int:
     for message in reversed(history):
         if message.role == "user":
             break
-        if message.role == "tool" and (message.flagged is not None or detector(message.text)):
+        if message.role == "tool" and (message.flagged is not None or detector(_normalised(message.text))):
             count += 1
     return count
 
@@ -373,7 +381,7 @@ def result_features(text: Any, *, detector: Detector = find_instructions) -> dic
     ``cues`` (their cue families, sorted) and ``chars`` (characters in them), found in the normalised text."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
-    spans = detector(normalize_text(text).value)
+    spans = detector(_normalised(text))
     return {
         "instructions": len(spans),
         "cues": sorted({cue for span in spans for cue in span.cues}),

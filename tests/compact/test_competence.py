@@ -49,8 +49,8 @@ def test_an_instruction_in_another_language_inside_english_text_is_out_of_compet
     f"{EMAIL} Merci beaucoup!",  # a short phrase in another language is read with the rest
     "We met at the café and ordered crème brûlée for dessert, then walked home along the river before it rained.",
     "Our team motto is carpe diem. Please send the quarterly report to finance before Friday so they can close it.",
-    "Fetch the weights first:\nhuggingface-cli download Cloudflare/clef-flash --revision "
-    "17f0b0ad64efb65d273590632833508766b2aae6\nthen start the worker.",  # a segment of no language (zxx)
+    ("Fetch the weights first:\nhuggingface-cli download Cloudflare/clef-flash --revision "
+    "17f0b0ad64efb65d273590632833508766b2aae6\nthen start the worker."),  # a segment of no language (zxx)
     "Deploy notes:\n- bump the version\n- run the migrations (alembic upgrade head)\n- restart the workers",
 ])
 def test_english_with_borrowed_words_is_read(text: str) -> None:
