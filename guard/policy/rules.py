@@ -27,7 +27,9 @@ statement) and ``xss(x)`` (script-bearing markup or a script URL), from :mod:`gu
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,7 @@ FLAG_NAMES = (*NORMALIZE_FLAG_NAMES, "truncated", "state_tokens_dropped", "out_o
 
 #: The functions every ``when`` may call besides CEL's own, by name.
 FUNCTIONS = skeleton.FUNCTIONS | payloads.FUNCTIONS
+_LARGEST_DOUBLE = int(sys.float_info.max)
 
 #: Top-level names every ``when`` may use besides question keys.
 RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data", "call", "result"})
@@ -316,7 +319,23 @@ def _context(
         variables["subject"] = subject_variables(subject) if subject is not None else {}
     for name in FEATURE_NAMES & needed:
         variables[name] = dict((features or {}).get(name) or {})
-    return cel.Context(variables=variables, functions=FUNCTIONS)
+    try:
+        return cel.Context(variables=variables, functions=FUNCTIONS)
+    except ValueError:  # a value CEL cannot hold (an integer past a double's range): rules still read the rest
+        return cel.Context(variables=_representable(variables), functions=FUNCTIONS)
+
+
+def _representable(value: Any) -> Any:
+    """``value`` with every integer too large for a double (CEL turns integers past 64 bits into doubles) replaced
+    by an infinity of its sign, so a client's 400-digit number cannot make every rule that reads ``state`` fail and
+    so choose the policy's fail mode; comparisons with it still hold (``state.n > 5``)."""
+    if isinstance(value, bool) or not isinstance(value, int | dict | list | tuple):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) <= _LARGEST_DOUBLE else (math.inf if value > 0 else -math.inf)
+    if isinstance(value, dict):
+        return {key: _representable(item) for key, item in value.items()}
+    return [_representable(item) for item in value]
 
 
 def _run(policy_id: str, rule: CompiledRule, context: Any) -> bool:

@@ -88,6 +88,27 @@ def test_runtime_errors_and_non_booleans_raise() -> None:
     assert traced[0][0] == "vip" and "KeyError" in str(traced[0][1]) and traced[1] == ("spam", False)
 
 
+def test_a_number_too_large_for_cel_does_not_break_the_rules_reading_the_state() -> None:
+    """A client's 400-digit integer cannot make every rule that reads ``state`` fail (and so pick the fail mode)."""
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {body: body}
+    rules:
+      - {id: script, when: xss(state.body.comment), action: block}
+      - {id: huge, when: state.body.n > 1000, action: escalate}
+""")
+    huge = int("9" * 400)
+    for body, rule in [({"comment": "<script>alert(1)</script>", "n": huge}, "script"),
+                       ({"comment": "hi", "n": huge}, "huge"), ({"comment": "hi", "n": -huge}, "default")]:
+        subject = HttpSubject(method="POST", path="/", body=body)
+        result = apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject,
+                             state=policy.render_state(subject), data=policy.data)
+        assert result.rule == rule
+
+
 def test_compile_condition_checks_names() -> None:
     known = {"spam": "noul", "topic": "choice"}
     _, names = compile_condition("[1, 2].exists(x, x > 1) && spam.noul > 0.5", known)
