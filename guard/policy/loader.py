@@ -35,7 +35,15 @@ from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
 from guard.policy.provenance import ToolSpec
 from guard.policy.redact import Redactor
-from guard.policy.rules import CEL_KEYWORDS, RESERVED_NAMES, CompiledRule, Outcome, compile_condition, field_reads
+from guard.policy.rules import (
+    CEL_KEYWORDS,
+    RESERVED_NAMES,
+    CompiledRule,
+    Outcome,
+    compile_condition,
+    constant_failures,
+    field_reads,
+)
 from guard.subject import HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
@@ -150,6 +158,11 @@ def _compile(
             problem(("rules", i, "when"), unknown)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
         rules.append(CompiledRule(rule.id, rule.when, program, outcome, names))
+    wires = {q.key: q.wire for q in questions}
+    failures = constant_failures(spec.id, tuple(rules), wires, file_spec.data) if len(wires) == len(known) else {}
+    for i, rule in enumerate(spec.rules):
+        if rule.id in failures:
+            problem(("rules", i, "when"), f"fails on every request: {failures[rule.id]}")
     default = _outcome(spec.default, ("default",), file_spec, problem)
     _check_actions(spec, problem)
     on_error = None

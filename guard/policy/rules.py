@@ -27,6 +27,7 @@ statement) and ``xss(x)`` (script-bearing markup or a script URL), from :mod:`gu
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 import sys
@@ -40,7 +41,7 @@ from guard.errors import GuardError
 from guard.policy import payloads, skeleton
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.redact import Redactor
-from guard.systemone import AnswerV1, QuestionType
+from guard.systemone import AnswerV1, QuestionType, QuestionV1, answer_question
 from guard.verdict import Action
 
 __all__ = [
@@ -87,6 +88,16 @@ ANSWER_FIELDS: dict[str, frozenset[str]] = {
     "choice": frozenset({"type", "choice", "confidence", "probabilities"}),
     "score": frozenset({"type", "score", "confidence", "probabilities"}),
 }
+#: The functions of the CEL runtime (``common-expression-language``) a rule may call, besides :data:`FUNCTIONS` and
+#: the macros (``has``, ``all``, ``exists``, ``exists_one``, ``map``, ``filter``). It has no strings extension
+#: (``lowerAscii``, ``split``, ``replace``) and no ``max``/``min``.
+STANDARD_FUNCTIONS = frozenset({
+    "contains", "startsWith", "endsWith", "matches", "size", "int", "uint", "double", "string", "bytes", "duration",
+    "timestamp", "type", "dyn", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear",
+    "getHours", "getMilliseconds", "getMinutes", "getMonth", "getSeconds",
+})
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_CALL_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
 _STRING_RE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
 _BOUND_RE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
 
@@ -161,6 +172,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
         detail = str(exc).splitlines()
         raise ValueError(f"CEL syntax error: {' '.join(line.strip() for line in detail[:2])}") from None
     without_strings = _STRING_RE.sub('""', source)
+    _check_calls(program, without_strings)
     bound = set(_BOUND_RE.findall(without_strings))
     names = set(program.variables()) - bound
     unknown = sorted(names - RESERVED_NAMES - set(known))
@@ -176,6 +188,51 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
             if field not in ANSWER_FIELDS[qtype]:
                 raise ValueError(f"{key}.{field}: a {qtype} answer has {', '.join(sorted(ANSWER_FIELDS[qtype]))}")
     return program, frozenset(names)
+
+
+def _check_calls(program: Any, source: str) -> None:
+    """Refuse a call the runtime would fail on every time: a function it does not have, or one of guard's
+    :data:`FUNCTIONS` called with the wrong number of arguments (``source``: the ``when`` with its string literals
+    emptied).
+
+    Raises:
+        ValueError: naming the function and what a rule may call.
+    """
+    unknown = sorted(
+        name for name in program.functions()
+        if _IDENTIFIER.fullmatch(name) and name not in STANDARD_FUNCTIONS and name not in FUNCTIONS
+    )
+    if unknown:
+        raise ValueError(
+            f"unknown function {unknown[0]!r}; a rule may call {', '.join(sorted(FUNCTIONS))} and CEL's "
+            f"{', '.join(sorted(STANDARD_FUNCTIONS))}"
+        )
+    for match in _CALL_RE.finditer(source):
+        name = match.group(1)
+        if name not in FUNCTIONS:
+            continue
+        given = _argument_count(source, match.end())
+        expected = len(inspect.signature(FUNCTIONS[name]).parameters)
+        if given != expected:
+            plural = "s" if expected != 1 else ""
+            raise ValueError(f"{name}() takes {expected} argument{plural}, given {given}")
+
+
+def _argument_count(source: str, start: int) -> int:
+    """How many arguments the call whose ``(`` ends at ``start`` is given (commas at its own bracket depth)."""
+    depth, count, empty = 0, 1, True
+    for char in source[start:]:
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                return 0 if empty else count
+            depth -= 1
+        elif char == "," and depth == 0:
+            count += 1
+        if not char.isspace():
+            empty = False
+    return count
 
 
 _READ_ROOT = re.compile(r"(?<![\w.])(state|data)(?![\w])")
@@ -268,6 +325,30 @@ def apply_rules(
         if _run(policy_id, rule, context):
             return RuleResult(rule.id, rule.outcome)
     return RuleResult("default", default)
+
+
+def constant_failures(
+    policy_id: str,
+    rules: tuple[CompiledRule, ...],
+    questions: Mapping[str, QuestionV1],
+    data: Mapping[str, Any] | None,
+) -> dict[str, str]:
+    """Rule id -> why its ``when`` fails, for the rules that read nothing of a request (only answers, ``answers``,
+    ``flags`` and ``data``): such a rule fails on every request the same way (a quoted threshold ``"0.85"``
+    compared with a probability), so it is run once here, on even answers (each option of each question equally
+    likely) and zero flags. Rules that read the state, the subject or a feature are not run.
+    """
+    static = {"answers", "flags", "data", *questions}
+    answers = {key: answer_question(q, [1 / len(q.options())] * len(q.options())) for key, q in questions.items()}
+    failures: dict[str, str] = {}
+    for rule in rules:
+        if not rule.names <= static:
+            continue
+        try:
+            _run(policy_id, rule, _context((rule,), answers, None, None, None, data))
+        except RuleError as exc:
+            failures[rule.id] = exc.reason
+    return failures
 
 
 def trace_rules(

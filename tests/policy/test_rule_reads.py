@@ -66,6 +66,34 @@ def test_a_misspelt_name_is_refused_with_file_line_key_and_the_known_names(when:
     assert info.value.reason == message
 
 
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ("state.text.lowerAscii().contains('x')", "unknown function 'lowerAscii'; a rule may call code_exec, "),
+        ("sqli(state.text, 'x')", "sqli() takes 1 argument, given 2"),
+        ("confusable(state.text)", "confusable() takes 2 arguments, given 1"),
+        ("spam.noul >= data.quoted", "fails on every request: TypeError: No such overload"),
+        ("spam.noul", "fails on every request: 'when' returned float 0.5, not a boolean"),
+        ("size(data.lists.admins) > data.quoted", "fails on every request: TypeError"),
+    ],
+)  # fmt: skip
+def test_a_rule_that_would_fail_on_every_request_is_refused_at_load(when: str, message: str) -> None:
+    """A function the runtime does not have, a wrong argument count, or a rule reading nothing of a request that
+    fails on even answers (a quoted threshold) was a 503 on every request, and ``guard policy check`` said ok."""
+    with pytest.raises(PolicyError) as info:
+        load_text(POLICY.replace("WHEN", repr(when) if "'" not in when else f'"{when}"').replace(
+            "  block_threshold: 0.85\n", '  block_threshold: 0.85\n  quoted: "0.85"\n'), "p.yaml")
+    assert (info.value.file, info.value.line, info.value.key) == ("p.yaml", 14, "policies[0].rules[0].when")
+    assert info.value.reason.startswith(message)
+
+
+def test_a_rule_reading_the_request_is_not_run_at_load() -> None:
+    """Only a rule that reads nothing of a request is run at load: one reading the state may fail on some requests
+    only (a field some bodies lack) and loads."""
+    (policy,) = load_text(POLICY.replace("WHEN", "state.meta.tier.startsWith('x') && spam.noul > data.block_threshold"))
+    assert policy.rules[0].id == "r"
+
+
 def test_the_default_state_is_what_a_policy_without_state_may_read() -> None:
     text = """
 policies:

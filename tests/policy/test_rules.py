@@ -8,6 +8,7 @@ import pytest
 
 from guard.backends.fixture import answer_from_spec
 from guard.policy import Outcome, RuleError, apply_rules, load_text
+from guard.policy.loader import PolicyLoadError
 from guard.policy.rules import compile_condition, trace_rules
 from guard.subject import HttpSubject
 
@@ -80,7 +81,9 @@ def test_runtime_errors_and_non_booleans_raise() -> None:
     policy = load_text(text)[0]
     with pytest.raises(RuleError, match="rule 'vip' of policy 'p' failed: KeyError"):
         decide(policy)
-    number = load_text(TEXT.replace("when: spam.noul > data.limit", "when: spam.noul"))[0]
+    with pytest.raises(PolicyLoadError, match=r"rules\[1\]\.when: fails on every request: 'when' returned float"):
+        load_text(TEXT.replace("when: spam.noul > data.limit", "when: spam.noul"))  # reads no request: run at load
+    number = load_text(TEXT.replace("when: spam.noul > data.limit", "when: 'subject.method == \"POST\" ? spam.noul : false'"))[0]
     with pytest.raises(RuleError, match="not a boolean"):
         decide(number)
     traced = trace_rules(policy.id, policy.rules, answers(policy), subject=HttpSubject(method="GET", path="/"),
