@@ -97,6 +97,11 @@ def load_tokenizer(path: str | Path) -> Any:
     return tokenizer
 
 
+#: The image formats a request may carry (PIL's names): what Workers AI and TypeSafe's SDK send. PIL's other
+#: decoders (DDS, ICNS, AVIF, IM, ...) are never tried on client bytes.
+IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
+
+
 def decode_image(item: Any, *, where: str = "images[0]") -> Any:
     """Turn one ``images`` entry into an RGB PIL image.
 
@@ -128,11 +133,13 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
         )
     try:
         raw = base64.b64decode(payload, validate=True)
-        image = Image.open(io.BytesIO(raw))
+        image = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)
     except Image.DecompressionBombError as exc:
         raise RequestValidationError([FieldError(where, f"is too large to decode ({exc})")]) from exc
     except (binascii.Error, ValueError, UnidentifiedImageError, OSError) as exc:
-        raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
+        raise RequestValidationError(
+            [FieldError(where, f"is not a decodable {', '.join(IMAGE_FORMATS)} image ({exc})")]
+        ) from exc
     width, height = image.size
     if width * height > MAX_IMAGE_PIXELS:
         raise RequestValidationError(
@@ -140,7 +147,7 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
         )
     try:
         image.load()
-    except (ValueError, OSError) as exc:
+    except Exception as exc:  # a decoder of client bytes may raise any type (SyntaxError, EOFError, ...)
         raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
     return image.convert("RGB")
 

@@ -172,19 +172,19 @@ def split_multipart(body: bytes, content_type: str) -> tuple[bytes, dict[str, tu
             raise BodyError(400, INVALID_MULTIPART, f"more than {MAX_PARTS} parts", field="body")
 
     ended: list[bool] = []
-    parser = MultipartParser(
-        boundary,
-        {
-            "on_part_begin": on_part_begin,
-            "on_part_data": on_part_data,
-            "on_header_field": on_header_field,
-            "on_header_value": on_header_value,
-            "on_header_end": on_header_end,
-            "on_part_end": on_part_end,
-            "on_end": lambda: ended.append(True),
-        },
-    )
     try:
+        parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": on_part_begin,
+                "on_part_data": on_part_data,
+                "on_header_field": on_header_field,
+                "on_header_value": on_header_value,
+                "on_header_end": on_header_end,
+                "on_part_end": on_part_end,
+                "on_end": lambda: ended.append(True),
+            },
+        )
         parser.write(body)
         parser.finalize()
     except BodyError:
@@ -252,6 +252,9 @@ def assets_to_images(
             raise BodyError(422, "invalid_request", "must be an object with type 'image'", field=where)
         part = asset.get("part")
         if part is not None:
+            if not isinstance(part, str):
+                raise BodyError(422, "invalid_request", "must be the name of a multipart part (a string)",
+                                field=f"{where}.part")
             if part not in parts:
                 raise BodyError(422, "invalid_request", f"names part {str(part)[:40]!r}, which was not sent",
                                 field=f"{where}.part")

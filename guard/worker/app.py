@@ -378,7 +378,7 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         content_type = request.headers.get("content-type", "")
         multipart = _intake.body_kind(content_type) == "multipart"
         declared = declared_length(request.headers.get("content-length", "").encode() or None)
-        raw = await read_body(request.receive, config.max_body_bytes, declared)
+        raw = await read_body(request.receive, config.max_body_bytes, declared, timeout_s=timeout)
         if raw is None:
             return Response(status_code=499), "cancelled"
         raw = _intake.decode_content(raw, request.headers.get("content-encoding"), config.max_body_bytes)

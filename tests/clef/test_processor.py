@@ -88,8 +88,8 @@ def test_decode_image_accepts_wire_and_pil_forms(item: object) -> None:
     [
         ("https://example.com/a.png", "remote URLs are never fetched"),
         ("data:image/png,rawbytes", "base64"),
-        ("data:image/png;base64,@@@", "not a decodable image"),
-        ({"content_type": "image/png", "base64": base64.b64encode(b"not an image").decode()}, "not a decodable image"),
+        ("data:image/png;base64,@@@", "not a decodable"),
+        ({"content_type": "image/png", "base64": base64.b64encode(b"not an image").decode()}, "not a decodable"),
         (42, "got int"),
     ],
 )
@@ -97,6 +97,33 @@ def test_decode_image_rejects_bad_input_naming_the_field(item: object, message: 
     with pytest.raises(RequestValidationError, match=message) as info:
         decode_image(item, where="images[2]")
     assert info.value.field == "images[2]"
+
+
+def _dds_with_unknown_pixel_format() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(buffer, "DDS")
+    data = bytearray(buffer.getvalue())
+    data[80:84] = b"\0\0\0\0"  # DDS_PIXELFORMAT.dwFlags = 0: PIL's DDS plugin raises NotImplementedError
+    return bytes(data)
+
+
+@pytest.mark.parametrize("save_as", ["DDS-broken", "ICNS", "TGA", "PPM"])
+def test_only_the_common_web_formats_are_decoded(save_as: str) -> None:
+    """PIL's other decoders never see client bytes: a broken DDS raised NotImplementedError (a 500) before."""
+    from PIL import Image
+
+    if save_as == "DDS-broken":
+        data = _dds_with_unknown_pixel_format()
+    else:
+        buffer = io.BytesIO()
+        Image.new("RGB", (16, 16)).save(buffer, save_as)
+        data = buffer.getvalue()
+    item = {"content_type": "image/png", "base64": base64.b64encode(data).decode()}
+    with pytest.raises(RequestValidationError, match="is not a decodable PNG, JPEG, GIF, WEBP, BMP image") as info:
+        decode_image(item, where="images[0]")
+    assert info.value.field == "images[0]"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="only without torchvision")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import json
@@ -146,6 +147,34 @@ async def test_unknown_encodings_corrupt_streams_and_bad_multipart_are_4xx(worke
     assert corrupt.status_code == 400 and corrupt.json()["code"] == "invalid_encoding"
     assert no_request.status_code == 400 and no_request.json()["code"] == "invalid_multipart"
     assert unclaimed.status_code == 422 and unclaimed.json()["field"] == "parts.asset-0"
+
+
+async def test_a_body_that_stalls_past_the_deadline_is_408(worker: RunningWorker) -> None:
+    """A stalled upload cannot hold its buffer (up to --max-body-bytes) with no time limit."""
+
+    async def stalled() -> Any:
+        yield b'{"model": "jev-latest", "state": "'
+        await asyncio.sleep(5)
+        yield b'hi"}'
+
+    async with worker.client() as client:  # httpx reads the answer once it has sent the whole body
+        response = await client.post("/v1/systemone", content=stalled(), headers={
+            "content-type": "application/json", "x-request-timeout-ms": "300"})  # fmt: skip
+    assert response.status_code == 408 and response.json()["code"] == "body_timeout"
+
+
+async def test_a_long_boundary_and_an_asset_naming_a_non_string_part_are_4xx(worker: RunningWorker) -> None:
+    raw = json.dumps({"model": "jev-latest", "state": "hi", "questions": QUESTIONS,
+                      "assets": {"a": {"type": "image", "part": ["asset-0"]}}}).encode()  # fmt: skip
+    async with worker.client() as client:
+        boundary = await client.post("/v1/systemone", content=b"--" + b"b" * 300,
+                                     headers={"content-type": "multipart/form-data; boundary=" + "b" * 300})
+        listed = await client.post(
+            "/v1/systemone",
+            files={"request": (None, raw, "application/json"), "asset-0": ("a.png", PNG, "image/png")},
+        )
+    assert boundary.status_code == 400 and boundary.json()["code"] == "invalid_multipart"
+    assert listed.status_code == 422 and listed.json()["field"] == "assets.a.part"
 
 
 async def test_an_unknown_model_is_404_and_request_ids_are_echoed_or_made(worker: RunningWorker) -> None:
