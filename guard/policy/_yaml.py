@@ -22,15 +22,18 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from guard.errors import PolicyError
 
-__all__ = ["MAX_DEPTH", "MAX_POLICY_BYTES", "LineMap", "Path", "format_path", "load_yaml"]
+__all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "MAX_POLICY_BYTES", "LineMap", "Path", "format_path", "load_yaml"]
 
 #: Largest policy (or policy test) file accepted, in bytes.
 MAX_POLICY_BYTES = 1 << 20
 #: Deepest nesting of mappings and sequences accepted.
 MAX_DEPTH = 48
+#: Longest number (in characters) a policy file may write; a longer one is refused, not parsed.
+MAX_NUMBER_CHARS = 100
 
 Path = tuple[str | int, ...]
 
+_NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
 _SCALAR_TAGS = {
     "tag:yaml.org,2002:str",
     "tag:yaml.org,2002:int",
@@ -160,6 +163,11 @@ def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> An
     if isinstance(node, yaml.ScalarNode):
         if node.tag not in _SCALAR_TAGS:
             raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
+        if node.tag in _NUMBER_TAGS:
+            if len(node.value) > MAX_NUMBER_CHARS:
+                raise _Reject(node.start_mark, f"a number of {len(node.value)} characters; at most {MAX_NUMBER_CHARS}")
+            if ":" in node.value:  # YAML 1.1 reads 1:30 as 90 (base 60), in time quadratic in its length
+                raise _Reject(node.start_mark, f"{node.value!r} would be read as a base-60 number; quote it")
         return loader.construct_object(node, deep=True)
     if isinstance(node, yaml.SequenceNode):
         if node.tag != "tag:yaml.org,2002:seq":

@@ -74,6 +74,10 @@ def test_alias_bomb_is_rejected_fast_with_bounded_memory() -> None:
         ("? [a, b]\n: 1\n", "mapping keys must be plain scalars"),
         ("a: [1, 2\n", "YAML syntax error"),
         ("a: 1\n---\nb: 2\n", "YAML syntax error"),
+        ("a: " + "9" * 5000 + "\n", "a number of 5000 characters; at most 100"),  # was a bare ValueError
+        ("a: 0." + "1" * 200 + "\n", "a number of 202 characters"),
+        ("a: " + "59:" * 20 + "59\n", "would be read as a base-60 number; quote it"),  # quadratic in PyYAML
+        ("at: 1:30\n", "'1:30' would be read as a base-60 number"),
     ],
 )
 def test_unsafe_or_broken_yaml_is_rejected(text: str, reason: str) -> None:
