@@ -31,6 +31,7 @@ async hooks share it (:func:`drive` / :func:`adrive`).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -38,7 +39,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain.agents.middleware.types import ModelResponse
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, RemoveMessage, add_notification_metadata
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    HumanMessage,
+    RemoveMessage,
+    ToolMessage,
+    add_notification_metadata,
+)
 from langchain_core.runnables.config import ensure_config, var_child_runnable_config
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
@@ -80,8 +88,10 @@ __all__ = [
     "drive",
     "held_id",
     "input_digest",
+    "output_text",
     "quiet_tokens",
     "screen",
+    "structured_ids",
 ]
 
 
@@ -231,6 +241,14 @@ def quiet_tokens(enabled: bool) -> Iterator[None]:
         var_child_runnable_config.reset(token)
 
 
+def output_text(ai: AIMessage, turn: Mapping[str, Any]) -> str:
+    """What a model-output policy judges of a reply: its text (:func:`~guard.agents._content.message_text`), then the
+    arguments of its structured-output calls as JSON (``turn["structured_text"]``, when it has any)."""
+    text = message_text(ai)
+    structured = turn.get("structured_text")
+    return f"{text}\n{structured}".strip() if structured else text
+
+
 def held_id(message_id: str) -> str:
     return f"{message_id}{HELD_SUFFIX}"
 
@@ -240,9 +258,18 @@ def _placeholder(ai: AIMessage) -> AIMessage:
     return add_notification_metadata(message, source=msgs.SOURCE, data={"outcome": "held"})  # type: ignore[arg-type,return-value]
 
 
+def structured_ids(response: ModelResponse[Any], ai: AIMessage) -> frozenset[str]:
+    """The ids of ``ai``'s calls the model node answered itself: the structured-output calls of a
+    ``ToolStrategy`` response format (their arguments are the agent's answer, not a tool to run)."""
+    own = {call.get("id") for call in ai.tool_calls}
+    return frozenset(m.tool_call_id for m in response.result if isinstance(m, ToolMessage) and m.tool_call_id in own)
+
+
 def screen(response: ModelResponse[Any], ai: AIMessage, turn: dict[str, Any]) -> ModelResponse[Any]:
     """The response as it may leave the model node: ``ai`` kept (allowed or not judged), replaced by a notice
-    (blocked) or by a placeholder (escalated; ``turn["held"]`` keeps the reply). Calls whose arguments are too deep
+    (blocked) or by a placeholder (escalated; ``turn["held"]`` keeps the reply). A structured response goes with
+    the reply: dropped with it when blocked, held with it (``turn["held_structured"]``, and the model node's
+    answers to its calls in ``turn["held_messages"]``) when escalated. Calls whose arguments are too deep
     or too large to store are moved to ``invalid_tool_calls`` (:func:`~guard.agents._arguments.withhold_oversized`;
     their records already say why they are malformed)."""
     stored = withhold_oversized(ai)
@@ -252,6 +279,7 @@ def screen(response: ModelResponse[Any], ai: AIMessage, turn: dict[str, Any]) ->
     output = turn.get("output")
     if output is None or output["outcome"] == "allow":
         return response
+    answers = [m for m in response.result if isinstance(m, ToolMessage) and m.tool_call_id in structured_ids(response, ai)]
     if output["outcome"] == "block":
         verdict = verdict_from_json(output["verdict"])
         reason = output.get("reason")
@@ -261,9 +289,12 @@ def screen(response: ModelResponse[Any], ai: AIMessage, turn: dict[str, Any]) ->
         turn["calls"] = {key: {**record, "status": "withheld"} for key, record in turn["calls"].items()}
     else:
         turn["held"] = ai
+        if response.structured_response is not None or answers:
+            turn["held_structured"] = response.structured_response
+            turn["held_messages"] = answers
         replacement = _placeholder(ai)
-    result = [replacement if message is ai else message for message in response.result]
-    return ModelResponse(result=result, structured_response=response.structured_response)
+    result = [replacement if message is ai else message for message in response.result if message not in answers]
+    return ModelResponse(result=result, structured_response=None)
 
 
 # The turn's records, after the model ---------------------------------------------------------------------------------
@@ -327,14 +358,16 @@ class TurnKeeper:
         return answer["decisions"]  # type: ignore[no-any-return]
 
     def subjects(
-        self, ai: AIMessage, state: Any, tools: Sequence[Any] = ()
+        self, ai: AIMessage, state: Any, tools: Sequence[Any] = (), structured: frozenset[str] = frozenset()
     ) -> tuple[dict[str, Any], list[tuple[str, AgentSubject]]]:
         """The turn record with malformed calls already decided, and the subjects left to judge (key, subject).
 
         The reply's subject holds all of its text (:func:`~guard.agents._content.message_text`: text, reasoning and
         every other block but tool calls), each tool call one subject of its own; ``tools`` (the model request's)
         let calls with empty arguments be checked against their required parameters, and give each call its tool's
-        declared effect (:func:`~guard.agents._arguments.tool_effect`).
+        declared effect (:func:`~guard.agents._arguments.tool_effect`). The calls in ``structured`` (a response
+        format's, :func:`structured_ids`) are the agent's answer: their arguments join the reply's text, judged as
+        model output, and they are not tool calls.
         """
         if ai.id is None:
             ai.id = f"lc_guard_{uuid.uuid4().hex}"
@@ -343,13 +376,19 @@ class TurnKeeper:
         history = turn_history(state)
         turn: dict[str, Any] = {"message_id": ai.id, "thread_id": thread_id, "output": None, "calls": {}}
         todo: list[tuple[str, AgentSubject]] = []
-        text = message_text(ai)
+        if structured:
+            turn["structured_text"] = json.dumps(
+                [call.get("args") for call in ai.tool_calls if call.get("id") in structured], ensure_ascii=False
+            )
+        text = output_text(ai, turn)
         if text.strip():
             subject = AgentSubject(event="model_output", text=text, user_message=task, thread_id=thread_id)
             if self.judge.matches(subject):
                 todo.append(("", subject))
         by_name = {getattr(tool, "name", None): tool for tool in tools}
         for call in parse_calls(ai, tools):
+            if call.id in structured:
+                continue
             subject = AgentSubject(
                 event="tool_call",
                 tool_name=call.name,
@@ -400,13 +439,17 @@ class TurnKeeper:
             for _, subject in todo:
                 judgements.append((yield subject))
             self.store(turn, todo, judgements)
-        turn = {**cast(dict[str, Any], turn), "held": None}
+        turn = cast(dict[str, Any], turn)
+        structured = {"structured_response": turn["held_structured"]} if "held_structured" in turn else {}
+        held_messages = turn.get("held_messages") or []
+        turn = {key: value for key, value in turn.items() if key not in ("held_structured", "held_messages")}
+        turn["held"] = None
         thread_id = turn["thread_id"]
         calls = {key: dict(record) for key, record in turn["calls"].items()}
         answered = answered_ids(state, ai) if placeholder is None else set()
         out: list[Any] = []  # tool messages, and the placeholder's RemoveMessage
         if placeholder is not None:
-            out += [RemoveMessage(id=placeholder.id or ""), ai]
+            out += [RemoveMessage(id=placeholder.id or ""), ai, *held_messages]
         items: list[PendingItem] = []
         output = turn.get("output")
         if output is not None and output["outcome"] == "block":
@@ -418,7 +461,7 @@ class TurnKeeper:
                     thread_id=thread_id,
                     event="model_output",
                     message_id=ai.id or "",
-                    text=message_text(ai),
+                    text=output_text(ai, turn),
                     digest=output["text_digest"],
                     answers=output["verdict"]["probabilities"],
                 )
@@ -516,7 +559,7 @@ class TurnKeeper:
                     item["tool"] or "", item["tool_call_id"] or "", verdict_from_json(record["verdict"]), reason
                 )
             )
-        update = self.update(state, turn={**turn, "calls": calls})
+        update = {**self.update(state, turn={**turn, "calls": calls}), **structured}
         return {"messages": out, **update} if out else update
 
     def _judge_hitl_edit(

@@ -72,7 +72,7 @@ from guard.agents._records import (
     current_thread_id,
     hitl_edit,
 )
-from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, quiet_tokens, screen
+from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, quiet_tokens, screen, structured_ids
 from guard.agents.claims import ApprovalClaims
 from guard.subject import AgentSubject
 from guard.verdict import FailMode
@@ -211,7 +211,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         ai = self._ai_of(response)
         if ai is None:
             return response
-        turn, todo = self._turns.subjects(ai, request.state, request.tools)
+        turn, todo = self._turns.subjects(ai, request.state, request.tools, structured_ids(response, ai))
         self._turns.store(turn, todo, self._judge.judge_all([subject for _, subject in todo]))
         response = screen(response, ai, turn)
         return ExtendedModelResponse(response, Command(update=self._turns.update(request.state, turn=turn)))
@@ -226,7 +226,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         ai = self._ai_of(response)
         if ai is None:
             return response
-        turn, todo = self._turns.subjects(ai, request.state, request.tools)
+        turn, todo = self._turns.subjects(ai, request.state, request.tools, structured_ids(response, ai))
         self._turns.store(turn, todo, await self._judge.ajudge_all([subject for _, subject in todo]))
         response = screen(response, ai, turn)
         return ExtendedModelResponse(response, Command(update=self._turns.update(request.state, turn=turn)))

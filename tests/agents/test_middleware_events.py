@@ -9,11 +9,13 @@ from typing import Annotated, Any
 import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
+from langchain.agents.structured_output import ToolStrategy
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
+from pydantic import BaseModel
 
 from guard.agents import GuardAgentMiddleware
 from tests.agents._drive import adrive, drive
@@ -104,6 +106,56 @@ def test_escalated_output_approved_keeps_the_reply_and_runs_its_calls(harness: A
     out = drive(agent, Command(resume={"decisions": {out.items()[0]["id"]: {"type": "approve"}}}), config, "invoke")
     assert h.runs.count() == 1
     assert any(m.type == "ai" and m.text == "Reset your password now." for m in out.messages)
+
+
+class Answer(BaseModel):
+    text: str
+
+
+def structured_agent(h: Any, text: str) -> Any:
+    """An agent whose reply is a ToolStrategy structured response carrying ``text``."""
+    middleware = GuardAgentMiddleware(guard=h.guard)
+    turn = Turn(calls=[("Answer", {"text": text}, "s")])
+    return create_agent(model(turn), h.tools, middleware=[middleware], response_format=ToolStrategy(Answer),
+                        checkpointer=InMemorySaver())  # fmt: skip
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_structured_response_is_judged_as_the_reply(harness: Any, thread: Any, mode: str) -> None:
+    """With ``response_format=ToolStrategy(...)`` the answer is a call's arguments: it is model output, withheld
+    when the output policy blocks it, never returned as ``structured_response``."""
+    h = harness()
+    agent = structured_agent(h, "Your key is sk-12345.")
+    config = thread()
+    await agent.ainvoke(USER, config) if mode == "ainvoke" else agent.invoke(USER, config)
+    values = agent.get_state(config).values
+    assert values.get("structured_response") is None
+    assert not any("sk-" in str(m.content) for m in values["messages"])
+    assert "withheld by guard policy agent-output (rule leak)" in values["messages"][-1].text
+    judged = [r.state for r in h.backend.requests if isinstance(r.state, dict) and set(r.state) == {"text"}]
+    assert any("sk-12345" in state["text"] for state in judged)
+    assert not any(r.state.get("tool_call", {}).get("name") == "Answer" for r in h.backend.requests
+                   if isinstance(r.state, dict))  # fmt: skip  # not a tool call
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_an_escalated_structured_response_waits_for_its_reviewer(harness: Any, thread: Any, decision: str) -> None:
+    h = harness()
+    agent = structured_agent(h, "The password is hunter2")
+    config = thread()
+    out = drive(agent, USER, config, "invoke")
+    (item,) = out.items()
+    assert item["event"] == "model_output" and "hunter2" in item["text"]
+    assert out.values.get("structured_response") is None  # held with the reply
+    assert not any("hunter2" in str(m.content) for m in out.messages)
+    out = drive(agent, Command(resume={"decisions": {item["id"]: {"type": decision}}}), config, "invoke")
+    if decision == "approve":
+        assert out.values["structured_response"] == Answer(text="The password is hunter2")
+        assert [m.type for m in out.messages] == ["human", "ai", "tool"]
+    else:
+        assert out.values.get("structured_response") is None
+        assert not any("hunter2" in str(m.content) for m in out.messages)
 
 
 # Tool results (C11) ------------------------------------------------------------------------------------------------
