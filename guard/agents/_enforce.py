@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.messages import BaseMessage, ToolMessage, convert_to_messages
+from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
@@ -360,7 +361,13 @@ class ToolCallEnforcer:
         key = self.claim_key(prepared)
         if key is not None:
             self.claims.claim(key)
-        return self._annotate(self.check_result(handler(prepared.request), prepared), prepared)
+        try:
+            result = handler(prepared.request)
+        except GraphInterrupt:
+            if key is not None:  # the tool asked for input itself: it runs again from its start when resumed
+                self.claims.release(key)
+            raise
+        return self._annotate(self.check_result(result, prepared), prepared)
 
     def _judge_speculating(self, prepared: Prepared, handler: SyncHandler) -> tuple[Judgement, Result | None]:
         context = contextvars.copy_context()
@@ -446,7 +453,13 @@ class ToolCallEnforcer:
         key = self.claim_key(prepared)
         if key is not None:
             await self.claims.aclaim(key)
-        return self._annotate(await self.acheck_result(await handler(prepared.request), prepared), prepared)
+        try:
+            result = await handler(prepared.request)
+        except GraphInterrupt:
+            if key is not None:  # the tool asked for input itself: it runs again from its start when resumed
+                await self.claims.arelease(key)
+            raise
+        return self._annotate(await self.acheck_result(result, prepared), prepared)
 
     async def _ajudge_speculating(self, prepared: Prepared, handler: AsyncHandler) -> tuple[Judgement, Result | None]:
         task = asyncio.ensure_future(handler(prepared.request))

@@ -57,11 +57,16 @@ def claim_id(*, thread_id: str | None, message_id: str | None, tool_call_id: str
 class ApprovalClaims(Protocol):
     """Where single-use claims are made. ``claim``/``aclaim`` return ``None`` for the first claim of ``key`` and
     raise :class:`~guard.errors.ApprovalAlreadyUsed` for any later one (:class:`~guard.errors.ReviewStoreUnavailable`
-    when the store cannot answer)."""
+    when the store cannot answer). ``release``/``arelease`` give a claim back: the claimed tool stopped at an
+    ``interrupt()`` of its own before finishing, and runs again from its start when the graph resumes."""
 
     def claim(self, key: str) -> None: ...
 
     async def aclaim(self, key: str) -> None: ...
+
+    def release(self, key: str) -> None: ...
+
+    async def arelease(self, key: str) -> None: ...
 
 
 def _used(key: str, detail: str) -> ApprovalAlreadyUsed:
@@ -107,6 +112,13 @@ class MemoryApprovalClaims:
 
     async def aclaim(self, key: str) -> None:
         self.claim(key)
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._claims.pop(key, None)
+
+    async def arelease(self, key: str) -> None:
+        self.release(key)
 
 
 class RedisApprovalClaims:
@@ -215,6 +227,26 @@ class RedisApprovalClaims:
         except (RedisError, OSError) as exc:
             raise self._unavailable(key, exc) from exc
         raise self._refusal(key, redis_key, held)
+
+    def release(self, key: str) -> None:
+        from redis.exceptions import RedisError
+
+        if self._client is None:
+            raise TypeError("RedisApprovalClaims has no sync client (client=) for invoke/stream")
+        try:
+            self._client.delete(self.prefix + key)
+        except (RedisError, OSError) as exc:
+            raise self._unavailable(key, exc) from exc
+
+    async def arelease(self, key: str) -> None:
+        from redis.exceptions import RedisError
+
+        if self._aclient is None:
+            raise TypeError("RedisApprovalClaims has no async client (aclient=) for ainvoke/astream")
+        try:
+            await self._aclient.delete(self.prefix + key)
+        except (RedisError, OSError) as exc:
+            raise self._unavailable(key, exc) from exc
 
     def close(self) -> None:
         """Close the sync client's connections."""

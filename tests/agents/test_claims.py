@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import redis
 from langchain.agents import create_agent
+from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.types import Command
+from langgraph.types import Command, interrupt
 
 from guard.agents import (
     GuardAgentMiddleware,
@@ -137,6 +138,52 @@ def test_per_call_review_in_a_tool_node_is_single_use(harness: Any, thread: Any)
     with pytest.raises(ApprovalAlreadyUsed):
         app.invoke(command, state.config)
     assert h.runs.count() == 1
+
+
+def _otp_pay(ran: list[tuple[int, str, str]]) -> Any:
+    @tool
+    def pay(amount: int, to: str) -> str:
+        """Pay ``amount`` to ``to`` (asks the user for a one-time code first)."""
+        code = interrupt({"type": "otp", "question": "Enter the one-time code"})
+        ran.append((amount, to, code))
+        return f"paid {amount} to {to}"
+
+    return pay
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_an_approved_tool_that_interrupts_itself_runs_once_when_resumed(
+    harness: Any, thread: Any, redis_url: str, claim_prefix: str, store: str, mode: str
+) -> None:
+    """The claim of a call whose tool stops at its own ``interrupt()`` is given back (the tool runs again from its
+    start on resume, as LangGraph runs it); a replay of the finished resume still runs nothing."""
+    h = harness()
+    ran: list[tuple[int, str, str]] = []
+    claims = _redis_claims(redis_url, claim_prefix) if store == "redis" else MemoryApprovalClaims()
+    middleware = GuardAgentMiddleware(guard=h.guard, approval_claims=claims)
+    agent = create_agent(model(escalated_pay()), [_otp_pay(ran)], middleware=[middleware],
+                         checkpointer=InMemorySaver())  # fmt: skip
+    config = thread()
+
+    async def run(value: Any, where: dict[str, Any]) -> Any:
+        return await agent.ainvoke(value, where) if mode == "ainvoke" else agent.invoke(value, where)
+
+    await run(USER, config)
+    await run(APPROVE, config)
+    asking = agent.get_state(config)
+    assert [i.value.get("type") for i in asking.interrupts] == ["otp"] and ran == []
+    saved = asking.config
+    await run(Command(resume="123456"), saved)
+    assert ran == [(500, "eve", "123456")]
+    assert not agent.get_state(config).interrupts
+    with pytest.raises(ApprovalAlreadyUsed):
+        await run(Command(resume="123456"), saved)  # replayed from the checkpoint at the tool's own interrupt
+    assert len(ran) == 1
+    if store == "redis":
+        await claims.aclose()
+        claims.close()
 
 
 def test_memory_claims_forget_the_oldest_past_the_cap() -> None:
