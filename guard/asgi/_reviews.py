@@ -23,7 +23,6 @@ Reviewers approve and reject through :mod:`guard.asgi.review_api`, which is moun
 from __future__ import annotations
 
 import base64
-import functools
 import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -39,7 +38,6 @@ from guard.asgi._responses import (
     REVIEW_UNAVAILABLE,
     HeaderList,
     send_json,
-    send_with_headers,
     verdict_headers,
 )
 from guard.asgi._subject import (
@@ -90,6 +88,11 @@ class ReviewHost(Protocol):
 
     def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:
         """The request's tenant (``None`` without one). Raises BodyError for an ambiguous tenant header."""
+        ...
+
+    async def respond(self, scope: Scope, receive: Receive, send: Send, headers: HeaderList = ()) -> None:
+        """Run the app for ``scope`` (``headers`` added to its response start), its response judged by the response
+        policies that watch the request."""
         ...
 
 
@@ -216,8 +219,7 @@ async def release_on_resend(
         await _review_error(send, exc)
         return
     mw.metrics.reviews.labels("released").inc()
-    await mw.app(scope, ReplayReceive(body, receive), functools.partial(send_with_headers, send,
-                                                                         _released_headers(item)))
+    await mw.respond(scope, ReplayReceive(body, receive), send, _released_headers(item))
 
 
 class ClientReviewEndpoints:
@@ -282,5 +284,4 @@ class ClientReviewEndpoints:
         headers.append((b"content-length", str(len(body)).encode()))
         replay = {**scope, "method": held["method"], "path": held["path"], "raw_path": held["raw_path"].encode(
             "latin-1"), "query_string": held["query_string"].encode("latin-1"), "headers": headers}
-        await self.mw.app(replay, ReplayReceive(body, receive), functools.partial(send_with_headers, send,
-                                                                                   _released_headers(item)))
+        await self.mw.respond(replay, ReplayReceive(body, receive), send, _released_headers(item))

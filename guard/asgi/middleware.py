@@ -57,6 +57,7 @@ from guard.asgi._respond import ResponseJudge
 from guard.asgi._responses import (
     DECISION_HEADERS,
     DecisionHeaders,
+    HeaderList,
     block_code,
     refuse_target,
     send_json,
@@ -238,14 +239,36 @@ class GuardMiddleware:
             await refuse_target(send, exc, self.metrics)
             return
         if not matched:
-            watching = self.guard.watching(head)
-            if watching:
-                judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics)
-                await judge.run(self.app(scope, receive, judge))
-            else:
-                await self.app(scope, receive, send)
+            await self.respond(scope, receive, send, method=head.method)
             return
         await self._guard(scope, receive, send, head, matched)
+
+    def _watching(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
+        """The request and the response policies that judge its response, matched as :meth:`_match` matches
+        request policies: on the path's canonical view first, then on the path as sent."""
+        path: str = scope["path"]
+        view = (path.rstrip("/") or "/") if self._strip else path
+        view = view.lower() if self._fold else view
+        head = head_subject(scope, headers, self.client_header, view)
+        watching = self.guard.watching(head)
+        if not watching and view != path:
+            head = head_subject(scope, headers, self.client_header)
+            watching = self.guard.watching(head)
+        return head, watching
+
+    async def respond(
+        self, scope: Scope, receive: Receive, send: Send, headers: HeaderList = (), *, method: str | None = None
+    ) -> None:
+        """Run the app for ``scope``, ``headers`` added to its response start; the response judged by every response
+        policy that watches the request (matched with ``method``, the judged method, when a method override gave
+        one). Every path that lets the app answer goes through here: a request no policy judges, an allowed one, and
+        one a review released."""
+        judged = {**scope, "method": method} if method is not None else scope
+        head, watching = self._watching(judged, header_map(scope))
+        judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
+        app_send = functools.partial(send_with_headers, judge or send, headers) if headers else judge or send
+        response = self.app(scope, receive, app_send)
+        await (judge.run(response) if judge else response)
 
     def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
         """The subject and every policy that judges it (empty when none does): matched on the path's canonical view
@@ -331,11 +354,8 @@ class GuardMiddleware:
                     await self._refuse(send, head, next(p for p in matched if p.id == verdict.policy_id), exc)
                     return
             scope.setdefault("state", {})[STATE_KEY] = verdict  # as Starlette's Request.state does; servers copy it
-            watching = self.guard.watching(head)
-            judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
-            send = functools.partial(send_with_headers, judge or send, verdict_headers(verdict, full=self._full_headers))
-            response = self.app(scope, ReplayReceive(body, receive), send)
-            await (judge.run(response) if judge else response)
+            decision = verdict_headers(verdict, full=self._full_headers)
+            await self.respond(scope, ReplayReceive(body, receive), send, decision, method=head.method)
         elif verdict.action == "block":
             await _block(send, verdict)
         elif verdict.action == "escalate":

@@ -402,3 +402,53 @@ def test_the_proxy_judges_responses_the_same_way(tmp_path: Path) -> None:
     assert SECRET.encode() not in received and received.decode().split()[0] == "word000"
     assert after.status_code == 200
     assert len(delays) == SLOW_EVENTS and max(delays) < FLUSH_S + MARGIN_S, delays  # flushed through the proxy too
+
+
+RELEASED_POLICY = r"""
+policies:
+  - id: req
+    version: 1
+    match: {http: {methods: [POST], paths: ["/out/**"]}}
+    state: {text: body_text}
+    rules:
+      - {id: review, when: 'state.text.contains("please")', action: escalate}
+  - id: leaks
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {}}}
+    state: {text: body_text}
+    rules:
+      - {id: leak, when: 'state.text.matches("SECRET")', action: block}
+"""
+
+
+async def _leaky(request: Request) -> Response:
+    return Response("the SECRET is 42", media_type="text/plain")
+
+
+@pytest.mark.anyio
+async def test_a_released_request_and_every_form_of_its_path_have_their_response_judged() -> None:
+    """A request a review released (resent, or by the release call) and a path in another case or with a trailing
+    slash (the app may route them to the same handler) are answered through the response policies too."""
+    from guard.asgi.review_store import MemoryReviewStore
+    from tests.asgi._apps import client_for
+
+    store = MemoryReviewStore()
+    guard = Guard(load_text(RELEASED_POLICY), backends=ScriptedBackend(lambda request: {}))
+    app = Starlette(routes=[Route("/{path:path}", _leaky, methods=["GET", "POST"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard, review_store=store)])  # fmt: skip
+    async with client_for(app) as client:
+        for path in ("/out/x", "/OUT/x", "/out/x/", "/Out/X/"):
+            response = await client.get(path)
+            assert response.status_code == 403 and response.json()["code"] == "response_blocked", path
+        held = (await client.post("/out/x", json={"q": "please"})).json()
+        await store.approve(held["review_id"], by="alice")
+        resent = await client.post("/out/x", json={"q": "please"}, headers={
+            "x-guard-review-id": held["review_id"], "x-guard-release-token": held["release_token"]})  # fmt: skip
+        held = (await client.post("/out/x", json={"q": "please"})).json()
+        await store.approve(held["review_id"], by="alice")
+        released = await client.post(f"/_guard/reviews/{held['review_id']}/release",
+                                     headers={"x-guard-release-token": held["release_token"]})  # fmt: skip
+    for response in (resent, released):
+        assert response.status_code == 403 and response.json()["code"] == "response_blocked"
+        assert "SECRET" not in response.text
+    await guard.aclose()
