@@ -133,6 +133,13 @@ def phase_of(subject: Subject | None) -> Phase:
 # Verdicts from the model's answers ---------------------------------------------------------------------------------
 
 
+#: The message of a ``redact`` verdict turned into a block: what the rule masks is also where it cannot be masked.
+UNMASKABLE = (
+    "What the rule masks is also in an object key, the query string or an escaped text body, where it cannot be "
+    "masked; refused."
+)
+
+
 def answered(
     policy: Policy,
     outcome: Mapping[str, Any],
@@ -154,18 +161,23 @@ def answered(
     """
     redactor = outcome["redact"]
     redactions: tuple[Redaction, ...] = ()
+    action, status, message = outcome["action"], outcome["status"], outcome["message"]
     if redactor is not None and isinstance(subject, HttpSubject):
         redactions = redactor.find(subject.body, policy.detector)
         state = None
+        query = subject.query if subject.phase == "request" else {}
+        if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector):
+            action, status, redactions = "block", 422, ()
+            message = UNMASKABLE
     return make(
-        outcome["action"],
+        action,
         decision_id,
         policy_id=outcome["policy_id"],
         policy_version=outcome["policy_version"],
         rule=outcome["rule"],
         answers=outcome["answers"],
-        status=outcome["status"],
-        message=outcome["message"],
+        status=status,
+        message=message,
         handoff=outcome["handoff"],
         cache_hit=cache_hit,
         backend=outcome["backend"],

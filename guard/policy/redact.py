@@ -14,10 +14,11 @@ character and keeps the last 4 characters of a span of 8 or more (what a card re
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from guard._json import loads
 from guard.policy.instructions import Detector
 from guard.verdict import MaskStyle, Redaction
 
@@ -68,6 +69,34 @@ class Redactor:
                     merged.append([start, end, label])
             out += [Redaction(pointer, start, end, label, self.style) for start, end, label in merged]
         return tuple(out)
+
+
+    def leaves(self, body: Any, query: Mapping[str, Any], redactions: tuple[Redaction, ...],
+               detector: Detector | None = None) -> bool:
+        """Whether what this block masks would still reach the application once ``redactions`` are applied: found
+        in an object key or form field name, in the query's names or values, or, for a text
+        body that is JSON, in its decoded strings (``\\u0034111`` is ``4111``). The enforcement point refuses such
+        a request instead of passing it on half masked.
+
+        Args:
+            body: the parsed body the spans were found in.
+            query: the query parameters (``{}`` for a response).
+            redactions: what :meth:`find` returned for ``body``.
+            detector: the policy's detector.
+        """
+        masked = apply_redactions(body, redactions)
+        texts = [*_keys_and_strings(masked), *_keys_and_strings(dict(query))]
+        if isinstance(masked, str) and masked.lstrip()[:1] in ("{", "["):
+            try:
+                texts += _keys_and_strings(loads(masked))
+            except ValueError:
+                pass  # not JSON: the text itself was searched
+        for text in texts:
+            if any(pattern.search(text) for _, pattern in self.patterns):
+                return True
+            if self.detector and detector is not None and detector(text):
+                return True
+        return False
 
 
 def replacement(text: str, label: str, style: MaskStyle) -> str:
@@ -136,6 +165,22 @@ def _strings(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
             stack += [(f"{where}/{_escape(k)}", v) for k, v in reversed(value.items())]
         elif isinstance(value, list):
             stack += [(f"{where}/{i}", v) for i, v in reversed(list(enumerate(value)))]
+
+
+def _keys_and_strings(node: Any) -> list[str]:
+    """Every object key and string value in ``node`` (a JSON value, a form mapping or text)."""
+    out: list[str] = []
+    stack = [node]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, dict):
+            out += [str(key) for key in value]
+            stack += value.values()
+        elif isinstance(value, list):
+            stack += value
+    return out
 
 
 def _escape(key: str) -> str:

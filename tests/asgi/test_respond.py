@@ -452,3 +452,45 @@ async def test_a_released_request_and_every_form_of_its_path_have_their_response
         assert response.status_code == 403 and response.json()["code"] == "response_blocked"
         assert "SECRET" not in response.text
     await guard.aclose()
+
+
+REDACT_POLICY = r"""
+policies:
+  - id: cards
+    version: 1
+    match: {http: {methods: [POST], paths: ["/in/**"]}}
+    state: {text: request_text}
+    rules:
+      - id: card
+        when: state.text.matches("[0-9]{4} [0-9]{4}")
+        action: redact
+        redact: {patterns: {card: '\b\d{4}(?: ?\d{4}){3}\b'}}
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("how", "status"), [
+    ({"json": {"c": "4111 1111 1111 1111"}}, 200),
+    ({"json": {"4111 1111 1111 1111": 1}}, 422),
+    ({"params": {"card": "4111 1111 1111 1111"}, "json": {"c": "hi"}}, 422),
+    ({"content": b'{"c":"\\u0034111 1111 1111 1111"}', "headers": {"content-type": "text/plain"}}, 422),
+])  # fmt: skip
+async def test_a_redact_rule_never_passes_on_what_it_could_not_mask(how: dict[str, Any], status: int) -> None:
+    from tests.asgi._apps import client_for, echo_routes
+
+    guard = Guard(load_text(REDACT_POLICY), backends=ScriptedBackend(lambda request: {}))
+    seen: list[bytes] = []
+
+    async def record(request: Request) -> Response:
+        seen.append(await request.body() + request.url.query.encode())
+        return Response("ok")
+
+    app = Starlette(routes=[Route("/in/x", record, methods=["POST"]), *echo_routes()],
+                    middleware=[Middleware(GuardMiddleware, guard=guard)])  # fmt: skip
+    async with client_for(app) as client:
+        response = await client.post("/in/x", **how)
+    assert response.status_code == status
+    assert not any(b"4111 1111" in s or b"4111+1111" in s or b"\\u0034111" in s for s in seen)
+    if status == 422:
+        assert seen == [] and response.json()["rule"] == "card"
+    await guard.aclose()

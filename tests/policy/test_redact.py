@@ -57,3 +57,21 @@ def test_action_order_is_block_escalate_handoff_redact_allow() -> None:
     assert strongest(["redact", "handoff", "allow"]) == "handoff"
     assert strongest(["escalate", "block"]) == "block"
     assert strongest([]) == "allow"
+
+
+CARDS = Redactor((CARD,))
+
+
+@pytest.mark.parametrize(
+    ("body", "query", "leaves"),
+    [
+        ({"c": "4111 1111 1111 1111"}, {}, False),  # a string value: masked
+        ({"4111 1111 1111 1111": 1}, {}, True),  # an object key is never masked
+        ({"4111111111111111": ["x"]}, {}, True),  # a form field name (a plain identifier too)
+        ({"c": "hi"}, {"card": ["4111 1111 1111 1111"]}, True),  # the query is not masked
+        ('{"c":"\\u0034111 1111 1111 1111"}', {}, True),  # a text body that is JSON: its decoded strings
+        ("card 4111 1111 1111 1111 please", {}, False),  # plain text: masked
+    ],
+)
+def test_what_a_redact_rule_cannot_mask_is_reported(body: object, query: dict[str, list[str]], leaves: bool) -> None:
+    assert CARDS.leaves(body, query, CARDS.find(body)) is leaves
