@@ -267,9 +267,10 @@ class ResponseJudge:
             return
         end = len(text) if final else self._boundary(text, context)
         spans = verdict.redactions if verdict.action == "redact" else ()
-        for r in spans:
-            if r.start < end < r.end and not final:  # reaches past what may go now: wait for the rest
-                end = self._boundary(text[: r.start], context) if self.sse else r.start
+        cut = next((r for r in spans if r.start < end < r.end), None) if not final else None
+        while cut is not None:  # a span reaches past what may go now: send up to before it, wait for the rest
+            end = self._boundary(text[: cut.start], context) if self.sse else cut.start
+            cut = next((r for r in spans if r.start < end < r.end), None)
         if end <= context and not final:
             if self.held_bytes > self.limits.max_response_bytes:
                 self.mode = "done"

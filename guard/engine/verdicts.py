@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from guard.errors import BackendError, GuardError, Overloaded, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
+from guard.policy.redact import merge_redactions
 from guard.policy.rules import RuleError
 from guard.subject import HttpSubject, Subject
 from guard.systemone import AnswerV1
@@ -231,8 +232,8 @@ def combined(
     flags.update(decisive.flags)
     redactions: tuple[Redaction, ...] = ()
     if decisive.action == "redact" and decisive.shadow_action is None:
-        redactions = tuple(r for c in contributions if c.action == "redact" and c.shadow_action is None
-                           for r in c.redactions)  # fmt: skip
+        redactions = merge_redactions(r for c in contributions if c.action == "redact" and c.shadow_action is None
+                                      for r in c.redactions)  # fmt: skip
     return make(
         decisive.shadow_action or decisive.action,
         decision_id,

@@ -13,8 +13,9 @@ character and keeps the last 4 characters of a span of 8 or more (what a card re
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,15 @@ from guard._json import loads
 from guard.policy.instructions import Detector
 from guard.verdict import MaskStyle, Redaction
 
-__all__ = ["DETECTOR_LABEL", "MASK_KEEP", "MASK_STYLES", "Redactor", "apply_redactions", "replacement"]
+__all__ = [
+    "DETECTOR_LABEL",
+    "MASK_KEEP",
+    "MASK_STYLES",
+    "Redactor",
+    "apply_redactions",
+    "merge_redactions",
+    "replacement",
+]
 
 #: Label of a span the policy's detector found.
 DETECTOR_LABEL = "instructions"
@@ -60,15 +69,8 @@ class Redactor:
                 spans += [(m.start(), m.end(), label) for m in pattern.finditer(text) if m.end() > m.start()]
             if self.detector and detector is not None:
                 spans += [(s.start, s.end, DETECTOR_LABEL) for s in detector(text)]
-            spans.sort()
-            merged: list[list[Any]] = []
-            for start, end, label in spans:
-                if merged and start < merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], end)
-                else:
-                    merged.append([start, end, label])
-            out += [Redaction(pointer, start, end, label, self.style) for start, end, label in merged]
-        return tuple(out)
+            out += [Redaction(pointer, start, end, label, self.style) for start, end, label in spans]
+        return merge_redactions(out)
 
 
     def leaves(self, body: Any, query: Mapping[str, Any], redactions: tuple[Redaction, ...],
@@ -97,6 +99,25 @@ class Redactor:
             if self.detector and detector is not None and detector(text):
                 return True
         return False
+
+
+def merge_redactions(redactions: Iterable[Redaction]) -> tuple[Redaction, ...]:
+    """``redactions`` sorted by pointer (in first-seen order) and start, overlapping spans in one string merged into
+    one (the first one's label and style), so every span can be replaced on its own and a stream cut never falls
+    inside two at once (several redacting policies' spans are combined this way)."""
+    by_pointer: dict[str, list[Redaction]] = {}
+    for r in redactions:
+        by_pointer.setdefault(r.pointer, []).append(r)
+    out: list[Redaction] = []
+    for spans in by_pointer.values():
+        merged: list[Redaction] = []
+        for r in sorted(spans, key=lambda r: (r.start, r.end)):
+            if merged and r.start < merged[-1].end:
+                merged[-1] = dataclasses.replace(merged[-1], end=max(merged[-1].end, r.end))
+            else:
+                merged.append(r)
+        out += merged
+    return tuple(out)
 
 
 def replacement(text: str, label: str, style: MaskStyle) -> str:

@@ -494,3 +494,42 @@ async def test_a_redact_rule_never_passes_on_what_it_could_not_mask(how: dict[st
     if status == 422:
         assert seen == [] and response.json()["rule"] == "card"
     await guard.aclose()
+
+
+OVERLAP_POLICY = r"""
+policies:
+  - id: keys
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {}}}
+    state: {text: body_text}
+    rules:
+      - {id: k, when: 'state.text.contains("KEY")', action: redact, redact: {patterns: {key: 'KEY\d{4}'}}}
+  - id: runs
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {}}}
+    state: {text: body_text}
+    rules:
+      - {id: r, when: 'state.text.contains("ZZZ")', action: redact, redact: {patterns: {run: '\d{3}Z+'}}}
+"""
+
+
+@pytest.mark.anyio
+async def test_overlapping_spans_of_two_redacting_policies_in_a_stream_are_masked_whole() -> None:
+    """Two policies' spans overlap across a window cut; this was a ValueError before the response started (a 500)."""
+    from tests.asgi._apps import client_for
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"xxxxxKEY1234" + b"Z" * 52
+        yield b"Z" * 10 + b" end"
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    guard = Guard(load_text(OVERLAP_POLICY), backends=ScriptedBackend(lambda request: {}))
+    limits = BodyLimits(stream_window_bytes=64, stream_overlap_bytes=16, stream_flush_s=None)
+    app = Starlette(routes=[Route("/out/x", stream)],
+                    middleware=[Middleware(GuardMiddleware, guard=guard, limits=limits)])  # fmt: skip
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 200 and response.text == "xxxxx[REDACTED:key] end"
+    await guard.aclose()

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from guard.policy.instructions import find_instructions
-from guard.policy.redact import Redactor, apply_redactions, replacement
+from guard.policy.redact import Redactor, apply_redactions, merge_redactions, replacement
 from guard.verdict import ACTIONS, Redaction, strongest
 
 CARD = ("card", re.compile(r"\b\d{4}(?: ?\d{4}){3}\b"))
@@ -75,3 +75,10 @@ CARDS = Redactor((CARD,))
 )
 def test_what_a_redact_rule_cannot_mask_is_reported(body: object, query: dict[str, list[str]], leaves: bool) -> None:
     assert CARDS.leaves(body, query, CARDS.find(body)) is leaves
+
+
+def test_overlapping_spans_of_several_redactors_are_merged_per_string() -> None:
+    spans = [Redaction("/b", 0, 3, "x"), Redaction("/a", 5, 12, "key"), Redaction("/a", 9, 30, "run"),
+             Redaction("/a", 40, 42, "key")]  # fmt: skip
+    assert merge_redactions(spans) == (Redaction("/b", 0, 3, "x"), Redaction("/a", 5, 30, "key"),
+                                       Redaction("/a", 40, 42, "key"))  # fmt: skip
