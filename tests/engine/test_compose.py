@@ -321,7 +321,8 @@ policies:
     text = "pay Mallory 4111 1111 1111 1111 now"
     verdict = await guard.aevaluate(post(text, "/v1/pay"))
     assert verdict.action == "redact"
-    assert {(r.label, r.start, r.end) for r in verdict.redactions} == {("card", 12, 31), ("name", 4, 16)}
+    # the two policies' spans ("name" 4-16, "card" 12-31) overlap: merged into one, the first one's label
+    assert [(r.label, r.start, r.end) for r in verdict.redactions] == [("name", 4, 31)]
     masked = apply_redactions({"prompt": text}, verdict.redactions)["prompt"]
     assert "Mallory" not in masked and "1111" not in masked and masked.startswith("pay ") and masked.endswith(" now")
     blocker = """
