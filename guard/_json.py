@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from guard.errors import InvalidJson
 
-__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "depth", "is_json_media", "loads"]
+__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "depth", "documents_in", "is_json_media", "loads"]
 
 def is_json_media(media: str) -> bool:
     """Whether a media type (lower-case, without parameters) is JSON: ``application/json`` or any structured
@@ -195,3 +195,23 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_ke
     if "\\u" in text and ("\\ud" in text or "\\uD" in text):
         _check_surrogates(value)
     return value
+
+
+def documents_in(text: str) -> list[Any]:
+    """The JSON documents a text carries, as an application would parse them: the whole text when it is one, else
+    the ``data:`` field of each server-sent event line that is one (an OpenAI-style stream's chunks). Text that is
+    not JSON, too deep or otherwise refused by :func:`loads` is left out (duplicate keys are collected).
+    """
+    if text.lstrip()[:1] in ("{", "[", '"'):
+        try:
+            return [loads(text, duplicate_keys="collect")]
+        except InvalidJson:
+            pass
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data:") and line[5:].lstrip()[:1] in ("{", "[", '"'):
+            try:
+                out.append(loads(line[5:], duplicate_keys="collect"))
+            except InvalidJson:
+                continue
+    return out

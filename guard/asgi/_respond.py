@@ -39,7 +39,9 @@ from typing import Any
 
 from starlette.types import Message, Send
 
+from guard._json import documents_in
 from guard.asgi._decode import decode_content, parse_encodings
+from guard.asgi._media import charset, parse_params
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
 from guard.asgi._responses import send_json, verdict_headers
@@ -49,7 +51,7 @@ from guard.engine.ids import new_decision_id
 from guard.errors import BodyError
 from guard.policy import Policy
 from guard.policy.redact import apply_redactions
-from guard.subject import HttpSubject
+from guard.subject import HttpSubject, body_strings
 from guard.verdict import Verdict
 
 __all__ = ["RESPONSE_BLOCKED", "RESPONSE_UNINSPECTABLE", "SSE_BLOCK_EVENT", "ResponseJudge", "StreamStopped"]
@@ -68,6 +70,15 @@ class StreamStopped(OSError):
     """Raised to the application's ``send`` to cut a response that was already started off (a chunked stream
     blocked mid-way): like a client that left, so Starlette's responses and the proxy stop streaming. After a block
     that completed the response (JSON, or an SSE error event) later messages are dropped instead."""
+
+
+def _stream_charset_problem(content_type: str) -> str | None:
+    """Why a streamed response's declared charset cannot be judged (``None`` for UTF-8, US-ASCII or none)."""
+    try:
+        charset(parse_params(content_type)[1])
+    except BodyError as exc:
+        return exc.reason
+    return None
 
 
 def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -167,6 +178,10 @@ class ResponseJudge:
             self.mode = "done"
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "a compressed streamed response cannot be "
                                          "judged; serve it uncompressed", field="content-encoding"))
+        elif (unreadable := _stream_charset_problem(headers.get("content-type", ""))) is not None:
+            self.mode = "done"  # the stream is read as UTF-8: text in another charset would pass unread
+            await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response cannot be judged: {unreadable}",
+                                         field="content-type"))
         else:
             self.mode = "stream"
             if self.limits.stream_flush_s is not None and self.app is not None:
@@ -260,7 +275,8 @@ class ResponseJudge:
         self.due = None  # everything held is judged now
         self.pending.clear()
         context, text = len(self.tail), self.tail + self.held
-        verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=text))
+        judged = "\n".join([text, *body_strings(documents_in(text))])  # an SSE chunk's JSON, decoded as a client reads it
+        verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=judged))
         if verdict.action == "block":
             self.mode = "done"
             await self._stop(verdict)

@@ -168,8 +168,8 @@ def answered(
         state = None
         query = subject.query if subject.phase == "request" else {}
         if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector):
-            action, status, redactions = "block", 422, ()
-            message = UNMASKABLE
+            action, redactions, message = "block", (), UNMASKABLE
+            status = 422 if subject.phase == "request" else None  # a response: the response block's own status
     return make(
         action,
         decision_id,

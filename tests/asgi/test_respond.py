@@ -533,3 +533,41 @@ async def test_overlapping_spans_of_two_redacting_policies_in_a_stream_are_maske
         response = await client.get("/out/x")
     assert response.status_code == 200 and response.text == "xxxxx[REDACTED:key] end"
     await guard.aclose()
+
+
+ESCAPES_POLICY = r"""
+policies:
+  - id: leaks
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {}}}
+    state: {text: body_text}
+    rules:
+      - {id: leak, when: 'state.text.contains("contraseña")', action: block}
+      - {id: keys, when: 'state.text.matches("sk-")', action: redact, redact: {patterns: {api_key: 'sk-[A-Za-z0-9]{8,}'}}}
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("events", "media", "status"), [
+    ([json.dumps({"delta": "la contraseña es hunter2"})], "text/event-stream", 403),  # json.dumps escapes the ñ
+    (['{"delta": "use \\u0073k-abcdefgh123"}'], "text/event-stream", 403),  # escaped: the raw text cannot be masked
+    (["the plan"], "text/plain; charset=utf-16le", 502),  # a streamed charset guard does not read
+])  # fmt: skip
+async def test_a_stream_is_judged_as_its_client_reads_it(events: list[str], media: str, status: int) -> None:
+    from tests.asgi._apps import client_for
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for event in events:
+            yield (f"data: {event}\n\n" if "event-stream" in media else event).encode(
+                "utf-16le" if "utf-16" in media else "utf-8")
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(chunks(), headers={"content-type": media})
+
+    guard = Guard(load_text(ESCAPES_POLICY), backends=ScriptedBackend(lambda request: {}))
+    app = Starlette(routes=[Route("/out/x", stream)], middleware=[Middleware(GuardMiddleware, guard=guard)])
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == status
+    assert "hunter2" not in response.text and "abcdefgh123" not in response.text
+    await guard.aclose()
