@@ -115,6 +115,7 @@ class ResponseJudge:
         self.started = False  # http.response.start was sent on
         self.held = ""  # stream: received, not yet sent
         self.held_bytes = 0
+        self.judge_at = 0  # held bytes the next window waits for, after one that could send nothing (doubles)
         self.tail = ""  # stream: the end of what was sent, judged again with the next window
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.lock = asyncio.Lock()  # stream: one judgement at a time, the application's send or the flusher's
@@ -243,7 +244,7 @@ class ResponseJudge:
                 self.pending.set()
         if not more:
             self.held += self.decoder.decode(b"", final=True)
-        if self.held_bytes >= self.limits.stream_window_bytes or not more:
+        if self.held_bytes >= max(self.limits.stream_window_bytes, self.judge_at) or not more:
             await self._window(final=not more)
 
     async def _flush(self) -> None:
@@ -288,6 +289,9 @@ class ResponseJudge:
             end = self._boundary(text[: cut.start], context) if self.sse else cut.start
             cut = next((r for r in spans if r.start < end < r.end), None)
         if end <= context and not final:
+            # nothing may go yet (an event longer than the window): judge again once the held text has doubled, so
+            # an event of n bytes costs O(n) to judge, not one judgement of all of it per chunk
+            self.judge_at = min(2 * self.held_bytes, self.limits.max_response_bytes + 1)
             if self.held_bytes > self.limits.max_response_bytes:
                 self.mode = "done"
                 await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "a streamed event is longer than the "
@@ -304,6 +308,7 @@ class ResponseJudge:
         await self._send_start(verdict)
         await self.send({"type": "http.response.body", "body": out.encode("utf-8"), "more_body": not final})
         sent = text[:end]
+        self.judge_at = 0
         self.tail = sent[-self.limits.stream_overlap_bytes:]
         self.held = text[end:]
         self.held_bytes = len(self.held.encode("utf-8"))

@@ -571,3 +571,31 @@ async def test_a_stream_is_judged_as_its_client_reads_it(events: list[str], medi
     assert response.status_code == status
     assert "hunter2" not in response.text and "abcdefgh123" not in response.text
     await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_event_longer_than_the_window_is_not_judged_again_for_every_chunk() -> None:
+    """Held text that cannot be sent yet (no complete event) is judged again once it has doubled: an event of n
+    bytes in 64-byte chunks costs a few judgements, not one of all that is held per chunk (quadratic CPU)."""
+    from tests.asgi._apps import client_for
+
+    size = 128 * 1024
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"data: "
+        for _ in range(size // 64):
+            yield b"a" * 64
+        yield b"\n\n"
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    backend = ScriptedBackend(answers)
+    guard = Guard(load_text(POLICY), backends=backend)
+    app = Starlette(routes=[Route("/out/x", stream)], middleware=[Middleware(
+        GuardMiddleware, guard=guard, limits=BodyLimits(stream_flush_s=None))])  # fmt: skip
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 200 and len(response.content) == size + 8
+    assert backend.calls <= 12  # 4 KiB, then 8, 16, ... 128 KiB, and the end; was about 2,000
+    await guard.aclose()
