@@ -37,7 +37,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from starlette.types import Message, Send
+from starlette.types import Message, Scope, Send
 
 from guard._json import documents_in
 from guard.asgi._decode import decode_content, parse_encodings
@@ -54,7 +54,14 @@ from guard.policy.redact import apply_redactions
 from guard.subject import HttpSubject, body_strings
 from guard.verdict import Verdict
 
-__all__ = ["RESPONSE_BLOCKED", "RESPONSE_UNINSPECTABLE", "SSE_BLOCK_EVENT", "ResponseJudge", "StreamStopped"]
+__all__ = [
+    "RESPONSE_BLOCKED",
+    "RESPONSE_UNINSPECTABLE",
+    "SSE_BLOCK_EVENT",
+    "ResponseJudge",
+    "StreamStopped",
+    "without_unreadable_sends",
+]
 
 logger = logging.getLogger("guard.asgi")
 
@@ -70,6 +77,20 @@ class StreamStopped(OSError):
     """Raised to the application's ``send`` to cut a response that was already started off (a chunked stream
     blocked mid-way): like a client that left, so Starlette's responses and the proxy stop streaming. After a block
     that completed the response (JSON, or an SSE error event) later messages are dropped instead."""
+
+
+#: ASGI extensions that send a response body the server reads itself (a file path, a file descriptor): a watched
+#: response's scope does not offer them (:func:`without_unreadable_sends`), and an app that sends one anyway is refused.
+_UNREADABLE_SENDS = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
+
+
+def without_unreadable_sends(scope: Scope) -> Scope:
+    """``scope`` without the extensions whose body guard cannot read (so Starlette's ``FileResponse`` sends body
+    messages), for a request whose response a policy judges."""
+    extensions = scope.get("extensions") or {}
+    if not any(name in extensions for name in _UNREADABLE_SENDS):
+        return scope
+    return {**scope, "extensions": {k: v for k, v in extensions.items() if k not in _UNREADABLE_SENDS}}
 
 
 def _stream_charset_problem(content_type: str) -> str | None:
@@ -151,6 +172,10 @@ class ResponseJudge:
             return
         elif message["type"] == "http.response.start":
             await self._start(message)
+        elif message["type"] in _UNREADABLE_SENDS:  # a file the server sends itself: guard never sees its bytes
+            self.mode = "done"
+            await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"a {message['type']} response cannot be "
+                                         "judged; send the body as http.response.body messages"))
         elif message["type"] != "http.response.body":
             await self.send(message)
         elif mode == "whole":

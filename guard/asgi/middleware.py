@@ -53,7 +53,7 @@ from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
-from guard.asgi._respond import ResponseJudge
+from guard.asgi._respond import ResponseJudge, without_unreadable_sends
 from guard.asgi._responses import (
     DECISION_HEADERS,
     DecisionHeaders,
@@ -267,7 +267,7 @@ class GuardMiddleware:
         head, watching = self._watching(judged, header_map(scope))
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
         app_send = functools.partial(send_with_headers, judge or send, headers) if headers else judge or send
-        response = self.app(scope, receive, app_send)
+        response = self.app(without_unreadable_sends(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 
     def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:

@@ -599,3 +599,44 @@ async def test_an_event_longer_than_the_window_is_not_judged_again_for_every_chu
     assert response.status_code == 200 and len(response.content) == size + 8
     assert backend.calls <= 12  # 4 KiB, then 8, 16, ... 128 KiB, and the end; was about 2,000
     await guard.aclose()
+
+
+async def _asgi_get(app: Any, path: str, extensions: dict[str, Any]) -> list[dict[str, Any]]:
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": [],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "extensions": extensions}  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    return sent
+
+
+@pytest.mark.anyio
+async def test_a_file_the_server_would_send_itself_is_read_and_judged(tmp_path: Path) -> None:
+    """Under a server offering ``http.response.pathsend`` (Granian), Starlette's FileResponse hands the server a
+    path: a watched response's scope does not offer it, and an app that sends one anyway is refused (502)."""
+    from starlette.responses import FileResponse
+
+    secret = tmp_path / "plan.txt"
+    secret.write_text(f"the {SECRET}")
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(answers))
+
+    async def files(scope: Any, receive: Any, send: Any) -> None:
+        await FileResponse(secret, media_type="text/plain")(scope, receive, send)
+
+    async def raw(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.pathsend", "path": str(secret)})
+
+    for app, status in ((files, 403), (raw, 502)):
+        sent = await _asgi_get(GuardMiddleware(app, guard=guard), "/out/x", {"http.response.pathsend": {}})
+        assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+        assert sent[0]["status"] == status and SECRET.encode() not in sent[1]["body"]
+    await guard.aclose()
