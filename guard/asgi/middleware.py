@@ -263,11 +263,18 @@ class GuardMiddleware:
         policy that watches the request (matched with ``method``, the judged method, when a method override gave
         one). Every path that lets the app answer goes through here: a request no policy judges, an allowed one, and
         one a review released."""
+        await self._respond_with(self.app, scope, receive, send, headers, method=method)
+
+    async def _respond_with(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, headers: HeaderList = (), *,
+        method: str | None = None,
+    ) -> None:
+        """:meth:`respond` with ``app`` answering (the application, or a handoff target's reply)."""
         judged = {**scope, "method": method} if method is not None else scope
         head, watching = self._watching(judged, header_map(scope))
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
         app_send = functools.partial(send_with_headers, judge or send, headers) if headers else judge or send
-        response = self.app(without_unreadable_sends(scope) if judge else scope, receive, app_send)
+        response = app(without_unreadable_sends(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 
     def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
@@ -363,8 +370,14 @@ class GuardMiddleware:
             await hold(self, scope, send, subject, body, verdict, reads)
         else:
             policy = next(p for p in matched if p.id == verdict.policy_id)  # the policy whose rule handed off
-            outcome = await respond_with_handoff(self.handoff, policy, verdict, subject, send, verdict_headers(verdict))
-            self.metrics.handoffs.labels(outcome).inc()
+            outcomes: list[str] = []
+
+            async def handoff_app(scope: Scope, receive: Receive, reply: Send) -> None:  # the LLM answers, not the app
+                outcomes.append(await respond_with_handoff(self.handoff, policy, verdict, subject, reply,
+                                                           verdict_headers(verdict)))  # fmt: skip
+
+            await self._respond_with(handoff_app, scope, receive, send, method=head.method)
+            self.metrics.handoffs.labels(outcomes[0] if outcomes else "blocked").inc()  # none: a response policy cut it
 
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""

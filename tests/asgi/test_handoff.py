@@ -105,3 +105,36 @@ async def test_handoff_stream_broken_midway_ends_with_an_error_event(
     events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
     assert response.status_code == 200 and events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["reason"] == "malformed"
+
+
+async def test_a_handoff_reply_is_judged_by_the_response_policies(standin: tuple[OpenAIStandIn, str]) -> None:
+    """The target's reply answers the client in the app's place, so a response policy on the path judges it."""
+    from guard.policy import load_text
+    from tests._backends import ScriptedBackend
+
+    _, url = standin
+    policies = load_text(r"""
+handoff_targets:
+  helpdesk: {base_url: "http://127.0.0.1:9/v1", model: helpdesk-1}  # HandoffClient(targets=...) points it here
+policies:
+  - id: ask
+    version: 1
+    match: {http: {methods: [POST], paths: ["/v1/**"]}}
+    state: {text: body_text}
+    rules:
+      - {id: off_topic, when: 'state.text.contains("weather")', action: handoff, handoff: helpdesk}
+  - id: replies
+    version: 1
+    match: {http: {paths: ["/v1/**"], response: {}}}
+    state: {text: body_text}
+    rules:
+      - {id: canned, when: 'state.text.contains("Stand-in answer")', action: block}
+""")
+    guard = Guard(policies, backends=ScriptedBackend(lambda request: {}))
+    handoff = _handoff(url)
+    async with client_for(guarded_app(guard, handoff=handoff)) as client:
+        response = await client.post("/v1/messages", json={"message": QUESTION})
+    await handoff.aclose()
+    await guard.aclose()
+    assert response.status_code == 403 and response.json()["code"] == "response_blocked"
+    assert "Stand-in" not in response.text
