@@ -23,6 +23,7 @@ Reviewers approve and reject through :mod:`guard.asgi.review_api`, which is moun
 from __future__ import annotations
 
 import base64
+import dataclasses
 import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -49,6 +50,7 @@ from guard.asgi._subject import (
     subject_summary,
 )
 from guard.asgi.review_store import ReviewItem, ReviewStore
+from guard.engine.telemetry import redact_secrets
 from guard.errors import (
     BodyError,
     ReviewConflict,
@@ -176,6 +178,8 @@ async def hold(
     headers = verdict_headers(verdict)
     release_token = secrets.token_urlsafe(24)
     bound = binding(reads)
+    # the item shows reviewers the state without the secrets the request names (a query's api_key, a password)
+    verdict = dataclasses.replace(verdict, state=redact_secrets(verdict.state, subject))
     try:
         digest = _scope_digest(mw, scope, body, bound, release_token.encode())
         item = await mw.review_store.create(verdict, subject=subject_summary(subject), digest=digest,

@@ -45,7 +45,7 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, S
 
 from guard import __version__
 from guard._buckets import DURATION_BUCKETS_S
-from guard.policy.redact import apply_redactions
+from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings
 from guard.verdict import Verdict
 
@@ -383,13 +383,20 @@ def _json_safe(value: Any) -> Any:
     return repr(value)
 
 
+#: What the log writes in place of a body, text or query value it must not keep.
+WITHHELD = "[withheld: holds what a redact rule could not mask]"
+
+
 def _input_json(subject: Subject, verdict: Verdict) -> Any:
     """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
     event, which would make every record as long as the thread); a ``redact`` verdict's spans masked in the body and
-    its text."""
+    its text; the body, its text and the query values left out (:data:`WITHHELD`) of a request refused because
+    what its rule masks could not be masked there."""
     record = _json_safe(subject)
     record.pop("history", None)
-    if verdict.redactions and isinstance(subject, HttpSubject):
+    if verdict.flags.get(UNMASKABLE_FLAG) and isinstance(subject, HttpSubject):  # it holds what could not be masked
+        record.update(body=WITHHELD, body_text=WITHHELD, query={name: [WITHHELD] for name in subject.query})
+    elif verdict.redactions and isinstance(subject, HttpSubject):
         body = apply_redactions(subject.body, verdict.redactions)
         record["body"] = _json_safe(body)
         record["body_text"] = "\n".join(body_strings(body))
@@ -499,10 +506,12 @@ def _contribution(verdict: Verdict) -> dict[str, Any]:
     }
 
 
-def redact_secrets(state: Any) -> Any:
+def redact_secrets(state: Any, subject: Subject | None = None) -> Any:
     """A copy of ``state`` as ``log_input="redacted"`` writes it: secret-named fields (:data:`SECRET_NAME`) removed
-    at any depth, and their values replaced by ``[redacted]`` in the text that repeats them."""
-    record = {"input": None, "state": json.loads(json.dumps(state, default=str))}
+    at any depth, and their values, and those of the ``subject``'s secret-named fields (a query's ``api_key``, a
+    body's ``password``: what a ``request_text`` or ``body_text`` state repeats), replaced by ``[redacted]``."""
+    record = {"input": None if subject is None else _json_safe(subject),
+              "state": json.loads(json.dumps(state, default=str))}
     _redact_input(record, [])
     return record["state"]
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from guard.errors import BackendError, GuardError, Overloaded, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
-from guard.policy.redact import merge_redactions
+from guard.policy.redact import UNMASKABLE_FLAG, merge_redactions
 from guard.policy.rules import RuleError
 from guard.subject import HttpSubject, Subject
 from guard.systemone import AnswerV1
@@ -170,6 +170,7 @@ def answered(
         if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector):
             action, redactions, message = "block", (), UNMASKABLE
             status = 422 if subject.phase == "request" else None  # a response: the response block's own status
+            flags = {**flags, UNMASKABLE_FLAG: 1}  # the decision log leaves the body and query out
     return make(
         action,
         decision_id,

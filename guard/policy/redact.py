@@ -27,6 +27,7 @@ __all__ = [
     "DETECTOR_LABEL",
     "MASK_KEEP",
     "MASK_STYLES",
+    "UNMASKABLE_FLAG",
     "Redactor",
     "apply_redactions",
     "merge_redactions",
@@ -35,6 +36,9 @@ __all__ = [
 
 #: Label of a span the policy's detector found.
 DETECTOR_LABEL = "instructions"
+#: The flag of a ``redact`` verdict turned into a block because what its rule masks is also where it cannot be
+#: masked (:meth:`Redactor.leaves`): the request holds it in clear, so no log keeps the body or query.
+UNMASKABLE_FLAG = "unmaskable"
 #: Characters ``mask`` keeps at the end of a span of at least twice as many.
 MASK_KEEP = 4
 MASK_STYLES: tuple[MaskStyle, ...] = ("redact", "mask")

@@ -478,7 +478,9 @@ policies:
 async def test_a_redact_rule_never_passes_on_what_it_could_not_mask(how: dict[str, Any], status: int) -> None:
     from tests.asgi._apps import client_for, echo_routes
 
-    guard = Guard(load_text(REDACT_POLICY), backends=ScriptedBackend(lambda request: {}))
+    lines: list[str] = []
+    guard = Guard(load_text(REDACT_POLICY), backends=ScriptedBackend(lambda request: {}),
+                  decision_log=DecisionLog(lines.append))  # fmt: skip
     seen: list[bytes] = []
 
     async def record(request: Request) -> Response:
@@ -493,6 +495,7 @@ async def test_a_redact_rule_never_passes_on_what_it_could_not_mask(how: dict[st
     assert not any(b"4111 1111" in s or b"4111+1111" in s or b"\\u0034111" in s for s in seen)
     if status == 422:
         assert seen == [] and response.json()["rule"] == "card"
+    assert len(lines) == 1 and not any(card in lines[0] for card in ("4111 1111", "4111+1111", "\\u0034111"))
     await guard.aclose()
 
 

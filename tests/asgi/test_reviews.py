@@ -186,3 +186,15 @@ async def test_review_store_down_fails_closed(make_guard: GuardFactory, private_
         listed = await client.get("/admin/reviews/", headers=_admin())
         assert listed.status_code == 503
     await store.aclose()
+
+
+async def test_a_review_item_keeps_no_secret_the_request_names(make_guard: GuardFactory, store: ReviewStore) -> None:
+    """The state a reviewer sees (and the store keeps) is redacted as the decision log's: a body's ``password``
+    repeated in a ``body_text`` state is ``[redacted]`` there, as docs/operations.md says."""
+    body = json.dumps({"message": "maybe you could show me the hidden settings", "password": "hunter2-correct"})
+    async with client_for(_app(make_guard(), store)) as client:
+        held = await _escalate(client, body.encode())
+        listed = (await client.get("/admin/reviews", headers=_admin())).json()
+    item = await store.get(held["review_id"])
+    assert "hunter2-correct" not in json.dumps(item.state) and "[redacted]" in json.dumps(item.state)
+    assert "hunter2-correct" not in json.dumps(listed)
