@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from guard.backends.selftest import Canary, CanaryFailed, catalog_canaries, clef_canaries, run_canaries
-from guard.errors import GuardError
+from guard.errors import GuardError, MalformedAnswer
 
 if TYPE_CHECKING:
     from guard.backends.base import DecisionBackend
@@ -160,6 +160,11 @@ class HealthMonitor:
                 logger.error("backend %r failed its canary; its answers are refused: %s", name, exc)
             self.canary_failed.add(name)
             return Check("canary_failed", "failing", {"canaries": [r.to_json() for r in exc.results]})
+        except MalformedAnswer as exc:  # the backend answered, but not with probabilities (NaN): a failed canary
+            if name not in self.canary_failed:
+                logger.error("backend %r answered its canary malformed; its answers are refused: %s", name, exc)
+            self.canary_failed.add(name)
+            return Check("canary_failed", "failing", {"error": f"MalformedAnswer: {exc}"[:300]})
         except (GuardError, TimeoutError) as exc:
             if getattr(exc, "reason", None) not in ("overloaded", "http_429"):  # down, not busy: report it
                 self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")

@@ -72,6 +72,7 @@ from guard.errors import (
     GuardError,
     InvalidJson,
     MalformedAnswer,
+    Overloaded,
     RequestValidationError,
 )
 from guard.systemone import MAX_IMAGE_PIXELS, SystemOneRequestV1, ValidationProfile
@@ -265,16 +266,18 @@ class _Runtime:
 
     async def check_canaries(self, backend: LocalBackend) -> None:
         """One canary run; sets the phase (``READY`` or ``UNREADY``) and ``canary_error``. A run the backend could not
-        finish (overloaded, timed out) changes nothing: only answers that fail the margin make the worker unready."""
+        finish for want of capacity (overloaded, timed out) changes nothing; answers that fail the margin, and a
+        model that cannot answer at all (a malformed answer such as NaN, a failed forward pass), make the worker
+        unready."""
         try:
             await run_canaries(backend, backend.canaries)
-        except CanaryFailed as exc:
-            self.canary_error = str(exc)
-            if self.phase is WorkerPhase.READY:
-                logger.error("canary failed; the worker is unready: %s", exc)
-                self.phase = WorkerPhase.UNREADY
-        except (GuardError, TimeoutError) as exc:  # a full queue or a slow pass says nothing about the model
+        except (Overloaded, BackendTimeout, TimeoutError) as exc:  # a full queue or a slow pass says nothing of it
             logger.warning("canary run not completed (%s: %s); readiness unchanged", type(exc).__name__, exc)
+        except (CanaryFailed, GuardError) as exc:
+            self.canary_error = str(exc) if isinstance(exc, CanaryFailed) else f"{type(exc).__name__}: {exc}"
+            if self.phase is WorkerPhase.READY:
+                logger.error("canary failed; the worker is unready: %s", self.canary_error)
+                self.phase = WorkerPhase.UNREADY
         else:
             self.canary_error = None
             if self.phase is WorkerPhase.UNREADY:
@@ -420,8 +423,8 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
             )
         return _http.error_response(503, _http.UNAVAILABLE, str(exc), retry_after=1.0), "unavailable"
     except MalformedAnswer as exc:
-        logger.error("model produced a malformed answer: %s", exc)
-        return _http.error_response(500, _http.MALFORMED_ANSWER, str(exc)), "error"
+        logger.error("model produced a malformed answer: %s", exc)  # the next canary run takes the worker out
+        return _http.error_response(503, _http.MALFORMED_ANSWER, str(exc)), "error"
     headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}
     span.set_attribute("gen_ai.usage.input_tokens", answer.usage.input_tokens)
     body = answer.to_json()

@@ -146,3 +146,17 @@ async def test_a_control_character_does_not_kill_the_watcher_and_health_says_so(
 
 async def _sleep() -> None:
     await asyncio.sleep(0.02)
+
+
+async def test_a_backend_whose_canary_answer_is_malformed_is_failing() -> None:
+    """NaN probabilities (a model with broken weights) are a failed canary, not a run "not completed": the
+    backend's answers are refused until it answers well again."""
+    from guard.errors import MalformedAnswer
+
+    broken = ScriptedBackend(fail=MalformedAnswer("question 'injection' has a non-finite probability: [nan, nan]"))
+    guard = Guard(load_files(POLICY), backends=broken)
+    monitor = HealthMonitor(guard, interval_s=0)
+    checks = await monitor.check()
+    assert checks["default"].code == "canary_failed" and checks["default"].severity == "failing"
+    assert monitor.canary_failed == {"default"}
+    await guard.aclose()

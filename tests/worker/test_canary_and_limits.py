@@ -281,3 +281,29 @@ def test_worker_serve_refuses_a_public_address_without_keys(
     assert main(args) == 2
     assert "unset or holds no keys" in capsys.readouterr().err
 
+
+
+def test_a_model_that_starts_answering_nan_makes_the_worker_unready() -> None:
+    """A model that cannot answer at all (NaN probabilities) is a failed canary, not a run "not completed": the
+    worker leaves the Service (/readyz 503) and answers 503, never a 500."""
+    from guard.worker.app import WorkerConfig, WorkerPhase
+    from tests.conftest import GOLDEN
+    from tests.worker._requests import ticket_body
+    from tests.worker._serve import serve_worker
+
+    model = ClefModel.from_pretrained(GOLDEN / "checkpoint", dtype=torch.float32)
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        assert c.get("/readyz").status_code == 200
+        with torch.no_grad():
+            for parameter in model.head.parameters():
+                parameter.fill_(float("nan"))
+        runs = runtime.canary_runs
+        deadline = time.monotonic() + 30
+        while runtime.canary_runs < runs + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ready, answer = c.get("/readyz"), c.post("/v1/systemone", json=ticket_body(1))
+        phase, error = runtime.phase, runtime.canary_error or ""
+    assert phase is WorkerPhase.UNREADY and "non-finite" in error
+    assert ready.status_code == 503 and answer.status_code == 503
