@@ -152,9 +152,18 @@ async def test_a_backend_whose_canary_answer_is_malformed_is_failing() -> None:
     """NaN probabilities (a model with broken weights) are a failed canary, not a run "not completed": the
     backend's answers are refused until it answers well again."""
     from guard.errors import MalformedAnswer
+    from guard.policy import load_text
 
     broken = ScriptedBackend(fail=MalformedAnswer("question 'injection' has a non-finite probability: [nan, nan]"))
-    guard = Guard(load_files(POLICY), backends=broken)
+    policy = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
+""")
+    guard = Guard(policy, backends=broken)
     monitor = HealthMonitor(guard, interval_s=0)
     checks = await monitor.check()
     assert checks["default"].code == "canary_failed" and checks["default"].severity == "failing"
