@@ -1,7 +1,9 @@
 """Reload policies when their files change (a Kubernetes ConfigMap update, an edit on disk).
 
 The watcher polls the files' identity (resolved path, size, modification time) every ``interval_s`` seconds and calls
-:meth:`guard.policy.PolicySet.reload` when it changes. A reload that fails keeps the last good policies active: the
+:meth:`guard.policy.PolicySet.reload` once a change has settled: the identity differs from the loaded one and is the
+same at two polls in a row, so a file caught while it is being written (an editor's or a writer's partial file, which
+may parse as a smaller, more permissive policy) is not loaded. A reload that fails keeps the last good policies active: the
 error is logged and counted in ``PolicySet.reload_failures`` (reported by ``Guard.health()``), and the watcher tries
 again at the next change. Any other error in a check (an unexpected exception from a reader) is logged and counted in
 :attr:`PolicyWatcher.failures` too; the watcher keeps polling. :attr:`PolicyWatcher.alive` says whether its task still
@@ -65,13 +67,16 @@ class PolicyWatcher:
         self.reloads = 0
         self.failures = 0
         self.last_error: str | None = None
-        self._stamp = _stamp(policies.sources)
+        self._stamp = _stamp(policies.sources)  # the files as loaded
+        self._seen = self._stamp  # the files at the previous check
         self._task: asyncio.Task[None] | None = None
 
     def check(self) -> bool:
-        """Reload now if the files changed since the last check; returns whether a reload succeeded."""
+        """Reload if the files changed and have stayed as they are since the previous check (a change is applied at
+        the second check that sees it); returns whether a reload succeeded."""
         stamp = _stamp(self.policies.sources)
-        if stamp == self._stamp:
+        seen, self._seen = self._seen, stamp
+        if stamp == self._stamp or stamp != seen:  # unchanged, or still changing: look again at the next poll
             return False
         self._stamp = stamp
         try:

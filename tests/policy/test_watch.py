@@ -38,11 +38,12 @@ def test_reload_on_change_and_keep_last_good_on_error(tmp_path: Path) -> None:
     assert watcher.check() is False  # nothing changed yet
 
     _write(path, POLICY.format(version="2", threshold=0.5), 1)
-    assert watcher.check() is True
+    assert watcher.check() is False  # seen once: it may still be being written
+    assert watcher.check() is True  # the same at the next poll: loaded
     assert policies["p"].version == "2" and watcher.reloads == 1
 
     _write(path, POLICY.format(version="3", threshold=0.5) + "data: {}\ndata: {}\n", 2)  # duplicate key
-    assert watcher.check() is False
+    assert watcher.check() is False and watcher.check() is False
     assert policies["p"].version == "2"  # the last good set stays active
     assert policies.reload_failures == 1
     assert "duplicate" in str(policies.last_error)
@@ -84,7 +85,22 @@ def test_a_control_character_is_a_policy_error_and_later_changes_still_apply(tmp
     policies = load_files(path)
     watcher = PolicyWatcher(policies, interval_s=0.05)
     _write(path, POLICY.format(version="2", threshold=0.5).replace("Is this spam?", "Is this\x01 spam?"), 1)
-    assert watcher.check() is False and policies["p"].version == "1"
+    assert watcher.check() is False and watcher.check() is False and policies["p"].version == "1"
     assert f"{path}:6" in str(policies.last_error) and "U+0001" in str(policies.last_error)
     _write(path, POLICY.format(version="3", threshold=0.5), 2)
-    assert watcher.check() is True and policies["p"].version == "3"
+    assert watcher.check() is False and watcher.check() is True and policies["p"].version == "3"
+
+
+def test_a_file_caught_while_it_is_written_is_not_loaded(tmp_path: Path) -> None:
+    """A poll that lands mid-write sees a partial file, which can parse as a smaller policy (rules cut off: the
+    default allows everything). It is loaded only once it has stayed the same for a poll."""
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+    watcher = PolicyWatcher(policies, interval_s=0.05)
+    full = POLICY.format(version="2", threshold=0.5)
+    _write(path, full[: full.index("    rules:")], 1)  # the writer has got this far
+    assert watcher.check() is False and policies["p"].version == "1"
+    _write(path, full, 2)  # the write completes before the next poll
+    assert watcher.check() is False and policies["p"].version == "1"
+    assert watcher.check() is True and policies["p"].version == "2" and len(policies["p"].rules) == 1
