@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -62,6 +63,8 @@ from guard.errors import (
 from guard.policy import HttpReads
 from guard.subject import HttpSubject, digest_of
 from guard.verdict import Verdict
+
+logger = logging.getLogger("guard.asgi")
 
 __all__ = ["RELEASE_TOKEN_HEADER", "REVIEW_HEADER", "UNBOUND_HEADERS", "ClientReviewEndpoints", "content_digest",
            "hold", "release_on_resend"]
@@ -153,6 +156,10 @@ def _presented_token(scope: Scope) -> bytes:
     return next((v for k, v in scope["headers"] if k.lower() == RELEASE_TOKEN_HEADER.encode()), b"")
 
 
+#: What a client is told when the review store cannot answer.
+STORE_DOWN_MESSAGE = "The review store is unavailable; try again later."
+
+
 async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     if isinstance(exc, ReviewNotFound):
         await send_json(send, 404, {"code": REVIEW_NOT_FOUND, "message": str(exc), "review_id": exc.review_id},
@@ -160,8 +167,10 @@ async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[by
     elif isinstance(exc, ReviewConflict):
         await send_json(send, 409, {"code": REVIEW_CONFLICT, "message": str(exc), "review_id": exc.review_id,
                                     "status": exc.status}, headers)
-    else:
-        await send_json(send, 503, {"code": REVIEW_UNAVAILABLE, "message": str(exc), "review_id": exc.review_id},
+    else:  # the store's own error (an address, a driver message) goes to the log, not to the client
+        logger.error("review store unavailable (item %s): %s", exc.review_id, exc)
+        await send_json(send, 503, {"code": REVIEW_UNAVAILABLE, "message": STORE_DOWN_MESSAGE,
+                                    "review_id": exc.review_id},
                         [*headers, (b"retry-after", str(STORE_RETRY_AFTER_S).encode())])
 
 

@@ -183,6 +183,10 @@ async def test_review_store_down_fails_closed(make_guard: GuardFactory, private_
         response = await client.post("/v1/echo", content=UNSURE, headers=JSON)
         assert response.status_code == 503 and response.json()["code"] == "review_unavailable"
         assert response.headers["retry-after"] == "5" and "x-app" not in response.headers
+        # the store's own error (its address, the driver's message) is logged, never told to the client
+        assert "127.0.0.1" not in response.text and "Redis" not in response.text
+        status = await client.get("/_guard/reviews/rv_0123456789abcdef01234567")
+        assert status.status_code == 503 and "127.0.0.1" not in status.text
         listed = await client.get("/admin/reviews/", headers=_admin())
         assert listed.status_code == 503
     await store.aclose()
