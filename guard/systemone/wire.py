@@ -713,6 +713,13 @@ def _parse_answer(
     reported = raw.get("confidence")
     if reported is not None and not _finite_probability(reported):
         raise bad(f"answer for {question.id!r} has confidence {reported!r}")
+    if reported is not None:  # a rule may read it: it must be what one of the known definitions gives
+        values = [caller[option_id] for option_id in expected_ids]
+        slack = max(1e-3, 5 * 10.0**-decimals)
+        if not any(abs(float(reported) - confidence(values, question.type, known)) <= slack
+                   for known in CONFIDENCE_PROFILES):  # fmt: skip
+            raise bad(f"answer for {question.id!r} has confidence {float(reported):.6f}, which no confidence "
+                      f"definition ({', '.join(CONFIDENCE_PROFILES)}) gives for its probabilities")
     answer = _answer_from_caller_order(question, caller, profile, float(reported) if reported is not None else None)
     unit = 10.0**-decimals  # two values each rounded by half a unit can differ by one unit from the true order
     if question.type == "choice":

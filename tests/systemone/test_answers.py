@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
+from guard.errors import MalformedAnswer
 from guard.systemone import SystemOneResponseV1
 from guard.systemone.answers import decode_answers, encode_checked
 from tests.systemone.test_wire import _remote_body, _remote_request
@@ -15,10 +18,28 @@ def test_an_answer_a_two_decimal_provider_may_send_is_also_accepted_by_the_store
     body = _remote_body()
     body["answers"]["team"]["probabilities"] = {"billing": 0.33, "technical": 0.33, "sales": 0.33}  # sums to 0.99
     body["answers"]["team"]["choice"] = "billing"
+    body["answers"]["team"]["confidence"] = 0.33  # the top probability (the reference definition)
     response = SystemOneResponseV1.from_json(body, _remote_request(), decimals=2)
     stored, decoded = encode_checked(response, _remote_request())
     assert decode_answers(json.loads(json.dumps(stored)), _remote_request()) == decoded
     assert decoded.answers["team"].probabilities == response.answers["team"].probabilities
+
+
+@pytest.mark.parametrize(("confidence", "accepted"), [
+    (0.34, True),  # reference: the top probability
+    (0.0002, True),  # workers-ai: normalized purity (n * sum p^2 - 1) / (n - 1)
+    (0.01, True),  # jev: (n * p_max - 1) / (n - 1)
+    (1.0, False),  # what a rule such as `queue.confidence < 0.45` would read as certain
+])  # fmt: skip
+def test_a_reported_confidence_must_follow_from_the_probabilities(confidence: float, accepted: bool) -> None:
+    body = _remote_body()
+    body["answers"]["team"].update(probabilities={"billing": 0.34, "technical": 0.33, "sales": 0.33},
+                                   choice="billing", confidence=confidence)  # fmt: skip
+    if accepted:
+        assert SystemOneResponseV1.from_json(body, _remote_request()).answers["team"].confidence == confidence
+    else:
+        with pytest.raises(MalformedAnswer, match="which no confidence definition"):
+            SystemOneResponseV1.from_json(body, _remote_request())
 
 
 def test_stored_answers_are_in_prompt_order_and_read_back_in_each_callers_order() -> None:

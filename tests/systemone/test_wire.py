@@ -268,6 +268,7 @@ def test_self_consistency_allows_rounding_and_the_mode_level() -> None:
     body["answers"]["severity"]["score"] = 2.9573 + 0.0003  # within what rounding to 4 places can explain
     body["answers"]["team"]["probabilities"] = {"billing": 0.4999, "technical": 0.5, "sales": 0.0001}
     body["answers"]["team"]["choice"] = "billing"  # one unit of rounding below the top: a tie at this precision
+    body["answers"]["team"]["confidence"] = 0.5  # the top probability, as the reference reports it
     response = SystemOneResponseV1.from_json(body, _remote_request())
     assert response.answers["team"].choice == "billing"
     body["answers"]["severity"]["score"] = 3  # the most probable level, as some providers report
