@@ -72,6 +72,7 @@ from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
 __all__ = [
     "DEFAULT_HTTP_TIMEOUT_S",
     "JEV_URL",
+    "MAX_RESPONSE_BYTES",
     "OPENROUTER_URL",
     "PROVIDERS",
     "WORKERS_AI_URL",
@@ -84,6 +85,9 @@ __all__ = [
 
 #: Longest ``x-guard-model-revision`` value taken into cache keys (longer or unprintable values are ignored).
 MAX_REVISION_CHARS = 200
+#: Most bytes of a response body read (after content decoding): 64 questions of 255 options each fit many times
+#: over; a longer body is a malformed answer, read no further.
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -293,7 +297,7 @@ class SystemOneClient:
             headers[TIMEOUT_HEADER] = str(max(1, math.floor(remaining * 1000)))
         try:
             async with asyncio.timeout(remaining):  # httpx's timeout is per phase; this bounds the whole exchange
-                return await self._client.post(self.url, content=content, headers=headers, timeout=remaining)
+                return await self._read(content, headers, remaining)
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise BackendTimeout(
                 f"{self.name}: no answer within {budget * 1000:g} ms ({type(exc).__name__})", backend=self.name
@@ -304,6 +308,23 @@ class SystemOneClient:
                 backend=self.name,
                 reason="connection",
             ) from exc
+
+    async def _read(self, content: bytes, headers: dict[str, str], remaining: float) -> httpx.Response:
+        """POST and read the answer's body up to :data:`MAX_RESPONSE_BYTES` (decoded).
+
+        Raises:
+            MalformedAnswer: the body is longer.
+        """
+        async with self._client.stream("POST", self.url, content=content, headers=headers,
+                                       timeout=remaining) as response:  # fmt: skip
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_RESPONSE_BYTES:
+                    raise MalformedAnswer(f"{self.name}: the answer is longer than {MAX_RESPONSE_BYTES} bytes; "
+                                          "it was not read further", backend=self.name)
+            kept = [(k, v) for k, v in response.headers.multi_items() if k.lower() != "content-encoding"]
+            return httpx.Response(response.status_code, headers=kept, content=bytes(body), request=response.request)
 
     def _parse(self, response: httpx.Response, request: SystemOneRequestV1) -> SystemOneResponseV1:
         status = response.status_code

@@ -167,6 +167,8 @@ async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAISt
     ("scenario", "text"),
     [
         ("truncated", "not valid JSON"),
+        ("oversized", "longer than 8388608 bytes"),  # a client reads no further (1.2 GB peak for 400 MB before)
+        ("oversized-gzip", "longer than 8388608 bytes"),  # counted as decoded
         ("missing-answer", "answer for question 'urgency' is missing"),
         ("nan", "NaN"),
         ("bad-sum", "sum to"),
