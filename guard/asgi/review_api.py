@@ -7,7 +7,9 @@ and the reviewer recorded on a decision is the token's name (a request body cann
     app = Starlette(routes=[Mount("/admin/reviews", app=review_app(store, reviewers=reviewers))])
 
 Without tokens the API refuses to be built, unless ``insecure_loopback=True``: then it answers only clients
-connecting from a loopback address (127.0.0.0/8, ``::1``) and records them as ``loopback``; any other client gets 403.
+connecting from a loopback address (127.0.0.0/8, ``::1``) and records them as ``loopback``; any other client gets 403,
+and so does a call a browser made for a page of another site (``Origin``, ``Sec-Fetch-Site``) or under a ``Host``
+that is not this machine's (DNS rebinding).
 Tokens are compared in constant time (SHA-256 of the presented token against each reviewer's, every one compared).
 
 **Tenants.** A reviewer may be scoped to tenants (``Reviewer(token, tenants={"acme"})``, or ``name:token:acme|globex``
@@ -136,6 +138,27 @@ def _check_reviewers(reviewers: Mapping[str, str | Reviewer]) -> None:
         raise ValueError("two reviewers share a token; each reviewer needs their own")
 
 
+def _loopback_name(authority: str) -> bool:
+    """Whether a ``Host`` or ``Origin`` authority (``host[:port]``) names this machine: ``localhost`` or a loopback
+    address."""
+    host = authority.rsplit("]", 1)[0].lstrip("[") if authority.startswith("[") else authority.rsplit(":", 1)[0]
+    return host.lower() == "localhost" or is_loopback(host)
+
+
+def _from_elsewhere(request: Request) -> str | None:
+    """Why a tokenless (loopback) call is refused although it comes from this machine: a browser sent it for a page
+    of another site (``Origin``, ``Sec-Fetch-Site``: cross-site request forgery), or under a name that is not this
+    machine's (``Host``: DNS rebinding). ``None`` for a call from a local tool or a page on this machine."""
+    if not _loopback_name(request.headers.get("host", "")):
+        return "this review API has no tokens and answers requests to localhost only (Host)"
+    origin = request.headers.get("origin")
+    if origin is not None and (origin == "null" or not _loopback_name(origin.split("://", 1)[-1])):
+        return "this review API has no tokens and refuses calls from pages of other sites (Origin)"
+    if request.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
+        return "this review API has no tokens and refuses calls from pages of other sites (Sec-Fetch-Site)"
+    return None
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback IP address (127.0.0.0/8, ``::1``); names are not resolved."""
     try:
@@ -165,6 +188,9 @@ class _Api:
             if not is_loopback(client):
                 return _error(403, "loopback_only", "this review API has no tokens and answers loopback clients "
                               "only", "client")
+            refused = _from_elsewhere(request)
+            if refused is not None:
+                return _error(403, "loopback_only", refused, "origin")
             return self._limited(LOOPBACK_REVIEWER) or LOOPBACK_REVIEWER
         given = request.headers.get("authorization", "")
         presented = hashlib.sha256(given[7:].encode() if given.startswith("Bearer ") else b"").digest()

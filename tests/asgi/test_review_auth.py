@@ -88,6 +88,25 @@ async def test_insecure_loopback_answers_loopback_clients_only(make_guard: Guard
     assert refused.status_code == 403 and refused.json()["code"] == "loopback_only"
 
 
+async def test_insecure_loopback_refuses_pages_of_other_sites_and_foreign_host_names(make_guard: GuardFactory) -> None:
+    """A tokenless API answers loopback clients, but a reviewer's browser visiting another site must not approve for
+    it (a cross-site "simple" POST: CSRF), nor a page served under a rebound DNS name read its items."""
+    store = MemoryReviewStore()
+    app = _app(make_guard(), store, insecure_loopback=True)
+    with serve_in_thread(app) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            held = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
+            approve = f"/admin/reviews/{held['review_id']}/approve"
+            forged = await client.post(approve, content=b"", headers={
+                "origin": "https://evil.example", "content-type": "text/plain"})  # fmt: skip
+            fetched = await client.post(approve, headers={"sec-fetch-site": "cross-site"})
+            rebound = await client.get("/admin/reviews/?status=all", headers={"host": "rebind.evil.example"})
+            local_page = await client.post(approve, headers={"origin": base, "sec-fetch-site": "same-origin"})
+    for refused in (forged, fetched, rebound):
+        assert refused.status_code == 403 and refused.json()["code"] == "loopback_only"
+    assert local_page.status_code == 200 and local_page.json()["decided_by"] == "loopback"
+
+
 async def test_release_is_bound_to_the_original_client(make_guard: GuardFactory, store: ReviewStore) -> None:
     """The review id alone, the release token with other credentials, or the credentials without the release token
     release nothing; the original client with its release token releases once."""
