@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -521,25 +522,31 @@ return {3, ARGV[2]}
 
     _FIELDS = ("status", "core", "digest", "decided", "released_at", "request", "seal")
 
-    async def _check_quota(self, client: str | None) -> None:
-        if client is None:
-            return
+    async def _reserve(self, client: str, item: ReviewItem) -> None:
+        """Take one of ``client``'s pending slots for ``item``: added and counted in one transaction, so concurrent
+        creates cannot all pass the cap (each sees the count with its own item in it); one over the cap gives its
+        slot back and raises ReviewQuotaExceeded."""
         key, now = self._pending_key(client), time.time()
         pipe = self._client.pipeline(transaction=True)
         pipe.zremrangebyscore(key, "-inf", now)
+        pipe.zadd(key, {item.id: item.expires_at})
+        pipe.pexpireat(key, int(item.expires_at * 1000))
         pipe.zrange(key, 0, 0, withscores=True)
         pipe.zcard(key)
-        _, oldest, count = await self._call("(new)", pipe.execute())
-        if int(count) >= self.max_pending_per_client:
-            raise _quota(client, int(count), self.max_pending_per_client, float(oldest[0][1]) - now if oldest else 1)
+        *_, oldest, count = await self._call("(new)", pipe.execute())
+        if int(count) > self.max_pending_per_client:
+            await self._call("(new)", self._client.zrem(key, item.id))
+            raise _quota(client, int(count) - 1, self.max_pending_per_client,
+                         float(oldest[0][1]) - now if oldest else 1)
 
     async def create(
         self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None,
         tenant: str | None = None, client: str | None = None,
     ) -> ReviewItem:
-        await self._check_quota(client)
         item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
                          tenant=tenant, client=client)
+        if client is not None:
+            await self._reserve(client, item)
         key = self._key(item.id)
         core = json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), default=str)
         held = (self._sealer.encrypt(key, json.dumps(request, separators=(",", ":")).encode())
@@ -553,10 +560,13 @@ return {3, ARGV[2]}
         pipe.pexpireat(key, int(item.expires_at * 1000))
         pipe.zadd(self._index, {item.id: item.expires_at})
         pipe.zremrangebyscore(self._index, "-inf", time.time())
-        if client is not None:
-            pipe.zadd(self._pending_key(client), {item.id: item.expires_at})
-            pipe.pexpireat(self._pending_key(client), int(item.expires_at * 1000))
-        await self._call(item.id, pipe.execute())
+        try:
+            await self._call(item.id, pipe.execute())
+        except ReviewStoreUnavailable:
+            if client is not None:  # the slot goes back with the item that was not stored
+                with contextlib.suppress(ReviewStoreUnavailable):
+                    await self._call(item.id, self._client.zrem(self._pending_key(client), item.id))
+            raise
         return item
 
     async def _read(self, review_id: str) -> list[str | None]:

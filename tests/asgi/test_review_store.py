@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore, digest_of
-from guard.errors import ReviewConflict, ReviewNotFound, ReviewStoreUnavailable
+from guard.errors import ReviewConflict, ReviewNotFound, ReviewQuotaExceeded, ReviewStoreUnavailable
 from guard.systemone import AnswerV1
 from guard.verdict import Verdict
 
@@ -165,3 +165,20 @@ def test_public_json_hides_state_and_request() -> None:
     assert set(item.public_json()) == {"id", "status", "decision_id", "policy", "rule", "message", "created_at",
                                        "expires_at"}
     assert "request" not in item.to_json() and item.to_json(include_request=True)["request"] == {"body_b64": ""}
+
+
+@pytest.mark.anyio
+async def test_concurrent_escalations_of_one_client_stay_within_its_redis_quota(create_redis: Any) -> None:
+    """The pending slot is taken and counted in one transaction: 60 concurrent creates from one client leave exactly
+    its cap of items (every one could pass a separate check-then-add before)."""
+    store = RedisReviewStore(create_redis(), prefix=create_redis.prefix, max_pending_per_client=10)
+    verdict = _verdict()
+    results = await asyncio.gather(*(store.create(verdict, subject={}, digest="x", client="10.0.0.66")
+                                     for _ in range(60)), return_exceptions=True)  # fmt: skip
+    created = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, ReviewQuotaExceeded)]
+    assert len(created) == 10 and len(refused) == 50
+    assert len(await store.list_items(limit=100)) == 10
+    other = await store.create(verdict, subject={}, digest="x", client="10.0.1.1")  # another client is not limited
+    assert other.status == "pending"
+    await store.aclose()
