@@ -10,11 +10,14 @@ upstream that cannot be reached (see :mod:`guard.engine.health`).
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from guard.asgi._ratelimit import TokenBuckets
 from guard.asgi._responses import send_json
+from guard.asgi.review_api import DEFAULT_RATE_LIMIT
 from guard.engine.health import FailureTracker, health_report, public_health
 from guard.policy.watch import PolicyWatcher
 
@@ -48,6 +51,7 @@ class HealthEndpoint:
         self.upstream = upstream
         self.watcher = watcher
         self._digests = [hashlib.sha256(t.encode()).digest() for t in admin_tokens]
+        self._guesses = TokenBuckets(*DEFAULT_RATE_LIMIT)  # wrong tokens per client address, as the review API's
 
     def _admin(self, scope: Scope) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -56,6 +60,14 @@ class HealthEndpoint:
         matched = [secrets.compare_digest(presented, d) for d in self._digests]  # all compared: timing tells nothing
         return bearer and any(matched)
 
+    def _guessing(self, scope: Scope) -> float:
+        """Seconds a client that sent a wrong token must wait (0 when it may try): the details answer tells whether
+        a token is right, so wrong ones are limited per address as the review API limits them."""
+        if not any(k == b"authorization" for k, _ in scope["headers"]):
+            return 0.0  # a probe: codes only, never limited
+        client = scope.get("client")
+        return self._guesses.take("client:" + (client[0] if client else ""))
+
     def report(self) -> dict[str, Any]:
         """The full report (:func:`guard.engine.health.health_report`) with the upstream check."""
         parts = {"upstream": self.upstream.check("failing")} if self.upstream is not None else None
@@ -63,6 +75,13 @@ class HealthEndpoint:
 
     async def __call__(self, scope: Scope, send: Send) -> None:
         """Send the report: codes only, or everything for an admin; 503 while failing."""
+        admin = self._admin(scope)
+        wait = 0.0 if admin else self._guessing(scope)
+        if wait:
+            await send_json(send, 429, {"code": "rate_limited", "message": "too many wrong tokens; slow down",
+                                        "field": "authorization"},
+                            [(b"retry-after", str(math.ceil(wait)).encode()), (b"cache-control", b"no-store")])
+            return
         report = self.report()
-        body = report if self._admin(scope) else public_health(report)
+        body = report if admin else public_health(report)
         await send_json(send, 200 if report["ready"] else 503, body, [(b"cache-control", b"no-store")])

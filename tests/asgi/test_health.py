@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -168,4 +169,26 @@ policies:
     checks = await monitor.check()
     assert checks["default"].code == "canary_failed" and checks["default"].severity == "failing"
     assert monitor.canary_failed == {"default"}
+    await guard.aclose()
+
+
+async def test_wrong_admin_tokens_are_rate_limited_like_the_review_apis() -> None:
+    """The details answer tells whether a token is right, so guessing is limited per address (30 wrong, then 429);
+    a probe without a token and the right token are never limited."""
+    from tests.asgi._apps import client_for
+
+    guard = Guard(load_files(POLICY), backends=ScriptedBackend())
+    health = HealthEndpoint(guard, admin_tokens=[TOKEN])
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await health(scope, send)
+
+    async with client_for(app) as client:
+        wrong = [(await client.get("/", headers={"authorization": f"Bearer guess-{i:04d}"})).status_code
+                 for i in range(40)]  # fmt: skip
+        probe = await client.get("/")
+        admin = await client.get("/", headers=AUTH)
+    assert set(wrong[:30]) <= {200, 503} and set(wrong[30:]) == {429}
+    assert probe.status_code in (200, 503) and "details" not in probe.json()
+    assert admin.status_code in (200, 503) and "details" in admin.json()
     await guard.aclose()
