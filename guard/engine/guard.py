@@ -120,6 +120,8 @@ class Guard:
         #: The canary monitor, once a :class:`~guard.engine.health.HealthMonitor` is made for this Guard: a backend
         #: failing its canary gets no model calls (the policy's fail mode decides) until it passes again.
         self.monitor: HealthMonitor | None = None
+        #: backend name -> times it passed its canary again after failing it (:class:`Plan`'s ``epoch``)
+        self.canary_epochs: dict[str, int] = {}
 
     @classmethod
     def from_files(
@@ -195,6 +197,7 @@ class Guard:
                 and self._backend_name(policy) == name  # the name resolves as when the plan was made ...
                 and self.backends[name] is backend  # ... to the same backend, at the same revision
                 and plan.revision == backend.model_revision
+                and plan.epoch == self.canary_epochs.get(name, 0)
             ):
                 return plan
         backend = self.backend_for(policy)
@@ -206,7 +209,7 @@ class Guard:
                 self._plans.pop(key, None)
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
-        plan = Plan(policy, backend, backend.model_revision)
+        plan = Plan(policy, backend, backend.model_revision, self.canary_epochs.get(chosen, 0))
         self._plans[id(policy)] = (plan, chosen)
         return plan
 
@@ -285,6 +288,7 @@ class Guard:
             if plan.no_answers is not None:  # rules only: no model call, no cache
                 cached = plan.no_answers
             else:
+                self._refuse_failed_canary(self._backend_name(policy) or DEFAULT_BACKEND, plan.backend)
                 # An in-process hit is answered inline: no timeout, no flight, no await.
                 cached = self.cache.peek(key) if policy.cache_ttl > 0 else None
                 if cached is not None:
@@ -332,6 +336,14 @@ class Guard:
                 continue
             source: CachedAnswers | asyncio.Future[Any] | None = None  # None: rules only
             if group.questions:
+                try:
+                    self._refuse_failed_canary(self._backend_name(group.plans[0].policy) or DEFAULT_BACKEND,
+                                               group.plans[0].backend)  # fmt: skip
+                except BackendUnavailable as exc:
+                    for plan in group.plans:
+                        own[id(plan.policy)] = self._failed(plan.policy, subject, exc, decision_id, started, None, {},
+                                                            None)  # fmt: skip
+                    continue
                 source = self.cache.peek(key) if group.ttl > 0 else None
                 if source is None:
                     request = group.request(state)
@@ -414,15 +426,9 @@ class Guard:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         tracker = self.backend_health.get(name) or self.backend_health.setdefault(name, FailureTracker())
-        monitor = self.monitor
 
         async def compute() -> Any:
-            if monitor is not None and name in monitor.canary_failed:
-                raise BackendUnavailable(
-                    f"backend {name!r} failed its canary self-test; its answers are not used",
-                    backend=backend.name,
-                    reason="canary_failed",
-                )
+            self._refuse_failed_canary(name, backend)  # it may have failed while this request waited
             try:
                 answer = await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
             except asyncio.CancelledError:
@@ -435,8 +441,24 @@ class Guard:
             tracker.success()
             return answer
 
+        self._refuse_failed_canary(name, backend)  # not even a stored answer: it may be the broken model's
         async with asyncio.timeout(timeout):
             return await self.cache.fetch(key, request, compute, ttl=ttl, wait=timeout)
+
+    def _refuse_failed_canary(self, name: str, backend: DecisionBackend) -> None:
+        """While backend ``name`` fails its canary (:class:`~guard.engine.health.HealthMonitor`), none of its answers
+        are used, cached ones included (they may be the broken model's): the policy's fail mode decides.
+
+        Raises:
+            BackendUnavailable: reason ``canary_failed``.
+        """
+        monitor = self.monitor
+        if monitor is not None and name in monitor.canary_failed:
+            raise BackendUnavailable(
+                f"backend {name!r} failed its canary self-test; its answers are not used",
+                backend=backend.name,
+                reason="canary_failed",
+            )
 
     def evaluate(self, subject: Subject) -> Verdict:
         """Sync twin of :meth:`aevaluate`: runs it on the Guard's private event-loop thread, so it is safe from any

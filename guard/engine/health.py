@@ -169,8 +169,9 @@ class HealthMonitor:
             if getattr(exc, "reason", None) not in ("overloaded", "http_429"):  # down, not busy: report it
                 self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
-        if name in self.canary_failed:
-            logger.info("backend %r passed its canary again", name)
+        if name in self.canary_failed:  # answers cached before it failed may be the broken model's: keys move on
+            logger.info("backend %r passed its canary again; answers cached before are not read", name)
+            self.guard.canary_epochs[name] = self.guard.canary_epochs.get(name, 0) + 1
         self.canary_failed.discard(name)
         return Check("ok", "ok", {"canaries": [r.to_json() for r in results]})
 

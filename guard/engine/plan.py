@@ -30,7 +30,7 @@ from guard.policy.rules import FEATURE_NAMES, rule_inputs
 from guard.subject import Subject
 from guard.systemone import QuestionV1, ReadOnlyDict, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
-__all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Group", "Plan", "group_plans"]
+__all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Group", "Plan", "group_plans", "keyed_revision"]
 
 #: Rendered states remembered per plan (least recently used first out). With :data:`STATE_MEMO_MAX_CHARS` this
 #: bounds a plan's memo to about 2 MiB of ASCII text (raw and normalised JSON), 8 MiB at worst.
@@ -72,6 +72,8 @@ class Plan:
     Attributes:
         policy: the policy (identity matters: a reloaded policy gets a new plan).
         backend: the backend that answers it; revision: its ``model_revision`` when the plan was made.
+        epoch: how many times that backend had passed its canary again after failing it (in the cache key: answers
+            stored before a recovery, perhaps by the broken model, are not read after it).
         key: the cache key template (constant part rendered once).
         names: wire question id -> question key.
         orders: wire id -> option ids in the policy's order, for each choice question (a cached answer may come
@@ -90,6 +92,7 @@ class Plan:
         "_lock",
         "_states",
         "backend",
+        "epoch",
         "features",
         "key",
         "memo_flags",
@@ -100,12 +103,14 @@ class Plan:
         "revision",
     )
 
-    def __init__(self, policy: Policy, backend: DecisionBackend, revision: str) -> None:
+    def __init__(self, policy: Policy, backend: DecisionBackend, revision: str, epoch: int = 0) -> None:
         self.policy = policy
         self.backend = backend
         self.revision = revision
+        self.epoch = epoch
         self.key = KeyTemplate(
-            backend=backend.name, revision=revision, model=policy.model, questions=[q.wire for q in policy.questions]
+            backend=backend.name, revision=keyed_revision(revision, epoch), model=policy.model,
+            questions=[q.wire for q in policy.questions],
         )
         self.names = policy.question_keys()
         self.orders = {q.wire.id: q.wire.option_ids() for q in policy.questions if q.wire.type == "choice"}
@@ -253,6 +258,11 @@ def _same_json(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def keyed_revision(revision: str, epoch: int) -> str:
+    """The revision a cache key names: the backend's, and after its first canary recovery the recovery count."""
+    return revision if epoch == 0 else f"{revision}#recovered-{epoch}"
+
+
 class Group:
     """Plans of policies that one model call answers: the same backend (revision), model and state declaration, so
     the same state; their questions go out in one request, each distinct question once (:func:`group_plans`).
@@ -273,7 +283,8 @@ class Group:
         self.plans = plans
         self.questions = questions
         self.key = KeyTemplate(
-            backend=first.backend.name, revision=first.revision, model=first.policy.model, questions=questions
+            backend=first.backend.name, revision=keyed_revision(first.revision, first.epoch), model=first.policy.model,
+            questions=questions,
         )
         self.timeout = max(plan.policy.timeout for plan in plans)
         self.ttl = min(plan.policy.cache_ttl for plan in plans)
@@ -318,6 +329,7 @@ def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
                 not questions
                 or head.backend is not plan.backend
                 or head.revision != plan.revision
+                or head.epoch != plan.epoch
                 or head.policy.model != policy.model
                 or head.policy.state_fields != policy.state_fields
             ):
