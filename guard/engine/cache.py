@@ -52,6 +52,7 @@ __all__ = [
     "MemoryCache",
     "ProbabilityCache",
     "RedisCache",
+    "Unstored",
     "cache_key",
 ]
 
@@ -74,7 +75,18 @@ Lookup = Literal["hit", "miss", "shared"]
 """``hit``: read from the cache; ``miss``: this caller's backend call; ``shared``: another caller's call (in this
 process or, through the Redis lock, another replica)."""
 
-Compute = Callable[[], Awaitable[SystemOneResponseV1]]
+
+
+@dataclass(frozen=True)
+class Unstored:
+    """What a ``compute`` returns for answers that must not be kept under its key: the backend answered as another
+    model revision than the key names (a rolling update behind one address). They answer this call, and the calls
+    waiting on it, and are not stored."""
+
+    response: SystemOneResponseV1
+
+
+Compute = Callable[[], Awaitable[SystemOneResponseV1 | Unstored]]
 
 
 @dataclass(frozen=True)
@@ -307,7 +319,7 @@ class ProbabilityCache:
         self, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float
     ) -> tuple[CachedAnswers, Lookup]:
         if ttl <= 0:
-            response, _, _ = await _run(compute, request, wait)
+            response, _, _, _ = await _run(compute, request, wait)
             return CachedAnswers(response), "miss"
         self._stats.misses += 1
         token = await self._acquire(key, wait)
@@ -324,8 +336,9 @@ class ProbabilityCache:
                 self._stats.shared += 1
                 return stored, "shared"
         try:
-            response, value, decoded = await _run(compute, request, wait)
-            await self._store(key, value, decoded, ttl)  # before the lock goes: no follower sees neither lock nor value
+            response, value, decoded, keep = await _run(compute, request, wait)
+            if keep:  # stored before the lock goes: no follower sees neither lock nor value
+                await self._store(key, value, decoded, ttl)
         except BackendError as exc:
             await self._publish_failure(key, exc)
             raise
@@ -638,16 +651,18 @@ def _settle(flight: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
 
 async def _run(
     compute: Compute, request: SystemOneRequestV1, wait: float
-) -> tuple[SystemOneResponseV1, dict[str, Any], SystemOneResponseV1]:
+) -> tuple[SystemOneResponseV1, dict[str, Any], SystemOneResponseV1, bool]:
     """Call ``compute`` within ``wait`` seconds and check its answers (the shared task must not outlive its callers'
-    budget even when a backend ignores its timeout)."""
+    budget even when a backend ignores its timeout); the last value says whether they may be stored
+    (:class:`Unstored`)."""
     try:
         async with asyncio.timeout(wait):
-            response = await compute()
+            result = await compute()
     except TimeoutError as exc:
         raise BackendTimeout(f"no answer within {wait * 1000:.0f} ms") from exc
+    response = result.response if isinstance(result, Unstored) else result
     value, decoded = encode_checked(response, request)
-    return response, value, decoded
+    return response, value, decoded, not isinstance(result, Unstored)
 
 
 def _failure_from_marker(raw: bytes) -> BackendError:

@@ -28,7 +28,15 @@ from typing import Any, Self, TypeVar
 
 from guard.backends.base import DecisionBackend
 from guard.engine import verdicts
-from guard.engine.cache import CacheConfig, CachedAnswers, Lookup, MemoryCache, ProbabilityCache, RedisCache
+from guard.engine.cache import (
+    CacheConfig,
+    CachedAnswers,
+    Lookup,
+    MemoryCache,
+    ProbabilityCache,
+    RedisCache,
+    Unstored,
+)
 from guard.engine.health import FailureTracker, HealthMonitor, error_code, health_report
 from guard.engine.ids import new_decision_id
 from guard.engine.plan import Group, Plan, group_plans
@@ -297,7 +305,7 @@ class Guard:
                     request = policy.build_request(state)
                     cached, lookup = await self._fetch(
                         request, plan.backend, key, name=self._backend_name(policy) or DEFAULT_BACKEND,
-                        timeout=policy.timeout, ttl=policy.cache_ttl,
+                        timeout=policy.timeout, ttl=policy.cache_ttl, revision=plan.revision,
                     )
             response = cached.response
             outcome = plan.outcome(cached, subject=subject, state=raw, flags=flags)
@@ -351,7 +359,7 @@ class Guard:
                         self._fetch(
                             request, group.plans[0].backend, key,
                             name=self._backend_name(group.plans[0].policy) or DEFAULT_BACKEND,
-                            timeout=group.timeout, ttl=group.ttl,
+                            timeout=group.timeout, ttl=group.ttl, revision=group.plans[0].revision,
                         )
                     )
                     source.add_done_callback(_retrieve)
@@ -418,11 +426,14 @@ class Guard:
         )  # fmt: skip
 
     async def _fetch(
-        self, request: SystemOneRequestV1, backend: DecisionBackend, key: str, *, name: str, timeout: float, ttl: float
+        self, request: SystemOneRequestV1, backend: DecisionBackend, key: str, *, name: str, timeout: float,
+        ttl: float, revision: str,
     ) -> tuple[CachedAnswers, Lookup]:
         """The answers on a miss of the in-process peek: from the cache's store, a flight in progress or the backend
         (registered as ``name``: its calls count in :attr:`backend_health`), within ``timeout`` seconds (the backend
-        is told what is left of it)."""
+        is told what is left of it). ``revision`` is the model revision ``key`` names: answers the backend gave as
+        another one (it learns its revision from each answer, as a System One client behind a rolling update does)
+        are used for this call and not stored under ``key``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         tracker = self.backend_health.get(name) or self.backend_health.setdefault(name, FailureTracker())
@@ -439,7 +450,7 @@ class Guard:
                 tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}")
                 raise
             tracker.success()
-            return answer
+            return answer if backend.model_revision == revision else Unstored(answer)
 
         self._refuse_failed_canary(name, backend)  # not even a stored answer: it may be the broken model's
         async with asyncio.timeout(timeout):

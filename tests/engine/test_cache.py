@@ -574,3 +574,30 @@ async def test_a_failed_flight_is_not_remembered() -> None:
         verdict = await guard.aevaluate(subject())
         assert verdict.fail_mode == "closed" and backend.calls == calls  # a fresh call, not the old failure
         await asyncio.sleep(0.05)  # let the failed flight finish
+
+
+class _RollingUpdate(ScriptedBackend):
+    """Two checkpoints behind one address during a rolling update: each answer comes from the other one, and the
+    client learns the revision from the answer (as ``SystemOneClient`` does from ``x-guard-model-revision``)."""
+
+    async def decide(self, request: Any, *, timeout: float | None = None) -> Any:
+        answering = "ckpt-b" if self._revision == "ckpt-a" else "ckpt-a"
+        response = await super().decide(request, timeout=timeout)
+        self._revision = answering
+        return response
+
+
+@pytest.mark.anyio
+async def test_an_answer_from_another_revision_than_the_key_names_is_not_stored() -> None:
+    """The key is built with the revision known before the call; an answer given as another revision answers that
+    call but is not stored under the first one's key (it would be served as checkpoint A's for the TTL)."""
+    backend = _RollingUpdate(by_text, revision="ckpt-a")
+    guard = Guard(policies(), backends=backend)
+    first = await guard.aevaluate(subject())  # keyed ckpt-a, answered as ckpt-b: not kept
+    second = await guard.aevaluate(subject())  # keyed ckpt-b, answered as ckpt-a: not kept
+    third = await guard.aevaluate(subject())  # keyed ckpt-a again: B's first answer was not kept under A's key
+    assert not first.cache_hit and not second.cache_hit and not third.cache_hit and backend.calls == 3
+    steady = ScriptedBackend(by_text, revision="ckpt-a")
+    guard = Guard(policies(), backends=steady)
+    await guard.aevaluate(subject())
+    assert (await guard.aevaluate(subject())).cache_hit and steady.calls == 1  # one revision: stored as before
