@@ -28,6 +28,7 @@ __all__ = [
     "UNSUPPORTED_CHARSET",
     "UTF8_LABELS",
     "charset",
+    "check_html_charset",
     "check_xml_encoding",
     "is_textual",
     "is_xml",
@@ -69,6 +70,7 @@ _TEXTUAL_PREFIXES = (
     "application/yaml",
     "application/graphql",
 )
+_HTML_META_CHARSET = re.compile(rb"<meta\b[^>]*?\bcharset\s*=\s*[\"']?\s*([A-Za-z0-9_.:-]+)", re.IGNORECASE)
 _XML_DECL = re.compile(rb"<\?xml[^>]{0,200}?encoding\s*=\s*[\"']([^\"']{0,40})[\"']")
 
 
@@ -194,6 +196,28 @@ def is_textual(media: str) -> bool:
 def is_xml(media: str) -> bool:
     """``application/xml``, ``text/xml`` and ``+xml`` types."""
     return media in ("application/xml", "text/xml") or media.endswith("+xml")
+
+
+def check_html_charset(body: bytes, field: str = "body") -> None:
+    """Refuse an HTML body (sent without a ``charset`` parameter) whose ``<meta charset>`` or ``<meta
+    http-equiv="content-type">`` in its first 1,024 bytes names a charset other than UTF-8 or US-ASCII: a browser
+    decodes it with that charset (the HTML encoding prescan), so ``SE\x1b(BCRET`` reads as ``SECRET`` in
+    ISO-2022-JP.
+
+    Raises:
+        BodyError: 415 ``unsupported_charset``.
+    """
+    match = _HTML_META_CHARSET.search(body[:1024])
+    if match is None:
+        return
+    name = match.group(1).decode("latin-1").strip().lower()
+    if name not in UTF8_LABELS and name not in ASCII_LABELS:
+        raise BodyError(
+            415,
+            UNSUPPORTED_CHARSET,
+            f"the HTML names charset {name[:40]!r} in a <meta> tag, which cannot be inspected; send it as UTF-8",
+            field=field,
+        )
 
 
 def check_xml_encoding(body: bytes, field: str = "body") -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from guard._json import is_json_media, loads
-from guard.asgi._media import charset, check_xml_encoding, is_textual, is_xml, parse_params
+from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
@@ -100,6 +100,8 @@ def _text(body: bytes, media: str, params: dict[str, str]) -> str:
     codec = charset(params)
     if is_xml(media):
         check_xml_encoding(body)
+    elif media == "text/html" and "charset" not in params:  # a declared charset overrides <meta>, as in browsers
+        check_html_charset(body)
     try:
         return body.decode(codec)
     except UnicodeDecodeError as exc:

@@ -137,6 +137,24 @@ async def test_xml_declaring_another_encoding_is_415(make_guard: GuardFactory, d
         check_xml_encoding(body)
 
 
+@pytest.mark.parametrize(("meta", "status"), [
+    ('<meta charset="iso-2022-jp">', 415),  # a browser would decode SE\x1b(BCRET as SECRET
+    ('<meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS">', 415),
+    ('<meta charset="utf-8">', 403),  # read as it is, and judged
+    ("", 403),
+])  # fmt: skip
+async def test_html_naming_another_charset_in_a_meta_tag_is_415(make_guard: GuardFactory, meta: str,
+                                                                 status: int) -> None:
+    body = f"<html><head>{meta}</head><body>{ATTACK}</body></html>".encode()
+    async with client_for(guarded_app(make_guard())) as client:
+        response = await client.post("/v1/echo", content=body, headers={"content-type": "text/html"})
+        declared = await client.post("/v1/echo", content=body, headers={"content-type": "text/html; charset=utf-8"})
+    assert response.status_code == status and "x-app" not in response.headers
+    assert declared.status_code == 403  # a declared charset is what a browser uses, not the <meta> tag
+    if status == 415:
+        assert response.json()["code"] == "unsupported_charset"
+
+
 async def test_xml_in_utf8_is_judged(make_guard: GuardFactory) -> None:
     async with client_for(guarded_app(make_guard())) as client:
         for declaration in ('<?xml version="1.0" encoding="UTF-8"?>', '<?xml version="1.0"?>', ""):

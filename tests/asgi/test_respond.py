@@ -643,3 +643,22 @@ async def test_a_file_the_server_would_send_itself_is_read_and_judged(tmp_path: 
         assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
         assert sent[0]["status"] == status and SECRET.encode() not in sent[1]["body"]
     await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_html_response_naming_another_charset_in_a_meta_tag_cannot_be_judged() -> None:
+    """``SE\\x1b(BCRET`` under ``<meta charset="iso-2022-jp">`` is SECRET in a browser: 502, never passed unread."""
+    from tests.asgi._apps import client_for
+
+    page = b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is 42</body></html>'
+
+    async def html(request: Request) -> Response:
+        return Response(page, headers={"content-type": "text/html"})  # no charset: the <meta> tag decides
+
+    guard = Guard(load_text(RELEASED_POLICY), backends=ScriptedBackend(lambda request: {}))
+    app = Starlette(routes=[Route("/out/x", html)], middleware=[Middleware(GuardMiddleware, guard=guard)])
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 502 and response.json()["code"] == "response_uninspectable"
+    assert b"42" not in response.content
+    await guard.aclose()
