@@ -208,16 +208,8 @@ def check_html_charset(body: bytes, field: str = "body") -> None:
         BodyError: 415 ``unsupported_charset``.
     """
     match = _HTML_META_CHARSET.search(body[:1024])
-    if match is None:
-        return
-    name = match.group(1).decode("latin-1").strip().lower()
-    if name not in UTF8_LABELS and name not in ASCII_LABELS:
-        raise BodyError(
-            415,
-            UNSUPPORTED_CHARSET,
-            f"the HTML names charset {name[:40]!r} in a <meta> tag, which cannot be inspected; send it as UTF-8",
-            field=field,
-        )
+    if match is not None:
+        _refuse_unread_label(match.group(1), "the HTML names charset {!r} in a <meta> tag", "send it as UTF-8", field)
 
 
 def check_xml_encoding(body: bytes, field: str = "body") -> None:
@@ -231,13 +223,15 @@ def check_xml_encoding(body: bytes, field: str = "body") -> None:
     if not start.startswith(b"<?xml"):
         return
     match = _XML_DECL.match(start)
-    if match is None:
-        return
-    name = match.group(1).decode("latin-1").strip().lower()
+    if match is not None:
+        _refuse_unread_label(match.group(1), "the XML declaration names encoding {!r}", "send the document as UTF-8",
+                             field)  # fmt: skip
+
+
+def _refuse_unread_label(raw: bytes, where: str, fix: str, field: str) -> None:
+    """Raise 415 ``unsupported_charset`` when the charset label ``raw`` a document names for itself is not UTF-8 or
+    US-ASCII (``where``: how the message names it, with ``{!r}`` for the label; ``fix``: what to do)."""
+    name = raw.decode("latin-1").strip().lower()
     if name not in UTF8_LABELS and name not in ASCII_LABELS:
-        raise BodyError(
-            415,
-            UNSUPPORTED_CHARSET,
-            f"the XML declaration names encoding {name!r}, which cannot be inspected; send the document as UTF-8",
-            field=field,
-        )
+        raise BodyError(415, UNSUPPORTED_CHARSET, f"{where.format(name[:40])}, which cannot be inspected; {fix}",
+                        field=field)  # fmt: skip

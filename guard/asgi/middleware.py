@@ -244,51 +244,43 @@ class GuardMiddleware:
         await self._guard(scope, receive, send, head, matched)
 
     def _watching(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
-        """The request and the response policies that judge its response, matched as :meth:`_match` matches
-        request policies: on the path's canonical view first, then on the path as sent."""
-        path: str = scope["path"]
-        view = (path.rstrip("/") or "/") if self._strip else path
-        view = view.lower() if self._fold else view
-        head = head_subject(scope, headers, self.client_header, view)
-        watching = self.guard.watching(head)
-        if not watching and view != path:
-            head = head_subject(scope, headers, self.client_header)
-            watching = self.guard.watching(head)
-        return head, watching
+        """The request and the response policies that judge its response, matched as :meth:`_match` matches request
+        policies."""
+        return self._on_either_path(scope, headers, self.guard.watching)
 
     async def respond(
-        self, scope: Scope, receive: Receive, send: Send, headers: HeaderList = (), *, method: str | None = None
+        self, scope: Scope, receive: Receive, send: Send, headers: HeaderList = (), *, method: str | None = None,
+        app: ASGIApp | None = None,
     ) -> None:
-        """Run the app for ``scope``, ``headers`` added to its response start; the response judged by every response
-        policy that watches the request (matched with ``method``, the judged method, when a method override gave
-        one). Every path that lets the app answer goes through here: a request no policy judges, an allowed one, and
-        one a review released."""
-        await self._respond_with(self.app, scope, receive, send, headers, method=method)
-
-    async def _respond_with(
-        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, headers: HeaderList = (), *,
-        method: str | None = None,
-    ) -> None:
-        """:meth:`respond` with ``app`` answering (the application, or a handoff target's reply)."""
+        """Run ``app`` (the application by default; a handoff target's reply) for ``scope``, ``headers`` added to its
+        response start; the response judged by every response policy that watches the request (matched with
+        ``method``, the judged method, when a method override gave one). Every path that lets the app answer goes
+        through here: a request no policy judges, an allowed one, one a review released, and a handoff."""
         judged = {**scope, "method": method} if method is not None else scope
         head, watching = self._watching(judged, header_map(scope))
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
         app_send = functools.partial(send_with_headers, judge or send, headers) if headers else judge or send
-        response = app(without_unreadable_sends(scope) if judge else scope, receive, app_send)
+        response = (app or self.app)(without_unreadable_sends(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 
     def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
-        """The subject and every policy that judges it (empty when none does): matched on the path's canonical view
-        first (lower-cased, trailing slash removed, as configured), then on the path as sent."""
+        """The subject and every policy that judges it (empty when none does)."""
+        return self._on_either_path(scope, headers, self.guard.matching)
+
+    def _on_either_path(
+        self, scope: Scope, headers: dict[str, str], find: Callable[[HttpSubject], tuple[Policy, ...]]
+    ) -> tuple[HttpSubject, tuple[Policy, ...]]:
+        """The subject and the policies ``find`` returns for it, matched on the path's canonical view first
+        (lower-cased, trailing slash removed, as configured), then on the path as sent."""
         path: str = scope["path"]
         view = (path.rstrip("/") or "/") if self._strip else path
         view = view.lower() if self._fold else view
         head = head_subject(scope, headers, self.client_header, view)
-        matched = self.guard.matching(head)
-        if not matched and view != path:
+        found = find(head)
+        if not found and view != path:
             head = head_subject(scope, headers, self.client_header)
-            matched = self.guard.matching(head)
-        return head, matched
+            found = find(head)
+        return head, found
 
     def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:
         """The request's tenant: the ``tenant_header`` value, or what ``tenant`` says of the request's subject;
@@ -376,7 +368,7 @@ class GuardMiddleware:
                 outcomes.append(await respond_with_handoff(self.handoff, policy, verdict, subject, reply,
                                                            verdict_headers(verdict)))  # fmt: skip
 
-            await self._respond_with(handoff_app, scope, receive, send, method=head.method)
+            await self.respond(scope, receive, send, method=head.method, app=handoff_app)
             self.metrics.handoffs.labels(outcomes[0] if outcomes else "blocked").inc()  # none: a response policy cut it
 
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:

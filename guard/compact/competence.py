@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +106,7 @@ def assess(text: str) -> Competence:
     best = max(ranked, key=ranked.__getitem__)
     if other_script:
         return Competence(best in SUPPORTED_LANGUAGES, "" if best in SUPPORTED_LANGUAGES else "language", best)
-    english = sum(ranked.get(code, 0.0) for code in SUPPORTED_LANGUAGES)
-    if best not in SUPPORTED_LANGUAGES and ranked[best] >= LANGUAGE_CONFIDENCE and english < ENGLISH_FLOOR:
+    if _confidently_other(ranked, best, LANGUAGE_CONFIDENCE, SUPPORTED_LANGUAGES):
         return Competence(False, "language", best)
     other = _other_language_segment(text) if len(letters) > SEGMENT_LETTERS else ""
     if other:
@@ -126,7 +126,13 @@ def _other_language_segment(text: str) -> str:
             continue
         ranked = dict(identifier.rank(segment))
         best = max(ranked, key=ranked.__getitem__)
-        english = sum(ranked.get(code, 0.0) for code in SUPPORTED_LANGUAGES)
-        if best not in _NOT_ANOTHER_LANGUAGE and ranked[best] >= SEGMENT_CONFIDENCE and english < ENGLISH_FLOOR:
+        if _confidently_other(ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE):
             return best
     return ""
+
+
+def _confidently_other(ranked: dict[str, float], best: str, confidence: float, not_other: Collection[str]) -> bool:
+    """Whether py3langid's ranking names ``best`` (not in ``not_other``) with at least ``confidence`` while English
+    gets less than :data:`ENGLISH_FLOOR`."""
+    english = sum(ranked.get(code, 0.0) for code in SUPPORTED_LANGUAGES)
+    return best not in not_other and ranked[best] >= confidence and english < ENGLISH_FLOOR
