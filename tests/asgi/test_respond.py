@@ -30,6 +30,7 @@ from guard.errors import PolicyError
 from guard.policy import load_text
 from guard.systemone import SystemOneRequestV1
 from tests._backends import ScriptedBackend
+from tests.asgi._apps import client_for, echo_routes
 from tests.asgi._servers import serve_in_thread
 
 POLICY = r"""
@@ -404,6 +405,14 @@ def test_the_proxy_judges_responses_the_same_way(tmp_path: Path) -> None:
     assert len(delays) == SLOW_EVENTS and max(delays) < FLUSH_S + MARGIN_S, delays  # flushed through the proxy too
 
 
+def rules_only(policy: str, routes: list[Route], *, decision_log: DecisionLog | None = None,
+               **options: Any) -> tuple[Guard, Starlette]:  # fmt: skip
+    """A guard on ``policy`` (rules only: no model answers anything) and ``routes`` behind its middleware
+    (``options``)."""
+    guard = Guard(load_text(policy), backends=ScriptedBackend(lambda request: {}), decision_log=decision_log)
+    return guard, Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard, **options)])
+
+
 RELEASED_POLICY = r"""
 policies:
   - id: req
@@ -430,12 +439,9 @@ async def test_a_released_request_and_every_form_of_its_path_have_their_response
     """A request a review released (resent, or by the release call) and a path in another case or with a trailing
     slash (the app may route them to the same handler) are answered through the response policies too."""
     from guard.asgi.review_store import MemoryReviewStore
-    from tests.asgi._apps import client_for
-
     store = MemoryReviewStore()
-    guard = Guard(load_text(RELEASED_POLICY), backends=ScriptedBackend(lambda request: {}))
-    app = Starlette(routes=[Route("/{path:path}", _leaky, methods=["GET", "POST"])],
-                    middleware=[Middleware(GuardMiddleware, guard=guard, review_store=store)])  # fmt: skip
+    guard, app = rules_only(RELEASED_POLICY, [Route("/{path:path}", _leaky, methods=["GET", "POST"])],
+                            review_store=store)
     async with client_for(app) as client:
         for path in ("/out/x", "/OUT/x", "/out/x/", "/Out/X/"):
             response = await client.get(path)
@@ -476,19 +482,15 @@ policies:
     ({"content": b'{"c":"\\u0034111 1111 1111 1111"}', "headers": {"content-type": "text/plain"}}, 422),
 ])  # fmt: skip
 async def test_a_redact_rule_never_passes_on_what_it_could_not_mask(how: dict[str, Any], status: int) -> None:
-    from tests.asgi._apps import client_for, echo_routes
-
     lines: list[str] = []
-    guard = Guard(load_text(REDACT_POLICY), backends=ScriptedBackend(lambda request: {}),
-                  decision_log=DecisionLog(lines.append))  # fmt: skip
     seen: list[bytes] = []
 
     async def record(request: Request) -> Response:
         seen.append(await request.body() + request.url.query.encode())
         return Response("ok")
 
-    app = Starlette(routes=[Route("/in/x", record, methods=["POST"]), *echo_routes()],
-                    middleware=[Middleware(GuardMiddleware, guard=guard)])  # fmt: skip
+    guard, app = rules_only(REDACT_POLICY, [Route("/in/x", record, methods=["POST"]), *echo_routes()],
+                            decision_log=DecisionLog(lines.append))  # fmt: skip
     async with client_for(app) as client:
         response = await client.post("/in/x", **how)
     assert response.status_code == status
@@ -519,8 +521,6 @@ policies:
 @pytest.mark.anyio
 async def test_overlapping_spans_of_two_redacting_policies_in_a_stream_are_masked_whole() -> None:
     """Two policies' spans overlap across a window cut; this was a ValueError before the response started (a 500)."""
-    from tests.asgi._apps import client_for
-
     async def chunks() -> AsyncIterator[bytes]:
         yield b"xxxxxKEY1234" + b"Z" * 52
         yield b"Z" * 10 + b" end"
@@ -528,10 +528,8 @@ async def test_overlapping_spans_of_two_redacting_policies_in_a_stream_are_maske
     async def stream(request: Request) -> Response:
         return StreamingResponse(chunks(), media_type="text/plain")
 
-    guard = Guard(load_text(OVERLAP_POLICY), backends=ScriptedBackend(lambda request: {}))
     limits = BodyLimits(stream_window_bytes=64, stream_overlap_bytes=16, stream_flush_s=None)
-    app = Starlette(routes=[Route("/out/x", stream)],
-                    middleware=[Middleware(GuardMiddleware, guard=guard, limits=limits)])  # fmt: skip
+    guard, app = rules_only(OVERLAP_POLICY, [Route("/out/x", stream)], limits=limits)
     async with client_for(app) as client:
         response = await client.get("/out/x")
     assert response.status_code == 200 and response.text == "xxxxx[REDACTED:key] end"
@@ -557,8 +555,6 @@ policies:
     (["the plan"], "text/plain; charset=utf-16le", 502),  # a streamed charset guard does not read
 ])  # fmt: skip
 async def test_a_stream_is_judged_as_its_client_reads_it(events: list[str], media: str, status: int) -> None:
-    from tests.asgi._apps import client_for
-
     async def chunks() -> AsyncIterator[bytes]:
         for event in events:
             yield (f"data: {event}\n\n" if "event-stream" in media else event).encode(
@@ -567,8 +563,7 @@ async def test_a_stream_is_judged_as_its_client_reads_it(events: list[str], medi
     async def stream(request: Request) -> Response:
         return StreamingResponse(chunks(), headers={"content-type": media})
 
-    guard = Guard(load_text(ESCAPES_POLICY), backends=ScriptedBackend(lambda request: {}))
-    app = Starlette(routes=[Route("/out/x", stream)], middleware=[Middleware(GuardMiddleware, guard=guard)])
+    guard, app = rules_only(ESCAPES_POLICY, [Route("/out/x", stream)])
     async with client_for(app) as client:
         response = await client.get("/out/x")
     assert response.status_code == status
@@ -580,8 +575,6 @@ async def test_a_stream_is_judged_as_its_client_reads_it(events: list[str], medi
 async def test_an_event_longer_than_the_window_is_not_judged_again_for_every_chunk() -> None:
     """Held text that cannot be sent yet (no complete event) is judged again once it has doubled: an event of n
     bytes in 64-byte chunks costs a few judgements, not one of all that is held per chunk (quadratic CPU)."""
-    from tests.asgi._apps import client_for
-
     size = 128 * 1024
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -648,15 +641,12 @@ async def test_a_file_the_server_would_send_itself_is_read_and_judged(tmp_path: 
 @pytest.mark.anyio
 async def test_an_html_response_naming_another_charset_in_a_meta_tag_cannot_be_judged() -> None:
     """``SE\\x1b(BCRET`` under ``<meta charset="iso-2022-jp">`` is SECRET in a browser: 502, never passed unread."""
-    from tests.asgi._apps import client_for
-
     page = b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is 42</body></html>'
 
     async def html(request: Request) -> Response:
         return Response(page, headers={"content-type": "text/html"})  # no charset: the <meta> tag decides
 
-    guard = Guard(load_text(RELEASED_POLICY), backends=ScriptedBackend(lambda request: {}))
-    app = Starlette(routes=[Route("/out/x", html)], middleware=[Middleware(GuardMiddleware, guard=guard)])
+    guard, app = rules_only(RELEASED_POLICY, [Route("/out/x", html)])
     async with client_for(app) as client:
         response = await client.get("/out/x")
     assert response.status_code == 502 and response.json()["code"] == "response_uninspectable"
