@@ -75,6 +75,9 @@ def register(subparsers: Any) -> None:
     hyper.add_argument("--head-epochs", type=int, default=None,
                        help="catalog: epochs of the heads alone on the fine-tuned layers' states, after the joint "
                             "epochs (default 0: none)")
+    hyper.add_argument("--layer-epochs", type=int, default=None,
+                       help="catalog: epochs of the fine-tuned layers alone, every head frozen, after the joint "
+                            "epochs (default 0: none)")
     hyper.add_argument("--head-questions", type=lambda text: tuple(q.strip() for q in text.split(",") if q.strip()),
                        default=None, metavar="ID[,ID...]",
                        help="catalog: the questions whose heads the head epochs train (default: all)")
@@ -100,7 +103,7 @@ def _hyper(args: argparse.Namespace) -> dict[str, Any]:
     names = ("epochs", "patience", "batch_size", "learning_rate", "label_smoothing", "brier_weight",
              "ordinal_weight", "max_state_tokens", "width", "seed", "outside_label", "outside_rate",
              "layer_learning_rate", "train_windows", "train_pieces", "top_layers", "fold_epochs", "fold_share",
-             "head_epochs", "head_questions", "source_balance")
+             "head_epochs", "layer_epochs", "head_questions", "source_balance")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

@@ -20,6 +20,10 @@ steps, far from a fitted head. ``head_questions`` limits them to some questions'
 records are few), leaving the others and the shared ``LayerNorm`` as the joint epochs left them, as the shipped
 weights do. Off by default (``docs/compact-model.md`` has the measurements).
 
+With ``layer_epochs`` the top layers train that many more epochs after the joint ones with every head frozen (their
+own warm-up and decay at ``layer_learning_rate``), before any head epochs: the layer keeps learning while the heads
+stay as one joint pass left them. Off by default.
+
 Honest numbers (``folds=True``): before the final fit, one model per fold is trained without that fold's records
 (records carry a ``fold``: a group of sources by provenance, ``guard/compact/data.py``) on a seeded share of the rest
 and scores the held-out fold. The out-of-fold answers give the leave-one-source-group-out metrics (pooled, per fold
@@ -79,6 +83,8 @@ class FinetuneConfig:
         head_epochs: epochs of the heads alone after the joint epochs (final and fold models), on the fine-tuned
             top layers' states of the training texts, computed once with those layers frozen. 0 skips them (the
             shipped weights: 20, for the pair questions' heads).
+        layer_epochs: epochs of the top layers alone after the joint epochs, every head and the ``LayerNorm``
+            frozen (final and fold models; before the head epochs). 0 skips them (the shipped weights).
         head_questions: catalog question ids whose heads the head epochs train, on those questions' records only;
             the other questions' heads and the ``LayerNorm`` all questions share stay as the joint epochs left them.
             Empty: every head and the ``LayerNorm``.
@@ -104,6 +110,7 @@ class FinetuneConfig:
     fold_share: float = 0.3
     fold_epochs: int = 1
     head_epochs: int = 0
+    layer_epochs: int = 0
     head_questions: tuple[str, ...] = ()
     source_balance: float = 1.0
 
@@ -111,8 +118,11 @@ class FinetuneConfig:
         for name in ("epochs", "batch_size", "train_windows", "train_pieces", "top_layers", "fold_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.head_epochs < 0:
-            raise ValueError(f"head_epochs must be at least 0, got {self.head_epochs}")
+        for name in ("head_epochs", "layer_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
+        if self.layer_epochs and self.layer_learning_rate <= 0:
+            raise ValueError("layer_epochs needs layer_learning_rate > 0 (they train the top layers alone)")
         if self.head_questions and not self.head_epochs:
             raise ValueError("head_questions needs head_epochs (they name the heads the head epochs train)")
         unknown = sorted(set(self.head_questions) - set(CATALOG))
@@ -128,8 +138,8 @@ class FinetuneConfig:
 class FinetuneReport:
     """The final model's losses, the out-of-fold (leave-one-source-group-out) metrics and the fitted temperatures.
 
-    ``train_loss`` has one entry per joint epoch, then one per head epoch; ``val_loss`` one per joint epoch, then
-    one after the head epochs."""
+    ``train_loss`` has one entry per joint epoch, then one per layer epoch, then one per head epoch; ``val_loss``
+    one per joint and per layer epoch, then one after the head epochs."""
 
     train_loss: list[float] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
@@ -367,6 +377,13 @@ def train_catalog(
         else:
             head.top.requires_grad_(False)
         losses = run_epochs(head, groups, selected, windows, epochs, desc, rng, top=True, val=val)
+        if config.layer_epochs:
+            for p in heads:
+                p.requires_grad_(False)
+            losses += run_epochs(head, [{"params": list(head.top.parameters()), "lr": config.layer_learning_rate}],
+                                 selected, windows, config.layer_epochs, f"{desc} layer", rng, top=True, val=val)
+            for p in heads:
+                p.requires_grad_(True)
         refit = [e for e in selected if not config.head_questions or ids[e.question] in config.head_questions]
         if config.head_epochs and refit:
             losses += fit_heads(head, refit, desc)

@@ -144,6 +144,25 @@ def test_head_epochs_fit_the_heads_alone_on_the_fine_tuned_layers(encoder: Any, 
         FinetuneConfig(head_epochs=-1)
 
 
+def test_layer_epochs_train_the_top_layers_alone_with_the_heads_frozen(encoder: Any, tmp_path: Any) -> None:
+    records = _records(tmp_path)
+    joint, joint_report = train_catalog(records, records, FinetuneConfig(epochs=1, batch_size=4), encoder,
+                                        folds=False)
+    more, report = train_catalog(records, records, FinetuneConfig(epochs=1, batch_size=4, layer_epochs=2), encoder,
+                                 folds=False)
+    assert report.train_loss[:1] == joint_report.train_loss  # the joint epoch is the same run
+    assert len(report.train_loss) == 3 and len(report.val_loss) == 3
+    heads = {k: v for k, v in more.head.state_dict().items() if not k.startswith("top.")}
+    assert all(value.equal(joint.head.state_dict()[key]) for key, value in heads.items())  # heads as one epoch left them
+    key = "0.attention.self.query.weight"
+    assert not more.head.top.state_dict()[key].equal(joint.head.top.state_dict()[key])
+    assert report.train_loss[-1] < report.train_loss[0]
+    with pytest.raises(ValueError, match="layer_epochs must be at least 0"):
+        FinetuneConfig(layer_epochs=-1)
+    with pytest.raises(ValueError, match="layer_epochs needs layer_learning_rate"):
+        FinetuneConfig(layer_epochs=1, layer_learning_rate=0.0)
+
+
 def test_head_questions_refit_only_the_heads_they_name(encoder: Any, tmp_path: Any) -> None:
     injection = _records(tmp_path)
     harmful = [dataclasses.replace(r, labels={"guard.harmful_request": r.labels["guard.prompt_injection"]})
