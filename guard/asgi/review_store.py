@@ -65,7 +65,7 @@ STATUSES: tuple[ReviewStatus, ...] = ("pending", "approved", "rejected", "releas
 DEFAULT_REVIEW_TTL_S = 24 * 3600.0
 """How long an item lives, seconds, whatever its status."""
 DEFAULT_REVIEW_PREFIX = "guard:review:"
-"""Redis key prefix: items at ``<prefix><id>``, the expiry index at ``<prefix>index``."""
+"""Redis key prefix: items at ``<prefix><id>``, the per-status indexes at ``<prefix>index:<status>``."""
 DEFAULT_MAX_ITEMS = 10_000
 """Most items the in-memory store holds; creating one more fails closed."""
 DEFAULT_MAX_PENDING_PER_CLIENT = 100
@@ -377,14 +377,33 @@ _CORE_FIELDS = ("id", "created_at", "expires_at", "decision_id", "policy_id", "p
                 "subject", "state", "answers", "tenant", "client")
 
 
+def _hashed(name: str) -> str:
+    """A client or tenant name as a fixed-size key part (no name a client sends reaches the store's key syntax)."""
+    return hashlib.sha256(name.encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def _tenant_of(core: str | None) -> str | None:
+    """The tenant an item's stored ``core`` names, ``None`` when it names none or is not an item's JSON."""
+    try:
+        data = json.loads(core or "{}")
+    except ValueError:
+        return None
+    tenant = data.get("tenant") if isinstance(data, dict) else None
+    return tenant if isinstance(tenant, str) else None
+
+
 def _sealed(fields: list[str | None]) -> bytes:
     """What a Redis item's seal covers: status, core, digest, decided, released_at and request, as stored."""
     return json.dumps([f or "" for f in fields[:6]], separators=(",", ":")).encode()
 
 
 class RedisReviewStore:
-    """A review store in Redis, shared by every replica: one hash per item with a TTL, plus an expiry index and,
-    per client, the ids of its pending items (``<prefix>pending:<sha256 of the client>``, for the per-client cap).
+    """A review store in Redis, shared by every replica: one hash per item with a TTL; per status an index of its
+    items by expiry (``<prefix>index:<status>``, and ``<prefix>index:<status>:<sha256 of the tenant>`` for an item
+    with a tenant), moved with the status in the transition script, so a listing reads only the items it returns;
+    and per client the ids of its pending items (``<prefix>pending:<sha256 of the client>``, for the per-client cap).
+    An index written by an earlier release (one ``<prefix>index`` of every status) is moved into these on the first
+    listing.
 
     What Redis holds of an item in clear is its redacted view (summary, redacted state, answers, status); the held
     request (headers, query and body, which a release replays) is encrypted with AES-256-GCM under a key derived
@@ -406,9 +425,10 @@ class RedisReviewStore:
         ValueError: no store key, or a short one.
     """
 
-    # KEYS[1] = item hash. ARGV[1] = required status, ARGV[2] = new status, ARGV[3] = required digest or "",
-    # ARGV[4] = required seal (the one just read and checked), ARGV[5..] = field/value pairs to set (the new seal
-    # among them). Returns {code, current status}: 0 missing, 1 wrong status, 2 digest mismatch, 3 changed,
+    # KEYS[1] = item hash, then pairs of index keys (the one the item leaves, the one it joins). ARGV[1] = required
+    # status, ARGV[2] = new status, ARGV[3] = required digest or "", ARGV[4] = required seal (the one just read and
+    # checked), ARGV[5] = item id, ARGV[6] = its expiry (the index score), ARGV[7..] = field/value pairs to set (the
+    # new seal among them). Returns {code, current status}: 0 missing, 1 wrong status, 2 digest mismatch, 3 changed,
     # 4 the item changed since it was read. HSET keeps the key's TTL.
     TRANSITION_SCRIPT = """
 local cur = redis.call('HGET', KEYS[1], 'status')
@@ -416,7 +436,11 @@ if not cur then return {0, ''} end
 if cur ~= ARGV[1] then return {1, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'digest') ~= ARGV[3] then return {2, cur} end
 if redis.call('HGET', KEYS[1], 'seal') ~= ARGV[4] then return {4, cur} end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 5))
+redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 7))
+for i = 2, #KEYS, 2 do
+  redis.call('ZREM', KEYS[i], ARGV[5])
+  redis.call('ZADD', KEYS[i + 1], ARGV[6], ARGV[5])
+end
 return {3, ARGV[2]}
 """
 
@@ -440,7 +464,8 @@ return {3, ARGV[2]}
         self._client = client
         self._owns_client = owns_client
         self._transition = client.register_script(self.TRANSITION_SCRIPT)
-        self._index = f"{prefix}index"
+        self._legacy_index = f"{prefix}index"
+        self._migrated = False
 
     @classmethod
     def from_url(
@@ -471,7 +496,15 @@ return {3, ARGV[2]}
         return f"{self.prefix}{review_id}"
 
     def _pending_key(self, client: str) -> str:
-        return f"{self.prefix}pending:{hashlib.sha256(client.encode('utf-8', 'replace')).hexdigest()[:32]}"
+        return f"{self.prefix}pending:{_hashed(client)}"
+
+    def _index(self, status: str, tenant: str | None = None) -> str:
+        """The index of the items with ``status``: of every tenant, or of ``tenant``'s only."""
+        return f"{self.prefix}index:{status}" + (f":{_hashed(tenant)}" if tenant is not None else "")
+
+    def _indexes(self, status: str, tenant: str | None) -> list[str]:
+        """The indexes an item of ``status`` and ``tenant`` is in."""
+        return [self._index(status)] + ([self._index(status, tenant)] if tenant is not None else [])
 
     async def _call(self, review_id: str, coro: Any) -> Any:
         from redis.exceptions import RedisError
@@ -558,8 +591,9 @@ return {3, ARGV[2]}
         pipe = self._client.pipeline(transaction=True)
         pipe.hset(key, mapping=mapping)
         pipe.pexpireat(key, int(item.expires_at * 1000))
-        pipe.zadd(self._index, {item.id: item.expires_at})
-        pipe.zremrangebyscore(self._index, "-inf", time.time())
+        for index in self._indexes(item.status, tenant):
+            pipe.zadd(index, {item.id: item.expires_at})
+            pipe.zremrangebyscore(index, "-inf", time.time())
         try:
             await self._call(item.id, pipe.execute())
         except ReviewStoreUnavailable:
@@ -583,23 +617,89 @@ return {3, ARGV[2]}
         self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT,
         tenants: Collection[str] | None = None,
     ) -> list[ReviewItem]:
-        await self._call("(list)", self._client.zremrangebyscore(self._index, "-inf", time.time()))
-        ids = await self._call("(list)", self._client.zrange(self._index, 0, DEFAULT_MAX_ITEMS - 1))
+        """Read in expiry order from the indexes of ``status`` (every status when ``None``), of every tenant or of
+        each of ``tenants``, merged; an entry whose item is gone, tampered or of another status is skipped and the
+        next read in its place, so the items returned are the oldest that match however many others exist."""
+        if not self._migrated:
+            await self._migrate()
+        keys = [self._index(s, t) for s in ((status,) if status else STATUSES)
+                for t in ((None,) if tenants is None else sorted(tenants))]
+        now = time.time()
         pipe = self._client.pipeline(transaction=False)
-        for raw in ids:
-            pipe.hmget(self._key(self._text(raw) or ""), list(self._FIELDS))
-        rows = await self._call("(list)", pipe.execute()) if ids else []
+        for key in keys:
+            pipe.zremrangebyscore(key, "-inf", now)
+        await self._call("(list)", pipe.execute())
+        chunk = max(limit, 16)
+        queued: dict[str, list[tuple[float, str]]] = {key: [] for key in keys}
+        read = dict.fromkeys(keys, 0)
+        exhausted: set[str] = set()
+        items: list[ReviewItem] = []
+        seen: set[str] = set()
+        while len(items) < limit:
+            for key in keys:
+                if not queued[key] and key not in exhausted:
+                    rows = await self._call("(list)", self._client.zrange(key, read[key], read[key] + chunk - 1,
+                                                                          withscores=True))
+                    read[key] += len(rows)
+                    queued[key] = [(float(score), self._text(raw) or "") for raw, score in rows]
+                    if len(rows) < chunk:
+                        exhausted.add(key)
+            picked: list[str] = []
+            # the smallest expiry of all queued entries is next in order while every index that may hold more
+            # entries still has one queued (an unread entry of it cannot come earlier)
+            while len(picked) < limit - len(items):
+                ready = [key for key in keys if queued[key]]
+                if not ready:
+                    break
+                key = min(ready, key=lambda k: queued[k][0])
+                picked.append(queued[key].pop(0)[1])
+                if not queued[key] and key not in exhausted:
+                    break
+            if not picked:
+                break
+            fresh = [review_id for review_id in dict.fromkeys(picked) if review_id not in seen]
+            seen.update(fresh)
+            items += [i for i in await self._fetch(fresh)
+                      if (status is None or i.status == status) and _in_scope(i, tenants)]
+        return items[:limit]
+
+    async def _fetch(self, ids: list[str]) -> list[ReviewItem]:
+        """The listed view of each item of ``ids`` that exists and whose seal checks, in order (an entry that is
+        not an item id, written into an index by hand, is skipped)."""
+        ids = [review_id for review_id in ids if _REVIEW_ID.fullmatch(review_id)]
+        if not ids:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for review_id in ids:
+            pipe.hmget(self._key(review_id), list(self._FIELDS))
+        rows = await self._call("(list)", pipe.execute())
         items = []
-        for raw_id, row in zip(ids, rows):
+        for review_id, row in zip(ids, rows, strict=True):
             try:
-                texts = self._checked(self._text(raw_id) or "", row)
+                texts = self._checked(review_id, row)
             except ReviewConflict:  # tampered: counted and logged, never listed for approval
                 continue
             if texts is not None:
                 items.append(self._decode(texts, with_request=False))
-        items = [i for i in items if (status is None or i.status == status) and _in_scope(i, tenants)]
-        items.sort(key=lambda i: i.created_at)
-        return items[:limit]
+        return items
+
+    async def _migrate(self) -> None:
+        """Move the entries of an earlier release's single index into the per-status (and per-tenant) indexes, a
+        chunk at a time; idempotent, so replicas may run it together."""
+        while ids := await self._call("(list)", self._client.zrange(self._legacy_index, 0, 499, withscores=True)):
+            pipe = self._client.pipeline(transaction=False)
+            for raw, _ in ids:
+                pipe.hmget(f"{self.prefix}{self._text(raw)}", ["status", "core"])
+            rows = await self._call("(list)", pipe.execute())
+            pipe = self._client.pipeline(transaction=True)
+            for (raw, score), (status, core) in zip(ids, rows, strict=True):
+                review_id = self._text(raw) or ""
+                if _REVIEW_ID.fullmatch(review_id) and self._text(status) in STATUSES:
+                    for index in self._indexes(self._text(status) or "", _tenant_of(self._text(core))):
+                        pipe.zadd(index, {review_id: float(score)})
+                pipe.zrem(self._legacy_index, review_id)
+            await self._call("(list)", pipe.execute())
+        self._migrated = True
 
     async def _move(self, review_id: str, need: ReviewStatus, to: ReviewStatus, digest: str,
                     changes: dict[str, str]) -> ReviewItem:
@@ -614,8 +714,13 @@ return {3, ARGV[2]}
         key = self._key(review_id)
         seal = self._sealer.seal(key, _sealed([fields[f] for f in self._FIELDS]))
         pairs = [x for name, value in {**changes, "seal": seal}.items() for x in (name, value)]
+        held = self._decode(texts, with_request=False)
+        indexes = [x for old, new in zip(self._indexes(need, held.tenant), self._indexes(to, held.tenant), strict=True)
+                   for x in (old, new)]
         code, current = await self._call(
-            review_id, self._transition(keys=[key], args=[need, to, digest, texts[-1] or "", *pairs])
+            review_id, self._transition(keys=[key, *indexes],
+                                        args=[need, to, digest, texts[-1] or "", review_id, repr(held.expires_at),
+                                              *pairs])
         )
         current = self._text(current) or ""
         if int(code) == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -182,3 +183,66 @@ async def test_concurrent_escalations_of_one_client_stay_within_its_redis_quota(
     other = await store.create(verdict, subject={}, digest="x", client="10.0.1.1")  # another client is not limited
     assert other.status == "pending"
     await store.aclose()
+
+
+async def _hmget_calls(client: Any) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
+
+
+async def test_redis_lists_the_oldest_pending_items_behind_any_number_of_decided_ones(create_redis: Any) -> None:
+    """A listing reads the index of the status it lists: the pending items behind 60 decided ones are found, and
+    reading them touches a few items, not every item in the store."""
+    store = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    items = [await store.create(_verdict(), subject={}, digest="d") for _ in range(66)]
+    for item in items[:60]:
+        await store.approve(item.id)
+    probe = create_redis()
+    before = await _hmget_calls(probe)
+    listed = await store.list_items("pending", limit=4)
+    assert [i.id for i in listed] == [i.id for i in items[60:64]]
+    assert await _hmget_calls(probe) - before <= 16  # one chunk of the pending index; it was all 66 items
+    assert [i.id for i in await store.list_items("approved", limit=2)] == [i.id for i in items[:2]]
+    everything = await store.list_items(None, limit=100)
+    assert [i.id for i in everything] == [i.id for i in items]
+    await store.release(items[0].id, "d")
+    assert [i.id for i in await store.list_items("released")] == [items[0].id]
+    assert items[0].id not in [i.id for i in await store.list_items("approved")]
+    await store.aclose()
+
+
+async def test_redis_tenant_listing_skips_stale_and_foreign_entries(create_redis: Any) -> None:
+    store = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    ours = [await store.create(_verdict(), subject={}, digest="d", tenant="acme") for _ in range(3)]
+    for _ in range(40):
+        await store.create(_verdict(), subject={}, digest="d", tenant="globex")
+    client = create_redis()
+    index = f"{create_redis.prefix}index:pending:" + hashlib.sha256(b"acme").hexdigest()[:32]
+    await client.zadd(index, {"rv_" + "0" * 24: 1e12, "not-an-id": 0})  # a gone item, a hand-written entry
+    await store.approve(ours[0].id)
+    before = await _hmget_calls(client)
+    assert [i.id for i in await store.list_items("pending", tenants={"acme"})] == [i.id for i in ours[1:]]
+    assert await _hmget_calls(client) - before <= 4
+    assert [i.id for i in await store.list_items("approved", tenants={"acme", "initech"})] == [ours[0].id]
+    assert await store.list_items("pending", tenants=set()) == []
+    await store.aclose()
+
+
+async def test_redis_moves_an_earlier_releases_single_index_on_first_listing(create_redis: Any) -> None:
+    store = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    pending = await store.create(_verdict(), subject={}, digest="d", tenant="acme")
+    approved = await store.create(_verdict(), subject={}, digest="d")
+    await store.approve(approved.id)
+    client, prefix = create_redis(), create_redis.prefix
+    for key in [k async for k in client.scan_iter(match=f"{prefix}index:*")]:
+        await client.delete(key)  # as an earlier release left it: one index of every status
+    await client.zadd(f"{prefix}index", {pending.id: pending.expires_at, approved.id: approved.expires_at,
+                                         "rv_" + "1" * 24: approved.expires_at})
+    fresh = RedisReviewStore(create_redis(), prefix=prefix)
+    assert [i.id for i in await fresh.list_items("pending", tenants={"acme"})] == [pending.id]
+    assert [i.id for i in await fresh.list_items("approved")] == [approved.id]
+    assert await client.exists(f"{prefix}index") == 0
+    await fresh.approve(pending.id)
+    assert [i.id for i in await fresh.list_items("approved")] == [pending.id, approved.id]
+    await store.aclose()
+    await fresh.aclose()
