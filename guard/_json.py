@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from guard.errors import InvalidJson
 
-__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "depth", "documents_in", "is_json_media", "loads"]
+__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "Repeated", "depth", "documents_in", "dumps", "is_json_media", "loads"]
 
 def is_json_media(media: str) -> bool:
     """Whether a media type (lower-case, without parameters) is JSON: ``application/json`` or any structured
@@ -31,8 +31,27 @@ DEFAULT_MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted (``{}`` is depth 1, a bare scalar depth 0)."""
 
 DuplicateKeys = Literal["reject", "collect"]
-"""``reject``: a repeated key is an error. ``collect``: the key maps to the list of all its values, in order, so
-every value is judged (the application will use one of them, usually the last)."""
+"""``reject``: a repeated key is an error. ``collect``: the key maps to the list of all its values, in order (a
+:class:`Repeated`), so every value is judged (the application will use one of them, usually the last)."""
+
+
+class Repeated(list):  # type: ignore[type-arg]
+    """The values of a key an object repeats, in order (``duplicate_keys="collect"``): a list, so every value is
+    judged, which :func:`dumps` writes back as the key repeated, one member per value, as the document had it."""
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text of ``value`` (non-ASCII kept as is); an object member whose value is :class:`Repeated`
+    is written once per value under the same key (in order, where the key first stood), so a document :func:`loads`
+    collected keeps its repeated keys and the value each parser picks (first or last)."""
+    if isinstance(value, dict):
+        members = [f"{json.dumps(key, ensure_ascii=False)}:{dumps(item)}"
+                   for key, v in value.items() for item in (v if isinstance(v, Repeated) else (v,))]
+        return "{" + ",".join(members) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(dumps(item) for item in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _BINARY = (bytes, bytearray, memoryview)  # a tuple: isinstance on it is cheaper than on a union
@@ -70,7 +89,7 @@ def _pairs_collecting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         elif key in repeated:
             out[key].append(value)
         else:
-            out[key] = [out[key], value]
+            out[key] = Repeated([out[key], value])
             repeated.add(key)
     return out
 

@@ -21,11 +21,10 @@ US-ASCII (see :mod:`guard.asgi._media`); form text that is not valid in its char
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from guard._json import is_json_media, loads
+from guard._json import dumps, is_json_media, loads
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
@@ -148,7 +147,8 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
 
 def encode_body(value: Any, content_type: str) -> bytes:
     """The body :func:`parse_body` read as ``value``, written again after a ``redact`` verdict changed it: compact
-    JSON (UTF-8), a urlencoded form, or UTF-8 text.
+    JSON (UTF-8; a key the body repeated is repeated again, each value redacted on its own), a urlencoded form, or
+    UTF-8 text.
 
     Raises:
         BodyError: 422 ``redact_unsupported`` for a multipart body (guard does not rewrite its parts).
@@ -161,7 +161,7 @@ def encode_body(value: Any, content_type: str) -> bytes:
         return value.encode("utf-8")
     if media == "application/x-www-form-urlencoded":
         return urlencode([(k, v) for k, values in value.items() for v in values]).encode("ascii")
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return dumps(value).encode("utf-8")
 
 
 def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:

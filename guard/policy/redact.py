@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from guard._json import documents_in
+from guard._json import Repeated, documents_in
 from guard.policy.instructions import Detector
 from guard.verdict import MaskStyle, Redaction
 
@@ -152,7 +152,8 @@ def _rebuild(node: Any, pointer: str, spans: dict[str, list[Redaction]]) -> Any:
     if isinstance(node, list):
         if not any(p.startswith(pointer + "/") for p in spans):
             return node
-        return [_rebuild(v, f"{pointer}/{i}", spans) for i, v in enumerate(node)]
+        rebuilt = [_rebuild(v, f"{pointer}/{i}", spans) for i, v in enumerate(node)]
+        return Repeated(rebuilt) if isinstance(node, Repeated) else rebuilt
     if pointer in spans:
         raise ValueError(f"redaction at {pointer or '/'} does not point to a string")
     return node

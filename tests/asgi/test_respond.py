@@ -501,6 +501,27 @@ async def test_a_redact_rule_never_passes_on_what_it_could_not_mask(how: dict[st
     await guard.aclose()
 
 
+@pytest.mark.anyio
+async def test_a_repeated_key_is_redacted_value_by_value_and_stays_a_repeated_key() -> None:
+    """With duplicate keys collected, the app gets the key repeated as sent, each value masked on its own: the
+    collected list was written back as an array before, so the app read a string field as a list."""
+    seen: list[bytes] = []
+
+    async def record(request: Request) -> Response:
+        seen.append(await request.body())
+        return Response("ok")
+
+    guard, app = rules_only(REDACT_POLICY, [Route("/in/x", record, methods=["POST"])],
+                            limits=BodyLimits(duplicate_keys="collect"))
+    body = b'{"c":"4111 1111 1111 1111","n":[1,2],"c":"ok","d":{"c":"x","c":"4111 1111 1111 1112"}}'
+    async with client_for(app) as client:
+        response = await client.post("/in/x", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200
+    # each value in its order among the key's values (at the key's first place: members are unordered)
+    assert seen == [b'{"c":"[REDACTED:card]","c":"ok","n":[1,2],"d":{"c":"x","c":"[REDACTED:card]"}}']
+    await guard.aclose()
+
+
 OVERLAP_POLICY = r"""
 policies:
   - id: keys
