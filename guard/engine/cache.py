@@ -10,8 +10,8 @@ interface and one single-flight core:
   not check (forged or edited in Redis, or written under another key) is a miss counted as ``forged``, never an
   answer. Redis slow, down or holding a value of the wrong shape is a counted miss reported by
   :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
-  allow. Across replicas a short lock (``SET NX PX``, token-checked release in Lua) elects one leader per
-  key; followers poll for the value and, when the leader fails, raise the leader's error (from a failure marker,
+  allow. Across replicas a short lock (``SET NX PX`` of a sealed token, token-checked release in Lua) elects one
+  leader per key (a lock whose seal does not check is counted as ``forged`` and not waited on); followers poll for the value and, when the leader fails, raise the leader's error (from a failure marker,
   sealed like the values: an unsealed one is counted as ``forged`` and ignored) so the policy's fail mode decides
   for them too.
 
@@ -550,7 +550,7 @@ return 0
         self._keep(key, CachedAnswers(decoded), self._local_until(ttl), blob)
 
     async def _acquire(self, key: str, wait: float) -> str | None:
-        token = uuid.uuid4().hex
+        token = self._sealed("l", key, uuid.uuid4().hex.encode()).decode()  # a follower can tell it from a planted one
         ttl_ms = max(1, int((wait + 0.5) * 1000))
         got = await self._op(lambda r: r.set(self._key("l", key), token, nx=True, px=ttl_ms))
         if got is _FAILED:
@@ -584,6 +584,11 @@ return 0
                 ignored = failure  # counted once, not on every poll
             if lock is None:
                 return None  # the leader vanished without an answer: lead ourselves
+            if self._opened("l", key, lock) is None:
+                self._stats.forged += 1
+                logger.warning("single-flight lock for %s fails its integrity check (planted in the store); not "
+                               "waiting on it", key[:16])
+                return None  # no replica holds it: lead ourselves rather than wait out its expiry
         return None
 
     async def _publish_failure(self, key: str, exc: BackendError) -> None:

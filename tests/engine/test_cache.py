@@ -235,7 +235,7 @@ async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_u
 @pytest.mark.anyio
 async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url: str, create_redis: Any) -> None:
     """Someone who can write to Redis but lacks the store key plants a lock and a failure marker for a request's key:
-    followers must not take the planted failure (the policy's fail mode) but wait out the lock and answer."""
+    followers must take neither the planted failure (the policy's fail mode) nor the planted lock, and answer."""
     backend = ScriptedBackend(by_text, name="clef")
     cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)
     guard = Guard(policies(), backends=backend, cache=cache)
@@ -251,12 +251,31 @@ async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url:
         verdict = await guard.aevaluate(subject())
         assert (verdict.action, verdict.fail_mode) == ("allow", None), verdict.error
         await client.delete(value_key)
-    assert cache.health().forged == 2 and backend.calls == 3
+    assert cache.health().forged == 4 and backend.calls == 3  # two markers, two locks
     # the same marker sealed with this store key is the leader's failure: followed
     await client.set(f"{create_redis.prefix}l:{content}", "planted", px=300)
     await client.set(f"{create_redis.prefix}f:{content}", sealed(f"{create_redis.prefix}f:{content}", marker))
     followed = await guard.aevaluate(subject())
     assert (followed.fail_mode, followed.action) == ("closed", "block") and "planted" in (followed.error or "")
+    await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_planted_lock_is_not_waited_out(redis_url: str, create_redis: Any) -> None:
+    """A lock planted for a request's key without the store key (a long PX) costs a follower one poll: it leads and
+    answers. Waited out, it took the request's whole time budget, so the decision failed in the policy's fail mode."""
+    backend = ScriptedBackend(by_text, name="clef")
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    await guard.aevaluate(subject())
+    (value_key,) = await keys(create_redis)
+    content = value_key.decode().removeprefix(f"{create_redis.prefix}a:")
+    client = create_redis()
+    await client.delete(value_key)
+    await client.set(f"{create_redis.prefix}l:{content}", "planted", px=60_000)
+    verdict = await guard.aevaluate(subject())
+    assert (verdict.action, verdict.fail_mode) == ("allow", None), verdict.error
+    assert backend.calls == 2 and cache.health().forged == 1
     await guard.aclose()
 
 
