@@ -513,15 +513,24 @@ async def _metrics(request: Request) -> Response:
     return Response(_runtime(request).metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
 
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+"""What an orchestrator and a metrics scraper read without a key; they carry no decisions."""
+
+
 class _ApiKeys:
-    """ASGI middleware: ``/v1/*`` needs ``Authorization: Bearer <key>`` with one of ``keys`` (401 otherwise)."""
+    """ASGI middleware: every path but the probes (:data:`_OPEN_PATHS`) needs ``Authorization: Bearer <key>`` with
+    one of ``keys`` (401 otherwise). The path is read as routing reads it, below ``root_path``, so the app served
+    under a prefix or mounted in another app keeps the check."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or not scope["path"].startswith("/v1/"):
+        path, root = scope.get("path", ""), scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        if scope["type"] != "http" or not self.keys or path in _OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")

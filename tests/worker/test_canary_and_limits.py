@@ -268,6 +268,34 @@ async def test_api_keys_guard_the_api_and_not_the_probes(keyed_worker: Any) -> N
             await keyless.decide(SystemOneRequestV1.from_json(ticket_body(2)))
 
 
+@pytest.mark.parametrize("served", ["root_path", "mount"])
+async def test_api_keys_hold_under_a_root_path_and_inside_a_mount(served: str) -> None:
+    """The check reads the path as routing does: below ``root_path`` (uvicorn ``--root-path``) and inside a
+    ``Mount``, the API still needs a key (it was open there: only paths starting with ``/v1/`` were checked)."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    from guard.worker.app import _ApiKeys
+
+    async def ok(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("reached")
+
+    inner = Starlette(routes=[Route(p, ok, methods=["GET", "POST"]) for p in ("/v1/models", "/v1/systemone",
+                                                                                "/healthz")])
+    keyed = _ApiKeys(inner, (KEY,))
+    app: Any = Starlette(routes=[Mount("/api", app=keyed)]) if served == "mount" else keyed
+    transport = httpx.ASGITransport(app=app, root_path="/api" if served == "root_path" else "")
+    async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+        models = await client.get("/api/v1/models")
+        decide = await client.post("/api/v1/systemone", json={})
+        keyed_models = await client.get("/api/v1/models", headers=auth())
+        probe = await client.get("/api/healthz")
+    assert models.status_code == decide.status_code == 401
+    assert keyed_models.text == probe.text == "reached"
+
+
 def test_worker_serve_refuses_a_public_address_without_keys(
     golden_checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
