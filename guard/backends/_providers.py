@@ -90,18 +90,21 @@ class Provider:
         decimals: the provider's rounding of probabilities (sets the sum tolerance, spec §7 pitfall 2).
         confidence_profile: the provider's ``confidence`` formula (used only when an answer omits it, §4.1).
         sends_deadline: send ``x-request-timeout-ms`` (our worker drops work we gave up on).
+        continues_trace: send the decision span's trace context (W3C ``traceparent``, no baggage), which guard's
+            worker continues; a third-party API gets none of the app's tracing headers.
     """
 
     name: ProviderName
     decimals: int
     confidence_profile: ConfidenceProfile
     sends_deadline: bool = False
+    continues_trace: bool = False
 
 
 #: The presets (spec §4.1, §5.1, §5.5).
 PROVIDERS: dict[str, Provider] = {
-    "systemone": Provider("systemone", 4, "reference", sends_deadline=True),
-    "worker": Provider("worker", 4, "reference", sends_deadline=True),
+    "systemone": Provider("systemone", 4, "reference", sends_deadline=True, continues_trace=True),
+    "worker": Provider("worker", 4, "reference", sends_deadline=True, continues_trace=True),
     "workers-ai": Provider("workers-ai", 4, "workers-ai"),
     "jev": Provider("jev", 2, "jev"),
     "openrouter": Provider("openrouter", 2, "workers-ai"),

@@ -85,7 +85,7 @@ __all__ = [
 
 #: Longest ``x-guard-model-revision`` value taken into cache keys (longer or unprintable values are ignored).
 MAX_REVISION_CHARS = 200
-#: Most bytes of a response body read (after content decoding): 64 questions of 255 options each fit many times
+#: Most bytes of a response body read (answers are asked for uncompressed): 64 questions of 255 options each fit many times
 #: over; a longer body is a malformed answer, read no further.
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
@@ -144,15 +144,20 @@ class SystemOneClient:
         if parts.path in ("", "/"):
             url = url.rstrip("/") + SYSTEMONE_PATH
         self.url = url
+        # what errors, repr and the revision (on every span and log record) name: no userinfo, no query
+        parts = urlsplit(url)
+        self._shown_url = parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()
         self.provider = PROVIDERS[provider]
         self.model = model
         self.timeout = float(timeout)
         self.retry = retry if retry is not None else RetryConfig()
         self.name = name or f"http:{provider}"
         self._fixed_revision = model_revision
-        self._base_revision = f"{provider}:{model or url}" + (f"@{uds}" if uds else "")
+        self._base_revision = f"{provider}:{model or self._shown_url}" + (f"@{uds}" if uds else "")
         self._reported_revision: str | None = None
-        self._headers = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
+        # identity: a compressed answer would be inflated in one call before any size check could stop it
+        self._headers = {"content-type": "application/json", "accept": "application/json",
+                         "accept-encoding": "identity", **(headers or {})}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=DEFAULT_MAX_KEEPALIVE)
@@ -193,7 +198,7 @@ class SystemOneClient:
         return cls(url, provider="openrouter", api_key=api_key, model=model, **kwargs)
 
     def __repr__(self) -> str:
-        return f"SystemOneClient(url={self.url!r}, provider={self.provider.name!r}, name={self.name!r})"
+        return f"SystemOneClient(url={self._shown_url!r}, provider={self.provider.name!r}, name={self.name!r})"
 
     @property
     def model_revision(self) -> str:
@@ -292,7 +297,11 @@ class SystemOneClient:
 
     async def _post(self, content: bytes, remaining: float, budget: float) -> httpx.Response:
         headers = dict(self._headers)
-        propagate.inject(headers)  # W3C traceparent of the current span (the decision): the worker continues it
+        if self.provider.continues_trace:  # the decision span's trace context: the worker continues it
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            carrier.pop("baggage", None)  # the app's baggage (user, session, tenant ids) is not sent on
+            headers.update(carrier)
         if self.provider.sends_deadline:
             headers[TIMEOUT_HEADER] = str(max(1, math.floor(remaining * 1000)))
         try:
@@ -304,21 +313,25 @@ class SystemOneClient:
             ) from exc
         except httpx.TransportError as exc:
             raise BackendUnavailable(
-                f"{self.name}: cannot reach {self.url}: {type(exc).__name__}: {exc}",
+                f"{self.name}: cannot reach {self._shown_url}: {type(exc).__name__}: {exc}",
                 backend=self.name,
                 reason="connection",
             ) from exc
 
     async def _read(self, content: bytes, headers: dict[str, str], remaining: float) -> httpx.Response:
-        """POST and read the answer's body up to :data:`MAX_RESPONSE_BYTES` (decoded).
+        """POST and read the answer's body up to :data:`MAX_RESPONSE_BYTES`, as sent (never decompressed).
 
         Raises:
-            MalformedAnswer: the body is longer.
+            MalformedAnswer: the body is longer, or has a ``Content-Encoding`` (the request asks for identity).
         """
         async with self._client.stream("POST", self.url, content=content, headers=headers,
                                        timeout=remaining) as response:  # fmt: skip
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise MalformedAnswer(f"{self.name}: the answer has Content-Encoding {encoding[:40]!r}; this client "
+                                      "asks for identity and does not decompress", backend=self.name)
             body = bytearray()
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.aiter_raw():
                 body += chunk
                 if len(body) > MAX_RESPONSE_BYTES:
                     raise MalformedAnswer(f"{self.name}: the answer is longer than {MAX_RESPONSE_BYTES} bytes; "
@@ -330,9 +343,6 @@ class SystemOneClient:
         status = response.status_code
         if not 200 <= status < 300:
             raise self._status_error(response)
-        reported = response.headers.get(MODEL_REVISION_HEADER)
-        if reported and len(reported) <= MAX_REVISION_CHARS and reported.isprintable():
-            self._reported_revision = reported
         try:
             body = loads(response.content)
         except InvalidJson as exc:
@@ -343,13 +353,17 @@ class SystemOneClient:
             ) from exc
         if isinstance(body, Mapping) and "success" in body:  # an envelope, even one that also carries answers
             body = self._unwrap(body, status)
-        return SystemOneResponseV1.from_json(
+        answer = SystemOneResponseV1.from_json(
             body,
             request,
             decimals=self.provider.decimals,
             confidence_profile=self.provider.confidence_profile,
             backend=self.name,
         )
+        reported = response.headers.get(MODEL_REVISION_HEADER)  # taken from a valid answer only
+        if reported and len(reported) <= MAX_REVISION_CHARS and reported.isprintable():
+            self._reported_revision = reported
+        return answer
 
     def _unwrap(self, envelope: Mapping[str, Any], status: int) -> Any:
         """Cloudflare's ``{result, success, errors, messages}`` (spec §5.5): ``result`` when ``success`` is true."""

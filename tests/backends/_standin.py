@@ -66,8 +66,8 @@ class WorkersAIStandIn:
     """Scenarios (the account id): ``ok``, ``unwrapped``, ``rejected`` (400/5006), ``success-false`` (200 with
     ``success: false``), ``busy-then-ok`` (429 + ``Retry-After: 1``, then ok), ``busy-no-header`` (two 429/3040 without
     ``Retry-After``, then ok), ``always-busy``, ``busy-long`` (429 + ``Retry-After: 30``), ``flaky-5xx`` (503 then ok),
-    ``always-500``, ``html-502``, ``html-200``, ``oversized`` and ``oversized-gzip`` (a valid answer padded to 9 MiB,
-    plain or gzip), ``truncated``, ``missing-answer``, ``nan``, ``bad-sum``,
+    ``always-500``, ``html-502``, ``html-200``, ``oversized`` (a valid answer padded to 9 MiB), ``gzip`` (a valid
+    answer, gzip-compressed), ``truncated`` (also naming a model revision), ``missing-answer``, ``nan``, ``bad-sum``,
     ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s),
     ``wrong-choice`` (the choice is the least probable option), ``wrong-score`` (score 3 where the probabilities give
     0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``).
@@ -118,13 +118,15 @@ class WorkersAIStandIn:
             return Response(HTML_ERROR, status_code=502, media_type="text/html")
         if scenario == "html-200":
             return Response(HTML_ERROR, media_type="text/html")
-        if scenario in ("oversized", "oversized-gzip"):  # a valid answer padded past what a client reads
+        if scenario == "oversized":  # a valid answer padded past what a client reads
             text = json.dumps(envelope({**result, "padding": " " * (9 * 1024 * 1024)})).encode()
-            if scenario == "oversized":
-                return Response(text, media_type="application/json")
+            return Response(text, media_type="application/json")
+        if scenario == "gzip":
+            text = json.dumps(envelope(result)).encode()
             return Response(gzip.compress(text), media_type="application/json", headers={"content-encoding": "gzip"})
         if scenario == "truncated":
-            return Response(json.dumps(envelope(result))[:-25], media_type="application/json")
+            return Response(json.dumps(envelope(result))[:-25], media_type="application/json",
+                            headers={"x-guard-model-revision": "from-a-broken-answer"})
         if scenario == "missing-answer":
             result["answers"].popitem()
             return JSONResponse(envelope(result))

@@ -168,7 +168,7 @@ async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAISt
     [
         ("truncated", "not valid JSON"),
         ("oversized", "longer than 8388608 bytes"),  # a client reads no further (1.2 GB peak for 400 MB before)
-        ("oversized-gzip", "longer than 8388608 bytes"),  # counted as decoded
+        ("gzip", "Content-Encoding 'gzip'"),  # asked for identity: never inflated (a bomb stalled the loop before)
         ("missing-answer", "answer for question 'urgency' is missing"),
         ("nan", "NaN"),
         ("bad-sum", "sum to"),
@@ -184,6 +184,31 @@ async def test_bad_answers_are_malformed(standin: tuple[str, WorkersAIStandIn], 
             await client.decide(REQUEST)
     assert info.value.backend == "http:workers-ai"
     assert server.calls[scenario] == before + 1  # a malformed answer is not retried
+
+
+async def test_what_the_client_sends_and_keeps_of_a_broken_answer(standin: tuple[str, WorkersAIStandIn]) -> None:
+    """Answers are asked for uncompressed; a third-party API gets none of the app's trace context or baggage; a
+    revision named by an answer that fails its checks is not taken into cache keys."""
+    from opentelemetry import baggage, context, trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    _, server = standin
+    span = TracerProvider().get_tracer("t").start_span("decision")
+    token = context.attach(baggage.set_baggage("user.email", "alice@example.com",
+                                               trace.set_span_in_context(span)))
+    try:
+        async with workers_ai(standin, "ok") as client:
+            await client.decide(REQUEST)
+        async with workers_ai(standin, "truncated") as broken:
+            before = broken.model_revision
+            with pytest.raises(MalformedAnswer):
+                await broken.decide(REQUEST)
+            assert broken.model_revision == before
+    finally:
+        context.detach(token)
+    _, headers, _ = next(r for r in reversed(server.requests) if r[0] == "ok")
+    assert headers["accept-encoding"] == "identity"
+    assert not {"traceparent", "tracestate", "baggage"} & set(headers)
 
 
 async def test_rounding_tolerance_follows_the_provider(standin: tuple[str, WorkersAIStandIn]) -> None:
@@ -226,6 +251,15 @@ def test_retry_after_accepts_seconds_dates_and_milliseconds() -> None:
     assert parse_retry_after(httpx.Headers({"retry-after": past})) == 0
     assert parse_retry_after(httpx.Headers({"retry-after": "soon"})) is None
     assert parse_retry_after(httpx.Headers()) is None
+
+
+async def test_credentials_in_the_url_stay_out_of_revisions_repr_and_errors() -> None:
+    client = SystemOneClient("http://svc:hunter2@127.0.0.1:9/v1/systemone?key=AIzaSECRET", retry=FAST_RETRY)
+    with pytest.raises(BackendUnavailable) as info:
+        await client.decide(REQUEST, timeout=2)
+    shown = f"{client.model_revision} {client!r} {info.value}"
+    assert "hunter2" not in shown and "AIzaSECRET" not in shown and "127.0.0.1:9/v1/systemone" in shown
+    await client.aclose()
 
 
 def test_presets_and_configuration() -> None:
