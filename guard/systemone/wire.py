@@ -86,6 +86,10 @@ _QUESTION_KEYS = ("type", "instructions", "criteria")
 _WIRE_DECIMALS = 4
 #: The coarsest rounding of any provider (Jev, OpenRouter): the tolerance stored answers are checked with.
 COARSEST_DECIMALS = 2
+#: Widest tolerance on a probability sum: at least half the mass is left after any rounding.
+MAX_SUM_TOLERANCE = 0.5
+#: Longest ``model`` name taken from an answer; a longer or unprintable one gives way to the request's.
+MAX_MODEL_CHARS = 200
 
 
 def _describe(value: Any) -> str:
@@ -661,19 +665,22 @@ class SystemOneResponseV1:
             out_of_competence=_as_int(usage_raw.get("out_of_competence")),
         )
         model = body.get("model")
-        return cls(model=model if isinstance(model, str) else request.model, answers=answers, usage=usage)
+        if not (isinstance(model, str) and 0 < len(model) <= MAX_MODEL_CHARS and model.isprintable()):
+            model = request.model  # what spans and decision logs carry: nothing a hostile endpoint can bloat
+        return cls(model=model, answers=answers, usage=usage)
 
 
 def sum_tolerance(options: int, decimals: int = _WIRE_DECIMALS) -> float:
     """How far from 1 the probabilities of one answer may sum: ``max(1e-3, options · ½·10^-decimals)`` (spec §7
-    pitfall 2: a provider that rounds to ``decimals`` places can be off by half a unit per option).
+    pitfall 2: a provider that rounds to ``decimals`` places can be off by half a unit per option), at most
+    :data:`MAX_SUM_TOLERANCE`, so an answer of 200 options rounded to 2 places cannot be all zeros.
 
     Args:
         options: the answer's number of options.
         decimals: the provider's rounding (4 for Clef and Workers AI, 2 for Jev and OpenRouter; stored answers,
             which may come from any provider, use :data:`COARSEST_DECIMALS`).
     """
-    return max(1e-3, options * 0.5 * 10.0**-decimals) + 1e-9
+    return min(MAX_SUM_TOLERANCE, max(1e-3, options * 0.5 * 10.0**-decimals)) + 1e-9
 
 
 def _as_int(value: Any) -> int:

@@ -286,6 +286,25 @@ def test_two_decimal_provider_tolerance() -> None:
         SystemOneResponseV1.from_json(body, _remote_request(), decimals=4)
 
 
+def test_a_wide_choice_at_two_decimals_cannot_be_all_zeros() -> None:
+    """200 options at 2 places gave a tolerance of 1.0: an all-zero answer passed and decided by the first option."""
+    options = {f"o{i:03d}": None for i in range(200)}
+    request = SystemOneRequestV1.from_json(_request(topic={"type": "choice", "instructions": "x", "criteria": options}))
+    body = {"answers": {"topic": {"type": "choice", "choice": "o000", "confidence": 0.0,
+                                  "probabilities": dict.fromkeys(options, 0.0)}}}
+    with pytest.raises(MalformedAnswer, match="sum to 0.000000"):
+        SystemOneResponseV1.from_json(body, request, decimals=2)
+    body["answers"]["topic"]["probabilities"] = {**dict.fromkeys(options, 0.0), "o007": 0.6}
+    body["answers"]["topic"].update(choice="o007", confidence=0.6)
+    assert SystemOneResponseV1.from_json(body, request, decimals=2).answers["topic"].choice == "o007"
+
+
+@pytest.mark.parametrize("model", ["x" * 201, "clef\u202e\r\nFAKE LOG LINE", "", 7])
+def test_a_model_name_an_answer_cannot_vouch_for_gives_way_to_the_requests(model: object) -> None:
+    body = {**_remote_body(), "model": model}
+    assert SystemOneResponseV1.from_json(body, _remote_request()).model == _remote_request().model
+
+
 # Immutable answers --------------------------------------------------------------------------------------------------
 
 
