@@ -5,7 +5,7 @@
                 [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
                 [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
                 [--max-body-bytes N] [--decision-log FILE]
-                [--log-input none|redacted|full]
+                [--log-input none|redacted|full] [--log-header NAME ...]
                 [--client-header x-forwarded-for] [--decision-headers brief|full] [--canary-interval S]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
@@ -49,7 +49,7 @@ from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
 from guard.cli._otel import install_metrics_from_env, install_tracing_from_env
 from guard.engine.health import DEFAULT_CANARY_INTERVAL_S
-from guard.engine.telemetry import LOG_INPUT_MODES
+from guard.engine.telemetry import LOG_INPUT_MODES, LOGGED_HEADERS
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
 
 __all__ = ["ProxyRuntime", "build", "register", "run"]
@@ -115,8 +115,16 @@ def register(subparsers: Any) -> None:
         "--log-input",
         default="redacted",
         choices=LOG_INPUT_MODES,
-        help="what the decision log keeps of each request: redacted (default: headers, query parameters and body "
-        "fields named like secrets removed), none (no input and no state), full (all but the credential headers)",
+        help="what the decision log keeps of each request: redacted (default: headers other than common ones such "
+        "as content-type and user-agent, and query parameters and body fields named like secrets, removed), none (no "
+        "input and no state), full (all but the credential headers)",
+    )
+    parser.add_argument(
+        "--log-header",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --log-input redacted, also keep this request header's value in the decision log (repeatable)",
     )
     parser.add_argument(
         "--client-header",
@@ -226,7 +234,9 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     install_metrics_from_env()
     install_tracing_from_env()
     backend = open_cli_backend(args)
-    log = DecisionLog(args.decision_log, log_input=args.log_input) if args.decision_log else None
+    log = DecisionLog(args.decision_log, log_input=args.log_input,
+                      logged_headers=LOGGED_HEADERS | {name.lower() for name in args.log_header}) \
+        if args.decision_log else None
     guard = Guard.from_files(
         *args.policy, backends=backend, redis_url=args.redis_url, cache_config=cache_config, decision_log=log
     )

@@ -35,7 +35,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Any
@@ -118,12 +118,23 @@ DEFAULT_REDACT = (
 #: wherever they appear under ``input`` or ``state`` (case-insensitive search).
 SECRET_NAME = re.compile(
     r"passw(or)?d|passphrase|secret|token|api[-_]?key|access[-_]?key|private[-_]?key|credential|session|cookie"
-    r"|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^otp$|^pin$|^ssn$|card[-_]?number|^cvv$|^cvc$",
+    r"|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^otp$|^pin$|^ssn$|card[-_]?number|^cvv$|^cvc$"
+    r"|^key$|^sig$|jwt|^dpop$|assertion",
     re.IGNORECASE,
 )
+#: Request headers whose values ``log_input="redacted"`` keeps in ``input``; every other header's value is removed
+#: (its name stays listed in ``erased``): credentials travel in headers of every name (``x-functions-key``,
+#: ``ocp-apim-subscription-key``, ``cf-access-jwt-assertion``), so the log keeps only headers known to carry none.
+LOGGED_HEADERS = frozenset({
+    "accept", "accept-encoding", "accept-language", "cache-control", "connection", "content-encoding",
+    "content-language", "content-length", "content-type", "forwarded", "host", "origin", "pragma", "te",
+    "traceparent", "transfer-encoding", "user-agent", "via", "x-forwarded-for", "x-forwarded-host",
+    "x-forwarded-proto", "x-real-ip", "x-request-id",
+})
 LOG_INPUT_MODES = ("none", "redacted", "full")
 """``none``: no ``input`` and no ``state``; ``redacted`` (default): fields named like secrets (:data:`SECRET_NAME`)
-removed, and their values wherever they are repeated in ``input`` or ``state`` text; ``full``: only the ``redact``
+and request headers not in :data:`LOGGED_HEADERS` removed, and their values wherever they are repeated in
+``input`` or ``state`` text; ``full``: only the ``redact``
 pointers."""
 
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
@@ -477,10 +488,18 @@ def _scrub(node: Any, values: list[str]) -> Any:
     return node
 
 
-def _redact_input(record: dict[str, Any], erased: list[str]) -> None:
-    """Secret-named fields out of ``input`` and ``state``, and their values out of any text that repeats them (the
-    body's joined text, state built from it)."""
+def _redact_input(record: dict[str, Any], erased: list[str],
+                  logged_headers: Collection[str] = LOGGED_HEADERS) -> None:
+    """Request headers not in ``logged_headers`` and secret-named fields out of ``input`` and ``state``, and their
+    values out of any text that repeats them (the body's joined text, state built from it; of a header not named
+    like a secret, only values of 12 characters or more: shorter ones are tiers and versions, words elsewhere)."""
     values: list[str] = []
+    headers = record["input"].get("headers") if isinstance(record.get("input"), dict) else None
+    if isinstance(headers, dict):
+        for name in [n for n in headers if str(n).lower() not in logged_headers]:
+            value = headers.pop(name)
+            values.extend(v for v in _strings(value) if SECRET_NAME.search(str(name)) or len(v) >= 12)
+            erased.append(f"/input/headers/{str(name).replace('~', '~0').replace('/', '~1')}")
     _erase_secret_names(record.get("input"), "/input", erased, values)
     _erase_secret_names(record.get("state"), "/state", erased, values)
     values = sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)  # shorter ones would hit words
@@ -526,6 +545,8 @@ class DecisionLog:
         include_input: write the subject (original, un-normalised text) as ``input``.
         log_input: ``"redacted"`` (default), ``"none"`` or ``"full"`` (:data:`LOG_INPUT_MODES`).
         labels: static labels (e.g. service, region) copied into every record.
+        logged_headers: with ``log_input="redacted"``, the request headers whose values ``input`` keeps
+            (lower-case names; default :data:`LOGGED_HEADERS`); add the ones your audits read.
 
     Raises:
         ValueError: for a pointer that does not start with ``/``, or an unknown ``log_input``.
@@ -542,10 +563,12 @@ class DecisionLog:
         include_input: bool = True,
         labels: dict[str, str] | None = None,
         log_input: str = "redacted",
+        logged_headers: Collection[str] = LOGGED_HEADERS,
     ) -> None:
         if log_input not in LOG_INPUT_MODES:
             raise ValueError(f"log_input is {log_input!r}; it must be one of {LOG_INPUT_MODES}")
         self.log_input = log_input
+        self.logged_headers = frozenset(name.lower() for name in logged_headers)
         self._redact = [(p, _split(p)) for p in redact]
         self.include_input = include_input
         self.labels = {"app": "guard", "version": __version__, **(labels or {})}
@@ -614,7 +637,7 @@ class DecisionLog:
         for _, tokens in self._redact:
             _erase(record, tokens, "", erased)
         if self.log_input == "redacted":
-            _redact_input(record, erased)
+            _redact_input(record, erased, self.logged_headers)
         elif self.log_input == "none":
             record["input"] = record["state"] = None
         record["erased"] = erased

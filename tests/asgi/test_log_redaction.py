@@ -24,19 +24,22 @@ from tests.asgi._servers import serve_in_thread
 pytestmark = pytest.mark.anyio
 
 GuardFactory = Callable[..., Guard]
-SECRETS = ("sk-live-query-123", "tok-header-456", "csrf-789", "hunter2-password", "Bearer client-secret")
+SECRETS = ("sk-live-query-123", "tok-header-456", "csrf-789", "hunter2-password", "Bearer client-secret",
+           "fn-key-0123456789abcdef", "eyJhbGciOiJIUzI1NiJ9.e30.c2ln", "AIzaQueryKey0123")
 
 
-async def _logged(make_guard: GuardFactory, mode: str) -> dict[str, Any]:
+async def _logged(make_guard: GuardFactory, mode: str, **options: Any) -> dict[str, Any]:
     lines: list[str] = []
-    guard = make_guard(decision_log=DecisionLog(lines.append, log_input=mode))
+    guard = make_guard(decision_log=DecisionLog(lines.append, log_input=mode, **options))
     with serve_in_thread(guarded_app(guard)) as base:
         async with httpx.AsyncClient(base_url=base, timeout=10) as client:
             response = await client.post(
-                "/v1/echo?api_key=sk-live-query-123&lang=en",
+                "/v1/echo?api_key=sk-live-query-123&lang=en&key=AIzaQueryKey0123",
                 json={"user": {"name": "ada", "password": "hunter2-password"}, "message": "What is my balance?"},
                 headers={"x-auth-token": "tok-header-456", "x-csrf-token": "csrf-789",
-                         "authorization": "Bearer client-secret", "x-customer-tier": "premium"},
+                         "authorization": "Bearer client-secret", "x-customer-tier": "premium",
+                         "x-functions-key": "fn-key-0123456789abcdef",
+                         "cf-access-jwt-assertion": "eyJhbGciOiJIUzI1NiJ9.e30.c2ln"},
             )
     assert response.status_code == 200
     (record,) = [json.loads(line) for line in lines]
@@ -48,11 +51,20 @@ async def test_redacted_by_default(make_guard: GuardFactory) -> None:
     text = json.dumps(record)
     assert not [s for s in SECRETS if s in text]
     entry = record["input"]
-    assert entry["query"] == {"lang": ["en"]} and entry["headers"]["x-customer-tier"] == "premium"
+    # a header is kept only when known to carry no credential: they travel under names of every kind
+    assert entry["query"] == {"lang": ["en"]} and "x-customer-tier" not in entry["headers"]
+    assert entry["headers"]["content-type"] == "application/json"
     assert entry["body"] == {"user": {"name": "ada"}, "message": "What is my balance?"}
-    assert {"/input/query/api_key", "/input/headers/x-auth-token", "/input/headers/x-csrf-token",
-            "/input/body/user/password"} <= set(record["erased"])
+    assert {"/input/query/api_key", "/input/query/key", "/input/headers/x-auth-token", "/input/headers/x-csrf-token",
+            "/input/headers/x-functions-key", "/input/headers/cf-access-jwt-assertion",
+            "/input/headers/x-customer-tier", "/input/body/user/password"} <= set(record["erased"])
     assert "[redacted]" in entry["body_text"] and "What is my balance?" in record["state"]["text"]
+
+
+async def test_headers_an_audit_reads_can_be_kept(make_guard: GuardFactory) -> None:
+    record = await _logged(make_guard, "redacted", logged_headers={"X-Customer-Tier", "content-type"})
+    assert record["input"]["headers"] == {"x-customer-tier": "premium", "content-type": "application/json"}
+    assert not [s for s in SECRETS if s in json.dumps(record)]
 
 
 async def test_none_and_full(make_guard: GuardFactory) -> None:
@@ -71,3 +83,6 @@ def test_guard_proxy_log_input_option(tmp_path: Path) -> None:
         runtime = build(build_parser().parse_args([*argv, *extra]))
         assert runtime.app.guard.decision_log.log_input == mode
         asyncio.run(runtime.aclose())
+    runtime = build(build_parser().parse_args([*argv, "--log-header", "X-Customer-Tier"]))
+    assert {"x-customer-tier", "user-agent"} <= runtime.app.guard.decision_log.logged_headers
+    asyncio.run(runtime.aclose())
