@@ -156,6 +156,23 @@ def _presented_token(scope: Scope) -> bytes:
     return next((v for k, v in scope["headers"] if k.lower() == RELEASE_TOKEN_HEADER.encode()), b"")
 
 
+class _NoReleaseToken(Exception):
+    """A release of a held request without ``x-guard-release-token``: 400 naming the header, where the digest check
+    would call it a mismatch, as if the content differed."""
+
+
+def _required_token(scope: Scope) -> bytes:
+    token = _presented_token(scope)
+    if not token:
+        raise _NoReleaseToken
+    return token
+
+
+async def _no_token(send: Send) -> None:
+    await send_json(send, 400, {"code": "release_token_missing", "message": f"send the release_token of the 202 in "
+                                f"the {RELEASE_TOKEN_HEADER} header", "field": f"headers.{RELEASE_TOKEN_HEADER}"})
+
+
 #: What a client is told when the review store cannot answer.
 STORE_DOWN_MESSAGE = "The review store is unavailable; try again later."
 
@@ -225,11 +242,14 @@ async def release_on_resend(
     policy read, the release token and the credentials match."""
     try:
         held = (await mw.review_store.get(review_id)).request or {}
-        digest = _scope_digest(mw, scope, body, held.get("bound", {}), _presented_token(scope)) if held else ""
+        digest = _scope_digest(mw, scope, body, held.get("bound", {}), _required_token(scope)) if held else ""
         item = await mw.review_store.release(review_id, digest)
     except ReviewError as exc:
         mw.metrics.reviews.labels("refused").inc()
         await _review_error(send, exc)
+        return
+    except _NoReleaseToken:
+        await _no_token(send)
         return
     mw.metrics.reviews.labels("released").inc()
     await mw.respond(scope, ReplayReceive(body, receive), send, _released_headers(item))
@@ -284,8 +304,11 @@ class ClientReviewEndpoints:
             mine = header_map(scope)
             digest = content_digest(held["method"], held["path"], held["query_string"].encode("latin-1"), body,
                                     headers, held.get("bound", {}), client_address(scope, mine, self.mw.client_header),
-                                    self.mw.tenant_of(scope, mine), _presented_token(scope), scope["headers"])
+                                    self.mw.tenant_of(scope, mine), _required_token(scope), scope["headers"])
             item = await self.mw.review_store.release(review_id, digest)
+        except _NoReleaseToken:
+            await _no_token(send)
+            return
         except BodyError as exc:
             await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field})
             return

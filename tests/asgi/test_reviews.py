@@ -83,6 +83,8 @@ async def test_round_trip_release_call_runs_the_app_exactly_once(make_guard: Gua
         assert approved.json()["decided_by"] == "alice"
         assert (await client.get(held["status_url"])).json()["release_url"] == held["release_url"]
 
+        tokenless = await client.post(held["release_url"], headers={"authorization": "Bearer client-token"})
+        assert tokenless.status_code == 400 and tokenless.json()["field"] == "headers.x-guard-release-token"
         released = await client.post(held["release_url"], headers=_release(held))
         assert released.status_code == 200
         echoed = released.json()
@@ -104,6 +106,9 @@ async def test_round_trip_by_resending_with_the_review_id(make_guard: GuardFacto
         held = await _escalate(client)
         await client.post(f"/admin/reviews/{held['review_id']}/approve", headers=_admin())
         resend = {**JSON, **_release(held), "x-guard-review-id": held["review_id"]}
+        tokenless = await client.post("/v1/echo?lang=en", content=UNSURE,
+                                      headers={**JSON, "x-guard-review-id": held["review_id"]})
+        assert tokenless.status_code == 400 and tokenless.json()["code"] == "release_token_missing"
         other = await client.post("/v1/echo?lang=en", content=UNSURE.replace(b"maybe", b"MAYBE"), headers=resend)
         assert other.status_code == 409 and "digest mismatch" in other.json()["message"]
         # a method override header the reviewer never saw (refused by default: 400 method_override)
