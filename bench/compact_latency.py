@@ -7,6 +7,9 @@ calls let one runtime's idle threads take the other's time):
     body text is the 128-token state (target p50 <= 15 ms on 2 cores); every call is a cache miss (the text changes).
     A 160-position window (the shipped model's) holds it whole, 129 word pieces with the call number (the bench
     prints the window count);
+  * ``guard-3q-sentences``: the same served path for a 128-token body of short sentences (a text of one window
+    with several sentences is also read sentence by sentence, ``guard.compact.model.segments``: about twice the
+    positions);
   * ``short-3q``: the model alone (``decide_sync``), the same state (``{"text": ...}``), 3 catalog questions (one
     encoder pass: a one-string state is read as that string by the pair question too);
   * ``short-1q``: the 128-token text as a plain string state, 1 question;
@@ -57,6 +60,12 @@ policies:
       - {id: injection, when: injection.noul >= 0.85, action: block}
     default: allow
 """
+SENTENCES = (  # taken in turn until the sentences state has SHORT_TOKENS tokens
+    "Please check the balance of my savings account.", "I want to know when the next payment is due.",
+    "My salary arrives on the fifth of each month.", "Last month I was charged a late fee by mistake.",
+    "Could you tell me whether that fee was refunded?", "I also need a statement for my landlord.",
+    "Thanks for your help with all of this.", "I will be travelling next week, so email is best.",
+)
 STATE_WORDS = (  # repeated until the state has SHORT_TOKENS / LONG_TOKENS tokens
     "please check the balance of my savings account and tell me when the next payment is due because I want to "
     "plan the monthly budget carefully"
@@ -70,6 +79,13 @@ def _state(encoder: object, tokens: int) -> str:
     while n < tokens:
         text.append(words[len(text) % len(words)])
         n = len(encoder.token_ids(" ".join(text)))  # type: ignore[attr-defined]
+    return " ".join(text)
+
+
+def _sentences(encoder: object, tokens: int) -> str:
+    text: list[str] = []
+    while len(encoder.token_ids(" ".join(text))) < tokens:  # type: ignore[attr-defined]
+        text.append(SENTENCES[len(text) % len(SENTENCES)])
     return " ".join(text)
 
 
@@ -126,6 +142,7 @@ def main() -> None:
     backends = {name: CompactBackend.from_pretrained(weights, runtime=name) for name in ("torch", "onnx", "onnx-int8")}
     encoder = backends["torch"].models[0].encoder
     short, long = _state(encoder, SHORT_TOKENS), _state(encoder, LONG_TOKENS)
+    sentences = _sentences(encoder, SHORT_TOKENS)
     print(f"threads {torch.get_num_threads()}, torch encoder dtype {encoder.dtype}, cpu "
           f"{torch.backends.cpu.get_cpu_capability()}, onnxruntime {onnxruntime.__version__}, "
           f"auto picks {choose('auto')}")
@@ -143,13 +160,15 @@ def main() -> None:
     }
     usage = backends["torch"].decide_sync(request({"text": f"{short} 99999"}, QUESTIONS)).usage
     print(f"guard-3q: {usage.state_tokens} tokens (with the call number), {usage.windows} window(s)")
+    usage = backends["torch"].decide_sync(request({"text": f"{sentences} 99999"}, QUESTIONS)).usage
+    print(f"guard-3q-sentences: {usage.state_tokens} tokens, {usage.windows} segments (the text, each sentence)")
     ids, mask, _, _ = encoder.window_batch([short])
 
-    def served_by(backend: CompactBackend) -> Callable[[], object]:
+    def served_by(backend: CompactBackend, body: str = short) -> Callable[[], object]:
         guard = Guard(load_text(POLICY), backends=backend)
 
         def served() -> object:
-            text = f"{short} {next(calls)}"  # a new state each call (the number is one more token): never a cache hit
+            text = f"{body} {next(calls)}"  # a new state each call (the number is one more token): never a cache hit
             return guard.evaluate(HttpSubject(method="POST", path="/v1/messages", content_type="application/json",
                                               body={"message": text}, body_text=text))
 
@@ -157,6 +176,7 @@ def main() -> None:
 
     for name, backend in backends.items():
         print(f"{'guard-3q (Guard.evaluate, 3q), ' + name:40s} {_percentiles(timed(served_by(backend)))} ms")
+        print(f"{'guard-3q-sentences, ' + name:40s} {_percentiles(timed(served_by(backend, sentences)))} ms")
         for case, req in cases.items():
             samples = timed(lambda backend=backend, req=req: backend.decide_sync(req))
             print(f"{case + ', ' + name:40s} {_percentiles(samples)} ms")

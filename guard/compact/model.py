@@ -151,6 +151,9 @@ PIECE_TOKENS = 24
 #: A sentence of at least this many word-piece tokens is also scored alone, next to the piece that holds it, so a
 #: benign neighbour packed with it cannot lower its score.
 ALONE_TOKENS = 12
+#: In a text of one window, a sentence of at least this many word-piece tokens is also scored alone, next to the
+#: whole text.
+SHORT_ALONE_TOKENS = 6
 
 
 def pack_sentences(sentences: Sequence[str], lengths: Sequence[int], budget: int) -> list[str]:
@@ -174,21 +177,26 @@ def pack_sentences(sentences: Sequence[str], lengths: Sequence[int], budget: int
 def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[str], int]:
     """The parts of ``text`` the model scores one by one, and the text's word-piece count.
 
-    With ``sentences`` (the text questions) a text longer than one window and no longer than the encoder's
-    ``max_tokens`` is cut into sentences (:func:`split_sentences`) joined into pieces of at least
+    With ``sentences`` (the text questions) a text of one window is read whole and, when it holds more than one
+    sentence (:func:`split_sentences`), each sentence of at least :data:`SHORT_ALONE_TOKENS` word pieces is also
+    read alone, so one benign sentence beside an attack cannot lower its score; a text longer than one window and no
+    longer than the encoder's ``max_tokens`` is cut into sentences joined into pieces of at least
     :data:`PIECE_TOKENS` word pieces (:func:`pack_sentences`), followed by every sentence of at least
-    :data:`ALONE_TOKENS` word pieces that is not a piece already, alone; otherwise the text is one part, which the
+    :data:`ALONE_TOKENS` word pieces that is not a piece already, alone. Otherwise the text is one part, which the
     encoder cuts into overlapping windows. Serving and training both read a text through this function.
     """
     tokens = len(encoder.token_ids(text))
-    if sentences and encoder.config.chunk < tokens <= encoder.config.max_tokens:
-        parts = split_sentences(text)
-        lengths = [len(encoder.token_ids(p)) for p in parts]
-        pieces = pack_sentences(parts, lengths, PIECE_TOKENS)
-        packed = set(pieces)
-        alone = [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed]
-        return pieces + alone, tokens
-    return [text], tokens
+    if not sentences or tokens > encoder.config.max_tokens:
+        return [text], tokens
+    parts = split_sentences(text)
+    lengths = [len(encoder.token_ids(p)) for p in parts]
+    if tokens <= encoder.config.chunk:
+        alone = [p for p, n in zip(parts, lengths, strict=True) if n >= SHORT_ALONE_TOKENS] if len(parts) > 1 else []
+        return [text, *alone], tokens
+    pieces = pack_sentences(parts, lengths, PIECE_TOKENS)
+    packed = set(pieces)
+    alone = [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed]
+    return pieces + alone, tokens
 
 
 #: A window joins a length bucket when it is at least this share of the bucket's longest window.
