@@ -12,8 +12,10 @@ The catalog model was trained on English text. :func:`assess` says when a state'
   :data:`SEGMENT_LETTERS` letters, where py3langid names another language with probability >=
   :data:`SEGMENT_CONFIDENCE` and English gets less than :data:`ENGLISH_FLOOR`: an instruction in another language
   inside an English email or page is not read either (a segment py3langid reads as no language, ``zxx``: a command
-  line or a hash, is not flagged). On the data's texts this flags 90 of the 112 non-English texts the whole-text test
-  keeps in, and 4 of 8,049 benign English ones (quoted French, Turkish in a translator's role-play prompt);
+  line or a hash, is not flagged). On the data's texts this flags 97 of the 112 non-English texts the whole-text test
+  keeps in, and 20 of 8,049 benign English ones (quoted French or Spanish in translation tasks, Turkish in a
+  translator's role-play prompt); a bar of 0.95 flagged 90 and 4, and let an English greeting around one Dutch,
+  Indonesian, Portuguese or Spanish sentence (an attack the model cannot read, named at 0.51-0.55) pass unflagged;
 * ``non_text``: fewer than :data:`MIN_WORD_SHARE` of its whitespace-separated tokens look like words (letters,
   optional surrounding punctuation), over at least :data:`MIN_TOKENS` tokens, or one unbroken run of
   :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data).
@@ -53,7 +55,7 @@ MIN_WORD_SHARE = 0.3
 LONG_RUN = 48
 #: Fewest letters of a segment that is judged on its own, and the probability another language needs there.
 SEGMENT_LETTERS = 24
-SEGMENT_CONFIDENCE = 0.95
+SEGMENT_CONFIDENCE = 0.5
 #: Where a text splits into segments: after a sentence's end, at line breaks, runs of spaces and ``**`` fences.
 _SEGMENT_RE = re.compile(r"(?<=[.!?:;])\s+|\n+|\s{2,}|\*{2,}")
 #: Segment labels that are not another language: English, and py3langid's "no linguistic content" (a command line,
