@@ -240,7 +240,8 @@ async def _run_case(
     subject = subject_from_json(case.input.model_dump(exclude_none=True))
     matched = PolicySet(policies).matching(subject)
     backend: DecisionBackend
-    if case.answers is not None or case.backend_error is not None or not matched:
+    asks = any(policy.questions for policy in matched)  # rules-only policies never call a model
+    if case.answers is not None or case.backend_error is not None or not asks:
         backend = FixtureBackend(wire_answers(matched, case.answers or {}), case.backend_error)
     elif backend_factory is not None:
         backend = backend_factory()

@@ -230,7 +230,7 @@ def test_the_shipped_policies_read_an_instruction_placed_after_their_caps() -> N
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "policies"
-    (api,) = load_text((root / "api_abuse.yaml").read_bytes())
+    api = load_text((root / "api_abuse.yaml").read_bytes())[0]
     body = FILLER * 80 + ATTACK
     subject = HttpSubject(method="POST", path="/v1/chat", body={"prompt": body}, body_text=body)
     result = api.prepare_state(api.render_state(subject), subject)
