@@ -14,9 +14,12 @@ keyword to the first ``;`` outside quotes (at most :data:`MAX_SQL_STATEMENT` cha
 (``' UNION SELECT ...``, ``10; DROP TABLE users --``) counts, and neither is text after the statement's ``;``
 (``'; DROP TABLE orders; nice shoes``). Lines are split at ``\n`` and ``\r`` only: a form feed, vertical tab or
 Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE`` is one statement. English that starts like SQL
-("select the best option from the list", "delete my account") does not parse. A text with more than
-:data:`MAX_SQL_STARTS` places where a statement could start counts as SQL: checking each would cost too much, and
-ordinary prose holds far fewer.
+("select the best option from the list", "delete my account") does not parse. At most :data:`MAX_SQL_STARTS`
+places where a statement could start are parsed; past the first :data:`MAX_SQL_STARTS` keywords, only those shaped
+like a statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, ``SELECT ... FROM``) are, so a long document saying "update your password" a hundred times is read as prose, while a statement
+after many decoy keywords is still parsed; a candidate whose first 200 characters were parsed already (repeated
+boilerplate) is not parsed again; a text that would need more parses than that counts as SQL (checking each would
+cost too much).
 
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
@@ -63,6 +66,13 @@ _COMPUTED = (exp.Case, exp.Func, exp.SessionParameter, exp.Parameter)
 MAX_SQL_STATEMENT = 2000
 #: Most SQL keywords parsed from in one text; a text with more counts as SQL (module docstring).
 MAX_SQL_STARTS = 64
+#: A keyword followed by what its statement needs next (parsed past the first MAX_SQL_STARTS keywords).
+_SQL_SHAPE_RE = re.compile(
+    r"(?:drop|create|alter|truncate)\s+(?:\w+\s+){0,2}?(?:table|database|schema|view|index|user|procedure|function"
+    r"|trigger)\b|delete\s+(?:\S+\s+)?from\b|insert\s+(?:\S+\s+)?into\b|update\s+\S+\s+set\b"
+    r"|select\s[^;]{0,300}?\bfrom\b",
+    re.IGNORECASE,
+)
 _LINE_BREAK_RE = re.compile(r"\r\n?|\n")
 
 #: A URL scheme as browsers read it: tabs and line breaks inside it are removed before it is parsed.
@@ -171,13 +181,21 @@ def sqli(text: str) -> bool:
     lowered = _lowered(text, "sqli")
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
-    starts = 0
+    starts = parsed = 0
+    seen: set[str] = set()  # a candidate whose first 200 characters were parsed already: repeated boilerplate
     for line in _LINE_BREAK_RE.split(text):
         for match in _SQL_START_RE.finditer(line):
+            candidate = line[match.start() : match.start() + MAX_SQL_STATEMENT]
+            if candidate[:200] in seen:
+                continue
+            seen.add(candidate[:200])
             starts += 1
-            if starts > MAX_SQL_STARTS:
+            if starts > MAX_SQL_STARTS and not _SQL_SHAPE_RE.match(candidate):
+                continue
+            parsed += 1
+            if parsed > MAX_SQL_STARTS:
                 return True
-            if _parses_as_code(line[match.start() : match.start() + MAX_SQL_STATEMENT]):
+            if _parses_as_code(candidate):
                 return True
     return False
 

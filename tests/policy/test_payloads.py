@@ -130,10 +130,18 @@ def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -
     # a statement is parsed from its keyword for at most MAX_SQL_STATEMENT characters, whatever the line's length
     padded = "x" * (2 * MAX_SQL_STATEMENT) + " '; DROP TABLE orders; --"
     assert sqli(padded)
-    # more places where a statement could start than are checked: counted as SQL, not skipped
+    # past the first MAX_SQL_STARTS keywords only statement-shaped ones are parsed: prose repeating a keyword is
+    # prose (a 40 KB document saying "update your password" 600 times counted as SQL before)
     decoys = "drop it " * MAX_SQL_STARTS
-    assert not sqli(decoys[: len("drop it ") * (MAX_SQL_STARTS - 1)])
-    assert sqli(decoys + "drop it")
+    assert not sqli(decoys + "drop it")
+    assert not sqli(" ".join(["Please update your password before the end of the month."] * 600))
+    assert sqli(decoys + "drop table orders")  # a statement after the decoys is still parsed
+    # more distinct statement-shaped places than are checked: counted as SQL, not skipped
+    shaped = "".join(f"select option {n} of the {n} best from the list, " for n in range(MAX_SQL_STARTS))
+    assert not sqli(shaped)
+    assert sqli(shaped + "select option x of the best from the list")
+    # repeated boilerplate is parsed once
+    assert not sqli("Select the best option from the list. " * 300)
 
 
 def test_xss_reads_every_tag_in_one_scan() -> None:
