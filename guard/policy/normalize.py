@@ -24,8 +24,9 @@ subject is never changed; only the copy sent to the model is). :func:`normalize_
 5. **Invisible characters** (Unicode's Default_Ignorable_Code_Point set, plus the braille blank): zero-width
    space/joiners, word joiner, BOM, soft hyphen, invisible operators and other format characters are removed
    (flag ``zero_width``); a right-to-left override (U+202E) up to its pop (U+202C), the line's end or the text's
-   end is read in the order it is shown: a span without right-to-left letters is reversed (``\u202e tpmorp
-   metsys\u202c`` shows, and now reads, ``system prompt``); then the bidi embedding/override/isolate controls
+   end is also read in the order it is shown, appended as ``[shown: ...]``: a span without right-to-left letters
+   shows reversed (``\u202etpmorp metsys\u202c`` shows ``system prompt``), while a model reading the text gets the
+   characters in their stored order, so both are judged; then the bidi embedding/override/isolate controls
    (U+202A-U+202E, U+2066-U+2069, U+200E/U+200F, U+061C) are removed (flag ``bidi_controls``); the Hangul fillers (U+115F, U+1160, U+3164,
    U+FFA0) are removed and the braille pattern blank U+2800 becomes a space (flag ``fillers``).
 6. **Look-alike letters** (Unicode TR39 confusables, from the ``confusable-homoglyphs`` package, plus the Latin
@@ -332,13 +333,12 @@ def _readable(text: str) -> bool:
     return printable >= 0.95 * len(text) and sum(ch.isalpha() for ch in text) >= 0.5 * len(text)
 
 
-def _shown_order(match: re.Match[str]) -> str:
-    """A right-to-left override span as a left-to-right reader sees it: reversed, unless it holds right-to-left
-    letters (Hebrew, Arabic: shown in their own order already), which are left as they are."""
-    span = match.group(1)
-    if any(unicodedata.bidirectional(c) in ("R", "AL") for c in span):
-        return match.group(0)
-    return "\u202e" + span[::-1]  # the override mark stays to be counted and removed with the other controls
+def _shown(text: str) -> list[str]:
+    """The right-to-left override spans of ``text`` that show reversed (no right-to-left letters: Hebrew or Arabic
+    show in their own order), as a left-to-right reader sees them, without other bidi controls."""
+    spans = (match.group(1) for match in _OVERRIDE_RE.finditer(text))
+    return [_BIDI_RE.sub("", span[::-1]) for span in spans
+            if span.strip() and not any(unicodedata.bidirectional(c) in ("R", "AL") for c in span)]
 
 
 def _fillers(match: re.Match[str], counts: dict[str, int]) -> str:
@@ -396,11 +396,12 @@ def _normalize(text: str, counts: dict[str, int], depth: int) -> str:
                 text = _SYMBOL_RUN_RE.sub(_symbol_run, text)
         text = _SELECTOR_RE.sub(lambda m: _selectors(m, counts), text)
         text = unicodedata.normalize("NFKC", text)
-        if "\u202e" in text:
-            text = _OVERRIDE_RE.sub(_shown_order, text)
+        shown = _shown(text) if "\u202e" in text else []
         for name, pattern in (("zero_width", _ZERO_WIDTH_RE), ("bidi_controls", _BIDI_RE)):
             text, n = pattern.subn("", text)
             _count(counts, name, n)
+        if shown:
+            text = f"{text} [shown: {' '.join(shown)}]"
         text = _FILLER_RE.sub(lambda m: _fillers(m, counts), text)
         tables = _look_alikes()
         if not tables.foldable.isdisjoint(text):
