@@ -17,8 +17,8 @@ Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE`` is one stateme
 ("select the best option from the list", "delete my account") does not parse. At most :data:`MAX_SQL_STARTS`
 places where a statement could start are parsed; past the first :data:`MAX_SQL_STARTS` keywords, only those shaped
 like a statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, ``SELECT ... FROM``) are, so a long document saying "update your password" a hundred times is read as prose, while a statement
-after many decoy keywords is still parsed; a candidate whose first 200 characters were parsed already (repeated
-boilerplate) is not parsed again; a text that would need more parses than that counts as SQL (checking each would
+after many decoy keywords is still parsed; a candidate parsed already (repeated boilerplate: the same characters
+from the keyword on) is not parsed again; a text that would need more parses than that counts as SQL (checking each would
 cost too much).
 
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
@@ -182,13 +182,13 @@ def sqli(text: str) -> bool:
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
     starts = parsed = 0
-    seen: set[str] = set()  # a candidate whose first 200 characters were parsed already: repeated boilerplate
+    seen: set[int] = set()  # hashes of the candidates parsed already: repeated boilerplate is parsed once
     for line in _LINE_BREAK_RE.split(text):
         for match in _SQL_START_RE.finditer(line):
             candidate = line[match.start() : match.start() + MAX_SQL_STATEMENT]
-            if candidate[:200] in seen:
+            if hash(candidate) in seen:
                 continue
-            seen.add(candidate[:200])
+            seen.add(hash(candidate))
             starts += 1
             if starts > MAX_SQL_STARTS and not _SQL_SHAPE_RE.match(candidate):
                 continue

@@ -140,8 +140,10 @@ def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -
     shaped = "".join(f"select option {n} of the {n} best from the list, " for n in range(MAX_SQL_STARTS))
     assert not sqli(shaped)
     assert sqli(shaped + "select option x of the best from the list")
-    # repeated boilerplate is parsed once
+    # repeated boilerplate is parsed once; a candidate that differs only far from its keyword is parsed again
     assert not sqli("Select the best option from the list. " * 300)
+    columns = ", ".join(f"c{n}" for n in range(60))
+    assert sqli(f"x' UNION SELECT {columns} FROM (; x' UNION SELECT {columns} FROM users--")
 
 
 def test_xss_reads_every_tag_in_one_scan() -> None:
