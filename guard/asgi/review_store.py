@@ -379,7 +379,7 @@ _CORE_FIELDS = ("id", "created_at", "expires_at", "decision_id", "policy_id", "p
 
 def _hashed(name: str) -> str:
     """A client or tenant name as a fixed-size key part (no name a client sends reaches the store's key syntax)."""
-    return hashlib.sha256(name.encode("utf-8", "replace")).hexdigest()[:32]
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _tenant_of(core: str | None) -> str | None:
@@ -465,7 +465,6 @@ return {3, ARGV[2]}
         self._owns_client = owns_client
         self._transition = client.register_script(self.TRANSITION_SCRIPT)
         self._legacy_index = f"{prefix}index"
-        self._migrated = False
 
     @classmethod
     def from_url(
@@ -617,89 +616,133 @@ return {3, ARGV[2]}
         self, status: ReviewStatus | None = "pending", *, limit: int = DEFAULT_LIST_LIMIT,
         tenants: Collection[str] | None = None,
     ) -> list[ReviewItem]:
-        """Read in expiry order from the indexes of ``status`` (every status when ``None``), of every tenant or of
-        each of ``tenants``, merged; an entry whose item is gone, tampered or of another status is skipped and the
-        next read in its place, so the items returned are the oldest that match however many others exist."""
-        if not self._migrated:
-            await self._migrate()
+        """Read in expiry order (oldest first where replicas share a TTL) from the indexes of ``status`` (every
+        status when ``None``), of every tenant or of each of ``tenants``, merged; an entry whose item is gone,
+        tampered or (for one status) of another status is skipped and dropped from that index, and the next read in
+        its place, so the items returned are the oldest that match however many others exist. Each index is paged
+        by score, so an entry another replica removes meanwhile cannot shift the next page past a live item."""
         keys = [self._index(s, t) for s in ((status,) if status else STATUSES)
                 for t in ((None,) if tenants is None else sorted(tenants))]
         now = time.time()
         pipe = self._client.pipeline(transaction=False)
+        pipe.exists(self._legacy_index)  # replicas of an earlier release may still be writing it
         for key in keys:
             pipe.zremrangebyscore(key, "-inf", now)
-        await self._call("(list)", pipe.execute())
+        legacy, *_ = await self._call("(list)", pipe.execute())
+        if legacy:
+            await self._migrate()
         chunk = max(limit, 16)
         queued: dict[str, list[tuple[float, str]]] = {key: [] for key in keys}
-        read = dict.fromkeys(keys, 0)
+        after: dict[str, tuple[float, set[str]]] = {key: (float("-inf"), set()) for key in keys}
         exhausted: set[str] = set()
         items: list[ReviewItem] = []
         seen: set[str] = set()
         while len(items) < limit:
             for key in keys:
                 if not queued[key] and key not in exhausted:
-                    rows = await self._call("(list)", self._client.zrange(key, read[key], read[key] + chunk - 1,
-                                                                          withscores=True))
-                    read[key] += len(rows)
-                    queued[key] = [(float(score), self._text(raw) or "") for raw, score in rows]
-                    if len(rows) < chunk:
+                    queued[key] = await self._page(key, after, chunk)
+                    if len(queued[key]) < chunk:
                         exhausted.add(key)
-            picked: list[str] = []
+            picked: list[tuple[str, str]] = []  # (index, id) in expiry order across the indexes
             # the smallest expiry of all queued entries is next in order while every index that may hold more
             # entries still has one queued (an unread entry of it cannot come earlier)
-            while len(picked) < limit - len(items):
+            while len(picked) < chunk:
                 ready = [key for key in keys if queued[key]]
                 if not ready:
                     break
                 key = min(ready, key=lambda k: queued[k][0])
-                picked.append(queued[key].pop(0)[1])
+                picked.append((key, queued[key].pop(0)[1]))
                 if not queued[key] and key not in exhausted:
                     break
             if not picked:
                 break
-            fresh = [review_id for review_id in dict.fromkeys(picked) if review_id not in seen]
-            seen.update(fresh)
-            items += [i for i in await self._fetch(fresh)
-                      if (status is None or i.status == status) and _in_scope(i, tenants)]
+            fresh = [(key, review_id) for key, review_id in picked if review_id not in seen]
+            seen.update(review_id for _, review_id in fresh)
+            found = await self._fetch([review_id for _, review_id in fresh])
+            stale = [(key, review_id) for key, review_id in fresh
+                     if review_id not in found or (status is not None and found[review_id].status != status)]
+            if stale:
+                pipe = self._client.pipeline(transaction=False)
+                for key, review_id in stale:
+                    pipe.zrem(key, review_id)
+                await self._call("(list)", pipe.execute())
+            items += [found[review_id] for _, review_id in fresh if review_id in found
+                      and (status is None or found[review_id].status == status) and _in_scope(found[review_id], tenants)]
         return items[:limit]
 
-    async def _fetch(self, ids: list[str]) -> list[ReviewItem]:
-        """The listed view of each item of ``ids`` that exists and whose seal checks, in order (an entry that is
-        not an item id, written into an index by hand, is skipped)."""
+    async def _page(self, key: str, after: dict[str, tuple[float, set[str]]], count: int) -> list[tuple[float, str]]:
+        """The next ``count`` entries of index ``key`` by score, from the last score read on (entries of that score
+        read already are left out); ``after[key]`` is updated."""
+        score, read = after[key]
+        rows = await self._call("(list)", self._client.zrangebyscore(
+            key, score, "+inf", start=0, num=count + len(read), withscores=True))
+        entries = [(float(value), self._text(raw) or "") for raw, value in rows]
+        entries = [(value, review_id) for value, review_id in entries if not (value == score and review_id in read)]
+        entries = entries[:count]
+        if entries:
+            last = entries[-1][0]
+            after[key] = (last, {review_id for value, review_id in entries if value == last}
+                          | (read if last == score else set()))
+        return entries
+
+    async def _fetch(self, ids: list[str]) -> dict[str, ReviewItem]:
+        """The listed view of each item of ``ids`` that exists and whose seal checks, by id (an entry that is not
+        an item id, written into an index by hand, is left out)."""
         ids = [review_id for review_id in ids if _REVIEW_ID.fullmatch(review_id)]
         if not ids:
-            return []
+            return {}
         pipe = self._client.pipeline(transaction=False)
         for review_id in ids:
             pipe.hmget(self._key(review_id), list(self._FIELDS))
         rows = await self._call("(list)", pipe.execute())
-        items = []
+        items = {}
         for review_id, row in zip(ids, rows, strict=True):
             try:
                 texts = self._checked(review_id, row)
             except ReviewConflict:  # tampered: counted and logged, never listed for approval
                 continue
             if texts is not None:
-                items.append(self._decode(texts, with_request=False))
+                items[review_id] = self._decode(texts, with_request=False)
         return items
+
+    # ARGV[1] = key prefix, then triples (item id, expiry score, sha256 of its tenant or ""). Each item still stored
+    # joins the index of its status (and of its status and tenant) as it is now; every entry leaves the old index.
+    MIGRATE_SCRIPT = """
+for i = 2, #ARGV, 3 do
+  local status = redis.call('HGET', ARGV[1] .. ARGV[i], 'status')
+  if status then
+    redis.call('ZADD', ARGV[1] .. 'index:' .. status, ARGV[i + 1], ARGV[i])
+    if ARGV[i + 2] ~= '' then
+      redis.call('ZADD', ARGV[1] .. 'index:' .. status .. ':' .. ARGV[i + 2], ARGV[i + 1], ARGV[i])
+    end
+  end
+  redis.call('ZREM', ARGV[1] .. 'index', ARGV[i])
+end
+return 0
+"""
 
     async def _migrate(self) -> None:
         """Move the entries of an earlier release's single index into the per-status (and per-tenant) indexes, a
-        chunk at a time; idempotent, so replicas may run it together."""
-        while ids := await self._call("(list)", self._client.zrange(self._legacy_index, 0, 499, withscores=True)):
+        chunk at a time, each chunk in one script, so a transition in between cannot leave an entry under a status
+        its item has left; an entry that is not an item id is dropped. Idempotent: replicas may run it together,
+        and replicas of the earlier release may still be adding entries (each listing checks for them)."""
+        while rows := await self._call("(list)", self._client.zrange(self._legacy_index, 0, 499, withscores=True)):
+            entries = [(self._text(raw) or "", float(score)) for raw, score in rows]
+            good = [(review_id, score) for review_id, score in entries if _REVIEW_ID.fullmatch(review_id)]
+            bad = [review_id for review_id, _ in entries if not _REVIEW_ID.fullmatch(review_id)]
+            if bad:
+                await self._call("(list)", self._client.zrem(self._legacy_index, *bad))
+            if not good:
+                continue
             pipe = self._client.pipeline(transaction=False)
-            for raw, _ in ids:
-                pipe.hmget(f"{self.prefix}{self._text(raw)}", ["status", "core"])
-            rows = await self._call("(list)", pipe.execute())
-            pipe = self._client.pipeline(transaction=True)
-            for (raw, score), (status, core) in zip(ids, rows, strict=True):
-                review_id = self._text(raw) or ""
-                if _REVIEW_ID.fullmatch(review_id) and self._text(status) in STATUSES:
-                    for index in self._indexes(self._text(status) or "", _tenant_of(self._text(core))):
-                        pipe.zadd(index, {review_id: float(score)})
-                pipe.zrem(self._legacy_index, review_id)
-            await self._call("(list)", pipe.execute())
-        self._migrated = True
+            for review_id, _ in good:
+                pipe.hget(self._key(review_id), "core")
+            cores = await self._call("(list)", pipe.execute())
+            args: list[str] = [self.prefix]
+            for (review_id, score), core in zip(good, cores, strict=True):
+                tenant = _tenant_of(self._text(core))
+                args += [review_id, repr(score), _hashed(tenant) if tenant is not None else ""]
+            await self._call("(list)", self._client.eval(self.MIGRATE_SCRIPT, 0, *args))
 
     async def _move(self, review_id: str, need: ReviewStatus, to: ReviewStatus, digest: str,
                     changes: dict[str, str]) -> ReviewItem:
