@@ -156,19 +156,9 @@ def _presented_token(scope: Scope) -> bytes:
     return next((v for k, v in scope["headers"] if k.lower() == RELEASE_TOKEN_HEADER.encode()), b"")
 
 
-class _NoReleaseToken(Exception):
+async def _no_token(send: Send) -> None:
     """A release of a held request without ``x-guard-release-token``: 400 naming the header, where the digest check
     would call it a mismatch, as if the content differed."""
-
-
-def _required_token(scope: Scope) -> bytes:
-    token = _presented_token(scope)
-    if not token:
-        raise _NoReleaseToken
-    return token
-
-
-async def _no_token(send: Send) -> None:
     await send_json(send, 400, {"code": "release_token_missing", "message": f"send the release_token of the 202 in "
                                 f"the {RELEASE_TOKEN_HEADER} header", "field": f"headers.{RELEASE_TOKEN_HEADER}"})
 
@@ -242,14 +232,14 @@ async def release_on_resend(
     policy read, the release token and the credentials match."""
     try:
         held = (await mw.review_store.get(review_id)).request or {}
-        digest = _scope_digest(mw, scope, body, held.get("bound", {}), _required_token(scope)) if held else ""
+        if held and not _presented_token(scope):
+            await _no_token(send)
+            return
+        digest = _scope_digest(mw, scope, body, held.get("bound", {}), _presented_token(scope)) if held else ""
         item = await mw.review_store.release(review_id, digest)
     except ReviewError as exc:
         mw.metrics.reviews.labels("refused").inc()
         await _review_error(send, exc)
-        return
-    except _NoReleaseToken:
-        await _no_token(send)
         return
     mw.metrics.reviews.labels("released").inc()
     await mw.respond(scope, ReplayReceive(body, receive), send, _released_headers(item))
@@ -298,17 +288,17 @@ class ClientReviewEndpoints:
                 await self.mw.review_store.release(review_id, "")  # raises the conflict that names the status
                 raise ReviewConflict(review_id, item.status, "the item holds no HTTP request to release")
             held = item.request
+            if not _presented_token(scope):
+                await _no_token(send)
+                return
             body = base64.b64decode(held["body_b64"])
             headers = [*((k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]),
                        *((k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS)]  # what is replayed
             mine = header_map(scope)
             digest = content_digest(held["method"], held["path"], held["query_string"].encode("latin-1"), body,
                                     headers, held.get("bound", {}), client_address(scope, mine, self.mw.client_header),
-                                    self.mw.tenant_of(scope, mine), _required_token(scope), scope["headers"])
+                                    self.mw.tenant_of(scope, mine), _presented_token(scope), scope["headers"])
             item = await self.mw.review_store.release(review_id, digest)
-        except _NoReleaseToken:
-            await _no_token(send)
-            return
         except BodyError as exc:
             await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field})
             return

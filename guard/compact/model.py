@@ -189,10 +189,11 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
     if not sentences or tokens > encoder.config.max_tokens:
         return [text], tokens
     parts = split_sentences(text)
-    lengths = [len(encoder.token_ids(p)) for p in parts]
     if tokens <= encoder.config.chunk:
-        alone = [p for p, n in zip(parts, lengths, strict=True) if n >= SHORT_ALONE_TOKENS] if len(parts) > 1 else []
-        return [text, *alone], tokens
+        if len(parts) < 2:
+            return [text], tokens
+        return [text, *(p for p in parts if len(encoder.token_ids(p)) >= SHORT_ALONE_TOKENS)], tokens
+    lengths = [len(encoder.token_ids(p)) for p in parts]
     pieces = pack_sentences(parts, lengths, PIECE_TOKENS)
     packed = set(pieces)
     alone = [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed]

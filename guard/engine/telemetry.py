@@ -45,7 +45,7 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, S
 
 from guard import __version__
 from guard._buckets import DURATION_BUCKETS_S
-from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions
+from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings
 from guard.verdict import Verdict
 
@@ -427,7 +427,7 @@ def _erase(node: Any, tokens: list[str], at: str, erased: list[str]) -> None:
     if isinstance(node, dict):
         keys = list(node) if head == "*" else ([head] if head in node else [])
         for key in keys:
-            where = f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            where = f"{at}/{escape_pointer(str(key))}"
             if rest:
                 _erase(node[key], rest, where, erased)
             else:
@@ -464,7 +464,7 @@ def _erase_secret_names(node: Any, at: str, erased: list[str], values: list[str]
     they held go to ``values``."""
     if isinstance(node, dict):
         for key in list(node):
-            where = f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            where = f"{at}/{escape_pointer(str(key))}"
             if SECRET_NAME.search(str(key)):
                 values.extend(_strings(node.pop(key)))
                 erased.append(where)
@@ -499,7 +499,7 @@ def _redact_input(record: dict[str, Any], erased: list[str],
         for name in [n for n in headers if str(n).lower() not in logged_headers]:
             value = headers.pop(name)
             values.extend(v for v in _strings(value) if SECRET_NAME.search(str(name)) or len(v) >= 12)
-            erased.append(f"/input/headers/{str(name).replace('~', '~0').replace('/', '~1')}")
+            erased.append(f"/input/headers/{escape_pointer(str(name))}")
     _erase_secret_names(record.get("input"), "/input", erased, values)
     _erase_secret_names(record.get("state"), "/state", erased, values)
     values = sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)  # shorter ones would hit words

@@ -186,9 +186,10 @@ def sqli(text: str) -> bool:
     for line in _LINE_BREAK_RE.split(text):
         for match in _SQL_START_RE.finditer(line):
             candidate = line[match.start() : match.start() + MAX_SQL_STATEMENT]
-            if hash(candidate) in seen:
+            key = hash(candidate)
+            if key in seen:
                 continue
-            seen.add(hash(candidate))
+            seen.add(key)
             starts += 1
             if starts > MAX_SQL_STARTS and not _SQL_SHAPE_RE.match(candidate):
                 continue

@@ -30,6 +30,7 @@ __all__ = [
     "UNMASKABLE_FLAG",
     "Redactor",
     "apply_redactions",
+    "escape_pointer",
     "merge_redactions",
     "replacement",
 ]
@@ -148,7 +149,7 @@ def _rebuild(node: Any, pointer: str, spans: dict[str, list[Redaction]]) -> Any:
     if isinstance(node, dict):
         if not any(p.startswith(pointer + "/") for p in spans):
             return node
-        return {k: _rebuild(v, f"{pointer}/{_escape(k)}", spans) for k, v in node.items()}
+        return {k: _rebuild(v, f"{pointer}/{escape_pointer(k)}", spans) for k, v in node.items()}
     if isinstance(node, list):
         if not any(p.startswith(pointer + "/") for p in spans):
             return node
@@ -185,7 +186,7 @@ def _strings(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
         if isinstance(value, str):
             yield where, value
         elif isinstance(value, dict):
-            stack += [(f"{where}/{_escape(k)}", v) for k, v in reversed(value.items())]
+            stack += [(f"{where}/{escape_pointer(k)}", v) for k, v in reversed(value.items())]
         elif isinstance(value, list):
             stack += [(f"{where}/{i}", v) for i, v in reversed(list(enumerate(value)))]
 
@@ -206,5 +207,6 @@ def _keys_and_strings(node: Any) -> list[str]:
     return out
 
 
-def _escape(key: str) -> str:
+def escape_pointer(key: str) -> str:
+    """``key`` as one reference token of a JSON pointer (RFC 6901 section 3: ``~`` -> ``~0``, ``/`` -> ``~1``)."""
     return key.replace("~", "~0").replace("/", "~1")

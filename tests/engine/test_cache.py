@@ -232,10 +232,10 @@ async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_u
     await follower.aclose()
 
 
-@pytest.mark.anyio
-async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url: str, create_redis: Any) -> None:
-    """Someone who can write to Redis but lacks the store key plants a lock and a failure marker for a request's key:
-    followers must take neither the planted failure (the policy's fail mode) nor the planted lock, and answer."""
+async def _answered_once_then_gone(redis_url: str, create_redis: Any) -> tuple[Any, RedisCache, Guard, Any, bytes, str]:
+    """A guard on a Redis cache (no local copies) that answered ``subject()`` once, with that answer deleted from
+    Redis: the backend, cache, guard, a Redis client, the value's key and its content hash (the lock and marker keys
+    are ``<prefix>l:<content>`` and ``<prefix>f:<content>``)."""
     backend = ScriptedBackend(by_text, name="clef")
     cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)
     guard = Guard(policies(), backends=backend, cache=cache)
@@ -244,6 +244,14 @@ async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url:
     content = value_key.decode().removeprefix(f"{create_redis.prefix}a:")
     client = create_redis()
     await client.delete(value_key)
+    return backend, cache, guard, client, value_key, content
+
+
+@pytest.mark.anyio
+async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url: str, create_redis: Any) -> None:
+    """Someone who can write to Redis but lacks the store key plants a lock and a failure marker for a request's key:
+    followers must take neither the planted failure (the policy's fail mode) nor the planted lock, and answer."""
+    backend, cache, guard, client, value_key, content = await _answered_once_then_gone(redis_url, create_redis)
     marker = json.dumps({"reason": "http_500", "message": "planted", "backend": "clef"}).encode()
     for forged in (marker, sealed(f"{create_redis.prefix}f:{content}", marker, "another key of 32 bytes or more!")):
         await client.set(f"{create_redis.prefix}l:{content}", "planted", px=300)
@@ -264,14 +272,7 @@ async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url:
 async def test_a_planted_lock_is_not_waited_out(redis_url: str, create_redis: Any) -> None:
     """A lock planted for a request's key without the store key (a long PX) costs a follower one poll: it leads and
     answers. Waited out, it took the request's whole time budget, so the decision failed in the policy's fail mode."""
-    backend = ScriptedBackend(by_text, name="clef")
-    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)
-    guard = Guard(policies(), backends=backend, cache=cache)
-    await guard.aevaluate(subject())
-    (value_key,) = await keys(create_redis)
-    content = value_key.decode().removeprefix(f"{create_redis.prefix}a:")
-    client = create_redis()
-    await client.delete(value_key)
+    backend, cache, guard, client, _, content = await _answered_once_then_gone(redis_url, create_redis)
     await client.set(f"{create_redis.prefix}l:{content}", "planted", px=60_000)
     verdict = await guard.aevaluate(subject())
     assert (verdict.action, verdict.fail_mode) == ("allow", None), verdict.error
