@@ -18,7 +18,7 @@ Usage::
 
     python bench/cache_hit.py [--redis-url redis://127.0.0.1:6379/0] [--iterations 3000]
 
-Policy: ``policies/api_abuse.yaml`` (3 questions, 5 rules). Numbers depend on the machine; run it where you quote it.
+Policy: ``policies/api_abuse.yaml`` (its ``api-abuse`` policy: 3 questions, 9 rules). Numbers depend on the machine; run it where you quote it.
 """
 
 from __future__ import annotations
