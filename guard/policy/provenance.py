@@ -119,14 +119,15 @@ class _Prepared:
 
 _SPACE = re.compile(r"\s+")
 _NOT_ALNUM = re.compile(r"[\W_]+")
-_URL_NOISE = re.compile(r"\b(?:https?://|ftp://|mailto:)|\bwww\.|/+(?=[\s'\"),;\]}]|$)")
+_URL_NOISE = re.compile(r"\b(?:https?://|ftp://|mailto:)|\bwww\.|(?<!/)/+(?=[\s'\"),;\]}]|$)")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _IDENTIFIER = re.compile(r"(?=.*\d)[A-Za-z0-9][A-Za-z0-9 .\-/]*")
 # Identifiers inside a longer text the model wrote: URLs, e-mail addresses, file and host names, account-like codes
-# (IBANs, ids).
+# (IBANs, ids). Every branch that can start inside a run of its characters starts only at the run's first character
+# (a look-behind), so a long run costs linear time, not a retry at every offset; _URL_NOISE's slash run likewise.
 _EMBEDDED = re.compile(
     r"(?:https?://|www\.)[^\s'\"<>)\]]+"
-    r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
+    r"|(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
     r"|(?<![\w/.-])[\w-]+(?:\.[\w-]+)*\.[a-z][a-z0-9]{0,4}(?:/[^\s'\"<>)\]]*)?(?![\w.])"
     r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{12,34}\b",
     re.IGNORECASE,

@@ -178,3 +178,13 @@ def test_numbers_ignore_leading_and_trailing_zeros_and_thousands_separators() ->
         "other": "none",
     }  # fmt: skip
 
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("run", ["a" * 400_000 + " x", "/" * 400_000 + "x", "+" * 400_000 + "@"])
+def test_a_long_run_of_one_character_is_traced_in_linear_time(run: str) -> None:
+    # A regex branch retried at every offset of a 400,000-character run takes minutes; one start per run, well under
+    # a second.
+    user = TurnMessage("user", "Write the file, please, and mail mia@corp.example the link www.corp.example/notes")
+    found = source({"content": run + " mia@corp.example www.corp.example/notes///"}, user, tool(BILL))
+    assert found == {"content": "user"}
