@@ -40,6 +40,7 @@ from langgraph.types import Command, Interrupt
 from pydantic import AfterValidator, ConfigDict, Discriminator, Tag, with_config
 from typing_extensions import TypedDict
 
+from guard.agents._arguments import shape_problem
 from guard.errors import ResumeError
 from guard.subject import AgentEvent, digest_of
 
@@ -254,7 +255,12 @@ def _check(value: dict[str, Any], *, items: Sequence[PendingItem], exact: bool) 
                 expected=expected,
                 given=given,
             )
-    return {"decisions": {key: _plain(decision) for key, decision in decisions.items()}}
+    plain = {key: _plain(decision) for key, decision in decisions.items()}
+    for item_id, decision in plain.items():
+        problem = shape_problem(decision["arguments"]) if decision["type"] == "edit" else None
+        if problem is not None:
+            raise ResumeError(f"the edit for {item_id} cannot be judged: its {problem}", expected=expected, given=given)
+    return {"decisions": plain}
 
 
 def response_schema(items: Sequence[PendingItem], *, exact: bool = True) -> Any:

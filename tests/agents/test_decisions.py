@@ -7,6 +7,7 @@ from langgraph.types import Interrupt
 from pydantic import TypeAdapter, ValidationError
 
 from guard.agents import resume_command
+from guard.agents._arguments import MAX_ARGUMENT_DEPTH
 from guard.agents.decisions import pending_id, response_schema
 from guard.errors import ResumeError
 
@@ -57,6 +58,21 @@ def test_a_complete_answer_passes() -> None:
 def test_mismatched_answers_are_refused(decisions: dict, fragment: str) -> None:
     with pytest.raises(ValidationError, match=fragment):
         _validate([_item("a"), _item("b", ("approve", "reject"))], {"decisions": decisions})
+
+
+@pytest.mark.parametrize("form", ["guard", "langchain"])
+def test_an_edit_too_deep_to_judge_is_refused_like_a_models_call(form: str) -> None:
+    memo: object = "x"
+    for _ in range(MAX_ARGUMENT_DEPTH):
+        memo = {"k": memo}
+    arguments = {"amount": 1, "memo": memo}
+    edit = {"type": "edit", "arguments": arguments} if form == "guard" else {
+        "type": "edit", "edited_action": {"name": "pay", "args": arguments}}
+    with pytest.raises(ValidationError, match=f"the edit for a cannot be judged: its arguments nest deeper than "
+                                              f"{MAX_ARGUMENT_DEPTH} levels"):
+        _validate([_item("a")], {"decisions": {"a": edit}})
+    shallow = {"type": "edit", "arguments": {"amount": 1, "memo": memo["k"]}}  # type: ignore[index]
+    assert _validate([_item("a")], {"decisions": {"a": shallow}})["decisions"]["a"] == shallow
 
 
 def test_bare_values_are_refused() -> None:
