@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from guard._json import loads as strict_loads
 from guard.engine import verdicts
 from guard.engine.ids import new_decision_id
+from guard.engine.telemetry import RAW_ARGUMENTS_FLAG
 from guard.errors import HandoffError, InvalidJson
 from guard.subject import AgentSubject
 from guard.verdict import Action, FailMode, Verdict
@@ -370,7 +371,7 @@ class Judge:
         policy = self.guard.match(subject)
         flags: dict[str, Any] = {"malformed": problem}
         if raw is not None:
-            flags["raw_arguments"] = raw[:1000]
+            flags[RAW_ARGUMENTS_FLAG] = raw[:1000]
         verdict = verdicts.refused(
             policy, decision_id=new_decision_id(), rule=MALFORMED_RULE, status=400, message=problem, flags=flags
         )

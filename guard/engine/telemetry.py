@@ -488,6 +488,35 @@ def _scrub(node: Any, values: list[str]) -> Any:
     return node
 
 
+RAW_ARGUMENTS_FLAG = "raw_arguments"
+"""The verdict flag that holds a malformed tool call's raw argument text (input, redacted like ``input``)."""
+# A "key": value pair in JSON-like text that may be malformed or cut off: the key as written (escapes kept), the
+# separator, and the value (a string, maybe unterminated, or a bare token).
+_RAW_PAIR = re.compile(r'"((?:[^"\\]|\\.)*)"(\s*:\s*)("(?:[^"\\]|\\.)*"?|[^\s,"{}\[\]]*)')
+
+
+def _raw_key(written: str) -> str:
+    """A JSON key as its escapes spell it (``"pass\\u0077ord"`` is ``password``); as written when it is no JSON."""
+    try:
+        return str(json.loads(f'"{written}"'))
+    except ValueError:
+        return written
+
+
+def _erase_raw_secrets(raw: str, values: list[str]) -> str:
+    """``raw`` (argument text that did not parse) with the value of every secret-named pair replaced by
+    ``"[redacted]"``; the values go to ``values``."""
+
+    def erase(match: re.Match[str]) -> str:
+        if not SECRET_NAME.search(_raw_key(match.group(1))):
+            return match.group()
+        value = match.group(3)
+        values.append(value[1:-1] if len(value) >= 2 and value.endswith('"') else value.lstrip('"'))
+        return f'"{match.group(1)}"{match.group(2)}"[redacted]"'
+
+    return _RAW_PAIR.sub(erase, raw)
+
+
 def _redact_input(record: dict[str, Any], erased: list[str],
                   logged_headers: Collection[str] = LOGGED_HEADERS) -> None:
     """Request headers not in ``logged_headers`` and secret-named fields out of ``input`` and ``state``, and their
@@ -502,10 +531,19 @@ def _redact_input(record: dict[str, Any], erased: list[str],
             erased.append(f"/input/headers/{escape_pointer(str(name))}")
     _erase_secret_names(record.get("input"), "/input", erased, values)
     _erase_secret_names(record.get("state"), "/state", erased, values)
+    flags = record.get("flags")
+    raw = flags.get(RAW_ARGUMENTS_FLAG) if isinstance(flags, dict) else None
+    if isinstance(raw, str):
+        found = len(values)
+        flags[RAW_ARGUMENTS_FLAG] = _erase_raw_secrets(raw, values)
+        if len(values) > found:
+            erased.append(f"/flags/{RAW_ARGUMENTS_FLAG}")
     values = sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)  # shorter ones would hit words
     if values:
         record["input"] = _scrub(record.get("input"), values)
         record["state"] = _scrub(record.get("state"), values)
+        if isinstance(raw, str):
+            flags[RAW_ARGUMENTS_FLAG] = _scrub(flags[RAW_ARGUMENTS_FLAG], values)
 
 
 def _contribution(verdict: Verdict) -> dict[str, Any]:
@@ -640,6 +678,8 @@ class DecisionLog:
             _redact_input(record, erased, self.logged_headers)
         elif self.log_input == "none":
             record["input"] = record["state"] = None
+            if isinstance(record["flags"], dict) and RAW_ARGUMENTS_FLAG in record["flags"]:
+                record["flags"][RAW_ARGUMENTS_FLAG] = None
         record["erased"] = erased
         return record
 

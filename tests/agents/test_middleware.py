@@ -265,6 +265,22 @@ def test_malformed_calls_never_run_and_siblings_are_judged_alone(harness: Any, t
     assert out.last_ai().text == "done"
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"amount": 5, "to": "bob", "password": "Tr0ub4dor&3", "password": "Tr0ub4dor&3"}',  # duplicate key
+        '{"amount": 5, "to": "bob", "auth": {"api_key": "Tr0ub4dor&3"}, "amount": 6}',  # nested, duplicate key
+        '{"amount": 5, "to": "bob", "pass\\u0077ord": "Tr0ub4dor&3',  # escaped name, cut off inside the value
+    ],
+)
+def test_a_malformed_calls_raw_text_is_logged_without_its_secrets(harness: Any, thread: Any, raw: str) -> None:
+    h = harness()
+    drive(make_agent(h, Turn(calls=[("pay", raw, "bad")]), Turn(text="done")), USER, thread(), "invoke")
+    (logged,) = [d for d in h.decisions() if d["result"]["rule"] == "malformed_arguments"]
+    assert "Tr0ub4dor" not in str(logged) and '"[redacted]"' in logged["flags"]["raw_arguments"]
+    assert '"to": "bob"' in logged["flags"]["raw_arguments"] and "/flags/raw_arguments" in logged["erased"]
+
+
 @pytest.mark.anyio
 async def test_malformed_calls_async(harness: Any, thread: Any) -> None:
     h = harness()
