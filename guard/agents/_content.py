@@ -10,10 +10,11 @@ message instead, leaving out only
 * tool calls (``tool_call``, ``tool_call_chunk``, ``invalid_tool_call`` blocks, Anthropic ``tool_use``, OpenAI
   ``function_call``, and ``additional_kwargs["tool_calls"]``): their arguments are judged by the tool-call policy;
 * values that are not text: ids, indexes, signatures, encrypted reasoning, base64 data and MIME types
-  (:data:`OPAQUE_KEYS`); and guard's own ``lc_source`` / ``lc_data`` metadata. Data whose block says it is text is
-  read (:func:`_text_payload`): an Anthropic plain-text document (``source: {type: text, media_type: text/plain,
+  (:data:`OPAQUE_KEYS`); and guard's own ``lc_source`` / ``lc_data`` metadata. Data that is text is read
+  (:func:`_text_payload`): an Anthropic plain-text document (``source: {type: text, media_type: text/plain,
   data}``), LangChain's ``text-plain`` block with ``base64``, any ``data`` / ``base64`` of a text, JSON, XML or YAML
-  media type (base64 decoded as UTF-8), so a document block cannot carry instructions past the check.
+  media type (base64 decoded as UTF-8), and the payload of any other block whose bytes are text whatever type it
+  declares, so a document block cannot carry instructions past the check.
 
 Anything else, whatever its shape (a stray or unknown block included), is walked; a value that is not a string,
 list or mapping is skipped, so odd content never raises and never switches the check off.
@@ -36,7 +37,7 @@ TOOL_CALL_BLOCKS = frozenset(
 """Content block types that hold a tool call (judged by the tool-call policy, not as text)."""
 OPAQUE_KEYS = frozenset(
     {"type", "id", "index", "signature", "encrypted_content", "base64", "data", "mime_type", "media_type", "file_id",
-     "call_id"}
+     "call_id", "source_type"}
 )
 """Keys whose values are identifiers or binary/encrypted payloads, never text a reader sees."""
 _SKIPPED_KWARGS = frozenset({"tool_calls", "function_call", "lc_source", "lc_data"})
@@ -64,19 +65,59 @@ def _strings(value: Any) -> list[str]:
 
 
 def _text_payload(block: Mapping[Any, Any]) -> str | None:
-    """The text ``block`` carries as data: its ``data`` or ``base64`` string when the block is text (its ``type`` is
-    ``text`` or ``text-plain``, or its ``media_type`` / ``mime_type`` is ``text/*``, JSON, XML or YAML); base64
-    (``base64``, or ``data`` of a block whose ``type`` is ``base64``) decoded as UTF-8, undecodable bytes replaced.
-    ``None`` for other blocks (images, PDFs, encrypted reasoning)."""
+    """The text ``block`` carries as data (its ``data`` or ``base64`` string), or ``None`` when it carries none.
+
+    * A block that says it is text (``type`` ``text`` or ``text-plain``, or a ``media_type`` / ``mime_type`` that is
+      ``text/*``, JSON, XML or YAML): its data, base64-decoded as UTF-8 (undecodable bytes replaced) when it is
+      base64 (the ``base64`` key, or ``type`` / LangChain v0 ``source_type`` ``base64``).
+    * Any other block: its payload when the payload's bytes are text (:func:`_looks_like_text`), whatever the block
+      declares: providers read ``application/x-javascript``, ``application/rtf`` or ``application/x-ndjson`` files
+      as text, so a declared type cannot carry instructions past the check. Images, PDFs and other binary data are
+      not text and give ``None``.
+    """
     media = block.get("media_type") or block.get("mime_type")
     kind = block.get("type")
-    textual = kind in ("text", "text-plain") or (isinstance(media, str) and _is_text_media(media))
-    if not textual:
-        return None
+    base64_data = kind == "base64" or block.get("source_type") == "base64"
     data, encoded = block.get("data"), block.get("base64")
-    if isinstance(data, str):
-        return _from_base64(data) if kind == "base64" else data
-    return _from_base64(encoded) if isinstance(encoded, str) else None
+    if kind in ("text", "text-plain") or (isinstance(media, str) and _is_text_media(media)):
+        if isinstance(data, str):
+            return _from_base64(data) if base64_data else data
+        return _from_base64(encoded) if isinstance(encoded, str) else None
+    payload = encoded if isinstance(encoded, str) else data if isinstance(data, str) else None
+    if payload is None or not payload.strip():
+        return None
+    raw = _strict_base64(payload)
+    if raw is None:  # not base64: the string is the payload
+        return payload if _looks_like_text(payload) else None
+    if not _looks_like_text(raw[:_SNIFF_BYTES].decode("utf-8", "replace")):
+        return None
+    return raw.decode("utf-8", "replace")
+
+
+_SNIFF_BYTES = 4096
+"""How much of a decoded payload :func:`_text_payload` looks at to tell text from binary data."""
+_MOST_UNREADABLE = 0.2
+"""Largest share of unreadable characters (U+FFFD from undecodable bytes, C0 controls but tab, line breaks and form
+feed) of a payload read as text. Random bytes (compressed images, archives) decode to about 60 %, a PNG's 8-byte
+signature to 25 %; text with a few stray bytes to a few per cent."""
+
+
+def _looks_like_text(text: str) -> bool:
+    """Whether a decoded payload is text: not blank, and at most :data:`_MOST_UNREADABLE` of its first
+    :data:`_SNIFF_BYTES` characters unreadable."""
+    sample = text[:_SNIFF_BYTES]
+    unreadable = sum(1 for c in sample if c == "\ufffd" or (c < " " and c not in "\t\n\r\f"))
+    return bool(sample.strip()) and unreadable <= _MOST_UNREADABLE * len(sample)
+
+
+def _strict_base64(payload: str) -> bytes | None:
+    """``payload`` decoded as base64 (standard or URL-safe alphabet, white space ignored), or ``None`` when it is not
+    base64."""
+    compact = "".join(payload.split()).replace("-", "+").replace("_", "/")
+    try:
+        return base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        return None
 
 
 def _is_text_media(media: str) -> bool:
