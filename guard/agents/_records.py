@@ -10,19 +10,30 @@ The middleware keeps one record per model turn under ``state["guard"][<middlewar
 
 A call record holds the verdict summary, the outcome (``allow``/``block``/``escalate``/``route``), the arguments
 digest, and after review a ``status`` (``allowed``, ``approved``, ``edited``, ``blocked``, ``rejected``, ``malformed``)
-with the exact call allowed to run (``run_tool``, ``run_arguments``, ``run_digest``). Records are plain JSON so any
-checkpointer can store them; only the latest turn is kept.
+with the exact call allowed to run (``run_tool``, ``run_arguments``, ``run_digest``). Records are plain JSON (but a
+reply held for review, kept as its message) so any checkpointer can store them; only the latest turn is kept.
+
+**Sealed.** The state is private only with respect to graph input: a client that resumes a thread with
+``Command(update=..., goto=...)`` can write ``state["guard"]`` as well. So every record a middleware writes carries a
+seal (:func:`seal_record`, HMAC-SHA256 of the record bound to the middleware's name and the thread, :mod:`guard._seal`),
+and a record whose seal does not check out (:func:`open_record`) is ignored: its messages and calls are judged again,
+never released by it.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, NotRequired, cast
 
 from langchain.agents.middleware.types import AgentState, PrivateStateAttr
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.config import get_config
 
+from guard._seal import STORE_KEY_ENV, Sealer
 from guard.agents._content import message_text
 from guard.agents._judge import Judgement
 from guard.agents._messages import SOURCE
@@ -40,6 +51,9 @@ __all__ = [
     "current_thread_id",
     "hitl_edit",
     "merge_guard_state",
+    "open_record",
+    "record_sealer",
+    "seal_record",
     "text_item",
     "tool_item",
     "user_text",
@@ -62,6 +76,57 @@ def hitl_edit(state: Any, tool_call_id: str | None) -> Mapping[str, Any] | None:
     edits = state.get(HITL_EDITS_KEY) if isinstance(state, Mapping) and tool_call_id else None
     edit = edits.get(tool_call_id) if isinstance(edits, Mapping) else None
     return edit if isinstance(edit, Mapping) else None
+
+
+SEAL_KEY = "seal"
+"""The key of a middleware's record that holds its seal."""
+_PROCESS_KEY = secrets.token_bytes(32)
+"""The record key of this process when none is configured (records then hold only within the process)."""
+logger = logging.getLogger("guard.agents")
+
+
+def record_sealer(key: bytes | str | None) -> Sealer:
+    """The sealer of a middleware's records: ``key``, else ``$GUARD_STORE_KEY``, else a random key of this process.
+
+    Raises:
+        ValueError: a key shorter than :data:`guard._seal.MIN_KEY_BYTES`.
+    """
+    return Sealer(key if key is not None else os.environ.get(STORE_KEY_ENV) or _PROCESS_KEY)
+
+
+def _sealed_value(value: Any) -> Any:
+    """The JSON a seal covers for a value that is not JSON: a message's id, content and tool calls; else its type."""
+    if isinstance(value, BaseMessage):
+        return {"message": type(value).__name__, "id": value.id, "content": value.content,
+                "tool_calls": getattr(value, "tool_calls", None)}
+    return f"<{type(value).__qualname__}>"
+
+
+def _sealed_bytes(entry: Mapping[str, Any]) -> bytes:
+    return json.dumps(entry, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_sealed_value).encode()
+
+
+def _context(name: str, thread_id: str | None) -> str:
+    return f"guard.agents.record\0{name}\0{thread_id or ''}"
+
+
+def seal_record(sealer: Sealer, name: str, thread_id: str | None, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``entry`` (a middleware's record, without a seal) with its seal under :data:`SEAL_KEY`."""
+    return {**entry, SEAL_KEY: sealer.seal(_context(name, thread_id), _sealed_bytes(entry))}
+
+
+def open_record(sealer: Sealer, name: str, thread_id: str | None, stored: Any) -> dict[str, Any]:
+    """The record ``stored`` without its seal when the seal checks out, else ``{}`` (logged as a warning): a record
+    another key sealed (another process without a shared key), one written by a client, or an edited one."""
+    if not isinstance(stored, Mapping) or not stored:
+        return {}
+    entry = {key: value for key, value in stored.items() if key != SEAL_KEY}
+    seal = stored.get(SEAL_KEY)
+    if isinstance(seal, str) and sealer.check(_context(name, thread_id), _sealed_bytes(entry), seal):
+        return entry
+    logger.warning("guard: %s's record in thread %s has no valid seal (written by a client, or sealed with another "
+                   "key); its messages and calls are judged again", name, thread_id)
+    return {}
 
 
 def merge_guard_state(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any]:

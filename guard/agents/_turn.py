@@ -13,7 +13,9 @@ A message is judged when it has no record, or when its content no longer matches
 old record. Every human message new since the last judged model call is judged, not only the latest one: one
 subject per message, judged concurrently. Any ``block`` ends the run with a notice; otherwise the escalated messages
 go to the reviewer together in one ``interrupt()`` (approve / reject). A blocked message stays in the thread, but
-:meth:`InputGate.visible` leaves it out of every later model request, so no model ever reads it.
+:meth:`InputGate.visible` leaves it out of every later model request, so no model ever reads it. A human message
+that reaches the model node unjudged (``before_model`` skipped by a client's ``Command(goto=...)``, or added by a later
+middleware) is judged there (:meth:`InputGate.late`) and read by the model only when allowed.
 
 **Model output.** LangGraph's ``stream_mode="messages"`` sends the model's tokens while it generates them, before
 any later hook can judge the reply. When a ``model_output`` policy applies, the middleware runs the model with
@@ -51,6 +53,7 @@ from langchain_core.runnables.config import ensure_config, var_child_runnable_co
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
 
+from guard._seal import Sealer
 from guard.agents import _messages as msgs
 from guard.agents._arguments import (
     arguments_digest,
@@ -67,6 +70,8 @@ from guard.agents._records import (
     answered_ids,
     current_thread_id,
     hitl_edit,
+    open_record,
+    seal_record,
     text_item,
     tool_item,
     turn_history,
@@ -205,9 +210,24 @@ class InputGate:
         )
         return {"messages": [notice], "jump_to": "end", **update}
 
-    def visible(self, state: Any, messages: Sequence[AnyMessage]) -> list[AnyMessage]:
-        """``messages`` without the human messages whose record says ``blocked`` (for the same content)."""
-        record = self._record(state)
+    def late(
+        self, record: dict[str, dict[str, str]], todo: Sequence[PendingInput], judgements: Sequence[Judgement]
+    ) -> dict[str, dict[str, str]]:
+        """The input record with messages that reached the model node unjudged (a client's ``Command(goto=...)``
+        skipped ``before_model``, or a later middleware added them) judged: ``allow`` is recorded as allowed, any
+        other outcome as blocked (no interrupt can be raised there), so the model never reads them."""
+        record = dict(record)
+        for pending, judgement in zip(todo, judgements, strict=True):
+            status = "allowed" if judgement.outcome == "allow" else "blocked"
+            record[pending.key] = {"digest": pending.digest, "status": status}
+        return record
+
+    def visible(
+        self, state: Any, messages: Sequence[AnyMessage], record: dict[str, dict[str, str]] | None = None
+    ) -> list[AnyMessage]:
+        """``messages`` without the human messages whose record (``record``, else the state's) says ``blocked`` (for
+        the same content)."""
+        record = self._record(state) if record is None else record
         if not any(entry.get("status") == "blocked" for entry in record.values()):
             return list(messages)
         out: list[AnyMessage] = []
@@ -340,16 +360,21 @@ class TurnKeeper:
         judge: evaluates subjects.
     """
 
-    def __init__(self, name: str, judge: Judge) -> None:
+    def __init__(self, name: str, judge: Judge, sealer: Sealer) -> None:
         self.name = name
         self.judge = judge
+        self.sealer = sealer
 
     def mine(self, state: Any) -> dict[str, Any]:
+        """This instance's record in ``state`` when its seal checks out, else ``{}``."""
         guard_state = state.get("guard") if isinstance(state, Mapping) else None
-        return dict((guard_state or {}).get(self.name) or {})
+        stored = guard_state.get(self.name) if isinstance(guard_state, Mapping) else None
+        return open_record(self.sealer, self.name, current_thread_id(), stored)
 
     def update(self, state: Any, **changes: Any) -> dict[str, Any]:
-        return {"guard": {self.name: {**self.mine(state), **changes}}}
+        """The state update that writes this instance's record with ``changes``, sealed."""
+        entry = {**self.mine(state), **changes}
+        return {"guard": {self.name: seal_record(self.sealer, self.name, current_thread_id(), entry)}}
 
     @staticmethod
     def ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:

@@ -5,7 +5,10 @@ Where each event is judged and enforced:
 * **model input** (``before_model``): every user message new, or changed, since it was judged, one subject each; the
   record is bound to a digest of the content, not only the message id (``_turn.py``). ``block`` ends the run with a
   notice, and the blocked message is left out of every later model request; ``escalate`` interrupts for
-  approve/reject.
+  approve/reject. A user message that reaches the model node unjudged (a client's ``Command(goto="model")`` skips
+  ``before_model``) is judged there and left out of the request unless allowed.
+* **records**: the verdicts live in the agent's private state, sealed with ``state_key`` (``_records.py``), so a
+  client's ``Command(update=...)`` cannot write an approval; a record whose seal fails is ignored and judged again.
 * **model output and tool calls** (``wrap_model_call``): right after the model answers, inside the model node, all
   the reply's text (text, reasoning and any other block but tool calls, ``_content.py``) and every tool call are
   judged (concurrently under ``ainvoke``/``astream``) and the verdicts are stored in the agent's private state.
@@ -71,6 +74,7 @@ from guard.agents._records import (
     ai_message_for,
     current_thread_id,
     hitl_edit,
+    record_sealer,
 )
 from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, quiet_tokens, screen, structured_ids
 from guard.agents.claims import ApprovalClaims
@@ -119,6 +123,11 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             :class:`~guard.errors.ApprovalAlreadyUsed` instead of running it again. A
             :class:`~guard.agents.MemoryApprovalClaims` of this instance by default; pass one
             :class:`~guard.agents.RedisApprovalClaims` to every replica for multi-process deployments.
+        state_key: the secret (at least 16 bytes) that seals this middleware's records in the agent state, so a
+            client's ``Command(update=...)`` cannot write a verdict or an approval: a record whose seal does not check
+            out is ignored and its messages and calls are judged again. ``None``: ``$GUARD_STORE_KEY``, else a random
+            key of this process, so records then hold only within it; give every replica (and the next process after a
+            restart) the same key, or a thread resumed elsewhere has its pending turn judged again.
 
     Raises:
         TypeError: for an argument of the wrong type.
@@ -139,6 +148,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         label: str | None = None,
         hold_output_stream: bool = True,
         approval_claims: ApprovalClaims | None = None,
+        state_key: bytes | str | None = None,
     ) -> None:
         super().__init__()
         options = AgentOptions.checked(
@@ -158,7 +168,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self.label = label
         self.tools = []
         self._judge = Judge(options)
-        self._turns = TurnKeeper(self.name, self._judge)
+        self._turns = TurnKeeper(self.name, self._judge, record_sealer(state_key))
         self._inputs = InputGate(self._turns, self._judge)
         self._enforcer = ToolCallEnforcer(self._judge, claims=approval_claims)
 
@@ -191,10 +201,21 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         """Whether the model's tokens must wait for the output verdict (an output policy applies)."""
         return self.hold_output_stream and self._judge.matches(AgentSubject(event="model_output", text=""))
 
-    def _visible(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
-        """The request without the user messages the input policy blocked (they stay in the thread, unread)."""
-        messages = self._inputs.visible(request.state, request.messages)
+    def _visible(self, request: ModelRequest[Any], inputs: dict[str, Any] | None) -> ModelRequest[Any]:
+        """The request without the user messages the input policy blocked (they stay in the thread, unread);
+        ``inputs``: the input record with late judgements (:meth:`InputGate.late`), ``None`` when there were none."""
+        messages = self._inputs.visible(request.state, request.messages, inputs)
         return request if len(messages) == len(request.messages) else request.override(messages=messages)
+
+    def _finish(
+        self, request: ModelRequest[Any], response: ModelResponse[Any], inputs: dict[str, Any] | None,
+        turn: dict[str, Any] | None,
+    ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
+        """The model node's result: ``response`` with the record update of the late input judgements and the turn."""
+        changes = {**({"inputs": inputs} if inputs is not None else {}), **({"turn": turn} if turn is not None else {})}
+        if not changes:
+            return response
+        return ExtendedModelResponse(response, Command(update=self._turns.update(request.state, **changes)))
 
     @staticmethod
     def _ai_of(response: ModelResponse[Any]) -> AIMessage | None:
@@ -205,31 +226,33 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """Call the model (without blocked user messages), then judge its reply and tool calls before anything else
         happens (blocking)."""
-        request = self._visible(request)
+        record, late = self._inputs.pending(request.state)
+        inputs = self._inputs.late(record, late, self._judge.judge_all([p.subject for p in late])) if late else None
+        request = self._visible(request, inputs)
         with quiet_tokens(self._holds_output()):
             response = handler(request)
         ai = self._ai_of(response)
         if ai is None:
-            return response
+            return self._finish(request, response, inputs, None)
         turn, todo = self._turns.subjects(ai, request.state, request.tools, structured_ids(response, ai))
         self._turns.store(turn, todo, self._judge.judge_all([subject for _, subject in todo]))
-        response = screen(response, ai, turn)
-        return ExtendedModelResponse(response, Command(update=self._turns.update(request.state, turn=turn)))
+        return self._finish(request, screen(response, ai, turn), inputs, turn)
 
     async def awrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """Async twin of :meth:`wrap_model_call`; the turn's subjects are judged concurrently."""
-        request = self._visible(request)
+        record, late = self._inputs.pending(request.state)
+        inputs = self._inputs.late(record, late, await self._judge.ajudge_all([p.subject for p in late])) if late else None
+        request = self._visible(request, inputs)
         with quiet_tokens(self._holds_output()):
             response = await handler(request)
         ai = self._ai_of(response)
         if ai is None:
-            return response
+            return self._finish(request, response, inputs, None)
         turn, todo = self._turns.subjects(ai, request.state, request.tools, structured_ids(response, ai))
         self._turns.store(turn, todo, await self._judge.ajudge_all([subject for _, subject in todo]))
-        response = screen(response, ai, turn)
-        return ExtendedModelResponse(response, Command(update=self._turns.update(request.state, turn=turn)))
+        return self._finish(request, screen(response, ai, turn), inputs, turn)
 
     # Enforcement after the model ------------------------------------------------------------------------------------
 
