@@ -70,8 +70,8 @@ class Sealer:
 
     def check(self, context: str, data: bytes, seal: str | bytes) -> bool:
         """Whether ``seal`` is :meth:`seal` of ``data`` under ``context`` (constant-time comparison)."""
-        given = seal.decode("ascii", "replace") if isinstance(seal, bytes) else seal
-        return hmac.compare_digest(self.seal(context, data), given)
+        given = seal if isinstance(seal, bytes) else seal.encode("utf-8", "replace")
+        return hmac.compare_digest(self.seal(context, data).encode("ascii"), given)
 
     def encrypt(self, context: str, data: bytes) -> str:
         """``data`` encrypted and authenticated for ``context`` (e.g. the Redis key): base64 of nonce + ciphertext."""

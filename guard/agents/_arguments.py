@@ -57,6 +57,8 @@ MAX_ARGUMENT_DEPTH = DEFAULT_MAX_DEPTH
 limit raw argument text gets from :func:`guard._json.loads`."""
 MAX_ARGUMENT_VALUES = 100_000
 """Most values (members and elements, at every level) accepted in a call's arguments."""
+INTEGER_RANGE = (-(2**63), 2**64 - 1)
+"""Integers accepted in a call's arguments: what LangGraph's checkpoint serializer (msgpack) can store."""
 _REASON_KEYS = ("finish_reason", "stop_reason", "stopReason", "done_reason")
 """``response_metadata`` keys that hold a stop reason (OpenAI/Gemini/Mistral, Anthropic, Bedrock, Ollama)."""
 
@@ -121,14 +123,16 @@ def _truncated(text: str) -> bool:
 
 
 def shape_problem(arguments: dict[str, Any]) -> str | None:
-    """Why parsed arguments are too deep or too large to judge (``None`` when they are not). Iterative, and it stops
-    at the first level or value past a limit, so it is safe on values nested past the interpreter's recursion limit
-    (or holding themselves)."""
+    """Why parsed arguments are too deep, too large or hold an integer too large to judge and checkpoint (``None``
+    when they are not). Iterative, and it stops at the first level or value past a limit, so it is safe on values
+    nested past the interpreter's recursion limit (or holding themselves)."""
     count = len(arguments)
     stack: list[tuple[Any, int]] = [(arguments, 1)]
     while stack:
         node, level = stack.pop()
         for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, int) and not isinstance(child, bool) and not INTEGER_RANGE[0] <= child <= INTEGER_RANGE[1]:
+                return "arguments hold an integer outside the 64-bit range a checkpoint can store"
             if isinstance(child, (dict, list, tuple)):
                 if level >= MAX_ARGUMENT_DEPTH:
                     return f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels"

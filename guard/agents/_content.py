@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,7 +72,7 @@ def _text_payload(block: Mapping[Any, Any]) -> str | None:
     * A block that says it is text (``type`` ``text`` or ``text-plain``, or a ``media_type`` / ``mime_type`` that is
       ``text/*``, JSON, XML or YAML): its data, base64-decoded as UTF-8 (undecodable bytes replaced) when it is
       base64 (the ``base64`` key, or ``type`` / LangChain v0 ``source_type`` ``base64``).
-    * Any other block: its payload when the payload's bytes are text (:func:`_looks_like_text`), whatever the block
+    * Any other block: its payload when the payload's bytes are text (:func:`_bytes_text`), whatever the block
       declares: providers read ``application/x-javascript``, ``application/rtf`` or ``application/x-ndjson`` files
       as text, so a declared type cannot carry instructions past the check. Images, PDFs and other binary data are
       not text and give ``None``.
@@ -87,27 +89,33 @@ def _text_payload(block: Mapping[Any, Any]) -> str | None:
     if payload is None or not payload.strip():
         return None
     raw = _strict_base64(payload)
-    if raw is None:  # not base64: the string is the payload
-        return payload if _looks_like_text(payload) else None
-    if not _looks_like_text(raw[:_SNIFF_BYTES].decode("utf-8", "replace")):
-        return None
-    return raw.decode("utf-8", "replace")
+    return payload if raw is None else _bytes_text(raw)  # not base64: the string is the payload
 
 
-_SNIFF_BYTES = 4096
-"""How much of a decoded payload :func:`_text_payload` looks at to tell text from binary data."""
 _MOST_UNREADABLE = 0.2
-"""Largest share of unreadable characters (U+FFFD from undecodable bytes, C0 controls but tab, line breaks and form
-feed) of a payload read as text. Random bytes (compressed images, archives) decode to about 60 %, a PNG's 8-byte
-signature to 25 %; text with a few stray bytes to a few per cent."""
+"""Largest share of unreadable characters (U+FFFD from undecodable bytes, C0 controls but white space) of a payload
+that is not valid UTF-8 and is still read as text. Random bytes (compressed images, archives) decode to about 60 %, a
+PNG's 8-byte signature to 25 %; text with a few stray bytes to a few per cent."""
+_UNREADABLE = re.compile("[\ufffd\x00-\x08\x0e-\x1f]")
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
-def _looks_like_text(text: str) -> bool:
-    """Whether a decoded payload is text: not blank, and at most :data:`_MOST_UNREADABLE` of its first
-    :data:`_SNIFF_BYTES` characters unreadable."""
-    sample = text[:_SNIFF_BYTES]
-    unreadable = sum(1 for c in sample if c == "\ufffd" or (c < " " and c not in "\t\n\r\f"))
-    return bool(sample.strip()) and unreadable <= _MOST_UNREADABLE * len(sample)
+def _bytes_text(raw: bytes) -> str | None:
+    """The text ``raw`` holds, or ``None`` for binary data: text with a byte-order mark (UTF-8, -16, -32) or valid
+    UTF-8 is read whole, whatever characters it holds; other bytes are decoded as UTF-8 with undecodable bytes
+    replaced and read when at most :data:`_MOST_UNREADABLE` of the result is unreadable."""
+    for bom, codec in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer marks are tried first
+        if raw.startswith(bom):
+            try:
+                return raw.decode(codec)
+            except UnicodeDecodeError:
+                break
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", "replace")
+    return text if len(_UNREADABLE.findall(text)) <= _MOST_UNREADABLE * len(text) else None
 
 
 def _strict_base64(payload: str) -> bytes | None:
@@ -126,10 +134,13 @@ def _is_text_media(media: str) -> bool:
 
 
 def _from_base64(encoded: str) -> str:
+    """A text block's base64 data as text (:func:`_bytes_text`; UTF-8 with undecodable bytes replaced when it finds
+    none); the string itself when it is not base64."""
     try:
-        return base64.b64decode(encoded, validate=False).decode("utf-8", "replace")
+        raw = base64.b64decode(encoded, validate=False)
     except (binascii.Error, ValueError):
         return encoded  # not base64 after all: judged as the text it is
+    return _bytes_text(raw) or raw.decode("utf-8", "replace")
 
 
 def message_text(message: BaseMessage) -> str:

@@ -15,7 +15,8 @@ reply held for review, kept as its message) so any checkpointer can store them; 
 
 **Sealed.** The state is private only with respect to graph input: a client that resumes a thread with
 ``Command(update=..., goto=...)`` can write ``state["guard"]`` as well. So every record a middleware writes carries a
-seal (:func:`seal_record`, HMAC-SHA256 of the record bound to the middleware's name and the thread, :mod:`guard._seal`),
+seal (:func:`seal_record`, HMAC-SHA256 of the record bound to the middleware's name, its policies and the thread,
+:mod:`guard._seal`),
 and a record whose seal does not check out (:func:`open_record`) is ignored: its messages and calls are judged again,
 never released by it.
 """
@@ -26,12 +27,13 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, NotRequired, cast
 
 from langchain.agents.middleware.types import AgentState, PrivateStateAttr
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.config import get_config
+from pydantic import BaseModel
 
 from guard._seal import STORE_KEY_ENV, Sealer
 from guard.agents._content import message_text
@@ -52,6 +54,7 @@ __all__ = [
     "hitl_edit",
     "merge_guard_state",
     "open_record",
+    "record_owner",
     "record_sealer",
     "seal_record",
     "text_item",
@@ -94,39 +97,55 @@ def record_sealer(key: bytes | str | None) -> Sealer:
     return Sealer(key if key is not None else os.environ.get(STORE_KEY_ENV) or _PROCESS_KEY)
 
 
-def _sealed_value(value: Any) -> Any:
-    """The JSON a seal covers for a value that is not JSON: a message's id, content and tool calls; else its type."""
-    if isinstance(value, BaseMessage):
-        return {"message": type(value).__name__, "id": value.id, "content": value.content,
-                "tool_calls": getattr(value, "tool_calls", None)}
-    return f"<{type(value).__qualname__}>"
+def _tagged(value: Any) -> Any:
+    """``value`` as JSON in which every kind of value is tagged, so a plain mapping cannot pass for a message: mappings
+    ``["d", {...}]``, lists ``["l", [...]]``, messages and other pydantic models ``["m", type, fields]`` (every field
+    of ``model_dump``), any other object ``["o", type]``."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, Mapping):
+        return ["d", {str(key): _tagged(item) for key, item in value.items()}]
+    if isinstance(value, (list, tuple)):
+        return ["l", [_tagged(item) for item in value]]
+    if isinstance(value, BaseModel):
+        return ["m", type(value).__qualname__, _tagged(value.model_dump())]
+    return ["o", type(value).__qualname__]
 
 
 def _sealed_bytes(entry: Mapping[str, Any]) -> bytes:
-    return json.dumps(entry, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_sealed_value).encode()
+    return json.dumps(_tagged(entry), sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _context(name: str, thread_id: str | None) -> str:
-    return f"guard.agents.record\0{name}\0{thread_id or ''}"
+def _context(owner: str, thread_id: str | None) -> str:
+    return f"guard.agents.record\0{owner}\0{thread_id or ''}"
 
 
-def seal_record(sealer: Sealer, name: str, thread_id: str | None, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """``entry`` (a middleware's record, without a seal) with its seal under :data:`SEAL_KEY`."""
-    return {**entry, SEAL_KEY: sealer.seal(_context(name, thread_id), _sealed_bytes(entry))}
+def seal_record(sealer: Sealer, owner: str, thread_id: str | None, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``entry`` (a middleware's record, without a seal) with its seal under :data:`SEAL_KEY`, bound to ``owner`` (the
+    middleware's name and policies, :func:`record_owner`) and the thread."""
+    return {**entry, SEAL_KEY: sealer.seal(_context(owner, thread_id), _sealed_bytes(entry))}
 
 
-def open_record(sealer: Sealer, name: str, thread_id: str | None, stored: Any) -> dict[str, Any]:
-    """The record ``stored`` without its seal when the seal checks out, else ``{}`` (logged as a warning): a record
-    another key sealed (another process without a shared key), one written by a client, or an edited one."""
+def open_record(sealer: Sealer, owner: str, thread_id: str | None, stored: Any) -> dict[str, Any]:
+    """The record ``stored`` without its seal when the seal checks out for ``owner`` and the thread, else ``{}``
+    (logged as a warning): a record another key sealed (another process without a shared key), one another agent or
+    other policies wrote, one written by a client, or an edited one."""
     if not isinstance(stored, Mapping) or not stored:
         return {}
     entry = {key: value for key, value in stored.items() if key != SEAL_KEY}
     seal = stored.get(SEAL_KEY)
-    if isinstance(seal, str) and sealer.check(_context(name, thread_id), _sealed_bytes(entry), seal):
+    if isinstance(seal, str) and sealer.check(_context(owner, thread_id), _sealed_bytes(entry), seal):
         return entry
-    logger.warning("guard: %s's record in thread %s has no valid seal (written by a client, or sealed with another "
-                   "key); its messages and calls are judged again", name, thread_id)
+    logger.warning("guard: the record of %s in thread %s has no valid seal (written by a client, by another agent or "
+                   "policy set, or sealed with another key); its messages and calls are judged again",
+                   owner.split("\0", 1)[0], thread_id)
     return {}
+
+
+def record_owner(name: str, policies: Iterable[Any]) -> str:
+    """Whose records these are: the middleware's name and every policy's id and version, so a record one agent
+    sealed does not hold in an agent with other policies (or after a policy changes version)."""
+    return "\0".join([name, *(f"{policy.id}@{policy.version}" for policy in policies)])
 
 
 def merge_guard_state(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any]:

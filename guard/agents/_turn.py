@@ -71,6 +71,7 @@ from guard.agents._records import (
     current_thread_id,
     hitl_edit,
     open_record,
+    record_owner,
     seal_record,
     text_item,
     tool_item,
@@ -365,16 +366,19 @@ class TurnKeeper:
         self.judge = judge
         self.sealer = sealer
 
+    def _owner(self) -> str:
+        return record_owner(self.name, self.judge.guard.policies)
+
     def mine(self, state: Any) -> dict[str, Any]:
         """This instance's record in ``state`` when its seal checks out, else ``{}``."""
         guard_state = state.get("guard") if isinstance(state, Mapping) else None
         stored = guard_state.get(self.name) if isinstance(guard_state, Mapping) else None
-        return open_record(self.sealer, self.name, current_thread_id(), stored)
+        return open_record(self.sealer, self._owner(), current_thread_id(), stored)
 
     def update(self, state: Any, **changes: Any) -> dict[str, Any]:
         """The state update that writes this instance's record with ``changes``, sealed."""
         entry = {**self.mine(state), **changes}
-        return {"guard": {self.name: seal_record(self.sealer, self.name, current_thread_id(), entry)}}
+        return {"guard": {self.name: seal_record(self.sealer, self._owner(), current_thread_id(), entry)}}
 
     @staticmethod
     def ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:

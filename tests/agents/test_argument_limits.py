@@ -50,6 +50,10 @@ def test_limits_on_parsed_arguments() -> None:
     assert classify_arguments({"a": [[[]]] * 10})[1] is None
     wide = {"items": list(range(MAX_ARGUMENT_VALUES))}
     assert classify_arguments(wide) == (None, f"arguments hold more than {MAX_ARGUMENT_VALUES} values")
+    too_big = "arguments hold an integer outside the 64-bit range a checkpoint can store"
+    assert classify_arguments({"amount": 10**30, "to": "bob"}) == (None, too_big)
+    assert classify_arguments({"deep": {"list": [1, -(2**63) - 1]}}) == (None, too_big)
+    assert classify_arguments({"amount": 2**64 - 1, "low": -(2**63), "flag": True})[1] is None
     looped: dict[str, Any] = {}
     looped["self"] = looped
     assert classify_arguments(looped)[1] is not None  # a value holding itself ends at a limit, never loops

@@ -73,6 +73,9 @@ def test_an_edit_too_deep_to_judge_is_refused_like_a_models_call(form: str) -> N
         _validate([_item("a")], {"decisions": {"a": edit}})
     shallow = {"type": "edit", "arguments": {"amount": 1, "memo": memo["k"]}}  # type: ignore[index]
     assert _validate([_item("a")], {"decisions": {"a": shallow}})["decisions"]["a"] == shallow
+    huge = {"type": "edit", "arguments": {"amount": 10**30, "to": "bob"}}  # the checkpoint could not store it
+    with pytest.raises(ValidationError, match="an integer outside the 64-bit range"):
+        _validate([_item("a")], {"decisions": {"a": huge}})
 
 
 def test_bare_values_are_refused() -> None:
