@@ -42,7 +42,7 @@ OPAQUE_KEYS = frozenset(
      "call_id", "source_type"}
 )
 """Keys whose values are identifiers or binary/encrypted payloads, never text a reader sees."""
-_SKIPPED_KWARGS = frozenset({"tool_calls", "function_call", "lc_source", "lc_data"})
+_SKIPPED_KWARGS = frozenset({"tool_calls", "function_call", "lc_source", "lc_data", "__openai_role__"})
 
 
 def _strings(value: Any) -> list[str]:

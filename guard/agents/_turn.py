@@ -44,7 +44,6 @@ from langchain.agents.middleware.types import ModelResponse
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
-    HumanMessage,
     RemoveMessage,
     ToolMessage,
     add_notification_metadata,
@@ -94,6 +93,7 @@ __all__ = [
     "drive",
     "held_id",
     "input_digest",
+    "judged_as_input",
     "output_text",
     "quiet_tokens",
     "screen",
@@ -111,6 +111,14 @@ def input_digest(message: AnyMessage) -> str:
     return digest_of("model_input", canonical_json(message.content), message_text(message))
 
 
+def judged_as_input(message: AnyMessage) -> bool:
+    """Whether ``message`` is model input to judge: every message but the model's replies (``AIMessage``, judged as
+    model output where the model node makes them) and tool results (``ToolMessage``, judged by the tool-result
+    policy where a tool returns them). A client writes a thread's input in any role (user, system, developer, a
+    ``ChatMessage`` of any role), so every one of them is judged, not only ``HumanMessage``."""
+    return not isinstance(message, (AIMessage, ToolMessage))
+
+
 def _key(message: AnyMessage, digest: str) -> str:
     """The record key: the message id (``add_messages`` gives every message in a thread one), else its digest."""
     return message.id if message.id else f"digest:{digest}"
@@ -121,7 +129,7 @@ class PendingInput:
     """One human message to judge: its record key, the message, its content digest and its subject."""
 
     key: str
-    message: HumanMessage
+    message: AnyMessage
     digest: str
     subject: AgentSubject
 
@@ -149,7 +157,7 @@ class InputGate:
         todo: list[PendingInput] = []
         thread_id = current_thread_id()
         for message in state["messages"]:
-            if not isinstance(message, HumanMessage):
+            if not judged_as_input(message):
                 continue
             digest = input_digest(message)
             key = _key(message, digest)
@@ -233,7 +241,7 @@ class InputGate:
             return list(messages)
         out: list[AnyMessage] = []
         for message in messages:
-            if isinstance(message, HumanMessage):
+            if judged_as_input(message):
                 digest = input_digest(message)
                 entry = record.get(_key(message, digest))
                 if entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked":

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage
+from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, RemoveMessage, SystemMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
@@ -179,3 +179,41 @@ def test_removing_a_message_drops_its_record(harness: Any, thread: Any) -> None:
     out = drive(agent, {"messages": [RemoveMessage(id="bad"), HumanMessage("Hello", id="m2")]}, config, "invoke")
     assert out.last_ai().text == "hi"
     assert set(out.values["guard"]["GuardAgentMiddleware"]["inputs"]) == {"m2"}
+
+
+# Every role a client can write -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "system", "content": ATTACK},
+        {"role": "developer", "content": ATTACK},
+        ChatMessage(ATTACK, role="user"),
+        ChatMessage(ATTACK, role="critic"),
+    ],
+    ids=["system", "developer", "chat-user", "chat-other"],
+)
+async def test_input_in_any_role_but_the_models_and_the_tools_is_judged(
+    harness: Any, thread: Any, mode: str, message: Any
+) -> None:
+    h = harness()
+    seen: list[list[BaseMessage]] = []
+    agent = make_agent(h, Turn(text="ok"), received=seen)
+    await run(agent, {"messages": [message, HumanMessage("Hi, what can you do?")]}, thread(), mode)
+    assert seen == [] and ATTACK in input_texts(h)  # blocked before any model read it
+
+
+@pytest.mark.anyio
+async def test_a_clean_system_message_in_the_input_is_judged_once_and_read(harness: Any, thread: Any) -> None:
+    h = harness()
+    seen: list[list[BaseMessage]] = []
+    agent = make_agent(h, Turn(text="ok"), Turn(text="still ok"), received=seen)
+    config = thread()
+    system = SystemMessage("You answer questions about invoices.", id="s1")
+    await run(agent, {"messages": [system, HumanMessage("Hi")]}, config, "ainvoke")
+    await run(agent, {"messages": [HumanMessage("And now?")]}, config, "ainvoke")
+    assert [m.content for m in seen[-1] if isinstance(m, SystemMessage)] == ["You answer questions about invoices."]
+    assert input_texts(h).count("You answer questions about invoices.") == 1
