@@ -70,8 +70,13 @@ class Sealer:
 
     def check(self, context: str, data: bytes, seal: str | bytes) -> bool:
         """Whether ``seal`` is :meth:`seal` of ``data`` under ``context`` (constant-time comparison)."""
-        given = seal if isinstance(seal, bytes) else seal.encode("utf-8", "replace")
-        return hmac.compare_digest(self.seal(context, data).encode("ascii"), given)
+        return self.check_seal(seal, self.seal(context, data))
+
+    @staticmethod
+    def check_seal(given: str | bytes, expected: str) -> bool:
+        """Whether ``given`` is the seal ``expected`` (constant-time; a seal of any other form is simply unequal)."""
+        raw = given if isinstance(given, bytes) else given.encode("utf-8", "replace")
+        return hmac.compare_digest(expected.encode("ascii"), raw)
 
     def encrypt(self, context: str, data: bytes) -> str:
         """``data`` encrypted and authenticated for ``context`` (e.g. the Redis key): base64 of nonce + ciphertext."""

@@ -14,15 +14,15 @@ with the exact call allowed to run (``run_tool``, ``run_arguments``, ``run_diges
 reply held for review, kept as its message) so any checkpointer can store them; only the latest turn is kept.
 
 **Sealed.** The state is private only with respect to graph input: a client that resumes a thread with
-``Command(update=..., goto=...)`` can write ``state["guard"]`` as well. So every record a middleware writes carries a
-seal (:func:`seal_record`, HMAC-SHA256 of the record bound to the middleware's name, its policies and the thread,
-:mod:`guard._seal`),
-and a record whose seal does not check out (:func:`open_record`) is ignored: its messages and calls are judged again,
-never released by it.
+``Command(update=..., goto=...)`` can write ``state["guard"]`` as well. So each part of a middleware's record
+(``inputs``, ``turn``) carries a seal (:func:`seal_record`, HMAC-SHA256 of the part bound to the middleware's name, its
+policies, the thread and the part's name, :mod:`guard._seal`), and a part whose seal does not check out
+(:func:`open_part`) is not trusted: its messages and calls are judged again, never released by it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, NotRequired, cast
 
 from langchain.agents.middleware.types import AgentState, PrivateStateAttr
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.config import get_config
 from pydantic import BaseModel
 
@@ -53,7 +53,7 @@ __all__ = [
     "current_thread_id",
     "hitl_edit",
     "merge_guard_state",
-    "open_record",
+    "open_part",
     "record_owner",
     "record_sealer",
     "seal_record",
@@ -81,65 +81,83 @@ def hitl_edit(state: Any, tool_call_id: str | None) -> Mapping[str, Any] | None:
     return edit if isinstance(edit, Mapping) else None
 
 
-SEAL_KEY = "seal"
-"""The key of a middleware's record that holds its seal."""
+SEALS_KEY = "seals"
+"""The key of a middleware's record that holds the seal of each of its parts (``inputs``, ``turn``)."""
 _PROCESS_KEY = secrets.token_bytes(32)
 """The record key of this process when none is configured (records then hold only within the process)."""
 logger = logging.getLogger("guard.agents")
 
 
 def record_sealer(key: bytes | str | None) -> Sealer:
-    """The sealer of a middleware's records: ``key``, else ``$GUARD_STORE_KEY``, else a random key of this process.
+    """The sealer of a middleware's records: ``key``, else ``$GUARD_STORE_KEY``, else a random key of this process
+    (logged as a warning: records then hold only within the process).
 
     Raises:
         ValueError: a key shorter than :data:`guard._seal.MIN_KEY_BYTES`.
     """
-    return Sealer(key if key is not None else os.environ.get(STORE_KEY_ENV) or _PROCESS_KEY)
+    key = key if key is not None else os.environ.get(STORE_KEY_ENV)
+    if key is None:
+        logger.warning("guard: GuardAgentMiddleware has no state_key and $%s is unset; its records hold only in this "
+                       "process (a thread resumed after a restart or on another replica is judged again)",
+                       STORE_KEY_ENV)
+    return Sealer(key or _PROCESS_KEY)
 
 
 def _tagged(value: Any) -> Any:
-    """``value`` as JSON in which every kind of value is tagged, so a plain mapping cannot pass for a message: mappings
-    ``["d", {...}]``, lists ``["l", [...]]``, messages and other pydantic models ``["m", type, fields]`` (every field
-    of ``model_dump``), any other object ``["o", type]``."""
+    """``value`` as JSON in which a message cannot be mimicked by a mapping: mappings ``["d", {...}]``, lists ``["l",
+    [...]]``, messages ``["m", type, fields]`` (every field of ``model_dump``); other pydantic models and dataclasses
+    (a structured response, which a strict checkpoint serializer may hand back as a mapping) as the mapping of their
+    fields; any other object ``["o", type]``."""
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
+    if isinstance(value, BaseMessage):
+        return ["m", type(value).__qualname__, _tagged(value.model_dump())]
+    if isinstance(value, BaseModel):
+        return _tagged(value.model_dump(mode="json"))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _tagged(dataclasses.asdict(value))
     if isinstance(value, Mapping):
         return ["d", {str(key): _tagged(item) for key, item in value.items()}]
     if isinstance(value, (list, tuple)):
         return ["l", [_tagged(item) for item in value]]
-    if isinstance(value, BaseModel):
-        return ["m", type(value).__qualname__, _tagged(value.model_dump())]
     return ["o", type(value).__qualname__]
 
 
-def _sealed_bytes(entry: Mapping[str, Any]) -> bytes:
-    return json.dumps(_tagged(entry), sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+def _seal_of(sealer: Sealer, owner: str, thread_id: str | None, part: str, value: Any) -> str:
+    data = json.dumps(_tagged(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    return sealer.seal(f"guard.agents.record\0{owner}\0{thread_id or ''}\0{part}", data)
 
 
-def _context(owner: str, thread_id: str | None) -> str:
-    return f"guard.agents.record\0{owner}\0{thread_id or ''}"
+def seal_record(
+    sealer: Sealer, owner: str, thread_id: str | None, stored: Any, changes: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The record ``stored`` with the parts in ``changes`` replaced, each sealed (HMAC-SHA256 of the part, bound to
+    ``owner``, :func:`record_owner`, the thread and the part's name). Parts not changed are kept as stored, with their
+    own seals."""
+    entry = dict(stored) if isinstance(stored, Mapping) else {}
+    seals = dict(entry.get(SEALS_KEY)) if isinstance(entry.get(SEALS_KEY), Mapping) else {}
+    for part, value in changes.items():
+        entry[part] = value
+        seals[part] = _seal_of(sealer, owner, thread_id, part, value)
+    entry[SEALS_KEY] = seals
+    return entry
 
 
-def seal_record(sealer: Sealer, owner: str, thread_id: str | None, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """``entry`` (a middleware's record, without a seal) with its seal under :data:`SEAL_KEY`, bound to ``owner`` (the
-    middleware's name and policies, :func:`record_owner`) and the thread."""
-    return {**entry, SEAL_KEY: sealer.seal(_context(owner, thread_id), _sealed_bytes(entry))}
-
-
-def open_record(sealer: Sealer, owner: str, thread_id: str | None, stored: Any) -> dict[str, Any]:
-    """The record ``stored`` without its seal when the seal checks out for ``owner`` and the thread, else ``{}``
-    (logged as a warning): a record another key sealed (another process without a shared key), one another agent or
-    other policies wrote, one written by a client, or an edited one."""
-    if not isinstance(stored, Mapping) or not stored:
-        return {}
-    entry = {key: value for key, value in stored.items() if key != SEAL_KEY}
-    seal = stored.get(SEAL_KEY)
-    if isinstance(seal, str) and sealer.check(_context(owner, thread_id), _sealed_bytes(entry), seal):
-        return entry
-    logger.warning("guard: the record of %s in thread %s has no valid seal (written by a client, by another agent or "
-                   "policy set, or sealed with another key); its messages and calls are judged again",
-                   owner.split("\0", 1)[0], thread_id)
-    return {}
+def open_part(sealer: Sealer, owner: str, thread_id: str | None, stored: Any, part: str) -> Any:
+    """Part ``part`` of the record ``stored`` when its seal checks out for ``owner`` and the thread, else ``None``
+    (logged as a warning when the part is there: written by a client, by another agent or policy set, sealed with
+    another key, or edited)."""
+    value = stored.get(part) if isinstance(stored, Mapping) else None
+    if value is None:
+        return None
+    seals = stored.get(SEALS_KEY)
+    seal = seals.get(part) if isinstance(seals, Mapping) else None
+    if isinstance(seal, str) and sealer.check_seal(seal, _seal_of(sealer, owner, thread_id, part, value)):
+        return value
+    logger.warning("guard: the %s record of %s in thread %s has no valid seal (written by a client, by another agent or "
+                   "policy set, or sealed with another key); it is judged again", part, owner.split("\0", 1)[0],
+                   thread_id)
+    return None
 
 
 def record_owner(name: str, policies: Iterable[Any]) -> str:

@@ -69,7 +69,7 @@ from guard.agents._records import (
     answered_ids,
     current_thread_id,
     hitl_edit,
-    open_record,
+    open_part,
     record_owner,
     seal_record,
     text_item,
@@ -147,7 +147,15 @@ class InputGate:
         self.judge = judge
 
     def _record(self, state: Any) -> dict[str, dict[str, str]]:
-        return dict(self.turns.mine(state).get("inputs") or {})
+        """The input record: the sealed one, else (no record, or one whose seal fails) only the stored entries that
+        say ``blocked``, which can keep a message from the model but never let one through."""
+        record = self.turns.part(state, "inputs")
+        if record is not None:
+            return dict(record)
+        stored = self.turns.stored(state).get("inputs")
+        entries = stored.items() if isinstance(stored, Mapping) else ()
+        return {key: entry for key, entry in entries
+                if isinstance(entry, Mapping) and entry.get("status") == "blocked" and isinstance(entry.get("digest"), str)}
 
     def pending(self, state: Any) -> tuple[dict[str, dict[str, str]], list[PendingInput]]:
         """The input record pruned to the messages still in the thread, and the human messages left to judge (new,
@@ -377,16 +385,20 @@ class TurnKeeper:
     def _owner(self) -> str:
         return record_owner(self.name, self.judge.guard.policies)
 
-    def mine(self, state: Any) -> dict[str, Any]:
-        """This instance's record in ``state`` when its seal checks out, else ``{}``."""
+    def stored(self, state: Any) -> Mapping[str, Any]:
+        """This instance's record in ``state`` as stored, seals unchecked (``{}`` when there is none)."""
         guard_state = state.get("guard") if isinstance(state, Mapping) else None
         stored = guard_state.get(self.name) if isinstance(guard_state, Mapping) else None
-        return open_record(self.sealer, self._owner(), current_thread_id(), stored)
+        return stored if isinstance(stored, Mapping) else {}
+
+    def part(self, state: Any, part: str) -> Any:
+        """Part ``part`` (``inputs``, ``turn``) of this instance's record when its seal checks out, else ``None``."""
+        return open_part(self.sealer, self._owner(), current_thread_id(), self.stored(state), part)
 
     def update(self, state: Any, **changes: Any) -> dict[str, Any]:
-        """The state update that writes this instance's record with ``changes``, sealed."""
-        entry = {**self.mine(state), **changes}
-        return {"guard": {self.name: seal_record(self.sealer, self._owner(), current_thread_id(), entry)}}
+        """The state update that writes the parts in ``changes`` of this instance's record, each sealed."""
+        entry = seal_record(self.sealer, self._owner(), current_thread_id(), self.stored(state), changes)
+        return {"guard": {self.name: entry}}
 
     @staticmethod
     def ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:
@@ -465,12 +477,14 @@ class TurnKeeper:
         ai = next((m for m in reversed(state["messages"]) if isinstance(m, AIMessage)), None)
         if ai is None:
             return None
-        turn = self.mine(state).get("turn")
-        held: AIMessage | None = (turn or {}).get("held")
+        turn = self.part(state, "turn")
+        stored_turn = self.stored(state).get("turn")
+        # A held reply is released only through a sealed turn; under a turn whose seal fails it is judged again.
+        held = (turn or (stored_turn if isinstance(stored_turn, Mapping) else {})).get("held")
         placeholder: AIMessage | None = None
-        if held is not None and ai.id == held_id(held.id or ""):
+        if isinstance(held, AIMessage) and ai.id == held_id(held.id or ""):
             placeholder, ai = ai, held  # the reply waits for its reviewer outside the message list
-        elif not turn or turn.get("message_id") != ai.id:
+        if not turn or turn.get("message_id") != ai.id:
             turn, todo = self.subjects(ai, state)  # no record from the model node: judge now
             judgements = []
             for _, subject in todo:

@@ -201,9 +201,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         """Whether the model's tokens must wait for the output verdict (an output policy applies)."""
         return self.hold_output_stream and self._judge.matches(AgentSubject(event="model_output", text=""))
 
-    def _visible(self, request: ModelRequest[Any], inputs: dict[str, Any] | None) -> ModelRequest[Any]:
-        """The request without the user messages the input policy blocked (they stay in the thread, unread);
-        ``inputs``: the input record with late judgements (:meth:`InputGate.late`), ``None`` when there were none."""
+    def _visible(self, request: ModelRequest[Any], inputs: dict[str, Any]) -> ModelRequest[Any]:
+        """The request without the input messages the input policy blocked (they stay in the thread, unread);
+        ``inputs``: the input record, late judgements (:meth:`InputGate.late`) included."""
         messages = self._inputs.visible(request.state, request.messages, inputs)
         return request if len(messages) == len(request.messages) else request.override(messages=messages)
 
@@ -228,7 +228,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         happens (blocking)."""
         record, late = self._inputs.pending(request.state)
         inputs = self._inputs.late(record, late, self._judge.judge_all([p.subject for p in late])) if late else None
-        request = self._visible(request, inputs)
+        request = self._visible(request, record if inputs is None else inputs)
         with quiet_tokens(self._holds_output()):
             response = handler(request)
         ai = self._ai_of(response)
@@ -244,7 +244,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         """Async twin of :meth:`wrap_model_call`; the turn's subjects are judged concurrently."""
         record, late = self._inputs.pending(request.state)
         inputs = self._inputs.late(record, late, await self._judge.ajudge_all([p.subject for p in late])) if late else None
-        request = self._visible(request, inputs)
+        request = self._visible(request, record if inputs is None else inputs)
         with quiet_tokens(self._holds_output()):
             response = await handler(request)
         ai = self._ai_of(response)
@@ -288,7 +288,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         call = request.tool_call
         call_id = call.get("id")
         ai = ai_message_for(request.state, call_id)
-        turn = self._turns.mine(request.state).get("turn")
+        turn = self._turns.part(request.state, "turn")
         if ai is None or not turn or turn.get("message_id") != ai.id or turn.get("thread_id") != current_thread_id():
             return None
         record = (turn.get("calls") or {}).get(call_id)

@@ -15,7 +15,7 @@ from langgraph.types import Command
 
 from guard.agents import GuardAgentMiddleware
 from guard.agents._arguments import arguments_digest
-from guard.agents._records import open_record, record_owner, record_sealer, seal_record
+from guard.agents._records import open_part, record_owner, record_sealer, seal_record
 from guard.agents._turn import input_digest
 from tests.agents._fakes import Turn, model
 
@@ -146,15 +146,47 @@ def test_a_garbled_seal_is_a_record_to_judge_again_not_a_crash(harness: Any, thr
 def test_a_seal_binds_the_owners_policies_and_every_stored_field() -> None:
     sealer = record_sealer(KEY)
     held = AIMessage("the reply", id="r1", additional_kwargs={"refusal": None}, response_metadata={"model": "m"})
-    entry = {"turn": {"message_id": "r1", "held": held, "calls": {}}}
+    turn = {"message_id": "r1", "held": held, "calls": {}}
     owner = record_owner("GuardAgentMiddleware", [Policy("tools", "1")])
-    sealed = seal_record(sealer, owner, "t1", entry)
-    assert open_record(sealer, owner, "t1", sealed) == entry
-    assert open_record(sealer, owner, "t2", sealed) == {}  # another thread
-    assert open_record(sealer, record_owner("GuardAgentMiddleware", [Policy("tools", "2")]), "t1", sealed) == {}
-    assert open_record(sealer, record_owner("GuardAgentMiddleware[b]", [Policy("tools", "1")]), "t1", sealed) == {}
+    sealed = seal_record(sealer, owner, "t1", {}, {"turn": turn})
+    assert open_part(sealer, owner, "t1", sealed, "turn") == turn
+    assert open_part(sealer, owner, "t2", sealed, "turn") is None  # another thread
+    assert open_part(sealer, record_owner("GuardAgentMiddleware", [Policy("tools", "2")]), "t1", sealed, "turn") is None
+    assert open_part(sealer, record_owner("GuardAgentMiddleware[b]", [Policy("tools", "1")]), "t1", sealed, "turn") is None
     changed = held.model_copy(update={"response_metadata": {"model": "other"}})
-    assert open_record(sealer, owner, "t1", {**sealed, "turn": {**entry["turn"], "held": changed}}) == {}
+    assert open_part(sealer, owner, "t1", {**sealed, "turn": {**turn, "held": changed}}, "turn") is None
     as_dict = held.model_dump()  # a plain mapping with the message's fields does not pass for the message
-    assert open_record(sealer, owner, "t1", {**sealed, "turn": {**entry["turn"], "held": as_dict}}) == {}
-    assert open_record(record_sealer("another-key-of-32-bytes-long!!!!"), owner, "t1", sealed) == {}
+    assert open_part(sealer, owner, "t1", {**sealed, "turn": {**turn, "held": as_dict}}, "turn") is None
+    assert open_part(record_sealer("another-key-of-32-bytes-long!!!!"), owner, "t1", sealed, "turn") is None
+    moved = {**sealed, "inputs": sealed["turn"], "seals": {"inputs": sealed["seals"]["turn"]}}  # a part under another name
+    assert open_part(sealer, owner, "t1", moved, "inputs") is None
+    both = seal_record(sealer, owner, "t1", sealed, {"inputs": {}})  # a part written later keeps the other's seal
+    assert open_part(sealer, owner, "t1", both, "turn") == turn and open_part(sealer, owner, "t1", both, "inputs") == {}
+
+
+def test_a_reply_held_for_review_is_judged_again_under_another_key_not_lost(harness: Any, thread: Any) -> None:
+    h = harness()  # the output policy escalates a reply that mentions a password
+    saver = InMemorySaver()
+    config = thread()
+    first = make_agent(h, Turn(text="maybe a password here"), saver=saver, state_key=KEY)
+    first.invoke({"messages": [HumanMessage("hello")]}, config)
+    assert first.get_state(config).interrupts  # the reply waits for its reviewer
+    second = make_agent(h, Turn(text="unused"), saver=saver, state_key="another-key-of-32-bytes-long!!!!")
+    second.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    last = second.get_state(config).values["messages"][-1]
+    assert isinstance(last, AIMessage) and last.text == "maybe a password here"
+
+
+def test_after_a_restart_an_earlier_blocked_message_stays_out_and_ends_nothing(harness: Any, thread: Any) -> None:
+    h = harness()
+    saver = InMemorySaver()
+    config = thread()
+    received: list[Any] = []
+    first = make_agent(h, Turn(text="hello"), saver=saver, state_key=KEY)
+    first.invoke({"messages": [HumanMessage("hello")]}, config)
+    first.invoke({"messages": [HumanMessage(BLOCKED_TEXT)]}, config)
+    restarted = make_agent(h, Turn(text="the answer"), saver=saver, received=received,
+                           state_key="another-key-of-32-bytes-long!!!!")
+    restarted.invoke({"messages": [HumanMessage("and the weather?")]}, config)
+    assert len(received) == 1 and not any(BLOCKED_TEXT in str(m.content) for m in received[0])
+    assert restarted.get_state(config).values["messages"][-1].text == "the answer"
