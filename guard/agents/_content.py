@@ -72,7 +72,7 @@ def _text_payload(block: Mapping[Any, Any]) -> str | None:
     * A block that says it is text (``type`` ``text`` or ``text-plain``, or a ``media_type`` / ``mime_type`` that is
       ``text/*``, JSON, XML or YAML): its data, base64-decoded as UTF-8 (undecodable bytes replaced) when it is
       base64 (the ``base64`` key, or ``type`` / LangChain v0 ``source_type`` ``base64``).
-    * Any other block: its payload when the payload's bytes are text (:func:`_bytes_text`), whatever the block
+    * Any other block: its payload when the payload's bytes are text (:func:`_is_text` on its first 4 KiB), whatever the block
       declares: providers read ``application/x-javascript``, ``application/rtf`` or ``application/x-ndjson`` files
       as text, so a declared type cannot carry instructions past the check. Images, PDFs and other binary data are
       not text and give ``None``.
@@ -88,40 +88,76 @@ def _text_payload(block: Mapping[Any, Any]) -> str | None:
     payload = encoded if isinstance(encoded, str) else data if isinstance(data, str) else None
     if payload is None or not payload.strip():
         return None
-    raw = _strict_base64(payload)
-    return payload if raw is None else _bytes_text(raw)  # not base64: the string is the payload
+    whole = len(payload) <= 2 * _SNIFF_CHARS
+    head_form = _base64_form(payload[: 2 * _SNIFF_CHARS], whole=whole)
+    if head_form is None:  # not base64: the string is the payload
+        return payload
+    head = _strict_base64(head_form[:_SNIFF_CHARS])
+    if head is None or not _is_text(head, whole=whole and len(head_form) <= _SNIFF_CHARS):
+        # binary data (only its first 4 KiB were decoded), unless base64-like characters only start a text
+        return None if _BASE64_TEXT.fullmatch(payload) else payload
+    compact = head_form if whole else _base64_form(payload, whole=True)
+    raw = None if compact is None else _strict_base64(compact)
+    return payload if raw is None else _decode_text(raw)
 
 
+_SNIFF_CHARS = 5464
+"""Base64 characters (4 KiB of data) that tell a text payload from binary data, so an image is not decoded whole."""
 _MOST_UNREADABLE = 0.2
-"""Largest share of unreadable characters (U+FFFD from undecodable bytes, C0 controls but white space) of a payload
-that is not valid UTF-8 and is still read as text. Random bytes (compressed images, archives) decode to about 60 %, a
-PNG's 8-byte signature to 25 %; text with a few stray bytes to a few per cent."""
+"""Largest share of unreadable characters (U+FFFD from undecodable bytes, C0 controls but white space) in the first
+4 KiB of a payload that is not valid UTF-8 and is still read as text. Random bytes (compressed images, archives)
+decode to about 60 %, a PNG's 8-byte signature to 25 %; text with a few stray bytes to a few per cent."""
 _UNREADABLE = re.compile("[\ufffd\x00-\x08\x0e-\x1f]")
 _BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
-def _bytes_text(raw: bytes) -> str | None:
-    """The text ``raw`` holds, or ``None`` for binary data: text with a byte-order mark (UTF-8, -16, -32) or valid
-    UTF-8 is read whole, whatever characters it holds; other bytes are decoded as UTF-8 with undecodable bytes
-    replaced and read when at most :data:`_MOST_UNREADABLE` of the result is unreadable."""
+def _is_text(head: bytes, *, whole: bool) -> bool:
+    """Whether a payload whose first bytes are ``head`` (all of it when ``whole``) is text: a byte-order mark (UTF-8,
+    -16, -32), valid UTF-8 (a character cut at the end of ``head`` allowed), or at most :data:`_MOST_UNREADABLE`
+    unreadable when decoded as UTF-8 with undecodable bytes replaced."""
+    if head.startswith(tuple(bom for bom, _ in _BOMS)):
+        return True
+    try:
+        head.decode("utf-8")
+        return True
+    except UnicodeDecodeError as exc:
+        if not whole and exc.start >= len(head) - 3 and exc.reason == "unexpected end of data":
+            return True
+    text = head.decode("utf-8", "replace")
+    return len(_UNREADABLE.findall(text)) <= _MOST_UNREADABLE * len(text)
+
+
+def _decode_text(raw: bytes) -> str:
+    """Text bytes as a string: by their byte-order mark, else UTF-8 with undecodable bytes replaced."""
     for bom, codec in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer marks are tried first
         if raw.startswith(bom):
             try:
                 return raw.decode(codec)
             except UnicodeDecodeError:
                 break
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("utf-8", "replace")
-    return text if len(_UNREADABLE.findall(text)) <= _MOST_UNREADABLE * len(text) else None
+    return raw.decode("utf-8", "replace")
 
 
-def _strict_base64(payload: str) -> bytes | None:
-    """``payload`` decoded as base64 (standard or URL-safe alphabet, white space ignored), or ``None`` when it is not
-    base64."""
+def _base64_form(payload: str, *, whole: bool) -> str | None:
+    """``payload`` without white space in the standard base64 alphabet (URL-safe characters mapped), or ``None``
+    when it is not base64 (other characters, or, when it is the ``whole`` payload, a length no base64 has); a part
+    that is not whole is cut to a multiple of 4 characters."""
     compact = "".join(payload.split()).replace("-", "+").replace("_", "/")
+    if not whole:
+        compact = compact[: len(compact) - len(compact) % 4]
+    elif len(compact) % 4:
+        return None
+    return compact if _BASE64.fullmatch(compact) else None
+
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+_BASE64_TEXT = re.compile(r"[A-Za-z0-9+/=_\-\s]*")
+"""The characters of base64 in either alphabet, with white space and padding anywhere."""
+
+
+def _strict_base64(compact: str) -> bytes | None:
+    """Base64 (already in :func:`_base64_form`) decoded, or ``None`` when it does not decode."""
     try:
         return base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError):
@@ -134,13 +170,12 @@ def _is_text_media(media: str) -> bool:
 
 
 def _from_base64(encoded: str) -> str:
-    """A text block's base64 data as text (:func:`_bytes_text`; UTF-8 with undecodable bytes replaced when it finds
-    none); the string itself when it is not base64."""
+    """A text block's base64 data as text (:func:`_decode_text`); the string itself when it is not base64."""
     try:
         raw = base64.b64decode(encoded, validate=False)
     except (binascii.Error, ValueError):
         return encoded  # not base64 after all: judged as the text it is
-    return _bytes_text(raw) or raw.decode("utf-8", "replace")
+    return _decode_text(raw)
 
 
 def message_text(message: BaseMessage) -> str:

@@ -1,19 +1,19 @@
-"""One agent turn for :class:`~guard.agents.GuardAgentMiddleware`, in the order the hooks run it: the user messages
+"""One agent turn for :class:`~guard.agents.GuardAgentMiddleware`, in the order the hooks run it: the input messages
 judged before a model reads them (``before_model``, :class:`InputGate`); the model's reply held until it is judged
 (``wrap_model_call``, :func:`quiet_tokens` and :func:`screen`); the turn's records enforced after the model
 (``after_model``, :class:`TurnKeeper`).
 
-**Model input.** The record under ``state["guard"][<middleware name>]["inputs"]`` maps each human message to the
+**Model input.** The record under ``state["guard"][<middleware name>]["inputs"]`` maps each input message to the
 digest of its content and its outcome::
 
     {"<message id>": {"digest": <SHA-256 of the content>, "status": "allowed" | "blocked"}}
 
 A message is judged when it has no record, or when its content no longer matches the recorded digest: LangGraph's
 ``add_messages`` replaces a message that reuses an id, and the new content is judged, never waved through by the
-old record. Every human message new since the last judged model call is judged, not only the latest one: one
-subject per message, judged concurrently. Any ``block`` ends the run with a notice; otherwise the escalated messages
+old record. Every input message (any role but the model's and the tools', :func:`judged_as_input`) new since the
+last judged model call is judged, not only the latest one: one subject per message, judged concurrently. Any ``block`` ends the run with a notice; otherwise the escalated messages
 go to the reviewer together in one ``interrupt()`` (approve / reject). A blocked message stays in the thread, but
-:meth:`InputGate.visible` leaves it out of every later model request, so no model ever reads it. A human message
+:meth:`InputGate.visible` leaves it out of every later model request, so no model ever reads it. An input message
 that reaches the model node unjudged (``before_model`` skipped by a client's ``Command(goto=...)``, or added by a later
 middleware) is judged there (:meth:`InputGate.late`) and read by the model only when allowed.
 
@@ -126,7 +126,7 @@ def _key(message: AnyMessage, digest: str) -> str:
 
 @dataclass(frozen=True)
 class PendingInput:
-    """One human message to judge: its record key, the message, its content digest and its subject."""
+    """One input message to judge: its record key, the message, its content digest and its subject."""
 
     key: str
     message: AnyMessage
@@ -158,7 +158,7 @@ class InputGate:
                 if isinstance(entry, Mapping) and entry.get("status") == "blocked" and isinstance(entry.get("digest"), str)}
 
     def pending(self, state: Any) -> tuple[dict[str, dict[str, str]], list[PendingInput]]:
-        """The input record pruned to the messages still in the thread, and the human messages left to judge (new,
+        """The input record pruned to the messages still in the thread, and the input messages left to judge (new,
         or changed since judged), in thread order."""
         record = self._record(state)
         kept: dict[str, dict[str, str]] = {}
@@ -242,7 +242,7 @@ class InputGate:
     def visible(
         self, state: Any, messages: Sequence[AnyMessage], record: dict[str, dict[str, str]] | None = None
     ) -> list[AnyMessage]:
-        """``messages`` without the human messages whose record (``record``, else the state's) says ``blocked`` (for
+        """``messages`` without the input messages whose record (``record``, else the state's) says ``blocked`` (for
         the same content)."""
         record = self._record(state) if record is None else record
         if not any(entry.get("status") == "blocked" for entry in record.values()):

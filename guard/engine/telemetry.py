@@ -490,9 +490,12 @@ def _scrub(node: Any, values: list[str]) -> Any:
 
 RAW_ARGUMENTS_FLAG = "raw_arguments"
 """The verdict flag that holds a malformed tool call's raw argument text (input, redacted like ``input``)."""
-# A "key": value pair in JSON-like text that may be malformed or cut off: the key as written (escapes kept), the
-# separator, and the value (a string, maybe unterminated, or a bare token).
-_RAW_PAIR = re.compile(r'"((?:[^"\\]|\\.)*)"(\s*:\s*)("(?:[^"\\]|\\.)*"?|[^\s,"{}\[\]]*)')
+# A key in JSON-like text that may be malformed or cut off, up to its colon: double-quoted (escapes kept), single-quoted,
+# or a bare identifier (the shapes a model writes).
+_RAW_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*|\'((?:[^\'\\]|\\.)*)\'\s*:\s*|(?<![\w"\'$])([A-Za-z_$][\w$-]*)\s*:\s*')
+_CLOSERS = {"{": "}", "[": "]"}
+_RAW_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')
+_RAW_BARE = re.compile(r"[^\s,}\]]*")
 
 
 def _raw_key(written: str) -> str:
@@ -503,18 +506,59 @@ def _raw_key(written: str) -> str:
         return written
 
 
+def _value_end(raw: str, start: int) -> int:
+    """Where the value that starts at ``raw[start]`` ends: a quoted string to its closing quote, an object or array to
+    its matching bracket (quotes inside skipped), a bare token to the next ``,``, ``}``, ``]`` or white space; the end of
+    ``raw`` when the text is cut off first."""
+    if start >= len(raw):
+        return start
+    first = raw[start]
+    if first in "\"'":
+        i = start + 1
+        while i < len(raw) and raw[i] != first:
+            i += 2 if raw[i] == "\\" else 1
+        return min(i + 1, len(raw))
+    if first in _CLOSERS:
+        depth, i, quote = 0, start, ""
+        while i < len(raw):
+            char = raw[i]
+            if quote:
+                if char == "\\":
+                    i += 1
+                elif char == quote:
+                    quote = ""
+            elif char in "\"'":
+                quote = char
+            elif char in "{[":
+                depth += 1
+            elif char in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return len(raw)
+    return _RAW_BARE.match(raw, start).end()  # type: ignore[union-attr]  # it matches the empty string
+
+
 def _erase_raw_secrets(raw: str, values: list[str]) -> str:
-    """``raw`` (argument text that did not parse) with the value of every secret-named pair replaced by
-    ``"[redacted]"``; the values go to ``values``."""
-
-    def erase(match: re.Match[str]) -> str:
-        if not SECRET_NAME.search(_raw_key(match.group(1))):
-            return match.group()
-        value = match.group(3)
-        values.append(value[1:-1] if len(value) >= 2 and value.endswith('"') else value.lstrip('"'))
-        return f'"{match.group(1)}"{match.group(2)}"[redacted]"'
-
-    return _RAW_PAIR.sub(erase, raw)
+    """``raw`` (argument text that did not parse) with the value of every secret-named key replaced by
+    ``"[redacted]"``, whatever the value (a string, a number, an object or array, one cut off); the string values go
+    to ``values``."""
+    out, at = [], 0
+    for match in _RAW_KEY.finditer(raw):
+        if match.start() < at:  # inside a value already erased
+            continue
+        written = next(group for group in match.groups() if group is not None)
+        if not SECRET_NAME.search(_raw_key(written)):
+            continue
+        end = _value_end(raw, match.end())
+        value = raw[match.end():end]
+        strings = [double or single for double, single in _RAW_STRING.findall(value)]
+        values.extend(strings or [value.strip("\"'")])  # a value cut off inside its string has no closing quote
+        out.append(raw[at:match.end()] + '"[redacted]"')
+        at = end
+    out.append(raw[at:])
+    return "".join(out)
 
 
 def _redact_input(record: dict[str, Any], erased: list[str],

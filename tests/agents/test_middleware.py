@@ -271,6 +271,9 @@ def test_malformed_calls_never_run_and_siblings_are_judged_alone(harness: Any, t
         '{"amount": 5, "to": "bob", "password": "Tr0ub4dor&3", "password": "Tr0ub4dor&3"}',  # duplicate key
         '{"amount": 5, "to": "bob", "auth": {"api_key": "Tr0ub4dor&3"}, "amount": 6}',  # nested, duplicate key
         '{"amount": 5, "to": "bob", "pass\\u0077ord": "Tr0ub4dor&3',  # escaped name, cut off inside the value
+        '{"amount": 5, "to": "bob", "password": {"value": "Tr0ub4dor&3"}, "amount": 6}',  # an object under the name
+        "{'amount': 5, 'to': 'bob', 'password': 'Tr0ub4dor&3'}",  # single quotes
+        '{amount: 5, "to": "bob", password: ["Tr0ub4dor&3"]}',  # bare names
     ],
 )
 def test_a_malformed_calls_raw_text_is_logged_without_its_secrets(harness: Any, thread: Any, raw: str) -> None:
@@ -278,7 +281,7 @@ def test_a_malformed_calls_raw_text_is_logged_without_its_secrets(harness: Any, 
     drive(make_agent(h, Turn(calls=[("pay", raw, "bad")]), Turn(text="done")), USER, thread(), "invoke")
     (logged,) = [d for d in h.decisions() if d["result"]["rule"] == "malformed_arguments"]
     assert "Tr0ub4dor" not in str(logged) and '"[redacted]"' in logged["flags"]["raw_arguments"]
-    assert '"to": "bob"' in logged["flags"]["raw_arguments"] and "/flags/raw_arguments" in logged["erased"]
+    assert "bob" in logged["flags"]["raw_arguments"] and "/flags/raw_arguments" in logged["erased"]
 
 
 @pytest.mark.anyio
