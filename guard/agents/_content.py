@@ -88,21 +88,19 @@ def _text_payload(block: Mapping[Any, Any]) -> str | None:
     payload = encoded if isinstance(encoded, str) else data if isinstance(data, str) else None
     if payload is None or not payload.strip():
         return None
-    whole = len(payload) <= 2 * _SNIFF_CHARS
-    head_form = _base64_form(payload[: 2 * _SNIFF_CHARS], whole=whole)
-    if head_form is None:  # not base64: the string is the payload
-        return payload
-    head = _strict_base64(head_form[:_SNIFF_CHARS])
-    if head is None or not _is_text(head, whole=whole and len(head_form) <= _SNIFF_CHARS):
-        # binary data (only its first 4 KiB were decoded), unless base64-like characters only start a text
-        return None if _BASE64_TEXT.fullmatch(payload) else payload
-    compact = head_form if whole else _base64_form(payload, whole=True)
-    raw = None if compact is None else _strict_base64(compact)
-    return payload if raw is None else _decode_text(raw)
+    head = _lenient_base64(payload[: 2 * _SNIFF_CHARS])
+    base64_only = _BASE64_TEXT.fullmatch(payload) is not None
+    if not _is_text(head[:_SNIFF_BYTES], whole=len(payload) <= 2 * _SNIFF_CHARS and len(head) <= _SNIFF_BYTES):
+        return None if base64_only else payload  # binary data (only its head decoded), or a string that is no base64
+    text = _decode_text(_lenient_base64(payload))
+    # Base64 with stray characters decodes as a lenient decoder (Python's b64decode) reads it: both are judged.
+    return text if base64_only else f"{payload}\n{text}"
 
 
 _SNIFF_CHARS = 5464
 """Base64 characters (4 KiB of data) that tell a text payload from binary data, so an image is not decoded whole."""
+_SNIFF_BYTES = 4098
+"""The bytes :data:`_SNIFF_CHARS` base64 characters decode to."""
 _MOST_UNREADABLE = 0.2
 """Largest share of unreadable characters (U+FFFD from undecodable bytes, C0 controls but white space) in the first
 4 KiB of a payload that is not valid UTF-8 and is still read as text. Random bytes (compressed images, archives)
@@ -139,29 +137,18 @@ def _decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
-def _base64_form(payload: str, *, whole: bool) -> str | None:
-    """``payload`` without white space in the standard base64 alphabet (URL-safe characters mapped), or ``None``
-    when it is not base64 (other characters, or, when it is the ``whole`` payload, a length no base64 has); a part
-    that is not whole is cut to a multiple of 4 characters."""
-    compact = "".join(payload.split()).replace("-", "+").replace("_", "/")
-    if not whole:
-        compact = compact[: len(compact) - len(compact) % 4]
-    elif len(compact) % 4:
-        return None
-    return compact if _BASE64.fullmatch(compact) else None
+def _lenient_base64(payload: str) -> bytes:
+    """``payload`` decoded as base64 the way a lenient decoder reads it: either alphabet, every other character
+    (padding included) dropped, the last group padded (``b""`` when nothing is left)."""
+    compact = _NOT_BASE64.sub("", payload.replace("-", "+").replace("_", "/"))
+    if len(compact) % 4 == 1:  # a lone last character holds no whole byte
+        compact = compact[:-1]
+    return base64.b64decode(compact + "=" * (-len(compact) % 4))
 
 
-_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/]")
 _BASE64_TEXT = re.compile(r"[A-Za-z0-9+/=_\-\s]*")
 """The characters of base64 in either alphabet, with white space and padding anywhere."""
-
-
-def _strict_base64(compact: str) -> bytes | None:
-    """Base64 (already in :func:`_base64_form`) decoded, or ``None`` when it does not decode."""
-    try:
-        return base64.b64decode(compact, validate=True)
-    except (binascii.Error, ValueError):
-        return None
 
 
 def _is_text_media(media: str) -> bool:

@@ -4,7 +4,7 @@ The middleware keeps one record per model turn under ``state["guard"][<middlewar
 
     {"turn": {"message_id": <AIMessage id>, "thread_id": ..., "output": <record or None>,
               "calls": {<tool_call_id>: <call record>}},
-     "inputs": {<HumanMessage id>: {"digest": <content SHA-256>, "status": "allowed" | "blocked"}}}
+     "inputs": {<message id>:<digest>: {"digest": <content SHA-256>, "status": "allowed" | "blocked"}}}
 
 (``inputs`` is kept by :class:`~guard.agents._turn.InputGate`.)
 

@@ -6,7 +6,7 @@ judged before a model reads them (``before_model``, :class:`InputGate`); the mod
 **Model input.** The record under ``state["guard"][<middleware name>]["inputs"]`` maps each input message to the
 digest of its content and its outcome::
 
-    {"<message id>": {"digest": <SHA-256 of the content>, "status": "allowed" | "blocked"}}
+    {"<message id>:<digest>": {"digest": <SHA-256 of the content>, "status": "allowed" | "blocked"}}
 
 A message is judged when it has no record, or when its content no longer matches the recorded digest: LangGraph's
 ``add_messages`` replaces a message that reuses an id, and the new content is judged, never waved through by the
@@ -44,9 +44,12 @@ from langchain.agents.middleware.types import ModelResponse
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
+    BaseMessage,
+    HumanMessage,
     RemoveMessage,
     ToolMessage,
     add_notification_metadata,
+    convert_to_messages,
 )
 from langchain_core.runnables.config import ensure_config, var_child_runnable_config
 from langgraph.constants import TAG_NOSTREAM
@@ -111,6 +114,17 @@ def input_digest(message: AnyMessage) -> str:
     return digest_of("model_input", canonical_json(message.content), message_text(message))
 
 
+def as_message(item: Any) -> AnyMessage:
+    """A thread entry as the message a chat model reads: messages as they are; anything else (a plain mapping written
+    with ``Overwrite``, which skips ``add_messages``) converted as LangChain converts it, or read as its text."""
+    if isinstance(item, BaseMessage):
+        return cast(AnyMessage, item)
+    try:
+        return convert_to_messages([item])[0]
+    except (ValueError, TypeError, KeyError, NotImplementedError):
+        return HumanMessage(str(item))
+
+
 def judged_as_input(message: AnyMessage) -> bool:
     """Whether ``message`` is model input to judge: every message but the model's replies (``AIMessage``, judged as
     model output where the model node makes them) and tool results (``ToolMessage``, judged by the tool-result
@@ -120,8 +134,9 @@ def judged_as_input(message: AnyMessage) -> bool:
 
 
 def _key(message: AnyMessage, digest: str) -> str:
-    """The record key: the message id (``add_messages`` gives every message in a thread one), else its digest."""
-    return message.id if message.id else f"digest:{digest}"
+    """The record key: the message id and its content digest (two messages may share an id when a client overwrites
+    the list), or the digest alone for a message without an id."""
+    return f"{message.id}:{digest}" if message.id else f"digest:{digest}"
 
 
 @dataclass(frozen=True)
@@ -164,7 +179,8 @@ class InputGate:
         kept: dict[str, dict[str, str]] = {}
         todo: list[PendingInput] = []
         thread_id = current_thread_id()
-        for message in state["messages"]:
+        for item in state["messages"]:
+            message = as_message(item)
             if not judged_as_input(message):
                 continue
             digest = input_digest(message)
@@ -248,13 +264,14 @@ class InputGate:
         if not any(entry.get("status") == "blocked" for entry in record.values()):
             return list(messages)
         out: list[AnyMessage] = []
-        for message in messages:
+        for item in messages:
+            message = as_message(item)
             if judged_as_input(message):
                 digest = input_digest(message)
                 entry = record.get(_key(message, digest))
                 if entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked":
                     continue
-            out.append(message)
+            out.append(item)
         return out
 
 

@@ -490,12 +490,14 @@ def _scrub(node: Any, values: list[str]) -> Any:
 
 RAW_ARGUMENTS_FLAG = "raw_arguments"
 """The verdict flag that holds a malformed tool call's raw argument text (input, redacted like ``input``)."""
-# A key in JSON-like text that may be malformed or cut off, up to its colon: double-quoted (escapes kept), single-quoted,
-# or a bare identifier (the shapes a model writes).
-_RAW_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*|\'((?:[^\'\\]|\\.)*)\'\s*:\s*|(?<![\w"\'$])([A-Za-z_$][\w$-]*)\s*:\s*')
+# A key in JSON-like text that may be malformed or cut off, up to its ``:`` (or a keyword argument's ``=``):
+# double-quoted (escapes kept), single-quoted, or a bare identifier (the shapes a model writes).
+_RAW_KEY = re.compile(
+    r'"((?:[^"\\]|\\.)*)"\s*[:=]\s*|\'((?:[^\'\\]|\\.)*)\'\s*[:=]\s*|(?<![\w"\'$])([A-Za-z_$][\w$-]*)\s*[:=]\s*'
+)
 _CLOSERS = {"{": "}", "[": "]"}
 _RAW_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')
-_RAW_BARE = re.compile(r"[^\s,}\]]*")
+_RAW_BARE = re.compile(r"[^,}\])\n]*")
 
 
 def _raw_key(written: str) -> str:
@@ -508,11 +510,14 @@ def _raw_key(written: str) -> str:
 
 def _value_end(raw: str, start: int) -> int:
     """Where the value that starts at ``raw[start]`` ends: a quoted string to its closing quote, an object or array to
-    its matching bracket (quotes inside skipped), a bare token to the next ``,``, ``}``, ``]`` or white space; the end of
-    ``raw`` when the text is cut off first."""
+    its matching bracket (quotes inside skipped), a bare value to the next ``,``, ``}``, ``]``, ``)`` or line break;
+    the end of ``raw`` when the text is cut off first."""
     if start >= len(raw):
         return start
     first = raw[start]
+    if raw.startswith(('"""', "'''"), start):  # a triple-quoted string
+        close = raw.find(raw[start:start + 3], start + 3)
+        return len(raw) if close < 0 else close + 3
     if first in "\"'":
         i = start + 1
         while i < len(raw) and raw[i] != first:

@@ -274,6 +274,9 @@ def test_malformed_calls_never_run_and_siblings_are_judged_alone(harness: Any, t
         '{"amount": 5, "to": "bob", "password": {"value": "Tr0ub4dor&3"}, "amount": 6}',  # an object under the name
         "{'amount': 5, 'to': 'bob', 'password': 'Tr0ub4dor&3'}",  # single quotes
         '{amount: 5, "to": "bob", password: ["Tr0ub4dor&3"]}',  # bare names
+        '{"to": "bob", "password": """Tr0ub4dor&3 and more""", "amount": 5',  # triple quotes
+        '{"to": "bob", passphrase: Tr0ub4dor&3 horse battery, "amount": 5}',  # an unquoted value with spaces
+        'pay(to="bob", password="Tr0ub4dor&3")',  # keyword arguments
     ],
 )
 def test_a_malformed_calls_raw_text_is_logged_without_its_secrets(harness: Any, thread: Any, raw: str) -> None:

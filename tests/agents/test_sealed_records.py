@@ -11,7 +11,7 @@ import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.types import Command
+from langgraph.types import Command, Overwrite
 
 from guard.agents import GuardAgentMiddleware
 from guard.agents._arguments import arguments_digest
@@ -190,3 +190,30 @@ def test_after_a_restart_an_earlier_blocked_message_stays_out_and_ends_nothing(h
     restarted.invoke({"messages": [HumanMessage("and the weather?")]}, config)
     assert len(received) == 1 and not any(BLOCKED_TEXT in str(m.content) for m in received[0])
     assert restarted.get_state(config).values["messages"][-1].text == "the answer"
+
+
+@pytest.mark.parametrize("order", ["blocked-first", "blocked-last"])
+def test_two_messages_under_one_id_are_judged_and_kept_apart(harness: Any, thread: Any, order: str) -> None:
+    h = harness()
+    received: list[Any] = []
+    agent = make_agent(h, Turn(text="hi"), Turn(text="ok"), received=received)
+    config = thread()
+    agent.invoke({"messages": [HumanMessage("hello", id="m0")]}, config)
+    history = list(agent.get_state(config).values["messages"])
+    pair = [HumanMessage(BLOCKED_TEXT, id="X"), HumanMessage("what is the weather", id="X")]
+    pair = pair if order == "blocked-first" else pair[::-1]
+    agent.invoke(Command(update={"messages": Overwrite([*history, *pair])}, goto="model"), config)  # no add_messages
+    seen = [str(m.content) for m in received[-1]]
+    assert "what is the weather" in seen and not any(BLOCKED_TEXT in text for text in seen)
+
+
+def test_plain_mappings_written_over_the_messages_are_judged_not_a_crash(harness: Any, thread: Any) -> None:
+    h = harness()
+    received: list[Any] = []
+    agent = make_agent(h, Turn(text="hi"), Turn(text="ok"), received=received)
+    config = thread()
+    agent.invoke({"messages": [HumanMessage("hello")]}, config)
+    mappings = [{"role": "user", "content": "what is the weather"}, {"role": "user", "content": BLOCKED_TEXT}]
+    agent.invoke(Command(update={"messages": Overwrite(mappings)}, goto="model"), config)
+    assert not any(BLOCKED_TEXT in str(m) for m in received[-1])
+    assert [d["result"]["action"] for d in h.decisions() if d["input"].get("text") == BLOCKED_TEXT] == ["block"]
