@@ -8,7 +8,7 @@ Examples::
     python -m guard.compact.data data/ build/compact-data
     guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --out guard/compact/weights \\
         --epochs 1 --fold-share 1.0 --threads 2 --head-epochs 20 \\
-        --head-questions guard.harm_severity,guard.refusal,guard.tool_call_serves_task
+        --head-questions guard.harm_severity,guard.refusal,guard.tool_call_serves_task --layer-epochs 1
 
     # a router over your own intents: one {"text": ..., "label": ...} per line
     guard train intents.jsonl --kind router --question-id support.intent --out routers/intent
