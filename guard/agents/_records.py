@@ -123,9 +123,18 @@ def _tagged(value: Any) -> Any:
     return ["o", type(value).__qualname__]
 
 
+def _sealed_bytes(value: Any) -> bytes:
+    """What a seal covers: ``value`` as plain JSON when it is plain JSON (the input record), else as tagged JSON
+    (:func:`_tagged`: a turn holding a reply kept for review); a prefix keeps the two forms apart."""
+    try:
+        plain = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return b"t" + json.dumps(_tagged(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    return b"j" + plain.encode()
+
+
 def _seal_of(sealer: Sealer, owner: str, thread_id: str | None, part: str, value: Any) -> str:
-    data = json.dumps(_tagged(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
-    return sealer.seal(f"guard.agents.record\0{owner}\0{thread_id or ''}\0{part}", data)
+    return sealer.seal(f"guard.agents.record\0{owner}\0{thread_id or ''}\0{part}", _sealed_bytes(value))
 
 
 def seal_record(
