@@ -23,6 +23,7 @@ policies, the thread and the part's name, :mod:`guard._seal`), and a part whose 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -89,18 +90,29 @@ logger = logging.getLogger("guard.agents")
 
 
 def record_sealer(key: bytes | str | None) -> Sealer:
-    """The sealer of a middleware's records: ``key``, else ``$GUARD_STORE_KEY``, else a random key of this process
-    (logged as a warning: records then hold only within the process).
+    """The sealer of a middleware's records: ``key`` (``state_key``), else ``$GUARD_STORE_KEY``, else a random key of
+    this process (logged once per process: records then hold only within it).
 
     Raises:
-        ValueError: a key shorter than :data:`guard._seal.MIN_KEY_BYTES`.
+        ValueError: a key shorter than :data:`guard._seal.MIN_KEY_BYTES`, naming where it came from.
     """
-    key = key if key is not None else os.environ.get(STORE_KEY_ENV)
+    source = "state_key"
+    if key is None and os.environ.get(STORE_KEY_ENV):
+        key, source = os.environ[STORE_KEY_ENV], f"${STORE_KEY_ENV}"
     if key is None:
-        logger.warning("guard: GuardAgentMiddleware has no state_key and $%s is unset; its records hold only in this "
-                       "process (a thread resumed after a restart or on another replica is judged again)",
-                       STORE_KEY_ENV)
-    return Sealer(key or _PROCESS_KEY)
+        _warn_process_key()
+        return Sealer(_PROCESS_KEY)
+    try:
+        return Sealer(key)
+    except ValueError as exc:
+        raise ValueError(f"GuardAgentMiddleware's {source}: {exc} (for example `openssl rand -hex 32`)") from None
+
+
+@functools.cache
+def _warn_process_key() -> None:
+    logger.warning("guard: GuardAgentMiddleware has no state_key and $%s is unset, so its records are sealed with a "
+                   "key of this process: fine for one process; a thread resumed after a restart or on another replica "
+                   "has its pending turn judged again", STORE_KEY_ENV)
 
 
 def _tagged(value: Any) -> Any:
@@ -163,9 +175,9 @@ def open_part(sealer: Sealer, owner: str, thread_id: str | None, stored: Any, pa
     seal = seals.get(part) if isinstance(seals, Mapping) else None
     if isinstance(seal, str) and sealer.check_seal(seal, _seal_of(sealer, owner, thread_id, part, value)):
         return value
-    logger.warning("guard: the %s record of %s in thread %s has no valid seal (written by a client, by another agent or "
-                   "policy set, or sealed with another key); it is judged again", part, owner.split("\0", 1)[0],
-                   thread_id)
+    logger.warning("guard: the %s record of %s in thread %s has no valid seal, so it is judged again: sealed with "
+                   "another key (each process has its own unless state_key or $%s is set), by another agent or "
+                   "policy set, or written by a client", part, owner.split("\0", 1)[0], thread_id, STORE_KEY_ENV)
     return None
 
 

@@ -37,7 +37,7 @@ from typing import Annotated, Any, Literal, NotRequired, cast
 
 from langchain.agents.middleware.human_in_the_loop import Action, ActionRequest, HITLRequest, ReviewConfig
 from langgraph.types import Command, Interrupt
-from pydantic import AfterValidator, ConfigDict, Discriminator, Tag, with_config
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Discriminator, Tag, with_config
 from typing_extensions import TypedDict
 
 from guard.agents._arguments import shape_problem
@@ -278,7 +278,24 @@ def response_schema(items: Sequence[PendingItem], *, exact: bool = True) -> Any:
     def guard_review_decisions(value: dict[str, Any]) -> dict[str, Any]:
         return _check(value, items=frozen, exact=exact)
 
-    return Annotated[GuardReviewResponse, AfterValidator(guard_review_decisions)]
+    return Annotated[GuardReviewResponse, BeforeValidator(_known_types), AfterValidator(guard_review_decisions)]
+
+
+def _known_types(value: Any) -> Any:
+    """``value`` unchanged, after refusing a decision whose ``type`` is not one a reviewer can send (pydantic's own
+    message would list the schema's internal tags)."""
+    decisions = value.get("decisions") if isinstance(value, Mapping) else None
+    entries: list[tuple[Any, Any]] = []
+    if isinstance(decisions, Mapping):
+        entries = list(decisions.items())
+    elif isinstance(decisions, list):
+        entries = list(enumerate(decisions))
+    for where, decision in entries:
+        kind = decision.get("type") if isinstance(decision, Mapping) else None
+        if kind not in TOOL_DECISIONS:
+            raise ValueError(f"decisions[{where!r}] has type {kind!r}; a decision's type is one of "
+                             f"{', '.join(TOOL_DECISIONS)}")
+    return value
 
 
 def _interrupt_value(interrupt: Any) -> Any:

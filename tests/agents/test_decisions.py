@@ -52,7 +52,7 @@ def test_a_complete_answer_passes() -> None:
         ({"a": {"type": "approve"}, "b": {"type": "edit", "arguments": {}}}, "'edit' is not allowed for b"),
         ({"a": {"type": "edit", "arguments": []}, "b": {"type": "approve"}}, "valid dictionary"),
         ({"a": {"type": "approve", "note": 1}, "b": {"type": "approve"}}, "Extra inputs"),
-        ({"a": {"type": "maybe"}, "b": {"type": "approve"}}, "does not match any of the expected tags"),
+        ({"a": {"type": "maybe"}, "b": {"type": "approve"}}, "decisions\\['a'\\] has type 'maybe'; a decision's type is one of approve, reject, edit"),
     ],
 )
 def test_mismatched_answers_are_refused(decisions: dict, fragment: str) -> None:

@@ -126,9 +126,14 @@ def test_an_approval_is_resumed_by_any_instance_with_the_same_key(harness: Any, 
     assert pending.value["action_requests"][0]["name"] == "pay"
 
 
-def test_a_record_key_shorter_than_16_bytes_is_refused(harness: Any) -> None:
-    with pytest.raises(ValueError, match="at least 16"):
+def test_a_record_key_shorter_than_16_bytes_is_refused_naming_where_it_came_from(
+    harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match="GuardAgentMiddleware's state_key: .* at least 16"):
         GuardAgentMiddleware(guard=harness().guard, state_key="short")
+    monkeypatch.setenv("GUARD_STORE_KEY", "abc")
+    with pytest.raises(ValueError, match="GuardAgentMiddleware's \\$GUARD_STORE_KEY: .* at least 16"):
+        GuardAgentMiddleware(guard=harness().guard)
 
 
 def test_a_garbled_seal_is_a_record_to_judge_again_not_a_crash(harness: Any, thread: Any) -> None:
