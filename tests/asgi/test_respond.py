@@ -662,7 +662,7 @@ async def test_a_file_the_server_would_send_itself_is_read_and_judged(tmp_path: 
 @pytest.mark.anyio
 async def test_an_html_response_naming_another_charset_in_a_meta_tag_cannot_be_judged() -> None:
     """``SE\\x1b(BCRET`` under ``<meta charset="iso-2022-jp">`` is SECRET in a browser: 502, never passed unread."""
-    page = b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is 42</body></html>'
+    page = b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is swordfish</body></html>'
 
     async def html(request: Request) -> Response:
         return Response(page, headers={"content-type": "text/html"})  # no charset: the <meta> tag decides
@@ -671,5 +671,5 @@ async def test_an_html_response_naming_another_charset_in_a_meta_tag_cannot_be_j
     async with client_for(app) as client:
         response = await client.get("/out/x")
     assert response.status_code == 502 and response.json()["code"] == "response_uninspectable"
-    assert b"42" not in response.content
+    assert b"swordfish" not in response.content  # a random decision id may hold any short digit string
     await guard.aclose()
