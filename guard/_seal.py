@@ -69,14 +69,10 @@ class Sealer:
         return mac.hexdigest()
 
     def check(self, context: str, data: bytes, seal: str | bytes) -> bool:
-        """Whether ``seal`` is :meth:`seal` of ``data`` under ``context`` (constant-time comparison)."""
-        return self.check_seal(seal, self.seal(context, data))
-
-    @staticmethod
-    def check_seal(given: str | bytes, expected: str) -> bool:
-        """Whether ``given`` is the seal ``expected`` (constant-time; a seal of any other form is simply unequal)."""
-        raw = given if isinstance(given, bytes) else given.encode("utf-8", "replace")
-        return hmac.compare_digest(expected.encode("ascii"), raw)
+        """Whether ``seal`` is :meth:`seal` of ``data`` under ``context`` (constant-time comparison; a seal of any
+        other form, non-ASCII included, is simply unequal)."""
+        given = seal if isinstance(seal, bytes) else seal.encode("utf-8", "replace")
+        return hmac.compare_digest(self.seal(context, data).encode("ascii"), given)
 
     def encrypt(self, context: str, data: bytes) -> str:
         """``data`` encrypted and authenticated for ``context`` (e.g. the Redis key): base64 of nonce + ciphertext."""

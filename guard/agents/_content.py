@@ -72,8 +72,8 @@ def _text_payload(block: Mapping[Any, Any]) -> str | None:
     * A block that says it is text (``type`` ``text`` or ``text-plain``, or a ``media_type`` / ``mime_type`` that is
       ``text/*``, JSON, XML or YAML): its data, base64-decoded as UTF-8 (undecodable bytes replaced) when it is
       base64 (the ``base64`` key, or ``type`` / LangChain v0 ``source_type`` ``base64``).
-    * Any other block: its payload when the payload's bytes are text (:func:`_is_text` on its first 4 KiB), whatever the block
-      declares: providers read ``application/x-javascript``, ``application/rtf`` or ``application/x-ndjson`` files
+    * Any other block: its payload when the payload's bytes are text (:func:`_is_text` on its first 4 KiB),
+      whatever the block declares: providers read ``application/x-javascript``, ``application/rtf`` or ``application/x-ndjson`` files
       as text, so a declared type cannot carry instructions past the check. Images, PDFs and other binary data are
       not text and give ``None``.
     """

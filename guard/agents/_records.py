@@ -145,8 +145,8 @@ def _sealed_bytes(value: Any) -> bytes:
     return b"j" + plain.encode()
 
 
-def _seal_of(sealer: Sealer, owner: str, thread_id: str | None, part: str, value: Any) -> str:
-    return sealer.seal(f"guard.agents.record\0{owner}\0{thread_id or ''}\0{part}", _sealed_bytes(value))
+def _context(owner: str, thread_id: str | None, part: str) -> str:
+    return f"guard.agents.record\0{owner}\0{thread_id or ''}\0{part}"
 
 
 def seal_record(
@@ -159,7 +159,7 @@ def seal_record(
     seals = dict(entry.get(SEALS_KEY)) if isinstance(entry.get(SEALS_KEY), Mapping) else {}
     for part, value in changes.items():
         entry[part] = value
-        seals[part] = _seal_of(sealer, owner, thread_id, part, value)
+        seals[part] = sealer.seal(_context(owner, thread_id, part), _sealed_bytes(value))
     entry[SEALS_KEY] = seals
     return entry
 
@@ -173,7 +173,7 @@ def open_part(sealer: Sealer, owner: str, thread_id: str | None, stored: Any, pa
         return None
     seals = stored.get(SEALS_KEY)
     seal = seals.get(part) if isinstance(seals, Mapping) else None
-    if isinstance(seal, str) and sealer.check_seal(seal, _seal_of(sealer, owner, thread_id, part, value)):
+    if isinstance(seal, str) and sealer.check(_context(owner, thread_id, part), _sealed_bytes(value), seal):
         return value
     logger.warning("guard: the %s record of %s in thread %s has no valid seal, so it is judged again: sealed with "
                    "another key (each process has its own unless state_key or $%s is set), by another agent or "

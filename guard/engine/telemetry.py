@@ -495,7 +495,6 @@ RAW_ARGUMENTS_FLAG = "raw_arguments"
 _RAW_KEY = re.compile(
     r'"((?:[^"\\]|\\.)*)"\s*[:=]\s*|\'((?:[^\'\\]|\\.)*)\'\s*[:=]\s*|(?<![\w"\'$])([A-Za-z_$][\w$-]*)\s*[:=]\s*'
 )
-_CLOSERS = {"{": "}", "[": "]"}
 _RAW_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')
 _RAW_BARE = re.compile(r"[^,}\])\n]*")
 
@@ -523,7 +522,7 @@ def _value_end(raw: str, start: int) -> int:
         while i < len(raw) and raw[i] != first:
             i += 2 if raw[i] == "\\" else 1
         return min(i + 1, len(raw))
-    if first in _CLOSERS:
+    if first in "{[":
         depth, i, quote = 0, start, ""
         while i < len(raw):
             char = raw[i]

@@ -136,13 +136,20 @@ def test_a_record_key_shorter_than_16_bytes_is_refused_naming_where_it_came_from
         GuardAgentMiddleware(guard=harness().guard)
 
 
-def test_a_garbled_seal_is_a_record_to_judge_again_not_a_crash(harness: Any, thread: Any) -> None:
+def started(harness: Any, thread: Any, *turns: Turn, first_id: str | None = None) -> tuple[Any, Any, Any, list[Any]]:
+    """A harness, an agent scripted with ``turns``, a thread config that has had one turn ("hello"), and the
+    messages of every model call so far."""
     h = harness()
     received: list[Any] = []
-    agent = make_agent(h, Turn(text="hello"), Turn(text="ok"), received=received)
+    agent = make_agent(h, *turns, received=received)
     config = thread()
-    agent.invoke({"messages": [HumanMessage("hello")]}, config)
-    agent.update_state(config, {"guard": {"GuardAgentMiddleware": {"seal": "é", "inputs": {}}}})
+    agent.invoke({"messages": [HumanMessage("hello", id=first_id)]}, config)
+    return h, agent, config, received
+
+
+def test_a_garbled_seal_is_a_record_to_judge_again_not_a_crash(harness: Any, thread: Any) -> None:
+    h, agent, config, received = started(harness, thread, Turn(text="hello"), Turn(text="ok"))
+    agent.update_state(config, {"guard": {"GuardAgentMiddleware": {"inputs": {}, "seals": {"inputs": "é"}}}})
     agent.invoke({"messages": [HumanMessage(BLOCKED_TEXT)]}, config)
     assert len(received) == 1  # the blocked message ended the run before the model
     assert [d["result"]["action"] for d in h.decisions() if d["input"].get("text") == BLOCKED_TEXT] == ["block"]
@@ -199,11 +206,7 @@ def test_after_a_restart_an_earlier_blocked_message_stays_out_and_ends_nothing(h
 
 @pytest.mark.parametrize("order", ["blocked-first", "blocked-last"])
 def test_two_messages_under_one_id_are_judged_and_kept_apart(harness: Any, thread: Any, order: str) -> None:
-    h = harness()
-    received: list[Any] = []
-    agent = make_agent(h, Turn(text="hi"), Turn(text="ok"), received=received)
-    config = thread()
-    agent.invoke({"messages": [HumanMessage("hello", id="m0")]}, config)
+    _, agent, config, received = started(harness, thread, Turn(text="hi"), Turn(text="ok"), first_id="m0")
     history = list(agent.get_state(config).values["messages"])
     pair = [HumanMessage(BLOCKED_TEXT, id="X"), HumanMessage("what is the weather", id="X")]
     pair = pair if order == "blocked-first" else pair[::-1]
@@ -213,11 +216,7 @@ def test_two_messages_under_one_id_are_judged_and_kept_apart(harness: Any, threa
 
 
 def test_plain_mappings_written_over_the_messages_are_judged_not_a_crash(harness: Any, thread: Any) -> None:
-    h = harness()
-    received: list[Any] = []
-    agent = make_agent(h, Turn(text="hi"), Turn(text="ok"), received=received)
-    config = thread()
-    agent.invoke({"messages": [HumanMessage("hello")]}, config)
+    h, agent, config, received = started(harness, thread, Turn(text="hi"), Turn(text="ok"))
     mappings = [{"role": "user", "content": "what is the weather"}, {"role": "user", "content": BLOCKED_TEXT}]
     agent.invoke(Command(update={"messages": Overwrite(mappings)}, goto="model"), config)
     assert not any(BLOCKED_TEXT in str(m) for m in received[-1])
