@@ -122,7 +122,8 @@ async def test_multipart_epilogue_junk_is_400_fast(make_guard: GuardFactory) -> 
     response = await _post(make_guard(), body, MULTIPART)
     assert response.status_code == 400 and response.json()["code"] == "malformed_multipart"
     assert "follow the closing multipart boundary" in response.json()["message"]
-    assert time.perf_counter() - started < 0.1
+    # a bound against a hang, not a benchmark: a shared CI machine once took 0.44 s here
+    assert time.perf_counter() - started < 2.0
 
 
 async def test_endless_part_headers_and_other_structure_errors(make_guard: GuardFactory) -> None:
