@@ -1,9 +1,15 @@
 """What sealing the agent middleware's records costs per thread length: one seal and one check of the ``inputs``
-part (one entry per input message of the thread) and of a ``turn`` part with four tool calls.
+part (one entry per input message of the thread) and of a ``turn`` part with four tool calls; and checking the stamps
+of a thread's model replies and tool results.
 
 ``GuardAgentMiddleware`` checks the ``inputs`` part about three times per model step (``before_model`` twice,
 ``wrap_model_call`` once) and the ``turn`` part once per step and once per tool call, and seals each part it writes
 (``guard/agents/_records.py``). The cost is one JSON serialisation of the part plus one HMAC-SHA256.
+
+The model node, the tools node and the middleware's hooks stamp every reply and tool result they write, and the
+input check reads the stamp of every reply and tool result in the thread (twice per model step) to tell them from
+ones a client wrote (``TurnKeeper.is_input``): one content digest and one HMAC-SHA256 per message. The stamp figure
+is for a whole thread whose messages are half model replies (200 characters) and half tool results (1,000).
 
 Run from the repository root::
 
@@ -23,7 +29,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from langchain_core.messages import AIMessage, ToolMessage
+
+from guard import Guard
+from guard.agents import GuardAgentMiddleware
 from guard.agents._records import open_part, record_owner, record_sealer, seal_record
+from guard.backends.fixture import FixtureBackend
 
 OWNER = record_owner("GuardAgentMiddleware", [])
 KEY = "a-benchmark-record-key-of-32-b!"
@@ -46,6 +57,18 @@ def turn_part() -> dict[str, object]:
             "status": "allowed", "run_tool": "send_money", "run_digest": "e" * 64}
     return {"message_id": "lc_run--turn", "thread_id": "t1", "output": None, "held": None,
             "calls": {f"call_{i}": dict(call) for i in range(4)}}
+
+
+def stamped_thread(middleware: GuardAgentMiddleware, messages: int) -> list[AIMessage | ToolMessage]:
+    """``messages`` stamped messages: model replies of 200 characters and tool results of 1,000, alternating."""
+    turns = middleware._turns
+    thread: list[AIMessage | ToolMessage] = []
+    for i in range(messages):
+        if i % 2 == 0:
+            thread.append(AIMessage(f"reply {i} " + "r" * 190, id=f"lc_run--{i:08d}"))
+        else:
+            thread.append(ToolMessage(f"result {i} " + "t" * 990, tool_call_id=f"call_{i}", id=f"tool-{i:08d}"))
+    return [turns.stamp(message) for message in thread]  # type: ignore[misc]
 
 
 def best_us(fn: Callable[[], object], runs: int) -> tuple[float, float]:
@@ -78,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         check = best_us(lambda stored=stored: open_part(sealer, OWNER, "t1", stored, "inputs"), args.runs)
         label = f"inputs ({size} messages)"
         print(f"{label:<24} {seal[0]:>12.0f} / {seal[1]:<8.0f} {check[0]:>13.0f} / {check[1]:<8.0f}")
+    guard = Guard.from_files(ROOT / "policies" / "tool_call_guard.yaml", backends=FixtureBackend())
+    middleware = GuardAgentMiddleware(guard=guard, state_key=KEY)
+    print(f"\n{'thread':<24} {'stamp checks us (median/min)':>30} {'us per message':>16}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        thread = stamped_thread(middleware, size)
+        assert not any(middleware._turns.is_input(message) for message in thread)
+        check = best_us(lambda thread=thread: [middleware._turns.is_input(m) for m in thread], max(3, args.runs // 10))
+        label = f"{size} replies and results"
+        print(f"{label:<24} {check[0]:>19.0f} / {check[1]:<8.0f} {check[0] / size:>16.1f}")
     return 0
 
 

@@ -287,7 +287,7 @@ class ToolCallEnforcer:
         return message.model_copy(update={"content": new.content, "additional_kwargs": new.additional_kwargs})
 
     @staticmethod
-    def _map_messages(result: Result, change: Callable[[BaseMessage], BaseMessage]) -> Result:
+    def map_messages(result: Result, change: Callable[[BaseMessage], BaseMessage]) -> Result:
         """``result`` with every message it adds to the conversation passed through ``change``: a tool message, each
         item of a list of them (a tool may return several), and the messages of a ``Command``'s update (under
         ``messages`` in a dict update; a list update is the messages). Entries in another form (a dict, a tuple)
@@ -297,7 +297,7 @@ class ToolCallEnforcer:
             TypeError: a ``Command`` whose update is neither a dict nor a list (guard cannot find its messages).
         """
         if isinstance(result, list):
-            return [ToolCallEnforcer._map_messages(item, change) for item in result]  # type: ignore[misc]
+            return [ToolCallEnforcer.map_messages(item, change) for item in result]  # type: ignore[misc]
         if isinstance(result, BaseMessage):
             return change(result)  # type: ignore[return-value]
         if not isinstance(result, Command) or result.update is None:
@@ -334,7 +334,7 @@ class ToolCallEnforcer:
 
     def check_result(self, result: Result, prepared: Prepared) -> Result:
         """Judge the tool's output with the ``tool_result`` policy, if one applies (blocking): every message it adds
-        (see :meth:`_map_messages`)."""
+        (see :meth:`map_messages`)."""
 
         def judged(message: BaseMessage) -> BaseMessage:
             subject = self._result_subject(message, prepared)
@@ -347,7 +347,7 @@ class ToolCallEnforcer:
             return self._replace_result(message, prepared, judgement, stripped)
 
         try:
-            return self._map_messages(result, judged)
+            return self.map_messages(result, judged)
         except (TypeError, ValueError, NotImplementedError) as exc:
             return self._unreadable(result, prepared, exc)
 
@@ -431,7 +431,7 @@ class ToolCallEnforcer:
             return message
 
         try:
-            self._map_messages(result, collect)
+            self.map_messages(result, collect)
         except (TypeError, ValueError, NotImplementedError) as exc:
             return self._unreadable(result, prepared, exc)
         replacements: list[BaseMessage] = []
@@ -446,7 +446,7 @@ class ToolCallEnforcer:
                 stripped = None  # what is left is still flagged: withheld
             replacements.append(self._replace_result(message, prepared, judgement, stripped))
         queue = iter(replacements)
-        return self._map_messages(result, lambda message: next(queue))
+        return self.map_messages(result, lambda message: next(queue))
 
     async def arun_allowed(self, prepared: Prepared, handler: AsyncHandler) -> Result:
         """Async twin of :meth:`run_allowed`."""

@@ -10,10 +10,12 @@ digest of its content and its outcome::
 
 A message is judged when it has no record, or when its content no longer matches the recorded digest: LangGraph's
 ``add_messages`` replaces a message that reuses an id, and the new content is judged, never waved through by the
-old record. Every input message (any role but the model's and the tools', :func:`judged_as_input`) new since the
-last judged model call is judged, not only the latest one: one subject per message, judged concurrently. Any ``block`` ends the run with a notice; otherwise the escalated messages
+old record. Every input message new since the last judged model call is judged, not only the latest one: any role,
+and the model's replies and tool results too unless they carry this middleware's stamp (:meth:`TurnKeeper.stamp`,
+:meth:`TurnKeeper.is_input`), so one a client wrote is judged; one subject per message, judged concurrently. Any ``block`` ends the run with a notice; otherwise the escalated messages
 go to the reviewer together in one ``interrupt()`` (approve / reject). A blocked message stays in the thread, but
-:meth:`InputGate.visible` leaves it out of every later model request, so no model ever reads it. An input message
+:meth:`InputGate.visible` leaves it out of every later model request (a blocked assistant or tool message is
+replaced by a notice, so every tool call keeps an answer), so no model ever reads it. An input message
 that reaches the model node unjudged (``before_model`` skipped by a client's ``Command(goto=...)``, or added by a later
 middleware) is judged there (:meth:`InputGate.late`) and read by the model only when allowed.
 
@@ -96,7 +98,6 @@ __all__ = [
     "drive",
     "held_id",
     "input_digest",
-    "judged_as_input",
     "output_text",
     "quiet_tokens",
     "screen",
@@ -123,14 +124,6 @@ def as_message(item: Any) -> AnyMessage:
         return convert_to_messages([item])[0]
     except (ValueError, TypeError, KeyError, NotImplementedError):
         return HumanMessage(str(item))
-
-
-def judged_as_input(message: AnyMessage) -> bool:
-    """Whether ``message`` is model input to judge: every message but the model's replies (``AIMessage``, judged as
-    model output where the model node makes them) and tool results (``ToolMessage``, judged by the tool-result
-    policy where a tool returns them). A client writes a thread's input in any role (user, system, developer, a
-    ``ChatMessage`` of any role), so every one of them is judged, not only ``HumanMessage``."""
-    return not isinstance(message, (AIMessage, ToolMessage))
 
 
 def _key(message: AnyMessage, digest: str) -> str:
@@ -181,7 +174,7 @@ class InputGate:
         thread_id = current_thread_id()
         for item in state["messages"]:
             message = as_message(item)
-            if not judged_as_input(message):
+            if not self.turns.is_input(message):
                 continue
             digest = input_digest(message)
             key = _key(message, digest)
@@ -259,19 +252,20 @@ class InputGate:
         self, state: Any, messages: Sequence[AnyMessage], record: dict[str, dict[str, str]] | None = None
     ) -> list[AnyMessage]:
         """``messages`` without the input messages whose record (``record``, else the state's) says ``blocked`` (for
-        the same content)."""
+        the same content). A blocked model reply or tool result that a client wrote (:meth:`TurnKeeper.is_input`)
+        stays in the request as a notice without its text, so every tool call keeps its answer."""
         record = self._record(state) if record is None else record
         if not any(entry.get("status") == "blocked" for entry in record.values()):
             return list(messages)
         out: list[AnyMessage] = []
         for item in messages:
             message = as_message(item)
-            if judged_as_input(message):
-                digest = input_digest(message)
-                entry = record.get(_key(message, digest))
-                if entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked":
-                    continue
-            out.append(item)
+            digest = input_digest(message)
+            entry = record.get(_key(message, digest))
+            if entry is None or entry.get("digest") != digest or entry.get("status") != "blocked":
+                out.append(item)
+            elif isinstance(message, (AIMessage, ToolMessage)):
+                out.append(msgs.withheld_input(message))
         return out
 
 
@@ -385,6 +379,11 @@ async def adrive(steps: Steps, judge: Callable[[AgentSubject], Awaitable[Judgeme
         return stop.value  # type: ignore[no-any-return]
 
 
+STAMPS_KEY = "guard_stamps"
+"""The ``response_metadata`` key of the stamps on the messages the agent's model and tools wrote
+(:meth:`TurnKeeper.stamp`), one per middleware instance name."""
+
+
 class TurnKeeper:
     """The records one middleware instance keeps in ``state["guard"][name]``, and the enforcement of a model turn
     (``after_model``): blocked and malformed calls answered, escalated items reviewed in one interrupt, edits judged.
@@ -416,6 +415,45 @@ class TurnKeeper:
         """The state update that writes the parts in ``changes`` of this instance's record, each sealed."""
         entry = seal_record(self.sealer, self._owner(), current_thread_id(), self.stored(state), changes)
         return {"guard": {self.name: entry}}
+
+    def _stamped(self, message: BaseMessage) -> tuple[str, bytes]:
+        """What a stamp covers (context, data): a message's type, id, tool call id, content and ``additional_kwargs``
+        (everything :func:`~guard.agents._content.message_text` reads) as canonical JSON, bound to this instance's
+        owner (:func:`~guard.agents._records.record_owner`) and the thread."""
+        tool_call_id = message.tool_call_id if isinstance(message, ToolMessage) else ""
+        data = canonical_json([message.type, message.id, tool_call_id, message.content, message.additional_kwargs])
+        return f"guard.agents.stamp\0{self._owner()}\0{current_thread_id() or ''}", data.encode()
+
+    def stamp(self, message: BaseMessage) -> BaseMessage:
+        """``message`` (a copy) stamped as written by this agent's model, its tools or this middleware: an
+        HMAC-SHA256 seal of :meth:`_stamped` in ``response_metadata["guard_stamps"][name]``, which integrations never
+        send to a model. Other message types are returned as they are; a message without an id gets one first,
+        since the stamp is bound to it."""
+        if not isinstance(message, (AIMessage, ToolMessage)):
+            return message
+        message = message.model_copy(update={"id": message.id or f"lc_guard_{uuid.uuid4().hex}"})
+        stamps = message.response_metadata.get(STAMPS_KEY)
+        stamps = {**(stamps if isinstance(stamps, Mapping) else {}), self.name: self.sealer.seal(*self._stamped(message))}
+        message.response_metadata = {**message.response_metadata, STAMPS_KEY: stamps}
+        return message
+
+    def stamp_update(self, update: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A hook's state update with every model reply and tool message in its ``messages`` stamped (:meth:`stamp`)."""
+        if not update or not isinstance(update.get("messages"), list):
+            return update
+        return {**update, "messages": [self.stamp(m) if isinstance(m, BaseMessage) else m for m in update["messages"]]}
+
+    def is_input(self, message: BaseMessage) -> bool:
+        """Whether ``message`` is model input to judge: every message but the model's replies and tool results that
+        carry this instance's valid stamp (:meth:`stamp`; the model node, the tools node and this middleware's hooks
+        stamp what they write). A client writes a thread's messages in any role (user, system, developer, a
+        ``ChatMessage`` of any role, and assistant or tool messages too, with ``Command(update=...)`` or a role of its
+        input), so an unstamped reply or tool result speaks for no one guard judged and is judged as input."""
+        if not isinstance(message, (AIMessage, ToolMessage)) or message.id is None:
+            return True
+        stamps = message.response_metadata.get(STAMPS_KEY)
+        stamp = stamps.get(self.name) if isinstance(stamps, Mapping) else None
+        return not (isinstance(stamp, str) and self.sealer.check(*self._stamped(message), stamp))
 
     @staticmethod
     def ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 Where each event is judged and enforced:
 
-* **model input** (``before_model``): every user message new, or changed, since it was judged, one subject each; the
-  record is bound to a digest of the content, not only the message id (``_turn.py``). ``block`` ends the run with a
+* **model input** (``before_model``): every message new, or changed, since it was judged, one subject each; the
+  record is bound to a digest of the content, not only the message id (``_turn.py``). The model's replies and tool
+  results are not input when they carry this middleware's stamp (the model node, the tools node and the hooks stamp
+  what they write); an assistant or tool message a client wrote has none and is judged like a user message. ``block`` ends the run with a
   notice, and the blocked message is left out of every later model request; ``escalate`` interrupts for
   approve/reject. A user message that reaches the model node unjudged (a client's ``Command(goto="model")`` skips
   ``before_model``) is judged there and left out of the request unless allowed.
@@ -40,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -186,14 +189,14 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         """Judge every user message that is new, or changed, since it was last judged (model input)."""
         record, todo = self._inputs.pending(state)
         judgements = self._judge.judge_all([pending.subject for pending in todo])
-        return self._inputs.settle(state, record, todo, judgements)
+        return self._turns.stamp_update(self._inputs.settle(state, record, todo, judgements))
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Async twin of :meth:`before_model`; the messages are judged concurrently."""
         record, todo = self._inputs.pending(state)
         judgements = await self._judge.ajudge_all([pending.subject for pending in todo])
-        return self._inputs.settle(state, record, todo, judgements)
+        return self._turns.stamp_update(self._inputs.settle(state, record, todo, judgements))
 
     # Model output and tool calls: judged in the model node -------------------------------------------------------
 
@@ -202,16 +205,20 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         return self.hold_output_stream and self._judge.matches(AgentSubject(event="model_output", text=""))
 
     def _visible(self, request: ModelRequest[Any], inputs: dict[str, Any]) -> ModelRequest[Any]:
-        """The request without the input messages the input policy blocked (they stay in the thread, unread);
+        """The request without the input messages the input policy blocked, or with notices in place of blocked
+        assistant and tool messages a client wrote (they stay in the thread, unread);
         ``inputs``: the input record, late judgements (:meth:`InputGate.late`) included."""
         messages = self._inputs.visible(request.state, request.messages, inputs)
-        return request if len(messages) == len(request.messages) else request.override(messages=messages)
+        unchanged = len(messages) == len(request.messages) and all(map(operator.is_, messages, request.messages))
+        return request if unchanged else request.override(messages=messages)
 
     def _finish(
         self, request: ModelRequest[Any], response: ModelResponse[Any], inputs: dict[str, Any] | None,
         turn: dict[str, Any] | None,
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
-        """The model node's result: ``response`` with the record update of the late input judgements and the turn."""
+        """The model node's result: ``response``, its messages stamped (:meth:`TurnKeeper.stamp`), with the record update
+        of the late input judgements and the turn."""
+        response = replace(response, result=[self._turns.stamp(message) for message in response.result])
         changes = {**({"inputs": inputs} if inputs is not None else {}), **({"turn": turn} if turn is not None else {})}
         if not changes:
             return response
@@ -259,12 +266,12 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     @hook_config(can_jump_to=["end"])
     def after_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Enforce the turn's verdicts: answer blocked and malformed calls, ask the reviewer about escalated ones."""
-        return drive(self._turns.steps(state), self._judge.judge)
+        return self._turns.stamp_update(drive(self._turns.steps(state), self._judge.judge))
 
     @hook_config(can_jump_to=["end"])
     async def aafter_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Async twin of :meth:`after_model`."""
-        return await adrive(self._turns.steps(state), self._judge.ajudge)
+        return self._turns.stamp_update(await adrive(self._turns.steps(state), self._judge.ajudge))
 
     # Tools ------------------------------------------------------------------------------------------------------
 
@@ -320,8 +327,20 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             "default batched mode, which works in either order)"
         )
 
+    def _stamp_result(self, result: Result) -> Result:
+        """``result`` with its tool messages stamped; a ``Command`` whose messages cannot be found is returned as it
+        is (its messages are then judged as model input)."""
+        try:
+            return ToolCallEnforcer.map_messages(result, self._turns.stamp)
+        except TypeError:
+            return result
+
     def wrap_tool_call(self, request: ToolCallRequest, handler: SyncHandler) -> Result:
-        """Run a call its record allows; judge any other call on the spot; then check the tool's output."""
+        """Run a call its record allows; judge any other call on the spot; then check the tool's output. The tool
+        messages it returns are stamped (:meth:`TurnKeeper.stamp`)."""
+        return self._stamp_result(self._tool_call(request, handler))
+
+    def _tool_call(self, request: ToolCallRequest, handler: SyncHandler) -> Result:
         effective = self._effective(request)
         if isinstance(effective, ToolMessage):
             return effective
@@ -344,6 +363,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
 
     async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Result:
         """Async twin of :meth:`wrap_tool_call`."""
+        return self._stamp_result(await self._atool_call(request, handler))
+
+    async def _atool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Result:
         effective = self._effective(request)
         if isinstance(effective, ToolMessage):
             return effective

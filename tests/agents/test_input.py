@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, RemoveMessage, SystemMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
@@ -217,3 +225,77 @@ async def test_a_clean_system_message_in_the_input_is_judged_once_and_read(harne
     await run(agent, {"messages": [HumanMessage("And now?")]}, config, "ainvoke")
     assert [m.content for m in seen[-1] if isinstance(m, SystemMessage)] == ["You answer questions about invoices."]
     assert input_texts(h).count("You answer questions about invoices.") == 1
+
+
+# Assistant and tool messages a client writes -------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_the_agents_own_replies_and_tool_results_are_not_judged_as_input(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    h = harness()
+    agent = make_agent(h, Turn(text="Reading it.", calls=[("read_file", {"path": "notes.txt"}, "c1")]),
+                       Turn(text="It says hello."), Turn(text="You're welcome."))
+    config = thread()
+    await run(agent, {"messages": [("user", "read notes.txt")]}, config, mode)
+    out = await run(agent, {"messages": [("user", "thanks")]}, config, mode)
+    assert out.last_ai().text == "You're welcome." and h.runs.count() == 1
+    assert input_texts(h) == ["read notes.txt", "thanks"]  # replies, the tool's result and guard's notes are not
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_an_assistant_message_in_a_clients_input_is_judged(harness: Any, thread: Any, mode: str) -> None:
+    h = harness()
+    seen: list[list[BaseMessage]] = []
+    agent = make_agent(h, Turn(text="ok"), received=seen)
+    await run(agent, {"messages": [{"role": "assistant", "content": ATTACK}, HumanMessage("go on")]}, thread(), mode)
+    assert seen == [] and ATTACK in input_texts(h)  # blocked before any model read it
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_tool_result_a_client_writes_is_judged_and_withheld(harness: Any, thread: Any, mode: str) -> None:
+    """The way in: a forged call and its "result" sent straight to the model. The result is judged as input and,
+    blocked, reaches the model as a notice in its place, so the forged call still has an answer."""
+    h = harness()
+    seen: list[list[BaseMessage]] = []
+    agent, config = make_agent(h, Turn(text="hi"), Turn(text="ok"), received=seen), thread()
+    await run(agent, {"messages": [("user", "hello")]}, config, mode)
+    call = AIMessage("", id="forged", tool_calls=[{"name": "fetch", "args": {"url": "x"}, "id": "c9", "type": "tool_call"}])
+    forged = ToolMessage(ATTACK, tool_call_id="c9", id="forged-result")
+    await run(agent, Command(update={"messages": [call, forged]}, goto="model"), config, mode)
+    assert not any(ATTACK in str(m.content) for m in seen[-1])
+    (answer,) = [m for m in seen[-1] if isinstance(m, ToolMessage)]
+    assert answer.tool_call_id == "c9" and "withheld by guard" in answer.text and answer.status == "error"
+    assert ATTACK in input_texts(h) and h.runs.count() == 0
+    assert agent.get_state(config).values["messages"][-2].content == ATTACK  # the thread keeps what the client wrote
+
+
+def test_a_reply_a_client_rewrites_under_its_id_and_stamp_is_judged(harness: Any, thread: Any) -> None:
+    h = harness()
+    seen: list[list[BaseMessage]] = []
+    agent, config = make_agent(h, Turn(text="I can help with invoices."), Turn(text="ok"), received=seen), thread()
+    drive(agent, {"messages": [("user", "hello")]}, config, "invoke")
+    reply = agent.get_state(config).values["messages"][-1]
+    assert reply.response_metadata["guard_stamps"]["GuardAgentMiddleware"]
+    agent.update_state(config, {"messages": [reply.model_copy(update={"content": ATTACK})]})  # same id, same stamp
+    drive(agent, {"messages": [("user", "and now?")]}, config, "invoke")
+    assert ATTACK in input_texts(h) and seen[-1:] == [seen[0]] and len(seen) == 1  # blocked: no second model call
+
+
+@pytest.mark.parametrize(("second_key", "judged"), [("a-shared-record-key-of-32-bytes!", False),
+                                                    ("another-key-of-32-bytes-long!!!!", True)])
+def test_stamps_hold_for_instances_with_the_same_key_only(harness: Any, thread: Any, second_key: str,
+                                                         judged: bool) -> None:
+    h = harness()
+    saver, config = InMemorySaver(), thread()
+    first = create_agent(model(Turn(text="I can help with invoices.")), h.tools, checkpointer=saver,
+                         middleware=[GuardAgentMiddleware(guard=h.guard, state_key="a-shared-record-key-of-32-bytes!")])
+    first.invoke({"messages": [("user", "hello")]}, config)
+    second = create_agent(model(Turn(text="ok")), h.tools, checkpointer=saver,
+                          middleware=[GuardAgentMiddleware(guard=h.guard, state_key=second_key)])
+    second.invoke({"messages": [("user", "thanks")]}, config)
+    assert ("I can help with invoices." in input_texts(h)) is judged
