@@ -25,13 +25,14 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "message_text"]
+__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "input_text", "message_text"]
 
 TOOL_CALL_BLOCKS = frozenset(
     {"tool_call", "tool_call_chunk", "invalid_tool_call", "tool_use", "function_call", "input_json_delta"}
@@ -180,3 +181,17 @@ def message_text(message: BaseMessage) -> str:
     extras = {key: value for key, value in (message.additional_kwargs or {}).items() if key not in _SKIPPED_KWARGS}
     parts += _strings(extras)
     return "\n".join(parts)
+
+
+def input_text(message: BaseMessage) -> str:
+    """All the text a model reads in ``message`` when it is judged as model input: :func:`message_text`, then each of
+    its tool calls as JSON, keys and values (``tool_calls``, ``invalid_tool_calls``, tool call blocks, and
+    ``additional_kwargs`` ``tool_calls`` / ``function_call``). A client that writes an assistant message speaks for
+    the model, its calls included, so none of its text is left out; :func:`message_text` leaves calls to the
+    tool-call policy, which judges the calls the agent's own model makes."""
+    content = message.content if isinstance(message.content, list) else []
+    calls: list[Any] = [block for block in content if isinstance(block, Mapping) and block.get("type") in TOOL_CALL_BLOCKS]
+    calls += [message.additional_kwargs.get(key) for key in ("tool_calls", "function_call")]
+    calls += [*getattr(message, "tool_calls", ()), *getattr(message, "invalid_tool_calls", ())]
+    as_json = [json.dumps(call, sort_keys=True, ensure_ascii=False, default=repr) for call in calls if call]
+    return "\n".join(text for text in (message_text(message), *as_json) if text)

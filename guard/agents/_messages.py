@@ -67,8 +67,8 @@ RESULT_STRIPPED_TEMPLATE = (
 )
 INPUT_BLOCKED_TEMPLATE = "This request was blocked by guard policy {policy} (rule {rule}): {reason}."
 INPUT_WITHHELD_TEMPLATE = (
-    "A {role} message in this conversation was withheld by guard: it was not written by this agent's model or tools, "
-    "and the input policy did not allow it."
+    "This {role} message was withheld by guard: it was not written by this agent's model or tools, and the input "
+    "policy did not allow it."
 )
 OUTPUT_BLOCKED_TEMPLATE = "The assistant's reply was withheld by guard policy {policy} (rule {rule}): {reason}."
 
@@ -220,11 +220,13 @@ def assistant_notice(template: str, verdict: Verdict | None, reason: str | None 
 
 def withheld_input(message: AIMessage | ToolMessage) -> AIMessage | ToolMessage:
     """What a model request carries in place of a client-written assistant or tool message the input policy blocked:
-    the same message (id, tool calls, tool call id) with a notice for its content, so every tool call keeps its
-    answer; the message in the thread is not changed."""
+    a notice with the same id (a tool message's call id kept, an assistant message's tool calls dropped: their
+    names and arguments are the client's text too); the message in the thread is not changed."""
     role = "tool" if isinstance(message, ToolMessage) else "assistant"
     update: dict[str, Any] = {"content": INPUT_WITHHELD_TEMPLATE.format(role=role), "additional_kwargs": {}}
     if isinstance(message, ToolMessage):
         update["status"] = "error"
+    else:
+        update.update(tool_calls=[], invalid_tool_calls=[])
     copy = message.model_copy(update=update)
     return add_notification_metadata(copy, source=SOURCE, data={"outcome": "withheld", "event": "model_input"})  # type: ignore[arg-type,return-value]

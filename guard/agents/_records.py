@@ -57,6 +57,7 @@ __all__ = [
     "open_part",
     "record_owner",
     "record_sealer",
+    "seal_context",
     "seal_record",
     "text_item",
     "tool_item",
@@ -145,8 +146,14 @@ def _sealed_bytes(value: Any) -> bytes:
     return b"j" + plain.encode()
 
 
+def seal_context(kind: str, owner: str, thread_id: str | None, *more: str) -> str:
+    """The context a seal of ``kind`` is bound to: the owner (:func:`record_owner`), the thread and ``more``, as a
+    JSON list, so no two (owner, thread) pairs share one whatever characters a thread id holds."""
+    return json.dumps([f"guard.agents.{kind}", owner, thread_id or "", *more], ensure_ascii=False)
+
+
 def _context(owner: str, thread_id: str | None, part: str) -> str:
-    return f"guard.agents.record\0{owner}\0{thread_id or ''}\0{part}"
+    return seal_context("record", owner, thread_id, part)
 
 
 def seal_record(

@@ -35,6 +35,7 @@ async hooks share it (:func:`drive` / :func:`adrive`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
@@ -56,6 +57,7 @@ from langchain_core.messages import (
 from langchain_core.runnables.config import ensure_config, var_child_runnable_config
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
+from pydantic import BaseModel as PydanticModel
 
 from guard._seal import Sealer
 from guard.agents import _messages as msgs
@@ -67,7 +69,7 @@ from guard.agents._arguments import (
     tool_effect,
     withhold_oversized,
 )
-from guard.agents._content import message_text
+from guard.agents._content import input_text, message_text
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
@@ -76,6 +78,7 @@ from guard.agents._records import (
     hitl_edit,
     open_part,
     record_owner,
+    seal_context,
     seal_record,
     text_item,
     tool_item,
@@ -111,8 +114,9 @@ REJECTED_REASON = "a reviewer rejected it"
 
 
 def input_digest(message: AnyMessage) -> str:
-    """SHA-256 (hex) of a message's exact content and the text judged from it; an input record is bound to it."""
-    return digest_of("model_input", canonical_json(message.content), message_text(message))
+    """SHA-256 (hex) of a message's exact content and the text judged from it (:func:`input_text`, tool calls
+    included); an input record is bound to it."""
+    return digest_of("model_input", canonical_json(message.content), input_text(message))
 
 
 def as_message(item: Any) -> AnyMessage:
@@ -182,7 +186,7 @@ class InputGate:
             if entry is not None and entry.get("digest") == digest:
                 kept[key] = entry
                 continue
-            text = message_text(message)
+            text = input_text(message)
             subject = AgentSubject(event="model_input", text=text, user_message=text, thread_id=thread_id)
             if self.judge.matches(subject):
                 todo.append(PendingInput(key, message, digest, subject))
@@ -252,19 +256,26 @@ class InputGate:
         self, state: Any, messages: Sequence[AnyMessage], record: dict[str, dict[str, str]] | None = None
     ) -> list[AnyMessage]:
         """``messages`` without the input messages whose record (``record``, else the state's) says ``blocked`` (for
-        the same content). A blocked model reply or tool result that a client wrote (:meth:`TurnKeeper.is_input`)
-        stays in the request as a notice without its text, so every tool call keeps its answer."""
+        the same content). A blocked assistant or tool message that a client wrote (:meth:`TurnKeeper.is_input`)
+        stays in the request as a notice of the same role and id without its text (an assistant message without its
+        tool calls, and the tool messages answering those calls left out), so the request stays well formed."""
         record = self._record(state) if record is None else record
         if not any(entry.get("status") == "blocked" for entry in record.values()):
             return list(messages)
         out: list[AnyMessage] = []
+        dropped_calls: set[str] = set()
         for item in messages:
             message = as_message(item)
             digest = input_digest(message)
             entry = record.get(_key(message, digest))
-            if entry is None or entry.get("digest") != digest or entry.get("status") != "blocked":
+            blocked = entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked"
+            if isinstance(message, ToolMessage) and message.tool_call_id in dropped_calls:
+                continue
+            if not blocked:
                 out.append(item)
             elif isinstance(message, (AIMessage, ToolMessage)):
+                if isinstance(message, AIMessage):
+                    dropped_calls.update(str(call.get("id")) for call in message.tool_calls)
                 out.append(msgs.withheld_input(message))
         return out
 
@@ -379,6 +390,16 @@ async def adrive(steps: Steps, judge: Callable[[AgentSubject], Awaitable[Judgeme
         return stop.value  # type: ignore[no-any-return]
 
 
+def _plain(value: Any) -> Any:
+    """A value JSON cannot hold, as a checkpoint serializer hands it back: a pydantic model or a dataclass as the
+    mapping of its fields (so a stamp still checks out after a round trip), anything else as its ``repr``."""
+    if isinstance(value, PydanticModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return repr(value)
+
+
 STAMPS_KEY = "guard_stamps"
 """The ``response_metadata`` key of the stamps on the messages the agent's model and tools wrote
 (:meth:`TurnKeeper.stamp`), one per middleware instance name."""
@@ -391,15 +412,15 @@ class TurnKeeper:
     Args:
         name: the middleware instance's name (its key in ``state["guard"]``).
         judge: evaluates subjects.
+        sealer: seals the records and stamps the messages (``owner``: the name and the guard's policies,
+            :func:`~guard.agents._records.record_owner`).
     """
 
     def __init__(self, name: str, judge: Judge, sealer: Sealer) -> None:
         self.name = name
         self.judge = judge
         self.sealer = sealer
-
-    def _owner(self) -> str:
-        return record_owner(self.name, self.judge.guard.policies)
+        self.owner = record_owner(name, judge.guard.policies)
 
     def stored(self, state: Any) -> Mapping[str, Any]:
         """This instance's record in ``state`` as stored, seals unchecked (``{}`` when there is none)."""
@@ -409,20 +430,24 @@ class TurnKeeper:
 
     def part(self, state: Any, part: str) -> Any:
         """Part ``part`` (``inputs``, ``turn``) of this instance's record when its seal checks out, else ``None``."""
-        return open_part(self.sealer, self._owner(), current_thread_id(), self.stored(state), part)
+        return open_part(self.sealer, self.owner, current_thread_id(), self.stored(state), part)
 
     def update(self, state: Any, **changes: Any) -> dict[str, Any]:
         """The state update that writes the parts in ``changes`` of this instance's record, each sealed."""
-        entry = seal_record(self.sealer, self._owner(), current_thread_id(), self.stored(state), changes)
+        entry = seal_record(self.sealer, self.owner, current_thread_id(), self.stored(state), changes)
         return {"guard": {self.name: entry}}
 
     def _stamped(self, message: BaseMessage) -> tuple[str, bytes]:
-        """What a stamp covers (context, data): a message's type, id, tool call id, content and ``additional_kwargs``
-        (everything :func:`~guard.agents._content.message_text` reads) as canonical JSON, bound to this instance's
-        owner (:func:`~guard.agents._records.record_owner`) and the thread."""
-        tool_call_id = message.tool_call_id if isinstance(message, ToolMessage) else ""
-        data = canonical_json([message.type, message.id, tool_call_id, message.content, message.additional_kwargs])
-        return f"guard.agents.stamp\0{self._owner()}\0{current_thread_id() or ''}", data.encode()
+        """What a stamp covers (context, data): a message's type, id, content and ``additional_kwargs`` (everything
+        :func:`input_text` reads), its tool call id or its tool calls, as JSON (:func:`_plain`), bound to this
+        instance's owner (:func:`~guard.agents._records.record_owner`) and the thread."""
+        fields = [message.type, message.id, message.content, message.additional_kwargs]
+        if isinstance(message, ToolMessage):
+            fields.append(message.tool_call_id)
+        if isinstance(message, AIMessage):
+            fields += [message.tool_calls, message.invalid_tool_calls]
+        data = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain)
+        return seal_context("stamp", self.owner, current_thread_id()), data.encode()
 
     def stamp(self, message: BaseMessage) -> BaseMessage:
         """``message`` (a copy) stamped as written by this agent's model, its tools or this middleware: an
