@@ -9,7 +9,8 @@ of a thread's model replies and tool results.
 The model node, the tools node and the middleware's hooks stamp every reply and tool result they write, and the
 input check reads the stamp of every reply and tool result in the thread (twice per model step) to tell them from
 ones a client wrote (``TurnKeeper.is_input``): one content digest and one HMAC-SHA256 per message. The stamp figure
-is for a whole thread whose messages are half model replies (200 characters) and half tool results (1,000).
+is for a whole thread whose messages are half model replies (200 characters, one tool call each) and half the
+tool results answering them (1,000).
 
 Run from the repository root::
 
@@ -34,6 +35,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from guard import Guard
 from guard.agents import GuardAgentMiddleware
 from guard.agents._records import open_part, record_owner, record_sealer, seal_record
+from guard.agents._turn import answered_calls
 from guard.backends.fixture import FixtureBackend
 
 OWNER = record_owner("GuardAgentMiddleware", [])
@@ -60,15 +62,26 @@ def turn_part() -> dict[str, object]:
 
 
 def stamped_thread(middleware: GuardAgentMiddleware, messages: int) -> list[AIMessage | ToolMessage]:
-    """``messages`` stamped messages: model replies of 200 characters and tool results of 1,000, alternating."""
-    turns = middleware._turns
+    """``messages`` stamped messages: model replies of 200 characters, each with a tool call, and the tool results
+    answering them (1,000 characters), alternating."""
     thread: list[AIMessage | ToolMessage] = []
     for i in range(messages):
         if i % 2 == 0:
-            thread.append(AIMessage(f"reply {i} " + "r" * 190, id=f"lc_run--{i:08d}"))
+            call = {"name": "search", "args": {"query": f"q{i}"}, "id": f"call_{i}", "type": "tool_call"}
+            thread.append(AIMessage(f"reply {i} " + "r" * 190, id=f"lc_run--{i:08d}", tool_calls=[call]))
         else:
-            thread.append(ToolMessage(f"result {i} " + "t" * 990, tool_call_id=f"call_{i}", id=f"tool-{i:08d}"))
-    return [turns.stamp(message) for message in thread]  # type: ignore[misc]
+            thread.append(ToolMessage(f"result {i} " + "t" * 990, tool_call_id=f"call_{i - 1}", id=f"tool-{i:08d}"))
+    return middleware._turns.stamp_all(thread, [])
+
+
+def inputs_of(middleware: GuardAgentMiddleware, thread: list[AIMessage | ToolMessage]) -> list[bool]:
+    """Which messages of ``thread`` are input to judge, read as ``InputGate.pending`` reads a thread."""
+    calls: dict[str, object] = {}
+    out = []
+    for message in thread:
+        out.append(middleware._turns.is_input(message, calls))
+        answered_calls([message], calls)
+    return out
 
 
 def best_us(fn: Callable[[], object], runs: int) -> tuple[float, float]:
@@ -106,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'thread':<24} {'stamp checks us (median/min)':>30} {'us per message':>16}")
     for size in (int(s) for s in args.sizes.split(",")):
         thread = stamped_thread(middleware, size)
-        assert not any(middleware._turns.is_input(message) for message in thread)
-        check = best_us(lambda thread=thread: [middleware._turns.is_input(m) for m in thread], max(3, args.runs // 10))
+        assert not any(inputs_of(middleware, thread))
+        check = best_us(lambda thread=thread: inputs_of(middleware, thread), max(3, args.runs // 10))
         label = f"{size} replies and results"
         print(f"{label:<24} {check[0]:>19.0f} / {check[1]:<8.0f} {check[0] / size:>16.1f}")
     return 0

@@ -13,7 +13,7 @@ has no required parameters, and never for the last call of a cut-off turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -86,10 +86,25 @@ class ParsedCall:
         return self.problem is not None
 
 
-def canonical_json(value: Any) -> str:
-    """Key-sorted, compact JSON (non-ASCII kept) used for digests; values JSON cannot hold are written with
-    ``repr`` so that two different values never share a digest by accident."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+def canonical_json(value: Any, default: Callable[[Any], Any] = repr) -> str:
+    """Key-sorted, compact JSON (non-ASCII kept) used for digests and seals; values JSON cannot hold are written with
+    ``default`` (``repr``) so that two different values never share a digest by accident. A mapping whose keys
+    cannot be sorted together (``1`` and ``"a"``) has each key that is not a string written as ``<type>:<key>``."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
+    except TypeError:
+        return json.dumps(_string_keys(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          default=default)
+
+
+def _string_keys(value: Any) -> Any:
+    """``value`` with every mapping's keys made strings (:func:`canonical_json`); other values as they are."""
+    if isinstance(value, Mapping):
+        return {key if isinstance(key, str) else f"{type(key).__name__}:{key}": _string_keys(item)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_string_keys(item) for item in value]
+    return value
 
 
 def arguments_digest(tool: str, arguments: Mapping[str, Any]) -> str:

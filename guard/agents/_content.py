@@ -25,14 +25,15 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "input_text", "message_text"]
+from guard.agents._arguments import canonical_json
+
+__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "call_ids", "input_text", "message_text"]
 
 TOOL_CALL_BLOCKS = frozenset(
     {"tool_call", "tool_call_chunk", "invalid_tool_call", "tool_use", "function_call", "input_json_delta"}
@@ -183,15 +184,47 @@ def message_text(message: BaseMessage) -> str:
     return "\n".join(parts)
 
 
+def _call_blocks(value: Any) -> list[Mapping[Any, Any]]:
+    """Every tool call block (:data:`TOOL_CALL_BLOCKS`) inside ``value``, at any depth (inside a ``non_standard``
+    block's ``value`` too), in document order."""
+    found: list[Mapping[Any, Any]] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if item.get("type") in TOOL_CALL_BLOCKS:
+                found.append(item)
+            else:
+                stack.extend(reversed(list(item.values())))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+    return found
+
+
+def _calls(message: BaseMessage) -> list[Any]:
+    """Every tool call ``message`` holds, in any form: ``tool_calls``, ``invalid_tool_calls``, tool call blocks at any
+    depth of the content, and ``additional_kwargs`` ``tool_calls`` (a list) and ``function_call``."""
+    calls: list[Any] = [*getattr(message, "tool_calls", ()), *getattr(message, "invalid_tool_calls", ())]
+    calls += _call_blocks(message.content)
+    raw = message.additional_kwargs.get("tool_calls")
+    calls += raw if isinstance(raw, list) else [raw]
+    calls.append(message.additional_kwargs.get("function_call"))
+    return [call for call in calls if call]
+
+
+def call_ids(message: BaseMessage) -> set[str]:
+    """The ids of every tool call ``message`` holds (:func:`_calls`: ``id``, or ``call_id`` for OpenAI's blocks)."""
+    ids = set()
+    for call in _calls(message):
+        if isinstance(call, Mapping):
+            ids.update(str(call[key]) for key in ("id", "call_id") if call.get(key) is not None)
+    return ids
+
+
 def input_text(message: BaseMessage) -> str:
-    """All the text a model reads in ``message`` when it is judged as model input: :func:`message_text`, then each of
-    its tool calls as JSON, keys and values (``tool_calls``, ``invalid_tool_calls``, tool call blocks, and
-    ``additional_kwargs`` ``tool_calls`` / ``function_call``). A client that writes an assistant message speaks for
-    the model, its calls included, so none of its text is left out; :func:`message_text` leaves calls to the
-    tool-call policy, which judges the calls the agent's own model makes."""
-    content = message.content if isinstance(message.content, list) else []
-    calls: list[Any] = [block for block in content if isinstance(block, Mapping) and block.get("type") in TOOL_CALL_BLOCKS]
-    calls += [message.additional_kwargs.get(key) for key in ("tool_calls", "function_call")]
-    calls += [*getattr(message, "tool_calls", ()), *getattr(message, "invalid_tool_calls", ())]
-    as_json = [json.dumps(call, sort_keys=True, ensure_ascii=False, default=repr) for call in calls if call]
-    return "\n".join(text for text in (message_text(message), *as_json) if text)
+    """All the text a model reads in ``message`` when it is judged as model input: its ``name``, then
+    :func:`message_text`, then each of its tool calls as JSON, keys and values (:func:`_calls`). A client that
+    writes an assistant message speaks for the model, its calls included, so none of its text is left out;
+    :func:`message_text` leaves calls to the tool-call policy, which judges the calls the agent's own model makes."""
+    as_json = [canonical_json(call) for call in _calls(message)]
+    return "\n".join(text for text in (message.name, message_text(message), *as_json) if text)

@@ -220,10 +220,10 @@ def assistant_notice(template: str, verdict: Verdict | None, reason: str | None 
 
 def withheld_input(message: AIMessage | ToolMessage) -> AIMessage | ToolMessage:
     """What a model request carries in place of a client-written assistant or tool message the input policy blocked:
-    a notice with the same id (a tool message's call id kept, an assistant message's tool calls dropped: their
-    names and arguments are the client's text too); the message in the thread is not changed."""
+    a notice with the same id (a tool message's call id kept, an assistant message's tool calls dropped, and the
+    ``name`` of either dropped: they are the client's text too); the message in the thread is not changed."""
     role = "tool" if isinstance(message, ToolMessage) else "assistant"
-    update: dict[str, Any] = {"content": INPUT_WITHHELD_TEMPLATE.format(role=role), "additional_kwargs": {}}
+    update: dict[str, Any] = {"content": INPUT_WITHHELD_TEMPLATE.format(role=role), "additional_kwargs": {}, "name": None}
     if isinstance(message, ToolMessage):
         update["status"] = "error"
     else:

@@ -69,7 +69,7 @@ from guard.agents._arguments import (
     tool_effect,
     withhold_oversized,
 )
-from guard.agents._content import input_text, message_text
+from guard.agents._content import call_ids, input_text, message_text
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
@@ -98,6 +98,7 @@ __all__ = [
     "Steps",
     "TurnKeeper",
     "adrive",
+    "answered_calls",
     "drive",
     "held_id",
     "input_digest",
@@ -176,9 +177,12 @@ class InputGate:
         kept: dict[str, dict[str, str]] = {}
         todo: list[PendingInput] = []
         thread_id = current_thread_id()
+        calls: dict[str, Any] = {}
         for item in state["messages"]:
             message = as_message(item)
-            if not self.turns.is_input(message):
+            input_message = self.turns.is_input(message, calls)
+            answered_calls([message], calls)
+            if not input_message:
                 continue
             digest = input_digest(message)
             key = _key(message, digest)
@@ -263,19 +267,19 @@ class InputGate:
         if not any(entry.get("status") == "blocked" for entry in record.values()):
             return list(messages)
         out: list[AnyMessage] = []
-        dropped_calls: set[str] = set()
+        dropped_calls: set[str] = set()  # the calls of the latest assistant message, when it was withheld
         for item in messages:
             message = as_message(item)
             digest = input_digest(message)
             entry = record.get(_key(message, digest))
             blocked = entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked"
-            if isinstance(message, ToolMessage) and message.tool_call_id in dropped_calls:
+            if isinstance(message, AIMessage):
+                dropped_calls = call_ids(message) if blocked else set()
+            elif isinstance(message, ToolMessage) and message.tool_call_id in dropped_calls:
                 continue
             if not blocked:
                 out.append(item)
             elif isinstance(message, (AIMessage, ToolMessage)):
-                if isinstance(message, AIMessage):
-                    dropped_calls.update(str(call.get("id")) for call in message.tool_calls)
                 out.append(msgs.withheld_input(message))
         return out
 
@@ -400,6 +404,18 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+def answered_calls(messages: Sequence[Any], calls: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Call id -> ``{"name", "args"}`` of the tool calls in ``messages``' assistant messages (the latest one wins for
+    an id used twice), added to ``calls``: what a tool message answering that id answers."""
+    calls = {} if calls is None else calls
+    for item in messages:
+        message = as_message(item)
+        if isinstance(message, AIMessage):
+            for call in [*message.tool_calls, *message.invalid_tool_calls]:
+                calls[str(call.get("id"))] = {"name": call.get("name"), "args": call.get("args")}
+    return calls
+
+
 STAMPS_KEY = "guard_stamps"
 """The ``response_metadata`` key of the stamps on the messages the agent's model and tools wrote
 (:meth:`TurnKeeper.stamp`), one per middleware instance name."""
@@ -437,48 +453,56 @@ class TurnKeeper:
         entry = seal_record(self.sealer, self.owner, current_thread_id(), self.stored(state), changes)
         return {"guard": {self.name: entry}}
 
-    def _stamped(self, message: BaseMessage) -> tuple[str, bytes]:
-        """What a stamp covers (context, data): a message's type, id, content and ``additional_kwargs`` (everything
-        :func:`input_text` reads), its tool call id or its tool calls, as JSON (:func:`_plain`), bound to this
-        instance's owner (:func:`~guard.agents._records.record_owner`) and the thread."""
-        fields = [message.type, message.id, message.content, message.additional_kwargs]
+    def _stamped(self, message: BaseMessage, calls: Mapping[str, Any]) -> tuple[str, bytes]:
+        """What a stamp covers (context, data): a message's type, id, name, content and ``additional_kwargs``
+        (everything :func:`input_text` reads); an assistant message's tool calls; a tool message's call id and the
+        call it answers (``calls[tool_call_id]``, :func:`answered_calls`: its name and arguments, so a result cannot
+        be moved under another call); as JSON (:func:`_plain`), bound to this instance's owner
+        (:func:`~guard.agents._records.record_owner`) and the thread."""
+        fields = [message.type, message.id, message.name, message.content, message.additional_kwargs]
         if isinstance(message, ToolMessage):
-            fields.append(message.tool_call_id)
+            fields += [message.tool_call_id, calls.get(message.tool_call_id)]
         if isinstance(message, AIMessage):
             fields += [message.tool_calls, message.invalid_tool_calls]
-        data = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain)
-        return seal_context("stamp", self.owner, current_thread_id()), data.encode()
+        return seal_context("stamp", self.owner, current_thread_id()), canonical_json(fields, _plain).encode()
 
-    def stamp(self, message: BaseMessage) -> BaseMessage:
+    def stamp(self, message: BaseMessage, calls: Mapping[str, Any]) -> BaseMessage:
         """``message`` (a copy) stamped as written by this agent's model, its tools or this middleware: an
         HMAC-SHA256 seal of :meth:`_stamped` in ``response_metadata["guard_stamps"][name]``, which integrations never
-        send to a model. Other message types are returned as they are; a message without an id gets one first,
-        since the stamp is bound to it."""
+        send to a model. ``calls``: :func:`answered_calls` of the thread the message joins. Other message types are
+        returned as they are; a message without an id gets one first, since the stamp is bound to it."""
         if not isinstance(message, (AIMessage, ToolMessage)):
             return message
         message = message.model_copy(update={"id": message.id or f"lc_guard_{uuid.uuid4().hex}"})
+        stamp = self.sealer.seal(*self._stamped(message, calls))
         stamps = message.response_metadata.get(STAMPS_KEY)
-        stamps = {**(stamps if isinstance(stamps, Mapping) else {}), self.name: self.sealer.seal(*self._stamped(message))}
+        stamps = {**(stamps if isinstance(stamps, Mapping) else {}), self.name: stamp}
         message.response_metadata = {**message.response_metadata, STAMPS_KEY: stamps}
         return message
 
-    def stamp_update(self, update: dict[str, Any] | None) -> dict[str, Any] | None:
+    def stamp_all(self, messages: Sequence[Any], thread: Sequence[Any]) -> list[Any]:
+        """``messages`` (joining ``thread``) with every model reply and tool message stamped (:meth:`stamp`)."""
+        calls = answered_calls([*thread, *messages])
+        return [self.stamp(m, calls) if isinstance(m, BaseMessage) else m for m in messages]
+
+    def stamp_update(self, state: Any, update: dict[str, Any] | None) -> dict[str, Any] | None:
         """A hook's state update with every model reply and tool message in its ``messages`` stamped (:meth:`stamp`)."""
         if not update or not isinstance(update.get("messages"), list):
             return update
-        return {**update, "messages": [self.stamp(m) if isinstance(m, BaseMessage) else m for m in update["messages"]]}
+        return {**update, "messages": self.stamp_all(update["messages"], state["messages"])}
 
-    def is_input(self, message: BaseMessage) -> bool:
+    def is_input(self, message: BaseMessage, calls: Mapping[str, Any]) -> bool:
         """Whether ``message`` is model input to judge: every message but the model's replies and tool results that
         carry this instance's valid stamp (:meth:`stamp`; the model node, the tools node and this middleware's hooks
         stamp what they write). A client writes a thread's messages in any role (user, system, developer, a
         ``ChatMessage`` of any role, and assistant or tool messages too, with ``Command(update=...)`` or a role of its
-        input), so an unstamped reply or tool result speaks for no one guard judged and is judged as input."""
+        input), so an unstamped reply or tool result speaks for no one guard judged and is judged as input.
+        ``calls``: :func:`answered_calls` of the messages before this one."""
         if not isinstance(message, (AIMessage, ToolMessage)) or message.id is None:
             return True
         stamps = message.response_metadata.get(STAMPS_KEY)
         stamp = stamps.get(self.name) if isinstance(stamps, Mapping) else None
-        return not (isinstance(stamp, str) and self.sealer.check(*self._stamped(message), stamp))
+        return not (isinstance(stamp, str) and self.sealer.check(*self._stamped(message, calls), stamp))
 
     @staticmethod
     def ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:

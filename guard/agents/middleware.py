@@ -79,7 +79,16 @@ from guard.agents._records import (
     hitl_edit,
     record_sealer,
 )
-from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, quiet_tokens, screen, structured_ids
+from guard.agents._turn import (
+    InputGate,
+    TurnKeeper,
+    adrive,
+    answered_calls,
+    drive,
+    quiet_tokens,
+    screen,
+    structured_ids,
+)
 from guard.agents.claims import ApprovalClaims
 from guard.subject import AgentSubject
 from guard.verdict import FailMode
@@ -189,14 +198,14 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         """Judge every user message that is new, or changed, since it was last judged (model input)."""
         record, todo = self._inputs.pending(state)
         judgements = self._judge.judge_all([pending.subject for pending in todo])
-        return self._turns.stamp_update(self._inputs.settle(state, record, todo, judgements))
+        return self._turns.stamp_update(state, self._inputs.settle(state, record, todo, judgements))
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Async twin of :meth:`before_model`; the messages are judged concurrently."""
         record, todo = self._inputs.pending(state)
         judgements = await self._judge.ajudge_all([pending.subject for pending in todo])
-        return self._turns.stamp_update(self._inputs.settle(state, record, todo, judgements))
+        return self._turns.stamp_update(state, self._inputs.settle(state, record, todo, judgements))
 
     # Model output and tool calls: judged in the model node -------------------------------------------------------
 
@@ -218,7 +227,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """The model node's result: ``response``, its messages stamped (:meth:`TurnKeeper.stamp`), with the record update
         of the late input judgements and the turn."""
-        response = replace(response, result=[self._turns.stamp(message) for message in response.result])
+        response = replace(response, result=self._turns.stamp_all(response.result, request.state["messages"]))
         changes = {**({"inputs": inputs} if inputs is not None else {}), **({"turn": turn} if turn is not None else {})}
         if not changes:
             return response
@@ -266,12 +275,12 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     @hook_config(can_jump_to=["end"])
     def after_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Enforce the turn's verdicts: answer blocked and malformed calls, ask the reviewer about escalated ones."""
-        return self._turns.stamp_update(drive(self._turns.steps(state), self._judge.judge))
+        return self._turns.stamp_update(state, drive(self._turns.steps(state), self._judge.judge))
 
     @hook_config(can_jump_to=["end"])
     async def aafter_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Async twin of :meth:`after_model`."""
-        return self._turns.stamp_update(await adrive(self._turns.steps(state), self._judge.ajudge))
+        return self._turns.stamp_update(state, await adrive(self._turns.steps(state), self._judge.ajudge))
 
     # Tools ------------------------------------------------------------------------------------------------------
 
@@ -327,18 +336,20 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             "default batched mode, which works in either order)"
         )
 
-    def _stamp_result(self, result: Result) -> Result:
-        """``result`` with its tool messages stamped; a ``Command`` whose messages cannot be found is returned as it
-        is (its messages are then judged as model input)."""
+    def _stamp_result(self, request: ToolCallRequest, result: Result) -> Result:
+        """``result`` with its tool messages stamped (bound to the calls they answer in ``request``'s state); a
+        ``Command`` whose messages cannot be found is returned as it is (its messages are then judged as model
+        input)."""
+        calls = answered_calls(request.state["messages"])
         try:
-            return ToolCallEnforcer.map_messages(result, self._turns.stamp)
+            return ToolCallEnforcer.map_messages(result, lambda message: self._turns.stamp(message, calls))
         except TypeError:
             return result
 
     def wrap_tool_call(self, request: ToolCallRequest, handler: SyncHandler) -> Result:
         """Run a call its record allows; judge any other call on the spot; then check the tool's output. The tool
         messages it returns are stamped (:meth:`TurnKeeper.stamp`)."""
-        return self._stamp_result(self._tool_call(request, handler))
+        return self._stamp_result(request, self._tool_call(request, handler))
 
     def _tool_call(self, request: ToolCallRequest, handler: SyncHandler) -> Result:
         effective = self._effective(request)
@@ -363,7 +374,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
 
     async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Result:
         """Async twin of :meth:`wrap_tool_call`."""
-        return self._stamp_result(await self._atool_call(request, handler))
+        return self._stamp_result(request, await self._atool_call(request, handler))
 
     async def _atool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Result:
         effective = self._effective(request)
