@@ -65,7 +65,8 @@ AsyncHandler = Callable[[ToolCallRequest], Awaitable[Result]]
 
 def redirect(request: ToolCallRequest, tool: str, arguments: Any) -> ToolCallRequest | str:
     """``request`` with its call replaced by ``tool(arguments)`` (the tool looked up in the runtime's tools when the
-    name changes), or why it cannot be (``"names tool 'x', which this agent does not have ..."``)."""
+    name changes), or why it cannot be (``"names a tool which this agent does not have (tools: ...)"``: the name
+    itself is not quoted, since the message the model reads must not carry text nobody judged)."""
     call = {**request.tool_call, "name": tool, "args": arguments}
     if tool == request.tool_call.get("name"):
         return request.override(tool_call=call)  # type: ignore[arg-type]
@@ -73,7 +74,7 @@ def redirect(request: ToolCallRequest, tool: str, arguments: Any) -> ToolCallReq
     found = next((t for t in runtime_tools if t.name == tool), None)
     if found is None:
         names = ", ".join(sorted(t.name for t in runtime_tools)) or "(none)"
-        return f"names tool {tool!r}, which this agent does not have (tools: {names})"
+        return f"names a tool which this agent does not have (tools: {names})"
     return request.override(tool_call=call, tool=found)  # type: ignore[arg-type]
 
 

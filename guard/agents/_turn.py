@@ -583,7 +583,9 @@ class TurnKeeper:
             return None
         turn = self.part(state, "turn")
         stored_turn = self.stored(state).get("turn")
-        # A held reply is released only through a sealed turn; under a turn whose seal fails it is judged again.
+        # A held reply under a turn whose seal fails (another key, or a client wrote it) is judged again, as model
+        # output and as model input, before it is released (and stamped).
+        sealed = turn is not None
         held = (turn or (stored_turn if isinstance(stored_turn, Mapping) else {})).get("held")
         placeholder: AIMessage | None = None
         if isinstance(held, AIMessage) and ai.id == held_id(held.id or ""):
@@ -595,6 +597,14 @@ class TurnKeeper:
                 judgements.append((yield subject))
             self.store(turn, todo, judgements)
         turn = cast(dict[str, Any], turn)
+        if placeholder is not None and not sealed:
+            text = input_text(ai)
+            subject = AgentSubject(event="model_input", text=text, user_message=text, thread_id=current_thread_id())
+            if self.judge.matches(subject):
+                judgement = yield subject
+                if judgement.outcome != "allow":  # no interrupt for it: withheld, as the late input check does
+                    output = {"verdict": verdict_json(judgement.verdict), "reason": judgement.reason}
+                    return self._withhold(state, ai, turn, output, None, placeholder)
         structured = {"structured_response": turn["held_structured"]} if "held_structured" in turn else {}
         held_messages = turn.get("held_messages") or []
         turn = {key: value for key, value in turn.items() if key not in ("held_structured", "held_messages")}

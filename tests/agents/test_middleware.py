@@ -209,7 +209,8 @@ def test_edit_that_renames_to_an_unknown_tool_runs_nothing(harness: Any, thread:
     h = harness()
     _, _, out = _escalate_then(h, thread, {"type": "edit", "tool": "wire_all", "arguments": {"amount": 1, "to": "x"}})
     assert h.runs.count() == 0
-    assert "which this agent does not have" in out.tool_messages()["a"].text
+    assert "names a tool which this agent does not have" in out.tool_messages()["a"].text
+    assert "wire_all" not in out.tool_messages()["a"].text  # the reviewer's text reaches no model unjudged
 
 
 def test_edit_is_judged_again_and_can_need_a_second_review(harness: Any, thread: Any) -> None:
