@@ -8,9 +8,9 @@ of a thread's model replies and tool results.
 
 The model node, the tools node and the middleware's hooks stamp every reply and tool result they write, and the
 input check reads the stamp of every reply and tool result in the thread (twice per model step) to tell them from
-ones a client wrote (``TurnKeeper.is_input``): one content digest and one HMAC-SHA256 per message. The stamp figure
-is for a whole thread whose messages are half model replies (200 characters, one tool call each) and half the
-tool results answering them (1,000).
+ones a client wrote (``InputGate.pending``, ``TurnKeeper.is_input``): one JSON serialisation and one HMAC-SHA256 per
+message. The stamp figure is one such pass over a whole thread (``InputGate.pending``), whose messages are half
+model replies (200 characters, one tool call each) and half the tool results answering them (1,000 characters).
 
 Run from the repository root::
 
@@ -35,7 +35,6 @@ from langchain_core.messages import AIMessage, ToolMessage
 from guard import Guard
 from guard.agents import GuardAgentMiddleware
 from guard.agents._records import open_part, record_owner, record_sealer, seal_record
-from guard.agents._turn import answered_calls
 from guard.backends.fixture import FixtureBackend
 
 OWNER = record_owner("GuardAgentMiddleware", [])
@@ -74,16 +73,6 @@ def stamped_thread(middleware: GuardAgentMiddleware, messages: int) -> list[AIMe
     return middleware._turns.stamp_all(thread, [])
 
 
-def inputs_of(middleware: GuardAgentMiddleware, thread: list[AIMessage | ToolMessage]) -> list[bool]:
-    """Which messages of ``thread`` are input to judge, read as ``InputGate.pending`` reads a thread."""
-    calls: dict[str, object] = {}
-    out = []
-    for message in thread:
-        out.append(middleware._turns.is_input(message, calls))
-        answered_calls([message], calls)
-    return out
-
-
 def best_us(fn: Callable[[], object], runs: int) -> tuple[float, float]:
     """Median and minimum microseconds of ``runs`` calls of ``fn``."""
     times = []
@@ -119,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'thread':<24} {'stamp checks us (median/min)':>30} {'us per message':>16}")
     for size in (int(s) for s in args.sizes.split(",")):
         thread = stamped_thread(middleware, size)
-        assert not any(inputs_of(middleware, thread))
-        check = best_us(lambda thread=thread: inputs_of(middleware, thread), max(3, args.runs // 10))
+        assert middleware._inputs.pending({"messages": thread}) == ({}, [])  # every message stamped: none to judge
+        check = best_us(lambda thread=thread: middleware._inputs.pending({"messages": thread}), max(3, args.runs // 10))
         label = f"{size} replies and results"
         print(f"{label:<24} {check[0]:>19.0f} / {check[1]:<8.0f} {check[0] / size:>16.1f}")
     return 0

@@ -12,6 +12,7 @@ has no required parameters, and never for the last call of a cut-off turn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,13 +99,24 @@ def canonical_json(value: Any, default: Callable[[Any], Any] = repr) -> str:
 
 
 def _string_keys(value: Any) -> Any:
-    """``value`` with every mapping's keys made strings (:func:`canonical_json`); other values as they are."""
+    """``value`` with every mapping key written as ``<type>:<key>`` (:func:`canonical_json`), strings included, so no
+    two keys merge; other values as they are."""
     if isinstance(value, Mapping):
-        return {key if isinstance(key, str) else f"{type(key).__name__}:{key}": _string_keys(item)
-                for key, item in value.items()}
+        return {f"{type(key).__name__}:{key}": _string_keys(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_string_keys(item) for item in value]
     return value
+
+
+def plain_json(value: Any) -> Any:
+    """A value JSON cannot hold, as a checkpoint serializer hands it back: a pydantic model or a dataclass as the
+    mapping of its fields (so a seal over it still checks out after a round trip), anything else as its ``repr``.
+    A ``default`` for :func:`canonical_json`."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return repr(value)
 
 
 def arguments_digest(tool: str, arguments: Mapping[str, Any]) -> str:

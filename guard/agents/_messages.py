@@ -67,8 +67,8 @@ RESULT_STRIPPED_TEMPLATE = (
 )
 INPUT_BLOCKED_TEMPLATE = "This request was blocked by guard policy {policy} (rule {rule}): {reason}."
 INPUT_WITHHELD_TEMPLATE = (
-    "This {role} message was withheld by guard: it was not written by this agent's model or tools, and the input "
-    "policy did not allow it."
+    "This {role} message was withheld by guard: it carries no valid guard stamp (it was written or changed outside "
+    "this agent's model, tools and guard), and the input policy did not allow it."
 )
 OUTPUT_BLOCKED_TEMPLATE = "The assistant's reply was withheld by guard policy {policy} (rule {rule}): {reason}."
 

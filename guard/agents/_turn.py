@@ -35,7 +35,6 @@ async hooks share it (:func:`drive` / :func:`adrive`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
@@ -57,7 +56,6 @@ from langchain_core.messages import (
 from langchain_core.runnables.config import ensure_config, var_child_runnable_config
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
-from pydantic import BaseModel as PydanticModel
 
 from guard._seal import Sealer
 from guard.agents import _messages as msgs
@@ -66,6 +64,7 @@ from guard.agents._arguments import (
     canonical_json,
     classify_arguments,
     parse_calls,
+    plain_json,
     tool_effect,
     withhold_oversized,
 )
@@ -394,16 +393,6 @@ async def adrive(steps: Steps, judge: Callable[[AgentSubject], Awaitable[Judgeme
         return stop.value  # type: ignore[no-any-return]
 
 
-def _plain(value: Any) -> Any:
-    """A value JSON cannot hold, as a checkpoint serializer hands it back: a pydantic model or a dataclass as the
-    mapping of its fields (so a stamp still checks out after a round trip), anything else as its ``repr``."""
-    if isinstance(value, PydanticModel):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return repr(value)
-
-
 def answered_calls(messages: Sequence[Any], calls: dict[str, Any] | None = None) -> dict[str, Any]:
     """Call id -> ``{"name", "args"}`` of the tool calls in ``messages``' assistant messages (the latest one wins for
     an id used twice), added to ``calls``: what a tool message answering that id answers."""
@@ -436,7 +425,18 @@ class TurnKeeper:
         self.name = name
         self.judge = judge
         self.sealer = sealer
-        self.owner = record_owner(name, judge.guard.policies)
+        self._owner: tuple[Any, str] = ((), "")
+
+    @property
+    def owner(self) -> str:
+        """Whose records and stamps these are (:func:`~guard.agents._records.record_owner`), for the policies loaded
+        now: a reload that changes a policy's version changes it."""
+        policies = self.judge.guard.policies.policies
+        cached_for, owner = self._owner
+        if policies is not cached_for:
+            owner = record_owner(self.name, policies)
+            self._owner = (policies, owner)
+        return owner
 
     def stored(self, state: Any) -> Mapping[str, Any]:
         """This instance's record in ``state`` as stored, seals unchecked (``{}`` when there is none)."""
@@ -457,14 +457,14 @@ class TurnKeeper:
         """What a stamp covers (context, data): a message's type, id, name, content and ``additional_kwargs``
         (everything :func:`input_text` reads); an assistant message's tool calls; a tool message's call id and the
         call it answers (``calls[tool_call_id]``, :func:`answered_calls`: its name and arguments, so a result cannot
-        be moved under another call); as JSON (:func:`_plain`), bound to this instance's owner
+        be moved under another call); as JSON (:func:`~guard.agents._arguments.plain_json`), bound to this instance's owner
         (:func:`~guard.agents._records.record_owner`) and the thread."""
         fields = [message.type, message.id, message.name, message.content, message.additional_kwargs]
         if isinstance(message, ToolMessage):
             fields += [message.tool_call_id, calls.get(message.tool_call_id)]
         if isinstance(message, AIMessage):
             fields += [message.tool_calls, message.invalid_tool_calls]
-        return seal_context("stamp", self.owner, current_thread_id()), canonical_json(fields, _plain).encode()
+        return seal_context("stamp", self.owner, current_thread_id()), canonical_json(fields, plain_json).encode()
 
     def stamp(self, message: BaseMessage, calls: Mapping[str, Any]) -> BaseMessage:
         """``message`` (a copy) stamped as written by this agent's model, its tools or this middleware: an
@@ -480,10 +480,23 @@ class TurnKeeper:
         message.response_metadata = {**message.response_metadata, STAMPS_KEY: stamps}
         return message
 
+    def stamper(self, thread: Sequence[Any]) -> Callable[[Any], Any]:
+        """A function that stamps (:meth:`stamp`) the messages joining ``thread``, called on them in order: each
+        tool message is bound to the call it answers among ``thread`` and the messages stamped before it, the rule
+        :meth:`InputGate.pending` checks with."""
+        calls = answered_calls(thread)
+
+        def stamp(message: Any) -> Any:
+            stamped = self.stamp(message, calls) if isinstance(message, BaseMessage) else message
+            answered_calls([message], calls)
+            return stamped
+
+        return stamp
+
     def stamp_all(self, messages: Sequence[Any], thread: Sequence[Any]) -> list[Any]:
-        """``messages`` (joining ``thread``) with every model reply and tool message stamped (:meth:`stamp`)."""
-        calls = answered_calls([*thread, *messages])
-        return [self.stamp(m, calls) if isinstance(m, BaseMessage) else m for m in messages]
+        """``messages`` (joining ``thread``) with every model reply and tool message stamped (:meth:`stamper`)."""
+        stamp = self.stamper(thread)
+        return [stamp(message) for message in messages]
 
     def stamp_update(self, state: Any, update: dict[str, Any] | None) -> dict[str, Any] | None:
         """A hook's state update with every model reply and tool message in its ``messages`` stamped (:meth:`stamp`)."""

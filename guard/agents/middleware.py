@@ -42,7 +42,6 @@ Example:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -83,7 +82,6 @@ from guard.agents._turn import (
     InputGate,
     TurnKeeper,
     adrive,
-    answered_calls,
     drive,
     quiet_tokens,
     screen,
@@ -218,8 +216,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         assistant and tool messages a client wrote (they stay in the thread, unread);
         ``inputs``: the input record, late judgements (:meth:`InputGate.late`) included."""
         messages = self._inputs.visible(request.state, request.messages, inputs)
-        unchanged = len(messages) == len(request.messages) and all(map(operator.is_, messages, request.messages))
-        return request if unchanged else request.override(messages=messages)
+        if len(messages) == len(request.messages) and all(a is b for a, b in zip(messages, request.messages)):
+            return request
+        return request.override(messages=messages)
 
     def _finish(
         self, request: ModelRequest[Any], response: ModelResponse[Any], inputs: dict[str, Any] | None,
@@ -340,9 +339,8 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         """``result`` with its tool messages stamped (bound to the calls they answer in ``request``'s state); a
         ``Command`` whose messages cannot be found is returned as it is (its messages are then judged as model
         input)."""
-        calls = answered_calls(request.state["messages"])
         try:
-            return ToolCallEnforcer.map_messages(result, lambda message: self._turns.stamp(message, calls))
+            return ToolCallEnforcer.map_messages(result, self._turns.stamper(request.state["messages"]))
         except TypeError:
             return result
 
