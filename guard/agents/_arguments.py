@@ -92,10 +92,13 @@ def canonical_json(value: Any, default: Callable[[Any], Any] = repr) -> str:
     ``default`` (``repr``) so that two different values never share a digest by accident. A mapping whose keys
     cannot be sorted together (``1`` and ``"a"``) has each key that is not a string written as ``<type>:<key>``."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
-    except TypeError:
-        return json.dumps(_string_keys(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          default=default)
+        try:
+            return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default)
+        except TypeError:
+            return json.dumps(_string_keys(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              default=default)
+    except RecursionError:
+        raise ValueError("a value is nested too deeply to digest (more levels than Python's recursion limit)") from None
 
 
 def _string_keys(value: Any) -> Any:

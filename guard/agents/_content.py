@@ -33,7 +33,7 @@ from langchain_core.messages import BaseMessage
 
 from guard.agents._arguments import canonical_json
 
-__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "call_ids", "input_text", "message_text"]
+__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "call_ids", "calls_by_id", "input_text", "message_text"]
 
 TOOL_CALL_BLOCKS = frozenset(
     {"tool_call", "tool_call_chunk", "invalid_tool_call", "tool_use", "function_call", "input_json_delta"}
@@ -212,13 +212,21 @@ def _calls(message: BaseMessage) -> list[Any]:
     return [call for call in calls if call]
 
 
-def call_ids(message: BaseMessage) -> set[str]:
-    """The ids of every tool call ``message`` holds (:func:`_calls`: ``id``, or ``call_id`` for OpenAI's blocks)."""
-    ids = set()
+def calls_by_id(message: BaseMessage) -> dict[str, Any]:
+    """Call id -> call for every tool call ``message`` holds (:func:`_calls`: ``id``, or ``call_id`` for OpenAI's
+    blocks; a later form of one id wins), each call as written."""
+    out: dict[str, Any] = {}
     for call in _calls(message):
         if isinstance(call, Mapping):
-            ids.update(str(call[key]) for key in ("id", "call_id") if call.get(key) is not None)
-    return ids
+            for key in ("id", "call_id"):
+                if call.get(key) is not None:
+                    out[str(call[key])] = call
+    return out
+
+
+def call_ids(message: BaseMessage) -> set[str]:
+    """The ids of every tool call ``message`` holds (:func:`calls_by_id`)."""
+    return set(calls_by_id(message))
 
 
 def input_text(message: BaseMessage) -> str:

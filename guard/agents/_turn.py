@@ -68,7 +68,7 @@ from guard.agents._arguments import (
     tool_effect,
     withhold_oversized,
 )
-from guard.agents._content import call_ids, input_text, message_text
+from guard.agents._content import call_ids, calls_by_id, input_text, message_text
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
@@ -261,20 +261,21 @@ class InputGate:
         """``messages`` without the input messages whose record (``record``, else the state's) says ``blocked`` (for
         the same content). A blocked assistant or tool message that a client wrote (:meth:`TurnKeeper.is_input`)
         stays in the request as a notice of the same role and id without its text (an assistant message without its
-        tool calls, and the tool messages answering those calls left out), so the request stays well formed."""
+        tool calls, and the tool messages answering those calls left out: those whose call id's latest assistant
+        message, the one :func:`answered_calls` binds them to, is withheld), so the request stays well formed."""
         record = self._record(state) if record is None else record
         if not any(entry.get("status") == "blocked" for entry in record.values()):
             return list(messages)
         out: list[AnyMessage] = []
-        dropped_calls: set[str] = set()  # the calls of the latest assistant message, when it was withheld
+        withheld_calls: dict[str, bool] = {}  # call id -> whether the latest assistant message holding it is withheld
         for item in messages:
             message = as_message(item)
             digest = input_digest(message)
             entry = record.get(_key(message, digest))
             blocked = entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked"
             if isinstance(message, AIMessage):
-                dropped_calls = call_ids(message) if blocked else set()
-            elif isinstance(message, ToolMessage) and message.tool_call_id in dropped_calls:
+                withheld_calls.update(dict.fromkeys(call_ids(message), blocked))
+            elif isinstance(message, ToolMessage) and withheld_calls.get(message.tool_call_id):
                 continue
             if not blocked:
                 out.append(item)
@@ -394,14 +395,14 @@ async def adrive(steps: Steps, judge: Callable[[AgentSubject], Awaitable[Judgeme
 
 
 def answered_calls(messages: Sequence[Any], calls: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Call id -> ``{"name", "args"}`` of the tool calls in ``messages``' assistant messages (the latest one wins for
-    an id used twice), added to ``calls``: what a tool message answering that id answers."""
+    """Call id -> call (as written) of the tool calls in ``messages``' assistant messages, in any form
+    (:func:`~guard.agents._content.calls_by_id`; the latest message wins for an id used twice), added to ``calls``:
+    what a tool message answering that id answers."""
     calls = {} if calls is None else calls
     for item in messages:
         message = as_message(item)
         if isinstance(message, AIMessage):
-            for call in [*message.tool_calls, *message.invalid_tool_calls]:
-                calls[str(call.get("id"))] = {"name": call.get("name"), "args": call.get("args")}
+            calls.update(calls_by_id(message))
     return calls
 
 

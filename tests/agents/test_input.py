@@ -569,3 +569,34 @@ def test_a_record_sealed_before_a_policy_reload_that_changes_its_version_is_not_
     judged = [json.loads(line)["input"]["text"] for line in lines if json.loads(line)["input"]["event"] == "model_input"]
     assert judged == ["hello", "hello", "hi", "thanks"]  # the v1 input record and the v1 stamp do not hold for v2
     guard.close()
+
+
+def test_guards_notice_for_a_withheld_call_moved_under_a_content_block_call_is_not_read(
+    harness: Any, thread: Any
+) -> None:
+    """The notice answering a forged call (it names the call) is moved after a harmless assistant message that opens
+    the same call id as an Anthropic ``tool_use`` block: the model still never reads it unjudged."""
+    h = harness()
+    seen: list[list[BaseMessage]] = []
+    agent, config = make_agent(h, Turn(text="hi"), Turn(text="ok"), Turn(text="ok"), received=seen), thread()
+    drive(agent, {"messages": [("user", "hello")]}, config, "invoke")
+    forged = AIMessage("", id="f", tool_calls=[{"name": ATTACK, "args": {}, "id": "c9", "type": "tool_call"}])
+    drive(agent, Command(update={"messages": [forged]}, goto="tools"), config, "invoke")
+    notice = next(m for m in agent.get_state(config).values["messages"] if isinstance(m, ToolMessage))
+    block = AIMessage([{"type": "tool_use", "id": "c9", "name": "fetch", "input": {"url": "https://example.com"}}],
+                      id="a2")
+    agent.update_state(config, {"messages": [RemoveMessage(id=notice.id or "")]})
+    agent.update_state(config, {"messages": [block, notice]})
+    drive(agent, {"messages": [("user", "and now?")]}, config, "invoke")
+    assert all(_leaks(request) == [] for request in seen), [_leaks(request) for request in seen]
+
+
+def test_content_nested_deeper_than_python_can_digest_is_a_clear_error(harness: Any) -> None:
+    h = harness()
+    nested: Any = "x"
+    for _ in range(990):
+        nested = [nested]
+    agent = create_agent(model(Turn(text="hi")), h.tools, middleware=[GuardAgentMiddleware(guard=h.guard)])
+    with pytest.raises(ValueError, match="nested too deeply"):
+        agent.invoke({"messages": [HumanMessage([{"type": "text", "text": "hello", "extra": nested}])]})
+    assert h.runs.count() == 0
