@@ -135,7 +135,8 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             :class:`~guard.agents.RedisApprovalClaims` to every replica for multi-process deployments.
         state_key: the secret (at least 16 bytes) that seals this middleware's records in the agent state, so a
             client's ``Command(update=...)`` cannot write a verdict or an approval: a record whose seal does not check
-            out is ignored and its messages and calls are judged again. ``None``: ``$GUARD_STORE_KEY``, else a random
+            out is ignored and its messages and calls are judged again. It also stamps the replies and tool results
+            this middleware lets through; an assistant or tool message without a valid stamp is judged as input. ``None``: ``$GUARD_STORE_KEY``, else a random
             key of this process, so records then hold only within it; give every replica (and the next process after a
             restart) the same key, or a thread resumed elsewhere has its pending turn judged again.
 
