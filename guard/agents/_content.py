@@ -10,7 +10,9 @@ message instead, leaving out only
 * tool calls (``tool_call``, ``tool_call_chunk``, ``invalid_tool_call`` blocks, Anthropic ``tool_use``, OpenAI
   ``function_call``, and ``additional_kwargs["tool_calls"]``): their arguments are judged by the tool-call policy;
 * values that are not text: ids, indexes, signatures, encrypted reasoning, base64 data and MIME types
-  (:data:`OPAQUE_KEYS`); and guard's own ``lc_source`` / ``lc_data`` metadata. Data that is text is read
+  (:data:`OPAQUE_KEYS`); and guard's own ``lc_source`` / ``lc_data`` metadata. A ``json`` block (a tool's structured
+  output, which integrations send as its JSON text) is read whole, as canonical JSON, keys and all: its keys are the
+  data's, not a block's, so none of them is opaque. Data that is text is read
   (:func:`_text_payload`): an Anthropic plain-text document (``source: {type: text, media_type: text/plain,
   data}``), LangChain's ``text-plain`` block with ``base64``, any ``data`` / ``base64`` of a text, JSON, XML or YAML
   media type (base64 decoded as UTF-8), and the payload of any other block whose bytes are text whatever type it
@@ -48,7 +50,12 @@ _SKIPPED_KWARGS = frozenset({"tool_calls", "function_call", "lc_source", "lc_dat
 
 
 def _strings(value: Any) -> list[str]:
-    """Every string inside ``value`` in document order (iterative, so deep nesting cannot overflow the stack)."""
+    """Every string inside ``value`` in document order (iterative, so deep nesting cannot overflow the stack; a
+    ``json`` block's data as one canonical JSON string).
+
+    Raises:
+        ValueError: a ``json`` block's data nested deeper than the recursion limit allows.
+    """
     found: list[str] = []
     stack: list[Any] = [value]
     while stack:
@@ -58,6 +65,9 @@ def _strings(value: Any) -> list[str]:
                 found.append(item)
         elif isinstance(item, Mapping):
             if item.get("type") in TOOL_CALL_BLOCKS:
+                continue
+            if item.get("type") == "json" and "json" in item:
+                found.append(canonical_json(item["json"]))  # free-form data, sent whole: no key of it is opaque
                 continue
             stack.extend(reversed([v for k, v in item.items() if k not in OPAQUE_KEYS]))
             payload = _text_payload(item)

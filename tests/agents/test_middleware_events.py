@@ -191,6 +191,10 @@ def _shaped(shape: str, text: str, call_id: str) -> Any:
     """A tool's return value of one of the shapes LangGraph's ToolNode accepts, carrying ``text``."""
     if shape == "list":  # a tool may return several messages
         return [ToolMessage(content=text, tool_call_id=call_id)]
+    if shape.startswith("json-"):  # structured output: integrations send a json block's data as its JSON text
+        data = {"json-data": {"status": "ok", "data": text}, "json-id": {"status": "ok", "id": text},
+                "json-typed": {"items": [{"type": "function_call", "note": text}]}}[shape]
+        return ToolMessage(content=[{"type": "json", "json": data}], tool_call_id=call_id)
     if shape == "command-extra-message":  # the call's own result is clean; the tool adds another message
         return Command(update={"messages": [ToolMessage(content="fetched", tool_call_id=call_id), AIMessage(text)]})
     return Command(update={"messages": [{"role": "tool", "content": text, "tool_call_id": call_id}]})  # dicts
@@ -198,7 +202,8 @@ def _shaped(shape: str, text: str, call_id: str) -> Any:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
-@pytest.mark.parametrize("shape", ["list", "command-extra-message", "command-dicts"])
+@pytest.mark.parametrize("shape", ["list", "command-extra-message", "command-dicts", "json-data", "json-id",
+                                   "json-typed"])
 async def test_every_message_a_tool_adds_is_judged_whatever_its_shape(harness: Any, thread: Any, shape: str,
                                                                       mode: str) -> None:
     h = harness()
