@@ -50,26 +50,33 @@ _SKIPPED_KWARGS = frozenset({"tool_calls", "function_call", "lc_source", "lc_dat
 
 
 def _strings(value: Any) -> list[str]:
-    """Every string inside ``value`` in document order (iterative, so deep nesting cannot overflow the stack; a
-    ``json`` block's data as one canonical JSON string).
+    """Every string inside ``value`` in document order (iterative, so deep nesting cannot overflow the stack), and the
+    text a provider would read out of it: a ``json`` value as one canonical JSON string, text carried as data
+    (:func:`_text_payload`), base64 ``data:`` URLs read as their bytes (:func:`_data_url_text`), raw bytes whose
+    bytes are text.
 
     Raises:
-        ValueError: a ``json`` block's data nested deeper than the recursion limit allows.
+        ValueError: a ``json`` value nested deeper than the recursion limit allows.
     """
     found: list[str] = []
     stack: list[Any] = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if item.strip():
-                found.append(item)
+            text = _data_url_text(item)
+            if text:
+                found.append(text)
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            decoded = _raw_text(bytes(item))
+            if decoded:
+                found.append(decoded)
         elif isinstance(item, Mapping):
+            if "json" in item:  # free-form data that converters send whole: no key of it is opaque
+                found.append(canonical_json(item["json"]))
             if item.get("type") in TOOL_CALL_BLOCKS:
+                stack.append(item.get("guard_content"))  # the call itself is judged as a call; its text is not
                 continue
-            if item.get("type") == "json" and "json" in item:
-                found.append(canonical_json(item["json"]))  # free-form data, sent whole: no key of it is opaque
-                continue
-            stack.extend(reversed([v for k, v in item.items() if k not in OPAQUE_KEYS]))
+            stack.extend(reversed([v for k, v in item.items() if k not in OPAQUE_KEYS and k != "json"]))
             payload = _text_payload(item)
             if payload:
                 found.append(payload)
@@ -79,34 +86,69 @@ def _strings(value: Any) -> list[str]:
 
 
 def _text_payload(block: Mapping[Any, Any]) -> str | None:
-    """The text ``block`` carries as data (its ``data`` or ``base64`` string), or ``None`` when it carries none.
+    """The text ``block`` carries as data (its ``data`` and ``base64`` values, each read: converters send one or the
+    other), or ``None`` when it carries none.
 
     * A block that says it is text (``type`` ``text`` or ``text-plain``, or a ``media_type`` / ``mime_type`` that is
       ``text/*``, JSON, XML or YAML): its data, base64-decoded as UTF-8 (undecodable bytes replaced) when it is
       base64 (the ``base64`` key, or ``type`` / LangChain v0 ``source_type`` ``base64``).
-    * Any other block: its payload when the payload's bytes are text (:func:`_is_text` on its first 4 KiB),
-      whatever the block declares: providers read ``application/x-javascript``, ``application/rtf`` or ``application/x-ndjson`` files
+    * Any other block: its payload when the payload's bytes are text (:func:`_sniffed_text`), whatever the block
+      declares: providers read ``application/x-javascript``, ``application/rtf`` or ``application/x-ndjson`` files
       as text, so a declared type cannot carry instructions past the check. Images, PDFs and other binary data are
       not text and give ``None``.
+    * Raw bytes (``bytes``, ``bytearray``, ``memoryview``) are read as the decoded bytes of base64 are.
     """
     media = block.get("media_type") or block.get("mime_type")
     kind = block.get("type")
+    says_text = kind in ("text", "text-plain") or (isinstance(media, str) and _is_text_media(media))
     base64_data = kind == "base64" or block.get("source_type") == "base64"
-    data, encoded = block.get("data"), block.get("base64")
-    if kind in ("text", "text-plain") or (isinstance(media, str) and _is_text_media(media)):
-        if isinstance(data, str):
-            return _from_base64(data) if base64_data else data
-        return _from_base64(encoded) if isinstance(encoded, str) else None
-    payload = encoded if isinstance(encoded, str) else data if isinstance(data, str) else None
-    if payload is None or not payload.strip():
-        return None
+    texts: list[str] = []
+    for key in ("data", "base64"):
+        value = block.get(key)
+        text: str | None = None
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            text = _decode_text(bytes(value)) if says_text else _raw_text(bytes(value))
+        elif isinstance(value, str) and value.strip():
+            if says_text:
+                text = _from_base64(value) if key == "base64" or base64_data else value
+            else:
+                text = _sniffed_text(value)
+        if text:
+            texts.append(text)
+    return "\n".join(texts) or None
+
+
+def _sniffed_text(payload: str) -> str | None:
+    """A payload of a block that does not say it is text, read if its bytes are text (:func:`_is_text` on its first
+    4 KiB, base64 decoded): base64 of binary data gives ``None``; base64 of text its text; a string that is not
+    base64 (other characters, a space, or a length no padding explains) itself, and its lenient decoding too when
+    that is text."""
     head = _lenient_base64(payload[: 2 * _SNIFF_CHARS])
-    base64_only = _BASE64_TEXT.fullmatch(payload) is not None
+    compact = len(payload) - payload.count("\n") - payload.count("\r")
+    base64_only = _BASE64_TEXT.fullmatch(payload) is not None and " " not in payload and compact % 4 != 1
     if not _is_text(head[:_SNIFF_BYTES], whole=len(payload) <= 2 * _SNIFF_CHARS and len(head) <= _SNIFF_BYTES):
         return None if base64_only else payload  # binary data (only its head decoded), or a string that is no base64
     text = _decode_text(_lenient_base64(payload))
     # Base64 with stray characters decodes as a lenient decoder (Python's b64decode) reads it: both are judged.
     return text if base64_only else f"{payload}\n{text}"
+
+
+def _raw_text(raw: bytes) -> str | None:
+    """Raw bytes as text when they are text (:func:`_is_text` on the first 4 KiB), else ``None``."""
+    return _decode_text(raw) if _is_text(raw[:_SNIFF_BYTES], whole=len(raw) <= _SNIFF_BYTES) else None
+
+
+_DATA_URL = re.compile(r"data:([^;,]*)((?:;[^;,]*)*);base64,", re.IGNORECASE)
+
+
+def _data_url_text(value: str) -> str | None:
+    """The text a model reads in a string: a base64 ``data:`` URL as the text its bytes carry (``data:text/plain;
+    base64,...``, or any media type whose bytes are text, :func:`_text_payload`; ``None`` for an image's), any
+    other string as it is (``None`` when blank)."""
+    match = _DATA_URL.match(value)
+    if match is None:
+        return value if value.strip() else None
+    return _text_payload({"mime_type": match.group(1), "base64": value[match.end():]})
 
 
 _SNIFF_CHARS = 5464
