@@ -73,10 +73,12 @@ def _strings(value: Any) -> list[str]:
         elif isinstance(item, Mapping):
             if "json" in item:  # free-form data that converters send whole: no key of it is opaque
                 found.append(canonical_json(item["json"]))
+            if "guard_content" in item:  # Bedrock's guarded text, sent as text whatever types it holds
+                found += _every_string(item["guard_content"])
             if item.get("type") in TOOL_CALL_BLOCKS:
-                stack.append(item.get("guard_content"))  # the call itself is judged as a call; its text is not
-                continue
-            stack.extend(reversed([v for k, v in item.items() if k not in OPAQUE_KEYS and k != "json"]))
+                continue  # the call itself is judged as a call
+            skipped = OPAQUE_KEYS | {"json", "guard_content"}
+            stack.extend(reversed([v for k, v in item.items() if k not in skipped]))
             payload = _text_payload(item)
             if payload:
                 found.append(payload)
@@ -89,66 +91,125 @@ def _text_payload(block: Mapping[Any, Any]) -> str | None:
     """The text ``block`` carries as data (its ``data`` and ``base64`` values, each read: converters send one or the
     other), or ``None`` when it carries none.
 
-    * A block that says it is text (``type`` ``text`` or ``text-plain``, or a ``media_type`` / ``mime_type`` that is
-      ``text/*``, JSON, XML or YAML): its data, base64-decoded as UTF-8 (undecodable bytes replaced) when it is
-      base64 (the ``base64`` key, or ``type`` / LangChain v0 ``source_type`` ``base64``).
+    * A block that says it is text (``type`` ``text`` or ``text-plain``, a ``media_type`` / ``mime_type`` that is
+      ``text/*``, JSON, XML or YAML, or one with a ``charset``): its data, decoded in its charset (UTF-8 by default,
+      undecodable bytes replaced) from base64 when it is base64 (the ``base64`` key, ``type`` / LangChain v0
+      ``source_type`` ``base64``), and under ``data`` both as written and decoded when it is strict base64 of text.
     * Any other block: its payload when the payload's bytes are text (:func:`_sniffed_text`), whatever the block
       declares: providers read ``application/x-javascript``, ``application/rtf`` or ``application/x-ndjson`` files
       as text, so a declared type cannot carry instructions past the check. Images, PDFs and other binary data are
-      not text and give ``None``.
+      not text and give ``None``; a declared image, audio or video counts as text only when its first 4 KiB are valid
+      UTF-8 (a real image's metadata chunks are not read).
     * Raw bytes (``bytes``, ``bytearray``, ``memoryview``) are read as the decoded bytes of base64 are.
     """
     media = block.get("media_type") or block.get("mime_type")
+    media = media if isinstance(media, str) else ""
     kind = block.get("type")
-    says_text = kind in ("text", "text-plain") or (isinstance(media, str) and _is_text_media(media))
+    codec = _charset(media)
+    says_text = kind in ("text", "text-plain") or _is_text_media(media) or codec is not None
+    strict = media.lower().startswith(_MEDIA_PREFIXES) or kind in ("image", "audio", "video")
     base64_data = kind == "base64" or block.get("source_type") == "base64"
     texts: list[str] = []
     for key in ("data", "base64"):
         value = block.get(key)
         text: str | None = None
         if isinstance(value, (bytes, bytearray, memoryview)):
-            text = _decode_text(bytes(value)) if says_text else _raw_text(bytes(value))
+            text = _decode_text(bytes(value), codec) if says_text else _raw_text(bytes(value), strict=strict)
         elif isinstance(value, str) and value.strip():
-            if says_text:
-                text = _from_base64(value) if key == "base64" or base64_data else value
+            if not says_text:
+                text = _sniffed_text(value, strict=strict)
+            elif key == "base64" or base64_data:
+                text = _from_base64(value, codec)
             else:
-                text = _sniffed_text(value)
+                decoded = _strict_base64_text(value, codec)
+                text = f"{value}\n{decoded}" if decoded else value
         if text:
             texts.append(text)
     return "\n".join(texts) or None
 
 
-def _sniffed_text(payload: str) -> str | None:
+def _sniffed_text(payload: str, *, strict: bool = False) -> str | None:
     """A payload of a block that does not say it is text, read if its bytes are text (:func:`_is_text` on its first
-    4 KiB, base64 decoded): base64 of binary data gives ``None``; base64 of text its text; a string that is not
-    base64 (other characters, a space, or a length no padding explains) itself, and its lenient decoding too when
-    that is text."""
+    4 KiB, base64 decoded; ``strict``: valid UTF-8 only): base64 of binary data gives ``None``; base64 of text its
+    text; a string that is not base64 (other characters, white space but line breaks, or a length no padding
+    explains) itself, and its lenient decoding too when that is text."""
     head = _lenient_base64(payload[: 2 * _SNIFF_CHARS])
     compact = len(payload) - payload.count("\n") - payload.count("\r")
-    base64_only = _BASE64_TEXT.fullmatch(payload) is not None and " " not in payload and compact % 4 != 1
-    if not _is_text(head[:_SNIFF_BYTES], whole=len(payload) <= 2 * _SNIFF_CHARS and len(head) <= _SNIFF_BYTES):
+    base64_only = (_BASE64_TEXT.fullmatch(payload) is not None and _OTHER_SPACE.search(payload) is None
+                   and compact % 4 != 1)
+    whole = len(payload) <= 2 * _SNIFF_CHARS and len(head) <= _SNIFF_BYTES
+    if not _is_text(head[:_SNIFF_BYTES], whole=whole, strict=strict):
         return None if base64_only else payload  # binary data (only its head decoded), or a string that is no base64
     text = _decode_text(_lenient_base64(payload))
     # Base64 with stray characters decodes as a lenient decoder (Python's b64decode) reads it: both are judged.
     return text if base64_only else f"{payload}\n{text}"
 
 
-def _raw_text(raw: bytes) -> str | None:
+def _strict_base64_text(value: str, codec: str | None = None) -> str | None:
+    """``value`` decoded when it is strict base64 (the standard alphabet, padded, line breaks allowed) of text, else
+    ``None``."""
+    compact = value.replace("\r", "").replace("\n", "")
+    if len(compact) < 8 or len(compact) % 4 or _STRICT_BASE64.fullmatch(compact) is None:
+        return None
+    raw = base64.b64decode(compact)
+    return _decode_text(raw, codec) if codec or _is_text(raw[:_SNIFF_BYTES], whole=len(raw) <= _SNIFF_BYTES) else None
+
+
+def _every_string(value: Any) -> list[str]:
+    """Every non-blank string value inside ``value`` (keys and block types aside), in document order."""
+    found: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if item.strip():
+                found.append(item)
+        elif isinstance(item, Mapping):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+    return found
+
+
+def _charset(media: str) -> str | None:
+    """The codec a media type's ``charset`` parameter names (``None`` when it names none Python knows)."""
+    for parameter in media.split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            try:
+                return codecs.lookup(value.strip().strip('"')).name
+            except LookupError:
+                return None
+    return None
+
+
+def _raw_text(raw: bytes, *, strict: bool = False) -> str | None:
     """Raw bytes as text when they are text (:func:`_is_text` on the first 4 KiB), else ``None``."""
-    return _decode_text(raw) if _is_text(raw[:_SNIFF_BYTES], whole=len(raw) <= _SNIFF_BYTES) else None
+    return _decode_text(raw) if _is_text(raw[:_SNIFF_BYTES], whole=len(raw) <= _SNIFF_BYTES, strict=strict) else None
 
 
 _DATA_URL = re.compile(r"data:([^;,]*)((?:;[^;,]*)*);base64,", re.IGNORECASE)
 
 
 def _data_url_text(value: str) -> str | None:
-    """The text a model reads in a string: a base64 ``data:`` URL as the text its bytes carry (``data:text/plain;
-    base64,...``, or any media type whose bytes are text, :func:`_text_payload`; ``None`` for an image's), any
-    other string as it is (``None`` when blank)."""
+    """The text a model reads in a string: a base64 ``data:`` URL whose rest is all strict base64 as the text its
+    bytes carry (``data:text/plain;base64,...``, or any media type whose bytes are text, :func:`_text_payload`;
+    ``None`` for an image's); any other string as it is, with the decoded text of a ``data:`` URL it starts with
+    (``None`` when blank)."""
     match = _DATA_URL.match(value)
     if match is None:
         return value if value.strip() else None
-    return _text_payload({"mime_type": match.group(1), "base64": value[match.end():]})
+    payload = value[match.end():]
+    decoded = _text_payload({"mime_type": match.group(1), "base64": payload})
+    if _STRICT_BASE64.fullmatch(payload.replace("\r", "").replace("\n", "")):
+        return decoded
+    return "\n".join(text for text in (value, decoded) if text)
+
+
+_STRICT_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+_OTHER_SPACE = re.compile(r"[^\S\r\n]")
+"""White space but line breaks: base64 (MIME) breaks lines and holds no other white space."""
+_MEDIA_PREFIXES = ("image/", "audio/", "video/")
 
 
 _SNIFF_CHARS = 5464
@@ -164,10 +225,10 @@ _BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (code
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
-def _is_text(head: bytes, *, whole: bool) -> bool:
+def _is_text(head: bytes, *, whole: bool, strict: bool = False) -> bool:
     """Whether a payload whose first bytes are ``head`` (all of it when ``whole``) is text: a byte-order mark (UTF-8,
-    -16, -32), valid UTF-8 (a character cut at the end of ``head`` allowed), or at most :data:`_MOST_UNREADABLE`
-    unreadable when decoded as UTF-8 with undecodable bytes replaced."""
+    -16, -32), valid UTF-8 (a character cut at the end of ``head`` allowed), or, unless ``strict``, at most
+    :data:`_MOST_UNREADABLE` unreadable when decoded as UTF-8 with undecodable bytes replaced."""
     if head.startswith(tuple(bom for bom, _ in _BOMS)):
         return True
     try:
@@ -176,19 +237,22 @@ def _is_text(head: bytes, *, whole: bool) -> bool:
     except UnicodeDecodeError as exc:
         if not whole and exc.start >= len(head) - 3 and exc.reason == "unexpected end of data":
             return True
+    if strict:
+        return False
     text = head.decode("utf-8", "replace")
     return len(_UNREADABLE.findall(text)) <= _MOST_UNREADABLE * len(text)
 
 
-def _decode_text(raw: bytes) -> str:
-    """Text bytes as a string: by their byte-order mark, else UTF-8 with undecodable bytes replaced."""
-    for bom, codec in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer marks are tried first
+def _decode_text(raw: bytes, codec: str | None = None) -> str:
+    """Text bytes as a string: by their byte-order mark, else in ``codec`` (UTF-8 by default), undecodable bytes
+    replaced."""
+    for bom, marked in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer marks are tried first
         if raw.startswith(bom):
             try:
-                return raw.decode(codec)
+                return raw.decode(marked)
             except UnicodeDecodeError:
                 break
-    return raw.decode("utf-8", "replace")
+    return raw.decode(codec or "utf-8", "replace")
 
 
 def _lenient_base64(payload: str) -> bytes:
@@ -210,13 +274,13 @@ def _is_text_media(media: str) -> bool:
     return name.startswith("text/") or name.endswith(("/json", "+json", "/xml", "+xml", "/yaml", "/x-yaml"))
 
 
-def _from_base64(encoded: str) -> str:
+def _from_base64(encoded: str, codec: str | None = None) -> str:
     """A text block's base64 data as text (:func:`_decode_text`); the string itself when it is not base64."""
     try:
         raw = base64.b64decode(encoded, validate=False)
     except (binascii.Error, ValueError):
         return encoded  # not base64 after all: judged as the text it is
-    return _decode_text(raw)
+    return _decode_text(raw, codec)
 
 
 def message_text(message: BaseMessage) -> str:

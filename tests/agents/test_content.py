@@ -158,21 +158,45 @@ PNG_B64 = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4).decode(
         [{"image": {"format": "png", "source": {"bytes": MARKER.encode()}}}],  # raw bytes (Bedrock)
         [{"type": "media", "mime_type": "image/png", "data": MARKER.encode()}],
         [{"type": "non_standard", "value": {"type": "x", "data": MARKER}}],  # looks like base64, is text
+        "data:application/json;base64,e30=\n" + MARKER,  # a data URL first, then text: both read
+        [{"type": "text", "text": "data:text/plain;base64,SGVsbG8=\n" + MARKER}],
+        [{"type": "guard_content", "guard_content": {"type": "tool_use", "text": MARKER}}],  # sent as text
+        [{"guard_content": {"text": {"type": "tool_call", "text": MARKER}}}],
+        [{"type": "file", "mime_type": "text/plain", "source_type": "inline", "data": MARKER_B64}],  # sent decoded
+        [{"type": "file", "mime_type": "text/plain; charset=utf-16-le",
+          "base64": base64.b64encode(MARKER.encode("utf-16-le")).decode()}],
     ],
     ids=["json-key", "json-block-id", "call-json", "call-guard-content", "image-url-data-url", "file-data-url",
          "image-data-url", "data-and-base64", "file-data-and-base64", "bedrock-bytes", "media-bytes",
-         "text-in-data"],
+         "text-in-data", "data-url-then-text", "text-block-data-url-then-text",
+         "guard-content-call-typed", "guard-content-nested", "text-file-base64-data", "utf-16-charset"],
 )
-def test_text_a_converter_sends_is_read_whatever_field_carries_it(content: list[Any]) -> None:
+def test_text_a_converter_sends_is_read_whatever_field_carries_it(content: Any) -> None:
     """Each shape's text reaches the provider (``convert_to_openai_messages`` sends it, as text or as a data URL)."""
     for message in (ToolMessage(content=content, tool_call_id="c1"), AIMessage(content=content),
                     HumanMessage(content=content)):
         assert MARKER in message_text(message), (type(message).__name__, message_text(message))
 
 
+def test_text_under_data_with_tabs_for_spaces_is_read() -> None:
+    tabbed = MARKER.replace(" ", "\t") + "xyz"  # base64 characters and white space that base64 never holds
+    assert tabbed in message_text(HumanMessage(content=[{"type": "non_standard", "value": {"data": tabbed}}]))
+
+
+def _png_with_text_chunk() -> bytes:
+    """A PNG whose first 4 KiB are mostly a ``tEXt`` metadata chunk (as image tools write their settings)."""
+    text = b"workflow\x00" + b'{"nodes": [{"id": 1, "type": "KSampler", "widgets_values": [42, "euler"]}]} ' * 90
+    chunk = len(text).to_bytes(4, "big") + b"tEXt" + text + zlib.crc32(b"tEXt" + text).to_bytes(4, "big")
+    ihdr = b"\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x02\x00\x00\x00\x90\x91h6"
+    return b"\x89PNG\r\n\x1a\n" + ihdr + chunk + random.Random(1).randbytes(20_000)
+
+
 def test_an_image_is_still_not_read_as_text() -> None:
+    metadata = base64.b64encode(_png_with_text_chunk()).decode()
     png = [{"type": "image", "mime_type": "image/png", "base64": PNG_B64},
-           {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG_B64}}]
+           {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG_B64}},
+           {"type": "image", "mime_type": "image/png", "base64": metadata},  # mostly text, but an image's bytes
+           {"type": "image_url", "image_url": {"url": "data:image/png;base64," + metadata}}]
     assert message_text(HumanMessage(content=png)) == ""  # neither the bytes nor the base64 of an image are text
 
 
