@@ -49,6 +49,16 @@ OPAQUE_KEYS = frozenset(
 _SKIPPED_KWARGS = frozenset({"tool_calls", "function_call", "lc_source", "lc_data", "__openai_role__"})
 
 
+def _is_call_block(block: Mapping[Any, Any]) -> bool:
+    """Whether ``block`` is a tool call block (:data:`TOOL_CALL_BLOCKS`; a ``type`` of any value allowed)."""
+    kind = block.get("type")
+    return isinstance(kind, str) and kind in TOOL_CALL_BLOCKS
+
+
+_URL_KEYS = frozenset({"url", "image_url", "file_data", "file_url"})
+"""Keys whose ``data:`` URL a provider decodes (an image, a file), not shows as text."""
+
+
 def _strings(value: Any) -> list[str]:
     """Every string inside ``value`` in document order (iterative, so deep nesting cannot overflow the stack), and the
     text a provider would read out of it: a ``json`` value as one canonical JSON string, text carried as data
@@ -75,10 +85,16 @@ def _strings(value: Any) -> list[str]:
                 found.append(canonical_json(item["json"]))
             if "guard_content" in item:  # Bedrock's guarded text, sent as text whatever types it holds
                 found += _every_string(item["guard_content"])
-            if item.get("type") in TOOL_CALL_BLOCKS:
+            if _is_call_block(item):
                 continue  # the call itself is judged as a call
             skipped = OPAQUE_KEYS | {"json", "guard_content"}
-            stack.extend(reversed([v for k, v in item.items() if k not in skipped]))
+            for key, entry in item.items():
+                if key in _URL_KEYS and isinstance(entry, str) and _DATA_URL.match(entry):
+                    decoded = _data_url_text(entry, as_url=True)
+                    if decoded:
+                        found.append(decoded)
+            stack.extend(reversed([v for k, v in item.items() if k not in skipped
+                                   and not (k in _URL_KEYS and isinstance(v, str) and _DATA_URL.match(v))]))
             payload = _text_payload(item)
             if payload:
                 found.append(payload)
@@ -172,14 +188,16 @@ def _every_string(value: Any) -> list[str]:
 
 
 def _charset(media: str) -> str | None:
-    """The codec a media type's ``charset`` parameter names (``None`` when it names none Python knows)."""
+    """The text codec a media type's ``charset`` parameter names (``None`` when it names none, or a codec that is not
+    a text encoding, such as ``hex`` or ``rot13``)."""
     for parameter in media.split(";")[1:]:
         name, _, value = parameter.partition("=")
         if name.strip().lower() == "charset":
             try:
-                return codecs.lookup(value.strip().strip('"')).name
+                info = codecs.lookup(value.strip().strip('"'))
             except LookupError:
                 return None
+            return info.name if getattr(info, "_is_text_encoding", True) else None
     return None
 
 
@@ -191,17 +209,17 @@ def _raw_text(raw: bytes, *, strict: bool = False) -> str | None:
 _DATA_URL = re.compile(r"data:([^;,]*)((?:;[^;,]*)*);base64,", re.IGNORECASE)
 
 
-def _data_url_text(value: str) -> str | None:
-    """The text a model reads in a string: a base64 ``data:`` URL whose rest is all strict base64 as the text its
-    bytes carry (``data:text/plain;base64,...``, or any media type whose bytes are text, :func:`_text_payload`;
-    ``None`` for an image's); any other string as it is, with the decoded text of a ``data:`` URL it starts with
-    (``None`` when blank)."""
+def _data_url_text(value: str, *, as_url: bool = False) -> str | None:
+    """The text a model reads in a string (``None`` when blank): the string as written, and for a base64 ``data:``
+    URL the text its bytes carry too (``data:text/plain;base64,...``, or any media type whose bytes are text,
+    :func:`_text_payload`). ``as_url``: the string sits where a provider decodes the URL (an image's or a file's
+    ``url``), so a URL whose rest is all strict base64 is read only as its bytes (``None`` for an image's)."""
     match = _DATA_URL.match(value)
     if match is None:
         return value if value.strip() else None
     payload = value[match.end():]
     decoded = _text_payload({"mime_type": match.group(1), "base64": payload})
-    if _STRICT_BASE64.fullmatch(payload.replace("\r", "").replace("\n", "")):
+    if as_url and _STRICT_BASE64.fullmatch(payload.replace("\r", "").replace("\n", "")):
         return decoded
     return "\n".join(text for text in (value, decoded) if text)
 
@@ -244,15 +262,23 @@ def _is_text(head: bytes, *, whole: bool, strict: bool = False) -> bool:
 
 
 def _decode_text(raw: bytes, codec: str | None = None) -> str:
-    """Text bytes as a string: by their byte-order mark, else in ``codec`` (UTF-8 by default), undecodable bytes
-    replaced."""
+    """Text bytes as a string: by their byte-order mark, else as UTF-8, undecodable bytes replaced. A ``codec`` a
+    block declares is read too (both readings, when they differ: a reader may honour it or not), unless it cannot
+    decode at all."""
     for bom, marked in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer marks are tried first
         if raw.startswith(bom):
             try:
                 return raw.decode(marked)
             except UnicodeDecodeError:
                 break
-    return raw.decode(codec or "utf-8", "replace")
+    text = raw.decode("utf-8", "replace")
+    if codec is None or codec == "utf-8":
+        return text
+    try:
+        declared = raw.decode(codec, "replace")
+    except (UnicodeError, LookupError, ValueError):
+        return text
+    return text if declared == text else f"{declared}\n{text}"
 
 
 def _lenient_base64(payload: str) -> bytes:
@@ -308,7 +334,7 @@ def _call_blocks(value: Any) -> list[Mapping[Any, Any]]:
     while stack:
         item = stack.pop()
         if isinstance(item, Mapping):
-            if item.get("type") in TOOL_CALL_BLOCKS:
+            if _is_call_block(item):
                 found.append(item)
             else:
                 stack.extend(reversed(list(item.values())))
