@@ -57,12 +57,14 @@ def _is_call_block(block: Mapping[Any, Any]) -> bool:
 
 _URL_KEYS = frozenset({"url", "image_url", "file_data", "file_url"})
 """Keys whose ``data:`` URL a provider decodes (an image, a file), not shows as text."""
+_NOT_WALKED = OPAQUE_KEYS | {"json", "guard_content"}
+"""Keys :func:`_strings` does not walk: opaque values, and the two it reads whole."""
 
 
 def _strings(value: Any) -> list[str]:
     """Every string inside ``value`` in document order (iterative, so deep nesting cannot overflow the stack), and the
     text a provider would read out of it: a ``json`` value as one canonical JSON string, text carried as data
-    (:func:`_text_payload`), base64 ``data:`` URLs read as their bytes (:func:`_data_url_text`), raw bytes whose
+    (:func:`_text_payload`), base64 ``data:`` URLs read as their bytes too (:func:`_data_url_text`), raw bytes whose
     bytes are text.
 
     Raises:
@@ -87,14 +89,17 @@ def _strings(value: Any) -> list[str]:
                 found += _every_string(item["guard_content"])
             if _is_call_block(item):
                 continue  # the call itself is judged as a call
-            skipped = OPAQUE_KEYS | {"json", "guard_content"}
+            walked: list[Any] = []
             for key, entry in item.items():
+                if key in _NOT_WALKED:
+                    continue
                 if key in _URL_KEYS and isinstance(entry, str) and _DATA_URL.match(entry):
-                    decoded = _data_url_text(entry, as_url=True)
+                    decoded = _data_url_text(entry, as_url=True)  # a URL the provider decodes: its bytes alone
                     if decoded:
                         found.append(decoded)
-            stack.extend(reversed([v for k, v in item.items() if k not in skipped
-                                   and not (k in _URL_KEYS and isinstance(v, str) and _DATA_URL.match(v))]))
+                else:
+                    walked.append(entry)
+            stack.extend(reversed(walked))
             payload = _text_payload(item)
             if payload:
                 found.append(payload)
