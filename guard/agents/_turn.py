@@ -101,6 +101,7 @@ __all__ = [
     "drive",
     "held_id",
     "input_digest",
+    "input_subject",
     "output_text",
     "quiet_tokens",
     "screen",
@@ -117,6 +118,13 @@ def input_digest(message: AnyMessage) -> str:
     """SHA-256 (hex) of a message's exact content and the text judged from it (:func:`input_text`, tool calls
     included); an input record is bound to it."""
     return digest_of("model_input", canonical_json(message.content), input_text(message))
+
+
+def input_subject(message: AnyMessage, thread_id: str | None) -> AgentSubject:
+    """The subject that judges ``message`` as model input: all of its text (:func:`input_text`), as the text and as
+    the user's message."""
+    text = input_text(message)
+    return AgentSubject(event="model_input", text=text, user_message=text, thread_id=thread_id)
 
 
 def as_message(item: Any) -> AnyMessage:
@@ -189,8 +197,7 @@ class InputGate:
             if entry is not None and entry.get("digest") == digest:
                 kept[key] = entry
                 continue
-            text = input_text(message)
-            subject = AgentSubject(event="model_input", text=text, user_message=text, thread_id=thread_id)
+            subject = input_subject(message, thread_id)
             if self.judge.matches(subject):
                 todo.append(PendingInput(key, message, digest, subject))
         return kept, todo
@@ -612,8 +619,7 @@ class TurnKeeper:
             self.store(turn, todo, judgements)
         turn = cast(dict[str, Any], turn)
         if placeholder is not None and not sealed:
-            text = input_text(ai)
-            subject = AgentSubject(event="model_input", text=text, user_message=text, thread_id=current_thread_id())
+            subject = input_subject(ai, current_thread_id())
             if self.judge.matches(subject):
                 judgement = yield subject
                 if judgement.outcome != "allow":  # no interrupt for it: withheld, as the late input check does
