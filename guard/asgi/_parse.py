@@ -9,8 +9,9 @@ in document order, joined by newlines, with two rules:
   of at most :data:`guard.subject.PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $`` (``max_tokens``, ``user_id``,
   ``Content-Type``) is structure, not text, and is left out so it neither dilutes the text nor causes false
   positives; any other key (with a space or other punctuation, non-ASCII, or longer) comes before its value.
-* **A text body that is a JSON document is judged as both.** An application may parse any body as JSON, so the
-  document's decoded strings follow the text (:func:`_judged_text`).
+* **A text or form body that is a JSON document is judged as both.** An application may parse any body as JSON
+  (Starlette's ``request.json()`` is ``json.loads`` of the bytes, whatever the media type: a byte-order mark and
+  UTF-16/32 are read too), so the document's decoded strings follow the text (:func:`_also_json`).
 * **File metadata is not text.** A multipart file's ``filename`` and ``content_type`` stay in ``body`` (a policy's
   state can address them) but only the file's content is judged.
 
@@ -21,6 +22,7 @@ US-ASCII (see :mod:`guard.asgi._media`); form text that is not valid in its char
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -124,6 +126,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         value: Any = _json(body, params, limits)
     elif media == "application/x-www-form-urlencoded":
         value = _urlencoded(body, params, limits)
+        return value, _also_json("\n".join(body_strings(value)), body, limits)
     elif media == "multipart/form-data":
         fields = parse_multipart(body, params, limits)
         return fields, "\n".join(_form_strings(fields))
@@ -131,7 +134,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         return _untyped(body, limits)
     elif is_textual(media):
         text = _text(body, media, params)
-        return text, _judged_text(text, limits)
+        return text, _also_json(text, body, limits)
     elif limits.opaque_media == "metadata":
         return None, ""
     else:
@@ -180,18 +183,24 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
     return value, "\n".join(body_strings(value))
 
 
-def _judged_text(text: str, limits: BodyLimits) -> str:
-    """What a text body (``text/*``, XML, YAML...) is judged as: the text, and when it is also a JSON document, the
-    document's strings after it.
+def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
+    """What a text or form body is judged as: ``text`` (what :func:`parse_body` read), and when ``body`` is also a
+    JSON document, the document's strings after it.
 
     An application can parse any body as JSON whatever its media type (Starlette's ``request.json()``, Flask's
-    ``get_json(force=True)``), so ``\\u`` escapes in a ``text/plain`` body must not hide what they decode to. Every
-    value of a repeated key is judged; a document too deep to parse is refused as a typed one is (400).
+    ``get_json(force=True)``), so ``\\u`` escapes in a ``text/plain`` or form body must not hide what they decode to.
+    The bytes are read as ``json.loads`` reads them (RFC 8259 section 8.1 and Python's ``json.detect_encoding``: a
+    UTF-8 byte-order mark is skipped, UTF-16 and UTF-32 are recognised by their zero bytes). Every value of a
+    repeated key is judged; a document too deep to parse is refused as a typed one is (400).
     """
-    if text.lstrip()[:1] not in ("{", "[", '"'):
+    try:
+        decoded = body.decode(json.detect_encoding(body))
+    except UnicodeDecodeError:
+        return text
+    if decoded.lstrip(" \t\r\n")[:1] not in ("{", "[", '"'):
         return text
     try:
-        value = loads(text, max_depth=limits.max_json_depth, duplicate_keys="collect")
+        value = loads(decoded, max_depth=limits.max_json_depth, duplicate_keys="collect")
     except InvalidJson as exc:
         if exc.reason == "syntax":
             return text

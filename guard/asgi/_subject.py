@@ -18,9 +18,11 @@ __all__ = [
     "SENSITIVE_HEADERS",
     "SINGLE_VALUE_HEADERS",
     "client_address",
+    "form_method",
     "head_subject",
     "header_map",
     "held_request",
+    "is_form",
     "method_override",
     "query_map",
     "subject_summary",
@@ -72,16 +74,44 @@ def header_map(scope: Scope) -> dict[str, str]:
 
 def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | None:
     """``(where, method)`` when the request asks for another method: a :data:`METHOD_OVERRIDE_HEADERS` header or a
-    ``_method`` query parameter (``where`` names it), else ``None``."""
-    for name in METHOD_OVERRIDE_HEADERS:
-        if name in headers:
-            return name, headers[name].strip().upper()
+    ``_method`` query parameter (``where`` names it; the name is read percent-decoded, as frameworks read it:
+    ``?%5Fmethod=``), else ``None``.
+
+    Raises:
+        BodyError: 400 ``method_override`` when the overrides name different methods (frameworks differ on which
+            one wins).
+    """
+    found = [(name, headers[name].strip().upper()) for name in sorted(METHOD_OVERRIDE_HEADERS) if name in headers]
     query = scope.get("query_string", b"")
-    if b"_method" in query:
-        for key, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
-            if key == "_method":
-                return "_method", value.strip().upper()
-    return None
+    if b"_method" in query or b"%" in query:
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, errors="replace")
+        found += [("_method", value.strip().upper()) for key, value in pairs if key == "_method"]
+    if len({method for _, method in found}) > 1:
+        raise BodyError(400, "method_override", "the request asks for more than one method ("
+                        + ", ".join(f"{where}: {method[:20]!r}" for where, method in found[:4]) + "); send one",
+                        field=found[0][0])
+    return found[0] if found else None
+
+
+def is_form(headers: dict[str, str]) -> bool:
+    """Whether the request's ``Content-Type`` is a form (urlencoded or multipart), whose fields may hold ``_method``."""
+    media = media_type(headers.get("content-type", ""))
+    return media in ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def form_method(fields: Any) -> str | None:
+    """The method a parsed form's ``_method`` field asks for (upper-case), ``None`` without one.
+
+    Raises:
+        BodyError: 400 ``method_override`` when the field is repeated with different methods, or is a file.
+    """
+    if not isinstance(fields, dict) or "_method" not in fields:
+        return None
+    values = fields["_method"]
+    if not all(isinstance(value, str) for value in values) or len({v.strip().upper() for v in values}) > 1:
+        raise BodyError(400, "method_override", "the form's _method field is repeated or is a file; send it once",
+                        field="_method")
+    return values[0].strip().upper()
 
 
 def query_map(scope: Scope, max_fields: int) -> dict[str, list[str]]:

@@ -8,7 +8,8 @@ case or slashes, list every form in the policy's ``paths`` or use a glob. Header
 canonical view: a repeated single-value header (``Content-Type``, ``Content-Length``, ``Host``, ...,
 :data:`~guard.asgi._subject.SINGLE_VALUE_HEADERS`) is refused with 400 ``repeated_header`` naming it, and a
 ``+json`` media type matches a policy's ``application/json``. A method override (``X-HTTP-Method-Override``,
-``X-HTTP-Method``, ``X-Method-Override`` or ``?_method=``) is refused with 400 ``method_override`` by default;
+``X-HTTP-Method``, ``X-Method-Override``, ``?_method=`` or a POST form's ``_method`` field) is refused with 400
+``method_override`` by default;
 ``method_override="judge"`` matches and judges the request as the method it asks for, ``"ignore"`` as sent.
 
 For a request that a policy matches, it reads
@@ -65,7 +66,7 @@ from guard.asgi._responses import (
     verdict_headers,
 )
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
-from guard.asgi._subject import head_subject, header_map, method_override, query_map, with_body
+from guard.asgi._subject import form_method, head_subject, header_map, is_form, method_override, query_map, with_body
 from guard.asgi._target import canonical_scope
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
@@ -90,7 +91,7 @@ DEFAULT_REVIEW_PATH = "/_guard/reviews"
 #: ``request.state.guard``), set for allowed and redacted requests; absent when no policy matched.
 STATE_KEY = "guard"
 MethodOverride = Literal["refuse", "judge", "ignore"]
-"""What a method override header or ``?_method=`` does: 400 (``refuse``), the judged method (``judge``), nothing
+"""What a method override header, ``?_method=`` or a POST form's ``_method`` field does: 400 (``refuse``), the judged method (``judge``), nothing
 (``ignore``: for applications that never honour one)."""
 METHOD_OVERRIDES: tuple[str, ...] = ("refuse", "judge", "ignore")
 PathCase = Literal["fold", "exact"]
@@ -105,6 +106,7 @@ by the policy that would judge it as a POST (``judge``), or passed unjudged (``p
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
 """Methods whose request content has no defined meaning (RFC 9110 9.3); many routers still read one."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_OVERRIDDEN = ("POST", "PUT", "PATCH", "DELETE")  # the methods a form's _method field is read for
 
 
 class GuardMiddleware:
@@ -225,6 +227,11 @@ class GuardMiddleware:
         try:
             headers = header_map(scope)
             judged = self._judged_method(scope, headers)
+            if self.method_override != "ignore" and judged["method"] == "POST" and is_form(headers):
+                found = await self._form_method(judged, receive, send, headers)
+                if found is None:
+                    return
+                judged, receive = found
             head, matched = self._match(judged, headers)
             method = judged["method"].upper()
             if (not matched and self.unexpected_body != "pass" and method not in _BODY_METHODS
@@ -323,15 +330,10 @@ class GuardMiddleware:
         limits, headers = self.limits, head.headers
         try:
             self.tenant_of(scope, headers)  # an ambiguous tenant is refused before anything is held
-            encoding = headers.get("content-encoding")
-            codings = parse_encodings(encoding, limits.max_encodings) if encoding else None
-            declared = declared_length(headers.get("content-length"))
-            body = await read_body(receive, limits.max_body_bytes, declared, limits.body_timeout_s)
-            if body is None:
-                self.metrics.disconnects.inc()
+            read = await self._read_body(receive, headers)
+            if read is None:
                 return
-            decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
-            value, text = parse_body(decoded, headers.get("content-type", ""), limits)
+            body, value, text = read
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
             await self._refuse(send, head, matched[0], exc)
@@ -370,6 +372,56 @@ class GuardMiddleware:
 
             await self.respond(scope, receive, send, method=head.method, app=handoff_app)
             self.metrics.handoffs.labels(outcomes[0] if outcomes else "blocked").inc()  # none: a response policy cut it
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> tuple[bytes, Any, str] | None:
+        """The request body as received, its parsed value and its judged text (:func:`parse_body`); ``None`` when the
+        client left first (counted).
+
+        Raises:
+            BodyError: the body is too large, too slow, badly encoded or cannot be parsed.
+        """
+        limits = self.limits
+        encoding = headers.get("content-encoding")
+        codings = parse_encodings(encoding, limits.max_encodings) if encoding else None
+        declared = declared_length(headers.get("content-length"))
+        body = await read_body(receive, limits.max_body_bytes, declared, limits.body_timeout_s)
+        if body is None:
+            self.metrics.disconnects.inc()
+            return None
+        decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
+        value, text = parse_body(decoded, headers.get("content-type", ""), limits)
+        return body, value, text
+
+    async def _form_method(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]
+    ) -> tuple[Scope, Receive] | None:
+        """A POST form's ``_method`` field (Rails' ``Rack::MethodOverride``, Laravel and Symfony read it) under
+        ``refuse`` or ``judge``: the scope to match (with the method asked for under ``judge``) and the ``receive``
+        that replays the body read to find it; ``None`` when the answer was sent (the body was refused) or the client
+        left. The body is read only on a path where a policy would judge a POST, PUT, PATCH or DELETE.
+
+        Raises:
+            BodyError: 400 ``method_override`` (``field``: ``_method``) under ``refuse``.
+        """
+        policies = [found for method in _OVERRIDDEN for found in self._match({**scope, "method": method}, headers)[1]]
+        if not policies:
+            return scope, receive
+        try:
+            read = await self._read_body(receive, headers)
+        except BodyError as exc:
+            await self._refuse(send, self._match(scope, headers)[0], policies[0], exc)
+            return None
+        if read is None:
+            return None
+        body, value, _ = read
+        receive = ReplayReceive(body, receive)
+        method = form_method(value)
+        if method is None or method == "POST":
+            return scope, receive
+        if self.method_override == "refuse":
+            raise BodyError(400, "method_override", f"the form's _method field asks for another method "
+                            f"({method[:20]!r}); send the request with that method instead", field="_method")
+        return {**scope, "method": method}, receive
 
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""

@@ -20,7 +20,7 @@ from guard.asgi import GuardMiddleware
 from guard.engine import Guard
 from guard.policy import PolicySet, load_text
 from tests._backends import ScriptedBackend
-from tests.asgi._apps import ATTACK, BENIGN, scripted_answers
+from tests.asgi._apps import ATTACK, BENIGN, client_for, scripted_answers
 from tests.asgi._servers import raw_request, serve_in_thread
 
 POLICY = """
@@ -180,3 +180,59 @@ def test_a_body_on_get_or_delete_is_refused_or_judged_never_unjudged() -> None:
     with serve_in_thread(_echo_path_app(unexpected_body="pass")) as base:
         port = int(base.rsplit(":", 1)[1])
         assert _post(port, attack, "Content-Type: application/json", method="GET", target="/v1/x")[0] == 200
+
+
+DELETES_POLICY = """
+policies:
+  - id: no_account_deletes
+    version: 1
+    match:
+      http: {methods: [DELETE], paths: ["/v1/accounts/**"]}
+    rules:
+      - {id: deletes_blocked, when: "true", action: block}
+    default: allow
+"""
+
+
+def _rack_app(**options: object) -> Starlette:
+    """An app that honours a method override the way Rails' ``Rack::MethodOverride`` and Laravel do: the ``_method``
+    of a POST form or query, percent-decoded; it answers with the method it would run."""
+
+    async def run(request: Request) -> JSONResponse:
+        body = await request.body()  # kept, so the form below reads it again
+        form = await request.form() if request.method == "POST" else {}
+        method = form.get("_method") or request.query_params.get("_method") or request.method
+        return JSONResponse({"ran": str(method).upper(), "body": body.decode()})
+
+    guard = Guard(PolicySet(load_text(DELETES_POLICY)), backends=ScriptedBackend(scripted_answers))
+    return Starlette(routes=[Route("/v1/accounts/{id}", run, methods=["POST", "DELETE"])],
+                     middleware=[Middleware(GuardMiddleware, guard=guard, **options)])
+
+
+@pytest.mark.anyio
+async def test_every_way_a_framework_reads_method_override_is_refused_or_judged() -> None:
+    """A percent-escaped ``_method`` name, overrides that disagree, and a POST form's ``_method`` field (what Rails,
+    Laravel and Symfony read) are refused by default; ``judge`` judges a form's override as the method it asks for,
+    and a body it read to find out reaches the application byte for byte."""
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    async with client_for(_rack_app()) as client:
+        assert (await client.delete("/v1/accounts/42")).status_code == 403
+        for target in ("?%5Fmethod=DELETE", "?_m%65thod=DELETE", "?_method=DELETE&_method=POST"):
+            refused = await client.post("/v1/accounts/42" + target)
+            assert (refused.status_code, refused.json()["field"]) == (400, "_method"), target
+        for body in (b"_method=DELETE", b"name=x&%5Fmethod=delete"):
+            refused = await client.post("/v1/accounts/42", content=body, headers=form)
+            assert (refused.status_code, refused.json()["code"]) == (400, "method_override"), body
+        multipart = await client.post("/v1/accounts/42", files={"_method": (None, "DELETE")})
+        assert multipart.status_code == 400
+        disagreeing = await client.post("/v1/accounts/42?_method=PUT", headers={"X-HTTP-Method-Override": "PATCH"})
+        assert disagreeing.status_code == 400 and "more than one method" in disagreeing.json()["message"]
+        plain = await client.post("/v1/accounts/42", content=b"name=x", headers=form)
+        assert plain.json() == {"ran": "POST", "body": "name=x"}
+    async with client_for(_rack_app(method_override="judge")) as client:
+        judged = await client.post("/v1/accounts/42", content=b"_method=DELETE", headers=form)
+        assert judged.status_code == 403  # judged as the DELETE the application would run
+        plain = await client.post("/v1/accounts/42", content=b"_method=POST&name=x", headers=form)
+        assert plain.json() == {"ran": "POST", "body": "_method=POST&name=x"}
+    async with client_for(_rack_app(method_override="ignore")) as client:  # an application that never honours one
+        assert (await client.post("/v1/accounts/42", content=b"_method=DELETE", headers=form)).status_code == 200

@@ -314,11 +314,24 @@ async def test_a_text_body_that_is_json_is_judged_on_its_decoded_strings_too(mak
     for media in ("text/plain", "text/plain; charset=utf-8", "text/markdown"):
         guarded = await _post(make_guard(), ESCAPED.encode(), {"content-type": media})
         assert guarded.status_code == 403, media
+    # json.loads(bytes) skips a byte-order mark and reads UTF-16/32 by their zero bytes; so does the judged text
+    for body in (b"\xef\xbb\xbf" + ESCAPED.encode(), ESCAPED.encode("utf-16-le"), ESCAPED.encode("utf-32-be")):
+        assert json.loads(body) == {"prompt": ATTACK}
+        guarded = await _post(make_guard(), body, {"content-type": "text/plain"})
+        assert guarded.status_code in (400, 403), body[:8]  # judged on the decoded strings, or refused as not UTF-8
+    bom = await _post(make_guard(), b"\xef\xbb\xbf" + ESCAPED.encode(), {"content-type": "text/plain; charset=utf-8"})
+    assert bom.status_code == 403
+    # a form body that is a JSON document: the app may call request.json() on it all the same
+    form = await _post(make_guard(), ESCAPED.encode(), {"content-type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 403
     duplicate = '{"prompt": "hello", "prompt": ' + ESCAPED.split(": ", 1)[1]
     assert (await _post(make_guard(), duplicate.encode(), {"content-type": "text/plain"})).status_code == 403
     limits = BodyLimits()
     assert parse_body(b'{"a": "\\u0044ROP"}', "text/plain", limits) == ('{"a": "\\u0044ROP"}', '{"a": "\\u0044ROP"}\nDROP')
     assert parse_body(b"{not json", "text/plain", limits) == ("{not json", "{not json")  # text, as it is
+    utf16 = '{"a": "\\u0044ROP"}'.encode("utf-16-le")
+    assert parse_body(utf16, "text/plain", limits)[1].endswith("\nDROP")
+    assert parse_body(b'{"a": "\\u0044ROP"}', "application/x-www-form-urlencoded", limits)[1].endswith("\nDROP")
     with pytest.raises(BodyError) as refused:
         parse_body(b'{"a": ' * 200 + b"1" + b"}" * 200, "text/plain", limits)  # deeper than a JSON body may be
     assert refused.value.status == 400
