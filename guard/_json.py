@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from guard.errors import InvalidJson
 
-__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "Repeated", "depth", "documents_in", "dumps", "is_json_media", "loads"]
+__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "Repeated", "depth", "dumps", "is_json_media", "json_readings",
+           "json_unescaped", "loads"]
 
 def is_json_media(media: str) -> bool:
     """Whether a media type (lower-case, without parameters) is JSON: ``application/json`` or any structured
@@ -216,21 +217,71 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_ke
     return value
 
 
-def documents_in(text: str) -> list[Any]:
-    """The JSON documents a text carries, as an application would parse them: the whole text when it is one, else
-    the ``data:`` field of each server-sent event line that is one (an OpenAI-style stream's chunks). Text that is
-    not JSON, too deep or otherwise refused by :func:`loads` is left out (duplicate keys are collected).
-    """
-    if text.lstrip()[:1] in ("{", "[", '"'):
-        try:
-            return [loads(text, duplicate_keys="collect")]
-        except InvalidJson:
-            pass
-    out = []
+_OPENERS = ("{", "[", '"')
+_ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|(["\\/bfnrt]))')
+_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_NOT_A_DOCUMENT = object()
+
+
+def json_unescaped(text: str) -> str:
+    """``text`` with every JSON string escape (RFC 8259 section 7: ``\\uXXXX``, ``\\n``, ``\\"``...) decoded where
+    it stands, a surrogate pair joined into its character and a lone surrogate read as U+FFFD: what a client's JSON
+    parser makes of the escapes of a document this text is only a piece of."""
+    def one(match: re.Match[str]) -> str:
+        code, simple = match.groups()
+        return chr(int(code, 16)) if code is not None else _SIMPLE_ESCAPES[simple]
+
+    out = _ESCAPE.sub(one, text)
+    if any("\ud800" <= c <= "\udfff" for c in out):
+        out = out.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return out
+
+
+def _document(text: str) -> Any:
+    """``text`` parsed as one JSON document (duplicate keys collected), else :data:`_NOT_A_DOCUMENT`."""
+    if text.lstrip()[:1] not in _OPENERS:
+        return _NOT_A_DOCUMENT
+    try:
+        return loads(text, duplicate_keys="collect")
+    except InvalidJson:
+        return _NOT_A_DOCUMENT
+
+
+def _events(text: str) -> list[list[str]]:
+    """The lines of ``text`` grouped as server-sent events are: runs of non-empty lines between empty ones."""
+    events: list[list[str]] = [[]]
     for line in text.splitlines():
-        if line.startswith("data:") and line[5:].lstrip()[:1] in ("{", "[", '"'):
-            try:
-                out.append(loads(line[5:], duplicate_keys="collect"))
-            except InvalidJson:
-                continue
+        if line:
+            events[-1].append(line)
+        elif events[-1]:
+            events.append([])
+    return [lines for lines in events if lines]
+
+
+def json_readings(text: str, *, piece: bool = False) -> list[Any]:
+    """What a client's JSON parser can read out of ``text`` (a body, or with ``piece`` a stream's window): the whole
+    text when it is one document; else each server-sent event's data (its ``data:`` lines joined by newlines, as the
+    SSE standard joins them) and each line that is a document (JSON Lines, ``application/json-seq`` after its record
+    separator, a lone ``data:`` line). With ``piece``, the lines no document accounts for that hold escapes follow,
+    as one string with the escapes decoded (:func:`json_unescaped`): a client still decodes a document a stream
+    window cuts in two. Text that is not JSON, too deep or otherwise refused by :func:`loads` is read as text.
+    """
+    whole = _document(text)
+    if whole is not _NOT_A_DOCUMENT:
+        return [whole]
+    out: list[Any] = []
+    unread: list[str] = []
+    for lines in _events(text):
+        data = [line[5:].removeprefix(" ") for line in lines if line.startswith("data:")]
+        if len(data) > 1 and (event := _document("\n".join(data))) is not _NOT_A_DOCUMENT:
+            out.append(event)
+            continue
+        for line in lines:
+            found = _document((line[5:] if line.startswith("data:") else line).lstrip("\x1e"))
+            if found is not _NOT_A_DOCUMENT:
+                out.append(found)
+            elif piece and "\\" in line:
+                unread.append(line)
+    if unread:
+        out.append(json_unescaped("\n".join(unread)))
     return out

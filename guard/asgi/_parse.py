@@ -26,7 +26,7 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from guard._json import dumps, is_json_media, loads
+from guard._json import dumps, is_json_media, json_readings, loads
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
@@ -184,28 +184,30 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
 
 
 def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
-    """What a text or form body is judged as: ``text`` (what :func:`parse_body` read), and when ``body`` is also a
-    JSON document, the document's strings after it.
+    """What a text or form body is judged as: ``text`` (what :func:`parse_body` read), and when ``body`` is also JSON,
+    the strings of its documents after it.
 
     An application can parse any body as JSON whatever its media type (Starlette's ``request.json()``, Flask's
     ``get_json(force=True)``), so ``\\u`` escapes in a ``text/plain`` or form body must not hide what they decode to.
     The bytes are read as ``json.loads`` reads them (RFC 8259 section 8.1 and Python's ``json.detect_encoding``: a
-    UTF-8 byte-order mark is skipped, UTF-16 and UTF-32 are recognised by their zero bytes). Every value of a
-    repeated key is judged; a document too deep to parse is refused as a typed one is (400).
+    UTF-8 byte-order mark is skipped, UTF-16 and UTF-32 are recognised by their zero bytes). A body that is not one
+    document is read line by line as well (JSON Lines, ``application/json-seq``, an event stream:
+    :func:`guard._json.json_readings`). Every value of a repeated key is judged; a whole document too deep to parse
+    is refused as a typed one is (400).
     """
     try:
         decoded = body.decode(json.detect_encoding(body))
     except UnicodeDecodeError:
         return text
-    if decoded.lstrip(" \t\r\n")[:1] not in ("{", "[", '"'):
+    if decoded.lstrip(" \t\r\n\x1e")[:1] not in ("{", "[", '"') and "\n" not in decoded:
         return text
     try:
-        value = loads(decoded, max_depth=limits.max_json_depth, duplicate_keys="collect")
+        values = [loads(decoded, max_depth=limits.max_json_depth, duplicate_keys="collect")]
     except InvalidJson as exc:
-        if exc.reason == "syntax":
-            return text
-        raise _json_error(exc) from exc
-    return "\n".join([text, *body_strings(value)])
+        if exc.reason != "syntax":
+            raise _json_error(exc) from exc
+        values = json_readings(decoded) if "\n" in decoded else []  # JSON Lines, an event stream
+    return "\n".join([text, *body_strings(values)]) if values else text
 
 
 def _is_utf8(body: bytes) -> bool:

@@ -39,7 +39,7 @@ from typing import Any
 
 from starlette.types import Message, Scope, Send
 
-from guard._json import documents_in
+from guard._json import json_readings
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._media import charset, parse_params
 from guard.asgi._metrics import HttpMetrics
@@ -301,7 +301,7 @@ class ResponseJudge:
         self.due = None  # everything held is judged now
         self.pending.clear()
         context, text = len(self.tail), self.tail + self.held
-        judged = "\n".join([text, *body_strings(documents_in(text))])  # an SSE chunk's JSON, decoded as a client reads it
+        judged = "\n".join([text, *body_strings(json_readings(text, piece=True))])  # decoded as a client reads it
         verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=judged))
         if verdict.action == "block":
             self.mode = "done"

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from guard._json import Repeated, documents_in
+from guard._json import Repeated, json_readings
 from guard.policy.instructions import Detector
 from guard.verdict import MaskStyle, Redaction
 
@@ -82,7 +82,8 @@ class Redactor:
                detector: Detector | None = None) -> bool:
         """Whether what this block masks would still reach the application once ``redactions`` are applied: found
         in an object key or form field name, in the query's names or values, or, for a text
-        body that is JSON or an event stream of JSON, in its decoded strings (``\\u0034111`` is ``4111``). The enforcement point refuses such
+        body or a stream's window, in what a JSON parser decodes from it (:func:`guard._json.json_readings`:
+        documents, events, JSON lines, the escapes of a cut document; ``\\u0034111`` is ``4111``). The enforcement point refuses such
         a request instead of passing it on half masked.
 
         Args:
@@ -94,7 +95,7 @@ class Redactor:
         masked = apply_redactions(body, redactions)
         texts = [*_keys_and_strings(masked), *_keys_and_strings(dict(query))]
         if isinstance(masked, str):
-            texts += _keys_and_strings(documents_in(masked))
+            texts += _keys_and_strings(json_readings(masked, piece=True))
         for text in texts:
             if any(pattern.search(text) for _, pattern in self.patterns):
                 return True

@@ -332,6 +332,9 @@ async def test_a_text_body_that_is_json_is_judged_on_its_decoded_strings_too(mak
     utf16 = '{"a": "\\u0044ROP"}'.encode("utf-16-le")
     assert parse_body(utf16, "text/plain", limits)[1].endswith("\nDROP")
     assert parse_body(b'{"a": "\\u0044ROP"}', "application/x-www-form-urlencoded", limits)[1].endswith("\nDROP")
+    for media in ("application/jsonl", "application/json-seq", "text/plain"):  # JSON Lines: each line a document
+        lines = b'{"a": "x"}\n\x1e{"a": "\\u0044ROP"}\n'
+        assert parse_body(lines, media, limits)[1].endswith("\nx\nDROP"), media
     with pytest.raises(BodyError) as refused:
         parse_body(b'{"a": ' * 200 + b"1" + b"}" * 200, "text/plain", limits)  # deeper than a JSON body may be
     assert refused.value.status == 400

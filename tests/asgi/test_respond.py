@@ -593,6 +593,35 @@ async def test_a_stream_is_judged_as_its_client_reads_it(events: list[str], medi
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(("chunks", "media"), [
+    (['data: {"delta":\ndata: "use \\u0073k-abcdefgh123"}\n\n', "data: [DONE]\n\n"], "text/event-stream"),
+    (['{"delta": "hi"}\n', '{"delta": "use \\u0073k-abcdefgh123"}\n'], "application/x-ndjson"),
+    (['{"delta": "hi"}\n{"delta": "use \\u0073k-abcdefgh123"}\n'], "application/json"),
+    (['\x1e{"delta": "use \\u0073k-abcdefgh123"}\n'], "application/json-seq"),
+    (['{"delta": "use \\u0073k-abcdefgh123 ' + "padding " * 40, '"}'], "application/json"),  # cut by a flush
+])  # fmt: skip
+async def test_escapes_in_every_stream_shape_a_client_parses_are_judged_decoded(chunks: list[str], media: str) -> None:
+    """A client joins an SSE event's ``data:`` lines, parses JSON Lines one line at a time and parses a document a
+    flush cut in two as a whole; a ``\\u`` escape in any of them hides nothing: the key cannot be masked in the raw
+    text, so the stream is refused instead of sent half masked."""
+    async def body() -> AsyncIterator[bytes]:
+        for i, chunk in enumerate(chunks):
+            if i:
+                await asyncio.sleep(0.2)  # past stream_flush_s: what is held is judged as it stands
+            yield chunk.encode()
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(body(), headers={"content-type": media})
+
+    limits = BodyLimits(stream_flush_s=0.05)
+    guard, app = rules_only(ESCAPES_POLICY, [Route("/out/x", stream)], limits=limits)
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 403 and "abcdefgh123" not in response.text
+    await guard.aclose()
+
+
+@pytest.mark.anyio
 async def test_an_event_longer_than_the_window_is_not_judged_again_for_every_chunk() -> None:
     """Held text that cannot be sent yet (no complete event) is judged again once it has doubled: an event of n
     bytes in 64-byte chunks costs a few judgements, not one of all that is held per chunk (quadratic CPU)."""

@@ -1,0 +1,34 @@
+"""``guard._json.json_readings`` and ``json_unescaped``: what a client's JSON parser reads out of a body or a piece of
+a stream, compared with Python's ``json`` on the same text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from guard._json import json_readings, json_unescaped
+
+
+@pytest.mark.parametrize("value", [
+    "sk-ABCD", 'quote " backslash \\ slash / controls \b\f\n\r\t', "é ñ 中文 😀", "\\u0041 stays written",
+])  # fmt: skip
+def test_unescaping_a_piece_gives_what_json_gives_for_the_whole(value: str) -> None:
+    for ensure_ascii in (True, False):
+        written = json.dumps(value, ensure_ascii=ensure_ascii)[1:-1]  # the string's body, without its quotes
+        assert json_unescaped(written) == value
+
+
+def test_a_lone_surrogate_reads_as_a_replacement_character() -> None:
+    assert json_unescaped("a\\ud800b") == "a\ufffdb"
+
+
+def test_readings_of_each_shape() -> None:
+    assert json_readings('{"a": "\\u0041"}') == [{"a": "A"}]  # one document
+    event = 'event: x\ndata: {"a":\ndata:  "\\u0041"}\n\ndata: {"b": 1}\n\ndata: [DONE]\n\n'
+    assert json_readings(event) == [{"a": "A"}, {"b": 1}]  # an event's data lines joined, as SSE clients join them
+    assert json_readings('{"a": 1}\n\n{"b": "\\u0042"}\n') == [{"a": 1}, {"b": "B"}]  # JSON Lines
+    assert json_readings('\x1e{"a": 1}\n\x1e[2]\n') == [{"a": 1}, [2]]  # application/json-seq
+    cut = '{"a": "sk-\\u0041BC and more'
+    assert json_readings(cut) == [] and json_readings(cut, piece=True) == ['{"a": "sk-ABC and more']
+    assert json_readings("plain text, C:\\new", piece=True) == ["plain text, C:\new"]
