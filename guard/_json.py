@@ -277,7 +277,7 @@ def json_readings(text: str, *, piece: bool = False) -> list[Any]:
             out.append(event)
             continue
         for line in lines:
-            found = _document((line[5:] if line.startswith("data:") else line).lstrip("\x1e"))
+            found = _document(line.removeprefix("data:").lstrip("\x1e"))
             if found is not _NOT_A_DOCUMENT:
                 out.append(found)
             elif piece and "\\" in line:
