@@ -170,6 +170,9 @@ def main() -> None:
         asyncio.run(run(parser.parse_args()))
     except (GuardError, OSError, ValueError) as exc:  # PolicyError is a GuardError
         raise SystemExit(f"traffic.py: {exc}") from None
+    except httpx.TransportError as exc:  # --mode url before the proxy listens (it prints its address once it does)
+        raise SystemExit(f"traffic.py: cannot reach {exc.request.url}: {type(exc).__name__}: {exc}; is the proxy "
+                         "up? guard proxy prints 'guard proxy: http://...' once it listens") from None
 
 
 if __name__ == "__main__":

@@ -230,15 +230,17 @@ def check_answers(request: SystemOneRequestV1, response: SystemOneResponseV1) ->
         raise ValueError(f"usage.input_tokens is {response.usage.input_tokens}; expected the prompt length")
 
 
-def _request(canary: Canary, state: Any) -> SystemOneRequestV1:
-    return SystemOneRequestV1(model="canary", state=state, questions=(canary.question,))
+def _request(canary: Canary, state: Any, model: str) -> SystemOneRequestV1:
+    return SystemOneRequestV1(model=model, state=state, questions=(canary.question,))
 
 
 async def run_canaries(
-    backend: DecisionBackend, canaries: Sequence[Canary], *, timeout: float = SELF_TEST_TIMEOUT_S
+    backend: DecisionBackend, canaries: Sequence[Canary], *, timeout: float = SELF_TEST_TIMEOUT_S,
+    model: str = "canary",
 ) -> list[CanaryResult]:
     """Ask every canary's two states through ``backend``, one request at a time (a small queue never overflows),
-    within ``timeout`` seconds in all.
+    within ``timeout`` seconds in all, as requests for ``model`` (a System One server answers only the models it
+    serves: give the one the policies ask it for).
 
     Returns:
         One result per canary, in order.
@@ -251,7 +253,7 @@ async def run_canaries(
         return []
     async with asyncio.timeout(timeout):
         answers = [
-            await backend.decide(_request(c, s), timeout=timeout) for c in canaries for s in (c.benign, c.attack)
+            await backend.decide(_request(c, s, model), timeout=timeout) for c in canaries for s in (c.benign, c.attack)
         ]
     results = [c.judge(answers[2 * i], answers[2 * i + 1]) for i, c in enumerate(canaries)]
     if not all(r.passed for r in results):

@@ -145,8 +145,8 @@ def question_metrics(question_id: str, question_type: str, option_ids: Sequence[
         from scipy.stats import spearmanr
 
         expected = probs @ np.arange(probs.shape[1])
-        rho = spearmanr(expected, y).statistic
-        metrics.spearman = None if math.isnan(rho) else float(rho)
+        constant = np.ptp(expected) == 0 or np.ptp(y) == 0  # no rank order: reported as None, not a scipy warning
+        metrics.spearman = None if constant else float(spearmanr(expected, y).statistic)
     if question_type == "choice" and oos_label is not None and oos_label in option_ids:
         oos = option_ids.index(oos_label)
         scope = y != oos

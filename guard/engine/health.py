@@ -138,23 +138,24 @@ class HealthMonitor:
         self.timeout_s = timeout_s
         self.results: dict[str, Check] = {}
         self.canary_failed: set[str] = set()
+        self.unreachable: set[str] = set()  # backends whose last canary run raised (logged once until they answer)
         self._task: asyncio.Task[None] | None = None
         guard.monitor = self
 
     async def check(self) -> dict[str, Check]:
         """One run over every backend; returns (and keeps) each backend's canary check."""
         for name, backend in self.guard.backends.items():
-            ids = [q.wire.id for p in self.guard.policies.policies for q in p.questions
-                   if self.guard.backend_for(p) is backend]  # fmt: skip
-            canaries = canaries_for(backend, ids)
-            self.results[name] = await self._run(name, backend, canaries)
+            served = [p for p in self.guard.policies.policies if self.guard.backend_for(p) is backend]
+            canaries = canaries_for(backend, [q.wire.id for p in served for q in p.questions])
+            model = served[0].model if served else "canary"  # a System One server answers the models it serves
+            self.results[name] = await self._run(name, backend, canaries, model)
         return dict(self.results)
 
-    async def _run(self, name: str, backend: DecisionBackend, canaries: Sequence[Canary]) -> Check:
+    async def _run(self, name: str, backend: DecisionBackend, canaries: Sequence[Canary], model: str) -> Check:
         if not canaries:
             return Check("no_canary", "ok", {"canaries": 0})
         try:
-            results = await run_canaries(backend, canaries, timeout=self.timeout_s)
+            results = await run_canaries(backend, canaries, timeout=self.timeout_s, model=model)
         except CanaryFailed as exc:
             if name not in self.canary_failed:
                 logger.error("backend %r failed its canary; its answers are refused: %s", name, exc)
@@ -168,7 +169,14 @@ class HealthMonitor:
         except (GuardError, TimeoutError) as exc:
             if getattr(exc, "reason", None) not in ("overloaded", "http_429"):  # down, not busy: report it
                 self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
+                if name not in self.unreachable:
+                    logger.warning("backend %r could not answer its canary; requests that need it follow their "
+                                   "policy's fail mode until it can: %s: %s", name, type(exc).__name__, exc)
+                self.unreachable.add(name)
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
+        if name in self.unreachable:
+            logger.info("backend %r answers its canary again", name)
+            self.unreachable.discard(name)
         if name in self.canary_failed:  # answers cached before it failed may be the broken model's: keys move on
             logger.info("backend %r passed its canary again; answers cached before are not read", name)
             self.guard.canary_epochs[name] = self.guard.canary_epochs.get(name, 0) + 1

@@ -234,3 +234,16 @@ policies:
     assert (during.action, during.rule, during.cache_hit) == ("block", "on_error", False)
     assert (after.action, after.rule, after.cache_hit) == ("block", "inj", False)
     await guard.aclose()
+
+
+async def test_a_backend_that_cannot_answer_its_canary_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """``guard proxy`` before a backend it cannot reach (or one that refuses its requests) says why in its log, once,
+    not only in the decision log."""
+    guard = Guard(load_files(POLICY), backends=SystemOneClient(dead_url(), timeout=1))
+    monitor = HealthMonitor(guard, interval_s=0)
+    with caplog.at_level("WARNING", logger="guard.health"):
+        for _ in range(2):
+            assert (await monitor.check())["default"].code == "canary_not_run"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "guard.health"]
+    assert len(warnings) == 1 and "could not answer its canary" in warnings[0] and "ConnectError" in warnings[0]
+    await guard.aclose()

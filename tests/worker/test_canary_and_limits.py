@@ -24,6 +24,7 @@ from guard.backends.selftest import CLEF_CANARY_MARGIN, CanaryFailed, catalog_ca
 from guard.clef.model import ClefModel
 from guard.cli import main
 from guard.engine import Guard
+from guard.engine.health import HealthMonitor
 from guard.errors import BackendRejected, BackendUnavailable
 from guard.policy import load_text
 from guard.subject import AgentSubject
@@ -133,6 +134,19 @@ async def test_a_backend_that_always_says_no_fails_the_canaries() -> None:
             with pytest.raises(CanaryFailed) as info:
                 await run_canaries(client, catalog_canaries())
     assert all(r.benign == r.attack == 0.0 and not r.passed for r in info.value.results)
+
+
+async def test_a_health_monitor_asks_a_worker_as_the_model_its_policies_name(clef_fp32: ClefModel) -> None:
+    """A System One server answers only the models it serves (404 ``model_not_found`` otherwise), so the canaries go
+    out as the model the backend's policies ask for; sent as a model of their own, every conforming worker refused
+    them and ``guard proxy --backend URL`` was never ready."""
+    with serve_worker(LocalBackend(clef_fp32)) as worker:  # serves clef-flash, the policies' default model
+        async with SystemOneClient(worker.url, timeout=60) as client:
+            guard = Guard(load_text(DROPPED_POLICY), backends=client)
+            checks = await HealthMonitor(guard, interval_s=0).check()
+    assert checks["default"].code == "ok", checks["default"]
+    assert [c["question"] for c in checks["default"].detail["canaries"]] == ["guard.prompt_injection",
+                                                                        "guard.harmful_request"]
 
 
 # Truncation -----------------------------------------------------------------------------------------------------
