@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 from starlette.types import Scope
 
@@ -46,6 +46,7 @@ _NOT_HELD = SENSITIVE_HEADERS | {
 
 METHOD_OVERRIDE_HEADERS = frozenset({"x-http-method-override", "x-http-method", "x-method-override"})
 """Headers some frameworks read as the request's real method."""
+_OVERRIDE_HEADERS_IN_ORDER = tuple(sorted(METHOD_OVERRIDE_HEADERS))  # the first one found is the one named
 SINGLE_VALUE_HEADERS = frozenset({
     "content-type", "content-length", "host", "authorization", "proxy-authorization", "user-agent",
     "x-guard-review-id", "x-guard-release-token", *METHOD_OVERRIDE_HEADERS,
@@ -81,9 +82,9 @@ def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | 
         BodyError: 400 ``method_override`` when the overrides name different methods (frameworks differ on which
             one wins).
     """
-    found = [(name, headers[name].strip().upper()) for name in sorted(METHOD_OVERRIDE_HEADERS) if name in headers]
+    found = [(name, headers[name].strip().upper()) for name in _OVERRIDE_HEADERS_IN_ORDER if name in headers]
     query = scope.get("query_string", b"")
-    if b"_method" in query or b"%" in query:
+    if b"_method" in query or (b"%" in query and b"_method" in unquote_to_bytes(query)):
         pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, errors="replace")
         found += [("_method", value.strip().upper()) for key, value in pairs if key == "_method"]
     if len({method for _, method in found}) > 1:
