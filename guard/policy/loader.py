@@ -34,7 +34,7 @@ from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
 from guard.policy.provenance import ToolSpec
-from guard.policy.redact import Redactor
+from guard.policy.redact import Redactor, compile_pattern
 from guard.policy.rules import (
     CEL_KEYWORDS,
     RESERVED_NAMES,
@@ -374,9 +374,9 @@ def _redactor(spec: Any, where: KeyPath, problem: Any) -> Redactor | None:
     patterns = []
     for label, source in block.patterns.items():
         try:
-            patterns.append((label, re.compile(source)))
-        except re.error as exc:
-            problem((*where, "redact", "patterns", label), f"not a valid regular expression: {exc}")
+            patterns.append((label, compile_pattern(source)))
+        except ValueError as exc:
+            problem((*where, "redact", "patterns", label), str(exc))
     return Redactor(tuple(patterns), detector=block.detector, style=block.style)
 
 

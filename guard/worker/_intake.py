@@ -59,6 +59,8 @@ def _zlib(wbits: int) -> Callable[[bytes, int], bytes]:
             raise _too_large(limit)
         if not stream.eof:
             raise zlib.error("truncated stream")
+        if stream.unused_data:  # a second gzip member or junk: other decoders read it, so it is refused, not dropped
+            raise zlib.error("data after the end of the compressed stream")
         return out
 
     return decode

@@ -271,8 +271,12 @@ def test_self_consistency_allows_rounding_and_the_mode_level() -> None:
     body["answers"]["team"]["confidence"] = 0.5  # the top probability, as the reference reports it
     response = SystemOneResponseV1.from_json(body, _remote_request())
     assert response.answers["team"].choice == "billing"
-    body["answers"]["severity"]["score"] = 3  # the most probable level, as some providers report
-    assert SystemOneResponseV1.from_json(body, _remote_request()).answers["severity"].score == 3
+    body["answers"]["severity"]["score"] = 3  # the most probable level, as some providers report: accepted, but
+    assert SystemOneResponseV1.from_json(body, _remote_request()).answers["severity"].score == 2.9573  # rules read
+    # the expected level: a reported mode cannot move a `score >= 2` rule where the probabilities do not put it
+    body["answers"]["severity"].update(probabilities={"0": 0.34, "1": 0.0, "2": 0.33, "3": 0.33}, score=0)
+    body["answers"]["severity"].pop("confidence")
+    assert SystemOneResponseV1.from_json(body, _remote_request()).answers["severity"].score == pytest.approx(1.65)
     body["answers"]["team"]["probabilities"] = {"billing": 0.5, "technical": 0.5, "sales": 0.0}
     body["answers"]["team"]["choice"] = "technical"  # an exact tie goes to the documented rule, not the provider
     assert SystemOneResponseV1.from_json(body, _remote_request()).answers["team"].choice == "billing"

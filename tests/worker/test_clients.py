@@ -138,6 +138,10 @@ async def test_unknown_encodings_corrupt_streams_and_bad_multipart_are_4xx(worke
         lzw = await client.post("/v1/systemone", content=raw, headers={"content-encoding": "compress", **json_type})
         corrupt = await client.post("/v1/systemone", content=b"not gzip",
                                     headers={"content-encoding": "gzip", **json_type})
+        trailing = [await client.post("/v1/systemone", content=encode(raw) + extra,
+                                      headers={"content-encoding": name, **json_type})
+                    for name, encode in (("gzip", gzip.compress), ("deflate", zlib.compress))
+                    for extra in (b"junk", gzip.compress(b"more"))]  # gzip.decompress reads a second member
         no_request = await client.post("/v1/systemone", files={"asset-0": ("a.png", PNG, "image/png")})
         unclaimed = await client.post(
             "/v1/systemone",
@@ -145,6 +149,7 @@ async def test_unknown_encodings_corrupt_streams_and_bad_multipart_are_4xx(worke
         )
     assert lzw.status_code == 415 and lzw.json()["field"] == "headers.content-encoding"
     assert corrupt.status_code == 400 and corrupt.json()["code"] == "invalid_encoding"
+    assert [(r.status_code, r.json()["code"]) for r in trailing] == [(400, "invalid_encoding")] * 4
     assert no_request.status_code == 400 and no_request.json()["code"] == "invalid_multipart"
     assert unclaimed.status_code == 422 and unclaimed.json()["field"] == "parts.asset-0"
 
