@@ -66,6 +66,9 @@ DEFAULT_BREAKER_S = 1.0
 DEFAULT_BREAKER_AFTER = 2
 DEFAULT_DEGRADED_WINDOW_S = 30.0
 FAILURE_MARKER_MS = 1000
+#: Milliseconds a sealed lock or failure marker is still read after the end it carries: the clocks of the replica
+#: that wrote it and of the one reading it may differ by this much.
+CLOCK_SKEW_MS = 2000
 #: Seconds a Redis cache answers from its in-process copy of an entry it read or wrote before reading Redis again.
 DEFAULT_LOCAL_TTL_S = 1.0
 #: Derived values one entry keeps in :attr:`CachedAnswers.memo` before it starts over.
@@ -550,8 +553,9 @@ return 0
         self._keep(key, CachedAnswers(decoded), self._local_until(ttl), blob)
 
     async def _acquire(self, key: str, wait: float) -> str | None:
-        token = self._sealed("l", key, uuid.uuid4().hex.encode()).decode()  # a follower can tell it from a planted one
         ttl_ms = max(1, int((wait + 0.5) * 1000))
+        # sealed, so a follower can tell it from a planted one; with its end, so a copy put back later is stale
+        token = self._sealed_until("l", key, uuid.uuid4().hex.encode(), ttl_ms).decode()
         got = await self._op(lambda r: r.set(self._key("l", key), token, nx=True, px=ttl_ms))
         if got is _FAILED:
             return ""  # no lock without Redis; in-process single-flight still holds
@@ -584,16 +588,16 @@ return 0
                 ignored = failure  # counted once, not on every poll
             if lock is None:
                 return None  # the leader vanished without an answer: lead ourselves
-            if self._opened("l", key, lock) is None:
+            if self._opened_live("l", key, lock) is None:
                 self._stats.forged += 1
-                logger.warning("single-flight lock for %s fails its integrity check (planted in the store); not "
-                               "waiting on it", key[:16])
+                logger.warning("single-flight lock for %s fails its integrity check or is past its end (planted or "
+                               "put back in the store); not waiting on it", key[:16])
                 return None  # no replica holds it: lead ourselves rather than wait out its expiry
         return None
 
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
         marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend}).encode()
-        blob = self._sealed("f", key, marker)
+        blob = self._sealed_until("f", key, marker, FAILURE_MARKER_MS)
         await self._op(lambda r: r.set(self._key("f", key), blob, px=FAILURE_MARKER_MS))
 
     def _sealed(self, kind: str, key: str, data: bytes) -> bytes:
@@ -606,15 +610,30 @@ return 0
         seal, _, data = raw.partition(b"\n")
         return data if self._sealer.check(self._key(kind, key), data, seal) else None
 
+    def _sealed_until(self, kind: str, key: str, data: bytes, ttl_ms: int) -> bytes:
+        """:meth:`_sealed` of ``data`` with its end (Unix time in ms, ``ttl_ms`` from now) sealed in front of it."""
+        return self._sealed(kind, key, b"%d\n%s" % (int(time.time() * 1000) + ttl_ms, data))
+
+    def _opened_live(self, kind: str, key: str, raw: bytes) -> bytes | None:
+        """The data of :meth:`_sealed_until` ``raw``; ``None`` when its seal does not check or its end has passed (by
+        more than :data:`CLOCK_SKEW_MS`): Redis drops it by then, so one still there was put back by someone else."""
+        opened = self._opened(kind, key, raw)
+        if opened is None:
+            return None
+        end, _, data = opened.partition(b"\n")
+        live = end.isdigit() and int(end) + CLOCK_SKEW_MS >= time.time() * 1000
+        return data if live else None
+
     def _checked_marker(self, key: str, raw: bytes) -> bytes | None:
-        """The leader's failure marker in ``raw`` when it carries this cache's seal for ``key``; else ``None``,
-        counted as ``forged``: a marker written without the store key cannot put followers in the fail mode."""
-        marker = self._opened("f", key, raw)
+        """The leader's failure marker in ``raw`` when it carries this cache's seal for ``key`` and its end has not
+        passed; else ``None``, counted as ``forged``: a marker written without the store key, or a copy of an old one
+        put back, cannot put followers in the fail mode."""
+        marker = self._opened_live("f", key, raw)
         if marker is not None:
             return marker
         self._stats.forged += 1
-        logger.warning("leader failure marker for %s fails its integrity check (forged or edited in the store); "
-                       "ignoring it", key[:16])
+        logger.warning("leader failure marker for %s fails its integrity check or is past its end (forged, edited "
+                       "or put back in the store); ignoring it", key[:16])
         return None
 
     async def aclose(self) -> None:

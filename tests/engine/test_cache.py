@@ -260,11 +260,36 @@ async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url:
         assert (verdict.action, verdict.fail_mode) == ("allow", None), verdict.error
         await client.delete(value_key)
     assert cache.health().forged == 4 and backend.calls == 3  # two markers, two locks
-    # the same marker sealed with this store key is the leader's failure: followed
+    # the same marker sealed with this store key, within its end, is the leader's failure: followed
     await client.set(f"{create_redis.prefix}l:{content}", "planted", px=300)
-    await client.set(f"{create_redis.prefix}f:{content}", sealed(f"{create_redis.prefix}f:{content}", marker))
+    await client.set(f"{create_redis.prefix}f:{content}", sealed(f"{create_redis.prefix}f:{content}", until(1000, marker)))
     followed = await guard.aevaluate(subject())
     assert (followed.fail_mode, followed.action) == ("closed", "block") and "planted" in (followed.error or "")
+    await guard.aclose()
+
+
+def until(ms_from_now: int, data: bytes) -> bytes:
+    """``data`` with the end a Redis cache seals in front of a lock or failure marker (Unix ms)."""
+    return b"%d\n%s" % (int(time.time() * 1000) + ms_from_now, data)
+
+
+@pytest.mark.anyio
+async def test_a_sealed_lock_and_failure_marker_put_back_after_their_end_are_not_followed(
+    redis_url: str, create_redis: Any
+) -> None:
+    """Someone with write access to Redis but not the store key copies a leader's real lock and failure marker and
+    sets them back without an expiry: they must not pin the request's key to "the leader's backend failed" (the
+    policy's fail mode for good, an allow under fail_mode: open): past the end sealed in them, they are ignored."""
+    backend, cache, guard, client, value_key, content = await _answered_once_then_gone(redis_url, create_redis)
+    marker = json.dumps({"reason": "timeout", "message": "the leader's call timed out", "backend": "clef"}).encode()
+    lock_key, marker_key = f"{create_redis.prefix}l:{content}", f"{create_redis.prefix}f:{content}"
+    await client.set(lock_key, sealed(lock_key, until(-5000, b"0123456789abcdef")))  # no expiry: put back
+    await client.set(marker_key, sealed(marker_key, until(-5000, marker)))
+    for _ in range(3):
+        verdict = await guard.aevaluate(subject())
+        assert (verdict.action, verdict.fail_mode) == ("allow", None), verdict.error
+        await client.delete(value_key)
+    assert backend.calls == 4 and cache.health().forged >= 3
     await guard.aclose()
 
 
