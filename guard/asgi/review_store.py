@@ -603,9 +603,16 @@ return {3, ARGV[2]}
         return item
 
     async def _read(self, review_id: str) -> list[str | None]:
+        """The item's checked fields (:meth:`_checked`).
+
+        Raises:
+            ReviewNotFound: absent, or past the expiry sealed in it: Redis drops an item by then, so one still there
+                was put back by someone who can write to Redis (without the store key it cannot extend the expiry).
+            ReviewConflict: status ``tampered``.
+        """
         raw = await self._call(review_id, self._client.hmget(self._key(review_id), list(self._FIELDS)))
         texts = self._checked(review_id, raw)
-        if texts is None:
+        if texts is None or json.loads(texts[1] or "{}").get("expires_at", 0) <= time.time():
             raise ReviewNotFound(review_id)
         return texts
 

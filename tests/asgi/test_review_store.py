@@ -127,6 +127,26 @@ async def test_redis_store_is_shared_between_instances(create_redis: Any) -> Non
         await two.release(item.id, "d")
 
 
+async def test_a_redis_item_put_back_after_its_expiry_is_not_found(create_redis: Any) -> None:
+    """Someone who can write to Redis (but has no store key) copies an approved item and puts it back, without a TTL,
+    after it expired: the expiry is sealed in the item, so it is gone for good, not approved and releasable forever."""
+    store = RedisReviewStore(create_redis(), prefix=create_redis.prefix, ttl_s=0.3)
+    item = await store.create(_verdict(), subject={"path": "/x"}, digest="d")
+    await store.approve(item.id, by="carol")
+    client = create_redis()
+    key = f"{create_redis.prefix}{item.id}"
+    assert await client.exists(key)
+    snapshot = await client.hgetall(key)
+    await asyncio.sleep(0.45)
+    assert not await client.exists(key)  # Redis expired it
+    await client.hset(key, mapping=snapshot)  # put back, with no expiry
+    with pytest.raises(ReviewNotFound):
+        await store.get(item.id)
+    with pytest.raises(ReviewNotFound):
+        await store.release(item.id, "d")
+    await store.aclose()
+
+
 async def test_redis_down_is_unavailable_not_an_allow(private_redis: Any) -> None:
     store = RedisReviewStore.from_url(private_redis.url, timeout_s=0.2)
     item = await store.create(_verdict(), subject={}, digest="d")
