@@ -336,7 +336,7 @@ class Judge:
 
     def _guard_failed(self, subject: AgentSubject, exc: BaseException, started: float) -> Verdict:
         logger.error(
-            "guard raised while judging %s %s; fail mode %s applies",
+            "guard raised while judging %s %r; fail mode %s applies",  # %r: a model writes tool names
             subject.event,
             subject.tool_name or "",
             self.fail_mode,
@@ -391,7 +391,7 @@ class Judge:
     def _record(self, verdict: Verdict, subject: AgentSubject, policy: Policy | None) -> None:
         self.guard.record(verdict, subject, policy=policy)
         logger.info(
-            "decision %s: %s %s %s (%s)",
+            "decision %s: %s %s %r (%s)",  # %r: a tool name the model wrote cannot start a log line of its own
             verdict.decision_id,
             verdict.action,
             subject.event,

@@ -363,7 +363,7 @@ class ResponseJudge:
             await self._block(verdict)
             return
         if not self.sse:
-            logger.info("response of %s %s blocked mid-stream (policy %s); cutting the connection",
+            logger.info("response of %s %r blocked mid-stream (policy %s); cutting the connection",
                         self.request.method, self.request.path, verdict.policy_id)
             raise StreamStopped("the response was blocked by policy mid-stream")
         data = json.dumps(_block_payload(verdict), separators=(",", ":"), ensure_ascii=False)

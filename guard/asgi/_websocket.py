@@ -72,7 +72,8 @@ class WebSocketRelay:
                                      open_timeout=self.open_timeout, max_size=None, compression=None)
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             code = exc.response.status_code if isinstance(exc, InvalidStatus) else None
-            logger.warning("websocket upstream %s refused or unreachable (%s)", url, code or type(exc).__name__)
+            logger.warning("websocket upstream %s refused or unreachable for path %r (%s)", self._base, scope["path"],
+                           code or type(exc).__name__)  # never the query: browsers send WebSocket tokens in it
             reason = f"the upstream refused or could not be reached ({code or type(exc).__name__})"
             await _deny(scope, send, 502, {"code": "upstream_unavailable", "message": reason, "field": None},
                         _UPSTREAM_UNAVAILABLE)

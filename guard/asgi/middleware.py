@@ -430,7 +430,7 @@ class GuardMiddleware:
             policy, decision_id=new_decision_id(), rule=exc.code, status=exc.status, message=exc.reason, error=exc.code
         )
         self.guard.record(verdict, head, policy=policy)
-        logger.info("refused %s %s before a decision: %s (policy %s)", head.method, head.path, exc.code, policy.id)
+        logger.info("refused %s %r before a decision: %s (policy %s)", head.method, head.path, exc.code, policy.id)
         await send_json(
             send,
             exc.status,

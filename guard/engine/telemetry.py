@@ -46,7 +46,7 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, S
 from guard import __version__
 from guard._buckets import DURATION_BUCKETS_S
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
-from guard.subject import AgentSubject, HttpSubject, Subject, body_strings
+from guard.subject import AgentSubject, HttpSubject, Subject, body_strings, is_plain_key
 from guard.verdict import Verdict
 
 __all__ = [
@@ -119,7 +119,7 @@ DEFAULT_REDACT = (
 SECRET_NAME = re.compile(
     r"passw(or)?d|passphrase|secret|token|api[-_]?key|access[-_]?key|private[-_]?key|credential|session|cookie"
     r"|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^otp$|^pin$|^ssn$|card[-_]?number|^cvv$|^cvc$"
-    r"|^key$|^sig$|jwt|^dpop$|assertion",
+    r"|^key$|^sig$|jwt|^dpop$|assertion|^pwd$|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$",
     re.IGNORECASE,
 )
 #: Request headers whose values ``log_input="redacted"`` keeps in ``input``; every other header's value is removed
@@ -420,7 +420,9 @@ def _split(pointer: str) -> list[str]:
     return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
 
 
-def _erase(node: Any, tokens: list[str], at: str, erased: list[str]) -> None:
+def _erase(node: Any, tokens: list[str], at: str, erased: list[str], values: list[str]) -> None:
+    """Remove what the pointer ``tokens`` names under ``node``; each removed pointer goes to ``erased`` and the
+    strings it held to ``values`` (so text that repeats them can be scrubbed too)."""
     if not tokens:
         return
     head, rest = tokens[0], tokens[1:]
@@ -429,9 +431,9 @@ def _erase(node: Any, tokens: list[str], at: str, erased: list[str]) -> None:
         for key in keys:
             where = f"{at}/{escape_pointer(str(key))}"
             if rest:
-                _erase(node[key], rest, where, erased)
+                _erase(node[key], rest, where, erased, values)
             else:
-                del node[key]
+                values.extend(_strings(node.pop(key)))
                 erased.append(where)
     elif isinstance(node, list):
         if head == "*":
@@ -443,17 +445,20 @@ def _erase(node: Any, tokens: list[str], at: str, erased: list[str]) -> None:
                 return
         for i in reversed(indices) if not rest else indices:
             if rest:
-                _erase(node[i], rest, f"{at}/{i}", erased)
+                _erase(node[i], rest, f"{at}/{i}", erased, values)
             else:
+                values.extend(_strings(node[i]))
                 node[i] = None  # keep indices stable; the value is gone
                 erased.append(f"{at}/{i}")
 
 
 def _strings(node: Any) -> list[str]:
+    """Every string value in ``node``, and the keys of its mappings that the judged body text repeats (those that
+    are not plain identifiers: a secret can be a key, ``{"sk-live-...": "active"}``)."""
     if isinstance(node, str):
         return [node]
     if isinstance(node, dict):
-        return [t for v in node.values() for t in _strings(v)]
+        return [t for k, v in node.items() for t in ((*(() if is_plain_key(str(k)) else (str(k),)), *_strings(v)))]
     if isinstance(node, list):
         return [t for v in node for t in _strings(v)]
     return []
@@ -566,11 +571,13 @@ def _erase_raw_secrets(raw: str, values: list[str]) -> str:
 
 
 def _redact_input(record: dict[str, Any], erased: list[str],
-                  logged_headers: Collection[str] = LOGGED_HEADERS) -> None:
+                  logged_headers: Collection[str] = LOGGED_HEADERS, values: list[str] | None = None) -> None:
     """Request headers not in ``logged_headers`` and secret-named fields out of ``input`` and ``state``, and their
-    values out of any text that repeats them (the body's joined text, state built from it; of a header not named
-    like a secret, only values of 12 characters or more: shorter ones are tiers and versions, words elsewhere)."""
-    values: list[str] = []
+    values, and ``values`` (what the ``redact`` pointers removed: the credential headers), out of any text that
+    repeats them (the body's joined text, state built from it; of a header not named like a secret, only values of
+    12 characters or more: shorter ones are tiers and versions, words elsewhere; of the rest, values of 4 characters
+    or more, and 3 digits: a card's security code)."""
+    values = list(values or ())
     headers = record["input"].get("headers") if isinstance(record.get("input"), dict) else None
     if isinstance(headers, dict):
         for name in [n for n in headers if str(n).lower() not in logged_headers]:
@@ -586,7 +593,8 @@ def _redact_input(record: dict[str, Any], erased: list[str],
         flags[RAW_ARGUMENTS_FLAG] = _erase_raw_secrets(raw, values)
         if len(values) > found:
             erased.append(f"/flags/{RAW_ARGUMENTS_FLAG}")
-    values = sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)  # shorter ones would hit words
+    values = sorted({v for v in values if len(v) >= 4 or (len(v) == 3 and v.isdigit())},
+                    key=len, reverse=True)  # shorter ones would hit words
     if values:
         record["input"] = _scrub(record.get("input"), values)
         record["state"] = _scrub(record.get("state"), values)
@@ -720,10 +728,11 @@ class DecisionLog:
             record["trace_id"] = format(context.trace_id, "032x")
             record["span_id"] = format(context.span_id, "016x")
         erased: list[str] = []
+        removed: list[str] = []
         for _, tokens in self._redact:
-            _erase(record, tokens, "", erased)
+            _erase(record, tokens, "", erased, removed)
         if self.log_input == "redacted":
-            _redact_input(record, erased, self.logged_headers)
+            _redact_input(record, erased, self.logged_headers, removed)
         elif self.log_input == "none":
             record["input"] = record["state"] = None
             if isinstance(record["flags"], dict) and RAW_ARGUMENTS_FLAG in record["flags"]:

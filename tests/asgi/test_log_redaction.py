@@ -86,3 +86,17 @@ def test_guard_proxy_log_input_option(tmp_path: Path) -> None:
     runtime = build(build_parser().parse_args([*argv, "--log-header", "X-Customer-Tier"]))
     assert {"x-customer-tier", "user-agent"} <= runtime.app.guard.decision_log.logged_headers
     asyncio.run(runtime.aclose())
+
+
+async def test_controls_in_a_path_cannot_start_a_log_line(make_guard: GuardFactory,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A path is logged quoted: NEL, U+2028 and an 8-bit escape decoded from it are written escaped."""
+    from tests.asgi._apps import client_for
+
+    with caplog.at_level("INFO", logger="guard.asgi"):
+        async with client_for(guarded_app(make_guard())) as client:
+            refused = await client.post("/v1/x%C2%85FORGED%E2%80%A8LINE%C2%9B31m", content=b"{bad json",
+                                        headers={"content-type": "application/json"})
+    assert refused.status_code == 400
+    (line,) = [r.getMessage() for r in caplog.records if "before a decision" in r.getMessage()]
+    assert line.isprintable() and "\\x85" in line and "\\u2028" in line

@@ -72,13 +72,18 @@ async def test_matched_paths_are_refused_with_a_reason(make_guard: Callable[...,
     assert body["code"] == NOT_JUDGED and body["policy"] == "open_guard" and "/open/feed" in body["message"]
 
 
-async def test_an_unreachable_upstream_is_a_502(make_guard: Callable[..., Guard]) -> None:
+async def test_an_unreachable_upstream_is_a_502(make_guard: Callable[..., Guard],
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """... and its log line names the path, never the query, where browsers put a WebSocket's token."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
     app = proxy_app(make_guard(), ProxyConfig(f"http://127.0.0.1:{dead}"))
-    with serve_in_thread(app) as proxy, pytest.raises(InvalidStatus) as refused:
-        async with connect(proxy.replace("http://", "ws://") + "/live/feed"):
+    with caplog.at_level("WARNING", logger="guard.asgi"), serve_in_thread(app) as proxy, \
+            pytest.raises(InvalidStatus) as refused:
+        async with connect(proxy.replace("http://", "ws://") + "/live/feed?access_token=SECRET-WS-TOKEN"):
             pass
     assert refused.value.response.status_code == 502
     assert json.loads(refused.value.response.body or b"{}")["code"] == "upstream_unavailable"
+    logged = [r.getMessage() for r in caplog.records if "websocket upstream" in r.getMessage()]
+    assert logged and "/live/feed" in logged[0] and "SECRET-WS-TOKEN" not in logged[0]

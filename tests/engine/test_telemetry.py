@@ -22,7 +22,7 @@ from guard.engine import Guard
 from guard.engine.telemetry import SPAN_NAME, DecisionLog, Telemetry
 from guard.errors import BackendUnavailable
 from guard.policy import load_text
-from guard.subject import HttpSubject
+from guard.subject import HttpSubject, body_strings
 from tests._backends import ScriptedBackend
 
 POLICY = """
@@ -241,3 +241,24 @@ def test_decision_log_wildcards_sinks_and_errors(tmp_path: Any) -> None:
     assert failing.dropped == 1
     with pytest.raises(ValueError, match="must be a JSON pointer"):
         DecisionLog(lines.append, redact=("input/x",))
+
+
+def test_redacted_scrubs_every_copy_of_a_credential_header_and_short_or_keyed_secrets() -> None:
+    """The default pointers remove the credential headers; under ``redacted`` their values are also scrubbed from the
+    state and the body's text that repeat them (they were left in clear while lesser headers were scrubbed), as are
+    a 3-digit security code, a secret written as an object key, and ``pwd``/``pass``/``security_code`` fields."""
+    from guard.verdict import Verdict
+
+    body = {"note": "my token is Bearer SECRET-BEARER-abc and sid=SECRET-COOKIE-987", "cvv": "123",
+            "api_keys": {"sk-live-0123456789abcdefghij": "active"}, "pwd": "hunter2", "pass": "opensesame",
+            "security_code": "4321"}
+    subject = HttpSubject(method="POST", path="/pay", body=body, body_text="\n".join(body_strings(body)),
+                          headers={"authorization": "Bearer SECRET-BEARER-abc", "cookie": "sid=SECRET-COOKIE-987"})
+    state = {"caller": "Bearer SECRET-BEARER-abc", "jar": "sid=SECRET-COOKIE-987", "text": subject.body_text}
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state=state), subject)
+    line = json.dumps(event)
+    for secret in ("SECRET-BEARER", "SECRET-COOKIE", "sk-live-0123456789", "hunter2", "opensesame"):
+        assert secret not in line, secret
+    logged = json.dumps([event["input"], event["state"]])  # not the ids and times, which may hold any digits
+    assert "4321" not in logged and "123" not in logged
+    assert event["state"]["caller"] == "[redacted]" and "my token is" in event["state"]["text"]
