@@ -248,9 +248,12 @@ def _document(text: str) -> Any:
 
 
 def _events(text: str) -> list[list[str]]:
-    """The lines of ``text`` grouped as server-sent events are: runs of non-empty lines between empty ones."""
+    """The lines of ``text`` grouped as server-sent events are: runs of non-empty lines between empty ones. Lines
+    end at LF (a CR before it dropped), as JSON Lines and SSE readers split them: not at U+2028 or NEL, which JSON
+    allows inside a string."""
     events: list[list[str]] = [[]]
-    for line in text.splitlines():
+    for line in text.split("\n"):
+        line = line.removesuffix("\r")
         if line:
             events[-1].append(line)
         elif events[-1]:
@@ -262,9 +265,10 @@ def json_readings(text: str, *, piece: bool = False) -> list[Any]:
     """What a client's JSON parser can read out of ``text`` (a body, or with ``piece`` a stream's window): the whole
     text when it is one document; else each server-sent event's data (its ``data:`` lines joined by newlines, as the
     SSE standard joins them) and each line that is a document (JSON Lines, ``application/json-seq`` after its record
-    separator, a lone ``data:`` line). With ``piece``, the lines no document accounts for that hold escapes follow,
-    as one string with the escapes decoded (:func:`json_unescaped`): a client still decodes a document a stream
-    window cuts in two. Text that is not JSON, too deep or otherwise refused by :func:`loads` is read as text.
+    separator, a lone ``data:`` line). Lines that look like a document but :func:`loads` refuses (too deep, ``NaN``,
+    a lone surrogate, all of which Python's ``json`` reads) and, with ``piece``, every other line no document
+    accounts for, follow when they hold escapes, as one string with the escapes decoded (:func:`json_unescaped`):
+    a client still decodes a document a stream window cuts in two.
     """
     whole = _document(text)
     if whole is not _NOT_A_DOCUMENT:
@@ -277,11 +281,13 @@ def json_readings(text: str, *, piece: bool = False) -> list[Any]:
             out.append(event)
             continue
         for line in lines:
-            found = _document(line.removeprefix("data:").lstrip("\x1e"))
+            body = line.removeprefix("data:").lstrip("\x1e")
+            found = _document(body)
             if found is not _NOT_A_DOCUMENT:
                 out.append(found)
-            elif piece and "\\" in line:
-                unread.append(line)
+            elif "\\" in line and (piece or body.lstrip()[:1] in _OPENERS):
+                unread.append(line)  # a document :func:`loads` refuses (NaN, a lone surrogate) is still parsed by
+                # a client's lenient parser: its escapes are read
     if unread:
         out.append(json_unescaped("\n".join(unread)))
     return out
