@@ -141,13 +141,21 @@ def content_digest(method: str, path: str, query: bytes, body: bytes, headers: S
                      *_client_binding(credentials, release_token))
 
 
+def _bound_method(method: str, headers: dict[str, str]) -> str:
+    """The method a release digest binds: the request's, with every method override header (also spelt with
+    underscores, which WSGI servers read as the same header; the ``_method`` query parameter is in the query, a
+    body's field in the body), so an approved POST cannot be resent as the PUT an application that honours the header
+    would run."""
+    overrides = [f"{name}={value}" for name, value in sorted(headers.items())
+                 if name.replace("_", "-") in METHOD_OVERRIDE_HEADERS]
+    return "\n".join([method, *overrides])
+
+
 def _scope_digest(mw: ReviewHost, scope: Scope, body: bytes, bound: dict[str, Any], release_token: bytes) -> str:
-    """:func:`content_digest` of a request as it arrived (held, or resent). The method is bound with any method
-    override header (the ``_method`` query parameter is in the query), so an approved POST cannot be resent as the
-    PUT an application that honours the header would run."""
+    """:func:`content_digest` of a request as it arrived (held, or resent), its method bound by
+    :func:`_bound_method`."""
     headers = header_map(scope)
-    overrides = [f"{name}={headers[name]}" for name in sorted(METHOD_OVERRIDE_HEADERS) if name in headers]
-    return content_digest("\n".join([scope["method"], *overrides]), scope["path"], scope.get("query_string", b""), body, scope["headers"],
+    return content_digest(_bound_method(scope["method"], headers), scope["path"], scope.get("query_string", b""), body, scope["headers"],
                           bound, client_address(scope, headers, mw.client_header), mw.tenant_of(scope, headers),
                           release_token, scope["headers"])
 
@@ -295,7 +303,8 @@ class ClientReviewEndpoints:
             headers = [*((k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]),
                        *((k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS)]  # what is replayed
             mine = header_map(scope)
-            digest = content_digest(held["method"], held["path"], held["query_string"].encode("latin-1"), body,
+            digest = content_digest(_bound_method(held["method"], header_map({"headers": headers})), held["path"],
+                                    held["query_string"].encode("latin-1"), body,
                                     headers, held.get("bound", {}), client_address(scope, mine, self.mw.client_header),
                                     self.mw.tenant_of(scope, mine), _presented_token(scope), scope["headers"])
             item = await self.mw.review_store.release(review_id, digest)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 from typing import Any
-from urllib.parse import parse_qsl, unquote_to_bytes
+from urllib.parse import parse_qsl
 
 from starlette.types import Scope
 
@@ -18,12 +18,9 @@ __all__ = [
     "SENSITIVE_HEADERS",
     "SINGLE_VALUE_HEADERS",
     "client_address",
-    "form_method",
     "head_subject",
     "header_map",
     "held_request",
-    "is_form",
-    "method_override",
     "query_map",
     "subject_summary",
     "with_body",
@@ -46,7 +43,6 @@ _NOT_HELD = SENSITIVE_HEADERS | {
 
 METHOD_OVERRIDE_HEADERS = frozenset({"x-http-method-override", "x-http-method", "x-method-override"})
 """Headers some frameworks read as the request's real method."""
-_OVERRIDE_HEADERS_IN_ORDER = tuple(sorted(METHOD_OVERRIDE_HEADERS))  # the first one found is the one named
 SINGLE_VALUE_HEADERS = frozenset({
     "content-type", "content-length", "host", "authorization", "proxy-authorization", "user-agent",
     "x-guard-review-id", "x-guard-release-token", *METHOD_OVERRIDE_HEADERS,
@@ -71,48 +67,6 @@ def header_map(scope: Scope) -> dict[str, str]:
                             field=name)
         out[name] = f"{out[name]}, {value}" if name in out else value
     return out
-
-
-def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | None:
-    """``(where, method)`` when the request asks for another method: a :data:`METHOD_OVERRIDE_HEADERS` header or a
-    ``_method`` query parameter (``where`` names it; the name is read percent-decoded, as frameworks read it:
-    ``?%5Fmethod=``), else ``None``.
-
-    Raises:
-        BodyError: 400 ``method_override`` when the overrides name different methods (frameworks differ on which
-            one wins).
-    """
-    found = [(name, headers[name].strip().upper()) for name in _OVERRIDE_HEADERS_IN_ORDER if name in headers]
-    query = scope.get("query_string", b"")
-    if b"_method" in query or (b"%" in query and b"_method" in unquote_to_bytes(query)):
-        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, errors="replace")
-        found += [("_method", value.strip().upper()) for key, value in pairs if key == "_method"]
-    if len({method for _, method in found}) > 1:
-        raise BodyError(400, "method_override", "the request asks for more than one method ("
-                        + ", ".join(f"{where}: {method[:20]!r}" for where, method in found[:4]) + "); send one",
-                        field=found[0][0])
-    return found[0] if found else None
-
-
-def is_form(headers: dict[str, str]) -> bool:
-    """Whether the request's ``Content-Type`` is a form (urlencoded or multipart), whose fields may hold ``_method``."""
-    media = media_type(headers.get("content-type", ""))
-    return media in ("application/x-www-form-urlencoded", "multipart/form-data")
-
-
-def form_method(fields: Any) -> str | None:
-    """The method a parsed form's ``_method`` field asks for (upper-case), ``None`` without one.
-
-    Raises:
-        BodyError: 400 ``method_override`` when the field is repeated with different methods, or is a file.
-    """
-    if not isinstance(fields, dict) or "_method" not in fields:
-        return None
-    values = fields["_method"]
-    if not all(isinstance(value, str) for value in values) or len({v.strip().upper() for v in values}) > 1:
-        raise BodyError(400, "method_override", "the form's _method field is repeated or is a file; send it once",
-                        field="_method")
-    return values[0].strip().upper()
 
 
 def query_map(scope: Scope, max_fields: int) -> dict[str, list[str]]:

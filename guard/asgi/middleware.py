@@ -8,7 +8,7 @@ case or slashes, list every form in the policy's ``paths`` or use a glob. Header
 canonical view: a repeated single-value header (``Content-Type``, ``Content-Length``, ``Host``, ...,
 :data:`~guard.asgi._subject.SINGLE_VALUE_HEADERS`) is refused with 400 ``repeated_header`` naming it, and a
 ``+json`` media type matches a policy's ``application/json``. A method override (``X-HTTP-Method-Override``,
-``X-HTTP-Method``, ``X-Method-Override``, ``?_method=`` or a POST form's ``_method`` field) is refused with 400
+``X-HTTP-Method``, ``X-Method-Override``, ``?_method=`` or a POST body's ``_method`` field; :mod:`guard.asgi._override`) is refused with 400
 ``method_override`` by default;
 ``method_override="judge"`` matches and judges the request as the method it asks for, ``"ignore"`` as sent.
 
@@ -40,6 +40,7 @@ client gets it (:mod:`guard.asgi._respond`), whether or not a request policy mat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -53,6 +54,7 @@ from guard._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
+from guard.asgi._override import body_method, method_override
 from guard.asgi._parse import encode_body, parse_body
 from guard.asgi._respond import ResponseJudge, without_unreadable_sends
 from guard.asgi._responses import (
@@ -66,7 +68,7 @@ from guard.asgi._responses import (
     verdict_headers,
 )
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
-from guard.asgi._subject import form_method, head_subject, header_map, is_form, method_override, query_map, with_body
+from guard.asgi._subject import head_subject, header_map, query_map, with_body
 from guard.asgi._target import canonical_scope
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
@@ -91,7 +93,7 @@ DEFAULT_REVIEW_PATH = "/_guard/reviews"
 #: ``request.state.guard``), set for allowed and redacted requests; absent when no policy matched.
 STATE_KEY = "guard"
 MethodOverride = Literal["refuse", "judge", "ignore"]
-"""What a method override header, ``?_method=`` or a POST form's ``_method`` field does: 400 (``refuse``), the judged method (``judge``), nothing
+"""What a method override header, ``?_method=`` or a POST body's ``_method`` field does: 400 (``refuse``), the judged method (``judge``), nothing
 (``ignore``: for applications that never honour one)."""
 METHOD_OVERRIDES: tuple[str, ...] = ("refuse", "judge", "ignore")
 PathCase = Literal["fold", "exact"]
@@ -106,7 +108,7 @@ by the policy that would judge it as a POST (``judge``), or passed unjudged (``p
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
 """Methods whose request content has no defined meaning (RFC 9110 9.3); many routers still read one."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-_OVERRIDDEN = ("POST", "PUT", "PATCH", "DELETE")  # the methods a form's _method field is read for
+_OVERRIDDEN = ("POST", "PUT", "PATCH", "DELETE")  # the methods a body's _method field is read for
 
 
 class GuardMiddleware:
@@ -227,8 +229,8 @@ class GuardMiddleware:
         try:
             headers = header_map(scope)
             judged = self._judged_method(scope, headers)
-            if self.method_override != "ignore" and judged["method"] == "POST" and is_form(headers):
-                found = await self._form_method(judged, receive, send, headers)
+            if self.method_override != "ignore" and judged["method"] == "POST" and _has_body(headers):
+                found = await self._body_method(judged, receive, send, headers)
                 if found is None:
                     return
                 judged, receive = found
@@ -392,13 +394,15 @@ class GuardMiddleware:
         value, text = parse_body(decoded, headers.get("content-type", ""), limits)
         return body, value, text
 
-    async def _form_method(
+    async def _body_method(
         self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]
     ) -> tuple[Scope, Receive] | None:
-        """A POST form's ``_method`` field (Rails' ``Rack::MethodOverride``, Laravel and Symfony read it) under
-        ``refuse`` or ``judge``: the scope to match (with the method asked for under ``judge``) and the ``receive``
-        that replays the body read to find it; ``None`` when the answer was sent (the body was refused) or the client
-        left. The body is read only on a path where a policy would judge a POST, PUT, PATCH or DELETE.
+        """A POST body's ``_method`` field (:func:`~guard.asgi._override.body_method`: Rails' ``Rack::MethodOverride``,
+        Laravel and Symfony read it) under ``refuse`` or ``judge``: the scope to match (with the method asked for
+        under ``judge``) and the ``receive`` that replays the body read to find it; ``None`` when the answer was sent
+        (a body over the limits) or the client left. The body is read, under the body limits, only on a path where a
+        policy would judge a POST, PUT, PATCH or DELETE; it is read as received and, when its ``Content-Encoding``
+        decodes, decoded as well.
 
         Raises:
             BodyError: 400 ``method_override`` (``field``: ``_method``) under ``refuse``.
@@ -406,20 +410,29 @@ class GuardMiddleware:
         policies = [found for method in _OVERRIDDEN for found in self._match({**scope, "method": method}, headers)[1]]
         if not policies:
             return scope, receive
+        limits = self.limits
         try:
-            read = await self._read_body(receive, headers)
+            body = await read_body(receive, limits.max_body_bytes, declared_length(headers.get("content-length")),
+                                   limits.body_timeout_s)
         except BodyError as exc:
             await self._refuse(send, self._match(scope, headers)[0], policies[0], exc)
             return None
-        if read is None:
+        if body is None:
+            self.metrics.disconnects.inc()
             return None
-        body, value, _ = read
+        content_type = headers.get("content-type", "")
+        bodies = [body]
+        if encoding := headers.get("content-encoding"):
+            with contextlib.suppress(BodyError):  # undecodable: the application cannot read a field from it either
+                bodies.append(decode_content(body, parse_encodings(encoding, limits.max_encodings),
+                                             limits.max_decoded_bytes))
+        methods = {m for m in (body_method(b, content_type) for b in bodies) if m is not None and m != "POST"}
         receive = ReplayReceive(body, receive)
-        method = form_method(value)
-        if method is None or method == "POST":
+        if not methods:
             return scope, receive
-        if self.method_override == "refuse":
-            raise BodyError(400, "method_override", f"the form's _method field asks for another method "
+        method = min(methods)
+        if self.method_override == "refuse" or len(methods) > 1:
+            raise BodyError(400, "method_override", f"the body's _method field asks for another method "
                             f"({method[:20]!r}); send the request with that method instead", field="_method")
         return {**scope, "method": method}, receive
 

@@ -138,6 +138,23 @@ async def test_a_release_is_bound_to_the_method_override_headers(make_guard: Gua
         assert (await client.post("/v1/echo?lang=en", content=UNSURE, headers=resend)).status_code == 200
 
 
+@pytest.mark.parametrize("header", ["X-HTTP-Method-Override", "X_HTTP_Method_Override"])
+async def test_the_release_url_releases_a_request_held_with_an_override_header(make_guard: GuardFactory,
+                                                                              header: str) -> None:
+    """Under ``judge``, a request held with an override header (here one that asks for the method it has; also
+    spelt with underscores, as a WSGI server reads it) is released by the 202's ``release_url``: the release binds
+    the held override headers as the hold did (it bound the method alone, so every such release was a digest
+    mismatch)."""
+    store = MemoryReviewStore()
+    async with client_for(_app(make_guard(), store, method_override="judge")) as client:
+        response = await client.post("/v1/echo?lang=en", content=UNSURE, headers={**JSON, header: "POST"})
+        assert response.status_code == 202, response.text
+        held = response.json()
+        await client.post(f"/admin/reviews/{held['review_id']}/approve", headers=_admin())
+        released = await client.post(held["release_url"], headers=_release(held))
+        assert released.status_code == 200, released.text
+
+
 async def test_rejected_and_unknown_items(make_guard: GuardFactory, store: ReviewStore) -> None:
     async with client_for(_app(make_guard(), store)) as client:
         held = await _escalate(client)
