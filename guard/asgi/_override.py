@@ -76,7 +76,7 @@ def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | 
     query: bytes = scope.get("query_string", b"")
     if b"method" in query or (b"%" in query and b"method" in unquote_to_bytes(query)):
         found += [("_method", value.strip().upper()) for name, value in _pairs(query.decode("latin-1"))
-                  if _is_method_field(name)]
+                  if _is_method_field(name) and value.strip()]  # an empty one asks for nothing (Rack, Symfony)
     return _one(found, "request")
 
 
@@ -118,5 +118,6 @@ def body_method(body: bytes, content_type: str) -> str | None:
         fields = _json_fields(body)
     else:
         return None
-    found = _one([("_method", value.strip().upper()) for name, value in fields if _is_method_field(name)], "form")
+    found = _one([("_method", value.strip().upper()) for name, value in fields
+                  if _is_method_field(name) and value.strip()], "form")
     return found[1] if found else None

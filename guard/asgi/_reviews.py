@@ -155,7 +155,8 @@ def _scope_digest(mw: ReviewHost, scope: Scope, body: bytes, bound: dict[str, An
     """:func:`content_digest` of a request as it arrived (held, or resent), its method bound by
     :func:`_bound_method`."""
     headers = header_map(scope)
-    return content_digest(_bound_method(scope["method"], headers), scope["path"], scope.get("query_string", b""), body, scope["headers"],
+    return content_digest(_bound_method(scope["method"], headers), scope["path"], scope.get("query_string", b""), body,
+                          scope["headers"],
                           bound, client_address(scope, headers, mw.client_header), mw.tenant_of(scope, headers),
                           release_token, scope["headers"])
 

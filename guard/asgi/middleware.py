@@ -8,9 +8,9 @@ case or slashes, list every form in the policy's ``paths`` or use a glob. Header
 canonical view: a repeated single-value header (``Content-Type``, ``Content-Length``, ``Host``, ...,
 :data:`~guard.asgi._subject.SINGLE_VALUE_HEADERS`) is refused with 400 ``repeated_header`` naming it, and a
 ``+json`` media type matches a policy's ``application/json``. A method override (``X-HTTP-Method-Override``,
-``X-HTTP-Method``, ``X-Method-Override``, ``?_method=`` or a POST body's ``_method`` field; :mod:`guard.asgi._override`) is refused with 400
-``method_override`` by default;
-``method_override="judge"`` matches and judges the request as the method it asks for, ``"ignore"`` as sent.
+``X-HTTP-Method``, ``X-Method-Override``, ``?_method=`` or a POST body's ``_method`` field, wherever frameworks read
+them: :mod:`guard.asgi._override`) is refused with 400 ``method_override`` by default; ``method_override="judge"``
+matches and judges the request as the method it asks for, ``"ignore"`` as sent.
 
 For a request that a policy matches, it reads
 the body up to a cap on received bytes, undoes ``Content-Encoding``, parses JSON, forms or text strictly, builds the

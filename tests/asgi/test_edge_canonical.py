@@ -229,6 +229,8 @@ async def test_every_way_a_framework_reads_method_override_is_refused_or_judged(
         assert disagreeing.status_code == 400 and "more than one method" in disagreeing.json()["message"]
         plain = await client.post("/v1/accounts/42", content=b"name=x", headers=form)
         assert plain.json() == {"ran": "POST", "body": "name=x"}
+        empty = await client.post("/v1/accounts/42?_method=", content=b"_method=&name=x", headers=form)
+        assert empty.json() == {"ran": "POST", "body": "_method=&name=x"}  # an empty one asks for nothing
         # names as PHP (so Symfony, Laravel) and Rack read them, bodies Rack reads as forms, JSON Laravel reads, and
         # override headers spelt with underscores (a WSGI or Django server maps them to the same HTTP_... key)
         for target in ("?.method=DELETE", "?+_method=DELETE", "?%2Emethod=DELETE", "?a=1;_method=DELETE"):
