@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 import httptools
 
 __all__ = [
+    "IDEMPOTENT_METHODS",
     "KEEPALIVE_EXPIRY_S",
     "MAX_HEAD_BYTES",
     "READ_BYTES",
@@ -49,6 +50,9 @@ READ_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 #: Idle connections older than this are not reused (below uvicorn's and most servers' 5 s keep-alive timeout).
 KEEPALIVE_EXPIRY_S = 4.0
+#: Methods a request may be sent again with on a new connection when a reused one was closed before an answer (RFC
+#: 9110 section 9.2.2: a client should not retry a non-idempotent request on its own; the upstream may have run it).
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -343,7 +347,7 @@ class UpstreamPool:
             try:
                 return await self._exchange(conn or await self._open(), conn is not None, method, head, body, chunked)
             except _Stale:
-                if body is not None:
+                if body is not None or method not in IDEMPOTENT_METHODS:  # the upstream may have acted on it
                     raise UpstreamUnavailable("the upstream closed the connection before answering") from None
             return await self._exchange(await self._open(), False, method, head, None, False)
         except BaseException:

@@ -4,8 +4,9 @@ Requests stream to the upstream over the proxy's own keep-alive pool (:mod:`guar
 stream back, both without buffering (a guarded request's body is read once by :class:`~guard.asgi.GuardMiddleware`
 and then streamed on). The status and headers are kept, minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection``
 and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``);
-``X-Forwarded-For/-Proto/-Host`` are added. Bodies pass as raw bytes, so ``Content-Encoding`` and ``Content-Length``
-stay valid. HTTP/1.1 trailers cannot be relayed (uvicorn does not send them); they are dropped.
+``X-Forwarded-For`` is appended to, ``X-Forwarded-Proto/-Host`` are set (the client's, and its ``Forwarded`` and
+``X-Real-IP``, dropped unless ``ProxyConfig.trust_forwarded``). Bodies pass as raw bytes, so ``Content-Encoding``
+and ``Content-Length`` stay valid. HTTP/1.1 trailers cannot be relayed (uvicorn does not send them); they are dropped.
 
 The upstream URL is built from parts: the configured scheme, host and port (nothing the client sends can change
 them), the configured path prefix, then the request's canonical path (:mod:`guard.asgi._target`: the path the guard
@@ -89,6 +90,10 @@ class ProxyConfig:
         preserve_host: forward the client's ``Host`` (default: the upstream's host).
         body_idle_timeout: most seconds of client silence while a request body is forwarded (408 before the
             upstream answered; the upstream request is abandoned).
+        trust_forwarded: keep the client's ``X-Forwarded-Proto``, ``X-Forwarded-Host``, ``Forwarded`` and
+            ``X-Real-IP`` (guard behind a proxy of yours that sets them, e.g. one that terminates TLS). Default: they
+            are dropped and the proxy sets ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` itself, so a client cannot
+            tell the upstream which host or scheme it was reached on.
     """
 
     upstream: str
@@ -97,6 +102,7 @@ class ProxyConfig:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     preserve_host: bool = False
     body_idle_timeout: float = DEFAULT_BODY_IDLE_TIMEOUT_S
+    trust_forwarded: bool = False
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -140,6 +146,8 @@ def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, by
 
 #: Request headers the proxy sets itself (besides the hop-by-hop ones).
 _REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for"})
+#: Headers that tell the upstream how the client reached it: set by the proxy, or by a trusted proxy in front of it.
+_FORWARDED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"forwarded", b"x-real-ip"})
 #: Request headers not copied upstream as they are.
 _NOT_COPIED = HOP_BY_HOP | _REPLACED
 
@@ -163,6 +171,7 @@ class ReverseProxy:
         self._host = self.base.netloc  # host[:port], never userinfo
         tls = ssl.create_default_context() if self.base.scheme == "https" else None
         port = self.base.port or (443 if tls else 80)
+        self._not_copied = _NOT_COPIED if config.trust_forwarded else _NOT_COPIED | _FORWARDED
         self._pool = UpstreamPool(self.base.host, port, tls=tls, max_connections=config.max_connections,
                                   connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
 
@@ -195,7 +204,7 @@ class ReverseProxy:
         has_body = chunked = False
         for k, v in scope["headers"]:
             name = k.lower()
-            if name in _NOT_COPIED:
+            if name in self._not_copied:
                 if name == b"host":
                     host = v
                 elif name == b"x-forwarded-for":
@@ -217,9 +226,10 @@ class ReverseProxy:
         if client:
             peer = str(client[0]).encode()
             out.append((b"x-forwarded-for", forwarded_for + b", " + peer if forwarded_for else peer))
-        out.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
-        if host:
-            out.append((b"x-forwarded-host", host))
+        if not self.config.trust_forwarded:
+            out.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
+            if host:
+                out.append((b"x-forwarded-host", host))
         return out, has_body
 
     @staticmethod

@@ -56,6 +56,9 @@ __all__ = ["ProxyRuntime", "build", "register", "run"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 EXIT_USAGE = 2
+#: Environment variables read when ``--redis-url`` / ``--review-redis-url`` are not given.
+REDIS_URL_ENV = "GUARD_REDIS_URL"
+REVIEW_REDIS_URL_ENV = "GUARD_REVIEW_REDIS_URL"
 
 
 def register(subparsers: Any) -> None:
@@ -66,6 +69,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--policy", action="append", required=True, metavar="FILE", help="policy file (repeatable)")
     parser.add_argument("--upstream", required=True, metavar="URL", help="the protected service, e.g. http://app:9000")
+    parser.add_argument("--trust-forwarded", action="store_true",
+                        help="keep the client's X-Forwarded-Proto/-Host, Forwarded and X-Real-IP (guard behind a proxy "
+                        "of yours that sets them, e.g. one terminating TLS); default: dropped, and the proxy sets "
+                        "X-Forwarded-Proto/-Host itself")
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                         help=f"the proxied listener, default {DEFAULT_LISTEN}")
     parser.add_argument("--admin-listen", default=DEFAULT_ADMIN_LISTEN, metavar="HOST:PORT",
@@ -84,11 +91,13 @@ def register(subparsers: Any) -> None:
                         help="seconds a streamed response's bytes wait for a response policy's window to fill before "
                         f"they are judged and sent on (default {DEFAULT_STREAM_FLUSH_S:g}; 0: wait for a full window)")
     add_backend_options(parser, default="compact")
-    parser.add_argument("--redis-url", default=None, metavar="URL",
+    parser.add_argument("--redis-url", default=os.environ.get(REDIS_URL_ENV) or None, metavar="URL",
                         help="Redis for the cache (and the review queue, without --review-redis-url); "
-                        "redis://:PASSWORD@host:port/db or rediss:// for TLS; needs $GUARD_STORE_KEY")
-    parser.add_argument("--review-redis-url", default=None, metavar="URL",
-                        help="a separate Redis for the review queue (persistent, noeviction); default --redis-url")
+                        "redis://:PASSWORD@host:port/db or rediss:// for TLS; needs $GUARD_STORE_KEY; default "
+                        f"${REDIS_URL_ENV} (the environment keeps a password out of the process's command line)")
+    parser.add_argument("--review-redis-url", default=os.environ.get(REVIEW_REDIS_URL_ENV) or None, metavar="URL",
+                        help="a separate Redis for the review queue (persistent, noeviction); default "
+                        f"${REVIEW_REDIS_URL_ENV}, else --redis-url")
     parser.add_argument(
         "--cache-local-ttl",
         type=float,
@@ -216,7 +225,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         overrides["stream_flush_s"] = args.stream_flush or None
     limits = BodyLimits(**overrides)
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
-                         body_idle_timeout=limits.body_timeout_s)
+                         body_idle_timeout=limits.body_timeout_s, trust_forwarded=args.trust_forwarded)
     reviewers = None
     if args.review_tokens_env:
         text = os.environ.get(args.review_tokens_env)

@@ -435,6 +435,22 @@ async def test_cli_proxy_end_to_end_with_a_real_model(
     assert sum(record["answers"]["injection"].values()) == pytest.approx(1.0)
 
 
+def test_a_client_cannot_tell_the_upstream_which_host_or_scheme_it_reached() -> None:
+    """The client's X-Forwarded-Proto/-Host, Forwarded and X-Real-IP are dropped and the proxy's own set (an upstream
+    that reads the first value built reset links for the client's host); ``trust_forwarded`` keeps them for a
+    proxy of the operator's in front (one that terminates TLS)."""
+    spoofed = [(b"host", b"good.example"), (b"x-forwarded-host", b"evil.example"), (b"x-forwarded-proto", b"https"),
+               (b"forwarded", b"for=1.2.3.4;proto=https;host=evil.example"), (b"x-real-ip", b"1.2.3.4")]
+    scope = {"type": "http", "scheme": "http", "client": ("10.0.0.9", 5000), "headers": spoofed}
+    headers, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers(scope)
+    assert headers == [(b"host", b"127.0.0.1:9"), (b"x-forwarded-for", b"10.0.0.9"),
+                       (b"x-forwarded-proto", b"http"), (b"x-forwarded-host", b"good.example")]
+    trusted, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9", trust_forwarded=True))._headers(scope)
+    assert trusted == [*spoofed[1:], (b"host", b"127.0.0.1:9"), (b"x-forwarded-for", b"10.0.0.9")]
+    bare, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers({**scope, "headers": spoofed[1:]})  # no Host
+    assert not any(k in (b"x-forwarded-host", b"forwarded", b"x-real-ip") for k, _ in bare)
+
+
 def test_upstream_headers_drop_every_hop_by_hop_header_and_what_connection_names() -> None:
     proxy = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))
     scope = {"type": "http", "scheme": "https", "client": ("10.0.0.9", 5000), "headers": [

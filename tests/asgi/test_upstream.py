@@ -209,6 +209,28 @@ async def test_a_stale_connection_is_retried_once_without_a_body() -> None:
     assert len(connections) == 2
 
 
+async def test_a_non_idempotent_request_is_not_sent_again_on_a_stale_connection() -> None:
+    """A bodyless POST on a connection the upstream closed after reading it may have run there: it is not sent a
+    second time (RFC 9110 section 9.2.2); the client gets the 502."""
+    requests: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await _read_request(reader))
+        if requests[-1].startswith(b"GET"):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+            requests.append(await _read_request(reader))  # the POST on the kept-alive connection: read, no answer
+
+    server, port, _ = await _serve(handler)
+    async with server:
+        pool = _pool(port)
+        assert await _get(pool) == (200, b"ok")
+        with pytest.raises(UpstreamUnavailable):
+            await _get(pool, "POST")
+        await pool.aclose()
+    assert sum(r.startswith(b"POST") for r in requests) == 1
+
+
 @pytest.mark.parametrize(
     ("answer", "error"),
     [
