@@ -71,6 +71,7 @@ RESPONSE_UNINSPECTABLE = "response_uninspectable"
 SSE_BLOCK_EVENT = "guard_blocked"
 _RESPONSE_ID = b"x-guard-response-decision-id"
 _SSE = "text/event-stream"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
 class StreamStopped(OSError):
@@ -261,6 +262,15 @@ class ResponseJudge:
     async def _stream(self, message: Message) -> None:
         chunk = message.get("body", b"")
         more = message.get("more_body", False)
+        if b"\x00" in chunk or (not self.held_bytes and not self.tail and chunk.startswith(_UTF16_BOMS)):
+            # UTF-16 or UTF-32 (json.loads reads them by their zero bytes or byte-order mark) or binary: read as
+            # UTF-8 it would pass unjudged, as a whole body in them is refused
+            self.mode = "done"
+            await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "the streamed response is not UTF-8 text (it "
+                                         "holds NUL bytes or a UTF-16 byte-order mark); it cannot be judged"))
+            if self.started:
+                raise StreamStopped("a streamed response that is not UTF-8 cannot be judged")
+            return
         if chunk:
             self.held += self.decoder.decode(chunk)
             self.held_bytes += len(chunk)

@@ -622,6 +622,36 @@ async def test_escapes_in_every_stream_shape_a_client_parses_are_judged_decoded(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("chunks", [
+    [json.dumps({"msg": "the key is sk-abcdefgh123"}).encode("utf-16-le")],  # json.loads reads it by its zero bytes
+    [b"\xff\xfe" + "sk-abcdefgh123".encode("utf-16-le")[:1], b"x"],  # a byte-order mark, then no NUL in chunk one
+    [b'{"msg": "hello, this is fine"}\n' * 200, "sk-abcdefgh123".encode("utf-16-le")],  # after the stream started
+])  # fmt: skip
+async def test_a_streamed_response_that_is_not_utf8_is_refused_not_passed(chunks: list[bytes]) -> None:
+    """A whole body in UTF-16 is refused (502); a streamed one read as UTF-8 had NULs between its letters, so a rule
+    looking for the key never matched and the client's JSON parser read it whole."""
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(body(), media_type="application/json")
+
+    guard, app = rules_only(ESCAPES_POLICY, [Route("/out/x", stream)])
+    received = b""
+    with serve_in_thread(app) as url, httpx.Client(base_url=url) as client:
+        try:
+            with client.stream("GET", "/out/x") as response:
+                for piece in response.iter_raw():
+                    received += piece
+            assert response.status_code == 502 and json.loads(received)["code"] == "response_uninspectable"
+        except httpx.RemoteProtocolError:  # cut off after the start: the client never sees a body that looks whole
+            assert len(chunks) > 1 and received.startswith(b'{"msg"')
+    assert b"s\x00k\x00-" not in received
+    await guard.aclose()
+
+
+@pytest.mark.anyio
 async def test_an_event_longer_than_the_window_is_not_judged_again_for_every_chunk() -> None:
     """Held text that cannot be sent yet (no complete event) is judged again once it has doubled: an event of n
     bytes in 64-byte chunks costs a few judgements, not one of all that is held per chunk (quadratic CPU)."""
