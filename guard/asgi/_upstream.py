@@ -165,6 +165,7 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.head_done:  # after the head: trailers, dropped
             name = name.lower()
+            value = value.rstrip(b" \t")  # optional whitespace (RFC 9110 5.5) llhttp keeps; the client's h11 refuses it
             self.headers.append((name, value))
             if name == b"transfer-encoding":
                 self._encodings.append(value)
@@ -178,13 +179,19 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         parser = self._parser
         assert parser is not None
+        if self.head_done:  # a second response after the one asked for: ignored, and the connection not reused
+            self.reusable = False
+            return
         status = parser.get_status_code()
-        if 100 <= status < 200 and status != 101:  # an interim response: the real one follows
+        if not 100 <= status <= 999 or status == 101:  # 101: the proxy never asks to switch protocols here
+            self.error = f"the upstream answered with status {status}, which cannot be relayed"
+            raise ValueError(self.error)
+        if 100 <= status < 200:  # an interim response: the real one follows
             self._interim = True
             self.headers, self._encodings, self._has_length = [], [], False
             return
         self.status, self.head_done = status, True
-        self.reusable = parser.should_keep_alive() and status != 101
+        self.reusable = parser.should_keep_alive()
         encoding = b", ".join(self._encodings).lower().rstrip()
         no_body = self._head_only or status < 200 or status in (204, 304)
         self._until_close = not no_body and not encoding.endswith(b"chunked") and not self._has_length

@@ -244,6 +244,9 @@ async def test_a_non_idempotent_request_is_not_sent_again_on_a_stale_connection(
         (b"HTTP/1.1 200 OK\nx: 1\n\n", UpstreamUnavailable),  # bare LF
         (b"HTTP/1.1 200 OK\r\nx: " + b"y" * MAX_HEAD_BYTES + b"\r\n\r\n", UpstreamUnavailable),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n", UpstreamBroken),  # closed before the body
+        (b"HTTP/1.1 099 Odd\r\ncontent-length: 0\r\n\r\n", UpstreamUnavailable),  # no such status: crashed the app
+        (b"HTTP/1.1 000 Odd\r\ncontent-length: 0\r\n\r\n", UpstreamUnavailable),
+        (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n", UpstreamUnavailable),
     ],
 )
 async def test_malformed_answers_are_errors(answer: bytes, error: type[Exception]) -> None:
@@ -256,6 +259,30 @@ async def test_malformed_answers_are_errors(answer: bytes, error: type[Exception
     async with server:
         with pytest.raises(error):
             await _get(_pool(port))
+
+
+async def test_what_follows_a_complete_response_in_one_read_changes_nothing() -> None:
+    """A response and an extra message in the same packet: the extra one (a 204, a 100) is ignored and the connection
+    is not reused; it replaced the status, or dropped every header of the real response. Header values lose the
+    trailing whitespace llhttp keeps (the client's h11 refuses it)."""
+    for extra in (b"HTTP/1.1 204 No Content\r\n\r\n", b"HTTP/1.1 100 Continue\r\n\r\n"):
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, extra: bytes = extra) -> None:
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-keep: yes   \r\n\r\nok" + extra)
+            await writer.drain()
+            await reader.read()
+
+        server, port, connections = await _serve(handler)
+        async with server:
+            pool = _pool(port)
+            response = await pool.request("GET", b"/x", [(b"host", b"up")], None)
+            body = b"".join([piece async for piece in response.body()])
+            assert (response.status, body) == (200, b"ok"), extra
+            assert (b"x-keep", b"yes") in response.headers and (b"content-length", b"2") in response.headers
+            await response.aclose()
+            await _get(pool)
+            await pool.aclose()
+        assert len(connections) == 2, extra  # the first one was not reused
 
 
 async def test_silence_is_a_timeout_and_no_listener_is_unavailable() -> None:
