@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.messages import BaseMessage, ToolMessage, convert_to_messages
+from langgraph.config import get_config
 from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
@@ -93,6 +95,12 @@ class Prepared:
     subject: AgentSubject
     edited: bool = False
     reviewed: bool = False
+
+
+logger = logging.getLogger("guard.agents")
+
+#: The trigger LangGraph gives a task started by ``Send`` (its ``langgraph_triggers`` metadata).
+_SENT_TASK = "__pregel_push"
 
 
 class ToolCallEnforcer:
@@ -214,6 +222,21 @@ class ToolCallEnforcer:
             digest=prepared.digest,
         )
 
+    @staticmethod
+    def _shares_its_task(prepared: Prepared) -> bool:
+        """Whether this call runs in one tool-node task with other calls of its message (a graph routing them with
+        ``tools_condition`` rather than :func:`~guard.agents.send_tool_calls`, which sends each alone). Such a call
+        is not escalated (:meth:`_stop` blocks it): the task's interrupts resume in no stable order (LangGraph
+        matches answers to them by position, so LangChain's list of decisions released a call no reviewer saw), and
+        every resume runs the task's other calls again."""
+        try:
+            triggers = get_config().get("metadata", {}).get("langgraph_triggers") or ()
+        except RuntimeError:  # not inside a graph run
+            return False
+        ai = ai_message_for(prepared.request.state, prepared.tool_call_id)
+        sent_alone = _SENT_TASK in triggers
+        return not sent_alone and ai is not None and len(ai.tool_calls) + len(ai.invalid_tool_calls) > 1
+
     def _review(self, prepared: Prepared, judgement: Judgement) -> dict[str, Any]:
         item = tool_item(
             judgement,
@@ -230,10 +253,16 @@ class ToolCallEnforcer:
         return decision | {"_item": item["id"]}
 
     def _stop(self, prepared: Prepared, judgement: Judgement) -> Result:
+        """The answer to a call that does not run: handed to a node, or blocked (an escalation that cannot be
+        reviewed where it runs, see :meth:`_shares_its_task`, included)."""
         if judgement.outcome == "route":
             node = judgement.node or ""
             message = msgs.handed_off(prepared.tool, prepared.tool_call_id, judgement.verdict, node)
             return Command(goto=node, update={"messages": [message]})
+        if judgement.outcome == "escalate":
+            logger.warning("tool call %r needs review but shares its tool-node task with other calls; blocked (route "
+                           "tool calls with guard.agents.send_tool_calls)", prepared.tool)
+            return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, msgs.UNREVIEWABLE_REASON)
         return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, judgement.reason)
 
     def _annotate(self, result: Result, prepared: Prepared) -> Result:
@@ -404,7 +433,7 @@ class ToolCallEnforcer:
                 if early is not None:
                     return self.check_result(early, prepared)
                 return self.run_allowed(prepared, handler)
-            if judgement.outcome != "escalate":
+            if judgement.outcome != "escalate" or self._shares_its_task(prepared):
                 return self._stop(prepared, judgement)
             decision = self._review(prepared, judgement)
             if decision["type"] == "approve":
@@ -497,7 +526,7 @@ class ToolCallEnforcer:
                 if early is not None:
                     return await self.acheck_result(early, prepared)
                 return await self.arun_allowed(prepared, handler)
-            if judgement.outcome != "escalate":
+            if judgement.outcome != "escalate" or self._shares_its_task(prepared):
                 return self._stop(prepared, judgement)
             decision = self._review(prepared, judgement)
             if decision["type"] == "approve":

@@ -28,6 +28,7 @@ __all__ = [
     "RESULT_QUOTED_TEMPLATE",
     "RESULT_STRIPPED_TEMPLATE",
     "SOURCE",
+    "UNREVIEWABLE_REASON",
 ]
 
 SOURCE = "guard"
@@ -71,6 +72,13 @@ INPUT_WITHHELD_TEMPLATE = (
     "this agent's model, tools and guard), and the input policy did not allow it."
 )
 OUTPUT_BLOCKED_TEMPLATE = "The assistant's reply was withheld by guard policy {policy} (rule {rule}): {reason}."
+
+UNREVIEWABLE_REASON = (
+    "it needs a reviewer's approval, which cannot be asked for here: the graph runs it in one tool-node task with "
+    "the other calls of its message (routed with tools_condition), where review answers cannot be bound to their "
+    "call; route tool calls with guard.agents.send_tool_calls"
+)
+"""Why a call that needs review is blocked in a tool-node task it shares with other calls."""
 
 _DEFAULT_REASONS = {
     "block": "the policy does not allow it",

@@ -340,8 +340,9 @@ def resume_command(
         others: resume values for interrupts that are not guard's, ``{interrupt_id: value}``.
 
     Returns:
-        ``Command(resume={interrupt_id: {"decisions": ...}, ...})``, each interrupt getting its own items' decisions
-        (in the form given). Through the LangGraph SDK send ``command={"resume": resume_command(...).resume}``.
+        ``Command(resume={interrupt_id: {"decisions": {item_id: decision}}, ...})``, each interrupt getting its own
+        items' decisions keyed by item id whatever the form given, so an answer that reaches another call's interrupt
+        (calls sharing one task resume in no stable order) is refused there, not applied to it. Through the LangGraph SDK send ``command={"resume": resume_command(...).resume}``.
 
     Raises:
         ResumeError: when an item has no decision or a decision names no pending item (a count mismatch
@@ -360,8 +361,9 @@ def resume_command(
                 expected=expected,
             )
         start = 0
-        for interrupt_id, items in per_interrupt:
-            resume[interrupt_id] = {"decisions": listed[start : start + len(items)]}
+        for interrupt_id, items in per_interrupt:  # keyed by item id: an answer names the item it is for
+            resume[interrupt_id] = {"decisions": {item["id"]: decision for item, decision
+                                                  in zip(items, listed[start : start + len(items)], strict=True)}}
             start += len(items)
         return Command(resume=resume)
     given = tuple(decisions)

@@ -199,7 +199,8 @@ def test_sdk_dict_interrupts_with_resume_command(harness: Any, thread: Any) -> N
     out = drive(agent, USER, config, "invoke")
     pending = sdk_interrupts(out.interrupts)
     command = resume_command(pending, _hitl_decisions())
-    assert command.resume == {pending[0]["id"]: {"decisions": _hitl_decisions()}}
+    items = [item["id"] for item in pending[0]["value"]["items"]]  # keyed by item id, whatever the form given
+    assert command.resume == {pending[0]["id"]: {"decisions": dict(zip(items, _hitl_decisions(), strict=True))}}
     _check_mixed(h, drive(agent, command, config, "invoke"))
     with pytest.raises(ResumeError, match="2 decision\\(s\\) given for 3"):
         resume_command(pending, _hitl_decisions()[:2])
