@@ -193,12 +193,17 @@ class ToolCallEnforcer:
 
     def apply_edit(self, prepared: Prepared, decision: Mapping[str, Any]) -> Prepared | ToolMessage:
         """The call a reviewer edited (``arguments`` and maybe ``tool``), or an error message when the new tool does
-        not exist. The edited call is not judged here."""
+        not exist or cannot run with the arguments (empty, for a tool with required parameters: the check a model's
+        call gets). The edited call is not judged here."""
         tool = decision.get("tool") or prepared.tool
         arguments = decision["arguments"]
         new_request = redirect(prepared.request, tool, arguments)
         if isinstance(new_request, str):
             return msgs.rejected(prepared.tool, prepared.tool_call_id, None, f"the reviewer's edit {new_request}", "")
+        problem = empty_arguments_problem(new_request.tool, arguments)
+        if problem is not None:
+            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, f"the reviewer's edit cannot run: {problem}",
+                                 "")
         subject = replace(prepared.subject, tool_name=tool, arguments=arguments)
         return replace(
             prepared,

@@ -193,6 +193,17 @@ def test_hitl_edit_is_judged_again(harness: Any, thread: Any) -> None:
     assert judged(h, {"amount": 1, "to": "mallory"}) == ["block"]
 
 
+def test_an_edit_to_empty_arguments_of_a_tool_that_requires_some_does_not_run(harness: Any, thread: Any) -> None:
+    """A model's ``wire({})`` is refused (LangChain does not enforce a JSON-schema tool's required parameters); a
+    reviewer's edit to it gets the same check instead of running the tool with nothing."""
+    h = harness()
+    agent, config = guard_agent(h, pays((900, "ann", "a"))), thread()
+    drive(agent, USER, config, "invoke")
+    edit = {"type": "edit", "edited_action": {"name": "wire", "args": {}}}
+    out = drive(agent, Command(resume={"decisions": [edit]}), config, "invoke")
+    assert h.runs.calls == [] and "requires iban" in out.tool_messages()["a"].text
+
+
 def test_sdk_dict_interrupts_with_resume_command(harness: Any, thread: Any) -> None:
     h = harness()
     agent, config = guard_agent(h, THREE), thread()
