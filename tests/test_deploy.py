@@ -272,11 +272,38 @@ def test_shipped_redis_needs_a_password_and_keeps_reviews() -> None:
             assert args.get("requirepass", "").strip(), (where, name)
         assert servers["redis-reviews"]["maxmemory-policy"] == "noeviction", where
         assert servers["redis-reviews"]["appendonly"] == "yes", where
-        parsed = build_parser().parse_args(["proxy", "--upstream", "http://x", "--policy", "p.yaml", *argv])
+        urls = {name: env[name] if isinstance(env[name], str) else env[name]["value"]
+                for name in ("GUARD_REDIS_URL", "GUARD_REVIEW_REDIS_URL")}  # never in argv, which ps shows
+        with pytest.MonkeyPatch.context() as patch:
+            for name, url in urls.items():
+                patch.setenv(name, url)
+            parsed = build_parser().parse_args(["proxy", "--upstream", "http://x", "--policy", "p.yaml", *argv])
         for url in (parsed.redis_url, parsed.review_redis_url):
             assert url.startswith("redis://:") and "PASSWORD" in url, (where, url)
         assert "redis-reviews" in parsed.review_redis_url, where
-        assert "GUARD_STORE_KEY" in env, where
+        assert not any("redis://" in arg for arg in argv), where
+        assert "GUARD_STORE_KEY" in env and "GUARD_REVIEW_TOKENS" in env, where
+        assert "--review-tokens-env" in argv, where
     policies = [d for d in _documents(DEPLOY / "k8s" / "redis.yaml") if d["kind"] == "NetworkPolicy"]
     assert policies and policies[0]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {
         "app.kubernetes.io/name": "guard-gateway"}
+
+
+def test_every_kubernetes_pod_meets_the_restricted_pod_security_standard() -> None:
+    """The namespace enforces Pod Security "restricted": every pod runs as non-root with a seccomp profile and no
+    service-account token, every container without privilege escalation or capabilities and with a read-only root
+    file system (writable emptyDir volumes where a process writes)."""
+    namespace = _documents(DEPLOY / "k8s" / "namespace.yaml")[0]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    deployments = [d for path in K8S_FILES for d in _documents(path) if d["kind"] == "Deployment"]
+    assert len(deployments) == 5
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        name = deployment["metadata"]["name"]
+        assert pod["automountServiceAccountToken"] is False, name
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}, name
+            assert context["readOnlyRootFilesystem"] is True, name

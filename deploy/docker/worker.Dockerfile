@@ -9,8 +9,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/guard
 ENV PATH=/opt/guard/bin:$PATH
-# CUDA build of torch first, so installing guard does not pull another one.
-RUN pip install torch --index-url https://download.pytorch.org/whl/cu130
+# CUDA build of torch first (the version the gateway and CI pin), so installing guard does not pull another one.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130
 COPY pyproject.toml README.md /src/
 COPY guard /src/guard
 RUN pip install /src
