@@ -61,6 +61,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import itertools
 import re
 import string
 import unicodedata
@@ -434,6 +435,10 @@ def normalize_text(text: str) -> Normalized:
 def normalize_value(value: Any) -> Normalized:
     """Normalise every string inside a JSON value (object keys too), keeping its shape and key order.
 
+    Keys of one object that normalise alike (``"text"``, ``"text\u200b"``, full-width ``"ｔｅｘｔ"``) are all kept,
+    the second as ``"text (2)"`` and so on, so no value an application can read is dropped from what the model reads
+    (one replaced the other, and the state then equalled a harmless one's, cached answer included).
+
     Args:
         value: a JSON value (``dict``, ``list``, ``str``, numbers, ``bool``, ``None``).
 
@@ -446,7 +451,13 @@ def normalize_value(value: Any) -> Normalized:
         if isinstance(item, str):
             return _normalize(item, flags, 0)
         if isinstance(item, Mapping):
-            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in item.items()}
+            out: dict[Any, Any] = {}
+            for key, child in item.items():
+                name = walk(key) if isinstance(key, str) else key
+                if name in out:  # the n-th key to normalise to ``name`` is kept as "name (n)"
+                    name = next(f"{name} ({n})" for n in itertools.count(2) if f"{name} ({n})" not in out)
+                out[name] = walk(child)
+            return out
         if isinstance(item, (list, tuple)):
             return [walk(v) for v in item]
         return item

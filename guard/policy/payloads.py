@@ -162,6 +162,8 @@ def _parses_as_code(candidate: str) -> bool:
         statements = _Parser().parse(tokens, candidate)
     except SqlglotError:  # ParseError: words, not SQL
         return False
+    except RecursionError:  # a statement nested past the parser's depth ("select ((((..."): code, not prose
+        return True
     return any(_statement_is_code(statement) for statement in statements)
 
 

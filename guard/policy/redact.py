@@ -166,21 +166,26 @@ def apply_redactions(body: Any, redactions: tuple[Redaction, ...]) -> Any:
     by_pointer: dict[str, list[Redaction]] = {}
     for r in redactions:
         by_pointer.setdefault(r.pointer, []).append(r)
-    return _rebuild(body, "", by_pointer) if by_pointer else body
+    if not by_pointer:
+        return body
+    # every pointer that leads to a span (its own and its ancestors'), so each container is looked up once: the
+    # whole rebuild is linear in the body and the spans (a scan of every span per container was quadratic)
+    above = {p[:i] for p in by_pointer for i, c in enumerate(p) if c == "/"}
+    return _rebuild(body, "", by_pointer, above)
 
 
-def _rebuild(node: Any, pointer: str, spans: dict[str, list[Redaction]]) -> Any:
+def _rebuild(node: Any, pointer: str, spans: dict[str, list[Redaction]], above: set[str]) -> Any:
     if isinstance(node, str):
         found = spans.get(pointer)
         return _replace(node, found) if found else node
     if isinstance(node, dict):
-        if not any(p.startswith(pointer + "/") for p in spans):
+        if pointer not in above:
             return node
-        return {k: _rebuild(v, f"{pointer}/{escape_pointer(k)}", spans) for k, v in node.items()}
+        return {k: _rebuild(v, f"{pointer}/{escape_pointer(k)}", spans, above) for k, v in node.items()}
     if isinstance(node, list):
-        if not any(p.startswith(pointer + "/") for p in spans):
+        if pointer not in above:
             return node
-        rebuilt = [_rebuild(v, f"{pointer}/{i}", spans) for i, v in enumerate(node)]
+        rebuilt = [_rebuild(v, f"{pointer}/{i}", spans, above) for i, v in enumerate(node)]
         return Repeated(rebuilt) if isinstance(node, Repeated) else rebuilt
     if pointer in spans:
         raise ValueError(f"redaction at {pointer or '/'} does not point to a string")

@@ -191,3 +191,12 @@ def test_every_flag_is_a_known_name() -> None:
     )
     flags = normalize_text(text).flags
     assert set(flags) == set(FLAG_NAMES) and all(n > 0 for n in flags.values())
+
+
+def test_keys_that_normalise_alike_are_all_kept() -> None:
+    """A key with a zero-width space or in full-width letters normalises to another key of the object: both values
+    are kept (one replaced the other, so the model never read it and the state equalled a harmless one's)."""
+    value = {"text": "EVIL payload", "text\u200b": "hello", "ｔｅｘｔ": "x"}
+    assert normalize_value(value).value == {"text": "EVIL payload", "text (2)": "hello", "text (3)": "x"}
+    assert normalize_value({"text\u200b": "EVIL", "text": "hello"}).value == {"text": "EVIL", "text (2)": "hello"}
+    assert normalize_value({"ｔｅｘｔ": "a"}).value == {"text": "a"}  # alone, a key is normalised as before

@@ -196,3 +196,10 @@ async def test_a_non_string_field_is_the_fail_mode_never_a_crash() -> None:
         assert ok.action == "allow"
     finally:
         await guard.aclose()
+
+
+def test_a_statement_nested_past_the_parsers_depth_is_sql_not_an_error() -> None:
+    """``select ((((...`` raised RecursionError out of the rule, so the policy's fail mode decided (allow under
+    ``on_error: open``) instead of the rules; nesting that deep is code."""
+    for depth in (100, 5000):
+        assert sqli("select " + "(" * depth)
