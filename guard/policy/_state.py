@@ -241,24 +241,32 @@ def _cap(field: StateField, value: Any, path: str, flags: dict[str, int]) -> Any
     return f"{text[:head]}\n{marker}\n{text[len(text) - (limit - head) :]}"
 
 
-def _cut_long(field: StateField, raw: str, limit: int, path: str, flags: dict[str, int]) -> str:
-    """A string far over its cap: only the ends that can be kept are normalised (:data:`NORMALIZE_WINDOW`), then cut
-    to the cap; the marker counts the characters of the original text left out."""
-    if field.truncate == "error":
-        raise StateTooLong(path, len(raw), limit)
+def _cut_long(field: StateField, raw: str, limit: int, path: str, flags: dict[str, int]) -> Any:
+    """A string far over its cap: only its ends are normalised (:data:`NORMALIZE_WINDOW` times the cap, widened
+    while invisible padding leaves them shorter than the cap, so the cap counts what the model reads), then cut to
+    the cap; the marker counts the characters of the original text left out. A text whose ends never fill the cap
+    is normalised whole and capped as a short one is."""
     window = NORMALIZE_WINDOW * limit
-    head_raw = normalize_value(raw[:window])
-    _merge(flags, head_raw.flags)
-    flags["truncated"] = flags.get("truncated", 0) + 1
-    head_text: str = head_raw.value
-    if field.truncate == "head":
-        return f"{head_text[:limit]}\n{CUT_MARKER.format(cut=len(raw) - limit)}"
-    tail_raw = normalize_value(raw[-window:])
-    _merge(flags, tail_raw.flags)
-    tail_text: str = tail_raw.value
-    head = limit - limit // 2
-    marker = CUT_MARKER.format(cut=len(raw) - limit)
-    return f"{head_text[:head]}\n{marker}\n{tail_text[len(tail_text) - (limit - head) :]}"
+    while 2 * window < len(raw):
+        head_raw = normalize_value(raw[:window])
+        tail_raw = normalize_value(raw[-window:]) if field.truncate != "head" else head_raw
+        head_text: str = head_raw.value
+        tail_text: str = tail_raw.value
+        if len(head_text) >= limit and len(tail_text) >= limit:
+            if field.truncate == "error":
+                raise StateTooLong(path, len(raw), limit)
+            _merge(flags, head_raw.flags)
+            flags["truncated"] = flags.get("truncated", 0) + 1
+            marker = CUT_MARKER.format(cut=len(raw) - limit)
+            if field.truncate == "head":
+                return f"{head_text[:limit]}\n{marker}"
+            _merge(flags, tail_raw.flags)
+            head = limit - limit // 2
+            return f"{head_text[:head]}\n{marker}\n{tail_text[len(tail_text) - (limit - head) :]}"
+        window *= 4
+    normalized = normalize_value(raw)
+    _merge(flags, normalized.flags)
+    return _cap(field, normalized.value, path, flags)
 
 
 _HTTP_DEFAULT = (StateField("method", "method"), StateField("path", "path"), StateField("body", "body"))

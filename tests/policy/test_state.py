@@ -183,6 +183,19 @@ def test_a_far_too_long_value_is_normalised_only_where_it_is_kept() -> None:
     assert flags == {"zero_width": NORMALIZE_WINDOW * limit // 2, "mixed_script": 1, "truncated": 1}
 
 
+def test_invisible_padding_far_past_the_cap_does_not_hide_what_is_visible() -> None:
+    """Only the ends of a text far over its cap are normalised; zero-width padding of more than that window on each
+    side left them empty, so a 12-character attack in the middle was cut away whole (the model read only the
+    marker). The ends now widen until they hold the cap's worth of visible text, or the text is read whole."""
+    limit = 40
+    pad = "\u200b" * (4 * NORMALIZE_WINDOW * limit)
+    text, flags = prepared(capped(f"max_chars: {limit}"), pad + ATTACK[:30] + pad)
+    assert text == ATTACK[:30] and flags == {"zero_width": 2 * len(pad)}
+    with pytest.raises(StateTooLong):  # over the cap in visible characters: refused as before
+        prepared(capped(f"max_chars: {limit}, truncate: error"), pad + "x" * (limit + 1) + pad)
+    assert prepared(capped(f"max_chars: {limit}, truncate: error"), pad + "x" * limit + pad)[0] == "x" * limit
+
+
 def test_objects_are_capped_by_their_json_text() -> None:
     body = {"messages": [{"role": "user", "content": FILLER * 5 + ATTACK}]}
     text, flags = prepared(capped("max_chars: 200", source="body"), "", body=body)
