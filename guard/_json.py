@@ -221,6 +221,7 @@ _OPENERS = ("{", "[", '"')
 _ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|(["\\/bfnrt]))')
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _NOT_A_DOCUMENT = object()
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 def json_unescaped(text: str) -> str:
@@ -249,11 +250,10 @@ def _document(text: str) -> Any:
 
 def _events(text: str) -> list[list[str]]:
     """The lines of ``text`` grouped as server-sent events are: runs of non-empty lines between empty ones. Lines
-    end at LF (a CR before it dropped), as JSON Lines and SSE readers split them: not at U+2028 or NEL, which JSON
-    allows inside a string."""
+    end at CRLF, LF or CR, as SSE and JSON Lines readers split them: not at U+2028 or NEL, which JSON allows inside
+    a string (a raw CR or LF it does not)."""
     events: list[list[str]] = [[]]
-    for line in text.split("\n"):
-        line = line.removesuffix("\r")
+    for line in _LINE_END.split(text):
         if line:
             events[-1].append(line)
         elif events[-1]:

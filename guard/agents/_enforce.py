@@ -202,8 +202,8 @@ class ToolCallEnforcer:
             return msgs.rejected(prepared.tool, prepared.tool_call_id, None, f"the reviewer's edit {new_request}", "")
         problem = empty_arguments_problem(new_request.tool, arguments)
         if problem is not None:
-            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, f"the reviewer's edit cannot run: {problem}",
-                                 "")
+            reason = f"the reviewer's edit cannot run: {problem}"
+            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "")
         subject = replace(prepared.subject, tool_name=tool, arguments=arguments)
         return replace(
             prepared,

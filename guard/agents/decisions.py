@@ -342,7 +342,8 @@ def resume_command(
     Returns:
         ``Command(resume={interrupt_id: {"decisions": {item_id: decision}}, ...})``, each interrupt getting its own
         items' decisions keyed by item id whatever the form given, so an answer that reaches another call's interrupt
-        (calls sharing one task resume in no stable order) is refused there, not applied to it. Through the LangGraph SDK send ``command={"resume": resume_command(...).resume}``.
+        (calls sharing one task resume in no stable order) is refused there, not applied to it. Through the LangGraph
+        SDK send ``command={"resume": resume_command(...).resume}``.
 
     Raises:
         ResumeError: when an item has no decision or a decision names no pending item (a count mismatch

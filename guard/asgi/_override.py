@@ -8,8 +8,8 @@ Frameworks read the real method from several places, each in its own way, and gu
   decoded, pairs split at ``&`` and ``;`` (older Rack), leading spaces dropped (Rack splits at ``& *``, PHP trims
   them), and ``.``, `` `` or ``[`` read as ``_`` (PHP, and so Symfony and Laravel: ``.method=DELETE``);
 * a POST body: a urlencoded form, or a body without a media type (Rack reads it as one), or any multipart body
-  (Rack parses ``multipart/mixed`` too), and a JSON object's top-level ``_method`` (Laravel reads a JSON body as its
-  form fields).
+  (Rack parses ``multipart/mixed`` too), and a JSON object's top-level ``_method`` (Laravel reads a body whose media
+  type contains ``/json`` or ``+json`` as its form fields).
 
 Everything here reads leniently (any charset, malformed parts skipped): what it must not do is miss a field a
 framework finds.
@@ -24,11 +24,10 @@ from urllib.parse import unquote_plus, unquote_to_bytes
 
 from starlette.types import Scope
 
-from guard._json import is_json_media
 from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
 from guard.errors import BodyError
 
-__all__ = ["body_method", "method_override"]
+__all__ = ["body_method", "may_carry_method", "method_override"]
 
 _OVERRIDE_HEADERS_IN_ORDER = tuple(sorted(METHOD_OVERRIDE_HEADERS))  # the first one found is the one named
 _METHOD_FIELD = re.compile(r" *[_. \[]method")  # ``_method`` as PHP and Rack read a field's name
@@ -70,14 +69,15 @@ def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | 
     Raises:
         BodyError: 400 ``method_override`` when the overrides name different methods.
     """
-    found = [(name, headers[name].strip().upper()) for name in _OVERRIDE_HEADERS_IN_ORDER if name in headers]
+    found = [(name, headers[name].strip().upper()) for name in _OVERRIDE_HEADERS_IN_ORDER
+             if name in headers and headers[name].strip()]  # an empty one asks for nothing (Rack, Symfony)
     found += [(name, value.strip().upper()) for name, value in headers.items()
-              if "_" in name and name.replace("_", "-") in METHOD_OVERRIDE_HEADERS]
+              if "_" in name and name.replace("_", "-") in METHOD_OVERRIDE_HEADERS and value.strip()]
     query: bytes = scope.get("query_string", b"")
     if b"method" in query or (b"%" in query and b"method" in unquote_to_bytes(query)):
         found += [("_method", value.strip().upper()) for name, value in _pairs(query.decode("latin-1"))
-                  if _is_method_field(name) and value.strip()]  # an empty one asks for nothing (Rack, Symfony)
-    return _one(found, "request")
+                  if _is_method_field(name) and value.strip()]
+    return _one(found, "request") if found else None
 
 
 def _multipart_fields(text: str, boundary: str) -> Iterator[tuple[str, str]]:
@@ -100,21 +100,38 @@ def _json_fields(body: bytes) -> Iterator[tuple[str, str]]:
         yield "_method", value["_method"]
 
 
+def _media(content_type: str) -> str:
+    return re.split(r"[;,]", content_type, maxsplit=1)[0].strip().lower()  # Rack splits a media type at "," too
+
+
+def _is_json(media: str) -> bool:
+    return "/json" in media or "+json" in media  # Laravel's isJson(): application/json, text/json, +json types
+
+
+def may_carry_method(content_type: str) -> bool:
+    """Whether a POST body of this ``Content-Type`` is one a framework reads a ``_method`` field from."""
+    media = _media(content_type)
+    return media in ("", "application/x-www-form-urlencoded") or media.startswith("multipart/") or _is_json(media)
+
+
 def body_method(body: bytes, content_type: str) -> str | None:
     """The method a POST body's ``_method`` field asks for (upper-case; see the module doc for which bodies and
-    names), ``None`` without one.
+    names), ``None`` without one. A body that does not hold ``method`` (also written with percent-escapes or JSON
+    ``\\u`` escapes) is not parsed.
 
     Raises:
         BodyError: 400 ``method_override`` (``field``: ``_method``) when the field names different methods.
     """
-    media = re.split(r"[;,]", content_type, maxsplit=1)[0].strip().lower()  # Rack splits a media type at "," too
+    if b"method" not in body and b"%" not in body and b"\\u" not in body:
+        return None
+    media = _media(content_type)
     text = body.decode("latin-1")
     if media in ("", "application/x-www-form-urlencoded"):
         fields: Iterator[tuple[str, str]] = _pairs(text)
     elif media.startswith("multipart/"):
         boundary = _BOUNDARY.search(content_type)
         fields = _multipart_fields(text, boundary.group(1)) if boundary else iter(())
-    elif is_json_media(media):
+    elif _is_json(media):
         fields = _json_fields(body)
     else:
         return None

@@ -199,14 +199,15 @@ def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
         decoded = body.decode(json.detect_encoding(body))
     except UnicodeDecodeError:
         return text
-    if decoded.lstrip(" \t\r\n\x1e")[:1] not in ("{", "[", '"') and "\n" not in decoded:
-        return text
-    try:
-        values = [loads(decoded, max_depth=limits.max_json_depth, duplicate_keys="collect")]
-    except InvalidJson as exc:
-        if exc.reason != "syntax":
-            raise _json_error(exc) from exc
-        values = json_readings(decoded) if "\n" in decoded else []  # JSON Lines, an event stream
+    values: list[Any] = []
+    if decoded.lstrip(" \t\r\n")[:1] in ("{", "[", '"'):
+        try:
+            values = [loads(decoded, max_depth=limits.max_json_depth, duplicate_keys="collect")]
+        except InvalidJson as exc:
+            if exc.reason != "syntax":
+                raise _json_error(exc) from exc
+    if not values and ("\n" in decoded or "\r" in decoded):
+        values = json_readings(decoded)  # JSON Lines, application/json-seq, an event stream
     return "\n".join([text, *body_strings(values)]) if values else text
 
 

@@ -41,7 +41,7 @@ from starlette.types import Message, Scope, Send
 
 from guard._json import json_readings
 from guard.asgi._decode import decode_content, parse_encodings
-from guard.asgi._media import charset, parse_params
+from guard.asgi._media import charset, is_textual, parse_params
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
 from guard.asgi._responses import send_json, verdict_headers
@@ -134,6 +134,7 @@ class ResponseJudge:
         self.chunks: list[bytes] = []
         self.size = 0
         self.sse = False
+        self.textual = False
         self.started = False  # http.response.start was sent on
         self.held = ""  # stream: received, not yet sent
         self.held_bytes = 0
@@ -199,6 +200,7 @@ class ResponseJudge:
             return
         self.head, self.start = head, message
         self.sse = media == _SSE
+        self.textual = self.sse or is_textual(media)  # binary media (an image, a download) is not text to check
         if "content-length" in headers and not self.sse:
             self.mode = "whole"
         elif "content-encoding" in headers:
@@ -262,9 +264,10 @@ class ResponseJudge:
     async def _stream(self, message: Message) -> None:
         chunk = message.get("body", b"")
         more = message.get("more_body", False)
-        if b"\x00" in chunk or (not self.held_bytes and not self.tail and chunk.startswith(_UTF16_BOMS)):
-            # UTF-16 or UTF-32 (json.loads reads them by their zero bytes or byte-order mark) or binary: read as
-            # UTF-8 it would pass unjudged, as a whole body in them is refused
+        if self.textual and (b"\x00" in chunk or (not self.held_bytes and not self.tail
+                                                  and chunk.startswith(_UTF16_BOMS))):
+            # text in UTF-16 or UTF-32 (json.loads reads them by their zero bytes or byte-order mark): read as UTF-8
+            # it would pass unjudged, as a whole body in them is refused
             self.mode = "done"
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "the streamed response is not UTF-8 text (it "
                                          "holds NUL bytes or a UTF-16 byte-order mark); it cannot be judged"))

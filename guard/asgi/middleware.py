@@ -54,7 +54,7 @@ from guard._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
-from guard.asgi._override import body_method, method_override
+from guard.asgi._override import body_method, may_carry_method, method_override
 from guard.asgi._parse import encode_body, parse_body
 from guard.asgi._respond import ResponseJudge, without_unreadable_sends
 from guard.asgi._responses import (
@@ -93,8 +93,8 @@ DEFAULT_REVIEW_PATH = "/_guard/reviews"
 #: ``request.state.guard``), set for allowed and redacted requests; absent when no policy matched.
 STATE_KEY = "guard"
 MethodOverride = Literal["refuse", "judge", "ignore"]
-"""What a method override header, ``?_method=`` or a POST body's ``_method`` field does: 400 (``refuse``), the judged method (``judge``), nothing
-(``ignore``: for applications that never honour one)."""
+"""What a method override header, ``?_method=`` or a POST body's ``_method`` field does: 400 (``refuse``), the
+judged method (``judge``), nothing (``ignore``: for applications that never honour one)."""
 METHOD_OVERRIDES: tuple[str, ...] = ("refuse", "judge", "ignore")
 PathCase = Literal["fold", "exact"]
 """How paths are matched: ``fold`` (default) also as lower-cased, ``exact`` only as sent."""
@@ -108,7 +108,9 @@ by the policy that would judge it as a POST (``judge``), or passed unjudged (``p
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
 """Methods whose request content has no defined meaning (RFC 9110 9.3); many routers still read one."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-_OVERRIDDEN = ("POST", "PUT", "PATCH", "DELETE")  # the methods a body's _method field is read for
+#: The methods a POST body's ``_method`` field may ask for (Rack's list, LINK and UNLINK aside): where a policy judges
+#: the path under one of them, the body is read for the field.
+_OVERRIDDEN = ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 class GuardMiddleware:
@@ -229,12 +231,15 @@ class GuardMiddleware:
         try:
             headers = header_map(scope)
             judged = self._judged_method(scope, headers)
-            if self.method_override != "ignore" and judged["method"] == "POST" and _has_body(headers):
-                found = await self._body_method(judged, receive, send, headers)
+            head, matched = self._match(judged, headers)
+            if (self.method_override != "ignore" and scope["method"] == "POST"
+                    and may_carry_method(headers.get("content-type", ""))):
+                found = await self._body_method(scope, judged, bool(matched), receive, send, headers)
                 if found is None:
                     return
+                if found[0] is not judged:
+                    head, matched = self._match(found[0], headers)
                 judged, receive = found
-            head, matched = self._match(judged, headers)
             method = judged["method"].upper()
             if (not matched and self.unexpected_body != "pass" and method not in _BODY_METHODS
                     and _has_body(headers)):  # a body no policy would judge
@@ -395,27 +400,33 @@ class GuardMiddleware:
         return body, value, text
 
     async def _body_method(
-        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]
+        self, scope: Scope, judged: Scope, matched: bool, receive: Receive, send: Send, headers: dict[str, str]
     ) -> tuple[Scope, Receive] | None:
         """A POST body's ``_method`` field (:func:`~guard.asgi._override.body_method`: Rails' ``Rack::MethodOverride``,
-        Laravel and Symfony read it) under ``refuse`` or ``judge``: the scope to match (with the method asked for
-        under ``judge``) and the ``receive`` that replays the body read to find it; ``None`` when the answer was sent
-        (a body over the limits) or the client left. The body is read, under the body limits, only on a path where a
-        policy would judge a POST, PUT, PATCH or DELETE; it is read as received and, when its ``Content-Encoding``
-        decodes, decoded as well.
+        Laravel and Symfony read it) under ``refuse`` or ``judge``: the scope to match (``judged``, or with the
+        method the field asks for under ``judge``) and the ``receive`` that replays the body read to find it;
+        ``None`` when the answer was sent (a body over the limits) or the client left.
+
+        The body is read, under the body limits, only where a policy judges this POST (``matched``: it is read then
+        anyway) or would judge the path under another method. It is read as received and, when its
+        ``Content-Encoding`` decodes, decoded as well.
 
         Raises:
-            BodyError: 400 ``method_override`` (``field``: ``_method``) under ``refuse``.
+            BodyError: 400 ``method_override`` (``field``: ``_method``): the field asks for another method under
+                ``refuse``, or names another method than an override header or query parameter does, or the
+                received and decoded bodies name different methods.
         """
-        policies = [found for method in _OVERRIDDEN for found in self._match({**scope, "method": method}, headers)[1]]
-        if not policies:
-            return scope, receive
+        if not matched and not any(self._match({**scope, "method": m}, headers)[1] for m in _OVERRIDDEN):
+            return judged, receive
         limits = self.limits
         try:
             body = await read_body(receive, limits.max_body_bytes, declared_length(headers.get("content-length")),
                                    limits.body_timeout_s)
         except BodyError as exc:
-            await self._refuse(send, self._match(scope, headers)[0], policies[0], exc)
+            head, policies = self._match(judged, headers)
+            policy = policies[0] if policies else next(
+                p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers)[1])
+            await self._refuse(send, head, policy, exc)
             return None
         if body is None:
             self.metrics.disconnects.inc()
@@ -426,15 +437,20 @@ class GuardMiddleware:
             with contextlib.suppress(BodyError):  # undecodable: the application cannot read a field from it either
                 bodies.append(decode_content(body, parse_encodings(encoding, limits.max_encodings),
                                              limits.max_decoded_bytes))
-        methods = {m for m in (body_method(b, content_type) for b in bodies) if m is not None and m != "POST"}
+        methods = {m for m in (body_method(b, content_type) for b in bodies) if m is not None}
         receive = ReplayReceive(body, receive)
-        if not methods:
-            return scope, receive
-        method = min(methods)
-        if self.method_override == "refuse" or len(methods) > 1:
+        asked = judged["method"].upper()  # POST, or what an override header or ?_method= asks for
+        if not methods or methods == {asked}:
+            return judged, receive
+        if len(methods) > 1 or asked != "POST":
+            raise BodyError(400, "method_override", "the body's _method field and the request's other method "
+                            f"overrides name different methods ({', '.join(sorted(methods | {asked}))}); send one",
+                            field="_method")
+        (method,) = methods
+        if self.method_override == "refuse":
             raise BodyError(400, "method_override", f"the body's _method field asks for another method "
                             f"({method[:20]!r}); send the request with that method instead", field="_method")
-        return {**scope, "method": method}, receive
+        return {**judged, "method": method}, receive
 
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""

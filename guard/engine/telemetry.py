@@ -453,10 +453,13 @@ def _erase(node: Any, tokens: list[str], at: str, erased: list[str], values: lis
 
 
 def _strings(node: Any) -> list[str]:
-    """Every string value in ``node``, and the keys of its mappings that the judged body text repeats (those that
-    are not plain identifiers: a secret can be a key, ``{"sk-live-...": "active"}``)."""
+    """Every string value in ``node`` (an integer as its digits: ``"cvv": 123``), and the keys of its mappings that
+    the judged body text repeats (those that are not plain identifiers: a secret can be a key,
+    ``{"sk-live-...": "active"}``)."""
     if isinstance(node, str):
         return [node]
+    if isinstance(node, int) and not isinstance(node, bool):
+        return [str(node)]
     if isinstance(node, dict):
         return [t for k, v in node.items() for t in ((*(() if is_plain_key(str(k)) else (str(k),)), *_strings(v)))]
     if isinstance(node, list):
@@ -481,10 +484,14 @@ def _erase_secret_names(node: Any, at: str, erased: list[str], values: list[str]
 
 
 def _scrub(node: Any, values: list[str]) -> Any:
-    """``node`` with every occurrence of ``values`` in its strings replaced by ``[redacted]``."""
+    """``node`` with every occurrence of ``values`` in its strings replaced by ``[redacted]``; a value of 3 digits
+    only where no digit is next to it (a security code, not the middle of ``41234``)."""
     if isinstance(node, str):
         for value in values:
-            node = node.replace(value, "[redacted]")
+            if len(value) < 4:
+                node = re.sub(rf"(?<!\d){re.escape(value)}(?!\d)", "[redacted]", node)
+            else:
+                node = node.replace(value, "[redacted]")
         return node
     if isinstance(node, dict):
         return {k: _scrub(v, values) for k, v in node.items()}

@@ -1,8 +1,8 @@
 """The ``redact`` action: find the spans a rule masks in a body, and replace them.
 
 A rule with ``action: redact`` names what to mask in its ``redact`` block: ``patterns`` (label -> regular
-expression in RE2 syntax, searched in every string of the body; see :func:`compile_pattern`) and ``detector: true`` (the spans the policy's instruction
-detector returns, labelled ``instructions``). :meth:`Redactor.find` returns :class:`~guard.verdict.Redaction`
+expression in RE2 syntax, searched in every string of the body; see :func:`compile_pattern`) and ``detector: true``
+(the spans the policy's instruction detector returns, labelled ``instructions``). :meth:`Redactor.find` returns :class:`~guard.verdict.Redaction`
 records, which say where a span is (a JSON pointer into the body, character offsets) and never what it holds;
 :func:`apply_redactions` replaces them in a copy of the body. Both run on the parsed body the guard judged: a JSON
 value, ``{field: [values]}`` for a form, or a ``str`` for text (pointer ``""``).
@@ -55,10 +55,11 @@ _RE2_OPTIONS.log_errors = False  # a bad pattern is reported as a policy error, 
 
 
 def compile_pattern(source: str) -> Pattern:
-    """A ``redact`` pattern compiled with RE2 (``google-re2``), the syntax CEL's ``matches()`` uses too: matching
-    takes time linear in the text, so no request can make a pattern backtrack for minutes on the event loop
-    (``([a-z0-9]+[._-]?)+@corp\\.com`` against 30 letters would with Python's ``re``). RE2 has no backreferences or
-    lookaround, and ``\\d``, ``\\w`` and ``\\b`` are ASCII (``\\pN``, ``\\pL`` for Unicode classes).
+    """A ``redact`` pattern compiled with RE2 (``google-re2``): matching takes time linear in the text, so no
+    request can make a pattern backtrack for minutes on the event loop (``([a-z0-9]+[._-]?)+@corp\\.com`` against 30
+    letters would with Python's ``re``). RE2 has no backreferences or lookaround, and ``\\d``, ``\\w`` and ``\\b`` are
+    ASCII (``\\pN``, ``\\pL`` for Unicode classes); CEL's ``matches()`` in a rule is linear too, but its ``\\d`` is
+    Unicode.
 
     Raises:
         ValueError: the pattern is not valid RE2 syntax, with RE2's reason.
@@ -107,10 +108,10 @@ class Redactor:
     def leaves(self, body: Any, query: Mapping[str, Any], redactions: tuple[Redaction, ...],
                detector: Detector | None = None) -> bool:
         """Whether what this block masks would still reach the application once ``redactions`` are applied: found
-        in an object key or form field name, in the query's names or values, or, for a text
-        body or a stream's window, in what a JSON parser decodes from it (:func:`guard._json.json_readings`:
-        documents, events, JSON lines, the escapes of a cut document; ``\\u0034111`` is ``4111``). The enforcement point refuses such
-        a request instead of passing it on half masked.
+        in an object key or form field name, in the query's names or values, or, for a text body or a stream's
+        window, in what a JSON parser decodes from it (:func:`guard._json.json_readings`: documents, events, JSON
+        lines, the escapes of a cut document; ``\\u0034111`` is ``4111``). The enforcement point refuses such a
+        request instead of passing it on half masked.
 
         Args:
             body: the parsed body the spans were found in.

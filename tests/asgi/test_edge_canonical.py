@@ -194,7 +194,7 @@ policies:
 """
 
 
-def _rack_app(**options: object) -> Starlette:
+def _rack_app(policy: str = DELETES_POLICY, **options: object) -> Starlette:
     """An app that honours a method override the way Rails' ``Rack::MethodOverride`` and Laravel do: the ``_method``
     of a POST form or query, percent-decoded; it answers with the method it would run."""
 
@@ -204,8 +204,8 @@ def _rack_app(**options: object) -> Starlette:
         method = form.get("_method") or request.query_params.get("_method") or request.method
         return JSONResponse({"ran": str(method).upper(), "body": body.decode("latin-1")})
 
-    guard = Guard(PolicySet(load_text(DELETES_POLICY)), backends=ScriptedBackend(scripted_answers))
-    return Starlette(routes=[Route("/v1/accounts/{id}", run, methods=["POST", "DELETE"])],
+    guard = Guard(PolicySet(load_text(policy)), backends=ScriptedBackend(scripted_answers))
+    return Starlette(routes=[Route("/v1/accounts/{id}", run, methods=["GET", "POST", "DELETE"])],
                      middleware=[Middleware(GuardMiddleware, guard=guard, **options)])
 
 
@@ -245,6 +245,9 @@ async def test_every_way_a_framework_reads_method_override_is_refused_or_judged(
             (b"_method=DELETE", {"content-type": "application/x-www-form-urlencoded, text/plain"}),
             (mixed, {"content-type": f"multipart/mixed; boundary={boundary}"}),
             (b'{"_method": "DELETE"}', {"content-type": "application/json"}),
+            (b'{"_method": "DELETE"}', {"content-type": "text/json"}),  # Laravel: a media type holding "/json"
+            (b'{"\\u005fmethod": "DELETE"}', {"content-type": "application/json"}),
+            (b"_method=DELETE", {**form, "X-HTTP-Method-Override": ""}),  # an empty header asks for nothing
         ):
             refused = await client.post("/v1/accounts/42", content=body, headers=headers)
             assert (refused.status_code, refused.json()["field"]) == (400, "_method"), body
@@ -260,7 +263,20 @@ async def test_every_way_a_framework_reads_method_override_is_refused_or_judged(
     async with client_for(_rack_app(method_override="judge")) as client:
         judged = await client.post("/v1/accounts/42", content=b"_method=DELETE", headers=form)
         assert judged.status_code == 403  # judged as the DELETE the application would run
+        both = await client.post("/v1/accounts/42", content=b"_method=DELETE",
+                                 headers={**form, "X-HTTP-Method-Override": "PUT"})  # Rack reads the body first
+        assert both.status_code == 400 and "name different methods" in both.json()["message"]
         plain = await client.post("/v1/accounts/42", content=b"_method=POST&name=x", headers=form)
         assert plain.json() == {"ran": "POST", "body": "_method=POST&name=x"}
     async with client_for(_rack_app(method_override="ignore")) as client:  # an application that never honours one
         assert (await client.post("/v1/accounts/42", content=b"_method=DELETE", headers=form)).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_body_override_to_get_is_read_where_only_a_get_is_judged() -> None:
+    """Rack honours ``_method=GET`` too: on a path only a GET policy judges, the POST's body is read for it."""
+    gets = DELETES_POLICY.replace("methods: [DELETE]", "methods: [GET]")
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    for mode, status in (("refuse", 400), ("judge", 403)):
+        async with client_for(_rack_app(gets, method_override=mode)) as client:
+            assert (await client.post("/v1/accounts/42", content=b"_method=GET", headers=form)).status_code == status

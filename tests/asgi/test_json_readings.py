@@ -29,6 +29,7 @@ def test_readings_of_each_shape() -> None:
     assert json_readings(event) == [{"a": "A"}, {"b": 1}]  # an event's data lines joined, as SSE clients join them
     assert json_readings('{"a": 1}\n\n{"b": "\\u0042"}\n') == [{"a": 1}, {"b": "B"}]  # JSON Lines
     assert json_readings('\x1e{"a": 1}\n\x1e[2]\n') == [{"a": 1}, [2]]  # application/json-seq
+    assert json_readings('data: {"a": "\\u0041"}\r\rdata: {"b": 1}\r\r') == [{"a": "A"}, {"b": 1}]  # CR-only SSE
     cut = '{"a": "sk-\\u0041BC and more'
     assert json_readings(cut) == json_readings(cut, piece=True) == ['{"a": "sk-ABC and more']  # looks like JSON
     assert json_readings("plain text, C:\\new") == []  # text: its backslashes are read only in a stream's piece

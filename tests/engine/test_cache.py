@@ -262,7 +262,8 @@ async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url:
     assert cache.health().forged == 4 and backend.calls == 3  # two markers, two locks
     # the same marker sealed with this store key, within its end, is the leader's failure: followed
     await client.set(f"{create_redis.prefix}l:{content}", "planted", px=300)
-    await client.set(f"{create_redis.prefix}f:{content}", sealed(f"{create_redis.prefix}f:{content}", until(1000, marker)))
+    marker_key = f"{create_redis.prefix}f:{content}"
+    await client.set(marker_key, sealed(marker_key, until(1000, marker)))
     followed = await guard.aevaluate(subject())
     assert (followed.fail_mode, followed.action) == ("closed", "block") and "planted" in (followed.error or "")
     await guard.aclose()

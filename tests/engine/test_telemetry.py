@@ -262,3 +262,8 @@ def test_redacted_scrubs_every_copy_of_a_credential_header_and_short_or_keyed_se
     logged = json.dumps([event["input"], event["state"]])  # not the ids and times, which may hold any digits
     assert "4321" not in logged and "123" not in logged
     assert event["state"]["caller"] == "[redacted]" and "my token is" in event["state"]["text"]
+    # a 3-digit code is scrubbed where it stands alone, not inside other numbers; a number field counts too
+    body = {"cvv": 321, "note": "code 321, order 43210"}
+    subject = HttpSubject(method="POST", path="/pay", body=body, body_text="\n".join(body_strings(body)))
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d2"), subject)
+    assert event["input"]["body_text"] == "code [redacted], order 43210"
