@@ -4,8 +4,9 @@ A rule with ``action: redact`` names what to mask in its ``redact`` block: ``pat
 expression in RE2 syntax, searched in every string of the body; see :func:`compile_pattern`) and ``detector: true``
 (the spans the policy's instruction detector returns, labelled ``instructions``). :meth:`Redactor.find` returns
 :class:`~guard.verdict.Redaction` records, which say where a span is (a JSON pointer into the body, character
-offsets) and never what it holds; :func:`apply_redactions` replaces them in a copy of the body. Both run on the parsed body the guard judged: a JSON
-value, ``{field: [values]}`` for a form, or a ``str`` for text (pointer ``""``).
+offsets) and never what it holds; :func:`apply_redactions` replaces them in a copy of the body. Both run on the
+parsed body the guard judged: a JSON value, ``{field: [values]}`` for a form, or a ``str`` for text (pointer
+``""``).
 
 Styles (:data:`~guard.verdict.MaskStyle`): ``redact`` writes ``[REDACTED:<label>]``; ``mask`` writes one ``*`` per
 character and keeps the last 4 characters of a span of 8 or more (what a card receipt shows).
