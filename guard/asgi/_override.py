@@ -27,7 +27,7 @@ from starlette.types import Scope
 from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
 from guard.errors import BodyError
 
-__all__ = ["body_method", "may_carry_method", "method_override"]
+__all__ = ["body_method", "may_carry_method", "may_name_method", "method_override"]
 
 _OVERRIDE_HEADERS_IN_ORDER = tuple(sorted(METHOD_OVERRIDE_HEADERS))  # the first one found is the one named
 _METHOD_FIELD = re.compile(r" *[_. \[]method")  # ``_method`` as PHP and Rack read a field's name
@@ -101,7 +101,7 @@ def _json_fields(body: bytes) -> Iterator[tuple[str, str]]:
 
 
 def _media(content_type: str) -> str:
-    return re.split(r"[;,]", content_type, maxsplit=1)[0].strip().lower()  # Rack splits a media type at "," too
+    return content_type.partition(";")[0].partition(",")[0].strip().lower()  # Rack splits a media type at "," too
 
 
 def _is_json(media: str) -> bool:
@@ -114,15 +114,20 @@ def may_carry_method(content_type: str) -> bool:
     return media in ("", "application/x-www-form-urlencoded") or media.startswith("multipart/") or _is_json(media)
 
 
+def may_name_method(body: bytes) -> bool:
+    """Whether ``body`` can hold a ``_method`` field: it holds ``method``, or escapes that could spell it (percent
+    or JSON ``\\u``). Most bodies do not, and are not parsed for it."""
+    return b"method" in body or b"%" in body or b"\\u" in body
+
+
 def body_method(body: bytes, content_type: str) -> str | None:
     """The method a POST body's ``_method`` field asks for (upper-case; see the module doc for which bodies and
-    names), ``None`` without one. A body that does not hold ``method`` (also written with percent-escapes or JSON
-    ``\\u`` escapes) is not parsed.
+    names), ``None`` without one. A body :func:`may_name_method` rules out is not parsed.
 
     Raises:
         BodyError: 400 ``method_override`` (``field``: ``_method``) when the field names different methods.
     """
-    if b"method" not in body and b"%" not in body and b"\\u" not in body:
+    if not may_name_method(body):
         return None
     media = _media(content_type)
     text = body.decode("latin-1")

@@ -54,7 +54,7 @@ from guard._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._metrics import HttpMetrics
-from guard.asgi._override import body_method, may_carry_method, method_override
+from guard.asgi._override import body_method, may_carry_method, may_name_method, method_override
 from guard.asgi._parse import encode_body, parse_body
 from guard.asgi._respond import ResponseJudge, without_unreadable_sends
 from guard.asgi._responses import (
@@ -232,9 +232,10 @@ class GuardMiddleware:
             headers = header_map(scope)
             judged = self._judged_method(scope, headers)
             head, matched = self._match(judged, headers)
-            if (self.method_override != "ignore" and scope["method"] == "POST"
-                    and may_carry_method(headers.get("content-type", ""))):
-                found = await self._body_method(scope, judged, bool(matched), receive, send, headers)
+            body_override = (self.method_override != "ignore" and scope["method"] == "POST"
+                             and may_carry_method(headers.get("content-type", "")))
+            if body_override and not matched:  # a matched request's body is read, and its field checked, in _guard
+                found = await self._unmatched_body_method(scope, judged, receive, send, headers)
                 if found is None:
                     return
                 if found[0] is not judged:
@@ -255,7 +256,7 @@ class GuardMiddleware:
         if not matched:
             await self.respond(scope, receive, send, method=head.method)
             return
-        await self._guard(scope, receive, send, head, matched)
+        await self._guard(scope, receive, send, head, matched, body_override=body_override)
 
     def _watching(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
         """The request and the response policies that judge its response, matched as :meth:`_match` matches request
@@ -330,10 +331,12 @@ class GuardMiddleware:
         return {**scope, "method": method}
 
     async def _guard(
-        self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, matched: tuple[Policy, ...]
+        self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, matched: tuple[Policy, ...], *,
+        body_override: bool = False,
     ) -> None:
         """One matched request (``matched``: every policy that matches it, in match order), from body read to
-        response."""
+        response; with ``body_override``, a POST whose body's ``_method`` field is checked first (under ``judge``
+        the request is matched and judged again as the method it asks for)."""
         limits, headers = self.limits, head.headers
         try:
             self.tenant_of(scope, headers)  # an ambiguous tenant is refused before anything is held
@@ -341,9 +344,19 @@ class GuardMiddleware:
             if read is None:
                 return
             body, value, text = read
+            method = (self._body_method(body, headers, head.method)
+                      if body_override and ("content-encoding" in headers or may_name_method(body)) else None)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
             await self._refuse(send, head, matched[0], exc)
+            return
+        if method is not None:
+            again = ReplayReceive(body, receive)
+            head, matched = self._match({**scope, "method": method}, headers)
+            if matched:
+                await self._guard(scope, again, send, head, matched)
+            else:
+                await self.respond(scope, again, send, method=method)
             return
         subject = with_body(head, query, value, text)
         review_id = headers.get(REVIEW_HEADER)
@@ -399,49 +412,27 @@ class GuardMiddleware:
         value, text = parse_body(decoded, headers.get("content-type", ""), limits)
         return body, value, text
 
-    async def _body_method(
-        self, scope: Scope, judged: Scope, matched: bool, receive: Receive, send: Send, headers: dict[str, str]
-    ) -> tuple[Scope, Receive] | None:
-        """A POST body's ``_method`` field (:func:`~guard.asgi._override.body_method`: Rails' ``Rack::MethodOverride``,
-        Laravel and Symfony read it) under ``refuse`` or ``judge``: the scope to match (``judged``, or with the
-        method the field asks for under ``judge``) and the ``receive`` that replays the body read to find it;
-        ``None`` when the answer was sent (a body over the limits) or the client left.
-
-        The body is read, under the body limits, only where a policy judges this POST (``matched``: it is read then
-        anyway) or would judge the path under another method. It is read as received and, when its
-        ``Content-Encoding`` decodes, decoded as well.
+    def _body_method(self, body: bytes, headers: dict[str, str], asked: str) -> str | None:
+        """The method a POST body's ``_method`` field (:func:`~guard.asgi._override.body_method`: Rails'
+        ``Rack::MethodOverride``, Laravel and Symfony read it) makes the request judged as under ``judge``; ``None``
+        when it asks for nothing or for ``asked`` (the judged method: POST, or what an override header or
+        ``?_method=`` asks for). The body is read as received and, when its ``Content-Encoding`` decodes, decoded.
 
         Raises:
             BodyError: 400 ``method_override`` (``field``: ``_method``): the field asks for another method under
                 ``refuse``, or names another method than an override header or query parameter does, or the
                 received and decoded bodies name different methods.
         """
-        if not matched and not any(self._match({**scope, "method": m}, headers)[1] for m in _OVERRIDDEN):
-            return judged, receive
-        limits = self.limits
-        try:
-            body = await read_body(receive, limits.max_body_bytes, declared_length(headers.get("content-length")),
-                                   limits.body_timeout_s)
-        except BodyError as exc:
-            head, policies = self._match(judged, headers)
-            policy = policies[0] if policies else next(
-                p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers)[1])
-            await self._refuse(send, head, policy, exc)
-            return None
-        if body is None:
-            self.metrics.disconnects.inc()
-            return None
         content_type = headers.get("content-type", "")
         bodies = [body]
         if encoding := headers.get("content-encoding"):
             with contextlib.suppress(BodyError):  # undecodable: the application cannot read a field from it either
-                bodies.append(decode_content(body, parse_encodings(encoding, limits.max_encodings),
-                                             limits.max_decoded_bytes))
+                bodies.append(decode_content(body, parse_encodings(encoding, self.limits.max_encodings),
+                                             self.limits.max_decoded_bytes))
         methods = {m for m in (body_method(b, content_type) for b in bodies) if m is not None}
-        receive = ReplayReceive(body, receive)
-        asked = judged["method"].upper()  # POST, or what an override header or ?_method= asks for
+        asked = asked.upper()
         if not methods or methods == {asked}:
-            return judged, receive
+            return None
         if len(methods) > 1 or asked != "POST":
             raise BodyError(400, "method_override", "the body's _method field and the request's other method "
                             f"overrides name different methods ({', '.join(sorted(methods | {asked}))}); send one",
@@ -450,7 +441,34 @@ class GuardMiddleware:
         if self.method_override == "refuse":
             raise BodyError(400, "method_override", f"the body's _method field asks for another method "
                             f"({method[:20]!r}); send the request with that method instead", field="_method")
-        return {**judged, "method": method}, receive
+        return method
+
+    async def _unmatched_body_method(
+        self, scope: Scope, judged: Scope, receive: Receive, send: Send, headers: dict[str, str]
+    ) -> tuple[Scope, Receive] | None:
+        """:meth:`_body_method` for a POST no policy judges: its body is read (under the body limits) only where a
+        policy judges the path under a method the field may ask for. Returns the scope to match (``judged``, or with
+        the method asked for) and the ``receive`` that replays the body; ``None`` when the answer was sent (a body
+        over the limits) or the client left.
+
+        Raises:
+            BodyError: as :meth:`_body_method`.
+        """
+        policies = [p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers)[1]]
+        if not policies:
+            return judged, receive
+        limits = self.limits
+        try:
+            body = await read_body(receive, limits.max_body_bytes, declared_length(headers.get("content-length")),
+                                   limits.body_timeout_s)
+        except BodyError as exc:
+            await self._refuse(send, self._match(judged, headers)[0], policies[0], exc)
+            return None
+        if body is None:
+            self.metrics.disconnects.inc()
+            return None
+        method = self._body_method(body, headers, judged["method"])
+        return ({**judged, "method": method} if method else judged), ReplayReceive(body, receive)
 
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""

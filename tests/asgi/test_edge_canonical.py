@@ -280,3 +280,24 @@ async def test_a_body_override_to_get_is_read_where_only_a_get_is_judged() -> No
     for mode, status in (("refuse", 400), ("judge", 403)):
         async with client_for(_rack_app(gets, method_override=mode)) as client:
             assert (await client.post("/v1/accounts/42", content=b"_method=GET", headers=form)).status_code == status
+
+
+@pytest.mark.anyio
+async def test_a_judged_posts_body_override_is_checked_when_its_body_is_read() -> None:
+    """Where a policy judges the POST itself, its body is read once, for the verdict, and the ``_method`` field is
+    checked there: refused by default; under ``judge`` the request is matched and judged again as the DELETE."""
+    both = DELETES_POLICY + """
+  - id: posts_read
+    version: 1
+    match:
+      http: {methods: [POST], paths: ["/v1/accounts/**"]}
+    rules:
+      - {id: fine, when: "true", action: allow}
+"""
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    for mode, status in (("refuse", 400), ("judge", 403)):
+        async with client_for(_rack_app(both, method_override=mode)) as client:
+            assert (await client.post("/v1/accounts/42", content=b"_method=DELETE", headers=form)).status_code == \
+                status, mode
+            plain = await client.post("/v1/accounts/42", content=b"name=x", headers=form)
+            assert plain.json() == {"ran": "POST", "body": "name=x"} and "x-guard-decision-id" in plain.headers
