@@ -8,10 +8,11 @@ Frameworks read the real method from several places, each in its own way, and gu
   decoded, pairs split at ``&`` and ``;`` (older Rack), leading spaces dropped (Rack splits at ``& *``, PHP trims
   them), and ``.``, `` `` or ``[`` read as ``_`` (PHP, and so Symfony and Laravel: ``.method=DELETE``);
 * a POST body: a urlencoded form, or a body without a media type (Rack reads it as one), or any multipart body
-  (Rack parses ``multipart/mixed`` too), and a JSON object's top-level ``_method`` (Laravel reads a body whose media
-  type contains ``/json`` or ``+json`` as its form fields).
+  (Rack parses ``multipart/mixed`` too; read by guard's strict multipart parser, which refuses a body frameworks
+  could read differently), and a JSON object's top-level ``_method`` (Laravel reads a body whose ``Content-Type``
+  header holds ``/json`` or ``+json`` as its form fields); a name ends at NUL, as PHP ends it.
 
-Everything here reads leniently (any charset, malformed parts skipped): what it must not do is miss a field a
+Forms and JSON are read leniently (any charset, malformed pairs skipped): what this must not do is miss a field a
 framework finds.
 """
 
@@ -24,7 +25,10 @@ from urllib.parse import unquote_plus, unquote_to_bytes
 
 from starlette.types import Scope
 
+from guard.asgi._media import parse_params
+from guard.asgi._multipart import parse_multipart
 from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
+from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError
 
 __all__ = ["body_method", "may_carry_method", "may_name_method", "method_override"]
@@ -32,13 +36,10 @@ __all__ = ["body_method", "may_carry_method", "may_name_method", "method_overrid
 _OVERRIDE_HEADERS_IN_ORDER = tuple(sorted(METHOD_OVERRIDE_HEADERS))  # the first one found is the one named
 _METHOD_FIELD = re.compile(r" *[_. \[]method")  # ``_method`` as PHP and Rack read a field's name
 _PAIRS = re.compile(r"[&;]")
-_PART_NAME = re.compile(r'(?<![\w*])name\s*=\s*(?:"([^"]*)"|([^;\s]+))', re.IGNORECASE)
-_FILE_PART = re.compile(r"(?<![\w*])filename\*?\s*=", re.IGNORECASE)
-_BOUNDARY = re.compile(r'boundary\s*=\s*"?([^";,\s]+)', re.IGNORECASE)
 
 
 def _is_method_field(name: str) -> bool:
-    return _METHOD_FIELD.fullmatch(name) is not None
+    return _METHOD_FIELD.fullmatch(name.partition("\x00")[0]) is not None  # PHP ends a name at NUL
 
 
 def _pairs(text: str) -> Iterator[tuple[str, str]]:
@@ -80,15 +81,17 @@ def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | 
     return _one(found, "request") if found else None
 
 
-def _multipart_fields(text: str, boundary: str) -> Iterator[tuple[str, str]]:
-    """The ``(name, value)`` of each part of a multipart ``text`` that is not a file, read leniently."""
-    for part in text.split("--" + boundary)[1:]:
-        head, sep, value = part.partition("\r\n\r\n")
-        if not sep:
-            head, sep, value = part.partition("\n\n")
-        name = _PART_NAME.search(head)
-        if sep and name is not None and _FILE_PART.search(head) is None:
-            yield name.group(1) if name.group(1) is not None else name.group(2), value.removesuffix("\r\n")
+def _multipart_fields(body: bytes, content_type: str, limits: BodyLimits) -> Iterator[tuple[str, str]]:
+    """The ``(name, value)`` of each text part of a multipart body, read by guard's strict parser
+    (:func:`~guard.asgi._multipart.parse_multipart`): a body PHP, Rack and guard could split or name differently
+    (a repeated ``name`` or ``boundary``, a part without ``Content-Disposition``) is refused, not read leniently.
+
+    Raises:
+        BodyError: the multipart body or its ``Content-Type`` is malformed or ambiguous.
+    """
+    fields = parse_multipart(body, parse_params(content_type)[1], limits)
+    for name, values in fields.items():
+        yield from ((name, value) for value in values if isinstance(value, str))
 
 
 def _json_fields(body: bytes) -> Iterator[tuple[str, str]]:
@@ -101,17 +104,20 @@ def _json_fields(body: bytes) -> Iterator[tuple[str, str]]:
 
 
 def _media(content_type: str) -> str:
-    return content_type.partition(";")[0].partition(",")[0].strip().lower()  # Rack splits a media type at "," too
+    """The media type as the most lenient framework ends it: at ``;``, ``,`` (Rack) or a space (PHP)."""
+    return content_type.strip().partition(";")[0].partition(",")[0].partition(" ")[0].lower()
 
 
-def _is_json(media: str) -> bool:
-    return "/json" in media or "+json" in media  # Laravel's isJson(): application/json, text/json, +json types
+def _is_json(content_type: str) -> bool:
+    """Laravel's ``isJson()``: the whole ``Content-Type`` header holds ``/json`` or ``+json``."""
+    return "/json" in content_type or "+json" in content_type
 
 
 def may_carry_method(content_type: str) -> bool:
     """Whether a POST body of this ``Content-Type`` is one a framework reads a ``_method`` field from."""
     media = _media(content_type)
-    return media in ("", "application/x-www-form-urlencoded") or media.startswith("multipart/") or _is_json(media)
+    return (media in ("", "application/x-www-form-urlencoded") or media.startswith("multipart/")
+            or _is_json(content_type.lower()))
 
 
 def may_name_method(body: bytes) -> bool:
@@ -120,23 +126,22 @@ def may_name_method(body: bytes) -> bool:
     return b"method" in body or b"%" in body or b"\\u" in body
 
 
-def body_method(body: bytes, content_type: str) -> str | None:
+def body_method(body: bytes, content_type: str, limits: BodyLimits) -> str | None:
     """The method a POST body's ``_method`` field asks for (upper-case; see the module doc for which bodies and
     names), ``None`` without one. A body :func:`may_name_method` rules out is not parsed.
 
     Raises:
-        BodyError: 400 ``method_override`` (``field``: ``_method``) when the field names different methods.
+        BodyError: 400 ``method_override`` (``field``: ``_method``) when the field names different methods; a
+            multipart body guard's parser refuses (:func:`_multipart_fields`).
     """
     if not may_name_method(body):
         return None
     media = _media(content_type)
-    text = body.decode("latin-1")
     if media in ("", "application/x-www-form-urlencoded"):
-        fields: Iterator[tuple[str, str]] = _pairs(text)
+        fields: Iterator[tuple[str, str]] = _pairs(body.decode("latin-1"))
     elif media.startswith("multipart/"):
-        boundary = _BOUNDARY.search(content_type)
-        fields = _multipart_fields(text, boundary.group(1)) if boundary else iter(())
-    elif _is_json(media):
+        fields = _multipart_fields(body, content_type, limits)
+    elif _is_json(content_type.lower()):
         fields = _json_fields(body)
     else:
         return None

@@ -424,12 +424,17 @@ class GuardMiddleware:
                 received and decoded bodies name different methods.
         """
         content_type = headers.get("content-type", "")
-        bodies = [body]
+        methods: set[str] = set()
         if encoding := headers.get("content-encoding"):
             with contextlib.suppress(BodyError):  # undecodable: the application cannot read a field from it either
-                bodies.append(decode_content(body, parse_encodings(encoding, self.limits.max_encodings),
-                                             self.limits.max_decoded_bytes))
-        methods = {m for m in (body_method(b, content_type) for b in bodies) if m is not None}
+                decoded = decode_content(body, parse_encodings(encoding, self.limits.max_encodings),
+                                         self.limits.max_decoded_bytes)
+                methods.add(body_method(decoded, content_type, self.limits) or "")
+            with contextlib.suppress(BodyError):  # compressed bytes that guard's parser cannot split: nor can others
+                methods.add(body_method(body, content_type, self.limits) or "")
+        else:
+            methods.add(body_method(body, content_type, self.limits) or "")
+        methods.discard("")
         asked = asked.upper()
         if not methods or methods == {asked}:
             return None

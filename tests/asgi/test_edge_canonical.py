@@ -248,9 +248,20 @@ async def test_every_way_a_framework_reads_method_override_is_refused_or_judged(
             (b'{"_method": "DELETE"}', {"content-type": "text/json"}),  # Laravel: a media type holding "/json"
             (b'{"\\u005fmethod": "DELETE"}', {"content-type": "application/json"}),
             (b"_method=DELETE", {**form, "X-HTTP-Method-Override": ""}),  # an empty header asks for nothing
+            (b"_method%00x=DELETE", form),  # PHP ends a name at NUL
+            (b"_method=DELETE", {"content-type": "application/x-www-form-urlencoded x"}),  # PHP ends it at a space
+            (b'{"_method": "DELETE"}', {"content-type": "text/plain; profile=/json"}),  # Laravel: "/json" anywhere
         ):
             refused = await client.post("/v1/accounts/42", content=body, headers=headers)
             assert (refused.status_code, refused.json()["field"]) == (400, "_method"), body
+        # multipart that PHP or Rack read differently from guard's strict parser: refused, not read leniently
+        multipart = {"content-type": f"multipart/form-data; boundary={boundary}"}
+        for body, headers in (
+            (mixed.replace(b'name="_method"', b'name="x"; name="_method"'), multipart),  # the last name wins there
+            (mixed.replace(b'Content-Disposition: form-data; name="_method"', b"Content-ID: _method"), multipart),
+            (mixed, {"content-type": f"multipart/form-data; BOUNDARY=other; boundary={boundary}"}),
+        ):
+            assert (await client.post("/v1/accounts/42", content=body, headers=headers)).status_code == 400, body
         for header in ("X_HTTP_Method_Override", "x-http_method-override"):
             refused = await client.post("/v1/accounts/42", headers={header: "DELETE"})
             assert refused.status_code == 400, header
