@@ -147,6 +147,13 @@ class OnnxStack:
         except OSError as exc:
             logger.warning("cannot use the ONNX cache %s (%s); exporting the graph to a temporary directory, again on "
                            "every load (XDG_CACHE_HOME can name a folder of this user's)", DEFAULT_ONNX_DIR, exc)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own errors: a cached graph it cannot load
+            logger.warning("the cached ONNX graph for these weights cannot be loaded (%s: %s); it is removed (the next "
+                           "load exports it again) and this load exports to a temporary directory",
+                           type(exc).__name__, exc)
+            for stale in DEFAULT_ONNX_DIR.glob(f"{key}*.onnx"):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
         else:
             with contextlib.suppress(OSError):  # a cache that cannot be listed keeps its files; the load stands
                 _prune(DEFAULT_ONNX_DIR)
@@ -170,6 +177,7 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
     _check_private(root)
     path = root / f"{key}.onnx"
     _touch(path)  # before the check, so a concurrent prune sees a graph about to be read as used
+    _drop_untrusted(path)
     if not path.exists():
         ids = torch.full((2, 8), 100, dtype=torch.long)
         mask = torch.ones(2, 8, dtype=torch.bool)
@@ -182,6 +190,7 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
                               output_names=["states"], opset_version=OPSET, dynamo=False,
                               dynamic_axes={"ids": {0: "n", 1: "l"}, "mask": {0: "n", 1: "l"},
                                             "states": {0: "n", 1: "l"}})
+            os.chmod(staged, 0o600)
             os.replace(staged, path)  # atomic: a concurrent loader sees no half-written file
     return quantize(path) if int8 else path
 
@@ -214,17 +223,36 @@ def _prune(root: Path) -> None:
 
 
 def _check_private(root: Path) -> None:
-    """A graph decides what the model answers, so it is read only from a folder that this user owns and others cannot
-    write to (where ``HOME`` is a shared folder, another user could plant a graph under the predictable name).
+    """A graph decides what the model answers, so it is read only from a folder that this user owns and no one else
+    can write to (where ``HOME`` is a shared folder, another user could plant a graph under the predictable name). A
+    folder of this user's that its group or everyone may write to is made private (``0700``) first; the graphs
+    in it are checked one by one when read (:func:`_drop_untrusted`).
 
     Raises:
-        PermissionError: ``root`` belongs to another user or is writable by everyone.
+        PermissionError: ``root`` belongs to another user, or cannot be made private.
     """
     info = root.stat()
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         raise PermissionError(f"{root} belongs to another user (uid {info.st_uid})")
-    if info.st_mode & stat.S_IWOTH:
-        raise PermissionError(f"{root} is writable by every user")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        logger.warning("the ONNX cache %s was writable by other users; it is made private (0700) and each graph in it "
+                       "is checked before it is read", root)
+        os.chmod(root, 0o700)
+
+
+def _drop_untrusted(path: Path) -> None:
+    """Remove the cached graph ``path`` unless it is a regular file of this user's that no one else can write to (one
+    planted, or written while the folder was open to others, is exported again instead of read)."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
+    if stat.S_ISREG(info.st_mode) and mine and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
+    logger.warning("the cached ONNX graph %s is not a private file of this user's; it is removed and exported again",
+                   path)
+    path.unlink()
 
 
 def quantize(path: Path) -> Path:
@@ -234,12 +262,14 @@ def quantize(path: Path) -> Path:
     much as one scale per tensor on the test split."""
     out = path.with_name(f"{path.stem}.int8.onnx")
     _touch(out)
+    _drop_untrusted(out)
     if not out.exists():
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         with tempfile.TemporaryDirectory(prefix=_STAGING, dir=path.parent) as tmp, _quiet_root_logger():
             staged = Path(tmp) / out.name
             quantize_dynamic(str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True)
+            os.chmod(staged, 0o600)
             os.replace(staged, out)
     return out
 
