@@ -174,6 +174,12 @@ class HealthMonitor:
                                    "policy's fail mode until it can: %s: %s", name, type(exc).__name__, exc)
                 self.unreachable.add(name)
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
+        except Exception as exc:  # noqa: BLE001 - anything else the model raised (a broken ONNX session): failing
+            if name not in self.canary_failed:
+                logger.error("backend %r raised on its canary; its answers are refused: %s: %s", name,
+                             type(exc).__name__, exc)
+            self.canary_failed.add(name)
+            return Check("canary_failed", "failing", {"error": f"{type(exc).__name__}: {exc}"[:300]})
         if name in self.unreachable:
             logger.info("backend %r answers its canary again", name)
             self.unreachable.discard(name)

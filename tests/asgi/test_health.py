@@ -155,7 +155,15 @@ async def test_a_backend_whose_canary_answer_is_malformed_is_failing() -> None:
     from guard.errors import MalformedAnswer
     from guard.policy import load_text
 
-    broken = ScriptedBackend(fail=MalformedAnswer("question 'injection' has a non-finite probability: [nan, nan]"))
+    for error in (MalformedAnswer("question 'injection' has a non-finite probability: [nan, nan]"),
+                  RuntimeError("the ONNX session failed")):  # any error the model raises: a broken model
+        await _canary_fails_with(error)
+
+
+async def _canary_fails_with(error: Exception) -> None:
+    from guard.policy import load_text
+
+    broken = ScriptedBackend(fail=error)
     policy = load_text("""
 policies:
   - id: p
