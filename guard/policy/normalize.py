@@ -61,7 +61,6 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import itertools
 import re
 import string
 import unicodedata
@@ -452,10 +451,15 @@ def normalize_value(value: Any) -> Normalized:
             return _normalize(item, flags, 0)
         if isinstance(item, Mapping):
             out: dict[Any, Any] = {}
+            seen: dict[Any, int] = {}  # name -> how many keys normalised to it so far
             for key, child in item.items():
                 name = walk(key) if isinstance(key, str) else key
                 if name in out:  # the n-th key to normalise to ``name`` is kept as "name (n)"
-                    name = next(f"{name} ({n})" for n in itertools.count(2) if f"{name} ({n})" not in out)
+                    n = seen.get(name, 1)
+                    while f"{name} ({n + 1})" in out:
+                        n += 1
+                    seen[name] = n + 1
+                    name = f"{name} ({n + 1})"
                 out[name] = walk(child)
             return out
         if isinstance(item, (list, tuple)):

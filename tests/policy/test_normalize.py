@@ -200,3 +200,17 @@ def test_keys_that_normalise_alike_are_all_kept() -> None:
     assert normalize_value(value).value == {"text": "EVIL payload", "text (2)": "hello", "text (3)": "x"}
     assert normalize_value({"text\u200b": "EVIL", "text": "hello"}).value == {"text": "EVIL", "text (2)": "hello"}
     assert normalize_value({"ｔｅｘｔ": "a"}).value == {"text": "a"}  # alone, a key is normalised as before
+
+
+def test_many_keys_that_normalise_alike_take_linear_time() -> None:
+    """8,000 keys that all normalise to "a" (invisible characters mixed in) took 7.7 s when each collision searched
+    for a free name from the start; a hang bound, not a speed claim."""
+    import itertools
+    import time
+
+    invisible = ["\u200b", "\u200c", "\u2060", "\ufeff"]
+    keys = ["a" + "".join(c) for r in range(1, 8) for c in itertools.product(invisible, repeat=r)][:8000]
+    started = time.perf_counter()
+    value = normalize_value(dict.fromkeys(keys, "x")).value
+    assert time.perf_counter() - started < 2.0
+    assert len(value) == 8000 and value["a"] == "x" and value["a (8000)"] == "x"
