@@ -64,7 +64,11 @@ READ_PARAMS = frozenset({"boundary", "charset", "name"})
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TEXTUAL_PREFIXES = (
     "text/",
-    "application/json",
+    "application/json",  # also application/jsonl and application/json-seq
+    "application/x-ndjson",
+    "application/ndjson",
+    "application/x-jsonlines",
+    "application/jsonlines",
     "application/xml",
     "application/x-yaml",
     "application/yaml",
@@ -189,7 +193,8 @@ def charset(params: dict[str, str], field: str = "content-type") -> str:
 
 
 def is_textual(media: str) -> bool:
-    """Media types read and judged as text: ``text/*``, JSON, XML, YAML, GraphQL, and ``+json`` / ``+xml`` types."""
+    """Media types read and judged as text: ``text/*``, JSON (JSON Lines too), XML, YAML, GraphQL, and ``+json`` /
+    ``+xml`` types."""
     return media.startswith(_TEXTUAL_PREFIXES) or media.endswith(("+json", "+xml"))
 
 

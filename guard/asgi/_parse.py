@@ -104,9 +104,13 @@ def _text(body: bytes, media: str, params: dict[str, str]) -> str:
     elif media == "text/html" and "charset" not in params:  # a declared charset overrides <meta>, as in browsers
         check_html_charset(body)
     try:
-        return body.decode(codec)
+        text = body.decode(codec)
     except UnicodeDecodeError as exc:
         raise BodyError(400, "invalid_text", f"the body is not valid {codec} text (byte offset {exc.start})") from exc
+    if "\x00" in text:  # UTF-16 or UTF-32 (a JSON parser reads them by their zero bytes) or binary, not text
+        raise BodyError(400, "invalid_text", f"the body holds a NUL byte (offset {text.index(chr(0))}): UTF-16, "
+                        "UTF-32 or binary data is not judged as text; send UTF-8")
+    return text
 
 
 def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any, str]:

@@ -134,7 +134,7 @@ class ResponseJudge:
         self.chunks: list[bytes] = []
         self.size = 0
         self.sse = False
-        self.textual = False
+        self.opaque = False  # stream: a binary media type passed under opaque_media="metadata"
         self.started = False  # http.response.start was sent on
         self.held = ""  # stream: received, not yet sent
         self.held_bytes = 0
@@ -200,19 +200,25 @@ class ResponseJudge:
             return
         self.head, self.start = head, message
         self.sse = media == _SSE
-        self.textual = self.sse or is_textual(media)  # binary media (an image, a download) is not text to check
+        textual = self.sse or not media or is_textual(media)
         if "content-length" in headers and not self.sse:
             self.mode = "whole"
         elif "content-encoding" in headers:
             self.mode = "done"
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "a compressed streamed response cannot be "
                                          "judged; serve it uncompressed", field="content-encoding"))
+        elif not textual and self.limits.opaque_media != "metadata":
+            self.mode = "done"  # as a whole body of this media type is: read as UTF-8 text it would pass unread
+            await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"a streamed {media} response cannot be "
+                                         "judged; serve text or JSON, or set opaque_media='metadata'",
+                                         field="content-type"))
         elif (unreadable := _stream_charset_problem(headers.get("content-type", ""))) is not None:
             self.mode = "done"  # the stream is read as UTF-8: text in another charset would pass unread
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response cannot be judged: {unreadable}",
                                          field="content-type"))
         else:
             self.mode = "stream"
+            self.opaque = not textual  # binary media passed under opaque_media="metadata": no text to check
             if self.limits.stream_flush_s is not None and self.app is not None:
                 self.flusher = asyncio.ensure_future(self._flush())
 
@@ -264,8 +270,8 @@ class ResponseJudge:
     async def _stream(self, message: Message) -> None:
         chunk = message.get("body", b"")
         more = message.get("more_body", False)
-        if self.textual and (b"\x00" in chunk or (not self.held_bytes and not self.tail
-                                                  and chunk.startswith(_UTF16_BOMS))):
+        if not self.opaque and (b"\x00" in chunk or (not self.held_bytes and not self.tail
+                                                     and chunk.startswith(_UTF16_BOMS))):
             # text in UTF-16 or UTF-32 (json.loads reads them by their zero bytes or byte-order mark): read as UTF-8
             # it would pass unjudged, as a whole body in them is refused
             self.mode = "done"

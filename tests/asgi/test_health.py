@@ -153,7 +153,6 @@ async def test_a_backend_whose_canary_answer_is_malformed_is_failing() -> None:
     """NaN probabilities (a model with broken weights) are a failed canary, not a run "not completed": the
     backend's answers are refused until it answers well again."""
     from guard.errors import MalformedAnswer
-    from guard.policy import load_text
 
     for error in (MalformedAnswer("question 'injection' has a non-finite probability: [nan, nan]"),
                   RuntimeError("the ONNX session failed")):  # any error the model raises: a broken model
