@@ -29,10 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the process exit status."""
+    """Run the CLI; returns the process exit status (130 when interrupted with Ctrl-C)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    result = args.handler(args)
+    try:
+        result = args.handler(args)
+    except KeyboardInterrupt:  # Ctrl-C while a command starts (loading torch, a model): no traceback
+        print("guard: interrupted", file=sys.stderr)
+        return 130
     return int(result or 0)
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -181,6 +183,24 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     return keys
 
 
+def _uds_problem(path: str) -> str | None:
+    """Why ``path`` cannot become this worker's socket (``None`` when it can): the server replaces whatever is at the
+    path and removes it on exit, so anything but a socket nobody listens on is refused, never deleted."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISSOCK(info.st_mode):
+        return "exists and is not a socket; the worker would replace it (choose another path)"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return None  # a socket left by a server that is gone: replaced
+    return "another server is listening on it"
+
+
 def _loopback(host: str) -> bool:
     import ipaddress
 
@@ -208,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
         folder = Path(args.uds).parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             return _fail(f"--uds {args.uds}: folder {folder} does not exist or is not writable; create it first")
+        if (problem := _uds_problem(args.uds)) is not None:
+            return _fail(f"--uds {args.uds}: {problem}")
     if args.canary_margin is not None and not 0 < args.canary_margin <= 1:
         return _fail(f"--canary-margin must be in (0, 1], got {args.canary_margin}")
     try:

@@ -325,6 +325,25 @@ def test_worker_serve_refuses_a_public_address_without_keys(
 
 
 
+def test_worker_serve_never_replaces_a_file_or_a_live_socket_at_its_uds_path(
+    golden_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """uvicorn removes what is at ``--uds`` when it stops: a regular file there was deleted (after a traceback), and
+    a second worker took over a live worker's socket. Both are refused before anything is loaded."""
+    import socket
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("important")
+    assert main(["worker", "serve", "--model", str(golden_checkpoint), "--uds", str(notes)]) == 2
+    assert "not a socket" in capsys.readouterr().err and notes.read_text() == "important"
+    live = tmp_path / "live.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(live))
+        server.listen(1)
+        assert main(["worker", "serve", "--model", str(golden_checkpoint), "--uds", str(live)]) == 2
+    assert "another server is listening" in capsys.readouterr().err
+
+
 def test_a_model_that_starts_answering_nan_makes_the_worker_unready() -> None:
     """A model that cannot answer at all (NaN probabilities) is a failed canary, not a run "not completed": the
     worker leaves the Service (/readyz 503) and answers 503, never a 500."""
