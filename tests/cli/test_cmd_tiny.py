@@ -76,3 +76,16 @@ def test_existing_files_are_never_written_over(tmp_path: Path, capsys: pytest.Ca
     assert capsys.readouterr().err == f"guard tiny: {a_file} exists and is not a directory\n"
     assert main(["tiny", str(a_file / "below")]) == 2
     assert "guard tiny: cannot write" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_a_command_runs_exits_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from guard.cli import cmd_tiny, main
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cmd_tiny, "run", interrupted)
+    assert main(["tiny", str(tmp_path / "t")]) == 130
+    assert capsys.readouterr().err == "guard: interrupted\n"
