@@ -260,12 +260,12 @@ def run_test(args: argparse.Namespace) -> int:
     broken = 0
     for policy_file in files:
         test_file = find_test_file(policy_file)[1]
-        if not test_file.is_file():
-            print(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
-            continue
         try:
+            policies = load_text(policy_file.read_bytes(), str(policy_file))  # a policy without tests must load too
+            if not test_file.is_file():
+                print(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
+                continue
             results = run_test_file(policy_file, backend_factory=factory, timeout_s=timeout_s, run=pattern)
-            policies = load_text(policy_file.read_bytes(), str(policy_file))
         except PolicyError as exc:
             for problem in _problems(exc):
                 _print_problem(problem)

@@ -325,6 +325,18 @@ def test_test_fails_in_junit_too_and_a_policy_without_tests_is_a_warning(
     assert failure is not None and "rule: expected 'suspicious'" in failure.get("message", "")
 
 
+def test_a_broken_policy_without_tests_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As ``opa test`` fails on a module that does not compile, a policy file that does not load fails ``guard policy
+    test`` (with ``check``'s file:line:key error) even when it has no test file; it was skipped with a warning."""
+    (tmp_path / "broken.yaml").write_text(
+        "policies:\n  - id: broken\n    version: 1\n    match: {http: {}}\n"
+        "    rules:\n      - {id: r, when: 'this is (not cel', action: block}\n")
+    assert main(["policy", "test", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert f"{tmp_path / 'broken.yaml'}:6: policies[0].rules[0].when: CEL syntax error" in captured.err
+    assert "1 files broken" in captured.out
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 
