@@ -34,13 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
-from guard.backends.fixture import FixtureBackend
+from guard.backends.fixture import FixtureBackend, answer_from_spec
 from guard.engine.cache import MemoryCache
 from guard.errors import PolicyError
 from guard.policy._yaml import load_yaml
 from guard.policy.loader import PolicyLoadError, PolicySet, load_text
 from guard.policy.policy import Policy
 from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMessage, body_strings
+from guard.systemone import QuestionV1
 from guard.verdict import Action, FailMode, Verdict
 
 __all__ = [
@@ -219,17 +220,24 @@ def wire_answers(policies: Sequence[Policy], answers: Mapping[str, Any]) -> dict
     for :class:`~guard.backends.fixture.FixtureBackend` (a key several policies use answers each one's question).
 
     Raises:
-        ValueError: naming a key no policy has, with the keys there are.
+        ValueError: naming a key no policy has, with the keys there are; or a spec its question cannot read
+            (``answers.KEY: ...``), so a typo is the case's error, not a backend failure a ``fail_mode`` test passes.
     """
-    by_key: dict[str, list[str]] = {}
+    by_key: dict[str, list[QuestionV1]] = {}
     for policy in policies:
         for q in policy.questions:
-            by_key.setdefault(q.key, []).append(q.wire.id)
+            by_key.setdefault(q.key, []).append(q.wire)
     unknown = [key for key in answers if key not in by_key]
     if unknown:
         ids = ", ".join(repr(p.id) for p in policies)
         raise ValueError(f"answers name {unknown}, which are not questions of policy {ids} ({sorted(by_key)})")
-    return {wire: spec for key, spec in answers.items() for wire in by_key[key]}
+    for key, spec in answers.items():
+        for question in by_key[key]:
+            try:
+                answer_from_spec(question, spec)
+            except ValueError as exc:
+                raise ValueError(f"answers.{key}: {exc}") from None
+    return {wire.id: spec for key, spec in answers.items() for wire in by_key[key]}
 
 
 async def _run_case(

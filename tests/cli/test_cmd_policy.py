@@ -337,6 +337,24 @@ def test_a_broken_policy_without_tests_fails_the_run(tmp_path: Path, capsys: pyt
     assert "1 files broken" in captured.out
 
 
+def test_an_answer_its_question_cannot_read_fails_the_case_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``answers: {q: "hgih"}`` raised inside the scripted backend: a traceback, and the case passed as the fail mode
+    it expected. The spec is checked first: the case fails naming ``answers.q``."""
+    (tmp_path / "p.yaml").write_text(
+        "policies:\n  - id: p\n    version: 1\n    match: {http: {}}\n"
+        "    questions: {q: {type: noul, instructions: 'Is it bad?'}}\n"
+        "    rules: [{id: bad, when: q.noul >= 0.5, action: block}]\n    on_error: {mode: closed}\n")
+    (tmp_path / "p_test.yaml").write_text(
+        "cases:\n  - name: typo\n    input: {http: {method: POST, path: /x}}\n    answers: {q: hgih}\n"
+        "    expect: {action: block, fail_mode: closed}\n")
+    assert main(["policy", "test", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "answers.q: question 'q' (noul): cannot read an answer from 'hgih'" in captured.err
+    assert "Traceback" not in captured.err
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 
