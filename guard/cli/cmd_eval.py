@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from guard.backends.options import add_backend_options, check_device_options, open_cli_backend
+from guard.cli._output import file_problem
 
 __all__ = ["open_eval_backend", "register"]
 
@@ -75,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     from guard.compact.records import load_records
     from guard.errors import GuardError
 
+    if args.json and args.json != "-" and (problem := file_problem(args.json)) is not None:
+        print(f"guard eval: --json: {problem}", file=sys.stderr)
+        return 2
     if args.threads:
         import torch
 

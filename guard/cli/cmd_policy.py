@@ -377,13 +377,20 @@ def _emit(text: str, args: argparse.Namespace, command: str) -> int:
         except OSError as exc:
             print(f"{args.check}: cannot read: {exc.strerror}", file=sys.stderr)
             return EXIT_FAILED
+        except UnicodeDecodeError:
+            print(f"{args.check}: not UTF-8 text; run: guard policy {command} --output {args.check}", file=sys.stderr)
+            return EXIT_FAILED
         if current != text:
             print(f"{args.check} is out of date; run: guard policy {command} --output {args.check}", file=sys.stderr)
             return EXIT_FAILED
         print(f"ok {args.check}")
         return 0
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"guard policy {command}: --output {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
         return 0
     sys.stdout.write(text)
     return 0

@@ -46,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     from guard.quickstart import NEXT_STEPS, TOOL_CALL_NOTE, print_header, print_row, print_summary, run_quickstart
 
+    if args.limit is not None and args.limit < 1:
+        print(f"guard quickstart: --limit must be a positive number of requests, got {args.limit}", file=sys.stderr)
+        return 2
     out = sys.stdout
     out.write(
         "guard quickstart: an example API behind the guard, real traffic replayed through it.\n"

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from guard.cli._output import directory_problem
+
 __all__ = ["register"]
 
 
@@ -112,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
 
     from guard.compact.records import load_records
 
+    if (problem := directory_problem(args.out)) is not None:
+        print(f"guard train: --out: {problem}", file=sys.stderr)
+        return 2
+    if args.clef and not (Path(args.clef) / "config.json").is_file():
+        print(f"guard train: --clef {args.clef}: not a Clef checkpoint (config.json is missing)", file=sys.stderr)
+        return 2
     if args.fold_models and (args.no_folds or args.clef):
         print(f"guard train: --fold-models saves the leave-one-fold-out models of a catalog run; it cannot go with "
               f"{'--no-folds' if args.no_folds else '--clef'}", file=sys.stderr)

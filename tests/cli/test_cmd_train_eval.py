@@ -88,3 +88,24 @@ def test_fold_models_are_refused_where_there_are_none_and_for_fold_names_that_ar
     assert main(base) == 2
     assert "fold names ['../escape'] cannot name a folder" in capsys.readouterr().err
     assert not folds.exists() and not (tmp_path / "escape").exists() and not out.exists()
+
+
+def test_output_paths_are_checked_before_the_work_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An evaluation or a training run ended in a traceback at its very end (results lost) when --json named a
+    folder or --out a file; such paths are refused at once, as are schema outputs that cannot be written."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello", "label": true, "question_id": "guard.prompt_injection"}\n')
+    assert main(["eval", str(data), "--json", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    afile = tmp_path / "a.txt"
+    afile.write_text("keep")
+    assert main(["train", str(data), "--out", str(afile)]) == 2
+    assert "not a directory" in capsys.readouterr().err and afile.read_text() == "keep"
+    assert main(["policy", "schema", "--output", str(tmp_path / "missing" / "s.json")]) == 2
+    assert "No such file" in capsys.readouterr().err
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"\xff\xfe")
+    assert main(["policy", "schema", "--check", str(binary)]) == 1
+    assert "not UTF-8" in capsys.readouterr().err
+    assert main(["quickstart", "--limit", "-1"]) == 2
+    assert "--limit must be a positive" in capsys.readouterr().err

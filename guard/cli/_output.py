@@ -1,0 +1,37 @@
+"""Checks on the paths commands write to, made before the work starts (an evaluation or a training run is not lost
+to a typo in ``--json`` or ``--out``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["directory_problem", "file_problem"]
+
+
+def file_problem(path: str) -> str | None:
+    """Why a file cannot be written at ``path`` (``None`` when it can): a directory is there, its folder does not
+    exist, or either is not writable."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{path} is a directory; give a file path"
+    folder = target.parent
+    if not folder.is_dir():
+        return f"folder {folder} does not exist; create it first"
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{path} is not writable"
+    if not target.exists() and not os.access(folder, os.W_OK):
+        return f"folder {folder} is not writable"
+    return None
+
+
+def directory_problem(path: str) -> str | None:
+    """Why a checkpoint directory cannot be written at ``path`` (``None`` when it can): a file is there, or the
+    nearest existing folder is not writable."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        return f"{path} exists and is not a directory"
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        return f"{existing} is not writable"
+    return None
