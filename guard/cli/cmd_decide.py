@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         model = _load(args.model, dtype, device(args))
     except (OSError, ValueError) as exc:
         return _fail(f"cannot load model from {args.model}: {exc}", EXIT_INVALID)
+    except Exception as exc:  # noqa: BLE001 - a damaged checkpoint: safetensors, tokenizers and config errors
+        return _fail(f"cannot load model from {args.model}: {type(exc).__name__}: {exc}", EXIT_INVALID)
     try:
         record = model.encode(request, max_length=args.max_length)
         (logits,) = model.forward_records([record])

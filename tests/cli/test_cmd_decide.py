@@ -185,3 +185,21 @@ def test_cuda_without_a_cuda_build_is_one_line(golden_checkpoint: Path, tmp_path
     request = _write(tmp_path, load_case("01-three-types")["request"])
     code, _, err = _decide(["--model", str(golden_checkpoint), "--device", "cuda", request], capsys)
     assert code == 2 and "--device cuda: this torch build has no CUDA device" in err and err.count("\n") == 1
+
+
+def test_a_damaged_checkpoint_is_a_one_line_error(
+    golden_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config.json holding a list, or an empty tokenizer.json, raised a TypeError or a tokenizers exception out of
+    guard decide as a traceback."""
+    import shutil
+
+    request = '{"model": "m", "state": "hi", "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}'
+    for name, content in (("config.json", "[1]"), ("tokenizer.json", "")):
+        damaged = tmp_path / name
+        shutil.copytree(golden_checkpoint, damaged)
+        (damaged / name).write_text(content)
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(request.encode()), encoding="utf-8"))
+        assert main(["decide", "--model", str(damaged)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith(f"guard decide: cannot load model from {damaged}") and "Traceback" not in err
