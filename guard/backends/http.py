@@ -139,6 +139,10 @@ class SystemOneClient:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
+        try:
+            parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+        except ValueError as exc:
+            raise ValueError(f"url {url!r}: {exc}") from None
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if parts.path in ("", "/"):

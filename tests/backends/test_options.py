@@ -120,6 +120,8 @@ def test_a_unix_spec_is_a_worker_on_that_socket() -> None:
         ("https:", r"--backend 'https:': expected compact"),
         ("ftp://host", r"--backend 'ftp://host': expected compact, compact:DIR, local:CHECKPOINT_DIR, http:URL"),
         ("http:ftp://host", "url must be an http:// or https:// URL"),
+        ("http://127.0.0.1:99999", "Port out of range"),  # was an OverflowError per request
+        ("http:http://127.0.0.1:-1", "Port"),
         ("local:", "expected compact"),
         ("unix:", "expected compact.*or unix:SOCKET"),
         ("clef", "expected compact"),
