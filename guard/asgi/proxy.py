@@ -109,6 +109,10 @@ class ProxyConfig:
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
             raise ValueError(f"upstream {self.upstream!r} must be an http(s) URL without query or fragment")
         try:
+            parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+        except ValueError as exc:
+            raise ValueError(f"upstream {self.upstream!r}: {exc}") from None
+        try:
             httpx.URL(self.upstream)
         except httpx.InvalidURL as exc:
             raise ValueError(f"upstream {self.upstream!r} is not a valid URL: {exc}") from exc

@@ -338,7 +338,7 @@ async def test_admin_list_answers_without_a_trailing_slash(
 
 
 def test_config_validation() -> None:
-    for bad in ("ftp://x", "http://", "http://x/?q=1", "localhost:80"):
+    for bad in ("ftp://x", "http://", "http://x/?q=1", "localhost:80", "http://127.0.0.1:99999"):
         with pytest.raises(ValueError, match="upstream"):
             ProxyConfig(bad)
     with pytest.raises(ValueError):
