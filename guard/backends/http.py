@@ -158,6 +158,7 @@ class SystemOneClient:
         self.name = name or f"http:{provider}"
         self._fixed_revision = model_revision
         self._base_revision = f"{provider}:{model or self._shown_url}" + (f"@{uds}" if uds else "")
+        self._reached = f"unix socket {uds}" if uds else self._shown_url  # what a connection error names
         self._reported_revision: str | None = None
         # identity: a compressed answer would be inflated in one call before any size check could stop it
         self._headers = {"content-type": "application/json", "accept": "application/json",
@@ -317,7 +318,7 @@ class SystemOneClient:
             ) from exc
         except httpx.TransportError as exc:
             raise BackendUnavailable(
-                f"{self.name}: cannot reach {self._shown_url}: {type(exc).__name__}: {exc}",
+                f"{self.name}: cannot reach {self._reached}: {type(exc).__name__}: {exc}",
                 backend=self.name,
                 reason="connection",
             ) from exc

@@ -239,6 +239,9 @@ async def test_connection_refused_and_reset_are_unavailable() -> None:
     async with SystemOneClient(url, retry=FAST_RETRY) as client:  # the listener is closed now: refused
         with pytest.raises(BackendUnavailable, match="cannot reach"):
             await client.decide(REQUEST, timeout=5)
+    async with SystemOneClient.worker(uds="/nonexistent/worker.sock", retry=FAST_RETRY) as client:
+        with pytest.raises(BackendUnavailable, match="cannot reach unix socket /nonexistent/worker.sock"):
+            await client.decide(REQUEST, timeout=5)  # named as the socket, not the URL label it is reached under
 
 
 def test_retry_after_accepts_seconds_dates_and_milliseconds() -> None:
