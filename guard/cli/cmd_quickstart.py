@@ -90,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"guard quickstart: {exc}", file=sys.stderr)
         return EXIT_FAILED if rows else EXIT_USAGE
     print_summary(result, out)
+    failed = sum(row.rule == "on_error" for row in result.rows)
+    if failed:  # the backend did not answer: the rows show the fail mode, not the model
+        print(f"guard quickstart: {failed} of {len(result.rows)} decisions failed (rule on_error): the backend "
+              f"{describe_backend(backend)} did not answer them", file=sys.stderr)
+        return EXIT_FAILED
     if embedded:
         out.write(TOOL_CALL_NOTE)
     out.write(NEXT_STEPS)
