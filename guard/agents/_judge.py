@@ -233,22 +233,36 @@ def _text_of(message: Any) -> str:
     return str(getattr(message, "text", "") or "")
 
 
+def _malformed_review(target: str, what: str) -> HandoffError:
+    return HandoffError(f"reviewer {target!r} {what}"[:500], target=target, reason="malformed")
+
+
 def _parse(target: str, reply: Any) -> ReviewerAnswer:
+    """The reviewer's answer: its structured answer (a tool call) when it gave one, else its text as one JSON object.
+
+    Raises:
+        HandoffError: ``malformed``: several tool calls (which one would decide?), a structured answer that does not
+            validate (its text is not read instead: a text "allow" must not outvote a too-long "deny"), or text
+            that is not one :class:`ReviewerAnswer`.
+    """
     if isinstance(reply, dict) and "raw" in reply:  # with_structured_output(include_raw=True)
+        calls = getattr(reply["raw"], "tool_calls", None) or []
+        if len(calls) > 1:
+            raise _malformed_review(target, f"answered with {len(calls)} structured answers; give one")
         parsed = reply.get("parsed")
         if isinstance(parsed, ReviewerAnswer):
             return parsed
-        reply = reply["raw"]
+        if calls:
+            raise _malformed_review(target, f"gave a structured answer that is not valid: {reply.get('parsing_error')}")
+        reply = reply["raw"]  # no structured answer: the model answered in text
     text = _text_of(reply).strip()
     if text.startswith("```"):
         text = text.strip("`").removeprefix("json").strip()
     try:
         return ReviewerAnswer.model_validate(strict_loads(text))
     except (InvalidJson, ValidationError) as exc:
-        raise HandoffError(
-            f"reviewer {target!r} did not answer with one JSON object {{decision, reason}}: {str(exc)[:200]}",
-            target=target,
-            reason="malformed",
+        raise _malformed_review(
+            target, f"did not answer with one JSON object {{decision, reason}}: {str(exc)[:200]}"
         ) from exc
 
 

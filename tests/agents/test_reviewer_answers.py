@@ -1,0 +1,52 @@
+"""What a reviewer model's structured answer decides: a valid one; never its text when its structured answer is
+invalid, and never the first of several."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+
+from guard.agents._judge import review
+from guard.errors import HandoffError
+from guard.subject import AgentSubject
+from guard.verdict import Verdict
+
+
+class ToolFake(GenericFakeChatModel):
+    """A chat model that accepts ``bind_tools`` (so guard asks it for a structured answer) and replies as told."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+
+VERDICT = Verdict(action="handoff", decision_id="d", policy_id="p", policy_version="1", rule="r", handoff="rev")
+SUBJECT = AgentSubject(event="tool_call", tool_name="send_money", tool_call_id="c1", arguments={"to": "x"},
+                       user_message="hi")
+
+
+def _call(args: dict[str, Any], call_id: str = "t") -> dict[str, Any]:
+    return {"name": "ReviewerAnswer", "args": args, "id": call_id}
+
+
+def test_a_valid_structured_deny_decides_whatever_the_text_says() -> None:
+    reply = AIMessage(content='{"decision": "allow"}', tool_calls=[_call({"decision": "deny", "reason": "no"})])
+    assert review("rev", ToolFake(messages=iter([reply])), SUBJECT, VERDICT).decision == "deny"
+
+
+@pytest.mark.parametrize("calls", [
+    [_call({"decision": "deny", "reason": "r" * 1500})],  # a reason over the limit
+    [_call({"decision": "deny", "reason": "no", "risk": "high"})],  # an extra key
+    [_call({"decision": "deny"}), _call({"decision": "allow"}, "u")],  # two answers
+    [_call({"decision": "allow"}), _call({"decision": "deny"}, "u")],
+])  # fmt: skip
+def test_an_invalid_or_ambiguous_structured_answer_is_malformed_not_read_as_its_text(
+    calls: list[dict[str, Any]],
+) -> None:
+    """An invalid structured "deny" fell back to the reply's text, which said "allow"; of two answers the first won."""
+    reply = AIMessage(content='{"decision": "allow"}', tool_calls=calls)
+    with pytest.raises(HandoffError) as info:
+        review("rev", ToolFake(messages=iter([reply])), SUBJECT, VERDICT)
+    assert info.value.reason == "malformed"
