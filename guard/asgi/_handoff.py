@@ -9,6 +9,7 @@ one that fails mid-stream ends the stream with an ``error`` event.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from starlette.types import Send
@@ -23,6 +24,13 @@ from guard.verdict import Verdict
 __all__ = ["respond_with_handoff", "wants_stream"]
 
 _SSE_HEADERS: HeaderList = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_TOLD = {
+    "timeout": "The handoff target did not answer in time.",
+    "unavailable": "The handoff target is unavailable.",
+    "malformed": "The handoff target sent a malformed answer.",
+    "unknown_target": "The policy names a handoff target this gateway does not have.",
+}
+logger = logging.getLogger("guard.asgi")
 
 
 def wants_stream(subject: HttpSubject) -> bool:
@@ -37,9 +45,18 @@ def _event(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
+def _told(exc: HandoffError) -> str:
+    """What the client is told of a failed handoff: its kind, never the target's address or its error text (a
+    provider's error can name keys, organisations and internal hosts); the whole error is logged."""
+    logger.warning("handoff failed: %s", exc)
+    if exc.reason.startswith("http_"):
+        return "The handoff target answered with an error."
+    return _TOLD.get(exc.reason, "The handoff target could not answer.")
+
+
 async def _failed(send: Send, exc: HandoffError, verdict: Verdict, headers: HeaderList) -> None:
     await send_json(send, 502, {
-        "code": HANDOFF_FAILED, "message": str(exc), "reason": exc.reason, "target": exc.target,
+        "code": HANDOFF_FAILED, "message": _told(exc), "reason": exc.reason, "target": exc.target,
         "policy": verdict.policy_id, "rule": verdict.rule, "decision_id": verdict.decision_id,
     }, headers)
 
@@ -80,7 +97,7 @@ async def respond_with_handoff(
                 async for chunk in stream:
                     await send({"type": "http.response.body", "body": _event(chunk.data), "more_body": True})
             except HandoffError as exc:
-                error = {"error": {"code": HANDOFF_FAILED, "reason": exc.reason, "message": str(exc)}}
+                error = {"error": {"code": HANDOFF_FAILED, "reason": exc.reason, "message": _told(exc)}}
                 await send({"type": "http.response.body", "body": _event(error), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
         return "streamed"

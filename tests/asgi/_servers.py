@@ -78,7 +78,9 @@ class OpenAIStandIn:
     """A small OpenAI-compatible ``/v1/chat/completions`` server for handoff tests.
 
     The answer is ``"Stand-in answer to: <last user message>"``. The requested model picks a behaviour:
-    ``fail-500`` (HTTP 500), ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``broken-stream``
+    ``fail-500`` (HTTP 500), ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
+    100,000 deep), ``huge`` (a 5 MiB answer), ``drip`` (an answer one byte every 0.3 s), ``keepalive`` (a stream of
+    SSE comments only), ``broken-stream``
     (streams one chunk, then a non-JSON event), ``gated`` (when streaming, waits after the first chunk until
     :attr:`gate` is set, so a test can prove the chunk reached it before the rest was generated). Every request
     body is kept in :attr:`calls`.
@@ -106,6 +108,24 @@ class OpenAIStandIn:
             await asyncio.sleep(1.5)
         if model == "malformed":
             return PlainTextResponse("this is not json")
+        if model == "deep":  # nested past any parser's recursion limit
+            return PlainTextResponse('{"choices": ' + "[" * 100_000 + "]" * 100_000 + "}", media_type="application/json")
+        if model == "huge":  # over the handoff client's answer limit
+            return PlainTextResponse('{"pad": "' + "x" * (5 << 20) + '"}', media_type="application/json")
+        if model == "drip":  # one byte of a valid answer every 0.3 s: each read is quick, the whole is not
+            async def drip() -> AsyncIterator[bytes]:
+                for byte in json.dumps({"choices": [{"message": {"content": "late"}}]}).encode():
+                    await asyncio.sleep(0.3)
+                    yield bytes([byte])
+
+            return StreamingResponse(drip(), media_type="application/json")
+        if model == "keepalive":  # a stream of SSE comments only
+            async def comments() -> AsyncIterator[str]:
+                for _ in range(40):
+                    await asyncio.sleep(0.3)
+                    yield ": keepalive\n\n"
+
+            return StreamingResponse(comments(), media_type="text/event-stream")
         text = self.answer(body)
         if not body.get("stream"):
             return JSONResponse(

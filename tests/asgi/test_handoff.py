@@ -91,6 +91,8 @@ async def test_handoff_failures_are_502(
         assert response.status_code == 502 and response.json()["code"] == "handoff_failed"
         assert response.json()["reason"] == reason and response.json()["rule"] == "off_topic"
         assert response.headers["x-guard-action"] == "handoff"
+        # the client learns the kind of failure, not the target's address or its error text (which can name keys)
+        assert "boom" not in response.text and "127.0.0.1" not in response.text
 
 
 async def test_handoff_stream_broken_midway_ends_with_an_error_event(

@@ -213,3 +213,38 @@ async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenA
     assert override.resolve("helper", {"helper": _target(url)}).model == "override"
     await client.aclose()
     await client.aclose()
+
+
+@pytest.mark.parametrize(("model", "stream", "reason"), [
+    ("drip", False, "timeout"),  # each byte in time, the whole answer not: the timeout bounds the whole exchange
+    ("keepalive", True, "timeout"),  # comments only: they do not count as the stream answering
+    ("huge", False, "malformed"),  # over MAX_ANSWER_BYTES: not buffered whole
+    ("deep", False, "malformed"),  # a RecursionError escaped as a 500
+])  # fmt: skip
+async def test_a_slow_huge_or_deep_answer_is_a_handoff_error_in_bounded_time(
+    standin: tuple[OpenAIStandIn, str], model: str, stream: bool, reason: str
+) -> None:
+    import time
+
+    _, url = standin
+    client = HandoffClient()
+    target = _target(url, model=model, timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(HandoffError) as info:
+        if stream:
+            async for _ in client.astream(target, [{"role": "user", "content": "x"}]):
+                pass
+        else:
+            await client.acomplete(target, [{"role": "user", "content": "x"}])
+    await client.aclose()
+    assert info.value.reason == reason and time.monotonic() - started < 5.0  # a hang bound: 1 s timeout
+
+
+def test_secrets_in_the_request_are_not_sent_to_the_handoff_target() -> None:
+    """The handoff target is often a third-party LLM: a query's api_key and a body's password reached it verbatim
+    although guard redacts them for the decision log and review items."""
+    body = {"password": "hunter2-BODYSECRET", "message": "what is the weather?"}
+    subject = HttpSubject(method="POST", path="/v1/messages", query={"api_key": ["sk-live-QUERYSECRET"]}, body=body,
+                          body_text="hunter2-BODYSECRET\nwhat is the weather?")
+    text = json.dumps(HandoffClient().messages_for(_verdict(), subject))
+    assert "weather" in text and "BODYSECRET" not in text and "QUERYSECRET" not in text
