@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from starlette.types import Scope
@@ -36,6 +37,7 @@ __all__ = ["body_method", "may_carry_method", "may_name_method", "method_overrid
 _OVERRIDE_HEADERS_IN_ORDER = tuple(sorted(METHOD_OVERRIDE_HEADERS))  # the first one found is the one named
 _METHOD_FIELD = re.compile(r" *[_. \[]method")  # ``_method`` as PHP and Rack read a field's name
 _PAIRS = re.compile(r"[&;]")
+_MEDIA_END = re.compile(r"[\s;,]")
 
 
 def _is_method_field(name: str) -> bool:
@@ -85,11 +87,18 @@ def _multipart_fields(body: bytes, content_type: str, limits: BodyLimits) -> Ite
     """The ``(name, value)`` of each text part of a multipart body, read by guard's strict parser
     (:func:`~guard.asgi._multipart.parse_multipart`): a body PHP, Rack and guard could split or name differently
     (a repeated ``name`` or ``boundary``, a part without ``Content-Disposition``) is refused, not read leniently.
+    Binary file parts are kept as metadata, and a part in a charset or encoding guard does not read (415) ends the
+    lookup with no field.
 
     Raises:
-        BodyError: the multipart body or its ``Content-Type`` is malformed or ambiguous.
+        BodyError: 400: the multipart body or its ``Content-Type`` is malformed or ambiguous.
     """
-    fields = parse_multipart(body, parse_params(content_type)[1], limits)
+    try:  # binary file parts are kept as metadata here: an upload is not refused for the lookup's sake
+        fields = parse_multipart(body, parse_params(content_type)[1], replace(limits, opaque_media="metadata"))
+    except BodyError as exc:
+        if exc.status != 400:  # a charset or part encoding guard does not read: no field of it is read either
+            return
+        raise
     for name, values in fields.items():
         yield from ((name, value) for value in values if isinstance(value, str))
 
@@ -104,8 +113,9 @@ def _json_fields(body: bytes) -> Iterator[tuple[str, str]]:
 
 
 def _media(content_type: str) -> str:
-    """The media type as the most lenient framework ends it: at ``;``, ``,`` (Rack) or a space (PHP)."""
-    return content_type.strip().partition(";")[0].partition(",")[0].partition(" ")[0].lower()
+    """The media type as the most lenient framework ends it: at ``;``, ``,`` (Rack, also after whitespace) or a space
+    (PHP)."""
+    return _MEDIA_END.split(content_type.strip(), maxsplit=1)[0].lower()
 
 
 def _is_json(content_type: str) -> bool:

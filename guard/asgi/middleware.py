@@ -351,13 +351,19 @@ class GuardMiddleware:
             await self._refuse(send, head, matched[0], exc)
             return
         if method is not None:
-            again = ReplayReceive(body, receive)
-            head, matched = self._match({**scope, "method": method}, headers)
-            if matched:
-                await self._guard(scope, again, send, head, matched)
+            asked, asked_matched = self._match({**scope, "method": method}, headers)
+            if asked_matched:
+                await self._guard(scope, ReplayReceive(body, receive), send, asked, asked_matched)
+                return
+            if method not in _BODY_METHODS and self.unexpected_body != "pass":  # as __call__ treats such a body
+                if self.unexpected_body == "refuse":
+                    await self._refuse(send, head, matched[0], BodyError(
+                        400, "unexpected_body", f"a {method} request carries a body; send it with POST, PUT or PATCH",
+                        field="body"))
+                    return  # under "judge": judged below as the POST it was matched as
             else:
-                await self.respond(scope, again, send, method=method)
-            return
+                await self.respond(scope, ReplayReceive(body, receive), send, method=method)
+                return
         subject = with_body(head, query, value, text)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
@@ -425,13 +431,18 @@ class GuardMiddleware:
         """
         content_type = headers.get("content-type", "")
         methods: set[str] = set()
+        decoded = None
         if encoding := headers.get("content-encoding"):
-            with contextlib.suppress(BodyError):  # undecodable: the application cannot read a field from it either
+            with contextlib.suppress(BodyError):  # not really encoded: the application reads the bytes as they are
                 decoded = decode_content(body, parse_encodings(encoding, self.limits.max_encodings),
                                          self.limits.max_decoded_bytes)
-                methods.add(body_method(decoded, content_type, self.limits) or "")
-            with contextlib.suppress(BodyError):  # compressed bytes that guard's parser cannot split: nor can others
+        if decoded is not None:
+            methods.add(body_method(decoded, content_type, self.limits) or "")
+            try:
                 methods.add(body_method(body, content_type, self.limits) or "")
+            except BodyError as exc:  # compressed bytes guard's parser cannot split: nor can an application's
+                if exc.code == "method_override":
+                    raise
         else:
             methods.add(body_method(body, content_type, self.limits) or "")
         methods.discard("")

@@ -26,12 +26,14 @@ def file_problem(path: str) -> str | None:
 
 
 def directory_problem(path: str) -> str | None:
-    """Why a checkpoint directory cannot be written at ``path`` (``None`` when it can): a file is there, or the
-    nearest existing folder is not writable."""
+    """Why a checkpoint directory cannot be written at ``path`` (``None`` when it can): a file is there or above it,
+    or the nearest existing folder is not writable."""
     target = Path(path)
     if target.exists() and not target.is_dir():
         return f"{path} exists and is not a directory"
     existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file; the directory cannot be made below it"
     if not os.access(existing, os.W_OK):
         return f"{existing} is not writable"
     return None

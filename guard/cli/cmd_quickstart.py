@@ -20,6 +20,7 @@ from typing import Any
 
 from guard.backends.base import DecisionBackend
 from guard.backends.options import add_backend_options, check_device_options, describe_backend, open_cli_backend
+from guard.engine.verdicts import GUARD_ERROR_RULE
 from guard.errors import GuardError
 
 __all__ = ["register"]
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"guard quickstart: {exc}", file=sys.stderr)
         return EXIT_FAILED if rows else EXIT_USAGE
     print_summary(result, out)
-    failed = sum(row.rule == "on_error" for row in result.rows)
+    failed = sum(row.rule == GUARD_ERROR_RULE for row in result.rows)
     if failed:  # the backend did not answer: the rows show the fail mode, not the model
         print(f"guard quickstart: {failed} of {len(result.rows)} decisions failed (rule on_error): the backend "
               f"{describe_backend(backend)} did not answer them", file=sys.stderr)

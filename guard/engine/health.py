@@ -162,10 +162,7 @@ class HealthMonitor:
             self.canary_failed.add(name)
             return Check("canary_failed", "failing", {"canaries": [r.to_json() for r in exc.results]})
         except MalformedAnswer as exc:  # the backend answered, but not with probabilities (NaN): a failed canary
-            if name not in self.canary_failed:
-                logger.error("backend %r answered its canary malformed; its answers are refused: %s", name, exc)
-            self.canary_failed.add(name)
-            return Check("canary_failed", "failing", {"error": f"MalformedAnswer: {exc}"[:300]})
+            return self._failing(name, exc)
         except (GuardError, TimeoutError) as exc:
             if getattr(exc, "reason", None) not in ("overloaded", "http_429"):  # down, not busy: report it
                 self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
@@ -174,12 +171,8 @@ class HealthMonitor:
                                    "policy's fail mode until it can: %s: %s", name, type(exc).__name__, exc)
                 self.unreachable.add(name)
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
-        except Exception as exc:  # noqa: BLE001 - anything else the model raised (a broken ONNX session): failing
-            if name not in self.canary_failed:
-                logger.error("backend %r raised on its canary; its answers are refused: %s: %s", name,
-                             type(exc).__name__, exc)
-            self.canary_failed.add(name)
-            return Check("canary_failed", "failing", {"error": f"{type(exc).__name__}: {exc}"[:300]})
+        except Exception as exc:  # noqa: BLE001 - any other error the model raised (a broken ONNX session)
+            return self._failing(name, exc)
         if name in self.unreachable:
             logger.info("backend %r answers its canary again", name)
             self.unreachable.discard(name)
@@ -188,6 +181,14 @@ class HealthMonitor:
             self.guard.canary_epochs[name] = self.guard.canary_epochs.get(name, 0) + 1
         self.canary_failed.discard(name)
         return Check("ok", "ok", {"canaries": [r.to_json() for r in results]})
+
+    def _failing(self, name: str, exc: Exception) -> Check:
+        """The check of a backend whose canary answer was malformed or raised: failing, its answers refused."""
+        if name not in self.canary_failed:
+            logger.error("backend %r answered its canary malformed or raised; its answers are refused: %s: %s", name,
+                         type(exc).__name__, exc)
+        self.canary_failed.add(name)
+        return Check("canary_failed", "failing", {"error": f"{type(exc).__name__}: {exc}"[:300]})
 
     async def start(self) -> None:
         """Run once now, then every ``interval_s`` in the running loop (when > 0). Idempotent."""

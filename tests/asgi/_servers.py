@@ -78,7 +78,7 @@ class OpenAIStandIn:
     """A small OpenAI-compatible ``/v1/chat/completions`` server for handoff tests.
 
     The answer is ``"Stand-in answer to: <last user message>"``. The requested model picks a behaviour:
-    ``fail-500`` (HTTP 500), ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
+    ``fail-500`` (HTTP 500), ``fail-500-drip`` (HTTP 500 with a body that never ends), ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
     100,000 deep), ``huge`` (a 5 MiB answer), ``drip`` (an answer one byte every 0.3 s), ``keepalive`` (a stream of
     SSE comments only), ``broken-stream``
     (streams one chunk, then a non-JSON event), ``gated`` (when streaming, waits after the first chunk until
@@ -104,6 +104,13 @@ class OpenAIStandIn:
         model = body["model"]
         if model == "fail-500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if model == "fail-500-drip":  # an error answer that never ends
+            async def endless() -> AsyncIterator[bytes]:
+                while True:
+                    yield b"x" * 65536
+                    await asyncio.sleep(0.1)
+
+            return StreamingResponse(endless(), status_code=500, media_type="text/plain")
         if model == "slow":
             await asyncio.sleep(1.5)
         if model == "malformed":

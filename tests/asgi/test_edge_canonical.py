@@ -262,6 +262,15 @@ async def test_every_way_a_framework_reads_method_override_is_refused_or_judged(
             (mixed, {"content-type": f"multipart/form-data; BOUNDARY=other; boundary={boundary}"}),
         ):
             assert (await client.post("/v1/accounts/42", content=body, headers=headers)).status_code == 400, body
+        # not really gzip: an application reads the bytes as a form, and so does the lookup (errors not hidden)
+        gzip_label = {**form, "content-encoding": "gzip"}
+        assert (await client.post("/v1/accounts/42", content=b"_method=GET&_method=DELETE",
+                                  headers=gzip_label)).status_code == 400
+        tab = {"content-type": "application/x-www-form-urlencoded\t;charset=utf-8"}  # Rack reads it as a form
+        assert (await client.post("/v1/accounts/42", content=b"_method=DELETE", headers=tab)).status_code == 400
+        png = b"\x89PNG\r\n\x1a\n%binary" + bytes(range(256))  # an upload: its bytes hold a '%'
+        upload = await client.post("/v1/accounts/42", files={"avatar": ("a.png", png, "image/png")})
+        assert upload.status_code == 200  # a binary part is not refused for the lookup's sake
         for header in ("X_HTTP_Method_Override", "x-http_method-override"):
             refused = await client.post("/v1/accounts/42", headers={header: "DELETE"})
             assert refused.status_code == 400, header
@@ -312,3 +321,9 @@ async def test_a_judged_posts_body_override_is_checked_when_its_body_is_read() -
                 status, mode
             plain = await client.post("/v1/accounts/42", content=b"name=x", headers=form)
             assert plain.json() == {"ran": "POST", "body": "name=x"} and "x-guard-decision-id" in plain.headers
+    # asked for a method no policy judges there: as a DELETE with a body is (refused, or judged as the POST)
+    posts_only = both.replace("methods: [DELETE]", "methods: [PURGE]").replace("action: allow", "action: block")
+    for unexpected, status in (("refuse", 400), ("judge", 403)):
+        async with client_for(_rack_app(posts_only, method_override="judge", unexpected_body=unexpected)) as client:
+            answer = await client.post("/v1/accounts/42", content=b"_method=DELETE&x=1", headers=form)
+            assert answer.status_code == status, (unexpected, answer.text)

@@ -220,6 +220,8 @@ async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenA
     ("keepalive", True, "timeout"),  # comments only: they do not count as the stream answering
     ("huge", False, "malformed"),  # over MAX_ANSWER_BYTES: not buffered whole
     ("deep", False, "malformed"),  # a RecursionError escaped as a 500
+    ("fail-500-drip", True, "http_500"),  # the error body of a stream was read without end
+    ("fail-500-drip", False, "timeout"),
 ])  # fmt: skip
 async def test_a_slow_huge_or_deep_answer_is_a_handoff_error_in_bounded_time(
     standin: tuple[OpenAIStandIn, str], model: str, stream: bool, reason: str

@@ -101,6 +101,8 @@ def test_output_paths_are_checked_before_the_work_starts(tmp_path: Path, capsys:
     afile.write_text("keep")
     assert main(["train", str(data), "--out", str(afile)]) == 2
     assert "not a directory" in capsys.readouterr().err and afile.read_text() == "keep"
+    assert main(["train", str(data), "--out", str(afile / "below")]) == 2
+    assert "cannot be made below it" in capsys.readouterr().err
     assert main(["policy", "schema", "--output", str(tmp_path / "missing" / "s.json")]) == 2
     assert "No such file" in capsys.readouterr().err
     binary = tmp_path / "b.yaml"
