@@ -134,7 +134,6 @@ class ResponseJudge:
         self.chunks: list[bytes] = []
         self.size = 0
         self.sse = False
-        self.opaque = False  # stream: a binary media type passed under opaque_media="metadata"
         self.started = False  # http.response.start was sent on
         self.held = ""  # stream: received, not yet sent
         self.held_bytes = 0
@@ -212,13 +211,19 @@ class ResponseJudge:
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"a streamed {media} response cannot be "
                                          "judged; serve text or JSON, or set opaque_media='metadata'",
                                          field="content-type"))
+        elif not textual:  # opaque_media="metadata": judged on its head, as a whole body is, then sent byte for byte
+            verdict = await self._judge(head)
+            self.mode = "done" if verdict.action == "block" else "pass"
+            if verdict.action == "block":
+                await self._block(verdict)
+            else:
+                await self._send_start(verdict)
         elif (unreadable := _stream_charset_problem(headers.get("content-type", ""))) is not None:
             self.mode = "done"  # the stream is read as UTF-8: text in another charset would pass unread
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response cannot be judged: {unreadable}",
                                          field="content-type"))
         else:
             self.mode = "stream"
-            self.opaque = not textual  # binary media passed under opaque_media="metadata": no text to check
             if self.limits.stream_flush_s is not None and self.app is not None:
                 self.flusher = asyncio.ensure_future(self._flush())
 
@@ -270,8 +275,7 @@ class ResponseJudge:
     async def _stream(self, message: Message) -> None:
         chunk = message.get("body", b"")
         more = message.get("more_body", False)
-        if not self.opaque and (b"\x00" in chunk or (not self.held_bytes and not self.tail
-                                                     and chunk.startswith(_UTF16_BOMS))):
+        if b"\x00" in chunk or (not self.held_bytes and not self.tail and chunk.startswith(_UTF16_BOMS)):
             # text in UTF-16 or UTF-32 (json.loads reads them by their zero bytes or byte-order mark): read as UTF-8
             # it would pass unjudged, as a whole body in them is refused
             self.mode = "done"

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from guard._json import loads
-from guard.engine.telemetry import redact_secrets
+from guard.engine.telemetry import CREDENTIAL_HEADERS, redact_secrets
 from guard.errors import HandoffError
 from guard.policy import HandoffTarget
 from guard.subject import HttpSubject, Subject
@@ -105,6 +105,9 @@ class HandoffChunk:
     data: dict[str, Any]
 
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
 class _TooLarge(Exception):
     """An answer or one of its lines is over :data:`MAX_ANSWER_BYTES`."""
 
@@ -122,12 +125,15 @@ async def _capped(chunks: AsyncIterator[bytes], limit: int | None) -> AsyncItera
 async def _lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[str]:
     """The lines of a byte stream (LF, CRLF or CR endings; UTF-8, bad bytes replaced), raising :class:`_TooLarge` for
     a line over ``limit`` bytes (one that never ends would grow without bound)."""
-    held = b""
+    held = bytearray()  # the line not ended yet; only a chunk with a line ending is split, so the work is linear
     async for chunk in chunks:
-        held += chunk
-        *complete, held = re.split(rb"\r\n|\r|\n", held)
-        for line in complete:
-            yield line.decode("utf-8", "replace")
+        if _LINE_END.search(chunk) is None:
+            held += chunk
+        else:
+            *complete, rest = _LINE_END.split(bytes(held) + chunk)
+            held = bytearray(rest)
+            for line in complete:
+                yield line.decode("utf-8", "replace")
         if len(held) > limit:
             raise _TooLarge(f"a line of the stream is longer than {limit} bytes")
     if held:
@@ -227,9 +233,13 @@ class HandoffClient:
             answers=json.dumps(answers),
         )
         if isinstance(subject, HttpSubject):
-            subject = dataclasses.replace(subject, body=redact_secrets(subject.body, subject),
-                                          body_text=redact_secrets(subject.body_text, subject),
-                                          query=redact_secrets(subject.query, subject))
+            # secret-named fields and the credential headers' values, not every header's (a Referer the user asks
+            # about is their question)
+            keys = dataclasses.replace(subject, headers={k: v for k, v in subject.headers.items()
+                                                         if k in CREDENTIAL_HEADERS})
+            subject = dataclasses.replace(subject, body=redact_secrets(subject.body, keys),
+                                          body_text=redact_secrets(subject.body_text, keys),
+                                          query=redact_secrets(subject.query, keys))
             chat = _client_chat(subject.body)
             if chat is not None:
                 lines = [
@@ -329,8 +339,8 @@ class HandoffClient:
         self, target: HandoffTarget, messages: list[dict[str, str]]
     ) -> AsyncGenerator[HandoffChunk, None]:
         """Stream a chat completion as it is generated, one :class:`HandoffChunk` per server-sent event. The head and
-        each content chunk must arrive within ``target.timeout`` seconds of the previous one (keep-alive comments
-        do not count), and no line may be longer than :data:`MAX_ANSWER_BYTES`.
+        each chunk with content must arrive within ``target.timeout`` seconds of the previous one (keep-alive
+        comments and events without content do not count), and no line may be longer than :data:`MAX_ANSWER_BYTES`.
 
         Ends after the ``[DONE]`` event (or when the target closes the stream).
 
@@ -373,7 +383,8 @@ class HandoffClient:
                 except (ValueError, AttributeError, IndexError, KeyError, TypeError) as exc:
                     raise self._malformed(target, f"an event is not a chat.completion.chunk: {data[:80]!r}") from exc
                 yield HandoffChunk(text=text, data=event)
-                deadline = loop.time() + target.timeout
+                if text:  # only content counts as the stream answering (not empty or role events)
+                    deadline = loop.time() + target.timeout
         except (httpx.HTTPError, TimeoutError) as exc:
             raise self._error(target, exc) from exc
         except _TooLarge as exc:

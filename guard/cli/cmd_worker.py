@@ -190,14 +190,18 @@ def _uds_problem(path: str) -> str | None:
         info = os.lstat(path)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        return f"cannot be checked: {exc.strerror or exc}"
     if not stat.S_ISSOCK(info.st_mode):
         return "exists and is not a socket; the worker would replace it (choose another path)"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(1.0)
         try:
             probe.connect(path)
-        except OSError:
+        except ConnectionRefusedError:
             return None  # a socket left by a server that is gone: replaced
+        except OSError as exc:  # a busy server (its backlog full) or one that does not answer: not taken over
+            return f"another server may be listening on it ({exc.strerror or type(exc).__name__})"
     return "another server is listening on it"
 
 

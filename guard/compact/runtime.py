@@ -17,10 +17,11 @@ Graphs are exported once per checkpoint and cached on disk as ``<key>.onnx`` and
 ``$XDG_CACHE_HOME/guard/compact/onnx`` (``~/.cache`` when the variable is unset; never inside the repository), keyed
 by a hash of every exported weight, their dtype, the torch (exporter) and ONNX Runtime (quantizer) versions, so a
 changed checkpoint, encoder or library gets a new graph. Exporting takes a few seconds; later loads read the file.
-Graphs no load has used for :data:`CACHE_DAYS` days are removed from that folder on each load. That folder is made
-private (``0700``) when others may write to it, and a graph is read only as a private regular file of this user's
-(:func:`_check_private`, :func:`_drop_untrusted`). Where it cannot be written, or belongs to another user, each load
-exports into a private temporary directory and removes it once the session has read the graph."""
+Graphs no load has used for :data:`CACHE_DAYS` days are removed from that folder on each load. guard creates its
+cache folders ``0700``, reads a graph only through folders this user owns and no one else can write to, and only as
+a private regular file of this user's (:func:`_check_private`, :func:`_drop_untrusted`). Where the folder cannot be
+written, belongs to another user or others may write to it, each load exports into a private temporary directory and
+removes it once the session has read the graph (with a warning naming the cause)."""
 
 from __future__ import annotations
 
@@ -130,8 +131,8 @@ class OnnxStack:
 
         In the default directory, graphs no load has used for :data:`CACHE_DAYS` days are then removed
         (:func:`_prune`); a directory the caller names is left as it is. When the default directory cannot be written
-        (a container user without a home, a read-only file system) or belongs to another user
-        (:func:`_check_private`), the graph is exported into a private temporary directory (``mkdtemp``: readable by
+        (a container user without a home, a read-only file system), belongs to another user or others may write to
+        it (:func:`_check_private`), the graph is exported into a private temporary directory (``mkdtemp``: readable by
         this user only, never one another user could have prepared), loaded, and the directory removed; a warning
         names the cause. Every load then exports again (a few seconds).
 
@@ -172,11 +173,11 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
     """The graph file of ``stack`` under ``root`` (``<key>.onnx``, or its int8 version), exported unless there.
 
     Raises:
-        OSError: ``root`` cannot be created, written or made private; ``PermissionError``: it is not this user's, or
-            is a caller's folder others may write to (:func:`_check_private`).
+        OSError: ``root`` cannot be created or written; ``PermissionError``: it, or a cache folder above it, is not
+            this user's or others may write to it (:func:`_check_private`).
     """
-    root.mkdir(parents=True, exist_ok=True)
-    _check_private(root, own_cache=root == DEFAULT_ONNX_DIR)
+    for folder in _cache_folders(root):
+        _check_private(folder)
     path = root / f"{key}.onnx"
     _touch(path)  # before the check, so a concurrent prune sees a graph about to be read as used
     _drop_untrusted(path)
@@ -224,26 +225,32 @@ def _prune(root: Path) -> None:
                 shutil.rmtree(path)
 
 
-def _check_private(root: Path, *, own_cache: bool) -> None:
+def _check_private(folder: Path) -> None:
     """A graph decides what the model answers, so it is read only from a folder that this user owns and no one else
-    can write to (where ``HOME`` is a shared folder, another user could plant a graph under the predictable name). guard's
-    own cache folder (``own_cache``), when its group or everyone may write to it, is made private (``0700``) first; a
-    folder the caller names is refused instead. The graphs in it are checked one by one when read
-    (:func:`_drop_untrusted`).
+    can write to (where ``HOME`` is a shared folder, or its group may write to a cache folder, another user could
+    plant a graph under the predictable name, or swap the folder for theirs). The graphs in it are checked one by one
+    when read (:func:`_drop_untrusted`).
 
     Raises:
-        PermissionError: ``root`` belongs to another user, or is a caller's folder others may write to.
-        OSError: guard's cache folder cannot be made private (a read-only file system).
+        PermissionError: ``folder`` belongs to another user, or others may write to it.
     """
-    info = root.stat()
+    info = folder.stat()
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise PermissionError(f"{root} belongs to another user (uid {info.st_uid})")
+        raise PermissionError(f"{folder} belongs to another user (uid {info.st_uid})")
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        if not own_cache:
-            raise PermissionError(f"{root} is writable by other users; give a folder only you can write to")
-        logger.warning("the ONNX cache %s was writable by other users; it is made private (0700) and each graph in it "
-                       "is checked before it is read", root)
-        os.chmod(root, 0o700)
+        raise PermissionError(f"{folder} is writable by other users (chmod 700 it to keep the cache there)")
+
+
+def _cache_folders(root: Path) -> list[Path]:
+    """The folders a graph under ``root`` is read through that must be private: ``root``, and for guard's own cache
+    the ``guard/`` and ``guard/compact/`` folders above it (one a group member could write to would let them swap
+    ``onnx/`` for a folder of theirs between the checks and the read). guard creates the missing ones ``0700``."""
+    folders = [root.parent.parent, root.parent, root] if root == DEFAULT_ONNX_DIR else [root]
+    for folder in folders:
+        if not folder.exists():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
+    return folders
 
 
 def _drop_untrusted(path: Path) -> None:

@@ -50,6 +50,7 @@ from guard.subject import AgentSubject, HttpSubject, Subject, body_strings, is_p
 from guard.verdict import Verdict
 
 __all__ = [
+    "CREDENTIAL_HEADERS",
     "DEFAULT_REDACT",
     "EVALUATION_EVENT",
     "GEN_AI_OPERATION",
@@ -105,19 +106,16 @@ SPAN_ATTRIBUTES = (
     "gen_ai.operation.name",
     "error.type",
 )
+#: Request headers that carry credentials: never logged, never sent on (a handoff), their values scrubbed from text.
+CREDENTIAL_HEADERS = ("authorization", "cookie", "proxy-authorization", "x-api-key")
 #: Pointers the decision log removes unless told otherwise (in every log_input mode): the credential headers.
-DEFAULT_REDACT = (
-    "/input/headers/authorization",
-    "/input/headers/cookie",
-    "/input/headers/proxy-authorization",
-    "/input/headers/x-api-key",
-)
+DEFAULT_REDACT = tuple(f"/input/headers/{name}" for name in CREDENTIAL_HEADERS)
 
 
 #: Names of headers, query parameters and body or argument fields whose values ``log_input="redacted"`` removes
 #: wherever they appear under ``input`` or ``state`` (case-insensitive search).
 SECRET_NAME = re.compile(
-    r"passw(or)?d|passphrase|secret|token|api[-_]?key|access[-_]?key|private[-_]?key|credential|session|cookie"
+    r"passw(or)?d|passphrase|secret|token(?!s)|api[-_]?key|access[-_]?key|private[-_]?key|credential|session|cookie"
     r"|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^otp$|^pin$|^ssn$|card[-_]?number|^cvv$|^cvc$"
     r"|^key$|^sig$|jwt|^dpop$|assertion|^pwd$|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$",
     re.IGNORECASE,
@@ -577,6 +575,17 @@ def _erase_raw_secrets(raw: str, values: list[str]) -> str:
     return "".join(out)
 
 
+def _credentials(values: list[str]) -> list[str]:
+    """The credentials inside ``Authorization``-style values (``Bearer sk-...`` -> ``sk-...``), so text that repeats
+    the bare key is scrubbed too."""
+    out = []
+    for value in values:
+        scheme, _, credential = value.partition(" ")
+        if credential and scheme.lower() in ("bearer", "basic", "token", "digest", "apikey"):
+            out.append(credential.strip())
+    return out
+
+
 def _redact_input(record: dict[str, Any], erased: list[str],
                   logged_headers: Collection[str] = LOGGED_HEADERS, values: list[str] | None = None) -> None:
     """Request headers not in ``logged_headers`` and secret-named fields out of ``input`` and ``state``, and their
@@ -600,6 +609,7 @@ def _redact_input(record: dict[str, Any], erased: list[str],
         flags[RAW_ARGUMENTS_FLAG] = _erase_raw_secrets(raw, values)
         if len(values) > found:
             erased.append(f"/flags/{RAW_ARGUMENTS_FLAG}")
+    values += _credentials(values)
     values = sorted({v for v in values if len(v) >= 4 or (len(v) == 3 and v.isdigit())},
                     key=len, reverse=True)  # shorter ones would hit words
     if values:

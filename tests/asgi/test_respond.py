@@ -652,6 +652,31 @@ async def test_a_streamed_response_that_is_not_utf8_is_refused_not_passed(chunks
 
 
 @pytest.mark.anyio
+async def test_a_binary_stream_is_refused_by_default_and_sent_byte_for_byte_under_metadata() -> None:
+    """A streamed download on a watched path: refused (502) as its whole body is, unless opaque_media="metadata",
+    where it is judged on its head and sent as it came (it was read as UTF-8, judged as text and re-encoded: a 20 KB
+    PNG arrived as 39 KB)."""
+    payload = bytes(range(256)) * 80
+
+    async def body() -> AsyncIterator[bytes]:
+        for i in range(0, len(payload), 4096):
+            yield payload[i : i + 4096]
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(body(), media_type="application/octet-stream")
+
+    for opaque, status in (("reject", 502), ("metadata", 200)):
+        limits = BodyLimits(opaque_media=opaque)  # type: ignore[arg-type]
+        guard, app = rules_only(ESCAPES_POLICY, [Route("/out/x", stream)], limits=limits)
+        async with client_for(app) as client:
+            response = await client.get("/out/x")
+        assert response.status_code == status, opaque
+        if status == 200:
+            assert response.content == payload and "x-guard-response-decision-id" in response.headers
+        await guard.aclose()
+
+
+@pytest.mark.anyio
 async def test_an_event_longer_than_the_window_is_not_judged_again_for_every_chunk() -> None:
     """Held text that cannot be sent yet (no complete event) is judged again once it has doubled: an event of n
     bytes in 64-byte chunks costs a few judgements, not one of all that is held per chunk (quadratic CPU)."""

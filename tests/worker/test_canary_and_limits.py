@@ -4,6 +4,7 @@ truncation reported on the wire, content types, image pixel limits and API keys,
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import struct
@@ -341,7 +342,17 @@ def test_worker_serve_never_replaces_a_file_or_a_live_socket_at_its_uds_path(
         server.bind(str(live))
         server.listen(1)
         assert main(["worker", "serve", "--model", str(golden_checkpoint), "--uds", str(live)]) == 2
-    assert "another server is listening" in capsys.readouterr().err
+        assert "another server is listening" in capsys.readouterr().err
+        # a busy server (its accept backlog full) refuses no connection: it is not taken for gone either
+        waiting = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(8)]
+        for client in waiting:
+            client.setblocking(False)
+            with contextlib.suppress(OSError):
+                client.connect(str(live))
+        assert main(["worker", "serve", "--model", str(golden_checkpoint), "--uds", str(live)]) == 2
+        assert "listening" in capsys.readouterr().err
+        for client in waiting:
+            client.close()
 
 
 def test_a_model_that_starts_answering_nan_makes_the_worker_unready() -> None:
