@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from guard.backends.options import add_backend_options, check_device_options, open_cli_backend
+from guard.cli._args import fraction, positive_int, positive_seconds
 from guard.cli._output import file_problem
 
 __all__ = ["open_eval_backend", "register"]
@@ -40,15 +41,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--router", action="append", default=[], metavar="DIR", help="extra compact checkpoints")
     parser.add_argument("--by", choices=("source", "fold"), default="",
                         help="also report each question per record 'source' or 'fold' (the held-out view)")
-    parser.add_argument("--tpr", type=float, default=0.95, help="true-positive rate for the FPR column")
+    parser.add_argument("--tpr", type=fraction, default=0.95, help="true-positive rate for the FPR column")
     parser.add_argument("--oos-label", default="oos", help="out-of-scope option id of choice questions")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per request")
+    parser.add_argument("--timeout", type=positive_seconds, default=None, help="seconds per request")
     parser.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout, the default)")
     parser.add_argument("--text-field", default="text")
     parser.add_argument("--label-field", default="label")
     parser.add_argument("--question-id", default="route", help="choice question id for text/label lines")
     parser.add_argument("--instructions", help="wording of that question (default: its id)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(handler=run)
 

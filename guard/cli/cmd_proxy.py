@@ -47,6 +47,7 @@ from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, BodyLimits
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
+from guard.cli._args import seconds
 from guard.cli._otel import install_metrics_from_env, install_tracing_from_env
 from guard.engine.health import DEFAULT_CANARY_INTERVAL_S
 from guard.engine.telemetry import LOG_INPUT_MODES, LOGGED_HEADERS
@@ -152,7 +153,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--read-timeout", type=float, default=60.0, metavar="S", help="upstream silence, seconds")
     parser.add_argument(
         "--reload-interval",
-        type=float,
+        type=seconds,
         default=DEFAULT_RELOAD_INTERVAL_S,
         metavar="S",
         help="seconds between checks of the policy files for changes; 0 turns reloading off "
@@ -160,7 +161,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--canary-interval",
-        type=float,
+        type=seconds,
         default=DEFAULT_CANARY_INTERVAL_S,
         metavar="S",
         help=f"seconds between canary runs of the backend (default {DEFAULT_CANARY_INTERVAL_S:g}; 0: start-up only)",

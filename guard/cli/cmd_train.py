@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from guard.cli._args import fraction, positive_int
 from guard.cli._output import directory_problem
 
 __all__ = ["register"]
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("train", help="labelled JSONL: System One records, or {text, label} lines for a router")
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--val", help="validation JSONL (early stopping, calibration); default: --val-fraction of train")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="held out from train when --val is absent")
+    parser.add_argument("--val-fraction", type=fraction, default=0.1, help="held out from train when --val is absent")
     parser.add_argument("--kind", choices=("catalog", "router"), default=None,
                         help="catalog: any questions (default for System One records); router: one choice question "
                         "over fixed labels (default for text/label lines)")
@@ -94,7 +95,7 @@ def register(subparsers: Any) -> None:
                             "records again with guard eval --backend compact:DIR/<fold> --by fold)")
     hyper.add_argument("--window", type=int, default=160, help="catalog: encoder window in word pieces")
     hyper.add_argument("--overlap", type=int, default=48, help="catalog: word pieces shared by neighbouring windows")
-    hyper.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    hyper.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", default=None, help="encoder embedding cache (default $XDG_CACHE_HOME/guard/compact, else ~/.cache/guard/compact)")
     parser.add_argument("--no-cache", action="store_true", help="keep embeddings in memory only")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -111,3 +111,19 @@ def test_output_paths_are_checked_before_the_work_starts(tmp_path: Path, capsys:
     assert "not UTF-8" in capsys.readouterr().err
     assert main(["quickstart", "--limit", "-1"]) == 2
     assert "--limit must be a positive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval", "d.jsonl", "--tpr", "2"], ["eval", "d.jsonl", "--tpr", "nan"], ["eval", "d.jsonl", "--threads", "0"],
+    ["eval", "d.jsonl", "--timeout", "-1"], ["train", "d.jsonl", "--out", "o", "--val-fraction", "2"],
+    ["proxy", "--policy", "p.yaml", "--upstream", "http://x:1", "--canary-interval", "nan"],
+    ["proxy", "--policy", "p.yaml", "--upstream", "http://x:1", "--reload-interval", "-1"],
+])  # fmt: skip
+def test_numbers_out_of_their_range_are_usage_errors_naming_the_flag(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were accepted: --canary-interval nan and --reload-interval -1 turned the feature off, --tpr 2 and
+    --threads 0 failed late or not at all."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and f"argument {argv[-2]}" in capsys.readouterr().err
