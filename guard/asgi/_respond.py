@@ -213,10 +213,11 @@ class ResponseJudge:
                                          field="content-type"))
         elif not textual:  # opaque_media="metadata": judged on its head, as a whole body is, then sent byte for byte
             verdict = await self._judge(head)
-            self.mode = "done" if verdict.action == "block" else "pass"
             if verdict.action == "block":
+                self.mode = "done"
                 await self._block(verdict)
             else:
+                self.mode = "pass"
                 await self._send_start(verdict)
         elif (unreadable := _stream_charset_problem(headers.get("content-type", ""))) is not None:
             self.mode = "done"  # the stream is read as UTF-8: text in another charset would pass unread
@@ -278,11 +279,8 @@ class ResponseJudge:
         if b"\x00" in chunk or (not self.held_bytes and not self.tail and chunk.startswith(_UTF16_BOMS)):
             # text in UTF-16 or UTF-32 (json.loads reads them by their zero bytes or byte-order mark): read as UTF-8
             # it would pass unjudged, as a whole body in them is refused
-            self.mode = "done"
-            await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "the streamed response is not UTF-8 text (it "
-                                         "holds NUL bytes or a UTF-16 byte-order mark); it cannot be judged"))
-            if self.started:
-                raise StreamStopped("a streamed response that is not UTF-8 cannot be judged")
+            await self._give_up("the streamed response is not UTF-8 text (it holds NUL bytes or a UTF-16 byte-order "
+                                "mark); it cannot be judged", "a streamed response that is not UTF-8 cannot be judged")
             return
         if chunk:
             self.held += self.decoder.decode(chunk)
@@ -341,11 +339,8 @@ class ResponseJudge:
             # an event of n bytes costs O(n) to judge, not one judgement of all of it per chunk
             self.judge_at = min(2 * self.held_bytes, self.limits.max_response_bytes + 1)
             if self.held_bytes > self.limits.max_response_bytes:
-                self.mode = "done"
-                await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "a streamed event is longer than the "
-                                             "response inspection limit"))
-                if self.started:
-                    raise StreamStopped("a streamed event is too large to judge")
+                await self._give_up("a streamed event is longer than the response inspection limit",
+                                    "a streamed event is too large to judge")
             return
         piece = [r for r in spans if r.end > context and r.start < end]
         out = text[context:end]
@@ -362,6 +357,14 @@ class ResponseJudge:
         self.held_bytes = len(self.held.encode("utf-8"))
         if final:
             self.mode = "done"
+
+    async def _give_up(self, reason: str, cut: str) -> None:
+        """End a stream that cannot be judged: a 502 ``response_uninspectable`` (``reason``) when nothing was sent
+        yet, else the connection is cut (:class:`StreamStopped` with ``cut``)."""
+        self.mode = "done"
+        await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, reason))
+        if self.started:
+            raise StreamStopped(cut)
 
     def _boundary(self, text: str, context: int) -> int:
         """Where the text that may be sent now ends: SSE after the last complete event; else all but the overlap

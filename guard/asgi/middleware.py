@@ -430,22 +430,21 @@ class GuardMiddleware:
                 received and decoded bodies name different methods.
         """
         content_type = headers.get("content-type", "")
-        methods: set[str] = set()
         decoded = None
         if encoding := headers.get("content-encoding"):
             with contextlib.suppress(BodyError):  # not really encoded: the application reads the bytes as they are
                 decoded = decode_content(body, parse_encodings(encoding, self.limits.max_encodings),
                                          self.limits.max_decoded_bytes)
-        if decoded is not None:
-            methods.add(body_method(decoded, content_type, self.limits) or "")
+        if decoded is None:
+            found = [body_method(body, content_type, self.limits)]
+        else:
+            found = [body_method(decoded, content_type, self.limits)]
             try:
-                methods.add(body_method(body, content_type, self.limits) or "")
+                found.append(body_method(body, content_type, self.limits))
             except BodyError as exc:  # compressed bytes guard's parser cannot split: nor can an application's
                 if exc.code == "method_override":
                     raise
-        else:
-            methods.add(body_method(body, content_type, self.limits) or "")
-        methods.discard("")
+        methods = {method for method in found if method is not None}
         asked = asked.upper()
         if not methods or methods == {asked}:
             return None
