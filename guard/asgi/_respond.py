@@ -213,7 +213,7 @@ class ResponseJudge:
                                          field="content-type"))
         elif not textual:  # opaque_media="metadata": judged on its head, as a whole body is, then sent byte for byte
             verdict = await self._judge(head)
-            if verdict.action == "block":
+            if _stops(verdict):
                 self.mode = "done"
                 await self._block(verdict)
             else:
@@ -254,7 +254,7 @@ class ResponseJudge:
                                          field=exc.field))
             return
         verdict = await self._judge(dataclasses.replace(self.head, body=value, body_text=text))
-        if verdict.action == "block":
+        if _stops(verdict):
             await self._block(verdict)
             return
         start_headers = list(self.start.get("headers", []))
@@ -324,7 +324,7 @@ class ResponseJudge:
         context, text = len(self.tail), self.tail + self.held
         judged = "\n".join([text, *body_strings(json_readings(text, piece=True))])  # decoded as a client reads it
         verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=judged))
-        if verdict.action == "block":
+        if _stops(verdict):
             self.mode = "done"
             await self._stop(verdict)
             return
@@ -404,7 +404,7 @@ class ResponseJudge:
         return verdict
 
     async def _block(self, verdict: Verdict) -> None:
-        status = verdict.status or (503 if verdict.fail_mode == "closed" else 403)
+        status = (verdict.status if verdict.action == "block" else None) or (503 if verdict.fail_mode else 403)
         await send_json(self.send, status, _block_payload(verdict), verdict_headers(verdict))
 
     async def _refuse(self, exc: BodyError) -> None:
@@ -418,6 +418,12 @@ class ResponseJudge:
             await send_json(self.send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field,
                                                     "policy": self.policy.id, "rule": exc.code,
                                                     "decision_id": verdict.decision_id}, verdict_headers(verdict))
+
+
+def _stops(verdict: Verdict) -> bool:
+    """Whether the response may not go: every action but allow and redact stops it (a response policy cannot escalate
+    or hand off, the loader refuses both; a verdict that says so anyway is not a reason to send the body on)."""
+    return verdict.action not in ("allow", "redact")
 
 
 def _block_payload(verdict: Verdict) -> dict[str, Any]:

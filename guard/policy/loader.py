@@ -263,6 +263,9 @@ def _check_actions(spec: PolicySpec, problem: Any) -> None:
         if response and outcome.action in ("escalate", "handoff"):
             problem(where, f"a response policy (match.http.response) can allow, block or redact, not "
                     f"{outcome.action}: the request was already answered by the upstream")
+    if response and spec.on_error is not None and spec.on_error.mode == "escalate":
+        problem(("on_error", "mode"), "a response policy (match.http.response) fails closed or open, not escalate: "
+                "the request was already answered by the upstream, there is nothing left to hold for review")
     if response and spec.match.agent is not None:
         problem(("match", "agent"), "a response policy (match.http.response) judges HTTP responses only; put the "
                 "agent match in a policy of its own")

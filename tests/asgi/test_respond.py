@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi import GuardMiddleware
-from guard.asgi._respond import SSE_BLOCK_EVENT
+from guard.asgi._respond import SSE_BLOCK_EVENT, _stops
 from guard.asgi.limits import BodyLimits
 from guard.asgi.proxy import ProxyConfig, proxy_app
 from guard.engine import Guard
@@ -29,6 +29,7 @@ from guard.engine.telemetry import DecisionLog
 from guard.errors import PolicyError
 from guard.policy import load_text
 from guard.systemone import SystemOneRequestV1
+from guard.verdict import Verdict
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import client_for, echo_routes
 from tests.asgi._servers import serve_in_thread
@@ -359,6 +360,7 @@ def test_a_redact_span_cut_by_a_flush_is_masked_whole(slow: tuple[str, list[Any]
     [
         ("rules: [{id: r, when: 'true', action: escalate}]", "can allow, block or redact, not escalate"),
         ("rules: [{id: r, when: 'true', action: redact}]", "a redact outcome needs"),
+        ("on_error: {mode: escalate}", "fails closed or open, not escalate"),
         ("state: {s: status}", None),
     ],
 )
@@ -378,6 +380,12 @@ policies:
         return
     with pytest.raises(PolicyError, match=reason):
         load_text(text)
+
+
+@pytest.mark.parametrize(("action", "stops"), [("allow", False), ("redact", False), ("block", True),
+                                              ("escalate", True), ("handoff", True)])
+def test_a_response_goes_on_only_when_allowed_or_redacted(action: str, stops: bool) -> None:
+    assert _stops(Verdict(action=action, decision_id="d", phase="response")) is stops  # type: ignore[arg-type]
 
 
 def test_the_proxy_judges_responses_the_same_way(tmp_path: Path) -> None:
