@@ -417,11 +417,14 @@ class ToolCallEnforcer:
                 result = None
         return judgement, result if judgement.outcome == "allow" else None
 
-    def run(self, request: ToolCallRequest, handler: SyncHandler) -> Result:
-        """Judge the call, then run, block, route or escalate it (blocking). ``ToolNode``'s ``wrap_tool_call``."""
+    def run(self, request: ToolCallRequest, handler: SyncHandler, *, reviewed: bool = False) -> Result:
+        """Judge the call, then run, block, route or escalate it (blocking). ``ToolNode``'s ``wrap_tool_call``.
+        ``reviewed``: a reviewer outside guard released this call (it is claimed once before it runs)."""
         prepared = self.prepare(request)
         if isinstance(prepared, ToolMessage):
             return prepared
+        if reviewed:
+            prepared = replace(prepared, reviewed=True)
         early: Result | None = None
         if self._speculative(prepared):
             judgement, early = self._judge_speculating(prepared, handler)
@@ -510,11 +513,13 @@ class ToolCallEnforcer:
             await task
         return judgement, None
 
-    async def arun(self, request: ToolCallRequest, handler: AsyncHandler) -> Result:
+    async def arun(self, request: ToolCallRequest, handler: AsyncHandler, *, reviewed: bool = False) -> Result:
         """Async twin of :meth:`run`. ``ToolNode``'s ``awrap_tool_call``."""
         prepared = self.prepare(request)
         if isinstance(prepared, ToolMessage):
             return prepared
+        if reviewed:
+            prepared = replace(prepared, reviewed=True)
         early: Result | None = None
         if self._speculative(prepared):
             judgement, early = await self._ajudge_speculating(prepared, handler)

@@ -299,6 +299,13 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             return msgs.rejected(call.get("name") or "", call.get("id") or "", None, reason, "")
         return redirected
 
+    @staticmethod
+    def _hitl_released(request: ToolCallRequest) -> bool:
+        """Whether a ``HumanInTheLoopMiddleware`` reviewer's edit released this call: judged on the spot, it is claimed
+        once before it runs like a call guard's own review released, so replaying the checkpoint cannot run it
+        twice (with HITL listed first its edit is already in the message, so no turn record of guard's covers it)."""
+        return hitl_edit(request.state, request.tool_call.get("id")) is not None
+
     def _recorded(self, request: ToolCallRequest) -> Prepared | ToolMessage | None:
         """The prepared call its turn record lets run, an error message, or ``None`` to judge it on the spot."""
         call = request.tool_call
@@ -366,7 +373,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
 
         prepared = self._recorded(effective)
         if prepared is None:
-            return self._enforcer.run(effective, inner)
+            return self._enforcer.run(effective, inner, reviewed=self._hitl_released(request))
         if isinstance(prepared, ToolMessage):
             return prepared
         return self._enforcer.run_allowed(prepared, inner)
@@ -391,7 +398,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
 
         prepared = self._recorded(effective)
         if prepared is None:
-            return await self._enforcer.arun(effective, inner)
+            return await self._enforcer.arun(effective, inner, reviewed=self._hitl_released(request))
         if isinstance(prepared, ToolMessage):
             return prepared
         return await self._enforcer.arun_allowed(prepared, inner)

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from guard.agents import GuardAgentMiddleware, guarded_tool_node, resume_command, send_tool_calls
 from guard.agents._records import HITL_EDITS_KEY
-from guard.errors import ResumeError
+from guard.errors import ApprovalAlreadyUsed, ResumeError
 from tests.agents._drive import ASYNC_MODES, SYNC_MODES, adrive, drive
 from tests.agents._fakes import Turn, model
 
@@ -347,6 +347,22 @@ def test_hitl_reviewer_edit_allowed_runs_once_as_edited(harness: Any, thread: An
     agent, config = guard_agent(h, pays((900, "ann", "a")), hitl=hitl, guard_first=guard_first), thread()
     drive(agent, USER, config, "invoke")
     _answer(agent, config, _hitl_edit("bob", 1), "invoke")
+    assert h.runs.calls == [("pay", {"amount": 1, "to": "bob"})]
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+@pytest.mark.parametrize("guard_first", [True, False], ids=["guard-then-hitl", "hitl-then-guard"])
+def test_a_replayed_hitl_edit_does_not_run_twice(harness: Any, thread: Any, guard_first: bool, mode: str) -> None:
+    """Resuming the checkpoint saved at HITL's interrupt again (time travel) with the same edit: the edited call was
+    claimed when it ran, in either middleware order, so the replay is refused and the tool runs once."""
+    h = harness()
+    hitl = HumanInTheLoopMiddleware({"pay": True})
+    agent, config = guard_agent(h, pays((900, "ann", "a")), hitl=hitl, guard_first=guard_first), thread()
+    drive(agent, USER, config, mode)
+    _answer(agent, config, _hitl_edit("bob", 1), mode)
+    interrupted = next(s for s in agent.get_state_history(config) if s.interrupts)
+    with pytest.raises(ApprovalAlreadyUsed):
+        drive(agent, Command(resume={"decisions": [_hitl_edit("bob", 1)]}), interrupted.config, mode)
     assert h.runs.calls == [("pay", {"amount": 1, "to": "bob"})]
 
 
