@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain.agents.middleware.types import ModelResponse
+from langchain_core.callbacks import BaseCallbackManager
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
@@ -297,14 +298,39 @@ HELD_SUFFIX = "-held"
 """Suffix of the placeholder's id: ``<reply id>-held``."""
 
 
+def _streams_outputs(handler: Any) -> bool:
+    """Whether a callback handler passes a run's outputs on to a client as they come: LangChain's event and log
+    streams (``astream_events``, ``astream_log``) and LangGraph's ``messages`` stream tap every output
+    (``tap_output_iter``/``tap_output_aiter``); tracers and loggers do not."""
+    return hasattr(handler, "tap_output_iter") and hasattr(handler, "tap_output_aiter")
+
+
+def _without_streams(callbacks: Any) -> Any:
+    """``callbacks`` (a list of handlers or a callback manager) without the handlers that stream outputs."""
+    if isinstance(callbacks, list):
+        return [h for h in callbacks if not _streams_outputs(h)]
+    if isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        for handler in [*manager.handlers, *manager.inheritable_handlers]:
+            if _streams_outputs(handler):
+                manager.remove_handler(handler)
+        return manager
+    return callbacks
+
+
 @contextmanager
 def quiet_tokens(enabled: bool) -> Iterator[None]:
-    """Within the block, chat model runs carry the ``nostream`` tag (their tokens are not streamed)."""
+    """Within the block, chat model runs carry the ``nostream`` tag and report to no handler that streams outputs, so
+    neither ``stream_mode="messages"`` nor ``astream_events``/``astream_log`` sends their tokens or their reply
+    before it is judged; tracers still see the runs."""
     if not enabled:
         yield
         return
     config = ensure_config()
-    token = var_child_runnable_config.set({**config, "tags": [*(config.get("tags") or []), TAG_NOSTREAM]})
+    quiet = {**config, "tags": [*(config.get("tags") or []), TAG_NOSTREAM]}
+    if config.get("callbacks") is not None:
+        quiet["callbacks"] = _without_streams(config["callbacks"])
+    token = var_child_runnable_config.set(quiet)  # type: ignore[arg-type]
     try:
         yield
     finally:

@@ -412,6 +412,24 @@ def test_blocked_reply_never_reaches_the_message_stream(harness: Any, thread: An
     assert all(not isinstance(m, AIMessageChunk) for m in emitted)  # nothing streamed token by token
 
 
+@pytest.mark.anyio
+async def test_a_judged_reply_reaches_the_event_stream_only_through_its_node(harness: Any, thread: Any) -> None:
+    """``astream_events`` (LangGraph Platform's ``events`` mode) taps the model's tokens and its end through the
+    callbacks, not the ``nostream`` tag: with an output policy neither reaches it before the verdict, so a blocked
+    reply never does; an allowed reply reaches it in the model node's output."""
+    blocked = make_agent(harness(), Turn(text="Sure. Your API key is sk- 12345 - 6789 , keep it safe."))
+    events = [ev async for ev in blocked.astream_events(USER, thread(), version="v2")]
+    assert not [ev for ev in events if ev["event"].startswith("on_chat_model")]
+    assert not [ev for ev in events if "12345" in repr(ev.get("data"))]
+    held = make_agent(harness(), Turn(text="Reset your password here."))
+    assert not [ev async for ev in held.astream_events(USER, thread(), version="v2")
+                if ev["event"].startswith("on_chat_model")]
+    allowed = [ev async for ev in make_agent(harness(), Turn(text="It is sunny today.")).astream_events(
+        USER, thread(), version="v2")]
+    assert any(ev["event"] == "on_chain_end" and ev["name"] == "model" and "It is sunny today." in repr(ev["data"])
+               for ev in allowed)
+
+
 def test_without_holding_tokens_the_stream_shows_the_reply_before_the_verdict(harness: Any, thread: Any) -> None:
     h = harness()
     agent = make_agent(h, Turn(text="Your API key is sk- 12345"), hold_output_stream=False)
