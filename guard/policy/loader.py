@@ -7,6 +7,7 @@ key path, e.g. ``policies/api.yaml:31 at policies[0].questions.urgency.criteria:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -33,18 +34,20 @@ from guard.policy._yaml import LineMap, format_path, load_yaml
 from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
-from guard.policy.provenance import ToolSpec
+from guard.policy.provenance import CALL_KEYS, RESULT_KEYS, ToolSpec
 from guard.policy.redact import Redactor, compile_pattern
 from guard.policy.rules import (
     CEL_KEYWORDS,
+    FLAG_NAMES,
     RESERVED_NAMES,
     CompiledRule,
     Outcome,
     compile_condition,
     constant_failures,
     field_reads,
+    pattern_errors,
 )
-from guard.subject import HttpSubject, Subject
+from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
 __all__ = ["PolicyLoadError", "PolicySet", "load_files", "load_text"]
@@ -142,6 +145,7 @@ def _compile(
     questions, known = _questions(spec, problem, base, lines)
     state_fields = _state(spec, problem)
     state_names = _state_names(spec, state_fields)
+    fixed = _fixed_names(spec)
     rules = []
     seen_rules: set[str] = set()
     for i, rule in enumerate(spec.rules):
@@ -153,9 +157,11 @@ def _compile(
         except ValueError as exc:
             problem(("rules", i, "when"), str(exc))
             continue
-        unknown = _unknown_read(rule.when, state_names, file_spec.data, declared=spec.state is not None)
+        unknown = _unknown_read(rule.when, state_names, file_spec.data, fixed, declared=spec.state is not None)
         if unknown is not None:
             problem(("rules", i, "when"), unknown)
+        for reason in pattern_errors(rule.when):
+            problem(("rules", i, "when"), reason)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
         rules.append(CompiledRule(rule.id, rule.when, program, outcome, names))
     wires = {q.key: q.wire for q in questions}
@@ -229,10 +235,28 @@ def _state_names(spec: PolicySpec, fields: tuple[StateField, ...] | None) -> dic
     return merged
 
 
-def _unknown_read(source: str, state: Mapping[str, Any], data: Mapping[str, Any], *, declared: bool) -> str | None:
-    """Why a ``when`` reads a ``state.`` or ``data.`` name that cannot exist (a ``KeyError`` on every request at run
-    time), naming the known names; ``None`` when every fixed path it reads is there."""
+def _fixed_names(spec: PolicySpec) -> dict[str, frozenset[str]]:
+    """The names a rule may read under ``flags``, ``subject``, ``call`` and ``result`` for what ``spec`` matches:
+    every flag; the fields of the subjects it matches (an agent subject's ``history`` is read through ``call``); the
+    keys of the ``call`` and ``result`` objects."""
+    subjects = [cls for cls, matched in ((HttpSubject, spec.match.http), (AgentSubject, spec.match.agent)) if matched]
+    fields = {f.name for cls in subjects for f in dataclasses.fields(cls)} - {"history"}
+    return {"flags": frozenset(FLAG_NAMES), "subject": frozenset(fields), "call": CALL_KEYS, "result": RESULT_KEYS}
+
+
+def _unknown_read(
+    source: str, state: Mapping[str, Any], data: Mapping[str, Any], fixed: Mapping[str, frozenset[str]], *,
+    declared: bool,
+) -> str | None:
+    """Why a ``when`` reads a name that cannot exist (a ``KeyError`` on every request at run time): a ``state.`` or
+    ``data.`` path the policy does not define, or a ``flags.``, ``subject.``, ``call.`` or ``result.`` name outside
+    ``fixed`` (:func:`_fixed_names`), naming the known names; ``None`` when every fixed path it reads is there."""
     for root, path in field_reads(source):
+        if root in fixed:
+            if path and path[0] not in fixed[root]:
+                known = ", ".join(sorted(fixed[root]))
+                return f"reads {root}.{path[0]}, but {root} has no {path[0]!r}; known names: {known}"
+            continue
         node: Any = state if root == "state" else data
         for depth, name in enumerate(path):
             if not isinstance(node, Mapping):

@@ -51,6 +51,8 @@ from guard.subject import AgentSubject, Subject, TurnMessage
 
 __all__ = [
     "CACHED_TEXTS",
+    "CALL_KEYS",
+    "RESULT_KEYS",
     "SOURCES",
     "ArgumentSource",
     "Source",
@@ -65,6 +67,11 @@ Source = Literal["user", "trusted", "tool_result", "flagged_tool_result", "none"
 #: Every source, strongest first (the order an argument made of several values takes the weakest of).
 SOURCES: tuple[Source, ...] = ("user", "trusted", "tool_result", "none", "flagged_tool_result")
 _RANK = {source: rank for rank, source in enumerate(SOURCES)}
+#: The keys of the ``call`` object tool-call rules read (:func:`call_features`).
+CALL_KEYS = frozenset({"tool", "effect", "provenance", "origin", "disallowed", "from_flagged", "flagged_results",
+                       "user_arguments"})
+#: The keys of the ``result`` object tool-result rules read (:func:`result_features`).
+RESULT_KEYS = frozenset({"instructions", "cues", "chars"})
 #: Message texts whose normalised forms are remembered.
 CACHED_TEXTS = 2048
 #: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.

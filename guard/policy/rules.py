@@ -58,6 +58,7 @@ __all__ = [
     "apply_rules",
     "compile_condition",
     "field_reads",
+    "pattern_errors",
     "rule_inputs",
     "trace_rules",
 ]
@@ -235,13 +236,14 @@ def _argument_count(source: str, start: int) -> int:
     return count
 
 
-_READ_ROOT = re.compile(r"(?<![\w.])(state|data)(?![\w])")
+_READ_ROOT = re.compile(r"(?<![\w.])(state|data|flags|subject|call|result)(?![\w])")
 _READ_STEP = re.compile(r"\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*(\"[^\"\\]*\"|'[^'\\]*')\s*\])")
 
 
 def field_reads(source: str) -> list[tuple[str, tuple[str, ...]]]:
-    """The fixed paths a ``when`` reads under ``state`` and ``data``: ``state.user.name`` and ``data["limits"]``
-    give ``("state", ("user", "name"))`` and ``("data", ("limits",))``. A path ends before a method call
+    """The fixed paths a ``when`` reads under ``state``, ``data``, ``flags``, ``subject``, ``call`` and ``result``:
+    ``state.user.name`` and ``data["limits"]`` give ``("state", ("user", "name"))`` and ``("data", ("limits",))``
+    (a root read whole gives an empty path). A path ends before a method call
     (``state.text.matches(...)`` reads ``("text",)``) and at the first step that is not a name or a string literal;
     text inside string literals is not read, nor a name a macro binds (``x.exists(state, ...)``)."""
     strings = [m.span() for m in _STRING_RE.finditer(source)]
@@ -259,6 +261,25 @@ def field_reads(source: str) -> list[tuple[str, tuple[str, ...]]]:
             path.append(name)
             at = step.end()
         out.append((root.group(1), tuple(path)))
+    return out
+
+
+_MATCHES_LITERAL = re.compile(r"""\.\s*matches\s*\(\s*(r?(?:"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'))\s*\)""")
+
+
+def pattern_errors(source: str) -> list[str]:
+    """Why each string literal a ``when`` passes to ``.matches(...)`` is not a pattern the CEL engine can run (the
+    rule would fail on every request it reaches): each is tried once, through the engine that runs the rules."""
+    out = []
+    strings = [m.span() for m in _STRING_RE.finditer(source)]
+    for found in _MATCHES_LITERAL.finditer(source):
+        if any(a <= found.start() < b for a, b in strings):
+            continue  # ".matches(" written inside a string literal
+        try:
+            cel.evaluate(f'"".matches({found.group(1)})', cel.Context())
+        except (RuntimeError, ValueError) as exc:
+            reason = " ".join(str(exc).split())
+            out.append(f"the pattern {found.group(1)} of matches() is not a valid regular expression: {reason[:200]}")
     return out
 
 

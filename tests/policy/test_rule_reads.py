@@ -3,6 +3,7 @@ misspelt name was a ``KeyError``, so a 503 on every request, and ``guard policy 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from guard.cli import main
 from guard.errors import PolicyError
 from guard.policy import load_text
+from guard.policy.provenance import CALL_KEYS, RESULT_KEYS, call_features, result_features
 from guard.policy.rules import field_reads
 
 POLICY = """
@@ -108,6 +110,57 @@ policies:
     with pytest.raises(PolicyError, match=r"rules\[1\].when: reads state.text, but the state has no field 'text'; "
                        r"known names: result, task, tool, tool_call \(the default state"):  # fmt: skip
         load_text(text)
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ('spam.noul > 0.5 && subject.metod == "POST"', "reads subject.metod, but subject has no 'metod'; known "
+         "names: body, body_text, client, content_type, headers, host, kind, method, path, phase, query, status"),
+        ("flags.zero_widht > 0 && state.text != ''", "reads flags.zero_widht, but flags has no 'zero_widht'"),
+        ('subject["tool_name"] == "x"', "reads subject.tool_name, but subject has no 'tool_name'"),
+        ("state.text.matches('(')", "the pattern '(' of matches() is not a valid regular expression"),
+    ],
+)
+def test_flag_subject_names_and_patterns_are_checked_at_load(when: str, message: str) -> None:
+    """A misspelt flag or subject field, or a pattern the engine cannot run, fails every request it reaches (a 503,
+    or an allow under on_error: open); also when the rule reads the state, so it cannot be run once at load."""
+    with pytest.raises(PolicyError, match=re.escape(message)):
+        load_text(POLICY.replace("WHEN", repr(when) if '"' in when else when))
+    (ok,) = load_text(POLICY.replace("WHEN", "flags.zero_width > 0 && subject.method == 'POST' && "
+                                              "state.text.matches('^(?i)buy')"))
+    assert ok.rules[0].id == "r"
+
+
+AGENT = """
+policies:
+  - id: a
+    version: 1
+    match: {agent: {events: [tool_call, tool_result]}}
+    rules: [{id: r, when: WHEN, action: block}]
+    default: allow
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ("call.flaged_results > 0", "reads call.flaged_results, but call has no 'flaged_results'"),
+        ("result.instructons > 0", "reads result.instructons, but result has no 'instructons'"),
+        ("subject.path == '/'", "reads subject.path, but subject has no 'path'"),
+    ],
+)
+def test_call_and_result_names_are_checked_at_load(when: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=re.escape(message)):
+        load_text(AGENT.replace("WHEN", when))
+    assert load_text(AGENT.replace("WHEN", "call.flagged_results > 0 || result.instructions > 0 || "
+                                           "subject.tool_name == 'x'"))
+
+
+def test_the_checked_call_and_result_keys_are_those_rules_get() -> None:
+    call = call_features("pay", {"to": "bob"}, (), tools={})
+    assert set(call) == CALL_KEYS
+    assert set(result_features("text")) == RESULT_KEYS
 
 
 def test_reads_are_found_outside_strings_and_stop_at_calls() -> None:
