@@ -113,7 +113,7 @@ def _print_problem(problem: PolicyError) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     from guard.devtools.testing import expand_policy_paths
-    from guard.policy import load_text
+    from guard.policy import check_unique, load_text
 
     try:
         files = expand_policy_paths(args.files)
@@ -137,6 +137,11 @@ def run_check(args: argparse.Namespace) -> int:
         ids = ", ".join(f"{p.id}@{p.version}" for p in policies)
         print(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
         loaded.extend(policies)
+    try:
+        check_unique(loaded)  # the files checked together are loaded together: an id defined twice is refused
+    except PolicyError as exc:
+        _print_problem(exc)
+        failed = True
     _print_overlaps(loaded)
     return EXIT_FAILED if failed else 0
 

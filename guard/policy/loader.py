@@ -50,7 +50,7 @@ from guard.policy.rules import (
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
-__all__ = ["PolicyLoadError", "PolicySet", "load_files", "load_text"]
+__all__ = ["PolicyLoadError", "PolicySet", "check_unique", "load_files", "load_text"]
 
 logger = logging.getLogger("guard.policy")
 
@@ -89,6 +89,7 @@ def load_text(text: str | bytes, file: str = "<string>") -> list[Policy]:
     policies = [_compile(i, policy, spec, lines, problems) for i, policy in enumerate(spec.policies)]
     if problems:
         raise PolicyLoadError(problems)
+    check_unique(policies)
     for policy in policies:
         if policy.on_error is not None and policy.on_error.mode == "open":
             logger.warning("policy %s@%s (%s) FAILS OPEN: backend errors will allow", policy.id, policy.version, file)
@@ -500,7 +501,7 @@ class PolicySet:
         self.reload_failures = 0
         self.last_error: PolicyError | None = None
         self._lock = threading.Lock()
-        _check_unique(self._policies)
+        check_unique(self._policies)
 
     @property
     def policies(self) -> tuple[Policy, ...]:
@@ -542,7 +543,7 @@ class PolicySet:
             PolicyError: when two policies share an id or the validator (e.g. ``Guard``'s backend check) rejects one.
         """
         new = tuple(policies)
-        _check_unique(new)
+        check_unique(new)
         if self.validator is not None:
             self.validator(new)
         with self._lock:
@@ -571,7 +572,12 @@ def _response_policies(policies: Sequence[Policy]) -> tuple[Policy, ...]:
     return tuple(p for p in policies if p.http is not None and p.http.response is not None)
 
 
-def _check_unique(policies: Sequence[Policy]) -> None:
+def check_unique(policies: Sequence[Policy]) -> None:
+    """Refuse two policies with one id (the verdict, the decision log and reviews name a policy by its id).
+
+    Raises:
+        PolicyError: naming the second definition's file and line, and where the first is.
+    """
     seen: dict[str, Policy] = {}
     for policy in policies:
         if policy.id in seen:

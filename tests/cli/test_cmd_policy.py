@@ -39,6 +39,24 @@ def test_check_reports_file_line_and_key(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["policy", "check", str(tmp_path / "missing.yaml")]) == 1
 
 
+def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runtime refuses two policies with one id; check and test said ok (within a file and across files)."""
+    one = "  - {id: d, version: V, match: {http: {methods: [POST]}}, rules: [{id: r, when: 'true', action: block}]}\n"
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("policies:\n" + one.replace("V", "1") + one.replace("V", "2"))
+    assert main(["policy", "check", str(twice)]) == 1
+    assert f"{twice}:3: id: policy id 'd' is already defined in {twice}:2; ids must be unique" in capsys.readouterr().err
+    assert main(["policy", "test", str(twice)]) == 1
+    capsys.readouterr()
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("policies:\n" + one.replace("V", "1"))
+    b.write_text("policies:\n" + one.replace("V", "3"))
+    assert main(["policy", "check", str(a)]) == 0 and main(["policy", "check", str(b)]) == 0
+    capsys.readouterr()
+    assert main(["policy", "check", str(a), str(b)]) == 1
+    assert f"{b}:2: id: policy id 'd' is already defined in {a}:2" in capsys.readouterr().err
+
+
 def test_a_control_character_is_reported_with_its_line_and_proxy_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
