@@ -221,6 +221,7 @@ def _print_report(report: dict[str, Any]) -> None:
     if report["error"]:
         print(f"FAILED     {report['error']}")
         print(f"           fail mode {v['fail_mode']} decided: {v['action']} (status {v.get('status')})")
+    if report["error"] and not report["rules"]:
         print("answers    none: the decision failed before the backend answered")
         print("rules      not evaluated: there are no answers to run them on")
     else:

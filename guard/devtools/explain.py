@@ -12,6 +12,7 @@ the rules are not traced: without answers there is nothing to run them on.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -80,7 +81,7 @@ async def explain(
         backend = FixtureBackend(wire_answers(matched, answers or {}))
     verdict = await _verdict(policies, backend, subject)
     own = dict(zip((p.id for p in matched), verdict.contributions or (verdict,), strict=True))
-    reports = [_policy_report(policy, own[policy.id], subject, backend) for policy in matched]
+    reports = [await _policy_report(policy, own[policy.id], subject, backend) for policy in matched]
     decisive = next(r for r in reports if r["policy"]["id"] == verdict.policy_id)
     policy = next(p for p in matched if p.id == verdict.policy_id)
     fail_modes = {}
@@ -104,19 +105,25 @@ async def explain(
     }
 
 
-def _policy_report(policy: Policy, verdict: Verdict, subject: Any, backend: DecisionBackend) -> dict[str, Any]:
+async def _policy_report(
+    policy: Policy, verdict: Verdict, subject: Any, backend: DecisionBackend
+) -> dict[str, Any]:
     """One matching policy's part: its states (the model's, and the rules' as received), questions, answers,
-    features, traced rules and own verdict."""
+    features, traced rules and own verdict. When a rule failed (``rule_error``), the backend had answered: its
+    answers are asked for again so the report shows them and every rule's value or error."""
     raw = policy.render_state(subject)
     normalized = policy.prepare_state(raw, subject)
     request = policy.build_request(normalized.value)
     named = dict(verdict.answers)  # keyed by question key
+    if verdict.error is not None and verdict.error.startswith("rule_error") and policy.questions:
+        response = await asyncio.wait_for(backend.decide(request), policy.timeout)
+        named = {q.key: response.answers[q.wire.id] for q in policy.questions}
     features = rule_features(
         subject, rule_inputs(policy.rules) & FEATURE_NAMES, tools=policy.tools, trusted=policy.trusted,
         detector=policy.detector,
     )  # fmt: skip
     traced: list[tuple[str, bool | str]] = []
-    if verdict.error is None:  # a failed decision has no answers to run the rules on
+    if verdict.error is None or verdict.error.startswith("rule_error"):  # else: no answers to run the rules on
         traced = trace_rules(
             policy.id, policy.rules, named, subject=subject, state=raw, flags=normalized.flags,
             data=policy.data, features=features,

@@ -182,6 +182,37 @@ def test_explain_shows_a_failed_decision_and_runs_no_rules(
     assert (report["verdict"]["fail_mode"], report["verdict"]["action"]) == (mode, action)
 
 
+def test_explain_shows_the_answers_and_every_rule_when_a_rule_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rule error happens after the backend answered: the report shows those answers and each rule's value or
+    error (it said "answers none" and ran no rule, just when the user needs them)."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {methods: [POST]}}
+    state: {text: body_text, meta: {from: body, pointer: /meta}}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules:
+      - {id: injection, when: 'injection.noul >= 0.8 && state.meta.tier == "free"', action: block}
+      - {id: other, when: 'injection.noul >= 0.5', action: escalate}
+""")
+    subject = _subject(tmp_path, {"http": {"method": "POST", "path": "/x", "body": {"prompt": "hi", "meta": {}}}})
+    answers = tmp_path / "a.json"
+    answers.write_text('{"injection": 0.99}')
+    args = ["policy", "explain", str(policy), "--input", subject, "--answers", str(answers)]
+    assert main(args) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "FAILED     rule_error: rule 'injection' of policy 'p' failed: KeyError: 'tier'" in lines
+    assert '  injection            {"type": "noul", "noul": 0.99}' in lines
+    assert "  injection            KeyError: 'tier'" in lines and "  other                True" in lines
+    assert main([*args, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["rules"] == [["injection", "KeyError: 'tier'"], ["other", True]]
+
+
 def test_explain_with_a_local_checkpoint_warms_up_then_answers(
     golden_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
