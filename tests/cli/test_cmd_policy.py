@@ -358,6 +358,27 @@ def test_test_reports_junit_json_coverage_and_filters_with_run(capsys: pytest.Ca
     assert main(["policy", "test", str(POLICIES), "--run", "("]) == 2
 
 
+def test_coverage_counts_a_rule_that_fired_in_a_policy_that_did_not_decide(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("""
+policies:
+  - {id: high, version: 1, priority: 10, match: {http: {methods: [POST]}},
+     rules: [{id: z, when: 'subject.path == "/b"', action: block, status: 429}]}
+  - {id: low, version: 1, match: {http: {methods: [POST]}},
+     rules: [{id: a, when: 'subject.path == "/b"', action: block}, {id: never, when: 'false', action: block}]}
+""")
+    (tmp_path / "p_test.yaml").write_text("""
+cases:
+  - {name: both block, input: {http: {method: POST, path: /b}}, expect: {policy: high, action: block, status: 429}}
+""")
+    assert main(["policy", "test", str(policy)]) == 0
+    out = capsys.readouterr().out
+    assert f"not covered {policy}: low/never" in out
+    assert "low/a" not in out and "high/z" not in out
+
+
 def test_test_fails_in_junit_too_and_a_policy_without_tests_is_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
