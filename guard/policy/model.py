@@ -274,7 +274,7 @@ class RedactSpec(_Strict):
     patterns: dict[str, str] = Field(
         default_factory=dict,
         json_schema_extra={"default": {}},
-        description="Label -> regular expression (Python syntax) searched in every string of the body, e.g. "
+        description="Label -> regular expression (RE2 syntax: no look-around or backreferences) searched in every string of the body, e.g. "
         "card: '\\b(?:\\d[ -]?){13,16}\\b'; the label is recorded, never the text.",
     )
     detector: bool = Field(
@@ -472,7 +472,7 @@ class PolicyFileSpec(_Strict):
     policies: list[PolicySpec] = Field(
         min_length=1,
         description="One or more policies; every policy whose match accepts a subject decides it, and the most "
-        "severe verdict wins (block > escalate > handoff > allow).",
+        "severe verdict wins (block > escalate > handoff > redact > allow).",
     )
     handoff_targets: dict[str, HandoffTargetSpec] = Field(
         default_factory=dict,
