@@ -21,9 +21,8 @@ stops it with one line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -33,7 +32,6 @@ from guard import Guard, ReviewStore
 from guard.asgi import GuardMiddleware
 from guard.asgi.admin import AdminApp, admin_app
 from guard.asgi.review_api import Reviewer, is_loopback, parse_reviewer_tokens
-from guard.backends import start_backend
 
 
 class Message(BaseModel):
@@ -57,17 +55,9 @@ class SearchRequest(BaseModel):
 
 def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None = None) -> FastAPI:
     """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware` (holding escalated requests in
-    ``review_store``, default in memory) and its lifespan starts the guard's backends (a ``LocalBackend`` warms up
-    before the first request). Reviewers use :func:`create_admin`, on another port."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if guard is not None:
-            for backend in guard.backends.values():
-                await start_backend(backend)
-        yield
-
-    app = FastAPI(title="guard example API", lifespan=lifespan)
+    ``review_store``, default in memory), which starts the guard's backends at the app's startup (a ``LocalBackend``
+    warms up before the first request). Reviewers use :func:`create_admin`, on another port."""
+    app = FastAPI(title="guard example API")
 
     @app.post("/v1/messages")
     async def messages(body: Message) -> dict[str, Any]:

@@ -48,7 +48,7 @@ import operator
 from collections.abc import Callable
 from typing import Any, Literal
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
@@ -73,6 +73,7 @@ from guard.asgi._target import canonical_scope
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
 from guard.asgi.review_store import MemoryReviewStore, ReviewStore
+from guard.backends import start_backend
 from guard.engine import Guard, verdicts
 from guard.engine.ids import new_decision_id
 from guard.errors import BodyError
@@ -216,7 +217,10 @@ class GuardMiddleware:
         self._reviews = ClientReviewEndpoints(self)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan, websocket
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._starting(receive), send)
+            return
+        if scope["type"] != "http":  # websocket
             await self.app(scope, receive, send)
             return
         try:
@@ -277,6 +281,21 @@ class GuardMiddleware:
         app_send = functools.partial(send_with_headers, judge or send, headers) if headers else judge or send
         response = (app or self.app)(without_unreadable_sends(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
+
+    def _starting(self, receive: Receive) -> Receive:
+        """``receive`` for the lifespan scope: at ``lifespan.startup`` the guard's backends start first (the compact
+        model warms up, a local Clef backend runs its self-test), so the first request does not pay for it inside its
+        deadline; a backend that fails its self-test fails the application's startup (the server exits) instead of
+        serving decisions it cannot make."""
+
+        async def starting() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                for backend in {id(b): b for b in self.guard.backends.values()}.values():
+                    await start_backend(backend)
+            return message
+
+        return starting
 
     def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
         """The subject and every policy that judges it (empty when none does)."""

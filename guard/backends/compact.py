@@ -89,6 +89,7 @@ class CompactBackend:
         )
         self._lock = threading.Lock()
         self._closed = False
+        self._warm = False
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -277,8 +278,9 @@ class CompactBackend:
 
     async def start(self) -> None:
         """Warm up on the compute thread: every loaded model reads :data:`WARM_UP_TEXT` once, so the first decision
-        does not pay for setting up kernels and thread pools (hundreds of ms; ``guard proxy`` and the quickstart call
-        this through :func:`~guard.backends.start_backend` before serving).
+        does not pay for setting up kernels and thread pools (hundreds of ms; ``guard proxy``, the quickstart and
+        ``GuardMiddleware`` at the application's startup call this through :func:`~guard.backends.start_backend`
+        before serving). Once warm, a second call returns at once.
 
         Raises:
             RuntimeError: after :meth:`aclose`.
@@ -289,12 +291,15 @@ class CompactBackend:
 
     def _warm_up(self) -> None:
         with self._lock:
+            if self._warm:
+                return
             for model in self.models:
                 if model.kind == "catalog":  # the whole answer path: the language check loads its model on first use
                     questions = tuple(q.to_question() for q in model.questions.values())
                     model.answer(SystemOneRequestV1(model=_BACKEND_NAME, state=WARM_UP_TEXT, questions=questions))
                 else:
                     model.encode_states([WARM_UP_TEXT])
+            self._warm = True
 
     async def aclose(self) -> None:
         """Mark the backend closed (idempotent); the process-wide default is reloaded on the next ``default()``."""

@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket
 
 from guard.asgi import GuardMiddleware
 from guard.backends.compact import CompactBackend
+from guard.backends.local import LocalBackend
 from guard.engine import Guard
 from guard.engine.cache import CacheConfig
 from guard.engine.telemetry import DecisionLog
@@ -203,6 +204,21 @@ async def test_the_shipped_abuse_policy_judges_a_writes_query_string() -> None:
     assert benign.status_code == 200 and benign.json()["path"] == "/v1/chat"
     assert backend.requests[0].state["text"] == f"{ATTACK}\nhello"
     await guard.aclose()
+
+
+def test_the_backends_start_with_the_application(clef_fp32: Any) -> None:
+    """At the application's lifespan startup the guard's backends warm up and self-test, so the first request does
+    not pay for it inside its deadline (a 503 from the fail mode); a backend that fails its self-test fails the
+    startup instead of serving."""
+    batches: list[Any] = []
+    backend = LocalBackend(clef_fp32, on_batch=batches.append)
+    with TestClient(guarded_app(Guard.from_files(POLICY, backends=backend))) as client:
+        assert len(batches) == 1 + 2 * len(backend.canaries)  # before any request
+        assert client.post("/v1/chat", json={"prompt": BENIGN}).status_code in (200, 202, 403)
+    broken = LocalBackend(clef_fp32, max_length=300)  # the self-test's schema does not fit
+    with pytest.raises(BackendUnavailable, match="failed its startup self-test"), \
+            TestClient(guarded_app(Guard.from_files(POLICY, backends=broken))):
+        pass
 
 
 async def test_the_shipped_abuse_policy_judges_path_parameters_and_file_names() -> None:

@@ -115,8 +115,8 @@ policies:
 @pytest.mark.parametrize(
     ("when", "message"),
     [
-        ('spam.noul > 0.5 && subject.metod == "POST"', "reads subject.metod, but subject has no 'metod'; known "
-         "names: body, body_text, client, content_type, headers, host, kind, method, path, phase, query, status"),
+        ('spam.noul > 0.5 && subject.metod == "POST"', ("reads subject.metod, but subject has no 'metod'; known "
+         "names: body, body_text, client, content_type, headers, host, kind, method, path, phase, query, status")),
         ("flags.zero_widht > 0 && state.text != ''", "reads flags.zero_widht, but flags has no 'zero_widht'"),
         ('subject["tool_name"] == "x"', "reads subject.tool_name, but subject has no 'tool_name'"),
         ("state.text.matches('(')", "the pattern '(' of matches() is not a valid regular expression"),
