@@ -44,7 +44,8 @@ class HttpMetrics:
         )
         self.target_rejections = Counter(
             "guard_http_target_rejections",
-            "Requests refused before matching because their target is not a canonical origin-form path.",
+            "Requests refused before matching: a target that is not a canonical origin-form path, a method override, a "
+            "body on a method no policy judges, a repeated tenant header.",
             ["code"],
             registry=self.registry,
         )
