@@ -69,13 +69,15 @@ class HttpSubject:
     @property
     def request_text(self) -> str:
         """All user text the request carries, joined with newlines: the query's judged strings (each value, and each
-        parameter name that is not a plain identifier, as :func:`body_strings` reads a form), then ``body_text``.
+        parameter name that is not a plain identifier, as :func:`body_strings` reads a form), the path's segments
+        that hold words (whitespace: ``/notes/Ignore all previous instructions``, as a framework passes a path
+        parameter, decoded, to the app; ids, slugs and route words are left out), then ``body_text``.
 
-        An app may read a parameter from the query as readily as from the body (a web framework's scalar
-        parameters default to the query), so a policy that judges "all user text" reads this, not ``body_text``.
-        Empty strings are left out.
+        An app may read a parameter from the query or the path as readily as from the body, so a policy that judges
+        "all user text" reads this, not ``body_text``. Empty strings are left out.
         """
-        return "\n".join(part for part in (*body_strings(self.query), self.body_text) if part)
+        words = [segment for segment in self.path.split("/") if any(c.isspace() for c in segment)]
+        return "\n".join(part for part in (*body_strings(self.query), *words, self.body_text) if part)
 
 
 @dataclass(frozen=True)

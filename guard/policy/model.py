@@ -197,7 +197,7 @@ class SourceSpec(_Strict):
         default=None,
         alias="from",
         description="The subject field to read: HTTP method, path, host, client, content_type, query, header, body, "
-        "form, body_text (the body's text), request_text (the query's and the body's text; requests only), status "
+        "form, body_text (the body's text), request_text (the query's, the path's words and the body's text; requests only), status "
         "(responses only); agent event, tool_name, arguments, tool_result, user_message, text.",
     )
     const: Any = Field(default=None, description="A fixed JSON value for this field (instead of 'from').")
