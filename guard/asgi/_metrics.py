@@ -55,7 +55,7 @@ class HttpMetrics:
         self.handoffs = Counter("guard_http_handoffs", "LLM handoffs by outcome.", ["outcome"], registry=self.registry)
         self.upstream_errors = Counter(
             "guard_proxy_upstream_errors",
-            "Proxy upstream failures by kind: timeout, unavailable, broken_stream.",
+            "Proxy upstream failures by kind: timeout, unavailable, broken_stream, busy.",
             ["kind"],
             registry=self.registry,
         )

@@ -18,7 +18,8 @@ sent bytes while no request was out are dropped. A request without a body that f
 any response byte (the upstream closed it meanwhile) is sent once more on a new connection.
 
 Errors: :class:`UpstreamTimeout` (no connection, or no bytes within the read timeout), :class:`UpstreamUnavailable`
-(refused, reset, malformed response head), :class:`UpstreamBroken` (the response broke after its head).
+(refused, reset, malformed response head), :class:`UpstreamBroken` (the response broke after its head),
+:class:`UpstreamBusy` (every connection of the pool stayed in use for the connect timeout).
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ class UpstreamUnavailable(UpstreamError):
 
 class UpstreamBroken(UpstreamError):
     kind = "broken_stream"
+
+
+class UpstreamBusy(UpstreamError):
+    """Every connection of the pool stayed in use (slow clients, a slow upstream) for the connect timeout."""
+
+    kind = "busy"
 
 
 class _Stale(Exception):
@@ -338,7 +345,8 @@ class UpstreamPool:
             body: the body pieces, or ``None`` for none.
 
         Raises:
-            UpstreamTimeout, UpstreamUnavailable: see the module doc (errors of ``body`` itself propagate).
+            UpstreamTimeout, UpstreamUnavailable, UpstreamBusy: see the module doc (errors of ``body`` itself
+                propagate).
         """
         lines = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
         sized = False
@@ -348,7 +356,12 @@ class UpstreamPool:
         chunked = body is not None and not sized
         lines.append(b"transfer-encoding: chunked\r\n\r\n" if chunked else b"\r\n")
         head = b"".join(lines)
-        await self._slots.acquire()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise UpstreamBusy(f"all {self.max_connections} upstream connections stayed in use for "
+                               f"{self.connect_timeout:g} s") from None
         try:
             conn = self._take()
             try:

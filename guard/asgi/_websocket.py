@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 from starlette.types import Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, WebSocketException
 
 from guard.asgi._subject import head_subject, header_map
 from guard.engine import Guard
@@ -37,6 +38,9 @@ _HANDSHAKE = frozenset({b"host", b"connection", b"upgrade", b"sec-websocket-key"
                         b"sec-websocket-extensions", b"sec-websocket-protocol", b"content-length"})
 _POLICY_VIOLATION = 1008
 _UPSTREAM_UNAVAILABLE = 1014  # "bad gateway"
+#: Close codes no endpoint may send (RFC 6455 7.4.1: 1005, 1006 and 1015 only report what happened), and the code
+#: the relay sends the client in their place: 1000 for "no status", 1014 ("bad gateway") for an abnormal end.
+_UNSENDABLE = {1005: 1000, 1006: 1014, 1015: 1014}
 
 
 class WebSocketRelay:
@@ -45,12 +49,16 @@ class WebSocketRelay:
     Args:
         guard: the engine whose policies say which paths are judged.
         base: the upstream base URL (``http(s)://host[:port][/prefix]``).
+        upgrade_headers: the upgrade request's headers to send on, as the proxy sends an HTTP request's
+            (:meth:`~guard.asgi.proxy.ReverseProxy.upgrade_headers`); the handshake's own are left out here.
         open_timeout: seconds for the upstream handshake.
         client_header: the header naming the client, as the middleware reads it.
     """
 
-    def __init__(self, guard: Guard, base: httpx.URL, *, open_timeout: float, client_header: str | None) -> None:
+    def __init__(self, guard: Guard, base: httpx.URL, upgrade_headers: Callable[[Scope], list[tuple[bytes, bytes]]],
+                 *, open_timeout: float, client_header: str | None) -> None:
         self.guard = guard
+        self.upgrade_headers = upgrade_headers
         self.open_timeout = open_timeout
         self.client_header = client_header
         scheme = "wss" if base.scheme == "https" else "ws"
@@ -65,8 +73,8 @@ class WebSocketRelay:
             return
         query = scope.get("query_string", b"").decode("latin-1")
         url = self._base + scope["raw_path"].decode("latin-1") + (f"?{query}" if query else "")
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k.lower() not in
-                   _HANDSHAKE]
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.upgrade_headers(scope)
+                   if k.lower() not in _HANDSHAKE]
         try:
             upstream = await connect(url, additional_headers=headers, subprotocols=scope.get("subprotocols") or None,
                                      open_timeout=self.open_timeout, max_size=None, compression=None)
@@ -110,7 +118,8 @@ class WebSocketRelay:
             while True:
                 message = await receive()
                 if message["type"] == "websocket.disconnect":
-                    await upstream.close(message.get("code", 1000))
+                    code = message.get("code", 1000)
+                    await upstream.close(_UNSENDABLE.get(code, code))
                     return
                 if message.get("text") is not None:
                     await upstream.send(message["text"])
@@ -125,8 +134,9 @@ class WebSocketRelay:
             except ConnectionClosed:
                 pass
             code = upstream.close_code or 1000
-            with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
-                await send({"type": "websocket.close", "code": code, "reason": upstream.close_reason or ""})
+            with contextlib.suppress(OSError, RuntimeError, WebSocketException):  # the client may be gone already
+                await send({"type": "websocket.close", "code": _UNSENDABLE.get(code, code),
+                            "reason": upstream.close_reason or ""})
 
         tasks = [asyncio.create_task(client_to_upstream()), asyncio.create_task(upstream_to_client())]
         try:

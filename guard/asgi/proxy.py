@@ -42,7 +42,7 @@ from guard._body import Deadline
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope, request_target
-from guard.asgi._upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
 from guard.asgi.middleware import GuardMiddleware
 from guard.engine import Guard
@@ -86,7 +86,8 @@ class ProxyConfig:
         upstream: base URL of the protected service (``http://127.0.0.1:9000`` or with a path prefix).
         connect_timeout: seconds to connect to the upstream (then 504).
         read_timeout: seconds of upstream silence allowed, before the response starts or between chunks.
-        max_connections: most upstream connections open at once (and kept alive when idle).
+        max_connections: most upstream connections open at once (and kept alive when idle); a request that finds
+            every one in use for ``connect_timeout`` gets 503 ``upstream_busy``.
         preserve_host: forward the client's ``Host`` (default: the upstream's host).
         body_idle_timeout: most seconds of client silence while a request body is forwarded (408 before the
             upstream answered; the upstream request is abandoned).
@@ -179,6 +180,13 @@ class ReverseProxy:
         self._pool = UpstreamPool(self.base.host, port, tls=tls, max_connections=config.max_connections,
                                   connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
 
+    def upgrade_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        """The headers of a WebSocket upgrade sent on to the upstream: those of an HTTP request (:meth:`_headers`:
+        the client's forwarding headers dropped unless trusted, ``X-Forwarded-*`` set), without ``Host``, which the
+        relay's own handshake sets; ``X-Forwarded-Proto`` is ``http`` or ``https`` for ``ws`` or ``wss``."""
+        scheme = {"ws": "http", "wss": "https"}.get(scope.get("scheme", "ws"), "http")
+        return [(k, v) for k, v in self._headers({**scope, "scheme": scheme})[0] if k != b"host"]
+
     async def aclose(self) -> None:
         """Close the idle upstream connections. Idempotent."""
         await self._pool.aclose()
@@ -195,8 +203,8 @@ class ReverseProxy:
         return self._base_path + target.raw_path + (b"?" + query if query else b"")
 
     def _headers(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """The headers sent upstream (hop-by-hop ones dropped; ``Host`` and ``X-Forwarded-*`` set) and whether the
-        request has a body; names lower-cased.
+        """The headers sent upstream (hop-by-hop ones and names with an underscore dropped; ``Host`` and
+        ``X-Forwarded-*`` set) and whether the request has a body; names lower-cased.
 
         With ``Transfer-Encoding`` the client's ``Content-Length`` is not sent either: the server read the body by
         its chunks (RFC 9112 section 6.3: the encoding overrides the length), so the upstream gets that body chunked.
@@ -208,6 +216,8 @@ class ReverseProxy:
         has_body = chunked = False
         for k, v in scope["headers"]:
             name = k.lower()
+            if b"_" in name:
+                continue  # WSGI, CGI and PHP read X_Real_IP as X-Real-IP, which guard judged absent (nginx drops them)
             if name in self._not_copied:
                 if name == b"host":
                     host = v
@@ -271,6 +281,11 @@ class ReverseProxy:
             await send_json(send, 408, {"code": "body_timeout", "message": "the request body stalled for "
                                         f"{self.config.body_idle_timeout:g} s", "field": "body"},
                             [(b"connection", b"close")])
+            return
+        except UpstreamBusy as exc:  # load, not a failing upstream: health is not touched
+            self.metrics.upstream_errors.labels(exc.kind).inc()
+            await send_json(send, 503, {"code": "upstream_busy", "message": f"the proxy is busy ({exc}); retry",
+                                        "field": None}, [(b"retry-after", b"1")])
             return
         except UpstreamError as exc:
             self.metrics.upstream_errors.labels(exc.kind).inc()
@@ -380,6 +395,6 @@ def proxy_app(
     metrics: HttpMetrics = middleware_options.pop("metrics", None) or HttpMetrics()
     proxy = ReverseProxy(config, metrics=metrics)
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
-    relay = WebSocketRelay(guard, proxy.base, open_timeout=config.connect_timeout,
+    relay = WebSocketRelay(guard, proxy.base, proxy.upgrade_headers, open_timeout=config.connect_timeout,
                            client_header=middleware_options.get("client_header"))
     return ProxyApp(guarded, proxy, relay, guard, on_startup, on_shutdown)

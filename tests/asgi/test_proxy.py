@@ -451,6 +451,42 @@ def test_a_client_cannot_tell_the_upstream_which_host_or_scheme_it_reached() -> 
     assert not any(k in (b"x-forwarded-host", b"forwarded", b"x-real-ip") for k, _ in bare)
 
 
+def test_header_names_with_an_underscore_are_not_sent_upstream() -> None:
+    """WSGI, CGI and PHP read ``X_Real_IP`` as ``X-Real-IP`` (and ``X_Debug`` as the ``X-Debug`` a policy judged
+    absent): such names are dropped, as nginx drops them by default."""
+    scope = {"type": "http", "scheme": "http", "client": ("10.0.0.9", 5000), "headers": [
+        (b"host", b"api.example"), (b"X_Real_IP", b"6.6.6.6"), (b"x_forwarded_host", b"evil.example"),
+        (b"X_Debug", b"1"), (b"x-debug-id", b"kept"),
+    ]}  # fmt: skip
+    headers, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers(scope)
+    assert [k for k, _ in headers] == [b"x-debug-id", b"host", b"x-forwarded-for", b"x-forwarded-proto",
+                                      b"x-forwarded-host"]
+
+
+async def test_a_request_that_finds_every_upstream_connection_busy_gets_a_503(make_guard: GuardFactory) -> None:
+    """A slow client or upstream holds a connection; one that waits longer than the connect timeout for a free one
+    is answered 503 ``upstream_busy`` (it waited for good), and the upstream's health is not marked failing."""
+    release = threading.Event()
+
+    async def slow(request: Request) -> Response:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 10)
+        return Response("slow")
+
+    upstream_app = Starlette(routes=[Route("/slow", slow), Route("/fast", lambda r: Response("fast"))])
+    with serve_in_thread(upstream_app) as url:
+        app = proxy_app(make_guard(), ProxyConfig(url, max_connections=1, connect_timeout=0.5))
+        with serve_in_thread(app, proxy_headers=False) as proxy:
+            async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+                held = asyncio.ensure_future(client.get("/slow"))
+                await asyncio.sleep(0.3)
+                busy = await client.get("/fast")
+                release.set()
+                assert (await held).text == "slow"
+                after = await client.get("/fast")
+    assert busy.status_code == 503 and busy.json()["code"] == "upstream_busy" and busy.headers["retry-after"] == "1"
+    assert after.status_code == 200 and app.proxy.health.calls_failed == 0
+
+
 def test_upstream_headers_drop_every_hop_by_hop_header_and_what_connection_names() -> None:
     proxy = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))
     scope = {"type": "http", "scheme": "https", "client": ("10.0.0.9", 5000), "headers": [

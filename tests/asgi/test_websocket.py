@@ -31,6 +31,12 @@ async def echo(websocket: WebSocket) -> None:
         if message.get("text") == "bye":
             await websocket.close(4001, "bye to you")
             return
+        if message.get("text") == "headers":
+            await websocket.send_text(json.dumps(sorted([k, v] for k, v in websocket.headers.items())))
+            continue
+        if message.get("text") == "drop":  # the connection ends with no close frame (code 1006 on the relay's side)
+            transport = websocket.scope.get("transport")
+            raise RuntimeError("drop") if transport is None else transport.abort()
         if message.get("text") is not None:
             await websocket.send_text(f"echo {message['text']} {websocket.url.path} {websocket.headers.get('x-user')}")
         else:
@@ -58,6 +64,36 @@ async def test_unmatched_paths_are_relayed_both_ways(make_guard: Callable[..., G
             with pytest.raises(ConnectionClosed) as closed:
                 await ws.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
+
+
+async def test_the_upgrade_carries_the_proxys_forwarding_headers_not_the_clients(
+    make_guard: Callable[..., Guard], upstream: str
+) -> None:
+    """As for HTTP requests: the client's X-Forwarded-*, Forwarded, X-Real-IP, hop-by-hop headers and header names
+    with an underscore (WSGI reads X_Real_IP as X-Real-IP) do not reach the upstream; the proxy sets its own."""
+    spoofed = {"X-Forwarded-For": "6.6.6.6", "X-Real-IP": "6.6.6.6", "X-Forwarded-Host": "evil.example",
+               "X-Forwarded-Proto": "https", "Forwarded": "for=6.6.6.6", "Proxy-Authorization": "Basic Zm9v",
+               "TE": "trailers", "X_Real_IP": "6.6.6.6", "x-user": "ann"}
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(upstream)), proxy_headers=False) as proxy:  # as served
+        async with connect(f"{proxy.replace('http://', 'ws://')}/live/feed", additional_headers=spoofed) as ws:
+            await ws.send("headers")
+            got = dict(json.loads(await ws.recv()))
+    assert got["x-forwarded-for"] == "6.6.6.6, 127.0.0.1" and got["x-forwarded-proto"] == "http"
+    assert got["x-user"] == "ann" and got["x-forwarded-host"].startswith("127.0.0.1:")
+    for name in ("x-real-ip", "forwarded", "proxy-authorization", "te", "x_real_ip"):
+        assert name not in got
+
+
+async def test_an_upstream_that_drops_the_connection_closes_the_client_with_1014(
+    make_guard: Callable[..., Guard], upstream: str
+) -> None:
+    """1006 (no close frame) may not be sent in a close frame: the relay crashed and the client got no close."""
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(upstream))) as proxy:
+        async with connect(f"{proxy.replace('http://', 'ws://')}/live/feed") as ws:
+            await ws.send("drop")
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1014
 
 
 async def test_matched_paths_are_refused_with_a_reason(make_guard: Callable[..., Guard], upstream: str) -> None:
