@@ -218,7 +218,7 @@ class GuardMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self.app(scope, self._starting(receive), send)
+            await self._lifespan(scope, receive, send)
             return
         if scope["type"] != "http":  # websocket
             await self.app(scope, receive, send)
@@ -282,20 +282,27 @@ class GuardMiddleware:
         response = (app or self.app)(without_unreadable_sends(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 
-    def _starting(self, receive: Receive) -> Receive:
-        """``receive`` for the lifespan scope: at ``lifespan.startup`` the guard's backends start first (the compact
-        model warms up, a local Clef backend runs its self-test), so the first request does not pay for it inside its
-        deadline; a backend that fails its self-test fails the application's startup (the server exits) instead of
-        serving decisions it cannot make."""
-
-        async def starting() -> Message:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The lifespan scope: at ``lifespan.startup`` the guard's backends start first (the compact model warms up, a
+        local Clef backend runs its self-test), so the first request does not pay for it inside its deadline; one
+        that fails answers ``lifespan.startup.failed`` (the server exits) instead of serving decisions it cannot make.
+        Then the application's lifespan runs as usual."""
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
                 for backend in {id(b): b for b in self.guard.backends.values()}.values():
                     await start_backend(backend)
-            return message
+            except Exception as exc:
+                logger.error("guard: a decision backend failed to start: %s", exc)
+                await send({"type": "lifespan.startup.failed", "message": f"guard: a decision backend failed to "
+                            f"start: {exc}"})
+                return
+        first = [message]
 
-        return starting
+        async def replay() -> Message:
+            return first.pop() if first else await receive()
+
+        await self.app(scope, replay, send)
 
     def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
         """The subject and every policy that judges it (empty when none does)."""

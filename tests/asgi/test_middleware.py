@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -21,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket
+from uvicorn.config import STARTUP_FAILURE
 
 from guard.asgi import GuardMiddleware
 from guard.backends.compact import CompactBackend
@@ -215,10 +217,13 @@ def test_the_backends_start_with_the_application(clef_fp32: Any) -> None:
     with TestClient(guarded_app(Guard.from_files(POLICY, backends=backend))) as client:
         assert len(batches) == 1 + 2 * len(backend.canaries)  # before any request
         assert client.post("/v1/chat", json={"prompt": BENIGN}).status_code in (200, 202, 403)
-    broken = LocalBackend(clef_fp32, max_length=300)  # the self-test's schema does not fit
-    with pytest.raises(BackendUnavailable, match="failed its startup self-test"), \
-            TestClient(guarded_app(Guard.from_files(POLICY, backends=broken))):
-        pass
+    for lifespan in ("auto", "on"):  # uvicorn's default mode took an error raised from receive() for "unsupported"
+        broken = LocalBackend(clef_fp32, max_length=300)  # the self-test's schema does not fit
+        app = guarded_app(Guard.from_files(POLICY, backends=broken))
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan=lifespan, log_level="critical")
+        with pytest.raises(SystemExit) as exited:
+            asyncio.run(uvicorn.Server(config).serve())
+        assert exited.value.code == STARTUP_FAILURE
 
 
 async def test_the_shipped_abuse_policy_judges_path_parameters_and_file_names() -> None:
