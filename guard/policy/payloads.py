@@ -19,7 +19,7 @@ places where a statement could start are parsed; past the first :data:`MAX_SQL_S
 like a statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, ``SELECT ... FROM``) are, so a long document saying "update your password" a hundred times is read as prose, while a statement
 after many decoy keywords is still parsed; a candidate parsed already (repeated boilerplate: the same characters
 from the keyword on) is not parsed again; a text that would need more parses than that counts as SQL (checking each would
-cost too much).
+cost too much), and so does one whose candidates add up to more than :data:`MAX_SQL_PARSE_CHARS` characters.
 
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
+from sqlglot.errors import ParseError, SqlglotError
 from sqlglot.parser import Parser
 from sqlglot.tokens import Token, Tokenizer, TokenType
 
@@ -66,6 +66,12 @@ _COMPUTED = (exp.Case, exp.Func, exp.SessionParameter, exp.Parameter)
 MAX_SQL_STATEMENT = 2000
 #: Most SQL keywords parsed from in one text; a text with more counts as SQL (module docstring).
 MAX_SQL_STARTS = 64
+#: Most characters the parser may read in one text, all candidates together, up to where each failed; a text that
+#: needs more counts as SQL. Text built to parse slowly ("select (1),(1),..." on every line) costs sqlglot about 25 us
+#: per character read, so this bounds a text's parsing near a second where the keyword budget alone allowed 64 x 2,000
+#: characters (3-4 s); prose mostly fails within a few words of its keyword (a run of "drop it" is read to its end as
+#: an unparsed command, cheaply: 64 of those, 33,000 characters, are still prose).
+MAX_SQL_PARSE_CHARS = 40_000
 #: A keyword followed by what its statement needs next (parsed past the first MAX_SQL_STARTS keywords).
 _SQL_SHAPE_RE = re.compile(
     r"(?:drop|create|alter|truncate)\s+(?:\w+\s+){0,2}?(?:table|database|schema|view|index|user|procedure|function"
@@ -152,19 +158,24 @@ def _first_statement(candidate: str) -> list[Token] | None:
     return tokens[:end]
 
 
-def _parses_as_code(candidate: str) -> bool:
+def _parses_as_code(candidate: str) -> tuple[bool, int]:
+    """Whether ``candidate`` starts with a statement that is code, and how many of its characters the parser read
+    (up to where it failed: prose fails within a few words, text built to parse slowly gets far)."""
     if "/*" in candidate and "*/" not in candidate:
         candidate += "*/"  # a comment left open to cut off the rest of the host query
     tokens = _first_statement(candidate)
     if not tokens:
-        return False
+        return False, 0
     try:
         statements = _Parser().parse(tokens, candidate)
-    except SqlglotError:  # ParseError: words, not SQL
-        return False
+    except ParseError as exc:  # words, not SQL
+        where = exc.errors[0].get("col") if exc.errors else None
+        return False, where if isinstance(where, int) else len(candidate)
+    except SqlglotError:
+        return False, len(candidate)
     except RecursionError:  # a statement nested past the parser's depth ("select ((((..."): code, not prose
-        return True
-    return any(_statement_is_code(statement) for statement in statements)
+        return True, len(candidate)
+    return any(_statement_is_code(statement) for statement in statements), tokens[-1].end + 1
 
 
 def _lowered(text: str, function: str) -> str:
@@ -184,6 +195,7 @@ def sqli(text: str) -> bool:
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
     starts = parsed = 0
+    budget = MAX_SQL_PARSE_CHARS
     seen: set[int] = set()  # hashes of the candidates parsed already: repeated boilerplate is parsed once
     for line in _LINE_BREAK_RE.split(text):
         for match in _SQL_START_RE.finditer(line):
@@ -196,10 +208,12 @@ def sqli(text: str) -> bool:
             if starts > MAX_SQL_STARTS and not _SQL_SHAPE_RE.match(candidate):
                 continue
             parsed += 1
-            if parsed > MAX_SQL_STARTS:
+            if parsed > MAX_SQL_STARTS or budget < 0:
                 return True
-            if _parses_as_code(candidate):
+            code, read = _parses_as_code(candidate)
+            if code:
                 return True
+            budget -= read
     return False
 
 
@@ -230,6 +244,18 @@ def _tag_runs_code(tag: str) -> bool:
     return style is not None and _EXPRESSION_RE.search(tag, style.end()) is not None
 
 
+def _closed_lines(text: str) -> str:
+    """Each line of ``text`` that holds ``$(`` cut after its last ``)``, one per line (the others dropped): a
+    ``$(...)`` substitution ends at a ``)`` on its line, so this is all its pattern needs, and each ``$(`` scans at
+    most to the next ``)``: on a line of many ``$(cmd arg`` without one, every ``$(`` scanned to the line's end
+    (quadratic: 100 KB took 10 s)."""
+    kept = []
+    for line in _LINE_BREAK_RE.split(text):
+        if "$(" in line and (end := line.rfind(")")) > 0:
+            kept.append(line[: end + 1])
+    return "\n".join(kept)
+
+
 def code_exec(text: str) -> bool:
     """Whether ``text`` holds shell or interpreter code that runs a command (module docstring).
 
@@ -237,7 +263,9 @@ def code_exec(text: str) -> bool:
         TypeError: ``text`` is not a string.
     """
     lowered = _lowered(text, "code_exec")
-    return any(mark in lowered and pattern.search(text) is not None for mark, pattern in _CODE_EXEC)
+    substitutions = _closed_lines(text) if "$(" in lowered else ""
+    return any(mark in lowered and pattern.search(substitutions if mark == "$(" else text) is not None
+               for mark, pattern in _CODE_EXEC)
 
 
 #: The rule functions, by CEL name (registered in every rule context by :mod:`guard.policy.rules`).

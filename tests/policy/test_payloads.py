@@ -7,7 +7,7 @@ import pytest
 
 from guard.engine import Guard
 from guard.policy import load_text
-from guard.policy.payloads import MAX_SQL_STARTS, MAX_SQL_STATEMENT, code_exec, sqli, xss
+from guard.policy.payloads import MAX_SQL_PARSE_CHARS, MAX_SQL_STARTS, MAX_SQL_STATEMENT, code_exec, sqli, xss
 from guard.policy.rules import RuleError, apply_rules
 from guard.subject import HttpSubject
 from tests._backends import ScriptedBackend
@@ -46,6 +46,9 @@ SCRIPT = [
 ]
 CODE = [
     "$(touch /tmp/blns.fail)",
+    "$(python -c 'print(1)')",  # a ")" inside the substitution's argument
+    "note $(a b\nand then $(rm -rf /x) here",  # an unclosed "$(" on another line
+    "$(a b" * 200 + ")",  # many starts, one ")" at the end of the line
     "$(whoami)",
     "`ls -al /`",  # a backticked command at the start of a line
     "x=`id`",
@@ -67,6 +70,8 @@ CODE = [
     "eval(compile('import os', '', 'single'))",
 ]
 CODE_LOOKALIKES = [
+    "$(a b" * 2000,  # substitutions never closed on their line (each "$(" once scanned to the end: quadratic)
+    "$(a b\n)",
     "How do I use subprocess in Python to list files, and what does eval do?",
     "run the eval tomorrow and tell the system owner",
     "what does the system say about my order?",
@@ -144,6 +149,10 @@ def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -
     assert not sqli("Select the best option from the list. " * 300)
     columns = ", ".join(f"c{n}" for n in range(60))
     assert sqli(f"x' UNION SELECT {columns} FROM (; x' UNION SELECT {columns} FROM users--")
+    # text built to parse slowly: the parser reads at most MAX_SQL_PARSE_CHARS of it, then it counts as SQL
+    slow = "".join(f"select {n}," + ",".join(["(1)"] * 600) + "\n" for n in range(MAX_SQL_STARTS))
+    assert len(slow) > MAX_SQL_PARSE_CHARS and sqli(slow)
+    assert not sqli("select " + ",".join(["(1)"] * 600))  # one such line is read whole, and is not code
 
 
 def test_xss_reads_every_tag_in_one_scan() -> None:
