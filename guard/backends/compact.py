@@ -232,11 +232,12 @@ class CompactBackend:
         Args:
             request: the request.
             deadline: ``time.monotonic()`` value after which the answer is no longer wanted: a request whose turn
-                comes after it is dropped without computing (so callers that gave up cost nothing).
+                comes after it is dropped without computing, and one being computed stops at the next encoder call
+                (so callers that gave up cost little, and a long text cannot hold the model past its deadline).
 
         Raises:
             UnsupportedQuestion: a question no loaded model was trained for (nothing is answered then).
-            BackendTimeout: the deadline passed while the request waited for its turn.
+            BackendTimeout: the deadline passed while the request waited for its turn or was computed.
             RuntimeError: after :meth:`aclose`.
         """
         if self._closed:
@@ -249,13 +250,18 @@ class CompactBackend:
             for question in request.questions:
                 owner = next(i for i, m in enumerate(self.models) if question.id in m.questions)
                 groups.setdefault(owner, []).append(question)
-            if len(groups) == 1:
-                ((owner, _),) = groups.items()
-                return self.models[owner].answer(request, confidence_profile=self.confidence_profile)
-            parts = [
-                self.models[i].answer(request.override(questions=qs), confidence_profile=self.confidence_profile)
-                for i, qs in groups.items()
-            ]
+            try:
+                if len(groups) == 1:
+                    ((owner, _),) = groups.items()
+                    return self.models[owner].answer(request, confidence_profile=self.confidence_profile,
+                                                     deadline=deadline)
+                parts = [
+                    self.models[i].answer(request.override(questions=qs), confidence_profile=self.confidence_profile,
+                                          deadline=deadline)
+                    for i, qs in groups.items()
+                ]
+            except TimeoutError as exc:
+                raise BackendTimeout(str(exc), backend=self.name) from None
         return _merge(request, parts)
 
     async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:

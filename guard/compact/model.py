@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,6 +203,8 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
 
 #: A window joins a length bucket when it is at least this share of the bucket's longest window.
 BUCKET_SHARE = 0.75
+#: Most windows one encoder call runs (a bucket of more runs in several calls; the deadline is checked between them).
+ROWS_PER_CALL = 32
 
 
 def length_buckets(lengths: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
@@ -364,8 +367,8 @@ class CompactModel:
         return self.encoder.encode([render(state) for state in states])
 
     # ----------------------------------------------------------------------------------------------------- scoring
-    def window_logits(self, text: str, question_ids: Sequence[str], *, sentences: bool = False
-                      ) -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
+    def window_logits(self, text: str, question_ids: Sequence[str], *, sentences: bool = False,
+                      deadline: float | None = None) -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
         """Catalog: uncalibrated logits ``(segments, K)`` of every segment of ``text`` for each question, the
         ``(segments, width)`` bool mask of the positions read, the text's word pieces and the tokens cut from the
         middle of a text longer than the encoder's ``max_tokens``.
@@ -383,22 +386,31 @@ class CompactModel:
         pieces, tokens = segments(self.encoder, text, sentences=sentences)
         ids, mask, _, dropped = self.encoder.window_batch(pieces)
         with torch.inference_mode():
-            states = self.stack_states(ids, mask)
+            states = self.stack_states(ids, mask, deadline=deadline)
             n, count = ids.shape[0], len(question_ids)
             index = torch.tensor([self._order[qid] for qid in question_ids], dtype=torch.long).repeat_interleave(n)
             logits = self.head.score(states.repeat(count, 1, 1), mask.repeat(count, 1), index)  # all questions at once
         return list(logits.split(n)), mask, tokens, dropped
 
-    def stack_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def stack_states(self, ids: torch.Tensor, mask: torch.Tensor, *, deadline: float | None = None) -> torch.Tensor:
         """Last-layer states ``(N, width, 384)`` float32 of a padded window batch, zeros at padding.
 
         The windows run in buckets of similar length (:func:`length_buckets`), each cut to its longest window, so
         little compute goes to padding (a long text's short last window, pieces of different lengths); padding
         never reaches the real positions' states (attention masks it), so the answers are those of one padded batch.
+        A bucket runs in calls of at most :data:`ROWS_PER_CALL` windows, and before each call ``deadline`` (a
+        ``time.monotonic()`` value) is checked, so a long text nobody waits for any more stops within one call.
+
+        Raises:
+            TimeoutError: ``deadline`` passed before the last call.
         """
         with torch.inference_mode():
             out = torch.zeros(*ids.shape, self.encoder.hidden_size)
-            for rows, width in length_buckets(mask.sum(-1)):
+            calls = [(rows[i : i + ROWS_PER_CALL], width) for rows, width in length_buckets(mask.sum(-1))
+                     for i in range(0, len(rows), ROWS_PER_CALL)]
+            for rows, width in calls:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError("the deadline passed while the compact model was reading the state")
                 part_ids, part_mask = ids[rows, :width], mask[rows, :width]
                 if self.runtime:
                     out[rows, :width] = self.runtime(part_ids, part_mask)
@@ -426,9 +438,14 @@ class CompactModel:
         return torch.softmax(values / known.temperature, dim=-1).tolist()
 
     def answer(
-        self, request: SystemOneRequestV1, *, confidence_profile: ConfidenceProfile = "reference"
+        self, request: SystemOneRequestV1, *, confidence_profile: ConfidenceProfile = "reference",
+        deadline: float | None = None,
     ) -> CompactResponseV1:
-        """Answer every question of ``request`` (callers check support first, see the backend)."""
+        """Answer every question of ``request`` (callers check support first, see the backend).
+
+        Raises:
+            TimeoutError: ``deadline`` (``time.monotonic()``) passed while the state was read (:meth:`stack_states`).
+        """
         if self.kind == "router":
             return self._route(request, confidence_profile)
         texts: dict[str, list[QuestionV1]] = {}  # questions that read the same text share one encoder pass
@@ -439,7 +456,8 @@ class CompactModel:
         tokens = dropped = windows_run = read = 0
         for text, questions in texts.items():
             sentences = any(CATALOG[q.id].view == "text" for q in questions)
-            logits, mask, text_tokens, cut = self.window_logits(text, [q.id for q in questions], sentences=sentences)
+            logits, mask, text_tokens, cut = self.window_logits(text, [q.id for q in questions], sentences=sentences,
+                                                                deadline=deadline)
             tokens, dropped = max(tokens, text_tokens), max(dropped, cut)
             windows_run += mask.shape[0]
             read += int(mask.sum())

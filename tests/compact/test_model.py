@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from guard.compact import model as compact_model
 from guard.compact.catalog import CATALOG
 from guard.compact.finetune import FinetuneConfig, train_catalog
 from guard.compact.model import (
@@ -49,6 +51,23 @@ def test_saved_checkpoint_reloads_to_identical_answers(tiny_model: CompactModel,
     # the on-disk weights are bf16 and the in-memory ones were rounded to them before calibration
     for key, value in again.head.state_dict().items():
         torch.testing.assert_close(value.float(), tiny_model.head.state_dict()[key].float(), atol=0, rtol=0)
+
+
+def test_a_passed_deadline_stops_the_reading_and_calls_of_many_windows_agree_with_one(
+    tiny_model: CompactModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long text runs in calls of at most ROWS_PER_CALL windows, the deadline checked before each: an 8,000
+    character request nobody waits for any more stops there instead of holding the model (other requests got 503);
+    splitting a bucket into calls does not move the states."""
+    text = " ".join(f"Sentence number {n} of a long and ordinary document." for n in range(150))
+    with pytest.raises(TimeoutError, match="deadline passed while the compact model was reading"):
+        tiny_model.answer(_request(text), deadline=time.monotonic() - 1)
+    ids, mask, _, _ = tiny_model.encoder.window_batch(segments(tiny_model.encoder, text, sentences=True)[0])
+    assert ids.shape[0] > compact_model.ROWS_PER_CALL
+    split = tiny_model.stack_states(ids, mask)
+    monkeypatch.setattr(compact_model, "ROWS_PER_CALL", 10**6)
+    whole = tiny_model.stack_states(ids, mask)
+    torch.testing.assert_close(split, whole, atol=1e-4, rtol=1e-4)
 
 
 def test_response_is_valid_system_one_with_usage(tiny_model: CompactModel) -> None:
