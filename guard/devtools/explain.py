@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
@@ -25,20 +25,28 @@ from guard.backends.fixture import FixtureBackend
 from guard.devtools.testing import subject_from_json, wire_answers, with_timeout
 from guard.engine.cache import MemoryCache
 from guard.engine.keys import cache_key
+from guard.errors import GuardError
 from guard.policy.loader import PolicySet, load_text
 from guard.policy.policy import FailPolicy, Policy
 from guard.policy.provenance import rule_features
 from guard.policy.rules import FEATURE_NAMES, rule_inputs, trace_rules
 from guard.verdict import Verdict
 
+if TYPE_CHECKING:
+    from guard.engine import Guard
+
 __all__ = ["explain"]
 
 
-async def _verdict(policies: list[Policy], backend: DecisionBackend, subject: Any) -> Verdict:
+def _guard(policies: list[Policy], backend: DecisionBackend) -> Guard:
     from guard.engine import Guard
 
     names = {p.backend or "default" for p in policies} | {"default"}
-    guard = Guard(policies, backends=dict.fromkeys(names, backend), cache=MemoryCache())
+    return Guard(policies, backends=dict.fromkeys(names, backend), cache=MemoryCache())
+
+
+async def _verdict(policies: list[Policy], backend: DecisionBackend, subject: Any) -> Verdict:
+    guard = _guard(policies, backend)
     try:
         return await guard.aevaluate(subject)
     finally:
@@ -79,9 +87,13 @@ async def explain(
         await start_backend(backend)
     else:
         backend = FixtureBackend(wire_answers(matched, answers or {}))
-    verdict = await _verdict(policies, backend, subject)
-    own = dict(zip((p.id for p in matched), verdict.contributions or (verdict,), strict=True))
-    reports = [await _policy_report(policy, own[policy.id], subject, backend) for policy in matched]
+    guard = _guard(policies, backend)
+    try:  # the backend stays open until the reports are built: a rule error asks it again
+        verdict = await guard.aevaluate(subject)
+        own = dict(zip((p.id for p in matched), verdict.contributions or (verdict,), strict=True))
+        reports = [await _policy_report(policy, own[policy.id], subject, backend) for policy in matched]
+    finally:
+        await guard.aclose()
     decisive = next(r for r in reports if r["policy"]["id"] == verdict.policy_id)
     policy = next(p for p in matched if p.id == verdict.policy_id)
     fail_modes = {}
@@ -115,15 +127,19 @@ async def _policy_report(
     normalized = policy.prepare_state(raw, subject)
     request = policy.build_request(normalized.value)
     named = dict(verdict.answers)  # keyed by question key
-    if verdict.error is not None and verdict.error.startswith("rule_error") and policy.questions:
-        response = await asyncio.wait_for(backend.decide(request), policy.timeout)
-        named = {q.key: response.answers[q.wire.id] for q in policy.questions}
+    rule_error = verdict.error is not None and verdict.error.startswith("rule_error")
+    if rule_error and policy.questions:
+        try:
+            response = await asyncio.wait_for(backend.decide(request), policy.timeout)
+            named = {q.key: response.answers[q.wire.id] for q in policy.questions}
+        except (GuardError, TimeoutError):  # the second ask failed: the report shows no answers, as for a failure
+            rule_error = False
     features = rule_features(
         subject, rule_inputs(policy.rules) & FEATURE_NAMES, tools=policy.tools, trusted=policy.trusted,
         detector=policy.detector,
     )  # fmt: skip
     traced: list[tuple[str, bool | str]] = []
-    if verdict.error is None or verdict.error.startswith("rule_error"):  # else: no answers to run the rules on
+    if verdict.error is None or rule_error:  # else: no answers to run the rules on
         traced = trace_rules(
             policy.id, policy.rules, named, subject=subject, state=raw, flags=normalized.flags,
             data=policy.data, features=features,

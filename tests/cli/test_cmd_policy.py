@@ -211,6 +211,11 @@ policies:
     assert main([*args, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["rules"] == [["injection", "KeyError: 'tier'"], ["other", True]]
+    # with a real backend: it is asked again while still open (it was closed first, and the command crashed)
+    policy.write_text(policy.read_text().replace("injection.noul >= 0.8 && state", "injection.noul >= 0.0 && state"))
+    assert main(["policy", "explain", str(policy), "--input", subject, "--backend", "compact", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["rules"][0] == ["injection", "KeyError: 'tier'"] and "injection" in report["answers"]
 
 
 def test_explain_with_a_local_checkpoint_warms_up_then_answers(
