@@ -136,8 +136,8 @@ def phase_of(subject: Subject | None) -> Phase:
 
 #: The message of a ``redact`` verdict turned into a block: what the rule masks is also where it cannot be masked.
 UNMASKABLE = (
-    "What the rule masks is also in an object key, a number, the query string or an escaped text body, where it "
-    "cannot be masked; refused."
+    "What the rule masks is also in an object key, the query string or an escaped text body, where it cannot be "
+    "masked; refused."
 )
 
 

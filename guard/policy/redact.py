@@ -226,16 +226,13 @@ def _strings(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
 
 
 def _keys_and_strings(node: Any) -> list[str]:
-    """Every object key, string value and number (as its decimal text: a card number sent as a JSON number is still
-    a card number) in ``node`` (a JSON value, a form mapping or text)."""
+    """Every object key and string value in ``node`` (a JSON value, a form mapping or text)."""
     out: list[str] = []
     stack = [node]
     while stack:
         value = stack.pop()
         if isinstance(value, str):
             out.append(value)
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            out.append(str(value))
         elif isinstance(value, dict):
             out += [str(key) for key in value]
             stack += value.values()

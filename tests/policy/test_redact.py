@@ -74,9 +74,6 @@ CARDS = Redactor((CARD,))
         ({"c": "hi"}, {"card": ["4111 1111 1111 1111"]}, True),  # the query is not masked
         ('{"c":"\\u0034111 1111 1111 1111"}', {}, True),  # a text body that is JSON: its decoded strings
         ("card 4111 1111 1111 1111 please", {}, False),  # plain text: masked
-        ({"c": 4111111111111111}, {}, True),  # a JSON number is not masked: its digits reach the app
-        ({"n": [4111111111111111.0]}, {}, True),
-        ({"n": 42, "ok": True}, {}, False),
     ],
 )
 def test_what_a_redact_rule_cannot_mask_is_reported(body: object, query: dict[str, list[str]], leaves: bool) -> None:
