@@ -97,6 +97,12 @@ STANDARD_FUNCTIONS = frozenset({
     "timestamp", "type", "dyn", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear",
     "getHours", "getMilliseconds", "getMinutes", "getMonth", "getSeconds",
 })
+#: Standard functions this runtime has only as methods (``state.text.matches("...")``): written as functions
+#: (``matches(state.text, "...")``) they are undefined on every request.
+METHOD_ONLY = frozenset({
+    "contains", "startsWith", "endsWith", "matches", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear",
+    "getFullYear", "getHours", "getMilliseconds", "getMinutes", "getMonth", "getSeconds",
+})
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _CALL_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
 _STRING_RE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
@@ -210,6 +216,8 @@ def _check_calls(program: Any, source: str) -> None:
         )
     for match in _CALL_RE.finditer(source):
         name = match.group(1)
+        if name in METHOD_ONLY:
+            raise ValueError(f"{name}() is a method in this runtime: write x.{name}(...), not {name}(x, ...)")
         if name not in FUNCTIONS:
             continue
         given = _argument_count(source, match.end())

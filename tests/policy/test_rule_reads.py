@@ -120,6 +120,8 @@ policies:
         ("flags.zero_widht > 0 && state.text != ''", "reads flags.zero_widht, but flags has no 'zero_widht'"),
         ('subject["tool_name"] == "x"', "reads subject.tool_name, but subject has no 'tool_name'"),
         ("state.text.matches('(')", "the pattern '(' of matches() is not a valid regular expression"),
+        ('matches(state.text, "[")', "matches() is a method in this runtime: write x.matches(...)"),
+        ("startsWith(state.text, 'a')", "startsWith() is a method in this runtime"),
     ],
 )
 def test_flag_subject_names_and_patterns_are_checked_at_load(when: str, message: str) -> None:
