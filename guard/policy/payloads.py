@@ -69,8 +69,8 @@ MAX_SQL_STARTS = 64
 #: Most characters the parser may read in one text, all candidates together, up to where each failed; a text that
 #: needs more counts as SQL. Text built to parse slowly ("select (1),(1),..." on every line) costs sqlglot about 25 us
 #: per character read, so this bounds a text's parsing near a second where the keyword budget alone allowed 64 x 2,000
-#: characters (3-4 s); prose mostly fails within a few words of its keyword (a run of "drop it" is read to its end as
-#: an unparsed command, cheaply: 64 of those, 33,000 characters, are still prose).
+#: characters (3-4 s); prose fails within a few words of its keyword or is kept as an unparsed command after
+#: ``create``/``alter``/``drop`` (cheap, and not counted).
 MAX_SQL_PARSE_CHARS = 40_000
 #: A keyword followed by what its statement needs next (parsed past the first MAX_SQL_STARTS keywords).
 _SQL_SHAPE_RE = re.compile(
@@ -97,11 +97,14 @@ _EVENT_RE = re.compile(r"[\s/\"']on[a-z]+\s*=", re.IGNORECASE)  # an event handl
 _STYLE_RE = re.compile(r"style\s*=", re.IGNORECASE)
 _EXPRESSION_RE = re.compile(r"expression\s*\(", re.IGNORECASE)  # a CSS expression, after a style attribute
 
+#: Shell command substitution, each pattern matched at a ``$(`` (:func:`_substitutes_a_command`).
+_SUBSTITUTIONS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
+    r"\$\(\s*[a-z_./][\w./-]*\s+[^)\n]*\)",  # $(command argument ...)
+    r"\$\(\s*(?:whoami|id|pwd|env|uname|hostname|reboot|ls)\s*\)",  # $(command) of one that needs none
+))
 #: (mark, pattern): each pattern matches only text that holds its mark (lower case), so a text is searched only with
 #: the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
 _CODE_EXEC = tuple((mark, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for mark, pattern in (
-    ("$(", r"\$\(\s*[a-z_./][\w./-]*\s+[^)\n]*\)"),  # $(command argument ...)
-    ("$(", r"\$\(\s*(?:whoami|id|pwd|env|uname|hostname|reboot|ls)\s*\)"),  # $(command) of one that needs none
     ("`", r"(?:^|[=;|&])\s*`\s*[a-z_./][\w./-]*(?:\s[^`\n]*)?`"),  # a backticked command where a shell runs it
     ("|", r"\|\s*(?:/bin/|/usr/bin/)?(?:ba|z|da|k)?sh\b(?!\s*[a-z])"),  # a pipe into a shell
     ("/bin/", r"/bin/(?:ba|z|da)?sh\s+-i\b"),
@@ -175,6 +178,8 @@ def _parses_as_code(candidate: str) -> tuple[bool, int]:
         return False, len(candidate)
     except RecursionError:  # a statement nested past the parser's depth ("select ((((..."): code, not prose
         return True, len(candidate)
+    if all(isinstance(statement, exp.Command) for statement in statements):
+        return False, 0  # kept as an unparsed command ("create a branch and ..."): the parser read no expression
     return any(_statement_is_code(statement) for statement in statements), tokens[-1].end + 1
 
 
@@ -244,16 +249,22 @@ def _tag_runs_code(tag: str) -> bool:
     return style is not None and _EXPRESSION_RE.search(tag, style.end()) is not None
 
 
-def _closed_lines(text: str) -> str:
-    """Each line of ``text`` that holds ``$(`` cut after its last ``)``, one per line (the others dropped): a
-    ``$(...)`` substitution ends at a ``)`` on its line, so this is all its pattern needs, and each ``$(`` scans at
-    most to the next ``)``: on a line of many ``$(cmd arg`` without one, every ``$(`` scanned to the line's end
-    (quadratic: 100 KB took 10 s)."""
-    kept = []
-    for line in _LINE_BREAK_RE.split(text):
-        if "$(" in line and (end := line.rfind(")")) > 0:
-            kept.append(line[: end + 1])
-    return "\n".join(kept)
+def _substitutes_a_command(text: str) -> bool:
+    """Whether some ``$(`` of ``text`` starts a command substitution (:data:`_SUBSTITUTIONS`), each tried only up to
+    the first ``)`` after it (where a substitution ends, on its line or a later one): searched as one pattern, every
+    ``$(`` of a long run of ``$(cmd arg`` without a ``)`` scanned to the end of its line (quadratic: 100 KB took
+    10 s); here the next ``)`` is found once for all the ``$(`` before it."""
+    end = -1
+    start = text.find("$(")
+    while start != -1:
+        if end < start:
+            end = text.find(")", start)
+            if end == -1:
+                return False  # no ")" after here: no substitution can end
+        if any(pattern.match(text, start, end + 1) for pattern in _SUBSTITUTIONS):
+            return True
+        start = text.find("$(", start + 2)
+    return False
 
 
 def code_exec(text: str) -> bool:
@@ -263,9 +274,9 @@ def code_exec(text: str) -> bool:
         TypeError: ``text`` is not a string.
     """
     lowered = _lowered(text, "code_exec")
-    substitutions = _closed_lines(text) if "$(" in lowered else ""
-    return any(mark in lowered and pattern.search(substitutions if mark == "$(" else text) is not None
-               for mark, pattern in _CODE_EXEC)
+    if "$(" in text and _substitutes_a_command(text):
+        return True
+    return any(mark in lowered and pattern.search(text) is not None for mark, pattern in _CODE_EXEC)
 
 
 #: The rule functions, by CEL name (registered in every rule context by :mod:`guard.policy.rules`).

