@@ -216,7 +216,7 @@ def _check_calls(program: Any, source: str) -> None:
         )
     for match in _CALL_RE.finditer(source):
         name = match.group(1)
-        if name in METHOD_ONLY:
+        if name in METHOD_ONLY and not source[: match.start()].rstrip().endswith("."):  # "x. contains(" is a method
             raise ValueError(f"{name}() is a method in this runtime: write x.{name}(...), not {name}(x, ...)")
         if name not in FUNCTIONS:
             continue

@@ -130,7 +130,7 @@ def test_flag_subject_names_and_patterns_are_checked_at_load(when: str, message:
     with pytest.raises(PolicyError, match=re.escape(message)):
         load_text(POLICY.replace("WHEN", repr(when) if '"' in when else when))
     (ok,) = load_text(POLICY.replace("WHEN", "flags.zero_width > 0 && subject.method == 'POST' && "
-                                              "state.text.matches('^(?i)buy')"))
+                                              "state.text.matches('^(?i)buy') && state.text. contains('a')"))
     assert ok.rules[0].id == "r"
 
 
