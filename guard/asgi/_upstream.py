@@ -19,7 +19,7 @@ any response byte (the upstream closed it meanwhile) is sent once more on a new 
 
 Errors: :class:`UpstreamTimeout` (no connection, or no bytes within the read timeout), :class:`UpstreamUnavailable`
 (refused, reset, malformed response head), :class:`UpstreamBroken` (the response broke after its head),
-:class:`UpstreamBusy` (every connection of the pool stayed in use for the connect timeout).
+:class:`UpstreamBusy` (every connection of the pool stayed in use for the queue timeout).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class UpstreamBroken(UpstreamError):
 
 
 class UpstreamBusy(UpstreamError):
-    """Every connection of the pool stayed in use (slow clients, a slow upstream) for the connect timeout."""
+    """Every connection of the pool stayed in use (slow clients, a slow upstream) for the queue timeout."""
 
     kind = "busy"
 
@@ -326,12 +326,15 @@ class UpstreamPool:
         host, port: the upstream. tls: an SSL context for ``https`` upstreams (``None``: plain TCP).
         max_connections: most connections open at once (more requests wait for one) and kept idle.
         connect_timeout, read_timeout: seconds.
+        queue_timeout: most seconds a request waits for a free connection when all are in use (then
+            :class:`UpstreamBusy`).
     """
 
     def __init__(self, host: str, port: int, *, tls: ssl.SSLContext | None, max_connections: int,
-                 connect_timeout: float, read_timeout: float) -> None:
+                 connect_timeout: float, read_timeout: float, queue_timeout: float) -> None:
         self.host, self.port, self.tls = host, port, tls
         self.max_connections, self.connect_timeout, self.read_timeout = max_connections, connect_timeout, read_timeout
+        self.queue_timeout = queue_timeout
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)  # held from request() to the response's aclose()
 
@@ -357,11 +360,11 @@ class UpstreamPool:
         lines.append(b"transfer-encoding: chunked\r\n\r\n" if chunked else b"\r\n")
         head = b"".join(lines)
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout(self.queue_timeout):
                 await self._slots.acquire()
         except TimeoutError:
             raise UpstreamBusy(f"all {self.max_connections} upstream connections stayed in use for "
-                               f"{self.connect_timeout:g} s") from None
+                               f"{self.queue_timeout:g} s") from None
         try:
             conn = self._take()
             try:

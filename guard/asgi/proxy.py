@@ -74,6 +74,7 @@ HOP_BY_HOP = frozenset(
 )
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 60.0
+DEFAULT_QUEUE_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 200
 DEFAULT_BODY_IDLE_TIMEOUT_S = 30.0
 
@@ -86,8 +87,9 @@ class ProxyConfig:
         upstream: base URL of the protected service (``http://127.0.0.1:9000`` or with a path prefix).
         connect_timeout: seconds to connect to the upstream (then 504).
         read_timeout: seconds of upstream silence allowed, before the response starts or between chunks.
-        max_connections: most upstream connections open at once (and kept alive when idle); a request that finds
-            every one in use for ``connect_timeout`` gets 503 ``upstream_busy``.
+        max_connections: most upstream connections open at once (and kept alive when idle).
+        queue_timeout: most seconds a request waits for a free upstream connection when all ``max_connections`` are
+            in use (slow clients' bodies, a slow upstream); then 503 ``upstream_busy`` with ``Retry-After``.
         preserve_host: forward the client's ``Host`` (default: the upstream's host).
         body_idle_timeout: most seconds of client silence while a request body is forwarded (408 before the
             upstream answered; the upstream request is abandoned).
@@ -101,6 +103,7 @@ class ProxyConfig:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     read_timeout: float = DEFAULT_READ_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S
     preserve_host: bool = False
     body_idle_timeout: float = DEFAULT_BODY_IDLE_TIMEOUT_S
     trust_forwarded: bool = False
@@ -117,8 +120,10 @@ class ProxyConfig:
             httpx.URL(self.upstream)
         except httpx.InvalidURL as exc:
             raise ValueError(f"upstream {self.upstream!r} is not a valid URL: {exc}") from exc
-        if not (self.connect_timeout > 0 and self.read_timeout > 0 and self.body_idle_timeout > 0):
-            raise ValueError("connect_timeout, read_timeout and body_idle_timeout must be positive seconds")
+        if not (self.connect_timeout > 0 and self.read_timeout > 0 and self.body_idle_timeout > 0
+                and self.queue_timeout > 0):
+            raise ValueError("connect_timeout, read_timeout, queue_timeout and body_idle_timeout must be positive "
+                             "seconds")
         if self.max_connections < 1:
             raise ValueError(f"max_connections is {self.max_connections}; it must be at least 1")
 
@@ -178,7 +183,8 @@ class ReverseProxy:
         port = self.base.port or (443 if tls else 80)
         self._not_copied = _NOT_COPIED if config.trust_forwarded else _NOT_COPIED | _FORWARDED
         self._pool = UpstreamPool(self.base.host, port, tls=tls, max_connections=config.max_connections,
-                                  connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+                                  connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+                                  queue_timeout=config.queue_timeout)
 
     def upgrade_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         """The headers of a WebSocket upgrade sent on to the upstream: those of an HTTP request (:meth:`_headers`:

@@ -45,10 +45,10 @@ from typing import Any
 from guard.asgi._responses import DECISION_HEADERS
 from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, BodyLimits
-from guard.asgi.proxy import DEFAULT_MAX_CONNECTIONS
+from guard.asgi.proxy import DEFAULT_MAX_CONNECTIONS, DEFAULT_QUEUE_TIMEOUT_S
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
-from guard.cli._args import positive_int, seconds
+from guard.cli._args import positive_int, positive_seconds, seconds
 from guard.cli._otel import install_metrics_from_env, install_tracing_from_env
 from guard.engine.health import DEFAULT_CANARY_INTERVAL_S
 from guard.engine.telemetry import LOG_INPUT_MODES, LOGGED_HEADERS
@@ -153,8 +153,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--connect-timeout", type=float, default=5.0, metavar="S", help="upstream connect, seconds")
     parser.add_argument("--read-timeout", type=float, default=60.0, metavar="S", help="upstream silence, seconds")
     parser.add_argument("--max-connections", type=positive_int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
-                        help="most upstream connections at once (default "
-                        f"{DEFAULT_MAX_CONNECTIONS}); a request that finds all in use for --connect-timeout gets 503")
+                        help=f"most upstream connections at once (default {DEFAULT_MAX_CONNECTIONS})")
+    parser.add_argument("--queue-timeout", type=positive_seconds, default=DEFAULT_QUEUE_TIMEOUT_S, metavar="S",
+                        help="most seconds a request waits for a free upstream connection when all are in use "
+                        f"(default {DEFAULT_QUEUE_TIMEOUT_S:g}; then 503 upstream_busy)")
     parser.add_argument(
         "--reload-interval",
         type=seconds,
@@ -230,7 +232,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         overrides["stream_flush_s"] = args.stream_flush or None
     limits = BodyLimits(**overrides)
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
-                         max_connections=args.max_connections, body_idle_timeout=limits.body_timeout_s,
+                         max_connections=args.max_connections, queue_timeout=args.queue_timeout,
+                         body_idle_timeout=limits.body_timeout_s,
                          trust_forwarded=args.trust_forwarded)
     reviewers = None
     if args.review_tokens_env:

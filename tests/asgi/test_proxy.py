@@ -464,8 +464,8 @@ def test_header_names_with_an_underscore_are_not_sent_upstream() -> None:
 
 
 async def test_a_request_that_finds_every_upstream_connection_busy_gets_a_503(make_guard: GuardFactory) -> None:
-    """A slow client or upstream holds a connection; one that waits longer than the connect timeout for a free one
-    is answered 503 ``upstream_busy`` (it waited for good), and the upstream's health is not marked failing."""
+    """A slow client or upstream holds a connection; one that waits longer than the queue timeout for a free one is
+    answered 503 ``upstream_busy`` (it waited for good), and the upstream's health is not marked failing."""
     release = threading.Event()
 
     async def slow(request: Request) -> Response:
@@ -474,7 +474,7 @@ async def test_a_request_that_finds_every_upstream_connection_busy_gets_a_503(ma
 
     upstream_app = Starlette(routes=[Route("/slow", slow), Route("/fast", lambda r: Response("fast"))])
     with serve_in_thread(upstream_app) as url:
-        app = proxy_app(make_guard(), ProxyConfig(url, max_connections=1, connect_timeout=0.5))
+        app = proxy_app(make_guard(), ProxyConfig(url, max_connections=1, queue_timeout=0.5))
         with serve_in_thread(app, proxy_headers=False) as proxy:
             async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
                 held = asyncio.ensure_future(client.get("/slow"))

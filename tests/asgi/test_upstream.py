@@ -48,7 +48,7 @@ async def _serve(handler: Handler) -> tuple[asyncio.Server, int, list[int]]:
 
 def _pool(port: int, read_timeout: float = 2.0) -> UpstreamPool:
     return UpstreamPool("127.0.0.1", port, tls=None, max_connections=4, connect_timeout=1.0,
-                        read_timeout=read_timeout)
+                        read_timeout=read_timeout, queue_timeout=5.0)
 
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes:
