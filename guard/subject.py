@@ -23,6 +23,7 @@ __all__ = [
     "body_strings",
     "digest_of",
     "is_plain_key",
+    "path_words",
 ]
 
 AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
@@ -30,6 +31,23 @@ AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
 PLAIN_KEY_CHARS = 24
 """Longest object key or form field name left out of the judged text when it is a plain identifier."""
 _PLAIN_KEY = re.compile(rf"[A-Za-z0-9_.:@$\-]{{1,{PLAIN_KEY_CHARS}}}")
+#: A path segment of four or more words joined by ``-``, ``_`` or ``+`` (a path keeps ``+`` as it is, and an app or
+#: a model reads ``Ignore+all+previous+instructions`` as words); ids, dates and short slugs are not.
+_JOINED_WORDS = re.compile(r"[^\W\d_]{2,}(?:[-_+][^\W\d_]+){3,}")
+_WORD_JOINS = str.maketrans("-_+", "   ")
+
+
+def path_words(path: str) -> list[str]:
+    """The segments of a (decoded) path that hold words: those with whitespace, as they are, and those of four or
+    more words joined by ``-``, ``_`` or ``+``, joined by spaces instead: what a framework passes to the app as a
+    path parameter and the app may store or hand to a model. Route words, ids, dates and short slugs are left out."""
+    out = []
+    for segment in path.split("/"):
+        if any(c.isspace() for c in segment):
+            out.append(segment)
+        elif _JOINED_WORDS.fullmatch(segment):
+            out.append(segment.translate(_WORD_JOINS))
+    return out
 
 
 @dataclass(frozen=True)
@@ -70,14 +88,14 @@ class HttpSubject:
     def request_text(self) -> str:
         """All user text the request carries, joined with newlines: the query's judged strings (each value, and each
         parameter name that is not a plain identifier, as :func:`body_strings` reads a form), the path's segments
-        that hold words (whitespace: ``/notes/Ignore all previous instructions``, as a framework passes a path
-        parameter, decoded, to the app; ids, slugs and route words are left out), then ``body_text``.
+        that hold words (:func:`path_words`: ``/notes/Ignore all previous instructions``,
+        ``/notes/ignore-all-previous-instructions``; route words, ids and short slugs are left out), then
+        ``body_text``.
 
         An app may read a parameter from the query or the path as readily as from the body, so a policy that judges
         "all user text" reads this, not ``body_text``. Empty strings are left out.
         """
-        words = [segment for segment in self.path.split("/") if any(c.isspace() for c in segment)]
-        return "\n".join(part for part in (*body_strings(self.query), *words, self.body_text) if part)
+        return "\n".join(part for part in (*body_strings(self.query), *path_words(self.path), self.body_text) if part)
 
 
 @dataclass(frozen=True)
