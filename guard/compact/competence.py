@@ -18,7 +18,8 @@ The catalog model was trained on English text. :func:`assess` says when a state'
   Indonesian, Portuguese or Spanish sentence (an attack the model cannot read, named at 0.51-0.55) pass unflagged;
 * ``non_text``: fewer than :data:`MIN_WORD_SHARE` of its whitespace-separated tokens look like words (letters,
   optional surrounding punctuation), over at least :data:`MIN_TOKENS` tokens, or one unbroken run of
-  :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data).
+  :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data);
+  HTML tags and URLs are left out of both tests (an English page's markup, a contact's tracking link).
 
 The model still answers such a state, but flags it (``usage.out_of_competence``, ``flags.out_of_competence`` for
 policy rules) and never answers its "nothing to worry about" option with more than :data:`SAFE_CAP` probability.
@@ -65,6 +66,9 @@ _NOT_ANOTHER_LANGUAGE = frozenset({*SUPPORTED_LANGUAGES, "zxx"})
 SAFE_CAP = 0.5
 _WORD_RE = re.compile(r"^[\"'(\[]*[^\W\d_]+(?:[-'][^\W\d_]+)*[\"')\].,;:!?]*$")
 _RUN_RE = re.compile(rf"\S{{{LONG_RUN},}}")
+#: HTML tags and URLs: left out of the non-text tests (an English page's markup or a contact record's tracking link
+#: is not an encoding), not out of what the model reads.
+_MARKUP_RE = re.compile(r"<[^<>]{0,500}>|\b[a-z][a-z0-9+.-]{1,20}://\S+", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -91,13 +95,14 @@ def _identifier() -> Any:
 
 def assess(text: str) -> Competence:
     """Whether the catalog model can read ``text`` (see the module docstring for the rules)."""
-    tokens = text.split()
+    prose = _MARKUP_RE.sub(" ", text)
+    tokens = prose.split()
     if tokens:
         words = sum(1 for token in tokens if _WORD_RE.match(token))
         if len(tokens) >= MIN_TOKENS and words / len(tokens) < MIN_WORD_SHARE:
             return Competence(False, "non_text")
-        runs = sum(len(run) for run in _RUN_RE.findall(text))
-        if runs and runs * 2 > len(text.replace(" ", "")):
+        runs = sum(len(run) for run in _RUN_RE.findall(prose))
+        if runs and runs * 2 > len(prose.replace(" ", "")):
             return Competence(False, "non_text")
     letters = [ch for ch in text if ch.isalpha()]
     latin = sum(1 for ch in letters if ch.isascii() or unicodedata.name(ch, "").startswith("LATIN"))
