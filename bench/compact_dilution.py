@@ -29,6 +29,14 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.open(encoding="utf-8")]
 
 
+def _benign(rng: random.Random, sources: list[list[str]], chars: int) -> str:
+    """About ``chars`` characters of benign sentences of one source, cut at a word and ended with a full stop."""
+    source, out = rng.choice(sources), ""
+    while len(out) < chars:
+        out += " " + rng.choice(source)
+    return out.strip()[:chars].rsplit(" ", 1)[0] + "."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--alone", default=f"12,{compact_model.ALONE_TOKENS}", help="ALONE_TOKENS values to compare")
@@ -52,22 +60,17 @@ def main() -> None:
         clinc = [r["text"].capitalize() + "?" for r in _rows(DATA / "clinc150" / "val.jsonl")]
         bipia = [r["text"].replace("|CONTENT:", "\n") for r in _rows(DATA / "prompt_injection" / "bipia_email.jsonl")
                  if r["label"] == "benign"]
-
-        def benign(chars: int) -> str:
-            source, out = rng.choice([clinc, bipia]), ""
-            while len(out) < chars:
-                out += " " + rng.choice(source)
-            return out.strip()[:chars].rsplit(" ", 1)[0] + "."
+        sources = [clinc, bipia]
 
         caught = alone_caught = total = 0
         for attack in short[:30]:
             if p(attack) < 0.5:
                 continue
             alone_caught += 1
-            for text in (attack + "\n" + benign(1500), benign(1500) + "\n" + attack):
+            for text in (attack + "\n" + _benign(rng, sources, 1500), _benign(rng, sources, 1500) + "\n" + attack):
                 total += 1
                 caught += p(text) >= 0.5
-        flagged = sum(p(benign(1500) + "\n" + benign(200)) >= 0.5 for _ in range(30))
+        flagged = sum(p(_benign(rng, sources, 1500) + "\n" + _benign(rng, sources, 200)) >= 0.5 for _ in range(30))
         print(f"ALONE_TOKENS={alone}: attacks over 0.5 alone {alone_caught}/30, beside 1,500 benign characters "
               f"{caught}/{total}; benign 1,700-character texts over 0.5 {flagged}/30")
 

@@ -49,6 +49,16 @@ class Receiver:
             for metric in scope.metrics
         }
 
+    def metric_services(self) -> set[str]:
+        """The ``service.name`` of every metrics resource received."""
+        return {
+            a.value.string_value
+            for message in self.metrics
+            for resource in message.resource_metrics
+            for a in resource.resource.attributes
+            if a.key == "service.name"
+        }
+
     def spans(self) -> list[tuple[dict[str, str], Any]]:
         """Every span received: (its resource's string attributes, the protobuf ``Span``)."""
         return [

@@ -28,7 +28,7 @@ class HttpMetrics:
         )  # fmt: skip
         self.responses = Counter(
             "guard_http_judged_responses", "Upstream responses judged by a response policy, by policy and action.",
-            ["policy", "action"], registry=self.registry,
+            ["guard_policy_id", "guard_action"], registry=self.registry,
         )  # fmt: skip
         self.fail_open = Counter(
             "guard_http_fail_open",

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -367,6 +367,8 @@ async def _systemone(request: Request) -> Response:
             span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code >= 400:
                 span.set_attribute("error.type", str(response.status_code))
+            if response.status_code >= 500:  # a server span's error (HTTP semantic conventions); 4xx is the caller's
+                span.set_status(Status(StatusCode.ERROR))
     runtime.metrics.request_done(outcome, time.perf_counter() - started)
     return response
 

@@ -52,6 +52,15 @@ _METER_NAME = "guard.worker"
 SERVICE_NAME = "guard-worker"
 
 
+def _resource() -> Resource:
+    """The metrics' resource from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, as the worker's spans get it;
+    service name :data:`SERVICE_NAME` when neither names one (a worker's traces and metrics share one service)."""
+    resource = Resource.create()
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
+    return resource
+
+
 def _views() -> list[View]:
     def histogram(name: str, buckets: Iterable[float]) -> View:
         return View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(tuple(buckets)))
@@ -91,7 +100,7 @@ class WorkerMetrics:
             self._own_provider = SdkMeterProvider(
                 metric_readers=[reader, *extra_readers],
                 views=_views(),
-                resource=Resource.create({"service.name": SERVICE_NAME}),
+                resource=_resource(),
             )
             meter_provider = self._own_provider
         meter = meter_provider.get_meter(_METER_NAME)

@@ -13,10 +13,10 @@ from guard.compact.model import cap_safe
     "Bill for the month of December 2023\nService\t\tAmount\nCar Rental\t98.70\nTotal\t98.70",
     "kill all child processes",  # short: not judged
     # markup and links are not an encoding: an English page, a contact record with a tracking link
-    '<section class="about"><h2>About us</h2><p>We are a small team in Leeds building '
-    '<a href="https://example.com/tools?utm_source=x">tools</a> for bakeries.</p></section>',
-    "Jane Doe\njane@example.com\nAcme Ltd\n"
-    "https://acme.example.com/landing?utm_source=newsletter&utm_medium=email&utm_campaign=spring",
+    ('<section class="about"><h2>About us</h2><p>We are a small team in Leeds building '
+     '<a href="https://example.com/tools?utm_source=x">tools</a> for bakeries.</p></section>'),
+    ("Jane Doe\njane@example.com\nAcme Ltd\n"
+     "https://acme.example.com/landing?utm_source=newsletter&utm_medium=email&utm_campaign=spring"),
 ])
 def test_english_is_read(text: str) -> None:
     assert assess(text).supported

@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -97,10 +97,14 @@ async def test_a_refused_request_is_an_error_span(
         with httpx.Client(base_url=url, timeout=30) as client:
             refused = client.post("/v1/systemone", content=b"{}", headers={"content-type": "text/plain",
                                                                            "traceparent": traceparent})  # fmt: skip
+            timed_out = client.post("/v1/systemone", json=ticket_body(0), headers={"x-request-timeout-ms": "1"})
     finally:
         server.stop()
-    (served,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/systemone"]
+    served, late = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/systemone"]
     assert refused.status_code == 415 and served.attributes["error.type"] == "415"
+    assert served.status.status_code is StatusCode.UNSET  # the caller's error, not the server's
+    assert timed_out.status_code == 504 and late.attributes["error.type"] == "504"
+    assert late.status.status_code is StatusCode.ERROR  # a 5xx is the server span's error
     assert f"{served.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"  # the caller's trace continues
     assert served.parent is not None and f"{served.parent.span_id:016x}" == "b7ad6b7169203331"
 
@@ -131,6 +135,7 @@ def test_a_worker_process_configured_by_otel_variables_sends_its_spans_to_an_otl
     assert attributes["gen_ai.request.model"].string_value == "clef-flash"
     assert attributes["http.response.status_code"].int_value == 200
     assert "guard.worker.requests" in otlp.metric_names()  # metrics go to the same endpoint, flushed at shutdown
+    assert otlp.metric_services() == {"guard-worker-test"}  # one service for the worker's traces and metrics
 
 
 def families(text: str) -> dict[str, Any]:
