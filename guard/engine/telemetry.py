@@ -45,6 +45,7 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, S
 
 from guard import __version__
 from guard._buckets import DURATION_BUCKETS_S
+from guard._resource import resource_from_env
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings, is_plain_key
 from guard.verdict import Verdict
@@ -150,7 +151,6 @@ def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
     Raises:
         ValueError: an ``OTEL_TRACES_EXPORTER`` other than :data:`TRACES_EXPORTERS` (one exporter at a time).
     """
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 
@@ -165,13 +165,7 @@ def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
         raise ValueError(f"OTEL_TRACES_EXPORTER must be one of {', '.join(TRACES_EXPORTERS)}, got {exporter!r}")
     if exporter == "none":
         return None
-    attributes: dict[str, Any] = {}
-    for pair in environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-        key, sep, value = pair.partition("=")
-        if sep and key.strip():
-            attributes[key.strip()] = value.strip()
-    attributes["service.name"] = environ.get("OTEL_SERVICE_NAME") or attributes.get("service.name") or "guard"
-    provider = TracerProvider(resource=Resource.create(attributes))
+    provider = TracerProvider(resource=resource_from_env(environ, "guard"))
     if exporter == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         return provider

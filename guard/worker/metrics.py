@@ -23,6 +23,7 @@ go to that provider's readers (OTLP, say) and ``/metrics`` serves nothing of its
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -30,11 +31,11 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from guard._buckets import DURATION_BUCKETS_S
+from guard._resource import resource_from_env
 from guard.backends.batcher import BatchInfo
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "WorkerMetrics"]
@@ -50,15 +51,6 @@ TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)
 _METER_NAME = "guard.worker"
 #: ``service.name`` of the private provider's resource.
 SERVICE_NAME = "guard-worker"
-
-
-def _resource() -> Resource:
-    """The metrics' resource from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, as the worker's spans get it;
-    service name :data:`SERVICE_NAME` when neither names one (a worker's traces and metrics share one service)."""
-    resource = Resource.create()
-    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
-    return resource
 
 
 def _views() -> list[View]:
@@ -100,7 +92,7 @@ class WorkerMetrics:
             self._own_provider = SdkMeterProvider(
                 metric_readers=[reader, *extra_readers],
                 views=_views(),
-                resource=_resource(),
+                resource=resource_from_env(os.environ, SERVICE_NAME),  # as the spans' (their default: guard)
             )
             meter_provider = self._own_provider
         meter = meter_provider.get_meter(_METER_NAME)
