@@ -7,7 +7,6 @@ key path, e.g. ``policies/api.yaml:31 at policies[0].questions.urgency.criteria:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 import threading
@@ -46,6 +45,7 @@ from guard.policy.rules import (
     constant_failures,
     field_reads,
     pattern_errors,
+    subject_fields,
 )
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
@@ -238,10 +238,10 @@ def _state_names(spec: PolicySpec, fields: tuple[StateField, ...] | None) -> dic
 
 def _fixed_names(spec: PolicySpec) -> dict[str, frozenset[str]]:
     """The names a rule may read under ``flags``, ``subject``, ``call`` and ``result`` for what ``spec`` matches:
-    every flag; the fields of the subjects it matches (an agent subject's ``history`` is read through ``call``); the
-    keys of the ``call`` and ``result`` objects."""
+    every flag; the fields of the subjects it matches (:func:`~guard.policy.rules.subject_fields`); the keys of the
+    ``call`` and ``result`` objects."""
     subjects = [cls for cls, matched in ((HttpSubject, spec.match.http), (AgentSubject, spec.match.agent)) if matched]
-    fields = {f.name for cls in subjects for f in dataclasses.fields(cls)} - {"history"}
+    fields = {name for cls in subjects for name in subject_fields(cls)}
     return {"flags": frozenset(FLAG_NAMES), "subject": frozenset(fields), "call": CALL_KEYS, "result": RESULT_KEYS}
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "field_reads",
     "pattern_errors",
     "rule_inputs",
+    "subject_fields",
     "trace_rules",
 ]
 
@@ -305,10 +306,15 @@ def answer_variables(answer: AnswerV1) -> dict[str, Any]:
     return out
 
 
+def subject_fields(subject_type: Any) -> list[str]:
+    """The fields of a subject (an instance or its class) that rules read as ``subject.<name>``: every field but an
+    agent subject's ``history``, which rules read through ``call``."""
+    return [f.name for f in dataclasses.fields(subject_type) if f.name != "history"]
+
+
 def subject_variables(subject: Any) -> dict[str, Any]:
-    """The subject's fields as a plain mapping for CEL (``None`` fields kept as ``null``; an agent subject's
-    ``history`` left out: rules read it through ``call``)."""
-    return {f.name: getattr(subject, f.name) for f in dataclasses.fields(subject) if f.name != "history"}
+    """The subject's fields (:func:`subject_fields`) as a plain mapping for CEL (``None`` fields kept as ``null``)."""
+    return {name: getattr(subject, name) for name in subject_fields(subject)}
 
 
 def rule_inputs(rules: tuple[CompiledRule, ...]) -> frozenset[str]:
