@@ -288,13 +288,12 @@ class ReverseProxy:
                                         f"{self.config.body_idle_timeout:g} s", "field": "body"},
                             [(b"connection", b"close")])
             return
-        except UpstreamBusy as exc:  # load, not a failing upstream: health is not touched
-            self.metrics.upstream_errors.labels(exc.kind).inc()
-            await send_json(send, 503, {"code": "upstream_busy", "message": f"the proxy is busy ({exc}); retry",
-                                        "field": None}, [(b"retry-after", b"1")])
-            return
         except UpstreamError as exc:
             self.metrics.upstream_errors.labels(exc.kind).inc()
+            if isinstance(exc, UpstreamBusy):  # load, not a failing upstream: health is not touched
+                await send_json(send, 503, {"code": "upstream_busy", "message": f"the proxy is busy ({exc}); retry",
+                                            "field": None}, [(b"retry-after", b"1")])
+                return
             timeout = isinstance(exc, UpstreamTimeout)
             code = "upstream_timeout" if timeout else "upstream_unavailable"
             self.health.failure(code, str(exc))
