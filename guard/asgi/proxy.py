@@ -36,6 +36,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from opentelemetry import context as otel_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import Message, Receive, Scope, Send
 
 from guard._body import Deadline
@@ -97,6 +99,10 @@ class ProxyConfig:
             ``X-Real-IP`` (guard behind a proxy of yours that sets them, e.g. one that terminates TLS). Default: they
             are dropped and the proxy sets ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` itself, so a client cannot
             tell the upstream which host or scheme it was reached on.
+        trust_traceparent: the guard's decision span continues the client's W3C ``traceparent`` (and
+            ``tracestate``), so it joins the caller's trace next to the upstream's own spans. Default: the decision
+            span starts a trace of its own, since a client's header chooses the trace id and, under a parent-based
+            sampler, whether the decision is recorded at all. The headers are forwarded to the upstream either way.
     """
 
     upstream: str
@@ -107,6 +113,7 @@ class ProxyConfig:
     preserve_host: bool = False
     body_idle_timeout: float = DEFAULT_BODY_IDLE_TIMEOUT_S
     trust_forwarded: bool = False
+    trust_traceparent: bool = False
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -323,6 +330,19 @@ class ReverseProxy:
             await response.aclose()
 
 
+_W3C = TraceContextTextMapPropagator()
+
+
+def _client_trace_context(scope: Scope) -> otel_context.Context:
+    """The trace context of a request's ``traceparent`` / ``tracestate`` headers (W3C Trace Context only: the
+    client's ``baggage`` is not taken); the empty context when they are missing or malformed."""
+    carrier = {}
+    for name, value in scope.get("headers", ()):
+        if name in (b"traceparent", b"tracestate"):
+            carrier[name.decode("latin-1")] = value.decode("latin-1")
+    return _W3C.extract(carrier) if carrier else otel_context.Context()
+
+
 class ProxyApp:
     """Top-level dispatcher: lifespan outside the guard; every ``http`` request's target made canonical
     (:mod:`guard.asgi._target`), then guarded and forwarded. Nothing else is served here: health, metrics and the
@@ -361,7 +381,14 @@ class ProxyApp:
                 return
             await self.websockets(scope, receive, send)
             return
-        await self.guarded(scope, receive, send)
+        if not self.proxy.config.trust_traceparent:
+            await self.guarded(scope, receive, send)
+            return
+        token = otel_context.attach(_client_trace_context(scope))
+        try:
+            await self.guarded(scope, receive, send)
+        finally:
+            otel_context.detach(token)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

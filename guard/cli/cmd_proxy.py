@@ -75,6 +75,9 @@ def register(subparsers: Any) -> None:
                         help="keep the client's X-Forwarded-Proto/-Host, Forwarded and X-Real-IP (guard behind a proxy "
                         "of yours that sets them, e.g. one terminating TLS); default: dropped, and the proxy sets "
                         "X-Forwarded-Proto/-Host itself")
+    parser.add_argument("--trust-traceparent", action="store_true",
+                        help="the decision span continues the client's W3C traceparent (a gateway behind your own "
+                        "traced edge); default: each decision starts its own trace")
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                         help=f"the proxied listener, default {DEFAULT_LISTEN}")
     parser.add_argument("--admin-listen", default=DEFAULT_ADMIN_LISTEN, metavar="HOST:PORT",
@@ -234,7 +237,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
                          max_connections=args.max_connections, queue_timeout=args.queue_timeout,
                          body_idle_timeout=limits.body_timeout_s,
-                         trust_forwarded=args.trust_forwarded)
+                         trust_forwarded=args.trust_forwarded, trust_traceparent=args.trust_traceparent)
     reviewers = None
     if args.review_tokens_env:
         text = os.environ.get(args.review_tokens_env)

@@ -17,6 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -30,6 +33,7 @@ from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
 from guard.engine.cache import CacheConfig, RedisCache
+from guard.engine.telemetry import Telemetry
 from guard.errors import PolicyError
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, scripted_answers, sha
@@ -539,3 +543,37 @@ def test_response_headers_drop_hop_by_hop_ones_and_keep_the_rest_in_order() -> N
     dropped = [(b"Connection", b"x-hop"), (b"X-Hop", b"1"), (b"transfer-encoding", b"chunked"), (b"Upgrade", b"h2c"),
                (b"Proxy-Authenticate", b"Basic"), (b"trailer", b"x-t")]
     assert _forward_headers([*dropped[:3], kept[0], *dropped[3:], *kept[1:]]) == kept
+
+
+async def test_the_decision_span_continues_the_clients_traceparent_only_when_trusted(
+    make_guard: GuardFactory, upstream: tuple[Upstream, str]
+) -> None:
+    _, url = upstream
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    traceparent = f"00-{trace_id}-{parent_id}-01"
+    body = json.dumps({"message": BENIGN}).encode()
+    seen: dict[bool, list[tuple[str, str | None, str]]] = {}
+    for trusted in (False, True):
+        guard = make_guard(telemetry=Telemetry(tracer_provider=provider))
+        with serve_in_thread(proxy_app(guard, ProxyConfig(url, trust_traceparent=trusted))) as proxy:
+            async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+                for header in (traceparent, "00-not-a-trace-01"):
+                    response = await client.post("/v1/echo", content=body,
+                                                 headers={"content-type": "application/json", "traceparent": header})
+                    assert response.status_code == 200
+                    assert response.json()["headers"]["traceparent"] == header  # forwarded as it came, either way
+        seen[trusted] = [
+            (format(s.context.trace_id, "032x"), s.parent and format(s.parent.span_id, "016x"), s.name)
+            for s in exporter.get_finished_spans()
+        ]
+        exporter.clear()
+    # Trusted: the first decision is a child of the client's span; a malformed header starts a trace of its own.
+    (joined, own) = seen[True]
+    assert joined[:2] == (trace_id, parent_id)
+    assert own[0] != trace_id and own[1] is None
+    # Not trusted (the default): every decision starts its own trace.
+    assert all(t != trace_id and parent is None for t, parent, _ in seen[False])
+    provider.shutdown()
