@@ -1,10 +1,6 @@
 """WebSocket passthrough for ``guard proxy``: paths no policy matches are relayed to the upstream, message for message.
 
-guard judges HTTP requests and responses, not WebSocket messages, so a WebSocket upgrade on a path some policy matches
-(a request policy, or a response policy watching it, as a ``GET`` with the upgrade's headers) is refused: with a
-403 JSON body ``{code: websocket_not_judged, message, policy}`` where the server supports the ASGI
-``websocket.http.response`` extension (uvicorn does), else a close with code 1008 and the same reason. Any other
-upgrade is opened to the upstream (an unreachable or refusing upstream: 502 ``upstream_unavailable``, or a close with
+An upgrade on a path some policy matches is refused (:mod:`guard.asgi._upgrade`). Any other upgrade is opened to the upstream (an unreachable or refusing upstream: 502 ``upstream_unavailable``, or a close with
 1014) (``ws://`` or ``wss://`` for ``http://`` or ``https://``, the same host, path prefix
 and path rules as HTTP), the subprotocol the upstream picks is accepted, and text and binary messages are relayed both
 ways until either side closes; the close code goes to the other side.
@@ -14,29 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 from starlette.types import Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, WebSocketException
 
-from guard.asgi._subject import head_subject, header_map
+from guard.asgi._upgrade import deny_upgrade, judged_by, refuse_judged_upgrade
 from guard.engine import Guard
-from guard.errors import BodyError
 
-__all__ = ["NOT_JUDGED", "WebSocketRelay"]
+__all__ = ["WebSocketRelay"]
 
 logger = logging.getLogger("guard.proxy")
 
-NOT_JUDGED = "websocket_not_judged"
 #: Request headers of the upgrade not sent on to the upstream (the relay makes its own handshake).
 _HANDSHAKE = frozenset({b"host", b"connection", b"upgrade", b"sec-websocket-key", b"sec-websocket-version",
                         b"sec-websocket-extensions", b"sec-websocket-protocol", b"content-length"})
-_POLICY_VIOLATION = 1008
 _UPSTREAM_UNAVAILABLE = 1014  # "bad gateway"
 #: Close codes no endpoint may send (RFC 6455 7.4.1: 1005, 1006 and 1015 only report what happened), and the code
 #: the relay sends the client in their place: 1000 for "no status", 1014 ("bad gateway") for an abnormal end.
@@ -65,9 +56,9 @@ class WebSocketRelay:
         self._base = f"{scheme}://{base.netloc.decode('ascii')}{base.path.rstrip('/')}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        policy = self._judged_by(scope)
+        policy = judged_by(self.guard, scope, self.client_header)
         if policy is not None:
-            await self._refuse(scope, send, policy)
+            await refuse_judged_upgrade(scope, send, policy)
             return
         if (await receive())["type"] != "websocket.connect":
             return
@@ -83,34 +74,12 @@ class WebSocketRelay:
             logger.warning("websocket upstream %s refused or unreachable for path %r (%s)", self._base, scope["path"],
                            code or type(exc).__name__)  # never the query: browsers send WebSocket tokens in it
             reason = f"the upstream refused or could not be reached ({code or type(exc).__name__})"
-            await _deny(scope, send, 502, {"code": "upstream_unavailable", "message": reason, "field": None},
+            await deny_upgrade(scope, send, 502, {"code": "upstream_unavailable", "message": reason, "field": None},
                         _UPSTREAM_UNAVAILABLE)
             return
         async with upstream:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
             await self._relay(upstream, receive, send)
-
-    def _judged_by(self, scope: Scope) -> str | None:
-        """The id of a policy that matches the upgrade as a ``GET`` (or watches its response), else ``None``."""
-        path: str = scope["path"]
-        views = dict.fromkeys([path, (path.rstrip("/") or "/").lower()])  # as sent and as folded: refused if either
-        for view in views:
-            try:
-                head = head_subject({**scope, "method": "GET"}, header_map(scope), self.client_header, view)
-            except BodyError:
-                return "(invalid request)"
-            policy = self.guard.match(head)
-            if policy is not None:
-                return policy.id
-            watching = self.guard.watching(head)
-            if watching:
-                return watching[0].id
-        return None
-
-    async def _refuse(self, scope: Scope, send: Send, policy: str) -> None:
-        message = (f"guard does not judge WebSocket messages, and policy {policy!r} matches {scope['path']}; serve "
-                   "this path without a WebSocket or narrow the policy's match")
-        await _deny(scope, send, 403, {"code": NOT_JUDGED, "message": message, "policy": policy}, _POLICY_VIOLATION)
 
     @staticmethod
     async def _relay(upstream: ClientConnection, receive: Receive, send: Send) -> None:
@@ -148,14 +117,3 @@ class WebSocketRelay:
                 with contextlib.suppress(asyncio.CancelledError, ConnectionClosed, OSError):
                     await task
 
-
-async def _deny(scope: Scope, send: Send, status: int, payload: dict[str, Any], close_code: int) -> None:
-    """Refuse an upgrade: an HTTP ``status`` with the JSON ``payload`` where the server supports the ASGI
-    ``websocket.http.response`` extension, else a close with ``close_code`` and the message as its reason."""
-    if "websocket.http.response" in scope.get("extensions", {}):
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        await send({"type": "websocket.http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "websocket.http.response.body", "body": body})
-        return
-    await send({"type": "websocket.close", "code": close_code, "reason": str(payload["message"])[:120]})

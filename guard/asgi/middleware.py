@@ -70,6 +70,7 @@ from guard.asgi._responses import (
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
 from guard.asgi._subject import head_subject, header_map, query_map, with_body
 from guard.asgi._target import canonical_scope
+from guard.asgi._upgrade import judged_by, refuse_invalid_upgrade, refuse_judged_upgrade
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
 from guard.asgi.review_store import MemoryReviewStore, ReviewStore
@@ -220,7 +221,10 @@ class GuardMiddleware:
         if scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
             return
-        if scope["type"] != "http":  # websocket
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         try:
@@ -261,6 +265,20 @@ class GuardMiddleware:
             await self.respond(scope, receive, send, method=head.method)
             return
         await self._guard(scope, receive, send, head, matched, body_override=body_override)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket upgrade: refused on a path a policy matches (guard does not judge its messages; see
+        :mod:`guard.asgi._upgrade`), else passed to the application with its target made canonical."""
+        try:
+            scope = canonical_scope(scope)
+        except BodyError as exc:
+            await refuse_invalid_upgrade(scope, send, exc)
+            return
+        policy = judged_by(self.guard, scope, self.client_header)
+        if policy is not None:
+            await refuse_judged_upgrade(scope, send, policy)
+            return
+        await self.app(scope, receive, send)
 
     def _watching(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
         """The request and the response policies that judge its response, matched as :meth:`_match` matches request

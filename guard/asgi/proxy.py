@@ -44,6 +44,7 @@ from guard._body import Deadline
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope, request_target
+from guard.asgi._upgrade import refuse_invalid_upgrade
 from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
 from guard.asgi.middleware import GuardMiddleware
@@ -377,7 +378,7 @@ class ProxyApp:
             try:
                 scope = canonical_scope(scope)
             except BodyError as exc:
-                await send({"type": "websocket.close", "code": 1008, "reason": exc.reason[:120]})
+                await refuse_invalid_upgrade(scope, send, exc)
                 return
             await self.websockets(scope, receive, send)
             return

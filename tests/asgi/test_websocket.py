@@ -1,4 +1,4 @@
-"""WebSocket passthrough in ``guard proxy``: a real ``websockets`` client, through the proxy (uvicorn), to a real
+"""WebSocket passthrough in ``guard proxy`` and ``GuardMiddleware``: a real ``websockets`` client, through the proxy (uvicorn), to a real
 upstream WebSocket endpoint (Starlette under uvicorn); upgrades on paths a policy matches are refused with a reason."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from guard.asgi._websocket import NOT_JUDGED
+from guard.asgi import GuardMiddleware
+from guard.asgi._upgrade import NOT_JUDGED
 from guard.asgi.proxy import ProxyConfig, proxy_app
 from guard.engine import Guard
 from tests.asgi._servers import serve_in_thread
@@ -123,3 +124,26 @@ async def test_an_unreachable_upstream_is_a_502(make_guard: Callable[..., Guard]
     assert json.loads(refused.value.response.body or b"{}")["code"] == "upstream_unavailable"
     logged = [r.getMessage() for r in caplog.records if "websocket upstream" in r.getMessage()]
     assert logged and "/live/feed" in logged[0] and "SECRET-WS-TOKEN" not in logged[0]
+
+
+async def test_the_middleware_refuses_upgrades_on_matched_paths_and_passes_the_others(
+    make_guard: Callable[..., Guard],
+) -> None:
+    """In an app as in the proxy: a WebSocket route under a judged path would take messages no policy judges."""
+    app = GuardMiddleware(Starlette(routes=[WebSocketRoute("/{path:path}", echo)]), guard=make_guard())
+    with serve_in_thread(app) as served:
+        ws_url = served.replace("http://", "ws://")
+        for path in ("/open/feed", "/OPEN/feed/"):  # as sent, and as a case-folding router could read it
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(f"{ws_url}{path}"):
+                    pass
+            assert refused.value.response.status_code == 403
+            assert json.loads(refused.value.response.body or b"{}")["policy"] == "open_guard"
+        with pytest.raises(InvalidStatus) as invalid:
+            async with connect(f"{ws_url}/open%2Ffeed"):
+                pass
+        assert invalid.value.response.status_code == 400
+        assert json.loads(invalid.value.response.body or b"{}")["field"]
+        async with connect(f"{ws_url}/live/feed", additional_headers={"x-user": "ann"}) as ws:
+            await ws.send("hello")
+            assert await ws.recv() == "echo hello /live/feed ann"
