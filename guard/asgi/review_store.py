@@ -382,16 +382,6 @@ def _hashed(name: str) -> str:
     return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def _tenant_of(core: str | None) -> str | None:
-    """The tenant an item's stored ``core`` names, ``None`` when it names none or is not an item's JSON."""
-    try:
-        data = json.loads(core or "{}")
-    except ValueError:
-        return None
-    tenant = data.get("tenant") if isinstance(data, dict) else None
-    return tenant if isinstance(tenant, str) else None
-
-
 def _sealed(fields: list[str | None]) -> bytes:
     """What a Redis item's seal covers: status, core, digest, decided, released_at and request, as stored."""
     return json.dumps([f or "" for f in fields[:6]], separators=(",", ":")).encode()
@@ -402,8 +392,6 @@ class RedisReviewStore:
     items by expiry (``<prefix>index:<status>``, and ``<prefix>index:<status>:<sha256 of the tenant>`` for an item
     with a tenant), moved with the status in the transition script, so a listing reads only the items it returns;
     and per client the ids of its pending items (``<prefix>pending:<sha256 of the client>``, for the per-client cap).
-    An index written by an earlier release (one ``<prefix>index`` of every status) is moved into these on the first
-    listing.
 
     What Redis holds of an item in clear is its redacted view (summary, redacted state, answers, status); the held
     request (headers, query and body, which a release replays) is encrypted with AES-256-GCM under a key derived
@@ -464,7 +452,6 @@ return {3, ARGV[2]}
         self._client = client
         self._owns_client = owns_client
         self._transition = client.register_script(self.TRANSITION_SCRIPT)
-        self._legacy_index = f"{prefix}index"
 
     @classmethod
     def from_url(
@@ -632,12 +619,9 @@ return {3, ARGV[2]}
                 for t in ((None,) if tenants is None else sorted(tenants))]
         now = time.time()
         pipe = self._client.pipeline(transaction=False)
-        pipe.exists(self._legacy_index)  # replicas of an earlier release may still be writing it
         for key in keys:
             pipe.zremrangebyscore(key, "-inf", now)
-        legacy, *_ = await self._call("(list)", pipe.execute())
-        if legacy:
-            await self._migrate()
+        await self._call("(list)", pipe.execute())
         chunk = max(limit, 16)
         queued: dict[str, list[tuple[float, str]]] = {key: [] for key in keys}
         after: dict[str, tuple[float, set[str]]] = {key: (float("-inf"), set()) for key in keys}
@@ -711,45 +695,6 @@ return {3, ARGV[2]}
             if texts is not None:
                 items[review_id] = self._decode(texts, with_request=False)
         return items
-
-    # ARGV[1] = key prefix, then triples (item id, expiry score, sha256 of its tenant or ""). Each item still stored
-    # joins the index of its status (and of its status and tenant) as it is now; every entry leaves the old index.
-    MIGRATE_SCRIPT = """
-for i = 2, #ARGV, 3 do
-  local status = redis.call('HGET', ARGV[1] .. ARGV[i], 'status')
-  if status then
-    redis.call('ZADD', ARGV[1] .. 'index:' .. status, ARGV[i + 1], ARGV[i])
-    if ARGV[i + 2] ~= '' then
-      redis.call('ZADD', ARGV[1] .. 'index:' .. status .. ':' .. ARGV[i + 2], ARGV[i + 1], ARGV[i])
-    end
-  end
-  redis.call('ZREM', ARGV[1] .. 'index', ARGV[i])
-end
-return 0
-"""
-
-    async def _migrate(self) -> None:
-        """Move the entries of an earlier release's single index into the per-status (and per-tenant) indexes, a
-        chunk at a time, each chunk in one script, so a transition in between cannot leave an entry under a status
-        its item has left; an entry that is not an item id is dropped. Idempotent: replicas may run it together,
-        and replicas of the earlier release may still be adding entries (each listing checks for them)."""
-        while rows := await self._call("(list)", self._client.zrange(self._legacy_index, 0, 499, withscores=True)):
-            entries = [(self._text(raw) or "", float(score)) for raw, score in rows]
-            good = [(review_id, score) for review_id, score in entries if _REVIEW_ID.fullmatch(review_id)]
-            bad = [review_id for review_id, _ in entries if not _REVIEW_ID.fullmatch(review_id)]
-            if bad:
-                await self._call("(list)", self._client.zrem(self._legacy_index, *bad))
-            if not good:
-                continue
-            pipe = self._client.pipeline(transaction=False)
-            for review_id, _ in good:
-                pipe.hget(self._key(review_id), "core")
-            cores = await self._call("(list)", pipe.execute())
-            args: list[str] = [self.prefix]
-            for (review_id, score), core in zip(good, cores, strict=True):
-                tenant = _tenant_of(self._text(core))
-                args += [review_id, repr(score), _hashed(tenant) if tenant is not None else ""]
-            await self._call("(list)", self._client.eval(self.MIGRATE_SCRIPT, 0, *args))
 
     async def _move(self, review_id: str, need: ReviewStatus, to: ReviewStatus, digest: str,
                     changes: dict[str, str]) -> ReviewItem:

@@ -31,7 +31,6 @@ __all__ = [
     "EncodedText",
     "EncoderConfig",
     "TextEncoder",
-    "WindowStates",
     "default_dtype",
 ]
 
@@ -131,27 +130,6 @@ class EncodedText:
     tokens: int
     dropped: int
     windows: int
-
-
-@dataclass(frozen=True)
-class WindowStates:
-    """One text's windows after the encoder's lower layers (the catalog head runs its own top layers).
-
-    Attributes:
-        hidden: ``(windows, width, 384)`` hidden states in the encoder's dtype, ``[CLS]``/``[SEP]`` included.
-        mask: ``(windows, width)`` bool, the real (non-padding) positions.
-        tokens: word-piece tokens of the whole text before any cut.
-        dropped: tokens cut from the middle because the text exceeded ``max_tokens``.
-    """
-
-    hidden: torch.Tensor
-    mask: torch.Tensor
-    tokens: int
-    dropped: int
-
-    @property
-    def windows(self) -> int:
-        return int(self.hidden.shape[0])
 
 
 def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -265,31 +243,10 @@ class TextEncoder:
             )
         return out
 
-    def encode_windows(self, texts: Sequence[str], *, limit: int | None = None, top: int = 1) -> list[WindowStates]:
-        """Every window of each text through all encoder layers but the ``top`` ones, in one padded batch.
-
-        Args:
-            texts: the texts.
-            limit: keep at most this many windows per text, evenly spaced (first and last kept); training uses it to
-                bound the cost of long texts. ``None`` keeps every window.
-            top: layers left out at the top (the ones a catalog head fine-tunes).
-        """
-        plans, ids, mask = self._window_plans(texts, limit)
-        if not plans:
-            return []
-        hidden = self.lower(ids, mask, top=top)
-        result, row = [], 0
-        for windows, total, dropped in plans:
-            n = len(windows)
-            used = int(mask[row : row + n].sum(-1).max())
-            result.append(WindowStates(hidden[row : row + n, :used], mask[row : row + n, :used], total, dropped))
-            row += n
-        return result
-
     def window_batch(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """Every window of the ``texts`` framed and padded into one batch: ``(N, width)`` int64 ids, the ``(N, width)``
         bool mask of real positions, and the texts' word pieces and dropped tokens (summed)."""
-        plans, ids, mask = self._window_plans(texts, None)
+        plans, ids, mask = self._window_plans(texts)
         return ids, mask, sum(total for _, total, _ in plans), sum(dropped for _, _, dropped in plans)
 
     def lower(self, ids: torch.Tensor, mask: torch.Tensor, *, top: int = 1) -> torch.Tensor:
@@ -309,16 +266,13 @@ class TextEncoder:
                 hidden = out[0] if isinstance(out, tuple) else out
         return hidden
 
-    def _window_plans(self, texts: Sequence[str], limit: int | None
+    def _window_plans(self, texts: Sequence[str]
                       ) -> tuple[list[tuple[list[list[int]], int, int]], torch.Tensor, torch.Tensor]:
-        """Per text its framed windows (at most ``limit``, evenly spaced), word pieces and dropped tokens; and all
-        windows padded into one batch (empty when there are no texts)."""
+        """Per text its framed windows, word pieces and dropped tokens; and all windows padded into one batch (empty
+        when there are no texts)."""
         plans = []
         for text in texts:
             windows, _, total, dropped = self._plan(self.token_ids(text))
-            if limit is not None and len(windows) > limit:
-                step = (len(windows) - 1) / (limit - 1) if limit > 1 else 0
-                windows = [windows[round(i * step)] for i in range(limit)]
             plans.append((windows, total, dropped))
         flat = [window for windows, _, _ in plans for window in windows]
         if not flat:

@@ -102,7 +102,7 @@ async def explain(
     engine_logger.setLevel(logging.ERROR)  # the simulated fail-open below is not a real one worth a warning
     try:
         for mode in ("closed", "open", "escalate"):
-            forced = dataclasses.replace(policy, on_error=FailPolicy(mode, explicit=True))
+            forced = dataclasses.replace(policy, on_error=FailPolicy(mode))
             failed = await _verdict([forced], FixtureBackend(error="unavailable"), subject)
             fail_modes[mode] = {"action": failed.action, "status": failed.status, "retry_after": failed.retry_after}
     finally:

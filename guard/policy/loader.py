@@ -175,7 +175,7 @@ def _compile(
     on_error = None
     if spec.on_error is not None:
         e = spec.on_error
-        on_error = FailPolicy(e.mode, status=e.status, retry_after=e.retry_after, message=e.message, explicit=True)
+        on_error = FailPolicy(e.mode, status=e.status, retry_after=e.retry_after, message=e.message)
     return Policy(
         id=spec.id,
         version=spec.version,

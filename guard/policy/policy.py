@@ -66,7 +66,6 @@ class FailPolicy:
     status: int = DEFAULT_FAIL_STATUS
     retry_after: float = DEFAULT_RETRY_AFTER_S
     message: str | None = None
-    explicit: bool = False
 
 
 @dataclass(frozen=True)
