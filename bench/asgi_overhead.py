@@ -28,7 +28,7 @@ proxy's plus its upstream's): ``bare / variant`` there is the throughput a CPU-b
 speed (which drifts from second to second on a shared VM) the same for all of them.
 Its rounds agree within a few per cent where the sequential throughput ratios spread over tens of per cent.
 
-Goal (issue 5): on a cache hit the middleware adds < 1 ms at p50 and keeps >= 80 % of the bare app's throughput.
+Goal: on a cache hit the middleware adds < 1 ms at p50 and keeps >= 80 % of the bare app's throughput.
 
 The in-process section first calls each ASGI app directly and reports CPU microseconds per request (median of
 interleaved rounds), which separates the guard's own cost from loopback and scheduler effects (large on a small,

@@ -1,6 +1,6 @@
 """Latency of one decision on a backbone at Clef-flash's real dimensions (random bf16 weights built on the GPU).
 
-Builds ``Qwen3_5ForConditionalGeneration`` with Clef-flash's shape (``shared/design/clef-runtime.md`` §1.3: hidden
+Builds ``Qwen3_5ForConditionalGeneration`` with Clef-flash's shape (the Clef runtime specification §1.3, see docs/clef.md: hidden
 4096, 32 layers in the 3 linear-attention : 1 full-attention pattern, 16 query / 4 KV heads of dim 256 with the output
 gate, FFN 12288, vocabulary 248320, Gated DeltaNet 16 key / 32 value heads of dim 128, vision tower depth 27 width
 1152) and the joint schema head at its release shape (W 1024, 2 routing + 4 decoder layers, 16 heads, FFN 4096),

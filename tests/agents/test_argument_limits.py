@@ -1,4 +1,4 @@
-"""Tool arguments that arrive already parsed (issue 18, item 9): a depth and a size limit, so a call nested ~5,000
+"""Tool arguments that arrive already parsed: a depth and a size limit, so a call nested ~5,000
 levels deep (or holding too many values) gets a recorded block decision and an error tool message, never an exception
 out of ``agent.invoke`` with no decision recorded. Real create_agent graphs with a checkpointer, and a tool node."""
 

@@ -1,4 +1,4 @@
-"""Single-use approvals (issue 18, item 4): a reviewer's approval runs its side-effecting tool once, whether the
+"""Single-use approvals: a reviewer's approval runs its side-effecting tool once, whether the
 interrupt is resumed twice at the same time (two threads, ``asyncio.gather`` of two ``ainvoke``) or replayed from
 the checkpoint saved at the interrupt; the second claimant gets ``ApprovalAlreadyUsed``. Memory and real Redis."""
 

@@ -1,4 +1,4 @@
-"""Guard's reviews in LangChain's human-in-the-loop language (issue 19): interrupts with the ``HITLRequest`` shape
+"""Guard's reviews in LangChain's human-in-the-loop language: interrupts with the ``HITLRequest`` shape
 that Agent Chat UI accepts, ``HITLResponse`` resumes, SDK-style dict interrupts, and LangChain's real
 ``HumanInTheLoopMiddleware`` in the same agent, in both orders: its reviewer's edits are judged before they run."""
 

@@ -1,4 +1,4 @@
-"""Issue 18 item 5 on the gateway: ``/_guard/health`` tells the truth over real HTTP (backend down, upstream down,
+"""On the gateway, ``/_guard/health`` tells the truth over real HTTP (backend down, upstream down,
 a degenerate backend, a reload watcher hit by a reader error), and tells strangers codes only."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Several matching policies (issue 19, What to build 5): every one decides, questions that share a backend and a
+"""Several matching policies: every one decides, questions that share a backend and a
 state go out in one request (each distinct question once), verdicts combine by severity (then priority, then policy
 id: never file order), each policy's fail mode holds for it, and each policy's part is kept for the decision log and
 spans. Rules-only policies decide without a model call."""

@@ -1,4 +1,4 @@
-"""Issue 18 item 7: at 16k-64k characters the shipped policies never allow on a partial read.
+"""At 16k-64k characters the shipped policies never allow on a partial read.
 
 A long body or tool result is cut to its field's ``max_chars`` (head and tail kept, ``flags.truncated``); the attack
 sits in the cut middle, so the model never sees it. Each shipped policy acts on the flag (escalate, or hand the

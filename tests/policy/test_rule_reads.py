@@ -1,5 +1,5 @@
-"""A rule's ``state.`` and ``data.`` names are checked against what the policy defines when it loads (issue 19: a
-misspelt name was a ``KeyError``, so a 503 on every request, and ``guard policy check`` said ok)."""
+"""A rule's ``state.`` and ``data.`` names are checked against what the policy defines when it loads (a
+misspelt name would be a ``KeyError`` at run time, so a 503 on every request, while ``guard policy check`` said ok)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 18 items 5, 7, 9 on the worker side: the canary self-test (a degenerate model never becomes ready),
+"""The worker side of health and limits: the canary self-test (a degenerate model never becomes ready),
 truncation reported on the wire, content types, image pixel limits and API keys, all over real HTTP."""
 
 from __future__ import annotations

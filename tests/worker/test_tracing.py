@@ -1,4 +1,4 @@
-"""Issue 19 item 3: one trace shows gateway -> worker -> batch; ``guard worker serve`` configured only by ``OTEL_*``
+"""One trace shows gateway -> worker -> batch; ``guard worker serve`` configured only by ``OTEL_*``
 variables sends its spans (and metrics) to an OTLP receiver; metrics in seconds with 25 us buckets and one label
 vocabulary; prometheus_client's own parser reads what guard serves."""
 
