@@ -55,6 +55,7 @@ class Redaction:
     style: MaskStyle = "redact"
 
     def to_json(self) -> dict[str, Any]:
+        """The redaction as the decision log and the review API write it."""
         return {"pointer": self.pointer, "start": self.start, "end": self.end, "label": self.label,
                 "style": self.style}
 
@@ -122,6 +123,7 @@ class Verdict:
 
     @property
     def allowed(self) -> bool:
+        """``True`` when the action is ``allow`` (a ``redact`` verdict lets the request on, masked, but is not this)."""
         return self.action == "allow"
 
     def probabilities(self) -> dict[str, dict[str, float]]:

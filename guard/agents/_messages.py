@@ -143,6 +143,7 @@ def tool_error(
 
 
 def blocked(tool: str, tool_call_id: str, verdict: Verdict, reason: str | None = None) -> ToolMessage:
+    """The error tool message that answers a call the guard blocked (``BLOCKED_TEMPLATE``)."""
     content = BLOCKED_TEMPLATE.format(
         tool=tool, tool_call_id=tool_call_id, reason=reason_of(verdict, reason), **_fields(verdict)
     )
@@ -150,11 +151,13 @@ def blocked(tool: str, tool_call_id: str, verdict: Verdict, reason: str | None =
 
 
 def malformed(tool: str, tool_call_id: str, problem: str, verdict: Verdict) -> ToolMessage:
+    """The error tool message for a call whose name or arguments cannot be judged (``problem`` says why)."""
     content = MALFORMED_TEMPLATE.format(tool=tool or "(unnamed)", tool_call_id=tool_call_id, problem=problem)
     return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="malformed")
 
 
 def rejected(tool: str, tool_call_id: str, verdict: Verdict | None, reason: str | None, pending_id: str) -> ToolMessage:
+    """The error tool message for a held call a reviewer rejected (``reason``: the reviewer's, if any)."""
     content = REJECTED_TEMPLATE.format(tool=tool, tool_call_id=tool_call_id, reason=(reason or _NO_REASON).rstrip("."))
     return tool_error(
         tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="rejected", review=pending_id
@@ -162,6 +165,7 @@ def rejected(tool: str, tool_call_id: str, verdict: Verdict | None, reason: str 
 
 
 def handed_off(tool: str, tool_call_id: str, verdict: Verdict, node: str) -> ToolMessage:
+    """The tool message for a call handed off to the graph node ``node`` instead of running."""
     content = HANDOFF_NODE_TEMPLATE.format(tool=tool, tool_call_id=tool_call_id, node=node)
     return tool_error(
         tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="handed_off", node=node
@@ -169,15 +173,18 @@ def handed_off(tool: str, tool_call_id: str, verdict: Verdict, node: str) -> Too
 
 
 def already_answered(tool: str, tool_call_id: str) -> ToolMessage:
+    """The error tool message for a second call with a ``tool_call_id`` that already has an answer."""
     content = ALREADY_ANSWERED_TEMPLATE.format(tool=tool, tool_call_id=tool_call_id)
     return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=None, outcome="duplicate")
 
 
 def edit_notice(tool: str, arguments: Any) -> str:
+    """The note telling the model that a reviewer edited its call to ``tool`` to these ``arguments``."""
     return EDIT_NOTICE_TEMPLATE.format(tool=tool, arguments=json.dumps(arguments, ensure_ascii=False, default=str))
 
 
 def result_withheld(tool: str, tool_call_id: str, verdict: Verdict) -> ToolMessage:
+    """The error tool message that replaces a tool result the guard blocked."""
     content = RESULT_BLOCKED_TEMPLATE.format(
         tool=tool, tool_call_id=tool_call_id, reason=reason_of(verdict), **_fields(verdict)
     )

@@ -185,6 +185,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
 
     @property
     def name(self) -> str:
+        """The middleware's name in LangChain's agent graph (its nodes are named after it), with ``label``."""
         return "GuardAgentMiddleware" if self.label is None else f"GuardAgentMiddleware[{self.label}]"
 
     def __repr__(self) -> str:

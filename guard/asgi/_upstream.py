@@ -65,14 +65,20 @@ class UpstreamError(Exception):
 
 
 class UpstreamTimeout(UpstreamError):
+    """No connection, or no response bytes, within the configured timeout (504)."""
+
     kind = "timeout"
 
 
 class UpstreamUnavailable(UpstreamError):
+    """The upstream could not be connected to, closed the connection before answering, or answered with something that is not HTTP/1.1 (502)."""
+
     kind = "unavailable"
 
 
 class UpstreamBroken(UpstreamError):
+    """The upstream broke after the response started (the client connection is aborted)."""
+
     kind = "broken_stream"
 
 

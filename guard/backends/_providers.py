@@ -143,6 +143,7 @@ def parse_retry_after(headers: httpx.Headers, *, now: float | None = None) -> fl
 
 
 def snippet(response: httpx.Response) -> str:
+    """The start of an error response's body on one line, for error messages (at most ``_SNIPPET`` characters)."""
     text = response.text.strip().replace("\n", " ")
     return text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else "")
 

@@ -141,6 +141,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
 
     @property
     def state(self) -> BatcherState:
+        """Where the batcher is in its lifecycle (:class:`BatcherState`)."""
         return self._state
 
     @property

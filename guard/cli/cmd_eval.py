@@ -30,6 +30,7 @@ __all__ = ["open_eval_backend", "register"]
 
 
 def register(subparsers: Any) -> None:
+    """Add ``guard eval``."""
     parser = subparsers.add_parser(
         "eval",
         help="measure a backend on labelled JSONL",

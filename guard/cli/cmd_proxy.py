@@ -64,6 +64,7 @@ REVIEW_REDIS_URL_ENV = "GUARD_REVIEW_REDIS_URL"
 
 
 def register(subparsers: Any) -> None:
+    """Add ``guard proxy``."""
     parser = subparsers.add_parser(
         "proxy",
         help="run a reverse proxy with the guard in front of an HTTP service",

@@ -30,6 +30,7 @@ EXIT_USAGE = 2
 
 
 def register(subparsers: Any) -> None:
+    """Add ``guard quickstart``."""
     parser = subparsers.add_parser(
         "quickstart",
         help="run the example API behind the guard on real traffic and print the verdicts",

@@ -31,6 +31,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
+    """Add ``guard train``."""
     parser = subparsers.add_parser(
         "train", help="train the compact model (or a Clef head) on labelled JSONL",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

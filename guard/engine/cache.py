@@ -262,13 +262,6 @@ class ProbabilityCache:
             while len(entries) > self.config.max_entries:
                 entries.popitem(last=False)
 
-    async def get_or_compute(
-        self, key: str, request: SystemOneRequestV1, compute: Compute, *, ttl: float, wait: float
-    ) -> tuple[SystemOneResponseV1, Lookup]:
-        """:meth:`fetch`, returning the response itself (shared with other callers: read-only)."""
-        answers, lookup = await self.fetch(key, request, compute, ttl=ttl, wait=wait)
-        return answers.response, lookup
-
     async def fetch(
         self, key: str, request: SystemOneRequestV1, compute: Compute, *, ttl: float, wait: float
     ) -> tuple[CachedAnswers, Lookup]:

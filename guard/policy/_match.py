@@ -143,6 +143,9 @@ class HttpMatcher:
 
 @dataclass(frozen=True)
 class AgentMatcher:
+    """A policy's ``match.agent``: the agent events it judges (empty = every event) and, for tool events, the tools
+    (globs compiled into one pattern; ``None`` = every tool)."""
+
     events: frozenset[str]
     tools: re.Pattern[str] | None
     #: The tool globs as written, for the overlap report.

@@ -505,6 +505,7 @@ class PolicySet:
 
     @property
     def policies(self) -> tuple[Policy, ...]:
+        """The policies in load order (a reload replaces the whole set)."""
         return self._policies
 
     def __iter__(self) -> Iterator[Policy]:

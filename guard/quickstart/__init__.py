@@ -118,6 +118,8 @@ class Row:
 
 @dataclass
 class QuickstartResult:
+    """What ``guard quickstart`` replayed: one :class:`Row` per request or tool call, in the order they were judged."""
+
     rows: list[Row] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:

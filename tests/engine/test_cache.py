@@ -599,13 +599,13 @@ async def test_a_reader_cancelled_mid_read_does_not_strand_the_callers_that_join
         return await backend.decide(request)
 
     key = cache_key(request, backend=backend.name, revision=backend.model_revision)
-    first = asyncio.ensure_future(cache.get_or_compute(key, request, compute, ttl=60, wait=2))
+    first = asyncio.ensure_future(cache.fetch(key, request, compute, ttl=60, wait=2))
     await asyncio.sleep(0.05)  # the first caller is waiting on the (silent) Redis GET
-    second = asyncio.ensure_future(cache.get_or_compute(key, request, compute, ttl=60, wait=2))
+    second = asyncio.ensure_future(cache.fetch(key, request, compute, ttl=60, wait=2))
     await asyncio.sleep(0.05)
     first.cancel()
-    response, lookup = await second
-    assert lookup == "shared" and response.answers["injection"].noul == pytest.approx(0.9)
+    answers, lookup = await second
+    assert lookup == "shared" and answers.response.answers["injection"].noul == pytest.approx(0.9)
     assert first.cancelled() and backend.calls == 1
     await cache.aclose()
 
