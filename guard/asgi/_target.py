@@ -35,7 +35,7 @@ from starlette.types import Scope
 
 from guard.errors import BodyError
 
-__all__ = ["INVALID_TARGET", "RequestTarget", "canonical_path", "canonical_scope", "request_target"]
+__all__ = ["INVALID_TARGET", "RequestTarget", "canonical_path", "canonical_scope", "path_views", "request_target"]
 
 INVALID_TARGET = "invalid_target"
 
@@ -117,6 +117,16 @@ def _segment(segment: str) -> tuple[str, str]:
     except UnicodeDecodeError as exc:
         raise _bad("the path's percent-escapes are not UTF-8") from exc
     return "".join(encoded), text
+
+
+def path_views(path: str, *, fold: bool = True, strip: bool = True) -> tuple[str, ...]:
+    """The views of a canonical ``path`` that policies are matched on, in order: without a trailing slash
+    (``strip``) and lower-cased (``fold``), then the path as sent when that differs. The first view some policy
+    matches is the one judged (``GuardMiddleware``'s ``trailing_slash`` and ``path_case``, whose defaults these are,
+    and ``guard policy test|explain``)."""
+    view = (path.rstrip("/") or "/") if strip else path
+    view = view.lower() if fold else view
+    return (view,) if view == path else (view, path)
 
 
 def canonical_path(raw: str) -> RequestTarget:

@@ -69,7 +69,7 @@ from guard.asgi._responses import (
 )
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
 from guard.asgi._subject import head_subject, header_map, query_map, with_body
-from guard.asgi._target import canonical_scope
+from guard.asgi._target import canonical_scope, path_views
 from guard.asgi._upgrade import judged_by, refuse_invalid_upgrade, refuse_judged_upgrade
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
@@ -331,14 +331,11 @@ class GuardMiddleware:
     ) -> tuple[HttpSubject, tuple[Policy, ...]]:
         """The subject and the policies ``find`` returns for it, matched on the path's canonical view first
         (lower-cased, trailing slash removed, as configured), then on the path as sent."""
-        path: str = scope["path"]
-        view = (path.rstrip("/") or "/") if self._strip else path
-        view = view.lower() if self._fold else view
-        head = head_subject(scope, headers, self.client_header, view)
-        found = find(head)
-        if not found and view != path:
-            head = head_subject(scope, headers, self.client_header)
+        for view in path_views(scope["path"], fold=self._fold, strip=self._strip):
+            head = head_subject(scope, headers, self.client_header, view)
             found = find(head)
+            if found:
+                break
         return head, found
 
     def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend
-from guard.devtools.testing import subject_from_json, wire_answers, with_timeout
+from guard.devtools.testing import judged_subject, wire_answers, with_timeout
 from guard.engine.cache import MemoryCache
 from guard.engine.keys import cache_key
 from guard.errors import GuardError
@@ -48,7 +48,7 @@ def _guard(policies: list[Policy], backend: DecisionBackend) -> Guard:
 async def _verdict(policies: list[Policy], backend: DecisionBackend, subject: Any) -> Verdict:
     guard = _guard(policies, backend)
     try:
-        return await guard.aevaluate(subject)
+        return await guard.aevaluate(subject, policies=policies)
     finally:
         await guard.aclose()
 
@@ -65,7 +65,8 @@ async def explain(
 
     Args:
         file: the policy file.
-        subject_data: ``{"http": {...}}`` or ``{"agent": {...}}``.
+        subject_data: ``{"http": {...}}`` (with ``response`` for a response policy) or ``{"agent": {...}}``, matched
+            as :func:`~guard.devtools.testing.judged_subject` says.
         answers: hand-written answers by question key (see ``guard/backends/fixture.py``); default: even splits.
         backend_factory: builds a real backend instead of ``answers``; it is started (warmed up) before the decision.
         timeout_s: replaces the policies' ``timeout`` (seconds) when given.
@@ -78,8 +79,7 @@ async def explain(
         PolicyError: the file does not load. ValueError: the subject or the answers do not fit.
     """
     policies = with_timeout(load_text(Path(file).read_bytes(), str(file)), timeout_s)
-    subject = subject_from_json(subject_data)
-    matched = PolicySet(policies).matching(subject)
+    subject, matched = judged_subject(PolicySet(policies), subject_data)
     if not matched:
         return {"policy": None, "matched": [], "verdict": {"action": "allow", "policy": None}, "error": None}
     if backend_factory is not None:
@@ -89,7 +89,7 @@ async def explain(
         backend = FixtureBackend(wire_answers(matched, answers or {}))
     guard = _guard(policies, backend)
     try:  # the backend stays open until the reports are built: a rule error asks it again
-        verdict = await guard.aevaluate(subject)
+        verdict = await guard.aevaluate(subject, policies=matched)
         own = dict(zip((p.id for p in matched), verdict.contributions or (verdict,), strict=True))
         reports = [await _policy_report(policy, own[policy.id], subject, backend) for policy in matched]
     finally:

@@ -28,15 +28,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from guard.asgi._target import canonical_path, path_views
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend, answer_from_spec
 from guard.engine.cache import MemoryCache
-from guard.errors import PolicyError
+from guard.errors import BodyError, PolicyError
 from guard.policy._yaml import load_yaml
 from guard.policy.loader import PolicyLoadError, PolicySet, load_text
 from guard.policy.policy import Policy
@@ -49,6 +51,7 @@ __all__ = [
     "expand_policy_paths",
     "find_test_file",
     "is_test_file",
+    "judged_subject",
     "run_test_file",
     "subject_from_json",
     "test_file_schema",
@@ -57,10 +60,21 @@ __all__ = [
 ]
 
 BackendFactory = Callable[[], DecisionBackend]
+#: Characters of a test's ``http.path`` taken as sent: percent escapes, ``;`` (refused, as on the wire) and what a
+#: request target may hold unescaped; anything else (spaces, quotes, non-ASCII) is percent-encoded first.
+_WIRE_SAFE = "/%;!$&'()*+,=:@-._~"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _ResponseInput(_Strict):
+    status: int = Field(default=200, ge=100, le=599)
+    headers: dict[str, str] = Field(default_factory=dict)
+    content_type: str = ""
+    body: Any = None
+    body_text: str | None = None
 
 
 class _HttpInput(_Strict):
@@ -73,6 +87,7 @@ class _HttpInput(_Strict):
     content_type: str = ""
     body: Any = None
     body_text: str | None = None
+    response: _ResponseInput | None = None
 
 
 class _TurnInput(_Strict):
@@ -148,9 +163,13 @@ def subject_from_json(data: Any) -> Subject:
         raise ValueError("input needs exactly one of 'http' or 'agent'")
     if parsed.http is not None:
         h = parsed.http
+        try:  # a space or a non-ASCII letter is written as is in a test and percent-encoded on the wire
+            path = canonical_path(quote(h.path, safe=_WIRE_SAFE)).path
+        except BodyError as exc:
+            raise ValueError(f"input.http.path: {exc.reason}") from None
         body_text = h.body_text if h.body_text is not None else "\n".join(body_strings(h.body))
         return HttpSubject(
-            method=h.method.upper(), path=h.path, query=h.query, headers={k.lower(): v for k, v in h.headers.items()},
+            method=h.method.upper(), path=path, query=h.query, headers={k.lower(): v for k, v in h.headers.items()},
             host=h.host.lower(), client=h.client, content_type=h.content_type.lower(), body=h.body,
             body_text=body_text,
         )  # fmt: skip
@@ -158,6 +177,37 @@ def subject_from_json(data: Any) -> Subject:
     fields = parsed.agent.model_dump()
     fields["history"] = tuple(TurnMessage(**turn) for turn in fields["history"])
     return AgentSubject(**fields)
+
+
+def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Policy, ...]]:
+    """The subject an input stands for and every policy that decides it, matched as ``GuardMiddleware`` matches
+    with its defaults: an HTTP path made canonical (:func:`~guard.asgi._target.canonical_path`), then matched on its
+    :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased first); with
+    ``http.response``, the upstream's response to that request, decided by the response policies that watch the
+    request and match the response (its body's text as :func:`~guard.subject.body_strings` reads it).
+
+    Raises:
+        ValueError: the input does not fit (see :func:`subject_from_json`).
+    """
+    subject = subject_from_json(data)
+    if not isinstance(subject, HttpSubject):
+        return subject, policies.matching(subject)
+    response = _Input.model_validate(data).http.response  # type: ignore[union-attr]
+    judged: Subject = subject
+    found: tuple[Policy, ...] = ()
+    for view in path_views(subject.path):
+        head = replace(subject, path=view)
+        if response is None:
+            judged, found = head, policies.matching(head)
+        else:
+            text = response.body_text if response.body_text is not None else "\n".join(body_strings(response.body))
+            judged = replace(head, phase="response", status=response.status, body=response.body, body_text=text,
+                             headers={k.lower(): v for k, v in response.headers.items()},
+                             content_type=response.content_type.lower())
+            found = tuple(p for p in policies.watching(head) if p.matches(judged))
+        if found:
+            break
+    return judged, found
 
 
 @dataclass
@@ -245,8 +295,7 @@ async def _run_case(
 ) -> tuple[Verdict | None, list[str]]:
     from guard.engine import Guard
 
-    subject = subject_from_json(case.input.model_dump(exclude_none=True))
-    matched = PolicySet(policies).matching(subject)
+    subject, matched = judged_subject(PolicySet(policies), case.input.model_dump(exclude_none=True))
     backend: DecisionBackend
     asks = any(policy.questions for policy in matched)  # rules-only policies never call a model
     if case.answers is not None or case.backend_error is not None or not asks:
@@ -259,7 +308,7 @@ async def _run_case(
     names = {p.backend or "default" for p in policies} | {"default"}
     guard = Guard(list(policies), backends=dict.fromkeys(names, backend), cache=MemoryCache())
     try:
-        verdict = await guard.aevaluate(subject)
+        verdict = await guard.aevaluate(subject, policies=matched)
     finally:
         await guard.aclose()
     return verdict, _compare(case.expect, verdict)

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Sequence
 
 from guard._json import is_json_media
-from guard.policy._match import AgentMatcher, HttpMatcher
+from guard.policy._match import AgentMatcher, HttpMatcher, ResponseMatcher
 from guard.policy.policy import Policy
 
 __all__ = ["globs_intersect", "overlapping_pairs", "overlaps"]
@@ -93,6 +93,10 @@ def _media_meet(a: frozenset[str], b: frozenset[str]) -> bool:
 
 
 def _http_overlap(a: HttpMatcher, b: HttpMatcher) -> bool:
+    if (a.response is None) != (b.response is None):
+        return False  # a request policy and a response policy never judge one subject
+    if a.response is not None and b.response is not None and not _responses_meet(a.response, b.response):
+        return False
     if a.methods and b.methods and not a.methods & b.methods:
         return False
     if not _media_meet(a.content_types, b.content_types):
@@ -103,6 +107,13 @@ def _http_overlap(a: HttpMatcher, b: HttpMatcher) -> bool:
         return False
     wanted = dict(headers_b)
     return all(globs_intersect(value, wanted[name], None) for name, value in headers_a if name in wanted)
+
+
+def _responses_meet(a: ResponseMatcher, b: ResponseMatcher) -> bool:
+    """Some response has a status and a media type both accept (headers are not compared: they rarely exclude)."""
+    if a.status and b.status and not a.status & b.status:
+        return False
+    return _media_meet(a.content_types, b.content_types)
 
 
 def _agent_overlap(a: AgentMatcher, b: AgentMatcher) -> bool:

@@ -455,3 +455,65 @@ def test_shipped_files_name_their_schema_and_the_test_file_schema_is_current() -
             jsonschema.validate(yaml.safe_load(file.read_text()), test_schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"cases": [{"name": "x", "input": {"http": {}}, "expect": {}, "typo": 1}]}, test_schema)
+
+
+RESPONSE_POLICIES = """\
+policies:
+  - id: chat
+    version: 1
+    match: {http: {methods: [POST], paths: ["/v1/chat"]}}
+    state: {text: body_text}
+    rules: [{id: syntax, when: 'sqli(state.text)', action: block}]
+    default: allow
+  - id: chat-leak
+    version: 1
+    match: {http: {methods: [POST], paths: ["/v1/chat"], response: {status: [200]}}}
+    state: {text: body_text}
+    rules: [{id: key, when: 'state.text.matches("sk_live_[A-Za-z0-9]{8,}")', action: block}]
+    default: allow
+"""
+
+
+def test_cases_are_matched_as_the_middleware_matches_and_can_judge_responses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A response policy could not be tested (every case built a request, so a leaking body "passed" under
+    ``expect: {action: allow}``), and paths were matched as written: ``/V1/chat/`` or ``/v1/%63hat`` matched no
+    policy in a test while the middleware judged them."""
+    (tmp_path / "p.yaml").write_text(RESPONSE_POLICIES)
+    sql = {"text": "1; DROP TABLE users"}
+    cases = [
+        {"name": f"path {path}", "input": {"http": {"method": "POST", "path": path, "body": sql}},
+         "expect": {"policy": "chat", "action": "block"}}
+        for path in ("/v1/chat", "/V1/chat/", "/v1/./chat", "//v1/chat", "/v1/%63hat", "/v1/x/../chat")
+    ]
+    leak = {"content_type": "application/json", "body": {"reply": "the key is sk_live_ABCDEFGHIJ"}}
+    cases += [
+        {"name": "a leaking response is blocked",
+         "input": {"http": {"method": "POST", "path": "/v1/chat", "body": {"text": "hi"}, "response": leak}},
+         "expect": {"policy": "chat-leak", "action": "block", "rule": "key"}},
+        {"name": "a clean response is allowed",
+         "input": {"http": {"method": "POST", "path": "/v1/chat", "response": {"body_text": "hello"}}},
+         "expect": {"policy": "chat-leak", "action": "allow"}},
+        {"name": "a 500 is not watched",
+         "input": {"http": {"method": "POST", "path": "/v1/chat", "response": {"status": 500, **leak}}},
+         "expect": {"policy": None}},
+        {"name": "a request is never judged by a response policy",
+         "input": {"http": {"method": "POST", "path": "/v1/chat", "body": {"text": "sk_live_ABCDEFGHIJ"}}},
+         "expect": {"policy": "chat", "action": "allow"}},
+    ]
+    (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": cases}))
+    assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 0, capsys.readouterr().out
+    assert f"{len(cases)} passed, 0 failed" in capsys.readouterr().out
+
+    raw = [{"name": "raw semicolon", "input": {"http": {"method": "POST", "path": "/v1/chat;x=1"}},
+            "expect": {"policy": None}}]
+    (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": raw}))
+    assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 1
+    assert "input.http.path: the path contains ';'" in capsys.readouterr().err
+
+    subject = tmp_path / "response.json"
+    subject.write_text(json.dumps({"http": {"method": "POST", "path": "/V1/chat", "response": leak}}))
+    assert main(["policy", "explain", str(tmp_path / "p.yaml"), "--input", str(subject), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"]["action"] == "block" and report["policy"]["id"] == "chat-leak"

@@ -61,6 +61,11 @@ def _policy(match: str, pid: str) -> str:
         ("{agent: {}}", "{agent: {events: [tool_call], tools: [shell]}}", ["agent"]),
         ("{http: {}, agent: {}}", "{agent: {events: [model_input]}}", ["agent"]),
         ("{http: {}}", "{agent: {}}", []),
+        ("{http: {paths: ['/v1/**']}}", "{http: {response: {status: [200]}}}", []),  # a request vs its response
+        ("{http: {response: {status: [200]}}}", "{http: {paths: ['/v1/**'], response: {}}}", ["http"]),
+        ("{http: {response: {status: [200]}}}", "{http: {response: {status: [500]}}}", []),
+        ("{http: {response: {content_types: [text/plain]}}}", "{http: {response: {content_types: [application/json]}}}",
+         []),
     ],
 )  # fmt: skip
 def test_policies_overlap_when_one_subject_can_match_both(a: str, b: str, kinds: list[str]) -> None:
