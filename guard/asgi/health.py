@@ -70,7 +70,7 @@ class HealthEndpoint:
 
     def report(self) -> dict[str, Any]:
         """The full report (:func:`guard.engine.health.health_report`) with the upstream check."""
-        parts = {"upstream": self.upstream.check("failing")} if self.upstream is not None else None
+        parts = {"upstream": self.upstream.check()} if self.upstream is not None else None
         return health_report(self.guard, watcher=self.watcher, parts=parts)
 
     async def __call__(self, scope: Scope, send: Send) -> None:

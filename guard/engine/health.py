@@ -1,18 +1,22 @@
 """What health reports: each part's state as a short code, and the details behind it.
 
-* :class:`FailureTracker`: the outcome of a part's recent calls (a backend's decisions, the proxy's upstream): it is
-  ``failing`` while its last call failed within ``window_s`` seconds (every request then fails closed or 502s).
-* :class:`HealthMonitor`: runs each backend's canaries (:mod:`guard.backends.selftest`) at start-up and every
-  ``interval_s`` seconds; a backend whose canary fails is ``canary_failed`` and the engine refuses its answers
-  (``BackendUnavailable``, ``reason="canary_failed"``: the policy's fail mode decides) until a run passes.
+* :class:`FailureTracker`: the outcome of a part's recent calls (a backend's decisions, the proxy's upstream): its
+  last call failed within ``window_s`` seconds. Clients choose what those calls carry (a state that runs past the
+  timeout, a path the upstream answers slowly), so this is ``degraded``, never ``failing``: one client could
+  otherwise take every replica out of rotation in turn.
+* :class:`HealthMonitor`: runs each backend's canaries (:mod:`guard.backends.selftest`), fixed states no client
+  chooses, at start-up and every ``interval_s`` seconds; a backend whose canary fails is ``canary_failed`` and the
+  engine refuses its answers (``BackendUnavailable``, ``reason="canary_failed"``: the policy's fail mode decides)
+  until a run passes; one that cannot answer them (down, timed out; not merely busy) is ``unreachable`` until a run
+  or a live call succeeds.
 * :func:`health_report`: ``{"status", "ready", "checks": {part: code}, "details": {...}}`` from the engine, the
   monitor, the policy watcher and any other parts; :func:`public_health` keeps codes only (no error text, no policy
   content) for unauthenticated callers.
 
-Status: ``failing`` when a check fails every request (no policy, a backend failing or failing its canary, a
-backend whose monitor has not finished its first canary run (``starting``), the upstream failing); ``degraded`` when
-requests are still judged but something needs a look (a Redis error, a failed reload, a dead reload watcher); else
-``ok``. ``ready`` is ``status != "failing"``.
+Status: ``failing`` when no request can be judged (no policy; a backend failing its canary, unreachable by it, or
+whose monitor has not finished its first canary run: ``starting``); ``degraded`` when requests are still judged but
+something needs a look (a Redis error, a failed reload, a dead reload watcher, a backend call or an upstream forward
+that failed lately); else ``ok``. ``ready`` is ``status != "failing"``.
 """
 
 from __future__ import annotations
@@ -90,12 +94,12 @@ class FailureTracker:
         self.last_error = message[:300]
         self.calls_failed += 1
 
-    def check(self, failing_code: str) -> Check:
-        """``failing`` (with ``failing_code``) while the last call failed within the window, else ``ok``."""
+    def check(self) -> Check:
+        """``last_call_failed`` (degraded) while the last call failed within the window, else ``ok``."""
         detail = {"calls_failed": self.calls_failed, "last_error": self.last_error or None}
         at = self.last_failure_at
         if at is not None and time.monotonic() - at < self.window_s:
-            return Check(failing_code, "failing", {**detail, "error_code": self.last_code,
+            return Check("last_call_failed", "degraded", {**detail, "error_code": self.last_code,
                                                    "seconds_ago": round(time.monotonic() - at, 1)})  # fmt: skip
         return Check("ok", "ok", detail)
 
@@ -170,6 +174,7 @@ class HealthMonitor:
                     logger.warning("backend %r could not answer its canary; requests that need it follow their "
                                    "policy's fail mode until it can: %s: %s", name, type(exc).__name__, exc)
                 self.unreachable.add(name)
+                return Check("unreachable", "failing", {"error": f"{type(exc).__name__}: {exc}"[:300]})
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
         except Exception as exc:  # noqa: BLE001 - any other error the model raised (a broken ONNX session)
             return self._failing(name, exc)
@@ -264,11 +269,13 @@ def health_report(
     backends: dict[str, Check] = {}
     monitor: HealthMonitor | None = getattr(guard, "monitor", None)
     for name in guard.backends:
-        check = guard.backend_health[name].check("failing")
+        tracker = guard.backend_health[name]
+        check = tracker.check()
         canary = monitor.results.get(name) if monitor is not None else None
-        if canary is not None and canary.severity == "failing" and check.severity != "failing":
+        answered_since = canary is not None and canary.code == "unreachable" and tracker.last_failure_at is None
+        if canary is not None and canary.severity == "failing" and not answered_since:
             check = canary
-        if monitor is not None and canary is None and check.severity != "failing":  # its first run is under way
+        if monitor is not None and canary is None:  # its first run is under way
             check = Check("starting", "failing", {"error": "the canaries have not run yet"})
         detail = {**(check.detail or {}), "canary": dict(canary.detail or {}, code=canary.code) if canary else None}
         backends[name] = Check(check.code, check.severity, detail)

@@ -21,7 +21,7 @@ from guard.policy import load_files
 from guard.policy.watch import PolicyWatcher
 from tests._backends import ScriptedBackend
 from tests._degenerate import always_no_app
-from tests.asgi._apps import POLICY
+from tests.asgi._apps import POLICY, scripted_answers
 from tests.asgi._servers import serve_in_thread
 from tests.worker._serve import serve_app_in_thread
 
@@ -63,10 +63,12 @@ async def test_health_reports_a_dead_backend_and_upstream_and_leaks_nothing() ->
             wrong = await ops.get("/_guard/health", headers={"authorization": "Bearer " + "x" * 29})
     assert before.status_code == 200 and before.json()["status"] == "ok"
     assert judged.status_code == 503 and unjudged.status_code == 502
+    # A failed call is degraded, not failing: a client chooses what a call carries (a state that times the model
+    # out, a path the upstream answers slowly), and one client could then take every replica out of rotation.
     body = after_backend.json()
-    assert after_backend.status_code == 503 and body["status"] == "failing" and body["ready"] is False
-    assert body["checks"]["backends"] == {"default": "failing"} and body["checks"]["upstream"] == "ok"
-    assert after_upstream.status_code == 503 and after_upstream.json()["checks"]["upstream"] == "failing"
+    assert after_backend.status_code == 200 and body["status"] == "degraded" and body["ready"] is True
+    assert body["checks"]["backends"] == {"default": "last_call_failed"} and body["checks"]["upstream"] == "ok"
+    assert after_upstream.status_code == 200 and after_upstream.json()["checks"]["upstream"] == "last_call_failed"
     for public in (before, after_backend, after_upstream, wrong):
         text = public.text
         assert "details" not in public.json() and "Connect" not in text and "api_guard" not in text
@@ -250,7 +252,52 @@ async def test_a_backend_that_cannot_answer_its_canary_is_logged_once(caplog: py
     monitor = HealthMonitor(guard, interval_s=0)
     with caplog.at_level("WARNING", logger="guard.health"):
         for _ in range(2):
-            assert (await monitor.check())["default"].code == "canary_not_run"
+            assert (await monitor.check())["default"].code == "unreachable"
     warnings = [r.getMessage() for r in caplog.records if r.name == "guard.health"]
     assert len(warnings) == 1 and "could not answer its canary" in warnings[0] and "ConnectError" in warnings[0]
+    await guard.aclose()
+
+
+async def test_only_the_canary_can_make_a_backend_failing_and_a_live_answer_clears_unreachable() -> None:
+    """A client's request that times the model out made the backend ``failing`` (503 readiness for 30 s): one
+    slow request now and then took replicas out of rotation. Live calls now only degrade; the canary, fixed states
+    no client chooses, makes a backend failing when it cannot be answered, until a run or a live call succeeds."""
+    from guard.errors import BackendUnavailable
+    from guard.policy import load_text
+    from guard.subject import HttpSubject
+
+    down = {"now": False}
+    def answers(request: Any) -> dict[str, Any]:
+        injection = scripted_answers(request)["injection"]
+        return {question.id: injection for question in request.questions}
+
+    backend = ScriptedBackend(answers,
+                              fail=lambda _: BackendUnavailable("refused", reason="connection") if down["now"] else None)
+    policy = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
+""")
+    guard = Guard(policy, backends=backend)
+    monitor = HealthMonitor(guard, interval_s=0)
+
+    def backend_check() -> tuple[str, bool]:
+        report = guard.health()
+        return report["checks"]["backends"]["default"], report["ready"]
+
+    assert backend_check() == ("starting", False)
+    await monitor.check()
+    assert backend_check() == ("ok", True)
+    down["now"] = True
+    subject = HttpSubject(method="POST", path="/x", body_text="hello")
+    assert (await guard.aevaluate(subject)).fail_mode == "closed"
+    assert backend_check() == ("last_call_failed", True)  # a live failure: degraded, still ready
+    await monitor.check()
+    assert backend_check() == ("unreachable", False)  # the canary cannot be answered: out of rotation
+    down["now"] = False
+    assert (await guard.aevaluate(HttpSubject(method="POST", path="/x", body_text="hello again"))).error is None
+    assert backend_check() == ("ok", True)  # a live answer since: back before the next canary run
     await guard.aclose()
