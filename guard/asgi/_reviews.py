@@ -50,7 +50,7 @@ from guard.asgi._subject import (
     held_request,
     subject_summary,
 )
-from guard.asgi.review_store import ReviewItem, ReviewStore
+from guard.asgi.review_store import NEW_ITEM, ReviewItem, ReviewStore
 from guard.engine.telemetry import redact_secrets
 from guard.errors import (
     BodyError,
@@ -185,8 +185,8 @@ async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[by
                                     "status": exc.status}, headers)
     else:  # the store's own error (an address, a driver message) goes to the log, not to the client
         logger.error("review store unavailable (item %s): %s", exc.review_id, exc)
-        await send_json(send, 503, {"code": REVIEW_UNAVAILABLE, "message": STORE_DOWN_MESSAGE,
-                                    "review_id": exc.review_id},
+        review_id = None if exc.review_id == NEW_ITEM else exc.review_id
+        await send_json(send, 503, {"code": REVIEW_UNAVAILABLE, "message": STORE_DOWN_MESSAGE, "review_id": review_id},
                         [*headers, (b"retry-after", str(STORE_RETRY_AFTER_S).encode())])
 
 

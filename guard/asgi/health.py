@@ -24,6 +24,7 @@ from guard.policy.watch import PolicyWatcher
 if TYPE_CHECKING:
     from starlette.types import Scope, Send
 
+    from guard.asgi.review_store import ReviewStore
     from guard.engine import Guard
 
 __all__ = ["HealthEndpoint"]
@@ -35,6 +36,7 @@ class HealthEndpoint:
     Args:
         guard: the engine.
         upstream: the proxy's upstream tracker (``ReverseProxy.health``), reported as check ``upstream``.
+        review_store: the store escalated requests are held in, reported as check ``review_store``.
         admin_tokens: bearer tokens that see the details (none: nobody does).
         watcher: the policy watcher, when one runs (set later with :attr:`watcher` when it is made after the app).
     """
@@ -44,11 +46,13 @@ class HealthEndpoint:
         guard: Guard,
         *,
         upstream: FailureTracker | None = None,
+        review_store: ReviewStore | None = None,
         admin_tokens: Iterable[str] = (),
         watcher: PolicyWatcher | None = None,
     ) -> None:
         self.guard = guard
         self.upstream = upstream
+        self.review_store = review_store
         self.watcher = watcher
         self._digests = [hashlib.sha256(t.encode()).digest() for t in admin_tokens]
         self._guesses = TokenBuckets(*DEFAULT_RATE_LIMIT)  # wrong tokens per client address, as the review API's
@@ -69,8 +73,12 @@ class HealthEndpoint:
         return self._guesses.take("client:" + (client[0] if client else ""))
 
     def report(self) -> dict[str, Any]:
-        """The full report (:func:`guard.engine.health.health_report`) with the upstream check."""
-        parts = {"upstream": self.upstream.check()} if self.upstream is not None else None
+        """The full report (:func:`guard.engine.health.health_report`) with the upstream and review store checks."""
+        parts = {}
+        if self.upstream is not None:
+            parts["upstream"] = self.upstream.check()
+        if self.review_store is not None:
+            parts["review_store"] = self.review_store.health.check()
         return health_report(self.guard, watcher=self.watcher, parts=parts)
 
     async def __call__(self, scope: Scope, send: Send) -> None:

@@ -307,7 +307,7 @@ class ReverseProxy:
             self.health.failure(code, str(exc))
             await send_json(send, 504 if timeout else 502, {
                 "code": code,
-                "message": f"the upstream {'did not answer in time' if timeout else 'could not be reached'} ({exc})",
+                "message": str(exc),
                 "field": None,
             })  # fmt: skip
             return

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from guard._seal import Sealer
+from guard.engine.health import FailureTracker
 from guard.errors import ReviewConflict, ReviewNotFound, ReviewQuotaExceeded, ReviewStoreUnavailable
 from guard.subject import digest_of
 from guard.verdict import Verdict
@@ -51,6 +52,7 @@ __all__ = [
     "DEFAULT_MAX_PENDING_PER_CLIENT",
     "DEFAULT_REVIEW_PREFIX",
     "DEFAULT_REVIEW_TTL_S",
+    "NEW_ITEM",
     "MemoryReviewStore",
     "RedisReviewStore",
     "ReviewItem",
@@ -67,6 +69,8 @@ DEFAULT_REVIEW_TTL_S = 24 * 3600.0
 DEFAULT_REVIEW_PREFIX = "guard:review:"
 """Redis key prefix: items at ``<prefix><id>``, the per-status indexes at ``<prefix>index:<status>``."""
 DEFAULT_MAX_ITEMS = 10_000
+#: The ``review_id`` of a :class:`~guard.errors.ReviewError` raised before an item had an id (creating one).
+NEW_ITEM = "(new)"
 """Most items the in-memory store holds; creating one more fails closed."""
 DEFAULT_MAX_PENDING_PER_CLIENT = 100
 """Most pending items one client may have at once (both stores); one more is a 429 for that client only, so a
@@ -194,9 +198,15 @@ class ReviewStore(Protocol):
     """Where review items live. Every method is atomic per item.
 
     Raises (all methods): ReviewStoreUnavailable when the store cannot be reached.
+
+    Attributes:
+        ttl_s: item lifetime, seconds.
+        health: the outcome of the store's recent operations (``ReviewStoreUnavailable`` is a failure), reported as
+            health check ``review_store`` (degraded: escalations are refused with 503 while it fails).
     """
 
     ttl_s: float
+    health: FailureTracker
 
     async def create(
         self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None,
@@ -247,7 +257,7 @@ def _digest_conflict(item_id: str, status: str) -> ReviewConflict:
 
 
 def _quota(client: str, count: int, cap: int, retry_after: float) -> ReviewQuotaExceeded:
-    return ReviewQuotaExceeded("(new)", f"this client already has {count} pending review items, its limit {cap}; "
+    return ReviewQuotaExceeded(NEW_ITEM, f"this client already has {count} pending review items, its limit {cap}; "
                                "wait for a decision on them", retry_after=max(1.0, retry_after))
 
 
@@ -272,6 +282,7 @@ class MemoryReviewStore:
                              "be at least 1")
         self.max_items = max_items
         self.max_pending_per_client = max_pending_per_client
+        self.health = FailureTracker()
         self._items: dict[str, ReviewItem] = {}
         self._pending: dict[str, list[ReviewItem]] = {}  # client -> its pending items, oldest first
 
@@ -320,9 +331,10 @@ class MemoryReviewStore:
         if len(self._items) >= self.max_items:
             self._purge()
         if len(self._items) >= self.max_items:
-            raise ReviewStoreUnavailable(
-                "(new)", f"the in-memory review store holds {len(self._items)} items, its limit {self.max_items}"
-            )
+            full = f"the in-memory review store holds {len(self._items)} items, its limit {self.max_items}"
+            self.health.failure("review_store_full", full)
+            raise ReviewStoreUnavailable(NEW_ITEM, full)
+        self.health.success()
         item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
                          tenant=tenant, client=client)
         self._items[item.id] = item
@@ -448,6 +460,7 @@ return {3, ARGV[2]}
         self.max_pending_per_client = max_pending_per_client
         self._sealer = Sealer.resolve(store_key, "RedisReviewStore")
         self.tampered = 0
+        self.health = FailureTracker()
         self.prefix = prefix
         self._client = client
         self._owns_client = owns_client
@@ -496,9 +509,12 @@ return {3, ARGV[2]}
         from redis.exceptions import RedisError
 
         try:
-            return await coro
+            result = await coro
         except (RedisError, OSError) as exc:
+            self.health.failure("review_store_unavailable", f"{type(exc).__name__}: {exc}")
             raise ReviewStoreUnavailable(review_id, f"Redis failed: {type(exc).__name__}: {exc}") from exc
+        self.health.success()
+        return result
 
     @staticmethod
     def _text(value: Any) -> str | None:
@@ -552,9 +568,9 @@ return {3, ARGV[2]}
         pipe.pexpireat(key, int(item.expires_at * 1000))
         pipe.zrange(key, 0, 0, withscores=True)
         pipe.zcard(key)
-        *_, oldest, count = await self._call("(new)", pipe.execute())
+        *_, oldest, count = await self._call(NEW_ITEM, pipe.execute())
         if int(count) > self.max_pending_per_client:
-            await self._call("(new)", self._client.zrem(key, item.id))
+            await self._call(NEW_ITEM, self._client.zrem(key, item.id))
             raise _quota(client, int(count) - 1, self.max_pending_per_client,
                          float(oldest[0][1]) - now if oldest else 1)
 

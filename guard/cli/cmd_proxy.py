@@ -36,6 +36,7 @@ judged body) close or refuse them.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -61,6 +62,8 @@ EXIT_USAGE = 2
 #: Environment variables read when ``--redis-url`` / ``--review-redis-url`` are not given.
 REDIS_URL_ENV = "GUARD_REDIS_URL"
 REVIEW_REDIS_URL_ENV = "GUARD_REVIEW_REDIS_URL"
+
+logger = logging.getLogger("guard.proxy")
 
 
 def register(subparsers: Any) -> None:
@@ -221,6 +224,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     from guard.engine.cache import CacheConfig
     from guard.engine.health import HealthMonitor
     from guard.engine.telemetry import DecisionLog
+    from guard.errors import ReviewStoreUnavailable
     from guard.policy import load_files
 
     host, port = _listen(args.listen)
@@ -280,6 +284,10 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     async def astart() -> None:
         await start_backend(backend)  # warm up before the first request is timed
         await monitor.start()  # the canaries: a degenerate backend gets no model calls and health says failing
+        try:  # a wrong review store address shows now, not at the first escalation
+            await store.list_items(limit=1)
+        except ReviewStoreUnavailable as exc:
+            logger.error("the review store cannot be read (escalated requests will get 503 until it can): %s", exc)
         if watcher is not None:
             watcher.start()
 
@@ -291,7 +299,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         await guard.aclose()
 
     app = proxy_app(guard, config, on_startup=astart, on_shutdown=aclose, **options)
-    health = HealthEndpoint(guard, upstream=app.proxy.health, admin_tokens=reviewer_tokens(reviewers), watcher=watcher)
+    health = HealthEndpoint(guard, upstream=app.proxy.health, review_store=store,
+                            admin_tokens=reviewer_tokens(reviewers), watcher=watcher)
     admin = admin_app(guard, review_store=store, reviewers=reviewers, insecure_loopback=args.review_insecure_loopback,
                       metrics=app.guarded.metrics, health=health)
     return ProxyRuntime(app=app, host=host, port=port, admin=admin, admin_host=admin_host, admin_port=admin_port,

@@ -577,3 +577,29 @@ async def test_the_decision_span_continues_the_clients_traceparent_only_when_tru
     # Not trusted (the default): every decision starts its own trace.
     assert all(t != trace_id and parent is None for t, parent, _ in seen[False])
     provider.shutdown()
+
+
+def test_cli_a_review_store_it_cannot_read_is_logged_at_start_and_degrades_health(
+    upstream: tuple[Upstream, str], redis_url: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wrong ``--review-redis-url`` showed nowhere until the first escalation got a 503."""
+    _, url = upstream
+    monkeypatch.setenv("GUARD_STORE_KEY", "k" * 32)
+    monkeypatch.setenv("GUARD_REVIEW_TOKENS", f"alice:{TOKEN}")
+    argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "http://127.0.0.1:9",
+            "--review-redis-url", f"redis://127.0.0.1:{_free_port()}/0", "--review-tokens-env", "GUARD_REVIEW_TOKENS",
+            "--canary-interval", "0"]  # fmt: skip
+    runtime = build(build_parser().parse_args(argv))
+
+    async def start_and_report() -> dict[str, Any]:
+        await runtime.app.on_startup()
+        try:
+            return runtime.admin.health.report()
+        finally:
+            await runtime.aclose()
+
+    with caplog.at_level("ERROR", logger="guard.proxy"):
+        report = asyncio.run(start_and_report())
+    assert any("review store cannot be read" in r.getMessage() for r in caplog.records)
+    assert report["checks"]["review_store"] == "last_call_failed"

@@ -199,11 +199,21 @@ async def test_review_api_validation_and_token(make_guard: GuardFactory) -> None
 
 
 async def test_review_store_down_fails_closed(make_guard: GuardFactory, private_redis: Any) -> None:
+    """... and health says so (degraded: check ``review_store``), which it did not: the only trace was a counter."""
+    from guard.asgi.health import HealthEndpoint
+
     store = RedisReviewStore.from_url(private_redis.url, timeout_s=0.2)
+    guard = make_guard()
+    health = HealthEndpoint(guard, review_store=store)
+    assert health.report()["checks"]["review_store"] == "ok"
     private_redis.stop()
-    async with client_for(_app(make_guard(), store)) as client:
+    async with client_for(_app(guard, store)) as client:
         response = await client.post("/v1/echo", content=UNSURE, headers=JSON)
         assert response.status_code == 503 and response.json()["code"] == "review_unavailable"
+        assert response.json()["review_id"] is None  # no item was made: no placeholder id
+        report = health.report()
+        assert report["checks"]["review_store"] == "last_call_failed" and report["status"] == "degraded"
+        assert report["ready"] is True  # requests are still judged; escalations fail closed
         assert response.headers["retry-after"] == "5" and "x-app" not in response.headers
         # the store's own error (its address, the driver's message) is logged, never told to the client
         assert "127.0.0.1" not in response.text and "Redis" not in response.text
