@@ -300,6 +300,9 @@ def run_test(args: argparse.Namespace) -> int:
                 print(f"     {difference}", file=sys.stderr)
     total = sum(len(results) for _, results in suites)
     failed = sum(not r.passed for _, results in suites for r in results)
+    if pattern is not None and not total and not broken:  # a filter that selects nothing tests nothing
+        print(f"guard policy test: no case matches --run {args.run!r}", file=sys.stderr)
+        return EXIT_FAILED
     if args.format == "json":
         print(json.dumps(_json_report(suites, uncovered), indent=2, ensure_ascii=False))
     elif args.format == "junit":

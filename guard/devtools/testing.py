@@ -126,6 +126,13 @@ class _Expect(_Strict):
     shadow_action: Action | None = None
     flags: list[str] = Field(default_factory=list)
 
+    @pydantic.model_validator(mode="after")
+    def _says_something(self) -> _Expect:
+        if not self.model_fields_set:
+            raise ValueError("expect names nothing to check, so the case passes whatever is decided; give at least "
+                             "one of policy, action, rule, status, handoff, fail_mode, shadow_action, flags")
+        return self
+
 
 class _Case(_Strict):
     name: str

@@ -31,7 +31,7 @@ from guard.policy._state import (
 )
 from guard.policy._yaml import LineMap, format_path, load_yaml
 from guard.policy._yaml import Path as KeyPath
-from guard.policy.model import PolicyFileSpec, PolicySpec, SourceSpec
+from guard.policy.model import PATTERN_HINTS, PolicyFileSpec, PolicySpec, SourceSpec
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
 from guard.policy.provenance import CALL_KEYS, RESULT_KEYS, ToolSpec
 from guard.policy.redact import Redactor, compile_pattern
@@ -41,6 +41,7 @@ from guard.policy.rules import (
     RESERVED_NAMES,
     CompiledRule,
     Outcome,
+    answer_literal_errors,
     compile_condition,
     constant_failures,
     field_reads,
@@ -127,6 +128,10 @@ def _pydantic_problem(error: Any, lines: LineMap) -> PolicyError:
         message = "unknown key; check the spelling against docs/policies.md"
     elif error["type"] == "missing":
         message = "is required"
+    elif error["type"] == "value_error":  # a validator's own message, without pydantic's "Value error, "
+        message = str(error["ctx"]["error"])
+    elif error["type"] == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") in PATTERN_HINTS:
+        message = f"{PATTERN_HINTS[error['ctx']['pattern']]}, got {error['input']!r}"
     elif "input" in error and error["type"] not in ("missing",):
         shown = repr(error["input"])
         message = f"{message}, got {shown if len(shown) <= 60 else shown[:57] + '...'}"
@@ -149,6 +154,8 @@ def _compile(
     fixed = _fixed_names(spec)
     rules = []
     seen_rules: set[str] = set()
+    wires = {q.key: q.wire for q in questions}
+    literal_errors: set[str] = set()
     for i, rule in enumerate(spec.rules):
         if rule.id in seen_rules:
             problem(("rules", i, "id"), f"rule id {rule.id!r} is used twice; rule ids must be unique in a policy")
@@ -163,12 +170,14 @@ def _compile(
             problem(("rules", i, "when"), unknown)
         for reason in pattern_errors(rule.when):
             problem(("rules", i, "when"), reason)
+        for reason in answer_literal_errors(rule.when, wires, file_spec.data):
+            problem(("rules", i, "when"), reason)
+            literal_errors.add(rule.id)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
         rules.append(CompiledRule(rule.id, rule.when, program, outcome, names))
-    wires = {q.key: q.wire for q in questions}
     failures = constant_failures(spec.id, tuple(rules), wires, file_spec.data) if len(wires) == len(known) else {}
     for i, rule in enumerate(spec.rules):
-        if rule.id in failures:
+        if rule.id in failures and rule.id not in literal_errors:  # already said, more plainly
             problem(("rules", i, "when"), f"fails on every request: {failures[rule.id]}")
     default = _outcome(spec.default, ("default",), file_spec, problem)
     _check_actions(spec, problem)

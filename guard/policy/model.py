@@ -70,6 +70,18 @@ DEFAULT_CACHE_TTL_S = 300.0
 DEFAULT_HANDOFF_TIMEOUT_S = 30.0
 
 
+
+#: What a path glob must look like (a request's path always starts with ``/``), and the error's hint.
+PATH_GLOB_PATTERN = r"^/"
+#: A media type without parameters, ``type/subtype`` (RFC 9110 8.3.1 tokens).
+MEDIA_TYPE_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+PATTERN_HINTS = {
+    PATH_GLOB_PATTERN: "a path glob starts with '/' (e.g. /v1/**); a path without one matches no request",
+    MEDIA_TYPE_PATTERN: "a media type is type/subtype without parameters (e.g. application/json)",
+}
+PathGlob = Annotated[str, Field(pattern=PATH_GLOB_PATTERN)]
+MediaType = Annotated[str, Field(pattern=MEDIA_TYPE_PATTERN)]
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -116,7 +128,7 @@ class ResponseMatchSpec(_Strict):
         json_schema_extra={"default": {}},
         description="Response header name (case-insensitive) -> value glob; every one must be present and match.",
     )
-    content_types: list[str] = Field(
+    content_types: list[MediaType] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
         description="Response media types without parameters, e.g. [application/json, text/event-stream]; [] = any.",
@@ -135,7 +147,7 @@ class HttpMatchSpec(_Strict):
         json_schema_extra={"default": []},
         description="HTTP methods, e.g. [POST, PUT] (compared case-insensitively); [] = any.",
     )
-    paths: list[str] = Field(
+    paths: list[PathGlob] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
         description="Path globs, e.g. /v1/chat/** or /api/*/items (* within a segment, ** across, ? one character); "
@@ -151,7 +163,7 @@ class HttpMatchSpec(_Strict):
         json_schema_extra={"default": {}},
         description="Header name (case-insensitive) -> value glob; every one must be present and match; '*' = present.",
     )
-    content_types: list[str] = Field(
+    content_types: list[MediaType] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
         description="Media types without parameters, e.g. application/json; [] = any.",

@@ -29,9 +29,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import operator
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ __all__ = [
     "Outcome",
     "RuleError",
     "RuleResult",
+    "answer_literal_errors",
     "answer_variables",
     "apply_rules",
     "compile_condition",
@@ -289,6 +291,80 @@ def pattern_errors(source: str) -> list[str]:
         except (RuntimeError, ValueError) as exc:
             reason = " ".join(str(exc).split())
             out.append(f"the pattern {found.group(1)} of matches() is not a valid regular expression: {reason[:200]}")
+    return out
+
+
+_CMP = r"(==|!=|<=|>=|<|>)"
+_NUMBER = r"(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|data\s*\.\s*[A-Za-z_]\w*)"
+_MASKED_STRING = r"(\"\s*\"|'\s*')"  # a string literal once its text is blanked out (offsets kept)
+# A comparison's operand is the whole of it only between these (no arithmetic or concatenation around it).
+_START = r"(?:^|(?<=[(&|!?:,]))\s*"
+_END = r"(?=\s*(?:$|[)&|?:,]))"
+#: Answer fields that hold a probability, by question type (a score's level is checked against its levels).
+_BOUNDED = {"noul": "noul|confidence", "choice": "confidence", "score": "confidence|score"}
+_COMPARE: dict[str, Callable[[float, float], bool]] = {
+    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+
+
+def _masked(source: str) -> str:
+    """``source`` with every string literal's text replaced by spaces (same length, so offsets still match)."""
+    return _STRING_RE.sub(lambda m: m.group(0)[0] + " " * (len(m.group(0)) - 2) + m.group(0)[-1], source)
+
+
+def _option_literals(masked: str, name: str) -> list[tuple[int, int]]:
+    """Spans of the string literals a ``when`` compares ``name``'s choice with or indexes its probabilities by."""
+    spans = []
+    for pattern in (_START + name + rf"choice\s*(?:==|!=)\s*{_MASKED_STRING}" + _END,
+                    _START + rf"{_MASKED_STRING}\s*(?:==|!=)\s*" + name + r"choice" + _END,
+                    name + rf"probabilities\s*\[\s*{_MASKED_STRING}\s*\]"):
+        spans += [m.span(1) for m in re.finditer(pattern, masked)]
+    for listed in re.finditer(_START + name + r"choice\s+in\s*\[([^\]]*)\]" + _END, masked):
+        offset = listed.start(1)
+        spans += [(offset + m.start(), offset + m.end()) for m in re.finditer(_MASKED_STRING, listed.group(1))]
+    return spans
+
+
+def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data: Mapping[str, Any]) -> list[str]:
+    """Comparisons in a ``when`` that never hold, or always do, because a literal names what the question's answer
+    never is: an option id it does not have (``queue.choice == "biling"``, ``queue.choice in ["tech", "biling"]``,
+    ``queue.probabilities["biling"]``), or a bound outside what a probability, confidence or score level can be
+    (``injection.noul > 1.0``, ``injection.noul >= data.block_threshold`` with ``block_threshold: 85``,
+    ``severity.score >= 7`` with five levels). Only a comparison that stands alone is read (``2 * x.noul > 1.5``
+    is not). ``data``: the file's ``data``."""
+    masked = _masked(source)
+    out: list[str] = []
+    for key, question in questions.items():
+        options = question.option_ids()
+        name = rf"(?<![\w.]){re.escape(key)}\s*\.\s*"
+        for start, end in _option_literals(masked, name):
+            value = source[start + 1 : end - 1]
+            if "\\" not in value and value not in options:  # a literal with an escape is not checked
+                out.append(f"{key} has no option {value!r} (its options: {', '.join(options)}); check the spelling")
+        fields = rf"({_BOUNDED[question.type]}|probabilities\s*\[\s*(?:\"\s*\"|'\s*')\s*\])"
+        for forward, pattern in ((True, _START + name + fields + rf"\s*{_CMP}\s*{_NUMBER}" + _END),
+                                 (False, _START + _NUMBER + rf"\s*{_CMP}\s*" + name + fields + _END)):
+            for m in re.finditer(pattern, masked):
+                field, number = (m.group(1), m.group(3)) if forward else (m.group(3), m.group(1))
+                field = field.split("[")[0].strip()
+                if number.startswith("data"):
+                    value = data.get(number.split(".", 1)[1].strip())
+                    if isinstance(value, bool) or not isinstance(value, (int, float)):
+                        continue
+                    shown = f" ({number.replace(' ', '')} is {value})"
+                else:
+                    value, shown = float(number), ""
+                high = len(options) - 1 if field == "score" else 1
+                compare = _COMPARE[m.group(2)]
+                if field == "score":
+                    answers: Collection[float] = range(high + 1)
+                else:  # the ends, the middle and either side of the bound cover every way a bound can cut [0, 1]
+                    answers = {0.0, 0.5, 1.0, *(min(max(value + d, 0.0), 1.0) for d in (-1e-9, 0.0, 1e-9))}
+                seen = {compare(answer, value) if forward else compare(value, answer) for answer in answers}
+                if len(seen) == 1:
+                    what = "a level" if field == "score" else "a confidence" if field == "confidence" else "a probability"
+                    out.append(f"{source[m.start():m.end()].strip()!r} is always {'true' if seen.pop() else 'false'}"
+                               f"{shown}: {key}.{field} is {what} from 0 to {high}")
     return out
 
 

@@ -212,7 +212,7 @@ policies:
     report = json.loads(capsys.readouterr().out)
     assert report["rules"] == [["injection", "KeyError: 'tier'"], ["other", True]]
     # with a real backend: it is asked again while still open (it was closed first, and the command crashed)
-    policy.write_text(policy.read_text().replace("injection.noul >= 0.8 && state", "injection.noul >= 0.0 && state"))
+    policy.write_text(policy.read_text().replace("injection.noul >= 0.8 && state", 'injection.type == "noul" && state'))
     assert main(["policy", "explain", str(policy), "--input", subject, "--backend", "compact", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["rules"][0] == ["injection", "KeyError: 'tier'"] and "injection" in report["answers"]
@@ -517,3 +517,21 @@ def test_cases_are_matched_as_the_middleware_matches_and_can_judge_responses(
     assert main(["policy", "explain", str(tmp_path / "p.yaml"), "--input", str(subject), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"]["action"] == "block" and report["policy"]["id"] == "chat-leak"
+
+
+def test_a_run_filter_that_selects_nothing_and_an_empty_expect_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both passed silently: ``--run`` with a typo ran no case and exited 0; ``expect: {}`` passed whatever was
+    decided (and counted its rule as covered)."""
+    (tmp_path / "p.yaml").write_text(RESPONSE_POLICIES)
+    case = {"name": "sql", "input": {"http": {"method": "POST", "path": "/v1/chat", "body": {"text": "1; DROP TABLE t"}}},
+            "expect": {"action": "block"}}
+    (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": [case]}))
+    assert main(["policy", "test", str(tmp_path / "p.yaml"), "--run", "sq"]) == 0
+    assert main(["policy", "test", str(tmp_path / "p.yaml"), "--run", "nothing-matches"]) == 1
+    assert "no case matches --run 'nothing-matches'" in capsys.readouterr().err
+    (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": [{**case, "expect": {}}]}))
+    assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "cases[0].expect: expect names nothing to check" in err and "Value error" not in err

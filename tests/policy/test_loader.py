@@ -170,3 +170,44 @@ def test_versions_and_shorthands() -> None:
     assert policy.version == "1.10"
     assert [(f.name, f.source, f.pointer, f.key) for f in policy.state_fields or ()] == [
         ("p", "body", ("messages", "-1", "content"), None), ("q", "query", (), "q"), ("c", None, (), None)]
+
+
+def test_a_comparison_that_can_never_decide_is_a_load_error() -> None:
+    """``check`` said ok for an option id the question does not have (the rule never fired) and for a threshold no
+    probability reaches (``data: {block_threshold: 85}``), while arithmetic and concatenation around an operand
+    stay allowed."""
+    head = """
+data: {block_threshold: 85, review: 0.6}
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    questions:
+      queue: {type: choice, instructions: "which queue?", criteria: {billing: "money", tech: "tech"}}
+      injection: {catalog: guard.prompt_injection}
+      sev: {type: score, instructions: "how bad", criteria: ["none", "low", "mid", "high", "max"]}
+    rules:
+      - id: r
+        when: '%s'
+        action: block
+"""
+    bad = {
+        'queue.choice == "biling"': "queue has no option 'biling' (its options: billing, tech)",
+        '"tecch" != queue.choice': "no option 'tecch'",
+        'queue.choice in ["tech", "biling"]': "no option 'biling'",
+        'queue.probabilities["tecch"] > 0.5': "no option 'tecch'",
+        'injection.probabilities["yes"] > 0.5': "no option 'yes' (its options: true, false)",
+        "injection.noul > 1.0": "'injection.noul > 1.0' is always false",
+        "injection.noul >= 0 && queue.choice == 'tech'": "'injection.noul >= 0' is always true",
+        "injection.noul >= data.block_threshold": "always false (data.block_threshold is 85)",
+        "1.5 <= queue.confidence": "always false",
+        "sev.score >= 7": "'sev.score >= 7' is always false: sev.score is a level from 0 to 4",
+    }
+    for when, reason in bad.items():
+        with pytest.raises(PolicyLoadError) as err:
+            load_text(head % when.replace("'", "''"), "p.yaml")
+        assert reason in str(err.value) and "rules[0].when" in str(err.value), (when, str(err.value))
+    for when in ('injection.noul >= data.review || queue.choice == "bil" + "ling"', "2.0 * injection.noul > 1.5",
+                 'queue.choice in ["tech", "billing"] && 0.5 < injection.noul && sev.score >= 4',
+                 'injection.probabilities["true"] > 0.2 && queue.confidence < 1.0', "injection.noul == 0.5"):
+        load_text(head % when.replace("'", "''"), "p.yaml")
