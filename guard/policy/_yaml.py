@@ -130,7 +130,8 @@ def load_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, LineMap]:
     lines = LineMap(file)
     size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
     if size > MAX_POLICY_BYTES:
-        raise PolicyError(file, None, "", f"file is {size} bytes; at most {MAX_POLICY_BYTES}")
+        raise PolicyError(file, None, "", f"file is {size} bytes; at most {MAX_POLICY_BYTES} (split it into "
+                          "several files)")
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")

@@ -341,7 +341,10 @@ def _validate_criteria(
             errors.append(FieldError(where, f"must be an object with keys true/false, got {_json_type(criteria)}"))
         elif strict:
             for key in criteria:
-                if key not in ("true", "false"):
+                if str(key) in ("True", "False"):  # YAML reads a bare true: or false: as a boolean
+                    errors.append(FieldError(f"{where}.{key}", f"write the key as \"{str(key).lower()}\", in quotes: "
+                                             "YAML reads a bare true or false as a boolean"))
+                elif key not in ("true", "false"):
                     errors.append(FieldError(f"{where}.{key}", "unknown key; a noul question has only true and false"))
         return
     if qtype == "choice":

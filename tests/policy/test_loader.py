@@ -211,3 +211,18 @@ policies:
                  'queue.choice in ["tech", "billing"] && 0.5 < injection.noul && sev.score >= 4',
                  'injection.probabilities["true"] > 0.2 && queue.confidence < 1.0', "injection.noul == 0.5"):
         load_text(head % when.replace("'", "''"), "p.yaml")
+
+
+def test_a_bare_true_criteria_key_says_to_quote_it() -> None:
+    text = """
+policies:
+  - id: a
+    version: 1
+    match: {http: {}}
+    questions:
+      q: {type: noul, instructions: "x?", criteria: {true: "yes", "false": "no"}}
+    rules: [{id: r, when: "q.noul > 0.5", action: block}]
+"""
+    with pytest.raises(PolicyLoadError) as err:
+        load_text(text, "p.yaml")
+    assert 'criteria.True: write the key as "true", in quotes' in str(err.value)
