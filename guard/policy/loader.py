@@ -39,6 +39,7 @@ from guard.policy.rules import (
     CEL_KEYWORDS,
     FLAG_NAMES,
     RESERVED_NAMES,
+    RESERVED_RULE_IDS,
     CompiledRule,
     Outcome,
     answer_literal_errors,
@@ -159,6 +160,9 @@ def _compile(
     for i, rule in enumerate(spec.rules):
         if rule.id in seen_rules:
             problem(("rules", i, "id"), f"rule id {rule.id!r} is used twice; rule ids must be unique in a policy")
+        if rule.id in RESERVED_RULE_IDS:
+            problem(("rules", i, "id"), f"rule id {rule.id!r} is the verdict's rule when {RESERVED_RULE_IDS[rule.id]}; "
+                    "give this rule another id")
         seen_rules.add(rule.id)
         try:
             program, names = compile_condition(rule.when, known)

@@ -326,7 +326,9 @@ class RuleSpec(OutcomeSpec):
     """One rule: ``when`` is a CEL expression over the answers (by question key), ``subject``, ``state``, ``flags``
     and ``data``; rules are tried in order and the first whose ``when`` is true decides."""
 
-    id: str = Field(description="Rule id, unique in the policy; reported as the verdict's rule.")
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$",
+                    description="Rule id, unique in the policy; reported as the verdict's rule. 'default' and "
+                    "'on_error' are the verdict's rule when no rule fired or a fail mode decided.")
     when: str = Field(
         description="CEL expression that must yield a bool, e.g. injection.noul >= 0.85; names: question keys, "
         "answers, subject, state, flags, data."

@@ -51,6 +51,7 @@ __all__ = [
     "FLAG_NAMES",
     "FUNCTIONS",
     "RESERVED_NAMES",
+    "RESERVED_RULE_IDS",
     "CompiledRule",
     "Outcome",
     "RuleError",
@@ -79,6 +80,12 @@ _LARGEST_DOUBLE = int(sys.float_info.max)
 
 #: Top-level names every ``when`` may use besides question keys.
 RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data", "call", "result"})
+#: Rule ids a verdict carries when no rule of the policy decided it, and when that is; no rule may take one.
+RESERVED_RULE_IDS = {
+    "default": "no rule fired",
+    "on_error": "a fail mode decided",
+    "state_too_long": "the state was too long to judge",
+}
 #: Reserved names whose values the caller computes per subject (``features=`` of :func:`apply_rules`).
 FEATURE_NAMES = frozenset({"call", "result"})
 #: CEL words a question key may not take.

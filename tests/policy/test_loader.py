@@ -226,3 +226,23 @@ policies:
     with pytest.raises(PolicyLoadError) as err:
         load_text(text, "p.yaml")
     assert 'criteria.True: write the key as "true", in quotes' in str(err.value)
+
+
+def test_rule_ids_the_verdict_gives_itself_are_refused() -> None:
+    """A rule named ``default`` made ``expect: {rule: default}`` ambiguous (that rule, or no rule fired)."""
+    from guard.engine.verdicts import GUARD_ERROR_RULE, STATE_TOO_LONG_RULE
+    from guard.policy.rules import RESERVED_RULE_IDS
+
+    assert {"default", GUARD_ERROR_RULE, STATE_TOO_LONG_RULE} <= set(RESERVED_RULE_IDS)
+    template = """
+policies:
+  - id: a
+    version: 1
+    match: {http: {}}
+    rules: [{id: "%s", when: "true", action: block}]
+"""
+    for rule_id, reason in (("default", "the verdict's rule when no rule fired"), ("on_error", "a fail mode decided"),
+                            ("my rule!", "should match pattern")):
+        with pytest.raises(PolicyLoadError) as err:
+            load_text(template % rule_id, "p.yaml")
+        assert "rules[0].id" in str(err.value) and reason in str(err.value), str(err.value)
