@@ -146,7 +146,7 @@ def admin_app(
         api = review_app(review_store, reviewers=reviewers, insecure_loopback=insecure_loopback, **review_options)
         reviews = Starlette(routes=[Mount(admin_path, app=api)])
     if health is None:
-        health = HealthEndpoint(guard, admin_tokens=reviewer_tokens(reviewers))
+        health = HealthEndpoint(guard, review_store=review_store, admin_tokens=reviewer_tokens(reviewers))
     return AdminApp(health, metrics if metrics is not None else HttpMetrics(), reviews,
                     (live_path, health_path, metrics_path, admin_path))
 

@@ -77,8 +77,9 @@ class HealthEndpoint:
         parts = {}
         if self.upstream is not None:
             parts["upstream"] = self.upstream.check()
-        if self.review_store is not None:
-            parts["review_store"] = self.review_store.health.check()
+        store_health = getattr(self.review_store, "health", None)
+        if isinstance(store_health, FailureTracker):
+            parts["review_store"] = store_health.check()
         return health_report(self.guard, watcher=self.watcher, parts=parts)
 
     async def __call__(self, scope: Scope, send: Send) -> None:

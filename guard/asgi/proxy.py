@@ -304,7 +304,7 @@ class ReverseProxy:
                 return
             timeout = isinstance(exc, UpstreamTimeout)
             code = "upstream_timeout" if timeout else "upstream_unavailable"
-            self.health.failure(code, str(exc))
+            self.health.failure(code, str(exc), severity="degraded")  # shared by every replica: no rerouting helps
             await send_json(send, 504 if timeout else 502, {
                 "code": code,
                 "message": str(exc),

@@ -201,12 +201,12 @@ class ReviewStore(Protocol):
 
     Attributes:
         ttl_s: item lifetime, seconds.
-        health: the outcome of the store's recent operations (``ReviewStoreUnavailable`` is a failure), reported as
-            health check ``review_store`` (degraded: escalations are refused with 503 while it fails).
+
+    A store may also have ``health``, a :class:`~guard.engine.health.FailureTracker` of its recent operations
+    (``ReviewStoreUnavailable`` a degraded failure), reported as health check ``review_store``; both stores here do.
     """
 
     ttl_s: float
-    health: FailureTracker
 
     async def create(
         self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None,
@@ -332,7 +332,7 @@ class MemoryReviewStore:
             self._purge()
         if len(self._items) >= self.max_items:
             full = f"the in-memory review store holds {len(self._items)} items, its limit {self.max_items}"
-            self.health.failure("review_store_full", full)
+            self.health.failure("review_store_full", full, severity="degraded")
             raise ReviewStoreUnavailable(NEW_ITEM, full)
         self.health.success()
         item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
@@ -511,7 +511,7 @@ return {3, ARGV[2]}
         try:
             result = await coro
         except (RedisError, OSError) as exc:
-            self.health.failure("review_store_unavailable", f"{type(exc).__name__}: {exc}")
+            self.health.failure("review_store_unavailable", f"{type(exc).__name__}: {exc}", severity="degraded")
             raise ReviewStoreUnavailable(review_id, f"Redis failed: {type(exc).__name__}: {exc}") from exc
         self.health.success()
         return result

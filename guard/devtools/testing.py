@@ -191,7 +191,9 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     with its defaults: an HTTP path made canonical (:func:`~guard.asgi._target.canonical_path`), then matched on its
     :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased first); with
     ``http.response``, the upstream's response to that request, decided by the response policies that watch the
-    request and match the response (its body's text as :func:`~guard.subject.body_strings` reads it).
+    request on the first view some policy watches and that match the response (its media type from
+    ``content_type`` or else the ``content-type`` header, its body's text as :func:`~guard.subject.body_strings`
+    reads it).
 
     Raises:
         ValueError: the input does not fit (see :func:`subject_from_json`).
@@ -200,21 +202,20 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     if not isinstance(subject, HttpSubject):
         return subject, policies.matching(subject)
     response = _Input.model_validate(data).http.response  # type: ignore[union-attr]
-    judged: Subject = subject
-    found: tuple[Policy, ...] = ()
+    find = policies.matching if response is None else policies.watching
     for view in path_views(subject.path):
         head = replace(subject, path=view)
-        if response is None:
-            judged, found = head, policies.matching(head)
-        else:
-            text = response.body_text if response.body_text is not None else "\n".join(body_strings(response.body))
-            judged = replace(head, phase="response", status=response.status, body=response.body, body_text=text,
-                             headers={k.lower(): v for k, v in response.headers.items()},
-                             content_type=response.content_type.lower())
-            found = tuple(p for p in policies.watching(head) if p.matches(judged))
+        found = find(head)
         if found:
             break
-    return judged, found
+    if response is None:
+        return head, found
+    headers = {k.lower(): v for k, v in response.headers.items()}
+    media = response.content_type or headers.get("content-type", "").split(";", 1)[0].strip()
+    text = response.body_text if response.body_text is not None else "\n".join(body_strings(response.body))
+    judged = replace(head, phase="response", status=response.status, headers=headers, content_type=media.lower(),
+                     body=response.body, body_text=text)
+    return judged, tuple(p for p in found if p.matches(judged))
 
 
 @dataclass

@@ -37,7 +37,7 @@ from guard.engine.cache import (
     RedisCache,
     Unstored,
 )
-from guard.engine.health import FailureTracker, HealthMonitor, error_code, health_report
+from guard.engine.health import FailureTracker, HealthMonitor, call_severity, error_code, health_report
 from guard.engine.ids import new_decision_id
 from guard.engine.plan import Group, Plan, group_plans
 from guard.engine.telemetry import DecisionLog, Telemetry
@@ -444,12 +444,14 @@ class Guard:
                 answer = await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
             except asyncio.CancelledError:
                 if loop.time() >= deadline - 0.001:  # the policy's timeout, not a caller that went away
-                    tracker.failure("backend_timeout", f"no answer within {timeout * 1000:g} ms")
+                    tracker.failure("backend_timeout", f"no answer within {timeout * 1000:g} ms", severity="degraded")
                 raise
             except Exception as exc:
-                tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}")
+                tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}", severity=call_severity(exc))
                 raise
             tracker.success()
+            if self.monitor is not None:
+                self.monitor.answered(name)
             return answer if backend.model_revision == revision else Unstored(answer)
 
         self._refuse_failed_canary(name, backend)  # not even a stored answer: it may be the broken model's

@@ -1,9 +1,11 @@
 """What health reports: each part's state as a short code, and the details behind it.
 
 * :class:`FailureTracker`: the outcome of a part's recent calls (a backend's decisions, the proxy's upstream): its
-  last call failed within ``window_s`` seconds. Clients choose what those calls carry (a state that runs past the
-  timeout, a path the upstream answers slowly), so this is ``degraded``, never ``failing``: one client could
-  otherwise take every replica out of rotation in turn.
+  last call failed within ``window_s`` seconds. A failure the request itself may have caused (a state that runs
+  the model past its timeout, a request the backend rejects, a busy backend's 429, any upstream forward: a path the
+  upstream answers slowly) is ``degraded``, since one client could otherwise take every replica out of rotation in
+  turn (:func:`call_severity`); any other backend failure (refused, a server error, a malformed answer, a model
+  that raises) is ``failing``.
 * :class:`HealthMonitor`: runs each backend's canaries (:mod:`guard.backends.selftest`), fixed states no client
   chooses, at start-up and every ``interval_s`` seconds; a backend whose canary fails is ``canary_failed`` and the
   engine refuses its answers (``BackendUnavailable``, ``reason="canary_failed"``: the policy's fail mode decides)
@@ -13,10 +15,11 @@
   monitor, the policy watcher and any other parts; :func:`public_health` keeps codes only (no error text, no policy
   content) for unauthenticated callers.
 
-Status: ``failing`` when no request can be judged (no policy; a backend failing its canary, unreachable by it, or
-whose monitor has not finished its first canary run: ``starting``); ``degraded`` when requests are still judged but
-something needs a look (a Redis error, a failed reload, a dead reload watcher, a backend call or an upstream forward
-that failed lately); else ``ok``. ``ready`` is ``status != "failing"``.
+Status: ``failing`` when no request can be judged (no policy; a backend whose last call failed in a way no request
+causes, that fails its canary or cannot be reached by it, or whose monitor has not finished its first canary run:
+``starting``); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
+reload, a dead reload watcher, a backend call a request may have failed, an upstream forward that failed lately);
+else ``ok``. ``ready`` is ``status != "failing"``.
 """
 
 from __future__ import annotations
@@ -30,18 +33,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from guard.backends.selftest import Canary, CanaryFailed, catalog_canaries, clef_canaries, run_canaries
-from guard.errors import GuardError, MalformedAnswer
+from guard.errors import (
+    BackendRejected,
+    BackendTimeout,
+    GuardError,
+    MalformedAnswer,
+    StateTooLong,
+    UnsupportedQuestion,
+)
 
 if TYPE_CHECKING:
     from guard.backends.base import DecisionBackend
     from guard.policy.watch import PolicyWatcher
 
 __all__ = [
+    "BUSY_REASONS",
     "DEFAULT_CANARY_INTERVAL_S",
     "DEFAULT_FAILING_WINDOW_S",
     "Check",
     "FailureTracker",
     "HealthMonitor",
+    "call_severity",
     "canaries_for",
     "error_code",
     "health_report",
@@ -74,32 +86,37 @@ class FailureTracker:
         window_s: seconds a failure keeps the part ``failing`` when nothing succeeded since.
     """
 
-    __slots__ = ("calls_failed", "last_code", "last_error", "last_failure_at", "window_s")
+    __slots__ = ("calls_failed", "last_code", "last_error", "last_failure_at", "last_severity", "window_s")
 
     def __init__(self, window_s: float = DEFAULT_FAILING_WINDOW_S) -> None:
         self.window_s = window_s
         self.last_failure_at: float | None = None  # None: the last call succeeded (or none was made)
         self.last_code = ""
         self.last_error = ""
+        self.last_severity = "failing"
         self.calls_failed = 0
 
     def success(self) -> None:
         """A call succeeded (one attribute store: cheap enough for every request)."""
         self.last_failure_at = None
 
-    def failure(self, code: str, message: str) -> None:
-        """A call failed with ``code`` (snake_case, shown to anyone) and ``message`` (shown to admins only)."""
+    def failure(self, code: str, message: str, *, severity: str = "failing") -> None:
+        """A call failed with ``code`` (snake_case, shown to anyone) and ``message`` (shown to admins only);
+        ``severity``: ``failing``, or ``degraded`` for a failure the request itself may have caused."""
         self.last_failure_at = time.monotonic()
         self.last_code = code
         self.last_error = message[:300]
+        self.last_severity = severity
         self.calls_failed += 1
 
     def check(self) -> Check:
-        """``last_call_failed`` (degraded) while the last call failed within the window, else ``ok``."""
+        """While the last call failed within the window: ``failing``, or ``last_call_failed`` (degraded) for a
+        failure the request may have caused; else ``ok``."""
         detail = {"calls_failed": self.calls_failed, "last_error": self.last_error or None}
         at = self.last_failure_at
         if at is not None and time.monotonic() - at < self.window_s:
-            return Check("last_call_failed", "degraded", {**detail, "error_code": self.last_code,
+            code = "failing" if self.last_severity == "failing" else "last_call_failed"
+            return Check(code, self.last_severity, {**detail, "error_code": self.last_code,
                                                    "seconds_ago": round(time.monotonic() - at, 1)})  # fmt: skip
         return Check("ok", "ok", detail)
 
@@ -168,7 +185,7 @@ class HealthMonitor:
         except MalformedAnswer as exc:  # the backend answered, but not with probabilities (NaN): a failed canary
             return self._failing(name, exc)
         except (GuardError, TimeoutError) as exc:
-            if getattr(exc, "reason", None) not in ("overloaded", "http_429"):  # down, not busy: report it
+            if getattr(exc, "reason", None) not in BUSY_REASONS:  # down, not busy: report it
                 self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
                 if name not in self.unreachable:
                     logger.warning("backend %r could not answer its canary; requests that need it follow their "
@@ -186,6 +203,15 @@ class HealthMonitor:
             self.guard.canary_epochs[name] = self.guard.canary_epochs.get(name, 0) + 1
         self.canary_failed.discard(name)
         return Check("ok", "ok", {"canaries": [r.to_json() for r in results]})
+
+    def answered(self, name: str) -> None:
+        """Backend ``name`` answered a live call: one the last canary run could not reach is reachable again (its
+        canaries' verdict waits for the next run)."""
+        if name in self.unreachable:
+            self.unreachable.discard(name)
+            logger.info("backend %r answers again", name)
+            self.results[name] = Check("canary_not_run", "ok", {"error": "answered a live call since the canary "
+                                                                         "run that could not reach it"})
 
     def _failing(self, name: str, exc: Exception) -> Check:
         """The check of a backend whose canary answer was malformed or raised: failing, its answers refused."""
@@ -218,6 +244,18 @@ class HealthMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+#: ``reason`` of a backend error that says the backend is busy, not broken (a 429, a full queue).
+BUSY_REASONS = ("overloaded", "http_429")
+
+
+def call_severity(exc: BaseException) -> str:
+    """How much a live call's failure says about its backend: ``degraded`` when the request may have caused it (no
+    answer in time, a request the backend rejects or cannot read, a busy backend), else ``failing``."""
+    if isinstance(exc, (TimeoutError, BackendTimeout, BackendRejected, StateTooLong, UnsupportedQuestion)):
+        return "degraded"
+    return "degraded" if getattr(exc, "reason", None) in BUSY_REASONS else "failing"
 
 
 def error_code(exc: BaseException) -> str:
@@ -269,11 +307,9 @@ def health_report(
     backends: dict[str, Check] = {}
     monitor: HealthMonitor | None = getattr(guard, "monitor", None)
     for name in guard.backends:
-        tracker = guard.backend_health[name]
-        check = tracker.check()
+        check = guard.backend_health[name].check()
         canary = monitor.results.get(name) if monitor is not None else None
-        answered_since = canary is not None and canary.code == "unreachable" and tracker.last_failure_at is None
-        if canary is not None and canary.severity == "failing" and not answered_since:
+        if canary is not None and canary.severity == "failing" and check.severity != "failing":
             check = canary
         if monitor is not None and canary is None:  # its first run is under way
             check = Check("starting", "failing", {"error": "the canaries have not run yet"})

@@ -32,7 +32,7 @@ import math
 import operator
 import re
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -363,13 +363,13 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                     value, shown = float(number), ""
                 high = len(options) - 1 if field == "score" else 1
                 compare = _COMPARE[m.group(2)]
-                if field == "score":
-                    answers: Collection[float] = range(high + 1)
-                else:  # the ends, the middle and either side of the bound cover every way a bound can cut [0, 1]
-                    answers = {0.0, 0.5, 1.0, *(min(max(value + d, 0.0), 1.0) for d in (-1e-9, 0.0, 1e-9))}
+                # a score is the expected level, a number from 0 to the last level like a probability's [0, 1]: the
+                # ends, the middle and either side of the bound cover every way a bound can cut the range
+                answers = {0.0, high / 2, float(high), *(min(max(value + d, 0.0), high) for d in (-1e-9, 0.0, 1e-9))}
                 seen = {compare(answer, value) if forward else compare(value, answer) for answer in answers}
                 if len(seen) == 1:
-                    what = "a level" if field == "score" else "a confidence" if field == "confidence" else "a probability"
+                    what = "an expected level" if field == "score" else "a confidence" if field == "confidence" \
+                        else "a probability"
                     out.append(f"{source[m.start():m.end()].strip()!r} is always {'true' if seen.pop() else 'false'}"
                                f"{shown}: {key}.{field} is {what} from 0 to {high}")
     return out

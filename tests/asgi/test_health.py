@@ -63,12 +63,12 @@ async def test_health_reports_a_dead_backend_and_upstream_and_leaks_nothing() ->
             wrong = await ops.get("/_guard/health", headers={"authorization": "Bearer " + "x" * 29})
     assert before.status_code == 200 and before.json()["status"] == "ok"
     assert judged.status_code == 503 and unjudged.status_code == 502
-    # A failed call is degraded, not failing: a client chooses what a call carries (a state that times the model
-    # out, a path the upstream answers slowly), and one client could then take every replica out of rotation.
+    # A refused backend is failing (no request causes that); a failed forward is degraded: every replica shares
+    # the upstream, and a client chooses the path it answers slowly.
     body = after_backend.json()
-    assert after_backend.status_code == 200 and body["status"] == "degraded" and body["ready"] is True
-    assert body["checks"]["backends"] == {"default": "last_call_failed"} and body["checks"]["upstream"] == "ok"
-    assert after_upstream.status_code == 200 and after_upstream.json()["checks"]["upstream"] == "last_call_failed"
+    assert after_backend.status_code == 503 and body["status"] == "failing" and body["ready"] is False
+    assert body["checks"]["backends"] == {"default": "failing"} and body["checks"]["upstream"] == "ok"
+    assert after_upstream.status_code == 503 and after_upstream.json()["checks"]["upstream"] == "last_call_failed"
     for public in (before, after_backend, after_upstream, wrong):
         text = public.text
         assert "details" not in public.json() and "Connect" not in text and "api_guard" not in text
@@ -258,21 +258,22 @@ async def test_a_backend_that_cannot_answer_its_canary_is_logged_once(caplog: py
     await guard.aclose()
 
 
-async def test_only_the_canary_can_make_a_backend_failing_and_a_live_answer_clears_unreachable() -> None:
-    """A client's request that times the model out made the backend ``failing`` (503 readiness for 30 s): one
-    slow request now and then took replicas out of rotation. Live calls now only degrade; the canary, fixed states
-    no client chooses, makes a backend failing when it cannot be answered, until a run or a live call succeeds."""
-    from guard.errors import BackendUnavailable
+async def test_a_failure_a_request_may_cause_only_degrades_and_a_live_answer_clears_unreachable() -> None:
+    """A request whose state timed the model out made the backend ``failing`` (503 readiness for 30 s): one slow
+    request now and then took replicas out of rotation. Such failures (a timeout, a rejected request, a busy
+    backend) now degrade; a refused backend still fails, and so does a canary run that cannot reach it, until a run
+    or a live call succeeds, after which one slow request does not bring the stale canary result back."""
+    from guard.errors import BackendTimeout, BackendUnavailable
     from guard.policy import load_text
     from guard.subject import HttpSubject
 
-    down = {"now": False}
+    failure: dict[str, Exception | None] = {"next": None}
+
     def answers(request: Any) -> dict[str, Any]:
         injection = scripted_answers(request)["injection"]
         return {question.id: injection for question in request.questions}
 
-    backend = ScriptedBackend(answers,
-                              fail=lambda _: BackendUnavailable("refused", reason="connection") if down["now"] else None)
+    backend = ScriptedBackend(answers, fail=lambda _: failure["next"])
     policy = load_text("""
 policies:
   - id: p
@@ -283,6 +284,12 @@ policies:
 """)
     guard = Guard(policy, backends=backend)
     monitor = HealthMonitor(guard, interval_s=0)
+    calls = iter(range(1000))
+
+    async def call(error: Exception | None) -> None:
+        failure["next"] = error
+        text = f"hello {next(calls)}"  # a state of its own each time: never a cached answer
+        await guard.aevaluate(HttpSubject(method="POST", path="/x", body=text, body_text=text))
 
     def backend_check() -> tuple[str, bool]:
         report = guard.health()
@@ -291,13 +298,16 @@ policies:
     assert backend_check() == ("starting", False)
     await monitor.check()
     assert backend_check() == ("ok", True)
-    down["now"] = True
-    subject = HttpSubject(method="POST", path="/x", body_text="hello")
-    assert (await guard.aevaluate(subject)).fail_mode == "closed"
-    assert backend_check() == ("last_call_failed", True)  # a live failure: degraded, still ready
+    await call(BackendTimeout("no answer in time"))
+    assert backend_check() == ("last_call_failed", True)  # the request may have caused it: degraded, still ready
+    await call(BackendUnavailable("busy", reason="http_429"))
+    assert backend_check() == ("last_call_failed", True)
+    await call(BackendUnavailable("refused", reason="connection"))
+    assert backend_check() == ("failing", False)  # no request causes a refused connection
     await monitor.check()
-    assert backend_check() == ("unreachable", False)  # the canary cannot be answered: out of rotation
-    down["now"] = False
-    assert (await guard.aevaluate(HttpSubject(method="POST", path="/x", body_text="hello again"))).error is None
+    assert monitor.results["default"].code == "unreachable" and backend_check()[1] is False
+    await call(None)
     assert backend_check() == ("ok", True)  # a live answer since: back before the next canary run
+    await call(BackendTimeout("no answer in time"))
+    assert backend_check() == ("last_call_failed", True)  # not the stale "unreachable" again
     await guard.aclose()

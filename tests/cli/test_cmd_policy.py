@@ -535,3 +535,34 @@ def test_a_run_filter_that_selects_nothing_and_an_empty_expect_fail(
     assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 1
     err = capsys.readouterr().err
     assert "cases[0].expect: expect names nothing to check" in err and "Value error" not in err
+
+
+def test_response_cases_read_the_media_type_from_the_headers_and_match_paths_as_the_middleware(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A response's media type came only from ``content_type`` (the middleware reads the header), and a response
+    no policy on the first path view matched was tried on the next view (the middleware keeps the first view some
+    policy watches)."""
+    (tmp_path / "p.yaml").write_text("""\
+policies:
+  - id: json-only
+    version: 1
+    match: {http: {paths: ["/api/**"], response: {content_types: [application/json]}}}
+    state: {text: body_text}
+    rules: [{id: any, when: 'true', action: block}]
+  - id: upper-any
+    version: 1
+    match: {http: {paths: ["/API/**"], response: {}}}
+    state: {text: body_text}
+    rules: [{id: any, when: 'true', action: block}]
+""")
+    cases = [
+        {"name": "media type from the header", "expect": {"policy": "json-only", "action": "block"},
+         "input": {"http": {"path": "/api/x", "response": {"headers": {"Content-Type": "application/json; charset=utf-8"},
+                                                           "body": {"a": "b"}}}}},
+        {"name": "the first watched view decides", "expect": {"policy": None, "action": "allow"},
+         "input": {"http": {"path": "/API/x", "response": {"headers": {"content-type": "text/plain"},
+                                                           "body_text": "hi"}}}},
+    ]
+    (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": cases}))
+    assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 0, capsys.readouterr()
