@@ -174,6 +174,16 @@ UNIFORM_NOTE = (
 )
 
 
+def _asks_a_model(file: str) -> bool:
+    """Whether some policy of ``file`` has a question (a file that does not load says so later, in full)."""
+    from guard.policy import load_text
+
+    try:
+        return any(policy.questions for policy in load_text(Path(file).read_bytes(), file))
+    except (PolicyError, OSError):
+        return True
+
+
 def run_explain(args: argparse.Namespace) -> int:
     from guard.devtools.explain import explain
 
@@ -184,7 +194,7 @@ def run_explain(args: argparse.Namespace) -> int:
         subject_data = _read_json(args.input)
         answers = _read_json(args.answers) if args.answers else None
         factory: Callable[[], Any] | None = (lambda: open_cli_backend(args)) if args.backend else None
-        if answers is None and factory is None:
+        if answers is None and factory is None and _asks_a_model(args.file):
             print(UNIFORM_NOTE, file=sys.stderr)
         report = asyncio.run(
             explain(args.file, subject_data, answers=answers, backend_factory=factory, timeout_s=timeout_s)
@@ -215,7 +225,8 @@ def _print_report(report: dict[str, Any]) -> None:
         print(f"rules read {json.dumps(report['rule_state'], ensure_ascii=False)}  (the state as received)")
     if report["flags"]:
         print(f"flags      {json.dumps(report['flags'])}  (original text kept in the subject)")
-    print(f"cache key  {report['cache_key']}  (backend {report['backend']}, revision {report['revision']})")
+    if report["cache_key"] is not None:  # a rules-only policy asks no model
+        print(f"cache key  {report['cache_key']}  (backend {report['backend']}, revision {report['revision']})")
     for name, features in report["features"].items():  # call: argument provenance; result: instructions found
         print(f"{name:<10} {json.dumps(features, ensure_ascii=False)}")
     if report["error"]:
@@ -232,6 +243,9 @@ def _print_report(report: dict[str, Any]) -> None:
         for rule_id, value in report["rules"]:
             print(f"  {rule_id:<20} {value}")
     print(f"verdict    {v['action']} (rule {v['rule']}, status {v.get('status')}) {v.get('message') or ''}".rstrip())
+    for redaction in v.get("redactions") or ():  # what a redact verdict masks, where
+        print(f"  masks    {redaction['pointer'] or '(body)'} [{redaction['start']}:{redaction['end']}] "
+              f"{redaction['label']} ({redaction['style']})")
     if len(report["matched"]) > 1:
         print("matched    (every policy decides; the most severe verdict wins)")
         for part in report["matched"]:

@@ -157,7 +157,8 @@ async def _policy_report(
         "rule_state": raw,
         "flags": normalized.flags,
         "questions": [{"key": q.key, **q.wire.to_json(), "id": q.wire.id} for q in policy.questions],
-        "cache_key": cache_key(request, backend=backend.name, revision=backend.model_revision),
+        "cache_key": cache_key(request, backend=backend.name, revision=backend.model_revision) if policy.questions
+        else None,
         "backend": backend.name if policy.questions else None,
         "revision": backend.model_revision if policy.questions else None,
         "answers": {key: answer.to_json() for key, answer in named.items()},

@@ -566,3 +566,21 @@ policies:
     ]
     (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": cases}))
     assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 0, capsys.readouterr()
+
+
+def test_explain_shows_what_a_redact_verdict_masks_and_no_cache_key_for_rules_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "p.yaml").write_text("""\
+policies:
+  - id: mask
+    version: 1
+    match: {http: {}}
+    state: {text: body_text}
+    rules: [{id: email, when: 'true', action: redact, redact: {patterns: {email: '[a-z]+@[a-z]+[.]com'}}}]
+""")
+    subject = _subject(tmp_path, {"http": {"method": "POST", "path": "/x", "body": {"note": "mail bob@example.com"}}})
+    assert main(["policy", "explain", str(tmp_path / "p.yaml"), "--input", subject]) == 0
+    captured = capsys.readouterr()
+    assert "  masks    /note [5:20] email (redact)" in captured.out.splitlines()
+    assert "cache key" not in captured.out and "uniform probabilities" not in captured.err  # no model is asked
