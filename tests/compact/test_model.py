@@ -67,7 +67,9 @@ def test_a_passed_deadline_stops_the_reading_and_calls_of_many_windows_agree_wit
     split = tiny_model.stack_states(ids, mask)
     monkeypatch.setattr(compact_model, "ROWS_PER_CALL", 10**6)
     whole = tiny_model.stack_states(ids, mask)
-    torch.testing.assert_close(split, whole, atol=1e-4, rtol=1e-4)
+    # in bf16 (where the CPU has native bf16 units) a matrix product's rounding depends on the batch's size
+    tolerance = 1e-4 if tiny_model.encoder.dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(split, whole, atol=tolerance, rtol=tolerance)
 
 
 def test_response_is_valid_system_one_with_usage(tiny_model: CompactModel) -> None:
