@@ -174,16 +174,6 @@ UNIFORM_NOTE = (
 )
 
 
-def _asks_a_model(file: str) -> bool:
-    """Whether some policy of ``file`` has a question (a file that does not load says so later, in full)."""
-    from guard.policy import load_text
-
-    try:
-        return any(policy.questions for policy in load_text(Path(file).read_bytes(), file))
-    except (PolicyError, OSError):
-        return True
-
-
 def run_explain(args: argparse.Namespace) -> int:
     from guard.devtools.explain import explain
 
@@ -194,8 +184,6 @@ def run_explain(args: argparse.Namespace) -> int:
         subject_data = _read_json(args.input)
         answers = _read_json(args.answers) if args.answers else None
         factory: Callable[[], Any] | None = (lambda: open_cli_backend(args)) if args.backend else None
-        if answers is None and factory is None and _asks_a_model(args.file):
-            print(UNIFORM_NOTE, file=sys.stderr)
         report = asyncio.run(
             explain(args.file, subject_data, answers=answers, backend_factory=factory, timeout_s=timeout_s)
         )
@@ -206,6 +194,8 @@ def run_explain(args: argparse.Namespace) -> int:
     except (OSError, ValueError, GuardError, ImportError) as exc:
         print(f"guard policy explain: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if answers is None and factory is None and any(part["questions"] for part in report["matched"]):
+        print(UNIFORM_NOTE, file=sys.stderr)  # the answers were made up: only the rules' reading is shown
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False, default=repr))
     else:

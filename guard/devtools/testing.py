@@ -175,10 +175,10 @@ def subject_from_json(data: Any) -> Subject:
         except BodyError as exc:
             raise ValueError(f"input.http.path: {exc.reason}") from None
         body_text = h.body_text if h.body_text is not None else "\n".join(body_strings(h.body))
+        headers = {k.lower(): v for k, v in h.headers.items()}
         return HttpSubject(
-            method=h.method.upper(), path=path, query=h.query, headers={k.lower(): v for k, v in h.headers.items()},
-            host=h.host.lower(), client=h.client, content_type=h.content_type.lower(), body=h.body,
-            body_text=body_text,
+            method=h.method.upper(), path=path, query=h.query, headers=headers, host=h.host.lower(), client=h.client,
+            content_type=_media(h.content_type, headers), body=h.body, body_text=body_text,
         )  # fmt: skip
     assert parsed.agent is not None
     fields = parsed.agent.model_dump()
@@ -186,14 +186,20 @@ def subject_from_json(data: Any) -> Subject:
     return AgentSubject(**fields)
 
 
+def _media(content_type: str, headers: Mapping[str, str]) -> str:
+    """The media type a case's message has, as the middleware reads it: ``content_type``, else the
+    ``content-type`` header, without parameters, lower-case."""
+    return (content_type or headers.get("content-type", "")).split(";", 1)[0].strip().lower()
+
+
 def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Policy, ...]]:
     """The subject an input stands for and every policy that decides it, matched as ``GuardMiddleware`` matches
     with its defaults: an HTTP path made canonical (:func:`~guard.asgi._target.canonical_path`), then matched on its
     :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased first); with
     ``http.response``, the upstream's response to that request, decided by the response policies that watch the
-    request on the first view some policy watches and that match the response (its media type from
-    ``content_type`` or else the ``content-type`` header, its body's text as :func:`~guard.subject.body_strings`
-    reads it).
+    request on the first view some policy watches and that match the response (its body's text as
+    :func:`~guard.subject.body_strings` reads it). A message's media type is its ``content_type``, else its
+    ``content-type`` header, without parameters.
 
     Raises:
         ValueError: the input does not fit (see :func:`subject_from_json`).
@@ -211,10 +217,9 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     if response is None:
         return head, found
     headers = {k.lower(): v for k, v in response.headers.items()}
-    media = response.content_type or headers.get("content-type", "").split(";", 1)[0].strip()
     text = response.body_text if response.body_text is not None else "\n".join(body_strings(response.body))
-    judged = replace(head, phase="response", status=response.status, headers=headers, content_type=media.lower(),
-                     body=response.body, body_text=text)
+    judged = replace(head, phase="response", status=response.status, headers=headers,
+                     content_type=_media(response.content_type, headers), body=response.body, body_text=text)
     return judged, tuple(p for p in found if p.matches(judged))
 
 

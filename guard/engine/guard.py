@@ -445,9 +445,11 @@ class Guard:
             except asyncio.CancelledError:
                 if loop.time() >= deadline - 0.001:  # the policy's timeout, not a caller that went away
                     tracker.failure("backend_timeout", f"no answer within {timeout * 1000:g} ms", severity="degraded")
+                    self._suspect(name)
                 raise
             except Exception as exc:
                 tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}", severity=call_severity(exc))
+                self._suspect(name)
                 raise
             tracker.success()
             if self.monitor is not None:
@@ -458,15 +460,23 @@ class Guard:
         async with asyncio.timeout(timeout):
             return await self.cache.fetch(key, request, compute, ttl=ttl, wait=timeout)
 
+    def _suspect(self, name: str) -> None:
+        """A live call to backend ``name`` failed: the health monitor, when one is attached, runs its canaries."""
+        if self.monitor is not None:
+            self.monitor.suspect(name)
+
     def _refuse_failed_canary(self, name: str, backend: DecisionBackend) -> None:
         """While backend ``name`` fails its canary (:class:`~guard.engine.health.HealthMonitor`), none of its answers
-        are used, cached ones included (they may be the broken model's): the policy's fail mode decides.
+        are used, cached ones included (they may be the broken model's): the policy's fail mode decides, and the
+        monitor runs the canaries again (at most every ``RECHECK_INTERVAL_S``), so a recovered backend is used again
+        without waiting for the next periodic run.
 
         Raises:
             BackendUnavailable: reason ``canary_failed``.
         """
         monitor = self.monitor
         if monitor is not None and name in monitor.canary_failed:
+            monitor.suspect(name)  # run the canaries again soon: a backend that recovered is used again
             raise BackendUnavailable(
                 f"backend {name!r} failed its canary self-test; its answers are not used",
                 backend=backend.name,

@@ -1,11 +1,12 @@
 """What health reports: each part's state as a short code, and the details behind it.
 
 * :class:`FailureTracker`: the outcome of a part's recent calls (a backend's decisions, the proxy's upstream): its
-  last call failed within ``window_s`` seconds. A failure the request itself may have caused (a state that runs
-  the model past its timeout, a request the backend rejects, a busy backend's 429, any upstream forward: a path the
-  upstream answers slowly) is ``degraded``, since one client could otherwise take every replica out of rotation in
-  turn (:func:`call_severity`); any other backend failure (refused, a server error, a malformed answer, a model
-  that raises) is ``failing``.
+  last call failed within ``window_s`` seconds. What a call carries is the client's choice (a state that runs the
+  model past its timeout or that a remote model answers with a 500, a path the upstream answers slowly), so a
+  failed live call must not be enough for one client to take every replica out of rotation in turn: an upstream
+  forward is at worst ``degraded``; a backend's failed call is ``degraded`` and asks the monitor for a canary run,
+  which decides; without a monitor (or canaries) :func:`call_severity` says which failures no request causes
+  (refused, a server error, a malformed answer, a raising model, a revoked key) and those are ``failing``.
 * :class:`HealthMonitor`: runs each backend's canaries (:mod:`guard.backends.selftest`), fixed states no client
   chooses, at start-up and every ``interval_s`` seconds; a backend whose canary fails is ``canary_failed`` and the
   engine refuses its answers (``BackendUnavailable``, ``reason="canary_failed"``: the policy's fail mode decides)
@@ -36,6 +37,7 @@ from guard.backends.selftest import Canary, CanaryFailed, catalog_canaries, clef
 from guard.errors import (
     BackendRejected,
     BackendTimeout,
+    BackendUnavailable,
     GuardError,
     MalformedAnswer,
     StateTooLong,
@@ -48,8 +50,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUSY_REASONS",
+    "CONFIG_STATUSES",
     "DEFAULT_CANARY_INTERVAL_S",
     "DEFAULT_FAILING_WINDOW_S",
+    "RECHECK_INTERVAL_S",
     "Check",
     "FailureTracker",
     "HealthMonitor",
@@ -62,6 +66,8 @@ __all__ = [
 
 logger = logging.getLogger("guard.health")
 
+#: Least seconds between two canary runs a failed live call asks for (:meth:`HealthMonitor.suspect`).
+RECHECK_INTERVAL_S = 10.0
 #: Seconds a failed call keeps its part ``failing`` when no call succeeded since.
 DEFAULT_FAILING_WINDOW_S = 30.0
 #: Seconds between canary runs of the gateway's backends.
@@ -103,11 +109,15 @@ class FailureTracker:
     def failure(self, code: str, message: str, *, severity: str = "failing") -> None:
         """A call failed with ``code`` (snake_case, shown to anyone) and ``message`` (shown to admins only);
         ``severity``: ``failing``, or ``degraded`` for a failure the request itself may have caused."""
-        self.last_failure_at = time.monotonic()
+        now = time.monotonic()
+        self.calls_failed += 1
+        if (severity != "failing" and self.last_severity == "failing" and self.last_failure_at is not None
+                and now - self.last_failure_at < self.window_s):
+            return  # a failure a request may have caused says nothing about one no request causes
+        self.last_failure_at = now
         self.last_code = code
         self.last_error = message[:300]
         self.last_severity = severity
-        self.calls_failed += 1
 
     def check(self) -> Check:
         """While the last call failed within the window: ``failing``, or ``last_call_failed`` (degraded) for a
@@ -161,16 +171,41 @@ class HealthMonitor:
         self.canary_failed: set[str] = set()
         self.unreachable: set[str] = set()  # backends whose last canary run raised (logged once until they answer)
         self._task: asyncio.Task[None] | None = None
+        self._rechecks: dict[str, asyncio.Task[Check]] = {}
+        self._rechecked_at: dict[str, float] = {}
         guard.monitor = self
 
     async def check(self) -> dict[str, Check]:
         """One run over every backend; returns (and keeps) each backend's canary check."""
-        for name, backend in self.guard.backends.items():
-            served = [p for p in self.guard.policies.policies if self.guard.backend_for(p) is backend]
-            canaries = canaries_for(backend, [q.wire.id for p in served for q in p.questions])
-            model = served[0].model if served else "canary"  # a System One server answers the models it serves
-            self.results[name] = await self._run(name, backend, canaries, model)
+        for name in self.guard.backends:
+            await self.check_backend(name)
         return dict(self.results)
+
+    async def check_backend(self, name: str) -> Check:
+        """Run backend ``name``'s canaries now; returns (and keeps) its check."""
+        backend = self.guard.backends[name]
+        served = [p for p in self.guard.policies.policies if self.guard.backend_for(p) is backend]
+        canaries = canaries_for(backend, [q.wire.id for p in served for q in p.questions])
+        model = served[0].model if served else "canary"  # a System One server answers the models it serves
+        self.results[name] = await self._run(name, backend, canaries, model)
+        return self.results[name]
+
+    def covers(self, name: str) -> bool:
+        """Whether backend ``name`` has canaries (a run found some), so they, not live calls, say it is failing."""
+        result = self.results.get(name)
+        return result is not None and result.code != "no_canary"
+
+    def suspect(self, name: str) -> None:
+        """A live call to backend ``name`` failed: run its canaries soon (at most once per
+        :data:`RECHECK_INTERVAL_S`), so whether it is broken is decided on fixed states, not on what a client
+        sent. Call from the event loop."""
+        running = self._rechecks.get(name)
+        now = time.monotonic()
+        if (running is not None and not running.done()) or now < self._rechecked_at.get(name, -1e9) + RECHECK_INTERVAL_S:
+            return
+        self._rechecked_at[name] = now
+        self._rechecks[name] = asyncio.get_running_loop().create_task(self.check_backend(name),
+                                                                      name=f"guard-canary-{name}")
 
     async def _run(self, name: str, backend: DecisionBackend, canaries: Sequence[Canary], model: str) -> Check:
         if not canaries:
@@ -238,22 +273,34 @@ class HealthMonitor:
                 logger.exception("health monitor run failed")
 
     async def aclose(self) -> None:
-        """Stop the periodic runs. Idempotent."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stop the periodic runs and any run a failed call asked for. Idempotent."""
+        tasks = [t for t in (self._task, *self._rechecks.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._task = None
+        self._rechecks.clear()
 
 
-#: ``reason`` of a backend error that says the backend is busy, not broken (a 429, a full queue).
-BUSY_REASONS = ("overloaded", "http_429")
+#: ``reason`` of a backend error that says the backend is busy or slow, not broken (a 429, a full queue, a
+#: gateway timeout).
+BUSY_REASONS = ("overloaded", "http_429", "http_504")
+#: HTTP statuses of a refusal that is the deployment's, not the request's: a revoked key, a model no longer served.
+CONFIG_STATUSES = (401, 403, 404)
 
 
 def call_severity(exc: BaseException) -> str:
-    """How much a live call's failure says about its backend: ``degraded`` when the request may have caused it (no
-    answer in time, a request the backend rejects or cannot read, a busy backend), else ``failing``."""
-    if isinstance(exc, (TimeoutError, BackendTimeout, BackendRejected, StateTooLong, UnsupportedQuestion)):
+    """How much a live call's failure says about its backend when no canary can be run: ``degraded`` when the
+    request may have caused it (no answer in time, a request the backend rejects or cannot read, a busy backend:
+    a 429, a 503 with ``Retry-After``, a 504), else ``failing`` (refused, a server error, a malformed answer, a model
+    that raised, a key or model the backend refuses: 401/403/404)."""
+    if isinstance(exc, BackendRejected):
+        return "failing" if exc.status_code in CONFIG_STATUSES else "degraded"
+    if isinstance(exc, (TimeoutError, BackendTimeout, StateTooLong, UnsupportedQuestion)):
+        return "degraded"
+    if isinstance(exc, BackendUnavailable) and exc.retry_after is not None:
         return "degraded"
     return "degraded" if getattr(exc, "reason", None) in BUSY_REASONS else "failing"
 
@@ -309,6 +356,8 @@ def health_report(
     for name in guard.backends:
         check = guard.backend_health[name].check()
         canary = monitor.results.get(name) if monitor is not None else None
+        if check.severity == "failing" and monitor is not None and monitor.covers(name):
+            check = Check("last_call_failed", "degraded", check.detail)  # the canary run the failure asked for decides
         if canary is not None and canary.severity == "failing" and check.severity != "failing":
             check = canary
         if monitor is not None and canary is None:  # its first run is under way

@@ -337,8 +337,9 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
     never is: an option id it does not have (``queue.choice == "biling"``, ``queue.choice in ["tech", "biling"]``,
     ``queue.probabilities["biling"]``), or a bound outside what a probability, confidence or score level can be
     (``injection.noul > 1.0``, ``injection.noul >= data.block_threshold`` with ``block_threshold: 85``,
-    ``severity.score >= 7`` with five levels). Only a comparison that stands alone is read (``2 * x.noul > 1.5``
-    is not). ``data``: the file's ``data``."""
+    ``severity.score >= 7`` with five levels). A literal bound that always holds (``x.noul <= 1.0`` closing a
+    band) is redundant, not reported; one from ``data`` is. Only a comparison that stands alone is read
+    (``2 * x.noul > 1.5`` is not). ``data``: the file's ``data``."""
     masked = _masked(source)
     out: list[str] = []
     for key, question in questions.items():
@@ -367,6 +368,8 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                 # ends, the middle and either side of the bound cover every way a bound can cut the range
                 answers = {0.0, high / 2, float(high), *(min(max(value + d, 0.0), high) for d in (-1e-9, 0.0, 1e-9))}
                 seen = {compare(answer, value) if forward else compare(value, answer) for answer in answers}
+                if seen == {True} and not shown:  # a literal bound that always holds (x.noul <= 1.0 in a band)
+                    continue  # is redundant, not wrong; from data (a threshold in the wrong unit) it is a mistake
                 if len(seen) == 1:
                     what = "an expected level" if field == "score" else "a confidence" if field == "confidence" \
                         else "a probability"

@@ -96,7 +96,8 @@ async def test_a_backend_that_always_says_no_is_failing_and_gets_no_model_calls(
     assert canary_calls == 4  # two canaries, a benign and an attack state each
     assert health.status_code == 503 and health.json()["checks"]["backends"] == {"default": "canary_failed"}
     assert judged.status_code == 503 and judged.headers["x-guard-rule"] == "on_error"  # its fail mode decided
-    assert len(calls) == canary_calls  # the degenerate backend was never asked to decide
+    # the degenerate backend was never asked to decide: the refused request only asked for one more canary run
+    assert len(calls) in (canary_calls, 2 * canary_calls)
     canaries = admin.json()["details"]["backends"]["default"]["canary"]["canaries"]
     assert [c["spread"] for c in canaries] == [0.0, 0.0] and canaries[0]["question"] == "guard.prompt_injection"
 
@@ -258,22 +259,28 @@ async def test_a_backend_that_cannot_answer_its_canary_is_logged_once(caplog: py
     await guard.aclose()
 
 
-async def test_a_failure_a_request_may_cause_only_degrades_and_a_live_answer_clears_unreachable() -> None:
-    """A request whose state timed the model out made the backend ``failing`` (503 readiness for 30 s): one slow
-    request now and then took replicas out of rotation. Such failures (a timeout, a rejected request, a busy
-    backend) now degrade; a refused backend still fails, and so does a canary run that cannot reach it, until a run
-    or a live call succeeds, after which one slow request does not bring the stale canary result back."""
+async def test_live_failures_ask_the_canaries_which_decide_readiness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed live call made the backend ``failing`` (503 readiness for 30 s): a state that timed the model out,
+    or one a remote model answers with a 500 or NaN, took replicas out of rotation, one client sufficing. With a
+    health monitor a live failure is degraded and asks for a canary run (fixed states no client chooses), which
+    decides: a backend broken for every input fails it; one that recovered is used again after the next run."""
+    from guard.engine import health
     from guard.errors import BackendTimeout, BackendUnavailable
     from guard.policy import load_text
     from guard.subject import HttpSubject
 
-    failure: dict[str, Exception | None] = {"next": None}
+    monkeypatch.setattr(health, "RECHECK_INTERVAL_S", 0.0)
+    failure: dict[str, Exception | None] = {"live": None, "canary": None}
 
     def answers(request: Any) -> dict[str, Any]:
+        live = "hello" in str(request.state)  # the canaries' states are the catalog's own
+        error = failure["live"] if live else failure["canary"]
+        if error is not None:
+            raise error
         injection = scripted_answers(request)["injection"]
         return {question.id: injection for question in request.questions}
 
-    backend = ScriptedBackend(answers, fail=lambda _: failure["next"])
+    backend = ScriptedBackend(answers)
     policy = load_text("""
 policies:
   - id: p
@@ -286,10 +293,13 @@ policies:
     monitor = HealthMonitor(guard, interval_s=0)
     calls = iter(range(1000))
 
-    async def call(error: Exception | None) -> None:
-        failure["next"] = error
-        text = f"hello {next(calls)}"  # a state of its own each time: never a cached answer
+    async def call(live: Exception | None = None) -> None:
+        """One request whose state is its own (never a cached answer), failing with ``live``; then the canary run
+        it asked for."""
+        failure["live"] = live
+        text = f"hello {next(calls)}"
         await guard.aevaluate(HttpSubject(method="POST", path="/x", body=text, body_text=text))
+        await asyncio.gather(*monitor._rechecks.values(), return_exceptions=True)
 
     def backend_check() -> tuple[str, bool]:
         report = guard.health()
@@ -298,16 +308,48 @@ policies:
     assert backend_check() == ("starting", False)
     await monitor.check()
     assert backend_check() == ("ok", True)
-    await call(BackendTimeout("no answer in time"))
-    assert backend_check() == ("last_call_failed", True)  # the request may have caused it: degraded, still ready
-    await call(BackendUnavailable("busy", reason="http_429"))
-    assert backend_check() == ("last_call_failed", True)
-    await call(BackendUnavailable("refused", reason="connection"))
-    assert backend_check() == ("failing", False)  # no request causes a refused connection
-    await monitor.check()
-    assert monitor.results["default"].code == "unreachable" and backend_check()[1] is False
-    await call(None)
-    assert backend_check() == ("ok", True)  # a live answer since: back before the next canary run
+    for live in (BackendTimeout("no answer in time"), BackendUnavailable("500 for this state", reason="http_500"),
+                 RuntimeError("the model raised on this state")):
+        await call(live)
+        assert backend_check() == ("last_call_failed", True), live  # the canaries passed: still ready
+    failure["canary"] = broken = RuntimeError("the ONNX session is broken")  # for every input
+    await call(broken)
+    assert backend_check() == ("canary_failed", False)
+    failure["canary"] = None  # recovered: a refused call asks for another run, which passes
+    await call()
+    assert backend_check()[1] is True and monitor.results["default"].code == "ok"
+    await call()
+    assert backend_check() == ("ok", True)
+    failure["canary"] = down = BackendUnavailable("refused", reason="connection")
+    await call(down)
+    assert backend_check() == ("unreachable", False)
+    failure["canary"] = None
+    await call()  # a live answer clears it at once
+    assert backend_check() == ("ok", True)
     await call(BackendTimeout("no answer in time"))
     assert backend_check() == ("last_call_failed", True)  # not the stale "unreachable" again
+    await monitor.aclose()
     await guard.aclose()
+
+
+def test_without_canaries_a_live_failure_no_request_causes_fails_and_the_rest_degrade() -> None:
+    """The severity a live failure gets where no canary can decide (no monitor, or questions without canaries)."""
+    from guard.engine.health import FailureTracker, call_severity
+    from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer
+
+    for exc, severity in (
+        (BackendTimeout("slow"), "degraded"),
+        (BackendRejected("bad state", status_code=422), "degraded"),
+        (BackendRejected("key revoked", status_code=401), "failing"),
+        (BackendRejected("no such model", status_code=404), "failing"),
+        (BackendUnavailable("busy", reason="http_503", retry_after=2.0), "degraded"),
+        (BackendUnavailable("gateway timeout", reason="http_504"), "degraded"),
+        (BackendUnavailable("refused", reason="connection"), "failing"),
+        (MalformedAnswer("nan"), "failing"),
+        (RuntimeError("raised"), "failing"),
+    ):
+        assert call_severity(exc) == severity, exc
+    tracker = FailureTracker()
+    tracker.failure("inference_failed", "x")
+    tracker.failure("backend_rejected", "y", severity="degraded")  # does not hide the failure no request causes
+    assert tracker.check().severity == "failing"

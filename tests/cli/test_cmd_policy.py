@@ -540,7 +540,7 @@ def test_a_run_filter_that_selects_nothing_and_an_empty_expect_fail(
 def test_response_cases_read_the_media_type_from_the_headers_and_match_paths_as_the_middleware(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A response's media type came only from ``content_type`` (the middleware reads the header), and a response
+    """A message's media type came only from ``content_type`` (the middleware reads the header), and a response
     no policy on the first path view matched was tried on the next view (the middleware keeps the first view some
     policy watches)."""
     (tmp_path / "p.yaml").write_text("""\
@@ -555,11 +555,21 @@ policies:
     match: {http: {paths: ["/API/**"], response: {}}}
     state: {text: body_text}
     rules: [{id: any, when: 'true', action: block}]
+  - id: req-json
+    version: 1
+    match: {http: {paths: ["/req/**"], content_types: [application/json]}}
+    state: {text: body_text}
+    rules: [{id: any, when: 'true', action: block}]
 """)
     cases = [
         {"name": "media type from the header", "expect": {"policy": "json-only", "action": "block"},
          "input": {"http": {"path": "/api/x", "response": {"headers": {"Content-Type": "application/json; charset=utf-8"},
                                                            "body": {"a": "b"}}}}},
+        {"name": "a request's media type from its header", "expect": {"policy": "req-json"},
+         "input": {"http": {"method": "POST", "path": "/req/x", "headers": {"content-type": "application/json; a=b"},
+                            "body": {"q": 1}}}},
+        {"name": "an explicit media type's parameters are dropped", "expect": {"policy": "json-only"},
+         "input": {"http": {"path": "/api/x", "response": {"content_type": "application/json; charset=utf-8"}}}},
         {"name": "the first watched view decides", "expect": {"policy": None, "action": "allow"},
          "input": {"http": {"path": "/API/x", "response": {"headers": {"content-type": "text/plain"},
                                                            "body_text": "hi"}}}},
