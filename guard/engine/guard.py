@@ -37,7 +37,14 @@ from guard.engine.cache import (
     RedisCache,
     Unstored,
 )
-from guard.engine.health import FailureTracker, HealthMonitor, call_severity, error_code, health_report
+from guard.engine.health import (
+    FailureTracker,
+    HealthMonitor,
+    call_severity,
+    error_code,
+    health_report,
+    refused_config,
+)
 from guard.engine.ids import new_decision_id
 from guard.engine.plan import Group, Plan, group_plans
 from guard.engine.telemetry import DecisionLog, Telemetry
@@ -448,7 +455,8 @@ class Guard:
                     self._suspect(name)
                 raise
             except Exception as exc:
-                tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}", severity=call_severity(exc))
+                tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}", severity=call_severity(exc),
+                                refused_config=refused_config(exc))
                 self._suspect(name)
                 raise
             tracker.success()
@@ -522,10 +530,12 @@ class Guard:
             await backend.aclose()
 
     async def aclose(self) -> None:
-        """Close the cache, the backends and the sync portal. Idempotent."""
+        """Stop the health monitor's runs and close the cache, the backends and the sync portal. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self.monitor is not None:  # its runs ask the backends closed below
+            await self.monitor.aclose()
         with self._portal_lock:
             portal, self._portal = self._portal, None
         if portal is not None:
@@ -554,6 +564,8 @@ class Guard:
         if portal is not None:
             self._closed = True
             self._portal = None
+            if self.monitor is not None:
+                portal.call(self.monitor.aclose())
             portal.call(self._close_resources())
             portal.stop()
             if self.decision_log is not None:

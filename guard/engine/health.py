@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,7 @@ __all__ = [
     "error_code",
     "health_report",
     "public_health",
+    "refused_config",
 ]
 
 logger = logging.getLogger("guard.health")
@@ -92,7 +93,8 @@ class FailureTracker:
         window_s: seconds a failure keeps the part ``failing`` when nothing succeeded since.
     """
 
-    __slots__ = ("calls_failed", "last_code", "last_error", "last_failure_at", "last_severity", "window_s")
+    __slots__ = ("calls_failed", "last_code", "last_error", "last_failure_at", "last_severity", "refused_config",
+                 "window_s")
 
     def __init__(self, window_s: float = DEFAULT_FAILING_WINDOW_S) -> None:
         self.window_s = window_s
@@ -100,15 +102,17 @@ class FailureTracker:
         self.last_code = ""
         self.last_error = ""
         self.last_severity = "failing"
+        self.refused_config = False  # the last failure was the deployment's (a key or model refused): no canary clears it
         self.calls_failed = 0
 
     def success(self) -> None:
         """A call succeeded (one attribute store: cheap enough for every request)."""
         self.last_failure_at = None
 
-    def failure(self, code: str, message: str, *, severity: str = "failing") -> None:
+    def failure(self, code: str, message: str, *, severity: str = "failing", refused_config: bool = False) -> None:
         """A call failed with ``code`` (snake_case, shown to anyone) and ``message`` (shown to admins only);
-        ``severity``: ``failing``, or ``degraded`` for a failure the request itself may have caused."""
+        ``severity``: ``failing``, or ``degraded`` for a failure the request itself may have caused;
+        ``refused_config``: the backend refused the deployment's key or model (:data:`CONFIG_STATUSES`)."""
         now = time.monotonic()
         self.calls_failed += 1
         if (severity != "failing" and self.last_severity == "failing" and self.last_failure_at is not None
@@ -118,6 +122,7 @@ class FailureTracker:
         self.last_code = code
         self.last_error = message[:300]
         self.last_severity = severity
+        self.refused_config = refused_config
 
     def check(self) -> Check:
         """While the last call failed within the window: ``failing``, or ``last_call_failed`` (degraded) for a
@@ -171,12 +176,15 @@ class HealthMonitor:
         self.canary_failed: set[str] = set()
         self.unreachable: set[str] = set()  # backends whose last canary run raised (logged once until they answer)
         self._task: asyncio.Task[None] | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None  # where the monitor runs: every run starts there
         self._rechecks: dict[str, asyncio.Task[Check]] = {}
         self._rechecked_at: dict[str, float] = {}
         guard.monitor = self
 
     async def check(self) -> dict[str, Check]:
         """One run over every backend; returns (and keeps) each backend's canary check."""
+        if self._event_loop is None:
+            self._event_loop = asyncio.get_running_loop()
         for name in self.guard.backends:
             await self.check_backend(name)
         return dict(self.results)
@@ -198,7 +206,11 @@ class HealthMonitor:
     def suspect(self, name: str) -> None:
         """A live call to backend ``name`` failed: run its canaries soon (at most once per
         :data:`RECHECK_INTERVAL_S`), so whether it is broken is decided on fixed states, not on what a client
-        sent. Call from the event loop."""
+        sent. Safe from any thread (the sync ``Guard.evaluate`` decides on a thread of its own): the run starts on
+        the monitor's loop; nothing happens before the monitor has run once."""
+        self._on_loop(self._recheck, name)
+
+    def _recheck(self, name: str) -> None:
         running = self._rechecks.get(name)
         now = time.monotonic()
         if (running is not None and not running.done()) or now < self._rechecked_at.get(name, -1e9) + RECHECK_INTERVAL_S:
@@ -206,6 +218,21 @@ class HealthMonitor:
         self._rechecked_at[name] = now
         self._rechecks[name] = asyncio.get_running_loop().create_task(self.check_backend(name),
                                                                       name=f"guard-canary-{name}")
+
+    def _on_loop(self, call: Callable[[str], None], name: str) -> None:
+        """``call(name)`` on the monitor's loop: now when this is it, else soon (when it still runs)."""
+        loop = self._event_loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            call(name)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(call, name)
 
     async def _run(self, name: str, backend: DecisionBackend, canaries: Sequence[Canary], model: str) -> Check:
         if not canaries:
@@ -219,7 +246,9 @@ class HealthMonitor:
             return Check("canary_failed", "failing", {"canaries": [r.to_json() for r in exc.results]})
         except MalformedAnswer as exc:  # the backend answered, but not with probabilities (NaN): a failed canary
             return self._failing(name, exc)
-        except (GuardError, TimeoutError) as exc:
+        except (TimeoutError, BackendTimeout) as exc:  # slow, perhaps flooded: taking replicas out would finish
+            return Check("canary_timed_out", "degraded", {"error": f"{type(exc).__name__}: {exc}"[:300]})  # the flood
+        except GuardError as exc:
             if getattr(exc, "reason", None) not in BUSY_REASONS:  # down, not busy: report it
                 self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
                 if name not in self.unreachable:
@@ -241,7 +270,11 @@ class HealthMonitor:
 
     def answered(self, name: str) -> None:
         """Backend ``name`` answered a live call: one the last canary run could not reach is reachable again (its
-        canaries' verdict waits for the next run)."""
+        canaries' verdict waits for the next run). Safe from any thread, as :meth:`suspect`."""
+        if name in self.unreachable:  # usually not: a set lookup on the hot path
+            self._on_loop(self._reachable, name)
+
+    def _reachable(self, name: str) -> None:
         if name in self.unreachable:
             self.unreachable.discard(name)
             logger.info("backend %r answers again", name)
@@ -273,15 +306,22 @@ class HealthMonitor:
                 logger.exception("health monitor run failed")
 
     async def aclose(self) -> None:
-        """Stop the periodic runs and any run a failed call asked for. Idempotent."""
+        """Stop the periodic runs and any run a failed call asked for (awaited when this is the monitor's loop).
+        Idempotent."""
         tasks = [t for t in (self._task, *self._rechecks.values()) if t is not None]
+        self._task = None
+        self._rechecks.clear()
+        loop = self._event_loop
+        if loop is not None and loop is not asyncio.get_running_loop():
+            for task in tasks:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: its tasks are gone
+                    loop.call_soon_threadsafe(task.cancel)
+            return
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._task = None
-        self._rechecks.clear()
 
 
 #: ``reason`` of a backend error that says the backend is busy or slow, not broken (a 429, a full queue, a
@@ -291,13 +331,19 @@ BUSY_REASONS = ("overloaded", "http_429", "http_504")
 CONFIG_STATUSES = (401, 403, 404)
 
 
+def refused_config(exc: BaseException) -> bool:
+    """Whether the backend refused what the deployment sends every call (its key, a model it does not serve:
+    :data:`CONFIG_STATUSES`), which the canaries may not ask about (they ask for one model)."""
+    return isinstance(exc, BackendRejected) and exc.status_code in CONFIG_STATUSES
+
+
 def call_severity(exc: BaseException) -> str:
     """How much a live call's failure says about its backend when no canary can be run: ``degraded`` when the
     request may have caused it (no answer in time, a request the backend rejects or cannot read, a busy backend:
     a 429, a 503 with ``Retry-After``, a 504), else ``failing`` (refused, a server error, a malformed answer, a model
     that raised, a key or model the backend refuses: 401/403/404)."""
     if isinstance(exc, BackendRejected):
-        return "failing" if exc.status_code in CONFIG_STATUSES else "degraded"
+        return "failing" if refused_config(exc) else "degraded"
     if isinstance(exc, (TimeoutError, BackendTimeout, StateTooLong, UnsupportedQuestion)):
         return "degraded"
     if isinstance(exc, BackendUnavailable) and exc.retry_after is not None:
@@ -354,11 +400,12 @@ def health_report(
     backends: dict[str, Check] = {}
     monitor: HealthMonitor | None = getattr(guard, "monitor", None)
     for name in guard.backends:
-        check = guard.backend_health[name].check()
+        tracker = guard.backend_health[name]
+        check = tracker.check()
         canary = monitor.results.get(name) if monitor is not None else None
-        if check.severity == "failing" and monitor is not None and monitor.covers(name):
+        if check.severity == "failing" and monitor is not None and monitor.covers(name) and not tracker.refused_config:
             check = Check("last_call_failed", "degraded", check.detail)  # the canary run the failure asked for decides
-        if canary is not None and canary.severity == "failing" and check.severity != "failing":
+        if canary is not None and _SEVERITY[canary.severity] > _SEVERITY[check.severity]:
             check = canary
         if monitor is not None and canary is None:  # its first run is under way
             check = Check("starting", "failing", {"error": "the canaries have not run yet"})

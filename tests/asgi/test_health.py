@@ -353,3 +353,97 @@ def test_without_canaries_a_live_failure_no_request_causes_fails_and_the_rest_de
     tracker.failure("inference_failed", "x")
     tracker.failure("backend_rejected", "y", severity="degraded")  # does not hide the failure no request causes
     assert tracker.check().severity == "failing"
+
+
+async def test_a_canary_that_times_out_degrades_and_a_refused_model_still_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flood of slow requests made the canary run they asked for time out too, and ``unreachable`` took the
+    replica out: now a canary timeout is ``canary_timed_out`` (degraded). A backend that refuses a policy's model
+    (404, a model it no longer serves) is failing even with canaries, which ask for one model only."""
+    from guard.engine import health
+    from guard.errors import BackendRejected, BackendTimeout
+    from guard.policy import load_text
+    from guard.subject import HttpSubject
+
+    monkeypatch.setattr(health, "RECHECK_INTERVAL_S", 0.0)
+    slow = {"canary": False}
+
+    def answers(request: Any) -> dict[str, Any]:
+        if request.model == "gone":
+            raise BackendRejected("no such model", status_code=404)
+        if slow["canary"] and "hello" not in str(request.state):
+            raise BackendTimeout("queued behind the flood")
+        injection = scripted_answers(request)["injection"]
+        return {question.id: injection for question in request.questions}
+
+    policy = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {paths: ["/a"]}}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
+  - id: q
+    version: 1
+    model: gone
+    match: {http: {paths: ["/b"]}}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
+""")
+    guard = Guard(policy, backends=ScriptedBackend(answers))
+    monitor = HealthMonitor(guard, interval_s=0)
+    await monitor.check()
+    slow["canary"] = True
+    monitor.suspect("default")
+    await asyncio.gather(*monitor._rechecks.values())
+    report = guard.health()
+    assert report["checks"]["backends"]["default"] == "canary_timed_out" and report["ready"] is True
+    slow["canary"] = False
+    verdict = await guard.aevaluate(HttpSubject(method="POST", path="/b", body="hello", body_text="hello"))
+    assert verdict.fail_mode == "closed"
+    report = guard.health()
+    assert report["checks"]["backends"]["default"] == "failing" and report["ready"] is False
+    await guard.aclose()
+    assert not [t for t in monitor._rechecks.values() if not t.done()]  # aclose stopped the monitor's runs
+
+
+def test_a_failure_in_the_sync_api_starts_the_canary_run_on_the_monitors_loop() -> None:
+    """``Guard.evaluate`` decides on a thread of its own loop: the run it asks for was started there, where the
+    monitor's own ``aclose`` could not stop it ("Task was destroyed but it is pending")."""
+    from guard.errors import BackendUnavailable
+    from guard.policy import load_text
+    from guard.subject import HttpSubject
+
+    def answers(request: Any) -> dict[str, Any]:
+        if "hello" in str(request.state):
+            raise BackendUnavailable("500 for this state", reason="http_500")
+        return {question.id: scripted_answers(request)["injection"] for question in request.questions}
+
+    policy = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
+""")
+    guard = Guard(policy, backends=ScriptedBackend(answers))
+    monitor = HealthMonitor(guard, interval_s=0)
+
+    async def main() -> None:
+        await monitor.check()
+        loop = asyncio.get_running_loop()
+        verdict = await asyncio.to_thread(guard.evaluate, HttpSubject(method="POST", path="/x", body="hello",
+                                                                      body_text="hello"))
+        assert verdict.fail_mode == "closed"
+        for _ in range(100):  # the request to start it crosses threads
+            if monitor._rechecks:
+                break
+            await asyncio.sleep(0.01)
+        (run,) = monitor._rechecks.values()
+        assert run.get_loop() is loop
+        assert (await run).code == "ok"
+        await guard.aclose()
+
+    asyncio.run(main())
