@@ -28,6 +28,15 @@ from tests.worker._serve import serve_app_in_thread
 pytestmark = pytest.mark.anyio
 
 TOKEN = "health-admin-token-0123456789"
+#: One policy asking the catalog's injection question of every HTTP request (the catalog has canaries for it).
+INJECTION_POLICY = """
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
+"""
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
@@ -166,14 +175,7 @@ async def _canary_fails_with(error: Exception) -> None:
     from guard.policy import load_text
 
     broken = ScriptedBackend(fail=error)
-    policy = load_text("""
-policies:
-  - id: p
-    version: 1
-    match: {http: {}}
-    questions: {injection: {catalog: guard.prompt_injection}}
-    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
-""")
+    policy = load_text(INJECTION_POLICY)
     guard = Guard(policy, backends=broken)
     monitor = HealthMonitor(guard, interval_s=0)
     checks = await monitor.check()
@@ -281,14 +283,7 @@ async def test_live_failures_ask_the_canaries_which_decide_readiness(monkeypatch
         return {question.id: injection for question in request.questions}
 
     backend = ScriptedBackend(answers)
-    policy = load_text("""
-policies:
-  - id: p
-    version: 1
-    match: {http: {}}
-    questions: {injection: {catalog: guard.prompt_injection}}
-    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
-""")
+    policy = load_text(INJECTION_POLICY)
     guard = Guard(policy, backends=backend)
     monitor = HealthMonitor(guard, interval_s=0)
     calls = iter(range(1000))
@@ -420,14 +415,7 @@ def test_a_failure_in_the_sync_api_starts_the_canary_run_on_the_monitors_loop() 
             raise BackendUnavailable("500 for this state", reason="http_500")
         return {question.id: scripted_answers(request)["injection"] for question in request.questions}
 
-    policy = load_text("""
-policies:
-  - id: p
-    version: 1
-    match: {http: {}}
-    questions: {injection: {catalog: guard.prompt_injection}}
-    rules: [{id: r, when: injection.noul >= 0.9, action: block}]
-""")
+    policy = load_text(INJECTION_POLICY)
     guard = Guard(policy, backends=ScriptedBackend(answers))
     monitor = HealthMonitor(guard, interval_s=0)
 
