@@ -160,6 +160,15 @@ def subject_from_json(data: Any) -> Subject:
     Raises:
         ValueError: when the object is not exactly one of those shapes.
     """
+    return _subject(_parsed(data))
+
+
+def _parsed(data: Any) -> _Input:
+    """``data`` read as a case's input.
+
+    Raises:
+        ValueError: naming the first field that does not fit, or neither or both of ``http`` and ``agent``.
+    """
     try:
         parsed = _Input.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -168,28 +177,32 @@ def subject_from_json(data: Any) -> Subject:
         raise ValueError(f"input.{where}: {first['msg']}") from None
     if (parsed.http is None) == (parsed.agent is None):
         raise ValueError("input needs exactly one of 'http' or 'agent'")
+    return parsed
+
+
+def _subject(parsed: _Input) -> Subject:
     if parsed.http is not None:
         h = parsed.http
         try:  # a space or a non-ASCII letter is written as is in a test and percent-encoded on the wire
             path = canonical_path(quote(h.path, safe=_WIRE_SAFE)).path
         except BodyError as exc:
             raise ValueError(f"input.http.path: {exc.reason}") from None
-        body_text = h.body_text if h.body_text is not None else "\n".join(body_strings(h.body))
-        headers = {k.lower(): v for k, v in h.headers.items()}
-        return HttpSubject(
-            method=h.method.upper(), path=path, query=h.query, headers=headers, host=h.host.lower(), client=h.client,
-            content_type=_media(h.content_type, headers), body=h.body, body_text=body_text,
-        )  # fmt: skip
+        return HttpSubject(method=h.method.upper(), path=path, query=h.query, host=h.host.lower(), client=h.client,
+                           **_message(h.headers, h.content_type, h.body, h.body_text))
     assert parsed.agent is not None
     fields = parsed.agent.model_dump()
     fields["history"] = tuple(TurnMessage(**turn) for turn in fields["history"])
     return AgentSubject(**fields)
 
 
-def _media(content_type: str, headers: Mapping[str, str]) -> str:
-    """The media type a case's message has, as the middleware reads it: ``content_type``, else the
-    ``content-type`` header, without parameters, lower-case."""
-    return (content_type or headers.get("content-type", "")).split(";", 1)[0].strip().lower()
+def _message(headers: Mapping[str, str], content_type: str, body: Any, body_text: str | None) -> dict[str, Any]:
+    """A request's or response's fields as the middleware reads them: header names lower-case; the media type
+    ``content_type``, else the ``content-type`` header, without parameters; ``body_text`` by default the body's
+    judged strings joined by newlines."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    media = (content_type or lowered.get("content-type", "")).split(";", 1)[0].strip().lower()
+    text = body_text if body_text is not None else "\n".join(body_strings(body))
+    return {"headers": lowered, "content_type": media, "body": body, "body_text": text}
 
 
 def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Policy, ...]]:
@@ -197,17 +210,16 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     with its defaults: an HTTP path made canonical (:func:`~guard.asgi._target.canonical_path`), then matched on its
     :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased first); with
     ``http.response``, the upstream's response to that request, decided by the response policies that watch the
-    request on the first view some policy watches and that match the response (its body's text as
-    :func:`~guard.subject.body_strings` reads it). A message's media type is its ``content_type``, else its
-    ``content-type`` header, without parameters.
+    request on the first view some policy watches and that match the response (read as :func:`_message` says).
 
     Raises:
         ValueError: the input does not fit (see :func:`subject_from_json`).
     """
-    subject = subject_from_json(data)
+    parsed = _parsed(data)
+    subject = _subject(parsed)
     if not isinstance(subject, HttpSubject):
         return subject, policies.matching(subject)
-    response = _Input.model_validate(data).http.response  # type: ignore[union-attr]
+    response = parsed.http.response if parsed.http is not None else None
     find = policies.matching if response is None else policies.watching
     for view in path_views(subject.path):
         head = replace(subject, path=view)
@@ -216,10 +228,8 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
             break
     if response is None:
         return head, found
-    headers = {k.lower(): v for k, v in response.headers.items()}
-    text = response.body_text if response.body_text is not None else "\n".join(body_strings(response.body))
-    judged = replace(head, phase="response", status=response.status, headers=headers,
-                     content_type=_media(response.content_type, headers), body=response.body, body_text=text)
+    judged = replace(head, phase="response", status=response.status,
+                     **_message(response.headers, response.content_type, response.body, response.body_text))
     return judged, tuple(p for p in found if p.matches(judged))
 
 

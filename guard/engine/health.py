@@ -10,15 +10,16 @@
 * :class:`HealthMonitor`: runs each backend's canaries (:mod:`guard.backends.selftest`), fixed states no client
   chooses, at start-up and every ``interval_s`` seconds; a backend whose canary fails is ``canary_failed`` and the
   engine refuses its answers (``BackendUnavailable``, ``reason="canary_failed"``: the policy's fail mode decides)
-  until a run passes; one that cannot answer them (down, timed out; not merely busy) is ``unreachable`` until a run
-  or a live call succeeds.
+  until a run passes; one that cannot answer them (down, an error; not busy) is ``unreachable`` until a run or a
+  live call succeeds; one that answers them too late is ``canary_timed_out`` (degraded: perhaps a flood of slow
+  requests, which taking replicas out would help).
 * :func:`health_report`: ``{"status", "ready", "checks": {part: code}, "details": {...}}`` from the engine, the
   monitor, the policy watcher and any other parts; :func:`public_health` keeps codes only (no error text, no policy
   content) for unauthenticated callers.
 
-Status: ``failing`` when no request can be judged (no policy; a backend whose last call failed in a way no request
-causes, that fails its canary or cannot be reached by it, or whose monitor has not finished its first canary run:
-``starting``); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
+Status: ``failing`` when no request can be judged (no policy; a backend that fails its canary or cannot be reached
+by it, whose monitor has not finished its first canary run (``starting``), that refused the deployment's key or
+model, or, with no canaries to ask, whose last call failed in a way no request causes); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
 reload, a dead reload watcher, a backend call a request may have failed, an upstream forward that failed lately);
 else ``ok``. ``ready`` is ``status != "failing"``.
 """
