@@ -234,7 +234,8 @@ class InputGate:
             else:
                 escalated.append((pending, judgement, self._item(pending, judgement)))
         if escalated and blocked is None:  # with a block the run ends anyway; the others are judged next time
-            decisions = self.turns.ask([item for _, _, item in escalated])
+            items = [item for _, _, item in escalated]
+            decisions = self.turns.ask(items, positional=not self.turns.review_unanswered(state))
             for pending, judgement, item in escalated:
                 decision = decisions[item["id"]]
                 status = "allowed" if decision["type"] == "approve" else "blocked"
@@ -439,6 +440,18 @@ def answered_calls(messages: Sequence[Any], calls: dict[str, Any] | None = None)
     return calls
 
 
+def _unanswered(turn: Mapping[str, Any] | None) -> bool:
+    """Whether ``turn`` (a turn record) asked a reviewer and was never enforced (new input superseded its interrupt),
+    or asked for no review and followed such a turn."""
+    if turn is None:
+        return False
+    output = turn.get("output")
+    asks = (output is not None and output.get("outcome") == "escalate") or any(
+        record.get("outcome") == "escalate" and not record.get("problem") for record in turn["calls"].values()
+    )
+    return not turn.get("enforced") if asks else bool(turn.get("after_unanswered_review"))
+
+
 STAMPS_KEY = "guard_stamps"
 """The ``response_metadata`` key of the stamps on the messages the agent's model and tools wrote
 (:meth:`TurnKeeper.stamp`), one per middleware instance name."""
@@ -552,10 +565,18 @@ class TurnKeeper:
         return not (isinstance(stamp, str) and self.sealer.check(*self._stamped(message, calls), stamp))
 
     @staticmethod
-    def ask(items: list[PendingItem]) -> dict[str, dict[str, Any]]:
+    def ask(items: list[PendingItem], *, positional: bool = True) -> dict[str, dict[str, Any]]:
+        """The reviewer's decisions on ``items`` (one ``interrupt()``), by item id. ``positional``: whether a list of
+        decisions in LangChain's order is accepted (:func:`~guard.agents.decisions.response_schema`)."""
         request = review_request(items)
-        answer = interrupt(request, response_schema=response_schema(items, exact=True))
+        answer = interrupt(request, response_schema=response_schema(items, exact=True, positional=positional))
         return answer["decisions"]  # type: ignore[no-any-return]
+
+    def review_unanswered(self, state: Any) -> bool:
+        """Whether a reviewer may hold an interrupt of this thread that was never answered: the last model turn asked
+        for a review and new input came before its answer, or a turn since asked for none. Decisions by position are
+        refused then, since they could be meant for the items of that interrupt."""
+        return _unanswered(self.part(state, "turn"))
 
     def subjects(
         self, ai: AIMessage, state: Any, tools: Sequence[Any] = (), structured: frozenset[str] = frozenset()
@@ -575,6 +596,9 @@ class TurnKeeper:
         task = user_text(state)
         history = turn_history(state)
         turn: dict[str, Any] = {"message_id": ai.id, "thread_id": thread_id, "output": None, "calls": {}}
+        previous = self.part(state, "turn")
+        if previous is not None and previous.get("message_id") != ai.id and _unanswered(previous):
+            turn["after_unanswered_review"] = True
         todo: list[tuple[str, AgentSubject]] = []
         if structured:
             turn["structured_text"] = json.dumps(
@@ -697,7 +721,7 @@ class TurnKeeper:
         for _ in range(DEFAULT_MAX_REVIEW_ROUNDS + 1):
             if not items:
                 break
-            decisions = self.ask(items)
+            decisions = self.ask(items, positional=not turn.get("after_unanswered_review"))
             next_items: list[PendingItem] = []
             for item in items:
                 decision = decisions[item["id"]]
@@ -770,7 +794,7 @@ class TurnKeeper:
                     item["tool"] or "", item["tool_call_id"] or "", verdict_from_json(record["verdict"]), reason
                 )
             )
-        update = {**self.update(state, turn={**turn, "calls": calls}), **structured}
+        update = {**self.update(state, turn={**turn, "calls": calls, "enforced": True}), **structured}
         return {"messages": out, **update} if out else update
 
     def _judge_hitl_edit(
@@ -847,4 +871,5 @@ class TurnKeeper:
         )
         calls = {key: {**record, "status": "withheld"} for key, record in turn["calls"].items()}
         messages: list[Any] = [notice] if placeholder is None else [RemoveMessage(id=placeholder.id or ""), notice]
-        return {"messages": messages, "jump_to": "end", **self.update(state, turn={**turn, "calls": calls})}
+        turn = {**turn, "calls": calls, "enforced": True}
+        return {"messages": messages, "jump_to": "end", **self.update(state, turn=turn)}

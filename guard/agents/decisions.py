@@ -220,10 +220,22 @@ def _plain(decision: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "edit", "arguments": dict(action["args"]), "tool": action["name"]}
 
 
-def _check(value: dict[str, Any], *, items: Sequence[PendingItem], exact: bool) -> dict[str, Any]:
+#: Why a list of decisions is refused for a review that follows one nobody answered.
+BY_POSITION_REFUSED = (
+    "this thread took new input while an earlier review was pending, so a list of decisions (answered by position) "
+    "could be meant for items the reviewer saw then; answer this review by item id: "
+    "{{\"decisions\": {{<item id>: <decision>}}}} (guard.agents.resume_command), for {ids}"
+)
+
+
+def _check(
+    value: dict[str, Any], *, items: Sequence[PendingItem], exact: bool, positional: bool = True
+) -> dict[str, Any]:
     by_id = {item["id"]: item for item in items}
     expected = tuple(by_id)
     decisions: Mapping[str, Any] | list[Any] = value["decisions"]
+    if isinstance(decisions, list) and not positional:
+        raise ResumeError(BY_POSITION_REFUSED.format(ids=", ".join(expected)), expected=expected)
     if isinstance(decisions, list):
         if len(decisions) != len(items):
             raise ResumeError(
@@ -263,7 +275,7 @@ def _check(value: dict[str, Any], *, items: Sequence[PendingItem], exact: bool) 
     return {"decisions": plain}
 
 
-def response_schema(items: Sequence[PendingItem], *, exact: bool = True) -> Any:
+def response_schema(items: Sequence[PendingItem], *, exact: bool = True, positional: bool = True) -> Any:
     """The ``response_schema`` for ``interrupt()``: a :class:`GuardReviewResponse` that must answer every item; the
     validated value always comes back as guard's map, ``{"decisions": {item_id: decision}}``, edits as
     ``{"type": "edit", "arguments": ..., "tool": ...}``.
@@ -272,11 +284,13 @@ def response_schema(items: Sequence[PendingItem], *, exact: bool = True) -> Any:
         items: the pending items of this interrupt.
         exact: also refuse decisions for ids that are not pending (one interrupt holding a whole turn). Per-call
             interrupts pass ``False``, so the same full decision map can be sent to each of them.
+        positional: also accept LangChain's list of decisions, answering the items in order. ``False`` where the
+            thread took new input while an earlier review was pending (:data:`BY_POSITION_REFUSED`).
     """
     frozen = tuple(items)
 
     def guard_review_decisions(value: dict[str, Any]) -> dict[str, Any]:
-        return _check(value, items=frozen, exact=exact)
+        return _check(value, items=frozen, exact=exact, positional=positional)
 
     return Annotated[GuardReviewResponse, BeforeValidator(_known_types), AfterValidator(guard_review_decisions)]
 

@@ -423,3 +423,25 @@ def test_per_call_hitl_before_guard_edits_are_judged(harness: Any, thread: Any, 
     assert out.interrupts[0].value["type"] == "tool_approval"
     drive(agent, Command(resume={out.interrupts[0].id: _hitl_edit(to, 1)}), config, "invoke")
     assert h.runs.calls == runs
+
+
+def test_a_review_after_an_unanswered_one_takes_decisions_by_item_id_only(harness: Any, thread: Any) -> None:
+    """New input while a review is pending starts a turn whose review a list of decisions (by position) cannot
+    answer: it could be the reviewer's answer to the interrupt they saw, for other calls. Answered by item id, the
+    next review takes a list again."""
+    h = harness()
+    turns = pays((500, "eve", "a")), pays((900, "eve", "b")), pays((700, "kim", "c")), Turn(text="done")
+    agent, config = guard_agent(h, *turns), thread()
+    shown = drive(agent, USER, config, "invoke").items()
+    assert [item["arguments"] for item in shown] == [{"amount": 500, "to": "eve"}]
+    pending = drive(agent, {"messages": [("user", "actually, pay eve 900")]}, config, "invoke")
+    assert [item["arguments"] for item in pending.items()] == [{"amount": 900, "to": "eve"}]
+    with pytest.raises(ValidationError, match="took new input while an earlier review was pending"):
+        agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    assert h.runs.calls == []
+    command = resume_command(agent.get_state(config).interrupts, {pending.items()[0]["id"]: {"type": "approve"}})
+    third = drive(agent, command, config, "invoke")
+    assert h.runs.calls == [("pay", {"amount": 900, "to": "eve"})]
+    assert [item["arguments"] for item in third.items()] == [{"amount": 700, "to": "kim"}]
+    out = drive(agent, Command(resume={"decisions": [{"type": "approve"}]}), config, "invoke")
+    assert h.runs.calls[-1] == ("pay", {"amount": 700, "to": "kim"}) and not out.interrupts
