@@ -40,7 +40,7 @@ from guard.backends.fixture import FixtureBackend, answer_from_spec
 from guard.engine.cache import MemoryCache
 from guard.errors import BodyError, PolicyError
 from guard.policy._yaml import load_yaml
-from guard.policy.loader import PolicyLoadError, PolicySet, load_text
+from guard.policy.loader import PolicyLoadError, PolicySet, load_text, validation_problem
 from guard.policy.policy import Policy
 from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMessage, body_strings
 from guard.systemone import QuestionV1
@@ -385,9 +385,7 @@ def run_test_file(
     try:
         spec = _TestFile.model_validate(data or {})
     except pydantic.ValidationError as exc:
-        from guard.policy.loader import _pydantic_problem
-
-        raise PolicyLoadError([_pydantic_problem(e, lines) for e in exc.errors()]) from None
+        raise PolicyLoadError([validation_problem(e, lines, _TestFile) for e in exc.errors()]) from None
     results = []
     for i, case in enumerate(spec.cases):
         if run is not None and not run.search(case.name):

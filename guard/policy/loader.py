@@ -7,6 +7,7 @@ key path, e.g. ``policies/api.yaml:31 at policies[0].questions.urgency.criteria:
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 import threading
@@ -31,7 +32,7 @@ from guard.policy._state import (
 )
 from guard.policy._yaml import LineMap, format_path, load_yaml
 from guard.policy._yaml import Path as KeyPath
-from guard.policy.model import PATTERN_HINTS, PolicyFileSpec, PolicySpec, SourceSpec
+from guard.policy.model import PATTERN_HINTS, PolicyFileSpec, PolicySpec, SourceSpec, keys_at
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
 from guard.policy.provenance import CALL_KEYS, RESULT_KEYS, ToolSpec
 from guard.policy.redact import Redactor, compile_pattern
@@ -52,7 +53,7 @@ from guard.policy.rules import (
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
-__all__ = ["PolicyLoadError", "PolicySet", "check_unique", "load_files", "load_text"]
+__all__ = ["PolicyLoadError", "PolicySet", "check_unique", "load_files", "load_text", "validation_problem"]
 
 logger = logging.getLogger("guard.policy")
 
@@ -86,7 +87,7 @@ def load_text(text: str | bytes, file: str = "<string>") -> list[Policy]:
     try:
         spec = PolicyFileSpec.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise PolicyLoadError([_pydantic_problem(error, lines) for error in exc.errors()]) from None
+        raise PolicyLoadError([validation_problem(error, lines) for error in exc.errors()]) from None
     problems: list[PolicyError] = []
     policies = [_compile(i, policy, spec, lines, problems) for i, policy in enumerate(spec.policies)]
     if problems:
@@ -116,7 +117,9 @@ def load_files(*paths: str | Path) -> PolicySet:
     return PolicySet(policies, sources=paths)
 
 
-def _pydantic_problem(error: Any, lines: LineMap) -> PolicyError:
+def validation_problem(error: Any, lines: LineMap, model: type[pydantic.BaseModel] = PolicyFileSpec) -> PolicyError:
+    """One pydantic error of a file ``model`` validated, as a :class:`PolicyError` naming the file's line and key path
+    (pydantic's union tags dropped); an unknown key gets the nearest key allowed there, or the list of them."""
     loc = tuple(error["loc"])
     path: list[str | int] = []
     for i, part in enumerate(loc):
@@ -126,7 +129,7 @@ def _pydantic_problem(error: Any, lines: LineMap) -> PolicyError:
             path.append(part)
     message = error["msg"]
     if error["type"] == "extra_forbidden":
-        message = "unknown key; check the spelling against docs/policies.md"
+        message = _unknown_key(path, model)
     elif error["type"] == "missing":
         message = "is required"
     elif error["type"] == "value_error":  # a validator's own message, without pydantic's "Value error, "
@@ -137,6 +140,16 @@ def _pydantic_problem(error: Any, lines: LineMap) -> PolicyError:
         shown = repr(error["input"])
         message = f"{message}, got {shown if len(shown) <= 60 else shown[:57] + '...'}"
     return lines.error(tuple(path), message)
+
+
+def _unknown_key(path: Sequence[str | int], model: type[pydantic.BaseModel]) -> str:
+    allowed = keys_at(model, path[:-1])
+    if not allowed:
+        return "unknown key; check the spelling against docs/policies.md"
+    near = difflib.get_close_matches(str(path[-1]), allowed, n=1, cutoff=0.7)
+    if near:
+        return f"unknown key; did you mean {near[0]!r}?"
+    return f"unknown key; the keys here are {', '.join(allowed)}"
 
 
 def _compile(

@@ -14,7 +14,9 @@ A file::
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import types
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -37,6 +39,7 @@ __all__ = [
     "SourceSpec",
     "ToolArgumentSpec",
     "ToolSpec",
+    "keys_at",
 ]
 
 Truncate = Literal["head_tail", "head", "error"]
@@ -498,3 +501,34 @@ class PolicyFileSpec(_Strict):
         json_schema_extra={"default": {}},
         description="Values rules read as data.<name> (thresholds, lists), like OPA's data.",
     )
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The types an annotation admits: ``Annotated`` and ``X | None`` taken apart."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _unwrap(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return [t for arg in get_args(annotation) for t in _unwrap(arg) if t is not type(None)]
+    return [annotation]
+
+
+def keys_at(model: type[BaseModel], path: Sequence[str | int]) -> tuple[str, ...]:
+    """The keys a file validated by ``model`` accepts in the mapping at ``path`` (a key path as errors name it, e.g.
+    ``("policies", 0, "rules", 2)``), sorted; empty where that is not a mapping with fixed keys."""
+    candidates: list[Any] = [model]
+    for part in path:
+        following: list[Any] = []
+        for candidate in candidates:
+            for tp in _unwrap(candidate):
+                origin, args = get_origin(tp), get_args(tp)
+                if isinstance(part, int) and origin is list:
+                    following.append(args[0])
+                elif isinstance(part, str) and origin is dict:
+                    following.append(args[1])
+                elif isinstance(part, str) and isinstance(tp, type) and issubclass(tp, BaseModel):
+                    following += [f.annotation for name, f in tp.model_fields.items() if (f.alias or name) == part]
+        candidates = following
+    return tuple(sorted({f.alias or name for candidate in candidates for tp in _unwrap(candidate)
+                         if isinstance(tp, type) and issubclass(tp, BaseModel)
+                         for name, f in tp.model_fields.items()}))  # fmt: skip

@@ -83,7 +83,10 @@ def test_test_fails_on_wrong_expectations_and_warns_on_zero_cases(tmp_path: Path
         "cases:\n  - name: x\n    input: {http: {}}\n    expect: {action: allow}\n    unknown: 1\n"
     )
     assert main(["policy", "test", str(policy)]) == 1
-    assert "p_test.yaml:5: cases[0].unknown: unknown key" in capsys.readouterr().err
+    assert "p_test.yaml:5: cases[0].unknown: unknown key; the keys here are answers, backend_error, expect, input, name" in capsys.readouterr().err
+    (tmp_path / "p_test.yaml").write_text("cases:\n  - name: x\n    input: {http: {}}\n    expects: {action: allow}\n")
+    assert main(["policy", "test", str(policy)]) == 1
+    assert "p_test.yaml:4: cases[0].expects: unknown key; did you mean 'expect'?" in capsys.readouterr().err
 
 
 def test_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

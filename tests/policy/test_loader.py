@@ -39,6 +39,22 @@ def load_error(text: str) -> PolicyLoadError:
     return caught.value  # type: ignore[return-value]
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "key", "reason"),
+    [
+        ("        when: urgency.score", "        whne: urgency.score", "policies[0].rules[0].whne",
+         "unknown key; did you mean 'when'?"),
+        ("        type: score", "        kind: score", "policies[0].questions.urgency.kind",
+         "unknown key; the keys here are catalog, criteria, id, instructions, type"),
+        ("    version: 1\n", "    versoin: 1\n", "policies[0].versoin", "unknown key; did you mean 'version'?"),
+    ],
+)
+def test_an_unknown_key_names_the_nearest_allowed_key(old: str, new: str, key: str, reason: str) -> None:
+    assert old in BASE
+    error = load_error(BASE.replace(old, new, 1))
+    assert any(p.key == key and p.reason == reason for p in error.problems), error.problems
+
+
 def test_base_policy_loads() -> None:
     (policy,) = load_text(BASE, "p.yaml")
     assert (policy.id, policy.version, policy.line, policy.mode) == ("p", "1", 2, "enforce")
