@@ -400,7 +400,7 @@ class ResponseJudge:
 
     async def _judge(self, subject: HttpSubject) -> Verdict:
         verdict = await self.guard.aevaluate(subject, policies=self.policies)
-        self.metrics.responses.labels(verdict.policy_id or "", verdict.action).inc()
+        self.metrics.count_response(verdict.policy_id or "", verdict.action)
         return verdict
 
     async def _block(self, verdict: Verdict) -> None:
@@ -413,7 +413,7 @@ class ResponseJudge:
         verdict = verdicts.refused(self.policy, decision_id=new_decision_id(), rule=exc.code, status=exc.status,
                                    message=exc.reason, error=exc.code, phase="response")
         self.guard.record(verdict, self.head, policy=self.policy)
-        self.metrics.responses.labels(self.policy.id, "block").inc()
+        self.metrics.count_response(self.policy.id, "block")
         if not self.started:
             await send_json(self.send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field,
                                                     "policy": self.policy.id, "rule": exc.code,

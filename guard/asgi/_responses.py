@@ -144,6 +144,6 @@ async def refuse_target(send: Send, exc: BodyError, metrics: HttpMetrics) -> Non
     """Answer a request whose target, headers or method were refused before any policy was matched (400
     ``invalid_target``, ``repeated_header``, ``method_override``, ``unexpected_body``; ``{code, message, field}``;
     counted in ``guard_http_target_rejections_total``). The target itself is not logged."""
-    metrics.target_rejections.labels(exc.code).inc()
+    metrics.count_target_rejection(exc.code)
     logger.info("refused a request target before matching: %s (%s)", exc.code, exc.field)
     await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field})

@@ -211,15 +211,15 @@ async def hold(
                                             request=held_request(scope, body, bound),
                                             tenant=mw.tenant_of(scope, subject.headers), client=subject.client)
     except ReviewQuotaExceeded as exc:
-        mw.metrics.reviews.labels("client_quota").inc()
+        mw.metrics.count_review("client_quota")
         await send_json(send, 429, {"code": "review_quota_exceeded", "message": str(exc), "review_id": None},
                         [*headers, (b"retry-after", str(int(exc.retry_after)).encode())])
         return
     except ReviewStoreUnavailable as exc:
-        mw.metrics.reviews.labels("store_unavailable").inc()
+        mw.metrics.count_review("store_unavailable")
         await _review_error(send, exc, headers)
         return
-    mw.metrics.reviews.labels("created").inc()
+    mw.metrics.count_review("created")
     status_url, release_url = _urls(mw, scope, item.id)
     await send_json(send, 202, {
         "code": PENDING_REVIEW, "message": verdict.message or DEFAULT_REVIEW_MESSAGE, "review_id": item.id,
@@ -247,10 +247,10 @@ async def release_on_resend(
         digest = _scope_digest(mw, scope, body, held.get("bound", {}), _presented_token(scope)) if held else ""
         item = await mw.review_store.release(review_id, digest)
     except ReviewError as exc:
-        mw.metrics.reviews.labels("refused").inc()
+        mw.metrics.count_review("refused")
         await _review_error(send, exc)
         return
-    mw.metrics.reviews.labels("released").inc()
+    mw.metrics.count_review("released")
     await mw.respond(scope, ReplayReceive(body, receive), send, _released_headers(item))
 
 
@@ -313,10 +313,10 @@ class ClientReviewEndpoints:
             await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field})
             return
         except ReviewError as exc:
-            self.mw.metrics.reviews.labels("refused").inc()
+            self.mw.metrics.count_review("refused")
             await _review_error(send, exc)
             return
-        self.mw.metrics.reviews.labels("released").inc()
+        self.mw.metrics.count_review("released")
         headers.append((b"content-length", str(len(body)).encode()))
         replay = {**scope, "method": held["method"], "path": held["path"], "raw_path": held["raw_path"].encode(
             "latin-1"), "query_string": held["query_string"].encode("latin-1"), "headers": headers}

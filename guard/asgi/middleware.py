@@ -413,7 +413,7 @@ class GuardMiddleware:
         verdict = await self.guard.aevaluate(subject, policies=matched)  # matched on the head already
         self.metrics.count_request(verdict.policy_id or "", verdict.action)
         if verdict.fail_mode == "open":
-            self.metrics.fail_open.labels(verdict.policy_id or "").inc()
+            self.metrics.count_fail_open(verdict.policy_id or "")
         if verdict.action in ("allow", "redact"):
             if verdict.action == "redact" and verdict.redactions:
                 try:
@@ -438,7 +438,7 @@ class GuardMiddleware:
                                                            verdict_headers(verdict)))  # fmt: skip
 
             await self.respond(scope, receive, send, method=head.method, app=handoff_app)
-            self.metrics.handoffs.labels(outcomes[0] if outcomes else "blocked").inc()  # none: a response policy cut it
+            self.metrics.count_handoff(outcomes[0] if outcomes else "blocked")  # none: a response policy cut it
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> tuple[bytes, Any, str] | None:
         """The request body as received, its parsed value and its judged text (:func:`parse_body`); ``None`` when the
@@ -453,7 +453,7 @@ class GuardMiddleware:
         declared = declared_length(headers.get("content-length"))
         body = await read_body(receive, limits.max_body_bytes, declared, limits.body_timeout_s)
         if body is None:
-            self.metrics.disconnects.inc()
+            self.metrics.count_disconnect()
             return None
         decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
         value, text = parse_body(decoded, headers.get("content-type", ""), limits)
@@ -521,14 +521,14 @@ class GuardMiddleware:
             await self._refuse(send, self._match(judged, headers)[0], policies[0], exc)
             return None
         if body is None:
-            self.metrics.disconnects.inc()
+            self.metrics.count_disconnect()
             return None
         method = self._body_method(body, headers, judged["method"])
         return ({**judged, "method": method} if method else judged), ReplayReceive(body, receive)
 
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""
-        self.metrics.body_rejections.labels(exc.code).inc()
+        self.metrics.count_body_rejection(exc.code)
         verdict = verdicts.refused(
             policy, decision_id=new_decision_id(), rule=exc.code, status=exc.status, message=exc.reason, error=exc.code
         )

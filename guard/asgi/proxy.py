@@ -297,7 +297,7 @@ class ReverseProxy:
                             [(b"connection", b"close")])
             return
         except UpstreamError as exc:
-            self.metrics.upstream_errors.labels(exc.kind).inc()
+            self.metrics.count_upstream_error(exc.kind)
             if isinstance(exc, UpstreamBusy):  # load, not a failing upstream: health is not touched
                 await send_json(send, 503, {"code": "upstream_busy", "message": f"the proxy is busy ({exc}); retry",
                                             "field": None}, [(b"retry-after", b"1")])
@@ -322,7 +322,7 @@ class ReverseProxy:
             if not ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except UpstreamError as exc:
-            self.metrics.upstream_errors.labels("broken_stream").inc()
+            self.metrics.count_upstream_error("broken_stream")
             logger.warning("upstream broke mid-response (%s); aborting the client connection", exc)
             raise
         except OSError:  # the client went away mid-response

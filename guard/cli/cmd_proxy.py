@@ -213,6 +213,9 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
             or malformed token variable; ``--review-insecure-loopback`` with a non-loopback ``--listen``.
         PolicyError: an invalid policy file.
     """
+    from opentelemetry import metrics as otel_metrics
+
+    from guard.asgi import HttpMetrics
     from guard.asgi.admin import admin_app, reviewer_tokens
     from guard.asgi.health import HealthEndpoint
     from guard.asgi.proxy import ProxyConfig, proxy_app
@@ -269,6 +272,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     review_url = args.review_redis_url or args.redis_url
     store: ReviewStore = RedisReviewStore.from_url(review_url) if review_url else MemoryReviewStore()
     options: dict[str, Any] = {
+        # the HTTP counters go where the OTEL_* variables send the engine's (OTLP, /_guard/metrics)
+        "metrics": HttpMetrics(meter_provider=otel_metrics.get_meter_provider()),
         "review_store": store,
         "client_header": args.client_header,
         "decision_headers": args.decision_headers,

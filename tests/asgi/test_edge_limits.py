@@ -25,8 +25,10 @@ from guard.asgi.limits import BodyLimits
 from guard.asgi.proxy import ProxyConfig, proxy_app
 from guard.asgi.server import head_timeout_protocol
 from guard.engine import Guard
+from tests._otlp import Receiver
 from tests.asgi._apps import BENIGN, POLICY, guarded_app
 from tests.asgi._servers import serve_in_thread
+from tests.worker._serve import serve_app_in_thread
 
 GuardFactory = Callable[..., Guard]
 REPO = Path(__file__).resolve().parents[2]
@@ -114,12 +116,14 @@ def _free_port() -> int:
 
 def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Path) -> None:
     """``guard proxy`` as a process: health on the admin listener only (the proxied one forwards the path), slow
-    heads closed on both, a clean exit on SIGTERM."""
+    heads closed on both, a clean exit on SIGTERM; the HTTP counters both on /_guard/metrics and over OTLP."""
     upstream = Starlette(routes=[Route("/{p:path}", lambda r: JSONResponse({"upstream": r.url.path}),
                                        methods=["GET", "POST"])])
-    with serve_in_thread(upstream) as url:
+    otlp = Receiver()
+    with serve_in_thread(upstream) as url, serve_app_in_thread(otlp.app, ready_path=None) as collector:
         listen, admin = _free_port(), _free_port()
-        env = {**os.environ, "GUARD_TEST_REVIEWERS": "alice:alice-review-token-0123456789"}
+        env = {**os.environ, "GUARD_TEST_REVIEWERS": "alice:alice-review-token-0123456789",
+               "OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_TRACES_EXPORTER": "none"}
         process = subprocess.Popen(
             [sys.executable, "-m", "guard", "proxy", "--policy", str(POLICY), "--upstream", url,
              "--backend", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{listen}",
@@ -141,6 +145,7 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
             reviews = httpx.get(f"http://127.0.0.1:{admin}/_guard/admin/reviews/", timeout=5,
                                 headers={"authorization": "Bearer alice-review-token-0123456789"})
             judged = httpx.post(f"http://127.0.0.1:{listen}/v1/echo", json={"message": BENIGN}, timeout=5)
+            scraped = httpx.get(f"http://127.0.0.1:{admin}/_guard/metrics", timeout=5).text
             slow = [socket.create_connection(("127.0.0.1", p)) for p in (listen, admin)]
             for conn in slow:
                 conn.sendall(b"GET / HTTP/1.1\r\n")
@@ -155,3 +160,6 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
     assert judged.status_code == 503 and json.loads(judged.text)["code"] == "decision_unavailable"  # no backend
     assert all(data.startswith(b"HTTP/1.1 408") and took < 3 for data, took in closed)
     assert process.returncode == 0 and "Traceback" not in stderr
+    assert 'guard_http_guarded_requests_total{guard_action="block",guard_policy_id=' in scraped
+    assert scraped.count("# TYPE target_info") <= 1
+    assert "guard.http.guarded_requests" in otlp.metric_names()  # exported at shutdown
