@@ -21,6 +21,12 @@ The catalog model was trained on English text. :func:`assess` says when a state'
   :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data);
   HTML tags and URLs are left out of both tests (an English page's markup, a contact's tracking link).
 
+* ``non_text`` too: a text with no letter and no digit that is not :func:`blank` (emoji, symbols, punctuation such as
+  Morse code, invisible tag characters): the model reads none of it as text.
+
+A :func:`blank` text (only whitespace, control characters and zero-width spaces or joiners) holds nothing to read: the
+text questions answer it without the model (the safe option, see ``guard.compact.model``).
+
 The model still answers such a state, but flags it (``usage.out_of_competence``, ``flags.out_of_competence`` for
 policy rules) and never answers its "nothing to worry about" option with more than :data:`SAFE_CAP` probability.
 """
@@ -43,6 +49,7 @@ __all__ = [
     "SUPPORTED_LANGUAGES",
     "Competence",
     "assess",
+    "blank",
 ]
 
 SUPPORTED_LANGUAGES = ("en",)
@@ -86,6 +93,16 @@ class Competence:
     language: str = ""
 
 
+#: Characters that show nothing and carry no text: zero-width space, non-joiner and joiner, word joiner, BOM.
+_INVISIBLE = frozenset("\u200b\u200c\u200d\u2060\ufeff")
+
+
+def blank(text: str) -> bool:
+    """Whether ``text`` holds nothing to read: only whitespace, control characters (``Cc``) and :data:`_INVISIBLE`
+    ones. Other invisible characters (tag characters, variation selectors) can smuggle a payload: not blank."""
+    return all(ch.isspace() or ch in _INVISIBLE or unicodedata.category(ch) == "Cc" for ch in text)
+
+
 @functools.cache
 def _identifier() -> Any:
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
@@ -104,6 +121,8 @@ def assess(text: str) -> Competence:
         runs = sum(len(run) for run in _RUN_RE.findall(prose))
         if runs and runs * 2 > len(prose.replace(" ", "")):
             return Competence(False, "non_text")
+    if not any(ch.isalnum() for ch in text):
+        return Competence(True) if blank(text) else Competence(False, "non_text")
     letters = [ch for ch in text if ch.isalpha()]
     latin = sum(1 for ch in letters if ch.isascii() or unicodedata.name(ch, "").startswith("LATIN"))
     other_script = latin * 2 < len(letters)

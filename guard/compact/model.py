@@ -40,7 +40,7 @@ import torch
 from guard.clef.encoding import render
 from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig
 from guard.compact.catalog import CATALOG, CatalogQuestion
-from guard.compact.competence import SAFE_CAP, Competence, assess
+from guard.compact.competence import SAFE_CAP, Competence, assess, blank
 from guard.compact.encoder import (
     ENCODER_NAME,
     ENCODER_PACKAGE,
@@ -455,6 +455,11 @@ class CompactModel:
         tokens = dropped = windows_run = read = 0
         for text, questions in texts.items():
             sentences = any(CATALOG[q.id].view == "text" for q in questions)
+            if sentences and not any(ch.isalnum() for ch in text):  # no word to read: no model call
+                for question in questions:
+                    probabilities = unread(question, CATALOG[question.id], blank=blank(text))
+                    answers[question.id] = answer_question(question, probabilities, confidence_profile=confidence_profile)
+                continue
             logits, mask, text_tokens, cut = self.window_logits(text, [q.id for q in questions], sentences=sentences,
                                                                 deadline=deadline)
             tokens, dropped = max(tokens, text_tokens), max(dropped, cut)
@@ -583,6 +588,18 @@ class CompactModel:
                 stack = OnnxStack.export(encoder.model, head.top, int8=chosen == "onnx-int8")
         return cls(encoder, head, questions, kind=kind, meta=body.get("meta"),
                    memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)), runtime=stack)
+
+
+def unread(question: QuestionV1, entry: CatalogQuestion, *, blank: bool) -> list[float]:
+    """The probabilities (prompt order) of a text question on a text without a letter or a digit, which the model does
+    not read: a :func:`~guard.compact.competence.blank` one holds nothing (1.0 on the catalog entry's ``safe``
+    option); any other (emoji, symbols, punctuation, tag characters) is out of competence and gets no answer either
+    way (:data:`~guard.compact.competence.SAFE_CAP` on the safe option, the rest shared evenly)."""
+    ids = [option_id for option_id, _ in question.options()]
+    if blank:
+        return [1.0 if option_id == entry.safe else 0.0 for option_id in ids]
+    rest = (1.0 - SAFE_CAP) / (len(ids) - 1)
+    return [SAFE_CAP if option_id == entry.safe else rest for option_id in ids]
 
 
 def cap_safe(probabilities: list[float], question: QuestionV1, entry: CatalogQuestion) -> list[float]:
