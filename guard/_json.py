@@ -232,10 +232,16 @@ def json_unescaped(text: str) -> str:
         code, simple = match.groups()
         return chr(int(code, 16)) if code is not None else _SIMPLE_ESCAPES[simple]
 
-    out = _ESCAPE.sub(one, text)
-    if any("\ud800" <= c <= "\udfff" for c in out):
-        out = out.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return out
+    return surrogates_joined(_ESCAPE.sub(one, text))
+
+
+def surrogates_joined(text: str) -> str:
+    """``text`` with each surrogate pair joined into its character and each lone surrogate (U+D800-U+DFFF, which no
+    UTF-8 encoder takes: a non-UTF-8 file name from ``os.fsdecode``, a ``\\ud800`` escape) as U+FFFD; ``text``
+    itself when it holds none."""
+    if not any("\ud800" <= c <= "\udfff" for c in text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def _document(text: str) -> Any:

@@ -3,6 +3,8 @@
 Obfuscated text must get the same decision as the plain text, while the original stays available for audit (the
 subject is never changed; only the copy sent to the model is). :func:`normalize_text` applies, in order:
 
+0. **Lone surrogates** (U+D800-U+DFFF, as ``os.fsdecode`` gives a file name that is not UTF-8): a pair is joined into
+   its character, a lone one becomes U+FFFD (flag ``lone_surrogates``), so the state can be encoded, hashed and read.
 1. **Unicode tag characters** (U+E0000-U+E007F, "ASCII smuggling"): printable tags U+E0020-U+E007E are decoded to
    the ASCII they shadow, so the model reads the hidden instruction; the rest (language tag, cancel tag) are removed
    (flag ``unicode_tags``).
@@ -68,10 +70,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from guard._json import surrogates_joined
+
 __all__ = ["FLAG_NAMES", "MIN_BASE64_CHARS", "MIN_HEX_BYTES", "Normalized", "normalize_text", "normalize_value"]
 
 #: Flags :func:`normalize_text` can raise; each is ``0`` when absent.
 FLAG_NAMES = (
+    "lone_surrogates",
     "unicode_tags",
     "variation_selectors",
     "zero_width",
@@ -387,6 +392,10 @@ def _hex_stretch(match: re.Match[str], counts: dict[str, int], depth: int) -> st
 
 def _normalize(text: str, counts: dict[str, int], depth: int) -> str:
     if not text.isascii():
+        joined = surrogates_joined(text)
+        if joined is not text:
+            _count(counts, "lone_surrogates", joined.count("\ufffd") - text.count("\ufffd"))
+            text = joined
         if _TAG_OR_SYMBOL_RE.search(text):  # one scan for steps 1 and 2: most text has neither
             tags = len(_TAG_RE.findall(text))
             if tags:

@@ -33,6 +33,14 @@ def test_obfuscations_fold_to_the_plain_text(obfuscated: str, flags: dict[str, i
     assert result.value == PLAIN and result.flags == flags
 
 
+def test_lone_surrogates_become_replacement_characters_and_pairs_join() -> None:
+    """A file name that is not UTF-8 (``os.fsdecode``) holds a lone surrogate: the scoring copy can be encoded."""
+    result = normalize_value({"files": "report-\udcff.txt, notes-\ud800.md", "smile": "\ud83d\ude00 ok"})
+    assert result.value == {"files": "report-\ufffd.txt, notes-\ufffd.md", "smile": "\U0001f600 ok"}
+    assert result.flags == {"lone_surrogates": 2}
+    result.value["files"].encode("utf-8")
+
+
 def test_a_right_to_left_override_is_also_read_in_the_order_it_is_shown() -> None:
     """An override shows its span reversed: what a person reads on screen is judged next to the stored characters
     a model reads (only the stored order was read before, and an attack written reversed was allowed)."""
@@ -183,7 +191,7 @@ def test_decoded_text_is_normalised_again() -> None:
 
 def test_every_flag_is_a_known_name() -> None:
     text = (
-        "\U000e0041 a\ufe0f b\u200b c\u202e d\u202c\u3164e Іgnоrе ɪɢɴᴏʀᴇ "
+        "\udcff \U000e0041 a\ufe0f b\u200b c\u202e d\u202c\u3164e Іgnоrе ɪɢɴᴏʀᴇ "
         + base64.b64encode(IGNORE.encode()).decode()
         + " "
         + IGNORE.encode().hex()
