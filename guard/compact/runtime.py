@@ -164,9 +164,18 @@ class OnnxStack:
             return cls(_graph(stack, Path(private), key, int8), threads)  # the session holds the graph in memory
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``(N, L)`` int64 ids and bool mask -> ``(N, L, 384)`` float32 states of the last layer."""
-        (states,) = self.session.run(None, {"ids": ids.numpy(), "mask": mask.numpy()})
-        return torch.from_numpy(states)
+        """``(N, L)`` int64 ids and bool mask (real positions first) -> ``(N, L, 384)`` float32 states of the last
+        layer. The int8 graph quantizes activations with one scale per tensor and call, so there each window runs in
+        a call of its own, cut to its length: its states (zeros at padding) do not depend on the windows beside it."""
+        if self.runtime != "onnx-int8":
+            (states,) = self.session.run(None, {"ids": ids.numpy(), "mask": mask.numpy()})
+            return torch.from_numpy(states)
+        rows = []
+        for row_ids, row_mask in zip(ids, mask, strict=True):
+            n = int(row_mask.sum())
+            (states,) = self.session.run(None, {"ids": row_ids[None, :n].numpy(), "mask": row_mask[None, :n].numpy()})
+            rows.append(torch.nn.functional.pad(torch.from_numpy(states[0]), (0, 0, 0, ids.shape[1] - n)))
+        return torch.stack(rows)
 
 
 def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
