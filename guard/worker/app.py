@@ -386,7 +386,9 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         raw = await read_body(request.receive, config.max_body_bytes, declared, timeout_s=timeout)
         if raw is None:
             return Response(status_code=499), "cancelled"
-        raw = _intake.decode_content(raw, request.headers.get("content-encoding"), config.max_body_bytes)
+        # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
+        codings = ", ".join(request.headers.getlist("content-encoding"))
+        raw = _intake.decode_content(raw, codings, config.max_body_bytes)
         parts: dict[str, tuple[str, bytes]] = {}
         if multipart:
             raw, parts = _intake.split_multipart(raw, content_type)

@@ -131,6 +131,18 @@ async def test_a_compression_bomb_is_413_whatever_the_encoding(worker: RunningWo
     assert response.status_code == 413 and response.json()["code"] == "body_too_large"
 
 
+async def test_content_encoding_on_two_lines_is_one_list(worker: RunningWorker) -> None:
+    """RFC 9110 §5.3: repeated field lines are one comma-joined list, so both codings are undone, last first."""
+    raw = json.dumps({"model": "jev-latest", "state": "hi", "questions": QUESTIONS}).encode()
+    headers = [("content-type", "application/json"), ("content-encoding", "gzip"), ("content-encoding", "br")]
+    async with worker.client() as client:
+        both = await client.post("/v1/systemone", content=brotli.compress(gzip.compress(raw)), headers=headers)
+        unknown = await client.post("/v1/systemone", content=gzip.compress(raw),
+                                    headers=[*headers[:2], ("content-encoding", "compress")])
+    assert both.status_code == 200, both.text
+    assert unknown.status_code == 415 and unknown.json()["code"] == "unsupported_encoding"
+
+
 async def test_unknown_encodings_corrupt_streams_and_bad_multipart_are_4xx(worker: RunningWorker) -> None:
     raw = json.dumps({"model": "jev-latest", "state": "hi", "questions": QUESTIONS}).encode()
     async with worker.client() as client:
