@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from guard.errors import FieldError, RequestValidationError
-from guard.systemone import MAX_IMAGE_PIXELS
+from guard.systemone import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
@@ -95,11 +95,6 @@ def load_tokenizer(path: str | Path) -> Any:
         **special,
     )
     return tokenizer
-
-
-#: The image formats a request may carry (PIL's names): what Workers AI and TypeSafe's SDK send. PIL's other
-#: decoders (DDS, ICNS, AVIF, IM, ...) are never tried on client bytes.
-IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 
 
 def decode_image(item: Any, *, where: str = "images[0]") -> Any:

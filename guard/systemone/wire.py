@@ -34,6 +34,7 @@ from guard.errors import FieldError, MalformedAnswer, RequestValidationError
 __all__ = [
     "COARSEST_DECIMALS",
     "CONFIDENCE_PROFILES",
+    "IMAGE_FORMATS",
     "MAX_CHOICE_OPTIONS",
     "MAX_IMAGES",
     "MAX_IMAGE_PIXELS",
@@ -78,6 +79,9 @@ MAX_SCORE_LEVELS = 10
 MAX_IMAGES = 4
 #: Largest image (width x height) a guard backend decodes: 4096 x 4096, read from the header before decoding.
 MAX_IMAGE_PIXELS = 4096 * 4096
+#: The image formats a guard backend decodes (PIL's names); PIL's other decoders (TIFF, DDS, ICNS, AVIF, IM, ...) are
+#: never tried on client bytes.
+IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 IMAGE_CONTENT_TYPES = ("image/png", "image/jpeg", "image/webp")
 

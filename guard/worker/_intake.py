@@ -22,7 +22,7 @@ import zstandard
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from guard.errors import BodyError
-from guard.systemone import MAX_IMAGE_PIXELS
+from guard.systemone import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
@@ -322,8 +322,9 @@ def body_kind(content_type: str) -> str:
 
 
 def _image_size(payload: str) -> tuple[int, int] | None:
-    """``(width, height)`` from an image's header (nothing is decoded), or ``None`` when the bytes are
-    not an image (the backend then refuses them with a 422 of its own).
+    """``(width, height)`` from an image's header (nothing is decoded), or ``None`` when the bytes are not an image
+    in one of :data:`~guard.systemone.IMAGE_FORMATS` (the backend then refuses them with a 422 of its own): only those
+    formats' header parsers run on client bytes.
 
     Raises:
         _TooManyPixels: PIL itself refused the header as a decompression bomb (over twice its pixel limit).
@@ -337,7 +338,7 @@ def _image_size(payload: str) -> tuple[int, int] | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(raw)) as image:
+            with Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS) as image:
                 return image.size
     except Image.DecompressionBombError as exc:
         raise _TooManyPixels(str(exc)) from exc

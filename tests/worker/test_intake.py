@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+from typing import Any
 
 import pytest
 import zstandard
+from PIL import Image
 
 from guard.errors import BodyError
 from guard.worker import _intake
@@ -27,3 +31,21 @@ def test_zstd_frames_in_sequence_are_one_body_and_a_cut_last_frame_is_refused() 
     assert _intake.decode_content(first + second, "zstd", 1 << 20) == BODY
     with pytest.raises(BodyError, match="zstd"):
         _intake.decode_content(first + second[:-2], "zstd", 1 << 20)
+
+
+def image_bytes(size: tuple[int, int], fmt: str, **options: Any) -> bytes:
+    out = io.BytesIO()
+    Image.new("1", size).save(out, fmt, **options)
+    return out.getvalue()
+
+
+def test_no_header_parser_but_the_decodable_formats_runs_on_client_bytes() -> None:
+    """A TIFF (a format the backend never decodes) is not parsed for its size: the backend refuses it as undecodable,
+    it is not a 413 read from a TIFF header."""
+    tiff = image_bytes((5000, 5000), "TIFF", compression="group4")
+    body = {"images": [{"content_type": "image/png", "base64": base64.b64encode(tiff).decode()}]}
+    _intake.check_images(body, 1000 * 1000)  # no BodyError: the bytes are not read as an image at all
+    png = image_bytes((5000, 5000), "PNG")
+    body = {"images": [{"content_type": "image/png", "base64": base64.b64encode(png).decode()}]}
+    with pytest.raises(BodyError, match="5000x5000"):
+        _intake.check_images(body, 1000 * 1000)
