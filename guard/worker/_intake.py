@@ -12,16 +12,17 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import brotli
 import zstandard
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from guard.errors import BodyError
+from guard.errors import BodyError, FieldError, RequestValidationError
 from guard.systemone import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "body_kind",
     "check_images",
     "decode_content",
+    "name_assets",
     "split_multipart",
 ]
 
@@ -46,6 +48,7 @@ _FIELD = "headers.content-encoding"
 MAX_PARTS = 16
 _SNIFF = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"))
 _FORMAT_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "webp": "image/webp"}
+_IMAGE_FIELD = re.compile(r"images\[(\d+)\]")
 
 
 def _too_large(limit: int) -> BodyError:
@@ -321,10 +324,10 @@ def body_kind(content_type: str) -> str:
     )
 
 
-def _image_size(payload: str) -> tuple[int, int] | None:
-    """``(width, height)`` from an image's header (nothing is decoded), or ``None`` when the bytes are not an image
-    in one of :data:`~guard.systemone.IMAGE_FORMATS` (the backend then refuses them with a 422 of its own): only those
-    formats' header parsers run on client bytes.
+def _image_header(payload: str) -> tuple[str, int, int] | None:
+    """``(media type, width, height)`` from an image's header (nothing is decoded), or ``None`` when the bytes are
+    not an image in one of :data:`~guard.systemone.IMAGE_FORMATS` (the backend then refuses them with a 422 of its
+    own): only those formats' header parsers run on client bytes.
 
     Raises:
         _TooManyPixels: PIL itself refused the header as a decompression bomb (over twice its pixel limit).
@@ -339,7 +342,7 @@ def _image_size(payload: str) -> tuple[int, int] | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS) as image:
-                return image.size
+                return image.get_format_mimetype() or "", *image.size
     except Image.DecompressionBombError as exc:
         raise _TooManyPixels(str(exc)) from exc
     except Exception:  # noqa: BLE001 - PIL raises many types for bytes that are not an image
@@ -350,33 +353,61 @@ class _TooManyPixels(Exception):
     """PIL's own decompression-bomb refusal, carrying its message."""
 
 
-def check_images(body: dict[str, Any], max_pixels: int, names: list[str] | tuple[str, ...] = ()) -> None:
-    """Refuse any image in ``body["images"]`` larger than ``max_pixels`` (width x height), from its header alone;
-    ``names`` are the asset names of the images, in order (from :func:`assets_to_images`).
+def check_images(body: dict[str, Any], max_pixels: int, names: Sequence[str] = ()) -> None:
+    """Check every image in ``body["images"]`` from its header alone: no larger than ``max_pixels`` (width x height),
+    and of the type it declares (a ``content_type``, or a data URL's type). ``names`` are the asset names of the
+    images, in order (from :func:`assets_to_images`).
 
     Raises:
-        BodyError: 413 ``image_too_large`` naming the image (``assets.<name>`` when it came as an asset, else
-            ``images[i]``) and its size.
+        BodyError: naming the image (``assets.<name>`` when it came as an asset, else ``images[i]``): 413
+            ``image_too_large`` with its size; 422 ``invalid_request`` when its bytes are another format than
+            declared (a GIF sent as ``image/png``).
     """
     images = body.get("images")
     if not isinstance(images, list):
         return
     for i, item in enumerate(images):
         if isinstance(item, dict):
-            payload = item.get("base64")
+            declared, payload = item.get("content_type"), item.get("base64")
         elif isinstance(item, str) and "," in item:
-            payload = item.split(",", 1)[1]
+            header, payload = item.split(",", 1)
+            declared = header[5:].split(";", 1)[0]  # data:<type>;base64
         else:
             continue
         where = f"assets.{names[i]}" if i < len(names) else f"images[{i}]"
         try:
-            size = _image_size(payload) if isinstance(payload, str) else None
+            found = _image_header(payload) if isinstance(payload, str) else None
         except _TooManyPixels as exc:
             raise BodyError(413, IMAGE_TOO_LARGE, f"the image is too large: {exc}", field=where) from exc
-        if size is not None and size[0] * size[1] > max_pixels:
+        if found is None:
+            continue
+        media, width, height = found
+        if width * height > max_pixels:
             raise BodyError(
                 413,
                 IMAGE_TOO_LARGE,
-                f"the image is {size[0]}x{size[1]} = {size[0] * size[1]} pixels; the limit is {max_pixels}",
+                f"the image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}",
                 field=where,
             )
+        if isinstance(declared, str) and declared.strip().lower() != media:
+            field = f"{where}.content_type" if isinstance(item, dict) and i >= len(names) else where
+            raise BodyError(422, "invalid_request", f"is declared {declared[:40]!r} but its bytes are {media}",
+                            field=field)
+
+
+def name_assets(error: RequestValidationError, names: Sequence[str]) -> RequestValidationError:
+    """``error`` with its fields named as the client sent them: ``images[i]`` (and any field below it) of an image
+    that came as asset ``names[i]`` is ``assets.<name>``, and ``images`` is ``assets``; other fields are unchanged.
+    """
+    if not names:
+        return error
+
+    def client_field(field: str) -> str:
+        if field == "images":
+            return "assets"
+        match = _IMAGE_FIELD.match(field)
+        if match is not None and int(match[1]) < len(names):
+            return f"assets.{names[int(match[1])]}"
+        return field
+
+    return RequestValidationError([FieldError(client_field(e.field), e.message) for e in error.errors])

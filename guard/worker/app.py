@@ -7,7 +7,8 @@ Routes:
   zstd; any other coding is a 415), ``Content-Type`` ``application/json`` (or a ``+json`` type) or
   ``multipart/form-data`` with image parts named by ``assets`` (TypeSafe's SDK); any other or no type is a 415, so a
   browser page cannot post to it without a CORS preflight. Images are checked from their headers before decoding:
-  more than ``max_image_pixels`` is a 413 ``image_too_large`` naming the asset. Strict JSON (400 for non-JSON, duplicate keys, NaN), validated with the ``workers-ai``
+  more than ``max_image_pixels`` is a 413 ``image_too_large``, bytes of another format than declared a
+  422; every image error names the asset (``assets.<name>``) when the image came as one. Strict JSON (400 for non-JSON, duplicate keys, NaN), validated with the ``workers-ai``
   profile by default (422 naming every bad field), answered through
   :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
@@ -69,6 +70,7 @@ from guard.errors import (
     BackendTimeout,
     BackendUnavailable,
     BodyError,
+    FieldError,
     GuardError,
     InvalidJson,
     MalformedAnswer,
@@ -378,6 +380,7 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     if runtime.phase is not WorkerPhase.READY or backend is None:
         return _not_ready(runtime), "not_ready"
     config = runtime.config
+    names: list[str] = []  # the asset names of the images, in order: errors name the asset the client sent
     try:
         timeout = _http.parse_timeout(request.headers, config.default_timeout_s, config.max_timeout_s)
         content_type = request.headers.get("content-type", "")
@@ -403,6 +406,7 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         field = "body" if exc.path == "$" else exc.path.removeprefix("$.")
         return _http.error_response(400, _http.INVALID_JSON, str(exc), field=field), "invalid"
     except RequestValidationError as exc:
+        exc = _intake.name_assets(exc, names)
         errors = [e.to_json() for e in exc.errors]
         return _http.error_response(422, _http.INVALID_REQUEST, str(exc), errors=errors), "invalid"
     if system_request.model not in runtime.model_names():
@@ -416,7 +420,11 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     except BackendRejected as exc:
         status = exc.status_code if exc.status_code and 400 <= exc.status_code < 500 else 422
         errors = exc.detail if isinstance(exc.detail, list) else []
-        return _http.error_response(status, _http.INVALID_REQUEST, str(exc), errors=errors), "invalid"
+        message = str(exc)
+        if names and errors:  # the backend's image errors name images[i]
+            named = _intake.name_assets(RequestValidationError([FieldError(**e) for e in errors]), names)
+            message, errors = str(named), [e.to_json() for e in named.errors]
+        return _http.error_response(status, _http.INVALID_REQUEST, message, errors=errors), "invalid"
     except BackendTimeout as exc:
         return _http.error_response(504, _http.TIMEOUT, str(exc)), "timeout"
     except BackendUnavailable as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import io
 import json
 import zlib
 from collections.abc import Iterator
@@ -13,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import brotli
+import httpx
 import openai
 import pytest
 import torch
 import zstandard
+from PIL import Image as PILImage
 from typesafe_sdk import AsyncTypeSafeClient, Image, TypeSafeClient
 from typesafe_sdk._core.compression import MIN_COMPRESSED_BODY_LENGTH, resolve_compression
 
@@ -192,6 +195,36 @@ async def test_a_long_boundary_and_an_asset_naming_a_non_string_part_are_4xx(wor
         )
     assert boundary.status_code == 400 and boundary.json()["code"] == "invalid_multipart"
     assert listed.status_code == 422 and listed.json()["field"] == "assets.a.part"
+
+
+def gif() -> bytes:
+    out = io.BytesIO()
+    PILImage.new("RGB", (8, 8)).save(out, "GIF")
+    return out.getvalue()
+
+
+async def test_image_errors_name_the_asset_and_the_declared_type_must_be_the_bytes(worker: RunningWorker) -> None:
+    """Every image refusal names ``assets.<name>``; a GIF is refused (Workers AI takes PNG, JPEG and WebP) whether it
+    is declared ``image/gif`` or disguised as ``image/png``."""
+    raw = json.dumps({"model": "jev-latest", "state": "hi", "questions": QUESTIONS,
+                      "assets": {"scan": {"type": "image", "part": "asset-0"}}}).encode()  # fmt: skip
+
+    async def send(data: bytes, content_type: str) -> httpx.Response:
+        files = {"request": (None, raw, "application/json"), "asset-0": ("a", data, content_type)}
+        return await client.post("/v1/systemone", files=files)
+
+    async with worker.client() as client:
+        declared_gif = await send(gif(), "image/gif")
+        disguised_gif = await send(gif(), "image/png")
+        not_an_image = await send(b"not an image at all", "image/png")
+        png_as_jpeg = await send(PNG, "image/jpeg")
+        png = await send(PNG, "image/png")
+    for refused in (declared_gif, disguised_gif, not_an_image, png_as_jpeg):
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["field"] == "assets.scan" and "images[" not in refused.text, refused.text
+    assert "image/png, image/jpeg, image/webp" in declared_gif.json()["message"]
+    assert "image/gif" in disguised_gif.json()["message"] and "image/png" in png_as_jpeg.json()["message"]
+    assert png.status_code == 200, png.text
 
 
 async def test_an_unknown_model_is_404_and_request_ids_are_echoed_or_made(worker: RunningWorker) -> None:

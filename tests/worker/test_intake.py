@@ -11,7 +11,7 @@ import pytest
 import zstandard
 from PIL import Image
 
-from guard.errors import BodyError
+from guard.errors import BodyError, FieldError, RequestValidationError
 from guard.worker import _intake
 
 BODY = json.dumps({"model": "clef-flash", "state": "hello " * 2000, "questions": {}}).encode()
@@ -49,3 +49,26 @@ def test_no_header_parser_but_the_decodable_formats_runs_on_client_bytes() -> No
     body = {"images": [{"content_type": "image/png", "base64": base64.b64encode(png).decode()}]}
     with pytest.raises(BodyError, match="5000x5000"):
         _intake.check_images(body, 1000 * 1000)
+
+
+def test_the_declared_type_must_be_the_bytes_format() -> None:
+    gif = base64.b64encode(image_bytes((8, 8), "GIF")).decode()
+    _intake.check_images({"images": [{"content_type": "image/gif", "base64": gif}]}, 100)
+    _intake.check_images({"images": [f"data:image/gif;base64,{gif}"]}, 100)
+    for body, names, field in (
+        ({"images": [{"content_type": "image/png", "base64": gif}]}, [], "images[0].content_type"),
+        ({"images": [f"data:image/png;base64,{gif}"]}, [], "images[0]"),
+        ({"images": [{"content_type": "image/png", "base64": gif}]}, ["scan"], "assets.scan"),
+    ):
+        with pytest.raises(BodyError, match="image/gif") as caught:
+            _intake.check_images(body, 100, names)
+        assert (caught.value.status, caught.value.field) == (422, field)
+
+
+def test_validation_errors_name_the_asset_the_client_sent() -> None:
+    error = RequestValidationError([FieldError("images[1].content_type", "must be one of image/png"),
+                                    FieldError("images", "has 5 entries"), FieldError("state", "is required")])
+    named = _intake.name_assets(error, ["front", "back"])
+    assert [e.field for e in named.errors] == ["assets.back", "assets", "state"]
+    assert str(named).startswith("assets.back: must be one of image/png")
+    assert _intake.name_assets(error, []) is error
