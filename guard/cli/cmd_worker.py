@@ -9,7 +9,7 @@ Usage::
                        [--overload-status 429|503] [--model-name NAME]
                        [--model-alias NAME]... [--release-date YYYY-MM-DD] [--torch-threads N] [--log-level LEVEL]
                        [--access-log] [--api-keys-env VAR | --insecure-no-auth] [--max-image-pixels N]
-                       [--canary-margin M] [--canary-directional] [--canary-interval S]
+                       [--canary-margin M] [--canary-directional] [--canary-interval S] [--header-timeout S]
 
 The socket opens at once (``/healthz`` answers while the weights load); ``/readyz`` turns 200 after the model loaded
 and the startup self-test passed (well-formed answers, and the canaries' benign and attack states answered apart by
@@ -18,7 +18,9 @@ and the startup self-test passed (well-formed answers, and the canaries' benign 
 Authentication: ``--api-keys-env VAR`` names an environment variable holding comma-separated bearer keys (16+
 characters each) that ``/v1/*`` requires. Without keys the worker refuses to listen on a non-loopback TCP address
 unless ``--insecure-no-auth`` is given (loopback and ``--uds`` need no keys). SIGTERM/SIGINT stop accepting connections, finish the requests already queued,
-then exit. Invalid options exit 2 with one line naming the option.
+then exit. A connection that has not sent a whole request head within ``--header-timeout`` seconds (10) of opening, or
+of its previous response plus the keep-alive time, is answered 408 and closed (:mod:`guard.asgi.server`). Invalid
+options exit 2 with one line naming the option.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_device_options, device, torch_dtype
 
 __all__ = ["register", "run"]
@@ -106,6 +109,9 @@ def register(subparsers: Any) -> None:
     http.add_argument("--overload-status", type=int, choices=(429, 503), default=429, help="status of a full queue")
     http.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn log level")
     http.add_argument("--access-log", action="store_true", help="log every request (off by default)")
+    http.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
+                      help="seconds a client has to send a request head (line and headers) before the connection is "
+                      f"closed (default {DEFAULT_HEADER_TIMEOUT_S:g})")
     http.add_argument(
         "--max-image-pixels", type=int, default=None, metavar="N", help="largest image, width x height (4096x4096)"
     )
@@ -234,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--uds {args.uds}: folder {folder} does not exist or is not writable; create it first")
         if (problem := _uds_problem(args.uds)) is not None:
             return _fail(f"--uds {args.uds}: {problem}")
+    if not args.header_timeout > 0:
+        return _fail(f"--header-timeout must be positive seconds, got {args.header_timeout}")
     if args.canary_margin is not None and not 0 < args.canary_margin <= 1:
         return _fail(f"--canary-margin must be in (0, 1], got {args.canary_margin}")
     try:
@@ -251,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from guard.asgi.server import server_options
     from guard.worker.app import create_app
 
     def load() -> Any:
@@ -287,5 +296,6 @@ def run(args: argparse.Namespace) -> int:
         if args.uds
         else {"host": host, "port": DEFAULT_PORT if args.port is None else args.port}
     )
-    uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log, **where)
+    uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,
+                **server_options(args.header_timeout), **where)
     return 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,23 @@ def test_serves_until_sigterm_then_exits_cleanly(golden_checkpoint: Path, tmp_pa
     assert returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once its graceful shutdown is done
 
 
+def test_a_connection_that_does_not_send_its_head_in_time_is_closed(golden_checkpoint: Path, tmp_path: Path) -> None:
+    """A slow or idle client (one header line now and then) cannot hold a connection, and so a file descriptor."""
+    uds = str(tmp_path / "worker.sock")
+    options = ("--model", str(golden_checkpoint), "--dtype", "float32", "--header-timeout", "0.5",
+               "--log-level", "warning")  # fmt: skip
+    with worker_process(uds, *options), socket.socket(socket.AF_UNIX) as slow:
+        slow.connect(uds)
+        slow.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: worker\r\n")  # never the blank line
+        slow.settimeout(5)
+        started, data = time.monotonic(), b""
+        with contextlib.suppress(OSError):
+            while chunk := slow.recv(4096):
+                data += chunk
+        took = time.monotonic() - started
+    assert data.startswith(b"HTTP/1.1 408") and took < 3, (data, took)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -32,6 +52,7 @@ def test_serves_until_sigterm_then_exits_cleanly(golden_checkpoint: Path, tmp_pa
         (["--uds", "/tmp/x.sock", "--port", "9000"], "--uds cannot be combined with --host/--port"),
         (["--max-body-bytes", "0"], "--max-body-bytes must be an integer >= 1"),
         (["--uds", "/nonexistent-guard-dir/worker.sock"], "folder /nonexistent-guard-dir does not exist"),
+        (["--header-timeout", "0"], "--header-timeout must be positive seconds, got 0.0"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(
