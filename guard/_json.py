@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from guard.errors import InvalidJson
 
-__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "Repeated", "depth", "dumps", "is_json_media", "json_readings",
+__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "Repeated", "dumps", "is_json_media", "json_readings",
            "json_unescaped", "loads"]
 
 def is_json_media(media: str) -> bool:
@@ -109,26 +109,32 @@ def _decode_text(data: bytes) -> str:
         ) from exc
 
 
-def depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value: 0 for a scalar, 1 for ``{}``/``[]``, one more per level inside.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string literal, escapes included
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")  # bytes.translate deletes these
 
-    Iterative, so it is safe on values nested deeper than the interpreter's recursion limit.
-    """
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, dict):
-            level += 1
-            stack.extend((child, level) for child in node.values())
-        elif isinstance(node, list):
-            level += 1
-            stack.extend((child, level) for child in node)
-        deepest = max(deepest, level)
-    return deepest
+
+def _nests_deeper(text: str, limit: int) -> bool:
+    """Whether valid JSON ``text`` nests arrays and objects more than ``limit`` levels deep, read from its brackets:
+    strings and every other character are dropped, then each pass removes the innermost pairs, one level per pass.
+    Runs in C string operations (no Python step per value), at most ``limit`` passes."""
+    skeleton = _STRING.sub("", text).encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+    brackets = skeleton.replace(b"{", b"[").replace(b"}", b"]")
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = brackets.replace(b"[]", b"")
+    return bool(brackets)
 
 
 def _check_surrogates(value: Any) -> None:
+    """Raise ``InvalidJson`` naming the first string (or key) holding a lone surrogate. The whole value is written
+    out once in C; the Python walk that names the path runs only when that finds one."""
+    try:
+        json.dumps(value, ensure_ascii=False, check_circular=False).encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return
     stack: list[tuple[Any, str]] = [(value, "$")]
     while stack:
         node, path = stack.pop()
@@ -208,10 +214,8 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_ke
     except ValueError as exc:  # int() past sys.get_int_max_str_digits()
         raise InvalidJson("number_too_long", f"a number has too many digits: {exc}") from exc
     # Fast path: fewer brackets than the limit cannot nest deeper than it.
-    if text.count("{") + text.count("[") > max_depth:
-        found = depth(value)
-        if found > max_depth:
-            raise InvalidJson("too_deep", f"JSON nests {found} levels deep; the limit is {max_depth}")
+    if text.count("{") + text.count("[") > max_depth and _nests_deeper(text, max_depth):
+        raise InvalidJson("too_deep", f"JSON nests more than {max_depth} levels deep; the limit is {max_depth}")
     if "\\u" in text and ("\\ud" in text or "\\uD" in text):
         _check_surrogates(value)
     return value

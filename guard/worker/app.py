@@ -380,7 +380,6 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     if runtime.phase is not WorkerPhase.READY or backend is None:
         return _not_ready(runtime), "not_ready"
     config = runtime.config
-    names: list[str] = []  # the asset names of the images, in order: errors name the asset the client sent
     try:
         timeout = _http.parse_timeout(request.headers, config.default_timeout_s, config.max_timeout_s)
         content_type = request.headers.get("content-type", "")
@@ -391,22 +390,14 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
             return Response(status_code=499), "cancelled"
         # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
         codings = ", ".join(request.headers.getlist("content-encoding"))
-        raw = _intake.decode_content(raw, codings, config.max_body_bytes)
-        parts: dict[str, tuple[str, bytes]] = {}
-        if multipart:
-            raw, parts = _intake.split_multipart(raw, content_type)
-        body = loads(raw)
-        if isinstance(body, dict):
-            body, names = _intake.assets_to_images(body, parts)
-            _intake.check_images(body, config.max_image_pixels, names)
-        system_request = SystemOneRequestV1.from_json(body, profile=config.validation_profile)
+        # off the event loop: decompressing and parsing megabytes would stall every other request
+        system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings, config)
     except BodyError as exc:
         return _http.error_response(exc.status, exc.code, exc.reason, field=exc.field), "invalid"
     except InvalidJson as exc:
         field = "body" if exc.path == "$" else exc.path.removeprefix("$.")
         return _http.error_response(400, _http.INVALID_JSON, str(exc), field=field), "invalid"
     except RequestValidationError as exc:
-        exc = _intake.name_assets(exc, names)
         errors = [e.to_json() for e in exc.errors]
         return _http.error_response(422, _http.INVALID_REQUEST, str(exc), errors=errors), "invalid"
     if system_request.model not in runtime.model_names():
@@ -443,6 +434,33 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     if answer.usage.state_tokens_dropped:  # the reference's usage has no such key; a cut is never silent here
         body["usage"]["state_tokens_dropped"] = answer.usage.state_tokens_dropped
     return JSONResponse(body, headers=headers), "ok"
+
+
+def _read_request(
+    raw: bytes, content_type: str, multipart: bool, content_encoding: str, config: WorkerConfig
+) -> tuple[SystemOneRequestV1, list[str]]:
+    """The validated request in a body as received (``multipart``: a ``multipart/form-data`` one), and the asset
+    names of its images (in order).
+
+    Raises:
+        BodyError: a bad coding, multipart body or image (its status and field).
+        InvalidJson: the JSON is not strict JSON.
+        RequestValidationError: the request breaks the wire rules; an image sent as an asset is named
+            ``assets.<name>``.
+    """
+    raw = _intake.decode_content(raw, content_encoding, config.max_body_bytes)
+    parts: dict[str, tuple[str, bytes]] = {}
+    if multipart:
+        raw, parts = _intake.split_multipart(raw, content_type)
+    body = loads(raw)
+    names: list[str] = []
+    if isinstance(body, dict):
+        body, names = _intake.assets_to_images(body, parts)
+        _intake.check_images(body, config.max_image_pixels, names)
+    try:
+        return SystemOneRequestV1.from_json(body, profile=config.validation_profile), names
+    except RequestValidationError as exc:
+        raise _intake.name_assets(exc, names) from None
 
 
 def _model_not_found(runtime: _Runtime, name: str, field: str) -> JSONResponse:
