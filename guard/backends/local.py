@@ -1,6 +1,6 @@
 """In-process Clef behind the micro-batcher: the :class:`~guard.backends.base.DecisionBackend` with no HTTP hop.
 
-Each ``decide`` encodes its request on a worker thread (tokenization, CPU), then waits in a
+Each ``decide`` encodes its request on one of the backend's encoding threads (tokenization, CPU), then waits in a
 :class:`~guard.backends.batcher.MicroBatcher` whose single inference thread runs one batched prefill + head
 (:meth:`ClefModel.forward_records`) for every batch and the readout (:meth:`ClefModel.answer`) for each record. The
 event loop never runs torch. The decision worker (``guard worker serve``) serves exactly this object over HTTP.
@@ -14,8 +14,10 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -46,6 +48,9 @@ __all__ = ["DEFAULT_LOCAL_BACKEND_NAME", "LocalBackend"]
 
 #: ``name`` of a :class:`LocalBackend` unless one is given.
 DEFAULT_LOCAL_BACKEND_NAME = "clef-local"
+#: Threads that encode requests (tokenization, image decoding): their own pool, so long encodings never take the
+#: threads of asyncio's default executor, and at most this many run at once.
+ENCODE_THREADS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +116,7 @@ class LocalBackend:
         self.canaries: tuple[Canary, ...] = tuple(clef_canaries() if canaries is None else canaries)
         self._tracer = trace.get_tracer("guard.backends.local", tracer_provider=tracer_provider)
         self._warmup: asyncio.Future[None] | None = None
+        self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
 
     @classmethod
     def from_pretrained(
@@ -200,8 +206,10 @@ class LocalBackend:
             ) from exc
 
     async def aclose(self) -> None:
-        """Finish queued requests, then stop the inference thread. Idempotent. The model stays loaded."""
+        """Finish queued requests, then stop the inference thread and the encoding threads (an encoding still running
+        finishes on its own). Idempotent. The model stays loaded."""
         await self.batcher.aclose()
+        self._encoder.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -243,7 +251,8 @@ class LocalBackend:
             raise RuntimeError(
                 f"LocalBackend {self.name!r} was started on another event loop; use one backend per event loop."
             )
-        record = await self._encode(request)
+        record = await self._encode(request, None if timeout is None else timeout - (time.monotonic() - started),
+                                    timeout)
         remaining = None
         if timeout is not None:
             remaining = timeout - (time.monotonic() - started)
@@ -277,10 +286,21 @@ class LocalBackend:
                 reason="inference_failed",
             ) from exc
 
-    async def _encode(self, request: SystemOneRequestV1) -> EncodedRecord:
-        """Tokenize on a worker thread; turn the model's refusals into ``BackendRejected``."""
+    async def _encode(self, request: SystemOneRequestV1, remaining: float | None, timeout: float | None) -> EncodedRecord:
+        """Tokenize on an encoding thread within ``remaining`` seconds (``None``: no limit) of the ``timeout``
+        deadline; turn the model's refusals into ``BackendRejected``.
+
+        Raises:
+            BackendTimeout: the encoding did not finish in time; the caller is answered now (a thread already
+                encoding runs on, one not yet started never does).
+        """
+        encode = functools.partial(self.model.encode, request, max_length=self.max_length)
         try:
-            return await asyncio.to_thread(self.model.encode, request, max_length=self.max_length)
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._encoder, encode), remaining)
+        except TimeoutError:
+            raise BackendTimeout(
+                f"encoding took longer than the {(timeout or 0.0) * 1000:g} ms deadline", backend=self.name
+            ) from None
         except RequestValidationError as exc:
             raise BackendRejected(
                 str(exc), backend=self.name, status_code=422, detail=[e.to_json() for e in exc.errors]

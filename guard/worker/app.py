@@ -380,6 +380,7 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     if runtime.phase is not WorkerPhase.READY or backend is None:
         return _not_ready(runtime), "not_ready"
     config = runtime.config
+    started = time.monotonic()
     try:
         timeout = _http.parse_timeout(request.headers, config.default_timeout_s, config.max_timeout_s)
         content_type = request.headers.get("content-type", "")
@@ -405,7 +406,8 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     span = trace.get_current_span()
     span.set_attribute("gen_ai.request.model", system_request.model)
     try:
-        answer = await _http.unless_disconnected(request.receive, backend.decide(system_request, timeout=timeout))
+        left = timeout - (time.monotonic() - started)  # one deadline: reading and parsing the body spent some
+        answer = await _http.unless_disconnected(request.receive, backend.decide(system_request, timeout=left))
     except _http.ClientGone:
         return Response(status_code=499), "cancelled"
     except BackendRejected as exc:

@@ -15,6 +15,7 @@ from guard.backends.batcher import BatcherConfig
 from guard.backends.local import LocalBackend
 from guard.clef.model import ClefModel
 from guard.worker.app import WorkerConfig
+from tests.worker._requests import ticket_body
 from tests.worker._serve import RunningWorker, serve_worker
 
 pytestmark = pytest.mark.anyio
@@ -60,3 +61,19 @@ async def test_megabytes_of_json_are_parsed_off_the_event_loop(worker: RunningWo
         refused = await busy
     assert refused.status_code == 422 and refused.json()["field"] == "questions"
     assert probes > 1
+
+
+async def test_a_state_slow_to_encode_is_answered_504_at_its_deadline(worker: RunningWorker) -> None:
+    """Two 7 MB states with a 1 s deadline are answered 504 near the deadline, not once tokenization ends; a small
+    request sent meanwhile is answered (the encodings hold neither the event loop nor asyncio's default threads)."""
+    big = {**ticket_body(0), "state": "hello world " * 600_000}
+    headers = {"x-request-timeout-ms": "1000"}
+    async with worker.client() as client:
+        started = time.monotonic()
+        slow = [asyncio.ensure_future(client.post("/v1/systemone", json=big, headers=headers)) for _ in range(2)]
+        small = await client.post("/v1/systemone", json=ticket_body(1))
+        answered = await asyncio.gather(*slow)
+        took = time.monotonic() - started
+    assert [r.status_code for r in answered] == [504, 504] and answered[0].json()["code"] == "timeout"
+    assert took < 4.0, f"the 504s came after {took:.1f} s"
+    assert small.status_code == 200, small.text
