@@ -131,7 +131,7 @@ def _check_surrogates(value: Any) -> None:
     out once in C; the Python walk that names the path runs only when that finds one."""
     try:
         json.dumps(value, ensure_ascii=False, check_circular=False).encode("utf-8")
-    except UnicodeEncodeError:
+    except (UnicodeEncodeError, RecursionError):  # a value nested past the interpreter's limit: walk it
         pass
     else:
         return

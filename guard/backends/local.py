@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -294,13 +294,18 @@ class LocalBackend:
             BackendTimeout: the encoding did not finish in time; the caller is answered now (a thread already
                 encoding runs on, one not yet started never does).
         """
-        encode = functools.partial(self.model.encode, request, max_length=self.max_length)
+        started = threading.Event()
+
+        def encode() -> EncodedRecord:
+            started.set()
+            return self.model.encode(request, max_length=self.max_length)
+
         try:
             return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._encoder, encode), remaining)
         except TimeoutError:
-            raise BackendTimeout(
-                f"encoding took longer than the {(timeout or 0.0) * 1000:g} ms deadline", backend=self.name
-            ) from None
+            doing = "encoding took" if started.is_set() else f"waiting for one of the {ENCODE_THREADS} encoding threads took"
+            raise BackendTimeout(f"{doing} longer than the {(timeout or 0.0) * 1000:g} ms deadline",
+                                 backend=self.name) from None
         except RequestValidationError as exc:
             raise BackendRejected(
                 str(exc), backend=self.name, status_code=422, detail=[e.to_json() for e in exc.errors]

@@ -13,7 +13,6 @@ import base64
 import binascii
 import io
 import re
-import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -324,6 +323,12 @@ def body_kind(content_type: str) -> str:
     )
 
 
+#: The media type of each PIL format read: a JPEG holding more pictures (MPO, as phone cameras write) is a JPEG, an
+#: animated PNG (PIL's ``image/apng``) is a PNG.
+_MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp",
+                "GIF": "image/gif", "BMP": "image/bmp"}
+
+
 def _image_header(payload: str) -> tuple[str, int, int] | None:
     """``(media type, width, height)`` from an image's header (nothing is decoded), or ``None`` when the bytes are
     not an image in one of :data:`~guard.systemone.IMAGE_FORMATS` (the backend then refuses them with a 422 of its
@@ -339,10 +344,8 @@ def _image_header(payload: str) -> tuple[str, int, int] | None:
     except (binascii.Error, ValueError):
         return None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS) as image:
-                return image.get_format_mimetype() or "", *image.size
+        with Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS) as image:
+            return _MEDIA_TYPES.get(image.format or "", ""), *image.size
     except Image.DecompressionBombError as exc:
         raise _TooManyPixels(str(exc)) from exc
     except Exception:  # noqa: BLE001 - PIL raises many types for bytes that are not an image

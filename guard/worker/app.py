@@ -405,8 +405,11 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         return _model_not_found(runtime, system_request.model, "model"), "invalid"
     span = trace.get_current_span()
     span.set_attribute("gen_ai.request.model", system_request.model)
+    left = timeout - (time.monotonic() - started)  # one deadline: reading and parsing the body spent some
+    if left <= 0:
+        message = f"reading and parsing the body took longer than the {timeout * 1000:g} ms deadline"
+        return _http.error_response(504, _http.TIMEOUT, message), "timeout"
     try:
-        left = timeout - (time.monotonic() - started)  # one deadline: reading and parsing the body spent some
         answer = await _http.unless_disconnected(request.receive, backend.decide(system_request, timeout=left))
     except _http.ClientGone:
         return Response(status_code=499), "cancelled"

@@ -4,16 +4,19 @@ outlive their deadline: parsing runs off the event loop, encoding is bounded by 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from guard._json import loads
+from guard._json import _check_surrogates, loads
 from guard.backends.batcher import BatcherConfig
 from guard.backends.local import LocalBackend
 from guard.clef.model import ClefModel
+from guard.errors import InvalidJson
 from guard.worker.app import WorkerConfig
 from tests.worker._requests import ticket_body
 from tests.worker._serve import RunningWorker, serve_worker
@@ -28,23 +31,33 @@ def worker(clef_fp32: ClefModel) -> Iterator[RunningWorker]:
         yield running
 
 
-def timed(parse: Callable[[str], object], text: str) -> float:
-    """Seconds of the fastest of three ``parse(text)``."""
-    runs = []
-    for _ in range(3):
-        started = time.perf_counter()
-        parse(text)
-        runs.append(time.perf_counter() - started)
-    return min(runs)
+@pytest.mark.parametrize(("text", "deepest"), [
+    ('{"a": "[[[[[[", "b": [[1]]}', 3),  # brackets inside strings are text
+    ('{"a\\"[[[[": [["x\\\\"]], "c": "\\"}"}', 3),  # escaped quotes and backslashes end no string early
+    ("[" * 6 + "]" * 6, 6),
+    ('[{"k": [{}]}, [[[]]], {"m": {"n": {}}}]', 4),  # the deepest branch counts, not the number of brackets
+])
+def test_the_depth_limit_reads_the_deepest_branch(text: str, deepest: int) -> None:
+    """The depth is read from the brackets (no Python walk of the parsed value): exactly ``deepest`` passes, one
+    level less is refused (``python bench/json_strict.py`` times it against ``json.loads``)."""
+    assert loads(text, max_depth=deepest) == json.loads(text)
+    with pytest.raises(InvalidJson, match="nests more than"):
+        loads(text, max_depth=deepest - 1)
 
 
-@pytest.mark.parametrize("tail", ["", ', "b": "\\ud83d\\ude00"'])
-def test_strict_parsing_costs_about_what_json_loads_does(tail: str) -> None:
-    """5.2 MB of ``[0]`` arrays (1.3 million values; with a surrogate pair, which is valid): the depth and surrogate
-    checks walk no value in Python, so strict parsing stays near json's own C parser (it took 6 to 8 times as long
-    when both checks walked every value)."""
-    text = '{"model": "m", "state": {"a": [' + ",".join(["[0]"] * 1_300_000) + "]" + tail + "}}"
-    assert timed(loads, text) < 2.5 * timed(json.loads, text)
+def test_a_lone_surrogate_nested_past_the_recursion_limit_is_named() -> None:
+    """A value json.dumps cannot write for its depth (a depth limit set near the recursion limit) is walked."""
+    value: object = ["\ud800"]
+    for _ in range(300):
+        value = [value]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(250 + len(inspect.stack()))
+    try:
+        with pytest.raises(InvalidJson, match="lone UTF-16 surrogate") as caught:
+            _check_surrogates(value)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert caught.value.reason == "lone_surrogate" and caught.value.path.startswith("$[0][0]")
 
 
 async def test_megabytes_of_json_are_parsed_off_the_event_loop(worker: RunningWorker) -> None:
@@ -77,3 +90,13 @@ async def test_a_state_slow_to_encode_is_answered_504_at_its_deadline(worker: Ru
     assert [r.status_code for r in answered] == [504, 504] and answered[0].json()["code"] == "timeout"
     assert took < 4.0, f"the 504s came after {took:.1f} s"
     assert small.status_code == 200, small.text
+
+
+async def test_a_body_that_takes_past_the_deadline_to_parse_is_504_naming_that(worker: RunningWorker) -> None:
+    """The deadline covers reading and parsing the body: spent there, the 504 says so (not a negative one)."""
+    body = json.dumps({**ticket_body(0), "state": {"a": [[0]] * 1_300_000}})
+    async with worker.client() as client:
+        response = await client.post("/v1/systemone", content=body,
+                                      headers={"content-type": "application/json", "x-request-timeout-ms": "20"})
+    assert response.status_code == 504 and response.json()["code"] == "timeout", response.text
+    assert "reading and parsing the body took longer than the 20 ms deadline" in response.json()["message"]

@@ -65,6 +65,18 @@ def test_the_declared_type_must_be_the_bytes_format() -> None:
         assert (caught.value.status, caught.value.field) == (422, field)
 
 
+def test_a_phone_jpeg_and_an_animated_png_are_the_types_they_declare() -> None:
+    """PIL names a JPEG holding a second picture (MPO, as phone cameras write) ``image/mpo`` and an animated PNG
+    ``image/apng``: they are a JPEG and a PNG."""
+    frames = [Image.new("RGB", (8, 8), colour) for colour in ("red", "blue")]
+    for fmt, declared in (("MPO", "image/jpeg"), ("PNG", "image/png")):
+        out = io.BytesIO()
+        frames[0].save(out, fmt, save_all=True, append_images=frames[1:])
+        payload = base64.b64encode(out.getvalue()).decode()
+        _intake.check_images({"images": [{"content_type": declared, "base64": payload}]}, 100)
+        _intake.check_images({"images": [f"data:{declared};base64,{payload}"]}, 100)
+
+
 def test_validation_errors_name_the_asset_the_client_sent() -> None:
     error = RequestValidationError([FieldError("images[1].content_type", "must be one of image/png"),
                                     FieldError("images", "has 5 entries"), FieldError("state", "is required")])
