@@ -142,8 +142,10 @@ def _sealed_bytes(value: Any) -> bytes:
     try:
         plain = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
-        return b"t" + json.dumps(_tagged(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
-    return b"j" + plain.encode()
+        plain, prefix = json.dumps(_tagged(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")), b"t"
+    else:
+        prefix = b"j"
+    return prefix + plain.encode("utf-8", "surrogatepass")  # a lone surrogate (a non-UTF-8 file name) is text too
 
 
 def seal_context(kind: str, owner: str, thread_id: str | None, *more: str) -> str:

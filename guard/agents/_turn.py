@@ -511,7 +511,7 @@ class TurnKeeper:
             fields += [message.tool_call_id, calls.get(message.tool_call_id)]
         if isinstance(message, AIMessage):
             fields += [message.tool_calls, message.invalid_tool_calls]
-        return seal_context("stamp", self.owner, current_thread_id()), canonical_json(fields, plain_json).encode()
+        return seal_context("stamp", self.owner, current_thread_id()), canonical_json(fields, plain_json).encode("utf-8", "surrogatepass")
 
     def stamp(self, message: BaseMessage, calls: Mapping[str, Any]) -> BaseMessage:
         """``message`` (a copy) stamped as written by this agent's model, its tools or this middleware: an

@@ -20,8 +20,9 @@ def install_metrics_from_env() -> None:
 
     if not isinstance(metrics.get_meter_provider(), MeterProvider):
         readers, prometheus = metric_readers_from_env(os.environ)
-        metrics.set_meter_provider(MeterProvider(metric_readers=[*([PrometheusMetricReader()] if prometheus else []),
-                                                                 *readers]))  # fmt: skip
+        # no otel_scope_* labels: the series keep the label names the docs list, and an upgrade starts no new ones
+        scraped = [PrometheusMetricReader(scope_info_enabled=False)] if prometheus else []
+        metrics.set_meter_provider(MeterProvider(metric_readers=[*scraped, *readers]))
 
 
 def install_tracing_from_env() -> None:

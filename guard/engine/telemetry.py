@@ -183,7 +183,9 @@ def metric_readers_from_env(environ: Mapping[str, str]) -> tuple[list[Any], bool
     ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/metrics``, every
     ``OTEL_METRIC_EXPORT_INTERVAL`` ms, default 60000), ``console`` (stdout, same interval), ``prometheus`` (the
     process's ``/metrics`` or ``/_guard/metrics`` endpoint; not a reader made here) or ``none``. Unset: ``prometheus``,
-    plus ``otlp`` when an OTLP endpoint is set. ``OTEL_SDK_DISABLED=true`` leaves only ``prometheus``.
+    plus ``otlp`` when an OTLP endpoint is set. ``OTEL_SDK_DISABLED=true`` adds no reader, and (OpenTelemetry's
+    specification) makes every SDK ``MeterProvider`` a no-op: no guard metric is kept, on the Prometheus endpoints
+    either; ``OTEL_METRICS_EXPORTER=prometheus`` is the way to keep scraping without pushing.
 
     Returns:
         ``(readers to add to a MeterProvider, whether the Prometheus endpoint should serve)``.

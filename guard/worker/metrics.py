@@ -88,7 +88,7 @@ class WorkerMetrics:
         self._own_provider: SdkMeterProvider | None = None
         if meter_provider is None:
             self.registry = CollectorRegistry(auto_describe=True)
-            reader = PrometheusMetricReader(registry=self.registry)
+            reader = PrometheusMetricReader(scope_info_enabled=False, registry=self.registry)  # no otel_scope_* labels
             self._own_provider = SdkMeterProvider(
                 metric_readers=[reader, *extra_readers],
                 views=_views(),

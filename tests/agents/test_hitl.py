@@ -445,3 +445,15 @@ def test_a_review_after_an_unanswered_one_takes_decisions_by_item_id_only(harnes
     assert [item["arguments"] for item in third.items()] == [{"amount": 700, "to": "kim"}]
     out = drive(agent, Command(resume={"decisions": [{"type": "approve"}]}), config, "invoke")
     assert h.runs.calls[-1] == ("pay", {"amount": 700, "to": "kim"}) and not out.interrupts
+
+
+def test_text_that_is_not_utf8_is_judged_not_a_crash(harness: Any, thread: Any) -> None:
+    """A lone surrogate (``os.fsdecode`` of a non-UTF-8 file name) in the user's message and the reply: digests and
+    seals take it, so the run is judged rather than raising UnicodeEncodeError; in a tool call's arguments the call
+    is refused as not JSON text, and the run goes on."""
+    h = harness()
+    turns = pays((40, "eve", "a")), pays((50, "eve-\udcff", "b")), Turn(text="paid; see report-\udcff.txt")
+    agent, config = guard_agent(h, *turns), thread()
+    out = drive(agent, {"messages": [("user", "Pay 40 to eve, see report-\udcff.txt")]}, config, "invoke")
+    assert h.runs.calls == [("pay", {"amount": 40, "to": "eve"})] and not out.interrupts
+    assert "lone UTF-16 surrogate" in out.tool_messages()["b"].text

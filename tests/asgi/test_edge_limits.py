@@ -161,5 +161,6 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
     assert all(data.startswith(b"HTTP/1.1 408") and took < 3 for data, took in closed)
     assert process.returncode == 0 and "Traceback" not in stderr
     assert 'guard_http_guarded_requests_total{guard_action="block",guard_policy_id=' in scraped
+    assert "otel_scope" not in scraped  # the label names the docs list, the same as a middleware's own registry
     assert scraped.count("# TYPE target_info") <= 1
     assert "guard.http.guarded_requests" in otlp.metric_names()  # exported at shutdown
