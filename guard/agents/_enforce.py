@@ -253,7 +253,8 @@ class ToolCallEnforcer:
             digest=prepared.digest,
         )
         request = review_request([item])
-        answer = interrupt(request, response_schema=response_schema([item], exact=False))
+        schema = response_schema([item], exact=False, positional=self.judge.options.decisions_by_position)
+        answer = interrupt(request, response_schema=schema)
         decision: dict[str, Any] = answer["decisions"][item["id"]]
         return decision | {"_item": item["id"]}
 

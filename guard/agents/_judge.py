@@ -101,6 +101,8 @@ class AgentOptions:
             removes the flagged spans and passes the rest on.
         fail_mode: what an unsettled handoff or a raising guard becomes.
         reviewer_timeout_s: seconds an async LLM reviewer may take.
+        decisions_by_position: whether a review takes LangChain's list of decisions, answering its items in order
+            (``False``: by item id only, for threads whose users are not their reviewers).
     """
 
     guard: Guard
@@ -110,6 +112,7 @@ class AgentOptions:
     tool_result_action: ToolResultAction
     fail_mode: FailMode
     reviewer_timeout_s: float
+    decisions_by_position: bool
 
     @classmethod
     def checked(
@@ -122,12 +125,13 @@ class AgentOptions:
         tool_result_action: str = "block",
         fail_mode: str = "escalate",
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
+        decisions_by_position: bool = True,
     ) -> AgentOptions:
         """Validate the options and return them normalised (name collections as frozensets).
 
         Raises:
             TypeError: ``guard`` lacks ``match``/``evaluate``/``aevaluate``; a reviewer is not a LangChain chat model;
-                a name collection is a string or holds non-strings.
+                a name collection is a string or holds non-strings; ``decisions_by_position`` is not a bool.
             ValueError: ``tool_result_action``, ``fail_mode`` or ``reviewer_timeout_s`` is outside its allowed values; a
                 name is both a reviewer and a handoff node.
         """
@@ -161,6 +165,8 @@ class AgentOptions:
             or not (0 < reviewer_timeout_s <= 600)
         ):
             raise ValueError(f"reviewer_timeout_s must be a number of seconds in (0, 600]; got {reviewer_timeout_s!r}")
+        if not isinstance(decisions_by_position, bool):
+            raise TypeError(f"decisions_by_position must be True or False, not {decisions_by_position!r}")
         return cls(
             guard=guard,
             reviewers=MappingProxyType(dict(reviewers)),
@@ -169,6 +175,7 @@ class AgentOptions:
             tool_result_action=tool_result_action,  # type: ignore[arg-type]
             fail_mode=fail_mode,  # type: ignore[arg-type]
             reviewer_timeout_s=float(reviewer_timeout_s),
+            decisions_by_position=decisions_by_position,
         )
 
 

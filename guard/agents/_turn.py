@@ -235,7 +235,7 @@ class InputGate:
                 escalated.append((pending, judgement, self._item(pending, judgement)))
         if escalated and blocked is None:  # with a block the run ends anyway; the others are judged next time
             items = [item for _, _, item in escalated]
-            decisions = self.turns.ask(items, positional=not self.turns.review_unanswered(state))
+            decisions = self.turns.ask(items, after_unanswered=self.turns.review_unanswered(state))
             for pending, judgement, item in escalated:
                 decision = decisions[item["id"]]
                 status = "allowed" if decision["type"] == "approve" else "blocked"
@@ -564,11 +564,11 @@ class TurnKeeper:
         stamp = stamps.get(self.name) if isinstance(stamps, Mapping) else None
         return not (isinstance(stamp, str) and self.sealer.check(*self._stamped(message, calls), stamp))
 
-    @staticmethod
-    def ask(items: list[PendingItem], *, positional: bool = True) -> dict[str, dict[str, Any]]:
-        """The reviewer's decisions on ``items`` (one ``interrupt()``), by item id. ``positional``: whether a list of
-        decisions in LangChain's order is accepted (:func:`~guard.agents.decisions.response_schema`)."""
+    def ask(self, items: list[PendingItem], *, after_unanswered: bool) -> dict[str, dict[str, Any]]:
+        """The reviewer's decisions on ``items`` (one ``interrupt()``), by item id. A list of decisions in LangChain's
+        order is accepted unless the options refuse it or ``after_unanswered`` (:meth:`review_unanswered`)."""
         request = review_request(items)
+        positional = self.judge.options.decisions_by_position and not after_unanswered
         answer = interrupt(request, response_schema=response_schema(items, exact=True, positional=positional))
         return answer["decisions"]  # type: ignore[no-any-return]
 
@@ -721,7 +721,7 @@ class TurnKeeper:
         for _ in range(DEFAULT_MAX_REVIEW_ROUNDS + 1):
             if not items:
                 break
-            decisions = self.ask(items, positional=not turn.get("after_unanswered_review"))
+            decisions = self.ask(items, after_unanswered=bool(turn.get("after_unanswered_review")))
             next_items: list[PendingItem] = []
             for item in items:
                 decision = decisions[item["id"]]

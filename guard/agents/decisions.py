@@ -220,11 +220,12 @@ def _plain(decision: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "edit", "arguments": dict(action["args"]), "tool": action["name"]}
 
 
-#: Why a list of decisions is refused for a review that follows one nobody answered.
+#: Why a list of decisions is refused (:func:`response_schema` with ``positional=False``).
 BY_POSITION_REFUSED = (
-    "this thread took new input while an earlier review was pending, so a list of decisions (answered by position) "
-    "could be meant for items the reviewer saw then; answer this review by item id: "
-    "{{\"decisions\": {{<item id>: <decision>}}}} (guard.agents.resume_command), for {ids}"
+    "this review takes decisions by item id only, not a list answered by position (the middleware's "
+    "decisions_by_position=False, or the thread took new input while an earlier review was pending, so a list could "
+    "be meant for the items the reviewer saw then): send {{\"decisions\": {{<item id>: <decision>}}}} "
+    "(guard.agents.resume_command) for {ids}"
 )
 
 
@@ -284,8 +285,8 @@ def response_schema(items: Sequence[PendingItem], *, exact: bool = True, positio
         items: the pending items of this interrupt.
         exact: also refuse decisions for ids that are not pending (one interrupt holding a whole turn). Per-call
             interrupts pass ``False``, so the same full decision map can be sent to each of them.
-        positional: also accept LangChain's list of decisions, answering the items in order. ``False`` where the
-            thread took new input while an earlier review was pending (:data:`BY_POSITION_REFUSED`).
+        positional: also accept LangChain's list of decisions, answering the items in order; ``False`` refuses it
+            (:data:`BY_POSITION_REFUSED`).
     """
     frozen = tuple(items)
 

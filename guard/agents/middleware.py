@@ -123,6 +123,10 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         fail_mode: what an unsettled handoff or a raising guard becomes (``escalate`` by default); backend errors
             follow each policy's own fail mode inside the engine.
         reviewer_timeout_s: seconds an async LLM reviewer may take.
+        decisions_by_position: whether a review takes LangChain's list of decisions (``HITLResponse``, what Agent
+            Chat UI and Agent Inbox send), which answers its items in order; ``False`` takes only guard's map of item
+            ids, so a reviewer's answer to an interrupt they saw cannot release the calls of a later one (set it where
+            a thread's users are not its reviewers).
         hold_output_stream: when a ``model_output`` policy applies, stream no token of a reply before it is judged
             (``stream_mode="messages"`` then carries the judged reply whole). ``False`` streams tokens live, before
             the verdict.
@@ -156,6 +160,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         tool_result_action: ToolResultAction = "block",
         fail_mode: FailMode = "escalate",
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
+        decisions_by_position: bool = True,
         label: str | None = None,
         hold_output_stream: bool = True,
         approval_claims: ApprovalClaims | None = None,
@@ -169,6 +174,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             tool_result_action=tool_result_action,
             fail_mode=fail_mode,
             reviewer_timeout_s=reviewer_timeout_s,
+            decisions_by_position=decisions_by_position,
         )
         if label is not None and (not isinstance(label, str) or not label.strip()):
             raise ValueError(f"label must be a non-empty string or None; got {label!r}")

@@ -61,6 +61,10 @@ class GuardToolWrapper:
             passes it without the spans that give the assistant instructions.
         fail_mode: what an unsettled handoff or a raising guard becomes (default ``escalate``).
         reviewer_timeout_s: seconds an async LLM reviewer may take.
+        decisions_by_position: whether a review takes LangChain's list of decisions (``HITLResponse``, what Agent
+            Chat UI and Agent Inbox send), which answers its items in order; ``False`` takes only guard's map of item
+            ids, so a reviewer's answer to an interrupt they saw cannot release the calls of a later one (set it where
+            a thread's users are not its reviewers).
         approval_claims: where a call released by a review decision is claimed once before its side-effecting tool
             runs (:mod:`guard.agents.claims`); a :class:`~guard.agents.MemoryApprovalClaims` by default.
 
@@ -79,6 +83,7 @@ class GuardToolWrapper:
         tool_result_action: ToolResultAction = "block",
         fail_mode: FailMode = "escalate",
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
+        decisions_by_position: bool = True,
         approval_claims: ApprovalClaims | None = None,
     ) -> None:
         options = AgentOptions.checked(
@@ -89,6 +94,7 @@ class GuardToolWrapper:
             tool_result_action=tool_result_action,
             fail_mode=fail_mode,
             reviewer_timeout_s=reviewer_timeout_s,
+            decisions_by_position=decisions_by_position,
         )
         self.enforcer = ToolCallEnforcer(Judge(options), claims=approval_claims)
 
@@ -115,6 +121,7 @@ def guarded_tool_node(
     tool_result_action: ToolResultAction = "block",
     fail_mode: FailMode = "escalate",
     reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
+    decisions_by_position: bool = True,
     messages_key: str = "messages",
     handle_tool_errors: Any = None,
     approval_claims: ApprovalClaims | None = None,
@@ -133,6 +140,7 @@ def guarded_tool_node(
         tool_result_action=tool_result_action,
         fail_mode=fail_mode,
         reviewer_timeout_s=reviewer_timeout_s,
+        decisions_by_position=decisions_by_position,
         approval_claims=approval_claims,
     )
     extra: dict[str, Any] = {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}

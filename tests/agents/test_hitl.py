@@ -34,17 +34,18 @@ def pays(*specs: tuple[int, str, str], text: str = "") -> Turn:
     return Turn(text=text, calls=[("pay", {"amount": amount, "to": to}, call_id) for amount, to, call_id in specs])
 
 
-def guard_agent(h: Any, *turns: Turn, hitl: HumanInTheLoopMiddleware | None = None, guard_first: bool = True) -> Any:
-    guard = GuardAgentMiddleware(guard=h.guard)
+def guard_agent(h: Any, *turns: Turn, hitl: HumanInTheLoopMiddleware | None = None, guard_first: bool = True,
+                **options: Any) -> Any:
+    guard = GuardAgentMiddleware(guard=h.guard, **options)
     middleware: list[Any] = [guard] if hitl is None else ([guard, hitl] if guard_first else [hitl, guard])
     return create_agent(model(*turns), h.tools, middleware=middleware, checkpointer=InMemorySaver())
 
 
-def tool_graph(h: Any, *turns: Turn) -> Any:
+def tool_graph(h: Any, *turns: Turn, **options: Any) -> Any:
     chat = model(*turns)
     graph = StateGraph(MessagesState)
     graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
-    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard))
+    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard, **options))
     graph.add_edge(START, "model")
     graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
     graph.add_edge("tools", "model")
@@ -436,7 +437,7 @@ def test_a_review_after_an_unanswered_one_takes_decisions_by_item_id_only(harnes
     assert [item["arguments"] for item in shown] == [{"amount": 500, "to": "eve"}]
     pending = drive(agent, {"messages": [("user", "actually, pay eve 900")]}, config, "invoke")
     assert [item["arguments"] for item in pending.items()] == [{"amount": 900, "to": "eve"}]
-    with pytest.raises(ValidationError, match="took new input while an earlier review was pending"):
+    with pytest.raises(ValidationError, match="decisions by item id only"):
         agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
     assert h.runs.calls == []
     command = resume_command(agent.get_state(config).interrupts, {pending.items()[0]["id"]: {"type": "approve"}})
@@ -457,3 +458,21 @@ def test_text_that_is_not_utf8_is_judged_not_a_crash(harness: Any, thread: Any) 
     out = drive(agent, {"messages": [("user", "Pay 40 to eve, see report-\udcff.txt")]}, config, "invoke")
     assert h.runs.calls == [("pay", {"amount": 40, "to": "eve"})] and not out.interrupts
     assert "lone UTF-16 surrogate" in out.tool_messages()["b"].text
+
+
+@pytest.mark.parametrize("graph", ["middleware", "tool_node"])
+def test_decisions_by_position_false_takes_item_ids_only(harness: Any, thread: Any, graph: str) -> None:
+    """Where a thread's users are not its reviewers, a list (which names no item) is refused; the map of item ids
+    answers, and the refusal leaves the interrupt answerable."""
+    h = harness()
+    build = guard_agent if graph == "middleware" else tool_graph
+    agent, config = build(h, pays((500, "eve", "a")), Turn(text="done"), decisions_by_position=False), thread()
+    pending = drive(agent, USER, config, "invoke")
+    with pytest.raises(ValidationError, match="decisions by item id only"):
+        agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    assert h.runs.calls == []
+    command = resume_command(agent.get_state(config).interrupts, {pending.items()[0]["id"]: {"type": "approve"}})
+    drive(agent, command, config, "invoke")
+    assert h.runs.calls == [("pay", {"amount": 500, "to": "eve"})]
+    with pytest.raises(TypeError, match="decisions_by_position must be True or False"):
+        build(h, Turn(text="x"), decisions_by_position="no")
