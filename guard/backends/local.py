@@ -209,7 +209,7 @@ class LocalBackend:
         """Finish queued requests, then stop the inference thread and the encoding threads (an encoding still running
         finishes on its own). Idempotent. The model stays loaded."""
         await self.batcher.aclose()
-        self._encoder.shutdown(wait=False, cancel_futures=True)
+        self._encoder.shutdown(wait=False)  # queued encodings still run, then meet the closed batcher
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -251,8 +251,7 @@ class LocalBackend:
             raise RuntimeError(
                 f"LocalBackend {self.name!r} was started on another event loop; use one backend per event loop."
             )
-        record = await self._encode(request, None if timeout is None else timeout - (time.monotonic() - started),
-                                    timeout)
+        record = await self._encode(request, None if timeout is None else timeout - (time.monotonic() - started))
         remaining = None
         if timeout is not None:
             remaining = timeout - (time.monotonic() - started)
@@ -286,9 +285,9 @@ class LocalBackend:
                 reason="inference_failed",
             ) from exc
 
-    async def _encode(self, request: SystemOneRequestV1, remaining: float | None, timeout: float | None) -> EncodedRecord:
-        """Tokenize on an encoding thread within ``remaining`` seconds (``None``: no limit) of the ``timeout``
-        deadline; turn the model's refusals into ``BackendRejected``.
+    async def _encode(self, request: SystemOneRequestV1, remaining: float | None) -> EncodedRecord:
+        """Tokenize on an encoding thread within ``remaining`` seconds (``None``: no limit); turn the model's
+        refusals into ``BackendRejected``.
 
         Raises:
             BackendTimeout: the encoding did not finish in time; the caller is answered now (a thread already
@@ -301,11 +300,12 @@ class LocalBackend:
             return self.model.encode(request, max_length=self.max_length)
 
         try:
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError
             return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._encoder, encode), remaining)
         except TimeoutError:
-            doing = "encoding took" if started.is_set() else f"waiting for one of the {ENCODE_THREADS} encoding threads took"
-            raise BackendTimeout(f"{doing} longer than the {(timeout or 0.0) * 1000:g} ms deadline",
-                                 backend=self.name) from None
+            doing = "encoding the state" if started.is_set() else f"waiting for one of the {ENCODE_THREADS} encoding threads"
+            raise BackendTimeout(f"the deadline passed while {doing}", backend=self.name) from None
         except RequestValidationError as exc:
             raise BackendRejected(
                 str(exc), backend=self.name, status_code=422, detail=[e.to_json() for e in exc.errors]

@@ -88,8 +88,10 @@ def _brotli(data: bytes, limit: int) -> bytes:
 
 
 #: Compressed bytes fed to the zstd decoder per step. A zstd block of 4 bytes may expand to 128 KiB, so one step
-#: yields at most 8 MiB: the decoder never runs far past the cap.
-_ZSTD_STEP = 256
+#: yields at most 32 MiB: the decoder never runs far past the cap.
+_ZSTD_STEP = 1024
+#: Most content codings one body may carry (each is undone in turn; clients send one).
+MAX_CODINGS = 4
 
 
 def _zstd(data: bytes, limit: int) -> bytes:
@@ -131,11 +133,13 @@ def decode_content(body: bytes, content_encoding: str | None, limit: int) -> byt
     Raises:
         BodyError: 415 ``unsupported_encoding`` for a coding not in :data:`ENCODINGS` (nor ``identity``); 413
             ``body_too_large`` when a decoded body passes ``limit`` bytes; 400 ``invalid_encoding`` for a corrupt
-            stream.
+            stream or more than :data:`MAX_CODINGS` codings.
     """
     if not content_encoding:
         return body
     codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+    if len([c for c in codings if c != "identity"]) > MAX_CODINGS:
+        raise BodyError(400, INVALID_ENCODING, f"more than {MAX_CODINGS} content codings", field=_FIELD)
     for coding in codings:
         if coding != "identity" and coding not in ENCODINGS:
             raise BodyError(
@@ -329,13 +333,18 @@ _MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "
                 "GIF": "image/gif", "BMP": "image/bmp"}
 
 
+#: Declared media types that name another's format (``image/jpg`` is a common misspelling of ``image/jpeg``).
+_ALIASES = {"image/jpg": "image/jpeg", "image/x-png": "image/png", "image/x-ms-bmp": "image/bmp"}
+
+
 def _image_header(payload: str) -> tuple[str, int, int] | None:
     """``(media type, width, height)`` from an image's header (nothing is decoded), or ``None`` when the bytes are
     not an image in one of :data:`~guard.systemone.IMAGE_FORMATS` (the backend then refuses them with a 422 of its
     own): only those formats' header parsers run on client bytes.
 
     Raises:
-        _TooManyPixels: PIL itself refused the header as a decompression bomb (over twice its pixel limit).
+        _TooManyPixels: PIL itself refused the header as a decompression bomb (over twice its pixel limit, or
+            over its limit where warnings raise); guard's own limit is lower.
     """
     from PIL import Image
 
@@ -346,7 +355,7 @@ def _image_header(payload: str) -> tuple[str, int, int] | None:
     try:
         with Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS) as image:
             return _MEDIA_TYPES.get(image.format or "", ""), *image.size
-    except Image.DecompressionBombError as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # the warning where it raises
         raise _TooManyPixels(str(exc)) from exc
     except Exception:  # noqa: BLE001 - PIL raises many types for bytes that are not an image
         return None
@@ -392,7 +401,7 @@ def check_images(body: dict[str, Any], max_pixels: int, names: Sequence[str] = (
                 f"the image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}",
                 field=where,
             )
-        if isinstance(declared, str) and declared.strip().lower() != media:
+        if isinstance(declared, str) and _ALIASES.get(declared.strip().lower(), declared.strip().lower()) != media:
             field = f"{where}.content_type" if isinstance(item, dict) and i >= len(names) else where
             raise BodyError(422, "invalid_request", f"is declared {declared[:40]!r} but its bytes are {media}",
                             field=field)

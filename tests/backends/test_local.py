@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -114,6 +116,30 @@ async def test_closed_backend_is_unavailable_and_cannot_restart(clef_fp32: ClefM
     assert info.value.reason == "closed"
     with pytest.raises(RuntimeError, match="is closed; create a new one"):
         await backend.start()
+
+
+async def test_requests_waiting_for_an_encoding_thread_at_close_are_unavailable(
+        clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing the backend while more requests than encoding threads are being encoded: every caller gets
+    ``BackendUnavailable(reason="closed")``, none a ``CancelledError`` (which would read as its own cancellation)."""
+    backend = LocalBackend(clef_fp32)
+    await backend.start()
+    release = threading.Event()
+    encode = clef_fp32.encode
+
+    def held_encode(*args: Any, **kwargs: Any) -> Any:  # the real encoding, started once the backend is closing
+        release.wait(10)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(clef_fp32, "encode", held_encode)
+    calls = [asyncio.ensure_future(backend.decide(request(ticket_body(i)), timeout=30)) for i in range(6)]
+    await asyncio.sleep(0.1)
+    closing = asyncio.ensure_future(backend.aclose())
+    await asyncio.sleep(0.05)
+    release.set()
+    await closing
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(o, BackendUnavailable) and o.reason == "closed" for o in outcomes), outcomes
 
 
 def test_a_backend_belongs_to_the_event_loop_it_started_on(clef_fp32: ClefModel) -> None:

@@ -12,6 +12,7 @@ import zstandard
 from PIL import Image
 
 from guard.errors import BodyError, FieldError, RequestValidationError
+from guard.systemone import SystemOneRequestV1
 from guard.worker import _intake
 
 BODY = json.dumps({"model": "clef-flash", "state": "hello " * 2000, "questions": {}}).encode()
@@ -84,3 +85,28 @@ def test_validation_errors_name_the_asset_the_client_sent() -> None:
     assert [e.field for e in named.errors] == ["assets.back", "assets", "state"]
     assert str(named).startswith("assets.back: must be one of image/png")
     assert _intake.name_assets(error, []) is error
+
+
+def test_the_hosted_profile_takes_the_same_image_types_as_a_data_url_or_an_object() -> None:
+    """``workers-ai`` takes PNG, JPEG and WebP however an image is sent; ``reference`` takes what decodes; a
+    declared ``image/jpg`` is a JPEG."""
+    gif = base64.b64encode(image_bytes((8, 8), "GIF")).decode()
+    body = {"model": "m", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}
+    for image in (f"data:image/gif;base64,{gif}", {"content_type": "image/gif", "base64": gif}):
+        with pytest.raises(RequestValidationError, match="must be one of image/png, image/jpeg, image/webp"):
+            SystemOneRequestV1.from_json({**body, "images": [image]})
+        SystemOneRequestV1.from_json({**body, "images": [image]}, profile="reference")
+    jpeg = base64.b64encode(image_bytes((8, 8), "JPEG")).decode()
+    _intake.check_images({"images": [f"data:image/jpg;base64,{jpeg}"]}, 100)
+
+
+def test_more_codings_than_clients_send_are_refused_before_any_is_undone() -> None:
+    plain = json.dumps({"a": 1}).encode()
+    body = plain
+    for _ in range(5):
+        body = zstandard.compress(body)
+    once = zstandard.compress(plain)
+    assert _intake.decode_content(once, "identity, zstd, identity", 1 << 20) == plain  # identity is no coding
+    with pytest.raises(BodyError, match="more than 4 content codings") as caught:
+        _intake.decode_content(body, ", ".join(["zstd"] * 5), 1 << 20)
+    assert (caught.value.status, caught.value.code) == (400, "invalid_encoding")
