@@ -64,7 +64,7 @@ class Sealer:
     def seal(self, context: str, data: bytes) -> str:
         """The seal of ``data`` written under ``context`` (e.g. the Redis key), 64 hex digits."""
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
-        for part in (context.encode("utf-8"), data):
+        for part in (context.encode("utf-8", "surrogatepass"), data):
             mac.update(len(part).to_bytes(8, "big"))
             mac.update(part)
         return mac.hexdigest()
@@ -78,7 +78,7 @@ class Sealer:
     def encrypt(self, context: str, data: bytes) -> str:
         """``data`` encrypted and authenticated for ``context`` (e.g. the Redis key): base64 of nonce + ciphertext."""
         nonce = secrets.token_bytes(12)
-        return base64.b64encode(nonce + self._aead.encrypt(nonce, data, context.encode("utf-8"))).decode("ascii")
+        return base64.b64encode(nonce + self._aead.encrypt(nonce, data, context.encode("utf-8", "surrogatepass"))).decode("ascii")
 
     def decrypt(self, context: str, text: str) -> bytes:
         """What :meth:`encrypt` encrypted for ``context``.
@@ -88,6 +88,6 @@ class Sealer:
         """
         try:
             raw = base64.b64decode(text, validate=True)
-            return self._aead.decrypt(raw[:12], raw[12:], context.encode("utf-8"))
+            return self._aead.decrypt(raw[:12], raw[12:], context.encode("utf-8", "surrogatepass"))
         except (InvalidTag, ValueError) as exc:
             raise ValueError("the value does not decrypt with this store key") from exc

@@ -145,7 +145,8 @@ def _sealed_bytes(value: Any) -> bytes:
         plain, prefix = json.dumps(_tagged(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")), b"t"
     else:
         prefix = b"j"
-    return prefix + plain.encode("utf-8", "surrogatepass")  # a lone surrogate (a non-UTF-8 file name) is text too
+    # a lone surrogate (a non-UTF-8 file name) as "?", the form a checkpointer stores and gives back
+    return prefix + plain.encode("utf-8", "replace")
 
 
 def seal_context(kind: str, owner: str, thread_id: str | None, *more: str) -> str:

@@ -504,14 +504,16 @@ class TurnKeeper:
         """What a stamp covers (context, data): a message's type, id, name, content and ``additional_kwargs``
         (everything :func:`input_text` reads); an assistant message's tool calls; a tool message's call id and the
         call it answers (``calls[tool_call_id]``, :func:`answered_calls`: its name and arguments, so a result cannot
-        be moved under another call); as JSON (:func:`~guard.agents._arguments.plain_json`), bound to this instance's owner
+        be moved under another call); as JSON (:func:`~guard.agents._arguments.plain_json`; a lone surrogate as
+        "?", the form a checkpointer stores and gives back), bound to this instance's owner
         (:func:`~guard.agents._records.record_owner`) and the thread."""
         fields = [message.type, message.id, message.name, message.content, message.additional_kwargs]
         if isinstance(message, ToolMessage):
             fields += [message.tool_call_id, calls.get(message.tool_call_id)]
         if isinstance(message, AIMessage):
             fields += [message.tool_calls, message.invalid_tool_calls]
-        return seal_context("stamp", self.owner, current_thread_id()), canonical_json(fields, plain_json).encode("utf-8", "surrogatepass")
+        data = canonical_json(fields, plain_json).encode("utf-8", "replace")
+        return seal_context("stamp", self.owner, current_thread_id()), data
 
     def stamp(self, message: BaseMessage, calls: Mapping[str, Any]) -> BaseMessage:
         """``message`` (a copy) stamped as written by this agent's model, its tools or this middleware: an

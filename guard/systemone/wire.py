@@ -395,11 +395,8 @@ def _validate_images(raw: Any, strict: bool, errors: list[FieldError]) -> list[A
     for i, image in enumerate(raw):
         where = f"images[{i}]"
         if isinstance(image, str):
-            media = image[5:].split(",", 1)[0].split(";", 1)[0].strip().lower()
             if image[:5].lower() != "data:":
                 errors.append(FieldError(where, "must be a data: URL; remote URLs are never fetched"))
-            elif media not in IMAGE_CONTENT_TYPES:
-                errors.append(FieldError(where, f"a data URL of {media[:40]!r}; must be one of {', '.join(IMAGE_CONTENT_TYPES)}"))
         elif isinstance(image, Mapping):
             if image.get("content_type") not in IMAGE_CONTENT_TYPES:
                 errors.append(

@@ -88,8 +88,8 @@ def _brotli(data: bytes, limit: int) -> bytes:
 
 
 #: Compressed bytes fed to the zstd decoder per step. A zstd block of 4 bytes may expand to 128 KiB, so one step
-#: yields at most 32 MiB: the decoder never runs far past the cap.
-_ZSTD_STEP = 1024
+#: yields at most 8 MiB: the decoder never runs far past the cap.
+_ZSTD_STEP = 256
 #: Most content codings one body may carry (each is undone in turn; clients send one).
 MAX_CODINGS = 4
 

@@ -12,7 +12,6 @@ import zstandard
 from PIL import Image
 
 from guard.errors import BodyError, FieldError, RequestValidationError
-from guard.systemone import SystemOneRequestV1
 from guard.worker import _intake
 
 BODY = json.dumps({"model": "clef-flash", "state": "hello " * 2000, "questions": {}}).encode()
@@ -87,17 +86,12 @@ def test_validation_errors_name_the_asset_the_client_sent() -> None:
     assert _intake.name_assets(error, []) is error
 
 
-def test_the_hosted_profile_takes_the_same_image_types_as_a_data_url_or_an_object() -> None:
-    """``workers-ai`` takes PNG, JPEG and WebP however an image is sent; ``reference`` takes what decodes; a
-    declared ``image/jpg`` is a JPEG."""
-    gif = base64.b64encode(image_bytes((8, 8), "GIF")).decode()
-    body = {"model": "m", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}
-    for image in (f"data:image/gif;base64,{gif}", {"content_type": "image/gif", "base64": gif}):
-        with pytest.raises(RequestValidationError, match="must be one of image/png, image/jpeg, image/webp"):
-            SystemOneRequestV1.from_json({**body, "images": [image]})
-        SystemOneRequestV1.from_json({**body, "images": [image]}, profile="reference")
+def test_a_declared_image_jpg_is_a_jpeg() -> None:
     jpeg = base64.b64encode(image_bytes((8, 8), "JPEG")).decode()
     _intake.check_images({"images": [f"data:image/jpg;base64,{jpeg}"]}, 100)
+    png = base64.b64encode(image_bytes((8, 8), "PNG")).decode()
+    with pytest.raises(BodyError, match="declared 'image/jpg' but its bytes are image/png"):
+        _intake.check_images({"images": [f"data:image/jpg;base64,{png}"]}, 100)
 
 
 def test_more_codings_than_clients_send_are_refused_before_any_is_undone() -> None:
