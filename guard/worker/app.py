@@ -391,7 +391,8 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
             return Response(status_code=499), "cancelled"
         # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
         codings = ", ".join(request.headers.getlist("content-encoding"))
-        # off the event loop: decompressing and parsing megabytes would stall every other request
+        # off the event loop: decompression and the body checks let other requests run meanwhile (json's own C
+        # parser still holds the GIL while it parses)
         system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings, config)
     except BodyError as exc:
         return _http.error_response(exc.status, exc.code, exc.reason, field=exc.field), "invalid"
