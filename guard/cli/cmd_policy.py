@@ -136,6 +136,7 @@ def run_check(args: argparse.Namespace) -> int:
             continue
         ids = ", ".join(f"{p.id}@{p.version}" for p in policies)
         print(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
+        _warn_upper_case_paths(policies)
         loaded.extend(policies)
     try:
         check_unique(loaded)  # the files checked together are loaded together: an id defined twice is refused
@@ -144,6 +145,18 @@ def run_check(args: argparse.Namespace) -> int:
         failed = True
     _print_overlaps(loaded)
     return EXIT_FAILED if failed else 0
+
+
+def _warn_upper_case_paths(policies: list[Any]) -> None:
+    """Warn about path globs with upper-case letters: the middleware matches a request's lower-cased path first
+    (``path_case="fold"``, the default), so such a glob judges only requests spelt in its exact case."""
+    for policy in policies:
+        for glob in policy.http.globs[0] if policy.http is not None else ():
+            if glob != glob.lower():
+                print(f"warning: {policy.file}:{policy.line}: policy {policy.id}: path {glob!r} has upper-case "
+                      f"letters; requests are matched on their lower-cased path first (path_case='fold', the "
+                      f"default), so a request for {glob.lower()!r} is not judged by it: write paths in lower case "
+                      "(docs/http.md)", file=sys.stderr)
 
 
 def _print_overlaps(policies: list[Any]) -> None:

@@ -39,6 +39,19 @@ def test_check_reports_file_line_and_key(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["policy", "check", str(tmp_path / "missing.yaml")]) == 1
 
 
+def test_check_warns_about_a_path_glob_in_upper_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The middleware matches a request's lower-cased path first: ``/V1/Admin/**`` never judges ``/v1/admin/x``."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text('policies:\n  - id: admin\n    version: 1\n    match:\n'
+                      '      http: {paths: ["/V1/Admin/**", "/v1/ok"]}\n    rules:\n'
+                      '      - {id: r, when: "true", action: block}\n')
+    assert main(["policy", "check", str(policy)]) == 0  # a warning: the glob still judges /V1/Admin/x as sent
+    err = capsys.readouterr().err
+    assert f"warning: {policy}:2: policy admin: path '/V1/Admin/**' has upper-case letters" in err
+    assert "a request for '/v1/admin/**' is not judged by it" in err and "/v1/ok" not in err
+    assert main(["policy", "check", str(POLICIES)]) == 0 and "upper-case" not in capsys.readouterr().err
+
+
 def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The runtime refuses two policies with one id; check and test said ok (within a file and across files)."""
     one = "  - {id: d, version: V, match: {http: {methods: [POST]}}, rules: [{id: r, when: 'true', action: block}]}\n"
