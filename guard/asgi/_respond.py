@@ -34,14 +34,14 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.types import Message, Scope, Send
 
 from guard._json import json_readings
 from guard.asgi._decode import decode_content, parse_encodings
-from guard.asgi._media import charset, is_textual, parse_params
+from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
 from guard.asgi._responses import send_json, verdict_headers
@@ -94,6 +94,10 @@ def without_unreadable_sends(scope: Scope) -> Scope:
     return {**scope, "extensions": {k: v for k, v in extensions.items() if k not in _UNREADABLE_SENDS}}
 
 
+#: Bytes at the start of a streamed HTML or XML response searched for the charset it names (the HTML prescan's).
+_SNIFF_BYTES = 1024
+
+
 def _stream_charset_problem(content_type: str) -> str | None:
     """Why a streamed response's declared charset cannot be judged (``None`` for UTF-8, US-ASCII or none)."""
     try:
@@ -140,6 +144,10 @@ class ResponseJudge:
         self.judge_at = 0  # held bytes the next window waits for, after one that could send nothing (doubles)
         self.tail = ""  # stream: the end of what was sent, judged again with the next window
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        # stream: the first bytes of HTML or XML, where a <meta charset> or an XML declaration names the charset a
+        # client decodes it with (the stream is read as UTF-8), and the check that refuses one naming another
+        self.prefix = b""
+        self.sniff: Callable[[bytes], None] | None = None
         self.lock = asyncio.Lock()  # stream: one judgement at a time, the application's send or the flusher's
         self.due: float | None = None  # stream: loop time by which what is held gets judged (None: all judged)
         self.pending = asyncio.Event()  # set while ``due`` is
@@ -225,6 +233,10 @@ class ResponseJudge:
                                          field="content-type"))
         else:
             self.mode = "stream"
+            if is_xml(media):
+                self.sniff = check_xml_encoding
+            elif media == "text/html" and "charset" not in parse_params(headers.get("content-type", ""))[1]:
+                self.sniff = check_html_charset  # a declared charset overrides <meta>, as in browsers
             if self.limits.stream_flush_s is not None and self.app is not None:
                 self.flusher = asyncio.ensure_future(self._flush())
 
@@ -282,6 +294,14 @@ class ResponseJudge:
             await self._give_up("the streamed response is not UTF-8 text (it holds NUL bytes or a UTF-16 byte-order "
                                 "mark); it cannot be judged", "a streamed response that is not UTF-8 cannot be judged")
             return
+        if self.sniff is not None and chunk and len(self.prefix) < _SNIFF_BYTES:
+            self.prefix += chunk[: _SNIFF_BYTES - len(self.prefix)]
+            try:
+                self.sniff(self.prefix)
+            except BodyError as exc:
+                await self._give_up(f"the response cannot be judged: {exc.reason}",
+                                    "a streamed response that names a charset other than UTF-8 cannot be judged")
+                return
         if chunk:
             self.held += self.decoder.decode(chunk)
             self.held_bytes += len(chunk)

@@ -752,12 +752,23 @@ async def test_a_file_the_server_would_send_itself_is_read_and_judged(tmp_path: 
 
 
 @pytest.mark.anyio
-async def test_an_html_response_naming_another_charset_in_a_meta_tag_cannot_be_judged() -> None:
-    """``SE\\x1b(BCRET`` under ``<meta charset="iso-2022-jp">`` is SECRET in a browser: 502, never passed unread."""
-    page = b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is swordfish</body></html>'
+@pytest.mark.parametrize(("media", "page"), [
+    ("text/html", b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is swordfish</body></html>'),
+    ("application/xml", b'<?xml version="1.0" encoding="ISO-2022-JP"?><r>the SE\x1b(BCRET is swordfish</r>'),
+])  # fmt: skip
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_an_html_response_naming_another_charset_in_a_meta_tag_cannot_be_judged(
+        media: str, page: bytes, streamed: bool) -> None:
+    """``SE\\x1b(BCRET`` under ``<meta charset="iso-2022-jp">`` (or an XML declaration naming it) is SECRET in a
+    browser: 502, never passed unread, whole or streamed (a stream was read as UTF-8 and passed)."""
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(page), 16):
+            yield page[i:i + 16]
 
     async def html(request: Request) -> Response:
-        return Response(page, headers={"content-type": "text/html"})  # no charset: the <meta> tag decides
+        if streamed:
+            return StreamingResponse(chunks(), headers={"content-type": media})  # no charset: the document decides
+        return Response(page, headers={"content-type": media})
 
     guard, app = rules_only(RELEASED_POLICY, [Route("/out/x", html)])
     async with client_for(app) as client:
