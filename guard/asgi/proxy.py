@@ -144,8 +144,13 @@ class _ClientStalled(Exception):
     """The client sent nothing for ``body_idle_timeout`` seconds while its body was being forwarded."""
 
 
+#: Headers a request's ``Connection`` cannot name for removal: what the body is, as guard read it to judge it (the
+#: upstream got it without a ``Content-Type`` and parsed it as whatever it defaults to).
+_BODY_MEANING = frozenset({b"content-type", b"content-encoding"})
+
+
 def _connection_tokens(value: bytes) -> set[bytes]:
-    return {t.strip().lower() for t in value.split(b",")}
+    return {t.strip().lower() for t in value.split(b",")} - _BODY_MEANING
 
 
 def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

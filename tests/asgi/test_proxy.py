@@ -512,6 +512,11 @@ def test_upstream_headers_drop_every_hop_by_hop_header_and_what_connection_names
                                                            (b"content-length", b"3")]})
     assert has_body and not any(k == b"content-length" for k, _ in named)
     assert proxy._headers({**scope, "headers": [(b"host", b"h")]})[1] is False
+    # what the body is, as guard read it, goes on whatever Connection names
+    body_meaning = [(b"connection", b"close, Content-Type, content-encoding"), (b"content-type", b"application/json"),
+                    (b"content-encoding", b"gzip")]
+    kept, _ = proxy._headers({**scope, "headers": body_meaning})
+    assert (b"content-type", b"application/json") in kept and (b"content-encoding", b"gzip") in kept
     # Content-Length next to Transfer-Encoding: the body was read by its chunks, so it goes chunked, without the length
     both, has_body = proxy._headers({**scope, "headers": [(b"content-length", b"2"), (b"transfer-encoding", b"chunked")]})
     assert has_body and not any(k in (b"content-length", b"transfer-encoding") for k, _ in both)
