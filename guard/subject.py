@@ -196,7 +196,7 @@ def digest_of(*parts: bytes | str) -> str:
     """What an approval is bound to: SHA-256 (hex) of the parts, each length-prefixed so ``("ab", "c")`` and ``("a", "bc")`` differ."""
     h = hashlib.sha256()
     for part in parts:
-        data = part.encode("utf-8", "replace") if isinstance(part, str) else part  # a lone surrogate as "?", as stored
+        data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
         h.update(len(data).to_bytes(8, "big"))
         h.update(data)
     return h.hexdigest()

@@ -145,8 +145,9 @@ def _sealed_bytes(value: Any) -> bytes:
         plain, prefix = json.dumps(_tagged(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")), b"t"
     else:
         prefix = b"j"
-    # a lone surrogate (a non-UTF-8 file name) as "?", the form a checkpointer stores and gives back
-    return prefix + plain.encode("utf-8", "replace")
+    # a lone surrogate (a non-UTF-8 file name) is sealed as itself: a checkpointer stores "?", so such a record
+    # does not check after a reload and its turn is judged again
+    return prefix + plain.encode("utf-8", "surrogatepass")
 
 
 def seal_context(kind: str, owner: str, thread_id: str | None, *more: str) -> str:

@@ -500,30 +500,37 @@ class TurnKeeper:
         entry = seal_record(self.sealer, self.owner, current_thread_id(), self.stored(state), changes)
         return {"guard": {self.name: entry}}
 
-    def _stamped(self, message: BaseMessage, calls: Mapping[str, Any]) -> tuple[str, bytes]:
-        """What a stamp covers (context, data): a message's type, id, name, content and ``additional_kwargs``
-        (everything :func:`input_text` reads); an assistant message's tool calls; a tool message's call id and the
-        call it answers (``calls[tool_call_id]``, :func:`answered_calls`: its name and arguments, so a result cannot
-        be moved under another call); as JSON (:func:`~guard.agents._arguments.plain_json`; a lone surrogate as
-        "?", the form a checkpointer stores and gives back), bound to this instance's owner
-        (:func:`~guard.agents._records.record_owner`) and the thread."""
+    def _stamped(self, message: BaseMessage, calls: Mapping[str, Any]) -> tuple[str, bytes, bytes]:
+        """What a stamp covers (context, data as stored, data exactly): a message's type, id, name, content and
+        ``additional_kwargs`` (everything :func:`input_text` reads); an assistant message's tool calls; a tool
+        message's call id and the call it answers (``calls[tool_call_id]``, :func:`answered_calls`: its name and
+        arguments, so a result cannot be moved under another call); as JSON
+        (:func:`~guard.agents._arguments.plain_json`), bound to this instance's owner
+        (:func:`~guard.agents._records.record_owner`) and the thread. A lone surrogate (a non-UTF-8 file name) is
+        "?" in the stored form, as LangGraph's checkpointer stores it, and itself in the exact one; without one the
+        two are equal."""
         fields = [message.type, message.id, message.name, message.content, message.additional_kwargs]
         if isinstance(message, ToolMessage):
             fields += [message.tool_call_id, calls.get(message.tool_call_id)]
         if isinstance(message, AIMessage):
             fields += [message.tool_calls, message.invalid_tool_calls]
-        data = canonical_json(fields, plain_json).encode("utf-8", "replace")
-        return seal_context("stamp", self.owner, current_thread_id()), data
+        text = canonical_json(fields, plain_json)
+        context = seal_context("stamp", self.owner, current_thread_id())
+        return context, text.encode("utf-8", "replace"), text.encode("utf-8", "surrogatepass")
 
     def stamp(self, message: BaseMessage, calls: Mapping[str, Any]) -> BaseMessage:
         """``message`` (a copy) stamped as written by this agent's model, its tools or this middleware: an
-        HMAC-SHA256 seal of :meth:`_stamped` in ``response_metadata["guard_stamps"][name]``, which integrations never
+        HMAC-SHA256 seal of :meth:`_stamped`'s stored form (for a message holding a lone surrogate, ``:`` and the
+        exact form's seal follow) in ``response_metadata["guard_stamps"][name]``, which integrations never
         send to a model. ``calls``: :func:`answered_calls` of the thread the message joins. Other message types are
         returned as they are; a message without an id gets one first, since the stamp is bound to it."""
         if not isinstance(message, (AIMessage, ToolMessage)):
             return message
         message = message.model_copy(update={"id": message.id or f"lc_guard_{uuid.uuid4().hex}"})
-        stamp = self.sealer.seal(*self._stamped(message, calls))
+        context, stored, exact = self._stamped(message, calls)
+        stamp = self.sealer.seal(context, stored)
+        if exact != stored:  # a lone surrogate: the stored form's seal, and the exact one's for before it is stored
+            stamp = f"{stamp}:{self.sealer.seal(context, exact)}"
         stamps = message.response_metadata.get(STAMPS_KEY)
         stamps = {**(stamps if isinstance(stamps, Mapping) else {}), self.name: stamp}
         message.response_metadata = {**message.response_metadata, STAMPS_KEY: stamps}
@@ -564,7 +571,13 @@ class TurnKeeper:
             return True
         stamps = message.response_metadata.get(STAMPS_KEY)
         stamp = stamps.get(self.name) if isinstance(stamps, Mapping) else None
-        return not (isinstance(stamp, str) and self.sealer.check(*self._stamped(message, calls), stamp))
+        if not isinstance(stamp, str):
+            return True
+        context, stored, exact = self._stamped(message, calls)
+        seals = stamp.split(":")
+        if exact != stored:  # only the exact form's seal: "?" made into surrogates is not what was stamped
+            return not (len(seals) == 2 and self.sealer.check(context, exact, seals[1]))
+        return not self.sealer.check(context, stored, seals[0])
 
     def ask(self, items: list[PendingItem], *, after_unanswered: bool) -> dict[str, dict[str, Any]]:
         """The reviewer's decisions on ``items`` (one ``interrupt()``), by item id. A list of decisions in LangChain's

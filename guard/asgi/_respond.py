@@ -296,8 +296,10 @@ class ResponseJudge:
             return
         if self.sniff is not None and chunk and len(self.prefix) < _SNIFF_BYTES:
             self.prefix += chunk[: _SNIFF_BYTES - len(self.prefix)]
+            # until the prefix is whole, read it up to its last tag's end: a label cut by a chunk is read once whole
+            whole = len(self.prefix) >= _SNIFF_BYTES or not more
             try:
-                self.sniff(self.prefix)
+                self.sniff(self.prefix if whole else self.prefix[: self.prefix.rfind(b">") + 1])
             except BodyError as exc:
                 await self._give_up(f"the response cannot be judged: {exc.reason}",
                                     "a streamed response that names a charset other than UTF-8 cannot be judged")

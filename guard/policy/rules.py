@@ -80,6 +80,8 @@ _LARGEST_DOUBLE = int(sys.float_info.max)
 
 #: Top-level names every ``when`` may use besides question keys.
 RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data", "call", "result"})
+#: CEL's type names, which ``type(x) == string`` compares with (a rule checks a client-chosen JSON type this way).
+CEL_TYPE_NAMES = frozenset({"bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type"})
 #: Rule ids a verdict carries when no rule of the policy decided it, and when that is; no rule may take one.
 RESERVED_RULE_IDS = {
     "default": "no rule fired",
@@ -191,7 +193,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     without_strings = _STRING_RE.sub('""', source)
     _check_calls(program, without_strings)
     bound = set(_BOUND_RE.findall(without_strings))
-    names = set(program.variables()) - bound
+    names = set(program.variables()) - bound - (CEL_TYPE_NAMES - set(known))
     unknown = sorted(names - RESERVED_NAMES - set(known))
     if unknown:
         allowed = ", ".join(sorted(known)) or "(none)"

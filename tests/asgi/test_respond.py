@@ -752,6 +752,26 @@ async def test_a_file_the_server_would_send_itself_is_read_and_judged(tmp_path: 
 
 
 @pytest.mark.anyio
+async def test_a_utf8_label_cut_by_a_chunk_is_read_whole() -> None:
+    """A streamed page whose ``<meta charset="utf-8">`` arrives in two chunks is read once the tag is whole, not
+    refused as naming the charset 'utf'."""
+    parts = [b'<html><head><meta charset="utf', b'-8"></head><body>hello</body></html>']
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    async def html(request: Request) -> Response:
+        return StreamingResponse(chunks(), headers={"content-type": "text/html"})
+
+    guard, app = rules_only(RELEASED_POLICY, [Route("/out/x", html)])
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 200 and response.content == b"".join(parts), response.text
+    await guard.aclose()
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize(("media", "page"), [
     ("text/html", b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is swordfish</body></html>'),
     ("application/xml", b'<?xml version="1.0" encoding="ISO-2022-JP"?><r>the SE\x1b(BCRET is swordfish</r>'),

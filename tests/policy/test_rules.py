@@ -122,3 +122,24 @@ def test_compile_condition_checks_names() -> None:
         compile_condition("tpoic.choice == 'a'", known)
     with pytest.raises(ValueError, match="a noul answer has noul, probabilities, type"):
         compile_condition("spam.score > 1", known)
+    _, names = compile_condition("type(state.role) != string || type(state.ids) == list", known)
+    assert names == {"state"}  # CEL's type names are not names to check
+
+
+def test_a_rule_can_check_the_json_type_a_client_chose() -> None:
+    """``==`` across types is false, not an error (CEL's heterogeneous equality): a rule that must fire on
+    ``"admin"`` fires on any other type too when it says so."""
+    (policy,) = load_text("""
+policies:
+  - id: roles
+    version: 1
+    match: {http: {paths: ["/x"]}}
+    state: {role: "body:/role"}
+    rules:
+      - {id: admin, when: 'type(state.role) != string || state.role == "admin"', action: block}
+""", "p.yaml")
+    for role, rule in (("admin", "admin"), (["admin"], "admin"), (1, "admin"), ("user", "default")):
+        subject = HttpSubject(method="POST", path="/x", content_type="application/json", body={"role": role})
+        result = apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject,
+                             state=policy.render_state(subject), data=policy.data)
+        assert result.rule == rule, role
