@@ -203,17 +203,19 @@ def is_xml(media: str) -> bool:
     return media in ("application/xml", "text/xml") or media.endswith("+xml")
 
 
-def check_html_charset(body: bytes, field: str = "body") -> None:
+def check_html_charset(body: bytes, field: str = "body", *, partial: bool = False) -> None:
     """Refuse an HTML body (sent without a ``charset`` parameter) whose ``<meta charset>`` or ``<meta
     http-equiv="content-type">`` in its first 1,024 bytes names a charset other than UTF-8 or US-ASCII: a browser
     decodes it with that charset (the HTML encoding prescan), so ``SE\x1b(BCRET`` reads as ``SECRET`` in
-    ISO-2022-JP.
+    ISO-2022-JP. ``partial``: ``body`` is the start of a stream whose next bytes may continue a label that runs to
+    its end (``charset="utf``), so such a label is read once more bytes come, not now.
 
     Raises:
         BodyError: 415 ``unsupported_charset``.
     """
-    match = _HTML_META_CHARSET.search(body[:1024])
-    if match is not None:
+    head = body[:1024]
+    match = _HTML_META_CHARSET.search(head)
+    if match is not None and not (partial and match.end() == len(head)):
         _refuse_unread_label(match.group(1), "the HTML names charset {!r} in a <meta> tag", "send it as UTF-8", field)
 
 

@@ -147,7 +147,7 @@ class ResponseJudge:
         # stream: the first bytes of HTML or XML, where a <meta charset> or an XML declaration names the charset a
         # client decodes it with (the stream is read as UTF-8), and the check that refuses one naming another
         self.prefix = b""
-        self.sniff: Callable[[bytes], None] | None = None
+        self.sniff: Callable[..., None] | None = None
         self.lock = asyncio.Lock()  # stream: one judgement at a time, the application's send or the flusher's
         self.due: float | None = None  # stream: loop time by which what is held gets judged (None: all judged)
         self.pending = asyncio.Event()  # set while ``due`` is
@@ -233,8 +233,8 @@ class ResponseJudge:
                                          field="content-type"))
         else:
             self.mode = "stream"
-            if is_xml(media):
-                self.sniff = check_xml_encoding
+            if is_xml(media):  # a declaration is read once its closing quote came: partial changes nothing
+                self.sniff = lambda prefix, partial: check_xml_encoding(prefix)
             elif media == "text/html" and "charset" not in parse_params(headers.get("content-type", ""))[1]:
                 self.sniff = check_html_charset  # a declared charset overrides <meta>, as in browsers
             if self.limits.stream_flush_s is not None and self.app is not None:
@@ -296,10 +296,8 @@ class ResponseJudge:
             return
         if self.sniff is not None and chunk and len(self.prefix) < _SNIFF_BYTES:
             self.prefix += chunk[: _SNIFF_BYTES - len(self.prefix)]
-            # until the prefix is whole, read it up to its last tag's end: a label cut by a chunk is read once whole
-            whole = len(self.prefix) >= _SNIFF_BYTES or not more
             try:
-                self.sniff(self.prefix if whole else self.prefix[: self.prefix.rfind(b">") + 1])
+                self.sniff(self.prefix, partial=len(self.prefix) < _SNIFF_BYTES and more)
             except BodyError as exc:
                 await self._give_up(f"the response cannot be judged: {exc.reason}",
                                     "a streamed response that names a charset other than UTF-8 cannot be judged")

@@ -38,6 +38,7 @@ from guard.policy.provenance import CALL_KEYS, RESULT_KEYS, ToolSpec
 from guard.policy.redact import Redactor, compile_pattern
 from guard.policy.rules import (
     CEL_KEYWORDS,
+    CEL_TYPE_NAMES,
     FLAG_NAMES,
     RESERVED_NAMES,
     RESERVED_RULE_IDS,
@@ -337,9 +338,11 @@ def _questions(
     for key, q in spec.questions.items():
         where = ("questions", key)
         known[key] = q.type
-        if not re.fullmatch(_CEL_IDENTIFIER, key) or key in RESERVED_NAMES or key in CEL_KEYWORDS:
+        if (not re.fullmatch(_CEL_IDENTIFIER, key) or key in RESERVED_NAMES or key in CEL_KEYWORDS
+                or key in CEL_TYPE_NAMES):
             problem(where, f"question key {key!r} must be a name rules can use ([A-Za-z_][A-Za-z0-9_]*, not "
-                    f"{', '.join(sorted(RESERVED_NAMES))} or a CEL keyword); set 'id' for a different wire id")
+                    f"{', '.join(sorted(RESERVED_NAMES))}, a CEL keyword or a CEL type name); set 'id' for a different "
+                    "wire id")
             continue
         body_question = q.model_dump(exclude={"id", "catalog"}, exclude_none=True)
         if q.catalog is not None:

@@ -193,7 +193,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     without_strings = _STRING_RE.sub('""', source)
     _check_calls(program, without_strings)
     bound = set(_BOUND_RE.findall(without_strings))
-    names = set(program.variables()) - bound - (CEL_TYPE_NAMES - set(known))
+    names = set(program.variables()) - bound - CEL_TYPE_NAMES  # no question takes a type's name (the loader)
     unknown = sorted(names - RESERVED_NAMES - set(known))
     if unknown:
         allowed = ", ".join(sorted(known)) or "(none)"

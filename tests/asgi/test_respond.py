@@ -772,6 +772,25 @@ async def test_a_utf8_label_cut_by_a_chunk_is_read_whole() -> None:
 
 
 @pytest.mark.anyio
+async def test_an_unclosed_meta_label_is_read_before_anything_after_it_is_sent() -> None:
+    """``<meta charset=iso-2022-jp`` with no ``>`` yet, then text and a pause longer than the flush delay: refused at
+    once (502), not flushed as UTF-8 and cut off when the label was read later."""
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"<html><head><meta charset=iso-2022-jp the SE\x1b(BCRET is swordfish " + b"x" * 600
+        await asyncio.sleep(0.5)
+        yield b"y" * 600
+
+    async def html(request: Request) -> Response:
+        return StreamingResponse(chunks(), headers={"content-type": "text/html"})
+
+    guard, app = rules_only(RELEASED_POLICY, [Route("/out/x", html)])
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 502 and b"swordfish" not in response.content
+    await guard.aclose()
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize(("media", "page"), [
     ("text/html", b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is swordfish</body></html>'),
     ("application/xml", b'<?xml version="1.0" encoding="ISO-2022-JP"?><r>the SE\x1b(BCRET is swordfish</r>'),

@@ -126,6 +126,23 @@ def test_compile_condition_checks_names() -> None:
     assert names == {"state"}  # CEL's type names are not names to check
 
 
+@pytest.mark.parametrize("key", ["string", "list", "state", "in"])
+def test_a_question_key_that_rules_could_not_tell_apart_is_refused(key: str) -> None:
+    """A question keyed ``string`` would be what ``type(state.role) != string`` compares with."""
+    text = f"""
+policies:
+  - id: p
+    version: 1
+    match: {{http: {{paths: ["/x"]}}}}
+    questions:
+      {key}: {{type: noul, instructions: "Is it spam?"}}
+    rules:
+      - {{id: r, when: "true", action: block}}
+"""
+    with pytest.raises(PolicyLoadError, match=f"question key '{key}' must be a name rules can use"):
+        load_text(text, "p.yaml")
+
+
 def test_a_rule_can_check_the_json_type_a_client_chose() -> None:
     """``==`` across types is false, not an error (CEL's heterogeneous equality): a rule that must fire on
     ``"admin"`` fires on any other type too when it says so."""
