@@ -12,7 +12,8 @@
 * The digest also covers everything the matching policy read besides method, path, query and body
   (:attr:`guard.policy.Policy.http_reads`): the values of the headers its state and rules read (every header but
   :data:`UNBOUND_HEADERS` when a rule reads ``subject.headers`` other than by a literal name), the client address
-  when it is read, and the tenant. A request approved with ``x-customer-tier: premium`` and resent with ``free``
+  when it is read, and the tenant; ``Content-Type`` and ``Content-Encoding`` always (:data:`BODY_HEADERS`: they
+  say how the body is read). A request approved with ``x-customer-tier: premium`` and resent with ``free``
   is a 409, never released.
 * One client may hold at most ``max_pending_per_client`` pending items (the store's cap): past it, 429
   ``review_quota_exceeded`` for that client only, with ``Retry-After``.
@@ -80,6 +81,10 @@ UNBOUND_HEADERS = SENSITIVE_HEADERS | {
 }
 """Headers a release digest never takes from "every header": framing, and the credentials and review headers
 that are bound on their own."""
+BODY_HEADERS = ("content-type", "content-encoding")
+"""Headers every release digest binds, whatever the policy names: they say how the body's bytes are read (JSON,
+a form, multipart; compressed or not), so the same bytes resent as another type would reach the application as
+fields nobody reviewed."""
 
 
 class ReviewHost(Protocol):
@@ -114,9 +119,11 @@ def binding(reads: HttpReads) -> dict[str, Any]:
 
 def _read_values(headers: Sequence[tuple[bytes, bytes]], bound: dict[str, Any], client: str | None,
                  tenant: str | None) -> list[bytes]:
-    """The values the policy read: each bound header (all its values, in order; absent is not empty), or every
-    header but :data:`UNBOUND_HEADERS`; the client when bound; the tenant."""
+    """The values the policy read: each bound header and :data:`BODY_HEADERS` (all its values, in order; absent is
+    not empty), or every header but :data:`UNBOUND_HEADERS`; the client when bound; the tenant."""
     names: list[str] | None = bound.get("headers")
+    if names is not None:
+        names = [*names, *(name for name in BODY_HEADERS if name not in names)]
     if names is None:
         values = sorted(b"%s:%s" % (k.lower(), v) for k, v in headers if k.lower() not in UNBOUND_HEADERS)
     else:

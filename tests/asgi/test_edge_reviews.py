@@ -107,7 +107,8 @@ async def test_the_review_api_is_rate_limited_per_token(make_guard: GuardFactory
 
 async def test_an_approval_is_bound_to_the_headers_the_policy_read() -> None:
     """Approved with ``x-customer-tier: premium`` (a state field) and ``x-plan: team`` (read by a rule): resent with
-    either changed, it is a 409 and the app never sees it; resent as approved, it runs once."""
+    either changed, or with another Content-Type or Content-Encoding (which no policy names but every body is read
+    by), it is a 409 and the app never sees it; resent as approved, it runs once."""
     guard = Guard(PolicySet(load_text(TIER_POLICY)), backends=ScriptedBackend(scripted_answers))
     store = MemoryReviewStore()
     app = Starlette(routes=echo_routes(), middleware=[Middleware(GuardMiddleware, guard=guard, review_store=store)])
@@ -124,13 +125,18 @@ async def test_an_approval_is_bound_to_the_headers_the_policy_read() -> None:
                 plan = await client.post("/v1/echo", content=UNSURE, headers={**resend, "x-plan": "enterprise"})
                 dropped = await client.post("/v1/echo", content=UNSURE,
                                             headers={k: v for k, v in resend.items() if k != "x-plan"})
+                # the same bytes read another way: a form's fields, or a coding's output, nobody reviewed
+                as_form = await client.post("/v1/echo", content=UNSURE, headers={
+                    **resend, "content-type": "application/x-www-form-urlencoded"})
+                coded = await client.post("/v1/echo", content=UNSURE, headers={**resend, "content-encoding": "identity"})
                 unread = await client.post("/v1/echo", content=UNSURE, headers={**resend, "x-other": "1"})
                 again = await client.post("/v1/echo", content=UNSURE, headers=resend)
     finally:
         await guard.aclose()
     assert held["code"] == "pending_review"
     assert tier.status_code == plan.status_code == dropped.status_code == 409
-    assert "digest mismatch" in tier.json()["message"]
+    assert as_form.status_code == coded.status_code == 409
+    assert "digest mismatch" in tier.json()["message"] and "digest mismatch" in as_form.json()["message"]
     assert unread.status_code == 200 and unread.headers["x-guard-review"] == "released"  # a header no one read
     assert again.status_code == 409  # single use
 
