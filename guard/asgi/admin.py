@@ -34,7 +34,7 @@ from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope
 from guard.asgi.health import HealthEndpoint
-from guard.asgi.review_api import Reviewer, review_app
+from guard.asgi.review_api import Reviewer, json_errors, review_app
 from guard.asgi.review_store import ReviewStore
 from guard.engine import Guard
 from guard.errors import BodyError
@@ -144,7 +144,7 @@ def admin_app(
         if review_store is None:
             raise ValueError("the reviewers' API needs the review_store the middleware writes to")
         api = review_app(review_store, reviewers=reviewers, insecure_loopback=insecure_loopback, **review_options)
-        reviews = Starlette(routes=[Mount(admin_path, app=api)])
+        reviews = json_errors(Starlette(routes=[Mount(admin_path, app=api)]))
     if health is None:
         health = HealthEndpoint(guard, review_store=review_store, admin_tokens=reviewer_tokens(reviewers))
     return AdminApp(health, metrics if metrics is not None else HttpMetrics(), reviews,

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -323,5 +324,26 @@ def review_app(
     rate_limit: tuple[float, int] = DEFAULT_RATE_LIMIT,
 ) -> Starlette:
     """A small Starlette app serving :func:`review_routes` (same arguments and errors), ready to ``Mount``."""
-    return Starlette(routes=review_routes(store, reviewers=reviewers, insecure_loopback=insecure_loopback,
-                                          rate_limit=rate_limit))
+    return json_errors(Starlette(routes=review_routes(store, reviewers=reviewers, insecure_loopback=insecure_loopback,
+                                                     rate_limit=rate_limit)))
+
+
+def json_errors(app: Starlette) -> Starlette:
+    """``app`` answering its router's own refusals (no route: 404, a route without the method: 405) with the
+    reviewers' JSON error body, and a path with an extra trailing slash with a 404 rather than a redirect built from
+    the client's ``Host``. Returns ``app``."""
+    app.router.redirect_slashes = False
+    app.add_exception_handler(HTTPException, _router_error)
+    return app
+
+
+async def _router_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        response = _error(405, "method_not_allowed", f"{request.method} is not allowed here", "method")
+    elif exc.status_code == 404:
+        response = _error(404, "not_found", "no reviewers' endpoint at this path", "path")
+    else:
+        response = _error(exc.status_code, "http_error", exc.detail)
+    response.headers.update(exc.headers or {})
+    return response

@@ -16,6 +16,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from guard.asgi import GuardMiddleware, review_app
+from guard.asgi.admin import admin_app
 from guard.asgi.review_api import Reviewer, parse_reviewer_tokens
 from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
 from guard.engine import Guard
@@ -162,3 +163,20 @@ def test_a_redis_review_store_requires_a_store_key(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ValueError, match="GUARD_STORE_KEY"):
         RedisReviewStore.from_url("redis://127.0.0.1:1")
     RedisReviewStore.from_url("redis://127.0.0.1:1", store_key="a-store-key-0123456789")
+
+
+async def test_the_router_refuses_in_json_and_never_redirects(make_guard: GuardFactory) -> None:
+    """An unknown path, a method a route does not take and a trailing slash get the reviewers' JSON error body; a
+    trailing slash is not redirected to a URL built from the client's Host."""
+    bob = {"authorization": f"Bearer {REVIEWERS['bob']}", "host": "evil.example"}
+    store = MemoryReviewStore()
+    admin = admin_app(make_guard(), review_store=store, reviewers=REVIEWERS)
+    mounted = _app(make_guard(), store, reviewers=REVIEWERS)
+    for app, base in ((admin, "/_guard/admin/reviews"), (mounted, "/admin/reviews")):
+        async with client_for(app) as client:
+            slash = await client.post(f"{base}/rv_x/approve/", headers=bob)
+            method = await client.put(f"{base}/rv_x/approve", headers=bob)
+            unknown = await client.post(f"{base}/rv_x/approve.", headers=bob)
+        assert slash.status_code == unknown.status_code == 404 and "location" not in slash.headers
+        assert slash.json()["code"] == unknown.json()["code"] == "not_found" and slash.json()["field"] == "path"
+        assert method.status_code == 405 and method.json()["field"] == "method" and method.headers["allow"] == "POST"
