@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
+from guard.systemone import ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
 
-__all__ = ["DecisionBackend", "require_request"]
+__all__ = ["DecisionBackend", "require_request", "with_confidence"]
 
 
 def require_request(request: Any, backend: str) -> SystemOneRequestV1:
@@ -33,7 +33,8 @@ class DecisionBackend(Protocol):
 
     Attributes:
         name: short name for logs, spans and verdicts (``"clef-local"``, ``"http:worker"``, ``"compact"``).
-        model_revision: identifies the weights that answer (checkpoint hash or remote model id); part of the cache key.
+        model_revision: identifies the weights that answer (checkpoint hash or remote model id) and anything else
+            an answer depends on (:func:`with_confidence`); part of the cache key.
     """
 
     name: str
@@ -56,3 +57,9 @@ class DecisionBackend(Protocol):
     async def aclose(self) -> None:
         """Release threads, connections and models. Idempotent."""
         ...
+
+
+def with_confidence(revision: str, profile: ConfidenceProfile) -> str:
+    """``revision`` with ``+confidence=<profile>`` appended unless ``profile`` is ``reference``: the answers'
+    ``confidence`` follows the profile (spec §4.1), so two profiles must not share cached answers."""
+    return revision if profile == "reference" else f"{revision}+confidence={profile}"

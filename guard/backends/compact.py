@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from guard.backends.base import require_request
+from guard.backends.base import require_request, with_confidence
 from guard.compact.catalog import catalog_ids
 from guard.errors import BackendTimeout, UnsupportedQuestion
 from guard.systemone import ConfidenceProfile, QuestionV1, SystemOneRequestV1, SystemOneResponseV1
@@ -155,7 +155,9 @@ class CompactBackend:
     # ---------------------------------------------------------------------------------------------------- support
     @property
     def model_revision(self) -> str:
-        return self._revision
+        """The weights' revision, then ``+confidence=<profile>`` when the confidence profile is not ``reference``
+        (part of the cache key: replicas answering with different profiles never read each other's answers)."""
+        return with_confidence(self._revision, self.confidence_profile)
 
     def question_ids(self) -> list[str]:
         """Every question id some loaded model answers (catalog ids and router ids)."""

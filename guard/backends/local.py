@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Self
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
-from guard.backends.base import require_request
+from guard.backends.base import require_request, with_confidence
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.backends.selftest import Canary, clef_canaries, run_self_test
 from guard.errors import (
@@ -167,8 +167,9 @@ class LocalBackend:
 
     @property
     def model_revision(self) -> str:
-        """``<model_id>@<checkpoint hash>``: identifies the weights (part of the cache key)."""
-        return f"{self.model.model_id}@{self.model.revision}"
+        """``<model_id>@<checkpoint hash>``, then ``+confidence=<profile>`` when the confidence profile is not
+        ``reference``: identifies the weights and how answers are reported (part of the cache key)."""
+        return with_confidence(f"{self.model.model_id}@{self.model.revision}", self.confidence_profile)
 
     # ---------------------------------------------------------------------------------------------------- lifecycle
 

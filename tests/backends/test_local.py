@@ -156,6 +156,7 @@ async def test_confidence_profile_and_validation(clef_fp32: ClefModel) -> None:
         answer = (await backend.decide(body)).answers["seating"]
     probabilities = list(answer.probabilities.values())
     assert answer.confidence == pytest.approx(confidence(probabilities, "choice", "workers-ai"))
+    assert backend.model_revision == f"checkpoint@{clef_fp32.revision}+confidence=workers-ai"  # part of cache keys
     with pytest.raises(ValueError, match="confidence_profile must be one of"):
         LocalBackend(clef_fp32, confidence_profile="max")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_length must be"):

@@ -647,3 +647,33 @@ async def test_an_answer_from_another_revision_than_the_key_names_is_not_stored(
     guard = Guard(policies(), backends=steady)
     await guard.aevaluate(subject())
     assert (await guard.aevaluate(subject())).cache_hit and steady.calls == 1  # one revision: stored as before
+
+
+@pytest.mark.anyio
+async def test_replicas_reporting_confidence_differently_never_share_answers(redis_url: str, create_redis: Any) -> None:
+    """Two replicas on one Redis whose compact backends differ only in the confidence profile: each decides on
+    its own profile's confidence, whichever answered first (the profile is in the backend's model revision)."""
+    from guard.backends.compact import CompactBackend
+    from guard.systemone import confidence
+
+    policy = load_text("""
+policies:
+  - id: sev
+    version: 1
+    match: {http: {methods: [POST]}}
+    state: {request: "body:/request", response: "body:/response"}
+    questions: {severity: {catalog: guard.harm_severity}}
+    rules: [{id: unsure, when: severity.confidence < 0.5, action: escalate}]
+    cache: {ttl: 60}
+""")
+    body = {"request": "How do I bake bread?", "response": "Mix flour, water, yeast and salt; knead, proof, bake."}
+    seen = {}
+    for profile in ("reference", "jev"):
+        guard = Guard(policy, backends=CompactBackend(confidence_profile=profile),
+                      cache=redis_cache(redis_url, create_redis.prefix, local_ttl=0))
+        verdict = await guard.aevaluate(HttpSubject(method="POST", path="/x", body=body))
+        answer = verdict.answers["severity"]
+        seen[profile] = verdict.cache_hit
+        assert answer.confidence == pytest.approx(confidence(list(answer.probabilities.values()), "score", profile))
+        await guard.aclose()
+    assert seen == {"reference": False, "jev": False}
