@@ -252,6 +252,10 @@ class ProbabilityCache:
             self._stats.hits += 1
         return entry[1]
 
+    def _local_until(self, ttl: float) -> float:
+        """When a copy held in process now stops answering: ``local_ttl`` from now, at most ``ttl``."""
+        return time.monotonic() + min(self.config.local_ttl, ttl)
+
     def _keep(self, key: str, answers: CachedAnswers, until: float, raw: bytes = b"") -> None:
         """Hold ``answers`` in process until ``until`` (monotonic seconds), dropping the least recently used past
         ``max_entries``."""
@@ -291,33 +295,43 @@ class ProbabilityCache:
         flight = loop.create_future()
         flights[key] = flight
         flight.add_done_callback(functools.partial(_end_flight, flights, key))
+        reachable = True
         try:
             if ttl > 0:  # the hit path reads inline: no task and no extra event-loop hops
                 answers = await self._read(key, request, ttl)
-                if answers is not None:
+                if isinstance(answers, CachedAnswers):
                     flight.set_result((answers, "hit"))
                     return answers, "hit"
+                reachable = answers is not _FAILED
         except BaseException:  # cancelled while reading: the flight goes on for the callers that joined it
-            self._launch(flight, key, request, compute, ttl, wait)
+            self._launch(flight, key, request, compute, ttl, wait, reachable)
             raise
-        self._launch(flight, key, request, compute, ttl, wait)
+        self._launch(flight, key, request, compute, ttl, wait, reachable)
         return await asyncio.shield(flight)
 
     def _launch(
         self, flight: asyncio.Future[Any], key: str, request: SystemOneRequestV1, compute: Compute, ttl: float,
-        wait: float,
+        wait: float, reachable: bool,
     ) -> None:
         """Run the miss path in its own task, so a caller that times out does not cancel it for the others."""
-        task = asyncio.get_running_loop().create_task(self._lead(key, request, compute, ttl, wait))
+        task = asyncio.get_running_loop().create_task(self._lead(key, request, compute, ttl, wait, reachable))
         task.add_done_callback(functools.partial(_settle, flight))
 
     async def _lead(
-        self, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float
+        self, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float, reachable: bool
     ) -> tuple[CachedAnswers, Lookup]:
+        """The miss path. ``reachable`` is false when the store did not answer this request's read: then no lock is
+        taken and nothing written to it (each would spend another operation timeout of the decision's budget
+        before the model is called); the answers are held in process only."""
         if ttl <= 0:
             response, _, _, _ = await _run(compute, request, wait)
             return CachedAnswers(response), "miss"
         self._stats.misses += 1
+        if not reachable:
+            response, _, decoded, keep = await _run(compute, request, wait)
+            if keep:
+                self._keep(key, CachedAnswers(decoded), self._local_until(ttl))
+            return CachedAnswers(response), "miss"
         token = await self._acquire(key, wait)
         if token is None:  # another replica leads: wait for its answers or its failure
             followed = await self._follow(key, request, wait, ttl)
@@ -327,7 +341,7 @@ class ProbabilityCache:
             token = await self._acquire(key, wait)
         if token:  # double-checked: a replica may have stored the answers between our read and our lock
             stored = await self._read(key, request, ttl, count=False)
-            if stored is not None:
+            if isinstance(stored, CachedAnswers):
                 await self._release(key, token)
                 self._stats.shared += 1
                 return stored, "shared"
@@ -345,16 +359,17 @@ class ProbabilityCache:
 
     async def _read(
         self, key: str, request: SystemOneRequestV1, ttl: float, *, count: bool = True
-    ) -> CachedAnswers | None:
-        """The stored answers, or ``None`` (absent, unreadable or of the wrong shape: counted, later overwritten)."""
+    ) -> CachedAnswers | _Failed | None:
+        """The stored answers, ``None`` (absent, unreadable or of the wrong shape: counted, later overwritten), or
+        ``_FAILED`` when the store did not answer."""
         try:
             answers = await self._load(key, request, ttl)
         except MalformedAnswer as exc:
             if count:
                 self._count_bad(key, exc)
             return None
-        if answers is None:
-            return None
+        if not isinstance(answers, CachedAnswers):
+            return answers
         if count:
             self._stats.hits += 1
         return answers
@@ -375,8 +390,9 @@ class ProbabilityCache:
 
     # Storage hooks --------------------------------------------------------------------------------------------------
 
-    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
-        """The checked answers stored under ``key``, or ``None`` (``ttl``: the policy's, which bounds a local copy).
+    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | _Failed | None:
+        """The checked answers stored under ``key``, ``None`` when absent, or ``_FAILED`` when the store did not
+        answer (``ttl``: the policy's, which bounds a local copy).
 
         Raises:
             MalformedAnswer: the stored value does not have the shape ``encode_checked`` writes for ``request``.
@@ -410,7 +426,7 @@ class MemoryCache(ProbabilityCache):
 
     kind = "memory"
 
-    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
+    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | _Failed | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -521,19 +537,16 @@ return 0
         self._keep(key, answers, self._local_until(ttl), raw)
         return answers
 
-    def _local_until(self, ttl: float) -> float:
-        return time.monotonic() + min(self.config.local_ttl, ttl)
-
-    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
+    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | _Failed | None:
         name = self._key("a", key)
         if self.config.local_ttl <= 0:  # no copy is served from process: the value alone
             raw, left = await self._op(lambda r: r.get(name)), ttl
         else:  # and what it has left in Redis, which bounds the copy (another replica may have written it long ago)
             got = await self._op(functools.partial(_get_with_pttl, name=name))
-            raw, left_ms = (None, -2) if got is _FAILED else got
+            raw, left_ms = (_FAILED, -2) if got is _FAILED else got
             left = min(ttl, left_ms / 1000) if isinstance(left_ms, int) and left_ms >= 0 else ttl
         if raw is None or raw is _FAILED:
-            return None
+            return raw
         return self._decode(key, raw, request, left)
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
