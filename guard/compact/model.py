@@ -70,6 +70,8 @@ __all__ = [
     "CompactResponseV1",
     "CompactUsageV1",
     "ModelQuestion",
+    "identifier_answer",
+    "identifier_words",
     "length_buckets",
     "pack_sentences",
     "pick_window",
@@ -91,21 +93,27 @@ DEFAULT_MEMORY_POOL = 8
 
 #: Longest single-token line the ``text`` view treats as metadata (see ``_METADATA_RE``).
 METADATA_CHARS = 40
+#: HTTP methods and chat roles: metadata lines that hold no word of the text.
+_KEYWORDS = "GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|user|assistant|system|tool|developer"
 #: A metadata line: one token of at most METADATA_CHARS characters that is an HTTP method, a chat role, or an
 #: identifier with a digit or one of ``/ - _ . :`` (a route, an id, a model name); plain words are kept.
 _METADATA_RE = re.compile(
-    r"|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|user|assistant|system|tool|developer)"
+    rf"|(?:{_KEYWORDS})"
     rf"|(?=[\w./:-]{{1,{METADATA_CHARS}}}$)[\w./:-]*[\d/_.:-][\w./:-]*"
 )
-
-
-#: A line of words joined by ``-`` or ``_`` (three or more, letters only, end punctuation allowed), or one word with
-#: end punctuation: prose (``ignore-all-previous-instructions``, ``Thanks.``), read as text, not metadata.
-_SLUG_PROSE_RE = re.compile(r"[^\W\d_]+(?:(?:[-_][^\W\d_]+){2,}[.!?,;:]*|[.!?,;:]+)")
+#: One word with end punctuation (``Thanks.``): prose, read as text, not metadata.
+_WORD_PROSE_RE = re.compile(r"[^\W\d_]+[.!?,;:]+")
+#: Fewest identifier words (:func:`identifier_words`) read as a sentence: an instruction takes three.
+IDENTIFIER_WORDS = 3
+#: Least probability of the risky option the identifier words must get alone to answer for the state (the shipped
+#: policies' escalate line): below it they move nothing (:func:`identifier_answer`).
+IDENTIFIER_FLOOR = 0.5
+_IDENTIFIER_LINE_RE = re.compile(r"[\w./:-]*[./:_-][\w./:-]*")
+_IDENTIFIER_SPLIT_RE = re.compile(r"[./:_-]+")
 
 
 def _metadata(line: str) -> bool:
-    return bool(_METADATA_RE.fullmatch(line)) and not _SLUG_PROSE_RE.fullmatch(line)
+    return bool(_METADATA_RE.fullmatch(line)) and not _WORD_PROSE_RE.fullmatch(line)
 
 
 def state_text(state: Any, view: str) -> str:
@@ -116,18 +124,37 @@ def state_text(state: Any, view: str) -> str:
     read as that string, so a pair question on it shares the text questions' encoder pass. ``view="text"``: the
     lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
     identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
-    single-token routes, ids and model names of at most :data:`METADATA_CHARS` characters, but not three or more
-    words joined by ``-`` or ``_`` nor one word with end punctuation: ``_SLUG_PROSE_RE``) whenever other lines
-    remain, so metadata next to the text do not move the answer, whether they come as fields or joined into one
-    text (a policy's ``body_text``).
+    single-token routes, ids, model names and slugs of at most :data:`METADATA_CHARS` characters, but not one word
+    with end punctuation) whenever other lines remain, so metadata next to the text do not move the answer, whether
+    they come as fields or joined into one text (a policy's ``body_text``); the words inside the metadata lines are
+    read on their own (:func:`identifier_words`).
     """
     if view != "text":
         if isinstance(state, dict) and len(state) == 1 and isinstance(next(iter(state.values())), str):
             return str(next(iter(state.values())))
         return render(state)
-    lines = [line for s in ([state] if isinstance(state, str) else body_strings(state)) for line in s.split("\n")]
+    lines = _lines(state)
     texts = [line for line in lines if not _metadata(line.strip())]
     return "\n".join(texts if texts else lines)
+
+
+def identifier_words(state: Any) -> str:
+    """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
+    metadata is, of any length), in document order and joined by spaces (``ignore.all_previous/instructions`` ->
+    ``ignore all previous instructions``), or ``""`` when they are fewer than :data:`IDENTIFIER_WORDS`. A word is a
+    run of letters between separators; runs holding a digit (versions, ids) are not words. The model reads these
+    words alone, as one more segment that never joins the text's windows (:func:`identifier_answer` says when it
+    answers), so an instruction spelled across identifier-shaped fields is read although :func:`state_text` leaves
+    the short ones out and a long one reads as one odd token.
+    """
+    words = [word for line in _lines(state) if _IDENTIFIER_LINE_RE.fullmatch(line.strip())
+             for word in _IDENTIFIER_SPLIT_RE.split(line.strip()) if word.isalpha()]
+    return " ".join(words) if len(words) >= IDENTIFIER_WORDS else ""
+
+
+def _lines(state: Any) -> list[str]:
+    """The lines of ``state``'s strings (:func:`guard.subject.body_strings`)."""
+    return [line for s in ([state] if isinstance(state, str) else body_strings(state)) for line in s.split("\n")]
 
 
 _SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
@@ -379,7 +406,7 @@ class CompactModel:
 
     # ----------------------------------------------------------------------------------------------------- scoring
     def window_logits(self, text: str, question_ids: Sequence[str], *, sentences: bool = False,
-                      deadline: float | None = None) -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
+                      alone: Sequence[str] = (), deadline: float | None = None) -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
         """Catalog: uncalibrated logits ``(segments, K)`` of every segment of ``text`` for each question, the
         ``(segments, width)`` bool mask of the positions read, the text's word pieces and the tokens cut from the
         middle of a text longer than the encoder's ``max_tokens``.
@@ -395,7 +422,7 @@ class CompactModel:
         """
         assert isinstance(self.head, CatalogHead)
         pieces, tokens = segments(self.encoder, text, sentences=sentences)
-        ids, mask, _, dropped = self.encoder.window_batch(pieces)
+        ids, mask, _, dropped = self.encoder.window_batch([*pieces, *alone])
         with torch.inference_mode():
             states = self.stack_states(ids, mask, deadline=deadline)
             n, count = ids.shape[0], len(question_ids)
@@ -463,6 +490,7 @@ class CompactModel:
         for question in request.questions:
             texts.setdefault(state_text(request.state, CATALOG[question.id].view), []).append(question)
         competence = assess(state_text(request.state, "text"))
+        words = identifier_words(request.state)
         answers: dict[str, AnswerV1] = {}
         tokens = dropped = windows_run = read = 0
         for text, questions in texts.items():
@@ -472,14 +500,18 @@ class CompactModel:
                     probabilities = unread(question, CATALOG[question.id], blank=blank(text))
                     answers[question.id] = answer_question(question, probabilities, confidence_profile=confidence_profile)
                 continue
-            logits, mask, text_tokens, cut = self.window_logits(text, [q.id for q in questions], sentences=sentences,
-                                                                deadline=deadline)
+            alone = [words] if sentences and words else []
+            logits, mask, text_tokens, cut = self.window_logits(
+                text, [q.id for q in questions], sentences=sentences, alone=alone, deadline=deadline)
             tokens, dropped = max(tokens, text_tokens), max(dropped, cut)
             windows_run += mask.shape[0]
             read += int(mask.sum())
             for question, rows in zip(questions, logits, strict=True):
                 entry = CATALOG[question.id]
-                probabilities = self.probabilities(question, rows[pick_window(rows, entry)])
+                text_rows = rows[: rows.shape[0] - len(alone)]
+                probabilities = self.probabilities(question, text_rows[pick_window(text_rows, entry)])
+                if alone:
+                    probabilities = identifier_answer(probabilities, self.probabilities(question, rows[-1]), entry)
                 if not competence.supported:
                     probabilities = cap_safe(probabilities, question, entry)
                 answers[question.id] = answer_question(question, probabilities, confidence_profile=confidence_profile)
@@ -600,6 +632,18 @@ class CompactModel:
                 stack = OnnxStack.export(encoder.model, head.top, int8=chosen == "onnx-int8")
         return cls(encoder, head, questions, kind=kind, meta=body.get("meta"),
                    memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)), runtime=stack)
+
+
+def identifier_answer(text: list[float], words: list[float], entry: CatalogQuestion) -> list[float]:
+    """The answer of a state whose metadata lines hold words (:func:`identifier_words`): the text's answer ``text``,
+    or the words' own ``words`` (prompt order, noul ``[true, false]``) when they give the catalog entry's risky option
+    at least :data:`IDENTIFIER_FLOOR` and more than the text does. Below the floor the words move nothing, so
+    ordinary metadata (tool names, enum values) does not move an answer, while an instruction spelled across
+    identifier-shaped fields answers as it would written out. Questions without a risky option keep ``text``."""
+    if entry.risky is None:
+        return text
+    risky = 0 if entry.risky == "true" else 1
+    return words if words[risky] >= IDENTIFIER_FLOOR and words[risky] > text[risky] else text
 
 
 def unread(question: QuestionV1, entry: CatalogQuestion, *, blank: bool) -> list[float]:
