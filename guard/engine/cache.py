@@ -17,12 +17,16 @@ interface and one single-flight core:
 
 In one process, concurrent misses on one key share one task (one backend call); callers that time out leave the
 task running for the others.
+
+A Redis cache also carries each backend's recovery epoch (:meth:`~ProbabilityCache.shared_epoch`, sealed like the
+values), so a model one replica saw fail its canary and pass again moves every replica's keys on, not only its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import logging
 import threading
@@ -416,6 +420,18 @@ class ProbabilityCache:
     async def _publish_failure(self, key: str, exc: BackendError) -> None:
         return None
 
+    # Recovery epochs ------------------------------------------------------------------------------------------------
+
+    async def shared_epoch(self, scope: str) -> int | None:
+        """The recovery epoch other processes sharing this cache published for ``scope`` (a backend's name and
+        model revision, :meth:`guard.engine.health.HealthMonitor.check_backend`), or ``None``: no shared store,
+        nothing published, the store did not answer, or the value fails its seal."""
+        return None
+
+    async def publish_epoch(self, scope: str, epoch: int) -> None:
+        """Publish ``epoch`` for ``scope`` to the processes sharing this cache (nothing for an in-process cache)."""
+        return
+
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
         return
@@ -606,6 +622,23 @@ return 0
         blob = self._sealed_until("f", key, marker, FAILURE_MARKER_MS)
         await self._op(lambda r: r.set(self._key("f", key), blob, px=FAILURE_MARKER_MS))
 
+    async def shared_epoch(self, scope: str) -> int | None:
+        key = _scope_key(scope)
+        raw = await self._op(lambda r: r.get(self._key("e", key)))
+        if raw is None or raw is _FAILED:
+            return None
+        data = self._opened("e", key, raw)
+        if data is None or not data.isdigit():
+            self._stats.forged += 1
+            logger.warning("recovery epoch of %r fails its integrity check (forged or edited in the store); "
+                           "ignoring it", scope.partition("\n")[0])
+            return None
+        return int(data)
+
+    async def publish_epoch(self, scope: str, epoch: int) -> None:
+        key = _scope_key(scope)  # no expiry: the epoch must outlive every answer cached under the epochs before it
+        await self._op(lambda r: r.set(self._key("e", key), self._sealed("e", key, b"%d" % epoch)))
+
     def _sealed(self, kind: str, key: str, data: bytes) -> bytes:
         """``data`` as stored under the ``kind`` key of ``key``: its seal (hex), a newline, the data."""
         return self._sealer.seal(self._key(kind, key), data).encode() + b"\n" + data
@@ -651,6 +684,11 @@ return 0
         client = self._clients.pop(loop, None)
         if client is not None:
             await client.aclose()
+
+
+def _scope_key(scope: str) -> str:
+    """The key part of a recovery epoch's ``scope`` (SHA-256 hex: a backend name and revision hold any text)."""
+    return hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 async def _get_with_pttl(client: aioredis.Redis, *, name: str) -> list[Any]:

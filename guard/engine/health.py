@@ -197,7 +197,22 @@ class HealthMonitor:
         canaries = canaries_for(backend, [q.wire.id for p in served for q in p.questions])
         model = served[0].model if served else "canary"  # a System One server answers the models it serves
         self.results[name] = await self._run(name, backend, canaries, model)
+        await self._share_epoch(name, backend)
         return self.results[name]
+
+    async def _share_epoch(self, name: str, backend: DecisionBackend) -> None:
+        """Agree on backend ``name``'s recovery epoch with the processes sharing the guard's cache: a higher one
+        published by another replica (its canary saw this model fail and pass again) is taken, so answers cached
+        before that recovery are not read here either, nor by a replica started later; a higher one of this
+        process (it recovered) is published. An in-process cache shares nothing."""
+        scope = f"{name}\n{backend.model_revision}"
+        local = self.guard.canary_epochs.get(name, 0)
+        shared = await self.guard.cache.shared_epoch(scope)
+        if shared is not None and shared > local:
+            logger.info("backend %r recovered in another replica; answers cached before are not read", name)
+            self.guard.canary_epochs[name] = shared
+        elif local > (shared or 0):
+            await self.guard.cache.publish_epoch(scope, local)
 
     def covers(self, name: str) -> bool:
         """Whether backend ``name`` has canaries (a run found some), so they, not live calls, say it is failing."""

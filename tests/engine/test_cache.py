@@ -681,3 +681,23 @@ policies:
         assert answer.confidence == pytest.approx(confidence(list(answer.probabilities.values()), "score", profile))
         await guard.aclose()
     assert seen == {"reference": False, "jev": False}
+
+
+@pytest.mark.anyio
+async def test_a_recovery_epoch_is_shared_sealed(redis_url: str, create_redis: Any) -> None:
+    """Published by one cache, read by another with the same store key; a value written without it, or edited, is
+    not an epoch (counted as forged); an in-process cache shares none."""
+    one, two = (redis_cache(redis_url, create_redis.prefix) for _ in range(2))
+    assert await two.shared_epoch("default\nr1") is None
+    await one.publish_epoch("default\nr1", 3)
+    assert await two.shared_epoch("default\nr1") == 3 and await two.shared_epoch("default\nr2") is None
+    (key,) = [k async for k in create_redis().scan_iter(match=f"{create_redis.prefix}e:*")]
+    for planted in (b"9", (await create_redis().get(key)).replace(b"\n3", b"\n9")):
+        await create_redis().set(key, planted)
+        assert await two.shared_epoch("default\nr1") is None
+    assert two.health().forged == 2
+    memory = MemoryCache()
+    await memory.publish_epoch("default\nr1", 3)
+    assert await memory.shared_epoch("default\nr1") is None
+    await one.aclose()
+    await two.aclose()
