@@ -133,8 +133,8 @@ LOGGED_HEADERS = frozenset({
 LOG_INPUT_MODES = ("none", "redacted", "full")
 """``none``: no ``input`` and no ``state``; ``redacted`` (default): fields named like secrets (:data:`SECRET_NAME`)
 and request headers not in :data:`LOGGED_HEADERS` removed, and their values wherever they are repeated in
-``input`` or ``state`` text; ``full``: only the ``redact``
-pointers."""
+``input`` or ``state`` text; ``full``: only the ``redact`` pointers, and their values wherever ``input`` or ``state``
+text repeats them (a state read from the ``authorization`` header)."""
 
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
 
@@ -605,13 +605,19 @@ def _redact_input(record: dict[str, Any], erased: list[str],
         flags[RAW_ARGUMENTS_FLAG] = _erase_raw_secrets(raw, values)
         if len(values) > found:
             erased.append(f"/flags/{RAW_ARGUMENTS_FLAG}")
-    values += _credentials(values)
-    values = sorted({v for v in values if len(v) >= 4 or (len(v) == 3 and v.isdigit())},
+    _scrub_record(record, values)
+
+
+def _scrub_record(record: dict[str, Any], values: list[str]) -> None:
+    """``values`` (and the bare keys inside ``Authorization``-style ones) replaced by ``[redacted]`` in the record's
+    ``input``, ``state`` and raw argument text; values under 4 characters only when they are 3 digits."""
+    values = sorted({v for v in [*values, *_credentials(values)] if len(v) >= 4 or (len(v) == 3 and v.isdigit())},
                     key=len, reverse=True)  # shorter ones would hit words
     if values:
         record["input"] = _scrub(record.get("input"), values)
         record["state"] = _scrub(record.get("state"), values)
-        if isinstance(raw, str):
+        flags = record.get("flags")
+        if isinstance(flags, dict) and isinstance(flags.get(RAW_ARGUMENTS_FLAG), str):
             flags[RAW_ARGUMENTS_FLAG] = _scrub(flags[RAW_ARGUMENTS_FLAG], values)
 
 
@@ -649,7 +655,8 @@ class DecisionLog:
         sink: a path (appended to), a text stream, or a callable taking one line (without the newline).
         redact: JSON pointers into the record to remove, e.g. ``/input/body/password``, ``/state/*/email``;
             :data:`DEFAULT_REDACT` by default. Removed pointers are listed in the record's ``erased``.
-        include_input: write the subject (original, un-normalised text) as ``input``.
+        include_input: write the subject (original, un-normalised text) as ``input``; without it the subject's
+            secret values are still scrubbed from ``state`` as ``log_input`` says.
         log_input: ``"redacted"`` (default), ``"none"`` or ``"full"`` (:data:`LOG_INPUT_MODES`).
         labels: static labels (e.g. service, region) copied into every record.
         logged_headers: with ``log_input="redacted"``, the request headers whose values ``input`` keeps
@@ -708,7 +715,8 @@ class DecisionLog:
             "timestamp": _utc_now(),
             "labels": dict(self.labels),
             "policy": {"id": verdict.policy_id, "version": verdict.policy_version, "file": policy_file},
-            "input": _input_json(subject, verdict) if self.include_input and subject is not None else None,
+            # built even when it is not written: its secret values are scrubbed from the state
+            "input": _input_json(subject, verdict) if subject is not None and self.log_input != "none" else None,
             "state": _json_safe(verdict.state),
             "result": {
                 "action": verdict.action,
@@ -746,10 +754,15 @@ class DecisionLog:
             _erase(record, tokens, "", erased, removed)
         if self.log_input == "redacted":
             _redact_input(record, erased, self.logged_headers, removed)
-        elif self.log_input == "none":
+        elif self.log_input == "full":
+            _scrub_record(record, removed)  # what the pointers removed (the credential headers) repeated elsewhere
+        else:
             record["input"] = record["state"] = None
             if isinstance(record["flags"], dict) and RAW_ARGUMENTS_FLAG in record["flags"]:
                 record["flags"][RAW_ARGUMENTS_FLAG] = None
+        if not self.include_input:
+            record["input"] = None
+            erased = [pointer for pointer in erased if not pointer.startswith("/input/")]
         record["erased"] = erased
         return record
 

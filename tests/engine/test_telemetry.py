@@ -267,3 +267,23 @@ def test_redacted_scrubs_every_copy_of_a_credential_header_and_short_or_keyed_se
     subject = HttpSubject(method="POST", path="/pay", body=body, body_text="\n".join(body_strings(body)))
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d2"), subject)
     assert event["input"]["body_text"] == "code [redacted], order 43210"
+
+
+def test_leaving_the_input_out_scrubs_the_state_as_much_and_full_mode_scrubs_credential_headers() -> None:
+    """``include_input=False`` writes a state no less redacted than ``include_input=True`` (its secret values were
+    only collected from the written input), and ``full`` keeps no credential header's value that the state read."""
+    from guard.verdict import Verdict
+
+    subject = HttpSubject(method="POST", path="/v1/chat", query={"api_key": ["QUERYSECRET-123456"]},
+                          headers={"authorization": "Bearer sk-live-ABCDEF123456", "x-functions-key": "FUNCKEY-0987654321"},
+                          body={"prompt": "hello", "password": "hunter2hunter2"},
+                          body_text="QUERYSECRET-123456\nhello\nhunter2hunter2")
+    state = {"text": subject.body_text, "h1": "Bearer sk-live-ABCDEF123456", "h2": "FUNCKEY-0987654321"}
+    verdict = Verdict("allow", "d1", state=state)
+    with_input = DecisionLog(io.StringIO()).event(verdict, subject)
+    without = DecisionLog(io.StringIO(), include_input=False).event(verdict, subject)
+    assert without["input"] is None and without["state"] == with_input["state"]
+    assert without["state"] == {"text": "[redacted]\nhello\n[redacted]", "h1": "[redacted]", "h2": "[redacted]"}
+    assert not [p for p in without["erased"] if p.startswith("/input/")]  # it names only what the record had
+    full = DecisionLog(io.StringIO(), log_input="full", include_input=False).event(verdict, subject)
+    assert full["state"] == {**state, "h1": "[redacted]"} and "sk-live" not in json.dumps(full)
