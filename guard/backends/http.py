@@ -16,7 +16,9 @@ and ``tenacity`` retries:
 * the current trace context goes in ``traceparent`` (OpenTelemetry's propagator), so guard's worker continues the
   gateway's trace;
 * httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
-  ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``.
+  ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``;
+* an error answer's text (a 422 that echoes the request's state) is in no error message, so no verdict, span or
+  decision record carries it: it is logged, at WARNING the first time each status is seen, at DEBUG after.
 
 Example:
     >>> client = SystemOneClient.workers_ai(account_id, api_token, model="clef-flash")  # doctest: +SKIP
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -68,6 +71,8 @@ from guard.errors import (
     MalformedAnswer,
 )
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_HTTP_TIMEOUT_S",
@@ -160,6 +165,7 @@ class SystemOneClient:
         self._base_revision = f"{provider}:{model or self._shown_url}" + (f"@{uds}" if uds else "")
         self._reached = f"unix socket {uds}" if uds else self._shown_url  # what a connection error names
         self._reported_revision: str | None = None
+        self._statuses_logged: set[int] = set()  # the statuses whose error text was logged at WARNING
         # identity: a compressed answer would be inflated in one call before any size check could stop it
         self._headers = {"content-type": "application/json", "accept": "application/json",
                          "accept-encoding": "identity", **(headers or {})}
@@ -352,9 +358,9 @@ class SystemOneClient:
             body = loads(response.content)
         except InvalidJson as exc:
             kind = response.headers.get("content-type", "no content-type")
+            self._log_error_text(status, f"{exc.detail}: {snippet(response)}")
             raise MalformedAnswer(
-                f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.detail}): {snippet(response)!r}",
-                backend=self.name,
+                f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.reason})", backend=self.name
             ) from exc
         if isinstance(body, Mapping) and "success" in body:  # an envelope, even one that also carries answers
             body = self._unwrap(body, status)
@@ -373,9 +379,9 @@ class SystemOneClient:
     def _unwrap(self, envelope: Mapping[str, Any], status: int) -> Any:
         """Cloudflare's ``{result, success, errors, messages}`` (spec §5.5): ``result`` when ``success`` is true."""
         if envelope.get("success") is not True:
-            message = error_message(envelope) or f"success={envelope.get('success')!r} and no error message"
+            self._log_error_text(status, error_message(envelope) or f"success={envelope.get('success')!r}")
             raise BackendRejected(
-                f"{self.name}: the request failed (HTTP {status}): {message}",
+                f"{self.name}: the request failed (HTTP {status}): the envelope's success is not true",
                 backend=self.name,
                 status_code=status,
                 detail=envelope.get("errors"),
@@ -392,18 +398,25 @@ class SystemOneClient:
             detail: Any = loads(response.content)
         except InvalidJson:
             detail = snippet(response)
-        message = error_message(detail) or (detail if isinstance(detail, str) and detail else "no body")
+        self._log_error_text(status, error_message(detail) or (detail if isinstance(detail, str) and detail else ""))
         if status in RETRY_STATUSES or status >= 500:
             retry_after = parse_retry_after(response.headers)
             return BackendUnavailable(
-                f"{self.name} answered HTTP {status}: {message}",
+                f"{self.name} answered HTTP {status}",
                 backend=self.name,
                 reason=f"http_{status}",
                 retry_after=retry_after,
             )
         return BackendRejected(
-            f"{self.name} refused the request with HTTP {status}: {message}",
+            f"{self.name} refused the request with HTTP {status}",
             backend=self.name,
             status_code=status,
             detail=detail,
         )
+
+    def _log_error_text(self, status: int, text: str) -> None:
+        """Log what the provider wrote in an error answer with HTTP ``status``: at WARNING the first time this client
+        sees the status, at DEBUG after (it may repeat the request's state, so it stays out of the error raised)."""
+        level = logging.DEBUG if status in self._statuses_logged else logging.WARNING
+        self._statuses_logged.add(status)
+        logger.log(level, "%s answered HTTP %d with: %r", self.name, status, text)  # quoted: no control starts a line

@@ -70,7 +70,8 @@ class WorkersAIStandIn:
     answer, gzip-compressed), ``truncated`` (also naming a model revision), ``missing-answer``, ``nan``, ``bad-sum``,
     ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s),
     ``wrong-choice`` (the choice is the least probable option), ``wrong-score`` (score 3 where the probabilities give
-    0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``).
+    0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``), ``echo-422`` (FastAPI's
+    validation error, which repeats the request's ``state`` as its ``input``).
     """
 
     def __init__(self) -> None:
@@ -157,6 +158,10 @@ class WorkersAIStandIn:
             return JSONResponse({**result, **failure("Clef inference failed", 5012)} | {"answers": result["answers"]})
         if scenario == "unprocessable":
             return JSONResponse(failure("Unknown field 'extra'", 5012), status_code=422)
+        if scenario == "echo-422":
+            detail = [{"type": "string_type", "loc": ["body", "state"], "msg": "Input should be a valid string",
+                       "input": body.get("state")}]
+            return JSONResponse({"detail": detail}, status_code=422)
         if scenario == "slow":
             await asyncio.sleep(3)
             return JSONResponse(envelope(result))

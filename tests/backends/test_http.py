@@ -100,15 +100,65 @@ async def test_unwrapped_body_is_accepted(standin: tuple[str, WorkersAIStandIn])
     ],
 )
 async def test_refusals_are_rejected_without_retry(
-    standin: tuple[str, WorkersAIStandIn], scenario: str, status: int, text: str
+    standin: tuple[str, WorkersAIStandIn], scenario: str, status: int, text: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The provider's error text (it may repeat the request's state) is logged, never in the error: that goes into
+    verdicts, spans and decision records."""
     _, server = standin
     before = server.calls[scenario]
-    async with workers_ai(standin, scenario) as client:
-        with pytest.raises(BackendRejected) as info:
-            await client.decide(REQUEST)
-    assert info.value.status_code == status and text in str(info.value)
+    with caplog.at_level("DEBUG", logger="guard.backends.http"):
+        async with workers_ai(standin, scenario) as client:
+            with pytest.raises(BackendRejected) as info:
+                await client.decide(REQUEST)
+    assert info.value.status_code == status and f"HTTP {status}" in str(info.value) and text not in str(info.value)
+    assert text in caplog.text
     assert server.calls[scenario] == before + 1
+
+
+async def test_an_error_that_repeats_the_state_reaches_no_verdict_span_or_decision_record(
+    standin: tuple[str, WorkersAIStandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 422 whose body repeats the request's state (FastAPI's validation error) gives the verdict, the span and the
+    decision log (``log_input="none"``) the error's kind, backend and status only; the text is logged once."""
+    import io
+    import json
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from guard.engine import Guard
+    from guard.engine.telemetry import DecisionLog, Telemetry
+    from guard.policy import load_text
+    from guard.subject import HttpSubject
+
+    policy = load_text("""
+policies:
+  - id: api
+    version: 1
+    match: {http: {paths: ["/v1/**"]}}
+    state: {text: body_text}
+    questions:
+      injection: {type: noul, instructions: Injection}
+    rules:
+      - {id: injection, when: injection.noul >= 0.8, action: block}
+    on_error: {mode: closed}
+""")
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    stream = io.StringIO()
+    secret = "card 4111111111111111"
+    async with workers_ai(standin, "echo-422") as client:
+        guard = Guard(policy, backends=client, telemetry=Telemetry(tracer_provider=tracer_provider),
+                      decision_log=DecisionLog(stream, log_input="none"))
+        verdict = await guard.aevaluate(HttpSubject(method="POST", path="/v1/chat", body={"m": secret},
+                                                    body_text=secret))
+    (span,) = exporter.get_finished_spans()
+    assert verdict.error == "rejected: http:workers-ai refused the request with HTTP 422"
+    assert json.loads(stream.getvalue())["error"] == verdict.error
+    assert span.attributes["guard.error"] == verdict.error and span.status.description == verdict.error
+    assert secret in caplog.text  # where an operator finds what the provider wrote
 
 
 async def test_429_honours_retry_after(standin: tuple[str, WorkersAIStandIn]) -> None:
@@ -120,15 +170,21 @@ async def test_429_honours_retry_after(standin: tuple[str, WorkersAIStandIn]) ->
     assert server.calls["busy-then-ok"] == 2 and response.answers["churn"].noul == pytest.approx(0.7)
 
 
-async def test_429_without_retry_after_backs_off_and_retries(standin: tuple[str, WorkersAIStandIn]) -> None:
+async def test_429_without_retry_after_backs_off_and_retries(standin: tuple[str, WorkersAIStandIn],
+                                                            caplog: pytest.LogCaptureFixture) -> None:
     _, server = standin
     async with workers_ai(standin, "busy-no-header") as client:
         response = await client.decide(REQUEST)
     assert server.calls["busy-no-header"] == 3 and response.answers
-    async with workers_ai(standin, "always-busy") as client:
-        with pytest.raises(BackendUnavailable) as info:
-            await client.decide(REQUEST)
-    assert info.value.reason == "http_429" and "Capacity temporarily exceeded" in str(info.value)
+    caplog.clear()  # the busy answers above were logged too
+    with caplog.at_level("DEBUG", logger="guard.backends.http"):
+        async with workers_ai(standin, "always-busy") as client:
+            with pytest.raises(BackendUnavailable) as info:
+                await client.decide(REQUEST)
+    assert info.value.reason == "http_429" and str(info.value) == "http:workers-ai answered HTTP 429"
+    # the provider's text: at WARNING the first time, at DEBUG for the retries that got the same status
+    said = [r.levelname for r in caplog.records if "Capacity temporarily exceeded" in r.getMessage()]
+    assert said == ["WARNING"] + ["DEBUG"] * (FAST_RETRY.max_attempts - 1)
     assert server.calls["always-busy"] == FAST_RETRY.max_attempts
 
 
@@ -148,14 +204,14 @@ async def test_5xx_is_retried(standin: tuple[str, WorkersAIStandIn]) -> None:
         assert (await client.decide(REQUEST)).answers
     assert server.calls["flaky-5xx"] == 2
     async with workers_ai(standin, "always-500") as client:
-        with pytest.raises(BackendUnavailable, match="HTTP 500: Internal Server Error"):
+        with pytest.raises(BackendUnavailable, match="answered HTTP 500$"):
             await client.decide(REQUEST)
     assert server.calls["always-500"] == 3
 
 
 async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAIStandIn]) -> None:
     async with workers_ai(standin, "html-502") as client:
-        with pytest.raises(BackendUnavailable, match="HTTP 502: <!DOCTYPE html>") as info:
+        with pytest.raises(BackendUnavailable, match="answered HTTP 502$") as info:
             await client.decide(REQUEST)
     assert info.value.reason == "http_502"
     async with workers_ai(standin, "html-200") as client:
@@ -170,7 +226,7 @@ async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAISt
         ("oversized", "longer than 8388608 bytes"),  # a client reads no further (1.2 GB peak for 400 MB before)
         ("gzip", "Content-Encoding 'gzip'"),  # asked for identity: never inflated (a bomb stalled the loop before)
         ("missing-answer", "answer for question 'urgency' is missing"),
-        ("nan", "NaN"),
+        ("nan", "non_finite"),
         ("bad-sum", "sum to"),
         ("wrong-choice", "the choice must be the most probable option"),
         ("wrong-score", "has score 3 but its probabilities give 0.7998"),
