@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["install_metrics_from_env", "install_tracing_from_env"]
+__all__ = ["install_metrics_from_env", "install_tracing_from_env", "shutdown_providers"]
 
 
 def install_metrics_from_env() -> None:
@@ -38,3 +38,16 @@ def install_tracing_from_env() -> None:
     provider = tracer_provider_from_env(os.environ)
     if provider is not None:
         trace.set_tracer_provider(provider)
+
+
+def shutdown_providers() -> None:
+    """Shut the global tracer and meter providers down (their last exports) within
+    :data:`guard._close.CLOSE_TIMEOUT_S` seconds, before the exit hooks the SDK registered would do it and wait for a
+    collector that never answers (about ``OTEL_EXPORTER_OTLP_TIMEOUT`` a batch)."""
+    from opentelemetry import metrics, trace
+
+    from guard._close import close_within
+
+    providers = {"the trace shutdown": trace.get_tracer_provider(), "the metrics shutdown": metrics.get_meter_provider()}
+    # the SDK's providers; the default no-op ones have no shutdown
+    close_within({name: p.shutdown for name, p in providers.items() if callable(getattr(p, "shutdown", None))})

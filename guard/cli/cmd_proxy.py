@@ -50,7 +50,7 @@ from guard.asgi.proxy import DEFAULT_MAX_CONNECTIONS, DEFAULT_QUEUE_TIMEOUT_S
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
 from guard.cli._args import positive_int, positive_seconds, seconds
-from guard.cli._otel import install_metrics_from_env, install_tracing_from_env
+from guard.cli._otel import install_metrics_from_env, install_tracing_from_env, shutdown_providers
 from guard.engine.health import DEFAULT_CANARY_INTERVAL_S
 from guard.engine.telemetry import LOG_INPUT_MODES, LOGGED_HEADERS
 from guard.policy.watch import DEFAULT_RELOAD_INTERVAL_S, PolicyWatcher
@@ -332,4 +332,5 @@ def run(args: argparse.Namespace) -> int:
     )
     serve_together(runtime.app, runtime.admin, sockets, log_level=args.log_level,
                    header_timeout=runtime.header_timeout)
+    shutdown_providers()  # the last spans and metrics leave now, within a bound
     return 0

@@ -63,6 +63,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from guard._body import declared_length, read_body
+from guard._close import CLOSE_TIMEOUT_S, close_within
 from guard._json import loads
 from guard.backends.selftest import CanaryFailed, run_canaries
 from guard.errors import (
@@ -201,10 +202,6 @@ class WorkerConfig:
             raise ValueError(f"WorkerConfig.overload_status must be 429 or 503, got {self.overload_status!r}")
 
 
-#: How long shutdown waits for the spans still queued to be exported (ms).
-_TRACE_FLUSH_TIMEOUT_MS = 5000
-
-
 class WorkerPhase(enum.Enum):
     """Where the worker is: ``LOADING -> READY -> STOPPING``, or ``FAILED`` if loading or the self-test failed;
     ``UNREADY`` while a periodic canary run fails (back to ``READY`` when one passes)."""
@@ -304,11 +301,12 @@ class _Runtime:
         self.phase = WorkerPhase.STOPPING
         if self.backend is not None:
             await self.backend.aclose()  # finishes queued work first
-        self.metrics.shutdown()
+        calls: dict[str, Callable[[], object]] = {"the worker's metrics shutdown": self.metrics.shutdown}
         provider = self.tracer_provider if self.tracer_provider is not None else trace.get_tracer_provider()
         flush = getattr(provider, "force_flush", None)  # the SDK's; the default no-op provider has none
         if flush is not None:  # the spans still queued leave now: uvicorn re-raises SIGTERM, so no exit hook runs
-            await asyncio.to_thread(flush, _TRACE_FLUSH_TIMEOUT_MS)
+            calls["the trace flush"] = lambda: flush(int(CLOSE_TIMEOUT_S * 1000))
+        await asyncio.to_thread(close_within, calls, CLOSE_TIMEOUT_S)  # at most CLOSE_TIMEOUT_S, collector or not
 
     def model_name(self) -> str:
         if self.config.model_name:

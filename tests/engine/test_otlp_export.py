@@ -60,3 +60,36 @@ def test_otel_variables_choose_the_exporter() -> None:
     assert isinstance(tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "console"}), TracerProvider)
     with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER must be one of otlp, console, none, got 'jaeger'"):
         tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "jaeger"})
+
+
+def test_guard_proxy_exit_waits_a_bounded_time_for_a_collector_that_never_answers() -> None:
+    """``guard proxy`` shuts the global providers down within ``CLOSE_TIMEOUT_S`` (5 s) when it stops; the SDK's exit
+    hooks alone waited about 30 s for a collector that accepts connections and never answers."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    script = """
+from opentelemetry import metrics, trace
+from guard.cli._otel import install_metrics_from_env, install_tracing_from_env, shutdown_providers
+install_metrics_from_env()
+install_tracing_from_env()
+for _ in range(600):  # two export batches
+    with trace.get_tracer("test").start_as_current_span("queued"):
+        pass
+metrics.get_meter("test").create_counter("test.calls").add(1)
+shutdown_providers()
+"""
+    with socket.socket() as silent:  # connections wait in its backlog: accepted, never answered
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        environ = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+                   "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True,
+                              timeout=60, check=False)
+        elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert elapsed < 15 and "may be lost" in done.stderr

@@ -192,3 +192,35 @@ def test_otel_metrics_exporter_is_read_from_the_environment() -> None:
         metric_readers_from_env({"OTEL_METRICS_EXPORTER": "zipkin"})
     for reader in readers:
         reader.shutdown()
+
+
+async def test_shutdown_gives_up_on_a_collector_that_never_answers(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The worker's shutdown waits at most ``CLOSE_TIMEOUT_S`` for its last spans and metrics when the collector
+    accepts connections and never answers (the flush and the metrics shutdown each blocked for
+    ``OTEL_EXPORTER_OTLP_TIMEOUT``, whatever timeout they were given), and says they may be lost."""
+    import socket
+    import time
+
+    from guard.engine.telemetry import tracer_provider_from_env
+    from guard.worker.metrics import WorkerMetrics
+
+    silent = socket.socket()  # connections wait in its backlog: accepted, never answered
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}",
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "12"}
+    provider = tracer_provider_from_env(environ)
+    readers, _ = metric_readers_from_env(environ)
+    metrics = WorkerMetrics(extra_readers=readers)
+    app = create_app(lambda: None, metrics=metrics, tracer_provider=provider)  # type: ignore[arg-type, return-value]
+    with provider.get_tracer("test").start_as_current_span("queued"):
+        metrics.request_done("ok", 0.01)
+    monkeypatch.setattr("guard.worker.app.CLOSE_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    try:
+        await app.state.worker.close()
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 3
+    assert "the worker's metrics shutdown and the trace flush did not finish within 1 s" in caplog.text
