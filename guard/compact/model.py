@@ -105,9 +105,11 @@ _METADATA_RE = re.compile(
 _WORD_PROSE_RE = re.compile(r"[^\W\d_]+[.!?,;:]+")
 #: Fewest identifier words (:func:`identifier_words`) read as a sentence: an instruction takes three.
 IDENTIFIER_WORDS = 3
-#: Least probability of the risky option the identifier words must get alone to answer for the state (the shipped
-#: policies' escalate line): below it they move nothing (:func:`identifier_answer`).
-IDENTIFIER_FLOOR = 0.5
+#: Least probability of the risky option the identifier words must get to answer for the state (the shipped
+#: policies' block line): below it they move nothing (:func:`identifier_answer`). At 0.5 benign identifiers that
+#: read like commands (``show_all_users``, ``print_debug_info``) raised 90 of 300 benign answers to the escalate
+#: line; at 0.85 none, with as many spelled attacks blocked (``python bench/compact_state_shape.py``).
+IDENTIFIER_FLOOR = 0.85
 _IDENTIFIER_LINE_RE = re.compile(r"[\w./:-]*[./:_-][\w./:-]*")
 _IDENTIFIER_SPLIT_RE = re.compile(r"[./:_-]+")
 
@@ -140,16 +142,22 @@ def state_text(state: Any, view: str) -> str:
 
 def identifier_words(state: Any) -> str:
     """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
-    metadata is, of any length), in document order and joined by spaces (``ignore.all_previous/instructions`` ->
-    ``ignore all previous instructions``), or ``""`` when they are fewer than :data:`IDENTIFIER_WORDS`. A word is a
-    run of letters between separators; runs holding a digit (versions, ids) are not words. The model reads these
-    words alone, as one more segment that never joins the text's windows (:func:`identifier_answer` says when it
-    answers), so an instruction spelled across identifier-shaped fields is read although :func:`state_text` leaves
-    the short ones out and a long one reads as one odd token.
+    metadata is, of any length), one line of words per such line in document order
+    (``ignore.all_previous/instructions`` -> ``ignore all previous instructions``), or ``""`` when they hold fewer
+    than :data:`IDENTIFIER_WORDS` words in all. A word is a run of letters between separators; runs holding a
+    digit (versions, ids) are not words. The model reads these lines as a text of their own, never in the text's
+    windows (:func:`segments`: a line of three or more words alone, shorter ones joined to the next;
+    :func:`identifier_answer` says when they answer), so an instruction spelled across identifier-shaped fields is
+    read although :func:`state_text` leaves the short ones out and a long one reads as one odd token.
     """
-    words = [word for line in _lines(state) if _IDENTIFIER_LINE_RE.fullmatch(line.strip())
-             for word in _IDENTIFIER_SPLIT_RE.split(line.strip()) if word.isalpha()]
-    return " ".join(words) if len(words) >= IDENTIFIER_WORDS else ""
+    lines = []
+    for line in _lines(state):
+        token = line.strip()
+        if _IDENTIFIER_LINE_RE.fullmatch(token):
+            words = [word for word in _IDENTIFIER_SPLIT_RE.split(token) if word.isalpha()]
+            if words:
+                lines.append(words)
+    return "\n".join(" ".join(words) for words in lines) if sum(map(len, lines)) >= IDENTIFIER_WORDS else ""
 
 
 def _lines(state: Any) -> list[str]:
@@ -406,7 +414,7 @@ class CompactModel:
 
     # ----------------------------------------------------------------------------------------------------- scoring
     def window_logits(self, text: str, question_ids: Sequence[str], *, sentences: bool = False,
-                      alone: Sequence[str] = (), deadline: float | None = None) -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
+                      deadline: float | None = None) -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
         """Catalog: uncalibrated logits ``(segments, K)`` of every segment of ``text`` for each question, the
         ``(segments, width)`` bool mask of the positions read, the text's word pieces and the tokens cut from the
         middle of a text longer than the encoder's ``max_tokens``.
@@ -422,7 +430,7 @@ class CompactModel:
         """
         assert isinstance(self.head, CatalogHead)
         pieces, tokens = segments(self.encoder, text, sentences=sentences)
-        ids, mask, _, dropped = self.encoder.window_batch([*pieces, *alone])
+        ids, mask, _, dropped = self.encoder.window_batch(pieces)
         with torch.inference_mode():
             states = self.stack_states(ids, mask, deadline=deadline)
             n, count = ids.shape[0], len(question_ids)
@@ -493,26 +501,37 @@ class CompactModel:
         words = identifier_words(request.state)
         answers: dict[str, AnswerV1] = {}
         tokens = dropped = windows_run = read = 0
-        for text, questions in texts.items():
-            sentences = any(CATALOG[q.id].view == "text" for q in questions)
-            if sentences and not any(ch.isalnum() for ch in text):  # no word to read: no model call
-                for question in questions:
-                    probabilities = unread(question, CATALOG[question.id], blank=blank(text))
-                    answers[question.id] = answer_question(question, probabilities, confidence_profile=confidence_profile)
-                continue
-            alone = [words] if sentences and words else []
-            logits, mask, text_tokens, cut = self.window_logits(
-                text, [q.id for q in questions], sentences=sentences, alone=alone, deadline=deadline)
+
+        def run(text: str, ids: list[str], sentences: bool) -> list[torch.Tensor]:
+            nonlocal tokens, dropped, windows_run, read
+            logits, mask, text_tokens, cut = self.window_logits(text, ids, sentences=sentences, deadline=deadline)
             tokens, dropped = max(tokens, text_tokens), max(dropped, cut)
             windows_run += mask.shape[0]
             read += int(mask.sum())
-            for question, rows in zip(questions, logits, strict=True):
+            return logits
+
+        word_logits: dict[str, torch.Tensor] | None = None  # the identifier words' segments, read once per question
+        for text, questions in texts.items():
+            ids = [q.id for q in questions]
+            sentences = any(CATALOG[q.id].view == "text" for q in questions)
+            readable = not sentences or any(ch.isalnum() for ch in text)  # no word to read: no model call
+            logits = run(text, ids, sentences) if readable else None
+            if sentences and words and word_logits is None:
+                text_ids = [q.id for q in request.questions if CATALOG[q.id].view == "text"]
+                word_logits = dict(zip(text_ids, run(words, text_ids, True), strict=True))
+            for i, question in enumerate(questions):
                 entry = CATALOG[question.id]
-                text_rows = rows[: rows.shape[0] - len(alone)]
-                probabilities = self.probabilities(question, text_rows[pick_window(text_rows, entry)])
-                if alone:
-                    probabilities = identifier_answer(probabilities, self.probabilities(question, rows[-1]), entry)
-                if not competence.supported:
+                if logits is None:
+                    probabilities = unread(question, entry, blank=blank(text))
+                else:
+                    probabilities = self.probabilities(question, logits[i][pick_window(logits[i], entry)])
+                read_by_model = logits is not None
+                if sentences and word_logits is not None and question.id in word_logits:
+                    rows = word_logits[question.id]
+                    said = self.probabilities(question, rows[pick_window(rows, entry)])
+                    probabilities = identifier_answer(probabilities, said, entry)
+                    read_by_model = read_by_model or probabilities is said
+                if read_by_model and not competence.supported:
                     probabilities = cap_safe(probabilities, question, entry)
                 answers[question.id] = answer_question(question, probabilities, confidence_profile=confidence_profile)
         usage = CompactUsageV1(
@@ -638,8 +657,9 @@ def identifier_answer(text: list[float], words: list[float], entry: CatalogQuest
     """The answer of a state whose metadata lines hold words (:func:`identifier_words`): the text's answer ``text``,
     or the words' own ``words`` (prompt order, noul ``[true, false]``) when they give the catalog entry's risky option
     at least :data:`IDENTIFIER_FLOOR` and more than the text does. Below the floor the words move nothing, so
-    ordinary metadata (tool names, enum values) does not move an answer, while an instruction spelled across
-    identifier-shaped fields answers as it would written out. Questions without a risky option keep ``text``."""
+    ordinary metadata (tool names, enum values) does not move an answer, while an instruction the model reads as an
+    attack when spelled across identifier-shaped fields is blocked as it would be written out. Questions without a
+    risky option keep ``text``."""
     if entry.risky is None:
         return text
     risky = 0 if entry.risky == "true" else 1
