@@ -5,7 +5,9 @@ The guard must read the fields the application's parser reads (python-multipart,
 parsers behind ``guard proxy``), or refuse the body. Refused at once, with a 400 ``malformed_multipart`` unless said:
 
 * a boundary that is not 1-70 RFC 2046 ``bchars`` (not ending in a space), or whose parameter is ambiguous (a
-  backslash escape, a repeat, ``boundary*=``: see :mod:`guard.asgi._media`);
+  backslash, a repeat, ``boundary*=``: see :mod:`guard.asgi._media`);
+* 400 ``invalid_content_type``: a part's ``Content-Disposition`` or ``Content-Type`` whose parameters are ambiguous
+  in the same ways (``name="a"; x="\\\\"; filename="f"`` has a filename to guard and none to python-multipart);
 * a preamble (bytes before the first delimiter) longer than ``max_junk_bytes`` or holding a line that starts with
   ``--``: parsers differ on which delimiter-like line opens the body (python-multipart skips only leading line
   breaks); an epilogue longer than ``max_junk_bytes`` (the python-multipart advisory input);

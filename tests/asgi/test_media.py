@@ -176,7 +176,7 @@ PARAMS_OK: list[tuple[str, tuple[str, dict[str, str]]]] = [
     ("application/json;", ("application/json", {})),
     ("Text/Plain ; Charset=UTF-8", ("text/plain", {"charset": "UTF-8"})),
     ('multipart/form-data; boundary="a b;c"', ("multipart/form-data", {"boundary": "a b;c"})),
-    ('form-data; name="a\\"b"; filename="c\\\\d"', ("form-data", {"name": 'a"b', "filename": "c\\d"})),
+    ('form-data; name="a;b"; filename="c d"', ("form-data", {"name": "a;b", "filename": "c d"})),
     ("form-data; name=x; filename*=utf-8''y.txt", ("form-data", {"name": "x", "filename*": "utf-8''y.txt"})),
 ]
 
@@ -187,8 +187,11 @@ def test_params_parse(value: str, expected: tuple[str, dict[str, str]]) -> None:
 
 
 PARAMS_BAD = [
-    ('multipart/form-data; boundary="ab\\cd"', "escape"),
-    ('form-data; name="pro\\mpt"', "escape"),
+    ('multipart/form-data; boundary="ab\\cd"', "backslash"),
+    ('form-data; name="pro\\mpt"', "backslash"),
+    ('form-data; name="a\\"b"', "backslash"),
+    ('form-data; filename="c\\\\d"', "backslash"),
+    ('multipart/form-data; boundary=A; x="\\\\"; y="; boundary=B; z="', "backslash"),
     ("text/plain; charset=utf-8; charset=utf-16", "repeated"),
     ("text/plain; CHARSET=utf-8; charset=utf-16", "repeated"),
     ("multipart/form-data; boundary=a; boundary*=utf-8''b", "RFC 2231"),

@@ -59,7 +59,7 @@ CASES: list[tuple[str, str, bytes]] = [
         b"\r\n\r\n" + _part(f'{CD}; name="a"', ATTACK) + _end(),
     ),
     ("epilogue", f"multipart/form-data; boundary={B}", _part(f'{CD}; name="a"', ATTACK) + _end() + b"bye\r\n"),
-    ("name with ; and quote", f"multipart/form-data; boundary={B}", _part(f'{CD}; name="a;\\"b"', ATTACK) + _end()),
+    ("name with ;", f"multipart/form-data; boundary={B}", _part(f'{CD}; name="a;b"', ATTACK) + _end()),
     ("utf-8 name", f"multipart/form-data; boundary={B}", _part(f'{CD}; name="caf\u00e9"', ATTACK) + _end()),
     # differentials
     (
@@ -80,7 +80,25 @@ CASES: list[tuple[str, str, bytes]] = [
         + b"--ab\\cd--\r\n"
         + f'--abcd\r\n{CD}; name="a"\r\n\r\n{BENIGN}\r\n--abcd--\r\n'.encode(),
     ),
+    (
+        "escaped quote in a name",
+        f"multipart/form-data; boundary={B}",
+        _part(f'{CD}; name="a;\\"b"', ATTACK) + _end(),
+    ),
     ("escaped name", f"multipart/form-data; boundary={B}", _part(f'{CD}; name="pro\\mpt"', ATTACK) + _end()),
+    (
+        "escaped backslash hides a second boundary",
+        f'multipart/form-data; boundary={B}; x="\\\\"; y="; boundary=other; z="',
+        f'\r\nX--other\r\n{CD}; name="a"\r\n\r\n{ATTACK}\r\n'.encode()
+        + _part(f'{CD}; name="b"', BENIGN)
+        + b"--other--\r\n"
+        + _end(),
+    ),
+    (
+        "escaped backslash hides a filename",
+        f"multipart/form-data; boundary={B}",
+        _part(f'{CD}; name="a"; x="\\\\"; filename="a.txt"', ATTACK) + _end(),
+    ),
     (
         "rfc 2231 name",
         f"multipart/form-data; boundary={B}",
@@ -211,7 +229,7 @@ def test_the_corpus_exercises_both_sides() -> None:
         "padding after a delimiter",
         "leading line breaks",
         "epilogue",
-        "name with ; and quote",
+        "name with ;",
         "utf-8 name",
         "preamble text",
     }
@@ -227,6 +245,9 @@ REFUSALS = {
     "backslash boundary (guard read abcd)": (400, "invalid_content_type"),
     "backslash boundary (app reads ab\\cd)": (400, "invalid_content_type"),
     "escaped name": (400, "invalid_content_type"),
+    "escaped quote in a name": (400, "invalid_content_type"),
+    "escaped backslash hides a second boundary": (400, "invalid_content_type"),
+    "escaped backslash hides a filename": (400, "invalid_content_type"),
     "rfc 2231 name": (400, "invalid_content_type"),
     "rfc 2231 boundary": (400, "invalid_content_type"),
     "repeated boundary": (400, "invalid_content_type"),
@@ -291,3 +312,20 @@ async def test_text_file_parts_are_judged(make_guard: GuardFactory) -> None:
             guard, body, f"multipart/form-data; boundary={B}", limits=BodyLimits(opaque_media="metadata")
         )
         assert response.status_code == 403 and response.json()["rule"] == "prompt_injection", headers
+
+
+async def test_a_filename_hidden_behind_a_backslash_is_refused_under_metadata(make_guard: GuardFactory) -> None:
+    """python-multipart reads ``x="\\\\"; filename="a.bin"`` as one parameter, so the app gets a text field that
+    guard, seeing a binary file, would keep as metadata only: refused, naming the part's header."""
+    backend = ScriptedBackend(scripted_answers)
+    headers = f'{CD}; name="prompt"; x="\\\\"; filename="a.bin"\r\nContent-Type: application/octet-stream'
+    body = _part(headers, ATTACK) + _end()
+    response = await _post(
+        make_guard(backend), body, f"multipart/form-data; boundary={B}", limits=BodyLimits(opaque_media="metadata")
+    )
+    assert (response.status_code, response.json()["code"], response.json()["field"]) == (
+        400,
+        "invalid_content_type",
+        "body",
+    )
+    assert "backslash" in response.json()["message"] and backend.calls == 0

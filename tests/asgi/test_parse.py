@@ -273,7 +273,6 @@ def test_parse_units() -> None:
     value, text = parse_body(b'{"a": ["x", {"b": "y"}], "n": 1}', "application/json", limits)
     assert value == {"a": ["x", {"b": "y"}], "n": 1} and text == "x\ny"
     assert parse_params('form-data; name="a;b"; filename=x.txt') == ("form-data", {"name": "a;b", "filename": "x.txt"})
-    assert parse_params('text/plain; charset="utf\\"8"')[1] == {"charset": 'utf"8'}
     fields = parse_multipart(
         _multipart([("a", "1"), ("a", "2"), ("f", ("n.json", "application/json", b"{}"))]),
         {"boundary": BOUNDARY},
