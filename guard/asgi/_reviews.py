@@ -46,6 +46,7 @@ from guard.asgi._responses import (
 from guard.asgi._subject import (
     METHOD_OVERRIDE_HEADERS,
     SENSITIVE_HEADERS,
+    ClientHeader,
     client_address,
     header_map,
     held_request,
@@ -94,7 +95,7 @@ class ReviewHost(Protocol):
     review_store: ReviewStore
     review_path: str
     metrics: HttpMetrics
-    client_header: str | None
+    client_header: ClientHeader | None
 
     def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:
         """The request's tenant (``None`` without one). Raises BodyError for an ambiguous tenant header."""

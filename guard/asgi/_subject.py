@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import functools
+import ipaddress
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -17,6 +19,7 @@ __all__ = [
     "METHOD_OVERRIDE_HEADERS",
     "SENSITIVE_HEADERS",
     "SINGLE_VALUE_HEADERS",
+    "ClientHeader",
     "client_address",
     "head_subject",
     "header_map",
@@ -115,17 +118,48 @@ def _host_name(host: str) -> str:
     return host.removesuffix(".")
 
 
-def client_address(scope: Scope, headers: dict[str, str], client_header: str | None) -> str | None:
-    """Who sent the request: the first address in ``client_header`` when it is configured and present, else the
-    peer address."""
-    if client_header is not None and client_header in headers:
-        return headers[client_header].split(",")[0].strip() or None
+@dataclass(frozen=True)
+class ClientHeader:
+    """Where the client's address is read when trusted proxies stand in front: ``name``, a header (lower-case) to
+    which each proxy appends the address it got the request from (``x-forwarded-for``), and ``hops``, how many of
+    those proxies are trusted. The address used is the ``hops``-th from the right, the one the outermost trusted
+    proxy appended; the entries left of it are whatever the client wrote."""
+
+    name: str
+    hops: int = 1
+
+
+def client_address(scope: Scope, headers: dict[str, str], client_header: ClientHeader | None) -> str | None:
+    """Who sent the request, as one spelling of its IP address (``0::1`` -> ``::1``, ``::ffff:10.0.0.1`` ->
+    ``10.0.0.1``): the address ``client_header`` names (see :class:`ClientHeader`); the peer address when it is not
+    configured, not sent, has fewer than ``hops`` entries or that entry is not an IP address. A peer that is not an
+    IP address (a Unix socket, a test client) is kept as it is."""
+    if client_header is not None and client_header.name in headers:
+        entries = headers[client_header.name].split(",")
+        if len(entries) >= client_header.hops:
+            address = _ip_address(entries[-client_header.hops].strip())
+            if address is not None:
+                return address
     peer = scope.get("client")
-    return str(peer[0]) if peer else None
+    if not peer:
+        return None
+    return _ip_address(str(peer[0])) or str(peer[0])
+
+
+def _ip_address(text: str) -> str | None:
+    """``text`` as the one spelling :mod:`ipaddress` gives its IP address (an IPv4-mapped IPv6 address as IPv4), or
+    ``None`` when it is not one."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
 
 
 def head_subject(
-    scope: Scope, headers: dict[str, str], client_header: str | None, path: str | None = None
+    scope: Scope, headers: dict[str, str], client_header: ClientHeader | None, path: str | None = None
 ) -> HttpSubject:
     """The subject without query or body: everything a policy's ``match`` may look at; ``path`` replaces the
     scope's (the matching view of it, ``GuardMiddleware(path_case=..., trailing_slash=...)``)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.types import Scope, Send
 
-from guard.asgi._subject import head_subject, header_map
+from guard.asgi._subject import ClientHeader, head_subject, header_map
 from guard.asgi._target import path_views
 from guard.engine import Guard
 from guard.errors import BodyError
@@ -24,7 +24,7 @@ NOT_JUDGED = "websocket_not_judged"
 _POLICY_VIOLATION = 1008  # RFC 6455 7.4.1
 
 
-def judged_by(guard: Guard, scope: Scope, client_header: str | None) -> str | None:
+def judged_by(guard: Guard, scope: Scope, client_header: ClientHeader | None) -> str | None:
     """The id of a policy that matches the upgrade ``scope`` (canonical) as a ``GET`` or watches its response, else
     ``None``. The path is matched in each of its :func:`~guard.asgi._target.path_views`: refused if any matches;
     ``"(invalid request)"`` for headers no subject can be built from."""

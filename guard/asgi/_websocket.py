@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, WebSocketException
 
+from guard.asgi._subject import ClientHeader
 from guard.asgi._upgrade import deny_upgrade, judged_by, refuse_judged_upgrade
 from guard.engine import Guard
 
@@ -43,11 +44,11 @@ class WebSocketRelay:
         upgrade_headers: the upgrade request's headers to send on, as the proxy sends an HTTP request's
             (:meth:`~guard.asgi.proxy.ReverseProxy.upgrade_headers`); the handshake's own are left out here.
         open_timeout: seconds for the upstream handshake.
-        client_header: the header naming the client, as the middleware reads it.
+        client_header: where the client's address is read, as the middleware reads it.
     """
 
     def __init__(self, guard: Guard, base: httpx.URL, upgrade_headers: Callable[[Scope], list[tuple[bytes, bytes]]],
-                 *, open_timeout: float, client_header: str | None) -> None:
+                 *, open_timeout: float, client_header: ClientHeader | None) -> None:
         self.guard = guard
         self.upgrade_headers = upgrade_headers
         self.open_timeout = open_timeout

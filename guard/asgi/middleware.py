@@ -68,7 +68,7 @@ from guard.asgi._responses import (
     verdict_headers,
 )
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
-from guard.asgi._subject import head_subject, header_map, query_map, with_body
+from guard.asgi._subject import ClientHeader, head_subject, header_map, query_map, with_body
 from guard.asgi._target import canonical_scope, path_views
 from guard.asgi._upgrade import judged_by, refuse_invalid_upgrade, refuse_judged_upgrade
 from guard.asgi.handoff import HandoffClient
@@ -132,8 +132,12 @@ class GuardMiddleware:
         handoff: the client for ``handoff`` verdicts; default a :class:`~guard.asgi.handoff.HandoffClient` using the
             policy file's targets.
         review_path: path prefix of the client-facing review endpoints.
-        client_header: a header set by a trusted proxy that names the client (``x-forwarded-for``: the first
-            address is used); default the peer address.
+        client_header: a header to which each trusted proxy in front appends the address it got the request from
+            (``x-forwarded-for``); default the peer address. The address used is the ``client_hops``-th from the
+            right (the left-most entries are the client's own text); the peer address when the header is absent,
+            has fewer entries or that entry is not an IP address. Addresses are compared in one spelling
+            (``0::1`` is ``::1``).
+        client_hops: how many trusted proxies append to ``client_header`` (1, the default: the right-most entry).
         metrics: counters to use (a proxy shares them with its ``/metrics``); default a new :class:`HttpMetrics`.
         decision_headers: what the application's response to an allowed request says of the decision.
             ``"brief"`` (default): ``x-guard-decision-id``, and ``x-guard-fail-mode: open`` when the policy failed
@@ -150,7 +154,7 @@ class GuardMiddleware:
 
     Raises:
         ValueError: for an invalid limit, a ``review_path`` that does not start with ``/``, an unknown
-            ``decision_headers`` or ``method_override``.
+            ``decision_headers`` or ``method_override``, a ``client_hops`` below 1.
     """
 
     def __init__(
@@ -166,6 +170,7 @@ class GuardMiddleware:
         handoff: HandoffClient | None = None,
         review_path: str = DEFAULT_REVIEW_PATH,
         client_header: str | None = None,
+        client_hops: int = 1,
         metrics: HttpMetrics | None = None,
         decision_headers: DecisionHeaders = "brief",
         method_override: MethodOverride = "refuse",
@@ -201,6 +206,8 @@ class GuardMiddleware:
         self._fold = path_case == "fold"
         self._strip = trailing_slash == "strip"
         self.unexpected_body = unexpected_body
+        if client_hops < 1:
+            raise ValueError(f"client_hops is {client_hops!r}; it must be 1 or more")
         if tenant_header is not None and tenant is not None:
             raise ValueError("give tenant_header or tenant, not both")
         self.tenant_header = tenant_header.lower() if tenant_header else None
@@ -212,7 +219,7 @@ class GuardMiddleware:
         self.review_store: ReviewStore = review_store if review_store is not None else MemoryReviewStore()
         self.handoff = handoff if handoff is not None else HandoffClient()
         self.review_path = review_path.rstrip("/")
-        self.client_header = client_header.lower() if client_header else None
+        self.client_header = ClientHeader(client_header.lower(), client_hops) if client_header else None
         self.metrics = metrics if metrics is not None else HttpMetrics()
         self._review_prefix = self.review_path + "/"
         self._reviews = ClientReviewEndpoints(self)

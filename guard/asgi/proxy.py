@@ -434,5 +434,5 @@ def proxy_app(
     proxy = ReverseProxy(config, metrics=metrics)
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
     relay = WebSocketRelay(guard, proxy.base, proxy.upgrade_headers, open_timeout=config.connect_timeout,
-                           client_header=middleware_options.get("client_header"))
+                           client_header=guarded.client_header)
     return ProxyApp(guarded, proxy, relay, guard, on_startup, on_shutdown)

@@ -6,7 +6,8 @@
                 [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
                 [--max-body-bytes N] [--decision-log FILE]
                 [--log-input none|redacted|full] [--log-header NAME ...]
-                [--client-header x-forwarded-for] [--decision-headers brief|full] [--canary-interval S]
+                [--client-header x-forwarded-for [--client-hops N]] [--decision-headers brief|full]
+                [--canary-interval S]
 
 With ``--redis-url`` the probability cache and the review queue live in Redis (shared by every replica; each replica
 answers a cached key from its own copy for ``--cache-local-ttl`` seconds before it reads Redis again); without it both
@@ -148,7 +149,15 @@ def register(subparsers: Any) -> None:
         "--client-header",
         default=None,
         metavar="NAME",
-        help="trusted header naming the client (e.g. x-forwarded-for); default the peer address",
+        help="header your proxies append the client's address to (x-forwarded-for); the entry the outermost trusted "
+        "proxy appended is used (--client-hops); default the peer address",
+    )
+    parser.add_argument(
+        "--client-hops",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="how many trusted proxies append to --client-header: the client is its N-th entry from the right (1)",
     )
     parser.add_argument(
         "--decision-headers",
@@ -276,6 +285,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         "metrics": HttpMetrics(meter_provider=otel_metrics.get_meter_provider()),
         "review_store": store,
         "client_header": args.client_header,
+        "client_hops": args.client_hops,
         "decision_headers": args.decision_headers,
         "tenant_header": args.tenant_header,
         "limits": limits,

@@ -20,7 +20,7 @@ from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewS
 from guard.engine import Guard
 from guard.policy import PolicySet, load_text
 from tests._backends import ScriptedBackend
-from tests.asgi._apps import client_for, echo_routes, scripted_answers, sha
+from tests.asgi._apps import client_for, echo_routes, guarded_app, scripted_answers, sha
 from tests.asgi._servers import serve_in_thread
 
 pytestmark = pytest.mark.anyio
@@ -160,6 +160,26 @@ async def test_one_client_filling_the_store_gets_429_and_others_still_escalate(m
     assert attacker == [202, 202, 202, 429, 429] and others == [202] * 5
     assert refused.json()["code"] == "review_quota_exceeded" and int(refused.headers["retry-after"]) > 0
     assert after.status_code == 202
+
+
+async def test_the_review_cap_counts_the_address_the_proxy_appended(make_guard: GuardFactory) -> None:
+    """Behind a proxy that appends to ``x-forwarded-for``, the client writes the entries before the proxy's: varying
+    them, or spelling one IPv6 address differently, is still one client."""
+    store = MemoryReviewStore(max_items=50, max_pending_per_client=3)
+    app = guarded_app(make_guard(), review_store=store, client_header="x-forwarded-for")
+    async with client_for(app) as client:
+        async def post(forwarded: str) -> int:
+            headers = {"content-type": "application/json", "x-forwarded-for": forwarded}
+            return (await client.post("/v1/echo", content=UNSURE, headers=headers)).status_code
+
+        spoofed = [await post(f"10.9.{i}.1, 198.51.100.7") for i in range(5)]
+        spellings = [await post(f"6.6.6.6, {v6}") for v6 in ("::1", "0::1", "0:0::1", "0000::1", "::00:1")]
+    assert spoofed == [202, 202, 202, 429, 429] and spellings == [202, 202, 202, 429, 429]
+
+
+async def test_client_hops_below_one_is_refused(make_guard: GuardFactory) -> None:
+    with pytest.raises(ValueError, match="client_hops"):
+        GuardMiddleware(Starlette(), guard=make_guard(), client_header="x-forwarded-for", client_hops=0)
 
 
 async def test_redis_items_keep_no_secrets_in_clear_and_still_release(make_guard: GuardFactory,

@@ -1,10 +1,10 @@
-"""The body-less subject policies match: the host a ``hosts:`` glob sees."""
+"""The body-less subject policies match: the host a ``hosts:`` glob sees, the client's address."""
 
 from __future__ import annotations
 
 import pytest
 
-from guard.asgi._subject import head_subject, header_map
+from guard.asgi._subject import ClientHeader, client_address, head_subject, header_map
 
 
 @pytest.mark.parametrize(
@@ -40,3 +40,33 @@ def test_with_body_makes_a_new_subject_and_leaves_the_head_as_it_was() -> None:
     full = with_body(head, {"q": ["1"]}, {"prompt": "hi"}, "hi")
     assert (full.query, full.body, full.body_text) == ({"q": ["1"]}, {"prompt": "hi"}, "hi")
     assert (head.query, head.body, head.body_text) == ({}, None, "") and full is not head
+
+
+@pytest.mark.parametrize(
+    ("forwarded", "hops", "expected"),
+    [
+        ("198.51.100.7", 1, "198.51.100.7"),
+        ("6.6.6.6, 198.51.100.7", 1, "198.51.100.7"),  # the client wrote 6.6.6.6; the proxy appended the rest
+        ("6.6.6.6, 198.51.100.7, 10.0.0.2", 2, "198.51.100.7"),  # two trusted proxies
+        ("198.51.100.7", 2, "10.0.0.9"),  # fewer entries than trusted proxies: the peer
+        ("6.6.6.6, not-an-address", 1, "10.0.0.9"),
+        ("6.6.6.6,", 1, "10.0.0.9"),
+        ("0000::1", 1, "::1"),
+        ("0:0::0:1", 1, "::1"),
+        ("::FFFF:10.0.0.1", 1, "10.0.0.1"),
+        (None, 1, "10.0.0.9"),
+    ],
+)
+def test_the_client_is_the_entry_the_outermost_trusted_proxy_appended(
+    forwarded: str | None, hops: int, expected: str
+) -> None:
+    headers = {"x-forwarded-for": forwarded} if forwarded is not None else {}
+    scope = {"client": ("10.0.0.9", 5000)}
+    assert client_address(scope, headers, ClientHeader("x-forwarded-for", hops)) == expected
+
+
+def test_the_peer_is_the_client_without_a_client_header() -> None:
+    headers = {"x-forwarded-for": "6.6.6.6"}
+    assert client_address({"client": ("::ffff:10.0.0.9", 1)}, headers, None) == "10.0.0.9"
+    assert client_address({"client": ("testclient", 1)}, headers, None) == "testclient"  # not an IP: as it is
+    assert client_address({}, headers, None) is None
