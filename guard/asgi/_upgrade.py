@@ -1,13 +1,15 @@
 """WebSocket upgrades on judged paths, for :class:`~guard.asgi.GuardMiddleware` and ``guard proxy``'s relay.
 
 guard judges HTTP requests and responses, not WebSocket messages, so an upgrade on a path some policy matches (a
-request policy, or a response policy watching it, as a ``GET`` with the upgrade's headers) is refused: with a 403
+request policy, or a response policy watching it, under any method and media type: a message carries what a
+``POST`` would, so a policy for ``POST /v1/**`` covers a WebSocket under ``/v1/``) is refused: with a 403
 JSON body ``{code: websocket_not_judged, message, policy}`` where the server supports the ASGI
 ``websocket.http.response`` extension (uvicorn does), else a close with code 1008 and the same reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -17,6 +19,8 @@ from guard.asgi._subject import ClientHeader, head_subject, header_map
 from guard.asgi._target import path_views
 from guard.engine import Guard
 from guard.errors import BodyError
+from guard.policy import Policy
+from guard.subject import HttpSubject
 
 __all__ = ["NOT_JUDGED", "deny_upgrade", "judged_by", "refuse_invalid_upgrade", "refuse_judged_upgrade"]
 
@@ -25,21 +29,34 @@ _POLICY_VIOLATION = 1008  # RFC 6455 7.4.1
 
 
 def judged_by(guard: Guard, scope: Scope, client_header: ClientHeader | None) -> str | None:
-    """The id of a policy that matches the upgrade ``scope`` (canonical) as a ``GET`` or watches its response, else
-    ``None``. The path is matched in each of its :func:`~guard.asgi._target.path_views`: refused if any matches;
-    ``"(invalid request)"`` for headers no subject can be built from."""
-    for view in path_views(scope["path"]):
-        try:
-            head = head_subject({**scope, "method": "GET"}, header_map(scope), client_header, view)
-        except BodyError:
-            return "(invalid request)"
-        policy = guard.match(head)
-        if policy is not None:
-            return policy.id
-        watching = guard.watching(head)
-        if watching:
-            return watching[0].id
+    """The id of a policy whose ``match.http`` accepts the upgrade ``scope`` (canonical, with its host and headers)
+    under some method and media type, as a request policy or a response policy watching it, else ``None``. The path
+    is matched in each of its :func:`~guard.asgi._target.path_views`: refused if any matches; ``"(invalid
+    request)"`` for headers no subject can be built from."""
+    try:
+        headers = header_map(scope)
+        heads = [head_subject({**scope, "method": "GET"}, headers, client_header, view)
+                 for view in path_views(scope["path"])]  # fmt: skip
+    except BodyError:
+        return "(invalid request)"
+    for head in heads:
+        for policy in guard.policies:
+            if _judges_under_some_method(policy, head):
+                return policy.id
     return None
+
+
+def _judges_under_some_method(policy: Policy, head: HttpSubject) -> bool:
+    """``policy`` judges ``head``, or its response, once ``head`` has a method and a media type the policy names
+    (``head``'s own where it names none)."""
+    if policy.http is None:
+        return False
+    subject = dataclasses.replace(
+        head,
+        method=min(policy.http.methods, default=head.method),
+        content_type=min(policy.http.content_types, default=head.content_type),
+    )
+    return policy.matches(subject) or policy.watches(subject)
 
 
 async def refuse_judged_upgrade(scope: Scope, send: Send, policy: str) -> None:

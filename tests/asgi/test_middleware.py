@@ -20,7 +20,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.testclient import TestClient
+from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.websockets import WebSocket
 from uvicorn.config import STARTUP_FAILURE
 
@@ -146,6 +146,8 @@ async def test_unmatched_requests_pass_without_reading_the_body(make_guard: Guar
 
 
 def test_lifespan_and_websocket_pass_through() -> None:
+    """A WebSocket on a path no policy matches passes; under /v1/**, which api_guard judges for POST, PUT and PATCH,
+    it is refused: its messages would not be judged."""
     events: list[str] = []
 
     async def ws(websocket: WebSocket) -> None:
@@ -160,11 +162,15 @@ def test_lifespan_and_websocket_pass_through() -> None:
         events.append("shutdown")
 
     guard = Guard.from_files(POLICY, backends=ScriptedBackend(scripted_answers))
-    app = Starlette(routes=[WebSocketRoute("/v1/ws", ws), Route("/v1/echo", echo, methods=["POST"])],
+    app = Starlette(routes=[WebSocketRoute("/{path:path}", ws), Route("/v1/echo", echo, methods=["POST"])],
                     middleware=[Middleware(GuardMiddleware, guard=guard)], lifespan=lifespan)
-    with TestClient(app) as client, client.websocket_connect("/v1/ws") as socket:
-        socket.send_text("guard")
-        assert socket.receive_text() == "hello guard"
+    with TestClient(app) as client:
+        with client.websocket_connect("/live/ws") as socket:
+            socket.send_text("guard")
+            assert socket.receive_text() == "hello guard"
+        with pytest.raises(WebSocketDenialResponse) as refused, client.websocket_connect("/v1/ws"):
+            pass
+    assert refused.value.status_code == 403 and refused.value.json()["policy"] == "api_guard"
     assert events == ["startup", "shutdown"]
     guard.close()
 
