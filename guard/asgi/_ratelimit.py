@@ -2,14 +2,16 @@
 average, bursts of up to ``burst``.
 
 Each key's bucket holds up to ``burst`` tokens and refills at ``rate`` per second; a request takes one, and is
-refused while the bucket is empty. At most ``max_keys`` buckets are kept: when full, buckets that have refilled
-completely (they carry no state a new one would not) are dropped first, then the oldest. Every replica limits on
-its own, so N replicas let through up to N times the rate.
+refused while the bucket is empty. At most ``max_keys`` buckets are kept: when full, a new key drops the least
+recently used bucket, in constant time (it has been idle longest, so it is the first to have refilled completely
+and carry no state a new one would not). Every replica limits on its own, so N replicas let through up to N times
+the rate.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 __all__ = ["TokenBuckets"]
 
@@ -30,7 +32,7 @@ class TokenBuckets:
         if not rate > 0 or burst < 1 or max_keys < 1:
             raise ValueError(f"rate {rate} must be > 0, burst {burst} and max_keys {max_keys} at least 1")
         self.rate, self.burst, self.max_keys = float(rate), burst, max_keys
-        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, at), oldest first
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at), least recent first
 
     def take(self, key: str) -> float:
         """Take one token for ``key``: ``0.0`` when allowed, else the seconds until one is available."""
@@ -44,8 +46,8 @@ class TokenBuckets:
         return (1.0 - tokens) / self.rate
 
     def _store(self, key: str, tokens: float, now: float) -> None:
+        """Keep ``key``'s bucket (:meth:`take` took it out) as the most recently used; at ``max_keys`` drop the least
+        recently used one."""
         if len(self._buckets) >= self.max_keys:
-            full = [k for k, (t, a) in self._buckets.items() if t + (now - a) * self.rate >= self.burst]
-            for k in full or [next(iter(self._buckets))]:
-                del self._buckets[k]
+            self._buckets.popitem(last=False)
         self._buckets[key] = (tokens, now)
