@@ -101,6 +101,15 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _shown(value: Any) -> str:
+    """``value``, read from a remote answer, as an error message may show it: a number of at most 20 characters as
+    written, anything else by its JSON type only (a string may repeat the request's state, and error messages reach
+    verdicts, spans and decision logs)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and len(text := repr(value)) <= 20:
+        return text
+    return f"a JSON {_json_type(value)}"
+
+
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
@@ -659,11 +668,11 @@ class SystemOneResponseV1:
             if not isinstance(raw, Mapping):
                 raise bad(f"answer for question {question.id!r} is missing")
             if raw.get("type", question.type) != question.type:
-                raise bad(f"answer for {question.id!r} has type {raw.get('type')!r}, expected {question.type!r}")
+                raise bad(f"answer for {question.id!r} has type {_shown(raw.get('type'))}, expected {question.type!r}")
             answers[question.id] = _parse_answer(question, raw, decimals, confidence_profile, bad)
         extra = [qid for qid in answers_raw if qid not in answers]
         if extra:
-            raise bad(f"response answers unknown questions {extra}")
+            raise bad(f"response answers {len(extra)} question(s) the request did not ask")
         usage_raw = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         usage = UsageV1(
             input_tokens=_as_int(usage_raw.get("input_tokens")),
@@ -709,16 +718,17 @@ def _parse_answer(
     if question.type == "noul":
         p = raw.get("noul")
         if not _finite_probability(p):
-            raise bad(f"answer for {question.id!r} has noul={p!r}; expected a probability in [0, 1]")
+            raise bad(f"answer for {question.id!r} has noul {_shown(p)}; expected a probability in [0, 1]")
         return AnswerV1(question.id, "noul", {"true": float(p), "false": 1.0 - float(p)}, noul=float(p))
     probabilities = raw.get("probabilities")
     expected_ids = question.option_ids()
     if not isinstance(probabilities, Mapping) or set(probabilities) != set(expected_ids):
-        got = list(probabilities) if isinstance(probabilities, Mapping) else probabilities
-        raise bad(f"answer for {question.id!r} has probabilities for {got!r}; expected {expected_ids}")
+        got = (f"{len(set(probabilities) - set(expected_ids))} other option id(s)" if isinstance(probabilities, Mapping)
+               else _shown(probabilities))
+        raise bad(f"answer for {question.id!r} has probabilities for {got}; expected {expected_ids}")
     for option_id, p in probabilities.items():
         if not _finite_probability(p):
-            raise bad(f"answer for {question.id!r} has probability {p!r} for option {option_id!r}")
+            raise bad(f"answer for {question.id!r} has probability {_shown(p)} for option {option_id!r}")
     tolerance = sum_tolerance(len(expected_ids), decimals)
     total = sum(float(p) for p in probabilities.values())
     if abs(total - 1.0) > tolerance:
@@ -726,7 +736,7 @@ def _parse_answer(
     caller = {option_id: float(probabilities[option_id]) for option_id in expected_ids}
     reported = raw.get("confidence")
     if reported is not None and not _finite_probability(reported):
-        raise bad(f"answer for {question.id!r} has confidence {reported!r}")
+        raise bad(f"answer for {question.id!r} has confidence {_shown(reported)}")
     if reported is not None:  # a rule may read it: it must be what one of the known definitions gives
         values = [caller[option_id] for option_id in expected_ids]
         slack = max(1e-3, 5 * 10.0**-decimals)
@@ -739,7 +749,7 @@ def _parse_answer(
     if question.type == "choice":
         choice = raw.get("choice")
         if choice not in caller:
-            raise bad(f"answer for {question.id!r} chose {choice!r}, not one of its options")
+            raise bad(f"answer for {question.id!r} chose {_shown(choice)}, not one of its options")
         top = max(caller.values())
         if caller[choice] < top - unit - 1e-9:
             raise bad(f"answer for {question.id!r} chose {choice!r} (p={caller[choice]:.4f}) but {answer.choice!r} "
@@ -748,7 +758,7 @@ def _parse_answer(
     score = raw.get("score")
     levels = len(expected_ids)
     if not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score):
-        raise bad(f"answer for {question.id!r} has score {score!r}; expected a number")
+        raise bad(f"answer for {question.id!r} has score {_shown(score)}; expected a number")
     if not -1e-6 <= score <= levels - 1 + 1e-6:
         raise bad(f"answer for {question.id!r} has score {score!r}; expected 0 to {levels - 1}")
     # each probability is off by up to half a unit (times its level), and the score itself by half a unit

@@ -251,7 +251,7 @@ def test_parse_remote_response() -> None:
         (lambda b: b["answers"]["team"].update(choice="billing"), "most probable option"),
         (lambda b: b["answers"]["severity"].update(score=0), "expected level"),
         (lambda b: b["answers"]["severity"].update(score=2.9), "expected level"),
-        (lambda b: b["answers"].update(other={"type": "noul", "noul": 0.1}), "unknown"),
+        (lambda b: b["answers"].update(other={"type": "noul", "noul": 0.1}), "did not ask"),
         (lambda b: b.pop("answers"), "answers"),
         (lambda b: b["answers"]["team"].update(type="noul"), "type"),
     ],
@@ -261,6 +261,24 @@ def test_parse_remote_response_rejects_malformed(mutate, fragment: str) -> None:
     mutate(body)
     with pytest.raises(MalformedAnswer, match=fragment):
         SystemOneResponseV1.from_json(body, _remote_request())
+
+
+@pytest.mark.parametrize("where", ["noul", "type", "probability", "option", "choice", "score", "confidence", "extra"])
+def test_a_malformed_answer_is_described_without_the_text_the_provider_wrote(where: str) -> None:
+    """A provider that echoes the request's state into its answer: the error names the field and the JSON type,
+    never the text (error messages reach verdicts, spans and decision logs)."""
+    echo = "bad input: card 4111111111111111"
+    body = _remote_body()
+    answers = body["answers"]
+    {"noul": lambda: answers["urgent"].update(noul=echo), "type": lambda: answers["team"].update(type=echo),
+     "probability": lambda: answers["team"]["probabilities"].update(sales=echo),
+     "option": lambda: answers["team"]["probabilities"].update({echo: 0.0}),
+     "choice": lambda: answers["team"].update(choice=echo), "score": lambda: answers["severity"].update(score=echo),
+     "confidence": lambda: answers["team"].update(confidence=echo),
+     "extra": lambda: answers.update({echo: {"type": "noul", "noul": 0.1}})}[where]()
+    with pytest.raises(MalformedAnswer) as caught:
+        SystemOneResponseV1.from_json(body, _remote_request())
+    assert "4111" not in str(caught.value), str(caught.value)
 
 
 def test_self_consistency_allows_rounding_and_the_mode_level() -> None:
