@@ -281,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
             canaries=clef_canaries(margin=margin, directional=args.canary_directional),
         )
 
-    from guard.cli._otel import install_tracing_from_env
+    from guard.cli._otel import install_tracing_from_env, shutdown_providers
     from guard.engine.telemetry import metric_readers_from_env
     from guard.worker.metrics import WorkerMetrics
 
@@ -298,4 +298,5 @@ def run(args: argparse.Namespace) -> int:
     )
     uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,
                 **server_options(args.header_timeout), **where)
+    shutdown_providers()  # after Ctrl-C the SDK's exit hooks would wait for a collector that never answers
     return 0

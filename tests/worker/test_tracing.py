@@ -138,6 +138,33 @@ def test_a_worker_process_configured_by_otel_variables_sends_its_spans_to_an_otl
     assert otlp.metric_services() == {"guard-worker-test"}  # one service for the worker's traces and metrics
 
 
+def test_a_worker_stopped_with_ctrl_c_waits_a_bounded_time_for_a_collector_that_never_answers(
+    golden_checkpoint: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT) makes uvicorn return, so the SDK's exit hooks would shut the providers down again and wait
+    for the collector about ``OTEL_EXPORTER_OTLP_TIMEOUT`` a batch; ``guard worker serve`` shuts them down itself,
+    within the bound."""
+    import socket
+    import time
+
+    with socket.socket() as silent:  # connections wait in its backlog: accepted, never answered
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}",
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "30"}  # seconds an export waits for an answer
+        options = ("--model", str(golden_checkpoint), "--dtype", "float32", "--model-name", "clef-flash",
+                   "--log-level", "warning", "--torch-threads", "1")  # fmt: skip
+        with worker_process(str(tmp_path / "w.sock"), *options, env=env) as worker, worker.client() as client:
+            for i in range(3):
+                assert client.post("/v1/systemone", json=ticket_body(i)).status_code == 200
+            started = time.monotonic()
+            worker.process.send_signal(signal.SIGINT)
+            returncode = worker.process.wait(60)
+            elapsed = time.monotonic() - started
+            stderr = worker.process.stderr.read().decode() if worker.process.stderr else ""
+    assert returncode == 0 and elapsed < 14, (returncode, elapsed, stderr[-2000:])
+
+
 def families(text: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
