@@ -118,6 +118,10 @@ def _host_name(host: str) -> str:
     return host.removesuffix(".")
 
 
+#: Longest client identity kept from a trusted proxy's entry that is not an IP address.
+MAX_CLIENT_CHARS = 100
+
+
 @dataclass(frozen=True)
 class ClientHeader:
     """Where the client's address is read when trusted proxies stand in front: ``name``, a header (lower-case) to
@@ -130,16 +134,17 @@ class ClientHeader:
 
 
 def client_address(scope: Scope, headers: dict[str, str], client_header: ClientHeader | None) -> str | None:
-    """Who sent the request, as one spelling of its IP address (``0::1`` -> ``::1``, ``::ffff:10.0.0.1`` ->
-    ``10.0.0.1``): the address ``client_header`` names (see :class:`ClientHeader`); the peer address when it is not
-    configured, not sent, has fewer than ``hops`` entries or that entry is not an IP address. A peer that is not an
-    IP address (a Unix socket, a test client) is kept as it is."""
+    """Who sent the request: the entry ``client_header`` names (see :class:`ClientHeader`), else the peer address
+    (not configured, not sent, or fewer than ``hops`` entries). An IP address is given in one spelling (``0::1`` ->
+    ``::1``, ``::ffff:10.0.0.1`` -> ``10.0.0.1``, a port dropped: ``203.0.113.7:51234``, ``[2001:db8::1]:443``);
+    an entry that is not one (a trusted proxy wrote it: ``unknown``, an obfuscated name) is kept as written, at most
+    :data:`MAX_CLIENT_CHARS` characters, so such clients are not all taken for the proxy itself."""
     if client_header is not None and client_header.name in headers:
         entries = headers[client_header.name].split(",")
         if len(entries) >= client_header.hops:
-            address = _ip_address(entries[-client_header.hops].strip())
-            if address is not None:
-                return address
+            entry = entries[-client_header.hops].strip()
+            if entry:
+                return _ip_address(entry) or entry[:MAX_CLIENT_CHARS]
     peer = scope.get("client")
     if not peer:
         return None
@@ -147,10 +152,15 @@ def client_address(scope: Scope, headers: dict[str, str], client_header: ClientH
 
 
 def _ip_address(text: str) -> str | None:
-    """``text`` as the one spelling :mod:`ipaddress` gives its IP address (an IPv4-mapped IPv6 address as IPv4), or
-    ``None`` when it is not one."""
+    """``text`` as the one spelling :mod:`ipaddress` gives its IP address (an IPv4-mapped IPv6 address as IPv4; a
+    port after an IPv4 address or a bracketed IPv6 one dropped), or ``None`` when it is not one."""
+    host = text
+    if text.startswith("[") and "]" in text:
+        host = text[1 : text.index("]")]
+    elif text.count(":") == 1:
+        host = text.partition(":")[0]
     try:
-        address = ipaddress.ip_address(text)
+        address = ipaddress.ip_address(host)
     except ValueError:
         return None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:

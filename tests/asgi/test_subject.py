@@ -49,8 +49,11 @@ def test_with_body_makes_a_new_subject_and_leaves_the_head_as_it_was() -> None:
         ("6.6.6.6, 198.51.100.7", 1, "198.51.100.7"),  # the client wrote 6.6.6.6; the proxy appended the rest
         ("6.6.6.6, 198.51.100.7, 10.0.0.2", 2, "198.51.100.7"),  # two trusted proxies
         ("198.51.100.7", 2, "10.0.0.9"),  # fewer entries than trusted proxies: the peer
-        ("6.6.6.6, not-an-address", 1, "10.0.0.9"),
-        ("6.6.6.6,", 1, "10.0.0.9"),
+        ("6.6.6.6, unknown", 1, "unknown"),  # written by the trusted proxy: an identity, not the proxy's address
+        ("6.6.6.6,", 1, "10.0.0.9"),  # nothing written: the peer
+        ("203.0.113.7:51234", 1, "203.0.113.7"),  # a port after the address (some load balancers append one)
+        ("[2001:db8::1]:443", 1, "2001:db8::1"),
+        ("2001:db8::1", 1, "2001:db8::1"),
         ("0000::1", 1, "::1"),
         ("0:0::0:1", 1, "::1"),
         ("::FFFF:10.0.0.1", 1, "10.0.0.1"),
