@@ -1,15 +1,16 @@
 """WebSocket upgrades on judged paths, for :class:`~guard.asgi.GuardMiddleware` and ``guard proxy``'s relay.
 
 guard judges HTTP requests and responses, not WebSocket messages, so an upgrade on a path some policy matches (a
-request policy, or a response policy watching it, under any method and media type: a message carries what a
-``POST`` would, so a policy for ``POST /v1/**`` covers a WebSocket under ``/v1/``) is refused: with a 403
+request policy, or a response policy watching it, whatever its media type and ``Content-Type`` condition, when it
+names no method or one of GET, POST, PUT and PATCH: a message carries what such a request would, so a policy for
+``POST /v1/**`` covers a WebSocket under ``/v1/``; :meth:`guard.policy._match.HttpMatcher.may_judge_messages`) is
+refused: with a 403
 JSON body ``{code: websocket_not_judged, message, policy}`` where the server supports the ASGI
 ``websocket.http.response`` extension (uvicorn does), else a close with code 1008 and the same reason.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -19,8 +20,6 @@ from guard.asgi._subject import ClientHeader, head_subject, header_map
 from guard.asgi._target import path_views
 from guard.engine import Guard
 from guard.errors import BodyError
-from guard.policy import Policy
-from guard.subject import HttpSubject
 
 __all__ = ["NOT_JUDGED", "deny_upgrade", "judged_by", "refuse_invalid_upgrade", "refuse_judged_upgrade"]
 
@@ -29,8 +28,8 @@ _POLICY_VIOLATION = 1008  # RFC 6455 7.4.1
 
 
 def judged_by(guard: Guard, scope: Scope, client_header: ClientHeader | None) -> str | None:
-    """The id of a policy whose ``match.http`` accepts the upgrade ``scope`` (canonical, with its host and headers)
-    under some method and media type, as a request policy or a response policy watching it, else ``None``. The path
+    """The id of a policy whose ``match.http`` may judge what the upgrade ``scope`` (canonical, with its host and
+    headers) would carry (:meth:`~guard.policy._match.HttpMatcher.may_judge_messages`), else ``None``. The path
     is matched in each of its :func:`~guard.asgi._target.path_views`: refused if any matches; ``"(invalid
     request)"`` for headers no subject can be built from."""
     try:
@@ -41,22 +40,9 @@ def judged_by(guard: Guard, scope: Scope, client_header: ClientHeader | None) ->
         return "(invalid request)"
     for head in heads:
         for policy in guard.policies:
-            if _judges_under_some_method(policy, head):
+            if policy.http is not None and policy.http.may_judge_messages(head):
                 return policy.id
     return None
-
-
-def _judges_under_some_method(policy: Policy, head: HttpSubject) -> bool:
-    """``policy`` judges ``head``, or its response, once ``head`` has a method and a media type the policy names
-    (``head``'s own where it names none)."""
-    if policy.http is None:
-        return False
-    subject = dataclasses.replace(
-        head,
-        method=min(policy.http.methods, default=head.method),
-        content_type=min(policy.http.content_types, default=head.content_type),
-    )
-    return policy.matches(subject) or policy.watches(subject)
 
 
 async def refuse_judged_upgrade(scope: Scope, send: Send, policy: str) -> None:

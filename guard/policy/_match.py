@@ -84,6 +84,10 @@ class ResponseMatcher:
         return _headers_match(self.headers, response.headers)
 
 
+#: Methods whose requests a WebSocket message can stand for: the upgrade's own GET and those that carry a body.
+MESSAGE_METHODS = frozenset({"GET", "POST", "PUT", "PATCH"})
+
+
 @dataclass(frozen=True)
 class HttpMatcher:
     """A compiled ``match.http`` block.
@@ -128,6 +132,18 @@ class HttpMatcher:
     def watches(self, request: HttpSubject) -> bool:
         """This is a response matcher and ``request``'s response is to be judged."""
         return self.response is not None and self._request_matches(request)
+
+    def may_judge_messages(self, upgrade: HttpSubject) -> bool:
+        """Whether requests this matcher accepts (or whose responses it watches) could carry what the WebSocket
+        ``upgrade`` would: its path, host and headers hold, whatever the media type and ``Content-Type`` header (a
+        message has neither), and the matcher names no method or one of :data:`MESSAGE_METHODS`."""
+        if self.methods and not self.methods & MESSAGE_METHODS:
+            return False
+        if self.paths is not None and self.paths.fullmatch(upgrade.path) is None:
+            return False
+        if self.hosts is not None and self.hosts.fullmatch(upgrade.host.lower()) is None:
+            return False
+        return _headers_match(tuple(h for h in self.headers if h[0] != "content-type"), upgrade.headers)
 
     def _request_matches(self, subject: HttpSubject) -> bool:
         if self.methods and subject.method.upper() not in self.methods:

@@ -197,3 +197,32 @@ async def test_an_upgrade_is_judged_whatever_media_type_a_policy_names(path: str
         assert judged_by(guard, _upgrade("/live/feed"), None) is None
     finally:
         await guard.aclose()
+
+
+@pytest.mark.parametrize(("match", "judged"), [
+    ({"methods": ["DELETE"], "paths": ["/v1/**"]}, False),  # a DELETE carries no message a WebSocket would
+    ({"methods": ["HEAD", "OPTIONS"], "paths": ["/v1/**"]}, False),
+    ({"methods": ["DELETE", "PATCH"], "paths": ["/v1/**"]}, True),
+    ({"methods": ["POST"], "paths": ["/v1/**"], "headers": {"content-type": "application/json*"}}, True),
+    ({"methods": ["POST"], "paths": ["/v1/**"], "headers": {"x-tenant": "a"}}, False),  # a header the upgrade lacks
+    ({"hosts": ["api"]}, True),
+])
+async def test_an_upgrade_is_judged_by_policies_whose_requests_carry_messages(match: dict, judged: bool) -> None:
+    """Only policies naming no method or GET, POST, PUT or PATCH judge what a WebSocket would carry; a Content-Type
+    condition (as a header glob too) does not keep a POST policy from covering it."""
+    import json as _json
+
+    policy = f"""
+policies:
+  - id: p
+    version: 1
+    match: {{http: {_json.dumps(match)}}}
+    state: {{text: body_text}}
+    questions: {{injection: {{type: noul, instructions: "Injection?"}}}}
+    rules: [{{id: injection, when: injection.noul >= 0.8, action: block}}]
+"""
+    guard = Guard(PolicySet(load_text(policy)), backends=ScriptedBackend(scripted_answers))
+    try:
+        assert judged_by(guard, _upgrade("/v1/ws"), None) == ("p" if judged else None)
+    finally:
+        await guard.aclose()
