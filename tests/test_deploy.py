@@ -257,7 +257,7 @@ def _redis_scripts() -> dict[tuple[str, str], str]:
     scripts = {}
     for name in ("redis", "redis-reviews"):
         assert compose[name]["command"][:2] == ["sh", "-c"], name
-        assert compose[name]["user"] == "999:999", name  # the image drops root only for a bare redis-server command
+        assert compose[name]["user"] == "999:1000", name  # the image drops root only for a bare redis-server command
         scripts["compose", name] = compose[name]["command"][2].replace("$$", "$")
         container = k8s[name]["spec"]["template"]["spec"]["containers"][0]
         assert container["command"] == ["sh", "-c"], name
