@@ -37,7 +37,16 @@ from typing import Annotated, Any, Literal, NotRequired, cast
 
 from langchain.agents.middleware.human_in_the_loop import Action, ActionRequest, HITLRequest, ReviewConfig
 from langgraph.types import Command, Interrupt
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Discriminator, Tag, with_config
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    with_config,
+)
 from typing_extensions import TypedDict
 
 from guard.agents._arguments import shape_problem
@@ -361,13 +370,19 @@ def resume_command(
         SDK send ``command={"resume": resume_command(...).resume}``.
 
     Raises:
-        ResumeError: when an item has no decision or a decision names no pending item (a count mismatch
-            runs nothing), or an interrupt has no id.
+        ResumeError: when ``decisions`` is not a map or a list, an item has no decision or a decision names no pending
+            item (a count mismatch runs nothing), a decision is one the graph would refuse (a type the item does not
+            allow, a missing or extra field, a wrong type: checked with the interrupt's own ``response_schema``), or
+            an interrupt has no id.
     """
     pending = guard_interrupts(interrupts)
     per_interrupt = [(_interrupt_id(i), cast(GuardReviewRequest, _interrupt_value(i))["items"]) for i in pending]
     expected = tuple(item["id"] for _, items in per_interrupt for item in items)
-    resume: dict[str, Any] = dict(others or {})
+    if isinstance(decisions, str | bytes) or not isinstance(decisions, Mapping | Sequence):
+        raise ResumeError(
+            f"decisions must be a map {{item_id: decision}} or a list of decisions, not {type(decisions).__name__}",
+            expected=expected,
+        )
     if not isinstance(decisions, Mapping):
         listed = list(decisions)
         if len(listed) != len(expected):
@@ -376,12 +391,7 @@ def resume_command(
                 f"answers the action_requests of the pending guard interrupts in order, one each",
                 expected=expected,
             )
-        start = 0
-        for interrupt_id, items in per_interrupt:  # keyed by item id: an answer names the item it is for
-            resume[interrupt_id] = {"decisions": {item["id"]: decision for item, decision
-                                                  in zip(items, listed[start : start + len(items)], strict=True)}}
-            start += len(items)
-        return Command(resume=resume)
+        decisions = dict(zip(expected, listed, strict=True))  # keyed by item id: an answer names the item it is for
     given = tuple(decisions)
     if set(expected) != set(given) or len(expected) != len(set(expected)):
         missing = sorted(set(expected) - set(given))
@@ -393,6 +403,32 @@ def resume_command(
             expected=expected,
             given=given,
         )
+    resume: dict[str, Any] = dict(others or {})
     for interrupt_id, items in per_interrupt:
-        resume[interrupt_id] = {"decisions": {item["id"]: decisions[item["id"]] for item in items}}
+        value = {"decisions": {item["id"]: decisions[item["id"]] for item in items}}
+        _validate_resume(items, value, expected=expected)
+        resume[interrupt_id] = value
     return Command(resume=resume)
+
+
+def _validate_resume(items: Sequence[PendingItem], value: dict[str, Any], *, expected: tuple[str, ...]) -> None:
+    """Check one interrupt's resume value with its ``response_schema``, as the graph will; a refusal becomes a
+    :class:`ResumeError` naming the item and the problem."""
+    try:
+        TypeAdapter(response_schema(items)).validate_python(value)
+    except ValidationError as refused:
+        given = tuple(value["decisions"])
+        problems = []
+        for error in refused.errors():
+            cause = error.get("ctx", {}).get("error")
+            if isinstance(cause, ResumeError):
+                raise cause from None
+            location = error["loc"]
+            if isinstance(cause, ValueError):  # _known_types: a type no reviewer can send
+                problems.append(str(cause))
+            elif len(location) > 3:  # ("decisions", <map schema>, item id, <decision tag>, field, ...)
+                field = ".".join(str(part) for part in location[4:])
+                decision = value["decisions"][location[2]]
+                problems.append(f"the {decision['type']!r} decision for {location[2]} is invalid: "
+                                f"{field + ': ' if field else ''}{error['msg']}")
+        raise ResumeError("; ".join(problems) or str(refused), expected=expected, given=given) from None

@@ -113,3 +113,35 @@ def test_resume_command_refuses_a_count_mismatch(count: int) -> None:
     with pytest.raises(ResumeError) as caught:
         resume_command(pending, decisions)  # type: ignore[arg-type]
     assert caught.value.expected == ("a", "b", "c") and len(caught.value.given) == count
+
+
+@pytest.mark.parametrize(
+    ("decision", "fragment"),
+    [
+        ({"type": "respond", "message": "hi"}, "has type 'respond'; a decision's type is one of approve, reject, edit"),
+        ({"type": "ignore"}, "has type 'ignore'"),
+        ({"type": "approve", "extra": 1}, "the 'approve' decision for b is invalid: extra: Extra inputs"),
+        ({"type": "reject", "message": 5}, "the 'reject' decision for b is invalid: message: Input should be a valid str"),
+        ({"type": "edit"}, "the 'edit' decision for b is invalid: arguments: Field required"),
+        ({"type": "edit", "edited_action": {"name": "pay"}}, "for b is invalid: edited_action.args: Field required"),
+    ],
+)
+@pytest.mark.parametrize("form", ["map", "list"])
+def test_resume_command_refuses_a_decision_the_graph_would_refuse(decision: dict, fragment: str, form: str) -> None:
+    pending = [_interrupt("i1", "a"), _interrupt("i2", "b")]
+    decisions = {"a": {"type": "approve"}, "b": decision}
+    with pytest.raises(ResumeError, match=fragment) as caught:
+        resume_command(pending, decisions if form == "map" else list(decisions.values()))
+    assert caught.value.expected == ("a", "b")
+
+
+def test_resume_command_refuses_a_decision_the_item_does_not_allow() -> None:
+    pending = [Interrupt(value={"type": "guard_review", "items": [_item("a", ("approve", "reject"))]}, id="i1")]
+    with pytest.raises(ResumeError, match="decision 'edit' is not allowed for a; allowed: approve, reject"):
+        resume_command(pending, {"a": {"type": "edit", "arguments": {"amount": 1}}})
+
+
+@pytest.mark.parametrize("decisions", ["approve", None, 3])
+def test_resume_command_wants_a_map_or_a_list(decisions: object) -> None:
+    with pytest.raises(ResumeError, match="decisions must be a map {item_id: decision} or a list of decisions, not "):
+        resume_command([_interrupt("i1", "a")], decisions)  # type: ignore[arg-type]
