@@ -105,10 +105,27 @@ def _problems(exc: PolicyError) -> list[PolicyError]:
     return list(getattr(exc, "problems", None) or [exc])
 
 
+def _load_error(file: str, line: int | None, key: str | None, message: str) -> dict[str, Any]:
+    """A file that does not load, as ``policy test --format json`` reports it: ``{file, line, key, message}``."""
+    return {"file": file, "line": line, "key": key, "message": message}
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    """``file:line: key: message`` (line and key when known)."""
+    where = f"{error['file']}:{error['line']}" if error["line"] is not None else error["file"]
+    key = f" {error['key']}:" if error["key"] else ""
+    return f"{where}:{key} {error['message']}"
+
+
+def _printed(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``errors``, after printing each to stderr."""
+    for error in errors:
+        print(_error_text(error), file=sys.stderr)
+    return errors
+
+
 def _print_problem(problem: PolicyError) -> None:
-    where = f"{problem.file}:{problem.line}" if problem.line is not None else problem.file
-    key = f" {problem.key}:" if problem.key else ""
-    print(f"{where}:{key} {problem.reason}", file=sys.stderr)
+    _printed([_load_error(problem.file, problem.line, problem.key, problem.reason)])
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -280,6 +297,7 @@ def run_test(args: argparse.Namespace) -> int:
     text = args.format == "text"
     suites: list[tuple[str, list[CaseResult]]] = []
     uncovered: list[str] = []
+    errors: list[dict[str, Any]] = []  # what did not load
     broken = 0
     for policy_file in files:
         test_file = find_test_file(policy_file)[1]
@@ -290,12 +308,12 @@ def run_test(args: argparse.Namespace) -> int:
                 continue
             results = run_test_file(policy_file, backend_factory=factory, timeout_s=timeout_s, run=pattern)
         except PolicyError as exc:
-            for problem in _problems(exc):
-                _print_problem(problem)
+            errors += _printed([_load_error(p.file, p.line, p.key, p.reason) for p in _problems(exc)])
             broken += 1
             continue
         except OSError as exc:
-            print(f"{policy_file}: cannot read: {exc.strerror}", file=sys.stderr)
+            unread = _load_error(str(exc.filename or policy_file), None, None, f"cannot read: {exc.strerror}")
+            errors += _printed([unread])
             broken += 1
             continue
         if not results:
@@ -321,9 +339,9 @@ def run_test(args: argparse.Namespace) -> int:
         print(f"guard policy test: no case matches --run {args.run!r}", file=sys.stderr)
         return EXIT_FAILED
     if args.format == "json":
-        print(json.dumps(_json_report(suites, uncovered), indent=2, ensure_ascii=False))
+        print(json.dumps(_json_report(suites, uncovered, errors), indent=2, ensure_ascii=False))
     elif args.format == "junit":
-        print(_junit_report(suites))
+        print(_junit_report(suites, errors))
     else:
         for line in uncovered:
             print(f"not covered {line}")
@@ -331,8 +349,11 @@ def run_test(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or broken else 0
 
 
-def _json_report(suites: list[tuple[str, list[Any]]], uncovered: list[str]) -> dict[str, Any]:
-    """``{"results": [{file, line, name, passed, problems, action, rule}], "not_covered": [...]}``."""
+def _json_report(
+    suites: list[tuple[str, list[Any]]], uncovered: list[str], errors: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``{"results": [{file, line, name, passed, problems, action, rule}], "not_covered": [...],
+    "errors": [{file, line, key, message}]}`` (``errors``: the files that did not load)."""
     results = [
         {
             "file": file, "line": r.line, "name": r.name, "passed": r.passed, "problems": r.problems,
@@ -341,14 +362,22 @@ def _json_report(suites: list[tuple[str, list[Any]]], uncovered: list[str]) -> d
         }
         for file, rs in suites for r in rs
     ]  # fmt: skip
-    return {"results": results, "not_covered": uncovered}
+    return {"results": results, "not_covered": uncovered, "errors": errors}
 
 
-def _junit_report(suites: list[tuple[str, list[Any]]]) -> str:
-    """JUnit XML: one ``<testsuite>`` per test file, a ``<failure>`` per failing case listing its differences."""
+def _junit_report(suites: list[tuple[str, list[Any]]], errors: list[dict[str, Any]]) -> str:
+    """JUnit XML: one ``<testsuite>`` per test file, a ``<failure>`` per failing case listing its differences, and
+    per file that did not load a ``<testsuite>`` with one ``<testcase>`` per load error, holding an ``<error>``."""
     import xml.etree.ElementTree as ET
 
     root = ET.Element("testsuites", name="guard policy test")
+    for file in dict.fromkeys(error["file"] for error in errors):
+        own = [error for error in errors if error["file"] == file]
+        suite = ET.SubElement(root, "testsuite", name=file, tests=str(len(own)), failures="0", errors=str(len(own)))
+        for error in own:
+            case = ET.SubElement(suite, "testcase", classname=file, name=error["key"] or "load",
+                                 file=file, line=str(error["line"] or 0))  # fmt: skip
+            ET.SubElement(case, "error", message=_error_text(error))
     for file, results in suites:
         failures = sum(not r.passed for r in results)
         suite = ET.SubElement(root, "testsuite", name=file, tests=str(len(results)), failures=str(failures))
@@ -358,8 +387,9 @@ def _junit_report(suites: list[tuple[str, list[Any]]]) -> str:
                 ET.SubElement(case, "failure", message=r.problems[0] if r.problems else "failed").text = "\n".join(
                     r.problems
                 )
-    root.set("tests", str(sum(len(rs) for _, rs in suites)))
+    root.set("tests", str(sum(len(rs) for _, rs in suites) + len(errors)))
     root.set("failures", str(sum(not r.passed for _, rs in suites for r in rs)))
+    root.set("errors", str(len(errors)))
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
 
 

@@ -428,6 +428,40 @@ def test_a_broken_policy_without_tests_fails_the_run(tmp_path: Path, capsys: pyt
     assert "1 files broken" in captured.out
 
 
+def test_files_that_do_not_load_are_errors_in_the_json_and_junit_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A policy or test file that did not load was only on stderr: the JSON report was empty and the JUnit one had
+    tests="0" failures="0". Each load error is in the report too (JSON ``errors``, JUnit ``<error>``), as opa does."""
+    import xml.etree.ElementTree as ET
+
+    policy = "policies:\n  - id: {id}\n    version: 1\n    match: {{http: {{}}}}\n" \
+             "    questions: {{q: {{type: noul, instructions: 'Is it bad?'}}}}\n" \
+             "    rules:\n      - {{id: bad, when: q.noul >= {threshold}, action: block}}\n"  # fmt: skip
+    (tmp_path / "broken.yaml").write_text(policy.format(id="broken", threshold=2))
+    (tmp_path / "p.yaml").write_text(policy.format(id="p", threshold=0.5))
+    (tmp_path / "p_test.yaml").write_text(
+        "cases:\n  - name: x\n    input: {http: {method: POST, path: /x}}\n    answers: {q: 0.9}\n"
+        "    expect: {acton: block}\n")
+    expected = [
+        {"file": str(tmp_path / "broken.yaml"), "line": 7, "key": "policies[0].rules[0].when",
+         "message": "'q.noul >= 2' is always false: q.noul is a probability from 0 to 1"},
+        {"file": str(tmp_path / "p_test.yaml"), "line": 5, "key": "cases[0].expect.acton",
+         "message": "unknown key; did you mean 'action'?"},
+    ]  # fmt: skip
+    assert main(["policy", "test", str(tmp_path), "--format", "json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"results": [], "not_covered": [], "errors": expected}
+    assert f"{tmp_path / 'p_test.yaml'}:5: cases[0].expect.acton: unknown key" in captured.err
+    assert main(["policy", "test", str(tmp_path), "--format", "junit"]) == 1
+    root = ET.fromstring(capsys.readouterr().out)
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("2", "0", "2")
+    suites = root.findall("testsuite")
+    assert [(s.get("name"), s.get("errors")) for s in suites] == [(e["file"], "1") for e in expected]
+    messages = [error.get("message") for error in root.iter("error")]
+    assert messages == [f"{e['file']}:{e['line']}: {e['key']}: {e['message']}" for e in expected]
+
+
 def test_an_answer_its_question_cannot_read_fails_the_case_by_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
