@@ -17,7 +17,7 @@ The run continues with ``Command(resume=value)`` where ``value`` is either shape
 
 * LangChain's ``HITLResponse``: ``{"decisions": [decision, ...]}``, one per action request, in order; decisions are
   ``{"type": "approve"}``, ``{"type": "reject", "message": "why"}`` (message optional) and
-  ``{"type": "edit", "edited_action": {"name": tool, "args": {...}}}``;
+  ``{"type": "edit", "edited_action": {"name": tool, "args": {...}}}`` (an edit replaces all the arguments);
 * guard's map: ``{"decisions": {item_id: decision}}``, where an edit may also be written
   ``{"type": "edit", "arguments": {...}, "tool": "other_tool"}`` (``tool`` optional).
 
