@@ -1,8 +1,9 @@
 """WebSocket upgrades on judged paths, for :class:`~guard.asgi.GuardMiddleware` and ``guard proxy``'s relay.
 
 guard judges HTTP requests and responses, not WebSocket messages, so an upgrade on a path some policy matches (a
-request policy, or a response policy watching it, whatever its media type and ``Content-Type`` condition, when it
-names no method or one of GET, POST, PUT and PATCH: a message carries what such a request would, so a policy for
+request policy, or a response policy watching it, whatever its media type and ``Content-Type`` condition, unless
+it names only methods no message stands for (HEAD, OPTIONS, TRACE, CONNECT, DELETE): a message carries what a
+request with a body would, so a policy for
 ``POST /v1/**`` covers a WebSocket under ``/v1/``; :meth:`guard.policy._match.HttpMatcher.may_judge_messages`) is
 refused: with a 403
 JSON body ``{code: websocket_not_judged, message, policy}`` where the server supports the ASGI

@@ -84,8 +84,8 @@ class ResponseMatcher:
         return _headers_match(self.headers, response.headers)
 
 
-#: Methods whose requests a WebSocket message can stand for: the upgrade's own GET and those that carry a body.
-MESSAGE_METHODS = frozenset({"GET", "POST", "PUT", "PATCH"})
+#: Methods whose requests never stand for what a WebSocket message carries (no body, or one no message would be).
+NON_MESSAGE_METHODS = frozenset({"HEAD", "OPTIONS", "TRACE", "CONNECT", "DELETE"})
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,9 @@ class HttpMatcher:
     def may_judge_messages(self, upgrade: HttpSubject) -> bool:
         """Whether requests this matcher accepts (or whose responses it watches) could carry what the WebSocket
         ``upgrade`` would: its path, host and headers hold, whatever the media type and ``Content-Type`` header (a
-        message has neither), and the matcher names no method or one of :data:`MESSAGE_METHODS`."""
-        if self.methods and not self.methods & MESSAGE_METHODS:
+        message has neither), and the matcher names no method or one not in :data:`NON_MESSAGE_METHODS` (GET, POST,
+        PUT, PATCH, or any other that may carry a body: QUERY, REPORT, ...)."""
+        if self.methods and self.methods <= NON_MESSAGE_METHODS:
             return False
         if self.paths is not None and self.paths.fullmatch(upgrade.path) is None:
             return False

@@ -206,10 +206,11 @@ async def test_an_upgrade_is_judged_whatever_media_type_a_policy_names(path: str
     ({"methods": ["POST"], "paths": ["/v1/**"], "headers": {"content-type": "application/json*"}}, True),
     ({"methods": ["POST"], "paths": ["/v1/**"], "headers": {"x-tenant": "a"}}, False),  # a header the upgrade lacks
     ({"hosts": ["api"]}, True),
+    ({"methods": ["QUERY"], "paths": ["/v1/**"]}, True),  # any method that may carry a body
 ])
 async def test_an_upgrade_is_judged_by_policies_whose_requests_carry_messages(match: dict, judged: bool) -> None:
-    """Only policies naming no method or GET, POST, PUT or PATCH judge what a WebSocket would carry; a Content-Type
-    condition (as a header glob too) does not keep a POST policy from covering it."""
+    """A policy naming only HEAD, OPTIONS, TRACE, CONNECT or DELETE leaves what a WebSocket carries alone; any other
+    judges it, and a Content-Type condition (as a header glob too) does not keep a POST policy from covering it."""
     import json as _json
 
     policy = f"""
