@@ -383,7 +383,22 @@ def resume_command(
             f"decisions must be a map {{item_id: decision}} or a list of decisions, not {type(decisions).__name__}",
             expected=expected,
         )
-    if not isinstance(decisions, Mapping):
+    if isinstance(decisions, Mapping):
+        given = tuple(decisions)
+        if set(expected) != set(given) or len(expected) != len(set(expected)):
+            missing = sorted(set(expected) - set(given))
+            unknown = sorted(set(map(str, given)) - set(expected))
+            raise ResumeError(
+                f"{len(given)} decision(s) given for {len(expected)} pending review item(s)"
+                + (f"; no decision for {', '.join(missing)}" if missing else "")
+                + (f"; not pending: {', '.join(unknown)}" if unknown else "")
+                + ("; an item id repeats across the interrupts: answer with a list" if len(set(expected)) <
+                   len(expected) else ""),
+                expected=expected,
+                given=tuple(map(str, given)),
+            )
+        per_item = [[decisions[item["id"]] for item in items] for _, items in per_interrupt]
+    else:
         listed = list(decisions)
         if len(listed) != len(expected):
             raise ResumeError(
@@ -391,21 +406,12 @@ def resume_command(
                 f"answers the action_requests of the pending guard interrupts in order, one each",
                 expected=expected,
             )
-        decisions = dict(zip(expected, listed, strict=True))  # keyed by item id: an answer names the item it is for
-    given = tuple(decisions)
-    if set(expected) != set(given) or len(expected) != len(set(expected)):
-        missing = sorted(set(expected) - set(given))
-        unknown = sorted(set(given) - set(expected))
-        raise ResumeError(
-            f"{len(given)} decision(s) given for {len(expected)} pending review item(s)"
-            + (f"; no decision for {', '.join(missing)}" if missing else "")
-            + (f"; not pending: {', '.join(unknown)}" if unknown else ""),
-            expected=expected,
-            given=given,
-        )
+        counts = [len(items) for _, items in per_interrupt]
+        per_item = [listed[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(counts))]
     resume: dict[str, Any] = dict(others or {})
-    for interrupt_id, items in per_interrupt:
-        value = {"decisions": {item["id"]: decisions[item["id"]] for item in items}}
+    for (interrupt_id, items), answers in zip(per_interrupt, per_item, strict=True):
+        # keyed by item id: an answer names the item it is for
+        value = {"decisions": {item["id"]: answer for item, answer in zip(items, answers, strict=True)}}
         _validate_resume(items, value, expected=expected)
         resume[interrupt_id] = value
     return Command(resume=resume)

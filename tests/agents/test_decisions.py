@@ -145,3 +145,16 @@ def test_resume_command_refuses_a_decision_the_item_does_not_allow() -> None:
 def test_resume_command_wants_a_map_or_a_list(decisions: object) -> None:
     with pytest.raises(ResumeError, match="decisions must be a map {item_id: decision} or a list of decisions, not "):
         resume_command([_interrupt("i1", "a")], decisions)  # type: ignore[arg-type]
+
+
+def test_a_list_answers_interrupts_by_position_even_when_their_item_ids_repeat() -> None:
+    """Two interrupts may hold an item of the same id; a list answers them in order, a map cannot tell them apart
+    (refused with a message saying so), and a map with a key that is not a string is refused, not a TypeError."""
+    pending = [_interrupt("i1", "a"), _interrupt("i2", "a")]
+    command = resume_command(pending, [{"type": "approve"}, {"type": "reject"}])
+    assert command.resume == {"i1": {"decisions": {"a": {"type": "approve"}}},
+                              "i2": {"decisions": {"a": {"type": "reject"}}}}
+    with pytest.raises(ResumeError, match="an item id repeats across the interrupts: answer with a list"):
+        resume_command(pending, {"a": {"type": "approve"}})
+    with pytest.raises(ResumeError, match="not pending: 1"):
+        resume_command([_interrupt("i1", "a")], {"a": {"type": "approve"}, 1: {"type": "approve"}})  # type: ignore[dict-item]
