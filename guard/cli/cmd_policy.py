@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -365,6 +366,10 @@ def _json_report(
     return {"results": results, "not_covered": uncovered, "errors": errors}
 
 
+#: Characters XML 1.0 does not allow anywhere in a document (ElementTree writes them as they are).
+_XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
 def _junit_report(suites: list[tuple[str, list[Any]]], errors: list[dict[str, Any]]) -> str:
     """JUnit XML: one ``<testsuite>`` per test file, a ``<failure>`` per failing case listing its differences, and
     per file that did not load a ``<testsuite>`` with one ``<testcase>`` per load error, holding an ``<error>``."""
@@ -390,7 +395,8 @@ def _junit_report(suites: list[tuple[str, list[Any]]], errors: list[dict[str, An
     root.set("tests", str(sum(len(rs) for _, rs in suites) + len(errors)))
     root.set("failures", str(sum(not r.passed for _, rs in suites for r in rs)))
     root.set("errors", str(len(errors)))
-    return ET.tostring(root, encoding="unicode", xml_declaration=True)
+    # a name or message holding a control character (a test file's key) would make the file unreadable as XML
+    return _XML_INVALID.sub("\ufffd", ET.tostring(root, encoding="unicode", xml_declaration=True))
 
 
 def schema_json() -> str:

@@ -644,3 +644,20 @@ policies:
     captured = capsys.readouterr()
     assert "  masks    /note [5:20] email (redact)" in captured.out.splitlines()
     assert "cache key" not in captured.out and "uniform probabilities" not in captured.err  # no model is asked
+
+
+def test_the_junit_report_stays_xml_whatever_a_test_file_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A key or a case name holding a control character (an escape sequence) is written as U+FFFD: ElementTree writes
+    it as it is, and XML does not allow it, so a CI tool would refuse the whole report."""
+    import xml.etree.ElementTree as ET
+
+    (tmp_path / "p.yaml").write_text("policies:\n  - id: p\n    version: 1\n    match: {http: {}}\n"
+                                     "    questions: {q: {type: noul, instructions: 'Is it bad?'}}\n"
+                                     "    rules:\n      - {id: bad, when: q.noul >= 0.5, action: block}\n")
+    (tmp_path / "p_test.yaml").write_text(
+        'cases:\n  - name: "x\\x1b[31m"\n    input: {http: {method: POST, path: /x}}\n    answers: {q: 0.9}\n'
+        '    expect: {action: allow}\n  - name: y\n    input: {http: {method: POST, path: /x}}\n'
+        '    answers: {q: 0.9}\n    expect: {"act\\x01ion": block}\n')
+    assert main(["policy", "test", str(tmp_path), "--format", "junit"]) == 1
+    root = ET.fromstring(capsys.readouterr().out)  # parses
+    assert "\x1b" not in ET.tostring(root, encoding="unicode")
