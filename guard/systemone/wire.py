@@ -102,11 +102,13 @@ def _describe(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    """``value``, read from a remote answer, as an error message may show it: a number of at most 20 characters as
-    written, anything else by its JSON type only (a string may repeat the request's state, and error messages reach
-    verdicts, spans and decision logs)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and len(text := repr(value)) <= 20:
+    """``value``, read from a remote answer, as an error message may show it: a float of at most 12 characters or an
+    integer under 1000 as written, anything else by its JSON type only (a string or a long number may repeat the
+    request's state, and error messages reach verdicts, spans and decision logs)."""
+    if isinstance(value, float) and len(text := repr(value)) <= 12:
         return text
+    if isinstance(value, int) and not isinstance(value, bool) and -1000 < value < 1000:
+        return repr(value)
     return f"a JSON {_json_type(value)}"
 
 
@@ -704,10 +706,9 @@ def _as_int(value: Any) -> int:
 
 
 def _finite_probability(value: Any) -> bool:
-    return (
+    return (  # NaN and the infinities fail the range; an integer too large for a float is compared exactly
         isinstance(value, (int, float))
         and not isinstance(value, bool)
-        and math.isfinite(value)
         and -1e-9 <= value <= 1 + 1e-9
     )
 
@@ -723,7 +724,8 @@ def _parse_answer(
     probabilities = raw.get("probabilities")
     expected_ids = question.option_ids()
     if not isinstance(probabilities, Mapping) or set(probabilities) != set(expected_ids):
-        got = (f"{len(set(probabilities) - set(expected_ids))} other option id(s)" if isinstance(probabilities, Mapping)
+        got = (f"{len(set(probabilities) & set(expected_ids))} of its {len(expected_ids)} options and "
+               f"{len(set(probabilities) - set(expected_ids))} other id(s)" if isinstance(probabilities, Mapping)
                else _shown(probabilities))
         raise bad(f"answer for {question.id!r} has probabilities for {got}; expected {expected_ids}")
     for option_id, p in probabilities.items():
@@ -757,16 +759,17 @@ def _parse_answer(
         return answer if caller[choice] == top else dataclasses.replace(answer, choice=choice)
     score = raw.get("score")
     levels = len(expected_ids)
-    if not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score):
+    if not isinstance(score, (int, float)) or isinstance(score, bool) or (isinstance(score, float)
+                                                                         and not math.isfinite(score)):
         raise bad(f"answer for {question.id!r} has score {_shown(score)}; expected a number")
     if not -1e-6 <= score <= levels - 1 + 1e-6:
-        raise bad(f"answer for {question.id!r} has score {score!r}; expected 0 to {levels - 1}")
+        raise bad(f"answer for {question.id!r} has score {_shown(score)}; expected 0 to {levels - 1}")
     # each probability is off by up to half a unit (times its level), and the score itself by half a unit
     tolerance = 0.5 * unit * (1 + levels * (levels - 1) / 2) + 1e-9
     expected = float(answer.score or 0.0)
     top = max(caller.values())
     modes = {level for level, p in enumerate(caller.values()) if p == top}
     if abs(score - expected) > tolerance and not (float(score).is_integer() and int(score) in modes):
-        raise bad(f"answer for {question.id!r} has score {score!r} but its probabilities give {expected:.4f} "
+        raise bad(f"answer for {question.id!r} has score {_shown(score)} but its probabilities give {expected:.4f} "
                   f"(expected level) within {tolerance:.4f}")
     return answer  # rules read the expected level of the checked probabilities, never a reported mode

@@ -267,7 +267,7 @@ def test_parse_remote_response_rejects_malformed(mutate, fragment: str) -> None:
 def test_a_malformed_answer_is_described_without_the_text_the_provider_wrote(where: str) -> None:
     """A provider that echoes the request's state into its answer: the error names the field and the JSON type,
     never the text (error messages reach verdicts, spans and decision logs)."""
-    echo = "bad input: card 4111111111111111"
+    echo = {"noul": 4111111111111111, "score": 4111111111111111.0}.get(where, "bad input: card 4111111111111111")
     body = _remote_body()
     answers = body["answers"]
     {"noul": lambda: answers["urgent"].update(noul=echo), "type": lambda: answers["team"].update(type=echo),
@@ -279,6 +279,18 @@ def test_a_malformed_answer_is_described_without_the_text_the_provider_wrote(whe
     with pytest.raises(MalformedAnswer) as caught:
         SystemOneResponseV1.from_json(body, _remote_request())
     assert "4111" not in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("field", ["noul", "score", "confidence", "probability"])
+def test_a_number_too_large_for_a_float_is_a_malformed_answer(field: str) -> None:
+    """JSON integers have no size limit; a provider's 10**400 is a MalformedAnswer, not an OverflowError."""
+    body = _remote_body()
+    answers, huge = body["answers"], 10**400
+    {"noul": lambda: answers["urgent"].update(noul=huge), "score": lambda: answers["severity"].update(score=huge),
+     "confidence": lambda: answers["team"].update(confidence=huge),
+     "probability": lambda: answers["team"]["probabilities"].update(sales=huge)}[field]()
+    with pytest.raises(MalformedAnswer, match="a JSON number"):
+        SystemOneResponseV1.from_json(body, _remote_request())
 
 
 def test_self_consistency_allows_rounding_and_the_mode_level() -> None:
