@@ -9,7 +9,7 @@ Layers, bottom up; each imports only from the ones before it (``tests/test_layer
 included)::
 
     guard.errors, guard._json, guard._seal, guard.subject   errors; strict JSON; store seals; what is judged
-    guard._buckets, guard._resource            histogram bounds (seconds) of every duration metric; the OTel resource
+    guard._buckets, guard._resource, guard._close   duration histogram bounds; the OTel resource; bounded OTel close
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)
