@@ -226,6 +226,7 @@ async def test_shutdown_gives_up_on_a_collector_that_never_answers(monkeypatch: 
     """The worker's shutdown waits at most ``CLOSE_TIMEOUT_S`` for its last spans and metrics when the collector
     accepts connections and never answers (the flush and the metrics shutdown each blocked for
     ``OTEL_EXPORTER_OTLP_TIMEOUT``, whatever timeout they were given), and says they may be lost."""
+    import atexit
     import socket
     import time
 
@@ -236,7 +237,7 @@ async def test_shutdown_gives_up_on_a_collector_that_never_answers(monkeypatch: 
     silent.bind(("127.0.0.1", 0))
     silent.listen(64)
     environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}",
-               "OTEL_EXPORTER_OTLP_TIMEOUT": "12"}
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}  # longer than the bound below, short at exit
     provider = tracer_provider_from_env(environ)
     readers, _ = metric_readers_from_env(environ)
     metrics = WorkerMetrics(extra_readers=readers)
@@ -249,5 +250,8 @@ async def test_shutdown_gives_up_on_a_collector_that_never_answers(monkeypatch: 
         await app.state.worker.close()
     finally:
         silent.close()
+        # the providers' exit hooks would export again at interpreter exit, retrying for seconds to a closed port
+        atexit.unregister(provider.shutdown)
+        atexit.unregister(metrics._own_provider.shutdown)  # type: ignore[union-attr]
     assert time.monotonic() - started < 3
     assert "the worker's metrics shutdown and the trace flush did not finish within 1 s" in caplog.text
