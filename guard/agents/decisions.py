@@ -392,8 +392,8 @@ def resume_command(
                 f"{len(given)} decision(s) given for {len(expected)} pending review item(s)"
                 + (f"; no decision for {', '.join(missing)}" if missing else "")
                 + (f"; not pending: {', '.join(unknown)}" if unknown else "")
-                + ("; an item id repeats across the interrupts: answer with a list" if len(set(expected)) <
-                   len(expected) else ""),
+                + ("; an item id repeats in the pending interrupts: a map cannot tell its items apart" if
+                   len(set(expected)) < len(expected) else ""),
                 expected=expected,
                 given=tuple(map(str, given)),
             )
@@ -406,6 +406,11 @@ def resume_command(
                 f"answers the action_requests of the pending guard interrupts in order, one each",
                 expected=expected,
             )
+        repeated = [interrupt_id for interrupt_id, items in per_interrupt
+                    if len({item["id"] for item in items}) < len(items)]
+        if repeated:  # an interrupt's answer is keyed by item id: one of two decisions would be lost
+            raise ResumeError(f"interrupt {repeated[0]} holds two items of the same id; they cannot be answered apart",
+                              expected=expected)
         counts = [len(items) for _, items in per_interrupt]
         per_item = [listed[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(counts))]
     resume: dict[str, Any] = dict(others or {})

@@ -102,13 +102,13 @@ def _describe(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    """``value``, read from a remote answer, as an error message may show it: a float of at most 12 characters or an
-    integer under 1000 as written, anything else by its JSON type only (a string or a long number may repeat the
+    """``value``, read from a remote answer, as an error message may show it: a number under 1000 in size, written in
+    at most 12 characters, as it is; anything else by its JSON type only (a string or a larger number may repeat the
     request's state, and error messages reach verdicts, spans and decision logs)."""
-    if isinstance(value, float) and len(text := repr(value)) <= 12:
-        return text
-    if isinstance(value, int) and not isinstance(value, bool) and -1000 < value < 1000:
-        return repr(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and -1000 < value < 1000:
+        text = repr(value)
+        if len(text) <= 12:
+            return text
     return f"a JSON {_json_type(value)}"
 
 

@@ -154,7 +154,9 @@ def test_a_list_answers_interrupts_by_position_even_when_their_item_ids_repeat()
     command = resume_command(pending, [{"type": "approve"}, {"type": "reject"}])
     assert command.resume == {"i1": {"decisions": {"a": {"type": "approve"}}},
                               "i2": {"decisions": {"a": {"type": "reject"}}}}
-    with pytest.raises(ResumeError, match="an item id repeats across the interrupts: answer with a list"):
+    with pytest.raises(ResumeError, match="an item id repeats in the pending interrupts"):
         resume_command(pending, {"a": {"type": "approve"}})
+    with pytest.raises(ResumeError, match="interrupt i1 holds two items of the same id"):  # one answer would be lost
+        resume_command([_interrupt("i1", "a", "a")], [{"type": "reject"}, {"type": "approve"}])
     with pytest.raises(ResumeError, match="not pending: 1"):
         resume_command([_interrupt("i1", "a")], {"a": {"type": "approve"}, 1: {"type": "approve"}})  # type: ignore[dict-item]

@@ -267,7 +267,7 @@ def test_parse_remote_response_rejects_malformed(mutate, fragment: str) -> None:
 def test_a_malformed_answer_is_described_without_the_text_the_provider_wrote(where: str) -> None:
     """A provider that echoes the request's state into its answer: the error names the field and the JSON type,
     never the text (error messages reach verdicts, spans and decision logs)."""
-    echo = {"noul": 4111111111111111, "score": 4111111111111111.0}.get(where, "bad input: card 4111111111111111")
+    echo = {"noul": 4111111111111111, "score": 4111111111.0}.get(where, "bad input: card 4111111111111111")
     body = _remote_body()
     answers = body["answers"]
     {"noul": lambda: answers["urgent"].update(noul=echo), "type": lambda: answers["team"].update(type=echo),

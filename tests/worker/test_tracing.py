@@ -244,6 +244,8 @@ async def test_shutdown_gives_up_on_a_collector_that_never_answers(monkeypatch: 
     app = create_app(lambda: None, metrics=metrics, tracer_provider=provider)  # type: ignore[arg-type, return-value]
     with provider.get_tracer("test").start_as_current_span("queued"):
         metrics.request_done("ok", 0.01)
+    own = metrics._own_provider  # close() lets it go
+    assert own is not None
     monkeypatch.setattr("guard.worker.app.CLOSE_TIMEOUT_S", 1.0)
     started = time.monotonic()
     try:
@@ -252,6 +254,6 @@ async def test_shutdown_gives_up_on_a_collector_that_never_answers(monkeypatch: 
         silent.close()
         # the providers' exit hooks would export again at interpreter exit, retrying for seconds to a closed port
         atexit.unregister(provider.shutdown)
-        atexit.unregister(metrics._own_provider.shutdown)  # type: ignore[union-attr]
+        atexit.unregister(own.shutdown)
     assert time.monotonic() - started < 3
     assert "the worker's metrics shutdown and the trace flush did not finish within 1 s" in caplog.text
