@@ -132,6 +132,7 @@ def _print_problem(problem: PolicyError) -> None:
 def run_check(args: argparse.Namespace) -> int:
     from guard.devtools.testing import expand_policy_paths
     from guard.policy import check_unique, load_text
+    from guard.policy._yaml import read_policy_file
 
     try:
         files = expand_policy_paths(args.files)
@@ -142,7 +143,7 @@ def run_check(args: argparse.Namespace) -> int:
     loaded = []
     for name in map(str, files):
         try:
-            policies = load_text(Path(name).read_bytes(), name)
+            policies = load_text(read_policy_file(name), name)
         except OSError as exc:
             print(f"{name}: cannot read: {exc.strerror}", file=sys.stderr)
             failed = True
@@ -283,6 +284,7 @@ def run_test(args: argparse.Namespace) -> int:
 
     from guard.devtools.testing import CaseResult, expand_policy_paths, find_test_file, run_test_file
     from guard.policy import load_text
+    from guard.policy._yaml import read_policy_file
 
     try:
         timeout_s = _timeout_s(args)
@@ -303,7 +305,7 @@ def run_test(args: argparse.Namespace) -> int:
     for policy_file in files:
         test_file = find_test_file(policy_file)[1]
         try:
-            policies = load_text(policy_file.read_bytes(), str(policy_file))  # a policy without tests must load too
+            policies = load_text(read_policy_file(policy_file), str(policy_file))  # a policy without tests must load too
             if not test_file.is_file():
                 print(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
                 continue

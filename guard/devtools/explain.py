@@ -26,6 +26,7 @@ from guard.devtools.testing import judged_subject, wire_answers, with_timeout
 from guard.engine.cache import MemoryCache
 from guard.engine.keys import cache_key
 from guard.errors import GuardError
+from guard.policy._yaml import read_policy_file
 from guard.policy.loader import PolicySet, load_text
 from guard.policy.policy import FailPolicy, Policy
 from guard.policy.provenance import rule_features
@@ -78,7 +79,7 @@ async def explain(
     Raises:
         PolicyError: the file does not load. ValueError: the subject or the answers do not fit.
     """
-    policies = with_timeout(load_text(Path(file).read_bytes(), str(file)), timeout_s)
+    policies = with_timeout(load_text(read_policy_file(file), str(file)), timeout_s)
     subject, matched = judged_subject(PolicySet(policies), subject_data)
     if not matched:
         return {"policy": None, "matched": [], "verdict": {"action": "allow", "policy": None}, "error": None}

@@ -38,8 +38,8 @@ from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend, answer_from_spec
 from guard.engine.cache import MemoryCache
-from guard.errors import BodyError, PolicyError
-from guard.policy._yaml import load_yaml
+from guard.errors import BodyError
+from guard.policy._yaml import load_yaml, read_policy_file
 from guard.policy.loader import PolicyLoadError, PolicySet, load_text, validation_problem
 from guard.policy.policy import Policy
 from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMessage, body_strings
@@ -376,12 +376,8 @@ def run_test_file(
         PolicyError: when the policy or the test file cannot be loaded (file, line, key).
     """
     policy_path, test_path = find_test_file(path)
-    policies = with_timeout(load_text(policy_path.read_bytes(), str(policy_path)), timeout_s)
-    try:
-        raw = test_path.read_bytes()
-    except OSError as exc:
-        raise PolicyError(str(test_path), None, "", f"cannot read the test file: {exc.strerror}") from None
-    data, lines = load_yaml(raw, str(test_path))
+    policies = with_timeout(load_text(read_policy_file(policy_path), str(policy_path)), timeout_s)
+    data, lines = load_yaml(read_policy_file(test_path), str(test_path))
     try:
         spec = _TestFile.model_validate(data or {})
     except pydantic.ValidationError as exc:

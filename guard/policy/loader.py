@@ -30,7 +30,7 @@ from guard.policy._state import (
     default_fields,
     split_pointer,
 )
-from guard.policy._yaml import LineMap, format_path, load_yaml
+from guard.policy._yaml import LineMap, format_path, load_yaml, read_policy_file
 from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import PATTERN_HINTS, PolicyFileSpec, PolicySpec, SourceSpec, keys_at
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
@@ -111,9 +111,9 @@ def load_files(*paths: str | Path) -> PolicySet:
     policies: list[Policy] = []
     for path in paths:
         try:
-            raw = Path(path).read_bytes()
-        except OSError as exc:
-            raise PolicyLoadError([PolicyError(str(path), None, "", f"cannot read file: {exc.strerror}")]) from None
+            raw = read_policy_file(path)
+        except PolicyError as exc:
+            raise PolicyLoadError([exc]) from None
         policies.extend(load_text(raw, str(path)))
     return PolicySet(policies, sources=paths)
 
@@ -583,17 +583,22 @@ class PolicySet:
         """Re-read :attr:`sources`. On any error the last good policies stay active.
 
         Raises:
-            PolicyError: naming the file, line and key of the first problem (also logged, and counted in
-                :attr:`reload_failures`).
+            PolicyError: naming the file, line and key of the first problem, or the sources and any other error
+                raised while loading (also logged, and counted in :attr:`reload_failures`).
         """
         try:
             fresh = load_files(*self.sources)
             self.replace(fresh.policies)
-        except PolicyError as exc:
+        except Exception as exc:  # any error (a validator's, MemoryError) is a failed reload, counted and reported
+            error = exc if isinstance(exc, PolicyError) else PolicyError(
+                ", ".join(str(source) for source in self.sources), None, "",
+                f"could not be loaded: {type(exc).__name__}: {exc}"[:300])
             self.reload_failures += 1
-            self.last_error = exc
-            logger.error("policy reload failed; keeping the last good policies (%d active): %s", len(self), exc)
-            raise
+            self.last_error = error
+            logger.error("policy reload failed; keeping the last good policies (%d active): %s", len(self), error)
+            if error is exc:
+                raise
+            raise error from exc
         self.last_error = None
         logger.info("policies reloaded: %s", ", ".join(f"{p.id}@{p.version}" for p in self._policies))
 

@@ -109,7 +109,7 @@ class PolicyWatcher:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            self.check()
+            await asyncio.to_thread(self.check)  # a large or slow policy loads while requests are still served
 
     async def aclose(self) -> None:
         """Stop polling. Idempotent."""

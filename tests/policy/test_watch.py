@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from guard.errors import PolicyError
 from guard.policy import load_files
 from guard.policy.watch import PolicyWatcher
 
@@ -104,3 +105,74 @@ def test_a_file_caught_while_it_is_written_is_not_loaded(tmp_path: Path) -> None
     _write(path, full, 2)  # the write completes before the next poll
     assert watcher.check() is False and policies["p"].version == "1"
     assert watcher.check() is True and policies["p"].version == "2" and len(policies["p"].rules) == 1
+
+
+@pytest.mark.anyio
+async def test_a_slow_reload_does_not_stop_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload runs in a thread: the event loop (requests, health) keeps running while a large policy loads."""
+    import time
+
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+    reload = policies.reload
+
+    def slow_reload() -> None:
+        time.sleep(0.5)
+        reload()
+
+    monkeypatch.setattr(policies, "reload", slow_reload)
+    watcher = PolicyWatcher(policies, interval_s=0.02)
+    watcher.start()
+    try:
+        _write(path, POLICY.format(version="2", threshold=0.9), 1)
+        gaps, last = [], time.monotonic()
+        while policies["p"].version != "2" and len(gaps) < 400:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+        assert policies["p"].version == "2" and max(gaps) < 0.3, max(gaps)
+    finally:
+        await watcher.aclose()
+
+
+def test_a_reload_error_of_any_kind_keeps_the_last_good_set_and_is_counted(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only a PolicyError: a MemoryError while reading (a path swapped for /dev/zero before reads were bounded)
+    is a failed reload that health reports, not an ``ok`` policy check next to a failing watcher."""
+    from guard.policy import loader
+
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+
+    def out_of_memory(_: object) -> bytes:
+        raise MemoryError
+
+    monkeypatch.setattr(loader, "read_policy_file", out_of_memory)
+    with pytest.raises(PolicyError, match="could not be loaded: MemoryError"):
+        policies.reload()
+    assert policies.reload_failures == 1 and policies["p"].version == "1"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder", "large"])
+def test_only_a_regular_file_of_bounded_size_is_read(tmp_path: Path, kind: str) -> None:
+    """A path swapped for a FIFO (the read would wait for a writer forever), a device (/dev/zero: reading never
+    ends) or a huge file (read whole before its size was checked) is refused at once, naming the file."""
+    import time
+
+    path = tmp_path / "p.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(b"#" * (8 << 20))
+    started = time.monotonic()
+    with pytest.raises(PolicyError) as caught:
+        load_files(path)
+    assert time.monotonic() - started < 2 and caught.value.file == str(path)
+    assert ("at most" if kind == "large" else "not a regular file") in caught.value.reason
