@@ -127,16 +127,24 @@ def read_policy_file(path: str | FilePath) -> bytes:
     """
     name = str(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise PolicyError(name, None, "", f"cannot read file: {exc.strerror}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, socket or device"
+            raise PolicyError(name, None, "", f"cannot read file: it is {kind}, not a regular file")
+        chunks: list[bytes] = []
+        left = MAX_POLICY_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise PolicyError(name, None, "", f"cannot read file: {exc.strerror}") from None
+    finally:
         os.close(fd)
-        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, socket or device"
-        raise PolicyError(name, None, "", f"cannot read file: it is {kind}, not a regular file")
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(MAX_POLICY_BYTES + 1)
     if len(data) > MAX_POLICY_BYTES:
         raise PolicyError(name, None, "", f"file is {max(info.st_size, len(data))} bytes; at most {MAX_POLICY_BYTES} "
                           "(split it into several files)")

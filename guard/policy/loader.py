@@ -529,7 +529,8 @@ class PolicySet:
         self.validator = validator
         self.reload_failures = 0
         self.last_error: PolicyError | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the swap of the active set
+        self._reload_lock = threading.Lock()  # one reload at a time
         check_unique(self._policies)
 
     @property
@@ -587,15 +588,17 @@ class PolicySet:
                 raised while loading (also logged, and counted in :attr:`reload_failures`).
         """
         try:
-            fresh = load_files(*self.sources)
-            self.replace(fresh.policies)
+            with self._reload_lock:  # one reload at a time: the watcher's thread and a caller's Guard.reload()
+                fresh = load_files(*self.sources)
+                self.replace(fresh.policies)
         except Exception as exc:  # any error (a validator's, MemoryError) is a failed reload, counted and reported
             error = exc if isinstance(exc, PolicyError) else PolicyError(
                 ", ".join(str(source) for source in self.sources), None, "",
                 f"could not be loaded: {type(exc).__name__}: {exc}"[:300])
             self.reload_failures += 1
             self.last_error = error
-            logger.error("policy reload failed; keeping the last good policies (%d active): %s", len(self), error)
+            logger.error("policy reload failed; keeping the last good policies (%d active): %s", len(self), error,
+                         exc_info=None if error is exc else exc)  # an unexpected error's traceback for the operator
             if error is exc:
                 raise
             raise error from exc

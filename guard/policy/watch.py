@@ -70,6 +70,7 @@ class PolicyWatcher:
         self._stamp = _stamp(policies.sources)  # the files as loaded
         self._seen = self._stamp  # the files at the previous check
         self._task: asyncio.Task[None] | None = None
+        self._checking: asyncio.Future[bool] | None = None  # the check running in a thread
 
     def check(self) -> bool:
         """Reload if the files changed and have stayed as they are since the previous check (a change is applied at
@@ -109,12 +110,18 @@ class PolicyWatcher:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            await asyncio.to_thread(self.check)  # a large or slow policy loads while requests are still served
+            # in a thread: a large or slow policy loads while requests are still served; shielded, so aclose()
+            # waits for a reload under way instead of leaving it to finish after it returned
+            self._checking = asyncio.ensure_future(asyncio.to_thread(self.check))
+            await asyncio.shield(self._checking)
 
     async def aclose(self) -> None:
-        """Stop polling. Idempotent."""
+        """Stop polling; a reload under way finishes first. Idempotent."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._checking is not None:
+            await self._checking  # check() handles its own errors
+            self._checking = None

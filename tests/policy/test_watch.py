@@ -176,3 +176,67 @@ def test_only_a_regular_file_of_bounded_size_is_read(tmp_path: Path, kind: str) 
         load_files(path)
     assert time.monotonic() - started < 2 and caught.value.file == str(path)
     assert ("at most" if kind == "large" else "not a regular file") in caught.value.reason
+
+
+@pytest.mark.anyio
+async def test_aclose_waits_for_a_reload_under_way_and_reloads_never_overlap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher's reload runs in a thread; aclose() returns only once it has finished (nothing is swapped in
+    after), and a caller's own reload waits for it rather than running beside it."""
+    import threading
+    import time
+
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+    running, peak, started = [0], [0], threading.Event()
+
+    def slow_validator(_: object) -> None:
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        started.set()
+        time.sleep(0.4)
+        running[0] -= 1
+
+    policies.validator = slow_validator
+    watcher = PolicyWatcher(policies, interval_s=0.02)
+    watcher.start()
+    _write(path, POLICY.format(version="2", threshold=0.9), 1)
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(policies.reload)  # waits for the watcher's reload, then runs its own
+    _write(path, POLICY.format(version="3", threshold=0.9), 2)
+    started.clear()
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    await watcher.aclose()
+    assert policies["p"].version == "3" and peak[0] == 1
+    assert not watcher.alive
+
+
+def test_a_read_error_names_the_file_and_an_unexpected_reload_error_logs_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import errno
+
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+
+    def broken_read(fd: int, size: int) -> bytes:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "read", broken_read)
+        with pytest.raises(PolicyError, match="cannot read file: Input/output error") as caught:
+            load_files(path)
+    assert caught.value.file == str(path)
+
+    def bug(_: object) -> None:
+        raise KeyError("bug")
+
+    policies.validator = bug
+    with pytest.raises(PolicyError, match="could not be loaded: KeyError"):
+        policies.reload()
+    assert any(record.exc_info for record in caplog.records if "reload failed" in record.getMessage())
