@@ -193,6 +193,9 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     without_strings = _STRING_RE.sub('""', source)
     _check_calls(program, without_strings)
     bound = set(_BOUND_RE.findall(without_strings))
+    shadowing = sorted(bound & (RESERVED_NAMES | set(known)))
+    if shadowing:  # the name would be the loop variable inside the macro and an unread input outside it
+        raise ValueError(f"a macro's variable is named {shadowing[0]!r}, which is a rule input; rename the variable")
     names = set(program.variables()) - bound - CEL_TYPE_NAMES  # no question takes a type's name (the loader)
     unknown = sorted(names - RESERVED_NAMES - set(known))
     if unknown:

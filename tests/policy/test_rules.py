@@ -118,6 +118,12 @@ def test_compile_condition_checks_names() -> None:
     assert names == {"spam"}  # comprehension variables are not names to check
     _, names = compile_condition('subject.path == "spam.choice"', known)  # string contents are not code
     assert names == {"subject"}
+    # a macro variable named like an input: the input read outside the macro was dropped from the names, so the
+    # rule failed on every request that reached it (a fail-open policy then allowed everyone)
+    for rule in ('["x"].exists(subject, subject == "x") && subject.headers["x-role"] != "admin"',
+                 "[0.1].exists(spam, spam > 0.5) || spam.noul > 0.9"):
+        with pytest.raises(ValueError, match="a macro's variable is named '(subject|spam)', which is a rule input"):
+            compile_condition(rule, known)
     with pytest.raises(ValueError, match="unknown name 'tpoic'"):
         compile_condition("tpoic.choice == 'a'", known)
     with pytest.raises(ValueError, match="a noul answer has noul, probabilities, type"):
