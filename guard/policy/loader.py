@@ -587,22 +587,22 @@ class PolicySet:
             PolicyError: naming the file, line and key of the first problem, or the sources and any other error
                 raised while loading (also logged, and counted in :attr:`reload_failures`).
         """
-        try:
-            with self._reload_lock:  # one reload at a time: the watcher's thread and a caller's Guard.reload()
+        with self._reload_lock:  # one reload at a time (the watcher's thread, a caller's Guard.reload()), its outcome too
+            try:
                 fresh = load_files(*self.sources)
                 self.replace(fresh.policies)
-        except Exception as exc:  # any error (a validator's, MemoryError) is a failed reload, counted and reported
-            error = exc if isinstance(exc, PolicyError) else PolicyError(
-                ", ".join(str(source) for source in self.sources), None, "",
-                f"could not be loaded: {type(exc).__name__}: {exc}"[:300])
-            self.reload_failures += 1
-            self.last_error = error
-            logger.error("policy reload failed; keeping the last good policies (%d active): %s", len(self), error,
-                         exc_info=None if error is exc else exc)  # an unexpected error's traceback for the operator
-            if error is exc:
-                raise
-            raise error from exc
-        self.last_error = None
+            except Exception as exc:  # any error (a validator's, MemoryError) is a failed reload, counted and reported
+                error = exc if isinstance(exc, PolicyError) else PolicyError(
+                    ", ".join(str(source) for source in self.sources), None, "",
+                    f"could not be loaded: {type(exc).__name__}: {exc}"[:300])
+                self.reload_failures += 1
+                self.last_error = error
+                logger.error("policy reload failed; keeping the last good policies (%d active): %s", len(self), error,
+                             exc_info=None if error is exc else exc)  # an unexpected error's traceback for the operator
+                if error is exc:
+                    raise
+                raise error from exc
+            self.last_error = None
         logger.info("policies reloaded: %s", ", ".join(f"{p.id}@{p.version}" for p in self._policies))
 
 

@@ -122,6 +122,6 @@ class PolicyWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._checking is not None:
-            await self._checking  # check() handles its own errors
-            self._checking = None
+        checking, self._checking = self._checking, None
+        if checking is not None and not checking.cancelled():
+            await asyncio.shield(checking)  # check() handles its own errors; a cancelled aclose() leaves it running

@@ -240,3 +240,30 @@ def test_a_read_error_names_the_file_and_an_unexpected_reload_error_logs_its_tra
     with pytest.raises(PolicyError, match="could not be loaded: KeyError"):
         policies.reload()
     assert any(record.exc_info for record in caplog.records if "reload failed" in record.getMessage())
+
+
+@pytest.mark.anyio
+async def test_aclose_stays_idempotent_when_a_first_aclose_is_cancelled(tmp_path: Path) -> None:
+    """A shutdown deadline that cancels aclose() while a reload runs in its thread: a later aclose() returns."""
+    import threading
+    import time
+
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+    started = threading.Event()
+
+    def slow_validator(_: object) -> None:
+        started.set()
+        time.sleep(0.5)
+
+    policies.validator = slow_validator
+    watcher = PolicyWatcher(policies, interval_s=0.02)
+    watcher.start()
+    _write(path, POLICY.format(version="2", threshold=0.9), 1)
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(watcher.aclose(), 0.05)
+    await watcher.aclose()
+    await watcher.aclose()
