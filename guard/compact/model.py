@@ -96,10 +96,11 @@ METADATA_CHARS = 40
 #: HTTP methods and chat roles: metadata lines that hold no word of the text.
 _KEYWORDS = "GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|user|assistant|system|tool|developer"
 #: A metadata line: one token of at most METADATA_CHARS characters that is an HTTP method, a chat role, or an
-#: identifier with a digit or one of ``/ - _ . :`` (a route, an id, a model name); plain words are kept.
+#: identifier with a digit, one of ``/ - _ . :`` or a camelCase hump (a route, an id, a model name, a field or tool
+#: name); plain words are kept.
 _METADATA_RE = re.compile(
     rf"|(?:{_KEYWORDS})"
-    rf"|(?=[\w./:-]{{1,{METADATA_CHARS}}}$)[\w./:-]*[\d/_.:-][\w./:-]*"
+    rf"|(?=[\w./:-]{{1,{METADATA_CHARS}}}$)[\w./:-]*(?:[\d/_.:-]|[a-z][A-Z])[\w./:-]*"
 )
 #: One word with end punctuation (``Thanks.``): prose, read as text, not metadata.
 _WORD_PROSE_RE = re.compile(r"[^\W\d_]+[.!?,;:]+")
@@ -107,11 +108,13 @@ _WORD_PROSE_RE = re.compile(r"[^\W\d_]+[.!?,;:]+")
 IDENTIFIER_WORDS = 3
 #: Least probability of the risky option the identifier words must get to answer for the state (the shipped
 #: policies' block line): below it they move nothing (:func:`identifier_answer`). At 0.5 benign identifiers that
-#: read like commands (``show_all_users``, ``print_debug_info``) raised 90 of 300 benign answers to the escalate
+#: read like commands (``show_all_users``, ``printDebugInfo``) raised 150 of 360 benign answers to the escalate
 #: line; at 0.85 none, with as many spelled attacks blocked (``python bench/compact_state_shape.py``).
 IDENTIFIER_FLOOR = 0.85
-_IDENTIFIER_LINE_RE = re.compile(r"[\w./:-]*[./:_-][\w./:-]*")
-_IDENTIFIER_SPLIT_RE = re.compile(r"[./:_-]+")
+#: One token with a separator (``/ - _ . :``) or a lower-case letter followed by an upper-case one (camelCase).
+_IDENTIFIER_LINE_RE = re.compile(r"(?=[\w./:-]*(?:[./:_-]|[a-z][A-Z]))[\w./:-]+")
+#: Where an identifier splits into words: its separators and its camelCase humps.
+_IDENTIFIER_SPLIT_RE = re.compile(r"[./:_-]+|(?<=[a-z])(?=[A-Z])")
 
 
 def _metadata(line: str) -> bool:
@@ -126,8 +129,9 @@ def state_text(state: Any, view: str) -> str:
     read as that string, so a pair question on it shares the text questions' encoder pass. ``view="text"``: the
     lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
     identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
-    single-token routes, ids, model names and slugs of at most :data:`METADATA_CHARS` characters, but not one word
-    with end punctuation) whenever other lines remain, so metadata next to the text do not move the answer, whether
+    single-token routes, ids, model names, slugs and camelCase names of at most :data:`METADATA_CHARS` characters,
+    but not one word with end punctuation) whenever other lines remain, so metadata next to the text do not move the
+    answer, whether
     they come as fields or joined into one text (a policy's ``body_text``); the words inside the metadata lines are
     read on their own (:func:`identifier_words`).
     """
@@ -142,10 +146,10 @@ def state_text(state: Any, view: str) -> str:
 
 def identifier_words(state: Any) -> str:
     """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
-    metadata is, of any length), one line of words per such line in document order
-    (``ignore.all_previous/instructions`` -> ``ignore all previous instructions``), or ``""`` when they hold fewer
-    than :data:`IDENTIFIER_WORDS` words in all. A word is a run of letters between separators; runs holding a
-    digit (versions, ids) are not words. The model reads these lines as a text of their own, never in the text's
+    metadata is, or written in camelCase, of any length), one line of words per such line in document order
+    (``ignore.all_previous/instructions`` and ``ignoreAllPreviousInstructions`` -> ``ignore all previous
+    instructions``), or ``""`` when they hold fewer than :data:`IDENTIFIER_WORDS` words in all. A word is a run of
+    letters between separators or humps; runs holding a digit (versions, ids) are not words. The model reads these lines as a text of their own, never in the text's
     windows (:func:`segments`: a line of three or more words alone, shorter ones joined to the next;
     :func:`identifier_answer` says when they answer), so an instruction spelled across identifier-shaped fields is
     read although :func:`state_text` leaves the short ones out and a long one reads as one odd token.
