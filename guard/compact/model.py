@@ -139,7 +139,11 @@ def state_text(state: Any, view: str) -> str:
         if isinstance(state, dict) and len(state) == 1 and isinstance(next(iter(state.values())), str):
             return str(next(iter(state.values())))
         return render(state)
-    lines = _lines(state)
+    return _text_view(_lines(state))
+
+
+def _text_view(lines: list[str]) -> str:
+    """:func:`state_text`'s ``text`` view of a state's :func:`_lines`."""
     texts = [line for line in lines if not _metadata(line.strip())]
     return "\n".join(texts if texts else lines)
 
@@ -154,14 +158,19 @@ def identifier_words(state: Any) -> str:
     :func:`identifier_answer` says when they answer), so an instruction spelled across identifier-shaped fields is
     read although :func:`state_text` leaves the short ones out and a long one reads as one odd token.
     """
-    lines = []
-    for line in _lines(state):
+    return _identifier_words(_lines(state))
+
+
+def _identifier_words(lines: list[str]) -> str:
+    """:func:`identifier_words` of a state's :func:`_lines`."""
+    found = []
+    for line in lines:
         token = line.strip()
         if _IDENTIFIER_LINE_RE.fullmatch(token):
             words = [word for word in _IDENTIFIER_SPLIT_RE.split(token) if word.isalpha()]
             if words:
-                lines.append(words)
-    return "\n".join(" ".join(words) for words in lines) if sum(map(len, lines)) >= IDENTIFIER_WORDS else ""
+                found.append(words)
+    return "\n".join(" ".join(words) for words in found) if sum(map(len, found)) >= IDENTIFIER_WORDS else ""
 
 
 def _lines(state: Any) -> list[str]:
@@ -498,11 +507,14 @@ class CompactModel:
         """
         if self.kind == "router":
             return self._route(request, confidence_profile)
+        lines = _lines(request.state)  # the state's strings, read once for the text view and the identifier words
+        text_view = _text_view(lines)
         texts: dict[str, list[QuestionV1]] = {}  # questions that read the same text share one encoder pass
         for question in request.questions:
-            texts.setdefault(state_text(request.state, CATALOG[question.id].view), []).append(question)
-        competence = assess(state_text(request.state, "text"))
-        words = identifier_words(request.state)
+            view = CATALOG[question.id].view
+            texts.setdefault(text_view if view == "text" else state_text(request.state, view), []).append(question)
+        competence = assess(text_view)
+        words = _identifier_words(lines)
         answers: dict[str, AnswerV1] = {}
         tokens = dropped = windows_run = read = 0
 
