@@ -144,11 +144,7 @@ def run_check(args: argparse.Namespace) -> int:
     for name in map(str, files):
         try:
             policies = load_text(read_policy_file(name), name)
-        except OSError as exc:
-            print(f"{name}: cannot read: {exc.strerror}", file=sys.stderr)
-            failed = True
-            continue
-        except PolicyError as exc:
+        except PolicyError as exc:  # a file that cannot be read too
             for problem in _problems(exc):
                 _print_problem(problem)
             failed = True
