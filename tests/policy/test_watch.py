@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -178,41 +180,46 @@ def test_only_a_regular_file_of_bounded_size_is_read(tmp_path: Path, kind: str) 
     assert ("at most" if kind == "large" else "not a regular file") in caught.value.reason
 
 
+class _SlowReloads:
+    """A policy file under a started watcher whose reloads take ``seconds`` (in the validator), counting how many
+    run at once; :meth:`next` changes the file and waits until the watcher's reload of it has begun."""
+
+    def __init__(self, tmp_path: Path, seconds: float) -> None:
+        self.path = tmp_path / "p.yaml"
+        _write(self.path, POLICY.format(version="1", threshold=0.9), 0)
+        self.policies = load_files(self.path)
+        self.policies.validator = self._validate
+        self.seconds, self.running, self.peak, self.version = seconds, 0, 0, 1
+        self.started = threading.Event()
+        self.watcher = PolicyWatcher(self.policies, interval_s=0.02)
+        self.watcher.start()
+
+    def _validate(self, _: object) -> None:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        self.started.set()
+        time.sleep(self.seconds)
+        self.running -= 1
+
+    async def next(self) -> None:
+        self.version += 1
+        self.started.clear()
+        _write(self.path, POLICY.format(version=str(self.version), threshold=0.9), self.version)
+        while not self.started.is_set():
+            await asyncio.sleep(0.01)
+
+
 @pytest.mark.anyio
-async def test_aclose_waits_for_a_reload_under_way_and_reloads_never_overlap(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_aclose_waits_for_a_reload_under_way_and_reloads_never_overlap(tmp_path: Path) -> None:
     """The watcher's reload runs in a thread; aclose() returns only once it has finished (nothing is swapped in
     after), and a caller's own reload waits for it rather than running beside it."""
-    import threading
-    import time
-
-    path = tmp_path / "p.yaml"
-    _write(path, POLICY.format(version="1", threshold=0.9), 0)
-    policies = load_files(path)
-    running, peak, started = [0], [0], threading.Event()
-
-    def slow_validator(_: object) -> None:
-        running[0] += 1
-        peak[0] = max(peak[0], running[0])
-        started.set()
-        time.sleep(0.4)
-        running[0] -= 1
-
-    policies.validator = slow_validator
-    watcher = PolicyWatcher(policies, interval_s=0.02)
-    watcher.start()
-    _write(path, POLICY.format(version="2", threshold=0.9), 1)
-    while not started.is_set():
-        await asyncio.sleep(0.01)
-    await asyncio.to_thread(policies.reload)  # waits for the watcher's reload, then runs its own
-    _write(path, POLICY.format(version="3", threshold=0.9), 2)
-    started.clear()
-    while not started.is_set():
-        await asyncio.sleep(0.01)
-    await watcher.aclose()
-    assert policies["p"].version == "3" and peak[0] == 1
-    assert not watcher.alive
+    slow = _SlowReloads(tmp_path, 0.4)
+    await slow.next()
+    await asyncio.to_thread(slow.policies.reload)  # waits for the watcher's reload, then runs its own
+    await slow.next()
+    await slow.watcher.aclose()
+    assert slow.policies["p"].version == "3" and slow.peak == 1
+    assert not slow.watcher.alive
 
 
 def test_a_read_error_names_the_file_and_an_unexpected_reload_error_logs_its_traceback(
@@ -245,25 +252,9 @@ def test_a_read_error_names_the_file_and_an_unexpected_reload_error_logs_its_tra
 @pytest.mark.anyio
 async def test_aclose_stays_idempotent_when_a_first_aclose_is_cancelled(tmp_path: Path) -> None:
     """A shutdown deadline that cancels aclose() while a reload runs in its thread: a later aclose() returns."""
-    import threading
-    import time
-
-    path = tmp_path / "p.yaml"
-    _write(path, POLICY.format(version="1", threshold=0.9), 0)
-    policies = load_files(path)
-    started = threading.Event()
-
-    def slow_validator(_: object) -> None:
-        started.set()
-        time.sleep(0.5)
-
-    policies.validator = slow_validator
-    watcher = PolicyWatcher(policies, interval_s=0.02)
-    watcher.start()
-    _write(path, POLICY.format(version="2", threshold=0.9), 1)
-    while not started.is_set():
-        await asyncio.sleep(0.01)
+    slow = _SlowReloads(tmp_path, 0.5)
+    await slow.next()
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(watcher.aclose(), 0.05)
-    await watcher.aclose()
-    await watcher.aclose()
+        await asyncio.wait_for(slow.watcher.aclose(), 0.05)
+    await slow.watcher.aclose()
+    await slow.watcher.aclose()
