@@ -123,13 +123,11 @@ def _read_values(headers: Sequence[tuple[bytes, bytes]], bound: dict[str, Any], 
     """The values the policy read: each bound header and :data:`BODY_HEADERS` (all its values, in order; absent is
     not empty), or every header but :data:`UNBOUND_HEADERS`; the client when bound; the tenant."""
     names: list[str] | None = bound.get("headers")
-    if names is not None:
-        names = [*names, *(name for name in BODY_HEADERS if name not in names)]
     if names is None:
         values = sorted(b"%s:%s" % (k.lower(), v) for k, v in headers if k.lower() not in UNBOUND_HEADERS)
     else:
         values = []
-        for name in names:
+        for name in [*names, *(body for body in BODY_HEADERS if body not in names)]:
             raw = name.encode("latin-1")
             found = [v for k, v in headers if k.lower() == raw]
             values.append(raw + (b"=" + b"\x00".join(found) if found else b" absent"))
