@@ -151,6 +151,7 @@ def client_address(scope: Scope, headers: dict[str, str], client_header: ClientH
     return _ip_address(str(peer[0])) or str(peer[0])
 
 
+@functools.lru_cache(maxsize=4096)  # on every request: the same few addresses, parsed once each
 def _ip_address(text: str) -> str | None:
     """``text`` as the one spelling :mod:`ipaddress` gives its IP address (an IPv4-mapped IPv6 address as IPv4; a
     port after an IPv4 address or a bracketed IPv6 one dropped), or ``None`` when it is not one."""
