@@ -1,6 +1,7 @@
 """``guard train``: fit the compact model (the catalog questions: the encoder's last layer fine-tuned with per-question
-heads, leave-one-source-group-out folds first; or a router over your own labels) from labelled JSONL, or fine-tune
-the head of a Clef checkpoint (``--clef DIR``) with its backbone frozen.
+heads, leave-one-source-group-out folds first, then the tool-call question's argument grounding; or a router over
+your own labels) from labelled JSONL, fine-tune the head of a Clef checkpoint (``--clef DIR``) with its backbone
+frozen, or refit only the argument grounding of a trained catalog checkpoint (``--ground DIR``).
 
 Examples::
 
@@ -9,6 +10,10 @@ Examples::
     guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --out guard/compact/weights \\
         --epochs 1 --fold-share 1.0 --threads 2 --head-epochs 20 \\
         --head-questions guard.harm_severity,guard.refusal,guard.tool_call_serves_task --layer-epochs 1
+
+    # the argument grounding of guard.tool_call_serves_task alone, on a trained catalog checkpoint
+    guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --ground guard/compact/weights \
+        --out build/grounded
 
     # a router over your own intents: one {"text": ..., "label": ...} per line
     guard train intents.jsonl --kind router --question-id support.intent --out routers/intent
@@ -45,6 +50,9 @@ def register(subparsers: Any) -> None:
                         "over fixed labels (default for text/label lines)")
     parser.add_argument("--clef", metavar="CHECKPOINT", help="fine-tune the joint head of this Clef checkpoint instead")
     parser.add_argument("--device", default="cpu", help="device for --clef (cpu, cuda, cuda:N)")
+    parser.add_argument("--ground", metavar="CHECKPOINT",
+                        help="refit only the tool-call argument grounding of this catalog checkpoint on the records of "
+                             "train and --val (leave one source out; no encoder or head training) and write it to --out")
     router = parser.add_argument_group("text/label lines")
     router.add_argument("--text-field", default="text")
     router.add_argument("--label-field", default="label")
@@ -119,6 +127,11 @@ def run(args: argparse.Namespace) -> int:
     if (problem := directory_problem(args.out)) is not None:
         print(f"guard train: --out: {problem}", file=sys.stderr)
         return 2
+    if args.ground and (args.clef or args.fold_models or args.kind == "router"):
+        other = "--clef" if args.clef else "--fold-models" if args.fold_models else "--kind router"
+        print(f"guard train: --ground refits a catalog checkpoint's grounding; it cannot go with {other}",
+              file=sys.stderr)
+        return 2
     if args.clef and not (Path(args.clef) / "config.json").is_file():
         print(f"guard train: --clef {args.clef}: not a Clef checkpoint (config.json is missing)", file=sys.stderr)
         return 2
@@ -152,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
                                     progress=progress, log=log)
         print(json.dumps(report, indent=2))
         return 0
+    if args.ground:
+        return _ground(args, [*records, *val], progress)
     from guard.compact._cache import DEFAULT_CACHE_DIR, EmbeddingCache
     from guard.compact.encoder import EncoderConfig, TextEncoder
 
@@ -196,6 +211,26 @@ def run(args: argparse.Namespace) -> int:
     out = model.save(args.out)
     print(json.dumps({"out": str(out), "kind": kind, "train_records": len(records), "val_records": len(val),
                       **report.to_json()}, indent=2))
+    return 0
+
+
+def _ground(args: argparse.Namespace, records: list[Any], progress: Any) -> int:
+    """``--ground``: load the checkpoint (torch, as training reads it), fit its grounding, save it to ``--out``."""
+    from guard.compact.finetune import ground
+    from guard.compact.model import CompactModel
+
+    started = time.perf_counter()
+    try:
+        model = CompactModel.load(args.ground, runtime="torch")
+        report = ground(model, records, progress)
+    except (OSError, ValueError) as exc:
+        print(f"guard train: --ground {args.ground}: {exc}", file=sys.stderr)
+        return 2
+    model.meta.setdefault("report", {})["grounding"] = report
+    model.meta["grounding_seconds"] = round(time.perf_counter() - started, 1)
+    model.meta["grounding_command"] = " ".join(["guard", "train", *sys.argv[2:]]) if sys.argv[1:2] == ["train"] else ""
+    out = model.save(args.out)
+    print(json.dumps({"out": str(out), "kind": "catalog", "records": len(records), "grounding": report}, indent=2))
     return 0
 
 

@@ -41,12 +41,13 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from guard.compact import grounding
 from guard.compact.catalog import CATALOG
 from guard.compact.encoder import TextEncoder
 from guard.compact.evaluate import question_metrics
@@ -55,7 +56,7 @@ from guard.compact.model import CompactModel, ModelQuestion, length_buckets, pic
 from guard.compact.records import LabelledRecord
 from guard.compact.train import fit_temperature, soft_loss
 
-__all__ = ["FinetuneConfig", "FinetuneReport", "train_catalog"]
+__all__ = ["FinetuneConfig", "FinetuneReport", "ground", "train_catalog"]
 
 ProgressFactory = Callable[..., Any]
 #: Most padded positions of one batch through the frozen layers.
@@ -139,7 +140,9 @@ class FinetuneReport:
     """The final model's losses, the out-of-fold (leave-one-source-group-out) metrics and the fitted temperatures.
 
     ``train_loss`` has one entry per joint epoch, then one per layer epoch, then one per head epoch; ``val_loss``
-    one per joint and per layer epoch, then one after the head epochs."""
+    one per joint and per layer epoch, then one after the head epochs. ``val`` holds the head's answers as
+    calibrated by the temperatures (a grounded question's before its grounding); ``grounding`` the report of
+    :func:`ground` when it ran."""
 
     train_loss: list[float] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
@@ -147,6 +150,7 @@ class FinetuneReport:
     heldout: dict[str, Any] = field(default_factory=dict)
     val: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    grounding: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -424,9 +428,53 @@ def train_catalog(
                            if _pairs(pairs, q)[0]}
     report.val = _metrics(list(zip(val_examples, val_logits, strict=True)), ids, entries, report.temperatures)
     head.top.to(encoder.dtype)  # as a loaded checkpoint runs it
-    model = CompactModel(encoder, head, _questions(entries, report.temperatures), kind="catalog",
-                         meta={"config": asdict(config), "folds": folds, "report": report.to_json()})
+    model = CompactModel(encoder, head, _questions(entries, report.temperatures), kind="catalog", meta={})
+    calls = [r for r in (*train_records, *val_records) if grounding.QUESTION in r.labels]
+    if len({r.source for r in calls}) >= 2:
+        t0 = time.perf_counter()
+        report.grounding = ground(model, calls, progress)
+        report.seconds["grounding"] = time.perf_counter() - t0
+        log(f"grounding: {grounding.QUESTION} fitted on {len(calls)} records, leave one source out")
+    elif calls:
+        log(f"grounding: skipped; {grounding.QUESTION} records come from fewer than two sources")
+    model.meta.update({"config": asdict(config), "folds": folds, "report": report.to_json()})
     return model, report
+
+
+def ground(model: CompactModel, records: Sequence[LabelledRecord], progress: ProgressFactory | None = None
+           ) -> dict[str, Any]:
+    """Fit the argument grounding of ``guard.tool_call_serves_task`` (:mod:`guard.compact.grounding`) on the
+    ``records`` that label it, leave one ``source`` out, and put it in ``model``: the head's readout of that question
+    becomes the fitted readout (rounded to bf16, as it is saved) and the question's entry gets the stacked
+    :class:`~guard.compact.grounding.Grounding` in place of its temperature. The encoder and the other questions do
+    not change. Returns the fit's report (``GroundingFit.report``: per-source AUROCs of the model's logit and of
+    the grounded answer, each out of source).
+
+    Raises:
+        ValueError: the model does not answer the question, or the records hold fewer than two sources of it.
+    """
+    import numpy as np
+
+    question = grounding.QUESTION
+    if question not in model.questions or not isinstance(model.head, CatalogHead):
+        raise ValueError(f"the model does not answer {question}; grounding needs a catalog model that does")
+    chosen = [r for r in records if question in r.labels]
+    view = CATALOG[question].view
+    bar = progress(total=len(chosen), desc="grounding", unit="record") if progress else None
+    pooled = []
+    for record in chosen:
+        pooled.append(model.pooled(state_text(record.request.state, view), question).numpy())
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    fitted = grounding.fit(np.stack(pooled) if pooled else np.zeros((0, 0)),
+                           [grounding.call_features(r.request.state) for r in chosen],
+                           [r.labels[question] == 0 for r in chosen], [r.source for r in chosen])
+    weight = torch.from_numpy(fitted.weight).to(torch.bfloat16).float()
+    model.head.set_noul_readout(list(model.questions).index(question), weight, fitted.bias)
+    model.questions[question] = replace(model.questions[question], temperature=1.0, grounding=fitted.grounding)
+    return fitted.report
 
 
 def _questions(entries: Sequence[Any], temperatures: dict[str, float]) -> dict[str, ModelQuestion]:

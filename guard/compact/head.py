@@ -86,15 +86,37 @@ class CatalogHead(nn.Module):
             x = out[0] if isinstance(out, tuple) else out
         return x.float()
 
-    def score(self, states: torch.Tensor, mask: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
-        """Option logits ``(N, K)`` of question index ``question`` ``(N,)`` for each window's ``states``."""
+    def pooled(self, states: torch.Tensor, mask: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+        """What question index ``question`` ``(N,)`` reads of each window's ``states`` ``(N, L, H)``: the
+        layer-normed ``[masked mean, the question's attention pooling]``, ``(N, 2H)`` float32."""
         mean = masked_mean(states, mask)
         scores = torch.einsum("nlh,nh->nl", states, self.query[question]) / math.sqrt(states.shape[-1])
         weights = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1)
         attended = torch.einsum("nl,nlh->nh", weights, states)
-        pooled = self.norm(torch.cat([mean, attended], dim=-1))
+        return self.norm(torch.cat([mean, attended], dim=-1))
+
+    def score(self, states: torch.Tensor, mask: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+        """Option logits ``(N, K)`` of question index ``question`` ``(N,)`` for each window's ``states``."""
+        pooled = self.pooled(states, mask, question)
         logits = torch.einsum("nd,ndk->nk", pooled, self.weight[question]) + self.bias[question]
         return logits.masked_fill(~self.valid[question], -torch.inf)
+
+    def set_noul_readout(self, question: int, weight: torch.Tensor, bias: float) -> None:
+        """Make noul question index ``question`` answer ``logit(true) - logit(false) = weight · pooled + bias``
+        (``weight`` ``(2H,)``): half of it on each option's row.
+
+        Raises:
+            ValueError: the question has other than two options, or ``weight`` another width.
+        """
+        if self.options[question] != 2:
+            raise ValueError(f"question index {question} has {self.options[question]} options, not a noul's 2")
+        if weight.shape != self.weight.shape[1:2]:
+            raise ValueError(f"readout weight must have shape {tuple(self.weight.shape[1:2])}, got {tuple(weight.shape)}")
+        with torch.no_grad():
+            self.weight[question, :, 0] = weight / 2
+            self.weight[question, :, 1] = -weight / 2
+            self.bias[question, 0] = bias / 2
+            self.bias[question, 1] = -bias / 2
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
         """``score(encode(hidden, mask), mask, question)``."""

@@ -48,6 +48,7 @@ from guard.compact.encoder import (
     EncoderConfig,
     TextEncoder,
 )
+from guard.compact.grounding import Grounding, call_features
 from guard.compact.head import CatalogHead, pool_rows
 from guard.compact.router import RouterHead
 from guard.subject import body_strings
@@ -313,6 +314,9 @@ class ModelQuestion:
         labels: a router's labels in prompt (sorted) order.
         label_bias: logit offsets by option id, added before the temperature (a router's out-of-scope bias, fitted
             by :func:`guard.compact.train.fit_outside_bias`).
+        grounding: a noul question's stacked answer over its logit and the state's argument grounding features
+            (:class:`~guard.compact.grounding.Grounding`, ``guard.tool_call_serves_task``); it replaces the
+            temperature.
     """
 
     id: str
@@ -322,6 +326,7 @@ class ModelQuestion:
     temperature: float = 1.0
     labels: tuple[str, ...] = ()
     label_bias: dict[str, float] = field(default_factory=dict)
+    grounding: Grounding | None = None
 
     def to_question(self) -> QuestionV1:
         return QuestionV1(self.id, self.type, self.instructions, self.criteria)
@@ -347,6 +352,8 @@ class ModelQuestion:
             body["labels"] = list(self.labels)
         if self.label_bias:
             body["label_bias"] = dict(self.label_bias)
+        if self.grounding is not None:
+            body["grounding"] = self.grounding.to_json()
         return body
 
 
@@ -451,6 +458,18 @@ class CompactModel:
             logits = self.head.score(states.repeat(count, 1, 1), mask.repeat(count, 1), index)  # all questions at once
         return list(logits.split(n)), mask, tokens, dropped
 
+    def pooled(self, text: str, question_id: str) -> torch.Tensor:
+        """Catalog: what the head of pair question ``question_id`` reads of ``text`` (its windows): the pooled vector
+        ``(2H,)`` float32 (:meth:`CatalogHead.pooled`) of the window its answer comes from (:func:`pick_window`)."""
+        assert isinstance(self.head, CatalogHead)
+        pieces, _ = segments(self.encoder, text, sentences=False)
+        ids, mask, _, _ = self.encoder.window_batch(pieces)
+        with torch.inference_mode():
+            states = self.stack_states(ids, mask)
+            index = torch.full((ids.shape[0],), self._order[question_id], dtype=torch.long)
+            window = pick_window(self.head.score(states, mask, index), CATALOG[question_id])
+            return self.head.pooled(states, mask, index)[window]
+
     def stack_states(self, ids: torch.Tensor, mask: torch.Tensor, *, deadline: float | None = None) -> torch.Tensor:
         """Last-layer states ``(N, width, 384)`` float32 of a padded window batch, zeros at padding.
 
@@ -485,12 +504,17 @@ class CompactModel:
             return question
         return QuestionV1(question.id, question.type, known.instructions, question.criteria)
 
-    def probabilities(self, question: QuestionV1, logits: torch.Tensor) -> list[float]:
-        """Calibrated probabilities in prompt order: ``softmax(logits / T)`` with the question's temperature."""
+    def probabilities(self, question: QuestionV1, logits: torch.Tensor, state: Any = None) -> list[float]:
+        """Calibrated probabilities in prompt order: ``softmax(logits / T)`` with the question's temperature, or for a
+        question with a :class:`~guard.compact.grounding.Grounding` its stacked answer over the logit of ``true``
+        over ``false`` and ``state``'s :func:`~guard.compact.grounding.call_features`."""
         known = self.questions.get(question.id)
         values = logits[torch.isfinite(logits)].double()
         if known is None:
             return torch.softmax(values, dim=-1).tolist()
+        if known.grounding is not None:
+            true = float(known.grounding.logit(float(values[0] - values[1]), call_features(state)))
+            return torch.softmax(torch.tensor([true, 0.0], dtype=torch.float64), dim=-1).tolist()
         if known.label_bias:
             ids = [option_id for option_id, _ in question.options()]
             values = values + torch.tensor([known.label_bias.get(i, 0.0) for i in ids], dtype=torch.float64)
@@ -540,7 +564,8 @@ class CompactModel:
                 if logits is None:
                     probabilities = unread(question, entry, blank=blank(text))
                 else:
-                    probabilities = self.probabilities(question, logits[i][pick_window(logits[i], entry)])
+                    probabilities = self.probabilities(question, logits[i][pick_window(logits[i], entry)],
+                                                       request.state)
                 read_by_model = logits is not None
                 if sentences and word_logits is not None and question.id in word_logits:
                     rows = word_logits[question.id]
@@ -614,7 +639,8 @@ class CompactModel:
                 Routers always run in torch.
 
         Raises:
-            ValueError: an unknown format, kind or runtime, or an encoder other than all-MiniLM-L6-v2.
+            ValueError: an unknown format, kind or runtime, an encoder other than all-MiniLM-L6-v2, or a malformed
+                grounding (:meth:`~guard.compact.grounding.Grounding.from_json`).
             FileNotFoundError: a missing file.
         """
         from safetensors.torch import load_file
@@ -638,7 +664,8 @@ class CompactModel:
         questions = {
             qid: ModelQuestion(id=qid, type=q["type"], instructions=q["instructions"], criteria=q.get("criteria"),
                                temperature=float(q.get("temperature", 1.0)), labels=tuple(q.get("labels", ())),
-                               label_bias={k: float(v) for k, v in (q.get("label_bias") or {}).items()})
+                               label_bias={k: float(v) for k, v in (q.get("label_bias") or {}).items()},
+                               grounding=Grounding.from_json(q["grounding"]) if "grounding" in q else None)
             for qid, q in body["questions"].items()
         }
         kind = body.get("kind")

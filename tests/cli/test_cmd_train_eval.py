@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from guard.cli import main
-from tests.compact.conftest import injection_records, write_jsonl
+from tests.compact.conftest import injection_records, tool_call_records, write_jsonl
 
 
 def test_train_then_eval_a_router(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,6 +72,34 @@ def test_train_catalog_records_and_bad_input(tmp_path: Path, capsys: pytest.Capt
     assert main(["train", str(data), "--out", str(out), "--head-epochs", "2", "--head-questions",
                  "guard.refusal, guard.refusals", "--no-progress"]) == 2
     assert "head_questions ['guard.refusals'] are not catalog questions" in capsys.readouterr().err
+
+
+def test_ground_refits_the_tool_call_grounding_of_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                                ) -> None:
+    from guard.compact.model import CompactModel
+
+    one_source = write_jsonl(tmp_path / "one.jsonl", [{**row, "source": "suite0"} for row in tool_call_records()])
+    two_sources = write_jsonl(tmp_path / "two.jsonl", tool_call_records())
+    trained, grounded = tmp_path / "ck", tmp_path / "grounded"
+    common = ["--no-progress", "--window", "64", "--overlap", "16"]
+    assert main(["train", str(one_source), "--val", str(one_source), "--out", str(trained), "--epochs", "1",
+                 "--no-folds", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["grounding"] == {}  # one source: nothing to hold out
+    assert main(["train", str(two_sources), "--val", str(two_sources), "--ground", str(trained), "--out",
+                 str(grounded), "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["records"] == 32 and set(report["grounding"]["by_source"]) == {"suite0", "suite1"}
+    model = CompactModel.load(grounded, runtime="torch")
+    assert model.questions["guard.tool_call_serves_task"].grounding is not None
+    assert model.meta["report"]["grounding"] == report["grounding"]
+    for extra, error in ((["--clef", str(trained)], "--ground refits"), ([], "two sources")):
+        data = one_source if not extra else two_sources
+        assert main(["train", str(data), "--val", str(data), "--ground", str(trained), "--out",
+                     str(tmp_path / "x"), "--no-progress", *extra]) == 2
+        assert error in capsys.readouterr().err
+    assert main(["train", str(two_sources), "--ground", str(tmp_path / "missing"), "--out", str(tmp_path / "x"),
+                 "--no-progress"]) == 2
+    assert "--ground" in capsys.readouterr().err
 
 
 def test_fold_models_are_refused_where_there_are_none_and_for_fold_names_that_are_not_folder_names(

@@ -1,0 +1,232 @@
+"""Argument grounding for ``guard.tool_call_serves_task``: does a tool call's content come from the user's task?
+
+A call that serves the task mostly carries what the task names: the file, the channel, the customer's name and zip,
+the order id, and a function named like the task's verbs. A call written by injected text, or one that belongs to
+another task, carries values the task never mentions. The model's cross-encoder of (task, call) ranks calls of
+sources it never saw little better than chance (leave-one-source-out AUROC 0.64, ``docs/catalog.md``); six lexical
+features of the (task, call) pair (:data:`FEATURES`, :func:`call_features`) rank them far better across sources, and
+the two together better still. The answer is a logistic regression over the model's logit and the features,
+stacked (Wolpert 1992): fitted on out-of-source model logits, so the features get the weight they earn on sources
+the model did not see (:func:`fit`).
+
+The features read a state of the catalog shape ``{"task": ..., "tool_call": {"name": ..., "arguments": ...}}``; any
+other state has none and is answered from the model's logit alone (:attr:`Grounding.plain_model`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FEATURES", "QUESTION", "Grounding", "GroundingFit", "call_features", "fit"]
+
+#: The catalog question the grounding answers.
+QUESTION = "guard.tool_call_serves_task"
+
+#: The features :func:`call_features` returns, in order. A *word* is a run of letters or digits of two or more
+#: characters, camelCase humps split, case-folded; an argument *value* is a string or number anywhere in the
+#: arguments (booleans and nulls are not values).
+FEATURES = (
+    "argument_words_in_task",  # share of the arguments' distinct words that the task holds (0 without any)
+    "argument_words_not_in_task",  # log(1 + count of the arguments' distinct words the task lacks)
+    "argument_values_in_task",  # share of values whose words appear, in order and adjacent, in the task (1 without)
+    "name_words_in_task",  # share of the function name's words whose first five characters start a task word
+    "no_arguments",  # 1.0 when the call has no value, else 0.0
+    "argument_values",  # log(1 + number of values)
+)
+
+_HUMP_RE = re.compile(r"(?<=[a-z])(?=[A-Z])")
+_WORD_RE = re.compile(r"[^\W_]{2,}")
+_STEM = 5
+
+
+def _words(text: str) -> list[str]:
+    return _WORD_RE.findall(_HUMP_RE.sub(" ", text).casefold())
+
+
+def _values(value: Any) -> Iterator[str]:
+    """The strings and numbers inside ``value`` (mappings' values and lists' items, depth first), as strings."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif isinstance(item, str):
+            yield item
+        elif isinstance(item, (int, float)) and not isinstance(item, bool):
+            yield str(item)
+
+
+def call_features(state: Any) -> tuple[float, ...] | None:
+    """The :data:`FEATURES` of a ``{"task": ..., "tool_call": {"name": str, "arguments": ...}}`` state (the task's
+    strings are read wherever they sit in ``task``), or ``None`` for a state of any other shape. Linear in the
+    state's size; never raises."""
+    if not isinstance(state, dict) or "task" not in state:
+        return None
+    call = state.get("tool_call")
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    task_words = [w for text in _values(state["task"]) for w in _words(text)]
+    task_set = set(task_words)
+    task_line = f" {' '.join(task_words)} "
+    stems = {w[:_STEM] for w in task_words}
+    values = [words for words in (_words(v) for v in _values(call.get("arguments"))) if words]
+    argument_words = {w for words in values for w in words}
+    found = len(argument_words & task_set)
+    in_order = sum(f" {' '.join(words)} " in task_line for words in values)
+    name_words = _words(call["name"])
+    return (
+        found / len(argument_words) if argument_words else 0.0,
+        math.log1p(len(argument_words) - found),
+        in_order / len(values) if values else 1.0,
+        sum(w[:_STEM] in stems for w in name_words) / len(name_words) if name_words else 0.0,
+        0.0 if values else 1.0,
+        math.log1p(len(values)),
+    )
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """The stacked answer: ``logit = model · z + Σ weights_i · f_i + bias`` for a state with :func:`call_features`
+    ``f``, ``plain_model · z + plain_bias`` for one without, where ``z`` is the model's logit of ``true`` over
+    ``false``; ``p(true) = sigmoid(logit)``. Fitted by :func:`fit`; stored in the checkpoint's question entry."""
+
+    model: float
+    weights: tuple[float, ...]
+    bias: float
+    plain_model: float
+    plain_bias: float
+
+    def logit(self, model_logit: float, features: Sequence[float] | None) -> float:
+        """The stacked logit of ``true`` (see the class)."""
+        if features is None:
+            return self.plain_model * model_logit + self.plain_bias
+        return self.model * model_logit + sum(w * f for w, f in zip(self.weights, features, strict=True)) + self.bias
+
+    def to_json(self) -> dict[str, Any]:
+        return {"features": list(FEATURES), "model": self.model, "weights": list(self.weights), "bias": self.bias,
+                "plain_model": self.plain_model, "plain_bias": self.plain_bias}
+
+    @classmethod
+    def from_json(cls, body: Any) -> Grounding:
+        """Read :meth:`to_json`'s mapping.
+
+        Raises:
+            ValueError: not a mapping, features other than :data:`FEATURES`, or a number missing or not finite.
+        """
+        if not isinstance(body, dict) or body.get("features") != list(FEATURES):
+            shown = body.get("features") if isinstance(body, dict) else type(body).__name__
+            raise ValueError(f"grounding must be a mapping with features {list(FEATURES)}, got {shown!r}")
+        weights = body.get("weights")
+        if not isinstance(weights, list) or len(weights) != len(FEATURES):
+            raise ValueError(f"grounding weights must be a list of {len(FEATURES)} numbers")
+        numbers = [body.get(k) for k in ("model", "bias", "plain_model", "plain_bias")] + weights
+        if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
+            raise ValueError("grounding numbers must be finite")
+        return cls(float(body["model"]), tuple(float(w) for w in weights), float(body["bias"]),
+                   float(body["plain_model"]), float(body["plain_bias"]))
+
+
+@dataclass(frozen=True)
+class GroundingFit:
+    """What :func:`fit` returns: the model's new linear readout of the pooled vector (``logit = weight · pooled +
+    bias``, fitted on every record), the stacked :class:`Grounding` and the leave-one-source-out report."""
+
+    weight: np.ndarray
+    bias: float
+    grounding: Grounding
+    report: dict[str, Any]
+
+
+def _auroc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(labels, scores)) if 0 < labels.sum() < len(labels) else None
+
+
+def _ece(labels: np.ndarray, probabilities: np.ndarray) -> float:
+    from guard.compact.evaluate import expected_calibration_error
+
+    confidence = np.maximum(probabilities, 1.0 - probabilities)
+    return expected_calibration_error(confidence.tolist(), ((probabilities >= 0.5) == labels).tolist())
+
+
+def fit(pooled: np.ndarray, features: Sequence[Sequence[float] | None], labels: Sequence[bool],
+        sources: Sequence[str], *, readout_c: float = 0.1, stack_c: float = 1.0) -> GroundingFit:
+    """Fit the readout and the stacked grounding, leave one source out.
+
+    1. Readout: a logistic regression (scikit-learn, L2, ``C=readout_c``) of the label on ``pooled`` ``(N, D)``
+       float32 (the head's pooled vectors, :meth:`guard.compact.head.CatalogHead.pooled`), once per source on the
+       other sources' records: each record's out-of-source logit. Then once on every record: the returned readout.
+    2. Stack: a logistic regression (``C=stack_c``) of the label on [out-of-source logit, features] over the records
+       with features (``plain_*``: on the logit alone, over every record).
+    3. Report: per source, the AUROC of the out-of-source logit and of the stacked answer with the stack fitted
+       without that source (the records' own source held out at both levels), their means over sources, and the
+       pooled AUROC and ECE of the held-out stacked answers.
+
+    Raises:
+        ValueError: fewer than two sources, or a class missing once a source is held out.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(pooled, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    group = np.asarray(sources)
+    names = sorted(set(sources))
+    if len(names) < 2:
+        raise ValueError(f"grounding is fitted leave one source out and needs two sources or more, got {names}")
+    has = np.array([f is not None for f in features])
+    f = np.array([list(v) if v is not None else [0.0] * len(FEATURES) for v in features], dtype=np.float64)
+
+    def logistic(inputs: np.ndarray, targets: np.ndarray, c: float) -> Any:
+        if len(set(targets.tolist())) < 2:
+            raise ValueError("grounding needs records of both labels in every training set")
+        return LogisticRegression(C=c, max_iter=5000).fit(inputs, targets)
+
+    outside = np.zeros(len(y))
+    for name in names:
+        held = group == name
+        outside[held] = logistic(x[~held], y[~held], readout_c).decision_function(x[held])
+    stacked_in = np.column_stack([outside, f])
+    held_out = np.zeros(len(y))
+    for name in names:
+        held = group == name
+        rows = ~held & has
+        if has[held].any():
+            held_out[held & has] = logistic(stacked_in[rows], y[rows], stack_c).decision_function(
+                stacked_in[held & has])
+        if (held & ~has).any():
+            plain = logistic(outside[~held, None], y[~held], stack_c)
+            held_out[held & ~has] = plain.decision_function(outside[held & ~has, None])
+    readout = logistic(x, y, readout_c)
+    stack = logistic(stacked_in[has], y[has], stack_c) if has.any() else None
+    plain = logistic(outside[:, None], y, stack_c)
+    grounding = Grounding(
+        model=float(stack.coef_[0, 0]) if stack else float(plain.coef_[0, 0]),
+        weights=tuple(float(w) for w in stack.coef_[0, 1:]) if stack else (0.0,) * len(FEATURES),
+        bias=float(stack.intercept_[0]) if stack else float(plain.intercept_[0]),
+        plain_model=float(plain.coef_[0, 0]), plain_bias=float(plain.intercept_[0]))
+    by_source = {}
+    for name in names:
+        held = group == name
+        by_source[name] = {"n": int(held.sum()), "model_auroc": _auroc(y[held], outside[held]),
+                           "grounded_auroc": _auroc(y[held], held_out[held])}
+
+    def mean(key: str) -> float | None:
+        values = [s[key] for s in by_source.values() if s[key] is not None]
+        return float(np.mean(values)) if values else None
+
+    probabilities = 1.0 / (1.0 + np.exp(-held_out))
+    report = {"question": QUESTION, "records": len(y), "with_features": int(has.sum()), "by_source": by_source,
+              "source_mean": {"model_auroc": mean("model_auroc"), "grounded_auroc": mean("grounded_auroc")},
+              "pooled": {"model_auroc": _auroc(y, outside), "grounded_auroc": _auroc(y, held_out),
+                         "grounded_ece": _ece(y, probabilities)},
+              "grounding": grounding.to_json()}
+    return GroundingFit(readout.coef_[0].astype(np.float32), float(readout.intercept_[0]), grounding, report)

@@ -1,0 +1,168 @@
+"""Argument grounding of ``guard.tool_call_serves_task``: the features, the stacked fit leave one source out, the
+checkpoint round trip and the training stage that fits it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from guard.compact import grounding
+from guard.compact.catalog import CATALOG
+from guard.compact.finetune import FinetuneConfig, train_catalog
+from guard.compact.grounding import FEATURES, QUESTION, Grounding, call_features
+from guard.compact.head import CatalogHead
+from guard.compact.model import CompactModel, state_text
+from guard.compact.records import load_records
+from guard.systemone import SystemOneRequestV1
+from tests.compact.conftest import injection_records, tool_call_records, write_jsonl
+
+
+def _call(task: Any, name: str, arguments: Any) -> dict[str, Any]:
+    return {"task": task, "tool_call": {"name": name, "arguments": arguments}}
+
+
+def test_features_read_what_the_task_names() -> None:
+    named = dict(zip(FEATURES, call_features(_call(
+        "Send 50 dollars to Alice Martin for dinner", "sendMoney", {"recipient": "Alice Martin", "amount": 50})),
+        strict=True))
+    assert named == {"argument_words_in_task": 1.0, "argument_words_not_in_task": 0.0,
+                     "argument_values_in_task": 1.0, "name_words_in_task": 0.5, "no_arguments": 0.0,
+                     "argument_values": pytest.approx(math.log1p(2))}  # "send" is in the task, "money" is not
+    foreign = dict(zip(FEATURES, call_features(_call(
+        "Send 50 dollars to Alice Martin", "delete_file", {"path": "/etc/passwd", "force": True, "note": None})),
+        strict=True))
+    assert foreign["argument_words_in_task"] == 0.0 and foreign["argument_values_in_task"] == 0.0
+    assert foreign["argument_words_not_in_task"] == pytest.approx(math.log1p(2))  # etc, passwd; booleans are no value
+    assert foreign["name_words_in_task"] == 0.0 and foreign["argument_values"] == pytest.approx(math.log1p(1))
+    # words out of order are found one by one but not as a value; the task's strings are read wherever they sit
+    shuffled = dict(zip(FEATURES, call_features(_call(
+        {"messages": [{"content": "Alice Martin"}]}, "x", ["Martin Alice"])), strict=True))
+    assert shuffled["argument_words_in_task"] == 1.0 and shuffled["argument_values_in_task"] == 0.0
+    empty = dict(zip(FEATURES, call_features(_call("List my files", "list_files", {})), strict=True))
+    assert empty["no_arguments"] == 1.0 and empty["argument_values_in_task"] == 1.0
+
+
+@pytest.mark.parametrize("state", [
+    "a plain string", {"task": "t"}, {"tool_call": {"name": "f"}}, {"task": "t", "tool_call": "f"},
+    {"task": "t", "tool_call": {"name": 3, "arguments": {}}}, ["task", "tool_call"],
+])
+def test_a_state_of_another_shape_has_no_features(state: Any) -> None:
+    assert call_features(state) is None
+
+
+def test_deeply_nested_arguments_are_read_without_recursion() -> None:
+    deep: Any = "needle"
+    for _ in range(50_000):
+        deep = [deep]
+    features = call_features(_call("find the needle", "search", {"q": deep}))
+    assert features is not None and features[0] == 1.0
+
+
+def test_the_grounding_round_trips_and_malformed_bodies_are_refused() -> None:
+    fitted = Grounding(0.3, tuple(float(n) for n in range(len(FEATURES))), -1.0, 0.4, -0.2)
+    assert Grounding.from_json(json.loads(json.dumps(fitted.to_json()))) == fitted
+    assert fitted.logit(2.0, None) == pytest.approx(0.4 * 2.0 - 0.2)
+    body = fitted.to_json()
+    for broken in ({**body, "weights": [1.0]}, {**body, "bias": float("nan")}, {**body, "model": "1"},
+                   {**body, "features": list(reversed(FEATURES))}, {**body, "plain_model": True}, [1, 2], None):
+        with pytest.raises(ValueError, match="grounding"):
+            Grounding.from_json(broken)
+
+
+def _synthetic(rng: np.random.Generator, sources: int, size: int) -> tuple[Any, ...]:
+    labels = rng.random(sources * size) < 0.5
+    pooled = rng.normal(size=(len(labels), 8)).astype(np.float32)  # the model's vectors carry nothing
+    features = [tuple(float(v) for v in rng.normal(loc=1.5 * y, size=len(FEATURES))) for y in labels]
+    names = [f"src{n // size}" for n in range(len(labels))]
+    return pooled, features, labels.tolist(), names
+
+
+def test_the_fit_weighs_what_ranks_sources_it_did_not_see() -> None:
+    pooled, features, labels, names = _synthetic(np.random.default_rng(0), 3, 80)
+    fitted = grounding.fit(pooled, features, labels, names)
+    report = fitted.report
+    assert set(report["by_source"]) == {"src0", "src1", "src2"} and report["records"] == 240
+    assert report["source_mean"]["grounded_auroc"] > 0.9
+    assert report["source_mean"]["model_auroc"] < 0.7
+    assert abs(fitted.grounding.model) < min(abs(w) for w in fitted.grounding.weights)
+    assert fitted.weight.shape == (8,) and fitted.weight.dtype == np.float32
+    with pytest.raises(ValueError, match="two sources"):
+        grounding.fit(pooled, features, labels, ["one"] * len(labels))
+
+
+def test_a_record_without_features_is_answered_from_the_logit_alone() -> None:
+    pooled, features, labels, names = _synthetic(np.random.default_rng(1), 2, 60)
+    features = [None if n % 3 == 0 else f for n, f in enumerate(features)]
+    fitted = grounding.fit(pooled, features, labels, names)
+    assert fitted.report["with_features"] == sum(f is not None for f in features)
+    assert fitted.grounding.logit(1.0, None) == pytest.approx(fitted.grounding.plain_model + fitted.grounding.plain_bias)
+
+
+def test_training_fits_the_grounding_and_the_checkpoint_answers_with_it(encoder: Any, tmp_path: Path) -> None:
+    records = load_records(write_jsonl(tmp_path / "train.jsonl", injection_records() + tool_call_records()))
+    model, report = train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4), encoder, folds=False)
+    assert set(report.grounding["by_source"]) == {"suite0", "suite1"}
+    assert model.meta["report"]["grounding"] == report.grounding
+    trained = model.questions[QUESTION]
+    assert trained.grounding is not None and trained.temperature == 1.0
+    assert model.questions["guard.prompt_injection"].grounding is None
+
+    state = _call("Send 50 dollars to Alice", "send_money", {"recipient": "Alice", "amount": 50})
+    questions = {QUESTION: CATALOG[QUESTION].to_json()}
+    request = SystemOneRequestV1.from_json({"model": "compact", "state": state, "questions": questions})
+    logits, _, _, _ = model.window_logits(state_text(state, "json"), [QUESTION])
+    head = float(logits[0][0, 0] - logits[0][0, 1])
+    expected = 1.0 / (1.0 + math.exp(-trained.grounding.logit(head, call_features(state))))
+    assert model.answer(request).answers[QUESTION].noul == pytest.approx(expected, abs=1e-6)
+
+    again = CompactModel.load(model.save(tmp_path / "ckpt"), encoder=encoder, runtime="torch")
+    assert again.questions[QUESTION].grounding == trained.grounding
+    assert again.answer(request).answers[QUESTION].noul == pytest.approx(expected, abs=1e-3)  # bf16 on disk
+
+
+def test_training_skips_the_grounding_of_tool_calls_from_one_source(encoder: Any, tmp_path: Path) -> None:
+    rows = [{**row, "source": "suite0"} for row in tool_call_records()]
+    records = load_records(write_jsonl(tmp_path / "train.jsonl", rows))
+    lines: list[str] = []
+    model, report = train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4), encoder, folds=False,
+                                  log=lines.append)
+    assert report.grounding == {} and model.questions[QUESTION].grounding is None
+    assert any("grounding: skipped" in line for line in lines)
+
+
+def test_a_checkpoint_with_a_malformed_grounding_does_not_load(encoder: Any, tmp_path: Path) -> None:
+    records = load_records(write_jsonl(tmp_path / "train.jsonl", injection_records() + tool_call_records()))
+    model, _ = train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4), encoder, folds=False)
+    root = model.save(tmp_path / "ckpt")
+    config = json.loads((root / "compact_config.json").read_text())
+    config["questions"][QUESTION]["grounding"]["weights"][0] = "NaN"
+    (root / "compact_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="grounding"):
+        CompactModel.load(root, encoder=encoder, runtime="torch")
+
+
+def test_the_readout_is_what_the_head_answers() -> None:
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    layer = BertLayer(BertConfig(hidden_size=16, num_attention_heads=2, intermediate_size=32))
+    head = CatalogHead([layer], [2, 5], hidden=16).eval()
+    weight = torch.randn(32)
+    head.set_noul_readout(0, weight, 0.5)
+    states, mask = torch.randn(3, 4, 16), torch.ones(3, 4, dtype=torch.bool)
+    index = torch.zeros(3, dtype=torch.long)
+    with torch.no_grad():
+        logits = head.score(states, mask, index)
+        expected = head.pooled(states, mask, index) @ weight + 0.5
+    assert torch.allclose(logits[:, 0] - logits[:, 1], expected, atol=1e-5)
+    with pytest.raises(ValueError, match="5 options"):
+        head.set_noul_readout(1, weight, 0.0)
+    with pytest.raises(ValueError, match="shape"):
+        head.set_noul_readout(0, torch.randn(8), 0.0)
+
