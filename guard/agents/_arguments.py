@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -152,17 +153,35 @@ def _truncated(text: str) -> bool:
     return False
 
 
+def _value_problem(value: Any) -> str | None:
+    """Why one value of parsed arguments is not one raw JSON text could give (``None`` when it is): a type JSON has
+    no value of, a number that is not finite, or an integer a checkpoint cannot store."""
+    if value is None or isinstance(value, (str, bool, dict, list, tuple)):
+        return None
+    if isinstance(value, int):
+        if INTEGER_RANGE[0] <= value <= INTEGER_RANGE[1]:
+            return None
+        return "arguments hold an integer outside the 64-bit range a checkpoint can store"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "arguments hold a number that is not finite (NaN or Infinity)"
+    return f"arguments hold a {type(value).__name__} value, which JSON cannot carry"
+
+
 def shape_problem(arguments: dict[str, Any]) -> str | None:
-    """Why parsed arguments are too deep, too large or hold an integer too large to judge and checkpoint (``None``
-    when they are not). Iterative, and it stops at the first level or value past a limit, so it is safe on values
-    nested past the interpreter's recursion limit (or holding themselves)."""
+    """Why parsed arguments are too deep, too large, or hold what raw JSON arguments could not (a key that is not a
+    string, a value of a type JSON has no value of, ``NaN`` or an infinity, an integer too large to checkpoint):
+    ``None`` when they are none of these, so arguments that arrived parsed meet the rules raw text meets. Iterative,
+    and it stops at the first level or value past a limit, so it is safe on values nested past the interpreter's
+    recursion limit (or holding themselves)."""
     count = len(arguments)
     stack: list[tuple[Any, int]] = [(arguments, 1)]
     while stack:
         node, level = stack.pop()
+        if isinstance(node, dict) and not all(isinstance(key, str) for key in node):
+            return "arguments hold a mapping key that is not a string"
         for child in node.values() if isinstance(node, dict) else node:
-            if isinstance(child, int) and not isinstance(child, bool) and not INTEGER_RANGE[0] <= child <= INTEGER_RANGE[1]:
-                return "arguments hold an integer outside the 64-bit range a checkpoint can store"
+            if (problem := _value_problem(child)) is not None:
+                return problem
             if isinstance(child, (dict, list, tuple)):
                 if level >= MAX_ARGUMENT_DEPTH:
                     return f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels"

@@ -11,7 +11,9 @@ and ``Content-Length`` stay valid. HTTP/1.1 trailers cannot be relayed (uvicorn 
 The upstream URL is built from parts: the configured scheme, host and port (nothing the client sends can change
 them), the configured path prefix, then the request's canonical path (:mod:`guard.asgi._target`: the path the guard
 matched) and its query string. A target that is not an origin-form path, or that servers could read differently
-(``%2F``, backslash, ``;``), is a 400 ``invalid_target`` and is never forwarded.
+(``%2F``, backslash, ``;``), is a 400 ``invalid_target`` and is never forwarded; so is any ``CONNECT`` (its target is
+``host:port``, RFC 9110 9.3.6: a tunnel this proxy does not open, and a server that reads an upstream's 2xx answer
+to it as an open tunnel cannot send the answer's body).
 
 Upstream trouble becomes ``{code, message}``: 502 ``upstream_unavailable`` (refused, reset, protocol error) or 504
 ``upstream_timeout`` (no connection or no response in time). If the upstream breaks after the response started, the
@@ -43,7 +45,7 @@ from starlette.types import Message, Receive, Scope, Send
 from guard._body import Deadline
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
-from guard.asgi._target import canonical_scope, request_target
+from guard.asgi._target import INVALID_TARGET, canonical_scope, request_target
 from guard.asgi._upgrade import refuse_invalid_upgrade
 from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
@@ -215,8 +217,11 @@ class ReverseProxy:
         front), then the query as received. Scheme, host and port are the configured ones, never the client's.
 
         Raises:
-            BodyError: 400 ``invalid_target`` (see :mod:`guard.asgi._target`).
+            BodyError: 400 ``invalid_target`` (see :mod:`guard.asgi._target`), or for a ``CONNECT``.
         """
+        if scope["method"] == "CONNECT":
+            raise BodyError(400, INVALID_TARGET, "CONNECT asks for a tunnel to host:port, which this proxy does not "
+                                                 "open", field="method")
         target = request_target(scope)
         query: bytes = scope.get("query_string", b"")
         return self._base_path + target.raw_path + (b"?" + query if query else b"")

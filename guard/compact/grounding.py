@@ -2,12 +2,21 @@
 
 A call that serves the task mostly carries what the task names: the file, the channel, the customer's name and zip,
 the order id, and a function named like the task's verbs. A call written by injected text, or one that belongs to
-another task, carries values the task never mentions. The model's cross-encoder of (task, call) ranks calls of
-sources it never saw little better than chance (leave-one-source-out AUROC 0.64, ``docs/catalog.md``); six lexical
-features of the (task, call) pair (:data:`FEATURES`, :func:`call_features`) rank them far better across sources, and
-the two together better still. The answer is a logistic regression over the model's logit and the features,
-stacked (Wolpert 1992): fitted on out-of-source model logits, so the features get the weight they earn on sources
-the model did not see (:func:`fit`).
+another task, carries values the task never mentions: the attacker's account, address or link. The model's
+cross-encoder of (task, call) ranks calls of sources it never saw little better than chance (leave-one-source-out
+AUROC 0.64, ``docs/catalog.md``); two lexical features of the (task, call) pair (:data:`FEATURES`,
+:func:`call_features`) with it rank them far better. The answer is a logistic regression over the model's logit
+and the features, stacked (Wolpert 1992): fitted on out-of-source model logits, so the features get the weight they
+earn on sources the model did not see (:func:`fit`).
+
+The features count what the arguments hold that the task does not, never what they share with it: an argument whose
+words the task all holds changes neither feature, so copying the task into a call (``subject="<the task>"`` next to
+the attacker's account) cannot raise its answer through them. Shares of the task's words in the arguments rank the
+training sources a little better out of source (AUROC 0.81 against 0.78, mean over six suites) and are exactly what
+such copying inflates: with them, a payment to a foreign account went from 0.18 to 0.85 once the task was pasted
+into its subject. Foreign values are counted rather than foreign words, so how a value is written does not count
+(an IBAN in groups of four is one value, not six words); the two rank alike out of source (0.772 and 0.766).
+Flagging calls without arguments added nothing and would let an added copy of the task move the answer.
 
 The features read a state of the catalog shape ``{"task": ..., "tool_call": {"name": ..., "arguments": ...}}``; any
 other state has none and is answered from the model's logit alone (:attr:`Grounding.plain_model`).
@@ -32,12 +41,8 @@ QUESTION = "guard.tool_call_serves_task"
 #: characters, camelCase humps split, case-folded; an argument *value* is a string or number anywhere in the
 #: arguments (booleans and nulls are not values).
 FEATURES = (
-    "argument_words_in_task",  # share of the arguments' distinct words that the task holds (0 without any)
-    "argument_words_not_in_task",  # log(1 + count of the arguments' distinct words the task lacks)
-    "argument_values_in_task",  # share of values whose words appear, in order and adjacent, in the task (1 without)
+    "argument_values_not_in_task",  # log(1 + count of argument values holding a word the task lacks)
     "name_words_in_task",  # share of the function name's words whose first five characters start a task word
-    "no_arguments",  # 1.0 when the call has no value, else 0.0
-    "argument_values",  # log(1 + number of values)
 )
 
 _HUMP_RE = re.compile(r"(?<=[a-z])(?=[A-Z])")
@@ -73,22 +78,13 @@ def call_features(state: Any) -> tuple[float, ...] | None:
     call = state.get("tool_call")
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
-    task_words = [w for text in _values(state["task"]) for w in _words(text)]
-    task_set = set(task_words)
-    task_line = f" {' '.join(task_words)} "
+    task_words = {w for text in _values(state["task"]) for w in _words(text)}
     stems = {w[:_STEM] for w in task_words}
-    values = [words for words in (_words(v) for v in _values(call.get("arguments"))) if words]
-    argument_words = {w for words in values for w in words}
-    found = len(argument_words & task_set)
-    in_order = sum(f" {' '.join(words)} " in task_line for words in values)
+    foreign = sum(any(w not in task_words for w in _words(value)) for value in _values(call.get("arguments")))
     name_words = _words(call["name"])
     return (
-        found / len(argument_words) if argument_words else 0.0,
-        math.log1p(len(argument_words) - found),
-        in_order / len(values) if values else 1.0,
+        math.log1p(foreign),
         sum(w[:_STEM] in stems for w in name_words) / len(name_words) if name_words else 0.0,
-        0.0 if values else 1.0,
-        math.log1p(len(values)),
     )
 
 

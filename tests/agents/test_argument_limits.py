@@ -5,6 +5,8 @@ out of ``agent.invoke`` with no decision recorded. Real create_agent graphs with
 from __future__ import annotations
 
 import time
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -54,6 +56,17 @@ def test_limits_on_parsed_arguments() -> None:
     assert classify_arguments({"amount": 10**30, "to": "bob"}) == (None, too_big)
     assert classify_arguments({"deep": {"list": [1, -(2**63) - 1]}}) == (None, too_big)
     assert classify_arguments({"amount": 2**64 - 1, "low": -(2**63), "flag": True})[1] is None
+    # parsed arguments meet what raw JSON text meets: no NaN or infinity, no value JSON cannot carry, string keys
+    not_finite = "arguments hold a number that is not finite (NaN or Infinity)"
+    for number in (float("nan"), float("inf"), -float("inf")):
+        assert classify_arguments({"x": number}) == (None, not_finite)
+        assert classify_arguments({"x": [{"y": number}]}) == (None, not_finite)
+    for value, kind in ((b"\xff", "bytes"), ({1, 2}, "set"), (Decimal("1.5"), "Decimal"), (object(), "object"),
+                        (datetime(2020, 1, 1), "datetime")):
+        assert classify_arguments({"x": {"y": [value]}}) == (None, f"arguments hold a {kind} value, which JSON cannot carry")
+    for keyed in ({1: "a"}, {"x": {None: 1}}, {"x": [{(1, 2): 1}]}, {"x": {True: 1}}):
+        assert classify_arguments(keyed) == (None, "arguments hold a mapping key that is not a string")
+    assert classify_arguments({"x": 1.5, "y": [None, True, "s", -0.0, (1, 2)]})[1] is None
     looped: dict[str, Any] = {}
     looped["self"] = looped
     assert classify_arguments(looped)[1] is not None  # a value holding itself ends at a limit, never loops
@@ -123,3 +136,19 @@ def test_tool_node_blocks_deep_arguments(harness: Any) -> None:
     assert [d["result"]["action"] for d in h.decisions() if (d.get("input") or {}).get("tool_call_id") == "deep"] == [
         "block"
     ]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), b"\xff\xfe hi", {1, 2}, Decimal("1.5"), {1: "a"}],
+                         ids=["nan", "inf", "bytes", "set", "decimal", "int-key"])
+def test_parsed_arguments_json_cannot_carry_get_a_recorded_block(harness: Any, thread: Any, value: Any) -> None:
+    """A value a provider's JSON could not have sent (a custom integration or another middleware wrote it) is
+    refused as malformed, never run and never handed to the engine, where building the state would fail."""
+    h = harness()
+    middleware = GuardAgentMiddleware(guard=h.guard)
+    agent = create_agent(model(deep_turn({"amount": 5, "to": value})), h.tools, middleware=[middleware],
+                         checkpointer=InMemorySaver())
+    out = drive(agent, USER, thread(), "invoke")
+    assert h.runs.calls == [("pay", {"amount": 5, "to": "ann"})]
+    assert out.tool_messages()["deep"].status == "error"
+    blocked = [d for d in h.decisions() if (d.get("input") or {}).get("tool_call_id") == "deep"]
+    assert [(d["result"]["action"], d["result"]["rule"]) for d in blocked] == [("block", "malformed_arguments")]

@@ -51,3 +51,10 @@ def test_sandbox_tools_stay_in_their_folder(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "box" / "ledger.jsonl").read_text())["amount"] == 1.5
     with pytest.raises(SandboxError):
         sandbox.path("/etc/passwd")
+
+
+def test_the_example_policy_passes_its_own_tests(capsys: pytest.CaptureFixture[str]) -> None:
+    from guard.cli import main
+
+    assert main(["policy", "test", *map(str, example.COMPACT_POLICIES[:1])]) == 0
+    assert "3 passed, 0 failed" in capsys.readouterr().out

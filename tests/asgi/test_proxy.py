@@ -543,6 +543,21 @@ async def test_a_request_with_both_framings_cannot_smuggle_a_second_request(make
     assert server.calls[calls:] == ["/public/echo"]
 
 
+async def test_connect_is_refused_and_never_forwarded(make_guard: GuardFactory, upstream: tuple[Upstream, str]) -> None:
+    """A CONNECT asks for a tunnel: forwarded, an upstream's 2xx answer made the server drop the response body
+    mid-way (h11 reads it as an open tunnel)."""
+    server, url = upstream
+    calls = len(server.calls)
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url)), **server_options()) as proxy:
+        port = int(proxy.rsplit(":", 1)[1])
+        for head in (b"CONNECT /public/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                     b"CONNECT /public/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"):
+            answer = raw_request(port, head)
+            assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+            body = json.loads(answer.partition(b"\r\n\r\n")[2])
+            assert body["code"] == "invalid_target" and body["field"] == "method" and "CONNECT" in body["message"]
+    assert server.calls[calls:] == []
+
 def test_response_headers_drop_hop_by_hop_ones_and_keep_the_rest_in_order() -> None:
     kept = [(b"content-type", b"text/plain"), (b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")]
     dropped = [(b"Connection", b"x-hop"), (b"X-Hop", b"1"), (b"transfer-encoding", b"chunked"), (b"Upgrade", b"h2c"),

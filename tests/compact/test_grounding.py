@@ -27,25 +27,28 @@ def _call(task: Any, name: str, arguments: Any) -> dict[str, Any]:
     return {"task": task, "tool_call": {"name": name, "arguments": arguments}}
 
 
-def test_features_read_what_the_task_names() -> None:
-    named = dict(zip(FEATURES, call_features(_call(
-        "Send 50 dollars to Alice Martin for dinner", "sendMoney", {"recipient": "Alice Martin", "amount": 50})),
-        strict=True))
-    assert named == {"argument_words_in_task": 1.0, "argument_words_not_in_task": 0.0,
-                     "argument_values_in_task": 1.0, "name_words_in_task": 0.5, "no_arguments": 0.0,
-                     "argument_values": pytest.approx(math.log1p(2))}  # "send" is in the task, "money" is not
-    foreign = dict(zip(FEATURES, call_features(_call(
-        "Send 50 dollars to Alice Martin", "delete_file", {"path": "/etc/passwd", "force": True, "note": None})),
-        strict=True))
-    assert foreign["argument_words_in_task"] == 0.0 and foreign["argument_values_in_task"] == 0.0
-    assert foreign["argument_words_not_in_task"] == pytest.approx(math.log1p(2))  # etc, passwd; booleans are no value
-    assert foreign["name_words_in_task"] == 0.0 and foreign["argument_values"] == pytest.approx(math.log1p(1))
-    # words out of order are found one by one but not as a value; the task's strings are read wherever they sit
-    shuffled = dict(zip(FEATURES, call_features(_call(
-        {"messages": [{"content": "Alice Martin"}]}, "x", ["Martin Alice"])), strict=True))
-    assert shuffled["argument_words_in_task"] == 1.0 and shuffled["argument_values_in_task"] == 0.0
-    empty = dict(zip(FEATURES, call_features(_call("List my files", "list_files", {})), strict=True))
-    assert empty["no_arguments"] == 1.0 and empty["argument_values_in_task"] == 1.0
+def test_features_count_the_values_that_hold_what_the_task_does_not() -> None:
+    task = "Send 50 dollars to Alice Martin for dinner"
+    named = call_features(_call(task, "sendMoney", {"recipient": "Alice Martin", "amount": 50, "urgent": True}))
+    assert named == (0.0, 0.5)  # every argument value is named in the task; "send" is, "money" is not
+    foreign = call_features(_call(task, "delete_file", {"path": "/etc/passwd", "force": True, "note": None}))
+    assert foreign == (pytest.approx(math.log1p(1)), 0.0)  # one foreign value; booleans and nulls hold no word
+    # a value is one value however it is written
+    assert call_features(_call(task, "pay", {"iban": "UK12 3456 7890 1234 5678 90"})) == call_features(
+        _call(task, "pay", {"iban": "UK12345678901234567890"}))
+    # the task's strings are read wherever they sit in it
+    assert call_features(_call({"messages": [{"content": "Alice Martin"}]}, "x", ["Martin Alice"]))[0] == 0.0
+    assert call_features(_call("List my files", "list_files", {})) == (0.0, 1.0)
+
+
+def test_copying_the_task_into_a_call_moves_no_feature() -> None:
+    task = "Send 50 dollars to Alice Martin for last night's dinner."
+    call = {"recipient": "DE89370400440532013000", "amount": 4999}
+    plain = call_features(_call(task, "send_money", call))
+    for extra in ({"subject": task}, {"note": [task] * 5, "memo": {"text": "Alice Martin dinner"}}):
+        assert call_features(_call(task, "send_money", {**call, **extra})) == plain
+    # replacing a foreign value by one the task names lowers the count
+    assert call_features(_call(task, "send_money", {**call, "amount": 50}))[0] < plain[0]
 
 
 @pytest.mark.parametrize("state", [
@@ -60,8 +63,9 @@ def test_deeply_nested_arguments_are_read_without_recursion() -> None:
     deep: Any = "needle"
     for _ in range(50_000):
         deep = [deep]
-    features = call_features(_call("find the needle", "search", {"q": deep}))
-    assert features is not None and features[0] == 1.0
+    assert call_features(_call("find the needle", "search", {"q": deep})) == (0.0, 0.0)
+    assert call_features(_call("find the needle", "search", {"q": [deep, "haystack"]}))[0] == pytest.approx(
+        math.log1p(1))
 
 
 def test_the_grounding_round_trips_and_malformed_bodies_are_refused() -> None:
