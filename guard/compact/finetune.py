@@ -450,14 +450,21 @@ def ground(model: CompactModel, records: Sequence[LabelledRecord], progress: Pro
     not change. Returns the fit's report (``GroundingFit.report``: per-source AUROCs of the model's logit and of
     the grounded answer, each out of source).
 
+    A grounded question is refused: its readout was fitted on every record, and it picks the window each record is
+    read by, so a second fit would pick windows with the labels of the sources it holds out.
+
     Raises:
-        ValueError: the model does not answer the question, or the records hold fewer than two sources of it.
+        ValueError: the model does not answer the question or is already grounded, or the records hold fewer than
+            two sources of it.
     """
     import numpy as np
 
     question = grounding.QUESTION
     if question not in model.questions or not isinstance(model.head, CatalogHead):
         raise ValueError(f"the model does not answer {question}; grounding needs a catalog model that does")
+    if model.questions[question].grounding is not None:
+        raise ValueError(f"{question} is already grounded; ground the checkpoint it was grounded from (its readout "
+                         f"would pick each record's window with every source's labels)")
     chosen = [r for r in records if question in r.labels]
     view = CATALOG[question].view
     bar = progress(total=len(chosen), desc="grounding", unit="record") if progress else None

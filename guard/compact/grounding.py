@@ -12,10 +12,12 @@ earn on sources the model did not see (:func:`fit`).
 The features count what the arguments hold that the task does not, never what they share with it: an argument whose
 words the task all holds changes neither feature, so copying the task into a call (``subject="<the task>"`` next to
 the attacker's account) cannot raise its answer through them. Shares of the task's words in the arguments rank the
-training sources a little better out of source (AUROC 0.81 against 0.78, mean over six suites) and are exactly what
+training sources a little better out of source (AUROC 0.81 against 0.77, mean over six suites) and are exactly what
 such copying inflates: with them, a payment to a foreign account went from 0.18 to 0.85 once the task was pasted
 into its subject. Foreign values are counted rather than foreign words, so how a value is written does not count
 (an IBAN in groups of four is one value, not six words); the two rank alike out of source (0.772 and 0.766).
+Reading one-character words and the keys of mappings inside arguments, so that a foreign value cannot hide as
+``D_E_8_9...`` or as a key, cost 0.006.
 Flagging calls without arguments added nothing and would let an added copy of the task move the answer.
 
 The features read a state of the catalog shape ``{"task": ..., "tool_call": {"name": ..., "arguments": ...}}``; any
@@ -37,16 +39,17 @@ __all__ = ["FEATURES", "QUESTION", "Grounding", "GroundingFit", "call_features",
 #: The catalog question the grounding answers.
 QUESTION = "guard.tool_call_serves_task"
 
-#: The features :func:`call_features` returns, in order. A *word* is a run of letters or digits of two or more
-#: characters, camelCase humps split, case-folded; an argument *value* is a string or number anywhere in the
-#: arguments (booleans and nulls are not values).
+#: The features :func:`call_features` returns, in order. A *word* is a run of letters or digits, one character or
+#: more (``replicas: 0`` where the task says 6 is a foreign value, and so is ``D_E_8_9``), camelCase humps split,
+#: case-folded; an argument *value* is a string or number anywhere in the arguments, and a key of a mapping inside
+#: an argument (booleans and nulls are not values; the arguments' own names are not either).
 FEATURES = (
     "argument_values_not_in_task",  # log(1 + count of argument values holding a word the task lacks)
     "name_words_in_task",  # share of the function name's words whose first five characters start a task word
 )
 
 _HUMP_RE = re.compile(r"(?<=[a-z])(?=[A-Z])")
-_WORD_RE = re.compile(r"[^\W_]{2,}")
+_WORD_RE = re.compile(r"[^\W_]+")
 _STEM = 5
 
 
@@ -54,18 +57,27 @@ def _words(text: str) -> list[str]:
     return _WORD_RE.findall(_HUMP_RE.sub(" ", text).casefold())
 
 
-def _values(value: Any) -> Iterator[str]:
-    """The strings and numbers inside ``value`` (mappings' values and lists' items, depth first), as strings."""
+def _values(value: Any, *, keys: bool = True) -> Iterator[str]:
+    """The strings and numbers inside ``value`` (with ``keys``, the keys of its mappings too), depth first, as
+    strings; a container met twice (a structure holding itself) is read once, and an integer too long to write
+    (over 4,300 digits) is ``"<integer>"``."""
     stack = [value]
+    seen: set[int] = set()
     while stack:
         item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-        elif isinstance(item, (list, tuple)):
-            stack.extend(reversed(item))
+        if isinstance(item, (dict, list, tuple)):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            if isinstance(item, dict):
+                stack.extend(reversed([*item.values(), *(item if keys else ())]))
+            else:
+                stack.extend(reversed(item))
         elif isinstance(item, str):
             yield item
-        elif isinstance(item, (int, float)) and not isinstance(item, bool):
+        elif isinstance(item, int) and not isinstance(item, bool):
+            yield str(item) if item.bit_length() < 14_000 else "<integer>"
+        elif isinstance(item, float):
             yield str(item)
 
 
@@ -78,9 +90,11 @@ def call_features(state: Any) -> tuple[float, ...] | None:
     call = state.get("tool_call")
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
-    task_words = {w for text in _values(state["task"]) for w in _words(text)}
+    task_words = {w for text in _values(state["task"], keys=False) for w in _words(text)}
     stems = {w[:_STEM] for w in task_words}
-    foreign = sum(any(w not in task_words for w in _words(value)) for value in _values(call.get("arguments")))
+    arguments = call.get("arguments")
+    values = _values(list(arguments.values()) if isinstance(arguments, dict) else arguments)
+    foreign = sum(any(w not in task_words for w in _words(value)) for value in values)
     name_words = _words(call["name"])
     return (
         math.log1p(foreign),

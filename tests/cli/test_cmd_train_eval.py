@@ -100,6 +100,9 @@ def test_ground_refits_the_tool_call_grounding_of_a_checkpoint(tmp_path: Path, c
     assert main(["train", str(two_sources), "--ground", str(tmp_path / "missing"), "--out", str(tmp_path / "x"),
                  "--no-progress"]) == 2
     assert "--ground" in capsys.readouterr().err
+    assert main(["train", str(two_sources), "--ground", str(grounded), "--out", str(tmp_path / "x"),
+                 "--no-progress"]) == 2
+    assert "already grounded" in capsys.readouterr().err
 
 
 def test_fold_models_are_refused_where_there_are_none_and_for_fold_names_that_are_not_folder_names(

@@ -14,7 +14,7 @@ import torch
 
 from guard.compact import grounding
 from guard.compact.catalog import CATALOG
-from guard.compact.finetune import FinetuneConfig, train_catalog
+from guard.compact.finetune import FinetuneConfig, ground, train_catalog
 from guard.compact.grounding import FEATURES, QUESTION, Grounding, call_features
 from guard.compact.head import CatalogHead
 from guard.compact.model import CompactModel, state_text
@@ -45,10 +45,25 @@ def test_copying_the_task_into_a_call_moves_no_feature() -> None:
     task = "Send 50 dollars to Alice Martin for last night's dinner."
     call = {"recipient": "DE89370400440532013000", "amount": 4999}
     plain = call_features(_call(task, "send_money", call))
-    for extra in ({"subject": task}, {"note": [task] * 5, "memo": {"text": "Alice Martin dinner"}}):
+    for extra in ({"subject": task}, {"note": [task] * 5, "memo": ["Alice Martin dinner"]}):
         assert call_features(_call(task, "send_money", {**call, **extra})) == plain
     # replacing a foreign value by one the task names lowers the count
     assert call_features(_call(task, "send_money", {**call, "amount": 50}))[0] < plain[0]
+
+
+def test_a_foreign_value_cannot_hide_in_a_key_in_single_characters_or_in_a_number() -> None:
+    task = "Scale checkout-service in prod to 6 replicas"
+    named = call_features(_call(task, "scale", {"replicas": 6, "cluster": "prod"}))
+    assert named[0] == 0.0  # argument names are not values
+    for hidden in ({"replicas": 0, "cluster": "prod"}, {"cluster": {"DE89370400440532013000": True}},
+                   {"cluster": "D_E_8_9_3_7"}, {"cluster": "D.E.8.9"}, {"cluster": [10**5000]}):
+        assert call_features(_call(task, "scale", hidden))[0] == pytest.approx(math.log1p(1)), list(hidden)
+
+
+def test_a_structure_holding_itself_is_read_once() -> None:
+    looped: dict[str, Any] = {}
+    looped["x"] = [looped, "prod"]
+    assert call_features(_call("in prod", "scale", {"cluster": looped})) == (pytest.approx(math.log1p(1)), 0.0)
 
 
 @pytest.mark.parametrize("state", [
@@ -128,6 +143,8 @@ def test_training_fits_the_grounding_and_the_checkpoint_answers_with_it(encoder:
     again = CompactModel.load(model.save(tmp_path / "ckpt"), encoder=encoder, runtime="torch")
     assert again.questions[QUESTION].grounding == trained.grounding
     assert again.answer(request).answers[QUESTION].noul == pytest.approx(expected, abs=1e-3)  # bf16 on disk
+    with pytest.raises(ValueError, match="already grounded"):  # its readout would pick the windows with every label
+        ground(again, records)
 
 
 def test_training_skips_the_grounding_of_tool_calls_from_one_source(encoder: Any, tmp_path: Path) -> None:
