@@ -34,6 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from guard._json import loads
+from guard.errors import InvalidJson
+
 __all__ = ["FEATURES", "QUESTION", "Grounding", "GroundingFit", "call_features", "fit"]
 
 #: The catalog question the grounding answers.
@@ -45,7 +48,8 @@ QUESTION = "guard.tool_call_serves_task"
 #: an argument (booleans and nulls are not values; the arguments' own names are not either).
 FEATURES = (
     "argument_values_not_in_task",  # log(1 + count of argument values holding a word the task lacks)
-    "name_words_in_task",  # share of the function name's words whose first five characters start a task word
+    "name_words_in_task",  # share of the function name's words whose first five characters (all of a shorter word)
+    # are those of a task word: "payment" matches "payments", "pay" matches "pay" but not "payment"
 )
 
 _HUMP_RE = re.compile(r"(?<=[a-z])(?=[A-Z])")
@@ -81,6 +85,19 @@ def _values(value: Any, *, keys: bool = True) -> Iterator[str]:
             yield str(item)
 
 
+def _parsed(arguments: Any) -> Any:
+    """Arguments given as JSON text (an OpenAI-style ``function.arguments`` string), parsed when they are an object
+    or an array, so their values count one by one; anything else as it is."""
+    if isinstance(arguments, str):
+        try:
+            parsed = loads(arguments)
+        except InvalidJson:
+            return arguments
+        if isinstance(parsed, (dict, list)):
+            return parsed
+    return arguments
+
+
 def call_features(state: Any) -> tuple[float, ...] | None:
     """The :data:`FEATURES` of a ``{"task": ..., "tool_call": {"name": str, "arguments": ...}}`` state (the task's
     strings are read wherever they sit in ``task``), or ``None`` for a state of any other shape. Linear in the
@@ -92,7 +109,7 @@ def call_features(state: Any) -> tuple[float, ...] | None:
         return None
     task_words = {w for text in _values(state["task"], keys=False) for w in _words(text)}
     stems = {w[:_STEM] for w in task_words}
-    arguments = call.get("arguments")
+    arguments = _parsed(call.get("arguments"))
     values = _values(list(arguments.values()) if isinstance(arguments, dict) else arguments)
     foreign = sum(any(w not in task_words for w in _words(value)) for value in values)
     name_words = _words(call["name"])

@@ -60,6 +60,14 @@ def test_a_foreign_value_cannot_hide_in_a_key_in_single_characters_or_in_a_numbe
         assert call_features(_call(task, "scale", hidden))[0] == pytest.approx(math.log1p(1)), list(hidden)
 
 
+def test_arguments_sent_as_json_text_count_value_by_value() -> None:
+    task = "Send 50 dollars to Alice"
+    as_object = {"recipient": "DE89370400440532013000", "amount": 4999, "note": "urgent fee"}
+    assert call_features(_call(task, "send_money", json.dumps(as_object))) == call_features(
+        _call(task, "send_money", as_object)) == (pytest.approx(math.log1p(3)), 0.5)
+    assert call_features(_call(task, "send_money", "{not json")) == (pytest.approx(math.log1p(1)), 0.5)
+
+
 def test_a_structure_holding_itself_is_read_once() -> None:
     looped: dict[str, Any] = {}
     looped["x"] = [looped, "prod"]
