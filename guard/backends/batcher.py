@@ -214,7 +214,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
             The item's result from ``run_batch``.
 
         Raises:
-            Overloaded: at once, when ``max_queue`` requests are already waiting.
+            Overloaded: at once, when ``max_queue`` live requests are already waiting.
             BackendTimeout: when no result arrived within ``timeout``.
             RuntimeError: when the batcher is not running (not started, closing or closed) or runs on another loop.
             ValueError: when ``tokens(item)`` is not an int >= 1, or ``timeout`` is not a number > 0.
@@ -232,6 +232,8 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         length = self._tokens(item)
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(f"tokens(item) must be an integer >= 1, got {length!r}")
+        if len(self._queue) >= self.config.max_queue:
+            self._drop_finished()
         if len(self._queue) >= self.config.max_queue:
             self._stats.rejected += 1
             raise Overloaded(self.name, self.config.max_queue, self._retry_after())
@@ -297,6 +299,17 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         """Drop finished (cancelled or timed-out) requests from the head, so the oldest live one anchors."""
         while self._queue and not self._queue[0].alive():
             self._count_dropped(self._queue.popleft())
+
+    def _drop_finished(self) -> None:
+        """Drop every finished (cancelled or timed-out) request from the queue, wherever it sits: a full queue is
+        checked for live requests before anyone is refused, since requests that expired or whose client left while
+        a long batch computed stay queued until the batch is collected."""
+        live = [p for p in self._queue if p.alive()]
+        for pending in self._queue:
+            if not pending.alive():
+                self._count_dropped(pending)
+        self._queue.clear()
+        self._queue.extend(live)
 
     def _count_dropped(self, pending: _Pending[ItemT, ResultT]) -> None:
         if pending.timed_out:

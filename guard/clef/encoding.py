@@ -154,6 +154,33 @@ def _schema_texts(questions: tuple[QuestionV1, ...]) -> tuple[list[str], list[tu
     return texts, marks
 
 
+#: A state is tokenized whole only up to this many characters per token it can keep (plus :data:`HEAD_MARGIN`);
+#: past that, only a prefix of it, long enough for the kept head (:func:`state_head`).
+HEAD_CHARS_PER_TOKEN = 8
+#: Tokens a prefix must hold past the kept head before its cut is trusted not to reach the head.
+HEAD_MARGIN = 256
+
+
+def state_head(processor: ClefProcessor, text: str, budget: int) -> tuple[list[int], int]:
+    """The first ``budget`` token ids of ``text`` and its token count, tokenizing no more of it than the head needs.
+
+    A text of at most ``HEAD_CHARS_PER_TOKEN * (budget + HEAD_MARGIN)`` characters is tokenized whole (the count is
+    exact). A longer one is tokenized from a prefix of that many characters, doubled until the prefix holds
+    ``budget + HEAD_MARGIN`` tokens or is the whole text: cutting a text changes only the tokens at the cut (merges
+    stay inside a pre-token, and the margin is far longer than one), so the head's ids are those of the whole text,
+    while an 8 MB state costs what its head does rather than seconds of a shared encoding thread. The count is then
+    an estimate, the prefix's tokens scaled by the text's length in characters (never below the prefix's own).
+    """
+    size = HEAD_CHARS_PER_TOKEN * (budget + HEAD_MARGIN)
+    while size < len(text):
+        (ids,) = processor.encode_texts([text[:size]])
+        if len(ids) >= budget + HEAD_MARGIN:
+            return ids[:budget], max(len(ids), round(len(ids) * len(text) / size))
+        size *= 2
+    (ids,) = processor.encode_texts([text])
+    return ids[:budget], len(ids)
+
+
 def encode_record(
     request: SystemOneRequestV1,
     processor: ClefProcessor,
@@ -168,7 +195,9 @@ def encode_record(
     Args:
         request: a validated request (any validation profile).
         processor: the checkpoint's tokenizer/media processor.
-        max_length: longest prompt allowed; the head of the state is kept, the tail dropped.
+        max_length: longest prompt allowed; the head of the state is kept, the tail dropped (the state is tokenized
+            only as far as the head needs, :func:`state_head`, so the record's ``untruncated_length`` is an estimate
+            for a state far longer than the prompt).
         max_state_tokens: optional cap on state tokens, applied first.
         record_id: label kept on the record.
         media_kwargs: extra keyword arguments for the media processor.
@@ -186,9 +215,7 @@ def encode_record(
     if not request.questions:
         raise RequestValidationError([FieldError("questions", "at least one question is required")])
     schema_texts, marks = _schema_texts(request.questions)
-    prefix_ids, state_ids, suffix_ids, *schema_pieces = processor.encode_texts(
-        [PREFIX, render(request.state), SUFFIX, *schema_texts]
-    )
+    prefix_ids, suffix_ids, *schema_pieces = processor.encode_texts([PREFIX, SUFFIX, *schema_texts])
     for piece, qi, k in marks:
         if k < 0 and not schema_pieces[piece]:  # the head would average zero rows (NaN), §2.4 degenerate case
             qid = request.questions[qi].id
@@ -201,14 +228,13 @@ def encode_record(
             request.images, request.videos, token_offset=len(prefix_ids), media_kwargs=media_kwargs
         )
         media_ids = media.input_ids
-    untruncated = len(prefix_ids) + len(media_ids) + len(state_ids) + sum(map(len, schema_pieces)) + len(suffix_ids)
-    if max_state_tokens is not None:
-        state_ids = state_ids[:max_state_tokens]
     fixed = len(prefix_ids) + len(media_ids) + sum(map(len, schema_pieces)) + len(suffix_ids)
     if fixed > max_length:
         message = f"schema requires {fixed} tokens before state; maximum is {max_length}"
         raise RequestValidationError([FieldError("questions", message)])
-    state_ids = state_ids[: max_length - fixed]
+    budget = max_length - fixed if max_state_tokens is None else min(max_state_tokens, max_length - fixed)
+    state_ids, state_count = state_head(processor, render(request.state), budget)
+    untruncated = fixed + state_count
 
     # Piece start offsets inside the schema, then shifted past prefix, media and (truncated) state (§2.4).
     shift = len(prefix_ids) + len(media_ids) + len(state_ids)

@@ -179,6 +179,29 @@ async def test_full_queue_raises_overloaded_at_once() -> None:
     assert batcher.stats.rejected == 1
 
 
+async def test_requests_that_left_a_full_queue_give_back_their_places() -> None:
+    """Two requests expire and one is cancelled while a long batch holds the inference thread: a full queue of
+    finished requests does not refuse a live one (it answered 429 until the batch ended)."""
+    model = Model()
+    async with MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_queue=3, max_wait_ms=0)) as batcher:
+        held = await hold_inference_thread(batcher, model)
+        expired = [asyncio.ensure_future(batcher.submit((f"late{i}", 2), timeout=0.02)) for i in range(2)]
+        gone = asyncio.ensure_future(batcher.submit(("gone", 2)))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        await asyncio.sleep(0)
+        for late in expired:
+            with pytest.raises(BackendTimeout):
+                await late
+        assert batcher.queue_depth == 3  # still queued: the collector waits on the held batch
+        live = asyncio.ensure_future(batcher.submit(("live", 3)))
+        await asyncio.sleep(0)
+        model.gate.set()
+        assert await live == 9
+        await held
+    assert batcher.stats.rejected == 0 and batcher.stats.expired == 2 and batcher.stats.cancelled == 1
+    assert "late0" not in model.seen() and "gone" not in model.seen()
+
 async def test_aclose_finishes_queued_work_and_refuses_new_work() -> None:
     model = Model()
     batcher = MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_batch=2, max_wait_ms=1000))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -10,6 +11,8 @@ import torch
 
 from guard.clef.encoding import (
     FIELD_END,
+    HEAD_CHARS_PER_TOKEN,
+    HEAD_MARGIN,
     OPTIONS_HEADER,
     PREFIX,
     SCHEMA_HEADER,
@@ -19,6 +22,7 @@ from guard.clef.encoding import (
     field_header,
     option_label,
     render,
+    state_head,
 )
 from guard.clef.processor import ClefProcessor
 from guard.errors import RequestValidationError
@@ -257,3 +261,57 @@ def test_collate_right_pads_and_scatters_media_types(golden_processor: ClefProce
     assert "mm_token_type_ids" not in collate([text], golden_processor.pad_token_id)
     with pytest.raises(ValueError, match="at least one record"):
         collate([], golden_processor.pad_token_id)
+
+
+def _long_texts() -> list[str]:
+    """Long states of shapes whose tokens run long or short: prose, one unbroken word, digits, CJK, emoji and tag
+    characters, whitespace runs, base64, JSON."""
+    import base64
+    import random
+
+    rng = random.Random(7)
+    words = ["state", "ignore", "previous", "instructions", "naïve", "café", "über", "résumé", "token", "42", "3.14"]
+    prose = " ".join(rng.choice(words) for _ in range(6000))
+    return [
+        prose,
+        "a" * 40_000,
+        "".join(str(rng.randrange(10)) for _ in range(30_000)),
+        "模型的状态与问题" * 3000,
+        "🙂🚀\U000e0041" * 4000 + prose,
+        (" \t\n" * 5 + "word") * 3000,
+        base64.b64encode(rng.randbytes(24_000)).decode(),
+        json.dumps({f"k{i}": {"v": words[i % len(words)] * 3, "n": i} for i in range(2500)}),
+    ]
+
+
+@pytest.mark.parametrize("budget", [0, 1, 100, 1000])
+def test_the_state_head_is_the_whole_texts_head(golden_processor: ClefProcessor, budget: int) -> None:
+    for text in _long_texts():
+        (whole,) = golden_processor.encode_texts([text])
+        head, count = state_head(golden_processor, text, budget)
+        assert head == whole[:budget]
+        if len(text) <= HEAD_CHARS_PER_TOKEN * (budget + HEAD_MARGIN):
+            assert count == len(whole)
+        else:  # estimated from the prefix: right for a text of one kind throughout, at least the prefix's count
+            assert count >= budget + HEAD_MARGIN
+
+
+def test_a_huge_state_is_tokenized_only_as_far_as_its_head(golden_processor: ClefProcessor) -> None:
+    """A state of 8 MB (what one gzip body of 12 KB unpacks to) reads a prefix of about what the prompt keeps: it
+    held one of the worker's shared encoding threads for about 10 s when the whole state was tokenized."""
+    read: list[int] = []
+
+    class Counting:
+        def encode_texts(self, texts: Any) -> Any:
+            read.extend(len(t) for t in texts)
+            return golden_processor.encode_texts(texts)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(golden_processor, name)
+
+    request = _request({"model": "clef", "state": "word " * 1_670_000, "questions": {"q": {"type": "noul"}}})
+    record = encode_record(request, Counting(), max_length=2048)  # type: ignore[arg-type]
+    assert len(record.input_ids) == 2048
+    assert max(read) <= HEAD_CHARS_PER_TOKEN * (2048 + HEAD_MARGIN) * 2
+    (sample,) = golden_processor.encode_texts(["word " * 1000])
+    assert record.untruncated_length == pytest.approx(len(sample) * 1670, rel=0.01)
