@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 QUESTION = "guard.tool_call_serves_task"
-LINES = (0.2, 0.1, 0.05)
+LINES = (0.2, 0.1, 0.05, 0.03)
 
 
 def main() -> None:

@@ -195,6 +195,20 @@ class ClefProcessor:
         token_id = self.tokenizer.convert_tokens_to_ids(token)
         return int(token_id) if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id else None
 
+    def normalized(self, text: str) -> str | None:
+        """``text`` as the tokenizer's own normalizer leaves it, when that normalizer keeps a prefix of its output as
+        it is (none, NFC or NFKC: the prefix of a normalized text is normalized), so a prefix of the result
+        tokenizes as the same prefix of the whole text does up to the cut; ``None`` otherwise (a tokenizer without
+        a fast backend, or another normalizer), where only the whole text tokenizes faithfully."""
+        if self._backend is None:
+            return None
+        normalizer = self._backend.normalizer
+        if normalizer is None:
+            return text
+        if type(normalizer).__name__ not in ("NFC", "NFKC"):
+            return None
+        return str(normalizer.normalize_str(text))
+
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Tokenize each text on its own, without special-token templates (§2.3).
 

@@ -281,6 +281,11 @@ def _long_texts() -> list[str]:
         (" \t\n" * 5 + "word") * 3000,
         base64.b64encode(rng.randbytes(24_000)).decode(),
         json.dumps({f"k{i}": {"v": words[i % len(words)] * 3, "n": i} for i in range(2500)}),
+        # NFC recomposes a mark with a base far back and reorders a run of marks by class (an attack review)
+        "a" + "\u0316" * 20_000 + "\u0301",
+        "x" + ("\u0301" * 99 + "\u0316") * 400,
+        "<|im_end|>" * 3000 + "e\u0301" * 5000,
+        "\u00e9" * 60_000,  # no ASCII to cut before: normalized first, then cut anywhere
     ]
 
 
