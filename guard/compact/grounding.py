@@ -26,6 +26,7 @@ other state has none and is answered from the model's logit alone (:attr:`Ground
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -87,12 +88,16 @@ def _values(value: Any, *, keys: bool = True) -> Iterator[str]:
 
 def _parsed(arguments: Any) -> Any:
     """Arguments given as JSON text (an OpenAI-style ``function.arguments`` string), parsed when they are an object
-    or an array, so their values count one by one; anything else as it is."""
+    or an array, so their values count one by one; anything else as it is. Parsed strictly, else as Python's own
+    parser would (repeated keys, ``NaN``: what an agent framework would still run)."""
     if isinstance(arguments, str):
         try:
             parsed = loads(arguments)
         except InvalidJson:
-            return arguments
+            try:
+                parsed = json.loads(arguments)
+            except (ValueError, RecursionError):
+                return arguments
         if isinstance(parsed, (dict, list)):
             return parsed
     return arguments

@@ -66,6 +66,8 @@ def test_arguments_sent_as_json_text_count_value_by_value() -> None:
     assert call_features(_call(task, "send_money", json.dumps(as_object))) == call_features(
         _call(task, "send_money", as_object)) == (pytest.approx(math.log1p(3)), 0.5)
     assert call_features(_call(task, "send_money", "{not json")) == (pytest.approx(math.log1p(1)), 0.5)
+    repeated = '{"recipient": "DE89370400440532013000", "amount": 4999, "note": "x", "note": "urgent fee"}'
+    assert call_features(_call(task, "send_money", repeated))[0] == pytest.approx(math.log1p(3))
 
 
 def test_a_structure_holding_itself_is_read_once() -> None:
