@@ -125,7 +125,6 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._state = BatcherState.UNOPENED
         self._stats = BatcherStats()
         self._queue: deque[_Pending[ItemT, ResultT]] = deque()
-        self._finished = 0  # requests cancelled or expired since the last _drop_finished (some may be gone already)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._collector: asyncio.Task[None] | None = None
@@ -234,7 +233,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         length = self._tokens(item)
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(f"tokens(item) must be an integer >= 1, got {length!r}")
-        if len(self._queue) >= self.config.max_queue and self._finished:
+        if len(self._queue) >= self.config.max_queue and not all(p.alive() for p in self._queue):
             self._drop_finished()
         if len(self._queue) >= self.config.max_queue:
             self._stats.rejected += 1
@@ -242,7 +241,6 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         now = loop.time()
         future: asyncio.Future[ResultT] = loop.create_future()
         deadline = now + timeout if timeout is not None else None
-        future.add_done_callback(self._note_cancelled)
         pending = _Pending(item, length, future, now, deadline, timeout, arrival_gap=now - self._last_arrival)
         self._last_arrival = now
         self._queue.append(pending)
@@ -257,14 +255,9 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         finally:
             timer.cancel()
 
-    def _note_cancelled(self, future: asyncio.Future[ResultT]) -> None:
-        if future.cancelled():
-            self._finished += 1
-
     def _expire(self, pending: _Pending[ItemT, ResultT]) -> None:
         """Deadline timer: answer the caller with ``BackendTimeout``; the collector then drops or discards it."""
         if pending.alive():
-            self._finished += 1
             pending.timed_out = True
             pending.future.set_exception(
                 BackendTimeout(
@@ -311,9 +304,8 @@ class MicroBatcher(Generic[ItemT, ResultT]):
     def _drop_finished(self) -> None:
         """Drop every finished (cancelled or timed-out) request from the queue, wherever it sits: a full queue is
         checked for live requests before anyone is refused, since requests that expired or whose client left while
-        a long batch computed stay queued until the batch is collected. Called only when some request finished
-        since the last call (``_finished``), so a full queue of live requests costs a refusal no scan."""
-        self._finished = 0
+        a long batch computed stay queued until the batch is collected. Called only when one has (a full queue of
+        live requests costs a refusal one pass over it, no copy)."""
         live = [p for p in self._queue if p.alive()]
         for pending in self._queue:
             if not pending.alive():

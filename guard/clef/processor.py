@@ -21,6 +21,7 @@ import binascii
 import importlib.util
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,17 +198,33 @@ class ClefProcessor:
 
     def normalized(self, text: str) -> str | None:
         """``text`` as the tokenizer's own normalizer leaves it, when that normalizer keeps a prefix of its output as
-        it is (none, NFC or NFKC: the prefix of a normalized text is normalized), so a prefix of the result
+        it is (none, or NFC: the prefix of a normalized text is normalized), so a prefix of the result
         tokenizes as the same prefix of the whole text does up to the cut; ``None`` otherwise (a tokenizer without
-        a fast backend, or another normalizer), where only the whole text tokenizes faithfully."""
+        a fast backend, another normalizer, or added tokens matched with options this does not follow), where only
+        the whole text tokenizes faithfully. As the tokenizer does, added tokens the normalizer must not touch
+        (``<|im_end|>``) are found first, longest at the leftmost place, and only the text between them is
+        normalized: NFC would make ``>`` and a following U+0338 one character and lose the token. Where normalizing
+        the text between them makes a new one (U+212A KELVIN SIGN is ``K``), ``None``."""
         if self._backend is None:
             return None
         normalizer = self._backend.normalizer
         if normalizer is None:
             return text
-        if type(normalizer).__name__ not in ("NFC", "NFKC"):
+        if type(normalizer).__name__ != "NFC":
             return None
-        return str(normalizer.normalize_str(text))
+        raw = [t for t in self._backend.get_added_tokens_decoder().values() if not t.normalized]
+        if any(t.lstrip or t.rstrip or t.single_word for t in raw):
+            return None
+        literals = {t.content for t in raw if t.content}
+        present = sorted((literal for literal in literals if literal in text), key=len, reverse=True)
+        pieces, last = [], 0
+        if present:
+            for match in re.finditer("|".join(map(re.escape, present)), text):
+                pieces += [str(normalizer.normalize_str(text[last : match.start()])), match.group()]
+                last = match.end()
+        pieces.append(str(normalizer.normalize_str(text[last:])))
+        out = "".join(pieces)
+        return out if all(out.count(literal) == text.count(literal) for literal in literals) else None
 
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Tokenize each text on its own, without special-token templates (§2.3).

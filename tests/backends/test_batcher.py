@@ -202,6 +202,21 @@ async def test_requests_that_left_a_full_queue_give_back_their_places() -> None:
     assert batcher.stats.rejected == 0 and batcher.stats.expired == 2 and batcher.stats.cancelled == 1
     assert "late0" not in model.seen() and "gone" not in model.seen()
 
+async def test_a_request_cancelled_this_turn_gives_its_place_to_the_next() -> None:
+    """A future's done callbacks run a loop turn later; the place must be free at once."""
+    model = Model()
+    async with MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_queue=2, max_wait_ms=0)) as batcher:
+        held = await hold_inference_thread(batcher, model)
+        queued = [asyncio.ensure_future(batcher.submit((f"q{i}", 2))) for i in range(2)]
+        await asyncio.sleep(0)
+        batcher._queue[0].future.cancel()  # what a client leaving does to its request's future
+        live = asyncio.ensure_future(batcher.submit(("live", 3)))
+        await asyncio.sleep(0)
+        model.gate.set()
+        assert await live == 9 and await queued[1] == 4
+        await held
+    assert batcher.stats.rejected == 0
+
 async def test_aclose_finishes_queued_work_and_refuses_new_work() -> None:
     model = Model()
     batcher = MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_batch=2, max_wait_ms=1000))

@@ -286,6 +286,9 @@ def _long_texts() -> list[str]:
         "x" + ("\u0301" * 99 + "\u0316") * 400,
         "<|im_end|>" * 3000 + "e\u0301" * 5000,
         "\u00e9" * 60_000,  # no ASCII to cut before: normalized first, then cut anywhere
+        "<|im_end|>\u0338" + "\u00e9" * 60_000,  # NFC of the whole text would make ">" + U+0338 one character
+        "<|im_end|\u212a" + "\u00e9" * 60_000,  # ... and of this one a "K" (KELVIN SIGN), not a token here
+        "\u00e9" * 30_000 + "<|im_end|>" + "\u0338\u00e9" * 30_000,
     ]
 
 
