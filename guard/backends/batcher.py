@@ -306,9 +306,11 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         checked for live requests before anyone is refused, since requests that expired or whose client left while
         a long batch computed stay queued until the batch is collected. Called only when one has (a full queue of
         live requests costs a refusal one pass over it, no copy)."""
-        live = [p for p in self._queue if p.alive()]
+        live = []
         for pending in self._queue:
-            if not pending.alive():
+            if pending.alive():
+                live.append(pending)
+            else:
                 self._count_dropped(pending)
         self._queue.clear()
         self._queue.extend(live)

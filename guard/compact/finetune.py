@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from guard.compact import grounding
@@ -457,8 +458,6 @@ def ground(model: CompactModel, records: Sequence[LabelledRecord], progress: Pro
         ValueError: the model does not answer the question or is already grounded, or the records hold fewer than
             two sources of it.
     """
-    import numpy as np
-
     question = grounding.QUESTION
     if question not in model.questions or not isinstance(model.head, CatalogHead):
         raise ValueError(f"the model does not answer {question}; grounding needs a catalog model that does")

@@ -449,11 +449,9 @@ class CompactModel:
         (:attr:`runtime`), else through torch; every question's head scores them in one call.
         """
         assert isinstance(self.head, CatalogHead)
-        pieces, tokens = segments(self.encoder, text, sentences=sentences)
-        ids, mask, _, dropped = self.encoder.window_batch(pieces)
+        states, mask, tokens, dropped = self._segment_states(text, sentences=sentences, deadline=deadline)
         with torch.inference_mode():
-            states = self.stack_states(ids, mask, deadline=deadline)
-            n, count = ids.shape[0], len(question_ids)
+            n, count = states.shape[0], len(question_ids)
             index = torch.tensor([self._order[qid] for qid in question_ids], dtype=torch.long).repeat_interleave(n)
             logits = self.head.score(states.repeat(count, 1, 1), mask.repeat(count, 1), index)  # all questions at once
         return list(logits.split(n)), mask, tokens, dropped
@@ -462,13 +460,18 @@ class CompactModel:
         """Catalog: what the head of pair question ``question_id`` reads of ``text`` (its windows): the pooled vector
         ``(2H,)`` float32 (:meth:`CatalogHead.pooled`) of the window its answer comes from (:func:`pick_window`)."""
         assert isinstance(self.head, CatalogHead)
-        pieces, _ = segments(self.encoder, text, sentences=False)
-        ids, mask, _, _ = self.encoder.window_batch(pieces)
+        states, mask, _, _ = self._segment_states(text, sentences=False)
         with torch.inference_mode():
-            states = self.stack_states(ids, mask)
-            index = torch.full((ids.shape[0],), self._order[question_id], dtype=torch.long)
+            index = torch.full((states.shape[0],), self._order[question_id], dtype=torch.long)
             window = pick_window(self.head.score(states, mask, index), CATALOG[question_id])
             return self.head.pooled(states, mask, index)[window]
+
+    def _segment_states(self, text: str, *, sentences: bool, deadline: float | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """The top layer's states and mask of ``text``'s :func:`segments`, its word pieces and the tokens cut."""
+        pieces, tokens = segments(self.encoder, text, sentences=sentences)
+        ids, mask, _, dropped = self.encoder.window_batch(pieces)
+        return self.stack_states(ids, mask, deadline=deadline), mask, tokens, dropped
 
     def stack_states(self, ids: torch.Tensor, mask: torch.Tensor, *, deadline: float | None = None) -> torch.Tensor:
         """Last-layer states ``(N, width, 384)`` float32 of a padded window batch, zeros at padding.

@@ -50,6 +50,15 @@ async def hold_inference_thread(batcher: MicroBatcher[tuple[str, int], int], mod
     return task
 
 
+async def fill_queue(batcher: MicroBatcher[tuple[str, int], int], model: Model
+                     ) -> tuple[asyncio.Task[int], list[asyncio.Task[int]]]:
+    """Hold the inference thread, then queue two requests of 2 tokens (``q0``, ``q1``): a queue of 2 is full."""
+    held = await hold_inference_thread(batcher, model)
+    queued = [asyncio.ensure_future(batcher.submit((f"q{i}", 2))) for i in range(2)]
+    await asyncio.sleep(0)
+    return held, queued
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -166,9 +175,7 @@ async def test_cancelled_caller_is_dropped_before_compute() -> None:
 async def test_full_queue_raises_overloaded_at_once() -> None:
     model = Model()
     async with MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_queue=2, max_wait_ms=0)) as batcher:
-        held = await hold_inference_thread(batcher, model)
-        queued = [asyncio.ensure_future(batcher.submit((f"q{i}", 2))) for i in range(2)]
-        await asyncio.sleep(0)
+        held, queued = await fill_queue(batcher, model)
         with pytest.raises(Overloaded) as info:
             await asyncio.wait_for(batcher.submit(("extra", 2)), 0.5)
         assert info.value.retry_after >= 1 and info.value.limit == 2
@@ -202,13 +209,12 @@ async def test_requests_that_left_a_full_queue_give_back_their_places() -> None:
     assert batcher.stats.rejected == 0 and batcher.stats.expired == 2 and batcher.stats.cancelled == 1
     assert "late0" not in model.seen() and "gone" not in model.seen()
 
+
 async def test_a_request_cancelled_this_turn_gives_its_place_to_the_next() -> None:
     """A future's done callbacks run a loop turn later; the place must be free at once."""
     model = Model()
     async with MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_queue=2, max_wait_ms=0)) as batcher:
-        held = await hold_inference_thread(batcher, model)
-        queued = [asyncio.ensure_future(batcher.submit((f"q{i}", 2))) for i in range(2)]
-        await asyncio.sleep(0)
+        held, queued = await fill_queue(batcher, model)
         batcher._queue[0].future.cancel()  # what a client leaving does to its request's future
         live = asyncio.ensure_future(batcher.submit(("live", 3)))
         await asyncio.sleep(0)
