@@ -9,7 +9,7 @@ Layers, bottom up; each imports only from the ones before it (``tests/test_layer
 included)::
 
     guard.errors, guard._json, guard._seal, guard.subject   errors; strict JSON; store seals; what is judged
-    guard._buckets, guard._resource, guard._close   duration histogram bounds; the OTel resource; bounded OTel close
+    guard._buckets, guard._resource, guard._close, guard._urls   duration histogram bounds; the OTel resource; bounded OTel close; URLs as logs show them
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from guard._json import loads
+from guard._urls import shown_url
 from guard.engine.telemetry import CREDENTIAL_HEADERS, redact_secrets
 from guard.errors import HandoffError
 from guard.policy import HandoffTarget
@@ -285,7 +286,7 @@ class HandoffClient:
                 reason="timeout",
             )
         return HandoffError(
-            f"handoff target {target.name!r} at {target.base_url} is unreachable: {type(exc).__name__}",
+            f"handoff target {target.name!r} at {shown_url(target.base_url)} is unreachable: {type(exc).__name__}",
             target=target.name,
             reason="unavailable",
         )

@@ -33,7 +33,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Self
 from urllib.parse import urlsplit
 
@@ -42,6 +42,7 @@ from opentelemetry import propagate
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from guard._json import loads
+from guard._urls import shown_url
 from guard.backends._providers import (
     DEFAULT_HTTP_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -118,6 +119,10 @@ class SystemOneClient:
             ``...#<that revision>``: see :attr:`model_revision`.
         verify: TLS verification (``False`` or a CA bundle path for private endpoints).
         max_connections: pool size.
+        model_aliases: other model names an answer may carry. An answer names the model it came from, which the
+            System One spec has echo the request's ``model``; one naming another model is refused
+            (:class:`~guard.errors.MalformedAnswer`, so the policy's fail mode decides) and never cached under this
+            model's key. Give the names a provider answers under when it echoes its own.
 
     Raises:
         ValueError: for an unknown provider, a URL that is not http(s), or a bad timeout.
@@ -138,6 +143,7 @@ class SystemOneClient:
         model_revision: str | None = None,
         verify: bool | str = True,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        model_aliases: Collection[str] = (),
     ) -> None:
         if provider not in PROVIDERS:
             raise ValueError(f"provider must be one of {sorted(PROVIDERS)}, got {provider!r}")
@@ -153,11 +159,10 @@ class SystemOneClient:
         if parts.path in ("", "/"):
             url = url.rstrip("/") + SYSTEMONE_PATH
         self.url = url
-        # what errors, repr and the revision (on every span and log record) name: no userinfo, no query
-        parts = urlsplit(url)
-        self._shown_url = parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()
+        self._shown_url = shown_url(url)  # what errors, repr and the revision (on every span and log record) name
         self.provider = PROVIDERS[provider]
         self.model = model
+        self.model_aliases = frozenset(model_aliases)
         self.timeout = float(timeout)
         self.retry = retry if retry is not None else RetryConfig()
         self.name = name or f"http:{provider}"
@@ -364,6 +369,13 @@ class SystemOneClient:
             ) from exc
         if isinstance(body, Mapping) and "success" in body:  # an envelope, even one that also carries answers
             body = self._unwrap(body, status)
+        named, asked = body.get("model") if isinstance(body, Mapping) else None, self.model or request.model
+        if named is not None and named != asked and named not in self.model_aliases:
+            raise MalformedAnswer(
+                f"{self.name}: the answer names model {str(named)[:80]!r}, but {asked!r} was asked (the System One "
+                f"answer echoes the request's model; give model_aliases= for names this provider answers under)",
+                backend=self.name,
+            )
         answer = SystemOneResponseV1.from_json(
             body,
             request,

@@ -12,8 +12,8 @@ interface and one single-flight core:
   :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
   allow. Across replicas a short lock (``SET NX PX`` of a sealed token, token-checked release in Lua) elects one
   leader per key (a lock whose seal does not check is counted as ``forged`` and not waited on); followers poll for the value and, when the leader fails, raise the leader's error (from a failure marker,
-  sealed like the values: an unsealed one is counted as ``forged`` and ignored) so the policy's fail mode decides
-  for them too.
+  sealed like the values, naming the leader's lock: an unsealed one is counted as ``forged`` and ignored, one of an
+  earlier leader is ignored) so the policy's fail mode decides for them too.
 
 In one process, concurrent misses on one key share one task (one backend call); callers that time out leave the
 task running for the others.
@@ -354,7 +354,7 @@ class ProbabilityCache:
             if keep:  # stored before the lock goes: no follower sees neither lock nor value
                 await self._store(key, value, decoded, ttl)
         except BackendError as exc:
-            await self._publish_failure(key, exc)
+            await self._publish_failure(key, exc, token)
             raise
         finally:
             if token is not None:
@@ -417,8 +417,9 @@ class ProbabilityCache:
     async def _follow(self, key: str, request: SystemOneRequestV1, wait: float, ttl: float) -> CachedAnswers | None:
         return None
 
-    async def _publish_failure(self, key: str, exc: BackendError) -> None:
-        return None
+    async def _publish_failure(self, key: str, exc: BackendError, token: str | None) -> None:
+        """Tell the followers of lock ``token`` (``None`` or ``""``: none held) that its backend call failed."""
+        return
 
     # Recovery epochs ------------------------------------------------------------------------------------------------
 
@@ -591,6 +592,7 @@ return 0
         keys = (self._key("a", key), self._key("f", key), self._key("l", key))
         deadline = time.monotonic() + wait
         ignored: bytes | None = None
+        followed: bytes | None = None  # the last leader's lock seen
         while time.monotonic() < deadline:
             await asyncio.sleep(self.config.poll_interval)
             got = await self._op(lambda r: r.mget(keys))
@@ -605,9 +607,13 @@ return 0
                     return None
             if failure is not None and failure != ignored:
                 marker = self._checked_marker(key, failure)
-                if marker is not None:
-                    raise _failure_from_marker(marker)
+                # only the failure of the leader waited on: the lock held now, or the last one seen once released
+                error = _failure_from_marker(marker, lock if lock is not None else followed) if marker else None
+                if error is not None:
+                    raise error
                 ignored = failure  # counted once, not on every poll
+            if lock is not None:
+                followed = lock
             if lock is None:
                 return None  # the leader vanished without an answer: lead ourselves
             if self._opened_live("l", key, lock) is None:
@@ -617,8 +623,11 @@ return 0
                 return None  # no replica holds it: lead ourselves rather than wait out its expiry
         return None
 
-    async def _publish_failure(self, key: str, exc: BackendError) -> None:
-        marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend}).encode()
+    async def _publish_failure(self, key: str, exc: BackendError, token: str | None) -> None:
+        if not token:
+            return  # no lock held, so no follower waits on this call
+        marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend,
+                             "lock": token}).encode()
         blob = self._sealed_until("f", key, marker, FAILURE_MARKER_MS)
         await self._op(lambda r: r.set(self._key("f", key), blob, px=FAILURE_MARKER_MS))
 
@@ -722,23 +731,35 @@ async def _run(
 ) -> tuple[SystemOneResponseV1, dict[str, Any], SystemOneResponseV1, bool]:
     """Call ``compute`` within ``wait`` seconds and check its answers (the shared task must not outlive its callers'
     budget even when a backend ignores its timeout); the last value says whether they may be stored
-    (:class:`Unstored`)."""
+    (:class:`Unstored`). A ``CancelledError`` the backend raises while nobody cancels this task is its failure
+    (a :class:`~guard.errors.BackendError`), so every waiting caller gets the policy's fail mode, not the error."""
     try:
         async with asyncio.timeout(wait):
             result = await compute()
     except TimeoutError as exc:
         raise BackendTimeout(f"no answer within {wait * 1000:.0f} ms") from exc
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        raise BackendError("the backend call ended in CancelledError though nobody cancelled it",
+                           reason="cancelled") from exc
     response = result.response if isinstance(result, Unstored) else result
     value, decoded = encode_checked(response, request)
     return response, value, decoded, not isinstance(result, Unstored)
 
 
-def _failure_from_marker(raw: bytes) -> BackendError:
+def _failure_from_marker(raw: bytes, lock: bytes | None) -> BackendError | None:
+    """The error a leader's failure marker ``raw`` (checked) carries, or ``None`` when it names a lock other than
+    ``lock`` (the one the follower waited on): an earlier leader's failure is not this flight's."""
     try:
         info = json.loads(raw)
         reason, message, backend = str(info["reason"]), str(info["message"]), str(info.get("backend", ""))
+        named = str(info["lock"]).encode()
     except (ValueError, KeyError, TypeError):
-        reason, message, backend = "unavailable", "the leading replica's backend call failed", ""
+        return None
+    if named != lock:
+        return None
     text = f"leader's backend call failed: {message}"
     if reason == "timeout":
         return BackendTimeout(text, backend=backend)

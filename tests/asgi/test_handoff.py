@@ -4,6 +4,7 @@ streams relayed incrementally through a real guarded server, and failures as 502
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -140,3 +141,20 @@ policies:
     await guard.aclose()
     assert response.status_code == 403 and response.json()["code"] == "response_blocked"
     assert "Stand-in" not in response.text
+
+
+async def test_the_handoff_log_never_names_the_targets_credentials(
+    make_guard: GuardFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A target URL's userinfo, query and fragment (a password, a ``?key=``) stay out of the error and the log line."""
+    url = "http://svc:S3CRET-PW@127.0.0.1:9/v1?key=QKEY-SECRET#FRAG-SECRET"
+    handoff = HandoffClient(targets={"helpdesk": HandoffTarget("helpdesk", url, "helpdesk-1", timeout=2)})
+    with caplog.at_level(logging.WARNING, logger="guard.asgi"):
+        async with client_for(guarded_app(make_guard(), handoff=handoff)) as client:
+            response = await client.post("/v1/messages", json={"message": QUESTION})
+    await handoff.aclose()
+    assert response.status_code == 502 and response.json()["reason"] == "unavailable"
+    (logged,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("handoff failed")]
+    assert "at http://127.0.0.1:9/v1 is unreachable" in logged
+    for secret in ("S3CRET-PW", "svc", "QKEY-SECRET", "FRAG-SECRET"):
+        assert secret not in logged and secret not in response.text

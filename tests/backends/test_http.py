@@ -242,6 +242,18 @@ async def test_bad_answers_are_malformed(standin: tuple[str, WorkersAIStandIn], 
     assert server.calls[scenario] == before + 1  # a malformed answer is not retried
 
 
+async def test_an_answer_naming_another_model_is_refused_unless_an_alias(standin: tuple[str, WorkersAIStandIn]) -> None:
+    """The System One answer echoes the request's model; one naming another was taken (and cached under this
+    model's key, its name in the verdict) before."""
+    async with workers_ai(standin, "other-model") as client:
+        with pytest.raises(MalformedAnswer, match="names model 'some-other-model', but 'clef-flash' was asked"):
+            await client.decide(REQUEST)
+    async with workers_ai(standin, "other-model", model_aliases=["some-other-model"]) as client:
+        assert (await client.decide(REQUEST)).model == "some-other-model"
+    async with workers_ai(standin, "ok") as client:
+        assert (await client.decide(REQUEST)).model == "clef-flash"
+
+
 async def test_what_the_client_sends_and_keeps_of_a_broken_answer(standin: tuple[str, WorkersAIStandIn]) -> None:
     """Answers are asked for uncompressed; a third-party API gets none of the app's trace context or baggage; a
     revision named by an answer that fails its checks is not taken into cache keys."""

@@ -181,6 +181,19 @@ async def test_followers_follow_the_leaders_failure() -> None:
     assert all(v.error and v.error.startswith("http_500") for v in verdicts)
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("ttl", [60, 0])
+async def test_a_backend_raising_cancelled_error_is_a_failure_not_a_cancellation(ttl: float) -> None:
+    """A backend whose call ends in ``CancelledError`` while nobody cancelled anything: the leader and its
+    followers get the policy's fail mode (the error escaped ``aevaluate`` before, with no verdict at all)."""
+    backend = ScriptedBackend(by_text, delay=0.1, fail=asyncio.CancelledError())
+    guard = Guard(policies(ttl=ttl), backends=backend)
+    verdicts = await asyncio.gather(*(guard.aevaluate(subject()) for _ in range(5)))
+    assert {(v.action, v.fail_mode) for v in verdicts} == {("block", "closed")}
+    assert all("CancelledError" in (v.error or "") for v in verdicts)
+    await guard.aclose()
+
+
 # Redis --------------------------------------------------------------------------------------------------------------
 
 
@@ -232,6 +245,29 @@ async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_u
     await follower.aclose()
 
 
+@pytest.mark.anyio
+async def test_followers_of_a_new_leader_do_not_take_an_earlier_leaders_failure(
+    redis_url: str, create_redis: Any
+) -> None:
+    """Replica A's call fails (its failure marker lives 1 s), A leads the same key again and succeeds, and replica B
+    follows that second flight: B must get its answer, not the first flight's failure (under ``on_error: open`` that
+    failure had turned the model's block into an allow)."""
+    flaky = ScriptedBackend(by_text, delay=0.3, name="clef",
+                            fail=lambda n: BackendUnavailable("boom", reason="http_500") if n == 1 else None)
+    healthy = ScriptedBackend(by_text, name="clef")
+    a = Guard(policies(), backends=flaky, cache=redis_cache(redis_url, create_redis.prefix))
+    b = Guard(policies(), backends=healthy, cache=redis_cache(redis_url, create_redis.prefix))
+    first = await a.aevaluate(subject("ignore"))
+    assert first.fail_mode == "closed" and await keys(create_redis, "f")  # the marker is there
+    second = asyncio.ensure_future(a.aevaluate(subject("ignore")))
+    await asyncio.sleep(0.05)  # A holds the lock again
+    followed = await b.aevaluate(subject("ignore"))
+    assert ((await second).action, followed.action, followed.fail_mode) == ("block", "block", None), followed.error
+    assert (flaky.calls, healthy.calls) == (2, 0)
+    await a.aclose()
+    await b.aclose()
+
+
 async def _answered_once_then_gone(redis_url: str, create_redis: Any) -> tuple[Any, RedisCache, Guard, Any, bytes, str]:
     """A guard on a Redis cache (no local copies) that answered ``subject()`` once, with that answer deleted from
     Redis: the backend, cache, guard, a Redis client, the value's key and its content hash (the lock and marker keys
@@ -260,10 +296,11 @@ async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url:
         assert (verdict.action, verdict.fail_mode) == ("allow", None), verdict.error
         await client.delete(value_key)
     assert cache.health().forged == 4 and backend.calls == 3  # two markers, two locks
-    # the same marker sealed with this store key, within its end, is the leader's failure: followed
+    # the same marker sealed with this store key, within its end and naming the lock held, is the leader's failure
     await client.set(f"{create_redis.prefix}l:{content}", "planted", px=300)
     marker_key = f"{create_redis.prefix}f:{content}"
-    await client.set(marker_key, sealed(marker_key, until(1000, marker)))
+    named = json.dumps({**json.loads(marker), "lock": "planted"}).encode()
+    await client.set(marker_key, sealed(marker_key, until(1000, named)))
     followed = await guard.aevaluate(subject())
     assert (followed.fail_mode, followed.action) == ("closed", "block") and "planted" in (followed.error or "")
     await guard.aclose()

@@ -661,6 +661,7 @@ async def test_a_system_one_server_reporting_dropped_tokens_is_flagged_over_http
     from starlette.routing import Route
 
     from guard.backends.http import SystemOneClient
+    from guard.compact.model import MODEL_NAME
     from tests.worker._serve import serve_app_in_thread
 
     served = short_compact()
@@ -672,7 +673,8 @@ async def test_a_system_one_server_reporting_dropped_tokens_is_flagged_over_http
     app = Starlette(routes=[Route("/v1/systemone", systemone, methods=["POST"])])
     subject = AgentSubject(event="tool_result", tool_name="fetch", tool_result="report text " * 200)
     with serve_app_in_thread(app, ready_path=None) as url:
-        async with Guard(load_text(DROPPED_POLICY), backends=SystemOneClient.worker(url, timeout=60)) as guard:
+        client = SystemOneClient.worker(url, timeout=60, model_aliases=[MODEL_NAME])  # it answers as guard-compact
+        async with Guard(load_text(DROPPED_POLICY), backends=client) as guard:
             remote = await guard.aevaluate(subject)
     async with Guard(load_text(DROPPED_POLICY), backends=short_compact()) as guard:
         local = await guard.aevaluate(subject)
