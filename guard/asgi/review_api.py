@@ -8,8 +8,10 @@ and the reviewer recorded on a decision is the token's name (a request body cann
 
 Without tokens the API refuses to be built, unless ``insecure_loopback=True``: then it answers only clients
 connecting from a loopback address (127.0.0.0/8, ``::1``) and records them as ``loopback``; any other client gets 403,
-and so does a call a browser made for a page of another site (``Origin``, ``Sec-Fetch-Site``) or under a ``Host``
-that is not this machine's (DNS rebinding).
+and so does a call a browser made for a page of another origin (an ``Origin`` other than the scheme://host:port the
+call was sent to, another local port included; ``Sec-Fetch-Site``) or under a ``Host`` that is not this machine's
+(DNS rebinding). In every mode an approve or reject body must be ``Content-Type: application/json`` (or an empty body
+without a ``Content-Type``), else 415, so an HTML form cannot decide.
 Tokens are compared in constant time (SHA-256 of the presented token against each reviewer's, every one compared).
 
 **Tenants.** A reviewer may be scoped to tenants (``Reviewer(token, tenants={"acme"})``, or ``name:token:acme|globex``
@@ -31,8 +33,8 @@ GET      ``/console``                 the review console page (``guard.asgi.cons
 =======  ===========================  =============================================================================
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
-``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``,
-403 ``loopback_only``, 429 ``rate_limited``. Releasing an approved
+``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``, 403 ``loopback_only``,
+413 ``body_too_large``, 415 ``unsupported_media_type``, 429 ``rate_limited``. Releasing an approved
 item is the client's step (``guard/asgi/_reviews.py``) or the agent's (``guard.asgi.review_store.ReviewStore.release``).
 """
 
@@ -148,16 +150,50 @@ def _loopback_name(authority: str) -> bool:
 
 def _from_elsewhere(request: Request) -> str | None:
     """Why a tokenless (loopback) call is refused although it comes from this machine: a browser sent it for a page
-    of another site (``Origin``, ``Sec-Fetch-Site``: cross-site request forgery), or under a name that is not this
-    machine's (``Host``: DNS rebinding). ``None`` for a call from a local tool or a page on this machine."""
-    if not _loopback_name(request.headers.get("host", "")):
+    of another origin (``Origin`` other than this API's own scheme://host:port, ``Sec-Fetch-Site``: cross-site
+    request forgery, from other sites and from other local ports alike), or under a name that is not this machine's
+    (``Host``: DNS rebinding). ``None`` for a call from a local tool (no ``Origin``) or from a page of this API's
+    own origin (the console)."""
+    host = request.headers.get("host", "")
+    if not _loopback_name(host):
         return "this review API has no tokens and answers requests to localhost only (Host)"
     origin = request.headers.get("origin")
-    if origin is not None and (origin == "null" or not _loopback_name(origin.split("://", 1)[-1])):
-        return "this review API has no tokens and refuses calls from pages of other sites (Origin)"
+    if origin is not None and _origin(origin) != _origin(f"{request.url.scheme}://{host}"):
+        return "this review API has no tokens and refuses calls from pages of other origins (Origin)"
     if request.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
         return "this review API has no tokens and refuses calls from pages of other sites (Sec-Fetch-Site)"
     return None
+
+
+def _origin(url: str) -> str:
+    """``scheme://host[:port]`` lower-cased, without a default port (``:80`` for http, ``:443`` for https), as a
+    browser writes ``Origin``."""
+    url = url.lower()
+    for scheme, port in (("http://", ":80"), ("https://", ":443")):
+        if url.startswith(scheme) and url.endswith(port):
+            return url[: -len(port)]
+    return url
+
+
+def _not_json(request: Request, body: bytes) -> JSONResponse | None:
+    """The 415 answer for a decision body that is not ``application/json`` (an empty body may come without a
+    ``Content-Type``), so an HTML form or a "simple" cross-site ``fetch`` cannot decide; ``None`` when it is JSON."""
+    content_type = request.headers.get("content-type")
+    if content_type is None and not body:
+        return None
+    if content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json":
+        return None
+    return _error(415, "unsupported_media_type", "send the decision as 'Content-Type: application/json' (or no body "
+                  "and no Content-Type)", "content-type")
+
+
+def _list_limit(raw: str) -> int | None:
+    """``?limit=`` as an int from 1 to :data:`MAX_LIST_LIMIT`: plain ASCII digits, no leading zero, at most four
+    digits (so ``int()`` never sees a long string). ``None`` for anything else."""
+    if not (raw.isascii() and raw.isdigit()) or raw.startswith("0") or len(raw) > len(str(MAX_LIST_LIMIT)):
+        return None
+    limit = int(raw)
+    return limit if 1 <= limit <= MAX_LIST_LIMIT else None
 
 
 def is_loopback(host: str) -> bool:
@@ -231,12 +267,13 @@ class _Api:
             return _error(400, "invalid_parameter", f"status {status[:40]!r} is not one of {[*STATUSES, 'all']}",
                           "status")
         raw_limit = request.query_params.get("limit", "100")
-        if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
+        limit = _list_limit(raw_limit)
+        if limit is None:
             return _error(400, "invalid_parameter", f"limit {raw_limit[:40]!r} must be an integer from 1 to "
                           f"{MAX_LIST_LIMIT}", "limit")
         try:
             items = await self.store.list_items(None if status == "all" else status,  # type: ignore[arg-type]
-                                                limit=int(raw_limit), tenants=self._tenants.get(who))
+                                                limit=limit, tenants=self._tenants.get(who))
         except ReviewError as exc:
             return _review_error(exc)
         return JSONResponse({"items": [item.to_json() for item in items], "count": len(items)})
@@ -252,6 +289,8 @@ class _Api:
 
     async def _note(self, request: Request) -> str | None | JSONResponse:
         body = await request.body()
+        if (refused := _not_json(request, body)) is not None:
+            return refused
         if len(body) > _MAX_DECISION_BODY:
             return _error(413, "body_too_large", f"the decision body is {len(body)} bytes; at most "
                           f"{_MAX_DECISION_BODY}", "body")

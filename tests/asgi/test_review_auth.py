@@ -180,3 +180,60 @@ async def test_the_router_refuses_in_json_and_never_redirects(make_guard: GuardF
         assert slash.status_code == unknown.status_code == 404 and "location" not in slash.headers
         assert slash.json()["code"] == unknown.json()["code"] == "not_found" and slash.json()["field"] == "path"
         assert method.status_code == 405 and method.json()["field"] == "method" and method.headers["allow"] == "POST"
+
+
+async def test_insecure_loopback_refuses_pages_of_other_local_origins(make_guard: GuardFactory) -> None:
+    """Without tokens, a decision's ``Origin`` must be exactly the scheme://host:port it was sent to: a page on
+    another local port or another loopback address (an old browser that sends no ``Sec-Fetch-Site``) is refused."""
+    store = MemoryReviewStore()
+    app = _app(make_guard(), store, insecure_loopback=True)
+    with serve_in_thread(app) as base:
+        port = base.rsplit(":", 1)[1]
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            held = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
+            approve = f"/admin/reviews/{held['review_id']}/approve"
+            refused = [await client.post(approve, headers=headers) for headers in (
+                {"origin": "http://localhost:3000", "host": f"localhost:{port}"},
+                {"origin": "http://127.8.9.10:80", "host": f"127.0.0.1:{port}"},
+                {"origin": f"http://127.8.9.10:{port}", "host": f"127.0.0.1:{port}"},
+                {"origin": f"https://127.0.0.1:{port}"},  # another scheme
+                {"origin": "null"},
+            )]
+            same_origin = await client.post(approve, headers={"origin": f"http://LOCALHOST:{port}",
+                                                              "host": f"localhost:{port}"})
+    for answer in refused:
+        assert answer.status_code == 403 and answer.json()["code"] == "loopback_only", answer.request.headers
+        assert answer.json()["field"] == "origin"
+    assert same_origin.status_code == 200 and same_origin.json()["decided_by"] == "loopback"
+
+
+@pytest.mark.parametrize("insecure_loopback", [False, True])
+async def test_a_decision_body_must_be_json(make_guard: GuardFactory, insecure_loopback: bool) -> None:
+    """Approve and reject take ``application/json`` or an empty body without a ``Content-Type``: an HTML form or a
+    ``text/plain`` "simple" request is a 415 and decides nothing, in either mode."""
+    store = MemoryReviewStore()
+    review: dict[str, Any] = {"insecure_loopback": True} if insecure_loopback else {"reviewers": REVIEWERS}
+    auth = {} if insecure_loopback else {"authorization": f"Bearer {REVIEWERS['alice']}"}
+    app = _app(make_guard(), store, **review)
+    with serve_in_thread(app) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            held = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
+            url = f"/admin/reviews/{held['review_id']}/approve"
+            refused = [await client.post(url, content=body, headers={**auth, **headers}) for body, headers in (
+                (b"note=ok", {"content-type": "application/x-www-form-urlencoded"}),
+                (b'{"note": "ok"}', {"content-type": "text/plain"}),
+                (b"", {"content-type": "text/plain"}),
+                (b'{"note": "ok"}', {}),  # a body without a Content-Type
+                (b'{"note": "ok"}', {"content-type": "application/jsonx"}),
+            )]
+            pending = (await client.get(f"/admin/reviews/{held['review_id']}", headers=auth)).json()["status"]
+            json_note = await client.post(url, content=b'{"note": "ok"}',
+                                          headers={**auth, "content-type": "Application/JSON; charset=utf-8"})
+            second = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
+            empty = await client.post(f"/admin/reviews/{second['review_id']}/reject", headers=auth)
+    for answer in refused:
+        assert answer.status_code == 415, answer.text
+        assert (answer.json()["code"], answer.json()["field"]) == ("unsupported_media_type", "content-type")
+    assert pending == "pending"
+    assert json_note.status_code == 200 and json_note.json()["note"] == "ok"
+    assert empty.status_code == 200 and empty.json()["status"] == "rejected"

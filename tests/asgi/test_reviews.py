@@ -189,10 +189,11 @@ async def test_review_api_validation_and_token(make_guard: GuardFactory) -> None
         item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
         assert item["rule"] == "unsure_injection" and "request" not in item
         url = f"/admin/reviews/{held['review_id']}/approve"
-        assert (await client.post(url, headers=_admin(), content=b'{"by": "mallory"}')).json()["field"] == "by"
-        assert (await client.post(url, headers=_admin(), content=b'{"note": 1}')).json()["field"] == "note"
-        assert (await client.post(url, headers=_admin(), content=b'{"who": "x"}')).status_code == 400
-        assert (await client.post(url, headers=_admin(), content=b'{"note":"a","note":"b"}')).json()["code"] == \
+        json_admin = {**_admin(), "content-type": "application/json"}
+        assert (await client.post(url, headers=json_admin, content=b'{"by": "mallory"}')).json()["field"] == "by"
+        assert (await client.post(url, headers=json_admin, content=b'{"note": 1}')).json()["field"] == "note"
+        assert (await client.post(url, headers=json_admin, content=b'{"who": "x"}')).status_code == 400
+        assert (await client.post(url, headers=json_admin, content=b'{"note":"a","note":"b"}')).json()["code"] == \
             "invalid_json"
         assert (await client.post(url, headers=_admin())).json()["status"] == "approved"
         assert (await client.get("/admin/reviews/?status=all", headers=_admin())).json()["count"] == 1
@@ -234,3 +235,31 @@ async def test_a_review_item_keeps_no_secret_the_request_names(make_guard: Guard
     item = await store.get(held["review_id"])
     assert "hunter2-correct" not in json.dumps(item.state) and "[redacted]" in json.dumps(item.state)
     assert "hunter2-correct" not in json.dumps(listed)
+
+
+async def test_list_limit_is_a_plain_integer_in_range(make_guard: GuardFactory) -> None:
+    """A limit of thousands of digits (past ``int()``'s 4,300) or with leading zeros is a 400 naming ``limit``, not
+    a 500; plain integers from 1 to 1000 list."""
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        await _escalate(client)
+        for odd in ("1" * 4301, "0" * 4300 + "5", "05", "0", "1001", "", "1e3", "100.0"):
+            answer = await client.get("/admin/reviews/", params={"limit": odd}, headers=_admin())
+            assert answer.status_code == 400, odd[:20]
+            assert (answer.json()["code"], answer.json()["field"]) == ("invalid_parameter", "limit")
+        for plain in ("1", "1000"):
+            answer = await client.get("/admin/reviews/", params={"limit": plain}, headers=_admin())
+            assert answer.status_code == 200 and answer.json()["count"] == 1
+
+
+async def test_the_reviewer_sees_the_query_with_secrets_redacted(make_guard: GuardFactory) -> None:
+    """The item's subject names the whole query the approval releases (``role=admin`` cannot hide behind the
+    path); a secret-named parameter is listed with its value redacted, and a secret repeated elsewhere is too."""
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        held = (await client.post(
+            "/v1/echo?role=admin&transfer_to=attacker&api_key=QSECRET-1&token=QT&echo=client-token&a%26b=c%3Dd",
+            content=UNSURE, headers=JSON)).json()
+        item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
+    assert item["subject"]["query"] == (
+        "role=admin&transfer_to=attacker&api_key=[redacted]&token=[redacted]&echo=[redacted]&a%26b=c%3Dd")
+    assert "QSECRET-1" not in json.dumps(item) and "client-token" not in json.dumps(item)
+    assert (item["subject"]["method"], item["subject"]["path"]) == ("POST", "/v1/echo")
