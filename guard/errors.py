@@ -11,6 +11,7 @@
     ├── Overloaded                  a bounded queue is full; carries ``retry_after`` seconds
     ├── UnsupportedQuestion         a backend was asked a question it cannot answer (compact model catalog)
     ├── StateTooLong                a state field is longer than its max_chars and the policy says truncate: error
+    ├── StateAmbiguous              a value the policy reads as one (query parameter, form field, header) came twice
     ├── InvalidJson                 strict JSON parsing failed: not UTF-8, duplicate key, too deep, NaN, bad syntax
     ├── BodyError                   an HTTP request body cannot be inspected (too large, undecodable, malformed)
     ├── ReviewError                 a review item cannot be read or changed as asked
@@ -52,6 +53,7 @@ __all__ = [
     "ReviewNotFound",
     "ReviewQuotaExceeded",
     "ReviewStoreUnavailable",
+    "StateAmbiguous",
     "StateTooLong",
     "UnsupportedQuestion",
 ]
@@ -217,6 +219,25 @@ class StateTooLong(GuardError):
             f"state field {field!r} has {length} characters; this policy judges at most {max_chars} and refuses to "
             "judge a cut text (truncate: error)"
         )
+
+
+class StateAmbiguous(GuardError):
+    """A request sends a value more than once (a query parameter, form field or header) that its policy reads as
+    one value: parsers differ on which copy counts (the first, the last, all joined), so the guard could judge one
+    copy while the application reads another. The engine answers with a block (400) and asks no model.
+
+    Attributes:
+        source: ``query``, ``form`` or ``header``.
+        name: the parameter, field or header name.
+        what: ``query parameter 'q'``, ``form field 'q'`` or ``header 'x-user'``.
+    """
+
+    def __init__(self, source: str, name: str) -> None:
+        self.source = source
+        self.name = name
+        kind = {"query": "query parameter", "form": "form field"}.get(source, source)
+        self.what = f"{kind} {name!r}"
+        super().__init__(f"the {self.what} is sent more than once; this policy reads it as one value")
 
 
 class InvalidJson(GuardError, ValueError):

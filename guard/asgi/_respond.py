@@ -198,7 +198,8 @@ class ResponseJudge:
         headers = _headers(message.get("headers", []))
         media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         head = dataclasses.replace(self.request, phase="response", status=message["status"], headers=headers,
-                                   content_type=media, query=self.request.query, body=None, body_text="")
+                                   content_type=media, query=self.request.query, body=None, body_text="",
+                                   repeated_headers=())  # the upstream's repeated headers are read joined
         self.policies = tuple(p for p in self.watching if p.matches(head))  # every one decides (docs/policies.md)
         self.policy = self.policies[0] if self.policies else None  # records a response that cannot be judged
         if self.policy is None:

@@ -7,11 +7,12 @@ import functools
 import ipaddress
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.types import Scope
 
 from guard.asgi._media import media_type
+from guard.engine.telemetry import SECRET_NAME, redact_secrets
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
@@ -25,6 +26,7 @@ __all__ = [
     "header_map",
     "held_request",
     "query_map",
+    "shown_query",
     "subject_summary",
     "with_body",
 ]
@@ -183,7 +185,22 @@ def head_subject(
         host=_host(headers, scope),
         client=client,
         content_type=media,
+        repeated_headers=_repeated_names(scope, headers),
     )
+
+
+def _repeated_names(scope: Scope, headers: dict[str, str]) -> tuple[str, ...]:
+    """The names (lower-case, sorted) of the headers ``scope`` holds more than once; ``headers`` is its
+    :func:`header_map`, one entry per name, so equal counts mean none repeats."""
+    raw = scope["headers"]
+    if len(raw) == len(headers):
+        return ()
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for raw_name, _ in raw:
+        name = raw_name.decode("latin-1").lower()
+        (repeated if name in seen else seen).add(name)
+    return tuple(sorted(repeated))
 
 
 def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_text: str) -> HttpSubject:
@@ -198,19 +215,33 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
         content_type=head.content_type,
         body=body,
         body_text=body_text,
+        repeated_headers=head.repeated_headers,
     )
 
 
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:
-    """What a reviewer sees of the held request besides the state: method, path, host, client, media type."""
+    """What a reviewer sees of the held request besides the state: method, path, query (:func:`shown_query`), host,
+    client, media type."""
     return {
         "kind": "http",
         "method": subject.method,
         "path": subject.path,
+        "query": shown_query(subject),
         "host": subject.host,
         "client": subject.client,
         "content_type": subject.content_type,
     }
+
+
+def shown_query(subject: HttpSubject) -> str:
+    """The subject's query string as a reviewer sees it (``role=admin&api_key=[redacted]``): every parameter, a
+    secret-named one (:data:`~guard.engine.telemetry.SECRET_NAME`) with its value replaced by ``[redacted]``, and
+    the request's secret values (those parameters', the credential headers') replaced by ``[redacted]`` wherever
+    another parameter repeats them, as the item's state is redacted (:func:`redact_secrets`). Percent-encoded, so a
+    value cannot pass for another parameter; ``""`` without a query."""
+    pairs = [[name, "[redacted]" if SECRET_NAME.search(name) else value]
+             for name, values in subject.query.items() for value in values]
+    return urlencode([(name, value) for name, value in redact_secrets(pairs, subject)], quote_via=quote, safe="[]")
 
 
 def held_request(scope: Scope, body: bytes, bound: dict[str, Any]) -> dict[str, Any]:

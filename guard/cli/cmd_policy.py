@@ -15,8 +15,9 @@ Clef, on ``--device`` in ``--dtype``), ``http:URL`` or a bare ``http(s)://`` URL
 (the built-in CPU model); it is started (warmed up) before anything is timed. ``--timeout-ms`` replaces the policies'
 ``timeout_ms``, e.g. for a checkpoint on a slow CPU. A PATH is a file, a directory (every ``*.yaml`` below) or a glob;
 ``*_test.yaml`` files stand for the policy beside them. ``test`` runs ``<name>_test.yaml`` beside each policy, names
-each failure by its test file and line, lists the rules no case fired (coverage), warns about a policy without test
-cases, and exits 1 on a failing case. ``explain`` exits 1 when the decision failed (the fail mode decided).
+each failure by its test file and line, lists the rules no case fired (coverage), warns about a policy without a test
+file, and exits 1 on a failing case, a test file without cases, or a run that finds no test file at all.
+``explain`` exits 1 when the decision failed (the fail mode decided).
 """
 
 from __future__ import annotations
@@ -315,8 +316,8 @@ def run_test(args: argparse.Namespace) -> int:
             errors += _printed([unread])
             broken += 1
             continue
-        if not results:
-            print(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
+        if not results:  # the file has cases (run_test_file refuses one without), but none matches --run
+            print(f"warning: {test_file}: no test cases match --run", file=sys.stderr)
         suites.append((str(test_file), results))
         fired = {(v.policy_id, v.rule) for r in results if r.verdict is not None  # a rule of a policy that matched
                  for v in (r.verdict, *r.verdict.contributions)}  # but did not decide fired too  # fmt: skip
@@ -334,6 +335,10 @@ def run_test(args: argparse.Namespace) -> int:
                 print(f"     {difference}", file=sys.stderr)
     total = sum(len(results) for _, results in suites)
     failed = sum(not r.passed for _, results in suites for r in results)
+    if not suites and not broken:  # no policy had a test file beside it: nothing was tested
+        print(f"guard policy test: no test files found: looked for <name>_test.yaml (or .yml) beside each of the "
+              f"{len(files)} policy file(s) in {' '.join(args.files)}", file=sys.stderr)
+        return EXIT_FAILED
     if pattern is not None and not total and not broken:  # a filter that selects nothing tests nothing
         print(f"guard policy test: no case matches --run {args.run!r}", file=sys.stderr)
         return EXIT_FAILED

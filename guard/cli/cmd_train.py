@@ -12,7 +12,7 @@ Examples::
         --head-questions guard.harm_severity,guard.refusal,guard.tool_call_serves_task --layer-epochs 1
 
     # the argument grounding of guard.tool_call_serves_task alone, on a catalog checkpoint not yet grounded
-    guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --ground build/catalog \
+    guard train build/compact-data/train.jsonl --val build/compact-data/val.jsonl --ground build/catalog \\
         --out build/grounded
 
     # a router over your own intents: one {"text": ..., "label": ...} per line

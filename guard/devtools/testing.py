@@ -16,7 +16,9 @@ A test file::
 
 ``answers`` follow ``guard/backends/fixture.py``, by the question keys of every policy the input matches (all of them
 decide; ``expect.policy`` is the one whose verdict wins); questions left out get an even split. A case without ``answers`` or
-``backend_error`` needs a real backend (``--backend``). ``expect.policy: null`` asserts no policy matches.
+``backend_error`` needs a real backend (``--backend``). ``expect.policy: null`` asserts no policy matches; without it, a
+case whose input no policy matches fails (it would pass an ``action: allow`` by default). A test file needs at least
+one case, and each ``expect`` must check something (``null``, ``flags: []`` and ``policy: "<any>"`` check nothing).
 """
 
 from __future__ import annotations
@@ -116,6 +118,10 @@ class _Input(_Strict):
     agent: _AgentInput | None = None
 
 
+#: The fields of ``expect`` checked when not null (``policy`` and ``flags`` are checked apart).
+_CHECKED = ("action", "rule", "status", "handoff", "fail_mode", "shadow_action")
+
+
 class _Expect(_Strict):
     policy: str | None = "<any>"
     action: Action | None = None
@@ -128,9 +134,12 @@ class _Expect(_Strict):
 
     @pydantic.model_validator(mode="after")
     def _says_something(self) -> _Expect:
-        if not self.model_fields_set:
-            raise ValueError("expect names nothing to check, so the case passes whatever is decided; give at least "
-                             "one of policy, action, rule, status, handoff, fail_mode, shadow_action, flags")
+        # null, [] and "<any>" are what _compare skips, so an expect holding only those checks nothing
+        checked = [name for name in _CHECKED if getattr(self, name) is not None]
+        if self.policy == "<any>" and not checked and not self.flags:
+            raise ValueError("expect names nothing to check, so the case passes whatever is decided (null, [] and "
+                             "policy '<any>' check nothing); give at least one of policy (null: no policy matches), "
+                             "action, rule, status, handoff, fail_mode, shadow_action, flags")
         return self
 
 
@@ -271,6 +280,8 @@ def expand_policy_paths(names: Sequence[str]) -> list[Path]:
             matches = [Path(m) for m in sorted(glob.glob(name, recursive=True))]
         elif Path(name).is_dir():
             matches = sorted(p for p in Path(name).rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+            if not matches:
+                raise FileNotFoundError(f"{name}: no file matches (no *.yaml or *.yml file in this folder)")
         else:
             matches = [Path(name)]
         if not matches:
@@ -339,9 +350,12 @@ async def _run_case(
 
 def _compare(expect: _Expect, verdict: Verdict) -> list[str]:
     problems = []
-    if expect.policy != "<any>" and expect.policy != verdict.policy_id:
+    if expect.policy == "<any>" and verdict.policy_id is None:  # the default allow of an input no policy matches
+        problems.append("policy: no policy matched the input, so none decided; fix the input, or write "
+                        "'policy: null' to test that no policy matches")
+    elif expect.policy != "<any>" and expect.policy != verdict.policy_id:
         problems.append(f"policy: expected {expect.policy!r}, got {verdict.policy_id!r}")
-    for name in ("action", "rule", "status", "handoff", "fail_mode", "shadow_action"):
+    for name in _CHECKED:
         wanted = getattr(expect, name)
         if wanted is not None and getattr(verdict, name) != wanted:
             problems.append(f"{name}: expected {wanted!r}, got {getattr(verdict, name)!r}")
@@ -370,10 +384,11 @@ def run_test_file(
         run: only the cases whose name this pattern matches (``re.search``), like ``opa test --run``.
 
     Returns:
-        One :class:`CaseResult` per case (an empty list when the file holds no cases: the caller fails on it).
+        One :class:`CaseResult` per case (an empty list when ``run`` matches none: the caller fails on it).
 
     Raises:
-        PolicyError: when the policy or the test file cannot be loaded (file, line, key).
+        PolicyError: when the policy or the test file cannot be loaded (file, line, key), or the test file has no
+            cases.
     """
     policy_path, test_path = find_test_file(path)
     policies = with_timeout(load_text(read_policy_file(policy_path), str(policy_path)), timeout_s)
@@ -382,6 +397,8 @@ def run_test_file(
         spec = _TestFile.model_validate(data or {})
     except pydantic.ValidationError as exc:
         raise PolicyLoadError([validation_problem(e, lines, _TestFile) for e in exc.errors()]) from None
+    if not spec.cases:  # an empty file or 'cases: []' tests nothing
+        raise lines.error(("cases",), "the test file has no cases; give at least one (a case is name, input, expect)")
     results = []
     for i, case in enumerate(spec.cases):
         if run is not None and not run.search(case.name):

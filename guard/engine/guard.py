@@ -12,7 +12,8 @@ own verdict, and :func:`~guard.engine.verdicts.combined` picks the one that deci
 ``aevaluate`` never raises for backend, cache or rule trouble: each policy's fail mode decides for that policy, and
 its verdict says so (``fail_mode``, ``error``, ``rule="on_error"``). Shadow policies compute and record the verdict
 but allow. A field with ``truncate: error`` over its cap is blocked without a model call (status 413, rule
-``state_too_long``).
+``state_too_long``), as is a request that sends a value the policy reads as one more than once (status 400, rule
+``state_ambiguous``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from guard.engine.ids import new_decision_id
 from guard.engine.plan import Group, Plan, group_plans
 from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
-from guard.errors import BackendUnavailable, PolicyError, StateTooLong
+from guard.errors import BackendUnavailable, PolicyError, StateAmbiguous, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
 from guard.subject import HttpSubject, Subject
 from guard.systemone import SystemOneRequestV1
@@ -298,6 +299,7 @@ class Guard:
         lookup: Lookup | None = None
         response = None
         try:
+            policy.check_repeated(subject)
             plan = self._plan(policy)  # reads the backend's revision, which may fail
             raw, state, flags, key = plan.prepare(subject)  # rules read ``raw``; the model and the cache ``state``
             if plan.no_answers is not None:  # rules only: no model call, no cache
@@ -338,6 +340,7 @@ class Guard:
         plans = []
         for policy in policies:
             try:
+                policy.check_repeated(subject)  # per policy: policies asked together may read different headers
                 plans.append(self._plan(policy))
             except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
                 own[id(policy)] = self._failed(policy, subject, exc, decision_id, started, None, {}, None)
@@ -419,11 +422,11 @@ class Guard:
         self, policy: Policy, subject: Subject, exc: Exception, decision_id: str, started: float, state: Any,
         flags: dict[str, Any], model: str | None,
     ) -> Verdict:
-        """``policy``'s verdict when deciding it failed: the block for a state too long to judge, else its fail
-        mode."""
+        """``policy``'s verdict when deciding it failed: the block for a state it will not judge (too long, or a
+        value sent twice), else its fail mode."""
         backend = self.backend_for(policy)
-        if isinstance(exc, StateTooLong):
-            return verdicts.too_long(
+        if isinstance(exc, (StateTooLong, StateAmbiguous)):
+            return verdicts.state_refused(
                 policy, exc, decision_id=decision_id, backend=backend.name, model_revision=_revision(backend),
                 latency_ms=_since(started), flags=flags,
             )  # fmt: skip

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from guard.errors import BackendError, GuardError, Overloaded, StateTooLong, UnsupportedQuestion
+from guard.errors import BackendError, GuardError, Overloaded, StateAmbiguous, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
 from guard.policy.redact import UNMASKABLE_FLAG, merge_redactions
 from guard.policy.rules import RuleError
@@ -27,6 +27,9 @@ __all__ = [
     "FAIL_CLOSED_MESSAGE",
     "GUARD_ERROR_RULE",
     "SEVERITY",
+    "STATE_AMBIGUOUS_MESSAGE",
+    "STATE_AMBIGUOUS_RULE",
+    "STATE_AMBIGUOUS_STATUS",
     "STATE_TOO_LONG_MESSAGE",
     "STATE_TOO_LONG_RULE",
     "STATE_TOO_LONG_STATUS",
@@ -40,7 +43,7 @@ __all__ = [
     "phase_of",
     "record",
     "refused",
-    "too_long",
+    "state_refused",
     "unsettled_handoff",
 ]
 
@@ -54,6 +57,10 @@ FAIL_CLOSED_MESSAGE = "The decision service is unavailable; try again later."
 STATE_TOO_LONG_RULE = "state_too_long"
 STATE_TOO_LONG_STATUS = 413
 STATE_TOO_LONG_MESSAGE = "Too long to check: {field} has {length} characters; this policy judges at most {max_chars}."
+#: Rule and HTTP status of the block for a value the policy reads as one that the request sent more than once.
+STATE_AMBIGUOUS_RULE = "state_ambiguous"
+STATE_AMBIGUOUS_STATUS = 400
+STATE_AMBIGUOUS_MESSAGE = "Sent more than once: the {what}; this check reads it as one value, send it once."
 #: Rule of a verdict a fail mode made (the backend failed, or the guard itself raised).
 GUARD_ERROR_RULE = "on_error"
 
@@ -270,9 +277,9 @@ def no_match(decision_id: str, latency_ms: float) -> Verdict:
     return make("allow", decision_id, latency_ms=latency_ms)
 
 
-def too_long(
+def state_refused(
     policy: Policy,
-    exc: StateTooLong,
+    exc: StateTooLong | StateAmbiguous,
     *,
     decision_id: str,
     backend: str,
@@ -280,15 +287,23 @@ def too_long(
     latency_ms: float,
     flags: dict[str, Any],
 ) -> Verdict:
-    """The block for a state a policy refuses to judge in part (``truncate: error``): no model was asked."""
+    """The block for a state ``policy`` will not judge, whatever its ``on_error`` says; no model was asked: a field
+    over its ``max_chars`` with ``truncate: error`` (413, :data:`STATE_TOO_LONG_RULE`), or a value it reads as one
+    sent more than once (400, :data:`STATE_AMBIGUOUS_RULE`)."""
+    if isinstance(exc, StateTooLong):
+        rule, status = STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
+        message = STATE_TOO_LONG_MESSAGE.format(field=exc.field, length=exc.length, max_chars=exc.max_chars)
+    else:
+        rule, status = STATE_AMBIGUOUS_RULE, STATE_AMBIGUOUS_STATUS
+        message = STATE_AMBIGUOUS_MESSAGE.format(what=exc.what)
     return make(
         "block",
         decision_id,
         policy_id=policy.id,
         policy_version=policy.version,
-        rule=STATE_TOO_LONG_RULE,
-        status=STATE_TOO_LONG_STATUS,
-        message=STATE_TOO_LONG_MESSAGE.format(field=exc.field, length=exc.length, max_chars=exc.max_chars),
+        rule=rule,
+        status=status,
+        message=message,
         backend=backend,
         model_revision=model_revision,
         latency_ms=latency_ms,

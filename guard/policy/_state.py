@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from guard.errors import StateTooLong
+from guard.errors import StateAmbiguous, StateTooLong
 from guard.policy.normalize import Normalized, normalize_value
 from guard.subject import AgentSubject, HttpSubject, Subject
 
@@ -30,6 +30,7 @@ __all__ = [
     "NORMALIZE_WINDOW",
     "REQUEST_SOURCES",
     "RESPONSE_SOURCES",
+    "Repeated",
     "StateField",
     "Truncate",
     "default_fields",
@@ -45,6 +46,8 @@ __all__ = [
 Truncate = Literal["head_tail", "head", "error"]
 #: The default: an instruction placed after filler (the usual way to push it past a cap) is still read.
 DEFAULT_TRUNCATE: Truncate = "head_tail"
+#: How a named query parameter, form field or header sent more than once is read (:class:`StateField`).
+Repeated = Literal["refuse", "list", "join"]
 #: Put where text was left out (``{cut}``: characters not shown), so the model and a reviewer see the state is partial.
 CUT_MARKER = "[... {cut} characters cut ...]"
 #: A string longer than this many times its cap is normalised only at the ends that can be kept (this many times the
@@ -85,6 +88,9 @@ class StateField:
             list's or number's compact JSON text); ``None`` = no cap.
         truncate: what a value over ``max_chars`` keeps (:data:`Truncate`).
         children: the fields of a nested object (then ``source`` is ``None``).
+        repeated: a named query parameter, form field or header sent more than once: ``refuse``
+            (:class:`~guard.errors.StateAmbiguous`), ``list`` (query, form: every value, always a list) or ``join``
+            (header: the copies joined with ``", "``).
     """
 
     name: str
@@ -96,6 +102,7 @@ class StateField:
     max_chars: int | None = None
     truncate: Truncate = DEFAULT_TRUNCATE
     children: tuple[StateField, ...] | None = None
+    repeated: Repeated = "refuse"
 
 
 def split_pointer(pointer: str) -> tuple[str, ...]:
@@ -136,30 +143,41 @@ _HTTP_ATTRIBUTES = HTTP_SOURCES - NAMED_SOURCES
 
 
 def _read(field: StateField, subject: Subject) -> Any:
-    """The value of a source that is not an attribute of an HTTP subject (:func:`_render_field` reads those)."""
+    """The value of a source that is not an attribute of an HTTP subject (:func:`_render_field` reads those).
+
+    Raises:
+        StateAmbiguous: a named query parameter or form field the request sends more than once, read with
+            ``repeated: refuse``.
+    """
     source = field.source
     if isinstance(subject, HttpSubject):
-        if source == "header":
+        if source == "header":  # a repeated header is refused before the state is read (Policy.render_state)
             return subject.headers.get((field.key or "").lower(), _MISSING)
         if source == "query":
             if field.key is None:
                 return subject.query
-            values = subject.query.get(field.key)
-            if not values:
-                return _MISSING
-            return values[0] if len(values) == 1 else list(values)
+            return _named(field, subject.query.get(field.key))
         if source == "form":
             form = subject.body if isinstance(subject.body, Mapping) else {}
-            if field.key is not None:
-                values = form.get(field.key, _MISSING)
-                if isinstance(values, list) and len(values) == 1:
-                    return values[0]
-                return values
-            return form
+            if field.key is None:
+                return form
+            values = form.get(field.key, _MISSING)
+            return _named(field, values) if isinstance(values, list) else values
         return _MISSING
     if source in AGENT_SOURCES:
         return getattr(subject, source)
     return _MISSING
+
+
+def _named(field: StateField, values: list[Any] | None) -> Any:
+    """One query parameter's or form field's ``values`` as ``field.repeated`` reads them."""
+    if not values:
+        return _MISSING
+    if field.repeated == "list":
+        return list(values)
+    if len(values) > 1:
+        raise StateAmbiguous(field.source or "", field.key or "")
+    return values[0]
 
 
 def _render_field(field: StateField, subject: Subject) -> Any:

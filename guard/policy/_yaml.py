@@ -6,7 +6,10 @@ and refuses, at the first offending event:
 
 * an anchor (``&a``) or alias (``*a``), so an alias bomb fails before anything is expanded;
 * a duplicate mapping key, a merge key (``<<``), a non-scalar key, an explicit tag other than the core scalar ones;
-* nesting deeper than :data:`MAX_DEPTH` and documents larger than :data:`MAX_POLICY_BYTES`.
+* nesting deeper than :data:`MAX_DEPTH` and documents larger than :data:`MAX_POLICY_BYTES`;
+* a plain (unquoted) value or key that YAML 1.1 and YAML 1.2 read differently: ``no``/``yes``/``on``/``off``/``y``/``n``
+  (any case), integers with a leading zero, ``0b``/``0o`` numbers, signed hex, ``_`` in numbers and floats without a
+  dot such as ``1e3`` (see :func:`_version_problem`). ``true``/``false``, decimals, ``0x1F`` and ``1.5`` stay as they are.
 
 The result is plain Python data plus a :class:`LineMap` from key paths to 1-based line numbers, so schema errors
 found later (pydantic, CEL, System One limits) can still name the line.
@@ -15,6 +18,7 @@ found later (pydantic, CEL, System One limits) can still name the line.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -45,6 +49,12 @@ _SCALAR_TAGS = {
     "tag:yaml.org,2002:bool",
     "tag:yaml.org,2002:null",
 }
+#: Words YAML 1.1 reads as booleans (in these spellings; ``y``/``n`` too, though PyYAML keeps those as text) and YAML
+#: 1.2 reads as text. Compared lower-cased, so ``yEs`` is refused as well.
+_BOOL_WORDS_11 = {"yes": True, "y": True, "on": True, "no": False, "n": False, "off": False}
+#: The YAML 1.2 core schema's integer and float forms.
+_INT_12 = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+")
+_FLOAT_12 = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 
 
 def format_path(path: Path) -> str:
@@ -98,6 +108,14 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        self.plain_scalars: set[int] = set()  # id() of each scalar node written without quotes or a tag
+
+    def compose_scalar_node(self, anchor: Any) -> Any:
+        event = self.peek_event()
+        node = super().compose_scalar_node(anchor)
+        if event.style is None and event.tag is None:
+            self.plain_scalars.add(id(node))
+        return node
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -202,12 +220,21 @@ def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> An
     if isinstance(node, yaml.ScalarNode):
         if node.tag not in _SCALAR_TAGS:
             raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
-        if node.tag in _NUMBER_TAGS:
+        plain = id(node) in loader.plain_scalars
+        if node.tag in _NUMBER_TAGS or (plain and (_INT_12.fullmatch(node.value) or _FLOAT_12.fullmatch(node.value))):
+            # a number in YAML 1.1 or 1.2: refuse a long one before any conversion
             if len(node.value) > MAX_NUMBER_CHARS:
-                raise _Reject(node.start_mark, f"a number of {len(node.value)} characters; at most {MAX_NUMBER_CHARS}")
+                raise _Reject(node.start_mark, f"a number of {len(node.value)} characters; at most {MAX_NUMBER_CHARS}",
+                              path)
             if ":" in node.value:  # YAML 1.1 reads 1:30 as 90 (base 60), in time quadratic in its length
-                raise _Reject(node.start_mark, f"{node.value!r} would be read as a base-60 number; quote it")
-        return loader.construct_object(node, deep=True)
+                raise _Reject(node.start_mark, f"{node.value!r} would be read as a base-60 number; quote it", path)
+        value = loader.construct_object(node, deep=True)
+        if plain:
+            problem = _version_problem(node.value, value, is_key=path[-1:] == ("<key>",))
+            if problem:
+                where = (*path[:-1], node.value) if path[-1:] == ("<key>",) else path
+                raise _Reject(node.start_mark, problem, where)
+        return value
     if isinstance(node, yaml.SequenceNode):
         if node.tag != "tag:yaml.org,2002:seq":
             raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
@@ -237,3 +264,48 @@ def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> An
         lines.lines.pop((*path, "<key>"), None)
         return out
     raise _Reject(node.start_mark, f"unsupported YAML node {type(node).__name__}")  # pragma: no cover
+
+
+def _version_problem(text: str, value: Any, *, is_key: bool) -> str | None:
+    """Why the plain scalar ``text`` (read by YAML 1.1 as ``value``) would mean something else in YAML 1.2 (core
+    schema), with how to write it; ``None`` when both read it the same."""
+    readings = _readings(text, value)
+    if readings is None:
+        return None
+    old, new, write = readings
+    quote = f'quote it ("{text}")'
+    if is_key:  # a key is text: quoting is the only fix
+        return f"key {text!r} is {old} in YAML 1.1 but {new} in YAML 1.2; {quote}"
+    if new == "text":  # YAML 1.1 reads a boolean or a number here
+        return f"{text!r} is {old} in YAML 1.1 but text in YAML 1.2; {quote} for the text, or write {write}"
+    return f"{text!r} is {old} in YAML 1.1 but {new} in YAML 1.2; write {write}, or {quote}"
+
+
+def _readings(text: str, value: Any) -> tuple[str, str, str] | None:
+    """``(YAML 1.1 reading, YAML 1.2 reading, what to write for the number or boolean)`` of the plain scalar ``text``
+    (``value`` as YAML 1.1 reads it), or ``None`` when both read it the same."""
+    word = _BOOL_WORDS_11.get(text.lower())
+    if word is not None:  # yes, No, ON, off, y, n...
+        return f"the boolean {str(word).lower()}", "text", str(word).lower()
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) or _INT_12.fullmatch(text)
+                                       or _FLOAT_12.fullmatch(text)):
+        return None  # true/false, null, and text that YAML 1.2 reads as text too
+    digits = text.lstrip("+-")
+    if "_" in text:  # YAML 1.1 drops the underscores of 1_000; YAML 1.2 has none in numbers
+        return f"the number {value}", "text", str(value)
+    if digits.startswith("0b"):
+        return f"binary {value}", "text", str(value)
+    if digits.startswith("0o"):
+        number = int(text, 0)
+        return "text", f"octal {number}", str(number)
+    if digits.startswith("0x"):  # 0x1F is 31 in both; -0x1F is text in YAML 1.2
+        return None if digits == text else (f"the number {value}", "text", str(value))
+    if len(digits) > 1 and digits[0] == "0" and digits.isdigit():  # 012: octal (08: text) in 1.1, decimal in 1.2
+        number = int(text, 10)
+        return f"octal {value}" if isinstance(value, int) else "text", str(number), str(number)
+    if isinstance(value, str):  # 1e3, 1.0e3: a float in YAML 1.2, text in YAML 1.1 (which wants a dot and a sign)
+        mantissa, _, exponent = text.lower().partition("e")
+        mantissa += "" if "." in mantissa else ".0"
+        exponent = exponent if exponent[:1] in ("+", "-") else "+" + exponent
+        return "text", f"the number {float(text)}", f"{mantissa}e{exponent}"
+    return None

@@ -499,8 +499,18 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
         problem(("name",), f"'name' applies to {', '.join(sorted(NAMED_SOURCES))}, not {src}")
     if src == "header" and source.name is None:
         problem(("name",), "a header source needs 'name' (e.g. header:user-agent); headers are never sent whole")
+    if "repeated" in fields_set:
+        if src not in NAMED_SOURCES or source.name is None:
+            problem(("repeated",), "'repeated' says how to read a query parameter, form field or header sent more "
+                    "than once; it needs from: query, form or header and a 'name'")
+        else:
+            allowed = ("refuse", "join") if src == "header" else ("refuse", "list")
+            if source.repeated not in allowed:
+                problem(("repeated",), f"repeated: {source.repeated} does not apply to {src}; use "
+                        f"{' or '.join(allowed)}")
     return StateField(
-        name, src, pointer=pointer, key=source.name, default=source.default, max_chars=limit, truncate=truncate
+        name, src, pointer=pointer, key=source.name, default=source.default, max_chars=limit, truncate=truncate,
+        repeated=source.repeated,
     )
 
 

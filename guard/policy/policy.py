@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from guard.errors import StateAmbiguous
 from guard.policy._match import AgentMatcher, HttpMatcher
 from guard.policy._state import StateField, default_state, prepare_state, render_state
 from guard.policy.instructions import Detector, find_instructions
@@ -103,7 +104,7 @@ _SUBJECT_HEADER_FIELDS = {"host": "host", "content_type": "content-type"}
 _LITERAL_HEADER = re.compile(r"""subject\s*\.\s*headers\s*\[\s*(["'])([^"'\\]+)\1\s*\]""")
 _LITERAL_IN = re.compile(r"""(["'])([^"'\\]+)\1\s+in\s+subject\s*\.\s*headers\b""")
 _SUBJECT_FIELD = re.compile(r"subject\s*\.\s*([A-Za-z_]\w*)")
-_PLAIN_FIELDS = frozenset({"method", "path", "query", "body", "body_text"})
+_PLAIN_FIELDS = frozenset({"method", "path", "query", "body", "body_text", "repeated_headers"})
 
 
 def _state_leaves(fields: tuple[StateField, ...]) -> Iterator[StateField]:
@@ -194,8 +195,35 @@ class Policy:
         return self.http is not None and self.http.watches(request)
 
     def render_state(self, subject: Subject) -> dict[str, Any]:
-        """The raw decision state for ``subject``, in declaration order (not yet normalised or cut)."""
+        """The raw decision state for ``subject``, in declaration order (not yet normalised or cut).
+
+        Raises:
+            StateAmbiguous: the request sends a query parameter or form field the state reads as one value more than
+                once.
+        """
         return render_state(self._fields(subject), subject)
+
+    def check_repeated(self, subject: Subject) -> None:
+        """Refuse a request that sends more than once a header this policy reads as one value: any header its state
+        or rules read (:attr:`http_reads`; every header when a rule reads ``subject.headers`` other than by a literal
+        name) but those a state field reads with ``repeated: join`` (:attr:`joined_headers`). Parsers differ on which
+        copy counts, so the guard could judge one copy while the application reads another.
+
+        Raises:
+            StateAmbiguous: naming the first such header.
+        """
+        if isinstance(subject, HttpSubject) and subject.repeated_headers:
+            read, joined = self.http_reads.headers, self.joined_headers
+            for name in subject.repeated_headers:
+                if name not in joined and (read is None or name in read):
+                    raise StateAmbiguous("header", name)
+
+    @functools.cached_property
+    def joined_headers(self) -> frozenset[str]:
+        """The headers a state field reads with ``repeated: join``: their copies joined with ``", "`` are read as
+        one value. Every other header the state or rules read (:attr:`http_reads`) is refused when repeated."""
+        return frozenset(leaf.key.lower() for leaf in _state_leaves(self.state_fields or ())
+                         if leaf.source == "header" and leaf.key and leaf.repeated == "join")
 
     def prepare_state(self, raw: Mapping[str, Any], subject: Subject) -> Normalized:
         """What the model sees, from :meth:`render_state`'s ``raw`` state for the same ``subject``: every string

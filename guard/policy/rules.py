@@ -87,6 +87,7 @@ RESERVED_RULE_IDS = {
     "default": "no rule fired",
     "on_error": "a fail mode decided",
     "state_too_long": "the state was too long to judge",
+    "state_ambiguous": "the request sent a value the policy reads as one more than once",
 }
 #: Reserved names whose values the caller computes per subject (``features=`` of :func:`apply_rules`).
 FEATURE_NAMES = frozenset({"call", "result"})

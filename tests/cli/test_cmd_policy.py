@@ -81,7 +81,7 @@ def test_a_control_character_is_reported_with_its_line_and_proxy_exits_2(
     assert main(["proxy", "--policy", str(bad), "--upstream", "http://127.0.0.1:9"]) == 2
 
 
-def test_test_fails_on_wrong_expectations_and_warns_on_zero_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_test_fails_on_wrong_expectations_and_on_zero_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     policy = tmp_path / "p.yaml"
     policy.write_text((POLICIES / "tool_result_check.yaml").read_text())
     cases = (POLICIES / "tool_result_check_test.yaml").read_text()
@@ -90,8 +90,8 @@ def test_test_fails_on_wrong_expectations_and_warns_on_zero_cases(tmp_path: Path
     err = capsys.readouterr().err
     assert "FAIL" in err and "rule: expected 'suspicious', got 'instructions'" in err
     (tmp_path / "p_test.yaml").write_text("cases: []\n")
-    assert main(["policy", "test", str(tmp_path / "p_test.yaml")]) == 0
-    assert f"warning: {tmp_path / 'p_test.yaml'}: no test cases" in capsys.readouterr().err
+    assert main(["policy", "test", str(tmp_path / "p_test.yaml")]) == 1
+    assert f"{tmp_path / 'p_test.yaml'}:1: cases: the test file has no cases" in capsys.readouterr().err
     (tmp_path / "p_test.yaml").write_text(
         "cases:\n  - name: x\n    input: {http: {}}\n    expect: {action: allow}\n    unknown: 1\n"
     )
@@ -656,8 +656,72 @@ def test_the_junit_report_stays_xml_whatever_a_test_file_names(tmp_path: Path, c
                                      "    rules:\n      - {id: bad, when: q.noul >= 0.5, action: block}\n")
     (tmp_path / "p_test.yaml").write_text(
         'cases:\n  - name: "x\\x1b[31m"\n    input: {http: {method: POST, path: /x}}\n    answers: {q: 0.9}\n'
-        '    expect: {action: allow}\n  - name: y\n    input: {http: {method: POST, path: /x}}\n'
+        '    expect: {action: allow}\n  - name: "y"\n    input: {http: {method: POST, path: /x}}\n'
         '    answers: {q: 0.9}\n    expect: {"act\\x01ion": block}\n')
     assert main(["policy", "test", str(tmp_path), "--format", "junit"]) == 1
     root = ET.fromstring(capsys.readouterr().out)  # parses
     assert "\x1b" not in ET.tostring(root, encoding="unicode")
+
+
+RULES_ONLY_POLICY = """\
+policies:
+  - id: chat
+    version: 1
+    match: {http: {methods: [POST], paths: ["/v1/chat"]}}
+    state: {text: body_text}
+    rules: [{id: syntax, when: 'sqli(state.text)', action: block}]
+    default: allow
+"""
+SQL_INPUT = {"http": {"method": "POST", "path": "/v1/chat", "body": {"text": "1; DROP TABLE t"}}}
+
+
+@pytest.mark.parametrize("expect", [{"rule": None}, {"action": None}, {"policy": "<any>"}, {"flags": []},
+                                    {"rule": None, "flags": [], "status": None}])
+def test_an_expect_of_only_nulls_any_or_no_flags_is_refused(
+    expect: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rule: null``, ``action: null``, ``policy: "<any>"`` and ``flags: []`` (flags lists flags the verdict must
+    have) check nothing, so such a case passed whatever was decided."""
+    (tmp_path / "p.yaml").write_text(RULES_ONLY_POLICY)
+    case = {"name": "sql", "input": SQL_INPUT, "expect": expect}
+    (tmp_path / "p_test.yaml").write_text("cases:\n  - " + json.dumps(case) + "\n")
+    assert main(["policy", "test", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'p_test.yaml'}:2: cases[0].expect: expect names nothing to check" in err
+
+
+def test_a_case_no_policy_matches_fails_unless_it_expects_policy_null(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``expect.policy`` defaults to any policy, and an input no policy matches is allowed by default, so a typo in
+    the input passed ``{action: allow}`` though the policy never decided."""
+    (tmp_path / "p.yaml").write_text(RULES_ONLY_POLICY)
+    typo = {"http": {"method": "POST", "path": "/v2/chat", "body": {"text": "hello"}}}
+    cases = [{"name": "typo", "input": typo, "expect": {"action": "allow"}}]
+    (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": cases}))
+    assert main(["policy", "test", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "FAIL" in err and "typo" in err and "policy: no policy matched the input" in err
+    cases = [{"name": "unmatched", "input": typo, "expect": {"policy": None, "action": "allow"}},
+             {"name": "sql", "input": SQL_INPUT, "expect": {"action": "block"}}]
+    (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": cases}))
+    assert main(["policy", "test", str(tmp_path)]) == 0
+    assert "2 passed, 0 failed" in capsys.readouterr().out
+
+
+def test_a_test_file_without_cases_and_a_run_without_test_files_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both exited 0: an empty test file (or ``cases: []``) tested nothing, and so did a run whose policies had no
+    test file beside them."""
+    (tmp_path / "p.yaml").write_text(RULES_ONLY_POLICY)
+    assert main(["policy", "test", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"guard policy test: no test files found: looked for <name>_test.yaml (or .yml) beside each of the 1 " \
+           f"policy file(s) in {tmp_path}" in err
+    for text in ("cases: []\n", "", "# nothing yet\n"):
+        (tmp_path / "p_test.yaml").write_text(text)
+        assert main(["policy", "test", str(tmp_path), "--format", "json"]) == 1
+        captured = capsys.readouterr()
+        assert f"{tmp_path / 'p_test.yaml'}" in captured.err and "cases: the test file has no cases" in captured.err
+        assert json.loads(captured.out)["errors"][0]["key"] == "cases"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from guard.errors import PolicyError, StateTooLong
+from guard.errors import PolicyError, StateAmbiguous, StateTooLong
 from guard.policy import load_text
 from guard.policy._state import CUT_MARKER, NORMALIZE_WINDOW
 from guard.subject import AgentSubject, HttpSubject
@@ -24,7 +24,7 @@ policies:
       slash: body:/a~1b
       ua: header:User-Agent
       q: query:q
-      tags: query:tag
+      tags: {from: query, name: tag, repeated: list}
       field: form:prompt
       method: method
       args: arguments:/cmd
@@ -47,6 +47,12 @@ def test_http_sources() -> None:
     assert list(state) == ["last", "first", "missing", "slash", "ua", "q", "tags", "field", "method", "args", "call"]
     form = policy.render_state(HttpSubject(method="POST", path="/", body={"prompt": ["hi"]}))
     assert form["field"] == "hi" and form["last"] is None
+    one_tag = HttpSubject(method="POST", path="/", query={"q": ["x"], "tag": ["a"]})
+    assert policy.render_state(one_tag)["tags"] == ["a"]  # repeated: list is a list even of one value
+    with pytest.raises(StateAmbiguous, match="query parameter 'q' is sent more than once"):
+        policy.render_state(HttpSubject(method="POST", path="/", query={"q": ["x", "y"]}))
+    with pytest.raises(StateAmbiguous, match="form field 'prompt' is sent more than once"):
+        policy.render_state(HttpSubject(method="POST", path="/", body={"prompt": ["hi", "there"]}))
 
 
 def test_request_text_is_the_query_then_the_body() -> None:

@@ -26,7 +26,7 @@ policies:
 
 
 def test_plain_data_and_lines() -> None:
-    data, lines = load_yaml("a: 1\nb:\n  - x\n  - {y: 2.5, z: null, t: true}\nversion: 2024-05-01\n", "f.yaml")
+    data, lines = load_yaml("a: 1\nb:\n  - x\n  - {'y': 2.5, z: null, t: true}\nversion: 2024-05-01\n", "f.yaml")
     assert data == {"a": 1, "b": ["x", {"y": 2.5, "z": None, "t": True}], "version": "2024-05-01"}
     assert lines.line(("b",)) == 2 and lines.line(("b", 1, "z")) == 4 and lines.line(("version",)) == 5
     assert lines.line(("b", 1, "missing")) == 4  # falls back to the nearest ancestor
@@ -76,6 +76,8 @@ def test_alias_bomb_is_rejected_fast_with_bounded_memory() -> None:
         ("a: 1\n---\nb: 2\n", "YAML syntax error"),
         ("a: " + "9" * 5000 + "\n", "a number of 5000 characters; at most 100"),  # was a bare ValueError
         ("a: 0." + "1" * 200 + "\n", "a number of 202 characters"),
+        ("a: 0" + "9" * 5000 + "\n", "a number of 5001 characters"),  # text in YAML 1.1, a number in 1.2
+        ("a: 1e" + "9" * 5000 + "\n", "a number of 5002 characters"),
         ("a: " + "59:" * 20 + "59\n", "would be read as a base-60 number; quote it"),  # quadratic in PyYAML
         ("at: 1:30\n", "'1:30' would be read as a base-60 number"),
     ],
@@ -95,3 +97,40 @@ def test_depth_size_and_encoding_limits() -> None:
     with pytest.raises(PolicyError, match="not UTF-8"):
         load_yaml(b"a: \xff\xfe\n")
     assert load_yaml("") == (None, load_yaml("")[1])
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "reason"),
+    [
+        ("data:\n  countries: [se, no, dk]\n", 2, "data.countries[1]",
+         "'no' is the boolean false in YAML 1.1 but text in YAML 1.2; quote it (\"no\") for the text, or write false"),
+        ("a: 1\non: push\n", 2, "on", "key 'on' is the boolean true in YAML 1.1 but text in YAML 1.2; quote it (\"on\")"),
+        ("criteria: {yes: a, no: b}\n", 1, "criteria.yes", "key 'yes' is the boolean true"),
+        ("x: OFF\n", 1, "x", "'OFF' is the boolean false"),
+        ("x: [Y, n]\n", 1, "x[0]", "'Y' is the boolean true"),  # YAML 1.1 booleans, though PyYAML reads them as text
+        ("x: 010\n", 1, "x", "'010' is octal 8 in YAML 1.1 but 10 in YAML 1.2; write 10, or quote it (\"010\")"),
+        ("version: 012\n", 1, "version", "'012' is octal 10"),
+        ("x: 08\n", 1, "x", "'08' is text in YAML 1.1 but 8 in YAML 1.2; write 8"),
+        ("x: 0b1010\n", 1, "x", "'0b1010' is binary 10 in YAML 1.1 but text"),
+        ("x: 0o17\n", 1, "x", "'0o17' is text in YAML 1.1 but octal 15 in YAML 1.2; write 15"),
+        ("x: -0x1F\n", 1, "x", "'-0x1F' is the number -31 in YAML 1.1 but text"),
+        ("x: 1_000\n", 1, "x", "'1_000' is the number 1000 in YAML 1.1 but text"),
+        ("x: 1e3\n", 1, "x", "'1e3' is text in YAML 1.1 but the number 1000.0 in YAML 1.2; write 1.0e+3, or quote it"),
+        ("x: 2.5E3\n", 1, "x", "write 2.5e+3"),
+        ("x: 1:30\n", 1, "x", "'1:30' would be read as a base-60 number"),
+    ],
+)
+def test_plain_scalars_yaml_11_and_12_read_differently_are_refused(text: str, line: int, key: str, reason: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_yaml(text, "p.yaml")
+    assert (caught.value.file, caught.value.line, caught.value.key) == ("p.yaml", line, key)
+    assert reason in caught.value.reason
+
+
+def test_plain_scalars_both_yaml_versions_agree_on_are_kept() -> None:
+    text = ("a: [true, False, TRUE, null, ~, 0, -0, 12, +12, 0x1F, 1.5, .5, 1., 1.0e+3, -.inf, 2024-05-01, no way]\n"
+            "quoted: ['no', \"on\", '010', '1e3', !!str yes]\n")
+    data, _ = load_yaml(text, "p.yaml")
+    assert data["a"][:15] == [True, False, True, None, None, 0, 0, 12, 12, 31, 1.5, 0.5, 1.0, 1000.0, float("-inf")]
+    assert data["a"][15:] == ["2024-05-01", "no way"]
+    assert data["quoted"] == ["no", "on", "010", "1e3", "yes"]

@@ -1,0 +1,157 @@
+"""A query parameter, form field or header the policy reads as one value, sent twice, is refused (400): parsers
+differ on which copy counts, so a string rule could compare a list or a joined value while the application reads
+one copy. ``repeated: list`` (query, form) and ``repeated: join`` (header) read every copy on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from guard import Guard
+from guard.asgi import GuardMiddleware
+from guard.backends.fixture import FixtureBackend
+from guard.errors import PolicyError
+from guard.policy.loader import load_text
+
+POLICY = """
+data: {banned: [mallory, eve]}
+policies:
+  - id: users
+    version: 1
+    match: {http: {}}
+    state: {user: "query:user", form_user: "form:user", header_user: "header:x-user", tags: TAGS}
+    rules:
+      - {id: banned, when: 'state.user in data.banned', action: block}
+      - {id: banned-form, when: 'state.form_user == "mallory"', action: block}
+      - {id: banned-header, when: 'state.header_user == "mallory"', action: block}
+      - {id: banned-rule-header, when: '"x-role" in subject.headers && subject.headers["x-role"] == "admin"',
+         action: block}
+      - {id: banned-tag, when: 'state.tags != null && "secret" in state.tags', action: block}
+    on_error: {mode: open}
+"""
+
+
+async def _echo(request: Request) -> PlainTextResponse:
+    form = await request.form() if request.method == "POST" else {}
+    return PlainTextResponse(f"user={request.query_params.get('user')} form={form.get('user')}")
+
+
+def _send(policy: str, *requests: dict) -> list[httpx.Response]:
+    guard = Guard(load_text(policy), backends=FixtureBackend())
+    app = Starlette(routes=[Route("/x", _echo, methods=["GET", "POST"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard)])
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return [await client.request(**r) for r in requests]
+
+    try:
+        return asyncio.run(run())
+    finally:
+        guard.close()
+
+
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+
+
+@pytest.mark.parametrize(
+    ("once", "twice", "field"),
+    [
+        ({"url": "/x?user=mallory"}, {"url": "/x?user=mallory&user=mallory"}, "query parameter 'user'"),
+        ({"url": "/x?user=mallory"}, {"url": "/x?user=x&user=mallory"}, "query parameter 'user'"),
+        ({"method": "POST", "content": "user=mallory", "headers": FORM},
+         {"method": "POST", "content": "user=mallory&user=mallory", "headers": FORM}, "form field 'user'"),
+        ({"headers": [("x-user", "mallory")]}, {"headers": [("x-user", "mallory"), ("x-user", "mallory")]},
+         "header 'x-user'"),
+        ({"headers": [("X-Role", "admin")]}, {"headers": [("X-Role", "admin"), ("x-role", "admin")]},
+         "header 'x-role'"),
+    ],
+)
+def test_a_value_read_as_one_sent_twice_is_refused_not_allowed(once: dict, twice: dict, field: str) -> None:
+    """Each was a 200 (the string rule compared a list or ``"mallory, mallory"``; the app read ``mallory``)."""
+    base = {"method": "GET", "url": "/x"}
+    blocked, refused = _send(POLICY.replace("TAGS", "'query:tag'"), base | once, base | twice)
+    assert blocked.status_code == 403
+    assert refused.status_code == 400, refused.text
+    assert field in refused.text and "more than once" in refused.text
+
+
+def test_values_sent_once_and_headers_nobody_reads_pass() -> None:
+    ok, other_header = _send(
+        POLICY.replace("TAGS", "'query:tag'"),
+        {"method": "GET", "url": "/x?user=alice&tag=a"},
+        {"method": "GET", "url": "/x?user=alice", "headers": [("x-forwarded-for", "1.2.3.4"),
+                                                              ("x-forwarded-for", "5.6.7.8")]},
+    )
+    assert (ok.status_code, ok.text) == (200, "user=alice form=None")
+    assert other_header.status_code == 200
+
+
+def test_repeated_list_reads_every_value_as_a_list() -> None:
+    policy = POLICY.replace("TAGS", "{from: query, name: tag, repeated: list}")
+    one, two, clean = _send(
+        policy,
+        {"method": "GET", "url": "/x?tag=secret"},
+        {"method": "GET", "url": "/x?tag=public&tag=secret"},
+        {"method": "GET", "url": "/x?tag=public&tag=open"},
+    )
+    assert (one.status_code, two.status_code, clean.status_code) == (403, 403, 200)
+
+
+def test_repeated_join_reads_a_header_as_rfc_9110_combines_it() -> None:
+    policy = """
+policies:
+  - id: hops
+    version: 1
+    match: {http: {}}
+    state: {hops: {from: header, name: x-forwarded-for, repeated: join}}
+    rules:
+      - {id: two-hops, when: 'state.hops == "1.2.3.4, 5.6.7.8"', action: block}
+"""
+    (response,) = _send(policy, {"method": "GET", "url": "/x", "headers": [("x-forwarded-for", "1.2.3.4"),
+                                                                             ("x-forwarded-for", "5.6.7.8")]})
+    assert response.status_code == 403
+
+
+def test_a_rule_reading_headers_by_a_computed_name_refuses_any_repeated_header() -> None:
+    policy = """
+policies:
+  - id: any-header
+    version: 1
+    match: {http: {}}
+    rules:
+      - {id: flagged, when: 'subject.headers.exists(h, subject.headers[h] == "mallory")', action: block}
+"""
+    (response,) = _send(policy, {"method": "GET", "url": "/x", "headers": [("x-a", "mallory"), ("x-a", "mallory")]})
+    assert response.status_code == 400 and "header 'x-a'" in response.text
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("{from: header, name: x-a, repeated: list}", "repeated: list does not apply to header; use refuse or join"),
+        ("{from: query, name: a, repeated: join}", "repeated: join does not apply to query; use refuse or list"),
+        ("{from: body_text, repeated: list}", "needs from: query, form or header and a 'name'"),
+        ("{from: query, repeated: list}", "needs from: query, form or header and a 'name'"),
+    ],
+)
+def test_repeated_is_checked_at_load(source: str, message: str) -> None:
+    policy = f"""
+policies:
+  - id: p
+    version: 1
+    match: {{http: {{}}}}
+    state: {{a: {source}}}
+    rules:
+      - {{id: r, when: 'state.a != null', action: block}}
+"""
+    with pytest.raises(PolicyError, match="repeated") as caught:
+        load_text(policy)
+    assert message in str(caught.value)
