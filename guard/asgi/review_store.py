@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_MAX_PENDING_PER_CLIENT",
     "DEFAULT_REVIEW_PREFIX",
     "DEFAULT_REVIEW_TTL_S",
+    "MAX_SETTLED",
     "NEW_ITEM",
     "MemoryReviewStore",
     "RedisReviewStore",
@@ -69,9 +70,12 @@ DEFAULT_REVIEW_TTL_S = 24 * 3600.0
 DEFAULT_REVIEW_PREFIX = "guard:review:"
 """Redis key prefix: items at ``<prefix><id>``, the per-status indexes at ``<prefix>index:<status>``."""
 DEFAULT_MAX_ITEMS = 10_000
+"""Most items the in-memory store holds; creating one more fails closed."""
+MAX_SETTLED = 100_000
+"""Most settled (rejected or released) item ids one :class:`RedisReviewStore` remembers, to refuse an item put back
+to an earlier state in Redis (about 100 bytes each)."""
 #: The ``review_id`` of a :class:`~guard.errors.ReviewError` raised before an item had an id (creating one).
 NEW_ITEM = "(new)"
-"""Most items the in-memory store holds; creating one more fails closed."""
 DEFAULT_MAX_PENDING_PER_CLIENT = 100
 """Most pending items one client may have at once (both stores); one more is a 429 for that client only, so a
 client filling the store cannot turn every other client's escalation into a 503."""
@@ -418,8 +422,14 @@ class RedisReviewStore:
             ``$GUARD_STORE_KEY``. Every replica sharing the store needs the same one.
         max_pending_per_client: most pending items one client may have; another raises ReviewQuotaExceeded.
 
+    A seal proves who wrote a state, not that it is the latest: someone who can write to Redis can put back a copy of
+    an item's earlier sealed state (approved after its release, pending after its rejection). Each store therefore
+    remembers, until they expire, the items it saw rejected or released (at most :data:`MAX_SETTLED`), and refuses
+    an earlier state of one as ``tampered``. Another replica that never saw the item settled cannot tell; limit who
+    can write the review prefix in Redis (ACLs) to close that.
+
     Attributes:
-        tampered: items refused so far because their seal did not check.
+        tampered: items refused so far because their seal did not check or they were put back to an earlier state.
 
     Raises:
         ValueError: no store key, or a short one.
@@ -465,6 +475,7 @@ return {3, ARGV[2]}
         self._client = client
         self._owns_client = owns_client
         self._transition = client.register_script(self.TRANSITION_SCRIPT)
+        self._settled: dict[str, float] = {}  # id -> expiry of the items seen rejected or released
 
     @classmethod
     def from_url(
@@ -615,9 +626,28 @@ return {3, ARGV[2]}
         """
         raw = await self._call(review_id, self._client.hmget(self._key(review_id), list(self._FIELDS)))
         texts = self._checked(review_id, raw)
-        if texts is None or json.loads(texts[1] or "{}").get("expires_at", 0) <= time.time():
+        expires_at = json.loads(texts[1] or "{}").get("expires_at", 0) if texts is not None else 0
+        if texts is None or expires_at <= time.time():
             raise ReviewNotFound(review_id)
+        if texts[0] in ("rejected", "released"):
+            self._settle(review_id, expires_at)
+        elif self._settled.get(review_id, 0) > time.time():
+            self.tampered += 1
+            logger.warning("review item %s is back in an earlier state (%s) after it was settled (put back in Redis); "
+                           "refusing it", review_id, texts[0])
+            raise ReviewConflict(review_id, "tampered", "the item was rejected or released and is back in an earlier "
+                                 "state (put back in the store); it cannot be approved or released")
         return texts
+
+    def _settle(self, review_id: str, expires_at: float) -> None:
+        """Remember that ``review_id`` was rejected or released, until ``expires_at``; past :data:`MAX_SETTLED`
+        entries the expired ones go, then the oldest."""
+        if review_id not in self._settled and len(self._settled) >= MAX_SETTLED:
+            now = time.time()
+            self._settled = {k: v for k, v in self._settled.items() if v > now}
+            while len(self._settled) >= MAX_SETTLED:
+                del self._settled[next(iter(self._settled))]
+        self._settled[review_id] = expires_at
 
     async def get(self, review_id: str) -> ReviewItem:
         return self._decode(await self._read(review_id), with_request=True)
@@ -743,6 +773,8 @@ return {3, ARGV[2]}
         if int(code) == 4:
             raise ReviewConflict(review_id, current, "the item changed while this change was made; read it again")
         item = self._decode([fields[f] for f in self._FIELDS], with_request=True)
+        if to in ("rejected", "released"):
+            self._settle(review_id, item.expires_at)
         if need == "pending" and item.client is not None:
             await self._call(review_id, self._client.zrem(self._pending_key(item.client), review_id))
         return item

@@ -147,6 +147,46 @@ async def test_a_redis_item_put_back_after_its_expiry_is_not_found(create_redis:
     await store.aclose()
 
 
+async def _put_back(client: Any, key: str, snapshot: dict[bytes, bytes]) -> None:
+    """What someone who can write to Redis (without the store key) does to roll an item back to a copied state."""
+    left = await client.pttl(key)
+    await client.delete(key)
+    await client.hset(key, mapping=snapshot)
+    await client.pexpire(key, left)
+
+
+async def test_a_redis_item_put_back_to_an_earlier_state_is_refused_by_a_store_that_saw_it_settled(
+    create_redis: Any
+) -> None:
+    """A copy of an approved item put back after its release released it again (the held request replayed once per
+    put-back), and a copy of a pending item put back after its rejection could be approved: each seal checks, so only
+    the store's memory of the settled item tells; a store that never saw it settled cannot (documented)."""
+    store = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    client = create_redis()
+    released = await store.create(_verdict(), subject={"path": "/x"}, digest="d")
+    await store.approve(released.id, by="carol")
+    approved_copy = await client.hgetall(f"{create_redis.prefix}{released.id}")
+    await store.release(released.id, "d")
+    await _put_back(client, f"{create_redis.prefix}{released.id}", approved_copy)
+    with pytest.raises(ReviewConflict) as caught:
+        await store.release(released.id, "d")
+    assert caught.value.status == "tampered"
+
+    rejected = await store.create(_verdict(), subject={"path": "/y"}, digest="e")
+    pending_copy = await client.hgetall(f"{create_redis.prefix}{rejected.id}")
+    await store.reject(rejected.id, by="alice")
+    await _put_back(client, f"{create_redis.prefix}{rejected.id}", pending_copy)
+    with pytest.raises(ReviewConflict):
+        await store.approve(rejected.id, by="bob")
+    assert store.tampered == 2
+
+    other = RedisReviewStore(create_redis(), prefix=create_redis.prefix)  # a replica that saw neither settle
+    assert (await other.approve(rejected.id, by="bob")).status == "approved"
+    await other.get(released.id)  # it still reads the put-back copy: the documented limit
+    await other.aclose()
+    await store.aclose()
+
+
 async def test_redis_down_is_unavailable_not_an_allow(private_redis: Any) -> None:
     store = RedisReviewStore.from_url(private_redis.url, timeout_s=0.2)
     item = await store.create(_verdict(), subject={}, digest="d")
