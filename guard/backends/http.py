@@ -370,7 +370,7 @@ class SystemOneClient:
         if isinstance(body, Mapping) and "success" in body:  # an envelope, even one that also carries answers
             body = self._unwrap(body, status)
         named, asked = body.get("model") if isinstance(body, Mapping) else None, self.model or request.model
-        if named is not None and named != asked and named not in self.model_aliases:
+        if named is not None and (not isinstance(named, str) or (named != asked and named not in self.model_aliases)):
             raise MalformedAnswer(
                 f"{self.name}: the answer names model {str(named)[:80]!r}, but {asked!r} was asked (the System One "
                 f"answer echoes the request's model; give model_aliases= for names this provider answers under)",

@@ -336,13 +336,13 @@ class ProbabilityCache:
             if keep:
                 self._keep(key, CachedAnswers(decoded), self._local_until(ttl))
             return CachedAnswers(response), "miss"
-        token = await self._acquire(key, wait)
+        token, holder = await self._acquire(key, wait)
         if token is None:  # another replica leads: wait for its answers or its failure
-            followed = await self._follow(key, request, wait, ttl)
+            followed = await self._follow(key, request, wait, ttl, holder)
             if followed is not None:
                 self._stats.shared += 1
                 return followed, "shared"
-            token = await self._acquire(key, wait)
+            token, _ = await self._acquire(key, wait)
         if token:  # double-checked: a replica may have stored the answers between our read and our lock
             stored = await self._read(key, request, ttl, count=False)
             if isinstance(stored, CachedAnswers):
@@ -407,14 +407,22 @@ class ProbabilityCache:
         """Store ``value`` (the JSON form) whose decoded form is ``decoded``."""
         raise NotImplementedError
 
-    async def _acquire(self, key: str, wait: float) -> str | None:
-        """A lock token, ``""`` when no cross-process lock applies, or ``None`` when another process holds it."""
-        return ""
+    async def _acquire(self, key: str, wait: float) -> tuple[str | None, bytes | None]:
+        """``(token, holder)``: our lock token, ``""`` when no cross-process lock applies, or ``None`` when another
+        process holds the lock, whose value is then ``holder`` (the lock its followers wait on)."""
+        return "", None
 
     async def _release(self, key: str, token: str) -> None:
         return None
 
-    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float, ttl: float) -> CachedAnswers | None:
+    async def _follow(
+        self, key: str, request: SystemOneRequestV1, wait: float, ttl: float, holder: bytes | None
+    ) -> CachedAnswers | None:
+        """The answers of the leader holding lock ``holder``, or ``None`` to lead instead.
+
+        Raises:
+            BackendError: that leader's call failed (its failure marker names ``holder`` or a later lock seen).
+        """
         return None
 
     async def _publish_failure(self, key: str, exc: BackendError, token: str | None) -> None:
@@ -575,24 +583,35 @@ return 0
         # Held in process even when Redis failed: these answers are right for local_ttl, Redis or not.
         self._keep(key, CachedAnswers(decoded), self._local_until(ttl), blob)
 
-    async def _acquire(self, key: str, wait: float) -> str | None:
+    async def _acquire(self, key: str, wait: float) -> tuple[str | None, bytes | None]:
         ttl_ms = max(1, int((wait + 0.5) * 1000))
         # sealed, so a follower can tell it from a planted one; with its end, so a copy put back later is stale
         token = self._sealed_until("l", key, uuid.uuid4().hex.encode(), ttl_ms).decode()
-        got = await self._op(lambda r: r.set(self._key("l", key), token, nx=True, px=ttl_ms))
+        name = self._key("l", key)
+
+        async def set_or_get(r: aioredis.Redis) -> list[Any]:  # one transaction: the holder of a lock we did not get
+            pipe = r.pipeline(transaction=True)
+            pipe.set(name, token, nx=True, px=ttl_ms)
+            pipe.get(name)
+            return await pipe.execute()
+
+        got = await self._op(set_or_get)
         if got is _FAILED:
-            return ""  # no lock without Redis; in-process single-flight still holds
-        return token if got else None
+            return "", None  # no lock without Redis; in-process single-flight still holds
+        acquired, holder = got
+        return (token, None) if acquired else (None, holder)
 
     async def _release(self, key: str, token: str) -> None:
         if token:
             await self._op(lambda r: r.eval(self.RELEASE_SCRIPT, 1, self._key("l", key), token))
 
-    async def _follow(self, key: str, request: SystemOneRequestV1, wait: float, ttl: float) -> CachedAnswers | None:
+    async def _follow(
+        self, key: str, request: SystemOneRequestV1, wait: float, ttl: float, holder: bytes | None
+    ) -> CachedAnswers | None:
         keys = (self._key("a", key), self._key("f", key), self._key("l", key))
         deadline = time.monotonic() + wait
         ignored: bytes | None = None
-        followed: bytes | None = None  # the last leader's lock seen
+        followed = holder  # the last leader's lock seen
         while time.monotonic() < deadline:
             await asyncio.sleep(self.config.poll_interval)
             got = await self._op(lambda r: r.mget(keys))
@@ -731,19 +750,12 @@ async def _run(
 ) -> tuple[SystemOneResponseV1, dict[str, Any], SystemOneResponseV1, bool]:
     """Call ``compute`` within ``wait`` seconds and check its answers (the shared task must not outlive its callers'
     budget even when a backend ignores its timeout); the last value says whether they may be stored
-    (:class:`Unstored`). A ``CancelledError`` the backend raises while nobody cancels this task is its failure
-    (a :class:`~guard.errors.BackendError`), so every waiting caller gets the policy's fail mode, not the error."""
+    (:class:`Unstored`)."""
     try:
         async with asyncio.timeout(wait):
             result = await compute()
     except TimeoutError as exc:
         raise BackendTimeout(f"no answer within {wait * 1000:.0f} ms") from exc
-    except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        if task is None or task.cancelling():
-            raise
-        raise BackendError("the backend call ended in CancelledError though nobody cancelled it",
-                           reason="cancelled") from exc
     response = result.response if isinstance(result, Unstored) else result
     value, decoded = encode_checked(response, request)
     return response, value, decoded, not isinstance(result, Unstored)

@@ -50,7 +50,7 @@ from guard.engine.ids import new_decision_id
 from guard.engine.plan import Group, Plan, group_plans
 from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
-from guard.errors import BackendUnavailable, PolicyError, StateAmbiguous, StateTooLong
+from guard.errors import BackendError, BackendUnavailable, PolicyError, StateAmbiguous, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
 from guard.subject import HttpSubject, Subject
 from guard.systemone import SystemOneRequestV1
@@ -451,12 +451,18 @@ class Guard:
         async def compute() -> Any:
             self._refuse_failed_canary(name, backend)  # it may have failed while this request waited
             try:
-                answer = await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
-            except asyncio.CancelledError:
-                if loop.time() >= deadline - 0.001:  # the policy's timeout, not a caller that went away
-                    tracker.failure("backend_timeout", f"no answer within {timeout * 1000:g} ms", severity="degraded")
-                    self._suspect(name)
-                raise
+                try:
+                    answer = await backend.decide(request, timeout=max(deadline - loop.time(), 0.001))
+                except asyncio.CancelledError as exc:
+                    task = asyncio.current_task()
+                    if task is not None and not task.cancelling():  # the backend's own, nobody cancelled the call
+                        raise BackendError("the backend call ended in CancelledError though nobody cancelled it",
+                                           backend=name, reason="cancelled") from exc
+                    if loop.time() >= deadline - 0.001:  # the policy's timeout, not a caller that went away
+                        tracker.failure("backend_timeout", f"no answer within {timeout * 1000:g} ms",
+                                        severity="degraded")
+                        self._suspect(name)
+                    raise
             except Exception as exc:
                 tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}", severity=call_severity(exc),
                                 refused_config=refused_config(exc))

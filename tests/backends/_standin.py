@@ -67,7 +67,7 @@ class WorkersAIStandIn:
     ``success: false``), ``busy-then-ok`` (429 + ``Retry-After: 1``, then ok), ``busy-no-header`` (two 429/3040 without
     ``Retry-After``, then ok), ``always-busy``, ``busy-long`` (429 + ``Retry-After: 30``), ``flaky-5xx`` (503 then ok),
     ``always-500``, ``html-502``, ``html-200``, ``oversized`` (a valid answer padded to 9 MiB), ``gzip`` (a valid
-    answer, gzip-compressed), ``truncated`` (also naming a model revision), ``other-model`` (a valid answer naming another model), ``missing-answer``, ``nan``, ``bad-sum``,
+    answer, gzip-compressed), ``truncated`` (also naming a model revision), ``other-model`` (a valid answer naming another model), ``list-model`` (naming it as a list), ``missing-answer``, ``nan``, ``bad-sum``,
     ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s),
     ``wrong-choice`` (the choice is the least probable option), ``wrong-score`` (score 3 where the probabilities give
     0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``), ``echo-422`` (FastAPI's
@@ -130,6 +130,8 @@ class WorkersAIStandIn:
                             headers={"x-guard-model-revision": "from-a-broken-answer"})
         if scenario == "other-model":
             return JSONResponse(envelope({**result, "model": "some-other-model"}))
+        if scenario == "list-model":
+            return JSONResponse(envelope({**result, "model": ["clef-flash"]}))
         if scenario == "missing-answer":
             result["answers"].popitem()
             return JSONResponse(envelope(result))

@@ -248,6 +248,9 @@ async def test_an_answer_naming_another_model_is_refused_unless_an_alias(standin
     async with workers_ai(standin, "other-model") as client:
         with pytest.raises(MalformedAnswer, match="names model 'some-other-model', but 'clef-flash' was asked"):
             await client.decide(REQUEST)
+    async with workers_ai(standin, "list-model") as client:  # not a TypeError from the alias lookup
+        with pytest.raises(MalformedAnswer, match="names model"):
+            await client.decide(REQUEST)
     async with workers_ai(standin, "other-model", model_aliases=["some-other-model"]) as client:
         assert (await client.decide(REQUEST)).model == "some-other-model"
     async with workers_ai(standin, "ok") as client:

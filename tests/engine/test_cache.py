@@ -18,7 +18,7 @@ from guard._seal import Sealer
 from guard.engine import Guard
 from guard.engine.cache import CacheConfig, MemoryCache, RedisCache
 from guard.engine.keys import KEY_VERSION, KeyTemplate, cache_key
-from guard.errors import BackendUnavailable
+from guard.errors import BackendUnavailable, MalformedAnswer
 from guard.policy import load_text
 from guard.subject import HttpSubject
 from guard.systemone import QuestionV1, SystemOneRequestV1
@@ -185,12 +185,14 @@ async def test_followers_follow_the_leaders_failure() -> None:
 @pytest.mark.parametrize("ttl", [60, 0])
 async def test_a_backend_raising_cancelled_error_is_a_failure_not_a_cancellation(ttl: float) -> None:
     """A backend whose call ends in ``CancelledError`` while nobody cancelled anything: the leader and its
-    followers get the policy's fail mode (the error escaped ``aevaluate`` before, with no verdict at all)."""
+    followers get the policy's fail mode (the error escaped ``aevaluate`` before, with no verdict at all), and the
+    backend's health counts the failure."""
     backend = ScriptedBackend(by_text, delay=0.1, fail=asyncio.CancelledError())
     guard = Guard(policies(ttl=ttl), backends=backend)
     verdicts = await asyncio.gather(*(guard.aevaluate(subject()) for _ in range(5)))
     assert {(v.action, v.fail_mode) for v in verdicts} == {("block", "closed")}
     assert all("CancelledError" in (v.error or "") for v in verdicts)
+    assert guard.backend_health["default"].calls_failed >= 1  # counted, so health and readiness see it
     await guard.aclose()
 
 
@@ -266,6 +268,21 @@ async def test_followers_of_a_new_leader_do_not_take_an_earlier_leaders_failure(
     assert (flaky.calls, healthy.calls) == (2, 0)
     await a.aclose()
     await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_followers_take_a_fast_failure_of_the_lock_they_met(redis_url: str, create_redis: Any) -> None:
+    """Four replicas at once, the model failing in 5 ms (not retried): the three that met the leader's lock take its
+    failure. A follower learned the lock only from its polls before, so one whose first poll (10 ms) came after the
+    failure ignored the marker and called the model itself: four calls, not one."""
+    backends = [ScriptedBackend(by_text, delay=0.005, name="clef", fail=MalformedAnswer("bad", backend="clef"))
+                for _ in range(4)]
+    guards = [Guard(policies(), backends=b, cache=redis_cache(redis_url, create_redis.prefix)) for b in backends]
+    verdicts = await asyncio.gather(*(g.aevaluate(subject()) for g in guards))
+    assert sum(b.calls for b in backends) == 1, [v.error for v in verdicts]
+    assert {v.fail_mode for v in verdicts} == {"closed"}
+    for guard in guards:
+        await guard.aclose()
 
 
 async def _answered_once_then_gone(redis_url: str, create_redis: Any) -> tuple[Any, RedisCache, Guard, Any, bytes, str]:
