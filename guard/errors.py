@@ -222,22 +222,24 @@ class StateTooLong(GuardError):
 
 
 class StateAmbiguous(GuardError):
-    """A request sends a value more than once (a query parameter, form field or header) that its policy reads as
-    one value: parsers differ on which copy counts (the first, the last, all joined), so the guard could judge one
+    """A request sends a value more than once (a query parameter, form field, header, or a JSON key its object
+    repeats) that its policy reads as one value: parsers differ on which copy counts (the first, the last, all joined), so the guard could judge one
     copy while the application reads another. The engine answers with a block (400) and asks no model.
 
     Attributes:
-        source: ``query``, ``form`` or ``header``.
-        name: the parameter, field or header name.
+        source: ``query``, ``form``, ``header``, or ``body`` (a JSON key an object repeats, its values collected).
+        name: the parameter, field or header name; for ``body`` the JSON pointer to the repeated key.
         what: ``query parameter 'q'``, ``form field 'q'`` or ``header 'x-user'``.
     """
 
     def __init__(self, source: str, name: str) -> None:
         self.source = source
         self.name = name
-        kind = {"query": "query parameter", "form": "form field"}.get(source, source)
+        kind = {"query": "query parameter", "form": "form field", "body": "JSON member"}.get(source, source)
         self.what = f"{kind} {name!r}"
-        super().__init__(f"the {self.what} is sent more than once; this policy reads it as one value")
+        twice = "is sent more than once" + (" (or spelled with '_', which WSGI servers read alike)"
+                                            if source == "header" else "")
+        super().__init__(f"the {self.what} {twice}; this policy reads it as one value")
 
 
 class InvalidJson(GuardError, ValueError):

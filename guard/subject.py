@@ -59,9 +59,10 @@ class HttpSubject:
         path: the URL path, without the query string.
         query: query parameters, each name to its list of values, in arrival order.
         headers: header name (lower-case) to value; repeated headers joined with ``", "``.
-        repeated_headers: the names (lower-case, sorted) of the request headers sent more than once; a policy that
-            reads one of them as one value refuses the request (:class:`~guard.errors.StateAmbiguous`). Empty for a
-            response: the upstream's repeated headers are read joined.
+        repeated_headers: the names (lower-case, sorted) of the request headers sent more than once, or spelled with
+            ``_`` (named with ``-``: a WSGI server reads ``x_user`` as ``x-user``); a policy that reads one of them as
+            one value refuses the request (:class:`~guard.errors.StateAmbiguous`). Empty for a response: the
+            upstream's repeated headers are read joined.
         host: the ``Host`` header (without port), lower-case.
         client: client identity: the peer address, or what a trusted header says.
         content_type: media type without parameters, lower-case (``"application/json"``).

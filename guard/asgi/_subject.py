@@ -190,16 +190,21 @@ def head_subject(
 
 
 def _repeated_names(scope: Scope, headers: dict[str, str]) -> tuple[str, ...]:
-    """The names (lower-case, sorted) of the headers ``scope`` holds more than once; ``headers`` is its
-    :func:`header_map`, one entry per name, so equal counts mean none repeats."""
+    """The names (lower-case, ``_`` read as ``-``, sorted) of the headers ``scope`` holds more than once, or spelled
+    with ``_``: a WSGI server names ``x_user`` and ``x-user`` alike (``HTTP_X_USER``), so an application behind one
+    reads ``x_user: mallory`` as the ``x-user`` a policy reads. ``headers`` is its :func:`header_map`, one entry per
+    name, so equal counts and no ``_`` mean none."""
     raw = scope["headers"]
-    if len(raw) == len(headers):
+    if len(raw) == len(headers) and not any(b"_" in name for name, _ in raw):
         return ()
     seen: set[str] = set()
     repeated: set[str] = set()
     for raw_name, _ in raw:
         name = raw_name.decode("latin-1").lower()
-        (repeated if name in seen else seen).add(name)
+        folded = name.replace("_", "-")
+        if folded in seen or folded != name:
+            repeated.add(folded)
+        seen.add(folded)
     return tuple(sorted(repeated))
 
 

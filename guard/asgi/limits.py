@@ -73,7 +73,8 @@ class BodyLimits:
         max_decoded_bytes: most bytes after ``Content-Encoding`` decoding; 413 above.
         max_encodings: most stacked content codings; 415 above.
         max_json_depth: deepest JSON nesting; 400 above.
-        duplicate_keys: ``reject`` (400, the default) or ``collect`` (every value of a repeated key is judged).
+        duplicate_keys: ``reject`` (400, the default) or ``collect`` (every value of a repeated key is judged; a
+            state pointer that reads one refuses the request, 400 ``state_ambiguous``).
         max_form_fields: most urlencoded fields; 400 above.
         max_multipart_parts: most multipart parts; 400 above.
         max_part_header_bytes: most bytes of one part's header block; 400 above.

@@ -25,7 +25,7 @@ from guard.backends.fixture import FixtureBackend
 from guard.devtools.testing import judged_subject, wire_answers, with_timeout
 from guard.engine.cache import MemoryCache
 from guard.engine.keys import cache_key
-from guard.errors import GuardError
+from guard.errors import GuardError, StateAmbiguous, StateTooLong
 from guard.policy._yaml import read_policy_file
 from guard.policy.loader import PolicySet, load_text
 from guard.policy.policy import FailPolicy, Policy
@@ -123,9 +123,15 @@ async def _policy_report(
 ) -> dict[str, Any]:
     """One matching policy's part: its states (the model's, and the rules' as received), questions, answers,
     features, traced rules and own verdict. When a rule failed (``rule_error``), the backend had answered: its
-    answers are asked for again so the report shows them and every rule's value or error."""
-    raw = policy.render_state(subject)
-    normalized = policy.prepare_state(raw, subject)
+    answers are asked for again so the report shows them and every rule's value or error. A state the policy will
+    not judge (too long, a value sent twice) has no state, questions' answers or rules: only its block."""
+    try:
+        raw = policy.render_state(subject)
+        normalized = policy.prepare_state(raw, subject)
+    except (StateTooLong, StateAmbiguous) as exc:
+        return {"policy": _policy_identity(policy), "state": None, "rule_state": None, "flags": {},
+                "refused_state": str(exc), "questions": [], "cache_key": None, "backend": None, "revision": None,
+                "answers": {}, "features": {}, "rules": [], "own_verdict": _own_verdict(verdict)}
     request = policy.build_request(normalized.value)
     named = dict(verdict.answers)  # keyed by question key
     rule_error = verdict.error is not None and verdict.error.startswith("rule_error")
@@ -146,14 +152,7 @@ async def _policy_report(
             data=policy.data, features=features,
         )  # fmt: skip
     return {
-        "policy": {
-            "id": policy.id,
-            "version": policy.version,
-            "file": policy.file,
-            "line": policy.line,
-            "mode": policy.mode,
-            "priority": policy.priority,
-        },
+        "policy": _policy_identity(policy),
         "state": normalized.value,
         "rule_state": raw,
         "flags": normalized.flags,
@@ -165,7 +164,15 @@ async def _policy_report(
         "answers": {key: answer.to_json() for key, answer in named.items()},
         "features": features,
         "rules": traced,
-        "own_verdict": {"action": verdict.action, "rule": verdict.rule, "status": verdict.status,
-                        "shadow_action": verdict.shadow_action, "fail_mode": verdict.fail_mode,
-                        "error": verdict.error},
+        "own_verdict": _own_verdict(verdict),
     }  # fmt: skip
+
+
+def _policy_identity(policy: Policy) -> dict[str, Any]:
+    return {"id": policy.id, "version": policy.version, "file": policy.file, "line": policy.line,
+            "mode": policy.mode, "priority": policy.priority}
+
+
+def _own_verdict(verdict: Verdict) -> dict[str, Any]:
+    return {"action": verdict.action, "rule": verdict.rule, "status": verdict.status,
+            "shadow_action": verdict.shadow_action, "fail_mode": verdict.fail_mode, "error": verdict.error}

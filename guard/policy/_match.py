@@ -51,10 +51,16 @@ def _media_in(media: str, wanted: frozenset[str]) -> bool:
     return media in wanted or (is_json_media(media) and "application/json" in wanted)
 
 
-def _headers_match(patterns: tuple[tuple[str, re.Pattern[str]], ...], headers: dict[str, str]) -> bool:
-    """Every named header is present and its value fully matches its glob."""
+def _headers_match(
+    patterns: tuple[tuple[str, re.Pattern[str]], ...], headers: dict[str, str], repeated: tuple[str, ...] = ()
+) -> bool:
+    """Every named header is present and its value fully matches its glob, or is in ``repeated`` (sent more than
+    once: its copies joined would match no glob, so the policy applies and refuses the request,
+    :meth:`guard.policy.Policy.check_repeated`)."""
     for name, pattern in patterns:
         value = headers.get(name)
+        if name in repeated:
+            continue
         if value is None or not pattern.fullmatch(value):
             return False
     return True
@@ -144,7 +150,8 @@ class HttpMatcher:
             return False
         if self.hosts is not None and self.hosts.fullmatch(upgrade.host.lower()) is None:
             return False
-        return _headers_match(tuple(h for h in self.headers if h[0] != "content-type"), upgrade.headers)
+        return _headers_match(tuple(h for h in self.headers if h[0] != "content-type"), upgrade.headers,
+                              upgrade.repeated_headers)
 
     def _request_matches(self, subject: HttpSubject) -> bool:
         if self.methods and subject.method.upper() not in self.methods:
@@ -155,7 +162,7 @@ class HttpMatcher:
             return False
         if self.hosts is not None and self.hosts.fullmatch(subject.host.lower()) is None:
             return False
-        return _headers_match(self.headers, subject.headers)
+        return _headers_match(self.headers, subject.headers, subject.repeated_headers)
 
 
 @dataclass(frozen=True)

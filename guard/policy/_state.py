@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from guard._json import Repeated as RepeatedKey
 from guard.errors import StateAmbiguous, StateTooLong
 from guard.policy.normalize import Normalized, normalize_value
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -30,7 +31,7 @@ __all__ = [
     "NORMALIZE_WINDOW",
     "REQUEST_SOURCES",
     "RESPONSE_SOURCES",
-    "Repeated",
+    "Repeats",
     "StateField",
     "Truncate",
     "default_fields",
@@ -47,7 +48,7 @@ Truncate = Literal["head_tail", "head", "error"]
 #: The default: an instruction placed after filler (the usual way to push it past a cap) is still read.
 DEFAULT_TRUNCATE: Truncate = "head_tail"
 #: How a named query parameter, form field or header sent more than once is read (:class:`StateField`).
-Repeated = Literal["refuse", "list", "join"]
+Repeats = Literal["refuse", "list", "join"]
 #: Put where text was left out (``{cut}``: characters not shown), so the model and a reviewer see the state is partial.
 CUT_MARKER = "[... {cut} characters cut ...]"
 #: A string longer than this many times its cap is normalised only at the ends that can be kept (this many times the
@@ -102,7 +103,7 @@ class StateField:
     max_chars: int | None = None
     truncate: Truncate = DEFAULT_TRUNCATE
     children: tuple[StateField, ...] | None = None
-    repeated: Repeated = "refuse"
+    repeated: Repeats = "refuse"
 
 
 def split_pointer(pointer: str) -> tuple[str, ...]:
@@ -119,12 +120,19 @@ def split_pointer(pointer: str) -> tuple[str, ...]:
 
 
 def resolve_pointer(value: Any, tokens: tuple[str, ...]) -> Any:
-    """Follow pointer tokens into a JSON value; returns ``_MISSING`` when any step is absent."""
-    for token in tokens:
+    """Follow pointer tokens into a JSON value; returns ``_MISSING`` when any step is absent.
+
+    Raises:
+        StateAmbiguous: a step is a key the object repeats (its values collected, ``duplicate_keys="collect"``):
+            parsers differ on which value counts.
+    """
+    for depth, token in enumerate(tokens):
         if isinstance(value, Mapping):
             if token not in value:
                 return _MISSING
             value = value[token]
+            if isinstance(value, RepeatedKey):
+                raise StateAmbiguous("body", "/" + "/".join(tokens[: depth + 1]))
         elif isinstance(value, (list, tuple)):
             try:
                 index = int(token)

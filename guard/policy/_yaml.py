@@ -302,10 +302,16 @@ def _readings(text: str, value: Any) -> tuple[str, str, str] | None:
         return None if digits == text else (f"the number {value}", "text", str(value))
     if len(digits) > 1 and digits[0] == "0" and digits.isdigit():  # 012: octal (08: text) in 1.1, decimal in 1.2
         number = int(text, 10)
+        if value == number and isinstance(value, int):
+            return None  # 00: zero in both
         return f"octal {value}" if isinstance(value, int) else "text", str(number), str(number)
-    if isinstance(value, str):  # 1e3, 1.0e3: a float in YAML 1.2, text in YAML 1.1 (which wants a dot and a sign)
+    if isinstance(value, str):  # 1e3, -.5: a float in YAML 1.2, text in YAML 1.1 (which wants a digit before the dot,
+        # a dot before an exponent and a sign in it)
         mantissa, _, exponent = text.lower().partition("e")
-        mantissa += "" if "." in mantissa else ".0"
-        exponent = exponent if exponent[:1] in ("+", "-") else "+" + exponent
-        return "text", f"the number {float(text)}", f"{mantissa}e{exponent}"
+        sign, unsigned = (mantissa[0], mantissa[1:]) if mantissa[:1] in ("+", "-") else ("", mantissa)
+        unsigned = ("0" if unsigned.startswith(".") else "") + unsigned + ("" if "." in unsigned else ".0")
+        written = sign + unsigned
+        if exponent:
+            written += "e" + (exponent if exponent[:1] in ("+", "-") else "+" + exponent)
+        return "text", f"the number {float(text)}", written
     return None

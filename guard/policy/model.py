@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from guard.policy._state import Repeated
+from guard.policy._state import Repeats
 from guard.verdict import Action, MaskStyle
 
 __all__ = [
@@ -243,7 +243,7 @@ class SourceSpec(_Strict):
         "cut marker between (an instruction placed after filler is still read); head = its first max_chars and the "
         "marker; error = judge nothing and block (HTTP 413). Only with max_chars.",
     )
-    repeated: Repeated = Field(
+    repeated: Repeats = Field(
         default="refuse",
         description="A query parameter, form field or header (with 'name') the request sends more than once: refuse = "
         "judge nothing and block (HTTP 400, rule state_ambiguous: parsers differ on which copy counts); list = read "

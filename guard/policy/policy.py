@@ -204,18 +204,20 @@ class Policy:
         return render_state(self._fields(subject), subject)
 
     def check_repeated(self, subject: Subject) -> None:
-        """Refuse a request that sends more than once a header this policy reads as one value: any header its state
-        or rules read (:attr:`http_reads`; every header when a rule reads ``subject.headers`` other than by a literal
-        name) but those a state field reads with ``repeated: join`` (:attr:`joined_headers`). Parsers differ on which
-        copy counts, so the guard could judge one copy while the application reads another.
+        """Refuse a request that sends more than once a header this policy reads as one value: a header its
+        ``match`` names, or one its state or rules read by name (:attr:`http_reads`) but those a state field reads
+        with ``repeated: join`` (:attr:`joined_headers`). Parsers differ on which copy counts, so the guard could
+        judge one copy while the application reads another. A rule that reads ``subject.headers`` other than by a
+        literal name (``exists``, a computed key) sees the copies joined.
 
         Raises:
             StateAmbiguous: naming the first such header.
         """
         if isinstance(subject, HttpSubject) and subject.repeated_headers:
             read, joined = self.http_reads.headers, self.joined_headers
+            matched = {name for name, _ in self.http.headers} if self.http is not None else set()
             for name in subject.repeated_headers:
-                if name not in joined and (read is None or name in read):
+                if name in matched or (name not in joined and read is not None and name in read):
                     raise StateAmbiguous("header", name)
 
     @functools.cached_property

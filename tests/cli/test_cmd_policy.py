@@ -198,6 +198,25 @@ def test_explain_shows_a_failed_decision_and_runs_no_rules(
     assert (report["verdict"]["fail_mode"], report["verdict"]["action"]) == (mode, action)
 
 
+def test_explain_reports_a_state_the_policy_refuses_to_judge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A query parameter the state reads, sent twice: the block (400, state_ambiguous), not a usage error (exit 2)."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("""
+policies:
+  - id: users
+    version: 1
+    match: {http: {}}
+    state: {user: "query:user"}
+    rules: [{id: banned, when: 'state.user == "mallory"', action: block}]
+""")
+    data = {"http": {"method": "GET", "path": "/x", "query": {"user": ["a", "mallory"]}}}
+    assert main(["policy", "explain", str(policy), "--input", _subject(tmp_path, data), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["verdict"]["action"], report["verdict"]["rule"], report["verdict"]["status"]) == (
+        "block", "state_ambiguous", 400)
+    assert "query parameter 'user' is sent more than once" in report["matched"][0]["refused_state"]
+
+
 def test_explain_shows_the_answers_and_every_rule_when_a_rule_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import tracemalloc
 
@@ -125,6 +126,18 @@ def test_plain_scalars_yaml_11_and_12_read_differently_are_refused(text: str, li
         load_yaml(text, "p.yaml")
     assert (caught.value.file, caught.value.line, caught.value.key) == ("p.yaml", line, key)
     assert reason in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "written", "value"),
+    [("-.5", "-0.5", -0.5), ("+.5e+3", "+0.5e+3", 500.0), ("-.5e3", "-0.5e+3", -500.0), ("1e3", "1.0e+3", 1000.0),
+     ("012", "12", 12)],
+)
+def test_the_spelling_an_error_suggests_loads_as_yaml_12_reads_the_value(text: str, written: str, value: float) -> None:
+    """The hint wrote ``-.5e+`` for ``-.5`` (text again) and ``+.5e+3`` for itself (refused again)."""
+    with pytest.raises(PolicyError, match=f"write {re.escape(written)}"):
+        load_yaml(f"x: {text}\n", "p.yaml")
+    assert load_yaml(f"x: {written}\n")[0] == {"x": value}
 
 
 def test_plain_scalars_both_yaml_versions_agree_on_are_kept() -> None:
