@@ -26,6 +26,7 @@ policies matched, ``policy`` and ``result`` are the deciding one's and ``policie
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime
 import functools
@@ -376,16 +377,39 @@ def _utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def _json_safe(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+#: Deepest nesting of objects and arrays a decision record keeps; deeper values become :data:`TOO_DEEP`.
+MAX_DEPTH = 64
+#: What the log writes in place of a value nested deeper than :data:`MAX_DEPTH`.
+TOO_DEEP = "[too deep: left out]"
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON types (dataclasses as objects, tuples as arrays, anything else as its ``repr``); an object
+    or array nested more than :data:`MAX_DEPTH` levels down is replaced by :data:`TOO_DEEP`, so nothing that walks
+    the record later (redaction, ``json.dumps``) can run out of stack."""
+    if isinstance(value, (dict, list, tuple)) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+        if depth >= MAX_DEPTH:
+            return TOO_DEEP
+        if isinstance(value, dict):
+            return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [_json_safe(v, depth + 1) for v in value]
+        return {f.name: _json_safe(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return repr(value)
+
+
+# Characters that JSON leaves raw with ensure_ascii=False but that end a line for Unicode-aware readers
+# (str.splitlines, editors, some log shippers): C1 controls (NEL is U+0085) and the line and paragraph separators.
+_LINE_BREAKING = re.compile("[\x80-\x9f\u2028\u2029]")
+
+
+def _json_line(event: dict[str, Any]) -> str:
+    """``event`` as one JSON line: UTF-8 text kept as it is, except the characters in :data:`_LINE_BREAKING`,
+    written as ``\\uXXXX`` escapes (they only occur inside JSON strings, where the escape means the same)."""
+    line = json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=repr)
+    return _LINE_BREAKING.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
 
 
 #: What the log writes in place of a body, text or query value it must not keep.
@@ -477,20 +501,62 @@ def _erase_secret_names(node: Any, at: str, erased: list[str], values: list[str]
             _erase_secret_names(item, f"{at}/{i}", erased, values)
 
 
-def _scrub(node: Any, values: list[str]) -> Any:
-    """``node`` with every occurrence of ``values`` in its strings replaced by ``[redacted]``; a value of 3 digits
-    only where no digit is next to it (a security code, not the middle of ``41234``)."""
-    if isinstance(node, str):
-        for value in values:
-            if len(value) < 4:
-                node = re.sub(rf"(?<!\d){re.escape(value)}(?!\d)", "[redacted]", node)
+#: Most distinct secret values scrubbed one by one from a record's text. A string that may hold one of the others
+#: (it holds the first :data:`_WINDOW` characters of one) is replaced whole by ``[redacted]``: past this many the
+#: log redacts more than it must rather than spend time quadratic in the request's size, and never leaks.
+SCRUB_MAX_VALUES = 128
+_WINDOW = 8
+
+
+class _Scrubber:
+    """Replaces secret values in strings by ``[redacted]``, in time linear in each string's length.
+
+    The first :data:`SCRUB_MAX_VALUES` values (longest first) are found by one regex per string; every occurrence
+    is covered, overlapping ones too; a value of 3 digits only where no digit is next to it (a security code, not
+    the middle of ``41234``). A string holding the start of any other value is replaced whole.
+    """
+
+    def __init__(self, values: list[str]) -> None:
+        ordered = sorted(set(values), key=lambda v: (-len(v), v))
+        exact, rest = ordered[:SCRUB_MAX_VALUES], ordered[SCRUB_MAX_VALUES:]
+        longer = "|".join(re.escape(v) for v in exact if len(v) >= 4)
+        digits = "|".join(re.escape(v) for v in exact if len(v) < 4)
+        alternatives = [*([longer] if longer else []), *([rf"(?<!\d)(?:{digits})(?!\d)"] if digits else [])]
+        # a lookahead matches at every position where a value starts, so overlapping occurrences are all found
+        self._pattern = re.compile(f"(?=({'|'.join(alternatives)}))") if alternatives else None
+        self._width = min([_WINDOW, *(len(v) for v in rest)])
+        self._starts = {v[:self._width] for v in rest}
+
+    def __call__(self, text: str) -> str:
+        if self._starts and any(text[i:i + self._width] in self._starts for i in range(len(text) - self._width + 1)):
+            return "[redacted]"
+        if self._pattern is None:
+            return text
+        spans: list[list[int]] = []  # merged [start, end) of the values found, in order
+        for match in self._pattern.finditer(text):
+            start, end = match.start(), match.start() + len(match.group(1))
+            if spans and start <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], end)
             else:
-                node = node.replace(value, "[redacted]")
-        return node
+                spans.append([start, end])
+        if not spans:
+            return text
+        out, at = [], 0
+        for start, end in spans:
+            out.append(text[at:start] + "[redacted]")
+            at = end
+        out.append(text[at:])
+        return "".join(out)
+
+
+def _scrub(node: Any, scrub: Callable[[str], str]) -> Any:
+    """``node`` with ``scrub`` applied to each of its strings (not to mapping keys)."""
+    if isinstance(node, str):
+        return scrub(node)
     if isinstance(node, dict):
-        return {k: _scrub(v, values) for k, v in node.items()}
+        return {k: _scrub(v, scrub) for k, v in node.items()}
     if isinstance(node, list):
-        return [_scrub(v, values) for v in node]
+        return [_scrub(v, scrub) for v in node]
     return node
 
 
@@ -572,13 +638,25 @@ def _erase_raw_secrets(raw: str, values: list[str]) -> str:
 
 
 def _credentials(values: list[str]) -> list[str]:
-    """The credentials inside ``Authorization``-style values (``Bearer sk-...`` -> ``sk-...``), so text that repeats
-    the bare key is scrubbed too."""
+    """The credentials inside ``Authorization``-style values (``Bearer sk-...`` -> ``sk-...``; ``Basic`` ones decoded
+    as well: ``user:password`` and the password) and each value of 8 characters or more of a ``Cookie``-style one
+    (``sid=abcdef123456; theme=dark`` -> ``abcdef123456``), so text that repeats the bare key, password or session id is scrubbed too."""
     out = []
     for value in values:
         scheme, _, credential = value.partition(" ")
         if credential and scheme.lower() in ("bearer", "basic", "token", "digest", "apikey"):
             out.append(credential.strip())
+            if scheme.lower() == "basic":
+                try:
+                    decoded = base64.b64decode(credential.strip(), validate=True).decode("utf-8")
+                except (ValueError, UnicodeDecodeError):
+                    continue
+                out += [decoded, decoded.partition(":")[2]]
+        elif "=" in value:
+            for part in value.split(";"):
+                cookie = part.partition("=")[2].strip()
+                if len(cookie) >= 8:  # a session id, not a theme or a language
+                    out.append(cookie)
     return out
 
 
@@ -610,15 +688,22 @@ def _redact_input(record: dict[str, Any], erased: list[str],
 
 def _scrub_record(record: dict[str, Any], values: list[str]) -> None:
     """``values`` (and the bare keys inside ``Authorization``-style ones) replaced by ``[redacted]`` in the record's
-    ``input``, ``state`` and raw argument text; values under 4 characters only when they are 3 digits."""
-    values = sorted({v for v in [*values, *_credentials(values)] if len(v) >= 4 or (len(v) == 3 and v.isdigit())},
-                    key=len, reverse=True)  # shorter ones would hit words
-    if values:
-        record["input"] = _scrub(record.get("input"), values)
-        record["state"] = _scrub(record.get("state"), values)
-        flags = record.get("flags")
-        if isinstance(flags, dict) and isinstance(flags.get(RAW_ARGUMENTS_FLAG), str):
-            flags[RAW_ARGUMENTS_FLAG] = _scrub(flags[RAW_ARGUMENTS_FLAG], values)
+    ``input``, ``state``, raw argument text, ``error`` and each ``policies[].error``; values under 4 characters only
+    when they are 3 digits (shorter ones would hit words). See :class:`_Scrubber` for the cost."""
+    values = [v for v in [*values, *_credentials(values)] if len(v) >= 4 or (len(v) == 3 and v.isdigit())]
+    if not values:
+        return
+    scrub = _Scrubber(values)
+    record["input"] = _scrub(record.get("input"), scrub)
+    record["state"] = _scrub(record.get("state"), scrub)
+    flags = record.get("flags")
+    if isinstance(flags, dict) and isinstance(flags.get(RAW_ARGUMENTS_FLAG), str):
+        flags[RAW_ARGUMENTS_FLAG] = scrub(flags[RAW_ARGUMENTS_FLAG])
+    if isinstance(record.get("error"), str):
+        record["error"] = scrub(record["error"])
+    for contribution in record.get("policies") or ():
+        if isinstance(contribution.get("error"), str):
+            contribution["error"] = scrub(contribution["error"])
 
 
 def _contribution(verdict: Verdict) -> dict[str, Any]:
@@ -767,10 +852,16 @@ class DecisionLog:
         return record
 
     def record(self, verdict: Verdict, subject: Subject | None, **kwargs: Any) -> dict[str, Any]:
-        """Build and write the record for one decision; a failing sink drops it (counted in ``dropped``), never
-        the decision."""
-        event = self.event(verdict, subject, **kwargs)
-        line = json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=repr)
+        """Build and write the record for one decision; a record that cannot be built (returned as ``{}``) or a
+        failing sink drops it (counted in ``dropped``, logged), never the decision."""
+        try:
+            event = self.event(verdict, subject, **kwargs)
+            line = _json_line(event)
+        except Exception as exc:  # noqa: BLE001 - whatever the subject held, the decision stands
+            self.dropped += 1
+            # the type only: an exception's text may quote the input the record was being redacted from
+            logger.error("decision log record could not be built (%d dropped): %s", self.dropped, type(exc).__name__)
+            return {}
         try:
             with self._lock:
                 self._write(line)

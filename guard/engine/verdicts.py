@@ -502,5 +502,12 @@ def _reason(exc: BaseException) -> str:
 
 
 def _error_text(reason: str, exc: BaseException, policy: Policy) -> str:
-    detail = str(exc) or (f"no decision within {policy.timeout * 1000:.0f} ms" if reason == "timeout" else "")
+    """The verdict's ``error`` (also the span's ``guard.error`` and the decision log's ``error``): ``reason: detail``,
+    at most 500 characters. A rule error's text names the rule, the policy and the kind of failure, never a request
+    value (:class:`~guard.policy.rules.RuleError`); an unexpected exception gives only its type (its text is
+    unchecked: a ``KeyError`` quotes its key; fail_mode logs it with its traceback)."""
+    if reason == "internal_error":
+        detail = type(exc).__name__
+    else:
+        detail = str(exc) or (f"no decision within {policy.timeout * 1000:.0f} ms" if reason == "timeout" else "")
     return f"{reason}: {detail}"[:500] if detail else reason

@@ -123,12 +123,18 @@ _BOUND_RE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za
 
 
 class RuleError(GuardError):
-    """A rule's ``when`` failed at run time or did not yield a boolean."""
+    """A rule's ``when`` failed at run time or did not yield a boolean.
 
-    def __init__(self, policy_id: str, rule_id: str, reason: str) -> None:
+    ``reason`` (and the message) name the kind of failure without any value the request supplied (it reaches the
+    verdict's ``error``, spans and the decision log); ``detail`` is the runtime's own text, values included, for the
+    local tools of policy authors (``guard policy explain``, load-time checks). ``detail`` defaults to ``reason``.
+    """
+
+    def __init__(self, policy_id: str, rule_id: str, reason: str, detail: str | None = None) -> None:
         self.policy_id = policy_id
         self.rule_id = rule_id
         self.reason = reason
+        self.detail = reason if detail is None else detail
         super().__init__(f"rule {rule_id!r} of policy {policy_id!r} failed: {reason}")
 
 
@@ -474,7 +480,7 @@ def constant_failures(
         try:
             _run(policy_id, rule, _context((rule,), answers, None, None, None, data))
         except RuleError as exc:
-            failures[rule.id] = exc.reason
+            failures[rule.id] = exc.detail  # no request here: only answers, flags and data
     return failures
 
 
@@ -489,14 +495,15 @@ def trace_rules(
     data: Mapping[str, Any] | None = None,
     features: Mapping[str, Any] | None = None,
 ) -> list[tuple[str, bool | str]]:
-    """Every rule's ``when`` value (or its error text), in order, for ``guard policy explain``."""
+    """Every rule's ``when`` value (or its error text, values included: a local tool), in order, for
+    ``guard policy explain``."""
     context = _context(rules, answers, subject, state, flags, data, features)
     out: list[tuple[str, bool | str]] = []
     for rule in rules:
         try:
             out.append((rule.id, _run(policy_id, rule, context)))
         except RuleError as exc:
-            out.append((rule.id, exc.reason))
+            out.append((rule.id, exc.detail))
     return out
 
 
@@ -550,7 +557,41 @@ def _run(policy_id: str, rule: CompiledRule, context: Any) -> bool:
     try:
         result = rule.program.execute(context)
     except Exception as exc:  # the CEL runtime raises KeyError, TypeError, ValueError, RuntimeError
-        raise RuleError(policy_id, rule.id, f"{type(exc).__name__}: {exc}") from exc
+        raise RuleError(policy_id, rule.id, _failure_kind(exc, rule.source), f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(result, bool):
-        raise RuleError(policy_id, rule.id, f"'when' returned {type(result).__name__} {result!r}, not a boolean")
+        raise RuleError(policy_id, rule.id, f"'when' returned {type(result).__name__}, not a boolean",
+                        f"'when' returned {type(result).__name__} {result!r}, not a boolean")
     return result
+
+
+_CEL_FUNCTION_ERROR = re.compile(r"Function '(\w+)' error")
+# CEL messages that hold no value: kept as they are, up to the first period.
+_CEL_FIXED_MESSAGES = ("No such overload", "division by zero", "modulus by zero")
+
+
+def _failure_kind(exc: Exception, source: str) -> str:
+    """What failed in a rule, without the values the runtime quotes (a map key, a function's argument): the
+    exception's type, and the key when the rule's own text names it (``state.meta.tier``: ``KeyError: 'tier'``),
+    the function that failed (``duration``), or a CEL message that quotes nothing (``No such overload``)."""
+    kind = type(exc).__name__
+    if isinstance(exc, KeyError):
+        key = exc.args[0] if exc.args else None
+        if isinstance(key, str) and _names_key(source, key):
+            return f"{kind}: {key!r}"  # a key written in the policy, not one the request supplied
+        return f"{kind}: no such key"
+    text = str(exc)
+    function = _CEL_FUNCTION_ERROR.match(text)
+    if function:
+        return f"{kind}: function {function.group(1)!r} failed on its arguments"
+    if text.startswith(_CEL_FIXED_MESSAGES):
+        return f"{kind}: {text.split('.', 1)[0]}"
+    if isinstance(exc, IndexError):
+        return f"{kind}: index out of bounds"
+    return kind
+
+
+def _names_key(source: str, key: str) -> bool:
+    """Whether a rule's text names ``key``: as a field (``.tier``) or a quoted string (``["x-tenant"]``)."""
+    if f'"{key}"' in source or f"'{key}'" in source:
+        return True
+    return _IDENTIFIER.fullmatch(key) is not None and re.search(rf"\.\s*{key}\b", source) is not None

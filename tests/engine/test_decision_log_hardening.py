@@ -1,0 +1,259 @@
+"""Decision log and telemetry against hostile input: redaction cost, request values in rule errors, deep nesting and
+characters that end a line for Unicode-aware readers."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from guard.engine import Guard
+from guard.engine.telemetry import MAX_DEPTH, SCRUB_MAX_VALUES, TOO_DEEP, DecisionLog, Telemetry
+from guard.policy import load_text
+from guard.policy.rules import trace_rules
+from guard.subject import AgentSubject, HttpSubject, body_strings
+from guard.verdict import Verdict
+from tests._backends import ScriptedBackend
+
+# Redaction cost -----------------------------------------------------------------------------------------------------
+
+
+def _token_body(n: int) -> HttpSubject:
+    """A request whose body is ``n`` objects each holding one secret-named value, and whose text repeats them all."""
+    body = [{"token": f"tk{i:07d}"} for i in range(n)]
+    return HttpSubject(method="POST", path="/v1/x", body=body, body_text="\n".join(body_strings(body)))
+
+
+def _redaction_seconds(n: int) -> float:
+    subject = _token_body(n)
+    verdict = Verdict("allow", "d1", policy_id="p", state={"text": subject.body_text})
+    log = DecisionLog(io.StringIO())
+    best = float("inf")
+    for _ in range(3):  # the fastest of three: the least disturbed by other work on the machine
+        start = time.process_time()
+        log.event(verdict, subject)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def test_redaction_time_grows_linearly_with_the_number_of_secret_values() -> None:
+    """Each secret value was replaced one at a time in every string (time ~ values x text length: 40,000 values in a
+    1 MB body took 15 s on the event loop); 4x the values must now cost about 4x the time, not 16x."""
+    small, large = _redaction_seconds(4_000), _redaction_seconds(16_000)
+    assert large / max(small, 1e-3) < 9, (small, large)
+
+
+def test_past_the_cap_every_string_holding_a_secret_is_redacted_whole_and_nothing_leaks() -> None:
+    n = 2 * SCRUB_MAX_VALUES
+    subject = _token_body(n)
+    subject.body.append({"note": "nothing secret here"})
+    state = {"text": subject.body_text, "plain": "hello world", "one": "id tk0000200 end"}
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state=state), subject)
+    line = json.dumps(event)
+    assert not [i for i in range(n) if f"tk{i:07d}" in line]
+    assert event["state"] == {"text": "[redacted]", "plain": "hello world", "one": "[redacted]"}
+    assert event["input"]["body"][-1] == {"note": "nothing secret here"}
+
+
+def test_under_the_cap_values_are_replaced_in_place_overlapping_ones_included() -> None:
+    """Replacing one value after another left the end of a value that overlapped one replaced before it."""
+    body = {"token": "abcdWXYZ", "secret": "WXYZefgh", "note": "x abcdWXYZefgh y, code 321, order 43210", "cvv": 321}
+    subject = HttpSubject(method="POST", path="/pay", body=body, body_text="\n".join(body_strings(body)))
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1"), subject)
+    assert event["input"]["body"]["note"] == "x [redacted] y, code [redacted], order 43210"
+
+
+# Request values in rule errors --------------------------------------------------------------------------------------
+
+RULE_POLICY = """
+data:
+  plans: {"KEY-FREE-0001": "free"}
+policies:
+  - id: r
+    version: 1
+    match: {http: {paths: ["/**"]}}
+    state: {text: body_text}
+    questions:
+      injection: {type: noul, instructions: Injection}
+    rules:
+      - {id: RULE, when: 'WHEN', action: block}
+    on_error: {mode: closed}
+"""
+
+
+async def _rule_failure(when: str, subject: HttpSubject) -> tuple[Verdict, list[Any], dict[str, Any]]:
+    """The verdict, the finished spans and the decision record of one request whose only rule is ``when``."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    lines: list[str] = []
+    policies = load_text(RULE_POLICY.replace("WHEN", when).replace("RULE", "the_rule"))
+    guard = Guard(policies, backends=ScriptedBackend(), decision_log=DecisionLog(lines.append),
+                  telemetry=Telemetry(tracer_provider=tracer_provider, meter_provider=meter_provider))
+    try:
+        verdict = await guard.aevaluate(subject)
+    finally:
+        await guard.aclose()
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    return verdict, list(exporter.get_finished_spans()), json.loads(lines[-1])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("when", "headers", "kind"),
+    [
+        ('data.plans[subject.headers["x-api-key"]] == "free"', {"x-api-key": "sk-live-STOLEN-KEY-123456"},
+         "KeyError: no such key"),
+        ('duration(subject.headers["x-api-key"]) > duration("1s")', {"x-api-key": "sk-live-STOLEN-KEY-123456"},
+         "RuntimeError: function 'duration' failed on its arguments"),
+        ('subject.headers["x-api-key"].matches(subject.headers["x-pattern"])',
+         {"x-api-key": "a", "x-pattern": "(sk-live-STOLEN-KEY-123456"},
+         "RuntimeError: function 'matches' failed on its arguments"),
+        ('subject.headers["x-api-key"] + ""', {"x-api-key": "sk-live-STOLEN-KEY-123456"},
+         "'when' returned str, not a boolean"),
+    ],
+)
+async def test_a_failing_rule_names_the_failure_never_the_request_value(
+    when: str, headers: dict[str, str], kind: str
+) -> None:
+    subject = HttpSubject(method="POST", path="/v1/x", headers=headers, body={"m": "hi"}, body_text="hi")
+    verdict, spans, record = await _rule_failure(when, subject)
+    expected = f"rule_error: rule 'the_rule' of policy 'r' failed: {kind}"
+    assert (verdict.action, verdict.rule, verdict.error) == ("block", "on_error", expected)
+    (span,) = spans
+    assert span.attributes["guard.error"] == expected and span.status.description == expected
+    assert record["error"] == expected
+    assert "STOLEN" not in json.dumps(record)
+
+
+@pytest.mark.anyio
+async def test_a_missing_key_the_rule_itself_names_is_still_shown() -> None:
+    subject = HttpSubject(method="POST", path="/v1/x", headers={}, body={"m": "hi"}, body_text="hi")
+    verdict, _, _ = await _rule_failure('subject.headers["x-tenant"] == "blocked"', subject)
+    assert verdict.error == "rule_error: rule 'the_rule' of policy 'r' failed: KeyError: 'x-tenant'"
+
+
+@pytest.mark.anyio
+async def test_an_unexpected_exception_gives_its_type_only() -> None:
+    """Its text is unchecked (a ``KeyError`` quotes its key); the traceback goes to the ``guard.engine`` logger."""
+    lines: list[str] = []
+    backend = ScriptedBackend(fail=KeyError("sk-live-STOLEN-KEY-123456"))
+    policies = load_text(RULE_POLICY.replace("WHEN", "injection.noul > 0.5").replace("RULE", "a"))
+    guard = Guard(policies, backends=backend, decision_log=DecisionLog(lines.append))
+    try:
+        verdict = await guard.aevaluate(HttpSubject(method="POST", path="/v1/x", body={"m": "hi"}, body_text="hi"))
+    finally:
+        await guard.aclose()
+    assert (verdict.action, verdict.error) == ("block", "internal_error: KeyError")
+    assert "STOLEN" not in lines[-1]
+
+
+def test_explain_still_shows_the_runtime_text_locally() -> None:
+    (policy,) = load_text(RULE_POLICY.replace("WHEN", 'data.plans[subject.headers["k"]] == "x"').replace("RULE", "a"))
+    subject = HttpSubject(method="POST", path="/", headers={"k": "KEY-UNKNOWN"})
+    traced = trace_rules("r", policy.rules, {}, subject=subject, data={"plans": {}})
+    assert traced == [("a", "KeyError: 'KEY-UNKNOWN'")]
+
+
+def test_the_log_scrubs_secret_values_from_errors_too() -> None:
+    """Defence in depth: an error text that repeats a credential header loses it, in ``error`` and ``policies``."""
+    error = "backend: echoed sk-live-STOLEN-KEY-123456 and s3cr3t-body-value"
+    subject = HttpSubject(method="POST", path="/", headers={"x-api-key": "sk-live-STOLEN-KEY-123456"},
+                          body={"password": "s3cr3t-body-value"})
+    part = Verdict("block", "d1", policy_id="a", error=error)
+    verdict = Verdict("block", "d1", policy_id="a", error=error, contributions=(part, Verdict("allow", "d1")))
+    for mode in ("redacted", "full"):
+        event = DecisionLog(io.StringIO(), log_input=mode).event(verdict, subject)
+        assert event["error"].startswith("backend: echoed [redacted]") and "sk-live" not in event["error"]
+        assert "sk-live" not in event["policies"][0]["error"]
+    event = DecisionLog(io.StringIO()).event(verdict, subject)
+    assert event["error"] == "backend: echoed [redacted] and [redacted]"
+
+
+def test_cookie_values_and_decoded_basic_credentials_are_scrubbed_where_the_body_repeats_them() -> None:
+    """Only the whole Cookie header and the base64 Basic credential were scrubbed: a body repeating the session id
+    or the password kept it (attack finding)."""
+    subject = HttpSubject(
+        method="POST", path="/",
+        headers={"cookie": "sid=SESSIONVALUE123456; theme=dark", "authorization": "Basic YWxpY2U6czNjcjN0UGFzc3dvcmQ="},
+        body={"note": "my session SESSIONVALUE123456, login alice:s3cr3tPassword, pw s3cr3tPassword, theme dark"},
+        body_text="my session SESSIONVALUE123456, login alice:s3cr3tPassword, pw s3cr3tPassword, theme dark",
+    )
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", policy_id="p"), subject)
+    logged = json.dumps(event)
+    assert "SESSIONVALUE123456" not in logged and "s3cr3tPassword" not in logged
+    assert "theme dark" in logged  # a short cookie value is a setting, not a secret: left in the text
+
+
+# Deep nesting and unbuildable records -------------------------------------------------------------------------------
+
+AGENT_POLICY = """
+policies:
+  - id: a
+    version: 1
+    match: {agent: {events: [tool_result]}}
+    state:
+      tool: tool_name
+      result: {from: tool_result, max_chars: 2000}
+    questions:
+      injection: {type: noul, instructions: Injection}
+    rules:
+      - {id: inj, when: injection.noul >= 0.8, action: block}
+"""
+
+
+@pytest.mark.anyio
+async def test_a_deeply_nested_tool_result_is_logged_cut_and_the_decision_stands() -> None:
+    node: Any = "leaf"
+    for _ in range(900):
+        node = {"a": node}
+    lines: list[str] = []
+    guard = Guard(load_text(AGENT_POLICY), backends=ScriptedBackend(), decision_log=DecisionLog(lines.append))
+    try:
+        verdict = await guard.aevaluate(AgentSubject(event="tool_result", tool_name="fetch", tool_call_id="c1",
+                                                     tool_result=node))
+    finally:
+        await guard.aclose()
+    assert (verdict.action, verdict.rule) == ("allow", "default")
+    value = json.loads(lines[-1])["input"]["tool_result"]
+    for _ in range(MAX_DEPTH - 1):  # the subject is the first level
+        value = value["a"]
+    assert value == TOO_DEEP
+
+
+def test_a_record_that_cannot_be_built_is_dropped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    class Unprintable:
+        def __repr__(self) -> str:
+            raise RuntimeError("sk-live-IN-THE-MESSAGE")
+
+    lines: list[str] = []
+    log = DecisionLog(lines.append)
+    with caplog.at_level(logging.ERROR, logger="guard.telemetry"):
+        assert log.record(Verdict("allow", "d1", policy_id="p", state={"x": Unprintable()}), None) == {}
+    assert (lines, log.dropped) == ([], 1)
+    assert "could not be built (1 dropped): RuntimeError" in caplog.text and "sk-live" not in caplog.text
+
+
+# Line separators ----------------------------------------------------------------------------------------------------
+
+
+def test_characters_that_end_a_line_for_unicode_readers_are_escaped() -> None:
+    text = 'x\u2028{"forged":1}\u2029\x85\x9b31m\x80 caf\u00e9 \u65e5\u672c'
+    lines: list[str] = []
+    DecisionLog(lines.append).record(Verdict("allow", "d1", policy_id="p", state={"m": text}), None)
+    (line,) = lines
+    assert len(line.splitlines()) == 1
+    assert not any(ch in line for ch in "\u2028\u2029\x85\x9b\x80")
+    assert "\\u2028" in line and "\\u0085" in line and "caf\u00e9 \u65e5\u672c" in line  # other text stays UTF-8
+    assert json.loads(line)["state"]["m"] == text
