@@ -16,7 +16,7 @@ Clef, on ``--device`` in ``--dtype``), ``http:URL`` or a bare ``http(s)://`` URL
 ``timeout_ms``, e.g. for a checkpoint on a slow CPU. A PATH is a file, a directory (every ``*.yaml`` below) or a glob;
 ``*_test.yaml`` files stand for the policy beside them. ``test`` runs ``<name>_test.yaml`` beside each policy, names
 each failure by its test file and line, lists the rules no case fired (coverage), warns about a policy without a test
-file, and exits 1 on a failing case, a test file without cases, or a run that finds no test file at all.
+file or a test file without cases, and exits 1 on a failing case (and, with ``--fail-on-empty``, when no case ran).
 ``explain`` exits 1 when the decision failed (the fail mode decided).
 """
 
@@ -73,6 +73,8 @@ def register(subparsers: Any) -> None:
     add_backend_options(test, default=None, note="for cases without 'answers'")
     _add_timeout_option(test)
     test.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
+    test.add_argument("--fail-on-empty", action="store_true",
+                      help="exit 1 when no test case ran (no test file, or only empty ones), as opa test does")
     test.set_defaults(handler=run_test)
 
     schema = sub.add_parser("schema", help="print (or write, or check) the policy file JSON Schema")
@@ -316,8 +318,8 @@ def run_test(args: argparse.Namespace) -> int:
             errors += _printed([unread])
             broken += 1
             continue
-        if not results:  # the file has cases (run_test_file refuses one without), but none matches --run
-            print(f"warning: {test_file}: no test cases match --run", file=sys.stderr)
+        if not results:
+            print(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
         suites.append((str(test_file), results))
         fired = {(v.policy_id, v.rule) for r in results if r.verdict is not None  # a rule of a policy that matched
                  for v in (r.verdict, *r.verdict.contributions)}  # but did not decide fired too  # fmt: skip
@@ -335,13 +337,14 @@ def run_test(args: argparse.Namespace) -> int:
                 print(f"     {difference}", file=sys.stderr)
     total = sum(len(results) for _, results in suites)
     failed = sum(not r.passed for _, results in suites for r in results)
-    if not suites and not broken:  # no policy had a test file beside it: nothing was tested
-        print(f"guard policy test: no test files found: looked for <name>_test.yaml (or .yml) beside each of the "
-              f"{len(files)} policy file(s) in {' '.join(args.files)}", file=sys.stderr)
-        return EXIT_FAILED
     if pattern is not None and not total and not broken:  # a filter that selects nothing tests nothing
         print(f"guard policy test: no case matches --run {args.run!r}", file=sys.stderr)
         return EXIT_FAILED
+    empty = not total and not broken  # no test file, or only empty ones: nothing was tested
+    if empty:
+        print(f"{'guard policy test' if args.fail_on_empty else 'warning'}: no test case ran: looked for "
+              f"<name>_test.yaml (or .yml) beside each of the {len(files)} policy file(s) in {' '.join(args.files)}",
+              file=sys.stderr)
     if args.format == "json":
         print(json.dumps(_json_report(suites, uncovered, errors), indent=2, ensure_ascii=False))
     elif args.format == "junit":
@@ -350,7 +353,7 @@ def run_test(args: argparse.Namespace) -> int:
         for line in uncovered:
             print(f"not covered {line}")
         print(f"{total - failed} passed, {failed} failed" + (f", {broken} files broken" if broken else ""))
-    return EXIT_FAILED if failed or broken else 0
+    return EXIT_FAILED if failed or broken or (empty and args.fail_on_empty) else 0
 
 
 def _json_report(

@@ -17,8 +17,8 @@ A test file::
 ``answers`` follow ``guard/backends/fixture.py``, by the question keys of every policy the input matches (all of them
 decide; ``expect.policy`` is the one whose verdict wins); questions left out get an even split. A case without ``answers`` or
 ``backend_error`` needs a real backend (``--backend``). ``expect.policy: null`` asserts no policy matches; without it, a
-case whose input no policy matches fails (it would pass an ``action: allow`` by default). A test file needs at least
-one case, and each ``expect`` must check something (``null``, ``flags: []`` and ``policy: "<any>"`` check nothing).
+case whose input no policy matches fails (it would pass an ``action: allow`` by default). Each ``expect`` must check
+something (``null``, ``flags: []`` and ``policy: "<any>"`` check nothing).
 """
 
 from __future__ import annotations
@@ -384,11 +384,11 @@ def run_test_file(
         run: only the cases whose name this pattern matches (``re.search``), like ``opa test --run``.
 
     Returns:
-        One :class:`CaseResult` per case (an empty list when ``run`` matches none: the caller fails on it).
+        One :class:`CaseResult` per case (an empty list when the file has no cases or ``run`` matches none: the
+        caller warns, or fails under ``--fail-on-empty``).
 
     Raises:
-        PolicyError: when the policy or the test file cannot be loaded (file, line, key), or the test file has no
-            cases.
+        PolicyError: when the policy or the test file cannot be loaded (file, line, key).
     """
     policy_path, test_path = find_test_file(path)
     policies = with_timeout(load_text(read_policy_file(policy_path), str(policy_path)), timeout_s)
@@ -397,8 +397,6 @@ def run_test_file(
         spec = _TestFile.model_validate(data or {})
     except pydantic.ValidationError as exc:
         raise PolicyLoadError([validation_problem(e, lines, _TestFile) for e in exc.errors()]) from None
-    if not spec.cases:  # an empty file or 'cases: []' tests nothing
-        raise lines.error(("cases",), "the test file has no cases; give at least one (a case is name, input, expect)")
     results = []
     for i, case in enumerate(spec.cases):
         if run is not None and not run.search(case.name):
