@@ -28,6 +28,7 @@ fine-tuned layers run in the encoder's dtype, the heads in float32.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ from guard.compact.encoder import (
     EncoderConfig,
     TextEncoder,
 )
+from guard.compact.grounding import QUESTION as GROUNDED_QUESTION
 from guard.compact.grounding import Grounding, call_features
 from guard.compact.head import CatalogHead, pool_rows
 from guard.compact.router import RouterHead
@@ -672,6 +674,7 @@ class CompactModel:
             for qid, q in body["questions"].items()
         }
         kind = body.get("kind")
+        _check_questions(questions, body.get("head") if kind == "catalog" else None, root / COMPACT_CONFIG_FILE)
         head: CatalogHead | RouterHead
         if kind == "catalog":
             layout = body["head"]
@@ -697,6 +700,47 @@ class CompactModel:
                 stack = OnnxStack.export(encoder.model, head.top, int8=chosen == "onnx-int8")
         return cls(encoder, head, questions, kind=kind, meta=body.get("meta"),
                    memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)), runtime=stack)
+
+
+def _check_questions(questions: dict[str, ModelQuestion], layout: Any, path: Path) -> None:
+    """Refuse a checkpoint's question table that would answer wrongly rather than fail: a temperature that is not a
+    finite number > 0 or a label bias that is not finite (answers inverted, pinned or NaN), a grounding on another
+    question than the tool-call one; for a catalog model (``layout``: its head's layout), a question outside the
+    catalog or of another type, questions out of catalog order (the head's rows are bound by position, as training
+    writes them: swapped or re-sorted entries answer from another question's row), or a head whose option counts
+    do not match the questions'.
+
+    Raises:
+        ValueError: naming ``path`` and the question.
+    """
+    for qid, q in questions.items():
+        if not (math.isfinite(q.temperature) and q.temperature > 0):
+            raise ValueError(f"{path}: question {qid!r} has temperature {q.temperature!r}; it must be a finite number > 0")
+        if not all(math.isfinite(v) for v in q.label_bias.values()):
+            raise ValueError(f"{path}: question {qid!r} has a label_bias that is not finite")
+        if q.grounding is not None and qid != GROUNDED_QUESTION:
+            raise ValueError(f"{path}: question {qid!r} has a grounding; only {GROUNDED_QUESTION} is grounded")
+    if layout is None:
+        return
+    ids = list(questions)
+    unknown = [qid for qid in ids if qid not in CATALOG]
+    if unknown:
+        raise ValueError(f"{path}: a catalog model answers catalog questions only; {unknown} are not in the catalog")
+    if ids != [qid for qid in CATALOG if qid in questions]:
+        raise ValueError(f"{path}: questions {ids} are not in catalog order {list(CATALOG)}; the head's rows are bound "
+                         "by position")
+    options = list(layout.get("options") or ())
+    for n, qid in enumerate(ids):
+        entry = CATALOG[qid]
+        if questions[qid].type != entry.type:
+            raise ValueError(f"{path}: question {qid!r} has type {questions[qid].type!r}; the catalog's is "
+                             f"{entry.type!r}")
+        wanted = len(entry.to_question().options())
+        if n >= len(options) or options[n] != wanted:
+            raise ValueError(f"{path}: head row {n} ({qid}) has {options[n] if n < len(options) else 'no'} options; "
+                             f"the question has {wanted}")
+    if len(options) != len(ids):
+        raise ValueError(f"{path}: the head has {len(options)} rows for {len(ids)} questions")
 
 
 def identifier_answer(text: list[float], words: list[float], entry: CatalogQuestion) -> list[float]:

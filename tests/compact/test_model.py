@@ -11,6 +11,7 @@ import torch
 from guard.compact import model as compact_model
 from guard.compact.catalog import CATALOG
 from guard.compact.finetune import FinetuneConfig, train_catalog
+from guard.compact.grounding import FEATURES
 from guard.compact.model import (
     ALONE_TOKENS,
     FORMAT,
@@ -92,6 +93,55 @@ def test_load_rejects_other_formats(tiny_model: CompactModel, tmp_path: Path, en
     config.write_text(config.read_text().replace(FORMAT, "other/9"))
     with pytest.raises(ValueError, match="format 'other/9'"):
         CompactModel.load(root, encoder=encoder)
+
+
+def _swap_first_two(questions: dict[str, Any]) -> dict[str, Any]:
+    first, second, *rest = questions.items()
+    return dict([second, first, *rest])
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda q: q["guard.prompt_injection"].update(temperature=-0.78), "temperature -0.78; it must be a finite"),
+        (lambda q: q["guard.prompt_injection"].update(temperature="nan"), "temperature nan"),
+        (lambda q: q["guard.prompt_injection"].update(temperature=0), "temperature 0.0"),
+        (lambda q: q["guard.prompt_injection"].update(temperature=1e400), "temperature inf"),
+        (lambda q: q["guard.prompt_injection"].update(label_bias={"false": float("nan")}), "label_bias that is not"),
+        (lambda q: q["guard.prompt_injection"].update(type="score"), "type 'score'; the catalog's is 'noul'"),
+        (lambda q: q.update({"acme.custom": dict(q["guard.prompt_injection"])}), r"\['acme.custom'\] are not in the"),
+        (lambda q: q.update({"guard.harmful_request": dict(q["guard.prompt_injection"])}), "not in catalog order"),
+        (lambda q: q["guard.prompt_injection"].update(
+            grounding={"features": list(FEATURES), "model": 1.0, "weights": [0.0] * len(FEATURES), "bias": 0.0,
+                       "plain_model": 1.0, "plain_bias": 0.0}), "only guard.tool_call_serves_task is grounded"),
+    ],
+)
+def test_load_refuses_a_question_table_that_would_answer_wrongly(
+    tiny_model: CompactModel, tmp_path: Path, encoder: Any, edit: Any, message: str
+) -> None:
+    """Each loaded before: a negated temperature inverted the answers, NaN or 0 made every answer malformed while
+    the service stayed ready, entries swapped or re-sorted answered from another question's head row (attack
+    finding)."""
+    root = tiny_model.save(tmp_path / "ck")
+    config = root / "compact_config.json"
+    body = json.loads(config.read_text())
+    edit(body["questions"])
+    if "guard.harmful_request" in body["questions"]:  # put it first: out of catalog order
+        body["questions"] = _swap_first_two(body["questions"])
+    config.write_text(json.dumps(body))
+    with pytest.raises(ValueError, match=message):
+        CompactModel.load(root, encoder=encoder, runtime="torch")
+
+
+def test_load_refuses_a_head_whose_rows_do_not_fit_the_questions(tiny_model: CompactModel, tmp_path: Path,
+                                                               encoder: Any) -> None:
+    root = tiny_model.save(tmp_path / "ck")
+    config = root / "compact_config.json"
+    body = json.loads(config.read_text())
+    body["head"]["options"] = [5]
+    config.write_text(json.dumps(body))
+    with pytest.raises(ValueError, match=r"head row 0 \(guard.prompt_injection\) has 5 options; the question has 2"):
+        CompactModel.load(root, encoder=encoder, runtime="torch")
 
 
 def test_a_checkpoint_of_the_one_layer_format_loads_to_the_same_answers(tiny_model: CompactModel, tmp_path: Path,
