@@ -19,7 +19,7 @@ by a hash of every exported weight, their dtype, the torch (exporter) and ONNX R
 changed checkpoint, encoder or library gets a new graph. Exporting takes a few seconds; later loads read the file.
 Graphs no load has used for :data:`CACHE_DAYS` days are removed from that folder on each load. guard creates its
 cache folders ``0700``, reads a graph only through folders this user owns and no one else can write to, and only as
-a private regular file of this user's (:func:`_check_private`, :func:`_drop_untrusted`). Where the folder cannot be
+a private regular file of this user's (:func:`~guard.compact._cache.check_private`, :func:`_drop_untrusted`). Where the folder cannot be
 written, belongs to another user or others may write to it, each load exports into a private temporary directory and
 removes it once the session has read the graph (with a warning naming the cause)."""
 
@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from guard.compact._cache import DEFAULT_CACHE_DIR
+from guard.compact._cache import DEFAULT_CACHE_DIR, check_private, is_private_file, private_folders
 from guard.compact.encoder import attention_bias
 
 __all__ = ["CACHE_DAYS", "DEFAULT_ONNX_DIR", "OPSET", "RUNTIMES", "OnnxStack", "choose", "quantize"]
@@ -132,7 +132,7 @@ class OnnxStack:
         In the default directory, graphs no load has used for :data:`CACHE_DAYS` days are then removed
         (:func:`_prune`); a directory the caller names is left as it is. When the default directory cannot be written
         (a container user without a home, a read-only file system), belongs to another user or others may write to
-        it (:func:`_check_private`), the graph is exported into a private temporary directory (``mkdtemp``: readable by
+        it (:func:`~guard.compact._cache.check_private`), the graph is exported into a private temporary directory (``mkdtemp``: readable by
         this user only, never one another user could have prepared), loaded, and the directory removed; a warning
         names the cause. Every load then exports again (a few seconds).
 
@@ -183,10 +183,10 @@ def _graph(stack: nn.Module, root: Path, key: str, int8: bool) -> Path:
 
     Raises:
         OSError: ``root`` cannot be created or written; ``PermissionError``: it, or a cache folder above it, is not
-            this user's or others may write to it (:func:`_check_private`).
+            this user's or others may write to it (:func:`~guard.compact._cache.check_private`).
     """
-    for folder in _cache_folders(root):
-        _check_private(folder)
+    for folder in private_folders(root, DEFAULT_ONNX_DIR.parent.parent):
+        check_private(folder)
     path = root / f"{key}.onnx"
     _touch(path)  # before the check, so a concurrent prune sees a graph about to be read as used
     _drop_untrusted(path)
@@ -234,43 +234,13 @@ def _prune(root: Path) -> None:
                 shutil.rmtree(path)
 
 
-def _check_private(folder: Path) -> None:
-    """A graph decides what the model answers, so it is read only from a folder that this user owns and no one else
-    can write to (where ``HOME`` is a shared folder, or its group may write to a cache folder, another user could
-    plant a graph under the predictable name, or swap the folder for theirs). The graphs in it are checked one by one
-    when read (:func:`_drop_untrusted`).
-
-    Raises:
-        PermissionError: ``folder`` belongs to another user, or others may write to it.
-    """
-    info = folder.stat()
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise PermissionError(f"{folder} belongs to another user (uid {info.st_uid})")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PermissionError(f"{folder} is writable by other users (chmod 700 it to keep the cache there)")
-
-
-def _cache_folders(root: Path) -> list[Path]:
-    """The folders a graph under ``root`` is read through that must be private: ``root``, and for guard's own cache
-    the ``guard/`` and ``guard/compact/`` folders above it (one a group member could write to would let them swap
-    ``onnx/`` for a folder of theirs between the checks and the read). guard creates the missing ones ``0700``."""
-    folders = [root.parent.parent, root.parent, root] if root == DEFAULT_ONNX_DIR else [root]
-    for folder in folders:
-        if not folder.exists():
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            folder.mkdir(mode=0o700, exist_ok=True)
-    return folders
-
-
 def _drop_untrusted(path: Path) -> None:
     """Remove the cached graph ``path`` unless it is a regular file of this user's that no one else can write to (one
     planted, or written while the folder was open to others, is exported again instead of read)."""
     try:
-        info = path.lstat()
+        if is_private_file(path):
+            return
     except FileNotFoundError:
-        return
-    mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
-    if stat.S_ISREG(info.st_mode) and mine and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return
     logger.warning("the cached ONNX graph %s is not a private file of this user's; it is removed and exported again",
                    path)
