@@ -344,7 +344,7 @@ class HandoffError(GuardError):
     Attributes:
         target: the handoff target's name.
         reason: short machine-friendly reason: ``unknown_target``, ``timeout``, ``unavailable``, ``http_<status>``,
-            ``malformed``.
+            ``malformed``, ``misconfigured`` (its URL or key cannot make a request).
     """
 
     def __init__(self, message: str, *, target: str, reason: str) -> None:

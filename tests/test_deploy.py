@@ -374,3 +374,13 @@ def test_every_kubernetes_pod_meets_the_restricted_pod_security_standard() -> No
             context = container["securityContext"]
             assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}, name
             assert context["readOnlyRootFilesystem"] is True, name
+
+
+def test_redis_readiness_fails_on_an_error_reply() -> None:
+    """``redis-cli ping`` exits 0 on ``NOAUTH`` or ``LOADING`` (an AOF replay): a Redis that only answers errors was
+    Ready. ``-e`` makes an error reply exit 1 (attack finding)."""
+    for document in _documents(DEPLOY / "k8s" / "redis.yaml"):
+        if document["kind"] != "StatefulSet" and document["kind"] != "Deployment":
+            continue
+        for container in document["spec"]["template"]["spec"]["containers"]:
+            assert container["readinessProbe"]["exec"]["command"] == ["redis-cli", "-e", "ping"], document["metadata"]

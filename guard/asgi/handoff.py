@@ -53,6 +53,8 @@ __all__ = [
 
 #: Most bytes of a whole answer from a handoff target, and of one line of a streamed one (4 MiB).
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
+#: Most bytes of a whole streamed answer (32 MiB); a target that streams on past it is cut off.
+MAX_STREAM_BYTES = 32 * 1024 * 1024
 _ERROR_BYTES = 200  # of an error answer, the part its message quotes (in the log only)
 DEFAULT_SYSTEM_PROMPT = (
     "You are the assistant that takes over requests an automated guard did not pass straight through. Answer the "
@@ -266,7 +268,14 @@ class HandoffClient:
         return self._client
 
     def _request(self, target: HandoffTarget, messages: list[dict[str, str]], stream: bool) -> httpx.Request:
-        headers = {"content-type": "application/json"}
+        """The chat completion request to ``target``; the answer is asked for uncompressed (a compressed one would be
+        inflated in one piece before any size check could stop it).
+
+        Raises:
+            HandoffError: reason ``misconfigured``: the target's URL or key cannot make a request (a key that is not
+                ASCII, a URL httpx refuses).
+        """
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
         key = self._api_keys.get(target.name) or (os.environ.get(target.api_key_env) if target.api_key_env else None)
         if key:
             headers["authorization"] = f"Bearer {key}"
@@ -275,7 +284,18 @@ class HandoffClient:
         payload = {"model": target.model, "messages": messages, "stream": stream}
         timeout = httpx.Timeout(target.timeout, connect=min(5.0, target.timeout))
         url = target.base_url.rstrip("/") + "/chat/completions"
-        return self._http().build_request("POST", url, json=payload, headers=headers, timeout=timeout)
+        try:
+            return self._http().build_request("POST", url, json=payload, headers=headers, timeout=timeout)
+        except (httpx.InvalidURL, UnicodeEncodeError, ValueError) as exc:
+            raise HandoffError(f"handoff target {target.name!r} cannot be called: {type(exc).__name__} (check its "
+                               "base_url and API key)", target=target.name, reason="misconfigured") from exc
+
+    def _refuse_encoded(self, target: HandoffTarget, response: httpx.Response) -> None:
+        """Refuse an answer sent compressed though it was asked for uncompressed: httpx would inflate each chunk
+        whole before the size limits could see it (a 1.6 KB brotli answer took 2 GiB)."""
+        coding = response.headers.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):
+            raise self._malformed(target, f"the answer is {coding[:40]}-encoded though none was asked for")
 
     @staticmethod
     def _error(target: HandoffTarget, exc: Exception) -> HandoffError:
@@ -317,6 +337,7 @@ class HandoffClient:
             async with asyncio.timeout(target.timeout):
                 response = await self._http().send(self._request(target, messages, stream=False), stream=True)
                 try:
+                    self._refuse_encoded(target, response)
                     body = b"".join([chunk async for chunk in _capped(response.aiter_bytes(), MAX_ANSWER_BYTES)])
                 finally:
                     await response.aclose()
@@ -355,8 +376,9 @@ class HandoffClient:
                 response = await self._http().send(self._request(target, messages, stream=True), stream=True)
         except (httpx.HTTPError, TimeoutError) as exc:
             raise self._error(target, exc) from exc
-        lines = _lines(_capped(response.aiter_bytes(), None), MAX_ANSWER_BYTES)
+        lines = _lines(_capped(response.aiter_bytes(), MAX_STREAM_BYTES), MAX_ANSWER_BYTES)
         try:
+            self._refuse_encoded(target, response)
             if response.status_code >= 400:  # its first bytes name the error: read those, within the timeout
                 async with asyncio.timeout(target.timeout):
                     head = await anext(_capped(response.aiter_bytes(), None), b"")

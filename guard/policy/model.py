@@ -17,8 +17,9 @@ from __future__ import annotations
 import types
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from guard.policy._state import Repeats
 from guard.verdict import Action, MaskStyle
@@ -489,6 +490,18 @@ class HandoffTargetSpec(_Strict):
     )
     timeout: float = Field(default=DEFAULT_HANDOFF_TIMEOUT_S, gt=0, description="Seconds to wait for the target.")
     system_prompt: str | None = Field(default=None, description="System prompt placed before the decision summary.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+        except ValueError as exc:
+            raise ValueError(f"base_url {url[:80]!r} is not a URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be an http:// or https:// URL with a host, got {url[:80]!r}")
+        return url
 
 
 class PolicyFileSpec(_Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 import socket
@@ -126,6 +127,18 @@ class OpenAIStandIn:
                     yield bytes([byte])
 
             return StreamingResponse(drip(), media_type="application/json")
+        if model == "gzip-bomb":  # 64 MiB of zeros in about 64 KB, sent compressed though identity was asked for
+            bomb = gzip.compress(b"0" * (64 << 20), compresslevel=9)
+            headers = {"content-encoding": "gzip", "content-type": "application/json"}
+            return Response(bomb, headers=headers, media_type="text/event-stream" if body.get("stream") else None)
+        if model == "endless-stream":  # content events past any answer's size (40 MiB), each in time
+            async def flood() -> AsyncIterator[str]:
+                chunk = json.dumps({"object": "chat.completion.chunk", "choices": [{"delta": {"content": "x" * 65536}}]})
+                for _ in range(640):
+                    yield f"data: {chunk}\n\n"
+                    await asyncio.sleep(0)
+
+            return StreamingResponse(flood(), media_type="text/event-stream")
         if model == "keepalive":  # a stream of SSE comments only
             async def comments() -> AsyncIterator[str]:
                 for _ in range(40):

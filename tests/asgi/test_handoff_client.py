@@ -222,6 +222,9 @@ async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenA
     ("deep", False, "malformed"),  # a RecursionError escaped as a 500
     ("fail-500-drip", True, "http_500"),  # the error body of a stream was read without end
     ("fail-500-drip", False, "timeout"),
+    ("gzip-bomb", False, "malformed"),  # inflated whole before the size check: 2 GiB for 1.6 KB of brotli
+    ("gzip-bomb", True, "malformed"),
+    ("endless-stream", True, "malformed"),  # past MAX_STREAM_BYTES: relayed without end before
 ])  # fmt: skip
 async def test_a_slow_huge_or_deep_answer_is_a_handoff_error_in_bounded_time(
     standin: tuple[OpenAIStandIn, str], model: str, stream: bool, reason: str
@@ -240,6 +243,37 @@ async def test_a_slow_huge_or_deep_answer_is_a_handoff_error_in_bounded_time(
             await client.acomplete(target, [{"role": "user", "content": "x"}])
     await client.aclose()
     assert info.value.reason == reason and time.monotonic() - started < 5.0  # a hang bound: 1 s timeout
+
+
+async def test_answers_are_asked_for_uncompressed(standin: tuple[OpenAIStandIn, str]) -> None:
+    server, url = standin
+    client = HandoffClient()
+    await client.acomplete(_target(url, model="identity-check"), [{"role": "user", "content": "x"}])
+    await client.aclose()
+    (sent,) = [h for h, call in zip(server.headers, server.calls, strict=True) if call["model"] == "identity-check"]
+    assert sent["accept-encoding"] == "identity"
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ({"base_url": "http://[::1/v1"}, "cannot be called: InvalidURL"),  # a 500 before
+    ({"api_key_env": "GUARD_TEST_HANDOFF_KEY"}, "cannot be called: UnicodeEncodeError"),
+])  # fmt: skip
+async def test_a_target_that_cannot_make_a_request_is_a_handoff_error(
+    standin: tuple[OpenAIStandIn, str], monkeypatch: pytest.MonkeyPatch, target: dict[str, str], message: str
+) -> None:
+    _, url = standin
+    monkeypatch.setenv("GUARD_TEST_HANDOFF_KEY", "k\u00e9y")
+    client = HandoffClient()
+    broken = HandoffTarget(**{"name": "helper", "base_url": f"{url}/v1", "model": "m", **target})  # type: ignore[arg-type]
+    for stream in (False, True):
+        with pytest.raises(HandoffError, match=message) as info:
+            if stream:
+                async for _ in client.astream(broken, [{"role": "user", "content": "x"}]):
+                    pass
+            else:
+                await client.acomplete(broken, [{"role": "user", "content": "x"}])
+        assert info.value.reason == "misconfigured"
+    await client.aclose()
 
 
 def test_secrets_in_the_request_are_not_sent_to_the_handoff_target() -> None:

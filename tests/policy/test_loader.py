@@ -165,6 +165,9 @@ def test_file_level_shape() -> None:
     assert load_error(targets + handoff).key == "handoff_targets.t.timeout"
     ok = load_text(targets.replace("timeout: -1", "api_key_env: K") + handoff)
     assert ok[0].handoff_targets["t"].api_key_env == "K"
+    for url in ("http://[::1/v1", "ftp://x/v1", "/v1", "http://:80/v1"):  # each failed only per request (a 500 first)
+        error = load_error(targets.replace("http://x/v1", url).replace("timeout: -1", "timeout: 1") + handoff)
+        assert error.key == "handoff_targets.t.base_url" and "base_url" in error.reason
 
 
 def test_duplicate_policy_ids_across_files(tmp_path: Path) -> None:
