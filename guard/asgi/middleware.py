@@ -302,6 +302,12 @@ class GuardMiddleware:
         through here: a request no policy judges, an allowed one, one a review released, and a handoff."""
         judged = {**scope, "method": method} if method is not None else scope
         head, watching = self._watching(judged, header_map(scope))
+        if watching and scope.get("query_string"):  # a response policy reads the request's query too
+            try:
+                head = dataclasses.replace(head, query=query_map(scope, self.limits.max_form_fields))
+            except BodyError as exc:
+                await self._refuse(send, head, watching[0], exc)
+                return
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
         app_send = functools.partial(send_with_headers, judge or send, headers) if headers else judge or send
         response = (app or self.app)(without_unreadable_sends(scope) if judge else scope, receive, app_send)

@@ -195,6 +195,25 @@ policies:
     assert elsewhere.status_code == 200  # a repeated key the policy does not read
 
 
+def test_a_response_policy_reads_the_requests_query() -> None:
+    """A response policy saw an empty query (its subject was built before the query was parsed), so a rule on it
+    never fired (review finding); a parameter it reads sent twice is refused as on the request side."""
+    policy = """
+policies:
+  - id: responses
+    version: 1
+    match: {http: {response: {status: [200]}}}
+    state: {user: "query:user", body: body_text}
+    rules:
+      - {id: banned, when: 'state.user == "mallory"', action: block}
+"""
+    blocked, allowed, twice = _send(policy, {"method": "GET", "url": "/x?user=mallory"},
+                                    {"method": "GET", "url": "/x?user=alice"},
+                                    {"method": "GET", "url": "/x?user=a&user=mallory"})
+    assert (blocked.status_code, allowed.status_code) == (403, 200), blocked.text
+    assert twice.status_code == 400 and "state_ambiguous" in twice.text
+
+
 @pytest.mark.parametrize(
     ("source", "message"),
     [
