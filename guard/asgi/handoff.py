@@ -293,9 +293,10 @@ class HandoffClient:
     def _refuse_encoded(self, target: HandoffTarget, response: httpx.Response) -> None:
         """Refuse an answer sent compressed though it was asked for uncompressed: httpx would inflate each chunk
         whole before the size limits could see it (a 1.6 KB brotli answer took 2 GiB)."""
-        coding = response.headers.get("content-encoding", "identity").strip().lower()
-        if coding not in ("", "identity"):
-            raise self._malformed(target, f"the answer is {coding[:40]}-encoded though none was asked for")
+        codings = {c.strip().lower() for c in response.headers.get("content-encoding", "").split(",")} - {"", "identity"}
+        if codings:
+            raise self._malformed(target, f"the answer is {', '.join(sorted(codings))[:40]}-encoded though none was "
+                                  "asked for")
 
     @staticmethod
     def _error(target: HandoffTarget, exc: Exception) -> HandoffError:

@@ -383,21 +383,44 @@ MAX_DEPTH = 64
 TOO_DEEP = "[too deep: left out]"
 
 
-def _json_safe(value: Any, depth: int = 0) -> Any:
+def _json_safe(value: Any, depth: int = 0, hidden: list[str] | None = None) -> Any:
     """``value`` as JSON types (dataclasses as objects, tuples as arrays, anything else as its ``repr``); an object
     or array nested more than :data:`MAX_DEPTH` levels down is replaced by :data:`TOO_DEEP`, so nothing that walks
-    the record later (redaction, ``json.dumps``) can run out of stack."""
+    the record later (redaction, ``json.dumps``) can run out of stack. The secret values such a cut leaves out
+    (:func:`_secret_strings`) go to ``hidden``, so the text that repeats them is still scrubbed."""
     if isinstance(value, (dict, list, tuple)) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
         if depth >= MAX_DEPTH:
+            if hidden is not None:
+                hidden.extend(_secret_strings(value))
             return TOO_DEEP
         if isinstance(value, dict):
-            return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+            return {str(k): _json_safe(v, depth + 1, hidden) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [_json_safe(v, depth + 1) for v in value]
-        return {f.name: _json_safe(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}
+            return [_json_safe(v, depth + 1, hidden) for v in value]
+        return {f.name: _json_safe(getattr(value, f.name), depth + 1, hidden) for f in dataclasses.fields(value)}
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return repr(value)
+
+
+def _secret_strings(value: Any) -> list[str]:
+    """The strings (and integers, as digits) under secret-named keys (:data:`SECRET_NAME`) anywhere in ``value``,
+    walked with a stack, so any depth is read."""
+    out: list[str] = []
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        node, secret = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, secret or bool(SECRET_NAME.search(str(k)))) for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, secret) for v in node)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            stack.extend((getattr(node, f.name), secret) for f in dataclasses.fields(node))
+        elif secret and isinstance(node, str):
+            out.append(node)
+        elif secret and isinstance(node, int) and not isinstance(node, bool):
+            out.append(str(node))
+    return out
 
 
 # Characters that JSON leaves raw with ensure_ascii=False but that end a line for Unicode-aware readers
@@ -416,18 +439,19 @@ def _json_line(event: dict[str, Any]) -> str:
 WITHHELD = "[withheld: holds what a redact rule could not mask]"
 
 
-def _input_json(subject: Subject, verdict: Verdict) -> Any:
+def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
     event, which would make every record as long as the thread); a ``redact`` verdict's spans masked in the body and
     its text; the body, its text and the query values left out (:data:`WITHHELD`) of a request refused because
-    what its rule masks could not be masked there."""
-    record = _json_safe(subject)
+    what its rule masks could not be masked there. Secret values cut off with a part nested too deep go to
+    ``hidden``."""
+    record = _json_safe(subject, hidden=hidden)
     record.pop("history", None)
     if verdict.flags.get(UNMASKABLE_FLAG) and isinstance(subject, HttpSubject):  # it holds what could not be masked
         record.update(body=WITHHELD, body_text=WITHHELD, query={name: [WITHHELD] for name in subject.query})
     elif verdict.redactions and isinstance(subject, HttpSubject):
         body = apply_redactions(subject.body, verdict.redactions)
-        record["body"] = _json_safe(body)
+        record["body"] = _json_safe(body, hidden=hidden)
         record["body_text"] = "\n".join(body_strings(body))
     return record
 
@@ -511,42 +535,29 @@ _WINDOW = 8
 class _Scrubber:
     """Replaces secret values in strings by ``[redacted]``, in time linear in each string's length.
 
-    The first :data:`SCRUB_MAX_VALUES` values (longest first) are found by one regex per string; every occurrence
-    is covered, overlapping ones too; a value of 3 digits only where no digit is next to it (a security code, not
-    the middle of ``41234``). A string holding the start of any other value is replaced whole.
+    The first :data:`SCRUB_MAX_VALUES` values are replaced one after another, longest first (``str.replace``: a
+    linear search in C per value, whatever the text repeats); a value of 3 digits only where no digit is next to it
+    (a security code, not the middle of ``41234``). Where two values overlap in the text, the second loses its
+    overlap with the first and keeps its other end. A string holding the start (:data:`_WINDOW` characters) of any
+    value past the cap is replaced whole.
     """
 
     def __init__(self, values: list[str]) -> None:
         ordered = sorted(set(values), key=lambda v: (-len(v), v))
         exact, rest = ordered[:SCRUB_MAX_VALUES], ordered[SCRUB_MAX_VALUES:]
-        longer = "|".join(re.escape(v) for v in exact if len(v) >= 4)
-        digits = "|".join(re.escape(v) for v in exact if len(v) < 4)
-        alternatives = [*([longer] if longer else []), *([rf"(?<!\d)(?:{digits})(?!\d)"] if digits else [])]
-        # a lookahead matches at every position where a value starts, so overlapping occurrences are all found
-        self._pattern = re.compile(f"(?=({'|'.join(alternatives)}))") if alternatives else None
+        self._values = [v for v in exact if len(v) >= 4]
+        codes = [v for v in exact if len(v) < 4]
+        self._codes = re.compile(rf"(?<!\d)(?:{'|'.join(codes)})(?!\d)") if codes else None  # 3 digits each
         self._width = min([_WINDOW, *(len(v) for v in rest)])
         self._starts = {v[:self._width] for v in rest}
 
     def __call__(self, text: str) -> str:
         if self._starts and any(text[i:i + self._width] in self._starts for i in range(len(text) - self._width + 1)):
             return "[redacted]"
-        if self._pattern is None:
-            return text
-        spans: list[list[int]] = []  # merged [start, end) of the values found, in order
-        for match in self._pattern.finditer(text):
-            start, end = match.start(), match.start() + len(match.group(1))
-            if spans and start <= spans[-1][1]:
-                spans[-1][1] = max(spans[-1][1], end)
-            else:
-                spans.append([start, end])
-        if not spans:
-            return text
-        out, at = [], 0
-        for start, end in spans:
-            out.append(text[at:start] + "[redacted]")
-            at = end
-        out.append(text[at:])
-        return "".join(out)
+        for value in self._values:
+            if value in text:
+                text = text.replace(value, "[redacted]")
+        return self._codes.sub("[redacted]", text) if self._codes is not None else text
 
 
 def _scrub(node: Any, scrub: Callable[[str], str]) -> Any:
@@ -654,7 +665,7 @@ def _credentials(values: list[str]) -> list[str]:
                 out += [decoded, decoded.partition(":")[2]]
         elif "=" in value:
             for part in value.split(";"):
-                cookie = part.partition("=")[2].strip()
+                cookie = part.partition("=")[2].strip().strip('"')  # RFC 6265 allows a quoted value
                 if len(cookie) >= 8:  # a session id, not a theme or a language
                     out.append(cookie)
     return out
@@ -727,9 +738,10 @@ def redact_secrets(state: Any, subject: Subject | None = None) -> Any:
     """A copy of ``state`` as ``log_input="redacted"`` writes it: secret-named fields (:data:`SECRET_NAME`) removed
     at any depth, and their values, and those of the ``subject``'s secret-named fields (a query's ``api_key``, a
     body's ``password``: what a ``request_text`` or ``body_text`` state repeats), replaced by ``[redacted]``."""
-    record = {"input": None if subject is None else _json_safe(subject),
-              "state": json.loads(json.dumps(state, default=str))}
-    _redact_input(record, [])
+    hidden: list[str] = []
+    record = {"input": None if subject is None else _json_safe(subject, hidden=hidden),
+              "state": _json_safe(state, hidden=hidden)}
+    _redact_input(record, [], values=hidden)
     return record["state"]
 
 
@@ -795,14 +807,15 @@ class DecisionLog:
               cache: str | None = None, span: Span | None = None) -> dict[str, Any]:
         """Build the redacted record for one decision (not written); ``span`` gives the trace and span ids (``None``
         = the current span: a caller's recording span when guard started none)."""
+        hidden: list[str] = []  # secret values in parts nested too deep to keep
         record: dict[str, Any] = {
             "decision_id": verdict.decision_id,
             "timestamp": _utc_now(),
             "labels": dict(self.labels),
             "policy": {"id": verdict.policy_id, "version": verdict.policy_version, "file": policy_file},
             # built even when it is not written: its secret values are scrubbed from the state
-            "input": _input_json(subject, verdict) if subject is not None and self.log_input != "none" else None,
-            "state": _json_safe(verdict.state),
+            "input": _input_json(subject, verdict, hidden) if subject is not None and self.log_input != "none" else None,
+            "state": _json_safe(verdict.state, hidden=hidden),
             "result": {
                 "action": verdict.action,
                 "rule": verdict.rule,
@@ -838,7 +851,7 @@ class DecisionLog:
         for _, tokens in self._redact:
             _erase(record, tokens, "", erased, removed)
         if self.log_input == "redacted":
-            _redact_input(record, erased, self.logged_headers, removed)
+            _redact_input(record, erased, self.logged_headers, removed + hidden)
         elif self.log_input == "full":
             _scrub_record(record, removed)  # what the pointers removed (the credential headers) repeated elsewhere
         else:

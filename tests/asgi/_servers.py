@@ -131,6 +131,11 @@ class OpenAIStandIn:
             bomb = gzip.compress(b"0" * (64 << 20), compresslevel=9)
             headers = {"content-encoding": "gzip", "content-type": "application/json"}
             return Response(bomb, headers=headers, media_type="text/event-stream" if body.get("stream") else None)
+        if model == "identity-twice":  # two proxies each saying so: nothing to decode
+            answer = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+            response = Response(json.dumps(answer), media_type="application/json")
+            response.raw_headers += [(b"content-encoding", b"identity")] * 2
+            return response
         if model == "endless-stream":  # content events past any answer's size (40 MiB), each in time
             async def flood() -> AsyncIterator[str]:
                 chunk = json.dumps({"object": "chat.completion.chunk", "choices": [{"delta": {"content": "x" * 65536}}]})

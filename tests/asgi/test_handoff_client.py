@@ -252,6 +252,9 @@ async def test_answers_are_asked_for_uncompressed(standin: tuple[OpenAIStandIn, 
     await client.aclose()
     (sent,) = [h for h, call in zip(server.headers, server.calls, strict=True) if call["model"] == "identity-check"]
     assert sent["accept-encoding"] == "identity"
+    client = HandoffClient()
+    assert (await client.acomplete(_target(url, model="identity-twice"), [{"role": "user", "content": "x"}])).text == "ok"
+    await client.aclose()
 
 
 @pytest.mark.parametrize(("target", "message"), [

