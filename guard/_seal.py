@@ -57,8 +57,8 @@ class Sealer:
         key = key if key is not None else (os.environ if env is None else env).get(STORE_KEY_ENV)
         if not key:
             raise ValueError(f"{what} needs a store key to seal what it writes to Redis: set ${STORE_KEY_ENV} (the "
-                             f"same secret on every replica, at least {MIN_KEY_BYTES} bytes), or pass store_key= in "
-                             "Python")
+                             f"same secret on every replica, at least {MIN_KEY_BYTES} bytes, e.g. openssl rand -hex 32;"
+                             " in Python, store_key=)")
         return cls(key)
 
     def seal(self, context: str, data: bytes) -> str:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -37,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while a command starts (loading torch, a model): no traceback
         print("guard: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``guard ... | head``): stop quietly, as Unix tools do
+        # stdout's buffer cannot be flushed any more: point it at devnull so the exit flush does not fail again
+        with contextlib.suppress(OSError, ValueError):  # a stdout without a descriptor has no such flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return int(result or 0)
 
 

@@ -18,6 +18,7 @@ import asyncio
 import sys
 from typing import Any
 
+from guard._seal import Sealer
 from guard.backends.base import DecisionBackend
 from guard.backends.options import add_backend_options, check_device_options, describe_backend, open_cli_backend
 from guard.engine.verdicts import GUARD_ERROR_RULE
@@ -51,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         print(f"guard quickstart: --limit must be a positive number of requests, got {args.limit}", file=sys.stderr)
         return 2
+    if args.redis_url:  # before the table starts: the cache refuses to write to Redis unsealed
+        try:
+            Sealer.resolve(None, "guard quickstart --redis-url")
+        except ValueError as exc:
+            print(f"guard quickstart: {exc}", file=sys.stderr)
+            return 2
     out = sys.stdout
     out.write(
         "guard quickstart: an example API behind the guard, real traffic replayed through it.\n"

@@ -89,3 +89,18 @@ def test_ctrl_c_while_a_command_runs_exits_130_without_a_traceback(
     monkeypatch.setattr(cmd_tiny, "run", interrupted)
     assert main(["tiny", str(tmp_path / "t")]) == 130
     assert capsys.readouterr().err == "guard: interrupted\n"
+
+
+def test_output_to_a_reader_that_went_away_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``guard policy test policies --format json | head -c 400`` ended in a BrokenPipeError traceback (new-user
+    trial): a command whose reader went away stops quietly, as Unix tools do."""
+    from guard.cli import cmd_tiny, main
+
+    def reader_gone(args: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cmd_tiny, "run", reader_gone)
+    assert main(["tiny", str(tmp_path / "t")]) == 1
+    assert capsys.readouterr().err == ""
