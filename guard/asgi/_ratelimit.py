@@ -5,15 +5,34 @@ Each key's bucket holds up to ``burst`` tokens and refills at ``rate`` per secon
 refused while the bucket is empty. At most ``max_keys`` buckets are kept: when full, a new key drops the least
 recently used bucket, in constant time (it has been idle longest, so it is the first to have refilled completely
 and carry no state a new one would not). Every replica limits on its own, so N replicas let through up to N times
-the rate.
+the rate. A client is keyed by :func:`client_key`: an IPv6 client by its /64 network, since one host commonly has
+all of one.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import time
 from collections import OrderedDict
 
-__all__ = ["TokenBuckets"]
+__all__ = ["TokenBuckets", "client_key"]
+
+
+@functools.lru_cache(maxsize=4096)
+def client_key(client: str | None) -> str:
+    """What limits and quotas count one client by: an IPv6 address's /64 network (``2001:db8::/64``: a host gets a
+    whole /64 and can send from any address in it), else the client as given (an IPv4 address, a name a trusted
+    header gave, ``""`` for none)."""
+    if not client:
+        return ""
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return client
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return client
 
 
 class TokenBuckets:

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from guard._body import ReplayReceive, read_body
 from guard.asgi._metrics import HttpMetrics
+from guard.asgi._ratelimit import client_key
 from guard.asgi._responses import (
     PENDING_REVIEW,
     REVIEW_CONFLICT,
@@ -215,7 +216,8 @@ async def hold(
         digest = _scope_digest(mw, scope, body, bound, release_token.encode())
         item = await mw.review_store.create(verdict, subject=subject_summary(subject), digest=digest,
                                             request=held_request(scope, body, bound),
-                                            tenant=mw.tenant_of(scope, subject.headers), client=subject.client)
+                                            tenant=mw.tenant_of(scope, subject.headers),
+                                            client=client_key(subject.client))  # an IPv6 client's quota: its /64
     except ReviewQuotaExceeded as exc:
         mw.metrics.count_review("client_quota")
         await send_json(send, 429, {"code": "review_quota_exceeded", "message": str(exc), "review_id": None},

@@ -7,7 +7,10 @@ way, on a second uvicorn server bound to loopback or an internal interface::
 
     guarded = GuardMiddleware(app, guard=guard, review_store=store)
     admin = admin_app(guard, review_store=store, reviewers=reviewers, metrics=guarded.metrics)
-    # uvicorn.Server(uvicorn.Config(admin, host="127.0.0.1", port=9901, lifespan="off")).serve()
+    # uvicorn.Server(uvicorn.Config(admin, host="127.0.0.1", port=9901, lifespan="off", **server_options())).serve()
+
+(``guard.asgi.server.server_options``: without it uvicorn trusts ``X-Forwarded-For`` from a loopback peer, so a
+local process could name a new client address on every wrong token and never be rate limited.)
 
 =======  ===========================  ========================================================================
 GET      ``/_guard/live``             liveness: 200 ``{"status": "alive"}`` while the process serves

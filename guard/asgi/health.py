@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from guard.asgi._ratelimit import TokenBuckets
+from guard.asgi._ratelimit import TokenBuckets, client_key
 from guard.asgi._responses import send_json
 from guard.asgi.review_api import DEFAULT_RATE_LIMIT
 from guard.engine.health import FailureTracker, health_report, public_health
@@ -70,7 +70,7 @@ class HealthEndpoint:
         if not any(k == b"authorization" for k, _ in scope["headers"]):
             return 0.0  # a probe: codes only, never limited
         client = scope.get("client")
-        return self._guesses.take("client:" + (client[0] if client else ""))
+        return self._guesses.take("client:" + client_key(client[0] if client else None))
 
     def report(self) -> dict[str, Any]:
         """The full report (:func:`guard.engine.health.health_report`) with the upstream and review store checks."""

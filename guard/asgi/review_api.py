@@ -55,7 +55,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from guard._json import loads
-from guard.asgi._ratelimit import TokenBuckets
+from guard.asgi._ratelimit import TokenBuckets, client_key
 from guard.asgi.console import console_route
 from guard.asgi.review_store import STATUSES, ReviewItem, ReviewStore
 from guard.errors import InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
@@ -236,7 +236,7 @@ class _Api:
             if secrets.compare_digest(presented, digest) and given.startswith("Bearer "):
                 found = name
         if found is None:
-            return self._limited("client:" + client) or _error(
+            return self._limited("client:" + client_key(client)) or _error(
                 401, "unauthorized", "send 'Authorization: Bearer <your review token>'", "authorization")
         return self._limited("reviewer:" + found) or found
 

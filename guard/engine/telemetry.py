@@ -383,42 +383,49 @@ MAX_DEPTH = 64
 TOO_DEEP = "[too deep: left out]"
 
 
-def _json_safe(value: Any, depth: int = 0, hidden: list[str] | None = None) -> Any:
-    """``value`` as JSON types (dataclasses as objects, tuples as arrays, anything else as its ``repr``); an object
+def _json_safe(value: Any, depth: int = 0, hidden: list[str] | None = None, secret: bool = False) -> Any:
+    """``value`` as JSON types (dataclasses as objects, tuples as arrays, anything else as its ``str``); an object
     or array nested more than :data:`MAX_DEPTH` levels down is replaced by :data:`TOO_DEEP`, so nothing that walks
-    the record later (redaction, ``json.dumps``) can run out of stack. The secret values such a cut leaves out
-    (:func:`_secret_strings`) go to ``hidden``, so the text that repeats them is still scrubbed."""
+    the record later (redaction, ``json.dumps``) can run out of stack. The secret values such a cut leaves out go to
+    ``hidden`` (:func:`_secret_strings`; every string of it when ``secret``: the part sits under a secret-named
+    key), so the text that repeats them is still scrubbed."""
     if isinstance(value, (dict, list, tuple)) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
         if depth >= MAX_DEPTH:
             if hidden is not None:
-                hidden.extend(_secret_strings(value))
+                hidden.extend(_secret_strings(value, secret))
             return TOO_DEEP
         if isinstance(value, dict):
-            return {str(k): _json_safe(v, depth + 1, hidden) for k, v in value.items()}
+            return {str(k): _json_safe(v, depth + 1, hidden, secret or _secret_name(k)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [_json_safe(v, depth + 1, hidden) for v in value]
-        return {f.name: _json_safe(getattr(value, f.name), depth + 1, hidden) for f in dataclasses.fields(value)}
+            return [_json_safe(v, depth + 1, hidden, secret) for v in value]
+        return {f.name: _json_safe(getattr(value, f.name), depth + 1, hidden, secret or _secret_name(f.name))
+                for f in dataclasses.fields(value)}
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
-    return repr(value)
+    return str(value)
 
 
-def _secret_strings(value: Any) -> list[str]:
-    """The strings (and integers, as digits) under secret-named keys (:data:`SECRET_NAME`) anywhere in ``value``,
-    walked with a stack, so any depth is read."""
+def _secret_name(key: Any) -> bool:
+    return SECRET_NAME.search(str(key)) is not None
+
+
+def _secret_strings(value: Any, secret: bool = False) -> list[str]:
+    """The strings (and integers, as digits) under secret-named keys or dataclass fields (:data:`SECRET_NAME`)
+    anywhere in ``value`` (all of them when ``secret``: ``value`` sits under one), walked with a stack, so any depth
+    is read."""
     out: list[str] = []
-    stack: list[tuple[Any, bool]] = [(value, False)]
+    stack: list[tuple[Any, bool]] = [(value, secret)]
     while stack:
-        node, secret = stack.pop()
+        node, under = stack.pop()
         if isinstance(node, dict):
-            stack.extend((v, secret or bool(SECRET_NAME.search(str(k)))) for k, v in node.items())
+            stack.extend((v, under or _secret_name(k)) for k, v in node.items())
         elif isinstance(node, (list, tuple)):
-            stack.extend((v, secret) for v in node)
+            stack.extend((v, under) for v in node)
         elif dataclasses.is_dataclass(node) and not isinstance(node, type):
-            stack.extend((getattr(node, f.name), secret) for f in dataclasses.fields(node))
-        elif secret and isinstance(node, str):
+            stack.extend((getattr(node, f.name), under or _secret_name(f.name)) for f in dataclasses.fields(node))
+        elif under and isinstance(node, str):
             out.append(node)
-        elif secret and isinstance(node, int) and not isinstance(node, bool):
+        elif under and isinstance(node, int) and not isinstance(node, bool):
             out.append(str(node))
     return out
 

@@ -21,7 +21,6 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from guard._urls import shown_url
 from guard.policy._state import Repeats
 from guard.verdict import Action, MaskStyle
 
@@ -495,14 +494,14 @@ class HandoffTargetSpec(_Strict):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, url: str) -> str:
-        shown = shown_url(url)[:80]  # without the userinfo and query a URL may carry a key in
+        # the URL is not quoted back: one that does not parse as intended may hold a key where a host would be
         try:
             parts = urlsplit(url)
             parts.port  # noqa: B018 - urlsplit checks the port only when it is read
         except ValueError as exc:
-            raise ValueError(f"base_url {shown!r} is not a URL: {exc}") from None
+            raise ValueError(f"base_url is not a URL: {exc}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"base_url must be an http:// or https:// URL with a host, got {shown!r}")
+            raise ValueError("base_url must be an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000/v1)")
         return url
 
 

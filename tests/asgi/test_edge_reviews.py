@@ -177,6 +177,22 @@ async def test_the_review_cap_counts_the_address_the_proxy_appended(make_guard: 
     assert spoofed == [202, 202, 202, 429, 429] and spellings == [202, 202, 202, 429, 429]
 
 
+async def test_an_ipv6_client_is_counted_by_its_64_network(make_guard: GuardFactory) -> None:
+    """Addresses rotated within one /64 (which one host gets whole) filled the store, and every other client's
+    escalation then got 503 (attack finding); they are one client, and another network still escalates."""
+    store = MemoryReviewStore(max_items=50, max_pending_per_client=3)
+    app = guarded_app(make_guard(), review_store=store, client_header="x-forwarded-for")
+    async with client_for(app) as client:
+        async def post(address: str) -> int:
+            headers = {"content-type": "application/json", "x-forwarded-for": address}
+            return (await client.post("/v1/echo", content=UNSURE, headers=headers)).status_code
+
+        rotated = [await post(f"2001:db8::{i + 1:x}") for i in range(6)]
+        neighbour = await post("2001:db8:0:1::1")
+        mapped = [await post(f"::ffff:198.51.100.{i}") for i in range(1, 3)]  # IPv4 clients stay one address each
+    assert rotated == [202, 202, 202, 429, 429, 429] and neighbour == 202 and mapped == [202, 202]
+
+
 async def test_client_hops_below_one_is_refused(make_guard: GuardFactory) -> None:
     with pytest.raises(ValueError, match="client_hops"):
         GuardMiddleware(Starlette(), guard=make_guard(), client_header="x-forwarded-for", client_hops=0)

@@ -206,6 +206,25 @@ async def test_wrong_admin_tokens_are_rate_limited_like_the_review_apis() -> Non
     await guard.aclose()
 
 
+async def test_wrong_tokens_from_one_ipv6_network_share_one_limit() -> None:
+    """Each address of a /64 had its own bucket, so rotating them guessed without limit (attack finding)."""
+    import httpx
+
+    guard = Guard(load_files(POLICY), backends=ScriptedBackend())
+    health = HealthEndpoint(guard, admin_tokens=[TOKEN])
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await health(scope, send)
+
+    codes = []
+    for i in range(40):
+        transport = httpx.ASGITransport(app=app, client=(f"2001:db8::{i + 1:x}", 1234))
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            codes.append((await client.get("/", headers={"authorization": f"Bearer guess-{i:04d}"})).status_code)
+    assert set(codes[:30]) <= {200, 503} and set(codes[30:]) == {429}
+    await guard.aclose()
+
+
 #: A policy that blocks the catalog injection question at 0.85 and caches its answers (the canary recovery tests).
 CACHED_INJECTION = """
 policies:

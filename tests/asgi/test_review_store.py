@@ -180,10 +180,23 @@ async def test_a_redis_item_put_back_to_an_earlier_state_is_refused_by_a_store_t
         await store.approve(rejected.id, by="bob")
     assert store.tampered == 2
 
+    assert rejected.id not in [i.id for i in await store.list_items("pending")]  # not offered for approval either
+
     other = RedisReviewStore(create_redis(), prefix=create_redis.prefix)  # a replica that saw neither settle
     assert (await other.approve(rejected.id, by="bob")).status == "approved"
     await other.get(released.id)  # it still reads the put-back copy: the documented limit
     await other.aclose()
+
+    lister = RedisReviewStore(create_redis(), prefix=create_redis.prefix)  # one that saw it settled in a listing
+    listed = await store.create(_verdict(), subject={"path": "/z"}, digest="f")
+    await store.approve(listed.id, by="carol")
+    copy = await client.hgetall(f"{create_redis.prefix}{listed.id}")
+    await store.release(listed.id, "f")
+    assert listed.id in [i.id for i in await lister.list_items("released")]
+    await _put_back(client, f"{create_redis.prefix}{listed.id}", copy)
+    with pytest.raises(ReviewConflict):
+        await lister.release(listed.id, "f")
+    await lister.aclose()
     await store.aclose()
 
 

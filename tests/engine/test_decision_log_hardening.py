@@ -106,6 +106,34 @@ def test_a_secret_nested_past_the_depth_cap_is_still_scrubbed_from_the_text() ->
     assert redact_secrets({"text": "hunter2-S3CRET-pw"}, subject) == {"text": "[redacted]"}
 
 
+
+@pytest.mark.parametrize("levels", [60, 62, 63])
+def test_a_secret_named_key_whose_value_is_cut_still_scrubs_that_value(levels: int) -> None:
+    """``{"password": ["..."]}`` with the list just past the cap: its key was read, its value was the cut marker,
+    so the password stayed in the text (review finding)."""
+    body: dict[str, Any] = {"password": ["hunter2-S3CRET-pw"]}
+    for _ in range(levels):
+        body = {"a": body}
+    subject = HttpSubject(method="POST", path="/", body=body, body_text="hunter2-S3CRET-pw")
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": "hunter2-S3CRET-pw"}), subject)
+    assert "hunter2" not in json.dumps(event)
+
+
+def test_a_secret_named_dataclass_field_past_the_cap_is_scrubbed() -> None:
+    import dataclasses
+
+    from guard.engine.telemetry import redact_secrets
+
+    @dataclasses.dataclass
+    class Login:
+        password: str
+
+    deep: Any = {"x": Login(password="hunter2-S3CRET-pw")}
+    for _ in range(70):
+        deep = {"a": deep}
+    assert redact_secrets({"text": "hunter2-S3CRET-pw", "deep": deep}) ["text"] == "[redacted]"
+
+
 # Request values in rule errors --------------------------------------------------------------------------------------
 
 RULE_POLICY = """
