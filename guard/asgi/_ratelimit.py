@@ -19,10 +19,15 @@ from collections import OrderedDict
 __all__ = ["TokenBuckets", "client_key"]
 
 
+#: IPv6 prefixes whose last 32 bits are an IPv4 client's address: NAT64 (RFC 6052) and IPv4-translated (RFC 2765).
+_EMBEDDING_IPV4 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::ffff:0:0:0/96"))
+
+
 @functools.lru_cache(maxsize=4096)
 def client_key(client: str | None) -> str:
     """What limits and quotas count one client by: an IPv6 address's /64 network (``2001:db8::/64``: a host gets a
-    whole /64 and can send from any address in it), else the client as given (an IPv4 address, a name a trusted
+    whole /64 and can send from any address in it), or the IPv4 address one carries (NAT64, 6to4, Teredo: the /64
+    is a gateway's there, shared by many clients); else the client as given (an IPv4 address, a name a trusted
     header gave, ``""`` for none)."""
     if not client:
         return ""
@@ -30,9 +35,17 @@ def client_key(client: str | None) -> str:
         address = ipaddress.ip_address(client)
     except ValueError:
         return client
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return client
+    if not isinstance(address, ipaddress.IPv6Address):
+        return client
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    if any(address in network for network in _EMBEDDING_IPV4):
+        return str(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    if address.teredo is not None:
+        return str(address.teredo[1])
+    if address.sixtofour is not None:
+        return str(address.sixtofour)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 class TokenBuckets:

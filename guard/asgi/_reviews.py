@@ -217,7 +217,7 @@ async def hold(
         item = await mw.review_store.create(verdict, subject=subject_summary(subject), digest=digest,
                                             request=held_request(scope, body, bound),
                                             tenant=mw.tenant_of(scope, subject.headers),
-                                            client=client_key(subject.client))  # an IPv6 client's quota: its /64
+                                            client=client_key(subject.client) if subject.client else None)
     except ReviewQuotaExceeded as exc:
         mw.metrics.count_review("client_quota")
         await send_json(send, 429, {"code": "review_quota_exceeded", "message": str(exc), "review_id": None},

@@ -746,12 +746,15 @@ return {3, ARGV[2]}
         for review_id, row in zip(ids, rows, strict=True):
             try:
                 texts = self._checked(review_id, row)
-                if texts is not None:
-                    self._check_settled(review_id, texts)
             except ReviewConflict:  # tampered: counted and logged, never listed for approval
                 continue
-            if texts is not None:
-                items[review_id] = self._decode(texts, with_request=False)
+            if texts is None:
+                continue
+            if texts[0] in ("rejected", "released"):
+                self._settle(review_id, json.loads(texts[1] or "{}").get("expires_at", 0))
+            elif self._settled.get(review_id, 0) > time.time():
+                continue  # settled here since (or put back): left out; reading it for a change refuses a put-back
+            items[review_id] = self._decode(texts, with_request=False)
         return items
 
     async def _move(self, review_id: str, need: ReviewStatus, to: ReviewStatus, digest: str,

@@ -384,7 +384,7 @@ TOO_DEEP = "[too deep: left out]"
 
 
 def _json_safe(value: Any, depth: int = 0, hidden: list[str] | None = None, secret: bool = False) -> Any:
-    """``value`` as JSON types (dataclasses as objects, tuples as arrays, anything else as its ``str``); an object
+    """``value`` as JSON types (dataclasses as objects, tuples as arrays, anything else as its ``repr``); an object
     or array nested more than :data:`MAX_DEPTH` levels down is replaced by :data:`TOO_DEEP`, so nothing that walks
     the record later (redaction, ``json.dumps``) can run out of stack. The secret values such a cut leaves out go to
     ``hidden`` (:func:`_secret_strings`; every string of it when ``secret``: the part sits under a secret-named
@@ -402,7 +402,7 @@ def _json_safe(value: Any, depth: int = 0, hidden: list[str] | None = None, secr
                 for f in dataclasses.fields(value)}
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
-    return str(value)
+    return repr(value)  # not str: some types mask what their repr would show (httpx.URL's password)
 
 
 def _secret_name(key: Any) -> bool:

@@ -177,6 +177,21 @@ async def test_the_review_cap_counts_the_address_the_proxy_appended(make_guard: 
     assert spoofed == [202, 202, 202, 429, 429] and spellings == [202, 202, 202, 429, 429]
 
 
+async def test_requests_without_a_client_address_have_no_per_client_cap(make_guard: GuardFactory) -> None:
+    """Behind a Unix socket the peer has no address: those requests are no one client (the store-wide cap still
+    holds), as before client keys; counting them as the client "" let one caller's 100 items 429 everyone."""
+    store = MemoryReviewStore(max_items=50, max_pending_per_client=3)
+    app = guarded_app(make_guard(), review_store=store)
+
+    async def no_peer(scope: Any, receive: Any, send: Any) -> None:
+        await app({**scope, "client": None}, receive, send)
+
+    async with client_for(no_peer) as client:
+        codes = [(await client.post("/v1/echo", content=UNSURE, headers={"content-type": "application/json"}))
+                 .status_code for _ in range(5)]
+    assert codes == [202] * 5 and {item.client for item in await store.list_items()} == {None}
+
+
 async def test_an_ipv6_client_is_counted_by_its_64_network(make_guard: GuardFactory) -> None:
     """Addresses rotated within one /64 (which one host gets whole) filled the store, and every other client's
     escalation then got 503 (attack finding); they are one client, and another network still escalates."""

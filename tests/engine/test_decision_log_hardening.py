@@ -322,3 +322,13 @@ def test_characters_that_end_a_line_for_unicode_readers_are_escaped() -> None:
     assert not any(ch in line for ch in "\u2028\u2029\x85\x9b\x80")
     assert "\\u2028" in line and "\\u0085" in line and "caf\u00e9 \u65e5\u672c" in line  # other text stays UTF-8
     assert json.loads(line)["state"]["m"] == text
+
+
+def test_values_that_are_not_json_are_written_as_their_repr() -> None:
+    """``str`` of an httpx URL shows its password where its ``repr`` masks it (review finding)."""
+    import httpx
+
+    url = httpx.URL("https://svc:sk-live-PASSWORD123@llm.example/v1")
+    subject = AgentSubject(event="tool_result", tool_name="fetch", tool_result={"final_url": url})
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"url": url}), subject)
+    assert "sk-live-PASSWORD123" not in json.dumps(event)
