@@ -2,8 +2,9 @@
 
 Codings are undone last-applied first (``Content-Encoding: gzip, br`` means gzip was applied, then br). Each layer
 stops producing output one byte past ``max_bytes``, so a gzip/deflate/br bomb costs at most the cap in memory and
-time and ends in a 413. An unknown coding is a 415; a corrupt or truncated stream is a 400. Nothing undecodable is
-ever forwarded unjudged.
+time and ends in a 413. An unknown coding is a 415; a corrupt or truncated stream is a 400, and so is a gzip header
+with a file name, comment or extra field: decoding skips them, while an application that reads the body as received
+would read them. Nothing undecodable is ever forwarded unjudged.
 """
 
 from __future__ import annotations
@@ -57,10 +58,19 @@ def parse_encodings(header: str, max_layers: int) -> list[str]:
     return codings
 
 
+#: gzip header flags (RFC 1952 2.3.1) whose fields decoding skips: FEXTRA, FNAME, FCOMMENT, and the reserved bits.
+_SKIPPED_GZIP_FIELDS = 0x04 | 0x08 | 0x10 | 0xE0
+
+
 def _zlib(data: bytes, limit: int, wbits: int, coding: str) -> bytes:
     out: list[bytes] = []
     total = 0
     while True:  # one iteration per gzip member (RFC 1952 allows several)
+        if coding == "gzip" and data[:2] == b"\x1f\x8b" and len(data) >= 4 and data[3] & _SKIPPED_GZIP_FIELDS:
+            # their bytes are never judged, but an application that reads the body as received (Starlette does not
+            # undo Content-Encoding) parses them: a comment of "&x=..." is a form field to it
+            raise _corrupt(coding, "a gzip header carries a file name, comment or extra field (or reserved flags); "
+                           "send the body without them")
         d = zlib.decompressobj(wbits)
         try:
             piece = d.decompress(data, limit + 1 - total)

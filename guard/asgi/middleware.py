@@ -53,6 +53,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from guard._body import ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
+from guard.asgi._media import media_type
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._override import body_method, may_carry_method, may_name_method, method_override
 from guard.asgi._parse import encode_body, parse_body
@@ -85,6 +86,9 @@ from guard.verdict import Verdict
 
 __all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "STATE_KEY", "GuardMiddleware",
            "MethodOverride", "PathCase", "TrailingSlash", "UnexpectedBody"]
+
+#: Media types an application parses as received, whatever ``Content-Encoding`` says (refused encoded).
+_FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
 
 logger = logging.getLogger("guard.asgi")
 
@@ -468,6 +472,12 @@ class GuardMiddleware:
         if body is None:
             self.metrics.count_disconnect()
             return None
+        media = media_type(headers.get("content-type", ""))
+        if codings and media in _FORMS:
+            # an application parses a form as received (Starlette does not undo Content-Encoding): the bytes guard
+            # would judge, decoded, are not the fields the application reads
+            raise BodyError(415, "encoded_form", f"a {media} body is sent with Content-Encoding; send the form "
+                            "uncompressed", field="content-encoding")
         decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
         value, text = parse_body(decoded, headers.get("content-type", ""), limits)
         return body, value, text

@@ -60,6 +60,39 @@ async def test_encoded_benign_body_reaches_the_app_as_sent(make_guard: GuardFact
     assert response.json()["sha256"] == sha(wire) and response.json()["content_encoding"] == coding
 
 
+def _gzip_with(flag: int, field: bytes, payload: bytes) -> bytes:
+    """A gzip member whose header carries ``field`` under ``flag`` (0x04 FEXTRA with its length, 0x08 FNAME,
+    0x10 FCOMMENT: zero-terminated), as RFC 1952 allows."""
+    extra = struct.pack("<H", len(field)) + field if flag == 0x04 else field + b"\x00"
+    body = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    data = body.compress(payload) + body.flush()
+    header = b"\x1f\x8b\x08" + bytes([flag]) + b"\x00\x00\x00\x00\x00\xff"
+    return header + extra + data + struct.pack("<II", zlib.crc32(payload), len(payload))
+
+
+@pytest.mark.parametrize("flag", [0x04, 0x08, 0x10])
+async def test_gzip_header_fields_an_app_would_read_are_refused(make_guard: GuardFactory, flag: int) -> None:
+    """Decoding skips a gzip header's extra field, file name and comment, but an application that reads the body as
+    received (Starlette does not undo Content-Encoding) reads them: ``&x=<attack>&`` in a comment was a form field
+    to it while guard judged ``b=hello`` (attack finding)."""
+    wire = _gzip_with(flag, f"&x={ATTACK}&".encode(), json.dumps({"message": BENIGN}).encode())
+    assert gzip.decompress(wire) == json.dumps({"message": BENIGN}).encode()  # a valid gzip stream
+    async with client_for(guarded_app(make_guard())) as client:
+        response = await client.post("/v1/echo", content=wire,
+                                     headers={"content-type": "text/plain", "content-encoding": "gzip"})
+    assert response.status_code == 400 and response.json()["code"] == "malformed_encoding"
+
+
+@pytest.mark.parametrize("media", ["application/x-www-form-urlencoded", "multipart/form-data; boundary=B"])
+async def test_an_encoded_form_is_refused(make_guard: GuardFactory, media: str) -> None:
+    """An application parses a form as received, so the fields guard would judge once decoded are not the ones it
+    reads (brotli metadata or any bytes the decoder skips would be form fields to it)."""
+    async with client_for(guarded_app(make_guard())) as client:
+        response = await client.post("/v1/echo", content=gzip.compress(b"a=hello"),
+                                     headers={"content-type": media, "content-encoding": "gzip"})
+    assert response.status_code == 415 and response.json()["code"] == "encoded_form"
+
+
 @pytest.mark.parametrize("coding", ["compress", "zstd", "gzip, gzip, gzip", "x-unknown"])
 async def test_unsupported_codings_are_415_before_reading(make_guard: GuardFactory, coding: str) -> None:
     backend = ScriptedBackend(scripted_answers)
