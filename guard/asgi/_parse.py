@@ -22,6 +22,7 @@ US-ASCII (see :mod:`guard.asgi._media`); form text that is not valid in its char
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -36,23 +37,40 @@ from guard.subject import body_strings, is_plain_key
 __all__ = ["encode_body", "parse_body"]
 
 
-def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
+def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]:
     """The judged strings of a multipart form: field names and file names that are not plain identifiers (an app
     stores and reads a file's name: ``x'; DROP TABLE users; --.txt`` is judged, ``a.txt`` is not), text values and
-    file contents; never a file's media type."""
+    file contents, each with what it reads as JSON (:func:`_field_json`); never a file's media type."""
     out: list[str] = []
     for name, values in fields.items():
         if not is_plain_key(name):
             out.append(name)
         for value in values:
             if isinstance(value, str):
-                out.append(value)
+                out += [value, *_field_json(value, limits)]
                 continue
             if value["filename"] and not is_plain_key(value["filename"]):
                 out.append(value["filename"])
             if value[FILE_TEXT] is not None:
-                out.append(value[FILE_TEXT])
+                out += [value[FILE_TEXT], *_field_json(value[FILE_TEXT], limits)]
     return out
+
+
+def _field_json(value: str, limits: BodyLimits) -> list[str]:
+    """The strings a form value holds when an application parses it as JSON (``json.loads(form["data"])``), where
+    they can differ from the value itself: only escapes make them differ, so a value without a backslash gives none.
+
+    Raises:
+        BodyError: 400, a JSON document too deep or otherwise refused (as a JSON body is).
+    """
+    if "\\" not in value or value.lstrip(" \t\r\n")[:1] not in ("{", "[", '"'):
+        return []
+    try:
+        return body_strings(loads(value, max_depth=limits.max_json_depth, duplicate_keys="collect"))
+    except InvalidJson as exc:
+        if exc.reason == "syntax":
+            return []
+        raise _json_error(exc) from exc
 
 
 def _json(body: bytes, params: dict[str, str], limits: BodyLimits) -> Any:
@@ -134,14 +152,16 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         value: Any = _json(body, params, limits)
     elif media == "application/x-www-form-urlencoded":
         value = _urlencoded(body, params, limits)
-        return value, _also_json("\n".join(body_strings(value)), body, limits)
+        return value, _also_json("\n".join(_form_strings(value, limits)), body, limits)
     elif media == "multipart/form-data":
         fields = parse_multipart(body, params, limits)
-        return fields, "\n".join(_form_strings(fields))
+        return fields, "\n".join(_form_strings(fields, limits))
     elif not media and _is_utf8(body):
         return _untyped(body, limits)
     elif is_textual(media):
         text = _text(body, media, params)
+        if is_xml(media) or media == "text/html":
+            text = _with_markup_text(text)
         return text, _also_json(text, body, limits)
     elif limits.opaque_media == "metadata":
         return None, ""
@@ -189,6 +209,14 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
             return text, text
         raise _json_error(exc) from exc
     return value, "\n".join(body_strings(value))
+
+
+def _with_markup_text(text: str) -> str:
+    """An XML or HTML body's text, followed by the text a parser makes of it where that differs: character
+    references decoded (``&#65;TTACK``, ``&lt;``) and CDATA sections unwrapped (``AT<![CDATA[TACK]]>``), so markup
+    cannot spell what the application reads (``ElementTree.fromstring(body).text``) past a rule or the model."""
+    parsed = html.unescape(text.replace("<![CDATA[", "").replace("]]>", ""))  # linear, whatever is unclosed
+    return text if parsed == text else f"{text}\n{parsed}"
 
 
 def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:

@@ -378,3 +378,37 @@ async def test_a_bytearray_body_from_a_non_conforming_server_is_judged_not_a_500
              "server": ("testserver", 80)}  # fmt: skip
     await app(scope, receive, send)
     assert sent[0]["status"] == 200 and b"x-guard-decision-id" in dict(sent[0]["headers"])
+
+
+@pytest.mark.parametrize(("body", "content_type"), [
+    (b'data=%22%5Cu0041TTACK%22', "application/x-www-form-urlencoded"),
+    (b'data=%7B%22q%22%3A%22%5Cu0041TTACK%22%7D', "application/x-www-form-urlencoded"),
+    (b'--B\r\nContent-Disposition: form-data; name="data"\r\n\r\n"\\u0041TTACK"\r\n--B--\r\n',
+     "multipart/form-data; boundary=B"),
+])  # fmt: skip
+def test_a_form_value_an_app_parses_as_json_is_judged_as_it_decodes(body: bytes, content_type: str) -> None:
+    """``json.loads(form["data"])`` turned ``"\\u0041TTACK"`` into ``ATTACK``, which guard never read (it decodes the
+    same escapes in a whole JSON or text body; attack finding)."""
+    _, text = parse_body(body, content_type, BodyLimits())
+    assert "ATTACK" in text
+
+
+def test_a_form_value_without_escapes_adds_nothing() -> None:
+    _, text = parse_body(b'data=%7B%22q%22%3A%22plain%22%7D&n=5', "application/x-www-form-urlencoded", BodyLimits())
+    assert text == '{"q":"plain"}\n5'
+
+
+@pytest.mark.parametrize(("body", "content_type"), [
+    (b"<a>&#65;TTACK</a>", "application/xml"), (b"<a>&#x41;TTACK</a>", "text/xml"),
+    (b"<a>AT<![CDATA[TACK]]></a>", "application/atom+xml"), (b"<p>&#65;TTACK &amp; more</p>", "text/html"),
+])  # fmt: skip
+def test_markup_is_also_judged_as_a_parser_reads_it(body: bytes, content_type: str) -> None:
+    """An XML parser decodes character references and unwraps CDATA: ``&#65;TTACK`` reached the app as ``ATTACK``
+    while guard read the markup only (attack finding)."""
+    _, text = parse_body(body, content_type, BodyLimits())
+    assert "ATTACK" in text and body.decode() in text  # the markup as written, then as parsed
+
+
+def test_markup_without_references_is_judged_once() -> None:
+    _, text = parse_body(b"<a>plain text</a>", "application/xml", BodyLimits())
+    assert text == "<a>plain text</a>"
