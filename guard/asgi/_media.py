@@ -135,7 +135,7 @@ def parse_params(value: str, field: str = "content-type") -> tuple[str, dict[str
         semi = rest.find(";", i)
         if eq < 0 or (0 <= semi < eq):
             raise _bad(f"the parameter {rest[i : semi if semi >= 0 else n].strip()[:40]!r} has no value", field)
-        name = rest[i:eq].strip().lower()
+        name = rest[i:eq].strip(" \t").lower()  # only what HTTP calls whitespace: str.strip() also drops \x0c, \x85
         if not _TOKEN.fullmatch(name):
             raise _bad(f"the parameter name {name[:40]!r} is not a token", field)
         i = eq + 1
@@ -146,7 +146,7 @@ def parse_params(value: str, field: str = "content-type") -> tuple[str, dict[str
         else:
             end = rest.find(";", i)
             end = n if end < 0 else end
-            text = rest[i:end].strip()
+            text = rest[i:end].strip(" \t")
             if not _TOKEN.fullmatch(text):
                 raise _bad(
                     f"the parameter {name[:40]!r} has the value {text[:40]!r}, which is neither a token nor a "

@@ -224,3 +224,15 @@ async def test_ambiguous_content_type_is_400_through_the_middleware(make_guard: 
             response = await client.post("/v1/echo", content=ATTACK_JSON, headers=header)
             assert response.status_code == 400 and response.json()["code"] == "invalid_content_type", header
     assert backend.calls == 0
+
+
+@pytest.mark.parametrize("value", [
+    'form-data; name="a"; \x0cfilename="a.png"', 'form-data; name="a"; filename\x0c="a.png"',
+    'form-data; name="a"; \x1ffilename="a"', 'form-data; name="a"; \x85filename="a"', "text/plain; charset=utf-8\xa0",
+])  # fmt: skip
+def test_parameter_names_and_values_trim_only_http_whitespace(value: str) -> None:
+    """``str.strip()`` also removed \\x0c, \\x1f, \\x85 and \\xa0, so ``\\x0cfilename`` was a file to guard (kept as
+    metadata under opaque_media="metadata") and a text field to python-multipart (attack finding)."""
+    with pytest.raises(BodyError) as caught:
+        parse_params(value)
+    assert caught.value.code == "invalid_content_type"
