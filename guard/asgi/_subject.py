@@ -226,7 +226,7 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
 
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:
     """What a reviewer sees of the held request besides the state: method, path, query (:func:`shown_query`), host,
-    client, media type."""
+    client, media type, and the headers a release replays (:func:`shown_headers`)."""
     return {
         "kind": "http",
         "method": subject.method,
@@ -235,7 +235,18 @@ def subject_summary(subject: HttpSubject) -> dict[str, Any]:
         "host": subject.host,
         "client": subject.client,
         "content_type": subject.content_type,
+        "headers": shown_headers(subject),
     }
+
+
+def shown_headers(subject: HttpSubject) -> dict[str, str]:
+    """The headers a release replays, as a reviewer sees them (name -> value; an approval releases them too, so an
+    ``x-role: admin`` is seen before it is approved): the credential headers are left out (the releasing request
+    brings its own), a secret-named one's value is ``[redacted]``, and the request's secret values are replaced by
+    ``[redacted]`` wherever a header repeats them (:func:`redact_secrets`)."""
+    pairs = [[name, "[redacted]" if SECRET_NAME.search(name) else value]
+             for name, value in subject.headers.items() if name.encode("latin-1") not in _NOT_HELD]
+    return {name: value for name, value in redact_secrets(pairs, subject)}
 
 
 def shown_query(subject: HttpSubject) -> str:

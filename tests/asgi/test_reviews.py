@@ -263,3 +263,16 @@ async def test_the_reviewer_sees_the_query_with_secrets_redacted(make_guard: Gua
         "role=admin&transfer_to=attacker&api_key=[redacted]&token=[redacted]&echo=[redacted]&a%26b=c%3Dd")
     assert "QSECRET-1" not in json.dumps(item) and "client-token" not in json.dumps(item)
     assert (item["subject"]["method"], item["subject"]["path"]) == ("POST", "/v1/echo")
+
+
+async def test_the_reviewer_sees_the_headers_a_release_replays(make_guard: GuardFactory) -> None:
+    """A header no policy reads (``x-role: admin``) was replayed on release without the reviewer seeing it (attack
+    finding); credentials stay out (the releasing request brings its own), secret-named ones are redacted."""
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        headers = {**JSON, "x-role": "admin", "x-session-token": "HSECRET-9", "x-echo": "client-token"}
+        held = (await client.post("/v1/echo", content=UNSURE, headers=headers)).json()
+        item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
+    shown = item["subject"]["headers"]
+    assert shown["x-role"] == "admin" and shown["x-session-token"] == "[redacted]"
+    assert shown["x-echo"] == "[redacted]" and "authorization" not in shown
+    assert "HSECRET-9" not in json.dumps(item) and "client-token" not in json.dumps(item)
