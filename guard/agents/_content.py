@@ -35,7 +35,7 @@ from langchain_core.messages import BaseMessage
 
 from guard.agents._arguments import canonical_json
 
-__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "call_ids", "calls_by_id", "input_text", "message_text"]
+__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "call_ids", "calls_by_id", "input_text", "message_text", "unread_media"]
 
 TOOL_CALL_BLOCKS = frozenset(
     {"tool_call", "tool_call_chunk", "invalid_tool_call", "tool_use", "function_call", "input_json_delta"}
@@ -356,6 +356,32 @@ def message_text(message: BaseMessage) -> str:
     extras = {key: value for key, value in (message.additional_kwargs or {}).items() if key not in _SKIPPED_KWARGS}
     parts += _strings(extras)
     return "\n".join(parts)
+
+
+def unread_media(message: BaseMessage) -> list[str]:
+    """What of ``message``'s content a model reads that guard cannot: each block whose payload is binary (an image,
+    a PDF, audio: ``data`` or ``base64`` that is not text, :func:`_text_payload`) and each ``data:`` URL of binary
+    data, named by its media type (``application/pdf``) or block type; ``[]`` when every payload was read.
+    Providers extract a PDF's text and show images to the model, so instructions inside them reach it unjudged."""
+    found: list[str] = []
+    stack: list[Any] = [message.content]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, Mapping) and not _is_call_block(item):
+            media = item.get("media_type") or item.get("mime_type") or item.get("type") or "data"
+            payloads = [item.get(key) for key in ("data", "base64")]
+            if any(isinstance(p, (str, bytes, bytearray, memoryview)) and p for p in payloads) and not \
+                    _text_payload(item):
+                found.append(str(media)[:60])
+            for key, entry in item.items():
+                if key in _URL_KEYS and isinstance(entry, str) and _DATA_URL.match(entry) and not \
+                        _data_url_text(entry, as_url=True):
+                    found.append(entry[5 : entry.find(";")][:60] or "data URL")
+                elif key not in _NOT_WALKED and isinstance(entry, (list, tuple, Mapping)):
+                    stack.append(entry)
+    return found
 
 
 def _call_blocks(value: Any) -> list[Mapping[Any, Any]]:

@@ -39,7 +39,7 @@ from guard.agents._arguments import (
     parse_calls,
     tool_effect,
 )
-from guard.agents._content import message_text
+from guard.agents._content import message_text, unread_media
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
     ai_message_for,
@@ -350,6 +350,25 @@ class ToolCallEnforcer:
             return replace(result, update=[change(m) for m in convert_to_messages(update)])
         raise TypeError(f"a Command update of type {type(update).__name__} holds messages guard cannot find")
 
+    def _unread_media(self, message: BaseMessage, prepared: Prepared, media: list[str]) -> BaseMessage:
+        """An output holding content guard cannot read (:func:`~guard.agents._content.unread_media`: an image, a PDF)
+        where a ``tool_result`` policy applies to this tool: withheld (block, rule ``unreadable_result``), since the
+        model could read instructions in it that no policy judged; elsewhere as it is."""
+        subject = AgentSubject(
+            event="tool_result",
+            tool_name=prepared.tool,
+            tool_call_id=prepared.tool_call_id,
+            arguments=prepared.arguments,
+            tool_result=message_text(message),
+            user_message=prepared.subject.user_message,
+            thread_id=prepared.thread_id,
+        )
+        if not self.judge.matches(subject):
+            return message
+        verdict = self.judge.unreadable(subject, f"the output holds content guard cannot read "
+                                                 f"({', '.join(sorted(set(media)))}): a model could read instructions in it")
+        return self._replace_result(message, prepared, Judgement(outcome="block", verdict=verdict), None)
+
     def _unreadable(self, result: Result, prepared: Prepared, problem: Exception) -> Result:
         """The call's result when its messages cannot be found: withheld when a ``tool_result`` policy applies to
         this tool (fail closed), else as it is."""
@@ -373,6 +392,9 @@ class ToolCallEnforcer:
         (see :meth:`map_messages`)."""
 
         def judged(message: BaseMessage) -> BaseMessage:
+            media = unread_media(message)
+            if media:
+                return self._unread_media(message, prepared, media)
             subject = self._result_subject(message, prepared)
             if subject is None:
                 return message
@@ -475,6 +497,10 @@ class ToolCallEnforcer:
             return self._unreadable(result, prepared, exc)
         replacements: list[BaseMessage] = []
         for message in found:
+            media = unread_media(message)
+            if media:
+                replacements.append(self._unread_media(message, prepared, media))
+                continue
             subject = self._result_subject(message, prepared)
             if subject is None:
                 replacements.append(message)

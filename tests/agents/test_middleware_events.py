@@ -238,6 +238,35 @@ def test_a_command_update_guard_cannot_read_is_withheld(harness: Any, thread: An
     assert "rule unreadable_result" in message.text
 
 
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+@pytest.mark.anyio
+async def test_a_tool_result_guard_cannot_read_is_withheld_where_a_policy_judges_results(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    """A PDF file block (providers extract its text for the model) carrying an injection went to the model unjudged,
+    with no decision recorded (attack finding): content guard cannot read is withheld where a tool_result policy
+    applies, and a decision says why."""
+    import base64
+
+    from langchain_core.tools import tool
+
+    page = f"BT /F1 12 Tf 72 712 Td ({INJECTION}) Tj ET".encode()
+    pdf = b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n4 0 obj<</Length " + str(len(page)).encode() + b">>stream\n" + page + \
+        b"\nendstream endobj"
+
+    @tool
+    def fetch(url: str) -> list:
+        """Fetch a document."""
+        return [{"type": "file", "base64": base64.b64encode(pdf).decode(), "mime_type": "application/pdf"}]
+
+    h = harness()
+    agent = make_agent(h, Turn(calls=[("fetch", {"url": "http://x/doc.pdf"}, "f")]), tools=[fetch])
+    out = drive(agent, USER, thread(), mode) if mode == "invoke" else await adrive(agent, USER, thread(), mode)
+    message = out.tool_messages()["f"]
+    assert "withheld by guard policy agent-results (rule unreadable_result)" in message.text
+    assert "JVBERi" not in str(message.content)  # the PDF itself never reaches the model
+
+
 def test_clean_tool_result_passes_unchanged(harness: Any, thread: Any) -> None:
     h = harness()
     agent = make_agent(h, Turn(calls=[("fetch", {"url": "http://x"}, "f")]))
