@@ -358,11 +358,17 @@ def message_text(message: BaseMessage) -> str:
     return "\n".join(parts)
 
 
+#: Content block types a provider shows the model as media (or fetches: a remote URL, a file id), never as text.
+_MEDIA_BLOCKS = frozenset({"image", "image_url", "input_image", "audio", "input_audio", "video", "file", "input_file"})
+
+
 def unread_media(message: BaseMessage) -> list[str]:
-    """What of ``message``'s content a model reads that guard cannot: each block whose payload is binary (an image,
-    a PDF, audio: ``data`` or ``base64`` that is not text, :func:`_text_payload`) and each ``data:`` URL of binary
-    data, named by its media type (``application/pdf``) or block type; ``[]`` when every payload was read.
-    Providers extract a PDF's text and show images to the model, so instructions inside them reach it unjudged."""
+    """What of ``message``'s content a model reads that guard cannot: each media block (an image, audio, video or file
+    block, inline, remote or by file id, unless it carries text inline under a text media type, which is judged; a
+    block declaring an image, audio, video or PDF type whatever its bytes look like: a PDF's text is extracted from
+    compressed streams; a ``document`` whose source is not text) and each
+    ``data:`` URL of binary data, named by its media type or block type; ``[]`` when there is none. Providers
+    extract a PDF's text and show images to the model, so instructions inside them reach it unjudged."""
     found: list[str] = []
     stack: list[Any] = [message.content]
     while stack:
@@ -370,11 +376,16 @@ def unread_media(message: BaseMessage) -> list[str]:
         if isinstance(item, (list, tuple)):
             stack.extend(item)
         elif isinstance(item, Mapping) and not _is_call_block(item):
-            media = item.get("media_type") or item.get("mime_type") or item.get("type") or "data"
-            payloads = [item.get(key) for key in ("data", "base64")]
-            if any(isinstance(p, (str, bytes, bytearray, memoryview)) and p for p in payloads) and not \
-                    _text_payload(item):
-                found.append(str(media)[:60])
+            kind = item.get("type")
+            media = item.get("media_type") or item.get("mime_type")
+            media = media.lower() if isinstance(media, str) else ""
+            source = item.get("source")
+            text_source = isinstance(source, Mapping) and source.get("type") in ("text", "content")
+            inline_text = _is_text_media(media) and any(item.get(key) for key in ("data", "base64", "text"))
+            if not inline_text and (kind in _MEDIA_BLOCKS or media.startswith(_MEDIA_PREFIXES) or "file_id" in item
+                                    or (kind == "document" and not text_source)):
+                found.append(media or str(kind)[:60])
+                continue
             for key, entry in item.items():
                 if key in _URL_KEYS and isinstance(entry, str) and _DATA_URL.match(entry) and not \
                         _data_url_text(entry, as_url=True):

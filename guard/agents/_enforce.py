@@ -363,7 +363,12 @@ class ToolCallEnforcer:
             user_message=prepared.subject.user_message,
             thread_id=prepared.thread_id,
         )
-        if not self.judge.matches(subject):
+        policy = self.judge.guard.match(subject)
+        if policy is None:
+            return message
+        if policy.mode == "shadow":  # shadow mode computes and records, never withholds
+            logger.info("shadow policy %s: a %s output holds content guard cannot read (%s); passed on", policy.id,
+                        prepared.tool, ", ".join(sorted(set(media))))
             return message
         verdict = self.judge.unreadable(subject, f"the output holds content guard cannot read "
                                                  f"({', '.join(sorted(set(media)))}): a model could read instructions in it")

@@ -37,7 +37,7 @@ from guard.subject import body_strings, is_plain_key
 __all__ = ["encode_body", "parse_body"]
 
 
-def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]:
+def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
     """The judged strings of a multipart form: field names and file names that are not plain identifiers (an app
     stores and reads a file's name: ``x'; DROP TABLE users; --.txt`` is judged, ``a.txt`` is not), text values and
     file contents, each with what it reads as JSON (:func:`_field_json`); never a file's media type."""
@@ -47,30 +47,26 @@ def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]
             out.append(name)
         for value in values:
             if isinstance(value, str):
-                out += [value, *_field_json(value, limits)]
+                out += [value, *_field_json(value)]
                 continue
             if value["filename"] and not is_plain_key(value["filename"]):
                 out.append(value["filename"])
             if value[FILE_TEXT] is not None:
-                out += [value[FILE_TEXT], *_field_json(value[FILE_TEXT], limits)]
+                out += [value[FILE_TEXT], *_field_json(value[FILE_TEXT])]
     return out
 
 
-def _field_json(value: str, limits: BodyLimits) -> list[str]:
+def _field_json(value: str) -> list[str]:
     """The strings a form value holds when an application parses it as JSON (``json.loads(form["data"])``), where
     they can differ from the value itself: only escapes make them differ, so a value without a backslash gives none.
-
-    Raises:
-        BodyError: 400, a JSON document too deep or otherwise refused (as a JSON body is).
-    """
+    Read as Python's ``json`` reads it (NaN and lone surrogates accepted, as the application's parser does); a value
+    it cannot read gives none (the value itself is judged as text)."""
     if "\\" not in value or value.lstrip(" \t\r\n")[:1] not in ("{", "[", '"'):
         return []
     try:
-        return body_strings(loads(value, max_depth=limits.max_json_depth, duplicate_keys="collect"))
-    except InvalidJson as exc:
-        if exc.reason == "syntax":
-            return []
-        raise _json_error(exc) from exc
+        return body_strings(json.loads(value))
+    except (ValueError, RecursionError):
+        return []
 
 
 def _json(body: bytes, params: dict[str, str], limits: BodyLimits) -> Any:
@@ -152,10 +148,10 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         value: Any = _json(body, params, limits)
     elif media == "application/x-www-form-urlencoded":
         value = _urlencoded(body, params, limits)
-        return value, _also_json("\n".join(_form_strings(value, limits)), body, limits)
+        return value, _also_json("\n".join(_form_strings(value)), body, limits)
     elif media == "multipart/form-data":
         fields = parse_multipart(body, params, limits)
-        return fields, "\n".join(_form_strings(fields, limits))
+        return fields, "\n".join(_form_strings(fields))
     elif not media and _is_utf8(body):
         return _untyped(body, limits)
     elif is_textual(media):

@@ -385,3 +385,21 @@ def test_a_clean_streamed_reply_with_odd_chunks_arrives_whole(harness: Any, thre
     emitted = _streamed(agent, config)
     assert "42." in "".join(message_text(m) for m in emitted)
     assert "42." in agent.get_state(config).values["messages"][-1].text
+
+
+@pytest.mark.parametrize(("content", "unread"), [
+    ([{"type": "file", "mime_type": "application/pdf", "base64": base64.b64encode(b"%PDF-1.4 ascii").decode()}],
+     ["application/pdf"]),  # its text is extracted from streams the bytes do not show, whatever they look like
+    ([{"type": "image", "url": "https://evil.example/a.png"}], ["image"]),  # fetched by the provider
+    ([{"type": "image_url", "image_url": {"url": "https://evil.example/a.png"}}], ["image_url"]),
+    ([{"type": "document", "source": {"type": "url", "url": "https://evil.example/i.pdf"}}], ["document"]),
+    ([{"type": "file", "file_id": "file-abc123"}], ["file"]),
+    ([{"type": "file", "mime_type": "text/plain", "base64": base64.b64encode(b"hello").decode()}], []),  # judged
+    ([{"type": "document", "source": {"type": "text", "data": "hello"}}], []),
+    ([{"type": "text", "text": "ok", "extras": {"data": "ok"}}], []),
+    ([{"type": "json", "json": {"data": "abc"}}], []),
+])  # fmt: skip
+def test_unread_media_names_what_a_model_sees_and_guard_cannot_read(content: list[Any], unread: list[str]) -> None:
+    from guard.agents._content import unread_media
+
+    assert unread_media(ToolMessage(content=content, tool_call_id="c1")) == unread

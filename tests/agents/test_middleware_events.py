@@ -267,6 +267,30 @@ async def test_a_tool_result_guard_cannot_read_is_withheld_where_a_policy_judges
     assert "JVBERi" not in str(message.content)  # the PDF itself never reaches the model
 
 
+def test_a_shadow_policy_passes_an_unreadable_tool_result_on(harness: Any, thread: Any) -> None:
+    """Shadow mode computes and records, never withholds (the unreadable path blocked in shadow mode too)."""
+    import dataclasses
+
+    from langchain_core.tools import tool
+
+    from guard.engine import Guard
+    from guard.policy import load_files
+    from tests.agents.conftest import POLICIES
+
+    @tool
+    def fetch(url: str) -> list:
+        """Fetch an image."""
+        return [{"type": "image", "url": "https://example.com/a.png"}]
+
+    h = harness()
+    policies = [dataclasses.replace(p, mode="shadow") if p.id == "agent-results" else p for p in load_files(POLICIES)]
+    h.guard.close()
+    h.guard = Guard(policies, backends=h.backend)
+    agent = make_agent(h, Turn(calls=[("fetch", {"url": "http://x/a.png"}, "f")]), tools=[fetch])
+    out = drive(agent, USER, thread(), "invoke")
+    assert "withheld" not in out.tool_messages()["f"].text
+
+
 def test_clean_tool_result_passes_unchanged(harness: Any, thread: Any) -> None:
     h = harness()
     agent = make_agent(h, Turn(calls=[("fetch", {"url": "http://x"}, "f")]))
