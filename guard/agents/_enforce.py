@@ -279,11 +279,10 @@ class ToolCallEnforcer:
             return result.model_copy(update={"content": f"{notice}\n\nTool response:\n{result.content}"})
         return result.model_copy(update={"content": [{"type": "text", "text": notice}, *result.content]})
 
-    def _result_subject(self, message: BaseMessage, prepared: Prepared) -> AgentSubject | None:
-        text = message_text(message)
-        if not text:
-            return None
-        subject = AgentSubject(
+    @staticmethod
+    def _output_subject(prepared: Prepared, text: str | None) -> AgentSubject:
+        """The ``tool_result`` subject of ``prepared``'s call with output ``text``."""
+        return AgentSubject(
             event="tool_result",
             tool_name=prepared.tool,
             tool_call_id=prepared.tool_call_id,
@@ -292,6 +291,12 @@ class ToolCallEnforcer:
             user_message=prepared.subject.user_message,
             thread_id=prepared.thread_id,
         )
+
+    def _result_subject(self, message: BaseMessage, prepared: Prepared) -> AgentSubject | None:
+        text = message_text(message)
+        if not text:
+            return None
+        subject = self._output_subject(prepared, text)
         return subject if self.judge.matches(subject) else None
 
     def _stripped(self, message: BaseMessage, judgement: Judgement) -> str | None:
@@ -354,15 +359,7 @@ class ToolCallEnforcer:
         """An output holding content guard cannot read (:func:`~guard.agents._content.unread_media`: an image, a PDF)
         where a ``tool_result`` policy applies to this tool: withheld (block, rule ``unreadable_result``), since the
         model could read instructions in it that no policy judged; elsewhere as it is."""
-        subject = AgentSubject(
-            event="tool_result",
-            tool_name=prepared.tool,
-            tool_call_id=prepared.tool_call_id,
-            arguments=prepared.arguments,
-            tool_result=message_text(message),
-            user_message=prepared.subject.user_message,
-            thread_id=prepared.thread_id,
-        )
+        subject = self._output_subject(prepared, message_text(message))
         policy = self.judge.guard.match(subject)
         if policy is None:
             return message
@@ -377,14 +374,7 @@ class ToolCallEnforcer:
     def _unreadable(self, result: Result, prepared: Prepared, problem: Exception) -> Result:
         """The call's result when its messages cannot be found: withheld when a ``tool_result`` policy applies to
         this tool (fail closed), else as it is."""
-        subject = AgentSubject(
-            event="tool_result",
-            tool_name=prepared.tool,
-            tool_call_id=prepared.tool_call_id,
-            arguments=prepared.arguments,
-            user_message=prepared.subject.user_message,
-            thread_id=prepared.thread_id,
-        )
+        subject = self._output_subject(prepared, None)
         if not self.judge.matches(subject):
             return result
         verdict = self.judge.unreadable(subject, str(problem))

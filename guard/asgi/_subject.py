@@ -245,12 +245,11 @@ def shown_headers(subject: HttpSubject) -> dict[str, str]:
     ``x-role: admin`` is seen before it is approved): the credential headers are left out (the releasing request
     brings its own), a secret-named one's value is ``[redacted]``, and the request's secret values are replaced by
     ``[redacted]`` wherever a header repeats them (:func:`redact_secrets`)."""
-    pairs = [[name, "[redacted]" if SECRET_NAME.search(name) else value]
-             for name, value in subject.headers.items() if name.encode("latin-1") not in _NOT_HELD]
+    held = [(name, value) for name, value in subject.headers.items() if name.encode("latin-1") not in _NOT_HELD]
     # secrets from the credential headers and secret-named fields only: the log's rule that any long header value
     # may be one would hide the very values (x-role: organization-admin) the reviewer approves
     credentials = {name: value for name, value in subject.headers.items() if name.encode("latin-1") in SENSITIVE_HEADERS}
-    return {name: value for name, value in redact_secrets(pairs, dataclasses.replace(subject, headers=credentials))}
+    return dict(_shown_pairs(held, dataclasses.replace(subject, headers=credentials)))
 
 
 def shown_query(subject: HttpSubject) -> str:
@@ -259,9 +258,15 @@ def shown_query(subject: HttpSubject) -> str:
     the request's secret values (those parameters', the credential headers') replaced by ``[redacted]`` wherever
     another parameter repeats them, as the item's state is redacted (:func:`redact_secrets`). Percent-encoded, so a
     value cannot pass for another parameter; ``""`` without a query."""
-    pairs = [[name, "[redacted]" if SECRET_NAME.search(name) else value]
-             for name, values in subject.query.items() for value in values]
-    return urlencode([(name, value) for name, value in redact_secrets(pairs, subject)], quote_via=quote, safe="[]")
+    pairs = [(name, value) for name, values in subject.query.items() for value in values]
+    return urlencode(_shown_pairs(pairs, subject), quote_via=quote, safe="[]")
+
+
+def _shown_pairs(pairs: list[tuple[str, str]], subject: HttpSubject) -> list[tuple[str, str]]:
+    """``(name, value)`` pairs as a reviewer sees them: a secret-named one's value ``[redacted]``, and ``subject``'s
+    secret values (:func:`redact_secrets`) replaced by ``[redacted]`` wherever a value repeats them."""
+    masked = [[name, "[redacted]" if SECRET_NAME.search(name) else value] for name, value in pairs]
+    return [(name, value) for name, value in redact_secrets(masked, subject)]
 
 
 def held_request(scope: Scope, body: bytes, bound: dict[str, Any]) -> dict[str, Any]:

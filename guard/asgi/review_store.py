@@ -629,24 +629,21 @@ return {3, ARGV[2]}
         texts = self._checked(review_id, raw)
         if texts is None or json.loads(texts[1] or "{}").get("expires_at", 0) <= time.time():
             raise ReviewNotFound(review_id)
-        self._check_settled(review_id, texts)
-        return texts
-
-    def _check_settled(self, review_id: str, texts: list[str | None]) -> None:
-        """Remember an item read rejected or released; refuse one this store saw settled that is back in an earlier
-        state (a copy put back in Redis).
-
-        Raises:
-            ReviewConflict: status ``tampered``.
-        """
-        if texts[0] in ("rejected", "released"):
-            self._settle(review_id, json.loads(texts[1] or "{}").get("expires_at", 0))
-        elif self._settled.get(review_id, 0) > time.time():
+        if self._put_back(review_id, texts):
             self.tampered += 1
             logger.warning("review item %s is back in an earlier state (%s) after it was settled (put back in Redis); "
                            "refusing it", review_id, texts[0])
             raise ReviewConflict(review_id, "tampered", "the item was rejected or released and is back in an earlier "
                                  "state (put back in the store); it cannot be approved or released")
+        return texts
+
+    def _put_back(self, review_id: str, texts: list[str | None]) -> bool:
+        """Remember an item read rejected or released; whether it is one this store saw settled that is back in an
+        earlier state (a copy put back in Redis, or a row read before this store settled it)."""
+        if texts[0] in ("rejected", "released"):
+            self._settle(review_id, json.loads(texts[1] or "{}").get("expires_at", 0))
+            return False
+        return self._settled.get(review_id, 0) > time.time()
 
     def _settle(self, review_id: str, expires_at: float) -> None:
         """Remember that ``review_id`` was rejected or released, until ``expires_at``. At :data:`MAX_SETTLED` entries
@@ -750,9 +747,7 @@ return {3, ARGV[2]}
                 continue
             if texts is None:
                 continue
-            if texts[0] in ("rejected", "released"):
-                self._settle(review_id, json.loads(texts[1] or "{}").get("expires_at", 0))
-            elif self._settled.get(review_id, 0) > time.time():
+            if self._put_back(review_id, texts):
                 continue  # settled here since (or put back): left out; reading it for a change refuses a put-back
             items[review_id] = self._decode(texts, with_request=False)
         return items

@@ -528,7 +528,7 @@ def test_shipped_files_name_their_schema_and_the_test_file_schema_is_current() -
         jsonschema.validate({"cases": [{"name": "x", "input": {"http": {}}, "expect": {}, "typo": 1}]}, test_schema)
 
 
-RESPONSE_POLICIES = """\
+RULES_ONLY_POLICY = """\
 policies:
   - id: chat
     version: 1
@@ -536,6 +536,8 @@ policies:
     state: {text: body_text}
     rules: [{id: syntax, when: 'sqli(state.text)', action: block}]
     default: allow
+"""
+RESPONSE_POLICIES = RULES_ONLY_POLICY + """\
   - id: chat-leak
     version: 1
     match: {http: {methods: [POST], paths: ["/v1/chat"], response: {status: [200]}}}
@@ -684,15 +686,6 @@ def test_the_junit_report_stays_xml_whatever_a_test_file_names(tmp_path: Path, c
     assert "\x1b" not in ET.tostring(root, encoding="unicode")
 
 
-RULES_ONLY_POLICY = """\
-policies:
-  - id: chat
-    version: 1
-    match: {http: {methods: [POST], paths: ["/v1/chat"]}}
-    state: {text: body_text}
-    rules: [{id: syntax, when: 'sqli(state.text)', action: block}]
-    default: allow
-"""
 SQL_INPUT = {"http": {"method": "POST", "path": "/v1/chat", "body": {"text": "1; DROP TABLE t"}}}
 
 
