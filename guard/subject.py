@@ -72,6 +72,10 @@ class HttpSubject:
         phase: ``request``, or ``response``: then ``headers``, ``content_type``, ``body`` and ``body_text`` are the
             response's (a streamed response's: the window being judged, as text), and method, path, host, client and
             query the request's.
+        deltas: a streamed response's window only: the pieces its client joins into one text
+            (:class:`guard.asgi._deltas.DeltaJoiner`: per JSON pointer whose string changes from event to event,
+            the end of what earlier windows held there, then each new event's string); ``body_text`` holds each
+            joined. A redact span that crosses two pieces cannot be masked, so the response is stopped.
         kind: always ``"http"``.
     """
 
@@ -87,6 +91,7 @@ class HttpSubject:
     status: int | None = None
     phase: Literal["request", "response"] = "request"
     repeated_headers: tuple[str, ...] = ()
+    deltas: tuple[tuple[str, ...], ...] = ()
     kind: Literal["http"] = "http"
 
     @property

@@ -41,6 +41,7 @@ from starlette.types import Message, Scope, Send
 
 from guard._json import json_readings
 from guard.asgi._decode import decode_content, parse_encodings
+from guard.asgi._deltas import DeltaJoiner
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
@@ -71,6 +72,9 @@ RESPONSE_UNINSPECTABLE = "response_uninspectable"
 SSE_BLOCK_EVENT = "guard_blocked"
 _RESPONSE_ID = b"x-guard-response-decision-id"
 _SSE = "text/event-stream"
+#: Media types of one JSON document per line (JSON Lines, NDJSON, RFC 7464 JSON text sequences).
+_JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
+                         "application/jsonlines", "application/x-jsonlines", "application/json-seq"})
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
@@ -144,13 +148,18 @@ class ResponseJudge:
         self.judge_at = 0  # held bytes the next window waits for, after one that could send nothing (doubles)
         self.tail = ""  # stream: the end of what was sent, judged again with the next window
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.deltas: DeltaJoiner | None = None  # stream: the events' pieces joined as the client joins them
+        self.lines = False  # stream: one JSON document per line (sent on up to the last line end)
+        self.sent_chars = 0  # stream: characters of the decoded stream sent on
         # stream: the first bytes of HTML or XML, where a <meta charset> or an XML declaration names the charset a
         # client decodes it with (the stream is read as UTF-8), and the check that refuses one naming another
         self.prefix = b""
         self.sniff: Callable[..., None] | None = None
         self.lock = asyncio.Lock()  # stream: one judgement at a time, the application's send or the flusher's
         self.due: float | None = None  # stream: loop time by which what is held gets judged (None: all judged)
-        self.pending = asyncio.Event()  # set while ``due`` is
+        self.hold_due: float | None = None  # stream: loop time after which the events the hold keeps back go
+        self.pending = asyncio.Event()  # set while ``due`` or ``hold_due`` is
+        self.rearmed = asyncio.Event()  # set when ``due`` is: the flusher may be waiting for a later ``hold_due``
         self.app: asyncio.Future[None] | None = None
         self.flusher: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None  # what ended the flusher (a cut-off, a client gone, a bug)
@@ -234,6 +243,8 @@ class ResponseJudge:
                                          field="content-type"))
         else:
             self.mode = "stream"
+            self.deltas = DeltaJoiner(sse=self.sse, context_chars=self.limits.stream_overlap_bytes)
+            self.lines = media in _JSON_LINES
             if is_xml(media):  # a declaration is read once its closing quote came: partial changes nothing
                 self.sniff = lambda prefix, partial: check_xml_encoding(prefix)
             elif media == "text/html" and "charset" not in parse_params(headers.get("content-type", ""))[1]:
@@ -303,14 +314,20 @@ class ResponseJudge:
                 await self._give_up(f"the response cannot be judged: {exc.reason}",
                                     "a streamed response that names a charset other than UTF-8 cannot be judged")
                 return
+        assert self.deltas is not None
         if chunk:
-            self.held += self.decoder.decode(chunk)
+            decoded = self.decoder.decode(chunk)
+            self.held += decoded
             self.held_bytes += len(chunk)
+            self.deltas.feed(decoded)
             if self.due is None and self.flusher is not None and self.limits.stream_flush_s is not None:
                 self.due = asyncio.get_running_loop().time() + self.limits.stream_flush_s
                 self.pending.set()
+                self.rearmed.set()
         if not more:
-            self.held += self.decoder.decode(b"", final=True)
+            decoded = self.decoder.decode(b"", final=True)
+            self.held += decoded
+            self.deltas.feed(decoded, final=True)
         if self.held_bytes >= max(self.limits.stream_window_bytes, self.judge_at) or not more:
             await self._window(final=not more)
 
@@ -322,34 +339,46 @@ class ResponseJudge:
         try:
             while self.mode == "stream":
                 await self.pending.wait()
-                wait = (self.due or 0.0) - loop.time()
+                deadlines = [t for t in (self.due, self.hold_due) if t is not None]
+                wait = min(deadlines, default=0.0) - loop.time()
                 if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue  # a window judged meanwhile moves ``due`` on
+                    self.rearmed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.rearmed.wait(), wait)
+                    continue  # a window judged meanwhile, or a new ``due``, moves the deadlines
                 async with self.lock:
-                    if self.mode == "stream" and self.due is not None and loop.time() >= self.due:
-                        await self._window(final=False)
+                    now = loop.time()
+                    release = self.hold_due is not None and now >= self.hold_due
+                    if self.mode == "stream" and (release or (self.due is not None and now >= self.due)):
+                        await self._window(final=False, release=release)
                         if self.mode == "done":  # blocked: the client has its block, the rest is not read
                             raise StreamStopped("the response was blocked by policy")
+                    elif self.due is None and self.hold_due is None:
+                        self.pending.clear()
         except Exception as exc:  # noqa: BLE001 - handed to run(), which re-raises what is not a connection error
             self.failure = exc
             self.mode = "done"
             if self.app is not None:
                 self.app.cancel()
 
-    async def _window(self, *, final: bool) -> None:
-        """Judge the tail already sent plus what is held; send on what may go."""
-        assert self.head is not None
+    async def _window(self, *, final: bool, release: bool = False) -> None:
+        """Judge the tail already sent plus what is held; send on what may go (with ``release``, also what the hold
+        keeps back: nothing followed it for ``stream_hold_s``)."""
+        assert self.head is not None and self.deltas is not None
         self.due = None  # everything held is judged now
-        self.pending.clear()
+        if self.hold_due is None:
+            self.pending.clear()
         context, text = len(self.tail), self.tail + self.held
-        judged = "\n".join([text, *body_strings(json_readings(text, piece=True))])  # decoded as a client reads it
-        verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=judged))
+        joined = self.deltas.joined()
+        judged = "\n".join([text, *body_strings(json_readings(text, piece=True)),  # decoded as a client reads it
+                            *("".join(pieces) for pieces in joined)])
+        verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=judged, deltas=joined))
         if _stops(verdict):
             self.mode = "done"
             await self._stop(verdict)
             return
-        end = len(text) if final else self._boundary(text, context)
+        end = len(text) if final else self._boundary(text, context, hold=not release)
+        self._time_hold(held=not final and end < self._boundary(text, context, hold=False), sent=end > context)
         spans = verdict.redactions if verdict.action == "redact" else ()
         cut = next((r for r in spans if r.start < end < r.end), None) if not final else None
         while cut is not None:  # a span reaches past what may go now: send up to before it, wait for the rest
@@ -372,6 +401,8 @@ class ResponseJudge:
         await self._send_start(verdict)
         await self.send({"type": "http.response.body", "body": out.encode("utf-8"), "more_body": not final})
         sent = text[:end]
+        self.sent_chars += end - context
+        self.deltas.mark(self.sent_chars)
         self.judge_at = 0
         self.tail = sent[-self.limits.stream_overlap_bytes:]
         self.held = text[end:]
@@ -387,13 +418,33 @@ class ResponseJudge:
         if self.started:
             raise StreamStopped(cut)
 
-    def _boundary(self, text: str, context: int) -> int:
-        """Where the text that may be sent now ends: SSE after the last complete event; else all but the overlap
-        (kept back so a span that continues in the next chunk is masked whole)."""
+    def _time_hold(self, *, held: bool, sent: bool) -> None:
+        """Start, restart or stop the hold's clock after a window: events the hold keeps back (``held``) go after
+        ``stream_hold_s`` unless more text follows; the clock starts again when this window sent some (the held
+        events are newer ones)."""
+        if not held or self.flusher is None:
+            self.hold_due = None
+        elif sent or self.hold_due is None:
+            self.hold_due = asyncio.get_running_loop().time() + self.limits.stream_hold_s
+            self.pending.set()
+
+    def _boundary(self, text: str, context: int, *, hold: bool = True) -> int:
+        """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines after the last
+        complete line; else all but the overlap (kept back so a span that continues in the next chunk is masked
+        whole). Never past the events that hold the last ``stream_hold_chars`` characters of a joined text
+        (:meth:`DeltaJoiner.hold_from`): they wait for what follows them."""
+        assert self.deltas is not None
         if self.sse:
             cut = max(text.rfind("\n\n"), text.rfind("\r\n\r\n"))
-            return max(cut + (4 if text.startswith("\r\n\r\n", cut) else 2), context) if cut >= 0 else context
-        return max(len(text) - self.limits.stream_overlap_bytes, context)
+            end = max(cut + (4 if text.startswith("\r\n\r\n", cut) else 2), context) if cut >= 0 else context
+        elif self.lines:
+            end = max(max(text.rfind("\n"), text.rfind("\r")) + 1, context)
+        else:
+            end = max(len(text) - self.limits.stream_overlap_bytes, context)
+        held = self.deltas.hold_from(self.limits.stream_hold_chars) if hold else None
+        if held is not None:  # ``text`` starts ``context`` characters before what was sent ends
+            end = min(end, max(held - self.sent_chars + context, context))
+        return end
 
     async def _send_start(self, verdict: Verdict) -> None:
         if self.started:

@@ -25,6 +25,8 @@ __all__ = [
     "DEFAULT_MAX_PART_HEADER_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_STREAM_FLUSH_S",
+    "DEFAULT_STREAM_HOLD_CHARS",
+    "DEFAULT_STREAM_HOLD_S",
     "DEFAULT_STREAM_OVERLAP_BYTES",
     "DEFAULT_STREAM_WINDOW_BYTES",
     "BodyLimits",
@@ -58,6 +60,10 @@ DEFAULT_STREAM_OVERLAP_BYTES = 256
 """Already-sent bytes judged again with the next window, so a span across two windows is seen whole."""
 DEFAULT_STREAM_FLUSH_S = 0.2
 """Most seconds a streamed byte is held back waiting for the window to fill; then what is held is judged and sent on."""
+DEFAULT_STREAM_HOLD_CHARS = 64
+"""Characters at the end of a stream's joined text (an LLM's answer, token by token) held back until more follows."""
+DEFAULT_STREAM_HOLD_S = 1.0
+"""Most seconds the events the hold keeps back wait for more to follow; then they are sent on."""
 
 OpaqueMedia = Literal["reject", "metadata"]
 """What to do with a non-empty body of a media type that cannot be read as text (images, octet-stream):
@@ -87,6 +93,13 @@ class BodyLimits:
         stream_overlap_bytes: bytes judged twice across consecutive windows (below ``stream_window_bytes``).
         stream_flush_s: seconds after which held-back stream bytes are judged and sent on without waiting for the
             window to fill (a slow token stream); ``None``: only a full window or the end of the stream does.
+        stream_hold_chars: characters at the end of a stream's joined text (the pieces an LLM API streams at one
+            place of its events, :mod:`guard.asgi._deltas`) whose events wait for what follows before they are
+            sent, so a span cut across events (a key streamed token by token) is judged with that many characters of
+            itself before any of it leaves; ``0``: events go as soon as they are judged.
+        stream_hold_s: most seconds the events the hold keeps back wait for more text (a stream that pauses, or
+            one of whole messages such as notifications); then they are sent on. Needs ``stream_flush_s`` (without
+            it they wait for a full window or the end of the stream).
     """
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -104,6 +117,8 @@ class BodyLimits:
     stream_window_bytes: int = DEFAULT_STREAM_WINDOW_BYTES
     stream_overlap_bytes: int = DEFAULT_STREAM_OVERLAP_BYTES
     stream_flush_s: float | None = DEFAULT_STREAM_FLUSH_S
+    stream_hold_chars: int = DEFAULT_STREAM_HOLD_CHARS
+    stream_hold_s: float = DEFAULT_STREAM_HOLD_S
 
     def __post_init__(self) -> None:
         if not (isinstance(self.body_timeout_s, (int, float)) and self.body_timeout_s > 0):
@@ -111,6 +126,12 @@ class BodyLimits:
         flush = self.stream_flush_s
         if flush is not None and (isinstance(flush, bool) or not isinstance(flush, (int, float)) or not flush > 0):
             raise ValueError(f"BodyLimits.stream_flush_s is {flush!r}; it must be positive seconds or None")
+        wait = self.stream_hold_s
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0:
+            raise ValueError(f"BodyLimits.stream_hold_s is {wait!r}; it must be positive seconds")
+        hold = self.stream_hold_chars
+        if isinstance(hold, bool) or not isinstance(hold, int) or hold < 0:
+            raise ValueError(f"BodyLimits.stream_hold_chars is {hold!r}; it must be a non-negative integer")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.startswith("max_") and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -46,7 +46,7 @@ from typing import Any
 
 from guard.asgi._responses import DECISION_HEADERS
 from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
-from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, BodyLimits
+from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS, BodyLimits
 from guard.asgi.proxy import DEFAULT_MAX_CONNECTIONS, DEFAULT_QUEUE_TIMEOUT_S
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
@@ -100,6 +100,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--stream-flush", type=float, default=None, metavar="S",
                         help="seconds a streamed response's bytes wait for a response policy's window to fill before "
                         f"they are judged and sent on (default {DEFAULT_STREAM_FLUSH_S:g}; 0: wait for a full window)")
+    parser.add_argument("--stream-hold", type=int, default=None, metavar="CHARS",
+                        help="characters at the end of a streamed LLM answer (its events' pieces joined) kept back "
+                        "until more follows, so a key streamed token by token is judged whole before any of it "
+                        f"leaves (default {DEFAULT_STREAM_HOLD_CHARS}; 0: send each event once judged)")
     add_backend_options(parser, default="compact")
     parser.add_argument("--redis-url", default=os.environ.get(REDIS_URL_ENV) or None, metavar="URL",
                         help="Redis for the cache (and the review queue, without --review-redis-url); "
@@ -250,6 +254,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         if not args.stream_flush >= 0:
             raise ValueError(f"--stream-flush is {args.stream_flush}; it must be 0 (no timed flush) or positive seconds")
         overrides["stream_flush_s"] = args.stream_flush or None
+    if args.stream_hold is not None:
+        overrides["stream_hold_chars"] = args.stream_hold
     limits = BodyLimits(**overrides)
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
                          max_connections=args.max_connections, queue_timeout=args.queue_timeout,

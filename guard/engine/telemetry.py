@@ -454,6 +454,7 @@ def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     ``hidden``."""
     record = _json_safe(subject, hidden=hidden)
     record.pop("history", None)
+    record.pop("deltas", None)  # a streamed window's pieces: its body_text holds them joined
     if verdict.flags.get(UNMASKABLE_FLAG) and isinstance(subject, HttpSubject):  # it holds what could not be masked
         record.update(body=WITHHELD, body_text=WITHHELD, query={name: [WITHHELD] for name in subject.query})
     elif verdict.redactions and isinstance(subject, HttpSubject):

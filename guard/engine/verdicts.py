@@ -143,8 +143,8 @@ def phase_of(subject: Subject | None) -> Phase:
 
 #: The message of a ``redact`` verdict turned into a block: what the rule masks is also where it cannot be masked.
 UNMASKABLE = (
-    "What the rule masks is also in an object key, the query string or an escaped text body, where it cannot be "
-    "masked; refused."
+    "What the rule masks is also in an object key, the query string, an escaped text body or across a stream's "
+    "events, where it cannot be masked; refused."
 )
 
 
@@ -174,7 +174,7 @@ def answered(
         redactions = redactor.find(subject.body, policy.detector)
         state = None
         query = subject.query if subject.phase == "request" else {}
-        if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector):
+        if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector, subject.deltas):
             action, redactions, message = "block", (), UNMASKABLE
             status = 422 if subject.phase == "request" else None  # a response: the response block's own status
             flags = {**flags, UNMASKABLE_FLAG: 1}  # the decision log leaves the body and query out

@@ -35,6 +35,7 @@ __all__ = [
     "compile_pattern",
     "escape_pointer",
     "merge_redactions",
+    "pointed_strings",
     "replacement",
 ]
 
@@ -96,7 +97,7 @@ class Redactor:
             detector: the policy's detector (used when :attr:`detector` is set).
         """
         out: list[Redaction] = []
-        for pointer, text in _strings(body, ""):
+        for pointer, text in pointed_strings(body):
             spans: list[tuple[int, int, str]] = []
             for label, pattern in self.patterns:
                 spans += [(m.start(), m.end(), label) for m in pattern.finditer(text) if m.end() > m.start()]
@@ -107,18 +108,23 @@ class Redactor:
 
 
     def leaves(self, body: Any, query: Mapping[str, Any], redactions: tuple[Redaction, ...],
-               detector: Detector | None = None) -> bool:
-        """Whether what this block masks would still reach the application once ``redactions`` are applied: found
-        in an object key or form field name, in the query's names or values, or, for a text body or a stream's
-        window, in what a JSON parser decodes from it (:func:`guard._json.json_readings`: documents, events, JSON
-        lines, the escapes of a cut document; ``\\u0034111`` is ``4111``). The enforcement point refuses such a
-        request instead of passing it on half masked.
+               detector: Detector | None = None, deltas: tuple[tuple[str, ...], ...] = ()) -> bool:
+        """Whether what this block masks would still reach the application (or the client) once ``redactions``
+        are applied: found in an object key or form field name, in the query's names or values, for a text body or
+        a stream's window in what a JSON parser decodes from it (:func:`guard._json.json_readings`: documents,
+        events, JSON lines, the escapes of a cut document; ``\\u0034111`` is ``4111``), or across two of a
+        stream's pieces that its client joins (``deltas``: ``sk`` + ``-abcdefgh123``; no span of the raw text is
+        that key). The enforcement point refuses such a request, or stops such a response, instead of passing it
+        on half masked.
 
         Args:
             body: the parsed body the spans were found in.
             query: the query parameters (``{}`` for a response).
             redactions: what :meth:`find` returned for ``body``.
             detector: the policy's detector.
+            deltas: a streamed window's joined pieces (:attr:`guard.subject.HttpSubject.deltas`); a span inside
+                one piece is the raw text's to mask (or an earlier window's, in the first piece), one that crosses
+                two cannot be masked.
         """
         masked = apply_redactions(body, redactions)
         texts = [*_keys_and_strings(masked), *_keys_and_strings(dict(query))]
@@ -129,7 +135,18 @@ class Redactor:
                 return True
             if self.detector and detector is not None and detector(text):
                 return True
-        return False
+        return any(self._crosses(pieces, detector) for pieces in deltas)
+
+    def _crosses(self, pieces: tuple[str, ...], detector: Detector | None) -> bool:
+        """Whether a span this block masks in ``"".join(pieces)`` starts in one piece and ends in another."""
+        text, ends, at = "".join(pieces), [], 0
+        for piece in pieces:
+            at += len(piece)
+            ends.append(at)
+        spans = [(m.start(), m.end()) for _, pattern in self.patterns for m in pattern.finditer(text)]
+        if self.detector and detector is not None:
+            spans += [(s.start, s.end) for s in detector(text)]
+        return any(start < end_of_piece < end for start, end in spans for end_of_piece in ends)
 
 
 def merge_redactions(redactions: Iterable[Redaction]) -> tuple[Redaction, ...]:
@@ -212,8 +229,9 @@ def _replace(text: str, found: list[Redaction]) -> str:
     return "".join(parts)
 
 
-def _strings(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
-    """Every string value in ``node`` with its JSON pointer, in document order (object keys are not masked)."""
+def pointed_strings(node: Any, pointer: str = "") -> Iterator[tuple[str, str]]:
+    """Every string value in ``node`` (a JSON value, a form mapping or text) with its JSON pointer (RFC 6901), in
+    document order; object keys are not among them (a span in a key cannot be masked)."""
     stack: list[tuple[str, Any]] = [(pointer, node)]
     while stack:
         where, value = stack.pop()

@@ -406,8 +406,9 @@ def answer_variables(answer: AnswerV1) -> dict[str, Any]:
 
 def subject_fields(subject_type: Any) -> list[str]:
     """The fields of a subject (an instance or its class) that rules read as ``subject.<name>``: every field but an
-    agent subject's ``history``, which rules read through ``call``."""
-    return [f.name for f in dataclasses.fields(subject_type) if f.name != "history"]
+    agent subject's ``history``, which rules read through ``call``, and a streamed response's ``deltas``, whose
+    joined text rules read in ``body_text``."""
+    return [f.name for f in dataclasses.fields(subject_type) if f.name not in ("history", "deltas")]
 
 
 def subject_variables(subject: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi.admin import admin_app
-from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S
+from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS
 from guard.asgi.proxy import ProxyApp, ProxyConfig, ReverseProxy, _forward_headers, proxy_app
 from guard.asgi.server import server_options
 from guard.cli import build_parser, main
@@ -364,6 +364,7 @@ def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: 
         ["--header-timeout", "0"],
         ["--body-timeout", "-1"],
         ["--stream-flush", "-1"],
+        ["--stream-hold", "-1"],
         ["--upstream", "ftp://x"],
         ["--cache-local-ttl", "-1"],
     ):
@@ -373,13 +374,15 @@ def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: 
     assert main(["proxy", "--policy", "/nonexistent.yaml", "--upstream", url]) == 2
 
 
-def test_cli_stream_flush_reaches_the_response_judge(upstream: tuple[Upstream, str]) -> None:
+def test_cli_stream_flush_and_hold_reach_the_response_judge(upstream: tuple[Upstream, str]) -> None:
     _, url = upstream
     argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "http://127.0.0.1:9"]
-    cases = (([], DEFAULT_STREAM_FLUSH_S), (["--stream-flush", "0.05"], 0.05), (["--stream-flush", "0"], None))
-    for extra, expected in cases:
+    cases = (([], DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS),
+             (["--stream-flush", "0.05", "--stream-hold", "0"], 0.05, 0), (["--stream-flush", "0"], None, 64))
+    for extra, flush, hold in cases:
         runtime = build(build_parser().parse_args([*argv, *extra]))
-        assert runtime.app.guarded.limits.stream_flush_s == expected
+        limits = runtime.app.guarded.limits
+        assert (limits.stream_flush_s, limits.stream_hold_chars) == (flush, hold)
         asyncio.run(runtime.aclose())
 
 

@@ -118,7 +118,7 @@ async def sse(request: Request) -> Response:
 
     async def events() -> AsyncIterator[str]:
         for i in range(EVENTS):
-            yield f"data: {json.dumps({'i': i, 'delta': _event_text(i, kind)})}\n\n"
+            yield f"data: {json.dumps({'i': i, 'delta': ' ' + _event_text(i, kind)})}\n\n"  # a token: its space first
             await asyncio.sleep(0)
         yield "data: [DONE]\n\n"
 
@@ -200,8 +200,9 @@ def served(tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 @pytest.fixture
 def slow(tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """The default 4 KiB window, flushed after ``FLUSH_S``; a 32-byte overlap kept back from chunked streams."""
-    yield from _served(tmp_path, BodyLimits(stream_flush_s=FLUSH_S, stream_overlap_bytes=32))
+    """The default 4 KiB window, flushed after ``FLUSH_S``; a 32-byte overlap kept back from chunked streams; no
+    joined text held back (the tests time the flush alone)."""
+    yield from _served(tmp_path, BodyLimits(stream_flush_s=FLUSH_S, stream_overlap_bytes=32, stream_hold_chars=0))
 
 
 def test_the_app_sees_the_verdict_and_routes_on_its_answers(served: tuple[str, list[Any]]) -> None:
@@ -272,7 +273,7 @@ def test_sse_is_judged_in_windows_and_nothing_after_the_blocked_span_leaves(serv
     assert 0 < len(indices) < EVENTS // 2  # earlier windows went out; the one with the secret and all after did not
     assert SECRET not in leak.text
     deltas = [json.loads(e[len("data: "):])["delta"] for e in _sse_events(key.text)[:-1]]
-    assert "[REDACTED:api_key]" in deltas and len(deltas) == EVENTS
+    assert " [REDACTED:api_key]" in deltas and len(deltas) == EVENTS
 
 
 def test_chunked_is_cut_off_before_the_blocked_span(served: tuple[str, list[Any]]) -> None:
@@ -317,7 +318,7 @@ def test_a_slow_sse_stream_is_released_event_by_event_after_the_flush_delay(
         events, delays, _ = _arrivals(client, "/out/slow-sse?kind=ok")
     assert [e["i"] for e in events] == list(range(SLOW_EVENTS))
     assert max(delays) < FLUSH_S + MARGIN_S, delays
-    unflushed = _served(tmp_path, BodyLimits(stream_flush_s=None))  # the window alone: held until the stream ends
+    unflushed = _served(tmp_path, BodyLimits(stream_flush_s=None, stream_hold_chars=0))  # the window alone: held until the stream ends
     with contextlib.closing(unflushed), httpx.Client(base_url=next(unflushed)[0], timeout=30) as client:
         _, waited, _ = _arrivals(client, "/out/slow-sse?kind=ok")
     assert waited[0] > (SLOW_EVENTS - 1) * PACE_S > FLUSH_S + MARGIN_S
@@ -392,7 +393,7 @@ def test_the_proxy_judges_responses_the_same_way(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(POLICY)
     guard = Guard.from_files(path, backends=ScriptedBackend(answers))
-    limits = BodyLimits(stream_window_bytes=256, stream_overlap_bytes=32, stream_flush_s=FLUSH_S)
+    limits = BodyLimits(stream_window_bytes=256, stream_overlap_bytes=32, stream_flush_s=FLUSH_S, stream_hold_chars=0)
     received = b""
     with serve_in_thread(Starlette(routes=ROUTES)) as upstream, \
             serve_in_thread(proxy_app(guard, ProxyConfig(upstream), limits=limits)) as proxy, \
@@ -603,7 +604,7 @@ async def test_a_stream_is_judged_as_its_client_reads_it(events: list[str], medi
 @pytest.mark.anyio
 @pytest.mark.parametrize(("chunks", "media"), [
     (['data: {"delta":\ndata: "use \\u0073k-abcdefgh123"}\n\n', "data: [DONE]\n\n"], "text/event-stream"),
-    (['{"delta": "hi"}\n', '{"delta": "use \\u0073k-abcdefgh123"}\n'], "application/x-ndjson"),
+    (['{"delta": "use \\u0073k-abcdefgh123"}\n', '{"delta": "hi"}\n'], "application/x-ndjson"),
     (['{"delta": "hi"}\n{"delta": "use \\u0073k-abcdefgh123"}\n'], "application/json"),
     (['\x1e{"delta": "use \\u0073k-abcdefgh123"}\n'], "application/json-seq"),
     (['{"delta": "use \\u0073k-abcdefgh123 ' + "padding " * 40, '"}'], "application/json"),  # cut by a flush
