@@ -103,28 +103,27 @@ class DeltaJoiner:
             for p, pieces in self._pieces.items() if p in self._varies and pieces
         )
 
-    def hold_from(self, chars: int) -> int | None:
-        """The offset of the first event to keep back until more follows (``None``: none, or ``chars`` is 0): one
-        that holds one of the last ``chars`` characters of a joined pointer's unsent text, or the last event, when
-        it holds the first string seen at a pointer (which the next event may continue). Sent no earlier than what
-        follows them, a span that starts there is judged with at least ``chars`` characters of itself before any of
-        it leaves."""
+    def hold_from(self, chars: int, *, after: int = 0) -> int | None:
+        """The offset of the first event from ``after`` on to keep back until more follows (``None``: none, or
+        ``chars`` is 0): one that holds one of the last ``chars`` characters of a joined pointer's unsent text, or
+        the last event, when it holds the first string seen at a pointer (which the next event may continue). Sent
+        no earlier than what follows them, a span that starts there is judged with at least ``chars`` characters of
+        itself before any of it leaves."""
         if not chars:
             return None
-        hold: int | None = None
+        held: list[int] = []
         for pointer, pieces in self._pieces.items():
             if pointer not in self._varies:
-                if pieces and pieces[-1][0] == self._latest and self._first.get(pointer) == pieces[-1][1] \
-                        and len(pieces) == 1 and pointer not in self._before:
-                    hold = self._latest if hold is None else min(hold, self._latest)
+                if len(pieces) == 1 and pieces[0][0] == self._latest and pointer not in self._before:
+                    held.append(self._latest)  # the first string seen there: the next event may continue it
                 continue
             count = 0
             for at, value in reversed(pieces):
-                hold = at if hold is None else min(hold, at)
-                count += len(value)
-                if count >= chars:
+                if count >= chars or at < after:
                     break
-        return hold
+                held.append(at)
+                count += len(value)
+        return min((at for at in held if at >= after), default=None)
 
     def mark(self, sent_to: int) -> None:
         """The stream was sent up to offset ``sent_to``: the pieces of events before it join each pointer's sent

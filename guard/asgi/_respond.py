@@ -151,15 +151,17 @@ class ResponseJudge:
         self.deltas: DeltaJoiner | None = None  # stream: the events' pieces joined as the client joins them
         self.lines = False  # stream: one JSON document per line (sent on up to the last line end)
         self.sent_chars = 0  # stream: characters of the decoded stream sent on
+        self.arrivals: list[tuple[int, float]] = []  # stream: (offset, loop time) where each unsent chunk began
+        self.received_chars = 0  # stream: characters of the decoded stream received
         # stream: the first bytes of HTML or XML, where a <meta charset> or an XML declaration names the charset a
         # client decodes it with (the stream is read as UTF-8), and the check that refuses one naming another
         self.prefix = b""
         self.sniff: Callable[..., None] | None = None
         self.lock = asyncio.Lock()  # stream: one judgement at a time, the application's send or the flusher's
         self.due: float | None = None  # stream: loop time by which what is held gets judged (None: all judged)
-        self.hold_due: float | None = None  # stream: loop time after which the events the hold keeps back go
+        self.hold_due: float | None = None  # stream: loop time when the first event the hold keeps back may go
         self.pending = asyncio.Event()  # set while ``due`` or ``hold_due`` is
-        self.rearmed = asyncio.Event()  # set when ``due`` is: the flusher may be waiting for a later ``hold_due``
+        self.rearmed = asyncio.Event()  # set when a deadline moves earlier: the flusher may wait for a later one
         self.app: asyncio.Future[None] | None = None
         self.flusher: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None  # what ended the flusher (a cut-off, a client gone, a bug)
@@ -317,6 +319,8 @@ class ResponseJudge:
         assert self.deltas is not None
         if chunk:
             decoded = self.decoder.decode(chunk)
+            self.arrivals.append((self.received_chars, asyncio.get_running_loop().time()))
+            self.received_chars += len(decoded)
             self.held += decoded
             self.held_bytes += len(chunk)
             self.deltas.feed(decoded)
@@ -345,12 +349,10 @@ class ResponseJudge:
                     self.rearmed.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.rearmed.wait(), wait)
-                    continue  # a window judged meanwhile, or a new ``due``, moves the deadlines
+                    continue  # a window judged meanwhile, or a new deadline, moves the deadlines
                 async with self.lock:
-                    now = loop.time()
-                    release = self.hold_due is not None and now >= self.hold_due
-                    if self.mode == "stream" and (release or (self.due is not None and now >= self.due)):
-                        await self._window(final=False, release=release)
+                    if self.mode == "stream" and deadlines and loop.time() >= min(deadlines):
+                        await self._window(final=False)
                         if self.mode == "done":  # blocked: the client has its block, the rest is not read
                             raise StreamStopped("the response was blocked by policy")
                     elif self.due is None and self.hold_due is None:
@@ -361,13 +363,12 @@ class ResponseJudge:
             if self.app is not None:
                 self.app.cancel()
 
-    async def _window(self, *, final: bool, release: bool = False) -> None:
-        """Judge the tail already sent plus what is held; send on what may go (with ``release``, also what the hold
-        keeps back: nothing followed it for ``stream_hold_s``)."""
+    async def _window(self, *, final: bool) -> None:
+        """Judge the tail already sent plus what is held; send on what may go."""
         assert self.head is not None and self.deltas is not None
         self.due = None  # everything held is judged now
-        if self.hold_due is None:
-            self.pending.clear()
+        self.hold_due = None
+        self.pending.clear()
         context, text = len(self.tail), self.tail + self.held
         joined = self.deltas.joined()
         judged = "\n".join([text, *body_strings(json_readings(text, piece=True)),  # decoded as a client reads it
@@ -377,12 +378,14 @@ class ResponseJudge:
             self.mode = "done"
             await self._stop(verdict)
             return
-        end = len(text) if final else self._boundary(text, context, hold=not release)
-        self._time_hold(held=not final and end < self._boundary(text, context, hold=False), sent=end > context)
+        hold = None if final else self._hold_from()
+        end = len(text) if final else self._boundary(text, context, hold)
+        if hold is not None and end < self._boundary(text, context, None):  # the hold keeps events back
+            self._time_hold(hold)
         spans = verdict.redactions if verdict.action == "redact" else ()
         cut = next((r for r in spans if r.start < end < r.end), None) if not final else None
         while cut is not None:  # a span reaches past what may go now: send up to before it, wait for the rest
-            end = self._boundary(text[: cut.start], context) if self.sse else cut.start
+            end = self._boundary(text[: cut.start], context, hold) if self.sse else cut.start
             cut = next((r for r in spans if r.start < end < r.end), None)
         if end <= context and not final:
             # nothing may go yet (an event longer than the window): judge again once the held text has doubled, so
@@ -403,6 +406,8 @@ class ResponseJudge:
         sent = text[:end]
         self.sent_chars += end - context
         self.deltas.mark(self.sent_chars)
+        while len(self.arrivals) > 1 and self.arrivals[1][0] <= self.sent_chars:
+            del self.arrivals[0]  # the chunk that began where the unsent text begins is kept
         self.judge_at = 0
         self.tail = sent[-self.limits.stream_overlap_bytes:]
         self.held = text[end:]
@@ -418,21 +423,29 @@ class ResponseJudge:
         if self.started:
             raise StreamStopped(cut)
 
-    def _time_hold(self, *, held: bool, sent: bool) -> None:
-        """Start, restart or stop the hold's clock after a window: events the hold keeps back (``held``) go after
-        ``stream_hold_s`` unless more text follows; the clock starts again when this window sent some (the held
-        events are newer ones)."""
-        if not held or self.flusher is None:
-            self.hold_due = None
-        elif sent or self.hold_due is None:
-            self.hold_due = asyncio.get_running_loop().time() + self.limits.stream_hold_s
-            self.pending.set()
+    def _hold_from(self) -> int | None:
+        """The offset from which events wait for what follows them (:meth:`DeltaJoiner.hold_from`), leaving out the
+        events that began to arrive ``stream_hold_s`` ago or earlier: they go now."""
+        assert self.deltas is not None
+        if not self.limits.stream_hold_chars:
+            return None
+        since = asyncio.get_running_loop().time() - self.limits.stream_hold_s
+        fresh = next((at for at, time in self.arrivals if time > since), None)
+        return None if fresh is None else self.deltas.hold_from(self.limits.stream_hold_chars, after=fresh)
 
-    def _boundary(self, text: str, context: int, *, hold: bool = True) -> int:
+    def _time_hold(self, hold: int) -> None:
+        """Wake the flusher when the first event kept back from ``hold`` on has waited ``stream_hold_s``."""
+        if self.flusher is None:
+            return
+        arrived = next(time for at, time in reversed(self.arrivals) if at <= hold)
+        self.hold_due = arrived + self.limits.stream_hold_s
+        self.pending.set()
+        self.rearmed.set()
+
+    def _boundary(self, text: str, context: int, hold: int | None) -> int:
         """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines after the last
         complete line; else all but the overlap (kept back so a span that continues in the next chunk is masked
-        whole). Never past the events that hold the last ``stream_hold_chars`` characters of a joined text
-        (:meth:`DeltaJoiner.hold_from`): they wait for what follows them."""
+        whole). Never past ``hold``, where the events start that wait for what follows them (:meth:`_hold_from`)."""
         assert self.deltas is not None
         if self.sse:
             cut = max(text.rfind("\n\n"), text.rfind("\r\n\r\n"))
@@ -441,9 +454,8 @@ class ResponseJudge:
             end = max(max(text.rfind("\n"), text.rfind("\r")) + 1, context)
         else:
             end = max(len(text) - self.limits.stream_overlap_bytes, context)
-        held = self.deltas.hold_from(self.limits.stream_hold_chars) if hold else None
-        if held is not None:  # ``text`` starts ``context`` characters before what was sent ends
-            end = min(end, max(held - self.sent_chars + context, context))
+        if hold is not None:  # ``text`` starts ``context`` characters before what was sent ends
+            end = min(end, max(hold - self.sent_chars + context, context))
         return end
 
     async def _send_start(self, verdict: Verdict) -> None:

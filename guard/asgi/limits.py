@@ -63,7 +63,7 @@ DEFAULT_STREAM_FLUSH_S = 0.2
 DEFAULT_STREAM_HOLD_CHARS = 64
 """Characters at the end of a stream's joined text (an LLM's answer, token by token) held back until more follows."""
 DEFAULT_STREAM_HOLD_S = 1.0
-"""Most seconds the events the hold keeps back wait for more to follow; then they are sent on."""
+"""Most seconds an event the hold keeps back waits, from its arrival, for more to follow; then it is sent on."""
 
 OpaqueMedia = Literal["reject", "metadata"]
 """What to do with a non-empty body of a media type that cannot be read as text (images, octet-stream):
@@ -97,9 +97,9 @@ class BodyLimits:
             place of its events, :mod:`guard.asgi._deltas`) whose events wait for what follows before they are
             sent, so a span cut across events (a key streamed token by token) is judged with that many characters of
             itself before any of it leaves; ``0``: events go as soon as they are judged.
-        stream_hold_s: most seconds the events the hold keeps back wait for more text (a stream that pauses, or
-            one of whole messages such as notifications); then they are sent on. Needs ``stream_flush_s`` (without
-            it they wait for a full window or the end of the stream).
+        stream_hold_s: most seconds an event the hold keeps back waits, from its arrival, for the text after it (a
+            slow model, a stream that pauses, or one of whole messages such as notifications); then it is sent on.
+            Needs ``stream_flush_s`` (without it, events wait for a full window or the end of the stream).
     """
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES

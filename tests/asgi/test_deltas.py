@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -147,39 +148,58 @@ def test_a_key_in_one_token_is_masked_and_the_answer_arrives_whole(shape: str) -
     assert _shown(text) == "".join(PREAMBLE) + " [REDACTED:api_key]. Rotate it."
 
 
+def _timed(limits: BodyLimits, tokens: list[str], pace: float, silence: float = 0.0) -> list[tuple[float, int]]:
+    """Serve an OpenAI-style stream of ``tokens`` (``pace`` s apart, then ``silence`` s before it ends) behind the
+    policy with ``limits`` on a real server; per token the client got: its delay from the app's send (s) and how
+    many tokens the app had sent by then."""
+    sent: list[float] = []
+
+    async def stream(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            for token in tokens:
+                sent.append(time.monotonic())
+                yield SHAPES["openai-chat"][1](token).encode()
+                await asyncio.sleep(pace)
+            await asyncio.sleep(silence)
+            yield b"data: [DONE]\n\n"
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
+    app = Starlette(routes=[Route("/v1/x", stream)], middleware=[Middleware(GuardMiddleware, guard=guard,
+                                                                            limits=limits)])
+    got: list[tuple[float, int]] = []
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client, \
+            client.stream("GET", "/v1/x") as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                got.append((time.monotonic() - sent[len(got)], len(sent)))
+    guard.close()
+    return got
+
+
 def test_the_hold_keeps_the_last_characters_of_the_joined_text_back() -> None:
-    """Events go once the joined text after them is ``stream_hold_chars`` long; the stream's end sends the rest."""
-    tokens = [f" w{i:02d}" for i in range(40)]  # 4 characters a token
+    """A token goes only once 16 characters of text followed it (four 4-character tokens), or the stream ended."""
+    tokens = [f" w{i:02d}" for i in range(30)]
+    got = _timed(BodyLimits(stream_flush_s=0.01, stream_hold_chars=16, stream_hold_s=30), tokens, 0.01)
+    assert len(got) == 30
+    assert all(sent_by_then >= i + 1 + 4 for i, (_, sent_by_then) in enumerate(got[:-4])), got
 
-    async def run(hold: int) -> list[int]:
-        shown_when: list[int] = []  # joined characters shown each time the client got something
-        sent: list[str] = []
 
-        async def stream(request: Request) -> Response:
-            async def body() -> AsyncIterator[bytes]:
-                for token in tokens:
-                    sent.append(token)
-                    yield SHAPES["openai-chat"][1](token).encode()
-                    await asyncio.sleep(0.02)
-            return StreamingResponse(body(), media_type="text/event-stream")
+def test_held_events_go_after_stream_hold_s_when_nothing_follows() -> None:
+    """A stream that pauses (or sends whole messages, such as notifications) gets the events the hold keeps back
+    after ``stream_hold_s``, not when the stream ends."""
+    got = _timed(BodyLimits(stream_flush_s=0.01, stream_hold_s=0.2), ["Your", " order", " has", " shipped", "."],
+                 0.0, silence=3.0)
+    assert len(got) == 5 and max(delay for delay, _ in got) < 2.0, got
 
-        guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
-        app = Starlette(routes=[Route("/v1/x", stream)], middleware=[
-            Middleware(GuardMiddleware, guard=guard, limits=BodyLimits(stream_flush_s=0.01, stream_hold_chars=hold))])
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client, \
-                client.stream("GET", "/v1/x") as response:
-            text = ""
-            async for piece in response.aiter_text():
-                text += piece
-                shown_when.append(len("".join(sent)) - len(_shown(text)))  # arrived but not yet shown
-        await guard.aclose()
-        assert _shown(text) == "".join(tokens)
-        return shown_when
 
-    held = asyncio.run(run(16))
-    assert all(0 < lag <= 16 + 4 + 4 for lag in held[:-1]) and held[-1] == 0, held
-    assert max(asyncio.run(run(0))) <= 4 + 4  # no hold: at most an event or two in flight
+def test_no_event_waits_longer_than_stream_hold_s() -> None:
+    """A slow model (one 4-character token every 50 ms: 64 characters take 0.8 s) gets each token about
+    ``stream_hold_s`` late, not as late as the 64 characters after it."""
+    got = _timed(BodyLimits(stream_flush_s=0.01, stream_hold_s=0.25), [f" w{i:02d}" for i in range(30)], 0.05)
+    delays = [delay for delay, _ in got]
+    assert len(delays) == 30 and max(delays) < 0.25 + 0.25, delays  # a loaded machine's margin on top
+    assert sorted(delays)[len(delays) // 2] > 0.15  # the hold is on: without it each would come within ~0.01 s
 
 
 def test_the_joiner_joins_what_changes_and_leaves_metadata_out() -> None:
@@ -200,37 +220,6 @@ def test_the_joiner_joins_what_changes_and_leaves_metadata_out() -> None:
     lines = DeltaJoiner(sse=False, context_chars=0)
     lines.feed('{"a": "x", "t": "1"}\n{"a": "x", "t": "2"}\n{"a": "x", "t": "3"')
     assert lines.joined() == (("1", "2"),)
-
-
-def test_held_events_go_after_stream_hold_s_when_nothing_follows() -> None:
-    """A stream that pauses (or sends whole messages, such as notifications) gets the events the hold keeps back
-    after ``stream_hold_s``, not when the stream ends."""
-    async def run() -> tuple[str, float]:
-        async def stream(request: Request) -> Response:
-            async def body() -> AsyncIterator[bytes]:
-                for token in ["Your", " order", " has", " shipped", "."]:
-                    yield SHAPES["openai-chat"][1](token).encode()
-                await asyncio.sleep(3.0)  # silence, then the end
-                yield b"data: [DONE]\n\n"
-            return StreamingResponse(body(), media_type="text/event-stream")
-
-        guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
-        limits = BodyLimits(stream_flush_s=0.01, stream_hold_s=0.2)
-        app = Starlette(routes=[Route("/v1/x", stream)], middleware=[Middleware(GuardMiddleware, guard=guard,
-                                                                                limits=limits)])
-        loop = asyncio.get_running_loop()
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client, \
-                client.stream("GET", "/v1/x") as response:
-            start, text = loop.time(), ""
-            async for piece in response.aiter_text():
-                text += piece
-                if _shown(text) == "Your order has shipped.":
-                    break
-        await guard.aclose()
-        return _shown(text), loop.time() - start
-
-    shown, waited = asyncio.run(run())
-    assert shown == "Your order has shipped." and waited < 2.0, waited
 
 
 @pytest.mark.parametrize(("limits", "reason"), [
