@@ -12,10 +12,13 @@ head is, so a stream's head is never held back.
 Response framing follows RFC 9112 6.3: no body for ``HEAD``, 1xx, 204 and 304; ``Transfer-Encoding: chunked``
 (de-chunked; trailers are dropped); ``Content-Length``; else until the upstream closes. llhttp refuses what servers
 could read two ways: ``Content-Length`` with ``Transfer-Encoding``, differing lengths, folded or malformed header
-lines. A connection goes back to the pool only after its response was read to the end with a known length and neither
-side said ``Connection: close``; idle connections older than :data:`KEEPALIVE_EXPIRY_S`, closed by the upstream, or
-sent bytes while no request was out are dropped. A request without a body that fails on a reused connection before
-any response byte (the upstream closed it meanwhile) is sent once more on a new connection.
+lines; a status outside 100-599 (which uvicorn cannot send on) is refused too. A connection goes back to the pool
+only after its response was read to the end with a known length and neither side said ``Connection: close``, and not
+after a response without a body (``HEAD``, 204, 304) whose head announces one: that body may still come, late, and be
+read as the next request's answer. Idle connections older than :data:`KEEPALIVE_EXPIRY_S`, closed by the upstream, or
+sent bytes while no request was out (checked again when one is taken) are dropped; a request with a body takes a
+connection only once its first piece is in, so its head is written at once. A request without a body that fails on a
+reused connection before any response byte (the upstream closed it meanwhile) is sent once more on a new connection.
 
 Errors: :class:`UpstreamTimeout` (no connection, or no bytes within the read timeout), :class:`UpstreamUnavailable`
 (refused, reset, malformed response head), :class:`UpstreamBroken` (the response broke after its head),
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import select
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -92,6 +96,22 @@ class _Stale(Exception):
     """A reused connection failed before any response byte."""
 
 
+def _framed(piece: bytes, chunked: bool) -> bytes:
+    """A body piece as sent: as it is, or as one chunk (an empty piece as nothing: a chunk of size 0 ends a body)."""
+    if not piece:
+        return b""
+    return b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
+
+
+def _readable(conn: _Connection) -> bool:
+    """Whether bytes, or the upstream's close, wait on an idle connection that the event loop has not handed to it yet
+    (bytes nobody asked for: the connection is not reused)."""
+    assert conn.transport is not None
+    poller = select.poll()
+    poller.register(conn.transport.get_extra_info("socket"), select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _wake(waiter: asyncio.Future[bool] | None, woken: bool = True) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_result(woken)
@@ -117,7 +137,7 @@ class _Connection(asyncio.Protocol):
         self.error: str | None = None
         self._head_only, self._interim, self._until_close = head_only, False, False
         self._encodings: list[bytes] = []  # the Transfer-Encoding values
-        self._has_length = False  # a Content-Length was sent
+        self._length: bytes | None = None  # the Content-Length sent
         self._head_bytes = 0  # bytes read while the head was not complete
         self._header_bytes = 0  # bytes in the header names and values so far
         self._buffered = 0  # body bytes waiting in pieces
@@ -183,7 +203,7 @@ class _Connection(asyncio.Protocol):
             if name == b"transfer-encoding":
                 self._encodings.append(value)
             elif name == b"content-length":
-                self._has_length = True
+                self._length = value
             self._header_bytes += len(name) + len(value)
             if self._header_bytes > MAX_HEAD_BYTES:  # in the bytes of one read: stop the parser here
                 self.error = f"the response head is longer than {MAX_HEAD_BYTES} bytes"
@@ -196,23 +216,25 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
             return
         status = parser.get_status_code()
-        if not 100 <= status <= 999 or status == 101:  # 101: the proxy never asks to switch protocols here
+        if not 100 <= status <= 599 or status == 101:  # 101: the proxy never asks to switch protocols here
             self.error = f"the upstream answered with status {status}, which cannot be relayed"
             raise ValueError(self.error)
         if 100 <= status < 200:  # an interim response: the real one follows
             self._interim = True
-            self.headers, self._encodings, self._has_length = [], [], False
+            self.headers, self._encodings, self._length = [], [], None
             return
         self.status, self.head_done = status, True
         self.reusable = parser.should_keep_alive()
         encoding = b", ".join(self._encodings).lower().rstrip()
         no_body = self._head_only or status < 200 or status in (204, 304)
-        self._until_close = not no_body and not encoding.endswith(b"chunked") and not self._has_length
+        self._until_close = not no_body and not encoding.endswith(b"chunked") and self._length is None
         if self._until_close:
             self.reusable = False
-        self.sized = self._has_length and not no_body
+        self.sized = self._length is not None and not no_body
         if no_body:
             self.complete = True
+            if encoding or self._length not in (None, b"0"):  # the body it leaves out may still come, late
+                self.reusable = False
 
     def on_body(self, body: bytes) -> None:
         if self.complete:  # a body to a HEAD request, or after the end
@@ -372,13 +394,17 @@ class UpstreamPool:
             raise UpstreamBusy(f"all {self.max_connections} upstream connections stayed in use for "
                                f"{self.queue_timeout:g} s") from None
         try:
+            # a connection is taken only once the request can be written at once: until then it stays idle, where
+            # bytes the upstream sends on it close it (they would be read as this request's answer)
+            first = None if body is None else await anext(body, b"")
             conn = self._take()
             try:
-                return await self._exchange(conn or await self._open(), conn is not None, method, head, body, chunked)
+                return await self._exchange(conn or await self._open(), conn is not None, method, head, first, body,
+                                            chunked)
             except _Stale:
                 if body is not None or method not in IDEMPOTENT_METHODS:  # the upstream may have acted on it
                     raise UpstreamUnavailable("the upstream closed the connection before answering") from None
-            return await self._exchange(await self._open(), False, method, head, None, False)
+            return await self._exchange(await self._open(), False, method, head, None, None, False)
         except BaseException:
             self._slots.release()
             raise
@@ -388,7 +414,7 @@ class UpstreamPool:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < KEEPALIVE_EXPIRY_S:
+            if not conn.closed and now - conn.idle_since < KEEPALIVE_EXPIRY_S and not _readable(conn):
                 return conn
             conn.close()
         return None
@@ -404,25 +430,26 @@ class UpstreamPool:
             raise UpstreamUnavailable(f"cannot connect to the upstream ({type(exc).__name__})") from exc
         return conn
 
-    async def _exchange(self, conn: _Connection, reused: bool, method: str, head: bytes,
+    async def _exchange(self, conn: _Connection, reused: bool, method: str, head: bytes, first: bytes | None,
                         body: AsyncIterator[bytes] | None, chunked: bool) -> UpstreamResponse:
+        """Write the request (``first``: the body's first piece, already read from ``body``) and read the response
+        head."""
         transport = conn.transport
         assert transport is not None
-        conn.begin(method)
+        conn.begin(method)  # from here on, what the upstream sends is this request's answer
         try:
-            if body is None:
-                transport.write(head)
-            else:  # the head goes out with the first piece: one write (one syscall) for the usual one-piece body
-                first = True
-                async for piece in body:
-                    data = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
-                    transport.write(head + data if first else data)
-                    first = False
-                    await conn.drain()
-                    if conn.closed:
-                        break
-                if first or chunked:
-                    transport.write((head if first else b"") + (b"0\r\n\r\n" if chunked else b""))
+            # the head goes out with the first piece: one write (one syscall) for the usual one-piece body
+            transport.write(head + _framed(first, chunked) if first else head)
+            if body is not None:
+                await conn.drain()
+                if not conn.closed:
+                    async for piece in body:
+                        transport.write(_framed(piece, chunked))
+                        await conn.drain()
+                        if conn.closed:
+                            break
+                if chunked:
+                    transport.write(b"0\r\n\r\n")
             # with a Content-Length, the head is handed on with the first body bytes (they usually follow at once):
             # one wake-up for both
             while not (conn.head_done and (conn.pieces or conn.complete or conn.closed or not conn.sized)):

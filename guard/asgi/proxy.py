@@ -5,8 +5,13 @@ stream back, both without buffering (a guarded request's body is read once by :c
 and then streamed on). The status and headers are kept, minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection``
 and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``);
 ``X-Forwarded-For`` is appended to, ``X-Forwarded-Proto/-Host`` are set (the client's, and its ``Forwarded`` and
-``X-Real-IP``, dropped unless ``ProxyConfig.trust_forwarded``). Bodies pass as raw bytes, so ``Content-Encoding``
-and ``Content-Length`` stay valid. HTTP/1.1 trailers cannot be relayed (uvicorn does not send them); they are dropped.
+``X-Real-IP``, dropped unless ``ProxyConfig.trust_forwarded``). A ``Host`` that is not ``host[:port]`` is a 400
+``invalid_host`` (it would reach the upstream as ``X-Forwarded-Host``). ``Connection`` never removes ``Content-Type``,
+``Content-Encoding`` or a method override header; under ``method_override="judge"`` an override header spelled with
+``_`` (names the proxy drops) is a 400 ``method_override``, so the upstream never runs a method guard did not judge.
+A ``Location`` or ``Content-Location`` under the upstream URL is made a path on the proxy (nginx's default
+``proxy_redirect``). Bodies pass as raw bytes, so ``Content-Encoding`` and ``Content-Length`` stay valid. HTTP/1.1
+trailers cannot be relayed (uvicorn does not send them); they are dropped.
 
 The upstream URL is built from parts: the configured scheme, host and port (nothing the client sends can change
 them), the configured path prefix, then the request's canonical path (:mod:`guard.asgi._target`: the path the guard
@@ -31,6 +36,7 @@ are refused with a reason (:mod:`guard.asgi._websocket`).
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -45,6 +51,7 @@ from starlette.types import Message, Receive, Scope, Send
 from guard._body import Deadline
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
+from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
 from guard.asgi._target import INVALID_TARGET, canonical_scope, request_target
 from guard.asgi._upgrade import refuse_invalid_upgrade
 from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamTimeout
@@ -146,13 +153,21 @@ class _ClientStalled(Exception):
     """The client sent nothing for ``body_idle_timeout`` seconds while its body was being forwarded."""
 
 
+#: Method override headers as the proxy reads them (lower-case bytes).
+_OVERRIDES = frozenset(name.encode() for name in METHOD_OVERRIDE_HEADERS)
 #: Headers a request's ``Connection`` cannot name for removal: what the body is, as guard read it to judge it (the
-#: upstream got it without a ``Content-Type`` and parsed it as whatever it defaults to).
-_BODY_MEANING = frozenset({b"content-type", b"content-encoding"})
+#: upstream got it without a ``Content-Type`` and parsed it as whatever it defaults to), and the method override
+#: headers guard may have judged the request's method by (``method_override="judge"``).
+_NOT_REMOVABLE = frozenset({b"content-type", b"content-encoding", *_OVERRIDES})
+#: A ``Host`` the proxy accepts: a name or IPv4 address (RFC 3986 reg-name, without the sub-delimiters such as ``,``
+#: and the percent-escapes no DNS name holds) or an ``[IPv6]`` literal, then an optional port.
+_HOST = re.compile(rb"(?:[A-Za-z0-9\-._~]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+#: Response headers whose URL is made relative when it points into the upstream.
+_LOCATIONS = frozenset({b"location", b"content-location"})
 
 
 def _connection_tokens(value: bytes) -> set[bytes]:
-    return {t.strip().lower() for t in value.split(b",")} - _BODY_MEANING
+    return {t.strip().lower() for t in value.split(b",")} - _NOT_REMOVABLE
 
 
 def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -183,11 +198,14 @@ class ReverseProxy:
     Args:
         config: the upstream and timeouts.
         metrics: counters shared with the middleware (upstream errors are counted there).
+        judged_overrides: the guard in front judges a method override header (``method_override="judge"``): one
+            spelled with ``_``, which the proxy does not forward, is refused (400 ``method_override``).
 
     ``health`` tracks the upstream's recent outcomes (a refused or timed-out connection makes it ``failing``).
     """
 
-    def __init__(self, config: ProxyConfig, *, metrics: HttpMetrics | None = None) -> None:
+    def __init__(self, config: ProxyConfig, *, metrics: HttpMetrics | None = None,
+                 judged_overrides: bool = False) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
         self.health = FailureTracker()
@@ -197,6 +215,9 @@ class ReverseProxy:
         tls = ssl.create_default_context() if self.base.scheme == "https" else None
         port = self.base.port or (443 if tls else 80)
         self._not_copied = _NOT_COPIED if config.trust_forwarded else _NOT_COPIED | _FORWARDED
+        self._judged_overrides = _OVERRIDES if judged_overrides else frozenset()
+        origin = self.base.scheme.encode() + b"://" + self._host.lower()
+        self._origins = (origin,) if self.base.port else (origin, origin + b":%d" % port)  # the port left out or not
         self._pool = UpstreamPool(self.base.host, port, tls=tls, max_connections=config.max_connections,
                                   connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
                                   queue_timeout=config.queue_timeout)
@@ -233,7 +254,13 @@ class ReverseProxy:
         With ``Transfer-Encoding`` the client's ``Content-Length`` is not sent either: the server read the body by
         its chunks (RFC 9112 section 6.3: the encoding overrides the length), so the upstream gets that body chunked.
         Sending the length with the de-chunked body would let the upstream read the rest of it as a second request,
-        one guard never judged (request smuggling)."""
+        one guard never judged (request smuggling).
+
+        Raises:
+            BodyError: 400 ``invalid_host`` for a ``Host`` that is not ``host[:port]`` (it would be sent on as
+                ``X-Forwarded-Host``); 400 ``method_override`` for an override header spelled with ``_`` that the
+                guard judged (``judged_overrides``).
+        """
         out: list[tuple[bytes, bytes]] = []
         named: set[bytes] = set()
         host = forwarded_for = None
@@ -241,6 +268,11 @@ class ReverseProxy:
         for k, v in scope["headers"]:
             name = k.lower()
             if b"_" in name:
+                if name.replace(b"_", b"-") in self._judged_overrides:
+                    field = name.decode("latin-1")
+                    raise BodyError(400, "method_override", f"the {field} header, which guard judged the method by, "
+                                    "has '_' in its name, and this proxy does not forward such names; send it as "
+                                    f"{field.replace('_', '-')}", field=field)
                 continue  # WSGI, CGI and PHP read X_Real_IP as X-Real-IP, which guard judged absent (nginx drops them)
             if name in self._not_copied:
                 if name == b"host":
@@ -255,6 +287,9 @@ class ReverseProxy:
             if name == b"content-length":
                 has_body = True
             out.append((name, v))
+        if host and not _HOST.fullmatch(host):
+            raise BodyError(400, "invalid_host", f"the Host header ({host[:60].decode('latin-1')!r}) is not a host "
+                            "name or address with an optional port", field="host")
         if chunked:
             named.add(b"content-length")
         if named:
@@ -269,6 +304,23 @@ class ReverseProxy:
             if host:
                 out.append((b"x-forwarded-host", host))
         return out, has_body
+
+    def _response_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """The response headers sent on: :func:`_forward_headers`, with ``Location`` and ``Content-Location`` made
+        relative when they point into the upstream (:meth:`_relative`)."""
+        return [(k, self._relative(v)) if k in _LOCATIONS else (k, v) for k, v in _forward_headers(headers)]
+
+    def _relative(self, url: bytes) -> bytes:
+        """``url`` as a path on this proxy when it points into the upstream, as nginx's default ``proxy_redirect``
+        does: ``http://10.0.0.5:9000/api/items?a=1`` -> ``/items?a=1`` for the upstream ``http://10.0.0.5:9000/api``;
+        any other URL as it is."""
+        for origin in self._origins:
+            if url[: len(origin)].lower() == origin:
+                rest = url[len(origin) :]
+                if rest.startswith(self._base_path) and rest[len(self._base_path) :][:1] in (b"", b"/", b"?", b"#"):
+                    rest = rest[len(self._base_path) :]
+                    return rest if rest.startswith(b"/") else b"/" + rest
+        return url
 
     @staticmethod
     async def _body(receive: Receive, idle_s: float) -> AsyncIterator[bytes]:
@@ -292,10 +344,10 @@ class ReverseProxy:
             return
         try:
             target = self._target(scope)
+            headers, has_body = self._headers(scope)
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
-        headers, has_body = self._headers(scope)
         try:
             response = await self._pool.request(scope["method"], target, headers,
                                                 self._body(receive, self.config.body_idle_timeout) if has_body else None)
@@ -324,7 +376,7 @@ class ReverseProxy:
         self.health.success()
         try:
             await send({"type": "http.response.start", "status": response.status,
-                        "headers": _forward_headers(response.headers)})
+                        "headers": self._response_headers(response.headers)})
             ended = False
             async for chunk in response.body():
                 ended = response.complete  # a known length's last piece ends the response itself
@@ -387,6 +439,7 @@ class ProxyApp:
         if scope["type"] == "websocket":
             try:
                 scope = canonical_scope(scope)
+                self.proxy.upgrade_headers(scope)  # refuses what the relay could not send on (a bad Host)
             except BodyError as exc:
                 await refuse_invalid_upgrade(scope, send, exc)
                 return
@@ -436,7 +489,7 @@ def proxy_app(
         **middleware_options: passed to :class:`GuardMiddleware` (``limits``, ``review_store``, ``handoff``, ...).
     """
     metrics: HttpMetrics = middleware_options.pop("metrics", None) or HttpMetrics()
-    proxy = ReverseProxy(config, metrics=metrics)
+    proxy = ReverseProxy(config, metrics=metrics, judged_overrides=middleware_options.get("method_override") == "judge")
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
     relay = WebSocketRelay(guard, proxy.base, proxy.upgrade_headers, open_timeout=config.connect_timeout,
                            client_header=guarded.client_header)

@@ -80,6 +80,8 @@ def register(subparsers: Any) -> None:
                         help="keep the client's X-Forwarded-Proto/-Host, Forwarded and X-Real-IP (guard behind a proxy "
                         "of yours that sets them, e.g. one terminating TLS); default: dropped, and the proxy sets "
                         "X-Forwarded-Proto/-Host itself")
+    parser.add_argument("--preserve-host", action="store_true",
+                        help="forward the client's Host to the upstream (default: the upstream's host and port)")
     parser.add_argument("--trust-traceparent", action="store_true",
                         help="the decision span continues the client's W3C traceparent (a gateway behind your own "
                         "traced edge); default: each decision starts its own trace")
@@ -260,7 +262,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
                          max_connections=args.max_connections, queue_timeout=args.queue_timeout,
                          body_idle_timeout=limits.body_timeout_s,
-                         trust_forwarded=args.trust_forwarded, trust_traceparent=args.trust_traceparent)
+                         preserve_host=args.preserve_host, trust_forwarded=args.trust_forwarded,
+                         trust_traceparent=args.trust_traceparent)
     reviewers = None
     if args.review_tokens_env:
         text = os.environ.get(args.review_tokens_env)
