@@ -147,6 +147,7 @@ def run_check(args: argparse.Namespace) -> int:
     for name in map(str, files):
         try:
             policies = load_text(read_policy_file(name), name)
+            check_unique([*loaded, *policies])  # the files checked together are loaded together: ids must be unique
         except PolicyError as exc:  # a file that cannot be read too
             for problem in _problems(exc):
                 _print_problem(problem)
@@ -156,11 +157,6 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
         _warn_upper_case_paths(policies)
         loaded.extend(policies)
-    try:
-        check_unique(loaded)  # the files checked together are loaded together: an id defined twice is refused
-    except PolicyError as exc:
-        _print_problem(exc)
-        failed = True
     _print_overlaps(loaded)
     return EXIT_FAILED if failed else 0
 
@@ -330,11 +326,11 @@ def run_test(args: argparse.Namespace) -> int:
             where = f"{test_file}:{result.line}" if result.line is not None else str(test_file)
             if result.passed:
                 if args.verbose and text:
-                    print(f"PASS {where}: {result.name}")
+                    print(_escaped(f"PASS {where}: {result.name}"))
                 continue
-            print(f"FAIL {where}: {result.name}", file=sys.stderr)
+            print(_escaped(f"FAIL {where}: {result.name}"), file=sys.stderr)
             for difference in result.problems:
-                print(f"     {difference}", file=sys.stderr)
+                print(_escaped(f"     {difference}"), file=sys.stderr)
     total = sum(len(results) for _, results in suites)
     failed = sum(not r.passed for _, results in suites for r in results)
     if pattern is not None and not total and not broken:  # a filter that selects nothing tests nothing
@@ -354,6 +350,15 @@ def run_test(args: argparse.Namespace) -> int:
             print(f"not covered {line}")
         print(f"{total - failed} passed, {failed} failed" + (f", {broken} files broken" if broken else ""))
     return EXIT_FAILED if failed or broken or (empty and args.fail_on_empty) else 0
+
+
+#: Control characters (C0, DEL, C1), which a terminal would act on.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(text: str) -> str:
+    """``text`` with each control character written as Python writes it in a string (``\\x1b``, ``\\n``)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def _json_report(

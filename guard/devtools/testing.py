@@ -35,7 +35,9 @@ from urllib.parse import quote
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from guard.asgi._subject import _host_name, query_map
 from guard.asgi._target import canonical_path, path_views
+from guard.asgi.limits import DEFAULT_MAX_FORM_FIELDS
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend, answer_from_spec
@@ -164,7 +166,8 @@ def test_file_schema() -> dict[str, Any]:
 def subject_from_json(data: Any) -> Subject:
     """A subject from ``{"http": {...}}`` or ``{"agent": {...}}`` (the fields of :class:`HttpSubject` /
     :class:`AgentSubject`, an agent's ``history`` as a list of :class:`TurnMessage` objects); ``body_text`` defaults to the body's judged strings joined by newlines, as the middleware builds it:
-    :func:`guard.subject.body_strings`).
+    :func:`guard.subject.body_strings`). As on the wire, a ``?query`` in ``http.path`` is read into the query and a
+    ``#fragment`` dropped, and ``http.host`` (else a ``Host`` header) is read as the middleware reads ``Host``.
 
     Raises:
         ValueError: when the object is not exactly one of those shapes.
@@ -192,16 +195,36 @@ def _parsed(data: Any) -> _Input:
 def _subject(parsed: _Input) -> Subject:
     if parsed.http is not None:
         h = parsed.http
-        try:  # a space or a non-ASCII letter is written as is in a test and percent-encoded on the wire
-            path = canonical_path(quote(h.path, safe=_WIRE_SAFE)).path
+        message = _message(h.headers, h.content_type, h.body, h.body_text)
+        # a space or a non-ASCII letter is written as is in a test and percent-encoded on the wire
+        target = quote(h.path, safe=_WIRE_SAFE + "?#").partition("#")[0]  # a client never sends the fragment
+        raw_path, _, query_string = target.partition("?")
+        if query_string and h.query:
+            raise ValueError("input.http.path: holds a query ('?...') and input.http.query is given too; write the "
+                             "parameters in one of them")
+        try:
+            path = canonical_path(raw_path).path
+            query = query_map({"query_string": query_string.encode("ascii")}, DEFAULT_MAX_FORM_FIELDS)
         except BodyError as exc:
             raise ValueError(f"input.http.path: {exc.reason}") from None
-        return HttpSubject(method=h.method.upper(), path=path, query=h.query, host=h.host.lower(), client=h.client,
-                           **_message(h.headers, h.content_type, h.body, h.body_text))
+        return HttpSubject(method=h.method.upper(), path=path, query=query if query_string else h.query,
+                           host=_host(h.host, message["headers"].get("host")), client=h.client, **message)
     assert parsed.agent is not None
     fields = parsed.agent.model_dump()
     fields["history"] = tuple(TurnMessage(**turn) for turn in fields["history"])
     return AgentSubject(**fields)
+
+
+def _host(host: str, header: str | None) -> str:
+    """The subject's host as the middleware reads it from the ``Host`` header (lower-case, without port and
+    trailing dot): ``host`` stands for that header, which ``header`` may give instead.
+
+    Raises:
+        ValueError: both are given and name different hosts.
+    """
+    if host and header is not None and _host_name(host) != _host_name(header):
+        raise ValueError(f"input.http.host: {host!r} differs from the Host header {header!r}; give one of them")
+    return _host_name(host or header or "")
 
 
 def _message(headers: Mapping[str, str], content_type: str, body: Any, body_text: str | None) -> dict[str, Any]:

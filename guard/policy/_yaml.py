@@ -8,8 +8,9 @@ and refuses, at the first offending event:
 * a duplicate mapping key, a merge key (``<<``), a non-scalar key, an explicit tag other than the core scalar ones;
 * nesting deeper than :data:`MAX_DEPTH` and documents larger than :data:`MAX_POLICY_BYTES`;
 * a plain (unquoted) value or key that YAML 1.1 and YAML 1.2 read differently: ``no``/``yes``/``on``/``off``/``y``/``n``
-  (any case), integers with a leading zero, ``0b``/``0o`` numbers, signed hex, ``_`` in numbers and floats without a
-  dot such as ``1e3`` (see :func:`_version_problem`). ``true``/``false``, decimals, ``0x1F`` and ``1.5`` stay as they are.
+  (any case), integers with a leading zero, ``0b``/``0o`` numbers, signed hex, ``_`` in numbers, floats without a
+  dot such as ``1e3`` and timestamps such as ``2024-01-01`` (see :func:`_version_problem`). ``true``/``false``,
+  decimals, ``0x1F`` and ``1.5`` stay as they are.
 
 The result is plain Python data plus a :class:`LineMap` from key paths to 1-based line numbers, so schema errors
 found later (pydantic, CEL, System One limits) can still name the line.
@@ -55,6 +56,10 @@ _BOOL_WORDS_11 = {"yes": True, "y": True, "on": True, "no": False, "n": False, "
 #: The YAML 1.2 core schema's integer and float forms.
 _INT_12 = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+")
 _FLOAT_12 = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+#: YAML 1.1's timestamp form (``2024-01-01``, ``2024-01-01 10:00:00Z``), read as text by YAML 1.2.
+_TIMESTAMP_11 = next(regexp for resolvers in yaml.SafeLoader.yaml_implicit_resolvers.values()
+                     for tag, regexp in resolvers if tag == _TIMESTAMP)
 
 
 def format_path(path: Path) -> str:
@@ -99,9 +104,9 @@ class _Reject(Exception):
 class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
     """SafeLoader that composes nodes but refuses anchors, aliases and deep nesting as they are parsed."""
 
-    # The YAML 1.1 core resolver without timestamps: ``version: 2024-05-01`` stays a string.
+    # The YAML 1.1 core resolver without timestamps: a plain ``2024-05-01`` is text, then refused (_readings).
     yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
@@ -276,6 +281,8 @@ def _version_problem(text: str, value: Any, *, is_key: bool) -> str | None:
     quote = f'quote it ("{text}")'
     if is_key:  # a key is text: quoting is the only fix
         return f"key {text!r} is {old} in YAML 1.1 but {new} in YAML 1.2; {quote}"
+    if new == "text" and not write:  # a timestamp: only text can be written
+        return f"{text!r} is {old} in YAML 1.1 but text in YAML 1.2; {quote}"
     if new == "text":  # YAML 1.1 reads a boolean or a number here
         return f"{text!r} is {old} in YAML 1.1 but text in YAML 1.2; {quote} for the text, or write {write}"
     return f"{text!r} is {old} in YAML 1.1 but {new} in YAML 1.2; write {write}, or {quote}"
@@ -283,7 +290,9 @@ def _version_problem(text: str, value: Any, *, is_key: bool) -> str | None:
 
 def _readings(text: str, value: Any) -> tuple[str, str, str] | None:
     """``(YAML 1.1 reading, YAML 1.2 reading, what to write for the number or boolean)`` of the plain scalar ``text``
-    (``value`` as YAML 1.1 reads it), or ``None`` when both read it the same."""
+    (``value`` as YAML 1.1 reads it; ``""`` to write for a timestamp), or ``None`` when both read it the same."""
+    if _TIMESTAMP_11.match(text):
+        return "a timestamp", "text", ""
     word = _BOOL_WORDS_11.get(text.lower())
     if word is not None:  # yes, No, ON, off, y, n...
         return f"the boolean {str(word).lower()}", "text", str(word).lower()

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from guard.policy._state import Repeats
 from guard.verdict import Action, MaskStyle
@@ -86,6 +86,22 @@ PATTERN_HINTS = {
 }
 PathGlob = Annotated[str, Field(pattern=PATH_GLOB_PATTERN)]
 MediaType = Annotated[str, Field(pattern=MEDIA_TYPE_PATTERN)]
+
+
+def _host_glob(glob: str) -> str:
+    # the middleware matches the Host header without port and trailing dot (guard/asgi/_subject.py), so a glob
+    # holding either would never match
+    if glob.count(":") == 1 or "]:" in glob:
+        raise ValueError(f"host glob {glob!r} holds a port; hosts are matched without the port, so it would never "
+                         "match: drop the port (to tell ports apart, match the Host header: headers: {host: '*:8443'})")
+    if glob.endswith("."):
+        raise ValueError(f"host glob {glob!r} ends in a dot; hosts are matched without the trailing dot of a fully "
+                         f"qualified name, so it would never match: write {glob.rstrip('.')!r}")
+    return glob
+
+
+HostGlob = Annotated[str, AfterValidator(_host_glob)]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -158,10 +174,10 @@ class HttpMatchSpec(_Strict):
         description="Path globs, e.g. /v1/chat/** or /api/*/items (* within a segment, ** across, ? one character); "
         "[] = any.",
     )
-    hosts: list[str] = Field(
+    hosts: list[HostGlob] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
-        description="Host globs without port, e.g. *.example.com (* within a label); [] = any.",
+        description="Host globs without port or trailing dot, e.g. *.example.com (* within a label); [] = any.",
     )
     headers: dict[str, str] = Field(
         default_factory=dict,

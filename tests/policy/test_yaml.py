@@ -27,7 +27,7 @@ policies:
 
 
 def test_plain_data_and_lines() -> None:
-    data, lines = load_yaml("a: 1\nb:\n  - x\n  - {'y': 2.5, z: null, t: true}\nversion: 2024-05-01\n", "f.yaml")
+    data, lines = load_yaml("a: 1\nb:\n  - x\n  - {'y': 2.5, z: null, t: true}\nversion: '2024-05-01'\n", "f.yaml")
     assert data == {"a": 1, "b": ["x", {"y": 2.5, "z": None, "t": True}], "version": "2024-05-01"}
     assert lines.line(("b",)) == 2 and lines.line(("b", 1, "z")) == 4 and lines.line(("version",)) == 5
     assert lines.line(("b", 1, "missing")) == 4  # falls back to the nearest ancestor
@@ -119,6 +119,10 @@ def test_depth_size_and_encoding_limits() -> None:
         ("x: 1e3\n", 1, "x", "'1e3' is text in YAML 1.1 but the number 1000.0 in YAML 1.2; write 1.0e+3, or quote it"),
         ("x: 2.5E3\n", 1, "x", "write 2.5e+3"),
         ("x: 1:30\n", 1, "x", "'1:30' would be read as a base-60 number"),
+        ("data:\n  since: 2024-01-01\n", 2, "data.since",
+         "'2024-01-01' is a timestamp in YAML 1.1 but text in YAML 1.2; quote it (\"2024-01-01\")"),
+        ("x: [a, 2001-12-14 21:59:43.10 -5]\n", 1, "x[1]", "'2001-12-14 21:59:43.10 -5' is a timestamp"),
+        ("x: {2024-1-2T3:04:05Z: a}\n", 1, "x.2024-1-2T3:04:05Z", "key '2024-1-2T3:04:05Z' is a timestamp"),
     ],
 )
 def test_plain_scalars_yaml_11_and_12_read_differently_are_refused(text: str, line: int, key: str, reason: str) -> None:
@@ -141,9 +145,9 @@ def test_the_spelling_an_error_suggests_loads_as_yaml_12_reads_the_value(text: s
 
 
 def test_plain_scalars_both_yaml_versions_agree_on_are_kept() -> None:
-    text = ("a: [true, False, TRUE, null, ~, 0, -0, 12, +12, 0x1F, 1.5, .5, 1., 1.0e+3, -.inf, 2024-05-01, no way]\n"
-            "quoted: ['no', \"on\", '010', '1e3', !!str yes]\n")
+    text = ("a: [true, False, TRUE, null, ~, 0, -0, 12, +12, 0x1F, 1.5, .5, 1., 1.0e+3, -.inf, 2024-05-1, no way]\n"
+            "quoted: ['no', \"on\", '010', '1e3', !!str yes, '2024-05-01', !!str 2024-05-01]\n")
     data, _ = load_yaml(text, "p.yaml")
     assert data["a"][:15] == [True, False, True, None, None, 0, 0, 12, 12, 31, 1.5, 0.5, 1.0, 1000.0, float("-inf")]
-    assert data["a"][15:] == ["2024-05-01", "no way"]
-    assert data["quoted"] == ["no", "on", "010", "1e3", "yes"]
+    assert data["a"][15:] == ["2024-05-1", "no way"]  # a date without a time needs two-digit month and day
+    assert data["quoted"] == ["no", "on", "010", "1e3", "yes", "2024-05-01", "2024-05-01"]

@@ -1,0 +1,45 @@
+"""``guard policy check|test`` output: what is printed for each file and case."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from guard.cli import main
+
+POLICY = "policies:\n  - {id: p, version: 1, match: {http: {paths: ['/x/**']}}, rules: [{id: r, when: 'true', action: block}]}\n"
+
+
+def test_check_prints_no_ok_for_a_file_whose_policy_id_is_already_defined(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "p.yaml").write_text(POLICY)
+    (tmp_path / "p.yml").write_text(POLICY)
+    assert main(["policy", "check", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"ok {tmp_path / 'p.yaml'}: 1 policy (p@1)"]
+    assert f"{tmp_path / 'p.yml'}:2: id: policy id 'p' is already defined in {tmp_path / 'p.yaml'}:2" in err
+
+
+def test_check_reports_a_duplicate_id_in_each_file_that_repeats_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("a.yaml", "b.yaml", "c.yaml"):
+        (tmp_path / name).write_text(POLICY)
+    assert main(["policy", "check", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out.count("ok ") == 1 and err.count("is already defined in") == 2
+
+
+def test_test_escapes_control_characters_in_text_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "p.yaml").write_text(POLICY)
+    (tmp_path / "p_test.yaml").write_text(
+        'cases:\n  - name: "ctl \\x01\\x1b[31m \\u009b name"\n'
+        '    input: {http: {method: POST, path: /x/a}}\n    expect: {action: allow, rule: "x\\x02"}\n'
+    )
+    assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x01" not in err and "\x9b" not in err
+    assert ": ctl \\x01\\x1b[31m \\x9b name\n" in err
+    assert "rule: expected 'x\\x02', got 'r'" in err

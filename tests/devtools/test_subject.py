@@ -1,0 +1,64 @@
+"""The subject ``guard policy test|explain`` build from an input is the one the middleware builds from a request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from guard.asgi._subject import head_subject, header_map
+from guard.devtools.testing import run_test_file, subject_from_json
+from guard.subject import HttpSubject
+
+HOSTS = ["api.example.com", "API.Example.com", "api.example.com:8443", "api.example.com.", "API.example.com.:443",
+         "[::1]:8080", "[::1]", "10.0.0.1:80", " api.example.com "]
+
+
+def http(**fields: object) -> HttpSubject:
+    subject = subject_from_json({"http": {"method": "POST", "path": "/x/a", **fields}})
+    assert isinstance(subject, HttpSubject)
+    return subject
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_host_is_read_as_the_middleware_reads_the_host_header(host: str) -> None:
+    scope = {"type": "http", "method": "POST", "path": "/x/a", "headers": [(b"host", host.encode())]}
+    expected = head_subject(scope, header_map(scope), None).host
+    assert http(host=host).host == expected
+    assert http(headers={"Host": host}).host == expected
+    assert http(host=host, headers={"host": host.upper()}).host == expected
+
+
+def test_a_host_and_a_host_header_naming_different_hosts_are_refused() -> None:
+    with pytest.raises(ValueError, match="input.http.host: 'a.example.com' differs from the Host header 'b.example"):
+        http(host="a.example.com", headers={"Host": "b.example.com"})
+
+
+def test_a_query_in_the_path_is_read_into_the_query_and_a_fragment_dropped() -> None:
+    subject = http(path="/x/a?id=1%27%3B%20DROP&tag=a&tag=&q=caf\u00e9#top")
+    assert subject.path == "/x/a"
+    assert subject.query == {"id": ["1'; DROP"], "tag": ["a", ""], "q": ["caf\u00e9"]}
+    assert http(path="/x/a#frag?x=1") == http(path="/x/a")
+    assert http(path="/x/a?", query={"b": ["2"]}).query == {"b": ["2"]}
+
+
+def test_a_query_in_the_path_and_in_query_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"input.http.path: holds a query .* input.http.query is given too"):
+        http(path="/x/a?a=1", query={"b": ["2"]})
+
+
+def test_a_case_on_a_host_with_a_port_is_decided_as_in_production(tmp_path: Path) -> None:
+    """A port and a trailing dot are dropped from the host, as the middleware drops them; a query in the path reaches
+    the rules."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policies:\n  - id: p\n    version: 1\n"
+                      "    match: {http: {hosts: ['*.example.com'], paths: ['/x/a']}}\n"
+                      "    rules: [{id: r, when: 'subject.query.id == [\"1\"]', action: block}]\n")
+    (tmp_path / "p_test.yaml").write_text(
+        "cases:\n"
+        "  - {name: port, input: {http: {path: '/x/a?id=1', host: 'api.example.com:8443'}}, expect: {action: block}}\n"
+        "  - {name: dot, input: {http: {path: '/x/a?id=1', headers: {Host: API.example.com.}}}, "
+        "expect: {action: block}}\n"
+    )
+    results = run_test_file(policy)
+    assert [(r.name, r.passed, r.problems) for r in results] == [("port", True, []), ("dot", True, [])]
