@@ -9,8 +9,10 @@ time to the first byte and to the last byte over interleaved rounds, and the dif
 
 Then a slow token stream (``SLOW_EVENTS`` small events ``SLOW_PACE_MS`` apart): the delay of every event from the
 app's send to its arrival at the client (one process, one clock), bare, judged with the window alone
-(``stream_flush_s=None``: held until 4 KiB or the end) and judged with the timed flush (the default
-``stream_flush_s``), interleaved; median and p99 per variant.
+(``stream_flush_s=None``: held until 4 KiB or the end), judged with the timed flush and no hold
+(``stream_hold_chars=0``: each event goes once judged) and judged with the defaults (the timed flush, and the last
+64 characters of the joined tokens held until more follows, at most ``stream_hold_s``), interleaved; median and p99
+per variant.
 
 Run:  python bench/response_stream.py [--events 200] [--rounds 30] [--slow-events 40] [--slow-pace-ms 100]
 """
@@ -37,7 +39,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi import GuardMiddleware
-from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, BodyLimits
+from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS, BodyLimits
 from guard.engine import Guard
 from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
 
@@ -52,7 +54,7 @@ POLICY = """
 policies:
   - id: answers
     version: 1
-    match: {http: {paths: ["/judged/**", "/window/**"], response: {status: [200]}}}
+    match: {http: {paths: ["/judged/**", "/window/**", "/nohold/**"], response: {status: [200]}}}
     state: {text: body_text}
     questions:
       leak: {type: noul, instructions: "Does the text leak a secret?"}
@@ -77,7 +79,8 @@ class ConstantBackend:
 
 
 def _app(policy_file: str, events: int, pace_ms: float, slow_events: int, slow_pace_ms: float) -> Any:
-    """``/window/...`` behind a guard without the timed flush; every other path behind one with the defaults."""
+    """``/window/...`` behind a guard without the timed flush, ``/nohold/...`` without the hold; every other path
+    behind one with the defaults."""
 
     async def sse(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
@@ -101,15 +104,16 @@ def _app(policy_file: str, events: int, pace_ms: float, slow_events: int, slow_p
     async def plain(request: Request) -> Response:
         return JSONResponse({"answer": " ".join(f"w{i}" for i in range(events))})
 
-    routes = [Route(f"/{p}/{name}", view) for p in ("bare", "judged", "window")
+    routes = [Route(f"/{p}/{name}", view) for p in ("bare", "judged", "window", "nohold")
               for name, view in (("sse", sse), ("slow", slow), ("plain", plain))]
     guard = Guard.from_files(policy_file, backends=ConstantBackend())
-    flushed = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard)])
-    window = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard,
-                                                             limits=BodyLimits(stream_flush_s=None))])
+    apps = {prefix: Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard, limits=limits)])
+            for prefix, limits in (("/judged/", BodyLimits()), ("/window/", BodyLimits(stream_flush_s=None)),
+                                   ("/nohold/", BodyLimits(stream_hold_chars=0)))}
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        await (window if scope.get("path", "").startswith("/window/") else flushed)(scope, receive, send)
+        path = scope.get("path", "")
+        await next((a for prefix, a in apps.items() if path.startswith(prefix)), apps["/judged/"])(scope, receive, send)
 
     return app
 
@@ -136,7 +140,7 @@ async def _delays(client: httpx.AsyncClient, path: str) -> list[float]:
 
 
 async def _measure_slow(url: str, rounds: int) -> dict[str, list[float]]:
-    paths = ["/bare/slow", "/window/slow", "/judged/slow"]
+    paths = ["/bare/slow", "/window/slow", "/nohold/slow", "/judged/slow"]
     out: dict[str, list[float]] = {p: [] for p in paths}
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         for _ in range(rounds):
@@ -183,13 +187,14 @@ def main() -> None:
         thread.join(10)
     print(f"{args.slow_rounds} rounds; slow SSE stream of {args.slow_events} events {args.slow_pace_ms:g} ms apart; "
           "delay of each event from the app's send to the client, ms")
-    print(f"{'variant':<34} {'events':>6} {'p50':>9} {'p99':>9} {'max':>9}")
+    print(f"{'variant':<38} {'events':>6} {'p50':>9} {'p99':>9} {'max':>9}")
     names = {"/bare/slow": "bare", "/window/slow": "judged, window only (no flush)",
-             "/judged/slow": f"judged, flush {DEFAULT_STREAM_FLUSH_S:g} s (default)"}
+             "/nohold/slow": f"judged, flush {DEFAULT_STREAM_FLUSH_S:g} s, no hold",
+             "/judged/slow": f"judged, defaults (hold {DEFAULT_STREAM_HOLD_CHARS} chars)"}
     for path, delays in slow.items():
         ordered = sorted(delays)
         p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-        print(f"{names[path]:<34} {len(delays):>6} {statistics.median(delays):9.1f} {p99:9.1f} {ordered[-1]:9.1f}")
+        print(f"{names[path]:<38} {len(delays):>6} {statistics.median(delays):9.1f} {p99:9.1f} {ordered[-1]:9.1f}")
     print(f"{args.rounds} rounds; SSE stream of {args.events} events {args.pace_ms:g} ms apart, plain JSON of the "
           "same words; medians, ms")
     print(f"{'path':<16} {'bytes':>8} {'first byte':>11} {'last byte':>10}")

@@ -39,7 +39,7 @@ from typing import Any
 
 from starlette.types import Message, Scope, Send
 
-from guard._json import json_readings
+from guard._json import is_json_media, json_readings
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._deltas import DeltaJoiner
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
@@ -148,7 +148,7 @@ class ResponseJudge:
         self.judge_at = 0  # held bytes the next window waits for, after one that could send nothing (doubles)
         self.tail = ""  # stream: the end of what was sent, judged again with the next window
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.deltas: DeltaJoiner | None = None  # stream: the events' pieces joined as the client joins them
+        self.deltas: DeltaJoiner | None = None  # stream of events: their pieces joined as the client joins them
         self.lines = False  # stream: one JSON document per line (sent on up to the last line end)
         self.sent_chars = 0  # stream: characters of the decoded stream sent on
         self.arrivals: list[tuple[int, float]] = []  # stream: (offset, loop time) where each unsent chunk began
@@ -245,8 +245,10 @@ class ResponseJudge:
                                          field="content-type"))
         else:
             self.mode = "stream"
-            self.deltas = DeltaJoiner(sse=self.sse, context_chars=self.limits.stream_overlap_bytes)
             self.lines = media in _JSON_LINES
+            if self.sse or self.lines or is_json_media(media):  # a stream of events a client may join
+                self.deltas = DeltaJoiner(sse=self.sse, context_chars=self.limits.stream_overlap_bytes,
+                                          max_event_chars=self.limits.max_response_bytes)
             if is_xml(media):  # a declaration is read once its closing quote came: partial changes nothing
                 self.sniff = lambda prefix, partial: check_xml_encoding(prefix)
             elif media == "text/html" and "charset" not in parse_params(headers.get("content-type", ""))[1]:
@@ -316,14 +318,14 @@ class ResponseJudge:
                 await self._give_up(f"the response cannot be judged: {exc.reason}",
                                     "a streamed response that names a charset other than UTF-8 cannot be judged")
                 return
-        assert self.deltas is not None
         if chunk:
             decoded = self.decoder.decode(chunk)
             self.arrivals.append((self.received_chars, asyncio.get_running_loop().time()))
             self.received_chars += len(decoded)
             self.held += decoded
             self.held_bytes += len(chunk)
-            self.deltas.feed(decoded)
+            if self.deltas is not None:
+                self.deltas.feed(decoded)
             if self.due is None and self.flusher is not None and self.limits.stream_flush_s is not None:
                 self.due = asyncio.get_running_loop().time() + self.limits.stream_flush_s
                 self.pending.set()
@@ -331,7 +333,8 @@ class ResponseJudge:
         if not more:
             decoded = self.decoder.decode(b"", final=True)
             self.held += decoded
-            self.deltas.feed(decoded, final=True)
+            if self.deltas is not None:
+                self.deltas.feed(decoded, final=True)
         if self.held_bytes >= max(self.limits.stream_window_bytes, self.judge_at) or not more:
             await self._window(final=not more)
 
@@ -365,12 +368,12 @@ class ResponseJudge:
 
     async def _window(self, *, final: bool) -> None:
         """Judge the tail already sent plus what is held; send on what may go."""
-        assert self.head is not None and self.deltas is not None
+        assert self.head is not None
         self.due = None  # everything held is judged now
         self.hold_due = None
         self.pending.clear()
         context, text = len(self.tail), self.tail + self.held
-        joined = self.deltas.joined()
+        joined = self.deltas.joined() if self.deltas is not None else ()
         judged = "\n".join([text, *body_strings(json_readings(text, piece=True)),  # decoded as a client reads it
                             *("".join(pieces) for pieces in joined)])
         verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=judged, deltas=joined))
@@ -405,7 +408,8 @@ class ResponseJudge:
         await self.send({"type": "http.response.body", "body": out.encode("utf-8"), "more_body": not final})
         sent = text[:end]
         self.sent_chars += end - context
-        self.deltas.mark(self.sent_chars)
+        if self.deltas is not None:
+            self.deltas.mark(self.sent_chars)
         while len(self.arrivals) > 1 and self.arrivals[1][0] <= self.sent_chars:
             del self.arrivals[0]  # the chunk that began where the unsent text begins is kept
         self.judge_at = 0
@@ -426,8 +430,7 @@ class ResponseJudge:
     def _hold_from(self) -> int | None:
         """The offset from which events wait for what follows them (:meth:`DeltaJoiner.hold_from`), leaving out the
         events that began to arrive ``stream_hold_s`` ago or earlier: they go now."""
-        assert self.deltas is not None
-        if not self.limits.stream_hold_chars:
+        if self.deltas is None or not self.limits.stream_hold_chars:
             return None
         since = asyncio.get_running_loop().time() - self.limits.stream_hold_s
         fresh = next((at for at, time in self.arrivals if time > since), None)
@@ -445,17 +448,22 @@ class ResponseJudge:
     def _boundary(self, text: str, context: int, hold: int | None) -> int:
         """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines after the last
         complete line; else all but the overlap (kept back so a span that continues in the next chunk is masked
-        whole). Never past ``hold``, where the events start that wait for what follows them (:meth:`_hold_from`)."""
-        assert self.deltas is not None
+        whole; JSON Lines with no complete line in a full window, too). Never past ``hold``, where the events start
+        that wait for what follows them (:meth:`_hold_from`), unless what they would keep back fills a window."""
+        window = self.limits.stream_window_bytes
         if self.sse:
             cut = max(text.rfind("\n\n"), text.rfind("\r\n\r\n"))
             end = max(cut + (4 if text.startswith("\r\n\r\n", cut) else 2), context) if cut >= 0 else context
-        elif self.lines:
-            end = max(max(text.rfind("\n"), text.rfind("\r")) + 1, context)
+        elif self.lines and (line_end := max(text.rfind("\n"), text.rfind("\r")) + 1) > context:
+            end = line_end
+        elif self.lines and len(text) - context < window:  # the line is still arriving
+            end = context
         else:
             end = max(len(text) - self.limits.stream_overlap_bytes, context)
         if hold is not None:  # ``text`` starts ``context`` characters before what was sent ends
-            end = min(end, max(hold - self.sent_chars + context, context))
+            at = max(hold - self.sent_chars + context, context)
+            if len(text) - at < window:
+                end = min(end, at)
         return end
 
     async def _send_start(self, verdict: Verdict) -> None:

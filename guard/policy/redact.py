@@ -35,7 +35,6 @@ __all__ = [
     "compile_pattern",
     "escape_pointer",
     "merge_redactions",
-    "pointed_strings",
     "replacement",
 ]
 
@@ -97,7 +96,7 @@ class Redactor:
             detector: the policy's detector (used when :attr:`detector` is set).
         """
         out: list[Redaction] = []
-        for pointer, text in pointed_strings(body):
+        for pointer, text in _strings(body, ""):
             spans: list[tuple[int, int, str]] = []
             for label, pattern in self.patterns:
                 spans += [(m.start(), m.end(), label) for m in pattern.finditer(text) if m.end() > m.start()]
@@ -229,9 +228,8 @@ def _replace(text: str, found: list[Redaction]) -> str:
     return "".join(parts)
 
 
-def pointed_strings(node: Any, pointer: str = "") -> Iterator[tuple[str, str]]:
-    """Every string value in ``node`` (a JSON value, a form mapping or text) with its JSON pointer (RFC 6901), in
-    document order; object keys are not among them (a span in a key cannot be masked)."""
+def _strings(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
+    """Every string value in ``node`` with its JSON pointer, in document order (object keys are not masked)."""
     stack: list[tuple[str, Any]] = [(pointer, node)]
     while stack:
         where, value = stack.pop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -17,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi import GuardMiddleware
-from guard.asgi._deltas import DeltaJoiner
+from guard.asgi._deltas import MAX_PLACES, DeltaJoiner
 from guard.asgi.limits import BodyLimits
 from guard.engine import Guard
 from guard.policy import load_text
@@ -103,7 +104,7 @@ def _read(url: str, shape: str) -> tuple[int, str, bool]:
 
 def _shown(text: str) -> str:
     """What a client shows of ``text``: every event's token joined."""
-    joiner = DeltaJoiner(sse="data:" in text, context_chars=0)
+    joiner = DeltaJoiner(sse="data:" in text, context_chars=0, max_event_chars=1 << 20)
     joiner.feed(text, final=True)
     return "".join("".join(pieces) for pieces in joiner.joined())
 
@@ -203,7 +204,7 @@ def test_no_event_waits_longer_than_stream_hold_s() -> None:
 
 
 def test_the_joiner_joins_what_changes_and_leaves_metadata_out() -> None:
-    joiner = DeltaJoiner(sse=True, context_chars=8)
+    joiner = DeltaJoiner(sse=True, context_chars=8, max_event_chars=1 << 20)
     event = SHAPES["openai-chat"][1]
     stream = "".join(event(t) for t in ["He", "llo", " wor"]).replace("\n", "\r\n")
     joiner.feed(stream[:-1])  # the last CR of a CRLF pair, and so the event's end, still to come
@@ -215,9 +216,9 @@ def test_the_joiner_joins_what_changes_and_leaves_metadata_out() -> None:
     assert joiner.hold_from(0) is None
     joiner.mark(second + 1)  # the first two events were sent
     assert joiner.joined() == (("Hello", " wor"),)
-    joiner.feed("data: " + json.dumps({"choices": [{"delta": {"content": "ld"}}]}), final=True)
+    joiner.feed("data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "ld"}}]}), final=True)
     assert joiner.joined() == (("Hello", " wor", "ld"),)
-    lines = DeltaJoiner(sse=False, context_chars=0)
+    lines = DeltaJoiner(sse=False, context_chars=0, max_event_chars=1 << 20)
     lines.feed('{"a": "x", "t": "1"}\n{"a": "x", "t": "2"}\n{"a": "x", "t": "3"')
     assert lines.joined() == (("1", "2"),)
 
@@ -230,3 +231,67 @@ def test_the_joiner_joins_what_changes_and_leaves_metadata_out() -> None:
 def test_the_hold_limits_are_checked(limits: dict[str, Any], reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         BodyLimits(**limits)
+
+
+def _chat(content: str, index: int = 0, **more: Any) -> str:
+    return _sse({"object": "chat.completion.chunk", "choices": [{"index": index, "delta": {"content": content}}],
+                 **more})
+
+
+def test_each_of_n_answers_and_each_tool_call_is_joined_by_its_index() -> None:
+    """OpenAI streams the ``n`` answers (and the tool calls) interleaved, each at array position 0 with its
+    ``index``: joined by position, one answer's key would be cut by the other's tokens."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 20)
+    for token, other in zip([" sk", "-ab", "cdef", "gh12"], [" a", " b", " c", "."], strict=True):
+        joiner.feed(_chat(token, 0) + _chat(other, 1))
+    assert joiner.joined() == ((" sk", "-ab", "cdef", "gh12"), (" a", " b", " c", "."))
+
+
+def test_events_are_read_as_a_lenient_client_reads_them() -> None:
+    """Python's json (and a browser's JSON.parse, for the surrogate) reads what strict JSON refuses: the piece
+    still joins."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 20)
+    joiner.feed(_chat(" the", 0) + _chat("\ud83dsk", 0).replace("\\\\", "\\") + _chat("-ab", 0, logprob=-math.inf))
+    assert joiner.joined() == ((" the", "\ufffdsk", "-ab"),)
+
+
+def test_places_seen_once_are_forgotten_when_the_table_is_full() -> None:
+    """A first event holding more strings than the table has room for (OpenAI's ``response.created`` repeats the
+    request's tools) does not keep the answer's deltas out."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
+    joiner.feed(_sse({"type": "response.created", "tools": [{"name": f"t{i}"} for i in range(MAX_PLACES + 500)]}))
+    for token in [" sk", "-ab", "cdef"]:
+        joiner.feed(_sse({"type": "response.output_text.delta", "delta": token}))
+    assert ((" sk", "-ab", "cdef")) in joiner.joined()
+
+
+def test_a_line_longer_than_an_event_is_dropped_not_kept() -> None:
+    """A stream with no line break (a minified JSON document sent in chunks) is neither kept whole nor searched
+    again for every chunk."""
+    joiner = DeltaJoiner(sse=False, context_chars=0, max_event_chars=10_000)
+    for _ in range(300):
+        joiner.feed("x" * 4096)
+        assert len(joiner._buffer) <= 10_000
+    joiner.feed('\n{"t": "a"}\n{"t": "b"}\n')  # the long line's end is skipped; what follows is read
+    assert joiner.joined() == (("a", "b"),)
+
+
+def test_a_json_lines_line_longer_than_the_window_is_sent_in_windows() -> None:
+    """A line longer than the window goes as a chunked stream's text does (all but the overlap), not held until a
+    502: JSON Lines wait for a line's end only while the line fits the window."""
+    big = json.dumps({"rows": ["r" * 100] * 20_000}) + "\n"  # about 2 MB, over max_response_bytes
+
+    async def stream(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"status": "start"}\n'
+            for i in range(0, len(big), 65536):
+                yield big[i:i + 65536].encode()
+            yield b'{"status": "done"}\n'
+        return StreamingResponse(body(), media_type="application/x-ndjson")
+
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
+    app = Starlette(routes=[Route("/v1/x", stream)], middleware=[Middleware(GuardMiddleware, guard=guard)])
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        response = client.get("/v1/x")
+    guard.close()
+    assert response.status_code == 200 and len(response.content) == len(big) + 39
