@@ -161,9 +161,16 @@ _OVERRIDES = frozenset(name.encode() for name in METHOD_OVERRIDE_HEADERS)
 _NOT_REMOVABLE = frozenset({b"content-type", b"content-encoding", *_OVERRIDES})
 #: A ``Host`` the proxy accepts: a name or IPv4 address (RFC 3986 reg-name, without the sub-delimiters such as ``,``
 #: and the percent-escapes no DNS name holds) or an ``[IPv6]`` literal, then an optional port.
-_HOST = re.compile(rb"(?:[A-Za-z0-9\-._~]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+_HOST = re.compile(rb"(?:[A-Za-z0-9\-._~]+|\[[0-9A-Fa-f:.]+(?:%25[A-Za-z0-9\-._~]+)?\])(?::(?P<port>[0-9]{0,5}))?")
 #: Response headers whose URL is made relative when it points into the upstream.
 _LOCATIONS = frozenset({b"location", b"content-location"})
+
+
+def _valid_host(host: bytes) -> bool:
+    """Whether a ``Host`` value is a name, IPv4 address or ``[IPv6]`` literal (with a zone id, RFC 6874), then an
+    optional port of at most 65535 (an empty one, ``a.example:``, is allowed by RFC 3986)."""
+    match = _HOST.fullmatch(host)
+    return match is not None and int(match.group("port") or 0) <= 65535
 
 
 def _connection_tokens(value: bytes) -> set[bytes]:
@@ -287,9 +294,9 @@ class ReverseProxy:
             if name == b"content-length":
                 has_body = True
             out.append((name, v))
-        if host and not _HOST.fullmatch(host):
-            raise BodyError(400, "invalid_host", f"the Host header ({host[:60].decode('latin-1')!r}) is not a host "
-                            "name or address with an optional port", field="host")
+        if host and not _valid_host(host):
+            raise BodyError(400, "invalid_host", f"the Host header ({host[:60].decode('utf-8', 'replace')!r}) is not "
+                            "a host name or address with an optional port (0-65535)", field="host")
         if chunked:
             named.add(b"content-length")
         if named:
@@ -319,7 +326,10 @@ class ReverseProxy:
                 rest = url[len(origin) :]
                 if rest.startswith(self._base_path) and rest[len(self._base_path) :][:1] in (b"", b"/", b"?", b"#"):
                     rest = rest[len(self._base_path) :]
-                    return rest if rest.startswith(b"/") else b"/" + rest
+                    rest = rest if rest.startswith(b"/") else b"/" + rest
+                    # ``//host`` or ``/\host`` (browsers drop tabs and line breaks) would name another host
+                    plain = rest.translate(None, b"\t\r\n")
+                    return url if plain[1:2] in (b"/", b"\\") else rest
         return url
 
     @staticmethod

@@ -30,7 +30,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from guard.backends.options import add_backend_options, backend_factory, check_device_options, open_cli_backend
 from guard.errors import GuardError, PolicyError
@@ -124,7 +124,7 @@ def _error_text(error: dict[str, Any]) -> str:
 def _printed(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``errors``, after printing each to stderr."""
     for error in errors:
-        print(_error_text(error), file=sys.stderr)
+        _say(_error_text(error), file=sys.stderr)
     return errors
 
 
@@ -140,7 +140,7 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         files = expand_policy_paths(args.files)
     except FileNotFoundError as exc:
-        print(f"guard policy check: {exc}", file=sys.stderr)
+        _say(f"guard policy check: {exc}", file=sys.stderr)
         return EXIT_FAILED
     failed = False
     loaded = []
@@ -154,7 +154,7 @@ def run_check(args: argparse.Namespace) -> int:
             failed = True
             continue
         ids = ", ".join(f"{p.id}@{p.version}" for p in policies)
-        print(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
+        _say(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
         _warn_upper_case_paths(policies)
         loaded.extend(policies)
     _print_overlaps(loaded)
@@ -232,46 +232,46 @@ def run_explain(args: argparse.Namespace) -> int:
 
 def _print_report(report: dict[str, Any]) -> None:
     if report["policy"] is None:
-        print("no policy matches this subject: allow, without a model call")
+        _say("no policy matches this subject: allow, without a model call")
         return
     p = report["policy"]
     v = report["verdict"]
-    print(f"policy     {p['id']}@{p['version']} ({p['file']}:{p['line']}, mode {p['mode']})")
-    print(f"state      {json.dumps(report['state'], ensure_ascii=False)}")
+    _say(f"policy     {p['id']}@{p['version']} ({p['file']}:{p['line']}, mode {p['mode']})")
+    _say(f"state      {json.dumps(report['state'], ensure_ascii=False)}")
     if report["rule_state"] != report["state"]:
-        print(f"rules read {json.dumps(report['rule_state'], ensure_ascii=False)}  (the state as received)")
+        _say(f"rules read {json.dumps(report['rule_state'], ensure_ascii=False)}  (the state as received)")
     if report["flags"]:
-        print(f"flags      {json.dumps(report['flags'])}  (original text kept in the subject)")
+        _say(f"flags      {json.dumps(report['flags'])}  (original text kept in the subject)")
     if report["cache_key"] is not None:  # a rules-only policy asks no model
-        print(f"cache key  {report['cache_key']}  (backend {report['backend']}, revision {report['revision']})")
+        _say(f"cache key  {report['cache_key']}  (backend {report['backend']}, revision {report['revision']})")
     for name, features in report["features"].items():  # call: argument provenance; result: instructions found
-        print(f"{name:<10} {json.dumps(features, ensure_ascii=False)}")
+        _say(f"{name:<10} {json.dumps(features, ensure_ascii=False)}")
     if report["error"]:
-        print(f"FAILED     {report['error']}")
-        print(f"           fail mode {v['fail_mode']} decided: {v['action']} (status {v.get('status')})")
+        _say(f"FAILED     {report['error']}")
+        _say(f"           fail mode {v['fail_mode']} decided: {v['action']} (status {v.get('status')})")
     if report["error"] and not report["rules"]:
-        print("answers    none: the decision failed before the backend answered")
-        print("rules      not evaluated: there are no answers to run them on")
+        _say("answers    none: the decision failed before the backend answered")
+        _say("rules      not evaluated: there are no answers to run them on")
     else:
-        print("answers")
+        _say("answers")
         for key, answer in report["answers"].items():
-            print(f"  {key:<20} {json.dumps(answer, ensure_ascii=False)}")
-        print("rules (in order; the first true one decides)")
+            _say(f"  {key:<20} {json.dumps(answer, ensure_ascii=False)}")
+        _say("rules (in order; the first true one decides)")
         for rule_id, value in report["rules"]:
-            print(f"  {rule_id:<20} {value}")
-    print(f"verdict    {v['action']} (rule {v['rule']}, status {v.get('status')}) {v.get('message') or ''}".rstrip())
+            _say(f"  {rule_id:<20} {value}")
+    _say(f"verdict    {v['action']} (rule {v['rule']}, status {v.get('status')}) {v.get('message') or ''}".rstrip())
     for redaction in v.get("redactions") or ():  # what a redact verdict masks, where
-        print(f"  masks    {redaction['pointer'] or '(body)'} [{redaction['start']}:{redaction['end']}] "
+        _say(f"  masks    {redaction['pointer'] or '(body)'} [{redaction['start']}:{redaction['end']}] "
               f"{redaction['label']} ({redaction['style']})")
     if len(report["matched"]) > 1:
-        print("matched    (every policy decides; the most severe verdict wins)")
+        _say("matched    (every policy decides; the most severe verdict wins)")
         for part in report["matched"]:
             own, mark = part["own_verdict"], "  <- decided" if part["policy"]["id"] == p["id"] else ""
-            print(f"  {part['policy']['id']:<20} {own['action']} (rule {own['rule']}){mark}")
-    print("on backend failure")
+            _say(f"  {part['policy']['id']:<20} {own['action']} (rule {own['rule']}){mark}")
+    _say("on backend failure")
     for mode, failed in report["fail_modes"].items():
         marker = "  <- this policy" if mode == report["fail_mode"] else ""
-        print(f"  {mode:<9} -> {failed['action']} (status {failed.get('status')}){marker}")
+        _say(f"  {mode:<9} -> {failed['action']} (status {failed.get('status')}){marker}")
 
 
 def run_test(args: argparse.Namespace) -> int:
@@ -302,7 +302,7 @@ def run_test(args: argparse.Namespace) -> int:
         try:
             policies = load_text(read_policy_file(policy_file), str(policy_file))  # a policy without tests must load too
             if not test_file.is_file():
-                print(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
+                _say(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
                 continue
             results = run_test_file(policy_file, backend_factory=factory, timeout_s=timeout_s, run=pattern)
         except PolicyError as exc:
@@ -315,7 +315,7 @@ def run_test(args: argparse.Namespace) -> int:
             broken += 1
             continue
         if not results:
-            print(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
+            _say(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
         suites.append((str(test_file), results))
         fired = {(v.policy_id, v.rule) for r in results if r.verdict is not None  # a rule of a policy that matched
                  for v in (r.verdict, *r.verdict.contributions)}  # but did not decide fired too  # fmt: skip
@@ -326,11 +326,11 @@ def run_test(args: argparse.Namespace) -> int:
             where = f"{test_file}:{result.line}" if result.line is not None else str(test_file)
             if result.passed:
                 if args.verbose and text:
-                    print(_escaped(f"PASS {where}: {result.name}"))
+                    _say(f"PASS {where}: {result.name}")
                 continue
-            print(_escaped(f"FAIL {where}: {result.name}"), file=sys.stderr)
+            _say(f"FAIL {where}: {result.name}", file=sys.stderr)
             for difference in result.problems:
-                print(_escaped(f"     {difference}"), file=sys.stderr)
+                _say(f"     {difference}", file=sys.stderr)
     total = sum(len(results) for _, results in suites)
     failed = sum(not r.passed for _, results in suites for r in results)
     if pattern is not None and not total and not broken:  # a filter that selects nothing tests nothing
@@ -356,9 +356,10 @@ def run_test(args: argparse.Namespace) -> int:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def _escaped(text: str) -> str:
-    """``text`` with each control character written as Python writes it in a string (``\\x1b``, ``\\n``)."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+def _say(text: str, file: TextIO | None = None) -> None:
+    """Print a line of text output with each control character written as Python writes it in a string
+    (``\\x1b``, ``\\n``): names, keys and values from policy and test files never act on the terminal."""
+    print(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text), file=file)
 
 
 def _json_report(

@@ -130,19 +130,20 @@ async def test_a_host_that_is_not_host_and_port_is_refused(judge_guard: Guard) -
         with _proxy(judge_guard, url) as proxy:
             port = int(proxy.rsplit(":", 1)[1])
             answers = {}
-            for host in (b"good.com, evil.com", b"evil.com/reset?x=", b"a@b", b"good.com:80:1", b"api.example.com:8443",
-                         b"127.0.0.1", b"[::1]:8080", b"xn--bcher-kva.example."):
+            for host in (b"good.com, evil.com", b"evil.com/reset?x=", b"a@b", b"good.com:80:1", b"a.example:99999",
+                         b"api.example.com:8443", b"127.0.0.1", b"[::1]:8080", b"xn--bcher-kva.example.", b"a.example:",
+                         b"[fe80::1%25eth0]:8080"):
                 request = b"GET /x HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host
                 answers[host] = await asyncio.to_thread(raw_request, port, request)
             upgrade = await asyncio.to_thread(raw_request, port, (
                 b"GET /x HTTP/1.1\r\nHost: evil.com/reset?x=\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"))
     for host, answer in answers.items():
-        refused = host in (b"good.com, evil.com", b"evil.com/reset?x=", b"a@b", b"good.com:80:1")
+        refused = host in (b"good.com, evil.com", b"evil.com/reset?x=", b"a@b", b"good.com:80:1", b"a.example:99999")
         assert answer.startswith(b"HTTP/1.1 400" if refused else b"HTTP/1.1 200"), (host, answer[:200])
         if refused:
             assert json.loads(answer.partition(b"\r\n\r\n")[2])["field"] == "host"
-    assert len(heads) == 4 and b"x-forwarded-host: [::1]:8080" in heads[2]
+    assert len(heads) == 6 and b"x-forwarded-host: [::1]:8080" in heads[2]
     assert upgrade.startswith(b"HTTP/1.1 400") and json.loads(upgrade.partition(b"\r\n\r\n")[2])["field"] == "host"
 
 
@@ -207,6 +208,9 @@ async def test_redirects_into_the_upstream_are_made_relative() -> None:
     assert relative(b"http://127.0.0.1:9000/api?q") == b"/?q"
     assert relative(b"http://127.0.0.1:9001/api/x") == b"http://127.0.0.1:9001/api/x"
     assert ReverseProxy(ProxyConfig("http://up"))._relative(b"http://up:80/x") == b"/x"
+    for other_host in (b"//evil.example/x", b"/\\evil.example/", b"/\t/evil.example/", b"/\r\n/evil.example/"):
+        # a path on the upstream that a browser would read as another host stays absolute (an open redirect else)
+        assert relative(b"http://127.0.0.1:9000/api" + other_host) == b"http://127.0.0.1:9000/api" + other_host
 
 
 def test_cli_preserve_host_reaches_the_config(tmp_path: Path) -> None:
