@@ -128,18 +128,25 @@ class EncodedRecord:
         return self.untruncated_length > len(self.input_ids)
 
 
-def _schema_texts(questions: tuple[QuestionV1, ...]) -> tuple[list[str], list[tuple[int, int, int]]]:
-    """The schema's pieces in order, and which piece is which span.
+def _schema_texts(
+    questions: tuple[QuestionV1, ...],
+) -> tuple[list[str], list[tuple[int, int, int]], dict[int, str]]:
+    """The schema's pieces in order, which piece is which span, and which request field each caller text comes from.
 
     Returns:
-        ``(texts, marks)``; ``marks[p] = (piece_index, question_index, option_index)`` for every span piece, with
-        ``option_index = -1`` for the question span.
+        ``(texts, marks, fields)``; ``marks[p] = (piece_index, question_index, option_index)`` for every span piece,
+        with ``option_index = -1`` for the question span; ``fields[piece_index]`` is ``questions.<id>`` (the field
+        header, which holds the id), ``questions.<id>.instructions`` or ``questions.<id>.criteria``.
     """
     texts = [SCHEMA_HEADER]
     marks: list[tuple[int, int, int]] = []
+    fields: dict[int, str] = {}
     for qi, question in enumerate(questions):
+        path = f"questions.{question.id}"
+        fields[len(texts)] = path
         texts.append(field_header(qi + 1, question.id, question.type))
         marks.append((len(texts), qi, -1))
+        fields[len(texts)] = f"{path}.instructions"
         texts.append(render(question.instruction_value()))
         texts.append(OPTIONS_HEADER)
         for k, (option_id, description) in enumerate(question.options()):
@@ -148,10 +155,38 @@ def _schema_texts(questions: tuple[QuestionV1, ...]) -> tuple[list[str], list[tu
             if description is not None:
                 option["description"] = description
             marks.append((len(texts), qi, k))
+            fields[len(texts)] = f"{path}.criteria"
             texts.append(render(option))
             texts.append(OPTION_END)
         texts.append(FIELD_END)
-    return texts, marks
+    return texts, marks, fields
+
+
+def _refuse_media_pads(processor: ClefProcessor, pieces: list[tuple[str, list[int]]]) -> None:
+    """Refuse caller text that holds an image or video pad id in a request with media.
+
+    The tokenizer reads ``<|image_pad|>`` in the text as the pad token itself (§2.3, as the reference does), and the
+    backbone fills every pad with one row of media features: extra pads make the counts differ and the pass fails
+    (in the reference too). ``pieces`` are ``(field, ids)``; the error names each field once.
+
+    Raises:
+        RequestValidationError: naming every field whose ids hold a pad.
+    """
+    pads = processor.media_pad_ids
+    found: dict[str, set[int]] = {}
+    for where, ids in pieces:
+        found.setdefault(where, set()).update(pads.intersection(ids))
+    errors = [
+        FieldError(
+            where,
+            f"holds {', '.join(processor.tokenizer.convert_ids_to_tokens(sorted(ids)))}: the model fills that token "
+            "with image or video features, so a request with images cannot carry it in its text",
+        )
+        for where, ids in found.items()
+        if ids
+    ]
+    if errors:
+        raise RequestValidationError(errors)
 
 
 #: A state is tokenized whole only up to this many characters per token it can keep (plus :data:`HEAD_MARGIN`);
@@ -231,11 +266,12 @@ def encode_record(
             ``schema requires N tokens before state; maximum is M`` when everything but the state exceeds
             ``max_length``; with field ``questions`` when there are no questions; with field
             ``questions.<id>.instructions`` when a question span would be empty (id ``""`` and no instructions: the
-            reference would return NaN); media errors from the processor.
+            reference would return NaN); for a request with media, naming ``state`` or the question field whose
+            text holds an image or video pad token (:func:`_refuse_media_pads`); media errors from the processor.
     """
     if not request.questions:
         raise RequestValidationError([FieldError("questions", "at least one question is required")])
-    schema_texts, marks = _schema_texts(request.questions)
+    schema_texts, marks, fields = _schema_texts(request.questions)
     prefix_ids, suffix_ids, *schema_pieces = processor.encode_texts([PREFIX, SUFFIX, *schema_texts])
     for piece, qi, k in marks:
         if k < 0 and not schema_pieces[piece]:  # the head would average zero rows (NaN), §2.4 degenerate case
@@ -245,6 +281,7 @@ def encode_record(
     media = None
     media_ids: tuple[int, ...] = ()
     if request.images or request.videos:
+        _refuse_media_pads(processor, [(where, schema_pieces[p]) for p, where in fields.items()])
         media = processor.encode_media(
             request.images, request.videos, token_offset=len(prefix_ids), media_kwargs=media_kwargs
         )
@@ -255,6 +292,8 @@ def encode_record(
         raise RequestValidationError([FieldError("questions", message)])
     budget = max_length - fixed if max_state_tokens is None else min(max_state_tokens, max_length - fixed)
     state_ids, state_count = state_head(processor, render(request.state), budget)
+    if media is not None:
+        _refuse_media_pads(processor, [("state", state_ids)])
     untruncated = fixed + state_count
 
     # Piece start offsets inside the schema, then shifted past prefix, media and (truncated) state (§2.4).

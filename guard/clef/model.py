@@ -185,9 +185,24 @@ class ClefModel:
     def forward_records(self, records: Sequence[EncodedRecord]) -> list[list[torch.Tensor]]:
         """One batched prefill + head over ``records``.
 
+        In a batch with media, a text-only record whose text holds an image or video pad id (embedded as a plain
+        token, as the reference does) runs in a text-only pass of its own: the multimodal pass would take its pads
+        for media slots and fail the whole batch.
+
         Returns:
             Per record, per question (request order), float32 CPU logits [n_j] in prompt option order.
         """
+        pads = self.processor.media_pad_ids
+        apart = [r.media is None and not pads.isdisjoint(r.input_ids) for r in records]
+        if any(apart) and any(r.media is not None for r in records):
+            groups = [[i for i, a in enumerate(apart) if a], [i for i, a in enumerate(apart) if not a]]
+            logits: dict[int, list[torch.Tensor]] = {}
+            for group in groups:
+                logits.update(zip(group, self._forward([records[i] for i in group]), strict=True))
+            return [logits[i] for i in range(len(records))]
+        return self._forward(records)
+
+    def _forward(self, records: Sequence[EncodedRecord]) -> list[list[torch.Tensor]]:
         batch = collate(list(records), self.processor.pad_token_id, self.device)
         hidden = self.hidden_states(batch)  # [B, T, H]
         logits = self.head(

@@ -34,6 +34,7 @@ from guard.systemone import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
+    "MAX_ASPECT_RATIO",
     "VIDEO_PLACEHOLDER",
     "ClefProcessor",
     "EncodedMedia",
@@ -43,6 +44,9 @@ __all__ = [
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
+
+#: Longest over shortest side of an image the image processor takes (its ``smart_resize`` refuses more).
+MAX_ASPECT_RATIO = 200
 
 _DEFAULT_IMAGE_TOKEN = "<|image_pad|>"
 _DEFAULT_VIDEO_TOKEN = "<|video_pad|>"
@@ -98,6 +102,12 @@ def load_tokenizer(path: str | Path) -> Any:
     return tokenizer
 
 
+def _check_aspect_ratio(width: int, height: int, where: str) -> None:
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        message = f"is {width}x{height} pixels; its sides may differ by a factor of {MAX_ASPECT_RATIO} at most"
+        raise RequestValidationError([FieldError(where, message)])
+
+
 def decode_image(item: Any, *, where: str = "images[0]") -> Any:
     """Turn one ``images`` entry into an RGB PIL image.
 
@@ -105,11 +115,13 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
 
     Raises:
         RequestValidationError: for a remote URL, bad base64, bytes PIL cannot decode, or an image over
-            :data:`MAX_IMAGE_PIXELS` (read from its header, before decoding); the field is ``where``.
+            :data:`MAX_IMAGE_PIXELS` or with sides more than :data:`MAX_ASPECT_RATIO` apart (read from its header,
+            before decoding); the field is ``where``.
     """
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(item, Image.Image):
+        _check_aspect_ratio(*item.size, where)
         return item.convert("RGB")
     if isinstance(item, str):
         if not item[:5].lower() == "data:" or "," not in item:
@@ -141,6 +153,7 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
         raise RequestValidationError(
             [FieldError(where, f"is {width}x{height} pixels; the limit is {MAX_IMAGE_PIXELS} (checked before decoding)")]
         )
+    _check_aspect_ratio(width, height, where)
     try:
         image.load()
     except Exception as exc:  # a decoder of client bytes may raise any type (SyntaxError, EOFError, ...)
@@ -191,6 +204,11 @@ class ClefProcessor:
                 video_processor=AutoVideoProcessor.from_pretrained(str(root)),  # type: ignore[no-untyped-call]
             )
         return cls(tokenizer, image_processor, full)
+
+    @property
+    def media_pad_ids(self) -> frozenset[int]:
+        """The ids the backbone fills with media features: ``<|image_pad|>`` and ``<|video_pad|>`` (those it has)."""
+        return frozenset(i for i in (self.image_token_id, self.video_token_id) if i is not None)
 
     def _special_id(self, token: str) -> int | None:
         token_id = self.tokenizer.convert_tokens_to_ids(token)

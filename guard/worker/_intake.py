@@ -21,6 +21,7 @@ import brotli
 import zstandard
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from guard.clef.processor import MAX_ASPECT_RATIO
 from guard.errors import BodyError, FieldError, RequestValidationError
 from guard.systemone import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 
@@ -372,8 +373,9 @@ def check_images(body: dict[str, Any], max_pixels: int, names: Sequence[str] = (
 
     Raises:
         BodyError: naming the image (``assets.<name>`` when it came as an asset, else ``images[i]``): 413
-            ``image_too_large`` with its size; 422 ``invalid_request`` when its bytes are another format than
-            declared (a GIF sent as ``image/png``).
+            ``image_too_large`` with its size; 422 ``invalid_request`` when its sides are more than
+            :data:`~guard.clef.processor.MAX_ASPECT_RATIO` apart (the image processor refuses it), or its bytes are
+            another format than declared (a GIF sent as ``image/png``).
     """
     images = body.get("images")
     if not isinstance(images, list):
@@ -401,6 +403,9 @@ def check_images(body: dict[str, Any], max_pixels: int, names: Sequence[str] = (
                 f"the image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}",
                 field=where,
             )
+        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+            message = f"is {width}x{height} pixels; its sides may differ by a factor of {MAX_ASPECT_RATIO} at most"
+            raise BodyError(422, "invalid_request", message, field=where)
         if isinstance(declared, str) and _ALIASES.get(declared.strip().lower(), declared.strip().lower()) != media:
             field = f"{where}.content_type" if isinstance(item, dict) and i >= len(names) else where
             raise BodyError(422, "invalid_request", f"is declared {declared[:40]!r} but its bytes are {media}",

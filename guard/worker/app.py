@@ -18,11 +18,12 @@ Routes:
 * ``GET /v1/models``: TypeSafe Jev's ``{"models": [{"name", "description", "release_date", ...}]}`` and OpenAI's
   ``{"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}`` in one body.
 * ``GET /v1/models/{id}``: one model, both shapes' fields (404 ``model_not_found`` for another name).
-* ``GET /healthz``: 200 while the process is alive (503 once loading the model or the self-test failed).
+* ``GET /healthz``: 200 while the process is alive (503 once loading the model or the self-test failed, or while the
+  inference thread looks hung: :data:`HUNG_CANARY_RUNS` canary runs in a row unfinished with no forward pass finished).
 * ``GET /readyz``: 200 only after the model loaded and the startup self-test passed (a fixed request answered with
   finite probabilities summing to 1, and the canaries' benign and attack states answered apart by their margin,
   :mod:`guard.backends.selftest`), and while the canaries, run again every ``canary_interval_s``, keep passing;
-  503 ``canary_failed`` (and ``POST /v1/systemone`` answers 503) while they fail.
+  503 ``canary_failed`` (and ``POST /v1/systemone`` answers 503) while they fail or the inference thread looks hung.
 * ``GET /metrics``: Prometheus text of the OpenTelemetry metrics (:mod:`guard.worker.metrics`).
 
 Tracing: every ``POST /v1/systemone`` is a SERVER span (``POST /v1/systemone``) continuing the caller's W3C
@@ -108,6 +109,9 @@ MAX_TIMEOUT_S = 300.0
 DEFAULT_CANARY_INTERVAL_S = 60.0
 #: ``Retry-After`` while the model is loading.
 NOT_READY_RETRY_AFTER_S = 5.0
+#: Canary runs in a row that do not finish, with no forward pass finished since the run before, after which the
+#: inference thread counts as hung: the worker is unready and ``/healthz`` 503, so an orchestrator restarts it.
+HUNG_CANARY_RUNS = 2
 DEFAULT_DESCRIPTION = "Clef decision model (System One API) served by guard"
 
 _PROFILES: tuple[str, ...] = get_args(ValidationProfile)
@@ -233,6 +237,9 @@ class _Runtime:
         self.error: str | None = None
         self.canary_error: str | None = None
         self.canary_runs = 0
+        self.passes = 0  # forward passes finished (or failed), counted by the batcher's on_batch hook
+        self.stalled_runs = 0  # canary runs in a row that did not finish while no forward pass finished
+        self._passes_seen = 0
         self.loaded_on = datetime.datetime.now(datetime.UTC).date()
 
     async def boot(self) -> None:
@@ -259,37 +266,59 @@ class _Runtime:
     async def _watch(self, backend: LocalBackend) -> None:
         """Run the backend's canaries every ``canary_interval_s``; a failure makes the worker ``UNREADY`` (no
         answers, ``/readyz`` 503) until a run passes."""
+        self._passes_seen = self.passes
         while self.phase in (WorkerPhase.READY, WorkerPhase.UNREADY):
             await asyncio.sleep(self.config.canary_interval_s)
             await self.check_canaries(backend)
 
+    @property
+    def hung(self) -> bool:
+        """Whether the inference thread looks hung (:data:`HUNG_CANARY_RUNS`)."""
+        return self.stalled_runs >= HUNG_CANARY_RUNS
+
     async def check_canaries(self, backend: LocalBackend) -> None:
-        """One canary run; sets the phase (``READY`` or ``UNREADY``) and ``canary_error``. A run the backend could not
-        finish for want of capacity (overloaded, timed out) changes nothing; answers that fail the margin, and a
-        model that cannot answer at all (a malformed answer such as NaN, a failed forward pass), make the worker
-        unready."""
+        """One canary run; sets the phase (``READY`` or ``UNREADY``) and ``canary_error``. Answers that fail the
+        margin, and a model that cannot answer at all (a malformed answer such as NaN, a failed forward pass), make
+        the worker unready. A run that does not finish (overloaded, timed out) says nothing while forward passes still
+        finish (a busy worker); :data:`HUNG_CANARY_RUNS` of them in a row with none finished make it unready and
+        :attr:`hung`."""
         try:
             await run_canaries(backend, backend.canaries)
-        except (Overloaded, BackendTimeout, TimeoutError) as exc:  # a full queue or a slow pass says nothing of it
-            logger.warning("canary run not completed (%s: %s); readiness unchanged", type(exc).__name__, exc)
+        except (Overloaded, BackendTimeout, TimeoutError) as exc:
+            self.stalled_runs = 0 if self.passes != self._passes_seen else self.stalled_runs + 1
+            if self.hung:
+                self._unready(
+                    f"no forward pass finished during the last {self.stalled_runs} canary runs (the last ended in "
+                    f"{exc!r}); the inference thread looks hung"
+                )
+            else:
+                logger.warning("canary run not completed (%s: %s); readiness unchanged", type(exc).__name__, exc)
         except (CanaryFailed, GuardError) as exc:
-            self.canary_error = str(exc) if isinstance(exc, CanaryFailed) else f"{type(exc).__name__}: {exc}"
-            if self.phase is WorkerPhase.READY:
-                logger.error("canary failed; the worker is unready: %s", self.canary_error)
-                self.phase = WorkerPhase.UNREADY
+            self.stalled_runs = 0
+            self._unready(str(exc) if isinstance(exc, CanaryFailed) else f"{type(exc).__name__}: {exc}")
         else:
+            self.stalled_runs = 0
             self.canary_error = None
             if self.phase is WorkerPhase.UNREADY:
                 logger.info("canary passed again; the worker is ready")
                 self.phase = WorkerPhase.READY
+        self._passes_seen = self.passes
         self.canary_runs += 1
 
+    def _unready(self, reason: str) -> None:
+        self.canary_error = reason
+        if self.phase is WorkerPhase.READY:
+            logger.error("canary failed; the worker is unready: %s", reason)
+            self.phase = WorkerPhase.UNREADY
+
     def _attach_metrics(self, backend: LocalBackend) -> None:
+        """Count forward passes (:attr:`passes`) and feed the metrics from the batcher's hooks."""
         batcher = backend.batcher
         previous = batcher.on_batch
         observe = self.metrics.observe_batch
 
         def on_batch(info: BatchInfo) -> None:
+            self.passes += 1
             observe(info)
             if previous is not None:
                 previous(info)
@@ -519,10 +548,13 @@ async def _model(request: Request) -> Response:
 
 
 async def _healthz(request: Request) -> Response:
-    """``GET /healthz``: 200 while alive; 503 when loading the model or the self-test failed (restart me)."""
+    """``GET /healthz``: 200 while alive; 503 when loading or the self-test failed, or the inference thread looks hung
+    (restart me)."""
     runtime = _runtime(request)
     if runtime.phase is WorkerPhase.FAILED:
         return _http.error_response(503, _http.UNAVAILABLE, f"the worker failed to start: {runtime.error}")
+    if runtime.hung:
+        return _http.error_response(503, _http.UNAVAILABLE, f"restart the worker: {runtime.canary_error}")
     return JSONResponse({"status": "ok", "phase": runtime.phase.value})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import pytest
@@ -138,6 +139,35 @@ def test_special_token_literals_in_state_become_single_ids(golden_processor: Cle
     assert len(literal.input_ids) == len(plain.input_ids) + 2
     start = len(golden_processor.encode_texts([PREFIX])[0])
     assert literal.input_ids[start : start + 3] == (plain.input_ids[start], im_end, think)
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ("state", "state"),
+        ("instructions", "questions.q.instructions"),
+        ("criteria", "questions.q.criteria"),
+    ],
+)
+def test_media_pads_in_the_text_of_a_request_with_images_are_refused(
+    where: str, field: str, golden_processor: ClefProcessor
+) -> None:
+    """The reference parses them as the pad token, which the image pass fills with features: a count mismatch."""
+    image = load_case("16-image-json-state")["request"]["images"]
+    question: dict[str, Any] = {"type": "noul", "instructions": "yard?"}
+    body: dict[str, Any] = {"model": "m", "state": "s", "images": image, "questions": {"q": question}}
+    text = "see <|vision_start|><|image_pad|><|vision_end|>"
+    if where == "state":
+        body["state"] = text
+    elif where == "instructions":
+        question["instructions"] = text
+    else:
+        question["criteria"] = {"true": text}
+    with pytest.raises(RequestValidationError, match=re.escape("<|image_pad|>")) as info:
+        encode_record(_request(body), golden_processor)
+    assert [e.field for e in info.value.errors] == [field]
+    body["images"] = []
+    assert golden_processor.image_token_id in encode_record(_request(body), golden_processor).input_ids
 
 
 def test_unicode_is_nfc_normalized_and_kept_unescaped(golden_processor: ClefProcessor) -> None:

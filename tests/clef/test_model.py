@@ -144,6 +144,21 @@ def test_batched_equals_one_at_a_time_float32(fp32_runs: dict[str, Any], golden_
     assert torch.allclose(text_only[1][0], fp32_runs["07-string-state"][2][0], atol=1e-5, rtol=0)
 
 
+def test_a_text_record_with_image_pads_does_not_fail_an_image_batch(
+    fp32_runs: dict[str, Any], golden_fp32: ClefModel
+) -> None:
+    """Its pads are plain tokens (the reference embeds them so); in the image pass they would claim media slots."""
+    state = "look <|vision_start|><|image_pad|><|vision_end|>"
+    body = {"model": "m", "state": state, "questions": {"q": {"type": "noul"}}}
+    text = golden_fp32.encode(SystemOneRequestV1.from_json(body, profile="reference"))
+    image = fp32_runs["16-image-json-state"][1]
+    (alone,) = golden_fp32.forward_records([text])
+    batched = golden_fp32.forward_records([text, image])
+    assert torch.allclose(batched[0][0], alone[0], atol=1e-5, rtol=0)
+    for single, joint in zip(fp32_runs["16-image-json-state"][2], batched[1], strict=True):
+        assert torch.allclose(single, joint, atol=1e-5, rtol=0)
+
+
 def test_batched_equals_one_at_a_time_bfloat16(bf16_runs: dict[str, Any], golden_bf16: ClefModel) -> None:
     chosen = ["11-question-order-rca", "05-score-object-levels", "15-array-state-unicode-ids"]
     batched = golden_bf16.forward_records([bf16_runs[c][1] for c in chosen])

@@ -99,6 +99,20 @@ def test_decode_image_rejects_bad_input_naming_the_field(item: object, message: 
     assert info.value.field == "images[2]"
 
 
+def test_decode_image_refuses_sides_further_apart_than_the_processor_takes() -> None:
+    from PIL import Image
+
+    assert decode_image(Image.new("RGB", (200, 1))).size == (200, 1)
+    with pytest.raises(RequestValidationError, match="1x201 pixels"):
+        decode_image(Image.new("RGB", (1, 201)))
+    buffer = io.BytesIO()
+    Image.new("RGB", (201, 1)).save(buffer, "PNG")
+    item = {"content_type": "image/png", "base64": base64.b64encode(buffer.getvalue()).decode()}
+    with pytest.raises(RequestValidationError, match="201x1 pixels") as info:
+        decode_image(item, where="images[1]")
+    assert info.value.field == "images[1]"
+
+
 def _dds_with_unknown_pixel_format() -> bytes:
     from PIL import Image
 

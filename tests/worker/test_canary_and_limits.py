@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import shutil
 import struct
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -30,6 +32,7 @@ from guard.errors import BackendRejected, BackendUnavailable
 from guard.policy import load_text
 from guard.subject import AgentSubject
 from guard.systemone import SystemOneRequestV1
+from guard.worker import app as app_module
 from guard.worker.app import WorkerConfig, WorkerPhase, create_app
 from tests._degenerate import always_no_app
 from tests.worker._requests import ticket_body
@@ -121,6 +124,37 @@ def test_a_model_that_degenerates_after_start_makes_the_worker_unready(golden_ch
                 p.copy_(saved[name])
         wait_for(lambda: runtime.phase is WorkerPhase.READY)
         assert c.get("/readyz").status_code == 200
+
+
+def test_a_hung_inference_thread_makes_the_worker_unready_and_unhealthy(
+    golden_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Canary runs that time out while no forward pass finishes take the worker out (``/readyz`` and ``/healthz``
+    503, so it is restarted); it is ready again once a run finishes."""
+    monkeypatch.setattr(app_module, "run_canaries", functools.partial(run_canaries, timeout=0.5))
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test wedges it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.1)
+    released = threading.Event()
+    forward = model.forward_records
+
+    def wedged(records: Any) -> Any:
+        released.wait()
+        return forward(records)
+
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        try:
+            assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
+            model.forward_records = wedged  # type: ignore[method-assign]
+            wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+            ready, alive = c.get("/readyz"), c.get("/healthz")
+            assert ready.status_code == 503 and ready.json()["code"] == "canary_failed"
+            assert alive.status_code == 503 and "inference thread looks hung" in alive.json()["message"]
+        finally:
+            released.set()
+        model.forward_records = forward  # type: ignore[method-assign]
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+        assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
 
 
 async def test_the_compact_model_separates_its_catalog_canaries_by_their_margin() -> None:

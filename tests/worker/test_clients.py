@@ -227,6 +227,46 @@ async def test_image_errors_name_the_asset_and_the_declared_type_must_be_the_byt
     assert png.status_code == 200, png.text
 
 
+def body_of(state: Any, images: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "jev-latest", "state": state, "questions": QUESTIONS}
+    if images:
+        body["images"] = images
+    return body
+
+
+async def test_image_pads_in_client_text_never_fail_a_forward_pass(worker: RunningWorker, vision_model: ClefModel) -> None:
+    """With images, ``<|image_pad|>`` in the state is a 422 naming ``state`` (it would take an image slot and fail the
+    pass); without, it is a plain token as in the reference, and it does not fail the image request batched beside
+    it."""
+    image = {"content_type": "image/png", "base64": base64.b64encode(PNG).decode()}
+    pads = "see <|vision_start|><|image_pad|><|vision_end|>"
+    failed = worker.batcher.stats.failed
+    async with worker.client() as client:
+        refused = await client.post("/v1/systemone", json=body_of(pads, [image]))
+        victim, text = await asyncio.gather(
+            client.post("/v1/systemone", json=body_of("hi", [image])), client.post("/v1/systemone", json=body_of(pads))
+        )
+    assert refused.status_code == 422 and refused.json()["field"] == "state", refused.text
+    assert "<|image_pad|>" in refused.json()["message"]
+    assert victim.status_code == 200 and victim.json() == direct(vision_model, "hi", [image])
+    assert text.status_code == 200 and text.json() == direct(vision_model, pads)
+    assert worker.batcher.stats.failed == failed
+
+
+async def test_an_image_too_narrow_for_the_processor_names_the_image(worker: RunningWorker) -> None:
+    out = io.BytesIO()
+    PILImage.new("RGB", (402, 2)).save(out, "PNG")
+    image = {"content_type": "image/png", "base64": base64.b64encode(out.getvalue()).decode()}
+    request = json.dumps({**body_of("hi"), "assets": {"scan": {"type": "image", "part": "asset-0"}}}).encode()
+    async with worker.client() as client:
+        inline = await client.post("/v1/systemone", json=body_of("hi", [image]))
+        files = {"request": (None, request, "application/json"), "asset-0": ("a", out.getvalue(), "image/png")}
+        asset = await client.post("/v1/systemone", files=files)
+    assert inline.status_code == 422 and inline.json()["field"] == "images[0]", inline.text
+    assert asset.status_code == 422 and asset.json()["field"] == "assets.scan", asset.text
+    assert "402x2 pixels" in asset.json()["message"]
+
+
 async def test_an_unknown_model_is_404_and_request_ids_are_echoed_or_made(worker: RunningWorker) -> None:
     async with worker.client() as client:
         wrong = await client.post("/v1/systemone", json={"model": "gpt-4o", "state": "hi", "questions": QUESTIONS},

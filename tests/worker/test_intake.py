@@ -51,6 +51,20 @@ def test_no_header_parser_but_the_decodable_formats_runs_on_client_bytes() -> No
         _intake.check_images(body, 1000 * 1000)
 
 
+def test_an_image_too_narrow_for_the_processor_is_refused_from_its_header_naming_it() -> None:
+    """Sides 200 apart are what the image processor takes; more it refuses, so the header check does first."""
+    _intake.check_images({"images": [{"content_type": "image/png", "base64": _png64((400, 2))}]}, 10**6)
+    for names, field in (([], "images[0]"), (["scan"], "assets.scan")):
+        body = {"images": [{"content_type": "image/png", "base64": _png64((2, 401))}]}
+        with pytest.raises(BodyError, match="2x401 pixels") as caught:
+            _intake.check_images(body, 10**6, names)
+        assert (caught.value.status, caught.value.field) == (422, field)
+
+
+def _png64(size: tuple[int, int]) -> str:
+    return base64.b64encode(image_bytes(size, "PNG")).decode()
+
+
 def test_the_declared_type_must_be_the_bytes_format() -> None:
     gif = base64.b64encode(image_bytes((8, 8), "GIF")).decode()
     _intake.check_images({"images": [{"content_type": "image/gif", "base64": gif}]}, 100)
