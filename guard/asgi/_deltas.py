@@ -3,16 +3,19 @@
 An LLM's answer streams as many small events, each holding a few characters of it at the same place in its JSON:
 ``choices[0].delta.content`` (OpenAI's chat completions and the APIs that copy them), ``delta.text`` (Anthropic's
 messages), ``delta`` (OpenAI's responses), ``candidates[0].content.parts[0].text`` (Gemini), ``message.content``
-(Ollama's JSON Lines). A word, a credential or an instruction is cut across events, so each event's strings read
-on their own hide it: ``sk`` + ``-abcd`` + ``efgh123`` never matches ``sk-[A-Za-z0-9]{8,}``.
+(Ollama's JSON Lines), ``token.text`` (Hugging Face TGI), or the event's data itself (a plain-text SSE stream). A
+word, a credential or an instruction is cut across events, so each event's strings read on their own hide it:
+``sk`` + ``-abcd`` + ``efgh123`` never matches ``sk-[A-Za-z0-9]{8,}``.
 
-:class:`DeltaJoiner` reads a stream's complete events as they arrive (server-sent events, or one JSON document per
-line) as a client's JSON parser does (Python's ``json``: ``NaN`` and lone surrogates read), and keeps, per place
-in the JSON, the strings the events held there, in order. A place is a JSON pointer in which an object with an
-integer ``index`` member is named by it (``/choices/0#1/delta/content``): OpenAI streams each of ``n`` answers, and
-each tool call, at array position 0 with its ``index``. A place whose string is the same in every event (an id, a
-model name) is metadata and is not joined. :meth:`DeltaJoiner.joined` gives each joined place's pieces not yet sent,
-after the end of what it held before (so a span cut where the sent text ends is seen whole);
+:class:`DeltaJoiner` reads a stream's complete events as they arrive (server-sent events; one JSON document per
+line; or the elements of one JSON array, as Gemini streams without ``alt=sse``) as a client's JSON parser does
+(Python's ``json``: ``NaN`` and lone surrogates read), and keeps, per place in the JSON, the strings the events held
+there, in order. A place is a JSON pointer without array positions (a client concatenates the texts of an array,
+Gemini's ``parts``), in which an array element with an integer ``index`` member is named by it
+(``/choices/#1/delta/content``): OpenAI streams each of ``n`` answers, and each tool call, at array position 0 with
+its ``index``. A place whose string is the same in every event (an id, a model name) is metadata and is not joined;
+nor is OpenAI's random ``obfuscation`` padding. :meth:`DeltaJoiner.joined` gives each joined place's pieces not yet
+sent, after the end of what it held before (so a span cut where the sent text ends is seen whole);
 :meth:`DeltaJoiner.hold_from` says where the events start that hold the last few characters of a joined text, which
 wait for what follows before they are sent.
 """
@@ -35,6 +38,23 @@ MAX_PLACES = 4096
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
+#: Keys whose strings are padding, not text: OpenAI adds a random ``obfuscation`` string to every streamed delta.
+_PADDING = frozenset({"obfuscation"})
+
+
+def _index(element: Any) -> int | None:
+    """The ``index`` an array element names itself by (an integer, or one written as a float or digits), else
+    ``None``."""
+    index = element.get("index") if isinstance(element, dict) else None
+    if isinstance(index, bool):
+        return None
+    if isinstance(index, float) and index.is_integer():
+        return int(index)
+    if isinstance(index, str) and index.isdigit():
+        return int(index)
+    return index if isinstance(index, int) else None
+
+
 def _places(document: Any) -> Iterator[tuple[str, str]]:
     """Every non-empty string of ``document`` with its place (see the module doc), in document order."""
     stack: list[tuple[str, Any]] = [("", document)]
@@ -44,12 +64,15 @@ def _places(document: Any) -> Iterator[tuple[str, str]]:
             if value:
                 yield where, surrogates_joined(value)
         elif isinstance(value, dict):
-            index = value.get("index")
-            if isinstance(index, int) and not isinstance(index, bool):
-                where = f"{where}#{index}"
-            stack += [(f"{where}/{escape_pointer(k)}", v) for k, v in reversed(value.items())]
+            stack += [(f"{where}/{escape_pointer(k)}", v) for k, v in reversed(value.items()) if k not in _PADDING]
         elif isinstance(value, list):
-            stack += [(f"{where}/{i}", v) for i, v in reversed(list(enumerate(value)))]
+            named = [_index(v) for v in value]
+            stack += [(f"{where}/{'*' if n is None else f'#{n}'}", v) for n, v in reversed(list(zip(named, value)))]
+
+
+#: What the array reader looks at in a JSON array stream: an escape (with the character it escapes, when it came),
+#: a quote, a bracket or a brace.
+_STRUCTURE = re.compile(r'\\(.)?|["\[\]{}]', re.DOTALL)
 
 
 class DeltaJoiner:
@@ -58,7 +81,8 @@ class DeltaJoiner:
 
     Args:
         sse: the stream is server-sent events: an event's lines run up to an empty line (its ``data:`` lines are
-            joined as the SSE standard joins them); else every line is an event (JSON Lines, ``json-seq``).
+            joined as the SSE standard joins them); else, when it starts with ``[``, each element of that array is
+            an event, and otherwise every line is (JSON Lines, ``json-seq``).
         context_chars: characters of each place's sent text kept before its new pieces.
         max_event_chars: the longest event read; a longer one is left out of the joined text (its windows are
             judged as text, as any stream's are).
@@ -66,15 +90,18 @@ class DeltaJoiner:
 
     def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int) -> None:
         self.sse, self.context_chars, self.max_event_chars = sse, context_chars, max_event_chars
-        self._buffer = ""  # text not yet ended by a line break
+        self._buffer = ""  # text not yet read: after the last line break (an array stream: from the open element)
         self._buffer_at = 0  # offset of the buffer's first character
-        self._scanned = 0  # characters of the buffer known to hold no line break
-        self._skip = False  # the line (SSE: the event) being read is too long: left out
+        self._scanned = 0  # characters of the buffer already searched
+        self._skip = False  # the line, SSE event or array element being read is too long: left out
         self._lines: list[str] = []  # the lines of the SSE event being read
         self._event_chars = 0
         self._event_at = 0  # offset where the SSE event being read starts
+        self._array: bool | None = None  # not SSE: the stream is one JSON array (None: not known yet)
+        self._depth = 0  # array stream: brackets and braces open at the scan position
+        self._in_string = False  # array stream: the scan position is inside a string
         self._latest = -1  # offset of the last event read that held a string
-        self._forgotten_at = -1  # offset of the last event that made the joiner forget places
+        self._forget_at = 0  # offset from which a full table may forget places again
         self._first: dict[str, tuple[int, int]] = {}  # place -> (hash, length) of the first string seen there
         self._seen: dict[str, int] = {}  # place -> the offset of the last event that held a string there
         self._varies: set[str] = set()  # places whose string changed from one event to another
@@ -83,8 +110,21 @@ class DeltaJoiner:
 
     def feed(self, text: str, *, final: bool = False) -> None:
         """Read ``text``, the stream's next decoded characters (``final``: the stream ends after them). Each
-        character is searched for a line break once."""
+        character is searched once."""
+        if self._buffer_at == 0 and not self._buffer and text.startswith("\ufeff"):  # a BOM, which clients drop
+            text, self._buffer_at = text[1:], 1
         self._buffer += text
+        if not self.sse and self._array is None and self._buffer.strip():
+            self._array = self._buffer.lstrip().startswith("[")
+        if self._array:
+            self._feed_array()
+        else:
+            self._feed_lines(final)
+        if len(self._buffer) > self.max_event_chars:  # no event of a token stream is this long: not read
+            self._buffer_at += len(self._buffer)
+            self._buffer, self._scanned, self._skip = "", 0, True
+
+    def _feed_lines(self, final: bool) -> None:
         # a CR at the end may be the first half of a CRLF: wait for the next character unless the stream ended
         cut = len(self._buffer) if final or not self._buffer.endswith("\r") else len(self._buffer) - 1
         at = 0
@@ -97,9 +137,37 @@ class DeltaJoiner:
             at = len(self._buffer)
             self._line("", self._buffer_at + at)
         self._buffer, self._buffer_at, self._scanned = self._buffer[at:], self._buffer_at + at, max(cut - at, 0)
-        if len(self._buffer) > self.max_event_chars:  # a line no event of a token stream is: not read
-            self._buffer_at += len(self._buffer)
-            self._buffer, self._scanned, self._skip = "", 0, True
+
+    def _feed_array(self) -> None:
+        """Read the elements of a streamed JSON array: each object or array at depth 1, once its closing bracket
+        came (an escape cut at the buffer's end waits for the character it escapes)."""
+        start = 0 if self._depth > 1 else None  # where the open element starts in the buffer
+        for match in _STRUCTURE.finditer(self._buffer, self._scanned):
+            char = match.group()
+            if char[0] == "\\":
+                if match.group(1) is None:  # the escaped character is still to come
+                    self._scanned = match.start()
+                    break
+                continue
+            if self._in_string:
+                self._in_string = char != '"'
+            elif char == '"':
+                self._in_string = True
+            elif char in "[{":
+                self._depth += 1
+                if self._depth == 2:
+                    start = match.start()
+            else:
+                self._depth -= 1
+                if self._depth == 1 and start is not None:
+                    if not self._skip:
+                        self._event(self._buffer[start:match.end()], self._buffer_at + start)
+                    self._skip, start = False, None
+        else:
+            self._scanned = len(self._buffer)
+        keep = start if start is not None else self._scanned
+        self._buffer, self._buffer_at, self._scanned = (self._buffer[keep:], self._buffer_at + keep,
+                                                        self._scanned - keep)
 
     def _line(self, line: str, at: int) -> None:
         if self._skip:  # the rest of a line too long to read (SSE: of such an event, up to its empty line)
@@ -118,24 +186,23 @@ class DeltaJoiner:
                 self._skip, self._lines, self._event_chars = True, [], 0
         elif self._lines:
             data = [line[5:].removeprefix(" ") for line in self._lines if line.startswith("data:")]
+            kind = next((line[6:].strip() for line in self._lines if line.startswith("event:")), "message")
             self._lines, self._event_chars = [], 0
             if data:
-                self._event("\n".join(data), self._event_at)
+                self._event("\n".join(data), self._event_at, text_place=f"data:{kind}")
 
-    def _event(self, data: str, at: int) -> None:
+    def _event(self, data: str, at: int, text_place: str | None = None) -> None:
+        """Take one event's strings; ``data`` that is not JSON is a string at ``text_place`` (an SSE event's data,
+        per event type), or nothing."""
         try:  # as a client reads it: Python's json takes NaN, Infinity and lone surrogates that strict JSON refuses
-            document = json.loads(data)
+            strings = list(_places(json.loads(data)))
         except (ValueError, RecursionError):
-            return
-        seen: set[str] = set()
-        for place, value in _places(document):
-            if place in seen:
-                continue
-            seen.add(place)
+            strings = [] if text_place is None else [(text_place, surrogates_joined(data))]
+        for place, value in strings:  # a place an event holds several times (an array's texts): each a piece
             self._latest = at
             first = self._first.get(place)
             if first is None:
-                if len(self._first) >= MAX_PLACES and self._forgotten_at < at:
+                if len(self._first) >= MAX_PLACES and at >= self._forget_at:
                     self._forget(at)
                 if len(self._first) >= MAX_PLACES:
                     continue
@@ -146,14 +213,16 @@ class DeltaJoiner:
             self._pieces.setdefault(place, []).append((at, value))
 
     def _forget(self, at: int) -> None:
-        """Forget the places seen in one event before ``at`` only (once per event: an event with more new places
-        than there is room for leaves the rest out). A forgotten place's string was judged with its event; seen
-        again, it starts afresh."""
-        self._forgotten_at = at
-        for place in [p for p, last in self._seen.items()
-                      if last < at and p not in self._varies and len(self._pieces.get(p, ())) <= 1]:
+        """Forget the places seen in one event before ``at`` only. A forgotten place's string was judged with its
+        event; seen again, it starts afresh. When that frees less than a quarter of the table, the next tries wait
+        until as many characters of the stream again were read (so a full table costs each event little)."""
+        places = [p for p, last in self._seen.items()
+                  if last < at and p not in self._varies and len(self._pieces.get(p, ())) <= 1]
+        for place in places:
             for table in (self._first, self._seen, self._before, self._pieces):
                 table.pop(place, None)
+        if len(places) < MAX_PLACES // 4:
+            self._forget_at = 2 * at + 1
 
     def joined(self) -> tuple[tuple[str, ...], ...]:
         """Per joined place with pieces not yet sent, in the order first seen: the end of its sent text (when

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -72,6 +73,8 @@ RESPONSE_UNINSPECTABLE = "response_uninspectable"
 SSE_BLOCK_EVENT = "guard_blocked"
 _RESPONSE_ID = b"x-guard-response-decision-id"
 _SSE = "text/event-stream"
+#: The end of a server-sent event: two line ends (CRLF, LF or CR; a CR at the end of the text counts as one).
+_EVENT_END = re.compile(r"(?:\r\n|\r(?!\n)|\n){2}")
 #: Media types of one JSON document per line (JSON Lines, NDJSON, RFC 7464 JSON text sequences).
 _JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
                          "application/jsonlines", "application/x-jsonlines", "application/json-seq"})
@@ -446,15 +449,15 @@ class ResponseJudge:
         self.rearmed.set()
 
     def _boundary(self, text: str, context: int, hold: int | None) -> int:
-        """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines after the last
-        complete line; else all but the overlap (kept back so a span that continues in the next chunk is masked
-        whole; JSON Lines with no complete line in a full window, too). Never past ``hold``, where the events start
+        """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines, and JSON that
+        has line breaks, after the last complete line; else all but the overlap (kept back so a span that continues
+        in the next chunk is masked whole; JSON Lines with no complete line in a full window, too). Never past ``hold``, where the events start
         that wait for what follows them (:meth:`_hold_from`), unless what they would keep back fills a window."""
         window = self.limits.stream_window_bytes
+        line_end = max(text.rfind("\n"), text.rfind("\r")) + 1
         if self.sse:
-            cut = max(text.rfind("\n\n"), text.rfind("\r\n\r\n"))
-            end = max(cut + (4 if text.startswith("\r\n\r\n", cut) else 2), context) if cut >= 0 else context
-        elif self.lines and (line_end := max(text.rfind("\n"), text.rfind("\r")) + 1) > context:
+            end = max((m.end() for m in _EVENT_END.finditer(text, context)), default=context)
+        elif (self.lines or self.deltas is not None) and line_end > context:  # JSON: whole lines when it has them
             end = line_end
         elif self.lines and len(text) - context < window:  # the line is still arriving
             end = context

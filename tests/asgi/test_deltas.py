@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
+import re
+import string
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -48,42 +52,72 @@ def _sse(data: dict[str, Any], event: str | None = None) -> str:
     return (f"event: {event}\n" if event else "") + f"data: {json.dumps(data)}\n\n"
 
 
-#: name -> (media type, one token's event, the stream's end): the streaming shapes of the APIs guard fronts.
-SHAPES: dict[str, tuple[str, Callable[[str], str], str]] = {
-    "openai-chat": ("text/event-stream", lambda t: _sse({
+@dataclass(frozen=True)
+class Shape:
+    """How an API streams an answer: its media type, one token's event, the stream's start and end, and how its
+    client reads the token out of one event (its JSON, or its data as text)."""
+
+    media: str
+    event: Callable[[str], str]
+    token: Callable[[Any], Any]
+    end: str = ""
+    start: str = ""
+
+
+#: The streaming shapes of the APIs guard fronts.
+SHAPES: dict[str, Shape] = {
+    "openai-chat": Shape("text/event-stream", lambda t: _sse({
         "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-x",
-        "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}]}), "data: [DONE]\n\n"),
-    "openai-tool-arguments": ("text/event-stream", lambda t: _sse({
+        "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}], "obfuscation": _padding(t)}),
+        lambda d: d["choices"][0]["delta"]["content"], "data: [DONE]\n\n"),
+    "openai-tool-arguments": Shape("text/event-stream", lambda t: _sse({
         "id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-x",
         "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": t}}]}}]}),
-        "data: [DONE]\n\n"),
-    "openai-responses": ("text/event-stream", lambda t: _sse({
+        lambda d: d["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"], "data: [DONE]\n\n"),
+    "openai-responses": Shape("text/event-stream", lambda t: _sse({
         "type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0,
-        "delta": t}, event="response.output_text.delta"), _sse({"type": "response.completed"}, "response.completed")),
-    "anthropic": ("text/event-stream", lambda t: _sse({
+        "delta": t}, event="response.output_text.delta"), lambda d: d["delta"],
+        _sse({"type": "response.completed"}, "response.completed")),
+    "anthropic": Shape("text/event-stream", lambda t: _sse({
         "type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}},
-        event="content_block_delta"), _sse({"type": "message_stop"}, "message_stop")),
-    "gemini": ("text/event-stream", lambda t: _sse({
+        event="content_block_delta"), lambda d: d["delta"]["text"], _sse({"type": "message_stop"}, "message_stop")),
+    "gemini": Shape("text/event-stream", lambda t: _sse({
         "candidates": [{"content": {"parts": [{"text": t}], "role": "model"}, "index": 0}],
-        "modelVersion": "gemini-x"}), ""),
-    "ollama": ("application/x-ndjson", lambda t: json.dumps({
+        "modelVersion": "gemini-x"}), lambda d: "".join(p["text"] for p in d["candidates"][0]["content"]["parts"])),
+    "gemini-array": Shape("application/json", lambda t: "\r\n," + json.dumps({  # streamGenerateContent, no alt=sse
+        "candidates": [{"content": {"parts": [{"text": t}], "role": "model"}, "index": 0}]}, indent=2),
+        lambda d: "".join(p["text"] for p in d["candidates"][0]["content"]["parts"]), "\r\n]", start="["),
+    "ollama": Shape("application/x-ndjson", lambda t: json.dumps({
         "model": "llama3", "message": {"role": "assistant", "content": t}, "done": False}) + "\n",
+        lambda d: d["message"]["content"],
         json.dumps({"model": "llama3", "message": {"role": "assistant", "content": ""}, "done": True}) + "\n"),
+    "tgi": Shape("text/event-stream", lambda t: _sse({  # an index that counts the tokens
+        "index": len(t), "token": {"id": 1, "text": t, "logprob": -0.1, "special": False}, "generated_text": None}),
+        lambda d: d["token"]["text"]),
+    "plain-sse": Shape("text/event-stream", lambda t: f"event: output\ndata: {t}\n\n", lambda d: d,
+                       "event: done\ndata: {}\n\n"),
 }
+
+
+def _padding(token: str) -> str:
+    """OpenAI's ``obfuscation``: random letters padding each delta to hide its length."""
+    return "".join(random.choices(string.ascii_letters + string.digits, k=20 - len(token) % 16))
 
 
 def _app(tokens: list[str], limits: BodyLimits, pause: float = 0.0) -> tuple[Guard, Starlette]:
     async def stream(request: Request) -> Response:
-        media, event, end = SHAPES[request.path_params["shape"]]
+        shape = SHAPES[request.path_params["shape"]]
 
         async def body() -> AsyncIterator[bytes]:
+            if shape.start:
+                yield shape.start.encode()
             for token in tokens:
-                yield event(token).encode()
+                yield shape.event(token).encode()
                 await asyncio.sleep(pause)
-            if end:
-                yield end.encode()
+            if shape.end:
+                yield shape.end.encode()
 
-        return StreamingResponse(body(), media_type=media)
+        return StreamingResponse(body(), media_type=shape.media)
 
     guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
     middleware = [Middleware(GuardMiddleware, guard=guard, limits=limits)]
@@ -102,11 +136,36 @@ def _read(url: str, shape: str) -> tuple[int, str, bool]:
     return response.status_code, received.decode(), cut
 
 
-def _shown(text: str) -> str:
-    """What a client shows of ``text``: every event's token joined."""
-    joiner = DeltaJoiner(sse="data:" in text, context_chars=0, max_event_chars=1 << 20)
-    joiner.feed(text, final=True)
-    return "".join("".join(pieces) for pieces in joiner.joined())
+def _shown(shape: str, text: str) -> str:
+    """What the shape's client shows of ``text``, read independently of guard: every event's token joined."""
+    media, token = SHAPES[shape].media, SHAPES[shape].token
+    if media == "text/event-stream":
+        events = ["\n".join(line[5:].removeprefix(" ") for line in block.split("\n") if line.startswith("data:"))
+                  for block in text.replace("\r\n", "\n").split("\n\n")]
+    elif media == "application/x-ndjson":
+        events = text.splitlines()
+    else:  # one JSON array, element by element, as far as it came
+        events, at, decoder = [], text.find("[") + 1, json.JSONDecoder()
+        while True:
+            while at < len(text) and text[at] in " \r\n\t,":
+                at += 1
+            try:
+                element, at = decoder.raw_decode(text, at)
+            except json.JSONDecodeError:
+                break
+            events.append(json.dumps(element))
+    shown = ""
+    for event in events:
+        try:
+            document: Any = json.loads(event)
+        except ValueError:
+            document = event  # an event whose data is text
+        try:
+            value = token(document)
+        except (KeyError, IndexError, TypeError):  # an event without a token: a role, a stop, guard's block
+            continue
+        shown += value if isinstance(value, str) else ""
+    return shown
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -118,13 +177,14 @@ def test_a_key_streamed_token_by_token_never_reaches_the_client(shape: str, paus
     with serve_in_thread(app) as url:
         status, text, cut = _read(url, shape)
     guard.close()
-    shown = _shown(text)
+    shown = _shown(shape, text)
     assert " sk" not in shown and "abcdef" not in shown, shown
     if status == 403:  # nothing was sent before the key was seen
         assert json.loads(text)["rule"] == "keys" and not pause
     else:  # the preamble went out before the key arrived, then the stream was stopped
         assert status == 200 and shown.startswith("Sure, here is what")
-        assert cut if shape == "ollama" else text.rstrip().split("\n\n")[-1].startswith("event: guard_blocked")
+        sse = SHAPES[shape].media == "text/event-stream"  # else cut off, with no last event to say why
+        assert text.rstrip().split("\n\n")[-1].startswith("event: guard_blocked") if sse else cut
 
 
 @pytest.mark.parametrize("shape", ["openai-chat", "anthropic", "ollama"])
@@ -134,7 +194,7 @@ def test_rules_and_questions_read_the_joined_text(shape: str) -> None:
     with serve_in_thread(app) as url:
         status, text, _ = _read(url, shape)
     guard.close()
-    assert "instruc" not in _shown(text)
+    assert "instruc" not in _shown(shape, text)
     assert status == 403 and json.loads(text)["rule"] == "override"  # the hold kept it all back: a JSON block
 
 
@@ -146,7 +206,7 @@ def test_a_key_in_one_token_is_masked_and_the_answer_arrives_whole(shape: str) -
         status, text, cut = _read(url, shape)
     guard.close()
     assert status == 200 and not cut
-    assert _shown(text) == "".join(PREAMBLE) + " [REDACTED:api_key]. Rotate it."
+    assert _shown(shape, text) == "".join(PREAMBLE) + " [REDACTED:api_key]. Rotate it."
 
 
 def _timed(limits: BodyLimits, tokens: list[str], pace: float, silence: float = 0.0) -> list[tuple[float, int]]:
@@ -159,7 +219,7 @@ def _timed(limits: BodyLimits, tokens: list[str], pace: float, silence: float = 
         async def body() -> AsyncIterator[bytes]:
             for token in tokens:
                 sent.append(time.monotonic())
-                yield SHAPES["openai-chat"][1](token).encode()
+                yield SHAPES["openai-chat"].event(token).encode()
                 await asyncio.sleep(pace)
             await asyncio.sleep(silence)
             yield b"data: [DONE]\n\n"
@@ -205,7 +265,7 @@ def test_no_event_waits_longer_than_stream_hold_s() -> None:
 
 def test_the_joiner_joins_what_changes_and_leaves_metadata_out() -> None:
     joiner = DeltaJoiner(sse=True, context_chars=8, max_event_chars=1 << 20)
-    event = SHAPES["openai-chat"][1]
+    event = SHAPES["openai-chat"].event
     stream = "".join(event(t) for t in ["He", "llo", " wor"]).replace("\n", "\r\n")
     joiner.feed(stream[:-1])  # the last CR of a CRLF pair, and so the event's end, still to come
     assert joiner.joined() == (("He", "llo"),)  # the id, object, model and index are the same in every event
@@ -295,3 +355,44 @@ def test_a_json_lines_line_longer_than_the_window_is_sent_in_windows() -> None:
         response = client.get("/v1/x")
     guard.close()
     assert response.status_code == 200 and len(response.content) == len(big) + 39
+
+
+def test_an_arrays_texts_are_pieces_of_one_place_and_padding_is_left_out() -> None:
+    """Gemini's client joins a candidate's ``parts``: a key cut between two parts of one event is cut between two
+    pieces (which a redact cannot mask); OpenAI's random ``obfuscation`` padding is no text; a BOM is dropped."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 20)
+    event = {"candidates": [{"index": 0, "content": {"parts": [{"text": " sk-ab"}, {"text": "cdefgh12"}]}}]}
+    joiner.feed("\ufeff" + _sse(event) + _sse({**event, "obfuscation": "Zq81"}) + _sse({"obfuscation": "k2"}))
+    assert joiner.joined() == ((" sk-ab", "cdefgh12", " sk-ab", "cdefgh12"),)
+
+
+@pytest.mark.parametrize(("media", "event", "end"), [
+    ("text/event-stream", "data: {}\r\r", ""),  # server-sent events with CR line ends
+    ("application/json", "{}\n", ""),  # JSON Lines served as JSON
+])  # fmt: skip
+def test_streams_of_any_line_end_are_not_held_past_stream_hold_s(media: str, event: str, end: str) -> None:
+    """Each event goes once judged (and held at most ``stream_hold_s``), not at the end of the stream: an SSE stream
+    with CR line ends had no event end guard knew, and JSON Lines served as JSON kept the overlap back."""
+    sent: list[float] = []
+
+    async def stream(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            for i in range(8):
+                sent.append(time.monotonic())
+                yield event.replace("{}", json.dumps({"t": f" w{i}", "n": i})).encode()
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(3.0)
+        return StreamingResponse(body(), media_type=media)
+
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
+    limits = BodyLimits(stream_flush_s=0.01, stream_hold_s=0.2)
+    app = Starlette(routes=[Route("/v1/x", stream)], middleware=[Middleware(GuardMiddleware, guard=guard,
+                                                                            limits=limits)])
+    delays: list[float] = []
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client, \
+            client.stream("GET", "/v1/x") as response:
+        for piece in response.iter_raw():
+            for n in map(int, re.findall(rb'"n": (\d+)', piece)):
+                delays.append(time.monotonic() - sent[n])
+    guard.close()
+    assert len(delays) == 8 and max(delays) < 0.2 + 0.5, delays
