@@ -29,11 +29,13 @@ response carries ``x-guard-response-decision-id``.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import codecs
 import contextlib
 import dataclasses
 import json
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -413,8 +415,8 @@ class ResponseJudge:
         self.sent_chars += end - context
         if self.deltas is not None:
             self.deltas.mark(self.sent_chars)
-        while len(self.arrivals) > 1 and self.arrivals[1][0] <= self.sent_chars:
-            del self.arrivals[0]  # the chunk that began where the unsent text begins is kept
+        # the chunks wholly sent are forgotten; the one the unsent text begins in is kept
+        del self.arrivals[:max(bisect.bisect_right(self.arrivals, (self.sent_chars, math.inf)) - 1, 0)]
         self.judge_at = 0
         self.tail = sent[-self.limits.stream_overlap_bytes:]
         self.held = text[end:]
@@ -451,8 +453,9 @@ class ResponseJudge:
     def _boundary(self, text: str, context: int, hold: int | None) -> int:
         """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines, and JSON that
         has line breaks, after the last complete line; else all but the overlap (kept back so a span that continues
-        in the next chunk is masked whole; JSON Lines with no complete line in a full window, too). Never past ``hold``, where the events start
-        that wait for what follows them (:meth:`_hold_from`), unless what they would keep back fills a window."""
+        in the next chunk is masked whole; JSON Lines with no complete line in a full window, too). Never past
+        ``hold``, where the events start that wait for what follows them (:meth:`_hold_from`), unless what they
+        would keep back fills a window."""
         window = self.limits.stream_window_bytes
         line_end = max(text.rfind("\n"), text.rfind("\r")) + 1
         if self.sse:
