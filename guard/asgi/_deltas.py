@@ -27,10 +27,14 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from guard._json import surrogates_joined
+from guard._json import is_json_media, surrogates_joined
 from guard.policy.redact import escape_pointer
 
-__all__ = ["MAX_PLACES", "DeltaJoiner"]
+__all__ = ["JSON_LINES", "MAX_PLACES", "DeltaJoiner", "joiner_for"]
+
+#: Media types of one JSON document per line (JSON Lines, NDJSON, RFC 7464 JSON text sequences).
+JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
+                        "application/jsonlines", "application/x-jsonlines", "application/json-seq"})
 
 #: Most places one stream's joiner follows at once; when full, places seen in one earlier event only are forgotten
 #: (an event's own strings are judged with it in any case).
@@ -263,3 +267,12 @@ class DeltaJoiner:
                 text = self._before.get(place, "") + "".join(sent)
                 self._before[place] = text[-self.context_chars:] if self.context_chars else ""
                 del pieces[:len(sent)]
+
+
+def joiner_for(media: str, *, context_chars: int, max_event_chars: int) -> DeltaJoiner | None:
+    """A joiner for a stream of ``media`` (lower-case, without parameters) whose events a client may join: SSE, JSON
+    Lines or JSON; ``None`` for another (text, HTML, XML)."""
+    sse = media == "text/event-stream"
+    if not (sse or media in JSON_LINES or is_json_media(media)):
+        return None
+    return DeltaJoiner(sse=sse, context_chars=context_chars, max_event_chars=max_event_chars)

@@ -42,9 +42,9 @@ from typing import Any
 
 from starlette.types import Message, Scope, Send
 
-from guard._json import is_json_media, json_readings
+from guard._json import json_readings
 from guard.asgi._decode import decode_content, parse_encodings
-from guard.asgi._deltas import DeltaJoiner
+from guard.asgi._deltas import JSON_LINES, DeltaJoiner, joiner_for
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
@@ -64,6 +64,7 @@ __all__ = [
     "SSE_BLOCK_EVENT",
     "ResponseJudge",
     "StreamStopped",
+    "whole_stream_subject",
     "without_unreadable_sends",
 ]
 
@@ -77,9 +78,6 @@ _RESPONSE_ID = b"x-guard-response-decision-id"
 _SSE = "text/event-stream"
 #: The end of a server-sent event: two line ends (CRLF, LF or CR; a CR at the end of the text counts as one).
 _EVENT_END = re.compile(r"(?:\r\n|\r(?!\n)|\n){2}")
-#: Media types of one JSON document per line (JSON Lines, NDJSON, RFC 7464 JSON text sequences).
-_JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
-                         "application/jsonlines", "application/x-jsonlines", "application/json-seq"})
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
@@ -250,10 +248,9 @@ class ResponseJudge:
                                          field="content-type"))
         else:
             self.mode = "stream"
-            self.lines = media in _JSON_LINES
-            if self.sse or self.lines or is_json_media(media):  # a stream of events a client may join
-                self.deltas = DeltaJoiner(sse=self.sse, context_chars=self.limits.stream_overlap_bytes,
-                                          max_event_chars=self.limits.max_response_bytes)
+            self.lines = media in JSON_LINES
+            self.deltas = joiner_for(media, context_chars=self.limits.stream_overlap_bytes,
+                                     max_event_chars=self.limits.max_response_bytes)
             if is_xml(media):  # a declaration is read once its closing quote came: partial changes nothing
                 self.sniff = lambda prefix, partial: check_xml_encoding(prefix)
             elif media == "text/html" and "charset" not in parse_params(headers.get("content-type", ""))[1]:
@@ -379,9 +376,7 @@ class ResponseJudge:
         self.pending.clear()
         context, text = len(self.tail), self.tail + self.held
         joined = self.deltas.joined() if self.deltas is not None else ()
-        judged = "\n".join([text, *body_strings(json_readings(text, piece=True)),  # decoded as a client reads it
-                            *("".join(pieces) for pieces in joined)])
-        verdict = await self._judge(dataclasses.replace(self.head, body=text, body_text=judged, deltas=joined))
+        verdict = await self._judge(_window_subject(self.head, text, joined))
         if _stops(verdict):
             self.mode = "done"
             await self._stop(verdict)
@@ -490,7 +485,9 @@ class ResponseJudge:
             logger.info("response of %s %r blocked mid-stream (policy %s); cutting the connection",
                         self.request.method, self.request.path, verdict.policy_id)
             raise StreamStopped("the response was blocked by policy mid-stream")
-        data = json.dumps(_block_payload(verdict), separators=(",", ":"), ensure_ascii=False)
+        payload = _block_payload(verdict)  # with an OpenAI-style ``error``, which OpenAI's SDKs raise as an APIError
+        payload["error"] = {"message": payload["message"], "type": RESPONSE_BLOCKED, "code": RESPONSE_BLOCKED}
+        data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
         event = f"event: {SSE_BLOCK_EVENT}\ndata: {data}\n\n".encode()
         await self.send({"type": "http.response.body", "body": event, "more_body": False})
 
@@ -516,6 +513,24 @@ class ResponseJudge:
             await send_json(self.send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field,
                                                     "policy": self.policy.id, "rule": exc.code,
                                                     "decision_id": verdict.decision_id}, verdict_headers(verdict))
+
+
+def _window_subject(head: HttpSubject, text: str, joined: tuple[tuple[str, ...], ...]) -> HttpSubject:
+    """The subject a stream's window ``text`` is judged as: the text as the body; as ``body_text``, the text, what a
+    client's JSON parser reads from it (decoded) and each of the events' joined texts (``joined``,
+    :meth:`DeltaJoiner.joined`, also the subject's ``deltas``)."""
+    judged = "\n".join([text, *body_strings(json_readings(text, piece=True)), *("".join(p) for p in joined)])
+    return dataclasses.replace(head, body=text, body_text=judged, deltas=joined)
+
+
+def whole_stream_subject(head: HttpSubject, text: str, limits: BodyLimits) -> HttpSubject:
+    """The subject a streamed response that came whole (``text``, of ``head.content_type``) is judged as: one window,
+    its events joined as they would be (``guard policy test``'s streamed responses)."""
+    joiner = joiner_for(head.content_type, context_chars=limits.stream_overlap_bytes,
+                        max_event_chars=limits.max_response_bytes)
+    if joiner is not None:
+        joiner.feed(text, final=True)
+    return _window_subject(head, text, joiner.joined() if joiner is not None else ())
 
 
 def _stops(verdict: Verdict) -> bool:

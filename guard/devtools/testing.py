@@ -35,9 +35,11 @@ from urllib.parse import quote
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from guard.asgi._deltas import JSON_LINES
+from guard.asgi._respond import whole_stream_subject
 from guard.asgi._subject import _host_name, query_map
 from guard.asgi._target import canonical_path, path_views
-from guard.asgi.limits import DEFAULT_MAX_FORM_FIELDS
+from guard.asgi.limits import DEFAULT_MAX_FORM_FIELDS, BodyLimits
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend, answer_from_spec
@@ -242,7 +244,9 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     with its defaults: an HTTP path made canonical (:func:`~guard.asgi._target.canonical_path`), then matched on its
     :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased first); with
     ``http.response``, the upstream's response to that request, decided by the response policies that watch the
-    request on the first view some policy watches and that match the response (read as :func:`_message` says).
+    request on the first view some policy watches and that match the response (read as :func:`_message` says; a
+    streamed one, SSE or JSON Lines without a ``Content-Length``, as one window of its stream, its events' pieces
+    joined: :func:`~guard.asgi._respond.whole_stream_subject`).
 
     Raises:
         ValueError: the input does not fit (see :func:`subject_from_json`).
@@ -262,6 +266,11 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
         return head, found
     judged = replace(head, phase="response", status=response.status,
                      **_message(response.headers, response.content_type, response.body, response.body_text))
+    streamed = judged.content_type == "text/event-stream" or (
+        judged.content_type in JSON_LINES and "content-length" not in judged.headers)
+    raw = response.body if isinstance(response.body, str) else response.body_text
+    if streamed and raw is not None:  # the middleware streams it: its events' pieces are joined
+        judged = whole_stream_subject(judged, raw, BodyLimits())
     return judged, tuple(p for p in found if p.matches(judged))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -396,3 +397,33 @@ def test_streams_of_any_line_end_are_not_held_past_stream_hold_s(media: str, eve
                 delays.append(time.monotonic() - sent[n])
     guard.close()
     assert len(delays) == 8 and max(delays) < 0.2 + 0.5, delays
+
+
+def test_openais_sdk_raises_when_a_streamed_answer_is_stopped() -> None:
+    """The stop event carries an OpenAI-style ``error``, which OpenAI's Python SDK raises as an ``APIError`` (without
+    it the SDK yielded a chunk with no ``choices`` and ordinary client code failed on ``None``)."""
+    async def completions(request: Request) -> Response:
+        shape = SHAPES["openai-chat"]
+
+        async def body() -> AsyncIterator[bytes]:
+            for token in TOKENS:
+                yield shape.event(token).encode()
+                await asyncio.sleep(0.01)
+            yield shape.end.encode()
+
+        return StreamingResponse(body(), media_type=shape.media)
+
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard, limits=BodyLimits(stream_flush_s=0.01))])
+    shown = ""
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        stream = client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}],
+                                                stream=True)
+        with pytest.raises(openai.APIError, match="cannot be masked") as raised:
+            for chunk in stream:
+                shown += chunk.choices[0].delta.content or ""
+    guard.close()
+    assert shown.startswith("Sure, here is what") and " sk" not in shown
+    assert isinstance(raised.value.body, dict) and raised.value.body["code"] == "response_blocked"

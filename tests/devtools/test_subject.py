@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,27 @@ def test_a_case_on_a_host_with_a_port_is_decided_as_in_production(tmp_path: Path
     )
     results = run_test_file(policy)
     assert [(r.name, r.passed, r.problems) for r in results] == [("port", True, []), ("dot", True, [])]
+
+
+def test_a_streamed_response_in_a_case_is_judged_as_the_middleware_judges_it(tmp_path: Path) -> None:
+    """A response case with an SSE or JSON Lines body is one window of a stream: its events' pieces joined, so a key
+    streamed token by token is blocked by a rule, and a redact that cannot mask it becomes the block the proxy
+    sends (a test passed, or failed, the other way round)."""
+    tokens = ["key: ", "sk-A", "BCDE", "FGHI", "JKLM", " done"]
+    sse = "".join(f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': t}}]})}\n\n" for t in tokens)
+    ndjson = "".join(json.dumps({"message": {"content": t}}) + "\n" for t in tokens)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "policies:\n  - id: leaks\n    version: 1\n    match: {http: {paths: ['/v1/**'], response: {}}}\n"
+        "    state: {text: body_text}\n    rules:\n"
+        "      - {id: seen, when: 'state.text.matches(\"sk-[A-Z]{12}\")', action: block}\n"
+        "  - id: masks\n    version: 1\n    match: {http: {paths: ['/v2/**'], response: {}}}\n"
+        "    rules: [{id: keys, when: 'true', action: redact, redact: {patterns: {key: 'sk-[A-Z]{8,}'}}}]\n")
+    cases = [("/v1/x", "text/event-stream", sse, "seen"), ("/v1/x", "application/x-ndjson", ndjson, "seen"),
+             ("/v2/x", "text/event-stream", sse, "keys")]
+    (tmp_path / "p_test.yaml").write_text("cases:\n" + "".join(
+        f"  - name: {media} {path}\n    input: {{http: {{path: {path}, response: {{content_type: {media}, "
+        f"body_text: {json.dumps(text)}}}}}}}\n    expect: {{action: block, rule: {rule}}}\n"
+        for path, media, text, rule in cases))
+    results = run_test_file(policy)
+    assert [(r.passed, r.problems) for r in results] == [(True, [])] * 3
