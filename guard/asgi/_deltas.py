@@ -36,8 +36,8 @@ __all__ = ["JSON_LINES", "MAX_PLACES", "DeltaJoiner", "joiner_for"]
 JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
                         "application/jsonlines", "application/x-jsonlines", "application/json-seq"})
 
-#: Most places one stream's joiner follows at once; when full, places seen in one earlier event only are forgotten
-#: (an event's own strings are judged with it in any case).
+#: Most places one stream's joiner follows at once; when full, the places seen least recently are forgotten (an
+#: event's own strings are judged with it in any case).
 MAX_PLACES = 4096
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
@@ -54,7 +54,7 @@ def _index(element: Any) -> int | None:
         return None
     if isinstance(index, float) and index.is_integer():
         return int(index)
-    if isinstance(index, str) and index.isdigit():
+    if isinstance(index, str) and index.isascii() and index.isdigit():
         return int(index)
     return index if isinstance(index, int) else None
 
@@ -90,22 +90,28 @@ class DeltaJoiner:
         context_chars: characters of each place's sent text kept before its new pieces.
         max_event_chars: the longest event read; a longer one is left out of the joined text (its windows are
             judged as text, as any stream's are).
+
+    Attributes:
+        complete_to: the offset where the last complete event read ends (a line, an SSE event, an array element).
     """
 
     def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int) -> None:
         self.sse, self.context_chars, self.max_event_chars = sse, context_chars, max_event_chars
-        self._buffer = ""  # text not yet read: after the last line break (an array stream: from the open element)
-        self._buffer_at = 0  # offset of the buffer's first character
-        self._scanned = 0  # characters of the buffer already searched
+        self._fed = 0  # characters read so far
+        self._parts: list[str] = []  # the line (array stream: the element) being read, in the pieces it came in
+        self._part_chars = 0
+        self._part_at = 0  # offset where it starts
         self._skip = False  # the line, SSE event or array element being read is too long: left out
+        self._after_cr = False  # the text so far ends with a CR, whose LF (if it comes) ends no other line
         self._lines: list[str] = []  # the lines of the SSE event being read
         self._event_chars = 0
         self._event_at = 0  # offset where the SSE event being read starts
         self._array: bool | None = None  # not SSE: the stream is one JSON array (None: not known yet)
-        self._depth = 0  # array stream: brackets and braces open at the scan position
-        self._in_string = False  # array stream: the scan position is inside a string
+        self._depth = 0  # array stream: brackets and braces open
+        self._in_string = False  # array stream: inside a string
+        self._escaped = False  # array stream: the next character is escaped (a backslash ended the last text)
+        self.complete_to = 0
         self._latest = -1  # offset of the last event read that held a string
-        self._forget_at = 0  # offset from which a full table may forget places again
         self._first: dict[str, tuple[int, int]] = {}  # place -> (hash, length) of the first string seen there
         self._seen: dict[str, int] = {}  # place -> the offset of the last event that held a string there
         self._varies: set[str] = set()  # places whose string changed from one event to another
@@ -114,44 +120,63 @@ class DeltaJoiner:
 
     def feed(self, text: str, *, final: bool = False) -> None:
         """Read ``text``, the stream's next decoded characters (``final``: the stream ends after them). Each
-        character is searched once."""
-        if self._buffer_at == 0 and not self._buffer and text.startswith("\ufeff"):  # a BOM, which clients drop
-            text, self._buffer_at = text[1:], 1
-        self._buffer += text
-        if not self.sse and self._array is None and self._buffer.strip():
-            self._array = self._buffer.lstrip().startswith("[")
+        character is read once; the line or element being read is kept in pieces until it ends."""
+        at = self._fed
+        self._fed += len(text)
+        if at == 0 and text.startswith("\ufeff"):  # a BOM, which clients drop
+            text, at = text[1:], 1
+        if not self.sse and self._array is None and (first := text.lstrip()[:1]):
+            self._array = first == "["
         if self._array:
-            self._feed_array()
+            self._feed_array(text, at)
         else:
-            self._feed_lines(final)
-        if len(self._buffer) > self.max_event_chars:  # no event of a token stream is this long: not read
-            self._buffer_at += len(self._buffer)
-            self._buffer, self._scanned, self._skip = "", 0, True
+            self._feed_lines(text, at, final)
 
-    def _feed_lines(self, final: bool) -> None:
-        # a CR at the end may be the first half of a CRLF: wait for the next character unless the stream ended
-        cut = len(self._buffer) if final or not self._buffer.endswith("\r") else len(self._buffer) - 1
-        at = 0
-        for end in _LINE_END.finditer(self._buffer, self._scanned, cut):
-            self._line(self._buffer[at:end.start()], self._buffer_at + at)
-            at = end.end()
+    def _take(self, piece: str, at: int) -> None:
+        """Keep ``piece`` (at offset ``at``) of the line or element being read, unless it grew too long to read."""
+        if not self._parts and not self._skip:
+            self._part_at = at
+        self._part_chars += len(piece)
+        if self._part_chars > self.max_event_chars:  # no event of a token stream is this long: not read
+            self._parts, self._skip = [], True
+        elif not self._skip and piece:
+            self._parts.append(piece)
+
+    def _taken(self) -> tuple[str, int, bool]:
+        """The line or element read (its text, its offset, whether it was too long), and a fresh start."""
+        out = ("".join(self._parts), self._part_at, self._skip)
+        self._parts, self._part_chars, self._skip = [], 0, False
+        return out
+
+    def _feed_lines(self, text: str, at: int, final: bool) -> None:
+        begin = 1 if self._after_cr and text.startswith("\n") else 0  # the LF of a CRLF cut between two texts
+        if text:
+            self._after_cr = text.endswith("\r")
+        for end in _LINE_END.finditer(text, begin):
+            self._take(text[begin:end.start()], at + begin)
+            line, line_at, skipped = self._taken()
+            self._line(None if skipped else line, line_at)
+            self.complete_to = at + end.end()
+            begin = end.end()
+        self._take(text[begin:], at + begin)
         if final:
-            if at < len(self._buffer):
-                self._line(self._buffer[at:], self._buffer_at + at)
-            at = len(self._buffer)
-            self._line("", self._buffer_at + at)
-        self._buffer, self._buffer_at, self._scanned = self._buffer[at:], self._buffer_at + at, max(cut - at, 0)
+            line, line_at, skipped = self._taken()
+            if line or skipped:
+                self._line(None if skipped else line, line_at)
+            self._line("", at + len(text))
+            self.complete_to = at + len(text)
 
-    def _feed_array(self) -> None:
+    def _feed_array(self, text: str, at: int) -> None:
         """Read the elements of a streamed JSON array: each object or array at depth 1, once its closing bracket
-        came (an escape cut at the buffer's end waits for the character it escapes)."""
-        start = 0 if self._depth > 1 else None  # where the open element starts in the buffer
-        for match in _STRUCTURE.finditer(self._buffer, self._scanned):
+        came."""
+        begin = 0  # where the part of ``text`` that belongs to an open element starts
+        position = 0
+        if self._escaped and text:  # the character a backslash at the end of the last text escapes
+            self._escaped, position = False, 1
+        for match in _STRUCTURE.finditer(text, position):
             char = match.group()
             if char[0] == "\\":
-                if match.group(1) is None:  # the escaped character is still to come
-                    self._scanned = match.start()
-                    break
+                self._escaped = match.group(1) is None  # the escaped character is still to come
                 continue
             if self._in_string:
                 self._in_string = char != '"'
@@ -160,53 +185,56 @@ class DeltaJoiner:
             elif char in "[{":
                 self._depth += 1
                 if self._depth == 2:
-                    start = match.start()
+                    begin = match.start()
+                    self._parts, self._part_chars, self._skip, self._part_at = [], 0, False, at + begin
             else:
                 self._depth -= 1
-                if self._depth == 1 and start is not None:
-                    if not self._skip:
-                        self._event(self._buffer[start:match.end()], self._buffer_at + start)
-                    self._skip, start = False, None
-        else:
-            self._scanned = len(self._buffer)
-        keep = start if start is not None else self._scanned
-        self._buffer, self._buffer_at, self._scanned = (self._buffer[keep:], self._buffer_at + keep,
-                                                        self._scanned - keep)
+                if self._depth == 1:
+                    self._take(text[begin:match.end()], at + begin)
+                    element, element_at, skipped = self._taken()
+                    if not skipped:
+                        self._event(element, element_at)
+                    self.complete_to = at + match.end()
+        if self._depth >= 2:
+            self._take(text[begin:], at + begin)
 
-    def _line(self, line: str, at: int) -> None:
-        if self._skip:  # the rest of a line too long to read (SSE: of such an event, up to its empty line)
-            self._skip = bool(self.sse and line)
-            self._lines, self._event_chars = [], 0
-            return
+    def _line(self, line: str | None, at: int) -> None:
+        """One line (``None``: one too long to read, which leaves its SSE event out)."""
         if not self.sse:
             if line:
                 self._event(line.removeprefix("data:").lstrip("\x1e"), at)
-        elif line:
+            return
+        if line == "":  # an SSE event ends
+            if self._lines and self._event_chars <= self.max_event_chars:
+                data = [line[5:].removeprefix(" ") for line in self._lines if line.startswith("data:")]
+                kind = next((line[6:].strip() for line in self._lines if line.startswith("event:")), "message")
+                if data:
+                    self._event("\n".join(data), self._event_at, text_place=f"data:{kind}")
+            self._lines, self._event_chars = [], 0
+        elif line is None or self._event_chars + len(line) > self.max_event_chars:
+            self._lines, self._event_chars = [], self.max_event_chars + 1
+        else:
             if not self._lines:
                 self._event_at = at
             self._lines.append(line)
             self._event_chars += len(line)
-            if self._event_chars > self.max_event_chars:
-                self._skip, self._lines, self._event_chars = True, [], 0
-        elif self._lines:
-            data = [line[5:].removeprefix(" ") for line in self._lines if line.startswith("data:")]
-            kind = next((line[6:].strip() for line in self._lines if line.startswith("event:")), "message")
-            self._lines, self._event_chars = [], 0
-            if data:
-                self._event("\n".join(data), self._event_at, text_place=f"data:{kind}")
 
     def _event(self, data: str, at: int, text_place: str | None = None) -> None:
         """Take one event's strings; ``data`` that is not JSON is a string at ``text_place`` (an SSE event's data,
         per event type), or nothing."""
         try:  # as a client reads it: Python's json takes NaN, Infinity and lone surrogates that strict JSON refuses
-            strings = list(_places(json.loads(data)))
+            document = json.loads(data)
         except (ValueError, RecursionError):
+            document = None
+        if isinstance(document, dict | list):
+            strings = list(_places(document))
+        else:  # SSE data that is no JSON object or array (``8812``, ``true``: a plain-text stream's token) is text
             strings = [] if text_place is None else [(text_place, surrogates_joined(data))]
         for place, value in strings:  # a place an event holds several times (an array's texts): each a piece
             self._latest = at
             first = self._first.get(place)
             if first is None:
-                if len(self._first) >= MAX_PLACES and at >= self._forget_at:
+                if len(self._first) >= MAX_PLACES:
                     self._forget(at)
                 if len(self._first) >= MAX_PLACES:
                     continue
@@ -217,16 +245,14 @@ class DeltaJoiner:
             self._pieces.setdefault(place, []).append((at, value))
 
     def _forget(self, at: int) -> None:
-        """Forget the places seen in one event before ``at`` only. A forgotten place's string was judged with its
-        event; seen again, it starts afresh. When that frees less than a quarter of the table, the next tries wait
-        until as many characters of the stream again were read (so a full table costs each event little)."""
-        places = [p for p, last in self._seen.items()
-                  if last < at and p not in self._varies and len(self._pieces.get(p, ())) <= 1]
-        for place in places:
+        """Make room in a full table: forget the places seen least recently, none in the event at ``at``, down to
+        three quarters of the table (an answer's place is seen in every event of it, so it stays). A forgotten
+        place's strings were judged with their events; seen again, it starts afresh."""
+        older = sorted((last, place) for place, last in self._seen.items() if last < at)
+        for _, place in older[: len(self._first) - 3 * MAX_PLACES // 4]:
             for table in (self._first, self._seen, self._before, self._pieces):
                 table.pop(place, None)
-        if len(places) < MAX_PLACES // 4:
-            self._forget_at = 2 * at + 1
+            self._varies.discard(place)
 
     def joined(self) -> tuple[tuple[str, ...], ...]:
         """Per joined place with pieces not yet sent, in the order first seen: the end of its sent text (when

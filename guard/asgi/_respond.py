@@ -412,10 +412,12 @@ class ResponseJudge:
             self.deltas.mark(self.sent_chars)
         # the chunks wholly sent are forgotten; the one the unsent text begins in is kept
         del self.arrivals[:max(bisect.bisect_right(self.arrivals, (self.sent_chars, math.inf)) - 1, 0)]
-        self.judge_at = 0
         self.tail = sent[-self.limits.stream_overlap_bytes:]
         self.held = text[end:]
         self.held_bytes = len(self.held.encode("utf-8"))
+        # the next full window waits for half a window of new bytes: events the hold keeps back are not judged
+        # again for every small event that follows them
+        self.judge_at = self.held_bytes + self.limits.stream_window_bytes // 2
         if final:
             self.mode = "done"
 
@@ -446,17 +448,17 @@ class ResponseJudge:
         self.rearmed.set()
 
     def _boundary(self, text: str, context: int, hold: int | None) -> int:
-        """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines, and JSON that
-        has line breaks, after the last complete line; else all but the overlap (kept back so a span that continues
-        in the next chunk is masked whole; JSON Lines with no complete line in a full window, too). Never past
-        ``hold``, where the events start that wait for what follows them (:meth:`_hold_from`), unless what they
-        would keep back fills a window."""
+        """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines and JSON after
+        the last complete line or array element (:attr:`DeltaJoiner.complete_to`); else all but the overlap (kept
+        back so a span that continues in the next chunk is masked whole; JSON Lines with no complete line in a full
+        window, too). Never past ``hold``, where the events start that wait for what follows them
+        (:meth:`_hold_from`), unless what they would keep back fills a window."""
         window = self.limits.stream_window_bytes
-        line_end = max(text.rfind("\n"), text.rfind("\r")) + 1
+        read = context if self.deltas is None else min(self.deltas.complete_to - self.sent_chars + context, len(text))
         if self.sse:
             end = max((m.end() for m in _EVENT_END.finditer(text, context)), default=context)
-        elif (self.lines or self.deltas is not None) and line_end > context:  # JSON: whole lines when it has them
-            end = line_end
+        elif read > context:  # JSON Lines and JSON: up to the end of the last complete line or array element
+            end = read
         elif self.lines and len(text) - context < window:  # the line is still arriving
             end = context
         else:

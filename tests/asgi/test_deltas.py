@@ -63,6 +63,7 @@ class Shape:
     token: Callable[[Any], Any]
     end: str = ""
     start: str = ""
+    text: bool = False  # the client reads an event's data as text, not JSON
 
 
 #: The streaming shapes of the APIs guard fronts.
@@ -95,8 +96,8 @@ SHAPES: dict[str, Shape] = {
     "tgi": Shape("text/event-stream", lambda t: _sse({  # an index that counts the tokens
         "index": len(t), "token": {"id": 1, "text": t, "logprob": -0.1, "special": False}, "generated_text": None}),
         lambda d: d["token"]["text"]),
-    "plain-sse": Shape("text/event-stream", lambda t: f"event: output\ndata: {t}\n\n", lambda d: d,
-                       "event: done\ndata: {}\n\n"),
+    "plain-sse": Shape("text/event-stream", lambda t: f"event: output\ndata: {t}\n\n",
+                       lambda d: "" if d == "{}" else d, "event: done\ndata: {}\n\n", text=True),
 }
 
 
@@ -158,9 +159,9 @@ def _shown(shape: str, text: str) -> str:
     shown = ""
     for event in events:
         try:
-            document: Any = json.loads(event)
+            document: Any = event if SHAPES[shape].text else json.loads(event)
         except ValueError:
-            document = event  # an event whose data is text
+            document = event  # guard's block, or data that is no JSON
         try:
             value = token(document)
         except (KeyError, IndexError, TypeError):  # an event without a token: a role, a stop, guard's block
@@ -268,9 +269,11 @@ def test_the_joiner_joins_what_changes_and_leaves_metadata_out() -> None:
     joiner = DeltaJoiner(sse=True, context_chars=8, max_event_chars=1 << 20)
     event = SHAPES["openai-chat"].event
     stream = "".join(event(t) for t in ["He", "llo", " wor"]).replace("\n", "\r\n")
-    joiner.feed(stream[:-1])  # the last CR of a CRLF pair, and so the event's end, still to come
+    joiner.feed(stream[:-3])  # the LF of the data line's CRLF and the empty line that ends the event to come
     assert joiner.joined() == (("He", "llo"),)  # the id, object, model and index are the same in every event
-    joiner.feed(stream[-1])
+    joiner.feed(stream[-3:-1])  # the LF ends no other line; the CR ends the empty line (clients dispatch on it)
+    assert joiner.joined() == (("He", "llo", " wor"),)
+    joiner.feed(stream[-1])  # the LF of that last CRLF is no line of its own
     assert joiner.joined() == (("He", "llo", " wor"),)
     second = stream.index("data:", 1)
     assert joiner.hold_from(4) == stream.index("data:", second + 1) and joiner.hold_from(5) == second
@@ -332,7 +335,7 @@ def test_a_line_longer_than_an_event_is_dropped_not_kept() -> None:
     joiner = DeltaJoiner(sse=False, context_chars=0, max_event_chars=10_000)
     for _ in range(300):
         joiner.feed("x" * 4096)
-        assert len(joiner._buffer) <= 10_000
+        assert sum(map(len, joiner._parts)) <= 10_000
     joiner.feed('\n{"t": "a"}\n{"t": "b"}\n')  # the long line's end is skipped; what follows is read
     assert joiner.joined() == (("a", "b"),)
 
@@ -367,17 +370,19 @@ def test_an_arrays_texts_are_pieces_of_one_place_and_padding_is_left_out() -> No
     assert joiner.joined() == ((" sk-ab", "cdefgh12", " sk-ab", "cdefgh12"),)
 
 
-@pytest.mark.parametrize(("media", "event", "end"), [
-    ("text/event-stream", "data: {}\r\r", ""),  # server-sent events with CR line ends
-    ("application/json", "{}\n", ""),  # JSON Lines served as JSON
+@pytest.mark.parametrize(("media", "start", "event"), [
+    ("text/event-stream", "", "data: {}\r\r"),  # server-sent events with CR line ends
+    ("application/json", "", "{}\n"),  # JSON Lines served as JSON
+    ("application/json", "[", "{},"),  # one JSON array on one line
 ])  # fmt: skip
-def test_streams_of_any_line_end_are_not_held_past_stream_hold_s(media: str, event: str, end: str) -> None:
+def test_streams_of_any_line_end_are_not_held_past_stream_hold_s(media: str, start: str, event: str) -> None:
     """Each event goes once judged (and held at most ``stream_hold_s``), not at the end of the stream: an SSE stream
     with CR line ends had no event end guard knew, and JSON Lines served as JSON kept the overlap back."""
     sent: list[float] = []
 
     async def stream(request: Request) -> Response:
         async def body() -> AsyncIterator[bytes]:
+            yield start.encode()
             for i in range(8):
                 sent.append(time.monotonic())
                 yield event.replace("{}", json.dumps({"t": f" w{i}", "n": i})).encode()
@@ -427,3 +432,40 @@ def test_openais_sdk_raises_when_a_streamed_answer_is_stopped() -> None:
     guard.close()
     assert shown.startswith("Sure, here is what") and " sk" not in shown
     assert isinstance(raised.value.body, dict) and raised.value.body["code"] == "response_blocked"
+
+
+@pytest.mark.parametrize("shape", ["plain-sse", "openai-chat"])
+def test_a_key_in_digit_tokens_never_reaches_the_client(shape: str) -> None:
+    """Tokenizers cut digits into groups of their own; a plain-text stream's ``8812`` is JSON (a number), and still
+    a piece of the text its client shows."""
+    tokens = [*PREAMBLE, " sk", "-", "8812", "4473", "9012", "abcd", ".", " Rotate", " it", "."]
+    guard, app = _app(tokens, BodyLimits(stream_flush_s=0.01), pause=0.03)
+    with serve_in_thread(app) as url:
+        status, text, _ = _read(url, shape)
+    guard.close()
+    assert "8812" not in _shown(shape, text) and (status == 403 or "event: guard_blocked" in text)
+
+
+def test_the_array_reader_keeps_its_place_across_a_dropped_element_and_an_escape_cut_by_a_chunk() -> None:
+    """An element too long to read is dropped while a backslash that ended a chunk still escapes the quote that
+    starts the next: the reader stays in step, and the next elements are read."""
+    joiner = DeltaJoiner(sse=False, context_chars=0, max_event_chars=1000)
+    big = json.dumps({"text": 'q"' * 2000})  # escaped quotes: \"
+    cut = big.index("\\", 1500) + 1  # just after a backslash
+    joiner.feed("[" + big[:cut])
+    joiner.feed(big[cut:])
+    for token in [" sk", "-ab", "cdef"]:
+        joiner.feed("," + json.dumps({"candidates": [{"index": 0, "content": {"parts": [{"text": token}]}}]}))
+    assert joiner.joined() == ((" sk", "-ab", "cdef"),)
+
+
+def test_places_of_one_event_with_an_odd_index_or_a_full_table_still_join() -> None:
+    """An ``index`` of digits ``int`` refuses (``"²"``) names nothing and drops nothing; a table filled with
+    places of model-written arguments forgets the least recent, not the answer's."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
+    call = {"functionCall": {"name": "note", "args": {f"k{i}": ["a", "b"] for i in range(MAX_PLACES)}}}
+    joiner.feed(_sse({"candidates": [{"index": 0, "content": {"parts": [call]}}]}))
+    for token in [" sk", "-ab", "cdef"]:
+        parts = [{"text": token}, {"functionCall": {"args": {"rows": [{"index": "²"}]}}}]
+        joiner.feed(_sse({"candidates": [{"index": 0, "content": {"parts": parts}}]}))
+    assert (" sk", "-ab", "cdef") in joiner.joined()
