@@ -85,17 +85,18 @@ class DeltaJoiner:
 
     Args:
         sse: the stream is server-sent events: an event's lines run up to an empty line (its ``data:`` lines are
-            joined as the SSE standard joins them); else, when it starts with ``[``, each element of that array is
-            an event, and otherwise every line is (JSON Lines, ``json-seq``).
+            joined as the SSE standard joins them); else, when it is not ``lines`` and starts with ``[``, each
+            element of that array is an event, and otherwise every line is (JSON Lines, ``json-seq``).
         context_chars: characters of each place's sent text kept before its new pieces.
         max_event_chars: the longest event read; a longer one is left out of the joined text (its windows are
             judged as text, as any stream's are).
+        lines: the stream is declared JSON Lines: every line is an event, whatever it starts with.
 
     Attributes:
         complete_to: the offset where the last complete event read ends (a line, an SSE event, an array element).
     """
 
-    def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int) -> None:
+    def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int, lines: bool = False) -> None:
         self.sse, self.context_chars, self.max_event_chars = sse, context_chars, max_event_chars
         self._fed = 0  # characters read so far
         self._parts: list[str] = []  # the line (array stream: the element) being read, in the pieces it came in
@@ -106,12 +107,13 @@ class DeltaJoiner:
         self._lines: list[str] = []  # the lines of the SSE event being read
         self._event_chars = 0
         self._event_at = 0  # offset where the SSE event being read starts
-        self._array: bool | None = None  # not SSE: the stream is one JSON array (None: not known yet)
+        self._array: bool | None = False if sse or lines else None  # one JSON array (None: not known yet)
         self._depth = 0  # array stream: brackets and braces open
         self._in_string = False  # array stream: inside a string
         self._escaped = False  # array stream: the next character is escaped (a backslash ended the last text)
         self.complete_to = 0
         self._latest = -1  # offset of the last event read that held a string
+        self._full_at = -1  # offset of an event that found the table full of its own places
         self._first: dict[str, tuple[int, int]] = {}  # place -> (hash, length) of the first string seen there
         self._seen: dict[str, int] = {}  # place -> the offset of the last event that held a string there
         self._varies: set[str] = set()  # places whose string changed from one event to another
@@ -125,7 +127,7 @@ class DeltaJoiner:
         self._fed += len(text)
         if at == 0 and text.startswith("\ufeff"):  # a BOM, which clients drop
             text, at = text[1:], 1
-        if not self.sse and self._array is None and (first := text.lstrip()[:1]):
+        if self._array is None and (first := text.lstrip()[:1]):
             self._array = first == "["
         if self._array:
             self._feed_array(text, at)
@@ -167,8 +169,7 @@ class DeltaJoiner:
             self.complete_to = at + len(text)
 
     def _feed_array(self, text: str, at: int) -> None:
-        """Read the elements of a streamed JSON array: each object or array at depth 1, once its closing bracket
-        came."""
+        """Read the elements of a streamed JSON array: each object, array or string at depth 1, once it closed."""
         begin = 0  # where the part of ``text`` that belongs to an open element starts
         position = 0
         if self._escaped and text:  # the character a backslash at the end of the last text escapes
@@ -178,24 +179,27 @@ class DeltaJoiner:
             if char[0] == "\\":
                 self._escaped = match.group(1) is None  # the escaped character is still to come
                 continue
+            opens = char in "[{" or (char == '"' and not self._in_string)
             if self._in_string:
                 self._in_string = char != '"'
+                if self._in_string or self._depth > 1:
+                    continue
             elif char == '"':
                 self._in_string = True
-            elif char in "[{":
+            elif opens:
                 self._depth += 1
-                if self._depth == 2:
-                    begin = match.start()
-                    self._parts, self._part_chars, self._skip, self._part_at = [], 0, False, at + begin
             else:
                 self._depth -= 1
-                if self._depth == 1:
-                    self._take(text[begin:match.end()], at + begin)
-                    element, element_at, skipped = self._taken()
-                    if not skipped:
-                        self._event(element, element_at)
-                    self.complete_to = at + match.end()
-        if self._depth >= 2:
+            if opens and self._depth == (1 if char == '"' else 2):  # an element starts
+                begin = match.start()
+                self._parts, self._part_chars, self._skip, self._part_at = [], 0, False, at + begin
+            elif not opens and self._depth == 1:  # an element ends
+                self._take(text[begin:match.end()], at + begin)
+                element, element_at, skipped = self._taken()
+                if not skipped:
+                    self._event(element, element_at)
+                self.complete_to = at + match.end()
+        if self._depth >= 2 or (self._depth == 1 and self._in_string):
             self._take(text[begin:], at + begin)
 
     def _line(self, line: str | None, at: int) -> None:
@@ -228,15 +232,18 @@ class DeltaJoiner:
             document = None
         if isinstance(document, dict | list):
             strings = list(_places(document))
-        else:  # SSE data that is no JSON object or array (``8812``, ``true``: a plain-text stream's token) is text
+        elif isinstance(document, str):  # a token sent as a JSON string (LangServe, sse-starlette): its value
+            strings = [(text_place or "", surrogates_joined(document))] if document else []
+        else:  # SSE data that is a JSON number or literal (``8812``, ``true``: a plain-text stream's token) is text
             strings = [] if text_place is None else [(text_place, surrogates_joined(data))]
         for place, value in strings:  # a place an event holds several times (an array's texts): each a piece
             self._latest = at
             first = self._first.get(place)
             if first is None:
-                if len(self._first) >= MAX_PLACES:
+                if len(self._first) >= MAX_PLACES and self._full_at != at:
                     self._forget(at)
                 if len(self._first) >= MAX_PLACES:
+                    self._full_at = at  # nothing older to forget: the rest of this event's new places are left out
                     continue
                 self._first[place] = (hash(value), len(value))
             elif first != (hash(value), len(value)):
@@ -301,4 +308,5 @@ def joiner_for(media: str, *, context_chars: int, max_event_chars: int) -> Delta
     sse = media == "text/event-stream"
     if not (sse or media in JSON_LINES or is_json_media(media)):
         return None
-    return DeltaJoiner(sse=sse, context_chars=context_chars, max_event_chars=max_event_chars)
+    return DeltaJoiner(sse=sse, context_chars=context_chars, max_event_chars=max_event_chars,
+                       lines=media in JSON_LINES)

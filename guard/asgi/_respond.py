@@ -454,11 +454,14 @@ class ResponseJudge:
         window, too). Never past ``hold``, where the events start that wait for what follows them
         (:meth:`_hold_from`), unless what they would keep back fills a window."""
         window = self.limits.stream_window_bytes
-        read = context if self.deltas is None else min(self.deltas.complete_to - self.sent_chars + context, len(text))
+        read = context
+        if self.deltas is not None:  # JSON Lines and JSON: the last complete line or array element, else line
+            read = max(self.deltas.complete_to - self.sent_chars + context, text.rfind("\n") + 1,
+                       text.rfind("\r") + 1)
         if self.sse:
             end = max((m.end() for m in _EVENT_END.finditer(text, context)), default=context)
-        elif read > context:  # JSON Lines and JSON: up to the end of the last complete line or array element
-            end = read
+        elif read > context:
+            end = min(read, len(text))
         elif self.lines and len(text) - context < window:  # the line is still arriving
             end = context
         else:

@@ -370,12 +370,20 @@ def test_an_arrays_texts_are_pieces_of_one_place_and_padding_is_left_out() -> No
     assert joiner.joined() == ((" sk-ab", "cdefgh12", " sk-ab", "cdefgh12"),)
 
 
+def _row(i: int) -> dict[str, Any]:
+    return {"t": f" w{i}", "n": i}
+
+
 @pytest.mark.parametrize(("media", "start", "event"), [
-    ("text/event-stream", "", "data: {}\r\r"),  # server-sent events with CR line ends
-    ("application/json", "", "{}\n"),  # JSON Lines served as JSON
-    ("application/json", "[", "{},"),  # one JSON array on one line
+    ("text/event-stream", "", lambda i: f"data: {json.dumps(_row(i))}\r\r"),  # server-sent events, CR line ends
+    ("application/json", "", lambda i: json.dumps(_row(i)) + "\n"),  # JSON Lines served as JSON
+    ("application/json", "[", lambda i: json.dumps(_row(i)) + ","),  # one JSON array on one line
+    ("application/x-ndjson", "", lambda i: json.dumps([f'"n": {i}', " w"]) + "\n"),  # lines that are arrays
+    ("application/json", "[", lambda i: json.dumps(json.dumps(_row(i))) + ",\n"),  # an array of strings
 ])  # fmt: skip
-def test_streams_of_any_line_end_are_not_held_past_stream_hold_s(media: str, start: str, event: str) -> None:
+def test_streams_of_any_line_end_are_not_held_past_stream_hold_s(
+    media: str, start: str, event: Callable[[int], str]
+) -> None:
     """Each event goes once judged (and held at most ``stream_hold_s``), not at the end of the stream: an SSE stream
     with CR line ends had no event end guard knew, and JSON Lines served as JSON kept the overlap back."""
     sent: list[float] = []
@@ -385,7 +393,7 @@ def test_streams_of_any_line_end_are_not_held_past_stream_hold_s(media: str, sta
             yield start.encode()
             for i in range(8):
                 sent.append(time.monotonic())
-                yield event.replace("{}", json.dumps({"t": f" w{i}", "n": i})).encode()
+                yield event(i).encode()
                 await asyncio.sleep(0.1)
             await asyncio.sleep(3.0)
         return StreamingResponse(body(), media_type=media)
@@ -398,7 +406,7 @@ def test_streams_of_any_line_end_are_not_held_past_stream_hold_s(media: str, sta
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client, \
             client.stream("GET", "/v1/x") as response:
         for piece in response.iter_raw():
-            for n in map(int, re.findall(rb'"n": (\d+)', piece)):
+            for n in map(int, re.findall(rb'"n\\?": (\d+)', piece)):
                 delays.append(time.monotonic() - sent[n])
     guard.close()
     assert len(delays) == 8 and max(delays) < 0.2 + 0.5, delays
@@ -469,3 +477,35 @@ def test_places_of_one_event_with_an_odd_index_or_a_full_table_still_join() -> N
         parts = [{"text": token}, {"functionCall": {"args": {"rows": [{"index": "²"}]}}}]
         joiner.feed(_sse({"candidates": [{"index": 0, "content": {"parts": parts}}]}))
     assert (" sk", "-ab", "cdef") in joiner.joined()
+
+
+def test_tokens_sent_as_json_strings_and_arrays_of_strings_join() -> None:
+    """A token sent as a JSON string (LangServe, sse-starlette: ``data: "sk"``) joins by its value, as does each
+    string of a streamed JSON array; a JSON Lines stream whose lines are arrays stays line by line."""
+    sse = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 20)
+    array = DeltaJoiner(sse=False, context_chars=0, max_event_chars=1 << 20)
+    rows = DeltaJoiner(sse=False, context_chars=0, max_event_chars=1 << 20, lines=True)
+    array.feed("[")
+    for i, token in enumerate([" sk", "-ab", "cdef"]):
+        sse.feed(f"event: data\ndata: {json.dumps(token)}\n\n")
+        array.feed(("," if i else "") + json.dumps(token) + "\n")
+        rows.feed(json.dumps([i, token]) + "\n")
+    assert sse.joined() == array.joined() == rows.joined() == ((" sk", "-ab", "cdef"),)
+    assert rows.complete_to == sum(len(json.dumps([i, t])) + 1 for i, t in enumerate([" sk", "-ab", "cdef"]))
+
+
+def test_one_event_with_more_new_places_than_the_table_holds_costs_one_look() -> None:
+    """An event with more new places than there is room for leaves the rest out after one look for older places
+    to forget (looking again for each new place was quadratic)."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
+    calls = 0
+    forget = joiner._forget
+
+    def counted(at: int) -> None:
+        nonlocal calls
+        calls += 1
+        forget(at)
+
+    joiner._forget = counted  # type: ignore[method-assign]
+    joiner.feed(_sse({"arguments": {f"k{i}": "v" for i in range(2 * MAX_PLACES)}}))
+    assert calls == 1
