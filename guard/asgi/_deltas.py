@@ -134,6 +134,14 @@ class DeltaJoiner:
         else:
             self._feed_lines(text, at, final)
 
+    @property
+    def open_from(self) -> int | None:
+        """The offset where the array element being read starts (``None``: no element is open, or the stream is
+        not one JSON array): nothing from there may be sent before the element was read whole."""
+        if self._array and (self._depth >= 2 or (self._depth == 1 and self._in_string)):
+            return self._part_at
+        return None
+
     def _take(self, piece: str, at: int) -> None:
         """Keep ``piece`` (at offset ``at``) of the line or element being read, unless it grew too long to read."""
         if not self._parts and not self._skip:

@@ -458,6 +458,8 @@ class ResponseJudge:
         if self.deltas is not None:  # JSON Lines and JSON: the last complete line or array element, else line
             read = max(self.deltas.complete_to - self.sent_chars + context, text.rfind("\n") + 1,
                        text.rfind("\r") + 1)
+            if (open_from := self.deltas.open_from) is not None:  # never part of an array element still arriving
+                read = min(read, max(open_from - self.sent_chars + context, context))
         if self.sse:
             end = max((m.end() for m in _EVENT_END.finditer(text, context)), default=context)
         elif read > context:

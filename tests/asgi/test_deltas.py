@@ -509,3 +509,31 @@ def test_one_event_with_more_new_places_than_the_table_holds_costs_one_look() ->
     joiner._forget = counted  # type: ignore[method-assign]
     joiner.feed(_sse({"arguments": {f"k{i}": "v" for i in range(2 * MAX_PLACES)}}))
     assert calls == 1
+
+
+def test_no_part_of_an_array_element_still_arriving_is_sent() -> None:
+    """A pretty-printed element (Gemini without ``alt=sse``) cut by a pause after its text line: the text is not
+    sent before the element is read whole and joined (sent up to its line break, the key's second half left)."""
+    shape = SHAPES["gemini-array"]
+
+    async def stream(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield shape.start.encode()
+            for token in ["Sure", ", the", " key", " is", " sk-abcd", "efgh1234", "."]:
+                event = shape.event(token)
+                cut = event.index('"role"') if token == "efgh1234" else len(event)
+                yield event[:cut].encode()
+                if token == "efgh1234":
+                    await asyncio.sleep(0.6)  # past stream_hold_s: what is held is sent as far as it may go
+                yield event[cut:].encode()
+            yield shape.end.encode()
+        return StreamingResponse(body(), media_type=shape.media)
+
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
+    limits = BodyLimits(stream_flush_s=0.01, stream_hold_s=0.2)
+    app = Starlette(routes=[Route("/v1/x", stream)], middleware=[Middleware(GuardMiddleware, guard=guard,
+                                                                            limits=limits)])
+    with serve_in_thread(app) as url:
+        status, text, cut = _read(url, "x")
+    guard.close()
+    assert "efgh1234" not in text and (status == 403 or cut), (status, cut, text[-300:])
