@@ -73,9 +73,9 @@ class HttpSubject:
             response's (a streamed response's: the window being judged, as text), and method, path, host, client and
             query the request's.
         deltas: a streamed response's window only: the pieces its client joins into one text
-            (:class:`guard.asgi._deltas.DeltaJoiner`: per JSON pointer whose string changes from event to event,
-            the end of what earlier windows held there, then each new event's string); ``body_text`` holds each
-            joined. A redact span that crosses two pieces cannot be masked, so the response is stopped.
+            (:class:`guard.asgi._deltas.DeltaJoiner`: per place in the events' JSON whose string changes from
+            event to event, the end of what earlier windows held there, then each new string); ``body_text`` holds
+            each joined. A redact span that crosses two pieces cannot be masked, so the response is stopped.
         kind: always ``"http"``.
     """
 
