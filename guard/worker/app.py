@@ -217,6 +217,14 @@ class WorkerPhase(enum.Enum):
     STOPPING = "stopping"
 
 
+def _unfinished(exc: BaseException) -> bool:
+    """Whether a canary run ended without an answer for want of capacity (a full queue: ``Overloaded``, or the
+    backend's ``BackendUnavailable`` with reason ``overloaded``; a time-out), which says nothing of the model."""
+    if isinstance(exc, BackendUnavailable):
+        return exc.reason == "overloaded"
+    return isinstance(exc, Overloaded | BackendTimeout | TimeoutError)
+
+
 class _Runtime:
     """The worker's state (held in ``app.state.worker``): backend, phase, metrics."""
 
@@ -284,18 +292,19 @@ class _Runtime:
         :attr:`hung`."""
         try:
             await run_canaries(backend, backend.canaries)
-        except (Overloaded, BackendTimeout, TimeoutError) as exc:
-            self.stalled_runs = 0 if self.passes != self._passes_seen else self.stalled_runs + 1
-            if self.hung:
-                self._unready(
-                    f"no forward pass finished during the last {self.stalled_runs} canary runs (the last ended in "
-                    f"{exc!r}); the inference thread looks hung"
-                )
+        except (CanaryFailed, GuardError, TimeoutError) as exc:
+            if _unfinished(exc):
+                self.stalled_runs = 0 if self.passes != self._passes_seen else self.stalled_runs + 1
+                if self.hung:
+                    self._unready(
+                        f"no forward pass finished during the last {self.stalled_runs} canary runs (the last ended "
+                        f"in {exc!r}); the inference thread looks hung"
+                    )
+                else:
+                    logger.warning("canary run not completed (%s: %s); readiness unchanged", type(exc).__name__, exc)
             else:
-                logger.warning("canary run not completed (%s: %s); readiness unchanged", type(exc).__name__, exc)
-        except (CanaryFailed, GuardError) as exc:
-            self.stalled_runs = 0
-            self._unready(str(exc) if isinstance(exc, CanaryFailed) else f"{type(exc).__name__}: {exc}")
+                self.stalled_runs = 0
+                self._unready(str(exc) if isinstance(exc, CanaryFailed) else f"{type(exc).__name__}: {exc}")
         else:
             self.stalled_runs = 0
             self.canary_error = None

@@ -389,6 +389,31 @@ def test_worker_serve_never_replaces_a_file_or_a_live_socket_at_its_uds_path(
             client.close()
 
 
+def test_a_canary_run_that_finds_the_queue_full_says_nothing_while_passes_finish(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend answers a full queue with ``BackendUnavailable(reason="overloaded")``: a busy worker whose passes
+    finish stays ready (it went unready and answered every request 503); one whose passes stop is hung."""
+    finishing = True
+
+    async def overloaded(backend: Any, canaries: Any, **options: Any) -> None:
+        if finishing:
+            runtime.passes += 1  # the others' requests that fill the queue are answered
+        raise BackendUnavailable("clef-local queue is full (2 waiting)", backend="clef-local", reason="overloaded",
+                                 retry_after=1.0)
+
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.05)
+    with serve_worker(LocalBackend(clef_fp32), config=config) as worker, httpx.Client(base_url=worker.url) as c:
+        runtime = worker.app.state.worker
+        monkeypatch.setattr(app_module, "run_canaries", overloaded)
+        runs = runtime.canary_runs
+        wait_for(lambda: runtime.canary_runs >= runs + 4)
+        assert runtime.phase is WorkerPhase.READY and c.get("/readyz").status_code == 200
+        finishing = False
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        assert "inference thread looks hung" in c.get("/healthz").json()["message"]
+
+
 def test_a_model_that_starts_answering_nan_makes_the_worker_unready() -> None:
     """A model that cannot answer at all (NaN probabilities) is a failed canary, not a run "not completed": the
     worker leaves the Service (/readyz 503) and answers 503, never a 500."""
