@@ -35,6 +35,7 @@ from urllib.parse import quote
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from guard._json import is_json_media
 from guard.asgi._deltas import JSON_LINES
 from guard.asgi._respond import whole_stream_subject
 from guard.asgi._subject import _host_name, query_map
@@ -245,8 +246,8 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased first); with
     ``http.response``, the upstream's response to that request, decided by the response policies that watch the
     request on the first view some policy watches and that match the response (read as :func:`_message` says; a
-    streamed one, SSE or JSON Lines without a ``Content-Length``, as one window of its stream, its events' pieces
-    joined: :func:`~guard.asgi._respond.whole_stream_subject`).
+    streamed one, SSE, or JSON Lines or JSON given as ``body_text`` without a ``Content-Length``, as one window of
+    its stream, its events' pieces joined: :func:`~guard.asgi._respond.whole_stream_subject`).
 
     Raises:
         ValueError: the input does not fit (see :func:`subject_from_json`).
@@ -266,8 +267,9 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
         return head, found
     judged = replace(head, phase="response", status=response.status,
                      **_message(response.headers, response.content_type, response.body, response.body_text))
-    streamed = judged.content_type == "text/event-stream" or (
-        judged.content_type in JSON_LINES and "content-length" not in judged.headers)
+    streamed = judged.content_type == "text/event-stream" or (  # as the middleware streams it
+        (judged.content_type in JSON_LINES or is_json_media(judged.content_type))
+        and "content-length" not in judged.headers)
     raw = response.body if isinstance(response.body, str) else response.body_text
     if streamed and raw is not None:  # the middleware streams it: its events' pieces are joined
         judged = whole_stream_subject(judged, raw, BodyLimits())

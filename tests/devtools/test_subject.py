@@ -79,11 +79,13 @@ def test_a_streamed_response_in_a_case_is_judged_as_the_middleware_judges_it(tmp
         "      - {id: seen, when: 'state.text.matches(\"sk-[A-Z]{12}\")', action: block}\n"
         "  - id: masks\n    version: 1\n    match: {http: {paths: ['/v2/**'], response: {}}}\n"
         "    rules: [{id: keys, when: 'true', action: redact, redact: {patterns: {key: 'sk-[A-Z]{8,}'}}}]\n")
+    array = "[" + ",\r\n".join(json.dumps({"candidates": [{"index": 0, "content": {"parts": [{"text": t}]}}]},
+                                             indent=2) for t in tokens) + "]"  # Gemini without alt=sse
     cases = [("/v1/x", "text/event-stream", sse, "seen"), ("/v1/x", "application/x-ndjson", ndjson, "seen"),
-             ("/v2/x", "text/event-stream", sse, "keys")]
+             ("/v2/x", "text/event-stream", sse, "keys"), ("/v1/x", "application/json", array, "seen")]
     (tmp_path / "p_test.yaml").write_text("cases:\n" + "".join(
         f"  - name: {media} {path}\n    input: {{http: {{path: {path}, response: {{content_type: {media}, "
         f"body_text: {json.dumps(text)}}}}}}}\n    expect: {{action: block, rule: {rule}}}\n"
         for path, media, text, rule in cases))
     results = run_test_file(policy)
-    assert [(r.passed, r.problems) for r in results] == [(True, [])] * 3
+    assert [(r.passed, r.problems) for r in results] == [(True, [])] * 4
