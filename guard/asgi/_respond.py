@@ -249,8 +249,7 @@ class ResponseJudge:
         else:
             self.mode = "stream"
             self.lines = media in JSON_LINES
-            self.deltas = joiner_for(media, context_chars=self.limits.stream_overlap_bytes,
-                                     max_event_chars=self.limits.max_response_bytes)
+            self.deltas = _joiner(media, self.limits)
             if is_xml(media):  # a declaration is read once its closing quote came: partial changes nothing
                 self.sniff = lambda prefix, partial: check_xml_encoding(prefix)
             elif media == "text/html" and "charset" not in parse_params(headers.get("content-type", ""))[1]:
@@ -382,13 +381,18 @@ class ResponseJudge:
             await self._stop(verdict)
             return
         hold = None if final else self._hold_from()
-        end = len(text) if final else self._boundary(text, context, hold)
-        if hold is not None and end < self._boundary(text, context, None):  # the hold keeps events back
+        free = len(text) if final else self._boundary(text, context)
+        end = self._before_hold(len(text), context, free, hold)
+        if end < free:  # the hold keeps events back
+            assert hold is not None
             self._time_hold(hold)
         spans = verdict.redactions if verdict.action == "redact" else ()
         cut = next((r for r in spans if r.start < end < r.end), None) if not final else None
         while cut is not None:  # a span reaches past what may go now: send up to before it, wait for the rest
-            end = self._boundary(text[: cut.start], context, hold) if self.sse else cut.start
+            if self.sse:
+                end = self._before_hold(cut.start, context, self._boundary(text[: cut.start], context), hold)
+            else:
+                end = cut.start
             cut = next((r for r in spans if r.start < end < r.end), None)
         if end <= context and not final:
             # nothing may go yet (an event longer than the window): judge again once the held text has doubled, so
@@ -447,32 +451,33 @@ class ResponseJudge:
         self.pending.set()
         self.rearmed.set()
 
-    def _boundary(self, text: str, context: int, hold: int | None) -> int:
+    def _boundary(self, text: str, context: int) -> int:
         """Where the text that may be sent now ends: SSE after the last complete event; JSON Lines and JSON after
-        the last complete line or array element (:attr:`DeltaJoiner.complete_to`); else all but the overlap (kept
-        back so a span that continues in the next chunk is masked whole; JSON Lines with no complete line in a full
-        window, too). Never past ``hold``, where the events start that wait for what follows them
-        (:meth:`_hold_from`), unless what they would keep back fills a window."""
-        window = self.limits.stream_window_bytes
+        the last complete line or array element (:attr:`DeltaJoiner.complete_to`; never into an array element still
+        arriving); else all but the overlap (kept back so a span that continues in the next chunk is masked whole;
+        JSON Lines with no complete line in a full window, too)."""
+        if self.sse:
+            return max((m.end() for m in _EVENT_END.finditer(text, context)), default=context)
         read = context
         if self.deltas is not None:  # JSON Lines and JSON: the last complete line or array element, else line
             read = max(self.deltas.complete_to - self.sent_chars + context, text.rfind("\n") + 1,
                        text.rfind("\r") + 1)
             if (open_from := self.deltas.open_from) is not None:  # never part of an array element still arriving
                 read = min(read, max(open_from - self.sent_chars + context, context))
-        if self.sse:
-            end = max((m.end() for m in _EVENT_END.finditer(text, context)), default=context)
-        elif read > context:
-            end = min(read, len(text))
-        elif self.lines and len(text) - context < window:  # the line is still arriving
-            end = context
-        else:
-            end = max(len(text) - self.limits.stream_overlap_bytes, context)
-        if hold is not None:  # ``text`` starts ``context`` characters before what was sent ends
-            at = max(hold - self.sent_chars + context, context)
-            if len(text) - at < window:
-                end = min(end, at)
-        return end
+        if read > context:
+            return min(read, len(text))
+        if self.lines and len(text) - context < self.limits.stream_window_bytes:  # the line is still arriving
+            return context
+        return max(len(text) - self.limits.stream_overlap_bytes, context)
+
+    def _before_hold(self, length: int, context: int, end: int, hold: int | None) -> int:
+        """``end`` (in a text of ``length`` characters starting ``context`` characters before what was sent ends),
+        not past ``hold``, where the events start that wait for what follows them (:meth:`_hold_from`), unless what
+        they would keep back fills a window."""
+        if hold is None:
+            return end
+        at = max(hold - self.sent_chars + context, context)
+        return min(end, at) if length - at < self.limits.stream_window_bytes else end
 
     async def _send_start(self, verdict: Verdict) -> None:
         if self.started:
@@ -533,11 +538,15 @@ def _window_subject(head: HttpSubject, text: str, joined: tuple[tuple[str, ...],
 def whole_stream_subject(head: HttpSubject, text: str, limits: BodyLimits) -> HttpSubject:
     """The subject a streamed response that came whole (``text``, of ``head.content_type``) is judged as: one window,
     its events joined as they would be (``guard policy test``'s streamed responses)."""
-    joiner = joiner_for(head.content_type, context_chars=limits.stream_overlap_bytes,
-                        max_event_chars=limits.max_response_bytes)
+    joiner = _joiner(head.content_type, limits)
     if joiner is not None:
         joiner.feed(text, final=True)
     return _window_subject(head, text, joiner.joined() if joiner is not None else ())
+
+
+def _joiner(media: str, limits: BodyLimits) -> DeltaJoiner | None:
+    """The joiner of a stream of ``media`` under ``limits`` (:func:`~guard.asgi._deltas.joiner_for`)."""
+    return joiner_for(media, context_chars=limits.stream_overlap_bytes, max_event_chars=limits.max_response_bytes)
 
 
 def _stops(verdict: Verdict) -> bool:

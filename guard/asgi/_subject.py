@@ -26,6 +26,7 @@ __all__ = [
     "head_subject",
     "header_map",
     "held_request",
+    "host_name",
     "query_map",
     "shown_query",
     "subject_summary",
@@ -107,13 +108,14 @@ def _host(headers: dict[str, str], scope: Scope) -> str:
     if host is None:
         server = scope.get("server")
         return str(server[0]).lower() if server else ""
-    return _host_name(host)
+    return host_name(host)
 
 
 @functools.lru_cache(maxsize=64)
-def _host_name(host: str) -> str:
-    """A ``Host`` value as :func:`_host` gives it; remembered (a service answers to a handful of names, and this runs
-    for every request)."""
+def host_name(host: str) -> str:
+    """A ``Host`` value as the middleware matches it (lower-case, without port and trailing dot: ``API.example.com.:443``
+    -> ``api.example.com``), which ``guard policy test`` reads a case's host with too; remembered (a service answers
+    to a handful of names, and this runs for every request)."""
     host = host.strip().lower()
     if host.startswith("["):  # [v6]:port
         return host[: host.find("]") + 1]

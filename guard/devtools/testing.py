@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from guard._json import is_json_media
 from guard.asgi._deltas import JSON_LINES
 from guard.asgi._respond import whole_stream_subject
-from guard.asgi._subject import _host_name, query_map
+from guard.asgi._subject import host_name, query_map
 from guard.asgi._target import canonical_path, path_views
 from guard.asgi.limits import DEFAULT_MAX_FORM_FIELDS, BodyLimits
 from guard.backends import start_backend
@@ -225,9 +225,9 @@ def _host(host: str, header: str | None) -> str:
     Raises:
         ValueError: both are given and name different hosts.
     """
-    if host and header is not None and _host_name(host) != _host_name(header):
+    if host and header is not None and host_name(host) != host_name(header):
         raise ValueError(f"input.http.host: {host!r} differs from the Host header {header!r}; give one of them")
-    return _host_name(host or header or "")
+    return host_name(host or header or "")
 
 
 def _message(headers: Mapping[str, str], content_type: str, body: Any, body_text: str | None) -> dict[str, Any]:
