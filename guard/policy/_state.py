@@ -28,6 +28,7 @@ __all__ = [
     "CUT_MARKER",
     "DEFAULT_TRUNCATE",
     "HTTP_SOURCES",
+    "NAMED_SOURCES",
     "NORMALIZE_WINDOW",
     "REQUEST_SOURCES",
     "RESPONSE_SOURCES",
@@ -322,8 +323,9 @@ def default_state(subject: Subject) -> tuple[StateField, ...]:
     return _HTTP_RESPONSE_DEFAULT if subject.phase == "response" else _HTTP_DEFAULT
 
 
-def default_fields(http: bool, events: Collection[str]) -> list[tuple[StateField, ...]]:
-    """Every default state a policy without a ``state`` block may render: HTTP's when it matches HTTP requests, and
-    each of ``events``' (the agent events it matches; all four when it matches agent events of any kind)."""
-    out = [_HTTP_DEFAULT] if http else []
+def default_fields(http: Literal["request", "response"] | None, events: Collection[str]) -> list[tuple[StateField, ...]]:
+    """Every default state a policy without a ``state`` block may render: an HTTP request's or response's (``http``:
+    which one the policy judges, ``None`` when it matches no HTTP), and each of ``events``' (the agent events it
+    matches; all four when it matches agent events of any kind)."""
+    out = [{"request": _HTTP_DEFAULT, "response": _HTTP_RESPONSE_DEFAULT}[http]] if http else []
     return out + [_AGENT_DEFAULTS[event] for event in _AGENT_DEFAULTS if event in events]

@@ -18,6 +18,7 @@ from typing import Any
 import pydantic
 
 from guard.errors import FieldError, PolicyError, RequestValidationError
+from guard.policy import rule_check
 from guard.policy._match import AgentMatcher, HttpMatcher
 from guard.policy._state import (
     AGENT_SOURCES,
@@ -46,7 +47,6 @@ from guard.policy.rules import (
     Outcome,
     answer_literal_errors,
     compile_condition,
-    constant_failures,
     field_reads,
     pattern_errors,
     subject_fields,
@@ -165,7 +165,8 @@ def _compile(
         problem(("match",), "needs 'http' or 'agent' (or both); a policy must say what it applies to")
     questions, known = _questions(spec, problem, base, lines)
     state_fields = _state(spec, problem)
-    state_names = _state_names(spec, state_fields)
+    state_shapes = _state_shapes(spec, state_fields)
+    state_names = _state_names(state_shapes)
     fixed = _fixed_names(spec)
     rules = []
     seen_rules: set[str] = set()
@@ -193,10 +194,17 @@ def _compile(
             literal_errors.add(rule.id)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
         rules.append(CompiledRule(rule.id, rule.when, program, outcome, names))
-    failures = constant_failures(spec.id, tuple(rules), wires, file_spec.data) if len(wires) == len(known) else {}
+    failures = {}
+    if len(wires) == len(known):  # every question compiled: the rules can be run on even answers
+        kinds = _subject_classes(spec)
+        # a default state is rendered only from the subjects it is the default of: each source from its own kind
+        shapes = [(state_fields, kinds)] if state_fields is not None else [(shape, ()) for shape in state_shapes]
+        state = tuple(alt for shape, of in shapes for alt in rule_check.state_type(shape, of) or ())
+        subject = tuple(alt for cls in kinds for alt in rule_check.subject_type(cls) or ())
+        failures = rule_check.certain_failures(spec.id, tuple(rules), wires, file_spec.data, state=state, subject=subject)
     for i, rule in enumerate(spec.rules):
         if rule.id in failures and rule.id not in literal_errors:  # already said, more plainly
-            problem(("rules", i, "when"), f"fails on every request: {failures[rule.id]}")
+            problem(("rules", i, "when"), failures[rule.id])
     default = _outcome(spec.default, ("default",), file_spec, problem)
     _check_actions(spec, problem)
     on_error = None
@@ -249,26 +257,37 @@ def _field_names(fields: tuple[StateField, ...]) -> dict[str, Any]:
     return out
 
 
-def _state_names(spec: PolicySpec, fields: tuple[StateField, ...] | None) -> dict[str, Any]:
-    """The names a rule may read under ``state``: the declared fields, else those of every default state the
-    policy may render (:func:`guard.policy._state.default_fields`)."""
+def _state_shapes(spec: PolicySpec, fields: tuple[StateField, ...] | None) -> list[tuple[StateField, ...]]:
+    """Every state the policy may render: the declared fields, else the default state of each subject it matches
+    (:func:`guard.policy._state.default_fields`)."""
     if fields is not None:
-        return _field_names(fields)
+        return [fields]
     agent = spec.match.agent
     events = (agent.events or ("tool_call", "tool_result", "model_input", "model_output")) if agent else ()
+    http = spec.match.http
+    phase = None if http is None else "request" if http.response is None else "response"
+    return default_fields(phase, events)
+
+
+def _state_names(shapes: list[tuple[StateField, ...]]) -> dict[str, Any]:
+    """The names a rule may read under ``state``: those of every state the policy may render (:func:`_state_shapes`)."""
     merged: dict[str, Any] = {}
-    for default in default_fields(spec.match.http is not None, events):
-        for name, under in _field_names(default).items():
+    for shape in shapes:
+        for name, under in _field_names(shape).items():
             merged[name] = {**(merged.get(name) or {}), **under} if isinstance(under, dict) else under
     return merged
+
+
+def _subject_classes(spec: PolicySpec) -> list[type]:
+    """The subject classes of what ``spec`` matches: :class:`HttpSubject`, :class:`AgentSubject` or both."""
+    return [cls for cls, matched in ((HttpSubject, spec.match.http), (AgentSubject, spec.match.agent)) if matched]
 
 
 def _fixed_names(spec: PolicySpec) -> dict[str, frozenset[str]]:
     """The names a rule may read under ``flags``, ``subject``, ``call`` and ``result`` for what ``spec`` matches:
     every flag; the fields of the subjects it matches (:func:`~guard.policy.rules.subject_fields`); the keys of the
     ``call`` and ``result`` objects."""
-    subjects = [cls for cls, matched in ((HttpSubject, spec.match.http), (AgentSubject, spec.match.agent)) if matched]
-    fields = {name for cls in subjects for name in subject_fields(cls)}
+    fields = {name for cls in _subject_classes(spec) for name in subject_fields(cls)}
     return {"flags": frozenset(FLAG_NAMES), "subject": frozenset(fields), "call": CALL_KEYS, "result": RESULT_KEYS}
 
 

@@ -42,7 +42,7 @@ from guard.errors import GuardError
 from guard.policy import payloads, skeleton
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.redact import Redactor
-from guard.systemone import AnswerV1, QuestionType, QuestionV1, answer_question
+from guard.systemone import AnswerV1, QuestionType, QuestionV1
 from guard.verdict import Action
 
 __all__ = [
@@ -62,7 +62,9 @@ __all__ = [
     "compile_condition",
     "field_reads",
     "pattern_errors",
+    "rule_context",
     "rule_inputs",
+    "run_rule",
     "subject_fields",
     "trace_rules",
 ]
@@ -454,35 +456,11 @@ def apply_rules(
     """
     if not rules:
         return RuleResult("default", default)
-    context = _context(rules, answers, subject, state, flags, data, features)
+    context = rule_context(rules, answers, subject, state, flags, data, features)
     for rule in rules:
-        if _run(policy_id, rule, context):
+        if run_rule(policy_id, rule, context):
             return RuleResult(rule.id, rule.outcome)
     return RuleResult("default", default)
-
-
-def constant_failures(
-    policy_id: str,
-    rules: tuple[CompiledRule, ...],
-    questions: Mapping[str, QuestionV1],
-    data: Mapping[str, Any] | None,
-) -> dict[str, str]:
-    """Rule id -> why its ``when`` fails, for the rules that read nothing of a request (only answers, ``answers``,
-    ``flags`` and ``data``): such a rule fails on every request the same way (a quoted threshold ``"0.85"``
-    compared with a probability), so it is run once here, on even answers (each option of each question equally
-    likely) and zero flags. Rules that read the state, the subject or a feature are not run.
-    """
-    static = {"answers", "flags", "data", *questions}
-    answers = {key: answer_question(q, [1 / len(q.options())] * len(q.options())) for key, q in questions.items()}
-    failures: dict[str, str] = {}
-    for rule in rules:
-        if not rule.names <= static:
-            continue
-        try:
-            _run(policy_id, rule, _context((rule,), answers, None, None, None, data))
-        except RuleError as exc:
-            failures[rule.id] = exc.detail  # no request here: only answers, flags and data
-    return failures
 
 
 def trace_rules(
@@ -498,17 +476,17 @@ def trace_rules(
 ) -> list[tuple[str, bool | str]]:
     """Every rule's ``when`` value (or its error text, values included: a local tool), in order, for
     ``guard policy explain``."""
-    context = _context(rules, answers, subject, state, flags, data, features)
+    context = rule_context(rules, answers, subject, state, flags, data, features)
     out: list[tuple[str, bool | str]] = []
     for rule in rules:
         try:
-            out.append((rule.id, _run(policy_id, rule, context)))
+            out.append((rule.id, run_rule(policy_id, rule, context)))
         except RuleError as exc:
             out.append((rule.id, exc.detail))
     return out
 
 
-def _context(
+def rule_context(
     rules: tuple[CompiledRule, ...],
     answers: Mapping[str, AnswerV1],
     subject: Any,
@@ -532,7 +510,10 @@ def _context(
     if "state" in needed:
         variables["state"] = state
     if "subject" in needed:
-        variables["subject"] = subject_variables(subject) if subject is not None else {}
+        if subject is None:
+            variables["subject"] = {}
+        else:  # a mapping: the sample subjects of a load-time check (guard/policy/rule_check.py)
+            variables["subject"] = subject if isinstance(subject, Mapping) else subject_variables(subject)
     for name in FEATURE_NAMES & needed:
         variables[name] = dict((features or {}).get(name) or {})
     try:
@@ -554,7 +535,7 @@ def _representable(value: Any) -> Any:
     return [_representable(item) for item in value]
 
 
-def _run(policy_id: str, rule: CompiledRule, context: Any) -> bool:
+def run_rule(policy_id: str, rule: CompiledRule, context: Any) -> bool:
     try:
         result = rule.program.execute(context)
     except Exception as exc:  # the CEL runtime raises KeyError, TypeError, ValueError, RuntimeError

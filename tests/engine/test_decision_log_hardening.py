@@ -182,7 +182,8 @@ async def _rule_failure(when: str, subject: HttpSubject) -> tuple[Verdict, list[
         ('subject.headers["x-api-key"].matches(subject.headers["x-pattern"])',
          {"x-api-key": "a", "x-pattern": "(sk-live-STOLEN-KEY-123456"},
          "RuntimeError: function 'matches' failed on its arguments"),
-        ('subject.headers["x-api-key"] + ""', {"x-api-key": "sk-live-STOLEN-KEY-123456"},
+        ('subject.headers["x-api-key"].size() < 2 ? true : subject.headers["x-api-key"]',
+         {"x-api-key": "sk-live-STOLEN-KEY-123456"},
          "'when' returned str, not a boolean"),
     ],
 )

@@ -1,0 +1,316 @@
+"""Find rules that fail on every request because of the types of what they read (``state.text > 5``: a string
+compared with a number; ``subject.path`` as a condition; ``sqli(state.status)``).
+
+A rule's ``state.`` and ``subject.`` values come from a request, but their JSON types mostly do not: ``path`` and
+``body_text`` are strings, ``status`` an integer or null, a header a string or null when absent, a query parameter
+read with ``repeated: list`` a list of strings. For a rule whose every read has such a known type, the rule is run
+once per combination of those types (a sample value of each: ``"x"``, ``1``, ``null``, ``["x"]``), on even answers,
+zero flags and the file's ``data``. When every run fails with a type error (CEL's "No such overload", a method
+the value's type does not have, a guard function given the wrong type) or returns a non-boolean, the rule cannot
+work on any request and is refused at load. A rule reading a value whose type the request picks (``body``, a JSON
+pointer into it, tool arguments and results, ``call``, ``result``) is not run, nor one with more than
+:data:`MAX_RUNS` combinations; failures that depend on a value (a missing key, ``int("x")``) are not counted.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+import re
+import types
+import typing
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from guard.policy._state import HTTP_SOURCES, NAMED_SOURCES, StateField
+from guard.policy.rules import (
+    FEATURE_NAMES,
+    CompiledRule,
+    RuleError,
+    field_reads,
+    rule_context,
+    run_rule,
+    subject_fields,
+)
+from guard.subject import AgentSubject, HttpSubject
+from guard.systemone import QuestionV1, answer_question
+
+__all__ = ["MAX_RUNS", "SOURCE_TYPES", "certain_failures", "state_type", "subject_type"]
+
+#: The most type combinations one rule is run with; a rule with more is not checked.
+MAX_RUNS = 64
+_UNDEFINED = re.compile(r"Undefined variable or function: '(\w+)'")
+_CHECKING = contextvars.ContextVar("guard_rule_check", default=False)
+
+
+class _QuietWhileChecking(logging.Filter):
+    """Drops the CEL runtime's warning that one of guard's functions failed (``sqli`` given an int) while
+    :func:`certain_failures` runs rules on sample values, where such failures are what it looks for."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _CHECKING.get()
+
+
+logging.getLogger("cel").addFilter(_QuietWhileChecking())
+
+
+@dataclass(frozen=True)
+class _Fields:
+    """An object with known field names: name -> the field's type."""
+
+    fields: Mapping[str, _Type]
+
+
+@dataclass(frozen=True)
+class _MapOf:
+    """An object whose keys the request chooses, each value of one type (headers, query parameters)."""
+
+    value: _Type
+
+
+#: A type: its alternatives (a sample value, :class:`_Fields` or :class:`_MapOf`), or ``None`` when the request picks
+#: it (any JSON value).
+_Type = tuple[Any, ...] | None
+_SAMPLES: dict[Any, Any] = {str: "x", int: 1, float: 1.5, bool: True, type(None): None}
+_NAMES = {str: "string", int: "int", float: "double", bool: "bool", type(None): "null", list: "list", dict: "map"}
+
+#: The type of a named source's value (a header or form field given by name; query parameters are typed by their
+#: ``repeated``), before the field's ``default`` replaces a missing one; ``None``: the request picks it.
+SOURCE_TYPES: dict[str, _Type] = {
+    "header": ("x", None),  # a repeated header is joined into one string or refused
+    "form": None,  # a form is the body's object: a JSON body's values are any JSON
+}
+
+
+def _hint_type(hint: Any) -> _Type:
+    """A Python type annotation of a subject attribute as a :data:`_Type`; ``None`` for ``Any`` and other types
+    rules cannot compare (the history of turns)."""
+    origin = typing.get_origin(hint)
+    if hint in _SAMPLES:
+        return (_SAMPLES[hint],)
+    if origin is Literal:
+        return (hint.__args__[0],)  # a string (or int) like every other value of the literal
+    if origin in (types.UnionType, typing.Union):
+        parts = [_hint_type(arg) for arg in typing.get_args(hint)]
+        return None if any(part is None for part in parts) else tuple(itertools.chain(*parts))  # type: ignore[arg-type]
+    if origin is dict:
+        value = _hint_type(typing.get_args(hint)[1])
+        return None if value is None else (_MapOf(value),)
+    if origin in (list, tuple):
+        item = _hint_type(typing.get_args(hint)[0])
+        return None if item is None or not all(_plain(alt) for alt in item) else ([item[0]],)
+    return None
+
+
+def _plain(sample: Any) -> bool:
+    return not isinstance(sample, _Fields | _MapOf)
+
+
+def _attribute_type(cls: type, name: str) -> _Type:
+    """The type of attribute ``name`` of a subject class: a field's annotation or a property's return annotation."""
+    hints = typing.get_type_hints(cls)
+    if name in hints:
+        return _hint_type(hints[name])
+    member = getattr(cls, name, None)
+    if isinstance(member, property) and member.fget is not None:
+        return _hint_type(typing.get_type_hints(member.fget).get("return"))
+    return None
+
+
+def subject_type(cls: type) -> _Type:
+    """What rules read as ``subject`` for a subject class: its fields (:func:`guard.policy.rules.subject_fields`)."""
+    return (_Fields({name: _attribute_type(cls, name) for name in subject_fields(cls)}),)
+
+
+def state_type(fields: tuple[StateField, ...], kinds: Collection[type]) -> _Type:
+    """The type of the raw state rendered from ``fields`` for the subject classes ``kinds``: a source of one kind of
+    subject (``path`` of an HTTP request) reads as missing, so as its ``default``, for another; with no ``kinds``
+    each source is read from its own kind (a default state, rendered only for the subjects it is the default of)."""
+    return (_Fields({field.name: _field_type(field, kinds) for field in fields}),)
+
+
+def _field_type(field: StateField, kinds: Collection[type]) -> _Type:
+    if field.children is not None:
+        return state_type(field.children, kinds)
+    if field.source is None:
+        return (field.const,)
+    if field.pointer:
+        return None
+    cls = HttpSubject if field.source in HTTP_SOURCES else AgentSubject
+    if field.source == "query":
+        found = (_MapOf((["x"],)),) if field.key is None else (["x"], None) if field.repeated == "list" else ("x", None)
+    elif field.source in NAMED_SOURCES:
+        found = SOURCE_TYPES[field.source]
+    else:
+        found = _attribute_type(cls, field.source)
+    if found is None:
+        return None
+    if any(kind is not cls for kind in kinds):
+        found = (*found, None)  # the other kind of subject has no such source
+    if None not in found:
+        return found
+    present = tuple(alt for alt in found if alt is not None)
+    return (*present, field.default) if field.default is not None else found  # a missing value reads as the default
+
+
+def _samples(kind: _Type, paths: list[tuple[str, ...]]) -> list[Any] | None:
+    """Sample values of ``kind`` for a rule reading ``paths`` under it (``()``: the value whole): one per
+    combination of the alternatives along the read paths; ``None`` when a read path meets a type the request picks."""
+    if kind is None:
+        return None
+    out: list[Any] = []
+    for alt in kind:
+        if isinstance(alt, _Fields):
+            names = alt.fields if () in paths else {p[0] for p in paths if p and p[0] in alt.fields}
+            parts = {}
+            for name, sub in alt.fields.items():
+                if name in names:
+                    found = _samples(sub, [p[1:] for p in paths if p[:1] == (name,)] or [()])
+                    if found is None:
+                        return None
+                    parts[name] = found
+                else:  # not read: any value of its type will do
+                    parts[name] = [_any_value(sub)]
+            out.extend(_combinations(parts))
+        elif isinstance(alt, _MapOf):
+            keys = {p[0] for p in paths if p}
+            parts = {}
+            for key in keys:
+                found = _samples(alt.value, [p[1:] for p in paths if p[:1] == (key,)] or [()])
+                if found is None:
+                    return None
+                parts[key] = found
+            out.extend(_combinations(parts))
+        else:
+            out.append(alt)
+        if len(out) > MAX_RUNS:
+            return None
+    return out
+
+
+def _any_value(kind: _Type) -> Any:
+    """One value of ``kind`` (``null`` for a type the request picks)."""
+    if not kind:
+        return None
+    alt = kind[0]
+    if isinstance(alt, _Fields):
+        return {name: _any_value(sub) for name, sub in alt.fields.items()}
+    return {} if isinstance(alt, _MapOf) else alt
+
+
+def _combinations(parts: Mapping[str, list[Any]]) -> Iterator[dict[str, Any]]:
+    for values in itertools.product(*parts.values()):
+        yield dict(zip(parts, values, strict=True))
+
+
+def _type_name(value: Any) -> str:
+    return _NAMES.get(type(value), type(value).__name__)
+
+
+def certain_failures(
+    policy_id: str,
+    rules: tuple[CompiledRule, ...],
+    questions: Mapping[str, QuestionV1],
+    data: Mapping[str, Any] | None,
+    *,
+    state: _Type,
+    subject: _Type,
+) -> dict[str, str]:
+    """Rule id -> why its ``when`` fails on every request, for the rules that can be run before a request.
+
+    A rule that reads nothing of a request (only answers, ``answers``, ``flags`` and ``data``) is run once, on even
+    answers (each option of each question equally likely) and zero flags: any failure (a quoted threshold
+    ``"0.85"`` compared with a probability) is one on every request. A rule whose ``state.``/``subject.`` reads
+    all have known types (``state``, ``subject``: :func:`state_type`, :func:`subject_type`; alternatives for a
+    policy matching several kinds of subject) is run once per combination of those types and fails on every
+    request when every run ends in a type error or a non-boolean (:func:`_type_error`). Rules reading ``call`` or
+    ``result`` are not run.
+    """
+    answers = {key: answer_question(q, [1 / len(q.options())] * len(q.options())) for key, q in questions.items()}
+    roots = {"state": state, "subject": subject}
+    failures: dict[str, str] = {}
+    checking = _CHECKING.set(True)
+    try:
+        for rule in rules:
+            if (found := _certain_failure(policy_id, rule, roots, answers, data)) is not None:
+                failures[rule.id] = found
+    finally:
+        _CHECKING.reset(checking)
+    return failures
+
+
+def _certain_failure(
+    policy_id: str, rule: CompiledRule, roots: Mapping[str, _Type], answers: Mapping[str, Any], data: Any
+) -> str | None:
+    """Why ``rule`` fails on every request (:func:`certain_failures`), or ``None``."""
+    if rule.names & FEATURE_NAMES:
+        return None
+    reads = {root: [path for name, path in field_reads(rule.source) if name == root] for root in roots}
+    samples = {root: _samples(kind, reads[root]) if root in rule.names else [{}] for root, kind in roots.items()}
+    if samples["state"] is None or samples["subject"] is None:
+        return None
+    runs = list(itertools.product(samples["state"], samples["subject"]))
+    if len(runs) > MAX_RUNS:
+        return None
+    errors: list[RuleError] = []
+    for state_value, subject_value in runs:
+        try:
+            run_rule(policy_id, rule, rule_context((rule,), answers, subject_value, state_value, None, data))
+        except RuleError as exc:
+            errors.append(exc)
+        else:
+            return None
+    if not errors:
+        return None
+    if not rule.names & roots.keys():  # no request read: it fails the same way on every request
+        return f"fails on every request: {errors[0].detail}"
+    if all(_type_error(exc) for exc in errors):
+        return f"fails on the types it reads ({_described(reads, runs)}): {_first_sentence(errors[0])}"
+    return None
+
+
+def _first_sentence(exc: RuleError) -> str:
+    """What failed, without the CEL runtime's advice or a sample value (a non-boolean is named by its type)."""
+    if exc.__cause__ is None:
+        return exc.reason
+    undefined = _UNDEFINED.match(str(exc.__cause__))
+    if undefined:  # every name was checked at load: a method called on a value of a type without it
+        return f"{undefined.group(1)}() is not defined for the type of its value"
+    return exc.detail.split(". ")[0]
+
+
+def _type_error(exc: RuleError) -> bool:
+    """Whether a rule's failure comes from the types of its values, not from the values themselves: a non-boolean
+    result, CEL's ``TypeError`` (no such overload, unsupported operation), a method the value's type does not have
+    (CEL says the function is undefined: rule names were checked at load) or one of guard's functions given a type
+    it does not take; not a missing key, an index out of range or ``int("x")``."""
+    cause = exc.__cause__
+    if cause is None:
+        return True
+    text = str(cause)
+    return isinstance(cause, TypeError) or (
+        isinstance(cause, RuntimeError)
+        and (_UNDEFINED.match(text) is not None or "Python function call failed: TypeError" in text)
+    )
+
+
+def _described(reads: Mapping[str, list[tuple[str, ...]]], runs: list[tuple[Any, Any]]) -> str:
+    """``state.text is a string, subject.status is an int or null``: the types each read value took in ``runs``."""
+    out = []
+    for index, root in enumerate(("state", "subject")):
+        for path in dict.fromkeys(reads[root]):
+            names: dict[str, None] = {}
+            for run in runs:
+                node = run[index]
+                for name in path:
+                    node = node.get(name) if isinstance(node, dict) else None
+                names[_type_name(node)] = None
+            written = root + "".join(f".{name}" if name.isidentifier() else f'["{name}"]' for name in path)
+            out.append(f"{written} is {_article(' or '.join(names))}")
+    return ", ".join(out)
+
+
+def _article(name: str) -> str:
+    return ("an " if name[0] in "aeiou" else "a ") + name

@@ -1,0 +1,139 @@
+"""A rule that fails on every request because of the types of what it reads (``state.text > 5``, ``subject.path``
+as a condition) is refused at load, naming the types; a rule that fails only on some values, or reads values whose
+type the request picks, loads (``guard/policy/rule_check.py``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from guard.cli import main
+from guard.errors import PolicyError
+from guard.policy import load_text
+
+HTTP = """
+policies:
+  - id: p
+    version: 1
+    match: {http: {methods: [POST]}}
+    state:
+      text: body_text
+      tier: {from: header, name: x-tier}
+      plan: {from: header, name: x-plan, default: 0}
+      tags: {from: query, name: tag, repeated: list}
+      payload: {from: body, pointer: /amount}
+      meta:
+        fields: {route: path, size: {const: 3}}
+    questions: {spam: {type: noul, instructions: "Is it spam?"}}
+    rules:
+      - id: r
+        when: WHEN
+        action: block
+"""
+
+OVERLOAD = "TypeError: No such overload: the operation is not defined for the given operand types"
+
+
+def typed(types: str, failure: str = OVERLOAD) -> str:
+    return f"fails on the types it reads ({types}): {failure}"
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ("state.text > 5", typed("state.text is a string")),
+        ("subject.path", typed("subject.path is a string", "'when' returned str, not a boolean")),
+        ("state.text || spam.noul > 0.9", typed("state.text is a string")),
+        ("state.tier > 3", typed("state.tier is a string or null")),
+        ('subject.headers["content-length"] > 1000', typed('subject.headers["content-length"] is a string')),
+        ("state.tags > 3", typed("state.tags is a list or null")),
+        ("sqli(state.meta.size)", typed("state.meta.size is an int", "RuntimeError: Function 'sqli' error: Python "
+                                        "function call failed: TypeError: sqli() takes a string, got int")),
+        ("state.meta.route.size() > '3'", typed("state.meta.route is a string")),
+        ("state.text.size() >= 0 && state.text > 3", typed("state.text is a string")),
+    ],
+)  # fmt: skip
+def test_a_rule_whose_types_fail_on_every_request_is_refused(when: str, message: str) -> None:
+    """Each of these was a 503 (or the fail mode's verdict) on every request while ``guard policy check`` said ok."""
+    with pytest.raises(PolicyError) as info:
+        load_text(HTTP.replace("WHEN", repr(when) if "'" not in when else f'"{when}"'), "p.yaml")
+    assert (info.value.file, info.value.line, info.value.key) == ("p.yaml", 17, "policies[0].rules[0].when")
+    assert info.value.reason == message
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "state.tier.size() > 3",  # a string or null: works whenever the header is sent
+        "state.plan > 3",  # a string or its default 0: works when the header is missing
+        "int(state.tier) > 5",  # fails on some values only
+        "state.payload > 5",  # the body's JSON type is the client's
+        'subject.headers["x-a"] == "b" && subject.method == "POST"',
+        "state.tags.exists(t, t == 'x') || spam.noul > 0.5",
+        "subject.status >= 500 || state.text.contains('x')",  # status is null for requests: false || ... absorbs
+        "state.text.size() > 3 && state.meta.size > 2",
+        "type(state.payload) == string && state.payload > 'a'",
+    ],
+)
+def test_a_rule_that_can_work_on_some_request_loads(when: str) -> None:
+    (policy,) = load_text(HTTP.replace("WHEN", repr(when) if "'" not in when else f'"{when}"'))
+    assert policy.rules[0].source == when
+
+
+def test_a_source_of_another_kind_of_subject_reads_as_its_default() -> None:
+    """A policy matching HTTP and agent events renders ``path`` as missing (null or the default) for agent events."""
+    both = """
+policies:
+  - id: p
+    version: 1
+    match: {http: {}, agent: {events: [model_input]}}
+    state: {route: path, said: text}
+    rules: [{id: r, when: WHEN, action: block}]
+    default: allow
+"""
+    assert load_text(both.replace("WHEN", "state.route.startsWith('/a') || state.said.contains('x')"))
+    with pytest.raises(PolicyError, match=re.escape(typed("state.route is a string or null"))):
+        load_text(both.replace("WHEN", "state.route > 1"))
+
+
+def test_default_states_are_typed_per_subject() -> None:
+    """Without a ``state`` block, each kind of event renders its own default state; a response policy's holds the
+    status (it could not be read: the name check used the request's default state)."""
+    response = """
+policies:
+  - id: r
+    version: 1
+    match: {http: {response: {}}}
+    rules: [{id: s, when: WHEN, action: block}]
+    default: allow
+"""
+    assert load_text(response.replace("WHEN", "state.status >= 500"))
+    with pytest.raises(PolicyError, match=re.escape(typed("state.status is an int or null",
+                                                         "startsWith() is not defined for the type of its value"))):
+        load_text(response.replace("WHEN", "state.status.startsWith('5')"))
+    with pytest.raises(PolicyError, match="reads state.method, but the state has no field 'method'"):
+        load_text(response.replace("WHEN", "state.method == 'GET'"))
+    agent = """
+policies:
+  - id: a
+    version: 1
+    match: {agent: {events: [model_input, model_output]}}
+    rules: [{id: s, when: WHEN, action: block}]
+    default: allow
+"""
+    assert load_text(agent.replace("WHEN", "state.text.contains('x') || state.task == 'x'"))
+    with pytest.raises(PolicyError, match=re.escape(typed("state.text is a string or null"))):
+        load_text(agent.replace("WHEN", "state.text > 3"))
+
+
+def test_policy_check_says_it_without_the_runtime_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(HTTP.replace("WHEN", "sqli(state.meta.size)"))
+    assert main(["policy", "check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}:17: policies[0].rules[0].when: fails on the types it reads (state.meta.size is ")
+    assert "Python function 'sqli' failed" not in err and len(err.splitlines()) == 1
