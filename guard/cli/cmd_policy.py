@@ -156,6 +156,7 @@ def run_check(args: argparse.Namespace) -> int:
         ids = ", ".join(f"{p.id}@{p.version}" for p in policies)
         _say(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
         _warn_upper_case_paths(policies)
+        _warn_unknown_methods(policies)
         loaded.extend(policies)
     _print_overlaps(loaded)
     return EXIT_FAILED if failed else 0
@@ -171,6 +172,23 @@ def _warn_upper_case_paths(policies: list[Any]) -> None:
                       f"letters; requests are matched on their lower-cased path first (path_case='fold', the "
                       f"default), so a request for {glob.lower()!r} is not judged by it: write paths in lower case "
                       "(docs/http.md)", file=sys.stderr)
+
+
+def _warn_unknown_methods(policies: list[Any]) -> None:
+    """Warn about a method outside the IANA registry (``KNOWN_METHODS``): probably misspelt (``POTS``), and then the
+    policy judges no request."""
+    import difflib
+
+    from guard.policy.model import KNOWN_METHODS
+
+    for policy in policies:
+        for method in sorted(policy.http.methods) if policy.http is not None else ():
+            if method.upper() not in KNOWN_METHODS:
+                near = difflib.get_close_matches(method.upper(), KNOWN_METHODS, n=1, cutoff=0.6)
+                hint = f"did you mean {near[0]!r}? " if near else ""
+                print(f"warning: {policy.file}:{policy.line}: policy {policy.id}: method {method!r} is not a "
+                      f"registered HTTP method; {hint}requests with another method are not judged by this policy",
+                      file=sys.stderr)
 
 
 def _print_overlaps(policies: list[Any]) -> None:

@@ -346,6 +346,10 @@ def wire_answers(policies: Sequence[Policy], answers: Mapping[str, Any]) -> dict
         for q in policy.questions:
             by_key.setdefault(q.key, []).append(q.wire)
     unknown = [key for key in answers if key not in by_key]
+    if unknown and not policies:
+        raise ValueError(f"no policy matches the input, so none asks the questions the answers name ({unknown}); "
+                         "fix the input (its method, path, host or event), or write 'policy: null' without answers "
+                         "to test that no policy matches")
     if unknown:
         ids = ", ".join(repr(p.id) for p in policies)
         raise ValueError(f"answers name {unknown}, which are not questions of policy {ids} ({sorted(by_key)})")

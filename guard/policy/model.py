@@ -80,12 +80,25 @@ DEFAULT_HANDOFF_TIMEOUT_S = 30.0
 PATH_GLOB_PATTERN = r"^/"
 #: A media type without parameters, ``type/subtype`` (RFC 9110 8.3.1 tokens).
 MEDIA_TYPE_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+#: An HTTP method: an RFC 9110 token (9.1), no spaces or commas.
+METHOD_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
 PATTERN_HINTS = {
     PATH_GLOB_PATTERN: "a path glob starts with '/' (e.g. /v1/**); a path without one matches no request",
     MEDIA_TYPE_PATTERN: "a media type is type/subtype without parameters (e.g. application/json)",
+    METHOD_PATTERN: "a method is one token per list item (e.g. [POST, PUT]); this one would match no request",
 }
 PathGlob = Annotated[str, Field(pattern=PATH_GLOB_PATTERN)]
 MediaType = Annotated[str, Field(pattern=MEDIA_TYPE_PATTERN)]
+HttpMethod = Annotated[str, Field(pattern=METHOD_PATTERN)]
+#: The methods of the IANA HTTP Method Registry, and the cache purges of Varnish and nginx (PURGE, BAN): a method
+#: outside these is probably misspelt (``guard policy check`` warns).
+KNOWN_METHODS = frozenset({
+    "ACL", "BASELINE-CONTROL", "BIND", "CHECKIN", "CHECKOUT", "CONNECT", "COPY", "DELETE", "GET", "HEAD", "LABEL",
+    "LINK", "LOCK", "MERGE", "MKACTIVITY", "MKCALENDAR", "MKCOL", "MKREDIRECTREF", "MKWORKSPACE", "MOVE", "OPTIONS",
+    "ORDERPATCH", "PATCH", "POST", "PRI", "PROPFIND", "PROPPATCH", "PUT", "QUERY", "REBIND", "REPORT", "SEARCH",
+    "TRACE", "UNBIND", "UNCHECKOUT", "UNLINK", "UNLOCK", "UPDATE", "UPDATEREDIRECTREF", "VERSION-CONTROL",
+    "PURGE", "BAN",
+})  # fmt: skip
 
 
 def _host_glob(glob: str) -> str:
@@ -163,7 +176,7 @@ class HttpMatchSpec(_Strict):
     matches within one ``.`` label; in ``headers`` values ``*`` matches anything (the header must be present).
     """
 
-    methods: list[str] = Field(
+    methods: list[HttpMethod] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
         description="HTTP methods, e.g. [POST, PUT] (compared case-insensitively); [] = any.",

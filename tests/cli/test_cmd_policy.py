@@ -52,6 +52,25 @@ def test_check_warns_about_a_path_glob_in_upper_case(tmp_path: Path, capsys: pyt
     assert main(["policy", "check", str(POLICIES)]) == 0 and "upper-case" not in capsys.readouterr().err
 
 
+def test_check_refuses_a_method_that_is_no_token_and_warns_about_an_unknown_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``methods: [POTS]`` or ``["POST, PUT"]`` made the policy judge no request while ``check`` said ok."""
+    policy = tmp_path / "p.yaml"
+    text = ('policies:\n  - id: p\n    version: 1\n    match:\n      http: {methods: [METHODS]}\n    rules:\n'
+            '      - {id: r, when: "true", action: block}\n')
+    for methods in ('"POST, PUT"', '"POST /shop"', '""'):
+        policy.write_text(text.replace("METHODS", methods))
+        assert main(["policy", "check", str(policy)]) == 1
+        assert (f"{policy}:5: policies[0].match.http.methods[0]: a method is one token per list item (e.g. "
+                "[POST, PUT]); this one would match no request") in capsys.readouterr().err
+    policy.write_text(text.replace("METHODS", "post, POTS, PURGE, QUERY"))
+    assert main(["policy", "check", str(policy)]) == 0  # a warning: a method of one's own is allowed
+    err = capsys.readouterr().err
+    assert err.strip() == (f"warning: {policy}:2: policy p: method 'POTS' is not a registered HTTP method; did you "
+                           "mean 'POST'? requests with another method are not judged by this policy")
+
+
 def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The runtime refuses two policies with one id; check and test said ok (within a file and across files)."""
     one = "  - {id: d, version: V, match: {http: {methods: [POST]}}, rules: [{id: r, when: 'true', action: block}]}\n"
@@ -716,6 +735,11 @@ def test_a_case_no_policy_matches_fails_unless_it_expects_policy_null(
     assert main(["policy", "test", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "FAIL" in err and "typo" in err and "policy: no policy matched the input" in err
+    cases = [{"name": "typo", "input": typo, "answers": {"injection": 0.9}, "expect": {"action": "block"}}]
+    (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": cases}))
+    assert main(["policy", "test", str(tmp_path)]) == 1
+    assert ("no policy matches the input, so none asks the questions the answers name (['injection']); fix the "
+            "input (its method, path, host or event)") in capsys.readouterr().err
     cases = [{"name": "unmatched", "input": typo, "expect": {"policy": None, "action": "allow"}},
              {"name": "sql", "input": SQL_INPUT, "expect": {"action": "block"}}]
     (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": cases}))
