@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import logging
+import math
 import re
 import types
 import typing
@@ -157,47 +158,30 @@ def _field_type(field: StateField, kinds: Collection[type]) -> _Type:
 
 def _samples(kind: _Type, paths: list[tuple[str, ...]]) -> list[Any] | None:
     """Sample values of ``kind`` for a rule reading ``paths`` under it (``()``: the value whole): one per
-    combination of the alternatives along the read paths; ``None`` when a read path meets a type the request picks."""
+    combination of the alternatives along the read paths. An object holds only the fields read (one the rule reads
+    where :func:`~guard.policy.rules.field_reads` did not see it is then a missing key, not a wrong type). ``None``
+    when a read path meets a type the request picks or there are more than :data:`MAX_RUNS` combinations."""
     if kind is None:
         return None
     out: list[Any] = []
     for alt in kind:
-        if isinstance(alt, _Fields):
-            names = alt.fields if () in paths else {p[0] for p in paths if p and p[0] in alt.fields}
+        if isinstance(alt, _Fields | _MapOf):
+            fields = alt.fields if isinstance(alt, _Fields) else dict.fromkeys((p[0] for p in paths if p), alt.value)
+            names = fields if () in paths else {p[0] for p in paths if p and p[0] in fields}
             parts = {}
-            for name, sub in alt.fields.items():
-                if name in names:
-                    found = _samples(sub, [p[1:] for p in paths if p[:1] == (name,)] or [()])
-                    if found is None:
-                        return None
-                    parts[name] = found
-                else:  # not read: any value of its type will do
-                    parts[name] = [_any_value(sub)]
-            out.extend(_combinations(parts))
-        elif isinstance(alt, _MapOf):
-            keys = {p[0] for p in paths if p}
-            parts = {}
-            for key in keys:
-                found = _samples(alt.value, [p[1:] for p in paths if p[:1] == (key,)] or [()])
+            for name in names:
+                found = _samples(fields[name], [p[1:] for p in paths if p[:1] == (name,)] or [()])
                 if found is None:
                     return None
-                parts[key] = found
+                parts[name] = found
+            if len(out) + math.prod(map(len, parts.values())) > MAX_RUNS:
+                return None
             out.extend(_combinations(parts))
         else:
             out.append(alt)
-        if len(out) > MAX_RUNS:
-            return None
+            if len(out) > MAX_RUNS:
+                return None
     return out
-
-
-def _any_value(kind: _Type) -> Any:
-    """One value of ``kind`` (``null`` for a type the request picks)."""
-    if not kind:
-        return None
-    alt = kind[0]
-    if isinstance(alt, _Fields):
-        return {name: _any_value(sub) for name, sub in alt.fields.items()}
-    return {} if isinstance(alt, _MapOf) else alt
 
 
 def _combinations(parts: Mapping[str, list[Any]]) -> Iterator[dict[str, Any]]:
@@ -248,6 +232,8 @@ def _certain_failure(
     if rule.names & FEATURE_NAMES:
         return None
     reads = {root: [path for name, path in field_reads(rule.source) if name == root] for root in roots}
+    if any(root in rule.names and not reads[root] for root in roots):
+        return None  # a read the text scan did not see: what it reads is not known
     samples = {root: _samples(kind, reads[root]) if root in rule.names else [{}] for root, kind in roots.items()}
     if samples["state"] is None or samples["subject"] is None:
         return None

@@ -120,7 +120,24 @@ METHOD_ONLY = frozenset({
 })
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _CALL_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
-_STRING_RE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
+#: A CEL string literal (prefix ``r`` raw: no escapes, ``b`` bytes; single, double or triple quotes) or a comment
+#: (``//`` to the end of the line), found left to right so a quote in a comment or a ``//`` in a string is neither.
+_LITERAL_RE = re.compile(
+    r"//[^\n]*"
+    r"""|(?<![\w.])(?:[rR][bB]?|[bB][rR])(?:"{3}[\s\S]*?"{3}|'{3}[\s\S]*?'{3}|"[^"\n]*"|'[^'\n]*')"""
+    r"""|(?:(?<![\w.])[bB])?(?:"{3}(?:[^\\]|\\[\s\S])*?"{3}|'{3}(?:[^\\]|\\[\s\S])*?'{3}"""
+    r"""|"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')"""
+)
+
+
+def _literal_spans(source: str) -> list[tuple[int, int]]:
+    """Where ``source``'s string literals and comments are (:data:`_LITERAL_RE`)."""
+    return [m.span() for m in _LITERAL_RE.finditer(source)]
+
+
+def _code_only(source: str) -> str:
+    """``source`` with each string literal written ``""`` and each comment a space: the code, for name searches."""
+    return _LITERAL_RE.sub(lambda m: " " if m.group(0).startswith("//") else '""', source)
 _BOUND_RE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
 
 
@@ -199,7 +216,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     except ValueError as exc:
         detail = str(exc).splitlines()
         raise ValueError(f"CEL syntax error: {' '.join(line.strip() for line in detail[:2])}") from None
-    without_strings = _STRING_RE.sub('""', source)
+    without_strings = _code_only(source)
     _check_calls(program, without_strings)
     bound = set(_BOUND_RE.findall(without_strings))
     shadowing = sorted(bound & (RESERVED_NAMES | set(known)))
@@ -278,8 +295,8 @@ def field_reads(source: str) -> list[tuple[str, tuple[str, ...]]]:
     (a root read whole gives an empty path). A path ends before a method call
     (``state.text.matches(...)`` reads ``("text",)``) and at the first step that is not a name or a string literal;
     text inside string literals is not read, nor a name a macro binds (``x.exists(state, ...)``)."""
-    strings = [m.span() for m in _STRING_RE.finditer(source)]
-    bound = set(_BOUND_RE.findall(_STRING_RE.sub('""', source)))
+    strings = _literal_spans(source)
+    bound = set(_BOUND_RE.findall(_code_only(source)))
     out = []
     for root in _READ_ROOT.finditer(source):
         if root.group(1) in bound or any(a <= root.start() < b for a, b in strings):
@@ -303,7 +320,7 @@ def pattern_errors(source: str) -> list[str]:
     """Why each string literal a ``when`` passes to ``.matches(...)`` is not a pattern the CEL engine can run (the
     rule would fail on every request it reaches): each is tried once, through the engine that runs the rules."""
     out = []
-    strings = [m.span() for m in _STRING_RE.finditer(source)]
+    strings = _literal_spans(source)
     for found in _MATCHES_LITERAL.finditer(source):
         if any(a <= found.start() < b for a, b in strings):
             continue  # ".matches(" written inside a string literal
@@ -329,8 +346,17 @@ _COMPARE: dict[str, Callable[[float, float], bool]] = {
 
 
 def _masked(source: str) -> str:
-    """``source`` with every string literal's text replaced by spaces (same length, so offsets still match)."""
-    return _STRING_RE.sub(lambda m: m.group(0)[0] + " " * (len(m.group(0)) - 2) + m.group(0)[-1], source)
+    """``source`` with every string literal's text and every comment replaced by spaces (same length, so offsets
+    still match): a literal becomes its quote, spaces and its quote (``r"ab"`` -> ``␣"␣␣"``)."""
+
+    def blank(found: re.Match[str]) -> str:
+        text = found.group(0)
+        if text.startswith("//"):
+            return " " * len(text)
+        start = min(i for i in (text.find('"'), text.find("'")) if i >= 0)
+        return " " * start + text[start] + " " * (len(text) - start - 2) + text[start]
+
+    return _LITERAL_RE.sub(blank, source)
 
 
 def _option_literals(masked: str, name: str) -> list[tuple[int, int]]:

@@ -137,3 +137,32 @@ def test_policy_check_says_it_without_the_runtime_warnings(
     err = capsys.readouterr().err
     assert err.startswith(f"{path}:17: policies[0].rules[0].when: fails on the types it reads (state.meta.size is ")
     assert "Python function 'sqli' failed" not in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "// don't let big refunds through\nstate.payload > 1000 || state.meta.route.endsWith('.php')",
+        'state.tier.contains(r"..\\") || state.payload > 1000 || state.tier.endsWith(".exe")',
+        "state.text == '''it's''' || state.payload > 1000",
+    ],
+)
+def test_a_quote_in_a_comment_or_a_raw_string_hides_no_read(when: str) -> None:
+    """A ``'`` in a ``//`` comment or a raw string ending in ``\\`` made the text scan miss the reads after it, and
+    the rule was run with the body's value as null: refused, though it works on requests."""
+    policy = HTTP.replace("        when: WHEN", "        when: |\n" + "".join(f"          {line}\n" for line in
+                                                                        when.splitlines())).rstrip()
+    (loaded,) = load_text(policy)
+    assert loaded.rules[0].source.strip() == when
+
+
+def test_a_rule_reading_many_fields_loads_at_once() -> None:
+    """Each header read is a string or null: a rule reading 26 of them has 2**26 combinations, which were all
+    built (tens of GB) before the cap on runs was applied."""
+    names = [f"h{i}" for i in range(26)]
+    fields = "".join(f"      {n}: {{from: header, name: x-{n}}}\n" for n in names)
+    when = " || ".join(f'state.{n} == "a"' for n in names)
+    text = ("policies:\n  - id: p\n    version: 1\n    match: {http: {}}\n    state:\n" + fields +
+            f"    rules:\n      - {{id: r, when: '{when}', action: block}}\n    default: allow\n")
+    (loaded,) = load_text(text)
+    assert loaded.rules[0].id == "r"
