@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +35,7 @@ __all__ = [
     "EFFECT_METADATA_KEY",
     "MAX_ARGUMENT_DEPTH",
     "MAX_ARGUMENT_VALUES",
+    "SURROGATE_KEY",
     "ParsedCall",
     "arguments_digest",
     "canonical_json",
@@ -61,6 +63,10 @@ MAX_ARGUMENT_VALUES = 100_000
 """Most values (members and elements, at every level) accepted in a call's arguments."""
 INTEGER_RANGE = (-(2**63), 2**64 - 1)
 """Integers accepted in a call's arguments: what LangGraph's checkpoint serializer (msgpack) can store."""
+_SURROGATE = re.compile("[\\ud800-\\udfff]")
+"""A UTF-16 surrogate code point (U+D800-U+DFFF): LangGraph's checkpoint serializer (msgpack) refuses a mapping key
+holding one (the whole message fails to store), though it stores a value holding one as ``?``."""
+SURROGATE_KEY = "arguments hold a mapping key with a UTF-16 surrogate (U+D800-U+DFFF), which a checkpoint cannot store"
 _REASON_KEYS = ("finish_reason", "stop_reason", "stopReason", "done_reason")
 """``response_metadata`` keys that hold a stop reason (OpenAI/Gemini/Mistral, Anthropic, Bedrock, Ollama)."""
 
@@ -169,7 +175,8 @@ def _value_problem(value: Any) -> str | None:
 
 def shape_problem(arguments: dict[str, Any]) -> str | None:
     """Why parsed arguments are too deep, too large, or hold what raw JSON arguments could not (a key that is not a
-    string, a value of a type JSON has no value of, ``NaN`` or an infinity, an integer too large to checkpoint):
+    string, a key holding a UTF-16 surrogate, a value of a type JSON has no value of, ``NaN`` or an infinity, an
+    integer too large to checkpoint):
     ``None`` when they are none of these, so arguments that arrived parsed meet the rules raw text meets. Iterative,
     and it stops at the first level or value past a limit, so it is safe on values nested past the interpreter's
     recursion limit (or holding themselves)."""
@@ -179,6 +186,8 @@ def shape_problem(arguments: dict[str, Any]) -> str | None:
         node, level = stack.pop()
         if isinstance(node, dict) and not all(isinstance(key, str) for key in node):
             return "arguments hold a mapping key that is not a string"
+        if isinstance(node, dict) and any(_SURROGATE.search(key) for key in node):
+            return SURROGATE_KEY
         for child in node.values() if isinstance(node, dict) else node:
             if (problem := _value_problem(child)) is not None:
                 return problem

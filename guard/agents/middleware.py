@@ -83,6 +83,7 @@ from guard.agents._turn import (
     TurnKeeper,
     adrive,
     drive,
+    quiet_model,
     quiet_tokens,
     screen,
     structured_ids,
@@ -252,8 +253,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         record, late = self._inputs.pending(request.state)
         inputs = self._inputs.late(record, late, self._judge.judge_all([p.subject for p in late])) if late else None
         request = self._visible(request, record if inputs is None else inputs)
-        with quiet_tokens(self._holds_output()):
-            response = handler(request)
+        holds = self._holds_output()
+        with quiet_tokens(holds):
+            response = handler(request.override(model=quiet_model(request.model, holds)))
         ai = self._ai_of(response)
         if ai is None:
             return self._finish(request, response, inputs, None)
@@ -268,8 +270,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         record, late = self._inputs.pending(request.state)
         inputs = self._inputs.late(record, late, await self._judge.ajudge_all([p.subject for p in late])) if late else None
         request = self._visible(request, record if inputs is None else inputs)
-        with quiet_tokens(self._holds_output()):
-            response = await handler(request)
+        holds = self._holds_output()
+        with quiet_tokens(holds):
+            response = await handler(request.override(model=quiet_model(request.model, holds)))
         ai = self._ai_of(response)
         if ai is None:
             return self._finish(request, response, inputs, None)

@@ -16,7 +16,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from guard.agents import GuardAgentMiddleware, guarded_tool_node, send_tool_calls
-from guard.agents._arguments import MAX_ARGUMENT_DEPTH, MAX_ARGUMENT_VALUES, classify_arguments
+from guard.agents._arguments import MAX_ARGUMENT_DEPTH, MAX_ARGUMENT_VALUES, SURROGATE_KEY, classify_arguments
 from tests.agents._drive import SYNC_MODES, adrive, drive
 from tests.agents._fakes import Turn, model
 
@@ -152,3 +152,60 @@ def test_parsed_arguments_json_cannot_carry_get_a_recorded_block(harness: Any, t
     assert out.tool_messages()["deep"].status == "error"
     blocked = [d for d in h.decisions() if (d.get("input") or {}).get("tool_call_id") == "deep"]
     assert [(d["result"]["action"], d["result"]["rule"]) for d in blocked] == [("block", "malformed_arguments")]
+
+
+SURROGATE_KEYS = [{"\ud800": "x"}, {"k": {"\udc80": 1}}, {"k": [{"a\udfffb": 1}]}, {"\ud83d\ude00": 1}]
+
+
+def test_parsed_arguments_with_a_surrogate_in_a_key_are_malformed() -> None:
+    """A checkpointer's serializer (msgpack) refuses a mapping key holding a UTF-16 surrogate (a value holding one is
+    stored as ``?``): such arguments are malformed, at any level."""
+    for keyed in SURROGATE_KEYS:
+        assert classify_arguments({"amount": 5, **keyed}) == (None, SURROGATE_KEY)
+    assert classify_arguments({"k": "\ud800", "emoji \U0001f600": ["\udc80"]})[1] is None
+
+
+def _surrogate_agent(h: Any, keyed: dict[str, Any]) -> Any:
+    return create_agent(model(deep_turn({"amount": 5, "to": "bob", **keyed})), h.tools,
+                        middleware=[GuardAgentMiddleware(guard=h.guard)], checkpointer=InMemorySaver())
+
+
+def _check_surrogate(h: Any, out: Any) -> None:
+    assert h.runs.calls == [("pay", {"amount": 5, "to": "ann"})]
+    assert "surrogate" in out.tool_messages()["deep"].text
+    blocked = [d for d in h.decisions() if (d.get("input") or {}).get("tool_call_id") == "deep"]
+    assert [(d["result"]["action"], d["result"]["rule"]) for d in blocked] == [("block", "malformed_arguments")]
+    stored = next(m for m in out.messages if isinstance(m, AIMessage) and m.invalid_tool_calls)
+    assert stored.invalid_tool_calls[0]["id"] == "deep"
+    assert stored.invalid_tool_calls[0]["args"].startswith("<withheld by guard: ")
+
+
+@pytest.mark.parametrize("keyed", SURROGATE_KEYS, ids=["top", "nested", "in-list", "pair"])
+@pytest.mark.parametrize("mode", SYNC_MODES)
+def test_a_surrogate_key_gets_a_recorded_block(harness: Any, thread: Any, keyed: Any, mode: str) -> None:
+    """Parsed arguments with such a key are moved to ``invalid_tool_calls`` before the model node's output is
+    checkpointed: a recorded block and an error tool message, never ``TypeError`` out of ``agent.invoke``."""
+    h = harness()
+    _check_surrogate(h, drive(_surrogate_agent(h, keyed), USER, thread(), mode))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("keyed", SURROGATE_KEYS[:2], ids=["top", "nested"])
+async def test_a_surrogate_key_gets_a_recorded_block_async(harness: Any, thread: Any, keyed: Any) -> None:
+    h = harness()
+    _check_surrogate(h, await adrive(_surrogate_agent(h, keyed), USER, thread(), "ainvoke"))
+
+
+@pytest.mark.parametrize("mode", SYNC_MODES)
+def test_a_surrogate_key_in_argument_text_gets_a_recorded_block(harness: Any, thread: Any, mode: str) -> None:
+    """The raw text ``{"\\ud800": ...}`` (a provider streams the escape): its parsed form holds the key too."""
+    h = harness()
+    turn = Turn(calls=[("pay", '{"amount": 5, "to": "bob", "\\ud800": "x"}', "deep"),
+                       ("pay", {"amount": 5, "to": "ann"}, "fine")])
+    agent = create_agent(model(turn), h.tools, middleware=[GuardAgentMiddleware(guard=h.guard)],
+                         checkpointer=InMemorySaver())
+    out = drive(agent, USER, thread(), mode)
+    assert h.runs.calls == [("pay", {"amount": 5, "to": "ann"})]
+    assert out.tool_messages()["deep"].status == "error"
+    blocked = [d for d in h.decisions() if (d.get("input") or {}).get("tool_call_id") == "deep"]
+    assert [d["result"]["action"] for d in blocked] == ["block"]
