@@ -21,6 +21,7 @@ __all__ = [
     "Subject",
     "TurnMessage",
     "body_strings",
+    "body_text_of",
     "digest_of",
     "is_plain_key",
     "path_words",
@@ -67,7 +68,9 @@ class HttpSubject:
         client: client identity: the peer address, or what a trusted header says.
         content_type: media type without parameters, lower-case (``"application/json"``).
         body: the decoded body: a JSON value, ``{field: [values]}`` for forms, a ``str`` for text, ``None`` if empty.
-        body_text: the text fields of the body joined, for policies that judge "all user text" of the body at once.
+        body_text: the text fields of the body joined, for policies that judge "all user text" of the body at once;
+            left out (``None``), it is made from ``body`` as the middleware makes it (:func:`body_text_of`), so a
+            subject built in code with only a ``body`` has its text judged.
         status: the response status (responses only).
         phase: ``request``, or ``response``: then ``headers``, ``content_type``, ``body`` and ``body_text`` are the
             response's (a streamed response's: the window being judged, as text), and method, path, host, client and
@@ -87,12 +90,16 @@ class HttpSubject:
     client: str | None = None
     content_type: str = ""
     body: Any = None
-    body_text: str = ""
+    body_text: str = None  # type: ignore[assignment]  # None: made from body in __post_init__, always a str after
     status: int | None = None
     phase: Literal["request", "response"] = "request"
     repeated_headers: tuple[str, ...] = ()
     deltas: tuple[tuple[str, ...], ...] = ()
     kind: Literal["http"] = "http"
+
+    def __post_init__(self) -> None:
+        if self.body_text is None:  # set once, while the frozen instance is being built
+            object.__setattr__(self, "body_text", body_text_of(self.body))
 
     @property
     def request_text(self) -> str:
@@ -167,6 +174,15 @@ def is_plain_key(key: str) -> bool:
     """Whether an object key or form field name is a plain identifier (structure, left out of ``body_text``): at most
     :data:`PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $``."""
     return _PLAIN_KEY.fullmatch(key) is not None
+
+
+def body_text_of(body: Any) -> str:
+    """The ``body_text`` of a decoded ``body``: its judged strings (:func:`body_strings`) joined with newlines, as
+    the middleware joins a JSON or form body's; a ``bytes`` body decoded as UTF-8 (an undecodable byte read as
+    U+FFFD); ``""`` for ``None`` and for values that hold no string."""
+    if isinstance(body, bytes | bytearray):
+        return bytes(body).decode("utf-8", "replace")
+    return "\n".join(body_strings(body))
 
 
 def body_strings(value: Any) -> list[str]:
