@@ -7,6 +7,10 @@ Backends (``--backend``): ``compact`` (the shipped model), ``compact:DIR`` (a ``
 ``http:URL`` or a bare ``http(s)://`` URL (a System One server). The backend is started (warmed up) before the first
 record is timed.
 
+Exit status: 0 when every record was scored and the report written; 1 when the backend refused any record (the report
+covers the others) or the ``--json`` file could not be written (the report then goes to stdout); 2 for bad arguments
+or input (each bad line is named ``file:line``).
+
 Examples::
 
     guard eval build/compact-data/test/prompt_injection.jsonl --by source
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import sys
 from typing import Any
 
@@ -81,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.json != "-" and (problem := file_problem(args.json)) is not None:
         print(f"guard eval: --json: {problem}", file=sys.stderr)
         return 2
+    if args.json and args.json != "-" and (data := _same_file(args.json, args.data)) is not None:
+        print(f"guard eval: --json {args.json} is the data file {data}: the report would overwrite the labelled "
+              "records; give another path", file=sys.stderr)
+        return 2
     if args.threads:
         import torch
 
@@ -101,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"guard eval: {exc}", file=sys.stderr)
         return 2
+    for warning in _record_warnings(records, args.by):
+        print(f"guard eval: warning: {warning}", file=sys.stderr)
 
     async def go() -> Any:
         await start_backend(backend)
@@ -134,21 +145,72 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(format_table(report))
     body = json.dumps(report.to_json(), indent=2)
+    written = True
     if args.json and args.json != "-":
-        with open(args.json, "w", encoding="utf-8") as handle:
-            handle.write(body + "\n")
-    else:
+        try:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                handle.write(body + "\n")
+        except OSError as exc:  # a device (/dev/full), /proc, a disk that filled up during the run
+            print(f"guard eval: cannot write the JSON report to {args.json}: {exc.strerror or exc}; it follows on "
+                  "stdout", file=sys.stderr)
+            written = False
+    if not written or not args.json or args.json == "-":
         print(body)
     if report.refused:
         _print_refusals(report.errors, report.refused, report.records)
-    return 1 if report.records and report.refused == report.records else 0
+    return 1 if report.refused or not written else 0
+
+
+def _same_file(output: str, inputs: list[str]) -> str | None:
+    """The input among ``inputs`` that ``output`` names (the same file, through links or other spellings), if any."""
+    resolved = os.path.realpath(output)
+    for path in inputs:
+        try:
+            if os.path.samefile(output, path):
+                return path
+        except OSError:  # one of them does not exist (yet): compare the paths
+            if os.path.realpath(path) == resolved:
+                return path
+    return None
+
+
+def _record_warnings(records: list[Any], by: str) -> list[str]:
+    """What the report would hide: records without the ``--by`` field (reported under ``-``) and record ids given
+    conflicting labels (each line is still scored as it stands)."""
+    warnings = []
+    if by and (missing := sum(1 for record in records if not getattr(record, by))):
+        warnings.append(f"{missing} of {len(records)} records have no {by!r} field; --by {by} reports them under "
+                        "'-'")
+    seen: dict[str, Any] = {}
+    conflicts = 0
+    for record in records:
+        first = seen.setdefault(record.record_id, record)
+        if first is record:
+            continue
+        clash = sorted(qid for qid in record.labels.keys() & first.labels.keys()
+                       if _label_name(record, qid) != _label_name(first, qid))
+        if clash:
+            conflicts += 1
+            if conflicts <= 5:
+                warnings.append(f"record id {record.record_id!r} at {first.where or '?'} and {record.where or '?'} "
+                                f"labels {clash[0]!r} {_label_name(first, clash[0])!r} and "
+                                f"{_label_name(record, clash[0])!r}")
+    if conflicts > 5:
+        warnings.append(f"... and {conflicts - 5} more records whose id an earlier record gave another label")
+    return warnings
+
+
+def _label_name(record: Any, qid: str) -> str:
+    """The option id a record labels question ``qid`` with (indices differ between files of text/label lines)."""
+    return record.request.question(qid).options()[record.labels[qid]][0]
 
 
 def _print_refusals(errors: list[str], refused: int, records: int) -> None:
     """The distinct reasons records were refused (``record_id: reason`` lines), most frequent first, on stderr."""
     reasons = collections.Counter(error.split(": ", 1)[-1] for error in errors)
     what = "every record" if refused == records else f"{refused} of {records} records"
-    print(f"guard eval: the backend refused {what} (not scored):", file=sys.stderr)
+    print(f"guard eval: the backend refused {what} (not scored; the report covers the rest, exit status 1):"
+          if refused != records else f"guard eval: the backend refused {what} (not scored):", file=sys.stderr)
     for reason, count in reasons.most_common(3):
         print(f"  {count} x {reason[:500]}", file=sys.stderr)
     if len(reasons) > 3:

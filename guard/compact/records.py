@@ -15,16 +15,22 @@ Two line formats are read:
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guard.errors import RequestValidationError
+from guard import _json
+from guard.errors import InvalidJson, RequestValidationError
 from guard.systemone import QuestionV1, SystemOneRequestV1
 
-__all__ = ["LabelledRecord", "label_index", "load_records", "router_records"]
+__all__ = ["MAX_RECORDS_BYTES", "LabelledRecord", "label_index", "load_records", "read_records_file",
+           "router_records"]
+
+MAX_RECORDS_BYTES = 1 << 30
+"""Largest labelled JSONL file read (1 GiB; the compact model's whole training set is 16 MB)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class LabelledRecord:
         record_id: the line's ``id`` or ``<file>:<line>``.
         source: the line's ``source`` (where the record came from; ``""`` when absent), for per-source reports.
         fold: the line's ``fold`` (its leave-one-source-group-out fold; ``""`` when absent).
+        where: ``<file>:<line>`` of the record (``""`` when it was not read from a file).
     """
 
     request: SystemOneRequestV1
@@ -44,6 +51,7 @@ class LabelledRecord:
     record_id: str
     source: str = ""
     fold: str = ""
+    where: str = ""
 
 
 def label_index(question: QuestionV1, label: Any) -> int:
@@ -76,17 +84,24 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
         text_field, label_field: field names of text/label lines.
         question_id, instructions: the choice question built for text/label lines.
 
+    Each line is read as strict JSON (:func:`guard._json.loads`: UTF-8, no duplicate keys, at most 64 levels deep, no
+    lone surrogates, finite numbers of bounded length), as ``guard decide`` reads a request.
+
     Raises:
-        ValueError: naming the file and line of a malformed line, an invalid request or an unknown label.
+        ValueError: naming the file and line of a malformed line, an invalid request, a record without a state or an
+            unknown label; naming the file when it cannot be read, is not a regular file or is larger than
+            :data:`MAX_RECORDS_BYTES`.
     """
     source = Path(path)
-    lines = [(n, line) for n, line in enumerate(source.read_text(encoding="utf-8").split("\n"), 1) if line.strip()]
     rows: list[tuple[int, Any]] = []
-    for number, line in lines:
+    for number, line in enumerate(read_records_file(source).split(b"\n"), 1):
+        if not line.strip():
+            continue
         try:
-            rows.append((number, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{source}:{number}: not valid JSON ({exc.msg})") from exc
+            rows.append((number, _json.loads(line)))
+        except InvalidJson as exc:
+            detail = str(exc).removeprefix("invalid JSON: ")
+            raise ValueError(f"{source}:{number}: not valid JSON ({detail})") from None
     if rows and isinstance(rows[0][1], Mapping) and "questions" not in rows[0][1]:
         return router_records(source, rows, text_field, label_field, question_id, instructions)
     out = []
@@ -94,6 +109,8 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
         where = f"{source}:{number}"
         if not isinstance(row, Mapping) or "questions" not in row:
             raise ValueError(f"{where}: a System One record needs 'state', 'questions' and 'labels'")
+        if row.get("state") is None:
+            raise ValueError(f"{where}: the record has no 'state' (missing or null): nothing to judge")
         try:
             request = SystemOneRequestV1.from_json(
                 {"model": "guard-train", "state": row.get("state"), "questions": row["questions"]}, profile="reference"
@@ -112,26 +129,71 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from exc
         out.append(LabelledRecord(request, labels, str(row.get("id", where)), str(row.get("source") or ""),
-                                  str(row.get("fold") or "")))
+                                  str(row.get("fold") or ""), where))
     return out
+
+
+def read_records_file(path: str | Path) -> bytes:
+    """The bytes of the labelled JSONL file at ``path``: a regular file of at most :data:`MAX_RECORDS_BYTES`. Opened
+    without blocking and checked before reading, so a FIFO, a device (``/dev/zero``) or a huge file costs no wait and
+    no memory.
+
+    Raises:
+        ValueError: naming the file: it cannot be opened, is not a regular file, or is too large.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read file: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, socket or device"
+            raise ValueError(f"{path}: cannot read file: it is {kind}, not a regular file")
+        if info.st_size > MAX_RECORDS_BYTES:
+            raise ValueError(f"{path}: file is {info.st_size} bytes; at most {MAX_RECORDS_BYTES} (split it into "
+                             "several files)")
+        chunks: list[bytes] = []
+        left = MAX_RECORDS_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read file: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_RECORDS_BYTES:  # it grew while being read
+        raise ValueError(f"{path}: file is over {MAX_RECORDS_BYTES} bytes; at most {MAX_RECORDS_BYTES} (split it into "
+                         "several files)")
+    return data
 
 
 def router_records(source: Path, rows: Sequence[tuple[int, Any]], text_field: str, label_field: str,
                    question_id: str, instructions: str | None) -> list[LabelledRecord]:
-    """Text/label lines -> one ``choice`` question over every label seen (options sorted, no descriptions)."""
+    """Text/label lines -> one ``choice`` question over every label seen (options sorted, no descriptions).
+
+    A label is a non-empty string (an option id): ``1`` and ``"1"`` or ``true`` and ``"True"`` would otherwise be one
+    option, and an object or array no option id at all.
+    """
     pairs = []
     for number, row in rows:
-        if not isinstance(row, Mapping) or not isinstance(row.get(text_field), str) or row.get(label_field) is None:
-            raise ValueError(f"{source}:{number}: needs a string {text_field!r} and a {label_field!r}")
-        pairs.append((row[text_field], str(row[label_field]), str(row.get("id", f"{source}:{number}"))))
-    labels = sorted({label for _, label, _ in pairs})
+        where = f"{source}:{number}"
+        label = row.get(label_field) if isinstance(row, Mapping) else None
+        if not isinstance(row, Mapping) or not isinstance(row.get(text_field), str) or not isinstance(label, str) \
+                or not label:
+            got = "" if not isinstance(row, Mapping) or label_field not in row else \
+                f"; its {label_field!r} is {_json.dumps(row[label_field])[:80]}"
+            raise ValueError(f"{where}: needs a string {text_field!r} and a non-empty string {label_field!r}{got}")
+        pairs.append((row[text_field], label, str(row.get("id", where)), where))
+    labels = sorted({label for _, label, _, _ in pairs})
     if len(labels) < 2:
         raise ValueError(f"{source}: a router needs at least 2 labels, found {labels}")
     question = {"type": "choice", "instructions": instructions or question_id, "criteria": dict.fromkeys(labels)}
     out = []
-    for text, label, rid in pairs:
+    for text, label, rid, where in pairs:
         request = SystemOneRequestV1.from_json(
             {"model": "guard-train", "state": text, "questions": {question_id: question}}, profile="reference"
         )
-        out.append(LabelledRecord(request, {question_id: labels.index(label)}, rid))
+        out.append(LabelledRecord(request, {question_id: labels.index(label)}, rid, where=where))
     return out
