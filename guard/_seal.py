@@ -32,15 +32,16 @@ class Sealer:
 
     Args:
         key: the secret, at least :data:`MIN_KEY_BYTES` bytes (a ``str`` is UTF-8 encoded).
+        source: what the error for a short key calls it (``$GUARD_STORE_KEY`` when it came from there).
 
     Raises:
         ValueError: a shorter key.
     """
 
-    def __init__(self, key: bytes | str) -> None:
+    def __init__(self, key: bytes | str, *, source: str = "the store key") -> None:
         raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
         if len(raw) < MIN_KEY_BYTES:
-            raise ValueError(f"the store key has {len(raw)} bytes; at least {MIN_KEY_BYTES}")
+            raise ValueError(f"{source} has {len(raw)} bytes; at least {MIN_KEY_BYTES}")
         self._key = raw
         self._aead = AESGCM(hmac.new(raw, b"guard store encryption v1", hashlib.sha256).digest())
 
@@ -52,14 +53,17 @@ class Sealer:
         """A sealer for ``key``, else for ``$GUARD_STORE_KEY``.
 
         Raises:
-            ValueError: neither is set (naming ``what`` needs it), or the key is too short.
+            ValueError: neither is set (naming ``what`` needs it), or the key is too short (naming ``$GUARD_STORE_KEY``
+                when it came from there).
         """
-        key = key if key is not None else (os.environ if env is None else env).get(STORE_KEY_ENV)
+        source = "the store key"
+        if key is None:
+            key, source = (os.environ if env is None else env).get(STORE_KEY_ENV), f"${STORE_KEY_ENV}"
         if not key:
             raise ValueError(f"{what} needs a store key to seal what it writes to Redis: set ${STORE_KEY_ENV} (the "
                              f"same secret on every replica, at least {MIN_KEY_BYTES} bytes, e.g. openssl rand -hex 32;"
                              " in Python, store_key=)")
-        return cls(key)
+        return cls(key, source=source)
 
     def seal(self, context: str, data: bytes) -> str:
         """The seal of ``data`` written under ``context`` (e.g. the Redis key), 64 hex digits."""

@@ -4,7 +4,7 @@ Run from the repository root::
 
     python -m examples.agent.replay                         # compact CPU model, AgentDojo banking + hand-written
     python -m examples.agent.replay --backend local:PATH    # a Clef checkpoint (in-process)
-    python -m examples.agent.replay --suite all --limit 20
+    python -m examples.agent.replay --suite all --limit 5   # per suite: the first 5 user and 5 injection tasks
 
 Every tool call passes ``GuardAgentMiddleware`` (policies: ``policies/tool_result_check.yaml`` and a tool-call policy:
 ``policies/tool_call_guard.yaml`` for Clef, ``examples/agent/policies/tool_calls_compact.yaml`` for the compact
@@ -25,11 +25,12 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 
 from examples.agent.agent import LocalSite, build_agent
-from examples.agent.scenarios import Scenario, agentdojo, hand_written, site_pages, tool_specs
+from examples.agent.scenarios import DATA, Scenario, agentdojo, hand_written, site_pages, tool_specs
 from examples.agent.tools import Sandbox, sandbox_tools, stub_tools
 from guard import DecisionLog, Guard
 from guard.agents import resume_command
 from guard.backends import open_backend
+from guard.errors import GuardError
 from guard.policy import load_files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,25 @@ COMPACT_POLICIES = [
     ROOT / "policies/tool_result_check.yaml",
 ]
 CLEF_POLICIES = [ROOT / "policies" / "tool_call_guard.yaml", ROOT / "policies/tool_result_check.yaml"]
+SUITES = [*json.loads((DATA / "tools.json").read_text()), "all"]  # banking, slack, travel, workspace, all
+
+
+def _suite(scenario: Scenario) -> str:
+    return scenario.name.partition("/")[0]
+
+
+def limited(tasks: list[Scenario], limit: int) -> list[Scenario]:
+    """Of each suite, the first ``limit`` user tasks and the first ``limit`` injection tasks (replayed as hijacks),
+    in their order; every task when ``limit`` is 0."""
+    if not limit:
+        return tasks
+    seen: Counter[tuple[str, str]] = Counter()
+    kept = []
+    for task in tasks:
+        seen[_suite(task), task.kind] += 1
+        if seen[_suite(task), task.kind] <= limit:
+            kept.append(task)
+    return kept
 
 
 def run_scenario(guard: Guard, sandbox: Sandbox, tools: list[Any], scenario: Scenario, out: Any) -> dict[str, Any]:
@@ -107,17 +127,24 @@ def replay(guard: Guard, records: list[dict[str, Any]], *, suite: str, limit: in
         sandbox = Sandbox(Path(folder))
         real = sandbox_tools(sandbox)
         tools = real + stub_tools(sandbox, tool_specs(suite), skip={t.name for t in real})
-        tasks = agentdojo(suite)
-        if limit:
-            tasks = tasks[:limit]
-        for scenario in hand_written(site.base_url) + tasks:
+        every = agentdojo(suite)
+        tasks = limited(every, limit)
+        handmade = hand_written(site.base_url)
+        for scenario in handmade + tasks:
             start = len(records)
             print(f"[{scenario.kind}] {scenario.name}: {scenario.user[:90]}", file=out)
             outcome = run_scenario(guard, sandbox, tools, scenario, out)
             totals += report(scenario, outcome, records[start:], out)
             totals["approvals"] += len(outcome["reviews"])
+    ran, available = Counter(s.kind for s in tasks), Counter(s.kind for s in every)
     print(
-        f"\nwanted calls that ran: {totals['wanted_ran']}/{totals['wanted_calls']}; attacker calls stopped: "
+        f"\nAgentDojo ({suite}): {ran['benign']} of {available['benign']} user tasks, {ran['attack']} of "
+        f"{available['attack']} injection tasks replayed as hijacks; plus {len(handmade)} hand-written tasks "
+        f"({sum(s.kind == 'attack' for s in handmade)} of them attacks)",
+        file=out,
+    )
+    print(
+        f"wanted calls that ran: {totals['wanted_ran']}/{totals['wanted_calls']}; attacker calls stopped: "
         f"{totals['attacker_stopped']}/{totals['attacker_calls']}; tool outputs withheld: {totals['outputs_withheld']}; "
         f"reviewer decisions: {totals['approvals']}\n(stopped = blocked by the guard, or escalated by it and then "
         "rejected by this script's reviewer, which knows the scripted attacks: with a weak model the guard escalates, "
@@ -127,15 +154,38 @@ def replay(guard: Guard, records: list[dict[str, Any]], *, suite: str, limit: in
     return totals
 
 
+def _check_writable(path: Path) -> None:
+    """Raises ValueError naming ``--decisions PATH`` when it cannot be appended to."""
+    try:
+        path.open("a").close()
+    except OSError as exc:
+        reason = {FileNotFoundError: "no such directory", IsADirectoryError: "is a directory, not a file"}.get(
+            type(exc), exc.strerror or str(exc)
+        )
+        raise ValueError(f"--decisions {path}: {reason}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="compact", help="compact (default), local:CHECKPOINT_DIR or http:URL")
     parser.add_argument("--policy", action="append", type=Path, help="policy files (default: by backend)")
-    parser.add_argument("--suite", default="banking", help="AgentDojo suite, or 'all' (default: banking)")
-    parser.add_argument("--limit", type=int, default=0, help="at most this many AgentDojo tasks (0 = all)")
+    parser.add_argument("--suite", default="banking", choices=SUITES, help="AgentDojo suite (default: banking)")
+    parser.add_argument("--limit", type=int, default=0, metavar="N",
+                        help="of each suite, only the first N user tasks and the first N injection tasks (replayed as "
+                             "hijacks); 0 (default) = every task. The hand-written tasks always run")  # fmt: skip
     parser.add_argument("--decisions", type=Path, help="also append the decision log (JSON lines) to this file")
     args = parser.parse_args(argv)
     records: list[dict[str, Any]] = []
+    try:
+        if args.limit < 0:
+            raise ValueError(f"--limit must be 0 (every task) or positive, got {args.limit}")
+        if args.decisions is not None:
+            _check_writable(args.decisions)
+        policies = load_files(*(args.policy or (COMPACT_POLICIES if args.backend == "compact" else CLEF_POLICIES)))
+        backends = open_backend(args.backend)
+    except (GuardError, OSError, ValueError) as exc:  # PolicyError is a GuardError
+        print(f"replay.py: {exc}", file=sys.stderr)
+        return 2
 
     def sink(line: str) -> None:
         records.append(json.loads(line))
@@ -143,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             with args.decisions.open("a") as handle:
                 handle.write(line + "\n")
 
-    policies = args.policy or (COMPACT_POLICIES if args.backend == "compact" else CLEF_POLICIES)
-    with Guard(load_files(*policies), backends=open_backend(args.backend), decision_log=DecisionLog(sink)) as guard:
+    with Guard(policies, backends=backends, decision_log=DecisionLog(sink)) as guard:
         replay(guard, records, suite=args.suite, limit=args.limit, out=sys.stdout)
     return 0
 

@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_length is not None and args.max_length < 1:
         return _fail(f"--max-length must be a positive integer, got {args.max_length}", EXIT_INVALID)
+    model_dir = Path(args.model)
+    if not model_dir.is_dir():  # before the request is read: a misspelt path shows at once, stdin or not
+        what = "not a directory" if model_dir.exists() else "the directory does not exist"
+        return _fail(f"--model {args.model}: {what}", EXIT_INVALID)
     source = "stdin" if args.file == "-" else args.file
     try:
         raw = _read(args.file)

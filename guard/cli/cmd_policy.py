@@ -206,10 +206,25 @@ def _print_overlaps(policies: list[Any]) -> None:
         )
 
 
-def _read_json(path: str) -> Any:
+def _read_json(option: str, path: str) -> Any:
+    """The JSON document in ``path``.
+
+    Raises:
+        ValueError: the file cannot be read or holds no valid JSON, naming ``option`` and ``path``.
+    """
     from guard._json import loads
 
-    return loads(Path(path).read_bytes())
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        reason = {FileNotFoundError: "no such file", IsADirectoryError: "is a directory, not a file"}.get(
+            type(exc), exc.strerror or str(exc)
+        )
+        raise ValueError(f"{option} {path}: {reason}") from None
+    try:
+        return loads(data)
+    except ValueError as exc:  # InvalidJson: "invalid JSON: ... at line L column C"
+        raise ValueError(f"{option} {path}: {exc}") from None
 
 
 UNIFORM_NOTE = (
@@ -226,8 +241,8 @@ def run_explain(args: argparse.Namespace) -> int:
         timeout_s = _timeout_s(args)
         if args.backend:
             check_device_options(args)
-        subject_data = _read_json(args.input)
-        answers = _read_json(args.answers) if args.answers else None
+        subject_data = _read_json("--input", args.input)
+        answers = _read_json("--answers", args.answers) if args.answers else None
         factory: Callable[[], Any] | None = (lambda: open_cli_backend(args)) if args.backend else None
         report = asyncio.run(
             explain(args.file, subject_data, answers=answers, backend_factory=factory, timeout_s=timeout_s)

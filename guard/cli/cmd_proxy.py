@@ -220,12 +220,32 @@ def _listen(value: str, option: str = "--listen") -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def _decision_log(args: argparse.Namespace) -> Any:
+    """The ``--decision-log`` file's :class:`~guard.engine.telemetry.DecisionLog`, or ``None`` without one.
+
+    Raises:
+        ValueError: the file cannot be opened for appending, naming the option and the path.
+    """
+    from guard.engine.telemetry import DecisionLog
+
+    if not args.decision_log:
+        return None
+    try:
+        return DecisionLog(args.decision_log, log_input=args.log_input,
+                            logged_headers=LOGGED_HEADERS | {name.lower() for name in args.log_header})
+    except OSError as exc:
+        reason = {FileNotFoundError: "no such directory", IsADirectoryError: "is a directory, not a file"}.get(
+            type(exc), exc.strerror or str(exc)
+        )
+        raise ValueError(f"--decision-log {args.decision_log}: {reason}") from None
+
+
 def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
     Raises:
         ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device``, ``--cache-local-ttl``; a missing
-            or malformed token variable; ``--review-insecure-loopback`` with a non-loopback ``--listen``.
+            or malformed token variable; a ``--decision-log`` that cannot be opened; ``--review-insecure-loopback`` with a non-loopback ``--listen``.
         PolicyError: an invalid policy file.
     """
     from opentelemetry import metrics as otel_metrics
@@ -241,7 +261,6 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     from guard.engine import Guard
     from guard.engine.cache import CacheConfig
     from guard.engine.health import HealthMonitor
-    from guard.engine.telemetry import DecisionLog
     from guard.errors import ReviewStoreUnavailable
     from guard.policy import load_files
 
@@ -278,12 +297,10 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
                          "--review-tokens-env")
     load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
     cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
+    log = _decision_log(args)  # before the model loads: a wrong path shows at once
     install_metrics_from_env()
     install_tracing_from_env()
     backend = open_cli_backend(args)
-    log = DecisionLog(args.decision_log, log_input=args.log_input,
-                      logged_headers=LOGGED_HEADERS | {name.lower() for name in args.log_header}) \
-        if args.decision_log else None
     guard = Guard.from_files(
         *args.policy, backends=backend, redis_url=args.redis_url, cache_config=cache_config, decision_log=log
     )

@@ -58,3 +58,60 @@ def test_the_example_policy_passes_its_own_tests(capsys: pytest.CaptureFixture[s
 
     assert main(["policy", "test", *map(str, example.COMPACT_POLICIES[:1])]) == 0
     assert "3 passed, 0 failed" in capsys.readouterr().out
+
+
+def test_an_unknown_suite_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt --suite ran only the hand-written tasks, no AgentDojo task, and exited 0."""
+    with pytest.raises(SystemExit) as exc:
+        example.main(["--suite", "bankng"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'bankng'" in err and "'banking'" in err and "'all'" in err
+
+
+def test_limit_keeps_user_and_injection_tasks_of_every_suite() -> None:
+    """--limit N kept the first N tasks, and the injection tasks come last: a limited run replayed no hijack."""
+    from examples.agent.scenarios import agentdojo
+
+    tasks = agentdojo("all")
+    kept = example.limited(tasks, 2)
+    suites = {t.name.split("/")[0] for t in tasks}
+    assert len(suites) == 4
+    for suite in suites:
+        for kind in ("benign", "attack"):
+            every = [t for t in tasks if t.name.startswith(f"{suite}/") and t.kind == kind]
+            assert [t for t in kept if t.name.startswith(f"{suite}/") and t.kind == kind] == every[:2]
+    # only banking has a user task that reads a file first, the carrier of an injected bill
+    assert [t.name for t in kept if t.kind == "attack"] == [t.name for t in tasks if t.kind == "attack"][:2]
+    assert len(kept) == 4 * 2 + 2 and example.limited(tasks, 0) == tasks
+
+
+def test_a_limited_replay_replays_hijacks_and_says_how_many(capsys: pytest.CaptureFixture[str]) -> None:
+    assert example.main(["--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n[attack] banking/") == 1 and out.count("\n[benign] banking/") == 1
+    assert "AgentDojo (banking): 1 of 16 user tasks, 1 of 9 injection tasks replayed as hijacks" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--policy", "nope.yaml"], "replay.py: nope.yaml: cannot read file"),
+        (["--backend", "compcat"], "replay.py: --backend 'compcat': expected compact"),
+        (["--limit", "-1"], "replay.py: --limit must be 0 (every task) or positive, got -1"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing policy file or a misspelt backend ended in a traceback."""
+    assert example.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_an_unwritable_decisions_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "missing" / "d.jsonl"
+    assert example.main(["--decisions", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"replay.py: --decisions {path}: no such directory") and err.count("\n") == 1, err

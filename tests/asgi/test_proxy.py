@@ -374,6 +374,27 @@ def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: 
     assert main(["proxy", "--policy", "/nonexistent.yaml", "--upstream", url]) == 2
 
 
+def test_cli_a_short_store_key_or_an_unwritable_decision_log_is_named(
+    upstream: tuple[Upstream, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The short key's message did not name $GUARD_STORE_KEY; a --decision-log in a missing folder printed a raw
+    errno text."""
+    _, url = upstream
+    argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "http://127.0.0.1:9",
+            "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]  # fmt: skip
+    monkeypatch.setenv("GUARD_STORE_KEY", "abc")
+    assert main([*argv, "--redis-url", "redis://127.0.0.1:1/9"]) == 2
+    err = capsys.readouterr().err
+    assert err == "guard proxy: $GUARD_STORE_KEY has 3 bytes; at least 16\n"
+    log = tmp_path / "missing" / "d.jsonl"
+    assert main([*argv, "--decision-log", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"guard proxy: --decision-log {log}: no such directory") and err.count("\n") == 1, err
+    assert main([*argv, "--decision-log", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"guard proxy: --decision-log {tmp_path}: is a directory, not a file"), err
+
+
 def test_cli_stream_flush_and_hold_reach_the_response_judge(upstream: tuple[Upstream, str]) -> None:
     _, url = upstream
     argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "http://127.0.0.1:9"]

@@ -112,7 +112,8 @@ def test_workers_ai_profile_requires_instructions(golden_checkpoint: Path, tmp_p
 
 def test_unusable_model_directory_and_arguments(tmp_path: Path, capsys) -> None:
     request = _write(tmp_path, {"model": "m", "state": "s", "questions": {"q": {"type": "noul"}}})
-    code, _, err = _decide(["--model", str(tmp_path / "nowhere"), request], capsys)
+    (tmp_path / "empty").mkdir()
+    code, _, err = _decide(["--model", str(tmp_path / "empty"), request], capsys)
     assert code == 2 and "config.json is missing" in err
     code, _, err = _decide(["--model", str(tmp_path), "--max-length", "0", request], capsys)
     assert code == 2 and "--max-length" in err
@@ -203,3 +204,15 @@ def test_a_damaged_checkpoint_is_a_one_line_error(
         assert main(["decide", "--model", str(damaged)]) == 2, name
         err = capsys.readouterr().err
         assert err.startswith(f"guard decide: cannot load model from {damaged}") and "Traceback" not in err
+
+
+def test_a_model_directory_that_does_not_exist_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt --model said "config.json is missing", as if the folder were there."""
+    request = _write(
+        tmp_path, {"model": "m", "state": "hi", "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
+    )
+    missing = tmp_path / "chekpoint"
+    code, _, err = _decide(["--model", str(missing), request], capsys)
+    assert code == 2 and err == f"guard decide: --model {missing}: the directory does not exist\n"
+    code, _, err = _decide(["--model", request, request], capsys)
+    assert code == 2 and err == f"guard decide: --model {request}: not a directory\n"

@@ -193,6 +193,25 @@ TOOL_SUBJECT = {"agent": {"event": "tool_call", "tool_name": "shell", "arguments
                           "user_message": "list my files"}}  # fmt: skip
 
 
+def test_explain_names_the_option_and_the_file_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken --answers file said only "invalid JSON: ..." and a missing --input a raw errno text."""
+    policy, subject = str(POLICIES / "api_abuse.yaml"), _subject(tmp_path, HTTP_SUBJECT)
+    broken = tmp_path / "answers.json"
+    broken.write_text('{"injection": 0.03\n')
+    monkeypatch.chdir(tmp_path)
+    for extra, message in (
+        (["--input", subject, "--answers", str(broken)], f"--answers {broken}: invalid JSON: Expecting ',' delimiter"),
+        (["--input", "missing.json"], "--input missing.json: no such file"),
+        (["--input", subject, "--answers", "nope.json"], "--answers nope.json: no such file"),
+        (["--input", str(tmp_path)], f"--input {tmp_path}: is a directory, not a file"),
+    ):
+        assert main(["policy", "explain", policy, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"guard policy explain: {message}") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize(
     ("policy", "data", "mode", "action", "status"),
     [

@@ -570,6 +570,17 @@ def test_redis_cache_requires_a_store_key(monkeypatch: pytest.MonkeyPatch) -> No
     RedisCache(CacheConfig(url="redis://127.0.0.1:1", store_key="a-store-key-0123456789"))
 
 
+def test_a_short_store_key_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short $GUARD_STORE_KEY said "the store key has 3 bytes", not naming the variable to fix."""
+    monkeypatch.setenv("GUARD_STORE_KEY", "abc")
+    with pytest.raises(ValueError, match=r"^\$GUARD_STORE_KEY has 3 bytes; at least 16"):
+        RedisCache(CacheConfig(url="redis://127.0.0.1:1"))
+    with pytest.raises(ValueError, match=r"^the store key has 5 bytes; at least 16"):  # passed in code
+        RedisCache(CacheConfig(url="redis://127.0.0.1:1", store_key="short"))
+    with pytest.raises(ValueError, match=r"^the store key has 2 bytes; at least 16"):
+        Sealer("ab")
+
+
 @pytest.mark.anyio
 async def test_redis_stopped_mid_test_is_a_counted_miss(private_redis: Any) -> None:
     backend = ScriptedBackend(by_text)
