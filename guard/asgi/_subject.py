@@ -6,6 +6,8 @@ import base64
 import dataclasses
 import functools
 import ipaddress
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -227,6 +229,9 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
     )
 
 
+_KEY_HEADER = re.compile(r"[-_](?:key|sig)$", re.IGNORECASE)
+
+
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:
     """What a reviewer sees of the held request besides the state: method, path, query (:func:`shown_query`), host,
     client, media type, and the headers a release replays (:func:`shown_headers`)."""
@@ -248,10 +253,22 @@ def shown_headers(subject: HttpSubject) -> dict[str, str]:
     brings its own), a secret-named one's value is ``[redacted]``, and the request's secret values are replaced by
     ``[redacted]`` wherever a header repeats them (:func:`redact_secrets`)."""
     held = [(name, value) for name, value in subject.headers.items() if name.encode("latin-1") not in _NOT_HELD]
-    # secrets from the credential headers and secret-named fields only: the log's rule that any long header value
+    # secrets from the credential headers and credential-named ones only: the log's rule that any long header value
     # may be one would hide the very values (x-role: organization-admin) the reviewer approves
     credentials = {name: value for name, value in subject.headers.items() if name.encode("latin-1") in SENSITIVE_HEADERS}
-    return dict(_shown_pairs(held, dataclasses.replace(subject, headers=credentials)))
+    return dict(_shown_pairs(held, dataclasses.replace(subject, headers=credentials), secret_header))
+
+
+def secret_name(name: str) -> bool:
+    """Whether a field or parameter is named like a secret (:data:`~guard.engine.telemetry.SECRET_NAME`)."""
+    return SECRET_NAME.search(name) is not None
+
+
+def secret_header(name: str) -> bool:
+    """Whether a header is named like a credential: like a secret (:func:`secret_name`), or a key or signature
+    by its last word (``x-functions-key``, ``ocp-apim-subscription-key``, ``x-signature-sig``), as gateways name
+    their API keys."""
+    return secret_name(name) or _KEY_HEADER.search(name) is not None
 
 
 def shown_query(subject: HttpSubject) -> str:
@@ -264,11 +281,15 @@ def shown_query(subject: HttpSubject) -> str:
     return urlencode(_shown_pairs(pairs, subject), quote_via=quote, safe="[]")
 
 
-def _shown_pairs(pairs: list[tuple[str, str]], subject: HttpSubject) -> list[tuple[str, str]]:
-    """``(name, value)`` pairs as a reviewer sees them: a secret-named one's value ``[redacted]``, and ``subject``'s
-    secret values (:func:`redact_secrets`) replaced by ``[redacted]`` wherever a value repeats them."""
-    masked = [[name, "[redacted]" if SECRET_NAME.search(name) else value] for name, value in pairs]
-    return [(name, value) for name, value in redact_secrets(masked, subject)]
+def _shown_pairs(
+    pairs: list[tuple[str, str]], subject: HttpSubject, secret: Callable[[str], bool] = secret_name
+) -> list[tuple[str, str]]:
+    """``(name, value)`` pairs as a reviewer sees them: the value of one whose name ``secret`` says is a secret
+    ``[redacted]``, and ``subject``'s secret values (:func:`redact_secrets`) and those of the secret pairs replaced
+    by ``[redacted]`` wherever a value repeats them."""
+    masked = [[name, "[redacted]" if secret(name) else value] for name, value in pairs]
+    secrets = [value for name, value in pairs if secret(name) and value]
+    return [(name, value) for name, value in redact_secrets(masked, subject, secrets)]
 
 
 def held_request(scope: Scope, body: bytes, bound: dict[str, Any]) -> dict[str, Any]:

@@ -19,17 +19,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
+from urllib.parse import unquote_plus
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["DEFAULT_HEADER_TIMEOUT_S", "bind_socket", "head_timeout_protocol", "serve_together", "server_options"]
+from guard.asgi._subject import secret_name
+
+__all__ = [
+    "DEFAULT_HEADER_TIMEOUT_S",
+    "bind_socket",
+    "head_timeout_protocol",
+    "mask_access_log",
+    "masked_target",
+    "serve_together",
+    "server_options",
+]
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
@@ -99,6 +111,36 @@ def server_options(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> dict[str
             "date_header": False, "proxy_headers": False}
 
 
+class _QueryMask(logging.Filter):
+    """Masks uvicorn's access log line: the value of each query parameter named like a secret
+    (:func:`~guard.asgi._subject.secret_name`) becomes ``[redacted]`` (``/v1?api_key=[redacted]&q=hi``), as the
+    decision log and review items show a query."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], masked_target(args[2]), *args[3:])
+        return True
+
+
+def masked_target(target: str) -> str:
+    """A request target (``path?query``) with the values of secret-named query parameters ``[redacted]``; names,
+    other values and the path as they were sent."""
+    path, _, query = target.partition("?")
+    parts = []
+    for part in query.split("&"):
+        name, equals, _ = part.partition("=")
+        parts.append(f"{name}=[redacted]" if equals and secret_name(unquote_plus(name)) else part)
+    return f"{path}?{'&'.join(parts)}"
+
+
+def mask_access_log() -> None:
+    """Install the access log's query mask (:class:`_QueryMask`) on uvicorn's ``uvicorn.access`` logger, once."""
+    logger = logging.getLogger("uvicorn.access")
+    if not any(isinstance(existing, _QueryMask) for existing in logger.filters):
+        logger.addFilter(_QueryMask())
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv4 or IPv6 literal, or a name).
 
@@ -157,6 +199,7 @@ def serve_together(app: Any, admin: Any, sockets: list[socket.socket], *, log_le
     common: dict[str, Any] = {"log_level": log_level, **server_options(header_timeout), **config}
     follower = _Follower(uvicorn.Config(admin, lifespan="off", **common))
     main = _Main(uvicorn.Config(app, lifespan="on", **common), follower)
+    mask_access_log()  # after the configs, which set up uvicorn's loggers
 
     async def both() -> None:
         await asyncio.gather(main.serve(sockets=[sockets[0]]), follower.serve(sockets=[sockets[1]]))

@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from guard.asgi.server import server_options
+    from guard.asgi.server import mask_access_log, server_options
     from guard.worker.app import create_app
 
     def load() -> Any:
@@ -296,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
         if args.uds
         else {"host": host, "port": DEFAULT_PORT if args.port is None else args.port}
     )
+    mask_access_log()
     uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,
                 **server_options(args.header_timeout), **where)
     shutdown_providers()  # after Ctrl-C the SDK's exit hooks would wait for a collector that never answers

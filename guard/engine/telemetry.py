@@ -36,7 +36,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Any
@@ -742,11 +742,12 @@ def _contribution(verdict: Verdict) -> dict[str, Any]:
     }
 
 
-def redact_secrets(state: Any, subject: Subject | None = None) -> Any:
+def redact_secrets(state: Any, subject: Subject | None = None, secrets: Iterable[str] = ()) -> Any:
     """A copy of ``state`` as ``log_input="redacted"`` writes it: secret-named fields (:data:`SECRET_NAME`) removed
-    at any depth, and their values, and those of the ``subject``'s secret-named fields (a query's ``api_key``, a
-    body's ``password``: what a ``request_text`` or ``body_text`` state repeats), replaced by ``[redacted]``."""
-    hidden: list[str] = []
+    at any depth, and their values, those of the ``subject``'s secret-named fields (a query's ``api_key``, a body's
+    ``password``: what a ``request_text`` or ``body_text`` state repeats) and ``secrets``, replaced by
+    ``[redacted]``."""
+    hidden: list[str] = list(secrets)
     record = {"input": None if subject is None else _json_safe(subject, hidden=hidden),
               "state": _json_safe(state, hidden=hidden)}
     _redact_input(record, [], values=hidden)

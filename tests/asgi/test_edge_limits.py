@@ -128,8 +128,8 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
             [sys.executable, "-m", "guard", "proxy", "--policy", str(POLICY), "--upstream", url,
              "--backend", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{listen}",
              "--admin-listen", f"127.0.0.1:{admin}", "--header-timeout", "0.5",
-             "--review-tokens-env", "GUARD_TEST_REVIEWERS", "--log-level", "warning"],
-            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+             "--review-tokens-env", "GUARD_TEST_REVIEWERS"],  # --log-level info: the access log is on
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 60
             while True:  # until the start-up canary run has tried the (unreachable) backend
@@ -142,6 +142,7 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
                 assert process.poll() is None and time.monotonic() < deadline, "guard proxy did not start"
                 time.sleep(0.2)
             proxied = httpx.get(f"http://127.0.0.1:{listen}/_guard/health", timeout=5)
+            httpx.get(f"http://127.0.0.1:{listen}/_guard/health?api_key=SECRETQUERY123&q=hi", timeout=5)
             reviews = httpx.get(f"http://127.0.0.1:{admin}/_guard/admin/reviews/", timeout=5,
                                 headers={"authorization": "Bearer alice-review-token-0123456789"})
             judged = httpx.post(f"http://127.0.0.1:{listen}/v1/echo", json={"message": BENIGN}, timeout=5)
@@ -152,7 +153,7 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
             closed = [_closed_within(conn, 5) for conn in slow]
         finally:
             process.terminate()
-            _, stderr = process.communicate(timeout=30)
+            stdout, stderr = process.communicate(timeout=30)
     # no backend answers at 127.0.0.1:9: health says so (every judged request fails closed)
     assert health.status_code == 503 and health.json()["checks"]["backends"] == {"default": "unreachable"}, health.text
     assert proxied.status_code == 200 and proxied.json() == {"upstream": "/_guard/health"}
@@ -160,6 +161,8 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
     assert judged.status_code == 503 and json.loads(judged.text)["code"] == "decision_unavailable"  # no backend
     assert all(data.startswith(b"HTTP/1.1 408") and took < 3 for data, took in closed)
     assert process.returncode == 0 and "Traceback" not in stderr
+    # the access log shows the query with a secret-named parameter's value masked, as the decision log does
+    assert "/_guard/health?api_key=[redacted]&q=hi HTTP/1.1" in stdout and "SECRETQUERY123" not in stdout + stderr
     assert 'guard_http_guarded_requests_total{guard_action="block",guard_policy_id=' in scraped
     assert "otel_scope" not in scraped  # the label names the docs list, the same as a middleware's own registry
     assert scraped.count("# TYPE target_info") <= 1

@@ -277,3 +277,18 @@ async def test_the_reviewer_sees_the_headers_a_release_replays(make_guard: Guard
     assert shown["x-session-token"] == "[redacted]"
     assert shown["x-echo"] == "[redacted]" and "authorization" not in shown
     assert "HSECRET-9" not in json.dumps(item) and "client-token" not in json.dumps(item)
+
+
+async def test_gateway_key_headers_are_redacted_in_the_item(make_guard: GuardFactory) -> None:
+    """Azure Functions' ``x-functions-key`` and APIM's ``ocp-apim-subscription-key`` were kept in clear in the item
+    (in Redis too) though the docs say Redis holds no header secret in clear (attack finding): a header whose last
+    word is ``key`` or ``sig`` is a credential, its value redacted wherever another header repeats it."""
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        headers = {**JSON, "x-functions-key": "FUNCKEY-1", "Ocp-Apim-Subscription-Key": "APIMKEY-2",
+                   "x-webhook-sig": "SIG-3", "x-copy": "FUNCKEY-1", "x-monkey": "banana"}
+        held = (await client.post("/v1/echo", content=UNSURE, headers=headers)).json()
+        item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
+    shown = item["subject"]["headers"]
+    assert shown["x-functions-key"] == shown["ocp-apim-subscription-key"] == shown["x-webhook-sig"] == "[redacted]"
+    assert shown["x-copy"] == "[redacted]" and shown["x-monkey"] == "banana"
+    assert not {"FUNCKEY-1", "APIMKEY-2", "SIG-3"} & set(json.dumps(item).replace('"', " ").split())
