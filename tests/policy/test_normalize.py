@@ -232,6 +232,11 @@ def test_many_keys_that_normalise_alike_take_linear_time() -> None:
         ("D-i-s-r-e-g-a-r-d it", "Disregard"),
         ("I - g - n - o - r - e   a l l", "Ignore all"),
         ("Ｉ ｇ ｎ ｏ ｒ ｅ   ｒ ｕ ｌ ｅ ｓ", "Ignore rules"),  # full-width: NFKC first
+        ("I  g  n  o  r  e    a  l  l", "Ignore all"),  # two spaces between letters, four between words
+        ("I\tg\tn\to\tr\te\t\ta\tl\tl", "Ignore all"),
+        ("i.g.n.o.r.e a.l.l r.u.l.e.s", "ignore all rules"),
+        ("i_g_n_o_r_e", "ignore"),
+        ("word a b c d e f", "abcdef"),  # the d of "word" is not one of the spaced letters
     ],
 )
 def test_letters_spaced_apart_are_also_read_joined(text: str, reading: str) -> None:
@@ -239,6 +244,19 @@ def test_letters_spaced_apart_are_also_read_joined(text: str, reading: str) -> N
     assert result.value.endswith(f" [spaced: {reading}]") and result.flags == {"spaced_letters": 1}
 
 
-@pytest.mark.parametrize("text", ["U.S.A. is big", "the e-mail", "a b c d e", "x1 y2 z3 a4 b5 c6", "Plan A or B"])
+@pytest.mark.parametrize(
+    "text", ["U.S.A. is big", "the e-mail", "a b c d e", "x1 y2 z3 a4 b5 c6", "Plan A or B", "a b c d e fgh"]
+)
 def test_short_or_word_runs_are_not_spaced_letters(text: str) -> None:
     assert normalize_text(text).flags == {}
+
+
+@pytest.mark.parametrize("unit", ["a_ ", "a a ", "a - ", "a.b ", "ab c "])
+def test_spaced_letters_take_linear_time(unit: str) -> None:
+    """Letters each followed by ``_ `` made every letter a run start that scanned to the text's end and failed its
+    word-boundary check: 32 KiB took 5.4 s on the event loop; a hang bound, not a speed claim."""
+    import time
+
+    started = time.perf_counter()
+    normalize_text(unit * (32 * 1024 // len(unit)))
+    assert time.perf_counter() - started < 1.0
