@@ -46,6 +46,7 @@ from typing import Any, cast
 
 from langchain.agents.middleware.types import ModelResponse
 from langchain_core.callbacks import BaseCallbackManager
+from langchain_core.language_models import BaseLanguageModel
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
@@ -56,6 +57,7 @@ from langchain_core.messages import (
     add_notification_metadata,
     convert_to_messages,
 )
+from langchain_core.runnables.base import RunnableBindingBase
 from langchain_core.runnables.config import ensure_config, var_child_runnable_config
 from langchain_core.tracers.base import BaseTracer
 from langgraph.constants import TAG_NOSTREAM
@@ -391,11 +393,17 @@ def quiet_tokens(enabled: bool) -> Iterator[None]:
 
 def quiet_model(model: Any, enabled: bool) -> Any:
     """``model`` with the handlers it was built with (``ChatOpenAI(streaming=True, callbacks=[...])``) made as
-    :func:`quiet_tokens` makes the run's: a copy when it has any and ``enabled``, else ``model`` itself."""
-    callbacks = getattr(model, "callbacks", None)
-    if not enabled or callbacks is None or not hasattr(model, "model_copy"):
+    :func:`quiet_tokens` makes the run's: a copy when it has any and ``enabled``, else ``model`` itself. A model
+    wrapped before the agent got it (``.bind(...)``, ``.with_config(...)``) is copied with the model inside it made
+    so, at any depth."""
+    if not enabled:
         return model
-    return model.model_copy(update={"callbacks": _without_streams(callbacks)})
+    if isinstance(model, RunnableBindingBase):
+        inner = quiet_model(model.bound, enabled)
+        return model if inner is model.bound else model.model_copy(update={"bound": inner})
+    if not isinstance(model, BaseLanguageModel) or model.callbacks is None:
+        return model
+    return model.model_copy(update={"callbacks": _without_streams(model.callbacks)})
 
 
 def output_text(ai: AIMessage, turn: Mapping[str, Any]) -> str:

@@ -122,14 +122,17 @@ def test_handlers_given_as_a_callback_manager(harness: Any, thread: Any) -> None
     _check_blocked(out, app, tracer)
 
 
-def test_handlers_the_model_was_built_with(harness: Any, thread: Any) -> None:
+@pytest.mark.parametrize("wrap", ["plain", "bind", "with_config"])
+def test_handlers_the_model_was_built_with(harness: Any, thread: Any, wrap: str) -> None:
     """``ChatOpenAI(streaming=True, callbacks=[handler])``: LangChain adds the model's own handlers to its run, so
-    the run's config cannot reach them; the model call runs on a copy whose handlers get no new tokens."""
+    the run's config cannot reach them; the model call runs on a copy whose handlers get no new tokens, also when
+    the model was wrapped before the agent got it (``.bind(stop=...)`` copied only the wrapper: every token leaked)."""
     app, tracer = Tokens(), RecordingTracer()
     chat = StreamingModel(turns=iter([Turn(text=SECRET_REPLY), Turn(text="done")]), messages=iter(()),
                           streaming=True, callbacks=[app, tracer])
+    model = {"plain": chat, "bind": chat.bind(stop=["never"]), "with_config": chat.with_config(tags=["x"])}[wrap]
     h = harness()
-    agent = create_agent(chat, h.tools, middleware=[GuardAgentMiddleware(guard=h.guard)], checkpointer=InMemorySaver())
+    agent = create_agent(model, h.tools, middleware=[GuardAgentMiddleware(guard=h.guard)], checkpointer=InMemorySaver())
     _check_blocked(agent.invoke(USER, thread()), app, tracer)
     assert chat.callbacks == [app, tracer]  # the application's model is not changed
 
