@@ -8,7 +8,8 @@ is used::
 Layers, bottom up; each imports only from the ones before it (``tests/test_layers.py`` checks it, lazy imports
 included)::
 
-    guard.errors, guard._json, guard._seal, guard.subject   errors; strict JSON; store seals; what is judged
+    guard.errors, guard._json, guard._seal, guard.subject, guard._readfile   errors; strict JSON; store seals; what is
+                                               judged; capped file reads
     guard._buckets, guard._resource, guard._close, guard._urls   duration histogram bounds; the OTel resource; bounded OTel close; URLs as logs show them
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type

@@ -5,10 +5,12 @@ Usage::
     guard decide --model DIR [--dtype auto|float32|bfloat16] [--device cpu|cuda] [--max-length N]
                  [--confidence reference|workers-ai|jev] [--profile reference|workers-ai] [--raw] [FILE]
 
-The request is read from FILE (or stdin when FILE is absent or ``-``), parsed strictly (UTF-8, object key order kept,
+The request is read from FILE (or stdin when FILE is absent or ``-``; a pipe such as ``<(...)`` too), at most
+:data:`MAX_REQUEST_BYTES` (8 MiB, the worker's largest body: more exits 2), parsed strictly (UTF-8, object key order kept,
 duplicate keys rejected), validated with ``--profile`` (default ``reference``: it accepts what the reference
 ``systemone()`` accepts and reports the reference's messages) and answered. The response is printed with numbers
-rounded to 4 decimals. ``--raw`` adds a ``raw`` object: ``input_tokens`` and, per question, the option ids in prompt
+rounded to 4 decimals; a state cut to fit ``--max-length`` adds ``usage.state_tokens_dropped`` (as the worker
+does) and a warning on stderr. ``--raw`` adds a ``raw`` object: ``input_tokens`` and, per question, the option ids in prompt
 order with unrounded float32 logits and probabilities. Invalid input exits 2 with one line naming the field.
 """
 
@@ -27,6 +29,8 @@ __all__ = ["register", "run"]
 
 EXIT_INVALID = 2
 EXIT_FAILED = 1
+#: Largest request read: the worker's largest request body (``guard.worker.app.DEFAULT_MAX_BODY_BYTES``).
+MAX_REQUEST_BYTES = 8 << 20
 
 
 def register(subparsers: Any) -> None:
@@ -56,14 +60,27 @@ def _fail(message: str, code: int) -> int:
 
 
 def _read(file: str) -> bytes:
-    if file == "-":
-        return sys.stdin.buffer.read()
-    return Path(file).read_bytes()
+    """The request's bytes, at most :data:`MAX_REQUEST_BYTES`: a FIFO (``<(...)``) or stdin is read too, capped, so
+    ``/dev/zero`` or an endless pipe is refused instead of filling memory.
+
+    Raises:
+        OSError: it cannot be read.
+        FileRefused: it is a folder or holds more than :data:`MAX_REQUEST_BYTES`.
+    """
+    from guard._readfile import FileRefused, read_capped
+
+    if file != "-":
+        return read_capped(file, MAX_REQUEST_BYTES, streams=True)
+    data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
+    if len(data) > MAX_REQUEST_BYTES:
+        raise FileRefused(f"it holds more than {MAX_REQUEST_BYTES} bytes; at most {MAX_REQUEST_BYTES}")
+    return data
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler: returns 0 on success, 2 for invalid input or arguments, 1 when the model cannot run."""
     from guard import _json
+    from guard._readfile import FileRefused
     from guard.systemone import SystemOneRequestV1
 
     if args.max_length is not None and args.max_length < 1:
@@ -80,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         request = SystemOneRequestV1.from_json(_json.loads(raw), profile=args.profile)
     except OSError as exc:
         return _fail(f"cannot read {args.file}: {exc.strerror or exc}", EXIT_INVALID)
+    except FileRefused as exc:
+        return _fail(f"cannot read {source}: {exc}", EXIT_INVALID)
     except InvalidJson as exc:  # its message names the fault ("invalid JSON: ...", "duplicate key ...")
         return _fail(f"{source}: {exc}", EXIT_INVALID)
     except RequestValidationError as exc:
@@ -103,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
     except GuardError as exc:
         return _fail(str(exc), EXIT_FAILED)
     response = model.answer(request, record, logits, confidence_profile=args.confidence)
-    body_out: dict[str, Any] = response.to_json()
+    body_out: dict[str, Any] = response.served_json()
+    dropped = response.usage.state_tokens_dropped
+    if dropped:  # also in the printed usage, as the worker answers it
+        print(f"guard decide: warning: the state was cut to fit --max-length ({args.max_length or model.max_length} tokens): "
+              f"{dropped} state tokens were not read (usage.state_tokens_dropped)", file=sys.stderr)
     if args.raw:
         body_out["raw"] = _raw(record, logits)
     sys.stdout.write(json.dumps(body_out, ensure_ascii=False) + "\n")

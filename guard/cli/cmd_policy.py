@@ -39,6 +39,11 @@ __all__ = ["reference_markdown", "register", "schema_json"]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: Largest ``--check`` file read by ``guard policy schema|reference`` (the generated files are tens of KiB).
+MAX_CHECK_BYTES = 4 << 20
+#: Largest ``--input`` / ``--answers`` file read by ``guard policy explain``: the worker's largest request body
+#: (``guard.worker.app.DEFAULT_MAX_BODY_BYTES``), as for ``guard decide``.
+MAX_INPUT_BYTES = 8 << 20
 SCHEMA_ID = "https://github.com/guard/guard/policies/guard-policy.schema.json"
 
 
@@ -139,7 +144,7 @@ def run_check(args: argparse.Namespace) -> int:
 
     try:
         files = expand_policy_paths(args.files)
-    except FileNotFoundError as exc:
+    except (OSError, ValueError) as exc:  # no file matches; a glob that is not a pattern
         _say(f"guard policy check: {exc}", file=sys.stderr)
         return EXIT_FAILED
     failed = False
@@ -213,9 +218,12 @@ def _read_json(option: str, path: str) -> Any:
         ValueError: the file cannot be read or holds no valid JSON, naming ``option`` and ``path``.
     """
     from guard._json import loads
+    from guard._readfile import FileRefused, read_capped
 
-    try:
-        data = Path(path).read_bytes()
+    try:  # a FIFO (a shell's <(...)) is read too, but never more than MAX_INPUT_BYTES: /dev/zero is refused
+        data = read_capped(path, MAX_INPUT_BYTES, streams=True)
+    except FileRefused as exc:
+        raise ValueError(f"{option} {path}: {'is a directory, not a file' if exc.kind == 'a folder' else exc}") from None
     except OSError as exc:
         reason = {FileNotFoundError: "no such file", IsADirectoryError: "is a directory, not a file"}.get(
             type(exc), exc.strerror or str(exc)
@@ -480,10 +488,16 @@ def run_reference(args: argparse.Namespace) -> int:
 def _emit(text: str, args: argparse.Namespace, command: str) -> int:
     """Print ``text``, write it to ``--output``, or with ``--check`` exit 1 when that file differs from it."""
     if args.check:
-        try:
-            current = Path(args.check).read_text(encoding="utf-8")
+        from guard._readfile import FileRefused, read_capped
+
+        try:  # a regular file of at most MAX_CHECK_BYTES: a device or FIFO (/dev/zero) is refused before any read
+            current = read_capped(args.check, MAX_CHECK_BYTES).decode("utf-8")
+            current = current.replace("\r\n", "\n").replace("\r", "\n")  # newlines read as read_text reads them
         except OSError as exc:
             print(f"{args.check}: cannot read: {exc.strerror}", file=sys.stderr)
+            return EXIT_FAILED
+        except FileRefused as exc:
+            print(f"{args.check}: cannot read: {exc}", file=sys.stderr)
             return EXIT_FAILED
         except UnicodeDecodeError:
             print(f"{args.check}: not UTF-8 text; run: guard policy {command} --output {args.check}", file=sys.stderr)

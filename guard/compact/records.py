@@ -15,14 +15,13 @@ Two line formats are read:
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from guard import _json
+from guard._readfile import FileRefused, read_capped
 from guard.errors import InvalidJson, RequestValidationError
 from guard.systemone import QuestionV1, SystemOneRequestV1
 
@@ -134,39 +133,21 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
 
 
 def read_records_file(path: str | Path) -> bytes:
-    """The bytes of the labelled JSONL file at ``path``: a regular file of at most :data:`MAX_RECORDS_BYTES`. Opened
-    without blocking and checked before reading, so a FIFO, a device (``/dev/zero``) or a huge file costs no wait and
-    no memory.
+    """The bytes of the labelled JSONL file at ``path``: a regular file of at most :data:`MAX_RECORDS_BYTES`, checked
+    before it is read (:func:`guard._readfile.read_capped`), so a FIFO, a device (``/dev/zero``) or a huge file
+    costs no wait and no memory.
 
     Raises:
         ValueError: naming the file: it cannot be opened, is not a regular file, or is too large.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        return read_capped(path, MAX_RECORDS_BYTES)
     except OSError as exc:
         raise ValueError(f"{path}: cannot read file: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, socket or device"
-            raise ValueError(f"{path}: cannot read file: it is {kind}, not a regular file")
-        if info.st_size > MAX_RECORDS_BYTES:
-            raise ValueError(f"{path}: file is {info.st_size} bytes; at most {MAX_RECORDS_BYTES} (split it into "
-                             "several files)")
-        chunks: list[bytes] = []
-        left = MAX_RECORDS_BYTES + 1
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read file: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > MAX_RECORDS_BYTES:  # it grew while being read
-        raise ValueError(f"{path}: file is over {MAX_RECORDS_BYTES} bytes; at most {MAX_RECORDS_BYTES} (split it into "
-                         "several files)")
-    return data
+    except FileRefused as exc:
+        if exc.kind:
+            raise ValueError(f"{path}: cannot read file: {exc}") from None
+        raise ValueError(f"{path}: {exc} (split it into several files)") from None
 
 
 def router_records(source: Path, rows: Sequence[tuple[int, Any]], text_field: str, label_field: str,

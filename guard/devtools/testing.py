@@ -301,28 +301,64 @@ def is_test_file(path: str | Path) -> bool:
     return p.suffix in (".yaml", ".yml") and p.stem.endswith("_test")
 
 
+def _policy_files(folder: Path) -> list[Path]:
+    """Every ``*.yaml``/``*.yml`` file below ``folder``, sorted; symlinked folders below it are not followed (a link
+    back up would list the same files again and again)."""
+    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def _glob(pattern: str) -> list[Path]:
+    """What ``pattern`` matches, sorted, as :meth:`Path.glob` finds it: ``**`` does not enter symlinked folders,
+    so a link back up (``a -> .``) cannot make the walk endless. The pattern's leading parts without wildcards are
+    the folder searched.
+
+    Raises:
+        ValueError: a ``**`` that is not a whole path component.
+    """
+    path = Path(pattern)
+    parts = path.parts
+    first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    root = Path(*parts[:first]) if first else Path()
+    rest = "/".join(parts[first:])
+    try:
+        return sorted(root.glob(rest))
+    except ValueError as exc:  # "Invalid pattern: '**' can only be an entire path component"
+        raise ValueError(f"{pattern}: {exc}") from None
+
+
 def expand_policy_paths(names: Sequence[str]) -> list[Path]:
-    """Policy files named by files, directories (every ``*.yaml``/``*.yml`` below, recursively) and globs, sorted
-    per argument and without repeats; a test file stands for its policy file, so ``policies/*.yaml`` works.
+    """Policy files named by files, folders (every ``*.yaml``/``*.yml`` below, recursively) and globs, sorted per
+    argument and without repeats (one file reached by two spellings, e.g. through a symlink, is kept once, as first
+    named); a test file stands for its policy file, so ``policies/*.yaml`` works. A glob keeps the ``*.yaml``/``*.yml``
+    files it matches and expands a folder it matches as a folder argument is; symlinked folders are not followed
+    below a folder or by ``**`` (name such a folder itself).
 
     Raises:
         FileNotFoundError: naming an argument that matches no file.
+        ValueError: naming a glob that is not a valid pattern.
     """
-    found: dict[Path, None] = {}
+    found: dict[Path, Path] = {}  # resolved path -> the first spelling
     for name in names:
         if glob.has_magic(name):
-            matches = [Path(m) for m in sorted(glob.glob(name, recursive=True))]
+            matches = []
+            for match in _glob(name):
+                if match.is_dir():
+                    if not match.is_symlink():
+                        matches.extend(_policy_files(match))
+                elif match.suffix in (".yaml", ".yml") and match.is_file():
+                    matches.append(match)
+            if not matches:
+                raise FileNotFoundError(f"{name}: no file matches (no *.yaml or *.yml file)")
         elif Path(name).is_dir():
-            matches = sorted(p for p in Path(name).rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+            matches = _policy_files(Path(name))
             if not matches:
                 raise FileNotFoundError(f"{name}: no file matches (no *.yaml or *.yml file in this folder)")
         else:
             matches = [Path(name)]
-        if not matches:
-            raise FileNotFoundError(f"{name}: no file matches")
         for match in matches:
-            found.setdefault(find_test_file(match)[0] if is_test_file(match) else match, None)
-    return list(found)
+            policy_file = find_test_file(match)[0] if is_test_file(match) else match
+            found.setdefault(policy_file.resolve(), policy_file)
+    return list(found.values())
 
 
 def with_timeout(policies: Sequence[Policy], timeout_s: float | None) -> list[Policy]:

@@ -18,9 +18,7 @@ found later (pydantic, CEL, System One limits) can still name the line.
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path as FilePath
@@ -28,6 +26,7 @@ from typing import Any, ClassVar
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
+from guard._readfile import FileRefused, read_capped
 from guard.errors import PolicyError
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "MAX_POLICY_BYTES", "LineMap", "Path", "format_path", "load_yaml",
@@ -150,28 +149,13 @@ def read_policy_file(path: str | FilePath) -> bytes:
     """
     name = str(path)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        return read_capped(path, MAX_POLICY_BYTES)
     except OSError as exc:
         raise PolicyError(name, None, "", f"cannot read file: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, socket or device"
-            raise PolicyError(name, None, "", f"cannot read file: it is {kind}, not a regular file")
-        chunks: list[bytes] = []
-        left = MAX_POLICY_BYTES + 1
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-    except OSError as exc:
-        raise PolicyError(name, None, "", f"cannot read file: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_POLICY_BYTES:
-        raise PolicyError(name, None, "", f"file is {max(info.st_size, len(data))} bytes; at most {MAX_POLICY_BYTES} "
-                          "(split it into several files)")
-    return data
+    except FileRefused as exc:
+        if exc.kind:
+            raise PolicyError(name, None, "", f"cannot read file: it is {exc.kind}, not a regular file") from None
+        raise PolicyError(name, None, "", f"{exc} (split it into several files)") from None
 
 
 def load_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, LineMap]:

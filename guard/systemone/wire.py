@@ -623,13 +623,20 @@ class SystemOneResponseV1:
 
     def to_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
         """The wire body (§5.4), exactly the reference's keys: ``usage`` has ``input_tokens`` and ``output_tokens``
-        only (a backend that reports ``state_tokens_dropped`` on the wire adds it, as the compact model and guard's
-        worker do)."""
+        only (:meth:`served_json` adds ``state_tokens_dropped``)."""
         return {
             "model": self.model,
             "answers": {qid: answer.to_json(decimals) for qid, answer in self.answers.items()},
             "usage": {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens},
         }
+
+    def served_json(self, decimals: int = _WIRE_DECIMALS) -> dict[str, Any]:
+        """What guard's worker and ``guard decide`` send: :meth:`to_json`, with ``usage.state_tokens_dropped`` when
+        the state was cut (a cut is never silent; the reference's usage has no such key)."""
+        body = self.to_json(decimals)
+        if self.usage.state_tokens_dropped:
+            body["usage"]["state_tokens_dropped"] = self.usage.state_tokens_dropped
+        return body
 
     @classmethod
     def from_json(

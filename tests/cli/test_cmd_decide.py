@@ -216,3 +216,72 @@ def test_a_model_directory_that_does_not_exist_is_named(tmp_path: Path, capsys: 
     assert code == 2 and err == f"guard decide: --model {missing}: the directory does not exist\n"
     code, _, err = _decide(["--model", request, request], capsys)
     assert code == 2 and err == f"guard decide: --model {request}: not a directory\n"
+
+
+# Bounded reads and a cut state -------------------------------------------------------------------------------------
+
+#: The worker's largest request body, which ``guard decide`` reads at most (``MAX_REQUEST_BYTES``).
+CAP = 8 << 20
+
+
+def test_the_request_cap_is_the_workers_largest_body() -> None:
+    from guard.cli.cmd_decide import MAX_REQUEST_BYTES
+    from guard.worker.app import DEFAULT_MAX_BODY_BYTES
+
+    assert MAX_REQUEST_BYTES == DEFAULT_MAX_BODY_BYTES == CAP
+
+
+def test_an_endless_request_is_refused_after_the_cap(tmp_path: Path, capsys, monkeypatch) -> None:
+    """``guard decide --model M /dev/zero`` (or ``< /dev/zero``) read until memory ran out; stand-ins with a hard bound."""
+    from tests.cli._streams import BoundedZeros, fed_fifo
+
+    model = tmp_path / "model"  # the request is read (and refused) before the model loads
+    model.mkdir()
+    with fed_fifo(tmp_path, CAP + (1 << 20)) as fifo:
+        code, body, err = _decide(["--model", str(model), str(fifo)], capsys)
+    assert (code, body) == (2, None)
+    assert err == f"guard decide: cannot read {fifo}: it holds more than {CAP} bytes; at most {CAP}\n"
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(CAP + 1)  # sparse: refused from its size, before a byte is read
+    code, body, err = _decide(["--model", str(model), str(big)], capsys)
+    assert (code, err) == (2, f"guard decide: cannot read {big}: file is {CAP + 1} bytes; at most {CAP}\n")
+    zeros = BoundedZeros(64 << 20)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(zeros), encoding="utf-8"))
+    code, body, err = _decide(["--model", str(model)], capsys)
+    assert (code, err) == (2, f"guard decide: cannot read stdin: it holds more than {CAP} bytes; at most {CAP}\n")
+    assert zeros.served <= CAP + (1 << 20)
+
+
+def test_a_request_from_a_pipe_still_works(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    """``guard decide --model M <(...)``: a FIFO from the shell is read, only capped."""
+    import os
+    import threading
+
+    fifo = tmp_path / "request.fifo"
+    os.mkfifo(fifo)
+    request = json.dumps(load_case("01-three-types")["request"]).encode()
+
+    def feed() -> None:
+        with open(fifo, "wb") as f:
+            f.write(request)
+
+    thread = threading.Thread(target=feed, daemon=True)
+    thread.start()
+    code, body, err = _decide(["--model", str(golden_checkpoint), str(fifo)], capsys)
+    thread.join(5)
+    assert code == 0, err
+    assert body["usage"]["input_tokens"] > 0 and "state_tokens_dropped" not in body["usage"] and err == ""
+
+
+def test_a_state_cut_to_fit_is_reported_on_stdout_and_stderr(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    """A ~1M-character state came back with input_tokens 16384, exit 0 and no sign that most of it was not read."""
+    request = {"model": "clef-flash", "state": {"ticket": "Card charged twice. " * 200},
+               "questions": {"churn_risk": {"type": "noul", "instructions": "Does the customer threaten to leave?"}}}
+    code, body, err = _decide(["--model", str(golden_checkpoint), "--max-length", "300", _write(tmp_path, request)],
+                              capsys)
+    assert code == 0
+    dropped = body["usage"]["state_tokens_dropped"]
+    assert body["usage"]["input_tokens"] == 300 and dropped > 1000
+    assert err == (f"guard decide: warning: the state was cut to fit --max-length (300 tokens): {dropped} state "
+                   "tokens were not read (usage.state_tokens_dropped)\n")

@@ -1,0 +1,82 @@
+"""``guard policy schema|reference --check`` and ``guard policy explain --input|--answers`` read a bounded number of
+bytes: a device, a FIFO or a huge file named there ran the process out of memory (``/dev/zero``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from guard.cli import main
+from guard.cli.cmd_policy import MAX_CHECK_BYTES, MAX_INPUT_BYTES
+from tests.cli._streams import fed_fifo
+
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
+SUBJECT = {"http": {"method": "POST", "path": "/v1/chat", "body": {"prompt": "hello"}}}
+
+
+def _sparse(path: Path, size: int) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(size)  # no disk, no memory: the size is what the reader must refuse before reading
+    return path
+
+
+@pytest.mark.parametrize("command", ["schema", "reference"])
+def test_check_refuses_a_fifo_or_device_before_reading_it(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with fed_fifo(tmp_path, MAX_CHECK_BYTES + (1 << 20)) as fifo:
+        assert main(["policy", command, "--check", str(fifo)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"{fifo}: cannot read: it is a FIFO, socket or device, not a regular file\n"
+
+
+@pytest.mark.parametrize("command", ["schema", "reference"])
+def test_check_refuses_a_file_over_its_cap(command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big = _sparse(tmp_path / "big.json", MAX_CHECK_BYTES + 1)
+    assert main(["policy", command, "--check", str(big)]) == 1
+    assert capsys.readouterr().err == f"{big}: cannot read: file is {MAX_CHECK_BYTES + 1} bytes; at most {MAX_CHECK_BYTES}\n"
+
+
+def test_check_still_reads_crlf_text_as_before(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    crlf = tmp_path / "schema.json"
+    crlf.write_bytes((POLICIES / "guard-policy.schema.json").read_bytes().replace(b"\n", b"\r\n"))
+    assert main(["policy", "schema", "--check", str(crlf)]) == 0
+    assert capsys.readouterr().out == f"ok {crlf}\n"
+
+
+@pytest.mark.parametrize("option", ["--input", "--answers"])
+def test_explain_reads_at_most_its_cap_from_a_fifo_or_a_file(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = str(POLICIES / "api_abuse.yaml")
+    subject = tmp_path / "subject.json"
+    subject.write_text(json.dumps(SUBJECT))
+    big = _sparse(tmp_path / "big.json", MAX_INPUT_BYTES + 1)
+    argv = ["policy", "explain", policy, "--input", str(subject), option, str(big)]
+    assert main(argv[:4] + argv[6:] if option == "--input" else argv) == 2
+    assert f"{option} {big}: file is {MAX_INPUT_BYTES + 1} bytes; at most {MAX_INPUT_BYTES}" in capsys.readouterr().err
+    os.mkdir(tmp_path / "fed")
+    with fed_fifo(tmp_path / "fed", MAX_INPUT_BYTES + (1 << 20)) as fifo:  # /dev/zero, with a hard bound
+        argv[-1] = str(fifo)
+        assert main(argv[:4] + argv[6:] if option == "--input" else argv) == 2
+    assert f"{option} {fifo}: it holds more than {MAX_INPUT_BYTES} bytes" in capsys.readouterr().err
+
+
+def test_explain_still_reads_a_subject_from_a_fifo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--input <(...)`` keeps working: a pipe from the shell is read, only capped."""
+    fifo = tmp_path / "subject.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as f:
+            f.write(json.dumps(SUBJECT).encode())
+
+    thread = threading.Thread(target=feed, daemon=True)
+    thread.start()
+    assert main(["policy", "explain", str(POLICIES / "api_abuse.yaml"), "--input", str(fifo)]) == 0
+    thread.join(5)
+    assert capsys.readouterr().out.startswith("policy     api-abuse@")

@@ -1,0 +1,62 @@
+"""``expand_policy_paths``: files, folders and globs name policy files by one rule, once each, in finite time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from guard.cli import main
+from guard.devtools.testing import expand_policy_paths
+
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
+
+
+def _folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "p"
+    folder.mkdir()
+    shutil.copy(POLICIES / "support_routing.yaml", folder)
+    shutil.copy(POLICIES / "support_routing_test.yaml", folder)
+    return folder
+
+
+def test_a_glob_does_not_follow_a_folder_linked_back_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With s/a -> . and s/b -> ., glob.glob('s/**/*.yaml') walked a/b/a/b/... until ELOOP: minutes at 100% CPU, and
+    one link loaded the same file ~41 times, each a misleading "policy id ... is already defined"."""
+    folder = _folder(tmp_path)
+    os.symlink(".", folder / "a")
+    os.symlink(".", folder / "b")
+    found = expand_policy_paths([f"{folder}/**/*.yaml"])
+    assert found == [folder / "support_routing.yaml"]
+    assert main(["policy", "check", f"{folder}/**/*.yaml"]) == 0
+    assert "already defined" not in capsys.readouterr().err
+    assert main(["policy", "test", f"{folder}/**/*_test.yaml"]) == 0
+
+
+def test_one_file_reached_twice_is_kept_once_as_first_named(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    (tmp_path / "link").symlink_to(folder)
+    first = folder / "support_routing.yaml"
+    assert expand_policy_paths([str(first), str(tmp_path / "link"), f"{tmp_path}/link/*.yaml"]) == [first]
+    assert expand_policy_paths([str(tmp_path / "link")]) == [tmp_path / "link" / "support_routing.yaml"]
+
+
+def test_a_glob_keeps_policy_files_and_expands_folders_as_a_folder_argument_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """'policies/*' checked the two .schema.json files as policies, and a folder it matched was 'a folder' error."""
+    folder = _folder(tmp_path)
+    (folder / "notes.txt").write_text("not a policy")
+    (folder / "guard-policy.schema.json").write_text("{}")
+    sub = folder / "sub"
+    sub.mkdir()
+    shutil.copy(POLICIES / "tool_call_guard.yaml", sub)
+    assert expand_policy_paths([f"{folder}/*"]) == expand_policy_paths([str(folder)]) == [
+        folder / "sub" / "tool_call_guard.yaml", folder / "support_routing.yaml"]
+    assert main(["policy", "check", f"{folder}/*"]) == 0
+    assert main(["policy", "check", str(POLICIES / "*")]) == 0  # the shipped folder holds schema files
+    capsys.readouterr()
+    assert main(["policy", "check", f"{folder}/*.txt"]) == 1
+    assert "no file matches (no *.yaml or *.yml file)" in capsys.readouterr().err
