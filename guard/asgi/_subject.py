@@ -6,8 +6,6 @@ import base64
 import dataclasses
 import functools
 import ipaddress
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -15,7 +13,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 from starlette.types import Scope
 
 from guard.asgi._media import media_type
-from guard.engine.telemetry import SECRET_NAME, redact_secrets
+from guard.engine.telemetry import credential_name, redact_secrets
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
@@ -229,9 +227,6 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
     )
 
 
-_KEY_HEADER = re.compile(r"[-_](?:key|sig)$", re.IGNORECASE)
-
-
 def subject_summary(subject: HttpSubject) -> dict[str, Any]:
     """What a reviewer sees of the held request besides the state: method, path, query (:func:`shown_query`), host,
     client, media type, and the headers a release replays (:func:`shown_headers`)."""
@@ -250,45 +245,33 @@ def subject_summary(subject: HttpSubject) -> dict[str, Any]:
 def shown_headers(subject: HttpSubject) -> dict[str, str]:
     """The headers a release replays, as a reviewer sees them (name -> value; an approval releases them too, so an
     ``x-role: admin`` is seen before it is approved): the credential headers are left out (the releasing request
-    brings its own), a secret-named one's value is ``[redacted]``, and the request's secret values are replaced by
-    ``[redacted]`` wherever a header repeats them (:func:`redact_secrets`)."""
+    brings its own), a credential-named one's value is ``[redacted]`` (:func:`~guard.engine.telemetry.credential_name`:
+    ``x-functions-key`` too), and the request's secret values are replaced by ``[redacted]`` wherever a header
+    repeats them (:func:`redact_secrets`)."""
     held = [(name, value) for name, value in subject.headers.items() if name.encode("latin-1") not in _NOT_HELD]
     # secrets from the credential headers and credential-named ones only: the log's rule that any long header value
     # may be one would hide the very values (x-role: organization-admin) the reviewer approves
     credentials = {name: value for name, value in subject.headers.items() if name.encode("latin-1") in SENSITIVE_HEADERS}
-    return dict(_shown_pairs(held, dataclasses.replace(subject, headers=credentials), secret_header))
-
-
-def secret_name(name: str) -> bool:
-    """Whether a field or parameter is named like a secret (:data:`~guard.engine.telemetry.SECRET_NAME`)."""
-    return SECRET_NAME.search(name) is not None
-
-
-def secret_header(name: str) -> bool:
-    """Whether a header is named like a credential: like a secret (:func:`secret_name`), or a key or signature
-    by its last word (``x-functions-key``, ``ocp-apim-subscription-key``, ``x-signature-sig``), as gateways name
-    their API keys."""
-    return secret_name(name) or _KEY_HEADER.search(name) is not None
+    return dict(_shown_pairs(held, dataclasses.replace(subject, headers=credentials)))
 
 
 def shown_query(subject: HttpSubject) -> str:
     """The subject's query string as a reviewer sees it (``role=admin&api_key=[redacted]``): every parameter, a
-    secret-named one (:data:`~guard.engine.telemetry.SECRET_NAME`) with its value replaced by ``[redacted]``, and
-    the request's secret values (those parameters', the credential headers') replaced by ``[redacted]`` wherever
+    credential-named one (:func:`~guard.engine.telemetry.credential_name`: ``subscription-key``, ``code`` too) with its
+    value replaced by ``[redacted]``, and the request's secret values (those parameters', the credential headers') replaced by ``[redacted]`` wherever
     another parameter repeats them, as the item's state is redacted (:func:`redact_secrets`). Percent-encoded, so a
     value cannot pass for another parameter; ``""`` without a query."""
     pairs = [(name, value) for name, values in subject.query.items() for value in values]
     return urlencode(_shown_pairs(pairs, subject), quote_via=quote, safe="[]")
 
 
-def _shown_pairs(
-    pairs: list[tuple[str, str]], subject: HttpSubject, secret: Callable[[str], bool] = secret_name
-) -> list[tuple[str, str]]:
-    """``(name, value)`` pairs as a reviewer sees them: the value of one whose name ``secret`` says is a secret
-    ``[redacted]``, and ``subject``'s secret values (:func:`redact_secrets`) and those of the secret pairs replaced
-    by ``[redacted]`` wherever a value repeats them."""
-    masked = [[name, "[redacted]" if secret(name) else value] for name, value in pairs]
-    secrets = [value for name, value in pairs if secret(name) and value]
+def _shown_pairs(pairs: list[tuple[str, str]], subject: HttpSubject) -> list[tuple[str, str]]:
+    """``(name, value)`` pairs as a reviewer sees them: the value of one named like a credential
+    (:func:`~guard.engine.telemetry.credential_name`) ``[redacted]``, and ``subject``'s secret values
+    (:func:`redact_secrets`) and those of the credential-named pairs replaced by ``[redacted]`` wherever a value
+    repeats them."""
+    masked = [[name, "[redacted]" if credential_name(name) else value] for name, value in pairs]
+    secrets = [value for name, value in pairs if credential_name(name) and value]
     return [(name, value) for name, value in redact_secrets(masked, subject, secrets)]
 
 

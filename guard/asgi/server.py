@@ -31,7 +31,7 @@ from urllib.parse import unquote_plus
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from guard.asgi._subject import secret_name
+from guard.engine.telemetry import credential_name
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT_S",
@@ -113,7 +113,7 @@ def server_options(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> dict[str
 
 class _QueryMask(logging.Filter):
     """Masks uvicorn's access log line: the value of each query parameter named like a secret
-    (:func:`~guard.asgi._subject.secret_name`) becomes ``[redacted]`` (``/v1?api_key=[redacted]&q=hi``), as the
+    (:func:`~guard.engine.telemetry.credential_name`) becomes ``[redacted]`` (``/v1?api_key=[redacted]&q=hi``), as the
     decision log and review items show a query."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -130,7 +130,7 @@ def masked_target(target: str) -> str:
     parts = []
     for part in query.split("&"):
         name, equals, _ = part.partition("=")
-        parts.append(f"{name}=[redacted]" if equals and secret_name(unquote_plus(name)) else part)
+        parts.append(f"{name}=[redacted]" if equals and credential_name(unquote_plus(name)) else part)
     return f"{path}?{'&'.join(parts)}"
 
 

@@ -122,6 +122,18 @@ SECRET_NAME = re.compile(
     r"|^key$|^sig$|jwt|^dpop$|assertion|^pwd$|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$",
     re.IGNORECASE,
 )
+_CREDENTIAL_PARAM = re.compile(r"[-_](?:key|sig)$|^code$", re.IGNORECASE)
+
+
+def credential_name(name: str) -> bool:
+    """Whether a query parameter or header is named like a credential: like a secret (:data:`SECRET_NAME`), or a
+    key or signature by its last word (``subscription-key``, ``x-functions-key``, ``app_key``, ``x-webhook-sig``), or
+    ``code`` (an OAuth authorization code, an Azure Functions key); a ``[]`` suffix (``key[]``) is read without it.
+    Broader than :data:`SECRET_NAME`, which also names the body and state fields a reviewer must read."""
+    name = name.removesuffix("[]")
+    return SECRET_NAME.search(name) is not None or _CREDENTIAL_PARAM.search(name) is not None
+
+
 #: Request headers whose values ``log_input="redacted"`` keeps in ``input``; every other header's value is removed
 #: (its name stays listed in ``erased``): credentials travel in headers of every name (``x-functions-key``,
 #: ``ocp-apim-subscription-key``, ``cf-access-jwt-assertion``), so the log keeps only headers known to carry none.
@@ -693,6 +705,11 @@ def _redact_input(record: dict[str, Any], erased: list[str],
             value = headers.pop(name)
             values.extend(v for v in _strings(value) if SECRET_NAME.search(str(name)) or len(v) >= 12)
             erased.append(f"/input/headers/{escape_pointer(str(name))}")
+    query = record["input"].get("query") if isinstance(record.get("input"), dict) else None
+    if isinstance(query, dict):
+        for name in [n for n in query if credential_name(str(n))]:
+            values.extend(_strings(query.pop(name)))
+            erased.append(f"/input/query/{escape_pointer(str(name))}")
     _erase_secret_names(record.get("input"), "/input", erased, values)
     _erase_secret_names(record.get("state"), "/state", erased, values)
     flags = record.get("flags")

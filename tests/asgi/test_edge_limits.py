@@ -142,7 +142,8 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
                 assert process.poll() is None and time.monotonic() < deadline, "guard proxy did not start"
                 time.sleep(0.2)
             proxied = httpx.get(f"http://127.0.0.1:{listen}/_guard/health", timeout=5)
-            httpx.get(f"http://127.0.0.1:{listen}/_guard/health?api_key=SECRETQUERY123&q=hi", timeout=5)
+            httpx.get(f"http://127.0.0.1:{listen}/_guard/health?api_key=SECRETQUERY123&q=hi&subscription-key=SECRETAPIM"
+                      "&code=SECRETCODE&key%5B%5D=SECRETKEYS", timeout=5)
             reviews = httpx.get(f"http://127.0.0.1:{admin}/_guard/admin/reviews/", timeout=5,
                                 headers={"authorization": "Bearer alice-review-token-0123456789"})
             judged = httpx.post(f"http://127.0.0.1:{listen}/v1/echo", json={"message": BENIGN}, timeout=5)
@@ -162,7 +163,8 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
     assert all(data.startswith(b"HTTP/1.1 408") and took < 3 for data, took in closed)
     assert process.returncode == 0 and "Traceback" not in stderr
     # the access log shows the query with a secret-named parameter's value masked, as the decision log does
-    assert "/_guard/health?api_key=[redacted]&q=hi HTTP/1.1" in stdout and "SECRETQUERY123" not in stdout + stderr
+    assert ("/_guard/health?api_key=[redacted]&q=hi&subscription-key=[redacted]&code=[redacted]&key%5B%5D=[redacted] "
+            "HTTP/1.1") in stdout and "SECRET" not in stdout + stderr
     assert 'guard_http_guarded_requests_total{guard_action="block",guard_policy_id=' in scraped
     assert "otel_scope" not in scraped  # the label names the docs list, the same as a middleware's own registry
     assert scraped.count("# TYPE target_info") <= 1

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.anyio
 
 GuardFactory = Callable[..., Guard]
 SECRETS = ("sk-live-query-123", "tok-header-456", "csrf-789", "hunter2-password", "Bearer client-secret",
-           "fn-key-0123456789abcdef", "eyJhbGciOiJIUzI1NiJ9.e30.c2ln", "AIzaQueryKey0123")
+           "fn-key-0123456789abcdef", "eyJhbGciOiJIUzI1NiJ9.e30.c2ln", "AIzaQueryKey0123", "apim-query-0123",
+           "fn-code-query-0123")
 
 
 async def _logged(make_guard: GuardFactory, mode: str, **options: Any) -> dict[str, Any]:
@@ -34,7 +35,8 @@ async def _logged(make_guard: GuardFactory, mode: str, **options: Any) -> dict[s
     with serve_in_thread(guarded_app(guard)) as base:
         async with httpx.AsyncClient(base_url=base, timeout=10) as client:
             response = await client.post(
-                "/v1/echo?api_key=sk-live-query-123&lang=en&key=AIzaQueryKey0123",
+                "/v1/echo?api_key=sk-live-query-123&lang=en&key=AIzaQueryKey0123&subscription-key=apim-query-0123"
+                "&code=fn-code-query-0123",
                 json={"user": {"name": "ada", "password": "hunter2-password"}, "message": "What is my balance?"},
                 headers={"x-auth-token": "tok-header-456", "x-csrf-token": "csrf-789",
                          "authorization": "Bearer client-secret", "x-customer-tier": "premium",
@@ -55,6 +57,8 @@ async def test_redacted_by_default(make_guard: GuardFactory) -> None:
     assert entry["query"] == {"lang": ["en"]} and "x-customer-tier" not in entry["headers"]
     assert entry["headers"]["content-type"] == "application/json"
     assert entry["body"] == {"user": {"name": "ada"}, "message": "What is my balance?"}
+    # Azure APIM's subscription-key and Azure Functions' code travel in the query as well as in headers
+    assert {"/input/query/subscription-key", "/input/query/code"} <= set(record["erased"])
     assert {"/input/query/api_key", "/input/query/key", "/input/headers/x-auth-token", "/input/headers/x-csrf-token",
             "/input/headers/x-functions-key", "/input/headers/cf-access-jwt-assertion",
             "/input/headers/x-customer-tier", "/input/body/user/password"} <= set(record["erased"])

@@ -286,9 +286,11 @@ async def test_gateway_key_headers_are_redacted_in_the_item(make_guard: GuardFac
     async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
         headers = {**JSON, "x-functions-key": "FUNCKEY-1", "Ocp-Apim-Subscription-Key": "APIMKEY-2",
                    "x-webhook-sig": "SIG-3", "x-copy": "FUNCKEY-1", "x-monkey": "banana"}
-        held = (await client.post("/v1/echo", content=UNSURE, headers=headers)).json()
+        held = (await client.post("/v1/echo?subscription-key=APIMKEY-4&code=FNCODE-5&sort=asc", content=UNSURE,
+                                  headers=headers)).json()
         item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
     shown = item["subject"]["headers"]
     assert shown["x-functions-key"] == shown["ocp-apim-subscription-key"] == shown["x-webhook-sig"] == "[redacted]"
     assert shown["x-copy"] == "[redacted]" and shown["x-monkey"] == "banana"
-    assert not {"FUNCKEY-1", "APIMKEY-2", "SIG-3"} & set(json.dumps(item).replace('"', " ").split())
+    assert item["subject"]["query"] == "subscription-key=[redacted]&code=[redacted]&sort=asc"
+    assert not {"FUNCKEY-1", "APIMKEY-2", "SIG-3", "APIMKEY-4", "FNCODE-5"} & set(json.dumps(item).replace('"', " ").split())
