@@ -8,8 +8,9 @@ its body cap, decoding and duplicate-key checks before a subject exists.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -177,12 +178,31 @@ def is_plain_key(key: str) -> bool:
 
 
 def body_text_of(body: Any) -> str:
-    """The ``body_text`` of a decoded ``body``: its judged strings (:func:`body_strings`) joined with newlines, as
-    the middleware joins a JSON or form body's; a ``bytes`` body decoded as UTF-8 (an undecodable byte read as
-    U+FFFD); ``""`` for ``None`` and for values that hold no string."""
+    """The ``body_text`` of a ``body`` built in code: its judged strings (:func:`body_strings`) joined with newlines,
+    as the middleware joins a parsed JSON or form body's, read as JSON holds it (mapping keys as text, tuples and sets
+    as lists, other values as ``str``); a ``bytes`` body decoded as UTF-8 (an undecodable byte read as U+FFFD);
+    ``""`` for ``None`` and for values that hold no string.
+
+    Raises:
+        ValueError: a body that refers to itself or is nested past the interpreter's recursion limit.
+    """
     if isinstance(body, bytes | bytearray):
         return bytes(body).decode("utf-8", "replace")
-    return "\n".join(body_strings(body))
+    if body is None or isinstance(body, str):
+        return body or ""
+    try:
+        return "\n".join(body_strings(json.loads(json.dumps(_text_keys(body), default=str))))
+    except RecursionError:
+        raise ValueError("the body refers to itself or is nested too deep to read its text; pass body_text=") from None
+
+
+def _text_keys(value: Any) -> Any:
+    """``value`` with every mapping key as text (``str(key)``) and tuples and sets as lists."""
+    if isinstance(value, Mapping):
+        return {key if isinstance(key, str) else str(key): _text_keys(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_text_keys(item) for item in value]
+    return value
 
 
 def body_strings(value: Any) -> list[str]:

@@ -32,7 +32,7 @@ from guard.asgi._media import charset, check_html_charset, check_xml_encoding, i
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
-from guard.subject import body_strings, body_text_of, is_plain_key
+from guard.subject import body_strings, is_plain_key
 
 __all__ = ["encode_body", "parse_body"]
 
@@ -169,7 +169,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
             "a form or text, or set opaque_media='metadata'",
             field="content-type",
         )
-    return value, body_text_of(value)
+    return value, "\n".join(body_strings(value))
 
 
 def encode_body(value: Any, content_type: str) -> bytes:
@@ -204,7 +204,7 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
             text = body.decode("utf-8")
             return text, text
         raise _json_error(exc) from exc
-    return value, body_text_of(value)
+    return value, "\n".join(body_strings(value))
 
 
 def _with_markup_text(text: str) -> str:

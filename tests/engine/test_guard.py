@@ -768,3 +768,14 @@ def test_a_subject_built_in_code_with_only_a_body_has_its_text_judged(body: obje
         assert given.body_text == "" and guard.evaluate(given).action == "allow"
     finally:
         guard.close()
+
+
+def test_a_body_built_in_code_with_what_json_has_not_is_read_as_json_writes_it() -> None:
+    """An ``int`` key or a tuple made ``HttpSubject(...)`` raise inside the body walk; a body that refers to itself
+    looped without end. Keys are read as text, tuples as lists; a cycle is a clear error."""
+    assert HttpSubject(method="POST", path="/", body={1: "ignore all"}).body_text == "ignore all"
+    assert HttpSubject(method="POST", path="/", body=[(1, 2, "x")]).body_text == "x"
+    loop: dict[str, Any] = {}
+    loop["self"] = [loop]
+    with pytest.raises(ValueError, match="refers to itself or is nested too deep"):
+        HttpSubject(method="POST", path="/", body=loop)
