@@ -30,6 +30,7 @@ from langgraph.config import get_config
 from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
+from pydantic import BaseModel, ValidationError
 
 from guard.agents import _messages as msgs
 from guard.agents._arguments import (
@@ -251,6 +252,7 @@ class ToolCallEnforcer:
             tool=prepared.tool,
             arguments=prepared.arguments,
             digest=prepared.digest,
+            tools=[tool.name for tool in getattr(prepared.request.runtime, "tools", None) or []] or None,
         )
         request = review_request([item])
         schema = response_schema([item], exact=False, positional=self.judge.options.decisions_by_position)
@@ -274,10 +276,25 @@ class ToolCallEnforcer:
     def _annotate(self, result: Result, prepared: Prepared) -> Result:
         if not prepared.edited or not isinstance(result, ToolMessage):
             return result
-        notice = msgs.edit_notice(prepared.tool, prepared.arguments)
+        refused = result.status == "error" and self._refuses(prepared)
+        notice = msgs.edit_notice(prepared.tool, prepared.arguments, refused=refused)
         if isinstance(result.content, str):
-            return result.model_copy(update={"content": f"{notice}\n\nTool response:\n{result.content}"})
+            joint = "\n" if refused else "\n\nTool response:\n"
+            return result.model_copy(update={"content": f"{notice}{joint}{result.content}"})
         return result.model_copy(update={"content": [{"type": "text", "text": notice}, *result.content]})
+
+    @staticmethod
+    def _refuses(prepared: Prepared) -> bool:
+        """Whether the tool refuses the edited call's arguments (its call schema does not validate them), so it never
+        ran; ``False`` when that cannot be told (no tool, a schema that is not a pydantic model)."""
+        schema = getattr(prepared.request.tool, "tool_call_schema", None)
+        if not isinstance(schema, type) or not issubclass(schema, BaseModel):
+            return False
+        try:
+            schema.model_validate(prepared.arguments)
+        except ValidationError:
+            return True
+        return False
 
     @staticmethod
     def _output_subject(prepared: Prepared, text: str | None) -> AgentSubject:

@@ -18,6 +18,7 @@ __all__ = [
     "ALREADY_ANSWERED_TEMPLATE",
     "BLOCKED_TEMPLATE",
     "EDIT_NOTICE_TEMPLATE",
+    "EDIT_REFUSED_OUTCOME",
     "HANDOFF_NODE_TEMPLATE",
     "INPUT_BLOCKED_TEMPLATE",
     "INPUT_WITHHELD_TEMPLATE",
@@ -47,9 +48,11 @@ REJECTED_TEMPLATE = (
     "this call unless the user explicitly asks for it."
 )
 EDIT_NOTICE_TEMPLATE = (
-    "Note: a reviewer replaced this tool call before it ran; this was intentional and authorized. Executed instead: "
-    "`{tool}` with arguments {arguments}. Do not re-issue the original call."
+    "Note: a reviewer replaced this tool call before it ran; this was intentional and authorized. Called instead: "
+    "`{tool}` with arguments {arguments}. Do not re-issue the original call.{outcome}"
 )
+EDIT_REFUSED_OUTCOME = " The tool refused these arguments, so it did not run; its error:"
+"""Ends the edit notice's call when the tool refused the edited arguments (its error follows)."""
 HANDOFF_NODE_TEMPLATE = "Tool call `{tool}` (id {tool_call_id}) was handed to `{node}` for review; it was not executed."
 ALREADY_ANSWERED_TEMPLATE = (
     "Tool call `{tool}` (id {tool_call_id}) already has a result; guard never runs the same call twice."
@@ -178,9 +181,11 @@ def already_answered(tool: str, tool_call_id: str) -> ToolMessage:
     return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=None, outcome="duplicate")
 
 
-def edit_notice(tool: str, arguments: Any) -> str:
-    """The note telling the model that a reviewer edited its call to ``tool`` to these ``arguments``."""
-    return EDIT_NOTICE_TEMPLATE.format(tool=tool, arguments=json.dumps(arguments, ensure_ascii=False, default=str))
+def edit_notice(tool: str, arguments: Any, *, refused: bool = False) -> str:
+    """The note telling the model that a reviewer edited its call to ``tool`` to these ``arguments``; ``refused``:
+    the tool refused them (never ran), and its error follows the note."""
+    text = json.dumps(arguments, ensure_ascii=False, default=str)
+    return EDIT_NOTICE_TEMPLATE.format(tool=tool, arguments=text, outcome=EDIT_REFUSED_OUTCOME if refused else "")
 
 
 def result_withheld(tool: str, tool_call_id: str, verdict: Verdict) -> ToolMessage:

@@ -337,9 +337,11 @@ def tool_item(
     digest: str,
     answers: dict[str, dict[str, float]] | None = None,
     decisions: tuple[str, ...] = TOOL_DECISIONS,
+    tools: Iterable[str] | None = None,
 ) -> PendingItem:
     """The pending item for one escalated tool call; its id binds thread, turn, call id and arguments digest.
-    ``decisions`` are the decision types it allows (all three by default)."""
+    ``decisions`` are the decision types it allows (all three by default); ``tools``, the names of the tools the agent
+    can run, when known: an edit naming another tool is then refused at the resume (the item's ``tools``)."""
     item_id = pending_id(thread_id=thread_id, scope=f"tool_call:{message_id or ''}", key=tool_call_id, digest=digest)
     item = {
         "event": "tool_call",
@@ -351,6 +353,8 @@ def tool_item(
         "allowed_decisions": list(decisions),
         **_item_base(judgement, item_id, thread_id, answers),
     }
+    if tools is not None:
+        item["tools"] = sorted(set(tools))
     return cast(PendingItem, item)
 
 

@@ -679,6 +679,9 @@ class TurnKeeper:
         task = user_text(state)
         history = turn_history(state)
         turn: dict[str, Any] = {"message_id": ai.id, "thread_id": thread_id, "output": None, "calls": {}}
+        names = [getattr(tool, "name", None) for tool in tools if not isinstance(tool, dict)]
+        if names and all(isinstance(name, str) for name in names):  # a reviewer's edit may name only these
+            turn["tools"] = sorted(set(names))
         previous = self.part(state, "turn")
         if previous is not None and previous.get("message_id") != ai.id and _unanswered(previous):
             turn["after_unanswered_review"] = True
@@ -800,7 +803,7 @@ class TurnKeeper:
                 record["status"] = "blocked"
                 out.append(msgs.blocked(record["tool"], call_id, verdict, record.get("reason")))
             else:
-                items.append(self._call_item(record, call_id, thread_id, ai.id, verdict))
+                items.append(self._call_item(record, call_id, thread_id, ai.id, verdict, turn.get("tools")))
         for _ in range(DEFAULT_MAX_REVIEW_ROUNDS + 1):
             if not items:
                 break
@@ -865,6 +868,7 @@ class TurnKeeper:
                                 tool=tool,
                                 arguments=arguments,
                                 digest=arguments_digest(tool, arguments),
+                                tools=turn.get("tools"),
                             )
                         )
             items = next_items
@@ -918,7 +922,12 @@ class TurnKeeper:
 
     @staticmethod
     def _call_item(
-        record: dict[str, Any], call_id: str, thread_id: str | None, message_id: str | None, verdict: Any
+        record: dict[str, Any],
+        call_id: str,
+        thread_id: str | None,
+        message_id: str | None,
+        verdict: Any,
+        tools: list[str] | None = None,
     ) -> PendingItem:
         judgement = Judgement("escalate", verdict, record.get("reason"), reviewer=record.get("reviewer"))
         return tool_item(
@@ -932,6 +941,7 @@ class TurnKeeper:
             answers=record["verdict"]["probabilities"],
             # an HITL middleware after this one swaps its own edit in at run time, so a second edit could not run
             decisions=("approve", "reject") if record.get("hitl_edit") else TOOL_DECISIONS,
+            tools=tools,
         )
 
     def _withhold(

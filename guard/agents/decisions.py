@@ -25,7 +25,8 @@ An edit is judged again before it runs. With several interrupts pending at once 
 its interrupt id; :func:`resume_command` builds that ``Command`` from either shape.
 
 The resume value is validated inside LangGraph's ``response_schema`` check: a value that misses an item, names an
-unknown or stale item, has the wrong number of decisions, or uses a decision the item does not allow raises
+unknown or stale item, has the wrong number of decisions, uses a decision the item does not allow, or edits a call
+into a tool the agent does not have (by the item's ``tools``) raises
 ``pydantic.ValidationError`` wrapping a :class:`~guard.errors.ResumeError`; LangGraph then saves nothing, nothing
 runs, and the same interrupt can be answered again.
 """
@@ -99,6 +100,8 @@ class PendingItem(TypedDict):
         fail_mode: ``escalate`` when the backend failed and the fail mode escalated, else ``None``.
         error: the backend error behind a fail-mode escalation.
         allowed_decisions: which decision types this item accepts.
+        tools: the names of the tools the agent can run (tool calls, where guard knows them): an edit that names a
+            tool not among them is refused like any malformed resume, and the item stays pending.
     """
 
     id: str
@@ -118,6 +121,7 @@ class PendingItem(TypedDict):
     fail_mode: str | None
     error: str | None
     allowed_decisions: list[DecisionType]
+    tools: NotRequired[list[str]]
 
 
 class GuardReviewRequest(HITLRequest):
@@ -282,7 +286,20 @@ def _check(
         problem = shape_problem(decision["arguments"]) if decision["type"] == "edit" else None
         if problem is not None:
             raise ResumeError(f"the edit for {item_id} cannot be judged: its {problem}", expected=expected, given=given)
+        item = by_id.get(item_id)
+        problem = _unknown_tool(decision, item) if item is not None else None
+        if problem is not None:
+            raise ResumeError(f"the edit for {item_id} {problem}", expected=expected, given=given)
     return {"decisions": plain}
+
+
+def _unknown_tool(decision: Mapping[str, Any], item: PendingItem) -> str | None:
+    """Why an edit cannot run (it names a tool the agent does not have, by the item's ``tools``), or ``None``."""
+    tool = decision.get("tool") if decision["type"] == "edit" else None
+    tools = item.get("tools")
+    if not tool or tool == item.get("tool") or tools is None or tool in tools:
+        return None
+    return f"names tool {tool!r}, which this agent does not have; its tools: {', '.join(tools) or '(none)'}"
 
 
 def response_schema(items: Sequence[PendingItem], *, exact: bool = True, positional: bool = True) -> Any:
@@ -372,8 +389,8 @@ def resume_command(
     Raises:
         ResumeError: when ``decisions`` is not a map or a list, an item has no decision or a decision names no pending
             item (a count mismatch runs nothing), a decision is one the graph would refuse (a type the item does not
-            allow, a missing or extra field, a wrong type: checked with the interrupt's own ``response_schema``), or
-            an interrupt has no id.
+            allow, a missing or extra field, a wrong type, an edit naming a tool not among the item's ``tools``:
+            checked with the interrupt's own ``response_schema``), or an interrupt has no id.
     """
     pending = guard_interrupts(interrupts)
     per_interrupt = [(_interrupt_id(i), cast(GuardReviewRequest, _interrupt_value(i))["items"]) for i in pending]

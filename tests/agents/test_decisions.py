@@ -160,3 +160,33 @@ def test_a_list_answers_interrupts_by_position_even_when_their_item_ids_repeat()
         resume_command([_interrupt("i1", "a", "a")], [{"type": "reject"}, {"type": "approve"}])
     with pytest.raises(ResumeError, match="not pending: 1"):
         resume_command([_interrupt("i1", "a")], {"a": {"type": "approve"}, 1: {"type": "approve"}})  # type: ignore[dict-item]
+
+
+def _tool_item(item_id: str, tools: list[str] | None) -> dict:
+    item = {**_item(item_id), "event": "tool_call", "tool": "pay"}
+    return item if tools is None else {**item, "tools": tools}
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        {"type": "edit", "tool": "wire_all", "arguments": {"amount": 1}},
+        {"type": "edit", "edited_action": {"name": "wire_all", "args": {"amount": 1}}},
+    ],
+)
+def test_an_edit_naming_a_tool_the_agent_does_not_have_is_refused(decision: dict) -> None:
+    """Refused like any malformed resume (the graph saves nothing, the item stays pending), not used up as a rejection."""
+    items = [_tool_item("a", ["pay", "refund"])]
+    fragment = "the edit for a names tool 'wire_all', which this agent does not have; its tools: pay, refund"
+    with pytest.raises(ValidationError, match=fragment):
+        _validate(items, {"decisions": {"a": decision}})
+    with pytest.raises(ResumeError, match=fragment) as caught:
+        resume_command([Interrupt(value={"type": "guard_review", "items": items}, id="i1")], [decision])
+    assert caught.value.expected == ("a",)
+
+
+def test_an_edit_naming_one_of_the_agents_tools_or_tools_unknown_passes() -> None:
+    edit = {"type": "edit", "tool": "refund", "arguments": {"amount": 1}}
+    assert _validate([_tool_item("a", ["pay", "refund"])], {"decisions": {"a": edit}})["decisions"]["a"] == edit
+    unknown = {"type": "edit", "tool": "wire_all", "arguments": {"amount": 1}}
+    assert _validate([_tool_item("a", None)], {"decisions": {"a": unknown}})["decisions"]["a"] == unknown

@@ -306,6 +306,36 @@ def test_refused_per_call_resume_then_the_correct_one_works(harness: Any, thread
     assert out.interrupts[0].value["items"][0]["tool_call_id"] == "a"
 
 
+@pytest.mark.parametrize(
+    "graph",
+    [
+        "agent",
+        "tool_node",
+    ],
+)
+@pytest.mark.parametrize("form", ["map", "list"])
+def test_an_edit_to_a_tool_the_agent_lacks_is_refused_and_the_review_stays_pending(
+    harness: Any, thread: Any, graph: str, form: str
+) -> None:
+    h = harness()
+    build = guard_agent if graph == "agent" else tool_graph
+    agent, config = build(h, pays((500, "eve", "a"))), thread()
+    item = drive(agent, USER, config, "invoke").items()[0]
+    assert item["tools"] == sorted(tool.name for tool in h.tools)
+    edit = {"type": "edit", "tool": "wire_all", "arguments": {"amount": 1, "to": "x"}}
+    if form == "list":
+        edit = {"type": "edit", "edited_action": {"name": "wire_all", "args": {"amount": 1, "to": "x"}}}
+    refused = "names tool 'wire_all', which this agent does not have; its tools: delete_all_records, fetch"
+    with pytest.raises(ValidationError, match=refused):
+        agent.invoke(Command(resume={"decisions": {item["id"]: edit} if form == "map" else [edit]}), config)
+    with pytest.raises(ResumeError, match=refused):
+        resume_command(agent.get_state(config).interrupts, [edit])
+    pending = agent.get_state(config).interrupts
+    assert h.runs.calls == [] and [i["id"] for interrupt in pending for i in interrupt.value["items"]] == [item["id"]]
+    drive(agent, resume_command(pending, [{"type": "approve"}]), config, "invoke")
+    assert h.runs.calls == [("pay", {"amount": 500, "to": "eve"})]
+
+
 # LangChain's HumanInTheLoopMiddleware in the same agent --------------------------------------------------------
 
 

@@ -195,7 +195,20 @@ def test_edit_that_renames_the_tool_runs_when_the_new_tools_policy_allows(harnes
     h = harness()
     _, _, out = _escalate_then(h, thread, {"type": "edit", "tool": "refund", "arguments": {"amount": 20, "to": "eve"}})
     assert h.runs.calls == [("refund", {"amount": 20, "to": "eve"})]
-    assert "Executed instead: `refund`" in out.tool_messages()["a"].text
+    text = out.tool_messages()["a"].text
+    assert "Called instead: `refund`" in text and "Executed" not in text
+    assert text.endswith("Tool response:\nrefunded 20 to eve")
+
+
+def test_an_edit_whose_arguments_the_tool_refuses_is_not_said_to_have_run(harness: Any, thread: Any) -> None:
+    h = harness()
+    _, _, out = _escalate_then(h, thread, {"type": "edit", "tool": "refund", "arguments": {"amount": 20}})
+    assert h.runs.count() == 0
+    message = out.tool_messages()["a"]
+    assert message.status == "error" and "Executed" not in message.text and "Tool response" not in message.text
+    assert 'Called instead: `refund` with arguments {"amount": 20}. Do not re-issue the original call. The tool ' \
+           "refused these arguments, so it did not run; its error:\nError invoking tool 'refund'" in message.text
+    assert "to: Field required" in message.text or "'to'" in message.text
 
 
 def test_edit_that_renames_to_a_blocked_tool_is_blocked(harness: Any, thread: Any) -> None:
@@ -205,12 +218,11 @@ def test_edit_that_renames_to_a_blocked_tool_is_blocked(harness: Any, thread: An
     assert "rule off_task" in out.tool_messages()["a"].text
 
 
-def test_edit_that_renames_to_an_unknown_tool_runs_nothing(harness: Any, thread: Any) -> None:
+def test_edit_that_renames_to_an_unknown_tool_is_refused_and_runs_nothing(harness: Any, thread: Any) -> None:
     h = harness()
-    _, _, out = _escalate_then(h, thread, {"type": "edit", "tool": "wire_all", "arguments": {"amount": 1, "to": "x"}})
+    with pytest.raises(ValidationError, match="names tool 'wire_all', which this agent does not have"):
+        _escalate_then(h, thread, {"type": "edit", "tool": "wire_all", "arguments": {"amount": 1, "to": "x"}})
     assert h.runs.count() == 0
-    assert "names a tool which this agent does not have" in out.tool_messages()["a"].text
-    assert "wire_all" not in out.tool_messages()["a"].text  # the reviewer's text reaches no model unjudged
 
 
 def test_edit_is_judged_again_and_can_need_a_second_review(harness: Any, thread: Any) -> None:
