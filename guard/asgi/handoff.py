@@ -276,7 +276,7 @@ class HandoffClient:
                 ASCII, a URL httpx refuses).
         """
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
-        key = self._api_keys.get(target.name) or (os.environ.get(target.api_key_env) if target.api_key_env else None)
+        key = self._key(target)
         if key:
             headers["authorization"] = f"Bearer {key}"
         if stream:
@@ -312,14 +312,22 @@ class HandoffClient:
             reason="unavailable",
         )
 
-    @staticmethod
-    def _status_error(target: HandoffTarget, response: httpx.Response, body: bytes) -> HandoffError:
+    def _status_error(self, target: HandoffTarget, response: httpx.Response, body: bytes) -> HandoffError:
+        """The error for a status that is not 2xx: the first bytes of its body quoted (``repr``: no control
+        character starts a line in a log), the target's own key removed if the target echoes it."""
         detail = body[:_ERROR_BYTES].decode("utf-8", "replace")
+        key = self._key(target)
+        if key:
+            detail = detail.replace(key, "[redacted]")
         return HandoffError(
-            f"handoff target {target.name!r} answered HTTP {response.status_code}: {detail}",
+            f"handoff target {target.name!r} answered HTTP {response.status_code}: {detail!r}",
             target=target.name,
             reason=f"http_{response.status_code}",
         )
+
+    def _key(self, target: HandoffTarget) -> str | None:
+        """The API key sent to ``target``: from ``api_keys=``, else its ``api_key_env`` variable."""
+        return self._api_keys.get(target.name) or (os.environ.get(target.api_key_env) if target.api_key_env else None)
 
     @staticmethod
     def _malformed(target: HandoffTarget, what: str) -> HandoffError:
@@ -346,7 +354,7 @@ class HandoffClient:
             raise self._error(target, exc) from exc
         except _TooLarge as exc:
             raise self._malformed(target, str(exc)) from exc
-        if response.status_code >= 400:
+        if not 200 <= response.status_code < 300:  # a redirect's body is no answer either (redirects are not followed)
             raise self._status_error(target, response, body)
         try:
             raw = loads(body)
@@ -380,7 +388,7 @@ class HandoffClient:
         lines = _lines(_capped(response.aiter_bytes(), MAX_STREAM_BYTES), MAX_ANSWER_BYTES)
         try:
             self._refuse_encoded(target, response)
-            if response.status_code >= 400:  # its first bytes name the error: read those, within the timeout
+            if not 200 <= response.status_code < 300:  # its first bytes name the error: read those, within the timeout
                 async with asyncio.timeout(target.timeout):
                     head = await anext(_capped(response.aiter_bytes(), None), b"")
                 raise self._status_error(target, response, head[:_ERROR_BYTES])

@@ -78,6 +78,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_HTTP_TIMEOUT_S",
     "JEV_URL",
+    "MAX_LOGGED_ERROR_CHARS",
     "MAX_RESPONSE_BYTES",
     "OPENROUTER_URL",
     "PROVIDERS",
@@ -94,6 +95,8 @@ MAX_REVISION_CHARS = 200
 #: Most bytes of a response body read (answers are asked for uncompressed): 64 questions of 255 options each fit many times
 #: over; a longer body is a malformed answer, read no further.
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+#: Most characters of a provider's error message written to the log (the rest counted, not written).
+MAX_LOGGED_ERROR_CHARS = 1000
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -352,7 +355,8 @@ class SystemOneClient:
                 if len(body) > MAX_RESPONSE_BYTES:
                     raise MalformedAnswer(f"{self.name}: the answer is longer than {MAX_RESPONSE_BYTES} bytes; "
                                           "it was not read further", backend=self.name)
-            kept = [(k, v) for k, v in response.headers.multi_items() if k.lower() != "content-encoding"]
+            # the raw bytes: a header value that is not ASCII (rev-é) is kept as sent, not re-encoded (which raised)
+            kept = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-encoding"]
             return httpx.Response(response.status_code, headers=kept, content=bytes(body), request=response.request)
 
     def _parse(self, response: httpx.Response, request: SystemOneRequestV1) -> SystemOneResponseV1:
@@ -431,4 +435,6 @@ class SystemOneClient:
         sees the status, at DEBUG after (it may repeat the request's state, so it stays out of the error raised)."""
         level = logging.DEBUG if status in self._statuses_logged else logging.WARNING
         self._statuses_logged.add(status)
+        if len(text) > MAX_LOGGED_ERROR_CHARS:  # an 8 MB message would be one 8 MB log line
+            text = f"{text[:MAX_LOGGED_ERROR_CHARS]}... ({len(text)} characters)"
         logger.log(level, "%s answered HTTP %d with: %r", self.name, status, text)  # quoted: no control starts a line

@@ -79,7 +79,9 @@ class OpenAIStandIn:
     """A small OpenAI-compatible ``/v1/chat/completions`` server for handoff tests.
 
     The answer is ``"Stand-in answer to: <last user message>"``. The requested model picks a behaviour:
-    ``fail-500`` (HTTP 500), ``fail-500-drip`` (HTTP 500 with a body that never ends), ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
+    ``fail-500`` (HTTP 500), ``fail-500-drip`` (HTTP 500 with a body that never ends), ``fail-401-echo`` (HTTP 401
+    echoing the key it got and a forged log line), ``redirect-with-answer`` (a 302 whose body is a valid completion),
+    ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
     100,000 deep), ``huge`` (a 5 MiB answer), ``drip`` (an answer one byte every 0.3 s), ``keepalive`` (a stream of
     SSE comments only), ``broken-stream``
     (streams one chunk, then a non-JSON event), ``gated`` (when streaming, waits after the first chunk until
@@ -105,6 +107,12 @@ class OpenAIStandIn:
         model = body["model"]
         if model == "fail-500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if model == "fail-401-echo":  # echoes the key it got and a forged log line
+            text = f"bad key {request.headers.get('authorization')}\nCRITICAL guard: forged line"
+            return PlainTextResponse(text, status_code=401)
+        if model == "redirect-with-answer":  # a valid completion under a redirect to the metadata address
+            return JSONResponse(self.completion(model, self.answer(body)), status_code=302,
+                                headers={"location": "http://169.254.169.254/latest/meta-data/"})
         if model == "fail-500-drip":  # an error answer that never ends
             async def endless() -> AsyncIterator[bytes]:
                 while True:
@@ -153,17 +161,18 @@ class OpenAIStandIn:
             return StreamingResponse(comments(), media_type="text/event-stream")
         text = self.answer(body)
         if not body.get("stream"):
-            return JSONResponse(
-                {
-                    "id": "chatcmpl-standin",
-                    "object": "chat.completion",
-                    "model": model,
-                    "choices": [
-                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                    ],
-                }
-            )
+            return JSONResponse(self.completion(model, text))
         return StreamingResponse(self._events(model, text), media_type="text/event-stream")
+
+    @staticmethod
+    def completion(model: str, text: str) -> dict[str, Any]:
+        """A whole ``chat.completion`` answering ``text``."""
+        return {
+            "id": "chatcmpl-standin",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        }
 
     async def _events(self, model: str, text: str) -> AsyncIterator[str]:
         def event(delta: dict[str, Any], finish: str | None = None) -> str:

@@ -194,6 +194,33 @@ async def test_target_failures_are_handoff_errors(
     assert info.value.reason == reason and info.value.target == "helper"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_error_answer_is_quoted_without_the_key_and_a_redirect_is_no_answer(
+    standin: tuple[OpenAIStandIn, str], stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target answering 401 with the key it got and a newline had both written into guard's log (a forged line);
+    a 302 whose body was a valid completion was taken as the LLM's answer."""
+    _, url = standin
+    monkeypatch.setenv("HANDOFF_TEST_KEY", "sk-handoff-secret-0123456789")
+    client = HandoffClient()
+    messages = client.messages_for(_verdict(), _subject(None))
+    errors = []
+    for model in ("fail-401-echo", "redirect-with-answer"):
+        target = _target(url, model=model, api_key_env="HANDOFF_TEST_KEY")
+        with pytest.raises(HandoffError) as info:
+            if stream:
+                async for _ in client.astream(target, messages):
+                    pass
+            else:
+                await client.acomplete(target, messages)
+        errors.append(info.value)
+    await client.aclose()
+    echoed, redirected = errors
+    assert echoed.reason == "http_401" and "\n" not in str(echoed) and "sk-handoff-secret" not in str(echoed)
+    assert "Bearer [redacted]" in str(echoed)
+    assert redirected.reason == "http_302"
+
+
 async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenAIStandIn, str]) -> None:
     _, url = standin
     client = HandoffClient()

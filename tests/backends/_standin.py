@@ -169,6 +169,11 @@ class WorkersAIStandIn:
         if scenario == "slow":
             await asyncio.sleep(3)
             return JSONResponse(envelope(result))
+        if scenario == "latin1-header":  # a valid answer under a header value that is not ASCII (a CDN's)
+            return Response(json.dumps(envelope(result)), media_type="application/json",
+                            headers={"x-served-by": "cdn-é"})
+        if scenario == "huge-error":
+            return JSONResponse(failure("E" * 2_000_000, 5006), status_code=400)
         return JSONResponse(envelope(result))
 
 

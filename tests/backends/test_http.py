@@ -161,6 +161,27 @@ policies:
     assert secret in caplog.text  # where an operator finds what the provider wrote
 
 
+async def test_a_header_value_that_is_not_ascii_does_not_break_the_answer(
+    standin: tuple[str, WorkersAIStandIn]
+) -> None:
+    """A valid answer under ``x-served-by: cdn-é`` raised UnicodeEncodeError when the client rebuilt the response:
+    every decision was an internal error with a traceback."""
+    async with workers_ai(standin, "latin1-header") as client:
+        response = await client.decide(REQUEST)
+    assert set(response.answers) == {"churn", "queue", "urgency"}
+
+
+async def test_a_huge_error_message_is_logged_cut(
+    standin: tuple[str, WorkersAIStandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 400 whose message is 2 MB was one 2 MB log line (a server cycling statuses could fill a disk)."""
+    async with workers_ai(standin, "huge-error") as client:
+        with pytest.raises(BackendRejected):
+            await client.decide(REQUEST)
+    (line,) = [r.getMessage() for r in caplog.records if "answered HTTP 400" in r.getMessage()]
+    assert len(line) < 1200 and "characters)" in line
+
+
 async def test_429_honours_retry_after(standin: tuple[str, WorkersAIStandIn]) -> None:
     _, server = standin
     started = time.monotonic()
