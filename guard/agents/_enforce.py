@@ -374,13 +374,14 @@ class ToolCallEnforcer:
 
     def _unread_media(self, message: BaseMessage, prepared: Prepared, media: list[str]) -> BaseMessage:
         """An output holding content guard cannot read (:func:`~guard.agents._content.unread_media`: an image, a PDF)
-        where a ``tool_result`` policy applies to this tool: withheld (block, rule ``unreadable_result``), since the
-        model could read instructions in it that no policy judged; elsewhere as it is."""
+        where an enforced ``tool_result`` policy applies to this tool (any of them, whatever the file order): withheld
+        (block, rule ``unreadable_result``), since the model could read instructions in it that no policy judged;
+        where only shadow policies apply, passed on (and logged); elsewhere as it is."""
         subject = self._output_subject(prepared, message_text(message))
-        policy = self.judge.guard.match(subject)
+        policy = self.judge.accountable(subject)  # an enforced policy whatever the file order, when one matches
         if policy is None:
             return message
-        if policy.mode == "shadow":  # shadow mode computes and records, never withholds
+        if policy.mode == "shadow":  # every matching policy is shadow: they compute and record, never withhold
             logger.info("shadow policy %s: a %s output holds content guard cannot read (%s); passed on", policy.id,
                         prepared.tool, ", ".join(sorted(set(media))))
             return message

@@ -353,6 +353,11 @@ class Judge:
         """Whether any policy applies (no policy: the subject passes without a model call or a record)."""
         return self.guard.match(subject) is not None
 
+    def accountable(self, subject: AgentSubject) -> Policy | None:
+        """The policy a decision made without the model names (:func:`~guard.engine.verdicts.accountable`): an
+        enforced matching policy before a shadow one, whatever the file order."""
+        return verdicts.accountable(self.guard.matching(subject))
+
     # Verdicts -------------------------------------------------------------------------------------------------
 
     def _guard_failed(self, subject: AgentSubject, exc: BaseException, started: float) -> Verdict:
@@ -363,7 +368,7 @@ class Judge:
             self.fail_mode,
             exc_info=exc,
         )
-        policy = self.guard.match(subject)
+        policy = self.accountable(subject)
         verdict = verdicts.guard_failed(
             policy, self.fail_mode, exc, decision_id=new_decision_id(), latency_ms=(time.perf_counter() - started) * 1000
         )
@@ -389,7 +394,7 @@ class Judge:
 
     def malformed(self, subject: AgentSubject, problem: str, raw: str | None) -> Verdict:
         """Record the decision for a malformed call (block, rule ``malformed_arguments``) and return it."""
-        policy = self.guard.match(subject)
+        policy = self.accountable(subject)
         flags: dict[str, Any] = {"malformed": problem}
         if raw is not None:
             flags[RAW_ARGUMENTS_FLAG] = raw[:1000]
@@ -402,7 +407,7 @@ class Judge:
     def unreadable(self, subject: AgentSubject, problem: str) -> Verdict:
         """Record the decision for a tool output whose messages guard cannot find (block, rule
         ``unreadable_result``) and return it."""
-        policy = self.guard.match(subject)
+        policy = self.accountable(subject)
         verdict = verdicts.refused(
             policy, decision_id=new_decision_id(), rule=UNREADABLE_RULE, status=422, message=problem
         )

@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from guard._body import ReplayReceive, declared_length, read_body
+from guard._body import BODY_TIMEOUT, ReplayReceive, declared_length, read_body
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._media import media_type
@@ -398,7 +398,14 @@ class GuardMiddleware:
         limits, headers = self.limits, head.headers
         try:
             self.tenant_of(scope, headers)  # an ambiguous tenant is refused before anything is held
-            read = await self._read_body(receive, headers)
+        except BodyError as exc:
+            await self._refuse(send, head, verdicts.accountable(matched) or matched[0], exc)
+            return
+        # Only shadow policies match: a body guard cannot inspect is recorded as a shadow refusal and passed on, so
+        # what was read is kept to replay (at most max_body_bytes and one chunk: reading stops there).
+        recorded = _Recorded(receive) if all(p.mode == "shadow" for p in matched) else None
+        try:
+            read = await self._read_body(recorded or receive, headers)
             if read is None:
                 return
             body, value, text = read
@@ -406,7 +413,10 @@ class GuardMiddleware:
                       if body_override and ("content-encoding" in headers or may_name_method(body)) else None)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
-            await self._refuse(send, head, matched[0], exc)
+            if recorded is not None and exc.code != BODY_TIMEOUT:  # a body that never came is not waited for
+                await self._pass_shadow(scope, send, head, matched, exc, recorded.replay())
+                return
+            await self._refuse(send, head, verdicts.accountable(matched) or matched[0], exc)
             return
         if method is not None:
             asked, asked_matched = self._match({**scope, "method": method}, headers)
@@ -415,7 +425,7 @@ class GuardMiddleware:
                 return
             if method not in _BODY_METHODS and self.unexpected_body != "pass":  # as __call__ treats such a body
                 if self.unexpected_body == "refuse":
-                    await self._refuse(send, head, matched[0], BodyError(
+                    await self._refuse(send, head, verdicts.accountable(matched) or matched[0], BodyError(
                         400, "unexpected_body", f"a {method} request carries a body; send it with POST, PUT or PATCH",
                         field="body"))
                     return  # under "judge": judged below as the POST it was matched as
@@ -549,6 +559,24 @@ class GuardMiddleware:
         method = self._body_method(body, headers, judged["method"])
         return ({**judged, "method": method} if method else judged), ReplayReceive(body, receive)
 
+    async def _pass_shadow(
+        self, scope: Scope, send: Send, head: HttpSubject, matched: tuple[Policy, ...], exc: BodyError,
+        receive: Receive,
+    ) -> None:
+        """A body guard cannot inspect where every matching policy is in shadow mode: the refusal it would have sent
+        is recorded as a shadow verdict (``allow``, ``shadow_action`` ``block``, rule = the body error's code) and the
+        request goes on, its body replayed from ``receive``."""
+        policy = verdicts.accountable(matched) or matched[0]
+        verdict = verdicts.refused(
+            policy, decision_id=new_decision_id(), rule=exc.code, status=exc.status, message=exc.reason,
+            error=exc.code, shadow=True,
+        )  # fmt: skip
+        self.guard.record(verdict, head, policy=policy)
+        self.metrics.count_request(policy.id, verdict.action)
+        logger.info("shadow policy %s: would refuse %s %r (%s); passed on", policy.id, head.method, head.path, exc.code)
+        scope.setdefault("state", {})[STATE_KEY] = verdict
+        await self.respond(scope, receive, send, verdict_headers(verdict, full=self._full_headers), method=head.method)
+
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""
         self.metrics.count_body_rejection(exc.code)
@@ -572,6 +600,32 @@ class GuardMiddleware:
             # client, still sending, gets the answer rather than a reset; the head timer bounds that drain.)
             [*verdict_headers(verdict), (b"connection", b"close")] if exc.status == 408 else verdict_headers(verdict),
         )
+
+
+class _Recorded:
+    """A ``receive`` that keeps the messages it hands out, so they can be replayed (:meth:`replay`) to the
+    application when a request goes on after guard stopped reading its body part way."""
+
+    __slots__ = ("_messages", "_receive")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._messages: list[Message] = []
+
+    async def __call__(self) -> Message:
+        message = await self._receive()
+        self._messages.append(message)
+        return message
+
+    def replay(self) -> Receive:
+        """A ``receive`` that gives the kept messages again, in order, then the real ``receive``'s."""
+        pending = list(self._messages)
+        receive = self._receive
+
+        async def replayed() -> Message:
+            return pending.pop(0) if pending else await receive()
+
+        return replayed
 
 
 def _has_body(headers: dict[str, str]) -> bool:

@@ -129,6 +129,9 @@ class Guard:
         self._portal: _Portal | None = None
         self._portal_lock = threading.Lock()
         self._closed = False
+        #: Shadow policies' decisions finishing in the background (:meth:`_compose`), on whichever loop started them.
+        self._background: set[asyncio.Future[Any]] = set()
+        self._background_lock = threading.Lock()
         self._plans: dict[int, tuple[Plan, str]] = {}  # id(policy) -> (plan, backend name)
         self._groups: dict[tuple[int, ...], tuple[tuple[Plan, ...], tuple[Group, ...]]] = {}  # id(plan)s -> groups
         #: Each backend's recent model calls (:meth:`health`); a call is counted on a cache miss only.
@@ -332,7 +335,9 @@ class Guard:
     ) -> tuple[Verdict, Lookup | None]:
         """Several matching policies: one request per :class:`~guard.engine.plan.Group` (started together), each
         policy waiting for its group's answers within its own timeout, then its own rules; then
-        :func:`~guard.engine.verdicts.combined`."""
+        :func:`~guard.engine.verdicts.combined`. When an enforced policy matches, a shadow policy whose answers are not
+        in once the enforced ones have decided is left out of the verdict and finishes in the background
+        (:meth:`_finish_shadow`, recorded apart under the same decision id; :meth:`drain` waits for it)."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         own: dict[int, Verdict] = {}  # id(policy) -> its verdict
@@ -374,37 +379,110 @@ class Guard:
                     )
                     source.add_done_callback(_retrieve)
             asks.append((group, raw, state, flags, source))
-        for group, raw, state, flags, source in asks:
-            for plan in group.plans:
-                policy, policy_flags = plan.policy, dict(flags)
-                lookup: Lookup | None = None
-                response = None
-                try:
-                    if source is None:
-                        cached = plan.no_answers
-                        assert cached is not None  # a group without questions holds one rules-only plan
-                    elif isinstance(source, CachedAnswers):
-                        cached, lookup = source, "hit"
-                    else:
-                        left = max(began + policy.timeout - loop.time(), 0.0)
-                        cached, lookup = await asyncio.wait_for(asyncio.shield(source), left)
-                    response = cached.response
-                    outcome = plan.outcome(cached, subject=subject, state=raw, flags=policy_flags)
-                except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
-                    model = getattr(response, "model", None)
-                    own[id(policy)] = self._failed(
-                        policy, subject, exc, decision_id, started, state, policy_flags, model
-                    )
-                    continue
-                if lookup is not None:
-                    lookups.append(lookup)
-                own[id(policy)] = verdicts.answered(
-                    policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"),
-                    latency_ms=_since(started), state=state, flags=policy_flags, subject=subject,
-                )  # fmt: skip
-        contributions = [own[id(policy)] for policy in policies]
-        verdict = verdicts.combined(policies, contributions, decision_id=decision_id, latency_ms=_since(started))
+        # Enforced policies first; a shadow policy never holds up the verdict of an enforced one: when any enforced
+        # policy matched, a shadow policy whose answers are not in yet finishes in the background and is recorded
+        # as a decision of its own when it does (same decision id).
+        enforcing = any(policy.mode != "shadow" for policy in policies)
+        late: list[tuple[Plan, Any, Any, dict[str, Any], asyncio.Future[Any]]] = []
+        for shadow_pass in (False, True):
+            for group, raw, state, flags, source in asks:
+                for plan in group.plans:
+                    if (plan.policy.mode == "shadow") != shadow_pass:
+                        continue
+                    if (shadow_pass and enforcing and isinstance(source, asyncio.Future) and not source.done()):
+                        late.append((plan, raw, state, flags, source))
+                        continue
+                    verdict, lookup = await self._own(plan, subject, raw, state, flags, source, decision_id, started,
+                                                      began)  # fmt: skip
+                    own[id(plan.policy)] = verdict
+                    if lookup is not None:
+                        lookups.append(lookup)
+        for plan, raw, state, flags, source in late:
+            self._later(self._finish_shadow(plan, subject, raw, state, flags, source, decision_id, started, began))
+        decided = tuple(policy for policy in policies if id(policy) in own)
+        contributions = [own[id(policy)] for policy in decided]
+        verdict = verdicts.combined(decided, contributions, decision_id=decision_id, latency_ms=_since(started))
         return verdict, _combined_lookup(lookups)
+
+    async def _own(
+        self, plan: Plan, subject: Subject, raw: Any, state: Any, flags: dict[str, Any],
+        source: CachedAnswers | asyncio.Future[Any] | None, decision_id: str, started: float, began: float,
+    ) -> tuple[Verdict, Lookup | None]:
+        """One policy's own verdict in :meth:`_compose`: its group's answers (``source``: cached, a call in flight,
+        or ``None`` for rules only) within its own timeout (counted from ``began``, a loop time), then its rules."""
+        policy, policy_flags = plan.policy, dict(flags)
+        lookup: Lookup | None = None
+        response = None
+        try:
+            if source is None:
+                cached = plan.no_answers
+                assert cached is not None  # a group without questions holds one rules-only plan
+            elif isinstance(source, CachedAnswers):
+                cached, lookup = source, "hit"
+            else:
+                loop = asyncio.get_running_loop()
+                left = max(began + policy.timeout - loop.time(), 0.0)
+                cached, lookup = await asyncio.wait_for(asyncio.shield(source), left)
+            response = cached.response
+            outcome = plan.outcome(cached, subject=subject, state=raw, flags=policy_flags)
+        except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
+            model = getattr(response, "model", None)
+            return self._failed(policy, subject, exc, decision_id, started, state, policy_flags, model), None
+        verdict = verdicts.answered(
+            policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"),
+            latency_ms=_since(started), state=state, flags=policy_flags, subject=subject,
+        )  # fmt: skip
+        return verdict, lookup
+
+    async def _finish_shadow(
+        self, plan: Plan, subject: Subject, raw: Any, state: Any, flags: dict[str, Any], source: asyncio.Future[Any],
+        decision_id: str, started: float, began: float,
+    ) -> None:
+        """A shadow policy whose answers came after the enforced verdict was returned: its verdict, recorded as a
+        decision of its own (counters, span, decision log) under the same decision id."""
+        try:
+            verdict, lookup = await self._own(plan, subject, raw, state, flags, source, decision_id, started, began)
+            if not self.telemetry.tracing:
+                verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy_file=plan.policy.file,
+                                cache=lookup)  # fmt: skip
+                return
+            with self.telemetry.span(subject) as span:
+                verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy_file=plan.policy.file,
+                                cache=lookup, span=span)  # fmt: skip
+        except Exception:
+            logger.exception("recording shadow policy %s of decision %s failed", plan.policy.id, decision_id)
+
+    def _later(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background on the running loop, tracked so :meth:`aclose` / :meth:`close` wait for it."""
+        task = asyncio.ensure_future(coro)
+        with self._background_lock:
+            self._background.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        with self._background_lock:
+            self._background.discard(task)
+
+    async def _drain(self) -> None:
+        """Wait for the background shadow decisions running on this loop (each is bounded by its policy's
+        ``timeout_ms``)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._background_lock:
+                mine = [task for task in self._background if task.get_loop() is loop]
+            if not mine:
+                return
+            await asyncio.gather(*mine, return_exceptions=True)
+
+    async def drain(self) -> None:
+        """Wait until every shadow policy's decision still running in the background (:meth:`aevaluate` returns an
+        enforced verdict without waiting for a slow shadow policy) is recorded: those on this loop and on the sync
+        facade's. :meth:`aclose` and :meth:`close` do this first."""
+        await self._drain()
+        with self._portal_lock:
+            portal = self._portal
+        if portal is not None:
+            await asyncio.to_thread(portal.call, self._drain())
 
     def _grouped(self, plans: tuple[Plan, ...]) -> tuple[Group, ...]:
         """:func:`~guard.engine.plan.group_plans` of ``plans``, worked out once per set of plans."""
@@ -542,6 +620,7 @@ class Guard:
         """Stop the health monitor's runs and close the cache, the backends and the sync portal. Idempotent."""
         if self._closed:
             return
+        await self.drain()  # shadow decisions still running record before the backends close
         self._closed = True
         if self.monitor is not None:  # its runs ask the backends closed below
             await self.monitor.aclose()
@@ -571,6 +650,7 @@ class Guard:
         with self._portal_lock:
             portal = self._portal
         if portal is not None:
+            portal.call(self._drain())  # shadow decisions still running record before the backends close
             self._closed = True
             self._portal = None
             if self.monitor is not None:

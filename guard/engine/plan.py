@@ -264,8 +264,9 @@ def keyed_revision(revision: str, epoch: int) -> str:
 
 
 class Group:
-    """Plans of policies that one model call answers: the same backend (revision), model and state declaration, so
-    the same state; their questions go out in one request, each distinct question once (:func:`group_plans`).
+    """Plans of policies that one model call answers: the same backend (revision), model, state declaration and mode
+    (enforced or shadow), so the same state; their questions go out in one request, each distinct question once
+    (:func:`group_plans`).
 
     Attributes:
         plans: the policies' plans, in match order.
@@ -312,9 +313,11 @@ class Group:
 def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
     """Split the plans of the policies matching one subject into :class:`Group` s, in match order.
 
-    A plan joins the first group with the same backend object and revision, the same model and an equal ``state``
-    declaration (so the same state for every subject), unless one of its questions has the wire id of a different
-    question there (a request holds each id once); otherwise it starts a group. Identical questions are asked once.
+    A plan joins the first group with the same backend object and revision, the same model, an equal ``state``
+    declaration (so the same state for every subject) and the same mode (a shadow policy's questions go in a request
+    of their own, so a backend that refuses, omits or is slow on them never decides an enforced verdict), unless one
+    of its questions has the wire id of a different question there (a request holds each id once); otherwise it
+    starts a group. Identical questions are asked once.
     A plan without questions (rules only) is a group of its own with no questions: nothing is asked for it.
     """
     groups: list[tuple[list[Plan], list[QuestionV1]]] = []
@@ -332,6 +335,7 @@ def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
                 or head.epoch != plan.epoch
                 or head.policy.model != policy.model
                 or head.policy.state_fields != policy.state_fields
+                or (head.policy.mode == "shadow") != (policy.mode == "shadow")
             ):
                 continue
             by_id = {q.id: q for q in questions}

@@ -33,6 +33,7 @@ __all__ = [
     "STATE_TOO_LONG_MESSAGE",
     "STATE_TOO_LONG_RULE",
     "STATE_TOO_LONG_STATUS",
+    "accountable",
     "answered",
     "combined",
     "copy_from_json",
@@ -363,6 +364,14 @@ def fail_mode(
     )
 
 
+def accountable(policies: Sequence[Policy]) -> Policy | None:
+    """The policy a decision made without the model names, of every policy matching the subject (a refused body, a
+    malformed tool call, a guard that raised): an enforced one before a shadow one, then the higher ``priority``, then
+    the policy id in string order (never the file order, as :func:`combined`); ``None`` when none matches. Its mode
+    says whether such a refusal is enforced: a shadow policy is named only when every matching policy is shadow."""
+    return min(policies, key=lambda p: (p.mode == "shadow", -p.priority, p.id), default=None)
+
+
 def refused(
     policy: Policy | None,
     *,
@@ -373,10 +382,12 @@ def refused(
     error: str | None = None,
     flags: dict[str, Any] | None = None,
     phase: Phase = "request",
+    shadow: bool = False,
 ) -> Verdict:
     """A block made before any decision because the input cannot be judged: an HTTP body that cannot be inspected
     (``rule`` = the body error's code; ``phase`` ``response`` for an upstream response), a malformed tool call
-    (``malformed_arguments``). Shadow mode does not apply: there was nothing to judge."""
+    (``malformed_arguments``). With ``shadow`` (every matching policy is in shadow mode, where the enforcement point
+    allows it) the verdict allows and records the refusal as ``shadow_action`` ``block``."""
     return make(
         "block",
         decision_id,
@@ -388,6 +399,7 @@ def refused(
         error=error,
         flags=flags,
         phase=phase,
+        shadow=shadow,
     )
 
 

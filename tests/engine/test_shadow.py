@@ -1,0 +1,118 @@
+"""Shadow policies beside enforced ones: a shadow policy's questions go in a request of their own (a backend that
+refuses, omits or fails them never decides an enforced verdict), and an enforced verdict never waits for a slow shadow
+policy (that one finishes in the background and is recorded as a decision of its own, awaited by ``aclose``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import json
+import time
+from typing import Any
+
+import pytest
+
+from guard.engine import Guard
+from guard.engine.telemetry import DecisionLog
+from guard.errors import BackendRejected
+from guard.policy import load_text
+from guard.subject import HttpSubject
+from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
+from tests._backends import ScriptedBackend
+
+pytestmark = pytest.mark.anyio
+
+ENFORCED = """
+  - id: enforced
+    version: "1"
+    match: {http: {methods: [POST]}}
+    state: {text: body_text}
+    questions: {spam: {type: noul, instructions: "Is this spam?"}}
+    rules: [{id: spam, when: spam.noul >= 0.9, action: block}]
+    default: allow
+"""
+SHADOW = """
+  - id: trial
+    version: "1"
+    mode: shadow
+    match: {http: {methods: [POST]}}
+    state: {text: body_text}
+    timeout_ms: 2000
+    questions: {topic: {type: noul, instructions: "Is this about topic X?"}}
+    rules: [{id: topic, when: topic.noul >= 0.9, action: block}]
+    default: allow
+"""
+
+
+def post() -> HttpSubject:
+    return HttpSubject(method="POST", path="/x", body={"t": "hello"}, body_text="hello")
+
+
+def refuse_topic(request: SystemOneRequestV1) -> dict[str, float]:
+    if any(q.id == "topic" for q in request.questions):
+        raise BackendRejected("http 400: unknown question 'topic'", backend="remote")
+    return {"spam": 0.01}
+
+
+def drop_topic(response: SystemOneResponseV1) -> SystemOneResponseV1:
+    return dataclasses.replace(response, answers={k: v for k, v in response.answers.items() if k != "topic"})
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param(lambda: ScriptedBackend(refuse_topic), id="rejected"),
+    pytest.param(lambda: ScriptedBackend(lambda r: {"spam": 0.01, "topic": 0.95}, answers_override=drop_topic),
+                 id="answer-missing"),
+])
+async def test_a_shadow_policys_failing_question_never_fails_the_enforced_policy(backend: Any) -> None:
+    scripted = backend()
+    async with Guard(load_text("policies:" + ENFORCED + SHADOW), backends=scripted) as guard:
+        verdict = await guard.aevaluate(post())
+    assert verdict.action == "allow" and verdict.fail_mode in (None, "closed")
+    parts = {c.policy_id: c for c in verdict.contributions}
+    assert (parts["enforced"].action, parts["enforced"].rule, parts["enforced"].error) == ("allow", "default", None)
+    assert (parts["trial"].action, parts["trial"].shadow_action, parts["trial"].rule) == ("allow", "block", "on_error")
+    assert scripted.calls == 2  # the shadow policy's question went in a request of its own
+    assert [[q.id for q in r.questions] for r in scripted.requests] == [["spam"], ["topic"]]
+
+
+async def test_enforced_policies_alone_still_share_one_call() -> None:
+    second = SHADOW.replace("id: trial", "id: second").replace("    mode: shadow\n", "")
+    scripted = ScriptedBackend(lambda r: {"spam": 0.01, "topic": 0.01})
+    async with Guard(load_text("policies:" + ENFORCED + second), backends=scripted) as guard:
+        verdict = await guard.aevaluate(post())
+    assert verdict.action == "allow" and scripted.calls == 1
+
+
+@pytest.mark.parametrize("sync", [False, True])
+async def test_a_slow_shadow_policy_does_not_delay_the_enforced_verdict(sync: bool) -> None:
+    sink = io.StringIO()
+    fast = ScriptedBackend(lambda r: {"spam": 0.01})
+    slow = ScriptedBackend(lambda r: {"topic": 0.95}, delay=1.0)
+    text = "policies:" + ENFORCED + SHADOW.replace("    questions:", "    backend: slow\n    questions:")
+    guard = Guard(load_text(text), backends={"default": fast, "slow": slow}, decision_log=DecisionLog(sink))
+    started = time.perf_counter()
+    if sync:
+        verdict = await asyncio.to_thread(guard.evaluate, post())
+    else:
+        verdict = await guard.aevaluate(post())
+    took = time.perf_counter() - started
+    assert took < 0.5, f"the enforced verdict waited {took:.2f} s for the shadow policy"
+    assert (verdict.action, verdict.policy_id, verdict.rule) == ("allow", "enforced", "default")
+    assert [c.policy_id for c in verdict.contributions] == ["enforced"]
+    await guard.aclose()  # waits for the shadow decision, which records itself
+    records = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert [r["policy"]["id"] for r in records] == ["enforced", "trial"]
+    assert records[0]["decision_id"] == records[1]["decision_id"]
+    result = records[1]["result"]
+    assert (result["action"], result["shadow_action"], result["rule"]) == ("allow", "block", "topic")
+    assert slow.calls == 1
+
+
+async def test_a_shadow_policy_that_answers_in_time_is_still_part_of_the_verdict() -> None:
+    scripted = ScriptedBackend(lambda r: {"spam": 0.01, "topic": 0.95})
+    async with Guard(load_text("policies:" + ENFORCED + SHADOW), backends=scripted) as guard:
+        await guard.aevaluate(post())  # fills the cache
+        verdict = await guard.aevaluate(post())
+    assert (verdict.action, verdict.shadow_action, verdict.policy_id) == ("allow", "block", "trial")
+    assert [c.policy_id for c in verdict.contributions] == ["enforced", "trial"]
