@@ -4,7 +4,8 @@ For each language of ``data/multilingual/*_sample.jsonl``, ``data/multilingual/g
 non-English rows of ``data/prompt_injection/spikee.jsonl`` (plus English rows of the same files and CLINC150 ``val``
 utterances): how many states the model flags out of competence, and how many answers are a confident "no"
 (probability of the safe option >= 0.9) on flagged and on unflagged states. Both catalog text questions are asked.
-Then the flag alone (no model call) on every English record of ``data/`` labelled benign: how many it flags, and why.
+Then the flag alone (no model call) on every English record of ``data/`` labelled benign, normalised as the served
+path normalises a state: how many it flags, and why.
 
 Usage::
 
@@ -65,6 +66,7 @@ def main() -> None:
 def benign_english_flags() -> None:
     """Print how many benign English texts of ``data/`` the out-of-competence flag marks, by reason and language."""
     from guard.compact.competence import assess
+    from guard.policy.normalize import normalize_text
 
     texts = []
     for path in sorted((ROOT / "data").rglob("*.jsonl")):
@@ -74,7 +76,8 @@ def benign_english_flags() -> None:
             row = json.loads(line)
             if isinstance(row.get("text"), str) and row.get("lang", "en") == "en" and row.get("label") == "benign":
                 texts.append(row["text"])
-    reasons = Counter(f"{c.reason} {c.language}".strip() for c in map(assess, texts) if not c.supported)
+    verdicts = (assess(normalize_text(text).value) for text in texts)  # as the served path gives the model a state
+    reasons = Counter(f"{c.reason} {c.language}".strip() for c in verdicts if not c.supported)
     print(f"\nbenign English texts of data/: {len(texts)}, flagged {sum(reasons.values())}: "
           + ", ".join(f"{reason} {n}" for reason, n in reasons.most_common()))
 

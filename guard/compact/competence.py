@@ -4,18 +4,24 @@ The catalog model was trained on English text. :func:`assess` says when a state'
 
 * ``language``: the letters are mostly in a non-Latin script and ``py3langid`` (a well-kept fork of langid.py,
   97 languages) names a language other than English, or it names another language with probability >=
-  :data:`LANGUAGE_CONFIDENCE` while English gets less than :data:`ENGLISH_FLOOR` (short English questions are often
-  misnamed by langid, so a low bar for English keeps them in: 1 % of English prompts and 85 % of prompts in
-  German, French, Spanish, Italian, Vietnamese, Swahili, Javanese, Zulu, Albanian, Irish and Scottish Gaelic of the
-  data are flagged); texts with fewer than :data:`MIN_LETTERS` letters (4 in another script) are not judged;
-  then each segment (a sentence, line or ``***``-fenced header) of a text read as English that has at least
-  :data:`SEGMENT_LETTERS` letters, where py3langid names another language with probability >=
-  :data:`SEGMENT_CONFIDENCE` and English gets less than :data:`ENGLISH_FLOOR`: an instruction in another language
-  inside an English email or page is not read either (a segment py3langid reads as no language, ``zxx``: a command
-  line or a hash, is not flagged). On the data's texts this flags 97 of the 112 non-English texts the whole-text test
-  keeps in, and 20 of 8,049 benign English ones (quoted French or Spanish in translation tasks, Turkish in a
-  translator's role-play prompt); a bar of 0.95 flagged 90 and 4, and let an English greeting around one Dutch,
-  Indonesian, Portuguese or Spanish sentence (an attack the model cannot read, named at 0.51-0.55) pass unflagged;
+  :data:`LANGUAGE_CONFIDENCE` (or, over :data:`SHARED_LETTERS` letters, gives languages other than English
+  :data:`SHARED_CONFIDENCE` together: close languages share a text, Spanish 0.43, Galician 0.29, Aragonese 0.24)
+  while English gets less than :data:`ENGLISH_FLOOR` (short English questions are often misnamed by langid, so a low
+  bar for English keeps them in); texts with fewer than :data:`MIN_LETTERS` letters (4 in another script) are not
+  judged; then each segment (a sentence, line or ``***``-fenced header; a CJK, Devanagari or Arabic sentence end
+  needs no space after it) of a text read as English is judged the same way when it has at least
+  :data:`SEGMENT_LETTERS` letters, or at least 4 mostly in a non-Latin script (a whole request in Chinese or Korean
+  fits in a few), and consecutive segments too short to be judged are judged joined when there are
+  :data:`JOINED_SEGMENTS` of them that read as prose (a sentence cut into short lines between English ones; code,
+  JSON and letters spaced apart are not prose): an instruction in another language inside an English email or page
+  is not read either (a segment py3langid reads as no language, ``zxx``: a command line or a hash, is not flagged).
+  On normalised text, as the model gets it (``bench/compact_competence.py``): 123 of the 8,049 benign English texts
+  of the data are flagged (111 before the shared-probability, non-Latin-segment and joined-segment checks; the 12
+  hold sentences in another language: Chinese company names, Japanese greetings, a Russian label), and 133 of 143
+  attacks a review wrote to pass the check (84 before; their shapes are in ``tests/compact/test_competence.py``:
+  Spanish or Serbian alone or padded with English, Chinese or Korean requests inside English, Russian or German cut
+  into lines of 2-3 words between English sentences; transliterated Russian, which langid cannot place, mostly
+  passes);
 * ``non_text``: fewer than :data:`MIN_WORD_SHARE` of its whitespace-separated tokens look like words (letters,
   optional surrounding punctuation), over at least :data:`MIN_TOKENS` tokens, or one unbroken run of
   :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data);
@@ -64,8 +70,18 @@ LONG_RUN = 48
 #: Fewest letters of a segment that is judged on its own, and the probability another language needs there.
 SEGMENT_LETTERS = 24
 SEGMENT_CONFIDENCE = 0.5
-#: Where a text splits into segments: after a sentence's end, at line breaks, runs of spaces and ``**`` fences.
-_SEGMENT_RE = re.compile(r"(?<=[.!?:;])\s+|\n+|\s{2,}|\*{2,}")
+#: Fewest letters, the probability the likeliest languages other than English need together, and how many are
+#: counted, for a text no one language reaches :data:`LANGUAGE_CONFIDENCE` on (:func:`_confidently_other`).
+SHARED_LETTERS = 40
+SHARED_CONFIDENCE = 0.7
+SHARED_LANGUAGES = 4
+#: Fewest short segments, and letters in all, that are judged joined (:func:`_other_language_segment`).
+JOINED_SEGMENTS = 3
+JOINED_LETTERS = 40
+MIN_WORD_SHARE_JOINED = 0.7
+#: Where a text splits into segments: after a sentence's end (a CJK, Devanagari or Arabic one needs no space after
+#: it), at line breaks, runs of spaces and ``**`` fences.
+_SEGMENT_RE = re.compile(r"(?<=[.!?:;])\s+|(?<=[\u3002\uff01\uff1f\u0964\u061f])\s*|\n+|\s{2,}|\*{2,}")
 #: Segment labels that are not another language: English, and py3langid's "no linguistic content" (a command line,
 #: a hash, an identifier: common in English documents and tool results).
 _NOT_ANOTHER_LANGUAGE = frozenset({*SUPPORTED_LANGUAGES, "zxx"})
@@ -132,7 +148,7 @@ def assess(text: str) -> Competence:
     best = max(ranked, key=ranked.__getitem__)
     if other_script:
         return Competence(best in SUPPORTED_LANGUAGES, "" if best in SUPPORTED_LANGUAGES else "language", best)
-    if _confidently_other(ranked, best, LANGUAGE_CONFIDENCE, SUPPORTED_LANGUAGES):
+    if _confidently_other(ranked, best, LANGUAGE_CONFIDENCE, SUPPORTED_LANGUAGES, len(letters)):
         return Competence(False, "language", best)
     other = _other_language_segment(text) if len(letters) > SEGMENT_LETTERS else ""
     if other:
@@ -141,24 +157,78 @@ def assess(text: str) -> Competence:
 
 
 def _other_language_segment(text: str) -> str:
-    """The language of the first segment of ``text`` confidently in a language other than English, or ``""`` (also
-    for a text of one segment: the whole-text test read it)."""
-    segments = _SEGMENT_RE.split(text)
+    """The language of the first segment of ``text`` in a language other than English, or ``""`` (also for a text
+    of one segment: the whole-text test read it). A segment is judged when it has :data:`SEGMENT_LETTERS` letters,
+    or when its letters are mostly in a non-Latin script and number :data:`MIN_OTHER_SCRIPT_LETTERS` (a whole request
+    in Chinese or Korean fits in a few); consecutive segments too short to be judged are also judged joined (a
+    sentence in another language cut into short lines between English ones)."""
+    segments = [segment for segment in _SEGMENT_RE.split(text) if segment and not segment.isspace()]
     if len(segments) < 2:
         return ""
-    identifier = _identifier()
-    for segment in segments:
-        if sum(1 for ch in segment if ch.isalpha()) < SEGMENT_LETTERS:
+    short: list[str] = []
+    for segment in [*segments, ""]:
+        letters = [ch for ch in segment if ch.isalpha()]
+        if segment and len(letters) < SEGMENT_LETTERS and not _other_script(letters):
+            short.append(segment)
             continue
-        ranked = dict(identifier.rank(segment))
-        best = max(ranked, key=ranked.__getitem__)
-        if _confidently_other(ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE):
-            return best
+        joined = " ".join(short)
+        if len(short) >= JOINED_SEGMENTS and _prose(joined) and (other := _segment_language(joined)):
+            return other
+        short = []
+        if segment and (other := _segment_language(segment)):
+            return other
     return ""
 
 
-def _confidently_other(ranked: dict[str, float], best: str, confidence: float, not_other: Collection[str]) -> bool:
-    """Whether py3langid's ranking names ``best`` (not in ``not_other``) with at least ``confidence`` while English
-    gets less than :data:`ENGLISH_FLOOR`."""
+def _prose(text: str) -> bool:
+    """Whether joined short segments read as prose worth naming a language for: :data:`JOINED_LETTERS` letters, at
+    least :data:`MIN_WORD_SHARE_JOINED` of the tokens words, at most half of them single letters (code, JSON, log
+    lines and letters spaced apart, whose joined reading normalisation appends, are not)."""
+    tokens = text.split()
+    words = [token for token in tokens if _WORD_RE.match(token)]
+    single = sum(1 for token in words if sum(ch.isalpha() for ch in token) == 1)
+    return (
+        sum(ch.isalpha() for ch in text) >= JOINED_LETTERS
+        and len(words) >= MIN_WORD_SHARE_JOINED * len(tokens)
+        and single * 2 <= len(words)
+    )
+
+
+def _segment_language(segment: str) -> str:
+    """The language of ``segment`` when it is judged another than English (:func:`_confidently_other`, or any
+    language but English for mostly non-Latin letters), else ``""``; ``""`` for fewer than :data:`SEGMENT_LETTERS`
+    letters unless mostly non-Latin."""
+    letters = [ch for ch in segment if ch.isalpha()]
+    other_script = _other_script(letters)
+    if len(letters) < SEGMENT_LETTERS and not other_script:
+        return ""
+    ranked = dict(_identifier().rank(segment))
+    best = max(ranked, key=ranked.__getitem__)
+    if other_script:
+        return "" if best in _NOT_ANOTHER_LANGUAGE else best
+    return best if _confidently_other(ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE, len(letters)) else ""
+
+
+def _other_script(letters: list[str]) -> bool:
+    """Whether ``letters`` are at least :data:`MIN_OTHER_SCRIPT_LETTERS` and mostly in a script other than Latin."""
+    if len(letters) < MIN_OTHER_SCRIPT_LETTERS:
+        return False
+    latin = sum(1 for ch in letters if ch.isascii() or unicodedata.name(ch, "").startswith("LATIN"))
+    return latin * 2 < len(letters)
+
+
+def _confidently_other(
+    ranked: dict[str, float], best: str, confidence: float, not_other: Collection[str], letters: int = 0
+) -> bool:
+    """Whether py3langid's ranking names ``best`` (not in ``not_other``) with at least ``confidence``, or, for a
+    text of at least :data:`SHARED_LETTERS` ``letters``, gives its :data:`SHARED_LANGUAGES` likeliest languages
+    outside ``not_other`` together at least :data:`SHARED_CONFIDENCE` (close languages share a text's probability:
+    Spanish 0.43, Galician 0.29, Aragonese 0.24; a flat ranking, a text langid cannot place, is no language), while
+    English gets less than :data:`ENGLISH_FLOOR`."""
     english = sum(ranked.get(code, 0.0) for code in SUPPORTED_LANGUAGES)
-    return best not in not_other and ranked[best] >= confidence and english < ENGLISH_FLOOR
+    if best in not_other or english >= ENGLISH_FLOOR:
+        return False
+    if ranked[best] >= confidence:
+        return True
+    others = sorted((p for code, p in ranked.items() if code not in not_other), reverse=True)
+    return letters >= SHARED_LETTERS and sum(others[:SHARED_LANGUAGES]) >= SHARED_CONFIDENCE
