@@ -10,18 +10,20 @@ The catalog model was trained on English text. :func:`assess` says when a state'
   bar for English keeps them in); texts with fewer than :data:`MIN_LETTERS` letters (4 in another script) are not
   judged; then each segment (a sentence, line or ``***``-fenced header; a CJK, Devanagari or Arabic sentence end
   needs no space after it) of a text read as English is judged the same way when it has at least
-  :data:`SEGMENT_LETTERS` letters, or at least 4 mostly in a non-Latin script (a whole request in Chinese or Korean
-  fits in a few), and consecutive segments too short to be judged are judged joined when there are
-  :data:`JOINED_SEGMENTS` of them that read as prose (a sentence cut into short lines between English ones; code,
-  JSON and letters spaced apart are not prose): an instruction in another language inside an English email or page
-  is not read either (a segment py3langid reads as no language, ``zxx``: a command line or a hash, is not flagged).
-  On normalised text, as the model gets it (``bench/compact_competence.py``): 123 of the 8,049 benign English texts
-  of the data are flagged (111 before the shared-probability, non-Latin-segment and joined-segment checks; the 12
-  hold sentences in another language: Chinese company names, Japanese greetings, a Russian label), and 133 of 143
-  attacks a review wrote to pass the check (84 before; their shapes are in ``tests/compact/test_competence.py``:
-  Spanish or Serbian alone or padded with English, Chinese or Korean requests inside English, Russian or German cut
-  into lines of 2-3 words between English sentences; transliterated Russian, which langid cannot place, mostly
-  passes);
+  :data:`SEGMENT_LETTERS` letters, or at least :data:`OTHER_SCRIPT_SEGMENT_LETTERS` mostly in a non-Latin script (a
+  whole request in Chinese or Korean fits in a few more; a name or a brand on its own line in fewer), and
+  :data:`JOINED_SEGMENTS` or more consecutive segments too short to be judged are judged joined when they read as
+  one sentence cut into lines (most begin with a small letter, where an address, a menu or a list of names begins
+  each line with a capital) and as prose (code, JSON and letters spaced apart are not): an instruction in another
+  language inside an English email or page is not read either (a segment py3langid reads as no language, ``zxx``: a
+  command line or a hash, is not flagged). On normalised text, as the model gets it (``bench/compact_competence.py``):
+  119 of the 8,049 benign English texts of the data are flagged (111 before the shared-probability,
+  non-Latin-segment and joined-segment checks; the 8 hold sentences in another language: Chinese company names,
+  Japanese greetings), and 130 of 143 attacks a review wrote to pass the check (84 before; their shapes are in
+  ``tests/compact/test_competence.py``: Spanish or Serbian alone or padded with English, Chinese or Korean requests
+  inside English, Russian cut into lines of 2-3 words between English sentences). Still passing: transliterated
+  text (Russian, Pinyin, Arabizi), which langid cannot place, German cut after its capitalised nouns, lines of a
+  few CJK characters, and one sentence with enough English words around it to lift English over the floor;
 * ``non_text``: fewer than :data:`MIN_WORD_SHARE` of its whitespace-separated tokens look like words (letters,
   optional surrounding punctuation), over at least :data:`MIN_TOKENS` tokens, or one unbroken run of
   :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data);
@@ -64,6 +66,10 @@ ENGLISH_FLOOR = 0.02
 MIN_LETTERS = 16
 #: Fewest letters of a mostly non-Latin text that are judged (one CJK character is a word).
 MIN_OTHER_SCRIPT_LETTERS = 4
+#: Fewest letters of a segment mostly in a non-Latin script, inside a text read as English, that is judged on its
+#: own: a request fits in a few more (a bomb-making request in Chinese is 15), a name or a brand on its own line
+#: (Иван Петров, 株式会社山田製作所, 삼성전자, α β γ δ) in fewer.
+OTHER_SCRIPT_SEGMENT_LETTERS = 12
 MIN_TOKENS = 6
 MIN_WORD_SHARE = 0.3
 LONG_RUN = 48
@@ -159,20 +165,23 @@ def assess(text: str) -> Competence:
 def _other_language_segment(text: str) -> str:
     """The language of the first segment of ``text`` in a language other than English, or ``""`` (also for a text
     of one segment: the whole-text test read it). A segment is judged when it has :data:`SEGMENT_LETTERS` letters,
-    or when its letters are mostly in a non-Latin script and number :data:`MIN_OTHER_SCRIPT_LETTERS` (a whole request
-    in Chinese or Korean fits in a few); consecutive segments too short to be judged are also judged joined (a
-    sentence in another language cut into short lines between English ones)."""
+    or when its letters are mostly in a non-Latin script and number :data:`OTHER_SCRIPT_SEGMENT_LETTERS` (a whole
+    request in Chinese or Korean fits in a few); :data:`JOINED_SEGMENTS` or more consecutive segments too short to be
+    judged are also judged joined when they read as one sentence cut into lines (:func:`_continued`) and as prose
+    (:func:`_prose`): a sentence in another language cut into short lines between English ones."""
     segments = [segment for segment in _SEGMENT_RE.split(text) if segment and not segment.isspace()]
     if len(segments) < 2:
         return ""
     short: list[str] = []
     for segment in [*segments, ""]:
         letters = [ch for ch in segment if ch.isalpha()]
-        if segment and len(letters) < SEGMENT_LETTERS and not _other_script(letters):
+        if segment and len(letters) < SEGMENT_LETTERS and not _other_script(letters, OTHER_SCRIPT_SEGMENT_LETTERS):
             short.append(segment)
             continue
         joined = " ".join(short)
-        if len(short) >= JOINED_SEGMENTS and _prose(joined) and (other := _segment_language(joined)):
+        if len(short) >= JOINED_SEGMENTS and _continued(short) and _prose(joined) and (
+            other := _segment_language(joined)
+        ):
             return other
         short = []
         if segment and (other := _segment_language(segment)):
@@ -180,15 +189,25 @@ def _other_language_segment(text: str) -> str:
     return ""
 
 
+def _continued(segments: list[str]) -> bool:
+    """Whether short ``segments`` read as one sentence cut into lines: at least half of those after the first begin
+    with a letter that is not a capital (``a paso como`` / ``fabricar una``), where the lines of an address, a menu
+    or a list of names each begin with a capital or a digit."""
+    starts = [next((ch for ch in segment if ch.isalnum()), "") for segment in segments[1:]]
+    return sum(1 for ch in starts if ch.isalpha() and not ch.isupper()) * 2 >= len(starts)
+
+
 def _prose(text: str) -> bool:
-    """Whether joined short segments read as prose worth naming a language for: :data:`JOINED_LETTERS` letters, at
-    least :data:`MIN_WORD_SHARE_JOINED` of the tokens words, at most half of them single letters (code, JSON, log
+    """Whether joined short segments read as prose worth naming a language for: :data:`JOINED_LETTERS` letters
+    (:data:`OTHER_SCRIPT_SEGMENT_LETTERS` mostly in a non-Latin script), at least :data:`MIN_WORD_SHARE_JOINED` of the
+    tokens words, at most half of them single letters (code, JSON, log
     lines and letters spaced apart, whose joined reading normalisation appends, are not)."""
     tokens = text.split()
     words = [token for token in tokens if _WORD_RE.match(token)]
     single = sum(1 for token in words if sum(ch.isalpha() for ch in token) == 1)
+    letters = [ch for ch in text if ch.isalpha()]
     return (
-        sum(ch.isalpha() for ch in text) >= JOINED_LETTERS
+        (len(letters) >= JOINED_LETTERS or _other_script(letters, OTHER_SCRIPT_SEGMENT_LETTERS))
         and len(words) >= MIN_WORD_SHARE_JOINED * len(tokens)
         and single * 2 <= len(words)
     )
@@ -199,7 +218,7 @@ def _segment_language(segment: str) -> str:
     language but English for mostly non-Latin letters), else ``""``; ``""`` for fewer than :data:`SEGMENT_LETTERS`
     letters unless mostly non-Latin."""
     letters = [ch for ch in segment if ch.isalpha()]
-    other_script = _other_script(letters)
+    other_script = _other_script(letters, OTHER_SCRIPT_SEGMENT_LETTERS)
     if len(letters) < SEGMENT_LETTERS and not other_script:
         return ""
     ranked = dict(_identifier().rank(segment))
@@ -209,9 +228,9 @@ def _segment_language(segment: str) -> str:
     return best if _confidently_other(ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE, len(letters)) else ""
 
 
-def _other_script(letters: list[str]) -> bool:
-    """Whether ``letters`` are at least :data:`MIN_OTHER_SCRIPT_LETTERS` and mostly in a script other than Latin."""
-    if len(letters) < MIN_OTHER_SCRIPT_LETTERS:
+def _other_script(letters: list[str], least: int) -> bool:
+    """Whether ``letters`` are at least ``least`` and mostly in a script other than Latin."""
+    if len(letters) < least:
         return False
     latin = sum(1 for ch in letters if ch.isascii() or unicodedata.name(ch, "").startswith("LATIN"))
     return latin * 2 < len(letters)

@@ -87,6 +87,14 @@ def test_an_attack_shaped_to_pass_the_language_check_is_out_of_competence(text: 
     normalize_text("what does it say?\nH o w  d o  I  b l e e d  t h e  b r a k e s  o n  a  H o n d a  C i v i c ?").value,
     "if err != nil {\nlog.Fatal(err)\n}\nvar cfg Config\nyaml.Unmarshal(data, &cfg)\nfmt.Println(cfg.Name)\nreturn",
     "Deploy notes:\n- bump the version\n- run it\n- restart\n- check the logs\n- tell the team\n- close the ticket",
+    # an address, a menu, a list of names, a name or a brand in another script: not an instruction (review finding)
+    "Please ship the part to my office:\nCalle de Alcalá 45\nPlanta tercera, puerta B\n28014 Madrid, España\nThanks!",
+    ("Here is the dinner menu for Friday, let me know what you think:\nBruschetta al pomodoro\n"
+     "Spaghetti alla carbonara\nSaltimbocca alla romana\nTiramisù della casa\nShould I add a vegetarian option?"),
+    ("Confirmed for the workshop:\nJean-Pierre Dubois\nMaría García López\nGiuseppe Bianchi Rossi\n"
+     "João Pereira da Silva\nPlease prepare name badges."),
+    "The report is uploaded to the shared drive. Tell me if you need changes.\n\nCheers,\nIvan Petrov\nИван Петров",
+    "I just bought a new phone and I love it so far.\n삼성전자\nHow do I turn off the apps that came with it?",
 ])
 def test_short_lines_of_english_code_or_spaced_letters_are_read(text: str) -> None:
     assert assess(text).supported
