@@ -413,7 +413,7 @@ class GuardMiddleware:
                       if body_override and ("content-encoding" in headers or may_name_method(body)) else None)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
-            if recorded is not None and exc.code != BODY_TIMEOUT:  # a body that never came is not waited for
+            if recorded is not None and self._may_pass_on(scope, headers, exc, body_override):
                 await self._pass_shadow(scope, send, head, matched, exc, recorded.replay())
                 return
             await self._refuse(send, head, verdicts.accountable(matched) or matched[0], exc)
@@ -558,6 +558,19 @@ class GuardMiddleware:
             return None
         method = self._body_method(body, headers, judged["method"])
         return ({**judged, "method": method} if method else judged), ReplayReceive(body, receive)
+
+    def _may_pass_on(self, scope: Scope, headers: dict[str, str], exc: BodyError, body_override: bool) -> bool:
+        """Whether a body that cannot be inspected, where only shadow policies match, may go on: not a body that never
+        came (not waited for), not one whose ``_method`` field asks for another method, and, where a body's
+        ``_method`` is read, not one unread (too large, malformed) while an enforced policy judges the path under a
+        method it could ask for (a POST of ``_method=DELETE`` under a shadow POST policy ran the DELETE an enforced
+        policy blocks)."""
+        if exc.code in (BODY_TIMEOUT, "method_override"):
+            return False
+        if not body_override:
+            return True
+        asked = (p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers)[1])
+        return all(policy.mode == "shadow" for policy in asked)
 
     async def _pass_shadow(
         self, scope: Scope, send: Send, head: HttpSubject, matched: tuple[Policy, ...], exc: BodyError,
