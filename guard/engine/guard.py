@@ -56,7 +56,7 @@ from guard.subject import HttpSubject, Subject
 from guard.systemone import SystemOneRequestV1
 from guard.verdict import Verdict
 
-__all__ = ["DEFAULT_BACKEND", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]
+__all__ = ["DEFAULT_BACKEND", "MAX_BACKGROUND_SHADOW", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]
 
 logger = logging.getLogger("guard.engine")
 
@@ -65,6 +65,10 @@ DEFAULT_BACKEND = "default"
 #: Per-policy plans kept before the table starts over (plans of policies no longer loaded are dropped as new plans
 #: are made).
 MAX_PLANS = 256
+#: Most shadow decisions finishing in the background at once (:meth:`Guard._compose`): past it, a request an enforced
+#: policy also matches does not ask its shadow policies' questions, so slow shadow calls cannot take the backends'
+#: connections from enforced ones (a backend's pool is 100 connections by default).
+MAX_BACKGROUND_SHADOW = 32
 
 T = TypeVar("T")
 
@@ -350,7 +354,15 @@ class Guard:
             except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
                 own[id(policy)] = self._failed(policy, subject, exc, decision_id, started, None, {}, None)
         asks: list[tuple[Group, Any, Any, dict[str, Any], CachedAnswers | asyncio.Future[Any] | None]] = []
+        enforcing = any(policy.mode != "shadow" for policy in policies)
+        with self._background_lock:
+            crowded = enforcing and len(self._background) >= MAX_BACKGROUND_SHADOW
         for group in self._grouped(tuple(plans)):
+            if crowded and group.questions and group.plans[0].policy.mode == "shadow":
+                # as many late shadow decisions as the cap are running: this one is not asked (groups split by mode)
+                logger.debug("shadow policies %s not asked: %d late shadow decisions running",
+                             [plan.policy.id for plan in group.plans], MAX_BACKGROUND_SHADOW)
+                continue
             try:
                 raw, state, flags, key = group.prepare(subject)
             except Exception as exc:  # noqa: BLE001 - a state too long (or a failing render) for every member
@@ -382,7 +394,6 @@ class Guard:
         # Enforced policies first; a shadow policy never holds up the verdict of an enforced one: when any enforced
         # policy matched, a shadow policy whose answers are not in yet finishes in the background and is recorded
         # as a decision of its own when it does (same decision id).
-        enforcing = any(policy.mode != "shadow" for policy in policies)
         late: list[tuple[Plan, Any, Any, dict[str, Any], asyncio.Future[Any]]] = []
         for shadow_pass in (False, True):
             for group, raw, state, flags, source in asks:

@@ -116,3 +116,21 @@ async def test_a_shadow_policy_that_answers_in_time_is_still_part_of_the_verdict
         verdict = await guard.aevaluate(post())
     assert (verdict.action, verdict.shadow_action, verdict.policy_id) == ("allow", "block", "trial")
     assert [c.policy_id for c in verdict.contributions] == ["enforced", "trial"]
+
+
+async def test_late_shadow_decisions_are_capped_so_they_cannot_take_the_enforced_calls_connections() -> None:
+    """Each request returned at once while its slow shadow call held a backend connection up to the shadow timeout:
+    a client could hold request rate x timeout connections and starve the enforced calls (review finding). Past
+    MAX_BACKGROUND_SHADOW late shadow decisions, shadow questions are not asked."""
+    from guard.engine.guard import MAX_BACKGROUND_SHADOW
+
+    fast = ScriptedBackend(lambda r: {"spam": 0.01})
+    slow = ScriptedBackend(lambda r: {"topic": 0.95}, delay=1.0)
+    text = "policies:" + ENFORCED + SHADOW.replace("    questions:", "    backend: slow\n    questions:")
+    guard = Guard(load_text(text), backends={"default": fast, "slow": slow})
+    bodies = [HttpSubject(method="POST", path="/x", body={"t": f"hello {i}"}, body_text=f"hello {i}")
+              for i in range(MAX_BACKGROUND_SHADOW + 8)]
+    verdicts = [await guard.aevaluate(subject) for subject in bodies]
+    assert all(v.action == "allow" and v.policy_id == "enforced" for v in verdicts)
+    assert slow.calls == MAX_BACKGROUND_SHADOW  # the last 8 shadow questions were not asked
+    await guard.aclose()
