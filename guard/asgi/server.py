@@ -81,8 +81,14 @@ class _HeadTimeoutH11(H11Protocol):
         self._cancel_head()
         super().connection_lost(exc)
 
+    def handle_websocket_upgrade(self, event: Any) -> None:
+        self._cancel_head()  # the connection becomes a WebSocket's: no HTTP head is awaited on it any more
+        super().handle_websocket_upgrade(event)
+
     def _head_expired(self) -> None:
         self._head_timer = None
+        if self.transport.get_protocol() is not self:  # handed to another protocol (an upgrade): not this one's
+            return
         idle = self.cycle is None or self.cycle.response_complete
         if idle and self.cycle is self._waiting_cycle and not self.transport.is_closing():
             self.transport.write(_TIMEOUT_RESPONSE)
@@ -101,14 +107,15 @@ def head_timeout_protocol(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> t
 
 
 def server_options(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> dict[str, Any]:
-    """The ``uvicorn.Config`` settings guard serves with: the request-head timeout protocol, ``loop="auto"``, and no
-    ``Server``/``Date`` headers or ``X-Forwarded-*`` trust of uvicorn's own.
+    """The ``uvicorn.Config`` settings guard serves with: the request-head timeout protocol, ``loop="auto"``, no
+    ``Server``/``Date`` headers or ``X-Forwarded-*`` trust of uvicorn's own, and no WebSocket compression
+    (permessage-deflate: a 15 KiB compressed message inflated to 15 MiB in memory before any limit applied).
 
     Raises:
         ValueError: a timeout that is not positive.
     """
     return {"http": head_timeout_protocol(header_timeout), "loop": "auto", "server_header": False,
-            "date_header": False, "proxy_headers": False}
+            "date_header": False, "proxy_headers": False, "ws_per_message_deflate": False}
 
 
 class _QueryMask(logging.Filter):

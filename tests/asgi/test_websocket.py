@@ -70,6 +70,23 @@ async def test_unmatched_paths_are_relayed_both_ways(make_guard: Callable[..., G
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
 
 
+async def test_a_websocket_outlives_the_request_head_timeout(make_guard: Callable[..., Guard], upstream: str) -> None:
+    """The head timer of guard's h11 protocol kept running after an upgrade (no request cycle there) and, when it
+    fired, wrote an HTTP 408 into the WebSocket and closed it: every WebSocket through guard proxy died at
+    --header-timeout (10 s by default) (attack finding)."""
+    import asyncio
+
+    from guard.asgi.server import server_options
+
+    app = proxy_app(make_guard(), ProxyConfig(upstream))
+    with serve_in_thread(app, **server_options(header_timeout=0.3)) as proxy:
+        async with connect(proxy.replace("http://", "ws://") + "/live") as ws:
+            for i in range(4):  # 0.8 s: past the 0.3 s head timeout and its keep-alive extension
+                await ws.send(f"m{i}")
+                assert await ws.recv() == f"echo m{i} /live None"
+                await asyncio.sleep(0.2)
+
+
 async def test_the_upgrade_carries_the_proxys_forwarding_headers_not_the_clients(
     make_guard: Callable[..., Guard], upstream: str
 ) -> None:
