@@ -26,6 +26,7 @@ options exit 2 with one line naming the option.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import socket
@@ -211,6 +212,17 @@ def _uds_problem(path: str) -> str | None:
     return "another server is listening on it"
 
 
+def _owner_and_group_only(path: str) -> None:
+    """Leave a socket file of mode 0660 at ``path``: uvicorn gives the socket it creates there the mode of the file it
+    replaces, else 0666 (any local user could ask a worker without keys). ``path`` holds nothing, or a socket nobody
+    listens on (:func:`_uds_problem`)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as placeholder:
+        placeholder.bind(path)
+    os.chmod(path, 0o660)
+
+
 def _loopback(host: str) -> bool:
     import ipaddress
 
@@ -240,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--uds {args.uds}: folder {folder} does not exist or is not writable; create it first")
         if (problem := _uds_problem(args.uds)) is not None:
             return _fail(f"--uds {args.uds}: {problem}")
+        _owner_and_group_only(args.uds)
     if not args.header_timeout > 0:
         return _fail(f"--header-timeout must be positive seconds, got {args.header_timeout}")
     if args.canary_margin is not None and not 0 < args.canary_margin <= 1:

@@ -18,10 +18,13 @@ from tests.worker._serve import worker_process
 def test_serves_until_sigterm_then_exits_cleanly(golden_checkpoint: Path, tmp_path: Path) -> None:
     options = ("--model", str(golden_checkpoint), "--dtype", "float32", "--max-batch", "4", "--model-name", "clef-tiny",
                "--model-alias", "clef-flash", "--log-level", "warning")  # fmt: skip
-    with worker_process(str(tmp_path / "worker.sock"), *options) as worker, worker.client() as client:
+    uds = tmp_path / "worker.sock"
+    with worker_process(str(uds), *options) as worker, worker.client() as client:
         answer = client.post("/v1/systemone", json=ticket_body(0))
         models = client.get("/v1/models").json()
+        mode = uds.stat().st_mode & 0o777  # a worker without keys on a socket: only its owner and group may ask
         returncode = worker.stop()
+    assert mode == 0o660, oct(mode)  # uvicorn made it 0666: any local user used the GPU (new-user trial)
     assert answer.status_code == 200 and set(answer.json()["answers"]) == {"churn_risk", "queue", "urgency"}
     assert models["models"][0]["name"] == "clef-tiny" and models["models"][0]["dtype"] == "float32"
     assert returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once its graceful shutdown is done
