@@ -423,8 +423,11 @@ class SystemOneClient:
                 reason=f"http_{status}",
                 retry_after=retry_after,
             )
+        keyless = status == 401 and "authorization" not in self._headers
         return BackendRejected(
-            f"{self.name} refused the request with HTTP {status}",
+            f"{self.name} refused the request with HTTP {status}"
+            + ("; this client sends no API key (api_key=; guard's command line reads $GUARD_BACKEND_API_KEY)"
+               if keyless else ""),
             backend=self.name,
             status_code=status,
             detail=detail,

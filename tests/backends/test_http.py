@@ -506,3 +506,21 @@ async def test_overloaded_worker_is_unavailable_with_retry_after(clef_fp32: Clef
                     await client.decide(SystemOneRequestV1.from_json(ticket_body(2)))
             await asyncio.gather(busy, queued)
     assert info.value.reason == "http_429" and info.value.retry_after is not None and info.value.retry_after >= 1
+
+
+async def test_a_401_to_a_client_without_a_key_says_where_the_key_goes() -> None:
+    """A worker with --api-keys-env answered 401 and nothing named $GUARD_BACKEND_API_KEY (new-user trial)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def refuse(request: Any) -> JSONResponse:
+        return JSONResponse({"code": "unauthorized", "message": "this worker needs a key"}, status_code=401)
+
+    app = Starlette(routes=[Route("/v1/systemone", refuse, methods=["POST"])])
+    with serve_app_in_thread(app, ready_path=None) as url:
+        for key, hint in ((None, True), ("sk-0123456789abcdef", False)):
+            async with SystemOneClient.worker(url, api_key=key) as client:
+                with pytest.raises(BackendRejected) as info:
+                    await client.decide(REQUEST)
+            assert ("GUARD_BACKEND_API_KEY" in str(info.value)) is hint
