@@ -255,6 +255,10 @@ def run(args: argparse.Namespace) -> int:
         _owner_and_group_only(args.uds)
     if not args.header_timeout > 0:
         return _fail(f"--header-timeout must be positive seconds, got {args.header_timeout}")
+    try:
+        torch_dtype(args)  # before listening: a --device this machine has not exits 2, not an unready worker
+    except ValueError as exc:
+        return _fail(str(exc))
     if args.canary_margin is not None and not 0 < args.canary_margin <= 1:
         return _fail(f"--canary-margin must be in (0, 1], got {args.canary_margin}")
     try:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from guard.cli import build_parser
 from tests.worker._requests import ticket_body
@@ -56,6 +57,9 @@ def test_a_connection_that_does_not_send_its_head_in_time_is_closed(golden_check
         (["--max-body-bytes", "0"], "--max-body-bytes must be an integer >= 1"),
         (["--uds", "/nonexistent-guard-dir/worker.sock"], "folder /nonexistent-guard-dir does not exist"),
         (["--header-timeout", "0"], "--header-timeout must be positive seconds, got 0.0"),
+        (["--device", "tpu"], "--device 'tpu': expected cpu, cuda or cuda:N"),
+        pytest.param(["--device", "cuda"], "this torch build has no CUDA device",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(
