@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 import socket
 import threading
@@ -130,15 +131,18 @@ class _QueryMask(logging.Filter):
         return True
 
 
+_QUERY_SEPARATOR = re.compile(r"([&;])")
+
+
 def masked_target(target: str) -> str:
     """A request target (``path?query``) with the values of secret-named query parameters ``[redacted]``; names,
     other values and the path as they were sent."""
     path, _, query = target.partition("?")
     parts = []
-    for part in query.split("&"):
+    for part in _QUERY_SEPARATOR.split(query):  # & and ; (some frameworks split on both), kept as sent
         name, equals, _ = part.partition("=")
         parts.append(f"{name}=[redacted]" if equals and credential_name(unquote_plus(name)) else part)
-    return f"{path}?{'&'.join(parts)}"
+    return f"{path}?{''.join(parts)}"
 
 
 def mask_access_log() -> None:

@@ -104,3 +104,18 @@ async def test_controls_in_a_path_cannot_start_a_log_line(make_guard: GuardFacto
     assert refused.status_code == 400
     (line,) = [r.getMessage() for r in caplog.records if "before a decision" in r.getMessage()]
     assert line.isprintable() and "\\x85" in line and "\\u2028" in line
+
+
+@pytest.mark.parametrize(
+    ("target", "shown"),
+    [
+        ("/v1/x?api_key=S1&q=hi", "/v1/x?api_key=[redacted]&q=hi"),
+        ("/v1/x?a=1;api_key=S2&b=2", "/v1/x?a=1;api_key=[redacted]&b=2"),  # ; separates parameters in some apps
+        ("/v1/x?Api%5FKey=S3&key%5B%5D=S4&code=S5", "/v1/x?Api%5FKey=[redacted]&key%5B%5D=[redacted]&code=[redacted]"),
+        ("/v1/x?q=a%3Bb&sort=asc", "/v1/x?q=a%3Bb&sort=asc"),  # values and names that are not secrets are kept
+    ],
+)
+def test_the_access_log_shows_a_target_with_credential_values_masked(target: str, shown: str) -> None:
+    from guard.asgi.server import masked_target
+
+    assert masked_target(target) == shown
