@@ -270,8 +270,9 @@ def _shown_pairs(pairs: list[tuple[str, str]], subject: HttpSubject) -> list[tup
     (:func:`~guard.engine.telemetry.credential_name`) ``[redacted]``, and ``subject``'s secret values
     (:func:`redact_secrets`) and those of the credential-named pairs replaced by ``[redacted]`` wherever a value
     repeats them."""
-    masked = [[name, "[redacted]" if credential_name(name) else value] for name, value in pairs]
-    secrets = [value for name, value in pairs if credential_name(name) and value]
+    secret = [credential_name(name) for name, _ in pairs]
+    masked = [[name, "[redacted]" if hidden else value] for (name, value), hidden in zip(pairs, secret, strict=True)]
+    secrets = [value for (_, value), hidden in zip(pairs, secret, strict=True) if hidden and value]
     return [(name, value) for name, value in redact_secrets(masked, subject, secrets)]
 
 

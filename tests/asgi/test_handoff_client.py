@@ -183,6 +183,13 @@ async def test_target_failures_are_handoff_errors(
     _, url = standin
     client = HandoffClient()
     target = _target(url, model=model, timeout=timeout)
+    error = await _failure(client, target, stream)
+    await client.aclose()
+    assert error.reason == reason and error.target == "helper"
+
+
+async def _failure(client: HandoffClient, target: HandoffTarget, stream: bool) -> HandoffError:
+    """The :class:`HandoffError` asking ``target`` for an answer (streamed or whole) ends in."""
     messages = client.messages_for(_verdict(), _subject(None))
     with pytest.raises(HandoffError) as info:
         if stream:
@@ -190,8 +197,7 @@ async def test_target_failures_are_handoff_errors(
                 pass
         else:
             await client.acomplete(target, messages)
-    await client.aclose()
-    assert info.value.reason == reason and info.value.target == "helper"
+    return info.value
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -203,19 +209,11 @@ async def test_an_error_answer_is_quoted_without_the_key_and_a_redirect_is_no_an
     _, url = standin
     monkeypatch.setenv("HANDOFF_TEST_KEY", "sk-handoff-secret-0123456789")
     client = HandoffClient()
-    messages = client.messages_for(_verdict(), _subject(None))
-    errors = []
-    for model in ("fail-401-echo", "redirect-with-answer"):
-        target = _target(url, model=model, api_key_env="HANDOFF_TEST_KEY")
-        with pytest.raises(HandoffError) as info:
-            if stream:
-                async for _ in client.astream(target, messages):
-                    pass
-            else:
-                await client.acomplete(target, messages)
-        errors.append(info.value)
+    echoed, redirected = [
+        await _failure(client, _target(url, model=model, api_key_env="HANDOFF_TEST_KEY"), stream)
+        for model in ("fail-401-echo", "redirect-with-answer")
+    ]
     await client.aclose()
-    echoed, redirected = errors
     assert echoed.reason == "http_401" and "\n" not in str(echoed) and "sk-handoff-secret" not in str(echoed)
     assert "Bearer [redacted]" in str(echoed)
     assert redirected.reason == "http_302"
