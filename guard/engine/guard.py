@@ -362,6 +362,8 @@ class Guard:
                 # as many late shadow decisions as the cap are running: this one is not asked (groups split by mode)
                 logger.debug("shadow policies %s not asked: %d late shadow decisions running",
                              [plan.policy.id for plan in group.plans], MAX_BACKGROUND_SHADOW)
+                for plan in group.plans:
+                    self.telemetry.shadow_skipped.add(1, {"guard.policy.id": plan.policy.id})
                 continue
             try:
                 raw, state, flags, key = group.prepare(subject)

@@ -254,6 +254,11 @@ class Telemetry:
             unit="{decision}",
             description="Decisions made on part of the state (a field over max_chars, or tokens the backend dropped).",
         )
+        self.shadow_skipped = meter.create_counter(
+            "guard.shadow_skipped",
+            unit="{decision}",
+            description="Shadow policies not asked because as many late shadow decisions as the cap were running.",
+        )
         self.duration = meter.create_histogram(
             "guard.decision.duration",
             unit="s",

@@ -12,9 +12,11 @@ import time
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from guard.engine import Guard
-from guard.engine.telemetry import DecisionLog
+from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.errors import BackendRejected
 from guard.policy import load_text
 from guard.subject import HttpSubject
@@ -127,10 +129,17 @@ async def test_late_shadow_decisions_are_capped_so_they_cannot_take_the_enforced
     fast = ScriptedBackend(lambda r: {"spam": 0.01})
     slow = ScriptedBackend(lambda r: {"topic": 0.95}, delay=1.0)
     text = "policies:" + ENFORCED + SHADOW.replace("    questions:", "    backend: slow\n    questions:")
-    guard = Guard(load_text(text), backends={"default": fast, "slow": slow})
+    reader = InMemoryMetricReader()
+    guard = Guard(load_text(text), backends={"default": fast, "slow": slow},
+                  telemetry=Telemetry(meter_provider=MeterProvider(metric_readers=[reader])))
     bodies = [HttpSubject(method="POST", path="/x", body={"t": f"hello {i}"}, body_text=f"hello {i}")
               for i in range(MAX_BACKGROUND_SHADOW + 8)]
     verdicts = [await guard.aevaluate(subject) for subject in bodies]
     assert all(v.action == "allow" and v.policy_id == "enforced" for v in verdicts)
     assert slow.calls == MAX_BACKGROUND_SHADOW  # the last 8 shadow questions were not asked
+    skipped = [(dict(point.attributes), point.value)
+               for resource in reader.get_metrics_data().resource_metrics for scope in resource.scope_metrics
+               for metric in scope.metrics if metric.name == "guard.shadow_skipped"
+               for point in metric.data.data_points]
+    assert skipped == [({"guard.policy.id": "trial"}, 8)]  # operators see what shadow mode did not measure
     await guard.aclose()
