@@ -321,7 +321,9 @@ class GuardMiddleware:
         """The lifespan scope: at ``lifespan.startup`` the guard's backends start first (the compact model warms up, a
         local Clef backend runs its self-test), so the first request does not pay for it inside its deadline; one
         that fails answers ``lifespan.startup.failed`` (the server exits) instead of serving decisions it cannot make.
-        Then the application's lifespan runs as usual."""
+        Then the application's lifespan runs as usual; at ``lifespan.shutdown`` the shadow decisions still running in
+        the background are recorded first (:meth:`~guard.engine.Guard.drain`, each bounded by its policy's timeout),
+        so stopping the server loses none of them."""
         message = await receive()
         if message["type"] == "lifespan.startup":
             try:
@@ -335,7 +337,12 @@ class GuardMiddleware:
         first = [message]
 
         async def replay() -> Message:
-            return first.pop() if first else await receive()
+            if first:
+                return first.pop()
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await self.guard.drain()
+            return message
 
         await self.app(scope, replay, send)
 
