@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 import math
 import secrets
 from collections.abc import Mapping
@@ -54,11 +55,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from guard._body import declared_length, read_body
 from guard._json import loads
 from guard.asgi._ratelimit import TokenBuckets, client_key
 from guard.asgi.console import console_route
 from guard.asgi.review_store import STATUSES, ReviewItem, ReviewStore
-from guard.errors import InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
+from guard.errors import BodyError, InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
 
 __all__ = ["DEFAULT_RATE_LIMIT", "MAX_LIST_LIMIT", "MIN_TOKEN_CHARS", "Reviewer", "is_loopback",
            "parse_reviewer_tokens", "review_app", "review_routes"]
@@ -85,7 +87,10 @@ class Reviewer:
 
 def _as_reviewer(value: str | Reviewer) -> Reviewer:
     return value if isinstance(value, Reviewer) else Reviewer(value)
+logger = logging.getLogger("guard.asgi")
+
 _MAX_DECISION_BODY = 16 * 1024
+_BODY_TIMEOUT_S = 10.0  # for a decision body of at most 16 KiB
 _MAX_TEXT = 1000
 
 
@@ -98,7 +103,8 @@ def _review_error(exc: ReviewError) -> JSONResponse:
         return _error(404, "review_not_found", str(exc), "id")
     if isinstance(exc, ReviewConflict):
         return _error(409, "review_conflict", str(exc), "status", status=exc.status)
-    return _error(503, "review_unavailable", str(exc))
+    logger.warning("review store unavailable: %s", exc)  # the driver's words name hosts and ports: the log only
+    return _error(503, "review_unavailable", "the review store could not be reached; try again")
 
 
 def parse_reviewer_tokens(text: str) -> dict[str, Reviewer]:
@@ -288,12 +294,15 @@ class _Api:
         return JSONResponse(item.to_json())
 
     async def _note(self, request: Request) -> str | None | JSONResponse:
-        body = await request.body()
+        try:  # read no more than the cap: a large declared length is refused unread, a stream stops past the cap
+            body = await read_body(request.receive, _MAX_DECISION_BODY,
+                                   declared_length(request.headers.get("content-length")), _BODY_TIMEOUT_S)
+        except BodyError as exc:
+            return _error(exc.status, exc.code, exc.reason, exc.field)
+        if body is None:
+            return _error(400, "body_incomplete", "the client disconnected before the decision body ended", "body")
         if (refused := _not_json(request, body)) is not None:
             return refused
-        if len(body) > _MAX_DECISION_BODY:
-            return _error(413, "body_too_large", f"the decision body is {len(body)} bytes; at most "
-                          f"{_MAX_DECISION_BODY}", "body")
         if not body.strip():
             return None
         try:

@@ -436,7 +436,8 @@ class RedisReviewStore:
         ValueError: no store key, or a short one.
     """
 
-    # KEYS[1] = item hash, then pairs of index keys (the one the item leaves, the one it joins). ARGV[1] = required
+    # KEYS[1] = item hash, KEYS[2] = the sending client's pending set the item leaves (KEYS[1] again when none), then
+    # pairs of index keys (the one the item leaves, the one it joins). ARGV[1] = required
     # status, ARGV[2] = new status, ARGV[3] = required digest or "", ARGV[4] = required seal (the one just read and
     # checked), ARGV[5] = item id, ARGV[6] = its expiry (the index score), ARGV[7..] = field/value pairs to set (the
     # new seal among them). Returns {code, current status}: 0 missing, 1 wrong status, 2 digest mismatch, 3 changed,
@@ -448,7 +449,8 @@ if cur ~= ARGV[1] then return {1, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'digest') ~= ARGV[3] then return {2, cur} end
 if redis.call('HGET', KEYS[1], 'seal') ~= ARGV[4] then return {4, cur} end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 7))
-for i = 2, #KEYS, 2 do
+if KEYS[2] ~= KEYS[1] then redis.call('ZREM', KEYS[2], ARGV[5]) end
+for i = 3, #KEYS, 2 do
   redis.call('ZREM', KEYS[i], ARGV[5])
   redis.call('ZADD', KEYS[i + 1], ARGV[6], ARGV[5])
 end
@@ -768,8 +770,10 @@ return {3, ARGV[2]}
         held = self._decode(texts, with_request=False)
         indexes = [x for old, new in zip(self._indexes(need, held.tenant), self._indexes(to, held.tenant), strict=True)
                    for x in (old, new)]
+        # the client's pending slot is freed in the same step (KEYS[2]; the item's own key when there is none)
+        pending = self._pending_key(held.client) if need == "pending" and held.client is not None else key
         code, current = await self._call(
-            review_id, self._transition(keys=[key, *indexes],
+            review_id, self._transition(keys=[key, pending, *indexes],
                                         args=[need, to, digest, texts[-1] or "", review_id, repr(held.expires_at),
                                               *pairs])
         )
@@ -785,8 +789,6 @@ return {3, ARGV[2]}
         item = self._decode([fields[f] for f in self._FIELDS], with_request=True)
         if to in ("rejected", "released"):
             self._settle(review_id, item.expires_at)
-        if need == "pending" and item.client is not None:
-            await self._call(review_id, self._client.zrem(self._pending_key(item.client), review_id))
         return item
 
     async def _decide(self, review_id: str, to: ReviewStatus, by: str | None, note: str | None) -> ReviewItem:

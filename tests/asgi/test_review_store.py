@@ -259,6 +259,27 @@ async def test_concurrent_escalations_of_one_client_stay_within_its_redis_quota(
     await store.aclose()
 
 
+async def test_a_redis_decision_frees_the_clients_pending_slot_in_the_same_step(create_redis: Any) -> None:
+    """Approving or rejecting moves the item out of its client's pending set inside the transition: a failure after
+    it cannot report an applied decision as failed (a reviewer then believes a releasable request was not approved),
+    nor leave the slot counted against the client's quota."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    client = create_redis()
+    store = RedisReviewStore(client, prefix=create_redis.prefix, max_pending_per_client=2)
+    first, second = [await store.create(_verdict(), subject={}, digest="x", client="10.0.0.7") for _ in range(2)]
+
+    async def cut(*args: Any, **kwargs: Any) -> Any:
+        raise RedisConnectionError("connection cut after the transition")
+
+    client.zrem = cut  # any separate clean-up call after the transition fails
+    assert (await store.approve(first.id, by="alice")).status == "approved"
+    assert (await store.reject(second.id, by="alice")).status == "rejected"
+    assert await client.zcard(f"{create_redis.prefix}pending:" + hashlib.sha256(b"10.0.0.7").hexdigest()[:32]) == 0
+    assert (await store.create(_verdict(), subject={}, digest="x", client="10.0.0.7")).status == "pending"
+    await store.aclose()
+
+
 async def _hmget_calls(client: Any) -> int:
     stats = await client.info("commandstats")
     return int(stats.get("cmdstat_hmget", {}).get("calls", 0))

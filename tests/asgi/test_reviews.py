@@ -199,6 +199,26 @@ async def test_review_api_validation_and_token(make_guard: GuardFactory) -> None
         assert (await client.get("/admin/reviews/?status=all", headers=_admin())).json()["count"] == 1
 
 
+async def test_a_decision_body_is_read_no_further_than_its_cap(make_guard: GuardFactory) -> None:
+    """The approve/reject body (a note) is capped at 16 KiB as it arrives: a streamed body stops being read past the
+    cap and a larger Content-Length is refused unread (the whole body was read into memory first)."""
+    pulled = 0
+
+    async def endless() -> Any:
+        nonlocal pulled
+        for _ in range(256):  # 256 MiB if read to the end
+            pulled += 1
+            yield b" " * (1 << 20)
+
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        url = "/admin/reviews/rv_0123456789abcdef01234567/approve"
+        streamed = await client.post(url, headers=_admin(), content=endless())
+        declared = await client.post(url, headers={**_admin(), "content-length": str(1 << 30)}, content=b"{}")
+    assert streamed.status_code == declared.status_code == 413
+    assert streamed.json()["code"] == "body_too_large" and pulled <= 2
+    assert "declares 1073741824 bytes" in declared.json()["message"]
+
+
 async def test_review_store_down_fails_closed(make_guard: GuardFactory, private_redis: Any) -> None:
     """... and health says so (degraded: check ``review_store``), which it did not: the only trace was a counter."""
     from guard.asgi.health import HealthEndpoint
@@ -221,7 +241,8 @@ async def test_review_store_down_fails_closed(make_guard: GuardFactory, private_
         status = await client.get("/_guard/reviews/rv_0123456789abcdef01234567")
         assert status.status_code == 503 and "127.0.0.1" not in status.text
         listed = await client.get("/admin/reviews/", headers=_admin())
-        assert listed.status_code == 503
+        assert listed.status_code == 503 and listed.json()["code"] == "review_unavailable"
+        assert "127.0.0.1" not in listed.text and "Redis" not in listed.text  # reviewers get no driver words either
     await store.aclose()
 
 
