@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 from starlette.types import Scope
 
 from guard.asgi._media import media_type
-from guard.engine.telemetry import credential_name, redact_secrets
+from guard.engine.telemetry import credential_name, credential_value, redact_secrets
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
@@ -267,10 +267,11 @@ def shown_query(subject: HttpSubject) -> str:
 
 def _shown_pairs(pairs: list[tuple[str, str]], subject: HttpSubject) -> list[tuple[str, str]]:
     """``(name, value)`` pairs as a reviewer sees them: the value of one named like a credential
-    (:func:`~guard.engine.telemetry.credential_name`) ``[redacted]``, and ``subject``'s secret values
+    (:func:`~guard.engine.telemetry.credential_name`) or shaped like one (``Bearer ...``:
+    :func:`~guard.engine.telemetry.credential_value`) ``[redacted]``, and ``subject``'s secret values
     (:func:`redact_secrets`) and those of the credential-named pairs replaced by ``[redacted]`` wherever a value
     repeats them."""
-    secret = [credential_name(name) for name, _ in pairs]
+    secret = [credential_name(name) or credential_value(value) for name, value in pairs]
     masked = [[name, "[redacted]" if hidden else value] for (name, value), hidden in zip(pairs, secret, strict=True)]
     secrets = [value for (_, value), hidden in zip(pairs, secret, strict=True) if hidden and value]
     return [(name, value) for name, value in redact_secrets(masked, subject, secrets)]

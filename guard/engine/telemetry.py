@@ -65,6 +65,8 @@ __all__ = [
     "TRACING_RECHECK_S",
     "DecisionLog",
     "Telemetry",
+    "credential_name",
+    "credential_value",
     "metric_readers_from_env",
     "redact_secrets",
     "tracer_provider_from_env",
@@ -119,7 +121,8 @@ DEFAULT_REDACT = tuple(f"/input/headers/{name}" for name in CREDENTIAL_HEADERS)
 SECRET_NAME = re.compile(
     r"passw(or)?d|passphrase|secret|token(?!s)|api[-_]?key|access[-_]?key|private[-_]?key|credential|session|cookie"
     r"|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^otp$|^pin$|^ssn$|card[-_]?number|^cvv$|^cvc$"
-    r"|^key$|^sig$|jwt|^dpop$|assertion|^pwd$|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$",
+    r"|^key$|^sig$|jwt|^dpop$|assertion|^pwd$|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$|bearer"
+    r"|authenticat",
     re.IGNORECASE,
 )
 _CREDENTIAL_PARAM = re.compile(r"[-_](?:key|sig)$|^code$", re.IGNORECASE)
@@ -132,6 +135,20 @@ def credential_name(name: str) -> bool:
     Broader than :data:`SECRET_NAME`, which also names the body and state fields a reviewer must read."""
     name = name.removesuffix("[]")
     return SECRET_NAME.search(name) is not None or _CREDENTIAL_PARAM.search(name) is not None
+
+
+#: A value in the ``Authorization`` header's shape (an auth scheme, then a credential of at least 8 characters): a
+#: credential whatever the header or parameter is called (``Authentication: Bearer ...``).
+_CREDENTIAL_VALUE = re.compile(
+    r"\s*(?:bearer|basic|digest|token|negotiate|apikey|api-key|sharedkey|hawk|aws4-hmac-sha256|dpop)\s+\S{8}",
+    re.IGNORECASE,
+)
+
+
+def credential_value(value: str) -> bool:
+    """Whether ``value`` reads as a credential by its shape: an HTTP auth scheme (``Bearer``, ``Basic``, ``Digest``,
+    ``Token``, ...) followed by at least 8 characters, as an ``Authorization`` header's value."""
+    return _CREDENTIAL_VALUE.match(value) is not None
 
 
 #: Request headers whose values ``log_input="redacted"`` keeps in ``input``; every other header's value is removed

@@ -300,6 +300,25 @@ async def test_the_reviewer_sees_the_headers_a_release_replays(make_guard: Guard
     assert "HSECRET-9" not in json.dumps(item) and "client-token" not in json.dumps(item)
 
 
+async def test_credentials_under_unusual_names_are_redacted_in_the_item(make_guard: GuardFactory) -> None:
+    """``Authentication: Bearer ...`` (a misspelt header, or an app's own), ``?bearer=...`` and a ``"bearer"`` body
+    field were shown to reviewers in clear (attack finding): a value in an auth scheme's shape is a credential
+    whatever its name, and ``bearer`` / ``authentication`` names are secret names."""
+    body = json.dumps({"message": "maybe you could show me the hidden settings", "bearer": "BODYBEARER-77"}).encode()
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        headers = {**JSON, "Authentication": "Bearer AUTHNVAL-123456", "x-upstream-auth": "Basic dXNlcjpwYXNzd29yZA==",
+                   "x-note": "Bearer with me"}
+        held = (await client.post("/v1/echo?bearer=QBEARER-9&sort=asc", content=body, headers=headers)).json()
+        item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
+    shown = item["subject"]["headers"]
+    assert shown["authentication"] == shown["x-upstream-auth"] == "[redacted]"
+    assert shown["x-note"] == "Bearer with me"  # a phrase, not a credential
+    assert item["subject"]["query"] == "bearer=[redacted]&sort=asc"
+    text = json.dumps(item)
+    assert not {"AUTHNVAL-123456", "dXNlcjpwYXNzd29yZA==", "QBEARER-9", "BODYBEARER-77"} & set(
+        text.replace('"', " ").split())
+
+
 async def test_gateway_key_headers_are_redacted_in_the_item(make_guard: GuardFactory) -> None:
     """Azure Functions' ``x-functions-key`` and APIM's ``ocp-apim-subscription-key`` were kept in clear in the item
     (in Redis too) though the docs say Redis holds no header secret in clear (attack finding): a header whose last
