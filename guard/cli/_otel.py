@@ -16,13 +16,16 @@ def install_metrics_from_env() -> None:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
 
+    from guard._resource import resource_from_env
     from guard.engine.telemetry import metric_readers_from_env
 
     if not isinstance(metrics.get_meter_provider(), MeterProvider):
         readers, prometheus = metric_readers_from_env(os.environ)
         # no otel_scope_* labels: the series keep the label names the docs list, and an upgrade starts no new ones
         scraped = [PrometheusMetricReader(scope_info_enabled=False)] if prometheus else []
-        metrics.set_meter_provider(MeterProvider(metric_readers=[*scraped, *readers]))
+        # the spans' resource (service name ``guard`` unless OTEL_SERVICE_NAME says otherwise), so the two join
+        resource = resource_from_env(os.environ, "guard")
+        metrics.set_meter_provider(MeterProvider(metric_readers=[*scraped, *readers], resource=resource))
 
 
 def install_tracing_from_env() -> None:

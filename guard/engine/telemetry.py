@@ -169,6 +169,21 @@ text repeats them (a state read from the ``authorization`` header)."""
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
 
 
+#: Most characters of a span attribute taken from the request (``url.path``, a tool's name); longer ones are cut
+#: and end with ``...``: a client sends 60 KB paths, and a batch of such spans is refused by a collector whole.
+MAX_REQUEST_ATTRIBUTE_CHARS = 1024
+#: Most characters of any span attribute value, unless ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` or
+#: ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`` says otherwise (OpenTelemetry's own default is no limit).
+DEFAULT_ATTRIBUTE_VALUE_LIMIT = 4096
+
+
+def _capped(text: str) -> str:
+    """``text``, cut to :data:`MAX_REQUEST_ATTRIBUTE_CHARS` characters (``...`` at the end when cut)."""
+    if len(text) <= MAX_REQUEST_ATTRIBUTE_CHARS:
+        return text
+    return text[: MAX_REQUEST_ATTRIBUTE_CHARS - 3] + "..."
+
+
 def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
     """An SDK ``TracerProvider`` configured by the standard ``OTEL_*`` variables, or ``None`` for no tracing.
 
@@ -176,12 +191,15 @@ def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
     prints spans on stdout; ``otlp`` (also chosen when only ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set) sends them in batches over OTLP/HTTP protobuf to the traces
     endpoint (default ``http://localhost:4318/v1/traces``). With none of these set there is no tracing. The resource
-    comes from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` (service name ``guard`` by default).
+    comes from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` (service name ``guard`` by default). Attribute
+    values are cut at ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` / ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`` characters,
+    :data:`DEFAULT_ATTRIBUTE_VALUE_LIMIT` when neither is set.
 
     Raises:
-        ValueError: an ``OTEL_TRACES_EXPORTER`` other than :data:`TRACES_EXPORTERS` (one exporter at a time).
+        ValueError: an ``OTEL_TRACES_EXPORTER`` other than :data:`TRACES_EXPORTERS` (one exporter at a time), or an
+            attribute length limit that is not a whole number.
     """
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -195,7 +213,15 @@ def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
         raise ValueError(f"OTEL_TRACES_EXPORTER must be one of {', '.join(TRACES_EXPORTERS)}, got {exporter!r}")
     if exporter == "none":
         return None
-    provider = TracerProvider(resource=resource_from_env(environ, "guard"))
+    limit = DEFAULT_ATTRIBUTE_VALUE_LIMIT
+    for name in ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"):  # the span's first
+        if value := environ.get(name, "").strip():
+            if not value.isdigit():
+                raise ValueError(f"{name} must be a whole number of characters, got {value!r}")
+            limit = int(value)
+            break
+    provider = TracerProvider(resource=resource_from_env(environ, "guard"),
+                              span_limits=SpanLimits(max_attribute_length=limit))
     if exporter == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         return provider
@@ -321,12 +347,11 @@ class Telemetry:
                 attributes: dict[str, Any] = {"guard.subject.kind": subject.kind}
                 if isinstance(subject, HttpSubject):
                     attributes["http.request.method"] = subject.method
-                    attributes["url.path"] = subject.path
+                    attributes["url.path"] = _capped(subject.path)
                 elif isinstance(subject, AgentSubject):
                     attributes["guard.agent.event"] = subject.event
                     if subject.tool_name:
-                        attributes["guard.agent.tool"] = subject.tool_name
-                        attributes["gen_ai.tool.name"] = subject.tool_name
+                        attributes["guard.agent.tool"] = attributes["gen_ai.tool.name"] = _capped(subject.tool_name)
                 span.set_attributes(attributes)
             yield span
 

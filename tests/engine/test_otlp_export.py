@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -60,6 +61,57 @@ def test_otel_variables_choose_the_exporter() -> None:
     assert isinstance(tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "console"}), TracerProvider)
     with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER must be one of otlp, console, none, got 'jaeger'"):
         tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "jaeger"})
+
+
+def test_span_attribute_values_are_capped_by_default_and_as_the_variables_say() -> None:
+    """A client's 60 KB path became a 60 KB ``url.path``; a batch of such spans (31 MB) was refused by the collector
+    whole, the legitimate spans in it lost (attack finding). The engine cuts request attributes at 1,024 characters
+    and the provider every value at 4,096 unless ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` says otherwise."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from guard.subject import HttpSubject
+
+    def spans_of(environ: dict[str, str]) -> list[Any]:
+        provider = tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "console", **environ})
+        exporter = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        with provider.get_tracer("test").start_as_current_span("wide") as span:
+            span.set_attribute("note", "n" * 10_000)
+        telemetry = Telemetry(tracer_provider=provider)
+        with telemetry.span(HttpSubject(method="GET", path="/v1/" + "a" * 60_000)):
+            pass
+        return exporter.get_finished_spans()
+
+    wide, decision = spans_of({})
+    assert len(wide.attributes["note"]) == 4096
+    assert len(decision.attributes["url.path"]) == 1024 and decision.attributes["url.path"].endswith("...")
+    wide, _ = spans_of({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100"})
+    assert len(wide.attributes["note"]) == 100
+    with pytest.raises(ValueError, match="OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT must be a whole number"):
+        tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "console", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "1k"})
+
+
+def test_metrics_carry_the_spans_service_name() -> None:
+    """``guard proxy`` exported its metrics as ``unknown_service:python3`` while its spans said ``guard``."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+from opentelemetry import metrics
+from guard.cli._otel import install_metrics_from_env
+install_metrics_from_env()
+metrics.get_meter("test").create_counter("test.calls").add(1)
+metrics.get_meter_provider().shutdown()
+"""
+    environ = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+               "OTEL_METRICS_EXPORTER": "console", "OTEL_METRIC_EXPORT_INTERVAL": "600000"}
+    environ.pop("OTEL_SERVICE_NAME", None)
+    done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert '"service.name": "guard"' in done.stdout and "unknown_service" not in done.stdout
 
 
 def test_guard_proxy_exit_waits_a_bounded_time_for_a_collector_that_never_answers() -> None:
