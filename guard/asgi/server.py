@@ -42,6 +42,7 @@ __all__ = [
     "masked_target",
     "serve_together",
     "server_options",
+    "show_guard_logs",
 ]
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
@@ -152,6 +153,22 @@ def mask_access_log() -> None:
         logger.addFilter(_QueryMask())
 
 
+def show_guard_logs(level: str) -> None:
+    """Write the ``guard.*`` loggers' records at ``level`` (``info``, ``warning``, ...) and above to stderr, in
+    uvicorn's format (``INFO:     guard.policy: policies reloaded: ...``), when neither the ``guard`` logger nor the
+    root logger has a handler yet (Python's last-resort handler shows warnings only, so a reload or a canary that
+    passes again left no trace). A process that configured logging itself is left as it is."""
+    from uvicorn.logging import DefaultFormatter
+
+    logger = logging.getLogger("guard")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv4 or IPv6 literal, or a name).
 
@@ -211,6 +228,7 @@ def serve_together(app: Any, admin: Any, sockets: list[socket.socket], *, log_le
     follower = _Follower(uvicorn.Config(admin, lifespan="off", **common))
     main = _Main(uvicorn.Config(app, lifespan="on", **common), follower)
     mask_access_log()  # after the configs, which set up uvicorn's loggers
+    show_guard_logs(log_level)
 
     async def both() -> None:
         await asyncio.gather(main.serve(sockets=[sockets[0]]), follower.serve(sockets=[sockets[1]]))

@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from guard.asgi.server import mask_access_log, server_options
+    from guard.asgi.server import mask_access_log, server_options, show_guard_logs
     from guard.worker.app import create_app
 
     def load() -> Any:
@@ -314,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         else {"host": host, "port": DEFAULT_PORT if args.port is None else args.port}
     )
     mask_access_log()
+    show_guard_logs(args.log_level)
     uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,
                 **server_options(args.header_timeout), **where)
     shutdown_providers()  # after Ctrl-C the SDK's exit hooks would wait for a collector that never answers

@@ -119,3 +119,37 @@ def test_the_access_log_shows_a_target_with_credential_values_masked(target: str
     from guard.asgi.server import masked_target
 
     assert masked_target(target) == shown
+
+
+def test_the_servers_show_guards_info_logs_unless_logging_is_configured(tmp_path: Path) -> None:
+    """``guard proxy --log-level info`` never showed ``policies reloaded: ...`` (the ``guard`` loggers had no handler,
+    and Python's last resort shows warnings only): the servers give them uvicorn's handler and format, at the
+    level asked, unless the process configured logging itself."""
+    import os
+    import subprocess
+    import sys
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text(Path(POLICY).read_text())
+    script = f"""
+import logging, sys
+if sys.argv[1] == "configured":
+    logging.basicConfig(level=logging.ERROR)
+from guard.asgi.server import show_guard_logs
+from guard.policy import load_files
+show_guard_logs(sys.argv[2])
+load_files({str(policy)!r}).reload()
+logging.getLogger("guard.engine.health").debug("a debug line")
+"""
+    root = Path(__file__).resolve().parents[2]
+
+    def stderr_of(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(root)}, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    shown = stderr_of("plain", "info")
+    assert "INFO:     guard.policy: policies reloaded: api_guard@3" in shown and "a debug line" not in shown
+    assert "a debug line" in stderr_of("plain", "debug")
+    assert "policies reloaded" not in stderr_of("configured", "info")  # the process's own configuration stands
