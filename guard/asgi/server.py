@@ -37,8 +37,8 @@ from guard.engine.telemetry import credential_name
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT_S",
     "bind_socket",
+    "filter_server_logs",
     "head_timeout_protocol",
-    "mask_access_log",
     "masked_target",
     "serve_together",
     "server_options",
@@ -146,11 +146,26 @@ def masked_target(target: str) -> str:
     return f"{path}?{''.join(parts)}"
 
 
-def mask_access_log() -> None:
-    """Install the access log's query mask (:class:`_QueryMask`) on uvicorn's ``uvicorn.access`` logger, once."""
-    logger = logging.getLogger("uvicorn.access")
-    if not any(isinstance(existing, _QueryMask) for existing in logger.filters):
-        logger.addFilter(_QueryMask())
+class _OneLineClientErrors(logging.Filter):
+    """uvicorn logs a client's text frame that is not UTF-8 with a traceback (and closes the connection with 1007, as
+    it should): one line is enough for what a client sent, and a client cannot fill the log with tracebacks."""
+
+    MESSAGES = frozenset({"Invalid UTF-8 sequence received from client."})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in self.MESSAGES and record.exc_info:
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def filter_server_logs() -> None:
+    """Install, once, the access log's query mask (:class:`_QueryMask`) on uvicorn's ``uvicorn.access`` logger and
+    the one-line form of a client's protocol errors (:class:`_OneLineClientErrors`) on ``uvicorn.error``."""
+    for name, kind in (("uvicorn.access", _QueryMask), ("uvicorn.error", _OneLineClientErrors)):
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, kind) for existing in logger.filters):
+            logger.addFilter(kind())
 
 
 def show_guard_logs(level: str) -> None:
@@ -227,7 +242,7 @@ def serve_together(app: Any, admin: Any, sockets: list[socket.socket], *, log_le
     common: dict[str, Any] = {"log_level": log_level, **server_options(header_timeout), **config}
     follower = _Follower(uvicorn.Config(admin, lifespan="off", **common))
     main = _Main(uvicorn.Config(app, lifespan="on", **common), follower)
-    mask_access_log()  # after the configs, which set up uvicorn's loggers
+    filter_server_logs()  # after the configs, which set up uvicorn's loggers
     show_guard_logs(log_level)
 
     async def both() -> None:

@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from guard.asgi.server import mask_access_log, server_options, show_guard_logs
+    from guard.asgi.server import filter_server_logs, server_options, show_guard_logs
     from guard.worker.app import create_app
 
     def load() -> Any:
@@ -313,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         if args.uds
         else {"host": host, "port": DEFAULT_PORT if args.port is None else args.port}
     )
-    mask_access_log()
+    filter_server_logs()
     show_guard_logs(args.log_level)
     uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,
                 **server_options(args.header_timeout), **where)

@@ -244,3 +244,38 @@ policies:
         assert judged_by(guard, _upgrade("/v1/ws"), None) == ("p" if judged else None)
     finally:
         await guard.aclose()
+
+
+async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_logs_one_line(
+    make_guard: Callable[..., Guard], upstream: str
+) -> None:
+    """uvicorn answers a text frame that is not UTF-8 with close code 1007, as it should, and logged a traceback
+    for each: a client could fill the log with them. The servers' log filters make it one warning line."""
+    import base64
+    import logging
+    import os
+
+    from guard.asgi.server import filter_server_logs, server_options
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(upstream)), **server_options(10.0)) as proxy:
+        filter_server_logs()
+        logging.getLogger("uvicorn.error").addHandler(handler)
+        try:
+            host, port = proxy.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as raw:
+                key = base64.b64encode(os.urandom(16)).decode()
+                raw.sendall(f"GET /live/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+                assert raw.recv(4096).startswith(b"HTTP/1.1 101")
+                payload, mask = b"\xff\xfe not text", os.urandom(4)
+                raw.sendall(bytes([0x81, 0x80 | len(payload)]) + mask
+                            + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+                close = raw.recv(4096)
+        finally:
+            logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert close[:2] == b"\x88\x02" and int.from_bytes(close[2:4], "big") == 1007
+    (record,) = [r for r in records if "UTF-8" in r.getMessage()]
+    assert record.exc_info is None and record.levelno == logging.WARNING
