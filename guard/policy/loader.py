@@ -2,15 +2,18 @@
 
 Every problem is a :class:`PolicyLoadError` (a :class:`~guard.errors.PolicyError`) naming the file, the line and the
 key path, e.g. ``policies/api.yaml:31 at policies[0].questions.urgency.criteria: has 11 levels; a score needs 2 to
-10``. All problems found are kept in ``.problems``; the message names the first.
+10``. The problems found are kept in ``.problems`` (the first :data:`MAX_PROBLEMS`, then one saying how many more);
+the message names the first.
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
+import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,22 +57,49 @@ from guard.policy.rules import (
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
-__all__ = ["PolicyLoadError", "PolicySet", "check_unique", "load_files", "load_text", "validation_problem"]
+__all__ = [
+    "MAX_PROBLEMS", "FileStamp", "PolicyLoadError", "PolicySet", "check_unique", "file_stamp", "load_files",
+    "load_text", "validation_problem",
+]
 
 logger = logging.getLogger("guard.policy")
 
 _CEL_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 
+#: Most problems one load collects; past it a last problem says how many more there were (a file of 60,000 unknown
+#: keys costs the first ones' messages, not 60,000 "did you mean" searches).
+MAX_PROBLEMS = 50
+#: How many times a set of files that changed while it was read is read again before the load fails.
+READ_TRIES = 5
+_RETRY_WAIT_S = 0.05  # first pause between tries (doubled each time): lets a writer finish
+
+#: A file's identity as read: ``(resolved path, device, inode, size, mtime_ns)``; ``(path, -1, -1, -1, -1)`` when it
+#: cannot be stat'ed. A ConfigMap update changes the resolved path, a rename the inode, an edit the size or mtime.
+FileStamp = tuple[str, int, int, int, int]
+
+
+def file_stamp(path: str | Path) -> FileStamp:
+    """The identity of the file at ``path`` now (its symlinks followed, as a ConfigMap volume's ``..data`` is)."""
+    try:
+        resolved = os.path.realpath(path)
+        info = os.stat(resolved)
+    except (OSError, ValueError):
+        return (str(path), -1, -1, -1, -1)
+    return (resolved, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
 
 class PolicyLoadError(PolicyError):
     """One or more problems in a policy file; the message names the first, ``problems`` lists them all."""
 
-    def __init__(self, problems: Sequence[PolicyError]) -> None:
+    def __init__(self, problems: Sequence[PolicyError], *, omitted: int = 0) -> None:
         first = problems[0]
         super().__init__(first.file, first.line, first.key, first.reason)
-        self.problems = list(problems)
-        if len(self.problems) > 1:
-            self.args = (f"{self.args[0]} (and {len(self.problems) - 1} more)",)
+        self.problems = list(problems[:MAX_PROBLEMS])
+        total = len(problems) + omitted  # omitted: problems the caller found but did not build
+        if total > len(self.problems):
+            self.problems.append(PolicyError(first.file, None, "", f"... and {total - len(self.problems)} more errors"))
+        if total > 1:
+            self.args = (f"{self.args[0]} (and {total - 1} more)",)
 
 
 def load_text(text: str | bytes, file: str = "<string>") -> list[Policy]:
@@ -88,7 +118,9 @@ def load_text(text: str | bytes, file: str = "<string>") -> list[Policy]:
     try:
         spec = PolicyFileSpec.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise PolicyLoadError([validation_problem(error, lines) for error in exc.errors()]) from None
+        errors = exc.errors(include_url=False, include_context=True, include_input=True)
+        found = [validation_problem(error, lines) for error in errors[:MAX_PROBLEMS]]  # each may search for a near key
+        raise PolicyLoadError(found, omitted=len(errors) - len(found)) from None
     problems: list[PolicyError] = []
     policies = [_compile(i, policy, spec, lines, problems) for i, policy in enumerate(spec.policies)]
     if problems:
@@ -108,14 +140,48 @@ def load_files(*paths: str | Path) -> PolicySet:
     """
     if not paths:
         raise PolicyError("<none>", None, "", "no policy files given")
+    texts, stamps = _read_all(paths)
     policies: list[Policy] = []
-    for path in paths:
-        try:
-            raw = read_policy_file(path)
-        except PolicyError as exc:
-            raise PolicyLoadError([exc]) from None
+    for path, raw in zip(paths, texts, strict=True):
         policies.extend(load_text(raw, str(path)))
-    return PolicySet(policies, sources=paths)
+    return PolicySet(policies, sources=paths, stamps=stamps)
+
+
+def _read_all(paths: Sequence[str | Path]) -> tuple[list[bytes], tuple[FileStamp, ...]]:
+    """The bytes of every file, all of one version, and each file's identity when it was read.
+
+    Each file is stat'ed before and after it is read, and all of them again once all are read; if any changed (a
+    ConfigMap's ``..data`` swapped between two files of a set, a file renamed over), the whole set is read again, up
+    to :data:`READ_TRIES` times. Parsing comes after, so a slow parse cannot straddle a change.
+
+    Raises:
+        PolicyLoadError: a file cannot be read, or the files kept changing.
+    """
+    changed: str | Path = paths[0]
+    for attempt in range(READ_TRIES):
+        if attempt:
+            time.sleep(_RETRY_WAIT_S * 2 ** (attempt - 1))
+        texts: list[bytes] = []
+        stamps: list[FileStamp] = []
+        for path in paths:
+            before = file_stamp(path)
+            try:
+                texts.append(read_policy_file(path))
+            except PolicyError as exc:
+                raise PolicyLoadError([exc]) from None
+            stamps.append(before)
+            if file_stamp(path) != before:
+                changed = path
+                break
+        else:
+            moved = [path for path, stamp in zip(paths, stamps, strict=True) if file_stamp(path) != stamp]
+            if not moved:
+                return texts, tuple(stamps)
+            changed = moved[0]
+        logger.debug("policy file %s changed while the set was read; reading the set again", changed)
+    raise PolicyLoadError([PolicyError(str(changed), None, "", f"changed while the policy files were being read "
+                                       f"({READ_TRIES} tries); replace policy files atomically (write the new file "
+                                       "elsewhere, then rename it or swap a symlink)")])
 
 
 def validation_problem(error: Any, lines: LineMap, model: type[pydantic.BaseModel] = PolicyFileSpec) -> PolicyError:
@@ -542,6 +608,8 @@ class PolicySet:
 
     Attributes:
         sources: the files this set was loaded from (empty for sets built from text).
+        stamps: each source's identity (:func:`file_stamp`) when the active set was read from it (empty when not
+            known); :class:`~guard.policy.watch.PolicyWatcher` reloads when the files differ from it.
         reload_failures: how many reloads failed.
     """
 
@@ -551,10 +619,12 @@ class PolicySet:
         *,
         sources: Sequence[str | Path] = (),
         validator: Callable[[Sequence[Policy]], None] | None = None,
+        stamps: Sequence[FileStamp] = (),
     ) -> None:
         self._policies: tuple[Policy, ...] = tuple(policies)
         self._response: tuple[Policy, ...] = _response_policies(self._policies)
         self.sources: tuple[Path, ...] = tuple(Path(s) for s in sources)
+        self.stamps: tuple[FileStamp, ...] = tuple(stamps)
         self.validator = validator
         self.reload_failures = 0
         self.last_error: PolicyError | None = None
@@ -620,6 +690,7 @@ class PolicySet:
             try:
                 fresh = load_files(*self.sources)
                 self.replace(fresh.policies)
+                self.stamps = fresh.stamps
             except Exception as exc:  # any error (a validator's, MemoryError) is a failed reload, counted and reported
                 error = exc if isinstance(exc, PolicyError) else PolicyError(
                     ", ".join(str(source) for source in self.sources), None, "",

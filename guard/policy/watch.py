@@ -1,13 +1,15 @@
 """Reload policies when their files change (a Kubernetes ConfigMap update, an edit on disk).
 
-The watcher polls the files' identity (resolved path, size, modification time) every ``interval_s`` seconds and calls
-:meth:`guard.policy.PolicySet.reload` once a change has settled: the identity differs from the loaded one and is the
-same at two polls in a row, so a file caught while it is being written (an editor's or a writer's partial file, which
-may parse as a smaller, more permissive policy) is not loaded. A reload that fails keeps the last good policies active: the
-error is logged and counted in ``PolicySet.reload_failures`` (reported by ``Guard.health()``), and the watcher tries
-again at the next change. Any other error in a check (an unexpected exception from a reader) is logged and counted in
-:attr:`PolicyWatcher.failures` too; the watcher keeps polling. :attr:`PolicyWatcher.alive` says whether its task still
-runs (health reports ``watcher_dead`` otherwise).
+The watcher polls the files' identity (resolved path, device, inode, size, modification time) every ``interval_s``
+seconds and calls :meth:`guard.policy.PolicySet.reload` once a change has settled: the identity differs from the one
+the active set was read from (``PolicySet.stamps``, recorded as each file was read, so a change that lands between a
+load and the watcher's start is still seen) and is the same at two polls in a row, so a file caught while it is being
+written (an editor's or a writer's partial file, which may parse as a smaller, more permissive policy) is not loaded.
+A reload that fails keeps the last good policies active: the error is logged (once, by
+:meth:`~guard.policy.PolicySet.reload`) and counted in ``PolicySet.reload_failures`` (reported by
+``Guard.health()``), and the watcher tries again at the next change. Any other error in a check (an unexpected
+exception from a reader) is logged and counted in :attr:`PolicyWatcher.failures` too; the watcher keeps polling.
+:attr:`PolicyWatcher.alive` says whether its task still runs (health reports ``watcher_dead`` otherwise).
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from pathlib import Path
 
 from guard.errors import PolicyError
-from guard.policy.loader import PolicySet
+from guard.policy.loader import FileStamp, PolicySet, file_stamp
 
 __all__ = ["DEFAULT_RELOAD_INTERVAL_S", "PolicyWatcher"]
 
@@ -27,19 +28,11 @@ DEFAULT_RELOAD_INTERVAL_S = 5.0
 
 logger = logging.getLogger("guard.policy")
 
-_Stamp = tuple[tuple[str, int, int], ...]
+_Stamp = tuple[FileStamp, ...]
 
 
 def _stamp(paths: tuple[Path, ...]) -> _Stamp:
-    out = []
-    for path in paths:
-        try:
-            resolved = os.path.realpath(path)  # ConfigMap volumes swap a symlink on update
-            info = os.stat(resolved)
-            out.append((resolved, info.st_size, info.st_mtime_ns))
-        except OSError:
-            out.append((str(path), -1, -1))
-    return tuple(out)
+    return tuple(file_stamp(path) for path in paths)  # ConfigMap volumes swap a symlink on update: resolved
 
 
 class PolicyWatcher:
@@ -67,8 +60,9 @@ class PolicyWatcher:
         self.reloads = 0
         self.failures = 0
         self.last_error: str | None = None
-        self._stamp = _stamp(policies.sources)  # the files as loaded
-        self._seen = self._stamp  # the files at the previous check
+        # the files as the active set read them (a set built without stamps is reloaded once, at the second poll)
+        self._seen: _Stamp = policies.stamps  # the files at the previous check
+        self._failed: _Stamp | None = None  # the files a reload last failed on: not retried until they change
         self._task: asyncio.Task[None] | None = None
         self._checking: asyncio.Future[bool] | None = None  # the check running in a thread
 
@@ -77,24 +71,24 @@ class PolicyWatcher:
         the second check that sees it); returns whether a reload succeeded."""
         stamp = _stamp(self.policies.sources)
         seen, self._seen = self._seen, stamp
-        if stamp == self._stamp or stamp != seen:  # unchanged, or still changing: look again at the next poll
-            return False
-        self._stamp = stamp
+        if stamp == self.policies.stamps or stamp == self._failed or stamp != seen:
+            return False  # loaded (by this watcher or a caller's reload), refused already, or still changing
         try:
-            self.policies.reload()
+            self.policies.reload()  # logs its outcome: "policies reloaded: ..." or the error, once
         except PolicyError as exc:
-            logger.error("policy reload failed; keeping the last good policies: %s", exc)
+            self._failed = stamp
             self.failures += 1
             self.last_error = str(exc)[:300]
             return False
-        except Exception as exc:  # a reader's own error must not end the watcher
+        except Exception as exc:  # a reader's own error must not end the watcher (reload() logs only its own)
             logger.exception("policy reload failed unexpectedly; keeping the last good policies")
+            self._failed = stamp
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
             return False
+        self._failed = None
         self.reloads += 1
         self.last_error = None
-        logger.info("policies reloaded from %s", ", ".join(str(p) for p in self.policies.sources))
         return True
 
     @property
