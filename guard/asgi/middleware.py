@@ -79,7 +79,7 @@ from guard.backends import start_backend
 from guard.engine import Guard, verdicts
 from guard.engine.ids import new_decision_id
 from guard.errors import BodyError
-from guard.policy import Policy
+from guard.policy import Policy, PolicyView
 from guard.policy.redact import apply_redactions
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
@@ -247,23 +247,24 @@ class GuardMiddleware:
         if path.startswith(self._review_prefix) or path == self.review_path:
             await self._reviews(scope, receive, send)
             return
+        view = self.guard.policies.view()  # one version of the policies judges this request and its response
         try:
             headers = header_map(scope)
             judged = self._judged_method(scope, headers)
-            head, matched = self._match(judged, headers)
+            head, matched = self._match(judged, headers, view)
             body_override = (self.method_override != "ignore" and scope["method"] == "POST"
                              and may_carry_method(headers.get("content-type", "")))
             if body_override and not matched:  # a matched request's body is read, and its field checked, in _guard
-                found = await self._unmatched_body_method(scope, judged, receive, send, headers)
+                found = await self._unmatched_body_method(scope, judged, receive, send, headers, view)
                 if found is None:
                     return
                 if found[0] is not judged:
-                    head, matched = self._match(found[0], headers)
+                    head, matched = self._match(found[0], headers, view)
                 judged, receive = found
             method = judged["method"].upper()
             if (not matched and self.unexpected_body != "pass" and method not in _BODY_METHODS
                     and _has_body(headers)):  # a body no policy would judge
-                as_post = self._match({**judged, "method": "POST"}, headers)
+                as_post = self._match({**judged, "method": "POST"}, headers, view)
                 if method in BODYLESS_METHODS or as_post[1]:  # another method: only where a POST would be judged
                     if self.unexpected_body == "refuse":
                         raise BodyError(400, "unexpected_body", f"a {method} request carries a body; send it with "
@@ -273,9 +274,9 @@ class GuardMiddleware:
             await refuse_target(send, exc, self.metrics)
             return
         if not matched:
-            await self.respond(scope, receive, send, method=head.method)
+            await self.respond(scope, receive, send, method=head.method, policies=view)
             return
-        await self._guard(scope, receive, send, head, matched, body_override=body_override)
+        await self._guard(scope, receive, send, head, matched, view, body_override=body_override)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A WebSocket upgrade: refused on a path a policy matches (guard does not judge its messages; see
@@ -291,21 +292,25 @@ class GuardMiddleware:
             return
         await self.app(scope, receive, send)
 
-    def _watching(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
-        """The request and the response policies that judge its response, matched as :meth:`_match` matches request
-        policies."""
-        return self._on_either_path(scope, headers, self.guard.watching)
+    def _watching(self, scope: Scope, headers: dict[str, str],
+                  view: PolicyView) -> tuple[HttpSubject, tuple[Policy, ...]]:
+        """The request and the response policies of ``view`` that judge its response, matched as :meth:`_match`
+        matches request policies."""
+        return self._on_either_path(scope, headers, view.watching)
 
     async def respond(
         self, scope: Scope, receive: Receive, send: Send, headers: HeaderList = (), *, method: str | None = None,
-        app: ASGIApp | None = None,
+        app: ASGIApp | None = None, policies: PolicyView | None = None,
     ) -> None:
         """Run ``app`` (the application by default; a handoff target's reply) for ``scope``, ``headers`` added to its
         response start; the response judged by every response policy that watches the request (matched with
         ``method``, the judged method, when a method override gave one). Every path that lets the app answer goes
-        through here: a request no policy judges, an allowed one, one a review released, and a handoff."""
+        through here: a request no policy judges, an allowed one, one a review released, and a handoff. ``policies``:
+        the version of the policies the request was matched on (:meth:`~guard.policy.PolicySet.view` at its head);
+        ``None``: the active one (a release is a request of its own)."""
         judged = {**scope, "method": method} if method is not None else scope
-        head, watching = self._watching(judged, header_map(scope))
+        view = policies if policies is not None else self.guard.policies.view()
+        head, watching = self._watching(judged, header_map(scope), view)
         if watching and scope.get("query_string"):  # a response policy reads the request's query too
             try:
                 head = dataclasses.replace(head, query=query_map(scope, self.limits.max_form_fields))
@@ -346,9 +351,9 @@ class GuardMiddleware:
 
         await self.app(scope, replay, send)
 
-    def _match(self, scope: Scope, headers: dict[str, str]) -> tuple[HttpSubject, tuple[Policy, ...]]:
-        """The subject and every policy that judges it (empty when none does)."""
-        return self._on_either_path(scope, headers, self.guard.matching)
+    def _match(self, scope: Scope, headers: dict[str, str], view: PolicyView) -> tuple[HttpSubject, tuple[Policy, ...]]:
+        """The subject and every policy of ``view`` that judges it (empty when none does)."""
+        return self._on_either_path(scope, headers, view.matching)
 
     def _on_either_path(
         self, scope: Scope, headers: dict[str, str], find: Callable[[HttpSubject], tuple[Policy, ...]]
@@ -396,10 +401,10 @@ class GuardMiddleware:
         return {**scope, "method": method}
 
     async def _guard(
-        self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, matched: tuple[Policy, ...], *,
-        body_override: bool = False,
+        self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, matched: tuple[Policy, ...],
+        view: PolicyView, *, body_override: bool = False,
     ) -> None:
-        """One matched request (``matched``: every policy that matches it, in match order), from body read to
+        """One matched request (``matched``: every policy of ``view`` that matches it, in match order), from body read to
         response; with ``body_override``, a POST whose body's ``_method`` field is checked first (under ``judge``
         the request is matched and judged again as the method it asks for)."""
         limits, headers = self.limits, head.headers
@@ -420,15 +425,15 @@ class GuardMiddleware:
                       if body_override and ("content-encoding" in headers or may_name_method(body)) else None)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
-            if recorded is not None and self._may_pass_on(scope, headers, exc, body_override):
-                await self._pass_shadow(scope, send, head, matched, exc, recorded.replay())
+            if recorded is not None and self._may_pass_on(scope, headers, exc, body_override, view):
+                await self._pass_shadow(scope, send, head, matched, exc, recorded.replay(), view)
                 return
             await self._refuse(send, head, verdicts.accountable(matched) or matched[0], exc)
             return
         if method is not None:
-            asked, asked_matched = self._match({**scope, "method": method}, headers)
+            asked, asked_matched = self._match({**scope, "method": method}, headers, view)
             if asked_matched:
-                await self._guard(scope, ReplayReceive(body, receive), send, asked, asked_matched)
+                await self._guard(scope, ReplayReceive(body, receive), send, asked, asked_matched, view)
                 return
             if method not in _BODY_METHODS and self.unexpected_body != "pass":  # as __call__ treats such a body
                 if self.unexpected_body == "refuse":
@@ -437,7 +442,7 @@ class GuardMiddleware:
                         field="body"))
                     return  # under "judge": judged below as the POST it was matched as
             else:
-                await self.respond(scope, ReplayReceive(body, receive), send, method=method)
+                await self.respond(scope, ReplayReceive(body, receive), send, method=method, policies=view)
                 return
         subject = with_body(head, query, value, text)
         review_id = headers.get(REVIEW_HEADER)
@@ -457,7 +462,7 @@ class GuardMiddleware:
                     return
             scope.setdefault("state", {})[STATE_KEY] = verdict  # as Starlette's Request.state does; servers copy it
             decision = verdict_headers(verdict, full=self._full_headers)
-            await self.respond(scope, ReplayReceive(body, receive), send, decision, method=head.method)
+            await self.respond(scope, ReplayReceive(body, receive), send, decision, method=head.method, policies=view)
         elif verdict.action == "block":
             await _block(send, verdict)
         elif verdict.action == "escalate":
@@ -471,7 +476,7 @@ class GuardMiddleware:
                 outcomes.append(await respond_with_handoff(self.handoff, policy, verdict, subject, reply,
                                                            verdict_headers(verdict)))  # fmt: skip
 
-            await self.respond(scope, receive, send, method=head.method, app=handoff_app)
+            await self.respond(scope, receive, send, method=head.method, app=handoff_app, policies=view)
             self.metrics.count_handoff(outcomes[0] if outcomes else "blocked")  # none: a response policy cut it
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> tuple[bytes, Any, str] | None:
@@ -540,7 +545,7 @@ class GuardMiddleware:
         return method
 
     async def _unmatched_body_method(
-        self, scope: Scope, judged: Scope, receive: Receive, send: Send, headers: dict[str, str]
+        self, scope: Scope, judged: Scope, receive: Receive, send: Send, headers: dict[str, str], view: PolicyView
     ) -> tuple[Scope, Receive] | None:
         """:meth:`_body_method` for a POST no policy judges: its body is read (under the body limits) only where a
         policy judges the path under a method the field may ask for. Returns the scope to match (``judged``, or with
@@ -550,7 +555,7 @@ class GuardMiddleware:
         Raises:
             BodyError: as :meth:`_body_method`.
         """
-        policies = [p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers)[1]]
+        policies = [p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers, view)[1]]
         if not policies:
             return judged, receive
         limits = self.limits
@@ -558,7 +563,7 @@ class GuardMiddleware:
             body = await read_body(receive, limits.max_body_bytes, declared_length(headers.get("content-length")),
                                    limits.body_timeout_s)
         except BodyError as exc:
-            await self._refuse(send, self._match(judged, headers)[0], policies[0], exc)
+            await self._refuse(send, self._match(judged, headers, view)[0], policies[0], exc)
             return None
         if body is None:
             self.metrics.count_disconnect()
@@ -566,7 +571,8 @@ class GuardMiddleware:
         method = self._body_method(body, headers, judged["method"])
         return ({**judged, "method": method} if method else judged), ReplayReceive(body, receive)
 
-    def _may_pass_on(self, scope: Scope, headers: dict[str, str], exc: BodyError, body_override: bool) -> bool:
+    def _may_pass_on(self, scope: Scope, headers: dict[str, str], exc: BodyError, body_override: bool,
+                     view: PolicyView) -> bool:
         """Whether a body that cannot be inspected, where only shadow policies match, may go on: not a body that never
         came (not waited for), not one whose ``_method`` field asks for another method, and, where a body's
         ``_method`` is read, not one unread (too large, malformed) while an enforced policy judges the path under a
@@ -576,12 +582,12 @@ class GuardMiddleware:
             return False
         if not body_override:
             return True
-        asked = (p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers)[1])
+        asked = (p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers, view)[1])
         return all(policy.mode == "shadow" for policy in asked)
 
     async def _pass_shadow(
         self, scope: Scope, send: Send, head: HttpSubject, matched: tuple[Policy, ...], exc: BodyError,
-        receive: Receive,
+        receive: Receive, view: PolicyView,
     ) -> None:
         """A body guard cannot inspect where every matching policy is in shadow mode: the refusal it would have sent
         is recorded as a shadow verdict (``allow``, ``shadow_action`` ``block``, rule = the body error's code) and the
@@ -595,7 +601,8 @@ class GuardMiddleware:
         self.metrics.count_request(policy.id, verdict.action)
         logger.info("shadow policy %s: would refuse %s %r (%s); passed on", policy.id, head.method, head.path, exc.code)
         scope.setdefault("state", {})[STATE_KEY] = verdict
-        await self.respond(scope, receive, send, verdict_headers(verdict, full=self._full_headers), method=head.method)
+        await self.respond(scope, receive, send, verdict_headers(verdict, full=self._full_headers), method=head.method,
+                           policies=view)
 
     async def _refuse(self, send: Send, head: HttpSubject, policy: Policy, exc: BodyError) -> None:
         """Answer a request whose body cannot be inspected; it is recorded as a decision of its own."""

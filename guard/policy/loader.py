@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
 __all__ = [
-    "MAX_PROBLEMS", "FileStamp", "PolicyLoadError", "PolicySet", "check_unique", "file_stamp", "load_files",
+    "MAX_PROBLEMS", "FileStamp", "PolicyLoadError", "PolicySet", "PolicyView", "check_unique", "file_stamp", "load_files",
     "load_text", "validation_problem",
 ]
 
@@ -599,6 +600,35 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
     )
 
 
+@dataclass(frozen=True)
+class PolicyView:
+    """One version of a :class:`PolicySet`'s policies (a reload makes a new one). An enforcement point takes one per
+    request (:meth:`PolicySet.view`) and matches the request and its response on it, so a reload in between cannot
+    have a request judged by the old set and its response by the new one (or by neither).
+
+    Attributes:
+        policies: the policies in match order.
+        response: the response policies among them (``match.http.response``), in match order.
+    """
+
+    policies: tuple[Policy, ...]
+    response: tuple[Policy, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "response", _response_policies(self.policies))  # once, while being built
+
+    def matching(self, subject: Subject) -> tuple[Policy, ...]:
+        """Every policy that matches ``subject``, in match order (all of them decide, ``docs/policies.md``)."""
+        return tuple([policy for policy in self.policies if policy.matches(subject)])
+
+    def watching(self, request: HttpSubject) -> tuple[Policy, ...]:
+        """The response policies whose request conditions match ``request``, in match order: the ones that judge its
+        response. Empty, at once, when none is loaded."""
+        if not self.response:
+            return ()
+        return tuple(p for p in self.response if p.watches(request))
+
+
 class PolicySet:
     """The live set of policies, in match order (files in the order given, policies in file order).
 
@@ -621,8 +651,7 @@ class PolicySet:
         validator: Callable[[Sequence[Policy]], None] | None = None,
         stamps: Sequence[FileStamp] = (),
     ) -> None:
-        self._policies: tuple[Policy, ...] = tuple(policies)
-        self._response: tuple[Policy, ...] = _response_policies(self._policies)
+        self._view = PolicyView(tuple(policies))  # replaced whole by a reload: one attribute, read at once
         self.sources: tuple[Path, ...] = tuple(Path(s) for s in sources)
         self.stamps: tuple[FileStamp, ...] = tuple(stamps)
         self.validator = validator
@@ -630,41 +659,43 @@ class PolicySet:
         self.last_error: PolicyError | None = None
         self._lock = threading.Lock()  # the swap of the active set
         self._reload_lock = threading.Lock()  # one reload at a time
-        check_unique(self._policies)
+        check_unique(self._view.policies)
 
     @property
     def policies(self) -> tuple[Policy, ...]:
         """The policies in load order (a reload replaces the whole set)."""
-        return self._policies
+        return self._view.policies
+
+    def view(self) -> PolicyView:
+        """The active version of the set: what one request is matched on, from its head to its response."""
+        return self._view
 
     def __iter__(self) -> Iterator[Policy]:
-        return iter(self._policies)
+        return iter(self._view.policies)
 
     def __len__(self) -> int:
-        return len(self._policies)
+        return len(self._view.policies)
 
     def __getitem__(self, policy_id: str) -> Policy:
-        for policy in self._policies:
+        for policy in self._view.policies:
             if policy.id == policy_id:
                 return policy
         raise KeyError(policy_id)
 
     def match(self, subject: Subject) -> Policy | None:
         """The first policy that matches ``subject``, or ``None``."""
-        for policy in self._policies:
+        for policy in self._view.policies:
             if policy.matches(subject):
                 return policy
         return None
 
     def matching(self, subject: Subject) -> tuple[Policy, ...]:
-        """Every policy that matches ``subject``, in match order (all of them decide, ``docs/policies.md``)."""
-        return tuple([policy for policy in self._policies if policy.matches(subject)])
+        """:meth:`PolicyView.matching` of the active version."""
+        return self._view.matching(subject)
+
     def watching(self, request: HttpSubject) -> tuple[Policy, ...]:
-        """The response policies (``match.http.response``) whose request conditions match ``request``, in match
-        order: the ones that judge its response. Empty, at once, when none is loaded."""
-        if not self._response:
-            return ()
-        return tuple(p for p in self._response if p.watches(request))
+        """:meth:`PolicyView.watching` of the active version."""
+        return self._view.watching(request)
 
     def replace(self, policies: Sequence[Policy]) -> None:
         """Swap in a new set after validating it; on error the current set stays.
@@ -677,7 +708,7 @@ class PolicySet:
         if self.validator is not None:
             self.validator(new)
         with self._lock:
-            self._policies, self._response = new, _response_policies(new)
+            self._view = PolicyView(new)
 
     def reload(self) -> None:
         """Re-read :attr:`sources`. On any error the last good policies stay active.
@@ -703,7 +734,7 @@ class PolicySet:
                     raise
                 raise error from exc
             self.last_error = None
-        logger.info("policies reloaded: %s", ", ".join(f"{p.id}@{p.version}" for p in self._policies))
+        logger.info("policies reloaded: %s", ", ".join(f"{p.id}@{p.version}" for p in self._view.policies))
 
 
 def _response_policies(policies: Sequence[Policy]) -> tuple[Policy, ...]:

@@ -816,3 +816,56 @@ async def test_an_html_response_naming_another_charset_in_a_meta_tag_cannot_be_j
     assert response.status_code == 502 and response.json()["code"] == "response_uninspectable"
     assert b"swordfish" not in response.content  # a random decision id may hold any short digit string
     await guard.aclose()
+
+
+STRADDLE_OLD = """
+policies:
+  - id: req-a
+    version: "1"
+    match: {http: {methods: [POST], paths: ["/x"]}}
+    rules: [{id: never, when: "false", action: block}]
+    default: allow
+  - id: resp-r
+    version: "1"
+    match: {http: {paths: ["/x"], response: {status: [200]}}}
+    rules: [{id: all, when: "true", action: block}]
+    default: allow
+"""
+STRADDLE_NEW = """
+policies:
+  - id: req-a
+    version: "2"
+    match: {http: {methods: [POST], paths: ["/x"]}}
+    rules: [{id: always, when: "true", action: block}]
+    default: block
+"""
+
+
+@pytest.mark.anyio
+async def test_a_reload_while_a_request_is_served_does_not_split_its_judges(tmp_path: Path) -> None:
+    """The request was matched on the policies of its head and its response on those of its end: a reload between
+    them (a slow upload, a slow app) let a response through that the old set blocks (response policy) and the new set
+    never lets the request reach (attack finding). One version of the policies judges both."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(STRADDLE_OLD)
+    guard = Guard.from_files(policy, backends=ScriptedBackend(lambda r: {}))
+
+    async def app_answer(request: Request) -> Response:
+        await request.body()
+        return JSONResponse({"secret": "UPSTREAM-BODY"})
+
+    async def slow_upload() -> Any:
+        yield b"hel"
+        policy.write_text(STRADDLE_NEW)  # the policies change while the body arrives
+        guard.reload()
+        yield b"lo"
+
+    app = Starlette(routes=[Route("/x", app_answer, methods=["POST"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard)])
+    async with client_for(app) as client:
+        straddled = await client.post("/x", content=slow_upload())
+        after = await client.post("/x", content=b"hello")
+    assert straddled.status_code == 403 and "UPSTREAM-BODY" not in straddled.text
+    assert straddled.json()["policy"] == "resp-r"  # the old set's response policy judged the response
+    assert after.status_code == 403 and after.json()["policy"] == "req-a"  # the next request meets the new set
+    await guard.aclose()
