@@ -11,7 +11,9 @@ interface and one single-flight core:
   answer. Redis slow, down or holding a value of the wrong shape is a counted miss reported by
   :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
   allow. Across replicas a short lock (``SET NX PX`` of a sealed token, token-checked release in Lua) elects one
-  leader per key (a lock whose seal does not check is counted as ``forged`` and not waited on); followers poll for the value and, when the leader fails, raise the leader's error (from a failure marker,
+  leader per key (a lock whose seal does not check is counted as ``forged`` and not waited on); followers poll for the
+  value (for at most :data:`FOLLOW_SHARE` of their budget, then lead themselves) and, when the leader fails, raise
+  the leader's error (from a failure marker,
   sealed like the values, naming the leader's lock: an unsealed one is counted as ``forged`` and ignored, one of an
   earlier leader is ignored) so the policy's fail mode decides for them too.
 
@@ -19,7 +21,9 @@ In one process, concurrent misses on one key share one task (one backend call); 
 task running for the others.
 
 A Redis cache also carries each backend's recovery epoch (:meth:`~ProbabilityCache.shared_epoch`, sealed like the
-values), so a model one replica saw fail its canary and pass again moves every replica's keys on, not only its own.
+values), so a model one replica saw fail its canary and pass again moves every replica's keys on, not only its own;
+a replica that finds none published publishes a fresh one if still absent (:meth:`~ProbabilityCache.publish_epoch`
+``if_absent``), so an epoch deleted or evicted from Redis does not bring back the answers cached before it.
 """
 
 from __future__ import annotations
@@ -73,6 +77,12 @@ FAILURE_MARKER_MS = 1000
 #: Milliseconds a sealed lock or failure marker is still read after the end it carries: the clocks of the replica
 #: that wrote it and of the one reading it may differ by this much.
 CLOCK_SKEW_MS = 2000
+#: The share of its time budget (``wait``) a follower waits for another replica's leader before it leads itself (and
+#: calls the model without the lock when it still cannot take it). A leader's lock is sealed with its end, but a copy
+#: put back in Redis within that end (by someone who can write to Redis) is genuine: waited out, it spent the whole
+#: budget, and the policy's fail mode decided. The rest of the budget is left for the model call. A leader slower
+#: than this share costs a second model call, not a failed decision.
+FOLLOW_SHARE = 0.5
 #: Seconds a Redis cache answers from its in-process copy of an entry it read or wrote before reading Redis again.
 DEFAULT_LOCAL_TTL_S = 1.0
 #: Derived values one entry keeps in :attr:`CachedAnswers.memo` before it starts over.
@@ -280,7 +290,8 @@ class ProbabilityCache:
             request: the request (to check a stored value's shape and rebuild the answers).
             compute: makes the backend call; its result is checked and stored for ``ttl`` seconds.
             ttl: seconds to keep the answers; ``0`` = do not read or write the cache (single-flight still applies).
-            wait: seconds a follower waits for another replica's leader (the caller's remaining time budget).
+            wait: the caller's remaining time budget in seconds: the backend call's limit; a follower waits
+                :data:`FOLLOW_SHARE` of it for another replica's leader, then calls the model itself.
 
         Returns:
             ``(answers, lookup)``; ``answers`` is shared by every caller served from the same entry or flight.
@@ -336,23 +347,25 @@ class ProbabilityCache:
             if keep:
                 self._keep(key, CachedAnswers(decoded), self._local_until(ttl))
             return CachedAnswers(response), "miss"
+        deadline = time.monotonic() + wait
         token, holder = await self._acquire(key, wait)
-        if token is None:  # another replica leads: wait for its answers or its failure
-            followed = await self._follow(key, request, wait, ttl, holder)
+        if token is None:  # another replica leads: wait for its answers or its failure (FOLLOW_SHARE of the budget)
+            followed = await self._follow(key, request, wait * FOLLOW_SHARE, ttl, holder)
             if followed is not None:
                 self._stats.shared += 1
                 return followed, "shared"
-            token, _ = await self._acquire(key, wait)
+            wait = max(deadline - time.monotonic(), 0.001)  # what is left for our own call
+            token, _ = await self._acquire(key, wait)  # None: still held (a slow leader, a lock put back)
         if token:  # double-checked: a replica may have stored the answers between our read and our lock
             stored = await self._read(key, request, ttl, count=False)
             if isinstance(stored, CachedAnswers):
                 await self._release(key, token)
                 self._stats.shared += 1
                 return stored, "shared"
-        try:
+        try:  # token None: without the lock, which another holds
             response, value, decoded, keep = await _run(compute, request, wait)
             if keep:  # stored before the lock goes: no follower sees neither lock nor value
-                await self._store(key, value, decoded, ttl)
+                await self._store_or_count(key, value, decoded, ttl)
         except BackendError as exc:
             await self._publish_failure(key, exc, token)
             raise
@@ -360,6 +373,17 @@ class ProbabilityCache:
             if token is not None:
                 await self._release(key, token)
         return CachedAnswers(response), "miss"
+
+    async def _store_or_count(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
+        """:meth:`_store`, whose failure of any kind (a value or a TTL the store cannot take, not only the store's own
+        errors, which it counts itself) is a counted cache error, never the decision's: the answers are right whether
+        they are stored or not."""
+        try:
+            await self._store(key, value, decoded, ttl)
+        except Exception as exc:  # noqa: BLE001 - whatever the write raised, the caller gets its answers
+            self._record_error(exc)
+            logger.warning("cache write for %s failed (%s); the answers are used, not stored", key[:16],
+                           self._stats.last_error)
 
     async def _read(
         self, key: str, request: SystemOneRequestV1, ttl: float, *, count: bool = True
@@ -404,7 +428,8 @@ class ProbabilityCache:
         raise NotImplementedError
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
-        """Store ``value`` (the JSON form) whose decoded form is ``decoded``."""
+        """Store ``value`` (the JSON form) whose decoded form is ``decoded``. What it raises is counted as a cache
+        error (:meth:`_store_or_count`), never the decision's."""
         raise NotImplementedError
 
     async def _acquire(self, key: str, wait: float) -> tuple[str | None, bytes | None]:
@@ -437,8 +462,11 @@ class ProbabilityCache:
         nothing published, the store did not answer, or the value fails its seal."""
         return None
 
-    async def publish_epoch(self, scope: str, epoch: int) -> None:
-        """Publish ``epoch`` for ``scope`` to the processes sharing this cache (nothing for an in-process cache)."""
+    async def publish_epoch(self, scope: str, epoch: int, *, if_absent: bool = False) -> None:
+        """Publish ``epoch`` for ``scope`` to the processes sharing this cache (nothing for an in-process cache).
+
+        ``if_absent``: only when none is published (a value that fails its seal is none): of replicas starting
+        together on an empty store one publishes, and every one reads back the same epoch."""
         return
 
     async def aclose(self) -> None:
@@ -484,6 +512,14 @@ class RedisCache(ProbabilityCache):
     RELEASE_SCRIPT = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
     return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+    # KEYS[1] = key; ARGV[1] = the value read from it; ARGV[2] = its replacement. Sets it only if still unchanged.
+    REPLACE_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('set', KEYS[1], ARGV[2])
 end
 return 0
 """
@@ -575,13 +611,17 @@ return 0
         return self._decode(key, raw, request, left)
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
-        data = json.dumps(value, separators=(",", ":")).encode()
-        blob = self._sealed("a", key, data)
-        result = await self._op(lambda r: r.set(self._key("a", key), blob, px=max(1, int(ttl * 1000))))
-        if result is not _FAILED:
-            self._stats.stores += 1
-        # Held in process even when Redis failed: these answers are right for local_ttl, Redis or not.
-        self._keep(key, CachedAnswers(decoded), self._local_until(ttl), blob)
+        blob = b""
+        try:
+            data = json.dumps(value, separators=(",", ":")).encode()
+            blob = self._sealed("a", key, data)
+            px = max(1, int(ttl * 1000))  # OverflowError (inf) or ValueError (nan): raised after the finally
+            result = await self._op(lambda r: r.set(self._key("a", key), blob, px=px))
+            if result is not _FAILED:
+                self._stats.stores += 1
+        finally:
+            # Held in process even when the write failed: these answers are right for local_ttl, Redis or not.
+            self._keep(key, CachedAnswers(decoded), self._local_until(ttl), blob)
 
     async def _acquire(self, key: str, wait: float) -> tuple[str | None, bytes | None]:
         ttl_ms = max(1, int((wait + 0.5) * 1000))
@@ -663,9 +703,17 @@ return 0
             return None
         return int(data)
 
-    async def publish_epoch(self, scope: str, epoch: int) -> None:
+    async def publish_epoch(self, scope: str, epoch: int, *, if_absent: bool = False) -> None:
         key = _scope_key(scope)  # no expiry: the epoch must outlive every answer cached under the epochs before it
-        await self._op(lambda r: r.set(self._key("e", key), self._sealed("e", key, b"%d" % epoch)))
+        name, blob = self._key("e", key), self._sealed("e", key, b"%d" % epoch)
+        if not if_absent:
+            await self._op(lambda r: r.set(name, blob))
+            return
+        if await self._op(lambda r: r.set(name, blob, nx=True)) is not None:  # published, or no store to ask
+            return
+        held = await self._op(lambda r: r.get(name))
+        if isinstance(held, bytes) and self._opened("e", key, held) is None:  # not an epoch: replaced, unless a
+            await self._op(lambda r: r.eval(self.REPLACE_SCRIPT, 1, name, held, blob))  # replica's came meanwhile
 
     def _sealed(self, kind: str, key: str, data: bytes) -> bytes:
         """``data`` as stored under the ``kind`` key of ``key``: its seal (hex), a newline, the data."""

@@ -204,15 +204,28 @@ class HealthMonitor:
         """Agree on backend ``name``'s recovery epoch with the processes sharing the guard's cache: a higher one
         published by another replica (its canary saw this model fail and pass again) is taken, so answers cached
         before that recovery are not read here either, nor by a replica started later; a higher one of this
-        process (it recovered) is published. An in-process cache shares nothing."""
+        process (it recovered) is published. An in-process cache shares nothing.
+
+        A process still at epoch 0 that finds none published (the first replica on an empty store; or the key was
+        deleted by someone with access to Redis, or evicted under ``allkeys-lru``, or holds a value without the
+        store key's seal) publishes a fresh one, only if none is there (of replicas starting together, one does),
+        and takes what it then reads: the wall-clock time in milliseconds, higher than every epoch published before
+        (a recovery adds 1) and than the 0 of every answer cached before, so an epoch lost from the store does not
+        bring back the answers cached under it. A sealed epoch copied earlier and put back is genuine: a process
+        started after it takes it, and a process holding a newer one republishes that at its next canary run."""
         scope = f"{name}\n{backend.model_revision}"
+        cache = self.guard.cache
         local = self.guard.canary_epochs.get(name, 0)
-        shared = await self.guard.cache.shared_epoch(scope)
+        shared = await cache.shared_epoch(scope)
+        if shared is None and local == 0:
+            await cache.publish_epoch(scope, time.time_ns() // 1_000_000, if_absent=True)
+            shared = await cache.shared_epoch(scope)
         if shared is not None and shared > local:
-            logger.info("backend %r recovered in another replica; answers cached before are not read", name)
+            if local:
+                logger.info("backend %r recovered in another replica; answers cached before are not read", name)
             self.guard.canary_epochs[name] = shared
         elif local > (shared or 0):
-            await self.guard.cache.publish_epoch(scope, local)
+            await cache.publish_epoch(scope, local)
 
     def covers(self, name: str) -> bool:
         """Whether backend ``name`` has canaries (a run found some), so they, not live calls, say it is failing."""

@@ -72,8 +72,9 @@ class Plan:
     Attributes:
         policy: the policy (identity matters: a reloaded policy gets a new plan).
         backend: the backend that answers it; revision: its ``model_revision`` when the plan was made.
-        epoch: how many times that backend had passed its canary again after failing it (in the cache key: answers
-            stored before a recovery, perhaps by the broken model, are not read after it).
+        epoch: that backend's recovery epoch (0, or the one its replicas share: a start time in milliseconds plus
+            one per canary passed again after failing it); in the cache key, so answers stored before a recovery,
+            perhaps by the broken model, are not read after it.
         key: the cache key template (constant part rendered once).
         names: wire question id -> question key.
         orders: wire id -> option ids in the policy's order, for each choice question (a cached answer may come

@@ -72,6 +72,9 @@ SourceName = Literal[
 DEFAULT_TIMEOUT_MS = 2000
 MAX_TIMEOUT_MS = 60_000
 DEFAULT_CACHE_TTL_S = 300.0
+#: The longest ``cache.ttl`` a policy may ask for (30 days): answers older than that are better asked again, and a
+#: finite bound keeps every store's expiry in range (Redis takes it in milliseconds).
+MAX_CACHE_TTL_S = 30 * 24 * 3600
 DEFAULT_HANDOFF_TIMEOUT_S = 30.0
 
 
@@ -403,7 +406,11 @@ class CacheSpec(_Strict):
     """Probability cache settings; ``ttl`` in seconds, 0 turns the cache off for this policy."""
 
     ttl: float = Field(
-        default=DEFAULT_CACHE_TTL_S, ge=0, description="Seconds to keep a subject's answers; 0 = do not cache."
+        default=DEFAULT_CACHE_TTL_S,
+        ge=0,
+        le=MAX_CACHE_TTL_S,
+        allow_inf_nan=False,
+        description=f"Seconds to keep a subject's answers (at most {MAX_CACHE_TTL_S}, 30 days); 0 = do not cache.",
     )
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from guard._seal import Sealer
 from guard.engine import Guard
-from guard.engine.cache import CacheConfig, MemoryCache, RedisCache
+from guard.engine.cache import FOLLOW_SHARE, CacheConfig, MemoryCache, RedisCache
 from guard.engine.keys import KEY_VERSION, KeyTemplate, cache_key
 from guard.errors import BackendUnavailable, MalformedAnswer
 from guard.policy import load_text
@@ -766,3 +766,84 @@ async def test_a_recovery_epoch_is_shared_sealed(redis_url: str, create_redis: A
     assert await memory.shared_epoch("default\nr1") is None
     await one.aclose()
     await two.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_genuine_lock_put_back_after_its_leader_finished_costs_at_most_half_the_budget(
+    redis_url: str, create_redis: Any
+) -> None:
+    """Someone with write access to Redis (no store key needed) copies a leader's sealed lock while it is held and,
+    once the leader has finished (and its answer is evicted), sets it back within the end sealed in it. The next
+    identical request followed that lock for its whole time budget and then failed in the policy's fail mode (an
+    allow under ``on_error: open``); it must wait for it at most FOLLOW_SHARE of its budget, then ask its model."""
+    backend = ScriptedBackend(by_text, delay=0.2, name="clef")
+    leader = Guard(policies(), backends=backend, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=0))
+    other = ScriptedBackend(by_text, name="clef")
+    follower = Guard(policies(), backends=other, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=0))
+    client = create_redis()
+    task = asyncio.ensure_future(leader.aevaluate(subject("ignore")))
+    held: list[Any] = []
+    while not held:
+        await asyncio.sleep(0.01)
+        held = [(k, await client.get(k)) for k in await keys(create_redis, "l")]
+    assert (await task).action == "block"
+    ((lock_key, token),) = held
+    await client.delete(lock_key.replace(b":l:", b":a:"))  # evicted
+    await client.set(lock_key, token, px=3000)  # put back, within the end sealed in it (timeout + 0.5 s)
+    started = time.monotonic()
+    verdict = await follower.aevaluate(subject("ignore"))
+    took = time.monotonic() - started
+    assert (verdict.action, verdict.rule, verdict.fail_mode) == ("block", "injection", None), verdict.error
+    assert other.calls == 1 and took < 2.0 * FOLLOW_SHARE + 0.5, took
+    await leader.aclose()
+    await follower.aclose()
+
+
+@pytest.mark.anyio
+async def test_publishing_an_epoch_if_absent_keeps_a_sealed_one_and_replaces_one_that_is_not(
+    redis_url: str, create_redis: Any
+) -> None:
+    one, two = (redis_cache(redis_url, create_redis.prefix) for _ in range(2))
+    await one.publish_epoch("default\nr1", 5, if_absent=True)
+    await two.publish_epoch("default\nr1", 7, if_absent=True)
+    assert await two.shared_epoch("default\nr1") == 5  # the first one stays
+    await two.publish_epoch("default\nr1", 7)  # a plain publish overwrites
+    assert await one.shared_epoch("default\nr1") == 7
+    (key,) = [k async for k in create_redis().scan_iter(match=f"{create_redis.prefix}e:*")]
+    await create_redis().set(key, b"planted\n999")
+    await one.publish_epoch("default\nr1", 9, if_absent=True)  # a value without the seal is no epoch: replaced
+    assert await two.shared_epoch("default\nr1") == 9
+    memory = MemoryCache()
+    await memory.publish_epoch("default\nr1", 3, if_absent=True)
+    assert await memory.shared_epoch("default\nr1") is None
+    await one.aclose()
+    await two.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["raises", "ttl_inf"])
+async def test_a_cache_write_that_fails_is_counted_never_a_decision_error(
+    redis_url: str, create_redis: Any, how: str
+) -> None:
+    """Writing the answers must not decide the request: a ``_store`` that raises (anything, not only a Redis error),
+    or a TTL no store can take (``inf`` from a policy built in code: PX inf was an OverflowError on every decision,
+    so the policy's fail mode decided all of them), is a counted cache error; the model's answer decides."""
+    import dataclasses
+
+    backend = ScriptedBackend(by_text)
+    cache = redis_cache(redis_url, create_redis.prefix)
+    loaded = policies()
+    if how == "raises":
+        async def broken_store(*args: Any, **kwargs: Any) -> None:
+            raise OverflowError("cannot convert float infinity to integer")
+
+        cache._store = broken_store  # type: ignore[method-assign]
+    else:
+        loaded = [dataclasses.replace(p, cache_ttl=float("inf")) for p in loaded]
+    guard = Guard(loaded, backends=backend, cache=cache)
+    for _ in range(2):
+        verdict = await guard.aevaluate(subject("ignore"))
+        assert (verdict.action, verdict.rule, verdict.fail_mode, verdict.error) == ("block", "injection", None, None)
+    health = cache.health()
+    assert health.errors >= 1 and "OverflowError" in (health.last_error or ""), health
+    await guard.aclose()

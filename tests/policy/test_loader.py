@@ -78,6 +78,11 @@ def test_base_policy_loads() -> None:
         # wrong types and unknown keys
         ("    version: 1\n", "    version: 1\n    timeout_ms: high\n", 4, "policies[0].timeout_ms", "valid integer"),
         ("    version: 1\n", "    version: 1\n    cache: {ttl: soon}\n", 4, "policies[0].cache.ttl", "valid number"),
+        # a TTL no store can keep: Redis got PX inf (OverflowError) on every decision
+        ("    version: 1\n", "    version: 1\n    cache: {ttl: .inf}\n", 4, "policies[0].cache.ttl", "finite number"),
+        ("    version: 1\n", "    version: 1\n    cache: {ttl: .nan}\n", 4, "policies[0].cache.ttl", "finite number"),
+        ("    version: 1\n", "    version: 1\n    cache: {ttl: 2592001}\n", 4, "policies[0].cache.ttl",
+         "less than or equal to 2592000"),
         ("    version: 1\n", "    version: 1\n    threshold: 0.9\n", 4, "policies[0].threshold", "unknown key"),
         ("        type: score\n", "        type: scale\n", 8, "policies[0].questions.urgency.type", "'noul', 'choice'"),
         ("        action: escalate\n", "        action: deny\n", 18, "policies[0].rules[0].action", "'allow', 'block'"),
