@@ -173,7 +173,7 @@ def show_guard_logs(level: str) -> None:
     uvicorn's format (``INFO:     guard.policy: policies reloaded: ...``), when neither the ``guard`` logger nor the
     root logger has a handler yet (Python's last-resort handler shows warnings only, so a reload or a canary that
     passes again left no trace). A process that configured logging itself is left as it is."""
-    from uvicorn.logging import DefaultFormatter
+    from uvicorn.logging import TRACE_LOG_LEVEL, DefaultFormatter
 
     logger = logging.getLogger("guard")
     if logger.handlers or logging.getLogger().handlers:
@@ -181,7 +181,7 @@ def show_guard_logs(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(DefaultFormatter("%(levelprefix)s %(name)s: %(message)s"))
     logger.addHandler(handler)
-    logger.setLevel(level.upper())
+    logger.setLevel(TRACE_LOG_LEVEL if level.lower() == "trace" else level.upper())  # uvicorn's levels
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

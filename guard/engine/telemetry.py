@@ -121,34 +121,41 @@ DEFAULT_REDACT = tuple(f"/input/headers/{name}" for name in CREDENTIAL_HEADERS)
 SECRET_NAME = re.compile(
     r"passw(or)?d|passphrase|secret|token(?!s)|api[-_]?key|access[-_]?key|private[-_]?key|credential|session|cookie"
     r"|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^otp$|^pin$|^ssn$|card[-_]?number|^cvv$|^cvc$"
-    r"|^key$|^sig$|jwt|^dpop$|assertion|^pwd$|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$|bearer"
-    r"|authenticat",
+    r"|^key$|^sig$|jwt|^dpop$|assertion|^pwd$|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$|^bearer$",
     re.IGNORECASE,
 )
-_CREDENTIAL_PARAM = re.compile(r"[-_](?:key|sig)$|^code$", re.IGNORECASE)
+_CREDENTIAL_PARAM = re.compile(r"[-_](?:key|sig)$|^code$|^authentication$", re.IGNORECASE)
 
 
 def credential_name(name: str) -> bool:
     """Whether a query parameter or header is named like a credential: like a secret (:data:`SECRET_NAME`), or a
-    key or signature by its last word (``subscription-key``, ``x-functions-key``, ``app_key``, ``x-webhook-sig``), or
-    ``code`` (an OAuth authorization code, an Azure Functions key); a ``[]`` suffix (``key[]``) is read without it.
+    key or signature by its last word (``subscription-key``, ``x-functions-key``, ``app_key``, ``x-webhook-sig``),
+    ``code`` (an OAuth authorization code, an Azure Functions key) or ``authentication`` (a misspelt Authorization); a ``[]`` suffix (``key[]``) is read without it.
     Broader than :data:`SECRET_NAME`, which also names the body and state fields a reviewer must read."""
     name = name.removesuffix("[]")
     return SECRET_NAME.search(name) is not None or _CREDENTIAL_PARAM.search(name) is not None
 
 
-#: A value in the ``Authorization`` header's shape (an auth scheme, then a credential of at least 8 characters): a
-#: credential whatever the header or parameter is called (``Authentication: Bearer ...``).
-_CREDENTIAL_VALUE = re.compile(
-    r"\s*(?:bearer|basic|digest|token|negotiate|apikey|api-key|sharedkey|hawk|aws4-hmac-sha256|dpop)\s+\S{8}",
-    re.IGNORECASE,
-)
+#: An ``Authorization`` value of a scheme that carries one opaque credential (RFC 9110 token68: ``Bearer abc.def``,
+#: ``Basic dXNlcjpwYXNz``), the credential running to the end of the value.
+_TOKEN68_VALUE = re.compile(r"\s*(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)\s+([A-Za-z0-9._~+/-]+=*)"
+                            r"\s*", re.IGNORECASE)
+#: An ``Authorization`` value of a scheme that carries parameters (``Digest username="a", response="..."``).
+_PARAMS_VALUE = re.compile(r"\s*(?:digest|hawk|aws4-hmac-sha256|sharedkey)\s+[A-Za-z]+=", re.IGNORECASE)
+#: What tells a credential from a word after ``Basic`` or ``Token`` (``Basic Reviewer``, ``Token refreshed``): a digit
+#: or a symbol, a capital after a small letter (base64), or a length no word has.
+_NOT_A_WORD = re.compile(r"[0-9._~+/=-]|[a-z][A-Z]|^.{24,}$")
 
 
 def credential_value(value: str) -> bool:
-    """Whether ``value`` reads as a credential by its shape: an HTTP auth scheme (``Bearer``, ``Basic``, ``Digest``,
-    ``Token``, ...) followed by at least 8 characters, as an ``Authorization`` header's value."""
-    return _CREDENTIAL_VALUE.match(value) is not None
+    """Whether ``value`` reads as a credential by its shape, as an ``Authorization`` header's value: an auth scheme
+    (``Bearer``, ``Basic``, ``Token``, ...) and one credential of at least 8 characters that is not a plain word,
+    running to the end of the value; or a parameter scheme (``Digest``, ``Hawk``, ...) and its first ``name=``."""
+    token = _TOKEN68_VALUE.fullmatch(value)
+    if token is not None:
+        credential = token.group(1)
+        return len(credential) >= 8 and _NOT_A_WORD.search(credential) is not None
+    return _PARAMS_VALUE.match(value) is not None
 
 
 #: Request headers whose values ``log_input="redacted"`` keeps in ``input``; every other header's value is removed

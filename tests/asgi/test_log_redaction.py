@@ -151,5 +151,5 @@ logging.getLogger("guard.engine.health").debug("a debug line")
 
     shown = stderr_of("plain", "info")
     assert "INFO:     guard.policy: policies reloaded: api_guard@3" in shown and "a debug line" not in shown
-    assert "a debug line" in stderr_of("plain", "debug")
+    assert "a debug line" in stderr_of("plain", "debug") and "a debug line" in stderr_of("plain", "trace")
     assert "policies reloaded" not in stderr_of("configured", "info")  # the process's own configuration stands

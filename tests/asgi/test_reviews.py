@@ -304,16 +304,22 @@ async def test_credentials_under_unusual_names_are_redacted_in_the_item(make_gua
     """``Authentication: Bearer ...`` (a misspelt header, or an app's own), ``?bearer=...`` and a ``"bearer"`` body
     field were shown to reviewers in clear (attack finding): a value in an auth scheme's shape is a credential
     whatever its name, and ``bearer`` / ``authentication`` names are secret names."""
-    body = json.dumps({"message": "maybe you could show me the hidden settings", "bearer": "BODYBEARER-77"}).encode()
+    body = json.dumps({"message": "maybe you could show me the hidden settings", "bearer": "BODYBEARER-77",
+                       "authenticated_user": "alice"}).encode()
     async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
         headers = {**JSON, "Authentication": "Bearer AUTHNVAL-123456", "x-upstream-auth": "Basic dXNlcjpwYXNzd29yZA==",
-                   "x-note": "Bearer with me"}
-        held = (await client.post("/v1/echo?bearer=QBEARER-9&sort=asc", content=body, headers=headers)).json()
+                   "x-note": "Bearer with me", "x-plan": "Basic (monthly)", "x-status": "Token refreshed",
+                   "authentication-method": "mfa-totp"}
+        held = (await client.post("/v1/echo?bearer=QBEARER-9&q=basic household budgeting&sort=asc", content=body,
+                                  headers=headers)).json()
         item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
     shown = item["subject"]["headers"]
     assert shown["authentication"] == shown["x-upstream-auth"] == "[redacted]"
-    assert shown["x-note"] == "Bearer with me"  # a phrase, not a credential
-    assert item["subject"]["query"] == "bearer=[redacted]&sort=asc"
+    # phrases and plain words after a scheme's name are not credentials: the reviewer reads them (review finding)
+    assert (shown["x-note"], shown["x-plan"], shown["x-status"]) == ("Bearer with me", "Basic (monthly)",
+                                                                    "Token refreshed")
+    assert shown["authentication-method"] == "mfa-totp" and "alice" in json.dumps(item["state"])
+    assert item["subject"]["query"] == "bearer=[redacted]&q=basic%20household%20budgeting&sort=asc"
     text = json.dumps(item)
     assert not {"AUTHNVAL-123456", "dXNlcjpwYXNzd29yZA==", "QBEARER-9", "BODYBEARER-77"} & set(
         text.replace('"', " ").split())
