@@ -175,9 +175,16 @@ def _same_file(output: str, inputs: list[str]) -> str | None:
 
 
 def _record_warnings(records: list[Any], by: str) -> list[str]:
-    """What the report would hide: records without the ``--by`` field (reported under ``-``) and record ids given
-    conflicting labels (each line is still scored as it stands)."""
+    """What the report would hide: records that label no question (decided, not scored), records without the
+    ``--by`` field (reported under ``-``) and record ids given conflicting labels (each line is still scored as it
+    stands)."""
     warnings = []
+    unlabelled = [record for record in records if not record.labels]
+    if unlabelled:
+        where = ", ".join(record.where or record.record_id for record in unlabelled[:3])
+        more = f" and {len(unlabelled) - 3} more" if len(unlabelled) > 3 else ""
+        warnings.append(f"{len(unlabelled)} of {len(records)} records label no question ({where}{more}): they are "
+                        "decided but not scored; give each a 'labels' object")
     if by and (missing := sum(1 for record in records if not getattr(record, by))):
         warnings.append(f"{missing} of {len(records)} records have no {by!r} field; --by {by} reports them under "
                         "'-'")

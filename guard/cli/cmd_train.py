@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -62,7 +63,7 @@ def register(subparsers: Any) -> None:
     hyper.add_argument("--epochs", type=int, default=None)
     hyper.add_argument("--patience", type=int, default=None)
     hyper.add_argument("--batch-size", type=int, default=None)
-    hyper.add_argument("--lr", type=float, default=None, dest="learning_rate")
+    hyper.add_argument("--lr", type=_rate, default=None, dest="learning_rate", help="learning rate (> 0)")
     hyper.add_argument("--label-smoothing", type=float, default=None)
     hyper.add_argument("--brier-weight", type=float, default=None)
     hyper.add_argument("--ordinal-weight", type=float, default=None,
@@ -74,7 +75,7 @@ def register(subparsers: Any) -> None:
                        help="router: the out-of-scope label (e.g. oos); its logit is biased so --outside-rate of "
                        "in-scope validation records would go to it")
     hyper.add_argument("--outside-rate", type=float, default=None)
-    hyper.add_argument("--layer-lr", type=float, default=None, dest="layer_learning_rate",
+    hyper.add_argument("--layer-lr", type=_layer_rate, default=None, dest="layer_learning_rate",
                        help="catalog: learning rate of the fine-tuned encoder layers (0 = frozen)")
     hyper.add_argument("--train-windows", type=int, default=None,
                        help="catalog: most windows per training text of a pair question")
@@ -109,6 +110,22 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-cache", action="store_true", help="keep embeddings in memory only")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(handler=run)
+
+
+def _rate(text: str) -> float:
+    """A learning rate: a finite number > 0."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate (a number > 0)")
+    return value
+
+
+def _layer_rate(text: str) -> float:
+    """The encoder layers' learning rate: a finite number, 0 (frozen) or more."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate (a number > 0, or 0 to freeze the layers)")
+    return value
 
 
 def _hyper(args: argparse.Namespace) -> dict[str, Any]:
@@ -155,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"guard train: {exc}", file=sys.stderr)
         return 2
+    for warning in _unlabelled(records, "train") + _unlabelled(val, "validation"):
+        print(f"guard train: warning: {warning}", file=sys.stderr)
     progress = None if args.no_progress else _tqdm()
     log = lambda line: print(line, file=sys.stderr)
     if args.clef:
@@ -166,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     if args.ground:
-        return _ground(args, [*records, *val], progress)
+        return _ground(args, records, val, progress)
     from guard.compact._cache import DEFAULT_CACHE_DIR, EmbeddingCache
     from guard.compact.encoder import EncoderConfig, TextEncoder
 
@@ -214,11 +233,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ground(args: argparse.Namespace, records: list[Any], progress: Any) -> int:
-    """``--ground``: load the checkpoint (torch, as training reads it), fit its grounding, save it to ``--out``."""
-    from guard.compact.finetune import ground
+def _ground(args: argparse.Namespace, train: list[Any], val: list[Any], progress: Any) -> int:
+    """``--ground``: load the checkpoint (torch, as training reads it), fit its grounding on train and val, save it
+    to ``--out``. The checkpoint's training report then describes the grounded question as training would have: no
+    temperature, and its ``val`` entry the grounded answer's (not held out)."""
+    from guard.compact.finetune import ground, grounded_val
+    from guard.compact.grounding import QUESTION
     from guard.compact.model import CompactModel
 
+    records = [*train, *val]
     started = time.perf_counter()
     try:
         model = CompactModel.load(args.ground, runtime="torch")
@@ -226,12 +249,32 @@ def _ground(args: argparse.Namespace, records: list[Any], progress: Any) -> int:
     except (OSError, ValueError) as exc:
         print(f"guard train: --ground {args.ground}: {exc}", file=sys.stderr)
         return 2
-    model.meta.setdefault("report", {})["grounding"] = report
+    trained = model.meta.setdefault("report", {})
+    if isinstance(trained.get("temperatures"), dict):
+        trained["temperatures"].pop(QUESTION, None)
+    if isinstance(trained.get("val"), dict) and QUESTION in trained["val"]:
+        if any(QUESTION in record.labels for record in val):
+            trained["val"][QUESTION] = grounded_val(model, val)
+        else:
+            del trained["val"][QUESTION]  # the head's numbers before the grounding: not the saved answer's
+    trained["grounding"] = report
     model.meta["grounding_seconds"] = round(time.perf_counter() - started, 1)
     model.meta["grounding_command"] = " ".join(["guard", "train", *sys.argv[2:]]) if sys.argv[1:2] == ["train"] else ""
     out = model.save(args.out)
     print(json.dumps({"out": str(out), "kind": "catalog", "records": len(records), "grounding": report}, indent=2))
     return 0
+
+
+def _unlabelled(records: list[Any], role: str) -> list[str]:
+    """Records that label no question (``labels`` missing, ``null`` or empty): nothing to learn from them."""
+    missing = [record for record in records if not record.labels]
+    if not missing:
+        return []
+    where = ", ".join(record.where or record.record_id for record in missing[:3])
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    warning = (f"{len(missing)} {role} record(s) label no question ({where}{more}): they are not trained on; give "
+               f"each a 'labels' object")
+    return [warning]
 
 
 def _is_system_one(path: str) -> bool:

@@ -25,6 +25,7 @@ Run ``python -m guard.compact.data data/ OUT_DIR`` to write ``OUT_DIR/{train,val
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import random
 import sys
@@ -36,7 +37,7 @@ from typing import Any
 
 from guard.compact.catalog import CATALOG
 
-__all__ = ["FOLDS", "SEED", "Splits", "build_splits", "main", "write_splits"]
+__all__ = ["FOLDS", "SEED", "DataError", "Splits", "build_splits", "main", "write_splits"]
 
 SEED = 20260517
 #: Shares of each source's groups that go to val and test (the rest trains).
@@ -109,9 +110,56 @@ class Splits:
     test: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
 
 
+class DataError(ValueError):
+    """A source file that cannot be read, or a line of it that is not what the builder needs; the message names the
+    file (and line and field)."""
+
+
+class _Row(dict):  # type: ignore[type-arg]
+    """A source line's JSON object that knows where it was read: a missing field is a :class:`DataError` naming the
+    file, line and field, not a bare ``KeyError``."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, pairs: Any, where: str) -> None:
+        super().__init__(pairs)
+        self.where = where
+
+    def __missing__(self, key: str) -> Any:
+        raise DataError(f"{self.where}: no {key!r} field")
+
+
 def _rows(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """The JSON objects of a JSONL source file, one per non-blank line (lines end as in text mode).
+
+    Raises:
+        DataError: naming the file when it cannot be read, or its line when that is not UTF-8, not JSON or not an
+            object; a row's missing field raises it too when it is read (:class:`_Row`).
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x})") from None
+    rows = []
+    for number, line in enumerate(io.StringIO(text, newline=None), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line, object_hook=lambda pairs, where=where: _Row(pairs, where))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise DataError(f"{where}: not valid JSON (nested too deeply)") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: not a JSON object")
+        rows.append(row)
+    return rows
 
 
 def _hash(text: str) -> float:
@@ -421,7 +469,22 @@ def main(argv: list[str] | None = None, echo: Callable[[str], Any] = print) -> i
     if len(args) != 2:
         echo("usage: python -m guard.compact.data DATA_DIR OUT_DIR")
         return 2
-    counts = write_splits(build_splits(Path(args[0])), Path(args[1]))
+    root, out = Path(args[0]), Path(args[1])
+    if not root.is_dir():
+        print(f"python -m guard.compact.data: {root}: not a folder (give the repository's data/ folder)",
+              file=sys.stderr)
+        return 2
+    try:
+        splits = build_splits(root)
+    except DataError as exc:
+        print(f"python -m guard.compact.data: {exc}", file=sys.stderr)
+        return 2
+    try:
+        counts = write_splits(splits, out)
+    except OSError as exc:
+        print(f"python -m guard.compact.data: {exc.filename or out}: cannot write: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     for name, count in counts.items():
         echo(f"{name}\t{count}")
     return 0

@@ -5,7 +5,8 @@ Per question id (records may mix questions) the report holds:
 * ``accuracy`` (argmax, ties to the first option in prompt order) and ``macro_f1`` (scikit-learn, over the labels
   present);
 * noul only: ``auroc`` of P(true) and ``fpr_at_tpr``: the false-positive rate at the highest threshold whose
-  true-positive rate reaches ``tpr`` (default 0.95), from scikit-learn's ROC curve; ``brier`` = mean (P(true) − y)²;
+  true-positive rate reaches ``tpr`` (default 0.95), from scikit-learn's ROC curve with every threshold kept
+  (``drop_intermediate=False``); ``brier`` = mean (P(true) − y)²;
 * choice and score: ``brier`` = mean Σ_k (p_k − y_k)² over the options;
 * ``ece``: top-label expected calibration error, 10 equal-width confidence bins, Σ_b (n_b/n)·|acc_b − conf_b|;
 * score only: ``spearman`` between the expected level Σ i·p_i and the labelled level (SciPy);
@@ -136,7 +137,8 @@ def question_metrics(question_id: str, question_type: str, option_ids: Sequence[
         metrics.brier = float(((p_true - positive) ** 2).mean())
         if 0 < positive.sum() < positive.size:
             metrics.auroc = float(roc_auc_score(positive, p_true))
-            fpr, tpr_curve, _ = roc_curve(positive, p_true)
+            # every threshold: the default drops collinear points, and the lowest FPR that reaches the TPR can be one
+            fpr, tpr_curve, _ = roc_curve(positive, p_true, drop_intermediate=False)
             metrics.fpr_at_tpr = float(fpr[int(np.argmax(tpr_curve >= tpr))])
             metrics.tpr = tpr
     else:

@@ -57,7 +57,7 @@ from guard.compact.model import CompactModel, ModelQuestion, length_buckets, pic
 from guard.compact.records import LabelledRecord
 from guard.compact.train import fit_temperature, soft_loss
 
-__all__ = ["FinetuneConfig", "FinetuneReport", "ground", "train_catalog"]
+__all__ = ["FinetuneConfig", "FinetuneReport", "ground", "grounded_val", "train_catalog"]
 
 ProgressFactory = Callable[..., Any]
 #: Most padded positions of one batch through the frozen layers.
@@ -123,6 +123,11 @@ class FinetuneConfig:
         for name in ("head_epochs", "layer_epochs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"learning_rate must be a number > 0, got {self.learning_rate}")
+        if not (math.isfinite(self.layer_learning_rate) and self.layer_learning_rate >= 0):
+            raise ValueError(f"layer_learning_rate must be a number >= 0 (0 freezes the layers), got "
+                             f"{self.layer_learning_rate}")
         if self.layer_epochs and self.layer_learning_rate <= 0:
             raise ValueError("layer_epochs needs layer_learning_rate > 0 (they train the top layers alone)")
         if self.head_questions and not self.head_epochs:
@@ -141,9 +146,11 @@ class FinetuneReport:
     """The final model's losses, the out-of-fold (leave-one-source-group-out) metrics and the fitted temperatures.
 
     ``train_loss`` has one entry per joint epoch, then one per layer epoch, then one per head epoch; ``val_loss``
-    one per joint and per layer epoch, then one after the head epochs. ``val`` holds the head's answers as
-    calibrated by the temperatures (a grounded question's before its grounding); ``grounding`` the report of
-    :func:`ground` when it ran."""
+    one per joint and per layer epoch, then one after the head epochs. ``val`` holds the metrics of the saved model's
+    answers on the validation records: the head's answers calibrated by ``temperatures``, fitted on those records;
+    for a grounded question (:func:`ground` ran) its grounded answer, whose grounding was fitted on the training
+    *and* validation records, so its entry says ``"held_out": false`` and it has no temperature (the grounding
+    answers in its place). ``grounding`` holds the report of :func:`ground` when it ran (out-of-source numbers)."""
 
     train_loss: list[float] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
@@ -276,11 +283,21 @@ def train_catalog(
         log: receives one line per epoch and per fold.
 
     Raises:
-        ValueError: no training records, a question that is not in the catalog, ``head_questions`` the records do
-            not ask, or ``fold_models`` without ``folds`` or with a fold name that cannot name a folder.
+        ValueError: no training records, a question that is not in the catalog (naming the first record that asks
+            it), ``head_questions`` the records do not ask, ``folds`` with the training records of one fold, or
+            ``fold_models`` without ``folds`` or with a fold name that cannot name a folder. ``folds`` with no
+            record of a fold logs a warning (no held-out numbers).
     """
     if not train_records:
         raise ValueError("no training records")
+    if folds:
+        named = sorted({r.fold for r in train_records if r.fold})
+        if len(named) == 1:
+            first = next(r for r in train_records if r.fold)
+            raise ValueError(f"every training record with a fold is in fold {named[0]!r} (first at "
+                             f"{first.where or first.record_id}): leave-one-fold-out needs records of at least two "
+                             f"folds to hold one out; give the records other folds, or train without the held-out "
+                             f"models (folds=False, guard train --no-folds)")
     if fold_models is not None:
         if not folds:
             raise ValueError("fold_models needs folds (the fold models are those of the leave-one-fold-out runs)")
@@ -291,9 +308,16 @@ def train_catalog(
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     ids = [qid for qid in CATALOG if any(qid in r.labels for r in (*train_records, *val_records))]
-    unknown = sorted({q for r in train_records for q in r.labels} - set(CATALOG))
+    unknown = sorted({q for r in (*train_records, *val_records) for q in r.labels} - set(CATALOG))
     if unknown:
-        raise ValueError(f"the catalog model answers catalog questions only; the records ask {unknown}")
+        first = next(r for r in (*train_records, *val_records) if set(r.labels) - set(CATALOG))
+        raise ValueError(f"the catalog model answers catalog questions only; the records ask {unknown} (first at "
+                         f"{first.where or first.record_id})")
+    if folds and not any(r.fold for r in train_records):
+        log("warning: no training record has a 'fold' field, so no model is trained without a fold and the report "
+            "has no held-out (leave-one-source-group-out) numbers ('heldout' is empty); give each record a 'fold' "
+            "(python -m guard.compact.data writes them), or train with --no-folds (folds=False) to skip them "
+            "without this warning")
     unasked = sorted(set(config.head_questions) - set(ids))
     if unasked:
         raise ValueError(f"head_questions {unasked} are not asked by the training or validation records")
@@ -436,6 +460,10 @@ def train_catalog(
         report.grounding = ground(model, calls, progress)
         report.seconds["grounding"] = time.perf_counter() - t0
         log(f"grounding: {grounding.QUESTION} fitted on {len(calls)} records, leave one source out")
+        # the saved answer of the question is the grounded one, not the head's with a temperature
+        report.temperatures.pop(grounding.QUESTION, None)
+        if grounding.QUESTION in report.val:
+            report.val[grounding.QUESTION] = grounded_val(model, val_records)
     elif calls:
         log(f"grounding: skipped; {grounding.QUESTION} records come from fewer than two sources")
     model.meta.update({"config": asdict(config), "folds": folds, "report": report.to_json()})
@@ -481,6 +509,24 @@ def ground(model: CompactModel, records: Sequence[LabelledRecord], progress: Pro
     model.head.set_noul_readout(list(model.questions).index(question), weight, fitted.bias)
     model.questions[question] = replace(model.questions[question], temperature=1.0, grounding=fitted.grounding)
     return fitted.report
+
+
+def grounded_val(model: CompactModel, val_records: Sequence[LabelledRecord]) -> dict[str, Any]:
+    """The metrics of the grounded question's saved answer on the validation records (as serving reads a record,
+    without the language check), marked as not held out: its grounding was fitted on these records too."""
+    question = grounding.QUESTION
+    entry = CATALOG[question]
+    asked = entry.to_question()
+    chosen = [r for r in val_records if question in r.labels]
+    answers = []
+    for record in chosen:
+        logits, _, _, _ = model.window_logits(state_text(record.request.state, entry.view), [question])
+        answers.append(model.probabilities(asked, logits[0][pick_window(logits[0], entry)], record.request.state))
+    option_ids = [o for o, _ in asked.options()]
+    metrics = question_metrics(question, entry.type, option_ids, answers, [r.labels[question] for r in chosen])
+    return {**metrics.to_json(), "held_out": False,
+            "note": "the saved (grounded) answer; its grounding was fitted on the training and these validation "
+                    "records, so these numbers are not held out (report.grounding has out-of-source ones)"}
 
 
 def _questions(entries: Sequence[Any], temperatures: dict[str, float]) -> dict[str, ModelQuestion]:

@@ -8,13 +8,17 @@ Two line formats are read:
        "labels": {"<id>": <label>}}
 
   A noul label is ``"true"``/``"false"`` (or a JSON boolean, or 1/0), a choice label an option id, a score label the
-  0-based level index (an integer or its string). Questions without a label are asked but not scored.
+  0-based level index (an integer or its string). Questions without a label are asked but not scored; a record
+  without any (``labels`` missing, ``null`` or ``{}``) is read, and ``guard train`` and ``guard eval`` warn about it
+  naming its ``file:line``. Optional ``id``, ``source`` and ``fold``; other keys are not read, but one near a read
+  key (``lables``) is refused (:data:`RECORD_KEYS`).
 * **Text/label lines** for routing over the user's own labels: ``{"text": "...", "label": "..."}`` (field names are
   options of :func:`load_records`); they become one ``choice`` question whose options are all labels seen.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +34,12 @@ __all__ = ["MAX_RECORDS_BYTES", "LabelledRecord", "label_index", "load_records",
 
 MAX_RECORDS_BYTES = 1 << 30
 """Largest labelled JSONL file read (1 GiB; the compact model's whole training set is 16 MB)."""
+
+RECORD_KEYS = ("id", "state", "questions", "labels", "source", "fold")
+"""The keys of a System One record line that are read. Other keys are kept out of the way (a record may carry its
+own metadata), except one that looks like a misspelling of these (``lables``, ``label``, ``folds``): it is refused
+with the key it is near, as a policy's unknown key is, because the record would silently lose what it meant to say
+(an unlabelled record is not trained on or scored)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,10 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
         where = f"{source}:{number}"
         if not isinstance(row, Mapping) or "questions" not in row:
             raise ValueError(f"{where}: a System One record needs 'state', 'questions' and 'labels'")
+        for key in row:
+            if key not in RECORD_KEYS and (near := _near_key(str(key))):
+                raise ValueError(f"{where}: unknown key {key!r}; did you mean {near!r}? (the keys read are "
+                                 f"{', '.join(RECORD_KEYS)})")
         if row.get("state") is None:
             raise ValueError(f"{where}: the record has no 'state' (missing or null): nothing to judge")
         try:
@@ -130,6 +144,16 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
         out.append(LabelledRecord(request, labels, str(row.get("id", where)), str(row.get("source") or ""),
                                   str(row.get("fold") or ""), where))
     return out
+
+
+def _near_key(key: str) -> str | None:
+    """The read record key that ``key`` (not one of them) looks like a misspelling of, if any: the same but for
+    case, or close to one of the longer keys (``id`` is too short to tell ``idx`` from a typo)."""
+    folded = key.casefold()
+    if folded in RECORD_KEYS:
+        return folded
+    near = difflib.get_close_matches(folded, [k for k in RECORD_KEYS if len(k) > 2], n=1, cutoff=0.8)
+    return near[0] if near else None
 
 
 def read_records_file(path: str | Path) -> bytes:

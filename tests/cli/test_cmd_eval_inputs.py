@@ -187,3 +187,15 @@ def test_text_label_lines_need_a_non_empty_string_label(label: Any, tmp_path: Pa
     assert main(["eval", str(data), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{data}:3:" in err and "non-empty string 'label'" in err and backend.asked == 0
+
+
+@pytest.mark.parametrize("labels", [{}, None, "absent"])
+def test_a_record_that_labels_nothing_warns_that_it_is_not_scored(labels: Any, tmp_path: Path, backend: FakeBackend,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    unlabelled = {"state": "x", "questions": NOUL} if labels == "absent" else {"state": "x", "questions": NOUL,
+                                                                                "labels": labels}
+    data = write(tmp_path / "u.jsonl", [record(), unlabelled, record(label="false")])
+    assert main(["eval", str(data), "--no-progress", "--json", str(tmp_path / "r.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"{data}:2" in err and "label no question" in err and "decided but not scored" in err
+    assert backend.asked == 3

@@ -92,6 +92,9 @@ def test_ground_refits_the_tool_call_grounding_of_a_checkpoint(tmp_path: Path, c
     model = CompactModel.load(grounded, runtime="torch")
     assert model.questions["guard.tool_call_serves_task"].grounding is not None
     assert model.meta["report"]["grounding"] == report["grounding"]
+    # the training report of the checkpoint describes the grounded answer: no temperature, val not held out
+    assert "guard.tool_call_serves_task" not in model.meta["report"]["temperatures"]
+    assert model.meta["report"]["val"]["guard.tool_call_serves_task"]["held_out"] is False
     for extra, error in ((["--clef", str(trained)], "--ground refits"), ([], "two sources")):
         data = one_source if not extra else two_sources
         assert main(["train", str(data), "--val", str(data), "--ground", str(trained), "--out",
@@ -149,6 +152,9 @@ def test_output_paths_are_checked_before_the_work_starts(tmp_path: Path, capsys:
     ["eval", "d.jsonl", "--timeout", "-1"], ["train", "d.jsonl", "--out", "o", "--val-fraction", "2"],
     ["proxy", "--policy", "p.yaml", "--upstream", "http://x:1", "--canary-interval", "nan"],
     ["proxy", "--policy", "p.yaml", "--upstream", "http://x:1", "--reload-interval", "-1"],
+    ["train", "d.jsonl", "--out", "o", "--lr", "-0.001"], ["train", "d.jsonl", "--out", "o", "--lr", "0"],
+    ["train", "d.jsonl", "--out", "o", "--lr", "nan"], ["train", "d.jsonl", "--out", "o", "--layer-lr", "-0.0001"],
+    ["train", "d.jsonl", "--out", "o", "--layer-lr", "nan"], ["train", "d.jsonl", "--out", "o", "--layer-lr", "inf"],
 ])  # fmt: skip
 def test_numbers_out_of_their_range_are_usage_errors_naming_the_flag(
     argv: list[str], capsys: pytest.CaptureFixture[str]
@@ -158,3 +164,28 @@ def test_numbers_out_of_their_range_are_usage_errors_naming_the_flag(
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2 and f"argument {argv[-2]}" in capsys.readouterr().err
+
+
+def test_records_of_one_fold_are_refused_before_training_and_unlabelled_ones_warn(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """All records in one fold failed after encoding with "Sample larger than population or is negative"."""
+    rows = [{**row, "source": "src", "fold": "f0"} for row in injection_records()]
+    unlabelled = {k: v for k, v in rows[0].items() if k != "labels"}
+    data = write_jsonl(tmp_path / "one.jsonl", [*rows, unlabelled])
+    out = tmp_path / "ck"
+    assert main(["train", str(data), "--out", str(out), "--epochs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "'f0'" in err and "at least two" in err and "--no-folds" in err and "Sample larger" not in err
+    assert f"{data}:{len(rows) + 1}" in err and "not trained on" in err
+    assert not out.exists()
+
+
+def test_a_question_outside_the_catalog_names_the_first_record_that_asks_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = injection_records()
+    rows[3] = {**rows[3], "questions": {"guard.nosuch": {"type": "noul", "instructions": "x"}},
+               "labels": {"guard.nosuch": "true"}}
+    data = write_jsonl(tmp_path / "q.jsonl", rows)
+    assert main(["train", str(data), "--out", str(tmp_path / "ck"), "--no-folds", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "['guard.nosuch']" in err and f"{data}:4" in err

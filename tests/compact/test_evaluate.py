@@ -50,3 +50,28 @@ def test_table_lists_every_question() -> None:
     table = format_table(report)
     assert "q" in table and "1.0000" in table and "p50_ms 1.0" in table
     assert report.to_json()["questions"]["q"]["auroc"] == 1.0
+
+
+def test_fpr_at_tpr_is_not_overstated_where_roc_points_are_collinear() -> None:
+    """scikit-learn's ROC curve drops collinear points by default; the threshold that reaches the TPR at the lowest
+    FPR could be one of them (20 positives, 10 negatives: at 0.5 the TPR is 19/20 = 0.95 at FPR 1/10, reported as
+    2/10)."""
+    p_true = [0.9] * 18 + [0.5, 0.3] + [0.5, 0.3] + [0.1] * 8
+    targets = [0] * 20 + [1] * 10
+    m = question_metrics("q", "noul", ["true", "false"], [[p, 1 - p] for p in p_true], targets, tpr=0.95)
+    assert m.fpr_at_tpr == pytest.approx(0.1)
+
+
+def test_fpr_at_tpr_is_the_lowest_fpr_of_any_threshold_that_reaches_the_tpr() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(4, 40))
+        y = rng.integers(0, 2, n)
+        if y.sum() in (0, n):
+            continue
+        p = np.round(rng.random(n), 1)  # ties
+        m = question_metrics("q", "noul", ["true", "false"], np.c_[p, 1 - p], np.where(y == 1, 0, 1), tpr=0.95)
+        best = min((p[y == 0] >= t).mean() for t in np.unique(np.r_[p, 2.0]) if (p[y == 1] >= t).mean() >= 0.95)
+        assert m.fpr_at_tpr == pytest.approx(best)

@@ -83,8 +83,12 @@ def test_fold_models_are_saved_and_score_their_held_out_fold_as_training_did(enc
 def test_questions_outside_the_catalog_are_refused(encoder: Any, tmp_path: Any) -> None:
     rows = [{"state": "hi", "questions": {"is_urgent": {"type": "noul", "instructions": "Urgent?"}},
              "labels": {"is_urgent": "true"}}]
-    with pytest.raises(ValueError, match="catalog questions only"):
+    asked = r"catalog questions only; the records ask \['is_urgent'\] \(first at .*x\.jsonl:1\)"
+    with pytest.raises(ValueError, match=asked):
         train_catalog(load_records(write_jsonl(tmp_path / "x.jsonl", rows)), [], FinetuneConfig(), encoder)
+    catalog = load_records(write_jsonl(tmp_path / "c.jsonl", injection_records()))
+    with pytest.raises(ValueError, match=r"\['is_urgent'\] \(first at .*x.jsonl:1\)"):  # validation records too
+        train_catalog(catalog, load_records(tmp_path / "x.jsonl"), FinetuneConfig(), encoder, folds=False)
     with pytest.raises(ValueError, match="no training records"):
         train_catalog([], [], FinetuneConfig(), encoder)
 
@@ -186,3 +190,20 @@ def test_head_questions_refit_only_the_heads_they_name(encoder: Any, tmp_path: A
         FinetuneConfig(head_questions=("guard.refusal",))
     with pytest.raises(ValueError, match="not catalog questions"):
         FinetuneConfig(head_epochs=1, head_questions=("guard.refusals",))
+
+
+def test_folds_need_records_of_two_folds_and_say_so(encoder: Any, tmp_path: Any) -> None:
+    """Records without a fold gave an empty held-out report without a word; records of one fold failed with
+    "Sample larger than population or is negative"."""
+    records = _records(tmp_path)
+    one = [dataclasses.replace(r, fold="f0") for r in records]
+    with pytest.raises(ValueError, match=r"fold 'f0'.*at least two folds.*--no-folds"):
+        train_catalog(one, [], FinetuneConfig(epochs=1, batch_size=4), encoder)
+    lines: list[str] = []
+    _, report = train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4), encoder, log=lines.append)
+    assert report.heldout == {}
+    (warning,) = [line for line in lines if line.startswith("warning:")]
+    assert "'fold'" in warning and "held-out" in warning and "--no-folds" in warning
+    lines.clear()
+    train_catalog(records, [], FinetuneConfig(epochs=1, batch_size=4), encoder, folds=False, log=lines.append)
+    assert not [line for line in lines if line.startswith("warning:")]

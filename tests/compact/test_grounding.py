@@ -197,3 +197,31 @@ def test_the_readout_is_what_the_head_answers() -> None:
     with pytest.raises(ValueError, match="shape"):
         head.set_noul_readout(0, torch.randn(8), 0.0)
 
+
+
+def test_the_validation_report_of_the_grounded_question_is_the_saved_answer_and_not_held_out(
+        encoder: Any, tmp_path: Path) -> None:
+    """report.val was the head's answer before its grounding, with a temperature the saved model does not use (the
+    grounding replaces it), and the grounding is fitted on the validation records too: the numbers must be those of
+    the saved answer and say they are not held out."""
+    from guard.compact.evaluate import question_metrics
+    from guard.compact.model import pick_window
+
+    train = load_records(write_jsonl(tmp_path / "train.jsonl", injection_records() + tool_call_records()))
+    val = load_records(write_jsonl(tmp_path / "val.jsonl", tool_call_records()))
+    model, report = train_catalog(train, val, FinetuneConfig(epochs=1, batch_size=4), encoder, folds=False)
+    assert model.questions[QUESTION].grounding is not None
+    assert QUESTION not in report.temperatures  # the grounding answers in its place
+    entry = CATALOG[QUESTION]
+    answers = []
+    for record in val:
+        logits, _, _, _ = model.window_logits(state_text(record.request.state, entry.view), [QUESTION])
+        answers.append(model.probabilities(entry.to_question(), logits[0][pick_window(logits[0], entry)],
+                                           record.request.state))
+    saved = question_metrics(QUESTION, "noul", ["true", "false"], answers, [r.labels[QUESTION] for r in val])
+    reported = report.val[QUESTION]
+    for metric in ("n", "accuracy", "auroc", "brier", "ece"):
+        assert reported[metric] == pytest.approx(getattr(saved, metric), abs=1e-9)
+    assert reported["held_out"] is False and "grounding" in reported["note"]
+    assert model.meta["report"]["val"][QUESTION] == reported
+    assert QUESTION not in model.meta["report"]["temperatures"]

@@ -40,3 +40,20 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
     bad.write_text('{"text": "x", "label": "a"}\n')
     with pytest.raises(ValueError, match="at least 2 labels"):
         load_records(bad)
+
+
+@pytest.mark.parametrize(("key", "near"), [("lables", "labels"), ("label", "labels"), ("folds", "fold"),
+                                           ("sources", "source")])
+def test_a_misspelled_record_key_is_refused_with_the_key_it_is_near(key: str, near: str, tmp_path: Path) -> None:
+    """A misspelled ``labels`` made the record an unlabelled one: silently dropped by guard train and not scored by
+    guard eval."""
+    row = {"state": "x", "questions": {"q": {"type": "noul"}}, "labels": {"q": "true"}}
+    path = write_jsonl(tmp_path / "k.jsonl", [row, {**row, key: row["labels"]}])
+    with pytest.raises(ValueError, match=rf"k.jsonl:2: unknown key '{key}'; did you mean '{near}'\?"):
+        load_records(path)
+
+
+def test_other_record_fields_are_kept_out_of_the_way(tmp_path: Path) -> None:
+    row = {"state": "x", "questions": {"q": {"type": "noul"}}, "labels": {"q": "true"}, "lang": "en", "notes": "n"}
+    (record,) = load_records(write_jsonl(tmp_path / "k.jsonl", [row]))
+    assert record.labels == {"q": 0}
