@@ -12,8 +12,8 @@ interface and one single-flight core:
   :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
   allow. Across replicas a short lock (``SET NX PX`` of a sealed token, token-checked release in Lua) elects one
   leader per key (a lock whose seal does not check is counted as ``forged`` and not waited on); followers poll for the
-  value (for at most :data:`FOLLOW_SHARE` of their budget, then lead themselves) and, when the leader fails, raise
-  the leader's error (from a failure marker,
+  value (past :data:`FOLLOW_SHARE` of their budget they also call the model, and the first answer wins) and, when the
+  leader fails, raise the leader's error (from a failure marker,
   sealed like the values, naming the leader's lock: an unsealed one is counted as ``forged`` and ignored, one of an
   earlier leader is ignored) so the policy's fail mode decides for them too.
 
@@ -77,11 +77,11 @@ FAILURE_MARKER_MS = 1000
 #: Milliseconds a sealed lock or failure marker is still read after the end it carries: the clocks of the replica
 #: that wrote it and of the one reading it may differ by this much.
 CLOCK_SKEW_MS = 2000
-#: The share of its time budget (``wait``) a follower waits for another replica's leader before it leads itself (and
-#: calls the model without the lock when it still cannot take it). A leader's lock is sealed with its end, but a copy
-#: put back in Redis within that end (by someone who can write to Redis) is genuine: waited out, it spent the whole
-#: budget, and the policy's fail mode decided. The rest of the budget is left for the model call. A leader slower
-#: than this share costs a second model call, not a failed decision.
+#: The share of its time budget (``wait``) a follower waits for another replica's leader alone; past it, it also
+#: calls the model itself (without the lock) and keeps polling: the first answer wins. A leader's lock is sealed with
+#: its end, but a copy put back in Redis within that end (by someone who can write to Redis) is genuine: waited out,
+#: it spent the whole budget and the policy's fail mode decided. A leader slower than this share costs a second
+#: model call (a hedge), never its followers' answers.
 FOLLOW_SHARE = 0.5
 #: Seconds a Redis cache answers from its in-process copy of an entry it read or wrote before reading Redis again.
 DEFAULT_LOCAL_TTL_S = 1.0
@@ -291,7 +291,7 @@ class ProbabilityCache:
             compute: makes the backend call; its result is checked and stored for ``ttl`` seconds.
             ttl: seconds to keep the answers; ``0`` = do not read or write the cache (single-flight still applies).
             wait: the caller's remaining time budget in seconds: the backend call's limit; a follower waits
-                :data:`FOLLOW_SHARE` of it for another replica's leader, then calls the model itself.
+                :data:`FOLLOW_SHARE` of it for another replica's leader alone, then calls the model too.
 
         Returns:
             ``(answers, lookup)``; ``answers`` is shared by every caller served from the same entry or flight.
@@ -347,15 +347,14 @@ class ProbabilityCache:
             if keep:
                 self._keep(key, CachedAnswers(decoded), self._local_until(ttl))
             return CachedAnswers(response), "miss"
-        deadline = time.monotonic() + wait
         token, holder = await self._acquire(key, wait)
-        if token is None:  # another replica leads: wait for its answers or its failure (FOLLOW_SHARE of the budget)
-            followed = await self._follow(key, request, wait * FOLLOW_SHARE, ttl, holder)
-            if followed is not None:
-                self._stats.shared += 1
-                return followed, "shared"
-            wait = max(deadline - time.monotonic(), 0.001)  # what is left for our own call
-            token, _ = await self._acquire(key, wait)  # None: still held (a slow leader, a lock put back)
+        if token is None:  # another replica leads: its answers or its failure, or past FOLLOW_SHARE our own call's
+            started = time.monotonic()
+            outcome = await self._follow_or_hedge(key, request, compute, wait, ttl, holder)
+            if outcome is not None:
+                return outcome
+            wait = max(wait - (time.monotonic() - started), 0.001)  # the leader vanished early: lead, in what is left
+            token, _ = await self._acquire(key, wait)  # None: held again (another replica): call without it
         if token:  # double-checked: a replica may have stored the answers between our read and our lock
             stored = await self._read(key, request, ttl, count=False)
             if isinstance(stored, CachedAnswers):
@@ -373,6 +372,46 @@ class ProbabilityCache:
             if token is not None:
                 await self._release(key, token)
         return CachedAnswers(response), "miss"
+
+    async def _follow_or_hedge(
+        self, key: str, request: SystemOneRequestV1, compute: Compute, wait: float, ttl: float, holder: bytes | None
+    ) -> tuple[CachedAnswers, Lookup] | None:
+        """Another replica leads ``key`` (its lock ``holder``): its answers (``"shared"``); or, when they have not come
+        within :data:`FOLLOW_SHARE` of ``wait``, the first of its answers and a model call of our own started then
+        (``"miss"``, stored), within ``wait`` in all. ``None``: the leader vanished without answers before that (the
+        caller leads).
+
+        Raises:
+            BackendError: the leader's call failed before ours began (its failure marker), or ours failed after the
+                leader's did or vanished.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        follow = asyncio.ensure_future(self._follow(key, request, wait, ttl, holder))
+        own: asyncio.Future[Any] | None = None
+        try:
+            await asyncio.wait([follow], timeout=wait * FOLLOW_SHARE)
+            if follow.done():
+                followed = follow.result()  # the leader's answers, its error, or None (vanished)
+                if followed is None:
+                    return None
+                self._stats.shared += 1
+                return followed, "shared"
+            own = asyncio.ensure_future(_run(compute, request, max(deadline - loop.time(), 0.001)))
+            done, _ = await asyncio.wait([follow, own], return_when=asyncio.FIRST_COMPLETED)
+            if follow in done and follow.exception() is None and follow.result() is not None:
+                self._stats.shared += 1
+                return follow.result(), "shared"
+            response, value, decoded, keep = await own  # ours came first, or the leader failed or vanished
+            if keep:
+                await self._store_or_count(key, value, decoded, ttl)
+            return CachedAnswers(response), "miss"
+        finally:
+            for task in (follow, own):
+                if task is not None and not task.done():
+                    task.cancel()
+            if follow.done() and not follow.cancelled():
+                follow.exception()  # retrieved: a leader's error our own call made moot is not logged as unread
 
     async def _store_or_count(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
         """:meth:`_store`, whose failure of any kind (a value or a TTL the store cannot take, not only the store's own
