@@ -74,10 +74,16 @@ def _dockerfile_entrypoint(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", sorted((DEPLOY / "docker").glob("*.Dockerfile")), ids=lambda p: p.name)
 def test_dockerfiles_copy_existing_paths_and_run_valid_commands(path: Path) -> None:
+    copied = set()
     for line in path.read_text().splitlines():
         if line.startswith("COPY "):
             for source in shlex.split(line)[1:-1]:
                 assert (ROOT / source).exists(), f"{path.name}: COPY source {source} does not exist"
+                copied.add(source)
+    # the package's build reads these: without them the image's wheel ships without its licence text
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for needed in ["pyproject.toml", project["readme"], *project.get("license-files", [])]:
+        assert needed in copied, f"{path.name}: does not COPY {needed}, which the package build reads"
     argv = _dockerfile_entrypoint(path)
     assert argv[0] == "guard"
     build_parser().parse_args(argv[1:])

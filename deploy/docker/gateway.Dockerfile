@@ -8,7 +8,7 @@ RUN python -m venv /opt/guard
 ENV PATH=/opt/guard/bin:$PATH
 # CPU build of torch (the compact model runs on CPU); an unpinned torch would pull a multi-GB CUDA build.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE /src/
 COPY guard /src/guard
 COPY policies /etc/guard/policies
 # Optional extras, e.g. GUARD_EXTRAS="[examples]" for the example API (FastAPI) that deploy/compose runs from this image.

@@ -11,9 +11,12 @@ RUN python3 -m venv /opt/guard
 ENV PATH=/opt/guard/bin:$PATH
 # CUDA build of torch first (the version the gateway and CI pin), so installing guard does not pull another one.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE /src/
 COPY guard /src/guard
 RUN pip install /src
+# The Gated DeltaNet layers run in plain PyTorch here (correct, slower on long prompts): their fast kernels,
+# flash-linear-attention and causal-conv1d, need a CUDA compiler this runtime image lacks. Build their wheels in a
+# `-devel` stage of the same CUDA and torch and install them here for long prompts (docs/clef.md).
 
 RUN useradd --system --uid 10001 guard
 USER 10001
