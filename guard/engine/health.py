@@ -11,14 +11,14 @@
   chooses, at start-up and every ``interval_s`` seconds; a backend whose canary fails is ``canary_failed`` and the
   engine refuses its answers (``BackendUnavailable``, ``reason="canary_failed"``: the policy's fail mode decides)
   until a run passes; one that cannot answer them (down, an error; not busy) is ``unreachable`` until a run or a
-  live call succeeds; one that answers them too late is ``canary_timed_out`` (degraded: perhaps a flood of slow
+  live call succeeds (failing for a model in this process, degraded for a remote one every replica shares); one that answers them too late is ``canary_timed_out`` (degraded: perhaps a flood of slow
   requests, which taking replicas out would help).
 * :func:`health_report`: ``{"status", "ready", "checks": {part: code}, "details": {...}}`` from the engine, the
   monitor, the policy watcher and any other parts; :func:`public_health` keeps codes only (no error text, no policy
   content) for unauthenticated callers.
 
-Status: ``failing`` when no request can be judged (no policy; a backend that fails its canary or cannot be reached
-by it, whose monitor has not finished its first canary run (``starting``), that refused the deployment's key or
+Status: ``failing`` when no request can be judged (no policy; a backend that fails its canary or, in this process,
+cannot answer it, whose monitor has not finished its first canary run (``starting``), that refused the deployment's key or
 model, or, with no canaries to ask, whose last call failed in a way no request causes); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
 reload, a dead reload watcher, a backend call a request may have failed, an upstream forward that failed lately);
 else ``ok``. ``ready`` is ``status != "failing"``.
@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from guard.backends.http import SystemOneClient
 from guard.backends.selftest import Canary, CanaryFailed, catalog_canaries, clef_canaries, run_canaries
 from guard.errors import (
     BackendRejected,
@@ -284,7 +285,11 @@ class HealthMonitor:
                     logger.warning("backend %r could not answer its canary; requests that need it follow their "
                                    "policy's fail mode until it can: %s: %s", name, type(exc).__name__, exc)
                 self.unreachable.add(name)
-                return Check("unreachable", "failing", {"error": f"{type(exc).__name__}: {exc}"[:300]})
+                # a remote model (a System One server) is every replica's, as the upstream is: taking them all out
+                # of rotation would not route around it, and would turn the policies' fail modes (a 503 with
+                # Retry-After, or fail-open) and every path no policy judges into connection errors
+                severity = "degraded" if isinstance(backend, SystemOneClient) else "failing"
+                return Check("unreachable", severity, {"error": f"{type(exc).__name__}: {exc}"[:300]})
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
         except Exception as exc:  # noqa: BLE001 - any other error the model raised (a broken ONNX session)
             return self._failing(name, exc)
@@ -434,8 +439,8 @@ def health_report(
         canary = monitor.results.get(name) if monitor is not None else None
         if check.severity == "failing" and monitor is not None and monitor.covers(name) and not tracker.refused_config:
             check = Check("last_call_failed", "degraded", check.detail)  # the canary run the failure asked for decides
-        if canary is not None and _SEVERITY[canary.severity] > _SEVERITY[check.severity]:
-            check = canary
+        if canary is not None and canary.severity != "ok" and _SEVERITY[canary.severity] >= _SEVERITY[check.severity]:
+            check = canary  # the canaries' word (unreachable, canary_timed_out) over a live call's as bad
         if monitor is not None and canary is None:  # its first run is under way
             check = Check("starting", "failing", {"error": "the canaries have not run yet"})
         detail = {**(check.detail or {}), "canary": dict(canary.detail or {}, code=canary.code) if canary else None}

@@ -155,8 +155,10 @@ def test_guard_proxy_serves_two_listeners_and_times_out_slow_heads(tmp_path: Pat
         finally:
             process.terminate()
             stdout, stderr = process.communicate(timeout=30)
-    # no backend answers at 127.0.0.1:9: health says so (every judged request fails closed)
-    assert health.status_code == 503 and health.json()["checks"]["backends"] == {"default": "unreachable"}, health.text
+    # no backend answers at 127.0.0.1:9: health says so (every judged request fails closed); a remote backend is
+    # every replica's, so it is degraded, not a reason to take this replica (and all the others) out of rotation
+    assert health.status_code == 200 and health.json()["status"] == "degraded", health.text
+    assert health.json()["checks"]["backends"] == {"default": "unreachable"}, health.text
     assert proxied.status_code == 200 and proxied.json() == {"upstream": "/_guard/health"}
     assert reviews.status_code == 200 and reviews.json() == {"items": [], "count": 0}
     assert judged.status_code == 503 and json.loads(judged.text)["code"] == "decision_unavailable"  # no backend
