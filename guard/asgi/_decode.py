@@ -4,7 +4,9 @@ Codings are undone last-applied first (``Content-Encoding: gzip, br`` means gzip
 stops producing output one byte past ``max_bytes``, so a gzip/deflate/br bomb costs at most the cap in memory and
 time and ends in a 413. An unknown coding is a 415; a corrupt or truncated stream is a 400, and so is a gzip header
 with a file name, comment or extra field: decoding skips them, while an application that reads the body as received
-would read them. Nothing undecodable is ever forwarded unjudged.
+would read them. For the same reason a request body may not be ``br`` (:data:`REQUEST_ENCODINGS`): a brotli stream's
+metadata blocks carry bytes that decoding skips and that cannot be found without decoding the blocks around them.
+Nothing undecodable is ever forwarded unjudged.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ import brotli  # type: ignore[import-untyped]
 
 from guard.errors import BodyError
 
-__all__ = ["SUPPORTED_ENCODINGS", "decode_content", "parse_encodings"]
+__all__ = ["REQUEST_ENCODINGS", "SUPPORTED_ENCODINGS", "decode_content", "parse_encodings"]
 
+#: Codings decoded (a response's: the client decodes what guard judged, skipping what decoding skips).
 SUPPORTED_ENCODINGS = ("br", "deflate", "gzip", "identity", "x-gzip")
+#: Codings accepted on a request body, which the application may read as received (Starlette does not undo
+#: ``Content-Encoding``): not ``br``, whose metadata blocks (text an application reading the bytes would see, skipped
+#: by decoding) cannot be refused the way a gzip header's comment is.
+REQUEST_ENCODINGS = ("deflate", "gzip", "identity", "x-gzip")
 _FIELD = "content-encoding"
 
 
@@ -33,21 +40,29 @@ def _corrupt(coding: str, why: str) -> BodyError:
     return BodyError(400, "malformed_encoding", f"the {coding}-encoded body cannot be decoded: {why}", field=_FIELD)
 
 
-def parse_encodings(header: str, max_layers: int) -> list[str]:
+def parse_encodings(header: str, max_layers: int, supported: tuple[str, ...] = SUPPORTED_ENCODINGS) -> list[str]:
     """The codings of a ``Content-Encoding`` value, lower-case, in the order applied, without ``identity``.
 
     Raises:
-        BodyError: 415 for an unknown coding or more than ``max_layers`` of them.
+        BodyError: 415 for a coding not in ``supported`` (:data:`REQUEST_ENCODINGS` for a request body) or more than
+            ``max_layers`` of them.
     """
     if not header:  # the usual case: nothing to undo
         return []
     codings = [c.strip().lower() for c in header.split(",")]
     codings = [c for c in codings if c and c != "identity"]
     for coding in codings:
-        if coding not in SUPPORTED_ENCODINGS:
+        if coding == "br" and "br" not in supported:
             raise BodyError(
                 415, "unsupported_encoding",
-                f"Content-Encoding {coding[:40]!r} is not supported; use one of {', '.join(SUPPORTED_ENCODINGS)}",
+                "Content-Encoding 'br' is not accepted on a request body: a brotli stream can carry bytes that decoding "
+                "skips and an application reading the body as received would read; send gzip or deflate",
+                field=_FIELD,
+            )
+        if coding not in supported:
+            raise BodyError(
+                415, "unsupported_encoding",
+                f"Content-Encoding {coding[:40]!r} is not supported; use one of {', '.join(supported)}",
                 field=_FIELD,
             )
     if len(codings) > max_layers:

@@ -51,7 +51,7 @@ from typing import Any, Literal
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard._body import BODY_TIMEOUT, ReplayReceive, declared_length, read_body
-from guard.asgi._decode import decode_content, parse_encodings
+from guard.asgi._decode import REQUEST_ENCODINGS, decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._media import media_type
 from guard.asgi._metrics import HttpMetrics
@@ -488,7 +488,7 @@ class GuardMiddleware:
         """
         limits = self.limits
         encoding = headers.get("content-encoding")
-        codings = parse_encodings(encoding, limits.max_encodings) if encoding else None
+        codings = parse_encodings(encoding, limits.max_encodings, REQUEST_ENCODINGS) if encoding else None
         declared = declared_length(headers.get("content-length"))
         body = await read_body(receive, limits.max_body_bytes, declared, limits.body_timeout_s)
         if body is None:
@@ -519,7 +519,7 @@ class GuardMiddleware:
         decoded = None
         if encoding := headers.get("content-encoding"):
             with contextlib.suppress(BodyError):  # not really encoded: the application reads the bytes as they are
-                decoded = decode_content(body, parse_encodings(encoding, self.limits.max_encodings),
+                decoded = decode_content(body, parse_encodings(encoding, self.limits.max_encodings, REQUEST_ENCODINGS),
                                          self.limits.max_decoded_bytes)
         if decoded is None:
             found = [body_method(body, content_type, self.limits)]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import brotli
 import pytest
 
-from guard.asgi._decode import decode_content, parse_encodings
+from guard.asgi._decode import REQUEST_ENCODINGS, decode_content, parse_encodings
 from guard.engine import Guard
 from guard.errors import BodyError
 from tests._backends import ScriptedBackend
@@ -32,9 +32,8 @@ ENCODERS: dict[str, Callable[[bytes], bytes]] = {
     "gzip": gzip.compress,
     "x-gzip": gzip.compress,
     "deflate": zlib.compress,
-    "br": brotli.compress,
     "gzip, gzip": lambda d: gzip.compress(gzip.compress(d)),
-    "gzip, br": lambda d: brotli.compress(gzip.compress(d)),
+    "deflate, gzip": lambda d: gzip.compress(zlib.compress(d)),
     "identity, deflate": zlib.compress,
 }
 
@@ -50,7 +49,7 @@ async def test_encoded_attack_gets_the_plain_decision(make_guard: GuardFactory, 
     assert encoded.json()["rule"] == reference.json()["rule"] == "prompt_injection"
 
 
-@pytest.mark.parametrize("coding", ["gzip", "br", "gzip, br"])
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "deflate, gzip"])
 async def test_encoded_benign_body_reaches_the_app_as_sent(make_guard: GuardFactory, coding: str) -> None:
     wire = ENCODERS[coding](json.dumps({"message": BENIGN}).encode())
     async with client_for(guarded_app(make_guard())) as client:
@@ -81,6 +80,36 @@ async def test_gzip_header_fields_an_app_would_read_are_refused(make_guard: Guar
         response = await client.post("/v1/echo", content=wire,
                                      headers={"content-type": "text/plain", "content-encoding": "gzip"})
     assert response.status_code == 400 and response.json()["code"] == "malformed_encoding"
+
+
+def _brotli_with_metadata(hidden: bytes, content: bytes) -> bytes:
+    """A valid brotli stream (RFC 7932) that decodes to ``content``: a metadata meta-block carrying ``hidden`` (its
+    bytes are skipped by every decoder), then ``content`` as an uncompressed meta-block, then the last empty one."""
+    def packed(bits: list[int]) -> bytes:
+        bits = bits + [0] * (-len(bits) % 8)
+        return bytes(sum(b << i for i, b in enumerate(bits[j:j + 8])) for j in range(0, len(bits), 8))
+
+    skip, size = len(hidden) - 1, len(content) - 1
+    # WBITS 16, ISLAST 0, MNIBBLES 0 (metadata), reserved 0, MSKIPBYTES 1, MSKIPLEN - 1
+    metadata = packed([0, 0, 1, 1, 0, 1, 0] + [(skip >> i) & 1 for i in range(8)])
+    # ISLAST 0, MNIBBLES 4, MLEN - 1, ISUNCOMPRESSED 1
+    uncompressed = packed([0, 0, 0] + [(size >> i) & 1 for i in range(16)] + [1])
+    return metadata + hidden + uncompressed + content + b"\x03"
+
+
+@pytest.mark.parametrize("coding", ["br", "gzip, br", "BR"])
+async def test_a_brotli_request_body_is_refused(make_guard: GuardFactory, coding: str) -> None:
+    """A brotli stream's metadata blocks carry bytes decoding skips: guard judged ``hello`` while an application that
+    reads the body as received (Starlette does not undo Content-Encoding) read the attack in clear (attack finding).
+    They cannot be found without decoding the blocks around them, so a request body may not be br."""
+    wire = _brotli_with_metadata(f" {ATTACK} ".encode(), b"hello")
+    assert brotli.decompress(wire) == b"hello" and ATTACK.encode() in wire  # valid, and the attack is in clear
+    backend = ScriptedBackend(scripted_answers)
+    async with client_for(guarded_app(make_guard(backend))) as client:
+        response = await client.post("/v1/echo", content=wire,
+                                     headers={"content-type": "text/plain", "content-encoding": coding})
+    assert response.status_code == 415 and response.json()["code"] == "unsupported_encoding"
+    assert "'br' is not accepted on a request body" in response.json()["message"] and backend.calls == 0
 
 
 @pytest.mark.parametrize("media", ["application/x-www-form-urlencoded", "multipart/form-data; boundary=B"])
@@ -122,12 +151,11 @@ def bombs() -> dict[str, bytes]:
     return {
         "gzip": _gzip_zeros(256),  # 256 MiB in ~265 KB
         "deflate": b"\x78\xda" + _deflate_zeros(256) + struct.pack(">I", 0),
-        "br": brotli.compress(b"\0" * (64 << 20), quality=1),  # 64 MiB in ~12 KB
         "gzip, gzip": gzip.compress(_gzip_zeros(1024), 9),  # 1 GiB in ~2.5 KB
     }
 
 
-@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "gzip, gzip"])
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "gzip, gzip"])
 async def test_decompression_bomb_is_413_and_stops_at_the_cap(
     make_guard: GuardFactory, bombs: dict[str, bytes], coding: str
 ) -> None:
@@ -161,3 +189,10 @@ def test_decoder_layers_and_errors() -> None:
         decode_content(gzip.compress(data), ["gzip"], len(data) - 1)
     assert info.value.status == 413
     assert decode_content(gzip.compress(data), ["gzip"], len(data)) == data  # exactly at the cap is fine
+    # br (a response's coding) stops at the cap too: 64 MiB of zeros in ~12 KB
+    started = time.perf_counter()
+    with pytest.raises(BodyError) as info:
+        decode_content(brotli.compress(b"\0" * (64 << 20), quality=1), ["br"], 1 << 20)
+    assert info.value.status == 413 and time.perf_counter() - started < 2.0
+    with pytest.raises(BodyError, match="'br' is not accepted on a request body"):
+        parse_encodings("gzip, br", 2, REQUEST_ENCODINGS)
