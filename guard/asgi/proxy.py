@@ -195,8 +195,11 @@ def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, by
 _REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for"})
 #: Headers that tell the upstream how the client reached it: set by the proxy, or by a trusted proxy in front of it.
 _FORWARDED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"forwarded", b"x-real-ip"})
+#: Request headers that name another target than the request line's, which some upstreams route on (IIS URL Rewrite,
+#: older Symfony and Zend): a request guard matched as ``/other`` would be served as the ``/v1/admin`` they name.
+_REWRITES = frozenset({b"x-original-url", b"x-rewrite-url"})
 #: Request headers not copied upstream as they are.
-_NOT_COPIED = HOP_BY_HOP | _REPLACED
+_NOT_COPIED = HOP_BY_HOP | _REPLACED | _REWRITES
 
 
 class ReverseProxy:
@@ -255,8 +258,9 @@ class ReverseProxy:
         return self._base_path + target.raw_path + (b"?" + query if query else b"")
 
     def _headers(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """The headers sent upstream (hop-by-hop ones and names with an underscore dropped; ``Host`` and
-        ``X-Forwarded-*`` set) and whether the request has a body; names lower-cased.
+        """The headers sent upstream (hop-by-hop ones, names with an underscore and the target-rewriting
+        ``X-Original-URL`` / ``X-Rewrite-URL`` dropped; ``Host`` and ``X-Forwarded-*`` set) and whether the request
+        has a body; names lower-cased.
 
         With ``Transfer-Encoding`` the client's ``Content-Length`` is not sent either: the server read the body by
         its chunks (RFC 9112 section 6.3: the encoding overrides the length), so the upstream gets that body chunked.

@@ -479,6 +479,19 @@ def test_a_client_cannot_tell_the_upstream_which_host_or_scheme_it_reached() -> 
     assert not any(k in (b"x-forwarded-host", b"forwarded", b"x-real-ip") for k, _ in bare)
 
 
+def test_headers_that_rewrite_the_target_are_not_sent_upstream() -> None:
+    """IIS URL Rewrite and older Symfony and Zend route on ``X-Original-URL`` / ``X-Rewrite-URL``: a POST to /other,
+    which no policy judged, reached such an upstream naming /v1/admin (attack finding). They are dropped, even for a
+    trusted proxy in front."""
+    scope = {"type": "http", "scheme": "http", "client": ("10.0.0.9", 5000), "headers": [
+        (b"host", b"good.example"), (b"X-Original-URL", b"/v1/admin"), (b"x-rewrite-url", b"/v1/admin"),
+        (b"x-note", b"kept")]}
+    for config in (ProxyConfig("http://127.0.0.1:9"), ProxyConfig("http://127.0.0.1:9", trust_forwarded=True)):
+        headers, _ = ReverseProxy(config)._headers(scope)
+        names = [k for k, _ in headers]
+        assert b"x-original-url" not in names and b"x-rewrite-url" not in names and b"x-note" in names
+
+
 def test_header_names_with_an_underscore_are_not_sent_upstream() -> None:
     """WSGI, CGI and PHP read ``X_Real_IP`` as ``X-Real-IP`` (and ``X_Debug`` as the ``X-Debug`` a policy judged
     absent): such names are dropped, as nginx drops them by default."""
