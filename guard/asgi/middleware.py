@@ -518,8 +518,10 @@ class GuardMiddleware:
         content_type = headers.get("content-type", "")
         decoded = None
         if encoding := headers.get("content-encoding"):
+            # every coding guard decodes, br too: an application that inflates a body itself reads its _method
+            # decoded (where a policy judges the POST itself, a br body was refused before this)
             with contextlib.suppress(BodyError):  # not really encoded: the application reads the bytes as they are
-                decoded = decode_content(body, parse_encodings(encoding, self.limits.max_encodings, REQUEST_ENCODINGS),
+                decoded = decode_content(body, parse_encodings(encoding, self.limits.max_encodings),
                                          self.limits.max_decoded_bytes)
         if decoded is None:
             found = [body_method(body, content_type, self.limits)]

@@ -280,15 +280,18 @@ class HealthMonitor:
             return Check("canary_timed_out", "degraded", {"error": f"{type(exc).__name__}: {exc}"[:300]})  # the flood
         except GuardError as exc:
             if getattr(exc, "reason", None) not in BUSY_REASONS:  # down, not busy: report it
-                self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}")
+                refused = refused_config(exc)  # its key or model refused: no request can be judged
+                self.guard.backend_health[name].failure(error_code(exc), f"canary: {type(exc).__name__}: {exc}",
+                                                        refused_config=refused)
                 if name not in self.unreachable:
                     logger.warning("backend %r could not answer its canary; requests that need it follow their "
                                    "policy's fail mode until it can: %s: %s", name, type(exc).__name__, exc)
                 self.unreachable.add(name)
-                # a remote model (a System One server) is every replica's, as the upstream is: taking them all out
-                # of rotation would not route around it, and would turn the policies' fail modes (a 503 with
-                # Retry-After, or fail-open) and every path no policy judges into connection errors
-                severity = "degraded" if isinstance(backend, SystemOneClient) else "failing"
+                # a remote model (a System One server) that cannot be reached is every replica's, as the upstream is:
+                # taking them all out of rotation would not route around it, and would turn the policies' fail modes
+                # (a 503 with Retry-After, or fail-open) and every path no policy judges into connection errors. One
+                # that refuses the deployment's key or model is this deployment's fault: failing.
+                severity = "degraded" if isinstance(backend, SystemOneClient) and not refused else "failing"
                 return Check("unreachable", severity, {"error": f"{type(exc).__name__}: {exc}"[:300]})
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
         except Exception as exc:  # noqa: BLE001 - any other error the model raised (a broken ONNX session)

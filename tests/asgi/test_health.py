@@ -498,3 +498,31 @@ async def test_a_recovery_seen_by_one_replica_moves_every_replicas_cache_keys_on
         verdict = await guard.aevaluate(subject)
         assert (verdict.action, verdict.rule) == ("block", "inj"), (guard.canary_epochs, verdict.error)
         await guard.aclose()
+
+
+@pytest.mark.parametrize(("status", "code", "ready"), [(None, "unreachable", True), (401, "unreachable", False),
+                                                       (404, "unreachable", False)])
+async def test_a_remote_backend_is_degraded_when_down_and_failing_when_it_refuses_the_deployment(
+    status: int | None, code: str, ready: bool
+) -> None:
+    """Every gateway replica shares a remote worker: when it cannot be reached, taking every replica out of rotation
+    turned fail modes (503 with Retry-After, fail-open) and unjudged paths into connection errors (new-user trial),
+    so it is degraded. A revoked key or a model it does not serve is the deployment's fault: failing (review
+    finding: the canary made those ready too)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def refuse(request: Any) -> JSONResponse:
+        return JSONResponse({"code": "refused", "message": "no", "field": None}, status_code=status or 500)
+
+    stub = Starlette(routes=[Route("/v1/systemone", refuse, methods=["POST"])])
+    with serve_app_in_thread(stub, ready_path=None) as live_url:
+        guard = Guard(load_files(POLICY), backends=SystemOneClient(dead_url() if status is None else live_url,
+                                                                   timeout=2))
+        monitor = HealthMonitor(guard, interval_s=0)
+        await monitor.start()
+        report = guard.health()
+        await monitor.aclose()
+        await guard.aclose()
+    assert report["checks"]["backends"] == {"default": code} and report["ready"] is ready, report
