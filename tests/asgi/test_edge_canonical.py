@@ -4,9 +4,11 @@ single-value header is a 400 naming it (never a policy that no longer matches wh
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 
+import brotli
 import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel
@@ -262,6 +264,11 @@ async def test_every_way_a_framework_reads_method_override_is_refused_or_judged(
             (mixed, {"content-type": f"multipart/form-data; BOUNDARY=other; boundary={boundary}"}),
         ):
             assert (await client.post("/v1/accounts/42", content=body, headers=headers)).status_code == 400, body
+        # compressed: an application that inflates the body reads its _method (br too, which a judged body may not
+        # be: read as "not really encoded", it reached such an application unjudged: review finding)
+        for coding, packed in (("gzip", gzip.compress(b"_method=DELETE")), ("br", brotli.compress(b"_method=DELETE"))):
+            refused = await client.post("/v1/accounts/42", content=packed, headers={**form, "content-encoding": coding})
+            assert (refused.status_code, refused.json()["field"]) == (400, "_method"), coding
         # not really gzip: an application reads the bytes as a form, and so does the lookup (errors not hidden)
         gzip_label = {**form, "content-encoding": "gzip"}
         assert (await client.post("/v1/accounts/42", content=b"_method=GET&_method=DELETE",
