@@ -382,8 +382,8 @@ class ProbabilityCache:
         caller leads).
 
         Raises:
-            BackendError: the leader's call failed before ours began (its failure marker), or ours failed after the
-                leader's did or vanished.
+            BackendError: the leader's call failed before ours began (its failure marker), or both failed (ours is
+                raised).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -398,20 +398,24 @@ class ProbabilityCache:
                 self._stats.shared += 1
                 return followed, "shared"
             own = asyncio.ensure_future(_run(compute, request, max(deadline - loop.time(), 0.001)))
-            done, _ = await asyncio.wait([follow, own], return_when=asyncio.FIRST_COMPLETED)
-            if follow in done and follow.exception() is None and follow.result() is not None:
-                self._stats.shared += 1
-                return follow.result(), "shared"
-            response, value, decoded, keep = await own  # ours came first, or the leader failed or vanished
-            if keep:
-                await self._store_or_count(key, value, decoded, ttl)
-            return CachedAnswers(response), "miss"
+            pending = {follow, own}
+            while pending:  # the first answer wins; a failure is no answer while the other may still bring one
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if follow in done and follow.exception() is None and follow.result() is not None:
+                    self._stats.shared += 1
+                    return follow.result(), "shared"
+                if own in done and own.exception() is None:
+                    response, value, decoded, keep = own.result()
+                    if keep:
+                        await self._store_or_count(key, value, decoded, ttl)
+                    return CachedAnswers(response), "miss"
+            return await own  # both failed (or the leader vanished and ours failed): ours is this call's error
         finally:
             for task in (follow, own):
                 if task is not None and not task.done():
                     task.cancel()
-            if follow.done() and not follow.cancelled():
-                follow.exception()  # retrieved: a leader's error our own call made moot is not logged as unread
+                elif task is not None and not task.cancelled():
+                    task.exception()  # retrieved: an error the other's answer made moot is not logged as unread
 
     async def _store_or_count(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
         """:meth:`_store`, whose failure of any kind (a value or a TTL the store cannot take, not only the store's own

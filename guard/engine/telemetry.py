@@ -138,10 +138,12 @@ def credential_name(name: str) -> bool:
 
 #: An ``Authorization`` value of a scheme that carries one opaque credential (RFC 9110 token68: ``Bearer abc.def``,
 #: ``Basic dXNlcjpwYXNz``), the credential running to the end of the value.
-_TOKEN68_VALUE = re.compile(r"\s*(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)\s+([A-Za-z0-9._~+/-]+=*)"
-                            r"\s*", re.IGNORECASE)
-#: An ``Authorization`` value of a scheme that carries parameters (``Digest username="a", response="..."``).
-_PARAMS_VALUE = re.compile(r"\s*(?:digest|hawk|aws4-hmac-sha256|sharedkey)\s+[A-Za-z]+=", re.IGNORECASE)
+#: The credential may be quoted, and what follows a ``,`` or ``;`` (a second credential, a parameter) is not read.
+_TOKEN68_VALUE = re.compile(r"\s*(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)\s+\"?"
+                            r"([A-Za-z0-9._~+/-]+=*)\"?\s*(?:[,;].*)?", re.IGNORECASE | re.DOTALL)
+#: An ``Authorization`` value of a scheme that carries parameters (``Digest username="a", response="..."``, Rails'
+#: ``Token token="...", email="..."``).
+_PARAMS_VALUE = re.compile(r"\s*(?:digest|hawk|aws4-hmac-sha256|sharedkey|token)\s+[A-Za-z_-]+=", re.IGNORECASE)
 #: What tells a credential from a word after ``Basic`` or ``Token`` (``Basic Reviewer``, ``Token refreshed``): a digit
 #: or a symbol, a capital after a small letter (base64), or a length no word has.
 _NOT_A_WORD = re.compile(r"[0-9._~+/=-]|[a-z][A-Z]|^.{24,}$")

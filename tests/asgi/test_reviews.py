@@ -308,6 +308,8 @@ async def test_credentials_under_unusual_names_are_redacted_in_the_item(make_gua
                        "authenticated_user": "alice"}).encode()
     async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
         headers = {**JSON, "Authentication": "Bearer AUTHNVAL-123456", "x-upstream-auth": "Basic dXNlcjpwYXNzd29yZA==",
+                   "x-rails": 'Token token="RAILSTOKEN-5", email="a@b.c"', "x-quoted": 'Bearer "QUOTEDTOKEN-6"',
+                   "x-two": "Bearer FIRSTTOKEN-7; v=2",
                    "x-note": "Bearer with me", "x-plan": "Basic (monthly)", "x-status": "Token refreshed",
                    "authentication-method": "mfa-totp"}
         held = (await client.post("/v1/echo?bearer=QBEARER-9&q=basic household budgeting&sort=asc", content=body,
@@ -315,13 +317,14 @@ async def test_credentials_under_unusual_names_are_redacted_in_the_item(make_gua
         item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
     shown = item["subject"]["headers"]
     assert shown["authentication"] == shown["x-upstream-auth"] == "[redacted]"
+    assert shown["x-rails"] == shown["x-quoted"] == shown["x-two"] == "[redacted]"
     # phrases and plain words after a scheme's name are not credentials: the reviewer reads them (review finding)
     assert (shown["x-note"], shown["x-plan"], shown["x-status"]) == ("Bearer with me", "Basic (monthly)",
                                                                     "Token refreshed")
     assert shown["authentication-method"] == "mfa-totp" and "alice" in json.dumps(item["state"])
     assert item["subject"]["query"] == "bearer=[redacted]&q=basic%20household%20budgeting&sort=asc"
     text = json.dumps(item)
-    assert not {"AUTHNVAL-123456", "dXNlcjpwYXNzd29yZA==", "QBEARER-9", "BODYBEARER-77"} & set(
+    assert not {"AUTHNVAL-123456", "dXNlcjpwYXNzd29yZA==", "QBEARER-9", "BODYBEARER-77", "RAILSTOKEN-5"} & set(
         text.replace('"', " ").split())
 
 

@@ -874,3 +874,20 @@ async def test_a_follower_of_a_slow_genuine_leader_takes_its_answer_within_the_b
     assert (await first).action == "block" and slow.calls == 1
     await leader.aclose()
     await follower.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_hedge_that_fails_fast_does_not_beat_the_leaders_answer(redis_url: str, create_redis: Any) -> None:
+    """Past half its budget a follower calls the model too; that call failing at once (a busy 503) is no answer:
+    the follower failed open on it while the leader's block came 0.3 s later, within its budget (review finding)."""
+    slow = ScriptedBackend(by_text, delay=1.3, name="clef")
+    leader = Guard(policies(), backends=slow, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=0))
+    busy = ScriptedBackend(by_text, name="clef", fail=BackendUnavailable("server busy", reason="http_503"))
+    follower = Guard(policies(), backends=busy, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=0))
+    first = asyncio.ensure_future(leader.aevaluate(subject("ignore")))
+    await asyncio.sleep(0.05)
+    verdict = await follower.aevaluate(subject("ignore"))
+    assert (verdict.action, verdict.rule, verdict.fail_mode) == ("block", "injection", None), verdict.error
+    assert busy.calls == 1 and (await first).action == "block"
+    await leader.aclose()
+    await follower.aclose()
