@@ -359,7 +359,7 @@ def run_test(args: argparse.Namespace) -> int:
             _say(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
         suites.append((str(test_file), results))
         fired = {(v.policy_id, v.rule) for r in results if r.verdict is not None  # a rule of a policy that matched
-                 for v in (r.verdict, *r.verdict.contributions)}  # but did not decide fired too  # fmt: skip
+                 for v in (r.verdict, *r.verdict.contributions, *r.late)}  # but did not decide fired too  # fmt: skip
         if pattern is None:
             uncovered += [f"{policy_file}: {p.id}/{rule.id}" for p in policies for rule in p.rules
                           if (p.id, rule.id) not in fired]  # fmt: skip

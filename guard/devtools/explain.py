@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend
-from guard.devtools.testing import judged_subject, wire_answers, with_timeout
+from guard.devtools.testing import judged_subject, late_shadow_verdicts, wire_answers, with_timeout
 from guard.engine.cache import MemoryCache
 from guard.engine.keys import cache_key
 from guard.errors import GuardError, StateAmbiguous, StateTooLong
@@ -91,7 +91,8 @@ async def explain(
     guard = _guard(policies, backend)
     try:  # the backend stays open until the reports are built: a rule error asks it again
         verdict = await guard.aevaluate(subject, policies=matched)
-        own = dict(zip((p.id for p in matched), verdict.contributions or (verdict,), strict=True))
+        late = await late_shadow_verdicts(guard, subject, matched, verdict)
+        own = {v.policy_id: v for v in (*(verdict.contributions or (verdict,)), *late)}
         reports = [await _policy_report(policy, own[policy.id], subject, backend) for policy in matched]
     finally:
         await guard.aclose()

@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 import pydantic
@@ -53,12 +53,16 @@ from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMe
 from guard.systemone import QuestionV1
 from guard.verdict import Action, FailMode, Verdict
 
+if TYPE_CHECKING:
+    from guard.engine import Guard
+
 __all__ = [
     "CaseResult",
     "expand_policy_paths",
     "find_test_file",
     "is_test_file",
     "judged_subject",
+    "late_shadow_verdicts",
     "run_test_file",
     "subject_from_json",
     "test_file_schema",
@@ -278,13 +282,15 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
 
 @dataclass
 class CaseResult:
-    """One case's outcome: ``passed``, and when not, the differences in ``problems``."""
+    """One case's outcome: ``passed``, and when not, the differences in ``problems``; ``late``: the verdicts of the
+    shadow policies that matched but were decided after the verdict (:func:`late_shadow_verdicts`)."""
 
     name: str
     passed: bool
     problems: list[str] = field(default_factory=list)
     verdict: Verdict | None = None
     line: int | None = None
+    late: tuple[Verdict, ...] = ()
 
 
 def find_test_file(path: str | Path) -> tuple[Path, Path]:
@@ -398,9 +404,20 @@ def wire_answers(policies: Sequence[Policy], answers: Mapping[str, Any]) -> dict
     return {wire.id: spec for key, spec in answers.items() for wire in by_key[key]}
 
 
+async def late_shadow_verdicts(guard: Guard, subject: Subject, matched: Sequence[Policy],
+                               verdict: Verdict) -> tuple[Verdict, ...]:
+    """The own verdicts of the shadow policies in ``matched`` that ``verdict`` (``guard``'s for ``subject``) left
+    out: an enforced verdict does not wait for a shadow policy whose answers are not in yet (always the case next to
+    rules-only enforced policies), and production records that one as a decision of its own. Each is decided alone,
+    as that record is."""
+    decided = {c.policy_id for c in (verdict.contributions or (verdict,))}
+    return tuple([await guard.aevaluate(subject, policies=[policy]) for policy in matched
+                  if policy.mode == "shadow" and policy.id not in decided])
+
+
 async def _run_case(
     policies: Sequence[Policy], case: _Case, backend_factory: BackendFactory | None
-) -> tuple[Verdict | None, list[str]]:
+) -> tuple[Verdict | None, tuple[Verdict, ...], list[str]]:
     from guard.engine import Guard
 
     subject, matched = judged_subject(PolicySet(policies), case.input.model_dump(exclude_none=True))
@@ -412,14 +429,17 @@ async def _run_case(
         backend = backend_factory()
         await start_backend(backend)  # warm up before the decision is timed
     else:
-        return None, ["the case has no 'answers' or 'backend_error'; give one, or run with --backend"]
+        return None, (), ["the case has no 'answers' or 'backend_error'; give one, or run with --backend"]
     names = {p.backend or "default" for p in policies} | {"default"}
     guard = Guard(list(policies), backends=dict.fromkeys(names, backend), cache=MemoryCache())
     try:
         verdict = await guard.aevaluate(subject, policies=matched)
+        late = await late_shadow_verdicts(guard, subject, matched, verdict)
     finally:
         await guard.aclose()
-    return verdict, _compare(case.expect, verdict)
+    # a case that names a shadow policy decided apart is compared with that policy's own decision, as recorded
+    compared = next((v for v in late if v.policy_id == case.expect.policy), verdict)
+    return verdict, late, _compare(case.expect, compared)
 
 
 def _compare(expect: _Expect, verdict: Verdict) -> list[str]:
@@ -476,9 +496,10 @@ def run_test_file(
         if run is not None and not run.search(case.name):
             continue
         line = lines.line(("cases", i))
+        late: tuple[Verdict, ...] = ()
         try:
-            verdict, problems = asyncio.run(_run_case(policies, case, backend_factory))
+            verdict, late, problems = asyncio.run(_run_case(policies, case, backend_factory))
         except ValueError as exc:
             verdict, problems = None, [str(exc)]
-        results.append(CaseResult(case.name, not problems, problems, verdict, line))
+        results.append(CaseResult(case.name, not problems, problems, verdict, line, late))
     return results

@@ -459,6 +459,55 @@ cases:
     assert "low/a" not in out and "high/z" not in out
 
 
+SHADOW_BESIDE_RULES = """
+policies:
+  - id: enf
+    version: 1
+    match: {http: {methods: [POST]}}
+    state: {t: body_text}
+    rules: [{id: evil, when: 'state.t.contains("evil")', action: block}]
+  - id: shad
+    version: 1
+    mode: shadow
+    match: {http: {methods: [POST]}}
+    state: {t: body_text}
+    questions: {spam: {type: noul, instructions: "Is it spam?"}}
+    rules: [{id: spammy, when: 'spam.noul > 0.4', action: block}]
+"""
+
+
+def test_a_shadow_policy_decided_after_a_rules_only_verdict_is_explained_tested_and_covered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Next to a rules-only enforced policy a shadow policy's answers are never in when the verdict is made, so it is
+    decided apart (as production records it): explain failed on it (zip of unequal lengths), a case could not expect
+    it, and coverage called its rule never fired (attack finding)."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(SHADOW_BESIDE_RULES)
+    (tmp_path / "p_test.yaml").write_text("""
+cases:
+  - name: shadow spam
+    input: {http: {method: POST, path: /a, body: {x: hi}}}
+    answers: {spam: 0.9}
+    expect: {policy: shad, action: allow, shadow_action: block, rule: spammy}
+  - name: evil
+    input: {http: {method: POST, path: /a, body: {x: evil}}}
+    answers: {spam: 0.1}
+    expect: {policy: enf, action: block, rule: evil}
+""")
+    assert main(["policy", "test", str(policy)]) == 0
+    assert "not covered" not in capsys.readouterr().out
+    answers = tmp_path / "answers.json"
+    answers.write_text('{"spam": 0.9}')
+    subject = tmp_path / "in.json"
+    subject.write_text('{"http": {"method": "POST", "path": "/a", "body": {"x": "evil"}}}')
+    assert main(["policy", "explain", str(policy), "--input", str(subject), "--answers", str(answers), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"]["action"] == "block" and report["policy"]["id"] == "enf"
+    shadow = next(r for r in report["matched"] if r["policy"]["id"] == "shad")
+    assert shadow["own_verdict"]["rule"] == "spammy"
+
+
 def test_test_fails_in_junit_too_and_a_policy_without_tests_is_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
