@@ -55,6 +55,9 @@ _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a bad pattern is reported as a policy error, not also on stderr
 
 
+_EMPTY_PROBE = "a 1-_.\nZ"  # word and non-word characters, a line break: where a pattern of empty matches matches
+
+
 def compile_pattern(source: str) -> Pattern:
     """A ``redact`` pattern compiled with RE2 (``google-re2``): matching takes time linear in the text, so no
     request can make a pattern backtrack for minutes on the event loop (``([a-z0-9]+[._-]?)+@corp\\.com`` against 30
@@ -63,14 +66,21 @@ def compile_pattern(source: str) -> Pattern:
     Unicode.
 
     Raises:
-        ValueError: the pattern is not valid RE2 syntax, with RE2's reason.
+        ValueError: the pattern is not valid RE2 syntax, with RE2's reason; or it can match the empty string
+            (``[0-9]*`` for ``[0-9]+``, ``\\b``): it would match inside every string, object keys included, which
+            cannot be masked, so every request it fires on would be refused.
     """
     try:
-        return re2.compile(source, _RE2_OPTIONS)
+        compiled = re2.compile(source, _RE2_OPTIONS)
     except re2.error as exc:
         reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise ValueError(f"not a valid regular expression (RE2 syntax, linear time: no backreferences or "
                          f"lookaround): {reason}") from None
+    if compiled.fullmatch("") is not None or any(m.start() == m.end() for m in compiled.finditer(_EMPTY_PROBE)):
+        raise ValueError(f"{source!r} matches the empty string, so it matches inside every string (and every object "
+                         "key, which cannot be masked: each request it fires on would be refused); make it match at "
+                         "least one character (+ instead of *, no optional-only pattern)")
+    return compiled
 
 
 @dataclass(frozen=True)

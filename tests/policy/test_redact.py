@@ -130,3 +130,13 @@ def test_masking_many_spans_takes_time_linear_in_the_body() -> None:
     assert not redactor.leaves(body, {}, spans)
     assert time.perf_counter() - started < 5.0
     assert len(spans) == 16_000 and masked[-1] == ["card [REDACTED:card]"] and body[-1][0].endswith("5999")
+
+
+@pytest.mark.parametrize("pattern", ["[0-9]*", "x?", "^", r"\b", "(card|)"])
+def test_a_pattern_that_matches_the_empty_string_is_a_policy_error_naming_its_key(pattern: str) -> None:
+    """``[0-9]*`` typed for ``[0-9]+`` passed ``policy check``; its empty matches fell inside every object key, which
+    cannot be masked, so every request the rule fired on was refused with a 422 about keys (attack finding)."""
+    with pytest.raises(PolicyError) as info:
+        load_text(REDOS_POLICY.replace("([a-z0-9]+[._-]?)+@corp\\.com", pattern))
+    message = str(info.value)
+    assert "patterns.email" in message and "matches the empty string" in message, message
