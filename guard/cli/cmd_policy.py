@@ -265,7 +265,7 @@ def run_explain(args: argparse.Namespace) -> int:
     if answers is None and factory is None and any(part["questions"] for part in report["matched"]):
         print(UNIFORM_NOTE, file=sys.stderr)  # the answers were made up: only the rules' reading is shown
     if args.json:
-        print(json.dumps(report, indent=2, ensure_ascii=False, default=repr))
+        print(_json_text(report, default=repr))
     else:
         _print_report(report)
     return EXIT_FAILED if report["error"] else 0
@@ -383,7 +383,7 @@ def run_test(args: argparse.Namespace) -> int:
               f"<name>_test.yaml (or .yml) beside each of the {len(files)} policy file(s) in {' '.join(args.files)}",
               file=sys.stderr)
     if args.format == "json":
-        print(json.dumps(_json_report(suites, uncovered, errors), indent=2, ensure_ascii=False))
+        print(_json_text(_json_report(suites, uncovered, errors)))
     elif args.format == "junit":
         print(_junit_report(suites, errors))
     else:
@@ -394,13 +394,22 @@ def run_test(args: argparse.Namespace) -> int:
 
 
 #: Control characters (C0, DEL, C1), which a terminal would act on.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # control characters, and lone surrogates (unprintable)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _say(text: str, file: TextIO | None = None) -> None:
-    """Print a line of text output with each control character written as Python writes it in a string
-    (``\\x1b``, ``\\n``): names, keys and values from policy and test files never act on the terminal."""
+    """Print a line of text output with each control character (and lone surrogate) written as Python writes it in a
+    string (``\\x1b``, ``\\n``, ``\\ud800``): names, keys and values from policy and test files never act on the
+    terminal, nor stop the output (a surrogate cannot be written as UTF-8)."""
     print(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text), file=file)
+
+
+def _json_text(value: Any, **options: Any) -> str:
+    """``value`` as indented JSON with non-ASCII text as it is, a lone surrogate (a YAML ``"\\ud800"`` in a case
+    name) written as its ``\\uXXXX`` escape, which JSON allows and UTF-8 cannot carry."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, **options)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _json_report(

@@ -43,3 +43,23 @@ def test_test_escapes_control_characters_in_text_output(tmp_path: Path, capsys: 
     assert "\x1b" not in err and "\x01" not in err and "\x9b" not in err
     assert ": ctl \\x01\\x1b[31m \\x9b name\n" in err
     assert "rule: expected 'x\\x02', got 'r'" in err
+
+
+def test_a_lone_surrogate_in_a_case_name_is_escaped_in_text_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A YAML ``"\\ud800"`` in a case name stopped ``-v`` and ``--format json`` with a UnicodeEncodeError on a real
+    stdout, leaving CI an empty report (attack finding): it is written as its escape."""
+    import json
+
+    (tmp_path / "p.yaml").write_text(POLICY)
+    (tmp_path / "p_test.yaml").write_text(
+        'cases:\n  - name: "odd \\ud800 name"\n    input: {http: {method: POST, path: /x/a}}\n'
+        '    expect: {action: block}\n'
+    )
+    assert main(["policy", "test", str(tmp_path / "p.yaml"), "-v"]) == 0
+    text = capsys.readouterr().out
+    assert "\ud800" not in text and "odd \\ud800 name" in text
+    assert main(["policy", "test", str(tmp_path / "p.yaml"), "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    assert "\ud800" not in out and json.loads(out)["results"][0]["name"] == "odd \ud800 name"
