@@ -340,7 +340,7 @@ def expand_policy_paths(names: Sequence[str]) -> list[Path]:
     below a folder or by ``**`` (name such a folder itself).
 
     Raises:
-        FileNotFoundError: naming an argument that matches no file.
+        FileNotFoundError: naming an argument that matches no file, or a symlink loop.
         ValueError: naming a glob that is not a valid pattern.
     """
     found: dict[Path, Path] = {}  # resolved path -> the first spelling
@@ -363,7 +363,11 @@ def expand_policy_paths(names: Sequence[str]) -> list[Path]:
             matches = [Path(name)]
         for match in matches:
             policy_file = find_test_file(match)[0] if is_test_file(match) else match
-            found.setdefault(policy_file.resolve(), policy_file)
+            try:
+                resolved = policy_file.resolve()
+            except RuntimeError:  # a symlink loop (Python 3.11 raises this; later versions an OSError)
+                raise FileNotFoundError(f"{policy_file}: a symlink loop, not a file") from None
+            found.setdefault(resolved, policy_file)
     return list(found.values())
 
 

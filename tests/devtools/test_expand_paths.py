@@ -60,3 +60,11 @@ def test_a_glob_keeps_policy_files_and_expands_folders_as_a_folder_argument_does
     capsys.readouterr()
     assert main(["policy", "check", f"{folder}/*.txt"]) == 1
     assert "no file matches (no *.yaml or *.yml file)" in capsys.readouterr().err
+
+
+def test_a_symlink_loop_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """``l1.yaml -> l2.yaml -> l1.yaml`` raised RuntimeError out of ``guard policy check`` (attack finding)."""
+    (tmp_path / "l1.yaml").symlink_to("l2.yaml")
+    (tmp_path / "l2.yaml").symlink_to("l1.yaml")
+    with pytest.raises(FileNotFoundError, match="l1.yaml: a symlink loop"):
+        expand_policy_paths([str(tmp_path / "l1.yaml")])
