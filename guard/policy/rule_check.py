@@ -254,6 +254,8 @@ def _certain_failure(
         return f"fails on every request: {errors[0].detail}"
     if all(_type_error(exc) for exc in errors):
         return f"fails on the types it reads ({_described(reads, runs)}): {_first_sentence(errors[0])}"
+    if all(isinstance(exc.__cause__, ZeroDivisionError) for exc in errors):  # by a constant zero, whatever is read
+        return f"divides by zero on every request ({_described(reads, runs)}): {_first_sentence(errors[0])}"
     return None
 
 

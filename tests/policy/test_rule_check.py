@@ -33,6 +33,7 @@ policies:
         action: block
 """
 
+ZERO = "divides by zero on every request (state.text is a string): ZeroDivisionError: {} by zero in CEL expression"
 OVERLOAD = "TypeError: No such overload: the operation is not defined for the given operand types"
 
 
@@ -53,6 +54,8 @@ def typed(types: str, failure: str = OVERLOAD) -> str:
                                         "function call failed: TypeError: sqli() takes a string, got int")),
         ("state.meta.route.size() > '3'", typed("state.meta.route is a string")),
         ("state.text.size() >= 0 && state.text > 3", typed("state.text is a string")),
+        ("size(state.text) / 0 > 1", ZERO.format("division")),
+        ("size(state.text) % 0 == 1", ZERO.format("modulo")),
     ],
 )  # fmt: skip
 def test_a_rule_whose_types_fail_on_every_request_is_refused(when: str, message: str) -> None:
@@ -75,6 +78,7 @@ def test_a_rule_whose_types_fail_on_every_request_is_refused(when: str, message:
         "subject.status >= 500 || state.text.contains('x')",  # status is null for requests: false || ... absorbs
         "state.text.size() > 3 && state.meta.size > 2",
         "type(state.payload) == string && state.payload > 'a'",
+        "100 / size(state.text) > 1",  # by zero for the empty text only
     ],
 )
 def test_a_rule_that_can_work_on_some_request_loads(when: str) -> None:
