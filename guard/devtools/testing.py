@@ -234,12 +234,24 @@ def _host(host: str, header: str | None) -> str:
     return host_name(host or header or "")
 
 
+_FORM_MEDIA = ("application/x-www-form-urlencoded", "multipart/form-data")  # a form body is {field: [values]}
+
+
 def _message(headers: Mapping[str, str], content_type: str, body: Any, body_text: str | None) -> dict[str, Any]:
     """A request's or response's fields as the middleware reads them: header names lower-case; the media type
     ``content_type``, else the ``content-type`` header, without parameters; ``body_text`` by default the body's
-    judged strings joined by newlines."""
+    judged strings joined by newlines.
+
+    Raises:
+        ValueError: an object or list body with a media type the middleware reads as text (it would judge it
+            differently from the input's JSON).
+    """
     lowered = {k.lower(): v for k, v in headers.items()}
     media = (content_type or lowered.get("content-type", "")).split(";", 1)[0].strip().lower()
+    if (isinstance(body, (dict, list)) and media and not is_json_media(media) and media not in JSON_LINES
+            and media not in _FORM_MEDIA):
+        raise ValueError(f"input.http.body: an object or list sent as {media}, which the middleware reads as text, "
+                         "not JSON: give the body as a string, or a JSON (or form) content type")
     text = body_text if body_text is not None else "\n".join(body_strings(body))
     return {"headers": lowered, "content_type": media, "body": body, "body_text": text}
 

@@ -89,3 +89,13 @@ def test_a_streamed_response_in_a_case_is_judged_as_the_middleware_judges_it(tmp
         for path, media, text, rule in cases))
     results = run_test_file(policy)
     assert [(r.passed, r.problems) for r in results] == [(True, [])] * 4
+
+
+def test_an_object_body_sent_as_text_is_refused() -> None:
+    """``content_type: text/plain`` with an object body: explain and tests read it as JSON while the middleware reads
+    such a body as text, so a test passed that production would fail (attack finding)."""
+    with pytest.raises(ValueError, match="input.http.body: an object or list sent as text/plain"):
+        subject_from_json({"http": {"method": "POST", "path": "/a", "content_type": "text/plain",
+                                    "body": {"prompt": "evil"}}})
+    for media in ("application/json", "application/vnd.api+json", "application/x-www-form-urlencoded", ""):
+        subject_from_json({"http": {"method": "POST", "path": "/a", "content_type": media, "body": {"a": ["b"]}}})
