@@ -309,6 +309,9 @@ def _print_report(report: dict[str, Any]) -> None:
         for part in report["matched"]:
             own, mark = part["own_verdict"], "  <- decided" if part["policy"]["id"] == p["id"] else ""
             _say(f"  {part['policy']['id']:<20} {own['action']} (rule {own['rule']}){mark}")
+    if not report["questions"]:
+        _say("on backend failure  (none: this policy asks no question, so it calls no backend)")
+        return
     _say("on backend failure")
     for mode, failed in report["fail_modes"].items():
         marker = "  <- this policy" if mode == report["fail_mode"] else ""
