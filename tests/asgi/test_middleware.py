@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import socket
 import struct
@@ -32,7 +31,6 @@ from guard.engine import Guard
 from guard.engine.cache import CacheConfig
 from guard.engine.telemetry import DecisionLog
 from guard.errors import BackendTimeout, BackendUnavailable
-from guard.policy import load_text
 from guard.systemone import SystemOneRequestV1
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, client_for, echo, echo_routes, guarded_app, scripted_answers, sha
@@ -174,40 +172,6 @@ def test_lifespan_and_websocket_pass_through() -> None:
             pass
     assert refused.value.status_code == 403 and refused.value.json()["policy"] == "api_guard"
     assert events == ["startup", "shutdown"]
-    guard.close()
-
-
-def test_a_late_shadow_decision_is_recorded_before_the_server_stops() -> None:
-    """An enforced verdict does not wait for a slow shadow policy, which finishes in the background: stopping the
-    server (lifespan shutdown) waits for it, so the shadow trial loses no decision."""
-    policies = """
-policies:
-  - id: enforced
-    version: "1"
-    match: {http: {methods: [POST]}}
-    state: {text: body_text}
-    questions: {spam: {type: noul, instructions: "Is this spam?"}}
-    rules: [{id: spam, when: spam.noul >= 0.9, action: block}]
-    default: allow
-  - id: trial
-    version: "1"
-    mode: shadow
-    backend: slow
-    match: {http: {methods: [POST]}}
-    state: {text: body_text}
-    questions: {topic: {type: noul, instructions: "Is this off topic?"}}
-    rules: [{id: topic, when: topic.noul >= 0.9, action: block}]
-    default: allow
-"""
-    sink = io.StringIO()
-    backends = {"default": ScriptedBackend(lambda r: {"spam": 0.01}),
-                "slow": ScriptedBackend(lambda r: {"topic": 0.95}, delay=0.5)}
-    guard = Guard(load_text(policies), backends=backends, decision_log=DecisionLog(sink))
-    with TestClient(guarded_app(guard)) as client:
-        assert client.post("/v1/echo", json={"message": BENIGN}).status_code == 200
-    records = [json.loads(line) for line in sink.getvalue().splitlines()]
-    assert [(r["policy"]["id"], r["result"]["action"], r["result"]["shadow_action"]) for r in records] == [
-        ("enforced", "allow", None), ("trial", "allow", "block")]
     guard.close()
 
 

@@ -111,6 +111,26 @@ async def test_a_slow_shadow_policy_does_not_delay_the_enforced_verdict(sync: bo
     assert slow.calls == 1
 
 
+def test_a_late_shadow_decision_is_recorded_before_the_server_stops() -> None:
+    """GuardMiddleware: stopping the server (lifespan shutdown) waits for a late shadow decision, so the shadow trial
+    loses none (it was cancelled with the event loop)."""
+    from starlette.testclient import TestClient
+
+    from tests.asgi._apps import BENIGN, guarded_app
+
+    sink = io.StringIO()
+    fast = ScriptedBackend(lambda r: {"spam": 0.01})
+    slow = ScriptedBackend(lambda r: {"topic": 0.95}, delay=0.5)
+    text = "policies:" + ENFORCED + SHADOW.replace("    questions:", "    backend: slow\n    questions:")
+    guard = Guard(load_text(text), backends={"default": fast, "slow": slow}, decision_log=DecisionLog(sink))
+    with TestClient(guarded_app(guard)) as client:
+        assert client.post("/v1/echo", json={"message": BENIGN}).status_code == 200
+    records = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert [(r["policy"]["id"], r["result"]["action"], r["result"]["shadow_action"]) for r in records] == [
+        ("enforced", "allow", None), ("trial", "allow", "block")]
+    guard.close()
+
+
 async def test_a_shadow_policy_that_answers_in_time_is_still_part_of_the_verdict() -> None:
     scripted = ScriptedBackend(lambda r: {"spam": 0.01, "topic": 0.95})
     async with Guard(load_text("policies:" + ENFORCED + SHADOW), backends=scripted) as guard:
