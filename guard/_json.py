@@ -186,22 +186,29 @@ def _scan(scan: _Scanner, text: str) -> Any:
     return value
 
 
-def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_keys: DuplicateKeys = "reject") -> Any:
+def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_keys: DuplicateKeys = "reject",
+          max_containers: int | None = None) -> Any:
     """Parse one JSON document strictly.
 
     Args:
         data: the document; bytes must be UTF-8 (a UTF-8 byte-order mark is ignored; UTF-16/32 are refused).
         max_depth: deepest nesting of arrays/objects allowed.
         duplicate_keys: ``reject`` (default) or ``collect`` (see :data:`DuplicateKeys`).
+        max_containers: most ``[`` and ``{`` characters the text may hold (brackets inside strings count too), checked
+            before parsing; ``None``: no limit. json's C parser holds the GIL for the whole document, and 8 MiB of
+            ``[]`` are 2.8 million lists and half a second in which no other thread or event loop runs.
 
     Returns:
         The parsed value (dicts, lists, str, int, float, bool, None).
 
     Raises:
         InvalidJson: with ``reason`` ``not_utf8``, ``syntax``, ``duplicate_key``, ``too_deep``, ``non_finite``,
-            ``lone_surrogate`` or ``number_too_long``.
+            ``lone_surrogate``, ``number_too_long`` or ``too_many_values``.
     """
     text = _decode_text(data) if isinstance(data, _BINARY) else data
+    if max_containers is not None and (found := text.count("{") + text.count("[")) > max_containers:
+        raise InvalidJson("too_many_values", f"the document holds {found} arrays and objects (counting brackets); "
+                          f"at most {max_containers} are read")
     scan = _SCAN_REJECTING if duplicate_keys == "reject" else _SCAN_COLLECTING
     try:
         value = _scan(scan, text)

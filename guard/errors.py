@@ -246,8 +246,8 @@ class InvalidJson(GuardError, ValueError):
     """A JSON document breaks the strict rules (``guard/_json.py``).
 
     Attributes:
-        reason: ``not_utf8``, ``syntax``, ``duplicate_key``, ``too_deep``, ``non_finite``, ``lone_surrogate`` or
-            ``number_too_long``.
+        reason: ``not_utf8``, ``syntax``, ``duplicate_key``, ``too_deep``, ``non_finite``, ``lone_surrogate``,
+            ``number_too_long`` or ``too_many_values``.
         path: JSON path of the offending value (``$.messages[0].content``), ``$`` when it is the whole document.
         detail: one sentence naming the value and the limit.
     """

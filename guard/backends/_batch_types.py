@@ -120,7 +120,7 @@ class BatcherStats:
         failed: requests answered with an exception from ``run_batch``.
         expired: requests dropped before compute because their deadline passed.
         cancelled: requests dropped before compute because their caller went away.
-        rejected: ``submit`` calls refused with ``Overloaded``.
+        rejected: ``submit`` (or ``check_room``) calls refused with ``Overloaded``.
         batches: calls of ``run_batch`` (forward passes), including single-request reruns after a failed batch.
         batched_requests: requests that went through ``run_batch`` (sum of batch sizes).
     """

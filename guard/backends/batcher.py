@@ -155,6 +155,19 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         submit finds the queue full)."""
         return len(self._queue)
 
+    def check_room(self) -> None:
+        """Refuse as :meth:`submit` would when ``max_queue`` live requests are already waiting, without queueing
+        anything: a server checks before reading and parsing a request it could not queue.
+
+        Raises:
+            Overloaded: the queue is full (counted in ``stats.rejected``).
+        """
+        if len(self._queue) >= self.config.max_queue and not all(p.alive() for p in self._queue):
+            self._drop_finished()
+        if len(self._queue) >= self.config.max_queue:
+            self._stats.rejected += 1
+            raise Overloaded(self.name, self.config.max_queue, self._retry_after())
+
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop ``start()`` ran on (``None`` before); ``submit`` works only there."""
@@ -233,11 +246,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         length = self._tokens(item)
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(f"tokens(item) must be an integer >= 1, got {length!r}")
-        if len(self._queue) >= self.config.max_queue and not all(p.alive() for p in self._queue):
-            self._drop_finished()
-        if len(self._queue) >= self.config.max_queue:
-            self._stats.rejected += 1
-            raise Overloaded(self.name, self.config.max_queue, self._retry_after())
+        self.check_room()
         now = loop.time()
         future: asyncio.Future[ResultT] = loop.create_future()
         deadline = now + timeout if timeout is not None else None

@@ -144,7 +144,11 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
         image = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)
     except Image.DecompressionBombError as exc:
         raise RequestValidationError([FieldError(where, f"is too large to decode ({exc})")]) from exc
-    except (binascii.Error, ValueError, UnidentifiedImageError, OSError) as exc:
+    except UnidentifiedImageError as exc:  # its message names a Python object by its memory address: not shown
+        raise RequestValidationError(
+            [FieldError(where, f"is not a decodable {', '.join(IMAGE_FORMATS)} image (not one of these formats)")]
+        ) from exc
+    except (binascii.Error, ValueError, OSError) as exc:
         raise RequestValidationError(
             [FieldError(where, f"is not a decodable {', '.join(IMAGE_FORMATS)} image ({exc})")]
         ) from exc

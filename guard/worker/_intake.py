@@ -222,7 +222,11 @@ def split_multipart(body: bytes, content_type: str) -> tuple[bytes, dict[str, tu
     named: dict[str, tuple[str, bytes]] = {}
     for i, (headers, data) in enumerate(parts):
         _, disposition = parse_options_header(headers.get("content-disposition", ""))
-        name = disposition.get(b"name", b"").decode("latin-1")
+        raw_name = disposition.get(b"name", b"")
+        try:  # RFC 7578 4.2: a field name may be UTF-8 (the JSON naming it is); an older client's is latin-1
+            name = raw_name.decode("utf-8")
+        except UnicodeDecodeError:
+            name = raw_name.decode("latin-1")
         if not name:
             raise BodyError(400, INVALID_MULTIPART, f"part {i} has no Content-Disposition name", field="body")
         if name in named:

@@ -12,7 +12,10 @@ Routes:
   profile by default (422 naming every bad field), answered through
   :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
-  disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once. A ``model``
+  disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
+  body is read; at most :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more
+  than :data:`MAX_JSON_CONTAINERS` arrays and objects is a 400 ``invalid_json`` (json's parser holds the GIL: 8 MiB of
+  ``[]`` stalled ``/healthz`` for seconds). A ``model``
   the worker does not serve is a 404 ``model_not_found``. A state cut to fit ``max_length`` is reported in
   ``usage.state_tokens_dropped`` (never silently).
 * ``GET /v1/models``: TypeSafe Jev's ``{"models": [{"name", "description", "release_date", ...}]}`` and OpenAI's
@@ -91,6 +94,8 @@ __all__ = [
     "DEFAULT_CANARY_INTERVAL_S",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_TIMEOUT_S",
+    "INTAKE_THREADS",
+    "MAX_JSON_CONTAINERS",
     "MAX_TIMEOUT_S",
     "WorkerConfig",
     "WorkerPhase",
@@ -107,6 +112,12 @@ DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 300.0
 #: Seconds between canary runs once ready.
 DEFAULT_CANARY_INTERVAL_S = 60.0
+#: Most arrays and objects a request's JSON may hold (brackets counted before parsing): a state has at most a few
+#: thousand (the model reads 16,384 tokens at most); 8 MiB of ``[]`` hold 2.8 million and take the parser half a
+#: second with the GIL held.
+MAX_JSON_CONTAINERS = 65_536
+#: Request bodies decoded and parsed at once (each on a thread); the others wait, within their deadline.
+INTAKE_THREADS = 2
 #: ``Retry-After`` while the model is loading.
 NOT_READY_RETRY_AFTER_S = 5.0
 #: Canary runs in a row that do not finish, with no forward pass finished since the run before, after which the
@@ -247,6 +258,7 @@ class _Runtime:
         self.canary_runs = 0
         self.passes = 0  # forward passes finished (or failed), counted by the batcher's on_batch hook
         self.stalled_runs = 0  # canary runs in a row that did not finish while no forward pass finished
+        self.intake = asyncio.Semaphore(INTAKE_THREADS)  # bodies decoded and parsed at once
         self._passes_seen = 0
         self.loaded_on = datetime.datetime.now(datetime.UTC).date()
 
@@ -418,6 +430,11 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     config = runtime.config
     started = time.monotonic()
     try:
+        backend.batcher.check_room()  # a request the queue cannot take is refused before its body is read
+    except Overloaded as exc:
+        return _http.error_response(config.overload_status, _http.OVERLOADED, str(exc),
+                                    retry_after=exc.retry_after), "overloaded"
+    try:
         timeout = _http.parse_timeout(request.headers, config.default_timeout_s, config.max_timeout_s)
         content_type = request.headers.get("content-type", "")
         multipart = _intake.body_kind(content_type) == "multipart"
@@ -428,8 +445,17 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
         codings = ", ".join(request.headers.getlist("content-encoding"))
         # off the event loop: decompression and the body checks let other requests run meanwhile (json's own C
-        # parser still holds the GIL while it parses)
-        system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings, config)
+        # parser still holds the GIL while it parses: MAX_JSON_CONTAINERS bounds that), a few bodies at a time
+        async with asyncio.timeout(max(timeout - (time.monotonic() - started), 0.0)):
+            await runtime.intake.acquire()
+        try:
+            system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings,
+                                                            config)
+        finally:
+            runtime.intake.release()
+    except TimeoutError:
+        message = f"the body was not parsed within the {timeout * 1000:g} ms deadline (the worker is busy reading others)"
+        return _http.error_response(504, _http.TIMEOUT, message), "timeout"
     except BodyError as exc:
         return _http.error_response(exc.status, exc.code, exc.reason, field=exc.field), "invalid"
     except InvalidJson as exc:
@@ -491,7 +517,7 @@ def _read_request(
     parts: dict[str, tuple[str, bytes]] = {}
     if multipart:
         raw, parts = _intake.split_multipart(raw, content_type)
-    body = loads(raw)
+    body = loads(raw, max_containers=MAX_JSON_CONTAINERS)
     names: list[str] = []
     if isinstance(body, dict):
         body, names = _intake.assets_to_images(body, parts)

@@ -249,6 +249,27 @@ async def test_full_queue_answers_429_with_retry_after_at_once(clef_fp32: ClefMo
     assert backend.batcher.stats.rejected == 4
 
 
+async def test_a_full_queue_refuses_before_reading_the_body(clef_fp32: ClefModel) -> None:
+    """Requests the queue could not take were read, decompressed and parsed first (seconds of GIL-bound JSON parsing
+    for 8 MiB of ``[]``) and only then refused (attack finding): a full queue answers 429 before the body."""
+    backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=1, max_queue=1, max_wait_ms=0))
+    with serve_worker(backend) as worker:
+        async with worker.client(timeout=60) as client:
+            busy = await hold_inference_thread(worker, client)
+            queued = asyncio.ensure_future(client.post("/v1/systemone", json=ticket_body(1)))
+            while worker.batcher.queue_depth < 1:
+                await asyncio.sleep(0.002)
+            host, port = worker.url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /v1/systemone HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000000\r\n\r\n{\"model\": ")  # the rest never comes
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.close()
+            assert (await busy).status_code == 200 and (await queued).status_code == 200
+    assert head.startswith(b"HTTP/1.1 429") and b"retry-after" in head.lower()
+
+
 async def test_overload_status_can_be_503(clef_fp32: ClefModel) -> None:
     backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=1, max_queue=1, max_wait_ms=0))
     with serve_worker(backend, config=WorkerConfig(overload_status=503, model_name="clef-flash")) as worker:

@@ -79,9 +79,33 @@ async def test_a_state_slow_to_encode_is_answered_504_at_its_deadline(worker: Ru
 
 async def test_a_body_that_takes_past_the_deadline_to_parse_is_504_naming_that(worker: RunningWorker) -> None:
     """The deadline covers reading and parsing the body: spent there, the 504 says so (not a negative one)."""
-    body = json.dumps({**ticket_body(0), "state": {"a": [[0]] * 1_300_000}})
+    body = json.dumps({**ticket_body(0), "state": {"a": [0] * 1_500_000}})  # one list: within MAX_JSON_CONTAINERS
     async with worker.client() as client:
         response = await client.post("/v1/systemone", content=body,
                                       headers={"content-type": "application/json", "x-request-timeout-ms": "20"})
     assert response.status_code == 504 and response.json()["code"] == "timeout", response.text
     assert "reading and parsing the body took longer than the 20 ms deadline" in response.json()["message"]
+
+
+async def test_a_body_of_millions_of_arrays_is_refused_before_parsing(worker: RunningWorker) -> None:
+    """8 MiB of ``[]`` (8 KB gzipped) are 2.8 million lists: json's C parser held the GIL for half a second each,
+    and a few such requests stalled ``/healthz`` past a probe's 1 s timeout (attack finding). The brackets are
+    counted first."""
+    import gzip
+
+    from guard.worker.app import MAX_JSON_CONTAINERS
+
+    state = "[" + ",".join(["[]"] * 2_700_000) + "]"
+    body = gzip.compress(f'{{"model": "clef-flash", "questions": {{}}, "state": {state}}}'.encode())
+    passes = worker.batcher.stats.batches
+    started = time.perf_counter()
+    async with worker.client() as client:
+        response = await client.post("/v1/systemone", content=body,
+                                      headers={"content-type": "application/json", "content-encoding": "gzip"})
+    took = time.perf_counter() - started
+    assert response.status_code == 400 and response.json()["code"] == "invalid_json", response.text
+    assert f"at most {MAX_JSON_CONTAINERS} are read" in response.json()["message"]
+    assert worker.batcher.stats.batches == passes and took < 2.0  # a bound on a hang, not a speed claim
+    assert loads("[[], {}]", max_containers=3) == [[], {}]
+    with pytest.raises(InvalidJson, match="holds 4 arrays and objects"):
+        loads("[[], {}, []]", max_containers=3)

@@ -118,3 +118,16 @@ def test_more_codings_than_clients_send_are_refused_before_any_is_undone() -> No
     with pytest.raises(BodyError, match="more than 4 content codings") as caught:
         _intake.decode_content(body, ", ".join(["zstd"] * 5), 1 << 20)
     assert (caught.value.status, caught.value.code) == (400, "invalid_encoding")
+
+
+def test_a_part_named_in_utf8_matches_the_asset_that_names_it() -> None:
+    """RFC 7578 lets a field name be UTF-8; the JSON naming the part is UTF-8 too, but part names were read as
+    latin-1, so ``é`` could never match (attack finding)."""
+    boundary = "b0undary"
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="request"\r\nContent-Type: application/json\r\n\r\n'
+            '{}\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="é"\r\nContent-Type: image/png\r\n\r\n'
+            'PNGDATA\r\n'
+            f'--{boundary}--\r\n').encode()
+    request, parts = _intake.split_multipart(body, f"multipart/form-data; boundary={boundary}")
+    assert request == b"{}" and list(parts) == ["é"] and parts["é"][1] == b"PNGDATA"
