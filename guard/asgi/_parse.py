@@ -138,11 +138,16 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         ``(value, text)``; ``(None, "")`` for an empty body or an opaque one under ``opaque_media="metadata"``.
 
     Raises:
-        BodyError: 400 malformed (``Content-Type`` parameters, JSON, form, multipart, text), 415 unsupported media
-            type, charset or part encoding.
+        BodyError: 400 malformed (``Content-Type`` parameters, JSON, form, multipart, text), 413 ``body_too_complex``
+            (more ``[`` and ``{`` than ``limits.max_json_containers``: any of them may open a JSON value parsed
+            below), 415 unsupported media type, charset or part encoding.
     """
     if not body:
         return None, ""
+    if (brackets := body.count(b"[") + body.count(b"{")) > limits.max_json_containers:
+        raise BodyError(413, "body_too_complex", f"the body holds {brackets} '[' and '{{' characters; at most "
+                        f"{limits.max_json_containers} are read (each may open a JSON array or object guard parses, "
+                        "as an application could)", field="body")
     media, params = parse_params(content_type) if ";" in content_type else (content_type.strip().lower(), {})
     if is_json_media(media):
         value: Any = _json(body, params, limits)

@@ -40,6 +40,7 @@ client gets it (:mod:`guard.asgi._respond`), whether or not a request policy mat
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -84,7 +85,7 @@ from guard.policy.redact import apply_redactions
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
-__all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "METHOD_OVERRIDES", "STATE_KEY", "GuardMiddleware",
+__all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "INLINE_PARSE_BYTES", "METHOD_OVERRIDES", "STATE_KEY", "GuardMiddleware",
            "MethodOverride", "PathCase", "TrailingSlash", "UnexpectedBody"]
 
 #: Media types an application parses as received, whatever ``Content-Encoding`` says (refused encoded).
@@ -117,6 +118,19 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: The methods a POST body's ``_method`` field may ask for (Rack's list, LINK and UNLINK aside): where a policy judges
 #: the path under one of them, the body is read for the field.
 _OVERRIDDEN = ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+#: Request bodies larger than this (bytes as received), and every encoded one, are decoded and parsed on a thread:
+#: reading a megabyte of JSON Lines takes a few hundred milliseconds, which on the event loop every other request
+#: would wait for. Smaller ones are parsed in place (a thread hop costs more than their parse).
+INLINE_PARSE_BYTES = 64 * 1024
+
+
+def _decoded_and_parsed(body: bytes, codings: list[str] | None, content_type: str,
+                        limits: BodyLimits) -> tuple[Any, str]:
+    """:func:`parse_body` of ``body`` once its ``codings`` are undone (run on a thread for large bodies)."""
+    decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
+    return parse_body(decoded, content_type, limits)
 
 
 class GuardMiddleware:
@@ -500,8 +514,11 @@ class GuardMiddleware:
             # would judge, decoded, are not the fields the application reads
             raise BodyError(415, "encoded_form", f"a {media} body is sent with Content-Encoding; send the form "
                             "uncompressed", field="content-encoding")
-        decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
-        value, text = parse_body(decoded, headers.get("content-type", ""), limits)
+        content_type = headers.get("content-type", "")
+        if codings or len(body) > INLINE_PARSE_BYTES:  # megabytes to decode or read: off the event loop
+            value, text = await asyncio.to_thread(_decoded_and_parsed, body, codings, content_type, limits)
+        else:
+            value, text = parse_body(body, content_type, limits)
         return body, value, text
 
     def _body_method(self, body: bytes, headers: dict[str, str], asked: str) -> str | None:
