@@ -13,11 +13,22 @@ line; or the elements of one JSON array, as Gemini streams without ``alt=sse``) 
 there, in order. A place is a JSON pointer without array positions (a client concatenates the texts of an array,
 Gemini's ``parts``), in which an array element with an integer ``index`` member is named by it
 (``/choices/#1/delta/content``): OpenAI streams each of ``n`` answers, and each tool call, at array position 0 with
-its ``index``. A place whose string is the same in every event (an id, a model name) is metadata and is not joined;
-nor is OpenAI's random ``obfuscation`` padding. :meth:`DeltaJoiner.joined` gives each joined place's pieces not yet
-sent, after the end of what it held before (so a span cut where the sent text ends is seen whole);
+its ``index``. A string under an array is also at a second place, named by array positions (``@/choices/0/delta/
+content``): a client that reads ``choices[0]`` (OpenAI's SDK loop) joins by position whatever ``index`` says, so an
+upstream that gives each event its own ``index``, or leaves it out of one, still has its pieces joined. An SSE
+event's data that is not a JSON object or array is text at ``data:<type>`` (the type of its last ``event:`` line,
+``message`` when there is none or it is empty, as the SSE standard reads it) and also at ``@data``, all the stream's
+text data whatever its type (a client that ignores the type joins them). A place whose string is the same in every
+event (an id, a model name) is metadata and is not joined; nor is OpenAI's random ``obfuscation`` padding.
+:meth:`DeltaJoiner.joined` gives each joined place's pieces not yet sent, after the end of what it held before (so a
+span cut where the sent text ends is seen whole), :meth:`DeltaJoiner.readings` those of the second places too;
 :meth:`DeltaJoiner.hold_from` says where the events start that hold the last few characters of a joined text, which
 wait for what follows before they are sent.
+
+The places of the latest event are always followed. When more than :data:`MAX_PLACES` are, those of older events are
+forgotten, least recently seen first; a forgotten place that comes back with a string other than the one it held
+(one it never varied from) would be joined without what it held before, so the joiner gives up
+(:attr:`DeltaJoiner.overflow`) and the stream cannot be judged.
 """
 
 from __future__ import annotations
@@ -36,9 +47,11 @@ __all__ = ["JSON_LINES", "MAX_PLACES", "DeltaJoiner", "joiner_for"]
 JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
                         "application/jsonlines", "application/x-jsonlines", "application/json-seq"})
 
-#: Most places one stream's joiner follows at once; when full, the places seen least recently are forgotten (an
-#: event's own strings are judged with it in any case).
+#: Most places one stream's joiner follows at once, besides those of the latest event; when more are, the places
+#: seen least recently are forgotten (a forgotten place that comes back with new text makes the stream unreadable).
 MAX_PLACES = 4096
+#: Bits of the filter that remembers forgotten places (128 KiB, made at the first forgetting).
+_FILTER_BITS = 1 << 20
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
@@ -60,18 +73,25 @@ def _index(element: Any) -> int | None:
 
 
 def _places(document: Any) -> Iterator[tuple[str, str]]:
-    """Every non-empty string of ``document`` with its place (see the module doc), in document order."""
-    stack: list[tuple[str, Any]] = [("", document)]
+    """Every non-empty string of ``document`` with its place, and then, under an array, its place by array positions
+    (see the module doc), in document order."""
+    stack: list[tuple[str, str | None, Any]] = [("", None, document)]  # (place, place by position: None = the same)
     while stack:
-        where, value = stack.pop()
+        where, position, value = stack.pop()
         if isinstance(value, str):
             if value:
-                yield where, surrogates_joined(value)
+                value = surrogates_joined(value)
+                yield where, value
+                if position is not None:
+                    yield position, value
         elif isinstance(value, dict):
-            stack += [(f"{where}/{escape_pointer(k)}", v) for k, v in reversed(value.items()) if k not in _PADDING]
+            keys = [(escape_pointer(k), v) for k, v in value.items() if k not in _PADDING]
+            stack += [(f"{where}/{k}", None if position is None else f"{position}/{k}", v) for k, v in reversed(keys)]
         elif isinstance(value, list):
+            at = f"@{where}" if position is None else position
             named = [_index(v) for v in value]
-            stack += [(f"{where}/{'*' if n is None else f'#{n}'}", v) for n, v in reversed(list(zip(named, value)))]
+            stack += [(f"{where}/{'*' if n is None else f'#{n}'}", f"{at}/{i}", v)
+                      for i, n, v in reversed(list(zip(range(len(value)), named, value, strict=True)))]
 
 
 #: What the array reader looks at in a JSON array stream: an escape (with the character it escapes, when it came),
@@ -94,6 +114,8 @@ class DeltaJoiner:
 
     Attributes:
         complete_to: the offset where the last complete event read ends (a line, an SSE event, an array element).
+        overflow: why the joiner cannot follow the stream's places (``None``: it can): a place it forgot came back
+            with new text. The stream cannot be judged joined.
     """
 
     def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int, lines: bool = False) -> None:
@@ -113,7 +135,8 @@ class DeltaJoiner:
         self._escaped = False  # array stream: the next character is escaped (a backslash ended the last text)
         self.complete_to = 0
         self._latest = -1  # offset of the last event read that held a string
-        self._full_at = -1  # offset of an event that found the table full of its own places
+        self.overflow: str | None = None
+        self._forgotten: bytearray | None = None  # Bloom filter: forgotten places, and (place, string) of the unvaried
         self._first: dict[str, tuple[int, int]] = {}  # place -> (hash, length) of the first string seen there
         self._seen: dict[str, int] = {}  # place -> the offset of the last event that held a string there
         self._varies: set[str] = set()  # places whose string changed from one event to another
@@ -218,18 +241,25 @@ class DeltaJoiner:
             return
         if line == "":  # an SSE event ends
             if self._lines and self._event_chars <= self.max_event_chars:
-                data = [line[5:].removeprefix(" ") for line in self._lines if line.startswith("data:")]
-                kind = next((line[6:].strip() for line in self._lines if line.startswith("event:")), "message")
+                data, kind = [], ""
+                for field in self._lines:  # as the SSE standard parses a field: name, colon, one optional space
+                    name, _, value = field.partition(":")
+                    value = value.removeprefix(" ")
+                    if name == "data":
+                        data.append(value)
+                    elif name == "event":
+                        kind = value  # the last one counts
                 if data:
-                    self._event("\n".join(data), self._event_at, text_place=f"data:{kind}")
+                    self._event("\n".join(data), self._event_at, text_place=f"data:{kind or 'message'}")
             self._lines, self._event_chars = [], 0
         elif line is None or self._event_chars + len(line) > self.max_event_chars:
             self._lines, self._event_chars = [], self.max_event_chars + 1
         else:
-            if not self._lines:
+            if not self._lines and not self._event_chars:
                 self._event_at = at
-            self._lines.append(line)
-            self._event_chars += len(line)
+            if line.startswith(("data", "event")):  # the fields read (others, and comments, need not be kept)
+                self._lines.append(line)
+            self._event_chars += len(line) + 1
 
     def _event(self, data: str, at: int, text_place: str | None = None) -> None:
         """Take one event's strings; ``data`` that is not JSON is a string at ``text_place`` (an SSE event's data,
@@ -244,38 +274,78 @@ class DeltaJoiner:
             strings = [(text_place or "", surrogates_joined(document))] if document else []
         else:  # SSE data that is a JSON number or literal (``8812``, ``true``: a plain-text stream's token) is text
             strings = [] if text_place is None else [(text_place, surrogates_joined(data))]
+        if text_place is not None and strings and strings[0][0] == text_place:  # all text data, whatever its type
+            strings.append(("@data", strings[0][1]))
+        new = False
         for place, value in strings:  # a place an event holds several times (an array's texts): each a piece
             self._latest = at
+            key = (hash(value), len(value))
             first = self._first.get(place)
             if first is None:
-                if len(self._first) >= MAX_PLACES and self._full_at != at:
-                    self._forget(at)
-                if len(self._first) >= MAX_PLACES:
-                    self._full_at = at  # nothing older to forget: the rest of this event's new places are left out
-                    continue
-                self._first[place] = (hash(value), len(value))
-            elif first != (hash(value), len(value)):
+                if self._forgotten is not None and self._came_back(place, key):
+                    self.overflow = ("the stream's events hold more places than guard follows, and a place it had to "
+                                     "forget came back with new text")
+                self._first[place] = key
+                new = True
+            elif first != key:
                 self._varies.add(place)
             self._seen[place] = at
             self._pieces.setdefault(place, []).append((at, value))
+        if new and len(self._first) > MAX_PLACES:
+            self._forget(at)
+
+    def _bits(self, item: tuple[Any, ...]) -> tuple[int, int]:
+        h = hash(item)
+        return h & (_FILTER_BITS - 1), (h >> 24) & (_FILTER_BITS - 1)
+
+    def _in_filter(self, item: tuple[Any, ...]) -> bool:
+        assert self._forgotten is not None
+        return all(self._forgotten[bit >> 3] & (1 << (bit & 7)) for bit in self._bits(item))
+
+    def _came_back(self, place: str, key: tuple[int, int]) -> bool:
+        """Whether ``place`` (new to the table, its string ``key``) was forgotten holding other text than ``key``:
+        joined afresh, it would lose what it held (a false positive of the filter says so too: the safe side)."""
+        return self._in_filter(("place", place)) and not self._in_filter(("same", place, key))
 
     def _forget(self, at: int) -> None:
-        """Make room in a full table: forget the places seen least recently, none in the event at ``at``, down to
-        three quarters of the table (an answer's place is seen in every event of it, so it stays). A forgotten
-        place's strings were judged with their events; seen again, it starts afresh."""
-        older = sorted((last, place) for place, last in self._seen.items() if last < at)
-        for _, place in older[: len(self._first) - 3 * MAX_PLACES // 4]:
+        """Make room in a full table: forget the places seen least recently (the deepest first among those seen
+        together), none in the event at ``at``, down to three quarters of the table (an answer's place is seen in
+        every event of it, so it stays). A forgotten place is remembered in a filter: back with the one string it
+        always held, it starts afresh; back with another, it would be joined without what it held before, and
+        :attr:`overflow` says so."""
+        older = sorted((last, -place.count("/"), place) for place, last in self._seen.items() if last < at)
+        if not older:
+            return
+        if self._forgotten is None:
+            self._forgotten = bytearray(_FILTER_BITS // 8)
+        for _, _, place in older[: len(self._first) - 3 * MAX_PLACES // 4]:
+            items = [("place", place)]
+            if place not in self._varies:
+                items.append(("same", place, self._first[place]))
+            for item in items:
+                for bit in self._bits(item):
+                    self._forgotten[bit >> 3] |= 1 << (bit & 7)
             for table in (self._first, self._seen, self._before, self._pieces):
                 table.pop(place, None)
             self._varies.discard(place)
 
     def joined(self) -> tuple[tuple[str, ...], ...]:
         """Per joined place with pieces not yet sent, in the order first seen: the end of its sent text (when
-        there is any), then each such piece."""
+        there is any), then each such piece. Places by array position and ``@data`` are left out
+        (:meth:`readings` has them)."""
         return tuple(
             (*((self._before[p],) if self._before.get(p) else ()), *(value for _, value in pieces))
-            for p, pieces in self._pieces.items() if p in self._varies and pieces
+            for p, pieces in self._pieces.items() if p in self._varies and pieces and not p.startswith("@")
         )
+
+    def readings(self) -> tuple[tuple[str, ...], ...]:
+        """As :meth:`joined`, for every joined place, those by array position and ``@data`` too, each distinct
+        reading once (a stream whose ``index`` is its position reads the same both ways)."""
+        out: dict[tuple[str, ...], None] = {}
+        for p, pieces in self._pieces.items():
+            if p in self._varies and pieces:
+                out[(*((self._before[p],) if self._before.get(p) else ()), *(value for _, value in pieces))] = None
+        return tuple(out)
 
     def hold_from(self, chars: int, *, after: int = 0) -> int | None:
         """The offset of the first event from ``after`` on to keep back until more follows (``None``: none, or

@@ -2,8 +2,10 @@
 
 :class:`ResponseJudge` wraps ``send`` for one request whose request conditions a response policy accepts. It holds
 ``http.response.start`` back, picks every watching policy whose ``response`` conditions accept the status, headers
-and media type (none: the response passes untouched; several: their verdicts combine as a request's do), then judges
-the body in one of two ways:
+and media type (none: the response passes untouched; several: their verdicts combine as a request's do; a repeated
+``Content-Type``, ``Content-Length`` or ``Content-Encoding`` that any copy would have a policy watch: 502
+``response_uninspectable`` before any byte), then judges the body in one of two ways (either way a stream's events,
+or those of a body that holds them, are joined as its client joins them: :mod:`guard.asgi._deltas`):
 
 * **whole** (a ``Content-Length`` and not ``text/event-stream``): the body is read up to
   ``BodyLimits.max_response_bytes``, decoded (``Content-Encoding``) and parsed like a request body, and judged once.
@@ -42,7 +44,7 @@ from typing import Any
 
 from starlette.types import Message, Scope, Send
 
-from guard._json import json_readings
+from guard._json import is_json_media, json_readings
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._deltas import JSON_LINES, DeltaJoiner, joiner_for
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
@@ -114,12 +116,29 @@ def _stream_charset_problem(content_type: str) -> str | None:
     return None
 
 
-def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+#: Headers that say how a response's body is read: sent more than once, they have no one reading (the copies joined
+#: name no media type), so a response a policy could watch that repeats one is refused.
+_FRAMING = ("content-type", "content-length", "content-encoding")
+
+
+def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The headers (repeated ones joined with ``", "``), and the copies of each :data:`_FRAMING` header sent more than
+    once."""
     out: dict[str, str] = {}
+    repeated: dict[str, list[str]] = {}
     for k, v in raw:
         name, value = k.decode("latin-1").lower(), v.decode("latin-1")
-        out[name] = f"{out[name]}, {value}" if name in out else value
-    return out
+        if name in out:
+            if name in _FRAMING:
+                repeated.setdefault(name, [out[name]]).append(value)
+            out[name] = f"{out[name]}, {value}"
+        else:
+            out[name] = value
+    return out, repeated
+
+
+def _media_of(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
 
 
 class ResponseJudge:
@@ -153,6 +172,7 @@ class ResponseJudge:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.deltas: DeltaJoiner | None = None  # stream of events: their pieces joined as the client joins them
         self.lines = False  # stream: one JSON document per line (sent on up to the last line end)
+        self.framed = False  # stream: JSON Lines or JSON, sent on up to the last complete line or array element
         self.sent_chars = 0  # stream: characters of the decoded stream sent on
         self.arrivals: list[tuple[int, float]] = []  # stream: (offset, loop time) where each unsent chunk began
         self.received_chars = 0  # stream: characters of the decoded stream received
@@ -209,11 +229,14 @@ class ResponseJudge:
                     await self._stream(message)
 
     async def _start(self, message: Message) -> None:
-        headers = _headers(message.get("headers", []))
-        media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        headers, repeated = _headers(message.get("headers", []))
+        media = _media_of(headers.get("content-type", ""))
         head = dataclasses.replace(self.request, phase="response", status=message["status"], headers=headers,
                                    content_type=media, query=self.request.query, body=None, body_text="",
                                    repeated_headers=())  # the upstream's repeated headers are read joined
+        if repeated:
+            await self._refuse_repeated(message, head, repeated)
+            return
         self.policies = tuple(p for p in self.watching if p.matches(head))  # every one decides (docs/policies.md)
         self.policy = self.policies[0] if self.policies else None  # records a response that cannot be judged
         if self.policy is None:
@@ -249,13 +272,37 @@ class ResponseJudge:
         else:
             self.mode = "stream"
             self.lines = media in JSON_LINES
-            self.deltas = _joiner(media, self.limits)
+            self.deltas = joiner_for(media, context_chars=self.limits.stream_overlap_bytes,
+                                     max_event_chars=self.limits.max_response_bytes)
+            self.framed = self.deltas is not None
+            if self.deltas is None:  # text, HTML, XML, untyped: read as SSE too, as a client's SSE parser reads it
+                self.deltas = _joiner(media, self.limits)
             if is_xml(media):  # a declaration is read once its closing quote came: partial changes nothing
                 self.sniff = lambda prefix, partial: check_xml_encoding(prefix)
             elif media == "text/html" and "charset" not in parse_params(headers.get("content-type", ""))[1]:
                 self.sniff = check_html_charset  # a declared charset overrides <meta>, as in browsers
             if self.limits.stream_flush_s is not None and self.app is not None:
                 self.flusher = asyncio.ensure_future(self._flush())
+
+    async def _refuse_repeated(self, message: Message, head: HttpSubject, repeated: dict[str, list[str]]) -> None:
+        """Refuse (502) a response that repeats a :data:`_FRAMING` header when a watching policy accepts it under
+        any reading of the copies (each alone, or joined); else send it on untouched, as any response no policy
+        watches."""
+        readings = [head]
+        for name, copies in repeated.items():
+            for value in copies:
+                headers = {**head.headers, name: value}
+                media = _media_of(value) if name == "content-type" else head.content_type
+                readings.append(dataclasses.replace(head, headers=headers, content_type=media))
+        policies = tuple(p for p in self.watching if any(p.matches(reading) for reading in readings))
+        if not policies:
+            self.mode = "pass"
+            await self.send(message)
+            return
+        self.mode, self.policies, self.policy, self.head, self.start = "done", policies, policies[0], head, message
+        names = " and ".join(repeated)
+        await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response repeats {names}; a response sent "
+                                     "with more than one cannot be judged", field=next(iter(repeated))))
 
     # Whole bodies ----------------------------------------------------------------------------------------------
 
@@ -282,7 +329,17 @@ class ResponseJudge:
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response cannot be judged: {exc.reason}",
                                          field=exc.field))
             return
-        verdict = await self._judge(dataclasses.replace(self.head, body=value, body_text=text))
+        joiner = _whole_joiner(self.head.content_type, value, decoded, self.limits)
+        joined: tuple[tuple[str, ...], ...] = ()
+        if joiner is not None:  # a stream sent whole (JSON Lines, a JSON array of events, SSE): joined as streamed
+            joiner.feed(decoded.decode("utf-8", "replace"), final=True)
+            if joiner.overflow is not None:
+                await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response cannot be judged: "
+                                             f"{joiner.overflow}"))
+                return
+            joined = joiner.readings()
+            text = "\n".join([text, *("".join(p) for p in joined)])
+        verdict = await self._judge(dataclasses.replace(self.head, body=value, body_text=text, deltas=joined))
         if _stops(verdict):
             await self._block(verdict)
             return
@@ -327,6 +384,10 @@ class ResponseJudge:
             self.held_bytes += len(chunk)
             if self.deltas is not None:
                 self.deltas.feed(decoded)
+                if self.deltas.overflow is not None:
+                    await self._give_up(f"the response cannot be judged: {self.deltas.overflow}",
+                                        "a streamed response whose events guard cannot follow cannot be judged")
+                    return
             if self.due is None and self.flusher is not None and self.limits.stream_flush_s is not None:
                 self.due = asyncio.get_running_loop().time() + self.limits.stream_flush_s
                 self.pending.set()
@@ -336,6 +397,10 @@ class ResponseJudge:
             self.held += decoded
             if self.deltas is not None:
                 self.deltas.feed(decoded, final=True)
+                if self.deltas.overflow is not None:
+                    await self._give_up(f"the response cannot be judged: {self.deltas.overflow}",
+                                        "a streamed response whose events guard cannot follow cannot be judged")
+                    return
         if self.held_bytes >= max(self.limits.stream_window_bytes, self.judge_at) or not more:
             await self._window(final=not more)
 
@@ -374,7 +439,7 @@ class ResponseJudge:
         self.hold_due = None
         self.pending.clear()
         context, text = len(self.tail), self.tail + self.held
-        joined = self.deltas.joined() if self.deltas is not None else ()
+        joined = self.deltas.readings() if self.deltas is not None else ()
         verdict = await self._judge(_window_subject(self.head, text, joined))
         if _stops(verdict):
             self.mode = "done"
@@ -459,7 +524,7 @@ class ResponseJudge:
         if self.sse:
             return max((m.end() for m in _EVENT_END.finditer(text, context)), default=context)
         read = context
-        if self.deltas is not None:  # JSON Lines and JSON: the last complete line or array element, else line
+        if self.framed and self.deltas is not None:  # JSON Lines and JSON: the last complete line or array element, else line
             read = max(self.deltas.complete_to - self.sent_chars + context, text.rfind("\n") + 1,
                        text.rfind("\r") + 1)
             if (open_from := self.deltas.open_from) is not None:  # never part of an array element still arriving
@@ -541,12 +606,30 @@ def whole_stream_subject(head: HttpSubject, text: str, limits: BodyLimits) -> Ht
     joiner = _joiner(head.content_type, limits)
     if joiner is not None:
         joiner.feed(text, final=True)
-    return _window_subject(head, text, joiner.joined() if joiner is not None else ())
+    return _window_subject(head, text, joiner.readings() if joiner is not None else ())
 
 
 def _joiner(media: str, limits: BodyLimits) -> DeltaJoiner | None:
-    """The joiner of a stream of ``media`` under ``limits`` (:func:`~guard.asgi._deltas.joiner_for`)."""
-    return joiner_for(media, context_chars=limits.stream_overlap_bytes, max_event_chars=limits.max_response_bytes)
+    """The joiner of a stream of ``media`` under ``limits`` (:func:`~guard.asgi._deltas.joiner_for`); for text of
+    another kind (``text/*``, HTML, XML, untyped: not binary), an SSE joiner, as a client's SSE parser reads any
+    body (OpenAI's SDK does not look at the Content-Type)."""
+    joiner = joiner_for(media, context_chars=limits.stream_overlap_bytes, max_event_chars=limits.max_response_bytes)
+    if joiner is None and (not media or is_textual(media)):
+        joiner = DeltaJoiner(sse=True, context_chars=limits.stream_overlap_bytes,
+                             max_event_chars=limits.max_response_bytes)
+    return joiner
+
+
+def _whole_joiner(media: str, value: Any, body: bytes, limits: BodyLimits) -> DeltaJoiner | None:
+    """The joiner a whole body's events are read with, when it may hold a stream's: JSON Lines; a JSON array (of
+    events); text with SSE ``data:`` lines. ``None`` for one JSON document, a form or opaque bytes (nothing to join)."""
+    if media in JSON_LINES:
+        return _joiner(media, limits)
+    if is_json_media(media):
+        return _joiner(media, limits) if isinstance(value, list) else None
+    if (not media or is_textual(media)) and b"data" in body:
+        return _joiner(media, limits)
+    return None
 
 
 def _stops(verdict: Verdict) -> bool:

@@ -537,3 +537,80 @@ def test_no_part_of_an_array_element_still_arriving_is_sent() -> None:
         status, text, cut = _read(url, "x")
     guard.close()
     assert "efgh1234" not in text and (status == 403 or cut), (status, cut, text[-300:])
+
+
+def _readings(joiner: DeltaJoiner) -> list[str]:
+    return ["".join(pieces) for pieces in joiner.readings()]
+
+
+@pytest.mark.parametrize("indexes", [(5, 6), (None, 0), (0, None), ("0", 1)])
+def test_pieces_at_one_array_position_join_whatever_their_index_says(indexes: tuple[Any, Any]) -> None:
+    """A client reads ``choices[0]`` by position (OpenAI's SDK loop) or accumulates by ``index``: an upstream that
+    gives each event its own ``index``, or leaves it out of one, still has its pieces joined by position."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 20)
+    for token, index in zip(["the SEC", "RET is"], indexes, strict=True):
+        choice = {"delta": {"content": token}} if index is None else {"index": index, "delta": {"content": token}}
+        joiner.feed(_sse({"object": "chat.completion.chunk", "choices": [choice]}))
+    assert "the SECRET is" in _readings(joiner)
+
+
+def test_a_second_answer_at_position_zero_is_read_by_position_too() -> None:
+    """Without an ``index`` the client that reads ``choices[0]`` shows the first element of every event; the texts of
+    the whole array joined interleave another element's."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 20)
+    joiner.feed(_sse({"choices": [{"delta": {"content": "SEC"}}, {"delta": {"content": "x"}}]}))
+    joiner.feed(_sse({"choices": [{"delta": {"content": "RET"}}, {"delta": {"content": "y"}}]}))
+    assert "SECRET" in _readings(joiner)
+
+
+def test_an_event_padded_past_the_table_keeps_the_answers_place() -> None:
+    """Each event padded with more keys than the table holds: the answer's place, in every event, is never the one
+    left out."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
+    for token, tag in [("the SEC", "a"), ("RET is", "b")]:
+        pad = {f"{tag}{i}": "v" for i in range(MAX_PLACES + 100)}
+        joiner.feed(_sse({"pad": pad, "choices": [{"index": 0, "delta": {"content": token}}]}))
+    assert "the SECRET is" in _readings(joiner) and joiner.overflow is None
+
+
+def test_a_forgotten_place_that_comes_back_with_new_text_makes_the_stream_unreadable() -> None:
+    """A flood of other places between two pieces of the answer pushes the answer's place out of the table; when it
+    comes back with new text the join is lost, so the joiner says it cannot follow the stream. Back with the text
+    it held (metadata), it starts afresh."""
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
+    joiner.feed(_chat("the SEC") + _sse({"id": "x", "model": "m"}))
+    joiner.feed(_sse({"pad": {f"p{i}": "v" for i in range(MAX_PLACES + 100)}}))
+    joiner.feed(_sse({"id": "x", "model": "m"}))  # forgotten, back as they were
+    assert joiner.overflow is None
+    joiner.feed(_chat("RET is"))
+    assert joiner.overflow is not None
+
+
+@pytest.mark.parametrize("stream", [
+    "event: a1\nevent: message\ndata: SEC\n\nevent: a2\nevent: message\ndata: RET\n\n",  # the last event: counts
+    "data: the SEC\n\nevent:\ndata: RET is\n\n",  # an empty event: is a message
+    'event: data\ndata: "the SEC"\n\nevent: x\nevent: data\ndata: "RET is"\n\n',
+    "event: a1\ndata: SEC\n\nevent: a2\ndata: RET\n\n",  # a client that ignores the type joins all data
+])  # fmt: skip
+def test_sse_event_types_are_read_as_the_standard_reads_them(stream: str) -> None:
+    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 20)
+    joiner.feed(stream, final=True)
+    assert any("SECRET" in text for text in _readings(joiner))
+
+
+def test_a_padded_stream_is_blocked_through_the_middleware() -> None:
+    """Through the middleware: events padded past the table, the answer split across them, never reach the
+    client."""
+    async def stream(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            for token, tag in [(" sk-abcd", "a"), ("efgh1234", "b")]:
+                pad = {f"{tag}{i}": "v" for i in range(MAX_PLACES + 100)}
+                yield _sse({"pad": pad, "choices": [{"index": 0, "delta": {"content": token}}]}).encode()
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
+    app = Starlette(routes=[Route("/v1/x", stream)], middleware=[Middleware(GuardMiddleware, guard=guard)])
+    with serve_in_thread(app) as url:
+        status, text, cut = _read(url, "x")
+    guard.close()
+    assert "efgh1234" not in text and (status == 403 or cut or "event: guard_blocked" in text), (status, cut)

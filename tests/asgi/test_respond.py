@@ -869,3 +869,102 @@ async def test_a_reload_while_a_request_is_served_does_not_split_its_judges(tmp_
     assert straddled.json()["policy"] == "resp-r"  # the old set's response policy judged the response
     assert after.status_code == 403 and after.json()["policy"] == "req-a"  # the next request meets the new set
     await guard.aclose()
+
+
+SPLIT_POLICY = r"""
+policies:
+  - id: leaks
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {status: [STATUS], content_types: [TYPES]}}}
+    state: {text: body_text}
+    rules:
+      - {id: leak, when: 'state.text.contains("SECRET")', action: block}
+"""
+
+
+def _split_policy(types: str = "text/event-stream, text/plain, application/json, application/x-ndjson",
+                  status: int = 200) -> str:
+    return SPLIT_POLICY.replace("TYPES", types).replace("STATUS", str(status))
+
+
+def _chunk(token: str, index: int = 0) -> str:
+    return "data: " + json.dumps({"choices": [{"index": index, "delta": {"content": token}}]}) + "\n\n"
+
+
+async def _raw(policy: str, headers: list[tuple[str, str]], chunks: list[str]) -> tuple[int, bytes, list[Any]]:
+    """The status and body a client gets from an app that sends ``headers`` (as they are, repeated ones too) and
+    ``chunks``, behind a middleware on ``policy``; and the decisions recorded."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(k.encode(), v.encode()) for k, v in headers]})
+        for i, chunk in enumerate(chunks):
+            await send({"type": "http.response.body", "body": chunk.encode(), "more_body": i < len(chunks) - 1})
+
+    guard = Guard(load_text(policy), backends=ScriptedBackend(lambda request: {}))
+    sent: list[Any] = []
+    middleware = GuardMiddleware(app, guard=guard)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": "/out/x", "raw_path": b"/out/x", "query_string": b"", "root_path": "", "headers": [(b"host", b"t")],
+             "client": ("127.0.0.1", 1), "server": ("t", 80)}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with contextlib.suppress(OSError):
+        await middleware(scope, receive, send)
+    await guard.aclose()
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"), sent
+
+
+SSE_CT = ("content-type", "text/event-stream")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("headers", "chunks"), [
+    ([SSE_CT, SSE_CT], [_chunk("the SECRET is")]),  # joined, the media type matched no content_types
+    ([("content-type", "text/plain"), SSE_CT], [_chunk("the SECRET is")]),
+    ([("content-type", "application/json"), ("content-type", "application/json"), ("content-length", "33")],
+     ['{"text": "the SECRET is here!!"}']),
+    ([("content-type", "text/plain"), ("content-length", "13"), ("content-length", "13")], ["the SECRET is"]),
+    ([("content-type", "text/plain"), ("content-length", "13"), ("content-encoding", "identity"),
+      ("content-encoding", "identity")], ["the SECRET is"]),
+])  # fmt: skip
+async def test_a_response_repeating_a_header_it_is_read_by_is_refused_before_any_byte(
+    headers: list[tuple[str, str]], chunks: list[str]
+) -> None:
+    """A repeated Content-Type, Content-Length or Content-Encoding has no one reading: the copies joined named no
+    media type a policy's ``content_types`` holds, and the response passed unjudged."""
+    status, body, _ = await _raw(_split_policy(), headers, chunks)
+    assert status == 502 and json.loads(body)["code"] == "response_uninspectable" and b"SECRET" not in body
+
+
+@pytest.mark.anyio
+async def test_a_repeated_header_on_a_response_no_policy_watches_passes() -> None:
+    status, body, _ = await _raw(_split_policy(status=500), [SSE_CT, SSE_CT], [_chunk("the SECRET is")])
+    assert status == 200 and b"SECRET" in body
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("headers", [[("content-type", "text/plain")], [], [("content-type", "text/html")]])
+async def test_sse_served_as_text_or_untyped_is_joined_as_its_client_joins_it(headers: list[tuple[str, str]]) -> None:
+    """OpenAI's SDK parses server-sent events whatever the Content-Type says."""
+    status, body, _ = await _raw(_split_policy(""), headers, [_chunk("the SEC"), _chunk("RET is")])
+    assert b"RET is" not in body and status == 403, (status, body)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("media", "body"), [
+    ("application/x-ndjson", '{"message":{"content":"SE"}}\n{"message":{"content":"CRET"}}\n'),
+    ("application/json", json.dumps([{"candidates": [{"content": {"parts": [{"text": t}]}}]} for t in ["SE", "CRET"]])),
+    ("text/plain", _chunk("the SEC") + _chunk("RET is")),
+])  # fmt: skip
+async def test_a_stream_sent_whole_is_judged_joined(media: str, body: str) -> None:
+    """NDJSON, a JSON array of events or SSE sent whole with a Content-Length are judged with their events joined,
+    as a stream of them is."""
+    headers = [("content-type", media), ("content-length", str(len(body.encode())))]
+    status, sent, _ = await _raw(_split_policy(), headers, [body])
+    assert status == 403 and b"CRET" not in sent and b"RET is" not in sent, (status, sent)
