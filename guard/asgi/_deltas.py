@@ -28,7 +28,8 @@ wait for what follows before they are sent.
 The places of the latest event are always followed. When more than :data:`MAX_PLACES` are, those of older events are
 forgotten, least recently seen first; a forgotten place that comes back with a string other than the one it held
 (one it never varied from) would be joined without what it held before, so the joiner gives up
-(:attr:`DeltaJoiner.overflow`) and the stream cannot be judged.
+(:attr:`DeltaJoiner.overflow`) and the stream cannot be judged; so it does past :data:`MAX_FORGOTTEN` forgotten
+places.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 from guard._json import is_json_media, surrogates_joined
 from guard.policy.redact import escape_pointer
 
-__all__ = ["JSON_LINES", "MAX_PLACES", "DeltaJoiner", "joiner_for"]
+__all__ = ["JSON_LINES", "MAX_FORGOTTEN", "MAX_PLACES", "DeltaJoiner", "joiner_for"]
 
 #: Media types of one JSON document per line (JSON Lines, NDJSON, RFC 7464 JSON text sequences).
 JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
@@ -50,8 +51,9 @@ JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "applicati
 #: Most places one stream's joiner follows at once, besides those of the latest event; when more are, the places
 #: seen least recently are forgotten (a forgotten place that comes back with new text makes the stream unreadable).
 MAX_PLACES = 4096
-#: Bits of the filter that remembers forgotten places (128 KiB, made at the first forgetting).
-_FILTER_BITS = 1 << 20
+#: Most places one stream's joiner remembers having forgotten (by a hash of the place, with the one string it held when
+#: it never varied); past that the stream cannot be followed and :attr:`DeltaJoiner.overflow` says so.
+MAX_FORGOTTEN = 65_536
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
@@ -115,7 +117,7 @@ class DeltaJoiner:
     Attributes:
         complete_to: the offset where the last complete event read ends (a line, an SSE event, an array element).
         overflow: why the joiner cannot follow the stream's places (``None``: it can): a place it forgot came back
-            with new text. The stream cannot be judged joined.
+            with new text, or more than :data:`MAX_FORGOTTEN` were forgotten. The stream cannot be judged joined.
     """
 
     def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int, lines: bool = False) -> None:
@@ -136,7 +138,7 @@ class DeltaJoiner:
         self.complete_to = 0
         self._latest = -1  # offset of the last event read that held a string
         self.overflow: str | None = None
-        self._forgotten: bytearray | None = None  # Bloom filter: forgotten places, and (place, string) of the unvaried
+        self._forgotten: dict[int, tuple[int, int] | None] = {}  # hash(place) -> its one string's key, None: it varied
         self._first: dict[str, tuple[int, int]] = {}  # place -> (hash, length) of the first string seen there
         self._seen: dict[str, int] = {}  # place -> the offset of the last event that held a string there
         self._varies: set[str] = set()  # places whose string changed from one event to another
@@ -282,7 +284,7 @@ class DeltaJoiner:
             key = (hash(value), len(value))
             first = self._first.get(place)
             if first is None:
-                if self._forgotten is not None and self._came_back(place, key):
+                if self._forgotten and hash(place) in self._forgotten and self._forgotten[hash(place)] != key:
                     self.overflow = ("the stream's events hold more places than guard follows, and a place it had to "
                                      "forget came back with new text")
                 self._first[place] = key
@@ -294,40 +296,23 @@ class DeltaJoiner:
         if new and len(self._first) > MAX_PLACES:
             self._forget(at)
 
-    def _bits(self, item: tuple[Any, ...]) -> tuple[int, int]:
-        h = hash(item)
-        return h & (_FILTER_BITS - 1), (h >> 24) & (_FILTER_BITS - 1)
-
-    def _in_filter(self, item: tuple[Any, ...]) -> bool:
-        assert self._forgotten is not None
-        return all(self._forgotten[bit >> 3] & (1 << (bit & 7)) for bit in self._bits(item))
-
-    def _came_back(self, place: str, key: tuple[int, int]) -> bool:
-        """Whether ``place`` (new to the table, its string ``key``) was forgotten holding other text than ``key``:
-        joined afresh, it would lose what it held (a false positive of the filter says so too: the safe side)."""
-        return self._in_filter(("place", place)) and not self._in_filter(("same", place, key))
-
     def _forget(self, at: int) -> None:
         """Make room in a full table: forget the places seen least recently (the deepest first among those seen
         together), none in the event at ``at``, down to three quarters of the table (an answer's place is seen in
-        every event of it, so it stays). A forgotten place is remembered in a filter: back with the one string it
-        always held, it starts afresh; back with another, it would be joined without what it held before, and
-        :attr:`overflow` says so."""
+        every event of it, so it stays). A forgotten place is remembered (a hash of it, and the one string it held
+        if it never varied): back with that string, it starts afresh; back with another, it would be joined without
+        what it held before, and :attr:`overflow` says so, as it does past :data:`MAX_FORGOTTEN` forgotten places."""
         older = sorted((last, -place.count("/"), place) for place, last in self._seen.items() if last < at)
         if not older:
             return
-        if self._forgotten is None:
-            self._forgotten = bytearray(_FILTER_BITS // 8)
         for _, _, place in older[: len(self._first) - 3 * MAX_PLACES // 4]:
-            items = [("place", place)]
-            if place not in self._varies:
-                items.append(("same", place, self._first[place]))
-            for item in items:
-                for bit in self._bits(item):
-                    self._forgotten[bit >> 3] |= 1 << (bit & 7)
+            self._forgotten[hash(place)] = None if place in self._varies else self._first[place]
             for table in (self._first, self._seen, self._before, self._pieces):
                 table.pop(place, None)
             self._varies.discard(place)
+        if len(self._forgotten) > MAX_FORGOTTEN:
+            self.overflow = (f"the stream's events hold more places than guard follows (over {MAX_FORGOTTEN} "
+                             "forgotten)")
 
     def joined(self) -> tuple[tuple[str, ...], ...]:
         """Per joined place with pieces not yet sent, in the order first seen: the end of its sent text (when

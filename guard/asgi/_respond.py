@@ -329,7 +329,7 @@ class ResponseJudge:
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response cannot be judged: {exc.reason}",
                                          field=exc.field))
             return
-        joiner = _whole_joiner(self.head.content_type, value, decoded, self.limits)
+        joiner = _whole_joiner(self.head.content_type, decoded, self.limits)
         joined: tuple[tuple[str, ...], ...] = ()
         if joiner is not None:  # a stream sent whole (JSON Lines, a JSON array of events, SSE): joined as streamed
             joiner.feed(decoded.decode("utf-8", "replace"), final=True)
@@ -620,14 +620,12 @@ def _joiner(media: str, limits: BodyLimits) -> DeltaJoiner | None:
     return joiner
 
 
-def _whole_joiner(media: str, value: Any, body: bytes, limits: BodyLimits) -> DeltaJoiner | None:
-    """The joiner a whole body's events are read with, when it may hold a stream's: JSON Lines; a JSON array (of
-    events); text with SSE ``data:`` lines. ``None`` for one JSON document, a form or opaque bytes (nothing to join)."""
+def _whole_joiner(media: str, body: bytes, limits: BodyLimits) -> DeltaJoiner | None:
+    """The joiner a whole body's events are read with, when it holds a stream's: JSON Lines; text with SSE ``data:``
+    lines. ``None`` for a JSON document (a list endpoint's records are no stream's pieces), a form or opaque bytes."""
     if media in JSON_LINES:
         return _joiner(media, limits)
-    if is_json_media(media):
-        return _joiner(media, limits) if isinstance(value, list) else None
-    if (not media or is_textual(media)) and b"data" in body:
+    if (not media or is_textual(media)) and not is_json_media(media) and b"data" in body:
         return _joiner(media, limits)
     return None
 
