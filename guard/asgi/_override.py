@@ -103,7 +103,10 @@ def _multipart_fields(body: bytes, content_type: str, limits: BodyLimits) -> Ite
         yield from ((name, value) for value in values if isinstance(value, str))
 
 
-def _json_fields(body: bytes) -> Iterator[tuple[str, str]]:
+def _json_fields(body: bytes, limits: BodyLimits) -> Iterator[tuple[str, str]]:
+    if (brackets := body.count(b"[") + body.count(b"{")) > limits.max_json_containers:  # json holds the GIL
+        raise BodyError(413, "body_too_complex", f"the body holds {brackets} '[' and '{{' characters; at most "
+                        f"{limits.max_json_containers} are read to find a _method field", field="body")
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
@@ -142,7 +145,8 @@ def body_method(body: bytes, content_type: str, limits: BodyLimits) -> str | Non
 
     Raises:
         BodyError: 400 ``method_override`` (``field``: ``_method``) when the field names different methods; a
-            multipart body guard's parser refuses (:func:`_multipart_fields`).
+            multipart body guard's parser refuses (:func:`_multipart_fields`); 413 ``body_too_complex`` for a JSON
+            body with more ``[`` and ``{`` than ``limits.max_json_containers``.
     """
     if not may_name_method(body):
         return None
@@ -152,7 +156,7 @@ def body_method(body: bytes, content_type: str, limits: BodyLimits) -> str | Non
     elif media.startswith("multipart/"):
         fields = _multipart_fields(body, content_type, limits)
     elif _is_json(content_type.lower()):
-        fields = _json_fields(body)
+        fields = _json_fields(body, limits)
     else:
         return None
     found = _one([("_method", value.strip().upper()) for name, value in fields

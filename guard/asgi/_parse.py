@@ -69,7 +69,17 @@ def _field_json(value: str) -> list[str]:
         return []
 
 
+def _check_containers(body: bytes, limits: BodyLimits) -> None:
+    """Refuse (413 ``body_too_complex``) a body to be read as JSON, or for the JSON documents in it, that holds more
+    ``[`` and ``{`` than ``limits.max_json_containers`` (counted before any parsing: the parsers hold the GIL)."""
+    if (brackets := body.count(b"[") + body.count(b"{")) > limits.max_json_containers:
+        raise BodyError(413, "body_too_complex", f"the body holds {brackets} '[' and '{{' characters; at most "
+                        f"{limits.max_json_containers} are read (each may open a JSON array or object guard parses, "
+                        "as an application could)", field="body")
+
+
 def _json(body: bytes, params: dict[str, str], limits: BodyLimits) -> Any:
+    _check_containers(body, limits)
     try:
         charset(params)  # JSON is UTF-8 (RFC 8259 8.1); a label is accepted only when it agrees
     except BodyError as exc:
@@ -139,15 +149,11 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
 
     Raises:
         BodyError: 400 malformed (``Content-Type`` parameters, JSON, form, multipart, text), 413 ``body_too_complex``
-            (more ``[`` and ``{`` than ``limits.max_json_containers``: any of them may open a JSON value parsed
-            below), 415 unsupported media type, charset or part encoding.
+            (a body read as JSON, or for the JSON in it, with more ``[`` and ``{`` than
+            ``limits.max_json_containers``), 415 unsupported media type, charset or part encoding.
     """
     if not body:
         return None, ""
-    if (brackets := body.count(b"[") + body.count(b"{")) > limits.max_json_containers:
-        raise BodyError(413, "body_too_complex", f"the body holds {brackets} '[' and '{{' characters; at most "
-                        f"{limits.max_json_containers} are read (each may open a JSON array or object guard parses, "
-                        "as an application could)", field="body")
     media, params = parse_params(content_type) if ";" in content_type else (content_type.strip().lower(), {})
     if is_json_media(media):
         value: Any = _json(body, params, limits)
@@ -202,6 +208,7 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
     FastAPI parses an untyped body as JSON, so one that is JSON is judged as JSON (its ``\\u`` escapes decoded,
     its duplicate keys refused, like a typed one); anything that is not even JSON syntax is judged as the text it is.
     """
+    _check_containers(body, limits)
     try:
         value = loads(body, max_depth=limits.max_json_depth, duplicate_keys=limits.duplicate_keys)
     except InvalidJson as exc:
@@ -230,8 +237,9 @@ def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
     UTF-8 byte-order mark is skipped, UTF-16 and UTF-32 are recognised by their zero bytes). A body that is not one
     document is read line by line as well (JSON Lines, ``application/json-seq``, an event stream:
     :func:`guard._json.json_readings`). Every value of a repeated key is judged; a whole document too deep to parse
-    is refused as a typed one is (400).
+    is refused as a typed one is (400), and so is one with too many arrays and objects (413).
     """
+    _check_containers(body, limits)
     try:
         decoded = body.decode(json.detect_encoding(body))
     except UnicodeDecodeError:

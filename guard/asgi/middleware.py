@@ -393,8 +393,8 @@ class GuardMiddleware:
             if sum(1 for k, _ in scope["headers"] if k.lower() == raw) > 1:
                 raise BodyError(400, "repeated_header", f"the {self.tenant_header} header is sent more than once; "
                                 "send it once", field=self.tenant_header)
-            value = headers.get(self.tenant_header, "").strip()
-            return value or None
+            value = headers.get(self.tenant_header, "").strip(" \t")  # as HTTP trims a field (RFC 9110 5.5): not
+            return value or None  # str.strip's NBSP or NEL, which would file "acme\xa0" under acme, sent on as sent
         if self._tenant is not None:
             return self._tenant(head_subject(scope, headers, self.client_header))
         return None
@@ -435,7 +435,7 @@ class GuardMiddleware:
             if read is None:
                 return
             body, value, text = read
-            method = (self._body_method(body, headers, head.method)
+            method = (await self._read_body_method(body, headers, head.method)
                       if body_override and ("content-encoding" in headers or may_name_method(body)) else None)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
@@ -521,6 +521,13 @@ class GuardMiddleware:
             value, text = parse_body(body, content_type, limits)
         return body, value, text
 
+    async def _read_body_method(self, body: bytes, headers: dict[str, str], asked: str) -> str | None:
+        """:meth:`_body_method`, on a thread for an encoded body or one over :data:`INLINE_PARSE_BYTES` (it decodes
+        and parses as :meth:`_read_body` does)."""
+        if "content-encoding" in headers or len(body) > INLINE_PARSE_BYTES:
+            return await asyncio.to_thread(self._body_method, body, headers, asked)
+        return self._body_method(body, headers, asked)
+
     def _body_method(self, body: bytes, headers: dict[str, str], asked: str) -> str | None:
         """The method a POST body's ``_method`` field (:func:`~guard.asgi._override.body_method`: Rails'
         ``Rack::MethodOverride``, Laravel and Symfony read it) makes the request judged as under ``judge``; ``None``
@@ -587,7 +594,7 @@ class GuardMiddleware:
         if body is None:
             self.metrics.count_disconnect()
             return None
-        method = self._body_method(body, headers, judged["method"])
+        method = await self._read_body_method(body, headers, judged["method"])
         return ({**judged, "method": method} if method else judged), ReplayReceive(body, receive)
 
     def _may_pass_on(self, scope: Scope, headers: dict[str, str], exc: BodyError, body_override: bool,

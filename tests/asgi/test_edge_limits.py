@@ -139,6 +139,39 @@ async def test_a_body_of_many_documents_is_refused_or_read_off_the_event_loop(ma
     assert max(gaps) < 0.5, max(gaps)  # a bound on a stall, not a speed claim (inline, the read held it ~1.2 s)
 
 
+@pytest.mark.anyio
+async def test_the_container_cap_reads_only_what_is_parsed_as_json() -> None:
+    """Counted on every body, the cap refused an opaque upload (random bytes hold brackets) and ordinary JSON of 20,000
+    points; and the method-override lookup on a path judged only for DELETE still parsed 4 MiB of gzipped ``[]`` on
+    the event loop, uncapped (review findings)."""
+    import gzip
+
+    from guard.policy import load_text
+    from tests._backends import ScriptedBackend
+    from tests.asgi._apps import client_for
+
+    policy = """
+policies:
+  - id: deletes
+    version: 1
+    match: {http: {methods: [DELETE], paths: ["/v1/**"]}}
+    rules: [{id: refuse, when: "true", action: block}]
+"""
+    guard = Guard(load_text(policy), backends=ScriptedBackend(lambda r: {}))
+    app = guarded_app(guard, limits=BodyLimits(opaque_media="metadata", max_body_bytes=4 << 20))
+    noise = bytes(range(256)) * 8192  # 2 MiB, 16,384 brackets among them
+    points = json.dumps({"type": "LineString", "coordinates": [[i, i + 1] for i in range(20_000)]})
+    nested = gzip.compress(b'{"_method": "DELETE", "a": [' + b",".join([b"[]"] * 300_000) + b"]}")
+    async with client_for(app) as client:
+        opaque = await client.post("/v1/echo", content=noise, headers={"content-type": "application/octet-stream"})
+        geo = await client.post("/v1/echo", content=points, headers={"content-type": "application/json"})
+        hidden = await client.post("/v1/echo", content=nested,
+                                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    await guard.aclose()
+    assert opaque.status_code == 200 and geo.status_code == 200
+    assert hidden.status_code == 413 and hidden.json()["code"] == "body_too_complex"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
