@@ -130,9 +130,10 @@ MAX_CLIENT_CHARS = 100
 @dataclass(frozen=True)
 class ClientHeader:
     """Where the client's address is read when trusted proxies stand in front: ``name``, a header (lower-case) to
-    which each proxy appends the address it got the request from (``x-forwarded-for``), and ``hops``, how many of
-    those proxies are trusted. The address used is the ``hops``-th from the right, the one the outermost trusted
-    proxy appended; the entries left of it are whatever the client wrote."""
+    which each proxy appends the address it got the request from (``x-forwarded-for``; or RFC 7239's ``forwarded``,
+    whose elements' ``for=`` parameters are read), and ``hops``, how many of those proxies are trusted. The address
+    used is the ``hops``-th from the right, the one the outermost trusted proxy appended; the entries left of it are
+    whatever the client wrote."""
 
     name: str
     hops: int = 1
@@ -146,6 +147,8 @@ def client_address(scope: Scope, headers: dict[str, str], client_header: ClientH
     :data:`MAX_CLIENT_CHARS` characters, so such clients are not all taken for the proxy itself."""
     if client_header is not None and client_header.name in headers:
         entries = headers[client_header.name].split(",")
+        if client_header.name == "forwarded":  # RFC 7239: for=198.51.100.7:4000;proto=https, for="[2001:db8::1]"
+            entries = [_forwarded_for(element) for element in entries]
         if len(entries) >= client_header.hops:
             entry = entries[-client_header.hops].strip()
             if entry:
@@ -156,17 +159,29 @@ def client_address(scope: Scope, headers: dict[str, str], client_header: ClientH
     return _ip_address(str(peer[0])) or str(peer[0])
 
 
+def _forwarded_for(element: str) -> str:
+    """The ``for=`` value of one ``Forwarded`` element (RFC 7239 section 4), unquoted: ``198.51.100.7:4000``,
+    ``[2001:db8::1]:443``, ``unknown``, ``_hidden``; ``""`` when the element has none."""
+    for pair in element.split(";"):
+        name, _, value = pair.strip().partition("=")
+        if name.strip().lower() == "for":
+            value = value.strip()
+            return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
+    return ""
+
+
 @functools.lru_cache(maxsize=4096)  # on every request: the same few addresses, parsed once each
 def _ip_address(text: str) -> str | None:
     """``text`` as the one spelling :mod:`ipaddress` gives its IP address (an IPv4-mapped IPv6 address as IPv4; a
-    port after an IPv4 address or a bracketed IPv6 one dropped), or ``None`` when it is not one."""
+    port after an IPv4 address or a bracketed IPv6 one dropped, and an IPv6 zone: ``fe80::1%eth0``), or ``None`` when
+    it is not one."""
     host = text
     if text.startswith("[") and "]" in text:
         host = text[1 : text.index("]")]
     elif text.count(":") == 1:
         host = text.partition(":")[0]
     try:
-        address = ipaddress.ip_address(host)
+        address = ipaddress.ip_address(host.partition("%")[0])
     except ValueError:
         return None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:

@@ -68,6 +68,25 @@ def test_the_client_is_the_entry_the_outermost_trusted_proxy_appended(
     assert client_address(scope, headers, ClientHeader("x-forwarded-for", hops)) == expected
 
 
+@pytest.mark.parametrize(
+    ("forwarded", "expected"),
+    [
+        ('for="198.51.100.7:40001"', "198.51.100.7"),  # HAProxy's option forwarded with the port: one identity
+        ("for=198.51.100.7;proto=https;by=10.0.0.2", "198.51.100.7"),
+        ('for=6.6.6.6, For="[2001:db8::1]:443"', "2001:db8::1"),
+        ("for=unknown", "unknown"),  # written by the trusted proxy: an identity
+        ("proto=https", "10.0.0.9"),  # no for=: the peer
+    ],
+)
+def test_the_forwarded_header_is_read_by_its_for_parameters(forwarded: str, expected: str) -> None:
+    """``--client-header forwarded`` kept each element as written: ``for="198.51.100.7:40001"`` was a new client
+    per source port, escaping the per-client review cap, and rules on ``subject.client`` never matched (attack
+    finding). RFC 7239's ``for=`` is read, unquoted, and its address given in one spelling."""
+    scope = {"client": ("10.0.0.9", 5000)}
+    assert client_address(scope, {"forwarded": forwarded}, ClientHeader("forwarded", 1)) == expected
+    assert client_address(scope, {"x-forwarded-for": "fe80::1%eth0"}, ClientHeader("x-forwarded-for")) == "fe80::1"
+
+
 def test_the_peer_is_the_client_without_a_client_header() -> None:
     headers = {"x-forwarded-for": "6.6.6.6"}
     assert client_address({"client": ("::ffff:10.0.0.9", 1)}, headers, None) == "10.0.0.9"
