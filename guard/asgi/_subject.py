@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import functools
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -146,9 +147,10 @@ def client_address(scope: Scope, headers: dict[str, str], client_header: ClientH
     an entry that is not one (a trusted proxy wrote it: ``unknown``, an obfuscated name) is kept as written, at most
     :data:`MAX_CLIENT_CHARS` characters, so such clients are not all taken for the proxy itself."""
     if client_header is not None and client_header.name in headers:
-        entries = headers[client_header.name].split(",")
         if client_header.name == "forwarded":  # RFC 7239: for=198.51.100.7:4000;proto=https, for="[2001:db8::1]"
-            entries = [_forwarded_for(element) for element in entries]
+            entries = _forwarded_for(headers[client_header.name])
+        else:
+            entries = headers[client_header.name].split(",")
         if len(entries) >= client_header.hops:
             entry = entries[-client_header.hops].strip()
             if entry:
@@ -159,15 +161,38 @@ def client_address(scope: Scope, headers: dict[str, str], client_header: ClientH
     return _ip_address(str(peer[0])) or str(peer[0])
 
 
-def _forwarded_for(element: str) -> str:
-    """The ``for=`` value of one ``Forwarded`` element (RFC 7239 section 4), unquoted: ``198.51.100.7:4000``,
-    ``[2001:db8::1]:443``, ``unknown``, ``_hidden``; ``""`` when the element has none."""
-    for pair in element.split(";"):
-        name, _, value = pair.strip().partition("=")
-        if name.strip().lower() == "for":
-            value = value.strip()
-            return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
-    return ""
+#: One ``name=value`` pair of a ``Forwarded`` element and what ends it: a token or a quoted string (RFC 9110 5.6.4,
+#: with ``\\`` escapes), so a ``;`` or ``,`` inside quotes (a ``host="..."`` the client chose) ends nothing.
+_FORWARDED_PAIR = re.compile(r'\s*([^=;,\s]*)\s*=\s*("(?:[^"\\]|\\.)*"|[^;,\s]*)\s*([;,]|$)')
+
+
+def _forwarded_for(value: str) -> list[str]:
+    """The ``for=`` value of each element of a ``Forwarded`` header (RFC 7239 section 4), unquoted, in order:
+    ``198.51.100.7:4000``, ``[2001:db8::1]:443``, ``unknown``, ``_hidden``; ``""`` for an element without one (the
+    first ``for=`` of an element counts). Quoted strings are read whole, so one cannot start another element."""
+    out: list[str] = []
+    found: str | None = None
+    pos = 0
+    while pos < len(value):
+        match = _FORWARDED_PAIR.match(value, pos)
+        if match is None or match.end() == pos:  # not a pair: the rest of this element is skipped
+            end = value.find(",", pos)
+            if end < 0:
+                break
+            out.append(found or "")
+            found, pos = None, end + 1
+            continue
+        name, raw, sep = match.groups()
+        if name.lower() == "for" and found is None:
+            quoted = len(raw) >= 2 and raw[0] == raw[-1] == '"'
+            found = re.sub(r"\\(.)", r"\1", raw[1:-1]) if quoted else raw
+        pos = match.end()
+        if sep != ";":  # "," or the end: the element is over
+            out.append(found or "")
+            found = None
+    if found is not None:
+        out.append(found)
+    return out
 
 
 @functools.lru_cache(maxsize=4096)  # on every request: the same few addresses, parsed once each

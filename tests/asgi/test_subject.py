@@ -76,6 +76,10 @@ def test_the_client_is_the_entry_the_outermost_trusted_proxy_appended(
         ('for=6.6.6.6, For="[2001:db8::1]:443"', "2001:db8::1"),
         ("for=unknown", "unknown"),  # written by the trusted proxy: an identity
         ("proto=https", "10.0.0.9"),  # no for=: the peer
+        # a quoted value (host= echoes the client's Host) holding ; or , ends nothing (review finding)
+        ('proto=https;host="x;for=6.6.6.6;y=z";for=198.51.100.7', "198.51.100.7"),
+        ('for=198.51.100.7;proto=https;host="x,for=6.6.6.6;y=z"', "198.51.100.7"),
+        ('for=198.51.100.7;host="x,for=anything-I-like-123"', "198.51.100.7"),
     ],
 )
 def test_the_forwarded_header_is_read_by_its_for_parameters(forwarded: str, expected: str) -> None:
