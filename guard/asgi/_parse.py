@@ -37,7 +37,7 @@ from guard.subject import body_strings, is_plain_key
 __all__ = ["encode_body", "parse_body"]
 
 
-def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
+def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]:
     """The judged strings of a multipart form: field names and file names that are not plain identifiers (an app
     stores and reads a file's name: ``x'; DROP TABLE users; --.txt`` is judged, ``a.txt`` is not), text values and
     file contents, each with what it reads as JSON (:func:`_field_json`); never a file's media type."""
@@ -47,22 +47,28 @@ def _form_strings(fields: dict[str, list[Any]]) -> list[str]:
             out.append(name)
         for value in values:
             if isinstance(value, str):
-                out += [value, *_field_json(value)]
+                out += [value, *_field_json(value, limits)]
                 continue
             if value["filename"] and not is_plain_key(value["filename"]):
                 out.append(value["filename"])
             if value[FILE_TEXT] is not None:
-                out += [value[FILE_TEXT], *_field_json(value[FILE_TEXT])]
+                out += [value[FILE_TEXT], *_field_json(value[FILE_TEXT], limits)]
     return out
 
 
-def _field_json(value: str) -> list[str]:
+def _field_json(value: str, limits: BodyLimits) -> list[str]:
     """The strings a form value holds when an application parses it as JSON (``json.loads(form["data"])``), where
     they can differ from the value itself: only escapes make them differ, so a value without a backslash gives none.
     Read as Python's ``json`` reads it (NaN and lone surrogates accepted, as the application's parser does); a value
-    it cannot read gives none (the value itself is judged as text)."""
+    it cannot read gives none (the value itself is judged as text).
+
+    Raises:
+        BodyError: 413 ``body_too_complex`` for a value with more ``[`` and ``{`` than ``limits.max_json_containers``
+            (a percent-encoded or multipart value is not counted with the body's bytes).
+    """
     if "\\" not in value or value.lstrip(" \t\r\n")[:1] not in ("{", "[", '"'):
         return []
+    _check_containers(value.encode("utf-8", "surrogatepass"), limits)
     try:
         return body_strings(json.loads(value))
     except (ValueError, RecursionError):
@@ -159,10 +165,10 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         value: Any = _json(body, params, limits)
     elif media == "application/x-www-form-urlencoded":
         value = _urlencoded(body, params, limits)
-        return value, _also_json("\n".join(_form_strings(value)), body, limits)
+        return value, _also_json("\n".join(_form_strings(value, limits)), body, limits)
     elif media == "multipart/form-data":
         fields = parse_multipart(body, params, limits)
-        return fields, "\n".join(_form_strings(fields))
+        return fields, "\n".join(_form_strings(fields, limits))
     elif not media and _is_utf8(body):
         return _untyped(body, limits)
     elif is_textual(media):

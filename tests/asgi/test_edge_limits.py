@@ -156,20 +156,30 @@ policies:
     version: 1
     match: {http: {methods: [DELETE], paths: ["/v1/**"]}}
     rules: [{id: refuse, when: "true", action: block}]
+  - id: posts
+    version: 1
+    match: {http: {methods: [POST], paths: ["/v1/form/**"]}}
+    rules: [{id: never, when: "false", action: block}]
 """
     guard = Guard(load_text(policy), backends=ScriptedBackend(lambda r: {}))
     app = guarded_app(guard, limits=BodyLimits(opaque_media="metadata", max_body_bytes=4 << 20))
     noise = bytes(range(256)) * 8192  # 2 MiB, 16,384 brackets among them
     points = json.dumps({"type": "LineString", "coordinates": [[i, i + 1] for i in range(20_000)]})
     nested = gzip.compress(b'{"_method": "DELETE", "a": [' + b",".join([b"[]"] * 300_000) + b"]}")
+    field = "[" + ",".join(["[]"] * 300_000) + ', "\\u0041"]'  # a form value an app may json.loads
     async with client_for(app) as client:
-        opaque = await client.post("/v1/echo", content=noise, headers={"content-type": "application/octet-stream"})
-        geo = await client.post("/v1/echo", content=points, headers={"content-type": "application/json"})
+        in_part = await client.post("/v1/form/x", files={"data": (None, field)})
+        in_form = await client.post("/v1/form/x", data={"data": field})  # percent-encoded: not the body's brackets
+        plain_form = await client.post("/v1/form/x", data={"data": "[1, 2]"})
+        opaque = await client.post("/v1/form/up", content=noise, headers={"content-type": "application/octet-stream"})
+        geo = await client.post("/v1/form/geo", content=points, headers={"content-type": "application/json"})
         hidden = await client.post("/v1/echo", content=nested,
                                    headers={"content-type": "application/json", "content-encoding": "gzip"})
     await guard.aclose()
     assert opaque.status_code == 200 and geo.status_code == 200
     assert hidden.status_code == 413 and hidden.json()["code"] == "body_too_complex"
+    assert in_part.status_code == in_form.status_code == 413, (in_part.text, in_form.text)
+    assert plain_form.status_code == 200  # judged and allowed
 
 
 def _free_port() -> int:
