@@ -26,10 +26,9 @@ span cut where the sent text ends is seen whole), :meth:`DeltaJoiner.readings` t
 wait for what follows before they are sent.
 
 The places of the latest event are always followed. When more than :data:`MAX_PLACES` are, those of older events are
-forgotten, least recently seen first; a forgotten place that comes back with a string other than the one it held
-(one it never varied from) would be joined without what it held before, so the joiner gives up
-(:attr:`DeltaJoiner.overflow`) and the stream cannot be judged; so it does past :data:`MAX_FORGOTTEN` forgotten
-places.
+forgotten, least recently seen first, but remembered (:data:`MAX_FORGOTTEN`): one that comes back goes on from what
+it held, so a flood of places between two pieces of an answer cuts no join. Past :data:`MAX_FORGOTTEN` forgotten
+places the joiner gives up (:attr:`DeltaJoiner.overflow`) and the stream cannot be judged.
 """
 
 from __future__ import annotations
@@ -49,11 +48,12 @@ JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "applicati
                         "application/jsonlines", "application/x-jsonlines", "application/json-seq"})
 
 #: Most places one stream's joiner follows at once, besides those of the latest event; when more are, the places
-#: seen least recently are forgotten (a forgotten place that comes back with new text makes the stream unreadable).
+#: seen least recently are forgotten (and remembered: :data:`MAX_FORGOTTEN`).
 MAX_PLACES = 4096
-#: Most places one stream's joiner remembers having forgotten (by a hash of the place, with the one string it held when
-#: it never varied); past that the stream cannot be followed and :attr:`DeltaJoiner.overflow` says so.
-MAX_FORGOTTEN = 65_536
+#: Most places one stream's joiner remembers having forgotten (by a hash of the place: its first string, whether it
+#: varied, the end of its sent text and its pieces not yet sent); past that the stream cannot be followed and
+#: :attr:`DeltaJoiner.overflow` says so (about 5 MB at most, for a stream of 20,000 distinct places).
+MAX_FORGOTTEN = 16_384
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
@@ -116,8 +116,8 @@ class DeltaJoiner:
 
     Attributes:
         complete_to: the offset where the last complete event read ends (a line, an SSE event, an array element).
-        overflow: why the joiner cannot follow the stream's places (``None``: it can): a place it forgot came back
-            with new text, or more than :data:`MAX_FORGOTTEN` were forgotten. The stream cannot be judged joined.
+        overflow: why the joiner cannot follow the stream's places (``None``: it can): more than
+            :data:`MAX_FORGOTTEN` were forgotten. The stream cannot be judged joined.
     """
 
     def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int, lines: bool = False) -> None:
@@ -138,7 +138,8 @@ class DeltaJoiner:
         self.complete_to = 0
         self._latest = -1  # offset of the last event read that held a string
         self.overflow: str | None = None
-        self._forgotten: dict[int, tuple[int, int] | None] = {}  # hash(place) -> its one string's key, None: it varied
+        # hash(place) -> (its first string's key, whether it varied, the end of its text) of a forgotten place
+        self._forgotten: dict[int, tuple[tuple[int, int], bool, str]] = {}
         self._first: dict[str, tuple[int, int]] = {}  # place -> (hash, length) of the first string seen there
         self._seen: dict[str, int] = {}  # place -> the offset of the last event that held a string there
         self._varies: set[str] = set()  # places whose string changed from one event to another
@@ -284,12 +285,18 @@ class DeltaJoiner:
             key = (hash(value), len(value))
             first = self._first.get(place)
             if first is None:
-                if self._forgotten and hash(place) in self._forgotten and self._forgotten[hash(place)] != key:
-                    self.overflow = ("the stream's events hold more places than guard follows, and a place it had to "
-                                     "forget came back with new text")
-                self._first[place] = key
+                remembered = self._forgotten.pop(hash(place), None) if self._forgotten else None
+                if remembered is not None:  # a forgotten place comes back: it goes on from what it held
+                    first, varied, tail = remembered
+                    if varied:
+                        self._varies.add(place)
+                    if tail:
+                        self._before[place] = tail
+                else:
+                    first = key
+                self._first[place] = first
                 new = True
-            elif first != key:
+            if first != key:
                 self._varies.add(place)
             self._seen[place] = at
             self._pieces.setdefault(place, []).append((at, value))
@@ -299,14 +306,17 @@ class DeltaJoiner:
     def _forget(self, at: int) -> None:
         """Make room in a full table: forget the places seen least recently (the deepest first among those seen
         together), none in the event at ``at``, down to three quarters of the table (an answer's place is seen in
-        every event of it, so it stays). A forgotten place is remembered (a hash of it, and the one string it held
-        if it never varied): back with that string, it starts afresh; back with another, it would be joined without
-        what it held before, and :attr:`overflow` says so, as it does past :data:`MAX_FORGOTTEN` forgotten places."""
+        every event of it, so it stays). A forgotten place is remembered (by a hash of it: its first string, whether
+        it varied, the end of its sent text and its pieces not yet sent), so back with new text it is joined after
+        what it held (a flood of places between two pieces of an answer cuts no join); past :data:`MAX_FORGOTTEN`
+        forgotten places :attr:`overflow` says the stream cannot be followed."""
         older = sorted((last, -place.count("/"), place) for place, last in self._seen.items() if last < at)
         if not older:
             return
         for _, _, place in older[: len(self._first) - 3 * MAX_PLACES // 4]:
-            self._forgotten[hash(place)] = None if place in self._varies else self._first[place]
+            # the end of its sent text (already cut to context_chars) and its pieces not yet sent (this window's)
+            tail = self._before.get(place, "") + "".join(value for _, value in self._pieces.get(place, ()))
+            self._forgotten[hash(place)] = (self._first[place], place in self._varies, tail)
             for table in (self._first, self._seen, self._before, self._pieces):
                 table.pop(place, None)
             self._varies.discard(place)

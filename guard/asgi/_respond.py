@@ -621,11 +621,12 @@ def _joiner(media: str, limits: BodyLimits) -> DeltaJoiner | None:
 
 
 def _whole_joiner(media: str, body: bytes, limits: BodyLimits) -> DeltaJoiner | None:
-    """The joiner a whole body's events are read with, when it holds a stream's: JSON Lines; text with SSE ``data:``
-    lines. ``None`` for a JSON document (a list endpoint's records are no stream's pieces), a form or opaque bytes."""
-    if media in JSON_LINES:
-        return _joiner(media, limits)
-    if (not media or is_textual(media)) and not is_json_media(media) and b"data" in body:
+    """The joiner a whole body's events are read with, when it holds a stream's: text with SSE ``data:`` lines (a
+    client's SSE parser reads any body). ``None`` for JSON and JSON Lines (a list endpoint's or an export's records
+    are no stream's pieces: joined, neighbouring values made a card number a redact rule refused), a form or opaque
+    bytes."""
+    if ((not media or is_textual(media)) and not is_json_media(media) and media not in JSON_LINES
+            and b"data" in body):
         return _joiner(media, limits)
     return None
 

@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi import GuardMiddleware
-from guard.asgi._deltas import MAX_PLACES, DeltaJoiner
+from guard.asgi._deltas import MAX_FORGOTTEN, MAX_PLACES, DeltaJoiner
 from guard.asgi.limits import BodyLimits
 from guard.engine import Guard
 from guard.policy import load_text
@@ -573,17 +573,26 @@ def test_an_event_padded_past_the_table_keeps_the_answers_place() -> None:
     assert "the SECRET is" in _readings(joiner) and joiner.overflow is None
 
 
-def test_a_forgotten_place_that_comes_back_with_new_text_makes_the_stream_unreadable() -> None:
-    """A flood of other places between two pieces of the answer pushes the answer's place out of the table; when it
-    comes back with new text the join is lost, so the joiner says it cannot follow the stream. Back with the text
-    it held (metadata), it starts afresh."""
+def test_a_forgotten_place_that_comes_back_goes_on_from_what_it_held() -> None:
+    """A flood of other places between two pieces of the answer pushes the answer's place out of the table; back with
+    new text, it is joined after what it held. A long LangGraph ``values`` stream (1,500 messages, then trimmed,
+    then a new message at a forgotten position) was cut as uninspectable (review finding); only past MAX_FORGOTTEN
+    forgotten places does the joiner give up."""
     joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
     joiner.feed(_chat("the SEC") + _sse({"id": "x", "model": "m"}))
     joiner.feed(_sse({"pad": {f"p{i}": "v" for i in range(MAX_PLACES + 100)}}))
     joiner.feed(_sse({"id": "x", "model": "m"}))  # forgotten, back as they were
-    assert joiner.overflow is None
     joiner.feed(_chat("RET is"))
-    assert joiner.overflow is not None
+    assert joiner.overflow is None and "the SECRET is" in _readings(joiner)
+    values = DeltaJoiner(sse=True, context_chars=256, max_event_chars=1 << 30)
+    history = [{"type": "human", "content": f"message {i}", "id": f"m{i}"} for i in range(1500)]
+    values.feed(_sse({"messages": history}))
+    values.feed(_sse({"messages": history[-10:], "summary": "earlier turns"}))
+    values.feed(_sse({"messages": [*history[-10:], {"type": "ai", "content": "a new answer", "id": "n1"}]}))
+    assert values.overflow is None
+    flood = DeltaJoiner(sse=False, context_chars=0, max_event_chars=1 << 30, lines=True)
+    flood.feed("".join(json.dumps({f"sku-{i}": "in stock"}) + "\n" for i in range(MAX_FORGOTTEN + 2 * MAX_PLACES)))
+    assert flood.overflow is not None and str(MAX_FORGOTTEN) in flood.overflow
 
 
 @pytest.mark.parametrize("stream", [
