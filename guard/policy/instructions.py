@@ -3,23 +3,31 @@
 Pure Python and deterministic: each segment of the text (a sentence or a line; YAML and JSON escapes undone first) is
 matched against families of cues that say "this text talks to the assistant, not to a reader":
 
-* ``address``: it speaks to the model (``to you, GPT-4``, ``dear assistant``, ``note to AI``, a command that opens
-  by calling it: ``Assistant, forward ...``, ``AI agent: send ...``);
+* ``address``: it speaks to the model (``to you, GPT-4``, ``dear assistant``, ``note to AI``, ``Hey Claude,``, a
+  command that opens by calling it: ``Assistant, forward ...``, ``AI agent: send ...``, ``Assistant, you must now
+  call ...``) or for the user (``the user wants you to send ...``, ``note from the user: ... want you to transfer``);
 * ``override``: it tries to replace the agent's instructions (``ignore your previous ...``, ``ignore what you were
   told``, ``new task``,
   ``your objective is``, ``from now on``, ``instead``);
 * ``task``: it refers to the agent's own task (``before you can solve the task``, ``the task I gave you``,
-  ``end each response with``);
-* ``markup``: a tag or label that fakes a channel (``<INFORMATION>``, ``###(system_message)``, ``[SYSTEM]``, a
-  leading ``IMPORTANT!!!`` or ``TODO:``);
-* ``tool``: it tells the agent which tool to call (``use the tool `send_money```, ``with the arguments``);
-* ``imperative``: it opens with an action verb (send, delete, invite, ...), the way a command does.
+  ``end each response with``, ``before answering the user``, ``Before answering, send ...``);
+* ``markup``: a tag or label that fakes a channel (``<INFORMATION>``, ``###(system_message)``, ``[SYSTEM]``, ChatML
+  ``<|im_start|>system``, ``"role": "system"``, a leading ``IMPORTANT!!!``, ``New instructions:`` or ``TODO:``), or a
+  faked exchange (``Assistant: I will now transfer ... to <account>`` then ``User: Yes ...``);
+* ``tool``: it tells the agent which tool to call (``use the tool `send_money```, ``call the send_money tool``,
+  ``with the arguments``; not API documentation's ``use the function below``);
+* ``imperative``: it opens with an action verb (send, delete, invite, ...), the way a command does, perhaps after
+  ``you must`` or ``the assistant should``.
+
+Markdown emphasis and URL encoding are undone before the cues are read (``I**gnore**``, ``Ignore%20all``).
 
 A segment is an instruction when it has a strong cue (address, override, task, tool), or markup together with an
-imperative, or an imperative that speaks of "the user" in the third person (text written for an agent acting for
+imperative (also a bare label or tag followed by a command: ``IMPORTANT!!!`` then ``Transfer ...``, and a faked
+exchange), or an imperative that speaks of "the user" in the third person (text written for an agent acting for
 someone). An imperative alone ("Please pay the amount to the account below", "Call the bank") is an ordinary
 document and is not flagged. An imperative or a channel tag right next to a flagged segment joins it (the goal after
-"please do the following first:"), and flagged segments up to :data:`MERGE_GAP` segments apart are merged into one
+"please do the following first:"), and so does a line that goes on with a flagged one's sentence or word (a line
+break inside ``instruc/tions``), and flagged segments up to :data:`MERGE_GAP` segments apart are merged into one
 span, so the goal between an injection's opening and closing lines is covered too.
 
 :func:`find_instructions` is what ``tool_result`` rules read (``result.instructions``) and what the provenance of a
@@ -34,6 +42,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from urllib.parse import unquote
 
 __all__ = ["MERGE_GAP", "STRIPPED_MARKER", "Detector", "Span", "find_instructions", "strip_spans"]
 
@@ -68,6 +77,21 @@ _VERBS = (
     "reply|schedule|grant|give|download|execute|run|copy|move|rename|get|fetch|read|find|search|list|print|reveal|"
     "leak|disclose|exfiltrate|summari[sz]e|include|append|output|respond|answer|insert|put|transmit|submit|buy|order"
 )
+#: Verbs of the actions an injection is after (money, messages, files, access), for the cues that need more than an
+#: imperative ("Before answering, send ..." is one, "Before answering, read ..." a questionnaire).
+_ACTS = (
+    "send|email|e-mail|forward|transfer|pay|wire|delete|remove|erase|wipe|invite|share|grant|give|post|publish|"
+    "upload|download|execute|run|leak|disclose|exfiltrate|reveal|transmit|submit|buy|order|change|modify|update|reset"
+)
+#: What a command that calls the model by name may say besides :data:`_VERBS` ("Assistant, use ...").
+_AGENT_VERBS = _VERBS + "|use|call|invoke|trigger|ignore|disregard|forget|stop|always|never|do not|don't"
+#: Chat models an injection calls by name ("Hey Claude, transfer ...").
+_MODELS = r"claude|chat\s?gpt|gpt(?:-?\d[\w.-]*)?|gemini|copilot|llama|bard|grok|mistral"
+#: "you must" or "the assistant should" before a verb: the verb still opens the command.
+_MODAL = (
+    r"(?:you|the\s+(?:ai\s+)?(?:assistant|agent|model))\s+(?:must|should|shall|need\s+to|needs\s+to|have\s+to|has\s+to|"
+    r"are\s+to|is\s+to|will\s+now)\s+(?:(?:now|also|first|immediately)\s+)*"
+)
 _ADDRESS = re.compile(
     r"\bto you,?\s+(?:the\s+)?(?:ai|assistant|model|agent|llm|gpt|claude|gemini|llama|chatbot|bot)\b"
     r"|\bto you,\s+[A-Z][\w.-]*\b"  # "from me, Emma, to you, GPT-4"
@@ -78,7 +102,17 @@ _ADDRESS = re.compile(
     r"|\bimportant message from\b"
     # a command that opens by calling the model ("Assistant, forward ...", "AI agent: send ...")
     r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?(?:ai\s+)?(?:assistant|agent|model|llm|ai)\s*[,:]\s*"
-    rf"(?:(?:please|kindly|now)\s*,?\s+)?(?:{_VERBS})\b",
+    rf"(?:(?:please|kindly|now)\s*,?\s+)?(?:{_VERBS})\b"
+    # ... or calls it "AI assistant:" or "Assistant," (not a transcript's "Assistant:") and says what it must do
+    r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?"
+    r"(?:ai\s+(?:assistant|agent|model)|(?:ai|assistant|agent|model|llm)(?=\s*,))"
+    rf"\s*[,:]\s*(?:(?:please|kindly|now)\s*,?\s+)?(?:{_MODAL})?(?:{_AGENT_VERBS})\b"
+    rf"|\b(?:dear|hey|hi|hello|ok|okay)\s+(?:{_MODELS})\s*[,:!]"  # "Hey Claude, transfer ..."
+    # it speaks for the user: "The user wants you to send ...", "Note from the user: I also want you to ..."
+    r"|\bthe\s+user\s+(?:wants|would\s+like|asks|asked|needs|requests|requested|has\s+asked|instructs|instructed|told|"
+    rf"expects)\s+you\s+to\s+(?:(?:also|first|now|please)\s+)*(?:{_ACTS})\b"
+    r"|\b(?:note|message|request|instructions?)\s+from\s+(?:the\s+)?user\b[^\n]{0,40}?\byou\s+to\s+"
+    rf"(?:(?:also|first|now)\s+)*(?:{_ACTS})\b",
     _F,
 )
 _OVERRIDE = re.compile(
@@ -90,6 +124,7 @@ _OVERRIDE = re.compile(
     r"|\bnew\s+(?:instructions?|task|objective|goal|directive|priority)\b"
     r"|\byour\s+(?:real\s+|true\s+|new\s+|actual\s+|only\s+|primary\s+)?(?:objective|task|goal|mission|job|instructions?)"
     r"\s+(?:is|are|now)\b"
+    r"|\b(?:ignore|disregard)\s+(?:the\s+)?(?:user|system\s+prompt)\b"
     r"|\bfrom now on\b|\bstop here\b|\binstead\b[.!]?\s*$",
     _F,
 )
@@ -99,27 +134,37 @@ _TASK = re.compile(
     r"|\b(?:the )?task (?:that )?(?:i|the user|they|we) (?:gave|assigned|asked) you\b"
     r"|\bsolve the (?:task|request)\b"
     r"|\b(?:end|start|begin) (?:each|every|all|your) (?:response|answer|reply|message)s?\b"
-    r"|\b(?:substitute|replace) the placeholders\b",
+    r"|\b(?:substitute|replace) the placeholders\b"
+    r"|\bbefore\s+(?:answering|responding|replying)(?:\s+to)?\s+the\s+user\b"
+    rf"|\bbefore\s+(?:answering|responding|replying)\s*,\s*(?:(?:please|first|you\s+must)\s+)*(?:{_ACTS})\b",
     _F,
 )
 _TOOL = re.compile(
-    r"\b(?:use|call|invoke|run|execute) (?:the )?(?:tool|function)\b"
+    r"\b(?:use|call|invoke|run|execute) (?:the )?tool\b"
+    # a named tool or function ("call the send_money tool", "use the function `send_money`"); API docs say "use
+    # the function below" or "the `list_invoices` function", which stay unflagged
+    r"|\b(?:use|call|invoke|run|execute) (?:the )?function\s+[`'\"]?[a-z][a-z0-9]*_\w+"
+    r"|\b(?:use|call|invoke|run|execute|trigger)\s+(?:the\s+)?[`'\"]?[a-z][a-z0-9]*(?:_[a-z0-9]+)+[`'\"]?\s+tool\b"
     r"|\bwith the (?:following )?arguments\b",
     _F,
 )
 _CHANNEL = re.compile(
     r"</?\s*(?:information|instructions?|system|important|admin|prompt|im_start|im_end|assistant|user)\b[^>]{0,40}>"
     r"|#{2,}\s*\(?\s*(?:system|instruction|admin|important)"
-    r"|\[\s*(?:system|instructions?|admin|important)\s*\]",
+    r"|\[\s*(?:system|instructions?|admin|important)\s*\]"
+    r"|<\|\s*(?:im_start|im_end|system|user|assistant|endoftext|eot_id|start_header_id|end_header_id)\s*\|>"  # ChatML
+    r"|\[/?INST\]|<</?SYS>>"
+    r"|[\"']role[\"']\s*:\s*[\"'](?:system|developer)[\"']",  # a chat API message
     _F,
 )
 _LABEL = re.compile(
-    r"^(?:todo|important|attention|urgent|note|system|instructions?|admin|reminder|action required)\b\s*(?:[:!]|!!)",
+    r"^(?:todo|important|attention|urgent|note|system|instructions?|admin|reminder|action required|"
+    r"(?:new|updated)\s+instructions?|system\s+(?:message|prompt|note))\b\s*(?:[:!]|!!)",
     _F,
 )
 _IMPERATIVE = re.compile(
     rf"^\W{{0,3}}(?:[A-Za-z]+\s*[:!]+\s*)?(?:(?:please|kindly|now|then|also|first|just)\s*,?\s+)*"
-    rf"(?:do\s+)?(?:{_VERBS})\b",
+    rf"(?:{_MODAL})?(?:do\s+)?(?:{_VERBS})\b",
     _F,
 )
 _THIRD_PERSON = re.compile(r"\bthe user(?:'s|s')?\b|\bof the user\b", _F)
@@ -132,6 +177,7 @@ _KEY_STEMS = (
     "processing", "summari", "ignore", "disregard", "forget", "override", "bypass", "skip", "previous", "prior",
     "earlier", "original", "initial", "new", "now", "stop", "instead", "task", "solve", "end", "start", "begin",
     "substitute", "replace", "placeholder", "tool", "function", "argument", "user", "todo", "important", "urgent",
+    "before", "role",
     "system", "admin", "reminder", "action", "ai", "assistant", "model", "agent", "llm", "gpt",
 )
 _WORD = re.compile(r"[A-Za-z]+|<|##|\[")
@@ -140,7 +186,36 @@ _LABELS = ("TODO", "IMPORTANT", "ATTENTION", "URGENT", "NOTE", "SYSTEM", "ADMIN"
 #: Cues that do not make an instruction alone but join one they stand next to (the goal after "do the following:").
 _WEAK = frozenset({"imperative", "markup"})
 # What may precede a sentence inside structured text: list dashes, quotes, a YAML/JSON key, a fake channel tag.
-_LEAD = re.compile(r"^(?:[\s\-*'\"`{,]+|[\w.\- ]{1,30}['\"]?\s*[:!]+\s+(?=\S)|#{2,}\s*\([^)]{0,30}\)\s*|<[^>]{1,30}>\s*)")
+_LEAD = re.compile(
+    r"^(?:[\s\-*'\"`{,]+|role['\"]?\s*:\s*['\"]?\w+['\"]?\s*,\s*|[\w.\- ]{1,30}['\"]?\s*[:!]+\s+(?=\S)"
+    r"|#{2,}\s*\([^)]{0,30}\)\s*|#{2,}\s*|<[^>]{1,30}>\s*"
+    r"|\[/?\s*(?i:system|instructions?|admin|important|inst)\s*\]\s*)"
+)
+#: A segment that is only a label or a fake channel ("IMPORTANT!!!", "[SYSTEM]", "<|im_start|>system"): it makes an
+#: instruction of the command in the next segment.
+_BARE_LABEL = re.compile(
+    r"(?!\s*#+\s*important\W*$)"  # a Markdown heading "## Important" opens a section of a document
+    r"(?:\W|\b(?:important|system|instructions?|admin|message|prompt|information|user|assistant|developer|im_start|"
+    r"im_end|new|updated)\b)*",
+    _F,
+)
+#: A faked exchange: the assistant says it will act, and "the user" approves it in the next line.
+_FAKE_TURN = re.compile(
+    r"^\W{0,3}(?:ai\s+)?(?:assistant|ai|agent|model|gpt|claude)\s*:\s*(?:(?:ok(?:ay)?|sure|understood|certainly)\W+)?"
+    rf"I(?:'ll|\s+will|\s+am\s+going\s+to|\s+shall)\s+(?:(?:now|immediately|first)\s+)*(?:{_ACTS})\b"
+    # ... to a concrete account, address or link (a support bot's "I will send you the tracking link" is not)
+    r"(?=.*(?:\b[A-Z]{2}\d{2}[A-Z0-9]{10,}|\S@\S+\.\w|https?://|\b\d{6,}\b))",
+    _F,
+)
+_APPROVAL = re.compile(
+    r"^\W{0,3}(?:user|human)\s*:\s*"
+    r"(?:yes|yeah|yep|ok(?:ay)?|sure|confirm(?:ed)?|approved?|go\s+ahead|do\s+it|please\s+do|proceed)\b",
+    _F,
+)
+# What hides a cue from the regular expressions: Markdown emphasis inside or around words ("I**gnore**") and URL
+# encoding ("Ignore%20all%20previous%20instructions"); undone before a segment's cues are read.
+_EMPHASIS = re.compile(r"\*+|(?<![A-Za-z0-9])_+|_+(?![A-Za-z0-9])")
+_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 # Where a segment ends: a sentence end (with or without a space after it), a line break (not the indented
 # continuation of a folded YAML string), an escaped line break, or just before a fake channel tag or an upper-case
 # label glued to the text before it ("...7.2%.TODO: ...", "USA###(system_message) ...").
@@ -155,8 +230,8 @@ _SEGMENT_END = re.compile(
 
 
 def _cues(segment: str) -> tuple[str, ...]:
-    text = whole = segment.replace("''", "'").strip()
-    labelled = bool(_CHANNEL.search(text))
+    text = whole = _clean(segment)
+    labelled = bool(_CHANNEL.search(text) or _FAKE_TURN.match(text) or _APPROVAL.match(text))
     while True:  # peel list dashes, quotes, keys and tags off the front, noting any label on the way
         labelled = labelled or bool(_LABEL.match(text))
         peeled = _LEAD.sub("", text, count=1)
@@ -179,6 +254,15 @@ def _cues(segment: str) -> tuple[str, ...]:
     if _TOOL.search(text):
         found.append("tool")
     return tuple(found)
+
+
+def _clean(segment: str) -> str:
+    text = segment.replace("''", "'")
+    if "%" in text and _PERCENT.search(text):
+        text = unquote(text)
+    if "*" in text or "_" in text:
+        text = _EMPHASIS.sub("", text)
+    return text.strip()
 
 
 def _is_instruction(cues: tuple[str, ...]) -> bool:
@@ -229,6 +313,9 @@ def find_instructions(text: str) -> tuple[Span, ...]:
         return found[index]
 
     strong = [i for i in candidates if i >= 0 and _is_instruction(cues_of(i))]
+    for index in candidates:  # a bare label before a command, a faked exchange: two segments make the instruction
+        if 0 <= index < len(segments) - 1 and _pair(text, segments, index, cues_of):
+            strong += [index, index + 1]
     if not strong:
         return ()
     marked = set(strong)
@@ -236,7 +323,12 @@ def find_instructions(text: str) -> tuple[Span, ...]:
         for step in (-1, 1):
             neighbour = index + step
             while (
-                0 <= neighbour < len(segments) and neighbour not in marked and _WEAK.intersection(cues_of(neighbour))
+                0 <= neighbour < len(segments)
+                and neighbour not in marked
+                and (
+                    _WEAK.intersection(cues_of(neighbour))
+                    or _continues(text, segments, min(neighbour, neighbour - step), max(neighbour, neighbour - step))
+                )
             ):
                 marked.add(neighbour)
                 neighbour += step
@@ -249,6 +341,20 @@ def find_instructions(text: str) -> tuple[Span, ...]:
         group.append(index)
     spans.append(_span(segments, found, group))
     return tuple(spans)
+
+
+def _pair(text: str, segments: list[tuple[int, int]], index: int, cues_of: Callable[[int], tuple[str, ...]]) -> bool:
+    """Segments ``index`` and the next one give an instruction together though neither does alone."""
+    (start, end), (next_start, next_end) = segments[index], segments[index + 1]
+    if "markup" in cues_of(index) and _BARE_LABEL.fullmatch(text, start, end) and "imperative" in cues_of(index + 1):
+        return True  # "IMPORTANT!!! Transfer ...", "<|im_start|>system\nTransfer ..."
+    return bool(_FAKE_TURN.match(text[start:end].strip()) and _APPROVAL.match(text[next_start:next_end].strip()))
+
+
+def _continues(text: str, segments: list[tuple[int, int]], first: int, second: int) -> bool:
+    """Segment ``second`` goes on with the sentence or the word that ``first`` broke off at a line end."""
+    end, start = segments[first][1], segments[second][0]
+    return text[end:start] == "\n" and text[end - 1].isalnum() and text[start].islower()
 
 
 def _span(segments: list[tuple[int, int]], found: dict[int, tuple[str, ...]], group: list[int]) -> Span:
