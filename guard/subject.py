@@ -127,6 +127,8 @@ class TurnMessage:
         flagged: what guard did with a tool result it flagged: ``withheld`` or ``quoted`` (the text is guard's notice
             or quote), ``stripped`` (the text is what was left once the instructions were cut out); ``None`` for a
             result passed on as it was.
+        cut: of a ``stripped`` result, the instructions cut out of it (kept where the model does not read them), so
+            a value they named stays tainted though the rest of the result repeats it.
     """
 
     role: Literal["system", "user", "assistant", "tool"]
@@ -134,6 +136,7 @@ class TurnMessage:
     tool_name: str | None = None
     tool_call_id: str | None = None
     flagged: Literal["withheld", "quoted", "stripped"] | None = None
+    cut: str = ""
 
 
 @dataclass(frozen=True)

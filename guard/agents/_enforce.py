@@ -337,7 +337,9 @@ class ToolCallEnforcer:
         if self.tool_result_action == "quote":
             new = msgs.result_quoted(prepared.tool, call_id, message_text(message), verdict)
         elif stripped is not None:
-            new = msgs.result_stripped(prepared.tool, call_id, stripped, verdict)
+            text = message_text(message)  # the spans cut, kept for argument provenance (find_instructions caches)
+            cut = "\n".join(text[span.start : span.end] for span in find_instructions(text))
+            new = msgs.result_stripped(prepared.tool, call_id, stripped, verdict, cut)
         else:
             new = msgs.result_withheld(prepared.tool, call_id, verdict)
         if isinstance(message, ToolMessage):

@@ -300,7 +300,9 @@ def turn_history(state: Any) -> tuple[TurnMessage, ...]:
             data = extra.get("lc_data") if extra.get("lc_source") == SOURCE else None
             outcome = data.get("outcome") if isinstance(data, Mapping) else None
             flagged = outcome if outcome in FLAGGED_RESULT_OUTCOMES else None
-            out.append(TurnMessage("tool", message_text(message), message.name, message.tool_call_id, flagged))
+            cut = data.get("cut") if flagged == "stripped" and isinstance(data, Mapping) else None
+            out.append(TurnMessage("tool", message_text(message), message.name, message.tool_call_id, flagged,
+                                   cut if isinstance(cut, str) else ""))
         elif isinstance(message, AIMessage):
             text = message_text(message)
             if text:

@@ -6,8 +6,9 @@ A tool call's arguments are looked up in the conversation before it (the subject
 * ``user``: the value is in one of the user's messages;
 * ``trusted``: it is in a system message, or in the policy's ``trusted`` values (trusted configuration);
 * ``tool_result``: it is in a tool result, outside any span flagged as instructions to the agent;
-* ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`), or in a
-  tool result guard withheld or quoted (what is left of a *stripped* result is an ordinary tool result);
+* ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`), in a
+  tool result guard withheld or quoted, or in the instructions guard cut out of a *stripped* one (what is left of it
+  is an ordinary tool result, but a value the cut instructions named stays theirs: :attr:`TurnMessage.cut`);
 * ``none``: it is nowhere (the model wrote it: a computed amount, a composed e-mail body).
 
 Precedence when a value is found in several places: ``user`` > ``trusted`` > ``flagged_tool_result`` >
@@ -287,6 +288,8 @@ def _source_of(
             if _found(needle, _prepare(message.text)):
                 return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
             continue
+        if message.cut and _found(needle, _prepare(_normalised(message.cut))):  # named by instructions guard cut
+            return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
         ordinary, flagged = _split_tool_text(message.text, detector)
         if flagged.text and _found(needle, flagged):
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)

@@ -16,6 +16,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from examples.agent.agent import replay_model
 from examples.agent.scenarios import BILL, CV_INJECTION
 from guard.agents import GuardAgentMiddleware, resume_command
+from guard.agents._records import turn_history
 from guard.backends.compact import CompactBackend
 from guard.engine import Guard
 from guard.subject import AgentSubject
@@ -122,6 +123,10 @@ def test_a_plain_instruction_is_stripped_and_the_rest_passed_on(guard: Guard) ->
     result = messages[0]
     assert result.additional_kwargs["lc_data"]["outcome"] == "stripped"
     assert "Revenue grew 4 %" in result.content and "Ignore your previous" not in result.content
+    # what was cut stays with the message, where argument provenance reads it and no model does
+    assert "Ignore your previous instructions" in result.additional_kwargs["lc_data"]["cut"]
+    (tool_turn,) = [t for t in turn_history({"messages": [result]}) if t.role == "tool"]
+    assert tool_turn.flagged == "stripped" and "Ignore your previous instructions" in tool_turn.cut
 
 
 def test_recorded_agentdojo_traces_replay_as_the_bench_does() -> None:
