@@ -41,7 +41,7 @@ from typing import Any
 from guard._json import is_json_media, surrogates_joined
 from guard.policy.redact import escape_pointer
 
-__all__ = ["JSON_LINES", "MAX_FORGOTTEN", "MAX_PLACES", "DeltaJoiner", "joiner_for"]
+__all__ = ["JSON_LINES", "MAX_FORGOTTEN", "MAX_FORGOTTEN_PENDING", "MAX_PLACES", "DeltaJoiner", "joiner_for"]
 
 #: Media types of one JSON document per line (JSON Lines, NDJSON, RFC 7464 JSON text sequences).
 JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
@@ -52,8 +52,11 @@ JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "applicati
 MAX_PLACES = 4096
 #: Most places one stream's joiner remembers having forgotten (by a hash of the place: its first string, whether it
 #: varied, the end of its sent text and its pieces not yet sent); past that the stream cannot be followed and
-#: :attr:`DeltaJoiner.overflow` says so (about 5 MB at most, for a stream of 20,000 distinct places).
+#: :attr:`DeltaJoiner.overflow` says so.
 MAX_FORGOTTEN = 16_384
+#: Most characters of a forgotten place's unsent pieces kept (after the ``context_chars`` of its sent text): a stream
+#: that merges events into large chunks keeps no more than this of each (16,384 forgotten places: about 25 MB at most).
+MAX_FORGOTTEN_PENDING = 1024
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
@@ -314,8 +317,9 @@ class DeltaJoiner:
         if not older:
             return
         for _, _, place in older[: len(self._first) - 3 * MAX_PLACES // 4]:
-            # the end of its sent text (already cut to context_chars) and its pieces not yet sent (this window's)
-            tail = self._before.get(place, "") + "".join(value for _, value in self._pieces.get(place, ()))
+            # the end of its sent text (already cut to context_chars) and the end of its pieces not yet sent
+            pending = "".join(value for _, value in self._pieces.get(place, ()))[-MAX_FORGOTTEN_PENDING:]
+            tail = self._before.get(place, "") + pending
             self._forgotten[hash(place)] = (self._first[place], place in self._varies, tail)
             for table in (self._first, self._seen, self._before, self._pieces):
                 table.pop(place, None)

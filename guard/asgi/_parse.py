@@ -40,35 +40,43 @@ __all__ = ["encode_body", "parse_body"]
 def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]:
     """The judged strings of a multipart form: field names and file names that are not plain identifiers (an app
     stores and reads a file's name: ``x'; DROP TABLE users; --.txt`` is judged, ``a.txt`` is not), text values and
-    file contents, each with what it reads as JSON (:func:`_field_json`); never a file's media type."""
+    file contents, each with what it reads as JSON (:func:`_field_json`); never a file's media type.
+
+    Raises:
+        BodyError: 413 ``body_too_complex`` when the values read as JSON hold more ``[`` and ``{`` together than
+            ``limits.max_json_containers`` (percent-encoded or multipart, they are not counted with the body's bytes).
+    """
     out: list[str] = []
     for name, values in fields.items():
         if not is_plain_key(name):
             out.append(name)
         for value in values:
             if isinstance(value, str):
-                out += [value, *_field_json(value, limits)]
+                out.append(value)
                 continue
             if value["filename"] and not is_plain_key(value["filename"]):
                 out.append(value["filename"])
             if value[FILE_TEXT] is not None:
-                out += [value[FILE_TEXT], *_field_json(value[FILE_TEXT], limits)]
+                out.append(value[FILE_TEXT])
+    # the values read as JSON too: their brackets count together, one body's cap, before any is parsed
+    json_read = [i for i, text in enumerate(out) if _reads_as_json(text)]
+    _check_containers("".join(out[i] for i in json_read).encode("utf-8", "surrogatepass"), limits)
+    for i in reversed(json_read):
+        out[i + 1 : i + 1] = _field_json(out[i])
     return out
 
 
-def _field_json(value: str, limits: BodyLimits) -> list[str]:
-    """The strings a form value holds when an application parses it as JSON (``json.loads(form["data"])``), where
-    they can differ from the value itself: only escapes make them differ, so a value without a backslash gives none.
-    Read as Python's ``json`` reads it (NaN and lone surrogates accepted, as the application's parser does); a value
-    it cannot read gives none (the value itself is judged as text).
+def _reads_as_json(value: str) -> bool:
+    """Whether a form value is read as JSON too (:func:`_field_json`): only escapes make its strings differ from the
+    value, so one without a backslash is not."""
+    return "\\" in value and value.lstrip(" \t\r\n")[:1] in ("{", "[", '"')
 
-    Raises:
-        BodyError: 413 ``body_too_complex`` for a value with more ``[`` and ``{`` than ``limits.max_json_containers``
-            (a percent-encoded or multipart value is not counted with the body's bytes).
-    """
-    if "\\" not in value or value.lstrip(" \t\r\n")[:1] not in ("{", "[", '"'):
-        return []
-    _check_containers(value.encode("utf-8", "surrogatepass"), limits)
+
+def _field_json(value: str) -> list[str]:
+    """The strings a form value holds when an application parses it as JSON (``json.loads(form["data"])``), where
+    they can differ from the value itself (:func:`_reads_as_json` says when; the caller capped the brackets of all
+    such values together). Read as Python's ``json`` reads it (NaN and lone surrogates accepted, as the
+    application's parser does); a value it cannot read gives none (the value itself is judged as text)."""
     try:
         return body_strings(json.loads(value))
     except (ValueError, RecursionError):

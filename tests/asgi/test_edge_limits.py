@@ -168,6 +168,8 @@ policies:
     nested = gzip.compress(b'{"_method": "DELETE", "a": [' + b",".join([b"[]"] * 300_000) + b"]}")
     field = "[" + ",".join(["[]"] * 300_000) + ', "\\u0041"]'  # a form value an app may json.loads
     async with client_for(app) as client:
+        half = "[" + ",".join(["[]"] * 150_000) + ', "\\u0041"]'  # 150,001 brackets: two are over the cap
+        in_parts = await client.post("/v1/form/x", files={"a": (None, half), "b": (None, half)})
         in_part = await client.post("/v1/form/x", files={"data": (None, field)})
         in_form = await client.post("/v1/form/x", data={"data": field})  # percent-encoded: not the body's brackets
         plain_form = await client.post("/v1/form/x", data={"data": "[1, 2]"})
@@ -178,7 +180,7 @@ policies:
     await guard.aclose()
     assert opaque.status_code == 200 and geo.status_code == 200
     assert hidden.status_code == 413 and hidden.json()["code"] == "body_too_complex"
-    assert in_part.status_code == in_form.status_code == 413, (in_part.text, in_form.text)
+    assert in_part.status_code == in_form.status_code == in_parts.status_code == 413, (in_part.text, in_form.text)
     assert plain_form.status_code == 200  # judged and allowed
 
 
