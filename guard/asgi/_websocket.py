@@ -30,6 +30,7 @@ logger = logging.getLogger("guard.proxy")
 _HANDSHAKE = frozenset({b"host", b"connection", b"upgrade", b"sec-websocket-key", b"sec-websocket-version",
                         b"sec-websocket-extensions", b"sec-websocket-protocol", b"content-length"})
 _UPSTREAM_UNAVAILABLE = 1014  # "bad gateway"
+_TRY_AGAIN_LATER = 1013
 #: Close codes no endpoint may send (RFC 6455 7.4.1: 1005, 1006 and 1015 only report what happened), and the code
 #: the relay sends the client in their place: 1000 for "no status", 1014 ("bad gateway") for an abnormal end.
 _UNSENDABLE = {1005: 1000, 1006: 1014, 1015: 1014}
@@ -45,11 +46,15 @@ class WebSocketRelay:
             (:meth:`~guard.asgi.proxy.ReverseProxy.upgrade_headers`); the handshake's own are left out here.
         open_timeout: seconds for the upstream handshake.
         client_header: where the client's address is read, as the middleware reads it.
+        max_open: most WebSockets relayed at once; another upgrade is refused (503 ``upstream_busy``, or a close with
+            1013) until one ends.
     """
 
     def __init__(self, guard: Guard, base: httpx.URL, upgrade_headers: Callable[[Scope], list[tuple[bytes, bytes]]],
-                 *, open_timeout: float, client_header: ClientHeader | None) -> None:
+                 *, open_timeout: float, client_header: ClientHeader | None, max_open: int) -> None:
         self.guard = guard
+        self.max_open = max_open
+        self.open = 0  # WebSockets being relayed (one event loop: no lock)
         self.upgrade_headers = upgrade_headers
         self.open_timeout = open_timeout
         self.client_header = client_header
@@ -63,6 +68,20 @@ class WebSocketRelay:
             return
         if (await receive())["type"] != "websocket.connect":
             return
+        if self.open >= self.max_open:
+            logger.info("websocket refused: %d are relayed already (max_websockets)", self.open)
+            await deny_upgrade(scope, send, 503, {"code": "upstream_busy", "message": f"{self.max_open} WebSockets "
+                               "are relayed already; try again later", "field": None}, _TRY_AGAIN_LATER)
+            return
+        self.open += 1
+        try:
+            await self._open_and_relay(scope, receive, send)
+        finally:
+            self.open -= 1
+
+    async def _open_and_relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Open the upstream WebSocket for an accepted upgrade and relay both ways (502 / 1014 when it cannot be
+        opened)."""
         query = scope.get("query_string", b"").decode("latin-1")
         url = self._base + scope["raw_path"].decode("latin-1") + (f"?{query}" if query else "")
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.upgrade_headers(scope)

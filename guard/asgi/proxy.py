@@ -88,6 +88,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 60.0
 DEFAULT_QUEUE_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 200
+#: Most WebSockets relayed at once (each holds an upstream connection of its own, outside ``max_connections``).
+DEFAULT_MAX_WEBSOCKETS = 1000
 DEFAULT_BODY_IDLE_TIMEOUT_S = 30.0
 
 
@@ -109,6 +111,8 @@ class ProxyConfig:
             ``X-Real-IP`` (guard behind a proxy of yours that sets them, e.g. one that terminates TLS). Default: they
             are dropped and the proxy sets ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` itself, so a client cannot
             tell the upstream which host or scheme it was reached on.
+        max_websockets: most WebSockets relayed at once (each holds an upstream connection of its own); another
+            upgrade is refused with 503 ``upstream_busy`` (or a close with 1013, "try again later").
         trust_traceparent: the guard's decision span continues the client's W3C ``traceparent`` (and
             ``tracestate``), so it joins the caller's trace next to the upstream's own spans. Default: the decision
             span starts a trace of its own, since a client's header chooses the trace id and, under a parent-based
@@ -124,6 +128,7 @@ class ProxyConfig:
     body_idle_timeout: float = DEFAULT_BODY_IDLE_TIMEOUT_S
     trust_forwarded: bool = False
     trust_traceparent: bool = False
+    max_websockets: int = DEFAULT_MAX_WEBSOCKETS
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -506,5 +511,5 @@ def proxy_app(
     proxy = ReverseProxy(config, metrics=metrics, judged_overrides=middleware_options.get("method_override") == "judge")
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
     relay = WebSocketRelay(guard, proxy.base, proxy.upgrade_headers, open_timeout=config.connect_timeout,
-                           client_header=guarded.client_header)
+                           client_header=guarded.client_header, max_open=config.max_websockets)
     return ProxyApp(guarded, proxy, relay, guard, on_startup, on_shutdown)

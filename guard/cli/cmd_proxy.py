@@ -47,7 +47,7 @@ from typing import Any
 from guard.asgi._responses import DECISION_HEADERS
 from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS, BodyLimits
-from guard.asgi.proxy import DEFAULT_MAX_CONNECTIONS, DEFAULT_QUEUE_TIMEOUT_S
+from guard.asgi.proxy import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_WEBSOCKETS, DEFAULT_QUEUE_TIMEOUT_S
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
 from guard.cli._args import positive_int, positive_seconds, seconds
@@ -176,6 +176,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--read-timeout", type=float, default=60.0, metavar="S", help="upstream silence, seconds")
     parser.add_argument("--max-connections", type=positive_int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                         help=f"most upstream connections at once (default {DEFAULT_MAX_CONNECTIONS})")
+    parser.add_argument("--max-websockets", type=positive_int, default=DEFAULT_MAX_WEBSOCKETS, metavar="N",
+                        help=f"most WebSockets relayed at once, each with an upstream connection of its own (default "
+                        f"{DEFAULT_MAX_WEBSOCKETS})")
     parser.add_argument("--queue-timeout", type=positive_seconds, default=DEFAULT_QUEUE_TIMEOUT_S, metavar="S",
                         help="most seconds a request waits for a free upstream connection when all are in use "
                         f"(default {DEFAULT_QUEUE_TIMEOUT_S:g}; then 503 upstream_busy)")
@@ -280,6 +283,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     limits = BodyLimits(**overrides)
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
                          max_connections=args.max_connections, queue_timeout=args.queue_timeout,
+                         max_websockets=args.max_websockets,
                          body_idle_timeout=limits.body_timeout_s,
                          preserve_host=args.preserve_host, trust_forwarded=args.trust_forwarded,
                          trust_traceparent=args.trust_traceparent)

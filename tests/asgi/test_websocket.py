@@ -279,3 +279,31 @@ async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_logs_one_line(
     assert close[:2] == b"\x88\x02" and int.from_bytes(close[2:4], "big") == 1007
     (record,) = [r for r in records if "UTF-8" in r.getMessage()]
     assert record.exc_info is None and record.levelno == logging.WARNING
+
+
+async def test_relayed_websockets_are_capped(make_guard: Callable[..., Guard], upstream: str) -> None:
+    """Each relayed WebSocket holds an upstream connection of its own, outside the HTTP pool: without a cap a client
+    could open as many as it liked. Past ``max_websockets`` an upgrade is refused, and a place frees when one ends."""
+    config = ProxyConfig(upstream, max_websockets=1)
+    with serve_in_thread(proxy_app(make_guard(), config)) as proxy:
+        ws_url = proxy.replace("http://", "ws://")
+        async with connect(f"{ws_url}/live/a") as first:
+            await first.send("one")
+            assert await first.recv() == "echo one /live/a None"
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(f"{ws_url}/live/b"):
+                    pass
+        import asyncio
+
+        for _ in range(100):  # the first one ended: its place frees once the relay has closed its upstream side
+            try:
+                async with connect(f"{ws_url}/live/c") as again:
+                    await again.send("two")
+                    assert await again.recv() == "echo two /live/c None"
+                break
+            except InvalidStatus:
+                await asyncio.sleep(0.02)
+        else:
+            pytest.fail("the place of a closed WebSocket was never freed")
+    assert refused.value.response.status_code == 503
+    assert json.loads(refused.value.response.body)["code"] == "upstream_busy"
