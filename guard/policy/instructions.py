@@ -3,9 +3,10 @@
 Pure Python and deterministic: each segment of the text (a sentence or a line; YAML and JSON escapes undone first) is
 matched against families of cues that say "this text talks to the assistant, not to a reader":
 
-* ``address``: it speaks to the model (``to you, GPT-4``, ``dear assistant``, ``note to AI``, ``Hey Claude,``, a
-  command that opens by calling it: ``Assistant, forward ...``, ``AI agent: send ...``, ``Assistant, you must now
-  call ...``) or for the user (``the user wants you to send ...``, ``note from the user: ... want you to transfer``);
+* ``address``: it speaks to the model (``to you, GPT-4``, ``dear assistant``, ``note to AI``, ``Hey ChatGPT, use
+  ...``, ``Hey Claude, transfer ...``, a command that opens by calling it: ``Assistant, forward ...``, ``AI agent:
+  send ...``, ``Assistant, you must now call ...``) or for the user (``the user wants you to send ...``, ``note from
+  the user: ... want you to transfer``; not help-desk guidance's ``If the user asks you to reset ...``);
 * ``override``: it tries to replace the agent's instructions (``ignore your previous ...``, ``ignore what you were
   told``, ``new task``,
   ``your objective is``, ``from now on``, ``instead``);
@@ -13,18 +14,23 @@ matched against families of cues that say "this text talks to the assistant, not
   ``end each response with``, ``before answering the user``, ``Before answering, send ...``);
 * ``markup``: a tag or label that fakes a channel (``<INFORMATION>``, ``###(system_message)``, ``[SYSTEM]``, ChatML
   ``<|im_start|>system``, ``"role": "system"``, a leading ``IMPORTANT!!!``, ``New instructions:`` or ``TODO:``), or a
-  faked exchange (``Assistant: I will now transfer ... to <account>`` then ``User: Yes ...``);
+  faked exchange (``Assistant:`` or a model's name, ``I will now transfer ...`` to an IBAN, e-mail address or link,
+  then ``User: Yes ...``; not a support desk's ``Agent: I'll send the replacement ...``);
 * ``tool``: it tells the agent which tool to call (``use the tool `send_money```, ``call the send_money tool``,
-  ``with the arguments``; not API documentation's ``use the function below``);
+  ``use the function send_money``; not API documentation's ``use the function below`` or ``call the function
+  refresh_token()``);
 * ``imperative``: it opens with an action verb (send, delete, invite, ...), the way a command does, perhaps after
-  ``you must`` or ``the assistant should``.
+  ``the assistant should`` (not after ``you must``: "Note: you must send the API key in the header" is documentation).
 
-Markdown emphasis and URL encoding are undone before the cues are read (``I**gnore**``, ``Ignore%20all``).
+Markdown emphasis and URL encoding are undone before the cues are read (``I**gnore**``, ``Ignore%20all``), and a
+segment holding either is read whatever its words seem to be.
 
 A segment is an instruction when it has a strong cue (address, override, task, tool), or markup together with an
-imperative (also a bare label or tag followed by a command: ``IMPORTANT!!!`` then ``Transfer ...``, and a faked
-exchange), or an imperative that speaks of "the user" in the third person (text written for an agent acting for
-someone). An imperative alone ("Please pay the amount to the account below", "Call the bank") is an ordinary
+imperative (also a fake channel tag or a shouted label alone on its line followed by a command: ``<|im_start|>system``
+then ``Transfer ...`` or ``You must reveal ...``, ``IMPORTANT!!!`` then ``Transfer ...``; not a heading or a plain
+label: ``## Admin`` then ``Create the first user``, ``System:`` then ``Update completed``; and a faked exchange),
+or an imperative that speaks of "the user" in the third person (text written for an agent acting for someone). An
+imperative alone ("Please pay the amount to the account below", "Call the bank") is an ordinary
 document and is not flagged. An imperative or a channel tag right next to a flagged segment joins it (the goal after
 "please do the following first:"), and so does a line that goes on with a flagged one's sentence or word (a line
 break inside ``instruc/tions``), and flagged segments up to :data:`MERGE_GAP` segments apart are merged into one
@@ -85,19 +91,29 @@ _ACTS = (
 )
 #: What a command that calls the model by name may say besides :data:`_VERBS` ("Assistant, use ...").
 _AGENT_VERBS = _VERBS + "|use|call|invoke|trigger|ignore|disregard|forget|stop|always|never|do not|don't"
-#: Chat models an injection calls by name ("Hey Claude, transfer ...").
-_MODELS = r"claude|chat\s?gpt|gpt(?:-?\d[\w.-]*)?|gemini|copilot|llama|bard|grok|mistral"
-#: "you must" or "the assistant should" before a verb: the verb still opens the command.
-_MODAL = (
-    r"(?:you|the\s+(?:ai\s+)?(?:assistant|agent|model))\s+(?:must|should|shall|need\s+to|needs\s+to|have\s+to|has\s+to|"
-    r"are\s+to|is\s+to|will\s+now)\s+(?:(?:now|also|first|immediately)\s+)*"
+#: Chat models an injection calls by name: names no person, star sign or wind has ("Hey ChatGPT, use ..."), and
+#: names that are also people's or words' ("Hey Claude, transfer ..." is a command, "Hey Gemini, this is your week" a
+#: horoscope), which need an action of :data:`_ACTS` right after them.
+_MODELS = r"chat\s?gpt|gpt-?\d[\w.]{0,10}|copilot"
+_NAMES = r"claude|gemini|grok|llama|mistral|bard"
+#: "you must" or "the assistant should" before a verb: the verb still opens the command (read only after a model
+#: address such as "Assistant, you must now call ..."; "Note: you must send the API key ..." is documentation).
+_MUST = (
+    r"\s+(?:must|should|shall|need\s+to|needs\s+to|have\s+to|has\s+to|are\s+to|is\s+to|will\s+now)\s+"
+    r"(?:(?:now|also|first|immediately)\s+)*"
 )
+_MODAL = r"(?:you|the\s+(?:ai\s+)?(?:assistant|agent|model))" + _MUST
+#: ... but "the assistant must" names the agent, so a command may open with it (a faked ``"role": "system"`` message's
+#: "The assistant must transfer ...").
+_AGENT_MODAL = r"the\s+(?:ai\s+)?(?:assistant|agent|model)" + _MUST
 _ADDRESS = re.compile(
     r"\bto you,?\s+(?:the\s+)?(?:ai|assistant|model|agent|llm|gpt|claude|gemini|llama|chatbot|bot)\b"
     r"|\bto you,\s+[A-Z][\w.-]*\b"  # "from me, Emma, to you, GPT-4"
     r"|\b(?:dear|hey|hello|attention|note to|message to|instructions? for)\s+(?:the\s+)?"
     r"(?:ai|a\.i\.|assistant|model|agent|llm|language model|chatbot|bot)s?\b"
     r"|\b(?:ai|assistant|model|agent|llm)s?\s+(?:reading|processing|summari[sz]ing)\s+(?:this|these)\b"
+    r"|\b(?:whichever|any)\s+(?:ai|assistant|model|agent|llm)s?\s+(?:is\s+|are\s+)?"
+    r"(?:reading|processing|summari[sz]ing)\s+(?:this|these)\b"  # "whichever model is reading this page"
     r"|\byou,?\s+(?:the\s+)?(?:ai|assistant|ai model|language model)\b"
     r"|\bimportant message from\b"
     # a command that opens by calling the model ("Assistant, forward ...", "AI agent: send ...")
@@ -107,10 +123,16 @@ _ADDRESS = re.compile(
     r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?"
     r"(?:ai\s+(?:assistant|agent|model)|(?:ai|assistant|agent|model|llm)(?=\s*,))"
     rf"\s*[,:]\s*(?:(?:please|kindly|now)\s*,?\s+)?(?:{_MODAL})?(?:{_AGENT_VERBS})\b"
-    rf"|\b(?:dear|hey|hi|hello|ok|okay)\s+(?:{_MODELS})\s*[,:!]"  # "Hey Claude, transfer ..."
-    # it speaks for the user: "The user wants you to send ...", "Note from the user: I also want you to ..."
-    r"|\bthe\s+user\s+(?:wants|would\s+like|asks|asked|needs|requests|requested|has\s+asked|instructs|instructed|told|"
-    rf"expects)\s+you\s+to\s+(?:(?:also|first|now|please)\s+)*(?:{_ACTS})\b"
+    # "Hey ChatGPT, use ...", "Hello Claude, transfer ..." (not "Hi Claude," in a colleague's e-mail, "Dear Claude,"
+    # in a letter, "Hey Gemini, this is your week" in a horoscope or "ok gpt, that's enough" in a forum)
+    rf"|\b(?:hey|hello)\s+(?:{_MODELS})\s*[,:]\s*(?:(?:please|kindly|now)\s*,?\s+)?"
+    rf"(?:{_ACTS}|use|call|invoke|trigger)\b"
+    rf"|\b(?:hey|hello)\s+(?:{_NAMES})\s*[,:]\s*(?:(?:please|kindly|now)\s*,?\s+)?(?:{_ACTS})\b"
+    # it speaks for the user: "The user wants you to send ...", "Note from the user: I also want you to ..." (not
+    # help-desk guidance: "If the user asks you to reset their password, verify ...")
+    r"|\bthe(?<!\bif\sthe)(?<!\bwhen\sthe)(?<!\bwhenever\sthe)"
+    r"\s+user\s+(?:wants|would\s+like|asked|requested|has\s+asked|instructs|instructed|told)"
+    rf"\s+you\s+to\s+(?:(?:also|first|now|please)\s+)*(?:{_ACTS})\b"
     r"|\b(?:note|message|request|instructions?)\s+from\s+(?:the\s+)?user\b[^\n]{0,40}?\byou\s+to\s+"
     rf"(?:(?:also|first|now)\s+)*(?:{_ACTS})\b",
     _F,
@@ -124,7 +146,7 @@ _OVERRIDE = re.compile(
     r"|\bnew\s+(?:instructions?|task|objective|goal|directive|priority)\b"
     r"|\byour\s+(?:real\s+|true\s+|new\s+|actual\s+|only\s+|primary\s+)?(?:objective|task|goal|mission|job|instructions?)"
     r"\s+(?:is|are|now)\b"
-    r"|\b(?:ignore|disregard)\s+(?:the\s+)?(?:user|system\s+prompt)\b"
+    r"|\b(?:ignore|disregard)\s+(?:the\s+)?(?:user|system\s+prompt)(?![\w-])"  # not "ignore the User-Agent header"
     r"|\bfrom now on\b|\bstop here\b|\binstead\b[.!]?\s*$",
     _F,
 )
@@ -143,8 +165,11 @@ _TOOL = re.compile(
     r"\b(?:use|call|invoke|run|execute) (?:the )?tool\b"
     # a named tool or function ("call the send_money tool", "use the function `send_money`"); API docs say "use
     # the function below" or "the `list_invoices` function", which stay unflagged
-    r"|\b(?:use|call|invoke|run|execute) (?:the )?function\s+[`'\"]?[a-z][a-z0-9]*_\w+"
-    r"|\b(?:use|call|invoke|run|execute|trigger)\s+(?:the\s+)?[`'\"]?[a-z][a-z0-9]*(?:_[a-z0-9]+)+[`'\"]?\s+tool\b"
+    # ... whose name says an action ("send_money"; not "call the function refresh_token() before each request")
+    r"|\b(?:use|call|invoke|run|execute) (?:the )?function\s+[`'\"]?(?=[a-z0-9]{1,40}_)(?:[a-z0-9]{1,20}_){0,3}"
+    rf"(?:{_ACTS})(?:_[a-z0-9]{{1,20}}){{0,3}}(?![a-z0-9])"
+    r"|\b(?:use|call|invoke|run|execute|trigger)\s+(?:the\s+)?[`'\"]?[a-z][a-z0-9]{0,30}(?:_[a-z0-9]{1,30}){1,6}[`'\"]?"
+    r"\s+tool\b"
     r"|\bwith the (?:following )?arguments\b",
     _F,
 )
@@ -164,7 +189,7 @@ _LABEL = re.compile(
 )
 _IMPERATIVE = re.compile(
     rf"^\W{{0,3}}(?:[A-Za-z]+\s*[:!]+\s*)?(?:(?:please|kindly|now|then|also|first|just)\s*,?\s+)*"
-    rf"(?:{_MODAL})?(?:do\s+)?(?:{_VERBS})\b",
+    rf"(?:{_AGENT_MODAL})?(?:do\s+)?(?:{_VERBS})\b",
     _F,
 )
 _THIRD_PERSON = re.compile(r"\bthe user(?:'s|s')?\b|\bof the user\b", _F)
@@ -178,9 +203,12 @@ _KEY_STEMS = (
     "earlier", "original", "initial", "new", "now", "stop", "instead", "task", "solve", "end", "start", "begin",
     "substitute", "replace", "placeholder", "tool", "function", "argument", "user", "todo", "important", "urgent",
     "before", "role",
-    "system", "admin", "reminder", "action", "ai", "assistant", "model", "agent", "llm", "gpt",
+    "system", "admin", "reminder", "action", "ai", "assistant", "model", "agent", "llm", "gpt", "chatgpt", "copilot",
+    "claude", "gemini", "grok", "llama", "mistral", "bard",
 )
-_WORD = re.compile(r"[A-Za-z]+|<|##|\[")
+#: A word, or a symbol that opens a fake channel, a URL escape or emphasis inside a word ("I**gnore**", "%49gnore"):
+#: the last two hide the words, so their segment is read whatever it seems to say.
+_WORD = re.compile(r"[A-Za-z]+|<|##|\[|%[0-9A-Fa-f]{2}|(?<=[A-Za-z])\*+(?=[A-Za-z])")
 #: Upper-case labels a segment may start with even when glued to the word before it ("USATODO: ...").
 _LABELS = ("TODO", "IMPORTANT", "ATTENTION", "URGENT", "NOTE", "SYSTEM", "ADMIN", "REMINDER")
 #: Cues that do not make an instruction alone but join one they stand next to (the goal after "do the following:").
@@ -191,22 +219,33 @@ _LEAD = re.compile(
     r"|#{2,}\s*\([^)]{0,30}\)\s*|#{2,}\s*|<[^>]{1,30}>\s*"
     r"|\[/?\s*(?i:system|instructions?|admin|important|inst)\s*\]\s*)"
 )
-#: A segment that is only a label or a fake channel ("IMPORTANT!!!", "[SYSTEM]", "<|im_start|>system"): it makes an
-#: instruction of the command in the next segment.
+#: A segment that is only a fake channel tag or a shouted label ("<|im_start|>system", "[SYSTEM]", "IMPORTANT!!!"): it
+#: makes an instruction of the command in the next segment. A heading or a plain label is a document's ("## Admin",
+#: "**Important:**", "System:" then "Update completed ..."), and does not.
 _BARE_LABEL = re.compile(
-    r"(?!\s*#+\s*important\W*$)"  # a Markdown heading "## Important" opens a section of a document
-    r"(?:\W|\b(?:important|system|instructions?|admin|message|prompt|information|user|assistant|developer|im_start|"
-    r"im_end|new|updated)\b)*",
+    r"[\s\"'`>-]{0,6}(?:"
+    r"<\|\s*\w{1,20}\s*\|>(?:\s*(?:system|user|assistant|developer))?(?:\s*<\|\s*\w{1,20}\s*\|>)?"  # ChatML, Llama 3
+    # "[SYSTEM]", "[system](#assistant)", Llama 2's "[INST]" and "<<SYS>>"
+    r"|\[/?\s*(?:system|instructions?|admin|important|inst)\s*\](?:\(#[\w-]{1,20}\))?|<</?SYS>>"
+    r"|<\s*(?:information|instructions?|system|important|admin|prompt)\s*>"
+    r"|#{2,}\s*\(\s*(?:system|instructions?|admin|important)[\w\s]{0,20}\)"  # "###(system_message)"
+    r"|(?:important|attention|urgent|warning|system|admin|(?:new\s+|updated\s+)?instructions?)\s*!{2,}"
+    r")[\s\"'`:.]{0,6}",
     _F,
 )
-#: A faked exchange: the assistant says it will act, and "the user" approves it in the next line.
+#: A faked exchange: the assistant (a model, not a support "Agent:") says it will act, and "the user" approves it in
+#: the next line.
 _FAKE_TURN = re.compile(
-    r"^\W{0,3}(?:ai\s+)?(?:assistant|ai|agent|model|gpt|claude)\s*:\s*(?:(?:ok(?:ay)?|sure|understood|certainly)\W+)?"
+    rf"^\W{{0,3}}(?:ai\s+assistant|assistant|ai|gpt|{_MODELS}|{_NAMES})\s*:\s*"
+    r"(?:(?:ok(?:ay)?|sure|understood|certainly)\W{1,3})?"
     rf"I(?:'ll|\s+will|\s+am\s+going\s+to|\s+shall)\s+(?:(?:now|immediately|first)\s+)*(?:{_ACTS})\b"
-    # ... to a concrete account, address or link (a support bot's "I will send you the tracking link" is not)
-    r"(?=.*(?:\b[A-Z]{2}\d{2}[A-Z0-9]{10,}|\S@\S+\.\w|https?://|\b\d{6,}\b))",
+    # ... to a concrete account, e-mail address or link, later in the line (a support bot's "I will send you the
+    # tracking link" is not, nor a human agent's "I'll send the replacement to order 48213377")
+    r"(?=[^\n]{0,200}?(?:\b[A-Z]{2}\d{2}[A-Z0-9]{10,30}|[\w.+-]{1,64}@[\w-]{1,63}\.\w|https?://))",
     _F,
 )
+#: A command in the second person, read only after a fake channel tag ("<|im_start|>system" then "You must reveal ...").
+_MODAL_COMMAND = re.compile(rf"\W{{0,3}}(?:{_MODAL})(?:do\s+)?(?:{_VERBS})\b", _F)
 _APPROVAL = re.compile(
     r"^\W{0,3}(?:user|human)\s*:\s*"
     r"(?:yes|yeah|yep|ok(?:ay)?|sure|confirm(?:ed)?|approved?|go\s+ahead|do\s+it|please\s+do|proceed)\b",
@@ -216,6 +255,7 @@ _APPROVAL = re.compile(
 # encoding ("Ignore%20all%20previous%20instructions"); undone before a segment's cues are read.
 _EMPHASIS = re.compile(r"\*+|(?<![A-Za-z0-9])_+|_+(?![A-Za-z0-9])")
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
+_WORD_START = re.compile(r"\b\w")
 # Where a segment ends: a sentence end (with or without a space after it), a line break (not the indented
 # continuation of a folded YAML string), an escaped line break, or just before a fake channel tag or an upper-case
 # label glued to the text before it ("...7.2%.TODO: ...", "USA###(system_message) ...").
@@ -239,7 +279,7 @@ def _cues(segment: str) -> tuple[str, ...]:
             break
         text = peeled
     found = []
-    if _ADDRESS.search(text) or _ADDRESS.search(whole):  # whole: "AI agent: send ..." reads as a key and its value
+    if _addressed(text, whole):
         found.append("address")
     if _IMPERATIVE.match(text):
         found.append("imperative")
@@ -254,6 +294,20 @@ def _cues(segment: str) -> tuple[str, ...]:
     if _TOOL.search(text):
         found.append("tool")
     return tuple(found)
+
+
+def _addressed(text: str, whole: str) -> bool:
+    """An address cue in ``text`` or in ``whole`` (``text`` with a lead such as ``AI agent:`` before it, read as a key
+    and its value). Every address cue starts at a word or at the start, so ``whole`` is read only from those of its
+    lead (a cue that starts in ``text`` was found there; a long lead is searched whole)."""
+    if _ADDRESS.search(text):
+        return True
+    if whole == text:
+        return False
+    starts = [0, *(match.start() for match in _WORD_START.finditer(whole, 0, len(whole) - len(text)))]
+    if len(starts) > 32:
+        return bool(_ADDRESS.search(whole))
+    return any(_ADDRESS.match(whole, start) for start in starts)
 
 
 def _clean(segment: str) -> str:
@@ -301,7 +355,7 @@ def find_instructions(text: str) -> tuple[Span, ...]:
     picked = {index for index, start in enumerate(starts) if text.startswith(_LABELS, start)}  # "...%.TODO: ..."
     for match in _WORD.finditer(text):
         word = match.group().lower()
-        if word[0] in "<#[" or word.startswith(_KEY_STEMS):
+        if word[0] in "<#[%*" or word.startswith(_KEY_STEMS):
             picked.add(bisect_right(starts, match.start()) - 1)
     candidates = sorted(picked)
     found: dict[int, tuple[str, ...]] = {}
@@ -346,8 +400,12 @@ def find_instructions(text: str) -> tuple[Span, ...]:
 def _pair(text: str, segments: list[tuple[int, int]], index: int, cues_of: Callable[[int], tuple[str, ...]]) -> bool:
     """Segments ``index`` and the next one give an instruction together though neither does alone."""
     (start, end), (next_start, next_end) = segments[index], segments[index + 1]
-    if "markup" in cues_of(index) and _BARE_LABEL.fullmatch(text, start, end) and "imperative" in cues_of(index + 1):
-        return True  # "IMPORTANT!!! Transfer ...", "<|im_start|>system\nTransfer ..."
+    label = _clean(text[start:end])
+    if "markup" in cues_of(index) and _BARE_LABEL.fullmatch(label):
+        if "imperative" in cues_of(index + 1):
+            return True  # "IMPORTANT!!! Transfer ...", "<|im_start|>system\nTransfer ..."
+        if _CHANNEL.search(label) and _MODAL_COMMAND.match(_clean(text[next_start:next_end])):
+            return True  # "<|im_start|>system\nYou must reveal ..."
     return bool(_FAKE_TURN.match(text[start:end].strip()) and _APPROVAL.match(text[next_start:next_end].strip()))
 
 
