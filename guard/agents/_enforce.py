@@ -325,6 +325,12 @@ class ToolCallEnforcer:
         spans = find_instructions(text)
         return strip_spans(text, spans) if spans else None
 
+    @staticmethod
+    def _cut(message: BaseMessage) -> str:
+        """The instructions :meth:`_stripped` cuts out of ``message``, joined (``find_instructions`` caches)."""
+        text = message_text(message)
+        return "\n".join(text[span.start : span.end] for span in find_instructions(text))
+
     def _replace_result(self, message: BaseMessage, prepared: Prepared, judgement: Judgement,
                         stripped: str | None) -> BaseMessage:
         """The message the model gets in place of a judged output: the output itself when allowed; else quoted,
@@ -336,11 +342,9 @@ class ToolCallEnforcer:
         call_id = message.tool_call_id if isinstance(message, ToolMessage) else prepared.tool_call_id
         if self.tool_result_action == "quote":
             new = msgs.result_quoted(prepared.tool, call_id, message_text(message), verdict)
-        elif stripped is not None:
-            text = message_text(message)  # the spans cut, kept for argument provenance (find_instructions caches)
-            cut = "\n".join(text[span.start : span.end] for span in find_instructions(text))
+        elif stripped is not None and len(cut := self._cut(message)) <= msgs.MAX_CUT_CHARS:
             new = msgs.result_stripped(prepared.tool, call_id, stripped, verdict, cut)
-        else:
+        else:  # nothing to strip, or more instructions than the message can carry for provenance: withheld
             new = msgs.result_withheld(prepared.tool, call_id, verdict)
         if isinstance(message, ToolMessage):
             return new

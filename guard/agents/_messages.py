@@ -214,14 +214,15 @@ def result_quoted(tool: str, tool_call_id: str, text: str, verdict: Verdict) -> 
 
 
 #: Most characters of the instructions cut out of a stripped result kept in its metadata (argument provenance reads
-#: them; the model never does).
+#: them; the model never does); a result with more is withheld, not stripped, so no value they name is lost.
 MAX_CUT_CHARS = 16 * 1024
 
 
 def result_stripped(tool: str, tool_call_id: str, text: str, verdict: Verdict, cut: str = "") -> ToolMessage:
     """The flagged output with the spans that instruct the assistant cut out (``text`` is already stripped); ``cut``,
-    what was cut out, goes in the metadata (``lc_data["cut"]``, at most :data:`MAX_CUT_CHARS`), which no model
-    reads, so argument provenance still takes a value the instructions named as theirs."""
+    what was cut out (at most :data:`MAX_CUT_CHARS`: the caller withholds a result with more), goes in the metadata
+    (``lc_data["cut"]``), which no model reads, so argument provenance still takes a value the instructions named as
+    theirs."""
     content = RESULT_STRIPPED_TEMPLATE.format(
         tool=tool, tool_call_id=tool_call_id, reason=reason_of(verdict), text=text, **_fields(verdict)
     )
@@ -229,7 +230,7 @@ def result_stripped(tool: str, tool_call_id: str, text: str, verdict: Verdict, c
     return add_notification_metadata(  # type: ignore[return-value]
         message,  # type: ignore[arg-type]
         source=SOURCE,
-        data=decision_data(verdict, outcome="stripped", cut=cut[:MAX_CUT_CHARS]),
+        data=decision_data(verdict, outcome="stripped", cut=cut),
     )
 
 

@@ -39,7 +39,7 @@ from pydantic import BaseModel
 from guard._seal import STORE_KEY_ENV, Sealer
 from guard.agents._content import message_text
 from guard.agents._judge import Judgement
-from guard.agents._messages import SOURCE
+from guard.agents._messages import MAX_CUT_CHARS, SOURCE
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
 from guard.engine import verdicts
 from guard.subject import AgentEvent, TurnMessage
@@ -301,8 +301,8 @@ def turn_history(state: Any) -> tuple[TurnMessage, ...]:
             outcome = data.get("outcome") if isinstance(data, Mapping) else None
             flagged = outcome if outcome in FLAGGED_RESULT_OUTCOMES else None
             cut = data.get("cut") if flagged == "stripped" and isinstance(data, Mapping) else None
-            out.append(TurnMessage("tool", message_text(message), message.name, message.tool_call_id, flagged,
-                                   cut if isinstance(cut, str) else ""))
+            cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
+            out.append(TurnMessage("tool", message_text(message), message.name, message.tool_call_id, flagged, cut))
         elif isinstance(message, AIMessage):
             text = message_text(message)
             if text:

@@ -54,8 +54,9 @@ MAX_PLACES = 4096
 #: varied, the end of its sent text and its pieces not yet sent); past that the stream cannot be followed and
 #: :attr:`DeltaJoiner.overflow` says so.
 MAX_FORGOTTEN = 16_384
-#: Most characters of a forgotten place's unsent pieces kept (after the ``context_chars`` of its sent text): a stream
-#: that merges events into large chunks keeps no more than this of each (16,384 forgotten places: about 25 MB at most).
+#: Most characters of a forgotten place's unsent pieces kept (after the ``context_chars`` of its sent text); a place
+#: forgotten with more (a stream merging events into large chunks) makes the stream uninspectable rather than lose
+#: text never judged joined (16,384 forgotten places: about 25 MB at most).
 MAX_FORGOTTEN_PENDING = 1024
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
@@ -120,7 +121,8 @@ class DeltaJoiner:
     Attributes:
         complete_to: the offset where the last complete event read ends (a line, an SSE event, an array element).
         overflow: why the joiner cannot follow the stream's places (``None``: it can): more than
-            :data:`MAX_FORGOTTEN` were forgotten. The stream cannot be judged joined.
+            :data:`MAX_FORGOTTEN` were forgotten, or one was forgotten with more than :data:`MAX_FORGOTTEN_PENDING`
+            characters not yet judged. The stream cannot be judged joined.
     """
 
     def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int, lines: bool = False) -> None:
@@ -317,9 +319,12 @@ class DeltaJoiner:
         if not older:
             return
         for _, _, place in older[: len(self._first) - 3 * MAX_PLACES // 4]:
-            # the end of its sent text (already cut to context_chars) and the end of its pieces not yet sent
-            pending = "".join(value for _, value in self._pieces.get(place, ()))[-MAX_FORGOTTEN_PENDING:]
-            tail = self._before.get(place, "") + pending
+            # the end of its sent text (already cut to context_chars) and its pieces not yet sent
+            pending = "".join(value for _, value in self._pieces.get(place, ()))
+            if len(pending) > MAX_FORGOTTEN_PENDING:  # not kept, and never judged joined: the stream cannot be
+                self.overflow = (f"a place guard had to forget held more than {MAX_FORGOTTEN_PENDING} characters "
+                                 "not yet judged")
+            tail = self._before.get(place, "") + pending[-MAX_FORGOTTEN_PENDING:]
             self._forgotten[hash(place)] = (self._first[place], place in self._varies, tail)
             for table in (self._first, self._seen, self._before, self._pieces):
                 table.pop(place, None)

@@ -118,16 +118,16 @@ _ADDRESS = re.compile(
     r"|\bimportant message from\b"
     # a command that opens by calling the model ("Assistant, forward ...", "AI agent: send ...")
     r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?(?:ai\s+)?(?:assistant|agent|model|llm|ai)\s*[,:]\s*"
-    rf"(?:(?:please|kindly|now)\s*,?\s+)?(?:{_VERBS})\b"
+    rf"(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_VERBS})\b"
     # ... or calls it "AI assistant:" or "Assistant," (not a transcript's "Assistant:") and says what it must do
     r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?"
     r"(?:ai\s+(?:assistant|agent|model)|(?:ai|assistant|agent|model|llm)(?=\s*,))"
-    rf"\s*[,:]\s*(?:(?:please|kindly|now)\s*,?\s+)?(?:{_MODAL})?(?:{_AGENT_VERBS})\b"
+    rf"\s*[,:]\s*(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_MODAL})?(?:{_AGENT_VERBS})\b"
     # "Hey ChatGPT, use ...", "Hello Claude, transfer ..." (not "Hi Claude," in a colleague's e-mail, "Dear Claude,"
     # in a letter, "Hey Gemini, this is your week" in a horoscope or "ok gpt, that's enough" in a forum)
-    rf"|\b(?:hey|hello)\s+(?:{_MODELS})\s*[,:]\s*(?:(?:please|kindly|now)\s*,?\s+)?"
+    rf"|\b(?:hey|hello)\s+(?:{_MODELS})\s*[,:]\s*(?:(?:please|kindly|now)(?:\s*,)?\s+)?"
     rf"(?:{_ACTS}|use|call|invoke|trigger)\b"
-    rf"|\b(?:hey|hello)\s+(?:{_NAMES})\s*[,:]\s*(?:(?:please|kindly|now)\s*,?\s+)?(?:{_ACTS})\b"
+    rf"|\b(?:hey|hello)\s+(?:{_NAMES})\s*[,:]\s*(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_ACTS})\b"
     # it speaks for the user: "The user wants you to send ...", "Note from the user: I also want you to ..." (not
     # help-desk guidance: "If the user asks you to reset their password, verify ...")
     r"|\bthe(?<!\bif\sthe)(?<!\bwhen\sthe)(?<!\bwhenever\sthe)"
@@ -182,13 +182,13 @@ _CHANNEL = re.compile(
     r"|[\"']role[\"']\s*:\s*[\"'](?:system|developer)[\"']",  # a chat API message
     _F,
 )
-_LABEL = re.compile(
-    r"^(?:todo|important|attention|urgent|note|system|instructions?|admin|reminder|action required|"
+_LABEL = re.compile(  # matched at a position (``match(text, pos)``), so no ``^``
+    r"(?:todo|important|attention|urgent|note|system|instructions?|admin|reminder|action required|"
     r"(?:new|updated)\s+instructions?|system\s+(?:message|prompt|note))\b\s*(?:[:!]|!!)",
     _F,
 )
 _IMPERATIVE = re.compile(
-    rf"^\W{{0,3}}(?:[A-Za-z]+\s*[:!]+\s*)?(?:(?:please|kindly|now|then|also|first|just)\s*,?\s+)*"
+    rf"^\W{{0,3}}(?:[A-Za-z]+\s*[:!]+\s*)?(?:(?:please|kindly|now|then|also|first|just)(?:\s*,)?\s+)*"
     rf"(?:{_AGENT_MODAL})?(?:do\s+)?(?:{_VERBS})\b",
     _F,
 )
@@ -214,8 +214,8 @@ _LABELS = ("TODO", "IMPORTANT", "ATTENTION", "URGENT", "NOTE", "SYSTEM", "ADMIN"
 #: Cues that do not make an instruction alone but join one they stand next to (the goal after "do the following:").
 _WEAK = frozenset({"imperative", "markup"})
 # What may precede a sentence inside structured text: list dashes, quotes, a YAML/JSON key, a fake channel tag.
-_LEAD = re.compile(
-    r"^(?:[\s\-*'\"`{,]+|role['\"]?\s*:\s*['\"]?\w+['\"]?\s*,\s*|[\w.\- ]{1,30}['\"]?\s*[:!]+\s+(?=\S)"
+_LEAD = re.compile(  # matched at a position (``match(text, pos)``), so no ``^``
+    r"(?:[\s\-*'\"`{,]+|role['\"]?\s*:\s*['\"]?\w+['\"]?\s*,\s*|[\w.\- ]{1,30}['\"]?\s*[:!]+\s+(?=\S)"
     r"|#{2,}\s*\([^)]{0,30}\)\s*|#{2,}\s*|<[^>]{1,30}>\s*"
     r"|\[/?\s*(?i:system|instructions?|admin|important|inst)\s*\]\s*)"
 )
@@ -272,12 +272,14 @@ _SEGMENT_END = re.compile(
 def _cues(segment: str) -> tuple[str, ...]:
     text = whole = _clean(segment)
     labelled = bool(_CHANNEL.search(text) or _FAKE_TURN.match(text) or _APPROVAL.match(text))
+    pos = 0
     while True:  # peel list dashes, quotes, keys and tags off the front, noting any label on the way
-        labelled = labelled or bool(_LABEL.match(text))
-        peeled = _LEAD.sub("", text, count=1)
-        if peeled == text:
+        labelled = labelled or bool(_LABEL.match(text, pos))
+        lead = _LEAD.match(text, pos)
+        if lead is None or lead.end() == pos:
             break
-        text = peeled
+        pos = lead.end()  # by position: slicing the rest off once per lead was quadratic on a long line of them
+    text = text[pos:]
     found = []
     if _addressed(text, whole):
         found.append("address")

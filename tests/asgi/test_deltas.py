@@ -625,14 +625,18 @@ def test_a_padded_stream_is_blocked_through_the_middleware() -> None:
     assert "efgh1234" not in text and (status == 403 or cut or "event: guard_blocked" in text), (status, cut)
 
 
-def test_a_forgotten_place_keeps_only_the_end_of_its_unsent_text() -> None:
+def test_a_place_forgotten_with_much_unjudged_text_makes_the_stream_uninspectable() -> None:
     """A forgotten place kept all its unsent pieces: an upstream merging events into large chunks grew the forgotten
-    tails to 55 M characters (review finding). It keeps the end of them, enough to join across a flood."""
+    tails to 55 M characters (review finding). It keeps at most MAX_FORGOTTEN_PENDING of them; with more, what it
+    drops was never judged joined, so the stream cannot be followed (a review found the text silently dropped)."""
     from guard.asgi._deltas import MAX_FORGOTTEN_PENDING
 
-    joiner = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
-    joiner.feed(_chat("x" * 8000 + "the SEC") + _sse({"id": "x"}))
-    joiner.feed(_sse({"pad": {f"p{i}": "v" for i in range(MAX_PLACES + 100)}}))
-    joiner.feed(_chat("RET is"))
-    (reading,) = [r for r in _readings(joiner) if "RET is" in r]
-    assert "the SECRET is" in reading and len(reading) <= MAX_FORGOTTEN_PENDING + len("RET is")
+    small = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
+    small.feed(_chat("the SEC") + _sse({"id": "x"}))
+    small.feed(_sse({"pad": {f"p{i}": "v" for i in range(MAX_PLACES + 100)}}))
+    small.feed(_chat("RET is"))
+    assert small.overflow is None and "the SECRET is" in _readings(small)
+    large = DeltaJoiner(sse=True, context_chars=0, max_event_chars=1 << 30)
+    large.feed(_chat("x" * (MAX_FORGOTTEN_PENDING + 10)) + _sse({"id": "x"})
+               + _sse({"pad": {f"p{i}": "v" for i in range(MAX_PLACES + 100)}}))  # one chunk: nothing sent between
+    assert large.overflow is not None and str(MAX_FORGOTTEN_PENDING) in large.overflow

@@ -202,6 +202,12 @@ ADVERSARIAL = {
     "url_escapes": "%49gnore " * 11_000,
     "emphasis_in_words": "I**gnore** " * 9_000,
     "lead_tags": "<a>" * 33_000 + " send it",
+    # a repeated opener with two spaces: "\s*,?\s+" split them every way (2**n: 17.6 s at 110 characters)
+    "openers_two_spaces": "Now  " * 40 + "zzz",
+    "please_two_spaces": "please  " * 40 + "ai zzz",
+    # one long line of leads, each peeled by slicing the rest off (quadratic: 8.4 s for 1 MB)
+    "headings_on_one_line": "## " * 100_000,
+    "keys_on_one_line": "ai: " * 80_000,
 }
 
 
