@@ -291,7 +291,9 @@ class HealthMonitor:
                 # taking them all out of rotation would not route around it, and would turn the policies' fail modes
                 # (a 503 with Retry-After, or fail-open) and every path no policy judges into connection errors. One
                 # that refuses the deployment's key or model is this deployment's fault: failing.
-                severity = "degraded" if isinstance(backend, SystemOneClient) and not refused else "failing"
+                if refused:
+                    return Check("refused", "failing", {"error": f"{type(exc).__name__}: {exc}"[:300]})
+                severity = "degraded" if isinstance(backend, SystemOneClient) else "failing"
                 return Check("unreachable", severity, {"error": f"{type(exc).__name__}: {exc}"[:300]})
             return Check("canary_not_run", "ok", {"error": f"{type(exc).__name__}: {exc}"[:300]})
         except Exception as exc:  # noqa: BLE001 - any other error the model raised (a broken ONNX session)

@@ -488,8 +488,8 @@ async def test_a_recovery_seen_by_one_replica_moves_every_replicas_cache_keys_on
         await guard.aclose()
 
 
-@pytest.mark.parametrize(("status", "code", "ready"), [(None, "unreachable", True), (401, "unreachable", False),
-                                                       (404, "unreachable", False)])
+@pytest.mark.parametrize(("status", "code", "ready"), [(None, "unreachable", True), (401, "refused", False),
+                                                       (404, "refused", False)])
 async def test_a_remote_backend_is_degraded_when_down_and_failing_when_it_refuses_the_deployment(
     status: int | None, code: str, ready: bool
 ) -> None:
