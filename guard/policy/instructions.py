@@ -175,7 +175,7 @@ _TOOL = re.compile(
 )
 _CHANNEL = re.compile(
     r"</?\s*(?:information|instructions?|system|important|admin|prompt|im_start|im_end|assistant|user)\b[^>]{0,40}>"
-    r"|#{2,}\s*\(?\s*(?:system|instruction|admin|important)"
+    r"|(?<!#)#{2,}\s*(?:\(\s*)?(?:system|instruction|admin|important)"  # from a run's start: linear on ####...
     r"|\[\s*(?:system|instructions?|admin|important)\s*\]"
     r"|<\|\s*(?:im_start|im_end|system|user|assistant|endoftext|eot_id|start_header_id|end_header_id)\s*\|>"  # ChatML
     r"|\[/?INST\]|<</?SYS>>"
@@ -264,7 +264,7 @@ _SEGMENT_END = re.compile(
     r"|(?<=[.!?])(?=[A-Z#<\[])"
     r"|\n(?![ \t]+(?![\w.\- ]{1,30}:\s|-\s)\S)"
     r"|\\n|\r"
-    r"|(?<=\S)(?=#{2,}\s*\()"
+    r"|(?<=[^\s#])(?=#{2,}\s*\()"
     r"|(?<=.)(?=(?:TODO|IMPORTANT|ATTENTION|URGENT|NOTE|SYSTEM|ADMIN|REMINDER)\s*[:!])"  # the _LABELS
 )
 

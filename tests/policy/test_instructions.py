@@ -208,6 +208,9 @@ ADVERSARIAL = {
     # one long line of leads, each peeled by slicing the rest off (quadratic: 8.4 s for 1 MB)
     "headings_on_one_line": "## " * 100_000,
     "keys_on_one_line": "ai: " * 80_000,
+    # a run of '#' rescanned from every position, and spaces split between two \s* (quadratic: minutes at 100 KB)
+    "hashes": "#" * 100_000 + " x",
+    "heading_then_spaces": "## " + " " * 100_000 + "x",
 }
 
 
