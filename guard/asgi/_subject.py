@@ -166,6 +166,10 @@ def client_address(scope: Scope, headers: dict[str, str], client_header: ClientH
 _FORWARDED_PAIR = re.compile(r'\s*([^=;,\s]*)\s*=\s*("(?:[^"\\]|\\.)*"|[^;,\s]*)\s*([;,]|$)')
 
 
+#: The rest of a ``Forwarded`` element up to the ``,`` that ends it, a quoted string read whole (unclosed: to the end).
+_ELEMENT_REST = re.compile(r'(?:"(?:[^"\\]|\\.)*"?|[^",])*')
+
+
 def _forwarded_for(value: str) -> list[str]:
     """The ``for=`` value of each element of a ``Forwarded`` header (RFC 7239 section 4), unquoted, in order:
     ``198.51.100.7:4000``, ``[2001:db8::1]:443``, ``unknown``, ``_hidden``; ``""`` for an element without one (the
@@ -175,10 +179,8 @@ def _forwarded_for(value: str) -> list[str]:
     pos = 0
     while pos < len(value):
         match = _FORWARDED_PAIR.match(value, pos)
-        if match is None or match.end() == pos:  # not a pair: the rest of this element is skipped
-            end = value.find(",", pos)
-            if end < 0:
-                break
+        if match is None or match.end() == pos:  # not a pair: the rest of this element is skipped, quotes whole
+            end = _ELEMENT_REST.match(value, pos).end()  # type: ignore[union-attr]  # matches the empty string too
             out.append(found or "")
             found, pos = None, end + 1
             continue
@@ -192,6 +194,8 @@ def _forwarded_for(value: str) -> list[str]:
             found = None
     if found is not None:
         out.append(found)
+    elif value.rstrip().endswith(","):  # an empty last element, as "6.6.6.6," has in X-Forwarded-For
+        out.append("")
     return out
 
 

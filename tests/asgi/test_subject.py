@@ -80,6 +80,9 @@ def test_the_client_is_the_entry_the_outermost_trusted_proxy_appended(
         ('proto=https;host="x;for=6.6.6.6;y=z";for=198.51.100.7', "198.51.100.7"),
         ('for=198.51.100.7;proto=https;host="x,for=6.6.6.6;y=z"', "198.51.100.7"),
         ('for=198.51.100.7;host="x,for=anything-I-like-123"', "198.51.100.7"),
+        ('garbage;host="a,for=6.6.6.6", for=1.2.3.4', "1.2.3.4"),  # a skipped element's quotes read whole too
+        ('for=1.2.3.4, garbage;host="a,for=6.6.6.6"', "10.0.0.9"),  # the last element has no for=: the peer
+        ("for=1.2.3.4,", "10.0.0.9"),  # an empty last element: the peer, as in X-Forwarded-For
     ],
 )
 def test_the_forwarded_header_is_read_by_its_for_parameters(forwarded: str, expected: str) -> None:
