@@ -337,19 +337,19 @@ class DeltaJoiner:
         """Per joined place with pieces not yet sent, in the order first seen: the end of its sent text (when
         there is any), then each such piece. Places by array position and ``@data`` are left out
         (:meth:`readings` has them)."""
-        return tuple(
-            (*((self._before[p],) if self._before.get(p) else ()), *(value for _, value in pieces))
-            for p, pieces in self._pieces.items() if p in self._varies and pieces and not p.startswith("@")
-        )
+        return tuple(self._reading(p, pieces) for p, pieces in self._pieces.items()
+                     if p in self._varies and pieces and not p.startswith("@"))
 
     def readings(self) -> tuple[tuple[str, ...], ...]:
         """As :meth:`joined`, for every joined place, those by array position and ``@data`` too, each distinct
         reading once (a stream whose ``index`` is its position reads the same both ways)."""
-        out: dict[tuple[str, ...], None] = {}
-        for p, pieces in self._pieces.items():
-            if p in self._varies and pieces:
-                out[(*((self._before[p],) if self._before.get(p) else ()), *(value for _, value in pieces))] = None
-        return tuple(out)
+        return tuple(dict.fromkeys(self._reading(p, pieces) for p, pieces in self._pieces.items()
+                                   if p in self._varies and pieces))
+
+    def _reading(self, place: str, pieces: list[tuple[int, str]]) -> tuple[str, ...]:
+        """The end of ``place``'s sent text (when there is any), then each of its ``pieces`` not yet sent."""
+        before = self._before.get(place)
+        return (*((before,) if before else ()), *(value for _, value in pieces))
 
     def hold_from(self, chars: int, *, after: int = 0) -> int | None:
         """The offset of the first event from ``after`` on to keep back until more follows (``None``: none, or

@@ -28,6 +28,7 @@ from starlette.types import Scope
 
 from guard.asgi._media import parse_params
 from guard.asgi._multipart import parse_multipart
+from guard.asgi._parse import check_containers
 from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError
@@ -104,9 +105,7 @@ def _multipart_fields(body: bytes, content_type: str, limits: BodyLimits) -> Ite
 
 
 def _json_fields(body: bytes, limits: BodyLimits) -> Iterator[tuple[str, str]]:
-    if (brackets := body.count(b"[") + body.count(b"{")) > limits.max_json_containers:  # json holds the GIL
-        raise BodyError(413, "body_too_complex", f"the body holds {brackets} '[' and '{{' characters; at most "
-                        f"{limits.max_json_containers} are read to find a _method field", field="body")
+    check_containers(body, limits)  # json holds the GIL while it parses
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):

@@ -34,7 +34,7 @@ from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
 from guard.subject import body_strings, is_plain_key
 
-__all__ = ["encode_body", "parse_body"]
+__all__ = ["check_containers", "encode_body", "parse_body"]
 
 
 def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]:
@@ -60,7 +60,7 @@ def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]
                 out.append(value[FILE_TEXT])
     # the values read as JSON too: their brackets count together, one body's cap, before any is parsed
     json_read = [i for i, text in enumerate(out) if _reads_as_json(text)]
-    _check_containers("".join(out[i] for i in json_read).encode("utf-8", "surrogatepass"), limits)
+    check_containers("".join(out[i] for i in json_read).encode("utf-8", "surrogatepass"), limits)
     for i in reversed(json_read):
         out[i + 1 : i + 1] = _field_json(out[i])
     return out
@@ -83,7 +83,7 @@ def _field_json(value: str) -> list[str]:
         return []
 
 
-def _check_containers(body: bytes, limits: BodyLimits) -> None:
+def check_containers(body: bytes, limits: BodyLimits) -> None:
     """Refuse (413 ``body_too_complex``) a body to be read as JSON, or for the JSON documents in it, that holds more
     ``[`` and ``{`` than ``limits.max_json_containers`` (counted before any parsing: the parsers hold the GIL)."""
     if (brackets := body.count(b"[") + body.count(b"{")) > limits.max_json_containers:
@@ -93,7 +93,7 @@ def _check_containers(body: bytes, limits: BodyLimits) -> None:
 
 
 def _json(body: bytes, params: dict[str, str], limits: BodyLimits) -> Any:
-    _check_containers(body, limits)
+    check_containers(body, limits)
     try:
         charset(params)  # JSON is UTF-8 (RFC 8259 8.1); a label is accepted only when it agrees
     except BodyError as exc:
@@ -222,7 +222,7 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
     FastAPI parses an untyped body as JSON, so one that is JSON is judged as JSON (its ``\\u`` escapes decoded,
     its duplicate keys refused, like a typed one); anything that is not even JSON syntax is judged as the text it is.
     """
-    _check_containers(body, limits)
+    check_containers(body, limits)
     try:
         value = loads(body, max_depth=limits.max_json_depth, duplicate_keys=limits.duplicate_keys)
     except InvalidJson as exc:
@@ -253,7 +253,7 @@ def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
     :func:`guard._json.json_readings`). Every value of a repeated key is judged; a whole document too deep to parse
     is refused as a typed one is (400), and so is one with too many arrays and objects (413).
     """
-    _check_containers(body, limits)
+    check_containers(body, limits)
     try:
         decoded = body.decode(json.detect_encoding(body))
     except UnicodeDecodeError:

@@ -126,6 +126,12 @@ _OVERRIDDEN = ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
 INLINE_PARSE_BYTES = 64 * 1024
 
 
+def _off_loop(body: bytes, *, encoded: bool) -> bool:
+    """Whether ``body`` is decoded and read on a thread: encoded (megabytes once decoded) or over
+    :data:`INLINE_PARSE_BYTES`."""
+    return encoded or len(body) > INLINE_PARSE_BYTES
+
+
 def _decoded_and_parsed(body: bytes, codings: list[str] | None, content_type: str,
                         limits: BodyLimits) -> tuple[Any, str]:
     """:func:`parse_body` of ``body`` once its ``codings`` are undone (run on a thread for large bodies)."""
@@ -515,7 +521,7 @@ class GuardMiddleware:
             raise BodyError(415, "encoded_form", f"a {media} body is sent with Content-Encoding; send the form "
                             "uncompressed", field="content-encoding")
         content_type = headers.get("content-type", "")
-        if codings or len(body) > INLINE_PARSE_BYTES:  # megabytes to decode or read: off the event loop
+        if _off_loop(body, encoded=bool(codings)):
             value, text = await asyncio.to_thread(_decoded_and_parsed, body, codings, content_type, limits)
         else:
             value, text = parse_body(body, content_type, limits)
@@ -524,7 +530,7 @@ class GuardMiddleware:
     async def _read_body_method(self, body: bytes, headers: dict[str, str], asked: str) -> str | None:
         """:meth:`_body_method`, on a thread for an encoded body or one over :data:`INLINE_PARSE_BYTES` (it decodes
         and parses as :meth:`_read_body` does)."""
-        if "content-encoding" in headers or len(body) > INLINE_PARSE_BYTES:
+        if _off_loop(body, encoded="content-encoding" in headers):
             return await asyncio.to_thread(self._body_method, body, headers, asked)
         return self._body_method(body, headers, asked)
 
