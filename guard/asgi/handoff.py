@@ -371,7 +371,8 @@ class HandoffClient:
     ) -> AsyncGenerator[HandoffChunk, None]:
         """Stream a chat completion as it is generated, one :class:`HandoffChunk` per server-sent event. The head and
         each chunk with content must arrive within ``target.timeout`` seconds of the previous one (keep-alive
-        comments and events without content do not count), and no line may be longer than :data:`MAX_ANSWER_BYTES`.
+        comments and events without content do not count), the whole stream must end within
+        ``target.stream_timeout`` seconds, and no line may be longer than :data:`MAX_ANSWER_BYTES`.
 
         Ends after the ``[DONE]`` event (or when the target closes the stream).
 
@@ -380,6 +381,7 @@ class HandoffClient:
                 silence, an over-long line, an event that is not a ``chat.completion.chunk``).
         """
         loop = asyncio.get_running_loop()
+        ends_by = loop.time() + target.stream_timeout
         try:
             async with asyncio.timeout(target.timeout):
                 response = await self._http().send(self._request(target, messages, stream=True), stream=True)
@@ -398,9 +400,17 @@ class HandoffClient:
             deadline = loop.time() + target.timeout
             while True:
                 try:
-                    line = await asyncio.wait_for(anext(lines), max(deadline - loop.time(), 0.0))
+                    line = await asyncio.wait_for(anext(lines), max(min(deadline, ends_by) - loop.time(), 0.0))
                 except StopAsyncIteration:
                     return
+                except TimeoutError:
+                    if loop.time() < ends_by:
+                        raise
+                    raise HandoffError(
+                        f"handoff target {target.name!r} streamed for longer than {target.stream_timeout:g} s",
+                        target=target.name,
+                        reason="timeout",
+                    ) from None
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()

@@ -297,7 +297,7 @@ def _compile(
         backend=spec.backend,
         model=spec.model or DEFAULT_MODEL,
         handoff_targets={
-            name: HandoffTarget(name, t.base_url, t.model, t.api_key_env, t.timeout, t.system_prompt)
+            name: HandoffTarget(name, t.base_url, t.model, t.api_key_env, t.timeout, t.system_prompt, t.stream_timeout)
             for name, t in file_spec.handoff_targets.items()
         },
         data=file_spec.data,

@@ -76,6 +76,7 @@ DEFAULT_CACHE_TTL_S = 300.0
 #: finite bound keeps every store's expiry in range (Redis takes it in milliseconds).
 MAX_CACHE_TTL_S = 30 * 24 * 3600
 DEFAULT_HANDOFF_TIMEOUT_S = 30.0
+DEFAULT_HANDOFF_STREAM_TIMEOUT_S = 600.0
 
 
 
@@ -526,6 +527,11 @@ class HandoffTargetSpec(_Strict):
     )
     timeout: float = Field(default=DEFAULT_HANDOFF_TIMEOUT_S, gt=0, description="Seconds to wait for the target.")
     system_prompt: str | None = Field(default=None, description="System prompt placed before the decision summary.")
+    stream_timeout: float = Field(
+        default=DEFAULT_HANDOFF_STREAM_TIMEOUT_S,
+        gt=0,
+        description="Seconds a streamed answer may last in all, head to end; past it the stream ends with an error.",
+    )
 
     @field_validator("base_url")
     @classmethod

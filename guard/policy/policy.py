@@ -47,8 +47,9 @@ class HandoffTarget:
         base_url: e.g. ``http://127.0.0.1:8000/v1``.
         model: the chat model name.
         api_key_env: environment variable holding the API key (read by the CLI/handoff client, never here).
-        timeout: seconds.
+        timeout: seconds for a whole answer, and for a stream's head and each content chunk.
         system_prompt: optional system prompt for the target.
+        stream_timeout: seconds a streamed answer may last in all, head to end.
     """
 
     name: str
@@ -57,6 +58,7 @@ class HandoffTarget:
     api_key_env: str | None = None
     timeout: float = 30.0
     system_prompt: str | None = None
+    stream_timeout: float = 600.0
 
 
 @dataclass(frozen=True)

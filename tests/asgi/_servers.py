@@ -83,7 +83,7 @@ class OpenAIStandIn:
     echoing the key it got and a forged log line), ``redirect-with-answer`` (a 302 whose body is a valid completion),
     ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
     100,000 deep), ``huge`` (a 5 MiB answer), ``drip`` (an answer one byte every 0.3 s), ``keepalive`` (a stream of
-    SSE comments only), ``broken-stream``
+    SSE comments only), ``trickle`` (a content event every 0.3 s for 12 s), ``broken-stream``
     (streams one chunk, then a non-JSON event), ``gated`` (when streaming, waits after the first chunk until
     :attr:`gate` is set, so a test can prove the chunk reached it before the rest was generated). Every request
     body is kept in :attr:`calls`.
@@ -152,6 +152,14 @@ class OpenAIStandIn:
                     await asyncio.sleep(0)
 
             return StreamingResponse(flood(), media_type="text/event-stream")
+        if model == "trickle":  # a content event every 0.3 s for 12 s: each in time, the whole stream not
+            async def trickle() -> AsyncIterator[str]:
+                chunk = json.dumps({"object": "chat.completion.chunk", "choices": [{"delta": {"content": "x"}}]})
+                for _ in range(40):
+                    yield f"data: {chunk}\n\n"
+                    await asyncio.sleep(0.3)
+
+            return StreamingResponse(trickle(), media_type="text/event-stream")
         if model == "keepalive":  # a stream of SSE comments only
             async def comments() -> AsyncIterator[str]:
                 for _ in range(40):
