@@ -237,6 +237,16 @@ class ReverseProxy:
                                   connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
                                   queue_timeout=config.queue_timeout)
 
+    def check(self, scope: Scope) -> None:
+        """Refuse, before any policy judges it, a request this proxy could not send on as received.
+
+        Raises:
+            BodyError: as :meth:`_target` and :meth:`_headers` do (400 ``invalid_target``, ``invalid_host``,
+                ``method_override``).
+        """
+        self._target(scope)
+        self._headers(scope)
+
     def upgrade_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         """The headers of a WebSocket upgrade sent on to the upstream: those of an HTTP request (:meth:`_headers`:
         the client's forwarding headers dropped unless trusted, ``X-Forwarded-*`` set), without ``Host``, which the
@@ -426,8 +436,9 @@ def _client_trace_context(scope: Scope) -> otel_context.Context:
 
 
 class ProxyApp:
-    """Top-level dispatcher: lifespan outside the guard; every ``http`` request's target made canonical
-    (:mod:`guard.asgi._target`), then guarded and forwarded. Nothing else is served here: health, metrics and the
+    """Top-level dispatcher: lifespan outside the guard; every ``http`` request first refused if the proxy could not
+    send it on (:meth:`ReverseProxy.check`: a bad ``Host`` or target is a 400 no policy judges), its target made
+    canonical (:mod:`guard.asgi._target`), then guarded and forwarded. Nothing else is served here: health, metrics and the
     reviewers' API live on the admin listener (:mod:`guard.asgi.admin`), and a request for ``/_guard/health`` on
     this listener is forwarded like any other.
 
@@ -464,6 +475,12 @@ class ProxyApp:
                 return
             await self.websockets(scope, receive, send)
             return
+        if scope["type"] == "http":
+            try:
+                self.proxy.check(scope)  # a request the proxy would refuse is not judged (nor logged) as allowed
+            except BodyError as exc:
+                await refuse_target(send, exc, self.proxy.metrics)
+                return
         if not self.proxy.config.trust_traceparent:
             await self.guarded(scope, receive, send)
             return

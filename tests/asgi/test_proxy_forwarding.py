@@ -221,3 +221,15 @@ def test_cli_preserve_host_reaches_the_config(tmp_path: Path) -> None:
         runtime = build(build_parser().parse_args([*argv, *extra]))
         assert runtime.app.proxy.config.preserve_host is expected
         asyncio.run(runtime.aclose())
+
+
+async def test_a_request_the_proxy_cannot_send_on_is_refused_before_any_policy_judges_it(judge_guard: Guard) -> None:
+    """A bad ``Host`` on a request a policy allowed was counted and logged as allowed, then refused by the proxy;
+    on one a policy blocked, the client learnt the policy's verdict instead of the request's fault."""
+    app = proxy_app(judge_guard, ProxyConfig("http://127.0.0.1:9"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as client:
+        answers = [await client.request(method, path, headers={"host": "evil.com/reset?x="})
+                   for method, path in (("GET", "/x"), ("POST", "/admin/x"))]
+    assert [(a.status_code, a.json()["code"]) for a in answers] == [(400, "invalid_host")] * 2
+    metrics = app.guarded.metrics.render().decode()
+    assert 'code="invalid_host"} 2.0' in metrics and 'action="allow"' not in metrics and 'action="block"' not in metrics
