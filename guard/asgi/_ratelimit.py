@@ -3,8 +3,10 @@ average, bursts of up to ``burst``.
 
 Each key's bucket holds up to ``burst`` tokens and refills at ``rate`` per second; a request takes one, and is
 refused while the bucket is empty. At most ``max_keys`` buckets are kept: when full, a new key drops the least
-recently used bucket, in constant time (it has been idle longest, so it is the first to have refilled completely
-and carry no state a new one would not). Every replica limits on its own, so N replicas let through up to N times
+recently used bucket if it has refilled completely (it carries no state a new one would not), in constant time;
+else the new key shares one overflow bucket with every other key that found no room, so rotating through more keys
+than the table holds buys no more than one bucket's rate (a new client may wait on that shared bucket while
+such a flood lasts). Every replica limits on its own, so N replicas let through up to N times
 the rate. A client is keyed by :func:`client_key`: an IPv6 client by its /64 network, since one host commonly has
 all of one.
 """
@@ -65,21 +67,35 @@ class TokenBuckets:
             raise ValueError(f"rate {rate} must be > 0, burst {burst} and max_keys {max_keys} at least 1")
         self.rate, self.burst, self.max_keys = float(rate), burst, max_keys
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at), least recent first
+        self._overflow = (float(burst), time.monotonic())  # shared by new keys while no bucket can be dropped
 
     def take(self, key: str) -> float:
         """Take one token for ``key``: ``0.0`` when allowed, else the seconds until one is available."""
         now = time.monotonic()
-        tokens, at = self._buckets.pop(key, (float(self.burst), now))
+        if key in self._buckets or self._room(now):
+            tokens, wait = self._spend(self._buckets.pop(key, (float(self.burst), now)), now)
+            self._buckets[key] = (tokens, now)  # the most recently used
+        else:
+            tokens, wait = self._spend(self._overflow, now)
+            self._overflow = (tokens, now)
+        return wait
+
+    def _spend(self, bucket: tuple[float, float], now: float) -> tuple[float, float]:
+        """The tokens ``bucket`` (``(tokens, at)``) holds after refilling to ``now`` and taking one if it can, and
+        the seconds to wait (``0.0`` when one was taken)."""
+        tokens, at = bucket
         tokens = min(float(self.burst), tokens + (now - at) * self.rate)
         if tokens >= 1.0:
-            self._store(key, tokens - 1.0, now)
-            return 0.0
-        self._store(key, tokens, now)
-        return (1.0 - tokens) / self.rate
+            return tokens - 1.0, 0.0
+        return tokens, (1.0 - tokens) / self.rate
 
-    def _store(self, key: str, tokens: float, now: float) -> None:
-        """Keep ``key``'s bucket (:meth:`take` took it out) as the most recently used; at ``max_keys`` drop the least
-        recently used one."""
-        if len(self._buckets) >= self.max_keys:
-            self._buckets.popitem(last=False)
-        self._buckets[key] = (tokens, now)
+    def _room(self, now: float) -> bool:
+        """Whether a new key gets a bucket of its own: the table has room, or its least recently used bucket has
+        refilled completely (it is dropped)."""
+        if len(self._buckets) < self.max_keys:
+            return True
+        tokens, at = next(iter(self._buckets.values()))
+        if tokens + (now - at) * self.rate < self.burst:
+            return False
+        self._buckets.popitem(last=False)
+        return True

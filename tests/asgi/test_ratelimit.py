@@ -21,26 +21,24 @@ def _drain(buckets: TokenBuckets, key: str) -> None:
         pass
 
 
-def test_a_new_key_at_max_keys_drops_the_least_recently_used_bucket(clock: list[float]) -> None:
+def test_a_new_key_at_max_keys_drops_the_least_recently_used_bucket_once_it_has_refilled(clock: list[float]) -> None:
     buckets = TokenBuckets(1.0, 1, max_keys=2)
     _drain(buckets, "a")
     _drain(buckets, "b")
     assert buckets.take("a") > 0  # a is limited, and now the most recently used
-    buckets.take("c")  # b goes, not a
-    assert buckets.take("a") > 0
-    assert buckets.take("b") == 0.0  # a new bucket: b's state was dropped
+    assert buckets.take("c") == 0.0  # no bucket has refilled: c takes the shared overflow bucket's token
+    assert buckets.take("b") > 0 and buckets.take("a") > 0 and buckets.take("d") > 0  # both kept; overflow spent
+    clock[0] = 1.0  # both refilled: a new key drops the least recently used (b), in its own bucket
+    assert buckets.take("e") == 0.0 and buckets.take("e") > 0
+    assert buckets.take("a") == 0.0  # a was kept: its refilled token
 
 
-def test_the_least_recently_used_goes_even_when_another_bucket_has_refilled(clock: list[float]) -> None:
-    """Dropping the least recently used bucket is what keeps a new key's cost constant: no bucket is scanned for
-    one that has refilled."""
-    buckets = TokenBuckets(1.0, 10, max_keys=2)
-    _drain(buckets, "a")  # 0 of 10 tokens
-    clock[0] = 1.0
-    buckets.take("b")  # 9 of 10
-    clock[0] = 6.0  # a has 6 tokens, b is full again
-    buckets.take("c")  # a goes
-    assert [buckets.take("a") for _ in range(10)] == [0.0] * 10  # a full new bucket, not one with 6 tokens
+def test_rotating_through_more_keys_than_the_table_holds_buys_no_more_than_one_bucket(clock: list[float]) -> None:
+    """101 keys in turn against a table of 100 got every request through: each new key dropped the bucket of the
+    key coming back next, which came back with a full burst (310,031 of 310,031 tries at the default 10,000)."""
+    buckets = TokenBuckets(1.0, 3, max_keys=100)
+    allowed = sum(buckets.take(f"k{i}") == 0.0 for _ in range(4) for i in range(101))
+    assert allowed == 100 * 3 + 3  # each kept key's burst, and the overflow bucket's for the 101st
 
 
 @pytest.mark.parametrize(("client", "key"), [
