@@ -54,6 +54,7 @@ from guard.errors import BackendError, BackendUnavailable, PolicyError, StateAmb
 from guard.policy import Policy, PolicySet, load_files
 from guard.subject import HttpSubject, Subject
 from guard.systemone import SystemOneRequestV1
+from guard.systemone.answers import encode_checked
 from guard.verdict import Verdict
 
 __all__ = ["DEFAULT_BACKEND", "MAX_BACKGROUND_SHADOW", "STATE_TOO_LONG_RULE", "STATE_TOO_LONG_STATUS", "Guard"]
@@ -554,6 +555,7 @@ class Guard:
                                         severity="degraded")
                         self._suspect(name)
                     raise
+                encode_checked(answer, request)  # an answer the cache refuses counts against the backend too
             except Exception as exc:
                 tracker.failure(error_code(exc), f"{type(exc).__name__}: {exc}", severity=call_severity(exc),
                                 refused_config=refused_config(exc))

@@ -712,22 +712,26 @@ def _as_int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _finite_probability(value: Any) -> bool:
-    return (  # NaN and the infinities fail the range; an integer too large for a float is compared exactly
+def _probability(value: Any) -> float | None:
+    """``value`` as a probability in [0, 1], or None when it is not one: within 1e-9 of the range (a float artefact
+    such as 1.0000000000000002) it is clamped, so every later check sees a value in range."""
+    if (  # NaN and the infinities fail the range; an integer too large for a float is compared exactly
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and -1e-9 <= value <= 1 + 1e-9
-    )
+    ):
+        return min(max(float(value), 0.0), 1.0)
+    return None
 
 
 def _parse_answer(
     question: QuestionV1, raw: Mapping[str, Any], decimals: int, profile: ConfidenceProfile, bad: Any
 ) -> AnswerV1:
     if question.type == "noul":
-        p = raw.get("noul")
-        if not _finite_probability(p):
-            raise bad(f"answer for {question.id!r} has noul {_shown(p)}; expected a probability in [0, 1]")
-        return AnswerV1(question.id, "noul", {"true": float(p), "false": 1.0 - float(p)}, noul=float(p))
+        p = _probability(raw.get("noul"))
+        if p is None:
+            raise bad(f"answer for {question.id!r} has noul {_shown(raw.get('noul'))}; expected a probability in [0, 1]")
+        return AnswerV1(question.id, "noul", {"true": p, "false": 1.0 - p}, noul=p)
     probabilities = raw.get("probabilities")
     expected_ids = question.option_ids()
     if not isinstance(probabilities, Mapping) or set(probabilities) != set(expected_ids):
@@ -735,25 +739,29 @@ def _parse_answer(
                f"{len(set(probabilities) - set(expected_ids))} other id(s)" if isinstance(probabilities, Mapping)
                else _shown(probabilities))
         raise bad(f"answer for {question.id!r} has probabilities for {got}; expected {expected_ids}")
-    for option_id, p in probabilities.items():
-        if not _finite_probability(p):
-            raise bad(f"answer for {question.id!r} has probability {_shown(p)} for option {option_id!r}")
+    caller: dict[str, float] = {}
+    for option_id in expected_ids:
+        p = _probability(probabilities[option_id])
+        if p is None:
+            raise bad(f"answer for {question.id!r} has probability {_shown(probabilities[option_id])} for option "
+                      f"{option_id!r}")
+        caller[option_id] = p
     tolerance = sum_tolerance(len(expected_ids), decimals)
-    total = sum(float(p) for p in probabilities.values())
+    total = sum(caller.values())
     if abs(total - 1.0) > tolerance:
         raise bad(f"probabilities for {question.id!r} sum to {total:.6f}; expected 1 within {tolerance:.4f}")
-    caller = {option_id: float(probabilities[option_id]) for option_id in expected_ids}
     reported = raw.get("confidence")
-    if reported is not None and not _finite_probability(reported):
-        raise bad(f"answer for {question.id!r} has confidence {_shown(reported)}")
-    if reported is not None:  # a rule may read it: it must be what one of the known definitions gives
-        values = [caller[option_id] for option_id in expected_ids]
-        slack = max(1e-3, 5 * 10.0**-decimals)
-        if not any(abs(float(reported) - confidence(values, question.type, known)) <= slack
+    if reported is not None:
+        reported = _probability(reported)
+        if reported is None:
+            raise bad(f"answer for {question.id!r} has confidence {_shown(raw.get('confidence'))}")
+        values = [caller[option_id] for option_id in expected_ids]  # a rule may read it: it must be what one of
+        slack = max(1e-3, 5 * 10.0**-decimals)  # the known definitions gives
+        if not any(abs(reported - confidence(values, question.type, known)) <= slack
                    for known in CONFIDENCE_PROFILES):  # fmt: skip
-            raise bad(f"answer for {question.id!r} has confidence {float(reported):.6f}, which no confidence "
+            raise bad(f"answer for {question.id!r} has confidence {reported:.6f}, which no confidence "
                       f"definition ({', '.join(CONFIDENCE_PROFILES)}) gives for its probabilities")
-    answer = _answer_from_caller_order(question, caller, profile, float(reported) if reported is not None else None)
+    answer = _answer_from_caller_order(question, caller, profile, reported)
     unit = 10.0**-decimals  # two values each rounded by half a unit can differ by one unit from the true order
     if question.type == "choice":
         choice = raw.get("choice")

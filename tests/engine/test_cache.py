@@ -237,8 +237,9 @@ async def test_redis_single_flight_across_two_guards(redis_url: str, create_redi
 async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_url: str, create_redis: Any) -> None:
     failing = ScriptedBackend(by_text, delay=0.2, name="clef", fail=BackendUnavailable("boom", reason="http_500"))
     healthy = ScriptedBackend(by_text, name="clef")
-    leader = Guard(policies(), backends=failing, cache=redis_cache(redis_url, create_redis.prefix))
-    follower = Guard(policies(), backends=healthy, cache=redis_cache(redis_url, create_redis.prefix))
+    # op_timeout: as above, a read past the default 50 ms on a busy machine is a miss without the lock
+    leader = Guard(policies(), backends=failing, cache=redis_cache(redis_url, create_redis.prefix, op_timeout=0.5))
+    follower = Guard(policies(), backends=healthy, cache=redis_cache(redis_url, create_redis.prefix, op_timeout=0.5))
     lead_task = asyncio.ensure_future(leader.aevaluate(subject()))
     await asyncio.sleep(0.05)  # the leader holds the lock
     followed = await follower.aevaluate(subject())

@@ -224,6 +224,18 @@ async def test_backend_trouble_fails_closed_for_http(backend_kwargs: dict[str, A
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("override", [_missing_question, _nan, _not_summing, _wrong_type, _extra])
+async def test_a_malformed_answer_counts_against_the_backend(override: Any) -> None:
+    """A backend answering NaN made every decision fail closed while health said ok and ready: the answer check ran
+    after the call had been counted a success."""
+    guard = Guard(http_policies(timeout_ms=200), backends=ScriptedBackend(calm(), answers_override=override))
+    assert (await guard.aevaluate(post("x"))).fail_mode == "closed"
+    health = guard.health()
+    assert (health["ready"], health["checks"]["backends"]) == (False, {"default": "failing"})
+    assert health["details"]["backends"]["default"]["error_code"].startswith("malformed_answer")
+
+
+@pytest.mark.anyio
 async def test_a_backend_whose_revision_fails_is_the_fail_mode_not_an_exception() -> None:
     class BrokenRevision(ScriptedBackend):
         broken = False

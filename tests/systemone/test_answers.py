@@ -25,6 +25,21 @@ def test_an_answer_a_two_decimal_provider_may_send_is_also_accepted_by_the_store
     assert decoded.answers["team"].probabilities == response.answers["team"].probabilities
 
 
+def test_a_probability_a_rounding_error_outside_0_1_is_clamped_and_accepted_by_the_stored_form_check() -> None:
+    """1.0000000000000002 (a float artefact) passed the wire check and failed the stored-form one: every decision
+    failed closed; a noul of -1e-10 read as p(false) = 1.0000000001."""
+    body = _remote_body()
+    body["answers"]["urgent"]["noul"] = -1e-10
+    body["answers"]["team"].update(probabilities={"billing": 1.0000000000000002, "technical": 0.0, "sales": -5e-10},
+                                   choice="billing", confidence=1.0000000000000002)  # fmt: skip
+    response = SystemOneResponseV1.from_json(body, _remote_request())
+    assert response.answers["urgent"].probabilities == {"true": 0.0, "false": 1.0}
+    assert response.answers["team"].probabilities == {"billing": 1.0, "technical": 0.0, "sales": 0.0}
+    assert response.answers["team"].confidence == 1.0
+    _, decoded = encode_checked(response, _remote_request())
+    assert decoded.answers == response.answers
+
+
 @pytest.mark.parametrize(("confidence", "accepted"), [
     (0.34, True),  # reference: the top probability
     (0.0002, True),  # workers-ai: normalized purity (n * sum p^2 - 1) / (n - 1)
