@@ -19,9 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import re2
-
 from guard._json import Repeated, json_readings
+from guard.policy._re2 import Pattern, compile_re2
 from guard.policy.instructions import Detector
 from guard.verdict import MaskStyle, Redaction
 
@@ -48,34 +47,19 @@ MASK_KEEP = 4
 MASK_STYLES: tuple[MaskStyle, ...] = ("redact", "mask")
 
 
-Pattern = Any
-"""A compiled RE2 pattern (``re2.compile``'s; the module exports no public type): ``finditer`` and ``search`` as
-``re.Pattern`` has them, offsets in characters."""
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False  # a bad pattern is reported as a policy error, not also on stderr
-
-
 _EMPTY_PROBE = "a 1-_.\nZ"  # word and non-word characters, a line break: where a pattern of empty matches matches
 
 
 def compile_pattern(source: str) -> Pattern:
-    """A ``redact`` pattern compiled with RE2 (``google-re2``): matching takes time linear in the text, so no
-    request can make a pattern backtrack for minutes on the event loop (``([a-z0-9]+[._-]?)+@corp\\.com`` against 30
-    letters would with Python's ``re``). RE2 has no backreferences or lookaround, and ``\\d``, ``\\w`` and ``\\b`` are
-    ASCII (``\\pN``, ``\\pL`` for Unicode classes); CEL's ``matches()`` in a rule is linear too, but its ``\\d`` is
-    Unicode.
+    """A ``redact`` pattern compiled with RE2 (:mod:`guard.policy._re2`: linear time, ASCII ``\\d``, ``\\w``,
+    ``\\b``).
 
     Raises:
         ValueError: the pattern is not valid RE2 syntax, with RE2's reason; or it can match the empty string
             (``[0-9]*`` for ``[0-9]+``, ``\\b``): it would match inside every string, object keys included, which
             cannot be masked, so every request it fires on would be refused.
     """
-    try:
-        compiled = re2.compile(source, _RE2_OPTIONS)
-    except re2.error as exc:
-        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise ValueError(f"not a valid regular expression (RE2 syntax, linear time: no backreferences or "
-                         f"lookaround): {reason}") from None
+    compiled = compile_re2(source)
     if compiled.fullmatch("") is not None or any(m.start() == m.end() for m in compiled.finditer(_EMPTY_PROBE)):
         raise ValueError(f"{source!r} matches the empty string, so it matches inside every string (and every object "
                          "key, which cannot be masked: each request it fires on would be refused); make it match at "

@@ -21,7 +21,9 @@ Names a ``when`` can use:
 Functions besides CEL's own (:data:`FUNCTIONS`): ``skeleton(x)`` (the UTS #39 skeleton of a string) and
 ``confusable(x, y)`` (their skeletons are equal), for rules that want homoglyph-insensitive comparison
 (``confusable(state.user, "admin")``), from :mod:`guard.policy.skeleton`; ``sqli(x)`` (a line of ``x`` is an SQL
-statement) and ``xss(x)`` (script-bearing markup or a script URL), from :mod:`guard.policy.payloads`.
+statement) and ``xss(x)`` (script-bearing markup or a script URL), from :mod:`guard.policy.payloads`. The method
+``x.matches(pattern)`` is guard's, not the runtime's: RE2 syntax, each pattern compiled once
+(:func:`guard.policy._re2.matches`), as a ``redact`` pattern is.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import cel
 
 from guard.errors import GuardError
 from guard.policy import payloads, skeleton
+from guard.policy._re2 import compile_re2, matches
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.redact import Redactor
 from guard.systemone import AnswerV1, QuestionType, QuestionV1
@@ -78,6 +81,11 @@ FLAG_NAMES = (*NORMALIZE_FLAG_NAMES, "truncated", "state_tokens_dropped", "out_o
 
 #: The functions every ``when`` may call besides CEL's own, by name.
 FUNCTIONS = skeleton.FUNCTIONS | payloads.FUNCTIONS
+#: The name a ``when``'s ``.matches(`` calls are compiled to: guard's RE2 ``matches``, which the runtime's own
+#: (compiling its pattern on every call) cannot be replaced by under its name.
+_MATCHES = "matches_re2"
+_RUNTIME_FUNCTIONS = FUNCTIONS | {_MATCHES: matches}
+_MATCHES_CALL = re.compile(r"\.\s*matches\s*\(")
 _LARGEST_DOUBLE = int(sys.float_info.max)
 
 #: Top-level names every ``when`` may use besides question keys.
@@ -216,6 +224,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     except ValueError as exc:
         detail = str(exc).splitlines()
         raise ValueError(f"CEL syntax error: {' '.join(line.strip() for line in detail[:2])}") from None
+    runnable = _with_guard_matches(source)
     without_strings = _code_only(source)
     _check_calls(program, without_strings)
     bound = set(_BOUND_RE.findall(without_strings))
@@ -235,7 +244,20 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
             field = match.group(1)
             if field not in ANSWER_FIELDS[qtype]:
                 raise ValueError(f"{key}.{field}: a {qtype} answer has {', '.join(sorted(ANSWER_FIELDS[qtype]))}")
-    return program, frozenset(names)
+    return (cel.compile(runnable) if runnable != source else program), frozenset(names)
+
+
+def _with_guard_matches(source: str) -> str:
+    """``source`` with each ``.matches(`` call (not one written inside a string literal or comment) calling
+    guard's RE2 ``matches`` (:data:`_MATCHES`)."""
+    strings = _literal_spans(source)
+    out, at = [], 0
+    for found in _MATCHES_CALL.finditer(source):
+        if any(a <= found.start() < b for a, b in strings):
+            continue
+        out.append(source[at : found.start()] + f".{_MATCHES}(")
+        at = found.end()
+    return "".join(out) + source[at:]
 
 
 def _check_calls(program: Any, source: str) -> None:
@@ -317,18 +339,18 @@ _MATCHES_LITERAL = re.compile(r"""\.\s*matches\s*\(\s*(r?(?:"(?:[^"\\\n]|\\.)*"|
 
 
 def pattern_errors(source: str) -> list[str]:
-    """Why each string literal a ``when`` passes to ``.matches(...)`` is not a pattern the CEL engine can run (the
-    rule would fail on every request it reaches): each is tried once, through the engine that runs the rules."""
+    """Why each string literal a ``when`` passes to ``.matches(...)`` is not an RE2 pattern (the rule would fail
+    on every request it reaches): each literal is read as CEL reads it, then compiled as the rule compiles it."""
     out = []
     strings = _literal_spans(source)
     for found in _MATCHES_LITERAL.finditer(source):
         if any(a <= found.start() < b for a, b in strings):
             continue  # ".matches(" written inside a string literal
         try:
-            cel.evaluate(f'"".matches({found.group(1)})', cel.Context())
+            compile_re2(cel.evaluate(found.group(1)))
         except (RuntimeError, ValueError) as exc:
             reason = " ".join(str(exc).split())
-            out.append(f"the pattern {found.group(1)} of matches() is not a valid regular expression: {reason[:200]}")
+            out.append(f"the pattern {found.group(1)} of matches() is {reason[:300]}")
     return out
 
 
@@ -543,9 +565,9 @@ def rule_context(
     for name in FEATURE_NAMES & needed:
         variables[name] = dict((features or {}).get(name) or {})
     try:
-        return cel.Context(variables=variables, functions=FUNCTIONS)
+        return cel.Context(variables=variables, functions=_RUNTIME_FUNCTIONS)
     except ValueError:  # a value CEL cannot hold (an integer past a double's range): rules still read the rest
-        return cel.Context(variables=_representable(variables), functions=FUNCTIONS)
+        return cel.Context(variables=_representable(variables), functions=_RUNTIME_FUNCTIONS)
 
 
 def _representable(value: Any) -> Any:
@@ -565,7 +587,8 @@ def run_rule(policy_id: str, rule: CompiledRule, context: Any) -> bool:
     try:
         result = rule.program.execute(context)
     except Exception as exc:  # the CEL runtime raises KeyError, TypeError, ValueError, RuntimeError
-        raise RuleError(policy_id, rule.id, _failure_kind(exc, rule.source), f"{type(exc).__name__}: {exc}") from exc
+        detail = f"{type(exc).__name__}: {exc}".replace(_MATCHES, "matches")
+        raise RuleError(policy_id, rule.id, _failure_kind(exc, rule.source), detail) from exc
     if not isinstance(result, bool):
         raise RuleError(policy_id, rule.id, f"'when' returned {type(result).__name__}, not a boolean",
                         f"'when' returned {type(result).__name__} {result!r}, not a boolean")
@@ -590,7 +613,8 @@ def _failure_kind(exc: Exception, source: str) -> str:
     text = str(exc)
     function = _CEL_FUNCTION_ERROR.match(text)
     if function:
-        return f"{kind}: function {function.group(1)!r} failed on its arguments"
+        name = "matches" if function.group(1) == _MATCHES else function.group(1)
+        return f"{kind}: function {name!r} failed on its arguments"
     if text.startswith(_CEL_FIXED_MESSAGES):
         return f"{kind}: {text.split('.', 1)[0]}"
     if isinstance(exc, IndexError):

@@ -166,3 +166,55 @@ policies:
         result = apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject,
                              state=policy.render_state(subject), data=policy.data)
         assert result.rule == rule, role
+
+
+MATCHES = """
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {messages: "body:/messages"}
+    rules:
+      - {id: email, when: 'state.messages.exists(m, m.content.matches("\\\\w{1,40}@\\\\w{1,40}\\\\.example"))', action: block}
+"""
+
+
+def test_matches_compiles_its_pattern_once_so_a_long_list_cannot_hold_the_event_loop() -> None:
+    """The CEL runtime's own matches() built its pattern on every call (19 ms for this one): 300 empty strings in a
+    4.5 KB body held the event loop 5.5 s, a 1 MiB body some 20 minutes."""
+    import time
+
+    (policy,) = load_text(MATCHES)
+    messages = [{"content": ""}] * 400 + [{"content": "write to bob@corp.example"}]
+    started = time.monotonic()
+    for body, rule in [({"messages": messages[:-1]}, "default"), ({"messages": messages}, "email")]:
+        subject = HttpSubject(method="POST", path="/", body=body)
+        result = apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject,
+                             state=policy.render_state(subject), data=policy.data)
+        assert result.rule == rule
+    assert time.monotonic() - started < 2.0  # a hang bound: about 5 ms now, 15 s before
+
+
+@pytest.mark.parametrize(("pattern", "text", "found"), [
+    ("\\\\d{3}", "123", True), ("\\\\d{3}", "١٢٣", False), ("\\\\pN{3}", "١٢٣", True),  # RE2: \\d is ASCII
+    ("(?i)ignore (all )?previous", "IGNORE ALL PREVIOUS", True), ("^abc$", "xabc", False),
+])  # fmt: skip
+def test_matches_is_an_re2_search(pattern: str, text: str, found: bool) -> None:
+    (policy,) = load_text(f"""
+policies:
+  - id: p
+    version: 1
+    match: {{http: {{}}}}
+    state: {{text: body_text}}
+    rules: [{{id: hit, when: 'state.text.matches("{pattern}")', action: block}}]
+""")
+    subject = HttpSubject(method="POST", path="/", body_text=text)
+    result = apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject,
+                         state=policy.render_state(subject), data=policy.data)
+    assert (result.rule == "hit") is found
+
+
+def test_a_matches_pattern_rust_regex_has_and_re2_lacks_is_a_load_error() -> None:
+    with pytest.raises(PolicyLoadError, match=r"rules\[0\]\.when: the pattern .* of matches\(\) is not a valid "
+                                              r"regular expression \(RE2 syntax"):
+        load_text(MATCHES.replace("\\\\w{1,40}@", "\\\\p{Alphabetic}+@"))  # Rust regex has the property
