@@ -424,9 +424,14 @@ class ToolCallEnforcer:
             return self._replace_result(message, prepared, judgement, stripped)
 
         try:
-            return self.map_messages(result, judged)
+            return self._mark_added(self.map_messages(result, judged), prepared)
         except (TypeError, ValueError, NotImplementedError) as exc:
             return self._unreadable(result, prepared, exc)
+
+    def _mark_added(self, result: Result, prepared: Prepared) -> Result:
+        """``result`` with every message it adds that is not a tool message marked as this call's
+        (:func:`~guard.agents._messages.tool_added`)."""
+        return self.map_messages(result, lambda message: msgs.tool_added(message, prepared.tool, prepared.tool_call_id))
 
     def run_allowed(self, prepared: Prepared, handler: SyncHandler) -> Result:
         """Run a call whose verdict is final and allows it (claimed first when a review released it); then check its
@@ -530,7 +535,7 @@ class ToolCallEnforcer:
                 stripped = None  # what is left is still flagged: withheld
             replacements.append(self._replace_result(message, prepared, judgement, stripped))
         queue = iter(replacements)
-        return self.map_messages(result, lambda message: next(queue))
+        return self._mark_added(self.map_messages(result, lambda message: next(queue)), prepared)
 
     async def arun_allowed(self, prepared: Prepared, handler: AsyncHandler) -> Result:
         """Async twin of :meth:`run_allowed`."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from langchain_core.messages import AIMessage, ToolMessage, add_notification_metadata
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, add_notification_metadata
 
 from guard.verdict import Verdict
 
@@ -29,11 +29,17 @@ __all__ = [
     "RESULT_QUOTED_TEMPLATE",
     "RESULT_STRIPPED_TEMPLATE",
     "SOURCE",
+    "TOOL_ADDED",
     "UNREVIEWABLE_REASON",
+    "tool_added",
 ]
 
 SOURCE = "guard"
 """``lc_source`` of every message guard writes."""
+TOOL_ADDED = "guard_tool_added"
+"""``additional_kwargs`` key guard sets on a message a tool added that is not a tool message (a ``HumanMessage`` in a
+``Command`` update, e.g. an attachment's text): ``{"tool": name, "tool_call_id": id}``. Argument provenance reads
+such a message as that tool's result, and it is never the user's task."""
 
 BLOCKED_TEMPLATE = (
     "Tool call `{tool}` (id {tool_call_id}) was blocked by guard policy {policy} (rule {rule}) and was not executed: "
@@ -258,3 +264,12 @@ def withheld_input(message: AIMessage | ToolMessage) -> AIMessage | ToolMessage:
         update.update(tool_calls=[], invalid_tool_calls=[])
     copy = message.model_copy(update=update)
     return add_notification_metadata(copy, source=SOURCE, data={"outcome": "withheld", "event": "model_input"})  # type: ignore[arg-type,return-value]
+
+
+def tool_added(message: BaseMessage, tool: str, tool_call_id: str) -> BaseMessage:
+    """``message``, added to the conversation by tool call ``tool_call_id``, marked :data:`TOOL_ADDED` unless it is a
+    tool message (which names its call itself)."""
+    if isinstance(message, ToolMessage):
+        return message
+    origin = {"tool": tool, "tool_call_id": tool_call_id}
+    return message.model_copy(update={"additional_kwargs": {**message.additional_kwargs, TOOL_ADDED: origin}})

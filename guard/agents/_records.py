@@ -39,7 +39,7 @@ from pydantic import BaseModel
 from guard._seal import STORE_KEY_ENV, Sealer
 from guard.agents._content import message_text
 from guard.agents._judge import Judgement
-from guard.agents._messages import MAX_CUT_CHARS, SOURCE
+from guard.agents._messages import MAX_CUT_CHARS, SOURCE, TOOL_ADDED
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
 from guard.engine import verdicts
 from guard.subject import AgentEvent, TurnMessage
@@ -273,12 +273,23 @@ def answered_ids(state: Any, message: AIMessage | None) -> set[str]:
 
 
 def user_text(state: Any) -> str | None:
-    """All the text of the latest human message (:func:`~guard.agents._content.message_text`): the task the agent
-    is serving."""
+    """All the text of the latest human message (:func:`~guard.agents._content.message_text`) no tool added: the
+    task the agent is serving."""
     for message in reversed(_messages(state)):
-        if isinstance(message, HumanMessage):
+        if isinstance(message, HumanMessage) and _added_by(message) is None:
             return message_text(message)
     return None
+
+
+def _added_by(message: Any) -> tuple[str | None, str | None] | None:
+    """The ``(tool, tool_call_id)`` that added ``message`` (:data:`~guard.agents._messages.TOOL_ADDED`), or None (for
+    a thread entry that is not a message too)."""
+    extra = getattr(message, "additional_kwargs", None)
+    origin = extra.get(TOOL_ADDED) if isinstance(extra, Mapping) else None
+    if not isinstance(origin, Mapping):
+        return None
+    tool, call_id = origin.get("tool"), origin.get("tool_call_id")
+    return (tool if isinstance(tool, str) else None, call_id if isinstance(call_id, str) else None)
 
 
 #: ``lc_data["outcome"]`` of the tool messages guard writes in place of a flagged result.
@@ -288,21 +299,24 @@ FLAGGED_RESULT_OUTCOMES = frozenset({"withheld", "quoted", "stripped"})
 def turn_history(state: Any) -> tuple[TurnMessage, ...]:
     """The conversation in ``state`` as argument provenance reads it (:class:`~guard.subject.TurnMessage`), oldest
     first: system, user, assistant text and tool results; a tool message guard wrote for a flagged result carries
-    what guard did (``flagged``: withheld, quoted or stripped)."""
+    what guard did (``flagged``: withheld, quoted or stripped). A message a tool added in another role (a
+    ``HumanMessage`` in its ``Command``: :data:`~guard.agents._messages.TOOL_ADDED`) is that tool's result."""
     out: list[TurnMessage] = []
     for message in _messages(state):
-        if isinstance(message, HumanMessage):
-            out.append(TurnMessage("user", message_text(message)))
-        elif isinstance(message, SystemMessage):
-            out.append(TurnMessage("system", message_text(message)))
-        elif isinstance(message, ToolMessage):
+        added = _added_by(message)
+        if isinstance(message, ToolMessage) or added is not None:
             extra = message.additional_kwargs
             data = extra.get("lc_data") if extra.get("lc_source") == SOURCE else None
             outcome = data.get("outcome") if isinstance(data, Mapping) else None
             flagged = outcome if outcome in FLAGGED_RESULT_OUTCOMES else None
             cut = data.get("cut") if flagged == "stripped" and isinstance(data, Mapping) else None
             cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
-            out.append(TurnMessage("tool", message_text(message), message.name, message.tool_call_id, flagged, cut))
+            tool, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
+            out.append(TurnMessage("tool", message_text(message), tool, call_id, flagged, cut))
+        elif isinstance(message, HumanMessage):
+            out.append(TurnMessage("user", message_text(message)))
+        elif isinstance(message, SystemMessage):
+            out.append(TurnMessage("system", message_text(message)))
         elif isinstance(message, AIMessage):
             text = message_text(message)
             if text:

@@ -19,9 +19,14 @@ takes the weakest source of its items (``flagged_tool_result`` < ``none`` < ``to
 weakest source of the identifiers inside it (URLs, e-mail addresses, file and host names, account-like codes), so
 ``wc notes.txt`` is the user's when the user named ``notes.txt`` and a link an injection named taints the body it is
 pasted into; with no identifier inside, it is ``none``. Arguments that carry no evidence (booleans, ``null``, strings under :data:`MIN_TEXT_CHARS`) count as
-``user`` without a match.
+``user`` without a match. An object's keys that are identifiers (``{"DE89...": 900}``) are traced as its values are,
+and a list of strings too short to carry evidence is also traced joined when together they make an identifier
+(``["DE", "89", "37", ...]``: one value split into pieces).
 
-Matching, after the same normalisation of value and text (a value is found *inside* longer text):
+Matching, after the same normalisation of value and text (a value is found *inside* longer text; one holding a
+digit or ``@ . / :`` only as a whole token, so ``ert.jones@gmail.com`` is not found in ``robert.jones@gmail.com``
+nor ``pal.com`` in ``paypal.com``: a letter or digit of the same script on either side continues the token, one of
+another script does not, as in ``转账到DE89...``):
 
 * text: Unicode NFKC, case folded, runs of white space as one space, YAML's doubled quote ``''`` as one;
 * identifiers (a value of 6 or more letters and digits with at least one digit: IBANs, phone and card numbers, ids):
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -117,6 +123,17 @@ class _Prepared:
         return _NOT_ALNUM.sub("", self.text)
 
     @cached_property
+    def compact_bounds(self) -> tuple[frozenset[int], frozenset[int]]:
+        """Where tokens start and end in :attr:`compact` (a token: a run of letters and digits of one script)."""
+        starts, ends, at = set(), set(), 0
+        for run in _ALNUM_RUN.findall(self.text):
+            for token in _tokens(run):
+                starts.add(at)
+                at += len(token)
+                ends.add(at)
+        return frozenset(starts), frozenset(ends)
+
+    @cached_property
     def url(self) -> str:
         return _url_form(self.text)
 
@@ -127,6 +144,7 @@ class _Prepared:
 
 _SPACE = re.compile(r"\s+")
 _NOT_ALNUM = re.compile(r"[\W_]+")
+_ALNUM_RUN = re.compile(r"[^\W_]+")
 _URL_NOISE = re.compile(r"\b(?:https?://|ftp://|mailto:)|\bwww\.|(?<!/)/+(?=[\s'\"),;\]}]|$)")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _IDENTIFIER = re.compile(r"(?=.*\d)[A-Za-z0-9][A-Za-z0-9 .\-/]*")
@@ -140,6 +158,19 @@ _EMBEDDED = re.compile(
     r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{12,34}\b",
     re.IGNORECASE,
 )
+
+
+def _tokens(run: str) -> list[str]:
+    """A run of letters and digits split where its script changes (``到de89`` is ``到``, ``de89``)."""
+    if run.isascii():
+        return [run]
+    out, start = [], 0
+    for i in range(1, len(run)):
+        if _script(run[i]) != _script(run[i - 1]):
+            out.append(run[start:i])
+            start = i
+    out.append(run[start:])
+    return out
 
 
 def _fold(text: str) -> str:
@@ -206,6 +237,7 @@ class _Needle:
     compact: str | None
     url: str | None
     number: str | None
+    bounded: bool = False
 
 
 def _needle(value: Any) -> _Needle | None:
@@ -219,7 +251,7 @@ def _needle(value: Any) -> _Needle | None:
             number = _canonical_number(format(Decimal(str(value)), "f"))
         except InvalidOperation:  # inf and nan
             return None
-        return _Needle(_fold(str(value)), None, None, number)
+        return _Needle(_fold(str(value)), None, None, number, bounded=True)
     if not isinstance(value, str):
         value = str(value)
     folded = _fold(value)
@@ -232,17 +264,64 @@ def _needle(value: Any) -> _Needle | None:
     number = None
     if _NUMBER.fullmatch(folded):
         number = _canonical_number(folded)
-    return _Needle(folded, compact if identifier else None, url if url != folded else None, number)
+    bounded = any(char.isdigit() or char in _TOKEN_MARKS for char in folded)
+    return _Needle(folded, compact if identifier else None, url if url != folded else None, number, bounded)
+
+
+_TOKEN_MARKS = frozenset("@./:")
+
+
+@lru_cache(maxsize=4096)
+def _script(char: str) -> str:
+    """The script a letter or digit is written in, as far as token boundaries go (``latin`` for ASCII and Latin
+    letters and digits; else the first word of its Unicode name: ``CJK``, ``ARABIC``, ``CYRILLIC``)."""
+    if char.isascii():
+        return "latin"
+    word = unicodedata.name(char, "?").split(" ", 1)[0]
+    return "latin" if word in ("LATIN", "DIGIT") else word
+
+
+def _continues(neighbour: str, edge: str) -> bool:
+    """Whether ``neighbour`` (next to a match in the text) continues the token ``edge`` (the match's first or last
+    character) is part of: both letters or digits, of one script."""
+    return neighbour.isalnum() and edge.isalnum() and _script(neighbour) == _script(edge)
+
+
+def _contains(text: str, needle: str, bounded: bool) -> bool:
+    """Whether ``needle`` is in ``text``; when ``bounded``, only as whole tokens (:func:`_continues`)."""
+    if not bounded:
+        return needle in text
+    at = text.find(needle)
+    while at != -1:
+        end = at + len(needle)
+        if not (at > 0 and _continues(text[at - 1], needle[0])) and not (
+            end < len(text) and _continues(text[end], needle[-1])
+        ):
+            return True
+        at = text.find(needle, at + 1)
+    return False
+
+
+def _in_compact(needle: str, haystack: _Prepared) -> bool:
+    """Whether ``needle`` (letters and digits only) is in the text's compact form as whole tokens: starting where
+    one starts and ending where one ends (``gb29nwbk6016`` in ``GB29 NWBK 6016``, not in ``XGB29 NWBK 6016``)."""
+    at = haystack.compact.find(needle)
+    while at != -1:
+        starts, ends = haystack.compact_bounds  # computed once per text, and only for a text holding the needle
+        if at in starts and at + len(needle) in ends:
+            return True
+        at = haystack.compact.find(needle, at + 1)
+    return False
 
 
 def _found(needle: _Needle, haystack: _Prepared) -> bool:
-    if needle.text in haystack.text:
+    if _contains(haystack.text, needle.text, needle.bounded):
         return True
     if needle.number is not None and needle.number in haystack.numbers:
         return True
-    if needle.url is not None and needle.url and needle.url in haystack.url:
+    if needle.url is not None and needle.url and _contains(haystack.url, needle.url, True):
         return True
-    return needle.compact is not None and needle.compact in haystack.compact
+    return needle.compact is not None and _in_compact(needle.compact, haystack)
 
 
 def _embedded(value: Any) -> list[_Needle]:
@@ -260,13 +339,20 @@ def _embedded(value: Any) -> list[_Needle]:
 
 
 def _leaves(value: Any) -> Iterable[Any]:
+    """The scalars of an argument to trace: its values, the keys of its objects that are identifiers, and for a list
+    of strings each too short to carry evidence, the strings joined when that makes an identifier."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, Mapping):
             stack.extend(item.values())
+            yield from (key for key in item if isinstance(key, str) and _EMBEDDED.fullmatch(key.strip()))
         elif isinstance(item, list | tuple):
             stack.extend(item)
+            if item and all(isinstance(piece, str) and len(piece.strip()) < MIN_TEXT_CHARS for piece in item):
+                joined = "".join(piece.strip() for piece in item)
+                if _IDENTIFIER.fullmatch(joined) and len(_NOT_ALNUM.sub("", joined)) >= 6:
+                    yield joined
         else:
             yield item
 

@@ -106,6 +106,34 @@ def test_lists_take_the_weakest_source_and_empty_values_carry_no_evidence() -> N
     assert (found["all_day"].source, found["all_day"].matched) == ("user", False)
 
 
+@pytest.mark.parametrize(("typed", "value", "found"), [
+    ("email the report to robert.jones@gmail.com", "ert.jones@gmail.com", False),  # an address the attacker can own
+    ("email the report to robert.jones@gmail.com", "robert.jones@gmail.com", True),
+    ("open https://paypal.com/invoices", "https://pal.com/invoices", False),
+    ("open https://paypal.com/invoices", "paypal.com", True),
+    ("pay DE89370400440532013000", "370400440532013000", False),  # the tail of an IBAN
+    ("pay DE89 3704 0044 0532 0130 00", "DE89 3704 0044 0532 0130", True),  # whole groups of one: whole tokens
+    ("pay DE89 3704 0044 0532 0130 00", "DE89370400440532013000", True),
+    ("请转账到DE89370400440532013000", "DE89370400440532013000", True),  # another script is a token boundary
+    ("send it to (bob@corp.example), thanks", "bob@corp.example", True),
+    ("write to Péternek about it", "Péter", True),  # a word with no digit or @./: matches inside longer words
+])  # fmt: skip
+def test_an_identifier_is_found_only_as_a_whole_token(typed: str, value: str, found: bool) -> None:
+    """``ert.jones@gmail.com`` counted as the user's because the user typed ``robert.jones@gmail.com``."""
+    assert source({"to": value}, TurnMessage("user", typed)) == {"to": "user" if found else "none"}
+
+
+def test_identifier_keys_and_an_identifier_split_into_pieces_are_traced() -> None:
+    """``{"DE89...": 900}`` and ``["DE", "89", ...]`` carried no evidence, so an injected IBAN passed as the user's."""
+    iban = "US133000000121212121212"
+    history = (USER, tool(INJECTED_BILL))
+    assert source({"to": {iban: 98.7}}, *history) == {"to": "flagged_tool_result"}
+    assert source({"to": {iban: True}, "options": {"priority": "high"}}, *history)["to"] == "flagged_tool_result"
+    assert source({"to": [iban[i : i + 2] for i in range(0, len(iban), 2)]}, *history) == {"to": "flagged_tool_result"}
+    assert source({"options": {"priority": "high", "tier": "a"}, "codes": ["US", "GB"]}, *history) == {
+        "options": "none", "codes": "user"}  # fmt: skip
+
+
 def test_call_features_name_disallowed_arguments_and_flagged_results() -> None:
     tools = {"send_money": ToolSpec("side_effecting", {"recipient": ("user", "trusted")})}
     features = call_features("send_money", {"recipient": "UK12345678901234567890", "amount": 98.7},
