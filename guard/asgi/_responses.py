@@ -140,10 +140,12 @@ def send_with_headers(send: Send, extra: HeaderList, message: Message) -> Awaita
     return send(message)
 
 
-async def refuse_target(send: Send, exc: BodyError, metrics: HttpMetrics) -> None:
+async def refuse_target(send: Send, exc: BodyError, metrics: HttpMetrics, *, close: bool = False) -> None:
     """Answer a request whose target, headers or method were refused before any policy was matched (400
     ``invalid_target``, ``repeated_header``, ``method_override``, ``unexpected_body``; ``{code, message, field}``;
-    counted in ``guard_http_target_rejections_total``). The target itself is not logged."""
+    counted in ``guard_http_target_rejections_total``), with ``Connection: close`` when ``close`` (what follows the
+    request on its connection cannot be trusted to start a request). The target itself is not logged."""
     metrics.count_target_rejection(exc.code)
     logger.info("refused a request target before matching: %s (%s)", exc.code, exc.field)
-    await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field})
+    await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field},
+                    [(b"connection", b"close")] if close else ())

@@ -63,6 +63,7 @@ from guard.errors import BodyError
 
 __all__ = [
     "HOP_BY_HOP",
+    "MAX_HEAD_BYTES",
     "ProxyApp",
     "ProxyConfig",
     "ReverseProxy",
@@ -91,6 +92,8 @@ DEFAULT_MAX_CONNECTIONS = 200
 #: Most WebSockets relayed at once (each holds an upstream connection of its own, outside ``max_connections``).
 DEFAULT_MAX_WEBSOCKETS = 1000
 DEFAULT_BODY_IDLE_TIMEOUT_S = 30.0
+#: Most bytes of a request head the proxy takes (target, and each header as ``name: value`` with its line end).
+MAX_HEAD_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -238,12 +241,26 @@ class ReverseProxy:
                                   queue_timeout=config.queue_timeout)
 
     def check(self, scope: Scope) -> None:
-        """Refuse, before any policy judges it, a request this proxy could not send on as received.
+        """Refuse, before any policy judges it, a request this proxy could not send on as received: a head over
+        :data:`MAX_HEAD_BYTES` (h11 caps only a head that arrives in several reads), a body framed both by
+        ``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 section 6.1: a front proxy reading the length sees
+        one request where the chunks end earlier and the rest is read as another), and what :meth:`_target` and
+        :meth:`_headers` refuse. The connection is closed after the answer.
 
         Raises:
-            BodyError: as :meth:`_target` and :meth:`_headers` do (400 ``invalid_target``, ``invalid_host``,
-                ``method_override``).
+            BodyError: 431 ``head_too_large``; 400 ``ambiguous_length``, ``invalid_target``, ``invalid_host``,
+                ``method_override``.
         """
+        headers = scope["headers"]
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string", b"")) + sum(
+            len(k) + len(v) + 4 for k, v in headers
+        )
+        if size > MAX_HEAD_BYTES:
+            raise BodyError(431, "head_too_large", f"the request head is over {MAX_HEAD_BYTES} bytes", field="headers")
+        names = {k.lower() for k, _ in headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            raise BodyError(400, "ambiguous_length", "the request has both Content-Length and Transfer-Encoding",
+                            field="content-length")
         self._target(scope)
         self._headers(scope)
 
@@ -479,7 +496,7 @@ class ProxyApp:
             try:
                 self.proxy.check(scope)  # a request the proxy would refuse is not judged (nor logged) as allowed
             except BodyError as exc:
-                await refuse_target(send, exc, self.proxy.metrics)
+                await refuse_target(send, exc, self.proxy.metrics, close=True)
                 return
         if not self.proxy.config.trust_traceparent:
             await self.guarded(scope, receive, send)

@@ -233,3 +233,26 @@ async def test_a_request_the_proxy_cannot_send_on_is_refused_before_any_policy_j
     assert [(a.status_code, a.json()["code"]) for a in answers] == [(400, "invalid_host")] * 2
     metrics = app.guarded.metrics.render().decode()
     assert 'code="invalid_host"} 2.0' in metrics and 'action="allow"' not in metrics and 'action="block"' not in metrics
+
+
+async def test_a_body_framed_two_ways_or_an_oversized_head_is_refused_and_the_connection_closed(
+    judge_guard: Guard,
+) -> None:
+    """Content-Length with Transfer-Encoding kept the connection open: the bytes past the chunks reached the upstream
+    as a second request, where a front proxy reading the length saw one. A 60 KB head sent in one read was forwarded
+    whole (h11 caps only a head that arrives in several reads)."""
+    async with raw_upstream(_ok) as (url, heads):
+        with _proxy(judge_guard, url) as proxy:
+            port = int(proxy.rsplit(":", 1)[1])
+            smuggled = await asyncio.to_thread(raw_request, port, (
+                b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 41\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+                b"GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n"))
+            large = await asyncio.to_thread(raw_request, port, (
+                b"GET /x HTTP/1.1\r\nHost: a\r\nX-Long: " + b"a" * 60_000 + b"\r\nConnection: close\r\n\r\n"))
+            fine = await asyncio.to_thread(raw_request, port, (
+                b"GET /x HTTP/1.1\r\nHost: a\r\nX-Long: " + b"a" * 15_000 + b"\r\nConnection: close\r\n\r\n"))
+    assert smuggled.startswith(b"HTTP/1.1 400") and smuggled.count(b"HTTP/1.1") == 1
+    assert b"connection: close" in smuggled.lower()
+    assert json.loads(smuggled.partition(b"\r\n\r\n")[2])["code"] == "ambiguous_length"
+    assert large.startswith(b"HTTP/1.1 431") and fine.startswith(b"HTTP/1.1 200")
+    assert len(heads) == 1  # only the request under the cap reached the upstream
