@@ -25,8 +25,10 @@ and a list of strings too short to carry evidence is also traced joined when tog
 
 Matching, after the same normalisation of value and text (a value is found *inside* longer text; one holding a
 digit or ``@ . / :`` only as a whole token, so ``ert.jones@gmail.com`` is not found in ``robert.jones@gmail.com``
-nor ``pal.com`` in ``paypal.com``: a letter or digit of the same script on either side continues the token, one of
-another script does not, as in ``转账到DE89...``):
+nor ``pal.com`` in ``paypal.com``: a digit next to a digit, or a letter next to a letter of the same script,
+continues the token, while a letter next to a digit (``v2.4.1``, ``USD1200``) or a letter of another script
+(``转账到DE89...``) does not; an address or host name is not found right after ``.``, ``-`` or ``_`` either
+(``jones@gmail.com`` in ``robert_jones@gmail.com``, ``paypal.com`` in ``my-paypal.com``), see :func:`_marks`):
 
 * text: Unicode NFKC, case folded, runs of white space as one space, YAML's doubled quote ``''`` as one;
 * identifiers (a value of 6 or more letters and digits with at least one digit: IBANs, phone and card numbers, ids):
@@ -124,7 +126,7 @@ class _Prepared:
 
     @cached_property
     def compact_bounds(self) -> tuple[frozenset[int], frozenset[int]]:
-        """Where tokens start and end in :attr:`compact` (a token: a run of letters and digits of one script)."""
+        """Where tokens start and end in :attr:`compact` (a token: a run of digits, or of letters of one script)."""
         starts, ends, at = set(), set(), 0
         for run in _ALNUM_RUN.findall(self.text):
             for token in _tokens(run):
@@ -161,12 +163,11 @@ _EMBEDDED = re.compile(
 
 
 def _tokens(run: str) -> list[str]:
-    """A run of letters and digits split where its script changes (``到de89`` is ``到``, ``de89``)."""
-    if run.isascii():
-        return [run]
+    """A run of letters and digits split where letters meet digits or the script changes (``到de89`` is ``到``,
+    ``de``, ``89``)."""
     out, start = [], 0
     for i in range(1, len(run)):
-        if _script(run[i]) != _script(run[i - 1]):
+        if _kind(run[i]) != _kind(run[i - 1]):
             out.append(run[start:i])
             start = i
     out.append(run[start:])
@@ -237,7 +238,7 @@ class _Needle:
     compact: str | None
     url: str | None
     number: str | None
-    bounded: bool = False
+    marks: str | None = None
 
 
 def _needle(value: Any) -> _Needle | None:
@@ -251,7 +252,7 @@ def _needle(value: Any) -> _Needle | None:
             number = _canonical_number(format(Decimal(str(value)), "f"))
         except InvalidOperation:  # inf and nan
             return None
-        return _Needle(_fold(str(value)), None, None, number, bounded=True)
+        return _Needle(_fold(str(value)), None, None, number, marks="")
     if not isinstance(value, str):
         value = str(value)
     folded = _fold(value)
@@ -264,37 +265,54 @@ def _needle(value: Any) -> _Needle | None:
     number = None
     if _NUMBER.fullmatch(folded):
         number = _canonical_number(folded)
-    bounded = any(char.isdigit() or char in _TOKEN_MARKS for char in folded)
-    return _Needle(folded, compact if identifier else None, url if url != folded else None, number, bounded)
+    hostlike = url != folded or (not number and ("." in folded or "/" in folded))  # also found in a text's URL form
+    return _Needle(folded, compact if identifier else None, url if hostlike else None, number, _marks(folded))
 
 
-_TOKEN_MARKS = frozenset("@./:")
+def _marks(folded: str) -> str | None:
+    """How a text value is found inside longer text (:func:`_contains`): ``None`` (anywhere) for words; else only as
+    whole tokens, and also not right after the characters that would make it the tail of a longer address (an
+    e-mail address: ``. _ % + -``, so ``jones@gmail.com`` is not ``robert.jones@gmail.com``), host name (``. - _``,
+    so ``paypal.com`` is not ``my-paypal.com``) or dotted number (``.``: ``4.1`` is not in ``2.4.1``, ``2.4.1`` is in
+    ``release-2.4.1``)."""
+    if "@" in folded:
+        return "._%+-"
+    if "." in folded:
+        return ".-_" if any(char.isalpha() for char in folded) else "."
+    return "" if any(char.isdigit() or char in "/:" for char in folded) else None
 
 
 @lru_cache(maxsize=4096)
-def _script(char: str) -> str:
-    """The script a letter or digit is written in, as far as token boundaries go (``latin`` for ASCII and Latin
-    letters and digits; else the first word of its Unicode name: ``CJK``, ``ARABIC``, ``CYRILLIC``)."""
+def _kind(char: str) -> str | None:
+    """What a character is, as far as token boundaries go: ``digit``; a letter's script (``latin`` for ASCII and
+    Latin letters; else the first word of its Unicode name: ``CJK``, ``ARABIC``, ``CYRILLIC``); None for the rest."""
+    if char.isdigit():
+        return "digit"
+    if not char.isalpha():
+        return None
     if char.isascii():
         return "latin"
     word = unicodedata.name(char, "?").split(" ", 1)[0]
-    return "latin" if word in ("LATIN", "DIGIT") else word
+    return "latin" if word == "LATIN" else word
 
 
 def _continues(neighbour: str, edge: str) -> bool:
     """Whether ``neighbour`` (next to a match in the text) continues the token ``edge`` (the match's first or last
-    character) is part of: both letters or digits, of one script."""
-    return neighbour.isalnum() and edge.isalnum() and _script(neighbour) == _script(edge)
+    character) is part of: two digits, or two letters of one script (a letter next to a digit does not: ``v2.4.1``,
+    ``USD1200``, ``1920x1080``)."""
+    kind = _kind(edge)
+    return kind is not None and _kind(neighbour) == kind
 
 
-def _contains(text: str, needle: str, bounded: bool) -> bool:
-    """Whether ``needle`` is in ``text``; when ``bounded``, only as whole tokens (:func:`_continues`)."""
-    if not bounded:
+def _contains(text: str, needle: str, marks: str | None) -> bool:
+    """Whether ``needle`` is in ``text``: anywhere when ``marks`` is None, else as whole tokens (:func:`_continues`)
+    and not right after one of ``marks``."""
+    if marks is None:
         return needle in text
     at = text.find(needle)
     while at != -1:
         end = at + len(needle)
-        if not (at > 0 and _continues(text[at - 1], needle[0])) and not (
+        if not (at > 0 and (text[at - 1] in marks or _continues(text[at - 1], needle[0]))) and not (
             end < len(text) and _continues(text[end], needle[-1])
         ):
             return True
@@ -315,11 +333,11 @@ def _in_compact(needle: str, haystack: _Prepared) -> bool:
 
 
 def _found(needle: _Needle, haystack: _Prepared) -> bool:
-    if _contains(haystack.text, needle.text, needle.bounded):
+    if _contains(haystack.text, needle.text, needle.marks):
         return True
     if needle.number is not None and needle.number in haystack.numbers:
         return True
-    if needle.url is not None and needle.url and _contains(haystack.url, needle.url, True):
+    if needle.url is not None and needle.url and _contains(haystack.url, needle.url, _marks(needle.url) or ""):
         return True
     return needle.compact is not None and _in_compact(needle.compact, haystack)
 

@@ -117,6 +117,14 @@ def test_lists_take_the_weakest_source_and_empty_values_carry_no_evidence() -> N
     ("请转账到DE89370400440532013000", "DE89370400440532013000", True),  # another script is a token boundary
     ("send it to (bob@corp.example), thanks", "bob@corp.example", True),
     ("write to Péternek about it", "Péter", True),  # a word with no digit or @./: matches inside longer words
+    ("email robert_jones@gmail.com", "jones@gmail.com", False),  # the tail of an address at . _ - +
+    ("site: my-paypal.com", "paypal.com", False),
+    ("deploy v2.4.1 to staging", "2.4.1", True),  # a letter next to a digit is a boundary
+    ("deploy release-2.4.1", "2.4.1", True), ("deploy 2.4.1", "4.1", False),
+    ("transfer USD1200 to Bob", "1200", True),
+    ("set resolution 1920x1080", "1080", True),
+    ("pay счёт №40817810099910004312", "40817810099910004312", True),  # NFKC: № is "No"
+    ("book the meeting 2024-05-01T10:00", "10:00", True),
 ])  # fmt: skip
 def test_an_identifier_is_found_only_as_a_whole_token(typed: str, value: str, found: bool) -> None:
     """``ert.jones@gmail.com`` counted as the user's because the user typed ``robert.jones@gmail.com``."""
