@@ -20,8 +20,10 @@ any other item is a 404 ``review_not_found``, as if it did not exist (so ids of 
 unscoped reviewer sees every item, those without a tenant included.
 
 **Rate limit.** Each reviewer's token gets a token bucket (``rate_limit=(per second, burst)``, default
-:data:`DEFAULT_RATE_LIMIT`); calls without a valid token share one bucket per client address, so guessing tokens is
-as slow as the limit. Past it: 429 ``rate_limited`` with ``Retry-After``.
+:data:`DEFAULT_RATE_LIMIT`), kept apart from the buckets of calls without a valid token, which share one per client
+address, so guessing tokens is as slow as the limit and a flood of such calls from many addresses (which may fill
+their table: :mod:`guard.asgi._ratelimit`) never slows a reviewer. Past it: 429 ``rate_limited`` with
+``Retry-After``.
 
 =======  ===========================  =============================================================================
 GET      ``/``                        items with ``?status=pending`` (default; ``approved``, ``rejected``,
@@ -222,7 +224,8 @@ class _Api:
         scoped = {n: _as_reviewer(r) for n, r in (reviewers or {}).items()}
         self._digests = [(hashlib.sha256(r.token.encode()).digest(), n) for n, r in scoped.items()]
         self._tenants = {n: r.tenants for n, r in scoped.items()}
-        self._buckets = TokenBuckets(*rate_limit)
+        self._reviewer_buckets = TokenBuckets(*rate_limit, max_keys=max(len(scoped), 1))  # one per reviewer
+        self._client_buckets = TokenBuckets(*rate_limit)  # calls without a valid token, per client address
 
     def _reviewer(self, request: Request) -> str | JSONResponse:
         """The caller's reviewer name, or the 401/403/429 answer."""
@@ -234,7 +237,7 @@ class _Api:
             refused = _from_elsewhere(request)
             if refused is not None:
                 return _error(403, "loopback_only", refused, "origin")
-            return self._limited(LOOPBACK_REVIEWER) or LOOPBACK_REVIEWER
+            return self._limited(self._reviewer_buckets, LOOPBACK_REVIEWER) or LOOPBACK_REVIEWER
         given = request.headers.get("authorization", "")
         presented = hashlib.sha256(given[7:].encode() if given.startswith("Bearer ") else b"").digest()
         found: str | None = None
@@ -242,12 +245,13 @@ class _Api:
             if secrets.compare_digest(presented, digest) and given.startswith("Bearer "):
                 found = name
         if found is None:
-            return self._limited("client:" + client_key(client)) or _error(
+            return self._limited(self._client_buckets, client_key(client)) or _error(
                 401, "unauthorized", "send 'Authorization: Bearer <your review token>'", "authorization")
-        return self._limited("reviewer:" + found) or found
+        return self._limited(self._reviewer_buckets, found) or found
 
-    def _limited(self, key: str) -> JSONResponse | None:
-        wait = self._buckets.take(key)
+    @staticmethod
+    def _limited(buckets: TokenBuckets, key: str) -> JSONResponse | None:
+        wait = buckets.take(key)
         if not wait:
             return None
         response = _error(429, "rate_limited", "too many review API calls; slow down", "authorization")

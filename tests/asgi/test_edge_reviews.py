@@ -109,6 +109,28 @@ async def test_the_review_api_is_rate_limited_per_token(make_guard: GuardFactory
     assert limited.json()["code"] == "rate_limited" and int(limited.headers["retry-after"]) >= 1
 
 
+async def test_wrong_tokens_from_many_addresses_never_rate_limit_a_reviewer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reviewers and tokenless callers shared one table of buckets: callers from more addresses than it holds (here
+    4, by default 10,000 /64s) drained the shared overflow bucket, and a reviewer whose bucket had been dropped got
+    429 on every call."""
+    import functools
+
+    from guard.asgi import review_api
+    from guard.asgi._ratelimit import TokenBuckets
+
+    monkeypatch.setattr(review_api, "TokenBuckets", functools.partial(TokenBuckets, max_keys=4))
+    api = review_app(MemoryReviewStore(), reviewers=ACME, rate_limit=(0.01, 2))
+    for i in range(6):  # more addresses than the table holds, each past its burst
+        transport = httpx.ASGITransport(api, client=(f"203.0.113.{i}", 1000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            for _ in range(3):
+                await client.get("/", headers=_bearer(f"guess-{i:020d}"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://admin") as client:
+        answers = [(await client.get("/", headers=_bearer(ACME[name].token))).status_code
+                   for name in ("root", "acme-reviewer")]
+    assert answers == [200, 200]
+
+
 async def test_an_approval_is_bound_to_the_headers_the_policy_read() -> None:
     """Approved with ``x-customer-tier: premium`` (a state field) and ``x-plan: team`` (read by a rule): resent with
     either changed, or with another Content-Type or Content-Encoding (which no policy names but every body is read
