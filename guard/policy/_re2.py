@@ -2,63 +2,136 @@
 ``matches()`` of a rule's ``when``.
 
 RE2 matches in time linear in the text, so no request can make a pattern backtrack (``([a-z0-9]+[._-]?)+@corp\\.com``
-against 30 letters takes minutes with Python's ``re``). It has no backreferences or lookaround, and ``\\d``, ``\\w``,
-``\\s`` and ``\\b`` are ASCII (``\\pN``, ``\\pL`` for the digits and letters of every script).
+against 30 letters takes minutes with Python's ``re``). It has no backreferences, lookaround or ``(?x)``. RE2's own
+``\\d``, ``\\s`` and ``\\w`` are ASCII; here they are Unicode, as in the CEL runtime's (Rust) ``matches()``
+(:func:`unicode_classes`: ``\\d`` also matches ``１`` and ``١``, ``\\s`` a no-break space), so an attacker's
+full-width digits or no-break spaces do not slip past a pattern. ``\\b`` stays ASCII.
 """
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import re2
 
-__all__ = ["PATTERN_CACHE_SIZE", "Pattern", "compile_re2", "matches"]
+__all__ = ["Pattern", "compile_re2", "matcher", "unicode_classes"]
 
 Pattern = Any
 """A compiled RE2 pattern (``re2.compile``'s; the module exports no public type): ``finditer``, ``search`` and
 ``fullmatch`` as ``re.Pattern`` has them, offsets in characters."""
-#: Most compiled patterns :func:`matches` keeps (a pattern a request supplies is compiled on each new one).
-PATTERN_CACHE_SIZE = 1024
 
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a bad pattern is reported as a policy error, not also on stderr
+#: Options for a pattern a request supplies (compiled on each call, never kept): a smaller memory budget.
+_REQUEST_OPTIONS = re2.Options()
+_REQUEST_OPTIONS.log_errors = False
+_REQUEST_OPTIONS.max_mem = 1 << 20
+
+#: The Unicode classes of Rust's regex (which the CEL runtime's ``matches()`` uses), as items of an RE2 class:
+#: ``\d`` is ``\p{Nd}``; ``\s`` the White_Space property (tab to carriage return, U+0085 and the separators
+#: ``\p{Z}``); ``\w`` letters, letter numbers, marks, decimal digits, connector punctuation and the joiners.
+_CLASSES = {
+    "d": r"\p{Nd}",
+    "s": r"\t-\r \x{85}\p{Z}",
+    "w": r"\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}",
+}
 
 
-def compile_re2(source: str) -> Pattern:
-    """``source`` compiled with RE2.
+def unicode_classes(pattern: str) -> str:
+    """``pattern`` with ``\\d``, ``\\s``, ``\\w`` and their negations written as Unicode classes RE2 reads
+    (:data:`_CLASSES`); ``\\Q...\\E``, ``\\p{...}`` and ``[:alpha:]`` are left as they are.
 
     Raises:
-        ValueError: ``source`` is not valid RE2 syntax (or compiles past RE2's memory budget), with RE2's reason.
+        ValueError: ``\\S`` or ``\\W`` inside ``[...]`` (RE2 cannot take a class out of a class: write ``[^...]``).
     """
+    out: list[str] = []
+    i, end, in_class = 0, len(pattern), False
+    while i < end:
+        char = pattern[i]
+        if char == "\\" and i + 1 < end:
+            escaped = pattern[i + 1]
+            if escaped == "Q":  # literal text up to \E
+                stop = pattern.find("\\E", i + 2)
+                stop = end if stop == -1 else stop + 2
+                out.append(pattern[i:stop])
+                i = stop
+                continue
+            if escaped in _CLASSES:
+                out.append(_CLASSES[escaped] if in_class else f"[{_CLASSES[escaped]}]")
+            elif escaped in "DSW":
+                if not in_class:
+                    out.append(f"[^{_CLASSES[escaped.lower()]}]")
+                elif escaped == "D":
+                    out.append(r"\P{Nd}")
+                else:
+                    raise ValueError(f"\\{escaped} inside [...] is not supported (RE2 cannot take a class out of a "
+                                     "class); write a negated class [^...] instead")
+            else:
+                out.append(pattern[i : i + 2])  # \p, \x, \b, an escaped character: its argument follows as written
+            i += 2
+            continue
+        if in_class:
+            if pattern.startswith("[:", i):  # a POSIX class: [:alpha:]
+                stop = pattern.find(":]", i + 2)
+                stop = end if stop == -1 else stop + 2
+                out.append(pattern[i:stop])
+                i = stop
+                continue
+            in_class = char != "]"
+            out.append(char)
+            i += 1
+            continue
+        if char == "[":  # "[", "[^", then a "]" right after them is a literal "]"
+            start = i + 1 + (pattern.startswith("^", i + 1))
+            start += pattern.startswith("]", start)
+            out.append(pattern[i:start])
+            in_class = True
+            i = start
+            continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def _compile(source: str, options: Any) -> Pattern:
     try:
-        return re2.compile(source, _OPTIONS)
+        return re2.compile(unicode_classes(source), options)
     except re2.error as exc:
         reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise ValueError(f"not a valid regular expression (RE2 syntax, linear time: no backreferences or "
                          f"lookaround): {reason}") from None
 
 
-@functools.lru_cache(maxsize=PATTERN_CACHE_SIZE)
-def _cached(source: str) -> Pattern:
-    return compile_re2(source)
-
-
-def matches(text: Any, pattern: Any) -> bool:
-    """CEL's ``text.matches(pattern)`` in a rule: whether ``pattern`` (RE2) matches anywhere in ``text``. Each
-    pattern is compiled once (up to :data:`PATTERN_CACHE_SIZE` kept); the CEL runtime's own ``matches`` compiles
-    its pattern on every call (19 ms for ``\\w{1,40}@\\w{1,40}\\.example``, once per element in an ``exists``).
+def compile_re2(source: str) -> Pattern:
+    """``source`` compiled with RE2, its ``\\d``, ``\\s``, ``\\w`` Unicode (:func:`unicode_classes`).
 
     Raises:
-        TypeError: ``text`` or ``pattern`` is not a string.
-        ValueError: ``pattern`` is not valid RE2 syntax (a pattern a request supplied: the message does not quote
-            it, since the CEL runtime logs it).
+        ValueError: ``source`` is not valid RE2 syntax (or compiles past RE2's memory budget), with the reason.
     """
-    if not isinstance(text, str) or not isinstance(pattern, str):
-        raise TypeError(f"matches() takes a string and a pattern string, not {type(text).__name__} and "
-                        f"{type(pattern).__name__}")
-    try:
-        compiled = _cached(pattern)
-    except ValueError:
-        raise ValueError("matches() was given a pattern that is not valid RE2 syntax") from None
-    return compiled.search(text) is not None
+    return _compile(source, _OPTIONS)
+
+
+def matcher(patterns: Mapping[str, Pattern]) -> Callable[[Any, Any], bool]:
+    """CEL's ``text.matches(pattern)`` for rules whose literal patterns were compiled at load (``patterns``: source ->
+    :func:`compile_re2`): whether the pattern matches anywhere in ``text``. A pattern the request supplies is
+    compiled on each call with a 1 MiB memory budget and not kept (the CEL runtime's own ``matches`` compiled every
+    pattern on every call: 19 ms for ``\\w{1,40}@\\w{1,40}\\.example``, once per element in an ``exists``).
+
+    The function raises TypeError when ``text`` or ``pattern`` is not a string, and ValueError for a pattern that is
+    not valid RE2 syntax (without quoting it: the CEL runtime logs the message, and the pattern may be a request's).
+    """
+
+    def matches(text: Any, pattern: Any) -> bool:
+        if not isinstance(text, str) or not isinstance(pattern, str):
+            raise TypeError(f"matches() takes a string and a pattern string, not {type(text).__name__} and "
+                            f"{type(pattern).__name__}")
+        compiled = patterns.get(pattern)
+        if compiled is None:
+            try:
+                compiled = _compile(pattern, _REQUEST_OPTIONS)
+            except ValueError:
+                raise ValueError("matches() was given a pattern that is not valid RE2 syntax") from None
+        return compiled.search(text) is not None
+
+    return matches

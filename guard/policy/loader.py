@@ -52,7 +52,7 @@ from guard.policy.rules import (
     answer_literal_errors,
     compile_condition,
     field_reads,
-    pattern_errors,
+    rule_patterns,
     subject_fields,
 )
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -254,13 +254,14 @@ def _compile(
         unknown = _unknown_read(rule.when, state_names, file_spec.data, fixed, declared=spec.state is not None)
         if unknown is not None:
             problem(("rules", i, "when"), unknown)
-        for reason in pattern_errors(rule.when):
+        patterns, pattern_problems = rule_patterns(rule.when)
+        for reason in pattern_problems:
             problem(("rules", i, "when"), reason)
         for reason in answer_literal_errors(rule.when, wires, file_spec.data):
             problem(("rules", i, "when"), reason)
             literal_errors.add(rule.id)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
-        rules.append(CompiledRule(rule.id, rule.when, program, outcome, names))
+        rules.append(CompiledRule(rule.id, rule.when, program, outcome, names, patterns))
     failures = {}
     if len(wires) == len(known):  # every question compiled: the rules can be run on even answers
         kinds = _subject_classes(spec)

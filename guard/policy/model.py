@@ -376,7 +376,8 @@ class RuleSpec(OutcomeSpec):
                     "'on_error' are the verdict's rule when no rule fired or a fail mode decided.")
     when: str = Field(
         description="CEL expression that must yield a bool, e.g. injection.noul >= 0.85; names: question keys, "
-        "answers, subject, state, flags, data."
+        "answers, subject, state, flags, data, call, result. x.matches(p) searches x for the RE2 pattern p (Unicode "
+        "\\d \\s \\w, ASCII \\b; no backreferences or lookaround)."
     )
 
 

@@ -51,8 +51,8 @@ _EMPTY_PROBE = "a 1-_.\nZ"  # word and non-word characters, a line break: where 
 
 
 def compile_pattern(source: str) -> Pattern:
-    """A ``redact`` pattern compiled with RE2 (:mod:`guard.policy._re2`: linear time, ASCII ``\\d``, ``\\w``,
-    ``\\b``).
+    """A ``redact`` pattern compiled with RE2 (:mod:`guard.policy._re2`: linear time; Unicode ``\\d``, ``\\s``,
+    ``\\w``, ASCII ``\\b``).
 
     Raises:
         ValueError: the pattern is not valid RE2 syntax, with RE2's reason; or it can match the empty string

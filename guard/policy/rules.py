@@ -35,14 +35,14 @@ import operator
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cel
 
 from guard.errors import GuardError
 from guard.policy import payloads, skeleton
-from guard.policy._re2 import compile_re2, matches
+from guard.policy._re2 import Pattern, compile_re2, matcher
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.redact import Redactor
 from guard.systemone import AnswerV1, QuestionType, QuestionV1
@@ -64,9 +64,9 @@ __all__ = [
     "apply_rules",
     "compile_condition",
     "field_reads",
-    "pattern_errors",
     "rule_context",
     "rule_inputs",
+    "rule_patterns",
     "run_rule",
     "subject_fields",
     "trace_rules",
@@ -84,8 +84,8 @@ FUNCTIONS = skeleton.FUNCTIONS | payloads.FUNCTIONS
 #: The name a ``when``'s ``.matches(`` calls are compiled to: guard's RE2 ``matches``, which the runtime's own
 #: (compiling its pattern on every call) cannot be replaced by under its name.
 _MATCHES = "matches_re2"
-_RUNTIME_FUNCTIONS = FUNCTIONS | {_MATCHES: matches}
 _MATCHES_CALL = re.compile(r"\.\s*matches\s*\(")
+_CLOSING = re.compile(r"\s*\)")
 _LARGEST_DOUBLE = int(sys.float_info.max)
 
 #: Top-level names every ``when`` may use besides question keys.
@@ -188,13 +188,15 @@ class Outcome:
 
 @dataclass(frozen=True)
 class CompiledRule:
-    """A rule with its CEL program compiled and the names it reads."""
+    """A rule with its CEL program compiled, the names it reads, and the patterns it gives ``matches()`` as string
+    literals, compiled (:func:`rule_patterns`)."""
 
     id: str
     source: str
     program: Any
     outcome: Outcome
     names: frozenset[str]
+    patterns: Mapping[str, Pattern] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -248,16 +250,28 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
 
 
 def _with_guard_matches(source: str) -> str:
-    """``source`` with each ``.matches(`` call (not one written inside a string literal or comment) calling
-    guard's RE2 ``matches`` (:data:`_MATCHES`)."""
-    strings = _literal_spans(source)
+    """``source`` with each ``.matches(`` call (:func:`_matches_calls`) calling guard's RE2 ``matches``
+    (:data:`_MATCHES`); a comment between ``matches`` and ``(`` is dropped."""
     out, at = [], 0
-    for found in _MATCHES_CALL.finditer(source):
-        if any(a <= found.start() < b for a, b in strings):
-            continue
-        out.append(source[at : found.start()] + f".{_MATCHES}(")
-        at = found.end()
+    for start, end, _ in _matches_calls(source):
+        out.append(source[at:start] + f".{_MATCHES}(")
+        at = end
     return "".join(out) + source[at:]
+
+
+def _matches_calls(source: str) -> list[tuple[int, int, str | None]]:
+    """Each ``.matches(`` call of ``source`` outside string literals and comments (comments may sit anywhere in it):
+    its span up to the ``(``, and the string literal it is given when that literal is its whole argument (as
+    written: ``r"\\d+"``), else None."""
+    masked = _masked(source)
+    literals = {a: b for a, b in _literal_spans(source) if not source.startswith("//", a)}
+    out = []
+    for call in _MATCHES_CALL.finditer(masked):
+        start = len(masked) - len(masked[call.end() :].lstrip())
+        stop = literals.get(start)
+        literal = source[start:stop] if stop is not None and _CLOSING.match(masked, stop) else None
+        out.append((call.start(), call.end(), literal))
+    return out
 
 
 def _check_calls(program: Any, source: str) -> None:
@@ -335,23 +349,22 @@ def field_reads(source: str) -> list[tuple[str, tuple[str, ...]]]:
     return out
 
 
-_MATCHES_LITERAL = re.compile(r"""\.\s*matches\s*\(\s*(r?(?:"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'))\s*\)""")
-
-
-def pattern_errors(source: str) -> list[str]:
-    """Why each string literal a ``when`` passes to ``.matches(...)`` is not an RE2 pattern (the rule would fail
-    on every request it reaches): each literal is read as CEL reads it, then compiled as the rule compiles it."""
-    out = []
-    strings = _literal_spans(source)
-    for found in _MATCHES_LITERAL.finditer(source):
-        if any(a <= found.start() < b for a, b in strings):
-            continue  # ".matches(" written inside a string literal
+def rule_patterns(source: str) -> tuple[dict[str, Pattern], list[str]]:
+    """The string literals a ``when`` passes to ``.matches(...)``, each read as CEL reads it and compiled as the rule
+    runs it (:func:`guard.policy._re2.compile_re2`): ``(pattern -> compiled, why each one that failed is not a
+    pattern)``; a rule with such a pattern would fail on every request it reaches."""
+    patterns: dict[str, Pattern] = {}
+    errors = []
+    for _, _, literal in _matches_calls(source):
+        if literal is None:
+            continue
         try:
-            compile_re2(cel.evaluate(found.group(1)))
+            value = cel.evaluate(literal)
+            patterns[value] = compile_re2(value)
         except (RuntimeError, ValueError) as exc:
             reason = " ".join(str(exc).split())
-            out.append(f"the pattern {found.group(1)} of matches() is {reason[:300]}")
-    return out
+            errors.append(f"the pattern {literal} of matches() is {reason[:300]}")
+    return patterns, errors
 
 
 _CMP = r"(==|!=|<=|>=|<|>)"
@@ -564,10 +577,11 @@ def rule_context(
             variables["subject"] = subject if isinstance(subject, Mapping) else subject_variables(subject)
     for name in FEATURE_NAMES & needed:
         variables[name] = dict((features or {}).get(name) or {})
+    functions = FUNCTIONS | {_MATCHES: matcher({p: c for rule in rules for p, c in rule.patterns.items()})}
     try:
-        return cel.Context(variables=variables, functions=_RUNTIME_FUNCTIONS)
+        return cel.Context(variables=variables, functions=functions)
     except ValueError:  # a value CEL cannot hold (an integer past a double's range): rules still read the rest
-        return cel.Context(variables=_representable(variables), functions=_RUNTIME_FUNCTIONS)
+        return cel.Context(variables=_representable(variables), functions=functions)
 
 
 def _representable(value: Any) -> Any:

@@ -196,7 +196,10 @@ def test_matches_compiles_its_pattern_once_so_a_long_list_cannot_hold_the_event_
 
 
 @pytest.mark.parametrize(("pattern", "text", "found"), [
-    ("\\\\d{3}", "123", True), ("\\\\d{3}", "١٢٣", False), ("\\\\pN{3}", "١٢٣", True),  # RE2: \\d is ASCII
+    ("\\\\d{3}", "123", True), ("\\\\d{3}", "١٢٣", True), ("\\\\d{3}", "１２３", True),  # \\d \\s \\w are Unicode
+    ("(?i)ignore\\\\s+previous", "ignore\u00a0previous", True), ("(?i)ignore\\\\s+previous", "ignore\u3000previous", True),
+    ("^\\\\w+$", "résumé", True), ("[\\\\w.]+@x", "jösé.b@x", True), ("\\\\D+", "١٢٣", False), ("[^\\\\s]", " \u00a0", False),
+    ("\\\\Q\\\\d\\\\E", "\\\\d", True), ("[\\\\d-]+x", "-١x", True),
     ("(?i)ignore (all )?previous", "IGNORE ALL PREVIOUS", True), ("^abc$", "xabc", False),
 ])  # fmt: skip
 def test_matches_is_an_re2_search(pattern: str, text: str, found: bool) -> None:
@@ -218,3 +221,48 @@ def test_a_matches_pattern_rust_regex_has_and_re2_lacks_is_a_load_error() -> Non
     with pytest.raises(PolicyLoadError, match=r"rules\[0\]\.when: the pattern .* of matches\(\) is not a valid "
                                               r"regular expression \(RE2 syntax"):
         load_text(MATCHES.replace("\\\\w{1,40}@", "\\\\p{Alphabetic}+@"))  # Rust regex has the property
+
+
+def test_a_comment_inside_a_matches_call_does_not_hand_it_back_to_the_runtime() -> None:
+    """``.matches // why`` then ``("...")`` on the next line was left to the CEL runtime (a pattern built on every
+    call, its Rust syntax unchecked at load)."""
+
+    def policy(pattern: str) -> str:
+        return f"""
+policies:
+  - id: p
+    version: 1
+    match: {{http: {{}}}}
+    state: {{text: body_text}}
+    rules:
+      - id: hit
+        action: block
+        when: |
+          state.text.matches // why
+            ("{pattern}")
+"""
+
+    with pytest.raises(PolicyLoadError, match="is not a valid regular expression"):
+        load_text(policy("\\\\p{Alphabetic}+"))  # Rust regex has the property, RE2 does not
+    (loaded,) = load_text(policy("\\\\d{3}"))
+    assert "matches_re2" in loaded.rules[0].program.source and list(loaded.rules[0].patterns) == ["\\d{3}"]
+
+
+def test_a_pattern_a_request_supplies_is_compiled_per_call_and_never_quoted() -> None:
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {text: body_text, pattern: "header:x-pattern"}
+    rules: [{id: hit, when: 'state.text.matches(state.pattern)', action: block}]
+""")
+    for pattern, text, rule in [("a\\d", "xa1", "hit"), ("a\\d", "xa", "default"), ("(", "x", None)]:
+        subject = HttpSubject(method="POST", path="/", body_text=text, headers={"x-pattern": pattern})
+        state = policy.render_state(subject)
+        if rule is None:
+            with pytest.raises(RuleError, match="function 'matches' failed on its arguments") as info:
+                apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject, state=state)
+            assert "(" not in info.value.detail.split("matches()")[-1]
+            continue
+        assert apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject, state=state).rule == rule
