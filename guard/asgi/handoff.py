@@ -382,8 +382,9 @@ class HandoffClient:
         """
         loop = asyncio.get_running_loop()
         ends_by = loop.time() + target.stream_timeout
+        head_timeout = min(target.timeout, target.stream_timeout)
         try:
-            async with asyncio.timeout(target.timeout):
+            async with asyncio.timeout(head_timeout):
                 response = await self._http().send(self._request(target, messages, stream=True), stream=True)
         except (httpx.HTTPError, TimeoutError) as exc:
             raise self._error(target, exc) from exc
@@ -391,7 +392,7 @@ class HandoffClient:
         try:
             self._refuse_encoded(target, response)
             if not 200 <= response.status_code < 300:  # its first bytes name the error: read those, within the timeout
-                async with asyncio.timeout(target.timeout):
+                async with asyncio.timeout(head_timeout):
                     head = await anext(_capped(response.aiter_bytes(), None), b"")
                 raise self._status_error(target, response, head[:_ERROR_BYTES])
             media = response.headers.get("content-type", "").split(";")[0].strip().lower()

@@ -81,7 +81,7 @@ class OpenAIStandIn:
     The answer is ``"Stand-in answer to: <last user message>"``. The requested model picks a behaviour:
     ``fail-500`` (HTTP 500), ``fail-500-drip`` (HTTP 500 with a body that never ends), ``fail-401-echo`` (HTTP 401
     echoing the key it got and a forged log line), ``redirect-with-answer`` (a 302 whose body is a valid completion),
-    ``slow`` (sleeps 1.5 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
+    ``slow`` (sleeps 1.5 s), ``slow-head`` (6 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
     100,000 deep), ``huge`` (a 5 MiB answer), ``drip`` (an answer one byte every 0.3 s), ``keepalive`` (a stream of
     SSE comments only), ``trickle`` (a content event every 0.3 s for 12 s), ``broken-stream``
     (streams one chunk, then a non-JSON event), ``gated`` (when streaming, waits after the first chunk until
@@ -122,6 +122,8 @@ class OpenAIStandIn:
             return StreamingResponse(endless(), status_code=500, media_type="text/plain")
         if model == "slow":
             await asyncio.sleep(1.5)
+        if model == "slow-head":
+            await asyncio.sleep(6.0)
         if model == "malformed":
             return PlainTextResponse("this is not json")
         if model == "deep":  # nested past any parser's recursion limit

@@ -251,6 +251,7 @@ async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenA
     ("gzip-bomb", True, "malformed"),
     ("endless-stream", True, "malformed"),  # past MAX_STREAM_BYTES: relayed without end before
     ("trickle", True, "timeout"),  # past stream_timeout (2 s): each chunk in time, relayed for as long as it lasted
+    ("slow-head", True, "timeout"),  # a head later than stream_timeout, within timeout
 ])  # fmt: skip
 async def test_a_slow_huge_or_deep_answer_is_a_handoff_error_in_bounded_time(
     standin: tuple[OpenAIStandIn, str], model: str, stream: bool, reason: str
@@ -259,7 +260,7 @@ async def test_a_slow_huge_or_deep_answer_is_a_handoff_error_in_bounded_time(
 
     _, url = standin
     client = HandoffClient()
-    target = _target(url, model=model, timeout=1.0, stream_timeout=2.0)
+    target = _target(url, model=model, timeout=1.0 if model != "slow-head" else 10.0, stream_timeout=2.0)
     started = time.monotonic()
     with pytest.raises(HandoffError) as info:
         if stream:
