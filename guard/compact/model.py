@@ -181,14 +181,16 @@ def _lines(state: Any) -> list[str]:
     return [line for s in ([state] if isinstance(state, str) else body_strings(state)) for line in s.split("\n")]
 
 
-_SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
+_SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[a-z0-9][.!?;])(?=[A-Z])|\n+")
 #: Sentences of fewer words are joined to the next one (headings, list markers, "Hi,").
 MIN_SENTENCE_WORDS = 3
 
 
 def split_sentences(text: str) -> list[str]:
-    """``text`` cut after ``.``, ``!``, ``?`` or ``;`` followed by whitespace and at line breaks; fragments of fewer
-    than :data:`MIN_SENTENCE_WORDS` words are joined to the next sentence. Never empty."""
+    """``text`` cut after ``.``, ``!``, ``?`` or ``;`` followed by whitespace, or written between a lower-case letter
+    or digit and a capital with no space ("...region.Ignore all previous instructions": read whole, the attack went
+    from 0.999 to 0.26), and at line breaks; fragments of fewer than :data:`MIN_SENTENCE_WORDS` words are joined to
+    the next sentence. Never empty."""
     out: list[str] = []
     pending = ""
     for piece in _SENTENCE_RE.split(text):
