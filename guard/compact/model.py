@@ -244,7 +244,8 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
 
     With ``sentences`` (the text questions) a text of one window is read whole and, when it holds more than one
     sentence (:func:`split_sentences`), each sentence of at least :data:`ALONE_TOKENS` word pieces is also
-    read alone, so one benign sentence beside an attack cannot lower its score; a text longer than one window and no
+    read alone (one a short fragment was joined to, with and without it: :func:`_whole_sentences`), so one benign
+    sentence or a few words beside an attack cannot lower its score; a text longer than one window and no
     longer than the encoder's ``max_tokens`` is cut into sentences joined into pieces of at least
     :data:`PIECE_TOKENS` word pieces (:func:`pack_sentences`), followed by every sentence of at least
     :data:`ALONE_TOKENS` word pieces that is not a piece already, alone. Otherwise the text is one part, which the
@@ -254,15 +255,25 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
     if not sentences or tokens > encoder.config.max_tokens:
         return [text], tokens
     parts = split_sentences(text)
+    joined = [p for p in _whole_sentences(text) if p not in parts]  # each also read without the fragment before it
     if tokens <= encoder.config.chunk:
-        if len(parts) < 2:
+        if len(parts) + len(joined) < 2:
             return [text], tokens
-        return [text, *(p for p in parts if len(encoder.token_ids(p)) >= ALONE_TOKENS)], tokens
+        return [text, *(p for p in [*parts, *joined] if len(encoder.token_ids(p)) >= ALONE_TOKENS)], tokens
     lengths = [len(encoder.token_ids(p)) for p in parts]
     pieces = pack_sentences(parts, lengths, PIECE_TOKENS)
     packed = set(pieces)
     alone = [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed]
+    alone += [p for p in joined if len(encoder.token_ids(p)) >= ALONE_TOKENS]
     return pieces + alone, tokens
+
+
+def _whole_sentences(text: str) -> list[str]:
+    """The sentences of ``text`` (cut as :func:`split_sentences` cuts) of at least :data:`MIN_SENTENCE_WORDS`
+    words, before any fragment is joined to them: ``{"p0": "Weather", "p1": "forecast", "message": attack}`` read
+    the attack only as "Weather forecast <attack>" (0.19 where the attack alone is 0.98)."""
+    pieces = (piece.strip() for piece in _SENTENCE_RE.split(text))
+    return [piece for piece in pieces if len(piece.split()) >= MIN_SENTENCE_WORDS]
 
 
 #: A window joins a length bucket when it is at least this share of the bucket's longest window.
