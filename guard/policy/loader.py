@@ -254,7 +254,7 @@ def _compile(
         unknown = _unknown_read(rule.when, state_names, file_spec.data, fixed, declared=spec.state is not None)
         if unknown is not None:
             problem(("rules", i, "when"), unknown)
-        patterns, pattern_problems = rule_patterns(rule.when)
+        patterns, pattern_problems = rule_patterns(rule.when, file_spec.data)
         for reason in pattern_problems:
             problem(("rules", i, "when"), reason)
         for reason in answer_literal_errors(rule.when, wires, file_spec.data):

@@ -34,7 +34,7 @@ import math
 import operator
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,12 +264,14 @@ def _matches_calls(source: str) -> list[tuple[int, int, str | None]]:
     its span up to the ``(``, and the string literal it is given when that literal is its whole argument (as
     written: ``r"\\d+"``), else None."""
     masked = _masked(source)
-    literals = {a: b for a, b in _literal_spans(source) if not source.startswith("//", a)}
+    literals = {}  # where each literal's first quote is (what its masked form keeps) -> its span, prefix included
+    for a, b in _literal_spans(source):
+        if not source.startswith("//", a):
+            literals[a + len(source[a:b]) - len(source[a:b].lstrip("rRbB"))] = (a, b)
     out = []
     for call in _MATCHES_CALL.finditer(masked):
-        start = len(masked) - len(masked[call.end() :].lstrip())
-        stop = literals.get(start)
-        literal = source[start:stop] if stop is not None and _CLOSING.match(masked, stop) else None
+        span = literals.get(len(masked) - len(masked[call.end() :].lstrip()))
+        literal = source[span[0] : span[1]] if span is not None and _CLOSING.match(masked, span[1]) else None
         out.append((call.start(), call.end(), literal))
     return out
 
@@ -349,13 +351,23 @@ def field_reads(source: str) -> list[tuple[str, tuple[str, ...]]]:
     return out
 
 
-def rule_patterns(source: str) -> tuple[dict[str, Pattern], list[str]]:
-    """The string literals a ``when`` passes to ``.matches(...)``, each read as CEL reads it and compiled as the rule
-    runs it (:func:`guard.policy._re2.compile_re2`): ``(pattern -> compiled, why each one that failed is not a
-    pattern)``; a rule with such a pattern would fail on every request it reaches."""
+#: Most strings compiled at load as the patterns a rule may compute (:func:`rule_patterns`).
+MAX_CANDIDATE_PATTERNS = 256
+
+
+def rule_patterns(source: str, data: Mapping[str, Any] | None = None) -> tuple[dict[str, Pattern], list[str]]:
+    """The patterns a ``when`` gives ``.matches(...)``, compiled as the rule runs them
+    (:func:`guard.policy._re2.compile_re2`): ``(pattern -> compiled, why each one that failed is not a pattern)``.
+
+    A string literal that is a call's whole argument must compile (else the rule would fail on every request it
+    reaches: an error). When some call's pattern is computed (``["a", "b"].exists(p, x.matches(p))``,
+    ``data.patterns.exists(...)``), every other string literal of the rule and every string under the ``data``
+    names it reads (at most :data:`MAX_CANDIDATE_PATTERNS` in all) is compiled too where it compiles, so those are
+    not compiled again on each request."""
     patterns: dict[str, Pattern] = {}
     errors = []
-    for _, _, literal in _matches_calls(source):
+    calls = _matches_calls(source)
+    for _, _, literal in calls:
         if literal is None:
             continue
         try:
@@ -364,7 +376,37 @@ def rule_patterns(source: str) -> tuple[dict[str, Pattern], list[str]]:
         except (RuntimeError, ValueError) as exc:
             reason = " ".join(str(exc).split())
             errors.append(f"the pattern {literal} of matches() is {reason[:300]}")
+    if all(literal is not None for _, _, literal in calls):
+        return patterns, errors
+    for candidate in _candidate_patterns(source, data or {}):
+        if candidate not in patterns and len(patterns) < MAX_CANDIDATE_PATTERNS:
+            try:
+                patterns[candidate] = compile_re2(candidate)
+            except ValueError:
+                continue
     return patterns, errors
+
+
+def _candidate_patterns(source: str, data: Mapping[str, Any]) -> Iterator[str]:
+    """The strings a computed ``matches`` pattern may be: the rule's string literals, then every string under the
+    ``data`` names it reads."""
+    for a, b in _literal_spans(source):
+        if not source.startswith("//", a):
+            try:
+                value = cel.evaluate(source[a:b])
+            except (RuntimeError, ValueError):
+                continue
+            if isinstance(value, str):
+                yield value
+    stack = [data[path[0]] for root, path in field_reads(source) if root == "data" and path and path[0] in data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 _CMP = r"(==|!=|<=|>=|<|>)"

@@ -200,6 +200,8 @@ def test_matches_compiles_its_pattern_once_so_a_long_list_cannot_hold_the_event_
     ("(?i)ignore\\\\s+previous", "ignore\u00a0previous", True), ("(?i)ignore\\\\s+previous", "ignore\u3000previous", True),
     ("^\\\\w+$", "résumé", True), ("[\\\\w.]+@x", "jösé.b@x", True), ("\\\\D+", "١٢٣", False), ("[^\\\\s]", " \u00a0", False),
     ("\\\\Q\\\\d\\\\E", "\\\\d", True), ("[\\\\d-]+x", "-١x", True),
+    ("[\\\\w-.]+@x", "a-b.c@x", True), ("[\\\\w-\\\\x{3000}]", "-", True), ("^[\\\\s\\\\S]+$", "a b", True),
+    ("[\\\\d[:]+\\\\s*pm", "10:30\u00a0pm", True),  # a '-' after \\w is a literal; '[:' without ':]' is not POSIX
     ("(?i)ignore (all )?previous", "IGNORE ALL PREVIOUS", True), ("^abc$", "xabc", False),
 ])  # fmt: skip
 def test_matches_is_an_re2_search(pattern: str, text: str, found: bool) -> None:
@@ -266,3 +268,33 @@ policies:
             assert "(" not in info.value.detail.split("matches()")[-1]
             continue
         assert apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject, state=state).rule == rule
+
+
+@pytest.mark.parametrize("when", [
+    'state.text.matches(r"\\w{1,40}@\\w{1,40}\\.example")',  # a raw string
+    '["\\\\w{1,40}@\\\\w{1,40}\\\\.example", "(?i)ignore\\\\s+previous"].exists(p, state.text.matches(p))',
+    'data.patterns.exists(p, state.text.matches(p))',
+])  # fmt: skip
+def test_patterns_a_rule_computes_or_writes_raw_are_compiled_at_load(when: str) -> None:
+    """A raw-string pattern was neither checked nor compiled at load, and patterns from a list or ``data`` were
+    compiled on every call within 1 MiB, too little for ``\\w{1,40}`` once Unicode: every request failed."""
+    (policy,) = load_text(f"""
+data: {{patterns: ['\\w{{1,40}}@\\w{{1,40}}\\.example']}}
+policies:
+  - id: p
+    version: 1
+    match: {{http: {{}}}}
+    state: {{text: body_text}}
+    rules: [{{id: hit, when: '{when}', action: block}}]
+""")
+    assert "\\w{1,40}@\\w{1,40}\\.example" in policy.rules[0].patterns
+    for text, rule in [("mail bob@corp.example", "hit"), ("hello", "default")]:
+        subject = HttpSubject(method="POST", path="/", body_text=text)
+        result = apply_rules(policy.id, policy.rules, policy.default, {}, subject=subject,
+                             state=policy.render_state(subject), data=policy.data)
+        assert result.rule == rule
+
+
+def test_a_raw_string_pattern_re2_cannot_run_is_a_load_error() -> None:
+    with pytest.raises(PolicyLoadError, match="is not a valid regular expression"):
+        load_text(MATCHES.replace('m.content.matches("\\\\w{1,40}@', 'm.content.matches(r"\\p{Alphabetic}+@'))
