@@ -62,8 +62,8 @@ from guard.engine.health import FailureTracker
 from guard.errors import BodyError
 
 __all__ = [
+    "DEFAULT_MAX_HEAD_BYTES",
     "HOP_BY_HOP",
-    "MAX_HEAD_BYTES",
     "ProxyApp",
     "ProxyConfig",
     "ReverseProxy",
@@ -92,8 +92,9 @@ DEFAULT_MAX_CONNECTIONS = 200
 #: Most WebSockets relayed at once (each holds an upstream connection of its own, outside ``max_connections``).
 DEFAULT_MAX_WEBSOCKETS = 1000
 DEFAULT_BODY_IDLE_TIMEOUT_S = 30.0
-#: Most bytes of a request head the proxy takes (target, and each header as ``name: value`` with its line end).
-MAX_HEAD_BYTES = 16 * 1024
+#: Most bytes of a request head the proxy takes by default (target, and each header as ``name: value`` with its line
+#: end): uvicorn's h11 default for a head that arrives in several reads, which h11 does not apply to one read.
+DEFAULT_MAX_HEAD_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,9 @@ class ProxyConfig:
             tell the upstream which host or scheme it was reached on.
         max_websockets: most WebSockets relayed at once (each holds an upstream connection of its own); another
             upgrade is refused with 503 ``upstream_busy`` (or a close with 1013, "try again later").
+        max_head_bytes: most bytes of a request head (target and headers; a WebSocket upgrade's too): 431
+            ``head_too_large`` past it (raise it for large single-sign-on cookies; ``guard proxy`` raises uvicorn's
+            own cap with it).
         trust_traceparent: the guard's decision span continues the client's W3C ``traceparent`` (and
             ``tracestate``), so it joins the caller's trace next to the upstream's own spans. Default: the decision
             span starts a trace of its own, since a client's header chooses the trace id and, under a parent-based
@@ -132,6 +136,7 @@ class ProxyConfig:
     trust_forwarded: bool = False
     trust_traceparent: bool = False
     max_websockets: int = DEFAULT_MAX_WEBSOCKETS
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -151,6 +156,8 @@ class ProxyConfig:
                              "seconds")
         if self.max_connections < 1:
             raise ValueError(f"max_connections is {self.max_connections}; it must be at least 1")
+        if self.max_head_bytes < 1024:
+            raise ValueError(f"max_head_bytes is {self.max_head_bytes}; it must be at least 1024")
 
 
 class _ClientGone(Exception):
@@ -241,28 +248,37 @@ class ReverseProxy:
                                   queue_timeout=config.queue_timeout)
 
     def check(self, scope: Scope) -> None:
-        """Refuse, before any policy judges it, a request this proxy could not send on as received: a head over
-        :data:`MAX_HEAD_BYTES` (h11 caps only a head that arrives in several reads), a body framed both by
-        ``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 section 6.1: a front proxy reading the length sees
-        one request where the chunks end earlier and the rest is read as another), and what :meth:`_target` and
-        :meth:`_headers` refuse. The connection is closed after the answer.
+        """Refuse, before any policy judges it, a request this proxy could not send on as received: what
+        :meth:`check_head` refuses, and what :meth:`_target` and :meth:`_headers` do. The connection is closed after
+        the answer.
 
         Raises:
-            BodyError: 431 ``head_too_large``; 400 ``ambiguous_length``, ``invalid_target``, ``invalid_host``,
-                ``method_override``.
+            BodyError: as :meth:`check_head`; 400 ``invalid_target``, ``invalid_host``, ``method_override``.
+        """
+        self.check_head(scope)
+        self._target(scope)
+        self._headers(scope)
+
+    def check_head(self, scope: Scope) -> None:
+        """Refuse a request head (an HTTP request's or a WebSocket upgrade's) over ``max_head_bytes`` (h11 caps only
+        a head that arrives in several reads), or one framing a body both by ``Content-Length`` and
+        ``Transfer-Encoding`` (RFC 9112 section 6.1: a front proxy reading the length sees one request where the
+        chunks end earlier and the rest is read as another).
+
+        Raises:
+            BodyError: 431 ``head_too_large``; 400 ``ambiguous_length``.
         """
         headers = scope["headers"]
+        limit = self.config.max_head_bytes
         size = len(scope.get("raw_path") or b"") + len(scope.get("query_string", b"")) + sum(
             len(k) + len(v) + 4 for k, v in headers
         )
-        if size > MAX_HEAD_BYTES:
-            raise BodyError(431, "head_too_large", f"the request head is over {MAX_HEAD_BYTES} bytes", field="headers")
+        if size > limit:
+            raise BodyError(431, "head_too_large", f"the request head is over {limit} bytes", field="headers")
         names = {k.lower() for k, _ in headers}
         if b"content-length" in names and b"transfer-encoding" in names:
             raise BodyError(400, "ambiguous_length", "the request has both Content-Length and Transfer-Encoding",
                             field="content-length")
-        self._target(scope)
-        self._headers(scope)
 
     def upgrade_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         """The headers of a WebSocket upgrade sent on to the upstream: those of an HTTP request (:meth:`_headers`:
@@ -486,6 +502,7 @@ class ProxyApp:
         if scope["type"] == "websocket":
             try:
                 scope = canonical_scope(scope)
+                self.proxy.check_head(scope)
                 self.proxy.upgrade_headers(scope)  # refuses what the relay could not send on (a bad Host)
             except BodyError as exc:
                 await refuse_invalid_upgrade(scope, send, exc)

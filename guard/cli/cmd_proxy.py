@@ -47,7 +47,12 @@ from typing import Any
 from guard.asgi._responses import DECISION_HEADERS
 from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS, BodyLimits
-from guard.asgi.proxy import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_WEBSOCKETS, DEFAULT_QUEUE_TIMEOUT_S
+from guard.asgi.proxy import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_HEAD_BYTES,
+    DEFAULT_MAX_WEBSOCKETS,
+    DEFAULT_QUEUE_TIMEOUT_S,
+)
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
 from guard.cli._args import positive_int, positive_seconds, seconds
@@ -179,6 +184,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-websockets", type=positive_int, default=DEFAULT_MAX_WEBSOCKETS, metavar="N",
                         help=f"most WebSockets relayed at once, each with an upstream connection of its own (default "
                         f"{DEFAULT_MAX_WEBSOCKETS})")
+    parser.add_argument("--max-head-bytes", type=positive_int, default=DEFAULT_MAX_HEAD_BYTES, metavar="N",
+                        help="most bytes of a request head, headers included (default "
+                        f"{DEFAULT_MAX_HEAD_BYTES}; 431 head_too_large past it): raise it for large sign-on cookies")
     parser.add_argument("--queue-timeout", type=positive_seconds, default=DEFAULT_QUEUE_TIMEOUT_S, metavar="S",
                         help="most seconds a request waits for a free upstream connection when all are in use "
                         f"(default {DEFAULT_QUEUE_TIMEOUT_S:g}; then 503 upstream_busy)")
@@ -283,7 +291,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     limits = BodyLimits(**overrides)
     config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
                          max_connections=args.max_connections, queue_timeout=args.queue_timeout,
-                         max_websockets=args.max_websockets,
+                         max_websockets=args.max_websockets, max_head_bytes=args.max_head_bytes,
                          body_idle_timeout=limits.body_timeout_s,
                          preserve_host=args.preserve_host, trust_forwarded=args.trust_forwarded,
                          trust_traceparent=args.trust_traceparent)
@@ -371,6 +379,7 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     serve_together(runtime.app, runtime.admin, sockets, log_level=args.log_level,
-                   header_timeout=runtime.header_timeout)
+                   header_timeout=runtime.header_timeout,
+                   h11_max_incomplete_event_size=max(args.max_head_bytes, DEFAULT_MAX_HEAD_BYTES))
     shutdown_providers()  # the last spans and metrics leave now, within a bound
     return 0

@@ -213,13 +213,13 @@ async def test_redirects_into_the_upstream_are_made_relative() -> None:
         assert relative(b"http://127.0.0.1:9000/api" + other_host) == b"http://127.0.0.1:9000/api" + other_host
 
 
-def test_cli_preserve_host_reaches_the_config(tmp_path: Path) -> None:
+def test_cli_preserve_host_and_max_head_bytes_reach_the_config(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(BLOCK_POST_ADMIN)
     argv = ["proxy", "--policy", str(policy), "--upstream", "http://127.0.0.1:9", "--backend", "http://127.0.0.1:9"]
-    for extra, expected in (([], False), (["--preserve-host"], True)):
+    for extra, expected in (([], (False, 16384)), (["--preserve-host", "--max-head-bytes", "65536"], (True, 65536))):
         runtime = build(build_parser().parse_args([*argv, *extra]))
-        assert runtime.app.proxy.config.preserve_host is expected
+        assert (runtime.app.proxy.config.preserve_host, runtime.app.proxy.config.max_head_bytes) == expected
         asyncio.run(runtime.aclose())
 
 

@@ -307,3 +307,27 @@ async def test_relayed_websockets_are_capped(make_guard: Callable[..., Guard], u
             pytest.fail("the place of a closed WebSocket was never freed")
     assert refused.value.response.status_code == 503
     assert json.loads(refused.value.response.body)["code"] == "upstream_busy"
+
+
+@pytest.mark.parametrize(("limit", "status"), [(None, 431), (96 * 1024, None)])
+async def test_an_upgrade_head_over_the_cap_is_refused(make_guard: Callable[..., Guard], upstream: str,
+                                                       limit: int | None, status: int | None) -> None:
+    """15 headers of 4 KB were refused on an HTTP request (431) and relayed whole on a WebSocket upgrade; the cap
+    (``max_head_bytes``, 16 KiB by default) can be raised for large sign-on cookies."""
+    from guard.asgi.server import server_options
+
+    config = ProxyConfig(upstream) if limit is None else ProxyConfig(upstream, max_head_bytes=limit)
+    big = {f"x-h{i}": "a" * 4000 for i in range(15)}
+    options = server_options() | {"h11_max_incomplete_event_size": max(limit or 0, 16 * 1024)}
+    with serve_in_thread(proxy_app(make_guard(), config), **options) as proxy:
+        url = f"{proxy.replace('http://', 'ws://')}/live/feed"
+        if status is not None:
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(url, additional_headers=big):
+                    pass
+            assert refused.value.response.status_code == status
+            assert json.loads(refused.value.response.body or b"{}")["code"] == "head_too_large"
+            return
+        async with connect(url, additional_headers=big) as ws:
+            await ws.send("headers")
+            assert sum(k.startswith("x-h") for k in dict(json.loads(await ws.recv()))) == 15
