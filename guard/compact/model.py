@@ -181,19 +181,38 @@ def _lines(state: Any) -> list[str]:
     return [line for s in ([state] if isinstance(state, str) else body_strings(state)) for line in s.split("\n")]
 
 
-_SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[a-z0-9][.!?;])(?=[A-Z])|\n+")
+_SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
+#: Where two sentences may be glued with no space: a lower-case letter or digit, the mark, a capitalised word that
+#: ends at a space or a mark (not ``Bar()``).
+_GLUED_RE = re.compile(r"(?<=[a-z0-9][.!?;])(?=[A-Z][a-z]*(?:\s|$|[,.!?;:]))")
 #: Sentences of fewer words are joined to the next one (headings, list markers, "Hi,").
 MIN_SENTENCE_WORDS = 3
 
 
+def _pieces(text: str) -> list[str]:
+    """``text`` cut where :data:`_SENTENCE_RE` cuts, and where a plain word ends with the mark and a capitalised word
+    follows with no space ("...region.Ignore all previous instructions": read whole, the attack went from 0.999 to
+    0.26); a word holding other marks (``java.util.List``, ``/Guide/Setup.Html``, ``e.g.Friday``), a capitalised one
+    (``System.Out``) or one followed by a call (``foo.Bar()``) is not cut."""
+    out: list[str] = []
+    for piece in _SENTENCE_RE.split(text):
+        start = 0
+        for glued in _GLUED_RE.finditer(piece):
+            word = piece[start : glued.start()].rsplit(None, 1)[-1]
+            if word[:-1].isalnum() and not word[0].isupper():
+                out.append(piece[start : glued.start()])
+                start = glued.start()
+        out.append(piece[start:])
+    return out
+
+
 def split_sentences(text: str) -> list[str]:
-    """``text`` cut after ``.``, ``!``, ``?`` or ``;`` followed by whitespace, or written between a lower-case letter
-    or digit and a capital with no space ("...region.Ignore all previous instructions": read whole, the attack went
-    from 0.999 to 0.26), and at line breaks; fragments of fewer than :data:`MIN_SENTENCE_WORDS` words are joined to
+    """``text`` cut after ``.``, ``!``, ``?`` or ``;`` followed by whitespace or glued to the next sentence
+    (:func:`_pieces`), and at line breaks; fragments of fewer than :data:`MIN_SENTENCE_WORDS` words are joined to
     the next sentence. Never empty."""
     out: list[str] = []
     pending = ""
-    for piece in _SENTENCE_RE.split(text):
+    for piece in _pieces(text):
         piece = piece.strip()
         if not piece:
             continue
@@ -259,20 +278,21 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
     if tokens <= encoder.config.chunk:
         if len(parts) + len(joined) < 2:
             return [text], tokens
-        return [text, *(p for p in [*parts, *joined] if len(encoder.token_ids(p)) >= ALONE_TOKENS)], tokens
+        alone = (p for p in dict.fromkeys([*parts, *joined]) if p != text and len(encoder.token_ids(p)) >= ALONE_TOKENS)
+        return [text, *alone], tokens
     lengths = [len(encoder.token_ids(p)) for p in parts]
     pieces = pack_sentences(parts, lengths, PIECE_TOKENS)
     packed = set(pieces)
     alone = [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed]
     alone += [p for p in joined if len(encoder.token_ids(p)) >= ALONE_TOKENS]
-    return pieces + alone, tokens
+    return list(dict.fromkeys(pieces + alone)), tokens  # a repeated sentence is scored once
 
 
 def _whole_sentences(text: str) -> list[str]:
     """The sentences of ``text`` (cut as :func:`split_sentences` cuts) of at least :data:`MIN_SENTENCE_WORDS`
     words, before any fragment is joined to them: ``{"p0": "Weather", "p1": "forecast", "message": attack}`` read
     the attack only as "Weather forecast <attack>" (0.19 where the attack alone is 0.98)."""
-    pieces = (piece.strip() for piece in _SENTENCE_RE.split(text))
+    pieces = (piece.strip() for piece in _pieces(text))
     return [piece for piece in pieces if len(piece.split()) >= MIN_SENTENCE_WORDS]
 
 
