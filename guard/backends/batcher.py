@@ -423,7 +423,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._stats.batched_requests += len(batch)
         ok = False
         try:
-            results = await self._loop.run_in_executor(self._executor, self._run_batch, items)
+            results = await self._loop.run_in_executor(self._executor, self._run_batch_caught, items)
             if len(results) != len(items):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(items)} items")
             ok = True
@@ -445,6 +445,17 @@ class MicroBatcher(Generic[ItemT, ResultT]):
                     self.on_batch(info)
                 except Exception:  # a metrics hook must never break serving
                     logger.exception("on_batch hook failed")
+
+    def _run_batch_caught(self, items: list[ItemT]) -> Sequence[ResultT]:
+        """``run_batch`` on the inference thread, a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+        a library's own) raised as a ``RuntimeError``: it fails the batch's requests, as any error does, where it
+        would have ended the collector and left every later request waiting."""
+        try:
+            return self._run_batch(items)
+        except Exception:
+            raise
+        except BaseException as exc:
+            raise RuntimeError(f"run_batch raised {type(exc).__name__}: {exc}") from exc
 
     def _succeed(self, pending: _Pending[ItemT, ResultT], result: ResultT) -> None:
         if pending.alive():

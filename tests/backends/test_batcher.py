@@ -262,6 +262,25 @@ async def test_a_failing_request_does_not_fail_its_batch_neighbours() -> None:
     assert batcher.stats.failed == 1 and batcher.stats.batches == 5  # 1 failed batch + 3 reruns + 1
 
 
+async def test_a_base_exception_from_the_model_fails_its_request_and_the_batcher_serves_on() -> None:
+    """A ``BaseException`` that is not an ``Exception`` ended the collector: every later request waited out its
+    timeout (or forever) while the batcher still said running."""
+
+    class Poison(BaseException):
+        pass
+
+    def model(items: Sequence[tuple[str, int]]) -> list[int]:
+        if any(name == "poison" for name, _ in items):
+            raise Poison("from a library")
+        return [value * value for _, value in items]
+
+    async with MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_wait_ms=1)) as batcher:
+        with pytest.raises(RuntimeError, match="run_batch raised Poison: from a library"):
+            await batcher.submit(("poison", 2))
+        assert await batcher.submit(("c", 5), timeout=5) == 25
+        assert batcher.state is BatcherState.RUNNING
+
+
 async def test_on_batch_reports_sizes_and_survives_a_broken_hook() -> None:
     infos: list[BatchInfo] = []
 
