@@ -2,7 +2,9 @@
 shell or interpreter code that would run commands (``code_exec(x)``).
 
 The model reads meaning; these read syntax, so a rule can stop a request that carries SQL or script whatever the
-model thinks of its words. Each takes a string; ``sqli`` and ``code_exec`` test each line of it on its own
+model thinks of its words. Each reads the text as written and, when it holds URL escapes, URL-decoded too
+(``DROP%20TABLE``, ``%3Cscript%3E``; twice for ``%253C``): an application that decodes a field reads what the
+escapes hide. Each takes a string; ``sqli`` and ``code_exec`` test each line of it on its own
 (``body_text`` joins a body's string values with newlines, so each line is one value or a line of one), ``xss`` the
 whole text, as a browser would read it. All answer rarely on ordinary text
 (measured on every benign record in ``data/``: docs/policies.md, ``bench/payload_detectors.py``).
@@ -46,6 +48,7 @@ import html
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_plus
 
 from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError
@@ -190,13 +193,40 @@ def _lowered(text: str, function: str) -> str:
     return text.lower()
 
 
+_PERCENT_RE = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def _percent_decoded(text: str) -> str | None:
+    """``text`` with its URL escapes decoded (``%3Cscript%3E``, ``DROP%20TABLE``, ``+`` as a space), twice when the
+    first pass leaves escapes (``%253C``), or None when it holds none: an application that decodes a field reads the
+    payload the escapes hide."""
+    if "%" not in text or _PERCENT_RE.search(text) is None:
+        return None
+    decoded = unquote_plus(text, errors="replace")
+    return unquote_plus(decoded, errors="replace") if _PERCENT_RE.search(decoded) else decoded
+
+
+def _or_decoded(check: Callable[[str], bool], text: str, function: str) -> bool:
+    """``check(text)``, or ``check`` of ``text`` URL-decoded (:func:`_percent_decoded`)."""
+    _lowered(text, function)
+    if check(text):
+        return True
+    decoded = _percent_decoded(text)
+    return decoded is not None and check(decoded)
+
+
 def sqli(text: str) -> bool:
-    """Whether some line of ``text`` holds a complete SQL statement that reads or changes data (module docstring).
+    """Whether some line of ``text``, as written or URL-decoded, holds a complete SQL statement that reads or changes
+    data (module docstring).
 
     Raises:
         TypeError: ``text`` is not a string (a rule error: the policy's fail mode decides).
     """
-    lowered = _lowered(text, "sqli")
+    return _or_decoded(_sqli, text, "sqli")
+
+
+def _sqli(text: str) -> bool:
+    lowered = text.lower()
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
     starts = parsed = 0
@@ -223,12 +253,16 @@ def sqli(text: str) -> bool:
 
 
 def xss(text: str) -> bool:
-    """Whether ``text`` holds script-bearing markup or a script URL (module docstring).
+    """Whether ``text``, as written or URL-decoded, holds script-bearing markup or a script URL (module docstring).
 
     Raises:
         TypeError: ``text`` is not a string.
     """
-    lowered = _lowered(text, "xss")
+    return _or_decoded(_xss, text, "xss")
+
+
+def _xss(text: str) -> bool:
+    lowered = text.lower()
     if "&" in text:  # a browser decodes character references in an attribute: &#106;avascript: is javascript:
         decoded = html.unescape(text)  # (in markup, &lt;script&gt; is text that shows, not a tag)
         if decoded != text and _SCRIPT_URL_RE.search(decoded) is not None:
@@ -268,12 +302,17 @@ def _substitutes_a_command(text: str) -> bool:
 
 
 def code_exec(text: str) -> bool:
-    """Whether ``text`` holds shell or interpreter code that runs a command (module docstring).
+    """Whether ``text``, as written or URL-decoded, holds shell or interpreter code that runs a command (module
+    docstring).
 
     Raises:
         TypeError: ``text`` is not a string.
     """
-    lowered = _lowered(text, "code_exec")
+    return _or_decoded(_code_exec, text, "code_exec")
+
+
+def _code_exec(text: str) -> bool:
+    lowered = text.lower()
     if "$(" in text and _substitutes_a_command(text):
         return True
     return any(mark in lowered and pattern.search(text) is not None for mark, pattern in _CODE_EXEC)

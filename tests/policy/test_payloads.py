@@ -121,6 +121,17 @@ def test_shell_and_interpreter_code_that_runs_commands_is_found(text: str) -> No
     assert code_exec(text)
 
 
+@pytest.mark.parametrize(("text", "check"), [
+    ("id=1;DROP%20TABLE%20users", sqli), ("q=1%27%3B+DELETE+FROM+orders%3B--", sqli),
+    ("%3Cscript%3Ealert(1)%3C%2Fscript%3E", xss), ("%253Cimg%2520src%3Dx%2520onerror%3Dalert(1)%253E", xss),
+    ("x=%24%28whoami%29", code_exec),
+])  # fmt: skip
+def test_url_encoded_payloads_are_found(text: str, check: object) -> None:
+    """An app that decodes a field read SQL and script the escapes hid from the detectors."""
+    assert check(text)  # type: ignore[operator]
+    assert not check("50% off, 100%25 cotton, a+b")  # type: ignore[operator]
+
+
 @pytest.mark.parametrize("text", CODE_LOOKALIKES)
 def test_talk_about_code_and_commands_is_not_code(text: str) -> None:
     assert not code_exec(text)
