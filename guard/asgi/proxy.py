@@ -345,6 +345,8 @@ class ReverseProxy:
                 continue
             if name == b"content-length":
                 has_body = True
+                if v.strip().isdigit():  # as the server read it (h11 took "010" as 10): no reader can read it otherwise
+                    v = str(int(v)).encode()
             out.append((name, v))
         if host and not _valid_host(host):
             raise BodyError(400, "invalid_host", f"the Host header ({host[:60].decode('utf-8', 'replace')!r}) is not "

@@ -117,6 +117,13 @@ async def test_an_override_header_the_guard_judged_is_never_dropped(judge_guard:
     assert underscored.json()["code"] == "method_override" and underscored.json()["field"] == "x_http_method_override"
 
 
+def test_a_content_length_is_sent_on_as_the_server_read_it() -> None:
+    """``Content-Length: 010`` went upstream as written: a reader that takes a leading 0 for octal reads 8."""
+    scope = {"type": "http", "scheme": "http", "headers": [(b"host", b"a"), (b"content-length", b"010")]}
+    headers, has_body = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers(scope)
+    assert has_body and (b"content-length", b"10") in headers
+
+
 def test_override_headers_are_dropped_when_the_guard_does_not_judge_them() -> None:
     scope = {"type": "http", "scheme": "http", "headers": [(b"host", b"a"), (b"x_http_method_override", b"PUT")]}
     headers, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers(scope)
