@@ -338,10 +338,13 @@ class SystemOneClient:
             ) from exc
 
     async def _read(self, content: bytes, headers: dict[str, str], remaining: float) -> httpx.Response:
-        """POST and read the answer's body up to :data:`MAX_RESPONSE_BYTES`, as sent (never decompressed).
+        """POST and read the answer's body up to :data:`MAX_RESPONSE_BYTES`, as sent (never decompressed); an answer
+        whose status is not 2xx is cut there, not refused (its status says what failed: a 503 with a long page is an
+        unavailable backend, not a malformed answer).
 
         Raises:
-            MalformedAnswer: the body is longer, or has a ``Content-Encoding`` (the request asks for identity).
+            MalformedAnswer: a 2xx body is longer, or the body has a ``Content-Encoding`` (the request asks for
+                identity).
         """
         async with self._client.stream("POST", self.url, content=content, headers=headers,
                                        timeout=remaining) as response:  # fmt: skip
@@ -350,8 +353,12 @@ class SystemOneClient:
                 raise MalformedAnswer(f"{self.name}: the answer has Content-Encoding {encoding[:40]!r}; this client "
                                       "asks for identity and does not decompress", backend=self.name)
             body = bytearray()
+            error = not 200 <= response.status_code < 300
             async for chunk in response.aiter_raw():
                 body += chunk
+                if error and len(body) > MAX_RESPONSE_BYTES:
+                    del body[MAX_RESPONSE_BYTES:]
+                    break
                 if len(body) > MAX_RESPONSE_BYTES:
                     raise MalformedAnswer(f"{self.name}: the answer is longer than {MAX_RESPONSE_BYTES} bytes; "
                                           "it was not read further", backend=self.name)

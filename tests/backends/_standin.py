@@ -66,7 +66,7 @@ class WorkersAIStandIn:
     """Scenarios (the account id): ``ok``, ``unwrapped``, ``rejected`` (400/5006), ``success-false`` (200 with
     ``success: false``), ``busy-then-ok`` (429 + ``Retry-After: 1``, then ok), ``busy-no-header`` (two 429/3040 without
     ``Retry-After``, then ok), ``always-busy``, ``busy-long`` (429 + ``Retry-After: 30``), ``flaky-5xx`` (503 then ok),
-    ``always-500``, ``html-502``, ``html-200``, ``oversized`` (a valid answer padded to 9 MiB), ``gzip`` (a valid
+    ``always-500``, ``html-502``, ``huge-503`` (a 9 MiB error page), ``html-200``, ``oversized`` (a valid answer padded to 9 MiB), ``gzip`` (a valid
     answer, gzip-compressed), ``truncated`` (also naming a model revision), ``other-model`` (a valid answer naming another model), ``list-model`` (naming it as a list), ``missing-answer``, ``nan``, ``bad-sum``,
     ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s),
     ``wrong-choice`` (the choice is the least probable option), ``wrong-score`` (score 3 where the probabilities give
@@ -117,6 +117,8 @@ class WorkersAIStandIn:
             return Response("Internal Server Error", status_code=500)
         if scenario == "html-502":
             return Response(HTML_ERROR, status_code=502, media_type="text/html")
+        if scenario == "huge-503":  # an error page past what a client reads of an answer
+            return Response(HTML_ERROR + " " * (9 << 20), status_code=503, media_type="text/html")
         if scenario == "html-200":
             return Response(HTML_ERROR, media_type="text/html")
         if scenario == "oversized":  # a valid answer padded past what a client reads

@@ -238,6 +238,10 @@ async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAISt
     async with workers_ai(standin, "html-200") as client:
         with pytest.raises(MalformedAnswer, match="not valid JSON \\(text/html"):
             await client.decide(REQUEST)
+    async with workers_ai(standin, "huge-503") as client:  # was malformed: its length read before its status
+        with pytest.raises(BackendUnavailable) as info:
+            await client.decide(REQUEST)
+    assert info.value.reason == "http_503"
 
 
 @pytest.mark.parametrize(
