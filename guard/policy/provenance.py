@@ -25,10 +25,11 @@ and a list of strings too short to carry evidence is also traced joined when tog
 
 Matching, after the same normalisation of value and text (a value is found *inside* longer text; one holding a
 digit or ``@ . / :`` only as a whole token, so ``ert.jones@gmail.com`` is not found in ``robert.jones@gmail.com``
-nor ``pal.com`` in ``paypal.com``: a digit next to a digit, or a letter next to a letter of the same script,
-continues the token, while a letter next to a digit (``v2.4.1``, ``USD1200``) or a letter of another script
-(``转账到DE89...``) does not; an address or host name is not found right after ``.``, ``-`` or ``_`` either
-(``jones@gmail.com`` in ``robert_jones@gmail.com``, ``paypal.com`` in ``my-paypal.com``), see :func:`_marks`):
+nor ``pal.com`` in ``paypal.com``: a letter next to a letter of the same script or a digit next to a digit
+continues the token, and in a value holding letters (a host, an address, a code) a letter next to a digit too
+(``password.com`` is not in ``1password.com``), while a number ends at a letter (``2.4.1`` is in ``v2.4.1``) and
+nothing continues across scripts (``转账到DE89...``); nor is a value found next to the marks that would make it
+part of a longer address, host name or number (:func:`_marks`)):
 
 * text: Unicode NFKC, case folded, runs of white space as one space, YAML's doubled quote ``''`` as one;
 * identifiers (a value of 6 or more letters and digits with at least one digit: IBANs, phone and card numbers, ids):
@@ -126,7 +127,7 @@ class _Prepared:
 
     @cached_property
     def compact_bounds(self) -> tuple[frozenset[int], frozenset[int]]:
-        """Where tokens start and end in :attr:`compact` (a token: a run of digits, or of letters of one script)."""
+        """Where tokens start and end in :attr:`compact` (a token: a run of letters of one script and digits)."""
         starts, ends, at = set(), set(), 0
         for run in _ALNUM_RUN.findall(self.text):
             for token in _tokens(run):
@@ -163,11 +164,11 @@ _EMBEDDED = re.compile(
 
 
 def _tokens(run: str) -> list[str]:
-    """A run of letters and digits split where letters meet digits or the script changes (``到de89`` is ``到``,
-    ``de``, ``89``)."""
+    """A run of letters and digits split where the script changes (``到de89`` is ``到``, ``de89``; digits go with
+    Latin letters)."""
     out, start = [], 0
     for i in range(1, len(run)):
-        if _kind(run[i]) != _kind(run[i - 1]):
+        if _joined_kind(run[i]) != _joined_kind(run[i - 1]):
             out.append(run[start:i])
             start = i
     out.append(run[start:])
@@ -239,6 +240,7 @@ class _Needle:
     url: str | None
     number: str | None
     marks: str | None = None
+    joined: bool = False
 
 
 def _needle(value: Any) -> _Needle | None:
@@ -252,7 +254,7 @@ def _needle(value: Any) -> _Needle | None:
             number = _canonical_number(format(Decimal(str(value)), "f"))
         except InvalidOperation:  # inf and nan
             return None
-        return _Needle(_fold(str(value)), None, None, number, marks="")
+        return _Needle(_fold(str(value)), None, None, number, marks=".,")
     if not isinstance(value, str):
         value = str(value)
     folded = _fold(value)
@@ -266,29 +268,33 @@ def _needle(value: Any) -> _Needle | None:
     if _NUMBER.fullmatch(folded):
         number = _canonical_number(folded)
     hostlike = url != folded or (not number and ("." in folded or "/" in folded))  # also found in a text's URL form
-    return _Needle(folded, compact if identifier else None, url if hostlike else None, number, _marks(folded))
+    joined = any(char.isalpha() for char in folded)  # letters and digits continue each other (see _continues)
+    return _Needle(folded, compact if identifier else None, url if hostlike else None, number, _marks(folded), joined)
 
 
 def _marks(folded: str) -> str | None:
     """How a text value is found inside longer text (:func:`_contains`): ``None`` (anywhere) for words; else only as
-    whole tokens, and also not right after the characters that would make it the tail of a longer address (an
-    e-mail address: ``. _ % + -``, so ``jones@gmail.com`` is not ``robert.jones@gmail.com``), host name (``. - _``,
-    so ``paypal.com`` is not ``my-paypal.com``) or dotted number (``.``: ``4.1`` is not in ``2.4.1``, ``2.4.1`` is in
-    ``release-2.4.1``)."""
+    whole tokens, and not next to the characters that would make it part of a longer address (an e-mail address:
+    ``. _ % + -``, so ``jones@gmail.com`` is not ``robert.jones@gmail.com`` nor ``alice@bank.co`` ``alice@bank.co.uk``),
+    host name (``. - _``: ``paypal.com`` is not ``my-paypal.com``) or number (``. ,``: ``4.1`` is not in ``2.4.1``,
+    ``200`` not in ``1,200``, ``5`` not in ``0.5``; ``2.4.1`` is in ``release-2.4.1``)."""
     if "@" in folded:
         return "._%+-"
-    if "." in folded:
-        return ".-_" if any(char.isalpha() for char in folded) else "."
-    return "" if any(char.isdigit() or char in "/:" for char in folded) else None
+    if "." in folded and any(char.isalpha() for char in folded):
+        return ".-_"
+    if any(char.isdigit() for char in folded) and not any(char.isalpha() for char in folded):
+        return ".,"
+    return "" if any(char.isdigit() or char in "./:" for char in folded) else None
 
 
 @lru_cache(maxsize=4096)
 def _kind(char: str) -> str | None:
-    """What a character is, as far as token boundaries go: ``digit``; a letter's script (``latin`` for ASCII and
-    Latin letters; else the first word of its Unicode name: ``CJK``, ``ARABIC``, ``CYRILLIC``); None for the rest."""
+    """What a character is, as far as token boundaries go: ``digit``; a letter's or combining mark's script
+    (``latin`` for ASCII and Latin letters; else the first word of its Unicode name: ``CJK``, ``ARABIC``,
+    ``DEVANAGARI``); None for the rest."""
     if char.isdigit():
         return "digit"
-    if not char.isalpha():
+    if unicodedata.category(char)[0] not in "LM":
         return None
     if char.isascii():
         return "latin"
@@ -296,25 +302,36 @@ def _kind(char: str) -> str | None:
     return "latin" if word == "LATIN" else word
 
 
-def _continues(neighbour: str, edge: str) -> bool:
+def _joined_kind(char: str) -> str | None:
+    """:func:`_kind` with digits counted as Latin letters (inside a code, a host or an address)."""
+    kind = _kind(char)
+    return "latin" if kind == "digit" else kind
+
+
+def _continues(neighbour: str, edge: str, joined: bool) -> bool:
     """Whether ``neighbour`` (next to a match in the text) continues the token ``edge`` (the match's first or last
-    character) is part of: two digits, or two letters of one script (a letter next to a digit does not: ``v2.4.1``,
-    ``USD1200``, ``1920x1080``)."""
-    kind = _kind(edge)
-    return kind is not None and _kind(neighbour) == kind
+    character) is part of: two letters of one script or two digits; with ``joined`` (a value holding letters: a host,
+    an address, a code), a letter and a digit too (``password.com`` is not in ``1password.com``), else not
+    (``2.4.1`` is in ``v2.4.1``, ``1200`` in ``USD1200``)."""
+    kind = _joined_kind if joined else _kind
+    found = kind(edge)
+    return found is not None and kind(neighbour) == found
 
 
-def _contains(text: str, needle: str, marks: str | None) -> bool:
-    """Whether ``needle`` is in ``text``: anywhere when ``marks`` is None, else as whole tokens (:func:`_continues`)
-    and not right after one of ``marks``."""
+def _contains(text: str, needle: str, marks: str | None, joined: bool = False) -> bool:
+    """Whether ``needle`` is in ``text``: anywhere when ``marks`` is None, else as whole tokens (:func:`_continues`),
+    not right after one of ``marks`` and not right before one followed by a letter or digit."""
     if marks is None:
         return needle in text
     at = text.find(needle)
     while at != -1:
         end = at + len(needle)
-        if not (at > 0 and (text[at - 1] in marks or _continues(text[at - 1], needle[0]))) and not (
-            end < len(text) and _continues(text[end], needle[-1])
-        ):
+        before = at > 0 and (text[at - 1] in marks or _continues(text[at - 1], needle[0], joined))
+        after = end < len(text) and (
+            _continues(text[end], needle[-1], joined)
+            or (text[end] in marks and end + 1 < len(text) and text[end + 1].isalnum())
+        )
+        if not before and not after:
             return True
         at = text.find(needle, at + 1)
     return False
@@ -333,11 +350,11 @@ def _in_compact(needle: str, haystack: _Prepared) -> bool:
 
 
 def _found(needle: _Needle, haystack: _Prepared) -> bool:
-    if _contains(haystack.text, needle.text, needle.marks):
+    if _contains(haystack.text, needle.text, needle.marks, needle.joined):
         return True
     if needle.number is not None and needle.number in haystack.numbers:
         return True
-    if needle.url is not None and needle.url and _contains(haystack.url, needle.url, _marks(needle.url) or ""):
+    if needle.url is not None and needle.url and _contains(haystack.url, needle.url, _marks(needle.url) or "", True):
         return True
     return needle.compact is not None and _in_compact(needle.compact, haystack)
 

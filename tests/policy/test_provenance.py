@@ -125,8 +125,15 @@ def test_lists_take_the_weakest_source_and_empty_values_carry_no_evidence() -> N
     ("set resolution 1920x1080", "1080", True),
     ("pay счёт №40817810099910004312", "40817810099910004312", True),  # NFKC: № is "No"
     ("book the meeting 2024-05-01T10:00", "10:00", True),
+    ("log in at 1password.com", "password.com", False),  # inside a host a digit continues a word: a new domain
+    ("write to team@abc123.io", "123.io", False), ("pay GB29NWBK60161331926819", "NWBK60161331926819", False),
+    ("mail alice@smallbank.co.uk", "alice@smallbank.co", False),  # cut short at the end: another registrable host
+    ("see github.com/alice-corp/repo", "github.com/alice", False),
+    ("send 0.5 BTC", 5, False), ("paid 1,200", "200", False), ("deploy 2.4.1", 4.1, False),  # part of a number
+    ("उदाहरण.भारत खोलें", "हरण.भारत", False),  # a vowel sign is part of its word
+    ("email bob@corp.com.", "bob@corp.com", True), ("I paid 1200.", 1200, True),
 ])  # fmt: skip
-def test_an_identifier_is_found_only_as_a_whole_token(typed: str, value: str, found: bool) -> None:
+def test_an_identifier_is_found_only_as_a_whole_token(typed: str, value: object, found: bool) -> None:
     """``ert.jones@gmail.com`` counted as the user's because the user typed ``robert.jones@gmail.com``."""
     assert source({"to": value}, TurnMessage("user", typed)) == {"to": "user" if found else "none"}
 
