@@ -10,23 +10,37 @@ full-width digits or no-break spaces do not slip past a pattern. ``\\b`` stays A
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import re2
 
-__all__ = ["Pattern", "compile_re2", "matcher", "unicode_classes"]
+__all__ = ["CANDIDATE_MAX_MEM", "MAX_MEM", "REQUEST_MAX_MEM", "Pattern", "compile_re2", "matcher", "unicode_classes"]
 
 Pattern = Any
 """A compiled RE2 pattern (``re2.compile``'s; the module exports no public type): ``finditer``, ``search`` and
 ``fullmatch`` as ``re.Pattern`` has them, offsets in characters."""
 
-#: RE2's memory budget per pattern: with the 8 MiB default the DFA of ``\w{1,40}@\w{1,40}\.example`` (Unicode
-#: classes) ran out of room and RE2 fell back to its slower engine: 154 ms on 1 MB of French, 2 ms at 16 MiB.
+#: RE2's memory budget for a pattern written in the policy (a ``redact`` pattern, a literal a rule's ``matches()``
+#: is given): with the 8 MiB default the DFA of ``\w{1,40}@\w{1,40}\.example`` (Unicode classes) ran out of room
+#: and RE2 fell back to its slower engine (154 ms on 1 MB of French, 2 ms at 16 MiB). Memory a pattern's DFA takes
+#: is kept while the policy is loaded: 16 MiB at most each.
 MAX_MEM = 16 << 20
-_OPTIONS = re2.Options()
-_OPTIONS.log_errors = False  # a bad pattern is reported as a policy error, not also on stderr
-_OPTIONS.max_mem = MAX_MEM
+#: RE2's budget for a pattern a rule may compute, compiled at load (possibly many: see
+#: :func:`guard.policy.rules.rule_patterns`): enough for the Unicode ``\w{1,40}@\w{1,40}\.example`` (2 MiB).
+CANDIDATE_MAX_MEM = 4 << 20
+#: RE2's budget for a pattern a request supplies (compiled on each call): 30 request patterns of
+#: ``[\w.]{1,200}@...`` took 2.8 s to compile at 16 MiB, 0.01 s (refused) at 1 MiB.
+REQUEST_MAX_MEM = 1 << 20
+
+
+@functools.cache
+def _options(max_mem: int) -> Any:
+    options = re2.Options()
+    options.log_errors = False  # a bad pattern is reported as a policy error, not also on stderr
+    options.max_mem = max_mem
+    return options
 
 #: The Unicode classes of Rust's regex (which the CEL runtime's ``matches()`` uses), as items of an RE2 class:
 #: ``\d`` is ``\p{Nd}``; ``\s`` the White_Space property (tab to carriage return, U+0085 and the separators
@@ -100,20 +114,21 @@ def _compile(source: str, options: Any) -> Pattern:
                          f"lookaround): {reason}") from None
 
 
-def compile_re2(source: str) -> Pattern:
-    """``source`` compiled with RE2, its ``\\d``, ``\\s``, ``\\w`` Unicode (:func:`unicode_classes`).
+def compile_re2(source: str, *, max_mem: int = MAX_MEM) -> Pattern:
+    """``source`` compiled with RE2, its ``\\d``, ``\\s``, ``\\w`` Unicode (:func:`unicode_classes`), within
+    ``max_mem`` bytes of RE2 memory.
 
     Raises:
-        ValueError: ``source`` is not valid RE2 syntax (or compiles past RE2's memory budget), with the reason.
+        ValueError: ``source`` is not valid RE2 syntax (or compiles past the memory budget), with the reason.
     """
-    return _compile(source, _OPTIONS)
+    return _compile(source, _options(max_mem))
 
 
 def matcher(patterns: Mapping[str, Pattern]) -> Callable[[Any, Any], bool]:
     """CEL's ``text.matches(pattern)`` for rules whose patterns were compiled at load (``patterns``: source ->
     :func:`compile_re2`): whether the pattern matches anywhere in ``text``. A pattern the request supplies is
-    compiled on each call and not kept (the CEL runtime's own ``matches`` compiled every pattern on every call: 19 ms
-    for ``\\w{1,40}@\\w{1,40}\\.example``, once per element in an ``exists``).
+    compiled on each call within :data:`REQUEST_MAX_MEM` and not kept (the CEL runtime's own ``matches`` compiled
+    every pattern on every call: 19 ms for ``\\w{1,40}@\\w{1,40}\\.example``, once per element in an ``exists``).
 
     The function raises TypeError when ``text`` or ``pattern`` is not a string, and ValueError for a pattern that is
     not valid RE2 syntax (without quoting it: the CEL runtime logs the message, and the pattern may be a request's).
@@ -126,7 +141,7 @@ def matcher(patterns: Mapping[str, Pattern]) -> Callable[[Any, Any], bool]:
         compiled = patterns.get(pattern)
         if compiled is None:
             try:
-                compiled = _compile(pattern, _OPTIONS)
+                compiled = _compile(pattern, _options(REQUEST_MAX_MEM))
             except ValueError:
                 raise ValueError("matches() was given a pattern that is not valid RE2 syntax") from None
         return compiled.search(text) is not None

@@ -42,7 +42,7 @@ import cel
 
 from guard.errors import GuardError
 from guard.policy import payloads, skeleton
-from guard.policy._re2 import Pattern, compile_re2, matcher
+from guard.policy._re2 import CANDIDATE_MAX_MEM, Pattern, compile_re2, matcher
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.redact import Redactor
 from guard.systemone import AnswerV1, QuestionType, QuestionV1
@@ -351,8 +351,9 @@ def field_reads(source: str) -> list[tuple[str, tuple[str, ...]]]:
     return out
 
 
-#: Most strings compiled at load as the patterns a rule may compute (:func:`rule_patterns`).
-MAX_CANDIDATE_PATTERNS = 256
+#: Most strings compiled at load as the patterns a rule may compute (:func:`rule_patterns`), each within
+#: :data:`~guard.policy._re2.CANDIDATE_MAX_MEM`: 128 MiB of RE2 memory at most per rule.
+MAX_CANDIDATE_PATTERNS = 32
 
 
 def rule_patterns(source: str, data: Mapping[str, Any] | None = None) -> tuple[dict[str, Pattern], list[str]]:
@@ -362,8 +363,8 @@ def rule_patterns(source: str, data: Mapping[str, Any] | None = None) -> tuple[d
     A string literal that is a call's whole argument must compile (else the rule would fail on every request it
     reaches: an error). When some call's pattern is computed (``["a", "b"].exists(p, x.matches(p))``,
     ``data.patterns.exists(...)``), every other string literal of the rule and every string under the ``data``
-    names it reads (at most :data:`MAX_CANDIDATE_PATTERNS` in all) is compiled too where it compiles, so those are
-    not compiled again on each request."""
+    names it reads (at most :data:`MAX_CANDIDATE_PATTERNS` in all, each within a smaller memory budget) is
+    compiled too where it compiles, so those are not compiled again on each request."""
     patterns: dict[str, Pattern] = {}
     errors = []
     calls = _matches_calls(source)
@@ -378,10 +379,14 @@ def rule_patterns(source: str, data: Mapping[str, Any] | None = None) -> tuple[d
             errors.append(f"the pattern {literal} of matches() is {reason[:300]}")
     if all(literal is not None for _, _, literal in calls):
         return patterns, errors
+    candidates = 0
     for candidate in _candidate_patterns(source, data or {}):
-        if candidate not in patterns and len(patterns) < MAX_CANDIDATE_PATTERNS:
+        if candidates == MAX_CANDIDATE_PATTERNS:
+            break
+        if candidate not in patterns:
+            candidates += 1
             try:
-                patterns[candidate] = compile_re2(candidate)
+                patterns[candidate] = compile_re2(candidate, max_mem=CANDIDATE_MAX_MEM)
             except ValueError:
                 continue
     return patterns, errors
