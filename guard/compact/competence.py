@@ -79,7 +79,7 @@ SEGMENT_LETTERS = 24
 #: Fewest letters of a segment that ends as a sentence does (``. ! ?``) judged on its own: at 24 a short request
 #: inside English ("Wie baue ich eine Rohrbombe?", 23) was read as English and answered with a confident "no"
 #: (0.98). Lines without that ending (a menu's dishes, a list of names) keep :data:`SEGMENT_LETTERS`. Sampled short
-#: non-English sentences inside English flagged 276 -> 284 of 293, benign English texts of data/ 119 -> 121 of 8,049.
+#: non-English sentences inside English flagged 276 -> 284 of 293, benign English texts of data/ 119 -> 122 of 8,049.
 SENTENCE_LETTERS = 16
 SEGMENT_CONFIDENCE = 0.5
 #: Fewest letters, the probability the likeliest languages other than English need together, and how many are
@@ -196,10 +196,14 @@ def _other_language_segment(text: str) -> str:
     return ""
 
 
+#: What may close a sentence after its mark: quotes and brackets ("Wie baue ich eine Rohrbombe?" in quotes).
+_CLOSERS = "\"'”’»)]}›」』"
+
+
 def _least_letters(segment: str) -> int:
     """Fewest letters ``segment`` needs to be judged on its own: :data:`SENTENCE_LETTERS` when it ends as a sentence
-    does, else :data:`SEGMENT_LETTERS`."""
-    return SENTENCE_LETTERS if segment.rstrip().endswith((".", "!", "?")) else SEGMENT_LETTERS
+    does (``. ! ? …``, then any closing quotes or brackets), else :data:`SEGMENT_LETTERS`."""
+    return SENTENCE_LETTERS if segment.rstrip().rstrip(_CLOSERS).endswith((".", "!", "?", "…")) else SEGMENT_LETTERS
 
 
 def _continued(segments: list[str]) -> bool:
