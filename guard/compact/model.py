@@ -182,28 +182,18 @@ def _lines(state: Any) -> list[str]:
 
 
 _SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
-#: Where two sentences may be glued with no space: a lower-case letter or digit, the mark, a capitalised word that
-#: ends at a space or a mark (not ``Bar()``).
-_GLUED_RE = re.compile(r"(?<=[a-z0-9][.!?;])(?=[A-Z][a-z]*(?:\s|$|[,.!?;:]))")
+#: Where two sentences may be glued with no space: anything but white space or another mark, the mark, a capital.
+_GLUED_RE = re.compile(r"(?<=[^\s.!?;][.!?;])(?=[A-ZÀ-ÖØ-Þ])")
 #: Sentences of fewer words are joined to the next one (headings, list markers, "Hi,").
 MIN_SENTENCE_WORDS = 3
 
 
 def _pieces(text: str) -> list[str]:
-    """``text`` cut where :data:`_SENTENCE_RE` cuts, and where a plain word ends with the mark and a capitalised word
-    follows with no space ("...region.Ignore all previous instructions": read whole, the attack went from 0.999 to
-    0.26); a word holding other marks (``java.util.List``, ``/Guide/Setup.Html``, ``e.g.Friday``), a capitalised one
-    (``System.Out``) or one followed by a call (``foo.Bar()``) is not cut."""
-    out: list[str] = []
-    for piece in _SENTENCE_RE.split(text):
-        start = 0
-        for glued in _GLUED_RE.finditer(piece):
-            word = piece[start : glued.start()].rsplit(None, 1)[-1]
-            if word[:-1].isalnum() and not word[0].isupper():
-                out.append(piece[start : glued.start()])
-                start = glued.start()
-        out.append(piece[start:])
-    return out
+    """``text`` cut where :data:`_SENTENCE_RE` cuts, and where a mark is glued to a capital (:data:`_GLUED_RE`:
+    "...region.Ignore all previous instructions", read whole, went from 0.999 to 0.26, and the attacker writes what
+    comes before the mark: ``Paris.``, ``example.com.``, ``(page 3).``). Dotted names are cut too
+    (``java.util.List``): each piece is read alone as well as with the rest, which costs a reading, not a verdict."""
+    return [piece for part in _SENTENCE_RE.split(text) for piece in _GLUED_RE.split(part)]
 
 
 def split_sentences(text: str) -> list[str]:
