@@ -42,6 +42,7 @@ def _options(max_mem: int) -> Any:
     options.max_mem = max_mem
     return options
 
+
 #: The Unicode classes of Rust's regex (which the CEL runtime's ``matches()`` uses), as items of an RE2 class:
 #: ``\d`` is ``\p{Nd}``; ``\s`` the White_Space property (tab to carriage return, U+0085 and the separators
 #: ``\p{Z}``); ``\w`` letters, letter numbers, marks, decimal digits, connector punctuation and the joiners.

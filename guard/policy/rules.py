@@ -22,8 +22,9 @@ Functions besides CEL's own (:data:`FUNCTIONS`): ``skeleton(x)`` (the UTS #39 sk
 ``confusable(x, y)`` (their skeletons are equal), for rules that want homoglyph-insensitive comparison
 (``confusable(state.user, "admin")``), from :mod:`guard.policy.skeleton`; ``sqli(x)`` (a line of ``x`` is an SQL
 statement) and ``xss(x)`` (script-bearing markup or a script URL), from :mod:`guard.policy.payloads`. The method
-``x.matches(pattern)`` is guard's, not the runtime's: RE2 syntax, each pattern compiled once
-(:func:`guard.policy._re2.matches`), as a ``redact`` pattern is.
+``x.matches(pattern)`` is guard's, not the runtime's: RE2 syntax with Unicode ``\\d \\s \\w``, the patterns a
+rule is given compiled once at load (:func:`rule_patterns`, :func:`guard.policy._re2.matcher`), as a ``redact``
+pattern is.
 """
 
 from __future__ import annotations
@@ -188,8 +189,8 @@ class Outcome:
 
 @dataclass(frozen=True)
 class CompiledRule:
-    """A rule with its CEL program compiled, the names it reads, and the patterns it gives ``matches()`` as string
-    literals, compiled (:func:`rule_patterns`)."""
+    """A rule with its CEL program compiled, the names it reads, and the patterns its ``matches()`` calls are given,
+    compiled (:func:`rule_patterns`)."""
 
     id: str
     source: str
