@@ -200,9 +200,14 @@ def split_sentences(text: str) -> list[str]:
     """``text`` cut after ``.``, ``!``, ``?`` or ``;`` followed by whitespace or glued to the next sentence
     (:func:`_pieces`), and at line breaks; fragments of fewer than :data:`MIN_SENTENCE_WORDS` words are joined to
     the next sentence. Never empty."""
+    return _joined(_pieces(text)) or [text]
+
+
+def _joined(pieces: list[str]) -> list[str]:
+    """:func:`split_sentences` of the :func:`_pieces` of a text: empty for a text of white space."""
     out: list[str] = []
     pending = ""
-    for piece in _pieces(text):
+    for piece in pieces:
         piece = piece.strip()
         if not piece:
             continue
@@ -215,7 +220,7 @@ def split_sentences(text: str) -> list[str]:
             out[-1] = f"{out[-1]} {pending}"
         else:
             out.append(pending)
-    return out or [text]
+    return out
 
 
 #: Fewest word-piece tokens of one piece of a long text: shorter sentences are joined to the next ones until a
@@ -253,8 +258,9 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
 
     With ``sentences`` (the text questions) a text of one window is read whole and, when it holds more than one
     sentence (:func:`split_sentences`), each sentence of at least :data:`ALONE_TOKENS` word pieces is also
-    read alone (one a short fragment was joined to, with and without it: :func:`_whole_sentences`), so one benign
-    sentence or a few words beside an attack cannot lower its score; a text longer than one window and no
+    read alone (one a short fragment was joined to, with and without it: ``{"p0": "Weather", "p1": "forecast",
+    "message": attack}`` read the attack only as "Weather forecast <attack>", 0.19 where it alone is 0.98), so one
+    benign sentence or a few words beside an attack cannot lower its score; a text longer than one window and no
     longer than the encoder's ``max_tokens`` is cut into sentences joined into pieces of at least
     :data:`PIECE_TOKENS` word pieces (:func:`pack_sentences`), followed by every sentence of at least
     :data:`ALONE_TOKENS` word pieces that is not a piece already, alone. Otherwise the text is one part, which the
@@ -263,8 +269,10 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
     tokens = len(encoder.token_ids(text))
     if not sentences or tokens > encoder.config.max_tokens:
         return [text], tokens
-    parts = split_sentences(text)
-    joined = [p for p in _whole_sentences(text) if p not in parts]  # each also read without the fragment before it
+    cut = [piece.strip() for piece in _pieces(text)]
+    parts = _joined(cut) or [text]
+    in_parts = set(parts)  # each sentence a fragment was joined to is also read without it
+    joined = [p for p in cut if len(p.split()) >= MIN_SENTENCE_WORDS and p not in in_parts]
     if tokens <= encoder.config.chunk:
         if len(parts) + len(joined) < 2:
             return [text], tokens
@@ -276,14 +284,6 @@ def segments(encoder: TextEncoder, text: str, *, sentences: bool) -> tuple[list[
     alone = [p for p, n in zip(parts, lengths, strict=True) if n >= ALONE_TOKENS and p not in packed]
     alone += [p for p in joined if len(encoder.token_ids(p)) >= ALONE_TOKENS]
     return list(dict.fromkeys(pieces + alone)), tokens  # a repeated sentence is scored once
-
-
-def _whole_sentences(text: str) -> list[str]:
-    """The sentences of ``text`` (cut as :func:`split_sentences` cuts) of at least :data:`MIN_SENTENCE_WORDS`
-    words, before any fragment is joined to them: ``{"p0": "Weather", "p1": "forecast", "message": attack}`` read
-    the attack only as "Weather forecast <attack>" (0.19 where the attack alone is 0.98)."""
-    pieces = (piece.strip() for piece in _pieces(text))
-    return [piece for piece in pieces if len(piece.split()) >= MIN_SENTENCE_WORDS]
 
 
 #: A window joins a length bucket when it is at least this share of the bucket's longest window.

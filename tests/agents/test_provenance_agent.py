@@ -43,6 +43,16 @@ def test_the_examples_injected_cv_is_flagged_and_the_benign_bill_is_not(guard: G
     assert cv.backend == bill.backend == "compact" and cv.fail_mode is None  # the model answered both
 
 
+def rejecting_reviews(agent: Any, turn: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Run ``turn`` on ``agent``, answering every review it asks for with a rejection; the final state."""
+    result = agent.invoke(turn, config)
+    while result.get("__interrupt__"):
+        items = [item for i in result["__interrupt__"] for item in i.value["items"]]
+        result = agent.invoke(resume_command(result["__interrupt__"], {i["id"]: {"type": "reject"} for i in items}),
+                              config)  # fmt: skip
+    return result
+
+
 def run_turns(guard: Guard, files: dict[str, str], turns: list[list[tuple[str, dict[str, Any]]]],
               action: str = "block") -> tuple[list[ToolMessage], list[dict[str, Any]]]:  # fmt: skip
     """Run scripted turns on a read_file / send_money agent; every escalation is rejected."""
@@ -62,11 +72,7 @@ def run_turns(guard: Guard, files: dict[str, str], turns: list[list[tuple[str, d
     agent = create_agent(replay_model(turns, "done"), [read_file, send_money], checkpointer=InMemorySaver(),
                          middleware=[GuardAgentMiddleware(guard=guard, tool_result_action=action)])  # type: ignore[arg-type]  # fmt: skip
     config: dict[str, Any] = {"configurable": {"thread_id": "provenance"}}
-    result = agent.invoke({"messages": [("user", "Can you please pay the bill 'bill.txt' for me?")]}, config)
-    while result.get("__interrupt__"):
-        items = [item for i in result["__interrupt__"] for item in i.value["items"]]
-        result = agent.invoke(resume_command(result["__interrupt__"], {i["id"]: {"type": "reject"} for i in items}),
-                              config)  # fmt: skip
+    result = rejecting_reviews(agent, {"messages": [("user", "Can you please pay the bill 'bill.txt' for me?")]}, config)
     return [m for m in result["messages"] if isinstance(m, ToolMessage)], paid
 
 
@@ -123,11 +129,7 @@ def test_a_message_a_tool_adds_in_the_users_role_is_that_tools_result(guard: Gua
                          checkpointer=InMemorySaver(),
                          middleware=[GuardAgentMiddleware(guard=guard, tool_result_action=action)])  # type: ignore[arg-type]  # fmt: skip
     config: dict[str, Any] = {"configurable": {"thread_id": "tool-added"}}
-    result = agent.invoke({"messages": [("user", "Pay the bill in my inbox, please.")]}, config)
-    while result.get("__interrupt__"):
-        items = [item for i in result["__interrupt__"] for item in i.value["items"]]
-        result = agent.invoke(resume_command(result["__interrupt__"], {i["id"]: {"type": "reject"} for i in items}),
-                              config)  # fmt: skip
+    result = rejecting_reviews(agent, {"messages": [("user", "Pay the bill in my inbox, please.")]}, config)
     assert paid == []
     history = turn_history(result)
     assert [(m.role, m.tool_name) for m in history[:3]] == [("user", None), ("tool", "read_inbox"), ("tool", "read_inbox")]
