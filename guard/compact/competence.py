@@ -16,14 +16,19 @@ The catalog model was trained on English text. :func:`assess` says when a state'
   one sentence cut into lines (most begin with a small letter, where an address, a menu or a list of names begins
   each line with a capital) and as prose (code, JSON and letters spaced apart are not): an instruction in another
   language inside an English email or page is not read either (a segment py3langid reads as no language, ``zxx``: a
-  command line or a hash, is not flagged). On normalised text, as the model gets it (``bench/compact_competence.py``):
-  119 of the 8,049 benign English texts of the data are flagged (111 before the shared-probability,
-  non-Latin-segment and joined-segment checks; the 8 hold sentences in another language: Chinese company names,
-  Japanese greetings), and 130 of 143 attacks a review wrote to pass the check (84 before; their shapes are in
+  command line or a hash, is not flagged); a text or segment of more than :data:`WINDOW_WORDS` words that py3langid
+  gives English less than :data:`WINDOW_ENGLISH` is also judged in windows of that many words, so a clause in another
+  language with no end mark, run into an English sentence, is read (such joins of sampled non-English prompts
+  flagged 221 -> 407 of 444; a 128-token request costs no more). On normalised text, as the model gets it
+  (``bench/compact_competence.py``): 123 of the 8,049 benign English texts of the data are flagged (111 before the
+  shared-probability, non-Latin-segment, joined-segment, sentence-end and window checks; the others hold words in
+  another language: Chinese company names, Japanese greetings, a quoted French phrase, a text written backwards), and
+  130 of 143 attacks a review wrote to pass the check (84 before; their shapes are in
   ``tests/compact/test_competence.py``: Spanish or Serbian alone or padded with English, Chinese or Korean requests
   inside English, Russian cut into lines of 2-3 words between English sentences). Still passing: transliterated
   text (Russian, Pinyin, Arabizi), which langid cannot place, German cut after its capitalised nouns, lines of a
-  few CJK characters, and one sentence with enough English words around it to lift English over the floor;
+  few CJK characters, and a clause of fewer than :data:`SEGMENT_LETTERS` letters with enough English words around it
+  to lift English over the floor;
 * ``non_text``: fewer than :data:`MIN_WORD_SHARE` of its whitespace-separated tokens look like words (letters,
   optional surrounding punctuation), over at least :data:`MIN_TOKENS` tokens, or one unbroken run of
   :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data);
@@ -82,6 +87,11 @@ SEGMENT_LETTERS = 24
 #: non-English sentences inside English flagged 276 -> 284 of 293, benign English texts of data/ 119 -> 122 of 8,049.
 SENTENCE_LETTERS = 16
 SEGMENT_CONFIDENCE = 0.5
+#: Words in each window of a text or segment that py3langid does not read as surely English (:func:`_window_language`).
+WINDOW_WORDS = 8
+#: English probability under which a text or segment of more than :data:`WINDOW_WORDS` words is also judged window by
+#: window.
+WINDOW_ENGLISH = 0.98
 #: Fewest letters, the probability the likeliest languages other than English need together, and how many are
 #: counted, for a text no one language reaches :data:`LANGUAGE_CONFIDENCE` on (:func:`_confidently_other`).
 SHARED_LETTERS = 40
@@ -163,6 +173,8 @@ def assess(text: str) -> Competence:
     if _confidently_other(ranked, best, LANGUAGE_CONFIDENCE, SUPPORTED_LANGUAGES, len(letters)):
         return Competence(False, "language", best)
     other = _other_language_segment(text) if len(letters) > SEGMENT_LETTERS else ""
+    if not other and len(_SEGMENT_RE.split(text)) < 2:
+        other = _window_language(text, ranked)
     if other:
         return Competence(False, "language", other)
     return Competence(True, "", best)
@@ -242,7 +254,28 @@ def _segment_language(segment: str) -> str:
     best = max(ranked, key=ranked.__getitem__)
     if other_script:
         return "" if best in _NOT_ANOTHER_LANGUAGE else best
-    return best if _confidently_other(ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE, len(letters)) else ""
+    if _confidently_other(ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE, len(letters)):
+        return best
+    return _window_language(segment, ranked)
+
+
+def _window_language(text: str, ranked: dict[str, float]) -> str:
+    """The language of the first window of :data:`WINDOW_WORDS` words (overlapping by half) of ``text`` judged
+    another than English, or ``""``; only for a text of more words whose English probability in ``ranked`` is under
+    :data:`WINDOW_ENGLISH`: a clause in another language with no end mark, run into an English sentence."""
+    words = text.split()
+    if len(words) <= WINDOW_WORDS or sum(ranked.get(code, 0.0) for code in SUPPORTED_LANGUAGES) >= WINDOW_ENGLISH:
+        return ""
+    for start in range(0, len(words) - WINDOW_WORDS // 2, WINDOW_WORDS // 2):
+        window = " ".join(words[start:start + WINDOW_WORDS])
+        letters = sum(ch.isalpha() for ch in window)
+        if letters < SEGMENT_LETTERS:
+            continue
+        window_ranked = dict(_identifier().rank(window))
+        best = max(window_ranked, key=window_ranked.__getitem__)
+        if _confidently_other(window_ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE, letters):
+            return best
+    return ""
 
 
 def _other_script(letters: list[str], least: int) -> bool:
