@@ -5,7 +5,8 @@ Usage::
     guard worker serve --model DIR [--host H --port P | --uds PATH] [--device cpu|cuda|cuda:N]
                        [--dtype auto|float32|bfloat16] [--max-batch N] [--max-batch-tokens T] [--max-wait-ms M]
                        [--max-queue Q] [--max-length-ratio R] [--max-length L] [--confidence reference|workers-ai|jev]
-                       [--profile workers-ai|reference] [--max-body-bytes B] [--default-timeout-ms D]
+                       [--profile workers-ai|reference] [--max-body-bytes B] [--max-pending-body-bytes P]
+                       [--default-timeout-ms D]
                        [--overload-status 429|503] [--model-name NAME]
                        [--model-alias NAME]... [--release-date YYYY-MM-DD] [--torch-threads N] [--log-level LEVEL]
                        [--access-log] [--api-keys-env VAR | --insecure-no-auth] [--max-image-pixels N]
@@ -105,6 +106,13 @@ def register(subparsers: Any) -> None:
     http.add_argument("--profile", choices=("workers-ai", "reference"), default="workers-ai", help="validation rules")
     http.add_argument("--max-body-bytes", type=int, default=None, metavar="B", help="largest request body (8 MiB)")
     http.add_argument(
+        "--max-pending-body-bytes",
+        type=int,
+        default=None,
+        metavar="P",
+        help="bytes of request bodies read and parsed at once, each at its Content-Length (64 MiB); more get 429",
+    )
+    http.add_argument(
         "--default-timeout-ms", type=float, default=None, metavar="D", help="deadline without x-request-timeout-ms"
     )
     http.add_argument("--overload-status", type=int, choices=(429, 503), default=429, help="status of a full queue")
@@ -166,6 +174,8 @@ def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
     }
     if args.max_body_bytes is not None:
         options["max_body_bytes"] = args.max_body_bytes
+    if args.max_pending_body_bytes is not None:
+        options["max_pending_body_bytes"] = args.max_pending_body_bytes
     if args.max_image_pixels is not None:
         options["max_image_pixels"] = args.max_image_pixels
     if args.canary_interval is not None:

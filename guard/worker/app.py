@@ -13,7 +13,8 @@ Routes:
   :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
-  body is read; at most :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more
+  body is read, and so does a body that would take the bytes of the bodies being read past ``max_pending_body_bytes``
+  (each holds its ``Content-Length``, or ``max_body_bytes`` when sent without one, until it is parsed); at most :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more
   than :data:`MAX_JSON_CONTAINERS` arrays and objects is a 400 ``invalid_json`` (json's parser holds the GIL: 8 MiB of
   ``[]`` stalled ``/healthz`` for seconds). A ``model``
   the worker does not serve is a 404 ``model_not_found``. A state cut to fit ``max_length`` is reported in
@@ -93,6 +94,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CANARY_INTERVAL_S",
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_PENDING_BODY_BYTES",
     "DEFAULT_TIMEOUT_S",
     "INTAKE_THREADS",
     "MAX_JSON_CONTAINERS",
@@ -106,6 +108,8 @@ logger = logging.getLogger("guard.worker")
 
 #: Largest accepted request body (Workers AI documents 13 MiB; decision requests are far smaller).
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Bytes of request bodies read and parsed at once (eight bodies at the default cap, thousands of typical ones).
+DEFAULT_MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024
 #: Deadline of a request that sends no ``x-request-timeout-ms``.
 DEFAULT_TIMEOUT_S = 30.0
 #: Longest deadline a caller may ask for.
@@ -135,6 +139,9 @@ class WorkerConfig:
     Attributes:
         validation_profile: ``workers-ai`` (hosted limits, unknown fields refused) or ``reference``.
         max_body_bytes: largest request body; more is a 413.
+        max_pending_body_bytes: most bytes of the request bodies being read and parsed at once (each counted at its
+            ``Content-Length``, or ``max_body_bytes`` without one); a body past it is refused as a full queue is.
+            At least ``max_body_bytes``.
         default_timeout_s: deadline when the request has no ``x-request-timeout-ms`` header.
         max_timeout_s: cap on the header's deadline.
         overload_status: 429 or 503, the status of a full queue (both with ``Retry-After``).
@@ -154,6 +161,7 @@ class WorkerConfig:
 
     validation_profile: ValidationProfile = "workers-ai"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_pending_body_bytes: int = DEFAULT_MAX_PENDING_BODY_BYTES
     default_timeout_s: float = DEFAULT_TIMEOUT_S
     max_timeout_s: float = MAX_TIMEOUT_S
     overload_status: int = 429
@@ -172,6 +180,13 @@ class WorkerConfig:
             )
         if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
             raise ValueError(f"WorkerConfig.max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
+        pending = self.max_pending_body_bytes
+        if isinstance(pending, bool) or not isinstance(pending, int) or pending < self.max_body_bytes:
+            raise ValueError(
+                f"WorkerConfig.max_pending_body_bytes must be an integer >= WorkerConfig.max_body_bytes "
+                f"({self.max_body_bytes}), "
+                f"got {pending!r}"
+            )
         for name in ("default_timeout_s", "max_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -259,6 +274,8 @@ class _Runtime:
         self.passes = 0  # forward passes finished (or failed), counted by the batcher's on_batch hook
         self.stalled_runs = 0  # canary runs in a row that did not finish while no forward pass finished
         self.intake = asyncio.Semaphore(INTAKE_THREADS)  # bodies decoded and parsed at once
+        self.body_bytes = 0  # bytes of the bodies being read and parsed (WorkerConfig.max_pending_body_bytes)
+        metrics.bind_body_bytes(lambda: self.body_bytes)
         self._passes_seen = 0
         self.loaded_on = datetime.datetime.now(datetime.UTC).date()
 
@@ -432,27 +449,39 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     try:
         backend.batcher.check_room()  # a request the queue cannot take is refused before its body is read
     except Overloaded as exc:
-        return _http.error_response(config.overload_status, _http.OVERLOADED, str(exc),
-                                    retry_after=exc.retry_after), "overloaded"
+        return _overloaded(config, str(exc), exc.retry_after), "overloaded"
     try:
         timeout = _http.parse_timeout(request.headers, config.default_timeout_s, config.max_timeout_s)
         content_type = request.headers.get("content-type", "")
         multipart = _intake.body_kind(content_type) == "multipart"
         declared = declared_length(request.headers.get("content-length", "").encode() or None)
-        raw = await read_body(request.receive, config.max_body_bytes, declared, timeout_s=timeout)
-        if raw is None:
-            return Response(status_code=499), "cancelled"
-        # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
-        codings = ", ".join(request.headers.getlist("content-encoding"))
-        # off the event loop: decompression and the body checks let other requests run meanwhile (json's own C
-        # parser still holds the GIL while it parses: MAX_JSON_CONTAINERS bounds that), a few bodies at a time
-        async with asyncio.timeout(max(timeout - (time.monotonic() - started), 0.0)):
-            await runtime.intake.acquire()
+        # the body holds what it may grow to from before its first byte until it is parsed, so stalled uploads cannot
+        # hold more than max_pending_body_bytes between them (a larger Content-Length is the 413 read_body gives)
+        size = config.max_body_bytes if declared is None else min(declared, config.max_body_bytes)
+        if runtime.body_bytes + size > config.max_pending_body_bytes:
+            message = (
+                f"request bodies of {runtime.body_bytes} bytes are being read; {size} more would pass the worker's "
+                f"limit of {config.max_pending_body_bytes} bytes"
+            )
+            return _overloaded(config, message, 1.0), "overloaded"
+        runtime.body_bytes += size
         try:
-            system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings,
-                                                            config)
+            raw = await read_body(request.receive, config.max_body_bytes, declared, timeout_s=timeout)
+            if raw is None:
+                return Response(status_code=499), "cancelled"
+            # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
+            codings = ", ".join(request.headers.getlist("content-encoding"))
+            # off the event loop: decompression and the body checks let other requests run meanwhile (json's own C
+            # parser still holds the GIL while it parses: MAX_JSON_CONTAINERS bounds that), a few bodies at a time
+            async with asyncio.timeout(max(timeout - (time.monotonic() - started), 0.0)):
+                await runtime.intake.acquire()
+            try:
+                system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings,
+                                                                config)
+            finally:
+                runtime.intake.release()
         finally:
-            runtime.intake.release()
+            runtime.body_bytes -= size
     except TimeoutError:
         message = f"the body was not parsed within the {timeout * 1000:g} ms deadline (the worker is busy reading others)"
         return _http.error_response(504, _http.TIMEOUT, message), "timeout"
@@ -488,10 +517,7 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         return _http.error_response(504, _http.TIMEOUT, str(exc)), "timeout"
     except BackendUnavailable as exc:
         if exc.reason == "overloaded":
-            retry = exc.retry_after or 1.0
-            return _http.error_response(config.overload_status, _http.OVERLOADED, str(exc), retry_after=retry), (
-                "overloaded"
-            )
+            return _overloaded(config, str(exc), exc.retry_after or 1.0), "overloaded"
         return _http.error_response(503, _http.UNAVAILABLE, str(exc), retry_after=1.0), "unavailable"
     except MalformedAnswer as exc:
         logger.error("model produced a malformed answer: %s", exc)  # the next canary run takes the worker out
@@ -499,6 +525,11 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
     headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}
     span.set_attribute("gen_ai.usage.input_tokens", answer.usage.input_tokens)
     return JSONResponse(answer.served_json(), headers=headers), "ok"
+
+
+def _overloaded(config: WorkerConfig, message: str, retry_after: float) -> JSONResponse:
+    """A full queue's answer: ``overload_status`` (429 or 503) ``overloaded`` with ``Retry-After``."""
+    return _http.error_response(config.overload_status, _http.OVERLOADED, message, retry_after=retry_after)
 
 
 def _read_request(
@@ -601,6 +632,7 @@ async def _readyz(request: Request) -> Response:
             "status": "ready",
             "model": runtime.backend.model_revision,
             "queue_depth": batcher.queue_depth,
+            "body_bytes": runtime.body_bytes,
             "canaries": len(runtime.backend.canaries),
         }
     )

@@ -8,6 +8,8 @@ Instruments (Prometheus names after OpenTelemetry's translation):
 ``guard_worker_request_duration_seconds``              histogram  time from request to response, by outcome
 ``guard_worker_queue_depth``                           gauge      requests waiting for a batch
 ``guard_worker_in_flight``                             gauge      requests in the batch being computed
+``guard_worker_body_bytes``                            gauge      bytes of request bodies being read and parsed (each
+                                                                  at its ``Content-Length``)
 ``guard_worker_batch_size``                            histogram  requests per forward pass
 ``guard_worker_batch_tokens``                          histogram  real tokens per forward pass
 ``guard_worker_batch_padded_tokens``                   histogram  padded tokens (longest × size) per forward pass
@@ -98,6 +100,7 @@ class WorkerMetrics:
         meter = meter_provider.get_meter(_METER_NAME)
         self._queue_depth: Callable[[], int] = lambda: 0
         self._in_flight: Callable[[], int] = lambda: 0
+        self._body_bytes: Callable[[], int] = lambda: 0
         self._requests = meter.create_counter("guard.worker.requests", unit="1", description="Requests by outcome.")
         self._duration = meter.create_histogram(
             "guard.worker.request.duration", unit="s", description="Time from request to response."
@@ -124,17 +127,30 @@ class WorkerMetrics:
         meter.create_observable_gauge(
             "guard.worker.in_flight", callbacks=[self._observe_in_flight], unit="1", description="Requests computing."
         )
+        meter.create_observable_gauge(
+            "guard.worker.body_bytes",
+            callbacks=[self._observe_body_bytes],
+            unit="By",
+            description="Bytes of request bodies being read and parsed.",
+        )
 
     def bind_queue(self, queue_depth: Callable[[], int], in_flight: Callable[[], int]) -> None:
         """Read the gauges from these callables (the batcher's ``queue_depth``/``in_flight``) at each scrape."""
         self._queue_depth = queue_depth
         self._in_flight = in_flight
 
+    def bind_body_bytes(self, body_bytes: Callable[[], int]) -> None:
+        """Read the body-bytes gauge from this callable at each scrape."""
+        self._body_bytes = body_bytes
+
     def _observe_queue(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(self._queue_depth())]
 
     def _observe_in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(self._in_flight())]
+
+    def _observe_body_bytes(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(self._body_bytes())]
 
     def observe_batch(self, info: BatchInfo) -> None:
         """Record one forward pass (the batcher's ``on_batch`` hook)."""

@@ -55,6 +55,8 @@ def test_a_connection_that_does_not_send_its_head_in_time_is_closed(golden_check
         (["--max-wait-ms", "-1"], "--max-wait-ms must be a finite number >= 0"),
         (["--uds", "/tmp/x.sock", "--port", "9000"], "--uds cannot be combined with --host/--port"),
         (["--max-body-bytes", "0"], "--max-body-bytes must be an integer >= 1"),
+        (["--max-pending-body-bytes", "1000"],
+         "--max-pending-body-bytes must be an integer >= --max-body-bytes (8388608), got 1000"),
         (["--uds", "/nonexistent-guard-dir/worker.sock"], "folder /nonexistent-guard-dir does not exist"),
         (["--header-timeout", "0"], "--header-timeout must be positive seconds, got 0.0"),
         (["--device", "tpu"], "--device 'tpu': expected cpu, cuda or cuda:N"),

@@ -270,6 +270,43 @@ async def test_a_full_queue_refuses_before_reading_the_body(clef_fp32: ClefModel
     assert head.startswith(b"HTTP/1.1 429") and b"retry-after" in head.lower()
 
 
+async def test_stalled_uploads_hold_at_most_max_pending_body_bytes(clef_fp32: ClefModel) -> None:
+    """Bodies were read before anything counted them: 40 connections each declaring 8 MiB and stalling held 430 MB
+    until their deadlines, and neither the queue depth nor ``/readyz`` showed it (attack finding). Each body now holds
+    its ``Content-Length`` (the body cap when chunked) until it is parsed; one past ``max_pending_body_bytes`` gets the
+    full queue's 429 before it is read, and a stalled upload's share comes back when its client leaves."""
+    config = WorkerConfig(max_body_bytes=BODY_CAP, max_pending_body_bytes=2 * BODY_CAP, model_name="clef-flash",
+                          canary_interval_s=0)
+    heads = [b"Content-Length: %d\r\n\r\n{\"model\": " % BODY_CAP,
+             b"Transfer-Encoding: chunked\r\n\r\n9\r\n{\"model\":\r\n"]
+    with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
+        host, port = worker.url.removeprefix("http://").split(":")
+        writers = []
+        for head in heads:  # the rest of each body never comes
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /v1/systemone HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n" + head)
+            await writer.drain()
+            writers.append(writer)
+        async with worker.client(timeout=60) as client:
+            deadline = time.monotonic() + 10
+            while (held := (await client.get("/readyz")).json()["body_bytes"]) < 2 * BODY_CAP:
+                assert time.monotonic() < deadline, f"the stalled uploads hold {held} bytes"
+                await asyncio.sleep(0.01)
+            refused = await client.post("/v1/systemone", json=ticket_body(0))
+            gauge = [line for line in (await client.get("/metrics")).text.splitlines()
+                     if line.startswith("guard_worker_body_bytes ")]
+            for writer in writers:
+                writer.close()
+            while (await client.get("/readyz")).json()["body_bytes"] > 0:
+                assert time.monotonic() < deadline + 10, "the stalled uploads kept their share after leaving"
+                await asyncio.sleep(0.01)
+            answered = await client.post("/v1/systemone", json=ticket_body(0))
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1", refused.text
+    assert refused.json()["code"] == "overloaded" and str(2 * BODY_CAP) in refused.json()["message"]
+    assert gauge == [f"guard_worker_body_bytes {2 * BODY_CAP:.1f}"]
+    assert answered.status_code == 200, answered.text
+
+
 async def test_overload_status_can_be_503(clef_fp32: ClefModel) -> None:
     backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=1, max_queue=1, max_wait_ms=0))
     with serve_worker(backend, config=WorkerConfig(overload_status=503, model_name="clef-flash")) as worker:
@@ -355,6 +392,7 @@ async def test_loads_from_a_callable_on_startup(clef_fp32: ClefModel) -> None:
     [
         ({"validation_profile": "strict"}, "validation_profile"),
         ({"max_body_bytes": 0}, "max_body_bytes"),
+        ({"max_body_bytes": 1024, "max_pending_body_bytes": 1023}, "max_pending_body_bytes must be an integer >= "),
         ({"default_timeout_s": 0}, "default_timeout_s"),
         ({"default_timeout_s": 100, "max_timeout_s": 10}, "exceeds max_timeout_s"),
         ({"overload_status": 500}, "overload_status"),
