@@ -660,7 +660,8 @@ class SystemOneResponseV1:
 
         Raises:
             MalformedAnswer: a missing or extra answer, a wrong type, a non-finite or out-of-range number, unknown
-                option ids, or probabilities that do not sum to 1 within the tolerance.
+                option ids, probabilities that do not sum to 1 within the tolerance, or a ``usage`` that is not an
+                object of whole numbers >= 0.
         """
 
         def bad(message: str) -> MalformedAnswer:
@@ -682,17 +683,10 @@ class SystemOneResponseV1:
         extra = [qid for qid in answers_raw if qid not in answers]
         if extra:
             raise bad(f"response answers {len(extra)} question(s) the request did not ask")
-        usage_raw = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
-        usage = UsageV1(
-            input_tokens=_as_int(usage_raw.get("input_tokens")),
-            output_tokens=_as_int(usage_raw.get("output_tokens")),
-            state_tokens_dropped=_as_int(usage_raw.get("state_tokens_dropped")),
-            out_of_competence=_as_int(usage_raw.get("out_of_competence")),
-        )
         model = body.get("model")
         if not (isinstance(model, str) and 0 < len(model) <= MAX_MODEL_CHARS and model.isprintable()):
             model = request.model  # what spans and decision logs carry: nothing a hostile endpoint can bloat
-        return cls(model=model, answers=answers, usage=usage)
+        return cls(model=model, answers=answers, usage=_parse_usage(body.get("usage"), bad))
 
 
 def sum_tolerance(options: int, decimals: int = _WIRE_DECIMALS) -> float:
@@ -708,8 +702,32 @@ def sum_tolerance(options: int, decimals: int = _WIRE_DECIMALS) -> float:
     return min(MAX_SUM_TOLERANCE, max(1e-3, options * 0.5 * 10.0**-decimals)) + 1e-9
 
 
-def _as_int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+def _parse_usage(raw: Any, bad: Any) -> UsageV1:
+    """A response's ``usage`` (spec §5.4: ``input_tokens``, ``output_tokens``; guard's servers add
+    ``state_tokens_dropped`` and ``out_of_competence``). A count that is absent or null reads 0, as does a ``usage``
+    that is; a whole-number float reads as the integer (``1200.0``), and ``out_of_competence`` may be a boolean (a
+    flag: 0 or 1).
+
+    Raises:
+        MalformedAnswer: ``usage`` is not an object, or a count is negative, fractional or not a number (read as 0,
+            a cut state or an unread one would pass as read whole).
+    """
+    if raw is None:
+        return UsageV1(input_tokens=0)
+    if not isinstance(raw, Mapping):
+        raise bad(f"response usage is a JSON {_json_type(raw)}; expected an object")
+    counts: dict[str, int] = {}
+    for name in ("input_tokens", "output_tokens", "state_tokens_dropped", "out_of_competence"):
+        value = raw.get(name)
+        if value is None or (name == "out_of_competence" and isinstance(value, bool)):
+            counts[name] = int(value or 0)
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            counts[name] = value
+        elif isinstance(value, float) and value.is_integer() and value >= 0:
+            counts[name] = int(value)
+        else:
+            raise bad(f"response usage.{name} is {_shown(value)}; expected a whole number >= 0")
+    return UsageV1(**counts)
 
 
 def _probability(value: Any) -> float | None:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from guard.systemone import (
     ReadOnlyDict,
     SystemOneRequestV1,
     SystemOneResponseV1,
+    UsageV1,
     answer_question,
     confidence,
 )
@@ -291,6 +293,45 @@ def test_a_number_too_large_for_a_float_is_a_malformed_answer(field: str) -> Non
      "probability": lambda: answers["team"]["probabilities"].update(sales=huge)}[field]()
     with pytest.raises(MalformedAnswer, match="a JSON number"):
         SystemOneResponseV1.from_json(body, _remote_request())
+
+
+@pytest.mark.parametrize(
+    ("usage", "fragment"),
+    [
+        ({"state_tokens_dropped": "1200"}, "usage.state_tokens_dropped is a JSON string"),
+        ({"state_tokens_dropped": -5}, "usage.state_tokens_dropped is -5"),
+        ({"state_tokens_dropped": 12.5}, "usage.state_tokens_dropped is 12.5"),
+        ({"state_tokens_dropped": float("inf")}, "usage.state_tokens_dropped is a JSON number"),
+        ({"state_tokens_dropped": True}, "usage.state_tokens_dropped is a JSON boolean"),
+        ({"out_of_competence": "yes"}, "usage.out_of_competence is a JSON string"),
+        ({"input_tokens": [346]}, "usage.input_tokens is a JSON array"),
+        ("346 tokens", "usage is a JSON string; expected an object"),
+        ([346, 0], "usage is a JSON array"),
+    ],
+)
+def test_a_usage_count_that_is_not_a_whole_number_is_a_malformed_answer(usage: object, fragment: str) -> None:
+    """Any count but a non-negative int read as 0: a server's ``"state_tokens_dropped": "1200"`` or ``-5``, or a
+    ``usage`` string, passed as a state read whole and the escalate-on-cut rule did not fire (review finding)."""
+    body = {**_remote_body(), "usage": usage}
+    with pytest.raises(MalformedAnswer, match=re.escape(fragment)):
+        SystemOneResponseV1.from_json(body, _remote_request())
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ({"input_tokens": 346.0, "state_tokens_dropped": 1200.0}, UsageV1(346, 0, 1200, 0)),
+        ({"input_tokens": 346, "out_of_competence": True}, UsageV1(346, 0, 0, 1)),
+        ({"input_tokens": 346, "out_of_competence": 1.0}, UsageV1(346, 0, 0, 1)),
+        ({"input_tokens": 346, "out_of_competence": False, "state_tokens_dropped": None}, UsageV1(346)),
+        ({"input_tokens": 346}, UsageV1(346)),
+        (None, UsageV1(0)),
+    ],
+)
+def test_usage_reads_whole_number_floats_and_a_boolean_competence_flag(usage: object, expected: UsageV1) -> None:
+    """``1200.0`` read as 0 (review finding); absent counts are 0 (spec §5.4 lists only the two token counts)."""
+    body = {**_remote_body(), "usage": usage}
+    assert SystemOneResponseV1.from_json(body, _remote_request()).usage == expected
 
 
 def test_self_consistency_allows_rounding_and_the_mode_level() -> None:
