@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Self
 
@@ -23,13 +24,14 @@ from starlette.types import Message, Receive
 
 from guard.errors import BodyError
 
-__all__ = ["BODY_TIMEOUT", "BODY_TOO_LARGE", "SWEEP_INTERVAL_S", "Deadline", "ReplayReceive", "declared_length",
-           "read_body"]
+__all__ = ["AMBIGUOUS_LENGTH", "BODY_TIMEOUT", "BODY_TOO_LARGE", "SWEEP_INTERVAL_S", "Deadline", "ReplayReceive",
+           "check_framing", "declared_length", "read_body"]
 
 SWEEP_INTERVAL_S = 0.25
 
 BODY_TOO_LARGE = "body_too_large"
 BODY_TIMEOUT = "body_timeout"
+AMBIGUOUS_LENGTH = "ambiguous_length"
 _ASCII_SPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() removes
 
 
@@ -107,6 +109,20 @@ class Deadline:
             if kind is asyncio.CancelledError:
                 self._task.uncancel()
                 raise TimeoutError(f"no progress within {self._seconds:g} s") from None
+
+
+def check_framing(headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """Refuse a request framing its body both by ``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 section 6.1:
+    a front proxy reading the length sees one request where the chunks end earlier and the rest is read as another).
+    ``headers`` are an ASGI scope's.
+
+    Raises:
+        BodyError: 400 ``ambiguous_length``.
+    """
+    names = {k.lower() for k, _ in headers}
+    if b"content-length" in names and b"transfer-encoding" in names:
+        raise BodyError(400, AMBIGUOUS_LENGTH, "the request has both Content-Length and Transfer-Encoding",
+                        field="content-length")
 
 
 def declared_length(raw: bytes | str | None) -> int | None:

@@ -48,7 +48,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import Message, Receive, Scope, Send
 
-from guard._body import Deadline
+from guard._body import Deadline, check_framing
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
@@ -262,8 +262,7 @@ class ReverseProxy:
     def check_head(self, scope: Scope) -> None:
         """Refuse a request head (an HTTP request's or a WebSocket upgrade's) over ``max_head_bytes`` (h11 caps only
         a head that arrives in several reads), or one framing a body both by ``Content-Length`` and
-        ``Transfer-Encoding`` (RFC 9112 section 6.1: a front proxy reading the length sees one request where the
-        chunks end earlier and the rest is read as another).
+        ``Transfer-Encoding`` (:func:`~guard._body.check_framing`).
 
         Raises:
             BodyError: 431 ``head_too_large``; 400 ``ambiguous_length``.
@@ -275,10 +274,7 @@ class ReverseProxy:
         )
         if size > limit:
             raise BodyError(431, "head_too_large", f"the request head is over {limit} bytes", field="headers")
-        names = {k.lower() for k, _ in headers}
-        if b"content-length" in names and b"transfer-encoding" in names:
-            raise BodyError(400, "ambiguous_length", "the request has both Content-Length and Transfer-Encoding",
-                            field="content-length")
+        check_framing(headers)
 
     def upgrade_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         """The headers of a WebSocket upgrade sent on to the upstream: those of an HTTP request (:meth:`_headers`:

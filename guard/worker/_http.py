@@ -13,6 +13,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from guard._body import check_framing
 from guard.backends._providers import MODEL_REVISION_HEADER, TIMEOUT_HEADER
 from guard.errors import BodyError
 
@@ -35,6 +36,7 @@ __all__ = [
     "UNAUTHORIZED",
     "UNAVAILABLE",
     "ClientGone",
+    "FramingMiddleware",
     "RequestIdMiddleware",
     "error_response",
     "parse_timeout",
@@ -91,6 +93,27 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class FramingMiddleware:
+    """ASGI middleware: a request whose body is framed both by ``Content-Length`` and ``Transfer-Encoding`` is
+    answered 400 ``ambiguous_length`` (:func:`~guard._body.check_framing`) with ``Connection: close`` and never served:
+    a front proxy that reads the length would take what follows the chunks for part of this request, and the worker
+    would serve it as another (RFC 9112 section 6.3)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                check_framing(scope["headers"])
+            except BodyError as exc:
+                response = error_response(exc.status, exc.code, exc.reason, field=exc.field)
+                response.headers["connection"] = "close"
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class ClientGone(Exception):

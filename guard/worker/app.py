@@ -35,6 +35,9 @@ Tracing: every ``POST /v1/systemone`` is a SERVER span (``POST /v1/systemone``) 
 ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``, ``http.response.status_code`` and ``error.type`` on a refusal;
 the forward pass that answers it is its child ``guard.batch`` span (:class:`~guard.backends.local.LocalBackend`).
 
+A request with both ``Content-Length`` and ``Transfer-Encoding``, on any route, is a 400 ``ambiguous_length`` and its
+connection is closed.
+
 ``/healthz``, ``/readyz`` and ``/metrics`` need no key (probes and scrapers). No input gets a 500: every refusal is a 4xx JSON ``{code, message, field, errors}``. Every response carries
 ``x-request-id``: the caller's (when it is 1 to 128 visible ASCII characters) or a new one.
 
@@ -741,7 +744,11 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
         exception_handlers=handlers,
-        middleware=[Middleware(_http.RequestIdMiddleware), Middleware(_ApiKeys, keys=runtime.config.api_keys)],
+        middleware=[
+            Middleware(_http.RequestIdMiddleware),
+            Middleware(_http.FramingMiddleware),
+            Middleware(_ApiKeys, keys=runtime.config.api_keys),
+        ],
     )
     app.state.worker = runtime
     return app

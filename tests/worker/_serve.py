@@ -28,13 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerThread:
-    """uvicorn (lifespan on) serving ``app`` in a thread, on loopback TCP (a free port) or a Unix socket."""
+    """uvicorn (lifespan on, more ``uvicorn.Config`` settings in ``options``) serving ``app`` in a thread, on loopback
+    TCP (a free port) or a Unix socket."""
 
-    def __init__(self, app: Starlette, *, uds: str | None = None) -> None:
+    def __init__(self, app: Starlette, *, uds: str | None = None, options: Mapping[str, Any] | None = None) -> None:
         if uds:
-            config = uvicorn.Config(app, uds=uds, log_level="warning", lifespan="on")
+            config = uvicorn.Config(app, uds=uds, log_level="warning", lifespan="on", **(options or {}))
         else:
-            config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+            config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                                    **(options or {}))
         self.app = app
         self.uds = uds
         self.server = _Server(config)
@@ -106,15 +108,20 @@ class RunningWorker:
 
 @contextmanager
 def serve_worker(
-    backend: LocalBackend, *, config: WorkerConfig | None = None, uds: str | None = None
+    backend: LocalBackend,
+    *,
+    config: WorkerConfig | None = None,
+    uds: str | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> Iterator[RunningWorker]:
-    """Serve ``backend`` through the worker app; the app closes the backend when the server stops.
+    """Serve ``backend`` through the worker app; the app closes the backend when the server stops. ``options`` are
+    more ``uvicorn.Config`` settings (``server_options()`` serves as ``guard worker serve`` does).
 
     Without ``config`` the worker serves the checkpoint as ``clef-flash``, the model name policies send by default,
     and runs its canaries at start-up only (a periodic run would add forward passes that tests count).
     """
     app = create_app(backend, config=config or WorkerConfig(model_name="clef-flash", canary_interval_s=0))
-    server = ServerThread(app, uds=uds)
+    server = ServerThread(app, uds=uds, options=options)
     try:
         url = server.start()
         yield RunningWorker(url=url, uds=uds, app=app, backend=backend, server=server)

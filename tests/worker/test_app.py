@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from guard.asgi.server import server_options
 from guard.backends.batcher import BatcherConfig
 from guard.backends.local import LocalBackend
 from guard.clef.model import ClefModel
@@ -305,6 +306,28 @@ async def test_stalled_uploads_hold_at_most_max_pending_body_bytes(clef_fp32: Cl
     assert refused.json()["code"] == "overloaded" and str(2 * BODY_CAP) in refused.json()["message"]
     assert gauge == [f"guard_worker_body_bytes {2 * BODY_CAP:.1f}"]
     assert answered.status_code == 200, answered.text
+
+
+async def test_a_request_with_both_framings_is_refused_and_its_connection_closed(clef_fp32: ClefModel) -> None:
+    """Under ``guard worker serve``'s h11 protocol, Content-Length and Transfer-Encoding: chunked on one request were
+    served and the connection kept open, so a request pipelined after the chunks was served too (review finding;
+    RFC 9112 section 6.3). The worker answers 400 ``ambiguous_length`` as ``guard proxy`` does, closes the connection
+    and serves nothing after it."""
+    body = json.dumps(ticket_body(0)).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    with serve_worker(LocalBackend(clef_fp32), options=server_options()) as worker:
+        host, port = worker.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/systemone HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%s" % (len(chunked), chunked)
+                     + b"GET /readyz HTTP/1.1\r\nHost: w\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)  # to the end: the worker closes the connection
+        writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower(), answer
+    assert json.loads(rest)["code"] == "ambiguous_length" and json.loads(rest)["field"] == "content-length"
+    assert b"HTTP/1.1" not in rest  # the pipelined GET was not served
 
 
 async def test_overload_status_can_be_503(clef_fp32: ClefModel) -> None:
