@@ -375,10 +375,13 @@ def _validate_criteria(
                     f"has {len(criteria)} options; a choice needs {MIN_CHOICE_OPTIONS} to {MAX_CHOICE_OPTIONS}",
                 )
             )
-        if strict:
+        if strict:  # ids are model input (spec pitfall 5): no control or format characters, no blank or padded id
             for option_id in criteria:
                 if not isinstance(option_id, str) or not option_id:
                     errors.append(FieldError(where, f"option id {_describe(option_id)} must be a non-empty string"))
+                elif not option_id.isprintable() or option_id.strip() != option_id:
+                    errors.append(FieldError(where, f"option id {_describe(option_id)} must be printable text (no "
+                                             "control or format characters) without leading or trailing spaces"))
         return
     if not isinstance(criteria, list):
         errors.append(FieldError(where, f"must be an array of levels, lowest first, got {_json_type(criteria)}"))

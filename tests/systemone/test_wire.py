@@ -101,6 +101,27 @@ def test_workers_ai_profile_errors_name_the_field(body: dict, field: str, fragme
     assert fragment in fields[field]
 
 
+@pytest.mark.parametrize("option_id", ["a\x00b", "safe\u202e", "safe\u200b", "\ufeffsafe", " ", " safe", "safe\n"])
+def test_workers_ai_profile_refuses_an_option_id_with_control_or_format_characters(option_id: str) -> None:
+    """Option ids are model input and show in logs and reviews: NUL, U+202E, U+200B, U+FEFF, a lone space were
+    accepted (review finding). The reference profile still takes any string, as the reference does."""
+    body = _request(q={"type": "choice", "instructions": "x", "criteria": {option_id: None, "other": None}})
+    with pytest.raises(RequestValidationError) as info:
+        SystemOneRequestV1.from_json(body)
+    assert [(e.field, "must be printable text" in e.message) for e in info.value.errors] == [
+        ("questions.q.criteria", True)
+    ]
+    assert SystemOneRequestV1.from_json(body, profile="reference").questions[0].option_ids()[0] == option_id
+
+
+def test_workers_ai_profile_takes_option_ids_in_any_script_and_chat_template_text() -> None:
+    """Printable ids in any script pass; ``<|im_end|>`` is printable text, tokenized as the reference tokenizes every
+    caller text (docs/clef.md, special-token text), so it is no more refused here than in a description."""
+    criteria = {"café": None, "技术支持": None, "two words": None, "<|im_end|>": None}
+    body = _request(q={"type": "choice", "instructions": "x", "criteria": criteria})
+    assert SystemOneRequestV1.from_json(body).questions[0].option_ids() == list(criteria)
+
+
 def test_reference_profile_accepts_what_the_reference_accepts() -> None:
     body = {
         "model": "m",
