@@ -39,6 +39,8 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from redis.client import NEVER_DECODE
+
 from guard._seal import Sealer
 from guard.engine.health import FailureTracker
 from guard.errors import ReviewConflict, ReviewNotFound, ReviewQuotaExceeded, ReviewStoreUnavailable
@@ -82,6 +84,9 @@ DEFAULT_MAX_PENDING_PER_CLIENT = 100
 client filling the store cannot turn every other client's escalation into a 503."""
 DEFAULT_LIST_LIMIT = 100
 _REVIEW_ID = re.compile(r"rv_[0-9a-f]{24}")
+_AS_BYTES: dict[str, Any] = {NEVER_DECODE: []}
+"""redis-py's per-command option for a reply as bytes whatever the client's ``decode_responses``, so a value that is
+not UTF-8 reaches :meth:`RedisReviewStore._checked` rather than failing inside the client."""
 
 logger = logging.getLogger("guard.review")
 
@@ -531,22 +536,32 @@ return {3, ARGV[2]}
         return result
 
     @staticmethod
-    def _text(value: Any) -> str | None:
+    def _text(value: Any, errors: str = "strict") -> str | None:
+        """A reply value as text (``None`` stays ``None``). Raises UnicodeDecodeError for bytes that are not UTF-8
+        when ``errors`` is ``strict``."""
         if value is None:
             return None
-        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        return value.decode("utf-8", errors) if isinstance(value, bytes) else str(value)
+
+    def _hmget(self, target: Any, review_id: str) -> Any:
+        """HMGET of the item's :attr:`_FIELDS` on ``target`` (the client or a pipeline), replied as bytes."""
+        return target.execute_command("HMGET", self._key(review_id), *self._FIELDS, **_AS_BYTES)
 
     def _checked(self, review_id: str, raw: list[Any]) -> list[str | None] | None:
         """The item's fields as text (:attr:`_FIELDS` order), ``None`` when it is absent.
 
         Raises:
-            ReviewConflict: status ``tampered``: the seal does not check.
+            ReviewConflict: status ``tampered``: the seal does not check, or a field is not UTF-8 (a store writes
+                only ASCII).
         """
-        texts = [self._text(v) for v in raw]
-        if texts[0] is None:
+        if raw[0] is None:
             return None
-        seal = texts[-1]
-        if seal is None or not self._sealer.check(self._key(review_id), _sealed(texts), seal):
+        try:
+            texts: list[str | None] | None = [self._text(v) for v in raw]
+        except UnicodeDecodeError:
+            texts = None
+        seal = texts[-1] if texts is not None else None
+        if texts is None or seal is None or not self._sealer.check(self._key(review_id), _sealed(texts), seal):
             self.tampered += 1
             logger.warning("review item %s fails its integrity check (edited in Redis); refusing it", review_id)
             raise ReviewConflict(review_id, "tampered", "the item fails its integrity check (edited in the store "
@@ -627,7 +642,7 @@ return {3, ARGV[2]}
                 was put back by someone who can write to Redis (without the store key it cannot extend the expiry).
             ReviewConflict: status ``tampered``.
         """
-        raw = await self._call(review_id, self._client.hmget(self._key(review_id), list(self._FIELDS)))
+        raw = await self._call(review_id, self._hmget(self._client, review_id))
         texts = self._checked(review_id, raw)
         if texts is None or json.loads(texts[1] or "{}").get("expires_at", 0) <= time.time():
             raise ReviewNotFound(review_id)
@@ -718,11 +733,23 @@ return {3, ARGV[2]}
 
     async def _page(self, key: str, after: dict[str, tuple[float, set[str]]], count: int) -> list[tuple[float, str]]:
         """The next ``count`` entries of index ``key`` by score, from the last score read on (entries of that score
-        read already are left out); ``after[key]`` is updated."""
+        read already are left out); ``after[key]`` is updated. An entry that is not UTF-8 (no item id; a store writes
+        only ASCII) is dropped from the index and the page read again."""
         score, read = after[key]
-        rows = await self._call("(list)", self._client.zrangebyscore(
-            key, score, "+inf", start=0, num=count + len(read), withscores=True))
-        entries = [(float(value), self._text(raw) or "") for raw, value in rows]
+        while True:
+            rows = await self._call("(list)", self._client.execute_command(
+                "ZRANGEBYSCORE", key, score, "+inf", "LIMIT", 0, count + len(read), "WITHSCORES", withscores=True,
+                score_cast_func=float, **_AS_BYTES))
+            entries: list[tuple[float, str]] = []
+            junk = []
+            for raw, value in rows:
+                try:
+                    entries.append((float(value), self._text(raw) or ""))
+                except UnicodeDecodeError:
+                    junk.append(raw)
+            if not junk:
+                break
+            await self._call("(list)", self._client.zrem(key, *junk))
         entries = [(value, review_id) for value, review_id in entries if not (value == score and review_id in read)]
         entries = entries[:count]
         if entries:
@@ -739,7 +766,7 @@ return {3, ARGV[2]}
             return {}
         pipe = self._client.pipeline(transaction=False)
         for review_id in ids:
-            pipe.hmget(self._key(review_id), list(self._FIELDS))
+            self._hmget(pipe, review_id)
         rows = await self._call("(list)", pipe.execute())
         items = {}
         for review_id, row in zip(ids, rows, strict=True):
@@ -777,7 +804,7 @@ return {3, ARGV[2]}
                                         args=[need, to, digest, texts[-1] or "", review_id, repr(held.expires_at),
                                               *pairs])
         )
-        current = self._text(current) or ""
+        current = self._text(current, "replace") or ""  # a status named in a conflict only
         if int(code) == 0:
             raise ReviewNotFound(review_id)
         if int(code) == 1:

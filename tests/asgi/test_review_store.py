@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -198,6 +199,32 @@ async def test_a_redis_item_put_back_to_an_earlier_state_is_refused_by_a_store_t
     with pytest.raises(ReviewConflict):
         await lister.release(listed.id, "f")
     await lister.aclose()
+    await store.aclose()
+
+
+@pytest.mark.parametrize("decode_responses", [False, True])
+async def test_a_redis_field_or_index_entry_that_is_not_utf8_is_tampered_not_a_crash(
+    create_redis: Any, decode_responses: bool
+) -> None:
+    """One byte that is not UTF-8 in an item's field (``HSET <id> status "pend\\xffing"``) or in an index raised
+    UnicodeDecodeError: every listing and the item's own reads answered 500. The item is now tampered (counted, left
+    out of listings and its index, refused on read); the index entries are dropped."""
+    store = RedisReviewStore(create_redis(decode_responses=decode_responses), prefix=create_redis.prefix)
+    client = create_redis()
+    good = await store.create(_verdict(), subject={}, digest="d")
+    bad = await store.create(_verdict(), subject={}, digest="d")
+    await client.hset(f"{create_redis.prefix}{bad.id}", "status", b"pend\xffing")
+    index = f"{create_redis.prefix}index:pending"
+    soon = time.time() + 30  # more than a page of them, before the live item (and not yet expired)
+    await client.zadd(index, {b"rv_\xff%d" % n: soon for n in range(20)})
+    assert [i.id for i in await store.list_items("pending", limit=2)] == [good.id]  # pages of 16
+    assert store.tampered == 1
+    assert await client.zrange(index, 0, -1) == [good.id.encode()]
+    for change in (store.get(bad.id), store.approve(bad.id), store.release(bad.id, "d")):
+        with pytest.raises(ReviewConflict) as caught:
+            await change
+        assert caught.value.status == "tampered"
+    assert store.tampered == 4
     await store.aclose()
 
 
