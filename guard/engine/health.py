@@ -428,7 +428,9 @@ def health_report(
     policies = guard.policies
     checks["policies"] = Check("ok", "ok", {"loaded": len(policies)}) if len(policies) else Check("none", "failing")
     reload_detail = {"reload_failures": policies.reload_failures,
-                     "last_reload_error": str(policies.last_error) if policies.last_error else None}  # fmt: skip
+                     "last_reload_error": str(policies.last_error) if policies.last_error else None,
+                     "policies_removed": policies.policies_removed,
+                     "last_removed": list(policies.last_removed)}  # fmt: skip
     checks["policy_reload"] = (
         Check("reload_failed", "degraded", reload_detail) if policies.last_error else Check("ok", "ok", reload_detail)
     )

@@ -642,6 +642,8 @@ class PolicySet:
         stamps: each source's identity (:func:`file_stamp`) when the active set was read from it (empty when not
             known); :class:`~guard.policy.watch.PolicyWatcher` reloads when the files differ from it.
         reload_failures: how many reloads failed.
+        policies_removed: how many policies successful reloads dropped (ids active before and absent after).
+        last_removed: the latest such reload's dropped policies, as ``id (file)``; empty when none has dropped one.
     """
 
     def __init__(
@@ -658,6 +660,8 @@ class PolicySet:
         self.validator = validator
         self.reload_failures = 0
         self.last_error: PolicyError | None = None
+        self.policies_removed = 0
+        self.last_removed: tuple[str, ...] = ()
         self._lock = threading.Lock()  # the swap of the active set
         self._reload_lock = threading.Lock()  # one reload at a time
         check_unique(self._view.policies)
@@ -712,13 +716,16 @@ class PolicySet:
             self._view = PolicyView(new)
 
     def reload(self) -> None:
-        """Re-read :attr:`sources`. On any error the last good policies stay active.
+        """Re-read :attr:`sources`. On any error the last good policies stay active. A reload that drops policies
+        is applied, logged at WARNING naming them, and counted in :attr:`policies_removed`: a file cut short by a
+        writer that stopped mid-write can parse as fewer policies.
 
         Raises:
             PolicyError: naming the file, line and key of the first problem, or the sources and any other error
                 raised while loading (also logged, and counted in :attr:`reload_failures`).
         """
         with self._reload_lock:  # one reload at a time (the watcher's thread, a caller's Guard.reload()), its outcome too
+            before = self._view.policies
             try:
                 fresh = load_files(*self.sources)
                 self.replace(fresh.policies)
@@ -735,6 +742,15 @@ class PolicySet:
                     raise
                 raise error from exc
             self.last_error = None
+            kept = {p.id for p in self._view.policies}
+            removed = tuple(f"{p.id} ({p.file})" for p in before if p.id not in kept)
+            if removed:
+                self.policies_removed += len(removed)
+                self.last_removed = removed
+        if removed:
+            logger.warning("policy reload removed %d active policies: %s; if that was not meant, a policy file may "
+                           "have been cut short (a writer that stopped mid-write): restore it", len(removed),
+                           ", ".join(removed))
         logger.info("policies reloaded: %s", ", ".join(f"{p.id}@{p.version}" for p in self._view.policies))
 
 

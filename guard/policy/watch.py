@@ -5,6 +5,8 @@ seconds and calls :meth:`guard.policy.PolicySet.reload` once a change has settle
 the active set was read from (``PolicySet.stamps``, recorded as each file was read, so a change that lands between a
 load and the watcher's start is still seen) and is the same at two polls in a row, so a file caught while it is being
 written (an editor's or a writer's partial file, which may parse as a smaller, more permissive policy) is not loaded.
+A file left cut short (a writer that died mid-write) stays the same and is loaded if it parses; the reload logs the
+policies it dropped at WARNING and counts them (:meth:`~guard.policy.PolicySet.reload`).
 A reload that fails keeps the last good policies active: the error is logged (once, by
 :meth:`~guard.policy.PolicySet.reload`) and counted in ``PolicySet.reload_failures`` (reported by
 ``Guard.health()``), and the watcher tries again at the next change. Any other error in a check (an unexpected

@@ -337,6 +337,21 @@ def test_a_backend_that_cannot_answer_a_question_is_a_load_error(tmp_path: Path)
 
 
 @pytest.mark.anyio
+async def test_health_shows_the_policies_a_reload_dropped(tmp_path: Path) -> None:
+    """Dropping a policy is a successful reload (health stays ok), with the count and the ids under details."""
+    path = tmp_path / "p.yaml"
+    path.write_text(AGENT_POLICY + AGENT_POLICY.replace("policies:\n", "").replace("id: tools", "id: more"))
+    guard = Guard.from_files(path, backends=ScriptedBackend(constant(**{"guard.tool_call_serves_task": 0.1})))
+    path.write_text(AGENT_POLICY)
+    guard.reload()
+    health = guard.health()
+    assert health["checks"]["policy_reload"] == "ok"
+    assert health["details"]["policy_reload"]["policies_removed"] == 1
+    assert health["details"]["policy_reload"]["last_removed"] == [f"more ({path})"]
+    await guard.aclose()
+
+
+@pytest.mark.anyio
 async def test_reload_failure_keeps_the_last_good_policies(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     good = AGENT_POLICY

@@ -109,6 +109,32 @@ def test_a_file_caught_while_it_is_written_is_not_loaded(tmp_path: Path) -> None
     assert watcher.check() is True and policies["p"].version == "2" and len(policies["p"].rules) == 1
 
 
+def test_a_file_cut_short_and_left_so_is_loaded_with_a_warning_naming_the_dropped_policies(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer that dies mid-write leaves a stable file that can parse as fewer policies: it is loaded (a removal
+    may be meant), but the reload was logged only at INFO. It is now a WARNING naming each dropped policy and its
+    file, and counted on the set (health reports it under ``policy_reload``)."""
+    path = tmp_path / "p.yaml"
+    two = POLICY.format(version="1", threshold=0.9) + POLICY.format(version="1", threshold=0.9).replace(
+        "policies:\n", "").replace("id: p", "id: q")
+    _write(path, two, 0)
+    policies = load_files(path)
+    watcher = PolicyWatcher(policies, interval_s=0.05)
+    _write(path, two[: two.index("  - id: q")], 1)
+    with caplog.at_level("INFO", logger="guard.policy"):
+        assert watcher.check() is False and watcher.check() is True
+    assert [p.id for p in policies] == ["p"]
+    assert policies.policies_removed == 1 and policies.last_removed == (f"q ({path})",)
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and f"q ({path})" in warned[0].getMessage()
+    caplog.clear()
+    _write(path, POLICY.format(version="2", threshold=0.9), 2)  # a reload that drops nothing warns of nothing
+    with caplog.at_level("INFO", logger="guard.policy"):
+        assert watcher.check() is False and watcher.check() is True
+    assert not [r for r in caplog.records if r.levelname == "WARNING"] and policies.policies_removed == 1
+
+
 @pytest.mark.anyio
 async def test_a_slow_reload_does_not_stop_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reload runs in a thread: the event loop (requests, health) keeps running while a large policy loads."""
