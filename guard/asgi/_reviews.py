@@ -276,10 +276,12 @@ class ClientReviewEndpoints:
             await self._status(scope, send, review_id)
         elif review_id and action == "release" and method == "POST":
             await self._release(scope, receive, send, review_id)
+        elif review_id and action in ("", "release"):
+            await send_json(send, 405, {"code": "method_not_allowed", "message": f"{method} is not allowed here",
+                                        "field": "method"}, [(b"allow", b"POST" if action else b"GET, HEAD")])
         else:
-            await send_json(send, 404 if not review_id or action not in ("", "release") else 405, {
-                "code": "not_found", "message": f"use GET {self.mw.review_path}/<id> or POST "
-                f"{self.mw.review_path}/<id>/release", "field": "path"})
+            await send_json(send, 404, {"code": "not_found", "message": f"use GET {self.mw.review_path}/<id> or POST "
+                                        f"{self.mw.review_path}/<id>/release", "field": "path"})
 
     async def _status(self, scope: Scope, send: Send, review_id: str) -> None:
         try:

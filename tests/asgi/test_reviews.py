@@ -170,7 +170,12 @@ async def test_rejected_and_unknown_items(make_guard: GuardFactory, store: Revie
         resend = await client.post("/v1/echo", content=UNSURE, headers={**JSON, "x-guard-review-id": "rv_unknown"})
         assert resend.status_code == 404
         assert (await client.get("/admin/reviews/?status=rejected", headers=_admin())).json()["count"] == 1
-        assert (await client.delete(held["status_url"])).status_code == 405
+        for method, url, allow in (("DELETE", held["status_url"], "GET, HEAD"), ("GET", held["release_url"], "POST")):
+            refused = await client.request(method, url)  # the admin listener's shape: method_not_allowed, Allow
+            assert refused.status_code == 405 and refused.headers["allow"] == allow
+            assert refused.json() == {"code": "method_not_allowed", "message": f"{method} is not allowed here",
+                                      "field": "method"}
+        assert (await client.get("/_guard/reviews/x/y")).json()["code"] == "not_found"
         assert (await client.get("/_guard/reviews/")).status_code == 404
 
 
