@@ -348,3 +348,12 @@ def test_readme_policy_example_loads(tmp_path: Path) -> None:
     path = tmp_path / "readme.yaml"
     path.write_text(block.group(1), encoding="utf-8")
     assert [p.id for p in load_files(path).policies] == ["api-abuse"]
+
+
+def test_every_resume_shown_is_built_from_the_thread_s_pending_interrupts() -> None:
+    """docs/agents.md says to resume with ``get_state(config).interrupts``: a resume built from a kept
+    ``result["__interrupt__"]`` passes the check against items already answered and the ``invoke`` silently does
+    nothing. The recipes and the example replay showed exactly that."""
+    kept = re.compile(r"""resume_command\(\s*\w+\[["']__interrupt__["']\]""")
+    shown = [*LINKED, *sorted((ROOT / "examples").rglob("*.py"))]
+    assert [str(_rel(page)) for page in shown if kept.search(page.read_text(encoding="utf-8"))] == []

@@ -69,7 +69,8 @@ def run_scenario(guard: Guard, sandbox: Sandbox, tools: list[Any], scenario: Sce
     result = agent.invoke({"messages": [("user", scenario.user)]}, config)
     reviews = []
     while result.get("__interrupt__"):
-        items = [item for i in result["__interrupt__"] for item in i.value["items"]]
+        pending = agent.get_state(config).interrupts  # the thread's pending ones, never a kept result's
+        items = [item for i in pending for item in i.value["items"]]
         decisions: dict[str, Any] = {}
         for item in items:
             turn, _, index = (item["tool_call_id"] or "call_0_0").removeprefix("call_").partition("_")
@@ -83,7 +84,7 @@ def run_scenario(guard: Guard, sandbox: Sandbox, tools: list[Any], scenario: Sce
                 f"rule {item['rule']} -> reviewer {'rejects' if hijacked else 'approves'}",
                 file=out,
             )
-        result = agent.invoke(resume_command(result["__interrupt__"], decisions), config)
+        result = agent.invoke(resume_command(pending, decisions), config)
     answers = {m.tool_call_id: m for m in result["messages"] if isinstance(m, ToolMessage)}
     return {"answers": answers, "reviews": reviews}
 
