@@ -154,7 +154,8 @@ class AgentSubject:
         thread_id: the LangGraph thread, when known.
         history: the conversation before the event, oldest first (tool calls: what argument provenance reads).
         tool_effect: what the tool's own metadata says it does (``read_only``, ``side_effecting``; ``unknown`` when
-            it says nothing); a policy's ``tools:`` declaration takes precedence.
+            it says nothing); a policy's ``tools:`` declaration takes precedence (in ``call.effect`` and in the
+            decision log's ``input.tool_effect``).
         kind: always ``"agent"``.
     """
 

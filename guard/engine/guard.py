@@ -277,11 +277,9 @@ class Guard:
     def _conclude(
         self, span: Any, policies: Sequence[Policy], subject: Subject, verdict: Verdict, lookup: Lookup | None
     ) -> Verdict:
-        """Record the decision (``span`` ``None``: none was started) under the file of the policy that decided."""
-        policy_file = next((p.file for p in policies if p.id == verdict.policy_id), None)
-        return verdicts.record(
-            self.telemetry, self.decision_log, verdict, subject, policy_file=policy_file, cache=lookup, span=span
-        )
+        """Record the decision (``span`` ``None``: none was started) under the policy that decided."""
+        policy = next((p for p in policies if p.id == verdict.policy_id), None)
+        return verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy=policy, cache=lookup, span=span)
 
     def record(self, verdict: Verdict, subject: Subject, *, policy: Policy | None) -> Verdict:
         """Record a verdict an enforcement point made without :meth:`aevaluate` (a refused body, a malformed tool
@@ -457,11 +455,11 @@ class Guard:
         try:
             verdict, lookup = await self._own(plan, subject, raw, state, flags, source, decision_id, started, began)
             if not self.telemetry.tracing:
-                verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy_file=plan.policy.file,
+                verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy=plan.policy,
                                 cache=lookup)  # fmt: skip
                 return
             with self.telemetry.span(subject) as span:
-                verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy_file=plan.policy.file,
+                verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy=plan.policy,
                                 cache=lookup, span=span)  # fmt: skip
         except Exception:
             logger.exception("recording shadow policy %s of decision %s failed", plan.policy.id, decision_id)

@@ -10,6 +10,7 @@ A shadow policy's verdict allows and keeps the computed action in ``shadow_actio
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -17,9 +18,10 @@ from typing import Any, Literal
 
 from guard.errors import BackendError, GuardError, Overloaded, StateAmbiguous, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
+from guard.policy.provenance import resolved_effect
 from guard.policy.redact import UNMASKABLE_FLAG, merge_redactions
 from guard.policy.rules import RuleError
-from guard.subject import HttpSubject, Subject
+from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import AnswerV1
 from guard.verdict import ACTIONS, Action, FailMode, Redaction, Verdict
 
@@ -469,7 +471,7 @@ def record(
     verdict: Verdict,
     subject: Subject,
     *,
-    policy_file: str | None,
+    policy: Policy | None,
     cache: str | None = None,
     span: Any = None,
 ) -> Verdict:
@@ -479,6 +481,8 @@ def record(
     Args:
         telemetry: a :class:`~guard.engine.telemetry.Telemetry`.
         decision_log: a :class:`~guard.engine.telemetry.DecisionLog`, or ``None``.
+        policy: the policy that decided (its file is logged, and an agent subject's ``tool_effect`` is logged as
+            that policy's rules read it: :func:`~guard.policy.provenance.resolved_effect`), ``None`` when unknown.
         cache: how the answers were found (``hit``, ``miss``, ``shared``), ``None`` without a cache lookup.
 
     Returns:
@@ -486,7 +490,12 @@ def record(
     """
     telemetry.finish(span, verdict, cache=cache)
     if verdict.policy_id is not None and decision_log is not None:
-        decision_log.record(verdict, subject, policy_file=policy_file, cache=cache, span=span)
+        if isinstance(subject, AgentSubject) and policy is not None:
+            effect = resolved_effect(policy.tools, subject.tool_name, subject.tool_effect)
+            if effect != subject.tool_effect:
+                subject = dataclasses.replace(subject, tool_effect=effect)
+        decision_log.record(verdict, subject, policy_file=policy.file if policy is not None else None, cache=cache,
+                            span=span)
     return verdict
 
 

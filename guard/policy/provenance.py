@@ -68,6 +68,7 @@ __all__ = [
     "Source",
     "ToolSpec",
     "call_features",
+    "resolved_effect",
     "result_features",
     "rule_features",
     "trace_arguments",
@@ -458,6 +459,15 @@ def trace_arguments(
     return out
 
 
+def resolved_effect(
+    tools: Mapping[str, ToolSpec], tool: str | None, declared: Literal["read_only", "side_effecting", "unknown"]
+) -> Literal["read_only", "side_effecting", "unknown"]:
+    """What ``tool`` does for a policy with ``tools``: its entry there, else ``declared`` (the tool's own metadata,
+    :attr:`guard.subject.AgentSubject.tool_effect`)."""
+    effect = tools.get(tool or "", ToolSpec()).effect
+    return effect if effect != "unknown" else declared
+
+
 def call_features(
     tool: str | None,
     arguments: Mapping[str, Any] | None,
@@ -488,7 +498,7 @@ def call_features(
     )
     return {
         "tool": tool or "",
-        "effect": spec.effect if spec.effect != "unknown" else declared_effect,
+        "effect": resolved_effect(tools, tool, declared_effect),
         "provenance": {name: found.source for name, found in sources.items()},
         "origin": {name: found.tool_call_id or "" for name, found in sources.items()},
         "disallowed": disallowed,

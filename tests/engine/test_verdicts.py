@@ -70,6 +70,20 @@ def test_record_counts_every_verdict_and_logs_those_of_a_matched_policy() -> Non
     log = DecisionLog(lines.append)
     subject = AgentSubject(event="tool_call", tool_name="shell", arguments={})
     matched = verdicts.refused(_policy(), decision_id="d-1", rule="malformed_arguments", status=400, message="bad")
-    assert verdicts.record(Telemetry(), log, matched, subject, policy_file="p.yaml") is matched
-    verdicts.record(Telemetry(), log, verdicts.no_match("d-2", 0.1), subject, policy_file=None)
+    assert verdicts.record(Telemetry(), log, matched, subject, policy=_policy()) is matched
+    verdicts.record(Telemetry(), log, verdicts.no_match("d-2", 0.1), subject, policy=None)
     assert [json.loads(line)["decision_id"] for line in lines] == ["d-1"]
+
+
+def test_the_logged_tool_effect_is_the_one_the_deciding_policy_resolved() -> None:
+    """Every agent record said ``tool_effect: unknown`` (the tool's own metadata, which says nothing) even for a tool
+    the policy declares ``side_effecting``, the effect its rules read as ``call.effect``."""
+    policy = load_text(POLICY.replace("MODE", "tools: {shell: {effect: side_effecting}}"))[0]
+    lines: list[str] = []
+    log = DecisionLog(lines.append)
+    for tool, declared in (("shell", "unknown"), ("shell", "read_only"), ("ls", "read_only"), ("ls", "unknown")):
+        subject = AgentSubject(event="tool_call", tool_name=tool, arguments={}, tool_effect=declared)
+        verdicts.record(Telemetry(), log, verdicts.refused(policy, decision_id="d", rule="r", status=400,
+                                                           message="m"), subject, policy=policy)  # fmt: skip
+    assert [json.loads(line)["input"]["tool_effect"] for line in lines] == [
+        "side_effecting", "side_effecting", "read_only", "unknown"]  # fmt: skip
