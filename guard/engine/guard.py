@@ -279,7 +279,9 @@ class Guard:
     ) -> Verdict:
         """Record the decision (``span`` ``None``: none was started) under the policy that decided."""
         policy = next((p for p in policies if p.id == verdict.policy_id), None)
-        return verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy=policy, cache=lookup, span=span)
+        return verdicts.record(
+            self.telemetry, self.decision_log, verdict, subject, policy=policy, cache=lookup, span=span
+        )
 
     def record(self, verdict: Verdict, subject: Subject, *, policy: Policy | None) -> Verdict:
         """Record a verdict an enforcement point made without :meth:`aevaluate` (a refused body, a malformed tool

@@ -66,9 +66,10 @@ for step 8; readings for step 9). Steps 2 and 4 raise no flag: they read compati
 value and the combined flags.
 
 Cost: ASCII text only runs steps 7-9 (regular-expression scans, and a set look-up per word and reading). The
-look-alike table (about 1,200 letters) is built from the TR39 data on the first non-ASCII text, once per process
-(about 0.1 s), and the symbol table of step 2 (about 240 code points) from the Unicode names of its blocks (about 1 ms); text with no tag character and none of
-those symbols costs one regular-expression scan for steps 1 and 2 (about 5 us per KiB).
+look-alike table (about 1,200 letters) is built from the TR39 data on the first non-ASCII text, once per process (about
+0.1 s), and the symbol table of step 2 (about 240 code points) from the Unicode names of its blocks (about 1 ms);
+text with no tag character and none of those symbols costs one regular-expression scan for steps 1 and 2 (about 5 us
+per KiB).
 """
 
 from __future__ import annotations

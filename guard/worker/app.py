@@ -14,8 +14,9 @@ Routes:
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
   body is read, and so does a body that would take the bytes of the bodies being read past ``max_pending_body_bytes``
-  (each holds its ``Content-Length``, or ``max_body_bytes`` when sent without one, until it is parsed); at most :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more
-  than :data:`MAX_JSON_CONTAINERS` arrays and objects is a 400 ``invalid_json`` (json's parser holds the GIL: 8 MiB of
+  (each holds its ``Content-Length``, or ``max_body_bytes`` when sent without one, until it is parsed); at most
+  :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more than
+  :data:`MAX_JSON_CONTAINERS` arrays and objects is a 400 ``invalid_json`` (json's parser holds the GIL: 8 MiB of
   ``[]`` stalled ``/healthz`` for seconds). A ``model``
   the worker does not serve is a 404 ``model_not_found``. A state cut to fit ``max_length`` is reported in
   ``usage.state_tokens_dropped`` (never silently).

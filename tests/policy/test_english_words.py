@@ -31,7 +31,8 @@ def word_list(root: Path = ROOT) -> str:
 
 def test_the_shipped_list_is_the_one_data_gives() -> None:
     shipped = (ROOT / "guard/policy/data/english_words.txt").read_text(encoding="utf-8")
-    assert shipped == word_list(), "regenerate: python tests/policy/test_english_words.py > guard/policy/data/english_words.txt"
+    assert shipped == word_list(), (
+        "regenerate: python tests/policy/test_english_words.py > guard/policy/data/english_words.txt")
 
 
 if __name__ == "__main__":
