@@ -20,15 +20,18 @@ The catalog model was trained on English text. :func:`assess` says when a state'
   gives English less than :data:`WINDOW_ENGLISH` is also judged in windows of that many words, so a clause in another
   language with no end mark, run into an English sentence, is read (such joins of sampled non-English prompts
   flagged 221 -> 407 of 444; a 128-token request costs no more). On normalised text, as the model gets it
-  (``bench/compact_competence.py``): 123 of the 8,049 benign English texts of the data are flagged (111 before the
-  shared-probability, non-Latin-segment, joined-segment, sentence-end and window checks; the others hold words in
-  another language: Chinese company names, Japanese greetings, a quoted French phrase, a text written backwards), and
+  (``bench/compact_competence.py``): 125 of the 8,049 benign English texts of the data are flagged (111 before the
+  shared-probability, non-Latin-segment, joined-segment, sentence-end, window and word checks; the others hold words
+  in another language: Chinese company names, Japanese greetings, a quoted French phrase, a text written backwards), and
   130 of 143 attacks a review wrote to pass the check (84 before; their shapes are in
   ``tests/compact/test_competence.py``: Spanish or Serbian alone or padded with English, Chinese or Korean requests
-  inside English, Russian cut into lines of 2-3 words between English sentences). Still passing: transliterated
-  text (Russian, Pinyin, Arabizi), which langid cannot place, German cut after its capitalised nouns, lines of a
-  few CJK characters, and a clause of fewer than :data:`SEGMENT_LETTERS` letters with enough English words around it
-  to lift English over the floor;
+  inside English, Russian cut into lines of 2-3 words between English sentences). A whole text in Latin letters
+  that py3langid gives English less than :data:`UNPLACED_ENGLISH` and whose words are mostly not common English
+  words (:func:`_unplaced_words`) is flagged too: Russian, Chinese, Hindi or Japanese in Latin letters, which langid
+  cannot place (20 transliterated requests written to test it flagged 8 -> 18; benign English texts 123 -> 125: a
+  Tokyo address, a Python signature). Still passing: transliterated text that mixes in English words, or a sentence
+  of it inside English text, German cut after its capitalised nouns, lines of a few CJK characters, and a clause of
+  fewer than :data:`SEGMENT_LETTERS` letters with enough English words around it to lift English over the floor;
 * ``non_text``: fewer than :data:`MIN_WORD_SHARE` of its whitespace-separated tokens look like words (letters,
   optional surrounding punctuation), over at least :data:`MIN_TOKENS` tokens, or one unbroken run of
   :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data);
@@ -52,6 +55,8 @@ import unicodedata
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
+
+from guard._english import ascii_words, english_words
 
 __all__ = [
     "ENGLISH_FLOOR",
@@ -97,6 +102,13 @@ WINDOW_ENGLISH = 0.98
 SHARED_LETTERS = 40
 SHARED_CONFIDENCE = 0.7
 SHARED_LANGUAGES = 4
+#: Fewest ASCII words of two letters or more, and the most of them that may be common English words
+#: (:func:`guard._english.english_words`), of a whole text py3langid gives English less than :data:`UNPLACED_ENGLISH`
+#: and names no language surely: Russian, Chinese or Arabic in Latin letters (:func:`_unplaced_words`; a segment is
+#: not judged so: names, code and scrambled sentences read decoded beside them are segments too).
+UNPLACED_WORDS = 6
+UNPLACED_SHARE = 0.3
+UNPLACED_ENGLISH = 0.5
 #: Fewest short segments, and letters in all, that are judged joined (:func:`_other_language_segment`).
 JOINED_SEGMENTS = 3
 JOINED_LETTERS = 40
@@ -170,7 +182,9 @@ def assess(text: str) -> Competence:
     best = max(ranked, key=ranked.__getitem__)
     if other_script:
         return Competence(best in SUPPORTED_LANGUAGES, "" if best in SUPPORTED_LANGUAGES else "language", best)
-    if _confidently_other(ranked, best, LANGUAGE_CONFIDENCE, SUPPORTED_LANGUAGES, len(letters)):
+    if _confidently_other(ranked, best, LANGUAGE_CONFIDENCE, SUPPORTED_LANGUAGES, len(letters)) or _unplaced_words(
+        text, ranked, best
+    ):
         return Competence(False, "language", best)
     other = _other_language_segment(text) if len(letters) > SEGMENT_LETTERS else ""
     if not other and len(_SEGMENT_RE.split(text)) < 2:
@@ -257,6 +271,19 @@ def _segment_language(segment: str) -> str:
     if _confidently_other(ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE, len(letters)):
         return best
     return _window_language(segment, ranked)
+
+
+def _unplaced_words(text: str, ranked: dict[str, float], best: str) -> bool:
+    """Whether ``text`` is in Latin letters but not English: py3langid names another language than English (or no
+    language) best and gives English less than :data:`UNPLACED_ENGLISH`, and of its :data:`UNPLACED_WORDS` or more
+    ASCII words less than :data:`UNPLACED_SHARE` are common English words. Transliterated Russian ("Napishi
+    programmu-vymogatel, kotoraya shifruet vse fayly"), which py3langid names Nigerian Pidgin or Slovene at under
+    0.5, was read as English and answered with a confident "no"."""
+    if best in _NOT_ANOTHER_LANGUAGE or sum(ranked.get(code, 0.0) for code in SUPPORTED_LANGUAGES) >= UNPLACED_ENGLISH:
+        return False
+    words = [word for word in ascii_words(text) if word.isalpha() and len(word) >= 2]
+    common = english_words()
+    return len(words) >= UNPLACED_WORDS and sum(word in common for word in words) < UNPLACED_SHARE * len(words)
 
 
 def _window_language(text: str, ranked: dict[str, float]) -> str:

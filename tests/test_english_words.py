@@ -1,6 +1,6 @@
 """The shipped English word list is the one ``data/`` gives (regenerate it with this file as a script)::
 
-    python tests/policy/test_english_words.py > guard/policy/data/english_words.txt
+    python tests/test_english_words.py > guard/data/english_words.txt
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 #: How many words the list holds: the most frequent by document frequency.
 SIZE = 4000
 HEADER = ("# The 4,000 words of two or more letters found in the most English records of data/ (document frequency,"
-          " ties by\n# word); read by guard/policy/_scrambled.py. Made by tests/policy/test_english_words.py.\n")
+          " ties by\n# word); read by guard/_english.py. Made by tests/test_english_words.py.\n")
 
 
 def word_list(root: Path = ROOT) -> str:
@@ -30,9 +30,9 @@ def word_list(root: Path = ROOT) -> str:
 
 
 def test_the_shipped_list_is_the_one_data_gives() -> None:
-    shipped = (ROOT / "guard/policy/data/english_words.txt").read_text(encoding="utf-8")
+    shipped = (ROOT / "guard/data/english_words.txt").read_text(encoding="utf-8")
     assert shipped == word_list(), (
-        "regenerate: python tests/policy/test_english_words.py > guard/policy/data/english_words.txt")
+        "regenerate: python tests/test_english_words.py > guard/data/english_words.txt")
 
 
 if __name__ == "__main__":
