@@ -24,7 +24,8 @@ def english_words() -> frozenset[str]:
     return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
 
 
-def ascii_words(text: str) -> list[str]:
-    """The lower-case ASCII words of ``text``: runs of letters, digits, ``@`` and ``$``; any other character, ASCII
-    or not, parts them (``café`` gives ``caf``)."""
-    return text.lower().encode("ascii", "replace").decode("ascii").translate(_NOT_WORD).split()
+def ascii_words(text: str, *, lower: bool = True) -> list[str]:
+    """The ASCII words of ``text`` (lower case unless ``lower`` is false): runs of letters, digits, ``@`` and ``$``;
+    any other character, ASCII or not, parts them (``café`` gives ``caf``)."""
+    words = text.encode("ascii", "replace").decode("ascii").translate(_NOT_WORD)
+    return (words.lower() if lower else words).split()

@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: How many words the list holds: the most frequent by document frequency.
 SIZE = 4000
+#: A word whose ROT13 or backwards spelling is this many times as frequent is taken for a scrambled one and left out
+#: (``ubj``, ``gb``, ``ng`` from the ROT13 attack records: "how", "to", "at"; ``sti``, ``ot`` written backwards).
+SCRAMBLED_RATIO = 10
+_ROT13 = str.maketrans(string.ascii_lowercase, string.ascii_lowercase[13:] + string.ascii_lowercase[:13])
 HEADER = ("# The 4,000 words of two or more letters found in the most English records of data/ (document frequency,"
-          " ties by\n# word); read by guard/_english.py. Made by tests/test_english_words.py.\n")
+          " ties by\n# word; a word whose ROT13 or backwards spelling is 10 times as frequent is left out); read by"
+          " guard/_english.py.\n# Made by tests/test_english_words.py.\n")
 
 
 def word_list(root: Path = ROOT) -> str:
@@ -25,8 +31,13 @@ def word_list(root: Path = ROOT) -> str:
             row = json.loads(line)
             if isinstance(row.get("text"), str) and row.get("lang", "en") == "en":
                 frequency.update({word for word in re.findall(r"[a-z]+", row["text"].lower()) if len(word) >= 2})
-    ranked = sorted(frequency.items(), key=lambda item: (-item[1], item[0]))[:SIZE]
-    return HEADER + "".join(f"{word}\n" for word, _ in ranked)
+    def scrambled(word: str, count: int) -> bool:
+        backwards = frequency.get(word[::-1], 0) if word[::-1] != word else 0
+        return max(frequency.get(word.translate(_ROT13), 0), backwards) >= SCRAMBLED_RATIO * count
+
+    ranked = sorted(frequency.items(), key=lambda item: (-item[1], item[0]))
+    kept = [word for word, count in ranked if not scrambled(word, count)][:SIZE]
+    return HEADER + "".join(f"{word}\n" for word in kept)
 
 
 def test_the_shipped_list_is_the_one_data_gives() -> None:
