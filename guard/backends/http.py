@@ -18,7 +18,9 @@ and ``tenacity`` retries:
 * httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
   ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``;
 * an error answer's text (a 422 that echoes the request's state) is in no error message, so no verdict, span or
-  decision record carries it: it is logged, at WARNING the first time each status is seen, at DEBUG after.
+  decision record carries it: it is logged, at WARNING the first time each status is seen, at DEBUG after. A
+  connection error is named by its httpx type only (its text can quote the bytes of a bad answer head), and a
+  Content-Type is quoted and cut at 40 characters.
 
 Example:
     >>> client = SystemOneClient.workers_ai(account_id, api_token, model="clef-flash")  # doctest: +SKIP
@@ -330,9 +332,9 @@ class SystemOneClient:
             raise BackendTimeout(
                 f"{self.name}: no answer within {budget * 1000:g} ms ({type(exc).__name__})", backend=self.name
             ) from exc
-        except httpx.TransportError as exc:
+        except httpx.TransportError as exc:  # its text can quote what the server sent (a bad head): the type only
             raise BackendUnavailable(
-                f"{self.name}: cannot reach {self._reached}: {type(exc).__name__}: {exc}",
+                f"{self.name}: cannot reach {self._reached}: {type(exc).__name__}",
                 backend=self.name,
                 reason="connection",
             ) from exc
@@ -373,7 +375,8 @@ class SystemOneClient:
         try:
             body = loads(response.content)
         except InvalidJson as exc:
-            kind = response.headers.get("content-type", "no content-type")
+            media = response.headers.get("content-type")
+            kind = "no Content-Type" if media is None else f"Content-Type {media[:40]!r}"  # quoted: no control
             self._log_error_text(status, f"{exc.detail}: {snippet(response)}")
             raise MalformedAnswer(
                 f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.reason})", backend=self.name

@@ -180,8 +180,9 @@ class WorkersAIStandIn:
 
 
 @contextmanager
-def socket_that_resets() -> Iterator[str]:
-    """A TCP listener that accepts each connection, reads a little and closes it without answering."""
+def socket_that_resets(answer: bytes = b"") -> Iterator[str]:
+    """A TCP listener that accepts each connection, reads a little, sends ``answer`` (nothing by default; a
+    malformed HTTP head, say) and closes it."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -200,6 +201,7 @@ def socket_that_resets() -> Iterator[str]:
                 connection.settimeout(1)
                 try:
                     connection.recv(1024)
+                    connection.sendall(answer)
                 except OSError:
                     pass
 

@@ -236,7 +236,7 @@ async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAISt
             await client.decide(REQUEST)
     assert info.value.reason == "http_502"
     async with workers_ai(standin, "html-200") as client:
-        with pytest.raises(MalformedAnswer, match="not valid JSON \\(text/html"):
+        with pytest.raises(MalformedAnswer, match="not valid JSON \\(Content-Type 'text/html"):
             await client.decide(REQUEST)
     async with workers_ai(standin, "huge-503") as client:  # was malformed: its length read before its status
         with pytest.raises(BackendUnavailable) as info:
@@ -338,6 +338,25 @@ async def test_connection_refused_and_reset_are_unavailable() -> None:
     async with SystemOneClient.worker(uds="/nonexistent/worker.sock", retry=FAST_RETRY) as client:
         with pytest.raises(BackendUnavailable, match="cannot reach unix socket /nonexistent/worker.sock"):
             await client.decide(REQUEST, timeout=5)  # named as the socket, not the URL label it is reached under
+
+
+async def test_what_the_server_wrote_in_a_bad_head_stays_out_of_the_error() -> None:
+    """httpx words a bad head with the bytes the server sent (``illegal header line: bytearray(b'...')``), which may
+    repeat the request's state: the error, and so the verdict, span and decision log, names its type only; a
+    Content-Type is quoted and cut (no terminal escape, no 8 KB line)."""
+    with socket_that_resets(b"HTTP/1.1 200 OK\r\necho Card charged twice 4111111111111111\r\n\r\n") as url:
+        async with SystemOneClient(url, retry=FAST_RETRY) as client:
+            with pytest.raises(BackendUnavailable) as info:
+                await client.decide(REQUEST, timeout=5)
+    assert str(info.value) == f"http:systemone: cannot reach {url}/v1/systemone: RemoteProtocolError"
+    assert "4111" in str(info.value.__cause__)  # what the server wrote stays on the cause, for a traceback
+    media = b"\x1b[2Ktext/html" + b"A" * 8000
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: " + media + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n<p"
+    with socket_that_resets(answer) as url:
+        async with SystemOneClient(url, retry=FAST_RETRY) as client:
+            with pytest.raises(MalformedAnswer) as malformed:
+                await client.decide(REQUEST, timeout=5)
+    assert f"(Content-Type {media[:40].decode()!r}; " in str(malformed.value) and "\x1b" not in str(malformed.value)
 
 
 def test_retry_after_accepts_seconds_dates_and_milliseconds() -> None:
