@@ -295,8 +295,8 @@ class HandoffClient:
         whole before the size limits could see it (a 1.6 KB brotli answer took 2 GiB)."""
         codings = {c.strip().lower() for c in response.headers.get("content-encoding", "").split(",")} - {"", "identity"}
         if codings:
-            raise self._malformed(target, f"the answer is {', '.join(sorted(codings))[:40]}-encoded though none was "
-                                  "asked for")
+            raise self._malformed(target, f"the answer has Content-Encoding {', '.join(sorted(codings))[:40]!r} "
+                                  "though none was asked for")
 
     @staticmethod
     def _error(target: HandoffTarget, exc: Exception) -> HandoffError:
@@ -397,7 +397,8 @@ class HandoffClient:
                 raise self._status_error(target, response, head[:_ERROR_BYTES])
             media = response.headers.get("content-type", "").split(";")[0].strip().lower()
             if media != "text/event-stream":
-                raise self._malformed(target, f"a stream was asked for but the body is {media or 'untyped'}")
+                shown = repr(media[:40]) if media else "untyped"  # quoted and cut: the error is logged whole
+                raise self._malformed(target, f"a stream was asked for but the body is {shown}")
             deadline = loop.time() + target.timeout
             while True:
                 try:

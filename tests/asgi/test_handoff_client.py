@@ -14,6 +14,7 @@ from guard.subject import AgentSubject, HttpSubject
 from guard.systemone import AnswerV1
 from guard.verdict import Verdict
 from tests.asgi._servers import OpenAIStandIn, serve_in_thread
+from tests.backends._standin import socket_that_resets
 
 pytestmark = pytest.mark.anyio
 
@@ -238,6 +239,21 @@ async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenA
     assert override.resolve("helper", {"helper": _target(url)}).model == "override"
     await client.aclose()
     await client.aclose()
+
+
+@pytest.mark.parametrize("header", [b"Content-Type", b"Content-Encoding"])
+async def test_a_hostile_media_type_or_coding_is_quoted_and_cut_in_the_error(header: bytes) -> None:
+    """The error is logged at WARNING whole: a Content-Type of terminal escapes and 8 KB was written raw."""
+    value = b"\x1b[2K\x1b[1AINFO: guard.policy: policies reloaded OK" + b"A" * 8000
+    answer = b"HTTP/1.1 200 OK\r\n" + header + b": " + value + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+    client = HandoffClient()
+    with socket_that_resets(answer) as url, pytest.raises(HandoffError) as info:
+        async for _ in client.astream(_target(url), [{"role": "user", "content": "x"}]):
+            pass
+    await client.aclose()
+    message = str(info.value)
+    assert info.value.reason == "malformed" and "\x1b" not in message and len(message) < 200
+    assert "'\\x1b[2k\\x1b[1ainfo: guard.policy" in message  # quoted, as the log writes it
 
 
 @pytest.mark.parametrize(("model", "stream", "reason"), [
