@@ -355,10 +355,10 @@ class Telemetry:
             if span.is_recording():
                 attributes: dict[str, Any] = {"guard.subject.kind": subject.kind}
                 if isinstance(subject, HttpSubject):
-                    attributes["http.request.method"] = subject.method
+                    attributes["http.request.method"] = _capped(subject.method)
                     attributes["url.path"] = _capped(subject.path)
                 elif isinstance(subject, AgentSubject):
-                    attributes["guard.agent.event"] = subject.event
+                    attributes["guard.agent.event"] = _capped(subject.event)
                     if subject.tool_name:
                         attributes["guard.agent.tool"] = attributes["gen_ai.tool.name"] = _capped(subject.tool_name)
                 span.set_attributes(attributes)
@@ -516,11 +516,13 @@ WITHHELD = "[withheld: holds what a redact rule could not mask]"
 
 def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
-    event, which would make every record as long as the thread); a ``redact`` verdict's spans masked in the body and
+    event, which would make every record as long as the thread), the method cut by :func:`_capped`; a ``redact`` verdict's spans masked in the body and
     its text; the body, its text and the query values left out (:data:`WITHHELD`) of a request refused because
     what its rule masks could not be masked there. Secret values cut off with a part nested too deep go to
     ``hidden``."""
     record = _json_safe(subject, hidden=hidden)
+    if isinstance(subject, HttpSubject):  # a method is one token: cut as on the span (any length reaches us)
+        record["method"] = _capped(subject.method)
     record.pop("history", None)
     record.pop("deltas", None)  # a streamed window's pieces: its body_text holds them joined
     if verdict.flags.get(UNMASKABLE_FLAG) and isinstance(subject, HttpSubject):  # it holds what could not be masked

@@ -22,7 +22,7 @@ from guard.engine import Guard
 from guard.engine.telemetry import SPAN_NAME, DecisionLog, Telemetry
 from guard.errors import BackendUnavailable
 from guard.policy import load_text
-from guard.subject import HttpSubject, body_strings
+from guard.subject import AgentSubject, HttpSubject, body_strings
 from tests._backends import ScriptedBackend
 
 POLICY = """
@@ -110,6 +110,23 @@ async def test_one_span_per_decision_with_stable_attributes(otel: Any) -> None:
     decisions = counters(reader)["guard.decisions"]
     by_action = {(a["guard.policy.id"], a["guard.action"], a["guard.rule"]): v for a, v in decisions}
     assert by_action == {("api", "block", "injection"): 1, ("api", "allow", "default"): 2, ("", "allow", ""): 1}
+
+
+def test_the_method_and_the_agent_event_are_cut_like_the_path(otel: Any) -> None:
+    """A 12,000-character method (uvicorn passes any token) was written whole on the span and twice in a 25 KB
+    decision log line; the span and the log's input cut it at 1,024 characters, as they cut ``url.path``."""
+    from guard.verdict import Verdict
+
+    telemetry, exporter, _ = otel
+    method, event = "X" * 12_000, "e" * 12_000
+    with telemetry.span(HttpSubject(method=method, path="/v1/chat")):
+        pass
+    with telemetry.span(AgentSubject(event=event, tool_name="search")):  # type: ignore[arg-type]
+        pass
+    http, agent = (dict(span.attributes) for span in exporter.get_finished_spans())
+    assert http["http.request.method"] == "X" * 1021 + "..." and agent["guard.agent.event"] == "e" * 1021 + "..."
+    logged = DecisionLog(io.StringIO()).event(Verdict("allow", "d1"), HttpSubject(method=method, path="/v1/chat"))
+    assert logged["input"]["method"] == "X" * 1021 + "..."
 
 
 @pytest.mark.anyio
