@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, StatusCode
 
 from guard.engine import Guard
-from guard.engine.telemetry import SPAN_NAME, DecisionLog, Telemetry
+from guard.engine.telemetry import SECRET_NAME, SPAN_NAME, DecisionLog, Telemetry, credential_name
 from guard.errors import BackendUnavailable
 from guard.policy import load_text
 from guard.subject import AgentSubject, HttpSubject, body_strings
@@ -284,6 +284,50 @@ def test_redacted_scrubs_every_copy_of_a_credential_header_and_short_or_keyed_se
     subject = HttpSubject(method="POST", path="/pay", body=body, body_text="\n".join(body_strings(body)))
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d2"), subject)
     assert event["input"]["body_text"] == "code [redacted], order 43210"
+
+
+SECRET_FIELDS = ("card_cvv", "cvv2", "cardCvc", "cc_number", "ccnum", "card_num", "pw", "new_pw", "pwd", "otp_code",
+                 "verification_code", "mfa_code", "auth_code", "ssn_number", "auth_key", "client_key", "ssh_key",
+                 "hmac", "PHPSESSID", "sess_id", "password", "api_key", "pin", "iban", "card_number")
+ORDINARY_FIELDS = ("keyboard", "monkey", "turkey", "keys", "passage", "compass", "pinned", "spinach", "sidebar",
+                   "ticket", "tickets_sold", "topic", "code", "zip_code", "country_code", "sword", "power", "lesson",
+                   "success", "accent", "messages", "description", "assessment_id")
+
+
+@pytest.mark.parametrize("name", SECRET_FIELDS)
+def test_common_secret_and_card_field_names_are_secret_names(name: str) -> None:
+    """``card_cvv``, ``cvv2``, ``cc_number``, ``pw``, ``otp_code``, ``ssn_number``, ``client_key``... were kept by the
+    ``redacted`` log (only whole-name ``cvv``, ``otp``, ``ssn``, ``pwd`` counted)."""
+    assert SECRET_NAME.search(name) and credential_name(name)
+
+
+@pytest.mark.parametrize("name", ORDINARY_FIELDS)
+def test_ordinary_field_names_are_not_secret_names(name: str) -> None:
+    assert not SECRET_NAME.search(name)
+
+
+@pytest.mark.parametrize(("name", "credential"), [
+    ("PHPSESSID", True), ("sid", True), ("ticket", True), ("hmac", True), ("code", True), ("x-functions-key", True),
+    ("tickets", False), ("sidebar", False), ("q", False), ("state", False), ("page_key_count", False),
+])  # fmt: skip
+def test_query_credentials_include_session_ids_and_cas_tickets(name: str, credential: bool) -> None:
+    assert credential_name(name) is credential
+
+
+def test_redacted_removes_card_codes_short_passwords_and_session_ids_from_body_and_query() -> None:
+    from guard.verdict import Verdict
+
+    body = {"message": "hi", "card_cvv": "9876", "cvv2": "5432", "cc_number": "4111111111111111", "pw": "PWVAL123",
+            "otp_code": "123456", "ssh_key": "SSHKEYVAL", "ssn_number": "123-45-6789", "ticket": "Card charged twice"}
+    query = {"PHPSESSID": ["PHPSESSVAL123"], "sid": ["SIDVALUE12345"], "ticket": ["ST-CASTICKET1"], "q": ["1"]}
+    subject = HttpSubject(method="POST", path="/pay", body=body, query=query, body_text="\n".join(body_strings(body)))
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": subject.body_text}), subject)
+    logged = json.dumps([event["input"], event["state"]])
+    for secret in ("9876", "5432", "4111111111111111", "PWVAL123", "123456", "SSHKEYVAL", "123-45-6789",
+                   "PHPSESSVAL123", "SIDVALUE12345", "ST-CASTICKET1"):
+        assert secret not in logged, secret
+    assert event["input"]["body"] == {"message": "hi", "ticket": "Card charged twice"}
+    assert event["input"]["query"] == {"q": ["1"]}
 
 
 def test_leaving_the_input_out_scrubs_the_state_as_much_and_full_mode_scrubs_credential_headers() -> None:
