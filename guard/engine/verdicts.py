@@ -213,8 +213,10 @@ def combined(
 
     1. its action's place in :data:`SEVERITY` (block > escalate > handoff > redact > allow; a shadow policy's verdict
        allows);
-    2. then, among equal actions, its shadow action's place (a shadow policy that would block shows over a plain
-       allow), then a fail mode that decided before one that did not (degraded decisions show);
+    2. then, among equal actions, an enforced policy's verdict before a shadow one's (a shadow policy never decides
+       what the client or the metrics see; it decides only when every matching policy is shadow), then the shadow
+       action's place (among shadow verdicts, one that would block shows over one that would allow), then a fail
+       mode that decided before one that did not (degraded decisions show);
     3. then the higher ``priority`` (default 0), then the policy id in string order, never the file order: the
        verdict does not depend on the order files are given in.
 
@@ -225,9 +227,10 @@ def combined(
     """
     priority = {policy.id: policy.priority for policy in policies}
 
-    def rank(verdict: Verdict) -> tuple[int, int, bool, int, str]:
+    def rank(verdict: Verdict) -> tuple[int, bool, int, bool, int, str]:
         return (
             _RANK[verdict.action],
+            verdict.shadow_action is not None,
             _RANK[verdict.shadow_action or "allow"],
             verdict.fail_mode is None,
             -priority[verdict.policy_id or ""],

@@ -1,6 +1,6 @@
 """Shadow policies beside enforced ones in the agent middleware: decisions made without the model (an output guard
 cannot read, a malformed call) follow every matching policy, so an enforced policy applies whatever the file order,
-and the record names it."""
+and the record names it; a shadow policy's verdict never decides a tool call's record."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from langchain_core.tools import tool
 
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
-from guard.policy import load_files
+from guard.errors import BackendUnavailable
+from guard.policy import load_files, load_text
+from tests._backends import ScriptedBackend
 from tests.agents._drive import drive
 from tests.agents._fakes import Turn
 from tests.agents.conftest import POLICIES
@@ -55,3 +57,44 @@ def test_a_malformed_call_is_recorded_under_the_enforced_policy_whatever_the_ord
     drive(make_agent(h, Turn(calls=[("pay", '{"{"amount":1}', "bad")]), Turn(text="done")), USER, thread(), "invoke")
     (logged,) = [d for d in h.decisions() if d["result"]["rule"] == "malformed_arguments"]
     assert (logged["policy"]["id"], logged["result"]["action"]) == ("agent-tools", "block")
+
+
+# An enforced and a shadow policy on every tool call, each on a backend of its own ("down" fails every call).
+TOOL_CALLS = """
+policies:
+  - id: tools
+    version: 1
+    match: {agent: {events: [tool_call]}}
+    questions: {risky: {type: noul, instructions: "Is this call risky?"}}
+    rules: [{id: risky, when: risky.noul >= 0.5, action: block, message: risky}]
+    on_error: {mode: open}
+    backend: ENFORCED_BACKEND
+  - id: tools-trial
+    version: 1
+    mode: shadow
+    match: {agent: {events: [tool_call]}}
+    questions: {unusual: {type: noul, instructions: "Is this call unusual?"}}
+    rules: [{id: unusual, when: unusual.noul >= 0.5, action: block}]
+    on_error: {mode: open}
+    backend: SHADOW_BACKEND
+"""
+
+
+@pytest.mark.parametrize(("enforced", "shadow", "fail_mode"), [
+    pytest.param("down", "up", "open", id="enforced-fails-open-shadow-would-block"),
+])
+def test_a_tool_calls_record_is_the_enforced_policys_whatever_the_shadow_policy_found(
+    harness: Any, thread: Any, enforced: str, shadow: str, fail_mode: str | None
+) -> None:
+    h = harness(answer=lambda r: {"risky": 0.01, "unusual": 0.95})
+    h.guard.close()
+    text = TOOL_CALLS.replace("ENFORCED_BACKEND", enforced).replace("SHADOW_BACKEND", shadow)
+    h.guard = Guard(load_text(text), backends={"up": h.backend, "down": ScriptedBackend(fail=BackendUnavailable(
+        "down", backend="down"))}, decision_log=DecisionLog(h.lines.append))
+    drive(make_agent(h, Turn(calls=[("pay", {"amount": 5, "to": "bob"}, "c1")]), Turn(text="done")), USER, thread(),
+          "invoke")
+    assert h.runs.count("pay") == 1
+    (logged,) = h.decisions()
+    assert (logged["policy"]["id"], logged["result"]["shadow_action"], logged["fail_mode"]) == ("tools", None,
+                                                                                                fail_mode)
+    assert [(p["id"], p["shadow_action"]) for p in logged["policies"]] == [("tools", None), ("tools-trial", "block")]

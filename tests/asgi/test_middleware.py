@@ -31,6 +31,7 @@ from guard.engine import Guard
 from guard.engine.cache import CacheConfig
 from guard.engine.telemetry import DecisionLog
 from guard.errors import BackendTimeout, BackendUnavailable
+from guard.policy import load_text
 from guard.systemone import SystemOneRequestV1
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, client_for, echo, echo_routes, guarded_app, scripted_answers, sha
@@ -409,6 +410,53 @@ async def test_a_shadow_policy_that_could_not_decide_tells_brief_clients_nothing
         assert guard_headers == {}
     else:
         assert guard_headers["x-guard-fail-mode"] == "closed" and guard_headers["x-guard-shadow"] == "true"
+
+
+# An enforced and a shadow policy on one path, each on a backend of its own ("down" fails every call).
+BESIDE_SHADOW = """
+policies:
+  - id: enforced
+    version: "1"
+    match: {http: {methods: [POST]}}
+    state: {text: body_text}
+    questions: {spam: {type: noul, instructions: "Is this spam?"}}
+    rules: [{id: spam, when: spam.noul >= 0.9, action: block}]
+    on_error: {mode: open}
+    backend: ENFORCED_BACKEND
+  - id: trial
+    version: "1"
+    mode: shadow
+    match: {http: {methods: [POST]}}
+    state: {text: body_text}
+    questions: {topic: {type: noul, instructions: "Is this about topic X?"}}
+    rules: [{id: topic, when: topic.noul >= 0.5, action: block}]
+    on_error: {mode: open}
+    backend: SHADOW_BACKEND
+"""
+
+
+@pytest.mark.parametrize(("enforced", "shadow", "fail_open"), [
+    pytest.param("down", "up", "enforced", id="enforced-fails-open-shadow-would-block"),
+])
+async def test_only_an_enforced_policy_failing_open_is_flagged_and_counted(enforced: str, shadow: str,
+                                                                           fail_open: str | None) -> None:
+    """Brief headers and ``guard_http_fail_open_total`` follow the enforced policy's fail-open, never a shadow
+    policy's verdict (review findings: a shadow block hid the enforced fail-open)."""
+    text = BESIDE_SHADOW.replace("ENFORCED_BACKEND", enforced).replace("SHADOW_BACKEND", shadow)
+    backends = {"up": ScriptedBackend(lambda r: {"spam": 0.01, "topic": 0.95}, name="up"),
+                "down": ScriptedBackend(fail=BackendUnavailable("down", backend="down"), name="down")}
+    async with Guard(load_text(text), backends=backends) as guard:
+        middleware = guarded_app(guard).build_middleware_stack()
+        async with client_for(middleware) as client:
+            response = await client.post("/v1/echo", content=b"hello", headers={"content-type": "text/plain"})
+    assert response.status_code == 200
+    metrics = _find_middleware(middleware).metrics.render().decode()
+    counted = [line for line in metrics.splitlines() if line.startswith("guard_http_fail_open_total{")]
+    if fail_open is None:
+        assert "x-guard-fail-mode" not in response.headers and counted == []
+    else:
+        assert response.headers["x-guard-fail-mode"] == "open"
+        assert counted == [f'guard_http_fail_open_total{{guard_policy_id="{fail_open}"}} 1.0']
 
 
 async def test_body_refusals_are_logged_as_decisions(make_guard: GuardFactory) -> None:

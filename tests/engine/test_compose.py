@@ -234,14 +234,19 @@ async def test_policies_with_different_states_are_asked_apart() -> None:
     assert verdict.action == "allow" and not verdict.cache_hit and again.cache_hit
 
 
-async def test_a_shadow_policy_that_would_block_shows_over_a_plain_allow() -> None:
+async def test_a_shadow_policy_that_would_block_never_decides_over_an_enforced_allow() -> None:
     text = ABUSE.replace("version: 1", "version: 1\n    mode: shadow").replace("action: escalate", "action: block")
     text += INJECTION.replace("policies:\n", "")
     backend = ScriptedBackend(constant(**{"guard.prompt_injection": 0.1, "spam": 0.9}))
     async with Guard(load_text(text), backends=backend) as guard:
         verdict = await guard.aevaluate(post("buy pills"))
-    assert (verdict.action, verdict.shadow_action, verdict.policy_id) == ("allow", "block", "abuse")
-    assert ("x-guard-shadow", "true") in verdict.headers()
+        alone = await guard.aevaluate(post("buy pills", path="/v1/other"))  # only the shadow policy matches
+    assert (verdict.action, verdict.shadow_action, verdict.policy_id) == ("allow", None, "injection-only")
+    assert ("x-guard-shadow", "true") not in verdict.headers()
+    assert [(c.policy_id, c.shadow_action) for c in verdict.contributions] == [("abuse", "block"),
+                                                                                ("injection-only", None)]
+    assert (alone.action, alone.shadow_action, alone.policy_id) == ("allow", "block", "abuse")
+    assert ("x-guard-shadow", "true") in alone.headers()
 
 
 async def test_the_decision_log_span_and_json_keep_every_policys_part(tmp_path: Path) -> None:

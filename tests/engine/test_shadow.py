@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog, Telemetry
-from guard.errors import BackendRejected
+from guard.errors import BackendRejected, BackendUnavailable
 from guard.policy import load_text
 from guard.subject import HttpSubject
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
@@ -131,13 +131,33 @@ def test_a_late_shadow_decision_is_recorded_before_the_server_stops() -> None:
     guard.close()
 
 
-async def test_a_shadow_policy_that_answers_in_time_is_still_part_of_the_verdict() -> None:
+async def test_a_shadow_policy_that_answers_in_time_is_part_of_the_verdict_but_never_decides_it() -> None:
     scripted = ScriptedBackend(lambda r: {"spam": 0.01, "topic": 0.95})
     async with Guard(load_text("policies:" + ENFORCED + SHADOW), backends=scripted) as guard:
         await guard.aevaluate(post())  # fills the cache
         verdict = await guard.aevaluate(post())
-    assert (verdict.action, verdict.shadow_action, verdict.policy_id) == ("allow", "block", "trial")
-    assert [c.policy_id for c in verdict.contributions] == ["enforced", "trial"]
+    assert (verdict.action, verdict.shadow_action, verdict.policy_id) == ("allow", None, "enforced")
+    assert [(c.policy_id, c.shadow_action) for c in verdict.contributions] == [("enforced", None), ("trial", "block")]
+
+
+async def test_an_enforced_policy_that_fails_open_decides_over_a_shadow_policy_that_would_block() -> None:
+    """The shadow policy's would-be block ranked over the enforced fail-open: the verdict, its headers, the span and
+    the decision log named the shadow policy with no fail mode, and the HTTP layer neither flagged nor counted the
+    request it passed undecided (review finding)."""
+    sink = io.StringIO()
+    down = ScriptedBackend(fail=BackendUnavailable("down", backend="down"), name="down")
+    text = "policies:" + ENFORCED.replace("    default: allow", "    default: allow\n    on_error: {mode: open}\n"
+                                          "    backend: down") + SHADOW
+    guard = Guard(load_text(text), backends={"default": ScriptedBackend(lambda r: {"topic": 0.95}), "down": down},
+                  decision_log=DecisionLog(sink))
+    async with guard:
+        verdict = await guard.aevaluate(post())
+    assert (verdict.policy_id, verdict.action, verdict.rule, verdict.fail_mode) == ("enforced", "allow", "on_error",
+                                                                                    "open")
+    assert verdict.shadow_action is None and verdict.flags.get("fail_open") is True
+    assert [(c.policy_id, c.shadow_action) for c in verdict.contributions] == [("enforced", None), ("trial", "block")]
+    (record,) = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert (record["policy"]["id"], record["fail_mode"]) == ("enforced", "open")
 
 
 async def test_late_shadow_decisions_are_capped_so_they_cannot_take_the_enforced_calls_connections() -> None:
