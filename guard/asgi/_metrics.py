@@ -8,7 +8,7 @@ both (``guard_policy_id``, ``guard_action``) and one query joins them.
 =====================================================================  ===============================================
 ``guard_http_guarded_requests_total{guard_policy_id, guard_action}``   requests decided, by policy and action
 ``guard_http_judged_responses_total{guard_policy_id, guard_action}``   upstream responses a response policy judged
-``guard_http_fail_open_total{guard_policy_id}``                        requests passed undecided (the policy fails open)
+``guard_http_fail_open_total{guard_policy_id}``                        requests passed undecided (an enforced fail-open)
 ``guard_http_body_rejections_total{code}``                             bodies that could not be inspected
 ``guard_http_target_rejections_total{code}``                           targets refused before matching
 ``guard_http_reviews_total{event}``                                    review events (created, released, refused, ...)
@@ -85,7 +85,7 @@ class HttpMetrics:
         self._responses.add(1, {"guard.policy.id": policy, "guard.action": action})
 
     def count_fail_open(self, policy: str) -> None:
-        """One request passed undecided because ``policy`` fails open."""
+        """One request passed undecided because ``policy`` (enforced) failed open."""
         self._fail_open.add(1, {"guard.policy.id": policy})
 
     def count_body_rejection(self, code: str) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "HeaderList",
     "block_code",
     "encode_headers",
+    "failed_open",
     "refuse_target",
     "retry_after_value",
     "send_json",
@@ -78,14 +79,21 @@ def _encoded_outcome(
     return tuple(encode_headers(outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow)))
 
 
+def failed_open(verdict: Verdict) -> bool:
+    """Whether an enforced policy's fail mode let the request through undecided: what a brief client is told
+    (``x-guard-fail-mode: open``) and ``guard_http_fail_open_total`` counts. A shadow policy's fail-open decides only
+    its own verdict (its decision log record and span say so), never what happens to the request."""
+    return verdict.fail_mode == "open" and verdict.shadow_action is None
+
+
 def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
     """The verdict's decision headers (``x-guard-*``, as :meth:`Verdict.headers` names them), plus ``Retry-After``
     when it carries one. A new list.
 
     Args:
         full: every header also when the verdict allows; ``False``: an allowing verdict's headers are the decision
-            id and, when the policy failed open, ``x-guard-fail-mode: open``. A verdict guard answers itself (block,
-            escalate, handoff) always gets every header.
+            id and, when an enforced policy failed open (:func:`failed_open`), ``x-guard-fail-mode: open``. A
+            verdict guard answers itself (block, escalate, handoff) always gets every header.
     """
     out = [(b"x-guard-decision-id", verdict.decision_id.encode("latin-1", "replace"))]
     shadow, fail_mode = verdict.shadow_action, verdict.fail_mode
@@ -98,7 +106,7 @@ def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
             fail_mode,
             shadow is not None,
         )
-    elif fail_mode == "open":  # a shadow policy's closed or escalate fail mode allows too: not the client's to know
+    elif failed_open(verdict):  # a shadow policy's fail mode, whichever, allows too: not the client's to know
         out.append((b"x-guard-fail-mode", b"open"))
     if verdict.retry_after is not None and verdict.action != "allow":
         out.append((b"retry-after", retry_after_value(verdict.retry_after)))

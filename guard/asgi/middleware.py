@@ -64,6 +64,7 @@ from guard.asgi._responses import (
     DecisionHeaders,
     HeaderList,
     block_code,
+    failed_open,
     refuse_target,
     send_json,
     send_with_headers,
@@ -164,9 +165,9 @@ class GuardMiddleware:
         client_hops: how many trusted proxies append to ``client_header`` (1, the default: the right-most entry).
         metrics: counters to use (a proxy shares them with its ``/metrics``); default a new :class:`HttpMetrics`.
         decision_headers: what the application's response to an allowed request says of the decision.
-            ``"brief"`` (default): ``x-guard-decision-id``, and ``x-guard-fail-mode: open`` when the policy failed
-            open; ``"full"``: every decision header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``,
-            ``x-guard-shadow``). Responses guard gives itself (block, review, handoff) always carry every one.
+            ``"brief"`` (default): ``x-guard-decision-id``, and ``x-guard-fail-mode: open`` when an enforced policy
+            failed open (a shadow policy's fail mode is never the client's to know); ``"full"``: every decision
+            header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``, ``x-guard-shadow``). Responses guard gives itself (block, review, handoff) always carry every one.
         method_override: ``"refuse"`` (default), ``"judge"`` or ``"ignore"`` (:data:`MethodOverride`).
         path_case: ``"fold"`` (default) or ``"exact"`` (:data:`PathCase`).
         trailing_slash: ``"strip"`` (default) or ``"keep"`` (:data:`TrailingSlash`).
@@ -471,7 +472,7 @@ class GuardMiddleware:
             return
         verdict = await self.guard.aevaluate(subject, policies=matched)  # matched on the head already
         self.metrics.count_request(verdict.policy_id or "", verdict.action)
-        if verdict.fail_mode == "open":
+        if failed_open(verdict):
             self.metrics.count_fail_open(verdict.policy_id or "")
         if verdict.action in ("allow", "redact"):
             if verdict.action == "redact" and verdict.redactions:

@@ -222,7 +222,8 @@ def combined(
 
     Its fields are the verdict's; ``latency_ms`` is the whole evaluation, ``cache_hit`` holds when every policy's
     answers came from the cache (or it asked none), ``flags`` are every contribution's (the decisive one's values
-    last), ``redactions`` are those of every policy that redacts when the verdict is ``redact``, and
+    last; ``fail_open`` only when the deciding policy failed open, never another's, a shadow one's included),
+    ``redactions`` are those of every policy that redacts when the verdict is ``redact``, and
     ``contributions`` keeps all of them in match order.
     """
     priority = {policy.id: policy.priority for policy in policies}
@@ -243,6 +244,7 @@ def combined(
     for contribution in contributions:
         if contribution is not decisive:
             flags.update(contribution.flags)
+    flags.pop("fail_open", None)  # the decision failed open only when the policy that decided did
     flags.update(decisive.flags)
     redactions: tuple[Redaction, ...] = ()
     if decisive.action == "redact" and decisive.shadow_action is None:

@@ -82,6 +82,7 @@ policies:
 
 @pytest.mark.parametrize(("enforced", "shadow", "fail_mode"), [
     pytest.param("down", "up", "open", id="enforced-fails-open-shadow-would-block"),
+    pytest.param("up", "down", None, id="enforced-allows-shadow-fails-open"),
 ])
 def test_a_tool_calls_record_is_the_enforced_policys_whatever_the_shadow_policy_found(
     harness: Any, thread: Any, enforced: str, shadow: str, fail_mode: str | None
@@ -97,4 +98,6 @@ def test_a_tool_calls_record_is_the_enforced_policys_whatever_the_shadow_policy_
     (logged,) = h.decisions()
     assert (logged["policy"]["id"], logged["result"]["shadow_action"], logged["fail_mode"]) == ("tools", None,
                                                                                                 fail_mode)
-    assert [(p["id"], p["shadow_action"]) for p in logged["policies"]] == [("tools", None), ("tools-trial", "block")]
+    assert ("fail_open" in logged["flags"]) == (fail_mode == "open")
+    trial = logged["policies"][1]
+    assert (trial["id"], trial["shadow_action"]) == ("tools-trial", "block" if shadow == "up" else "allow")

@@ -412,9 +412,9 @@ async def test_a_shadow_policy_that_could_not_decide_tells_brief_clients_nothing
         assert guard_headers["x-guard-fail-mode"] == "closed" and guard_headers["x-guard-shadow"] == "true"
 
 
-# An enforced and a shadow policy on one path, each on a backend of its own ("down" fails every call).
-BESIDE_SHADOW = """
-policies:
+# An enforced and a shadow policy on one path, both failing open, each on a backend of its own ("down" fails every
+# call); ENFORCED is left out where only the shadow policy matches.
+ENFORCED_OPEN = """
   - id: enforced
     version: "1"
     match: {http: {methods: [POST]}}
@@ -423,6 +423,8 @@ policies:
     rules: [{id: spam, when: spam.noul >= 0.9, action: block}]
     on_error: {mode: open}
     backend: ENFORCED_BACKEND
+"""
+TRIAL_OPEN = """
   - id: trial
     version: "1"
     mode: shadow
@@ -437,12 +439,16 @@ policies:
 
 @pytest.mark.parametrize(("enforced", "shadow", "fail_open"), [
     pytest.param("down", "up", "enforced", id="enforced-fails-open-shadow-would-block"),
+    pytest.param("up", "down", None, id="enforced-allows-shadow-fails-open"),
+    pytest.param(None, "down", None, id="only-a-shadow-policy-fails-open"),
 ])
-async def test_only_an_enforced_policy_failing_open_is_flagged_and_counted(enforced: str, shadow: str,
+async def test_only_an_enforced_policy_failing_open_is_flagged_and_counted(enforced: str | None, shadow: str,
                                                                            fail_open: str | None) -> None:
     """Brief headers and ``guard_http_fail_open_total`` follow the enforced policy's fail-open, never a shadow
-    policy's verdict (review findings: a shadow block hid the enforced fail-open)."""
-    text = BESIDE_SHADOW.replace("ENFORCED_BACKEND", enforced).replace("SHADOW_BACKEND", shadow)
+    policy's verdict (review findings: a shadow block hid the enforced fail-open; a shadow policy's fail-open was
+    flagged and counted as the request's)."""
+    text = "policies:" + (ENFORCED_OPEN.replace("ENFORCED_BACKEND", enforced) if enforced else "")
+    text += TRIAL_OPEN.replace("SHADOW_BACKEND", shadow)
     backends = {"up": ScriptedBackend(lambda r: {"spam": 0.01, "topic": 0.95}, name="up"),
                 "down": ScriptedBackend(fail=BackendUnavailable("down", backend="down"), name="down")}
     async with Guard(load_text(text), backends=backends) as guard:

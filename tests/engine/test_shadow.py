@@ -183,3 +183,19 @@ async def test_late_shadow_decisions_are_capped_so_they_cannot_take_the_enforced
                for point in metric.data.data_points]
     assert skipped == [({"guard.policy.id": "trial"}, 8)]  # operators see what shadow mode did not measure
     await guard.aclose()
+
+
+async def test_a_shadow_policy_that_fails_open_leaves_the_enforced_verdict_unflagged() -> None:
+    """The shadow policy's ``fail_open`` flag was merged into the enforced verdict (counted in ``guard.fail_open``
+    under the enforced policy, and reported to HTTP clients as the request's fail-open: review finding). It stays in
+    the shadow policy's own verdict."""
+    down = ScriptedBackend(fail=BackendUnavailable("down", backend="down"), name="down")
+    text = "policies:" + ENFORCED + SHADOW.replace("    questions:", "    backend: down\n    on_error: {mode: open}\n"
+                                                   "    questions:")
+    async with Guard(load_text(text), backends={"default": ScriptedBackend(lambda r: {"spam": 0.01}), "down": down}
+                     ) as guard:
+        verdict = await guard.aevaluate(post())
+    assert (verdict.policy_id, verdict.action, verdict.fail_mode) == ("enforced", "allow", None)
+    assert "fail_open" not in verdict.flags
+    trial = next(c for c in verdict.contributions if c.policy_id == "trial")
+    assert (trial.fail_mode, trial.flags.get("fail_open")) == ("open", True)
