@@ -211,7 +211,8 @@ class Guard:
         return self.backends[name]
 
     def _plan(self, policy: Policy) -> Plan:
-        """``policy``'s plan, made again when the policy object, its backend or the backend's revision changed."""
+        """``policy``'s plan, made again when the policy object, its backend or the backend's revision changed. A
+        rules-only policy's plan never reads the backend's revision (or anything else of it): no model answers it."""
         known = self._plans.get(id(policy))
         if known is not None:
             plan, name = known
@@ -220,7 +221,7 @@ class Guard:
                 plan.policy is policy
                 and self._backend_name(policy) == name  # the name resolves as when the plan was made ...
                 and self.backends[name] is backend  # ... to the same backend, at the same revision
-                and plan.revision == backend.model_revision
+                and (plan.no_answers is not None or plan.revision == backend.model_revision)
                 and plan.epoch == self.canary_epochs.get(name, 0)
             ):
                 return plan
@@ -233,7 +234,8 @@ class Guard:
                 self._plans.pop(key, None)
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
-        plan = Plan(policy, backend, backend.model_revision, self.canary_epochs.get(chosen, 0))
+        revision = backend.model_revision if policy.questions else ""
+        plan = Plan(policy, backend, revision, self.canary_epochs.get(chosen, 0))
         self._plans[id(policy)] = (plan, chosen)
         return plan
 
@@ -308,7 +310,7 @@ class Guard:
         response = None
         try:
             policy.check_repeated(subject)
-            plan = self._plan(policy)  # reads the backend's revision, which may fail
+            plan = self._plan(policy)  # reads the backend's revision (a policy with questions), which may fail
             raw, state, flags, key = plan.prepare(subject)  # rules read ``raw``; the model and the cache ``state``
             if plan.no_answers is not None:  # rules only: no model call, no cache
                 cached = plan.no_answers

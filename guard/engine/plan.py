@@ -71,7 +71,8 @@ class Plan:
 
     Attributes:
         policy: the policy (identity matters: a reloaded policy gets a new plan).
-        backend: the backend that answers it; revision: its ``model_revision`` when the plan was made.
+        backend: the backend that answers it; revision: its ``model_revision`` when the plan was made (empty for a
+            rules-only policy, which no model answers).
         epoch: that backend's recovery epoch (0, or the one its replicas share: a start time in milliseconds plus
             one per canary passed again after failing it); in the cache key, so answers stored before a recovery,
             perhaps by the broken model, are not read after it.

@@ -290,6 +290,29 @@ async def test_a_rules_only_policy_decides_without_a_model_call() -> None:
     assert blocked.backend is None and blocked.model is None and blocked.answers == {}
 
 
+class _NoRevision(ScriptedBackend):
+    """A backend that cannot say its model revision (a remote one whose info call fails)."""
+
+    @property
+    def model_revision(self) -> str:
+        raise RuntimeError("no revision")
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["one-policy", "two-policies"])
+async def test_a_rules_only_policy_does_not_read_its_backend(alone: bool) -> None:
+    """A rules-only policy failed closed (internal_error) when its backend's model_revision raised: its plan read the
+    revision though no model answers it (review finding)."""
+    text = RULES_ONLY if alone else RULES_ONLY + RULES_ONLY.replace("policies:\n", "").replace(
+        "id: no-card-numbers", "id: no-card-numbers-2")
+    backend = _NoRevision()
+    async with Guard(load_text(text), backends=backend) as guard:
+        blocked = await guard.aevaluate(post("my card is 4111 1111 1111 1111"))
+        allowed = await guard.aevaluate(post("what is my balance?"))
+    assert (blocked.action, blocked.rule, blocked.fail_mode) == ("block", "card", None)
+    assert (allowed.action, allowed.rule, allowed.fail_mode) == ("allow", "default", None)
+    assert backend.calls == 0
+
+
 async def test_a_rules_only_policy_beside_a_model_policy_adds_no_question() -> None:
     text = RULES_ONLY + INJECTION.replace("policies:\n", "")
     backend = ScriptedBackend(constant(**{"guard.prompt_injection": 0.1}))
