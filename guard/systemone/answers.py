@@ -20,6 +20,7 @@ from guard.systemone.wire import (
     SystemOneRequestV1,
     SystemOneResponseV1,
     UsageV1,
+    parse_usage,
     sum_tolerance,
 )
 
@@ -41,8 +42,10 @@ def encode_checked(
 
     Raises:
         MalformedAnswer: a missing or extra answer, a wrong type, a non-finite probability, probabilities that do
-            not sum to 1, or a choice/score outside its options.
+            not sum to 1, a choice/score outside its options, or a usage count that is not a whole number >= 0
+            (:func:`~guard.systemone.wire.parse_usage`).
     """
+    usage = parse_usage(response.usage, MalformedAnswer)
     answers: dict[str, Any] = {}
     for question in request.questions:
         answer = response.answers.get(question.id)
@@ -68,15 +71,15 @@ def encode_checked(
     value = {
         "v": VALUE_VERSION,
         "model": response.model,
-        "usage": [response.usage.input_tokens, response.usage.output_tokens],
+        "usage": [usage.input_tokens, usage.output_tokens],
         "answers": answers,
     }
-    if response.usage.state_tokens_dropped > 0:
+    if usage.state_tokens_dropped > 0:
         # Optional and only when non-zero: values without it read as 0, so the value version stays (a replica that
         # does not know the key ignores it).
-        value["dropped"] = response.usage.state_tokens_dropped
-    if response.usage.out_of_competence > 0:
-        value["ooc"] = response.usage.out_of_competence
+        value["dropped"] = usage.state_tokens_dropped
+    if usage.out_of_competence > 0:
+        value["ooc"] = usage.out_of_competence
     return value, decode_answers(value, request)  # one shape check for fresh and cached answers
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "ValidationProfile",
     "answer_question",
     "confidence",
+    "parse_usage",
     "sum_tolerance",
 ]
 
@@ -689,7 +690,7 @@ class SystemOneResponseV1:
         model = body.get("model")
         if not (isinstance(model, str) and 0 < len(model) <= MAX_MODEL_CHARS and model.isprintable()):
             model = request.model  # what spans and decision logs carry: nothing a hostile endpoint can bloat
-        return cls(model=model, answers=answers, usage=_parse_usage(body.get("usage"), bad))
+        return cls(model=model, answers=answers, usage=parse_usage(body.get("usage"), bad))
 
 
 def sum_tolerance(options: int, decimals: int = _WIRE_DECIMALS) -> float:
@@ -705,11 +706,15 @@ def sum_tolerance(options: int, decimals: int = _WIRE_DECIMALS) -> float:
     return min(MAX_SUM_TOLERANCE, max(1e-3, options * 0.5 * 10.0**-decimals)) + 1e-9
 
 
-def _parse_usage(raw: Any, bad: Any) -> UsageV1:
+def parse_usage(raw: Any, bad: Any) -> UsageV1:
     """A response's ``usage`` (spec §5.4: ``input_tokens``, ``output_tokens``; guard's servers add
-    ``state_tokens_dropped`` and ``out_of_competence``). A count that is absent or null reads 0, as does a ``usage``
-    that is; a whole-number float reads as the integer (``1200.0``), and ``out_of_competence`` may be a boolean (a
-    flag: 0 or 1).
+    ``state_tokens_dropped`` and ``out_of_competence``), from a server's JSON or from the :class:`UsageV1` an
+    in-process backend built (its fields are checked the same way). A count that is absent or null reads 0, as does
+    a ``usage`` that is; a whole-number float reads as the integer (``1200.0``), and ``out_of_competence`` may be a
+    boolean (a flag: 0 or 1).
+
+    Args:
+        bad: builds the exception raised from its message (a :class:`~guard.errors.MalformedAnswer`).
 
     Raises:
         MalformedAnswer: ``usage`` is not an object, or a count is negative, fractional or not a number (read as 0,
@@ -717,6 +722,8 @@ def _parse_usage(raw: Any, bad: Any) -> UsageV1:
     """
     if raw is None:
         return UsageV1(input_tokens=0)
+    if isinstance(raw, UsageV1):
+        raw = dataclasses.asdict(raw)
     if not isinstance(raw, Mapping):
         raise bad(f"response usage is a JSON {_json_type(raw)}; expected an object")
     counts: dict[str, int] = {}

@@ -193,6 +193,11 @@ def _extra(response: SystemOneResponseV1) -> SystemOneResponseV1:
     return dataclasses.replace(response, answers={**response.answers, "extra": extra})
 
 
+def _usage_text(response: SystemOneResponseV1) -> SystemOneResponseV1:
+    """An in-process backend's usage count as a string: was an internal_error (TypeError) with a traceback."""
+    return dataclasses.replace(response, usage=dataclasses.replace(response.usage, state_tokens_dropped="1200"))
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("backend_kwargs", "reason"),
@@ -209,6 +214,7 @@ def _extra(response: SystemOneResponseV1) -> SystemOneResponseV1:
         ({"answers_override": _not_summing}, "malformed"),
         ({"answers_override": _wrong_type}, "malformed"),
         ({"answers_override": _extra}, "malformed"),
+        ({"answers_override": _usage_text}, "malformed"),
         ({"delay": 5.0}, "timeout"),
     ],
 )
@@ -224,7 +230,7 @@ async def test_backend_trouble_fails_closed_for_http(backend_kwargs: dict[str, A
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("override", [_missing_question, _nan, _not_summing, _wrong_type, _extra])
+@pytest.mark.parametrize("override", [_missing_question, _nan, _not_summing, _wrong_type, _extra, _usage_text])
 async def test_a_malformed_answer_counts_against_the_backend(override: Any) -> None:
     """A backend answering NaN made every decision fail closed while health said ok and ready: the answer check ran
     after the call had been counted a success."""

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from guard.errors import MalformedAnswer
-from guard.systemone import SystemOneResponseV1
+from guard.systemone import SystemOneResponseV1, UsageV1
 from guard.systemone.answers import decode_answers, encode_checked
 from tests.systemone.test_wire import _remote_body, _remote_request
 
@@ -70,3 +70,23 @@ def test_stored_answers_are_in_prompt_order_and_read_back_in_each_callers_order(
     decoded = decode_answers(json.loads(json.dumps(stored)), other)
     assert list(decoded.answers["team"].probabilities) == relisted.option_ids()
     assert decoded.answers["team"].probabilities == by_id and decoded.answers["team"].choice == "technical"
+
+
+@pytest.mark.parametrize(("usage", "error"), [
+    (UsageV1(346, state_tokens_dropped="1200"), "usage.state_tokens_dropped is a JSON string"),  # type: ignore[arg-type]
+    (UsageV1(346, state_tokens_dropped=-5), "usage.state_tokens_dropped is -5"),
+    (UsageV1(346.5), "usage.input_tokens is 346.5"),  # type: ignore[arg-type]
+    (UsageV1(346, out_of_competence=None), None),  # type: ignore[arg-type]
+    (UsageV1(346.0, state_tokens_dropped=1200.0, out_of_competence=True), None),  # type: ignore[arg-type]
+])
+def test_an_in_process_backends_usage_is_checked_by_the_wires_rules(usage: UsageV1, error: str | None) -> None:
+    """A string count from an in-process backend raised TypeError (a fail mode logged as internal_error with a
+    traceback) instead of a malformed answer; counts follow the rules of a server's JSON usage."""
+    response = dataclasses.replace(SystemOneResponseV1.from_json(_remote_body(), _remote_request()), usage=usage)
+    if error is not None:
+        with pytest.raises(MalformedAnswer, match=error):
+            encode_checked(response, _remote_request())
+        return
+    stored, decoded = encode_checked(response, _remote_request())
+    assert decoded.usage == UsageV1(346, 0, int(usage.state_tokens_dropped), int(usage.out_of_competence or 0))
+    assert decode_answers(json.loads(json.dumps(stored)), _remote_request()) == decoded
