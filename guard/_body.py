@@ -3,7 +3,8 @@
 The cap counts bytes as they arrive: a small or lying ``Content-Length`` does not help an oversized body, and a large
 declared length is refused before anything is read. Memory stays under ``limit`` plus one ASGI message.
 A client that disconnects mid-body ends the read with ``None``; nothing is raised. A body that takes longer than
-``timeout_s`` to arrive is refused with 408.
+``timeout_s`` to arrive, or that sends nothing for ``idle_s``, is refused with 408. Bodies read with a
+:class:`BodyBytes` count their bytes into it as they arrive, so the bytes held across requests stay bounded.
 
 Deadlines (:class:`Deadline`) cost no timer per request: each registers its task in a table that one sweeper per
 event loop checks every :data:`SWEEP_INTERVAL_S` seconds, cancelling the reads past their deadline (so a deadline
@@ -22,10 +23,10 @@ from typing import Self
 
 from starlette.types import Message, Receive
 
-from guard.errors import BodyError
+from guard.errors import BodyError, Overloaded
 
-__all__ = ["AMBIGUOUS_LENGTH", "BODY_TIMEOUT", "BODY_TOO_LARGE", "SWEEP_INTERVAL_S", "Deadline", "ReplayReceive",
-           "check_framing", "declared_length", "read_body"]
+__all__ = ["AMBIGUOUS_LENGTH", "BODY_TIMEOUT", "BODY_TOO_LARGE", "SWEEP_INTERVAL_S", "BodyBytes", "Deadline",
+           "ReplayReceive", "check_framing", "declared_length", "read_body"]
 
 SWEEP_INTERVAL_S = 0.25
 
@@ -73,28 +74,30 @@ _SWEEPERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = weak
 
 class Deadline:
     """``with Deadline(30.0): await ...``: raise TimeoutError if the block is still awaiting 30 s after it began (or
-    after the last :meth:`extend`); checked by the loop's sweeper, so up to :data:`SWEEP_INTERVAL_S` late.
+    after the last :meth:`extend`), or at ``until`` (a ``time.monotonic()``) if that comes first; checked by the loop's
+    sweeper, so up to :data:`SWEEP_INTERVAL_S` late.
 
     Only the current task is cancelled, and only while inside the block; a cancellation from elsewhere passes
     through unchanged.
     """
 
-    __slots__ = ("_seconds", "_sweeper", "_task")
+    __slots__ = ("_seconds", "_sweeper", "_task", "_until")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, until: float | None = None) -> None:
         loop = asyncio.get_running_loop()
         sweeper = _SWEEPERS.get(loop)
         if sweeper is None:
             sweeper = _SWEEPERS[loop] = _Sweeper(loop)
-        self._sweeper, self._seconds = sweeper, seconds
+        self._sweeper, self._seconds, self._until = sweeper, seconds, until
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - always inside a task under an ASGI server
             raise RuntimeError("Deadline needs a running task")
         self._task = task
 
     def extend(self) -> None:
-        """Start the time again from now (e.g. after each chunk, for an idle timeout)."""
-        self._sweeper.deadlines[self._task] = time.monotonic() + self._seconds
+        """Start the time again from now, never past ``until`` (e.g. after each chunk, for an idle timeout)."""
+        at = time.monotonic() + self._seconds
+        self._sweeper.deadlines[self._task] = at if self._until is None else min(at, self._until)
 
     def __enter__(self) -> Self:
         self.extend()
@@ -138,8 +141,63 @@ def declared_length(raw: bytes | str | None) -> int | None:
     return int(text)
 
 
+class BodyBytes:
+    """The bytes of request bodies held in memory across requests (``held``), counted as they arrive, at most
+    ``limit``.
+
+    ``with body_bytes.share() as share: await read_body(..., held=share)``: the share counts one request's bytes and
+    gives them all back when the block exits, however it exits.
+    """
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def check_room(self) -> None:
+        """Raise :class:`~guard.errors.Overloaded` (retry after 1 s) while the bodies held are at the limit."""
+        if self.held >= self.limit:
+            raise Overloaded("memory for request bodies", self.limit, 1.0, counted="bytes")
+
+    def share(self) -> _Share:
+        """A new request's share, empty until its body arrives."""
+        return _Share(self)
+
+
+class _Share:
+    """One request's bytes in a :class:`BodyBytes`; ``add`` raises :class:`~guard.errors.Overloaded` when they would
+    take the total past its limit (the bytes already counted stay counted until the block exits)."""
+
+    __slots__ = ("_pool", "held")
+
+    def __init__(self, pool: BodyBytes) -> None:
+        self._pool = pool
+        self.held = 0
+
+    def add(self, size: int) -> None:
+        pool = self._pool
+        if pool.held + size > pool.limit:
+            raise Overloaded("memory for request bodies", pool.limit, 1.0, counted="bytes")
+        pool.held += size
+        self.held += size
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._pool.held -= self.held
+        self.held = 0
+
+
 async def read_body(
-    receive: Receive, limit: int, declared: int | None = None, timeout_s: float | None = None
+    receive: Receive,
+    limit: int,
+    declared: int | None = None,
+    timeout_s: float | None = None,
+    *,
+    idle_s: float | None = None,
+    held: _Share | None = None,
 ) -> bytes | None:
     """Receive the whole body, refusing it as soon as more than ``limit`` bytes have arrived.
 
@@ -148,50 +206,56 @@ async def read_body(
         limit: most bytes accepted.
         declared: the ``Content-Length``, if any; only a value over ``limit`` is acted on (413 before reading).
         timeout_s: most seconds for the whole body; ``None`` = no limit.
+        idle_s: most seconds without a body byte (from the call, then from each part that arrives); ``None`` = no
+            limit.
+        held: a :meth:`BodyBytes.share` that counts each part as it arrives.
 
     Returns:
         The body bytes, or ``None`` if the client disconnected first.
 
     Raises:
         BodyError: 413 ``body_too_large``; 408 ``body_timeout``.
+        Overloaded: a part would take the bytes ``held`` counts into past their limit.
     """
     if declared is not None and declared > limit:
         raise _too_large(limit, declared, True)
-    if timeout_s is None:
-        return await _read(receive, limit)
+    if timeout_s is None and idle_s is None:
+        return await _read(receive, limit, held, None)
+    until = None if timeout_s is None else time.monotonic() + timeout_s
+    if idle_s is None:
+        deadline, idle = Deadline(timeout_s or 0.0), None
+    else:  # one deadline per task: the idle one, extended after each part but never past the whole body's
+        deadline = idle = Deadline(idle_s, until)
     try:
-        with Deadline(timeout_s):
-            return await _read(receive, limit)
+        with deadline:
+            return await _read(receive, limit, held, idle)
     except TimeoutError:
-        raise BodyError(408, BODY_TIMEOUT, f"the request body did not arrive within {timeout_s:g} s",
-                        field="body") from None
+        if until is not None and time.monotonic() >= until:
+            message = f"the request body did not arrive within {timeout_s:g} s"
+        else:
+            message = f"no byte of the request body arrived for {idle_s:g} s"
+        raise BodyError(408, BODY_TIMEOUT, message, field="body") from None
 
 
-async def _read(receive: Receive, limit: int) -> bytes | None:
-    message = await receive()
-    if message["type"] != "http.request":
-        return None
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > limit:
-            raise _too_large(limit, len(body), False)
-        return body
-    chunks = [body]
-    size = len(body)
+async def _read(receive: Receive, limit: int, held: _Share | None, idle: Deadline | None) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
     while True:
-        if size > limit:
-            raise _too_large(limit, size, False)
         message = await receive()
         if message["type"] != "http.request":
             return None
         chunk = message.get("body", b"")
         if chunk:
-            chunks.append(chunk)
             size += len(chunk)
-        if not message.get("more_body", False):
             if size > limit:
                 raise _too_large(limit, size, False)
-            return b"".join(chunks)
+            if held is not None:
+                held.add(len(chunk))
+            if idle is not None:
+                idle.extend()
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class ReplayReceive:

@@ -176,13 +176,14 @@ class MalformedAnswer(BackendError):
 
 
 class Overloaded(GuardError):
-    """A bounded queue is full; the caller should retry after ``retry_after`` seconds."""
+    """A bounded queue (or memory) is full; the caller should retry after ``retry_after`` seconds. ``counted`` names
+    what ``limit`` counts."""
 
-    def __init__(self, what: str, limit: int, retry_after: float) -> None:
+    def __init__(self, what: str, limit: int, retry_after: float, *, counted: str = "waiting") -> None:
         self.what = what
         self.limit = limit
         self.retry_after = retry_after
-        super().__init__(f"{what} is full ({limit} waiting); retry after {retry_after:g} s")
+        super().__init__(f"{what} is full ({limit} {counted}); retry after {retry_after:g} s")
 
 
 class UnsupportedQuestion(GuardError, ValueError):

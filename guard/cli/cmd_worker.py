@@ -6,7 +6,7 @@ Usage::
                        [--dtype auto|float32|bfloat16] [--max-batch N] [--max-batch-tokens T] [--max-wait-ms M]
                        [--max-queue Q] [--max-length-ratio R] [--max-length L] [--confidence reference|workers-ai|jev]
                        [--profile workers-ai|reference] [--max-body-bytes B] [--max-pending-body-bytes P]
-                       [--default-timeout-ms D]
+                       [--body-idle-timeout S] [--default-timeout-ms D]
                        [--overload-status 429|503] [--model-name NAME]
                        [--model-alias NAME]... [--release-date YYYY-MM-DD] [--torch-threads N] [--log-level LEVEL]
                        [--access-log] [--api-keys-env VAR | --insecure-no-auth] [--max-image-pixels N]
@@ -110,7 +110,15 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         metavar="P",
-        help="bytes of request bodies read and parsed at once, each at its Content-Length (64 MiB); more get 429",
+        help="bytes of request bodies held in memory at once, counted as they arrive (64 MiB); at it, new requests "
+        "get 429",
+    )
+    http.add_argument(
+        "--body-idle-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a request body may send nothing before a 408 (10)",
     )
     http.add_argument(
         "--default-timeout-ms", type=float, default=None, metavar="D", help="deadline without x-request-timeout-ms"
@@ -176,6 +184,8 @@ def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
         options["max_body_bytes"] = args.max_body_bytes
     if args.max_pending_body_bytes is not None:
         options["max_pending_body_bytes"] = args.max_pending_body_bytes
+    if args.body_idle_timeout is not None:
+        options["body_idle_timeout_s"] = args.body_idle_timeout
     if args.max_image_pixels is not None:
         options["max_image_pixels"] = args.max_image_pixels
     if args.canary_interval is not None:

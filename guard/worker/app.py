@@ -13,8 +13,9 @@ Routes:
   :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
-  body is read, and so does a body that would take the bytes of the bodies being read past ``max_pending_body_bytes``
-  (each holds its ``Content-Length``, or ``max_body_bytes`` when sent without one, until it is parsed); at most
+  body is read, and so does any request while the request bodies in memory (counted as their bytes arrive, held until
+  parsed) are at ``max_pending_body_bytes``; a body whose bytes would pass it is refused the same way. A body that
+  sends nothing for ``body_idle_timeout_s`` is a 408 ``body_timeout``. At most
   :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more than
   :data:`MAX_JSON_CONTAINERS` arrays and objects is a 400 ``invalid_json`` (json's parser holds the GIL: 8 MiB of
   ``[]`` stalled ``/healthz`` for seconds). A ``model``
@@ -71,7 +72,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from guard._body import declared_length, read_body
+from guard._body import BodyBytes, declared_length, read_body
 from guard._close import CLOSE_TIMEOUT_S, close_within
 from guard._json import loads
 from guard.backends.selftest import CanaryFailed, run_canaries
@@ -96,6 +97,7 @@ if TYPE_CHECKING:
     from guard.backends.local import LocalBackend
 
 __all__ = [
+    "DEFAULT_BODY_IDLE_TIMEOUT_S",
     "DEFAULT_CANARY_INTERVAL_S",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_PENDING_BODY_BYTES",
@@ -112,8 +114,11 @@ logger = logging.getLogger("guard.worker")
 
 #: Largest accepted request body (Workers AI documents 13 MiB; decision requests are far smaller).
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-#: Bytes of request bodies read and parsed at once (eight bodies at the default cap, thousands of typical ones).
+#: Bytes of request bodies held in memory at once, read or being parsed (eight bodies at the default cap, thousands of
+#: typical ones).
 DEFAULT_MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024
+#: Longest a request body may send nothing before it is a 408 (a stalled upload gives back what it holds).
+DEFAULT_BODY_IDLE_TIMEOUT_S = 10.0
 #: Deadline of a request that sends no ``x-request-timeout-ms``.
 DEFAULT_TIMEOUT_S = 30.0
 #: Longest deadline a caller may ask for.
@@ -143,9 +148,10 @@ class WorkerConfig:
     Attributes:
         validation_profile: ``workers-ai`` (hosted limits, unknown fields refused) or ``reference``.
         max_body_bytes: largest request body; more is a 413.
-        max_pending_body_bytes: most bytes of the request bodies being read and parsed at once (each counted at its
-            ``Content-Length``, or ``max_body_bytes`` without one); a body past it is refused as a full queue is.
-            At least ``max_body_bytes``.
+        max_pending_body_bytes: most bytes of request bodies held in memory at once, counted as they arrive and held
+            until parsed; while they are at it a new request is refused as a full queue is, and so is a body whose
+            next bytes would pass it. At least ``max_body_bytes``.
+        body_idle_timeout_s: most seconds a request body may send nothing (408 ``body_timeout``).
         default_timeout_s: deadline when the request has no ``x-request-timeout-ms`` header.
         max_timeout_s: cap on the header's deadline.
         overload_status: 429 or 503, the status of a full queue (both with ``Retry-After``).
@@ -168,6 +174,7 @@ class WorkerConfig:
     max_pending_body_bytes: int = DEFAULT_MAX_PENDING_BODY_BYTES
     default_timeout_s: float = DEFAULT_TIMEOUT_S
     max_timeout_s: float = MAX_TIMEOUT_S
+    body_idle_timeout_s: float = DEFAULT_BODY_IDLE_TIMEOUT_S
     overload_status: int = 429
     model_name: str | None = None
     model_aliases: tuple[str, ...] = ()
@@ -191,7 +198,7 @@ class WorkerConfig:
                 f"({self.max_body_bytes}), "
                 f"got {pending!r}"
             )
-        for name in ("default_timeout_s", "max_timeout_s"):
+        for name in ("default_timeout_s", "max_timeout_s", "body_idle_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"WorkerConfig.{name} must be a finite number of seconds > 0, got {value!r}")
@@ -278,8 +285,8 @@ class _Runtime:
         self.passes = 0  # forward passes finished (or failed), counted by the batcher's on_batch hook
         self.stalled_runs = 0  # canary runs in a row that did not finish while no forward pass finished
         self.intake = asyncio.Semaphore(INTAKE_THREADS)  # bodies decoded and parsed at once
-        self.body_bytes = 0  # bytes of the bodies being read and parsed (WorkerConfig.max_pending_body_bytes)
-        metrics.bind_body_bytes(lambda: self.body_bytes)
+        self.body_bytes = BodyBytes(config.max_pending_body_bytes)  # request bodies in memory, read or being parsed
+        metrics.bind_body_bytes(lambda: self.body_bytes.held)
         self._passes_seen = 0
         self.loaded_on = datetime.datetime.now(datetime.UTC).date()
 
@@ -450,8 +457,9 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         return _not_ready(runtime), "not_ready"
     config = runtime.config
     started = time.monotonic()
-    try:
-        backend.batcher.check_room()  # a request the queue cannot take is refused before its body is read
+    try:  # a request the queue cannot take, or that finds the memory for bodies full, is refused before it is read
+        backend.batcher.check_room()
+        runtime.body_bytes.check_room()
     except Overloaded as exc:
         return _overloaded(config, str(exc), exc.retry_after), "overloaded"
     try:
@@ -459,18 +467,10 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         content_type = request.headers.get("content-type", "")
         multipart = _intake.body_kind(content_type) == "multipart"
         declared = declared_length(request.headers.get("content-length", "").encode() or None)
-        # the body holds what it may grow to from before its first byte until it is parsed, so stalled uploads cannot
-        # hold more than max_pending_body_bytes between them (a larger Content-Length is the 413 read_body gives)
-        size = config.max_body_bytes if declared is None else min(declared, config.max_body_bytes)
-        if runtime.body_bytes + size > config.max_pending_body_bytes:
-            message = (
-                f"request bodies of {runtime.body_bytes} bytes are being read; {size} more would pass the worker's "
-                f"limit of {config.max_pending_body_bytes} bytes"
-            )
-            return _overloaded(config, message, 1.0), "overloaded"
-        runtime.body_bytes += size
-        try:
-            raw = await read_body(request.receive, config.max_body_bytes, declared, timeout_s=timeout)
+        # the body's bytes count as they arrive and until it is parsed; a stalled upload is cut at the idle timeout
+        with runtime.body_bytes.share() as held:
+            raw = await read_body(request.receive, config.max_body_bytes, declared, timeout_s=timeout,
+                                  idle_s=config.body_idle_timeout_s, held=held)
             if raw is None:
                 return Response(status_code=499), "cancelled"
             # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
@@ -484,13 +484,13 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
                                                                 config)
             finally:
                 runtime.intake.release()
-        finally:
-            runtime.body_bytes -= size
     except TimeoutError:
         message = f"the body was not parsed within the {timeout * 1000:g} ms deadline (the worker is busy reading others)"
         return _http.error_response(504, _http.TIMEOUT, message), "timeout"
     except BodyError as exc:
         return _http.error_response(exc.status, exc.code, exc.reason, field=exc.field), "invalid"
+    except Overloaded as exc:
+        return _overloaded(config, str(exc), exc.retry_after), "overloaded"
     except InvalidJson as exc:
         field = "body" if exc.path == "$" else exc.path.removeprefix("$.")
         return _http.error_response(400, _http.INVALID_JSON, str(exc), field=field), "invalid"
@@ -636,7 +636,7 @@ async def _readyz(request: Request) -> Response:
             "status": "ready",
             "model": runtime.backend.model_revision,
             "queue_depth": batcher.queue_depth,
-            "body_bytes": runtime.body_bytes,
+            "body_bytes": runtime.body_bytes.held,
             "canaries": len(runtime.backend.canaries),
         }
     )

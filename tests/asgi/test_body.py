@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from guard._body import ReplayReceive, read_body
+from guard._body import BodyBytes, ReplayReceive, read_body
 from guard.engine import Guard
-from guard.errors import BodyError
+from guard.errors import BodyError, Overloaded
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import BENIGN, guarded_app, scripted_answers, sha
 from tests.asgi._servers import raw_request, serve_in_thread
@@ -87,6 +88,54 @@ def _single_disconnect() -> Any:
         return {"type": "http.disconnect"}
 
     return receive
+
+
+def _parts(count: int, every_s: float) -> Any:
+    """A receive() that sends ``count`` one-byte parts, ``every_s`` apart, then never sends again."""
+    sent = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent == count:
+            await asyncio.Event().wait()
+        sent += 1
+        await asyncio.sleep(every_s)
+        return {"type": "http.request", "body": b"a", "more_body": True}
+
+    return receive
+
+
+async def test_a_body_that_stops_sending_is_cut_at_the_idle_timeout_not_its_deadline() -> None:
+    started = time.monotonic()
+    with pytest.raises(BodyError, match=r"no byte of the request body arrived for 0.3 s") as info:
+        await read_body(_parts(3, 0.1), MiB, timeout_s=300, idle_s=0.3)
+    assert info.value.status == 408 and info.value.code == "body_timeout" and time.monotonic() - started < 1.5
+
+
+async def test_the_idle_timeout_restarts_with_each_part_and_the_deadline_still_holds() -> None:
+    started = time.monotonic()
+    with pytest.raises(BodyError, match=r"did not arrive within 1 s"):  # 10 parts 0.2 s apart: 2 s, past the deadline
+        await read_body(_parts(10, 0.2), MiB, timeout_s=1, idle_s=0.5)
+    assert 0.9 < time.monotonic() - started < 1.6
+
+
+async def test_body_bytes_count_parts_as_they_arrive_and_come_back_on_every_exit() -> None:
+    bodies = BodyBytes(100)
+    with bodies.share() as first:
+        assert await read_body(Feeder(80, chunk=10), MiB, held=first) == b"a" * 80
+        assert bodies.held == first.held == 80
+        full = "memory for request bodies is full \\(100 bytes\\)"
+        with pytest.raises(Overloaded, match=full), bodies.share() as second:
+            await read_body(Feeder(50, chunk=10), MiB, held=second)  # 20 bytes fit, the third part would pass 100
+        assert bodies.held == 80
+        with bodies.share() as third:
+            assert await read_body(_single_disconnect(), MiB, held=third) is None
+            await read_body(Feeder(20, chunk=10), MiB, held=third)
+            assert bodies.held == 100
+            with pytest.raises(Overloaded):
+                bodies.check_room()
+        bodies.check_room()
+    assert bodies.held == 0
 
 
 async def test_replay_receive_states() -> None:

@@ -271,40 +271,92 @@ async def test_a_full_queue_refuses_before_reading_the_body(clef_fp32: ClefModel
     assert head.startswith(b"HTTP/1.1 429") and b"retry-after" in head.lower()
 
 
-async def test_stalled_uploads_hold_at_most_max_pending_body_bytes(clef_fp32: ClefModel) -> None:
-    """Bodies were read before anything counted them: 40 connections each declaring 8 MiB and stalling held 430 MB
-    until their deadlines, and neither the queue depth nor ``/readyz`` showed it (attack finding). Each body now holds
-    its ``Content-Length`` (the body cap when chunked) until it is parsed; one past ``max_pending_body_bytes`` gets the
-    full queue's 429 before it is read, and a stalled upload's share comes back when its client leaves."""
+async def _open_uploads(worker: RunningWorker, heads: list[bytes]) -> list[tuple[asyncio.StreamReader,
+                                                                                 asyncio.StreamWriter]]:
+    """One connection per head (after the request line and ``Content-Type``), each sending only that much."""
+    host, port = worker.url.removeprefix("http://").split(":")
+    connections = []
+    for head in heads:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/systemone HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+                     b"x-request-timeout-ms: 300000\r\n" + head)
+        await writer.drain()
+        connections.append((reader, writer))
+    return connections
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> bytes:
+    """One response, head and ``Content-Length`` body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+    return head + await reader.readexactly(length)
+
+
+async def _body_bytes(client: httpx.AsyncClient) -> int:
+    return (await client.get("/readyz")).json()["body_bytes"]
+
+
+async def test_declared_lengths_hold_nothing_so_header_only_uploads_lock_no_one_out(clef_fp32: ClefModel) -> None:
+    """Each body held its ``Content-Length`` (the body cap when chunked) from before its first byte, so 8 connections
+    declaring 8 MiB and sending nothing got every other request 429 for up to 300 s while ``/readyz`` said ready
+    (review finding). Bytes count as they arrive: declared lengths and chunked heads hold nothing, a body holds what
+    it sent, and a client that leaves gives it back."""
     config = WorkerConfig(max_body_bytes=BODY_CAP, max_pending_body_bytes=2 * BODY_CAP, model_name="clef-flash",
                           canary_interval_s=0)
-    heads = [b"Content-Length: %d\r\n\r\n{\"model\": " % BODY_CAP,
-             b"Transfer-Encoding: chunked\r\n\r\n9\r\n{\"model\":\r\n"]
+    heads = [b"Content-Length: %d\r\n\r\n" % BODY_CAP] * 8 + [b"Transfer-Encoding: chunked\r\n\r\n"] * 8
+    heads.append(b"Content-Length: %d\r\n\r\n%s" % (BODY_CAP, b" " * 1000))
     with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
-        host, port = worker.url.removeprefix("http://").split(":")
-        writers = []
-        for head in heads:  # the rest of each body never comes
-            _, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"POST /v1/systemone HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n" + head)
-            await writer.drain()
-            writers.append(writer)
+        connections = await _open_uploads(worker, heads)  # the rest of each body never comes
         async with worker.client(timeout=60) as client:
             deadline = time.monotonic() + 10
-            while (held := (await client.get("/readyz")).json()["body_bytes"]) < 2 * BODY_CAP:
-                assert time.monotonic() < deadline, f"the stalled uploads hold {held} bytes"
-                await asyncio.sleep(0.01)
+            while (held := await _body_bytes(client)) < 1000:
+                assert time.monotonic() < deadline, f"the uploads hold {held} bytes"
+            answered = await client.post("/v1/systemone", json=ticket_body(0))
+            for _, writer in connections:
+                writer.close()
+                await writer.wait_closed()
+            while (left := await _body_bytes(client)) > 0:
+                assert time.monotonic() < deadline, f"the clients that left still hold {left} bytes"
+    assert held == 1000
+    assert answered.status_code == 200, answered.text
+
+
+async def test_stalled_uploads_hold_at_most_max_pending_body_bytes_until_the_idle_timeout(
+    clef_fp32: ClefModel,
+) -> None:
+    """40 connections each sending half of a large body and stalling: the bytes held never pass
+    ``max_pending_body_bytes`` (a body whose bytes would, and a request arriving while they are at it, get the full
+    queue's 429), each stalled body is a 408 ``body_timeout`` after ``body_idle_timeout_s``, not at its 300 s
+    deadline, and the accounting ends at 0."""
+    half = BODY_CAP // 2
+    config = WorkerConfig(max_body_bytes=BODY_CAP, max_pending_body_bytes=4 * BODY_CAP, body_idle_timeout_s=1.0,
+                          model_name="clef-flash", canary_interval_s=0)
+    heads = [b"Content-Length: %d\r\n\r\n%s" % (BODY_CAP, b" " * half)] * 40
+    with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
+        async with worker.client(timeout=60) as client:
+            started = time.monotonic()
+            connections = await _open_uploads(worker, heads)
+            held = [await _body_bytes(client)]
+            while held[-1] < 4 * BODY_CAP:
+                assert time.monotonic() < started + 10, f"the stalled uploads hold {held[-1]} bytes"
+                held.append(await _body_bytes(client))
             refused = await client.post("/v1/systemone", json=ticket_body(0))
             gauge = [line for line in (await client.get("/metrics")).text.splitlines()
                      if line.startswith("guard_worker_body_bytes ")]
-            for writer in writers:
-                writer.close()
-            while (await client.get("/readyz")).json()["body_bytes"] > 0:
-                assert time.monotonic() < deadline + 10, "the stalled uploads kept their share after leaving"
-                await asyncio.sleep(0.01)
+            answers = [await asyncio.wait_for(_read_answer(reader), 10) for reader, _ in connections]
+            cut_after = time.monotonic() - started
+            held.append(await _body_bytes(client))
             answered = await client.post("/v1/systemone", json=ticket_body(0))
+        for _, writer in connections:
+            writer.close()
+    assert max(held) <= 4 * BODY_CAP and held[-1] == 0, held
     assert refused.status_code == 429 and refused.headers["retry-after"] == "1", refused.text
-    assert refused.json()["code"] == "overloaded" and str(2 * BODY_CAP) in refused.json()["message"]
-    assert gauge == [f"guard_worker_body_bytes {2 * BODY_CAP:.1f}"]
+    assert refused.json()["code"] == "overloaded" and str(4 * BODY_CAP) in refused.json()["message"]
+    assert gauge == [f"guard_worker_body_bytes {4 * BODY_CAP:.1f}"]
+    timed_out = [a for a in answers if a.startswith(b"HTTP/1.1 408")]
+    assert len(timed_out) == 8 and all(b'"code":"body_timeout"' in a for a in timed_out), answers
+    assert sum(a.startswith(b"HTTP/1.1 429") and b'"code":"overloaded"' in a for a in answers) == 32, answers
+    assert cut_after < 10
     assert answered.status_code == 200, answered.text
 
 
