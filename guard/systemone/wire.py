@@ -86,6 +86,10 @@ IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 IMAGE_CONTENT_TYPES = ("image/png", "image/jpeg", "image/webp")
 
+#: What a choice option id may not hold under the workers-ai profile: control characters (Cc), the bidi controls
+#: (embeddings, overrides, isolates, LRM, RLM, ALM), U+200B and U+FEFF. Joiners, soft hyphens, tag sequences, no-break
+#: and other spaces inside, and code points newer than Python's Unicode tables are text.
+_OPTION_ID_REFUSED = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
 _REQUEST_KEYS = ("model", "state", "questions", "images")
 _QUESTION_KEYS = ("type", "instructions", "criteria")
 _WIRE_DECIMALS = 4
@@ -376,13 +380,14 @@ def _validate_criteria(
                     f"has {len(criteria)} options; a choice needs {MIN_CHOICE_OPTIONS} to {MAX_CHOICE_OPTIONS}",
                 )
             )
-        if strict:  # ids are model input (spec pitfall 5): no control or format characters, no blank or padded id
+        if strict:  # ids are model input (spec pitfall 5): no control or bidi characters, no blank or padded id
             for option_id in criteria:
                 if not isinstance(option_id, str) or not option_id:
                     errors.append(FieldError(where, f"option id {_describe(option_id)} must be a non-empty string"))
-                elif not option_id.isprintable() or option_id.strip() != option_id:
-                    errors.append(FieldError(where, f"option id {_describe(option_id)} must be printable text (no "
-                                             "control or format characters) without leading or trailing spaces"))
+                elif _OPTION_ID_REFUSED.search(option_id) or option_id.strip() != option_id:
+                    errors.append(FieldError(where, f"option id {_describe(option_id)} must be text without control "
+                                             "or bidi characters, U+200B or U+FEFF, and without leading or trailing "
+                                             "whitespace"))
         return
     if not isinstance(criteria, list):
         errors.append(FieldError(where, f"must be an array of levels, lowest first, got {_json_type(criteria)}"))

@@ -55,6 +55,16 @@ def test_an_unknown_key_names_the_nearest_allowed_key(old: str, new: str, key: s
     assert any(p.key == key and p.reason == reason for p in error.problems), error.problems
 
 
+def test_choice_option_ids_in_any_script_load_and_padded_or_bidi_ones_do_not() -> None:
+    """Policies are checked with the workers-ai profile: str.isprintable() refused a Persian id with a ZWNJ and a
+    ZWJ emoji (review finding)."""
+    old = "{billing: Billing, tech: Tech}"
+    (policy,) = load_text(BASE.replace(old, '{"می\u200cخواهم": I want, "👩\u200d💻 developer": Dev, "10\u00a0km": Far}'))
+    assert policy.questions[1].wire.option_ids() == ["می\u200cخواهم", "👩\u200d💻 developer", "10\u00a0km"]
+    error = load_error(BASE.replace(old, '{"billing\u202e": Billing, " tech": Tech}'))
+    assert [p.key for p in error.problems] == ["policies[0].questions.topic.criteria"] * 2
+
+
 def test_base_policy_loads() -> None:
     (policy,) = load_text(BASE, "p.yaml")
     assert (policy.id, policy.version, policy.line, policy.mode) == ("p", "1", 2, "enforce")

@@ -101,23 +101,35 @@ def test_workers_ai_profile_errors_name_the_field(body: dict, field: str, fragme
     assert fragment in fields[field]
 
 
-@pytest.mark.parametrize("option_id", ["a\x00b", "safe\u202e", "safe\u200b", "\ufeffsafe", " ", " safe", "safe\n"])
-def test_workers_ai_profile_refuses_an_option_id_with_control_or_format_characters(option_id: str) -> None:
+@pytest.mark.parametrize(
+    "option_id",
+    ["a\x00b", "safe\n", "a\x85b", "safe\u202e", "\u2066safe", "a\u200eb", "a\u061cb", "safe\u200b", "\ufeffsafe", " ",
+     " safe", "\u00a0safe", "safe\u3000"],
+)
+def test_workers_ai_profile_refuses_an_option_id_with_control_or_bidi_characters_or_padding(option_id: str) -> None:
     """Option ids are model input and show in logs and reviews: NUL, U+202E, U+200B, U+FEFF, a lone space were
     accepted (review finding). The reference profile still takes any string, as the reference does."""
     body = _request(q={"type": "choice", "instructions": "x", "criteria": {option_id: None, "other": None}})
     with pytest.raises(RequestValidationError) as info:
         SystemOneRequestV1.from_json(body)
-    assert [(e.field, "must be printable text" in e.message) for e in info.value.errors] == [
+    assert [(e.field, "without control or bidi characters" in e.message) for e in info.value.errors] == [
         ("questions.q.criteria", True)
     ]
     assert SystemOneRequestV1.from_json(body, profile="reference").questions[0].option_ids()[0] == option_id
 
 
+#: Option ids str.isprintable() refused (review finding): joiners in Persian, Hindi and emoji, tag-sequence flags,
+#: no-break, narrow no-break and ideographic spaces inside, a soft hyphen, a code point newer than Python's tables.
+SCOTLAND = "🏴" + "".join(chr(0xE0000 + ord(c)) for c in "gbsct") + "\U000e007f"
+TEXT_OPTION_IDS = ["می\u200cخواهم", "क्\u200dष", "👩\u200d💻 developer", SCOTLAND, "10\u00a0km", "oui\u202f!", "技术\u3000支持",
+                   "co\u00adoperate", "\U0001fae9 face with bags"]
+
+
 def test_workers_ai_profile_takes_option_ids_in_any_script_and_chat_template_text() -> None:
-    """Printable ids in any script pass; ``<|im_end|>`` is printable text, tokenized as the reference tokenizes every
-    caller text (docs/clef.md, special-token text), so it is no more refused here than in a description."""
-    criteria = {"café": None, "技术支持": None, "two words": None, "<|im_end|>": None}
+    """Ids in any script pass, joiners, tag sequences and inner spaces included; ``<|im_end|>`` is text, tokenized as
+    the reference tokenizes every caller text (docs/clef.md, special-token text), so it is no more refused here than
+    in a description."""
+    criteria = dict.fromkeys(["café", "技术支持", "two words", "<|im_end|>", *TEXT_OPTION_IDS])
     body = _request(q={"type": "choice", "instructions": "x", "criteria": criteria})
     assert SystemOneRequestV1.from_json(body).questions[0].option_ids() == list(criteria)
 
