@@ -482,7 +482,6 @@ return {3, ARGV[2]}
         self.prefix = prefix
         self._client = client
         self._owns_client = owns_client
-        self._transition = client.register_script(self.TRANSITION_SCRIPT)
         self._settled: dict[str, float] = {}  # id -> expiry of the items seen rejected or released
 
     @classmethod
@@ -562,11 +561,15 @@ return {3, ARGV[2]}
             texts = None
         seal = texts[-1] if texts is not None else None
         if texts is None or seal is None or not self._sealer.check(self._key(review_id), _sealed(texts), seal):
-            self.tampered += 1
-            logger.warning("review item %s fails its integrity check (edited in Redis); refusing it", review_id)
-            raise ReviewConflict(review_id, "tampered", "the item fails its integrity check (edited in the store "
-                                 "without the store key); it cannot be approved or released")
+            raise self._tampered(review_id)
         return texts
+
+    def _tampered(self, review_id: str) -> ReviewConflict:
+        """Count and log an item edited in Redis without the store key; the ``tampered`` conflict to raise."""
+        self.tampered += 1
+        logger.warning("review item %s fails its integrity check (edited in Redis); refusing it", review_id)
+        return ReviewConflict(review_id, "tampered", "the item fails its integrity check (edited in the store without "
+                              "the store key); it cannot be approved or released")
 
     def _decode(self, texts: list[str | None], *, with_request: bool) -> ReviewItem:
         status, core, digest, decided, released_at, request, _ = texts
@@ -589,19 +592,29 @@ return {3, ARGV[2]}
     async def _reserve(self, client: str, item: ReviewItem) -> None:
         """Take one of ``client``'s pending slots for ``item``: added and counted in one transaction, so concurrent
         creates cannot all pass the cap (each sees the count with its own item in it); one over the cap gives its
-        slot back and raises ReviewQuotaExceeded."""
+        slot back and raises ReviewQuotaExceeded. Over the cap, the slots are read (as bytes): an entry that is not an
+        item id (a store writes only ids) is tampered, counted, dropped and not held against the client."""
         key, now = self._pending_key(client), time.time()
         pipe = self._client.pipeline(transaction=True)
         pipe.zremrangebyscore(key, "-inf", now)
         pipe.zadd(key, {item.id: item.expires_at})
         pipe.pexpireat(key, int(item.expires_at * 1000))
-        pipe.zrange(key, 0, 0, withscores=True)
         pipe.zcard(key)
-        *_, oldest, count = await self._call(NEW_ITEM, pipe.execute())
-        if int(count) > self.max_pending_per_client:
+        *_, count = await self._call(NEW_ITEM, pipe.execute())
+        if int(count) <= self.max_pending_per_client:
+            return
+        rows = await self._call(NEW_ITEM, self._client.execute_command(
+            "ZRANGE", key, 0, -1, "WITHSCORES", withscores=True, score_cast_func=float, **_AS_BYTES))
+        junk = [raw for raw, _ in rows if not _REVIEW_ID.fullmatch(raw.decode("utf-8", "replace"))]
+        if junk:
+            self.tampered += len(junk)
+            logger.warning("%d entries of a client's pending slots are not item ids (edited in Redis); dropping them",
+                           len(junk))
+            await self._call(NEW_ITEM, self._client.zrem(key, *junk))
+        held = [score for raw, score in rows if raw not in junk]
+        if len(held) > self.max_pending_per_client:
             await self._call(NEW_ITEM, self._client.zrem(key, item.id))
-            raise _quota(client, int(count) - 1, self.max_pending_per_client,
-                         float(oldest[0][1]) - now if oldest else 1)
+            raise _quota(client, len(held) - 1, self.max_pending_per_client, held[0] - now)
 
     async def create(
         self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None,
@@ -799,14 +812,16 @@ return {3, ARGV[2]}
                    for x in (old, new)]
         # the client's pending slot is freed in the same step (KEYS[2]; the item's own key when there is none)
         pending = self._pending_key(held.client) if need == "pending" and held.client is not None else key
-        code, current = await self._call(
-            review_id, self._transition(keys=[key, pending, *indexes],
-                                        args=[need, to, digest, texts[-1] or "", review_id, repr(held.expires_at),
-                                              *pairs])
-        )
+        keys = [key, pending, *indexes]
+        args = [need, to, digest, texts[-1] or "", review_id, repr(held.expires_at), *pairs]
+        # replied as bytes: a status edited in Redis since it was read may not be UTF-8
+        code, current = await self._call(review_id, self._client.execute_command(
+            "EVAL", self.TRANSITION_SCRIPT, len(keys), *keys, *args, **_AS_BYTES))
         current = self._text(current, "replace") or ""  # a status named in a conflict only
         if int(code) == 0:
             raise ReviewNotFound(review_id)
+        if int(code) == 1 and current not in STATUSES:  # edited since it was read
+            raise self._tampered(review_id)
         if int(code) == 1:
             raise _conflict(review_id, current, need)
         if int(code) == 2:

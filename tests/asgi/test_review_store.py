@@ -228,6 +228,51 @@ async def test_a_redis_field_or_index_entry_that_is_not_utf8_is_tampered_not_a_c
     await store.aclose()
 
 
+@pytest.mark.parametrize("decode_responses", [False, True])
+async def test_a_clients_pending_slot_that_is_not_an_item_id_is_tampered_not_a_crash_nor_held(
+    create_redis: Any, decode_responses: bool
+) -> None:
+    """A member that is not UTF-8 in ``<prefix>pending:<client>`` made every create for that client raise a bare
+    UnicodeDecodeError with ``decode_responses=True`` (after its slot was added), and junk counted against the
+    client's cap. Junk is now dropped and counted as tampered; the cap holds for the client's real items."""
+    store = RedisReviewStore(create_redis(decode_responses=decode_responses), prefix=create_redis.prefix,
+                             max_pending_per_client=2)
+    client = create_redis()
+    first = await store.create(_verdict(), subject={}, digest="d", client="alice")
+    slots = f"{create_redis.prefix}pending:" + hashlib.sha256(b"alice").hexdigest()[:32]
+    await client.zadd(slots, {b"rv_\xff": time.time() + 5, b"not-an-id": time.time() + 6})
+    second = await store.create(_verdict(), subject={}, digest="d", client="alice")
+    assert store.tampered == 2
+    assert sorted(await client.zrange(slots, 0, -1)) == sorted([first.id.encode(), second.id.encode()])
+    with pytest.raises(ReviewQuotaExceeded, match="already has 2 pending review items"):
+        await store.create(_verdict(), subject={}, digest="d", client="alice")
+    assert await client.zcard(slots) == 2
+    await store.aclose()
+
+
+@pytest.mark.parametrize("decode_responses", [False, True])
+async def test_a_status_edited_to_junk_between_the_read_and_the_transition_is_tampered(
+    create_redis: Any, decode_responses: bool
+) -> None:
+    """The transition script names the status it found; one that is not UTF-8 raised UnicodeDecodeError inside
+    redis-py with ``decode_responses=True``. Its reply is read as bytes, and a status no store writes is tampered."""
+    store = RedisReviewStore(create_redis(decode_responses=decode_responses), prefix=create_redis.prefix)
+    client = create_redis()
+    item = await store.create(_verdict(), subject={}, digest="d")
+    read = store._read
+
+    async def read_then_edit(review_id: str) -> list[str | None]:
+        texts = await read(review_id)
+        await client.hset(f"{create_redis.prefix}{review_id}", "status", b"pend\xffing")  # after the seal checked
+        return texts
+
+    store._read = read_then_edit  # type: ignore[method-assign]
+    with pytest.raises(ReviewConflict) as caught:
+        await store.approve(item.id)
+    assert caught.value.status == "tampered" and store.tampered == 1
+    await store.aclose()
+
+
 async def test_redis_down_is_unavailable_not_an_allow(private_redis: Any) -> None:
     store = RedisReviewStore.from_url(private_redis.url, timeout_s=0.2)
     item = await store.create(_verdict(), subject={}, digest="d")
