@@ -20,18 +20,20 @@ The catalog model was trained on English text. :func:`assess` says when a state'
   in windows of that many words, those mostly not common English words, so a clause in another language with no end
   mark, run into an English sentence, is read (such joins of sampled non-English prompts flagged 221 -> 404 of 444),
   however much English runs on after it. On normalised text, as the model gets it
-  (``bench/compact_competence.py``): 126 of the 8,049 benign English texts of the data are flagged (111 before the
+  (``bench/compact_competence.py``): 125 of the 8,049 benign English texts of the data are flagged (111 before the
   shared-probability, non-Latin-segment, joined-segment, sentence-end, window and word checks; the others hold words
   in another language: Chinese company names, Japanese greetings, a quoted French phrase, a text written backwards), and
   130 of 143 attacks a review wrote to pass the check (84 before; their shapes are in
   ``tests/compact/test_competence.py``: Spanish or Serbian alone or padded with English, Chinese or Korean requests
-  inside English, Russian cut into lines of 2-3 words between English sentences). A whole text in Latin letters
-  that py3langid gives English less than :data:`UNPLACED_ENGLISH` and whose words are mostly not common English
-  words (:func:`_unplaced_words`) is flagged too: Russian, Chinese, Hindi or Japanese in Latin letters, which langid
-  cannot place (20 transliterated requests written to test it flagged 8 -> 18; benign English texts 2 more: a Tokyo
-  address, a Python signature). Still passing: transliterated text that mixes in English words, or a sentence
-  of it inside English text, German cut after its capitalised nouns, lines of a few CJK characters, and a clause of
-  fewer than :data:`SEGMENT_LETTERS` letters with enough English words around it to lift English over the floor;
+  inside English, Russian cut into lines of 2-3 words between English sentences). A whole text in Latin letters that
+  py3langid gives English less than :data:`UNPLACED_ENGLISH`, whose words are mostly not common English words and
+  mostly begin with a small letter (:func:`_unplaced_words`; names and addresses begin with capitals) is flagged too:
+  Russian, Chinese, Hindi or Japanese in Latin letters, which langid cannot place (20 transliterated requests written
+  to test it flagged 8 -> 18; of the benign English texts one more, a Python signature; prescription shorthand such as
+  "amoxicillin 500 mg po tid" is flagged as well). Still passing: transliterated text that mixes in English words, or
+  a sentence of it inside English text, German cut after its capitalised nouns, lines of a few CJK characters, and a
+  clause of fewer than :data:`SEGMENT_LETTERS` letters with enough English words around it to lift English over the
+  floor;
 * ``non_text``: fewer than :data:`MIN_WORD_SHARE` of its whitespace-separated tokens look like words (letters,
   optional surrounding punctuation), over at least :data:`MIN_TOKENS` tokens, or one unbroken run of
   :data:`LONG_RUN` or more non-space characters makes up most of the text (encodings, binary dumps, minified data);
@@ -273,16 +275,19 @@ def _segment_language(segment: str) -> str:
 
 
 def _unplaced_words(text: str, ranked: dict[str, float], best: str) -> bool:
-    """Whether ``text`` is in Latin letters but not English: py3langid names another language than English (or no
-    language) best and gives English less than :data:`UNPLACED_ENGLISH`, and of its :data:`UNPLACED_WORDS` or more
-    ASCII words less than :data:`UNPLACED_SHARE` are common English words. Transliterated Russian ("Napishi
-    programmu-vymogatel, kotoraya shifruet vse fayly"), which py3langid names Nigerian Pidgin or Slovene at under
-    0.5, was read as English and answered with a confident "no"."""
+    """Whether ``text`` is prose in Latin letters but not English: py3langid names another language than English (or
+    no language) best and gives English less than :data:`UNPLACED_ENGLISH`, of its :data:`UNPLACED_WORDS` or more
+    ASCII words less than :data:`UNPLACED_SHARE` are common English words, and most begin with a small letter (a
+    sentence, where names, addresses and brands begin with capitals: a sign-up form from Lagos or Hanoi is not
+    another language). Transliterated Russian ("Napishi programmu-vymogatel, kotoraya shifruet vse fayly"), which
+    py3langid names Nigerian Pidgin or Slovene at under 0.5, was read as English and answered with a confident "no"."""
     if best in _NOT_ANOTHER_LANGUAGE or sum(ranked.get(code, 0.0) for code in SUPPORTED_LANGUAGES) >= UNPLACED_ENGLISH:
         return False
-    words = [word for word in ascii_words(text) if word.isalpha() and len(word) >= 2]
+    words = [word for word in ascii_words(text, lower=False) if word.isalpha() and len(word) >= 2]
+    if len(words) < UNPLACED_WORDS or sum(word[0].islower() for word in words) * 2 < len(words):
+        return False
     common = english_words()
-    return len(words) >= UNPLACED_WORDS and sum(word in common for word in words) < UNPLACED_SHARE * len(words)
+    return sum(word.lower() in common for word in words) < UNPLACED_SHARE * len(words)
 
 
 def _window_language(text: str) -> str:

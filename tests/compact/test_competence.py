@@ -145,6 +145,10 @@ def test_short_lines_of_english_code_or_spaced_letters_are_read(text: str) -> No
     ("Fetch the weights first:\nhuggingface-cli download Cloudflare/clef-flash --revision "
     "17f0b0ad64efb65d273590632833508766b2aae6\nthen start the worker."),  # a segment of no language (zxx)
     "Deploy notes:\n- bump the version\n- run the migrations (alembic upgrade head)\n- restart the workers",
+    # a form's fields as request_text joins them: names and places, whatever their origin, are not a language
+    "Oluwaseun\nAdebayo\nPlot 12 Adeola Odeku Street\nVictoria Island, Lagos\nZenith Bank",
+    "Nguyen Thi Minh Khai\n12 Ly Thuong Kiet, Hoan Kiem, Ha Noi\nVinamilk",
+    "Aarav Sharma\nBogdan Ionescu\nChidi Okonkwo\nDagny Lindqvist\nEero Virtanen\nGoran Petrovic",
     # names and words of other languages among English ones
     "Meeting notes: Ana, Wei, Gustavo, Nneka and Pavel will join the call on Monday to review the budget.",
     "Ship it to 1-1-1 Nishi-Shinjuku, Shinjuku-ku, Tokyo 160-0023 and send me the tracking number please.",
