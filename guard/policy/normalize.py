@@ -494,6 +494,9 @@ def _normalize(text: str, counts: dict[str, int], depth: int) -> str:
         cued = bool(_ROT13_CUE_RE.search(text))
         found = [("rot13", rot13_reading(text))] if cued else []
         found += [(name, reading) for name, reading in readings(text) if not (cued and name == "rot13")]
+        if found:  # a reading an earlier step already appended (a right-to-left override's shown order) is not repeated
+            lowered = text.lower()
+            found = [(name, reading) for name, reading in found if reading.lower() not in lowered]
         for name, reading in found:
             _count(counts, name)
             text = f"{text} [{name}: {reading}]"
