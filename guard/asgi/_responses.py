@@ -79,11 +79,20 @@ def _encoded_outcome(
     return tuple(encode_headers(outcome_headers(action, policy_id, version, rule, fail_mode, shadow=shadow)))
 
 
-def failed_open(verdict: Verdict) -> bool:
-    """Whether an enforced policy's fail mode let the request through undecided: what a brief client is told
-    (``x-guard-fail-mode: open``) and ``guard_http_fail_open_total`` counts. A shadow policy's fail-open decides only
-    its own verdict (its decision log record and span say so), never what happens to the request."""
-    return verdict.fail_mode == "open" and verdict.shadow_action is None
+def failed_open(verdict: Verdict) -> tuple[str, ...]:
+    """The ids of the enforced policies whose fail mode let the request through undecided: what a client is told
+    (``x-guard-fail-mode: open``) and ``guard_http_fail_open_total`` counts, each under its own id. The policy that
+    decided (fail mode ``open``), or one beside another enforced policy's allow, redact or handoff (the combined
+    verdict's ``flags.fail_open``); none when the verdict blocks or escalates. A shadow policy's fail-open decides
+    only its own verdict (its decision log record and span say so), never what happens to the request."""
+    if verdict.shadow_action is not None:
+        return ()
+    if verdict.contributions:
+        if not verdict.flags.get("fail_open"):
+            return ()
+        return tuple(c.policy_id or "" for c in verdict.contributions
+                     if c.shadow_action is None and c.flags.get("fail_open"))  # fmt: skip
+    return (verdict.policy_id or "",) if verdict.fail_mode == "open" else ()
 
 
 def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
@@ -96,7 +105,9 @@ def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
             verdict guard answers itself (block, escalate, handoff) always gets every header.
     """
     out = [(b"x-guard-decision-id", verdict.decision_id.encode("latin-1", "replace"))]
-    shadow, fail_mode = verdict.shadow_action, verdict.fail_mode
+    shadow, opened = verdict.shadow_action, failed_open(verdict)
+    # ``open`` also when another enforced policy decided (a redact, a handoff) and one beside it failed open
+    fail_mode = verdict.fail_mode or ("open" if opened else None)
     if full or verdict.action != "allow":
         out += _encoded_outcome(
             shadow or verdict.action,
@@ -106,7 +117,7 @@ def verdict_headers(verdict: Verdict, *, full: bool = True) -> HeaderList:
             fail_mode,
             shadow is not None,
         )
-    elif failed_open(verdict):  # a shadow policy's fail mode, whichever, allows too: not the client's to know
+    elif opened:  # a shadow policy's fail mode, whichever, allows too: not the client's to know
         out.append((b"x-guard-fail-mode", b"open"))
     if verdict.retry_after is not None and verdict.action != "allow":
         out.append((b"retry-after", retry_after_value(verdict.retry_after)))

@@ -472,8 +472,8 @@ class GuardMiddleware:
             return
         verdict = await self.guard.aevaluate(subject, policies=matched)  # matched on the head already
         self.metrics.count_request(verdict.policy_id or "", verdict.action)
-        if failed_open(verdict):
-            self.metrics.count_fail_open(verdict.policy_id or "")
+        for policy_id in failed_open(verdict):
+            self.metrics.count_fail_open(policy_id)
         if verdict.action in ("allow", "redact"):
             if verdict.action == "redact" and verdict.redactions:
                 try:

@@ -21,7 +21,7 @@ The decision log (:class:`DecisionLog`) writes one JSON object per line, modelle
 ``revision``, ``metrics.latency_ms``, ``fail_mode``, ``error``, ``flags``, ``trace_id``/``span_id`` and ``erased``:
 the JSON pointers removed before the record left the process (``*`` matches any key or index). When several
 policies matched, ``policy`` and ``result`` are the deciding one's and ``policies`` lists each one's own verdict
-(id, version, action, rule, answers, fail mode) in match order.
+(id, version, action, rule, answers, fail mode, flags) in match order.
 """
 
 from __future__ import annotations
@@ -529,7 +529,8 @@ def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
         record["method"] = _capped(subject.method)
     record.pop("history", None)
     record.pop("deltas", None)  # a streamed window's pieces: its body_text holds them joined
-    if verdict.flags.get(UNMASKABLE_FLAG) and isinstance(subject, HttpSubject):  # it holds what could not be masked
+    unmaskable = any(own.flags.get(UNMASKABLE_FLAG) for own in (verdict, *verdict.contributions))  # a shadow's too
+    if unmaskable and isinstance(subject, HttpSubject):  # it holds what could not be masked
         record.update(body=WITHHELD, body_text=WITHHELD, query={name: [WITHHELD] for name in subject.query})
     elif verdict.redactions and isinstance(subject, HttpSubject):
         body = apply_redactions(subject.body, verdict.redactions)
@@ -818,6 +819,7 @@ def _contribution(verdict: Verdict) -> dict[str, Any]:
         "backend": verdict.backend,
         "fail_mode": verdict.fail_mode,
         "error": verdict.error,
+        "flags": _json_safe(verdict.flags),
     }
 
 

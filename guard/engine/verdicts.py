@@ -221,10 +221,11 @@ def combined(
        verdict does not depend on the order files are given in.
 
     Its fields are the verdict's; ``latency_ms`` is the whole evaluation, ``cache_hit`` holds when every policy's
-    answers came from the cache (or it asked none), ``flags`` are every contribution's (the decisive one's values
-    last; ``fail_open`` only when the deciding policy failed open, never another's, a shadow one's included),
-    ``redactions`` are those of every policy that redacts when the verdict is ``redact``, and
-    ``contributions`` keeps all of them in match order.
+    answers came from the cache (or it asked none), ``flags`` are every enforced contribution's (the decisive one's
+    values last; a shadow policy's stay in its own verdict unless it decides), with an enforced policy's
+    ``fail_open`` left out when the verdict blocks or escalates (the subject did not pass), ``redactions`` are those
+    of every policy that redacts when the verdict is ``redact``, and ``contributions`` keeps all of them in match
+    order.
     """
     priority = {policy.id: policy.priority for policy in policies}
 
@@ -242,9 +243,10 @@ def combined(
     asked = [c for c in contributions if c.backend is not None]  # rules-only verdicts name no backend
     flags: dict[str, Any] = {}
     for contribution in contributions:
-        if contribution is not decisive:
+        if contribution is not decisive and contribution.shadow_action is None:
             flags.update(contribution.flags)
-    flags.pop("fail_open", None)  # the decision failed open only when the policy that decided did
+    if decisive.action in ("block", "escalate"):
+        flags.pop("fail_open", None)  # an enforced fail-open beside a block let nothing through
     flags.update(decisive.flags)
     redactions: tuple[Redaction, ...] = ()
     if decisive.action == "redact" and decisive.shadow_action is None:

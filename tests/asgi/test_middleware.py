@@ -465,6 +465,27 @@ async def test_only_an_enforced_policy_failing_open_is_flagged_and_counted(enfor
         assert counted == [f'guard_http_fail_open_total{{guard_policy_id="{fail_open}"}} 1.0']
 
 
+async def test_an_enforced_fail_open_beside_an_enforced_redact_is_flagged_and_counted_under_its_policy() -> None:
+    """Another enforced policy's redact decided and the request passed (masked) with no ``x-guard-fail-mode`` and
+    nothing counted, though the enforced policy beside it failed open (review finding)."""
+    text = "policies:" + ENFORCED_OPEN.replace("ENFORCED_BACKEND", "down") + """
+  - id: cards
+    version: "1"
+    match: {http: {methods: [POST]}}
+    rules: [{id: card, when: "true", action: redact, redact: {patterns: {card: '\\b\\d{4}(?: ?\\d{4}){3}\\b'}}}]
+"""
+    backends = {"down": ScriptedBackend(fail=BackendUnavailable("down", backend="down"), name="down")}
+    async with Guard(load_text(text), backends=backends) as guard:
+        middleware = guarded_app(guard).build_middleware_stack()
+        async with client_for(middleware) as client:
+            response = await client.post("/v1/echo", json={"t": "card 4111 1111 1111 1111"})
+    assert response.status_code == 200 and response.json()["length"] == len('{"t":"card [REDACTED:card]"}')
+    assert response.headers["x-guard-fail-mode"] == "open"
+    metrics = _find_middleware(middleware).metrics.render().decode()
+    counted = [line for line in metrics.splitlines() if line.startswith("guard_http_fail_open_total{")]
+    assert counted == ['guard_http_fail_open_total{guard_policy_id="enforced"} 1.0']
+
+
 async def test_body_refusals_are_logged_as_decisions(make_guard: GuardFactory) -> None:
     lines: list[str] = []
     guard = make_guard(decision_log=DecisionLog(lines.append))

@@ -199,3 +199,30 @@ async def test_a_shadow_policy_that_fails_open_leaves_the_enforced_verdict_unfla
     assert "fail_open" not in verdict.flags
     trial = next(c for c in verdict.contributions if c.policy_id == "trial")
     assert (trial.fail_mode, trial.flags.get("fail_open")) == ("open", True)
+
+
+async def test_a_shadow_policys_flags_stay_in_its_own_verdict_and_its_unmaskable_body_stays_out_of_the_log() -> None:
+    """A shadow policy's flags were merged into the enforced verdict: its state cut showed as the enforced decision's
+    ``flags.truncated`` (review finding). They stay in its own verdict (the decision log's ``policies``); a shadow
+    redact that could not mask still keeps the body and query out of the decision log."""
+    sink = io.StringIO()
+    text = "policies:" + ENFORCED + SHADOW.replace("state: {text: body_text}",
+                                                   "state: {text: {from: body_text, max_chars: 3}}") + """
+  - id: cards
+    version: "1"
+    mode: shadow
+    match: {http: {methods: [POST]}}
+    rules: [{id: card, when: "true", action: redact, redact: {patterns: {card: '\\b\\d{4}(?: ?\\d{4}){3}\\b'}}}]
+"""
+    subject = HttpSubject(method="POST", path="/x", query={"card": ["4111 1111 1111 1111"]}, body={"t": "hello"},
+                          body_text="hello")
+    async with Guard(load_text(text), backends=ScriptedBackend(lambda r: {"spam": 0.01, "topic": 0.01}),
+                     decision_log=DecisionLog(sink)) as guard:
+        verdict = await guard.aevaluate(subject)
+    assert (verdict.policy_id, verdict.action, verdict.flags) == ("enforced", "allow", {})
+    own = {c.policy_id: c for c in verdict.contributions}
+    assert own["trial"].flags == {"truncated": 1} and own["cards"].flags.get("unmaskable") == 1
+    (record,) = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert record["flags"] == {}
+    assert {p["id"]: p["flags"] for p in record["policies"]}["trial"] == {"truncated": 1}
+    assert "4111" not in json.dumps(record) and record["input"]["body"].startswith("[withheld")
