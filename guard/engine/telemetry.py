@@ -4,7 +4,8 @@ Span ``guard.decision`` (one per evaluation, allow and block alike) carries the 
 :data:`SPAN_ATTRIBUTES`. Counters (OpenTelemetry metrics): ``guard.decisions`` by policy, action, rule and fail
 mode; ``guard.fail_open`` (every decision a fail-open policy allowed because of an error); ``guard.state_cut``
 (every decision made on part of its state: a field cut to its ``max_chars``, or state tokens the backend did not
-read); a duration histogram ``guard.decision.duration`` in seconds (buckets from 25 us to 10 s,
+read); both count each matching policy under its own id, a shadow one's too (an enforced policy's fail-open only when
+the decision let the subject through); a duration histogram ``guard.decision.duration`` in seconds (buckets from 25 us to 10 s,
 :data:`guard._buckets.DURATION_BUCKETS_S`). Every metric's attributes use one vocabulary: ``guard.policy.id``,
 ``guard.action``, ``guard.rule``, ``guard.fail_mode``, ``guard.shadow`` (Prometheus: ``guard_policy_id``, ...).
 
@@ -379,12 +380,16 @@ class Telemetry:
         labels, by_policy = _labels(policy_id, verdict.action, verdict.rule, verdict.fail_mode, verdict.shadow_action)
         self.decisions.add(1, labels)
         self.duration.record(verdict.latency_ms / 1000.0, by_policy)
-        flags = verdict.flags
-        if flags:  # usually empty
-            if flags.get("fail_open"):
-                self.fail_open.add(1, by_policy)
-            if flags.get("truncated") or flags.get("state_tokens_dropped"):
-                self.state_cut.add(1, by_policy)
+        for own in verdict.contributions or (verdict,):  # each policy's fail-open and cut state under its own id
+            flags = own.flags
+            if flags:  # usually empty
+                policy = {"guard.policy.id": own.policy_id or ""}
+                # an enforced policy's fail-open counts when the decision let the subject through (the verdict keeps
+                # it), a shadow one's always, as when it finishes late and is recorded alone
+                if flags.get("fail_open") and (own.shadow_action is not None or verdict.flags.get("fail_open")):
+                    self.fail_open.add(1, policy)
+                if flags.get("truncated") or flags.get("state_tokens_dropped"):
+                    self.state_cut.add(1, policy)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -226,3 +226,51 @@ async def test_a_shadow_policys_flags_stay_in_its_own_verdict_and_its_unmaskable
     assert record["flags"] == {}
     assert {p["id"]: p["flags"] for p in record["policies"]}["trial"] == {"truncated": 1}
     assert "4111" not in json.dumps(record) and record["input"]["body"].startswith("[withheld")
+
+
+def _counted(reader: InMemoryMetricReader, name: str) -> dict[str, float]:
+    return {point.attributes["guard.policy.id"]: point.value
+            for resource in reader.get_metrics_data().resource_metrics for scope in resource.scope_metrics
+            for metric in scope.metrics if metric.name == name for point in metric.data.data_points}
+
+
+@pytest.mark.parametrize("shadow_backend", [
+    pytest.param(lambda: ScriptedBackend(fail=BackendUnavailable("down", backend="shadow"), name="shadow"),
+                 id="fails-in-time"),
+    pytest.param(lambda: ScriptedBackend(lambda r: {"topic": 0.01}, delay=5.0, name="shadow"), id="times-out-late"),
+])
+async def test_a_shadow_policys_fail_open_and_cut_state_count_under_its_own_id_early_or_late(shadow_backend: Any) -> None:
+    """A shadow policy failing open in time was not counted in ``guard.fail_open``, one timing out after the enforced
+    verdict (recorded in the background) was, and its cut state counted ``guard.state_cut`` under the enforced
+    policy (review findings): both count under the shadow policy's own id, whenever its verdict comes in."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    text = "policies:" + ENFORCED + SHADOW.replace("    questions:", "    backend: shadow\n    on_error: {mode: open}\n"
+                                                   "    questions:").replace(
+        "timeout_ms: 2000", "timeout_ms: 200").replace("state: {text: body_text}",
+                                                       "state: {text: {from: body_text, max_chars: 3}}")
+    backends = {"default": ScriptedBackend(lambda r: {"spam": 0.01}), "shadow": shadow_backend()}
+    async with Guard(load_text(text), backends=backends, telemetry=telemetry) as guard:
+        verdict = await guard.aevaluate(post())
+        await guard.drain()
+    assert (verdict.policy_id, verdict.fail_mode, verdict.flags) == ("enforced", None, {})
+    assert _counted(reader, "guard.fail_open") == {"trial": 1}
+    assert _counted(reader, "guard.state_cut") == {"trial": 1}
+
+
+async def test_an_enforced_fail_open_beside_an_enforced_redact_counts_under_the_policy_that_failed() -> None:
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    text = "policies:" + ENFORCED.replace("    default: allow", "    default: allow\n    on_error: {mode: open}\n"
+                                          "    backend: down") + """
+  - id: cards
+    version: "1"
+    match: {http: {methods: [POST]}}
+    rules: [{id: card, when: "true", action: redact, redact: {patterns: {card: '\\b\\d{4}(?: ?\\d{4}){3}\\b'}}}]
+"""
+    backends = {"default": ScriptedBackend(), "down": ScriptedBackend(fail=BackendUnavailable("down", backend="down"))}
+    async with Guard(load_text(text), backends=backends, telemetry=telemetry) as guard:
+        verdict = await guard.aevaluate(HttpSubject(method="POST", path="/x", body={"t": "4111 1111 1111 1111"},
+                                                    body_text="4111 1111 1111 1111"))
+    assert (verdict.policy_id, verdict.action, verdict.flags) == ("cards", "redact", {"fail_open": True})
+    assert _counted(reader, "guard.fail_open") == {"enforced": 1}
