@@ -118,25 +118,31 @@ DEFAULT_REDACT = tuple(f"/input/headers/{name}" for name in CREDENTIAL_HEADERS)
 
 
 #: Names of headers, query parameters and body or argument fields whose values ``log_input="redacted"`` removes
-#: wherever they appear under ``input`` or ``state`` (case-insensitive search). ``pw``, ``otp`` and ``ssn`` count as
-#: words of a name (``new_pw``, ``otp_code``, ``ssn_number``, not ``power``); a name whose last word is ``key``
-#: (``ssh_key``, ``client_key``; not ``monkey`` or ``keyboard``) counts too.
+#: wherever they appear under ``input`` or ``state`` (case-insensitive search). ``pw``, ``otp``, ``totp`` and ``ssn``
+#: count as words of a name (``new_pw``, ``otp_code``, ``ssn_number``, not ``power``); of the names ending in ``key``
+#: only those of secret keys (``ssh_key``, ``client_key``, ``signing_key``, ``license_key``; not ``object_key``,
+#: ``sort_key``, ``public_key`` or ``idempotency_key``, which a reviewer must read).
 SECRET_NAME = re.compile(
-    r"passw(or)?d|passphrase|secret|token(?!s)|api[-_]?key|access[-_]?key|private[-_]?key|credential|session|cookie"
-    r"|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^pin$|card[-_]?num|cc[-_]?num|cvv|cvc|hmac"
-    r"|(?:^|[-_])(?:pwd?|otp|ssn)(?:$|[-_])|(?:verification|auth|mfa|2fa|otp)[-_]?code|sess[-_]?id|[-_]key$"
+    r"passw(or)?d|pass[-_]?phrase|secret|token(?!s)|api[-_]?key|access[-_]?key|private[-_]?key|credential|session"
+    r"|cookie|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^pin$|card[-_]?num|(?:^|[-_])cc[-_]?num"
+    r"|credit[-_]?card|cvv|cvc|hmac|(?:^|[-_])(?:pwd?|t?otp|ssn)(?:$|[-_])"
+    r"|(?:verification|auth|mfa|2fa|otp|backup|recovery)[-_]?code|sess[-_]?id"
+    r"|(?:^|[-_])(?:ssh|client|auth|signing|encryption|decryption|master|license|licence|app|account|shared"
+    r"|subscription|webhook|storage)[-_]?key|seed[-_]?phrase|mnemonic|security[-_]?answer"
+    r"|(?:^|[-_])(?:pin|account|routing)[-_]?num(?:ber)?(?:$|[-_])"
     r"|^key$|^sig$|jwt|^dpop$|assertion|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$|^bearer$",
     re.IGNORECASE,
 )
-_CREDENTIAL_PARAM = re.compile(r"[-_]sig$|^(?:code|authentication|sid|ticket)$", re.IGNORECASE)
+_CREDENTIAL_PARAM = re.compile(r"[-_](?:key|sig)$|^(?:code|authentication|sid|ticket)$", re.IGNORECASE)
 
 
 def credential_name(name: str) -> bool:
-    """Whether a query parameter or header is named like a credential: like a secret (:data:`SECRET_NAME`:
-    ``subscription-key``, ``x-functions-key`` too), a signature by its last word (``x-webhook-sig``), ``code`` (an
-    OAuth authorization code, an Azure Functions key), ``authentication`` (a misspelt Authorization), ``sid`` (a
+    """Whether a query parameter or header is named like a credential: like a secret (:data:`SECRET_NAME`), a key or
+    signature by its last word (``subscription-key``, ``x-functions-key``, ``app_key``, ``x-webhook-sig``), ``code``
+    (an OAuth authorization code, an Azure Functions key), ``authentication`` (a misspelt Authorization), ``sid`` (a
     session id) or ``ticket`` (a CAS service ticket); a ``[]`` suffix (``key[]``) is read without it. Broader than
-    :data:`SECRET_NAME`, which also names the body and state fields a reviewer must read (a support ``ticket``)."""
+    :data:`SECRET_NAME`, which also names the body and state fields a reviewer must read (a support ``ticket``, an
+    ``object_key``)."""
     name = name.removesuffix("[]")
     return SECRET_NAME.search(name) is not None or _CREDENTIAL_PARAM.search(name) is not None
 

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, StatusCode
 
 from guard.engine import Guard
-from guard.engine.telemetry import SECRET_NAME, SPAN_NAME, DecisionLog, Telemetry, credential_name
+from guard.engine.telemetry import SECRET_NAME, SPAN_NAME, DecisionLog, Telemetry, credential_name, redact_secrets
 from guard.errors import BackendUnavailable
 from guard.policy import load_text
 from guard.subject import AgentSubject, HttpSubject, body_strings
@@ -288,10 +288,15 @@ def test_redacted_scrubs_every_copy_of_a_credential_header_and_short_or_keyed_se
 
 SECRET_FIELDS = ("card_cvv", "cvv2", "cardCvc", "cc_number", "ccnum", "card_num", "pw", "new_pw", "pwd", "otp_code",
                  "verification_code", "mfa_code", "auth_code", "ssn_number", "auth_key", "client_key", "ssh_key",
-                 "hmac", "PHPSESSID", "sess_id", "password", "api_key", "pin", "iban", "card_number")
+                 "hmac", "PHPSESSID", "sess_id", "password", "api_key", "pin", "iban", "card_number", "secret_key",
+                 "signing_key", "encryption_key", "private_key", "license_key", "x-ssh-key", "pass_phrase",
+                 "passphrase", "totp", "totp_code", "backup_code", "backup_codes", "recovery_codes", "seed_phrase",
+                 "mnemonic", "credit_card", "pin_number", "account_number", "routing_number", "security_answer")
 ORDINARY_FIELDS = ("keyboard", "monkey", "turkey", "keys", "passage", "compass", "pinned", "spinach", "sidebar",
                    "ticket", "tickets_sold", "topic", "code", "zip_code", "country_code", "sword", "power", "lesson",
-                   "success", "accent", "messages", "description", "assessment_id")
+                   "success", "accent", "messages", "description", "assessment_id", "object_key", "sort_key",
+                   "primary_key", "idempotency_key", "public_key", "cache_key", "partition_key", "foreign_key",
+                   "key_id", "acc_num", "spin_number", "bottom")
 
 
 @pytest.mark.parametrize("name", SECRET_FIELDS)
@@ -308,6 +313,7 @@ def test_ordinary_field_names_are_not_secret_names(name: str) -> None:
 
 @pytest.mark.parametrize(("name", "credential"), [
     ("PHPSESSID", True), ("sid", True), ("ticket", True), ("hmac", True), ("code", True), ("x-functions-key", True),
+    ("app_key", True), ("x-idempotency-key", True), ("sort_key", True), ("x-webhook-sig", True),
     ("tickets", False), ("sidebar", False), ("q", False), ("state", False), ("page_key_count", False),
 ])  # fmt: skip
 def test_query_credentials_include_session_ids_and_cas_tickets(name: str, credential: bool) -> None:
@@ -328,6 +334,24 @@ def test_redacted_removes_card_codes_short_passwords_and_session_ids_from_body_a
         assert secret not in logged, secret
     assert event["input"]["body"] == {"message": "hi", "ticket": "Card charged twice"}
     assert event["input"]["query"] == {"q": ["1"]}
+
+
+def test_a_body_field_named_for_a_key_that_is_no_secret_is_kept_and_its_value_not_scrubbed_from_text() -> None:
+    """Every body field whose last word was ``key`` counted as a secret: an ``object_key``'s value was removed and
+    scrubbed from every free text (a reviewer approving "delete reports/2024/q3-payroll.pdf" read "delete
+    [redacted]"; review finding). As a query parameter such a name still counts as a credential."""
+    from guard.verdict import Verdict
+
+    body = {"object_key": "reports/2024/q3-payroll.pdf", "sort_key": "price", "signing_key": "SIGNKEY-778899",
+            "note": "delete reports/2024/q3-payroll.pdf by price, signed SIGNKEY-778899"}
+    subject = HttpSubject(method="POST", path="/v1/delete", body=body, query={"object_key": ["QUERYKEY-123456"]},
+                          body_text=body["note"])
+    state = {"text": subject.body_text}
+    assert redact_secrets(state, subject) == {"text": "delete reports/2024/q3-payroll.pdf by price, signed [redacted]"}
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state=state), subject)
+    assert event["input"]["body"] == {"object_key": "reports/2024/q3-payroll.pdf", "sort_key": "price",
+                                      "note": "delete reports/2024/q3-payroll.pdf by price, signed [redacted]"}
+    assert event["input"]["query"] == {}
 
 
 def test_leaving_the_input_out_scrubs_the_state_as_much_and_full_mode_scrubs_credential_headers() -> None:
