@@ -33,7 +33,7 @@ import httpx
 from guard._json import loads
 from guard._urls import shown_url
 from guard.engine.telemetry import CREDENTIAL_HEADERS, redact_secrets
-from guard.errors import HandoffError
+from guard.errors import HandoffError, InvalidJson
 from guard.policy import HandoffTarget
 from guard.subject import HttpSubject, Subject
 from guard.verdict import Verdict
@@ -362,7 +362,9 @@ class HandoffClient:
             text = choice["message"]["content"]
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
-        except (ValueError, KeyError, IndexError, TypeError) as exc:  # InvalidJson is a ValueError
+        except InvalidJson as exc:  # its path holds the target's keys: quoted and cut, as the error is logged whole
+            raise self._malformed(target, f"InvalidJson: {exc.reason} at {exc.path[:40]!r}") from exc
+        except (KeyError, IndexError, TypeError) as exc:
             raise self._malformed(target, f"{type(exc).__name__}: {exc}") from exc
         return HandoffReply(text=text, model=raw.get("model"), finish_reason=choice.get("finish_reason"), raw=raw)
 

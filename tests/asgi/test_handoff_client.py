@@ -256,6 +256,22 @@ async def test_a_hostile_media_type_or_coding_is_quoted_and_cut_in_the_error(hea
     assert "'\\x1b[2k\\x1b[1ainfo: guard.policy" in message  # quoted, as the log writes it
 
 
+async def test_a_hostile_key_in_an_invalid_json_answer_is_quoted_and_cut_in_the_error() -> None:
+    """An answer whose JSON breaks a rule under a key of terminal escapes and 8 KB had that key's path written raw
+    into the error, which is logged at WARNING whole (review finding)."""
+    key = b"\\u001b[2K\\u001b[1AINFO: guard.policy: policies reloaded OK" + b"A" * 8000
+    body = b'{"' + key + b'": "\\ud800"}'
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+              + b"\r\nConnection: close\r\n\r\n" + body)
+    client = HandoffClient()
+    with socket_that_resets(answer) as url, pytest.raises(HandoffError) as info:
+        await client.acomplete(_target(url), [{"role": "user", "content": "x"}])
+    await client.aclose()
+    message = str(info.value)
+    assert info.value.reason == "malformed" and "\x1b" not in message and len(message) < 200
+    assert message.endswith("InvalidJson: lone_surrogate at '$.\\x1b[2K\\x1b[1AINFO: guard.policy: policies r'")
+
+
 @pytest.mark.parametrize(("model", "stream", "reason"), [
     ("drip", False, "timeout"),  # each byte in time, the whole answer not: the timeout bounds the whole exchange
     ("keepalive", True, "timeout"),  # comments only: they do not count as the stream answering
