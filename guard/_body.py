@@ -155,9 +155,10 @@ class BodyBytes:
         self.limit = limit
         self.held = 0
 
-    def check_room(self) -> None:
-        """Raise :class:`~guard.errors.Overloaded` (retry after 1 s) while the bodies held are at the limit."""
-        if self.held >= self.limit:
+    def check_room(self, size: int = 0) -> None:
+        """Raise :class:`~guard.errors.Overloaded` (retry after 1 s) when ``size`` more bytes (at least one) would take
+        the bodies held past the limit."""
+        if self.held + max(size, 1) > self.limit:
             raise Overloaded("memory for request bodies", self.limit, 1.0, counted="bytes")
 
     def share(self) -> _Share:
@@ -176,10 +177,8 @@ class _Share:
         self.held = 0
 
     def add(self, size: int) -> None:
-        pool = self._pool
-        if pool.held + size > pool.limit:
-            raise Overloaded("memory for request bodies", pool.limit, 1.0, counted="bytes")
-        pool.held += size
+        self._pool.check_room(size)
+        self._pool.held += size
         self.held += size
 
     def __enter__(self) -> Self:

@@ -2,7 +2,7 @@
 
 :func:`english_words` is the list in ``guard/data/english_words.txt``: the 4,000 words of two or more letters found in
 the most English records of ``data/`` (``tests/test_english_words.py`` makes it and checks it). :func:`ascii_words`
-cuts a text into the lower-case ASCII words looked up in it.
+cuts a text into the lower-case ASCII words looked up in it, and :func:`english_share` says how many of them it holds.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-__all__ = ["ascii_words", "english_words"]
+__all__ = ["ascii_words", "english_share", "english_words"]
 
 #: Every ASCII character that is not part of a word (letters, digits, ``@``, ``$``) as a space: :func:`ascii_words`
 #: splits on them (a third of the time of a regular expression's ``findall``).
@@ -22,6 +22,14 @@ def english_words() -> frozenset[str]:
     """The shipped list of common English words, lower case (read once per process)."""
     text = resources.files("guard").joinpath("data/english_words.txt").read_text(encoding="utf-8")
     return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def english_share(words: list[str]) -> float:
+    """The share of ``words`` (lower case) that are in :func:`english_words`; 1.0 for no words."""
+    if not words:
+        return 1.0
+    common = english_words()
+    return sum(word in common for word in words) / len(words)
 
 
 def ascii_words(text: str, *, lower: bool = True) -> list[str]:

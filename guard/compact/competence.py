@@ -58,7 +58,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from guard._english import ascii_words, english_words
+from guard._english import ascii_words, english_share
 
 __all__ = [
     "ENGLISH_FLOOR",
@@ -286,8 +286,7 @@ def _unplaced_words(text: str, ranked: dict[str, float], best: str) -> bool:
     words = [word for word in ascii_words(text, lower=False) if word.isalpha() and len(word) >= 2]
     if len(words) < UNPLACED_WORDS or sum(word[0].islower() for word in words) * 2 < len(words):
         return False
-    common = english_words()
-    return sum(word.lower() in common for word in words) < UNPLACED_SHARE * len(words)
+    return english_share([word.lower() for word in words]) < UNPLACED_SHARE
 
 
 def _window_language(text: str) -> str:
@@ -298,12 +297,10 @@ def _window_language(text: str) -> str:
     words = text.split()
     if len(words) <= WINDOW_WORDS:
         return ""
-    common = english_words()
     for start in range(0, len(words) - WINDOW_WORDS // 2, WINDOW_WORDS // 2):
         window = " ".join(words[start:start + WINDOW_WORDS])
         letters = sum(ch.isalpha() for ch in window)
-        known = ascii_words(window)
-        if letters < SEGMENT_LETTERS or sum(word in common for word in known) >= WINDOW_ENGLISH_SHARE * len(known):
+        if letters < SEGMENT_LETTERS or english_share(ascii_words(window)) >= WINDOW_ENGLISH_SHARE:
             continue
         window_ranked = dict(_identifier().rank(window))
         best = max(window_ranked, key=window_ranked.__getitem__)

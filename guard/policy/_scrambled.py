@@ -61,9 +61,8 @@ def _runs(words: list[str], spelt: list[int]) -> list[tuple[int, int]]:
     """The runs of ``words`` (lower case) a reading is found in, as ``(first, last)`` word indices: each window of
     :data:`WINDOW` words that begins at a ``spelt`` index (a word English only in the reading; ascending) and holds
     at least :data:`LEAST_WORDS` of them, at least half as many as words English as written, from its first such word
-    to its last;
-    windows that overlap or touch make one run; the runs stop once they hold :data:`MAX_READING_WORDS` words. Linear
-    in the words: a look-up each, and a pass over ``spelt``."""
+    to its last; windows that overlap or touch make one run; the runs stop once they hold :data:`MAX_READING_WORDS`
+    words. Linear in the words: a look-up each, and a pass over ``spelt``."""
     if len(spelt) < LEAST_WORDS:
         return []
     common = english_words()
@@ -108,19 +107,19 @@ def _leetspeak(words: list[str], english: list[bool]) -> list[str]:
             for word, known in zip(words, english, strict=True)]
 
 
-def _read(text: str, runs: list[tuple[int, int]], read: Callable[[list[str], list[bool]], list[str]]) -> str:
-    """The words of ``text`` in ``runs`` as ``read`` spells them (given each word and whether it is English as
-    written), runs parted by ``" / "``, at most :data:`MAX_READING_WORDS` words."""
-    words = ascii_words(text, lower=False)
+def _read(cased: list[str], words: list[str], runs: list[tuple[int, int]],
+          read: Callable[[list[str], list[bool]], list[str]]) -> str:
+    """The words in ``runs`` (``cased`` as written, ``words`` in lower case) as ``read`` spells them (given each word
+    and whether it is English as written), runs parted by ``" / "``, at most :data:`MAX_READING_WORDS` words."""
     common = english_words()
     out: list[str] = []
     budget = MAX_READING_WORDS
     for first, last in runs:
         if budget <= 0:
             break
-        run = words[first:min(last, first + budget - 1) + 1]
-        out.append(" ".join(read(run, [word.lower() in common for word in run])))
-        budget -= len(run)
+        end = min(last, first + budget - 1) + 1
+        out.append(" ".join(read(cased[first:end], [word in common for word in words[first:end]])))
+        budget -= end - first
     return " / ".join(out)
 
 
@@ -138,15 +137,18 @@ def readings(text: str) -> list[tuple[str, str]]:
     if len(words) < LEAST_WORDS:
         return []
     out = []
+    cased: list[str] = []  # the words as written, cut once a reading is found
     for name, read in (("rot13", _rot13), ("reversed", _backwards)):
         only = _spelt_only(name)
         if sum(map(only.__contains__, words)) >= LEAST_WORDS:  # most text: a few look-ups in C, nothing more
             runs = _runs(words, [i for i, word in enumerate(words) if word in only])
             if runs:
-                out.append((name, _read(text, runs, read)))
+                cased = cased or ascii_words(text, lower=False)
+                out.append((name, _read(cased, words, runs, read)))
     if not _LEET_CHARS.isdisjoint(text):
         leet = {word for word in set(words) if not word.isalpha() and _in_leetspeak(word)}
         runs = _runs(words, [i for i, word in enumerate(words) if word in leet])
         if runs:
-            out.append(("leetspeak", _read(text, runs, _leetspeak)))
+            cased = cased or ascii_words(text, lower=False)
+            out.append(("leetspeak", _read(cased, words, runs, _leetspeak)))
     return out

@@ -193,11 +193,8 @@ class WorkerConfig:
             raise ValueError(f"WorkerConfig.max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
         pending = self.max_pending_body_bytes
         if isinstance(pending, bool) or not isinstance(pending, int) or pending < self.max_body_bytes:
-            raise ValueError(
-                f"WorkerConfig.max_pending_body_bytes must be an integer >= WorkerConfig.max_body_bytes "
-                f"({self.max_body_bytes}), "
-                f"got {pending!r}"
-            )
+            raise ValueError(f"WorkerConfig.max_pending_body_bytes must be an integer >= WorkerConfig.max_body_bytes "
+                             f"({self.max_body_bytes}), got {pending!r}")
         for name in ("default_timeout_s", "max_timeout_s", "body_idle_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
