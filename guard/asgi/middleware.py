@@ -167,7 +167,8 @@ class GuardMiddleware:
         decision_headers: what the application's response to an allowed request says of the decision.
             ``"brief"`` (default): ``x-guard-decision-id``, and ``x-guard-fail-mode: open`` when an enforced policy
             failed open (a shadow policy's fail mode is never the client's to know); ``"full"``: every decision
-            header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``, ``x-guard-shadow``). Responses guard gives itself (block, review, handoff) always carry every one.
+            header (``x-guard-action``, ``x-guard-policy``, ``x-guard-rule``, ``x-guard-shadow``). Responses guard
+            gives itself (block, review, handoff) always carry every one.
         method_override: ``"refuse"`` (default), ``"judge"`` or ``"ignore"`` (:data:`MethodOverride`).
         path_case: ``"fold"`` (default) or ``"exact"`` (:data:`PathCase`).
         trailing_slash: ``"strip"`` (default) or ``"keep"`` (:data:`TrailingSlash`).

@@ -5,9 +5,10 @@ Span ``guard.decision`` (one per evaluation, allow and block alike) carries the 
 mode; ``guard.fail_open`` (every decision a fail-open policy allowed because of an error); ``guard.state_cut``
 (every decision made on part of its state: a field cut to its ``max_chars``, or state tokens the backend did not
 read); both count each matching policy under its own id, a shadow one's too (an enforced policy's fail-open only when
-the decision let the subject through); a duration histogram ``guard.decision.duration`` in seconds (buckets from 25 us to 10 s,
-:data:`guard._buckets.DURATION_BUCKETS_S`). Every metric's attributes use one vocabulary: ``guard.policy.id``,
-``guard.action``, ``guard.rule``, ``guard.fail_mode``, ``guard.shadow`` (Prometheus: ``guard_policy_id``, ...).
+the decision let the subject through); a duration histogram ``guard.decision.duration`` in seconds (buckets from
+25 us to 10 s, :data:`guard._buckets.DURATION_BUCKETS_S`). Every metric's attributes use one vocabulary:
+``guard.policy.id``, ``guard.action``, ``guard.rule``, ``guard.fail_mode``, ``guard.shadow`` (Prometheus:
+``guard_policy_id``, ...).
 
 The span also carries ``gen_ai.operation.name`` = ``text_completion`` (the GenAI conventions' closest operation: one
 prompt, the rendered state and questions, is read and one structured answer comes back, with no chat history, no
@@ -531,10 +532,10 @@ WITHHELD = "[withheld: holds what a redact rule could not mask]"
 
 def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
-    event, which would make every record as long as the thread), the method cut by :func:`_capped`; a ``redact`` verdict's spans masked in the body and
-    its text; the body, its text and the query values left out (:data:`WITHHELD`) of a request refused because
-    what its rule masks could not be masked there. Secret values cut off with a part nested too deep go to
-    ``hidden``."""
+    event, which would make every record as long as the thread), the method cut by :func:`_capped`; a ``redact``
+    verdict's spans masked in the body and its text; the body, its text and the query values left out (:data:`WITHHELD`)
+    of a request refused because what its rule masks could not be masked there. Secret values cut off with a part nested
+    too deep go to ``hidden``."""
     record = _json_safe(subject, hidden=hidden)
     if isinstance(subject, HttpSubject):  # a method is one token: cut as on the span (any length reaches us)
         record["method"] = _capped(subject.method)
