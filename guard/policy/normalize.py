@@ -32,7 +32,8 @@ subject is never changed; only the copy sent to the model is). :func:`normalize_
    (U+202A-U+202E, U+2066-U+2069, U+200E/U+200F, U+061C) are removed (flag ``bidi_controls``); the Hangul fillers (U+115F, U+1160, U+3164,
    U+FFA0) are removed and the braille pattern blank U+2800 becomes a space (flag ``fillers``).
 6. **Look-alike letters** (Unicode TR39 confusables, from the ``confusable-homoglyphs`` package, plus the Latin
-   small capitals by their Unicode names): inside a word that mixes Latin with another script, every letter that
+   small capitals by their Unicode names and a short list of Greek and Cyrillic letters that read as Latin ones
+   though TR39 lists none: ``η`` -> ``n``, ``ε`` -> ``e``, ``п`` -> ``n``, ``и`` -> ``u``): inside a word that mixes Latin with another script, every letter that
    looks like an ASCII letter is mapped to it (``Іgnоrе`` with Cyrillic І, о, е -> ``Ignore``; Cherokee ``ꮪystem``
    -> ``system``; flag ``mixed_script``); in a word wholly in the Latin script, the phonetic and other rare Latin
    letters that look like ASCII ones are mapped (small capitals ``ɪɢɴᴏʀᴇ`` -> ``ignore``, script ``ɡ``; flag
@@ -184,6 +185,16 @@ _SYMBOL_NAME_RE = re.compile(
     r"(?:(?:LATIN )?(?P<case>CAPITAL |SMALL )?LETTER (?P<small>SMALL CAPITAL |SCRIPT )?(?P<letter>[A-Z])"
     r"|(?:DIGIT|NUMBER) [A-Z]+(?: ON BLACK SQUARE)?)$"
 )
+#: Letters of other scripts whose usual glyph reads as one ASCII letter though TR39 lists no such confusable (it keeps
+#: to glyphs that are near identical): Greek epsilon, eta, omega, chi and the "faux Cyrillic" letters (``п`` reads
+#: ``n``, ``и`` ``u``, ``Я`` ``R``). Used only inside a word that mixes them with Latin letters (``iηstructioηs``,
+#: ``Givε``), where they stand for the Latin letter; a word wholly in Greek or Cyrillic is left alone. Letters of
+#: scientific notation (``ΔG``, ``μm``, ``πr``) are not listed: there they are themselves.
+_EXTRA_LOOK_ALIKES = {
+    "ε": "e", "η": "n", "ω": "w", "χ": "x",
+    "и": "u", "й": "u", "п": "n", "ь": "b", "б": "b", "ш": "w", "щ": "w", "ц": "u",
+    "И": "N", "Й": "N", "П": "N", "Я": "R", "Д": "A", "Ш": "W", "Щ": "W", "Ц": "U", "Б": "b",
+}  # fmt: skip
 #: Emoji and text presentation selectors (U+FE0E, U+FE0F): one after a symbol of step 2 goes with it.
 _PRESENTATION = "\ufe0e\ufe0f"
 _SYMBOL_CLASS = "".join(f"{chr(start)}-{chr(stop - 1)}" for start, stop in _SYMBOL_BLOCKS)
@@ -242,8 +253,8 @@ def _look_alikes() -> _LookAlikes:
     Sources, in order: the Latin small capitals by Unicode name (``LATIN LETTER SMALL CAPITAL G`` -> ``g``; TR39
     maps several of them to Cherokee or Greek letters instead); every letter TR39 lists as confusable with one ASCII
     letter; then, up to three times, letters TR39 lists as confusable with a letter already mapped (Cyrillic ``т`` ~
-    small capital ``ᴛ`` -> ``t``). TR39 maps capital-I look-alikes to ``l`` (its prototype for both); an upper-case
-    source keeps ``I``.
+    small capital ``ᴛ`` -> ``t``); last, :data:`_EXTRA_LOOK_ALIKES` for letters TR39 leaves out. TR39 maps capital-I
+    look-alikes to ``l`` (its prototype for both); an upper-case source keeps ``I``.
     """
     from confusable_homoglyphs import categories, confusables
 
@@ -276,6 +287,8 @@ def _look_alikes() -> _LookAlikes:
             via = [known[glyph] for glyph in glyphs if glyph in known]
             if via and source not in to_ascii:
                 add(source, via)
+    for source, target in _EXTRA_LOOK_ALIKES.items():
+        to_ascii.setdefault(source, target)
     # Letters NFKC already folds (full-width, mathematical alphanumerics) never reach this step.
     any_script = {
         ord(source): target for source, target in to_ascii.items() if unicodedata.normalize("NFKC", source) == source
