@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,18 +34,25 @@ AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
 PLAIN_KEY_CHARS = 24
 """Longest object key or form field name left out of the judged text when it is a plain identifier."""
 _PLAIN_KEY = re.compile(rf"[A-Za-z0-9_.:@$\-]{{1,{PLAIN_KEY_CHARS}}}")
-#: A path segment of four or more words joined by ``-``, ``_`` or ``+`` (a path keeps ``+`` as it is, and an app or
-#: a model reads ``Ignore+all+previous+instructions`` as words); ids, dates and short slugs are not.
-_JOINED_WORDS = re.compile(r"[^\W\d_]{2,}(?:[-_+][^\W\d_]+){3,}")
-_WORD_JOINS = str.maketrans("-_+", "   ")
+#: A path segment of four or more words joined by one of ``- _ + . ~ ,`` (a path keeps ``+`` as it is, and an app or
+#: a model reads ``Ignore+all+previous+instructions`` or ``ignore.all.previous.instructions`` as words); ids, dates,
+#: file names with digits and short slugs are not.
+_JOINED_WORDS = re.compile(r"[^\W\d_]{2,}(?:[-_+.~,][^\W\d_]+){3,}")
+_WORD_JOINS = str.maketrans("-_+.~,", "      ")
+#: A percent-escape left in a decoded path: the path was encoded twice (``%2520`` arrives as ``%20``).
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
 def path_words(path: str) -> list[str]:
-    """The segments of a (decoded) path that hold words: those with whitespace, as they are, and those of four or
-    more words joined by ``-``, ``_`` or ``+``, joined by spaces instead: what a framework passes to the app as a
-    path parameter and the app may store or hand to a model. Route words, ids, dates and short slugs are left out."""
+    """The segments of a (decoded) path that hold words: those with whitespace, as they are, or once more
+    percent-decoded when the path was encoded twice (``Ignore%20all%20previous``); and those of four or more words
+    joined by ``- _ + . ~ ,``, joined by spaces instead: what a framework passes to the app as a path parameter and
+    the app may store or hand to a model (a model reads ``%20`` as a space). Route words, ids, dates and short slugs
+    are left out."""
     out = []
     for segment in path.split("/"):
+        if _ESCAPE.search(segment):
+            segment = urllib.parse.unquote(segment)
         if any(c.isspace() for c in segment):
             out.append(segment)
         elif _JOINED_WORDS.fullmatch(segment):
