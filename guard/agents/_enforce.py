@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from langchain_core.messages import BaseMessage, ToolMessage, convert_to_messages
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_messages
 from langgraph.config import get_config
 from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from guard.agents import _messages as msgs
 from guard.agents._arguments import (
+    ParsedCall,
     arguments_digest,
     classify_arguments,
     empty_arguments_problem,
@@ -117,6 +118,13 @@ class ToolCallEnforcer:
         max_review_rounds: escalations of an edited call before it is refused.
         claims: where calls released by a review decision are claimed before a side-effecting tool runs (single
             use; :mod:`guard.agents.claims`); a :class:`~guard.agents.claims.MemoryApprovalClaims` by default.
+        messages_key: the state key of the conversation (the tool node's ``messages_key``): where the user's task,
+            the history and the model's turn are read, where a tool's ``Command`` update holds its messages, and
+            where a handoff's ``Command`` writes its answer.
+
+    Raises:
+        TypeError: ``claims`` is not an approval claims store.
+        ValueError: ``messages_key`` is not a non-empty string.
     """
 
     def __init__(
@@ -125,9 +133,13 @@ class ToolCallEnforcer:
         *,
         max_review_rounds: int = DEFAULT_MAX_REVIEW_ROUNDS,
         claims: ApprovalClaims | None = None,
+        messages_key: str = "messages",
     ) -> None:
         if claims is not None and not isinstance(claims, ApprovalClaims):
             raise TypeError(f"approval_claims must have claim() and aclaim(), not {type(claims).__name__}")
+        if not isinstance(messages_key, str) or not messages_key:
+            raise ValueError(f"messages_key must be a non-empty state key, not {messages_key!r}")
+        self.messages_key = messages_key
         self.judge = judge
         self.claims: ApprovalClaims = claims if claims is not None else MemoryApprovalClaims()
         side = judge.options.side_effecting_tools
@@ -139,20 +151,28 @@ class ToolCallEnforcer:
 
     def prepare(self, request: ToolCallRequest) -> Prepared | ToolMessage:
         """Check the call's arguments and build its subject; a malformed or already answered call gets its error
-        message instead (the decision for a malformed call is recorded)."""
+        message instead (the decision for a malformed call is recorded).
+
+        Malformed: arguments that are not one JSON object (:func:`~guard.agents._arguments.classify_arguments`), or
+        that are not a parsed mapping (raw text, as :func:`~guard.agents.send_tool_calls` forwards a call LangChain
+        could not parse: the tool node runs only a mapping); a call the model's turn made malformed
+        (:meth:`_model_call`: among its ``invalid_tool_calls``, an id two of its calls share, or the model's raw
+        text refused); empty arguments for a tool with required parameters; no id."""
+        state = request.state
         call = request.tool_call
         call_id = call.get("id") or ""
         name = call.get("name") or ""
-        ai = ai_message_for(request.state, call_id or None)
-        if call_id and call_id in answered_ids(request.state, ai):
+        ai = ai_message_for(state, call_id or None, messages_key=self.messages_key)
+        if call_id and call_id in answered_ids(state, ai, messages_key=self.messages_key):
             return msgs.already_answered(name, call_id)
-        arguments, problem = classify_arguments(call.get("args"))
         args = call.get("args")
+        arguments, problem = classify_arguments(args)
         raw: str | None = args if isinstance(args, str) else None
-        if problem is None and ai is not None and self._as_the_model_sent_it(ai, call_id, name, arguments):
-            model_call = next((c for c in parse_calls(ai) if c.id == call_id), None)
-            if model_call is not None and model_call.problem:
-                problem, raw = model_call.problem, model_call.raw
+        model_call = self._model_call(ai, call_id, name, arguments) if ai is not None and call_id else None
+        if problem is None and model_call is not None and model_call.problem:
+            problem, raw = model_call.problem, model_call.raw
+        if problem is None and not isinstance(args, dict):
+            problem = "arguments arrived as raw text, not as a parsed object"
         if problem is None and arguments is not None:
             problem = empty_arguments_problem(request.tool, arguments)
         if problem is None and not call_id:
@@ -163,9 +183,9 @@ class ToolCallEnforcer:
             tool_name=name,
             tool_call_id=call_id,
             arguments=arguments if problem is None else None,
-            user_message=user_text(request.state),
+            user_message=user_text(state, messages_key=self.messages_key),
             thread_id=thread_id,
-            history=turn_history(request.state),
+            history=turn_history(state, messages_key=self.messages_key),
             tool_effect=tool_effect(request.tool),
         )
         if problem is not None or arguments is None:
@@ -183,11 +203,19 @@ class ToolCallEnforcer:
         )
 
     @staticmethod
-    def _as_the_model_sent_it(ai: Any, call_id: str, name: str, arguments: Any) -> bool:
-        """Whether the call still has the name and (as LangChain parsed them) arguments of the model's message; a
-        call another middleware replaced is judged as it is now, not by the model's raw text."""
+    def _model_call(ai: AIMessage, call_id: str, name: str, arguments: Any) -> ParsedCall | None:
+        """The model's call ``call_id`` as :func:`~guard.agents._arguments.parse_calls` checked it, where the model's
+        turn decides about the call: always when two of the turn's calls share the id or the call is one of its
+        ``invalid_tool_calls`` (neither ever runs, whatever arguments it carries now), else when the call still has
+        the name and (as LangChain parsed them) arguments the model sent. ``None`` for a call another middleware
+        replaced (judged as it is now, not by the model's raw text)."""
+        parsed = [c for c in parse_calls(ai) if c.id == call_id]
+        if not parsed:
+            return None
+        invalid = any(c.get("id") == call_id for c in ai.invalid_tool_calls)
         sent = next((c for c in ai.tool_calls if c.get("id") == call_id), None)
-        return sent is not None and sent.get("name") == name and sent.get("args") == arguments
+        as_sent = sent is not None and sent.get("name") == name and sent.get("args") == arguments
+        return parsed[0] if len(parsed) > 1 or invalid or as_sent else None
 
     def _speculative(self, prepared: Prepared) -> bool:
         return self.side_effecting is not None and prepared.tool not in self.side_effecting
@@ -228,8 +256,7 @@ class ToolCallEnforcer:
             digest=prepared.digest,
         )
 
-    @staticmethod
-    def _shares_its_task(prepared: Prepared) -> bool:
+    def _shares_its_task(self, prepared: Prepared) -> bool:
         """Whether this call runs in one tool-node task with other calls of its message (a graph routing them with
         ``tools_condition`` rather than :func:`~guard.agents.send_tool_calls`, which sends each alone). Such a call
         is not escalated (:meth:`_stop` blocks it): the task's interrupts resume in no stable order (LangGraph
@@ -239,7 +266,7 @@ class ToolCallEnforcer:
             triggers = get_config().get("metadata", {}).get("langgraph_triggers") or ()
         except RuntimeError:  # not inside a graph run
             return False
-        ai = ai_message_for(prepared.request.state, prepared.tool_call_id)
+        ai = ai_message_for(prepared.request.state, prepared.tool_call_id, messages_key=self.messages_key)
         sent_alone = _SENT_TASK in triggers
         return not sent_alone and ai is not None and len(ai.tool_calls) + len(ai.invalid_tool_calls) > 1
 
@@ -266,7 +293,7 @@ class ToolCallEnforcer:
         if judgement.outcome == "route":
             node = judgement.node or ""
             message = msgs.handed_off(prepared.tool, prepared.tool_call_id, judgement.verdict, node)
-            return Command(goto=node, update={"messages": [message]})
+            return Command(goto=node, update={self.messages_key: [message]})
         if judgement.outcome == "escalate":
             logger.warning("tool call %r needs review but shares its tool-node task with other calls; blocked (route "
                            "tool calls with guard.agents.send_tool_calls)", prepared.tool)
@@ -351,29 +378,31 @@ class ToolCallEnforcer:
         return message.model_copy(update={"content": new.content, "additional_kwargs": new.additional_kwargs})
 
     @staticmethod
-    def map_messages(result: Result, change: Callable[[BaseMessage], BaseMessage]) -> Result:
+    def map_messages(
+        result: Result, change: Callable[[BaseMessage], BaseMessage], messages_key: str = "messages"
+    ) -> Result:
         """``result`` with every message it adds to the conversation passed through ``change``: a tool message, each
         item of a list of them (a tool may return several), and the messages of a ``Command``'s update (under
-        ``messages`` in a dict update; a list update is the messages). Entries in another form (a dict, a tuple)
+        ``messages_key`` in a dict update; a list update is the messages). Entries in another form (a dict, a tuple)
         are read as LangGraph's reducer reads them (``convert_to_messages``).
 
         Raises:
             TypeError: a ``Command`` whose update is neither a dict nor a list (guard cannot find its messages).
         """
         if isinstance(result, list):
-            return [ToolCallEnforcer.map_messages(item, change) for item in result]  # type: ignore[misc]
+            return [ToolCallEnforcer.map_messages(item, change, messages_key) for item in result]  # type: ignore[misc]
         if isinstance(result, BaseMessage):
             return change(result)  # type: ignore[return-value]
         if not isinstance(result, Command) or result.update is None:
             return result
         update = result.update
         if isinstance(update, dict):
-            if "messages" not in update:
+            if messages_key not in update:
                 return result
-            messages = update["messages"]
+            messages = update[messages_key]
             single = not isinstance(messages, list | tuple)
             changed = [change(m) for m in convert_to_messages([messages] if single else messages)]
-            return replace(result, update={**update, "messages": changed[0] if single else changed})
+            return replace(result, update={**update, messages_key: changed[0] if single else changed})
         if isinstance(update, list):
             return replace(result, update=[change(m) for m in convert_to_messages(update)])
         raise TypeError(f"a Command update of type {type(update).__name__} holds messages guard cannot find")
@@ -424,14 +453,17 @@ class ToolCallEnforcer:
             return self._replace_result(message, prepared, judgement, stripped)
 
         try:
-            return self._mark_added(self.map_messages(result, judged), prepared)
+            return self._mark_added(self.map_messages(result, judged, self.messages_key), prepared)
         except (TypeError, ValueError, NotImplementedError) as exc:
             return self._unreadable(result, prepared, exc)
 
     def _mark_added(self, result: Result, prepared: Prepared) -> Result:
         """``result`` with every message it adds that is not a tool message marked as this call's
         (:func:`~guard.agents._messages.tool_added`)."""
-        return self.map_messages(result, lambda message: msgs.tool_added(message, prepared.tool, prepared.tool_call_id))
+        def mark(message: BaseMessage) -> BaseMessage:
+            return msgs.tool_added(message, prepared.tool, prepared.tool_call_id)
+
+        return self.map_messages(result, mark, self.messages_key)
 
     def run_allowed(self, prepared: Prepared, handler: SyncHandler) -> Result:
         """Run a call whose verdict is final and allows it (claimed first when a review released it); then check its
@@ -516,7 +548,7 @@ class ToolCallEnforcer:
             return message
 
         try:
-            self.map_messages(result, collect)
+            self.map_messages(result, collect, self.messages_key)
         except (TypeError, ValueError, NotImplementedError) as exc:
             return self._unreadable(result, prepared, exc)
         replacements: list[BaseMessage] = []
@@ -535,7 +567,7 @@ class ToolCallEnforcer:
                 stripped = None  # what is left is still flagged: withheld
             replacements.append(self._replace_result(message, prepared, judgement, stripped))
         queue = iter(replacements)
-        return self._mark_added(self.map_messages(result, lambda message: next(queue)), prepared)
+        return self._mark_added(self.map_messages(result, lambda message: next(queue), self.messages_key), prepared)
 
     async def arun_allowed(self, prepared: Prepared, handler: AsyncHandler) -> Result:
         """Async twin of :meth:`run_allowed`."""

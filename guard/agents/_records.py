@@ -59,6 +59,7 @@ __all__ = [
     "record_sealer",
     "seal_context",
     "seal_record",
+    "state_messages",
     "text_item",
     "tool_item",
     "user_text",
@@ -242,17 +243,19 @@ def verdict_from_json(data: Mapping[str, Any]) -> Verdict:
     return verdicts.copy_from_json(data)
 
 
-def _messages(state: Any) -> Sequence[AnyMessage]:
+def state_messages(state: Any, messages_key: str = "messages") -> Sequence[AnyMessage]:
+    """The conversation in a graph state: ``state[messages_key]`` of a mapping, the attribute ``messages_key`` of
+    another object, or ``state`` itself when it is a message list (``()`` when there is none)."""
     if isinstance(state, Mapping):
-        return state.get("messages") or ()
+        return state.get(messages_key) or ()
     if isinstance(state, list):
         return state
-    return getattr(state, "messages", None) or ()
+    return getattr(state, messages_key, None) or ()
 
 
-def ai_message_for(state: Any, tool_call_id: str | None) -> AIMessage | None:
-    """The latest model turn that holds ``tool_call_id`` (as a valid or an invalid call)."""
-    for message in reversed(_messages(state)):
+def ai_message_for(state: Any, tool_call_id: str | None, *, messages_key: str = "messages") -> AIMessage | None:
+    """The latest model turn under ``messages_key`` that holds ``tool_call_id`` (as a valid or an invalid call)."""
+    for message in reversed(state_messages(state, messages_key)):
         if isinstance(message, AIMessage) and tool_call_id is not None:
             ids = [c.get("id") for c in message.tool_calls] + [c.get("id") for c in message.invalid_tool_calls]
             if tool_call_id in ids:
@@ -260,9 +263,10 @@ def ai_message_for(state: Any, tool_call_id: str | None) -> AIMessage | None:
     return None
 
 
-def answered_ids(state: Any, message: AIMessage | None) -> set[str]:
-    """``tool_call_id`` of every tool message after ``message`` (all of them when ``message`` is ``None``)."""
-    messages = list(_messages(state))
+def answered_ids(state: Any, message: AIMessage | None, *, messages_key: str = "messages") -> set[str]:
+    """``tool_call_id`` of every tool message under ``messages_key`` after ``message`` (all of them when ``message``
+    is ``None``)."""
+    messages = list(state_messages(state, messages_key))
     start = 0
     if message is not None:
         for index in range(len(messages) - 1, -1, -1):
@@ -272,10 +276,10 @@ def answered_ids(state: Any, message: AIMessage | None) -> set[str]:
     return {m.tool_call_id for m in messages[start:] if isinstance(m, ToolMessage)}
 
 
-def user_text(state: Any) -> str | None:
-    """All the text of the latest human message (:func:`~guard.agents._content.message_text`) no tool added: the
-    task the agent is serving."""
-    for message in reversed(_messages(state)):
+def user_text(state: Any, *, messages_key: str = "messages") -> str | None:
+    """All the text of the latest human message under ``messages_key`` (:func:`~guard.agents._content.message_text`)
+    no tool added: the task the agent is serving."""
+    for message in reversed(state_messages(state, messages_key)):
         if isinstance(message, HumanMessage) and _added_by(message) is None:
             return message_text(message)
     return None
@@ -296,13 +300,13 @@ def _added_by(message: Any) -> tuple[str | None, str | None] | None:
 FLAGGED_RESULT_OUTCOMES = frozenset({"withheld", "quoted", "stripped"})
 
 
-def turn_history(state: Any) -> tuple[TurnMessage, ...]:
-    """The conversation in ``state`` as argument provenance reads it (:class:`~guard.subject.TurnMessage`), oldest
-    first: system, user, assistant text and tool results; a tool message guard wrote for a flagged result carries
-    what guard did (``flagged``: withheld, quoted or stripped). A message a tool added in another role (a
+def turn_history(state: Any, *, messages_key: str = "messages") -> tuple[TurnMessage, ...]:
+    """The conversation under ``messages_key`` as argument provenance reads it (:class:`~guard.subject.TurnMessage`),
+    oldest first: system, user, assistant text and tool results; a tool message guard wrote for a flagged result
+    carries what guard did (``flagged``: withheld, quoted or stripped). A message a tool added in another role (a
     ``HumanMessage`` in its ``Command``: :data:`~guard.agents._messages.TOOL_ADDED`) is that tool's result."""
     out: list[TurnMessage] = []
-    for message in _messages(state):
+    for message in state_messages(state, messages_key):
         added = _added_by(message)
         if isinstance(message, ToolMessage) or added is not None:
             extra = message.additional_kwargs

@@ -376,8 +376,9 @@ def resume_command(
         interrupts: the thread's pending interrupts: ``Interrupt`` objects (``graph.get_state(config).interrupts``,
             the ``"__interrupt__"`` entry of a result) or the plain dicts of the LangGraph SDK
             (``(await client.threads.get_state(thread_id))["interrupts"]``).
-        decisions: ``{item_id: decision}``, one per pending item across all guard interrupts; or a list of
-            decisions in the order of the interrupts' ``action_requests``, one per action request.
+        decisions: ``{item_id: decision}``, one per pending item across all guard interrupts; or, while one guard
+            interrupt is pending, a list of decisions in the order of its ``action_requests``, one per action
+            request.
         others: resume values for interrupts that are not guard's, ``{interrupt_id: value}``.
 
     Returns:
@@ -387,10 +388,12 @@ def resume_command(
         SDK send ``command={"resume": resume_command(...).resume}``.
 
     Raises:
-        ResumeError: when ``decisions`` is not a map or a list, an item has no decision or a decision names no pending
-            item (a count mismatch runs nothing), a decision is one the graph would refuse (a type the item does not
-            allow, a missing or extra field, a wrong type, an edit naming a tool not among the item's ``tools``:
-            checked with the interrupt's own ``response_schema``), or an interrupt has no id.
+        ResumeError: when ``decisions`` is not a map or a list, a list is given while more than one guard interrupt
+            is pending (they have no order a reviewer is sure to have seen them in: ``invoke``'s ``__interrupt__``
+            lists them as their tasks raised them, ``get_state`` in task order), an item has no decision or a
+            decision names no pending item (a count mismatch runs nothing), a decision is one the graph would refuse
+            (a type the item does not allow, a missing or extra field, a wrong type, an edit naming a tool not among
+            the item's ``tools``: checked with the interrupt's own ``response_schema``), or an interrupt has no id.
     """
     pending = guard_interrupts(interrupts)
     per_interrupt = [(_interrupt_id(i), cast(GuardReviewRequest, _interrupt_value(i))["items"]) for i in pending]
@@ -409,7 +412,8 @@ def resume_command(
                 f"{len(given)} decision(s) given for {len(expected)} pending review item(s)"
                 + (f"; no decision for {', '.join(missing)}" if missing else "")
                 + (f"; not pending: {', '.join(unknown)}" if unknown else "")
-                + ("; an item id repeats in the pending interrupts: a map cannot tell its items apart" if
+                + ("; an item id repeats in the pending interrupts: a map cannot tell its items apart (answer one "
+                   "interrupt at a time)" if
                    len(set(expected)) < len(expected) else ""),
                 expected=expected,
                 given=tuple(map(str, given)),
@@ -417,19 +421,23 @@ def resume_command(
         per_item = [[decisions[item["id"]] for item in items] for _, items in per_interrupt]
     else:
         listed = list(decisions)
+        if len(per_interrupt) > 1:
+            raise ResumeError(
+                f"a list of decisions answers one guard interrupt, but {len(per_interrupt)} are pending, in no order "
+                f"a reviewer is sure to have seen: send a map {{item_id: decision}} (each item's 'id'), or answer one "
+                f"interrupt at a time (resume_command([interrupt], decisions))",
+                expected=expected,
+            )
         if len(listed) != len(expected):
             raise ResumeError(
                 f"{len(listed)} decision(s) given for {len(expected)} pending review item(s); a list of decisions "
-                f"answers the action_requests of the pending guard interrupts in order, one each",
+                f"answers the action_requests of the pending guard interrupt in order, one each",
                 expected=expected,
             )
-        repeated = [interrupt_id for interrupt_id, items in per_interrupt
-                    if len({item["id"] for item in items}) < len(items)]
-        if repeated:  # an interrupt's answer is keyed by item id: one of two decisions would be lost
-            raise ResumeError(f"interrupt {repeated[0]} holds two items of the same id; they cannot be answered apart",
-                              expected=expected)
-        counts = [len(items) for _, items in per_interrupt]
-        per_item = [listed[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(counts))]
+        if len(set(expected)) < len(expected):  # the answer is keyed by item id: one of two decisions would be lost
+            raise ResumeError(f"interrupt {per_interrupt[0][0]} holds two items of the same id; they cannot be "
+                              f"answered apart", expected=expected)
+        per_item = [listed for _ in per_interrupt]
     resume: dict[str, Any] = dict(others or {})
     for (interrupt_id, items), answers in zip(per_interrupt, per_item, strict=True):
         # keyed by item id: an answer names the item it is for

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.graph import END
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -29,6 +29,7 @@ from langgraph.types import Send
 
 from guard.agents._enforce import AsyncHandler, Result, SyncHandler, ToolCallEnforcer
 from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
+from guard.agents._records import state_messages
 from guard.agents.claims import ApprovalClaims
 from guard.verdict import FailMode
 
@@ -67,6 +68,9 @@ class GuardToolWrapper:
             a thread's users are not its reviewers).
         approval_claims: where a call released by a review decision is claimed once before its side-effecting tool
             runs (:mod:`guard.agents.claims`); a :class:`~guard.agents.MemoryApprovalClaims` by default.
+        messages_key: the state key of the conversation, the ``ToolNode``'s own ``messages_key``: guard reads the
+            user's task, the history and the model's turn there, and finds the messages of a tool's ``Command``
+            there.
 
     Raises:
         TypeError: for an argument of the wrong type.
@@ -85,6 +89,7 @@ class GuardToolWrapper:
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
         decisions_by_position: bool = True,
         approval_claims: ApprovalClaims | None = None,
+        messages_key: str = "messages",
     ) -> None:
         options = AgentOptions.checked(
             guard=guard,
@@ -96,7 +101,7 @@ class GuardToolWrapper:
             reviewer_timeout_s=reviewer_timeout_s,
             decisions_by_position=decisions_by_position,
         )
-        self.enforcer = ToolCallEnforcer(Judge(options), claims=approval_claims)
+        self.enforcer = ToolCallEnforcer(Judge(options), claims=approval_claims, messages_key=messages_key)
 
     def __repr__(self) -> str:
         return f"GuardToolWrapper(policies={len(self.enforcer.judge.guard.policies)})"
@@ -128,6 +133,7 @@ def guarded_tool_node(
 ) -> ToolNode:
     """A ``ToolNode`` whose every call goes through a :class:`GuardToolWrapper` (see it for the options).
 
+    ``messages_key`` goes to both, so the tool node and guard read and write the conversation under the same key.
     ``handle_tool_errors`` is passed to ``ToolNode`` when given (``None`` keeps ``ToolNode``'s default); guard's own
     resume validation errors are never turned into tool messages (LangGraph re-raises them so the interrupt can be
     answered again).
@@ -142,6 +148,7 @@ def guarded_tool_node(
         reviewer_timeout_s=reviewer_timeout_s,
         decisions_by_position=decisions_by_position,
         approval_claims=approval_claims,
+        messages_key=messages_key,
     )
     extra: dict[str, Any] = {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}
     return ToolNode(
@@ -152,14 +159,6 @@ def guarded_tool_node(
         awrap_tool_call=wrapper.awrap_tool_call,
         **extra,
     )
-
-
-def _messages_of(state: Any, messages_key: str) -> list[AnyMessage]:
-    if isinstance(state, list):
-        return state
-    if isinstance(state, Mapping):
-        return list(state.get(messages_key) or [])
-    return list(getattr(state, messages_key, None) or [])
 
 
 def send_tool_calls(
@@ -180,7 +179,7 @@ def send_tool_calls(
         One ``Send(node, [tool_call])`` per call without a tool message yet, malformed ones included (as calls whose
         ``args`` are the raw text, so the guarded node answers them with an error); ``end`` when there are none.
     """
-    messages = _messages_of(state, messages_key)
+    messages = list(state_messages(state, messages_key))
     last_ai = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
     if last_ai is None:
         return end

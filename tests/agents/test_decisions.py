@@ -128,7 +128,7 @@ def test_resume_command_refuses_a_count_mismatch(count: int) -> None:
 )
 @pytest.mark.parametrize("form", ["map", "list"])
 def test_resume_command_refuses_a_decision_the_graph_would_refuse(decision: dict, fragment: str, form: str) -> None:
-    pending = [_interrupt("i1", "a"), _interrupt("i2", "b")]
+    pending = [_interrupt("i1", "a"), _interrupt("i2", "b")] if form == "map" else [_interrupt("i1", "a", "b")]
     decisions = {"a": {"type": "approve"}, "b": decision}
     with pytest.raises(ResumeError, match=fragment) as caught:
         resume_command(pending, decisions if form == "map" else list(decisions.values()))
@@ -147,15 +147,35 @@ def test_resume_command_wants_a_map_or_a_list(decisions: object) -> None:
         resume_command([_interrupt("i1", "a")], decisions)  # type: ignore[arg-type]
 
 
-def test_a_list_answers_interrupts_by_position_even_when_their_item_ids_repeat() -> None:
-    """Two interrupts may hold an item of the same id; a list answers them in order, a map cannot tell them apart
-    (refused with a message saying so), and a map with a key that is not a string is refused, not a TypeError."""
-    pending = [_interrupt("i1", "a"), _interrupt("i2", "a")]
-    command = resume_command(pending, [{"type": "approve"}, {"type": "reject"}])
+def test_a_list_answers_one_pending_guard_interrupt_only() -> None:
+    """Several guard interrupts (per-call reviews) have no order a reviewer is sure to have seen: ``invoke``'s
+    ``__interrupt__`` lists them as their tasks raised them, ``get_state`` in task order. So a list, which carries no
+    ids, is refused across them, naming what to send instead; a map, or one interrupt at a time, answers them."""
+    pending = [_interrupt("i1", "a"), _interrupt("i2", "b"), Interrupt(value="not guard", id="i3")]
+    with pytest.raises(ResumeError, match=r"a list of decisions answers one guard interrupt, but 2 are pending.*send "
+                                          r"a map \{item_id: decision\}.*or answer one interrupt at a time") as caught:
+        resume_command(pending, [{"type": "approve"}, {"type": "reject"}])
+    assert caught.value.expected == ("a", "b")
+    command = resume_command(pending, {"a": {"type": "approve"}, "b": {"type": "reject"}})
     assert command.resume == {"i1": {"decisions": {"a": {"type": "approve"}}},
-                              "i2": {"decisions": {"a": {"type": "reject"}}}}
-    with pytest.raises(ResumeError, match="an item id repeats in the pending interrupts"):
+                              "i2": {"decisions": {"b": {"type": "reject"}}}}
+    command = resume_command(pending[1:], [{"type": "reject"}], others={"i3": "yes"})  # one guard interrupt: a list
+    assert command.resume == {"i3": "yes", "i2": {"decisions": {"b": {"type": "reject"}}}}
+
+
+def test_interrupts_whose_item_ids_repeat_are_answered_one_at_a_time() -> None:
+    """Two interrupts may hold an item of the same id: a map cannot tell them apart (refused with a message saying
+    so), a list is refused across interrupts, one interrupt at a time answers each; two items of one id in one
+    interrupt cannot be answered apart; a map with a key that is not a string is refused, not a TypeError."""
+    pending = [_interrupt("i1", "a"), _interrupt("i2", "a")]
+    with pytest.raises(ResumeError, match=r"an item id repeats in the pending interrupts.*answer one interrupt at a"):
         resume_command(pending, {"a": {"type": "approve"}})
+    with pytest.raises(ResumeError, match="a list of decisions answers one guard interrupt"):
+        resume_command(pending, [{"type": "approve"}, {"type": "reject"}])
+    first = resume_command(pending[:1], {"a": {"type": "approve"}})
+    second = resume_command(pending[1:], [{"type": "reject"}])
+    assert first.resume == {"i1": {"decisions": {"a": {"type": "approve"}}}}
+    assert second.resume == {"i2": {"decisions": {"a": {"type": "reject"}}}}
     with pytest.raises(ResumeError, match="interrupt i1 holds two items of the same id"):  # one answer would be lost
         resume_command([_interrupt("i1", "a", "a")], [{"type": "reject"}, {"type": "approve"}])
     with pytest.raises(ResumeError, match="not pending: 1"):

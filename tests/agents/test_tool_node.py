@@ -3,34 +3,51 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.messages.tool import invalid_tool_call
+from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.prebuilt import tools_condition
-from langgraph.types import Command
+from langgraph.types import Command, Send
 
 from guard.agents import GuardToolWrapper, guarded_tool_node, resume_command, send_tool_calls
 from guard.errors import ResumeError
 from tests.agents._drive import adrive, drive
-from tests.agents._fakes import Turn, model
+from tests.agents._fakes import INJECTION, Turn, model
 
 USER = {"messages": [("user", "Please settle my invoices.")]}
 
 
 def build(
-    h: Any, *turns: Turn, routing: Any = send_tool_calls, extra_nodes: dict[str, Any] | None = None, **options: Any
+    h: Any,
+    *turns: Turn | AIMessage,
+    routing: Any = send_tool_calls,
+    extra_nodes: dict[str, Any] | None = None,
+    tools: list[Any] | None = None,
+    messages_key: str = "messages",
+    **options: Any,
 ) -> Any:
+    """The model / guarded tool node loop; ``messages_key``: the state key of the conversation (``routing`` must
+    read it too)."""
     chat = model(*turns)
+    state_schema: Any = (
+        MessagesState
+        if messages_key == "messages"
+        else TypedDict("State", {messages_key: Annotated[list[AnyMessage], add_messages]})  # type: ignore[misc]
+    )
 
-    def call_model(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [chat.invoke(state["messages"])]}
+    def call_model(state: dict[str, Any]) -> dict[str, Any]:
+        return {messages_key: [chat.invoke(state[messages_key])]}
 
-    graph = StateGraph(MessagesState)
+    graph = StateGraph(state_schema)
     graph.add_node("model", call_model)
-    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard, **options))
+    node = guarded_tool_node(tools or h.tools, guard=h.guard, messages_key=messages_key, **options)
+    graph.add_node("tools", node)
     for name, node in (extra_nodes or {}).items():
         graph.add_node(name, node)
         graph.add_edge(name, END)
@@ -225,3 +242,136 @@ def test_the_tool_node_runs_empty_arguments_of_a_tool_that_requires_nothing(harn
     h = harness()
     drive(build(h, Turn(calls=[("list_records", "", "x")])), USER, thread(), "invoke")
     assert h.runs.calls == [("list_records", {"limit": 10})]
+
+
+CHAT = "chat"
+"""A conversation key other than ``messages`` (``ToolNode(messages_key=...)``)."""
+
+
+def chat_messages(graph: Any, config: dict[str, Any]) -> dict[str, ToolMessage]:
+    """The tool messages of the thread's ``chat`` conversation, by call id."""
+    return {m.tool_call_id: m for m in graph.get_state(config).values[CHAT] if isinstance(m, ToolMessage)}
+
+
+def test_another_messages_key_gives_the_judge_the_users_task_and_judges_a_commands_messages(
+    harness: Any, thread: Any
+) -> None:
+    """With ``messages_key="chat"`` guard reads the conversation where the tool node does: the user's task reaches
+    the judge (it read ``state["messages"]`` only, so the task was empty), and a tool result returned in a
+    ``Command`` update under ``chat`` is judged and withheld (it passed unjudged)."""
+    h = harness()
+
+    @tool
+    def fetch_page(url: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        """Fetch a URL."""
+        h.runs.add("fetch_page", url=url)
+        return Command(update={CHAT: [ToolMessage(INJECTION, tool_call_id=tool_call_id, name="fetch_page")]})
+
+    turn = Turn(calls=[("fetch_page", {"url": "https://example.org"}, "c1")])
+    route = functools.partial(send_tool_calls, messages_key=CHAT)
+    graph, config = build(h, turn, routing=route, tools=[fetch_page], messages_key=CHAT), thread()
+    graph.invoke({CHAT: [("user", "Summarise https://example.org")]}, config)
+    assert h.runs.count("fetch_page") == 1
+    judged = {d["input"]["event"]: d for d in h.decisions()}
+    assert judged["tool_call"]["input"]["user_message"] == "Summarise https://example.org"
+    assert judged["tool_result"]["result"]["rule"] == "injected"
+    message = chat_messages(graph, config)["c1"]
+    assert INJECTION not in message.text and "was withheld by guard" in message.text
+
+
+def test_another_messages_key_finds_the_model_turn_for_answers_sharing_and_handoffs(
+    harness: Any, thread: Any
+) -> None:
+    """Under ``messages_key="chat"`` the model's turn is found there: a call needing review among others in one
+    ``tools_condition`` task is blocked (it was escalated in the shared task), and a handoff to a graph node writes
+    its answer under ``chat`` (it wrote ``messages``, a key the state does not have)."""
+    h = harness()
+    turn = Turn(calls=[("pay", {"amount": 500, "to": "eve"}, "a"), ("pay", {"amount": 5, "to": "bob"}, "b")])
+    route = functools.partial(tools_condition, messages_key=CHAT)
+    graph, config = build(h, turn, routing=route, messages_key=CHAT), thread()
+    graph.invoke({CHAT: [("user", "pay my invoices")]}, config)
+    assert not graph.get_state(config).interrupts
+    messages = chat_messages(graph, config)
+    assert "send_tool_calls" in messages["a"].text and h.runs.calls == [("pay", {"amount": 5, "to": "bob"})]
+
+    reached: list[str] = []
+
+    def second_opinion(state: dict[str, Any]) -> dict[str, Any]:
+        reached.append(state[CHAT][-1].tool_call_id)
+        return {}
+
+    handoff = harness()
+    turn = Turn(calls=[("pay", {"amount": 50, "to": "reviewer"}, "r")])
+    graph = build(handoff, turn, routing=functools.partial(send_tool_calls, messages_key=CHAT), messages_key=CHAT,
+                  extra_nodes={"second_opinion": second_opinion}, handoff_nodes=["second_opinion"])  # fmt: skip
+    config = thread()
+    graph.invoke({CHAT: [("user", "pay my invoices")]}, config)
+    assert reached == ["r"] and handoff.runs.count() == 0
+    assert "was handed to `second_opinion` for review" in chat_messages(graph, config)["r"].text
+
+
+@pytest.mark.parametrize("routing", [send_tool_calls, tools_condition])
+def test_two_calls_sharing_one_id_never_run(harness: Any, thread: Any, routing: Any) -> None:
+    """Neither call runs, whatever arguments each carries (the second, unlike the first, ran)."""
+    h = harness()
+    turn = AIMessage(content="", id="m1", tool_calls=[
+        {"name": "pay", "args": {"amount": 5, "to": "bob"}, "id": "x", "type": "tool_call"},
+        {"name": "pay", "args": {"amount": 60, "to": "carol"}, "id": "x", "type": "tool_call"},
+    ])  # fmt: skip
+    out = drive(build(h, turn, routing=routing), USER, thread(), "invoke")
+    assert h.runs.count() == 0
+    answers = [m for m in out.messages if isinstance(m, ToolMessage)]
+    assert len(answers) == 2 and all("another tool call in the same turn has the id 'x'" in m.text for m in answers)
+    assert [d["result"]["rule"] for d in h.decisions()] == ["malformed_arguments"] * 2
+
+
+def test_calls_that_arrive_as_raw_text_are_answered_never_run(harness: Any, thread: Any) -> None:
+    """A call LangChain could not parse whose raw text still reads as a JSON object (or is empty, "no arguments"),
+    which ``send_tool_calls`` forwards as text, and a call a routing sends with text arguments, are answered with an
+    error and a recorded decision (they were judged, allowed and handed to the tool node, which raised)."""
+    h = harness()
+    turn = AIMessage(
+        content="",
+        id="m1",
+        tool_calls=[{"name": "read_file", "args": {"path": "notes.txt"}, "id": "t", "type": "tool_call"}],
+        invalid_tool_calls=[
+            invalid_tool_call(name="fetch", args='{"url": "https://example.org"}', id="j", error="unparsed"),
+            invalid_tool_call(name="list_records", args="", id="e", error="unparsed"),
+        ],
+    )
+
+    def route_as_text(state: dict[str, Any]) -> list[Send] | str:
+        """``send_tool_calls``, but the valid call goes with its arguments as text."""
+        sends = send_tool_calls(state)
+        if isinstance(sends, str):
+            return sends
+        return [Send(s.node, [{**s.arg[0], "args": '{"path": "notes.txt"}'}]) if s.arg[0]["id"] == "t" else s
+                for s in sends]  # fmt: skip
+
+    out = drive(build(h, turn, routing=route_as_text), USER, thread(), "invoke")
+    assert h.runs.count() == 0
+    messages = out.tool_messages()
+    assert all(messages[i].status == "error" and "was not executed" in messages[i].text for i in "tje")
+    assert "the model's tool call could not be parsed" in messages["j"].text
+    assert "arguments arrived as raw text, not as a parsed object" in messages["t"].text
+    assert sorted(d["input"]["tool_name"] for d in h.decisions() if d["result"]["rule"] == "malformed_arguments") == [
+        "fetch", "list_records", "read_file"]  # fmt: skip
+
+
+def test_a_list_of_decisions_is_refused_while_several_per_call_reviews_are_pending(harness: Any, thread: Any) -> None:
+    """Per-call interrupts have no order the reviewer is sure to have seen (``invoke``'s ``__interrupt__`` lists them
+    as their tasks raised them, ``get_state`` in task order), so ``resume_command`` refuses a list across them and
+    nothing runs (a list bound by the other order released a rejected call); the map of item ids answers them."""
+    h = harness()
+    turn = Turn(calls=[("pay", {"amount": 500, "to": "eve"}, "a"), ("pay", {"amount": 600, "to": "dan"}, "b"),
+                       ("pay", {"amount": 700, "to": "zed"}, "c")])  # fmt: skip
+    graph, config = build(h, turn), thread()
+    out = drive(graph, USER, config, "invoke")
+    assert len(out.interrupts) == 3
+    listed = [{"type": "approve"}, {"type": "reject"}, {"type": "reject"}]
+    with pytest.raises(ResumeError, match=r"a list of decisions answers one guard interrupt, but 3 are pending"):
+        resume_command(graph.get_state(config).interrupts, listed)
+    assert h.runs.count() == 0 and len(graph.get_state(config).interrupts) == 3
+    decisions = {i["id"]: {"type": "approve" if i["tool_call_id"] == "a" else "reject"} for i in out.items()}
+    out = drive(graph, resume_command(graph.get_state(config).interrupts, decisions), config, "invoke")
+    assert h.runs.calls == [("pay", {"amount": 500, "to": "eve"})] and not out.interrupts
