@@ -18,7 +18,7 @@ RUN pip install /src
 # flash-linear-attention and causal-conv1d, need a CUDA compiler this runtime image lacks. Build their wheels in a
 # `-devel` stage of the same CUDA and torch and install them here for long prompts (docs/clef.md).
 
-RUN useradd --system --uid 10001 guard
+RUN useradd --system --create-home --uid 10001 guard
 USER 10001
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s CMD curl -fsS http://127.0.0.1:8000/readyz || exit 1

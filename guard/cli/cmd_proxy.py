@@ -1,6 +1,6 @@
 """``guard proxy``: a reverse proxy that judges requests before they reach an HTTP service.
 
-    guard proxy --policy policies/api_abuse.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
+    guard proxy --policy policies/api_abuse_compact.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
                 [--admin-listen 127.0.0.1:9901] [--tenant-header NAME]
                 [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
                 [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
