@@ -121,9 +121,10 @@ def _segment(segment: str) -> tuple[str, str]:
 
 def path_views(path: str, *, fold: bool = True, strip: bool = True) -> tuple[str, ...]:
     """The views of a canonical ``path`` that policies are matched on, in order: without a trailing slash
-    (``strip``) and lower-cased (``fold``), then the path as sent when that differs. The first view some policy
-    matches is the one judged (``GuardMiddleware``'s ``trailing_slash`` and ``path_case``, whose defaults these are,
-    and ``guard policy test|explain``)."""
+    (``strip``) and lower-cased (``fold``), then the path as sent when that differs. A policy that matches any view
+    judges the request, whose subject has the first view some policy matches
+    (:meth:`~guard.policy.PolicyView.matching_views`; ``GuardMiddleware``'s ``trailing_slash`` and ``path_case``,
+    whose defaults these are, and ``guard policy test|explain``)."""
     view = (path.rstrip("/") or "/") if strip else path
     view = view.lower() if fold else view
     return (view,) if view == path else (view, path)

@@ -318,7 +318,7 @@ class GuardMiddleware:
                   view: PolicyView) -> tuple[HttpSubject, tuple[Policy, ...]]:
         """The request and the response policies of ``view`` that judge its response, matched as :meth:`_match`
         matches request policies."""
-        return self._on_either_path(scope, headers, view.watching)
+        return self._on_path_views(scope, headers, view, watching=True)
 
     async def respond(
         self, scope: Scope, receive: Receive, send: Send, headers: HeaderList = (), *, method: str | None = None,
@@ -375,19 +375,17 @@ class GuardMiddleware:
 
     def _match(self, scope: Scope, headers: dict[str, str], view: PolicyView) -> tuple[HttpSubject, tuple[Policy, ...]]:
         """The subject and every policy of ``view`` that judges it (empty when none does)."""
-        return self._on_either_path(scope, headers, view.matching)
+        return self._on_path_views(scope, headers, view)
 
-    def _on_either_path(
-        self, scope: Scope, headers: dict[str, str], find: Callable[[HttpSubject], tuple[Policy, ...]]
+    def _on_path_views(
+        self, scope: Scope, headers: dict[str, str], view: PolicyView, *, watching: bool = False
     ) -> tuple[HttpSubject, tuple[Policy, ...]]:
-        """The subject and the policies ``find`` returns for it, matched on the path's canonical view first
-        (lower-cased, trailing slash removed, as configured), then on the path as sent."""
-        for view in path_views(scope["path"], fold=self._fold, strip=self._strip):
-            head = head_subject(scope, headers, self.client_header, view)
-            found = find(head)
-            if found:
-                break
-        return head, found
+        """The subject and the policies of ``view`` that match it (``watching``: watch it) on any of its path's
+        views (lower-cased, trailing slash removed, as configured; and as sent):
+        :meth:`~guard.policy.PolicyView.matching_views`."""
+        heads = [head_subject(scope, headers, self.client_header, path)
+                 for path in path_views(scope["path"], fold=self._fold, strip=self._strip)]
+        return view.matching_views(heads, watching=watching)
 
     def tenant_of(self, scope: Scope, headers: dict[str, str]) -> str | None:
         """The request's tenant: the ``tenant_header`` value, or what ``tenant`` says of the request's subject;

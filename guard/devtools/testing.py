@@ -259,9 +259,10 @@ def _message(headers: Mapping[str, str], content_type: str, body: Any, body_text
 def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Policy, ...]]:
     """The subject an input stands for and every policy that decides it, matched as ``GuardMiddleware`` matches
     with its defaults: an HTTP path made canonical (:func:`~guard.asgi._target.canonical_path`), then matched on its
-    :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased first); with
-    ``http.response``, the upstream's response to that request, decided by the response policies that watch the
-    request on the first view some policy watches and that match the response (read as :func:`_message` says; a
+    :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased, and as given: every policy that
+    matches one of them, :meth:`~guard.policy.PolicyView.matching_views`); with ``http.response``, the upstream's
+    response to that request, decided by the response policies that watch the request on one of its views and that
+    match the response (read as :func:`_message` says; a
     streamed one, SSE, or JSON Lines or JSON given as ``body_text`` without a ``Content-Length``, as one window of
     its stream, its events' pieces joined: :func:`~guard.asgi._respond.whole_stream_subject`).
 
@@ -273,12 +274,8 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     if not isinstance(subject, HttpSubject):
         return subject, policies.matching(subject)
     response = parsed.http.response if parsed.http is not None else None
-    find = policies.matching if response is None else policies.watching
-    for view in path_views(subject.path):
-        head = replace(subject, path=view)
-        found = find(head)
-        if found:
-            break
+    head, found = policies.view().matching_views([replace(subject, path=view) for view in path_views(subject.path)],
+                                                 watching=response is not None)
     if response is None:
         return head, found
     judged = replace(head, phase="response", status=response.status,

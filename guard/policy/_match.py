@@ -94,13 +94,21 @@ class ResponseMatcher:
 NON_MESSAGE_METHODS = frozenset({"HEAD", "OPTIONS", "TRACE", "CONNECT", "DELETE"})
 
 
+def _with_head(methods: frozenset[str]) -> frozenset[str]:
+    """``methods`` (upper-case) with HEAD added when they hold GET: servers answer a HEAD with the GET handler
+    (Starlette, FastAPI, Flask, Rails and Express route it there; ``guard proxy`` forwards it), so a policy for GET
+    that skipped HEAD would let the handler run on input it never judged."""
+    return methods | {"HEAD"} if "GET" in methods else methods
+
+
 @dataclass(frozen=True)
 class HttpMatcher:
     """A compiled ``match.http`` block.
 
-    Paths are matched against the subject's canonical path (percent-decoded, dot segments removed, slashes merged:
-    ``guard/asgi/_target.py``), the same path the application routes on and the proxy forwards. Hosts are matched
-    against the client's ``Host`` header, which the client chooses (docs/http.md).
+    ``methods`` holds HEAD wherever it holds GET (:func:`_with_head`). Paths are matched against the subject's
+    canonical path (percent-decoded, dot segments removed, slashes merged: ``guard/asgi/_target.py``), the same path
+    the application routes on and the proxy forwards. Hosts are matched against the client's ``Host`` header, which
+    the client chooses (docs/http.md).
 
     With ``response`` set it belongs to a response policy: it never matches a request; it :meth:`watches` the
     requests its other conditions accept, and matches their responses on ``response`` alone.
@@ -120,7 +128,7 @@ class HttpMatcher:
     def from_spec(cls, spec: HttpMatchSpec) -> HttpMatcher:
         headers = tuple((name.lower(), value) for name, value in spec.headers.items())
         return cls(
-            methods=frozenset(m.upper() for m in spec.methods),
+            methods=_with_head(frozenset(m.upper() for m in spec.methods)),
             paths=_either([compile_glob(p, "/") for p in spec.paths]),
             hosts=_either([compile_glob(h.lower(), ".") for h in spec.hosts]),
             headers=tuple((name, compile_glob(value, None)) for name, value in headers),

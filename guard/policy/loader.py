@@ -629,6 +629,28 @@ class PolicyView:
             return ()
         return tuple(p for p in self.response if p.watches(request))
 
+    def matching_views(
+        self, views: Sequence[HttpSubject], *, watching: bool = False
+    ) -> tuple[HttpSubject, tuple[Policy, ...]]:
+        """One request seen in several views (the same request but for its path: the views of
+        :func:`~guard.asgi._target.path_views`, lower-cased and without a trailing slash, then as sent): every policy
+        that matches (``watching``: watches) any view, each once, in match order, and the view judged: the first
+        that some policy matches, else the first. A policy whose globs match only the path as sent (an upper-case
+        glob) still decides, beside those that match the canonical view.
+
+        Raises:
+            ValueError: ``views`` is empty.
+        """
+        if not views:
+            raise ValueError("matching_views needs at least one view")
+        find = self.watching if watching else self.matching
+        found = [find(view) for view in views]
+        judged = next((view for view, policies in zip(views, found, strict=True) if policies), views[0])
+        if len(found) == 1:
+            return judged, found[0]
+        hit = {id(policy) for policies in found for policy in policies}
+        return judged, tuple(p for p in (self.response if watching else self.policies) if id(p) in hit)
+
 
 class PolicySet:
     """The live set of policies, in match order (files in the order given, policies in file order).

@@ -183,7 +183,8 @@ class HttpMatchSpec(_Strict):
     methods: list[HttpMethod] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
-        description="HTTP methods, e.g. [POST, PUT] (compared case-insensitively); [] = any.",
+        description="HTTP methods, e.g. [POST, PUT] (compared case-insensitively); GET also matches HEAD, which "
+        "servers answer with the GET handler; [] = any.",
     )
     paths: list[PathGlob] = Field(
         default_factory=list,

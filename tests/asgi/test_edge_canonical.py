@@ -334,3 +334,35 @@ async def test_a_judged_posts_body_override_is_checked_when_its_body_is_read() -
         async with client_for(_rack_app(posts_only, method_override="judge", unexpected_body=unexpected)) as client:
             answer = await client.post("/v1/accounts/42", content=b"_method=DELETE&x=1", headers=form)
             assert answer.status_code == status, (unexpected, answer.text)
+
+
+@pytest.mark.anyio
+async def test_a_policy_matching_the_path_as_sent_judges_beside_one_matching_the_folded_view() -> None:
+    """docs/http.md: a glob with upper-case letters still matches the path as sent. A policy for ``/v1/**`` that
+    matches the lower-cased view does not hide one for ``/V1/Admin/**``: both judge ``/V1/Admin/users``, and the
+    lockdown's block decides."""
+    policies = """
+policies:
+  - id: admin_lockdown
+    version: 1
+    match: {http: {paths: ["/V1/Admin/**"]}}
+    rules: [{id: no_admin, when: "true", action: block}]
+    default: block
+  - id: general
+    version: 1
+    match: {http: {paths: ["/v1/**"]}}
+    rules: [{id: ok, when: "true", action: allow}]
+    default: allow
+"""
+
+    async def served(request: Request) -> JSONResponse:
+        return JSONResponse({"served": request.url.path})
+
+    guard = Guard(PolicySet(load_text(policies)), backends=ScriptedBackend(scripted_answers))
+    app = Starlette(routes=[Route("/{path:path}", served, methods=["POST"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard)])
+    async with client_for(app) as client:
+        locked = await client.post("/V1/Admin/users")
+        other = await client.post("/v1/admin/users")
+    assert (locked.status_code, locked.json()["policy"], locked.json()["rule"]) == (403, "admin_lockdown", "no_admin")
+    assert other.json() == {"served": "/v1/admin/users"}

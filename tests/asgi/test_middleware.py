@@ -31,7 +31,7 @@ from guard.engine import Guard
 from guard.engine.cache import CacheConfig
 from guard.engine.telemetry import DecisionLog
 from guard.errors import BackendTimeout, BackendUnavailable
-from guard.policy import load_text
+from guard.policy import PolicySet, load_text
 from guard.systemone import SystemOneRequestV1
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, client_for, echo, echo_routes, guarded_app, scripted_answers, sha
@@ -626,3 +626,31 @@ async def test_body_refusals_are_counted_as_decisions(make_guard: GuardFactory) 
     ]
     meter_provider.shutdown()
     assert any(p["guard.action"] == "block" and p["guard.rule"] == "invalid_json_not_utf8" for p in points), points
+
+
+async def test_a_head_request_is_judged_by_the_policy_for_get() -> None:
+    """Starlette (like FastAPI, Flask, Rails and Express) answers a HEAD with the GET handler, so a policy listing
+    GET judges a HEAD: its query never reaches the handler unjudged."""
+    policy = """
+policies:
+  - id: search
+    version: 1
+    match: {http: {methods: [GET], paths: ["/search"]}}
+    state: {text: request_text}
+    rules: [{id: attack, when: 'state.text.matches("(?i)attack")', action: block}]
+    default: allow
+"""
+    ran: list[tuple[str, str | None]] = []
+
+    async def search(request: Request) -> JSONResponse:
+        ran.append((request.method, request.query_params.get("q")))
+        return JSONResponse({"q": request.query_params.get("q")})
+
+    guard = Guard(PolicySet(load_text(policy)), backends=ScriptedBackend())
+    async with client_for(guarded_app(guard, [Route("/search", search, methods=["GET"])])) as client:
+        answers = {m: (await client.request(m, "/search?q=attack")).status_code for m in ("GET", "HEAD")}
+        benign = await client.head("/search?q=weather")
+    assert answers == {"GET": 403, "HEAD": 403}
+    assert benign.status_code == 200 and "x-guard-decision-id" in benign.headers
+    assert ran == [("HEAD", "weather")]
+    await guard.aclose()

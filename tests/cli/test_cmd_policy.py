@@ -701,8 +701,9 @@ def test_response_cases_read_the_media_type_from_the_headers_and_match_paths_as_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A message's media type came only from ``content_type`` (the middleware reads the header), and a response
-    no policy on the first path view matched was tried on the next view (the middleware keeps the first view some
-    policy watches)."""
+    no policy on the first path view matched was tried on the next view; every policy that watches either view
+    judges it, as in the middleware (an upper-case glob is not hidden by a lower-case one that watches the
+    canonical view)."""
     (tmp_path / "p.yaml").write_text("""\
 policies:
   - id: json-only
@@ -730,7 +731,7 @@ policies:
                             "body": {"q": 1}}}},
         {"name": "an explicit media type's parameters are dropped", "expect": {"policy": "json-only"},
          "input": {"http": {"path": "/api/x", "response": {"content_type": "application/json; charset=utf-8"}}}},
-        {"name": "the first watched view decides", "expect": {"policy": None, "action": "allow"},
+        {"name": "the policy watching the path as sent judges too", "expect": {"policy": "upper-any", "action": "block"},
          "input": {"http": {"path": "/API/x", "response": {"headers": {"content-type": "text/plain"},
                                                            "body_text": "hi"}}}},
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guard.policy import load_text
+from guard.policy import PolicySet, load_text
 from guard.policy._match import compile_glob
 from guard.subject import AgentSubject, HttpSubject
 
@@ -78,3 +78,34 @@ def test_glob() -> None:
     assert compile_glob("/a/*.json", "/").fullmatch("/a/x.json")
     assert not compile_glob("/a/?", "/").fullmatch("/a/xy")
     assert compile_glob("a.b+c", None).fullmatch("a.b+c") and not compile_glob("a.b+c", None).fullmatch("aXb+c")
+
+
+def test_a_policy_for_get_matches_head() -> None:
+    """Servers answer a HEAD with the GET handler (Starlette, FastAPI, Flask, Rails, Express; ``guard proxy``
+    forwards it), so a policy listing GET judges HEAD too; one listing only HEAD or POST does not gain GET."""
+    set_ = PolicySet(load_text("""
+policies:
+  - {id: gets, version: 1, match: {http: {methods: [get]}}, questions: {q: {type: noul, instructions: q}}}
+  - {id: heads, version: 1, match: {http: {methods: [HEAD]}}, questions: {q: {type: noul, instructions: q}}}
+  - {id: posts, version: 1, match: {http: {methods: [POST]}}, questions: {q: {type: noul, instructions: q}}}
+"""))
+    matched = {m: [p.id for p in set_.matching(http(method=m))] for m in ("GET", "HEAD", "POST")}
+    assert matched == {"GET": ["gets"], "HEAD": ["gets", "heads"], "POST": ["posts"]}
+
+
+def test_a_request_is_judged_by_every_policy_that_matches_one_of_its_path_views() -> None:
+    """A policy whose glob matches only the path as sent (upper case) is not hidden by one that matches the
+    lower-cased view: both decide, each once, in file order, and the subject keeps the first view matched."""
+    view = PolicySet(load_text("""
+policies:
+  - {id: exact-admin, version: 1, match: {http: {paths: ["/V1/Admin/**"]}}, rules: [{id: b, when: 'true', action: block}]}
+  - {id: general, version: 1, match: {http: {paths: ["/v1/**"]}}, rules: [{id: a, when: 'true', action: allow}]}
+  - {id: both, version: 1, match: {http: {paths: ["/**"]}}, rules: [{id: a, when: 'true', action: allow}]}
+""")).view()
+    views = [http(path="/v1/admin/users"), http(path="/V1/Admin/users")]
+    judged, found = view.matching_views(views)
+    assert (judged.path, [p.id for p in found]) == ("/v1/admin/users", ["exact-admin", "general", "both"])
+    judged, found = view.matching_views([http(path="/v2/x")])
+    assert (judged.path, [p.id for p in found]) == ("/v2/x", ["both"])
+    with pytest.raises(ValueError, match="at least one view"):
+        view.matching_views([])
