@@ -11,7 +11,7 @@
     ├── Overloaded                  a bounded queue is full; carries ``retry_after`` seconds
     ├── UnsupportedQuestion         a backend was asked a question it cannot answer (compact model catalog)
     ├── StateTooLong                a state field is longer than its max_chars and the policy says truncate: error
-    ├── StateAmbiguous              a value the policy reads as one (query parameter, form field, header) came twice
+    ├── StateAmbiguous              a value a policy reads as one (parameter, field, header) sent twice or as q[] for q
     ├── InvalidJson                 strict JSON parsing failed: not UTF-8, duplicate key, too deep, NaN, bad syntax
     ├── BodyError                   an HTTP request body cannot be inspected (too large, undecodable, malformed)
     ├── ReviewError                 a review item cannot be read or changed as asked
@@ -227,17 +227,28 @@ class StateAmbiguous(GuardError):
     repeats) that its policy reads as one value: parsers differ on which copy counts (the first, the last, all joined), so the guard could judge one
     copy while the application reads another. The engine answers with a block (400) and asks no model.
 
+    Also raised for a query parameter or form field sent under another spelling that PHP, Rails and Express read as
+    the one the policy reads (``q[]`` for ``q``, :func:`guard.policy._state.framework_name`): ``alias``.
+
     Attributes:
         source: ``query``, ``form``, ``header``, or ``body`` (a JSON key an object repeats, its values collected).
         name: the parameter, field or header name; for ``body`` the JSON pointer to the repeated key.
-        what: ``query parameter 'q'``, ``form field 'q'`` or ``header 'x-user'``.
+        alias: the other spelling sent (``q[]``), or ``None`` for a value sent twice.
+        what: ``query parameter 'q'``, ``form field 'q'`` or ``header 'x-user'``; with an alias
+            ``query parameter 'q' (as 'q[]', which PHP, Rails and Express read as 'q')``.
     """
 
-    def __init__(self, source: str, name: str) -> None:
+    def __init__(self, source: str, name: str, *, alias: str | None = None) -> None:
         self.source = source
         self.name = name
+        self.alias = alias
         kind = {"query": "query parameter", "form": "form field", "body": "JSON member"}.get(source, source)
         self.what = f"{kind} {name!r}"
+        if alias is not None:
+            self.what += f" (as {alias[:60]!r}, which PHP, Rails and Express read as {name!r})"
+            super().__init__(f"the {self.what} is sent under another name; this policy reads it as one value, by "
+                             "its own name")
+            return
         twice = "is sent more than once" + (" (or spelled with '_', which WSGI servers read alike)"
                                             if source == "header" else "")
         super().__init__(f"the {self.what} {twice}; this policy reads it as one value")

@@ -5,8 +5,9 @@ stream back, both without buffering (a guarded request's body is read once by :c
 and then streamed on). The status and headers are kept, minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection``
 and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``);
 ``X-Forwarded-For`` is appended to, ``X-Forwarded-Proto/-Host`` are set (the client's, and its ``Forwarded`` and
-``X-Real-IP``, dropped unless ``ProxyConfig.trust_forwarded``). A ``Host`` that is not ``host[:port]`` is a 400
-``invalid_host`` (it would reach the upstream as ``X-Forwarded-Host``). ``Connection`` never removes ``Content-Type``,
+``X-Real-IP``, dropped unless ``ProxyConfig.trust_forwarded``): ``X-Forwarded-Host`` is the request's ``Host`` as
+sent. A ``Host`` that is not ``host[:port]``, or, with ``ProxyConfig.allowed_hosts``, names no host listed there, is
+a 400 ``invalid_host`` (it would reach the upstream as ``X-Forwarded-Host``). ``Connection`` never removes ``Content-Type``,
 ``Content-Encoding`` or a method override header; under ``method_override="judge"`` an override header spelled with
 ``_`` (names the proxy drops) is a 400 ``method_override``, so the upstream never runs a method guard did not judge.
 A ``Location`` or ``Content-Location`` under the upstream URL is made a path on the proxy (nginx's default
@@ -51,7 +52,7 @@ from starlette.types import Message, Receive, Scope, Send
 from guard._body import Deadline, check_framing
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
-from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
+from guard.asgi._subject import METHOD_OVERRIDE_HEADERS, host_name
 from guard.asgi._target import INVALID_TARGET, canonical_scope, request_target
 from guard.asgi._upgrade import refuse_invalid_upgrade
 from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamTimeout
@@ -60,6 +61,7 @@ from guard.asgi.middleware import GuardMiddleware
 from guard.engine import Guard
 from guard.engine.health import FailureTracker
 from guard.errors import BodyError
+from guard.policy._match import compile_glob
 
 __all__ = [
     "DEFAULT_MAX_HEAD_BYTES",
@@ -113,8 +115,15 @@ class ProxyConfig:
             upstream answered; the upstream request is abandoned).
         trust_forwarded: keep the client's ``X-Forwarded-Proto``, ``X-Forwarded-Host``, ``Forwarded`` and
             ``X-Real-IP`` (guard behind a proxy of yours that sets them, e.g. one that terminates TLS). Default: they
-            are dropped and the proxy sets ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` itself, so a client cannot
-            tell the upstream which host or scheme it was reached on.
+            are dropped and the proxy sets ``X-Forwarded-Proto`` (the scheme the client reached it by) and
+            ``X-Forwarded-Host`` (the request's ``Host`` as sent, which the client chooses: see ``allowed_hosts``)
+            itself.
+        allowed_hosts: the hosts this proxy serves, as a policy's ``hosts:`` globs (``api.example.com``,
+            ``*.example.com``: ``*`` within a label; no port, no trailing dot, any case): a request or WebSocket
+            upgrade whose ``Host`` (without port and trailing dot) matches none is refused with 400 ``invalid_host``
+            before any policy judges it, as nginx's ``server_name`` or Django's ``ALLOWED_HOSTS`` keep a forged
+            ``Host`` from reaching the application (and its reset links through ``X-Forwarded-Host``). Empty (the
+            default): any well-formed ``Host``. A request without ``Host`` (HTTP/1.0) passes; none is sent on.
         max_websockets: most WebSockets relayed at once (each holds an upstream connection of its own); another
             upgrade is refused with 503 ``upstream_busy`` (or a close with 1013, "try again later").
         max_head_bytes: most bytes of a request head (target and headers; a WebSocket upgrade's too): 431
@@ -137,6 +146,7 @@ class ProxyConfig:
     trust_traceparent: bool = False
     max_websockets: int = DEFAULT_MAX_WEBSOCKETS
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -158,6 +168,10 @@ class ProxyConfig:
             raise ValueError(f"max_connections is {self.max_connections}; it must be at least 1")
         if self.max_head_bytes < 1024:
             raise ValueError(f"max_head_bytes is {self.max_head_bytes}; it must be at least 1024")
+        for glob in self.allowed_hosts:
+            if not glob.strip() or host_name(glob) != glob.strip().lower():
+                raise ValueError(f"allowed host {glob!r} is empty or holds a port or a trailing dot; hosts are "
+                                 "compared without them: write the name alone (api.example.com, *.example.com)")
 
 
 class _ClientGone(Exception):
@@ -240,6 +254,7 @@ class ReverseProxy:
         tls = ssl.create_default_context() if self.base.scheme == "https" else None
         port = self.base.port or (443 if tls else 80)
         self._not_copied = _NOT_COPIED if config.trust_forwarded else _NOT_COPIED | _FORWARDED
+        self._allowed_hosts = tuple(compile_glob(h.strip().lower(), ".") for h in config.allowed_hosts)
         self._judged_overrides = _OVERRIDES if judged_overrides else frozenset()
         origin = self.base.scheme.encode() + b"://" + self._host.lower()
         self._origins = (origin,) if self.base.port else (origin, origin + b":%d" % port)  # the port left out or not
@@ -312,8 +327,8 @@ class ReverseProxy:
         one guard never judged (request smuggling).
 
         Raises:
-            BodyError: 400 ``invalid_host`` for a ``Host`` that is not ``host[:port]`` (it would be sent on as
-                ``X-Forwarded-Host``); 400 ``method_override`` for an override header spelled with ``_`` that the
+            BodyError: 400 ``invalid_host`` for a ``Host`` that is not ``host[:port]``, or names no host of
+                ``allowed_hosts`` (it would be sent on as ``X-Forwarded-Host``); 400 ``method_override`` for an override header spelled with ``_`` that the
                 guard judged (``judged_overrides``).
         """
         out: list[tuple[bytes, bytes]] = []
@@ -347,6 +362,10 @@ class ReverseProxy:
         if host and not _valid_host(host):
             raise BodyError(400, "invalid_host", f"the Host header ({host[:60].decode('utf-8', 'replace')!r}) is not "
                             "a host name or address with an optional port (0-65535)", field="host")
+        if host and self._allowed_hosts and not any(glob.fullmatch(host_name(host.decode("ascii")))
+                                                    for glob in self._allowed_hosts):
+            raise BodyError(400, "invalid_host", f"the Host header ({host.decode('ascii')[:60]!r}) names no host this "
+                            "proxy serves", field="host")
         if chunked:
             named.add(b"content-length")
         if named:

@@ -87,6 +87,10 @@ def register(subparsers: Any) -> None:
                         "X-Forwarded-Proto/-Host itself")
     parser.add_argument("--preserve-host", action="store_true",
                         help="forward the client's Host to the upstream (default: the upstream's host and port)")
+    parser.add_argument("--allowed-hosts", default=None, metavar="HOSTS",
+                        help="comma-separated hosts this proxy serves (api.example.com,*.example.com; no port): a "
+                        "request whose Host is none of them is refused with 400 invalid_host, as nginx's server_name "
+                        "does; default: any Host, sent on as X-Forwarded-Host")
     parser.add_argument("--trust-traceparent", action="store_true",
                         help="the decision span continues the client's W3C traceparent (a gateway behind your own "
                         "traced edge); default: each decision starts its own trace")
@@ -231,6 +235,20 @@ def _listen(value: str, option: str = "--listen") -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def _allowed_hosts(value: str | None) -> tuple[str, ...]:
+    """``--allowed-hosts``: its comma-separated hosts (``ProxyConfig.allowed_hosts`` checks each), ``()`` without it.
+
+    Raises:
+        ValueError: the option names no host.
+    """
+    if value is None:
+        return ()
+    hosts = tuple(h.strip() for h in value.split(",") if h.strip())
+    if not hosts:
+        raise ValueError(f"--allowed-hosts {value!r} names no host; e.g. --allowed-hosts api.example.com,*.example.com")
+    return hosts
+
+
 def _decision_log(args: argparse.Namespace) -> Any:
     """The ``--decision-log`` file's :class:`~guard.engine.telemetry.DecisionLog`, or ``None`` without one.
 
@@ -294,7 +312,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
                          max_websockets=args.max_websockets, max_head_bytes=args.max_head_bytes,
                          body_idle_timeout=limits.body_timeout_s,
                          preserve_host=args.preserve_host, trust_forwarded=args.trust_forwarded,
-                         trust_traceparent=args.trust_traceparent)
+                         trust_traceparent=args.trust_traceparent, allowed_hosts=_allowed_hosts(args.allowed_hosts))
     reviewers = None
     if args.review_tokens_env:
         text = os.environ.get(args.review_tokens_env)

@@ -29,6 +29,7 @@ __all__ = [
     "FAIL_CLOSED_MESSAGE",
     "GUARD_ERROR_RULE",
     "SEVERITY",
+    "STATE_ALIASED_MESSAGE",
     "STATE_AMBIGUOUS_MESSAGE",
     "STATE_AMBIGUOUS_RULE",
     "STATE_AMBIGUOUS_STATUS",
@@ -64,6 +65,8 @@ STATE_TOO_LONG_MESSAGE = "Too long to check: {field} has {length} characters; th
 STATE_AMBIGUOUS_RULE = "state_ambiguous"
 STATE_AMBIGUOUS_STATUS = 400
 STATE_AMBIGUOUS_MESSAGE = "Sent more than once: the {what}; this check reads it as one value, send it once."
+#: The message of that block for a query parameter or form field sent under another spelling (``q[]`` for ``q``).
+STATE_ALIASED_MESSAGE = "Sent under another name: the {what}; this check reads it by its name, send it so."
 #: Rule of a verdict a fail mode made (the backend failed, or the guard itself raised).
 GUARD_ERROR_RULE = "on_error"
 
@@ -305,7 +308,7 @@ def state_refused(
         message = STATE_TOO_LONG_MESSAGE.format(field=exc.field, length=exc.length, max_chars=exc.max_chars)
     else:
         rule, status = STATE_AMBIGUOUS_RULE, STATE_AMBIGUOUS_STATUS
-        message = STATE_AMBIGUOUS_MESSAGE.format(what=exc.what)
+        message = (STATE_AMBIGUOUS_MESSAGE if exc.alias is None else STATE_ALIASED_MESSAGE).format(what=exc.what)
     return make(
         "block",
         decision_id,

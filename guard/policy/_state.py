@@ -37,6 +37,7 @@ __all__ = [
     "Truncate",
     "default_fields",
     "default_state",
+    "framework_name",
     "prepare_state",
     "render_state",
     "resolve_pointer",
@@ -165,17 +166,50 @@ def _read(field: StateField, subject: Subject) -> Any:
         if source == "query":
             if field.key is None:
                 return subject.query
+            _refuse_aliases(field, subject.query)
             return _named(field, subject.query.get(field.key))
         if source == "form":
             form = subject.body if isinstance(subject.body, Mapping) else {}
             if field.key is None:
                 return form
+            _refuse_aliases(field, form)
             values = form.get(field.key, _MISSING)
             return _named(field, values) if isinstance(values, list) else values
         return _MISSING
     if source in AGENT_SOURCES:
         return getattr(subject, source)
     return _MISSING
+
+
+#: What PHP reads as ``_`` in a parameter's name (every ``[`` once no ``]`` closes the first; PHP 8).
+_PHP_UNDERSCORE = str.maketrans({" ": "_", ".": "_", "[": "_"})
+
+
+def framework_name(name: str) -> str:
+    """A query parameter's or form field's name as PHP, Rails (Rack) and Express (qs) read it, as far as they agree
+    on which parameter it fills: ``q[]``, ``q[0]`` and ``q[a][b]`` fill ``q`` (the name ends at the first ``[`` a
+    ``]`` follows), ``q.x`` and ``q x`` are PHP's ``q_x``, and a name ends at NUL and loses its leading spaces
+    (PHP). ``"q[]"`` -> ``"q"``; a name of plain letters, digits, ``-`` and ``_`` is itself."""
+    name = name.partition("\x00")[0].lstrip(" ")
+    bracket = name.find("[")
+    if bracket >= 0 and "]" in name[bracket:]:
+        name = name[:bracket]
+    return name.translate(_PHP_UNDERSCORE)
+
+
+def _refuse_aliases(field: StateField, params: Mapping[str, Any]) -> None:
+    """Refuse a request that sends, under another spelling, the query parameter or form field ``field`` reads by
+    name: one :func:`framework_name` reads as the same (``q[]=attack`` beside or instead of ``q``). PHP, Rails and
+    Express would hand the application that value as ``q`` while the policy read ``q`` absent or another copy.
+
+    Raises:
+        StateAmbiguous: naming the field and the first such spelling.
+    """
+    key = field.key or ""
+    wanted = framework_name(key)
+    for name in params:
+        if name != key and framework_name(name) == wanted:
+            raise StateAmbiguous(field.source or "", key, alias=name)
 
 
 def _named(field: StateField, values: list[Any] | None) -> Any:

@@ -154,6 +154,43 @@ async def test_a_host_that_is_not_host_and_port_is_refused(judge_guard: Guard) -
     assert upgrade.startswith(b"HTTP/1.1 400") and json.loads(upgrade.partition(b"\r\n\r\n")[2])["field"] == "host"
 
 
+async def test_allowed_hosts_refuse_a_host_the_proxy_does_not_serve(judge_guard: Guard) -> None:
+    """``X-Forwarded-Host`` is the client's ``Host`` as sent, which an upstream builds reset links from: without
+    ``allowed_hosts`` any well-formed one goes on (docs/http.md says so); with it, a ``Host`` none of its globs
+    matches is a 400 ``invalid_host`` before any policy judges the request, for a WebSocket upgrade too."""
+
+    def get(port: int, host: bytes, method: bytes = b"GET", path: bytes = b"/x") -> bytes:
+        return raw_request(port, b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                           % (method, path, host))
+
+    async with raw_upstream(_ok) as (url, heads):
+        with serve_in_thread(proxy_app(judge_guard, ProxyConfig(url)), **server_options()) as proxy:
+            anything = await asyncio.to_thread(get, int(proxy.rsplit(":", 1)[1]), b"evil.example")
+        assert anything.startswith(b"HTTP/1.1 200") and b"x-forwarded-host: evil.example\r\n" in heads[0]
+        config = ProxyConfig(url, allowed_hosts=("api.example.com", "*.Example.org"))
+        with serve_in_thread(proxy_app(judge_guard, config), **server_options()) as proxy:
+            port = int(proxy.rsplit(":", 1)[1])
+            answers = {host: await asyncio.to_thread(get, port, host)
+                       for host in (b"api.example.com:8443", b"API.example.COM.", b"a.example.org", b"evil.example",
+                                    b"b.a.example.org", b"example.org", b"api.example.com.evil.example")}
+            admin = await asyncio.to_thread(get, port, b"evil.example", b"POST", b"/admin/x")
+            upgrade = await asyncio.to_thread(raw_request, port, (
+                b"GET /x HTTP/1.1\r\nHost: evil.example\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"))
+    served = {host: answer.split(b" ", 2)[1] for host, answer in answers.items()}
+    assert served == {b"api.example.com:8443": b"200", b"API.example.COM.": b"200", b"a.example.org": b"200",
+                      b"evil.example": b"400", b"b.a.example.org": b"400", b"example.org": b"400",
+                      b"api.example.com.evil.example": b"400"}
+    refusal = json.loads(answers[b"evil.example"].partition(b"\r\n\r\n")[2])
+    assert (refusal["code"], refusal["field"]) == ("invalid_host", "host") and "evil.example" in refusal["message"]
+    assert admin.startswith(b"HTTP/1.1 400") and b"invalid_host" in admin  # not the policy's 403
+    assert upgrade.startswith(b"HTTP/1.1 400") and json.loads(upgrade.partition(b"\r\n\r\n")[2])["field"] == "host"
+    assert len(heads) == 4 and b"x-forwarded-host: api.example.com:8443\r\n" in heads[1]
+    for bad in ("api.example.com:443", "api.example.com.", " "):
+        with pytest.raises(ValueError, match="allowed host"):
+            ProxyConfig(url, allowed_hosts=(bad,))
+
+
 async def test_an_upstream_status_outside_100_to_599_is_a_502(judge_guard: Guard) -> None:
     def odd(head: bytes) -> tuple[bytes, bytes]:
         return b"HTTP/1.1 %s Odd\r\ncontent-length: 2\r\n\r\nok" % head.split(b" ")[1][1:], b""
@@ -220,14 +257,19 @@ async def test_redirects_into_the_upstream_are_made_relative() -> None:
         assert relative(b"http://127.0.0.1:9000/api" + other_host) == b"http://127.0.0.1:9000/api" + other_host
 
 
-def test_cli_preserve_host_and_max_head_bytes_reach_the_config(tmp_path: Path) -> None:
+def test_cli_preserve_host_max_head_bytes_and_allowed_hosts_reach_the_config(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(BLOCK_POST_ADMIN)
     argv = ["proxy", "--policy", str(policy), "--upstream", "http://127.0.0.1:9", "--backend", "http://127.0.0.1:9"]
-    for extra, expected in (([], (False, 16384)), (["--preserve-host", "--max-head-bytes", "65536"], (True, 65536))):
+    for extra, expected in (([], (False, 16384, ())), (["--preserve-host", "--max-head-bytes", "65536",
+                                                        "--allowed-hosts", "api.example.com, *.example.org"],
+                                                       (True, 65536, ("api.example.com", "*.example.org")))):
         runtime = build(build_parser().parse_args([*argv, *extra]))
-        assert (runtime.app.proxy.config.preserve_host, runtime.app.proxy.config.max_head_bytes) == expected
+        config = runtime.app.proxy.config
+        assert (config.preserve_host, config.max_head_bytes, config.allowed_hosts) == expected
         asyncio.run(runtime.aclose())
+    with pytest.raises(ValueError, match="--allowed-hosts ' , ' names no host"):
+        build(build_parser().parse_args([*argv, "--allowed-hosts", " , "]))
 
 
 async def test_a_request_the_proxy_cannot_send_on_is_refused_before_any_policy_judges_it(judge_guard: Guard) -> None:

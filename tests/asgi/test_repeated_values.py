@@ -87,6 +87,34 @@ def test_a_value_read_as_one_sent_twice_is_refused_not_allowed(once: dict, twice
     assert field in refused.text and "more than once" in refused.text
 
 
+@pytest.mark.parametrize(
+    ("request_", "what"),
+    [
+        ({"url": "/x?user[]=mallory"}, "query parameter 'user' (as 'user[]'"),
+        ({"url": "/x?user%5B0%5D=mallory"}, "query parameter 'user' (as 'user[0]'"),
+        ({"url": "/x?user=alice&user[role]=mallory"}, "query parameter 'user' (as 'user[role]'"),
+        ({"url": "/x?%20user=mallory"}, "query parameter 'user' (as ' user'"),  # PHP drops leading spaces
+        ({"url": "/x?tag[]=secret"}, "query parameter 'tag' (as 'tag[]'"),  # repeated: list reads only 'tag'
+        ({"method": "POST", "url": "/x", "content": "user[]=mallory", "headers": FORM},
+         "form field 'user' (as 'user[]'"),
+    ],
+)
+def test_a_value_read_by_name_sent_under_a_php_or_rack_spelling_is_refused(request_: dict, what: str) -> None:
+    """PHP, Rails (Rack) and Express (qs) read ``user[]=mallory`` as ``user``; the policy read ``user`` absent and
+    the request was forwarded (a 200). Now a 400 ``state_ambiguous`` naming the field and the spelling sent."""
+    policy = POLICY.replace("TAGS", "{from: query, name: tag, repeated: list}")
+    (refused,) = _send(policy, {"method": "GET"} | request_)
+    assert refused.status_code == 400, refused.text
+    assert "state_ambiguous" in refused.text and what in refused.text and "under another name" in refused.text
+
+
+def test_names_no_framework_reads_as_the_field_pass() -> None:
+    """``users``, ``user_id`` and ``user[`` (PHP's ``user_``) fill other parameters: not refused."""
+    (ok,) = _send(POLICY.replace("TAGS", "'query:tag'"), {"method": "GET", "url": "/x?user=alice&users=mallory"
+                                                          "&user_id=mallory&user%5B=mallory"})
+    assert (ok.status_code, ok.text) == (200, "user=alice form=None")
+
+
 def test_values_sent_once_and_headers_nobody_reads_pass() -> None:
     ok, other_header = _send(
         POLICY.replace("TAGS", "'query:tag'"),

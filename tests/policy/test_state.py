@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 
 from guard.errors import PolicyError, StateAmbiguous, StateTooLong
 from guard.policy import load_text
-from guard.policy._state import CUT_MARKER, NORMALIZE_WINDOW
+from guard.policy._state import CUT_MARKER, NORMALIZE_WINDOW, framework_name
 from guard.subject import AgentSubject, HttpSubject
 
 TEXT = """
@@ -53,6 +54,36 @@ def test_http_sources() -> None:
         policy.render_state(HttpSubject(method="POST", path="/", query={"q": ["x", "y"]}))
     with pytest.raises(StateAmbiguous, match="form field 'prompt' is sent more than once"):
         policy.render_state(HttpSubject(method="POST", path="/", body={"prompt": ["hi", "there"]}))
+
+
+@pytest.mark.parametrize(
+    ("name", "read_as"),
+    [("q", "q"), ("q[]", "q"), ("q[0]", "q"), ("q[a][b]", "q"), ("q.x", "q_x"), ("q x", "q_x"), ("  q", "q"),
+     ("q\x00x", "q"), ("q[x", "q_x"), ("[]", ""), ("user-id", "user-id")],
+)
+def test_framework_name_reads_a_parameter_name_as_php_and_rack_do(name: str, read_as: str) -> None:
+    assert framework_name(name) == read_as
+
+
+def test_a_named_parameter_sent_under_another_spelling_is_refused() -> None:
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {q: "query:q", prompt: "form:prompt", tags: {from: query, name: tag, repeated: list}}
+    questions: {x: {type: noul, instructions: x}}
+""")
+    for query, body, what in [({"q[]": ["a"]}, None, "query parameter 'q' (as 'q[]'"),
+                              ({"q": ["a"], "q[0]": ["b"]}, None, "query parameter 'q' (as 'q[0]'"),
+                              ({"tag[]": ["a"]}, None, "query parameter 'tag' (as 'tag[]'"),
+                              ({}, {"prompt[x]": ["a"]}, "form field 'prompt' (as 'prompt[x]'")]:
+        with pytest.raises(StateAmbiguous, match=re.escape(what)) as caught:
+            policy.render_state(HttpSubject(method="POST", path="/", query=query, body=body))
+        assert caught.value.alias is not None
+    state = policy.render_state(HttpSubject(method="POST", path="/", query={"q": ["a"], "qq": ["b"], "q_x": ["c"]},
+                                            body={"prompt": ["p"], "prompts[]": ["x"]}))
+    assert (state["q"], state["prompt"]) == ("a", "p")
 
 
 def test_request_text_is_the_query_then_the_body() -> None:
