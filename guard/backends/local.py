@@ -207,8 +207,11 @@ class LocalBackend:
             ) from exc
 
     async def aclose(self) -> None:
-        """Finish queued requests, then stop the inference thread and the encoding threads (an encoding still running
-        finishes on its own). Idempotent. The model stays loaded."""
+        """Let a startup self-test still running finish (its outcome went to whoever awaited :meth:`start`), finish
+        queued requests, then stop the inference thread and the encoding threads (an encoding still running finishes
+        on its own). Idempotent. The model stays loaded."""
+        if self._warmup is not None:
+            await asyncio.gather(self._warmup, return_exceptions=True)
         await self.batcher.aclose()
         self._encoder.shutdown(wait=False)  # queued encodings still run, then meet the closed batcher
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.engine import verdicts
 from guard.engine.cache import (
@@ -679,7 +680,20 @@ class Guard:
         else:
             asyncio.run(self.aclose())
 
+    async def astart(self) -> None:
+        """Start every backend (:func:`~guard.backends.start_backend`: a :class:`~guard.backends.local.LocalBackend`
+        starts its batcher and runs its self-test, the compact model reads a warm-up text), so the first decision's
+        deadline is not spent warming a model up. ``async with guard`` calls it, and ``with guard`` runs it on the
+        loop the sync :meth:`evaluate` uses; idempotent. Call it on the event loop that calls :meth:`aevaluate`.
+
+        Raises:
+            BackendUnavailable: a backend failed its startup self-test.
+        """
+        for backend in {id(backend): backend for backend in self.backends.values()}.values():
+            await start_backend(backend)
+
     async def __aenter__(self) -> Self:
+        await self.astart()
         return self
 
     async def __aexit__(
@@ -688,6 +702,7 @@ class Guard:
         await self.aclose()
 
     def __enter__(self) -> Self:
+        self._portal_call(self.astart())
         return self
 
     def __exit__(

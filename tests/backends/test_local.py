@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,25 @@ async def test_a_lazy_start_warms_up_before_the_first_request(clef_fp32: ClefMod
     await backend.aclose()
     warm_up = 1 + 2 * len(backend.canaries)
     assert len(infos) == warm_up + 1 and infos[-1].tokens == len(clef_fp32.encode(body).input_ids)
+
+
+async def test_closing_while_the_self_test_runs_waits_for_it_quietly(clef_fp32: ClefModel) -> None:
+    """A first caller gives up during the warm-up (its deadline passed) and the backend is closed at once: the
+    self-test finishes, nothing is reported as a failed self-test or an exception never retrieved."""
+    unhandled: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: unhandled.append(context))
+    infos: list[BatchInfo] = []
+    backend = LocalBackend(clef_fp32, on_batch=infos.append)
+    first = asyncio.ensure_future(backend.start())
+    await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await backend.aclose()
+    assert len(infos) == 1 + 2 * len(backend.canaries)  # the whole self-test ran
+    del first
+    gc.collect()
+    await asyncio.sleep(0)
+    assert unhandled == []
 
 
 @pytest.mark.parametrize("max_length", [300, 480])

@@ -505,6 +505,37 @@ def test_sync_end_to_end_with_the_tiny_clef(clef_fp32: Any) -> None:
         assert guard.evaluate(call).cache_hit
 
 
+@pytest.mark.anyio
+async def test_async_with_starts_the_backends_before_the_first_decision(clef_fp32: Any) -> None:
+    """``async with`` (and ``with``) run each backend's warm-up and self-test, so the first decision's deadline is not
+    spent on them."""
+    from guard.backends.batcher import BatchInfo
+    from guard.backends.local import LocalBackend
+
+    batches: list[BatchInfo] = []
+    backend = LocalBackend(clef_fp32, on_batch=batches.append)
+    text = (EXAMPLES / "api_abuse.yaml").read_text().replace("timeout_ms: 1500", "timeout_ms: 60000")  # a busy CPU
+    guard = Guard(load_text(text, "api_abuse.yaml"), backends=backend)
+    async with guard:
+        warm_up = len(batches)
+        assert warm_up == 1 + 2 * len(backend.canaries)  # the self-test ran, before any decision
+        verdict = await guard.aevaluate(post("What are your opening hours?"))
+        assert verdict.error is None and len(batches) == warm_up + 1
+
+
+def test_with_starts_the_backends_on_the_loop_evaluate_uses(clef_fp32: Any) -> None:
+    from guard.backends.batcher import BatchInfo
+    from guard.backends.local import LocalBackend
+
+    batches: list[BatchInfo] = []
+    backend = LocalBackend(clef_fp32, on_batch=batches.append)
+    policies = load_text((EXAMPLES / "tool_call_guard.yaml").read_text().replace("timeout_ms: 3000", "timeout_ms: 60000"))
+    with Guard(policies, backends=backend) as guard:
+        assert len(batches) == 1 + 2 * len(backend.canaries)
+        call = AgentSubject(event="tool_call", tool_name="lookup", arguments={"q": "x"}, user_message="Find x")
+        assert guard.evaluate(call).error is None  # the batcher runs on the loop evaluate uses
+
+
 # A cut is never silent (the state's caps and the backend's own) ---------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
