@@ -53,6 +53,7 @@ from guard.asgi._subject import (
     held_request,
     subject_summary,
 )
+from guard.asgi._target import route_path
 from guard.asgi.review_store import NEW_ITEM, ReviewItem, ReviewStore
 from guard.engine.telemetry import redact_secrets
 from guard.errors import (
@@ -269,7 +270,7 @@ class ClientReviewEndpoints:
         self.mw = mw
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rest = scope["path"][len(self.mw.review_path):].strip("/")
+        rest = route_path(scope)[len(self.mw.review_path):].strip("/")
         review_id, _, action = rest.partition("/")
         method = scope["method"].upper()
         if review_id and not action and method in ("GET", "HEAD"):

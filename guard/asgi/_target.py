@@ -20,6 +20,13 @@ path is what policies match, what the application routes on and what the proxy f
 5. **Dot segments are removed** (RFC 3986 5.2.4): ``/a/./b`` -> ``/a/b``, ``/a/../b`` -> ``/b``; ``..`` at the root
    stays at the root.
 
+Under a ``root_path`` (uvicorn ``--root-path``, a Starlette ``Mount``) ``scope["path"]`` is the root path followed by
+the path the application routes on; Starlette routes on what follows the root path, or on the whole path when it
+does not start with the root path. So the root path's segments are kept as they are (steps 1-3 apply to them) and
+steps 4-5 apply to what follows: a ``..`` that would climb above the root path (``/api/../v1/chat`` under ``/api``) is
+refused rather than removed, or ``/v1/chat`` would be matched and the application would still route it inside
+``/api``.
+
 The result has two forms: :attr:`RequestTarget.path`, percent-decoded (what policies match, and what ASGI
 applications route on: Starlette routes on ``scope["path"]``), and :attr:`RequestTarget.raw_path`, the canonical
 encoded form sent upstream. Decoding ``raw_path`` once gives ``path``. Refusals are 400 ``invalid_target``.
@@ -35,7 +42,10 @@ from starlette.types import Scope
 
 from guard.errors import BodyError
 
-__all__ = ["INVALID_TARGET", "RequestTarget", "canonical_path", "canonical_scope", "path_views", "request_target"]
+__all__ = [
+    "INVALID_TARGET", "RequestTarget", "canonical_path", "canonical_scope", "path_views", "request_target",
+    "root_prefix", "route_path",
+]
 
 INVALID_TARGET = "invalid_target"
 
@@ -130,11 +140,13 @@ def path_views(path: str, *, fold: bool = True, strip: bool = True) -> tuple[str
     return (view,) if view == path else (view, path)
 
 
-def canonical_path(raw: str) -> RequestTarget:
+def canonical_path(raw: str, root_segments: int = 0) -> RequestTarget:
     """Reduce a raw request path (no query) to its canonical form (steps 1-5 of the module docstring).
 
     Args:
         raw: the path as received, e.g. ``"/x/../v1//chat"`` (latin-1 text of the wire bytes).
+        root_segments: how many leading segments of ``raw`` are the scope's root path (:func:`root_prefix`): they are
+            kept as they are, and a ``..`` may not climb above them.
 
     Returns:
         The canonical :class:`RequestTarget`.
@@ -150,18 +162,38 @@ def canonical_path(raw: str) -> RequestTarget:
     if _PLAIN.fullmatch(raw):
         return RequestTarget(raw, raw.encode("ascii"))
     segments = [_segment(s) for s in raw[1:].split("/")]
-    out: list[tuple[str, str]] = []
+    out = segments[:root_segments]
     last = len(segments) - 1
-    for i, (encoded, decoded) in enumerate(segments):
+    for i, (encoded, decoded) in enumerate(segments[root_segments:], root_segments):
         if encoded == "..":
-            if out:
+            if len(out) > root_segments:
                 out.pop()
+            elif root_segments:
+                root = "/" + "/".join(d for _, d in out)
+                raise _bad(f"the path's '..' climbs above the root path {root!r} the application is served under")
         elif encoded not in ("", "."):
             out.append((encoded, decoded))
             continue
         if i == last:  # a path ending in "/", "/." or "/.." names a directory: keep the trailing slash
             out.append(("", ""))
     return RequestTarget("/" + "/".join(d for _, d in out), ("/" + "/".join(e for e, _ in out)).encode("ascii"))
+
+
+def root_prefix(scope: Scope) -> str:
+    """The part of ``scope["path"]`` that is its ``root_path`` (without a trailing slash), e.g. ``"/api"`` for
+    ``/api/v1/chat`` under uvicorn ``--root-path /api`` or inside ``Mount("/api", ...)``; ``""`` when there is no
+    root path or the path is neither it nor below it (Starlette's ``get_route_path`` then routes on the whole path)."""
+    root: str = scope.get("root_path", "").rstrip("/")
+    path: str = scope["path"]
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return root
+    return ""
+
+
+def route_path(scope: Scope) -> str:
+    """``scope["path"]`` without its :func:`root_prefix`: the path the application routes on, e.g. ``"/v1/chat"``
+    for ``/api/v1/chat`` under root path ``/api``; ``""`` for the root path itself."""
+    return scope["path"][len(root_prefix(scope)) :]
 
 
 def request_target(scope: Scope) -> RequestTarget:
@@ -203,7 +235,9 @@ def _rebuilt_target(scope: Scope) -> RequestTarget:
     text = raw.decode("latin-1") if raw is not None else None
     if text is None or (text != path and unquote(text) != path):
         text = quote(path, safe=_QUOTE_SAFE)
-    return canonical_path(text)
+    # ``text`` decodes to ``path`` segment by segment (an encoded slash, which would break that, is refused), so the
+    # root path's segments are the first ones of ``text``
+    return canonical_path(text, root_prefix(scope).count("/"))
 
 
 def canonical_scope(scope: Scope) -> Scope:

@@ -72,7 +72,7 @@ from guard.asgi._responses import (
 )
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
 from guard.asgi._subject import ClientHeader, head_subject, header_map, query_map, with_body
-from guard.asgi._target import canonical_scope, path_views
+from guard.asgi._target import canonical_scope, path_views, route_path
 from guard.asgi._upgrade import judged_by, refuse_invalid_upgrade, refuse_judged_upgrade
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits
@@ -265,7 +265,7 @@ class GuardMiddleware:
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
-        path: str = scope["path"]
+        path = route_path(scope)  # the review path lies below the root path, as the application's routes do
         if path.startswith(self._review_prefix) or path == self.review_path:
             await self._reviews(scope, receive, send)
             return

@@ -11,12 +11,12 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 
 from guard.asgi import GuardMiddleware, review_app
 from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
 from guard.engine import Guard
-from tests.asgi._apps import client_for, echo_routes, sha
+from tests.asgi._apps import client_for, echo, echo_routes, sha
 
 pytestmark = pytest.mark.anyio
 
@@ -122,6 +122,31 @@ async def test_round_trip_by_resending_with_the_review_id(make_guard: GuardFacto
         assert twice.status_code == 409 and twice.json()["status"] == "released"
         assert (await client.post(held["release_url"], headers=_release(held))).status_code == 409
 
+
+
+@pytest.mark.parametrize("served", ["root_path", "mount"])
+async def test_review_urls_answer_under_a_root_path_and_inside_a_mount(make_guard: GuardFactory, served: str) -> None:
+    """Under uvicorn ``--root-path /v1`` or inside ``Mount("/v1", ...)``, ``scope["path"]`` starts with the root
+    path: the 202's ``status_url`` and ``release_url`` (which name it) reach the review endpoints, which are found
+    below the root path as the application's routes are (both were 404s: the whole path was compared with
+    ``review_path``)."""
+    store = MemoryReviewStore()
+    inner = Starlette(routes=[Route("/echo", echo, methods=["POST"])],
+                      middleware=[Middleware(GuardMiddleware, guard=make_guard(), review_store=store)])
+    app = Starlette(routes=[Mount("/v1", app=inner)]) if served == "mount" else inner
+    transport = httpx.ASGITransport(app=app, root_path="/v1" if served == "root_path" else "")
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        response = await client.post("/v1/echo", content=UNSURE, headers=JSON)
+        assert response.status_code == 202, response.text
+        held = response.json()
+        assert held["status_url"] == f"/v1/_guard/reviews/{held['review_id']}"
+        assert (await client.get(held["status_url"])).json()["status"] == "pending"
+        await store.approve(held["review_id"], by="alice")
+        assert (await client.get(held["status_url"])).json()["release_url"] == held["release_url"]
+        released = await client.post(held["release_url"], headers=_release(held))
+        assert released.status_code == 200 and released.json()["sha256"] == sha(UNSURE)
+        assert released.json()["path"] == "/v1/echo"
+        assert (await client.get("/v1/_guard/reviews/x/y")).json()["code"] == "not_found"
 
 @pytest.mark.parametrize("mode", ["judge", "ignore"])
 async def test_a_release_is_bound_to_the_method_override_headers(make_guard: GuardFactory, mode: str) -> None:

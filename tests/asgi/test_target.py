@@ -14,9 +14,9 @@ import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
-from guard.asgi._target import canonical_path, request_target
+from guard.asgi._target import canonical_path, canonical_scope, request_target, route_path
 from guard.asgi.proxy import ProxyConfig, proxy_app
 from guard.asgi.server import server_options
 from guard.engine import Guard
@@ -103,6 +103,36 @@ def test_scope_path_wins_when_raw_path_disagrees() -> None:
         request_target({"type": "http", "path": "/v1", "raw_path": b"/v1", "query_string": b"a=1#x"})
     assert info.value.field == "query"
 
+
+
+def _below(root: str, path: str) -> dict[str, Any]:
+    """The scope of ``path`` (sent as is) under ``root_path`` ``root``: the path starts with it, as uvicorn
+    ``--root-path`` and Starlette's ``Mount`` make it."""
+    return {"type": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": root}
+
+
+def test_the_root_path_is_kept_and_never_climbed_out_of() -> None:
+    """Dot segments and empty segments are resolved below the root path only; a ``..`` that would climb above it is
+    refused (removing it with the root path's segment gave a path that no longer starts with the root path, which
+    Starlette then routed inside the mount or app as if it did)."""
+    for path, canonical in (("/api/x/../v1/chat", "/api/v1/chat"), ("/api//v1/./chat", "/api/v1/chat"),
+                            ("/api/v1/chat/..", "/api/v1/"), ("/api/..%2fx", None), ("/a/b/c/..", "/a/b/")):
+        root = "/a/b" if path.startswith("/a/") else "/api"
+        if canonical is None:
+            with pytest.raises(BodyError, match="encoded slash"):
+                canonical_scope(_below(root, path))
+            continue
+        assert canonical_scope(_below(root, path))["path"] == canonical, path
+    for root, path in (("/api", "/api/../v1/chat"), ("/api", "/api/%2e%2e/v1/chat"), ("/api", "/api/v1/../../x"),
+                       ("/api", "/api/./.."), ("/api/", "/api/../v1"), ("/a/b", "/a/b/../c")):
+        with pytest.raises(BodyError, match=f"climbs above the root path '{root.rstrip('/')}'") as info:
+            canonical_scope(_below(root, path))
+        assert (info.value.status, info.value.code, info.value.field) == (400, "invalid_target", "path")
+    # a path that is not below its root path (a server that leaves the root path out of it) is made canonical whole
+    assert canonical_scope(_below("/api", "/apix/../v1/chat"))["path"] == "/v1/chat"
+    assert canonical_scope(_below("/api", "/../v1/chat"))["path"] == "/v1/chat"
+    assert [route_path(_below("/api", p)) for p in ("/api/v1/chat", "/api", "/apix/v1", "/v1")] == [
+        "/v1/chat", "", "/apix/v1", "/v1"]
 
 # Real servers ---------------------------------------------------------------------------------------------------
 
@@ -302,3 +332,34 @@ def test_canonical_paths_answer_the_same_every_time() -> None:
     assert _target.canonical_scope(scope(bytearray(b"/v1/echo"), "/v1/echo"))["path"] == "/v1/echo"
     with pytest.raises(BodyError):
         _target.canonical_scope(scope(b"/v1/a%2Fb", "/v1/a/b"))
+
+
+@pytest.mark.parametrize("served", ["mount", "root_path"])
+async def test_dot_segments_never_climb_out_of_a_mount_or_root_path(make_guard: GuardFactory, served: str) -> None:
+    """Inside ``Mount("/v1", ...)`` or under uvicorn ``--root-path /v1`` (real uvicorn, raw sockets), ``scope["path"]``
+    starts with the root path and policies match it whole (``POST /v1/**`` judges ``/v1/chat``). A ``..`` that would
+    climb above the root path is refused: ``/v1/../chat`` was made ``/chat``, which no policy matched and Starlette
+    still routed inside the mount, unjudged. Dot segments below the root path are removed as anywhere else."""
+    routed: list[str] = []
+
+    async def chat(request: Request) -> Response:
+        await request.body()
+        routed.append(request.scope["path"])
+        return JSONResponse({"path": request.scope["path"], "root_path": request.scope["root_path"]})
+
+    inner = guarded_app(make_guard(), routes=[Route("/chat", chat, methods=["POST"])])
+    app = Starlette(routes=[Mount("/v1", app=inner)]) if served == "mount" else inner
+    config = {"root_path": "/v1"} if served == "root_path" else {}
+    prefix = "/v1" if served == "mount" else ""  # behind --root-path, the proxy in front has taken the prefix off
+    with serve_in_thread(app, **config) as url:
+        port = int(url.rsplit(":", 1)[1])
+        for target in ("/../chat", "/%2e%2e/chat", "/x/../../chat", "/./../chat"):
+            refused = await _send(port, "POST", prefix + target, ATTACK)
+            assert _status(refused) == 400, (target, refused[:300])
+            assert _json(refused)["code"] == "invalid_target" and _json(refused)["field"] == "path"
+            assert "root path '/v1'" in _json(refused)["message"]
+        for target in ("/chat", "/x/../chat", "/./chat", "//chat"):
+            assert _status(await _send(port, "POST", prefix + target, ATTACK)) == 403, target
+            benign = await _send(port, "POST", prefix + target, BENIGN)
+            assert _status(benign) == 200 and _json(benign) == {"path": "/v1/chat", "root_path": "/v1"}, target
+    assert routed == ["/v1/chat"] * 4
