@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from guard._body import BODY_TIMEOUT, ReplayReceive, declared_length, read_body
+from guard._body import BODY_TIMEOUT, Deadline, ReplayReceive, declared_length, read_body
 from guard.asgi._decode import REQUEST_ENCODINGS, decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._media import media_type
@@ -285,13 +285,16 @@ class GuardMiddleware:
                 judged, receive = found
             method = judged["method"].upper()
             if (not matched and self.unexpected_body != "pass" and method not in _BODY_METHODS
-                    and _has_body(headers)):  # a body no policy would judge
+                    and (has_body := _declares_body(scope, headers)) is not False):  # a body no policy would judge
                 as_post = self._match({**judged, "method": "POST"}, headers, view)
                 if method in BODYLESS_METHODS or as_post[1]:  # another method: only where a POST would be judged
-                    if self.unexpected_body == "refuse":
-                        raise BodyError(400, "unexpected_body", f"a {method} request carries a body; send it with "
-                                        "POST, PUT or PATCH", field="body")
-                    head, matched = as_post
+                    if has_body is None:  # HTTP/2 or 3 without Content-Length: the body itself says
+                        has_body, receive = await _peek_body(receive, self.limits.body_timeout_s)
+                    if has_body:
+                        if self.unexpected_body == "refuse":
+                            raise BodyError(400, "unexpected_body", f"a {method} request carries a body; send it "
+                                            "with POST, PUT or PATCH", field="body")
+                        head, matched = as_post
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
@@ -687,10 +690,36 @@ class _Recorded:
         return replayed
 
 
-def _has_body(headers: dict[str, str]) -> bool:
-    """Whether the request declares content: a ``Transfer-Encoding``, or a ``Content-Length`` other than 0."""
+def _declares_body(scope: Scope, headers: dict[str, str]) -> bool | None:
+    """Whether the request's headers say it carries content: a ``Transfer-Encoding``, or a ``Content-Length`` other
+    than 0. ``None`` when they cannot say: HTTP/2 and HTTP/3 have no ``Transfer-Encoding`` and make ``Content-Length``
+    optional, so without one a body may follow (:func:`_peek_body` finds out); an HTTP/1.x request without either
+    has none (RFC 9112 6.3)."""
     length = headers.get("content-length")
+    if length is None and "transfer-encoding" not in headers and scope.get("http_version", "1.1") not in ("1.0", "1.1"):
+        return None
     return "transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
+
+
+async def _peek_body(receive: Receive, timeout_s: float) -> tuple[bool, Receive]:
+    """Whether the request carries content, read from its first ``http.request`` messages: up to the first with
+    bytes or the last one (an empty body with ``more_body`` false is no body; a disconnect is none either). Returns
+    the answer and the ``receive`` to use from here on, which gives the messages read here again first.
+
+    Raises:
+        BodyError: 408 ``body_timeout`` when that takes more than ``timeout_s`` seconds (a stream left open without
+            data is not waited on for ever).
+    """
+    recorded = _Recorded(receive)
+    try:
+        with Deadline(timeout_s):
+            message = await recorded()
+            while message["type"] == "http.request" and not message.get("body") and message.get("more_body", False):
+                message = await recorded()
+    except TimeoutError:
+        raise BodyError(408, BODY_TIMEOUT, f"no byte of the request body arrived within {timeout_s:g} s",
+                        field="body") from None
+    return message["type"] == "http.request" and bool(message.get("body")), recorded.replay()
 
 
 def _redacted(scope: Scope, value: Any, verdict: Verdict) -> tuple[bytes, Scope]:

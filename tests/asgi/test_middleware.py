@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket
 from uvicorn.config import STARTUP_FAILURE
 
 from guard.asgi import GuardMiddleware
+from guard.asgi.limits import BodyLimits
 from guard.backends.compact import CompactBackend
 from guard.backends.local import LocalBackend
 from guard.engine import Guard
@@ -43,7 +44,8 @@ GuardFactory = Callable[..., Guard]
 
 
 async def _call(app: Any, messages: list[dict[str, Any]], *, path: str = "/v1/echo", method: str = "POST",
-                headers: list[tuple[bytes, bytes]] | None = None) -> tuple[list[dict[str, Any]], int]:
+                headers: list[tuple[bytes, bytes]] | None = None,
+                http_version: str = "1.1") -> tuple[list[dict[str, Any]], int]:
     """Drive ``app`` with raw ASGI messages; returns what it sent and how many times it called ``receive``."""
     queue = list(messages)
     calls = 0
@@ -60,7 +62,7 @@ async def _call(app: Any, messages: list[dict[str, Any]], *, path: str = "/v1/ec
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": http_version, "method": method, "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "headers": headers or [(b"host", b"testserver"), (b"content-type", b"application/json")],
              "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
@@ -144,6 +146,38 @@ async def test_unmatched_requests_pass_without_reading_the_body(make_guard: Guar
     assert other_path.json()["sha256"] == sha(body)
     assert body_on_delete.status_code == 400 and body_on_delete.json()["code"] == "unexpected_body"
     assert backend.calls == 0
+
+
+@pytest.mark.parametrize("http_version", ["2", "3"])
+async def test_a_body_without_content_length_over_http2_and_3_is_seen(make_guard: GuardFactory,
+                                                                     http_version: str) -> None:
+    """HTTP/2 and 3 have no ``Transfer-Encoding`` and ``Content-Length`` is optional, so a GET, DELETE or other
+    method's body sent without one was passed on unjudged. Its first body messages are read now: bytes there are a
+    body (refused by default, judged under ``judge``, given to the application whole), an empty last message is
+    none; a stream that sends nothing gets the body timeout."""
+    def parts(text: str) -> list[dict[str, Any]]:  # an empty DATA frame first, then the body in two
+        body = json.dumps({"message": text}).encode()
+        return [{"type": "http.request", "body": b"", "more_body": True},
+                {"type": "http.request", "body": body[:9], "more_body": True},
+                {"type": "http.request", "body": body[9:], "more_body": False}]
+
+    refused = make_guard()
+    for method in ("GET", "DELETE", "PROPFIND"):  # PROPFIND: a method no policy lists, where a POST is judged
+        sent, _ = await _call(guarded_app(refused), parts(ATTACK), method=method, http_version=http_version)
+        assert sent[0]["status"] == 400 and _json_body(sent)["code"] == "unexpected_body", method
+    judged = guarded_app(make_guard(), unexpected_body="judge")
+    sent, _ = await _call(judged, parts(ATTACK), method="GET", http_version=http_version)
+    assert sent[0]["status"] == 403
+    sent, _ = await _call(judged, parts(BENIGN), method="GET", http_version=http_version)
+    assert sent[0]["status"] == 200 and _json_body(sent)["sha256"] == sha(json.dumps({"message": BENIGN}).encode())
+    for empty in ([{"type": "http.request", "body": b"", "more_body": False}],
+                  [{"type": "http.request", "body": b"", "more_body": True},
+                   {"type": "http.request", "body": b"", "more_body": False}]):
+        sent, _ = await _call(guarded_app(refused), empty, method="GET", http_version=http_version)
+        assert sent[0]["status"] == 200 and _json_body(sent)["length"] == 0
+    stalled = guarded_app(make_guard(), limits=BodyLimits(body_timeout_s=0.3))
+    sent, _ = await _call(stalled, [], method="GET", http_version=http_version)
+    assert sent[0]["status"] == 408 and _json_body(sent)["code"] == "body_timeout"
 
 
 def test_lifespan_and_websocket_pass_through() -> None:
