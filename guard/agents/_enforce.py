@@ -84,8 +84,10 @@ def redirect(request: ToolCallRequest, tool: str, arguments: Any) -> ToolCallReq
 
 @dataclass(frozen=True)
 class Prepared:
-    """One well-formed call, ready to judge: the request, its subject and the binding facts. ``edited``: a reviewer
-    changed it; ``reviewed``: a review decision released it (it is claimed once before it runs)."""
+    """One well-formed call, ready to judge: the request, its subject and the binding facts. ``turn_calls``: how many
+    calls (valid and invalid) the model's turn that made this one holds (0 when that turn is not in the state);
+    ``edited``: a reviewer changed it; ``reviewed``: a review decision released it (it is claimed once before it
+    runs)."""
 
     request: ToolCallRequest
     tool_call_id: str
@@ -95,6 +97,7 @@ class Prepared:
     message_id: str | None
     thread_id: str | None
     subject: AgentSubject
+    turn_calls: int = 0
     edited: bool = False
     reviewed: bool = False
 
@@ -103,6 +106,12 @@ logger = logging.getLogger("guard.agents")
 
 #: The trigger LangGraph gives a task started by ``Send`` (its ``langgraph_triggers`` metadata).
 _SENT_TASK = "__pregel_push"
+
+
+def _holds_tool_message(value: Any) -> bool:
+    """Whether a ``Command`` update's value is a ``ToolMessage`` or a list or tuple holding one."""
+    items = value if isinstance(value, list | tuple) else [value]
+    return any(isinstance(item, ToolMessage) for item in items)
 
 
 class ToolCallEnforcer:
@@ -123,8 +132,8 @@ class ToolCallEnforcer:
             where a handoff's ``Command`` writes its answer.
 
     Raises:
-        TypeError: ``claims`` is not an approval claims store.
-        ValueError: ``messages_key`` is not a non-empty string.
+        TypeError: ``claims`` is not an approval claims store, or ``messages_key`` is not a string.
+        ValueError: ``messages_key`` is empty.
     """
 
     def __init__(
@@ -137,8 +146,10 @@ class ToolCallEnforcer:
     ) -> None:
         if claims is not None and not isinstance(claims, ApprovalClaims):
             raise TypeError(f"approval_claims must have claim() and aclaim(), not {type(claims).__name__}")
-        if not isinstance(messages_key, str) or not messages_key:
-            raise ValueError(f"messages_key must be a non-empty state key, not {messages_key!r}")
+        if not isinstance(messages_key, str):
+            raise TypeError(f"messages_key must be a state key (a string), not {type(messages_key).__name__}")
+        if not messages_key:
+            raise ValueError("messages_key must be a non-empty state key")
         self.messages_key = messages_key
         self.judge = judge
         self.claims: ApprovalClaims = claims if claims is not None else MemoryApprovalClaims()
@@ -157,7 +168,12 @@ class ToolCallEnforcer:
         that are not a parsed mapping (raw text, as :func:`~guard.agents.send_tool_calls` forwards a call LangChain
         could not parse: the tool node runs only a mapping); a call the model's turn made malformed
         (:meth:`_model_call`: among its ``invalid_tool_calls``, an id two of its calls share, or the model's raw
-        text refused); empty arguments for a tool with required parameters; no id."""
+        text refused); empty arguments for a tool with required parameters; no id.
+
+        Raises:
+            ValueError: the graph state does not hold ``messages_key`` (:func:`~guard.agents._records.state_messages`:
+                guard would judge the call without the user's task, the history and the model's turn).
+        """
         state = request.state
         call = request.tool_call
         call_id = call.get("id") or ""
@@ -200,6 +216,7 @@ class ToolCallEnforcer:
             ai.id if ai is not None else None,
             thread_id,
             subject,
+            len(ai.tool_calls) + len(ai.invalid_tool_calls) if ai is not None else 0,
         )
 
     @staticmethod
@@ -266,9 +283,7 @@ class ToolCallEnforcer:
             triggers = get_config().get("metadata", {}).get("langgraph_triggers") or ()
         except RuntimeError:  # not inside a graph run
             return False
-        ai = ai_message_for(prepared.request.state, prepared.tool_call_id, messages_key=self.messages_key)
-        sent_alone = _SENT_TASK in triggers
-        return not sent_alone and ai is not None and len(ai.tool_calls) + len(ai.invalid_tool_calls) > 1
+        return _SENT_TASK not in triggers and prepared.turn_calls > 1
 
     def _review(self, prepared: Prepared, judgement: Judgement) -> dict[str, Any]:
         item = tool_item(
@@ -388,6 +403,9 @@ class ToolCallEnforcer:
 
         Raises:
             TypeError: a ``Command`` whose update is neither a dict nor a list (guard cannot find its messages).
+            ValueError: a ``Command`` whose dict update holds a ``ToolMessage`` under a key other than
+                ``messages_key`` (the conversation is kept under a key guard was not given: it cannot tell which
+                messages the model reads).
         """
         if isinstance(result, list):
             return [ToolCallEnforcer.map_messages(item, change, messages_key) for item in result]  # type: ignore[misc]
@@ -397,6 +415,11 @@ class ToolCallEnforcer:
             return result
         update = result.update
         if isinstance(update, dict):
+            elsewhere = sorted(str(key) for key, value in update.items()
+                               if key != messages_key and _holds_tool_message(value))
+            if elsewhere:
+                raise ValueError(f"a Command update holds tool messages under {', '.join(map(repr, elsewhere))}, "
+                                 f"not under messages_key {messages_key!r}")
             if messages_key not in update:
                 return result
             messages = update[messages_key]

@@ -245,12 +245,31 @@ def verdict_from_json(data: Mapping[str, Any]) -> Verdict:
 
 def state_messages(state: Any, messages_key: str = "messages") -> Sequence[AnyMessage]:
     """The conversation in a graph state: ``state[messages_key]`` of a mapping, the attribute ``messages_key`` of
-    another object, or ``state`` itself when it is a message list (``()`` when there is none)."""
-    if isinstance(state, Mapping):
-        return state.get(messages_key) or ()
+    another object, or ``state`` itself when it is a message list; ``()`` for no state (``None``, or the empty
+    mapping a ``ToolNode`` invoked with tool calls outside a graph reads) or an empty conversation.
+
+    Raises:
+        ValueError: the state is a non-empty mapping without ``messages_key``, or an object without that attribute
+            (``messages_key`` is not where this graph keeps its conversation: reading nothing there would judge
+            calls without the user's task and history). The message names the key and the state's keys.
+    """
+    if state is None or (isinstance(state, Mapping) and not state):
+        return ()
     if isinstance(state, list):
         return state
-    return getattr(state, messages_key, None) or ()
+    if isinstance(state, Mapping):
+        if messages_key in state:
+            return state[messages_key] or ()
+        keys = list(state)
+    elif hasattr(state, messages_key):
+        return getattr(state, messages_key) or ()
+    else:
+        keys = list(getattr(state, "__dict__", {}))
+    raise ValueError(
+        f"the graph state has no {messages_key!r} (its keys: {', '.join(map(repr, keys)) or 'none'}): pass the "
+        f"state key of the conversation, the ToolNode's messages_key, to guard (guarded_tool_node, GuardToolWrapper "
+        f"and send_tool_calls take messages_key=...)"
+    )
 
 
 def ai_message_for(state: Any, tool_call_id: str | None, *, messages_key: str = "messages") -> AIMessage | None:

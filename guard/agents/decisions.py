@@ -437,7 +437,7 @@ def resume_command(
         if len(set(expected)) < len(expected):  # the answer is keyed by item id: one of two decisions would be lost
             raise ResumeError(f"interrupt {per_interrupt[0][0]} holds two items of the same id; they cannot be "
                               f"answered apart", expected=expected)
-        per_item = [listed for _ in per_interrupt]
+        per_item = [listed] if per_interrupt else []  # the one pending interrupt's answers (none pending: none)
     resume: dict[str, Any] = dict(others or {})
     for (interrupt_id, items), answers in zip(per_interrupt, per_item, strict=True):
         # keyed by item id: an answer names the item it is for

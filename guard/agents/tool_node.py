@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import AIMessage
 from langgraph.graph import END
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -29,7 +29,7 @@ from langgraph.types import Send
 
 from guard.agents._enforce import AsyncHandler, Result, SyncHandler, ToolCallEnforcer
 from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
-from guard.agents._records import state_messages
+from guard.agents._records import answered_ids, state_messages
 from guard.agents.claims import ApprovalClaims
 from guard.verdict import FailMode
 
@@ -70,7 +70,7 @@ class GuardToolWrapper:
             runs (:mod:`guard.agents.claims`); a :class:`~guard.agents.MemoryApprovalClaims` by default.
         messages_key: the state key of the conversation, the ``ToolNode``'s own ``messages_key``: guard reads the
             user's task, the history and the model's turn there, and finds the messages of a tool's ``Command``
-            there.
+            there. A graph state without it makes each call raise ``ValueError`` before its tool starts.
 
     Raises:
         TypeError: for an argument of the wrong type.
@@ -178,13 +178,16 @@ def send_tool_calls(
     Returns:
         One ``Send(node, [tool_call])`` per call without a tool message yet, malformed ones included (as calls whose
         ``args`` are the raw text, so the guarded node answers them with an error); ``end`` when there are none.
+
+    Raises:
+        ValueError: the state has no ``messages_key`` (the graph keeps its conversation under another key; as
+            ``tools_condition`` does, rather than end the run with the model's calls unanswered).
     """
     messages = list(state_messages(state, messages_key))
     last_ai = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
     if last_ai is None:
         return end
-    index = messages.index(last_ai)
-    answered = {m.tool_call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+    answered = answered_ids(messages, last_ai)
     sends: list[Send] = []
     for call in last_ai.tool_calls:
         if call.get("id") not in answered:

@@ -12,15 +12,22 @@ from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
-from langgraph.prebuilt import tools_condition
+from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command, Send
 
 from guard.agents import GuardToolWrapper, guarded_tool_node, resume_command, send_tool_calls
 from guard.errors import ResumeError
-from tests.agents._drive import adrive, drive
+from tests.agents._drive import SYNC_MODES, Outcome, adrive, drive
 from tests.agents._fakes import INJECTION, Turn, model
 
 USER = {"messages": [("user", "Please settle my invoices.")]}
+MODES = ("invoke", "ainvoke", "stream")
+"""The drive modes the tests of one behaviour run in (``astream`` takes ``ainvoke``'s path through the tool node)."""
+
+
+async def run(graph: Any, value: Any, config: dict[str, Any], mode: str) -> Outcome:
+    """Run ``graph`` in ``mode`` (:data:`MODES`), synchronously or not as the mode says."""
+    return drive(graph, value, config, mode) if mode in SYNC_MODES else await adrive(graph, value, config, mode)
 
 
 def build(
@@ -209,6 +216,15 @@ def test_send_tool_calls_routes_only_unanswered_calls() -> None:
     assert send_tool_calls({"messages": [HumanMessage("x")]}) == END
     custom = functools.partial(send_tool_calls, node="t", messages_key="history")
     assert [s.node for s in custom({"history": [ai]})] == ["t", "t"]
+    assert send_tool_calls({}) == END  # no state at all: nothing to route
+
+
+def test_send_tool_calls_refuses_a_state_without_its_messages_key() -> None:
+    """A conversation under another key than ``messages_key`` is an error naming both, as with ``tools_condition``
+    (it ended the run with the model's calls unanswered)."""
+    ai = AIMessage(content="", tool_calls=[{"name": "pay", "args": {}, "id": "a", "type": "tool_call"}])
+    with pytest.raises(ValueError, match=r"the graph state has no 'messages' \(its keys: 'chat'\)"):
+        send_tool_calls({"chat": [ai]})
 
 
 def test_wrapper_validates_and_repr(harness: Any) -> None:
@@ -218,6 +234,11 @@ def test_wrapper_validates_and_repr(harness: Any) -> None:
         from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 
         GuardToolWrapper(guard=h.guard, reviewers={"x": FakeMessagesListChatModel(responses=[])}, handoff_nodes=["x"])
+    for wrong in (5, None):
+        with pytest.raises(TypeError, match="messages_key must be a state key"):
+            GuardToolWrapper(guard=h.guard, messages_key=wrong)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="messages_key must be a non-empty state key"):
+        GuardToolWrapper(guard=h.guard, messages_key="")
 
 
 @pytest.mark.parametrize(
@@ -253,8 +274,10 @@ def chat_messages(graph: Any, config: dict[str, Any]) -> dict[str, ToolMessage]:
     return {m.tool_call_id: m for m in graph.get_state(config).values[CHAT] if isinstance(m, ToolMessage)}
 
 
-def test_another_messages_key_gives_the_judge_the_users_task_and_judges_a_commands_messages(
-    harness: Any, thread: Any
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+async def test_another_messages_key_gives_the_judge_the_users_task_and_judges_a_commands_messages(
+    harness: Any, thread: Any, mode: str
 ) -> None:
     """With ``messages_key="chat"`` guard reads the conversation where the tool node does: the user's task reaches
     the judge (it read ``state["messages"]`` only, so the task was empty), and a tool result returned in a
@@ -270,7 +293,7 @@ def test_another_messages_key_gives_the_judge_the_users_task_and_judges_a_comman
     turn = Turn(calls=[("fetch_page", {"url": "https://example.org"}, "c1")])
     route = functools.partial(send_tool_calls, messages_key=CHAT)
     graph, config = build(h, turn, routing=route, tools=[fetch_page], messages_key=CHAT), thread()
-    graph.invoke({CHAT: [("user", "Summarise https://example.org")]}, config)
+    await run(graph, {CHAT: [("user", "Summarise https://example.org")]}, config, mode)
     assert h.runs.count("fetch_page") == 1
     judged = {d["input"]["event"]: d for d in h.decisions()}
     assert judged["tool_call"]["input"]["user_message"] == "Summarise https://example.org"
@@ -279,8 +302,10 @@ def test_another_messages_key_gives_the_judge_the_users_task_and_judges_a_comman
     assert INJECTION not in message.text and "was withheld by guard" in message.text
 
 
-def test_another_messages_key_finds_the_model_turn_for_answers_sharing_and_handoffs(
-    harness: Any, thread: Any
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+async def test_another_messages_key_finds_the_model_turn_for_answers_sharing_and_handoffs(
+    harness: Any, thread: Any, mode: str
 ) -> None:
     """Under ``messages_key="chat"`` the model's turn is found there: a call needing review among others in one
     ``tools_condition`` task is blocked (it was escalated in the shared task), and a handoff to a graph node writes
@@ -289,7 +314,7 @@ def test_another_messages_key_finds_the_model_turn_for_answers_sharing_and_hando
     turn = Turn(calls=[("pay", {"amount": 500, "to": "eve"}, "a"), ("pay", {"amount": 5, "to": "bob"}, "b")])
     route = functools.partial(tools_condition, messages_key=CHAT)
     graph, config = build(h, turn, routing=route, messages_key=CHAT), thread()
-    graph.invoke({CHAT: [("user", "pay my invoices")]}, config)
+    await run(graph, {CHAT: [("user", "pay my invoices")]}, config, mode)
     assert not graph.get_state(config).interrupts
     messages = chat_messages(graph, config)
     assert "send_tool_calls" in messages["a"].text and h.runs.calls == [("pay", {"amount": 5, "to": "bob"})]
@@ -305,27 +330,100 @@ def test_another_messages_key_finds_the_model_turn_for_answers_sharing_and_hando
     graph = build(handoff, turn, routing=functools.partial(send_tool_calls, messages_key=CHAT), messages_key=CHAT,
                   extra_nodes={"second_opinion": second_opinion}, handoff_nodes=["second_opinion"])  # fmt: skip
     config = thread()
-    graph.invoke({CHAT: [("user", "pay my invoices")]}, config)
+    await run(graph, {CHAT: [("user", "pay my invoices")]}, config, mode)
     assert reached == ["r"] and handoff.runs.count() == 0
     assert "was handed to `second_opinion` for review" in chat_messages(graph, config)["r"].text
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_wrapper_whose_messages_key_differs_from_its_tool_nodes_is_refused(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    """``ToolNode(messages_key="chat")`` with a ``GuardToolWrapper`` left at ``"messages"``: guard found no
+    conversation and said nothing, so the judge saw no user task and a ``Command`` result under ``chat`` reached the
+    model unjudged. The run now fails with an error naming the key before any tool starts."""
+    h = harness()
+
+    @tool
+    def fetch_page(url: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        """Fetch a URL."""
+        h.runs.add("fetch_page", url=url)
+        return Command(update={CHAT: [ToolMessage(INJECTION, tool_call_id=tool_call_id, name="fetch_page")]})
+
+    wrapper = GuardToolWrapper(guard=h.guard)
+    chat = model(Turn(calls=[("fetch_page", {"url": "https://example.org"}, "c1")]))
+    graph = StateGraph(TypedDict("State", {CHAT: Annotated[list[AnyMessage], add_messages]}))  # type: ignore[misc]
+    graph.add_node("model", lambda state: {CHAT: [chat.invoke(state[CHAT])]})
+    graph.add_node("tools", ToolNode([fetch_page], messages_key=CHAT, wrap_tool_call=wrapper.wrap_tool_call,
+                                     awrap_tool_call=wrapper.awrap_tool_call))  # fmt: skip
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", functools.partial(send_tool_calls, messages_key=CHAT), ["tools", END])
+    graph.add_edge("tools", "model")
+    app = graph.compile(checkpointer=InMemorySaver())
+    with pytest.raises(ValueError, match=r"the graph state has no 'messages' \(its keys: 'chat'\): pass the state key"):
+        await run(app, {CHAT: [("user", "Summarise https://example.org")]}, thread(), mode)
+    assert h.runs.count() == 0 and h.decisions() == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+async def test_tool_messages_a_command_puts_under_another_key_are_withheld(harness: Any, thread: Any, mode: str) -> None:
+    """A tool's ``Command`` that puts tool messages under a key other than the conversation's: guard cannot tell
+    which messages the model reads, so the result is withheld as unreadable (they passed unjudged)."""
+    h = harness()
+
+    @tool
+    def fetch_page(url: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        """Fetch a URL."""
+        h.runs.add("fetch_page", url=url)
+        return Command(update={CHAT: [ToolMessage("fetched", tool_call_id=tool_call_id, name="fetch_page")],
+                               "messages": [ToolMessage(INJECTION, tool_call_id=tool_call_id, name="fetch_page")]})
+
+    turn = Turn(calls=[("fetch_page", {"url": "https://example.org"}, "c1")])
+    route = functools.partial(send_tool_calls, messages_key=CHAT)
+    graph, config = build(h, turn, routing=route, tools=[fetch_page], messages_key=CHAT), thread()
+    await run(graph, {CHAT: [("user", "Summarise https://example.org")]}, config, mode)
+    assert h.runs.count("fetch_page") == 1
+    message = chat_messages(graph, config)["c1"]
+    assert INJECTION not in message.text and "rule unreadable_result" in message.text
+    assert "messages" not in graph.get_state(config).values
+
+
+def test_a_tool_node_outside_a_graph_reads_no_conversation(harness: Any) -> None:
+    """A ``ToolNode`` invoked with tool calls outside a graph reads the state as ``{}``: the call is judged without a
+    conversation, not refused for lacking ``messages_key``."""
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    h = harness()
+    (read_file,) = [t for t in h.tools if t.name == "read_file"]
+    call = {"name": "read_file", "args": {"path": "notes.txt"}, "id": "x", "type": "tool_call"}
+    enforcer = GuardToolWrapper(guard=h.guard, messages_key=CHAT).enforcer
+    prepared = enforcer.prepare(ToolCallRequest(tool_call=call, tool=read_file, state={}, runtime=None))
+    assert not isinstance(prepared, ToolMessage) and prepared.arguments == {"path": "notes.txt"}
+    assert prepared.subject.user_message is None and prepared.turn_calls == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("routing", [send_tool_calls, tools_condition])
-def test_two_calls_sharing_one_id_never_run(harness: Any, thread: Any, routing: Any) -> None:
+async def test_two_calls_sharing_one_id_never_run(harness: Any, thread: Any, routing: Any, mode: str) -> None:
     """Neither call runs, whatever arguments each carries (the second, unlike the first, ran)."""
     h = harness()
     turn = AIMessage(content="", id="m1", tool_calls=[
         {"name": "pay", "args": {"amount": 5, "to": "bob"}, "id": "x", "type": "tool_call"},
         {"name": "pay", "args": {"amount": 60, "to": "carol"}, "id": "x", "type": "tool_call"},
     ])  # fmt: skip
-    out = drive(build(h, turn, routing=routing), USER, thread(), "invoke")
+    out = await run(build(h, turn, routing=routing), USER, thread(), mode)
     assert h.runs.count() == 0
     answers = [m for m in out.messages if isinstance(m, ToolMessage)]
     assert len(answers) == 2 and all("another tool call in the same turn has the id 'x'" in m.text for m in answers)
     assert [d["result"]["rule"] for d in h.decisions()] == ["malformed_arguments"] * 2
 
 
-def test_calls_that_arrive_as_raw_text_are_answered_never_run(harness: Any, thread: Any) -> None:
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])  # the fake model streams no invalid_tool_calls
+async def test_calls_that_arrive_as_raw_text_are_answered_never_run(harness: Any, thread: Any, mode: str) -> None:
     """A call LangChain could not parse whose raw text still reads as a JSON object (or is empty, "no arguments"),
     which ``send_tool_calls`` forwards as text, and a call a routing sends with text arguments, are answered with an
     error and a recorded decision (they were judged, allowed and handed to the tool node, which raised)."""
@@ -348,7 +446,7 @@ def test_calls_that_arrive_as_raw_text_are_answered_never_run(harness: Any, thre
         return [Send(s.node, [{**s.arg[0], "args": '{"path": "notes.txt"}'}]) if s.arg[0]["id"] == "t" else s
                 for s in sends]  # fmt: skip
 
-    out = drive(build(h, turn, routing=route_as_text), USER, thread(), "invoke")
+    out = await run(build(h, turn, routing=route_as_text), USER, thread(), mode)
     assert h.runs.count() == 0
     messages = out.tool_messages()
     assert all(messages[i].status == "error" and "was not executed" in messages[i].text for i in "tje")
