@@ -29,7 +29,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from guard import Guard, ReviewStore
-from guard.asgi import GuardMiddleware
+from guard.asgi import GuardMiddleware, HttpMetrics
 from guard.asgi.admin import AdminApp, admin_app
 from guard.asgi.review_api import Reviewer, is_loopback, parse_reviewer_tokens
 
@@ -53,10 +53,12 @@ class SearchRequest(BaseModel):
     limit: int = 10
 
 
-def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None = None) -> FastAPI:
+def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None = None,
+               metrics: HttpMetrics | None = None) -> FastAPI:
     """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware` (holding escalated requests in
-    ``review_store``, default in memory), which starts the guard's backends at the app's startup (a ``LocalBackend``
-    warms up before the first request). Reviewers use :func:`create_admin`, on another port."""
+    ``review_store``, default in memory, and counting into ``metrics``, default its own), which starts the guard's
+    backends at the app's startup (a ``LocalBackend`` warms up before the first request). Reviewers use
+    :func:`create_admin`, on another port, given the same ``metrics`` to report them."""
     app = FastAPI(title="guard example API")
 
     @app.post("/v1/messages")
@@ -79,15 +81,17 @@ def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None =
         return {"status": "ok"}
 
     if guard is not None:
-        app.add_middleware(GuardMiddleware, guard=guard, review_store=review_store)
+        app.add_middleware(GuardMiddleware, guard=guard, review_store=review_store, metrics=metrics)
     return app
 
 
-def create_admin(guard: Guard, review_store: ReviewStore, *, reviewers: Mapping[str, str | Reviewer] | None = None,
-                 insecure_review: bool = False) -> AdminApp:
-    """The admin listener's app for :func:`create_app`'s guard: health, metrics and the reviewers' API (with
-    ``reviewers``, or for loopback clients only with ``insecure_review``)."""
-    return admin_app(guard, review_store=review_store, reviewers=reviewers, insecure_loopback=insecure_review)
+def create_admin(guard: Guard, review_store: ReviewStore, *, metrics: HttpMetrics,
+                 reviewers: Mapping[str, str | Reviewer] | None = None, insecure_review: bool = False) -> AdminApp:
+    """The admin listener's app for :func:`create_app`'s guard: health, the middleware's ``metrics`` (the ones given
+    to :func:`create_app`) and the reviewers' API (with ``reviewers``, or for loopback clients only with
+    ``insecure_review``)."""
+    return admin_app(guard, review_store=review_store, reviewers=reviewers, insecure_loopback=insecure_review,
+                     metrics=metrics)
 
 
 def main() -> None:
@@ -123,9 +127,10 @@ def main() -> None:
         return
     if reviewers is None and not args.insecure_review:
         print("app.py: the review API is not served (set GUARD_REVIEW_TOKENS, or --insecure-review on loopback)")
-    store = MemoryReviewStore()
-    serve_together(create_app(guard, review_store=store),
-                   create_admin(guard, store, reviewers=reviewers, insecure_review=args.insecure_review), sockets)
+    store, metrics = MemoryReviewStore(), HttpMetrics()  # one set of counters: the middleware's, on the admin port
+    serve_together(create_app(guard, review_store=store, metrics=metrics),
+                   create_admin(guard, store, metrics=metrics, reviewers=reviewers,
+                                insecure_review=args.insecure_review), sockets)
 
 
 if __name__ == "__main__":

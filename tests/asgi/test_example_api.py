@@ -58,3 +58,19 @@ async def test_example_traffic_through_the_guarded_example_app() -> None:
     assert backend.calls == len(ROWS)
     assert {r["label"] for r in ROWS} == {"benign", "attack"} and len(ROWS) == 54
     await guard.aclose()
+
+
+async def test_the_admin_listener_reports_the_middlewares_counters() -> None:
+    """create_app and create_admin given one HttpMetrics: a judged request shows on the admin port's metrics."""
+    from examples.api.app import create_admin
+    from guard import MemoryReviewStore
+    from guard.asgi import HttpMetrics
+
+    guard = Guard.from_files(ROOT / "policies" / "api_abuse.yaml", backends=ScriptedBackend(judge))
+    store, metrics = MemoryReviewStore(), HttpMetrics()
+    async with client_for(create_app(guard, review_store=store, metrics=metrics)) as client:
+        assert (await client.post("/v1/messages", json={"message": "Where is my parcel?"})).status_code == 200
+    async with client_for(create_admin(guard, store, metrics=metrics)) as admin:
+        text = (await admin.get("/_guard/metrics")).text
+    assert 'guard_http_guarded_requests_total{guard_action="allow",guard_policy_id="api-abuse"} 1.0' in text
+    await guard.aclose()
