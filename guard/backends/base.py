@@ -6,11 +6,25 @@ the cache and the enforcement points never know which model answers.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from guard.systemone import ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
 
-__all__ = ["DecisionBackend", "require_request", "with_confidence"]
+__all__ = [
+    "PACKAGE_DIR",
+    "DecisionBackend",
+    "code_digest",
+    "installed_code_digest",
+    "require_request",
+    "with_code",
+    "with_confidence",
+]
+
+#: The installed ``guard`` package: the code and data :func:`with_code` names.
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
 def require_request(request: Any, backend: str) -> SystemOneRequestV1:
@@ -34,7 +48,8 @@ class DecisionBackend(Protocol):
     Attributes:
         name: short name for logs, spans and verdicts (``"clef-local"``, ``"http:worker"``, ``"compact"``).
         model_revision: identifies the weights that answer (checkpoint hash or remote model id) and anything else
-            an answer depends on (:func:`with_confidence`); part of the cache key.
+            an answer depends on: the code that computes it (:func:`with_code`, for a model in this process), the
+            confidence profile (:func:`with_confidence`); part of the cache key.
     """
 
     name: str
@@ -63,3 +78,38 @@ def with_confidence(revision: str, profile: ConfidenceProfile) -> str:
     """``revision`` with ``+confidence=<profile>`` appended unless ``profile`` is ``reference``: the answers'
     ``confidence`` follows the profile (spec §4.1), so two profiles must not share cached answers."""
     return revision if profile == "reference" else f"{revision}+confidence={profile}"
+
+
+def code_digest(root: Path = PACKAGE_DIR) -> str:
+    """12 hex digits of a SHA-256 over the guard package at ``root``: every ``*.py`` file and every file in a folder
+    named ``data`` (word lists, confusables), each as its path relative to ``root`` and its bytes, in path order.
+    Reads them all (about 150 files, 3 MB) on every call: :func:`with_code` reads the installed package once.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    digest = hashlib.sha256()
+    files = sorted({*root.rglob("*.py"), *(p for p in root.glob("**/data/*") if p.is_file())})
+    for path in files:
+        name = path.relative_to(root).as_posix().encode()
+        data = path.read_bytes()
+        for part in (name, data):
+            digest.update(len(part).to_bytes(8, "big"))
+            digest.update(part)
+    return digest.hexdigest()[:12]
+
+
+@functools.cache
+def installed_code_digest() -> str:
+    """:func:`code_digest` of the installed package, read on the first call (backends call it when they are made,
+    so the first decision's time budget does not pay for it)."""
+    return code_digest()
+
+
+def with_code(revision: str) -> str:
+    """``revision`` with ``+guard=<code_digest()>`` appended: a model in this process answers through guard's code
+    (the readout that turns a state into probabilities, the competence checks, the word lists they read), which
+    changes between releases while the weights stay, so two builds of guard must not share cached answers. Any
+    change to the package's code or data moves it: an upgrade of guard starts with an empty cache (the digest is
+    computed once per process)."""
+    return f"{revision}+guard={installed_code_digest()}"

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from guard.backends.base import require_request, with_confidence
+from guard.backends.base import installed_code_digest, require_request, with_code, with_confidence
 from guard.compact.catalog import catalog_ids
 from guard.errors import BackendTimeout, UnsupportedQuestion
 from guard.systemone import ConfidenceProfile, QuestionV1, SystemOneRequestV1, SystemOneResponseV1
@@ -61,7 +61,8 @@ class CompactBackend:
         models: loaded :class:`~guard.compact.model.CompactModel` objects; a question id is answered by the first
             model that knows it. ``None`` shares the models of :meth:`default` (the shipped catalog).
         confidence_profile: the ``confidence`` definition of choice and score answers (§4.1).
-        revision: the model revision string (defaults to a hash of the checkpoints).
+        revision: the weights' revision (defaults to a hash of the checkpoints); :attr:`model_revision` adds the
+            code's and the confidence profile's.
     """
 
     name = _BACKEND_NAME
@@ -75,7 +76,7 @@ class CompactBackend:
     ) -> None:
         if models is None:
             shared = CompactBackend.default()
-            models, revision = shared.models, revision or shared.model_revision
+            models, revision = shared.models, revision or shared._revision
         if not models:
             raise ValueError("CompactBackend needs at least one model")
         self.models = list(models)
@@ -90,6 +91,7 @@ class CompactBackend:
         self._lock = threading.Lock()
         self._closed = False
         self._warm = False
+        installed_code_digest()  # model_revision names it: read the package now, not in the first decision
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -155,9 +157,11 @@ class CompactBackend:
     # ---------------------------------------------------------------------------------------------------- support
     @property
     def model_revision(self) -> str:
-        """The weights' revision, then ``+confidence=<profile>`` when the confidence profile is not ``reference``
-        (part of the cache key: replicas answering with different profiles never read each other's answers)."""
-        return with_confidence(self._revision, self.confidence_profile)
+        """The weights' revision, then ``+guard=<digest>`` (:func:`~guard.backends.base.with_code`: the code that reads
+        the model out, competence checks included) and ``+confidence=<profile>`` when the confidence profile is not
+        ``reference``. Part of the cache key: replicas running other weights, another build of guard or another
+        profile never read each other's answers."""
+        return with_confidence(with_code(self._revision), self.confidence_profile)
 
     def question_ids(self) -> list[str]:
         """Every question id some loaded model answers (catalog ids and router ids)."""

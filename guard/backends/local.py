@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Self
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
-from guard.backends.base import require_request, with_confidence
+from guard.backends.base import installed_code_digest, require_request, with_code, with_confidence
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.backends.selftest import Canary, clef_canaries, run_self_test
 from guard.errors import (
@@ -117,6 +117,7 @@ class LocalBackend:
         self._tracer = trace.get_tracer("guard.backends.local", tracer_provider=tracer_provider)
         self._warmup: asyncio.Future[None] | None = None
         self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
+        installed_code_digest()  # model_revision names it: read the package now, not in the first decision
 
     @classmethod
     def from_pretrained(
@@ -167,9 +168,17 @@ class LocalBackend:
 
     @property
     def model_revision(self) -> str:
-        """``<model_id>@<checkpoint hash>``, then ``+confidence=<profile>`` when the confidence profile is not
-        ``reference``: identifies the weights and how answers are reported (part of the cache key)."""
-        return with_confidence(f"{self.model.model_id}@{self.model.revision}", self.confidence_profile)
+        """``<model_id>@<checkpoint hash>``, then ``+max_length=<tokens>`` when :attr:`max_length` is not the default
+        16,384 (a shorter limit reads only the state's head), ``+guard=<digest>``
+        (:func:`~guard.backends.base.with_code`: the Clef rendering and readout code) and ``+confidence=<profile>``
+        when the confidence profile is not ``reference``: identifies everything an answer depends on (part of the
+        cache key, and sent by the worker as ``x-guard-model-revision``)."""
+        from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
+
+        weights = f"{self.model.model_id}@{self.model.revision}"
+        if self.max_length != DEFAULT_MAX_LENGTH:
+            weights += f"+max_length={self.max_length}"
+        return with_confidence(with_code(weights), self.confidence_profile)
 
     # ---------------------------------------------------------------------------------------------------- lifecycle
 

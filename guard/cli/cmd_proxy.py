@@ -273,7 +273,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
     Raises:
-        ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device``, ``--cache-local-ttl``; a missing
+        ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device``, ``--cache-local-ttl``,
+            ``--redis-url`` (a URL the cache cannot use, or no ``$GUARD_STORE_KEY`` to seal with); a missing
             or malformed token variable; a ``--decision-log`` that cannot be opened; ``--review-insecure-loopback`` with a non-loopback ``--listen``.
         PolicyError: an invalid policy file.
     """
@@ -288,7 +289,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
     from guard.backends import start_backend
     from guard.engine import Guard
-    from guard.engine.cache import CacheConfig
+    from guard.engine.cache import CacheConfig, MemoryCache, ProbabilityCache, RedisCache
     from guard.engine.health import HealthMonitor
     from guard.errors import ReviewStoreUnavailable
     from guard.policy import load_files
@@ -325,15 +326,18 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     if args.review_insecure_loopback and (reviewers is not None or not _is_loopback(admin_host)):
         raise ValueError("--review-insecure-loopback needs a loopback --admin-listen (127.0.0.1, ::1) and no "
                          "--review-tokens-env")
-    load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
-    cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
+    policies = load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
+    local_ttl = {} if args.cache_local_ttl is None else {"local_ttl": args.cache_local_ttl}
+    cache_config = CacheConfig(url=args.redis_url, **local_ttl)
+    try:  # likewise a Redis URL the cache cannot use, or no store key to seal with
+        cache: ProbabilityCache = RedisCache(cache_config) if args.redis_url else MemoryCache(cache_config)
+    except ValueError as exc:
+        raise ValueError(f"--redis-url: {exc}") from None
     log = _decision_log(args)  # before the model loads: a wrong path shows at once
     install_metrics_from_env()
     install_tracing_from_env()
     backend = open_cli_backend(args)
-    guard = Guard.from_files(
-        *args.policy, backends=backend, redis_url=args.redis_url, cache_config=cache_config, decision_log=log
-    )
+    guard = Guard(policies, backends=backend, cache=cache, decision_log=log)
     review_url = args.review_redis_url or args.redis_url
     store: ReviewStore = RedisReviewStore.from_url(review_url) if review_url else MemoryReviewStore()
     options: dict[str, Any] = {

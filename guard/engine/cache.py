@@ -8,20 +8,21 @@ interface and one single-flight core:
 * :class:`RedisCache`: ``redis.asyncio`` with small timeouts. Every value it writes is sealed (HMAC-SHA256 keyed by
   ``CacheConfig.store_key`` or ``$GUARD_STORE_KEY``, :mod:`guard._seal`) under its Redis key; a value whose seal does
   not check (forged or edited in Redis, or written under another key) is a miss counted as ``forged``, never an
-  answer. Redis slow, down or holding a value of the wrong shape is a counted miss reported by
-  :meth:`~ProbabilityCache.health` as ``"degraded"``, never an error and never an
-  allow. Across replicas a short lock (``SET NX PX`` of a sealed token, token-checked release in Lua) elects one
-  leader per key (a lock whose seal does not check is counted as ``forged`` and not waited on); followers poll for the
-  value (past :data:`FOLLOW_SHARE` of their budget they also call the model, and the first answer wins) and, when the
-  leader fails, raise the leader's error (from a failure marker,
-  sealed like the values, naming the leader's lock: an unsealed one is counted as ``forged`` and ignored, one of an
-  earlier leader is ignored) so the policy's fail mode decides for them too.
+  answer. Redis slow, down or holding a value of the wrong shape (or one that cannot be read at all) is a counted
+  miss, and so is a forged value: :meth:`~ProbabilityCache.health` reports ``"degraded"`` while any of these is
+  recent, and each is logged as a warning once per such period; never an error and never an allow. Across replicas
+  a short lock (``SET NX PX`` of a sealed token, token-checked release in Lua) elects one leader per key (a lock whose
+  seal does not check is counted as ``forged`` and not waited on); followers poll for the value (past
+  :data:`FOLLOW_SHARE` of their budget they also call the model, and the first answer wins) and, when the leader
+  fails, raise the leader's error (from a failure marker, sealed like the values, naming the leader's lock: an
+  unsealed one is counted as ``forged`` and ignored, one of an earlier leader is ignored) so the policy's fail mode
+  decides for them too.
 
 In one process, concurrent misses on one key share one task (one backend call); callers that time out leave the
 task running for the others.
 
-A Redis cache also carries each backend's recovery epoch (:meth:`~ProbabilityCache.shared_epoch`, sealed like the
-values), so a model one replica saw fail its canary and pass again moves every replica's keys on, not only its own;
+A Redis cache also carries each backend's canary epoch (:meth:`~ProbabilityCache.shared_epoch`, sealed like the
+values), so a model one replica saw fail its canary, or pass again, moves every replica's keys on, not only its own;
 a replica that finds none published publishes a fresh one if still absent (:meth:`~ProbabilityCache.publish_epoch`
 ``if_absent``), so an epoch deleted or evicted from Redis does not bring back the answers cached before it.
 """
@@ -41,11 +42,14 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import parse_url
 from redis.exceptions import RedisError
 
 from guard._seal import Sealer
+from guard._urls import shown_url
 from guard.engine.keys import cache_key
 from guard.errors import BackendError, BackendTimeout, BackendUnavailable, MalformedAnswer
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
@@ -62,6 +66,7 @@ __all__ = [
     "RedisCache",
     "Unstored",
     "cache_key",
+    "redis_options",
 ]
 
 logger = logging.getLogger("guard.cache")
@@ -111,14 +116,16 @@ class CacheConfig:
     """Cache settings.
 
     Attributes:
-        url: Redis URL; ``None`` = in-process cache.
+        url: Redis URL (redis-py's syntax: ``redis://``, ``rediss://`` for TLS, ``unix://``; checked by
+            :class:`RedisCache`); ``None`` = in-process cache.
         prefix: prefix of every key (``<prefix>a:<sha256>`` values, ``l:`` locks, ``f:`` leader failures).
         op_timeout: seconds per Redis operation (connect included) before it counts as a miss (~50 ms).
         poll_interval: seconds between a follower's polls for the leader's value.
         breaker: seconds Redis is skipped once ``breaker_after`` operations in a row failed (each skipped lookup is
             a counted miss), so a dead or black-holed Redis costs one timeout per period, not one per request.
         breaker_after: consecutive failed operations that open the breaker (one slow reply alone does not).
-        degraded_window: seconds after the last error that health stays ``"degraded"``.
+        degraded_window: seconds after the last error, or forged or corrupt value read, that health stays
+            ``"degraded"`` (and further ones are logged at debug level, not as warnings).
         max_entries: entries held in process (LRU): the in-process cache's size; a Redis cache's local copies.
         store_key: the secret a Redis cache seals its values with (at least 16 bytes); ``None`` = ``$GUARD_STORE_KEY``.
             Required for Redis (every replica sharing it needs the same one); unused in process.
@@ -155,7 +162,8 @@ class CacheConfig:
 
 @dataclass
 class CacheHealth:
-    """Counters and status. ``status`` is ``"degraded"`` while Redis errors are recent, else ``"ok"``."""
+    """Counters and status. ``status`` is ``"degraded"`` while Redis errors or forged or corrupt values read are
+    recent (within ``CacheConfig.degraded_window``), else ``"ok"``."""
 
     status: Literal["ok", "degraded"] = "ok"
     backend: str = "memory"
@@ -221,6 +229,7 @@ class ProbabilityCache:
         self.config = config or CacheConfig()
         self._stats = CacheHealth(backend=self.kind)
         self._last_error_at: float | None = None
+        self._last_bad_at: float | None = None  # a forged or corrupt value read (monotonic s)
         self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[Any]]] = (
             weakref.WeakKeyDictionary()
         )
@@ -243,10 +252,12 @@ class ProbabilityCache:
     def health(self) -> CacheHealth:
         """A snapshot of the counters and the status."""
         snapshot = CacheHealth(**asdict(self._stats))
-        since = None if self._last_error_at is None else time.monotonic() - self._last_error_at
-        recent = since is not None and since < self.config.degraded_window
-        snapshot.status = "degraded" if recent else "ok"
+        snapshot.status = "degraded" if self._recent(self._last_error_at) or self._recent(self._last_bad_at) else "ok"
         return snapshot
+
+    def _recent(self, at: float | None) -> bool:
+        """Whether ``at`` (a ``time.monotonic()`` reading, ``None``: never) is within ``degraded_window``."""
+        return at is not None and time.monotonic() - at < self.config.degraded_window
 
     def peek(self, key: str) -> CachedAnswers | None:
         """The answers for ``key`` when they can be had without waiting (this process holds them: the in-process
@@ -447,12 +458,20 @@ class ProbabilityCache:
 
     def _count_bad(self, key: str, exc: MalformedAnswer) -> None:
         if isinstance(exc, ForgedEntry):
-            self._stats.forged += 1
-            logger.warning("cache value for %s fails its integrity check (forged or edited in the store); ignoring "
-                           "and overwriting it", key[:16])
+            self._bad("forged", "cache value for %s fails its integrity check (forged, edited in the store or sealed "
+                      "with another store key); ignoring and overwriting it", key[:16])
         else:
-            self._stats.corrupt += 1
-            logger.warning("cache value for %s has the wrong shape; ignoring and overwriting it", key[:16])
+            self._bad("corrupt", "cache value for %s cannot be read (%s); ignoring and overwriting it", key[:16], exc)
+
+    def _bad(self, kind: Literal["forged", "corrupt"], message: str, *args: Any) -> None:
+        """Count a ``kind`` value read from the store (health is ``degraded`` for ``degraded_window`` after it) and log
+        ``message % args``: a warning when none was read within that window, else at debug level, so values that
+        keep failing (replicas sealing with different store keys, someone writing to Redis) log one warning per
+        period, not one per read."""
+        was_recent = self._recent(self._last_bad_at)
+        setattr(self._stats, kind, getattr(self._stats, kind) + 1)
+        self._last_bad_at = time.monotonic()
+        (logger.debug if was_recent else logger.warning)(message, *args)
 
     def _record_error(self, exc: BaseException) -> None:
         self._stats.errors += 1
@@ -497,10 +516,10 @@ class ProbabilityCache:
         """Tell the followers of lock ``token`` (``None`` or ``""``: none held) that its backend call failed."""
         return
 
-    # Recovery epochs ------------------------------------------------------------------------------------------------
+    # Canary epochs --------------------------------------------------------------------------------------------------
 
     async def shared_epoch(self, scope: str) -> int | None:
-        """The recovery epoch other processes sharing this cache published for ``scope`` (a backend's name and
+        """The canary epoch other processes sharing this cache published for ``scope`` (a backend's name and
         model revision, :meth:`guard.engine.health.HealthMonitor.check_backend`), or ``None``: no shared store,
         nothing published, the store did not answer, or the value fails its seal."""
         return None
@@ -547,7 +566,12 @@ class ForgedEntry(MalformedAnswer):
 
 class RedisCache(ProbabilityCache):
     """Redis-backed cache with a cross-replica single-flight lock. One client per event loop (``redis.asyncio``
-    connections belong to the loop that opened them)."""
+    connections belong to the loop that opened them).
+
+    Raises:
+        ValueError: ``config.url`` is missing or not a URL redis-py can connect with (:func:`redis_options`); no
+            store key (:class:`~guard._seal.Sealer`).
+    """
 
     kind = "redis"
 
@@ -570,6 +594,7 @@ return 0
     def __init__(self, config: CacheConfig) -> None:
         if not config.url:
             raise ValueError("RedisCache needs CacheConfig.url, e.g. redis://127.0.0.1:6379/0")
+        self._options = redis_options(config.url, config.op_timeout)
         self._sealer = Sealer.resolve(config.store_key, "RedisCache")
         super().__init__(config)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
@@ -582,14 +607,7 @@ return 0
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = aioredis.Redis.from_url(
-                self.config.url or "",
-                socket_timeout=self.config.op_timeout,
-                socket_connect_timeout=self.config.op_timeout,
-                retry_on_timeout=False,
-                lib_name=None,  # no CLIENT SETINFO round trips on connect: the first lookup fits the op timeout
-                lib_version=None,
-            )
+            client = aioredis.Redis.from_pool(aioredis.ConnectionPool(**self._options))  # closes its pool
             self._clients[loop] = client
         return client
 
@@ -603,8 +621,8 @@ return 0
         try:
             async with asyncio.timeout(self.config.op_timeout):
                 result = await fn(self._client())
-        except (RedisError, TimeoutError, OSError) as exc:
-            was_ok = self.health().status == "ok"
+        except Exception as exc:  # noqa: BLE001 - whatever the store or its client raised: a miss, never the decision's
+            was_ok = not self._recent(self._last_error_at)
             self._record_error(exc)
             self._failures_in_a_row += 1
             if self._failures_in_a_row >= self.config.breaker_after:
@@ -623,21 +641,27 @@ return 0
 
         Raises:
             ForgedEntry: ``raw`` does not carry this cache's seal for ``key``.
-            MalformedAnswer: ``raw`` is not JSON or not of the stored shape for ``request``.
+            MalformedAnswer: ``raw`` is not JSON or not of the stored shape for ``request``, or checking it raised
+                anything else.
         """
         with self._lock:
             held = self._entries.get(key)
         if held is not None and held[2] == raw:
             answers = held[1]
         else:
-            blob = self._opened("a", key, raw)
-            if blob is None:
-                raise ForgedEntry("stored answers fail their integrity check")
             try:
-                value = json.loads(blob)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise MalformedAnswer("stored answers are not JSON") from exc
-            answers = CachedAnswers(decode_answers(value, request))
+                blob = self._opened("a", key, raw)
+                if blob is None:
+                    raise ForgedEntry("stored answers fail their integrity check")
+                try:
+                    value = json.loads(blob)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise MalformedAnswer("stored answers are not JSON") from exc
+                answers = CachedAnswers(decode_answers(value, request))
+            except MalformedAnswer:
+                raise
+            except Exception as exc:  # a value the checks did not foresee (JSON nested past the recursion limit)
+                raise MalformedAnswer(f"stored answers cannot be read: {type(exc).__name__}: {exc}"[:200]) from exc
         self._keep(key, answers, self._local_until(ttl), raw)
         return answers
 
@@ -719,9 +743,8 @@ return 0
             if lock is None:
                 return None  # the leader vanished without an answer: lead ourselves
             if self._opened_live("l", key, lock) is None:
-                self._stats.forged += 1
-                logger.warning("single-flight lock for %s fails its integrity check or is past its end (planted or "
-                               "put back in the store); not waiting on it", key[:16])
+                self._bad("forged", "single-flight lock for %s fails its integrity check or is past its end (planted "
+                          "or put back in the store); not waiting on it", key[:16])
                 return None  # no replica holds it: lead ourselves rather than wait out its expiry
         return None
 
@@ -740,9 +763,8 @@ return 0
             return None
         data = self._opened("e", key, raw)
         if data is None or not data.isdigit():
-            self._stats.forged += 1
-            logger.warning("recovery epoch of %r fails its integrity check (forged or edited in the store); "
-                           "ignoring it", scope.partition("\n")[0])
+            self._bad("forged", "canary epoch of %r fails its integrity check (forged or edited in the store); "
+                      "ignoring it", scope.partition("\n")[0])
             return None
         return int(data)
 
@@ -789,9 +811,8 @@ return 0
         marker = self._opened_live("f", key, raw)
         if marker is not None:
             return marker
-        self._stats.forged += 1
-        logger.warning("leader failure marker for %s fails its integrity check or is past its end (forged, edited "
-                       "or put back in the store); ignoring it", key[:16])
+        self._bad("forged", "leader failure marker for %s fails its integrity check or is past its end (forged, "
+                  "edited or put back in the store); ignoring it", key[:16])
         return None
 
     async def aclose(self) -> None:
@@ -805,8 +826,34 @@ return 0
             await client.aclose()
 
 
+def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S) -> dict[str, Any]:
+    """The ``redis.asyncio.ConnectionPool`` options of a Redis cache at ``url``: what the URL names (redis-py's URL
+    syntax; its options win over these defaults), socket timeouts of ``op_timeout`` seconds, no retry on a timeout,
+    no ``CLIENT SETINFO`` round trips on connect (the first lookup fits the op timeout), and replies as bytes whatever
+    the URL's ``decode_responses`` (the cache stores sealed bytes). Checked by making a connection object, which
+    connects nothing.
+
+    Raises:
+        ValueError: ``url`` is not one redis-py can connect with: another scheme than ``redis://``, ``rediss://``
+            and ``unix://`` (``redis+sentinel://``, a bare ``host:port``), a database in the path that is not a
+            number, an option redis-py does not know or whose value it cannot read (``?socket_timeout=fast``,
+            ``?protocol=4``). The message names the URL without credentials or query.
+    """
+    defaults: dict[str, Any] = {"socket_timeout": op_timeout, "socket_connect_timeout": op_timeout,
+                                "retry_on_timeout": False, "lib_name": None, "lib_version": None}
+    try:
+        options = {**defaults, **parse_url(url), "decode_responses": False}
+        database = unquote(urlsplit(url).path).replace("/", "")
+        if not url.lower().startswith("unix:") and database and not database.isdigit():
+            raise ValueError(f"the database {database!r} in its path is not a number")
+        aioredis.ConnectionPool(**options).make_connection()  # refuses an option it does not know, or protocol=4
+    except (ValueError, TypeError, RedisError) as exc:
+        raise ValueError(f"cache URL {shown_url(url)!r} cannot be used: {exc}") from None
+    return options
+
+
 def _scope_key(scope: str) -> str:
-    """The key part of a recovery epoch's ``scope`` (SHA-256 hex: a backend name and revision hold any text)."""
+    """The key part of a canary epoch's ``scope`` (SHA-256 hex: a backend name and revision hold any text)."""
     return hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -145,7 +145,8 @@ class Guard:
         #: The canary monitor, once a :class:`~guard.engine.health.HealthMonitor` is made for this Guard: a backend
         #: failing its canary gets no model calls (the policy's fail mode decides) until it passes again.
         self.monitor: HealthMonitor | None = None
-        #: backend name -> its recovery epoch (:class:`Plan`'s ``epoch``; :meth:`HealthMonitor._share_epoch`)
+        #: backend name -> its canary epoch, moved on by each canary failure and recovery (:class:`Plan`'s
+        #: ``epoch``; :meth:`HealthMonitor._share_epoch`)
         self.canary_epochs: dict[str, int] = {}
 
     @classmethod

@@ -197,15 +197,21 @@ class HealthMonitor:
         served = [p for p in self.guard.policies.policies if self.guard.backend_for(p) is backend]
         canaries = canaries_for(backend, [q.wire.id for p in served for q in p.questions])
         model = served[0].model if served else "canary"  # a System One server answers the models it serves
+        failed_before = name in self.canary_failed
         self.results[name] = await self._run(name, backend, canaries, model)
-        await self._share_epoch(name, backend)
+        await self._share_epoch(name, backend, move_on=(name in self.canary_failed) != failed_before)
         return self.results[name]
 
-    async def _share_epoch(self, name: str, backend: DecisionBackend) -> None:
-        """Agree on backend ``name``'s recovery epoch with the processes sharing the guard's cache: a higher one
-        published by another replica (its canary saw this model fail and pass again) is taken, so answers cached
-        before that recovery are not read here either, nor by a replica started later; a higher one of this
-        process (it recovered) is published. An in-process cache shares nothing.
+    async def _share_epoch(self, name: str, backend: DecisionBackend, *, move_on: bool = False) -> None:
+        """Agree on backend ``name``'s epoch with the processes sharing the guard's cache (the cache keys name it:
+        :func:`~guard.engine.plan.keyed_revision`): a higher one published by another replica (its canary saw this
+        model fail, or pass again) is taken, so answers cached before are not read here either, nor by a replica
+        started later; a higher one of this process is published. An in-process cache shares nothing.
+
+        ``move_on``: this run's canary failed where the last one passed, or passed where it failed: the epoch moves
+        one past the higher of this process's and the published one, and is published. On a failure, the answers
+        the broken model gave (and stored) since the last run are read by no replica, the healthy ones included;
+        on a recovery, neither are any stored meanwhile by replicas that had not yet seen the failure.
 
         A process still at epoch 0 that finds none published (the first replica on an empty store; or the key was
         deleted by someone with access to Redis, or evicted under ``allkeys-lru``, or holds a value without the
@@ -221,12 +227,14 @@ class HealthMonitor:
         if shared is None and local == 0:
             await cache.publish_epoch(scope, time.time_ns() // 1_000_000, if_absent=True)
             shared = await cache.shared_epoch(scope)
-        if shared is not None and shared > local:
-            if local:
-                logger.info("backend %r recovered in another replica; answers cached before are not read", name)
-            self.guard.canary_epochs[name] = shared
-        elif local > (shared or 0):
-            await cache.publish_epoch(scope, local)
+        epoch = max(local, shared or 0) + (1 if move_on else 0)
+        if epoch > local:
+            if local and not move_on:
+                logger.info("backend %r failed or recovered in another replica; answers cached before are not read",
+                            name)
+            self.guard.canary_epochs[name] = epoch
+        if epoch > (shared or 0):
+            await cache.publish_epoch(scope, epoch)
 
     def covers(self, name: str) -> bool:
         """Whether backend ``name`` has canaries (a run found some), so they, not live calls, say it is failing."""
@@ -301,9 +309,8 @@ class HealthMonitor:
         if name in self.unreachable:
             logger.info("backend %r answers its canary again", name)
             self.unreachable.discard(name)
-        if name in self.canary_failed:  # answers cached before it failed may be the broken model's: keys move on
+        if name in self.canary_failed:  # check_backend moves the epoch on: answers cached before are not read
             logger.info("backend %r passed its canary again; answers cached before are not read", name)
-            self.guard.canary_epochs[name] = self.guard.canary_epochs.get(name, 0) + 1
         self.canary_failed.discard(name)
         return Check("ok", "ok", {"canaries": [r.to_json() for r in results]})
 

@@ -73,9 +73,10 @@ class Plan:
         policy: the policy (identity matters: a reloaded policy gets a new plan).
         backend: the backend that answers it; revision: its ``model_revision`` when the plan was made (empty for a
             rules-only policy, which no model answers).
-        epoch: that backend's recovery epoch (0, or the one its replicas share: a start time in milliseconds plus
-            one per canary passed again after failing it); in the cache key, so answers stored before a recovery,
-            perhaps by the broken model, are not read after it.
+        epoch: that backend's canary epoch (0, or the one its replicas share: a start time in milliseconds plus
+            one per canary failed after passing it, and one per canary passed again after failing it); in the cache
+            key, so answers stored before a failure or a recovery, perhaps by the broken model, are not read after
+            it.
         key: the cache key template (constant part rendered once).
         names: wire question id -> question key.
         orders: wire id -> option ids in the policy's order, for each choice question (a cached answer may come
@@ -261,8 +262,9 @@ def _same_json(a: Any, b: Any) -> bool:
 
 
 def keyed_revision(revision: str, epoch: int) -> str:
-    """The revision a cache key names: the backend's, and after its first canary recovery the recovery count."""
-    return revision if epoch == 0 else f"{revision}#recovered-{epoch}"
+    """The revision a cache key names: the backend's, and its canary epoch once it has one (a shared store's, or
+    after a canary failure)."""
+    return revision if epoch == 0 else f"{revision}#epoch-{epoch}"
 
 
 class Group:

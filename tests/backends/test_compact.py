@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from guard.backends.base import DecisionBackend
+from guard.backends.base import DecisionBackend, installed_code_digest
 from guard.backends.compact import CompactBackend
 from guard.compact.catalog import CATALOG, catalog_ids
 from guard.errors import UnsupportedQuestion
@@ -46,6 +46,9 @@ def test_default_is_loaded_once_and_is_a_backend(backend: CompactBackend) -> Non
     assert CompactBackend.default() is backend
     assert isinstance(backend, DecisionBackend)
     assert backend.model_revision.startswith("compact-")
+    assert backend.model_revision.endswith(f"+guard={installed_code_digest()}")  # the build reading the model out
+    assert CompactBackend().model_revision == backend.model_revision  # the shared models' revision, named once
+    assert CompactBackend(confidence_profile="jev").model_revision == f"{backend.model_revision}+confidence=jev"
     assert set(catalog_ids()) <= set(backend.question_ids())
 
 

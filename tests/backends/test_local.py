@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from guard.backends.base import DecisionBackend
+from guard.backends.base import PACKAGE_DIR, DecisionBackend, code_digest, installed_code_digest
 from guard.backends.batcher import BatcherConfig, BatchInfo
 from guard.backends.local import LocalBackend
 from guard.backends.selftest import SELF_TEST_REQUEST
@@ -157,18 +158,51 @@ async def test_confidence_profile_and_validation(clef_fp32: ClefModel) -> None:
         answer = (await backend.decide(body)).answers["seating"]
     probabilities = list(answer.probabilities.values())
     assert answer.confidence == pytest.approx(confidence(probabilities, "choice", "workers-ai"))
-    assert backend.model_revision == f"checkpoint@{clef_fp32.revision}+confidence=workers-ai"  # part of cache keys
+    # part of cache keys: the weights, the code reading them out, the profile
+    assert backend.model_revision == f"checkpoint@{clef_fp32.revision}+guard={code_digest()}+confidence=workers-ai"
     with pytest.raises(ValueError, match="confidence_profile must be one of"):
         LocalBackend(clef_fp32, confidence_profile="max")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_length must be"):
         LocalBackend(clef_fp32, max_length=0)
 
 
+def test_the_code_digest_moves_when_any_file_of_the_package_changes(tmp_path: Path) -> None:
+    """Commits changed answers without touching the weights (the compact model's competence checks, the readout),
+    and the revision named only the weights: during or after an upgrade, a replica served answers the older build
+    had cached. The revision names a digest of the package's code and data; a copy with one file changed has
+    another (the package itself is not edited)."""
+    copy = tmp_path / "guard"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "weights"))
+    installed = installed_code_digest()
+    assert code_digest(copy) == code_digest() == installed and len(installed) == 12
+    for name in ("compact/competence.py", "compact/model.py", "clef/encoding.py", "clef/head.py", "_english.py",
+                 "data/english_words.txt", "policy/data/confusables.txt"):
+        path = copy / name
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n")
+        assert code_digest(copy) != installed, name
+        path.write_bytes(original)
+    assert code_digest(copy) == installed
+    (copy / "compact" / "readout.py").write_text("")  # a module added
+    assert code_digest(copy) != installed
+
+
+async def test_the_revision_names_a_max_length_other_than_the_default(clef_fp32: ClefModel) -> None:
+    """Replicas with different ``max_length`` (``guard worker serve --max-length``) had one revision, so one cache
+    key: the replica reading the whole state was served the other's answer to its head."""
+    short, default, explicit = (LocalBackend(clef_fp32, max_length=n) for n in (600, None, 16384))
+    assert short.model_revision == default.model_revision.replace("+guard=", "+max_length=600+guard=")
+    assert "max_length" not in default.model_revision and explicit.model_revision == default.model_revision
+    for backend in (short, default, explicit):
+        await backend.aclose()
+
+
 async def test_from_pretrained_bf16_matches_the_bf16_fixture(golden_checkpoint: Path) -> None:
     case = golden_case("01-three-types")
     backend = LocalBackend.from_pretrained(golden_checkpoint)
     assert backend.model.dtype == torch.bfloat16
-    assert backend.model_revision == f"checkpoint@{backend.model.revision}" and "LocalBackend" in repr(backend)
+    assert backend.model_revision == f"checkpoint@{backend.model.revision}+guard={code_digest()}"
+    assert "LocalBackend" in repr(backend)
     async with backend:
         got = (await backend.decide(request(case["request"]))).to_json()
     want = case["response_bf16"]

@@ -92,6 +92,21 @@ def test_cuda_without_a_cuda_build_is_refused_before_loading(tmp_path: Path) -> 
     assert main([*_commands(tmp_path)["quickstart"], "--backend", "local:/x", "--device", "cuda:0"]) == 2  # as proxy
 
 
+@pytest.mark.parametrize("url", ["redis+sentinel://:hunter2@127.0.0.1:26379/mymaster", "127.0.0.1:6379",
+                                 "redis://127.0.0.1:6379/9?socket_timeout=fast"])
+def test_the_proxy_refuses_a_redis_url_the_cache_cannot_use_before_loading_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    """Such a ``--redis-url`` started the proxy, and every decision then fell to the policy's fail mode; with
+    ``?decode_responses=true`` startup died with a bare traceback (exit 3). Now exit 2 naming the option, before the
+    model (here a checkpoint that does not exist) is loaded."""
+    argv = [*_commands(tmp_path)["proxy"], "--backend", f"local:{tmp_path / 'missing'}", "--redis-url", url]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("guard proxy: --redis-url: cache URL ") and "cannot be used" in error
+    assert "hunter2" not in error
+
+
 @pytest.mark.parametrize(
     ("spec", "url"),
     [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import socket
 import sys
 import threading
@@ -525,13 +526,18 @@ async def test_redis_corrupt_values_are_ignored_and_overwritten(redis_url: str, 
         json.dumps({**good, "answers": {**good["answers"], "injection": {"t": "noul", "p": [0.9, 0.9], "x": 0.9}}}
                    ).encode(),  # probabilities do not sum to 1
         b"\xff\xfe",
+        # a choice that is a list: the check raised TypeError (unhashable), which failed the decision to its fail mode
+        json.dumps({**good, "answers": {**good["answers"], "tone": {**good["answers"]["tone"], "x": ["calm"]}}}
+                   ).encode(),
+        b"[" * 100_000 + b"]" * 100_000,  # nested past the JSON parser's recursion limit: RecursionError
     ]
     for n, value in enumerate(wrong_shapes, start=2):
         await client.set(key, sealed(key, value))  # well sealed, badly shaped
         verdict = await guard.aevaluate(subject("ignore"))
         assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, n)
         assert unsealed(await client.get(key)) == good  # overwritten with the right shape
-    assert cache.health().corrupt == len(wrong_shapes) and cache.health().forged == 0
+    health = cache.health()
+    assert (health.corrupt, health.forged, health.errors, health.status) == (len(wrong_shapes), 0, 0, "degraded")
     await guard.aclose()
 
 
@@ -562,6 +568,75 @@ async def test_redis_forged_safe_answers_are_a_counted_miss_never_an_allow(
         assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, n)
     assert cache.health().forged == len(forgeries) and cache.health().corrupt == 0
     assert (await guard.aevaluate(subject("ignore"))).cache_hit  # the genuine entry, written back, is a hit
+    await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_values_sealed_with_another_store_key_show_in_health_and_warn_once_per_period(
+    redis_url: str, create_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replicas sharing a Redis but not the store key (a rotation rolled out to half of them) read each other's
+    entries as forged: that used to log a warning on every read while health said ``ok``, so nothing showed the
+    replicas disagree. Health is ``degraded`` while such reads are recent, and each cache warns once per period."""
+    caplog.set_level(logging.DEBUG, logger="guard.cache")
+    replicas = []
+    for store_key in (STORE_KEY, "another-store-key-0123456789abcdef"):
+        backend = ScriptedBackend(by_text)
+        cache = redis_cache(redis_url, create_redis.prefix, store_key=store_key, local_ttl=0)
+        replicas.append((Guard(policies(), backends=backend, cache=cache), backend))
+    for _ in range(5):
+        for guard, _backend in replicas:
+            assert (await guard.aevaluate(subject("ignore"))).action == "block"
+    for guard, backend in replicas:
+        health = guard.cache.health()
+        assert (health.status, health.errors, backend.calls) == ("degraded", 0, 5) and health.forged >= 4
+    warnings = [r for r in caplog.records if r.name == "guard.cache" and r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("another store key" in r.getMessage() for r in warnings)  # one per replica
+    third = Guard(policies(), backends=ScriptedBackend(by_text), cache=redis_cache(
+        redis_url, create_redis.prefix, store_key="a-third-store-key-0123456789abcdef", degraded_window=0.2))
+    await third.aevaluate(subject("ignore"))
+    assert third.cache.health().status == "degraded"
+    await asyncio.sleep(0.25)
+    assert third.cache.health().status == "ok"  # no forged read within the window
+    for guard in (third, *(guard for guard, _backend in replicas)):
+        await guard.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel://:hunter2-secret@127.0.0.1:26379/mymaster", "must specify one of the following schemes"),
+        ("127.0.0.1:6379", "must specify one of the following schemes"),  # the scheme forgotten
+        ("redis://127.0.0.1:6379/nine", "the database 'nine' in its path is not a number"),  # was database 0
+        ("redis://127.0.0.1:6379/9?socket_timeout=fast", "socket_timeout"),
+        ("redis://127.0.0.1:6379/9?protocol=4", "protocol must be either 2 or 3"),
+        ("redis://127.0.0.1:6379/9?no_such_option=1", "no_such_option"),
+    ],
+)
+def test_a_redis_url_the_cache_cannot_use_is_refused_when_the_cache_is_made(url: str, says: str) -> None:
+    """Such a URL was accepted, and every decision then fell to the policy's fail mode (fail-open: an allow without
+    asking the model) while health said ``ok``: the client was first made inside a lookup, whose error was no Redis
+    error. The message names the URL without its credentials or query."""
+    with pytest.raises(ValueError, match="^cache URL .* cannot be used: ") as info:
+        RedisCache(CacheConfig(url=url))
+    assert says in str(info.value) and "hunter2" not in str(info.value)
+
+
+@pytest.mark.anyio
+async def test_decode_responses_in_the_url_still_reads_bytes(redis_url: str, create_redis: Any) -> None:
+    """``?decode_responses=true`` (one URL shared with a tool that wants text) made every value a ``str``: each hit
+    raised TypeError and the decision fell to the policy's fail mode, health ``ok``. The cache reads bytes."""
+    url = redis_url + ("&" if "?" in redis_url else "?") + "decode_responses=true"
+    backend = ScriptedBackend(by_text)
+    cache = redis_cache(url, create_redis.prefix, local_ttl=0)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    assert (await guard.aevaluate(subject("ignore"))).cache_hit is False
+    again = await guard.aevaluate(subject("ignore"))
+    assert (again.action, again.rule, again.cache_hit, backend.calls) == ("block", "injection", True, 1)
+    await cache.publish_epoch("scope", 7)
+    assert await cache.shared_epoch("scope") == 7
+    health = cache.health()
+    assert (health.status, health.errors, health.corrupt, health.forged) == ("ok", 0, 0, 0)
     await guard.aclose()
 
 

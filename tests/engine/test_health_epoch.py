@@ -1,6 +1,7 @@
-"""Recovery epochs shared through a Redis cache (:meth:`guard.engine.health.HealthMonitor._share_epoch`): a replica
-never reads answers cached before a recovery it did not see, even when the published epoch is gone from Redis
-(deleted by someone with access to it, evicted under ``allkeys-lru``) or replaced by a value that is not sealed."""
+"""Canary epochs shared through a Redis cache (:meth:`guard.engine.health.HealthMonitor._share_epoch`): a replica
+never reads answers cached before a canary failure or recovery it did not see, even when the published epoch is gone
+from Redis (deleted by someone with access to it, evicted under ``allkeys-lru``) or replaced by a value that is not
+sealed."""
 
 from __future__ import annotations
 
@@ -65,6 +66,35 @@ async def broken_answer_cached_then_recovered(redis_url: str, create_redis: Any)
     await a.monitor.check()  # passes again: a new epoch, published
     assert (await a.guard.aevaluate(SUBJECT)).action == "block"
     return a
+
+
+async def test_a_healthy_replica_does_not_read_what_a_broken_one_cached_before_its_canary_failed(
+    redis_url: str, create_redis: Any
+) -> None:
+    """Replica A's model breaks and, before A's next canary run, answers an attack "no" (stored in Redis). A's canary
+    then fails; the epoch used to move only on a recovery, so replica B, whose model is fine, served A's broken
+    answer (an allow) for the rest of the TTL. A failed canary publishes the next epoch: B takes it at its next
+    run and asks its own model; A's recovery moves it on again."""
+    a, b = Replica(redis_url, create_redis.prefix), Replica(redis_url, create_redis.prefix)
+    await a.monitor.check()
+    await b.monitor.check()
+    start = a.epoch
+    a.broken = True
+    assert (await a.guard.aevaluate(SUBJECT)).action == "allow"  # the broken model's answer, now in Redis
+    await a.monitor.check()  # fails
+    assert a.monitor.results["default"].code == "canary_failed"
+    assert a.epoch == start + 1 and await a.cache.shared_epoch(SCOPE) == start + 1
+    await b.monitor.check()
+    assert b.epoch == start + 1
+    calls = b.backend.calls
+    verdict = await b.guard.aevaluate(SUBJECT)
+    assert (verdict.action, verdict.rule, verdict.cache_hit) == ("block", "inj", False), (b.epoch, verdict.error)
+    assert b.backend.calls == calls + 1  # its own model, not A's broken answer
+    a.broken = False
+    await a.monitor.check()  # passes again
+    assert a.epoch == start + 2 and await a.cache.shared_epoch(SCOPE) == start + 2
+    await a.aclose()
+    await b.aclose()
 
 
 @pytest.mark.parametrize("how", ["deleted", "forged"])
@@ -141,4 +171,23 @@ async def test_an_in_process_cache_publishes_nothing_and_keeps_epoch_zero() -> N
     guard = Guard(load_text(POLICY), backends=ScriptedBackend(injection_by_word, revision="r1"), cache=MemoryCache())
     await HealthMonitor(guard, interval_s=0).check()
     assert guard.canary_epochs.get("default", 0) == 0
+    await guard.aclose()
+
+
+async def test_an_in_process_cache_moves_the_epoch_on_a_canary_failure_and_on_the_recovery() -> None:
+    broken = {"now": False}
+    backend = ScriptedBackend(lambda r: {"guard.prompt_injection": 0.0} if broken["now"] else injection_by_word(r),
+                              revision="r1")
+    guard = Guard(load_text(POLICY), backends=backend, cache=MemoryCache())
+    monitor = HealthMonitor(guard, interval_s=0)
+    await monitor.check()
+    broken["now"] = True
+    assert (await guard.aevaluate(SUBJECT)).action == "allow"  # the broken model's answer, cached
+    await monitor.check()  # fails: the keys move on
+    assert guard.canary_epochs["default"] == 1
+    broken["now"] = False
+    await monitor.check()  # passes: they move on again, and the broken answer is not read
+    assert guard.canary_epochs["default"] == 2
+    verdict = await guard.aevaluate(SUBJECT)
+    assert (verdict.action, verdict.cache_hit) == ("block", False)
     await guard.aclose()
