@@ -267,8 +267,9 @@ _SYMBOL_NAME_RE = re.compile(
 #: Letters of other scripts whose usual glyph reads as one ASCII letter though TR39 lists no such confusable (it keeps
 #: to glyphs that are near identical): Greek epsilon, eta, omega, chi and the "faux Cyrillic" letters (``п`` reads
 #: ``n``, ``и`` ``u``, ``Я`` ``R``). Used only inside a word that mixes them with Latin letters (``iηstructioηs``,
-#: ``Givε``), where they stand for the Latin letter; a word wholly in Greek or Cyrillic is left alone. Letters of
-#: scientific notation (``ΔG``, ``μm``, ``πr``) are not listed: there they are themselves.
+#: ``Givε``), where they stand for the Latin letter; a word wholly in Greek or Cyrillic is left alone. The Greek
+#: letters of scientific notation (``ΔG``, ``μm``, ``πr``) are not listed: there they are themselves (``ωt`` does
+#: read ``wt``).
 _EXTRA_LOOK_ALIKES = {
     "ε": "e", "η": "n", "ω": "w", "χ": "x",
     "и": "u", "й": "u", "п": "n", "ь": "b", "б": "b", "ш": "w", "щ": "w", "ц": "u",
