@@ -5,7 +5,11 @@ last of two equal mapping keys and turns ``2024-01-01`` into a date. This loader
 and refuses, at the first offending event:
 
 * an anchor (``&a``) or alias (``*a``), so an alias bomb fails before anything is expanded;
-* a duplicate mapping key, a merge key (``<<``), a non-scalar key, an explicit tag other than the core scalar ones;
+* a duplicate mapping key, a merge key (``<<``), a non-scalar key, a key YAML reads as anything but text (``true:``,
+  ``null:``, ``1:``: quote it), and any explicit tag (``!!str``, ``!!bool "off"``, ``!custom``: a tag would let
+  ``!!int "012"`` be 10 where a quoted value is always text);
+* a lone surrogate (U+D800 to U+DFFF, written as a ``\\ud800`` escape), in a value or a key: it is half of a UTF-16
+  pair, not a character, and cannot be encoded in a response, a header or a model request;
 * nesting deeper than :data:`MAX_DEPTH` and documents larger than :data:`MAX_POLICY_BYTES`;
 * a plain (unquoted) value or key that YAML 1.1 and YAML 1.2 read differently: ``no``/``yes``/``on``/``off``/``y``/``n``
   (any case), integers with a leading zero, ``0b``/``0o`` numbers, signed hex, ``_`` in numbers, floats without a
@@ -19,7 +23,6 @@ found later (pydantic, CEL, System One limits) can still name the line.
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path as FilePath
 from typing import Any, ClassVar
@@ -41,7 +44,10 @@ MAX_NUMBER_CHARS = 100
 
 Path = tuple[str | int, ...]
 
+_CORE_PREFIX = "tag:yaml.org,2002:"  # what the parser expands ``!!`` to
 _NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+#: The tags the loader resolves plain and quoted scalars to (explicit tags are refused): anything else (``=``, read as
+#: YAML 1.1's value key) is refused too.
 _SCALAR_TAGS = {
     "tag:yaml.org,2002:str",
     "tag:yaml.org,2002:int",
@@ -55,6 +61,8 @@ _BOOL_WORDS_11 = {"yes": True, "y": True, "on": True, "no": False, "n": False, "
 #: The YAML 1.2 core schema's integer and float forms.
 _INT_12 = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+")
 _FLOAT_12 = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+#: Lone UTF-16 surrogates: YAML's ``\\ud800`` escapes make them, no UTF-8 text holds them.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 #: YAML 1.1's timestamp form (``2024-01-01``, ``2024-01-01 10:00:00Z``), read as text by YAML 1.2.
 _TIMESTAMP_11 = next(regexp for resolvers in yaml.SafeLoader.yaml_implicit_resolvers.values()
@@ -101,7 +109,8 @@ class _Reject(Exception):
 
 
 class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
-    """SafeLoader that composes nodes but refuses anchors, aliases and deep nesting as they are parsed."""
+    """SafeLoader that composes nodes but refuses anchors, aliases and deep nesting as they are parsed, and notes the
+    scalars written plain and the nodes with an explicit tag (refused by :func:`_to_data`, which knows their key)."""
 
     # The YAML 1.1 core resolver without timestamps: a plain ``2024-05-01`` is text, then refused (_readings).
     yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {
@@ -109,10 +118,12 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, *, surrogates: bool) -> None:
         super().__init__(stream)
+        self.surrogates = surrogates  # lone surrogates are kept (load_yaml)
         self._depth = 0
         self.plain_scalars: set[int] = set()  # id() of each scalar node written without quotes or a tag
+        self.tagged: dict[int, str] = {}  # id() of each node written with an explicit tag -> the tag as parsed
 
     def compose_scalar_node(self, anchor: Any) -> Any:
         event = self.peek_event()
@@ -128,15 +139,19 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
             raise _Reject(event.start_mark, f"anchor &{anchor} is not allowed in policy files; repeat the value")
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+        nested = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
+        if nested:
             self._depth += 1
             if self._depth > MAX_DEPTH:
                 raise _Reject(event.start_mark, f"nesting deeper than {MAX_DEPTH} levels is not allowed")
-            try:
-                return super().compose_node(parent, index)
-            finally:
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            if nested:
                 self._depth -= 1
-        return super().compose_node(parent, index)
+        if event.tag is not None:  # "!!str", "!": an explicit tag, even one naming the type YAML would read anyway
+            self.tagged[id(node)] = event.tag
+        return node
 
 
 def read_policy_file(path: str | FilePath) -> bytes:
@@ -158,19 +173,22 @@ def read_policy_file(path: str | FilePath) -> bytes:
         raise PolicyError(name, None, "", f"{exc} (split it into several files)") from None
 
 
-def load_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, LineMap]:
+def load_yaml(text: str | bytes, file: str = "<string>", *, surrogates: bool = False) -> tuple[Any, LineMap]:
     """Parse one YAML document into plain data (dict, list, str, int, float, bool, None).
 
     Args:
         text: the document; bytes are decoded as UTF-8.
         file: name used in errors.
+        surrogates: keep lone surrogates (a policy test file's request may hold what a JSON body's ``\\ud800``
+            escapes make, as a real one can); refused by default.
 
     Returns:
         ``(data, lines)``: the data (``None`` for an empty document) and the line of every key path.
 
     Raises:
-        PolicyError: on a YAML syntax error, a control character, an anchor or alias, a duplicate or merge key, a disallowed tag, excessive
-            nesting, a file over :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
+        PolicyError: on a YAML syntax error, a control character, a lone surrogate (unless allowed), an anchor or
+            alias, a duplicate or merge key, a key that is not text, an explicit tag, excessive nesting, a file over
+            :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
     """
     lines = LineMap(file)
     size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
@@ -183,7 +201,7 @@ def load_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, LineMap]:
         except UnicodeDecodeError as exc:
             raise PolicyError(file, None, "", f"file is not UTF-8 (byte {exc.start})") from exc
     try:
-        loader = _Loader(text)  # the reader refuses control characters here, before any parsing
+        loader = _Loader(text, surrogates=surrogates)  # the reader refuses control characters here, before parsing
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
         raise PolicyError(file, line, "", f"control character U+{int(exc.character):04X} is not "
@@ -205,10 +223,25 @@ def load_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, LineMap]:
 
 
 def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> Any:
+    """The plain data of ``node`` (at key ``path``; a key's own path ends in ``"<key>"``), its lines noted in
+    ``lines``.
+
+    Raises:
+        _Reject: what the module docstring lists, at the node's line and key.
+    """
     lines.lines.setdefault(path, node.start_mark.line + 1)
+    is_key = path[-1:] == ("<key>",)
+    if id(node) in loader.tagged:
+        tag = loader.tagged[id(node)].replace(_CORE_PREFIX, "!!", 1)  # as written: !!str, !custom
+        raise _Reject(node.start_mark, f"tag {tag} is not allowed; policy files hold plain data only: write the value "
+                      "without it (a quoted value is text)", _where(node, path, is_key=is_key))
     if isinstance(node, yaml.ScalarNode):
         if node.tag not in _SCALAR_TAGS:
             raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
+        surrogate = None if loader.surrogates else _SURROGATE.search(node.value)
+        if surrogate:
+            raise _Reject(node.start_mark, _surrogate_problem(node.value, surrogate.start(), is_key=is_key),
+                          _where(node, path, is_key=is_key))
         plain = id(node) in loader.plain_scalars
         if node.tag in _NUMBER_TAGS or (plain and (_INT_12.fullmatch(node.value) or _FLOAT_12.fullmatch(node.value))):
             # a number in YAML 1.1 or 1.2: refuse a long one before any conversion
@@ -219,28 +252,23 @@ def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> An
                 raise _Reject(node.start_mark, f"{node.value!r} would be read as a base-60 number; quote it", path)
         value = loader.construct_object(node, deep=True)
         if plain:
-            problem = _version_problem(node.value, value, is_key=path[-1:] == ("<key>",))
+            problem = _version_problem(node.value, value, is_key=is_key)
             if problem:
-                where = (*path[:-1], node.value) if path[-1:] == ("<key>",) else path
-                raise _Reject(node.start_mark, problem, where)
+                raise _Reject(node.start_mark, problem, _where(node, path, is_key=is_key))
+        if is_key and not isinstance(value, str):  # true: would be the option "True", null: "None"
+            raise _Reject(node.start_mark, f"key {node.value!r} is {_reading(value)} in YAML, not text; keys are "
+                          f'text: quote it ("{node.value}")', _where(node, path, is_key=is_key))
         return value
-    if isinstance(node, yaml.SequenceNode):
-        if node.tag != "tag:yaml.org,2002:seq":
-            raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
+    if isinstance(node, yaml.SequenceNode):  # untagged, so a plain sequence
         return [_to_data(loader, item, (*path, i), lines) for i, item in enumerate(node.value)]
-    if isinstance(node, yaml.MappingNode):
-        if node.tag != "tag:yaml.org,2002:map":
-            raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
+    if isinstance(node, yaml.MappingNode):  # untagged, so a plain mapping
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise _Reject(key_node.start_mark, "mapping keys must be plain scalars")
             if key_node.tag == "tag:yaml.org,2002:merge":
                 raise _Reject(key_node.start_mark, "merge keys (<<) are not allowed in policy files")
-            key = _to_data(loader, key_node, (*path, "<key>"), lines)
-            if not isinstance(key, Hashable) or isinstance(key, float):
-                raise _Reject(key_node.start_mark, f"mapping key {key!r} must be a string or integer")
-            key = str(key) if not isinstance(key, str) else key
+            key = _to_data(loader, key_node, (*path, "<key>"), lines)  # text: anything else is refused
             if key in out:
                 first = lines.lines.get((*path, key))
                 raise _Reject(
@@ -253,6 +281,36 @@ def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> An
         lines.lines.pop((*path, "<key>"), None)
         return out
     raise _Reject(node.start_mark, f"unsupported YAML node {type(node).__name__}")  # pragma: no cover
+
+
+def _where(node: yaml.ScalarNode, path: Path, *, is_key: bool) -> Path:
+    """The key path an error about ``node`` names: ``path``, or for a key the key itself (a lone surrogate in it
+    written as its escape, so the error can be printed)."""
+    if not is_key:
+        return path
+    return (*path[:-1], node.value.encode("utf-8", "backslashreplace").decode("utf-8"))
+
+
+def _surrogate_problem(text: str, at: int, *, is_key: bool) -> str:
+    """Why ``text``, holding a lone surrogate at index ``at``, is refused, with what to write instead."""
+    code = ord(text[at])
+    what = "key" if is_key else "value"
+    reason = (f"the {what} holds U+{code:04X}, a lone surrogate (half of a UTF-16 pair, not a character: it cannot be "
+              "sent in a response, a header or a model request)")
+    low = ord(text[at + 1]) if at + 1 < len(text) else 0
+    if 0xD800 <= code <= 0xDBFF and 0xDC00 <= low <= 0xDFFF:  # a pair written as two \u escapes, JSON's way
+        joined = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+        return f"{reason}; YAML does not join \\u{code:04x}\\u{low:04x}: write the character itself or \\U{joined:08X}"
+    return f"{reason}; write the character itself, or \\UXXXXXXXX (8 hex digits) for one above U+FFFF"
+
+
+def _reading(value: Any) -> str:
+    """What YAML read a plain scalar as, in words: ``the boolean true``, ``null``, ``the number 1``."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if value is None:
+        return "null"
+    return f"the number {value!r}"
 
 
 def _version_problem(text: str, value: Any, *, is_key: bool) -> str | None:

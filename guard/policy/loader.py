@@ -191,6 +191,8 @@ def validation_problem(error: Any, lines: LineMap, model: type[pydantic.BaseMode
     loc = tuple(error["loc"])
     path: list[str | int] = []
     for i, part in enumerate(loc):
+        if part == "[key]":  # pydantic's mark of a mapping key that failed: the key, already in the path, is named
+            continue
         candidate = (*path, part)
         # Drop union/validator tags pydantic inserts into ``loc`` (they are not keys in the file).
         if i == len(loc) - 1 or candidate in lines.lines:

@@ -14,10 +14,11 @@ A file::
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -77,11 +78,19 @@ DEFAULT_CACHE_TTL_S = 300.0
 MAX_CACHE_TTL_S = 30 * 24 * 3600
 DEFAULT_HANDOFF_TIMEOUT_S = 30.0
 DEFAULT_HANDOFF_STREAM_TIMEOUT_S = 600.0
+#: The longest ``retry_after`` a policy may send (one day): a finite bound keeps ``Retry-After`` a number a client can
+#: act on (``.inf`` would be no header value at all).
+MAX_RETRY_AFTER_S = 24 * 3600
 
 
 
 #: What a path glob must look like (a request's path always starts with ``/``), and the error's hint.
 PATH_GLOB_PATTERN = r"^/"
+#: A policy version: printable ASCII without spaces, as it is sent in the ``x-guard-policy`` header (``id@version``).
+VERSION_PATTERN = r"^[!-~]{1,64}$"
+#: A policy id, rule id or handoff target name: each is sent in a response header (``x-guard-policy``,
+#: ``x-guard-rule``, ``x-guard-handoff``).
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,100}$"
 #: A media type without parameters, ``type/subtype`` (RFC 9110 8.3.1 tokens).
 MEDIA_TYPE_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
 #: An HTTP method: an RFC 9110 token (9.1), no spaces or commas.
@@ -90,8 +99,11 @@ PATTERN_HINTS = {
     PATH_GLOB_PATTERN: "a path glob starts with '/' (e.g. /v1/**); a path without one matches no request",
     MEDIA_TYPE_PATTERN: "a media type is type/subtype without parameters (e.g. application/json)",
     METHOD_PATTERN: "a method is one token per list item (e.g. [POST, PUT]); this one would match no request",
+    NAME_PATTERN: "an id or name is 1 to 100 characters from A-Z, a-z, 0-9, '_', '.' and '-'; it is sent in a "
+    "response header",
+    VERSION_PATTERN: "a version is 1 to 64 printable ASCII characters without spaces (e.g. '1.2.0'); it is sent in "
+    "the x-guard-policy response header",
 }
-PathGlob = Annotated[str, Field(pattern=PATH_GLOB_PATTERN)]
 MediaType = Annotated[str, Field(pattern=MEDIA_TYPE_PATTERN)]
 HttpMethod = Annotated[str, Field(pattern=METHOD_PATTERN)]
 #: The methods of the IANA HTTP Method Registry, and the cache purges of Varnish and nginx (PURGE, BAN): a method
@@ -118,6 +130,49 @@ def _host_glob(glob: str) -> str:
 
 
 HostGlob = Annotated[str, AfterValidator(_host_glob)]
+
+
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+_QUERY_LIKE = re.compile(r"\?[^/]*=")  # ?name=value in one segment
+
+
+def _path_glob(glob: str) -> str:
+    # Paths are matched in the canonical form the middleware reduces every request to (guard/asgi/_target.py):
+    # percent-decoded, empty segments merged, dot segments removed, no backslash or control character. A glob
+    # holding what that form never holds would never match; ';' and '#' stay allowed (%3B and %23 decode to them). A
+    # percent-escape could match only its own text (a request sending %25), and ?name=value only a path holding it:
+    # both are refused as the query or the encoded character they were meant to match.
+    if "//" in glob:
+        merged = re.sub("/{2,}", "/", glob)
+        raise ValueError(f"path glob {glob!r} holds '//'; requests are matched with empty segments merged "
+                         f"(/api//admin is judged as /api/admin), so it would never match: write {merged!r}")
+    dots = [segment for segment in glob.split("/") if segment in (".", "..")]
+    if dots:
+        raise ValueError(f"path glob {glob!r} holds the dot segment {dots[0]!r}; requests are matched with dot "
+                         "segments removed (/a/./b is judged as /a/b, /a/../b as /b), so it would never match: write "
+                         "the path it stands for")
+    escape = _ESCAPE.search(glob)
+    if escape:
+        raise ValueError(f"path glob {glob!r} holds the percent-escape {escape.group()!r}; requests are matched on "
+                         "their decoded path (/caf%C3%A9 is judged as /caf\u00e9), so it matches only the text "
+                         f"{escape.group()!r} (sent as %25{escape.group()[1:]}), never the character it encodes: write "
+                         f"the character itself: {unquote(glob, errors='replace')!r}")
+    if _QUERY_LIKE.search(glob):
+        raise ValueError(f"path glob {glob!r} holds a query string ('?name=value'); a path glob matches the path "
+                         "only ('?' is one character of it), so it would never match a query: match the path, and "
+                         "the query in a rule (state: {op: 'query:op'}, when: state.op == 'delete')")
+    for char in glob:
+        if char == "\\" or char < " " or char == "\x7f":
+            raise ValueError(f"path glob {glob!r} holds {char!r}; a request whose path holds it is refused (400 "
+                             "invalid_target), so it would never match")
+    return glob
+
+
+#: A path glob: starts with ``/`` (the pattern, also in the JSON Schema) and holds nothing a request's canonical path
+#: never holds (:func:`_path_glob`).
+PathGlob = Annotated[str, Field(pattern=PATH_GLOB_PATTERN), AfterValidator(_path_glob)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+VersionText = Annotated[str, Field(pattern=VERSION_PATTERN)]
 
 
 class _Strict(BaseModel):
@@ -358,7 +413,12 @@ class OutcomeSpec(_Strict):
     )
     message: str | None = Field(default=None, description="Text for the caller, the reviewer or the agent's model.")
     retry_after: float | None = Field(
-        default=None, ge=0, description="Seconds, sent as Retry-After (e.g. with status 429); omitted: none."
+        default=None,
+        ge=0,
+        le=MAX_RETRY_AFTER_S,
+        allow_inf_nan=False,
+        description=f"Seconds, sent as Retry-After (e.g. with status 429), at most {MAX_RETRY_AFTER_S} (a day); "
+        "omitted: none.",
     )
     handoff: str | None = Field(
         default=None, description="A key of the file's handoff_targets (handoff only, and required there)."
@@ -372,7 +432,7 @@ class RuleSpec(OutcomeSpec):
     """One rule: ``when`` is a CEL expression over the answers (by question key), ``subject``, ``state``, ``flags``
     and ``data``; rules are tried in order and the first whose ``when`` is true decides."""
 
-    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$",
+    id: str = Field(pattern=NAME_PATTERN,
                     description="Rule id, unique in the policy; reported as the verdict's rule. 'default' and "
                     "'on_error' are the verdict's rule when no rule fired or a fail mode decided.")
     when: str = Field(
@@ -397,8 +457,10 @@ class OnErrorSpec(_Strict):
     retry_after: float = Field(
         default=5.0,
         ge=0,
-        description="Seconds for Retry-After on a fail-closed block; a shorter hint from the backend is passed on, a "
-        "longer one is capped at this value.",
+        le=MAX_RETRY_AFTER_S,
+        allow_inf_nan=False,
+        description=f"Seconds for Retry-After on a fail-closed block, at most {MAX_RETRY_AFTER_S} (a day); a shorter "
+        "hint from the backend is passed on, a longer one is capped at this value.",
     )
     message: str | None = Field(
         default=None, description="Text for the caller; default for closed: the decision service is unavailable."
@@ -447,9 +509,11 @@ class ToolSpec(_Strict):
 class PolicySpec(_Strict):
     """One policy: match -> state -> questions -> ordered rules -> default."""
 
-    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$", description="Policy id, unique across all loaded files.")
-    version: Annotated[str, BeforeValidator(_version_string, json_schema_input_type=str | int)] = Field(
-        description="Policy version, a string (an integer is accepted; quote anything with dots, e.g. '1.10')."
+    id: str = Field(pattern=NAME_PATTERN, description="Policy id, unique across all loaded files.")
+    version: Annotated[str, BeforeValidator(_version_string, json_schema_input_type=VersionText | int)] = Field(
+        pattern=VERSION_PATTERN,
+        description="Policy version, a string of 1-64 printable ASCII characters without spaces (an integer is "
+        "accepted; quote anything with dots, e.g. '1.10'); sent in the x-guard-policy header as id@version.",
     )
     description: str = Field(default="", description="What the policy is for (free text).")
     mode: Literal["enforce", "shadow"] = Field(
@@ -527,11 +591,14 @@ class HandoffTargetSpec(_Strict):
     api_key_env: str | None = Field(
         default=None, description="Environment variable holding the API key; omitted: no key is sent."
     )
-    timeout: float = Field(default=DEFAULT_HANDOFF_TIMEOUT_S, gt=0, description="Seconds to wait for the target.")
+    timeout: float = Field(
+        default=DEFAULT_HANDOFF_TIMEOUT_S, gt=0, allow_inf_nan=False, description="Seconds to wait for the target."
+    )
     system_prompt: str | None = Field(default=None, description="System prompt placed before the decision summary.")
     stream_timeout: float = Field(
         default=DEFAULT_HANDOFF_STREAM_TIMEOUT_S,
         gt=0,
+        allow_inf_nan=False,
         description="Seconds a streamed answer may last in all, head to end; past it the stream ends with an error.",
     )
 
@@ -557,10 +624,11 @@ class PolicyFileSpec(_Strict):
         description="One or more policies; every policy whose match accepts a subject decides it, and the most "
         "severe verdict wins (block > escalate > handoff > redact > allow).",
     )
-    handoff_targets: dict[str, HandoffTargetSpec] = Field(
+    handoff_targets: dict[Name, HandoffTargetSpec] = Field(
         default_factory=dict,
-        json_schema_extra={"default": {}},
-        description="Target name -> OpenAI-compatible endpoint that handoff rules name.",
+        json_schema_extra={"default": {}, "additionalProperties": False},  # a name the pattern refuses is an error
+        description="Target name (sent in the x-guard-handoff header) -> OpenAI-compatible endpoint that "
+        "handoff rules name.",
     )
     data: dict[str, Any] = Field(
         default_factory=dict,

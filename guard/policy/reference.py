@@ -109,12 +109,21 @@ def _ref_name(ref: str, defs: Mapping[str, Any]) -> str:
     return name
 
 
+def _map_values(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The schema of a map's values: ``additionalProperties``, or the one ``patternProperties`` schema (a map whose
+    keys must match a pattern); ``None`` when ``node`` gives neither."""
+    values = node.get("additionalProperties")
+    if isinstance(values, Mapping):
+        return values
+    patterns = list(node.get("patternProperties", {}).values())
+    return patterns[0] if len(patterns) == 1 else None
+
+
 def _subschemas(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
     """The schemas nested directly in ``node`` that describe the same value (union members, items, map values)."""
     for key in ("anyOf", "oneOf", "allOf"):
         yield from node.get(key, ())
-    for key in ("items", "additionalProperties"):
-        child = node.get(key)
+    for child in (node.get("items"), _map_values(node)):
         if isinstance(child, Mapping):
             yield child
 
@@ -211,10 +220,10 @@ def _type(node: Mapping[str, Any]) -> str:
         items = node.get("items")
         return f"list of {_group(_type(items))}" if isinstance(items, Mapping) else "list"
     if kind == "object":
-        values = node.get("additionalProperties")
-        if isinstance(values, Mapping):
+        values = _map_values(node)
+        if values is not None:
             return f"map of {_group(_type(values))}"
-        return "map of any" if values is True or "properties" not in node else "object"
+        return "map of any" if node.get("additionalProperties") is True or "properties" not in node else "object"
     if isinstance(kind, list):
         return " or ".join(kind)
     return kind if isinstance(kind, str) else "any"
@@ -244,6 +253,7 @@ def _describe(prop: Mapping[str, Any]) -> str:
         for _, value in _collect(prop, key)
     ]
     limits += [f"matches {_code(value)}" for _, value in _collect(prop, "pattern")]
+    limits += [f"keys match {_code(key)}" for _, keys in _collect(prop, "patternProperties") for key in keys]
     if limits:
         parts.append("Limits: " + ", ".join(limits) + ".")
     return " ".join(parts) if parts else "—"

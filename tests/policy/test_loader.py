@@ -99,7 +99,7 @@ def test_base_policy_loads() -> None:
         ("    version: 1\n", "    version: 1\n    mode: dry-run\n", 4, "policies[0].mode", "'enforce' or 'shadow'"),
         ("      http: {methods: [POST]}\n", "      http: {methods: POST}\n", 5, "policies[0].match.http.methods",
          "valid list"),
-        ("  - id: p\n", "  - id: 'bad id!'\n", 2, "policies[0].id", "should match pattern"),
+        ("  - id: p\n", "  - id: 'bad id!'\n", 2, "policies[0].id", "an id or name is 1 to 100 characters"),
         # rules
         ("urgency.score >= 1.5", "severity.score >= 1.5", 17, "policies[0].rules[0].when", "unknown name 'severity'"),
         ("urgency.score >= 1.5", "urgency.choice == 'x'", 17, "policies[0].rules[0].when", "a score answer has"),
@@ -131,6 +131,24 @@ def test_base_policy_loads() -> None:
         ("      topic:\n", "      topic:\n        id: 'no spaces'\n", 12, "policies[0].questions.topic.id",
          "must match"),
         ("    version: 1\n", "    version: 1.10\n", 3, "policies[0].version", "quote the version"),
+        # a Retry-After no header can hold: math.ceil(inf) raised on every matching request (a 500, not the 429/503)
+        ("        action: escalate\n", "        action: block\n        retry_after: .inf\n", 19,
+         "policies[0].rules[0].retry_after", "finite number"),
+        ("        action: escalate\n", "        action: block\n        retry_after: .nan\n", 19,
+         "policies[0].rules[0].retry_after", "finite number"),
+        ("        action: escalate\n", "        action: block\n        retry_after: 86401\n", 19,
+         "policies[0].rules[0].retry_after", "less than or equal to 86400"),
+        ("    version: 1\n", "    version: 1\n    on_error: {mode: closed, retry_after: .inf}\n", 4,
+         "policies[0].on_error.retry_after", "finite number"),
+        ("    version: 1\n", "    version: 1\n    default: {action: block, retry_after: 1.0e+6}\n", 4,
+         "policies[0].default.retry_after", "less than or equal to 86400"),
+        # a version is sent in x-guard-policy: a CR LF in it broke every response carrying the decision headers
+        ("    version: 1\n", '    version: "2.1\\r\\nx-injected: yes"\n', 3, "policies[0].version",
+         "a version is 1 to 64 printable ASCII characters without spaces"),
+        ("    version: 1\n", '    version: "1 beta"\n', 3, "policies[0].version", "without spaces"),
+        ("    version: 1\n", '    version: "1.0-\u00e9"\n', 3, "policies[0].version", "printable ASCII"),
+        ("    version: 1\n", '    version: ""\n', 3, "policies[0].version", "1 to 64"),
+        ("    version: 1\n", f'    version: "{"9" * 65}"\n', 3, "policies[0].version", "1 to 64"),
         ("      topic:\n        type: choice\n", "      topic:\n", 11, "policies[0].questions.topic.type",
          "is required"),
     ],
@@ -187,6 +205,24 @@ def test_file_level_shape() -> None:
         assert "sk-live" not in error.reason and "QKEY" not in error.reason  # the URL as logs show it
 
 
+def test_handoff_target_names_and_timeouts_must_fit_a_header_and_a_clock() -> None:
+    """A target's name is sent in x-guard-handoff: a CR LF in it broke the handoff's response. An infinite timeout
+    would wait for ever."""
+    handoff = BASE.replace("        action: escalate\n", "        action: handoff\n        handoff: t\n")
+    targets = "handoff_targets:\n  {name}: {{base_url: 'http://x/v1', model: m{extra}}}\n"
+    error = load_error(targets.format(name='"t\\r\\nx-injected: yes"', extra="") + handoff)
+    assert (error.line, error.key) == (2, "handoff_targets.t\r\nx-injected: yes")
+    assert "an id or name is 1 to 100 characters from A-Z, a-z, 0-9, '_', '.' and '-'" in error.reason
+    assert load_error(targets.format(name="'two words'", extra="") + handoff).key == "handoff_targets.two words"
+    for extra, key in ((", timeout: .inf", "timeout"), (", stream_timeout: .inf", "stream_timeout"),
+                       (", timeout: .nan", "timeout")):
+        error = load_error(targets.format(name="t", extra=extra) + handoff)
+        assert (error.key, error.reason[:32]) == (f"handoff_targets.t.{key}", "Input should be a finite number,")
+    name = "triage_llm.v2-eu"
+    (policy,) = load_text(targets.format(name=name, extra="") + handoff.replace("handoff: t\n", f"handoff: {name}\n"))
+    assert list(policy.handoff_targets) == ["triage_llm.v2-eu"]
+
+
 def test_duplicate_policy_ids_across_files(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(BASE)
     (tmp_path / "b.yaml").write_text(BASE)
@@ -204,6 +240,8 @@ def test_versions_and_shorthands() -> None:
     )
     (policy,) = load_text(text)
     assert policy.version == "1.10"
+    for version in ("1.2.0-rc.1+build.7", "2024-05-01", "v3@eu/west", "x" * 64):
+        assert load_text(BASE.replace("version: 1", f"version: '{version}'"))[0].version == version
     assert [(f.name, f.source, f.pointer, f.key) for f in policy.state_fields or ()] == [
         ("p", "body", ("messages", "-1", "content"), None), ("q", "query", (), "q"), ("c", None, (), None)]
 
@@ -251,19 +289,28 @@ policies:
         load_text(head % when.replace("'", "''"), "p.yaml")
 
 
-def test_a_bare_true_criteria_key_says_to_quote_it() -> None:
-    text = """
+@pytest.mark.parametrize(
+    ("question", "key"),
+    [
+        ('{type: noul, instructions: "x?", criteria: {true: "yes", "false": "no"}}', "true"),
+        ('{type: choice, instructions: "x?", criteria: {a: A, null: B}}', "null"),  # was the option "None"
+        ('{type: choice, instructions: "x?", criteria: {a: A, false: B}}', "false"),  # was the option "False"
+    ],
+)
+def test_a_bare_criteria_key_yaml_reads_as_no_text_says_to_quote_it(question: str, key: str) -> None:
+    text = f"""
 policies:
   - id: a
     version: 1
-    match: {http: {}}
+    match: {{http: {{}}}}
     questions:
-      q: {type: noul, instructions: "x?", criteria: {true: "yes", "false": "no"}}
-    rules: [{id: r, when: "q.noul > 0.5", action: block}]
+      q: {question}
+    rules: [{{id: r, when: "true", action: block}}]
 """
-    with pytest.raises(PolicyLoadError) as err:
+    with pytest.raises(PolicyError) as err:
         load_text(text, "p.yaml")
-    assert 'criteria.True: write the key as "true", in quotes' in str(err.value)
+    assert (err.value.line, err.value.key) == (7, f"policies[0].questions.q.criteria.{key}")
+    assert f'quote it ("{key}")' in err.value.reason
 
 
 def test_rule_ids_the_verdict_gives_itself_are_refused() -> None:
@@ -280,7 +327,7 @@ policies:
     rules: [{id: "%s", when: "true", action: block}]
 """
     for rule_id, reason in (("default", "the verdict's rule when no rule fired"), ("on_error", "a fail mode decided"),
-                            ("my rule!", "should match pattern")):
+                            ("my rule!", "it is sent in a response header")):
         with pytest.raises(PolicyLoadError) as err:
             load_text(template % rule_id, "p.yaml")
         assert "rules[0].id" in str(err.value) and reason in str(err.value), str(err.value)

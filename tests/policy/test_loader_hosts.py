@@ -1,9 +1,11 @@
-"""``match.http.hosts``: a glob the middleware's host can never match (a port, a trailing dot) is a load error."""
+"""``match.http.hosts`` and ``paths``: a glob the middleware's host or canonical path can never match (a
+port, a trailing dot; ``//``, a dot segment, a percent-escape, a query) is a load error."""
 
 from __future__ import annotations
 
 import pytest
 
+from guard.asgi._target import canonical_path
 from guard.errors import PolicyError
 from guard.policy import load_text
 
@@ -38,3 +40,59 @@ def test_a_host_glob_that_can_never_match_is_refused(glob: str, reason: str) -> 
 @pytest.mark.parametrize("glob", ["'*.example.com'", "'[::1]'", "'::1'", "'10.0.0.1'", "'API.example.com'"])
 def test_host_globs_without_port_load(glob: str) -> None:
     assert load_text(POLICY.format(glob=glob), "p.yaml")[0].http is not None
+
+
+PATHS = """\
+policies:
+  - id: p
+    version: 1
+    match:
+      http:
+        paths: ["/v1/**", {glob}]
+    rules:
+      - {{id: r, when: 'true', action: block}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("glob", "reason"),
+    [
+        ('"/api//admin/**"', ("path glob '/api//admin/**' holds '//'; requests are matched with empty segments merged "
+         "(/api//admin is judged as /api/admin), so it would never match: write '/api/admin/**'")),
+        ('"//x"', "write '/x'"),
+        ('"/files/./secret/**"', "holds the dot segment '.'; requests are matched with dot segments removed"),
+        ('"/a/b/.."', "holds the dot segment '..'"),
+        ('"/shop/caf%C3%A9/**"', "holds the percent-escape '%C3'; requests are matched on their decoded path"),
+        ('"/shop/caf%c3%a9/**"', "write the character itself: '/shop/caf\u00e9/**'"),
+        ('"/v1/items?op=delete"', "holds a query string ('?name=value'); a path glob matches the path only"),
+        ('"/v1/*?q=*"', "holds a query string"),
+        ("'/a\\b'", "holds '\\\\'; a request whose path holds it is refused (400 invalid_target)"),
+        ('"/a\\tb"', "holds '\\t'"),
+    ],
+)
+def test_a_path_glob_that_can_never_match_is_refused(glob: str, reason: str) -> None:
+    """``check`` said ok for these, though the middleware matches the canonical path (decoded, ``//`` merged, dot
+    segments removed: ``guard/asgi/_target.py``) and the query is no part of it."""
+    with pytest.raises(PolicyError) as caught:
+        load_text(PATHS.format(glob=glob), "p.yaml")
+    assert (caught.value.file, caught.value.line, caught.value.key) == ("p.yaml", 6, "policies[0].match.http.paths[1]")
+    assert reason in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("glob", "request_path"),
+    [
+        ("/files/?.txt", "/files/a.txt"),  # ? is one character
+        ("/a;b/*", "/a%3Bb/x"),  # a literal ';' arrives as %3B and is matched decoded
+        ("/page#top", "/page%23top"),
+        ("/.well-known/*", "/.well-known/x"),
+        ("/a/..b/**", "/a/..b/c"),
+        ("/caf\u00e9/**", "/caf%C3%A9/x"),
+        ("/100%", "/100%25"),
+        ("/v1/chat/", "/v1/chat/"),
+    ],
+)
+def test_path_globs_a_canonical_path_can_match_load(glob: str, request_path: str) -> None:
+    (policy,) = load_text(PATHS.format(glob=f"'{glob}'"), "p.yaml")
+    assert policy.http is not None and policy.http.paths is not None
+    assert policy.http.paths.fullmatch(canonical_path(request_path).path)
