@@ -10,8 +10,9 @@ included)::
 
     guard.errors, guard._json, guard._seal, guard.subject, guard._readfile   errors; strict JSON; store seals; what is
                                                judged; capped file reads
-    guard._buckets, guard._resource, guard._close, guard._urls, guard._english   duration histogram bounds; the OTel
-                                               resource; bounded OTel close; URLs as logs show them; English words
+    guard._buckets, guard._resource, guard._close, guard._urls, guard._english, guard._params   duration histogram
+                                               bounds; the OTel resource; bounded OTel close; URLs as logs show
+                                               them; English words; parameter names as frameworks read them
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)

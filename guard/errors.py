@@ -227,31 +227,50 @@ class StateAmbiguous(GuardError):
     repeats) that its policy reads as one value: parsers differ on which copy counts (the first, the last, all joined), so the guard could judge one
     copy while the application reads another. The engine answers with a block (400) and asks no model.
 
-    Also raised for a query parameter or form field sent under another spelling that PHP, Rails and Express read as
-    the one the policy reads (``q[]`` for ``q``, :func:`guard.policy._state.framework_name`): ``alias``.
+    Also raised for a query parameter or form field sent under another spelling that a framework reads as the one
+    the policy reads (``q[]`` for ``q``, ``guard/_params.py``): ``alias``.
 
     Attributes:
         source: ``query``, ``form``, ``header``, or ``body`` (a JSON key an object repeats, its values collected).
         name: the parameter, field or header name; for ``body`` the JSON pointer to the repeated key.
-        alias: the other spelling sent (``q[]``), or ``None`` for a value sent twice.
+        alias: the other spelling sent (``q[]``; ``;q`` for one only Rack 2 reads, after a ``;``), or ``None`` for a
+            value sent twice.
+        readers: with an alias, which frameworks read it into which parameter: ``((frameworks, parameter), ...)``,
+            e.g. ``((("PHP", "Rails", "Express"), "q"),)``; ``parameter`` is the framework's own reading of
+            ``name`` (PHP reads ``a.b`` as ``a_b``).
         what: ``query parameter 'q'``, ``form field 'q'`` or ``header 'x-user'``; with an alias
-            ``query parameter 'q' (as 'q[]', which PHP, Rails and Express read as 'q')``.
+            ``query parameter 'q' (as 'q[]', which PHP, Rails and Express read into 'q')``.
     """
 
-    def __init__(self, source: str, name: str, *, alias: str | None = None) -> None:
+    def __init__(self, source: str, name: str, *, alias: str | None = None,
+                 readers: tuple[tuple[tuple[str, ...], str], ...] = ()) -> None:
         self.source = source
         self.name = name
         self.alias = alias
+        self.readers = readers
         kind = {"query": "query parameter", "form": "form field", "body": "JSON member"}.get(source, source)
         self.what = f"{kind} {name!r}"
         if alias is not None:
-            self.what += f" (as {alias[:60]!r}, which PHP, Rails and Express read as {name!r})"
+            self.what += f" (as {alias[:60]!r}, which {_read_into(name, readers)})"
             super().__init__(f"the {self.what} is sent under another name; this policy reads it as one value, by "
                              "its own name")
             return
         twice = "is sent more than once" + (" (or spelled with '_', which WSGI servers read alike)"
                                             if source == "header" else "")
         super().__init__(f"the {self.what} {twice}; this policy reads it as one value")
+
+
+def _read_into(name: str, readers: tuple[tuple[tuple[str, ...], str], ...]) -> str:
+    """``PHP, Rails and Express read into 'q'``; ``PHP reads into 'a_b' as it does 'a.b', and Rails into 'a.b'``:
+    each group of frameworks and the parameter it reads the spelling into."""
+    parts = []
+    for frameworks, reading in readers:
+        one = len(frameworks) == 1
+        who = frameworks[0] if one else f"{', '.join(frameworks[:-1])} and {frameworks[-1]}"
+        verb = "" if parts else "reads " if one else "read "
+        own = f" as {'it does' if one else 'they do'} {name!r}" if reading != name else ""
+        parts.append(f"{who} {verb}into {reading[:60]!r}{own}")
+    return ", and ".join(parts) or f"a framework reads into {name!r}"
 
 
 class InvalidJson(GuardError, ValueError):

@@ -67,7 +67,10 @@ class HttpSubject:
     Attributes:
         method: upper-case method, e.g. ``"POST"``.
         path: the URL path, without the query string.
-        query: query parameters, each name to its list of values, in arrival order.
+        query: query parameters, each name to its list of values, in arrival order (the query split at ``&``).
+        query_string: the query as sent (percent-escapes kept; its bytes as latin-1 text), where ``query`` is read
+            from; empty when the subject was built from ``query`` alone. Frameworks split and name its parameters
+            in their own ways (Rack 2 splits at ``;`` too), and a state field that reads one by name checks them.
         headers: header name (lower-case) to value; repeated headers joined with ``", "``.
         repeated_headers: the names (lower-case, sorted) of the request headers sent more than once, or spelled with
             ``_`` (named with ``-``: a WSGI server reads ``x_user`` as ``x-user``); a policy that reads one of them as
@@ -94,6 +97,7 @@ class HttpSubject:
     method: str
     path: str
     query: dict[str, list[str]] = field(default_factory=dict)
+    query_string: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     host: str = ""
     client: str | None = None

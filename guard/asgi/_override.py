@@ -4,9 +4,10 @@ Frameworks read the real method from several places, each in its own way, and gu
 
 * headers (:data:`~guard.asgi._subject.METHOD_OVERRIDE_HEADERS`), also spelt with underscores
   (``X_HTTP_Method_Override``): a WSGI or Django server maps ``-`` and ``_`` to the same ``HTTP_...`` key;
-* a ``_method`` query parameter or form field, by its name as frameworks decode it: percent-escapes and ``+``
-  decoded, pairs split at ``&`` and ``;`` (older Rack), leading spaces dropped (Rack splits at ``& *``, PHP trims
-  them), and ``.``, `` `` or ``[`` read as ``_`` (PHP, and so Symfony and Laravel: ``.method=DELETE``);
+* a ``_method`` query parameter or form field, by its name as frameworks decode and read it: percent-escapes and
+  ``+`` decoded, pairs split at ``&`` and ``;`` (older Rack), and a name any framework reads as ``_method``
+  (:func:`guard._params.readings`: ``.method`` and `` _method`` for PHP, and so Symfony and Laravel; ``[_method]``
+  and ``_method]`` for Rack 2; ``[_method]`` for Express);
 * a POST body: a urlencoded form, or a body without a media type (Rack reads it as one), or any multipart body
   (Rack parses ``multipart/mixed`` too; read by guard's strict multipart parser, which refuses a body frameworks
   could read differently), and a JSON object's top-level ``_method`` (Laravel reads a body whose ``Content-Type``
@@ -22,10 +23,11 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import replace
-from urllib.parse import unquote_plus, unquote_to_bytes
+from urllib.parse import unquote_to_bytes
 
 from starlette.types import Scope
 
+from guard._params import pairs, readings
 from guard.asgi._media import parse_params
 from guard.asgi._multipart import parse_multipart
 from guard.asgi._parse import check_containers
@@ -36,21 +38,13 @@ from guard.errors import BodyError
 __all__ = ["body_method", "may_carry_method", "may_name_method", "method_override"]
 
 _OVERRIDE_HEADERS_IN_ORDER = tuple(sorted(METHOD_OVERRIDE_HEADERS))  # the first one found is the one named
-_METHOD_FIELD = re.compile(r" *[_. \[]method")  # ``_method`` as PHP and Rack read a field's name
-_PAIRS = re.compile(r"[&;]")
+_METHOD = ("_method",)
 _MEDIA_END = re.compile(r"[\s;,]")
 
 
 def _is_method_field(name: str) -> bool:
-    return _METHOD_FIELD.fullmatch(name.partition("\x00")[0]) is not None  # PHP ends a name at NUL
-
-
-def _pairs(text: str) -> Iterator[tuple[str, str]]:
-    """The ``name=value`` pairs of a query or urlencoded text, split and decoded as the most lenient framework
-    does (bad escapes read as U+FFFD)."""
-    for pair in _PAIRS.split(text):
-        name, _, value = pair.partition("=")
-        yield unquote_plus(name, errors="replace"), unquote_plus(value, errors="replace")
+    """Whether some framework reads a field ``name`` (decoded) as the plain ``_method``."""
+    return _METHOD in readings(name).values()
 
 
 def _one(found: list[tuple[str, str]], what: str) -> tuple[str, str] | None:
@@ -79,7 +73,7 @@ def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | 
               if "_" in name and name.replace("_", "-") in METHOD_OVERRIDE_HEADERS and value.strip()]
     query: bytes = scope.get("query_string", b"")
     if b"method" in query or (b"%" in query and b"method" in unquote_to_bytes(query)):
-        found += [("_method", value.strip().upper()) for name, value in _pairs(query.decode("latin-1"))
+        found += [("_method", value.strip().upper()) for name, value in pairs(query.decode("latin-1"))
                   if _is_method_field(name) and value.strip()]
     return _one(found, "request") if found else None
 
@@ -151,7 +145,7 @@ def body_method(body: bytes, content_type: str, limits: BodyLimits) -> str | Non
         return None
     media = _media(content_type)
     if media in ("", "application/x-www-form-urlencoded"):
-        fields: Iterator[tuple[str, str]] = _pairs(body.decode("latin-1"))
+        fields: Iterator[tuple[str, str]] = pairs(body.decode("latin-1"))
     elif media.startswith("multipart/"):
         fields = _multipart_fields(body, content_type, limits)
     elif _is_json(content_type.lower()):

@@ -24,6 +24,7 @@ __all__ = [
     "SINGLE_VALUE_HEADERS",
     "ClientHeader",
     "client_address",
+    "forwarded_hosts",
     "head_subject",
     "header_map",
     "held_request",
@@ -170,33 +171,45 @@ _FORWARDED_PAIR = re.compile(r'\s*([^=;,\s]*)\s*=\s*("(?:[^"\\]|\\.)*"|[^;,\s]*)
 _ELEMENT_REST = re.compile(r'(?:"(?:[^"\\]|\\.)*"?|[^",])*')
 
 
-def _forwarded_for(value: str) -> list[str]:
-    """The ``for=`` value of each element of a ``Forwarded`` header (RFC 7239 section 4), unquoted, in order:
-    ``198.51.100.7:4000``, ``[2001:db8::1]:443``, ``unknown``, ``_hidden``; ``""`` for an element without one (the
-    first ``for=`` of an element counts). Quoted strings are read whole, so one cannot start another element."""
-    out: list[str] = []
-    found: str | None = None
+def _forwarded_elements(value: str) -> list[list[tuple[str, str]]]:
+    """The elements of a ``Forwarded`` header (RFC 7239 section 4), each its ``(name, value)`` pairs in order, names
+    lower-case and values unquoted; an element without pairs is ``[]``. Quoted strings are read whole, so one cannot
+    start another element."""
+    out: list[list[tuple[str, str]]] = []
+    element: list[tuple[str, str]] = []
     pos = 0
     while pos < len(value):
         match = _FORWARDED_PAIR.match(value, pos)
         if match is None or match.end() == pos:  # not a pair: the rest of this element is skipped, quotes whole
             end = _ELEMENT_REST.match(value, pos).end()  # type: ignore[union-attr]  # matches the empty string too
-            out.append(found or "")
-            found, pos = None, end + 1
+            out.append(element)
+            element, pos = [], end + 1
             continue
         name, raw, sep = match.groups()
-        if name.lower() == "for" and found is None:
-            quoted = len(raw) >= 2 and raw[0] == raw[-1] == '"'
-            found = re.sub(r"\\(.)", r"\1", raw[1:-1]) if quoted else raw
+        quoted = len(raw) >= 2 and raw[0] == raw[-1] == '"'
+        element.append((name.lower(), re.sub(r"\\(.)", r"\1", raw[1:-1]) if quoted else raw))
         pos = match.end()
         if sep != ";":  # "," or the end: the element is over
-            out.append(found or "")
-            found = None
-    if found is not None:
-        out.append(found)
+            out.append(element)
+            element = []
+    if element:
+        out.append(element)
     elif value.rstrip().endswith(","):  # an empty last element, as "6.6.6.6," has in X-Forwarded-For
-        out.append("")
+        out.append([])
     return out
+
+
+def _forwarded_for(value: str) -> list[str]:
+    """The ``for=`` value of each element of a ``Forwarded`` header, in order: ``198.51.100.7:4000``,
+    ``[2001:db8::1]:443``, ``unknown``, ``_hidden``; ``""`` for an element without one (the first ``for=`` of an
+    element counts)."""
+    return [next((v for name, v in element if name == "for"), "") for element in _forwarded_elements(value)]
+
+
+def forwarded_hosts(value: str) -> list[str]:
+    """Every ``host=`` value of a ``Forwarded`` header (``api.example.com``, ``"[2001:db8::1]:8443"`` unquoted), in
+    order: what an application behind a trusting proxy may take for the host the client asked for."""
+    return [v for element in _forwarded_elements(value) for name, v in element if name == "host"]
 
 
 @functools.lru_cache(maxsize=4096)  # on every request: the same few addresses, parsed once each
@@ -221,13 +234,14 @@ def _ip_address(text: str) -> str | None:
 def head_subject(
     scope: Scope, headers: dict[str, str], client_header: ClientHeader | None, path: str | None = None
 ) -> HttpSubject:
-    """The subject without query or body: everything a policy's ``match`` may look at; ``path`` replaces the
+    """The subject without its parsed query or body: everything a policy's ``match`` may look at; ``path`` replaces the
     scope's (the matching view of it, ``GuardMiddleware(path_case=..., trailing_slash=...)``)."""
     client = client_address(scope, headers, client_header)
     media = media_type(headers.get("content-type", ""))
     return HttpSubject(
         method=scope["method"].upper(),
         path=scope["path"] if path is None else path,
+        query_string=scope.get("query_string", b"").decode("latin-1"),
         headers=headers,
         host=_host(headers, scope),
         client=client,
@@ -261,6 +275,7 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
         method=head.method,
         path=head.path,
         query=query,
+        query_string=head.query_string,
         headers=head.headers,
         host=head.host,
         client=head.client,

@@ -6,8 +6,9 @@ and then streamed on). The status and headers are kept, minus hop-by-hop headers
 and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``);
 ``X-Forwarded-For`` is appended to, ``X-Forwarded-Proto/-Host`` are set (the client's, and its ``Forwarded`` and
 ``X-Real-IP``, dropped unless ``ProxyConfig.trust_forwarded``): ``X-Forwarded-Host`` is the request's ``Host`` as
-sent. A ``Host`` that is not ``host[:port]``, or, with ``ProxyConfig.allowed_hosts``, names no host listed there, is
-a 400 ``invalid_host`` (it would reach the upstream as ``X-Forwarded-Host``). ``Connection`` never removes ``Content-Type``,
+sent. A ``Host`` that is not ``host[:port]`` is a 400 ``invalid_host``; so, with ``ProxyConfig.allowed_hosts``, is a
+request whose ``Host`` names no host listed there or that has none (it would reach the upstream as
+``X-Forwarded-Host``), and a trusted ``X-Forwarded-Host`` or ``Forwarded`` ``host=`` naming another host. ``Connection`` never removes ``Content-Type``,
 ``Content-Encoding`` or a method override header; under ``method_override="judge"`` an override header spelled with
 ``_`` (names the proxy drops) is a 400 ``method_override``, so the upstream never runs a method guard did not judge.
 A ``Location`` or ``Content-Location`` under the upstream URL is made a path on the proxy (nginx's default
@@ -52,7 +53,7 @@ from starlette.types import Message, Receive, Scope, Send
 from guard._body import Deadline, check_framing
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
-from guard.asgi._subject import METHOD_OVERRIDE_HEADERS, host_name
+from guard.asgi._subject import METHOD_OVERRIDE_HEADERS, forwarded_hosts, host_name
 from guard.asgi._target import INVALID_TARGET, canonical_scope, request_target
 from guard.asgi._upgrade import refuse_invalid_upgrade
 from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamTimeout
@@ -62,6 +63,7 @@ from guard.engine import Guard
 from guard.engine.health import FailureTracker
 from guard.errors import BodyError
 from guard.policy._match import compile_glob
+from guard.policy.model import host_glob
 
 __all__ = [
     "DEFAULT_MAX_HEAD_BYTES",
@@ -122,8 +124,11 @@ class ProxyConfig:
             ``*.example.com``: ``*`` within a label; no port, no trailing dot, any case): a request or WebSocket
             upgrade whose ``Host`` (without port and trailing dot) matches none is refused with 400 ``invalid_host``
             before any policy judges it, as nginx's ``server_name`` or Django's ``ALLOWED_HOSTS`` keep a forged
-            ``Host`` from reaching the application (and its reset links through ``X-Forwarded-Host``). Empty (the
-            default): any well-formed ``Host``. A request without ``Host`` (HTTP/1.0) passes; none is sent on.
+            ``Host`` from reaching the application (and its reset links through ``X-Forwarded-Host``); so is a
+            request without ``Host`` (HTTP/1.0) or with an empty one, and, under ``trust_forwarded``, one whose
+            ``X-Forwarded-Host`` entries or ``Forwarded`` ``host=`` values (kept for the upstream) name a host none
+            matches. Each glob is checked as a policy's ``hosts:`` glob is (ValueError). Empty (the default): any
+            well-formed ``Host``, and a request without one passes (none is sent on).
         max_websockets: most WebSockets relayed at once (each holds an upstream connection of its own); another
             upgrade is refused with 503 ``upstream_busy`` (or a close with 1013, "try again later").
         max_head_bytes: most bytes of a request head (target and headers; a WebSocket upgrade's too): 431
@@ -169,9 +174,10 @@ class ProxyConfig:
         if self.max_head_bytes < 1024:
             raise ValueError(f"max_head_bytes is {self.max_head_bytes}; it must be at least 1024")
         for glob in self.allowed_hosts:
-            if not glob.strip() or host_name(glob) != glob.strip().lower():
-                raise ValueError(f"allowed host {glob!r} is empty or holds a port or a trailing dot; hosts are "
-                                 "compared without them: write the name alone (api.example.com, *.example.com)")
+            try:
+                host_glob(glob.strip())
+            except ValueError as exc:
+                raise ValueError(f"allowed_hosts: {exc}") from None
 
 
 class _ClientGone(Exception):
@@ -327,9 +333,9 @@ class ReverseProxy:
         one guard never judged (request smuggling).
 
         Raises:
-            BodyError: 400 ``invalid_host`` for a ``Host`` that is not ``host[:port]``, or names no host of
-                ``allowed_hosts`` (it would be sent on as ``X-Forwarded-Host``); 400 ``method_override`` for an override header spelled with ``_`` that the
-                guard judged (``judged_overrides``).
+            BodyError: 400 ``invalid_host`` for a ``Host`` that is not ``host[:port]``, or a host outside
+                ``allowed_hosts`` (:meth:`_check_allowed`); 400 ``method_override`` for an override header spelled
+                with ``_`` that the guard judged (``judged_overrides``).
         """
         out: list[tuple[bytes, bytes]] = []
         named: set[bytes] = set()
@@ -362,10 +368,8 @@ class ReverseProxy:
         if host and not _valid_host(host):
             raise BodyError(400, "invalid_host", f"the Host header ({host[:60].decode('utf-8', 'replace')!r}) is not "
                             "a host name or address with an optional port (0-65535)", field="host")
-        if host and self._allowed_hosts and not any(glob.fullmatch(host_name(host.decode("ascii")))
-                                                    for glob in self._allowed_hosts):
-            raise BodyError(400, "invalid_host", f"the Host header ({host.decode('ascii')[:60]!r}) names no host this "
-                            "proxy serves", field="host")
+        if self._allowed_hosts:
+            self._check_allowed(host, out)
         if chunked:
             named.add(b"content-length")
         if named:
@@ -380,6 +384,42 @@ class ReverseProxy:
             if host:
                 out.append((b"x-forwarded-host", host))
         return out, has_body
+
+    def _check_allowed(self, host: bytes | None, kept: list[tuple[bytes, bytes]]) -> None:
+        """Refuse a request whose host is not one of ``allowed_hosts``: a ``Host`` (well-formed, see :meth:`_headers`)
+        none of the globs matches, no ``Host`` (HTTP/1.0) or an empty one, and, under ``trust_forwarded``, an
+        ``X-Forwarded-Host`` entry or ``Forwarded`` ``host=`` the headers ``kept`` for the upstream hold that names
+        another host: an application behind the proxy reads those as the host the client asked for.
+
+        Raises:
+            BodyError: 400 ``invalid_host``, ``field`` the header at fault.
+        """
+        if not host:
+            raise BodyError(400, "invalid_host", "the request names no host (no Host header, or an empty one); this "
+                            "proxy serves only the hosts it is configured for", field="host")
+        self._check_listed(host, "host")
+        for name, value in kept:
+            if name == b"x-forwarded-host":
+                entries = [entry.strip() for entry in value.split(b",")]
+            elif name == b"forwarded":
+                entries = [entry.strip().encode("latin-1") for entry in forwarded_hosts(value.decode("latin-1"))]
+            else:
+                continue
+            for entry in entries:
+                if entry:
+                    self._check_listed(entry, name.decode("ascii"))
+
+    def _check_listed(self, host: bytes, field: str) -> None:
+        """Refuse ``host`` (as the ``field`` header names it) unless it is ``host[:port]`` whose name one of the
+        ``allowed_hosts`` globs matches.
+
+        Raises:
+            BodyError: 400 ``invalid_host``.
+        """
+        if not (_valid_host(host) and any(glob.fullmatch(host_name(host.decode("ascii")))
+                                          for glob in self._allowed_hosts)):
+            raise BodyError(400, "invalid_host", f"the {field.title()} header ({host[:60].decode('latin-1')!r}) names "
+                            "no host this proxy serves", field=field)
 
     def _response_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """The response headers sent on: :func:`_forward_headers`, with ``Location`` and ``Content-Location`` made

@@ -89,8 +89,9 @@ def register(subparsers: Any) -> None:
                         help="forward the client's Host to the upstream (default: the upstream's host and port)")
     parser.add_argument("--allowed-hosts", default=None, metavar="HOSTS",
                         help="comma-separated hosts this proxy serves (api.example.com,*.example.com; no port): a "
-                        "request whose Host is none of them is refused with 400 invalid_host, as nginx's server_name "
-                        "does; default: any Host, sent on as X-Forwarded-Host")
+                        "request whose Host is none of them, or that has none, is refused with 400 invalid_host, as "
+                        "nginx's server_name does (with --trust-forwarded, a X-Forwarded-Host or Forwarded host= "
+                        "outside them too); default: any Host, sent on as X-Forwarded-Host")
     parser.add_argument("--trust-traceparent", action="store_true",
                         help="the decision span continues the client's W3C traceparent (a gateway behind your own "
                         "traced edge); default: each decision starts its own trace")

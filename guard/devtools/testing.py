@@ -215,6 +215,7 @@ def _subject(parsed: _Input) -> Subject:
         except BodyError as exc:
             raise ValueError(f"input.http.path: {exc.reason}") from None
         return HttpSubject(method=h.method.upper(), path=path, query=query if query_string else h.query,
+                           query_string=query_string,
                            host=_host(h.host, message["headers"].get("host")), client=h.client, **message)
     assert parsed.agent is not None
     fields = parsed.agent.model_dump()

@@ -14,11 +14,13 @@ counts the field in the flag ``truncated``; with ``truncate: error`` the state i
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from guard._json import Repeated as RepeatedKey
+from guard._params import KeyPath, fills, labels, pairs, readings, shown
 from guard.errors import StateAmbiguous, StateTooLong
 from guard.policy.normalize import Normalized, normalize_value
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -37,7 +39,6 @@ __all__ = [
     "Truncate",
     "default_fields",
     "default_state",
-    "framework_name",
     "prepare_state",
     "render_state",
     "resolve_pointer",
@@ -166,7 +167,7 @@ def _read(field: StateField, subject: Subject) -> Any:
         if source == "query":
             if field.key is None:
                 return subject.query
-            _refuse_aliases(field, subject.query)
+            _refuse_aliases(field, subject.query, _rack2_only(subject))
             return _named(field, subject.query.get(field.key))
         if source == "form":
             form = subject.body if isinstance(subject.body, Mapping) else {}
@@ -181,35 +182,52 @@ def _read(field: StateField, subject: Subject) -> Any:
     return _MISSING
 
 
-#: What PHP reads as ``_`` in a parameter's name (every ``[`` once no ``]`` closes the first; PHP 8).
-_PHP_UNDERSCORE = str.maketrans({" ": "_", ".": "_", "[": "_"})
-
-
-def framework_name(name: str) -> str:
-    """A query parameter's or form field's name as PHP, Rails (Rack) and Express (qs) read it, as far as they agree
-    on which parameter it fills: ``q[]``, ``q[0]`` and ``q[a][b]`` fill ``q`` (the name ends at the first ``[`` a
-    ``]`` follows), ``q.x`` and ``q x`` are PHP's ``q_x``, and a name ends at NUL and loses its leading spaces
-    (PHP). ``"q[]"`` -> ``"q"``; a name of plain letters, digits, ``-`` and ``_`` is itself."""
-    name = name.partition("\x00")[0].lstrip(" ")
-    bracket = name.find("[")
-    if bracket >= 0 and "]" in name[bracket:]:
-        name = name[:bracket]
-    return name.translate(_PHP_UNDERSCORE)
-
-
-def _refuse_aliases(field: StateField, params: Mapping[str, Any]) -> None:
+def _refuse_aliases(field: StateField, names: Iterable[str], rack2_only: Iterable[str] = ()) -> None:
     """Refuse a request that sends, under another spelling, the query parameter or form field ``field`` reads by
-    name: one :func:`framework_name` reads as the same (``q[]=attack`` beside or instead of ``q``). PHP, Rails and
-    Express would hand the application that value as ``q`` while the policy read ``q`` absent or another copy.
+    name: one a framework stores where it stores ``field.key`` or below it (:func:`guard._params.fills`):
+    ``q[]=attack`` beside or instead of ``q``, ``filter[search][]`` for ``filter[search]`` (a sibling such as
+    ``filter[status]`` fills another place). Such an application would read that value as the field while the
+    policy read the field absent or another copy.
+
+    Args:
+        names: the parameter names as guard split them (at ``&``), each once; ``field.key`` itself is skipped.
+        rack2_only: names only Rack 2 reads (it splits a query at ``;`` too), each as often as it has them beyond
+            ``names``; ``field.key`` among them is refused as well.
 
     Raises:
-        StateAmbiguous: naming the field and the first such spelling.
+        StateAmbiguous: naming the field, the first such spelling (one Rack 2 alone reads after a ``;``)
+            and the frameworks that read it so.
     """
     key = field.key or ""
-    wanted = framework_name(key)
-    for name in params:
-        if name != key and framework_name(name) == wanted:
-            raise StateAmbiguous(field.source or "", key, alias=name)
+    wanted = readings(key)
+    rack2 = {"Rack 2": wanted["Rack 2"]} if "Rack 2" in wanted else {}
+    spellings = [*((name, name, wanted) for name in names if name != key),
+                 *((name, ";" + name, rack2) for name in rack2_only)]
+    for name, alias, frameworks in spellings:
+        found = [framework for framework, path in readings(name).items()
+                 if framework in frameworks and fills(path, frameworks[framework])]
+        if found:
+            raise StateAmbiguous(field.source or "", key, alias=alias, readers=_readers(found, wanted))
+
+
+def _readers(frameworks: list[str], wanted: Mapping[str, KeyPath]) -> tuple[tuple[tuple[str, ...], str], ...]:
+    """``frameworks`` grouped by the parameter each reads the field as (its ``wanted`` key path, spelt as PHP spells
+    it), named as users know them: ``((("PHP",), "a_b"), (("Rails", "Express"), "a.b"))``."""
+    by_reading: dict[str, list[str]] = {}
+    for framework in frameworks:
+        by_reading.setdefault(shown(wanted[framework]), []).append(framework)
+    return tuple((labels(group), reading) for reading, group in by_reading.items())
+
+
+def _rack2_only(subject: HttpSubject) -> list[str]:
+    """The names of the query parameters Rack 2 reads from ``subject.query_string`` beyond those in
+    ``subject.query`` (it splits at ``;`` as well as ``&``: ``x=1;q=2`` holds a ``q``), each as often as it has it
+    more; none for a query without ``;``."""
+    if ";" not in subject.query_string:
+        return []
+    extra = Counter(name for name, _ in pairs(subject.query_string))
+    extra.subtract({name: len(values) for name, values in subject.query.items()})
+    return list(extra.elements())
 
 
 def _named(field: StateField, values: list[Any] | None) -> Any:

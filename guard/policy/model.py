@@ -42,6 +42,7 @@ __all__ = [
     "SourceSpec",
     "ToolArgumentSpec",
     "ToolSpec",
+    "host_glob",
     "keys_at",
 ]
 
@@ -117,19 +118,45 @@ KNOWN_METHODS = frozenset({
 })  # fmt: skip
 
 
-def _host_glob(glob: str) -> str:
-    # the middleware matches the Host header without port and trailing dot (guard/asgi/_subject.py), so a glob
-    # holding either would never match
+#: What a host glob may hold: what a ``Host`` header's name does (letters, digits, ``-._~``; ``:`` in a bare IPv6
+#: address, as a server address without ``Host`` is matched), or an ``[IPv6]`` literal with an optional zone, and
+#: the glob's ``*`` and ``?``.
+_HOST_GLOB = re.compile(r"[A-Za-z0-9\-._~*?:]+|\[[A-Za-z0-9\-._~*?:%]+\]")
+_NOT_HOST = re.compile(r"[^A-Za-z0-9\-._~*?:%\[\]]")
+_PORT_HINT = " (to tell ports apart, match the Host header: headers: {host: '*:8443'})"
+
+
+def host_glob(glob: str, *, port_hint: str = "") -> str:
+    """``glob`` when it is a host glob some ``Host`` can match: hosts are matched lower-case, without port and
+    trailing dot (``guard/asgi/_subject.py``), so a glob holding either, a URL (``https://api.example.com``), or a
+    character no ``Host`` holds (a space, ``/``, ``@``, a letter outside ASCII) would never match.
+
+    Args:
+        port_hint: added to the message for a glob with a port.
+
+    Raises:
+        ValueError: naming the glob and what is wrong with it.
+    """
+    if "://" in glob:
+        raise ValueError(f"host glob {glob!r} is a URL; write its host alone: {urlsplit(glob).hostname or ''!r}")
     if glob.count(":") == 1 or "]:" in glob:
         raise ValueError(f"host glob {glob!r} holds a port; hosts are matched without the port, so it would never "
-                         "match: drop the port (to tell ports apart, match the Host header: headers: {host: '*:8443'})")
+                         f"match: drop the port{port_hint}")
     if glob.endswith("."):
         raise ValueError(f"host glob {glob!r} ends in a dot; hosts are matched without the trailing dot of a fully "
                          f"qualified name, so it would never match: write {glob.rstrip('.')!r}")
+    if not glob:
+        raise ValueError("host glob '' is empty; write a host name (api.example.com) or a glob (*.example.com)")
+    if not _HOST_GLOB.fullmatch(glob):
+        bad = _NOT_HOST.search(glob)
+        what = f"holds {bad.group()!r}, which no Host header holds" if bad else "is no host name or [IPv6] literal"
+        raise ValueError(f"host glob {glob!r} {what}, so it would never match: a host is letters, digits, '-', '.' "
+                         "and '_' (an international name in its xn-- form), an IPv4 address or an [IPv6] literal; "
+                         "'*' and '?' match within a label")
     return glob
 
 
-HostGlob = Annotated[str, AfterValidator(_host_glob)]
+HostGlob = Annotated[str, AfterValidator(lambda glob: host_glob(glob, port_hint=_PORT_HINT))]
 
 
 _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")

@@ -3,7 +3,10 @@ an overlap is where verdicts combine, ``docs/policies.md``).
 
 Two ``match`` blocks overlap when some subject passes both: the HTTP methods, content types, path and host globs and
 required headers all admit a common request, or the agent events and tool globs a common event. Glob against glob is
-decided exactly (:func:`globs_intersect`: is there a string both match), not by sampling.
+decided exactly (:func:`globs_intersect`: is there a string both match), not by sampling. Under
+``GuardMiddleware(path_case="fold")`` (the default) a request is matched on its lower-cased path and on its path as
+sent, so a path glob also meets another when it meets that one lower-cased (``/v1/**`` and ``/V1/Admin/**`` both
+judge ``/V1/Admin/users``).
 """
 
 from __future__ import annotations
@@ -92,7 +95,15 @@ def _media_meet(a: frozenset[str], b: frozenset[str]) -> bool:
     return ("application/json" in a and json_b) or ("application/json" in b and json_a)
 
 
-def _http_overlap(a: HttpMatcher, b: HttpMatcher) -> bool:
+def _paths_meet(a: Sequence[str], b: Sequence[str], fold_case: bool) -> bool:
+    """Two path glob lists admit a common request: some path both match, or, with ``fold_case``, one glob matches the
+    lower-cased path and the other the path as sent (one glob meets the other lower-cased)."""
+    if _lists_meet(a, b, "/"):
+        return True
+    return fold_case and (_lists_meet([g.lower() for g in a], b, "/") or _lists_meet(a, [g.lower() for g in b], "/"))
+
+
+def _http_overlap(a: HttpMatcher, b: HttpMatcher, fold_case: bool) -> bool:
     if (a.response is None) != (b.response is None):
         return False  # a request policy and a response policy never judge one subject
     if a.response is not None and b.response is not None and not _responses_meet(a.response, b.response):
@@ -103,7 +114,7 @@ def _http_overlap(a: HttpMatcher, b: HttpMatcher) -> bool:
         return False
     paths_a, hosts_a, headers_a = a.globs
     paths_b, hosts_b, headers_b = b.globs
-    if not _lists_meet(paths_a, paths_b, "/") or not _lists_meet(hosts_a, hosts_b, "."):
+    if not _paths_meet(paths_a, paths_b, fold_case) or not _lists_meet(hosts_a, hosts_b, "."):
         return False
     wanted = dict(headers_b)
     return all(globs_intersect(value, wanted[name], None) for name, value in headers_a if name in wanted)
@@ -128,22 +139,24 @@ def _agent_overlap(a: AgentMatcher, b: AgentMatcher) -> bool:
     return _lists_meet(a.tool_globs, b.tool_globs, None)
 
 
-def overlaps(a: Policy, b: Policy) -> list[str]:
-    """The kinds of subject (``"http"``, ``"agent"``) that both policies can match; empty when none."""
+def overlaps(a: Policy, b: Policy, *, fold_case: bool = True) -> list[str]:
+    """The kinds of subject (``"http"``, ``"agent"``) that both policies can match; empty when none. ``fold_case``:
+    requests are matched on their lower-cased path too (``GuardMiddleware(path_case="fold")``, the default)."""
     kinds = []
-    if a.http is not None and b.http is not None and _http_overlap(a.http, b.http):
+    if a.http is not None and b.http is not None and _http_overlap(a.http, b.http, fold_case):
         kinds.append("http")
     if a.agent is not None and b.agent is not None and _agent_overlap(a.agent, b.agent):
         kinds.append("agent")
     return kinds
 
 
-def overlapping_pairs(policies: Sequence[Policy]) -> list[tuple[Policy, Policy, list[str]]]:
-    """Every pair of ``policies`` (in order) that can match a common subject, with the kinds of subject."""
+def overlapping_pairs(policies: Sequence[Policy], *, fold_case: bool = True) -> list[tuple[Policy, Policy, list[str]]]:
+    """Every pair of ``policies`` (in order) that can match a common subject, with the kinds of subject
+    (``fold_case``: as :func:`overlaps`)."""
     out = []
     for i, a in enumerate(policies):
         for b in policies[i + 1 :]:
-            kinds = overlaps(a, b)
+            kinds = overlaps(a, b, fold_case=fold_case)
             if kinds:
                 out.append((a, b, kinds))
     return out

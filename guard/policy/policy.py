@@ -106,7 +106,7 @@ _SUBJECT_HEADER_FIELDS = {"host": "host", "content_type": "content-type"}
 _LITERAL_HEADER = re.compile(r"""subject\s*\.\s*headers\s*\[\s*(["'])([^"'\\]+)\1\s*\]""")
 _LITERAL_IN = re.compile(r"""(["'])([^"'\\]+)\1\s+in\s+subject\s*\.\s*headers\b""")
 _SUBJECT_FIELD = re.compile(r"subject\s*\.\s*([A-Za-z_]\w*)")
-_PLAIN_FIELDS = frozenset({"method", "path", "query", "body", "body_text", "repeated_headers"})
+_PLAIN_FIELDS = frozenset({"method", "path", "query", "query_string", "body", "body_text", "repeated_headers"})
 
 
 def _state_leaves(fields: tuple[StateField, ...]) -> Iterator[StateField]:

@@ -235,7 +235,8 @@ async def test_every_way_a_framework_reads_method_override_is_refused_or_judged(
         assert empty.json() == {"ran": "POST", "body": "_method=&name=x"}  # an empty one asks for nothing
         # names as PHP (so Symfony, Laravel) and Rack read them, bodies Rack reads as forms, JSON Laravel reads, and
         # override headers spelt with underscores (a WSGI or Django server maps them to the same HTTP_... key)
-        for target in ("?.method=DELETE", "?+_method=DELETE", "?%2Emethod=DELETE", "?a=1;_method=DELETE"):
+        for target in ("?.method=DELETE", "?+_method=DELETE", "?%2Emethod=DELETE", "?a=1;_method=DELETE",
+                       "?%5B_method%5D=DELETE", "?_method%5D=DELETE"):  # Rack 2 and Express (qs): [_method]
             refused = await client.post("/v1/accounts/42" + target)
             assert refused.status_code == 400, target
         boundary = "b0undary"
@@ -251,6 +252,7 @@ async def test_every_way_a_framework_reads_method_override_is_refused_or_judged(
             (b'{"\\u005fmethod": "DELETE"}', {"content-type": "application/json"}),
             (b"_method=DELETE", {**form, "X-HTTP-Method-Override": ""}),  # an empty header asks for nothing
             (b"_method%00x=DELETE", form),  # PHP ends a name at NUL
+            (b"%5B_method%5D=DELETE", form),  # Express's urlencoded({extended: true}) (qs) reads [k] as k
             (b"_method=DELETE", {"content-type": "application/x-www-form-urlencoded x"}),  # PHP ends it at a space
             (b'{"_method": "DELETE"}', {"content-type": "text/plain; profile=/json"}),  # Laravel: "/json" anywhere
         ):

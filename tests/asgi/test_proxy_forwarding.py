@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -186,9 +187,44 @@ async def test_allowed_hosts_refuse_a_host_the_proxy_does_not_serve(judge_guard:
     assert admin.startswith(b"HTTP/1.1 400") and b"invalid_host" in admin  # not the policy's 403
     assert upgrade.startswith(b"HTTP/1.1 400") and json.loads(upgrade.partition(b"\r\n\r\n")[2])["field"] == "host"
     assert len(heads) == 4 and b"x-forwarded-host: api.example.com:8443\r\n" in heads[1]
-    for bad in ("api.example.com:443", "api.example.com.", " "):
-        with pytest.raises(ValueError, match="allowed host"):
+    for bad, reason in [("api.example.com:443", "holds a port"), ("api.example.com.", "ends in a dot"),
+                        (" ", "is empty"), ("https://api.example.com", "is a URL; write its host alone: 'api.example"),
+                        ("exa mple.com", "holds ' ', which no Host header holds"), ("a.example/x", "holds '/'")]:
+        with pytest.raises(ValueError, match=re.escape(f"allowed_hosts: host glob {bad.strip()!r} {reason}")):
             ProxyConfig(url, allowed_hosts=(bad,))
+
+
+async def test_allowed_hosts_refuse_a_request_without_host_and_trusted_forwarded_hosts(judge_guard: Guard) -> None:
+    """With ``allowed_hosts``, a request without ``Host`` (HTTP/1.0) or with an empty one was forwarded unjudged (a
+    ``hosts:``-scoped policy never matched it), and under ``trust_forwarded`` a client's ``X-Forwarded-Host`` or
+    ``Forwarded`` ``host=`` outside the list reached the upstream; each is now a 400 ``invalid_host``."""
+    head_with = b"GET /x HTTP/1.1\r\nHost: api.example.com\r\n%s\r\nConnection: close\r\n\r\n"
+    async with raw_upstream(_ok) as (url, heads):
+        answers = {}
+        for trust in (False, True):
+            config = ProxyConfig(url, allowed_hosts=("api.example.com",), trust_forwarded=trust)
+            with serve_in_thread(proxy_app(judge_guard, config), **server_options()) as proxy:
+                port = int(proxy.rsplit(":", 1)[1])
+                for name, head in [
+                    ("no host", b"GET /x HTTP/1.0\r\n\r\n"),
+                    ("empty host", b"GET /x HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n"),
+                    ("x-forwarded-host", head_with % b"X-Forwarded-Host: api.example.com, evil.example"),
+                    ("forwarded", head_with % b'Forwarded: for=1.2.3.4;host="evil.example"'),
+                    ("listed", head_with % b"X-Forwarded-Host: API.example.com:443\r\nForwarded: host=api.example.com"),
+                ]:
+                    answer = await asyncio.to_thread(raw_request, port, head)
+                    body = answer.partition(b"\r\n\r\n")[2]
+                    field = json.loads(body).get("field") if body.startswith(b"{") else None
+                    answers[trust, name] = (answer.split(b" ", 2)[1], field)
+    assert answers == {
+        (False, "no host"): (b"400", "host"), (False, "empty host"): (b"400", "host"),
+        (False, "x-forwarded-host"): (b"200", None), (False, "forwarded"): (b"200", None),  # dropped, not trusted
+        (False, "listed"): (b"200", None),
+        (True, "no host"): (b"400", "host"), (True, "empty host"): (b"400", "host"),
+        (True, "x-forwarded-host"): (b"400", "x-forwarded-host"), (True, "forwarded"): (b"400", "forwarded"),
+        (True, "listed"): (b"200", None),
+    }
+    assert len(heads) == 4 and b"x-forwarded-host: API.example.com:443\r\n" in heads[3]
 
 
 async def test_an_upstream_status_outside_100_to_599_is_a_502(judge_guard: Guard) -> None:

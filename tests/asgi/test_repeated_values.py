@@ -97,6 +97,15 @@ def test_a_value_read_as_one_sent_twice_is_refused_not_allowed(once: dict, twice
         ({"url": "/x?tag[]=secret"}, "query parameter 'tag' (as 'tag[]'"),  # repeated: list reads only 'tag'
         ({"method": "POST", "url": "/x", "content": "user[]=mallory", "headers": FORM},
          "form field 'user' (as 'user[]'"),
+        # Express (qs) reads a leading [k] as k, and so does Rack 2, whose key drops the brackets around it
+        ({"url": "/x?[user]=mallory"}, "(as '[user]', which Rails (Rack 2) and Express read into 'user')"),
+        ({"url": "/x?%5Buser%5D%5B%5D=mallory"}, "(as '[user][]', which Rails (Rack 2) and Express read into"),
+        ({"url": "/x?]user=mallory"}, "(as ']user', which Rails (Rack 2) reads into 'user')"),
+        ({"url": "/x?user]=mallory"}, "(as 'user]', which Rails (Rack 2) reads into 'user')"),
+        ({"url": "/x?user[x=mallory"}, "(as 'user[x', which Rails reads into 'user')"),  # Rack 3: user={'[x': ..}
+        # Rack 2 splits a query at ';' too: guard reads a=1;user=mallory as a
+        ({"url": "/x?a=1;user=mallory"}, "(as ';user', which Rails (Rack 2) reads into 'user')"),
+        ({"url": "/x?a=1;user[]=mallory"}, "(as ';user[]', which Rails (Rack 2) reads into 'user')"),
     ],
 )
 def test_a_value_read_by_name_sent_under_a_php_or_rack_spelling_is_refused(request_: dict, what: str) -> None:
@@ -109,10 +118,21 @@ def test_a_value_read_by_name_sent_under_a_php_or_rack_spelling_is_refused(reque
 
 
 def test_names_no_framework_reads_as_the_field_pass() -> None:
-    """``users``, ``user_id`` and ``user[`` (PHP's ``user_``) fill other parameters: not refused."""
+    """``users``, ``user_id`` and ``user[`` (PHP's ``user_``) fill other parameters, and an escaped ``;`` is part
+    of a value for Rack 2 too: not refused."""
     (ok,) = _send(POLICY.replace("TAGS", "'query:tag'"), {"method": "GET", "url": "/x?user=alice&users=mallory"
-                                                          "&user_id=mallory&user%5B=mallory"})
+                                                          "&user_id=mallory&user%5B=mallory&a=1%3Buser=x"})
     assert (ok.status_code, ok.text) == (200, "user=alice form=None")
+
+
+def test_a_bracketed_field_lets_its_siblings_through() -> None:
+    """A field read as ``filter[search]`` (JSON:API) was refused for a sibling ``filter[status]`` with a message
+    saying PHP, Rails and Express read that as ``filter[search]``; only what fills ``filter[search]`` is refused."""
+    policy = POLICY.replace("TAGS", "'query:filter[search]'")
+    ok, refused = _send(policy, {"method": "GET", "url": "/x?user=alice&filter[search]=ok&filter[status]=open"},
+                        {"method": "GET", "url": "/x?filter[search]=ok&filter[search][]=x"})
+    assert (ok.status_code, ok.text) == (200, "user=alice form=None")
+    assert refused.status_code == 400 and "(as 'filter[search][]', which PHP, Rails and Express read into" in refused.text
 
 
 def test_values_sent_once_and_headers_nobody_reads_pass() -> None:

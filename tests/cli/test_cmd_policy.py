@@ -52,6 +52,19 @@ def test_check_warns_about_a_path_glob_in_upper_case(tmp_path: Path, capsys: pyt
     assert main(["policy", "check", str(POLICIES)]) == 0 and "upper-case" not in capsys.readouterr().err
 
 
+def test_check_lists_an_overlap_that_only_case_folding_makes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``/v1/**`` judges ``POST /V1/Admin/users`` by its lower-cased path and ``/V1/Admin/**`` by the path as sent:
+    both decide, and the overlap report left the pair out (the globs compared literally meet nowhere)."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text('policies:\n  - id: v1-allow\n    version: 1\n    match: {http: {paths: ["/v1/**"]}}\n'
+                      '    rules: [{id: ok, when: "true", action: allow}]\n'
+                      '  - id: admin-lockdown\n    version: 1\n'
+                      '    match: {http: {methods: [POST], paths: ["/V1/Admin/**"]}}\n'
+                      '    rules: [{id: lock, when: "true", action: block}]\n')
+    assert main(["policy", "check", str(policy)]) == 0
+    assert "overlap v1-allow (" in capsys.readouterr().out
+
+
 def test_check_refuses_a_method_that_is_no_token_and_warns_about_an_unknown_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,6 +28,10 @@ policies:
         ('"*.example.com:*"', "holds a port"),
         ('"[::1]:8080"', "holds a port"),
         ("admin.example.com.", "ends in a dot; hosts are matched without the trailing dot of a fully qualified name"),
+        ('"https://api.example.com"', "is a URL; write its host alone: 'api.example.com'"),
+        ('"exa mple.com"', "host glob 'exa mple.com' holds ' ', which no Host header holds"),
+        ('"bücher.example"', "holds 'ü', which no Host header holds"),  # the xn-- form is what arrives
+        ('"api.example.com/v1"', "holds '/'"),
     ],
 )
 def test_a_host_glob_that_can_never_match_is_refused(glob: str, reason: str) -> None:
@@ -37,7 +41,8 @@ def test_a_host_glob_that_can_never_match_is_refused(glob: str, reason: str) -> 
     assert reason in caught.value.reason
 
 
-@pytest.mark.parametrize("glob", ["'*.example.com'", "'[::1]'", "'::1'", "'10.0.0.1'", "'API.example.com'"])
+@pytest.mark.parametrize("glob", ["'*.example.com'", "'[::1]'", "'::1'", "'10.0.0.1'", "'API.example.com'",
+                                  "'xn--bcher-kva.example'", "'api-?.example.com'"])
 def test_host_globs_without_port_load(glob: str) -> None:
     assert load_text(POLICY.format(glob=glob), "p.yaml")[0].http is not None
 

@@ -72,3 +72,14 @@ def test_policies_overlap_when_one_subject_can_match_both(a: str, b: str, kinds:
     first, second = load_text("policies:" + _policy(a, "a") + _policy(b, "b"))
     assert overlaps(first, second) == kinds == overlaps(second, first)
     assert [(x.id, y.id) for x, y, _ in overlapping_pairs([first, second])] == ([("a", "b")] if kinds else [])
+
+
+def test_path_globs_that_differ_in_case_overlap_where_paths_are_folded() -> None:
+    """Under ``path_case="fold"`` (the default) ``POST /V1/Admin/users`` is judged by ``/v1/**`` (its lower-cased
+    path) and ``/V1/Admin/**`` (as sent): both decide, and ``guard policy check`` listed no overlap."""
+    allow, lockdown = load_text("policies:" + _policy("{http: {paths: ['/v1/**']}}", "a")
+                                + _policy("{http: {methods: [POST], paths: ['/V1/Admin/**']}}", "b"))
+    assert overlaps(allow, lockdown) == ["http"] == overlaps(lockdown, allow)
+    assert overlaps(allow, lockdown, fold_case=False) == []
+    other, = load_text("policies:" + _policy("{http: {paths: ['/V2/**']}}", "c"))
+    assert overlaps(allow, other) == []

@@ -116,7 +116,7 @@ policies:
     ("when", "message"),
     [
         ('spam.noul > 0.5 && subject.metod == "POST"', ("reads subject.metod, but subject has no 'metod'; known "
-         "names: body, body_text, client, content_type, headers, host, kind, method, path, phase, query, repeated_headers, status")),
+         "names: body, body_text, client, content_type, headers, host, kind, method, path, phase, query, query_string, repeated_headers, status")),
         ("flags.zero_widht > 0 && state.text != ''", "reads flags.zero_widht, but flags has no 'zero_widht'"),
         ('subject["tool_name"] == "x"', "reads subject.tool_name, but subject has no 'tool_name'"),
         ("state.text.matches('(')", "the pattern '(' of matches() is not a valid regular expression"),

@@ -10,7 +10,7 @@ import pytest
 
 from guard.errors import PolicyError, StateAmbiguous, StateTooLong
 from guard.policy import load_text
-from guard.policy._state import CUT_MARKER, NORMALIZE_WINDOW, framework_name
+from guard.policy._state import CUT_MARKER, NORMALIZE_WINDOW
 from guard.subject import AgentSubject, HttpSubject
 
 TEXT = """
@@ -56,15 +56,6 @@ def test_http_sources() -> None:
         policy.render_state(HttpSubject(method="POST", path="/", body={"prompt": ["hi", "there"]}))
 
 
-@pytest.mark.parametrize(
-    ("name", "read_as"),
-    [("q", "q"), ("q[]", "q"), ("q[0]", "q"), ("q[a][b]", "q"), ("q.x", "q_x"), ("q x", "q_x"), ("  q", "q"),
-     ("q\x00x", "q"), ("q[x", "q_x"), ("[]", ""), ("user-id", "user-id")],
-)
-def test_framework_name_reads_a_parameter_name_as_php_and_rack_do(name: str, read_as: str) -> None:
-    assert framework_name(name) == read_as
-
-
 def test_a_named_parameter_sent_under_another_spelling_is_refused() -> None:
     (policy,) = load_text("""
 policies:
@@ -74,16 +65,64 @@ policies:
     state: {q: "query:q", prompt: "form:prompt", tags: {from: query, name: tag, repeated: list}}
     questions: {x: {type: noul, instructions: x}}
 """)
-    for query, body, what in [({"q[]": ["a"]}, None, "query parameter 'q' (as 'q[]'"),
+    for query, body, what in [({"q[]": ["a"]}, None, "(as 'q[]', which PHP, Rails and Express read into 'q')"),
                               ({"q": ["a"], "q[0]": ["b"]}, None, "query parameter 'q' (as 'q[0]'"),
                               ({"tag[]": ["a"]}, None, "query parameter 'tag' (as 'tag[]'"),
-                              ({}, {"prompt[x]": ["a"]}, "form field 'prompt' (as 'prompt[x]'")]:
+                              ({}, {"prompt[x]": ["a"]}, "form field 'prompt' (as 'prompt[x]'"),
+                              # Express (qs) and Rails on Rack 2 read a leading [k] as k; Rack 2's key drops
+                              # brackets around it; both Racks read q[x as q holding x (PHP: q_x)
+                              ({"[q]": ["a"]}, None, "(as '[q]', which Rails (Rack 2) and Express read into 'q')"),
+                              ({"]q": ["a"]}, None, "(as ']q', which Rails (Rack 2) reads into 'q')"),
+                              ({"q]": ["a"]}, None, "(as 'q]', which Rails (Rack 2) reads into 'q')"),
+                              ({"q[x": ["a"]}, None, "(as 'q[x', which Rails reads into 'q')")]:
         with pytest.raises(StateAmbiguous, match=re.escape(what)) as caught:
             policy.render_state(HttpSubject(method="POST", path="/", query=query, body=body))
         assert caught.value.alias is not None
     state = policy.render_state(HttpSubject(method="POST", path="/", query={"q": ["a"], "qq": ["b"], "q_x": ["c"]},
                                             body={"prompt": ["p"], "prompts[]": ["x"]}))
     assert (state["q"], state["prompt"]) == ("a", "p")
+
+
+def test_a_parameter_rack2_splits_out_at_a_semicolon_is_refused() -> None:
+    """Rack 2 splits a query at ``;`` as well as ``&``: ``x=1;q=attack`` holds ``q`` for Rails on Rack 2, while
+    guard (and PHP, Rack 3, Express) read ``x`` = ``1;q=attack`` and ``q`` absent."""
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {q: "query:q"}
+    questions: {x: {type: noul, instructions: x}}
+""")
+    for raw, query in [("x=1;q=attack", {"x": ["1;q=attack"]}), ("x=1;q[]=attack", {"x": ["1;q[]=attack"]}),
+                       ("q=ok;q=attack", {"q": ["ok;q=attack"]})]:
+        with pytest.raises(StateAmbiguous, match=re.escape("(as ';q")):
+            policy.render_state(HttpSubject(method="GET", path="/", query=query, query_string=raw))
+    # an escaped ';' is a value's character for Rack 2 too
+    state = policy.render_state(HttpSubject(method="GET", path="/", query={"q": ["ok; q"]}, query_string="q=ok%3B+q"))
+    assert state["q"] == "ok; q"
+
+
+def test_a_bracketed_field_refuses_what_fills_it_not_its_siblings() -> None:
+    """A field named ``filter[search]`` (JSON:API) refuses ``filter[search][]`` and ``filter[search][0]``, which fill
+    it, and lets ``filter[status]`` and ``page[size]`` through; the message names only the frameworks that read the
+    spelling so (PHP alone reads ``a_b`` as ``a.b``)."""
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {search: "query:filter[search]", ab: "query:a.b"}
+    questions: {x: {type: noul, instructions: x}}
+""")
+    ok = {"filter[search]": ["ok"], "filter[status]": ["open"], "page[size]": ["10"], "filter": ["x"]}
+    assert policy.render_state(HttpSubject(method="GET", path="/", query=ok))["search"] == "ok"
+    for name in ("filter[search][]", "filter[search][0]", "filter[search"):
+        with pytest.raises(StateAmbiguous, match=re.escape(f"(as {name!r}, which ")):
+            policy.render_state(HttpSubject(method="GET", path="/", query={"filter[search]": ["ok"], name: ["x"]}))
+    with pytest.raises(StateAmbiguous) as caught:
+        policy.render_state(HttpSubject(method="GET", path="/", query={"a_b": ["x"]}))
+    assert "(as 'a_b', which PHP reads into 'a_b' as it does 'a.b')" in str(caught.value)
 
 
 def test_request_text_is_the_query_then_the_body() -> None:
