@@ -181,6 +181,10 @@ class HealthMonitor:
         self._event_loop: asyncio.AbstractEventLoop | None = None  # where the monitor runs: every run starts there
         self._rechecks: dict[str, asyncio.Task[Check]] = {}
         self._rechecked_at: dict[str, float] = {}
+        self._runs: dict[str, asyncio.Lock] = {}  # one canary run of a backend at a time (check_backend)
+        # backends whose answers this process may have used (stored in a shared cache): one that passed a canary, or
+        # finished a run the engine does not refuse it after, or answered a live call
+        self._served: set[str] = set()
         guard.monitor = self
 
     async def check(self) -> dict[str, Check]:
@@ -192,15 +196,28 @@ class HealthMonitor:
         return dict(self.results)
 
     async def check_backend(self, name: str) -> Check:
-        """Run backend ``name``'s canaries now; returns (and keeps) its check."""
-        backend = self.guard.backends[name]
-        served = [p for p in self.guard.policies.policies if self.guard.backend_for(p) is backend]
-        canaries = canaries_for(backend, [q.wire.id for p in served for q in p.questions])
-        model = served[0].model if served else "canary"  # a System One server answers the models it serves
-        failed_before = name in self.canary_failed
-        self.results[name] = await self._run(name, backend, canaries, model)
-        await self._share_epoch(name, backend, move_on=(name in self.canary_failed) != failed_before)
-        return self.results[name]
+        """Run backend ``name``'s canaries now; returns (and keeps) its check.
+
+        Runs of one backend take turns (the periodic run, one a refused or failed request asked for,
+        :meth:`suspect`, and a caller's): each compares its result with the one before it, so every change between
+        failing and passing moves the epoch (:meth:`_share_epoch`), and a run that started earlier never overwrites
+        a later one's result. A change moves it only once this process may have used the backend's answers: a
+        first run that fails before the backend answered anything (a replica that starts on a broken model, ``guard
+        proxy`` runs the canaries before it takes requests) and its later recovery leave the other replicas'
+        cached answers alone."""
+        lock = self._runs.get(name) or self._runs.setdefault(name, asyncio.Lock())
+        async with lock:
+            backend = self.guard.backends[name]
+            policies = [p for p in self.guard.policies.policies if self.guard.backend_for(p) is backend]
+            canaries = canaries_for(backend, [q.wire.id for p in policies for q in p.questions])
+            model = policies[0].model if policies else "canary"  # a System One server answers the models it serves
+            failed_before = name in self.canary_failed
+            self.results[name] = result = await self._run(name, backend, canaries, model)
+            failed = name in self.canary_failed
+            await self._share_epoch(name, backend, move_on=failed != failed_before and name in self._served)
+            if not failed:  # the engine calls the backend again: its answers may be stored from now on
+                self._served.add(name)
+            return result
 
     async def _share_epoch(self, name: str, backend: DecisionBackend, *, move_on: bool = False) -> None:
         """Agree on backend ``name``'s epoch with the processes sharing the guard's cache (the cache keys name it:
@@ -208,10 +225,11 @@ class HealthMonitor:
         model fail, or pass again) is taken, so answers cached before are not read here either, nor by a replica
         started later; a higher one of this process is published. An in-process cache shares nothing.
 
-        ``move_on``: this run's canary failed where the last one passed, or passed where it failed: the epoch moves
-        one past the higher of this process's and the published one, and is published. On a failure, the answers
-        the broken model gave (and stored) since the last run are read by no replica, the healthy ones included;
-        on a recovery, neither are any stored meanwhile by replicas that had not yet seen the failure.
+        ``move_on``: this run's canary failed where the last one passed, or passed where it failed, and the backend's
+        answers may have been used in this process (:meth:`check_backend`): the epoch moves one past the higher of
+        this process's and the published one, and is published. On a failure, the answers the broken model gave (and
+        stored) since the last run are read by no replica, the healthy ones included; on a recovery, neither are any
+        stored meanwhile by replicas that had not yet seen the failure.
 
         A process still at epoch 0 that finds none published (the first replica on an empty store; or the key was
         deleted by someone with access to Redis, or evicted under ``allkeys-lru``, or holds a value without the
@@ -315,9 +333,12 @@ class HealthMonitor:
         return Check("ok", "ok", {"canaries": [r.to_json() for r in results]})
 
     def answered(self, name: str) -> None:
-        """Backend ``name`` answered a live call: one the last canary run could not reach is reachable again (its
+        """Backend ``name`` answered a live call: its answers may be in the cache now (a canary failure moves the
+        epoch past them, :meth:`check_backend`); one the last canary run could not reach is reachable again (its
         canaries' verdict waits for the next run). Safe from any thread, as :meth:`suspect`."""
-        if name in self.unreachable:  # usually not: a set lookup on the hot path
+        if name not in self._served:  # usually there: set lookups on the hot path
+            self._served.add(name)
+        if name in self.unreachable:
             self._on_loop(self._reachable, name)
 
     def _reachable(self, name: str) -> None:

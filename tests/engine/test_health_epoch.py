@@ -6,6 +6,7 @@ sealed."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 import pytest
@@ -30,12 +31,24 @@ def injection_by_word(request: Any) -> dict[str, float]:
     return {"guard.prompt_injection": 0.99 if "ignore" in str(request.state).lower() else 0.01}
 
 
+#: Seconds a :class:`SlowBackend` call started in this context sleeps (a canary run started with it set is slow).
+DELAY: contextvars.ContextVar[float] = contextvars.ContextVar("delay", default=0.0)
+
+
+class SlowBackend(ScriptedBackend):
+    """A scripted backend whose calls sleep :data:`DELAY` first: overlapping canary runs end in a chosen order."""
+
+    async def decide(self, request: Any, *, timeout: float | None = None) -> Any:
+        await asyncio.sleep(DELAY.get())
+        return await super().decide(request, timeout=timeout)
+
+
 class Replica:
     """One guard process on the shared Redis (no local copies), with its canary monitor and a model that can break."""
 
-    def __init__(self, redis_url: str, prefix: str) -> None:
-        self.broken = False
-        self.backend = ScriptedBackend(self._answer, revision="r1")
+    def __init__(self, redis_url: str, prefix: str, *, broken: bool = False) -> None:
+        self.broken = broken
+        self.backend = SlowBackend(self._answer, revision="r1")
         self.cache = RedisCache(CacheConfig(url=redis_url, prefix=prefix, local_ttl=0))
         self.guard = Guard(load_text(POLICY), backends=self.backend, cache=self.cache)
         self.monitor = HealthMonitor(self.guard, interval_s=0)
@@ -95,6 +108,92 @@ async def test_a_healthy_replica_does_not_read_what_a_broken_one_cached_before_i
     assert a.epoch == start + 2 and await a.cache.shared_epoch(SCOPE) == start + 2
     await a.aclose()
     await b.aclose()
+
+
+async def test_overlapping_canary_runs_take_turns_so_a_failure_after_a_recovery_moves_the_epoch(
+    redis_url: str, create_redis: Any
+) -> None:
+    """A's periodic canary run and one a refused request asked for (:meth:`HealthMonitor.suspect`) overlap, both
+    started while A fails its canary. The first passes (the epoch moves on); A's model breaks again and answers an
+    attack "no" (stored in Redis); the second then fails. Each run compared its result with the state before *it*
+    started (failing), so this failure moved no epoch and healthy replica B served A's broken answer. Runs now take
+    turns: the second compares with the first's pass and moves the epoch; B asks its own model."""
+    a, b = Replica(redis_url, create_redis.prefix), Replica(redis_url, create_redis.prefix)
+    await a.monitor.check()
+    await b.monitor.check()
+    a.broken = True
+    await a.monitor.check()
+    assert a.monitor.results["default"].code == "canary_failed"
+    failed_at = a.epoch
+    a.broken = False
+    DELAY.set(0.1)
+    periodic = asyncio.create_task(a.monitor.check_backend("default"))
+    await asyncio.sleep(0)
+    DELAY.set(0.3)
+    a.monitor.suspect("default")  # a refused request asks for a run: started now, on this loop
+    recheck = a.monitor._rechecks["default"]
+    DELAY.set(0.0)
+    assert (await periodic).code == "ok" and a.epoch == failed_at + 1
+    a.broken = True  # breaks again before the recheck ends
+    assert (await a.guard.aevaluate(SUBJECT)).action == "allow"  # the broken model's answer, now in Redis
+    assert (await recheck).code == "canary_failed"
+    assert a.monitor.results["default"].code == "canary_failed"
+    assert a.epoch == failed_at + 2 and await a.cache.shared_epoch(SCOPE) == a.epoch
+    await b.monitor.check()
+    calls = b.backend.calls
+    verdict = await b.guard.aevaluate(SUBJECT)
+    assert (verdict.action, verdict.rule, verdict.cache_hit) == ("block", "inj", False), (b.epoch, verdict.error)
+    assert b.backend.calls == calls + 1  # its own model, not A's broken answer
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_a_replica_failing_its_first_canary_leaves_the_other_replicas_cache_alone(
+    redis_url: str, create_redis: Any
+) -> None:
+    """A replica started on a broken model fails its first canary before it answered anything (``guard proxy`` runs
+    the canaries before it takes requests), so nothing it cached needs hiding. That failure used to move the shared
+    epoch: a pod restarted over and over on a bad node emptied every replica's cache at each start. Neither it nor
+    its recovery moves the epoch now; the healthy replica keeps its cached answers."""
+    b = Replica(redis_url, create_redis.prefix)
+    await b.monitor.check()
+    assert (await b.guard.aevaluate(SUBJECT)).cache_hit is False
+    start = b.epoch
+    for _ in range(3):  # a crash loop
+        c = Replica(redis_url, create_redis.prefix, broken=True)
+        await c.monitor.check()
+        assert c.monitor.results["default"].code == "canary_failed" and c.epoch == start
+        await c.aclose()
+    c.broken = False  # the last one recovers: it has used no answer of the broken model either
+    await c.monitor.check()
+    assert c.monitor.results["default"].code == "ok" and c.epoch == start
+    assert await b.cache.shared_epoch(SCOPE) == start
+    await b.monitor.check()
+    calls = b.backend.calls
+    assert b.epoch == start and (await b.guard.aevaluate(SUBJECT)).cache_hit is True
+    assert b.backend.calls == calls
+    await b.aclose()
+    await c.aclose()
+
+
+async def test_answers_a_model_gave_before_its_first_canary_run_are_not_read_after_it_fails_and_recovers() -> None:
+    """A library caller may serve requests before its monitor's first run: a broken model's answer is then cached.
+    Its first run fails and a later one passes; the answer cached before must not be read then (the epoch moves once
+    the backend's answers may have been used, however its first run ended)."""
+    broken = {"now": True}
+    backend = ScriptedBackend(lambda r: {"guard.prompt_injection": 0.0} if broken["now"] else injection_by_word(r),
+                              revision="r1")
+    guard = Guard(load_text(POLICY), backends=backend, cache=MemoryCache())
+    monitor = HealthMonitor(guard, interval_s=0)
+    assert (await guard.aevaluate(SUBJECT)).action == "allow"  # before any canary run: cached
+    await monitor.check()
+    assert monitor.results["default"].code == "canary_failed"
+    broken["now"] = False  # mended
+    await monitor.check()
+    assert monitor.results["default"].code == "ok"
+    verdict = await guard.aevaluate(SUBJECT)
+    assert (verdict.action, verdict.cache_hit) == ("block", False), guard.canary_epochs
+    await guard.aclose()
 
 
 @pytest.mark.parametrize("how", ["deleted", "forged"])
