@@ -82,7 +82,9 @@ class Verdict:
         cache_hit: the answers came from the probability cache.
         backend: the backend's name.
         model: the model id that answered.
-        model_revision: the weights' revision.
+        model_revision: the answering backend's ``model_revision``: the weights' revision and what else the answers
+            depend on (``+guard=<code digest>`` for a model in this process, ``+confidence=<profile>``, a System One
+            server's reported checkpoint after ``#``); part of the cache key.
         latency_ms: wall time of the evaluation, milliseconds.
         fail_mode: the fail mode that decided (``closed``/``open``/``escalate``), ``None`` when the model decided.
         error: the backend error that triggered the fail mode.

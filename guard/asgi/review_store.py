@@ -491,10 +491,19 @@ return {3, ARGV[2]}
         max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT,
     ) -> RedisReviewStore:
         """A store with its own client for ``url`` (``redis://:PASSWORD@host`` or ``rediss://`` for TLS); socket
-        connect/read timeouts of ``timeout_s`` seconds."""
+        connect/read timeouts of ``timeout_s`` seconds (unless the URL sets them).
+
+        Raises:
+            ValueError: ``url`` is not one redis-py can connect with, checked as the cache's
+                (:func:`~guard.engine.cache.redis_options`: a database path that is not a number, ``/nine``, is
+                refused, not read as database 0).
+        """
         import redis.asyncio as aioredis
 
-        client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        from guard.engine.cache import redis_options
+
+        options = redis_options(url, timeout_s, role="review store")
+        client = aioredis.Redis.from_pool(aioredis.ConnectionPool(**options))  # closes its pool
         return cls(client, prefix=prefix, ttl_s=ttl_s, owns_client=True, store_key=store_key,
                    max_pending_per_client=max_pending_per_client)
 

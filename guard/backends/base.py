@@ -81,19 +81,34 @@ def with_confidence(revision: str, profile: ConfidenceProfile) -> str:
 
 
 def code_digest(root: Path = PACKAGE_DIR) -> str:
-    """12 hex digits of a SHA-256 over the guard package at ``root``: every ``*.py`` file and every file in a folder
-    named ``data`` (word lists, confusables), each as its path relative to ``root`` and its bytes, in path order.
-    Reads them all (about 150 files, 3 MB) on every call: :func:`with_code` reads the installed package once.
+    """12 hex digits of a SHA-256 over the guard package at ``root``: its code and every file in a folder named
+    ``data`` (word lists, confusables), each as its path relative to ``root`` (POSIX form) and its bytes, in the
+    order of those paths. The code is each module's source (``*.py``) or, for a module shipped without it (a
+    sourceless install), its compiled file where the source would be (``*.pyc``; never ``__pycache__``, whose files
+    the interpreter writes as it goes). A link that leads to no file (an editor's lock file, ``.#cache.py``) is not
+    part of it. Reads them all (about 150 files, 3 MB) on every call: :func:`with_code` reads the installed package
+    once.
 
     Raises:
+        FileNotFoundError: no code under ``root`` (not a folder; a package imported from a zip archive): a digest of
+            nothing would not move when the code does.
         OSError: a file cannot be read.
     """
+    def is_code(path: Path) -> bool:
+        if not path.is_file():  # a folder named *.py, or a link to nothing
+            return False
+        if path.suffix == ".py":
+            return True
+        return "__pycache__" not in path.relative_to(root).parts and not path.with_suffix(".py").is_file()
+
+    code = [path for pattern in ("*.py", "*.pyc") for path in root.rglob(pattern) if is_code(path)]
+    if not code:
+        raise FileNotFoundError(f"no Python code (*.py or *.pyc) under {root}: guard's code cannot be named in the "
+                                "cache keys (is the package imported from a zip archive? install it unpacked)")
+    data = [path for path in root.glob("**/data/*") if path.is_file()]
     digest = hashlib.sha256()
-    files = sorted({*root.rglob("*.py"), *(p for p in root.glob("**/data/*") if p.is_file())})
-    for path in files:
-        name = path.relative_to(root).as_posix().encode()
-        data = path.read_bytes()
-        for part in (name, data):
+    for name, path in sorted({path.relative_to(root).as_posix(): path for path in (*code, *data)}.items()):
+        for part in (name.encode("utf-8", "surrogateescape"), path.read_bytes()):
             digest.update(len(part).to_bytes(8, "big"))
             digest.update(part)
     return digest.hexdigest()[:12]

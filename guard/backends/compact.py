@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from guard.backends.base import installed_code_digest, require_request, with_code, with_confidence
+from guard.backends.base import require_request, with_code, with_confidence
 from guard.compact.catalog import catalog_ids
 from guard.errors import BackendTimeout, UnsupportedQuestion
 from guard.systemone import ConfidenceProfile, QuestionV1, SystemOneRequestV1, SystemOneResponseV1
@@ -91,7 +91,8 @@ class CompactBackend:
         self._lock = threading.Lock()
         self._closed = False
         self._warm = False
-        installed_code_digest()  # model_revision names it: read the package now, not in the first decision
+        # read 2-3 times per decision: made once (the package's digest is read now, not in the first decision)
+        self._model_revision = with_confidence(with_code(self._revision), confidence_profile)
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -160,8 +161,8 @@ class CompactBackend:
         """The weights' revision, then ``+guard=<digest>`` (:func:`~guard.backends.base.with_code`: the code that reads
         the model out, competence checks included) and ``+confidence=<profile>`` when the confidence profile is not
         ``reference``. Part of the cache key: replicas running other weights, another build of guard or another
-        profile never read each other's answers."""
-        return with_confidence(with_code(self._revision), self.confidence_profile)
+        profile never read each other's answers. Made when the backend is."""
+        return self._model_revision
 
     def question_ids(self) -> list[str]:
         """Every question id some loaded model answers (catalog ids and router ids)."""

@@ -92,8 +92,10 @@ __all__ = [
     "parse_retry_after",
 ]
 
-#: Longest ``x-guard-model-revision`` value taken into cache keys (longer or unprintable values are ignored).
-MAX_REVISION_CHARS = 200
+#: Longest ``x-guard-model-revision`` value taken into cache keys (longer or unprintable values are ignored, with a
+#: warning). A worker's is ``<checkpoint directory name>@<16 hex>`` and its suffixes (``+max_length=``, ``+guard=``,
+#: ``+confidence=``): a name of 255 bytes, the most a file system allows, fits with room to spare.
+MAX_REVISION_CHARS = 512
 #: Most bytes of a response body read (answers are asked for uncompressed): 64 questions of 255 options each fit many times
 #: over; a longer body is a malformed answer, read no further.
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
@@ -175,6 +177,7 @@ class SystemOneClient:
         self._base_revision = f"{provider}:{model or self._shown_url}" + (f"@{uds}" if uds else "")
         self._reached = f"unix socket {uds}" if uds else self._shown_url  # what a connection error names
         self._reported_revision: str | None = None
+        self._revision_refused_logged = False  # a reported revision was ignored, and the warning written
         self._statuses_logged: set[int] = set()  # the statuses whose error text was logged at WARNING
         # identity: a compressed answer would be inflated in one call before any size check could stop it
         self._headers = {"content-type": "application/json", "accept": "application/json",
@@ -226,7 +229,8 @@ class SystemOneClient:
         """Identity of the remote weights, part of every cache key (the engine rebuilds its plan when it changes).
 
         The ``model_revision`` argument when one was given. Otherwise ``<provider>:<model or url>[@<uds>]``, followed
-        by ``#<revision>`` once a successful answer carried ``x-guard-model-revision``: from then on a shared Redis
+        by ``#<revision>`` once a successful answer carried ``x-guard-model-revision`` (printable, at most
+        :data:`MAX_REVISION_CHARS` characters; another value is ignored, with one warning): from then on a shared Redis
         keeps the answers of different checkpoints behind the same address apart. A checkpoint swapped behind the
         address is seen on the next answer the server sends (a cache miss); answers cached before stay until their
         TTL, as with any cache.
@@ -400,6 +404,12 @@ class SystemOneClient:
         reported = response.headers.get(MODEL_REVISION_HEADER)  # taken from a valid answer only
         if reported and len(reported) <= MAX_REVISION_CHARS and reported.isprintable():
             self._reported_revision = reported
+        elif reported and self._fixed_revision is None and not self._revision_refused_logged:
+            self._revision_refused_logged = True
+            why = f"longer than {MAX_REVISION_CHARS} characters" if len(reported) > MAX_REVISION_CHARS else "unprintable"
+            logger.warning("%s: its %s header is %s and ignored: the cache keys cannot tell apart the checkpoints "
+                           "served behind this address (shorten the checkpoint directory's name, or give "
+                           "model_revision=)", self.name, MODEL_REVISION_HEADER, why)
         return answer
 
     def _unwrap(self, envelope: Mapping[str, Any], status: int) -> Any:

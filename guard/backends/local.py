@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Self
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
-from guard.backends.base import installed_code_digest, require_request, with_code, with_confidence
+from guard.backends.base import require_request, with_code, with_confidence
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.backends.selftest import Canary, clef_canaries, run_self_test
 from guard.errors import (
@@ -117,7 +117,13 @@ class LocalBackend:
         self._tracer = trace.get_tracer("guard.backends.local", tracer_provider=tracer_provider)
         self._warmup: asyncio.Future[None] | None = None
         self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
-        installed_code_digest()  # model_revision names it: read the package now, not in the first decision
+        from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
+
+        weights = f"{model.model_id}@{model.revision}"
+        if self.max_length != DEFAULT_MAX_LENGTH:
+            weights += f"+max_length={self.max_length}"
+        # read 2-3 times per decision: made once (the package's digest is read now, not in the first decision)
+        self._model_revision = with_confidence(with_code(weights), confidence_profile)
 
     @classmethod
     def from_pretrained(
@@ -172,13 +178,8 @@ class LocalBackend:
         16,384 (a shorter limit reads only the state's head), ``+guard=<digest>``
         (:func:`~guard.backends.base.with_code`: the Clef rendering and readout code) and ``+confidence=<profile>``
         when the confidence profile is not ``reference``: identifies everything an answer depends on (part of the
-        cache key, and sent by the worker as ``x-guard-model-revision``)."""
-        from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
-
-        weights = f"{self.model.model_id}@{self.model.revision}"
-        if self.max_length != DEFAULT_MAX_LENGTH:
-            weights += f"+max_length={self.max_length}"
-        return with_confidence(with_code(weights), self.confidence_profile)
+        cache key, and sent by the worker as ``x-guard-model-revision``). Made when the backend is."""
+        return self._model_revision
 
     # ---------------------------------------------------------------------------------------------------- lifecycle
 

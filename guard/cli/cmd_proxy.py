@@ -334,13 +334,16 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         cache: ProbabilityCache = RedisCache(cache_config) if args.redis_url else MemoryCache(cache_config)
     except ValueError as exc:
         raise ValueError(f"--redis-url: {exc}") from None
+    review_url = args.review_redis_url or args.redis_url
+    try:  # and the review store's
+        store: ReviewStore = RedisReviewStore.from_url(review_url) if review_url else MemoryReviewStore()
+    except ValueError as exc:
+        raise ValueError(f"{'--review-redis-url' if args.review_redis_url else '--redis-url'}: {exc}") from None
     log = _decision_log(args)  # before the model loads: a wrong path shows at once
     install_metrics_from_env()
     install_tracing_from_env()
     backend = open_cli_backend(args)
     guard = Guard(policies, backends=backend, cache=cache, decision_log=log)
-    review_url = args.review_redis_url or args.redis_url
-    store: ReviewStore = RedisReviewStore.from_url(review_url) if review_url else MemoryReviewStore()
     options: dict[str, Any] = {
         # the HTTP counters go where the OTEL_* variables send the engine's (OTLP, /_guard/metrics)
         "metrics": HttpMetrics(meter_provider=otel_metrics.get_meter_provider()),

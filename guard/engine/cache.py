@@ -10,7 +10,9 @@ interface and one single-flight core:
   not check (forged or edited in Redis, or written under another key) is a miss counted as ``forged``, never an
   answer. Redis slow, down or holding a value of the wrong shape (or one that cannot be read at all) is a counted
   miss, and so is a forged value: :meth:`~ProbabilityCache.health` reports ``"degraded"`` while any of these is
-  recent, and each is logged as a warning once per such period; never an error and never an allow. Across replicas
+  recent, with a code saying which (:class:`CacheHealth`), and each kind is logged as a warning once per such
+  period; never an error of the decision and never an allow. An exception of guard's own (a bug, not the store's
+  failure) is a miss too, counted apart and logged at ERROR with its traceback once per period. Across replicas
   a short lock (``SET NX PX`` of a sealed token, token-checked release in Lua) elects one leader per key (a lock whose
   seal does not check is counted as ``forged`` and not waited on); followers poll for the value (past
   :data:`FOLLOW_SHARE` of their budget they also call the model, and the first answer wins) and, when the leader
@@ -125,7 +127,7 @@ class CacheConfig:
             a counted miss), so a dead or black-holed Redis costs one timeout per period, not one per request.
         breaker_after: consecutive failed operations that open the breaker (one slow reply alone does not).
         degraded_window: seconds after the last error, or forged or corrupt value read, that health stays
-            ``"degraded"`` (and further ones are logged at debug level, not as warnings).
+            ``"degraded"`` (and further ones of that kind are logged at debug level, not as warnings).
         max_entries: entries held in process (LRU): the in-process cache's size; a Redis cache's local copies.
         store_key: the secret a Redis cache seals its values with (at least 16 bytes); ``None`` = ``$GUARD_STORE_KEY``.
             Required for Redis (every replica sharing it needs the same one); unused in process.
@@ -162,10 +164,18 @@ class CacheConfig:
 
 @dataclass
 class CacheHealth:
-    """Counters and status. ``status`` is ``"degraded"`` while Redis errors or forged or corrupt values read are
-    recent (within ``CacheConfig.degraded_window``), else ``"ok"``."""
+    """Counters and status. ``status`` is ``"degraded"`` while any trouble is recent (within
+    ``CacheConfig.degraded_window``), else ``"ok"``; ``code`` (the health check's) says which, the first recent of:
+    ``internal_error`` (guard's own code raised while using the store: a bug, logged at ERROR), ``forged_values``
+    (a value, lock, failure marker or epoch read fails its seal: written without the store key, or by replicas
+    sealing with another), ``corrupt_values`` (a sealed value cannot be read), ``degraded`` (Redis failed or refused
+    an operation: lookups are misses); else ``ok``.
+
+    ``errors`` counts the store's failures and ``internal_errors`` guard's own; ``last_error`` is the latest of
+    either (``"TypeName: message"``) and ``last_error_kind`` says which (``"store"`` or ``"internal"``)."""
 
     status: Literal["ok", "degraded"] = "ok"
+    code: str = "ok"
     backend: str = "memory"
     hits: int = 0
     misses: int = 0
@@ -173,9 +183,11 @@ class CacheHealth:
     corrupt: int = 0
     forged: int = 0
     errors: int = 0
+    internal_errors: int = 0
     skipped: int = 0
     stores: int = 0
     last_error: str | None = None
+    last_error_kind: Literal["store", "internal"] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -208,6 +220,13 @@ class CachedAnswers:
         self.memo[key] = value
 
 
+#: The health code of each kind of recent trouble (:class:`CacheHealth`), the first recent one naming it.
+_TROUBLE_CODES = {"internal": "internal_error", "forged": "forged_values", "corrupt": "corrupt_values",
+                  "store": "degraded"}
+#: What a Redis client raises when the store fails (down, slow, refusing a command); anything else is guard's bug.
+_STORE_ERRORS = (RedisError, OSError, TimeoutError)
+
+
 class _Failed:
     """Sentinel: a Redis operation failed (already counted)."""
 
@@ -228,8 +247,7 @@ class ProbabilityCache:
     def __init__(self, config: CacheConfig | None = None) -> None:
         self.config = config or CacheConfig()
         self._stats = CacheHealth(backend=self.kind)
-        self._last_error_at: float | None = None
-        self._last_bad_at: float | None = None  # a forged or corrupt value read (monotonic s)
+        self._trouble_at: dict[str, float] = {}  # a kind of _TROUBLE_CODES -> when it was last seen (monotonic s)
         self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[Any]]] = (
             weakref.WeakKeyDictionary()
         )
@@ -252,7 +270,8 @@ class ProbabilityCache:
     def health(self) -> CacheHealth:
         """A snapshot of the counters and the status."""
         snapshot = CacheHealth(**asdict(self._stats))
-        snapshot.status = "degraded" if self._recent(self._last_error_at) or self._recent(self._last_bad_at) else "ok"
+        recent = [code for kind, code in _TROUBLE_CODES.items() if self._recent(self._trouble_at.get(kind))]
+        snapshot.status, snapshot.code = ("degraded", recent[0]) if recent else ("ok", "ok")
         return snapshot
 
     def _recent(self, at: float | None) -> bool:
@@ -429,15 +448,17 @@ class ProbabilityCache:
                     task.exception()  # retrieved: an error the other's answer made moot is not logged as unread
 
     async def _store_or_count(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
-        """:meth:`_store`, whose failure of any kind (a value or a TTL the store cannot take, not only the store's own
-        errors, which it counts itself) is a counted cache error, never the decision's: the answers are right whether
-        they are stored or not."""
+        """:meth:`_store`, whose failure of any kind is counted, never the decision's: the answers are right whether
+        they are stored or not. A TTL the store cannot take (``inf``, ``nan``) is a cache error (the store's own
+        errors it counts itself); anything else raised is guard's own (:meth:`_internal_error`)."""
         try:
             await self._store(key, value, decoded, ttl)
-        except Exception as exc:  # noqa: BLE001 - whatever the write raised, the caller gets its answers
+        except (*_STORE_ERRORS, OverflowError, ValueError) as exc:
             self._record_error(exc)
             logger.warning("cache write for %s failed (%s); the answers are used, not stored", key[:16],
                            self._stats.last_error)
+        except Exception as exc:  # noqa: BLE001 - a bug: the caller still gets its answers
+            self._internal_error(exc, f"writing the answers of {key[:16]}")
 
     async def _read(
         self, key: str, request: SystemOneRequestV1, ttl: float, *, count: bool = True
@@ -465,18 +486,39 @@ class ProbabilityCache:
 
     def _bad(self, kind: Literal["forged", "corrupt"], message: str, *args: Any) -> None:
         """Count a ``kind`` value read from the store (health is ``degraded`` for ``degraded_window`` after it) and log
-        ``message % args``: a warning when none was read within that window, else at debug level, so values that
-        keep failing (replicas sealing with different store keys, someone writing to Redis) log one warning per
-        period, not one per read."""
-        was_recent = self._recent(self._last_bad_at)
+        ``message % args``: a warning when none of that kind was read within that window, else at debug level, so
+        values that keep failing (replicas sealing with different store keys, someone writing to Redis) log one
+        warning per kind and period, not one per read."""
+        was_recent = self._seen(kind)
         setattr(self._stats, kind, getattr(self._stats, kind) + 1)
-        self._last_bad_at = time.monotonic()
         (logger.debug if was_recent else logger.warning)(message, *args)
 
-    def _record_error(self, exc: BaseException) -> None:
+    def _record_error(self, exc: BaseException) -> bool:
+        """Count ``exc``, a failure of the store (or of a value it cannot take); returns whether one was counted
+        within ``degraded_window`` before it (then it is logged at debug level, not as a warning)."""
         self._stats.errors += 1
         self._stats.last_error = f"{type(exc).__name__}: {exc}"[:200]
-        self._last_error_at = time.monotonic()
+        self._stats.last_error_kind = "store"
+        return self._seen("store")
+
+    def _internal_error(self, exc: Exception, doing: str) -> None:
+        """Count ``exc``, raised by guard's own code while ``doing`` something with the store (a bug: the store did
+        not fail), and log it at ERROR with its traceback, once per ``degraded_window`` (then at debug level)."""
+        self._stats.internal_errors += 1
+        self._stats.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        self._stats.last_error_kind = "internal"
+        if self._seen("internal"):
+            logger.debug("cache: %s raised %s again; a miss", doing, self._stats.last_error)
+        else:
+            logger.error("cache: %s raised %s, an error in guard, not in the store; treating it as a miss", doing,
+                         self._stats.last_error, exc_info=exc)
+
+    def _seen(self, kind: str) -> bool:
+        """Note trouble of ``kind`` (a key of :data:`_TROUBLE_CODES`) now; returns whether it was seen within
+        ``degraded_window`` before."""
+        was_recent = self._recent(self._trouble_at.get(kind))
+        self._trouble_at[kind] = time.monotonic()
+        return was_recent
 
     # Storage hooks --------------------------------------------------------------------------------------------------
 
@@ -621,28 +663,31 @@ return 0
         try:
             async with asyncio.timeout(self.config.op_timeout):
                 result = await fn(self._client())
-        except Exception as exc:  # noqa: BLE001 - whatever the store or its client raised: a miss, never the decision's
-            was_ok = not self._recent(self._last_error_at)
-            self._record_error(exc)
+        except _STORE_ERRORS as exc:  # down, slow, refusing: a miss, never the decision's
+            was_recent = self._record_error(exc)
             self._failures_in_a_row += 1
             if self._failures_in_a_row >= self.config.breaker_after:
                 self._skip_until = time.monotonic() + self.config.breaker
                 self._failures_in_a_row = 0
-            log = logger.warning if was_ok else logger.debug  # once per outage, not once per request
+            log = logger.debug if was_recent else logger.warning  # once per outage, not once per request
             log("redis cache unavailable (%s); treating as a miss", self._stats.last_error)
+            return _FAILED
+        except Exception as exc:  # noqa: BLE001 - guard's own error (a bug): a miss too, but logged loudly
+            self._internal_error(exc, "a Redis operation")
             return _FAILED
         self._failures_in_a_row = 0
         return result
 
-    def _decode(self, key: str, raw: bytes, request: SystemOneRequestV1, ttl: float) -> CachedAnswers:
+    def _decode(self, key: str, raw: bytes, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
         """The checked answers in ``raw``, just read from Redis, now held in process for ``local_ttl`` (at most
         ``ttl``): reused when ``raw`` is the value held for ``key`` (the key hashes the questions, so the same bytes
-        check and decode the same way), else decoded and checked now.
+        check and decode the same way), else decoded and checked now. ``None`` when checking it raised an error of
+        guard's own (a bug, counted and logged by :meth:`_internal_error`): a miss.
 
         Raises:
             ForgedEntry: ``raw`` does not carry this cache's seal for ``key``.
-            MalformedAnswer: ``raw`` is not JSON or not of the stored shape for ``request``, or checking it raised
-                anything else.
+            MalformedAnswer: ``raw`` is not JSON, nests past the recursion limit, or is not of the stored shape for
+                ``request``.
         """
         with self._lock:
             held = self._entries.get(key)
@@ -660,8 +705,11 @@ return 0
                 answers = CachedAnswers(decode_answers(value, request))
             except MalformedAnswer:
                 raise
-            except Exception as exc:  # a value the checks did not foresee (JSON nested past the recursion limit)
+            except RecursionError as exc:  # JSON nested past the recursion limit
                 raise MalformedAnswer(f"stored answers cannot be read: {type(exc).__name__}: {exc}"[:200]) from exc
+            except Exception as exc:  # noqa: BLE001 - the checks themselves failed (a bug): a miss, logged loudly
+                self._internal_error(exc, f"reading the stored answers of {key[:16]}")
+                return None
         self._keep(key, answers, self._local_until(ttl), raw)
         return answers
 
@@ -826,18 +874,20 @@ return 0
             await client.aclose()
 
 
-def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S) -> dict[str, Any]:
-    """The ``redis.asyncio.ConnectionPool`` options of a Redis cache at ``url``: what the URL names (redis-py's URL
-    syntax; its options win over these defaults), socket timeouts of ``op_timeout`` seconds, no retry on a timeout,
-    no ``CLIENT SETINFO`` round trips on connect (the first lookup fits the op timeout), and replies as bytes whatever
-    the URL's ``decode_responses`` (the cache stores sealed bytes). Checked by making a connection object, which
-    connects nothing.
+def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S, *, role: str = "cache") -> dict[str, Any]:
+    """The ``redis.asyncio.ConnectionPool`` options of a Redis cache (or another store guard keeps in Redis, named by
+    ``role`` in errors: the ``"review store"``) at ``url``: what the URL names (redis-py's URL syntax; its options win
+    over these defaults), socket timeouts of ``op_timeout`` seconds, no retry on a timeout, no ``CLIENT SETINFO``
+    round trips on connect (the first lookup fits the op timeout), and replies as bytes whatever the URL's
+    ``decode_responses`` (the cache stores sealed bytes). Checked by making a connection object, which connects
+    nothing.
 
     Raises:
         ValueError: ``url`` is not one redis-py can connect with: another scheme than ``redis://``, ``rediss://``
             and ``unix://`` (``redis+sentinel://``, a bare ``host:port``), a database in the path that is not a
             number, an option redis-py does not know or whose value it cannot read (``?socket_timeout=fast``,
-            ``?protocol=4``). The message names the URL without credentials or query.
+            ``?protocol=4``). The message (``<role> URL '...' cannot be used: ...``) names the URL without
+            credentials or query.
     """
     defaults: dict[str, Any] = {"socket_timeout": op_timeout, "socket_connect_timeout": op_timeout,
                                 "retry_on_timeout": False, "lib_name": None, "lib_version": None}
@@ -848,7 +898,7 @@ def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S) -> dict[st
             raise ValueError(f"the database {database!r} in its path is not a number")
         aioredis.ConnectionPool(**options).make_connection()  # refuses an option it does not know, or protocol=4
     except (ValueError, TypeError, RedisError) as exc:
-        raise ValueError(f"cache URL {shown_url(url)!r} cannot be used: {exc}") from None
+        raise ValueError(f"{role} URL {shown_url(url)!r} cannot be used: {exc}") from None
     return options
 
 

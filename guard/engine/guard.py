@@ -619,8 +619,8 @@ class Guard:
     def health(self) -> dict[str, Any]:
         """The full health report (:func:`guard.engine.health.health_report`): ``{"status": "ok" | "degraded" |
         "failing", "ready", "checks": {part: code}, "details": {...}}``. ``failing`` while no policy is loaded, a
-        backend's last model call failed (within 30 s) or its canary fails; ``degraded`` for a Redis error or a
-        failed reload. ``details`` holds error text: show it to admins only
+        backend's last model call failed (within 30 s) or its canary fails; ``degraded`` for a Redis error, a forged
+        or corrupt value read from Redis, or a failed reload. ``details`` holds error text: show it to admins only
         (:func:`guard.engine.health.public_health` keeps the codes)."""
         return health_report(self)
 

@@ -19,7 +19,7 @@
 
 Status: ``failing`` when no request can be judged (no policy; a backend that fails its canary or, in this process,
 cannot answer it, whose monitor has not finished its first canary run (``starting``), that refused the deployment's key or
-model, or, with no canaries to ask, whose last call failed in a way no request causes); ``degraded`` when requests are still judged but something needs a look (a Redis error, a failed
+model, or, with no canaries to ask, whose last call failed in a way no request causes); ``degraded`` when requests are still judged but something needs a look (a Redis error, a forged or corrupt value read from it, a failed
 reload, a dead reload watcher, a backend call a request may have failed, an upstream forward that failed lately);
 else ``ok``. ``ready`` is ``status != "failing"``.
 """
@@ -464,8 +464,7 @@ def health_report(
     )
     checks["policy_watcher"] = _watcher_check(watcher)
     cache = guard.cache.health()
-    checks["cache"] = Check(cache.status if cache.status != "ok" else "ok",
-                            "ok" if cache.status == "ok" else "degraded", cache.to_json())  # fmt: skip
+    checks["cache"] = Check(cache.code, cache.status, cache.to_json())
     backends: dict[str, Check] = {}
     monitor: HealthMonitor | None = getattr(guard, "monitor", None)
     for name in guard.backends:

@@ -126,7 +126,7 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         if not _probability(conf):
             raise MalformedAnswer(f"answer for {question.id!r} has confidence={conf!r}")
         if question.type == "choice":
-            if headline not in by_id:
+            if not isinstance(headline, str) or headline not in by_id:  # a list is no option (and unhashable)
                 raise MalformedAnswer(f"answer for {question.id!r} chose {headline!r}, not one of its options")
             answers[question.id] = AnswerV1(question.id, "choice", by_id, choice=headline, confidence=float(conf))
             continue

@@ -67,7 +67,8 @@ class WorkersAIStandIn:
     ``success: false``), ``busy-then-ok`` (429 + ``Retry-After: 1``, then ok), ``busy-no-header`` (two 429/3040 without
     ``Retry-After``, then ok), ``always-busy``, ``busy-long`` (429 + ``Retry-After: 30``), ``flaky-5xx`` (503 then ok),
     ``always-500``, ``html-502``, ``huge-503`` (a 9 MiB error page), ``html-200``, ``oversized`` (a valid answer padded to 9 MiB), ``gzip`` (a valid
-    answer, gzip-compressed), ``truncated`` (also naming a model revision), ``other-model`` (a valid answer naming another model), ``list-model`` (naming it as a list), ``missing-answer``, ``nan``, ``bad-sum``,
+    answer, gzip-compressed), ``truncated`` (also naming a model revision), ``long-revision`` (a valid answer naming
+    a model revision of 600 characters), ``other-model`` (a valid answer naming another model), ``list-model`` (naming it as a list), ``missing-answer``, ``nan``, ``bad-sum``,
     ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s),
     ``wrong-choice`` (the choice is the least probable option), ``wrong-score`` (score 3 where the probabilities give
     0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``), ``echo-422`` (FastAPI's
@@ -94,6 +95,8 @@ class WorkersAIStandIn:
             return JSONResponse(envelope(result), headers={"cf-ai-req-id": "standin"})
         if scenario == "unwrapped":
             return JSONResponse(result)
+        if scenario == "long-revision":
+            return JSONResponse(envelope(result), headers={"x-guard-model-revision": "r" * 600})
         if scenario == "rejected":
             message = "required properties at '/' are 'model,state,questions'"
             return JSONResponse(failure(message, 5006), status_code=400)

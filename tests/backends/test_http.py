@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -451,6 +453,33 @@ async def test_the_revision_in_cache_keys_follows_the_checkpoint_the_worker_repo
     async with SystemOneClient.worker(worker.url, timeout=60, model_revision="pinned-7") as pinned:
         await pinned.decide(request)
         assert pinned.model_revision == "pinned-7"  # an explicit revision is used as given
+
+
+async def test_a_worker_on_a_checkpoint_with_the_longest_directory_name_still_names_it(
+    golden_checkpoint: Path, tmp_path: Path, standin: tuple[str, WorkersAIStandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's revision is the checkpoint directory's name, its hash and suffixes (``+max_length=``,
+    ``+guard=``, ``+confidence=``); the client ignored a value over 200 characters without a word, so workers
+    running different checkpoints behind one address shared cache keys. A 255-character name (the most a file system
+    allows) is taken now; a value past the limit is ignored with one warning."""
+    import torch
+
+    checkpoint = shutil.copytree(golden_checkpoint, tmp_path / ("clef-" + "x" * 250))
+    backend = LocalBackend(ClefModel.from_pretrained(checkpoint, dtype=torch.float32), max_length=600,
+                           confidence_profile="workers-ai")
+    assert len(backend.model_revision) > 300
+    with serve_worker(backend) as running:
+        async with SystemOneClient.worker(running.url, timeout=60) as client:
+            await client.decide(SystemOneRequestV1.from_json(ticket_body(1)))
+            assert client.model_revision == f"worker:{running.url}/v1/systemone#{backend.model_revision}"
+    async with workers_ai(standin, "long-revision") as client:
+        before = client.model_revision
+        with caplog.at_level(logging.WARNING, logger="guard.backends.http"):
+            for _ in range(2):
+                await client.decide(REQUEST)
+        assert client.model_revision == before
+    warnings = [r.getMessage() for r in caplog.records if "x-guard-model-revision" in r.getMessage()]
+    assert len(warnings) == 1 and "longer than 512 characters and ignored" in warnings[0], warnings
 
 
 async def test_a_parsed_json_body_is_refused_with_a_type_error_naming_the_fix(worker: RunningWorker) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import compileall
 import gc
+import hashlib
 import shutil
 import threading
 from pathlib import Path
@@ -185,6 +187,46 @@ def test_the_code_digest_moves_when_any_file_of_the_package_changes(tmp_path: Pa
     assert code_digest(copy) == installed
     (copy / "compact" / "readout.py").write_text("")  # a module added
     assert code_digest(copy) != installed
+
+
+def test_the_code_digest_reads_compiled_modules_shipped_without_source_and_skips_links_to_nothing(
+    tmp_path: Path,
+) -> None:
+    """An editor's lock file in an editable checkout (``.#cache.py``, a link to nothing) made ``code_digest`` raise
+    FileNotFoundError, so no backend could be made; a sourceless install (``*.pyc`` where the ``*.py`` would be) was
+    digested as its data files alone, so no code change moved it. The lock file is skipped and the compiled modules
+    are read; ``__pycache__`` is not (the interpreter writes it as it goes)."""
+    copy = tmp_path / "guard"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "weights"))
+    (copy / "engine" / ".#cache.py").symlink_to("user@host.1234:1700000000")
+    installed = installed_code_digest()
+    assert code_digest(copy) == installed
+    assert compileall.compile_dir(copy, quiet=1)  # __pycache__ next to the sources
+    assert code_digest(copy) == installed
+    assert compileall.compile_dir(copy, quiet=1, legacy=True)  # where the sources are, which go
+    for source in copy.rglob("*.py"):
+        source.unlink()
+    sourceless = code_digest(copy)
+    assert sourceless != installed
+    compiled = copy / "engine" / "cache.pyc"
+    compiled.write_bytes(compiled.read_bytes() + b"\0")
+    assert code_digest(copy) != sourceless
+
+
+def test_the_code_digest_names_each_file_by_its_posix_path_in_string_order(tmp_path: Path) -> None:
+    """The order is that of the relative paths as text (``a-b.py`` before ``a/b.py``), the same on every platform;
+    a folder with no code in it (a package imported from a zip archive) is refused, not digested as nothing."""
+    for name, data in {"a/b.py": b"1", "a-b.py": b"2", "data/words.txt": b"3", "c.pyc": b"4",
+                       "a/__pycache__/b.cpython-311.pyc": b"5"}.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    want = hashlib.sha256()
+    for part in (b"a-b.py", b"2", b"a/b.py", b"1", b"c.pyc", b"4", b"data/words.txt", b"3"):
+        want.update(len(part).to_bytes(8, "big") + part)
+    assert code_digest(tmp_path) == want.hexdigest()[:12]
+    with pytest.raises(FileNotFoundError, match=r"no Python code \(\*\.py or \*\.pyc\) under .*zip archive"):
+        code_digest(tmp_path / "data")
 
 
 async def test_the_revision_names_a_max_length_other_than_the_default(clef_fp32: ClefModel) -> None:

@@ -107,6 +107,19 @@ def test_the_proxy_refuses_a_redis_url_the_cache_cannot_use_before_loading_a_mod
     assert "hunter2" not in error
 
 
+def test_the_proxy_refuses_a_review_redis_url_whose_database_is_not_a_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--review-redis-url`` went to redis-py unchecked: ``/nine`` put the review queue in database 0, beside
+    whatever else lives there. It is checked as the cache's is: exit 2 naming the option, before the model loads."""
+    argv = [*_commands(tmp_path)["proxy"], "--backend", f"local:{tmp_path / 'missing'}",
+            "--review-redis-url", "redis://:hunter2@127.0.0.1:6379/nine"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("guard proxy: --review-redis-url: review store URL ") and "'nine'" in error, error
+    assert "hunter2" not in error
+
+
 @pytest.mark.parametrize(
     ("spec", "url"),
     [

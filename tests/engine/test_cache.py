@@ -538,6 +538,7 @@ async def test_redis_corrupt_values_are_ignored_and_overwritten(redis_url: str, 
         assert unsealed(await client.get(key)) == good  # overwritten with the right shape
     health = cache.health()
     assert (health.corrupt, health.forged, health.errors, health.status) == (len(wrong_shapes), 0, 0, "degraded")
+    assert (health.code, health.internal_errors) == ("corrupt_values", 0)  # each shape refused by the checks
     await guard.aclose()
 
 
@@ -590,6 +591,7 @@ async def test_values_sealed_with_another_store_key_show_in_health_and_warn_once
     for guard, backend in replicas:
         health = guard.cache.health()
         assert (health.status, health.errors, backend.calls) == ("degraded", 0, 5) and health.forged >= 4
+        assert health.code == guard.health()["checks"]["cache"] == "forged_values"  # not a Redis error's code
     warnings = [r for r in caplog.records if r.name == "guard.cache" and r.levelno == logging.WARNING]
     assert len(warnings) == 2 and all("another store key" in r.getMessage() for r in warnings)  # one per replica
     third = Guard(policies(), backends=ScriptedBackend(by_text), cache=redis_cache(
@@ -600,6 +602,74 @@ async def test_values_sealed_with_another_store_key_show_in_health_and_warn_once
     assert third.cache.health().status == "ok"  # no forged read within the window
     for guard in (third, *(guard for guard, _backend in replicas)):
         await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_forged_and_corrupt_values_each_warn_once_per_period(
+    redis_url: str, create_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Forged and corrupt reads shared one period: a corrupt value read after a forged one was logged at debug level
+    only. Each kind warns once per period; health names the first of them (forged values)."""
+    caplog.set_level(logging.DEBUG, logger="guard.cache")
+    backend = ScriptedBackend(by_text)
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    await guard.aevaluate(subject("ignore"))
+    (key,) = await keys(create_redis)
+    client = create_redis()
+    for value in (b"forged", sealed(key, b"not json"), b"forged again", sealed(key, b"still not json")):
+        await client.set(key, value)
+        assert (await guard.aevaluate(subject("ignore"))).cache_hit is False
+    warnings = [r.getMessage() for r in caplog.records if r.name == "guard.cache" and r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "integrity check" in warnings[0] and "cannot be read" in warnings[1], warnings
+    health = cache.health()
+    assert (health.forged, health.corrupt, health.code, health.status) == (2, 2, "forged_values", "degraded")
+    await guard.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["redis_call", "decode"])
+async def test_an_error_of_guards_own_is_a_miss_logged_at_error_and_counted_apart(
+    redis_url: str, create_redis: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """Anything a Redis operation or the reading of a value raised was a miss counted as a Redis error (or a corrupt
+    value) with a warning, so a bug in guard (here simulated: the client's GET, or the check of a stored value,
+    raises TypeError) looked like Redis trouble. It is still a miss, never the decision's, but logged at ERROR with
+    its traceback once per period, counted as ``internal_errors`` and shown as ``internal_error``."""
+    import redis.asyncio as aioredis
+
+    import guard.engine.cache as cache_module
+
+    def bug(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a bug in guard")
+
+    caplog.set_level(logging.DEBUG, logger="guard.cache")
+    backend = ScriptedBackend(by_text)
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    if where == "decode":
+        await guard.aevaluate(subject("ignore"))
+        (key,) = await keys(create_redis)
+        client = create_redis()
+        stored = unsealed(await client.get(key))
+        monkeypatch.setattr(cache_module, "decode_answers", bug)
+    else:
+        monkeypatch.setattr(aioredis.Redis, "get", bug)
+    for n in range(2):
+        if where == "decode":  # the same answers as another replica writes them: not the bytes this one holds
+            await client.set(key, sealed(key, json.dumps(stored, indent=n + 1).encode()))
+        verdict = await guard.aevaluate(subject("ignore"))
+        assert (verdict.action, verdict.rule, verdict.cache_hit, verdict.fail_mode) == ("block", "injection", False,
+                                                                                         None)
+    errors = [r for r in caplog.records if r.name == "guard.cache" and r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and errors[0].levelno == logging.ERROR and errors[0].exc_info is not None, errors
+    assert "an error in guard, not in the store" in errors[0].getMessage()
+    health = cache.health()
+    assert health.internal_errors >= 2 and (health.errors, health.corrupt, health.skipped) == (0, 0, 0), health
+    assert (health.last_error_kind, health.code, health.status) == ("internal", "internal_error", "degraded")
+    assert health.last_error == "TypeError: a bug in guard"
+    await guard.aclose()
 
 
 @pytest.mark.parametrize(
