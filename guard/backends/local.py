@@ -119,7 +119,10 @@ class LocalBackend:
         self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
         from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
 
-        weights = f"{model.model_id}@{model.revision}"
+        # the revision travels in a response header (the worker's), which holds Latin-1 only: a directory name in
+        # another script is written with backslash escapes
+        model_id = model.model_id.encode("ascii", "backslashreplace").decode("ascii")
+        weights = f"{model_id}@{model.revision}"
         if self.max_length != DEFAULT_MAX_LENGTH:
             weights += f"+max_length={self.max_length}"
         # read 2-3 times per decision: made once (the package's digest is read now, not in the first decision)

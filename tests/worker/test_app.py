@@ -462,6 +462,23 @@ async def test_loads_from_a_callable_on_startup(clef_fp32: ClefModel) -> None:
     assert response.status_code == 200
 
 
+async def test_a_checkpoint_directory_named_in_another_script_still_answers(golden_checkpoint: Path,
+                                                                            tmp_path: Path) -> None:
+    """The directory name is the model's id and part of its revision, sent in a response header (Latin-1 only): a
+    Cyrillic name made every answer a 500."""
+    import shutil
+
+    folder = tmp_path / "модель"
+    shutil.copytree(golden_checkpoint, folder)
+    app = create_app(lambda: LocalBackend.from_pretrained(folder, device="cpu"))
+    with serve_app_in_thread(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            names = [m["name"] for m in (await client.get("/v1/models")).json()["models"]]
+            response = await client.post("/v1/systemone", json={**ticket_body(9), "model": "модель"})
+    assert names == ["модель"] and response.status_code == 200
+    assert response.headers["x-guard-model-revision"].startswith("\\u043c\\u043e")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
