@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from guard.policy._state import Repeats
+from guard.policy.rules import MAX_WHEN_CHARS, MAX_WHEN_DEPTH
 from guard.verdict import Action, MaskStyle
 
 __all__ = [
@@ -465,7 +466,8 @@ class RuleSpec(OutcomeSpec):
     when: str = Field(
         description="CEL expression that must yield a bool, e.g. injection.noul >= 0.85; names: question keys, "
         "answers, subject, state, flags, data, call, result. x.matches(p) searches x for the RE2 pattern p (Unicode "
-        "\\d \\s \\w, ASCII \\b; no backreferences or lookaround)."
+        "\\d \\s \\w, ASCII \\b; no backreferences or lookaround). At most "
+        f"{MAX_WHEN_CHARS} characters, nested at most {MAX_WHEN_DEPTH} deep (operators in a row, plus one per bracket)."
     )
 
 

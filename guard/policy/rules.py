@@ -208,6 +208,70 @@ class RuleResult:
     outcome: Outcome
 
 
+#: Most characters a ``when`` may have. The CEL runtime panics on a syntax error past column 65,535 of a line
+#: (:func:`_cel` turns that into an error); the longest ``when`` shipped has 80 characters.
+MAX_WHEN_CHARS = 4096
+#: Deepest a ``when`` may nest, as :func:`_nesting_depth` counts it. The CEL runtime (Rust) recurses once per level
+#: of the expression tree with no limit of its own, so a ``when`` nested deeper than the thread's stack allows kills
+#: the process: ``x + x + ... + x`` evaluated took ~670 bytes of stack per ``+`` (12,500 of them overflowed the main
+#: thread's 8 MiB, 1,560 a 1 MiB thread's; compiling, ~20,000 and 8 MiB). Its parser refuses more than ~96 nested
+#: brackets by itself, but not a long chain of operators. Every shape of ``when`` tried at this depth (chains of
+#: operators, members, indexes and calls, 90 nested brackets, nested macros) compiled and ran on a 1 MiB thread
+#: stack; the shipped rules nest 7 deep at most.
+MAX_WHEN_DEPTH = 500
+#: Operators :func:`_nesting_depth` counts: two-character ones first, then one-character ones (``.`` of a member or
+#: a method; a decimal point is not one), and ``in``.
+_OPERATOR_RE = re.compile(r"&&|\|\||[=!<>]=|(?<!\d)\.|\.(?!\d)|[-+*/%<>!?]|\bin\b")
+
+
+def _nesting_depth(code: str) -> int:
+    """An upper bound of the depth of ``code``'s expression tree (``code``: a ``when`` with its string literals and
+    comments blanked, :func:`_masked`): for each bracket (parentheses, a call's, a list's, a map's, an index), one
+    plus, over the items its commas separate, the most operators an item holds plus the deepest bracket in it; the
+    whole ``when`` is one such item. Every operator counts, ``&&`` and ``||`` too, each of a run of ``!`` or ``-``,
+    and each bracket as one more operator of the item it opens in. Unbalanced brackets are left for the CEL parser
+    to report."""
+    stack = [[0, 0, 0]]  # per open bracket: operators in the current item, its deepest bracket, the deepest item so far
+    at = 0
+    for found in re.finditer(r"[([{]|[)\]}]|,", code):
+        stack[-1][0] += len(_OPERATOR_RE.findall(code, at, found.start()))
+        at = found.end()
+        char = found.group()
+        if char in "([{":
+            stack[-1][0] += 1  # a call, an index, a list or a map is a node of its own: ``m["a"]["b"]`` is 2 deep
+            stack.append([0, 0, 0])
+            continue
+        item = stack[-1]
+        item[2] = max(item[2], item[0] + item[1])
+        item[0] = item[1] = 0
+        if char != "," and len(stack) > 1:
+            stack.pop()
+            stack[-1][1] = max(stack[-1][1], 1 + item[2])
+    stack[-1][0] += len(_OPERATOR_RE.findall(code, at))
+    depth = 0
+    while stack:  # brackets never closed, then the whole ``when``
+        ops, inner, deepest = stack.pop()
+        depth = max(deepest, ops + inner, depth + ops) + (1 if stack else 0)
+    return depth
+
+
+def _cel(call: Callable[[str], Any], source: str) -> Any:
+    """``call(source)``, ``call`` being ``cel.compile`` or ``cel.evaluate``, with a panic of the runtime
+    (``pyo3_runtime.PanicException``, which derives from ``BaseException`` only, and whose class pyo3 makes at run
+    time: a syntax error past column 65,535 of a line makes it panic) turned into a ValueError. Running a compiled
+    program needs no such guard: the runtime turns a panic there into a ValueError itself.
+
+    Raises:
+        ValueError: ``source`` is not a CEL expression the runtime can compile (or ``call``'s own errors).
+    """
+    try:
+        return call(source)
+    except BaseException as exc:
+        if type(exc).__module__ != "pyo3_runtime" or type(exc).__name__ != "PanicException":
+            raise
+        raise ValueError(f"Failed to parse expression: the CEL runtime panicked on it ({exc})") from None
+
+
 def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> tuple[Any, frozenset[str]]:
     """Compile one ``when`` and check every name it reads.
 
@@ -219,11 +283,19 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
         ``(program, names)``: the compiled program and the top-level names it reads.
 
     Raises:
-        ValueError: a CEL syntax error, an unknown name (e.g. a question that does not exist), or an answer field the
-            question's type does not have (``injection.choice`` on a noul question).
+        ValueError: a ``when`` longer than :data:`MAX_WHEN_CHARS` or nested deeper than :data:`MAX_WHEN_DEPTH`
+            (checked before the runtime sees it), a CEL syntax error, an unknown name (e.g. a question that does not
+            exist), or an answer field the question's type does not have (``injection.choice`` on a noul question).
     """
+    if len(source) > MAX_WHEN_CHARS:
+        raise ValueError(f"is {len(source)} characters long; a 'when' may have at most {MAX_WHEN_CHARS} (put a long "
+                         "list or map in the file's 'data' block and read it as data.<name>)")
+    depth = _nesting_depth(_masked(source))
+    if depth > MAX_WHEN_DEPTH:
+        raise ValueError(f"nests {depth} deep (operators in a row, plus one per bracket around them); a 'when' may "
+                         f"nest at most {MAX_WHEN_DEPTH} deep: split it into several rules, or put values in 'data'")
     try:
-        program = cel.compile(source)
+        program = _cel(cel.compile, source)
     except ValueError as exc:
         detail = str(exc).splitlines()
         raise ValueError(f"CEL syntax error: {' '.join(line.strip() for line in detail[:2])}") from None
@@ -247,7 +319,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
             field = match.group(1)
             if field not in ANSWER_FIELDS[qtype]:
                 raise ValueError(f"{key}.{field}: a {qtype} answer has {', '.join(sorted(ANSWER_FIELDS[qtype]))}")
-    return (cel.compile(runnable) if runnable != source else program), frozenset(names)
+    return (_cel(cel.compile, runnable) if runnable != source else program), frozenset(names)
 
 
 def _with_guard_matches(source: str) -> str:
@@ -373,7 +445,7 @@ def rule_patterns(source: str, data: Mapping[str, Any] | None = None) -> tuple[d
         if literal is None:
             continue
         try:
-            value = cel.evaluate(literal)
+            value = _cel(cel.evaluate, literal)
             patterns[value] = compile_re2(value)
         except (RuntimeError, ValueError) as exc:
             reason = " ".join(str(exc).split())
@@ -399,7 +471,7 @@ def _candidate_patterns(source: str, data: Mapping[str, Any]) -> Iterator[str]:
     for a, b in _literal_spans(source):
         if not source.startswith("//", a):
             try:
-                value = cel.evaluate(source[a:b])
+                value = _cel(cel.evaluate, source[a:b])
             except (RuntimeError, ValueError):
                 continue
             if isinstance(value, str):

@@ -9,7 +9,7 @@ import pytest
 from guard.backends.fixture import answer_from_spec
 from guard.policy import Outcome, RuleError, apply_rules, load_text
 from guard.policy.loader import PolicyLoadError
-from guard.policy.rules import compile_condition, trace_rules
+from guard.policy.rules import MAX_WHEN_DEPTH, _cel, compile_condition, trace_rules
 from guard.subject import HttpSubject
 
 TEXT = """
@@ -310,3 +310,90 @@ policies:
     with pytest.raises(RuleError, match="function 'matches' failed on its arguments"):
         rule_of(policy, body={"filters": filters})
     assert time.monotonic() - started < 1.0  # a hang bound: about 0.01 s (refused within 1 MiB), 2.8 s before
+
+
+def one_rule(when: str) -> str:
+    """A file whose one policy reads ``body:/qty`` as ``state.qty`` and blocks when ``when`` holds."""
+    return f"""
+policies:
+  - id: p
+    version: 1
+    match: {{http: {{}}}}
+    state: {{qty: "body:/qty"}}
+    rules: [{{id: r, when: '{when}', action: block}}]
+"""
+
+
+def test_a_when_too_long_or_too_deep_for_the_cel_runtime_is_a_load_error() -> None:
+    """The CEL runtime recurses once per level of a ``when`` with no limit: ``state.qty + state.qty + ...`` (16,000
+    terms) loaded, then killed the process (SIGSEGV) on the first request it judged; at ~20,000 loading it did."""
+    with pytest.raises(PolicyLoadError, match=r"p\.yaml:7 at policies\[0\]\.rules\[0\]\.when: is 191997 characters "
+                                              r"long; a 'when' may have at most 4096"):
+        load_text(one_rule(" + ".join(["state.qty"] * 16_000)), "p.yaml")
+    deep = " + ".join(["state.qty"] * 300)  # 3,597 characters: 299 '+' and 300 '.'
+    with pytest.raises(PolicyLoadError, match=rf"rules\[0\]\.when: nests 599 deep .* at most {MAX_WHEN_DEPTH} deep"):
+        load_text(one_rule(deep))
+
+
+@pytest.mark.parametrize(("shape", "at_limit"), [
+    ("chain", "state.qty" + " + 1" * (MAX_WHEN_DEPTH - 1)),  # a '.' and 499 '+'
+    ("members", "has(state" + ".qty" * (MAX_WHEN_DEPTH - 2) + ")"),
+    ("indexes", "state" + '["qty"]' * (MAX_WHEN_DEPTH - 1)),  # each index 1, the innermost bracket's item 1
+    ("brackets", "(" * 90 + "state.qty" + " + 1" * (MAX_WHEN_DEPTH - 181) + ")" * 90),  # a bracket: 2 levels
+])  # fmt: skip
+def test_a_when_at_the_depth_limit_runs_on_a_small_thread_stack(shape: str, at_limit: str) -> None:
+    """What the limit lets through compiles and runs on a 1 MiB thread stack (an overflow would kill the test
+    process: the CEL runtime has no depth limit of its own); one level more is refused."""
+    import threading
+
+    import cel
+
+    program, _ = compile_condition(at_limit, {})
+    with pytest.raises(ValueError, match=f"nests {MAX_WHEN_DEPTH + 1} deep"):
+        compile_condition(f"!{at_limit}", {})
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(program.execute(cel.Context(variables={"state": {"qty": 1}})))
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # an outcome too: what matters is the stack
+            outcome.append(type(exc))
+
+    previous = threading.stack_size(1 << 20)
+    try:
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(previous)
+    assert len(outcome) == 1
+
+
+LONG_BAD_LIST = 'state.qty in [' + ", ".join(f'"v{i}"' for i in range(9000)) + ",]]"
+
+
+def test_a_when_the_cel_runtime_panics_on_is_a_load_error_and_a_failed_reload(tmp_path: Any) -> None:
+    """A syntax error past column 65,535 made the runtime panic: ``pyo3_runtime.PanicException`` derives from
+    BaseException only, so it went through ``guard policy check`` as a Rust traceback and ended the policy watcher's
+    task for good on a reload."""
+    from guard.policy import load_files
+
+    with pytest.raises(PolicyLoadError, match=r"rules\[0\]\.when: is 79905 characters long"):
+        load_text(one_rule(LONG_BAD_LIST))
+    path = tmp_path / "p.yaml"
+    path.write_text(one_rule("state.qty > 1"))
+    policies = load_files(path)
+    path.write_text(one_rule(LONG_BAD_LIST))
+    with pytest.raises(PolicyLoadError):
+        policies.reload()
+    assert policies.reload_failures == 1 and [p.id for p in policies] == ["p"]
+
+
+def test_a_panic_of_the_cel_runtime_while_compiling_is_a_value_error() -> None:
+    """The runtime panics on this text; the limits keep it from any ``when``, and the compile wrapper turns the
+    panic into a ValueError wherever else it could come from."""
+    import cel
+
+    for call in (cel.compile, cel.evaluate):
+        with pytest.raises(ValueError, match="the CEL runtime panicked on it"):
+            _cel(call, LONG_BAD_LIST)
