@@ -281,6 +281,12 @@ def _compile(
     if spec.on_error is not None:
         e = spec.on_error
         on_error = FailPolicy(e.mode, status=e.status, retry_after=e.retry_after, message=e.message)
+    try:
+        http = HttpMatcher.from_spec(spec.match.http) if spec.match.http is not None else None
+        agent = AgentMatcher.from_spec(spec.match.agent) if spec.match.agent is not None else None
+    except ValueError as exc:  # globs past RE2's memory budget (hundreds of thousands of characters)
+        problem(("match",), f"its globs could not be compiled: {exc}")
+        http = agent = None
     return Policy(
         id=spec.id,
         version=spec.version,
@@ -288,8 +294,8 @@ def _compile(
         mode=spec.mode,
         file=lines.file,
         line=lines.line(base),
-        http=HttpMatcher.from_spec(spec.match.http) if spec.match.http is not None else None,
-        agent=AgentMatcher.from_spec(spec.match.agent) if spec.match.agent is not None else None,
+        http=http,
+        agent=agent,
         state_fields=state_fields,
         questions=tuple(questions),
         rules=tuple(rules),
