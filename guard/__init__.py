@@ -12,7 +12,8 @@ included)::
                                                judged; capped file reads
     guard._buckets, guard._resource, guard._close, guard._urls, guard._english, guard._params   duration histogram
                                                bounds; the OTel resource; bounded OTel close; URLs as logs show
-                                               them; English words; parameter names as frameworks read them
+                                               them and what a request path may not hold; English words; parameter
+                                               names as frameworks read them
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)

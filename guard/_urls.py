@@ -1,10 +1,21 @@
-"""URLs as logs, errors and spans name them."""
+"""URLs as logs, errors and spans name them; what a request path may not hold (``guard/asgi/_target.py`` refuses it,
+and the policy loader refuses a path glob that could only match it)."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-__all__ = ["shown_url"]
+__all__ = ["REFUSED_PATH_ESCAPES", "is_path_control", "shown_url"]
+
+#: Bytes a request path may not send percent-encoded, with what they are: servers read an encoded slash or backslash
+#: differently (some decode it before routing, some after), so such a request is refused (400 ``invalid_target``).
+REFUSED_PATH_ESCAPES: dict[int, str] = {0x2F: "an encoded slash", 0x5C: "an encoded backslash"}
+
+
+def is_path_control(code: int) -> bool:
+    """Whether the code point (or byte) ``code`` is a control character a request path may not hold, raw or
+    percent-encoded: U+0000-U+001F and DEL (U+007F)."""
+    return code < 0x20 or code == 0x7F
 
 
 def shown_url(url: str) -> str:

@@ -40,6 +40,7 @@ from urllib.parse import quote, unquote
 
 from starlette.types import Scope
 
+from guard._urls import REFUSED_PATH_ESCAPES, is_path_control
 from guard.errors import BodyError
 
 __all__ = [
@@ -106,12 +107,9 @@ def _segment(segment: str) -> tuple[str, str]:
             if len(digits) != 2 or not set(digits) <= _HEX:
                 raise _bad(f"the path has a '%' not followed by two hex digits: {segment[i : i + 3]!r}")
             byte = int(digits, 16)
-            if byte in (0x2F, 0x5C):
-                raise _bad(
-                    f"the path contains an encoded {'slash' if byte == 0x2F else 'backslash'} "
-                    f"(%{digits}), which servers read differently"
-                )
-            if byte < 0x20 or byte == 0x7F:
+            if byte in REFUSED_PATH_ESCAPES:
+                raise _bad(f"the path contains {REFUSED_PATH_ESCAPES[byte]} (%{digits}), which servers read differently")
+            if is_path_control(byte):
                 raise _bad(f"the path contains an encoded control character (%{digits})")
             encoded.append(chr(byte) if chr(byte) in _UNRESERVED else f"%{digits.upper()}")
             decoded.append(byte)

@@ -4,7 +4,8 @@ spec into an :class:`~guard.systemone.AnswerV1` for one question (:func:`answer_
 Used by policy fixture tests (``guard policy test``), ``guard policy explain --answers`` and test backends, so a
 policy's rules can be exercised without a model. Specs:
 
-* noul: a number, P(true) (``0.93``), or ``{true: 0.93, false: 0.07}``;
+* noul: a number, P(true) (``0.93``), or ``{"true": 0.93, "false": 0.07}`` (quoted in YAML: a plain ``true`` key is
+  refused);
 * choice: ``{option_id: probability, ...}`` covering every option, or an option id alone (probability 1);
 * score: a list of level probabilities, lowest level first, or ``{"0": p, "1": p, ...}``.
 

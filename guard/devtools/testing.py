@@ -46,6 +46,7 @@ from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend, answer_from_spec
 from guard.engine.cache import MemoryCache
 from guard.errors import BodyError
+from guard.policy._yaml import Path as KeyPath
 from guard.policy._yaml import load_yaml, read_policy_file
 from guard.policy.loader import PolicyLoadError, PolicySet, load_text, validation_problem
 from guard.policy.policy import Policy
@@ -475,6 +476,14 @@ def _compare(expect: _Expect, verdict: Verdict) -> list[str]:
     return problems
 
 
+def _in_agent_input(path: KeyPath) -> bool:
+    """Whether the key path ``path`` of a test file lies in a case's ``input.agent``, where a ``\\ud800`` escape
+    (a lone surrogate) is kept: an agent's tool arguments, results and messages are Python strings that can hold one,
+    and the normaliser reads it as U+FFFD. Anywhere else it is refused: an HTTP request cannot carry one (its JSON
+    body's escape is a 400, its path and headers are bytes), and a case's name or expectation has no use for it."""
+    return path[:1] == ("cases",) and path[2:4] == ("input", "agent")
+
+
 def run_test_file(
     path: str | Path,
     *,
@@ -500,8 +509,7 @@ def run_test_file(
     """
     policy_path, test_path = find_test_file(path)
     policies = with_timeout(load_text(read_policy_file(policy_path), str(policy_path)), timeout_s)
-    # a case's request may hold lone surrogates, as a JSON body's "\ud800" escape makes them: the normaliser reads them
-    data, lines = load_yaml(read_policy_file(test_path), str(test_path), surrogates=True)
+    data, lines = load_yaml(read_policy_file(test_path), str(test_path), surrogates=_in_agent_input)
     try:
         spec = _TestFile.model_validate(data or {})
     except pydantic.ValidationError as exc:

@@ -6,10 +6,12 @@ and refuses, at the first offending event:
 
 * an anchor (``&a``) or alias (``*a``), so an alias bomb fails before anything is expanded;
 * a duplicate mapping key, a merge key (``<<``), a non-scalar key, a key YAML reads as anything but text (``true:``,
-  ``null:``, ``1:``: quote it), and any explicit tag (``!!str``, ``!!bool "off"``, ``!custom``: a tag would let
-  ``!!int "012"`` be 10 where a quoted value is always text);
+  ``null:``, ``1.5:``, ``0x1F:``: quote it; a decimal integer key such as ``429:`` is read as the text it is written
+  as, ``"429"``), YAML 1.1's ``=`` value marker (quote it), and any explicit tag (``!!str``, ``!!bool "off"``,
+  ``!custom``: a tag would let ``!!int "012"`` be 10 where a quoted value is always text);
 * a lone surrogate (U+D800 to U+DFFF, written as a ``\\ud800`` escape), in a value or a key: it is half of a UTF-16
-  pair, not a character, and cannot be encoded in a response, a header or a model request;
+  pair, not a character, and cannot be encoded in a response, a header or a model request. A pair written as two
+  escapes, JSON's way (``"\\ud83d\\ude00"``, as ``json.dumps`` writes an emoji), is joined into its character;
 * nesting deeper than :data:`MAX_DEPTH` and documents larger than :data:`MAX_POLICY_BYTES`;
 * a plain (unquoted) value or key that YAML 1.1 and YAML 1.2 read differently: ``no``/``yes``/``on``/``off``/``y``/``n``
   (any case), integers with a leading zero, ``0b``/``0o`` numbers, signed hex, ``_`` in numbers, floats without a
@@ -23,12 +25,14 @@ found later (pydantic, CEL, System One limits) can still name the line.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path as FilePath
 from typing import Any, ClassVar
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
+from guard._json import surrogates_joined
 from guard._readfile import FileRefused, read_capped
 from guard.errors import PolicyError
 
@@ -63,6 +67,11 @@ _INT_12 = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+")
 _FLOAT_12 = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 #: Lone UTF-16 surrogates: YAML's ``\\ud800`` escapes make them, no UTF-8 text holds them.
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+#: An explicit tag as written in the document (``!!str``, ``!e!foo``, ``!<tag:...>``, ``!``): the parser gives it
+#: expanded (``%TAG`` handles resolved), an error names it as written.
+_WRITTEN_TAG = re.compile(r"!<[^>]*>|![^\s,\[\]{}]*")
+#: What YAML 1.1 resolves a few plain scalars to that are no data (``=``, ``<<`` as a value), by tag.
+_MARKERS = {"tag:yaml.org,2002:value": "value marker", "tag:yaml.org,2002:merge": "merge key"}
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 #: YAML 1.1's timestamp form (``2024-01-01``, ``2024-01-01 10:00:00Z``), read as text by YAML 1.2.
 _TIMESTAMP_11 = next(regexp for resolvers in yaml.SafeLoader.yaml_implicit_resolvers.values()
@@ -118,9 +127,9 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
-    def __init__(self, stream: str, *, surrogates: bool) -> None:
+    def __init__(self, stream: str, *, surrogates: Callable[[Path], bool] | None) -> None:
         super().__init__(stream)
-        self.surrogates = surrogates  # lone surrogates are kept (load_yaml)
+        self.surrogates = surrogates  # the key paths whose scalars keep lone surrogates (load_yaml)
         self._depth = 0
         self.plain_scalars: set[int] = set()  # id() of each scalar node written without quotes or a tag
         self.tagged: dict[int, str] = {}  # id() of each node written with an explicit tag -> the tag as parsed
@@ -173,14 +182,17 @@ def read_policy_file(path: str | FilePath) -> bytes:
         raise PolicyError(name, None, "", f"{exc} (split it into several files)") from None
 
 
-def load_yaml(text: str | bytes, file: str = "<string>", *, surrogates: bool = False) -> tuple[Any, LineMap]:
+def load_yaml(
+    text: str | bytes, file: str = "<string>", *, surrogates: Callable[[Path], bool] | None = None
+) -> tuple[Any, LineMap]:
     """Parse one YAML document into plain data (dict, list, str, int, float, bool, None).
 
     Args:
         text: the document; bytes are decoded as UTF-8.
         file: name used in errors.
-        surrogates: keep lone surrogates (a policy test file's request may hold what a JSON body's ``\\ud800``
-            escapes make, as a real one can); refused by default.
+        surrogates: the key paths (a key's own path ends in ``"<key>"``) whose scalars may keep lone surrogates
+            written as ``\\ud800`` escapes (a policy test file's agent input: an agent's strings can hold them);
+            refused everywhere by default. A lone surrogate in ``text`` itself is refused wherever it stands.
 
     Returns:
         ``(data, lines)``: the data (``None`` for an empty document) and the line of every key path.
@@ -191,7 +203,9 @@ def load_yaml(text: str | bytes, file: str = "<string>", *, surrogates: bool = F
             :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
     """
     lines = LineMap(file)
-    size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
+    if isinstance(text, str) and _SURROGATE.search(text):
+        text = surrogates_joined(text, lone="keep")  # a pair becomes its character; a lone half is refused below
+    size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
     if size > MAX_POLICY_BYTES:
         raise PolicyError(file, None, "", f"file is {size} bytes; at most {MAX_POLICY_BYTES} (split it into "
                           "several files)")
@@ -204,8 +218,10 @@ def load_yaml(text: str | bytes, file: str = "<string>", *, surrogates: bool = F
         loader = _Loader(text, surrogates=surrogates)  # the reader refuses control characters here, before parsing
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
-        raise PolicyError(file, line, "", f"control character U+{int(exc.character):04X} is not "
-                          "allowed in a policy file") from None
+        code = int(exc.character)
+        if _SURROGATE.fullmatch(chr(code)):
+            raise PolicyError(file, line, "", _surrogate_problem(code, "text")) from None
+        raise PolicyError(file, line, "", f"control character U+{code:04X} is not allowed in a policy file") from None
     try:
         node = loader.get_single_node()
         data = None if node is None else _to_data(loader, node, (), lines)
@@ -232,15 +248,21 @@ def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> An
     lines.lines.setdefault(path, node.start_mark.line + 1)
     is_key = path[-1:] == ("<key>",)
     if id(node) in loader.tagged:
-        tag = loader.tagged[id(node)].replace(_CORE_PREFIX, "!!", 1)  # as written: !!str, !custom
-        raise _Reject(node.start_mark, f"tag {tag} is not allowed; policy files hold plain data only: write the value "
-                      "without it (a quoted value is text)", _where(node, path, is_key=is_key))
+        raise _Reject(node.start_mark, f"tag {_written_tag(node, loader.tagged[id(node)])} is not allowed; policy "
+                      "files hold plain data only: write the value without it (a quoted value is text)",
+                      _where(node, path, is_key=is_key))
     if isinstance(node, yaml.ScalarNode):
-        if node.tag not in _SCALAR_TAGS:
-            raise _Reject(node.start_mark, f"tag {node.tag} is not allowed; policy files hold plain data only")
-        surrogate = None if loader.surrogates else _SURROGATE.search(node.value)
+        if node.tag not in _SCALAR_TAGS:  # untagged, so a plain scalar YAML 1.1 reads as a marker: "=", "<<"
+            marker = _MARKERS.get(node.tag, node.tag)
+            raise _Reject(node.start_mark, f"{node.value!r} is YAML 1.1's {marker}, not text; quote it "
+                          f'("{node.value}")', _where(node, path, is_key=is_key))
+        surrogate = _SURROGATE.search(node.value)
+        if surrogate:  # a pair written as two \u escapes, JSON's way, is one character; a lone half stays
+            node.value = surrogates_joined(node.value, lone="keep")
+            keep = loader.surrogates is not None and loader.surrogates(path)
+            surrogate = None if keep else _SURROGATE.search(node.value)
         if surrogate:
-            raise _Reject(node.start_mark, _surrogate_problem(node.value, surrogate.start(), is_key=is_key),
+            raise _Reject(node.start_mark, _surrogate_problem(ord(surrogate.group()), "key" if is_key else "value"),
                           _where(node, path, is_key=is_key))
         plain = id(node) in loader.plain_scalars
         if node.tag in _NUMBER_TAGS or (plain and (_INT_12.fullmatch(node.value) or _FLOAT_12.fullmatch(node.value))):
@@ -255,7 +277,9 @@ def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> An
             problem = _version_problem(node.value, value, is_key=is_key)
             if problem:
                 raise _Reject(node.start_mark, problem, _where(node, path, is_key=is_key))
-        if is_key and not isinstance(value, str):  # true: would be the option "True", null: "None"
+        if is_key and type(value) is int and node.value == str(value):  # 429: is the key "429", as written
+            return node.value
+        if is_key and not isinstance(value, str):  # true: would be the option "True", null: "None", 0x1F: "31"
             raise _Reject(node.start_mark, f"key {node.value!r} is {_reading(value)} in YAML, not text; keys are "
                           f'text: quote it ("{node.value}")', _where(node, path, is_key=is_key))
         return value
@@ -264,10 +288,11 @@ def _to_data(loader: _Loader, node: yaml.Node, path: Path, lines: LineMap) -> An
     if isinstance(node, yaml.MappingNode):  # untagged, so a plain mapping
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
-                raise _Reject(key_node.start_mark, "mapping keys must be plain scalars")
+            if not isinstance(key_node, yaml.ScalarNode):  # "? [a]": a sequence or mapping as a key
+                raise _Reject(key_node.start_mark, "a key must be text, not a sequence or mapping", path)
             if key_node.tag == "tag:yaml.org,2002:merge":
-                raise _Reject(key_node.start_mark, "merge keys (<<) are not allowed in policy files")
+                raise _Reject(key_node.start_mark, "merge keys (<<) are not allowed in policy files; repeat the "
+                              'keys (or quote it, "<<", for the text)', path)
             key = _to_data(loader, key_node, (*path, "<key>"), lines)  # text: anything else is refused
             if key in out:
                 first = lines.lines.get((*path, key))
@@ -291,17 +316,20 @@ def _where(node: yaml.ScalarNode, path: Path, *, is_key: bool) -> Path:
     return (*path[:-1], node.value.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
-def _surrogate_problem(text: str, at: int, *, is_key: bool) -> str:
-    """Why ``text``, holding a lone surrogate at index ``at``, is refused, with what to write instead."""
-    code = ord(text[at])
-    what = "key" if is_key else "value"
-    reason = (f"the {what} holds U+{code:04X}, a lone surrogate (half of a UTF-16 pair, not a character: it cannot be "
-              "sent in a response, a header or a model request)")
-    low = ord(text[at + 1]) if at + 1 < len(text) else 0
-    if 0xD800 <= code <= 0xDBFF and 0xDC00 <= low <= 0xDFFF:  # a pair written as two \u escapes, JSON's way
-        joined = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
-        return f"{reason}; YAML does not join \\u{code:04x}\\u{low:04x}: write the character itself or \\U{joined:08X}"
-    return f"{reason}; write the character itself, or \\UXXXXXXXX (8 hex digits) for one above U+FFFF"
+def _written_tag(node: yaml.Node, parsed: str) -> str:
+    """The explicit tag of ``node`` as the document writes it (``!e!foo``, not the ``tag:example.com,2000:foo`` a
+    ``%TAG`` directive expands it to), read at the node's start; else ``parsed`` with the core prefix as ``!!``."""
+    mark = node.start_mark
+    written = _WRITTEN_TAG.match(mark.buffer, mark.pointer) if isinstance(mark.buffer, str) else None
+    return written.group() if written else parsed.replace(_CORE_PREFIX, "!!", 1)
+
+
+def _surrogate_problem(code: int, what: str) -> str:
+    """Why the ``what`` (``"key"``, ``"value"``, ``"text"``) holding the lone surrogate ``code`` is refused, with what
+    to write instead."""
+    return (f"the {what} holds U+{code:04X}, a lone surrogate (half of a UTF-16 pair, not a character: it cannot be "
+            "sent in a request, a response, a header or a model request); write the character itself, or "
+            "\\UXXXXXXXX (8 hex digits) for one above U+FFFF")
 
 
 def _reading(value: Any) -> str:

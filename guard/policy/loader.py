@@ -451,7 +451,7 @@ def _questions(
             continue
         wire_id = q.id if q.id is not None else (q.catalog or key)
         if not ID_PATTERN.fullmatch(wire_id):
-            problem((*where, "id"), f"id {wire_id!r} must match [A-Za-z0-9_.-]{{1,100}}")
+            problem((*where, "id"), f"id {wire_id!r} must match {ID_PATTERN.pattern}")
             continue
         if wire_id in wire_ids:
             problem((*where, "id"), f"wire id {wire_id!r} is also used by question {wire_ids[wire_id]!r}")

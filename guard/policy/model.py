@@ -22,8 +22,10 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from guard._urls import REFUSED_PATH_ESCAPES, is_path_control
 from guard.policy._state import Repeats
 from guard.policy.rules import MAX_WHEN_CHARS, MAX_WHEN_DEPTH
+from guard.systemone import ID_PATTERN
 from guard.verdict import Action, MaskStyle
 
 __all__ = [
@@ -92,7 +94,7 @@ PATH_GLOB_PATTERN = r"^/"
 VERSION_PATTERN = r"^[!-~]{1,64}$"
 #: A policy id, rule id or handoff target name: each is sent in a response header (``x-guard-policy``,
 #: ``x-guard-rule``, ``x-guard-handoff``).
-NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,100}$"
+NAME_PATTERN = f"^{ID_PATTERN.pattern}$"  # the question id's pattern (System One's)
 #: A media type without parameters, ``type/subtype`` (RFC 9110 8.3.1 tokens).
 MEDIA_TYPE_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
 #: An HTTP method: an RFC 9110 token (9.1), no spaces or commas.
@@ -161,15 +163,19 @@ HostGlob = Annotated[str, AfterValidator(lambda glob: host_glob(glob, port_hint=
 
 
 _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
-_QUERY_LIKE = re.compile(r"\?[^/]*=")  # ?name=value in one segment
+#: A query written into a path glob: '?' then a parameter name, then '=', '&' or the glob's end (?op=delete, ?all).
+#: '?' followed by anything else ('/a/?=1', '/files/?.txt', '/v?/chat') is the one-character wildcard.
+_QUERY_LIKE = re.compile(r"\?[A-Za-z_][A-Za-z0-9_.-]*(?:[=&]|$)")
 
 
 def _path_glob(glob: str) -> str:
-    # Paths are matched in the canonical form the middleware reduces every request to (guard/asgi/_target.py):
-    # percent-decoded, empty segments merged, dot segments removed, no backslash or control character. A glob
-    # holding what that form never holds would never match; ';' and '#' stay allowed (%3B and %23 decode to them). A
-    # percent-escape could match only its own text (a request sending %25), and ?name=value only a path holding it:
-    # both are refused as the query or the encoded character they were meant to match.
+    """``glob`` itself when the canonical path every request is reduced to (guard/asgi/_target.py: percent-decoded,
+    empty segments merged, dot segments removed; a backslash, an encoded slash or backslash and a control character
+    refused) could match it. ';' and '#' stay allowed: %3B and %23 decode to them.
+
+    Raises:
+        ValueError: naming what the glob holds that no such path holds, and what to write instead.
+    """
     if "//" in glob:
         merged = re.sub("/{2,}", "/", glob)
         raise ValueError(f"path glob {glob!r} holds '//'; requests are matched with empty segments merged "
@@ -179,18 +185,29 @@ def _path_glob(glob: str) -> str:
         raise ValueError(f"path glob {glob!r} holds the dot segment {dots[0]!r}; requests are matched with dot "
                          "segments removed (/a/./b is judged as /a/b, /a/../b as /b), so it would never match: write "
                          "the path it stands for")
-    escape = _ESCAPE.search(glob)
-    if escape:
-        raise ValueError(f"path glob {glob!r} holds the percent-escape {escape.group()!r}; requests are matched on "
+    escapes = [match.group() for match in _ESCAPE.finditer(glob)]
+    for escape in escapes:
+        byte = int(escape[1:], 16)
+        if byte in REFUSED_PATH_ESCAPES or is_path_control(byte):
+            what = REFUSED_PATH_ESCAPES.get(byte, "an encoded control character")
+            raise ValueError(f"path glob {glob!r} holds {escape!r}, {what}; a request whose path holds it is refused "
+                             "(400 invalid_target), so it would never match")
+    if escapes:  # a percent-escape matches only its own text (a request sending %25), never the decoded character
+        decoded = unquote(glob, errors="replace")
+        wildcard = " ('?' and '*' stay wildcards: a glob has no literal form of them)" if any(
+            escape.upper() in ("%3F", "%2A") for escape in escapes) else ""
+        raise ValueError(f"path glob {glob!r} holds the percent-escape {escapes[0]!r}; requests are matched on "
                          "their decoded path (/caf%C3%A9 is judged as /caf\u00e9), so it matches only the text "
-                         f"{escape.group()!r} (sent as %25{escape.group()[1:]}), never the character it encodes: write "
-                         f"the character itself: {unquote(glob, errors='replace')!r}")
-    if _QUERY_LIKE.search(glob):
-        raise ValueError(f"path glob {glob!r} holds a query string ('?name=value'); a path glob matches the path "
-                         "only ('?' is one character of it), so it would never match a query: match the path, and "
-                         "the query in a rule (state: {op: 'query:op'}, when: state.op == 'delete')")
+                         f"{escapes[0]!r} (sent as %25{escapes[0][1:]}), never the character it encodes: write "
+                         f"the character itself: {decoded!r}{wildcard}")
+    query = _QUERY_LIKE.search(glob)
+    if query:
+        raise ValueError(f"path glob {glob!r} holds a query string ({query.group().rstrip('=&')!r}); a path glob "
+                         "matches the path only ('?' is any one character of it), so it would never match a query: "
+                         "match the path, and the query in a rule (state: {op: 'query:op'}, when: state.op == "
+                         "'delete')")
     for char in glob:
-        if char == "\\" or char < " " or char == "\x7f":
+        if char == "\\" or is_path_control(ord(char)):
             raise ValueError(f"path glob {glob!r} holds {char!r}; a request whose path holds it is refused (400 "
                              "invalid_target), so it would never match")
     return glob
@@ -380,14 +397,14 @@ class QuestionSpec(_Strict):
     which both the compact CPU model and Clef answer.
 
     ``id`` is the wire id sent to the model (default: the key in ``questions``; for a catalog question, the catalog
-    id). ``criteria``: noul ``{true: ..., false: ...}``; choice ``{option_id: description}`` (2-255 options, sent
-    sorted by id: their order does not matter); score ``[lowest level, ..., highest]`` (2-10 levels). Limits are the
-    Workers AI limits, checked at load.
+    id). ``criteria``: noul ``{"true": ..., "false": ...}`` (quoted: a plain ``true`` is YAML's boolean, not text);
+    choice ``{option_id: description}`` (2-255 options, sent sorted by id: their order does not matter); score
+    ``[lowest level, ..., highest]`` (2-10 levels). Limits are the Workers AI limits, checked at load.
     """
 
     id: str | None = Field(
         default=None,
-        description="Wire id sent to the model, [A-Za-z0-9_.-]{1,100}; default: the key (catalog: the catalog id).",
+        description=f"Wire id sent to the model, {ID_PATTERN.pattern}; default: the key (catalog: the catalog id).",
     )
     catalog: str | None = Field(
         default=None,
@@ -404,8 +421,9 @@ class QuestionSpec(_Strict):
     )
     criteria: Any = Field(
         default=None,
-        description="Options: noul {true: ..., false: ...} (optional); choice {option_id: description} (2-255, sent "
-        "sorted by id: their order does not matter); score [lowest level, ..., highest] (2-10).",
+        description='Options: noul {"true": ..., "false": ...} (optional; quoted: a plain true is not text); choice '
+        "{option_id: description} (2-255, sent sorted by id: their order does not matter); score [lowest level, ..., "
+        "highest] (2-10).",
     )
 
 

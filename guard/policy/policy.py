@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from guard.policy.normalize import Normalized
 from guard.policy.provenance import ToolSpec
 from guard.policy.rules import CompiledRule, Outcome
 from guard.subject import AgentSubject, HttpSubject, Subject
-from guard.systemone import QuestionV1, SystemOneRequestV1
+from guard.systemone import ID_PATTERN, QuestionV1, SystemOneRequestV1
 from guard.verdict import FailMode
 
 __all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "HttpReads", "Policy", "PolicyQuestion"]
@@ -50,6 +51,11 @@ class HandoffTarget:
         timeout: seconds for a whole answer, and for a stream's head and each content chunk.
         system_prompt: optional system prompt for the target.
         stream_timeout: seconds a streamed answer may last in all, head to end.
+
+    Raises:
+        ValueError: ``name`` does not match :data:`~guard.systemone.ID_PATTERN` (it is sent in the
+            ``x-guard-handoff`` response header), or a timeout is not a finite number above 0. The loader checks a
+            policy file's targets the same way; this catches the ones built in code (``HandoffClient(targets=...)``).
     """
 
     name: str
@@ -59,6 +65,17 @@ class HandoffTarget:
     timeout: float = 30.0
     system_prompt: str | None = None
     stream_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and ID_PATTERN.fullmatch(self.name)):
+            raise ValueError(f"handoff target name {self.name!r} must match {ID_PATTERN.pattern}: it is sent in the "
+                             "x-guard-handoff response header")
+        for field_name in ("timeout", "stream_timeout"):
+            seconds = getattr(self, field_name)
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+                    math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"handoff target {self.name!r}: {field_name} is {seconds!r}; it must be a finite "
+                                 "number of seconds above 0")
 
 
 @dataclass(frozen=True)

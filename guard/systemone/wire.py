@@ -83,6 +83,7 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 #: The image formats a guard backend decodes (PIL's names); PIL's other decoders (TIFF, DDS, ICNS, AVIF, IM, ...) are
 #: never tried on client bytes.
 IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
+#: A question id (fullmatch): the policy loader takes it for policy and rule ids and handoff target names too.
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 IMAGE_CONTENT_TYPES = ("image/png", "image/jpeg", "image/webp")
 
@@ -321,7 +322,7 @@ def _validate_questions(raw: Any, strict: bool, errors: list[FieldError]) -> lis
         path = f"questions.{qid}"
         before = len(errors)
         if strict and not (isinstance(qid, str) and ID_PATTERN.fullmatch(qid)):
-            errors.append(FieldError(path, f"id {_describe(qid)} must match [A-Za-z0-9_.-]{{1,100}}"))
+            errors.append(FieldError(path, f"id {_describe(qid)} must match {ID_PATTERN.pattern}"))
         if not isinstance(spec, Mapping):
             errors.append(FieldError(path, f"must be an object, got {_json_type(spec)}"))
             continue

@@ -45,11 +45,12 @@ def test_test_escapes_control_characters_in_text_output(tmp_path: Path, capsys: 
     assert "rule: expected 'x\\x02', got 'r'" in err
 
 
-def test_a_lone_surrogate_in_a_case_name_is_escaped_in_text_and_json(
+def test_a_lone_surrogate_in_a_case_name_is_a_load_error_printed_in_text_and_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A YAML ``"\\ud800"`` in a case name stopped ``-v`` and ``--format json`` with a UnicodeEncodeError on a real
-    stdout, leaving CI an empty report (attack finding): it is written as its escape."""
+    stdout, leaving CI an empty report (attack finding). Only a case's ``input.agent`` may hold one now: elsewhere it
+    is a load error naming file, line and key, printed without the surrogate."""
     import json
 
     (tmp_path / "p.yaml").write_text(POLICY)
@@ -57,9 +58,10 @@ def test_a_lone_surrogate_in_a_case_name_is_escaped_in_text_and_json(
         'cases:\n  - name: "odd \\ud800 name"\n    input: {http: {method: POST, path: /x/a}}\n'
         '    expect: {action: block}\n'
     )
-    assert main(["policy", "test", str(tmp_path / "p.yaml"), "-v"]) == 0
-    text = capsys.readouterr().out
-    assert "\ud800" not in text and "odd \\ud800 name" in text
-    assert main(["policy", "test", str(tmp_path / "p.yaml"), "--format", "json"]) == 0
+    assert main(["policy", "test", str(tmp_path / "p.yaml"), "-v"]) == 1
+    err = capsys.readouterr().err
+    assert "\ud800" not in err and f"{tmp_path / 'p_test.yaml'}:2: cases[0].name: the value holds U+D800" in err
+    assert main(["policy", "test", str(tmp_path / "p.yaml"), "--format", "json"]) == 1
     out = capsys.readouterr().out
-    assert "\ud800" not in out and json.loads(out)["results"][0]["name"] == "odd \ud800 name"
+    assert "\ud800" not in out
+    assert [(e["line"], e["key"]) for e in json.loads(out)["errors"]] == [(2, "cases[0].name")]

@@ -9,6 +9,7 @@ import pytest
 
 from guard.asgi._subject import head_subject, header_map
 from guard.devtools.testing import run_test_file, subject_from_json
+from guard.errors import PolicyError
 from guard.subject import HttpSubject
 
 HOSTS = ["api.example.com", "API.Example.com", "api.example.com:8443", "api.example.com.", "API.example.com.:443",
@@ -99,3 +100,26 @@ def test_an_object_body_sent_as_text_is_refused() -> None:
                                     "body": {"prompt": "evil"}}})
     for media in ("application/json", "application/vnd.api+json", "application/x-www-form-urlencoded", ""):
         subject_from_json({"http": {"method": "POST", "path": "/a", "content_type": media, "body": {"a": ["b"]}}})
+
+
+def test_a_lone_surrogate_is_kept_in_an_agent_input_and_refused_in_an_http_one(tmp_path: Path) -> None:
+    """An ``input.http`` case holding ``"\\ud800"`` ran to the fail mode (internal_error), though the middleware
+    refuses such a request (400) before judging it; an agent's strings can hold one, and the normaliser reads it."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policies:\n"
+                      "  - {id: t, version: 1, match: {agent: {events: [tool_call]}}, state: {a: arguments},\n"
+                      "     rules: [{id: odd, when: 'flags.lone_surrogates > 0', action: block}]}\n"
+                      "  - {id: h, version: 1, match: {http: {}}, state: {b: body}, rules: [{id: r, when: 'true', "
+                      "action: allow}]}\n")
+    test = tmp_path / "p_test.yaml"
+    test.write_text("cases:\n  - name: agent\n"
+                    '    input: {agent: {event: tool_call, tool_name: t, arguments: {"c\\udc00": "a \\ud800"}}}\n'
+                    "    expect: {action: block, rule: odd}\n")
+    assert [(r.name, r.passed, r.problems) for r in run_test_file(policy)] == [("agent", True, [])]
+    test.write_text(test.read_text() + "  - name: http\n"
+                    '    input: {http: {method: POST, path: /a, body: {prompt: "a \\ud800"}}}\n'
+                    "    expect: {action: allow}\n")
+    with pytest.raises(PolicyError) as caught:
+        run_test_file(policy)
+    assert (caught.value.file, caught.value.line, caught.value.key) == (str(test), 6, "cases[1].input.http.body.prompt")
+    assert "holds U+D800, a lone surrogate" in caught.value.reason

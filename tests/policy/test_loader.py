@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from guard.errors import PolicyError
-from guard.policy import PolicyLoadError, load_files, load_text
+from guard.policy import HandoffTarget, PolicyLoadError, load_files, load_text
 
 BASE = """\
 policies:
@@ -223,6 +223,25 @@ def test_handoff_target_names_and_timeouts_must_fit_a_header_and_a_clock() -> No
     assert list(policy.handoff_targets) == ["triage_llm.v2-eu"]
 
 
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"name": "t\r\nx-injected: yes"}, "handoff target name 't\\r\\nx-injected: yes' must match [A-Za-z0-9_.-]{1,100}"),
+        ({"name": ""}, "must match"),
+        ({"timeout": float("inf")}, "handoff target 't': timeout is inf; it must be a finite number of seconds above 0"),
+        ({"stream_timeout": float("nan")}, "stream_timeout is nan"),
+        ({"timeout": 0}, "timeout is 0;"),
+    ],
+)
+def test_a_handoff_target_built_in_code_is_checked_as_the_loader_checks_one(fields: dict[str, object], reason: str
+                                                                           ) -> None:
+    """``HandoffClient(targets=...)`` overrides are built in code, past the loader's checks of a policy file's."""
+    with pytest.raises(ValueError) as caught:
+        HandoffTarget(**{"name": "t", "base_url": "http://x/v1", "model": "m", **fields})  # type: ignore[arg-type]
+    assert reason in str(caught.value)
+    assert HandoffTarget("triage_llm.v2-eu", "http://x/v1", "m", timeout=1).timeout == 1
+
+
 def test_duplicate_policy_ids_across_files(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(BASE)
     (tmp_path / "b.yaml").write_text(BASE)
@@ -311,6 +330,21 @@ policies:
         load_text(text, "p.yaml")
     assert (err.value.line, err.value.key) == (7, f"policies[0].questions.q.criteria.{key}")
     assert f'quote it ("{key}")' in err.value.reason
+
+
+def test_numbered_choice_options_load_as_the_text_written() -> None:
+    """``criteria: {1: Low., 2: Medium., 3: High.}`` loaded as the options "1", "2", "3", then was refused."""
+    (policy,) = load_text("""
+policies:
+  - id: a
+    version: 1
+    match: {http: {}}
+    state: {text: body}
+    questions:
+      tier: {type: choice, instructions: "Which tier?", criteria: {1: Low., 2: Medium., 3: High.}}
+    rules: [{id: r, when: 'tier.choice == "3"', action: block}]
+""", "p.yaml")
+    assert sorted(policy.questions[0].wire.criteria) == ["1", "2", "3"]
 
 
 def test_rule_ids_the_verdict_gives_itself_are_refused() -> None:

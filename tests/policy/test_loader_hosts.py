@@ -69,10 +69,19 @@ policies:
         ('"/a/b/.."', "holds the dot segment '..'"),
         ('"/shop/caf%C3%A9/**"', "holds the percent-escape '%C3'; requests are matched on their decoded path"),
         ('"/shop/caf%c3%a9/**"', "write the character itself: '/shop/caf\u00e9/**'"),
-        ('"/v1/items?op=delete"', "holds a query string ('?name=value'); a path glob matches the path only"),
-        ('"/v1/*?q=*"', "holds a query string"),
+        ('"/v1/items?op=delete"', "holds a query string ('?op'); a path glob matches the path only"),
+        ('"/v1/*?q=*"', "holds a query string ('?q')"),
+        ('"/search?q"', "holds a query string ('?q')"),  # matched /searchXq, never the query
+        ('"/export?all"', "holds a query string ('?all')"),
+        ('"/a?x&y=1"', "holds a query string ('?x')"),
+        ('"/files/a%2Fb"', ("path glob '/files/a%2Fb' holds '%2F', an encoded slash; a request whose path holds it is "
+                            "refused (400 invalid_target), so it would never match")),  # said: write '/files/a/b'
+        ('"/a%5cb"', "holds '%5c', an encoded backslash; a request whose path holds it is refused"),
+        ('"/caf%C3%A9/%00"', "holds '%00', an encoded control character"),
+        ('"/a%3Fb"', "write the character itself: '/a?b' ('?' and '*' stay wildcards"),
         ("'/a\\b'", "holds '\\\\'; a request whose path holds it is refused (400 invalid_target)"),
         ('"/a\\tb"', "holds '\\t'"),
+        ('"/a\\x7fb"', "holds '\\x7f'; a request whose path holds it is refused"),  # DEL
     ],
 )
 def test_a_path_glob_that_can_never_match_is_refused(glob: str, reason: str) -> None:
@@ -88,6 +97,10 @@ def test_a_path_glob_that_can_never_match_is_refused(glob: str, reason: str) -> 
     ("glob", "request_path"),
     [
         ("/files/?.txt", "/files/a.txt"),  # ? is one character
+        ("/a/?=1", "/a/x=1"),  # ? followed by no name is no query
+        ("/kv/*?=*", "/kv/ab=c"),
+        ("/v?/chat", "/v1/chat"),
+        ("/a?", "/a%3F"),  # a literal ? arrives as %3F and is matched decoded, by the wildcard
         ("/a;b/*", "/a%3Bb/x"),  # a literal ';' arrives as %3B and is matched decoded
         ("/page#top", "/page%23top"),
         ("/.well-known/*", "/.well-known/x"),

@@ -72,7 +72,7 @@ def test_alias_bomb_is_rejected_fast_with_bounded_memory() -> None:
         ("a: !custom 1\n", "tag !custom is not allowed"),
         ("a: !!binary aGVsbG8=\n", "is not allowed"),
         ("a: !!set {x, y}\n", "is not allowed"),
-        ("? [a, b]\n: 1\n", "mapping keys must be plain scalars"),
+        ("? [a, b]\n: 1\n", "a key must be text, not a sequence or mapping"),
         ("a: [1, 2\n", "YAML syntax error"),
         ("a: 1\n---\nb: 2\n", "YAML syntax error"),
         ("a: " + "9" * 5000 + "\n", "a number of 5000 characters; at most 100"),  # was a bare ValueError
@@ -164,6 +164,8 @@ def test_plain_scalars_both_yaml_versions_agree_on_are_kept() -> None:
         ("x: ! 012\n", "x", "tag ! is not allowed"),
         ("x: !!map {a: 1}\n", "x", "tag !!map is not allowed"),
         ("x: {!!str true: a}\n", "x.true", "tag !!str is not allowed"),
+        ("%TAG !e! tag:example.com,2000:\n---\nx: !e!foo a\n", "x", "tag !e!foo is not allowed"),  # as written
+        ("x: !<tag:yaml.org,2002:str> a\n", "x", "tag !<tag:yaml.org,2002:str> is not allowed"),
     ],
 )
 def test_explicit_tags_are_refused(text: str, key: str, reason: str) -> None:
@@ -171,8 +173,28 @@ def test_explicit_tags_are_refused(text: str, key: str, reason: str) -> None:
     value is text and past the YAML 1.1/1.2 checks."""
     with pytest.raises(PolicyError) as caught:
         load_yaml(text, "p.yaml")
-    assert (caught.value.line, caught.value.key) == (1, key)
+    assert (caught.value.line, caught.value.key) == (text.count("\n"), key)
     assert reason in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "reason"),
+    [
+        ('data: {ops: [=, "<"]}\n', 1, "data.ops[0]", 'YAML 1.1\'s value marker, not text; quote it ("=")'),
+        ("data:\n  ops: {=: eq}\n", 2, "data.ops.=", "'=' is YAML 1.1's value marker"),
+        ("data: {ops: <<}\n", 1, "data.ops", "'<<' is YAML 1.1's merge key, not text; quote it"),
+        ("data:\n  ? [a]\n  : 1\n", 2, "data", "a key must be text, not a sequence or mapping"),
+    ],
+)
+def test_what_yaml_reads_as_no_data_names_its_key_and_how_to_write_it(
+    text: str, line: int, key: str, reason: str
+) -> None:
+    """``=`` gave "tag tag:yaml.org,2002:value is not allowed" and a sequence key gave no key path."""
+    with pytest.raises(PolicyError) as caught:
+        load_yaml(text, "p.yaml")
+    assert (caught.value.line, caught.value.key) == (line, key)
+    assert reason in caught.value.reason
+    assert load_yaml('data: {ops: ["=", "<"]}\n')[0] == {"data": {"ops": ["=", "<"]}}
 
 
 @pytest.mark.parametrize(
@@ -182,10 +204,11 @@ def test_explicit_tags_are_refused(text: str, key: str, reason: str) -> None:
          'are text: quote it ("true")')),  # was the option "True"
         ("criteria:\n  a: b\n  null: c\n", 3, "criteria.null", "key 'null' is null in YAML"),  # was "None"
         ("criteria: {~: a}\n", 1, "criteria.~", "key '~' is null"),
-        ("status: {429: slow}\n", 1, "status.429", ('key \'429\' is the number 429 in YAML, not text; keys are text: '
-         'quote it ("429")')),
-        ("x: {0x1F: a}\n", 1, "x.0x1F", "is the number 31"),  # was "31"
+        ("x: {0x1F: a}\n", 1, "x.0x1F", ('key \'0x1F\' is the number 31 in YAML, not text; keys are text: '
+         'quote it ("0x1F")')),  # was "31"
         ("x: {1.5: a}\n", 1, "x.1.5", "is the number 1.5"),
+        ("x: {+1: a}\n", 1, "x.+1", "is the number 1"),  # would be "1"
+        ("x: {00: a}\n", 1, "x.00", "is the number 0"),
     ],
 )
 def test_keys_yaml_reads_as_anything_but_text_are_refused(text: str, line: int, key: str, reason: str) -> None:
@@ -196,14 +219,24 @@ def test_keys_yaml_reads_as_anything_but_text_are_refused(text: str, line: int, 
     assert reason in caught.value.reason
 
 
+def test_a_decimal_integer_key_is_the_text_it_is_written_as() -> None:
+    """Choice options ``{1: Low., 2: Medium., 3: High.}`` and ``status: {429: slow}`` loaded as "1", "2", "3" and
+    "429" before keys YAML reads as no text were refused, and were refused since."""
+    data, lines = load_yaml("criteria: {1: Low., 2: Medium., 3: High.}\nstatus:\n  429: slow\n  -1: x\n", "p.yaml")
+    assert data == {"criteria": {"1": "Low.", "2": "Medium.", "3": "High."}, "status": {"429": "slow", "-1": "x"}}
+    assert lines.line(("status", "-1")) == 4
+    with pytest.raises(PolicyError, match="duplicate key '1'"):
+        load_yaml('x: {"1": a, 1: b}\n')
+
+
 @pytest.mark.parametrize(
     ("text", "key", "reason"),
     [
         ('message: "refused \\ud800"\n', "message", "the value holds U+D800, a lone surrogate"),
         ("x: [a, \"\\udc80\"]\n", "x[1]", "U+DC80, a lone surrogate"),
         ('x: {"k\\ud800": 1}\n', "x.k\\ud800", "the key holds U+D800"),  # the key named as its escape
-        ('x: "\\ud83d\\ude00"\n', "x", ("YAML does not join \\ud83d\\ude00: write the character itself or "
-         "\\U0001F600")),
+        ('x: "\\ude00\\ud83d"\n', "x", "the value holds U+DE00"),  # a pair the wrong way round is two lone halves
+        ('x: "\\ud83d\\ude00\\ud83d"\n', "x", "the value holds U+D83D"),
     ],
 )
 def test_lone_surrogates_are_refused(text: str, key: str, reason: str) -> None:
@@ -216,7 +249,29 @@ def test_lone_surrogates_are_refused(text: str, key: str, reason: str) -> None:
     str(caught.value).encode("utf-8")  # the error itself can be printed
 
 
-def test_a_policy_test_file_may_hold_lone_surrogates() -> None:
-    """A test case's request may hold what a JSON body's ``\\ud800`` escape makes, as a real request can."""
-    assert load_yaml('body: {prompt: "a \\ud800 b"}\n', "p_test.yaml", surrogates=True)[0] == {
-        "body": {"prompt": "a \ud800 b"}}
+def test_a_surrogate_pair_written_as_two_escapes_is_its_character() -> None:
+    """``json.dumps`` writes an emoji as ``"\\ud83d\\ude00"``: such a JSON policy was refused as holding lone
+    surrogates."""
+    data, _ = load_yaml('{"data": {"k": "a \\ud83d\\ude00", "\\ud83d\\ude00": 1}}', "p.json")
+    assert data == {"data": {"k": "a \U0001F600", "\U0001F600": 1}}
+
+
+def test_a_lone_surrogate_in_the_text_itself_is_refused_with_its_line() -> None:
+    """``load_text`` given a str holding one raised a bare UnicodeEncodeError (the size check encoded the text)."""
+    with pytest.raises(PolicyError) as caught:
+        load_yaml("policies: []\ndata: {k: a\ud800}\n", "x.yaml")
+    assert (caught.value.line, caught.value.key) == (2, "")
+    assert "holds U+D800, a lone surrogate" in caught.value.reason
+    assert load_yaml("data: {k: a\ud83d\ude00}\n")[0] == {"data": {"k": "a\U0001F600"}}  # a pair is its character
+
+
+def test_lone_surrogates_are_kept_only_where_the_caller_allows() -> None:
+    """A policy test file keeps them in an agent's input (``guard/devtools/testing.py``), nowhere else."""
+    def under_b(path: tuple[str | int, ...]) -> bool:
+        return path[:1] == ("b",)
+
+    text = 'b: {prompt: "a \\ud800 b", "k\\udc00": 1}\n'
+    assert load_yaml(text, "p_test.yaml", surrogates=under_b)[0] == {"b": {"prompt": "a \ud800 b", "k\udc00": 1}}
+    with pytest.raises(PolicyError) as caught:
+        load_yaml(text.replace("b:", "a: 1\nc:"), "p_test.yaml", surrogates=under_b)
+    assert (caught.value.line, caught.value.key) == (2, "c.prompt")
