@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import re2
@@ -18,11 +19,18 @@ __all__ = ["AgentMatcher", "HttpMatcher", "ResponseMatcher", "compile_glob"]
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+#: Wildcard runs of a glob (``*``, ``**`` and what they touch): with two or more, a backtracking engine can take
+#: time polynomial in the text (``/**/a/**/a/**/x``).
+_WILD_RUN = re.compile(r"\*+")
+
+
 def compile_glob(pattern: str, separator: str | None) -> Pattern:
     """Compile a glob: ``**`` matches anything, ``*`` anything but ``separator``, ``?`` one such character.
 
-    The glob is compiled with RE2 (:mod:`guard.policy._re2`), so matching takes time linear in the text (with
-    Python's ``re``, ``/**/a/**/a/**/x`` backtracked for 9 s on a 4 KB path). Match with :func:`_fullmatch`.
+    Matching takes time linear in the text: a glob with two or more wildcard runs is compiled with RE2
+    (:mod:`guard.policy._re2`; with Python's ``re``, ``/**/a/**/a/**/x`` backtracked for 9 s on a 4 KB path), one
+    with at most one run, which cannot backtrack more than once per character, with Python's ``re`` (a call costs
+    about a third of RE2's). Match with :func:`_fullmatch`.
 
     Args:
         pattern: the glob, e.g. ``/v1/*/chat/**``.
@@ -31,23 +39,27 @@ def compile_glob(pattern: str, separator: str | None) -> Pattern:
     Raises:
         ValueError: the glob is too large for RE2's memory budget (:data:`guard.policy._re2.MAX_MEM`).
     """
-    return compile_re2(f"(?s){_glob_regex(pattern, separator)}")
+    return _either([pattern], separator)
 
 
 def _either(globs: list[str], separator: str | None) -> Pattern | None:
     """One pattern that fully matches what any of ``globs`` fully matches (one call per request instead of one per
-    glob); ``None`` for no globs, which means anything matches."""
+    glob; alternatives of at most one wildcard run each stay linear in ``re``); ``None`` for no globs, which means
+    anything matches."""
     if not globs:
         return None
-    return compile_re2("(?s)" + "|".join(f"(?:{_glob_regex(glob, separator)})" for glob in globs))
+    globs = [_SURROGATE.sub("\ufffd", glob) for glob in globs]
+    if all(len(_WILD_RUN.findall(glob)) <= 1 for glob in globs):
+        return re.compile("(?s)" + "|".join(f"(?:{_glob_regex(glob, separator, re.escape)})" for glob in globs))
+    return compile_re2("(?s)" + "|".join(f"(?:{_glob_regex(glob, separator, re2.escape)})" for glob in globs))
 
 
-def _glob_regex(pattern: str, separator: str | None) -> str:
-    """The RE2 syntax of the glob ``pattern`` (:func:`compile_glob`), for a pattern compiled with ``(?s)``."""
-    one = "." if separator is None else f"[^{re2.escape(separator)}]"
+def _glob_regex(pattern: str, separator: str | None, escape: Callable[[str], str]) -> str:
+    """The regular expression of the glob ``pattern`` (:func:`compile_glob`), for a pattern compiled with ``(?s)``,
+    literal characters written with ``escape`` (``re.escape`` or ``re2.escape``)."""
+    one = "." if separator is None else f"[^{escape(separator)}]"
     out = []
     i = 0
-    pattern = _SURROGATE.sub("\ufffd", pattern)
     while i < len(pattern):
         if pattern.startswith("**", i):
             out.append(".*")
@@ -59,7 +71,7 @@ def _glob_regex(pattern: str, separator: str | None) -> str:
             out.append(one)
             i += 1
         else:
-            out.append(re2.escape(pattern[i]))
+            out.append(escape(pattern[i]))
             i += 1
     return "".join(out)
 
@@ -67,7 +79,10 @@ def _glob_regex(pattern: str, separator: str | None) -> str:
 def _fullmatch(pattern: Pattern, text: str) -> bool:
     """Whether ``text`` fully matches a compiled glob. RE2 reads UTF-8: the text is given as its UTF-8 bytes (the
     wrapper then skips mapping offsets back to characters: ~1 us a call instead of ~4 us), a lone surrogate in it,
-    which UTF-8 cannot hold (a tool name decoded from JSON may), as U+FFFD, one character for one."""
+    which UTF-8 cannot hold (a tool name decoded from JSON may), as U+FFFD, one character for one (as ``re`` reads
+    it: one character)."""
+    if isinstance(pattern, re.Pattern):
+        return pattern.fullmatch(text) is not None
     try:
         encoded = text.encode()
     except UnicodeEncodeError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from guard.policy import PolicySet, load_text
@@ -125,7 +127,8 @@ def test_glob_semantics(glob: str, separator: str | None, text: str, matched: bo
 
 def test_globs_match_in_linear_time() -> None:
     """``**`` compiled to ``.*`` for Python's ``re`` backtracked: ``/**/a/**/a/**/x`` took 9 s on a 4 KB path, and
-    two 9.9 KB paths held a proxy's event loop 8 s. Globs of paths, hosts, headers and tools are RE2 patterns now."""
+    two 9.9 KB paths held a proxy's event loop 8 s. Globs with two or more wildcard runs (in any of a list's
+    alternatives) are RE2 patterns; those with at most one, which cannot backtrack, stay in ``re``."""
     import re2
 
     re2_pattern = type(re2.compile(""))
@@ -134,17 +137,19 @@ policies:
   - id: request
     version: 1
     match:
-      http: {paths: ["/**/a/**/a/**/x"], hosts: ["*.example.com"], headers: {x-v: "2*"}}
-      agent: {tools: ["fs_*"]}
+      http: {paths: ["/v1/**", "/**/a/**/a/**/x"], hosts: ["*.example.com"], headers: {x-v: "2*"}}
+      agent: {tools: ["fs_*", "mcp_*_read_*"]}
     questions: {q: {type: noul, instructions: q}}
   - id: response
     version: 1
-    match: {http: {response: {headers: {x-r: "*"}}}}
+    match: {http: {response: {headers: {x-r: "text/*"}}}}
     questions: {q: {type: noul, instructions: q}}
 """)
-    compiled = [request.http.paths, request.http.hosts, request.http.headers[0][1], request.agent.tools,
-                response.http.response.headers[0][1], compile_glob("/**/a", "/")]
-    assert all(isinstance(pattern, re2_pattern) for pattern in compiled)
+    several = [request.http.paths, request.agent.tools, compile_glob("/**/a/**", "/")]
+    assert all(isinstance(pattern, re2_pattern) for pattern in several)
+    at_most_one = [request.http.hosts, request.http.headers[0][1], response.http.response.headers[0][1],
+                   compile_glob("/v1/**", "/"), compile_glob("/v1/health", "/")]
+    assert all(isinstance(pattern, re.Pattern) for pattern in at_most_one)
     assert not request.http.matches(http(path="/a" * 2000 + "/b", host="x.example.com", headers={"x-v": "2"}))
 
 
