@@ -18,6 +18,10 @@ to the list ``q``. Four readings are modelled, each as its parser has it:
   ``[...]`` segment, each later ``[...]`` is a child wherever it stands (``[q]`` is ``q``, ``q[a]b[c]`` is ``q`` ->
   ``a`` -> ``c``), five deep, the rest one more key; ``[]`` and an index up to 20 append (qs drops a list's holes).
 
+Each reading stops where its parser stops: PHP drops a name with more than 64 indices (``max_input_nesting_level``),
+Rack 2 and Rack 3 refuse a request with a name more than 100 and 32 keys deep (``param_depth_limit``), so none of
+them reads it; the readings loop, so a name nested thousands deep costs time linear in its length.
+
 The enforcement points use these to find a field under a spelling an application reads as the one a policy judges
 (``guard/policy/_state.py``) or as ``_method`` (``guard/asgi/_override.py``).
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterator
+from itertools import islice
 from urllib.parse import unquote_plus
 
 __all__ = ["APPEND", "FRAMEWORKS", "KeyPath", "fills", "labels", "pairs", "readings", "shown"]
@@ -42,6 +47,11 @@ _RACK2_KEY = re.compile(r"[\[\]]*([^\[\]]+)\]*")
 _RACK2_APPEND_CHILD = re.compile(r"\[\]\[([^\[\]]+)\]|\[\](.+)", re.DOTALL)
 _QS_SEGMENT = re.compile(r"\[[^\[\]]*\]")
 _QS_DEPTH = 5
+_QS_INDICES = frozenset(str(index) for index in range(21))
+#: How many keys deep each parser reads a name (PHP's ``max_input_nesting_level``, Rack's ``param_depth_limit``).
+_PHP_DEPTH = 64
+_RACK2_DEPTH = 100
+_RACK3_DEPTH = 32
 _PAIRS = re.compile(r"[&;] *")
 
 
@@ -66,61 +76,74 @@ def _php(name: str) -> KeyPath | None:
                 return (f"{base}_{name[start:].translate(_PHP_UNCLOSED)}",) if len(path) == 1 else tuple(path)
             path.append(name[start:close])
         if name[close + 1 : close + 2] != "[":
-            return tuple(path)
+            return tuple(path) if len(path) <= _PHP_DEPTH + 1 else None
+        if len(path) > _PHP_DEPTH:  # more indices than PHP reads: it drops the parameter
+            return None
         at = close + 1
 
 
 def _rack2(name: str) -> KeyPath | None:
-    match = _RACK2_KEY.match(name)
-    if match is None:
-        return None
-    key, after = match.group(1), name[match.end() :]
-    if after == "":
-        return (key,)
-    if after == "[":
-        return (name,)
-    if after == "[]":
-        return (key, APPEND)
-    child = _RACK2_APPEND_CHILD.fullmatch(after)
-    if child is not None:
-        return (key, APPEND, *(_rack2(child.group(1) or child.group(2)) or ()))
-    return (key, *(_rack2(after) or ()))
+    path: list[str | None] = []
+    for _ in range(_RACK2_DEPTH):  # one pass per key, as Rack 2 recurses once per key
+        match = _RACK2_KEY.match(name)
+        if match is None:
+            return tuple(path) or None
+        key, after = match.group(1), name[match.end() :]
+        if after == "":
+            return (*path, key)
+        if after == "[":
+            return (*path, name)
+        if after == "[]":
+            return (*path, key, APPEND)
+        child = _RACK2_APPEND_CHILD.fullmatch(after)
+        if child is not None:
+            path += (key, APPEND)
+            name = child.group(1) or child.group(2)
+        else:
+            path.append(key)
+            name = after
+    return None  # deeper than Rack 2 reads: it refuses the request (ParamsTooDeepError)
 
 
-def _rack3(name: str, depth: int = 0) -> KeyPath | None:
-    if depth == 0:
-        start = name.find("[", 1)
-        key, after = (name[:start], name[start:]) if start > 0 else (name, "")
-    elif name.startswith("[]"):
-        key, after = "[]", name[2:]
-    elif name.startswith("[") and (close := name.find("]", 1)) > 0:
-        key, after = name[1:close], name[close + 1 :]
-    else:
-        key, after = name, ""
-    if not key:
-        return None
-    if after == "":
-        return (APPEND,) if key == "[]" and depth else (key,)
-    if after == "[":
-        return (name,)
-    if after == "[]":
-        return (key, APPEND)
-    if after.startswith("[]"):
-        inner = after[3:-1]
-        child = inner if (after[2:3] == "[" and after.endswith("]") and inner and "[" not in inner
-                          and "]" not in inner) else after[2:]
-        return (key, APPEND, *(_rack3(child, depth + 1) or ()))
-    return (key, *(_rack3(after, depth + 1) or ()))
+def _rack3(name: str) -> KeyPath | None:
+    path: list[str | None] = []
+    for depth in range(_RACK3_DEPTH):  # one pass per key, as Rack 3 recurses once per key
+        if depth == 0:
+            start = name.find("[", 1)
+            key, after = (name[:start], name[start:]) if start > 0 else (name, "")
+        elif name.startswith("[]"):
+            key, after = "[]", name[2:]
+        elif name.startswith("[") and (close := name.find("]", 1)) > 0:
+            key, after = name[1:close], name[close + 1 :]
+        else:
+            key, after = name, ""
+        if not key:
+            return tuple(path) or None
+        if after == "":
+            return (*path, APPEND if key == "[]" and depth else key)
+        if after == "[":
+            return (*path, name)
+        if after == "[]":
+            return (*path, key, APPEND)
+        if after.startswith("[]"):
+            inner = after[3:-1]
+            name = inner if (after[2:3] == "[" and after.endswith("]") and inner and "[" not in inner
+                             and "]" not in inner) else after[2:]
+            path += (key, APPEND)
+        else:
+            path.append(key)
+            name = after
+    return None  # deeper than Rack 3 reads: it refuses the request (ParamsTooDeepError)
 
 
 def _qs_key(key: str) -> str | None:
-    """A segment's key: ``[]`` and an index up to qs's ``arrayLimit`` (20) make a list, whose holes qs drops (``q[5]``
-    is the list's first item), so both append."""
-    return APPEND if key == "" or (key.isascii() and key.isdigit() and str(int(key)) == key and int(key) <= 20) else key
+    """A segment's key: ``[]`` and an index up to qs's ``arrayLimit`` (20, spelt as JavaScript prints the number:
+    ``05`` is a key) make a list, whose holes qs drops (``q[5]`` is the list's first item), so both append."""
+    return APPEND if key == "" or key in _QS_INDICES else key
 
 
 def _qs(name: str) -> KeyPath | None:
-    segments = list(_QS_SEGMENT.finditer(name))
+    segments = list(islice(_QS_SEGMENT.finditer(name), _QS_DEPTH + 1))
     parent = name[: segments[0].start()] if segments else name
     path: list[str | None] = [parent] if parent else []
     path += [_qs_key(s.group()[1:-1]) for s in segments[:_QS_DEPTH]]

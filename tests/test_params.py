@@ -46,3 +46,22 @@ def test_shown_labels_and_pairs() -> None:
     assert labels({"qs", "Rack 3", "PHP", "Rack 2"}) == ("PHP", "Rails", "Express")
     assert labels({"Rack 2"}) == ("Rails (Rack 2)",)
     assert list(pairs("a=1;%20q=x& b&&c=%ZZ+d")) == [("a", "1"), (" q", "x"), ("b", ""), ("c", "%ZZ d")]
+
+
+def test_each_parser_stops_at_its_depth_limit() -> None:
+    """A name nested deeper than a framework reads (PHP 64 indices, Rack 2 100 keys, Rack 3 32) is dropped by that
+    reading (PHP drops it, Rack refuses the request), found without recursion however deep it is sent."""
+    assert readings("q" + "[a]" * 64) == {"PHP": ("q", *"a" * 64), "Rack 2": ("q", *"a" * 64),
+                                          "qs": ("q", *"a" * 5, "[a]" * 59)}
+    assert readings("q" + "[a]" * 31)["Rack 3"] == ("q", *"a" * 31)
+    assert readings("q" + "[a]" * 99)["Rack 2"] == ("q", *"a" * 99)
+    assert set(readings("q" + "[a]" * 100)) == {"qs"}
+    deep = readings("x" + "[a]" * 5000)
+    assert deep == {"qs": ("x", *"a" * 5, "[a]" * 4995)}
+
+
+def test_a_long_index_is_a_key() -> None:
+    """qs reads an index only up to 20 as a list's; a 4400-digit one (past Python's int() digit limit) is a key."""
+    index = "9" * 4400
+    assert readings(f"x[{index}]")["qs"] == ("x", index)
+    assert readings("x[05]")["qs"] == ("x", "05") and readings("x[20]")["qs"] == ("x", APPEND)

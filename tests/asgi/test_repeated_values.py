@@ -125,6 +125,17 @@ def test_names_no_framework_reads_as_the_field_pass() -> None:
     assert (ok.status_code, ok.text) == (200, "user=alice form=None")
 
 
+def test_a_name_nested_past_every_parser_or_with_a_huge_index_is_judged_not_a_crash() -> None:
+    """``x[a][a]...`` 1000 deep (a recursion per level) and ``x[<4400 digits>]`` (past ``int()``'s digit limit) were
+    a 500 with a traceback, and under ``on_error: open`` let ``user=mallory`` beside them through unjudged (the ``_method`` scan: a 500). Each
+    framework reads such a name only to its own depth, so it is checked like any other."""
+    deep, index = "x" + "[a]" * 1000, "x[" + "9" * 4400 + "]"
+    responses = _send(POLICY.replace("TAGS", "'query:tag'"),
+                      *({"method": "GET", "url": f"/x?user=mallory&{name}=1"} for name in (deep, index)),
+                      *({"method": "GET", "url": f"/x?user=alice&{name}=1&_method="} for name in (deep, index)))
+    assert [r.status_code for r in responses] == [403, 403, 200, 200], [r.text[:200] for r in responses]
+
+
 def test_a_bracketed_field_lets_its_siblings_through() -> None:
     """A field read as ``filter[search]`` (JSON:API) was refused for a sibling ``filter[status]`` with a message
     saying PHP, Rails and Express read that as ``filter[search]``; only what fills ``filter[search]`` is refused."""
