@@ -336,6 +336,24 @@ def test_redacted_removes_card_codes_short_passwords_and_session_ids_from_body_a
     assert event["input"]["query"] == {"q": ["1"]}
 
 
+def test_the_raw_query_string_is_not_logged_beside_the_redacted_query() -> None:
+    """``input.query_string`` (the query as sent) was written as it is: ``api_key`` and ``password`` values the
+    redacted ``query`` drops, and a card number a ``redact`` rule could not mask (``query`` withheld), were kept."""
+    from guard.policy.redact import UNMASKABLE_FLAG
+    from guard.verdict import Verdict
+
+    raw = "q=x&api_key=s3cr%2Ft%2Bvalue%2F123&password=hunter2%21%21&note=4111+1111+1111+1111"
+    subject = HttpSubject(method="GET", path="/s", query_string=raw,
+                          query={"q": ["x"], "api_key": ["s3cr/t+value/123"], "password": ["hunter2!!"],
+                                 "note": ["4111 1111 1111 1111"]})
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={}), subject)
+    assert "query_string" not in event["input"]
+    assert event["input"]["query"] == {"q": ["x"], "note": ["4111 1111 1111 1111"]}
+    assert "s3cr" not in json.dumps(event) and "hunter2" not in json.dumps(event)
+    unmaskable = DecisionLog(io.StringIO()).event(Verdict("block", "d2", state={}, flags={UNMASKABLE_FLAG: 1}), subject)
+    assert "query_string" not in unmaskable["input"] and "4111" not in json.dumps(unmaskable)
+
+
 def test_a_body_field_named_for_a_key_that_is_no_secret_is_kept_and_its_value_not_scrubbed_from_text() -> None:
     """Every body field whose last word was ``key`` counted as a secret: an ``object_key``'s value was removed and
     scrubbed from every free text (a reviewer approving "delete reports/2024/q3-payroll.pdf" read "delete
