@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Iterator
 from itertools import islice
 from urllib.parse import unquote_plus
 
-__all__ = ["APPEND", "FRAMEWORKS", "KeyPath", "fills", "labels", "pairs", "readings", "shown"]
+__all__ = ["APPEND", "FRAMEWORKS", "KeyPath", "fills", "is_plain", "labels", "pairs", "readings", "shown"]
 
 #: The component of a key path that appends to a list (``q[]``).
 APPEND = None
@@ -53,6 +53,7 @@ _PHP_DEPTH = 64
 _RACK2_DEPTH = 100
 _RACK3_DEPTH = 32
 _PAIRS = re.compile(r"[&;] *")
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _php(name: str) -> KeyPath | None:
@@ -166,6 +167,13 @@ def readings(name: str) -> dict[str, KeyPath]:
         if path is not None:
             out[framework] = path
     return out
+
+
+def is_plain(name: str) -> bool:
+    """Whether ``name`` (decoded) is made only of ASCII letters, digits, ``_`` and ``-``: every framework of
+    :data:`FRAMEWORKS` reads such a name as itself (``("q",)``), so of two different plain names neither
+    :func:`fills` the other's place."""
+    return _PLAIN.fullmatch(name) is not None
 
 
 def _same_key(sent: str | None, read: str | None) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guard._params import APPEND, fills, labels, pairs, readings, shown
+from guard._params import APPEND, fills, is_plain, labels, pairs, readings, shown
 
 
 @pytest.mark.parametrize(
@@ -65,3 +65,15 @@ def test_a_long_index_is_a_key() -> None:
     index = "9" * 4400
     assert readings(f"x[{index}]")["qs"] == ("x", index)
     assert readings("x[05]")["qs"] == ("x", "05") and readings("x[20]")["qs"] == ("x", APPEND)
+
+
+@pytest.mark.parametrize("name", ["q", "user_id", "X-Trace", "0", "_method", "a-b_C9"])
+def test_a_plain_name_is_read_by_every_parser_as_itself(name: str) -> None:
+    """What lets the alias check skip a plain name when the field's key is plain too (review: four parsers ran for
+    every parameter and every field on every request)."""
+    assert is_plain(name) and readings(name) == dict.fromkeys(("PHP", "Rack 2", "Rack 3", "qs"), (name,))
+
+
+@pytest.mark.parametrize("name", ["a.b", " q", "q[]", "[q]", "q]", "", "é", "a b", "q\x00"])
+def test_a_name_a_parser_reads_otherwise_is_not_plain(name: str) -> None:
+    assert not is_plain(name)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from guard._json import Repeated as RepeatedKey
-from guard._params import KeyPath, fills, labels, pairs, readings, shown
+from guard._params import KeyPath, fills, is_plain, labels, pairs, readings, shown
 from guard.errors import StateAmbiguous, StateTooLong
 from guard.policy.normalize import Normalized, normalize_value
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -153,12 +153,12 @@ def resolve_pointer(value: Any, tokens: tuple[str, ...]) -> Any:
 _HTTP_ATTRIBUTES = HTTP_SOURCES - NAMED_SOURCES
 
 
-def _read(field: StateField, subject: Subject) -> Any:
+def _read(field: StateField, subject: Subject, spellings: dict[str, _Spellings]) -> Any:
     """The value of a source that is not an attribute of an HTTP subject (:func:`_render_field` reads those).
 
     Raises:
         StateAmbiguous: a named query parameter or form field the request sends more than once, read with
-            ``repeated: refuse``.
+            ``repeated: refuse``, or sends under another spelling (:func:`_refuse_aliases`).
     """
     source = field.source
     if isinstance(subject, HttpSubject):
@@ -167,13 +167,17 @@ def _read(field: StateField, subject: Subject) -> Any:
         if source == "query":
             if field.key is None:
                 return subject.query
-            _refuse_aliases(field, subject.query, _rack2_only(subject))
+            if "query" not in spellings:
+                spellings["query"] = _Spellings.of(subject.query, _rack2_only(subject))
+            _refuse_aliases(field, spellings["query"])
             return _named(field, subject.query.get(field.key))
         if source == "form":
             form = subject.body if isinstance(subject.body, Mapping) else {}
             if field.key is None:
                 return form
-            _refuse_aliases(field, form)
+            if "form" not in spellings:
+                spellings["form"] = _Spellings.of(form)
+            _refuse_aliases(field, spellings["form"])
             values = form.get(field.key, _MISSING)
             return _named(field, values) if isinstance(values, list) else values
         return _MISSING
@@ -182,27 +186,50 @@ def _read(field: StateField, subject: Subject) -> Any:
     return _MISSING
 
 
-def _refuse_aliases(field: StateField, names: Iterable[str], rack2_only: Iterable[str] = ()) -> None:
+@dataclass(frozen=True)
+class _Spellings:
+    """The query parameter or form field names of one request, as :func:`_refuse_aliases` checks them against each
+    field read by name (found once per request, whatever the number of fields).
+
+    Attributes:
+        names: every name as guard split them (at ``&``), each once.
+        odd: those of ``names`` that are not plain (:func:`guard._params.is_plain`): the only ones that can fill
+            the place of a plain field under another spelling.
+        rack2_only: names only Rack 2 reads (it splits a query at ``;`` too), each as often as it has them beyond
+            ``names``.
+    """
+
+    names: tuple[str, ...]
+    odd: tuple[str, ...]
+    rack2_only: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, names: Iterable[str], rack2_only: Iterable[str] = ()) -> _Spellings:
+        names = tuple(names)
+        return cls(names, tuple(name for name in names if not is_plain(name)), tuple(rack2_only))
+
+
+def _refuse_aliases(field: StateField, sent: _Spellings) -> None:
     """Refuse a request that sends, under another spelling, the query parameter or form field ``field`` reads by
     name: one a framework stores where it stores ``field.key`` or below it (:func:`guard._params.fills`):
     ``q[]=attack`` beside or instead of ``q``, ``filter[search][]`` for ``filter[search]`` (a sibling such as
     ``filter[status]`` fills another place). Such an application would read that value as the field while the
-    policy read the field absent or another copy.
-
-    Args:
-        names: the parameter names as guard split them (at ``&``), each once; ``field.key`` itself is skipped.
-        rack2_only: names only Rack 2 reads (it splits a query at ``;`` too), each as often as it has them beyond
-            ``names``; ``field.key`` among them is refused as well.
+    policy read the field absent or another copy. ``field.key`` itself among ``sent.names`` is skipped, among
+    ``sent.rack2_only`` refused; of a plain ``field.key``, only names that are not plain are compared.
 
     Raises:
         StateAmbiguous: naming the field, the first such spelling (one Rack 2 alone reads after a ``;``)
             and the frameworks that read it so.
     """
     key = field.key or ""
+    plain = is_plain(key)
+    names = [name for name in (sent.odd if plain else sent.names) if name != key]
+    rack2_only = [name for name in sent.rack2_only if not (plain and name != key and is_plain(name))]
+    if not names and not rack2_only:
+        return
     wanted = readings(key)
     rack2 = {"Rack 2": wanted["Rack 2"]} if "Rack 2" in wanted else {}
-    spellings = [*((name, name, wanted) for name in names if name != key),
-                 *((name, ";" + name, rack2) for name in rack2_only)]
+    spellings = [*((name, name, wanted) for name in names), *((name, ";" + name, rack2) for name in rack2_only)]
     for name, alias, frameworks in spellings:
         found = [framework for framework, path in readings(name).items()
                  if framework in frameworks and fills(path, frameworks[framework])]
@@ -241,16 +268,16 @@ def _named(field: StateField, values: list[Any] | None) -> Any:
     return values[0]
 
 
-def _render_field(field: StateField, subject: Subject) -> Any:
+def _render_field(field: StateField, subject: Subject, spellings: dict[str, _Spellings]) -> Any:
     source = field.source
     if source in _HTTP_ATTRIBUTES and isinstance(subject, HttpSubject):  # the usual case: body_text, body, path, ...
         value = getattr(subject, source)
     elif field.children is not None:
-        return render_state(field.children, subject)
+        return _render(field.children, subject, spellings)
     elif source is None:
         return field.const
     else:
-        value = _read(field, subject)
+        value = _read(field, subject, spellings)
     if field.pointer and value is not _MISSING:
         value = resolve_pointer(value, field.pointer)
     if value is _MISSING or value is None:
@@ -261,9 +288,15 @@ def _render_field(field: StateField, subject: Subject) -> Any:
 def render_state(fields: tuple[StateField, ...], subject: Subject) -> dict[str, Any]:
     """Build the raw state object ``{field.name: value}`` in declaration order (key order is model input): the
     subject's values as they are, not yet normalised or cut (see :func:`prepare_state`)."""
+    return _render(fields, subject, {})
+
+
+def _render(fields: tuple[StateField, ...], subject: Subject, spellings: dict[str, _Spellings]) -> dict[str, Any]:
+    """:func:`render_state`, with ``spellings``: the request's query and form names by source, found at the first
+    field that reads one by name."""
     state: dict[str, Any] = {}
     for field in fields:  # a loop, not a comprehension: no function object made per call
-        state[field.name] = _render_field(field, subject)
+        state[field.name] = _render_field(field, subject, spellings)
     return state
 
 
