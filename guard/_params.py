@@ -210,11 +210,12 @@ def labels(frameworks: Collection[str]) -> tuple[str, ...]:
     return (*out, "Express") if "qs" in frameworks else tuple(out)
 
 
-def pairs(text: str) -> Iterator[tuple[str, str]]:
+def pairs(text: str) -> Iterator[tuple[str, str | None]]:
     """The ``name=value`` pairs of a query or urlencoded text (latin-1 text of its bytes), split as Rack 2 splits a
     query, the most lenient parser: at ``&`` and ``;`` and the spaces after them, then percent-escapes and ``+``
-    decoded as UTF-8 (bad escapes read as U+FFFD). Empty pieces are skipped."""
+    decoded as UTF-8 (bad escapes read as U+FFFD). Empty pieces are skipped; a piece without ``=`` has the value
+    ``None`` (Rack 2's ``nil``)."""
     for pair in _PAIRS.split(text):
         if pair:
-            name, _, value = pair.partition("=")
-            yield unquote_plus(name, errors="replace"), unquote_plus(value, errors="replace")
+            name, equals, value = pair.partition("=")
+            yield unquote_plus(name, errors="replace"), unquote_plus(value, errors="replace") if equals else None

@@ -235,6 +235,8 @@ class StateAmbiguous(GuardError):
         name: the parameter, field or header name; for ``body`` the JSON pointer to the repeated key.
         alias: the other spelling sent (``q[]``; ``;q`` for one only Rack 2 reads, after a ``;``), or ``None`` for a
             value sent twice.
+        at_semicolon: a query parameter whose values Rails on Rack 2 reads otherwise, as it splits a query at ``;``
+            too (``role=admin;`` is ``admin`` there).
         readers: with an alias, which frameworks read it into which parameter: ``((frameworks, parameter), ...)``,
             e.g. ``((("PHP", "Rails", "Express"), "q"),)``; ``parameter`` is the framework's own reading of
             ``name`` (PHP reads ``a.b`` as ``a_b``).
@@ -243,13 +245,18 @@ class StateAmbiguous(GuardError):
     """
 
     def __init__(self, source: str, name: str, *, alias: str | None = None,
-                 readers: tuple[tuple[tuple[str, ...], str], ...] = ()) -> None:
+                 readers: tuple[tuple[tuple[str, ...], str], ...] = (), at_semicolon: bool = False) -> None:
         self.source = source
         self.name = name
         self.alias = alias
         self.readers = readers
+        self.at_semicolon = at_semicolon
         kind = {"query": "query parameter", "form": "form field", "body": "JSON member"}.get(source, source)
         self.what = f"{kind} {name!r}"
+        if at_semicolon:
+            super().__init__(f"the {self.what} is read otherwise by Rails on Rack 2, which also splits a query at "
+                             "';'; this policy reads it as one value (send a ';' in a value as %3B)")
+            return
         if alias is not None:
             self.what += f" (as {alias[:60]!r}, which {_read_into(name, readers)})"
             super().__init__(f"the {self.what} is sent under another name; this policy reads it as one value, by "

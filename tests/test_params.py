@@ -45,7 +45,7 @@ def test_shown_labels_and_pairs() -> None:
     assert (shown(("filter", "search")), shown(("q", APPEND))) == ("filter[search]", "q[]")
     assert labels({"qs", "Rack 3", "PHP", "Rack 2"}) == ("PHP", "Rails", "Express")
     assert labels({"Rack 2"}) == ("Rails (Rack 2)",)
-    assert list(pairs("a=1;%20q=x& b&&c=%ZZ+d")) == [("a", "1"), (" q", "x"), ("b", ""), ("c", "%ZZ d")]
+    assert list(pairs("a=1;%20q=x& b&&c=%ZZ+d&e=")) == [("a", "1"), (" q", "x"), ("b", None), ("c", "%ZZ d"), ("e", "")]
 
 
 def test_each_parser_stops_at_its_depth_limit() -> None:

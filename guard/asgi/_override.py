@@ -74,7 +74,7 @@ def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | 
     query: bytes = scope.get("query_string", b"")
     if b"method" in query or (b"%" in query and b"method" in unquote_to_bytes(query)):
         found += [("_method", value.strip().upper()) for name, value in pairs(query.decode("latin-1"))
-                  if _is_method_field(name) and value.strip()]
+                  if value and value.strip() and _is_method_field(name)]
     return _one(found, "request") if found else None
 
 
@@ -145,7 +145,7 @@ def body_method(body: bytes, content_type: str, limits: BodyLimits) -> str | Non
         return None
     media = _media(content_type)
     if media in ("", "application/x-www-form-urlencoded"):
-        fields: Iterator[tuple[str, str]] = pairs(body.decode("latin-1"))
+        fields: Iterator[tuple[str, str | None]] = pairs(body.decode("latin-1"))
     elif media.startswith("multipart/"):
         fields = _multipart_fields(body, content_type, limits)
     elif _is_json(content_type.lower()):
@@ -153,5 +153,5 @@ def body_method(body: bytes, content_type: str, limits: BodyLimits) -> str | Non
     else:
         return None
     found = _one([("_method", value.strip().upper()) for name, value in fields
-                  if _is_method_field(name) and value.strip()], "form")
+                  if value and value.strip() and _is_method_field(name)], "form")
     return found[1] if found else None

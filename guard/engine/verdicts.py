@@ -67,6 +67,9 @@ STATE_AMBIGUOUS_STATUS = 400
 STATE_AMBIGUOUS_MESSAGE = "Sent more than once: the {what}; this check reads it as one value, send it once."
 #: The message of that block for a query parameter or form field sent under another spelling (``q[]`` for ``q``).
 STATE_ALIASED_MESSAGE = "Sent under another name: the {what}; this check reads it by its name, send it so."
+#: The message of that block for a query parameter Rails on Rack 2 reads otherwise, as it splits a query at ``;``.
+STATE_SEMICOLON_MESSAGE = ("Read otherwise at ';': the {what}; Rails on Rack 2 splits a query at ';' too, send a ';' "
+                           "in a value as %3B.")
 #: Rule of a verdict a fail mode made (the backend failed, or the guard itself raised).
 GUARD_ERROR_RULE = "on_error"
 
@@ -302,13 +305,16 @@ def state_refused(
 ) -> Verdict:
     """The block for a state ``policy`` will not judge, whatever its ``on_error`` says; no model was asked: a field
     over its ``max_chars`` with ``truncate: error`` (413, :data:`STATE_TOO_LONG_RULE`), or a value it reads as one
-    sent more than once (400, :data:`STATE_AMBIGUOUS_RULE`)."""
+    sent more than once, under another name, or that Rails on Rack 2 reads otherwise at ``;`` (400,
+    :data:`STATE_AMBIGUOUS_RULE`)."""
     if isinstance(exc, StateTooLong):
         rule, status = STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
         message = STATE_TOO_LONG_MESSAGE.format(field=exc.field, length=exc.length, max_chars=exc.max_chars)
     else:
         rule, status = STATE_AMBIGUOUS_RULE, STATE_AMBIGUOUS_STATUS
-        message = (STATE_AMBIGUOUS_MESSAGE if exc.alias is None else STATE_ALIASED_MESSAGE).format(what=exc.what)
+        template = (STATE_SEMICOLON_MESSAGE if exc.at_semicolon else STATE_AMBIGUOUS_MESSAGE if exc.alias is None
+                    else STATE_ALIASED_MESSAGE)
+        message = template.format(what=exc.what)
     return make(
         "block",
         decision_id,

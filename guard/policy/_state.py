@@ -14,8 +14,7 @@ counts the field in the flag ``truncated``; with ``truncate: error`` the state i
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -149,6 +148,8 @@ def resolve_pointer(value: Any, tokens: tuple[str, ...]) -> Any:
     return value
 
 
+#: The media types of a form body (and none: a body built in code, or one Rack reads as a form); ``multipart/*`` too.
+_FORM_MEDIA = frozenset({"", "application/x-www-form-urlencoded"})
 #: HTTP sources that are the subject's attribute of that name.
 _HTTP_ATTRIBUTES = HTTP_SOURCES - NAMED_SOURCES
 
@@ -168,15 +169,20 @@ def _read(field: StateField, subject: Subject, spellings: dict[str, _Spellings])
             if field.key is None:
                 return subject.query
             if "query" not in spellings:
-                spellings["query"] = _Spellings.of(subject.query, _rack2_only(subject))
-            _refuse_aliases(field, spellings["query"])
-            return _named(field, subject.query.get(field.key))
+                spellings["query"] = _Spellings.of(subject.query, rack2=_rack2_query(subject))
+            sent = spellings["query"]
+            _refuse_aliases(field, sent)
+            values = subject.query.get(field.key)
+            if sent.rack2 is not None and _filled(sent.rack2.get(field.key)) != _filled(values):
+                raise StateAmbiguous("query", field.key, at_semicolon=True)
+            return _named(field, values)
         if source == "form":
             form = subject.body if isinstance(subject.body, Mapping) else {}
             if field.key is None:
                 return form
             if "form" not in spellings:
-                spellings["form"] = _Spellings.of(form)
+                spellings["form"] = _Spellings.of(form, json=subject.content_type not in _FORM_MEDIA
+                                                  and not subject.content_type.startswith("multipart/"))
             _refuse_aliases(field, spellings["form"])
             values = form.get(field.key, _MISSING)
             return _named(field, values) if isinstance(values, list) else values
@@ -195,18 +201,27 @@ class _Spellings:
         names: every name as guard split them (at ``&``), each once.
         odd: those of ``names`` that are not plain (:func:`guard._params.is_plain`): the only ones that can fill
             the place of a plain field under another spelling.
-        rack2_only: names only Rack 2 reads (it splits a query at ``;`` too), each as often as it has them beyond
-            ``names``.
+        rack2: a query holding ``;``: each name Rack 2 reads to its values (it splits at ``;`` too), only from pairs
+            that carry ``=`` (a bare name is ``nil`` there); ``None`` otherwise (Rack 2 reads it as guard does).
+        rack2_only: names Rack 2 reads more often than ``names`` holds them (``x=1;q=2`` holds a ``q``), each as
+            often as it has it more.
+        json: the names are a JSON object's keys, which no framework's form parser splits: only a spelling every
+            framework reads into the field's place is refused (``comment[]``, as before such spellings were told
+            apart by framework), not one some read so (``[comment]``, ``comment[x``).
     """
 
     names: tuple[str, ...]
     odd: tuple[str, ...]
+    rack2: Mapping[str, list[str]] | None = None
     rack2_only: tuple[str, ...] = ()
+    json: bool = False
 
     @classmethod
-    def of(cls, names: Iterable[str], rack2_only: Iterable[str] = ()) -> _Spellings:
-        names = tuple(names)
-        return cls(names, tuple(name for name in names if not is_plain(name)), tuple(rack2_only))
+    def of(cls, params: Mapping[str, Any], *, rack2: Mapping[str, list[str]] | None = None,
+           json: bool = False) -> _Spellings:
+        """The spellings of ``params`` (a query's or form's ``{name: [values]}``, or a JSON object)."""
+        only = [name for name, values in (rack2 or {}).items() for _ in range(len(values) - len(params.get(name, ())))]
+        return cls(tuple(params), tuple(name for name in params if not is_plain(name)), rack2, tuple(only), json)
 
 
 def _refuse_aliases(field: StateField, sent: _Spellings) -> None:
@@ -215,7 +230,8 @@ def _refuse_aliases(field: StateField, sent: _Spellings) -> None:
     ``q[]=attack`` beside or instead of ``q``, ``filter[search][]`` for ``filter[search]`` (a sibling such as
     ``filter[status]`` fills another place). Such an application would read that value as the field while the
     policy read the field absent or another copy. ``field.key`` itself among ``sent.names`` is skipped, among
-    ``sent.rack2_only`` refused; of a plain ``field.key``, only names that are not plain are compared.
+    ``sent.rack2_only`` refused; of a plain ``field.key``, only names that are not plain are compared; of a JSON
+    object's keys (``sent.json``), only one every framework reads so is refused.
 
     Raises:
         StateAmbiguous: naming the field, the first such spelling (one Rack 2 alone reads after a ``;``)
@@ -233,7 +249,7 @@ def _refuse_aliases(field: StateField, sent: _Spellings) -> None:
     for name, alias, frameworks in spellings:
         found = [framework for framework, path in readings(name).items()
                  if framework in frameworks and fills(path, frameworks[framework])]
-        if found:
+        if found and (not sent.json or len(found) == len(frameworks)):
             raise StateAmbiguous(field.source or "", key, alias=alias, readers=_readers(found, wanted))
 
 
@@ -246,15 +262,23 @@ def _readers(frameworks: list[str], wanted: Mapping[str, KeyPath]) -> tuple[tupl
     return tuple((labels(group), reading) for reading, group in by_reading.items())
 
 
-def _rack2_only(subject: HttpSubject) -> list[str]:
-    """The names of the query parameters Rack 2 reads from ``subject.query_string`` beyond those in
-    ``subject.query`` (it splits at ``;`` as well as ``&``: ``x=1;q=2`` holds a ``q``), each as often as it has it
-    more; none for a query without ``;``."""
+def _rack2_query(subject: HttpSubject) -> dict[str, list[str]] | None:
+    """Rack 2's reading of a query holding ``;`` (:func:`guard._params.pairs`: split at ``;`` as well as ``&``):
+    each name to its values, from the pairs that carry ``=`` only (Rack 2 reads a bare name as ``nil``: no value
+    it could be judged on); ``None`` for a query without ``;``, which Rack 2 splits as guard does."""
     if ";" not in subject.query_string:
-        return []
-    extra = Counter(name for name, _ in pairs(subject.query_string))
-    extra.subtract({name: len(values) for name, values in subject.query.items()})
-    return list(extra.elements())
+        return None
+    out: dict[str, list[str]] = {}
+    for name, value in pairs(subject.query_string):
+        if value is not None:
+            out.setdefault(name, []).append(value)
+    return out
+
+
+def _filled(values: list[str] | None) -> list[str]:
+    """The values that are not empty, in order: what :func:`_read` compares of guard's and Rack 2's readings of a
+    query parameter (an empty value, or a bare name, gives an application nothing to judge)."""
+    return [value for value in values or () if value]
 
 
 def _named(field: StateField, values: list[Any] | None) -> Any:

@@ -136,6 +136,32 @@ def test_a_name_nested_past_every_parser_or_with_a_huge_index_is_judged_not_a_cr
     assert [r.status_code for r in responses] == [403, 403, 200, 200], [r.text[:200] for r in responses]
 
 
+def test_a_json_key_only_some_frameworks_read_as_the_field_is_not_refused() -> None:
+    """A JSON body's keys are read by no framework's form parser: ``[user]``, ``user]`` and ``user[x`` (which only
+    Rack 2, qs or Rack 3 read as ``user`` in a query or form) were 400 for ``form:user`` since the alias check read
+    them as form names; ``user[]``, which every framework reads so, is refused as it was before."""
+    policy = POLICY.replace("TAGS", "'query:tag'")
+    requests = [{"method": "POST", "url": "/x", "json": {"user": "alice", key: "mallory"}}
+                for key in ("[user]", "user]", "user[x", "user[]")]
+    responses = _send(policy, *requests)
+    assert [r.status_code for r in responses] == [200, 200, 200, 400], [r.text for r in responses]
+    assert "(as 'user[]', which PHP, Rails and Express read into 'user')" in responses[3].text
+
+
+def test_a_value_rack2_ends_at_a_semicolon_is_refused_a_bare_name_after_one_is_not() -> None:
+    """Rack 2 ends a value at ``;``: ``user=mallory;`` was judged as ``mallory;`` (not banned) while Rails on Rack 2
+    reads ``mallory`` (a 200). Now a 400 ``state_ambiguous``. A bare name after a ``;`` (``sort=name;user``) is
+    ``nil`` to Rack 2, nothing to judge: it was a 400 and now passes, as does an escaped ``;``."""
+    policy = POLICY.replace("TAGS", "'query:tag'")
+    refused, bare, escaped, other = _send(policy, {"method": "GET", "url": "/x?user=mallory;"},
+                                          {"method": "GET", "url": "/x?sort=name;user"},
+                                          {"method": "GET", "url": "/x?user=alice%3B"},
+                                          {"method": "GET", "url": "/x?user=alice&sort=a;b"})
+    assert refused.status_code == 400 and "state_ambiguous" in refused.text, refused.text
+    assert "query parameter 'user'" in refused.text and "splits a query at ';'" in refused.text
+    assert (bare.status_code, escaped.status_code, other.status_code) == (200, 200, 200), (bare.text, other.text)
+
+
 def test_a_bracketed_field_lets_its_siblings_through() -> None:
     """A field read as ``filter[search]`` (JSON:API) was refused for a sibling ``filter[status]`` with a message
     saying PHP, Rails and Express read that as ``filter[search]``; only what fills ``filter[search]`` is refused."""
