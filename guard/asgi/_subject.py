@@ -206,10 +206,21 @@ def _forwarded_for(value: str) -> list[str]:
     return [next((v for name, v in element if name == "for"), "") for element in _forwarded_elements(value)]
 
 
+#: A ``host=`` pair as Rack's ``forwarded_values`` reads one, after splitting the header at every ``;``, ``,`` and
+#: line break, quoted or not: spaces around ``=`` dropped, a quote at either end of the value too.
+_RACK_HOST_PAIR = re.compile(r'\s*host\s*=\s*"?([^"]*)"?\s*', re.IGNORECASE)
+_RACK_FORWARDED_SPLIT = re.compile(r"[;,\n]")
+
+
 def forwarded_hosts(value: str) -> list[str]:
     """Every ``host=`` value of a ``Forwarded`` header (``api.example.com``, ``"[2001:db8::1]:8443"`` unquoted), in
-    order: what an application behind a trusting proxy may take for the host the client asked for."""
-    return [v for element in _forwarded_elements(value) for name, v in element if name == "host"]
+    order: what an application behind a trusting proxy may take for the host the client asked for. Read as RFC 7239
+    reads it (quoted strings whole), then as Rack reads it (split at every ``;`` and ``,``, quotes ignored), so
+    ``for="x;host=evil.example"`` gives ``evil.example`` too; each value once."""
+    hosts = [v for element in _forwarded_elements(value) for name, v in element if name == "host"]
+    rack = (match.group(1) for piece in _RACK_FORWARDED_SPLIT.split(value)
+            if (match := _RACK_HOST_PAIR.fullmatch(piece)))
+    return hosts + [host for host in dict.fromkeys(rack) if host not in hosts]
 
 
 @functools.lru_cache(maxsize=4096)  # on every request: the same few addresses, parsed once each
