@@ -16,7 +16,8 @@ to the list ``q``. Four readings are modelled, each as its parser has it:
   (``q[x`` is ``q`` -> ``[x``).
 * ``qs`` (Express 4's query and ``urlencoded({extended: true})`` parser): the parent is what comes before the first
   ``[...]`` segment, each later ``[...]`` is a child wherever it stands (``[q]`` is ``q``, ``q[a]b[c]`` is ``q`` ->
-  ``a`` -> ``c``), five deep, the rest one more key; ``[]`` and an index up to 20 append (qs drops a list's holes).
+  ``a`` -> ``c``), five deep, the rest one more key; ``[]`` and an index up to 20 append (qs drops a list's holes);
+  qs ends a name at ``]=`` when a piece holds one (:func:`qs_names`).
 
 Each reading stops where its parser stops: PHP drops a name with more than 64 indices (``max_input_nesting_level``),
 Rack 2 and Rack 3 refuse a request with a name more than 100 and 32 keys deep (``param_depth_limit``), so none of
@@ -33,7 +34,7 @@ from collections.abc import Callable, Collection, Iterator
 from itertools import islice
 from urllib.parse import unquote_plus
 
-__all__ = ["APPEND", "FRAMEWORKS", "KeyPath", "fills", "is_plain", "labels", "pairs", "readings", "shown"]
+__all__ = ["APPEND", "FRAMEWORKS", "KeyPath", "fills", "is_plain", "labels", "pairs", "qs_names", "readings", "shown"]
 
 #: The component of a key path that appends to a list (``q[]``).
 APPEND = None
@@ -219,3 +220,14 @@ def pairs(text: str) -> Iterator[tuple[str, str | None]]:
         if pair:
             name, equals, value = pair.partition("=")
             yield unquote_plus(name, errors="replace"), unquote_plus(value, errors="replace") if equals else None
+
+
+def qs_names(text: str) -> Iterator[str]:
+    """The parameter names qs (Express) reads from a query (latin-1 text of its bytes): pieces split at ``&``, a
+    piece's name ending at its first ``]=`` when it holds one (``q[=]=x`` names ``q[=]``), else at its first ``=``,
+    then percent-escapes and ``+`` decoded. Empty pieces are skipped."""
+    for piece in text.split("&"):
+        if piece:
+            bracket = piece.find("]=")
+            name = piece[: bracket + 1] if bracket >= 0 else piece.partition("=")[0]
+            yield unquote_plus(name, errors="replace")

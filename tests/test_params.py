@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guard._params import APPEND, fills, is_plain, labels, pairs, readings, shown
+from guard._params import APPEND, fills, is_plain, labels, pairs, qs_names, readings, shown
 
 
 @pytest.mark.parametrize(
@@ -77,3 +77,7 @@ def test_a_plain_name_is_read_by_every_parser_as_itself(name: str) -> None:
 @pytest.mark.parametrize("name", ["a.b", " q", "q[]", "[q]", "q]", "", "é", "a b", "q\x00"])
 def test_a_name_a_parser_reads_otherwise_is_not_plain(name: str) -> None:
     assert not is_plain(name)
+
+
+def test_qs_ends_a_name_at_a_bracket_before_an_equals_sign() -> None:
+    assert list(qs_names("q[=]=attack&a=b&c%5D=d]=e&&x")) == ["q[=]", "a", "c]=d]", "x"]

@@ -14,12 +14,13 @@ counts the field in the flag ``truncated``; with ``truncate: error`` the state i
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from guard._json import Repeated as RepeatedKey
-from guard._params import KeyPath, fills, is_plain, labels, pairs, readings, shown
+from guard._params import KeyPath, fills, is_plain, labels, pairs, qs_names, readings, shown
 from guard.errors import StateAmbiguous, StateTooLong
 from guard.policy.normalize import Normalized, normalize_value
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -169,7 +170,9 @@ def _read(field: StateField, subject: Subject, spellings: dict[str, _Spellings])
             if field.key is None:
                 return subject.query
             if "query" not in spellings:
-                spellings["query"] = _Spellings.of(subject.query, rack2=_rack2_query(subject))
+                spellings["query"] = _Spellings.of(subject.query, rack2=_rack2_query(subject),
+                                                   qs=list(qs_names(subject.query_string))
+                                                   if "]=" in subject.query_string else None)
             sent = spellings["query"]
             _refuse_aliases(field, sent)
             values = subject.query.get(field.key)
@@ -205,6 +208,8 @@ class _Spellings:
             that carry ``=`` (a bare name is ``nil`` there); ``None`` otherwise (Rack 2 reads it as guard does).
         rack2_only: names Rack 2 reads more often than ``names`` holds them (``x=1;q=2`` holds a ``q``), each as
             often as it has it more.
+        qs_only: names qs (Express) reads more often than ``names`` holds them: it ends a name at ``]=`` before
+            its first ``=`` (``q[=]=x`` names ``q[=]``, which qs reads as ``q``).
         json: the names are a JSON object's keys, which no framework's form parser splits: only a spelling every
             framework reads into the field's place is refused (``comment[]``, as before such spellings were told
             apart by framework), not one some read so (``[comment]``, ``comment[x``).
@@ -214,14 +219,19 @@ class _Spellings:
     odd: tuple[str, ...]
     rack2: Mapping[str, list[str]] | None = None
     rack2_only: tuple[str, ...] = ()
+    qs_only: tuple[str, ...] = ()
     json: bool = False
 
     @classmethod
     def of(cls, params: Mapping[str, Any], *, rack2: Mapping[str, list[str]] | None = None,
-           json: bool = False) -> _Spellings:
-        """The spellings of ``params`` (a query's or form's ``{name: [values]}``, or a JSON object)."""
+           qs: Iterable[str] | None = None, json: bool = False) -> _Spellings:
+        """The spellings of ``params`` (a query's or form's ``{name: [values]}``, or a JSON object), with Rack 2's
+        reading of the query (``rack2``) and the names qs reads from it (``qs``) where they may differ."""
         only = [name for name, values in (rack2 or {}).items() for _ in range(len(values) - len(params.get(name, ())))]
-        return cls(tuple(params), tuple(name for name in params if not is_plain(name)), rack2, tuple(only), json)
+        qs_extra = Counter(qs or ())
+        qs_extra.subtract({name: len(params[name]) for name in qs_extra if name in params})
+        return cls(tuple(params), tuple(name for name in params if not is_plain(name)), rack2, tuple(only),
+                   tuple(qs_extra.elements()), json)
 
 
 def _refuse_aliases(field: StateField, sent: _Spellings) -> None:
@@ -241,11 +251,14 @@ def _refuse_aliases(field: StateField, sent: _Spellings) -> None:
     plain = is_plain(key)
     names = [name for name in (sent.odd if plain else sent.names) if name != key]
     rack2_only = [name for name in sent.rack2_only if not (plain and name != key and is_plain(name))]
-    if not names and not rack2_only:
+    qs_only = [name for name in sent.qs_only if not (plain and is_plain(name))]
+    if not names and not rack2_only and not qs_only:
         return
     wanted = readings(key)
     rack2 = {"Rack 2": wanted["Rack 2"]} if "Rack 2" in wanted else {}
-    spellings = [*((name, name, wanted) for name in names), *((name, ";" + name, rack2) for name in rack2_only)]
+    qs = {"qs": wanted["qs"]} if "qs" in wanted else {}
+    spellings = [*((name, name, wanted) for name in names), *((name, ";" + name, rack2) for name in rack2_only),
+                 *((name, name, qs) for name in qs_only)]
     for name, alias, frameworks in spellings:
         found = [framework for framework, path in readings(name).items()
                  if framework in frameworks and fills(path, frameworks[framework])]

@@ -106,6 +106,8 @@ def test_a_value_read_as_one_sent_twice_is_refused_not_allowed(once: dict, twice
         # Rack 2 splits a query at ';' too: guard reads a=1;user=mallory as a
         ({"url": "/x?a=1;user=mallory"}, "(as ';user', which Rails (Rack 2) reads into 'user')"),
         ({"url": "/x?a=1;user[]=mallory"}, "(as ';user[]', which Rails (Rack 2) reads into 'user')"),
+        # qs ends a name at ']=' before its first '=': guard read 'user[' = ']=mallory', Express user = {'=': ...}
+        ({"url": "/x?user[=]=mallory"}, "(as 'user[=]', which Express reads into 'user')"),
     ],
 )
 def test_a_value_read_by_name_sent_under_a_php_or_rack_spelling_is_refused(request_: dict, what: str) -> None:
