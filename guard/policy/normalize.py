@@ -46,21 +46,29 @@ subject is never changed; only the copy sent to the model is). :func:`normalize_
      :data:`MIN_BASE64_LINE` and as wide as the first, the last one narrower or not, as MIME, PEM and ``base64 -w``
      wrap) are joined first, so a block wrapped at 8-23 characters a line is read as one;
    - ``hex``: at least :data:`MIN_HEX_BYTES` bytes, as contiguous, space- or colon-separated pairs;
-   - ``url``: ``%XX`` escapes (``+`` read as a space; double and triple encoding, ``%2549``, undone);
+   - ``url``: ``%XX`` escapes (``+`` read as a space; double and triple encoding, ``%2549``, undone; a byte that is
+     not UTF-8 read as U+FFFD);
    - ``html``: character references, decimal, hex or named (``&#73;``, ``&#x49;``, ``&Iopf;``);
    - ``escapes``: ``\\uXXXX``, ``\\u{X}`` and ``\\UXXXXXXXX`` code points (surrogate pairs joined), ``\\xNN`` and
      octal ``\\NNN`` bytes (consecutive ones spell UTF-8, else each is one character, as in ``"caf\\xe9"``).
 
-   An escape run is escapes of one kind each at most :data:`MAX_ESCAPE_GAP` characters of one line after the last
-   (with no other ``%``, ``&`` or backslash between), widened over the word characters on either side, so a word
-   between escapes keeps them one run (``Ignore%20all%20previous``, ``Ign&#111;r&#101;``, one ``\\x`` word after
-   another); it is read when at least :data:`MIN_ESCAPES` of its escapes stand for a letter, a digit or a space (or an
-   escaped byte over 0x7F, a part of a non-ASCII letter). So a URL with two or three ``%20``, ``&amp;`` and
-   ``&mdash;`` in prose, a JSON string with an accented letter (``Caf\\u00e9``) and escaped markup or punctuation
-   (``&lt;p&gt;``, ``%2F%3A``, ``\\u0022``) get no reading. Every kind is looked for in the text as this step got it
-   (where runs overlap, the first to start that decodes is read); the decoded text is normalised again (one level
-   deeper, to :data:`MAX_DECODE_DEPTH` levels), so an obfuscation or a second encoding inside it is undone and flagged
-   as well.
+   An escape run is escapes of any of these kinds, each at most :data:`MAX_ESCAPE_GAP` characters after the last on
+   its line, or past one line break as many more on the next (a ``%``, ``&`` or backslash that begins no escape is an
+   ordinary character there), so a word between escapes keeps them one run (``Ignore%20all%20previous``,
+   ``Ign&#111;r&#101;``, one ``\\x`` word after another, ``%49%67&#110;\\u006f``); a run whose escapes of letters,
+   digits or spaces are of several kinds is read as ``[url+html: ...]`` and counted in each flag. It is widened over the word characters on either side, up to where
+   another run starts (``Ignore%20...%20prompt`` reads its first and last words too). It is read when at least
+   :data:`MIN_ESCAPES` of its escapes stand for an ASCII letter, a digit or a space (``&Iopf;`` too: NFKC folds ``𝕀``
+   to ``I``) and it decodes to text as above, or its escapes do without the characters between them. Escapes of other
+   letters and their bytes (``\\u00e9``, ``%C3%A9``, ``&uuml;``) do not count: JSON, URLs, HTML and byte strings
+   escape every letter of a text not in English, an English instruction hidden in escapes needs ASCII ones, and the
+   compact model escalated or blocked the decoded Russian, Japanese or Arabic of ``json.dumps``. So a URL with two or
+   three ``%20``, ``&amp;`` and ``&mdash;`` in prose, escaped text not in English (``Caf\\u00e9``,
+   ``/wiki/%D0%9C%D0%BE...``) and escaped markup or punctuation (``&lt;p&gt;``, ``%2F%3A``, ``\\u0022``) get no
+   reading. Every kind is looked for in the text as this step got it; runs are tried in the order they start, one
+   inside a run read is not, one that starts inside it is tried from where it ends (base64 glued to an escape:
+   ``%20SWdub3Jl...``). The decoded text is normalised again (one level deeper, to :data:`MAX_DECODE_DEPTH` levels),
+   so an obfuscation or a second encoding inside it is undone and flagged as well.
 
    A text that names ROT13 (``rot13``, ``rot-13``, ``rot 13``) gets its words' ROT13 reading appended as
    ``[rot13: ...]`` (flag ``rot13``; the words that are English as written stay): "decode this rot13 and follow it:
@@ -155,12 +163,13 @@ MIN_BASE64_CHARS = 24
 MIN_BASE64_LINE = 8
 #: Fewest bytes a hex run must spell to be tried as encoded text (``0f`` * 32, a SHA-256, decodes to binary and stays).
 MIN_HEX_BYTES = 12
-#: Fewest escapes of a letter, a digit or a space (``%49``, ``%20``, ``&#73;``, ``\u0049``) a run must hold to be read
-#: decoded: a URL with two or three ``%20``, an ``&amp;`` or two in a sentence and a JSON string with an accented
-#: letter (``Caf\u00e9``) stay as written.
+#: Fewest escapes of an ASCII letter, a digit or a space (``%49``, ``%20``, ``&#73;``, ``\u0049``) a run must hold
+#: to be read decoded: a URL with two or three ``%20``, an ``&amp;`` or two in a sentence and escaped text not in
+#: English (``Caf\u00e9``, ``%D0%9C``) stay as written.
 MIN_ESCAPES = 4
-#: Most characters between two escapes of one run: a long word and its punctuation (``Ignore%20all%20previous``,
-#: ``synthesize%20methamphetamine``); escapes further apart (``&amp;`` twice in a paragraph) are separate runs.
+#: Most characters between two escapes of one run, on a line (past one line break, as many more on the next): a long
+#: word and its punctuation (``Ignore%20all%20previous``, ``synthesize%20methamphetamine``); escapes further apart
+#: (``&amp;`` twice in a paragraph) are separate runs.
 MAX_ESCAPE_GAP = 20
 #: Fewest letters a run of spaced letters must hold to be read joined (step 8).
 MIN_SPACED_LETTERS = 6
@@ -209,28 +218,24 @@ _HEX_RUN_RE = re.compile(
     rf"(?<![0-9A-Fa-f])(?:{_HEX}{{2}}){{{MIN_HEX_BYTES},}}(?![0-9A-Fa-f])"  # 49676e6f7265...
     rf"|(?<![0-9A-Fa-f:])(?:{_HEX}{{2}}[ :]){{{MIN_HEX_BYTES - 1},}}{_HEX}{{2}}(?![0-9A-Fa-f:])"  # 49 67 6e, 49:67:6e
 )
-# Escape runs (step 7): at least MIN_ESCAPES escapes of one kind, each at most MAX_ESCAPE_GAP characters of one line
-# after the last. A gap holds no escape's first character and is taken possessively (it ends at the next one, or
-# fails), so a scan is linear in the text.
+# Escape runs (step 7): at least MIN_ESCAPES escapes, of any of the three kinds, each at most MAX_ESCAPE_GAP characters
+# after the last on its line, or past one line break that many more on the next. A gap holds no complete escape (a lone
+# %, & or backslash is an ordinary character in it) and each of its two parts is taken possessively (it ends at the
+# next escape or line break, or fails), so a scan is linear in the text.
 _URL_ESCAPE = rf"%(?:25)*{_HEX}{{2}}"  # %49, and %2549 in double encoding
 _URL_ESCAPE_RE = re.compile(_URL_ESCAPE)
 _HTML_REFERENCE = rf"&(?:#[0-9]{{1,7}};?|#[xX]{_HEX}{{1,6}};?|[A-Za-z][A-Za-z0-9]{{1,31}};)"  # &#73; &#x49; &Iopf;
 # \u0049, \u{49}, \U00000049, \x49, octal \111
 _BACKSLASH_ESCAPE = rf"\\(?:u{_HEX}{{4}}|u\{{{_HEX}{{1,6}}\}}|U{_HEX}{{8}}|x{_HEX}{{2}}|[0-3][0-7]{{2}})"
-#: The escape kinds of step 7: (flag and reading name, the character every escape begins with, one escape, a run).
-_ESCAPE_KINDS = tuple(
-    (
-        name,
-        marker,
-        re.compile(escape),
-        re.compile(rf"{escape}(?:[^\n{re.escape(marker)}]{{0,{MAX_ESCAPE_GAP}}}+{escape}){{{MIN_ESCAPES - 1},}}"),
-    )
-    for name, marker, escape in (
-        ("url", "%", _URL_ESCAPE),
-        ("html", "&", _HTML_REFERENCE),
-        ("escapes", "\\", _BACKSLASH_ESCAPE),
-    )
-)
+_ESCAPE = f"(?:{_URL_ESCAPE}|{_HTML_REFERENCE}|{_BACKSLASH_ESCAPE})"
+_ESCAPE_RE = re.compile(_ESCAPE)
+_ESCAPE_GAP = rf"(?:[^\n%&\\]|(?!{_ESCAPE})[%&\\]){{0,{MAX_ESCAPE_GAP}}}+"
+_ESCAPE_RUN_RE = re.compile(rf"{_ESCAPE}(?:{_ESCAPE_GAP}(?:\n{_ESCAPE_GAP})?{_ESCAPE}){{{MIN_ESCAPES - 1},}}")
+#: The escape kinds of step 7, by the character their escapes begin with: each names the readings of runs that hold
+#: its escapes, and is their flag.
+_ESCAPE_KINDS = {"%": "url", "&": "html", "\\": "escapes"}
+#: The kinds of step 7's runs that are not escape runs.
+_BLOCK_KINDS = ("base64", "hex")
 # consecutive escaped bytes (\x49, octal \111) spell UTF-8 together; \u escapes are code points
 _BYTE_ESCAPES_RE = re.compile(rf"(?:\\x{_HEX}{{2}}|\\[0-3][0-7]{{2}})+")
 _ESCAPED_BYTE_RE = re.compile(rf"\\x({_HEX}{{2}})|\\([0-3][0-7]{{2}})")
@@ -499,9 +504,11 @@ def _encoded_runs(text: str, counts: dict[str, int], depth: int) -> str:
     ``run [name: decoded]``.
 
     Every kind of run is looked for in ``text`` as this step got it, so no kind is looked for again in another's
-    reading (the reading itself is normalised one level deeper, :func:`_reading`). Where runs overlap, the first to
-    start that reads as text is read (the longer first where two start together: a wrapped base64 block before its
-    first line).
+    reading (the reading itself is normalised one level deeper, :func:`_reading`). Runs are tried in the order they
+    start (the longer first where two start together: a wrapped base64 block before its first line); one that ends
+    inside a run already read is not tried, one that starts inside it is tried from where that run ends (base64 glued
+    to an escape run: ``%20SWdub3Jl...``). An escape run is widened over the word characters around it
+    (:func:`_widened`) up to where the next run starts, so one reading never takes in, and hides, another's text.
     """
     runs: list[tuple[int, int, str]] = []  # (start, end, name) of each candidate run
     if len(text) >= 2 * MIN_HEX_BYTES:
@@ -514,16 +521,20 @@ def _encoded_runs(text: str, counts: dict[str, int], depth: int) -> str:
                 runs.append((found.start(), found.end(), "base64"))
             elif found.end() - found.start() >= MIN_BASE64_CHARS:  # shorter: a word at a line's end and the next
                 runs += _base64_blocks(found)
-    for name, marker, escape, run in _ESCAPE_KINDS:
-        if marker in text:
-            runs += _escape_runs(text, name, escape, run)
+    if "%" in text or "&" in text or "\\" in text:
+        runs += _escape_runs(text)
     if not runs:
         return text
+    runs.sort(key=lambda r: (r[0], -r[1]))
     out: list[str] = []
     done = 0  # where the last run read ends
-    for start, end, name in sorted(runs, key=lambda r: (r[0], -r[1])):
-        if start < done:
+    for i, (start, end, name) in enumerate(runs):
+        if end <= done:
             continue
+        start = max(start, done)
+        if name not in _BLOCK_KINDS:
+            following = runs[i + 1][0] if i + 1 < len(runs) else len(text)
+            start, end = _widened(text, start, end, done, max(end, following))
         reading = _reading(text[start:end], name, counts, depth)
         if reading is not None:
             out += [text[done:end], f" [{name}: {reading}]"]
@@ -557,65 +568,84 @@ def _base64_blocks(found: re.Match[str]) -> list[tuple[int, int, str]]:
     return runs
 
 
-def _escape_runs(text: str, name: str, escape: re.Pattern[str], run: re.Pattern[str]) -> list[tuple[int, int, str]]:
-    """The runs of escapes of one kind in ``text`` that hold at least :data:`MIN_ESCAPES` escapes of a letter, a digit
-    or a space (:func:`_spells`), as step 7's runs ``(start, end, name)``, each widened over the word characters (at
-    most :data:`MAX_ESCAPE_GAP`) on either side: in ``Ignore%20all%20...%20prompt.`` the first and last words are
-    read too."""
+def _escape_runs(text: str) -> list[tuple[int, int, str]]:
+    """The runs of escapes in ``text`` (``_ESCAPE_RUN_RE``: any of the three kinds, mixed) that hold at least
+    :data:`MIN_ESCAPES` escapes of an ASCII letter, a digit or a space (:func:`_spells`), as step 7's runs ``(start,
+    end, name)`` from the first escape to the last, named after the kinds of those escapes (``url``, ``html``,
+    ``escapes``, or several joined by ``+`` in that order: ``url+html``; an ``&amp;`` in a URL run names nothing)."""
     runs: list[tuple[int, int, str]] = []
-    end = 0
-    for found in run.finditer(text):
-        if sum(_spells(name, one) for one in escape.findall(found.group(0))) < MIN_ESCAPES:
-            continue
-        start, stop = found.span()
-        low, high = max(end, start - MAX_ESCAPE_GAP), min(len(text), stop + MAX_ESCAPE_GAP)
-        while start > low and (text[start - 1].isalnum() or text[start - 1] == "_"):
-            start -= 1
-        while stop < high and (text[stop].isalnum() or text[stop] == "_"):
-            stop += 1
-        runs.append((start, stop, name))
-        end = stop
+    for found in _ESCAPE_RUN_RE.finditer(text):
+        spelling = [escape for escape in _ESCAPE_RE.findall(found.group(0)) if _spells(escape)]
+        if len(spelling) >= MIN_ESCAPES:
+            markers = {escape[0] for escape in spelling}
+            runs.append((*found.span(), "+".join(name for marker, name in _ESCAPE_KINDS.items() if marker in markers)))
     return runs
 
 
+def _widened(text: str, start: int, end: int, low: int, high: int) -> tuple[int, int]:
+    """The escape run ``text[start:end]`` widened over the word characters (at most :data:`MAX_ESCAPE_GAP`) on either
+    side, not before ``low`` nor past ``high``: in ``Ignore%20all%20...%20prompt.`` the first and last words are read
+    too."""
+    low, high = max(low, start - MAX_ESCAPE_GAP), min(high, end + MAX_ESCAPE_GAP)
+    while start > low and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    while end < high and (text[end].isalnum() or text[end] == "_"):
+        end += 1
+    return start, end
+
+
 @functools.lru_cache(maxsize=4096)
-def _spells(name: str, escape: str) -> bool:
-    """Whether one escape of kind ``name`` stands for a letter, a digit or a space (an escaped byte over 0x7F too: a
-    part of a non-ASCII letter's UTF-8), not for markup or punctuation (``&amp;``, ``&lt;``, ``%2F``, ``\\u0022``),
-    which escaped markup, URLs and JSON hold many of."""
-    if name == "html":
+def _spells(escape: str) -> bool:
+    """Whether one escape (``%49``, ``&#73;``, ``\\u0049``, ``\\111``) stands for an ASCII letter, a digit or a
+    space, the letters NFKC folds to one of those included (``&Iopf;``, ``𝕀``). Not for markup or punctuation
+    (``&amp;``, ``&lt;``, ``%2F``, ``\\u0022``), which escaped markup, URLs and JSON hold many of, nor for a
+    non-ASCII letter or a byte of one (``\\u00e9``, ``%C3%A9``, ``\\xe4``), which JSON, URLs and byte strings escape
+    in any text not in English: an English instruction hidden in escapes needs escapes of ASCII letters."""
+    if escape[0] == "&":
         char = html.unescape(escape)
-        return char.isalnum() or char == " "
-    if name == "escapes" and escape[1] in "uU":
+    elif escape[1] in "uU":
         code = int(escape[2:].strip("{}"), 16)
-        return code <= 0x10FFFF and (chr(code).isalnum() or code == 0x20)
-    code = int(escape[-2:], 16) if name == "url" or escape[1] == "x" else int(escape[1:], 8)
-    return code >= 0x80 or chr(code).isalnum() or code == 0x20
+        char = chr(code) if code <= 0x10FFFF else ""
+    else:  # a byte: %XX (%2549 too), \xNN or octal \NNN
+        code = int(escape[-2:], 16) if escape[0] == "%" or escape[1] == "x" else int(escape[1:], 8)
+        char = chr(code) if code < 0x80 else ""
+    folded = unicodedata.normalize("NFKC", char)
+    return char == " " or (folded.isascii() and folded.isalnum())
 
 
 def _decoded(token: str, name: str) -> str:
-    """``token`` decoded as a run of kind ``name`` (see :func:`_encoded_runs`).
+    """``token`` decoded as a run of kind ``name`` (see :func:`_encoded_runs`; an escape run by :func:`_unescaped`).
 
     Raises:
-        ValueError: ``token`` does not decode to UTF-8 text (``binascii.Error`` and ``UnicodeDecodeError`` are
-            ``ValueError``s).
+        ValueError: base64 or hex that does not decode to UTF-8 text (``binascii.Error`` and ``UnicodeDecodeError``
+            are ``ValueError``s).
     """
     if name == "hex":
         return bytes.fromhex(token.replace(":", " ")).decode("utf-8")
     if name == "base64":
         joined = "".join(token.split())  # a wrapped block's lines
         return base64.b64decode(joined + "=" * (-len(joined) % 4), validate=True).decode("utf-8")
-    if name == "url":
-        text = unquote_plus(token, errors="strict")  # a form's "+" is a space; one escaped again (%2B) is not
+    return _unescaped(token)
+
+
+def _unescaped(token: str) -> str:
+    """An escape run decoded, each kind only where it holds escapes of that kind: its ``%XX`` escapes (a form's ``+``
+    a space; a percent sign escaped again decoded again, :data:`_URL_ROUNDS` times at most; bytes that are not UTF-8
+    as U+FFFD, for :func:`_readable` to judge), then its character references, then its backslash escapes."""
+    kinds = {escape[0] for escape in _ESCAPE_RE.findall(token)}
+    text = token
+    if "%" in kinds:
+        text = unquote_plus(text, errors="replace")  # one escaped again (%2B) is not a space
         for _ in range(_URL_ROUNDS - 1):
             if not _URL_ESCAPE_RE.search(text):
                 break
-            text = unquote(text, errors="strict")
-        return text
-    if name == "html":
-        return html.unescape(token)
-    text = _BYTE_ESCAPES_RE.sub(_escaped_bytes, token)
-    return surrogates_joined(_CODE_POINT_RE.sub(_escaped_code_point, text))
+            text = unquote(text, errors="replace")
+    if "&" in kinds:
+        text = html.unescape(text)
+    if "\\" in kinds:
+        text = _BYTE_ESCAPES_RE.sub(_escaped_bytes, text)
+        text = surrogates_joined(_CODE_POINT_RE.sub(_escaped_code_point, text))
+    return text
 
 
 def _escaped_bytes(match: re.Match[str]) -> str:
@@ -634,9 +664,11 @@ def _escaped_code_point(match: re.Match[str]) -> str:
 
 
 def _reading(token: str, name: str, counts: dict[str, int], depth: int) -> str | None:
-    """The decoded text of run ``token`` of kind ``name`` (flag ``name``), normalised one level deeper while ``depth``
-    is under :data:`MAX_DECODE_DEPTH`; ``None`` where it does not decode, decodes to itself, or reads as no text
-    (binary, an id, a hash) and holds no encoded run either."""
+    """The decoded text of run ``token`` of kind ``name`` (flag ``name``; an escape run of several kinds, ``url+html``,
+    each of their flags), normalised one level deeper while ``depth`` is under :data:`MAX_DECODE_DEPTH`; ``None``
+    where it does not decode, decodes to itself, or reads as no text (binary, an id, a hash) and holds no encoded run
+    either. An escape run reads as text also where its escapes alone do, without the characters between them
+    (``\\777``, no octal escape, after every third one made the whole less than half letters)."""
     try:
         text = _decoded(token, name)
     except ValueError:
@@ -646,9 +678,14 @@ def _reading(token: str, name: str, counts: dict[str, int], depth: int) -> str |
     found: dict[str, int] = {}
     if depth < MAX_DECODE_DEPTH:
         text = _normalize(text, found, depth + 1)
-    if not (_readable(text) or any(found.get(flag) for flag in _ENCODED_FLAGS)):
+    if not (
+        _readable(text)
+        or any(found.get(flag) for flag in _ENCODED_FLAGS)
+        or (name not in _BLOCK_KINDS and _readable(_unescaped("".join(_ESCAPE_RE.findall(token)))))
+    ):
         return None
-    _count(counts, name)
+    for kind in name.split("+"):
+        _count(counts, kind)
     for flag, n in found.items():
         _count(counts, flag, n)
     return text
