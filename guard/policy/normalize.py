@@ -713,9 +713,10 @@ def _spaced_readings(text: str) -> list[str]:
         spaces = [len(gap) for gap in gaps if not gap.strip()]
         mixed = len(spaces) < len(gaps)
         narrowest = min(spaces, default=0)
+        alike = mixed and len(set(spaces)) == 1  # symbols join letters, every space gap ends a word
         words = [letters[0]]
         for gap, letter in zip(gaps, letters[1:], strict=True):
-            ends_word = not gap.strip() and (len(gap) > narrowest or (mixed and len(set(spaces)) == 1))
+            ends_word = not gap.strip() and (len(gap) > narrowest or alike)
             words.append(f" {letter}" if ends_word else letter)
         out.append("".join(words))
     return out
