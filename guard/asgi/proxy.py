@@ -138,6 +138,9 @@ class ProxyConfig:
             ``tracestate``), so it joins the caller's trace next to the upstream's own spans. Default: the decision
             span starts a trace of its own, since a client's header chooses the trace id and, under a parent-based
             sampler, whether the decision is recorded at all. The headers are forwarded to the upstream either way.
+
+    Raises:
+        ValueError: naming the field (``ProxyConfig.read_timeout``), its value and what is allowed.
     """
 
     upstream: str
@@ -156,28 +159,31 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise ValueError(f"upstream {self.upstream!r} must be an http(s) URL without query or fragment")
+            raise ValueError(
+                f"ProxyConfig.upstream {self.upstream!r} must be an http(s) URL without query or fragment"
+            )
         try:
             parts.port  # noqa: B018 - urlsplit checks the port only when it is read
         except ValueError as exc:
-            raise ValueError(f"upstream {self.upstream!r}: {exc}") from None
+            raise ValueError(f"ProxyConfig.upstream {self.upstream!r}: {exc}") from None
         try:
             httpx.URL(self.upstream)
         except httpx.InvalidURL as exc:
-            raise ValueError(f"upstream {self.upstream!r} is not a valid URL: {exc}") from exc
-        if not (self.connect_timeout > 0 and self.read_timeout > 0 and self.body_idle_timeout > 0
-                and self.queue_timeout > 0):
-            raise ValueError("connect_timeout, read_timeout, queue_timeout and body_idle_timeout must be positive "
-                             "seconds")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections is {self.max_connections}; it must be at least 1")
+            raise ValueError(f"ProxyConfig.upstream {self.upstream!r} is not a valid URL: {exc}") from exc
+        for name in ("connect_timeout", "read_timeout", "queue_timeout", "body_idle_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"ProxyConfig.{name} is {value!r}; it must be positive seconds")
+        for name in ("max_connections", "max_websockets"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ProxyConfig.{name} is {getattr(self, name)}; it must be at least 1")
         if self.max_head_bytes < 1024:
-            raise ValueError(f"max_head_bytes is {self.max_head_bytes}; it must be at least 1024")
+            raise ValueError(f"ProxyConfig.max_head_bytes is {self.max_head_bytes}; it must be at least 1024")
         for glob in self.allowed_hosts:
             try:
                 host_glob(glob.strip())
             except ValueError as exc:
-                raise ValueError(f"allowed_hosts: {exc}") from None
+                raise ValueError(f"ProxyConfig.allowed_hosts: {exc}") from None
 
 
 class _ClientGone(Exception):

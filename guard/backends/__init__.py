@@ -57,16 +57,16 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu", api_key: 
         api_key: bearer key sent to an ``http:`` / ``unix:`` server (a worker started with ``--api-keys-env``).
 
     Raises:
-        ValueError: for an unknown spec or a URL that is not http(s).
+        ValueError: naming ``--backend`` and the spec: an unknown spec, or a URL that is not http(s) or has no host.
         FileNotFoundError: ``local:DIR`` or ``compact:DIR`` is not a checkpoint directory.
     """
     kind, _, arg = spec.partition(":")
     if kind in ("http", "https") and arg.startswith("//"):
-        return SystemOneClient(spec, api_key=api_key)
+        return _http_backend(spec, spec, api_key)
     if kind == "local" and arg:
         return LocalBackend.from_pretrained(arg, dtype=dtype, device=device)
     if kind == "http" and arg:
-        return SystemOneClient(arg, api_key=api_key)
+        return _http_backend(spec, arg, api_key)
     if kind == "unix" and arg:
         return SystemOneClient.worker(uds=arg, api_key=api_key)
     if kind == "compact":
@@ -74,6 +74,15 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu", api_key: 
 
         return CompactBackend.from_pretrained(arg) if arg else CompactBackend.default()
     raise ValueError(f"--backend {spec!r}: expected {BACKEND_SPECS}")
+
+
+def _http_backend(spec: str, url: str, api_key: str | None) -> SystemOneClient:
+    """The System One client of ``url``, the URL in ``spec``; raises ``ValueError`` naming ``--backend`` and the spec
+    for a URL the client refuses."""
+    try:
+        return SystemOneClient(url, api_key=api_key)
+    except ValueError as exc:
+        raise ValueError(f"--backend {spec!r}: {exc}") from None
 
 
 async def start_backend(backend: DecisionBackend) -> None:

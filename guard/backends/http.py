@@ -156,7 +156,7 @@ class SystemOneClient:
             raise ValueError(f"provider must be one of {sorted(PROVIDERS)}, got {provider!r}")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
+            raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
         try:
             parts.port  # noqa: B018 - urlsplit checks the port only when it is read
         except ValueError as exc:

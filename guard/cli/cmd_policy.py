@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import re
 import sys
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from guard.backends.options import add_backend_options, backend_factory, check_device_options, open_cli_backend
+from guard.cli._args import positive_milliseconds
 from guard.errors import GuardError, PolicyError
 
 __all__ = ["reference_markdown", "register", "schema_json"]
@@ -96,18 +96,14 @@ def register(subparsers: Any) -> None:
 
 def _add_timeout_option(parser: Any) -> None:
     parser.add_argument(
-        "--timeout-ms", type=float, default=None, metavar="MS",
+        "--timeout-ms", type=positive_milliseconds, default=None, metavar="MS",
         help="replace the policies' timeout_ms (e.g. for a checkpoint on a slow CPU)",
     )  # fmt: skip
 
 
 def _timeout_s(args: argparse.Namespace) -> float | None:
-    """``--timeout-ms`` in seconds. Raises ValueError unless it is a finite number > 0."""
-    if args.timeout_ms is None:
-        return None
-    if not math.isfinite(args.timeout_ms) or args.timeout_ms <= 0:
-        raise ValueError(f"--timeout-ms must be a number of milliseconds > 0, got {args.timeout_ms:g}")
-    return float(args.timeout_ms) / 1000.0
+    """``--timeout-ms`` (a finite number > 0, checked by its argparse type) in seconds, ``None`` without it."""
+    return None if args.timeout_ms is None else args.timeout_ms / 1000.0
 
 
 def _problems(exc: PolicyError) -> list[PolicyError]:

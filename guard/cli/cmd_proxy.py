@@ -55,7 +55,7 @@ from guard.asgi.proxy import (
 )
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_backend_options, open_cli_backend
-from guard.cli._args import positive_int, positive_seconds, seconds
+from guard.cli._args import count, flag_names, positive_int, positive_seconds, seconds
 from guard.cli._otel import install_metrics_from_env, install_tracing_from_env, shutdown_providers
 from guard.engine.health import DEFAULT_CANARY_INTERVAL_S
 from guard.engine.telemetry import LOG_INPUT_MODES, LOGGED_HEADERS
@@ -70,6 +70,25 @@ REDIS_URL_ENV = "GUARD_REDIS_URL"
 REVIEW_REDIS_URL_ENV = "GUARD_REVIEW_REDIS_URL"
 
 logger = logging.getLogger("guard.proxy")
+
+#: The config fields the options set, as the flags that set them: a config's ``ValueError`` names its field, the user
+#: typed the flag (:func:`guard.cli._args.flag_names`). Each number's own range is checked by its argparse type; what
+#: is left are the checks only a config knows (an upstream URL, an allowed host, the head's 1024-byte floor).
+_FLAGS = {
+    "ProxyConfig.upstream": "--upstream",
+    "ProxyConfig.connect_timeout": "--connect-timeout",
+    "ProxyConfig.read_timeout": "--read-timeout",
+    "ProxyConfig.queue_timeout": "--queue-timeout",
+    "ProxyConfig.body_idle_timeout": "--body-timeout",
+    "ProxyConfig.max_connections": "--max-connections",
+    "ProxyConfig.max_websockets": "--max-websockets",
+    "ProxyConfig.max_head_bytes": "--max-head-bytes",
+    "ProxyConfig.allowed_hosts": "--allowed-hosts",
+    "BodyLimits.body_timeout_s": "--body-timeout",
+    "BodyLimits.stream_flush_s": "--stream-flush",
+    "BodyLimits.stream_hold_chars": "--stream-hold",
+    "CacheConfig.local_ttl": "--cache-local-ttl",
+}
 
 
 def register(subparsers: Any) -> None:
@@ -103,16 +122,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tenant-header", default=None, metavar="NAME",
                         help="trusted header naming the request's tenant (set by an authenticating layer in front); "
                         "review items carry it and tenant-scoped reviewers see only theirs")
-    parser.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
+    parser.add_argument("--header-timeout", type=positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
                         help="seconds a client has to send a request head (line and headers) before the connection "
                         f"is closed (default {DEFAULT_HEADER_TIMEOUT_S:g})")
-    parser.add_argument("--body-timeout", type=float, default=None, metavar="S",
+    parser.add_argument("--body-timeout", type=positive_seconds, default=None, metavar="S",
                         help="seconds a client has to send a judged body (408 after; default BodyLimits, "
                         "30) and the most silence between chunks of a forwarded one")
-    parser.add_argument("--stream-flush", type=float, default=None, metavar="S",
+    parser.add_argument("--stream-flush", type=seconds, default=None, metavar="S",
                         help="seconds a streamed response's bytes wait for a response policy's window to fill before "
                         f"they are judged and sent on (default {DEFAULT_STREAM_FLUSH_S:g}; 0: wait for a full window)")
-    parser.add_argument("--stream-hold", type=int, default=None, metavar="CHARS",
+    parser.add_argument("--stream-hold", type=count, default=None, metavar="CHARS",
                         help="characters at the end of a streamed LLM answer (its events' pieces joined) kept back "
                         "until more follows, so a key streamed token by token is judged whole before any of it "
                         f"leaves (default {DEFAULT_STREAM_HOLD_CHARS}; 0: send each event once judged)")
@@ -126,7 +145,7 @@ def register(subparsers: Any) -> None:
                         f"${REVIEW_REDIS_URL_ENV}, else --redis-url")
     parser.add_argument(
         "--cache-local-ttl",
-        type=float,
+        type=seconds,
         default=None,
         metavar="SECONDS",
         help="with --redis-url: seconds a cached answer is served from this process before Redis is read again "
@@ -144,7 +163,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="serve the reviewers' API without tokens to loopback clients (only with a loopback --admin-listen)",
     )
-    parser.add_argument("--max-body-bytes", type=int, default=None, metavar="N", help="inspection cap (1 MiB)")
+    parser.add_argument("--max-body-bytes", type=positive_int, default=None, metavar="N", help="inspection cap (1 MiB)")
     parser.add_argument("--decision-log", default=None, metavar="FILE", help="append JSON-lines decision records")
     parser.add_argument(
         "--log-input",
@@ -182,8 +201,10 @@ def register(subparsers: Any) -> None:
         help="brief (default): allowed responses carry x-guard-decision-id (and x-guard-fail-mode when failing "
         "open); full: every decision header (blocked, held and handed-off responses always carry all)",
     )
-    parser.add_argument("--connect-timeout", type=float, default=5.0, metavar="S", help="upstream connect, seconds")
-    parser.add_argument("--read-timeout", type=float, default=60.0, metavar="S", help="upstream silence, seconds")
+    parser.add_argument("--connect-timeout", type=positive_seconds, default=5.0, metavar="S",
+                        help="upstream connect, seconds")
+    parser.add_argument("--read-timeout", type=positive_seconds, default=60.0, metavar="S",
+                        help="upstream silence, seconds")
     parser.add_argument("--max-connections", type=positive_int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                         help=f"most upstream connections at once (default {DEFAULT_MAX_CONNECTIONS})")
     parser.add_argument("--max-websockets", type=positive_int, default=DEFAULT_MAX_WEBSOCKETS, metavar="N",
@@ -274,9 +295,11 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     """Build the proxy app from parsed arguments (reads the review token from the environment).
 
     Raises:
-        ValueError: bad ``--listen``, ``--upstream``, ``--backend``, ``--device``, ``--cache-local-ttl``,
-            ``--redis-url`` (a URL the cache cannot use, or no ``$GUARD_STORE_KEY`` to seal with); a missing
-            or malformed token variable; a ``--decision-log`` that cannot be opened; ``--review-insecure-loopback`` with a non-loopback ``--listen``.
+        ValueError: naming the option: a bad ``--listen``, ``--upstream``, ``--allowed-hosts``, ``--backend``,
+            ``--device``, ``--redis-url`` or ``--review-redis-url`` (a URL the cache or review store cannot use, or no
+            ``$GUARD_STORE_KEY`` to seal with); a missing or malformed token variable; a ``--decision-log`` that
+            cannot be opened; ``--review-insecure-loopback`` with a non-loopback ``--admin-listen``; an ``OTEL_*``
+            variable the telemetry cannot use (the numbers' own ranges are checked by their argparse types).
         PolicyError: an invalid policy file.
     """
     from opentelemetry import metrics as otel_metrics
@@ -299,22 +322,23 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     admin_host, admin_port = _listen(args.admin_listen, "--admin-listen")
     if (admin_host, admin_port) == (host, port) and port != 0:
         raise ValueError("--admin-listen must differ from --listen: the admin endpoints are never on the proxied one")
-    if not args.header_timeout > 0:
-        raise ValueError(f"--header-timeout is {args.header_timeout}; it must be positive seconds")
     overrides: dict[str, Any] = {} if args.body_timeout is None else {"body_timeout_s": args.body_timeout}
     if args.stream_flush is not None:
-        if not args.stream_flush >= 0:
-            raise ValueError(f"--stream-flush is {args.stream_flush}; it must be 0 (no timed flush) or positive seconds")
         overrides["stream_flush_s"] = args.stream_flush or None
     if args.stream_hold is not None:
         overrides["stream_hold_chars"] = args.stream_hold
-    limits = BodyLimits(**overrides)
-    config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
-                         max_connections=args.max_connections, queue_timeout=args.queue_timeout,
-                         max_websockets=args.max_websockets, max_head_bytes=args.max_head_bytes,
-                         body_idle_timeout=limits.body_timeout_s,
-                         preserve_host=args.preserve_host, trust_forwarded=args.trust_forwarded,
-                         trust_traceparent=args.trust_traceparent, allowed_hosts=_allowed_hosts(args.allowed_hosts))
+    try:
+        limits = BodyLimits(**overrides)
+        config = ProxyConfig(args.upstream, connect_timeout=args.connect_timeout, read_timeout=args.read_timeout,
+                             max_connections=args.max_connections, queue_timeout=args.queue_timeout,
+                             max_websockets=args.max_websockets, max_head_bytes=args.max_head_bytes,
+                             body_idle_timeout=limits.body_timeout_s,
+                             preserve_host=args.preserve_host, trust_forwarded=args.trust_forwarded,
+                             trust_traceparent=args.trust_traceparent,
+                             allowed_hosts=_allowed_hosts(args.allowed_hosts))
+        cache_config = CacheConfig(local_ttl=args.cache_local_ttl) if args.cache_local_ttl is not None else None
+    except ValueError as exc:  # the configs name their fields; the user typed the flags
+        raise ValueError(flag_names(str(exc), _FLAGS)) from None
     reviewers = None
     if args.review_tokens_env:
         text = os.environ.get(args.review_tokens_env)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from guard.cli._args import fraction, positive_int
+from guard.cli._args import count, fraction, non_negative, positive_int, share
 from guard.cli._output import directory_problem
 
 __all__ = ["register"]
@@ -60,51 +60,51 @@ def register(subparsers: Any) -> None:
     router.add_argument("--question-id", default="route", help="id of the choice question policies will ask")
     router.add_argument("--instructions", help="wording of that question (default: its id)")
     hyper = parser.add_argument_group("training")
-    hyper.add_argument("--epochs", type=int, default=None)
-    hyper.add_argument("--patience", type=int, default=None)
-    hyper.add_argument("--batch-size", type=int, default=None)
+    hyper.add_argument("--epochs", type=positive_int, default=None)
+    hyper.add_argument("--patience", type=positive_int, default=None)
+    hyper.add_argument("--batch-size", type=positive_int, default=None)
     hyper.add_argument("--lr", type=_rate, default=None, dest="learning_rate", help="learning rate (> 0)")
-    hyper.add_argument("--label-smoothing", type=float, default=None)
-    hyper.add_argument("--brier-weight", type=float, default=None)
-    hyper.add_argument("--ordinal-weight", type=float, default=None,
+    hyper.add_argument("--label-smoothing", type=_smoothing, default=None, help="0 or more, below 1")
+    hyper.add_argument("--brier-weight", type=non_negative, default=None)
+    hyper.add_argument("--ordinal-weight", type=non_negative, default=None,
                        help="weight of the expected-level error of score questions (default 1; 0 = off)")
-    hyper.add_argument("--max-state-tokens", type=int, default=None)
-    hyper.add_argument("--width", type=int, default=None)
+    hyper.add_argument("--max-state-tokens", type=positive_int, default=None)
+    hyper.add_argument("--width", type=positive_int, default=None)
     hyper.add_argument("--seed", type=int, default=None)
     hyper.add_argument("--outside-label", default=None, metavar="LABEL",
                        help="router: the out-of-scope label (e.g. oos); its logit is biased so --outside-rate of "
                        "in-scope validation records would go to it")
-    hyper.add_argument("--outside-rate", type=float, default=None)
+    hyper.add_argument("--outside-rate", type=share, default=None, help="router: 0 to 1 (default 0.03)")
     hyper.add_argument("--layer-lr", type=_layer_rate, default=None, dest="layer_learning_rate",
                        help="catalog: learning rate of the fine-tuned encoder layers (0 = frozen)")
-    hyper.add_argument("--train-windows", type=int, default=None,
+    hyper.add_argument("--train-windows", type=positive_int, default=None,
                        help="catalog: most windows per training text of a pair question")
-    hyper.add_argument("--train-pieces", type=int, default=None,
+    hyper.add_argument("--train-pieces", type=positive_int, default=None,
                        help="catalog: most sentence pieces per long training text of a text question")
-    hyper.add_argument("--top-layers", type=int, default=None,
+    hyper.add_argument("--top-layers", type=positive_int, default=None,
                        help="catalog: encoder layers fine-tuned (the top ones; the rest stay frozen)")
-    hyper.add_argument("--fold-epochs", type=int, default=None,
+    hyper.add_argument("--fold-epochs", type=positive_int, default=None,
                        help="catalog: epochs of each leave-one-fold-out model (default 1)")
-    hyper.add_argument("--head-epochs", type=int, default=None,
+    hyper.add_argument("--head-epochs", type=count, default=None,
                        help="catalog: epochs of the heads alone on the fine-tuned layers' states, after the joint "
                             "epochs (default 0: none)")
-    hyper.add_argument("--layer-epochs", type=int, default=None,
+    hyper.add_argument("--layer-epochs", type=count, default=None,
                        help="catalog: epochs of the fine-tuned layers alone, every head frozen, after the joint "
                             "epochs (default 0: none)")
     hyper.add_argument("--head-questions", type=lambda text: tuple(q.strip() for q in text.split(",") if q.strip()),
                        default=None, metavar="ID[,ID...]",
                        help="catalog: the questions whose heads the head epochs train (default: all)")
-    hyper.add_argument("--fold-share", type=float, default=None,
-                       help="catalog: share of the other folds' records each fold model trains on")
-    hyper.add_argument("--source-balance", type=float, default=None,
+    hyper.add_argument("--fold-share", type=_fold_share, default=None,
+                       help="catalog: share of the other folds' records each fold model trains on (above 0, at most 1)")
+    hyper.add_argument("--source-balance", type=share, default=None,
                        help="catalog: exponent of source-balanced sampling, 1 = as the data is, 0 = every source alike")
     hyper.add_argument("--no-folds", action="store_true",
                        help="catalog: skip the leave-one-source-group-out models (temperatures fitted on --val)")
     hyper.add_argument("--fold-models", metavar="DIR", default=None,
                        help="catalog: also save each leave-one-fold-out model in DIR/<fold> (score its held-out "
                             "records again with guard eval --backend compact:DIR/<fold> --by fold)")
-    hyper.add_argument("--window", type=int, default=160, help="catalog: encoder window in word pieces")
-    hyper.add_argument("--overlap", type=int, default=48, help="catalog: word pieces shared by neighbouring windows")
+    hyper.add_argument("--window", type=positive_int, default=160, help="catalog: encoder window in word pieces")
+    hyper.add_argument("--overlap", type=count, default=48, help="catalog: word pieces shared by neighbouring windows")
     hyper.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", default=None, help="encoder embedding cache (default $XDG_CACHE_HOME/guard/compact, else ~/.cache/guard/compact)")
     parser.add_argument("--no-cache", action="store_true", help="keep embeddings in memory only")
@@ -125,6 +125,22 @@ def _layer_rate(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate (a number > 0, or 0 to freeze the layers)")
+    return value
+
+
+def _smoothing(text: str) -> float:
+    """A label smoothing: a number of 0 or more, below 1."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a label smoothing (0 or more, below 1)")
+    return value
+
+
+def _fold_share(text: str) -> float:
+    """A share of records: a number above 0, at most 1."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share (above 0, at most 1)")
     return value
 
 

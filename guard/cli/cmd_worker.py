@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import socket
 import stat
 import sys
@@ -38,6 +37,16 @@ from typing import Any
 
 from guard.asgi.server import DEFAULT_HEADER_TIMEOUT_S
 from guard.backends.options import add_device_options, device, torch_dtype
+from guard.cli._args import (
+    flag_names,
+    milliseconds,
+    name,
+    positive_int,
+    positive_milliseconds,
+    positive_seconds,
+    ratio,
+    seconds,
+)
 
 __all__ = ["register", "run"]
 
@@ -70,44 +79,65 @@ def register(subparsers: Any) -> None:
     where.add_argument("--uds", default=None, metavar="PATH", help="listen on this Unix socket instead of TCP")
     model = serve.add_argument_group("model")
     add_device_options(model)
-    model.add_argument("--max-length", type=int, default=None, metavar="L", help="prompt limit (default 16384)")
+    model.add_argument(
+        "--max-length", type=positive_int, default=None, metavar="L", help="prompt limit (default 16384)"
+    )
     model.add_argument(
         "--confidence", choices=("reference", "workers-ai", "jev"), default="reference", help="confidence formula"
     )
-    model.add_argument("--model-name", default=None, help="name listed by GET /v1/models (default: directory name)")
     model.add_argument(
-        "--model-alias", action="append", default=[], metavar="NAME", help="another accepted model name (repeatable)"
+        "--model-name", type=name, default=None, help="name listed by GET /v1/models (default: directory name)"
+    )
+    model.add_argument(
+        "--model-alias", type=name, action="append", default=[], metavar="NAME",
+        help="another accepted model name (repeatable)",
     )
     model.add_argument(
         "--release-date", default=None, metavar="YYYY-MM-DD", help="release date listed (default: the weights' date)"
     )
     model.add_argument(
-        "--torch-threads", type=int, default=None, metavar="N", help="torch intra-op threads (default: torch's choice)"
+        "--torch-threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="torch intra-op threads (default: torch's choice)",
     )
     batching = serve.add_argument_group("batching")
-    batching.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N", help="requests per pass")
     batching.add_argument(
-        "--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS, metavar="T", help="padded tokens per pass"
+        "--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH, metavar="N", help="requests per pass"
     )
     batching.add_argument(
-        "--max-wait-ms", type=float, default=DEFAULT_MAX_WAIT_MS, metavar="M", help="longest wait to fill a batch"
+        "--max-batch-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        metavar="T",
+        help="padded tokens per pass",
     )
     batching.add_argument(
-        "--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="Q", help="waiting requests before 429"
+        "--max-wait-ms",
+        type=milliseconds,
+        default=DEFAULT_MAX_WAIT_MS,
+        metavar="M",
+        help="longest wait to fill a batch",
+    )
+    batching.add_argument(
+        "--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE, metavar="Q", help="waiting requests before 429"
     )
     batching.add_argument(
         "--max-length-ratio",
-        type=float,
+        type=ratio,
         default=DEFAULT_MAX_LENGTH_RATIO,
         metavar="R",
-        help="longest/shortest record in one batch",
+        help="longest/shortest record in one batch (1 or more; inf: no limit)",
     )
     http = serve.add_argument_group("http")
     http.add_argument("--profile", choices=("workers-ai", "reference"), default="workers-ai", help="validation rules")
-    http.add_argument("--max-body-bytes", type=int, default=None, metavar="B", help="largest request body (8 MiB)")
+    http.add_argument(
+        "--max-body-bytes", type=positive_int, default=None, metavar="B", help="largest request body (8 MiB)"
+    )
     http.add_argument(
         "--max-pending-body-bytes",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="P",
         help="bytes of request bodies held in memory at once, counted as they arrive (64 MiB); at it, new requests "
@@ -115,22 +145,30 @@ def register(subparsers: Any) -> None:
     )
     http.add_argument(
         "--body-idle-timeout",
-        type=float,
+        type=positive_seconds,
         default=None,
         metavar="S",
         help="seconds a request body may send nothing before a 408 (10)",
     )
     http.add_argument(
-        "--default-timeout-ms", type=float, default=None, metavar="D", help="deadline without x-request-timeout-ms"
+        "--default-timeout-ms",
+        type=positive_milliseconds,
+        default=None,
+        metavar="D",
+        help="deadline without x-request-timeout-ms, in milliseconds (30000; at most 300000)",
     )
     http.add_argument("--overload-status", type=int, choices=(429, 503), default=429, help="status of a full queue")
     http.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn log level")
     http.add_argument("--access-log", action="store_true", help="log every request (off by default)")
-    http.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
+    http.add_argument("--header-timeout", type=positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
                       help="seconds a client has to send a request head (line and headers) before the connection is "
                       f"closed (default {DEFAULT_HEADER_TIMEOUT_S:g})")
     http.add_argument(
-        "--max-image-pixels", type=int, default=None, metavar="N", help="largest image, width x height (4096x4096)"
+        "--max-image-pixels",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="largest image, width x height (4096x4096)",
     )
     auth = serve.add_argument_group("authentication")
     auth.add_argument(
@@ -151,7 +189,11 @@ def register(subparsers: Any) -> None:
         "--canary-directional", action="store_true", help="the attack must score higher (use with a release model)"
     )
     canary.add_argument(
-        "--canary-interval", type=float, default=None, metavar="S", help="seconds between canary runs (60; 0: start only)"
+        "--canary-interval",
+        type=seconds,
+        default=None,
+        metavar="S",
+        help="seconds between canary runs (60; 0: start only)",
     )
     serve.set_defaults(handler=run)
 
@@ -161,18 +203,36 @@ def _fail(message: str) -> int:
     return EXIT_INVALID
 
 
-def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
-    """``(BatcherConfig, WorkerConfig)`` from the options; raises ``ValueError`` naming the bad one."""
-    from guard.backends.batcher import BatcherConfig
-    from guard.worker.app import WorkerConfig
+#: The config fields the options set, as the flags that set them: a config's ``ValueError`` names its field
+#: (``WorkerConfig.max_pending_body_bytes``), the user typed the flag. Each option's own range is checked by its
+#: argparse type; what is left are the checks across options and those only the config knows (a release date).
+_FLAGS = {
+    "BatcherConfig.max_batch": "--max-batch",
+    "BatcherConfig.max_batch_tokens": "--max-batch-tokens",
+    "BatcherConfig.max_wait_ms": "--max-wait-ms",
+    "BatcherConfig.max_queue": "--max-queue",
+    "BatcherConfig.max_length_ratio": "--max-length-ratio",
+    "WorkerConfig.validation_profile": "--profile",
+    "WorkerConfig.overload_status": "--overload-status",
+    "WorkerConfig.model_aliases": "--model-alias",
+    "WorkerConfig.release_date": "--release-date",
+    "WorkerConfig.max_body_bytes": "--max-body-bytes",
+    "WorkerConfig.max_pending_body_bytes": "--max-pending-body-bytes",
+    "WorkerConfig.body_idle_timeout_s": "--body-idle-timeout",
+    "WorkerConfig.max_image_pixels": "--max-image-pixels",
+    "WorkerConfig.canary_interval_s": "--canary-interval",
+}
 
-    batcher = BatcherConfig(
-        max_batch=args.max_batch,
-        max_batch_tokens=args.max_batch_tokens,
-        max_wait_ms=args.max_wait_ms,
-        max_queue=args.max_queue,
-        max_length_ratio=args.max_length_ratio,
-    )
+
+def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(BatcherConfig, WorkerConfig)`` from the options.
+
+    Raises:
+        ValueError: naming the bad option (as its flag), its value and what is allowed.
+    """
+    from guard.backends.batcher import BatcherConfig
+    from guard.worker.app import MAX_TIMEOUT_S, WorkerConfig
+
     options: dict[str, Any] = {
         "validation_profile": args.profile,
         "overload_status": args.overload_status,
@@ -192,8 +252,23 @@ def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
         options["canary_interval_s"] = args.canary_interval
     options["api_keys"] = _api_keys(args)
     if args.default_timeout_ms is not None:
+        if args.default_timeout_ms > MAX_TIMEOUT_S * 1000:
+            raise ValueError(
+                f"--default-timeout-ms must be at most {MAX_TIMEOUT_S * 1000:g} (the longest deadline a request may "
+                f"ask for), got {args.default_timeout_ms:g}"
+            )
         options["default_timeout_s"] = args.default_timeout_ms / 1000.0
-    return batcher, WorkerConfig(**options)
+    try:
+        batcher = BatcherConfig(
+            max_batch=args.max_batch,
+            max_batch_tokens=args.max_batch_tokens,
+            max_wait_ms=args.max_wait_ms,
+            max_queue=args.max_queue,
+            max_length_ratio=args.max_length_ratio,
+        )
+        return batcher, WorkerConfig(**options)
+    except ValueError as exc:  # the config names its field; the user typed the flag
+        raise ValueError(flag_names(str(exc), _FLAGS)) from None
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -260,10 +335,6 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--uds cannot be combined with --host/--port")
     if args.port is not None and not 0 <= args.port <= 65535:
         return _fail(f"--port must be 0-65535, got {args.port}")
-    if args.max_length is not None and args.max_length < 1:
-        return _fail(f"--max-length must be a positive integer, got {args.max_length}")
-    if args.torch_threads is not None and args.torch_threads < 1:
-        return _fail(f"--torch-threads must be a positive integer, got {args.torch_threads}")
     if not (Path(args.model) / "config.json").is_file():
         return _fail(f"--model {args.model}: not a checkpoint directory (config.json is missing)")
     if args.uds:
@@ -273,8 +344,6 @@ def run(args: argparse.Namespace) -> int:
         if (problem := _uds_problem(args.uds)) is not None:
             return _fail(f"--uds {args.uds}: {problem}")
         _owner_and_group_only(args.uds)
-    if not args.header_timeout > 0:
-        return _fail(f"--header-timeout must be positive seconds, got {args.header_timeout}")
     try:
         torch_dtype(args)  # before listening: a --device this machine has not exits 2, not an unready worker
     except ValueError as exc:
@@ -284,9 +353,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         batcher_config, worker_config = _configs(args)
     except ValueError as exc:
-        return _fail(
-            re.sub(r"(?:Batcher|Worker)Config\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(exc))
-        )
+        return _fail(str(exc))
     host = args.host or "127.0.0.1"
     if not args.uds and not worker_config.api_keys and not _loopback(host) and not args.insecure_no_auth:
         return _fail(

@@ -237,7 +237,7 @@ def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
     limit = DEFAULT_ATTRIBUTE_VALUE_LIMIT
     for name in ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"):  # the span's first
         if value := environ.get(name, "").strip():
-            if not value.isdigit():
+            if not (value.isascii() and value.isdigit()):
                 raise ValueError(f"{name} must be a whole number of characters, got {value!r}")
             limit = int(value)
             break
@@ -268,7 +268,8 @@ def metric_readers_from_env(environ: Mapping[str, str]) -> tuple[list[Any], bool
         ``(readers to add to a MeterProvider, whether the Prometheus endpoint should serve)``.
 
     Raises:
-        ValueError: an unknown exporter name.
+        ValueError: an unknown exporter name, or an ``OTEL_METRIC_EXPORT_INTERVAL`` that is not a number of
+            milliseconds a reader can wait (naming the variable).
     """
     endpoint = environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "").strip()
     base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
@@ -281,7 +282,7 @@ def metric_readers_from_env(environ: Mapping[str, str]) -> tuple[list[Any], bool
         return [], "prometheus" in names
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 
-    interval = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL", "60000") or 60000)
+    interval = _export_interval_ms(environ)
     readers: list[Any] = []
     if "console" in names:
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=interval))
@@ -291,6 +292,28 @@ def metric_readers_from_env(environ: Mapping[str, str]) -> tuple[list[Any], bool
         url = endpoint or (base or "http://localhost:4318").rstrip("/") + "/v1/metrics"
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=url), export_interval_millis=interval))
     return readers, "prometheus" in names
+
+
+def _export_interval_ms(environ: Mapping[str, str]) -> float:
+    """``OTEL_METRIC_EXPORT_INTERVAL``: milliseconds between a periodic reader's exports, 60000 when unset or empty.
+
+    Raises:
+        ValueError: naming the variable, when it is not a finite number of milliseconds above 0 and at most what a
+            thread can wait (``threading.TIMEOUT_MAX``; past it the reader's thread dies and nothing is exported).
+    """
+    text = environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
+    if not text:
+        return 60000.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= threading.TIMEOUT_MAX * 1000:
+        raise ValueError(
+            f"OTEL_METRIC_EXPORT_INTERVAL must be a number of milliseconds above 0 and at most "
+            f"{threading.TIMEOUT_MAX * 1000:.0f}, got {text!r}"
+        )
+    return value
 
 
 class Telemetry:

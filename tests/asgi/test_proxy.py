@@ -361,17 +361,32 @@ def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: 
         ["--review-insecure-loopback", "--admin-listen", "0.0.0.0:9901"],
         ["--admin-listen", "127.0.0.1:8080"],
         ["--admin-listen", "nowhere"],
-        ["--header-timeout", "0"],
-        ["--body-timeout", "-1"],
-        ["--stream-flush", "-1"],
-        ["--stream-hold", "-1"],
         ["--upstream", "ftp://x"],
-        ["--cache-local-ttl", "-1"],
-    ):
+    ):  # the numbers' ranges are argparse's: tests/cli/test_cmd_proxy.py
         argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "compact", *bad]
         with pytest.raises(ValueError):
             build(parser.parse_args(argv))
     assert main(["proxy", "--policy", "/nonexistent.yaml", "--upstream", url]) == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"connect_timeout": -1}, "ProxyConfig.connect_timeout is -1; it must be positive seconds"),
+        ({"read_timeout": 0}, "ProxyConfig.read_timeout is 0; it must be positive seconds"),
+        ({"queue_timeout": float("nan")}, "ProxyConfig.queue_timeout is nan; it must be positive seconds"),
+        ({"body_idle_timeout": 0}, "ProxyConfig.body_idle_timeout is 0; it must be positive seconds"),
+        ({"max_connections": 0}, "ProxyConfig.max_connections is 0; it must be at least 1"),
+        ({"max_websockets": 0}, "ProxyConfig.max_websockets is 0; it must be at least 1"),
+        ({"max_head_bytes": 100}, "ProxyConfig.max_head_bytes is 100; it must be at least 1024"),
+    ],
+)
+def test_proxy_config_names_the_field_that_is_wrong(options: dict[str, Any], message: str) -> None:
+    """A bad timeout said "connect_timeout, read_timeout, queue_timeout and body_idle_timeout must be positive
+    seconds", which of them left to guess; max_websockets=0 was taken (every WebSocket refused)."""
+    with pytest.raises(ValueError) as info:
+        ProxyConfig("http://127.0.0.1:9", **options)
+    assert str(info.value) == message
 
 
 def test_cli_a_short_store_key_or_an_unwritable_decision_log_is_named(

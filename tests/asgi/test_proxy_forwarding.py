@@ -190,7 +190,7 @@ async def test_allowed_hosts_refuse_a_host_the_proxy_does_not_serve(judge_guard:
     for bad, reason in [("api.example.com:443", "holds a port"), ("api.example.com.", "ends in a dot"),
                         (" ", "is empty"), ("https://api.example.com", "is a URL; write its host alone: 'api.example"),
                         ("exa mple.com", "holds ' ', which no Host header holds"), ("a.example/x", "holds '/'")]:
-        with pytest.raises(ValueError, match=re.escape(f"allowed_hosts: host glob {bad.strip()!r} {reason}")):
+        with pytest.raises(ValueError, match=re.escape(f"ProxyConfig.allowed_hosts: host glob {bad.strip()!r} {reason}")):
             ProxyConfig(url, allowed_hosts=(bad,))
 
 

@@ -144,10 +144,11 @@ def test_a_unix_spec_is_a_worker_on_that_socket() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("http://", "url must be an http:// or https:// URL, got 'http://'"),
+        ("http://", "^--backend 'http://': url must be an http:// or https:// URL with a host, got 'http://'$"),
         ("https:", r"--backend 'https:': expected compact"),
         ("ftp://host", r"--backend 'ftp://host': expected compact, compact:DIR, local:CHECKPOINT_DIR, http:URL"),
-        ("http:ftp://host", "url must be an http:// or https:// URL"),
+        ("http:ftp://host", ("^--backend 'http:ftp://host': url must be an http:// or https:// URL with a host, got "
+                            "'ftp://host'$")),
         ("http://127.0.0.1:99999", "Port out of range"),  # was an OverflowError per request
         ("http:http://127.0.0.1:-1", "Port"),
         ("local:", "expected compact"),

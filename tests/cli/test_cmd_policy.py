@@ -349,9 +349,11 @@ def test_timeout_ms_replaces_the_policy_timeout(
 @pytest.mark.parametrize("command", ["explain", "test"])
 def test_timeout_ms_must_be_positive(value: str, command: str, tmp_path: Path, capsys) -> None:
     extra = ["--input", _subject(tmp_path, HTTP_SUBJECT)] if command == "explain" else []
-    assert main(["policy", command, str(POLICIES / "api_abuse.yaml"), *extra, "--timeout-ms", value]) == 2
+    with pytest.raises(SystemExit) as info:  # a usage error, before any file is read
+        main(["policy", command, str(POLICIES / "api_abuse.yaml"), *extra, "--timeout-ms", value])
     err = capsys.readouterr().err
-    assert "--timeout-ms must be a number of milliseconds > 0" in err and err.count("\n") == 1
+    assert info.value.code == 2
+    assert f"argument --timeout-ms: '{value}' is not a number of milliseconds above 0" in err.splitlines()[-1]
 
 
 def test_test_timeout_ms_applies_to_every_case(tmp_path: Path, capsys: pytest.CaptureFixture[str],

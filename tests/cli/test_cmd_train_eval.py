@@ -155,12 +155,21 @@ def test_output_paths_are_checked_before_the_work_starts(tmp_path: Path, capsys:
     ["train", "d.jsonl", "--out", "o", "--lr", "-0.001"], ["train", "d.jsonl", "--out", "o", "--lr", "0"],
     ["train", "d.jsonl", "--out", "o", "--lr", "nan"], ["train", "d.jsonl", "--out", "o", "--layer-lr", "-0.0001"],
     ["train", "d.jsonl", "--out", "o", "--layer-lr", "nan"], ["train", "d.jsonl", "--out", "o", "--layer-lr", "inf"],
+    ["train", "d.jsonl", "--out", "o", "--epochs", "0"], ["train", "d.jsonl", "--out", "o", "--batch-size", "0"],
+    ["train", "d.jsonl", "--out", "o", "--patience", "0"], ["train", "d.jsonl", "--out", "o", "--width", "0"],
+    ["train", "d.jsonl", "--out", "o", "--head-epochs", "-1"], ["train", "d.jsonl", "--out", "o", "--overlap", "-1"],
+    ["train", "d.jsonl", "--out", "o", "--label-smoothing", "1"],
+    ["train", "d.jsonl", "--out", "o", "--brier-weight", "-1"],
+    ["train", "d.jsonl", "--out", "o", "--ordinal-weight", "nan"],
+    ["train", "d.jsonl", "--out", "o", "--outside-rate", "2"], ["train", "d.jsonl", "--out", "o", "--fold-share", "0"],
+    ["train", "d.jsonl", "--out", "o", "--source-balance", "-0.5"],
 ])  # fmt: skip
 def test_numbers_out_of_their_range_are_usage_errors_naming_the_flag(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """They were accepted: --canary-interval nan and --reload-interval -1 turned the feature off, --tpr 2 and
-    --threads 0 failed late or not at all."""
+    --threads 0 failed late or not at all; train's --epochs 0 and the like failed after the data was read, naming
+    the config field (batch_size), or were taken (--label-smoothing 1, --brier-weight -1, --clef --epochs 0)."""
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2 and f"argument {argv[-2]}" in capsys.readouterr().err

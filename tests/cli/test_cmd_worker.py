@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from guard.cli import build_parser
+from guard.cli import build_parser, main
 from tests.worker._requests import ticket_body
 from tests.worker._serve import worker_process
 
@@ -51,25 +51,63 @@ def test_a_connection_that_does_not_send_its_head_in_time_is_closed(golden_check
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--max-batch", "0"], "--max-batch must be an integer >= 1, got 0"),
-        (["--max-wait-ms", "-1"], "--max-wait-ms must be a finite number >= 0"),
         (["--uds", "/tmp/x.sock", "--port", "9000"], "--uds cannot be combined with --host/--port"),
-        (["--max-body-bytes", "0"], "--max-body-bytes must be an integer >= 1"),
         (["--max-pending-body-bytes", "1000"],
          "--max-pending-body-bytes must be an integer >= --max-body-bytes (8388608), got 1000"),
+        (["--default-timeout-ms", "300001"], "--default-timeout-ms must be at most 300000"),
+        (["--release-date", "2025-13-01"], "--release-date must be a YYYY-MM-DD date, got '2025-13-01'"),
+        (["--max-image-pixels", str(1 << 40)], "--max-image-pixels must be at most"),
         (["--uds", "/nonexistent-guard-dir/worker.sock"], "folder /nonexistent-guard-dir does not exist"),
-        (["--header-timeout", "0"], "--header-timeout must be positive seconds, got 0.0"),
         (["--device", "tpu"], "--device 'tpu': expected cpu, cuda or cuda:N"),
         pytest.param(["--device", "cuda"], "this torch build has no CUDA device",
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     ],
-)
+)  # fmt: skip
 def test_bad_options_exit_2_naming_the_option(
     golden_checkpoint: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """What only the configs can check (one option against another) is named by the flag, not the config field."""
     parsed = build_parser().parse_args(["worker", "serve", "--model", str(golden_checkpoint), *args])
     assert parsed.handler(parsed) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "Config." not in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--default-timeout-ms", "-5"], "'-5' is not a number of milliseconds above 0"),
+        (["--default-timeout-ms", "0"], "'0' is not a number of milliseconds above 0"),
+        (["--body-idle-timeout", "-1"], "'-1' is not a number of seconds above 0"),
+        (["--canary-interval", "-1"], "'-1' is not a number of seconds (0 or more)"),
+        (["--canary-interval", "nan"], "'nan' is not a number of seconds (0 or more)"),
+        (["--header-timeout", "0"], "'0' is not a number of seconds above 0"),
+        (["--model-alias", ""], "'' is empty; give a name"),
+        (["--model-name", " "], "' ' is empty; give a name"),
+        (["--max-batch", "0"], "'0' is not a whole number of 1 or more"),
+        (["--max-batch-tokens", "0"], "'0' is not a whole number of 1 or more"),
+        (["--max-queue", "-1"], "'-1' is not a whole number of 1 or more"),
+        (["--max-wait-ms", "-1"], "'-1' is not a number of milliseconds (0 or more)"),
+        (["--max-length-ratio", "0.5"], "'0.5' is not a ratio of 1 or more (inf: no limit)"),
+        (["--max-body-bytes", "0"], "'0' is not a whole number of 1 or more"),
+        (["--max-pending-body-bytes", "0"], "'0' is not a whole number of 1 or more"),
+        (["--max-image-pixels", "0"], "'0' is not a whole number of 1 or more"),
+        (["--max-length", "0"], "'0' is not a whole number of 1 or more"),
+        (["--torch-threads", "0"], "'0' is not a whole number of 1 or more"),
+        (["--body-idle-timeout", "soon"], "invalid positive_seconds value: 'soon'"),
+    ],
+)  # fmt: skip
+def test_a_number_out_of_its_range_is_a_usage_error_naming_the_flag(
+    golden_checkpoint: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """New-user trial: --default-timeout-ms -5 said "--default-timeout-s must be ... got -0.005" (a flag that does not
+    exist, in other units), --body-idle-timeout and --canary-interval named --body-idle-timeout-s and
+    --canary-interval-s, --model-alias '' said "--model-aliases must be a tuple"."""
+    with pytest.raises(SystemExit) as info:
+        main(["worker", "serve", "--model", str(golden_checkpoint), *args])
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert info.value.code == 2
+    assert last == f"guard worker serve: error: argument {args[0]}: {message}", last
 
 
 def test_missing_checkpoint_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

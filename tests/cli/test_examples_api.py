@@ -37,8 +37,10 @@ def test_a_bare_url_reaches_a_clef_worker_for_the_policy_compact_cannot_answer(g
 @pytest.mark.parametrize(
     ("script", "argv", "message"),
     [
-        (TRAFFIC, ["--backend", "https://"], "url must be an http:// or https:// URL, got 'https://'"),
-        (APP, ["--backend", "https://"], "url must be an http:// or https:// URL, got 'https://'"),
+        (TRAFFIC, ["--backend", "https://"],
+         "--backend 'https://': url must be an http:// or https:// URL with a host, got 'https://'"),
+        (APP, ["--backend", "https://"],
+         "--backend 'https://': url must be an http:// or https:// URL with a host, got 'https://'"),
         (TRAFFIC, ["--backend", "ftp://host"],
          ("--backend 'ftp://host': expected compact, compact:DIR, local:CHECKPOINT_DIR, http:URL, a bare http(s)://URL "
           "or unix:SOCKET")),

@@ -12,7 +12,7 @@ from guard.backends.fixture import FixtureBackend
 from guard.devtools.testing import subject_from_json, wire_answers
 from guard.engine import Guard
 from guard.engine.cache import MemoryCache
-from guard.engine.telemetry import Telemetry, tracer_provider_from_env
+from guard.engine.telemetry import Telemetry, metric_readers_from_env, tracer_provider_from_env
 from guard.policy.loader import load_text
 from tests._otlp import Receiver
 from tests.worker._serve import serve_app_in_thread
@@ -90,6 +90,27 @@ def test_span_attribute_values_are_capped_by_default_and_as_the_variables_say() 
     assert len(wide.attributes["note"]) == 100
     with pytest.raises(ValueError, match="OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT must be a whole number"):
         tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "console", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "1k"})
+    with pytest.raises(ValueError, match="OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT must be a whole number"):  # int() refused
+        tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "console", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "\u00b2"})
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", "1e13"])
+def test_a_metric_export_interval_no_reader_can_use_is_an_error_naming_the_variable(value: str) -> None:
+    """``OTEL_METRIC_EXPORT_INTERVAL=abc`` stopped ``guard proxy`` with "could not convert string to float: 'abc'", 0
+    with the SDK's "interval value 0.0 is invalid", neither naming the variable; 1e13 killed the reader's thread (no
+    metric was ever pushed) and nan made an interval no wait could keep."""
+    with pytest.raises(ValueError, match=rf"^OTEL_METRIC_EXPORT_INTERVAL must be a number of milliseconds above 0 "
+                                         rf"and at most \d+, got '{value}'$"):
+        metric_readers_from_env({"OTEL_METRICS_EXPORTER": "console", "OTEL_METRIC_EXPORT_INTERVAL": value})
+
+
+@pytest.mark.parametrize(("value", "interval"), [("", 60000), ("1500", 1500), (" 2500.5 ", 2500.5)])
+def test_the_metric_export_interval_is_read_in_milliseconds(value: str, interval: float) -> None:
+    (reader,), _ = metric_readers_from_env({"OTEL_METRICS_EXPORTER": "console", "OTEL_METRIC_EXPORT_INTERVAL": value})
+    try:
+        assert reader._export_interval_millis == interval
+    finally:
+        reader.shutdown()
 
 
 def test_metrics_carry_the_spans_service_name() -> None:
