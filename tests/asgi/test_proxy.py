@@ -400,7 +400,7 @@ def test_cli_a_short_store_key_or_an_unwritable_decision_log_is_named(
     monkeypatch.setenv("GUARD_STORE_KEY", "abc")
     assert main([*argv, "--redis-url", "redis://127.0.0.1:1/9"]) == 2
     err = capsys.readouterr().err
-    assert err == "guard proxy: $GUARD_STORE_KEY has 3 bytes; at least 16\n"
+    assert err == "guard proxy: --redis-url: $GUARD_STORE_KEY has 3 bytes; at least 16\n"  # the key Redis entries are sealed with
     log = tmp_path / "missing" / "d.jsonl"
     assert main([*argv, "--decision-log", str(log)]) == 2
     err = capsys.readouterr().err
