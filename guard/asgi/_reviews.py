@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from guard._body import ReplayReceive, read_body
+from guard._rootpath import route_path
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._ratelimit import client_key
 from guard.asgi._responses import (
@@ -53,7 +54,6 @@ from guard.asgi._subject import (
     held_request,
     subject_summary,
 )
-from guard.asgi._target import route_path
 from guard.asgi.review_store import NEW_ITEM, ReviewItem, ReviewStore
 from guard.engine.telemetry import redact_secrets
 from guard.errors import (

@@ -22,10 +22,14 @@ path is what policies match, what the application routes on and what the proxy f
 
 Under a ``root_path`` (uvicorn ``--root-path``, a Starlette ``Mount``) ``scope["path"]`` is the root path followed by
 the path the application routes on; Starlette routes on what follows the root path, or on the whole path when it
-does not start with the root path. So the root path's segments are kept as they are (steps 1-3 apply to them) and
-steps 4-5 apply to what follows: a ``..`` that would climb above the root path (``/api/../v1/chat`` under ``/api``) is
-refused rather than removed, or ``/v1/chat`` would be matched and the application would still route it inside
-``/api``.
+does not start with the root path (:mod:`guard._rootpath`). Some servers (hypercorn ``--root-path``, Daphne) leave the
+root path out of ``path``: a path that is neither the root path nor below it gets the root path put in front, as
+uvicorn does, so policies match ``/api/v1/chat`` under either convention and Starlette still routes it as
+``/v1/chat``. A ``root_path`` with a trailing slash (``--root-path /api/``, which uvicorn joins into ``/api//v1/chat``)
+loses it, or the merged ``/api/v1/chat`` would no longer be below ``/api/`` and would be routed whole. The root path's
+segments are kept as they are (steps 1-3 apply to them) and steps 4-5 apply to what follows: a ``..`` that would climb
+above the root path (``/api/../v1/chat`` under ``/api``) is refused rather than removed, or ``/v1/chat`` would be
+matched and the application would still route it inside ``/api``.
 
 The result has two forms: :attr:`RequestTarget.path`, percent-decoded (what policies match, and what ASGI
 applications route on: Starlette routes on ``scope["path"]``), and :attr:`RequestTarget.raw_path`, the canonical
@@ -40,13 +44,11 @@ from urllib.parse import quote, unquote
 
 from starlette.types import Scope
 
+from guard._rootpath import root_prefix
 from guard._urls import REFUSED_PATH_ESCAPES, is_path_control
 from guard.errors import BodyError
 
-__all__ = [
-    "INVALID_TARGET", "RequestTarget", "canonical_path", "canonical_scope", "path_views", "request_target",
-    "root_prefix", "route_path",
-]
+__all__ = ["INVALID_TARGET", "RequestTarget", "canonical_path", "canonical_scope", "path_views", "request_target"]
 
 INVALID_TARGET = "invalid_target"
 
@@ -177,23 +179,6 @@ def canonical_path(raw: str, root_segments: int = 0) -> RequestTarget:
     return RequestTarget("/" + "/".join(d for _, d in out), ("/" + "/".join(e for e, _ in out)).encode("ascii"))
 
 
-def root_prefix(scope: Scope) -> str:
-    """The part of ``scope["path"]`` that is its ``root_path`` (without a trailing slash), e.g. ``"/api"`` for
-    ``/api/v1/chat`` under uvicorn ``--root-path /api`` or inside ``Mount("/api", ...)``; ``""`` when there is no
-    root path or the path is neither it nor below it (Starlette's ``get_route_path`` then routes on the whole path)."""
-    root: str = scope.get("root_path", "").rstrip("/")
-    path: str = scope["path"]
-    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
-        return root
-    return ""
-
-
-def route_path(scope: Scope) -> str:
-    """``scope["path"]`` without its :func:`root_prefix`: the path the application routes on, e.g. ``"/v1/chat"``
-    for ``/api/v1/chat`` under root path ``/api``; ``""`` for the root path itself."""
-    return scope["path"][len(root_prefix(scope)) :]
-
-
 def request_target(scope: Scope) -> RequestTarget:
     """The canonical target of an ``http`` scope, from ``raw_path`` when it agrees with ``path``.
 
@@ -239,14 +224,34 @@ def _rebuilt_target(scope: Scope) -> RequestTarget:
 
 
 def canonical_scope(scope: Scope) -> Scope:
-    """``scope`` itself when its target is canonical, else a copy with the canonical ``path`` and ``raw_path``.
+    """``scope`` itself when its target is canonical and its ``root_path`` (if any) has no trailing slash and starts
+    its ``path``; else a copy with the canonical ``path`` and ``raw_path``, and the ``root_path`` without a trailing
+    slash (a ``path`` that does not start with it gets it in front: the module docstring).
 
     Raises:
         BodyError: 400 ``invalid_target``.
     """
+    root: str = scope.get("root_path", "")
+    if root and root_prefix(scope) != root:  # a trailing slash, or a path the server left the root path out of
+        scope = _rooted(scope)
     if _already_canonical(scope):
         return scope  # what request_target would return, without building it
     target = _rebuilt_target(scope)
     if target.path == scope["path"] and target.raw_path == scope.get("raw_path"):
         return scope
     return {**scope, "path": target.path, "raw_path": target.raw_path}
+
+
+def _rooted(scope: Scope) -> Scope:
+    """``scope`` with its ``root_path`` without a trailing slash, put in front of ``path`` (and of ``raw_path``,
+    percent-encoded) when the path is neither it nor below it. A path that does not start with ``/`` is left as it is
+    for :func:`canonical_path` to refuse (``*`` under ``/api`` is not ``/api*``)."""
+    root: str = scope["root_path"].rstrip("/")
+    rooted = {**scope, "root_path": root}
+    path: str = scope["path"]
+    if root and path.startswith("/") and not root_prefix(rooted):
+        rooted["path"] = root + path
+        raw: bytes | None = scope.get("raw_path")
+        if raw is not None:
+            rooted["raw_path"] = quote(root, safe=_QUOTE_SAFE).encode("ascii") + raw
+    return rooted

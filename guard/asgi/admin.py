@@ -20,7 +20,8 @@ any      ``/_guard/admin/reviews/``   the reviewers' API and console (:mod:`guar
                                       with ``reviewers`` or ``insecure_loopback``
 =======  ===========================  ========================================================================
 
-Any other path is a 404 ``{code: not_found}``.
+Any other path is a 404 ``{code: not_found}``. Paths are read below any root path (uvicorn or hypercorn
+``--root-path``, a ``Mount``), as routing reads them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from guard._rootpath import route_path
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._target import canonical_scope
@@ -85,7 +87,7 @@ class AdminApp:
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
-        path = scope["path"]
+        path = route_path(scope)  # below any root path, as routing reads it
         if path == self.live_path:
             await send_json(send, 200, {"status": "alive"})
         elif path == self.health_path:
@@ -97,7 +99,8 @@ class AdminApp:
             await send({"type": "http.response.body", "body": body})
         elif self.reviews is not None and (path == self.admin_path or path.startswith(self.admin_path + "/")):
             if path == self.admin_path:  # the list lives at "<admin>/"; answer it here rather than with a 307
-                scope = {**scope, "path": path + "/", "raw_path": (scope.get("raw_path") or path.encode()) + b"/"}
+                full = scope["path"]
+                scope = {**scope, "path": full + "/", "raw_path": (scope.get("raw_path") or full.encode()) + b"/"}
             await self.reviews(scope, receive, send)
         else:
             await send_json(send, 404, {"code": "not_found", "message": "not an admin endpoint", "field": "path"})

@@ -52,6 +52,7 @@ from typing import Any, Literal
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard._body import BODY_TIMEOUT, Deadline, ReplayReceive, declared_length, read_body
+from guard._rootpath import route_path
 from guard.asgi._decode import REQUEST_ENCODINGS, decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._media import media_type
@@ -72,7 +73,7 @@ from guard.asgi._responses import (
 )
 from guard.asgi._reviews import REVIEW_HEADER, ClientReviewEndpoints, hold, release_on_resend
 from guard.asgi._subject import ClientHeader, head_subject, header_map, query_map, with_body
-from guard.asgi._target import canonical_scope, path_views, route_path
+from guard.asgi._target import canonical_scope, path_views
 from guard.asgi._upgrade import judged_by, refuse_invalid_upgrade, refuse_judged_upgrade
 from guard.asgi.handoff import HandoffClient
 from guard.asgi.limits import BodyLimits

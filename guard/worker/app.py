@@ -75,6 +75,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from guard._body import BodyBytes, declared_length, read_body
 from guard._close import CLOSE_TIMEOUT_S, close_within
 from guard._json import loads
+from guard._rootpath import route_path
 from guard.backends.selftest import CanaryFailed, run_canaries
 from guard.errors import (
     BackendRejected,
@@ -650,18 +651,15 @@ _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 class _ApiKeys:
     """ASGI middleware: every path but the probes (:data:`_OPEN_PATHS`) needs ``Authorization: Bearer <key>`` with
-    one of ``keys`` (401 otherwise). The path is read as routing reads it, below ``root_path``, so the app served
-    under a prefix or mounted in another app keeps the check."""
+    one of ``keys`` (401 otherwise). The path is read as routing reads it (:func:`~guard._rootpath.route_path`: below
+    ``root_path``), so the app served under a prefix or mounted in another app keeps the check."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, root = scope.get("path", ""), scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):]
-        if scope["type"] != "http" or not self.keys or path in _OPEN_PATHS:
+        if scope["type"] != "http" or not self.keys or route_path(scope) in _OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")

@@ -514,3 +514,25 @@ async def test_a_remote_backend_is_degraded_when_down_and_failing_when_it_refuse
         await monitor.aclose()
         await guard.aclose()
     assert report["checks"]["backends"] == {"default": code} and report["ready"] is ready, report
+
+
+@pytest.mark.parametrize(("root_path", "path"), [("", "/_guard/live"), ("/ops", "/ops/_guard/live"),
+                                                 ("/ops", "/_guard/live"), ("/ops/", "/ops//_guard/live")])
+async def test_the_admin_paths_are_read_below_a_root_path(root_path: str, path: str) -> None:
+    """Under a root path the admin endpoints are where the application's routes would be: below it, whether the
+    server puts the root path in ``scope["path"]`` (uvicorn) or leaves it out (hypercorn); the middleware puts it in
+    front of a path that lacks it."""
+    guard = Guard.from_files(POLICY, backends=ScriptedBackend(scripted_answers))
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "root_path": root_path,
+             "query_string": b"", "headers": [], "client": ("127.0.0.1", 5000), "server": ("admin", 9901)}
+    await admin_app(guard)(scope, receive, send)
+    assert sent[0]["status"] == 200 and sent[1]["body"] == b'{"status":"alive"}'
+    await guard.aclose()

@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from starlette.applications import Starlette
@@ -16,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
-from guard.asgi._target import canonical_path, canonical_scope, request_target, route_path
+from guard._rootpath import route_path
+from guard.asgi._target import canonical_path, canonical_scope, request_target
 from guard.asgi.proxy import ProxyConfig, proxy_app
 from guard.asgi.server import server_options
 from guard.engine import Guard
@@ -128,11 +130,51 @@ def test_the_root_path_is_kept_and_never_climbed_out_of() -> None:
         with pytest.raises(BodyError, match=f"climbs above the root path '{root.rstrip('/')}'") as info:
             canonical_scope(_below(root, path))
         assert (info.value.status, info.value.code, info.value.field) == (400, "invalid_target", "path")
-    # a path that is not below its root path (a server that leaves the root path out of it) is made canonical whole
-    assert canonical_scope(_below("/api", "/apix/../v1/chat"))["path"] == "/v1/chat"
-    assert canonical_scope(_below("/api", "/../v1/chat"))["path"] == "/v1/chat"
     assert [route_path(_below("/api", p)) for p in ("/api/v1/chat", "/api", "/apix/v1", "/v1")] == [
         "/v1/chat", "", "/apix/v1", "/v1"]
+
+
+def test_a_root_path_left_out_of_the_path_is_put_in_front() -> None:
+    """hypercorn ``--root-path`` and Daphne leave the root path out of ``scope["path"]`` (uvicorn puts it in front).
+    Policies match the whole path (``POST /api/v1/**``), so ``/v1/chat`` under ``/api`` was matched as ``/v1/chat``,
+    judged by no policy, and routed by Starlette (on the whole path, as it is not below the root path) to the same
+    handler as ``/api/v1/chat``. Now the root path is put in front as uvicorn does, and Starlette routes the result the
+    same; a ``..`` then climbs above it as under uvicorn."""
+    for sent, path, raw, routed in (("/v1/chat", "/api/v1/chat", b"/api/v1/chat", "/v1/chat"),
+                                    ("/apix/v1", "/api/apix/v1", b"/api/apix/v1", "/apix/v1"),
+                                    ("/apix/../v1/chat", "/api/v1/chat", b"/api/v1/chat", "/v1/chat"),
+                                    ("/v1/caf%C3%A9", "/api/v1/caf\u00e9", b"/api/v1/caf%C3%A9", "/v1/caf\u00e9"),
+                                    ("/", "/api/", b"/api/", "/")):
+        scope = {**_below("/api", sent), "path": unquote(sent)}
+        rooted = canonical_scope(scope)
+        assert (rooted["path"], rooted["raw_path"], rooted["root_path"]) == (path, raw, "/api"), sent
+        assert route_path(rooted) == routed, sent
+    assert canonical_scope({**_below("/api", "/v1/chat"), "raw_path": None})["path"] == "/api/v1/chat"
+    with pytest.raises(BodyError, match="climbs above the root path '/api'"):
+        canonical_scope(_below("/api", "/../v1/chat"))
+    for target in ("*", "x/y", "http://x/v1/chat", ""):  # not made a path below the root path: refused as ever
+        with pytest.raises(BodyError, match="not a path starting with '/'"):
+            canonical_scope(_below("/api", target))
+    for sent in ("/api/v1/chat", "/api", "/api/"):  # a path below its root path is left as it is
+        scope = _below("/api", sent)
+        assert canonical_scope(scope) is scope
+
+
+def test_a_root_path_loses_its_trailing_slash() -> None:
+    """uvicorn ``--root-path /api/`` joins the root path and ``/v1/chat`` into ``/api//v1/chat``; merging the slashes
+    gave ``/api/v1/chat`` with ``root_path`` still ``/api/``, which Starlette no longer read as below the root path
+    and routed whole: 404 for every request the middleware rewrote. The root path now loses its trailing slash, and
+    the application routes on what it would have routed on without the middleware."""
+    for root, sent, path, routed in (("/api/", "/api//v1/chat", "/api/v1/chat", "/v1/chat"),
+                                     ("/api/", "/api//", "/api/", "/"),
+                                     ("/api/", "/v1/chat", "/api/v1/chat", "/v1/chat"),
+                                     ("/api//", "/api///v1", "/api/v1", "/v1"),
+                                     ("/", "/v1//chat", "/v1/chat", "/v1/chat"),
+                                     ("/", "/v1/chat", "/v1/chat", "/v1/chat")):
+        scope = _below(root, sent)
+        rooted = canonical_scope(scope)
+        assert (rooted["path"], rooted["root_path"], route_path(rooted)) == (path, root.rstrip("/"), routed), sent
+
 
 # Real servers ---------------------------------------------------------------------------------------------------
 
@@ -363,3 +405,47 @@ async def test_dot_segments_never_climb_out_of_a_mount_or_root_path(make_guard: 
             benign = await _send(port, "POST", prefix + target, BENIGN)
             assert _status(benign) == 200 and _json(benign) == {"path": "/v1/chat", "root_path": "/v1"}, target
     assert routed == ["/v1/chat"] * 4
+
+
+async def _post_under(app: Any, root_path: str, path: str, text: str) -> int:
+    """POST ``{"message": text}`` to ``app`` with ``scope["path"]`` ``path`` and ``scope["root_path"]``
+    ``root_path`` (raw ASGI, as a server would hand it); returns the response status."""
+    messages = [{"type": "http.request", "body": json.dumps({"message": text}).encode(), "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": root_path,
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 5000),
+             "server": ("testserver", 80)}
+    await app(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+@pytest.mark.parametrize(("root_path", "sent"), [
+    ("/v1", "/v1/chat"),  # uvicorn --root-path /v1: the root path is in the path
+    ("/v1", "/chat"),  # hypercorn --root-path /v1, Daphne: it is not
+    ("/v1/", "/v1//chat"),  # uvicorn --root-path /v1/: joined with a double slash
+])
+async def test_every_root_path_convention_is_judged_and_routed_alike(make_guard: GuardFactory, root_path: str,
+                                                                    sent: str) -> None:
+    """``POST /v1/**`` judges the request whichever way the server puts the root path in ``scope``, and the
+    application routes it to the same handler. A server that leaves the root path out of the path had the request
+    matched as ``/chat`` (no policy: served unjudged); under ``--root-path /v1/`` every rewritten path was answered
+    404 (the merged ``/v1/chat`` was not below ``/v1/``)."""
+    routed: list[tuple[str, str, str]] = []
+
+    async def chat(request: Request) -> Response:
+        await request.body()
+        routed.append((request.scope["path"], request.scope["root_path"], request.state.guard.action))
+        return JSONResponse({})
+
+    app = guarded_app(make_guard(), routes=[Route("/chat", chat, methods=["POST"])])
+    assert await _post_under(app, root_path, sent, ATTACK) == 403
+    assert await _post_under(app, root_path, sent, BENIGN) == 200
+    assert routed == [("/v1/chat", "/v1", "allow")]
