@@ -197,6 +197,7 @@ async def read_body(
     *,
     idle_s: float | None = None,
     held: _Share | None = None,
+    started: float | None = None,
 ) -> bytes | None:
     """Receive the whole body, refusing it as soon as more than ``limit`` bytes have arrived.
 
@@ -208,6 +209,8 @@ async def read_body(
         idle_s: most seconds without a body byte (from the call, then from each part that arrives); ``None`` = no
             limit.
         held: a :meth:`BodyBytes.share` that counts each part as it arrives.
+        started: the ``time.monotonic()`` from which ``timeout_s`` counts, when reading the body began before this
+            call (the middleware read up to its first part to learn whether there is one); default now.
 
     Returns:
         The body bytes, or ``None`` if the client disconnected first.
@@ -220,9 +223,9 @@ async def read_body(
         raise _too_large(limit, declared, True)
     if timeout_s is None and idle_s is None:
         return await _read(receive, limit, held, None)
-    until = None if timeout_s is None else time.monotonic() + timeout_s
+    until = None if timeout_s is None else (time.monotonic() if started is None else started) + timeout_s
     if idle_s is None:
-        deadline, idle = Deadline(timeout_s or 0.0), None
+        deadline, idle = Deadline(timeout_s or 0.0, until), None
     else:  # one deadline per task: the idle one, extended after each part but never past the whole body's
         deadline = idle = Deadline(idle_s, until)
     try:

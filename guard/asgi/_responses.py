@@ -35,6 +35,7 @@ __all__ = [
     "encode_headers",
     "failed_open",
     "refuse_target",
+    "refuse_unmatched_body",
     "retry_after_value",
     "send_json",
     "send_with_headers",
@@ -166,5 +167,20 @@ async def refuse_target(send: Send, exc: BodyError, metrics: HttpMetrics, *, clo
     request on its connection cannot be trusted to start a request). The target itself is not logged."""
     metrics.count_target_rejection(exc.code)
     logger.info("refused a request target before matching: %s (%s)", exc.code, exc.field)
+    await _send_unmatched(send, exc, close=close)
+
+
+async def refuse_unmatched_body(send: Send, exc: BodyError, metrics: HttpMetrics) -> None:
+    """Answer a request whose body could not be read before any policy was matched (408 ``body_timeout`` while the
+    middleware looks for a body on an HTTP/2 or 3 request without ``Content-Length``; ``{code, message, field}``;
+    counted in ``guard_http_body_rejections_total``), with ``Connection: close`` after a 408 (a stalled body is not
+    waited for)."""
+    metrics.count_body_rejection(exc.code)
+    logger.info("refused a request body before matching: %s (%s)", exc.code, exc.field)
+    await _send_unmatched(send, exc, close=exc.status == 408)
+
+
+async def _send_unmatched(send: Send, exc: BodyError, *, close: bool) -> None:
+    """``{code, message, field}`` with ``exc``'s status, and ``Connection: close`` when ``close``."""
     await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field},
                     [(b"connection", b"close")] if close else ())

@@ -46,12 +46,14 @@ import dataclasses
 import functools
 import logging
 import operator
+import sys
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from guard._body import BODY_TIMEOUT, Deadline, ReplayReceive, declared_length, read_body
+from guard._body import BODY_TIMEOUT, ReplayReceive, declared_length, read_body
 from guard._rootpath import route_path
 from guard.asgi._decode import REQUEST_ENCODINGS, decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
@@ -67,6 +69,7 @@ from guard.asgi._responses import (
     block_code,
     failed_open,
     refuse_target,
+    refuse_unmatched_body,
     send_json,
     send_with_headers,
     verdict_headers,
@@ -285,24 +288,59 @@ class GuardMiddleware:
                     head, matched = self._match(found[0], headers, view)
                 judged, receive = found
             method = judged["method"].upper()
+            body_since = None  # when guard began reading the body, if it did (the body's deadline counts from then)
             if (not matched and self.unexpected_body != "pass" and method not in _BODY_METHODS
                     and (has_body := _declares_body(scope, headers)) is not False):  # a body no policy would judge
-                as_post = self._match({**judged, "method": "POST"}, headers, view)
-                if method in BODYLESS_METHODS or as_post[1]:  # another method: only where a POST would be judged
+                posted = {**judged, "method": "POST"}
+                # on a method without body semantics any body counts (matched as a POST once one is found); on
+                # another method, only where a POST would be judged
+                as_post = None if method in BODYLESS_METHODS else self._match(posted, headers, view)
+                if as_post is None or as_post[1]:
                     if has_body is None:  # HTTP/2 or 3 without Content-Length: the body itself says
-                        has_body, receive = await _peek_body(receive, self.limits.body_timeout_s)
+                        body_since = time.monotonic()
+                        peeked = await self._peek_body(receive, send, body_since)
+                        if peeked is None:
+                            return
+                        has_body, receive = peeked
                     if has_body:
                         if self.unexpected_body == "refuse":
                             raise BodyError(400, "unexpected_body", f"a {method} request carries a body; send it "
                                             "with POST, PUT or PATCH", field="body")
-                        head, matched = as_post
+                        head, matched = as_post or self._match(posted, headers, view)
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
         if not matched:
             await self.respond(scope, receive, send, method=head.method, policies=view)
             return
-        await self._guard(scope, receive, send, head, matched, view, body_override=body_override)
+        await self._guard(scope, receive, send, head, matched, view, body_override=body_override,
+                          body_since=body_since)
+
+    async def _peek_body(self, receive: Receive, send: Send, since: float) -> tuple[bool, Receive] | None:
+        """Whether a request whose headers cannot say (:func:`_declares_body`) carries content: its body is read, as
+        :func:`read_body` reads one, up to its first part with bytes or its end (an empty body is none), within
+        ``body_timeout_s`` of ``since`` (a ``time.monotonic()``; reading the rest of a judged body counts from it
+        too). Returns the answer and the ``receive`` to use from here on, which gives the part read again first;
+        ``None`` when the request is answered: the client left (counted), or nothing arrived in time (408
+        ``body_timeout``, counted as a body rejection, connection closed)."""
+        recorded = _Recorded(receive)
+
+        async def to_first_part() -> Message:
+            message = await recorded()
+            if message["type"] == "http.request" and message.get("body"):
+                return {**message, "more_body": False}  # the body's first bytes end the read, as its last part would
+            return message
+
+        try:
+            # no size limit: one part is read, and it is in memory already
+            part = await read_body(to_first_part, sys.maxsize, None, self.limits.body_timeout_s, started=since)
+        except BodyError as exc:
+            await refuse_unmatched_body(send, exc, self.metrics)
+            return None
+        if part is None:
+            self.metrics.count_disconnect()
+            return None
+        return bool(part), recorded.replay()
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A WebSocket upgrade: refused on a path a policy matches (guard does not judge its messages; see
@@ -426,11 +464,13 @@ class GuardMiddleware:
 
     async def _guard(
         self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, matched: tuple[Policy, ...],
-        view: PolicyView, *, body_override: bool = False,
+        view: PolicyView, *, body_override: bool = False, body_since: float | None = None,
     ) -> None:
         """One matched request (``matched``: every policy of ``view`` that matches it, in match order), from body read to
         response; with ``body_override``, a POST whose body's ``_method`` field is checked first (under ``judge``
-        the request is matched and judged again as the method it asks for)."""
+        the request is matched and judged again as the method it asks for). ``body_since``: the ``time.monotonic()``
+        at which guard began reading the body (:meth:`_peek_body`), from which ``body_timeout_s`` counts; default
+        now."""
         limits, headers = self.limits, head.headers
         try:
             self.tenant_of(scope, headers)  # an ambiguous tenant is refused before anything is held
@@ -441,7 +481,7 @@ class GuardMiddleware:
         # what was read is kept to replay (at most max_body_bytes and one chunk: reading stops there).
         recorded = _Recorded(receive) if all(p.mode == "shadow" for p in matched) else None
         try:
-            read = await self._read_body(recorded or receive, headers)
+            read = await self._read_body(recorded or receive, headers, body_since)
             if read is None:
                 return
             body, value, text = read
@@ -503,9 +543,11 @@ class GuardMiddleware:
             await self.respond(scope, receive, send, method=head.method, app=handoff_app, policies=view)
             self.metrics.count_handoff(outcomes[0] if outcomes else "blocked")  # none: a response policy cut it
 
-    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> tuple[bytes, Any, str] | None:
+    async def _read_body(self, receive: Receive, headers: dict[str, str],
+                         since: float | None = None) -> tuple[bytes, Any, str] | None:
         """The request body as received, its parsed value and its judged text (:func:`parse_body`); ``None`` when the
-        client left first (counted).
+        client left first (counted). ``since``: the ``time.monotonic()`` from which ``body_timeout_s`` counts, when
+        reading began earlier; default now.
 
         Raises:
             BodyError: the body is too large, too slow, badly encoded or cannot be parsed.
@@ -514,7 +556,7 @@ class GuardMiddleware:
         encoding = headers.get("content-encoding")
         codings = parse_encodings(encoding, limits.max_encodings, REQUEST_ENCODINGS) if encoding else None
         declared = declared_length(headers.get("content-length"))
-        body = await read_body(receive, limits.max_body_bytes, declared, limits.body_timeout_s)
+        body = await read_body(receive, limits.max_body_bytes, declared, limits.body_timeout_s, started=since)
         if body is None:
             self.metrics.count_disconnect()
             return None
@@ -667,7 +709,9 @@ class GuardMiddleware:
 
 class _Recorded:
     """A ``receive`` that keeps the messages it hands out, so they can be replayed (:meth:`replay`) to the
-    application when a request goes on after guard stopped reading its body part way."""
+    application when a request goes on after guard stopped reading its body part way. An empty ``http.request`` that
+    is not the last (``more_body`` true) is not kept: it adds no byte, and a client sending nothing but empty parts
+    (empty HTTP/2 DATA frames) would grow the list until the body deadline."""
 
     __slots__ = ("_messages", "_receive")
 
@@ -677,7 +721,8 @@ class _Recorded:
 
     async def __call__(self) -> Message:
         message = await self._receive()
-        self._messages.append(message)
+        if message["type"] != "http.request" or message.get("body") or not message.get("more_body", False):
+            self._messages.append(message)
         return message
 
     def replay(self) -> Receive:
@@ -694,33 +739,12 @@ class _Recorded:
 def _declares_body(scope: Scope, headers: dict[str, str]) -> bool | None:
     """Whether the request's headers say it carries content: a ``Transfer-Encoding``, or a ``Content-Length`` other
     than 0. ``None`` when they cannot say: HTTP/2 and HTTP/3 have no ``Transfer-Encoding`` and make ``Content-Length``
-    optional, so without one a body may follow (:func:`_peek_body` finds out); an HTTP/1.x request without either
+    optional, so without one a body may follow (:meth:`GuardMiddleware._peek_body` finds out); an HTTP/1.x request without either
     has none (RFC 9112 6.3)."""
     length = headers.get("content-length")
     if length is None and "transfer-encoding" not in headers and scope.get("http_version", "1.1") not in ("1.0", "1.1"):
         return None
     return "transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
-
-
-async def _peek_body(receive: Receive, timeout_s: float) -> tuple[bool, Receive]:
-    """Whether the request carries content, read from its first ``http.request`` messages: up to the first with
-    bytes or the last one (an empty body with ``more_body`` false is no body; a disconnect is none either). Returns
-    the answer and the ``receive`` to use from here on, which gives the messages read here again first.
-
-    Raises:
-        BodyError: 408 ``body_timeout`` when that takes more than ``timeout_s`` seconds (a stream left open without
-            data is not waited on for ever).
-    """
-    recorded = _Recorded(receive)
-    try:
-        with Deadline(timeout_s):
-            message = await recorded()
-            while message["type"] == "http.request" and not message.get("body") and message.get("more_body", False):
-                message = await recorded()
-    except TimeoutError:
-        raise BodyError(408, BODY_TIMEOUT, f"no byte of the request body arrived within {timeout_s:g} s",
-                        field="body") from None
-    return message["type"] == "http.request" and bool(message.get("body")), recorded.replay()
 
 
 def _redacted(scope: Scope, value: Any, verdict: Verdict) -> tuple[bytes, Scope]:

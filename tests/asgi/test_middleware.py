@@ -180,6 +180,103 @@ async def test_a_body_without_content_length_over_http2_and_3_is_seen(make_guard
     assert sent[0]["status"] == 408 and _json_body(sent)["code"] == "body_timeout"
 
 
+async def test_a_peeked_and_judged_body_gets_one_body_timeout(make_guard: GuardFactory) -> None:
+    """``body_timeout_s`` counts from when guard began reading: looking for a body (HTTP/2 GET without
+    ``Content-Length``, ``unexpected_body="judge"``) and reading the rest of it share one deadline. The rest was read
+    under a deadline of its own, so a body could take up to twice ``body_timeout_s``."""
+    body = json.dumps({"message": BENIGN}).encode()
+    parts = [(0.9, {"type": "http.request", "body": body[:9], "more_body": True}),  # seconds after the last part
+             (0.7, {"type": "http.request", "body": body[9:], "more_body": False})]  # 1.6 s in all
+
+    async def receive() -> dict[str, Any]:
+        if parts:
+            delay, message = parts.pop(0)
+            await asyncio.sleep(delay)
+            return message
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    app = guarded_app(make_guard(), unexpected_body="judge", limits=BodyLimits(body_timeout_s=1.0))
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "2", "method": "GET", "scheme": "http",
+             "path": "/v1/echo", "raw_path": b"/v1/echo", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 5000),
+             "server": ("testserver", 80)}
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    assert sent[0]["status"] == 408  # the deadline fires between 1.0 and 1.25 s, before the last part (1.6 s)
+    assert _json_body(sent) == {"code": "body_timeout", "message": "the request body did not arrive within 1 s",
+                                "field": "body", "policy": "api_guard", "rule": "body_timeout",
+                                "decision_id": _json_body(sent)["decision_id"]}
+
+
+@pytest.mark.parametrize("http_version", ["2", "3"])
+async def test_a_body_looked_for_in_vain_is_a_body_timeout(make_guard: GuardFactory, http_version: str) -> None:
+    """Looking for a body on an HTTP/2 or 3 GET reads it as the body of a judged request is read: nothing within
+    ``body_timeout_s`` is the same 408 ``body_timeout`` (same message, ``Connection: close``), counted as a body
+    rejection (it was counted, and logged, as a refused request target, with a message of its own)."""
+    from guard.asgi import HttpMetrics
+
+    metrics = HttpMetrics()
+    stalled = guarded_app(make_guard(), limits=BodyLimits(body_timeout_s=0.3), metrics=metrics)
+    sent, _ = await _call(stalled, [{"type": "http.request", "body": b"", "more_body": True}], method="GET",
+                          http_version=http_version)
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
+    assert _json_body(sent) == {"code": "body_timeout", "message": "the request body did not arrive within 0.3 s",
+                                "field": "body"}
+    rendered = metrics.render().decode()
+    assert 'guard_http_body_rejections_total{code="body_timeout"} 1.0' in rendered
+    assert "guard_http_target_rejections_total{" not in rendered
+
+
+async def test_empty_parts_before_a_looked_for_body_are_not_kept(make_guard: GuardFactory) -> None:
+    """Empty parts before the first bytes of an HTTP/2 GET's body (empty DATA frames) are not kept for the
+    application: it gets the same bytes without them. They were all kept, so a stream of empty frames grew memory
+    until the body deadline."""
+    received: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while not received or received[-1].get("more_body"):
+            received.append(await receive())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    judged = GuardMiddleware(app, guard=make_guard(), unexpected_body="judge")
+    empty = [{"type": "http.request", "body": b"", "more_body": True}] * 1000
+    body = [{"type": "http.request", "body": b"ab", "more_body": True},
+            {"type": "http.request", "body": b"", "more_body": True},
+            {"type": "http.request", "body": b"cd", "more_body": False}]
+    sent, _ = await _call(judged, empty + body, method="GET", path="/public/echo", http_version="2")
+    assert sent[0]["status"] == 200 and received == body  # no POST policy judges /public: passed on as received
+
+
+async def test_no_policy_is_matched_as_a_post_for_a_get_without_a_body(make_guard: GuardFactory) -> None:
+    """A GET, HEAD, DELETE or OPTIONS over HTTP/2 without ``Content-Length`` that no policy matches is matched again as
+    a POST only when its body turns out to have bytes (every such request paid for that second match)."""
+    middleware = GuardMiddleware(Starlette(routes=echo_routes()), guard=make_guard(), unexpected_body="judge")
+    matched: list[str] = []
+    match = middleware._match
+
+    def counted(scope: dict[str, Any], headers: dict[str, str], view: Any) -> Any:
+        matched.append(scope["method"])
+        return match(scope, headers, view)
+
+    middleware._match = counted  # type: ignore[method-assign]
+    for method in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        matched.clear()
+        sent, _ = await _call(middleware, [{"type": "http.request", "body": b"", "more_body": False}], method=method,
+                              http_version="2")
+        assert sent[0]["status"] == 200 and matched == [method], method
+    matched.clear()
+    body = json.dumps({"message": ATTACK}).encode()
+    sent, _ = await _call(middleware, [{"type": "http.request", "body": body, "more_body": False}], method="GET",
+                          http_version="2")
+    assert sent[0]["status"] == 403 and matched == ["GET", "POST"]
+
+
 def test_lifespan_and_websocket_pass_through() -> None:
     """A WebSocket on a path no policy matches passes; under /v1/**, which api_guard judges for POST, PUT and PATCH,
     it is refused: its messages would not be judged."""
