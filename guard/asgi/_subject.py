@@ -206,10 +206,20 @@ def _forwarded_for(value: str) -> list[str]:
     return [next((v for name, v in element if name == "for"), "") for element in _forwarded_elements(value)]
 
 
-#: A ``host=`` pair as Rack's ``forwarded_values`` reads one, after splitting the header at every ``;``, ``,`` and
-#: line break, quoted or not: spaces around ``=`` dropped, a quote at either end of the value too.
-_RACK_HOST_PAIR = re.compile(r'\s*host\s*=\s*"?([^"]*)"?\s*', re.IGNORECASE)
 _RACK_FORWARDED_SPLIT = re.compile(r"[;,\n]")
+
+
+def _rack_host(piece: str) -> str | None:
+    """The value of a ``host=`` pair as Rack's ``forwarded_values`` reads one, after splitting the header at every
+    ``;``, ``,`` and line break, quoted or not: spaces around the name and the value dropped, then an opening quote,
+    and the value ends at the next quote (Rack's ``"?([^"]+)"?``); ``None`` for another pair or an empty value. Plain
+    string operations: a regular expression with three runs that all match spaces backtracked in cubic time (a
+    1.6 KB header took 4.5 s)."""
+    name, equals, value = piece.partition("=")
+    if not equals or name.strip().lower() != "host":
+        return None
+    value = value.strip()
+    return value.removeprefix('"').partition('"')[0] or None
 
 
 def forwarded_hosts(value: str) -> list[str]:
@@ -218,8 +228,7 @@ def forwarded_hosts(value: str) -> list[str]:
     reads it (quoted strings whole), then as Rack reads it (split at every ``;`` and ``,``, quotes ignored), so
     ``for="x;host=evil.example"`` gives ``evil.example`` too; each value once."""
     hosts = [v for element in _forwarded_elements(value) for name, v in element if name == "host"]
-    rack = (match.group(1) for piece in _RACK_FORWARDED_SPLIT.split(value)
-            if (match := _RACK_HOST_PAIR.fullmatch(piece)))
+    rack = (host for piece in _RACK_FORWARDED_SPLIT.split(value) if (host := _rack_host(piece)) is not None)
     return hosts + [host for host in dict.fromkeys(rack) if host not in hosts]
 
 

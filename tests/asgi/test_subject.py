@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guard.asgi._subject import ClientHeader, client_address, head_subject, header_map
+from guard.asgi._subject import ClientHeader, client_address, forwarded_hosts, head_subject, header_map
 
 
 @pytest.mark.parametrize(
@@ -99,3 +99,20 @@ def test_the_peer_is_the_client_without_a_client_header() -> None:
     assert client_address({"client": ("::ffff:10.0.0.9", 1)}, headers, None) == "10.0.0.9"
     assert client_address({"client": ("testclient", 1)}, headers, None) == "testclient"  # not an IP: as it is
     assert client_address({}, headers, None) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "hosts"),
+    [
+        ('for="x;host=evil.example"', ["evil.example"]),  # Rack splits inside quotes
+        ('for=1.2.3.4;host="[2001:db8::1]:8443"', ["[2001:db8::1]:8443"]),
+        ("for=x, Host = a.example ", ["a.example"]),
+        ("host=" + " " * 4000 + '""x', ['""x']),  # Rack reads an empty value: none
+        ("host" + " " * 4000 + "=x", ["x"]),
+        ("for=a;" + " " * 4000 + 'host =  "b"  ', ["b"]),
+    ],
+)
+def test_forwarded_hosts_as_rfc_7239_and_rack_read_them(value: str, hosts: list[str]) -> None:
+    """Spaces around a Rack-read pair are stripped with string operations: a regular expression whose three runs all
+    matched spaces took 4.5 s on 1.6 KB and 130 s on 4 KB (a hang bound: each case here is microseconds)."""
+    assert forwarded_hosts(value) == hosts
