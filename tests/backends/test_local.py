@@ -161,7 +161,7 @@ async def test_confidence_profile_and_validation(clef_fp32: ClefModel) -> None:
     probabilities = list(answer.probabilities.values())
     assert answer.confidence == pytest.approx(confidence(probabilities, "choice", "workers-ai"))
     # part of cache keys: the weights, the code reading them out, the profile
-    assert backend.model_revision == f"checkpoint@{clef_fp32.revision}+guard={code_digest()}+confidence=workers-ai"
+    assert backend.model_revision == f"checkpoint@{clef_fp32.revision}+guard={installed_code_digest()}+confidence=workers-ai"
     with pytest.raises(ValueError, match="confidence_profile must be one of"):
         LocalBackend(clef_fp32, confidence_profile="max")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_length must be"):
@@ -243,7 +243,7 @@ async def test_from_pretrained_bf16_matches_the_bf16_fixture(golden_checkpoint: 
     case = golden_case("01-three-types")
     backend = LocalBackend.from_pretrained(golden_checkpoint)
     assert backend.model.dtype == torch.bfloat16
-    assert backend.model_revision == f"checkpoint@{backend.model.revision}+guard={code_digest()}"
+    assert backend.model_revision == f"checkpoint@{backend.model.revision}+guard={installed_code_digest()}"
     assert "LocalBackend" in repr(backend)
     async with backend:
         got = (await backend.decide(request(case["request"]))).to_json()
