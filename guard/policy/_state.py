@@ -6,8 +6,8 @@ header/query/form name, a default and a character cap. The judged content only e
 
 Two steps: :func:`render_state` reads the subject (the raw state, nothing cut), and :func:`prepare_state` makes
 what the model sees: every string normalised (``guard/policy/normalize.py``), then each field's ``max_chars`` applied to
-the normalised text, so the cap counts characters the model reads (invisible padding does not use it up). A cut is
-never silent: it keeps what the field's ``truncate`` says, puts :data:`CUT_MARKER` where text was left out, and
+the normalised text, so the cap counts characters the model reads (invisible padding does not use it up); of a value
+far over its cap (:data:`NORMALIZE_WINDOW`) only the ends that can be kept are normalised. A cut is never silent: it keeps what the field's ``truncate`` says, puts :data:`CUT_MARKER` where text was left out, and
 counts the field in the flag ``truncated``; with ``truncate: error`` the state is refused (:class:`StateTooLong`).
 """
 
@@ -54,8 +54,9 @@ DEFAULT_TRUNCATE: Truncate = "head_tail"
 Repeats = Literal["refuse", "list", "join"]
 #: Put where text was left out (``{cut}``: characters not shown), so the model and a reviewer see the state is partial.
 CUT_MARKER = "[... {cut} characters cut ...]"
-#: A string longer than this many times its cap is normalised only at the ends that can be kept (this many times the
-#: cap at each end), so a huge body costs a bounded amount of work; shorter strings are normalised whole, then cut.
+#: A value longer than this many times its cap (a string's characters; a list's or object's compact JSON text) is
+#: normalised only at the ends that can be kept (this many times the cap at each end), so a huge body costs a bounded
+#: amount of work; shorter values are normalised whole, then cut.
 NORMALIZE_WINDOW = 2
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
@@ -360,8 +361,10 @@ def _prepare(field: StateField, value: Any, path: str, flags: dict[str, int]) ->
         value = {c.name: _prepare(c, value.get(c.name), f"{path}.{c.name}", flags) for c in field.children}
         return value if field.max_chars is None else _cap(field, value, path, flags)
     limit = field.max_chars
-    if limit is not None and isinstance(value, str) and len(value) > 2 * NORMALIZE_WINDOW * limit:
-        return _cut_long(field, value, limit, path, flags)
+    if limit is not None and isinstance(value, (str, Mapping, list, tuple)):
+        length = len(value) if isinstance(value, str) else len(_JSON.encode(value))
+        if length > 2 * NORMALIZE_WINDOW * limit:
+            return _cut_long(field, value, length, limit, path, flags)
     normalized = normalize_value(value)
     _merge(flags, normalized.flags)
     return normalized.value if limit is None else _cap(field, normalized.value, path, flags)
@@ -390,23 +393,24 @@ def _cap(field: StateField, value: Any, path: str, flags: dict[str, int]) -> Any
     return f"{text[:head]}\n{marker}\n{text[len(text) - (limit - head) :]}"
 
 
-def _cut_long(field: StateField, raw: str, limit: int, path: str, flags: dict[str, int]) -> Any:
-    """A string far over its cap: only its ends are normalised (:data:`NORMALIZE_WINDOW` times the cap, widened
-    while invisible padding leaves them shorter than the cap, so the cap counts what the model reads), then cut to
-    the cap; the marker counts the characters of the original text left out. A text whose ends never fill the cap
-    is normalised whole and capped as a short one is."""
+def _cut_long(field: StateField, raw: Any, length: int, limit: int, path: str, flags: dict[str, int]) -> Any:
+    """A value far over its cap (``length``: a string's characters, a list's or object's compact JSON text): only
+    its ends are normalised (:func:`_end`: :data:`NORMALIZE_WINDOW` times the cap, widened while invisible padding
+    leaves them shorter than the cap, so the cap counts what the model reads), then cut to the cap; the marker counts
+    the characters of the original text left out. A value whose ends never fill the cap is normalised whole and
+    capped as a short one is."""
     window = NORMALIZE_WINDOW * limit
-    while 2 * window < len(raw):
-        head_raw = normalize_value(raw[:window])
-        tail_raw = normalize_value(raw[-window:]) if field.truncate != "head" else head_raw
+    while 2 * window < length:
+        head_raw = _end(raw, window, last=False)
+        tail_raw = _end(raw, window, last=True) if field.truncate != "head" else head_raw
         head_text: str = head_raw.value
         tail_text: str = tail_raw.value
         if len(head_text) >= limit and len(tail_text) >= limit:
             if field.truncate == "error":
-                raise StateTooLong(path, len(raw), limit)
+                raise StateTooLong(path, length, limit)
             _merge(flags, head_raw.flags)
             flags["truncated"] = flags.get("truncated", 0) + 1
-            marker = CUT_MARKER.format(cut=len(raw) - limit)
+            marker = CUT_MARKER.format(cut=length - limit)
             if field.truncate == "head":
                 return f"{head_text[:limit]}\n{marker}"
             _merge(flags, tail_raw.flags)
@@ -416,6 +420,93 @@ def _cut_long(field: StateField, raw: str, limit: int, path: str, flags: dict[st
     normalized = normalize_value(raw)
     _merge(flags, normalized.flags)
     return _cap(field, normalized.value, path, flags)
+
+
+def _end(value: Any, window: int, *, last: bool) -> Normalized:
+    """The first (``last``: the last) ``window`` characters of ``value``, normalised: a string's, or a list's or
+    object's compact JSON text as :func:`_cap` writes it, normalised as the whole value is (each string and key on
+    its own, object keys that normalise alike kept apart) but only the items inside the window (:func:`_edge`); a
+    string cut at the window's edge is read as that part of it, as a long string's end is."""
+    if isinstance(value, str):
+        return normalize_value(value[-window:] if last else value[:window])
+    flags: dict[str, int] = {}
+    _, text = _edge(value, window, flags, last=last)
+    return Normalized(text if text is not None else _normalized_json(value, flags), flags)
+
+
+def _edge(value: Any, budget: int, flags: dict[str, int], *, last: bool) -> tuple[int, str | None]:
+    """How much of JSON value ``value`` the first (``last``: the last) ``budget`` characters of its compact JSON
+    text hold: ``(length, None)`` when all of it (its text has ``length`` characters), else ``(budget, text)``, that
+    part of its text normalised (the flags added to ``flags``).
+
+    Items are taken in order (from the end, ``last``) while the budget lasts and normalised together (an object's
+    keys that normalise alike are numbered among those inside: ``"text (2)"`` of the whole value can be ``"text"`` in
+    its last window); the item across the edge is cut the same way, a string (value or key) to its characters
+    inside. Numbers, booleans and ``null`` stay whole. Visits only the items inside: work bounded by ``budget``,
+    not by the value."""
+    if isinstance(value, str):
+        if len(value) + 2 <= budget and len(encoded := _JSON.encode(value)) <= budget:
+            return len(encoded), None
+        keep = max(budget - 1, 0)  # the text's own quote at the far end
+        text = _normalized_json(value[len(value) - keep :] if last else value[:keep], flags)
+        return budget, text[1:] if last else text[:-1]
+    if isinstance(value, Mapping):
+        kept: dict[Any, Any] = {}
+        used = 1  # the brace at this end
+        for key, child in reversed(list(value.items())) if last else value.items():
+            room = budget - used - (1 if kept else 0)  # a comma between members
+            if room <= 0:
+                return budget, _joined(kept, None, flags, last=last)
+            if last:  # the value stands nearer the end than its key
+                child_used, cut = _edge(child, room, flags, last=True)
+                if cut is None:
+                    key_used, key_cut = _edge(key, room - child_used - 1, flags, last=True)
+                    if key_cut is not None:
+                        cut = f"{key_cut}:{_normalized_json(child, flags)}"
+            else:
+                key_used, cut = _edge(key, room, flags, last=False)
+                if cut is None:
+                    child_used, child_cut = _edge(child, room - key_used - 1, flags, last=False)
+                    if child_cut is not None:  # the key normalised among those before it, as in the whole value
+                        keyed = _normalized_json({**kept, key: None}, flags)
+                        return budget, keyed[: -len("null}")] + child_cut
+            if cut is not None:
+                return budget, _joined(kept, cut, flags, last=last)
+            kept[key] = child
+            used += key_used + 1 + child_used + (1 if len(kept) > 1 else 0)
+        return used + 1, None
+    if isinstance(value, (list, tuple)):
+        items: list[Any] = []
+        used = 1  # the bracket at this end
+        for child in reversed(value) if last else value:
+            room = budget - used - (1 if items else 0)
+            if room <= 0:
+                return budget, _joined(items, None, flags, last=last)
+            child_used, cut = _edge(child, room, flags, last=last)
+            if cut is not None:
+                return budget, _joined(items, cut, flags, last=last)
+            items.append(child)
+            used += child_used + (1 if len(items) > 1 else 0)
+        return used + 1, None
+    return len(_JSON.encode(value)), None
+
+
+def _joined(kept: dict[Any, Any] | list[Any], cut: str | None, flags: dict[str, int], *, last: bool) -> str:
+    """The text of a list's or object's items inside a window: ``kept``, the whole ones (from the end when
+    ``last``), normalised together, and ``cut``, the text of the one across the edge (``None``: the edge fell
+    between items), without the bracket on the edge's side."""
+    if last:
+        whole = _normalized_json(dict(reversed(kept.items())) if isinstance(kept, dict) else kept[::-1], flags)
+        return whole[1:] if cut is None else cut + ("," + whole[1:] if kept else whole[-1])
+    whole = _normalized_json(kept, flags)
+    return whole[:-1] if cut is None else whole[:-1] + ("," if kept else "") + cut
+
+
+def _normalized_json(value: Any, flags: dict[str, int]) -> str:
+    """``value`` normalised (the flags added to ``flags``) as compact JSON text."""
+    normalized = normalize_value(value)
+    _merge(flags, normalized.flags)
+    return _JSON.encode(normalized.value)
 
 
 _HTTP_DEFAULT = (StateField("method", "method"), StateField("path", "path"), StateField("body", "body"))
