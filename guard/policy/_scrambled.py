@@ -16,13 +16,18 @@ in the most English records of ``data/``) is looked up as each reading spells it
   three-letter words by chance (``def _get_abs_corr_mat`` reads ``xyz get uvm will gun``).
 * leetspeak (``0 1 3 4 5 7 9 @ $`` read as ``o i e a s t g a s``), for words that are not all letters.
 
-A reading is found where at least :data:`LEAST_WORDS` different words are English only in it (one word over and over,
-``AF_INET ... AF_UNIX`` or French ``je ... je``, is no evidence), and :data:`WINDOW` consecutive words hold at least
-:data:`LEAST_WORDS` such words and at least half as many as words English as written (a few key words scrambled among
-plain ones count): an English cue beside a scrambled payload (``Here is a little puzzle for you: Xvcdgt ...``) is
-found, and so is a payload cut into one word per line, while English prose, whose words are English as written, and
-names, codes and other languages, whose readings rarely spell three different English words together, are not (the
-benign records of ``data/``, 28,120 with other languages': no Caesar reading, one Atbash reading, of language codes).
+A reading is found where :data:`WINDOW` consecutive words hold at least :data:`LEAST_WORDS` different words English
+only in it (one or two words over and over, ``AF_INET ... AF_UNIX`` or French ``je ... je``, are no evidence, however
+many other such words the text holds elsewhere), and at least half as many such words as words English as written (a
+few key words scrambled among plain ones count): an English cue beside a scrambled payload (``Here is a little puzzle
+for you: Xvcdgt ...``) is found, and so is a payload cut into one word per line, while English prose, whose words are
+English as written, is not. Names, codes and other languages still get chance readings, 95 % of them from words of
+two or three letters: none of the benign records of ``data/`` (8,409 labelled benign, 360 of them in
+``data/multilingual``, and clinc150's 18,200 queries) gets a Caesar or Atbash reading, and 96 get another, nearly all
+benign requests written in ROT13, backwards or leetspeak; of 30,609 pieces of 2 KiB of a Debian system's ``.mo``
+translations (197 locales, English left out) 10 % get one (backwards 2,173, ROT13 1,057, Atbash 128, leetspeak 75,
+Caesar none), most where accented letters cut words into short ASCII pieces (``kl`` of ``klíč``): Vietnamese 76 % of
+its pieces (ROT13 74 %, Atbash 8 %), Czech 32 %, Italian 23 %, German 4 %, French 2 % (2026-12-06).
 The word list leaves out words ten times rarer than their ROT13 or backwards spelling (scrambled attack records put
 ``ubj``, ``gb`` in it); no other shift or Atbash needs that: the words of ``data/`` that another shift relates so are
 unrelated (``alex``/``what``, ``max``/``the``). The reading holds the words from the first such word to the last of
@@ -135,12 +140,13 @@ def _english_before(words: list[str]) -> list[int]:
     return list(accumulate((word in common for word in words), initial=0))
 
 
-def _runs(english: list[int], spelt: list[int]) -> list[tuple[int, int]]:
-    """The runs of a text's words a reading is found in, as ``(first, last)`` word indices: each window of
-    :data:`WINDOW` words that begins at a ``spelt`` index (a word English only in the reading; ascending) and holds
-    at least :data:`LEAST_WORDS` of them, at least half as many as words English as written (``english``: their
-    counts before each index, :func:`_english_before`), from its first such word to its last; windows that overlap or
-    touch make one run; the runs stop once they hold :data:`MAX_READING_WORDS` words. A pass over ``spelt``."""
+def _runs(words: list[str], english: list[int], spelt: list[int]) -> list[tuple[int, int]]:
+    """The runs of a text's words (``words``, lower case) a reading is found in, as ``(first, last)`` word indices:
+    each window of :data:`WINDOW` words that begins at a ``spelt`` index (a word English only in the reading;
+    ascending) and holds at least :data:`LEAST_WORDS` different such words, and at least half as many of them as
+    words English as written (``english``: their counts before each index, :func:`_english_before`), from its first
+    such word to its last; windows that overlap or touch make one run; the runs stop once they hold
+    :data:`MAX_READING_WORDS` words. A pass over ``spelt`` (a set of at most :data:`WINDOW` words per window)."""
     if len(spelt) < LEAST_WORDS:
         return []
     runs: list[tuple[int, int]] = []
@@ -153,6 +159,8 @@ def _runs(english: list[int], spelt: list[int]) -> list[tuple[int, int]]:
         inside = end - first
         if inside < LEAST_WORDS or 2 * inside < english[min(start + WINDOW, len(english) - 1)] - english[start]:
             continue
+        if len({words[i] for i in spelt[first:end]}) < LEAST_WORDS:
+            continue  # one or two words over and over (French ``je ... je ... je``) are no evidence
         if runs and start <= runs[-1][1] + 1:
             run_first, run_last = runs.pop()
             covered -= run_last + 1 - run_first
@@ -227,7 +235,7 @@ def readings(text: str) -> list[tuple[str, str]]:
     tried += [("caesar", _translated(_UNSHIFT[shift]), spelt) for shift, spelt in _caesar_words(unknown).items()]
     if not _LEET_CHARS.isdisjoint(text):
         tried.append(("leetspeak", _leetspeak, {word for word in unknown if not word.isalpha() and _in_leetspeak(word)}))
-    tried = [reading for reading in tried if len(reading[2]) >= LEAST_WORDS]  # the same word over and over finds none
+    tried = [reading for reading in tried if len(reading[2]) >= LEAST_WORDS]  # no window can find one with fewer
     if not tried:  # most text
         return []
     spelling: dict[str, list[int]] = {}  # a word -> the readings (indices into ``tried``) it is English in
@@ -242,7 +250,7 @@ def readings(text: str) -> list[tuple[str, str]]:
     out = []
     cased: list[str] = []  # the words as written, cut once a reading is found
     for (name, read, _), spelt in zip(tried, where, strict=True):
-        runs = _runs(english, spelt)
+        runs = _runs(words, english, spelt)
         if runs:
             cased = cased or ascii_words(text, lower=False)
             out.append((name, _read(cased, words, runs, read)))

@@ -183,6 +183,15 @@ def test_a_long_text_with_scrambled_words_is_read_in_linear_time() -> None:
     # one word over and over is no evidence: "je" and "ur" (ROT13 "wr", "he"), "af" and "inet" read as ROT13 before
     "Je garde mes pensées dans mon cœur, je sens toujours que je vais exploser, et je ne peux pas me cacher du regard",
     "AF_INET, AF_UNIX -- socket domains (first argument to socket() call) SOCK_STREAM, SOCK_DGRAM, SOCK_RAW",
+    # ... nor inside a window of eight words when other words elsewhere spell English ("va", "ce": ROT13 "in", "pr"):
+    # three different words found anywhere in the text made the window of "je" x4 read "he wr fraf gbhwbhef dhr wr"
+    ("Je garde mes pensées dans mon cœur, je sens toujours que je vais exploser, et je ne peux pas me cacher du regard. "
+     "Le chat de ma voisine dort sur le canapé toute la journée. Nous irons au marché demain matin avec les enfants. "
+     "On va au cinéma ce soir avec Anne et Paul."),
+    # a .mo file's Vietnamese and Czech: two-letter fragments around accented letters ("kh" of "không", "kl" of
+    # "klíč") repeat and spelt Atbash ("ps mt th tr e tr tr ps", "le il gvmgl po Mrqzp qhvn gvmgl po mvle il An")
+    "không thể trả về giá trị không-phức hợp từ hàm trả về kiểu phức hợp",
+    "Velmi pečlivě jsem ověřil tento klíč.\nNijak jsem tento klíč neověřil.\nZměním jej později",
 ])
 def test_english_prose_names_codes_and_other_languages_get_no_scrambled_reading(text: str) -> None:
     assert normalize_text(text).flags == {}
