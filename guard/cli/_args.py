@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "count",
+    "finite",
     "flag_names",
     "fraction",
     "milliseconds",
@@ -30,36 +31,37 @@ __all__ = [
 ]
 
 
+def finite(text: str, lowest: float, *, what: str, above: bool = False) -> float:
+    """``text`` as a finite number of at least ``lowest`` (more than it with ``above``).
+
+    Raises:
+        argparse.ArgumentTypeError: ``'<text>' is not <what>`` for a number out of that range or not finite.
+        ValueError: ``text`` is no number.
+    """
+    value = float(text)
+    if not math.isfinite(value) or value < lowest or (above and value == lowest):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
 def seconds(text: str) -> float:
     """A finite number of seconds, 0 or more."""
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
-    return value
+    return finite(text, 0, what="a number of seconds (0 or more)")
 
 
 def positive_seconds(text: str) -> float:
     """A finite number of seconds, more than 0."""
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return value
+    return finite(text, 0, above=True, what="a number of seconds above 0")
 
 
 def milliseconds(text: str) -> float:
     """A finite number of milliseconds, 0 or more (returned in milliseconds)."""
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds (0 or more)")
-    return value
+    return finite(text, 0, what="a number of milliseconds (0 or more)")
 
 
 def positive_milliseconds(text: str) -> float:
     """A finite number of milliseconds, more than 0 (returned in milliseconds)."""
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds above 0")
-    return value
+    return finite(text, 0, above=True, what="a number of milliseconds above 0")
 
 
 def positive_int(text: str) -> int:
@@ -80,10 +82,7 @@ def count(text: str) -> int:
 
 def non_negative(text: str) -> float:
     """A finite number, 0 or more (a loss weight)."""
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of 0 or more")
-    return value
+    return finite(text, 0, what="a number of 0 or more")
 
 
 def fraction(text: str) -> float:

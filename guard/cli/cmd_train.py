@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from guard.cli._args import count, fraction, non_negative, positive_int, share
+from guard.cli._args import count, finite, fraction, non_negative, positive_int, share
 from guard.cli._output import directory_problem
 
 __all__ = ["register"]
@@ -114,18 +113,12 @@ def register(subparsers: Any) -> None:
 
 def _rate(text: str) -> float:
     """A learning rate: a finite number > 0."""
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate (a number > 0)")
-    return value
+    return finite(text, 0, above=True, what="a learning rate (a number > 0)")
 
 
 def _layer_rate(text: str) -> float:
     """The encoder layers' learning rate: a finite number, 0 (frozen) or more."""
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate (a number > 0, or 0 to freeze the layers)")
-    return value
+    return finite(text, 0, what="a learning rate (a number > 0, or 0 to freeze the layers)")
 
 
 def _smoothing(text: str) -> float:
