@@ -488,7 +488,7 @@ def _candidate_patterns(source: str, data: Mapping[str, Any]) -> Iterator[str]:
 
 
 _CMP = r"(==|!=|<=|>=|<|>)"
-_NUMBER = r"(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|data\s*\.\s*[A-Za-z_]\w*)"
+_NUMBER = r"(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|data(?:\s*\.\s*[A-Za-z_]\w*)+)"
 _MASKED_STRING = r"(\"\s*\"|'\s*')"  # a string literal once its text is blanked out (offsets kept)
 # A comparison's operand is the whole of it only between these (no arithmetic or concatenation around it).
 _START = r"(?:^|(?<=[(&|!?:,]))\s*"
@@ -531,10 +531,11 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
     """Comparisons in a ``when`` that never hold, or always do, because a literal names what the question's answer
     never is: an option id it does not have (``queue.choice == "biling"``, ``queue.choice in ["tech", "biling"]``,
     ``queue.probabilities["biling"]``), or a bound outside what a probability, confidence or score level can be
-    (``injection.noul > 1.0``, ``injection.noul >= data.block_threshold`` with ``block_threshold: 85``,
-    ``severity.score >= 7`` with five levels). A literal bound that always holds (``x.noul <= 1.0`` closing a
-    band) is redundant, not reported; one from ``data`` is. Only a comparison that stands alone is read
-    (``2 * x.noul > 1.5`` is not). ``data``: the file's ``data``."""
+    (``injection.noul > 1.0``, ``injection.noul >= data.block_threshold`` with ``block_threshold: 85`` or
+    ``>= data.thresholds.block`` with ``thresholds: {block: 85}``, ``severity.score >= 7`` with five levels). A
+    literal bound that always holds (``x.noul <= 1.0`` closing a band) is redundant, not reported; one from
+    ``data`` is. Only a comparison that stands alone is read (``2 * x.noul > 1.5`` is not). ``data``: the file's
+    ``data``."""
     masked = _masked(source)
     out: list[str] = []
     for key, question in questions.items():
@@ -551,7 +552,7 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                 field, number = (m.group(1), m.group(3)) if forward else (m.group(3), m.group(1))
                 field = field.split("[")[0].strip()
                 if number.startswith("data"):
-                    value = data.get(number.split(".", 1)[1].strip())
+                    value = _data_value(data, [part.strip() for part in number.split(".")[1:]])
                     if isinstance(value, bool) or not isinstance(value, (int, float)):
                         continue
                     shown = f" ({number.replace(' ', '')} is {value})"
@@ -571,6 +572,15 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                     out.append(f"{source[m.start():m.end()].strip()!r} is always {'true' if seen.pop() else 'false'}"
                                f"{shown}: {key}.{field} is {what} from 0 to {high}")
     return out
+
+
+def _data_value(data: Mapping[str, Any], path: list[str]) -> Any:
+    """The value at ``path`` (``["thresholds", "block"]`` for ``data.thresholds.block``) in a file's ``data``;
+    ``None`` where a step is missing or not a mapping."""
+    value: Any = data
+    for name in path:
+        value = value.get(name) if isinstance(value, Mapping) else None
+    return value
 
 
 def answer_variables(answer: AnswerV1) -> dict[str, Any]:

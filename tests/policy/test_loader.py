@@ -270,7 +270,7 @@ def test_a_comparison_that_can_never_decide_is_a_load_error() -> None:
     probability reaches (``data: {block_threshold: 85}``), while arithmetic and concatenation around an operand
     stay allowed."""
     head = """
-data: {block_threshold: 85, review: 0.6, review_pct: 60}
+data: {block_threshold: 85, review: 0.6, review_pct: 60, thresholds: {block: 85, review: 0.5}}
 policies:
   - id: p
     version: 1
@@ -293,6 +293,7 @@ policies:
         "injection.noul > 1.0": "'injection.noul > 1.0' is always false",
         "injection.noul < data.review_pct": "'injection.noul < data.review_pct' is always true (data.review_pct is 60)",
         "injection.noul >= data.block_threshold": "always false (data.block_threshold is 85)",
+        "injection.noul >= data . thresholds.block": "always false (data.thresholds.block is 85)",
         "1.5 <= queue.confidence": "always false",
         "sev.score >= 7": "'sev.score >= 7' is always false: sev.score is an expected level from 0 to 4",
     }
@@ -304,7 +305,8 @@ policies:
                  'queue.choice in ["tech", "billing"] && 0.5 < injection.noul && sev.score >= 4',
                  'injection.probabilities["true"] > 0.2 && queue.confidence < 1.0', "injection.noul == 0.5",
                  "sev.score == 1.5 || sev.score != 0.5",  # a score is the expected level: 1.5 can be
-                 "injection.noul >= 0.85 && injection.noul <= 1.0"):  # a band's redundant upper end
+                 "injection.noul >= 0.85 && injection.noul <= 1.0",
+                 "injection.noul >= data.thresholds.review && data.thresholds.review < 1"):  # a band's redundant upper end
         load_text(head % when.replace("'", "''"), "p.yaml")
 
 
