@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from guard._json import json_readings
 from guard.clef.encoding import render
 from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig
 from guard.compact.catalog import CATALOG, CatalogQuestion
@@ -176,9 +177,28 @@ def _identifier_words(lines: list[str]) -> str:
     return "\n".join(" ".join(words) for words in found) if sum(map(len, found)) >= IDENTIFIER_WORDS else ""
 
 
+#: How many times a string holding JSON is read into its own strings (:func:`_strings`): a document inside a string
+#: inside a string (``json.dumps`` applied twice) is read too.
+JSON_LEVELS = 3
+
+
+def _strings(state: Any, levels: int = JSON_LEVELS) -> list[str]:
+    """``state``'s strings (:func:`guard.subject.body_strings`), each string that holds JSON (one that starts with
+    ``{``, ``[`` or ``"``: a tool result sent as ``json.dumps(result)``, JSON Lines) replaced by the strings of what a JSON
+    parser reads from it (:func:`guard._json.json_readings`), ``levels`` deep. Read as one text, the document's
+    quotes, keys and brackets stood between the sentences of its values, so an injection inside such a string was
+    never cut out and read alone (0.34 where the same object sent parsed, or the sentence alone, is 0.86)."""
+    out: list[str] = []
+    for text in [state] if isinstance(state, str) else body_strings(state):
+        inner = json_readings(text) if levels and text.lstrip()[:1] in ("{", "[", '"') else []
+        strings = [] if not inner else _strings(inner, levels - 1)
+        out += strings or [text]
+    return out
+
+
 def _lines(state: Any) -> list[str]:
-    """The lines of ``state``'s strings (:func:`guard.subject.body_strings`)."""
-    return [line for s in ([state] if isinstance(state, str) else body_strings(state)) for line in s.split("\n")]
+    """The lines of ``state``'s strings (:func:`_strings`)."""
+    return [line for s in _strings(state) for line in s.split("\n")]
 
 
 _SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
