@@ -223,9 +223,9 @@ def pairs(text: str) -> Iterator[tuple[str, str | None]]:
 
 
 def qs_names(text: str) -> Iterator[str]:
-    """The parameter names qs (Express) reads from a query (latin-1 text of its bytes): pieces split at ``&``, a
-    piece's name ending at its first ``]=`` when it holds one (``q[=]=x`` names ``q[=]``), else at its first ``=``,
-    then percent-escapes and ``+`` decoded. Empty pieces are skipped."""
+    """The parameter names qs (Express) reads from a query or urlencoded form (latin-1 text of its bytes): pieces
+    split at ``&``, a piece's name ending at its first ``]=`` when it holds one (``q[=]=x`` names ``q[=]``), else at
+    its first ``=``, then percent-escapes and ``+`` decoded. Empty pieces are skipped."""
     for piece in text.split("&"):
         if piece:
             bracket = piece.find("]=")

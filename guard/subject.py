@@ -83,6 +83,10 @@ class HttpSubject:
         body_text: the text fields of the body joined, for policies that judge "all user text" of the body at once;
             left out (``None``), it is made from ``body`` as the middleware makes it (:func:`body_text_of`), so a
             subject built in code with only a ``body`` has its text judged.
+        form_string: a urlencoded request body as sent (its bytes as latin-1 text) when it holds ``]=``, where qs
+            (Express's ``urlencoded({extended: true})``) ends a field name otherwise than guard's split (``q[=]=x``
+            names ``q[=]``, which it reads as ``q``); empty otherwise. A state field that reads a form field by name
+            checks the names qs reads from it. Not logged, and not read by rules (they read ``body``).
         status: the response status (responses only).
         phase: ``request``, or ``response``: then ``headers``, ``content_type``, ``body`` and ``body_text`` are the
             response's (a streamed response's: the window being judged, as text), and method, path, host, client and
@@ -104,6 +108,7 @@ class HttpSubject:
     content_type: str = ""
     body: Any = None
     body_text: str = None  # type: ignore[assignment]  # None: made from body in __post_init__, always a str after
+    form_string: str = ""
     status: int | None = None
     phase: Literal["request", "response"] = "request"
     repeated_headers: tuple[str, ...] = ()

@@ -508,7 +508,7 @@ class GuardMiddleware:
             else:
                 await self.respond(scope, ReplayReceive(body, receive), send, method=method, policies=view)
                 return
-        subject = with_body(head, query, value, text)
+        subject = with_body(head, query, value, text, body)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
             await release_on_resend(self, scope, receive, send, review_id.strip(), body)

@@ -555,8 +555,9 @@ WITHHELD = "[withheld: holds what a redact rule could not mask]"
 
 def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
-    event, which would make every record as long as the thread) and an HTTP subject's ``query_string`` (the raw
-    query: its decoded ``query`` is kept, where secret-named parameters are redacted and values withheld as below),
+    event, which would make every record as long as the thread) and an HTTP subject's ``query_string`` and
+    ``form_string`` (the raw query and form: the decoded ``query`` and ``body`` are kept, where secret-named fields
+    are redacted and values withheld as below),
     the method cut by :func:`_capped`; a ``redact``
     verdict's spans masked in the body and its text; the body, its text and the query values left out (:data:`WITHHELD`)
     of a request refused because what its rule masks could not be masked there. Secret values cut off with a part nested
@@ -566,6 +567,7 @@ def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
         record["method"] = _capped(subject.method)
     record.pop("history", None)
     record.pop("query_string", None)
+    record.pop("form_string", None)
     record.pop("deltas", None)  # a streamed window's pieces: its body_text holds them joined
     unmaskable = any(own.flags.get(UNMASKABLE_FLAG) for own in (verdict, *verdict.contributions))  # a shadow's too
     if unmaskable and isinstance(subject, HttpSubject):  # it holds what could not be masked

@@ -172,8 +172,7 @@ def _read(field: StateField, subject: Subject, spellings: dict[str, _Spellings])
                 return subject.query
             if "query" not in spellings:
                 spellings["query"] = _Spellings.of(subject.query, rack2=_rack2_query(subject),
-                                                   qs=list(qs_names(subject.query_string))
-                                                   if "]=" in subject.query_string else None)
+                                                   qs=_qs_names(subject.query_string))
             sent = spellings["query"]
             _refuse_aliases(field, sent)
             values = subject.query.get(field.key)
@@ -185,7 +184,8 @@ def _read(field: StateField, subject: Subject, spellings: dict[str, _Spellings])
             if field.key is None:
                 return form
             if "form" not in spellings:
-                spellings["form"] = _Spellings.of(form, json=subject.content_type not in _FORM_MEDIA
+                spellings["form"] = _Spellings.of(form, qs=_qs_names(subject.form_string),
+                                                  json=subject.content_type not in _FORM_MEDIA
                                                   and not subject.content_type.startswith("multipart/"))
             _refuse_aliases(field, spellings["form"])
             values = form.get(field.key, _MISSING)
@@ -227,7 +227,8 @@ class _Spellings:
     def of(cls, params: Mapping[str, Any], *, rack2: Mapping[str, list[str]] | None = None,
            qs: Iterable[str] | None = None, json: bool = False) -> _Spellings:
         """The spellings of ``params`` (a query's or form's ``{name: [values]}``, or a JSON object), with Rack 2's
-        reading of the query (``rack2``) and the names qs reads from it (``qs``) where they may differ."""
+        reading of the query (``rack2``) and the names qs reads from the query or urlencoded form (``qs``) where
+        they may differ."""
         only = [name for name, values in (rack2 or {}).items() for _ in range(len(values) - len(params.get(name, ())))]
         qs_extra = Counter(qs or ())
         qs_extra.subtract({name: len(params[name]) for name in qs_extra if name in params})
@@ -287,6 +288,12 @@ def _rack2_query(subject: HttpSubject) -> dict[str, list[str]] | None:
         if value is not None:
             out.setdefault(name, []).append(value)
     return out
+
+
+def _qs_names(text: str) -> list[str] | None:
+    """The names qs (Express) reads from a query or urlencoded form ``text`` (:func:`guard._params.qs_names`) when it
+    holds ``]=``, where they can differ from guard's split; ``None`` otherwise (qs names the pieces as guard does)."""
+    return list(qs_names(text)) if "]=" in text else None
 
 
 def _filled(values: list[str] | None) -> list[str]:

@@ -599,9 +599,10 @@ def answer_variables(answer: AnswerV1) -> dict[str, Any]:
 
 def subject_fields(subject_type: Any) -> list[str]:
     """The fields of a subject (an instance or its class) that rules read as ``subject.<name>``: every field but an
-    agent subject's ``history``, which rules read through ``call``, and a streamed response's ``deltas``, whose
-    joined text rules read in ``body_text``."""
-    return [f.name for f in dataclasses.fields(subject_type) if f.name not in ("history", "deltas")]
+    agent subject's ``history``, which rules read through ``call``, a streamed response's ``deltas``, whose
+    joined text rules read in ``body_text``, and an HTTP subject's ``form_string``, kept only for some forms (rules
+    read the form in ``body``)."""
+    return [f.name for f in dataclasses.fields(subject_type) if f.name not in ("history", "deltas", "form_string")]
 
 
 def subject_variables(subject: Any) -> dict[str, Any]:

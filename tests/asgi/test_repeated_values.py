@@ -5,6 +5,7 @@ one copy. ``repeated: list`` (query, form) and ``repeated: join`` (header) read 
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -108,6 +109,11 @@ def test_a_value_read_as_one_sent_twice_is_refused_not_allowed(once: dict, twice
         ({"url": "/x?a=1;user[]=mallory"}, "(as ';user[]', which Rails (Rack 2) reads into 'user')"),
         # qs ends a name at ']=' before its first '=': guard read 'user[' = ']=mallory', Express user = {'=': ...}
         ({"url": "/x?user[=]=mallory"}, "(as 'user[=]', which Express reads into 'user')"),
+        # and so does Express's urlencoded({extended: true}) in a form body, which guard read as 'user[' too
+        ({"method": "POST", "url": "/x", "content": "user[=]=mallory", "headers": FORM},
+         "form field 'user' (as 'user[=]', which Express reads into 'user')"),
+        ({"method": "POST", "url": "/x", "content": "user=alice&user[=]=mallory", "headers": FORM},
+         "form field 'user' (as 'user[=]', which Express reads into 'user')"),
     ],
 )
 def test_a_value_read_by_name_sent_under_a_php_or_rack_spelling_is_refused(request_: dict, what: str) -> None:
@@ -125,6 +131,37 @@ def test_names_no_framework_reads_as_the_field_pass() -> None:
     (ok,) = _send(POLICY.replace("TAGS", "'query:tag'"), {"method": "GET", "url": "/x?user=alice&users=mallory"
                                                           "&user_id=mallory&user%5B=mallory&a=1%3Buser=x"})
     assert (ok.status_code, ok.text) == (200, "user=alice form=None")
+
+
+QUERY_ONLY = """
+policies:
+  - id: users
+    version: 1
+    match: {http: {}}
+    state: {user: "query:user"}
+    rules: [{id: banned, when: 'state.user == "mallory"', action: block}]
+"""
+
+
+def test_a_form_whose_names_qs_reads_as_guard_does_or_that_no_policy_reads_so_passes() -> None:
+    """Only a form body where qs names a field the policy reads otherwise than guard is refused: raw brackets
+    (``filter[a]=1``, which hold ``]=``), a value holding ``]=``, bodies a browser or ``urlencode()`` writes, a qs
+    spelling of a field no policy reads, and a multipart body (whose names qs does not split) pass as before."""
+    ordinary = [
+        "user=alice&filter[a]=1&filter[b][c]=2&tags[]=x",
+        "user=alice&note=a]=b",  # qs names it 'note=a]': guard's 'note' is read by no policy
+        urlencode({"user": "alice", "filter[=]": "x", "note": "a]=b"}),  # escaped: user=alice&filter%5B%3D%5D=x...
+        "user=alice&other[=]=mallory",
+    ]
+    multipart = '--b\r\nContent-Disposition: form-data; name="note"\r\n\r\nx&user[=]=mallory\r\n--b--\r\n'
+    responses = _send(POLICY.replace("TAGS", "'query:tag'"),
+                      *({"method": "POST", "url": "/x", "content": body, "headers": FORM} for body in ordinary),
+                      {"method": "POST", "url": "/x", "content": multipart,
+                       "headers": {"content-type": "multipart/form-data; boundary=b"}})
+    assert [(r.status_code, r.text) for r in responses] == [(200, "user=None form=alice")] * 4 + [
+        (200, "user=None form=None")]
+    (passed,) = _send(QUERY_ONLY, {"method": "POST", "url": "/x", "content": "user[=]=mallory", "headers": FORM})
+    assert passed.status_code == 200, passed.text
 
 
 def test_a_name_nested_past_every_parser_or_with_a_huge_index_is_judged_not_a_crash() -> None:

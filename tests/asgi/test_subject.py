@@ -37,9 +37,29 @@ def test_with_body_makes_a_new_subject_and_leaves_the_head_as_it_was() -> None:
 
     scope = {"type": "http", "method": "POST", "path": "/v1", "headers": [(b"host", b"api")], "server": ("api", 80)}
     head = head_subject(scope, header_map(scope), None)
-    full = with_body(head, {"q": ["1"]}, {"prompt": "hi"}, "hi")
+    full = with_body(head, {"q": ["1"]}, {"prompt": "hi"}, "hi", b'{"prompt": "hi"}')
     assert (full.query, full.body, full.body_text) == ({"q": ["1"]}, {"prompt": "hi"}, "hi")
     assert (head.query, head.body, head.body_text) == ({}, None, "") and full is not head
+
+
+@pytest.mark.parametrize(
+    ("content_type", "received", "form_string"),
+    [
+        ("application/x-www-form-urlencoded", b"q[=]=attack", "q[=]=attack"),  # qs names it q[=], guard q[
+        ("application/x-www-form-urlencoded; charset=UTF-8", b"filter[a]=1&b=2", "filter[a]=1&b=2"),
+        ("application/x-www-form-urlencoded", b"q=1&filter%5Ba%5D=2", ""),  # qs splits it as guard does
+        ("multipart/form-data; boundary=b", b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\n]=x\r\n--b--',
+         ""),  # multipart names are not qs's
+        ("application/json", b'{"q]=": 1}', ""),
+    ],
+)
+def test_with_body_keeps_a_urlencoded_body_as_sent_only_where_qs_may_name_a_field_otherwise(
+        content_type: str, received: bytes, form_string: str) -> None:
+    from guard.asgi._subject import with_body
+
+    scope = {"type": "http", "method": "POST", "path": "/v1", "headers": [(b"content-type", content_type.encode())]}
+    full = with_body(head_subject(scope, header_map(scope), None), {}, {}, "", received)
+    assert full.form_string == form_string
 
 
 @pytest.mark.parametrize(

@@ -354,6 +354,19 @@ def test_the_raw_query_string_is_not_logged_beside_the_redacted_query() -> None:
     assert "query_string" not in unmaskable["input"] and "4111" not in json.dumps(unmaskable)
 
 
+def test_the_raw_form_is_not_logged_beside_the_redacted_body() -> None:
+    """``input.form_string`` (a urlencoded body as sent, kept where qs may name a field otherwise) holds what the
+    logged ``body`` redacts: it is left out as ``query_string`` is."""
+    from guard.verdict import Verdict
+
+    raw = "q[=]=x&password=hunter2%21%21"
+    subject = HttpSubject(method="POST", path="/s", content_type="application/x-www-form-urlencoded",
+                          body={"q[": ["]=x"], "password": ["hunter2!!"]}, form_string=raw)
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={}), subject)
+    assert "form_string" not in event["input"] and event["input"]["body"] == {"q[": ["]=x"]}
+    assert "hunter2" not in json.dumps(event)
+
+
 def test_a_body_field_named_for_a_key_that_is_no_secret_is_kept_and_its_value_not_scrubbed_from_text() -> None:
     """Every body field whose last word was ``key`` counted as a secret: an ``object_key``'s value was removed and
     scrubbed from every free text (a reviewer approving "delete reports/2024/q3-payroll.pdf" read "delete

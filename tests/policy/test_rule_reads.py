@@ -119,6 +119,8 @@ policies:
          "names: body, body_text, client, content_type, headers, host, kind, method, path, phase, query, query_string, repeated_headers, status")),
         ("flags.zero_widht > 0 && state.text != ''", "reads flags.zero_widht, but flags has no 'zero_widht'"),
         ('subject["tool_name"] == "x"', "reads subject.tool_name, but subject has no 'tool_name'"),
+        # kept for the state's form check, only where qs may name a field otherwise: rules read the form in body
+        ('subject.form_string != ""', "reads subject.form_string, but subject has no 'form_string'"),
         ("state.text.matches('(')", "the pattern '(' of matches() is not a valid regular expression"),
         ('matches(state.text, "[")', "matches() is a method in this runtime: write x.matches(...)"),
         ("startsWith(state.text, 'a')", "startsWith() is a method in this runtime"),
