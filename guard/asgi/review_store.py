@@ -271,6 +271,13 @@ def _quota(client: str, count: int, cap: int, retry_after: float) -> ReviewQuota
                                "wait for a decision on them", retry_after=max(1.0, retry_after))
 
 
+def _wrong_type(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis's WRONGTYPE reply (a command on a key that holds another type)."""
+    from redis.exceptions import ResponseError
+
+    return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
 def _in_scope(item: ReviewItem, tenants: Collection[str] | None) -> bool:
     return tenants is None or (item.tenant is not None and item.tenant in tenants)
 
@@ -532,16 +539,26 @@ return {3, ARGV[2]}
         """The indexes an item of ``status`` and ``tenant`` is in."""
         return [self._index(status)] + ([self._index(status, tenant)] if tenant is not None else [])
 
-    async def _call(self, review_id: str, coro: Any) -> Any:
+    async def _call(self, review_id: str, coro: Any, *, one_item: bool = False) -> Any:
+        """``coro``'s result. Raises ReviewStoreUnavailable for a Redis or socket error (counted in ``health``);
+        with ``one_item`` (a command on item ``review_id``'s key alone), ReviewConflict ``tampered`` for Redis's
+        WRONGTYPE reply: that key holds another type, written by hand, and the store itself answered."""
         from redis.exceptions import RedisError
 
         try:
             result = await coro
         except (RedisError, OSError) as exc:
-            self.health.failure("review_store_unavailable", f"{type(exc).__name__}: {exc}", severity="degraded")
-            raise ReviewStoreUnavailable(review_id, f"Redis failed: {type(exc).__name__}: {exc}") from exc
+            if one_item and _wrong_type(exc):
+                self.health.success()
+                raise self._tampered(review_id) from None
+            raise self._unavailable(review_id, exc) from exc
         self.health.success()
         return result
+
+    def _unavailable(self, review_id: str, exc: BaseException) -> ReviewStoreUnavailable:
+        """Count ``exc`` as a store failure in ``health``; the ReviewStoreUnavailable to raise."""
+        self.health.failure("review_store_unavailable", f"{type(exc).__name__}: {exc}", severity="degraded")
+        return ReviewStoreUnavailable(review_id, f"Redis failed: {type(exc).__name__}: {exc}")
 
     @staticmethod
     def _text(value: Any, errors: str = "strict") -> str | None:
@@ -647,12 +664,12 @@ return {3, ARGV[2]}
         for index in self._indexes(item.status, tenant):
             pipe.zadd(index, {item.id: item.expires_at})
             pipe.zremrangebyscore(index, "-inf", time.time())
-        try:
-            await self._call(item.id, pipe.execute())
+        try:  # a failure names no id (NEW_ITEM): the item was not stored, or not whole, so no answer may name it
+            await self._call(NEW_ITEM, pipe.execute())
         except ReviewStoreUnavailable:
             if client is not None:  # the slot goes back with the item that was not stored
                 with contextlib.suppress(ReviewStoreUnavailable):
-                    await self._call(item.id, self._client.zrem(self._pending_key(client), item.id))
+                    await self._call(NEW_ITEM, self._client.zrem(self._pending_key(client), item.id))
             raise
         return item
 
@@ -662,9 +679,9 @@ return {3, ARGV[2]}
         Raises:
             ReviewNotFound: absent, or past the expiry sealed in it: Redis drops an item by then, so one still there
                 was put back by someone who can write to Redis (without the store key it cannot extend the expiry).
-            ReviewConflict: status ``tampered``.
+            ReviewConflict: status ``tampered`` (also for a key of another type than an item's hash).
         """
-        raw = await self._call(review_id, self._hmget(self._client, review_id))
+        raw = await self._call(review_id, self._hmget(self._client, review_id), one_item=True)
         texts = self._checked(review_id, raw)
         if texts is None or json.loads(texts[1] or "{}").get("expires_at", 0) <= time.time():
             raise ReviewNotFound(review_id)
@@ -782,16 +799,26 @@ return {3, ARGV[2]}
 
     async def _fetch(self, ids: list[str]) -> dict[str, ReviewItem]:
         """The listed view of each item of ``ids`` that exists and whose seal checks, by id (an entry that is not
-        an item id, written into an index by hand, is left out)."""
+        an item id, written into an index by hand, is left out; so is an item whose key holds another type than a
+        hash, counted as tampered).
+
+        Raises:
+            ReviewStoreUnavailable: Redis failed, or refused a read for another reason than the key's type.
+        """
         ids = [review_id for review_id in ids if _REVIEW_ID.fullmatch(review_id)]
         if not ids:
             return {}
         pipe = self._client.pipeline(transaction=False)
         for review_id in ids:
             self._hmget(pipe, review_id)
-        rows = await self._call("(list)", pipe.execute())
+        rows = await self._call("(list)", pipe.execute(raise_on_error=False))  # a command's error is in its row
         items = {}
         for review_id, row in zip(ids, rows, strict=True):
+            if isinstance(row, Exception):
+                if not _wrong_type(row):
+                    raise self._unavailable("(list)", row) from row
+                self._tampered(review_id)  # counted and logged, as an item whose seal fails
+                continue
             try:
                 texts = self._checked(review_id, row)
             except ReviewConflict:  # tampered: counted and logged, never listed for approval

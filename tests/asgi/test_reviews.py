@@ -373,3 +373,42 @@ async def test_gateway_key_headers_are_redacted_in_the_item(make_guard: GuardFac
     assert shown["x-copy"] == "[redacted]" and shown["x-monkey"] == "banana"
     assert item["subject"]["query"] == "subscription-key=[redacted]&code=[redacted]&sort=asc"
     assert not {"FUNCKEY-1", "APIMKEY-2", "SIG-3", "APIMKEY-4", "FNCODE-5"} & set(json.dumps(item).replace('"', " ").split())
+
+
+async def test_an_item_key_of_another_type_in_redis_is_tampered_not_a_store_outage(make_guard: GuardFactory,
+                                                                                   create_redis: Any) -> None:
+    """One item key overwritten with a string (``SET <prefix><id> x``, WRONGTYPE to HMGET) made every listing a 503
+    and health degraded (attack finding): that item alone is tampered (409, counted, left out of listings), the
+    others are listed, and the store is not reported down."""
+    from guard.asgi.health import HealthEndpoint
+
+    store = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    guard = make_guard()
+    health = HealthEndpoint(guard, review_store=store)
+    async with client_for(_app(guard, store)) as client:
+        bad, good = await _escalate(client), await _escalate(client)
+        await create_redis().set(f"{create_redis.prefix}{bad['review_id']}", "x")
+        listed = await client.get("/admin/reviews/", headers=_admin())
+        assert listed.status_code == 200, listed.text
+        assert [i["id"] for i in listed.json()["items"]] == [good["review_id"]]
+        for answer in (await client.get(f"/admin/reviews/{bad['review_id']}", headers=_admin()),
+                       await client.post(f"/admin/reviews/{bad['review_id']}/approve", headers=_admin()),
+                       await client.get(bad["status_url"]),
+                       await client.post(bad["release_url"], headers=_release(bad))):
+            assert (answer.status_code, answer.json()["status"]) == (409, "tampered"), answer.text
+        assert store.tampered >= 1
+        assert health.report()["checks"]["review_store"] == "ok"
+    await store.aclose()
+
+
+async def test_a_create_that_fails_in_redis_names_no_review_id(make_guard: GuardFactory, private_redis: Any) -> None:
+    """Redis failing while the item is written (here a client without a peer address, a Unix socket's, so no
+    per-client slot is taken first) answered a 503 naming the id of an item never stored: no id is named."""
+    store = RedisReviewStore.from_url(private_redis.url, timeout_s=0.2)
+    private_redis.stop()
+    transport = httpx.ASGITransport(app=_app(make_guard(), store), client=None)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        response = await client.post("/v1/echo", content=UNSURE, headers=JSON)
+    assert response.status_code == 503 and response.json()["code"] == "review_unavailable"
+    assert response.json()["review_id"] is None
+    await store.aclose()
