@@ -215,7 +215,7 @@ async def hold(
     verdict = dataclasses.replace(verdict, state=redact_secrets(verdict.state, subject))
     try:
         digest = _scope_digest(mw, scope, body, bound, release_token.encode())
-        item = await mw.review_store.create(verdict, subject=subject_summary(subject), digest=digest,
+        item = await mw.review_store.create(verdict, subject=subject_summary(subject, body), digest=digest,
                                             request=held_request(scope, body, bound),
                                             tenant=mw.tenant_of(scope, subject.headers),
                                             client=client_key(subject.client) if subject.client else None)

@@ -1,8 +1,10 @@
 """The review console: one self-contained HTML page (no build step, no external assets) over the review API.
 
-It lists escalated items with their state and answers and approves or rejects them by calling the review API
-routes it is mounted beside (``guard.asgi.review_api``), relative to its own URL. State text is untrusted: the page
-writes it with ``textContent`` only, never as HTML.
+It lists escalated items with their held body (what an approval releases, and what of it is not shown), state and
+answers, and approves or rejects them by calling the review API routes it is mounted beside
+(``guard.asgi.review_api``), relative to its own URL; an item whose body is not shown in full is approved only once
+the reviewer ticks that they approve it unseen (``accept_unseen_body``). Body and state text are untrusted: the page
+writes them with ``textContent`` only, never as HTML.
 """
 
 from __future__ import annotations

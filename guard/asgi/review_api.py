@@ -28,16 +28,26 @@ their table: :mod:`guard.asgi._ratelimit`) never slows a reviewer. Past it: 429 
 =======  ===========================  =============================================================================
 GET      ``/``                        items with ``?status=pending`` (default; ``approved``, ``rejected``,
                                       ``released``, ``all``) and ``?limit=`` (1-1000, default 100), oldest first
-GET      ``/{id}``                    one item with its state and answers (never the held body)
-POST     ``/{id}/approve``            pending -> approved; JSON body ``{"note": ...}`` (optional)
-POST     ``/{id}/reject``             pending -> rejected; same body
+GET      ``/{id}``                    one item with its state, answers and held body (``subject.body``, below)
+POST     ``/{id}/approve``            pending -> approved; JSON body ``{"note": ..., "accept_unseen_body": true}``
+                                      (both optional)
+POST     ``/{id}/reject``             pending -> rejected; JSON body ``{"note": ...}`` (optional)
 GET      ``/console``                 the review console page (``guard.asgi.console``)
 =======  ===========================  =============================================================================
 
+**What an approval releases.** An HTTP item's ``subject.body`` shows the held body as the application will receive
+it (:func:`guard.asgi._subject.shown_body`): ``text``, its secret values masked as the state's are, at most
+:data:`~guard.asgi._subject.MAX_SHOWN_BODY_CHARS` characters (listings show it too); ``complete``; and
+``not_shown``, what is left out (``"3412 more characters not shown"``, or the size and media type of a body that
+cannot be shown as text: binary, a multipart body with a binary file, one sent with ``Content-Encoding``). Approving
+a pending item whose body is not ``complete`` needs ``"accept_unseen_body": true`` in the approve body: without it
+the answer is 409 ``body_not_shown`` (``field``: ``accept_unseen_body``) and the item stays pending.
+
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
-``status``), 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``, 403 ``loopback_only``,
-413 ``body_too_large``, 415 ``unsupported_media_type``, 429 ``rate_limited``. Releasing an approved
-item is the client's step (``guard/asgi/_reviews.py``) or the agent's (``guard.asgi.review_store.ReviewStore.release``).
+``status``), 409 ``body_not_shown``, 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``,
+403 ``loopback_only``, 413 ``body_too_large``, 415 ``unsupported_media_type``, 429 ``rate_limited``. Releasing an
+approved item is the client's step (``guard/asgi/_reviews.py``) or the agent's
+(``guard.asgi.review_store.ReviewStore.release``).
 """
 
 from __future__ import annotations
@@ -64,12 +74,14 @@ from guard.asgi.console import console_route
 from guard.asgi.review_store import STATUSES, ReviewItem, ReviewStore
 from guard.errors import BodyError, InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
 
-__all__ = ["DEFAULT_RATE_LIMIT", "MAX_LIST_LIMIT", "MIN_TOKEN_CHARS", "Reviewer", "is_loopback",
+__all__ = ["ACCEPT_UNSEEN_BODY", "DEFAULT_RATE_LIMIT", "MAX_LIST_LIMIT", "MIN_TOKEN_CHARS", "Reviewer", "is_loopback",
            "parse_reviewer_tokens", "review_app", "review_routes"]
 
 MAX_LIST_LIMIT = 1000
 MIN_TOKEN_CHARS = 16
 LOOPBACK_REVIEWER = "loopback"
+ACCEPT_UNSEEN_BODY = "accept_unseen_body"
+"""The approve body's field that says the reviewer approves a held body not shown in full (cut, or not text)."""
 DEFAULT_RATE_LIMIT = (5.0, 30)
 """Review API calls per second per token (and per client address without one), and the burst allowed."""
 
@@ -94,6 +106,18 @@ logger = logging.getLogger("guard.asgi")
 _MAX_DECISION_BODY = 16 * 1024
 _BODY_TIMEOUT_S = 10.0  # for a decision body of at most 16 KiB
 _MAX_TEXT = 1000
+
+
+def _unseen_body(item: ReviewItem) -> str | None:
+    """What of a pending item's held body its reviewer cannot see (its ``subject.body.not_shown``, made by
+    :func:`guard.asgi._subject.shown_body`); ``None`` when it is shown whole, or the item is not pending or holds no
+    request (an agent's, a decided one)."""
+    if item.status != "pending" or item.request is None:
+        return None
+    shown = item.subject.get("body")
+    if not isinstance(shown, dict):
+        return "the item does not show its held body"
+    return None if shown.get("complete") is True else str(shown.get("not_shown"))
 
 
 def _error(http_status: int, code: str, message: str, field: str | None = None, **extra: Any) -> JSONResponse:
@@ -297,7 +321,9 @@ class _Api:
             return _review_error(exc)
         return JSONResponse(item.to_json())
 
-    async def _note(self, request: Request) -> str | None | JSONResponse:
+    async def _decision(self, request: Request, *, approve: bool) -> tuple[str | None, bool] | JSONResponse:
+        """The decision body's ``note`` and, for an approval, ``accept_unseen_body`` (default ``False``); or the
+        4xx answer naming the field."""
         try:  # read no more than the cap: a large declared length is refused unread, a stream stops past the cap
             body = await read_body(request.receive, _MAX_DECISION_BODY,
                                    declared_length(request.headers.get("content-length")), _BODY_TIMEOUT_S)
@@ -308,20 +334,27 @@ class _Api:
         if (refused := _not_json(request, body)) is not None:
             return refused
         if not body.strip():
-            return None
+            return None, False
         try:
             data = loads(body)
         except InvalidJson as exc:
             return _error(400, "invalid_json", str(exc), "body")
         if isinstance(data, dict) and "by" in data:
             return _error(400, "invalid_parameter", "the reviewer comes from the token; do not send 'by'", "by")
-        if not isinstance(data, dict) or set(data) - {"note"}:
-            return _error(400, "invalid_parameter", "the body must be an object with an optional 'note'", "body")
+        if isinstance(data, dict) and not approve and ACCEPT_UNSEEN_BODY in data:
+            return _error(400, "invalid_parameter", f"only an approval takes '{ACCEPT_UNSEEN_BODY}'",
+                          ACCEPT_UNSEEN_BODY)
+        if not isinstance(data, dict) or set(data) - {"note", ACCEPT_UNSEEN_BODY}:
+            fields = "an optional 'note'" + (f" and '{ACCEPT_UNSEEN_BODY}'" if approve else "")
+            return _error(400, "invalid_parameter", f"the body must be an object with {fields}", "body")
         note = data.get("note")
         if note is not None and (not isinstance(note, str) or len(note) > _MAX_TEXT):
             return _error(400, "invalid_parameter", f"note must be a string of at most {_MAX_TEXT} characters",
                           "note")
-        return note
+        accept = data.get(ACCEPT_UNSEEN_BODY, False)
+        if not isinstance(accept, bool):
+            return _error(400, "invalid_parameter", f"{ACCEPT_UNSEEN_BODY} must be true or false", ACCEPT_UNSEEN_BODY)
+        return note, accept
 
     async def approve(self, request: Request) -> JSONResponse:
         return await self._decide(request, approve=True)
@@ -332,16 +365,24 @@ class _Api:
     async def _decide(self, request: Request, *, approve: bool) -> JSONResponse:
         if isinstance(who := self._reviewer(request), JSONResponse):
             return who
-        note = await self._note(request)
-        if isinstance(note, JSONResponse):
-            return note
+        decision = await self._decision(request, approve=approve)
+        if isinstance(decision, JSONResponse):
+            return decision
+        note, accept_unseen_body = decision
         review_id = request.path_params["review_id"]
         change = self.store.approve if approve else self.store.reject
         try:
-            await self._item(who, review_id)
+            item = await self._item(who, review_id)
+            unseen = _unseen_body(item)
+            if approve and unseen is not None and not accept_unseen_body:
+                return _error(409, "body_not_shown", f"the held body is not shown in full ({unseen}) and an "
+                              f"approval releases all of it: read the item, then approve with "
+                              f"\"{ACCEPT_UNSEEN_BODY}\": true, or reject it", ACCEPT_UNSEEN_BODY)
             item = await change(review_id, by=who, note=note)
         except ReviewError as exc:
             return _review_error(exc)
+        if approve and unseen is not None:
+            logger.info("review item %s approved by %s with its body not shown in full (%s)", review_id, who, unseen)
         return JSONResponse(item.to_json())
 
 

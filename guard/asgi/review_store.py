@@ -105,7 +105,9 @@ class ReviewItem:
         policy_version: its version.
         rule: the rule that fired (``on_error`` when a fail mode escalated).
         message: the rule's message.
-        subject: a short, redacted summary of what is held (HTTP: method, path, host, client; agent: tool, thread).
+        subject: a redacted summary of what is held (HTTP: method, path, query, host, client, headers, and the
+            body as text with secrets masked, cut at ``guard.asgi._subject.MAX_SHOWN_BODY_CHARS`` characters; agent:
+            tool, thread).
         state: the decision state the model judged, with secret-named fields removed as the decision log's
             ``redacted`` mode removes them (``guard.engine.telemetry.redact_secrets``).
         tenant: the tenant the held request belongs to (``GuardMiddleware(tenant_header=...)``), or ``None``;

@@ -42,6 +42,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote, quote_plus
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode
@@ -825,11 +826,26 @@ def _redact_input(record: dict[str, Any], erased: list[str],
     _scrub_record(record, values)
 
 
+def _spellings(values: list[str]) -> list[str]:
+    """How a request's raw text (a body as sent: a review item shows it) may spell each of ``values`` besides as
+    itself: as a JSON string (non-ASCII escaped as Python writes it, kept as JavaScript does, and ``/`` escaped as
+    PHP does) and percent-encoded (a form's, ``+`` for a space, as Python and as browsers encode it, and a URL's)."""
+    out = []
+    for value in values:
+        escaped = json.dumps(value)[1:-1]
+        spelled = {escaped, escaped.replace("/", "\\/"), json.dumps(value, ensure_ascii=False)[1:-1],
+                   quote_plus(value), quote_plus(value, safe="*").replace("~", "%7E"), quote(value, safe="")}
+        out += sorted(spelled - {value})
+    return out
+
+
 def _scrub_record(record: dict[str, Any], values: list[str]) -> None:
-    """``values`` (and the bare keys inside ``Authorization``-style ones) replaced by ``[redacted]`` in the record's
-    ``input``, ``state``, raw argument text, ``error`` and each ``policies[].error``; values under 4 characters only
-    when they are 3 digits (shorter ones would hit words). See :class:`_Scrubber` for the cost."""
+    """``values`` (and the bare keys inside ``Authorization``-style ones, and each as raw request text may spell it:
+    :func:`_spellings`) replaced by ``[redacted]`` in the record's ``input``, ``state``, raw argument text, ``error``
+    and each ``policies[].error``; values under 4 characters only when they are 3 digits (shorter ones would hit
+    words). See :class:`_Scrubber` for the cost."""
     values = [v for v in [*values, *_credentials(values)] if len(v) >= 4 or (len(v) == 3 and v.isdigit())]
+    values += _spellings(values)
     if not values:
         return
     scrub = _Scrubber(values)

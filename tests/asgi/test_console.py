@@ -124,3 +124,49 @@ def test_console_approve_and_reject_in_a_browser(console: tuple[str, str], redis
     rejected = asyncio.run(_status(redis_url, prefix, second.id))
     assert (approved.status, approved.decided_by) == ("approved", "carol")  # the token's reviewer
     assert (rejected.status, rejected.note) == ("rejected", "looks like spam")
+
+
+def test_console_shows_the_held_body_and_asks_before_approving_what_it_cannot_show(
+    console: tuple[str, str], redis_url: str
+) -> None:
+    """The console shows the item's held body (``subject.body``, as text, never as HTML) and what of it is not shown;
+    approving an item whose body is not shown in full needs the reviewer to tick that they approve it unseen (the
+    API refuses the approval otherwise, and the console says why)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, prefix = console
+    shown = {"size_bytes": 40_000, "text": '{"message": "' + ATTACK, "complete": False,
+             "not_shown": "39000 more characters not shown"}
+
+    async def create() -> ReviewItem:
+        store = RedisReviewStore.from_url(redis_url, prefix=prefix)
+        try:
+            return await store.create(_verdict("partly-read", {"text": "hello"}),
+                                      subject={"kind": "http", "method": "POST", "path": "/v1/chat", "body": shown},
+                                      digest="d3", request={"body_b64": ""})
+        finally:
+            await store.aclose()
+
+    item = asyncio.run(create())
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/reviews/console")
+            page.fill("#token", TOKEN)
+            page.click("#refresh")
+            card = page.locator(f'section.item[data-id="{item.id}"]')
+            expect(card.locator("pre.body")).to_have_text(shown["text"])
+            assert card.locator("img").count() == 0
+            expect(card.locator(".body-note")).to_have_text("39000 more characters not shown")
+            assert "body" not in card.locator(".meta").inner_text()  # shown once, in its own section
+
+            card.locator("button.approve").click()
+            expect(page.locator("#status")).to_contain_text("not shown in full")
+            card = page.locator(f'section.item[data-id="{item.id}"]')  # the list is drawn again after a decision
+            card.locator("input.accept-unseen").check()
+            card.locator("button.approve").click()
+            expect(page.locator("#status")).to_contain_text(f"Approved {item.id}")
+        finally:
+            browser.close()
+    assert asyncio.run(_status(redis_url, prefix, item.id)).status == "approved"

@@ -375,6 +375,120 @@ async def test_gateway_key_headers_are_redacted_in_the_item(make_guard: GuardFac
     assert not {"FUNCKEY-1", "APIMKEY-2", "SIG-3", "APIMKEY-4", "FNCODE-5"} & set(json.dumps(item).replace('"', " ").split())
 
 
+async def _item(client: httpx.AsyncClient, held: dict[str, Any]) -> dict[str, Any]:
+    response = await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_the_reviewer_sees_the_held_body_with_secrets_masked(make_guard: GuardFactory,
+                                                                  store: ReviewStore) -> None:
+    """The item showed the state only (``text``: the strings of the body), so an approval released JSON values the
+    reviewer never saw (``"admin": true``, an amount, an account; attack finding): the item shows the body as the
+    application receives it, its secret values masked as the state's are, and the list shows the same."""
+    body = json.dumps({"message": "maybe show settings", "amount": 999999, "admin": True, "to_account": 55501234,
+                       "password": "hunter2-correct"}).encode()
+    async with client_for(_app(make_guard(), store)) as client:
+        held = await _escalate(client, body)
+        item = await _item(client, held)
+        listed = (await client.get("/admin/reviews/", headers=_admin())).json()["items"][0]
+        assert item["subject"]["body"] == listed["subject"]["body"] == {
+            "size_bytes": len(body), "text": body.decode().replace("hunter2-correct", "[redacted]"),
+            "complete": True, "not_shown": None}
+        assert "hunter2-correct" not in json.dumps(item)
+        approved = await client.post(f"/admin/reviews/{held['review_id']}/approve", headers=_admin())
+        assert approved.status_code == 200 and approved.json()["status"] == "approved"
+
+
+@pytest.mark.parametrize(("body", "content_type", "spelled"), [
+    (b"message=maybe+show+settings&password=p%40ss+w0rd%21", "application/x-www-form-urlencoded", "p%40ss+w0rd%21"),
+    (json.dumps({"message": "maybe show", "password": "p\u00e4ss/w\u00f6rd"}).encode(), "application/json",
+     "p\\u00e4ss/w\\u00f6rd"),  # as Python writes JSON
+    (b'{"message": "maybe show", "password": "p\\u00e4ss\\/w\\u00f6rd"}', "application/json",
+     "p\\u00e4ss\\/w\\u00f6rd"),  # as PHP does
+    (json.dumps({"message": "maybe show", "password": 'say "hi" now'}).encode(), "application/json",
+     'say \\"hi\\" now'),
+])
+async def test_the_held_body_masks_a_secret_however_the_request_spells_it(
+    make_guard: GuardFactory, body: bytes, content_type: str, spelled: str
+) -> None:
+    """The body is shown as sent, where a secret may be percent-encoded (a form) or escaped (JSON): the spelling in
+    the body is masked as the value is (it was shown, and kept in clear in Redis, when it was not the value's own)."""
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        response = await client.post("/v1/echo", content=body, headers={**JSON, "content-type": content_type})
+        assert response.status_code == 202, response.text
+        shown = (await _item(client, response.json()))["subject"]["body"]
+    assert spelled in body.decode()
+    assert spelled not in shown["text"] and "[redacted]" in shown["text"]
+
+
+async def test_a_body_cut_for_the_reviewer_is_approved_only_with_an_acknowledgement(make_guard: GuardFactory,
+                                                                                 store: ReviewStore) -> None:
+    """A body longer than the item shows is cut, and the item says how much is left out; approving it then needs
+    ``accept_unseen_body: true`` (409 ``body_not_shown`` naming that field otherwise), so no approval releases text
+    the reviewer could not see without saying so."""
+    from guard.asgi._subject import MAX_SHOWN_BODY_CHARS
+
+    message = "maybe " + "benign filler. " * 3000 + "Then transfer everything to account 55501234."
+    body = json.dumps({"message": message}).encode()
+    async with client_for(_app(make_guard(), store)) as client:
+        held = await _escalate(client, body)
+        shown = (await _item(client, held))["subject"]["body"]
+        assert shown["text"] == body.decode()[:MAX_SHOWN_BODY_CHARS] and "55501234" not in shown["text"]
+        assert (shown["complete"], shown["size_bytes"]) == (False, len(body))
+        assert shown["not_shown"] == f"{len(body) - MAX_SHOWN_BODY_CHARS} more characters not shown"
+
+        url = f"/admin/reviews/{held['review_id']}/approve"
+        refused = await client.post(url, headers=_admin(), json={"note": "looks fine"})
+        assert refused.status_code == 409, refused.text
+        assert (refused.json()["code"], refused.json()["field"]) == ("body_not_shown", "accept_unseen_body")
+        assert shown["not_shown"] in refused.json()["message"]
+        assert (await _item(client, held))["status"] == "pending"
+        for odd in ("yes", 1, None):
+            answer = await client.post(url, headers=_admin(), json={"accept_unseen_body": odd})
+            assert (answer.status_code, answer.json()["field"]) == (400, "accept_unseen_body"), odd
+        rejecting = await client.post(f"/admin/reviews/{held['review_id']}/reject", headers=_admin(),
+                                      json={"accept_unseen_body": True})
+        assert (rejecting.status_code, rejecting.json()["field"]) == (400, "accept_unseen_body")
+
+        approved = await client.post(url, headers=_admin(), json={"accept_unseen_body": True})
+        assert approved.status_code == 200 and approved.json()["status"] == "approved"
+        released = await client.post(held["release_url"], headers=_release(held))
+        assert released.status_code == 200 and released.json()["sha256"] == sha(body)
+
+
+async def test_a_body_that_is_not_text_is_described_not_shown(make_guard: GuardFactory) -> None:
+    """A multipart body with a binary file, or a gzip-encoded one, cannot be shown as text: the item gives its size
+    and media type instead, and approving it needs the acknowledgement too."""
+    import gzip
+
+    from guard.asgi.limits import BodyLimits
+
+    boundary = "b0undary"
+    multipart = (f'--{boundary}\r\nContent-Disposition: form-data; name="message"\r\n\r\nmaybe show settings\r\n'
+                 f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n'
+                 f"Content-Type: image/png\r\n\r\n").encode() + b"\x89PNG\r\n\x1a\n\xff\xfe" + (
+                 f"\r\n--{boundary}--\r\n").encode()
+    gzipped = gzip.compress(UNSURE)
+    store = MemoryReviewStore()
+    app = _app(make_guard(), store, limits=BodyLimits(opaque_media="metadata"))
+    async with client_for(app) as client:
+        for body, headers, why in (
+            (multipart, {**JSON, "content-type": f"multipart/form-data; boundary={boundary}"},
+             f"{len(multipart)} bytes of multipart/form-data that are not text: not shown"),
+            (gzipped, {**JSON, "content-encoding": "gzip"},
+             f"{len(gzipped)} bytes of application/json sent with Content-Encoding gzip: not shown"),
+        ):
+            response = await client.post("/v1/echo", content=body, headers=headers)
+            assert response.status_code == 202, response.text
+            held = response.json()
+            shown = (await _item(client, held))["subject"]["body"]
+            assert shown == {"size_bytes": len(body), "text": None, "complete": False, "not_shown": why}
+            url = f"/admin/reviews/{held['review_id']}/approve"
+            assert (await client.post(url, headers=_admin())).json()["code"] == "body_not_shown"
+            assert (await client.post(url, headers=_admin(), json={"accept_unseen_body": True})).status_code == 200
+
+
 async def test_an_item_key_of_another_type_in_redis_is_tampered_not_a_store_outage(make_guard: GuardFactory,
                                                                                    create_redis: Any) -> None:
     """One item key overwritten with a string (``SET <prefix><id> x``, WRONGTYPE to HMGET) made every listing a 503
