@@ -184,21 +184,26 @@ JSON_LEVELS = 3
 
 def _strings(state: Any, levels: int = JSON_LEVELS) -> list[str]:
     """``state``'s strings (:func:`guard.subject.body_strings`), each string that holds JSON (one that starts with
-    ``{``, ``[`` or ``"``: a tool result sent as ``json.dumps(result)``, JSON Lines) replaced by the strings of what a JSON
-    parser reads from it (:func:`guard._json.json_readings`), ``levels`` deep. Read as one text, the document's
-    quotes, keys and brackets stood between the sentences of its values, so an injection inside such a string was
-    never cut out and read alone (0.34 where the same object sent parsed, or the sentence alone, is 0.86)."""
+    ``{``, ``[`` or ``"``: a tool result sent as ``json.dumps(result)``, JSON Lines) preceded by the strings of what
+    a JSON parser reads from it (:func:`guard._json.json_readings`), ``levels`` deep. Read as one text, the
+    document's quotes, keys and brackets stood between the sentences of its values, so an injection inside such a
+    string was never cut out and read alone (0.34 where the same object sent parsed, or the sentence alone, is
+    0.86). The string itself is read too: a parser reads only part of some texts (a first line that is a document,
+    prose after it) and leaves out keys that are plain identifiers, which a language model given the string reads."""
     out: list[str] = []
     for text in [state] if isinstance(state, str) else body_strings(state):
         inner = json_readings(text) if levels and text.lstrip()[:1] in ("{", "[", '"') else []
-        strings = [] if not inner else _strings(inner, levels - 1)
-        out += strings or [text]
+        if inner:
+            out += _strings(inner, levels - 1)
+        out.append(text)
     return out
 
 
 def _lines(state: Any) -> list[str]:
-    """The lines of ``state``'s strings (:func:`_strings`)."""
-    return [line for s in _strings(state) for line in s.split("\n")]
+    """The lines of ``state``'s strings (:func:`_strings`), cut at every line break :meth:`str.splitlines` knows
+    (a lone CR too: read as one line, a harmful request after ``{"status": "ok"}`` and a CR scored 0.45, after a LF
+    0.99)."""
+    return [line for s in _strings(state) for line in s.splitlines()]
 
 
 _SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
