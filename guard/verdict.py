@@ -90,12 +90,15 @@ class Verdict:
         error: the backend error that triggered the fail mode.
         retry_after: seconds, for fail-closed and rate-like blocks.
         shadow_action: in shadow mode, the action the policy computed.
-        state: the rendered decision state the model saw (for reviewers; already normalised and redacted).
+        state: the rendered decision state the model saw (for reviewers; already normalised and redacted);
+            ``None`` on a verdict with :attr:`redactions` (it would hold the text being masked).
         flags: findings about the state, by name in :data:`guard.policy.rules.FLAG_NAMES` (only non-zero ones, e.g. ``{"unicode_tags":
             18, "truncated": 1}``), and ``fail_open`` when a fail-open policy allowed without a decision.
         contributions: when several policies matched, each one's own verdict, in match order (the fields above are
             those of the one that decided, ``docs/policies.md`` "Several matching policies"); empty otherwise.
-        redactions: what a ``redact`` verdict replaces (where, not what); in shadow mode what it would have.
+        redactions: what a ``redact`` verdict replaces (where, not what); in shadow mode what it would have. An
+            ``escalate`` or ``handoff`` verdict that won over enforced ``redact`` ones carries theirs: what it holds
+            or hands off is masked so (``guard.engine.verdicts.MASKED_ACTIONS``).
         phase: ``request``, or ``response`` for a verdict on an upstream's response (``match.http.response``).
     """
 

@@ -24,17 +24,22 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
+
+from starlette.types import Scope
 
 from guard._json import dumps, is_json_media, json_readings, loads
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
+from guard.policy.redact import apply_redactions
 from guard.subject import body_strings, is_plain_key
+from guard.verdict import Redaction
 
-__all__ = ["check_containers", "encode_body", "parse_body"]
+__all__ = ["check_containers", "encode_body", "parse_body", "redacted_request"]
 
 
 def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]:
@@ -214,6 +219,22 @@ def encode_body(value: Any, content_type: str) -> bytes:
     if media == "application/x-www-form-urlencoded":
         return urlencode([(k, v) for k, values in value.items() for v in values]).encode("ascii")
     return dumps(value).encode("utf-8")
+
+
+def redacted_request(scope: Scope, value: Any, redactions: Sequence[Redaction]) -> tuple[bytes, Scope]:
+    """The body the application gets once ``redactions`` are masked in ``value`` (the parsed body), and ``scope``
+    with its new ``Content-Length`` (the body is re-encoded from the parsed value, so ``Content-Encoding`` goes).
+
+    Raises:
+        BodyError: 422 ``redact_unsupported`` for a multipart body.
+        ValueError: a redaction does not fit ``value`` (:func:`~guard.policy.redact.apply_redactions`).
+    """
+    content_type = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"content-type"), "")
+    body = encode_body(apply_redactions(value, tuple(redactions)), content_type)
+    drop = (b"content-length", b"content-encoding")
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
+    headers.append((b"content-length", str(len(body)).encode()))
+    return body, {**scope, "headers": headers}
 
 
 def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:

@@ -15,6 +15,10 @@
   when it is read, and the tenant; ``Content-Type`` and ``Content-Encoding`` always (:data:`BODY_HEADERS`: they
   say how the body is read). A request approved with ``x-customer-tier: premium`` and resent with ``free``
   is a 409, never released.
+* An escalation beside another enforced policy's ``redact`` carries that policy's spans (``verdict.redactions``):
+  the request is masked before it is held, so the item's state (rendered from the masked request), the held body,
+  the stored item and the body a release replays are all masked, and the digest binds the masked body; a resent
+  request is masked by the same spans before its digest is compared.
 * One client may hold at most ``max_pending_per_client`` pending items (the store's cap): past it, 429
   ``review_quota_exceeded`` for that client only, with ``Retry-After``.
 
@@ -35,6 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from guard._body import ReplayReceive, read_body
 from guard._rootpath import route_path
 from guard.asgi._metrics import HttpMetrics
+from guard.asgi._parse import redacted_request
 from guard.asgi._ratelimit import client_key
 from guard.asgi._responses import (
     PENDING_REVIEW,
@@ -66,7 +71,7 @@ from guard.errors import (
 )
 from guard.policy import HttpReads
 from guard.subject import HttpSubject, digest_of
-from guard.verdict import Verdict
+from guard.verdict import Redaction, Verdict
 
 logger = logging.getLogger("guard.asgi")
 
@@ -213,10 +218,13 @@ async def hold(
     bound = binding(reads)
     # the item shows reviewers the state without the secrets the request names (a query's api_key, a password)
     verdict = dataclasses.replace(verdict, state=redact_secrets(verdict.state, subject))
+    request = held_request(scope, body, bound)
+    if verdict.redactions:  # a resent request is masked so before its digest is compared
+        request["redactions"] = [r.to_json() for r in verdict.redactions]
     try:
         digest = _scope_digest(mw, scope, body, bound, release_token.encode())
         item = await mw.review_store.create(verdict, subject=subject_summary(subject, body), digest=digest,
-                                            request=held_request(scope, body, bound),
+                                            request=request,
                                             tenant=mw.tenant_of(scope, subject.headers),
                                             client=client_key(subject.client) if subject.client else None)
     except ReviewQuotaExceeded as exc:
@@ -244,15 +252,21 @@ def _released_headers(item: ReviewItem) -> HeaderList:
 
 
 async def release_on_resend(
-    mw: ReviewHost, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes
+    mw: ReviewHost, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes, value: Any
 ) -> None:
-    """The client resent an approved request with ``x-guard-review-id``: release it once if the content, what the
-    policy read, the release token and the credentials match."""
+    """The client resent an approved request with ``x-guard-review-id`` (``body`` as received, ``value`` as parsed):
+    release it once if the content, what the policy read, the release token and the credentials match. An item held
+    masked (another policy's ``redact`` beside the escalation) is compared, and released, masked the same way."""
     try:
         held = (await mw.review_store.get(review_id)).request or {}
         if held and not _presented_token(scope):
             await _no_token(send)
             return
+        if held.get("redactions"):
+            try:
+                body, scope = redacted_request(scope, value, [Redaction(**r) for r in held["redactions"]])
+            except (BodyError, ValueError):  # the spans do not fit this body: not the content reviewed
+                held = {}
         digest = _scope_digest(mw, scope, body, held.get("bound", {}), _presented_token(scope)) if held else ""
         item = await mw.review_store.release(review_id, digest)
     except ReviewError as exc:

@@ -28,6 +28,9 @@ escalate   stores a review item and answers 202 with its id and status URL (see 
 handoff    answers with the LLM target's reply, streamed when the client asked for a stream
 =========  ==========================================================================================================
 
+An ``escalate`` or ``handoff`` verdict that won over another enforced policy's ``redact`` carries its spans
+(``verdict.redactions``): the request is masked as for ``redact`` before it is held or handed off.
+
 A body that cannot be inspected, or that the application could read differently, is refused before any decision
 and recorded as one: 413 too large (received or decoded), 415 unknown encoding, a charset other than UTF-8 or
 US-ASCII, or a binary media type, 400 malformed (``Content-Type`` parameters, JSON not UTF-8, duplicate keys, too
@@ -60,7 +63,7 @@ from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._media import media_type
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._override import body_method, may_carry_method, may_name_method, method_override
-from guard.asgi._parse import encode_body, parse_body
+from guard.asgi._parse import parse_body, redacted_request
 from guard.asgi._respond import ResponseJudge, without_unreadable_sends
 from guard.asgi._responses import (
     DECISION_HEADERS,
@@ -84,9 +87,8 @@ from guard.asgi.review_store import MemoryReviewStore, ReviewStore
 from guard.backends import start_backend
 from guard.engine import Guard, verdicts
 from guard.engine.ids import new_decision_id
-from guard.errors import BodyError
+from guard.errors import BodyError, StateTooLong
 from guard.policy import Policy, PolicyView
-from guard.policy.redact import apply_redactions
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
@@ -511,19 +513,22 @@ class GuardMiddleware:
         subject = with_body(head, query, value, text, body)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
-            await release_on_resend(self, scope, receive, send, review_id.strip(), body)
+            await release_on_resend(self, scope, receive, send, review_id.strip(), body, value)
             return
         verdict = await self.guard.aevaluate(subject, policies=matched)  # matched on the head already
         self.metrics.count_request(verdict.policy_id or "", verdict.action)
         for policy_id in failed_open(verdict):
             self.metrics.count_fail_open(policy_id)
+        if verdict.action in verdicts.MASKED_ACTIONS and verdict.redactions:
+            # what goes on (to the app, to reviewers and on release, to a handoff target) is the masked request
+            try:
+                body, scope = redacted_request(scope, value, verdict.redactions)
+                if verdict.action != "redact":
+                    subject = with_body(head, query, *await self._parsed(body, headers))
+            except BodyError as exc:
+                await self._refuse(send, head, next(p for p in matched if p.id == verdict.policy_id), exc)
+                return
         if verdict.action in ("allow", "redact"):
-            if verdict.action == "redact" and verdict.redactions:
-                try:
-                    body, scope = _redacted(scope, value, verdict)
-                except BodyError as exc:
-                    await self._refuse(send, head, next(p for p in matched if p.id == verdict.policy_id), exc)
-                    return
             scope.setdefault("state", {})[STATE_KEY] = verdict  # as Starlette's Request.state does; servers copy it
             decision = verdict_headers(verdict, full=self._full_headers)
             await self.respond(scope, ReplayReceive(body, receive), send, decision, method=head.method, policies=view)
@@ -531,6 +536,9 @@ class GuardMiddleware:
             await _block(send, verdict)
         elif verdict.action == "escalate":
             reads = functools.reduce(operator.or_, (p.http_reads for p in matched))  # bound to what any policy read
+            if verdict.redactions:  # reviewers see the state the escalating policy renders from the masked request
+                policy = next(p for p in matched if p.id == verdict.policy_id)
+                verdict = dataclasses.replace(verdict, state=_state_of(policy, subject))
             await hold(self, scope, send, subject, body, verdict, reads)
         else:
             policy = next(p for p in matched if p.id == verdict.policy_id)  # the policy whose rule handed off
@@ -572,6 +580,14 @@ class GuardMiddleware:
         else:
             value, text = parse_body(body, content_type, limits)
         return body, value, text
+
+    async def _parsed(self, body: bytes, headers: dict[str, str]) -> tuple[Any, str]:
+        """:func:`parse_body` of ``body`` (not encoded) by ``headers``' ``Content-Type``, on a thread past
+        :data:`INLINE_PARSE_BYTES`: the value and text the application reads of a masked body."""
+        content_type = headers.get("content-type", "")
+        if _off_loop(body, encoded=False):
+            return await asyncio.to_thread(parse_body, body, content_type, self.limits)
+        return parse_body(body, content_type, self.limits)
 
     async def _read_body_method(self, body: bytes, headers: dict[str, str], asked: str) -> str | None:
         """:meth:`_body_method`, on a thread for an encoded body or one over :data:`INLINE_PARSE_BYTES` (it decodes
@@ -747,19 +763,14 @@ def _declares_body(scope: Scope, headers: dict[str, str]) -> bool | None:
     return "transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
 
 
-def _redacted(scope: Scope, value: Any, verdict: Verdict) -> tuple[bytes, Scope]:
-    """The body the application gets after a ``redact`` verdict, and the scope with its new ``Content-Length`` (the
-    body is re-encoded from the parsed value, so ``Content-Encoding`` goes).
-
-    Raises:
-        BodyError: 422 ``redact_unsupported`` for a multipart body.
-    """
-    content_type = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"content-type"), "")
-    body = encode_body(apply_redactions(value, verdict.redactions), content_type)
-    drop = (b"content-length", b"content-encoding")
-    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
-    headers.append((b"content-length", str(len(body)).encode()))
-    return body, {**scope, "headers": headers}
+def _state_of(policy: Policy, subject: HttpSubject) -> Any:
+    """The state ``policy`` renders for ``subject`` as the model would read it (normalised, each field cut to its
+    ``max_chars``); ``None`` when a field with ``truncate: error`` is over its ``max_chars`` (masks can be longer
+    than the text they replace)."""
+    try:
+        return policy.prepare_state(policy.render_state(subject), subject).value
+    except StateTooLong:
+        return None
 
 
 async def _block(send: Send, verdict: Verdict) -> None:

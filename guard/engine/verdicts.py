@@ -28,6 +28,7 @@ from guard.verdict import ACTIONS, Action, FailMode, Redaction, Verdict
 __all__ = [
     "FAIL_CLOSED_MESSAGE",
     "GUARD_ERROR_RULE",
+    "MASKED_ACTIONS",
     "SEVERITY",
     "STATE_ALIASED_MESSAGE",
     "STATE_AMBIGUOUS_MESSAGE",
@@ -80,6 +81,10 @@ _FAIL_ACTIONS: dict[str, Action] = {"closed": "block", "open": "allow", "escalat
 #: between ``handoff`` and ``allow``).
 SEVERITY: tuple[Action, ...] = ACTIONS
 _RANK = {action: rank for rank, action in enumerate(SEVERITY)}
+#: The actions that pass the subject on, so that every enforced ``redact`` beside the one that decides masks what
+#: goes: ``redact`` (to the application), ``escalate`` (held, shown to reviewers and released masked) and ``handoff``
+#: (to the handoff target). A ``block`` passes nothing on; an ``allow`` never decides beside an enforced ``redact``.
+MASKED_ACTIONS: tuple[Action, ...] = ("escalate", "handoff", "redact")
 
 
 def make(
@@ -230,8 +235,11 @@ def combined(
     answers came from the cache (or it asked none), ``flags`` are every enforced contribution's (the decisive one's
     values last; a shadow policy's stay in its own verdict unless it decides), with an enforced policy's
     ``fail_open`` left out when the verdict blocks or escalates (the subject did not pass), ``redactions`` are those
-    of every policy that redacts when the verdict is ``redact``, and ``contributions`` keeps all of them in match
-    order.
+    of every enforced policy that redacts when the verdict passes the subject on (:data:`MASKED_ACTIONS`: ``redact``
+    to the application now, ``escalate`` after a review, ``handoff`` to the handoff target), and ``contributions``
+    keeps all of them in match order. A verdict with ``redactions`` keeps no ``state``: the deciding policy's state
+    would hold the text being masked (an escalation's reviewers see the state rendered from the masked request,
+    ``guard.asgi``).
     """
     priority = {policy.id: policy.priority for policy in policies}
 
@@ -255,7 +263,7 @@ def combined(
         flags.pop("fail_open", None)  # an enforced fail-open beside a block let nothing through
     flags.update(decisive.flags)
     redactions: tuple[Redaction, ...] = ()
-    if decisive.action == "redact" and decisive.shadow_action is None:
+    if decisive.action in MASKED_ACTIONS and decisive.shadow_action is None:
         redactions = merge_redactions(r for c in contributions if c.action == "redact" and c.shadow_action is None
                                       for r in c.redactions)  # fmt: skip
     return make(
@@ -277,7 +285,7 @@ def combined(
         error=decisive.error,
         retry_after=decisive.retry_after,
         shadow=decisive.shadow_action is not None,
-        state=decisive.state,
+        state=None if redactions else decisive.state,
         flags=flags,
         contributions=tuple(contributions),
         redactions=redactions,
