@@ -18,8 +18,8 @@
     │   ├── ReviewNotFound          no review item has that id (never existed or expired)
     │   ├── ReviewConflict          the item's status or content digest forbids the change (e.g. a second release)
     │   │   └── ApprovalAlreadyUsed an approved agent tool call was already released once (single use)
-    │   ├── ReviewStoreUnavailable  the review store (Redis) cannot be reached
-    │   └── ReviewQuotaExceeded     one client already has as many pending items as it may (HTTP 429)
+    │   ├── ReviewStoreUnavailable  the review store (Redis) cannot be reached, or is full
+    │   └── ReviewQuotaExceeded     one client already has as many pending items or bytes as it may (HTTP 429)
     ├── HandoffError                the LLM handoff target is unknown, unreachable or answered badly
     └── ResumeError                 an agent resume does not answer exactly the pending review items
 
@@ -361,11 +361,13 @@ class ApprovalAlreadyUsed(ReviewConflict):
 
 
 class ReviewStoreUnavailable(ReviewError):
-    """The review store could not be reached (Redis down or slow); nothing was stored or changed."""
+    """The review store could not be reached (Redis down or slow), or is full (its items or bytes at its cap);
+    nothing was stored or changed."""
 
 
 class ReviewQuotaExceeded(ReviewError):
-    """One client already holds as many pending review items as the store allows it; others are unaffected.
+    """One client already holds as many pending review items, or bytes of items, as the store allows it; others are
+    unaffected.
 
     Attributes:
         retry_after: seconds after which the oldest of them expires (an upper bound on the wait).

@@ -19,8 +19,9 @@
   the request is masked before it is held, so the item's state (rendered from the masked request), the held body,
   the stored item and the body a release replays are all masked, and the digest binds the masked body; a resent
   request is masked by the same spans before its digest is compared.
-* One client may hold at most ``max_pending_per_client`` pending items (the store's cap): past it, 429
-  ``review_quota_exceeded`` for that client only, with ``Retry-After``.
+* One client may hold at most ``max_pending_per_client`` pending items and ``max_bytes_per_client`` bytes of items
+  (the store's caps): past them, 429 ``review_quota_exceeded`` for that client only, with ``Retry-After``. Past the
+  store's own caps (``max_bytes``; in memory ``max_items`` too), 503 ``review_unavailable``: fail closed.
 
 Reviewers approve and reject through :mod:`guard.asgi.review_api`, which is mounted separately (and protected).
 """
@@ -211,8 +212,9 @@ def _urls(mw: ReviewHost, scope: Scope, review_id: str) -> tuple[str, str]:
 async def hold(
     mw: ReviewHost, scope: Scope, send: Send, subject: HttpSubject, body: bytes, verdict: Verdict, reads: HttpReads
 ) -> None:
-    """Store a review item for an ``escalate`` verdict and answer 202 (503 when the store is down: fail closed;
-    429 when this client has too many pending items). ``reads``: what the policy read (bound by the digest)."""
+    """Store a review item for an ``escalate`` verdict and answer 202 (503 when the store is down or full: fail
+    closed; 429 when this client has too many pending items or bytes held). ``reads``: what the policy read (bound
+    by the digest)."""
     headers = verdict_headers(verdict)
     release_token = secrets.token_urlsafe(24)
     bound = binding(reads)

@@ -43,7 +43,7 @@ from redis.client import NEVER_DECODE
 
 from guard._seal import Sealer
 from guard.engine.health import FailureTracker
-from guard.errors import ReviewConflict, ReviewNotFound, ReviewQuotaExceeded, ReviewStoreUnavailable
+from guard.errors import ReviewConflict, ReviewError, ReviewNotFound, ReviewQuotaExceeded, ReviewStoreUnavailable
 from guard.subject import digest_of
 from guard.verdict import Verdict
 
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_BYTES_PER_CLIENT",
     "DEFAULT_MAX_ITEMS",
     "DEFAULT_MAX_PENDING_PER_CLIENT",
     "DEFAULT_REVIEW_PREFIX",
@@ -82,6 +84,15 @@ NEW_ITEM = "(new)"
 DEFAULT_MAX_PENDING_PER_CLIENT = 100
 """Most pending items one client may have at once (both stores); one more is a 429 for that client only, so a
 client filling the store cannot turn every other client's escalation into a 503."""
+DEFAULT_MAX_BYTES = 256 * 2**20
+"""Most bytes the items of one store may hold together (both stores; the Redis store's across every replica):
+creating one that would pass it fails closed. An item's bytes are its view and its held request as the store keeps
+them (:func:`_item_bytes`); the request's share is freed when the item is rejected or released, the rest when it
+expires."""
+DEFAULT_MAX_BYTES_PER_CLIENT = 16 * 2**20
+"""Most bytes one client's items may hold (both stores, counted as for :data:`DEFAULT_MAX_BYTES`); one more is a 429
+for that client only. A held request of the largest body (``BodyLimits.max_body_bytes``, 1 MiB by default) is about
+1.33 times the body in memory and 1.8 times in Redis (encrypted): about 12 or 9 of them."""
 DEFAULT_LIST_LIMIT = 100
 _REVIEW_ID = re.compile(r"rv_[0-9a-f]{24}")
 _AS_BYTES: dict[str, Any] = {NEVER_DECODE: []}
@@ -205,6 +216,41 @@ def _check_ttl(ttl_s: float) -> float:
     return float(ttl_s)
 
 
+def _check_budgets(max_bytes: int, max_bytes_per_client: int) -> None:
+    if max_bytes < 1 or max_bytes_per_client < 1:
+        raise ValueError(f"max_bytes ({max_bytes}) and max_bytes_per_client ({max_bytes_per_client}) must be at "
+                         "least 1")
+
+
+_CORE_FIELDS = ("id", "created_at", "expires_at", "decision_id", "policy_id", "policy_version", "rule", "message",
+                "subject", "state", "answers", "tenant", "client")
+
+
+def _view_json(item: ReviewItem) -> str:
+    """The item's view (:data:`_CORE_FIELDS`) as JSON: what a Redis item keeps in clear as ``core``."""
+    return json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), default=str)
+
+
+def _request_json(request: dict[str, Any]) -> str:
+    """The held request as JSON (ASCII: one character a byte): what a Redis item keeps encrypted."""
+    return json.dumps(request, separators=(",", ":"))
+
+
+def _item_bytes(view: str, request: str | None) -> tuple[int, int]:
+    """What an item counts against the byte budgets: its view's bytes and its held request's (0 without one), as the
+    store keeps them (JSON; in Redis the request encrypted)."""
+    return len(view), len(request or "")
+
+
+def _bytes_quota(used: int, cap: int, size: int, retry_after: float) -> ReviewQuotaExceeded:
+    return ReviewQuotaExceeded(NEW_ITEM, f"this client's review items already hold {used} bytes, its limit {cap}; "
+                               f"this one needs {size}; wait for a decision on them", retry_after=max(1.0, retry_after))
+
+
+def _store_full(used: int, cap: int, size: int) -> str:
+    return f"the review store's items hold {used} bytes, its limit {cap}; this one needs {size}"
+
+
 @runtime_checkable
 class ReviewStore(Protocol):
     """Where review items live. Every method is atomic per item.
@@ -291,19 +337,32 @@ class MemoryReviewStore:
         ttl_s: item lifetime, seconds.
         max_items: most live items held; creating another raises ReviewStoreUnavailable (fail closed).
         max_pending_per_client: most pending items one client may have; another raises ReviewQuotaExceeded.
+        max_bytes: most bytes the live items hold together (see :data:`DEFAULT_MAX_BYTES`); creating one that would
+            pass it raises ReviewStoreUnavailable (fail closed).
+        max_bytes_per_client: most bytes one client's live items hold; one more raises ReviewQuotaExceeded.
+
+    Attributes:
+        held_bytes: the bytes the items hold together (:data:`DEFAULT_MAX_BYTES`; expired ones until purged).
     """
 
     def __init__(self, *, ttl_s: float = DEFAULT_REVIEW_TTL_S, max_items: int = DEFAULT_MAX_ITEMS,
-                 max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT) -> None:
+                 max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_bytes_per_client: int = DEFAULT_MAX_BYTES_PER_CLIENT) -> None:
         self.ttl_s = _check_ttl(ttl_s)
         if max_items < 1 or max_pending_per_client < 1:
             raise ValueError(f"max_items ({max_items}) and max_pending_per_client ({max_pending_per_client}) must "
                              "be at least 1")
+        _check_budgets(max_bytes, max_bytes_per_client)
         self.max_items = max_items
         self.max_pending_per_client = max_pending_per_client
+        self.max_bytes = max_bytes
+        self.max_bytes_per_client = max_bytes_per_client
         self.health = FailureTracker()
         self._items: dict[str, ReviewItem] = {}
         self._pending: dict[str, list[ReviewItem]] = {}  # client -> its pending items, oldest first
+        self._sizes: dict[str, tuple[int, int]] = {}  # id -> the bytes its view and its held request count
+        self.held_bytes = 0
+        self._client_bytes: dict[str, int] = {}  # client -> its live items' bytes
 
     def __repr__(self) -> str:
         return f"MemoryReviewStore(ttl_s={self.ttl_s}, max_items={self.max_items}, items={len(self._items)})"
@@ -317,10 +376,21 @@ class MemoryReviewStore:
         if not self._pending[item.client]:
             del self._pending[item.client]
 
+    def _count(self, item: ReviewItem, delta: int) -> None:
+        """Add ``delta`` bytes (negative: freed) to the store's and ``item``'s client's held bytes."""
+        self.held_bytes += delta
+        if item.client is not None:
+            left = self._client_bytes.get(item.client, 0) + delta
+            if left:
+                self._client_bytes[item.client] = left
+            else:
+                self._client_bytes.pop(item.client, None)
+
     def _drop(self, key: str) -> None:
         item = self._items.pop(key, None)
         if item is not None:
             self._unpend(item)
+            self._count(item, -sum(self._sizes.pop(key, (0, 0))))
 
     def _purge(self) -> None:
         now = time.time()
@@ -342,21 +412,34 @@ class MemoryReviewStore:
         if len(mine) >= self.max_pending_per_client:
             raise _quota(client, len(mine), self.max_pending_per_client, mine[0].expires_at - now)
 
+    def _client_bytes_over(self, client: str | None, size: int) -> bool:
+        return client is not None and self._client_bytes.get(client, 0) + size > self.max_bytes_per_client
+
     async def create(
         self, verdict: Verdict, *, subject: dict[str, Any], digest: str, request: dict[str, Any] | None = None,
         tenant: str | None = None, client: str | None = None,
     ) -> ReviewItem:
         self._check_quota(client)
-        if len(self._items) >= self.max_items:
+        item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
+                         tenant=tenant, client=client)
+        sizes = _item_bytes(_view_json(item), _request_json(request) if request is not None else None)
+        size = sum(sizes)
+        if (len(self._items) >= self.max_items or self.held_bytes + size > self.max_bytes
+                or self._client_bytes_over(client, size)):
             self._purge()
-        if len(self._items) >= self.max_items:
-            full = f"the in-memory review store holds {len(self._items)} items, its limit {self.max_items}"
+        if client is not None and self._client_bytes_over(client, size):
+            now = time.time()
+            first = min((i.expires_at for i in self._items.values() if i.client == client), default=now + self.ttl_s)
+            raise _bytes_quota(self._client_bytes.get(client, 0), self.max_bytes_per_client, size, first - now)
+        if len(self._items) >= self.max_items or self.held_bytes + size > self.max_bytes:
+            full = (f"the in-memory review store holds {len(self._items)} items, its limit {self.max_items}"
+                    if len(self._items) >= self.max_items else _store_full(self.held_bytes, self.max_bytes, size))
             self.health.failure("review_store_full", full, severity="degraded")
             raise ReviewStoreUnavailable(NEW_ITEM, full)
         self.health.success()
-        item = _new_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
-                         tenant=tenant, client=client)
         self._items[item.id] = item
+        self._sizes[item.id] = sizes
+        self._count(item, size)
         if client is not None:
             self._pending.setdefault(client, []).append(item)
         return item
@@ -382,7 +465,15 @@ class MemoryReviewStore:
         item = replace(item, status=to, decided_by=by, decided_at=time.time(), note=note,
                        request=item.request if to == "approved" else None)
         self._items[review_id] = item
+        if to == "rejected":
+            self._free_request(item)
         return item
+
+    def _free_request(self, item: ReviewItem) -> None:
+        """``item`` no longer holds its request (rejected or released): its bytes are freed, its view's stay."""
+        view, request = self._sizes.get(item.id, (0, 0))
+        self._sizes[item.id] = (view, 0)
+        self._count(item, -request)
 
     async def approve(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
         return self._decide(review_id, "approved", by, note)
@@ -398,14 +489,11 @@ class MemoryReviewStore:
             raise _digest_conflict(review_id, item.status)
         item = replace(item, status="released", released_at=time.time(), request=None)
         self._items[review_id] = item
+        self._free_request(item)
         return item
 
     async def aclose(self) -> None:
         return None
-
-
-_CORE_FIELDS = ("id", "created_at", "expires_at", "decision_id", "policy_id", "policy_version", "rule", "message",
-                "subject", "state", "answers", "tenant", "client")
 
 
 def _hashed(name: str) -> str:
@@ -423,6 +511,11 @@ class RedisReviewStore:
     items by expiry (``<prefix>index:<status>``, and ``<prefix>index:<status>:<sha256 of the tenant>`` for an item
     with a tenant), moved with the status in the transition script, so a listing reads only the items it returns;
     and per client the ids of its pending items (``<prefix>pending:<sha256 of the client>``, for the per-client cap).
+    The byte budgets are kept beside them, the store's and each client's: the live items by expiry
+    (``<prefix>bytes``, ``<prefix>bytes:<sha256 of the client>``) and their bytes with the total (the same key with
+    ``:sizes``). A Lua script sweeps the expired entries, checks and counts a new item in one step, so replicas
+    creating at once cannot pass a budget together; a rejection or release frees the request's bytes in the
+    transition script; expiry frees the rest when the next create sweeps it.
 
     What Redis holds of an item in clear is its redacted view (summary, redacted state, answers, status); the held
     request (headers, query and body, which a release replays) is encrypted with AES-256-GCM under a key derived
@@ -436,6 +529,9 @@ class RedisReviewStore:
         store_key: the secret items are sealed and their requests encrypted with (at least 16 bytes); ``None`` =
             ``$GUARD_STORE_KEY``. Every replica sharing the store needs the same one.
         max_pending_per_client: most pending items one client may have; another raises ReviewQuotaExceeded.
+        max_bytes: most bytes the live items of the store hold together, every replica's (see
+            :data:`DEFAULT_MAX_BYTES`); creating one that would pass it raises ReviewStoreUnavailable (fail closed).
+        max_bytes_per_client: most bytes one client's live items hold; one more raises ReviewQuotaExceeded.
 
     A seal proves who wrote a state, not that it is the latest: someone who can write to Redis can put back a copy of
     an item's earlier sealed state (approved after its release, pending after its rejection). Each store therefore
@@ -450,25 +546,79 @@ class RedisReviewStore:
         ValueError: no store key, or a short one.
     """
 
-    # KEYS[1] = item hash, KEYS[2] = the sending client's pending set the item leaves (KEYS[1] again when none), then
-    # pairs of index keys (the one the item leaves, the one it joins). ARGV[1] = required
-    # status, ARGV[2] = new status, ARGV[3] = required digest or "", ARGV[4] = required seal (the one just read and
-    # checked), ARGV[5] = item id, ARGV[6] = its expiry (the index score), ARGV[7..] = field/value pairs to set (the
-    # new seal among them). Returns {code, current status}: 0 missing, 1 wrong status, 2 digest mismatch, 3 changed,
-    # 4 the item changed since it was read. HSET keeps the key's TTL.
+    # KEYS[1] = item hash, KEYS[2] = the sending client's pending set the item leaves (KEYS[1] again when none),
+    # KEYS[3..6] = the store's and the item's client's byte budget keys (the store's again when none), then pairs of
+    # index keys (the one the item leaves, the one it joins). ARGV[1] = required status, ARGV[2] = new status,
+    # ARGV[3] = required digest or "", ARGV[4] = required seal (the one just read and checked), ARGV[5] = item id,
+    # ARGV[6] = its expiry (the index score), ARGV[7] = the bytes of its request freed (deleted; "0" when kept),
+    # ARGV[8..] = field/value pairs to set (the new seal among them). Returns {code, current status}: 0 missing,
+    # 1 wrong status, 2 digest mismatch, 3 changed, 4 the item changed since it was read. HSET keeps the key's TTL.
     TRANSITION_SCRIPT = """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {0, ''} end
 if cur ~= ARGV[1] then return {1, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'digest') ~= ARGV[3] then return {2, cur} end
 if redis.call('HGET', KEYS[1], 'seal') ~= ARGV[4] then return {4, cur} end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 7))
+if ARGV[7] ~= '0' then
+  for i = 3, 5, 2 do
+    if (i == 3 or KEYS[i] ~= KEYS[3]) and redis.call('ZSCORE', KEYS[i], ARGV[5]) then
+      redis.call('HINCRBY', KEYS[i + 1], ARGV[5], -ARGV[7])
+      redis.call('HINCRBY', KEYS[i + 1], 'total', -ARGV[7])
+    end
+  end
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 8))
 if KEYS[2] ~= KEYS[1] then redis.call('ZREM', KEYS[2], ARGV[5]) end
-for i = 3, #KEYS, 2 do
+for i = 7, #KEYS, 2 do
   redis.call('ZREM', KEYS[i], ARGV[5])
   redis.call('ZADD', KEYS[i + 1], ARGV[6], ARGV[5])
 end
 return {3, ARGV[2]}
+"""
+    # drop(index, sizes, id): item ``id`` leaves one byte budget (its expiry index and sizes hash), its bytes freed.
+    _DROP_LUA = """
+local function drop(index, sizes, id)
+  if redis.call('ZREM', index, id) == 1 then
+    redis.call('HINCRBY', sizes, 'total', -(tonumber(redis.call('HGET', sizes, id)) or 0))
+    redis.call('HDEL', sizes, id)
+  end
+end
+"""
+    # Item ARGV[1] leaves each byte budget of KEYS (pairs: expiry index, sizes hash).
+    GIVE_BACK_SCRIPT = _DROP_LUA + """
+for p = 1, #KEYS, 2 do drop(KEYS[p], KEYS[p + 1], ARGV[1]) end
+"""
+    # KEYS = pairs (expiry index, sizes hash) of the byte budgets: the store's, then the client's when there is one.
+    # ARGV[1] = now (Unix seconds), ARGV[2] = item id, ARGV[3] = its bytes, ARGV[4] = its expiry (Unix seconds),
+    # ARGV[5], ARGV[6] = the budgets, in the pairs' order. Sweeps each budget's expired entries (at most 1000 a call:
+    # one not swept yet still counts, so a budget is never passed), then counts the item in every budget if it fits
+    # in all. Returns {0} counted, or {n, bytes held, earliest expiry} when it does not fit budget n (1: the store,
+    # 2: the client). A key lives until its latest entry expires.
+    HOLD_SCRIPT = _DROP_LUA + """
+local now, size = tonumber(ARGV[1]), tonumber(ARGV[3])
+for p = 1, #KEYS / 2 do
+  local index, sizes = KEYS[2 * p - 1], KEYS[2 * p]
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, 1000)) do
+    drop(index, sizes, id)
+  end
+  local held = tonumber(redis.call('HGET', sizes, 'total')) or 0
+  if held + size > tonumber(ARGV[4 + p]) then
+    local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+    return {p, held, first[2] or ARGV[4]}
+  end
+end
+local at = math.floor(tonumber(ARGV[4]) * 1000)
+for p = 1, #KEYS / 2 do
+  local index, sizes = KEYS[2 * p - 1], KEYS[2 * p]
+  redis.call('ZADD', index, ARGV[4], ARGV[2])
+  redis.call('HSET', sizes, ARGV[2], ARGV[3])
+  redis.call('HINCRBY', sizes, 'total', ARGV[3])
+  for _, key in ipairs({index, sizes}) do
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 or now * 1000 + ttl < at then redis.call('PEXPIREAT', key, at) end
+  end
+end
+return {0}
 """
 
     def __init__(
@@ -480,11 +630,16 @@ return {3, ARGV[2]}
         owns_client: bool = False,
         store_key: bytes | str | None = None,
         max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_bytes_per_client: int = DEFAULT_MAX_BYTES_PER_CLIENT,
     ) -> None:
         self.ttl_s = _check_ttl(ttl_s)
         if max_pending_per_client < 1:
             raise ValueError(f"max_pending_per_client is {max_pending_per_client}; it must be at least 1")
+        _check_budgets(max_bytes, max_bytes_per_client)
         self.max_pending_per_client = max_pending_per_client
+        self.max_bytes = max_bytes
+        self.max_bytes_per_client = max_bytes_per_client
         self._sealer = Sealer.resolve(store_key, "RedisReviewStore")
         self.tampered = 0
         self.health = FailureTracker()
@@ -497,7 +652,8 @@ return {3, ARGV[2]}
     def from_url(
         cls, url: str, *, prefix: str = DEFAULT_REVIEW_PREFIX, ttl_s: float = DEFAULT_REVIEW_TTL_S,
         timeout_s: float = 0.5, store_key: bytes | str | None = None,
-        max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT,
+        max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT, max_bytes: int = DEFAULT_MAX_BYTES,
+        max_bytes_per_client: int = DEFAULT_MAX_BYTES_PER_CLIENT,
     ) -> RedisReviewStore:
         """A store with its own client for ``url`` (``redis://:PASSWORD@host`` or ``rediss://`` for TLS); socket
         connect/read timeouts of ``timeout_s`` seconds (unless the URL sets them).
@@ -514,7 +670,8 @@ return {3, ARGV[2]}
         options = redis_options(url, timeout_s, role="review store")
         client = aioredis.Redis.from_pool(aioredis.ConnectionPool(**options))  # closes its pool
         return cls(client, prefix=prefix, ttl_s=ttl_s, owns_client=True, store_key=store_key,
-                   max_pending_per_client=max_pending_per_client)
+                   max_pending_per_client=max_pending_per_client, max_bytes=max_bytes,
+                   max_bytes_per_client=max_bytes_per_client)
 
     def __repr__(self) -> str:
         return f"RedisReviewStore(prefix={self.prefix!r}, ttl_s={self.ttl_s})"
@@ -532,6 +689,11 @@ return {3, ARGV[2]}
 
     def _pending_key(self, client: str) -> str:
         return f"{self.prefix}pending:{_hashed(client)}"
+
+    def _budget_keys(self, client: str | None) -> list[str]:
+        """The byte budgets' keys (expiry index, sizes hash): the store's, then ``client``'s when there is one."""
+        names = [f"{self.prefix}bytes"] + ([f"{self.prefix}bytes:{_hashed(client)}"] if client is not None else [])
+        return [key for name in names for key in (name, f"{name}:sizes")]
 
     def _index(self, status: str, tenant: str | None = None) -> str:
         """The index of the items with ``status``: of every tenant, or of ``tenant``'s only."""
@@ -653,9 +815,13 @@ return {3, ARGV[2]}
         if client is not None:
             await self._reserve(client, item)
         key = self._key(item.id)
-        core = json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), default=str)
-        held = (self._sealer.encrypt(key, json.dumps(request, separators=(",", ":")).encode())
-                if request is not None else None)
+        core = _view_json(item)
+        held = self._sealer.encrypt(key, _request_json(request).encode()) if request is not None else None
+        try:
+            await self._hold(item, sum(_item_bytes(core, held)))
+        except ReviewError:
+            await self._give_back(item, [])
+            raise
         seal = self._sealer.seal(key, _sealed([item.status, core, digest, None, None, held]))
         mapping: dict[Any, Any] = {"status": item.status, "core": core, "digest": digest, "seal": seal}
         if held is not None:
@@ -669,11 +835,40 @@ return {3, ARGV[2]}
         try:  # a failure names no id (NEW_ITEM): the item was not stored, or not whole, so no answer may name it
             await self._call(NEW_ITEM, pipe.execute())
         except ReviewStoreUnavailable:
-            if client is not None:  # the slot goes back with the item that was not stored
-                with contextlib.suppress(ReviewStoreUnavailable):
-                    await self._call(NEW_ITEM, self._client.zrem(self._pending_key(client), item.id))
+            await self._give_back(item, self._budget_keys(client))
             raise
         return item
+
+    async def _hold(self, item: ReviewItem, size: int) -> None:
+        """Count ``item``'s ``size`` bytes in the store's and its client's byte budgets (:attr:`HOLD_SCRIPT`).
+
+        Raises:
+            ReviewQuotaExceeded: the client's budget has no room for it.
+            ReviewStoreUnavailable: the store's budget has no room for it (fail closed), or Redis failed.
+        """
+        keys, now = self._budget_keys(item.client), time.time()
+        reply = await self._call(NEW_ITEM, self._client.execute_command(
+            "EVAL", self.HOLD_SCRIPT, len(keys), *keys, repr(now), item.id, size, repr(item.expires_at),
+            self.max_bytes, self.max_bytes_per_client, **_AS_BYTES))
+        if int(reply[0]) == 1:
+            full = _store_full(int(reply[1]), self.max_bytes, size)
+            self.health.failure("review_store_full", full, severity="degraded")
+            raise ReviewStoreUnavailable(NEW_ITEM, full)
+        if int(reply[0]) == 2:
+            raise _bytes_quota(int(reply[1]), self.max_bytes_per_client, size, float(reply[2]) - now)
+
+    async def _give_back(self, item: ReviewItem, budgets: list[str]) -> None:
+        """Give back what creating ``item`` took for an item that was not stored: its client's pending slot and its
+        bytes in ``budgets`` (:meth:`_budget_keys`). When Redis cannot take them back now, they are freed when
+        their entries expire."""
+        pipe = self._client.pipeline(transaction=False)
+        if item.client is not None:
+            pipe.zrem(self._pending_key(item.client), item.id)
+        if budgets:
+            pipe.execute_command("EVAL", self.GIVE_BACK_SCRIPT, len(budgets), *budgets, item.id)
+        if len(pipe):
+            with contextlib.suppress(ReviewStoreUnavailable):
+                await self._call(item.id, pipe.execute())
 
     async def _read(self, review_id: str) -> list[str | None]:
         """The item's checked fields (:meth:`_checked`).
@@ -848,10 +1043,15 @@ return {3, ARGV[2]}
         held = self._decode(texts, with_request=False)
         indexes = [x for old, new in zip(self._indexes(need, held.tenant), self._indexes(to, held.tenant), strict=True)
                    for x in (old, new)]
-        # the client's pending slot is freed in the same step (KEYS[2]; the item's own key when there is none)
+        # the client's pending slot is freed in the same step (KEYS[2]; the item's own key when there is none), and
+        # so are the request's bytes when it is deleted
         pending = self._pending_key(held.client) if need == "pending" and held.client is not None else key
-        keys = [key, pending, *indexes]
-        args = [need, to, digest, texts[-1] or "", review_id, repr(held.expires_at), *pairs]
+        budgets = self._budget_keys(held.client)
+        if held.client is None:
+            budgets += budgets  # the script's client budget: the store's again, counted once
+        freed = len(texts[5] or "") if changes.get("request") == "" else 0
+        keys = [key, pending, *budgets, *indexes]
+        args = [need, to, digest, texts[-1] or "", review_id, repr(held.expires_at), str(freed), *pairs]
         # replied as bytes: a status edited in Redis since it was read may not be UTF-8
         code, current = await self._call(review_id, self._client.execute_command(
             "EVAL", self.TRANSITION_SCRIPT, len(keys), *keys, *args, **_AS_BYTES))
