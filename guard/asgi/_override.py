@@ -15,6 +15,11 @@ Frameworks read the real method from several places, each in its own way, and gu
 
 Forms and JSON are read leniently (any charset, malformed pairs skipped): what this must not do is miss a field a
 framework finds.
+
+Under ``method_override="judge"`` a request is judged as the method its override asks for only where every modelled
+framework runs that method (:func:`check_judged`): a POST asking for one of :data:`HONOURED_METHODS`, spelt exactly
+(ASCII letters in any case; a header's surrounding spaces and tabs aside, which servers trim). Any other override is
+honoured by some frameworks and ignored by others, which then run the method as sent, so it is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +40,13 @@ from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError
 
-__all__ = ["body_method", "may_carry_method", "may_name_method", "method_override"]
+__all__ = ["HONOURED_METHODS", "body_method", "check_judged", "may_carry_method", "may_name_method",
+           "method_override"]
+
+HONOURED_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH", "LINK", "UNLINK"})
+"""The methods every modelled framework runs when a POST's override asks for one: Rails' ``Rack::MethodOverride``
+honours exactly these (and ignores any other name), Express's ``method-override`` any method Node knows, Symfony and
+Laravel any name of letters."""
 
 _OVERRIDE_HEADERS_IN_ORDER = tuple(sorted(METHOD_OVERRIDE_HEADERS))  # the first one found is the one named
 _METHOD = ("_method",)
@@ -45,6 +56,31 @@ _MEDIA_END = re.compile(r"[\s;,]")
 def _is_method_field(name: str) -> bool:
     """Whether some framework reads a field ``name`` (decoded) as the plain ``_method``."""
     return _METHOD in readings(name).values()
+
+
+def _named(value: str) -> str:
+    """The method an override value names, upper-cased as Rack, Express and Symfony compare it; a value with other
+    than ASCII characters is kept as it is (Ruby reads ``lınk`` as ``LINK``, Symfony as no method at all)."""
+    return value.upper() if value.isascii() else value
+
+
+def check_judged(where: str, method: str, sent: str) -> None:
+    """Refuse an override that ``judge`` cannot judge as the method it asks for: ``method`` (as :func:`method_override`
+    and :func:`body_method` give it, asked for by ``where``) on a request sent as ``sent``. Rack, Symfony, Laravel
+    and Express (by default) honour an override only on a POST, and only Symfony runs any name: a name outside
+    :data:`HONOURED_METHODS`, or an override on another method, leaves some applications running the method as sent,
+    which the policies of ``method`` never judged.
+
+    Raises:
+        BodyError: 400 ``method_override`` (``field``: ``where``).
+    """
+    if sent.upper() != "POST":
+        raise BodyError(400, "method_override", f"{where} asks a {sent[:20]} request for another method "
+                        f"({method[:20]!r}); frameworks honour an override only on a POST: send the request with "
+                        "that method instead", field=where)
+    if method not in HONOURED_METHODS:
+        raise BodyError(400, "method_override", f"{where} asks for {method[:20]!r}, which some frameworks ignore "
+                        f"(they run the POST); send one of {', '.join(sorted(HONOURED_METHODS))}", field=where)
 
 
 def _one(found: list[tuple[str, str]], what: str) -> tuple[str, str] | None:
@@ -62,18 +98,21 @@ def _one(found: list[tuple[str, str]], what: str) -> tuple[str, str] | None:
 
 def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | None:
     """``(where, method)`` when the request's head asks for another method: an override header (``where``: its name
-    as sent) or a ``_method`` query parameter (``where``: ``_method``), else ``None``.
+    as sent) or a ``_method`` query parameter (``where``: ``_method``), else ``None``. ``method`` is upper-case when
+    ASCII, as sent otherwise.
 
     Raises:
         BodyError: 400 ``method_override`` when the overrides name different methods.
     """
-    found = [(name, headers[name].strip().upper()) for name in _OVERRIDE_HEADERS_IN_ORDER
-             if name in headers and headers[name].strip()]  # an empty one asks for nothing (Rack, Symfony)
-    found += [(name, value.strip().upper()) for name, value in headers.items()
+    # an empty or blank one asks for nothing (Rack, Symfony); a header's spaces and tabs are trimmed as servers trim
+    # them, a field is read as sent (" DELETE" is no method to Rack)
+    found = [(name, _named(headers[name].strip(" \t"))) for name in _OVERRIDE_HEADERS_IN_ORDER
+             if name in headers and headers[name].strip()]
+    found += [(name, _named(value.strip(" \t"))) for name, value in headers.items()
               if "_" in name and name.replace("_", "-") in METHOD_OVERRIDE_HEADERS and value.strip()]
     query: bytes = scope.get("query_string", b"")
     if b"method" in query or (b"%" in query and b"method" in unquote_to_bytes(query)):
-        found += [("_method", value.strip().upper()) for name, value in pairs(query.decode("latin-1"))
+        found += [("_method", _named(value)) for name, value in pairs(query.decode("latin-1"))
                   if value and value.strip() and _is_method_field(name)]
     return _one(found, "request") if found else None
 
@@ -133,8 +172,8 @@ def may_name_method(body: bytes) -> bool:
 
 
 def body_method(body: bytes, content_type: str, limits: BodyLimits) -> str | None:
-    """The method a POST body's ``_method`` field asks for (upper-case; see the module doc for which bodies and
-    names), ``None`` without one. A body :func:`may_name_method` rules out is not parsed.
+    """The method a POST body's ``_method`` field asks for (upper-case when ASCII, as sent otherwise; see the module
+    doc for which bodies and names), ``None`` without one. A body :func:`may_name_method` rules out is not parsed.
 
     Raises:
         BodyError: 400 ``method_override`` (``field``: ``_method``) when the field names different methods; a
@@ -152,6 +191,6 @@ def body_method(body: bytes, content_type: str, limits: BodyLimits) -> str | Non
         fields = _json_fields(body, limits)
     else:
         return None
-    found = _one([("_method", value.strip().upper()) for name, value in fields
+    found = _one([("_method", _named(value)) for name, value in fields
                   if value and value.strip() and _is_method_field(name)], "form")
     return found[1] if found else None

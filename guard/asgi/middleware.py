@@ -10,7 +10,8 @@ canonical view: a repeated single-value header (``Content-Type``, ``Content-Leng
 ``+json`` media type matches a policy's ``application/json``. A method override (``X-HTTP-Method-Override``,
 ``X-HTTP-Method``, ``X-Method-Override``, ``?_method=`` or a POST body's ``_method`` field, wherever frameworks read
 them: :mod:`guard.asgi._override`) is refused with 400 ``method_override`` by default; ``method_override="judge"``
-matches and judges the request as the method it asks for, ``"ignore"`` as sent.
+matches and judges a POST as the method it asks for where every modelled framework honours it (one of
+:data:`~guard.asgi._override.HONOURED_METHODS`; any other override is refused), ``"ignore"`` as sent.
 
 For a request that a policy matches, it reads
 the body up to a cap on received bytes, undoes ``Content-Encoding``, parses JSON, forms or text strictly, builds the
@@ -62,7 +63,14 @@ from guard.asgi._decode import REQUEST_ENCODINGS, decode_content, parse_encoding
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._media import media_type
 from guard.asgi._metrics import HttpMetrics
-from guard.asgi._override import body_method, may_carry_method, may_name_method, method_override
+from guard.asgi._override import (
+    HONOURED_METHODS,
+    body_method,
+    check_judged,
+    may_carry_method,
+    may_name_method,
+    method_override,
+)
 from guard.asgi._parse import parse_body, redacted_request
 from guard.asgi._respond import ResponseJudge, without_unreadable_sends
 from guard.asgi._responses import (
@@ -108,7 +116,8 @@ DEFAULT_REVIEW_PATH = "/_guard/reviews"
 STATE_KEY = "guard"
 MethodOverride = Literal["refuse", "judge", "ignore"]
 """What a method override header, ``?_method=`` or a POST body's ``_method`` field does: 400 (``refuse``), the
-judged method (``judge``), nothing (``ignore``: for applications that never honour one)."""
+judged method (``judge``: on a POST asking for one of :data:`~guard.asgi._override.HONOURED_METHODS`; any other
+override is a 400), nothing (``ignore``: for applications that never honour one)."""
 METHOD_OVERRIDES: tuple[str, ...] = ("refuse", "judge", "ignore")
 PathCase = Literal["fold", "exact"]
 """How paths are matched: ``fold`` (default) also as lower-cased, ``exact`` only as sent."""
@@ -122,9 +131,9 @@ by the policy that would judge it as a POST (``judge``), or passed unjudged (``p
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
 """Methods whose request content has no defined meaning (RFC 9110 9.3); many routers still read one."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-#: The methods a POST body's ``_method`` field may ask for (Rack's list, LINK and UNLINK aside): where a policy judges
-#: the path under one of them, the body is read for the field.
-_OVERRIDDEN = ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
+#: The methods a POST body's ``_method`` field may ask for: where a policy judges the path under one of them, the body
+#: is read for the field.
+_OVERRIDDEN = tuple(sorted(HONOURED_METHODS - {"POST"}))
 
 
 #: Request bodies larger than this (bytes as received), and every encoded one, are decoded and parsed on a thread:
@@ -453,7 +462,8 @@ class GuardMiddleware:
         """The scope the subject is built from: as sent, or with the overriding method (``judge``).
 
         Raises:
-            BodyError: 400 ``method_override`` under ``refuse``.
+            BodyError: 400 ``method_override`` under ``refuse``, and under ``judge`` for an override some frameworks
+                ignore (:func:`~guard.asgi._override.check_judged`).
         """
         override = method_override(scope, headers) if self.method_override != "ignore" else None
         if override is None:
@@ -462,6 +472,7 @@ class GuardMiddleware:
         if self.method_override == "refuse":
             raise BodyError(400, "method_override", f"{where} asks for another method ({method[:20]!r}); send the "
                             "request with that method instead", field=where)
+        check_judged(where, method, scope["method"])
         return {**scope, "method": method}
 
     async def _guard(
@@ -604,8 +615,9 @@ class GuardMiddleware:
 
         Raises:
             BodyError: 400 ``method_override`` (``field``: ``_method``): the field asks for another method under
-                ``refuse``, or names another method than an override header or query parameter does, or the
-                received and decoded bodies name different methods.
+                ``refuse``, or one some frameworks ignore under ``judge`` (:func:`~guard.asgi._override.check_judged`),
+                or names another method than an override header or query parameter does, or the received and
+                decoded bodies name different methods.
         """
         content_type = headers.get("content-type", "")
         decoded = None
@@ -636,6 +648,7 @@ class GuardMiddleware:
         if self.method_override == "refuse":
             raise BodyError(400, "method_override", f"the body's _method field asks for another method "
                             f"({method[:20]!r}); send the request with that method instead", field="_method")
+        check_judged("_method", method, "POST")
         return method
 
     async def _unmatched_body_method(
