@@ -40,7 +40,7 @@ from guard.asgi._subject import METHOD_OVERRIDE_HEADERS
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError
 
-__all__ = ["HONOURED_METHODS", "body_method", "check_judged", "may_carry_method", "may_name_method",
+__all__ = ["HONOURED_METHODS", "body_method", "check_judged", "judged_scope", "may_carry_method", "may_name_method",
            "method_override"]
 
 HONOURED_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH", "LINK", "UNLINK"})
@@ -115,6 +115,26 @@ def method_override(scope: Scope, headers: dict[str, str]) -> tuple[str, str] | 
         found += [("_method", _named(value)) for name, value in pairs(query.decode("latin-1"))
                   if value and value.strip() and _is_method_field(name)]
     return _one(found, "request") if found else None
+
+
+def judged_scope(scope: Scope, headers: dict[str, str], mode: str) -> Scope:
+    """The scope a request (or a WebSocket upgrade, sent as a GET) is matched as under the ``method_override`` mode
+    ``mode``: as sent, or with the method its head's override asks for (``judge``, :func:`check_judged`); ``headers``
+    as :func:`~guard.asgi._subject.header_map` gives them.
+
+    Raises:
+        BodyError: 400 ``method_override`` (``field``: where it was asked) for an override under ``refuse``, and
+            under ``judge`` for one some frameworks ignore.
+    """
+    override = method_override(scope, headers) if mode != "ignore" else None
+    if override is None:
+        return scope
+    where, method = override
+    if mode == "refuse":
+        raise BodyError(400, "method_override", f"{where} asks for another method ({method[:20]!r}); send the "
+                        "request with that method instead", field=where)
+    check_judged(where, method, scope.get("method", "GET"))
+    return {**scope, "method": method}
 
 
 def _multipart_fields(body: bytes, content_type: str, limits: BodyLimits) -> Iterator[tuple[str, str]]:

@@ -1,6 +1,8 @@
 """WebSocket passthrough for ``guard proxy``: paths no policy matches are relayed to the upstream, message for message.
 
-An upgrade on a path some policy matches is refused (:mod:`guard.asgi._upgrade`). Any other upgrade is opened to the upstream (an unreachable or refusing upstream: 502 ``upstream_unavailable``, or a close with
+An upgrade on a path some policy matches is refused (:mod:`guard.asgi._upgrade`), and so is one with a method
+override unless the middleware ignores them (400 ``method_override``, as the middleware refuses it; the handshake
+never carries an override header on). Any other upgrade is opened to the upstream (an unreachable or refusing upstream: 502 ``upstream_unavailable``, or a close with
 1014) (``ws://`` or ``wss://`` for ``http://`` or ``https://``, the same host, path prefix
 and path rules as HTTP), the subprotocol the upstream picks is accepted, and text and binary messages are relayed both
 ways until either side closes; the close code goes to the other side.
@@ -18,9 +20,11 @@ from starlette.types import Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, WebSocketException
 
-from guard.asgi._subject import ClientHeader
-from guard.asgi._upgrade import deny_upgrade, judged_by, refuse_judged_upgrade
+from guard.asgi._override import judged_scope
+from guard.asgi._subject import ClientHeader, header_map
+from guard.asgi._upgrade import deny_upgrade, judged_by, refuse_invalid_upgrade, refuse_judged_upgrade
 from guard.engine import Guard
+from guard.errors import BodyError
 
 __all__ = ["WebSocketRelay"]
 
@@ -48,11 +52,15 @@ class WebSocketRelay:
         client_header: where the client's address is read, as the middleware reads it.
         max_open: most WebSockets relayed at once; another upgrade is refused (503 ``upstream_busy``, or a close with
             1013) until one ends.
+        method_override: the middleware's ``method_override`` mode: an upgrade with an override is refused unless
+            ``"ignore"``.
     """
 
     def __init__(self, guard: Guard, base: httpx.URL, upgrade_headers: Callable[[Scope], list[tuple[bytes, bytes]]],
-                 *, open_timeout: float, client_header: ClientHeader | None, max_open: int) -> None:
+                 *, open_timeout: float, client_header: ClientHeader | None, max_open: int,
+                 method_override: str) -> None:
         self.guard = guard
+        self.method_override = method_override
         self.max_open = max_open
         self.open = 0  # WebSockets being relayed (one event loop: no lock)
         self.upgrade_headers = upgrade_headers
@@ -62,6 +70,11 @@ class WebSocketRelay:
         self._base = f"{scheme}://{base.netloc.decode('ascii')}{base.path.rstrip('/')}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            judged_scope(scope, header_map(scope), self.method_override)
+        except BodyError as exc:
+            await refuse_invalid_upgrade(scope, send, exc)
+            return
         policy = judged_by(self.guard, scope, self.client_header)
         if policy is not None:
             await refuse_judged_upgrade(scope, send, policy)

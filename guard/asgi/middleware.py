@@ -67,9 +67,9 @@ from guard.asgi._override import (
     HONOURED_METHODS,
     body_method,
     check_judged,
+    judged_scope,
     may_carry_method,
     may_name_method,
-    method_override,
 )
 from guard.asgi._parse import parse_body, redacted_request
 from guard.asgi._respond import ResponseJudge, without_unreadable_sends
@@ -287,7 +287,7 @@ class GuardMiddleware:
         view = self.guard.policies.view()  # one version of the policies judges this request and its response
         try:
             headers = header_map(scope)
-            judged = self._judged_method(scope, headers)
+            judged = judged_scope(scope, headers, self.method_override)
             head, matched = self._match(judged, headers, view)
             body_override = (self.method_override != "ignore" and scope["method"] == "POST"
                              and may_carry_method(headers.get("content-type", "")))
@@ -355,9 +355,12 @@ class GuardMiddleware:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A WebSocket upgrade: refused on a path a policy matches (guard does not judge its messages; see
-        :mod:`guard.asgi._upgrade`), else passed to the application with its target made canonical."""
+        :mod:`guard.asgi._upgrade`) or with a method override (400 ``method_override`` unless ``ignore``, as a GET
+        with one is: an application that honours it on any method runs the method it asks for), else passed to the
+        application with its target made canonical."""
         try:
             scope = canonical_scope(scope)
+            judged_scope(scope, header_map(scope), self.method_override)
         except BodyError as exc:
             await refuse_invalid_upgrade(scope, send, exc)
             return
@@ -457,23 +460,6 @@ class GuardMiddleware:
         if self._tenant is not None:
             return self._tenant(head_subject(scope, headers, self.client_header))
         return None
-
-    def _judged_method(self, scope: Scope, headers: dict[str, str]) -> Scope:
-        """The scope the subject is built from: as sent, or with the overriding method (``judge``).
-
-        Raises:
-            BodyError: 400 ``method_override`` under ``refuse``, and under ``judge`` for an override some frameworks
-                ignore (:func:`~guard.asgi._override.check_judged`).
-        """
-        override = method_override(scope, headers) if self.method_override != "ignore" else None
-        if override is None:
-            return scope
-        where, method = override
-        if self.method_override == "refuse":
-            raise BodyError(400, "method_override", f"{where} asks for another method ({method[:20]!r}); send the "
-                            "request with that method instead", field=where)
-        check_judged(where, method, scope["method"])
-        return {**scope, "method": method}
 
     async def _guard(
         self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, matched: tuple[Policy, ...],

@@ -306,9 +306,12 @@ class ReverseProxy:
     def upgrade_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         """The headers of a WebSocket upgrade sent on to the upstream: those of an HTTP request (:meth:`_headers`:
         the client's forwarding headers dropped unless trusted, ``X-Forwarded-*`` set), without ``Host``, which the
-        relay's own handshake sets; ``X-Forwarded-Proto`` is ``http`` or ``https`` for ``ws`` or ``wss``."""
+        relay's own handshake sets, and without the method override headers, which no policy judged the upgrade by
+        (an upstream that honours one on any method would run it); ``X-Forwarded-Proto`` is ``http`` or ``https``
+        for ``ws`` or ``wss``."""
         scheme = {"ws": "http", "wss": "https"}.get(scope.get("scheme", "ws"), "http")
-        return [(k, v) for k, v in self._headers({**scope, "scheme": scheme})[0] if k != b"host"]
+        return [(k, v) for k, v in self._headers({**scope, "scheme": scheme})[0]
+                if k != b"host" and k not in _OVERRIDES]
 
     async def aclose(self) -> None:
         """Close the idle upstream connections. Idempotent."""
@@ -625,5 +628,6 @@ def proxy_app(
     proxy = ReverseProxy(config, metrics=metrics, judged_overrides=middleware_options.get("method_override") == "judge")
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
     relay = WebSocketRelay(guard, proxy.base, proxy.upgrade_headers, open_timeout=config.connect_timeout,
-                           client_header=guarded.client_header, max_open=config.max_websockets)
+                           client_header=guarded.client_header, max_open=config.max_websockets,
+                           method_override=guarded.method_override)
     return ProxyApp(guarded, proxy, relay, guard, on_startup, on_shutdown)

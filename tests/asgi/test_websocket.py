@@ -331,3 +331,79 @@ async def test_an_upgrade_head_over_the_cap_is_refused(make_guard: Callable[...,
         async with connect(url, additional_headers=big) as ws:
             await ws.send("headers")
             assert sum(k.startswith("x-h") for k in dict(json.loads(await ws.recv()))) == 15
+
+
+DELETES_BLOCKED = """
+policies:
+  - id: no_item_deletes
+    version: 1
+    match: {http: {methods: [DELETE], paths: ["/v1/items/*"]}}
+    rules: [{id: deletes_blocked, when: "true", action: block}]
+    default: allow
+"""
+
+
+def _overriding_items_app(ran: list[str]) -> Starlette:
+    """An upstream that honours ``X-HTTP-Method-Override`` and ``?_method=`` on any method (Express's
+    ``method-override`` with ``methods: null``); served without WebSocket support, it reads an upgrade as a plain
+    GET. It records each method it ran, and a DELETE deletes."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def item(request: Request) -> JSONResponse:
+        method = (request.headers.get("x-http-method-override") or request.query_params.get("_method")
+                  or request.method).upper()
+        ran.append(method)
+        return JSONResponse({"ran": method})
+
+    return Starlette(routes=[Route("/v1/items/{id}", item, methods=["GET", "DELETE"])])
+
+
+async def test_an_upgrade_with_a_method_override_is_refused_as_a_get_with_one_is() -> None:
+    """Review finding: an upgrade skipped the method-override check and the relay sent ``X-HTTP-Method-Override`` on,
+    so an upstream that honours it on any method ran the DELETE a policy blocks (the proxy answered 502, the item was
+    gone). Through ``guard proxy`` and the middleware, an upgrade with an override is now refused (400
+    ``method_override``, naming where it was asked) under ``refuse`` and ``judge``, before any upstream sees it."""
+    ran: list[str] = []
+    guard = Guard(PolicySet(load_text(DELETES_BLOCKED)), backends=ScriptedBackend(scripted_answers))
+    try:
+        with serve_in_thread(_overriding_items_app(ran), ws="none") as upstream:
+            for mode in ("refuse", "judge"):
+                app = proxy_app(guard, ProxyConfig(upstream), method_override=mode)
+                with serve_in_thread(app) as proxy:
+                    url = f"{proxy.replace('http://', 'ws://')}/v1/items/5"
+                    for target, headers, field in ((url, {"X-HTTP-Method-Override": "DELETE"},
+                                                    "x-http-method-override"),
+                                                   (url + "?_method=DELETE", {}, "_method")):
+                        with pytest.raises(InvalidStatus) as refused:
+                            async with connect(target, additional_headers=headers):
+                                pass
+                        answer = refused.value.response
+                        assert (answer.status_code, json.loads(answer.body or b"{}").get("field")) == (400, field), \
+                            (mode, target, answer.status_code, answer.body)
+        assert ran == []  # the upstream ran nothing, least of all the DELETE
+        middleware = GuardMiddleware(Starlette(routes=[WebSocketRoute("/{path:path}", echo)]), guard=guard)
+        with serve_in_thread(middleware) as served, pytest.raises(InvalidStatus) as refused:
+            async with connect(f"{served.replace('http://', 'ws://')}/live/feed",
+                               additional_headers={"X-HTTP-Method-Override": "DELETE"}):
+                pass
+        assert json.loads(refused.value.response.body or b"{}")["code"] == "method_override"
+    finally:
+        await guard.aclose()
+
+
+async def test_the_relay_never_sends_an_override_header_on(upstream: str) -> None:
+    """Under ``method_override="ignore"`` (an upstream that never honours one) the upgrade is relayed, and its
+    handshake carries no method override header (no policy judged the upgrade by it)."""
+    guard = Guard(PolicySet(load_text(DELETES_BLOCKED)), backends=ScriptedBackend(scripted_answers))
+    overrides = {"X-HTTP-Method-Override": "DELETE", "X-HTTP-Method": "DELETE", "X-Method-Override": "DELETE"}
+    try:
+        with serve_in_thread(proxy_app(guard, ProxyConfig(upstream), method_override="ignore")) as proxy:
+            async with connect(f"{proxy.replace('http://', 'ws://')}/live/feed",
+                               additional_headers={**overrides, "x-user": "ann"}) as ws:
+                await ws.send("headers")
+                got = dict(json.loads(await ws.recv()))
+    finally:
+        await guard.aclose()
+    assert got["x-user"] == "ann" and not {name.lower() for name in overrides} & set(got)
