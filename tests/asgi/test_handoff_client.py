@@ -66,7 +66,7 @@ async def test_complete_sends_decision_and_request(standin: tuple[OpenAIStandIn,
     assert "policy support (version 2), rule no_queue (no queue fits)" in system
     assert json.dumps({"topic": {"billing": 0.2, "other": 0.8}}) in system
     user = sent["messages"][1]["content"]
-    assert "POST /v1/messages" in user and "my card is stuck" in user and "untrusted" in user
+    assert '"POST" "/v1/messages"' in user and "my card is stuck" in user and "untrusted" in user
     assert server.headers[-1]["authorization"] == "Bearer sk-test"
 
 
@@ -101,7 +101,7 @@ def test_chat_bodies_are_quoted_as_data_and_long_text_is_cut() -> None:
     }
     messages = client.messages_for(_verdict(), _subject(chat))
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert "sent by an untrusted client (POST /v1/messages)" in messages[1]["content"]
+    assert 'sent by an untrusted client (method "POST", path "/v1/messages", as JSON strings)' in messages[1]["content"]
     lines = _chat_lines(messages[1]["content"])
     assert [line["role"] for line in lines] == ["user", "assistant", "user"]
     assert [line["content"] for line in lines[:2]] == ["hello", "hi"]
@@ -111,7 +111,7 @@ def test_chat_bodies_are_quoted_as_data_and_long_text_is_cut() -> None:
     queried = HttpSubject(method="POST", path="/v1/ask", query={"q": ["my refund?"]}, body={"n": "1"}, body_text="1")
     assert '\n---\n"my refund?\\n1"\n---' in client.messages_for(_verdict(), queried)[-1]["content"]
     odd = {"messages": ["not a message"]}  # not a chat: the request is rendered as data
-    assert "POST /v1/messages" in client.messages_for(_verdict(), _subject(odd))[-1]["content"]
+    assert '"POST" "/v1/messages"' in client.messages_for(_verdict(), _subject(odd))[-1]["content"]
     agent = HandoffClient().messages_for(
         _verdict(), AgentSubject(event="tool_call", tool_name="rm", arguments={"p": "/"})
     )
