@@ -521,7 +521,7 @@ class GuardMiddleware:
             try:
                 body, scope = redacted_request(scope, value, verdict.redactions)
                 if verdict.action != "redact":
-                    subject = with_body(head, query, *await self._parsed(body, headers))
+                    subject = with_body(head, query, *await self._parsed(body, headers), body)
             except BodyError as exc:
                 await self._refuse(send, head, next(p for p in matched if p.id == verdict.policy_id), exc)
                 return
