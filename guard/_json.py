@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from guard.errors import InvalidJson
 
-__all__ = ["DEFAULT_MAX_DEPTH", "DuplicateKeys", "Repeated", "dumps", "is_json_media", "json_readings",
+__all__ = ["DEFAULT_MAX_DEPTH", "JSON_LEVELS", "DuplicateKeys", "Repeated", "dumps", "is_json_media", "json_readings",
            "json_unescaped", "loads"]
 
 def is_json_media(media: str) -> bool:
@@ -30,6 +30,10 @@ def is_json_media(media: str) -> bool:
 
 DEFAULT_MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted (``{}`` is depth 1, a bare scalar depth 0)."""
+
+JSON_LEVELS = 3
+"""How many times a string holding JSON is read into its document (:func:`json_readings`), by the compact model and by
+the redaction of secrets: a document inside a string inside a string (``json.dumps`` applied twice) is read too."""
 
 DuplicateKeys = Literal["reject", "collect"]
 """``reject``: a repeated key is an error. ``collect``: the key maps to the list of all its values, in order (a

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from guard._json import json_readings
+from guard._json import JSON_LEVELS, json_readings
 from guard.clef.encoding import render
 from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig
 from guard.compact.catalog import CATALOG, CatalogQuestion
@@ -175,11 +175,6 @@ def _identifier_words(lines: list[str]) -> str:
             if words:
                 found.append(words)
     return "\n".join(" ".join(words) for words in found) if sum(map(len, found)) >= IDENTIFIER_WORDS else ""
-
-
-#: How many times a string holding JSON is read into its own strings (:func:`_strings`): a document inside a string
-#: inside a string (``json.dumps`` applied twice) is read too.
-JSON_LEVELS = 3
 
 
 def _strings(state: Any, levels: int = JSON_LEVELS) -> list[str]:

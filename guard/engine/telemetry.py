@@ -29,6 +29,7 @@ policies matched, ``policy`` and ``result`` are the deciding one's and ``policie
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import datetime
 import functools
@@ -49,6 +50,7 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, S
 
 from guard import __version__
 from guard._buckets import DURATION_BUCKETS_S
+from guard._json import JSON_LEVELS, json_readings
 from guard._resource import resource_from_env
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings, is_plain_key
@@ -538,6 +540,46 @@ def _secret_strings(value: Any, secret: bool = False) -> list[str]:
     return out
 
 
+#: Most strings read for the JSON documents they hold (:func:`_document_secrets`) per record; each one past them that
+#: may hold an object is itself taken as a secret value (redacted whole): the log redacts more than it must rather
+#: than parse a body of 200,000 ``"{"`` strings (13 s).
+MAX_DOCUMENT_STRINGS = 256
+
+
+def _document_secrets(node: Any) -> list[str]:
+    """The values under secret-named keys (:func:`_secret_strings`) in the JSON documents ``node``'s strings hold,
+    read as a client's JSON parser reads them (:func:`guard._json.json_readings`: a ``text/plain`` or NDJSON body, an
+    event stream, a field or parameter holding ``json.dumps`` of an object), and in the documents their strings hold,
+    :data:`~guard._json.JSON_LEVELS` deep; each value also as serialisers spell it inside such a string
+    (:func:`_json_spellings`). Reads at most :data:`MAX_DOCUMENT_STRINGS` strings."""
+    out: list[str] = []
+    pending = collections.deque((text, JSON_LEVELS) for text in body_strings(node))
+    read = 0
+    while pending:
+        text, levels = pending.popleft()
+        if "{" not in text:  # only an object has keys
+            continue
+        if read == MAX_DOCUMENT_STRINGS:
+            out.append(text)
+            continue
+        read += 1
+        documents = json_readings(text)
+        out += [spelling for value in _secret_strings(documents) for spelling in _json_spellings(value)]
+        if levels > 1:
+            pending += [(inner, levels - 1) for inner in body_strings(documents)]
+    return out
+
+
+def _json_spellings(value: str) -> set[str]:
+    """``value`` and how JSON serialisers write it inside a string, where a text that holds a document keeps it: with
+    what JSON must escape escaped (a quote, a backslash, a control character: JavaScript's ``JSON.stringify``), with
+    non-ASCII as ``\\u`` escapes too (Python's ``json.dumps``), and with ``/`` as ``\\/`` on top (PHP's
+    ``json_encode``)."""
+    escaped = json.dumps(value, ensure_ascii=False)[1:-1]
+    ascii_only = json.dumps(value)[1:-1]
+    return {value, escaped, ascii_only, ascii_only.replace("/", "\\/")}
+
+
 # Characters that JSON leaves raw with ensure_ascii=False but that end a line for Unicode-aware readers
 # (str.splitlines, editors, some log shippers): C1 controls (NEL is U+0085) and the line and paragraph separators.
 _LINE_BREAKING = re.compile("[\x80-\x9f\u2028\u2029]")
@@ -798,10 +840,11 @@ def _credentials(values: list[str]) -> list[str]:
 def _redact_input(record: dict[str, Any], erased: list[str],
                   logged_headers: Collection[str] = LOGGED_HEADERS, values: list[str] | None = None) -> None:
     """Request headers not in ``logged_headers`` and secret-named fields out of ``input`` and ``state``, and their
-    values, and ``values`` (what the ``redact`` pointers removed: the credential headers), out of any text that
-    repeats them (the body's joined text, state built from it; of a header not named like a secret, only values of
-    12 characters or more: shorter ones are tiers and versions, words elsewhere; of the rest, values of 4 characters
-    or more, and 3 digits: a card's security code)."""
+    values, those of the secret-named fields in the JSON documents the input's strings hold (a ``text/plain`` body's:
+    :func:`_document_secrets`) and ``values`` (what the ``redact`` pointers removed: the credential headers), out of
+    any text that repeats them (the body's joined text, state built from it; of a header not named like a secret,
+    only values of 12 characters or more: shorter ones are tiers and versions, words elsewhere; of the rest, values of
+    4 characters or more, and 3 digits: a card's security code)."""
     values = list(values or ())
     headers = record["input"].get("headers") if isinstance(record.get("input"), dict) else None
     if isinstance(headers, dict):
@@ -816,6 +859,8 @@ def _redact_input(record: dict[str, Any], erased: list[str],
             erased.append(f"/input/query/{escape_pointer(str(name))}")
     _erase_secret_names(record.get("input"), "/input", erased, values)
     _erase_secret_names(record.get("state"), "/state", erased, values)
+    if isinstance(record.get("input"), dict):  # JSON a text body, a form or query value holds (body_text repeats it)
+        values.extend(_document_secrets([v for k, v in record["input"].items() if k != "body_text"]))
     flags = record.get("flags")
     raw = flags.get(RAW_ARGUMENTS_FLAG) if isinstance(flags, dict) else None
     if isinstance(raw, str):
@@ -882,8 +927,8 @@ def _contribution(verdict: Verdict) -> dict[str, Any]:
 def redact_secrets(state: Any, subject: Subject | None = None, secrets: Iterable[str] = ()) -> Any:
     """A copy of ``state`` as ``log_input="redacted"`` writes it: secret-named fields (:data:`SECRET_NAME`) removed
     at any depth, and their values, those of the ``subject``'s secret-named fields (a query's ``api_key``, a body's
-    ``password``: what a ``request_text`` or ``body_text`` state repeats) and ``secrets``, replaced by
-    ``[redacted]``."""
+    ``password``, also inside JSON a text body or a value holds: what a ``request_text`` or ``body_text`` state
+    repeats) and ``secrets``, replaced by ``[redacted]``."""
     hidden: list[str] = list(secrets)
     record = {"input": None if subject is None else _json_safe(subject, hidden=hidden),
               "state": _json_safe(state, hidden=hidden)}

@@ -17,7 +17,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from guard.engine import Guard
-from guard.engine.telemetry import MAX_DEPTH, SCRUB_MAX_VALUES, TOO_DEEP, DecisionLog, Telemetry
+from guard.engine.telemetry import (
+    MAX_DEPTH,
+    MAX_DOCUMENT_STRINGS,
+    SCRUB_MAX_VALUES,
+    TOO_DEEP,
+    DecisionLog,
+    Telemetry,
+)
 from guard.policy import load_text
 from guard.policy.rules import trace_rules
 from guard.subject import AgentSubject, HttpSubject, body_strings
@@ -62,6 +69,27 @@ def test_past_the_cap_every_string_holding_a_secret_is_redacted_whole_and_nothin
     assert not [i for i in range(n) if f"tk{i:07d}" in line]
     assert event["state"] == {"text": "[redacted]", "plain": "hello world", "one": "[redacted]"}
     assert event["input"]["body"][-1] == {"note": "nothing secret here"}
+
+
+def test_strings_read_for_the_json_they_hold_are_capped_and_nothing_leaks_past_the_cap() -> None:
+    """Each string holding a ``{`` is read for the secret-named fields of the JSON it may hold: a body of 200,000
+    ``"{"`` strings took 13 s to read one by one; past :data:`MAX_DOCUMENT_STRINGS` such a string is redacted whole,
+    so it costs about what a body of other strings does, and a secret past the cap is still not written."""
+    def seconds(body: list[str]) -> float:
+        subject = HttpSubject(method="POST", path="/", body=body, body_text="\n".join(body))
+        log, best = DecisionLog(io.StringIO()), float("inf")
+        for _ in range(3):
+            start = time.process_time()
+            log.event(Verdict("allow", "d1"), subject)
+            best = min(best, time.process_time() - start)
+        return best
+
+    assert seconds(["{"] * 200_000) / seconds(["x"] * 200_000) < 5
+    body = [json.dumps({"note": f"item {i}", "password": f"sekret-{i:05d}"}) for i in range(MAX_DOCUMENT_STRINGS + 10)]
+    subject = HttpSubject(method="POST", path="/", content_type="text/plain", body=body, body_text="\n".join(body))
+    line = json.dumps(DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": subject.body_text}),
+                                                       subject))
+    assert "sekret-" not in line and "[redacted]" in line
 
 
 def test_under_the_cap_values_are_replaced_in_place() -> None:
