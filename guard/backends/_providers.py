@@ -33,6 +33,7 @@ __all__ = [
     "error_message",
     "parse_retry_after",
     "snippet",
+    "without_echo",
 ]
 
 ProviderName = Literal["systemone", "worker", "workers-ai", "jev", "openrouter"]
@@ -148,8 +149,34 @@ def snippet(response: httpx.Response) -> str:
     return text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else "")
 
 
+#: Members of a pydantic-style error (one with ``loc`` and ``msg``) that repeat what was refused: ``input`` is the
+#: value itself (the request's state), ``ctx`` may quote it (``{"error": "ValueError('... <value>')"}``).
+_ECHOED = frozenset({"input", "ctx"})
+
+
+def without_echo(detail: Any) -> Any:
+    """A provider's parsed error body without the request it repeats: the ``input`` and ``ctx`` members of each
+    FastAPI/pydantic-style error (at any depth) and FastAPI's documented ``body`` (the whole request) left out, every
+    other string cut to :data:`_SNIPPET` characters (a message that quotes the value keeps at most that much of it).
+
+    The request's state is never cut down instead: secret-named fields stay in it, since the model must read them (an
+    injection can sit in a field named ``password``); only what a backend repeats of it is kept out of logs and errors.
+    """
+    if isinstance(detail, Mapping):
+        echoed = _ECHOED if "loc" in detail and "msg" in detail else frozenset()
+        if "detail" in detail:  # FastAPI's errors, beside which its documented handler puts the request as "body"
+            echoed |= {"body"}
+        return {key: without_echo(value) for key, value in detail.items() if key not in echoed}
+    if isinstance(detail, list):
+        return [without_echo(value) for value in detail]
+    if isinstance(detail, str) and len(detail) > _SNIPPET:
+        return f"{detail[:_SNIPPET]}... ({len(detail)} characters)"
+    return detail
+
+
 def error_message(detail: Any) -> str | None:
-    """The human message inside a provider's JSON error (ours, Cloudflare's, FastAPI's or OpenRouter's)."""
+    """The human message inside a provider's JSON error (ours, Cloudflare's, FastAPI's or OpenRouter's); give it
+    :func:`without_echo` of the error, so no member that repeats the request is read."""
     if not isinstance(detail, Mapping):
         return None
     errors = detail.get("errors")

@@ -18,9 +18,11 @@ and ``tenacity`` retries:
 * httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
   ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``;
 * an error answer's text (a 422 that echoes the request's state) is in no error message, so no verdict, span or
-  decision record carries it: it is logged, at WARNING the first time each status is seen, at DEBUG after. A
-  connection error is named by its httpx type only (its text can quote the bytes of a bad answer head), and a
-  Content-Type is quoted and cut at 40 characters.
+  decision record carries it: its message is logged, at WARNING the first time each status is seen, at DEBUG after,
+  and kept as ``BackendRejected.detail``, both without what repeats the request (:func:`without_echo`: the ``input``
+  and ``ctx`` of FastAPI/pydantic errors left out, other strings cut at 200 characters; a body that is not JSON, to
+  its first 200 characters). A connection error is named by its httpx type only (its text can quote the bytes of a
+  bad answer head), and a Content-Type is quoted and cut at 40 characters.
 
 Example:
     >>> client = SystemOneClient.workers_ai(account_id, api_token, model="clef-flash")  # doctest: +SKIP
@@ -63,6 +65,7 @@ from guard.backends._providers import (
     error_message,
     parse_retry_after,
     snippet,
+    without_echo,
 )
 from guard.backends.base import require_request
 from guard.errors import (
@@ -415,12 +418,13 @@ class SystemOneClient:
     def _unwrap(self, envelope: Mapping[str, Any], status: int) -> Any:
         """Cloudflare's ``{result, success, errors, messages}`` (spec §5.5): ``result`` when ``success`` is true."""
         if envelope.get("success") is not True:
-            self._log_error_text(status, error_message(envelope) or f"success={envelope.get('success')!r}")
+            failure = without_echo(envelope)
+            self._log_error_text(status, error_message(failure) or f"success={failure.get('success')!r}")
             raise BackendRejected(
                 f"{self.name}: the request failed (HTTP {status}): the envelope's success is not true",
                 backend=self.name,
                 status_code=status,
-                detail=envelope.get("errors"),
+                detail=failure.get("errors"),
             )
         if "result" in envelope:
             return envelope["result"]
@@ -431,7 +435,7 @@ class SystemOneClient:
     def _status_error(self, response: httpx.Response) -> BackendError:
         status = response.status_code
         try:
-            detail: Any = loads(response.content)
+            detail: Any = without_echo(loads(response.content))
         except InvalidJson:
             detail = snippet(response)
         self._log_error_text(status, error_message(detail) or (detail if isinstance(detail, str) and detail else ""))
@@ -454,8 +458,10 @@ class SystemOneClient:
         )
 
     def _log_error_text(self, status: int, text: str) -> None:
-        """Log what the provider wrote in an error answer with HTTP ``status``: at WARNING the first time this client
-        sees the status, at DEBUG after (it may repeat the request's state, so it stays out of the error raised)."""
+        """Log what the provider wrote in an error answer with HTTP ``status`` (``text``: read from
+        :func:`without_echo` of a JSON answer, or the start of one that is not JSON): at WARNING the first time this
+        client sees the status, at DEBUG after. It stays out of the error raised, whose message reaches verdicts and
+        spans: a provider's own message may still quote part of the request."""
         level = logging.DEBUG if status in self._statuses_logged else logging.WARNING
         self._statuses_logged.add(status)
         if len(text) > MAX_LOGGED_ERROR_CHARS:  # an 8 MB message would be one 8 MB log line

@@ -72,7 +72,8 @@ class WorkersAIStandIn:
     ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s),
     ``wrong-choice`` (the choice is the least probable option), ``wrong-score`` (score 3 where the probabilities give
     0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``), ``echo-422`` (FastAPI's
-    validation error, which repeats the request's ``state`` as its ``input``).
+    validation error, which repeats the request's ``state`` as its ``input`` and in its ``ctx``, and the whole request
+    as ``body``, as FastAPI's documented handler adds it).
     """
 
     def __init__(self) -> None:
@@ -167,10 +168,11 @@ class WorkersAIStandIn:
             return JSONResponse({**result, **failure("Clef inference failed", 5012)} | {"answers": result["answers"]})
         if scenario == "unprocessable":
             return JSONResponse(failure("Unknown field 'extra'", 5012), status_code=422)
-        if scenario == "echo-422":
-            detail = [{"type": "string_type", "loc": ["body", "state"], "msg": "Input should be a valid string",
-                       "input": body.get("state")}]
-            return JSONResponse({"detail": detail}, status_code=422)
+        if scenario == "echo-422":  # pydantic's error (input, and ctx quoting it) and FastAPI's documented body echo
+            state = body.get("state")
+            detail = [{"type": "value_error", "loc": ["body", "state"], "msg": "Input should be a valid string",
+                       "input": state, "ctx": {"error": f"ValueError('bad state {json.dumps(state)}')"}}]
+            return JSONResponse({"detail": detail, "body": body}, status_code=422)
         if scenario == "slow":
             await asyncio.sleep(3)
             return JSONResponse(envelope(result))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import threading
@@ -121,7 +122,8 @@ async def test_an_error_that_repeats_the_state_reaches_no_verdict_span_or_decisi
     standin: tuple[str, WorkersAIStandIn], caplog: pytest.LogCaptureFixture
 ) -> None:
     """A 422 whose body repeats the request's state (FastAPI's validation error) gives the verdict, the span and the
-    decision log (``log_input="none"``) the error's kind, backend and status only; the text is logged once."""
+    decision log (``log_input="none"``) the error's kind, backend and status only; the log gets its message without
+    the state."""
     import io
     import json
 
@@ -160,7 +162,67 @@ policies:
     assert verdict.error == "rejected: http:workers-ai refused the request with HTTP 422"
     assert json.loads(stream.getvalue())["error"] == verdict.error
     assert span.attributes["guard.error"] == verdict.error and span.status.description == verdict.error
-    assert secret in caplog.text  # where an operator finds what the provider wrote
+    assert "Input should be a valid string" in caplog.text and secret not in caplog.text
+
+
+async def test_a_backend_that_echoes_its_input_puts_no_request_secret_in_the_log(
+    standin: tuple[str, WorkersAIStandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A System One server answering FastAPI's 422, which repeats the state it refused (``input``, a ``ctx`` quoting
+    it, the whole request as ``body``), put the request's ``?api_key=`` and body ``password`` (which the state keeps:
+    the model must read them) into guard's WARNING log (attack finding). Through the middleware: the log line names
+    the status, the field and the message, and neither secret; the error kept on the exception drops the echo too."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.routing import Route
+
+    from guard.asgi import GuardMiddleware
+    from guard.engine import Guard
+    from guard.policy import load_text
+    from tests.asgi._apps import client_for, echo
+
+    url, _ = standin
+    policy = load_text("""
+policies:
+  - id: echo
+    version: 1
+    match: {http: {paths: ["/v1/**"]}}
+    state: {text: request_text}
+    questions:
+      injection: {type: noul, instructions: Injection}
+    rules:
+      - {id: injection, when: injection.noul >= 0.8, action: block}
+    on_error: {mode: closed}
+""")
+    secrets = ("qs-apikey-secret-55", "body-password-hunter2")
+    backend = SystemOneClient(url + PATH.format(scenario="echo-422", model="clef-flash"), model="clef-flash",
+                              retry=FAST_RETRY)
+    raised: list[BaseException] = []
+    decide = backend.decide
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await decide(*args, **kwargs)
+        except BackendRejected as exc:
+            raised.append(exc)
+            raise
+
+    backend.decide = recording  # type: ignore[method-assign]
+    guard = Guard(policy, backends=backend)
+    app = Starlette(routes=[Route("/{path:path}", echo, methods=["POST"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard)])
+    with caplog.at_level(logging.DEBUG, logger="guard"):
+        async with client_for(app) as client:
+            for _ in range(2):  # WARNING the first time, DEBUG after
+                response = await client.post(f"/v1/chat?api_key={secrets[0]}",
+                                             json={"prompt": "hello", "password": secrets[1]})
+                assert response.status_code == 503
+    await guard.aclose()
+    lines = [r.getMessage() for r in caplog.records if "answered HTTP 422" in r.getMessage()]
+    assert [r.levelname for r in caplog.records if "answered HTTP 422" in r.getMessage()] == ["WARNING", "DEBUG"]
+    assert '"loc": ["body", "state"]' in lines[0] and "Input should be a valid string" in lines[0]
+    assert not [s for s in secrets if s in caplog.text]
+    assert not [s for s in secrets if s in json.dumps(raised[0].detail)]  # type: ignore[attr-defined]
 
 
 async def test_a_header_value_that_is_not_ascii_does_not_break_the_answer(
