@@ -83,7 +83,7 @@ async def test_the_store_byte_budget_fails_closed_for_every_client_and_without_a
 ) -> None:
     """Past the store's budget every new hold is a 503 ``review_unavailable`` with Retry-After (never an allow), for
     a request without a client address too; a release frees the held request's bytes."""
-    store = make_store(max_bytes=200_000)
+    store = make_store(max_bytes=400_000)  # each item holds the request and the reviewer's view of its body
     app = guarded_app(make_guard(), review_store=store)
     body = _unsure(30_000)
     try:
