@@ -581,15 +581,17 @@ def _json_spellings(value: str) -> set[str]:
 
 
 # Characters that JSON leaves raw with ensure_ascii=False but that end a line for Unicode-aware readers
-# (str.splitlines, editors, some log shippers): C1 controls (NEL is U+0085) and the line and paragraph separators.
-_LINE_BREAKING = re.compile("[\x80-\x9f\u2028\u2029]")
+# (str.splitlines, editors, some log shippers): C1 controls (NEL is U+0085) and the line and paragraph separators;
+# and surrogate code points (a lone one from a JSON ``"\\ud83d"`` or from ``os.fsdecode``), which UTF-8 cannot encode.
+_ESCAPED = re.compile("[\x80-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 def _json_line(event: dict[str, Any]) -> str:
-    """``event`` as one JSON line: UTF-8 text kept as it is, except the characters in :data:`_LINE_BREAKING`,
-    written as ``\\uXXXX`` escapes (they only occur inside JSON strings, where the escape means the same)."""
+    """``event`` as one JSON line: UTF-8 text kept as it is, except the characters in :data:`_ESCAPED`, written as
+    ``\\uXXXX`` escapes (they only occur inside JSON strings, where the escape means the same), so the line can be
+    written to any UTF-8 sink."""
     line = json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=repr)
-    return _LINE_BREAKING.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+    return _ESCAPED.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
 
 
 #: What the log writes in place of a body, text or query value it must not keep.
