@@ -360,6 +360,23 @@ def message_text(message: BaseMessage) -> str:
 
 #: Content block types a provider shows the model as media (or fetches: a remote URL, a file id), never as text.
 _MEDIA_BLOCKS = frozenset({"image", "image_url", "input_image", "audio", "input_audio", "video", "file", "input_file"})
+#: A media type's ``type/subtype`` (RFC 6838 names), at most :data:`MAX_MEDIA_NAME_CHARS` characters in all.
+_MEDIA_TYPE_NAME = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*")
+#: Most characters of a media type named in a log line, a verdict's message and what the model is told.
+MAX_MEDIA_NAME_CHARS = 60
+#: What names an unread part whose media type is none: its block type, or ``data URL``.
+_MEDIA_KINDS = _MEDIA_BLOCKS | {"document", "data URL"}
+
+
+def _media_name(media: str, kind: str) -> str:
+    """How an unread part is named (``media``: its declared media type, lower-case; ``kind``: its block type, or
+    ``data URL``): the media type without its parameters when it is one (``image/png``) of at most
+    :data:`MAX_MEDIA_NAME_CHARS` characters, else the kind when it is one of :data:`_MEDIA_KINDS`, else ``media``.
+    What a tool wrote there (a line break, a forged log line, a megabyte) never reaches a log or a message."""
+    essence = media.partition(";")[0].strip()
+    if len(essence) <= MAX_MEDIA_NAME_CHARS and _MEDIA_TYPE_NAME.fullmatch(essence):
+        return essence
+    return kind if kind in _MEDIA_KINDS else "media"
 
 
 def unread_media(message: BaseMessage) -> list[str]:
@@ -367,7 +384,7 @@ def unread_media(message: BaseMessage) -> list[str]:
     block, inline, remote or by file id, unless it carries text inline under a text media type, which is judged; a
     block declaring an image, audio, video or PDF type whatever its bytes look like: a PDF's text is extracted from
     compressed streams; a ``document`` whose source is not text) and each
-    ``data:`` URL of binary data, named by its media type or block type; ``[]`` when there is none. Providers
+    ``data:`` URL of binary data, each named as :func:`_media_name` says; ``[]`` when there is none. Providers
     extract a PDF's text and show images to the model, so instructions inside them reach it unjudged."""
     found: list[str] = []
     stack: list[Any] = [message.content]
@@ -376,7 +393,7 @@ def unread_media(message: BaseMessage) -> list[str]:
         if isinstance(item, (list, tuple)):
             stack.extend(item)
         elif isinstance(item, Mapping) and not _is_call_block(item):
-            kind = item.get("type")
+            kind = item.get("type") if isinstance(item.get("type"), str) else ""  # a dict there is no block type
             media = item.get("media_type") or item.get("mime_type")
             media = media.lower() if isinstance(media, str) else ""
             source = item.get("source")
@@ -384,12 +401,12 @@ def unread_media(message: BaseMessage) -> list[str]:
             inline_text = _is_text_media(media) and any(item.get(key) for key in ("data", "base64", "text"))
             if not inline_text and (kind in _MEDIA_BLOCKS or media.startswith(_MEDIA_PREFIXES) or "file_id" in item
                                     or (kind == "document" and not text_source)):
-                found.append(media or str(kind)[:60])
+                found.append(_media_name(media, kind))
                 continue
             for key, entry in item.items():
-                if key in _URL_KEYS and isinstance(entry, str) and _DATA_URL.match(entry) and not \
+                if key in _URL_KEYS and isinstance(entry, str) and (url := _DATA_URL.match(entry)) and not \
                         _data_url_text(entry, as_url=True):
-                    found.append(entry[5 : entry.find(";")][:60] or "data URL")
+                    found.append(_media_name(url.group(1).lower(), "data URL"))
                 elif key not in _NOT_WALKED and isinstance(entry, (list, tuple, Mapping)):
                     stack.append(entry)
     return found

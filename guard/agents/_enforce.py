@@ -434,17 +434,21 @@ class ToolCallEnforcer:
         """An output holding content guard cannot read (:func:`~guard.agents._content.unread_media`: an image, a PDF)
         where an enforced ``tool_result`` policy applies to this tool (any of them, whatever the file order): withheld
         (block, rule ``unreadable_result``), since the model could read instructions in it that no policy judged;
-        where only shadow policies apply, passed on (and logged); elsewhere as it is."""
+        where only shadow policies apply, passed on, the block recorded as their shadow verdict; elsewhere as it is."""
         subject = self._output_subject(prepared, message_text(message))
         policy = self.judge.accountable(subject)  # an enforced policy whatever the file order, when one matches
         if policy is None:
             return message
-        if policy.mode == "shadow":  # every matching policy is shadow: they compute and record, never withhold
-            logger.info("shadow policy %s: a %s output holds content guard cannot read (%s); passed on", policy.id,
-                        prepared.tool, ", ".join(sorted(set(media))))
+        kinds = ", ".join(sorted(set(media)))  # media types checked and capped by unread_media
+        shadow = policy.mode == "shadow"  # every matching policy is shadow: they compute and record, never withhold
+        verdict = self.judge.unreadable(
+            subject, f"the output holds content guard cannot read ({kinds}): a model could read instructions in it",
+            shadow=shadow,
+        )
+        if shadow:
+            logger.info("shadow policy %s: a %r output holds content guard cannot read (%r); passed on", policy.id,
+                        prepared.tool, kinds)
             return message
-        verdict = self.judge.unreadable(subject, f"the output holds content guard cannot read "
-                                                 f"({', '.join(sorted(set(media)))}): a model could read instructions in it")
         return self._replace_result(message, prepared, Judgement(outcome="block", verdict=verdict), None)
 
     def _unreadable(self, result: Result, prepared: Prepared, problem: Exception) -> Result:

@@ -404,12 +404,13 @@ class Judge:
         self._record(verdict, subject, policy)
         return verdict
 
-    def unreadable(self, subject: AgentSubject, problem: str) -> Verdict:
-        """Record the decision for a tool output whose messages guard cannot find (block, rule
-        ``unreadable_result``) and return it."""
+    def unreadable(self, subject: AgentSubject, problem: str, *, shadow: bool = False) -> Verdict:
+        """Record the decision for a tool output guard cannot read (its messages cannot be found, or it holds media)
+        and return it: block, rule ``unreadable_result``; with ``shadow`` (every matching policy is shadow, and the
+        output is passed on) an allow whose ``shadow_action`` is that block."""
         policy = self.accountable(subject)
         verdict = verdicts.refused(
-            policy, decision_id=new_decision_id(), rule=UNREADABLE_RULE, status=422, message=problem
+            policy, decision_id=new_decision_id(), rule=UNREADABLE_RULE, status=422, message=problem, shadow=shadow
         )
         self._record(verdict, subject, policy)
         return verdict
