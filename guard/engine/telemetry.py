@@ -15,7 +15,8 @@ prompt, the rendered state and questions, is read and one structured answer come
 tool and no generated tokens; ``chat`` and ``generate_content`` imply a conversation or generated output) and one
 ``gen_ai.evaluation.result`` event for the verdict: ``gen_ai.evaluation.name`` = the policy id,
 ``gen_ai.evaluation.score.label`` = the action, ``gen_ai.evaluation.explanation`` = the rule, plus ``error.type``
-when the fail mode decided.
+when the verdict has an error (a fail mode decided, or the input was refused: its code). The span's status is ERROR
+only when a fail mode decided.
 
 The decision log (:class:`DecisionLog`) writes one JSON object per line, modelled on OPA's ``EventV1``:
 ``decision_id``, ``timestamp``, ``labels``, ``policy`` (id, version, file), ``input`` (the subject, original text),
@@ -403,10 +404,13 @@ class Telemetry:
             yield span
 
     def finish(self, span: Span | None, verdict: Verdict, *, cache: str | None = None) -> None:
-        """Set the verdict's attributes on ``span`` (when there is one and it records) and count the outcome."""
+        """Set the verdict's attributes on ``span`` (when there is one and it records) and count the outcome. The
+        span's status is ERROR only when a fail mode decided (the backend failed, or the guard itself raised); a
+        refusal of the client's input (a body that is not JSON: ``guard.error`` names it) leaves it unset, as an
+        HTTP server span leaves a 4xx."""
         if span is not None and span.is_recording():
             span.set_attributes(span_attributes(verdict, cache=cache))
-            if verdict.error is not None:
+            if verdict.fail_mode is not None:
                 span.set_status(Status(StatusCode.ERROR, verdict.error))
             span.add_event(EVALUATION_EVENT, evaluation_attributes(verdict))
         policy_id = verdict.policy_id or ""

@@ -7,8 +7,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from guard.asgi import GuardMiddleware
 from guard.engine import Guard
-from guard.engine.telemetry import DecisionLog
+from guard.engine.telemetry import DecisionLog, Telemetry
+from guard.errors import BackendUnavailable
 from guard.policy import load_text
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
@@ -24,6 +34,18 @@ policies:
     rules: [{id: inj, when: inj.noul >= 0.8, action: block}]
     default: allow
 """
+
+
+@pytest.fixture
+def otel() -> Any:
+    """Telemetry recording into an in-memory span exporter (and its exporter)."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    yield Telemetry(tracer_provider=tracer_provider, meter_provider=meter_provider), exporter
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -57,3 +79,46 @@ def test_a_surrogate_pair_left_as_two_code_points_reads_back_as_the_character() 
     (line,) = lines
     line.encode("utf-8")  # nothing UTF-8 cannot encode
     assert json.loads(line)["state"]["m"] == "\U0001f600"
+
+
+# Span status --------------------------------------------------------------------------------------------------------
+
+
+async def _post(app: Any, body: bytes) -> int:
+    """POST ``body`` (as JSON) to ``/v1/x`` through ``app``; the response status."""
+    queue = [{"type": "http.request", "body": body, "more_body": False}]
+    statuses: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0) if queue else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/x", "raw_path": b"/v1/x", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("testserver", 80)}
+    await app(scope, receive, send)
+    return statuses[0]
+
+
+async def _ok(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.anyio
+async def test_a_client_error_leaves_the_span_status_unset_and_a_fail_mode_sets_error(otel: Any) -> None:
+    """A malformed body is the client's error, refused with a 400: a client could turn spans to ERROR at will."""
+    telemetry, exporter = otel
+    failing = ScriptedBackend(fail=BackendUnavailable("down", backend="scripted"))
+    for backend, body, status in [(ScriptedBackend(), b'{"m": "x",', 400), (failing, b'{"m": "x"}', 503)]:
+        guard = Guard(load_text(API), backends=backend, telemetry=telemetry)
+        assert await _post(GuardMiddleware(_ok, guard=guard), body) == status
+        await guard.aclose()
+    refused, failed = [span for span in exporter.get_finished_spans() if span.name == "guard.decision"]
+    assert refused.attributes["guard.rule"] == "invalid_json" and "guard.fail_mode" not in refused.attributes
+    assert refused.status.status_code is StatusCode.UNSET
+    assert failed.attributes["guard.fail_mode"] == "closed" and failed.status.status_code is StatusCode.ERROR
