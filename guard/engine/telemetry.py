@@ -601,6 +601,28 @@ def _json_line(event: dict[str, Any]) -> str:
 #: What the log writes in place of a body, text or query value it must not keep.
 WITHHELD = "[withheld: holds what a redact rule could not mask]"
 
+#: Most characters of each string (and object key) of a record's ``input`` and ``state``, unless
+#: ``DecisionLog(max_chars=...)`` says otherwise: a 5 MB tool result made a 10 MB line.
+MAX_LOGGED_CHARS = 64 * 1024
+#: Put between the two halves a longer string keeps: ``{cut}`` characters left out of ``{length}``.
+LOG_CUT_MARKER = "[... cut from the log: {cut} of {length} characters ...]"
+
+
+def _bounded(node: Any, limit: int) -> Any:
+    """``node`` (JSON types) with each string and object key over ``limit`` characters cut to its first and last
+    halves of ``limit``, :data:`LOG_CUT_MARKER` (with its length) between them on lines of its own."""
+    if isinstance(node, str):
+        if len(node) <= limit:
+            return node
+        head = limit - limit // 2
+        marker = LOG_CUT_MARKER.format(cut=len(node) - limit, length=len(node))
+        return f"{node[:head]}\n{marker}\n{node[len(node) - (limit - head):]}"
+    if isinstance(node, dict):
+        return {_bounded(k, limit): _bounded(v, limit) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_bounded(v, limit) for v in node]
+    return node
+
 
 def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
@@ -955,9 +977,14 @@ class DecisionLog:
         labels: static labels (e.g. service, region) copied into every record.
         logged_headers: with ``log_input="redacted"``, the request headers whose values ``input`` keeps
             (lower-case names; default :data:`LOGGED_HEADERS`); add the ones your audits read.
+        max_chars: most characters of each string and object key of ``input`` and ``state``
+            (:data:`MAX_LOGGED_CHARS` by default); a longer one keeps its first and last halves around
+            :data:`LOG_CUT_MARKER`, which gives its length. Raise it above a policy's largest ``max_chars`` to log
+            all of what that policy's model read.
 
     Raises:
-        ValueError: for a pointer that does not start with ``/``, or an unknown ``log_input``.
+        ValueError: for a pointer that does not start with ``/``, an unknown ``log_input``, or a ``max_chars``
+            under 1.
     """
 
     #: The pointers removed by default; extend with ``redact=(*DecisionLog.DEFAULT_REDACT, ...)``.
@@ -972,9 +999,13 @@ class DecisionLog:
         labels: dict[str, str] | None = None,
         log_input: str = "redacted",
         logged_headers: Collection[str] = LOGGED_HEADERS,
+        max_chars: int = MAX_LOGGED_CHARS,
     ) -> None:
         if log_input not in LOG_INPUT_MODES:
             raise ValueError(f"log_input is {log_input!r}; it must be one of {LOG_INPUT_MODES}")
+        if max_chars < 1:
+            raise ValueError(f"max_chars is {max_chars!r}; it must be a number of characters, at least 1")
+        self.max_chars = max_chars
         self.log_input = log_input
         self.logged_headers = frozenset(name.lower() for name in logged_headers)
         self._redact = [(p, _split(p)) for p in redact]
@@ -1058,6 +1089,9 @@ class DecisionLog:
         if not self.include_input:
             record["input"] = None
             erased = [pointer for pointer in erased if not pointer.startswith("/input/")]
+        # cut once redacted: a secret value cut in two would no longer be found and replaced
+        record["input"] = _bounded(record["input"], self.max_chars)
+        record["state"] = _bounded(record["state"], self.max_chars)
         record["erased"] = erased
         return record
 
