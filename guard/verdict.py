@@ -100,6 +100,9 @@ class Verdict:
             ``escalate`` or ``handoff`` verdict that won over enforced ``redact`` ones carries theirs: what it holds
             or hands off is masked so (``guard.engine.verdicts.MASKED_ACTIONS``).
         phase: ``request``, or ``response`` for a verdict on an upstream's response (``match.http.response``).
+        policy_digest: which text of the policy decided (:attr:`guard.policy.Policy.digest`); ``None`` without a
+            policy.
+        policy_file: the file that policy was loaded from.
     """
 
     action: Action
@@ -125,6 +128,8 @@ class Verdict:
     contributions: tuple[Verdict, ...] = ()
     redactions: tuple[Redaction, ...] = ()
     phase: Literal["request", "response"] = "request"
+    policy_digest: str | None = None
+    policy_file: str | None = None
 
     @property
     def allowed(self) -> bool:

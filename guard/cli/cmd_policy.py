@@ -154,7 +154,7 @@ def run_check(args: argparse.Namespace) -> int:
                 _print_problem(problem)
             failed = True
             continue
-        ids = ", ".join(f"{p.id}@{p.version}" for p in policies)
+        ids = ", ".join(p.label for p in policies)
         _say(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
         _warn_upper_case_paths(policies)
         _warn_unknown_methods(policies)
@@ -268,12 +268,14 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def _print_report(report: dict[str, Any]) -> None:
+    from guard.policy.policy import policy_label
+
     if report["policy"] is None:
         _say("no policy matches this subject: allow, without a model call")
         return
     p = report["policy"]
     v = report["verdict"]
-    _say(f"policy     {p['id']}@{p['version']} ({p['file']}:{p['line']}, mode {p['mode']})")
+    _say(f"policy     {policy_label(p['id'], p['version'], p['digest'])} ({p['file']}:{p['line']}, mode {p['mode']})")
     _say(f"state      {json.dumps(report['state'], ensure_ascii=False)}")
     if report["rule_state"] != report["state"]:
         _say(f"rules read {json.dumps(report['rule_state'], ensure_ascii=False)}  (the state as received)")

@@ -170,8 +170,8 @@ async def _policy_report(
 
 
 def _policy_identity(policy: Policy) -> dict[str, Any]:
-    return {"id": policy.id, "version": policy.version, "file": policy.file, "line": policy.line,
-            "mode": policy.mode, "priority": policy.priority}
+    return {"id": policy.id, "version": policy.version, "digest": policy.digest, "file": policy.file,
+            "line": policy.line, "mode": policy.mode, "priority": policy.priority}
 
 
 def _own_verdict(verdict: Verdict) -> dict[str, Any]:

@@ -19,9 +19,10 @@ when the verdict has an error (a fail mode decided, or the input was refused: it
 only when a fail mode decided.
 
 The decision log (:class:`DecisionLog`) writes one JSON object per line, modelled on OPA's ``EventV1``:
-``decision_id``, ``timestamp``, ``labels``, ``policy`` (id, version, file), ``input`` (the subject, original text),
-``state`` (what the model saw), ``result``, ``answers`` (probabilities), ``cache``, ``backend``, ``model``,
-``revision``, ``metrics.latency_ms``, ``fail_mode``, ``error``, ``flags``, ``trace_id``/``span_id`` and ``erased``:
+``decision_id``, ``timestamp``, ``labels``, ``policy`` (id, version, digest: which text of it decided, file),
+``input`` (the subject, original text), ``state`` (what the model saw), ``result``, ``answers`` (probabilities),
+``cache``, ``backend``, ``model``, ``revision``, ``metrics.latency_ms``, ``fail_mode``, ``error``, ``flags``,
+``trace_id``/``span_id`` and ``erased``:
 the JSON pointers removed before the record left the process (``*`` matches any key or index). When several
 policies matched, ``policy`` and ``result`` are the deciding one's and ``policies`` lists each one's own verdict
 (id, version, action, rule, answers, fail mode, flags) in match order.
@@ -98,6 +99,7 @@ SPAN_ATTRIBUTES = (
     "guard.subject.kind",
     "guard.policy.id",
     "guard.policy.version",
+    "guard.policy.digest",
     "guard.rule",
     "guard.action",
     "guard.shadow_action",
@@ -462,6 +464,7 @@ def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, 
         "guard.decision_id": verdict.decision_id,
         "guard.policy.id": verdict.policy_id,
         "guard.policy.version": verdict.policy_version,
+        "guard.policy.digest": verdict.policy_digest,
         "guard.rule": verdict.rule,
         "guard.action": verdict.action,
         "guard.shadow_action": verdict.shadow_action,
@@ -1031,8 +1034,8 @@ class DecisionLog:
         else:
             raise ValueError("the decision log is closed")
 
-    def event(self, verdict: Verdict, subject: Subject | None, *, policy_file: str | None = None,
-              cache: str | None = None, span: Span | None = None) -> dict[str, Any]:
+    def event(self, verdict: Verdict, subject: Subject | None, *, cache: str | None = None,
+              span: Span | None = None) -> dict[str, Any]:
         """Build the redacted record for one decision (not written); ``span`` gives the trace and span ids (``None``
         = the current span: a caller's recording span when guard started none)."""
         hidden: list[str] = []  # secret values in parts nested too deep to keep
@@ -1040,7 +1043,8 @@ class DecisionLog:
             "decision_id": verdict.decision_id,
             "timestamp": _utc_now(),
             "labels": dict(self.labels),
-            "policy": {"id": verdict.policy_id, "version": verdict.policy_version, "file": policy_file},
+            "policy": {"id": verdict.policy_id, "version": verdict.policy_version, "digest": verdict.policy_digest,
+                       "file": verdict.policy_file},
             # built even when it is not written: its secret values are scrubbed from the state
             "input": _input_json(subject, verdict, hidden) if subject is not None and self.log_input != "none" else None,
             "state": _json_safe(verdict.state, hidden=hidden),

@@ -112,6 +112,8 @@ def make(
     contributions: tuple[Verdict, ...] = (),
     redactions: tuple[Redaction, ...] = (),
     phase: Phase = "request",
+    policy_digest: str | None = None,
+    policy_file: str | None = None,
 ) -> Verdict:
     """The one constructor call of :class:`~guard.verdict.Verdict`.
 
@@ -144,6 +146,8 @@ def make(
         contributions=contributions,
         redactions=redactions,
         phase=phase,
+        policy_digest=policy_digest,
+        policy_file=policy_file,
     )
 
 
@@ -213,6 +217,8 @@ def answered(
         flags=flags,
         redactions=redactions,
         phase=phase_of(subject),
+        policy_digest=policy.digest,
+        policy_file=policy.file,
     )
 
 
@@ -290,6 +296,8 @@ def combined(
         contributions=tuple(contributions),
         redactions=redactions,
         phase=decisive.phase,
+        policy_digest=decisive.policy_digest,
+        policy_file=decisive.policy_file,
     )
 
 
@@ -336,6 +344,8 @@ def state_refused(
         latency_ms=latency_ms,
         shadow=policy.mode == "shadow",
         flags=flags,
+        policy_digest=policy.digest,
+        policy_file=policy.file,
     )
 
 
@@ -387,6 +397,8 @@ def fail_mode(
         state=state,
         flags=flags,
         phase=phase_of(subject),
+        policy_digest=policy.digest,
+        policy_file=policy.file,
     )
 
 
@@ -426,6 +438,8 @@ def refused(
         flags=flags,
         phase=phase,
         shadow=shadow,
+        policy_digest=policy.digest if policy else None,
+        policy_file=policy.file if policy else None,
     )
 
 
@@ -442,6 +456,8 @@ def guard_failed(
         latency_ms=latency_ms,
         fail_mode=mode,
         error=f"guard_error: {exc!r}"[:500],
+        policy_digest=policy.digest if policy else None,
+        policy_file=policy.file if policy else None,
     )
 
 
@@ -467,6 +483,8 @@ def unsettled_handoff(verdict: Verdict, mode: FailMode, reason: str) -> Verdict:
         retry_after=verdict.retry_after,
         state=verdict.state,
         flags=verdict.flags,
+        policy_digest=verdict.policy_digest,
+        policy_file=verdict.policy_file,
     )
 
 
@@ -505,8 +523,8 @@ def record(
     Args:
         telemetry: a :class:`~guard.engine.telemetry.Telemetry`.
         decision_log: a :class:`~guard.engine.telemetry.DecisionLog`, or ``None``.
-        policy: the policy that decided (its file is logged, and an agent subject's ``tool_effect`` is logged as
-            that policy's rules read it: :func:`~guard.policy.provenance.resolved_effect`), ``None`` when unknown.
+        policy: the policy that decided (an agent subject's ``tool_effect`` is logged as that policy's rules read
+            it: :func:`~guard.policy.provenance.resolved_effect`), ``None`` when unknown.
         cache: how the answers were found (``hit``, ``miss``, ``shared``), ``None`` without a cache lookup.
 
     Returns:
@@ -518,8 +536,7 @@ def record(
             effect = resolved_effect(policy.tools, subject.tool_name, subject.tool_effect)
             if effect != subject.tool_effect:
                 subject = dataclasses.replace(subject, tool_effect=effect)
-        decision_log.record(verdict, subject, policy_file=policy.file if policy is not None else None, cache=cache,
-                            span=span)
+        decision_log.record(verdict, subject, cache=cache, span=span)
     return verdict
 
 

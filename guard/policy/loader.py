@@ -9,6 +9,8 @@ the message names the first.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import logging
 import os
 import re
@@ -60,7 +62,7 @@ from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRe
 
 __all__ = [
     "MAX_PROBLEMS", "FileStamp", "PolicyLoadError", "PolicySet", "PolicyView", "check_unique", "file_stamp", "load_files",
-    "load_text", "validation_problem",
+    "load_text", "policy_digest", "validation_problem",
 ]
 
 logger = logging.getLogger("guard.policy")
@@ -222,6 +224,20 @@ def _unknown_key(path: Sequence[str | int], model: type[pydantic.BaseModel]) -> 
     return f"unknown key; the keys here are {', '.join(allowed)}"
 
 
+def policy_digest(spec: PolicySpec, file_spec: PolicyFileSpec) -> str:
+    """Which policy text ``spec`` is: the first 16 hex digits of the SHA-256 of its canonical form, the policy as
+    validated (defaults filled in) with its file's ``data`` and ``handoff_targets``, as compact ASCII JSON in the
+    file's order. Comments, layout, quoting and defaults written out do not change it; a change to anything that
+    decides does (a threshold in a rule or in ``data``, a question, the order of the state's fields), whatever the
+    ``version`` says."""
+    canonical = {
+        "policy": spec.model_dump(mode="json", by_alias=True),
+        **file_spec.model_dump(mode="json", by_alias=True, include={"data", "handoff_targets"}),
+    }
+    text = json.dumps(canonical, separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
+
+
 def _compile(
     index: int, spec: PolicySpec, file_spec: PolicyFileSpec, lines: LineMap, problems: list[PolicyError]
 ) -> Policy:
@@ -305,6 +321,7 @@ def _compile(
         cache_ttl=spec.cache.ttl,
         backend=spec.backend,
         model=spec.model or DEFAULT_MODEL,
+        digest=policy_digest(spec, file_spec),
         handoff_targets={
             name: HandoffTarget(name, t.base_url, t.model, t.api_key_env, t.timeout, t.system_prompt, t.stream_timeout)
             for name, t in file_spec.handoff_targets.items()
@@ -781,7 +798,7 @@ class PolicySet:
             logger.warning("policy reload removed %d active policies: %s; if that was not meant, a policy file may "
                            "have been cut short (a writer that stopped mid-write): restore it", len(removed),
                            ", ".join(removed))
-        logger.info("policies reloaded: %s", ", ".join(f"{p.id}@{p.version}" for p in self._view.policies))
+        logger.info("policies reloaded: %s", ", ".join(p.label for p in self._view.policies))
 
 
 def _response_policies(policies: Sequence[Policy]) -> tuple[Policy, ...]:

@@ -25,7 +25,7 @@ from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, QuestionV1, SystemOneRequestV1
 from guard.verdict import FailMode
 
-__all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "HttpReads", "Policy", "PolicyQuestion"]
+__all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "HttpReads", "Policy", "PolicyQuestion", "policy_label"]
 
 logger = logging.getLogger("guard.policy")
 
@@ -154,6 +154,12 @@ def _rule_reads(source: str) -> tuple[set[str] | None, bool]:
     return names, client
 
 
+def policy_label(policy_id: str, version: str, digest: str) -> str:
+    """``id@version digest <digest>``: a policy and its text (:attr:`Policy.digest`) as logs and ``guard policy``
+    name them."""
+    return f"{policy_id}@{version} digest {digest}"
+
+
 @dataclass(frozen=True)
 class Policy:
     """One compiled policy. Built by the loader; see ``docs/policies.md`` for the YAML it comes from.
@@ -171,6 +177,9 @@ class Policy:
         cache_ttl: seconds; 0 = never cached.
         backend: name in the backends mapping given to ``Guard`` (``None`` = the default backend).
         model: model name sent in the request.
+        digest: which policy text this is: 16 hex digits of the SHA-256 of its canonical form (the loader's
+            ``policy_digest``); in the decision log, on the span and wherever a policy is named with it
+            (:attr:`label`).
         handoff_targets: the file's targets.
         data: the file's ``data`` block.
         tools: tool name -> :class:`~guard.policy.provenance.ToolSpec` (effect, sensitive arguments).
@@ -196,12 +205,18 @@ class Policy:
     cache_ttl: float
     backend: str | None
     model: str
+    digest: str
     handoff_targets: Mapping[str, HandoffTarget] = field(default_factory=dict)
     data: Mapping[str, Any] = field(default_factory=dict)
     tools: Mapping[str, ToolSpec] = field(default_factory=dict)
     trusted: tuple[str, ...] = ()
     detector: Detector = find_instructions
     priority: int = 0
+
+    @property
+    def label(self) -> str:
+        """How logs and ``guard policy`` name this policy and its text (:func:`policy_label`)."""
+        return policy_label(self.id, self.version, self.digest)
 
     def matches(self, subject: Subject) -> bool:
         """Cheap check on method/path/host/headers or event/tool name; never reads the body."""

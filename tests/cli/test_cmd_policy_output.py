@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from guard.cli import main
+from guard.policy import load_text
 
 POLICY = "policies:\n  - {id: p, version: 1, match: {http: {paths: ['/x/**']}}, rules: [{id: r, when: 'true', action: block}]}\n"
 
@@ -18,7 +19,8 @@ def test_check_prints_no_ok_for_a_file_whose_policy_id_is_already_defined(
     (tmp_path / "p.yml").write_text(POLICY)
     assert main(["policy", "check", str(tmp_path)]) == 1
     out, err = capsys.readouterr()
-    assert out.splitlines() == [f"ok {tmp_path / 'p.yaml'}: 1 policy (p@1)"]
+    (policy,) = load_text(POLICY)
+    assert out.splitlines() == [f"ok {tmp_path / 'p.yaml'}: 1 policy ({policy.label})"]
     assert f"{tmp_path / 'p.yml'}:2: id: policy id 'p' is already defined in {tmp_path / 'p.yaml'}:2" in err
 
 

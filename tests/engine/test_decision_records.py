@@ -167,3 +167,29 @@ def test_the_bound_is_the_logs_to_set() -> None:
     DecisionLog(lines.append, max_chars=1_000).record(verdict, subject)
     whole, cut = (json.loads(line)["input"]["tool_result"] for line in lines)
     assert whole == "x" * 300_000 and len(cut) < 1_100
+
+
+# Which policy text decided ------------------------------------------------------------------------------------------
+
+
+def test_a_reload_that_keeps_the_version_is_told_apart_by_the_policy_digest(tmp_path: Path, otel: Any) -> None:
+    """A threshold changed under the same version: two records with the same policy id, version and file, and the
+    same answers, one allow and the other block."""
+    telemetry, exporter = otel
+    path = tmp_path / "api.yaml"
+    path.write_text(API, encoding="utf-8")
+    lines: list[str] = []
+    subject = HttpSubject(method="POST", path="/v1/x", body={"m": "hi"}, body_text="hi")
+    with Guard.from_files(path, backends=ScriptedBackend(lambda r: {"inj": 0.5}), telemetry=telemetry,
+                          decision_log=DecisionLog(lines.append)) as guard:
+        digests = [guard.policies["api"].digest]
+        assert guard.evaluate(subject).action == "allow"
+        path.write_text(API.replace(">= 0.8", ">= 0.3"), encoding="utf-8")
+        guard.reload()
+        digests.append(guard.policies["api"].digest)
+        assert guard.evaluate(subject).action == "block"
+    assert digests[0] != digests[1]
+    policies = [json.loads(line)["policy"] for line in lines]
+    assert policies == [{"id": "api", "version": "1.0", "digest": d, "file": str(path)} for d in digests]
+    spans = [span for span in exporter.get_finished_spans() if span.name == "guard.decision"]
+    assert [span.attributes["guard.policy.digest"] for span in spans] == digests

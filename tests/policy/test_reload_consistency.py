@@ -117,13 +117,15 @@ def test_files_that_keep_changing_fail_the_reload_and_keep_the_last_good_set(
 def test_a_reload_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "p.yaml"
     _write(path, POLICY.format(pid="p", version="1"), 0)
-    watcher = PolicyWatcher(load_files(path), interval_s=1)
+    policies = load_files(path)
+    watcher = PolicyWatcher(policies, interval_s=1)
     caplog.set_level(logging.DEBUG, logger="guard.policy")
 
     _write(path, POLICY.format(pid="p", version="2"), 1)
     assert watcher.check() is False and watcher.check() is True
     reloaded = [r for r in caplog.records if r.levelno >= logging.INFO and "reloaded" in r.getMessage()]
-    assert [(r.levelno, r.getMessage()) for r in reloaded] == [(logging.INFO, "policies reloaded: p@2")]
+    assert [(r.levelno, r.getMessage()) for r in reloaded] == [
+        (logging.INFO, f"policies reloaded: p@2 digest {policies['p'].digest}")]
 
 
 def test_a_failed_reload_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
