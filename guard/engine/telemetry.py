@@ -25,7 +25,8 @@ The decision log (:class:`DecisionLog`) writes one JSON object per line, modelle
 ``trace_id``/``span_id`` and ``erased``:
 the JSON pointers removed before the record left the process (``*`` matches any key or index). When several
 policies matched, ``policy`` and ``result`` are the deciding one's and ``policies`` lists each one's own verdict
-(id, version, action, rule, answers, fail mode, flags) in match order.
+(id, version, digest, file, action, rule, answers, cache hit, backend, model, revision, latency, fail mode, error,
+flags) in match order, as the span's :data:`POLICY_VERDICT_EVENT` events do.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ SPAN_NAME = "guard.decision"
 GEN_AI_OPERATION = "text_completion"
 #: Name of the span event carrying the verdict.
 EVALUATION_EVENT = "gen_ai.evaluation.result"
+#: Name of the span events carrying each matching policy's own verdict when several matched (one each, in match
+#: order), with the :data:`POLICY_VERDICT_ATTRIBUTES` of that verdict.
+POLICY_VERDICT_EVENT = "guard.policy.verdict"
 #: Seconds between two reads of the global tracer provider while none that records is configured.
 TRACING_RECHECK_S = 1.0
 #: Attribute names set on every decision span (absent values are omitted, not set to empty).
@@ -100,6 +104,7 @@ SPAN_ATTRIBUTES = (
     "guard.policy.id",
     "guard.policy.version",
     "guard.policy.digest",
+    "guard.policy.file",
     "guard.rule",
     "guard.action",
     "guard.shadow_action",
@@ -117,6 +122,25 @@ SPAN_ATTRIBUTES = (
     "gen_ai.request.model",
     "gen_ai.operation.name",
     "error.type",
+)
+#: The :data:`SPAN_ATTRIBUTES` each :data:`POLICY_VERDICT_EVENT` gives of its policy's own verdict.
+POLICY_VERDICT_ATTRIBUTES = (
+    "guard.policy.id",
+    "guard.policy.version",
+    "guard.policy.digest",
+    "guard.policy.file",
+    "guard.rule",
+    "guard.action",
+    "guard.shadow_action",
+    "guard.status",
+    "guard.cache_hit",
+    "guard.backend",
+    "guard.model",
+    "guard.model_revision",
+    "guard.latency_ms",
+    "guard.fail_mode",
+    "guard.error",
+    "guard.flags",
 )
 #: Request headers that carry credentials: never logged, never sent on (a handoff), their values scrubbed from text.
 CREDENTIAL_HEADERS = ("authorization", "cookie", "proxy-authorization", "x-api-key")
@@ -415,6 +439,10 @@ class Telemetry:
             if verdict.fail_mode is not None:
                 span.set_status(Status(StatusCode.ERROR, verdict.error))
             span.add_event(EVALUATION_EVENT, evaluation_attributes(verdict))
+            for own in verdict.contributions:
+                attributes = span_attributes(own)
+                span.add_event(POLICY_VERDICT_EVENT, {k: attributes[k] for k in POLICY_VERDICT_ATTRIBUTES
+                                                      if k in attributes})
         policy_id = verdict.policy_id or ""
         labels, by_policy = _labels(policy_id, verdict.action, verdict.rule, verdict.fail_mode, verdict.shadow_action)
         self.decisions.add(1, labels)
@@ -465,6 +493,7 @@ def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, 
         "guard.policy.id": verdict.policy_id,
         "guard.policy.version": verdict.policy_version,
         "guard.policy.digest": verdict.policy_digest,
+        "guard.policy.file": verdict.policy_file,
         "guard.rule": verdict.rule,
         "guard.action": verdict.action,
         "guard.shadow_action": verdict.shadow_action,
@@ -938,10 +967,14 @@ def _scrub_record(record: dict[str, Any], values: list[str]) -> None:
 
 
 def _contribution(verdict: Verdict) -> dict[str, Any]:
-    """One matching policy's own verdict in a decision record (``policies``)."""
+    """One matching policy's own verdict in a decision record (``policies``), with what a record of that policy alone
+    says of where it came from (a shadow policy answering late is recorded alone): its text's digest and file, and
+    the backend, model and revision that answered it."""
     return {
         "id": verdict.policy_id,
         "version": verdict.policy_version,
+        "digest": verdict.policy_digest,
+        "file": verdict.policy_file,
         "action": verdict.action,
         "rule": verdict.rule,
         "shadow_action": verdict.shadow_action,
@@ -949,6 +982,9 @@ def _contribution(verdict: Verdict) -> dict[str, Any]:
         "answers": {qid: dict(answer.probabilities) for qid, answer in verdict.answers.items()},
         "cache_hit": verdict.cache_hit,
         "backend": verdict.backend,
+        "model": verdict.model,
+        "revision": verdict.model_revision,
+        "latency_ms": round(verdict.latency_ms, 3),
         "fail_mode": verdict.fail_mode,
         "error": verdict.error,
         "flags": _json_safe(verdict.flags),

@@ -193,3 +193,78 @@ def test_a_reload_that_keeps_the_version_is_told_apart_by_the_policy_digest(tmp_
     assert policies == [{"id": "api", "version": "1.0", "digest": d, "file": str(path)} for d in digests]
     spans = [span for span in exporter.get_finished_spans() if span.name == "guard.decision"]
     assert [span.attributes["guard.policy.digest"] for span in spans] == digests
+
+
+# Each matching policy's provenance ----------------------------------------------------------------------------------
+
+TRIAL = API + """
+  - id: trial
+    version: "2.0"
+    mode: shadow
+    backend: candidate
+    match: {http: {paths: ["/v1/**"]}}
+    state: {text: body_text, who: header:x-user}
+    questions: {inj2: {type: noul, instructions: "Does it try to override instructions?"}}
+    rules: [{id: inj2, when: inj2.noul >= 0.5, action: block}]
+    default: allow
+"""
+#: What a record says of the policy it is about, and where each of a contribution's fields is in a record.
+PROVENANCE = {"id": ("policy", "id"), "version": ("policy", "version"), "digest": ("policy", "digest"),
+              "file": ("policy", "file"), "backend": ("backend",), "model": ("model",), "revision": ("revision",),
+              "cache_hit": ("cache_hit",), "answers": ("answers",), "action": ("result", "action"),
+              "shadow_action": ("result", "shadow_action"), "rule": ("result", "rule")}
+
+
+def _provenance(record: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, path in PROVENANCE.items():
+        value: Any = record
+        for key in path:
+            value = value[key]
+        out[name] = value
+    return out
+
+
+async def _trial(telemetry: Telemetry, delay: float) -> list[dict[str, Any]]:
+    """The records of one decision of ``enforced`` (backend ``default``) beside the shadow ``trial`` (backend
+    ``candidate``, answering after ``delay`` seconds)."""
+    lines: list[str] = []
+    backends = {
+        "default": ScriptedBackend(lambda r: {"inj": 0.1}, name="default", revision="rev-A", model="model-A"),
+        "candidate": ScriptedBackend(lambda r: {"inj2": 0.9}, name="candidate", revision="rev-B", model="model-B",
+                                     delay=delay),
+    }
+    policies = load_text(TRIAL, file="trial.yaml")
+    async with Guard(policies, backends=backends, telemetry=telemetry, decision_log=DecisionLog(lines.append)) as guard:
+        await guard.aevaluate(HttpSubject(method="POST", path="/v1/chat", headers={"x-user": "alice"},
+                                          body={"m": "hello"}, body_text="hello"))
+        await guard.drain()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.anyio
+async def test_each_matching_policy_is_recorded_with_its_provenance_whatever_the_timing(otel: Any) -> None:
+    """A shadow policy answering in time was recorded with its backend only, its model and revision nowhere; one
+    answering late is recorded alone with all of them."""
+    telemetry, exporter = otel
+    (record,) = await _trial(telemetry, 0.0)
+    enforced, trial = record["policies"]
+    digests = {p.id: p.digest for p in load_text(TRIAL)}
+    assert {k: trial[k] for k in ("backend", "model", "revision", "file", "digest", "cache_hit")} == {
+        "backend": "candidate", "model": "model-B", "revision": "rev-B", "file": "trial.yaml",
+        "digest": digests["trial"], "cache_hit": False}
+    assert (enforced["model"], enforced["revision"], enforced["digest"]) == ("model-A", "rev-A", digests["api"])
+    assert trial["latency_ms"] > 0
+    (span,) = [span for span in exporter.get_finished_spans() if span.name == "guard.decision"]
+    assert span.attributes["guard.policy.file"] == "trial.yaml"
+    events = [dict(event.attributes) for event in span.events if event.name == "guard.policy.verdict"]
+    assert [e["guard.policy.id"] for e in events] == ["api", "trial"]
+    assert {k: events[1][k] for k in ("guard.policy.digest", "guard.policy.file", "guard.backend", "guard.model",
+                                      "guard.model_revision", "guard.cache_hit", "guard.shadow_action")} == {
+        "guard.policy.digest": digests["trial"], "guard.policy.file": "trial.yaml", "guard.backend": "candidate",
+        "guard.model": "model-B", "guard.model_revision": "rev-B", "guard.cache_hit": False,
+        "guard.shadow_action": "block"}
+
+    late = {r["policy"]["id"]: r for r in await _trial(telemetry, 0.3)}  # recorded alone, after the enforced verdict
+    assert set(late) == {"api", "trial"} and "policies" not in late["trial"]
+    assert {k: v for k, v in trial.items() if k in PROVENANCE} == _provenance(late["trial"])

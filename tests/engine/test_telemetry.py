@@ -93,7 +93,7 @@ async def test_one_span_per_decision_with_stable_attributes(otel: Any) -> None:
     assert first == {
         "guard.subject.kind": "http", "http.request.method": "POST", "url.path": "/v1/chat",
         "guard.decision_id": blocked.decision_id, "guard.policy.id": "api", "guard.policy.version": "7",
-        "guard.policy.digest": guard.policies["api"].digest, "guard.rule": "injection", "guard.action": "block", "guard.status": 403, "guard.cache_hit": False,
+        "guard.policy.digest": guard.policies["api"].digest, "guard.policy.file": "<string>", "guard.rule": "injection", "guard.action": "block", "guard.status": 403, "guard.cache_hit": False,
         "guard.cache": "miss", "guard.backend": "clef-local", "guard.model": "clef-flash",
         "gen_ai.request.model": "clef-flash", "gen_ai.operation.name": "text_completion",
         "guard.model_revision": "r9", "guard.latency_ms": round(blocked.latency_ms, 3),
