@@ -17,7 +17,7 @@ to the list ``q``. Four readings are modelled, each as its parser has it:
 * ``qs`` (Express 4's query and ``urlencoded({extended: true})`` parser): the parent is what comes before the first
   ``[...]`` segment, each later ``[...]`` is a child wherever it stands (``[q]`` is ``q``, ``q[a]b[c]`` is ``q`` ->
   ``a`` -> ``c``), five deep, the rest one more key; ``[]`` and an index up to 20 append (qs drops a list's holes);
-  qs ends a name at ``]=`` when a piece holds one (:func:`qs_names`).
+  qs ends a name at ``]=`` when a piece holds one, ``%5D=`` too (:func:`qs_names`).
 
 Each reading stops where its parser stops: PHP drops a name with more than 64 indices (``max_input_nesting_level``),
 Rack 2 and Rack 3 refuse a request with a name more than 100 and 32 keys deep (``param_depth_limit``), so none of
@@ -55,6 +55,7 @@ _RACK2_DEPTH = 100
 _RACK3_DEPTH = 32
 _PAIRS = re.compile(r"[&;] *")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
+_QS_BRACKET_ESCAPES = re.compile(r"%5[BbDd]")
 
 
 def _php(name: str) -> KeyPath | None:
@@ -223,9 +224,13 @@ def pairs(text: str) -> Iterator[tuple[str, str | None]]:
 
 
 def qs_names(text: str) -> Iterator[str]:
-    """The parameter names qs (Express) reads from a query or urlencoded form (latin-1 text of its bytes): pieces
-    split at ``&``, a piece's name ending at its first ``]=`` when it holds one (``q[=]=x`` names ``q[=]``), else at
-    its first ``=``, then percent-escapes and ``+`` decoded. Empty pieces are skipped."""
+    """The parameter names qs (Express) reads from a query or urlencoded form (latin-1 text of its bytes): ``%5B``
+    and ``%5D`` (any case) read as ``[`` and ``]`` first, as qs does before it splits (``lib/parse.js`` since qs
+    6.12.2), then pieces split at ``&``, a piece's name ending at its first ``]=`` when it holds one (``q[=]=x`` and
+    ``q[=%5D=x`` name ``q[=]``), else at its first ``=``, then percent-escapes and ``+`` decoded. Empty pieces are
+    skipped."""
+    if "%5" in text:
+        text = _QS_BRACKET_ESCAPES.sub(lambda m: "[" if m.group() in ("%5B", "%5b") else "]", text)
     for piece in text.split("&"):
         if piece:
             bracket = piece.find("]=")

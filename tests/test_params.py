@@ -80,4 +80,5 @@ def test_a_name_a_parser_reads_otherwise_is_not_plain(name: str) -> None:
 
 
 def test_qs_ends_a_name_at_a_bracket_before_an_equals_sign() -> None:
-    assert list(qs_names("q[=]=attack&a=b&c%5D=d]=e&&x")) == ["q[=]", "a", "c]=d]", "x"]
+    # qs reads %5D as ']' before it looks for ']=' (qs 6.12.2 on, which Express 4.21's body-parser uses)
+    assert list(qs_names("q[=]=attack&a=b&c%5D=d]=e&&x&y[=%5d=z")) == ["q[=]", "a", "c]", "x", "y[=]"]

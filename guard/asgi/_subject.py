@@ -294,9 +294,11 @@ def _repeated_names(scope: Scope, headers: dict[str, str]) -> tuple[str, ...]:
 def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_text: str,
               received: bytes) -> HttpSubject:
     """A new subject: ``head`` with its query and body (``body`` and ``body_text`` parsed from ``received``, the body
-    as the application reads it); a urlencoded body holding ``]=`` is kept as its ``form_string`` too."""
+    as the application reads it); a urlencoded body holding ``]=`` (or ``%5D=``, which qs reads so) is kept as its
+    ``form_string`` too."""
     # ']' first (a byte search): a body a browser or urlencode() writes has none, and a two-byte search costs more
-    form = head.content_type == "application/x-www-form-urlencoded" and b"]" in received and b"]=" in received
+    form = head.content_type == "application/x-www-form-urlencoded" and (
+        (b"]" in received and b"]=" in received) or b"%5D=" in received or b"%5d=" in received)
     return HttpSubject(
         method=head.method,
         path=head.path,

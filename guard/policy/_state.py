@@ -292,8 +292,9 @@ def _rack2_query(subject: HttpSubject) -> dict[str, list[str]] | None:
 
 def _qs_names(text: str) -> list[str] | None:
     """The names qs (Express) reads from a query or urlencoded form ``text`` (:func:`guard._params.qs_names`) when it
-    holds ``]=``, where they can differ from guard's split; ``None`` otherwise (qs names the pieces as guard does)."""
-    return list(qs_names(text)) if "]=" in text else None
+    holds ``]=`` or a percent-escaped bracket (qs reads ``%5D=`` as ``]=``), where they can differ from guard's
+    split; ``None`` otherwise (qs names the pieces as guard does)."""
+    return list(qs_names(text)) if "]=" in text or "%5" in text else None
 
 
 def _filled(values: list[str] | None) -> list[str]:

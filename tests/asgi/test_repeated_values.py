@@ -114,6 +114,12 @@ def test_a_value_read_as_one_sent_twice_is_refused_not_allowed(once: dict, twice
          "form field 'user' (as 'user[=]', which Express reads into 'user')"),
         ({"method": "POST", "url": "/x", "content": "user=alice&user[=]=mallory", "headers": FORM},
          "form field 'user' (as 'user[=]', which Express reads into 'user')"),
+        # qs reads %5B and %5D as brackets before it splits: user[=%5D=mallory is user[=]=mallory to it
+        ({"url": "/x?user[=%5D=mallory"}, "(as 'user[=]', which Express reads into 'user')"),
+        ({"method": "POST", "url": "/x", "content": "user[=%5D=mallory", "headers": FORM},
+         "form field 'user' (as 'user[=]', which Express reads into 'user')"),
+        ({"method": "POST", "url": "/x", "content": "user=alice&user%5B=%5d=mallory", "headers": FORM},
+         "form field 'user' (as 'user[=]', which Express reads into 'user')"),
     ],
 )
 def test_a_value_read_by_name_sent_under_a_php_or_rack_spelling_is_refused(request_: dict, what: str) -> None:
@@ -152,13 +158,14 @@ def test_a_form_whose_names_qs_reads_as_guard_does_or_that_no_policy_reads_so_pa
         "user=alice&note=a]=b",  # qs names it 'note=a]': guard's 'note' is read by no policy
         urlencode({"user": "alice", "filter[=]": "x", "note": "a]=b"}),  # escaped: user=alice&filter%5B%3D%5D=x...
         "user=alice&other[=]=mallory",
+        "user=alice&note=a%5D=b&filter%5Ba%5D=1",  # escaped brackets qs reads as guard's split names them
     ]
     multipart = '--b\r\nContent-Disposition: form-data; name="note"\r\n\r\nx&user[=]=mallory\r\n--b--\r\n'
     responses = _send(POLICY.replace("TAGS", "'query:tag'"),
                       *({"method": "POST", "url": "/x", "content": body, "headers": FORM} for body in ordinary),
                       {"method": "POST", "url": "/x", "content": multipart,
                        "headers": {"content-type": "multipart/form-data; boundary=b"}})
-    assert [(r.status_code, r.text) for r in responses] == [(200, "user=None form=alice")] * 4 + [
+    assert [(r.status_code, r.text) for r in responses] == [(200, "user=None form=alice")] * 5 + [
         (200, "user=None form=None")]
     (passed,) = _send(QUERY_ONLY, {"method": "POST", "url": "/x", "content": "user[=]=mallory", "headers": FORM})
     assert passed.status_code == 200, passed.text
