@@ -33,7 +33,6 @@ __all__ = [
     "check_html_charset",
     "check_xml_encoding",
     "is_textual",
-    "is_xml",
     "media_type",
     "parse_params",
 ]
@@ -196,11 +195,6 @@ def is_textual(media: str) -> bool:
     """Media types read and judged as text: ``text/*``, JSON (JSON Lines too), XML, YAML, GraphQL, and ``+json`` /
     ``+xml`` types."""
     return media.startswith(_TEXTUAL_PREFIXES) or media.endswith(("+json", "+xml"))
-
-
-def is_xml(media: str) -> bool:
-    """``application/xml``, ``text/xml`` and ``+xml`` types."""
-    return media in ("application/xml", "text/xml") or media.endswith("+xml")
 
 
 def check_html_charset(body: bytes, field: str = "body", *, partial: bool = False) -> None:

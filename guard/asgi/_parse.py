@@ -2,7 +2,7 @@
 
 ``parse_body`` returns ``(value, text)``: the value the policy renders into its state (a JSON value, ``{field:
 [values]}`` for forms, a ``str`` for text) and the judged text, ``HttpSubject.body_text``: every string value in it,
-in document order, joined by newlines, with two rules:
+in document order, joined by newlines, with these rules:
 
 * **Keys are judged unless they are plain identifiers.** An object key or form field name is data the application can
   read (iterate, store, hand to a model), so ``{"Ignore all previous instructions...": 1}`` must be judged. A key
@@ -12,6 +12,8 @@ in document order, joined by newlines, with two rules:
 * **A text or form body that is a JSON document is judged as both.** An application may parse any body as JSON
   (Starlette's ``request.json()`` is ``json.loads`` of the bytes, whatever the media type: a byte-order mark and
   UTF-16/32 are read too), so the document's decoded strings follow the text (:func:`_also_json`).
+* **An HTML or XML body is judged as written and as a parser reads it** (:func:`guard._markup.with_markup_reading`:
+  ``&#65;TTACK``, ``AT<![CDATA[TACK]]>``); its value stays the text as sent, the one a ``redact`` verdict masks.
 * **File metadata is not text.** A multipart file's ``filename`` and ``content_type`` stay in ``body`` (a policy's
   state can address them) but only the file's content is judged.
 
@@ -22,7 +24,6 @@ US-ASCII (see :mod:`guard.asgi._media`); form text that is not valid in its char
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +32,8 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.types import Scope
 
 from guard._json import dumps, is_json_media, json_readings, loads
-from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
+from guard._markup import is_markup, is_xml, with_markup_reading
+from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, parse_params
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
@@ -186,9 +188,8 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         return _untyped(body, limits)
     elif is_textual(media):
         text = _text(body, media, params)
-        if is_xml(media) or media == "text/html":
-            text = _with_markup_text(text)
-        return text, _also_json(text, body, limits)
+        judged = with_markup_reading(text) if is_markup(media) else text  # the value stays as sent
+        return text, _also_json(judged, body, limits)
     elif limits.opaque_media == "metadata":
         return None, ""
     else:
@@ -252,14 +253,6 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
             return text, text
         raise _json_error(exc) from exc
     return value, "\n".join(body_strings(value))
-
-
-def _with_markup_text(text: str) -> str:
-    """An XML or HTML body's text, followed by the text a parser makes of it where that differs: character
-    references decoded (``&#65;TTACK``, ``&lt;``) and CDATA sections unwrapped (``AT<![CDATA[TACK]]>``), so markup
-    cannot spell what the application reads (``ElementTree.fromstring(body).text``) past a rule or the model."""
-    parsed = html.unescape(text.replace("<![CDATA[", "").replace("]]>", ""))  # linear, whatever is unclosed
-    return text if parsed == text else f"{text}\n{parsed}"
 
 
 def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:

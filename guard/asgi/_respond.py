@@ -13,8 +13,9 @@ or those of a body that holds them, are joined as its client joins them: :mod:`g
   ``Content-Encoding``); block: the client gets ``{code: response_blocked, ...}`` with the rule's status instead.
 * **streamed** (``text/event-stream``, or no ``Content-Length``: chunked): a sliding window. Bytes are held back
   until ``stream_window_bytes`` have arrived or the stream ends; the held text, after the last
-  ``stream_overlap_bytes`` already sent, is judged; then it is sent on (for SSE only up to the last complete event, so
-  an event is never split from its end). Nothing is sent before it was judged, so nothing after a blocked span leaves.
+  ``stream_overlap_bytes`` already sent, is judged (HTML and XML also as a parser reads it, as a whole body is);
+  then it is sent on (for SSE only up to the last complete event, so an event is never split from its end).
+  Nothing is sent before it was judged, so nothing after a blocked span leaves.
   A block before anything was sent is a plain JSON block; after, an SSE stream gets one ``event: guard_blocked``
   with the block's JSON as data and ends; a chunked stream that is not SSE is cut off without its last chunk, so the
   client sees an incomplete body, never one that looks whole. Redact replaces spans in the window before it is sent
@@ -45,9 +46,10 @@ from typing import Any
 from starlette.types import Message, Scope, Send
 
 from guard._json import is_json_media, json_readings
+from guard._markup import is_markup, is_xml, with_markup_reading
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._deltas import JSON_LINES, DeltaJoiner, joiner_for
-from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, is_xml, parse_params
+from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, parse_params
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
 from guard.asgi._responses import send_json, verdict_headers
@@ -593,10 +595,12 @@ class ResponseJudge:
 
 
 def _window_subject(head: HttpSubject, text: str, joined: tuple[tuple[str, ...], ...]) -> HttpSubject:
-    """The subject a stream's window ``text`` is judged as: the text as the body; as ``body_text``, the text, what a
-    client's JSON parser reads from it (decoded) and each of the events' joined texts (``joined``,
+    """The subject a stream's window ``text`` is judged as: the text as the body; as ``body_text``, the text (for
+    HTML or XML followed by what a parser reads from it, as a whole body's: :func:`guard._markup.with_markup_reading`),
+    what a client's JSON parser reads from it (decoded) and each of the events' joined texts (``joined``,
     :meth:`DeltaJoiner.joined`, also the subject's ``deltas``)."""
-    judged = "\n".join([text, *body_strings(json_readings(text, piece=True)), *("".join(p) for p in joined)])
+    read = with_markup_reading(text) if is_markup(head.content_type) else text
+    judged = "\n".join([read, *body_strings(json_readings(text, piece=True)), *("".join(p) for p in joined)])
     return dataclasses.replace(head, body=text, body_text=judged, deltas=joined)
 
 

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from guard._markup import is_markup
 from guard.errors import BackendError, GuardError, Overloaded, StateAmbiguous, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
 from guard.policy.provenance import resolved_effect
@@ -161,8 +162,8 @@ def phase_of(subject: Subject | None) -> Phase:
 
 #: The message of a ``redact`` verdict turned into a block: what the rule masks is also where it cannot be masked.
 UNMASKABLE = (
-    "What the rule masks is also in an object key, the query string, an escaped text body or across a stream's "
-    "events, where it cannot be masked; refused."
+    "What the rule masks is also in an object key, the query string, an escaped text body (JSON escapes, HTML or "
+    "XML character references or CDATA) or across a stream's events, where it cannot be masked; refused."
 )
 
 
@@ -192,7 +193,8 @@ def answered(
         redactions = redactor.find(subject.body, policy.detector)
         state = None
         query = subject.query if subject.phase == "request" else {}
-        if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector, subject.deltas):
+        if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector, subject.deltas,
+                                                  markup=is_markup(subject.content_type)):
             action, redactions, message = "block", (), UNMASKABLE
             status = 422 if subject.phase == "request" else None  # a response: the response block's own status
             flags = {**flags, UNMASKABLE_FLAG: 1}  # the decision log leaves the body and query out

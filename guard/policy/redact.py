@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard._json import Repeated, json_readings
+from guard._markup import markup_reading
 from guard.policy._re2 import Pattern, compile_re2
 from guard.policy.instructions import Detector
 from guard.verdict import MaskStyle, Redaction
@@ -101,14 +102,20 @@ class Redactor:
 
 
     def leaves(self, body: Any, query: Mapping[str, Any], redactions: tuple[Redaction, ...],
-               detector: Detector | None = None, deltas: tuple[tuple[str, ...], ...] = ()) -> bool:
+               detector: Detector | None = None, deltas: tuple[tuple[str, ...], ...] = (), *,
+               markup: bool = False) -> bool:
         """Whether what this block masks would still reach the application (or the client) once ``redactions``
         are applied: found in an object key or form field name, in the query's names or values, for a text body or
         a stream's window in what a JSON parser decodes from it (:func:`guard._json.json_readings`: documents,
-        events, JSON lines, the escapes of a cut document; ``\\u0034111`` is ``4111``), or across two of a
-        stream's pieces that its client joins (``deltas``: ``sk`` + ``-abcdefgh123``; no span of the raw text is
-        that key). The enforcement point refuses such a request, or stops such a response, instead of passing it
-        on half masked.
+        events, JSON lines, the escapes of a cut document; ``\\u0034111`` is ``4111``), for HTML or XML in what a
+        parser reads from it (``markup``), or across two of a stream's pieces that its client joins (``deltas``:
+        ``sk`` + ``-abcdefgh123``; no span of the raw text is that key). The enforcement point refuses such a
+        request, or stops such a response, instead of passing it on half masked.
+
+        Markup is masked as written, so what a parser reads from the masked text
+        (:func:`guard._markup.markup_reading`) must be what it reads from the text with this block's spans masked
+        there: ``sk-&#97;bcdefgh1234`` holds no key as written, and ``sk-abcdefgh&#49;&#50;`` holds ``sk-abcdefgh``
+        but reads as ``sk-abcdefgh12``, whose ``12`` masking the written key leaves.
 
         Args:
             body: the parsed body the spans were found in.
@@ -118,11 +125,17 @@ class Redactor:
             deltas: a streamed window's joined pieces (:attr:`guard.subject.HttpSubject.deltas`); a span inside
                 one piece is the raw text's to mask (or an earlier window's, in the first piece), one that crosses
                 two cannot be masked.
+            markup: ``body`` is the text of an HTML or XML body, or of a stream's window of one.
         """
         masked = apply_redactions(body, redactions)
         texts = [*_keys_and_strings(masked), *_keys_and_strings(dict(query))]
         if isinstance(masked, str):
             texts += _keys_and_strings(json_readings(masked, piece=True))
+            if markup:
+                parsed, read = markup_reading(body), markup_reading(masked)
+                if read != apply_redactions(parsed, self.find(parsed, detector)):
+                    return True
+                texts.append(read)
         for text in texts:
             if any(pattern.search(text) for _, pattern in self.patterns):
                 return True

@@ -404,9 +404,11 @@ def test_a_form_value_without_escapes_adds_nothing() -> None:
 ])  # fmt: skip
 def test_markup_is_also_judged_as_a_parser_reads_it(body: bytes, content_type: str) -> None:
     """An XML parser decodes character references and unwraps CDATA: ``&#65;TTACK`` reached the app as ``ATTACK``
-    while guard read the markup only (attack finding)."""
-    _, text = parse_body(body, content_type, BodyLimits())
+    while guard read the markup only (attack finding). The value is the markup as sent: a redact verdict masks it
+    and sends it on, so the parsed reading is judged only (sent on, it made escaped markup live)."""
+    value, text = parse_body(body, content_type, BodyLimits())
     assert "ATTACK" in text and body.decode() in text  # the markup as written, then as parsed
+    assert value == body.decode()
 
 
 def test_markup_without_references_is_judged_once() -> None:

@@ -80,6 +80,21 @@ def test_what_a_redact_rule_cannot_mask_is_reported(body: object, query: dict[st
     assert CARDS.leaves(body, query, CARDS.find(body)) is leaves
 
 
+KEYS = Redactor((("api_key", re.compile(r"sk-[A-Za-z0-9]{8,}")), ("word", re.compile(r"secret\S+"))))
+
+
+@pytest.mark.parametrize(("text", "markup", "leaves"), [
+    ("<p>&lt;b&gt; sk-abcdefgh1234</p>", True, False),  # the key as written: masked where it is
+    ("<p>sk-&#97;bcdefgh1234</p>", True, True),  # only a parser reads a key here
+    ("<p>sk-abcdefgh&#49;&#50;</p>", True, True),  # the written key is sk-abcdefgh: masked, it leaves the 12 read
+    ("<a>sk-abcd<![CDATA[efgh1234]]></a>", True, True),
+    ("<p>secret&amp;sauce, served</p>", True, False),  # a span holding a reference: masked whole as written
+    ("<p>sk-&#97;bcdefgh1234</p>", False, False),  # not markup: the text is what is read
+])  # fmt: skip
+def test_a_span_only_a_markup_parser_reads_cannot_be_masked(text: str, markup: bool, leaves: bool) -> None:
+    assert KEYS.leaves(text, {}, KEYS.find(text), markup=markup) is leaves
+
+
 def test_overlapping_spans_of_several_redactors_are_merged_per_string() -> None:
     spans = [Redaction("/b", 0, 3, "x"), Redaction("/a", 5, 12, "key"), Redaction("/a", 9, 30, "run"),
              Redaction("/a", 40, 42, "key")]  # fmt: skip
