@@ -23,8 +23,9 @@ matched) and its query string. A target that is not an origin-form path, or that
 to it as an open tunnel cannot send the answer's body).
 
 Upstream trouble becomes ``{code, message}``: 502 ``upstream_unavailable`` (refused, reset, protocol error) or 504
-``upstream_timeout`` (no connection or no response in time). If the upstream breaks after the response started, the
-client connection is aborted (never a truncated body that looks complete).
+``upstream_timeout`` (no connection or no response in time), and so is one that breaks or goes silent mid-body while
+nothing has reached the client yet (a response policy holds the response until it is judged). If the upstream breaks
+after the response started, the client connection is aborted (never a truncated body that looks complete).
 
 The proxied listener serves nothing of its own besides the clients' review endpoints of the middleware
 (``/_guard/reviews/<id>``): liveness, readiness, metrics and the reviewers' API are on the admin listener
@@ -492,14 +493,9 @@ class ReverseProxy:
                 await send_json(send, 503, {"code": "upstream_busy", "message": f"the proxy is busy ({exc}); retry",
                                             "field": None}, [(b"retry-after", b"1")])
                 return
-            timeout = isinstance(exc, UpstreamTimeout)
-            code = "upstream_timeout" if timeout else "upstream_unavailable"
-            self.health.failure(code, str(exc), severity="degraded")  # shared by every replica: no rerouting helps
-            await send_json(send, 504 if timeout else 502, {
-                "code": code,
-                "message": str(exc),
-                "field": None,
-            })  # fmt: skip
+            status, payload = _upstream_failure(exc)
+            self.health.failure(payload["code"], str(exc), severity="degraded")  # every replica's: no rerouting helps
+            await send_json(send, status, payload)
             return
         self.health.success()
         try:
@@ -511,14 +507,21 @@ class ReverseProxy:
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             if not ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except UpstreamError as exc:
+        except UpstreamError:
             self.metrics.count_upstream_error("broken_stream")
-            logger.warning("upstream broke mid-response (%s); aborting the client connection", exc)
-            raise
+            raise  # ProxyApp answers 502/504 when nothing reached the client yet, else the connection is aborted
         except OSError:  # the client went away mid-response
             return
         finally:
             await response.aclose()
+
+
+def _upstream_failure(exc: UpstreamError) -> tuple[int, dict[str, Any]]:
+    """The answer to a request whose upstream failed (not :class:`UpstreamBusy`): ``(status, JSON body)``, 504
+    ``upstream_timeout`` or 502 ``upstream_unavailable``."""
+    timeout = isinstance(exc, UpstreamTimeout)
+    return 504 if timeout else 502, {"code": "upstream_timeout" if timeout else "upstream_unavailable",
+                                     "message": str(exc), "field": None}
 
 
 _W3C = TraceContextTextMapPropagator()
@@ -582,13 +585,36 @@ class ProxyApp:
                 await refuse_target(send, exc, self.proxy.metrics, close=True)
                 return
         if not self.proxy.config.trust_traceparent:
-            await self.guarded(scope, receive, send)
+            await self._guarded(scope, receive, send)
             return
         token = otel_context.attach(_client_trace_context(scope))
         try:
-            await self.guarded(scope, receive, send)
+            await self._guarded(scope, receive, send)
         finally:
             otel_context.detach(token)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The guarded proxy's answer. An upstream that breaks or times out mid-body while nothing has reached the
+        client (a response policy holds the response until it is judged) is answered 502 ``upstream_unavailable``
+        or 504 ``upstream_timeout``, as one that fails before its head; once the response has started, the client
+        connection is aborted (never a truncated body that looks complete)."""
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.guarded(scope, receive, tracked)
+        except UpstreamError as exc:
+            if started:
+                logger.warning("upstream broke mid-response (%s); aborting the client connection", exc)
+                raise
+            status, payload = _upstream_failure(exc)
+            logger.warning("upstream broke mid-response (%s) before anything reached the client; answering %d %s",
+                           exc, status, payload["code"])
+            await send_json(send, status, payload)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import hashlib
 import json
+import logging
 import socket
 import threading
 import time
@@ -35,6 +36,7 @@ from guard.engine import Guard
 from guard.engine.cache import CacheConfig, RedisCache
 from guard.engine.telemetry import Telemetry
 from guard.errors import PolicyError
+from guard.policy import load_text
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, scripted_answers, sha
 from tests.asgi._servers import raw_request, serve_in_thread
@@ -258,6 +260,72 @@ async def test_a_malformed_upstream_head_is_a_502(make_guard: GuardFactory) -> N
                 response = await client.get("/public/echo")
     assert response.status_code == 502 and response.json()["code"] == "upstream_unavailable"
     assert "Transfer-Encoding can't be present with Content-Length" in response.json()["message"]
+
+
+RESPONSE_POLICY = r"""
+policies:
+  - id: leaks
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {}}}
+    state: {text: body_text}
+    rules:
+      - {id: leak, when: 'state.text.contains("SECRET")', action: block}
+"""
+
+
+async def test_an_upstream_that_breaks_before_anything_reached_the_client_is_a_502_or_504(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A response policy holds the response back until it is judged: an upstream that broke or stalled mid-body
+    then gave the client uvicorn's plain-text 500 and logged a traceback (attack finding). Once the response has
+    started (a path no response policy watches), the connection is still aborted."""
+    release = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        path = (await reader.readuntil(b"\r\n\r\n")).split(b" ")[1]
+        if path.endswith(b"/chunked"):  # one chunk, then the connection closes
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n"
+                         b"10\r\nhello world 1234\r\n")
+        else:  # 11 of the 100 bytes promised, then a close (or, for /stall, nothing more)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 100\r\n\r\nhello world")
+        await writer.drain()
+        if path.endswith(b"/stall"):
+            await release.wait()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    tracebacks = _Recorder()
+    guard = Guard(load_text(RESPONSE_POLICY), backends=ScriptedBackend(lambda request: {}))
+    app = proxy_app(guard, ProxyConfig(f"http://127.0.0.1:{port}", read_timeout=0.5))
+    async with server:
+        with serve_in_thread(app) as proxy:
+            logging.getLogger("uvicorn.error").addHandler(tracebacks)  # configured by uvicorn; caplog never sees it
+            async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+                short, chunked, stalled = [await client.get(f"/out/{path}") for path in ("short", "chunked", "stall")]
+                with pytest.raises(httpx.RemoteProtocolError):
+                    await client.get("/public/short")  # started unjudged: aborted, never a complete-looking body
+        release.set()
+    logging.getLogger("uvicorn.error").removeHandler(tracebacks)
+    await guard.aclose()
+    assert (short.status_code, short.json()["code"]) == (502, "upstream_unavailable")
+    assert (chunked.status_code, chunked.json()["code"]) == (502, "upstream_unavailable")
+    assert (stalled.status_code, stalled.json()["code"]) == (504, "upstream_timeout")
+    assert "hello" not in short.text + chunked.text + stalled.text
+    answered = [r.getMessage() for r in caplog.records if "before anything reached the client" in r.getMessage()]
+    assert len(answered) == 3
+    assert [r.getMessage().strip() for r in tracebacks.records] == ["Exception in ASGI application"]  # the abort
+
+
+class _Recorder(logging.Handler):
+    """A logging handler that keeps the records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 async def test_health_metrics_and_review_admin(make_guard: GuardFactory, upstream: tuple[Upstream, str]) -> None:
