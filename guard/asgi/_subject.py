@@ -13,13 +13,13 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.types import Scope
 
+from guard.asgi._body_view import shown_body
 from guard.asgi._media import media_type
 from guard.engine.telemetry import credential_name, credential_value, redact_secrets
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
 __all__ = [
-    "MAX_SHOWN_BODY_CHARS",
     "METHOD_OVERRIDE_HEADERS",
     "SENSITIVE_HEADERS",
     "SINGLE_VALUE_HEADERS",
@@ -31,7 +31,6 @@ __all__ = [
     "held_request",
     "host_name",
     "query_map",
-    "shown_body",
     "shown_query",
     "subject_summary",
     "with_body",
@@ -318,7 +317,7 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
 def subject_summary(subject: HttpSubject, body: bytes) -> dict[str, Any]:
     """What a reviewer sees of the held request besides the state: method, path, query (:func:`shown_query`), host,
     client, media type, the headers a release replays (:func:`shown_headers`) and ``body``, the held body
-    (:func:`shown_body`)."""
+    (:func:`~guard.asgi._body_view.shown_body`)."""
     return {
         "kind": "http",
         "method": subject.method,
@@ -330,40 +329,6 @@ def subject_summary(subject: HttpSubject, body: bytes) -> dict[str, Any]:
         "headers": shown_headers(subject),
         "body": shown_body(subject, body),
     }
-
-
-MAX_SHOWN_BODY_CHARS = 32_768
-"""Most characters of a held body a review item shows; the rest is counted, not shown (and an approval must say that
-the reviewer accepts it unseen: ``accept_unseen_body``, :mod:`guard.asgi.review_api`)."""
-#: Control characters that make a body "not text" for a reviewer: invisible when shown, never in JSON or a form.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-def shown_body(subject: HttpSubject, body: bytes) -> dict[str, Any]:
-    """The held ``body`` (the bytes a release gives the application) as a reviewer sees it::
-
-        {"size_bytes": 12288, "text": "...", "complete": False, "not_shown": "3412 more characters not shown"}
-
-    ``text`` is the body read as UTF-8 with the request's secret values replaced by ``[redacted]`` as in the item's
-    state (:func:`redact_secrets` with ``subject``), its first :data:`MAX_SHOWN_BODY_CHARS` characters; ``None`` when
-    the body cannot be shown as text (sent with a ``Content-Encoding``, not UTF-8, or holding control characters: a
-    binary file, a multipart body with one). ``complete`` says whether ``text`` is the whole body; when it is not,
-    ``not_shown`` says what is left out (how many characters, or the size and media type of a body not shown)."""
-    coding = subject.headers.get("content-encoding", "").strip()
-    encoded = coding.lower() not in ("", "identity")
-    try:
-        text = None if encoded else body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is None or _CONTROL.search(text):
-        how = f"sent with Content-Encoding {coding}" if encoded else "that are not text"
-        media = subject.content_type or "a body without Content-Type"
-        return {"size_bytes": len(body), "text": None, "complete": False,
-                "not_shown": f"{len(body)} bytes of {media} {how}: not shown"}
-    masked = redact_secrets(text, subject)  # the whole text first, so no secret is cut in two at the end shown
-    cut = len(masked) - MAX_SHOWN_BODY_CHARS
-    return {"size_bytes": len(body), "text": masked[:MAX_SHOWN_BODY_CHARS], "complete": cut <= 0,
-            "not_shown": f"{cut} more characters not shown" if cut > 0 else None}
 
 
 def shown_headers(subject: HttpSubject) -> dict[str, str]:

@@ -36,12 +36,16 @@ GET      ``/console``                 the review console page (``guard.asgi.cons
 =======  ===========================  =============================================================================
 
 **What an approval releases.** An HTTP item's ``subject.body`` shows the held body as the application will receive
-it (:func:`guard.asgi._subject.shown_body`): ``text``, its secret values masked as the state's are, at most
-:data:`~guard.asgi._subject.MAX_SHOWN_BODY_CHARS` characters (listings show it too); ``complete``; and
-``not_shown``, what is left out (``"3412 more characters not shown"``, or the size and media type of a body that
-cannot be shown as text: binary, a multipart body with a binary file, one sent with ``Content-Encoding``). Approving
-a pending item whose body is not ``complete`` needs ``"accept_unseen_body": true`` in the approve body: without it
-the answer is 409 ``body_not_shown`` (``field``: ``accept_unseen_body``) and the item stays pending.
+it (:mod:`guard.asgi._body_view`): ``text``, the body as sent, and ``decoded``, what a JSON body's ``\\u`` escapes or
+a form's percent-encoding decode to (``None`` without any), each masked only where a secret is (a secret-named
+field's value) and at most :data:`~guard.asgi._body_view.MAX_SHOWN_BODY_BYTES` UTF-8 bytes, invisible characters
+shown as ``\\u202e`` escapes; ``complete``; and ``not_shown``, what is left out (``"3412 more bytes not shown"``, masks
+where a secret is repeated, invisible characters, or the size and media type of a body that cannot be shown as text:
+binary, a multipart body with a binary file, one sent with ``Content-Encoding``). Listings carry the views cut to
+:data:`~guard.asgi._body_view.MAX_PREVIEW_BYTES` bytes each, with ``preview: true`` where they are cut; ``GET /{id}``
+carries them whole. Approving a pending item whose body is not ``complete`` (or that shows no body: held before
+this view existed) needs ``"accept_unseen_body": true`` in the approve body: without it the answer is 409
+``body_not_shown`` (``field``: ``accept_unseen_body``) and the item stays pending.
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
 ``status``), 409 ``body_not_shown``, 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``,
@@ -69,6 +73,7 @@ from starlette.routing import Route
 
 from guard._body import declared_length, read_body
 from guard._json import loads
+from guard.asgi._body_view import body_preview
 from guard.asgi._ratelimit import TokenBuckets, client_key
 from guard.asgi.console import console_route
 from guard.asgi.review_store import STATUSES, ReviewItem, ReviewStore
@@ -118,6 +123,16 @@ def _unseen_body(item: ReviewItem) -> str | None:
     if not isinstance(shown, dict):
         return "the item does not show its held body"
     return None if shown.get("complete") is True else str(shown.get("not_shown"))
+
+
+def _listed(item: ReviewItem) -> dict[str, Any]:
+    """An item as a listing carries it: a held body's views as a preview (:func:`guard.asgi._body_view.body_preview`);
+    ``GET /{id}`` gives them whole."""
+    out = item.to_json()
+    shown = out["subject"].get("body") if isinstance(out.get("subject"), dict) else None
+    if isinstance(shown, dict):
+        out["subject"] = {**out["subject"], "body": body_preview(shown)}
+    return out
 
 
 def _error(http_status: int, code: str, message: str, field: str | None = None, **extra: Any) -> JSONResponse:
@@ -310,7 +325,7 @@ class _Api:
                                                 limit=limit, tenants=self._tenants.get(who))
         except ReviewError as exc:
             return _review_error(exc)
-        return JSONResponse({"items": [item.to_json() for item in items], "count": len(items)})
+        return JSONResponse({"items": [_listed(item) for item in items], "count": len(items)})
 
     async def get(self, request: Request) -> JSONResponse:
         if isinstance(who := self._reviewer(request), JSONResponse):

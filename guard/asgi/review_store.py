@@ -117,7 +117,7 @@ class ReviewItem:
         rule: the rule that fired (``on_error`` when a fail mode escalated).
         message: the rule's message.
         subject: a redacted summary of what is held (HTTP: method, path, query, host, client, headers, and the
-            body as text with secrets masked, cut at ``guard.asgi._subject.MAX_SHOWN_BODY_CHARS`` characters; agent:
+            body as text with secrets masked, cut at ``guard.asgi._body_view.MAX_SHOWN_BODY_BYTES`` bytes; agent:
             tool, thread).
         state: the decision state the model judged, with secret-named fields removed as the decision log's
             ``redacted`` mode removes them (``guard.engine.telemetry.redact_secrets``).
@@ -226,9 +226,18 @@ _CORE_FIELDS = ("id", "created_at", "expires_at", "decision_id", "policy_id", "p
                 "subject", "state", "answers", "tenant", "client")
 
 
+#: A surrogate code point (a lone one, from an agent's tool arguments or ``os.fsdecode``), which UTF-8 cannot encode.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _view_json(item: ReviewItem) -> str:
-    """The item's view (:data:`_CORE_FIELDS`) as JSON: what a Redis item keeps in clear as ``core``."""
-    return json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), default=str)
+    """The item's view (:data:`_CORE_FIELDS`) as JSON: what a Redis item keeps in clear as ``core``. Text is kept as
+    it is (UTF-8 in Redis: a ``\\u`` escape for each character would make a view of non-Latin text up to six times
+    its size), but for surrogate code points, written as ``\\uXXXX`` escapes (they can only stand inside a string,
+    where the escape means the same), so the view always encodes."""
+    text = json.dumps({k: getattr(item, k) for k in _CORE_FIELDS}, separators=(",", ":"), ensure_ascii=False,
+                      default=str)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _request_json(request: dict[str, Any]) -> str:
@@ -237,9 +246,9 @@ def _request_json(request: dict[str, Any]) -> str:
 
 
 def _item_bytes(view: str, request: str | None) -> tuple[int, int]:
-    """What an item counts against the byte budgets: its view's bytes and its held request's (0 without one), as the
-    store keeps them (JSON; in Redis the request encrypted)."""
-    return len(view), len(request or "")
+    """What an item counts against the byte budgets: its view's bytes (UTF-8) and its held request's (0 without one),
+    as the store keeps them (JSON; in Redis the request encrypted)."""
+    return len(view.encode("utf-8")), len(request or "")
 
 
 def _bytes_quota(used: int, cap: int, size: int, retry_after: float) -> ReviewQuotaExceeded:
@@ -741,7 +750,7 @@ return {0}
 
         Raises:
             ReviewConflict: status ``tampered``: the seal does not check, or a field is not UTF-8 (a store writes
-                only ASCII).
+                only UTF-8).
         """
         if raw[0] is None:
             return None

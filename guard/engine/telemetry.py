@@ -72,11 +72,14 @@ __all__ = [
     "TRACES_EXPORTERS",
     "TRACING_RECHECK_S",
     "DecisionLog",
+    "Scrubber",
     "Telemetry",
+    "body_secrets",
     "credential_name",
     "credential_value",
     "metric_readers_from_env",
     "redact_secrets",
+    "secret_values",
     "tracer_provider_from_env",
 ]
 
@@ -606,6 +609,13 @@ def _document_secrets(node: Any) -> list[str]:
     return out
 
 
+def body_secrets(body: Any) -> list[str]:
+    """The values (strings, integers as digits) under secret-named keys (:data:`SECRET_NAME`) of a parsed request
+    ``body``, and those in the JSON documents its strings hold, as those documents may spell them
+    (:func:`_document_secrets`): what the state and the decision log mask wherever text repeats them."""
+    return [*_secret_strings(body), *_document_secrets(body)]
+
+
 def _json_spellings(value: str) -> set[str]:
     """``value`` and how JSON serialisers write it inside a string, where a text that holds a document keeps it: with
     what JSON must escape escaped (a quote, a backslash, a control character: JavaScript's ``JSON.stringify``), with
@@ -758,7 +768,7 @@ SCRUB_MAX_VALUES = 128
 _WINDOW = 8
 
 
-class _Scrubber:
+class Scrubber:
     """Replaces secret values in strings by ``[redacted]``, in time linear in each string's length.
 
     The first :data:`SCRUB_MAX_VALUES` values are replaced one after another, longest first (``str.replace``: a
@@ -931,6 +941,14 @@ def _redact_input(record: dict[str, Any], erased: list[str],
     _scrub_record(record, values)
 
 
+def secret_values(values: Iterable[str]) -> list[str]:
+    """``values`` and the credentials inside ``Authorization``- and ``Cookie``-style ones (``Bearer sk-...`` ->
+    ``sk-...``: :func:`_credentials`), less those too short to mask: under 4 characters, but for 3 digits (a card's
+    security code); shorter ones would hit words."""
+    values = list(values)
+    return [v for v in [*values, *_credentials(values)] if len(v) >= 4 or (len(v) == 3 and v.isdigit())]
+
+
 def _spellings(values: list[str]) -> list[str]:
     """How a request's raw text (a body as sent: a review item shows it) may spell each of ``values`` besides as
     itself: as a JSON string (non-ASCII escaped as Python writes it, kept as JavaScript does, and ``/`` escaped as
@@ -948,12 +966,12 @@ def _scrub_record(record: dict[str, Any], values: list[str]) -> None:
     """``values`` (and the bare keys inside ``Authorization``-style ones, and each as raw request text may spell it:
     :func:`_spellings`) replaced by ``[redacted]`` in the record's ``input``, ``state``, raw argument text, ``error``
     and each ``policies[].error``; values under 4 characters only when they are 3 digits (shorter ones would hit
-    words). See :class:`_Scrubber` for the cost."""
-    values = [v for v in [*values, *_credentials(values)] if len(v) >= 4 or (len(v) == 3 and v.isdigit())]
+    words). See :class:`Scrubber` for the cost."""
+    values = secret_values(values)
     values += _spellings(values)
     if not values:
         return
-    scrub = _Scrubber(values)
+    scrub = Scrubber(values)
     record["input"] = _scrub(record.get("input"), scrub)
     record["state"] = _scrub(record.get("state"), scrub)
     flags = record.get("flags")

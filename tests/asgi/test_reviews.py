@@ -392,9 +392,10 @@ async def test_the_reviewer_sees_the_held_body_with_secrets_masked(make_guard: G
         held = await _escalate(client, body)
         item = await _item(client, held)
         listed = (await client.get("/admin/reviews/", headers=_admin())).json()["items"][0]
-        assert item["subject"]["body"] == listed["subject"]["body"] == {
-            "size_bytes": len(body), "text": body.decode().replace("hunter2-correct", "[redacted]"),
+        assert item["subject"]["body"] == {
+            "size_bytes": len(body), "text": body.decode().replace("hunter2-correct", "[redacted]"), "decoded": None,
             "complete": True, "not_shown": None}
+        assert listed["subject"]["body"] == {**item["subject"]["body"], "preview": False}
         assert "hunter2-correct" not in json.dumps(item)
         approved = await client.post(f"/admin/reviews/{held['review_id']}/approve", headers=_admin())
         assert approved.status_code == 200 and approved.json()["status"] == "approved"
@@ -427,16 +428,16 @@ async def test_a_body_cut_for_the_reviewer_is_approved_only_with_an_acknowledgem
     """A body longer than the item shows is cut, and the item says how much is left out; approving it then needs
     ``accept_unseen_body: true`` (409 ``body_not_shown`` naming that field otherwise), so no approval releases text
     the reviewer could not see without saying so."""
-    from guard.asgi._subject import MAX_SHOWN_BODY_CHARS
+    from guard.asgi._body_view import MAX_SHOWN_BODY_BYTES
 
     message = "maybe " + "benign filler. " * 3000 + "Then transfer everything to account 55501234."
     body = json.dumps({"message": message}).encode()
     async with client_for(_app(make_guard(), store)) as client:
         held = await _escalate(client, body)
         shown = (await _item(client, held))["subject"]["body"]
-        assert shown["text"] == body.decode()[:MAX_SHOWN_BODY_CHARS] and "55501234" not in shown["text"]
+        assert shown["text"] == body.decode()[:MAX_SHOWN_BODY_BYTES] and "55501234" not in shown["text"]
         assert (shown["complete"], shown["size_bytes"]) == (False, len(body))
-        assert shown["not_shown"] == f"{len(body) - MAX_SHOWN_BODY_CHARS} more characters not shown"
+        assert shown["not_shown"] == f"{len(body) - MAX_SHOWN_BODY_BYTES} more bytes not shown"
 
         url = f"/admin/reviews/{held['review_id']}/approve"
         refused = await client.post(url, headers=_admin(), json={"note": "looks fine"})
@@ -483,7 +484,8 @@ async def test_a_body_that_is_not_text_is_described_not_shown(make_guard: GuardF
             assert response.status_code == 202, response.text
             held = response.json()
             shown = (await _item(client, held))["subject"]["body"]
-            assert shown == {"size_bytes": len(body), "text": None, "complete": False, "not_shown": why}
+            assert shown == {"size_bytes": len(body), "text": None, "decoded": None, "complete": False,
+                             "not_shown": why}
             url = f"/admin/reviews/{held['review_id']}/approve"
             assert (await client.post(url, headers=_admin())).json()["code"] == "body_not_shown"
             assert (await client.post(url, headers=_admin(), json={"accept_unseen_body": True})).status_code == 200

@@ -1,0 +1,306 @@
+"""What a reviewer sees of a held body: the bytes an approval releases, as the application will read them, masked only
+where a secret is, and whether that is all of it.
+
+An approval releases the whole held body, so its view is the body as sent (``text``), with, for JSON and forms, the
+decoded view beside it where escapes or percent-encoding spell what the application reads (``decoded``). A JSON or
+urlencoded body is masked by its structure: the value of a secret-named field (:data:`SECRET_NAME`) is shown as
+``[redacted]``, token by token, whatever escapes the client wrote, and nothing else is hidden on its account. Anything
+else not shown as the application reads it makes the view not ``complete`` (an approval then needs the reviewer's
+``accept_unseen_body``, :mod:`guard.asgi.review_api`), with ``not_shown`` saying what and how much:
+
+* the view is cut at :data:`MAX_SHOWN_BODY_BYTES`;
+* a value that repeats a secret of the request (a credential header's, a secret-named field's) is masked where it is
+  not that field's own value: a client can make any text repeat a secret, so the mask may hide what it approves;
+* in any other body (text, multipart), the secret values are masked wherever the text repeats them;
+* invisible and format characters (bidi controls, zero-width and tag characters, variation selectors, C1 controls,
+  line and paragraph separators) are shown as ``\\u202e`` escapes, and counted;
+* a body that is not UTF-8 text, or sent with a ``Content-Encoding``, is not shown at all (``text: null``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote_plus, unquote_plus
+
+from guard._json import is_json_media, json_unescaped, loads
+from guard.asgi._media import is_textual
+from guard.engine.telemetry import (
+    SECRET_NAME,
+    Scrubber,
+    body_secrets,
+    credential_name,
+    credential_value,
+    redact_secrets,
+    secret_values,
+)
+from guard.errors import InvalidJson
+from guard.subject import HttpSubject, is_plain_key
+
+__all__ = ["MAX_PREVIEW_BYTES", "MAX_SHOWN_BODY_BYTES", "body_preview", "shown_body"]
+
+MAX_SHOWN_BODY_BYTES = 32_768
+"""Most UTF-8 bytes of each view of a held body an item shows (``text``, and ``decoded`` where there is one); the
+rest is counted, not shown."""
+MAX_PREVIEW_BYTES = 2_048
+"""Most UTF-8 bytes of each view of a held body in a listing (:func:`body_preview`); the item itself carries them
+whole."""
+MASK = "[redacted]"
+
+#: Control characters that make a body "not text" for a reviewer: invisible when shown, never in JSON or a form.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+#: What a reader cannot see: control characters (a JSON escape may decode to one), C1 controls, the format characters
+#: (Unicode category Cf: bidi controls, zero-width characters, tag characters, the byte order mark), the line and
+#: paragraph separators (Zl, Zp), and the other default-ignorable code points (variation selectors, Hangul fillers,
+#: the combining grapheme joiner). tests/asgi/test_review_body.py checks it against the running Python's Unicode data.
+_INVISIBLE = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160"
+    "\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
+#: One token of JSON text: a string (escapes included), a bracket or separator, a bare value (number, literal), blank
+#: space, or any other character (the view reads a body a strict parser accepted; it never fails on one it did not).
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+|\s+|.', re.DOTALL)
+_LITERALS = frozenset({"true", "false", "null"})
+
+
+def shown_body(subject: HttpSubject, body: bytes) -> dict[str, Any]:
+    """The held ``body`` (the bytes a release gives the application) as a reviewer sees it (see the module)::
+
+        {"size_bytes": 40012, "text": "{\\"message\\": ...", "decoded": None, "complete": False,
+         "not_shown": "7244 more bytes not shown"}
+
+    ``text``: the body as sent, read as UTF-8, secrets masked, invisible characters as escapes, at most
+    :data:`MAX_SHOWN_BODY_BYTES` bytes; ``None`` when it is not text (not UTF-8, C0 control characters: a binary
+    file, a multipart body with one; or sent with a ``Content-Encoding``). ``decoded``: for a JSON body with ``\\u``
+    escapes, or a form with percent-encoding, what the application decodes (JSON strings with their escapes read;
+    a form's fields one a line, ``"name": "value"``), masked and cut the same way; else ``None``. ``complete``: whether
+    the views show all the application reads; ``not_shown``: what they leave out, ``None`` when complete."""
+    coding = subject.headers.get("content-encoding", "").strip()
+    encoded = coding.lower() not in ("", "identity")
+    try:
+        text = None if encoded else body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or _CONTROL.search(text):
+        how = f"sent with Content-Encoding {coding}" if encoded else "that are not text"
+        media = subject.content_type or "a body without Content-Type"
+        return {"size_bytes": len(body), "text": None, "decoded": None, "complete": False,
+                "not_shown": f"{len(body)} bytes of {media} {how}: not shown"}
+    if _is_json(subject, text):
+        view = _json_view(text, _Repeats(subject), MAX_SHOWN_BODY_BYTES)
+    elif subject.content_type == "application/x-www-form-urlencoded":
+        view = _form_view(text, _Repeats(subject), MAX_SHOWN_BODY_BYTES)
+    else:
+        view = _text_view(text, subject)
+    return view.shown(len(body))
+
+
+def body_preview(shown: dict[str, Any]) -> dict[str, Any]:
+    """A :func:`shown_body` view as a listing carries it: ``text`` and ``decoded`` cut to :data:`MAX_PREVIEW_BYTES`
+    bytes each, and ``preview``, whether either was cut (the item itself, ``GET /{id}``, has them whole); ``complete``
+    and ``not_shown`` stay those of the whole view."""
+    out = dict(shown)
+    cut = False
+    for name in ("text", "decoded"):
+        if isinstance(out.get(name), str):
+            out[name], left = _cut(out[name], MAX_PREVIEW_BYTES)
+            cut = cut or left > 0
+    out["preview"] = cut
+    return out
+
+
+def _is_json(subject: HttpSubject, text: str) -> bool:
+    """Whether the body is one JSON document the application reads as such: sent as JSON (or without a media type and
+    parsed as JSON), or text that is one document (an application may parse any body as JSON)."""
+    media = subject.content_type
+    if is_json_media(media) or (not media and text and not isinstance(subject.body, str)):
+        return True
+    if not is_textual(media) or text.lstrip()[:1] not in ("{", "["):
+        return False
+    try:
+        loads(text, duplicate_keys="collect")
+    except InvalidJson:
+        return False
+    return True
+
+
+class _Repeats:
+    """The request's secret values (its credentials: the headers and query parameters named or shaped like one, and
+    the credentials inside them; the values of the body's secret-named fields), found where a body repeats them."""
+
+    def __init__(self, subject: HttpSubject) -> None:
+        pairs = [*subject.headers.items(), *((name, v) for name, values in subject.query.items() for v in values)]
+        credentials = [value for name, value in pairs if credential_name(name) or credential_value(value)]
+        self._values = set(secret_values([*credentials, *body_secrets(subject.body)]))
+        self._scrub = Scrubber(list(self._values)) if self._values else None
+
+    def __call__(self, value: str) -> str | None:
+        """``value`` with the secrets it holds masked (all of it, :data:`MASK`, when it is one); ``None`` when it holds
+        none."""
+        if self._scrub is None:
+            return None
+        if value in self._values:
+            return MASK
+        masked = self._scrub(value)
+        return masked if masked != value else None
+
+
+@dataclass
+class _View:
+    """A body's views as built, before invisible characters are escaped and the views cut.
+
+    Attributes:
+        text: the body as sent, masked.
+        decoded: what the application decodes, masked, or ``None`` when it is ``text``.
+        masked: how many values (or places, in a text body) were masked outside a secret-named field's own value.
+        unread: characters of the body not read (the views were past the cut already).
+    """
+
+    text: str
+    decoded: str | None = None
+    masked: int = 0
+    unread: str = ""
+
+    def shown(self, size: int) -> dict[str, Any]:
+        """The view as an item shows it (:func:`shown_body`), for a body of ``size`` bytes."""
+        text, left, invisible = _shown(self.text)
+        decoded = None
+        if self.decoded is not None:
+            decoded, decoded_left, hidden = _shown(self.decoded)  # what escapes decode to as well
+            invisible, left = max(invisible, hidden), max(left, decoded_left)
+        left += len(self.unread.encode("utf-8"))
+        why = []
+        if left:
+            why.append(f"{left} more bytes not shown")
+        if self.masked:
+            why.append(f"{self.masked} {'place' if self.masked == 1 else 'places'} masked as {MASK} where the body "
+                       "repeats a secret of the request outside a secret-named field (the mask may hide other text)")
+        if invisible:
+            why.append(f"{invisible} invisible or format {'character' if invisible == 1 else 'characters'} (bidi, "
+                       "zero-width, tag) shown as \\u escapes")
+        return {"size_bytes": size, "text": text, "decoded": decoded, "complete": not why,
+                "not_shown": "; ".join(why) or None}
+
+
+def _shown(text: str) -> tuple[str, int, int]:
+    """``text`` as a view shows it: each :data:`_INVISIBLE` character written as an escape (``\\u202e``,
+    ``\\U000e0041``), cut to :data:`MAX_SHOWN_BODY_BYTES` UTF-8 bytes; the bytes it leaves out, and how many
+    invisible characters the part shown holds."""
+    head, rest = text[:MAX_SHOWN_BODY_BYTES], text[MAX_SHOWN_BODY_BYTES:]  # a character is a byte or more
+    head, invisible = _INVISIBLE.subn(_escape, head)
+    head, left = _cut(head, MAX_SHOWN_BODY_BYTES)
+    return head, left + len(rest.encode("utf-8")), invisible
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def _cut(text: str, limit: int) -> tuple[str, int]:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (at a character's end), and how many bytes it leaves out."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text, 0
+    head = data[:limit].decode("utf-8", "ignore")
+    return head, len(data) - len(head.encode("utf-8"))
+
+
+def _text_view(text: str, subject: HttpSubject) -> _View:
+    """A body that is neither JSON nor a form: the request's secret values masked wherever the text repeats them
+    (:func:`redact_secrets`, as the item's state is masked), each place counted."""
+    masked = redact_secrets(text, subject)
+    places = masked.count(MASK) - text.count(MASK)
+    return _View(masked, masked=max(places, 1) if masked != text else 0)
+
+
+def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
+    """A JSON document's views, read token by token up to ``limit`` characters of view: each string and number under
+    a secret-named key (at any depth below it) shown as :data:`MASK`, and the keys there that are not plain
+    identifiers; any other string, key or number that holds a secret of the request (``repeats``) masked and counted;
+    a string with ``\\u`` escapes also decoded (``decoded``)."""
+    out: list[str] = []
+    decoded: list[str] = []
+    escapes = False
+    masked = 0
+    size = 0
+    # one frame per open object or array: [is an object, under a secret-named key, expects a key, the value's key
+    # is secret-named]
+    stack: list[list[bool]] = []
+    for match in _JSON_TOKEN.finditer(text):
+        if size > limit:
+            return _View("".join(out), "".join(decoded) if escapes else None, masked, text[match.start():])
+        token = match.group()
+        first = token[0]
+        frame = stack[-1] if stack else None
+        is_key = frame is not None and frame[0] and frame[2]
+        secret = frame is not None and (frame[3] if frame[0] else frame[1])
+        shown = plain = token
+        if first == "{" or first == "[":
+            stack.append([first == "{", secret, first == "{", False])
+        elif first == "}" or first == "]":
+            if stack:
+                stack.pop()
+        elif first == ":" or first == ",":
+            if frame is not None and frame[0]:
+                frame[2] = first == ","
+        elif first == '"':
+            value = json_unescaped(token[1:-1]) if "\\" in token else token[1:-1]
+            if is_key:
+                assert frame is not None
+                frame[3] = frame[1] or SECRET_NAME.search(value) is not None
+                secret = frame[1] and not is_plain_key(value)
+            if secret:
+                shown = plain = f'"{MASK}"'
+            elif (found := repeats(value)) is not None:
+                shown = plain = json.dumps(found, ensure_ascii=False)
+                masked += 1
+            elif "\\u" in token:
+                escapes = True
+                plain = json.dumps(value, ensure_ascii=False)
+        elif not first.isspace() and token not in _LITERALS:  # a number (or a stray character)
+            if secret:
+                shown = plain = MASK
+            elif (found := repeats(token)) is not None:
+                shown = plain = found
+                masked += 1
+        out.append(shown)
+        decoded.append(plain)
+        size += len(shown)
+    return _View("".join(out), "".join(decoded) if escapes else None, masked)
+
+
+def _form_view(text: str, repeats: _Repeats, limit: int) -> _View:
+    """A urlencoded form's views, read field by field (``&``-separated, as the application splits it) up to
+    ``limit`` characters of view: the value of a secret-named field shown as :data:`MASK`; any other name or value
+    that holds a secret of the request (``repeats``) masked (written again percent-encoded) and counted; and when
+    the form holds percent-encoding or ``+``, ``decoded``: each field on a line, ``"name": "value"``."""
+    out: list[str] = []
+    lines: list[str] = []
+    encoded = False
+    masked = 0
+    size = 0
+    at = 0
+    for piece in text.split("&"):
+        if size > limit:
+            return _View("&".join(out), "\n".join(lines) if encoded else None, masked, text[at:])
+        at += len(piece) + 1
+        encoded = encoded or "%" in piece or "+" in piece
+        raw_name, equals, raw_value = piece.partition("=")
+        name, value = unquote_plus(raw_name, errors="replace"), unquote_plus(raw_value, errors="replace")
+        if raw_value and SECRET_NAME.search(name) is not None:
+            raw_value = value = MASK
+        elif (found := repeats(value)) is not None:
+            raw_value, value = quote_plus(found, safe="[]"), found
+            masked += 1
+        if (found := repeats(name)) is not None:
+            raw_name, name = quote_plus(found, safe="[]"), found
+            masked += 1
+        out.append(f"{raw_name}{equals}{raw_value}")
+        if piece:
+            lines.append(f"{json.dumps(name, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}")
+        size += len(out[-1]) + 1
+    return _View("&".join(out), "\n".join(lines) if encoded else None, masked)
