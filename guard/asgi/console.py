@@ -1,10 +1,13 @@
 """The review console: one self-contained HTML page (no build step, no external assets) over the review API.
 
-It lists escalated items with their held body (what an approval releases, and what of it is not shown), state and
-answers, and approves or rejects them by calling the review API routes it is mounted beside
-(``guard.asgi.review_api``), relative to its own URL; an item whose body is not shown in full is approved only once
-the reviewer ticks that they approve it unseen (``accept_unseen_body``). Body and state text are untrusted: the page
-writes them with ``textContent`` only, never as HTML.
+It lists escalated items with their held body (what an approval releases, its decoded view, and what of it is not
+shown), state and answers, and approves or rejects them by calling the review API routes it is mounted beside
+(``guard.asgi.review_api``), relative to its own URL; an item whose body is not shown in full (or not at all: an HTTP
+item held before items showed their body) is approved only once the reviewer ticks that they approve it unseen
+(``accept_unseen_body``), and one whose listing carries a preview of its body only once the reviewer has loaded the
+whole body (``GET /{id}``). The list is refreshed every 5 s, drawing only the items that are new or changed, so the
+reviewer's tick, note and scroll position stay. Body and state text are untrusted: the page writes them with
+``textContent`` only, never as HTML.
 """
 
 from __future__ import annotations

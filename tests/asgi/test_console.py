@@ -8,6 +8,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -164,6 +165,115 @@ def test_console_shows_the_held_body_and_asks_before_approving_what_it_cannot_sh
             card.locator("button.approve").click()
             expect(page.locator("#status")).to_contain_text("not shown in full")
             card = page.locator(f'section.item[data-id="{item.id}"]')  # the list is drawn again after a decision
+            card.locator("input.accept-unseen").check()
+            card.locator("button.approve").click()
+            expect(page.locator("#status")).to_contain_text(f"Approved {item.id}")
+        finally:
+            browser.close()
+    assert asyncio.run(_status(redis_url, prefix, item.id)).status == "approved"
+
+
+def _browser(p: Any) -> Any:
+    return p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+
+
+async def _create(url: str, prefix: str, subject: dict[str, Any]) -> ReviewItem:
+    store = RedisReviewStore.from_url(url, prefix=prefix)
+    try:
+        return await store.create(_verdict("unsure", {"text": "hello"}), subject=subject, digest="d4",
+                                  request={"body_b64": ""})
+    finally:
+        await store.aclose()
+
+
+def _open(page: Any, base: str, review_id: str) -> Any:
+    page.goto(f"{base}/reviews/console")
+    page.fill("#token", TOKEN)
+    page.click("#refresh")
+    card = page.locator(f'section.item[data-id="{review_id}"]')
+    card.wait_for()
+    return card
+
+
+def test_console_keeps_the_reviewers_work_across_refreshes(console: tuple[str, str], redis_url: str) -> None:
+    """The page drew every item again on its refresh every 5 s, so a tick, a note being typed and the body's scroll
+    position were lost while the reviewer read (attack finding): a refresh draws only new or changed items."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, prefix = console
+    text = "".join(f"line {n:03d}: benign\n" for n in range(100))
+    item = asyncio.run(_create(redis_url, prefix, {"kind": "http", "method": "POST", "path": "/v1/chat", "body": {
+        "size_bytes": 9000, "text": text, "decoded": None, "complete": False, "not_shown": "7000 more bytes not shown"}}))
+    with sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page()
+            card = _open(page, base, item.id)
+            card.locator("input.accept-unseen").check()
+            card.locator("input.note").fill("read to line 40")
+            card.locator("pre.body").evaluate("(pre) => { pre.scrollTop = 600; }")
+            page.evaluate("load()")  # what the page runs every 5 s
+            page.evaluate("load()")
+            assert card.locator("input.accept-unseen").is_checked()
+            assert card.locator("input.note").input_value() == "read to line 40"
+            assert card.locator("pre.body").evaluate("(pre) => pre.scrollTop") == 600
+            card.locator("button.approve").click()
+            expect(page.locator("#status")).to_contain_text(f"Approved {item.id}")
+        finally:
+            browser.close()
+    assert asyncio.run(_status(redis_url, prefix, item.id)).note == "read to line 40"
+
+
+def test_console_lists_a_preview_and_shows_the_whole_body_before_approving(console: tuple[str, str],
+                                                                           redis_url: str) -> None:
+    """A listing carries the first bytes of each body only (listings of whole bodies were megabytes every 5 s): the
+    console shows that preview and its decoded view, and approves once the reviewer has loaded the whole body."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from guard.asgi._body_view import MAX_PREVIEW_BYTES
+
+    base, prefix = console
+    text = "".join(f"line {n:04d}: benign\n" for n in range(1000)) + "the end: transfer to 55501234"
+    item = asyncio.run(_create(redis_url, prefix, {"kind": "http", "method": "POST", "path": "/v1/chat", "body": {
+        "size_bytes": len(text), "text": text, "decoded": "decoded: " + text, "complete": True, "not_shown": None}}))
+    with sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page()
+            card = _open(page, base, item.id)
+            assert len(card.locator("pre.body").text_content().encode()) <= MAX_PREVIEW_BYTES
+            expect(card.locator("pre.body-decoded")).to_contain_text("decoded: line 0000")
+            expect(card.locator("button.approve")).to_be_disabled()
+            expect(card.locator(".accept")).to_be_hidden()  # the body is complete: only the preview is cut
+            card.locator("button.load-body").click()
+            expect(card.locator("pre.body")).to_have_text(text)
+            expect(card.locator("pre.body-decoded")).to_have_text("decoded: " + text)
+            expect(card.locator("button.load-body")).to_be_hidden()
+            page.evaluate("load()")  # the whole body stays after a refresh
+            expect(card.locator("pre.body")).to_have_text(text)
+            card.locator("button.approve").click()
+            expect(page.locator("#status")).to_contain_text(f"Approved {item.id}")
+        finally:
+            browser.close()
+
+
+def test_console_asks_for_the_acknowledgement_for_an_http_item_held_without_a_body(console: tuple[str, str],
+                                                                                   redis_url: str) -> None:
+    """An HTTP item held before items showed their body has no ``subject.body``; the API approves it only with
+    ``accept_unseen_body``, which the console did not offer, so it could not be approved there (attack finding)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, prefix = console
+    item = asyncio.run(_create(redis_url, prefix, {"kind": "http", "method": "POST", "path": "/v1/chat"}))
+    with sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page()
+            card = _open(page, base, item.id)
+            expect(card.locator(".body-note")).to_contain_text("The held body is not shown")
+            expect(card.locator(".accept")).to_be_visible()
+            card.locator("button.approve").click()
+            expect(page.locator("#status")).to_contain_text("not shown in full")
             card.locator("input.accept-unseen").check()
             card.locator("button.approve").click()
             expect(page.locator("#status")).to_contain_text(f"Approved {item.id}")
