@@ -136,6 +136,13 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _OVERRIDDEN = tuple(sorted(HONOURED_METHODS - {"POST"}))
 
 
+def _body_may_ask(judged: str) -> tuple[str, ...]:
+    """The methods a POST judged as ``judged`` (an override in its head may have asked for it) may run once its body's
+    ``_method`` field is read: :data:`_OVERRIDDEN`, and the POST too where the head asked for another method (a
+    blank field makes Rails run the POST)."""
+    return _OVERRIDDEN if judged.upper() == "POST" else (*_OVERRIDDEN, "POST")
+
+
 #: Request bodies larger than this (bytes as received), and every encoded one, are decoded and parsed on a thread:
 #: reading a megabyte of JSON Lines takes a few hundred milliseconds, which on the event loop every other request
 #: would wait for. Smaller ones are parsed in place (a thread hop costs more than their parse).
@@ -488,7 +495,7 @@ class GuardMiddleware:
                       if body_override and ("content-encoding" in headers or may_name_method(body)) else None)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
         except BodyError as exc:
-            if recorded is not None and self._may_pass_on(scope, headers, exc, body_override, view):
+            if recorded is not None and self._may_pass_on(scope, head, exc, body_override, view):
                 await self._pass_shadow(scope, send, head, matched, exc, recorded.replay(), view)
                 return
             await self._refuse(send, head, verdicts.accountable(matched) or matched[0], exc)
@@ -601,11 +608,12 @@ class GuardMiddleware:
 
         Raises:
             BodyError: 400 ``method_override`` (``field``: ``_method``): the field asks for another method under
-                ``refuse``, or one some frameworks ignore under ``judge`` (:func:`~guard.asgi._override.check_judged`),
-                or names another method than an override header or query parameter does, or the received and
-                decoded bodies name different methods.
+                ``refuse``, or one some frameworks ignore or read differently under ``judge``
+                (:func:`~guard.asgi._override.check_judged`, :func:`~guard.asgi._override.body_method`), or is
+                blank there beside an override header or query parameter, or names another method than they do, or
+                the received and decoded bodies name different methods.
         """
-        content_type = headers.get("content-type", "")
+        content_type, judge = headers.get("content-type", ""), self.method_override == "judge"
         decoded = None
         if encoding := headers.get("content-encoding"):
             # every coding guard decodes, br too: an application that inflates a body itself reads its _method
@@ -614,16 +622,19 @@ class GuardMiddleware:
                 decoded = decode_content(body, parse_encodings(encoding, self.limits.max_encodings),
                                          self.limits.max_decoded_bytes)
         if decoded is None:
-            found = [body_method(body, content_type, self.limits)]
+            found = [body_method(body, content_type, self.limits, judge=judge)]
         else:
-            found = [body_method(decoded, content_type, self.limits)]
+            found = [body_method(decoded, content_type, self.limits, judge=judge)]
             try:
-                found.append(body_method(body, content_type, self.limits))
+                found.append(body_method(body, content_type, self.limits, judge=judge))
             except BodyError as exc:  # compressed bytes guard's parser cannot split: nor can an application's
                 if exc.code == "method_override":
                     raise
-        methods = {method for method in found if method is not None}
+        methods = {method for method in found if method}
         asked = asked.upper()
+        if "" in found and asked != "POST":  # Rails reads the blank field and runs the POST, others what was asked
+            raise BodyError(400, "method_override", f"the body's _method field is blank beside an override asking "
+                            f"for {asked[:20]!r}; Rails would run the POST: send one override", field="_method")
         if not methods or methods == {asked}:
             return None
         if len(methods) > 1 or asked != "POST":
@@ -641,14 +652,15 @@ class GuardMiddleware:
         self, scope: Scope, judged: Scope, receive: Receive, send: Send, headers: dict[str, str], view: PolicyView
     ) -> tuple[Scope, Receive] | None:
         """:meth:`_body_method` for a POST no policy judges: its body is read (under the body limits) only where a
-        policy judges the path under a method the field may ask for. Returns the scope to match (``judged``, or with
+        policy judges the path under a method the field may ask for (:func:`_body_may_ask`). Returns the scope to match (``judged``, or with
         the method asked for) and the ``receive`` that replays the body; ``None`` when the answer was sent (a body
         over the limits) or the client left.
 
         Raises:
             BodyError: as :meth:`_body_method`.
         """
-        policies = [p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers, view)[1]]
+        asked = _body_may_ask(judged["method"])
+        policies = [p for m in asked for p in self._match({**scope, "method": m}, headers, view)[1]]
         if not policies:
             return judged, receive
         limits = self.limits
@@ -664,18 +676,19 @@ class GuardMiddleware:
         method = await self._read_body_method(body, headers, judged["method"])
         return ({**judged, "method": method} if method else judged), ReplayReceive(body, receive)
 
-    def _may_pass_on(self, scope: Scope, headers: dict[str, str], exc: BodyError, body_override: bool,
+    def _may_pass_on(self, scope: Scope, head: HttpSubject, exc: BodyError, body_override: bool,
                      view: PolicyView) -> bool:
-        """Whether a body that cannot be inspected, where only shadow policies match, may go on: not a body that never
-        came (not waited for), not one whose ``_method`` field asks for another method, and, where a body's
-        ``_method`` is read, not one unread (too large, malformed) while an enforced policy judges the path under a
-        method it could ask for (a POST of ``_method=DELETE`` under a shadow POST policy ran the DELETE an enforced
-        policy blocks)."""
+        """Whether a body that cannot be inspected, where only shadow policies match ``head`` (the request as judged),
+        may go on: not a body that never came (not waited for), not one whose ``_method`` field asks for another
+        method, and, where a body's ``_method`` is read, not one unread (too large, malformed) while an enforced
+        policy judges the path under a method it could ask for (:func:`_body_may_ask`: a POST of ``_method=DELETE``
+        under a shadow POST policy ran the DELETE an enforced policy blocks)."""
         if exc.code in (BODY_TIMEOUT, "method_override"):
             return False
         if not body_override:
             return True
-        asked = (p for m in _OVERRIDDEN for p in self._match({**scope, "method": m}, headers, view)[1])
+        asked = (p for m in _body_may_ask(head.method)
+                 for p in self._match({**scope, "method": m}, head.headers, view)[1])
         return all(policy.mode == "shadow" for policy in asked)
 
     async def _pass_shadow(
