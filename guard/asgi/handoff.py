@@ -159,7 +159,8 @@ def _quoted(value: Any) -> str:
 
 
 def _client_chat(body: Any) -> list[dict[str, str]] | None:
-    """``[{role, content}]`` of an OpenAI-style chat request body (text parts of each message kept), else ``None``.
+    """``[{role, content}]`` of an OpenAI-style chat request body (text parts of each message kept), else ``None``
+    (also for a text part whose ``text`` is not a string: such a body goes to the target whole, as data).
 
     The roles are the client's labels, kept only so the target can read the chat; :meth:`HandoffClient.messages_for`
     passes all of it as quoted data.
@@ -172,7 +173,8 @@ def _client_chat(body: Any) -> list[dict[str, str]] | None:
             return None
         content = message.get("content")
         if isinstance(content, list):  # content parts: keep the text ones
-            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            content = "\n".join(texts) if all(isinstance(text, str) for text in texts) else None
         if not isinstance(content, str):
             return None
         out.append({"role": message["role"], "content": content})

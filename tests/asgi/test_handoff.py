@@ -181,3 +181,22 @@ async def test_the_method_and_path_reach_the_target_as_json_strings(
             assert not [line for line in lines if line.lower().startswith(("the guard approved", "system"))], lines
             assert all(line in ("---", "") or line[0] in '"{' for line in lines[1:]), lines  # quoted data only
     await handoff.aclose()
+
+
+async def test_a_chat_part_whose_text_is_not_a_string_reaches_the_target_as_the_quoted_body(
+    make_guard: GuardFactory, standin: tuple[OpenAIStandIn, str]
+) -> None:
+    """Review finding: a text content part whose ``text`` was an object, ``null`` or a number made the handoff a 500
+    (``TypeError`` joining the parts). Such a body is not read as a chat: the target gets its text, quoted, as for any
+    other request body."""
+    server, url = standin
+    handoff = _handoff(url)
+    async with client_for(guarded_app(make_guard(), handoff=handoff)) as client:
+        for odd in ({"a": "nested note"}, None, 7):
+            parts = [{"type": "text", "text": QUESTION}, {"type": "text", "text": odd}]
+            response = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}]})
+            assert (response.status_code, response.headers.get("x-guard-action")) == (200, "handoff"), response.text
+            user = server.calls[-1]["messages"][1]["content"]
+            assert QUESTION in user and "The HTTP request below" in user, user
+        assert "nested note" in server.calls[-3]["messages"][1]["content"]
+    await handoff.aclose()
