@@ -529,8 +529,8 @@ class GuardMiddleware:
                 body, scope = redacted_request(scope, value, verdict.redactions)
                 if verdict.action != "redact":
                     subject = with_body(head, query, *await self._parsed(body, headers), body)
-            except BodyError as exc:
-                await self._refuse(send, head, next(p for p in matched if p.id == verdict.policy_id), exc)
+            except BodyError as exc:  # named for the policy whose redaction cannot be applied
+                await self._refuse(send, head, next(p for p in matched if p.id == verdicts.redacting(verdict)), exc)
                 return
         if verdict.action in ("allow", "redact"):
             scope.setdefault("state", {})[STATE_KEY] = verdict  # as Starlette's Request.state does; servers copy it

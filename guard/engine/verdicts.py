@@ -48,6 +48,7 @@ __all__ = [
     "no_match",
     "phase_of",
     "record",
+    "redacting",
     "refused",
     "state_refused",
     "unsettled_handoff",
@@ -304,6 +305,18 @@ def combined(
 
 
 # Verdicts without a model answer -----------------------------------------------------------------------------------
+
+
+def redacting(verdict: Verdict) -> str | None:
+    """The id of the policy that asked for ``verdict``'s redactions: the deciding policy when it redacts, else (an
+    escalation or handoff passing the masked subject on, :func:`combined`) the first enforced contribution that
+    redacts; ``None`` when the verdict masks nothing."""
+    if not verdict.redactions:
+        return None
+    if verdict.action == "redact":
+        return verdict.policy_id
+    enforced = (c.policy_id for c in verdict.contributions if c.action == "redact" and c.shadow_action is None)
+    return next(enforced, verdict.policy_id)
 
 
 def no_match(decision_id: str, latency_ms: float) -> Verdict:

@@ -185,3 +185,17 @@ def _subject(message: str) -> Any:
     body = json.loads(_body(message))
     return HttpSubject(method="POST", path="/v1/pay", body=body, body_text="\n".join(body.values()),
                        content_type="application/json")
+
+
+async def test_a_multipart_body_the_redact_cannot_mask_is_refused_naming_the_redacting_policy() -> None:
+    """Review nit: a multipart body beside an escalation and an enforced redact got 422 ``redact_unsupported`` naming
+    the escalating policy (``unsure``); it names the policy whose redaction cannot be applied."""
+    guard = Guard(PolicySet(load_text(POLICIES)), backends=ScriptedBackend(scripted_answers))
+    try:
+        async with client_for(_app(guard, MemoryReviewStore())) as client:
+            for message in (f"maybe pay with {CARD}", f"pay with {CARD}"):  # escalated, and the redact alone
+                refused = await client.post("/v1/pay", files={"message": (None, message)})
+                assert (refused.status_code, refused.json()["code"], refused.json()["policy"]) == \
+                    (422, "redact_unsupported", "card-mask"), refused.text
+    finally:
+        await guard.aclose()
