@@ -11,7 +11,8 @@ canonical view: a repeated single-value header (``Content-Type``, ``Content-Leng
 ``X-HTTP-Method``, ``X-Method-Override``, ``?_method=`` or a POST body's ``_method`` field, wherever frameworks read
 them: :mod:`guard.asgi._override`) is refused with 400 ``method_override`` by default; ``method_override="judge"``
 matches and judges a POST as the method it asks for where every modelled framework honours it (one of
-:data:`~guard.asgi._override.HONOURED_METHODS`; any other override is refused), ``"ignore"`` as sent.
+:data:`~guard.asgi._override.HONOURED_METHODS`; any other override, and a ``_method`` frameworks read as different
+methods, is refused), ``"ignore"`` as sent.
 
 For a request that a policy matches, it reads
 the body up to a cap on received bytes, undoes ``Content-Encoding``, parses JSON, forms or text strictly, builds the
@@ -117,7 +118,7 @@ STATE_KEY = "guard"
 MethodOverride = Literal["refuse", "judge", "ignore"]
 """What a method override header, ``?_method=`` or a POST body's ``_method`` field does: 400 (``refuse``), the
 judged method (``judge``: on a POST asking for one of :data:`~guard.asgi._override.HONOURED_METHODS`; any other
-override is a 400), nothing (``ignore``: for applications that never honour one)."""
+override, and a ``_method`` frameworks read as different methods, is a 400), nothing (``ignore``: for applications that never honour one)."""
 METHOD_OVERRIDES: tuple[str, ...] = ("refuse", "judge", "ignore")
 PathCase = Literal["fold", "exact"]
 """How paths are matched: ``fold`` (default) also as lower-cased, ``exact`` only as sent."""
