@@ -263,6 +263,8 @@ def replay_trace(guard: Guard, trace: Trace, records: list[dict[str, Any]], tool
     rules: dict[str, str] = {}
     per_turn: defaultdict[str, float] = defaultdict(float)
     for record in records[start:]:
+        if record.get("kind") == "review":  # a reviewer's decision, not the guard's
+            continue
         subject = record.get("input") or {}
         latency = record["metrics"]["latency_ms"]
         if subject.get("event") == "tool_call":

@@ -300,6 +300,7 @@ class ToolCallEnforcer:
         schema = response_schema([item], exact=False, positional=self.judge.options.decisions_by_position)
         answer = interrupt(request, response_schema=schema)
         decision: dict[str, Any] = answer["decisions"][item["id"]]
+        self.judge.reviewed(item, decision)
         return decision | {"_item": item["id"]}
 
     def _stop(self, prepared: Prepared, judgement: Judgement) -> Result:

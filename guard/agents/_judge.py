@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from guard._json import loads as strict_loads
 from guard.engine import verdicts
 from guard.engine.ids import new_decision_id
-from guard.engine.telemetry import RAW_ARGUMENTS_FLAG
+from guard.engine.telemetry import RAW_ARGUMENTS_FLAG, ReviewEvent, record_review
 from guard.errors import HandoffError, InvalidJson
 from guard.subject import AgentSubject
 from guard.verdict import Action, FailMode, Verdict
@@ -333,6 +333,10 @@ class Judgement:
 _FAIL_ACTIONS: dict[FailMode, Action] = {"closed": "block", "open": "allow", "escalate": "escalate"}
 
 
+#: The review record's event for each decision type of a resume.
+_REVIEW_EVENTS = {"approve": "approved", "reject": "rejected", "edit": "edited"}
+
+
 def _fail_outcome(mode: FailMode) -> Outcome:
     return _FAIL_ACTIONS[mode]  # type: ignore[return-value]
 
@@ -425,6 +429,15 @@ class Judge:
             subject.tool_name or "",
             verdict.rule,
         )
+
+    def reviewed(self, item: Mapping[str, Any], decision: Mapping[str, Any]) -> None:
+        """Record a person's ``decision`` on pending ``item`` (a ``PendingItem``) as it is applied: logged at INFO and
+        written to the guard's decision log as a ``review`` record (:func:`~guard.engine.telemetry.record_review`;
+        event ``approved``, ``rejected`` or ``edited``; no reviewer, as a resume names none; a reject's message
+        only as its SHA-256)."""
+        record_review(self.guard.decision_log, ReviewEvent(
+            _REVIEW_EVENTS[decision["type"]], item["decision_id"], item["id"], None, policy_id=item["policy"],
+            policy_version=item["policy_version"], note=decision.get("message")))
 
     # Judgements -----------------------------------------------------------------------------------------------
 

@@ -648,12 +648,16 @@ class TurnKeeper:
         return not self.sealer.check(context, stored, seals[0])
 
     def ask(self, items: list[PendingItem], *, after_unanswered: bool) -> dict[str, dict[str, Any]]:
-        """The reviewer's decisions on ``items`` (one ``interrupt()``), by item id. A list of decisions in LangChain's
-        order is accepted unless the options refuse it or ``after_unanswered`` (:meth:`review_unanswered`)."""
+        """The reviewer's decisions on ``items`` (one ``interrupt()``), by item id, each recorded
+        (:meth:`~guard.agents._judge.Judge.reviewed`). A list of decisions in LangChain's order is accepted unless the
+        options refuse it or ``after_unanswered`` (:meth:`review_unanswered`)."""
         request = review_request(items)
         positional = self.judge.options.decisions_by_position and not after_unanswered
         answer = interrupt(request, response_schema=response_schema(items, exact=True, positional=positional))
-        return answer["decisions"]  # type: ignore[no-any-return]
+        decisions: dict[str, dict[str, Any]] = answer["decisions"]
+        for item in items:
+            self.judge.reviewed(item, decisions[item["id"]])
+        return decisions
 
     def review_unanswered(self, state: Any) -> bool:
         """Whether a reviewer may hold an interrupt of this thread that was never answered: the last model turn asked

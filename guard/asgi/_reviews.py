@@ -22,6 +22,8 @@
 * One client may hold at most ``max_pending_per_client`` pending items and ``max_bytes_per_client`` bytes of items
   (the store's caps): past them, 429 ``review_quota_exceeded`` for that client only, with ``Retry-After``. Past the
   store's own caps (``max_bytes``; in memory ``max_items`` too), 503 ``review_unavailable``: fail closed.
+* A release is logged at INFO (logger ``guard.review``) and written to the guard's decision log as a ``review``
+  record (event ``released``, the reviewer who approved it), before the request is replayed.
 
 Reviewers approve and reject through :mod:`guard.asgi.review_api`, which is mounted separately (and protected).
 """
@@ -61,7 +63,8 @@ from guard.asgi._subject import (
     subject_summary,
 )
 from guard.asgi.review_store import NEW_ITEM, ReviewItem, ReviewStore
-from guard.engine.telemetry import redact_secrets
+from guard.engine import Guard
+from guard.engine.telemetry import ReviewEvent, record_review, redact_secrets
 from guard.errors import (
     BodyError,
     ReviewConflict,
@@ -100,6 +103,7 @@ class ReviewHost(Protocol):
     """What the review steps read from the middleware that holds them (``GuardMiddleware``)."""
 
     app: ASGIApp
+    guard: Guard
     review_store: ReviewStore
     review_path: str
     metrics: HttpMetrics
@@ -248,6 +252,15 @@ async def hold(
     }, [*headers, (b"location", status_url.encode("latin-1", "replace")), (REVIEW_HEADER.encode(), item.id.encode())])
 
 
+def _released(mw: ReviewHost, item: ReviewItem) -> None:
+    """Count and record the release of ``item`` (logged at INFO, and written to the guard's decision log as a
+    ``review`` record naming the reviewer who approved it), before the held request is replayed."""
+    mw.metrics.count_review("released")
+    record_review(mw.guard.decision_log, ReviewEvent(
+        "released", item.decision_id, item.id, item.decided_by, tenant=item.tenant, policy_id=item.policy_id,
+        policy_version=item.policy_version))
+
+
 def _released_headers(item: ReviewItem) -> HeaderList:
     return [(b"x-guard-decision-id", item.decision_id.encode("latin-1", "replace")), (b"x-guard-action", b"allow"),
             (REVIEW_HEADER.encode(), item.id.encode()), (b"x-guard-review", b"released")]
@@ -275,7 +288,7 @@ async def release_on_resend(
         mw.metrics.count_review("refused")
         await _review_error(send, exc)
         return
-    mw.metrics.count_review("released")
+    _released(mw, item)
     await mw.respond(scope, ReplayReceive(body, receive), send, _released_headers(item))
 
 
@@ -343,7 +356,7 @@ class ClientReviewEndpoints:
             self.mw.metrics.count_review("refused")
             await _review_error(send, exc)
             return
-        self.mw.metrics.count_review("released")
+        _released(self.mw, item)
         headers.append((b"content-length", str(len(body)).encode()))
         replay = {**scope, "method": held["method"], "path": held["path"], "raw_path": held["raw_path"].encode(
             "latin-1"), "query_string": held["query_string"].encode("latin-1"), "headers": headers}

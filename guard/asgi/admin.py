@@ -136,7 +136,8 @@ def admin_app(
     Args:
         guard: the engine whose health is reported.
         review_store: the store the middleware holds items in (required with ``reviewers``).
-        reviewers, insecure_loopback, **review_options: passed to :func:`guard.asgi.review_api.review_app`.
+        reviewers, insecure_loopback, **review_options: passed to :func:`guard.asgi.review_api.review_app`, with
+            ``decision_log`` the guard's own unless given, so approvals and rejections are recorded with its decisions.
         metrics: the middleware's counters (``GuardMiddleware.metrics``); default a new, empty set.
         health: the readiness endpoint (``guard proxy`` passes one reporting its upstream and policy watcher);
             default one for ``guard`` alone, whose details the reviewers' tokens may read.
@@ -149,6 +150,7 @@ def admin_app(
     if reviewers is not None or insecure_loopback:
         if review_store is None:
             raise ValueError("the reviewers' API needs the review_store the middleware writes to")
+        review_options.setdefault("decision_log", guard.decision_log)
         api = review_app(review_store, reviewers=reviewers, insecure_loopback=insecure_loopback, **review_options)
         reviews = json_errors(Starlette(routes=[Mount(admin_path, app=api)]))
     if health is None:

@@ -47,6 +47,12 @@ carries them whole. Approving a pending item whose body is not ``complete`` (or 
 this view existed) needs ``"accept_unseen_body": true`` in the approve body: without it the answer is 409
 ``body_not_shown`` (``field``: ``accept_unseen_body``) and the item stays pending.
 
+**Audit.** Each approval and rejection is logged at INFO (logger ``guard.review``: the item, what happened, the
+reviewer, the decision id and the policy) and written to ``decision_log`` (:func:`guard.asgi.admin.admin_app` passes
+the guard's) as a record of kind ``review`` (:meth:`guard.engine.telemetry.DecisionLog.review`): the decision and
+item ids, the reviewer, the tenant, the time, ``accept_unseen_body`` and the SHA-256 of the note, never its text. The
+middleware records a release the same way.
+
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
 ``status``), 409 ``body_not_shown``, 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``,
 403 ``loopback_only``, 413 ``body_too_large``, 415 ``unsupported_media_type``, 429 ``rate_limited``. Releasing an
@@ -77,6 +83,7 @@ from guard.asgi._body_view import body_preview
 from guard.asgi._ratelimit import TokenBuckets, client_key
 from guard.asgi.console import console_route
 from guard.asgi.review_store import STATUSES, ReviewItem, ReviewStore
+from guard.engine.telemetry import DecisionLog, ReviewEvent, record_review
 from guard.errors import BodyError, InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
 
 __all__ = ["ACCEPT_UNSEEN_BODY", "DEFAULT_RATE_LIMIT", "MAX_LIST_LIMIT", "MIN_TOKEN_CHARS", "Reviewer", "is_loopback",
@@ -253,8 +260,9 @@ def is_loopback(host: str) -> bool:
 
 class _Api:
     def __init__(self, store: ReviewStore, reviewers: Mapping[str, str | Reviewer] | None, insecure_loopback: bool,
-                 rate_limit: tuple[float, int]) -> None:
+                 rate_limit: tuple[float, int], decision_log: DecisionLog | None) -> None:
         self.store = store
+        self.decision_log = decision_log
         if reviewers is None and not insecure_loopback:
             raise ValueError("the review API needs reviewer tokens (reviewers={name: token}); without them it runs "
                              "only with insecure_loopback=True, for clients on this machine")
@@ -398,12 +406,16 @@ class _Api:
             return _review_error(exc)
         if approve and unseen is not None:
             logger.info("review item %s approved by %s with its body not shown in full (%s)", review_id, who, unseen)
+        record_review(self.decision_log, ReviewEvent(
+            "approved" if approve else "rejected", item.decision_id, item.id, who, tenant=item.tenant,
+            policy_id=item.policy_id, policy_version=item.policy_version, note=note,
+            accept_unseen_body=accept_unseen_body if approve else None))
         return JSONResponse(item.to_json())
 
 
 def review_routes(
     store: ReviewStore, *, reviewers: Mapping[str, str | Reviewer] | None = None, insecure_loopback: bool = False,
-    rate_limit: tuple[float, int] = DEFAULT_RATE_LIMIT,
+    rate_limit: tuple[float, int] = DEFAULT_RATE_LIMIT, decision_log: DecisionLog | None = None,
 ) -> list[Route]:
     """The reviewers' routes (see the module docstring), to include in your own app or ``Mount``.
 
@@ -413,11 +425,14 @@ def review_routes(
             characters, all distinct); every call must send one (401 otherwise).
         insecure_loopback: with no ``reviewers``, answer loopback clients without a token (403 for others).
         rate_limit: ``(calls per second, burst)`` per token (and per client address without a valid one).
+        decision_log: where each approval and rejection is recorded (a ``review`` record,
+            :meth:`~guard.engine.telemetry.DecisionLog.review`): the guard's own log (``guard.decision_log``;
+            :func:`guard.asgi.admin.admin_app` passes it). Every decision is also logged at INFO (``guard.review``).
 
     Raises:
         ValueError: no ``reviewers`` and not ``insecure_loopback``; a short or shared token; a bad rate limit.
     """
-    api = _Api(store, reviewers, insecure_loopback, rate_limit)
+    api = _Api(store, reviewers, insecure_loopback, rate_limit, decision_log)
     return [
         console_route(),  # GET /console: the page; before /{review_id}
         Route("/", api.list, methods=["GET"]),
@@ -429,11 +444,11 @@ def review_routes(
 
 def review_app(
     store: ReviewStore, *, reviewers: Mapping[str, str | Reviewer] | None = None, insecure_loopback: bool = False,
-    rate_limit: tuple[float, int] = DEFAULT_RATE_LIMIT,
+    rate_limit: tuple[float, int] = DEFAULT_RATE_LIMIT, decision_log: DecisionLog | None = None,
 ) -> Starlette:
     """A small Starlette app serving :func:`review_routes` (same arguments and errors), ready to ``Mount``."""
     return json_errors(Starlette(routes=review_routes(store, reviewers=reviewers, insecure_loopback=insecure_loopback,
-                                                     rate_limit=rate_limit)))
+                                                     rate_limit=rate_limit, decision_log=decision_log)))
 
 
 def json_errors(app: Starlette) -> Starlette:

@@ -26,7 +26,10 @@ The decision log (:class:`DecisionLog`) writes one JSON object per line, modelle
 the JSON pointers removed before the record left the process (``*`` matches any key or index). When several
 policies matched, ``policy`` and ``result`` are the deciding one's and ``policies`` lists each one's own verdict
 (id, version, digest, file, action, rule, answers, cache hit, backend, model, revision, latency, fail mode, error,
-flags) in match order, as the span's :data:`POLICY_VERDICT_EVENT` events do.
+flags) in match order, as the span's :data:`POLICY_VERDICT_EVENT` events do. What a person then does with an
+escalated decision (approves, rejects or edits it; an approved HTTP request released) is written to the same log as a
+record of ``kind`` :data:`REVIEW_RECORD_KIND` (:meth:`DecisionLog.review`, :func:`record_review`), with an INFO line
+on logger ``guard.review``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import collections
 import dataclasses
 import datetime
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -66,18 +70,22 @@ __all__ = [
     "GEN_AI_OPERATION",
     "LOG_INPUT_MODES",
     "METRICS_EXPORTERS",
+    "REVIEW_EVENTS",
+    "REVIEW_RECORD_KIND",
     "SECRET_NAME",
     "SPAN_ATTRIBUTES",
     "SPAN_NAME",
     "TRACES_EXPORTERS",
     "TRACING_RECHECK_S",
     "DecisionLog",
+    "ReviewEvent",
     "Scrubber",
     "Telemetry",
     "body_secrets",
     "credential_name",
     "credential_value",
     "metric_readers_from_env",
+    "record_review",
     "redact_secrets",
     "secret_values",
     "tracer_provider_from_env",
@@ -1021,6 +1029,60 @@ def redact_secrets(state: Any, subject: Subject | None = None, secrets: Iterable
     return record["state"]
 
 
+REVIEW_RECORD_KIND = "review"
+"""The ``kind`` of a decision log record written for a reviewer event (:meth:`DecisionLog.review`); a decision's
+record has no ``kind``."""
+REVIEW_EVENTS = ("approved", "rejected", "edited", "released")
+"""What a :class:`ReviewEvent` says happened to an escalated decision."""
+_review_logger = logging.getLogger("guard.review")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReviewEvent:
+    """What a person did with an escalated decision, as :func:`record_review` logs and records it.
+
+    Attributes:
+        event: one of :data:`REVIEW_EVENTS`: ``approved`` or ``rejected`` (the reviewers' API; an agent's resume),
+            ``edited`` (an agent's resume; the edited call is judged again under a decision of its own), ``released``
+            (an approved HTTP request replayed to the application).
+        decision_id: the escalating verdict's decision id (its ``escalate`` record has the same).
+        review_id: the review item's id (HTTP: ``rv_...``) or the pending item's (agents: ``gp_...``).
+        reviewer: who decided: the reviewer token's name; for ``released``, who approved it; ``None`` where guard
+            is not told (an agent's resume carries no identity).
+        tenant: the held request's tenant, or ``None``.
+        policy_id: the policy that escalated; ``policy_version`` its version.
+        note: the reviewer's note (an agent's reject message); only its SHA-256 is recorded.
+        accept_unseen_body: for an HTTP approval, whether the reviewer accepted a held body not shown in full
+            (``None`` for the other events).
+
+    Raises:
+        ValueError: ``event`` is not one of :data:`REVIEW_EVENTS`.
+    """
+
+    event: str
+    decision_id: str
+    review_id: str
+    reviewer: str | None
+    tenant: str | None = None
+    policy_id: str | None = None
+    policy_version: str | None = None
+    note: str | None = None
+    accept_unseen_body: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.event not in REVIEW_EVENTS:
+            raise ValueError(f"review event {self.event!r} is not one of {REVIEW_EVENTS}")
+
+
+def record_review(decision_log: DecisionLog | None, event: ReviewEvent) -> None:
+    """Log ``event`` at INFO (logger ``guard.review``, without the note) and write its record to ``decision_log``
+    (:meth:`DecisionLog.review`; none written when it is ``None``)."""
+    _review_logger.info("review item %s %s (reviewer %s, decision %s, policy %s)", event.review_id, event.event,
+                        event.reviewer, event.decision_id, event.policy_id)
+    if decision_log is not None:
+        decision_log.review(event)
+
+
 class DecisionLog:
     """JSON-lines decision records (OPA ``EventV1``-like), with fields removed before they are written.
 
@@ -1164,13 +1226,46 @@ class DecisionLog:
             # the type only: an exception's text may quote the input the record was being redacted from
             logger.error("decision log record could not be built (%d dropped): %s", self.dropped, type(exc).__name__)
             return {}
+        self._append(line)
+        return event
+
+    def review(self, event: ReviewEvent) -> dict[str, Any]:
+        """Build and write the record of one reviewer event (:data:`REVIEW_RECORD_KIND`: ``kind``, ``event``,
+        ``decision_id``, ``review_id``, ``reviewer``, ``tenant``, ``policy``, ``accept_unseen_body``,
+        ``note_sha256``, ``timestamp``, ``labels``, ``trace_id``/``span_id``); returned as written. A failing sink
+        drops it (counted in ``dropped``, logged), never the review."""
+        record: dict[str, Any] = {
+            "kind": REVIEW_RECORD_KIND,
+            "event": event.event,
+            "decision_id": event.decision_id,
+            "review_id": event.review_id,
+            "timestamp": _utc_now(),
+            "labels": dict(self.labels),
+            "reviewer": event.reviewer,
+            "tenant": event.tenant,
+            "policy": {"id": event.policy_id, "version": event.policy_version},
+            "accept_unseen_body": event.accept_unseen_body,
+            # the note is the reviewer's free text (it may quote the held request): its digest only
+            "note_sha256": hashlib.sha256(event.note.encode("utf-8", "surrogatepass")).hexdigest()
+            if event.note is not None else None,
+            "trace_id": None,
+            "span_id": None,
+        }
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            record["trace_id"] = format(context.trace_id, "032x")
+            record["span_id"] = format(context.span_id, "016x")
+        self._append(_json_line(record))
+        return record
+
+    def _append(self, line: str) -> None:
+        """Write one record's line; a failing sink drops it (counted in ``dropped``, logged)."""
         try:
             with self._lock:
                 self._write(line)
         except (OSError, ValueError) as exc:
             self.dropped += 1
             logger.error("decision log write failed (%d dropped): %s", self.dropped, exc)
-        return event
 
     def close(self) -> None:
         """Close the file this log opened (streams and callables given to it are left alone)."""

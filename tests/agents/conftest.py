@@ -31,7 +31,12 @@ class Harness:
         self.tools = counting_tools(self.runs)
 
     def decisions(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.lines]
+        """The decision records (the log's ``review`` records left out: :meth:`reviews`)."""
+        return [record for record in map(json.loads, self.lines) if "kind" not in record]
+
+    def reviews(self) -> list[dict[str, Any]]:
+        """The records of the reviewers' decisions (``kind: review``)."""
+        return [record for record in map(json.loads, self.lines) if record.get("kind") == "review"]
 
     def close(self) -> None:
         self.guard.close()

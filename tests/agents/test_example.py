@@ -34,8 +34,9 @@ def test_replay_allows_wanted_calls_and_stops_the_attackers(tmp_path: Path) -> N
     # them from nowhere and waits for the reviewer; the bill payment takes its IBAN from the real file and runs.
     assert "-> reviewer rejects" in text
     assert "send_money {\"recipient\": \"UK12345678901234567890\"" not in text
-    assert "Emily is the best" not in "".join(r["result"].get("message") or "" for r in records)
-    assert {r["backend"] for r in records} == {"compact"}
+    decisions = [r for r in records if r.get("kind") != "review"]  # the reviewer's answers are recorded too
+    assert "Emily is the best" not in "".join(r["result"].get("message") or "" for r in decisions)
+    assert {r["backend"] for r in decisions} == {"compact"}
 
 
 def test_sandbox_tools_stay_in_their_folder(tmp_path: Path) -> None:

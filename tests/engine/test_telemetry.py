@@ -19,7 +19,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, StatusCode
 
 from guard.engine import Guard
-from guard.engine.telemetry import SECRET_NAME, SPAN_NAME, DecisionLog, Telemetry, credential_name, redact_secrets
+from guard.engine.telemetry import (
+    SECRET_NAME,
+    SPAN_NAME,
+    DecisionLog,
+    ReviewEvent,
+    Telemetry,
+    credential_name,
+    redact_secrets,
+)
 from guard.errors import BackendUnavailable
 from guard.policy import load_text
 from guard.subject import AgentSubject, HttpSubject, body_strings
@@ -258,6 +266,33 @@ def test_decision_log_wildcards_sinks_and_errors(tmp_path: Any) -> None:
     assert failing.dropped == 1
     with pytest.raises(ValueError, match="must be a JSON pointer"):
         DecisionLog(lines.append, redact=("input/x",))
+
+
+def test_a_review_record_names_who_decided_and_keeps_only_the_notes_digest() -> None:
+    import hashlib
+
+    lines: list[str] = []
+    log = DecisionLog(lines.append, labels={"service": "payments"})
+    event = ReviewEvent("approved", "d1", "rv_0123456789abcdef01234567", "alice", tenant="acme", policy_id="hold",
+                        policy_version="3", note="pin is 4321", accept_unseen_body=True)
+    with TracerProvider().get_tracer("test").start_as_current_span("review call") as span:
+        record = log.review(event)
+    assert json.loads(lines[0]) == record
+    assert {k: v for k, v in record.items() if k not in ("timestamp", "trace_id", "span_id")} == {
+        "kind": "review", "event": "approved", "decision_id": "d1", "review_id": "rv_0123456789abcdef01234567",
+        "labels": {"app": "guard", "version": record["labels"]["version"], "service": "payments"},
+        "reviewer": "alice", "tenant": "acme", "policy": {"id": "hold", "version": "3"}, "accept_unseen_body": True,
+        "note_sha256": hashlib.sha256(b"pin is 4321").hexdigest()}
+    assert record["span_id"] == format(span.get_span_context().span_id, "016x") and "4321" not in lines[0]
+
+    def broken(line: str) -> None:
+        raise OSError("disk full")
+
+    failing = DecisionLog(broken)
+    failing.review(event)  # the review stands whatever the sink does
+    assert failing.dropped == 1
+    with pytest.raises(ValueError, match="review event 'maybe' is not one of"):
+        ReviewEvent("maybe", "d1", "rv_x", None)
 
 
 def test_redacted_scrubs_every_copy_of_a_credential_header_and_short_or_keyed_secrets() -> None:
