@@ -35,7 +35,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -328,11 +328,19 @@ def _quota(client: str, count: int, cap: int, retry_after: float) -> ReviewQuota
                                "wait for a decision on them", retry_after=max(1.0, retry_after))
 
 
-def _wrong_type(exc: BaseException) -> bool:
-    """Whether ``exc`` is Redis's WRONGTYPE reply (a command on a key that holds another type)."""
+def _wrong_type(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is Redis's WRONGTYPE reply (a command on a key that holds another type), alone or as the
+    error redis-py raises for one command of a pipeline."""
     from redis.exceptions import ResponseError
 
-    return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
+    return isinstance(exc, ResponseError) and (str(exc).startswith("WRONGTYPE")
+                                               or " of pipeline caused error: WRONGTYPE" in str(exc))
+
+
+def _kind_of(key: str) -> str:
+    """The Redis type the store keeps at one of its own keys beside the items (:class:`RedisReviewStore`): a hash
+    for a byte budget's sizes (``...:sizes``), a sorted set for the rest (indexes, pending slots, budget expiries)."""
+    return "hash" if key.endswith(":sizes") else "zset"
 
 
 def _in_scope(item: ReviewItem, tenants: Collection[str] | None) -> bool:
@@ -548,6 +556,12 @@ class RedisReviewStore:
     an earlier state of one as ``tampered``. Another replica that never saw the item settled cannot tell; limit who
     can write the review prefix in Redis (ACLs) to close that.
 
+    A key the store keeps beside the items (an index, a client's pending slots, a byte budget) that holds another
+    type than the store writes there is deleted when a command meets it (logged, and named in ``health``), and the
+    command runs again, so one hand-written key cannot take every listing and escalation down. The transition
+    script checks every key it writes before its first write (Redis does not undo a script's writes when a later
+    command fails): a change that meets such a key is refused as ``tampered`` with nothing written.
+
     Attributes:
         tampered: items refused so far because their seal did not check or they were put back to an earlier state.
 
@@ -561,13 +575,23 @@ class RedisReviewStore:
     # ARGV[3] = required digest or "", ARGV[4] = required seal (the one just read and checked), ARGV[5] = item id,
     # ARGV[6] = its expiry (the index score), ARGV[7] = the bytes of its request freed (deleted; "0" when kept),
     # ARGV[8..] = field/value pairs to set (the new seal among them). Returns {code, current status}: 0 missing,
-    # 1 wrong status, 2 digest mismatch, 3 changed, 4 the item changed since it was read. HSET keeps the key's TTL.
+    # 1 wrong status, 2 digest mismatch, 3 changed, 4 the item changed since it was read; 5 (then the keys) keys
+    # beside the item hold another type than the store writes there (sizes hashes at KEYS[4] and KEYS[6], sorted
+    # sets elsewhere): checked before any write, as Redis does not undo a script's writes when a later command
+    # fails, so nothing is written then. HSET keeps the key's TTL.
     TRANSITION_SCRIPT = """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {0, ''} end
 if cur ~= ARGV[1] then return {1, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'digest') ~= ARGV[3] then return {2, cur} end
 if redis.call('HGET', KEYS[1], 'seal') ~= ARGV[4] then return {4, cur} end
+local wrong = {5, cur}
+for i = 2, #KEYS do
+  local kind = (i == 4 or i == 6) and 'hash' or 'zset'
+  local found = redis.call('TYPE', KEYS[i]).ok
+  if KEYS[i] ~= KEYS[1] and found ~= 'none' and found ~= kind then wrong[#wrong + 1] = KEYS[i] end
+end
+if #wrong > 2 then return wrong end
 if ARGV[7] ~= '0' then
   for i = 3, 5, 2 do
     if (i == 3 or KEYS[i] ~= KEYS[3]) and redis.call('ZSCORE', KEYS[i], ARGV[5]) then
@@ -592,6 +616,20 @@ local function drop(index, sizes, id)
     redis.call('HDEL', sizes, id)
   end
 end
+"""
+    # Each key of KEYS holding another type than ARGV (the same position: zset or hash) and not absent is deleted.
+    # Returns the deleted keys, each followed by the type it held.
+    REPAIR_SCRIPT = """
+local found = {}
+for i = 1, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i]).ok
+  if kind ~= 'none' and kind ~= ARGV[i] then
+    redis.call('DEL', KEYS[i])
+    found[#found + 1] = KEYS[i]
+    found[#found + 1] = kind
+  end
+end
+return found
 """
     # Item ARGV[1] leaves each byte budget of KEYS (pairs: expiry index, sizes hash).
     GIVE_BACK_SCRIPT = _DROP_LUA + """
@@ -728,6 +766,41 @@ return {0}
         self.health.success()
         return result
 
+    async def _owned(self, review_id: str, keys: Collection[str], command: Callable[[], Awaitable[Any]]) -> Any:
+        """``command()``'s result (through :meth:`_call`), ``command`` writing the store's own ``keys`` beside the
+        items (indexes, pending slots, byte budgets). On Redis's WRONGTYPE reply, those of ``keys`` that hold another
+        type are reset (:meth:`_repair`) and ``command()`` runs once more; when none was, the failure is raised.
+
+        Raises:
+            ReviewStoreUnavailable: Redis failed (again).
+        """
+        try:
+            return await self._call(review_id, command())
+        except ReviewStoreUnavailable as exc:
+            if not _wrong_type(exc.__cause__) or not await self._repair(review_id, keys):
+                raise
+        return await self._call(review_id, command())
+
+    async def _repair(self, review_id: str, keys: Collection[str]) -> bool:
+        """Delete each of ``keys`` (the store's own beside the items, never an item) that holds another type than the
+        store keeps there (:func:`_kind_of`): written outside guard, it holds nothing the store wrote, and every
+        command the store runs on it fails. Each one is logged and reported in ``health`` by name. Returns whether
+        any was deleted.
+
+        Raises:
+            ReviewStoreUnavailable: Redis failed.
+        """
+        keys = list(dict.fromkeys(keys))
+        found = await self._call(review_id, self._client.execute_command(
+            "EVAL", self.REPAIR_SCRIPT, len(keys), *keys, *map(_kind_of, keys), **_AS_BYTES))
+        for raw_key, raw_kind in zip(found[::2], found[1::2], strict=True):
+            key, kind = self._text(raw_key, "replace"), self._text(raw_kind, "replace")
+            logger.warning("review store key %s held a %s, not the %s the store keeps there (written outside guard); "
+                           "deleted", key, kind, _kind_of(key or ""))
+            self.health.failure("review_key_wrong_type", f"{key} held a {kind}, not a {_kind_of(key or '')} "
+                                "(written outside guard): deleted, so the store works again", severity="degraded")
+        return bool(found)
+
     def _unavailable(self, review_id: str, exc: BaseException) -> ReviewStoreUnavailable:
         """Count ``exc`` as a store failure in ``health``; the ReviewStoreUnavailable to raise."""
         self.health.failure("review_store_unavailable", f"{type(exc).__name__}: {exc}", severity="degraded")
@@ -794,12 +867,16 @@ return {0}
         slot back and raises ReviewQuotaExceeded. Over the cap, the slots are read (as bytes): an entry that is not an
         item id (a store writes only ids) is tampered, counted, dropped and not held against the client."""
         key, now = self._pending_key(client), time.time()
-        pipe = self._client.pipeline(transaction=True)
-        pipe.zremrangebyscore(key, "-inf", now)
-        pipe.zadd(key, {item.id: item.expires_at})
-        pipe.pexpireat(key, int(item.expires_at * 1000))
-        pipe.zcard(key)
-        *_, count = await self._call(NEW_ITEM, pipe.execute())
+
+        def take() -> Awaitable[list[Any]]:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.zadd(key, {item.id: item.expires_at})
+            pipe.pexpireat(key, int(item.expires_at * 1000))
+            pipe.zcard(key)
+            return pipe.execute()
+
+        *_, count = await self._owned(NEW_ITEM, [key], take)
         if int(count) <= self.max_pending_per_client:
             return
         rows = await self._call(NEW_ITEM, self._client.execute_command(
@@ -835,14 +912,19 @@ return {0}
         mapping: dict[Any, Any] = {"status": item.status, "core": core, "digest": digest, "seal": seal}
         if held is not None:
             mapping["request"] = held
-        pipe = self._client.pipeline(transaction=True)
-        pipe.hset(key, mapping=mapping)
-        pipe.pexpireat(key, int(item.expires_at * 1000))
-        for index in self._indexes(item.status, tenant):
-            pipe.zadd(index, {item.id: item.expires_at})
-            pipe.zremrangebyscore(index, "-inf", time.time())
+        indexes = self._indexes(item.status, tenant)
+
+        def write() -> Awaitable[list[Any]]:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.hset(key, mapping=mapping)
+            pipe.pexpireat(key, int(item.expires_at * 1000))
+            for index in indexes:
+                pipe.zadd(index, {item.id: item.expires_at})
+                pipe.zremrangebyscore(index, "-inf", time.time())
+            return pipe.execute()
+
         try:  # a failure names no id (NEW_ITEM): the item was not stored, or not whole, so no answer may name it
-            await self._call(NEW_ITEM, pipe.execute())
+            await self._owned(NEW_ITEM, indexes, write)
         except ReviewStoreUnavailable:
             await self._give_back(item, self._budget_keys(client))
             raise
@@ -856,7 +938,7 @@ return {0}
             ReviewStoreUnavailable: the store's budget has no room for it (fail closed), or Redis failed.
         """
         keys, now = self._budget_keys(item.client), time.time()
-        reply = await self._call(NEW_ITEM, self._client.execute_command(
+        reply = await self._owned(NEW_ITEM, keys, lambda: self._client.execute_command(
             "EVAL", self.HOLD_SCRIPT, len(keys), *keys, repr(now), item.id, size, repr(item.expires_at),
             self.max_bytes, self.max_bytes_per_client, **_AS_BYTES))
         if int(reply[0]) == 1:
@@ -933,10 +1015,14 @@ return {0}
         keys = [self._index(s, t) for s in ((status,) if status else STATUSES)
                 for t in ((None,) if tenants is None else sorted(tenants))]
         now = time.time()
-        pipe = self._client.pipeline(transaction=False)
-        for key in keys:
-            pipe.zremrangebyscore(key, "-inf", now)
-        await self._call("(list)", pipe.execute())
+
+        def sweep() -> Awaitable[list[Any]]:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.zremrangebyscore(key, "-inf", now)
+            return pipe.execute()
+
+        await self._owned("(list)", keys, sweep)
         chunk = max(limit, 16)
         queued: dict[str, list[tuple[float, str]]] = {key: [] for key in keys}
         after: dict[str, tuple[float, set[str]]] = {key: (float("-inf"), set()) for key in keys}
@@ -1062,7 +1148,7 @@ return {0}
         keys = [key, pending, *budgets, *indexes]
         args = [need, to, digest, texts[-1] or "", review_id, repr(held.expires_at), str(freed), *pairs]
         # replied as bytes: a status edited in Redis since it was read may not be UTF-8
-        code, current = await self._call(review_id, self._client.execute_command(
+        code, current, *wrong = await self._call(review_id, self._client.execute_command(
             "EVAL", self.TRANSITION_SCRIPT, len(keys), *keys, *args, **_AS_BYTES))
         current = self._text(current, "replace") or ""  # a status named in a conflict only
         if int(code) == 0:
@@ -1075,6 +1161,11 @@ return {0}
             raise _digest_conflict(review_id, current)
         if int(code) == 4:
             raise ReviewConflict(review_id, current, "the item changed while this change was made; read it again")
+        if int(code) == 5:  # nothing was written: the item keeps its status
+            await self._repair(review_id, [self._text(k, "replace") or "" for k in wrong])
+            raise ReviewConflict(review_id, "tampered", "a key the review store keeps beside the item (an index, a "
+                                 "pending slot or a byte budget) held another type (edited in the store); nothing "
+                                 "was changed and the key was reset: try again")
         item = self._decode([fields[f] for f in self._FIELDS], with_request=True)
         if to in ("rejected", "released"):
             self._settle(review_id, item.expires_at)

@@ -517,6 +517,72 @@ async def test_an_item_key_of_another_type_in_redis_is_tampered_not_a_store_outa
     await store.aclose()
 
 
+@pytest.mark.parametrize(("key", "step"), [
+    ("index:approved", "approve"), ("index:rejected", "reject"), ("bytes:sizes", "reject"), ("pending:*", "approve"),
+    ("index:released", "release"),
+])
+async def test_a_store_key_of_another_type_refuses_the_change_before_any_write(
+        make_guard: GuardFactory, create_redis: Any, key: str, step: str) -> None:
+    """The transition script set the status before a ZREM/ZADD on an index key of another type failed, and Redis
+    does not undo a script's writes: approve answered 503 with the item approved (attack finding). Every key the
+    script writes is checked first: 409 ``tampered``, nothing changed, the key named in the health details and
+    reset, so the next try goes through."""
+    redis = create_redis()
+    store = RedisReviewStore(redis, prefix=create_redis.prefix)
+    async with client_for(_app(make_guard(), store)) as client:
+        held = await _escalate(client)
+        if step == "release":
+            await client.post(f"/admin/reviews/{held['review_id']}/approve", headers=_admin())
+        [wrong] = [k.decode() async for k in redis.scan_iter(create_redis.prefix + key)] if "*" in key else [
+            create_redis.prefix + key]
+        await redis.delete(wrong)
+        await redis.set(wrong, "x")
+        before = (await _item(client, held))["status"]
+
+        async def change() -> httpx.Response:
+            if step == "release":
+                return await client.post(held["release_url"], headers=_release(held))
+            return await client.post(f"/admin/reviews/{held['review_id']}/{step}", headers=_admin())
+
+        refused = await change()
+        assert (refused.status_code, refused.json()["status"]) == (409, "tampered"), refused.text
+        assert wrong not in refused.text  # the key is for the health details, not for clients
+        detail = store.health.check().detail or {}
+        assert wrong in detail["last_error"] and await redis.type(wrong) == b"none"
+        assert (await _item(client, held))["status"] == before
+        again = await change()
+        assert again.status_code == 200, again.text
+        done = {"approve": "approved", "reject": "rejected", "release": "released"}[step]
+        listed = (await client.get(f"/admin/reviews/?status={done}", headers=_admin())).json()
+        assert [i["id"] for i in listed["items"]] == [held["review_id"]]
+    await store.aclose()
+
+
+@pytest.mark.parametrize("key", ["index:pending", "pending:*", "bytes", "bytes:sizes"])
+async def test_a_store_key_of_another_type_does_not_take_listings_and_escalations_down(
+        make_guard: GuardFactory, create_redis: Any, key: str) -> None:
+    """One index key of another type (``SET <prefix>index:pending x``) made every listing and every new escalation
+    503; a client's pending slots or a byte budget of another type did the same to new escalations. The key is
+    reset (logged, named in the health details) and the store goes on: the listing answers, the item is held and
+    listed."""
+    redis = create_redis()
+    store = RedisReviewStore(redis, prefix=create_redis.prefix)
+    async with client_for(_app(make_guard(), store)) as client:
+        await _escalate(client)
+        [wrong] = [k.decode() async for k in redis.scan_iter(create_redis.prefix + key)] if "*" in key else [
+            create_redis.prefix + key]
+        await redis.delete(wrong)
+        await redis.set(wrong, "x")
+        listed = await client.get("/admin/reviews/", headers=_admin())
+        assert listed.status_code == 200, listed.text
+        held = await _escalate(client)
+        listed = (await client.get("/admin/reviews/", headers=_admin())).json()
+        assert held["review_id"] in [i["id"] for i in listed["items"]]
+        assert wrong in (store.health.check().detail or {})["last_error"]
+        assert await redis.type(wrong) in (b"zset", b"hash")
+    await store.aclose()
+
+
 async def test_a_create_that_fails_in_redis_names_no_review_id(make_guard: GuardFactory, private_redis: Any) -> None:
     """Redis failing while the item is written (here a client without a peer address, a Unix socket's, so no
     per-client slot is taken first) answered a 503 naming the id of an item never stored: no id is named."""
