@@ -378,6 +378,7 @@ class MemoryReviewStore:
         self._items: dict[str, ReviewItem] = {}
         self._pending: dict[str, list[ReviewItem]] = {}  # client -> its pending items, oldest first
         self._sizes: dict[str, tuple[int, int]] = {}  # id -> the bytes its view and its held request count
+        self._decided: set[str] = set()  # ids rejected or released: their bytes no longer count against their client
         self.held_bytes = 0
         self._client_bytes: dict[str, int] = {}  # client -> its live items' bytes
 
@@ -393,10 +394,12 @@ class MemoryReviewStore:
         if not self._pending[item.client]:
             del self._pending[item.client]
 
-    def _count(self, item: ReviewItem, delta: int) -> None:
-        """Add ``delta`` bytes (negative: freed) to the store's and ``item``'s client's held bytes."""
-        self.held_bytes += delta
-        if item.client is not None:
+    def _count(self, item: ReviewItem, delta: int, *, store: bool = True) -> None:
+        """Add ``delta`` bytes (negative: freed) to the store's (unless not ``store``) and, unless ``item`` was
+        decided (rejected or released), its client's held bytes."""
+        if store:
+            self.held_bytes += delta
+        if item.client is not None and item.id not in self._decided:
             left = self._client_bytes.get(item.client, 0) + delta
             if left:
                 self._client_bytes[item.client] = left
@@ -408,6 +411,7 @@ class MemoryReviewStore:
         if item is not None:
             self._unpend(item)
             self._count(item, -sum(self._sizes.pop(key, (0, 0))))
+            self._decided.discard(key)
 
     def _purge(self) -> None:
         now = time.time()
@@ -487,10 +491,14 @@ class MemoryReviewStore:
         return item
 
     def _free_request(self, item: ReviewItem) -> None:
-        """``item`` no longer holds its request (rejected or released): its bytes are freed, its view's stay."""
+        """``item`` no longer holds its request (rejected or released): its request's bytes are freed, and the item
+        leaves its client's budget (a decided item is kept for reviewers until it expires: its client could not free
+        it); its view's bytes stay in the store's."""
         view, request = self._sizes.get(item.id, (0, 0))
         self._sizes[item.id] = (view, 0)
         self._count(item, -request)
+        self._count(item, -view, store=False)
+        self._decided.add(item.id)
 
     async def approve(self, review_id: str, *, by: str | None = None, note: str | None = None) -> ReviewItem:
         return self._decide(review_id, "approved", by, note)
@@ -573,7 +581,9 @@ class RedisReviewStore:
     # KEYS[3..6] = the store's and the item's client's byte budget keys (the store's again when none), then pairs of
     # index keys (the one the item leaves, the one it joins). ARGV[1] = required status, ARGV[2] = new status,
     # ARGV[3] = required digest or "", ARGV[4] = required seal (the one just read and checked), ARGV[5] = item id,
-    # ARGV[6] = its expiry (the index score), ARGV[7] = the bytes of its request freed (deleted; "0" when kept),
+    # ARGV[6] = its expiry (the index score), ARGV[7] = the bytes of its request freed (deleted; "0" when kept: else
+    # the store's budget frees them and the item leaves its client's budget whole, as a decided item is kept for
+    # reviewers until it expires and its client could not free it),
     # ARGV[8..] = field/value pairs to set (the new seal among them). Returns {code, current status}: 0 missing,
     # 1 wrong status, 2 digest mismatch, 3 changed, 4 the item changed since it was read; 5 (then the keys) keys
     # beside the item hold another type than the store writes there (sizes hashes at KEYS[4] and KEYS[6], sorted
@@ -593,11 +603,13 @@ for i = 2, #KEYS do
 end
 if #wrong > 2 then return wrong end
 if ARGV[7] ~= '0' then
-  for i = 3, 5, 2 do
-    if (i == 3 or KEYS[i] ~= KEYS[3]) and redis.call('ZSCORE', KEYS[i], ARGV[5]) then
-      redis.call('HINCRBY', KEYS[i + 1], ARGV[5], -ARGV[7])
-      redis.call('HINCRBY', KEYS[i + 1], 'total', -ARGV[7])
-    end
+  if redis.call('ZSCORE', KEYS[3], ARGV[5]) then
+    redis.call('HINCRBY', KEYS[4], ARGV[5], -ARGV[7])
+    redis.call('HINCRBY', KEYS[4], 'total', -ARGV[7])
+  end
+  if KEYS[5] ~= KEYS[3] and redis.call('ZREM', KEYS[5], ARGV[5]) == 1 then
+    redis.call('HINCRBY', KEYS[6], 'total', -(tonumber(redis.call('HGET', KEYS[6], ARGV[5])) or 0))
+    redis.call('HDEL', KEYS[6], ARGV[5])
   end
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 8))

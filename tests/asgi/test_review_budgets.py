@@ -141,3 +141,30 @@ async def test_redis_byte_budgets_hold_across_replicas_creating_at_once_and_free
     finally:
         for store in replicas:
             await store.aclose()
+
+
+async def test_a_clients_decided_items_leave_its_budget_and_stay_in_the_stores(
+    make_store: Callable[..., ReviewStore]
+) -> None:
+    """A decided item keeps its view for reviewers until it expires, which its client cannot hasten: that view
+    counted against the client, so a client whose escalations were all decided was refused for 24 h once their
+    views filled its budget. Now a rejected or released item leaves its client's budget; the store's keeps the
+    view."""
+    store = make_store(max_bytes_per_client=60_000)
+    shown = {"body": {"text": "y" * 5_000}}
+    try:
+        for n in range(30):  # ~10 KB each (view and request): 300 KB decided against a client budget of 60 KB
+            item = await store.create(Verdict(action="escalate", decision_id=f"d{n}"), subject=shown,
+                                      digest="0" * 64, request={"body_b64": "x" * 5_000}, client="203.0.113.9")
+            if n % 2:
+                await store.reject(item.id, by="alice")
+            else:
+                await store.approve(item.id, by="alice")
+                await store.release(item.id, item.digest)
+        if isinstance(store, MemoryReviewStore):
+            assert store.held_bytes >= 30 * 5_000  # the views stay in the store's budget
+        outcomes = [await _create(store, "203.0.113.9", 10_000) for _ in range(8)]  # undecided ones still count
+        held = outcomes.count("held")
+        assert 3 <= held < 8 and outcomes == ["held"] * held + ["quota"] * (8 - held), outcomes
+    finally:
+        await store.aclose()
