@@ -3,7 +3,8 @@
 :class:`ResponseJudge` wraps ``send`` for one request whose request conditions a response policy accepts. It holds
 ``http.response.start`` back, picks every watching policy whose ``response`` conditions accept the status, headers
 and media type (none: the response passes untouched; several: their verdicts combine as a request's do; a repeated
-``Content-Type``, ``Content-Length`` or ``Content-Encoding`` that any copy would have a policy watch: 502
+``Content-Type``, ``Content-Length`` or ``Content-Encoding`` that any copy would have a policy watch, or a part of
+a body, 206 or ``multipart/byteranges``, though the request went on without ``Range``: 502
 ``response_uninspectable`` before any byte), then judges the body in one of two ways (either way a stream's events,
 or those of a body that holds them, are joined as its client joins them: :mod:`guard.asgi._deltas`):
 
@@ -68,8 +69,8 @@ __all__ = [
     "SSE_BLOCK_EVENT",
     "ResponseJudge",
     "StreamStopped",
+    "watched_scope",
     "whole_stream_subject",
-    "without_unreadable_sends",
 ]
 
 logger = logging.getLogger("guard.asgi")
@@ -92,17 +93,26 @@ class StreamStopped(OSError):
 
 
 #: ASGI extensions that send a response body the server reads itself (a file path, a file descriptor): a watched
-#: response's scope does not offer them (:func:`without_unreadable_sends`), and an app that sends one anyway is refused.
+#: response's scope does not offer them (:func:`watched_scope`), and an app that sends one anyway is refused.
 _UNREADABLE_SENDS = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
+#: Request headers that ask for part of a response (RFC 9110 14.2, 13.1.5): a watched request goes on without them.
+_RANGE_HEADERS = frozenset({b"range", b"if-range"})
+#: A partial response's media type (RFC 9110 14.6): several ranges of the body, each with its own head.
+_BYTERANGES = "multipart/byteranges"
 
 
-def without_unreadable_sends(scope: Scope) -> Scope:
-    """``scope`` without the extensions whose body guard cannot read (so Starlette's ``FileResponse`` sends body
-    messages), for a request whose response a policy judges."""
+def watched_scope(scope: Scope) -> Scope:
+    """``scope`` as the application (or the proxy's upstream) gets it for a request whose response a policy judges:
+    without the extensions whose body guard cannot read (so Starlette's ``FileResponse`` sends body messages), and
+    without ``Range`` and ``If-Range``, so the answer is the whole body (200): a range is a piece no rule sees whole
+    (the ``SECRE`` and ``T-PLAN`` of two requests), and a 206 that comes anyway is refused."""
     extensions = scope.get("extensions") or {}
-    if not any(name in extensions for name in _UNREADABLE_SENDS):
-        return scope
-    return {**scope, "extensions": {k: v for k, v in extensions.items() if k not in _UNREADABLE_SENDS}}
+    if any(name in extensions for name in _UNREADABLE_SENDS):
+        scope = {**scope, "extensions": {k: v for k, v in extensions.items() if k not in _UNREADABLE_SENDS}}
+    headers = scope["headers"]
+    if any(name.lower() in _RANGE_HEADERS for name, _ in headers):
+        scope = {**scope, "headers": [(k, v) for k, v in headers if k.lower() not in _RANGE_HEADERS]}
+    return scope
 
 
 #: Bytes at the start of a streamed HTML or XML response searched for the charset it names (the HTML prescan's).
@@ -239,6 +249,9 @@ class ResponseJudge:
         if repeated:
             await self._refuse_repeated(message, head, repeated)
             return
+        if head.status == 206 or media == _BYTERANGES:
+            await self._refuse_partial(message, head)
+            return
         self.policies = tuple(p for p in self.watching if p.matches(head))  # every one decides (docs/policies.md)
         self.policy = self.policies[0] if self.policies else None  # records a response that cannot be judged
         if self.policy is None:
@@ -305,6 +318,18 @@ class ResponseJudge:
         names = " and ".join(repeated)
         await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response repeats {names}; a response sent "
                                      "with more than one cannot be judged", field=next(iter(repeated))))
+
+    async def _refuse_partial(self, message: Message, head: HttpSubject) -> None:
+        """Refuse (502) a part of a response (a 206, or ``multipart/byteranges``), which comes only from an
+        application that answers a range though the request went on without ``Range`` (:func:`watched_scope`): every
+        watching policy would judge a piece of the body, none of them the whole. Recorded under the first policy
+        that accepts the response read as a whole 200, else the first watching one."""
+        whole = dataclasses.replace(head, status=200)
+        policies = tuple(p for p in self.watching if p.matches(whole)) or self.watching
+        self.mode, self.policies, self.policy, self.head, self.start = "done", policies, policies[0], head, message
+        await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, "the response is a part of its body (206 Partial "
+                                     "Content or multipart/byteranges), which cannot be judged whole; serve the "
+                                     "whole body", field="status" if head.status == 206 else "content-type"))
 
     # Whole bodies ----------------------------------------------------------------------------------------------
 

@@ -40,7 +40,9 @@ deep; bad forms; ambiguous multipart). Scopes other than ``http``, and requests 
 through without their body being read.
 
 A response policy (``match.http.response``) that watches the request judges the application's response before the
-client gets it (:mod:`guard.asgi._respond`), whether or not a request policy matched.
+client gets it (:mod:`guard.asgi._respond`), whether or not a request policy matched; such a request reaches the
+application without ``Range`` and ``If-Range``, so the response is judged whole
+(:func:`~guard.asgi._respond.watched_scope`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ from guard.asgi._override import (
     may_name_method,
 )
 from guard.asgi._parse import parse_body, redacted_request
-from guard.asgi._respond import ResponseJudge, without_unreadable_sends
+from guard.asgi._respond import ResponseJudge, watched_scope
 from guard.asgi._responses import (
     DECISION_HEADERS,
     DecisionHeaders,
@@ -405,7 +407,7 @@ class GuardMiddleware:
                 return
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
         app_send = functools.partial(send_with_headers, judge or send, headers) if headers else judge or send
-        response = (app or self.app)(without_unreadable_sends(scope) if judge else scope, receive, app_send)
+        response = (app or self.app)(watched_scope(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
