@@ -14,7 +14,8 @@ both (``guard_policy_id``, ``guard_action``) and one query joins them.
 ``guard_http_reviews_total{event}``                                    review events (created, released, refused, ...)
 ``guard_http_handoffs_total{outcome}``                                 LLM handoffs by outcome
 ``guard_proxy_upstream_errors_total{kind}``                            upstream failures (timeout, unavailable, ...)
-``guard_http_client_disconnects_total``                                clients that left before the body was read
+``guard_http_client_disconnects_total``                                clients that left before the body was read, or
+                                                                       (proxy) while their response was relayed
 =====================================================================  ===============================================
 """
 
@@ -74,7 +75,10 @@ class HttpMetrics:
         self._upstream_errors = counter(
             "guard.proxy.upstream_errors", "Proxy upstream failures by kind: timeout, unavailable, broken_stream, busy."
         )
-        self._disconnects = counter("guard.http.client_disconnects", "Clients that left before the body was read.")
+        self._disconnects = counter(
+            "guard.http.client_disconnects",
+            "Clients that left before the body was read, or while the proxy relayed their response.",
+        )
 
     def count_request(self, policy: str, action: str) -> None:
         """One request decided by ``policy`` with ``action``."""
@@ -109,7 +113,7 @@ class HttpMetrics:
         self._upstream_errors.add(1, {"kind": kind})
 
     def count_disconnect(self) -> None:
-        """One client that left before its body was read."""
+        """One client that left before its body was read, or while the proxy relayed its response."""
         self._disconnects.add(1)
 
     def render(self) -> bytes:

@@ -53,7 +53,7 @@ from guard.asgi._deltas import JSON_LINES, DeltaJoiner, joiner_for
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, parse_params
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
-from guard.asgi._responses import send_json, verdict_headers
+from guard.asgi._responses import HeaderList, send_json, verdict_headers
 from guard.asgi.limits import BodyLimits
 from guard.engine import Guard, verdicts
 from guard.engine.ids import new_decision_id
@@ -160,14 +160,15 @@ class ResponseJudge:
     Args:
         guard: the engine. request: the request's head subject. watching: the response policies that watch it.
         send: the next ``send``. limits: read limits and the stream window. metrics: counters.
+        headers: added to the application's ``http.response.start`` (the request's decision headers).
     """
 
     def __init__(
         self, guard: Guard, request: HttpSubject, watching: tuple[Policy, ...], send: Send, limits: BodyLimits,
-        metrics: HttpMetrics,
+        metrics: HttpMetrics, headers: HeaderList = (),
     ) -> None:
         self.guard, self.request, self.watching, self.send = guard, request, watching, send
-        self.limits, self.metrics = limits, metrics
+        self.limits, self.metrics, self.extra = limits, metrics, headers
         self.mode = "start"  # start -> pass | whole | stream -> done
         self.policies: tuple[Policy, ...] = ()
         self.policy: Policy | None = None
@@ -219,6 +220,13 @@ class ResponseJudge:
         if self.failure is not None and not isinstance(self.failure, OSError):
             raise self.failure
 
+    @property
+    def answered(self) -> bool:
+        """Whether the client has its whole answer: the response's end, or the judge's own (a block, a refusal);
+        what the application sends from then on is dropped. A proxy relaying an upstream stream stops reading it
+        then, as when the client left."""
+        return self.mode == "done"
+
     async def __call__(self, message: Message) -> None:
         mode = self.mode
         if mode == "pass":
@@ -241,6 +249,8 @@ class ResponseJudge:
                     await self._stream(message)
 
     async def _start(self, message: Message) -> None:
+        if self.extra:
+            message = {**message, "headers": [*message.get("headers", ()), *self.extra]}
         headers, repeated = _headers(message.get("headers", []))
         media = _media_of(headers.get("content-type", ""))
         head = dataclasses.replace(self.request, phase="response", status=message["status"], headers=headers,

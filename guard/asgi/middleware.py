@@ -405,8 +405,8 @@ class GuardMiddleware:
             except BodyError as exc:
                 await self._refuse(send, head, watching[0], exc)
                 return
-        judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics) if watching else None
-        app_send = functools.partial(send_with_headers, judge or send, headers) if headers else judge or send
+        judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics, headers) if watching else None
+        app_send = judge or (functools.partial(send_with_headers, send, headers) if headers else send)
         response = (app or self.app)(watched_scope(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 

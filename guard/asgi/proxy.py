@@ -25,7 +25,9 @@ to it as an open tunnel cannot send the answer's body).
 Upstream trouble becomes ``{code, message}``: 502 ``upstream_unavailable`` (refused, reset, protocol error) or 504
 ``upstream_timeout`` (no connection or no response in time), and so is one that breaks or goes silent mid-body while
 nothing has reached the client yet (a response policy holds the response until it is judged). If the upstream breaks
-after the response started, the client connection is aborted (never a truncated body that looks complete).
+after the response started, the client connection is aborted (never a truncated body that looks complete). A client
+that leaves while its response is relayed (``http.disconnect``) stops the relay: the upstream connection is closed and
+what a response policy was judging is dropped (counted in ``guard_http_client_disconnects_total``).
 
 The proxied listener serves nothing of its own besides the clients' review endpoints of the middleware
 (``/_guard/reviews/<id>``): liveness, readiness, metrics and the reviewers' API are on the admin listener
@@ -38,10 +40,11 @@ are refused with a reason (:mod:`guard.asgi._websocket`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -53,11 +56,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from guard._body import Deadline, check_framing
 from guard.asgi._metrics import HttpMetrics
+from guard.asgi._respond import ResponseJudge
 from guard.asgi._responses import refuse_target, send_json
 from guard.asgi._subject import METHOD_OVERRIDE_HEADERS, forwarded_hosts, host_name
 from guard.asgi._target import INVALID_TARGET, canonical_scope, request_target
 from guard.asgi._upgrade import refuse_invalid_upgrade
-from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamTimeout
+from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
 from guard.asgi.middleware import GuardMiddleware
 from guard.engine import Guard
@@ -468,6 +472,21 @@ class ReverseProxy:
             if not message.get("more_body", False):
                 return
 
+    async def _relay(self, response: UpstreamResponse, send: Send) -> None:
+        """Send ``response`` on: its head, then its body as it arrives.
+
+        Raises:
+            UpstreamError: the upstream broke or went silent mid-body. OSError: ``send`` cut the response off.
+        """
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": self._response_headers(response.headers)})
+        ended = False
+        async for chunk in response.body():
+            ended = response.complete  # a known length's last piece ends the response itself
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # pragma: no cover - proxy_app routes lifespan and websockets itself
             return
@@ -499,14 +518,7 @@ class ReverseProxy:
             return
         self.health.success()
         try:
-            await send({"type": "http.response.start", "status": response.status,
-                        "headers": self._response_headers(response.headers)})
-            ended = False
-            async for chunk in response.body():
-                ended = response.complete  # a known length's last piece ends the response itself
-                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
-            if not ended:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            relayed = await _while_connected(self._relay(response, send), receive)
         except UpstreamError:
             self.metrics.count_upstream_error("broken_stream")
             raise  # ProxyApp answers 502/504 when nothing reached the client yet, else the connection is aborted
@@ -514,6 +526,37 @@ class ReverseProxy:
             return
         finally:
             await response.aclose()
+        if not relayed and not (isinstance(send, ResponseJudge) and send.answered):  # not a policy's end: the client left
+            self.metrics.count_disconnect()
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    """Read ``receive`` until ``http.disconnect``; what else comes (the rest of a body the upstream did not read) is
+    dropped."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _while_connected(relay: Coroutine[Any, Any, None], receive: Receive) -> bool:
+    """Await ``relay`` while watching ``receive`` for ``http.disconnect``, as Starlette's ``StreamingResponse`` does:
+    uvicorn's ``send`` returns quietly once the client has left, so a relay would read the upstream to its end (an
+    endless stream: for ever, holding an upstream connection and the server's shutdown) and a response policy would
+    judge it for nobody. ``True`` when ``relay`` ended; ``False`` when the connection's response ended first (the
+    client left, or a response policy in front gave it its whole answer), ``relay`` then cancelled. ``relay``'s errors
+    propagate."""
+    relaying = asyncio.ensure_future(relay)
+    watching = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait((relaying, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when the request itself is cancelled (a response policy's timed flush blocked the stream)
+        relaying.cancel()
+        watching.cancel()
+        await asyncio.gather(relaying, watching, return_exceptions=True)
+    if relaying.cancelled():
+        watching.result()  # an error of receive() itself
+        return False
+    relaying.result()
+    return True
 
 
 def _upstream_failure(exc: UpstreamError) -> tuple[int, dict[str, Any]]:

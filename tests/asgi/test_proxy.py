@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import socket
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -27,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from guard.asgi.admin import admin_app
-from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS
+from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS, BodyLimits
 from guard.asgi.proxy import ProxyApp, ProxyConfig, ReverseProxy, _forward_headers, proxy_app
 from guard.asgi.server import server_options
 from guard.cli import build_parser, main
@@ -743,3 +745,132 @@ def test_cli_a_review_store_it_cannot_read_is_logged_at_start_and_degrades_healt
         report = asyncio.run(start_and_report())
     assert any("review store cannot be read" in r.getMessage() for r in caplog.records)
     assert report["checks"]["review_store"] == "last_call_failed"
+
+
+LEAVING_POLICY = r"""
+policies:
+  - id: leaks
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {}}}
+    state: {text: body_text}
+    rules:
+      - {id: leak, when: 'state.text.contains("SECRET-PLAN")', action: block}
+"""
+
+
+class Endless:
+    """An upstream whose ``/out/sse`` (watched) and ``/public/sse`` stream SSE events for ever (``?leak_at=N``: the
+    N-th is ``SECRET-PLAN``), counting those made and the streams that ended (cancelled, once the proxy closed the
+    connection)."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.ended = 0
+        self.app = Starlette(routes=[Route("/out/sse", self.sse), Route("/public/sse", self.sse)])
+
+    async def sse(self, request: Request) -> Response:
+        leak_at = int(request.query_params.get("leak_at", 0))
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                for i in itertools.count(1):
+                    self.made += 1
+                    token = "SECRET-PLAN" if i == leak_at else f"token {i} "
+                    yield f'data: {{"choices": [{{"delta": {{"content": "{token}"}}}}]}}\n\n'.encode()
+                    await asyncio.sleep(0.005)
+            finally:
+                self.ended += 1
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@contextmanager
+def _stoppable(app: Any) -> Iterator[tuple[str, Callable[[], float]]]:
+    """``app`` under uvicorn in a thread: its URL and a function that asks it to stop and returns the seconds it took
+    (at most 10: then it is forced to)."""
+    server = _ProxyServer(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+
+    def stop() -> float:
+        started = time.monotonic()
+        server.should_exit = True
+        thread.join(10)
+        took = time.monotonic() - started
+        server.force_exit = True  # a server still waiting for a relay: the test failed; do not leave it running
+        thread.join(10)
+        return took
+
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", stop
+    finally:
+        stop()
+
+
+class _ProxyServer(uvicorn.Server):
+    def install_signal_handlers(self) -> None:  # a thread cannot own signal handlers
+        pass
+
+
+def _read_some_and_leave(url: str) -> int:
+    """Read a few events of an endless stream, then close the connection; the status code."""
+    with httpx.Client(timeout=10) as client, client.stream("GET", url) as response:
+        got = 0
+        for piece in response.iter_raw():
+            got += len(piece)
+            if got > 2000:
+                break
+        return response.status_code
+
+
+def _until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_relay_and_frees_its_upstream_connection() -> None:
+    """uvicorn's ``send`` returns quietly once the client has gone: the proxy watches ``receive`` for the disconnect
+    and stops reading (and judging) the upstream, which sees its connection closed. With one upstream connection, the
+    next request gets it; the client's leaving is counted; the server stops without waiting for a relay."""
+    upstream = Endless()
+    guard = Guard(load_text(LEAVING_POLICY), backends=ScriptedBackend(lambda request: {}))
+    with serve_in_thread(upstream.app) as url:
+        app = proxy_app(guard, ProxyConfig(url, max_connections=1, queue_timeout=2))
+        with _stoppable(app) as (proxy, stop):
+            statuses = [_read_some_and_leave(f"{proxy}{path}") for path in ("/out/sse", "/public/sse")]
+            ended = _until(lambda: upstream.ended == 2)
+            made = upstream.made
+            time.sleep(0.3)
+            still = upstream.made - made
+            statuses.append(_read_some_and_leave(f"{proxy}/out/sse"))
+            stopped_in = stop()
+    guard.close()
+    assert ended and still == 0, (upstream.ended, still)  # the upstream streams were cancelled, not read on
+    assert statuses == [200, 200, 200]  # the one upstream connection was free again each time
+    metrics = app.guarded.metrics.render().decode()
+    assert "guard_http_client_disconnects_total 3.0" in metrics, metrics
+    assert stopped_in < 5, stopped_in
+
+
+def test_a_stream_a_response_policy_blocks_mid_way_stops_the_relay_and_is_no_disconnect() -> None:
+    """The client has its whole answer (the events before the leak, then ``guard_blocked``): the proxy stops reading
+    the endless upstream, and the end is the policy's, not a client that left."""
+    upstream = Endless()
+    guard = Guard(load_text(LEAVING_POLICY), backends=ScriptedBackend(lambda request: {}))
+    limits = BodyLimits(stream_window_bytes=1024, stream_flush_s=None)  # judged in the upstream's sends
+    with serve_in_thread(upstream.app) as url:
+        app = proxy_app(guard, ProxyConfig(url), limits=limits)
+        with _stoppable(app) as (proxy, stop), httpx.Client(base_url=proxy, timeout=10) as client:
+            blocked = client.get("/out/sse", params={"leak_at": 100})
+            ended = _until(lambda: upstream.ended == 1)
+            stopped_in = stop()
+    guard.close()
+    assert blocked.status_code == 200 and "event: guard_blocked" in blocked.text and "SECRET" not in blocked.text
+    assert ended and upstream.made < 1000
+    assert "guard_http_client_disconnects_total" not in app.guarded.metrics.render().decode()
+    assert stopped_in < 5, stopped_in
