@@ -18,8 +18,12 @@ content``): a client that reads ``choices[0]`` (OpenAI's SDK loop) joins by posi
 upstream that gives each event its own ``index``, or leaves it out of one, still has its pieces joined. An SSE
 event's data that is not a JSON object or array is text at ``data:<type>`` (the type of its last ``event:`` line,
 ``message`` when there is none or it is empty, as the SSE standard reads it) and also at ``@data``, all the stream's
-text data whatever its type (a client that ignores the type joins them). A place whose string is the same in every
-event (an id, a model name) is metadata and is not joined; nor is OpenAI's random ``obfuscation`` padding.
+text data whatever its type (a client that ignores the type joins them). The Vercel AI SDK's data stream (v4,
+:data:`AI_DATA_STREAM_HEADER`) is read line by line, each line a part ``TYPE:JSON`` (``0:"sk-ab"``: text; ``g``:
+reasoning; ``c``: a tool call's argument delta) whose strings are at ``/TYPE``, and a tool call's (an object with a
+``toolCallId``) at ``/TYPE/<toolCallId>``: the SDK's client joins each call's deltas apart. A place whose string is
+the same in every event (an id, a model name) is metadata and is not joined; nor is OpenAI's random
+``obfuscation`` padding.
 :meth:`DeltaJoiner.joined` gives each joined place's pieces not yet sent, after the end of what it held before (so a
 span cut where the sent text ends is seen whole), :meth:`DeltaJoiner.readings` those of the second places too;
 :meth:`DeltaJoiner.hold_from` says where the events start that hold the last few characters of a joined text, which
@@ -41,11 +45,15 @@ from typing import Any
 from guard._json import is_json_media, surrogates_joined
 from guard.policy.redact import escape_pointer
 
-__all__ = ["JSON_LINES", "MAX_FORGOTTEN", "MAX_FORGOTTEN_PENDING", "MAX_PLACES", "DeltaJoiner", "joiner_for"]
+__all__ = ["AI_DATA_STREAM_HEADER", "JSON_LINES", "MAX_FORGOTTEN", "MAX_FORGOTTEN_PENDING", "MAX_PLACES", "DeltaJoiner",
+           "joiner_for"]
 
 #: Media types of one JSON document per line (JSON Lines, NDJSON, RFC 7464 JSON text sequences).
 JSON_LINES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl",
                         "application/jsonlines", "application/x-jsonlines", "application/json-seq"})
+#: The response header (lower-case) of the Vercel AI SDK's data stream protocol (v4's ``toDataStreamResponse``, sent
+#: as ``text/plain``): its lines are parts ``TYPE:JSON``, the text ``0:"..."``.
+AI_DATA_STREAM_HEADER = "x-vercel-ai-data-stream"
 
 #: Most places one stream's joiner follows at once, besides those of the latest event; when more are, the places
 #: seen least recently are forgotten (and remembered: :data:`MAX_FORGOTTEN`).
@@ -117,6 +125,8 @@ class DeltaJoiner:
         max_event_chars: the longest event read; a longer one is left out of the joined text (its windows are
             judged as text, as any stream's are).
         lines: the stream is declared JSON Lines: every line is an event, whatever it starts with.
+        parts: the stream is the Vercel AI SDK's data stream: every line is a part ``TYPE:JSON``, its strings placed
+            under ``/TYPE`` (see the module doc).
 
     Attributes:
         complete_to: the offset where the last complete event read ends (a line, an SSE event, an array element).
@@ -125,8 +135,9 @@ class DeltaJoiner:
             characters not yet judged. The stream cannot be judged joined.
     """
 
-    def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int, lines: bool = False) -> None:
-        self.sse, self.context_chars, self.max_event_chars = sse, context_chars, max_event_chars
+    def __init__(self, *, sse: bool, context_chars: int, max_event_chars: int, lines: bool = False,
+                 parts: bool = False) -> None:
+        self.sse, self.context_chars, self.max_event_chars, self.parts = sse, context_chars, max_event_chars, parts
         self._fed = 0  # characters read so far
         self._parts: list[str] = []  # the line (array stream: the element) being read, in the pieces it came in
         self._part_chars = 0
@@ -136,7 +147,7 @@ class DeltaJoiner:
         self._lines: list[str] = []  # the lines of the SSE event being read
         self._event_chars = 0
         self._event_at = 0  # offset where the SSE event being read starts
-        self._array: bool | None = False if sse or lines else None  # one JSON array (None: not known yet)
+        self._array: bool | None = False if sse or lines or parts else None  # one JSON array (None: not known yet)
         self._depth = 0  # array stream: brackets and braces open
         self._in_string = False  # array stream: inside a string
         self._escaped = False  # array stream: the next character is escaped (a backslash ended the last text)
@@ -244,7 +255,11 @@ class DeltaJoiner:
     def _line(self, line: str | None, at: int) -> None:
         """One line (``None``: one too long to read, which leaves its SSE event out)."""
         if not self.sse:
-            if line:
+            if line and self.parts:
+                kind, colon, data = line.partition(":")  # as the SDK's client splits a part: at its first colon
+                if colon:
+                    self._event(data, at, part=kind)
+            elif line:
                 self._event(line.removeprefix("data:").lstrip("\x1e"), at)
             return
         if line == "":  # an SSE event ends
@@ -269,13 +284,16 @@ class DeltaJoiner:
                 self._lines.append(line)
             self._event_chars += len(line) + 1
 
-    def _event(self, data: str, at: int, text_place: str | None = None) -> None:
+    def _event(self, data: str, at: int, text_place: str | None = None, part: str | None = None) -> None:
         """Take one event's strings; ``data`` that is not JSON is a string at ``text_place`` (an SSE event's data,
-        per event type), or nothing."""
+        per event type), or nothing. ``part``: the type of the data stream part whose JSON ``data`` is."""
         try:  # as a client reads it: Python's json takes NaN, Infinity and lone surrogates that strict JSON refuses
             document = json.loads(data)
         except (ValueError, RecursionError):
             document = None
+        if part is not None and document is not None:
+            call = document.get("toolCallId") if isinstance(document, dict) else None
+            document = {part: {call: document} if isinstance(call, str) else document}
         if isinstance(document, dict | list):
             strings = list(_places(document))
         elif isinstance(document, str):  # a token sent as a JSON string (LangServe, sse-starlette): its value
@@ -384,10 +402,14 @@ class DeltaJoiner:
                 del pieces[:len(sent)]
 
 
-def joiner_for(media: str, *, context_chars: int, max_event_chars: int) -> DeltaJoiner | None:
+def joiner_for(media: str, *, context_chars: int, max_event_chars: int,
+               data_stream: bool = False) -> DeltaJoiner | None:
     """A joiner for a stream of ``media`` (lower-case, without parameters) whose events a client may join: SSE, JSON
-    Lines or JSON; ``None`` for another (text, HTML, XML)."""
+    Lines, JSON, or, with ``data_stream`` (the response has :data:`AI_DATA_STREAM_HEADER`) and not SSE, the Vercel AI
+    SDK's data stream; ``None`` for another (text, HTML, XML)."""
     sse = media == "text/event-stream"
+    if data_stream and not sse:
+        return DeltaJoiner(sse=False, context_chars=context_chars, max_event_chars=max_event_chars, parts=True)
     if not (sse or media in JSON_LINES or is_json_media(media)):
         return None
     return DeltaJoiner(sse=sse, context_chars=context_chars, max_event_chars=max_event_chars,

@@ -49,7 +49,7 @@ from starlette.types import Message, Scope, Send
 from guard._json import is_json_media, json_readings
 from guard._markup import is_markup, is_xml, with_markup_reading
 from guard.asgi._decode import decode_content, parse_encodings
-from guard.asgi._deltas import JSON_LINES, DeltaJoiner, joiner_for
+from guard.asgi._deltas import AI_DATA_STREAM_HEADER, JSON_LINES, DeltaJoiner, joiner_for
 from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, parse_params
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
@@ -296,9 +296,10 @@ class ResponseJudge:
                                          field="content-type"))
         else:
             self.mode = "stream"
-            self.lines = media in JSON_LINES
+            data_stream = AI_DATA_STREAM_HEADER in headers and not self.sse
+            self.lines = media in JSON_LINES or data_stream
             self.deltas = joiner_for(media, context_chars=self.limits.stream_overlap_bytes,
-                                     max_event_chars=self.limits.max_response_bytes)
+                                     max_event_chars=self.limits.max_response_bytes, data_stream=data_stream)
             self.framed = self.deltas is not None
             if self.deltas is None:  # text, HTML, XML, untyped: read as SSE too, as a client's SSE parser reads it
                 self.deltas = _joiner(media, self.limits)
@@ -366,7 +367,8 @@ class ResponseJudge:
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"the response cannot be judged: {exc.reason}",
                                          field=exc.field))
             return
-        joiner = _whole_joiner(self.head.content_type, decoded, self.limits)
+        joiner = _whole_joiner(self.head.content_type, decoded, self.limits,
+                               data_stream=AI_DATA_STREAM_HEADER in headers)
         joined: tuple[tuple[str, ...], ...] = ()
         if joiner is not None:  # a stream sent whole (JSON Lines, a JSON array of events, SSE): joined as streamed
             joiner.feed(decoded.decode("utf-8", "replace"), final=True)
@@ -642,28 +644,32 @@ def _window_subject(head: HttpSubject, text: str, joined: tuple[tuple[str, ...],
 def whole_stream_subject(head: HttpSubject, text: str, limits: BodyLimits) -> HttpSubject:
     """The subject a streamed response that came whole (``text``, of ``head.content_type``) is judged as: one window,
     its events joined as they would be (``guard policy test``'s streamed responses)."""
-    joiner = _joiner(head.content_type, limits)
+    joiner = _joiner(head.content_type, limits, data_stream=AI_DATA_STREAM_HEADER in head.headers)
     if joiner is not None:
         joiner.feed(text, final=True)
     return _window_subject(head, text, joiner.readings() if joiner is not None else ())
 
 
-def _joiner(media: str, limits: BodyLimits) -> DeltaJoiner | None:
-    """The joiner of a stream of ``media`` under ``limits`` (:func:`~guard.asgi._deltas.joiner_for`); for text of
-    another kind (``text/*``, HTML, XML, untyped: not binary), an SSE joiner, as a client's SSE parser reads any
-    body (OpenAI's SDK does not look at the Content-Type)."""
-    joiner = joiner_for(media, context_chars=limits.stream_overlap_bytes, max_event_chars=limits.max_response_bytes)
+def _joiner(media: str, limits: BodyLimits, *, data_stream: bool = False) -> DeltaJoiner | None:
+    """The joiner of a stream of ``media`` under ``limits`` (:func:`~guard.asgi._deltas.joiner_for`; ``data_stream``:
+    the response has the Vercel AI SDK's data stream header); for text of another kind (``text/*``, HTML, XML,
+    untyped: not binary), an SSE joiner, as a client's SSE parser reads any body (OpenAI's SDK does not look at the
+    Content-Type)."""
+    joiner = joiner_for(media, context_chars=limits.stream_overlap_bytes, max_event_chars=limits.max_response_bytes,
+                        data_stream=data_stream)
     if joiner is None and (not media or is_textual(media)):
         joiner = DeltaJoiner(sse=True, context_chars=limits.stream_overlap_bytes,
                              max_event_chars=limits.max_response_bytes)
     return joiner
 
 
-def _whole_joiner(media: str, body: bytes, limits: BodyLimits) -> DeltaJoiner | None:
-    """The joiner a whole body's events are read with, when it holds a stream's: text with SSE ``data:`` lines (a
-    client's SSE parser reads any body). ``None`` for JSON and JSON Lines (a list endpoint's or an export's records
-    are no stream's pieces: joined, neighbouring values made a card number a redact rule refused), a form or opaque
-    bytes."""
+def _whole_joiner(media: str, body: bytes, limits: BodyLimits, *, data_stream: bool) -> DeltaJoiner | None:
+    """The joiner a whole body's events are read with, when it holds a stream's: the Vercel AI SDK's data stream
+    (``data_stream``: the response has its header), text with SSE ``data:`` lines (a client's SSE parser reads any
+    body). ``None`` for JSON and JSON Lines (a list endpoint's or an export's records are no stream's pieces: joined,
+    neighbouring values made a card number a redact rule refused), a form or opaque bytes."""
+    if data_stream:
+        return _joiner(media, limits, data_stream=True)
     if ((not media or is_textual(media)) and not is_json_media(media) and media not in JSON_LINES
             and b"data" in body):
         return _joiner(media, limits)

@@ -36,7 +36,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from guard._json import is_json_media
-from guard.asgi._deltas import JSON_LINES
+from guard.asgi._deltas import AI_DATA_STREAM_HEADER, JSON_LINES
 from guard.asgi._respond import whole_stream_subject
 from guard.asgi._subject import host_name, query_map
 from guard.asgi._target import canonical_path, path_views
@@ -265,8 +265,9 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     matches one of them, :meth:`~guard.policy.PolicyView.matching_views`); with ``http.response``, the upstream's
     response to that request, decided by the response policies that watch the request on one of its views and that
     match the response (read as :func:`_message` says; a
-    streamed one, SSE, or JSON Lines or JSON given as ``body_text`` without a ``Content-Length``, as one window of
-    its stream, its events' pieces joined: :func:`~guard.asgi._respond.whole_stream_subject`).
+    streamed one, SSE, or JSON Lines or JSON given as ``body_text`` without a ``Content-Length``, and a Vercel AI SDK
+    data stream (its header: the middleware joins one sent whole too), as one window of its stream, its events'
+    pieces joined: :func:`~guard.asgi._respond.whole_stream_subject`).
 
     Raises:
         ValueError: the input does not fit (see :func:`subject_from_json`).
@@ -282,7 +283,7 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
         return head, found
     judged = replace(head, phase="response", status=response.status,
                      **_message(response.headers, response.content_type, response.body, response.body_text))
-    streamed = judged.content_type == "text/event-stream" or (  # as the middleware streams it
+    streamed = judged.content_type == "text/event-stream" or AI_DATA_STREAM_HEADER in judged.headers or (
         (judged.content_type in JSON_LINES or is_json_media(judged.content_type))
         and "content-length" not in judged.headers)
     raw = response.body if isinstance(response.body, str) else response.body_text

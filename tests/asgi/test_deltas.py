@@ -64,6 +64,7 @@ class Shape:
     end: str = ""
     start: str = ""
     text: bool = False  # the client reads an event's data as text, not JSON
+    headers: dict[str, str] | None = None  # the response's other headers
 
 
 #: The streaming shapes of the APIs guard fronts.
@@ -96,6 +97,9 @@ SHAPES: dict[str, Shape] = {
     "tgi": Shape("text/event-stream", lambda t: _sse({  # an index that counts the tokens
         "index": len(t), "token": {"id": 1, "text": t, "logprob": -0.1, "special": False}, "generated_text": None}),
         lambda d: d["token"]["text"]),
+    "ai-sdk-v4": Shape("text/plain", lambda t: f"0:{json.dumps(t)}\n", lambda d: d,  # the data stream protocol
+                       'e:{"finishReason":"stop"}\nd:{"finishReason":"stop"}\n', start='f:{"messageId":"msg-1"}\n',
+                       headers={"x-vercel-ai-data-stream": "v1"}),
     "plain-sse": Shape("text/event-stream", lambda t: f"event: output\ndata: {t}\n\n",
                        lambda d: "" if d == "{}" else d, "event: done\ndata: {}\n\n", text=True),
 }
@@ -119,7 +123,7 @@ def _app(tokens: list[str], limits: BodyLimits, pause: float = 0.0) -> tuple[Gua
             if shape.end:
                 yield shape.end.encode()
 
-        return StreamingResponse(body(), media_type=shape.media)
+        return StreamingResponse(body(), media_type=shape.media, headers=shape.headers)
 
     guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
     middleware = [Middleware(GuardMiddleware, guard=guard, limits=limits)]
@@ -146,6 +150,8 @@ def _shown(shape: str, text: str) -> str:
                   for block in text.replace("\r\n", "\n").split("\n\n")]
     elif media == "application/x-ndjson":
         events = text.splitlines()
+    elif media == "text/plain":  # the AI SDK's data stream: its text parts
+        events = [line[2:] for line in text.splitlines() if line.startswith("0:")]
     else:  # one JSON array, element by element, as far as it came
         events, at, decoder = [], text.find("[") + 1, json.JSONDecoder()
         while True:

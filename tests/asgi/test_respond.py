@@ -977,3 +977,69 @@ async def test_records_sent_whole_are_one_document_not_joined(media: str, body: 
     headers = [("content-type", media), ("content-length", str(len(body.encode())))]
     status, sent, _ = await _raw(_split_policy(), headers, [body])
     assert status == 200 and sent == body.encode()
+
+
+AI_SDK = [("content-type", "text/plain; charset=utf-8"), ("x-vercel-ai-data-stream", "v1")]
+
+
+def _parts(kind: str, values: list[Any]) -> list[str]:
+    """Vercel AI SDK data stream parts (v4): one line ``TYPE:JSON`` each."""
+    return [f"{kind}:{json.dumps(value)}\n" for value in values]
+
+
+def _whole(chunks: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    body = "".join(chunks)
+    return [*AI_SDK, ("content-length", str(len(body.encode())))], [body]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("headers", "chunks"), [
+    (AI_SDK, ['f:{"messageId":"msg-1"}\n', *_parts("0", ["the plan is SEC", "RET, keep it"]), 'd:{"finishReason":"stop"}\n']),
+    (AI_SDK, ['0:"the plan is SE', 'C"\n0:"RET"\n']),  # a part cut across chunks
+    (AI_SDK, ["".join(_parts("g", ["thinking of the SE", "CRET"]))]),  # reasoning
+    (AI_SDK, _parts("c", [{"toolCallId": "a", "argsTextDelta": '{"q": "SE'}, {"toolCallId": "b", "argsTextDelta": "x"},
+                          {"toolCallId": "a", "argsTextDelta": 'CRET"}'}])),  # one call's deltas, another between
+    _whole(_parts("0", ["the plan is SEC", "RET, keep it"])),  # sent whole with a Content-Length
+])  # fmt: skip
+async def test_the_ai_sdk_data_stream_is_joined_as_its_client_joins_it(
+    headers: list[tuple[str, str]], chunks: list[str]
+) -> None:
+    """The Vercel AI SDK's data stream protocol (v4): ``text/plain`` with ``x-vercel-ai-data-stream: v1``, a part per
+    line, ``TYPE:JSON``; its client joins the text parts (``0``), the reasoning (``g``) and each tool call's argument
+    deltas (``c``, by ``toolCallId``)."""
+    status, body, _ = await _raw(_split_policy(), headers, chunks)
+    assert status == 403 and b"RET" not in body, (status, body)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("whole", [False, True])
+async def test_an_ai_sdk_data_stream_that_holds_nothing_to_stop_passes_as_it_came(whole: bool) -> None:
+    chunks = ['f:{"messageId":"msg-1"}\n', *_parts("0", ["the plan ", "is fine"]), 'e:{"finishReason":"stop"}\n']
+    headers, chunks = _whole(chunks) if whole else (AI_SDK, chunks)
+    status, body, _ = await _raw(_split_policy(), headers, chunks)
+    assert status == 200 and body == "".join(chunks).encode()
+
+
+async def _ai_sdk_answer(request: Request) -> Response:
+    async def parts() -> AsyncIterator[bytes]:
+        for line in _parts("0", ["Your key is ", "sk-abcd", "efgh1234", ". Done"]):
+            yield line.encode()
+            await asyncio.sleep(0.01)
+
+    return StreamingResponse(parts(), media_type="text/plain", headers={"x-vercel-ai-data-stream": "v1"})
+
+
+@pytest.mark.parametrize("how", ["middleware", "proxy"])
+def test_a_key_the_ai_sdk_streams_token_by_token_is_never_sent(how: str) -> None:
+    """Over real HTTP: the key cut across text parts cannot be masked in them, so the answer is refused whole."""
+    guard, app = rules_only(ESCAPES_POLICY, [Route("/out/chat", _ai_sdk_answer)])
+    if how == "middleware":
+        with serve_in_thread(app) as url:
+            answer = httpx.get(f"{url}/out/chat", timeout=10)
+    else:
+        upstream = Starlette(routes=[Route("/out/chat", _ai_sdk_answer)])
+        with serve_in_thread(upstream) as url, serve_in_thread(proxy_app(guard, ProxyConfig(url))) as proxy:
+            answer = httpx.get(f"{proxy}/out/chat", timeout=10)
+    guard.close()
+    assert answer.status_code == 403 and answer.json()["rule"] == "keys", answer.text
+    assert "efgh1234" not in answer.text

@@ -92,6 +92,22 @@ def test_a_streamed_response_in_a_case_is_judged_as_the_middleware_judges_it(tmp
     assert [(r.passed, r.problems) for r in results] == [(True, [])] * 4
 
 
+def test_a_vercel_ai_sdk_data_stream_in_a_case_is_judged_joined(tmp_path: Path) -> None:
+    """A response case with the AI SDK's data stream header: its text parts (``0:"..."``) joined, as the middleware
+    joins them streamed or whole."""
+    parts = "".join(f"0:{json.dumps(t)}\n" for t in ["key: ", "sk-A", "BCDE", "FGHI", "JKLM", " done"])
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "policies:\n  - id: leaks\n    version: 1\n    match: {http: {paths: ['/v1/**'], response: {}}}\n"
+        "    state: {text: body_text}\n"
+        "    rules: [{id: seen, when: 'state.text.matches(\"sk-[A-Z]{12}\")', action: block}]\n")
+    (tmp_path / "p_test.yaml").write_text(
+        "cases:\n  - name: data stream\n    input: {http: {path: /v1/chat, response: {content_type: text/plain, "
+        f"headers: {{x-vercel-ai-data-stream: v1}}, body_text: {json.dumps(parts)}}}}}}}\n"
+        "    expect: {action: block, rule: seen}\n")
+    assert [(r.passed, r.problems) for r in run_test_file(policy)] == [(True, [])]
+
+
 def test_an_object_body_sent_as_text_is_refused() -> None:
     """``content_type: text/plain`` with an object body: explain and tests read it as JSON while the middleware reads
     such a body as text, so a test passed that production would fail (attack finding)."""
