@@ -47,7 +47,8 @@ def test_with_body_makes_a_new_subject_and_leaves_the_head_as_it_was() -> None:
     [
         ("application/x-www-form-urlencoded", b"q[=]=attack", "q[=]=attack"),  # qs names it q[=], guard q[
         ("application/x-www-form-urlencoded; charset=UTF-8", b"filter[a]=1&b=2", "filter[a]=1&b=2"),
-        ("application/x-www-form-urlencoded", b"q=1&filter%5Ba%5D=2", ""),  # qs splits it as guard does
+        ("application/x-www-form-urlencoded", b"q=1&filter%5Ba=2", ""),  # qs splits it as guard does
+        ("application/x-www-form-urlencoded", b"q=1&filter%5Ba%5D=2", "q=1&filter%5Ba%5D=2"),  # qs reads %5D= as ]=
         ("multipart/form-data; boundary=b", b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\n]=x\r\n--b--',
          ""),  # multipart names are not qs's
         ("application/json", b'{"q]=": 1}', ""),
