@@ -10,7 +10,8 @@ and ``tenacity`` retries:
 * a choice's options are sent sorted by option id (:meth:`SystemOneRequestV1.canonical`), whatever order the policy
   lists them in, so a backend that reads options by position answers the same for either order; answers are keyed
   by option id and reported back in the policy's order;
-* every 2xx body is checked with :meth:`SystemOneResponseV1.from_json` (each question answered, finite,
+* an answer is a 200 with a JSON ``Content-Type`` (another 2xx or type is a ``MalformedAnswer``), and its body is
+  checked with :meth:`SystemOneResponseV1.from_json` (each question answered, finite,
   probabilities summing to 1 within the provider's rounding); Cloudflare's ``{result, success, errors, messages}``
   envelope is unwrapped and ``success`` must be ``true`` (spec §5.5), also when ``answers`` sit beside it;
 * the current trace context goes in ``traceparent`` (OpenTelemetry's propagator), so guard's worker continues the
@@ -269,8 +270,9 @@ class SystemOneClient:
             BackendUnavailable: connection failures, 408/429/5xx after the last attempt (``retry_after`` set when the
                 server sent one), or a wait the deadline cannot cover.
             BackendRejected: any other non-2xx (not retried), or a Cloudflare envelope with ``success`` not ``true``.
-            MalformedAnswer: a 2xx body that is not JSON, is truncated, misses an answer, has a non-finite number, or
-                probabilities not summing to 1 within the provider's rounding.
+            MalformedAnswer: a 2xx other than 200, a Content-Type other than JSON, or a body that is not JSON, is
+                truncated, misses an answer, has a non-finite number or a wrong type, or probabilities not summing to 1
+                within the provider's rounding.
             RuntimeError: the client was closed.
             TypeError: ``request`` is not a :class:`~guard.systemone.SystemOneRequestV1`.
         """
@@ -379,6 +381,7 @@ class SystemOneClient:
         status = response.status_code
         if not 200 <= status < 300:
             raise self._status_error(response)
+        self._check_answer_head(response)
         try:
             body = loads(response.content)
         except InvalidJson as exc:
@@ -414,6 +417,24 @@ class SystemOneClient:
                            "served behind this address (shorten the checkpoint directory's name, or give "
                            "model_revision=)", self.name, MODEL_REVISION_HEADER, why)
         return answer
+
+    def _check_answer_head(self, response: httpx.Response) -> None:
+        """A System One answer is ``200`` with a JSON ``Content-Type`` (``application/json`` or a ``+json`` type, any
+        parameters): another 2xx (``203`` from a transforming proxy, ``206``) or type (an HTML page that happens to
+        parse) is not one.
+
+        Raises:
+            MalformedAnswer: naming the status, or the Content-Type (quoted, cut at 40 characters).
+        """
+        if response.status_code != 200:
+            raise MalformedAnswer(f"{self.name}: HTTP {response.status_code} is not a System One answer (200 expected)",
+                                  backend=self.name)
+        media = response.headers.get("content-type")
+        kind = media.partition(";")[0].strip().lower() if media is not None else ""
+        if kind != "application/json" and not (kind.startswith("application/") and kind.endswith("+json")):
+            shown = "no Content-Type" if media is None else f"Content-Type {media[:40]!r}"  # quoted: no control
+            raise MalformedAnswer(f"{self.name}: the answer has {shown}; a System One answer is application/json",
+                                  backend=self.name)
 
     def _unwrap(self, envelope: Mapping[str, Any], status: int) -> Any:
         """Cloudflare's ``{result, success, errors, messages}`` (spec §5.5): ``result`` when ``success`` is true."""

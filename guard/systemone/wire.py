@@ -799,7 +799,7 @@ def _parse_answer(
     unit = 10.0**-decimals  # two values each rounded by half a unit can differ by one unit from the true order
     if question.type == "choice":
         choice = raw.get("choice")
-        if choice not in caller:
+        if not isinstance(choice, str) or choice not in caller:  # a list or object is no option id (nor hashable)
             raise bad(f"answer for {question.id!r} chose {_shown(choice)}, not one of its options")
         top = max(caller.values())
         if caller[choice] < top - unit - 1e-9:

@@ -66,7 +66,10 @@ class WorkersAIStandIn:
     """Scenarios (the account id): ``ok``, ``unwrapped``, ``rejected`` (400/5006), ``success-false`` (200 with
     ``success: false``), ``busy-then-ok`` (429 + ``Retry-After: 1``, then ok), ``busy-no-header`` (two 429/3040 without
     ``Retry-After``, then ok), ``always-busy``, ``busy-long`` (429 + ``Retry-After: 30``), ``flaky-5xx`` (503 then ok),
-    ``always-500``, ``html-502``, ``huge-503`` (a 9 MiB error page), ``html-200``, ``oversized`` (a valid answer padded to 9 MiB), ``gzip`` (a valid
+    ``always-500``, ``html-502``, ``huge-503`` (a 9 MiB error page), ``html-200``,
+    ``html-type-answer`` and ``no-type-answer`` (a valid answer as ``text/html`` or with no ``Content-Type``),
+    ``status-203`` and ``status-299`` (a valid answer under that status), ``choice-list`` and ``choice-object`` (a
+    choice that is a JSON array or object), ``oversized`` (a valid answer padded to 9 MiB), ``gzip`` (a valid
     answer, gzip-compressed), ``truncated`` (also naming a model revision), ``long-revision`` (a valid answer naming
     a model revision of 600 characters), ``other-model`` (a valid answer naming another model), ``list-model`` (naming it as a list), ``missing-answer``, ``nan``, ``bad-sum``,
     ``two-decimals`` (probabilities rounded to 2 dp, summing to 0.99), ``unprocessable`` (422), ``slow`` (sleeps 3 s),
@@ -125,6 +128,17 @@ class WorkersAIStandIn:
             return Response(HTML_ERROR + " " * (9 << 20), status_code=503, media_type="text/html")
         if scenario == "html-200":
             return Response(HTML_ERROR, media_type="text/html")
+        if scenario == "html-type-answer":  # a valid answer's JSON, served as a page
+            return Response(json.dumps(envelope(result)), media_type="text/html")
+        if scenario == "no-type-answer":
+            return Response(json.dumps(envelope(result)))
+        if scenario in ("status-203", "status-299"):  # a valid answer under a 2xx that is not 200
+            return JSONResponse(envelope(result), status_code=int(scenario.removeprefix("status-")))
+        if scenario in ("choice-list", "choice-object"):  # the choice as a JSON array or object
+            for answer in result["answers"].values():
+                if answer["type"] == "choice":
+                    answer["choice"] = [answer["choice"]] if scenario == "choice-list" else {answer["choice"]: 1}
+            return JSONResponse(envelope(result))
         if scenario == "oversized":  # a valid answer padded past what a client reads
             text = json.dumps(envelope({**result, "padding": " " * (9 * 1024 * 1024)})).encode()
             return Response(text, media_type="application/json")
