@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from guard.clef.model import ClefModel
 
 __all__ = ["DEFAULT_LOCAL_BACKEND_NAME", "LocalBackend"]
+
+logger = logging.getLogger(__name__)
 
 #: ``name`` of a :class:`LocalBackend` unless one is given.
 DEFAULT_LOCAL_BACKEND_NAME = "clef-local"
@@ -253,7 +256,8 @@ class LocalBackend:
                 cannot be decoded); ``status_code`` 422 and ``detail`` the field errors.
             BackendTimeout: no answer within ``timeout``; a request still queued at its deadline is never computed.
             BackendUnavailable: the queue is full (``reason="overloaded"``, ``retry_after`` set), the backend is
-                closed (``reason="closed"``), or the forward pass failed (``reason="inference_failed"``).
+                closed (``reason="closed"``), or the encoding or the forward pass failed
+                (``reason="inference_failed"``).
             MalformedAnswer: the model produced a non-finite probability.
             RuntimeError: called from another event loop than the one the backend started on.
             TypeError: ``request`` is not a :class:`~guard.systemone.SystemOneRequestV1`.
@@ -309,12 +313,23 @@ class LocalBackend:
         Raises:
             BackendTimeout: the encoding did not finish in time; the caller is answered now (a thread already
                 encoding runs on, one not yet started never does).
+            BackendUnavailable: the encoding failed otherwise (``reason="inference_failed"``): a tokenizer panic
+                (pyo3's ``PanicException`` is a ``BaseException``), ``MemoryError``, a bug; logged with its traceback.
         """
         started = threading.Event()
 
         def encode() -> EncodedRecord:
             started.set()
-            return self.model.encode(request, max_length=self.max_length)
+            try:
+                return self.model.encode(request, max_length=self.max_length)
+            except ValueError:  # the request's fault (RequestValidationError is one): refused below
+                raise
+            except BaseException as exc:  # on this thread no signal or cancellation arrives: only the model's errors
+                logger.error("encoding failed in %r", self.name, exc_info=exc)
+                raise BackendUnavailable(
+                    f"encoding failed in {self.name!r}: {type(exc).__name__}", backend=self.name,
+                    reason="inference_failed",
+                ) from exc
 
         try:
             if remaining is not None and remaining <= 0:

@@ -10,11 +10,13 @@ Usage::
                        [--overload-status 429|503] [--model-name NAME]
                        [--model-alias NAME]... [--release-date YYYY-MM-DD] [--torch-threads N] [--log-level LEVEL]
                        [--access-log] [--api-keys-env VAR | --insecure-no-auth] [--max-image-pixels N]
-                       [--canary-margin M] [--canary-directional] [--canary-interval S] [--header-timeout S]
+                       [--canary-margin M] [--canary-directional] [--canary-interval S] [--canary-timeout S]
+                       [--header-timeout S]
 
 The socket opens at once (``/healthz`` answers while the weights load); ``/readyz`` turns 200 after the model loaded
 and the startup self-test passed (well-formed answers, and the canaries' benign and attack states answered apart by
-``--canary-margin``; re-run every ``--canary-interval`` seconds, unready while they fail).
+``--canary-margin``; re-run every ``--canary-interval`` seconds, each run within ``--canary-timeout`` seconds,
+unready while they fail).
 
 Authentication: ``--api-keys-env VAR`` names an environment variable holding comma-separated bearer keys (16+
 characters each) that ``/v1/*`` requires. Without keys the worker refuses to listen on a non-loopback TCP address
@@ -195,6 +197,13 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="seconds between canary runs (60; 0: start only)",
     )
+    canary.add_argument(
+        "--canary-timeout",
+        type=positive_seconds,
+        default=None,
+        metavar="S",
+        help="seconds one periodic canary run may take (10); a hung model is seen within 2-3 x (interval + timeout)",
+    )
     serve.set_defaults(handler=run)
 
 
@@ -221,6 +230,7 @@ _FLAGS = {
     "WorkerConfig.body_idle_timeout_s": "--body-idle-timeout",
     "WorkerConfig.max_image_pixels": "--max-image-pixels",
     "WorkerConfig.canary_interval_s": "--canary-interval",
+    "WorkerConfig.canary_timeout_s": "--canary-timeout",
 }
 
 
@@ -250,6 +260,8 @@ def _configs(args: argparse.Namespace) -> tuple[Any, Any]:
         options["max_image_pixels"] = args.max_image_pixels
     if args.canary_interval is not None:
         options["canary_interval_s"] = args.canary_interval
+    if args.canary_timeout is not None:
+        options["canary_timeout_s"] = args.canary_timeout
     options["api_keys"] = _api_keys(args)
     if args.default_timeout_ms is not None:
         if args.default_timeout_ms > MAX_TIMEOUT_S * 1000:

@@ -25,7 +25,8 @@ Routes:
   ``{"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}`` in one body.
 * ``GET /v1/models/{id}``: one model, both shapes' fields (404 ``model_not_found`` for another name).
 * ``GET /healthz``: 200 while the process is alive (503 once loading the model or the self-test failed, or while the
-  inference thread looks hung: :data:`HUNG_CANARY_RUNS` canary runs in a row unfinished with no forward pass finished).
+  inference thread looks hung: :data:`HUNG_CANARY_RUNS` canary runs in a row unfinished within ``canary_timeout_s``
+  with no forward pass finished).
 * ``GET /readyz``: 200 only after the model loaded and the startup self-test passed (a fixed request answered with
   finite probabilities summing to 1, and the canaries' benign and attack states answered apart by their margin,
   :mod:`guard.backends.selftest`), and while the canaries, run again every ``canary_interval_s``, keep passing;
@@ -100,6 +101,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BODY_IDLE_TIMEOUT_S",
     "DEFAULT_CANARY_INTERVAL_S",
+    "DEFAULT_CANARY_TIMEOUT_S",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_PENDING_BODY_BYTES",
     "DEFAULT_TIMEOUT_S",
@@ -126,6 +128,10 @@ DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 300.0
 #: Seconds between canary runs once ready.
 DEFAULT_CANARY_INTERVAL_S = 60.0
+#: Seconds a periodic canary run (four short requests, one at a time) may take: a run that does not finish in time
+#: counts towards a hung inference thread only when no forward pass finished meanwhile, so this bounds how long a
+#: hang goes unseen, not how long a busy worker may take.
+DEFAULT_CANARY_TIMEOUT_S = 10.0
 #: Most arrays and objects a request's JSON may hold (brackets counted before parsing): a state has at most a few
 #: thousand (the model reads 16,384 tokens at most); 8 MiB of ``[]`` hold 2.8 million and take the parser half a
 #: second with the GIL held.
@@ -165,6 +171,9 @@ class WorkerConfig:
             on a non-loopback address unless ``--insecure-no-auth``).
         max_image_pixels: largest image (width x height) accepted, checked from the image header before decoding.
         canary_interval_s: seconds between canary runs once ready (0: only at start-up).
+        canary_timeout_s: seconds one periodic canary run may take (the startup self-test has its own
+            :data:`~guard.backends.selftest.SELF_TEST_TIMEOUT_S`); a hung inference thread is seen within 2 to 3 times
+            ``canary_interval_s + canary_timeout_s``.
 
     Raises:
         ValueError: naming the field, the value and what is allowed.
@@ -184,6 +193,7 @@ class WorkerConfig:
     api_keys: tuple[str, ...] = ()
     max_image_pixels: int = _intake.DEFAULT_MAX_IMAGE_PIXELS
     canary_interval_s: float = DEFAULT_CANARY_INTERVAL_S
+    canary_timeout_s: float = DEFAULT_CANARY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.validation_profile not in _PROFILES:
@@ -196,7 +206,7 @@ class WorkerConfig:
         if isinstance(pending, bool) or not isinstance(pending, int) or pending < self.max_body_bytes:
             raise ValueError(f"WorkerConfig.max_pending_body_bytes must be an integer >= WorkerConfig.max_body_bytes "
                              f"({self.max_body_bytes}), got {pending!r}")
-        for name in ("default_timeout_s", "max_timeout_s", "body_idle_timeout_s"):
+        for name in ("default_timeout_s", "max_timeout_s", "body_idle_timeout_s", "canary_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"WorkerConfig.{name} must be a finite number of seconds > 0, got {value!r}")
@@ -323,14 +333,15 @@ class _Runtime:
         return self.stalled_runs >= HUNG_CANARY_RUNS
 
     async def check_canaries(self, backend: LocalBackend) -> None:
-        """One canary run; sets the phase (``READY`` or ``UNREADY``) and ``canary_error``. Answers that fail the
-        margin, and a model that cannot answer at all (a malformed answer such as NaN, a failed forward pass), make
-        the worker unready. A run that does not finish (overloaded, timed out) says nothing while forward passes still
-        finish (a busy worker); :data:`HUNG_CANARY_RUNS` of them in a row with none finished make it unready and
-        :attr:`hung`."""
+        """One canary run, within ``canary_timeout_s``; sets the phase (``READY`` or ``UNREADY``) and
+        ``canary_error``. Answers that fail the margin, and a model that cannot answer at all (a malformed answer such
+        as NaN, a failed encoding or forward pass, any other error, logged with its traceback), make the worker
+        unready. A run that does not finish (overloaded, timed out) says nothing while forward passes still finish (a
+        busy worker); :data:`HUNG_CANARY_RUNS` of them in a row with none finished make it unready and :attr:`hung`.
+        """
         try:
-            await run_canaries(backend, backend.canaries)
-        except (CanaryFailed, GuardError, TimeoutError) as exc:
+            await run_canaries(backend, backend.canaries, timeout=self.config.canary_timeout_s)
+        except Exception as exc:  # whatever ends a run is seen: an error that escaped stopped the runs for good
             if _unfinished(exc):
                 self.stalled_runs = 0 if self.passes != self._passes_seen else self.stalled_runs + 1
                 if self.hung:
@@ -342,6 +353,8 @@ class _Runtime:
                     logger.warning("canary run not completed (%s: %s); readiness unchanged", type(exc).__name__, exc)
             else:
                 self.stalled_runs = 0
+                if not isinstance(exc, CanaryFailed | GuardError):
+                    logger.error("canary run failed with an unexpected error", exc_info=exc)
                 self._unready(str(exc) if isinstance(exc, CanaryFailed) else f"{type(exc).__name__}: {exc}")
         else:
             self.stalled_runs = 0

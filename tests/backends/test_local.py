@@ -87,6 +87,32 @@ async def test_schema_too_long_is_rejected_with_field_errors(clef_fp32: ClefMode
     assert info.value.detail and info.value.detail[0]["field"]
 
 
+class _Panic(BaseException):
+    """What a Rust tokenizer's panic raises in Python (pyo3's ``PanicException`` is a ``BaseException``)."""
+
+
+@pytest.mark.parametrize("error", [RuntimeError("tokenizer failure"), MemoryError(), _Panic("index out of bounds")])
+async def test_an_encoding_that_fails_is_unavailable_not_an_internal_error(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, error: BaseException
+) -> None:
+    """Only a ValueError is the request's fault (422); any other error while encoding is the model's: the caller gets
+    ``BackendUnavailable(reason="inference_failed")`` (it escaped as itself, the worker's 500, before) and the log
+    the traceback."""
+    async with LocalBackend(clef_fp32) as backend:
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise error
+
+        monkeypatch.setattr(clef_fp32, "encode", broken)
+        with pytest.raises(BackendUnavailable) as info:
+            await backend.decide(request(ticket_body(0)))
+        monkeypatch.undo()
+        assert (await backend.decide(request(ticket_body(0)))).answers  # the backend serves on
+    assert info.value.reason == "inference_failed" and type(error).__name__ in str(info.value)
+    assert info.value.__cause__ is error
+    assert "encoding failed in 'clef-local'" in caplog.text
+
+
 async def test_deadline_drops_a_queued_request(clef_fp32: ClefModel) -> None:
     async with LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_wait_ms=0)) as backend:
         long_running = await busy(backend)

@@ -81,6 +81,7 @@ def test_bad_options_exit_2_naming_the_option(
         (["--body-idle-timeout", "-1"], "'-1' is not a number of seconds above 0"),
         (["--canary-interval", "-1"], "'-1' is not a number of seconds (0 or more)"),
         (["--canary-interval", "nan"], "'nan' is not a number of seconds (0 or more)"),
+        (["--canary-timeout", "0"], "'0' is not a number of seconds above 0"),
         (["--header-timeout", "0"], "'0' is not a number of seconds above 0"),
         (["--model-alias", ""], "'' is empty; give a name"),
         (["--model-name", " "], "' ' is empty; give a name"),
@@ -108,6 +109,16 @@ def test_a_number_out_of_its_range_is_a_usage_error_naming_the_flag(
     last = capsys.readouterr().err.splitlines()[-1]
     assert info.value.code == 2
     assert last == f"guard worker serve: error: argument {args[0]}: {message}", last
+
+
+def test_the_canary_options_reach_the_worker_config(golden_checkpoint: Path) -> None:
+    from guard.cli.cmd_worker import _configs
+
+    args = ["--canary-interval", "15", "--canary-timeout", "2.5"]
+    _, config = _configs(build_parser().parse_args(["worker", "serve", "--model", str(golden_checkpoint), *args]))
+    assert (config.canary_interval_s, config.canary_timeout_s) == (15, 2.5)
+    _, default = _configs(build_parser().parse_args(["worker", "serve", "--model", str(golden_checkpoint)]))
+    assert default.canary_timeout_s == 10  # the startup self-test's 120 s bounded every run before
 
 
 def test_missing_checkpoint_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

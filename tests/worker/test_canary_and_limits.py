@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import json
 import shutil
 import struct
@@ -126,14 +125,59 @@ def test_a_model_that_degenerates_after_start_makes_the_worker_unready(golden_ch
         assert c.get("/readyz").status_code == 200
 
 
-def test_a_hung_inference_thread_makes_the_worker_unready_and_unhealthy(
-    golden_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_model_whose_encoding_fails_makes_the_worker_unready_and_its_canaries_go_on(golden_checkpoint: Path) -> None:
+    """An error while encoding answers the request 503 ``unavailable`` (a 500 before) and fails the canary run (it
+    ended the runs for good before, so a model that degenerated later stayed ready); once encoding works again the
+    next run passes."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    encode = model.encode
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("tokenizer failure (injected)")
+
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        assert c.get("/readyz").status_code == 200
+        model.encode = broken  # type: ignore[method-assign]
+        refused = c.post("/v1/systemone", json=ticket_body(1))
+        assert refused.status_code == 503 and refused.json()["code"] == "unavailable", refused.text
+        assert "encoding failed" in refused.json()["message"]
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        assert "RuntimeError" in (runtime.canary_error or "")
+        model.encode = encode  # type: ignore[method-assign]
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+        assert c.post("/v1/systemone", json=ticket_body(1)).status_code == 200
+
+
+def test_an_unexpected_error_in_a_canary_run_makes_the_worker_unready_and_the_runs_go_on(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Canary runs that time out while no forward pass finishes take the worker out (``/readyz`` and ``/healthz``
-    503, so it is restarted); it is ready again once a run finishes."""
-    monkeypatch.setattr(app_module, "run_canaries", functools.partial(run_canaries, timeout=0.5))
+    """Any error that ends a run is a failed run (logged with its traceback), never the end of the runs."""
+    failing = True
+
+    async def run(backend: Any, canaries: Any, **options: Any) -> list[Any]:
+        if failing:
+            raise KeyError("answers")
+        return []
+
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.05)
+    with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
+        runtime = worker.app.state.worker
+        monkeypatch.setattr(app_module, "run_canaries", run)
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        assert runtime.canary_error == "KeyError: 'answers'"
+        failing = False
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+
+
+def test_a_hung_inference_thread_makes_the_worker_unready_and_unhealthy(golden_checkpoint: Path) -> None:
+    """Canary runs that time out (``canary_timeout_s``; the startup self-test's 120 s before, so a hang went unseen
+    for about 2 x (interval + 120 s), 6 minutes at the defaults) while no forward pass finishes take the worker out
+    (``/readyz`` and ``/healthz`` 503, so it is restarted) within 2 to 3 x (interval + timeout); it is ready again once
+    a run finishes."""
     model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test wedges it
-    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.1)
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.1, canary_timeout_s=0.5)
     released = threading.Event()
     forward = model.forward_records
 
@@ -146,7 +190,9 @@ def test_a_hung_inference_thread_makes_the_worker_unready_and_unhealthy(
         try:
             assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
             model.forward_records = wedged  # type: ignore[method-assign]
+            wedged_at = time.monotonic()
             wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+            assert time.monotonic() - wedged_at < 10  # 3 x (0.1 + 0.5) s, and room for a loaded machine
             ready, alive = c.get("/readyz"), c.get("/healthz")
             assert ready.status_code == 503 and ready.json()["code"] == "canary_failed"
             assert alive.status_code == 503 and "inference thread looks hung" in alive.json()["message"]
