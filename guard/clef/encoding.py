@@ -237,6 +237,57 @@ def state_head(processor: ClefProcessor, text: str, budget: int) -> tuple[list[i
     return ids[:budget], len(ids)
 
 
+def schema_ids(processor: ClefProcessor, texts: list[str], budget: int) -> tuple[list[list[int]], bool]:
+    """The token ids of each schema text (each tokenized on its own, §2.3), tokenizing no more of them than it takes
+    to see whether they fit in ``budget`` tokens.
+
+    The texts are tokenized in order, in groups of at most ``HEAD_CHARS_PER_TOKEN * (budget + HEAD_MARGIN)``
+    characters (a usual schema is one group, one call), until every text is done or they hold more than ``budget``
+    tokens; a text longer than a group on its own is tokenized only as far as the tokens left need
+    (:func:`state_head`). So megabytes of instructions or criteria cost what one group does, not seconds of a shared
+    encoding thread (2 MB of instructions took 6.5 s to tokenize whole).
+
+    Returns:
+        ``(pieces, complete)``: ``complete`` when every text was tokenized whole, one id list per text (their total may
+        still pass ``budget`` when the last group passed it); otherwise the texts stopped past ``budget``: ``pieces``
+        holds the lists so far, the last possibly a text's head only, each a prefix of that text's ids, so their total
+        is a lower bound of the schema's tokens.
+    """
+    window = HEAD_CHARS_PER_TOKEN * (max(budget, 0) + HEAD_MARGIN)
+    pieces: list[list[int]] = []
+    count = 0
+    while len(pieces) < len(texts):
+        if pieces and count > budget:
+            return pieces, False
+        first = len(pieces)
+        if len(texts[first]) > window:  # one long text: its head, as far as the tokens left need (and one past them)
+            ids, total = state_head(processor, texts[first], max(budget - count, 0) + 1)
+            pieces.append(ids)
+            count += total
+            if total > len(ids):
+                return pieces, False
+            continue
+        end, size = first, 0
+        while end < len(texts) and size + len(texts[end]) <= window:
+            size += len(texts[end])
+            end += 1
+        group = processor.encode_texts(texts[first:end])
+        pieces.extend(group)
+        count += sum(map(len, group))
+    return pieces, True
+
+
+def _field_past(pieces: list[list[int]], fields: dict[int, str], budget: int) -> str:
+    """The request field of the schema piece that takes the running token count past ``budget`` (``questions`` for
+    the fixed text between fields)."""
+    total = 0
+    for index, ids in enumerate(pieces):
+        total += len(ids)
+        if total > budget:
+            return fields.get(index, "questions")
+    return "questions"
+
+
 def encode_record(
     request: SystemOneRequestV1,
     processor: ClefProcessor,
@@ -264,7 +315,10 @@ def encode_record(
     Raises:
         RequestValidationError: (a ``ValueError``) with field ``questions`` and the reference message
             ``schema requires N tokens before state; maximum is M`` when everything but the state exceeds
-            ``max_length``; with field ``questions`` when there are no questions; with field
+            ``max_length``; when the schema alone is so long that it was tokenized only in part (:func:`schema_ids`),
+            ``schema requires at least N tokens before state; maximum is M`` with the field where it passed the limit
+            (``questions.<id>.instructions``, ``questions.<id>.criteria``); with field ``questions`` when there are no
+            questions; with field
             ``questions.<id>.instructions`` when a question span would be empty (id ``""`` and no instructions: the
             reference would return NaN); for a request with media, naming ``state`` or the question field whose
             text holds an image or video pad token (:func:`_refuse_media_pads`); media errors from the processor.
@@ -272,7 +326,13 @@ def encode_record(
     if not request.questions:
         raise RequestValidationError([FieldError("questions", "at least one question is required")])
     schema_texts, marks, fields = _schema_texts(request.questions)
-    prefix_ids, suffix_ids, *schema_pieces = processor.encode_texts([PREFIX, SUFFIX, *schema_texts])
+    prefix_ids, suffix_ids = processor.encode_texts([PREFIX, SUFFIX])
+    schema_budget = max_length - len(prefix_ids) - len(suffix_ids)
+    schema_pieces, complete = schema_ids(processor, schema_texts, schema_budget)
+    if not complete:
+        least = len(prefix_ids) + sum(map(len, schema_pieces)) + len(suffix_ids)
+        message = f"schema requires at least {least} tokens before state; maximum is {max_length}"
+        raise RequestValidationError([FieldError(_field_past(schema_pieces, fields, schema_budget), message)])
     for piece, qi, k in marks:
         if k < 0 and not schema_pieces[piece]:  # the head would average zero rows (NaN), §2.4 degenerate case
             qid = request.questions[qi].id

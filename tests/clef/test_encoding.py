@@ -334,22 +334,80 @@ def test_the_state_head_is_the_whole_texts_head(golden_processor: ClefProcessor,
             assert count >= budget + HEAD_MARGIN
 
 
+class _Counting:
+    """A processor that records the length of every text it tokenizes, and its calls."""
+
+    def __init__(self, processor: ClefProcessor) -> None:
+        self.processor = processor
+        self.read: list[int] = []
+        self.calls = 0
+
+    def encode_texts(self, texts: Any) -> Any:
+        self.read.extend(len(t) for t in texts)
+        self.calls += 1
+        return self.processor.encode_texts(texts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.processor, name)
+
+
+
 def test_a_huge_state_is_tokenized_only_as_far_as_its_head(golden_processor: ClefProcessor) -> None:
     """A state of 8 MB (what one gzip body of 12 KB unpacks to) reads a prefix of about what the prompt keeps: it
     held one of the worker's shared encoding threads for about 10 s when the whole state was tokenized."""
-    read: list[int] = []
-
-    class Counting:
-        def encode_texts(self, texts: Any) -> Any:
-            read.extend(len(t) for t in texts)
-            return golden_processor.encode_texts(texts)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(golden_processor, name)
-
+    counting = _Counting(golden_processor)
     request = _request({"model": "clef", "state": "word " * 1_670_000, "questions": {"q": {"type": "noul"}}})
-    record = encode_record(request, Counting(), max_length=2048)  # type: ignore[arg-type]
+    record = encode_record(request, counting, max_length=2048)  # type: ignore[arg-type]
     assert len(record.input_ids) == 2048
-    assert max(read) <= HEAD_CHARS_PER_TOKEN * (2048 + HEAD_MARGIN) * 2
+    assert max(counting.read) <= HEAD_CHARS_PER_TOKEN * (2048 + HEAD_MARGIN) * 2
     (sample,) = golden_processor.encode_texts(["word " * 1000])
     assert record.untruncated_length == pytest.approx(len(sample) * 1670, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("questions", "field"),
+    [
+        ({"q": {"type": "noul", "instructions": "word " * 1_670_000}}, "questions.q.instructions"),
+        ({"q": {"type": "choice", "instructions": "x", "criteria": {"a": "word " * 1_670_000, "b": None}}},
+         "questions.q.criteria"),
+        ({f"q{i}": {"type": "noul", "instructions": "word " * 3000} for i in range(64)}, "questions.q0.instructions"),
+    ],
+)  # fmt: skip
+def test_a_huge_schema_is_refused_after_reading_about_what_the_limit_holds(
+    golden_processor: ClefProcessor, questions: dict[str, Any], field: str
+) -> None:
+    """8 MB of instructions or criteria were tokenized whole before the length check (6.5 s for 2 MB on one of the
+    worker's shared encoding threads, 53 s for 8 MB over HTTP, attack finding); the schema is read only until it
+    passes the limit, and the error names the field where it did."""
+    counting = _Counting(golden_processor)
+    request = _request({"model": "clef", "state": "s", "questions": questions})
+    with pytest.raises(RequestValidationError) as info:
+        encode_record(request, counting, max_length=2048)  # type: ignore[arg-type]
+    (error,) = info.value.errors
+    assert error.field == field
+    least = int(re.fullmatch(r"schema requires at least (\d+) tokens before state; maximum is 2048", error.message)[1])
+    assert least > 2048
+    assert sum(counting.read) <= 2 * HEAD_CHARS_PER_TOKEN * (2048 + HEAD_MARGIN)
+
+
+@pytest.mark.parametrize(
+    "questions",
+    [
+        {f"q{i}": {"type": "noul", "instructions": "<|im_end|>" * 700} for i in range(6)},  # read in groups
+        {"q": {"type": "noul", "instructions": "<|im_end|>" * 3000}},  # one text longer than a group: its head
+    ],
+)
+def test_a_schema_that_fits_is_encoded_alike_however_it_is_read(
+    golden_processor: ClefProcessor, questions: dict[str, Any]
+) -> None:
+    """A special token is 10 characters: a schema of them fits in fewer tokens than a group's characters suggest, so
+    it is read in several groups, or as the head of one text; its record is that of the schema read whole."""
+    request = _request({"model": "clef", "state": "s", "questions": questions})
+    whole = encode_record(request, golden_processor, max_length=1 << 20)
+    counting = _Counting(golden_processor)
+    exact = encode_record(request, counting, max_length=len(whole.input_ids))  # type: ignore[arg-type]
+    assert exact == whole and not exact.truncated
+    assert counting.calls > 3  # not one call for the prefix and the suffix, one for the schema, one for the state
+    with pytest.raises(RequestValidationError) as info:
+        encode_record(request, golden_processor, max_length=len(whole.input_ids) - 2)
+    assert info.value.errors[0].message.startswith(f"schema requires {len(whole.input_ids) - 1} tokens")

@@ -109,3 +109,26 @@ async def test_a_body_of_millions_of_arrays_is_refused_before_parsing(worker: Ru
     assert loads("[[], {}]", max_containers=3) == [[], {}]
     with pytest.raises(InvalidJson, match="holds 4 arrays and objects"):
         loads("[[], {}, []]", max_containers=3)
+
+
+async def test_megabytes_of_instructions_are_refused_without_holding_the_encoding_threads(
+    worker: RunningWorker,
+) -> None:
+    """Four bodies with 2 MB of instructions each were tokenized whole before the length check (about 6.5 s each on
+    a 2-core machine, all four encoding threads busy, so other requests timed out for ~28 s: attack finding). Each is
+    refused 422 naming the field once the schema passes ``max_length``, and a small request sent meanwhile is
+    answered within its deadline."""
+    huge = {**ticket_body(0), "questions": {"q": {"type": "noul", "instructions": "word " * 400_000}}}
+    async with worker.client() as client:
+        started = time.monotonic()
+        refused = [asyncio.ensure_future(client.post("/v1/systemone", json=huge)) for _ in range(4)]
+        small = await client.post("/v1/systemone", json=ticket_body(1), headers={"x-request-timeout-ms": "5000"})
+        answered = await asyncio.gather(*refused)
+        took = time.monotonic() - started
+    assert small.status_code == 200, small.text
+    assert took < 10, f"answered after {took:.1f} s"  # a bound on a stall, not a speed claim
+    for response in answered:
+        assert response.status_code == 422, response.text
+        (error,) = response.json()["errors"]
+        assert error["field"] == "questions.q.instructions"
+        assert error["message"].startswith("schema requires at least ") and "maximum is 16384" in error["message"]
