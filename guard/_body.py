@@ -25,8 +25,8 @@ from starlette.types import Message, Receive
 
 from guard.errors import BodyError, Overloaded
 
-__all__ = ["AMBIGUOUS_LENGTH", "BODY_TIMEOUT", "BODY_TOO_LARGE", "SWEEP_INTERVAL_S", "BodyBytes", "Deadline",
-           "ReplayReceive", "check_framing", "declared_length", "read_body"]
+__all__ = ["AMBIGUOUS_LENGTH", "BODY_TIMEOUT", "BODY_TOO_LARGE", "SWEEP_INTERVAL_S", "BodyBytes", "BodyShare",
+           "Deadline", "ReplayReceive", "check_framing", "declared_length", "read_body"]
 
 SWEEP_INTERVAL_S = 0.25
 
@@ -161,12 +161,12 @@ class BodyBytes:
         if self.held + max(size, 1) > self.limit:
             raise Overloaded("memory for request bodies", self.limit, 1.0, counted="bytes")
 
-    def share(self) -> _Share:
+    def share(self) -> BodyShare:
         """A new request's share, empty until its body arrives."""
-        return _Share(self)
+        return BodyShare(self)
 
 
-class _Share:
+class BodyShare:
     """One request's bytes in a :class:`BodyBytes`; ``add`` raises :class:`~guard.errors.Overloaded` when they would
     take the total past its limit (the bytes already counted stay counted until the block exits)."""
 
@@ -196,7 +196,7 @@ async def read_body(
     timeout_s: float | None = None,
     *,
     idle_s: float | None = None,
-    held: _Share | None = None,
+    held: BodyShare | None = None,
     started: float | None = None,
 ) -> bytes | None:
     """Receive the whole body, refusing it as soon as more than ``limit`` bytes have arrived.
@@ -239,7 +239,7 @@ async def read_body(
         raise BodyError(408, BODY_TIMEOUT, message, field="body") from None
 
 
-async def _read(receive: Receive, limit: int, held: _Share | None, idle: Deadline | None) -> bytes | None:
+async def _read(receive: Receive, limit: int, held: BodyShare | None, idle: Deadline | None) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -14,7 +14,7 @@ Routes:
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
   body is read, and so does any request while the request bodies in memory (counted as their bytes arrive, held until
-  parsed) are at ``max_pending_body_bytes``; a body whose bytes would pass it is refused the same way. A body that
+  the request is answered) are at ``max_pending_body_bytes``; a body whose bytes would pass it is refused the same way. A body that
   sends nothing for ``body_idle_timeout_s`` is a 408 ``body_timeout``. At most
   :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more than
   :data:`MAX_JSON_CONTAINERS` arrays and objects is a 400 ``invalid_json`` (json's parser holds the GIL: 8 MiB of
@@ -73,7 +73,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from guard._body import BodyBytes, declared_length, read_body
+from guard._body import BodyBytes, BodyShare, declared_length, read_body
 from guard._close import CLOSE_TIMEOUT_S, close_within
 from guard._json import loads
 from guard._rootpath import route_path
@@ -117,8 +117,8 @@ logger = logging.getLogger("guard.worker")
 
 #: Largest accepted request body (Workers AI documents 13 MiB; decision requests are far smaller).
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-#: Bytes of request bodies held in memory at once, read or being parsed (eight bodies at the default cap, thousands of
-#: typical ones).
+#: Bytes of request bodies held in memory at once, from their arrival until their requests are answered (eight bodies
+#: at the default cap, thousands of typical ones).
 DEFAULT_MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024
 #: Longest a request body may send nothing before it is a 408 (a stalled upload gives back what it holds).
 DEFAULT_BODY_IDLE_TIMEOUT_S = 10.0
@@ -156,8 +156,9 @@ class WorkerConfig:
         validation_profile: ``workers-ai`` (hosted limits, unknown fields refused) or ``reference``.
         max_body_bytes: largest request body; more is a 413.
         max_pending_body_bytes: most bytes of request bodies held in memory at once, counted as they arrive and held
-            until parsed; while they are at it a new request is refused as a full queue is, and so is a body whose
-            next bytes would pass it. At least ``max_body_bytes``.
+            until the request is answered (parsed, it waits for encoding and compute holding as much memory or
+            more); while they are at it a new request is refused as a full queue is, and so is a body whose next bytes
+            would pass it. At least ``max_body_bytes``.
         body_idle_timeout_s: most seconds a request body may send nothing (408 ``body_timeout``).
         default_timeout_s: deadline when the request has no ``x-request-timeout-ms`` header.
         max_timeout_s: cap on the header's deadline.
@@ -293,7 +294,7 @@ class _Runtime:
         self.passes = 0  # forward passes finished (or failed), counted by the batcher's on_batch hook
         self.stalled_runs = 0  # canary runs in a row that did not finish while no forward pass finished
         self.intake = asyncio.Semaphore(INTAKE_THREADS)  # bodies decoded and parsed at once
-        self.body_bytes = BodyBytes(config.max_pending_body_bytes)  # request bodies in memory, read or being parsed
+        self.body_bytes = BodyBytes(config.max_pending_body_bytes)  # request bodies in memory, until answered
         metrics.bind_body_bytes(lambda: self.body_bytes.held)
         self._passes_seen = 0
         self.loaded_on = datetime.datetime.now(datetime.UTC).date()
@@ -473,28 +474,38 @@ async def _answer(request: Request, runtime: _Runtime) -> tuple[Response, str]:
         runtime.body_bytes.check_room()
     except Overloaded as exc:
         return _overloaded(config, str(exc), exc.retry_after), "overloaded"
+    # the body's bytes count from their arrival until the answer: parsed, a request waiting for an encoding thread or
+    # in the queue holds as much memory as its body did, or more
+    with runtime.body_bytes.share() as held:
+        return await _read_and_answer(request, runtime, backend, held, started)
+
+
+async def _read_and_answer(
+    request: Request, runtime: _Runtime, backend: LocalBackend, held: BodyShare, started: float
+) -> tuple[Response, str]:
+    """Read the body, counting its bytes in ``held`` (a stalled upload is cut at the idle timeout), parse it and
+    answer it, within the request's deadline counted from ``started``."""
+    config = runtime.config
     try:
         timeout = _http.parse_timeout(request.headers, config.default_timeout_s, config.max_timeout_s)
         content_type = request.headers.get("content-type", "")
         multipart = _intake.body_kind(content_type) == "multipart"
         declared = declared_length(request.headers.get("content-length", "").encode() or None)
-        # the body's bytes count as they arrive and until it is parsed; a stalled upload is cut at the idle timeout
-        with runtime.body_bytes.share() as held:
-            raw = await read_body(request.receive, config.max_body_bytes, declared, timeout_s=timeout,
-                                  idle_s=config.body_idle_timeout_s, held=held)
-            if raw is None:
-                return Response(status_code=499), "cancelled"
-            # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
-            codings = ", ".join(request.headers.getlist("content-encoding"))
-            # off the event loop: decompression and the body checks let other requests run meanwhile (json's own C
-            # parser still holds the GIL while it parses: MAX_JSON_CONTAINERS bounds that), a few bodies at a time
-            async with asyncio.timeout(max(timeout - (time.monotonic() - started), 0.0)):
-                await runtime.intake.acquire()
-            try:
-                system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings,
-                                                                config)
-            finally:
-                runtime.intake.release()
+        raw = await read_body(request.receive, config.max_body_bytes, declared, timeout_s=timeout,
+                              idle_s=config.body_idle_timeout_s, held=held)
+        if raw is None:
+            return Response(status_code=499), "cancelled"
+        # repeated Content-Encoding lines are one list, in order (RFC 9110 §5.3)
+        codings = ", ".join(request.headers.getlist("content-encoding"))
+        # off the event loop: decompression and the body checks let other requests run meanwhile (json's own C
+        # parser still holds the GIL while it parses: MAX_JSON_CONTAINERS bounds that), a few bodies at a time
+        async with asyncio.timeout(max(timeout - (time.monotonic() - started), 0.0)):
+            await runtime.intake.acquire()
+        try:
+            system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings,
+                                                            config)
+        finally:
+            runtime.intake.release()
     except TimeoutError:
         message = f"the body was not parsed within the {timeout * 1000:g} ms deadline (the worker is busy reading others)"
         return _http.error_response(504, _http.TIMEOUT, message), "timeout"

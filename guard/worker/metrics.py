@@ -9,7 +9,7 @@ Instruments (Prometheus names after OpenTelemetry's translation):
 ``guard_worker_queue_depth``                           gauge      requests waiting for a batch
 ``guard_worker_in_flight``                             gauge      requests in the batch being computed
 ``guard_worker_body_bytes``                            gauge      bytes of request bodies held in memory (counted as
-                                                                  they arrive, until parsed)
+                                                                  they arrive, until answered)
 ``guard_worker_batch_size``                            histogram  requests per forward pass
 ``guard_worker_batch_tokens``                          histogram  real tokens per forward pass
 ``guard_worker_batch_padded_tokens``                   histogram  padded tokens (longest × size) per forward pass
@@ -131,7 +131,7 @@ class WorkerMetrics:
             "guard.worker.body_bytes",
             callbacks=[self._observe_body_bytes],
             unit="By",
-            description="Bytes of request bodies held in memory, read or being parsed.",
+            description="Bytes of request bodies held in memory, from their arrival until their requests are answered.",
         )
 
     def bind_queue(self, queue_depth: Callable[[], int], in_flight: Callable[[], int]) -> None:

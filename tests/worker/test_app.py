@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -358,6 +359,44 @@ async def test_stalled_uploads_hold_at_most_max_pending_body_bytes_until_the_idl
     assert sum(a.startswith(b"HTTP/1.1 429") and b'"code":"overloaded"' in a for a in answers) == 32, answers
     assert cut_after < 10
     assert answered.status_code == 200, answered.text
+
+
+async def test_a_request_holds_its_body_bytes_until_it_is_answered(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body's bytes were given back once it was parsed, while the parsed request (and the body, still referenced)
+    waited for an encoding thread, the queue and the forward pass: requests piled up past ``max_pending_body_bytes``
+    (16 bodies of 8 MiB a second and a half apart held 1.8 GB, attack finding). They count until the answer, so a
+    request arriving while they are at the limit gets the full queue's 429."""
+    config = WorkerConfig(max_body_bytes=BODY_CAP, max_pending_body_bytes=BODY_CAP, model_name="clef-flash",
+                          canary_interval_s=0)
+    body = json.dumps({**ticket_body(0), "state": "word " * 8000}).encode()  # more than half of BODY_CAP
+    headers = {"content-type": "application/json"}
+    released = threading.Event()
+    forward = clef_fp32.forward_records
+
+    def wedged(records: Any) -> Any:
+        released.wait(30)
+        return forward(records)
+
+    with serve_worker(LocalBackend(clef_fp32, max_length=2048), config=config) as worker:
+        async with worker.client() as client:
+            monkeypatch.setattr(clef_fp32, "forward_records", wedged)
+            try:
+                first = asyncio.ensure_future(client.post("/v1/systemone", content=body, headers=headers))
+                deadline = time.monotonic() + 10
+                while worker.batcher.in_flight == 0:  # read, parsed, encoded: in the forward pass
+                    assert time.monotonic() < deadline, "the request never reached the forward pass"
+                    await asyncio.sleep(0.01)
+                held = await _body_bytes(client)
+                second = await client.post("/v1/systemone", content=body, headers=headers)
+            finally:
+                released.set()
+            answered = await first
+            left = await _body_bytes(client)
+    assert held == len(body)
+    assert second.status_code == 429 and second.json()["code"] == "overloaded", second.text
+    assert answered.status_code == 200 and left == 0, answered.text
 
 
 async def test_a_request_with_both_framings_is_refused_and_its_connection_closed(clef_fp32: ClefModel) -> None:
