@@ -158,7 +158,9 @@ class BackendRejected(BackendError):
 
     Attributes:
         status_code: the HTTP status, when one exists.
-        detail: the backend's error body, parsed when it was JSON.
+        detail: what the backend told of the refusal: the local backend's field errors (``[{"field", "message"}]``),
+            or :func:`guard.backends.http`'s summary of a remote's error answer (its status, media type, length and
+            code tokens, never its text, which may repeat the request).
     """
 
     reason_code = "rejected"

@@ -1,10 +1,10 @@
 """What differs between System One servers (rounding, confidence formula, endpoints), the retry policy, and the
-small parsers of their HTTP answers (``Retry-After``, error messages). Used by :mod:`guard.backends.http`."""
+small parsers of their HTTP answers (``Retry-After``, the summary of an error answer). Used by :mod:`guard.backends.http`."""
 
 from __future__ import annotations
 
-import json
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import httpx
 
+from guard._json import loads
+from guard.errors import InvalidJson
 from guard.systemone import ConfidenceProfile
 
 __all__ = [
@@ -30,10 +32,8 @@ __all__ = [
     "Provider",
     "ProviderName",
     "RetryConfig",
-    "error_message",
+    "error_summary",
     "parse_retry_after",
-    "snippet",
-    "without_echo",
 ]
 
 ProviderName = Literal["systemone", "worker", "workers-ai", "jev", "openrouter"]
@@ -53,7 +53,6 @@ MODEL_REVISION_HEADER = "x-guard-model-revision"
 RETRY_STATUSES = frozenset({408, 429})
 DEFAULT_MAX_CONNECTIONS = 100
 DEFAULT_MAX_KEEPALIVE = 20
-_SNIPPET = 200
 
 
 @dataclass(frozen=True)
@@ -143,51 +142,62 @@ def parse_retry_after(headers: httpx.Headers, *, now: float | None = None) -> fl
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
-def snippet(response: httpx.Response) -> str:
-    """The start of an error response's body on one line, for error messages (at most ``_SNIPPET`` characters)."""
-    text = response.text.strip().replace("\n", " ")
-    return text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else "")
+#: What an error answer's summary keeps of a JSON member: a short token (a code, a type, a field path) or an integer;
+#: free text (a message, a value) can repeat the request and is never kept.
+_TOKEN = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,64}")
+#: Most entries of an ``errors`` or ``detail`` list, and steps of a ``loc`` path, kept.
+_MAX_KEPT_ITEMS = 10
+#: A media type (``type/subtype``, RFC 9110 token characters), without its parameters.
+_MEDIA_TYPE = re.compile(r"[A-Za-z0-9!#$&^_.+-]{1,64}/[A-Za-z0-9!#$&^_.+-]{1,64}")
 
 
-#: Members of a pydantic-style error (one with ``loc`` and ``msg``) that repeat what was refused: ``input`` is the
-#: value itself (the request's state), ``ctx`` may quote it (``{"error": "ValueError('... <value>')"}``).
-_ECHOED = frozenset({"input", "ctx"})
+def _is_token(value: Any) -> bool:
+    """Whether ``value`` is an integer or a :data:`_TOKEN` string."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, str) and _TOKEN.fullmatch(value) is not None)
 
 
-def without_echo(detail: Any) -> Any:
-    """A provider's parsed error body without the request it repeats: the ``input`` and ``ctx`` members of each
-    FastAPI/pydantic-style error (at any depth) and FastAPI's documented ``body`` (the whole request) left out, every
-    other string cut to :data:`_SNIPPET` characters (a message that quotes the value keeps at most that much of it).
+def _tokens(error: Mapping[str, Any]) -> dict[str, Any]:
+    """The members of one error object that name a kind or a place: ``code`` and ``type`` (ours, OpenAI's,
+    Cloudflare's, pydantic's) and ``field`` (guard's worker) when they are tokens, and pydantic's ``loc`` path (its
+    first :data:`_MAX_KEPT_ITEMS` steps, a step that is no token as ``"?"``)."""
+    kept = {name: error[name] for name in ("code", "type", "field") if _is_token(error.get(name))}
+    loc = error.get("loc")
+    if isinstance(loc, list) and loc:
+        kept["loc"] = [step if _is_token(step) else "?" for step in loc[:_MAX_KEPT_ITEMS]]
+    return kept
 
-    The request's state is never cut down instead: secret-named fields stay in it, since the model must read them (an
-    injection can sit in a field named ``password``); only what a backend repeats of it is kept out of logs and errors.
+
+def error_summary(response: httpx.Response) -> dict[str, Any]:
+    """What can be told of an error answer without repeating the request, which a backend's error text may quote in
+    any shape (plain text, HTML, a message, a pydantic ``input`` or ``value``): nothing the remote wrote as free text.
+
+    Returns:
+        ``{"status", "media_type", "length"}`` (the HTTP status, the ``Content-Type`` without parameters or ``None``
+        when absent or not a media type, the body's length in bytes), and from a JSON object body the tokens of its
+        ``code``/``type``/``field``/``loc`` members (:data:`_TOKEN`: at most 64 characters of letters, digits and
+        ``_.:[]-``; integers), of its ``error`` object's (OpenAI, OpenRouter) as ``"error"``, and of each of the first
+        10 objects of its ``errors`` (Cloudflare, guard's worker) and ``detail`` (FastAPI) lists under those names.
     """
-    if isinstance(detail, Mapping):
-        echoed = _ECHOED if "loc" in detail and "msg" in detail else frozenset()
-        if "detail" in detail:  # FastAPI's errors, beside which its documented handler puts the request as "body"
-            echoed |= {"body"}
-        return {key: without_echo(value) for key, value in detail.items() if key not in echoed}
-    if isinstance(detail, list):
-        return [without_echo(value) for value in detail]
-    if isinstance(detail, str) and len(detail) > _SNIPPET:
-        return f"{detail[:_SNIPPET]}... ({len(detail)} characters)"
-    return detail
-
-
-def error_message(detail: Any) -> str | None:
-    """The human message inside a provider's JSON error (ours, Cloudflare's, FastAPI's or OpenRouter's); give it
-    :func:`without_echo` of the error, so no member that repeats the request is read."""
-    if not isinstance(detail, Mapping):
-        return None
-    errors = detail.get("errors")
-    if isinstance(errors, list) and errors and isinstance(errors[0], Mapping) and errors[0].get("message"):
-        code = errors[0].get("code")
-        return str(errors[0]["message"]) + (f" (code {code})" if code is not None else "")
-    if isinstance(detail.get("message"), str):
-        return str(detail["message"])
-    error = detail.get("error")
-    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    if isinstance(detail.get("detail"), (str, list)):
-        return json.dumps(detail["detail"])[:_SNIPPET]
-    return None
+    media = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    summary: dict[str, Any] = {
+        "status": response.status_code,
+        "media_type": media if _MEDIA_TYPE.fullmatch(media) else None,
+        "length": len(response.content),
+    }
+    try:
+        body = loads(response.content)
+    except InvalidJson:
+        return summary
+    if not isinstance(body, Mapping):
+        return summary
+    summary.update(_tokens(body))
+    if isinstance(body.get("error"), Mapping) and (error := _tokens(body["error"])):
+        summary["error"] = error
+    for name in ("errors", "detail"):
+        if isinstance(body.get(name), list):
+            errors = [_tokens(item) for item in body[name][:_MAX_KEPT_ITEMS] if isinstance(item, Mapping)]
+            if any(errors):
+                summary[name] = errors
+    return summary

@@ -18,12 +18,11 @@ and ``tenacity`` retries:
   gateway's trace;
 * httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
   ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``;
-* an error answer's text (a 422 that echoes the request's state) is in no error message, so no verdict, span or
-  decision record carries it: its message is logged, at WARNING the first time each status is seen, at DEBUG after,
-  and kept as ``BackendRejected.detail``, both without what repeats the request (:func:`without_echo`: the ``input``
-  and ``ctx`` of FastAPI/pydantic errors left out, other strings cut at 200 characters; a body that is not JSON, to
-  its first 200 characters). A connection error is named by its httpx type only (its text can quote the bytes of a
-  bad answer head), and a Content-Type is quoted and cut at 40 characters.
+* an error answer's text (a 422 that echoes the request's state, in whatever shape) is read nowhere: the error
+  raised names the status, and the log (at WARNING the first time each status is seen, at DEBUG after) and
+  ``BackendRejected.detail`` get :func:`error_summary` (the status, media type and length, and the short code, type
+  and field tokens and ``loc`` paths of a JSON error; no message). A connection error is named by its httpx type
+  only (its text can quote the bytes of a bad answer head), and a Content-Type is quoted and cut at 40 characters.
 
 Example:
     >>> client = SystemOneClient.workers_ai(account_id, api_token, model="clef-flash")  # doctest: +SKIP
@@ -63,10 +62,8 @@ from guard.backends._providers import (
     Provider,
     ProviderName,
     RetryConfig,
-    error_message,
+    error_summary,
     parse_retry_after,
-    snippet,
-    without_echo,
 )
 from guard.backends.base import require_request
 from guard.errors import (
@@ -84,7 +81,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_HTTP_TIMEOUT_S",
     "JEV_URL",
-    "MAX_LOGGED_ERROR_CHARS",
     "MAX_RESPONSE_BYTES",
     "OPENROUTER_URL",
     "PROVIDERS",
@@ -103,8 +99,6 @@ MAX_REVISION_CHARS = 512
 #: Most bytes of a response body read (answers are asked for uncompressed): 64 questions of 255 options each fit many times
 #: over; a longer body is a malformed answer, read no further.
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
-#: Most characters of a provider's error message written to the log (the rest counted, not written).
-MAX_LOGGED_ERROR_CHARS = 1000
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -387,12 +381,12 @@ class SystemOneClient:
         except InvalidJson as exc:
             media = response.headers.get("content-type")
             kind = "no Content-Type" if media is None else f"Content-Type {media[:40]!r}"  # quoted: no control
-            self._log_error_text(status, f"{exc.detail}: {snippet(response)}")
+            self._log_error(error_summary(response))
             raise MalformedAnswer(
                 f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.reason})", backend=self.name
             ) from exc
         if isinstance(body, Mapping) and "success" in body:  # an envelope, even one that also carries answers
-            body = self._unwrap(body, status)
+            body = self._unwrap(body, response)
         named, asked = body.get("model") if isinstance(body, Mapping) else None, self.model or request.model
         if named is not None and (not isinstance(named, str) or (named != asked and named not in self.model_aliases)):
             raise MalformedAnswer(
@@ -436,16 +430,16 @@ class SystemOneClient:
             raise MalformedAnswer(f"{self.name}: the answer has {shown}; a System One answer is application/json",
                                   backend=self.name)
 
-    def _unwrap(self, envelope: Mapping[str, Any], status: int) -> Any:
+    def _unwrap(self, envelope: Mapping[str, Any], response: httpx.Response) -> Any:
         """Cloudflare's ``{result, success, errors, messages}`` (spec §5.5): ``result`` when ``success`` is true."""
         if envelope.get("success") is not True:
-            failure = without_echo(envelope)
-            self._log_error_text(status, error_message(failure) or f"success={failure.get('success')!r}")
+            summary = error_summary(response)
+            self._log_error(summary)
             raise BackendRejected(
-                f"{self.name}: the request failed (HTTP {status}): the envelope's success is not true",
+                f"{self.name}: the request failed (HTTP {response.status_code}): the envelope's success is not true",
                 backend=self.name,
-                status_code=status,
-                detail=failure.get("errors"),
+                status_code=response.status_code,
+                detail=summary,
             )
         if "result" in envelope:
             return envelope["result"]
@@ -455,11 +449,8 @@ class SystemOneClient:
 
     def _status_error(self, response: httpx.Response) -> BackendError:
         status = response.status_code
-        try:
-            detail: Any = without_echo(loads(response.content))
-        except InvalidJson:
-            detail = snippet(response)
-        self._log_error_text(status, error_message(detail) or (detail if isinstance(detail, str) and detail else ""))
+        summary = error_summary(response)
+        self._log_error(summary)
         if status in RETRY_STATUSES or status >= 500:
             retry_after = parse_retry_after(response.headers)
             return BackendUnavailable(
@@ -475,16 +466,13 @@ class SystemOneClient:
                if keyless else ""),
             backend=self.name,
             status_code=status,
-            detail=detail,
+            detail=summary,
         )
 
-    def _log_error_text(self, status: int, text: str) -> None:
-        """Log what the provider wrote in an error answer with HTTP ``status`` (``text``: read from
-        :func:`without_echo` of a JSON answer, or the start of one that is not JSON): at WARNING the first time this
-        client sees the status, at DEBUG after. It stays out of the error raised, whose message reaches verdicts and
-        spans: a provider's own message may still quote part of the request."""
+    def _log_error(self, summary: dict[str, Any]) -> None:
+        """Log an error answer's :func:`error_summary` (no free text of the provider's: it may quote the request), as
+        one line of JSON: at WARNING the first time this client sees the status, at DEBUG after."""
+        status = summary["status"]
         level = logging.DEBUG if status in self._statuses_logged else logging.WARNING
         self._statuses_logged.add(status)
-        if len(text) > MAX_LOGGED_ERROR_CHARS:  # an 8 MB message would be one 8 MB log line
-            text = f"{text[:MAX_LOGGED_ERROR_CHARS]}... ({len(text)} characters)"
-        logger.log(level, "%s answered HTTP %d with: %r", self.name, status, text)  # quoted: no control starts a line
+        logger.log(level, "%s answered HTTP %d: %s", self.name, status, json.dumps(summary))
