@@ -682,7 +682,9 @@ def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     the method cut by :func:`_capped`; a ``redact``
     verdict's spans masked in the body and its text; the body, its text and the query values left out (:data:`WITHHELD`)
     of a request refused because what its rule masks could not be masked there. Secret values cut off with a part nested
-    too deep go to ``hidden``."""
+    too deep go to ``hidden``, and so do those of the secret-named fields of the JSON a streamed window's ``deltas`` spell
+    once joined (:func:`_document_secrets`), which the record leaves out: the joined text in ``body_text`` and the
+    state built from it are scrubbed of them, as a ``text/plain`` body's are."""
     record = _json_safe(subject, hidden=hidden)
     if isinstance(subject, HttpSubject):  # a method is one token: cut as on the span (any length reaches us)
         record["method"] = _capped(subject.method)
@@ -690,6 +692,8 @@ def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     record.pop("query_string", None)
     record.pop("form_string", None)
     record.pop("deltas", None)  # a streamed window's pieces: its body_text holds them joined
+    if isinstance(subject, HttpSubject) and subject.deltas:  # the JSON they spell joined: its secrets, as a text body's
+        hidden.extend(_document_secrets(["".join(pieces) for pieces in subject.deltas]))
     unmaskable = any(own.flags.get(UNMASKABLE_FLAG) for own in (verdict, *verdict.contributions))  # a shadow's too
     if unmaskable and isinstance(subject, HttpSubject):  # it holds what could not be masked
         record.update(body=WITHHELD, body_text=WITHHELD, query={name: [WITHHELD] for name in subject.query})

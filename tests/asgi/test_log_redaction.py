@@ -153,3 +153,55 @@ logging.getLogger("guard.engine.health").debug("a debug line")
     assert "INFO:     guard.policy: policies reloaded: api_guard@3" in shown and "a debug line" not in shown
     assert "a debug line" in stderr_of("plain", "debug") and "a debug line" in stderr_of("plain", "trace")
     assert "policies reloaded" not in stderr_of("configured", "info")  # the process's own configuration stands
+
+
+async def test_a_secret_named_field_in_the_json_a_streams_deltas_spell_is_redacted() -> None:
+    """A streamed answer whose deltas join into ``{"api_key": "..."}`` kept the key's value in the record's
+    ``body_text`` and state (review finding): the same document in a ``text/plain`` answer was redacted. Both are now."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    from guard.asgi import GuardMiddleware
+    from guard.policy import load_text
+    from tests._backends import ScriptedBackend
+    from tests.asgi._apps import client_for
+
+    secret = "SEKRETSTREAM-9f8e7d6c"
+    document = json.dumps({"api_key": secret, "note": "kept"})
+
+    async def streamed(request: Any) -> StreamingResponse:
+        async def events() -> Any:
+            for at in range(0, len(document), 5):
+                yield f"data: {json.dumps({'choices': [{'delta': {'content': document[at:at + 5]}}]})}\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def plain(request: Any) -> Response:
+        return Response(document, media_type="text/plain")
+
+    policy = load_text("""
+policies:
+  - id: answers
+    version: 1
+    match: {http: {paths: ["/v1/**"], response: {status: [200]}}}
+    state: {text: body_text}
+    questions:
+      leak: {type: noul, instructions: "Does the text leak?"}
+    rules:
+      - {id: leak, when: leak.noul >= 0.99, action: block}
+""")
+    lines: list[str] = []
+    guard = Guard(policy, backends=ScriptedBackend(), decision_log=DecisionLog(lines.append))
+    app = Starlette(routes=[Route("/v1/stream", streamed, methods=["POST"]), Route("/v1/plain", plain, methods=["POST"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard)])
+    async with client_for(app) as client:
+        for path in ("/v1/stream", "/v1/plain"):
+            assert (await client.post(path, json={"q": "json please"})).status_code == 200
+    await guard.aclose()
+    records = [json.loads(line) for line in lines]
+    assert [r["input"]["phase"] for r in records] == ["response", "response"]
+    for record in records:
+        assert secret not in json.dumps(record), record["input"]["body_text"]
+        assert '{"api_key": "[redacted]", "note": "kept"}' in record["state"]["text"]
