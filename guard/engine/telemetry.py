@@ -57,7 +57,7 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, S
 
 from guard import __version__
 from guard._buckets import DURATION_BUCKETS_S
-from guard._json import JSON_LEVELS, json_readings
+from guard._json import JSON_LEVELS, json_readings, surrogates_joined
 from guard._resource import resource_from_env
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings, is_plain_key
@@ -498,7 +498,9 @@ def evaluation_attributes(verdict: Verdict) -> dict[str, Any]:
 
 
 def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, Any]:
-    """The :data:`SPAN_ATTRIBUTES` of a verdict (``None`` values left out)."""
+    """The :data:`SPAN_ATTRIBUTES` of a verdict (``None`` values left out), each string valid UTF-8, as OTLP needs
+    (:func:`~guard._json.surrogates_joined`: a policy file's or checkpoint directory's name that is not UTF-8 holds
+    lone surrogates from ``os.fsdecode``, shown as U+FFFD)."""
     values: dict[str, Any] = {
         "guard.decision_id": verdict.decision_id,
         "guard.policy.id": verdict.policy_id,
@@ -527,7 +529,7 @@ def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, 
         # OpenTelemetry's error.type: the kind before the colon of guard.error ("timeout", "connection", ...)
         "error.type": verdict.error.split(":", 1)[0] if verdict.error else None,
     }
-    return {k: v for k, v in values.items() if v is not None}
+    return {k: surrogates_joined(v) if isinstance(v, str) else v for k, v in values.items() if v is not None}
 
 
 def _utc_now() -> str:

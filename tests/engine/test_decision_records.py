@@ -243,6 +243,33 @@ async def _trial(telemetry: Telemetry, delay: float) -> list[dict[str, Any]]:
 
 
 @pytest.mark.anyio
+async def test_a_policy_file_name_that_is_not_utf8_is_valid_utf8_on_the_span(otel: Any, caplog: Any) -> None:
+    """A policy file whose name is not UTF-8 (``os.fsdecode`` keeps its byte as a lone surrogate) gave the span's
+    ``guard.policy.file`` and the verdict events' a string OTLP cannot encode: each span's attribute was dropped with
+    an ERROR (review finding). The span has it with U+FFFD in place of the byte; the decision log keeps the escape."""
+    import os
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    telemetry, exporter = otel
+    name = os.fsdecode(b"/etc/guard/caf\xe9.yaml")
+    lines: list[str] = []
+    backends = {"default": ScriptedBackend(name="default"), "candidate": ScriptedBackend(name="candidate")}
+    async with Guard(load_text(TRIAL, file=name), backends=backends, telemetry=telemetry,
+                     decision_log=DecisionLog(lines.append)) as guard:
+        await guard.aevaluate(HttpSubject(method="POST", path="/v1/chat", body={"m": "hi"}, body_text="hi"))
+        await guard.drain()
+    (span,) = [span for span in exporter.get_finished_spans() if span.name == "guard.decision"]
+    events = [event.attributes for event in span.events if event.name == "guard.policy.verdict"]
+    shown = "/etc/guard/caf\ufffd.yaml"
+    assert [span.attributes["guard.policy.file"], *(e["guard.policy.file"] for e in events)] == [shown] * 3
+    with caplog.at_level("ERROR"):
+        encode_spans([span]).SerializeToString()
+    assert not caplog.records
+    assert json.loads(lines[0])["policy"]["file"] == name
+
+
+@pytest.mark.anyio
 async def test_each_matching_policy_is_recorded_with_its_provenance_whatever_the_timing(otel: Any) -> None:
     """A shadow policy answering in time was recorded with its backend only, its model and revision nowhere; one
     answering late is recorded alone with all of them."""
