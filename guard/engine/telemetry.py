@@ -662,7 +662,10 @@ LOG_CUT_MARKER = "[... cut from the log: {cut} of {length} characters ...]"
 
 def _bounded(node: Any, limit: int) -> Any:
     """``node`` (JSON types) with each string and object key over ``limit`` characters cut to its first and last
-    halves of ``limit``, :data:`LOG_CUT_MARKER` (with its length) between them on lines of its own."""
+    halves of ``limit``, :data:`LOG_CUT_MARKER` (with its length) between them on lines of its own; keys of one object
+    cut to the same text are kept apart by a suffix, `` #2``, `` #3``, ... on the second and later (in the object's
+    order), so no value is lost. A suffixed key equals no other: an uncut key is shorter than any cut one, and each cut
+    one ends with the marker and a tail of the same length, which the suffix lengthens."""
     if isinstance(node, str):
         if len(node) <= limit:
             return node
@@ -670,7 +673,13 @@ def _bounded(node: Any, limit: int) -> Any:
         marker = LOG_CUT_MARKER.format(cut=len(node) - limit, length=len(node))
         return f"{node[:head]}\n{marker}\n{node[len(node) - (limit - head):]}"
     if isinstance(node, dict):
-        return {_bounded(k, limit): _bounded(v, limit) for k, v in node.items()}
+        out: dict[Any, Any] = {}
+        seen: collections.Counter[Any] = collections.Counter()  # keys by the text they were cut to
+        for key, value in node.items():
+            name = _bounded(key, limit)
+            seen[name] += 1
+            out[name if seen[name] == 1 else f"{name} #{seen[name]}"] = _bounded(value, limit)
+        return out
     if isinstance(node, list):
         return [_bounded(v, limit) for v in node]
     return node
@@ -1110,6 +1119,7 @@ class DecisionLog:
     Raises:
         ValueError: for a pointer that does not start with ``/``, an unknown ``log_input``, or a ``max_chars``
             under 1.
+        TypeError: for a ``max_chars`` that is not an ``int`` (a ``bool`` or a ``float`` included).
     """
 
     #: The pointers removed by default; extend with ``redact=(*DecisionLog.DEFAULT_REDACT, ...)``.
@@ -1128,8 +1138,10 @@ class DecisionLog:
     ) -> None:
         if log_input not in LOG_INPUT_MODES:
             raise ValueError(f"log_input is {log_input!r}; it must be one of {LOG_INPUT_MODES}")
+        if isinstance(max_chars, bool) or not isinstance(max_chars, int):
+            raise TypeError(f"max_chars is {max_chars!r}; it must be an int (a number of characters), at least 1")
         if max_chars < 1:
-            raise ValueError(f"max_chars is {max_chars!r}; it must be a number of characters, at least 1")
+            raise ValueError(f"max_chars is {max_chars!r}; it must be an int (a number of characters), at least 1")
         self.max_chars = max_chars
         self.log_input = log_input
         self.logged_headers = frozenset(name.lower() for name in logged_headers)

@@ -169,6 +169,27 @@ def test_the_bound_is_the_logs_to_set() -> None:
     assert whole == "x" * 300_000 and len(cut) < 1_100
 
 
+
+@pytest.mark.parametrize(("max_chars", "error"), [(100.5, TypeError), (True, TypeError), ("100", TypeError),
+                                                  (None, TypeError), (0, ValueError), (-5, ValueError)])
+def test_the_bound_must_be_a_whole_number_of_characters(max_chars: Any, error: type[Exception]) -> None:
+    """``max_chars=100.5`` was taken, and every record holding a string longer than the bound was then dropped (the cut
+    raised TypeError)."""
+    with pytest.raises(error, match=r"max_chars is .*; it must be an int"):
+        DecisionLog(lambda line: None, max_chars=max_chars)
+
+
+def test_object_keys_cut_to_the_same_text_are_kept_apart() -> None:
+    """Two keys longer than the bound that differ only in their middle were cut to one key: the record kept one of
+    the two values (``{k1: "malicious", k2: "benign"}`` logged as ``{cut: "benign"}``)."""
+    keys = ["k" * 50 + middle + "k" * 50 for middle in ("1", "2", "3")]
+    subject = HttpSubject(method="POST", path="/v1/x", body=dict(zip(keys, ("malicious", "benign", "third"))))
+    event = DecisionLog(lambda line: None, max_chars=20).event(Verdict("allow", "d1"), subject)
+    body = event["input"]["body"]
+    assert list(body.values()) == ["malicious", "benign", "third"]
+    first, second, third = body
+    assert "cut from the log: 81 of 101 characters" in first and (second, third) == (f"{first} #2", f"{first} #3")
+
 # Which policy text decided ------------------------------------------------------------------------------------------
 
 
