@@ -9,6 +9,7 @@ only that reading holds is refused rather than sent on unmasked (:meth:`guard.po
 from __future__ import annotations
 
 import html
+import re
 
 __all__ = ["is_markup", "is_xml", "markup_reading", "with_markup_reading"]
 
@@ -23,10 +24,23 @@ def is_markup(media: str) -> bool:
     return media == "text/html" or is_xml(media)
 
 
+#: A numeric character reference of nine digits or more (leading zeros included), and its ``;`` if any.
+_LONG_REFERENCE = re.compile(r"&#(?:([xX])([0-9a-fA-F]{9,})|([0-9]{9,}))(;?)")
+
+
+def _shortened(match: re.Match[str]) -> str:
+    """A long numeric reference without its leading zeros, or U+FFFD (what ``html.unescape`` reads past U+10FFFF)
+    when more than eight digits remain: ``html.unescape`` calls ``int()`` on the digits, which raises past 4,300."""
+    x, hex_digits, decimal_digits, end = match.groups()
+    digits = (hex_digits or decimal_digits).lstrip("0") or "0"
+    return "\ufffd" if len(digits) > 8 else f"&#{x or ''}{digits}{end}"
+
+
 def markup_reading(text: str) -> str:
-    """``text`` as a parser reads it: CDATA markers removed and character references decoded (``html.unescape``);
-    linear, whatever is left unclosed."""
-    return html.unescape(text.replace("<![CDATA[", "").replace("]]>", ""))
+    """``text`` as a parser reads it: CDATA markers removed and character references decoded (``html.unescape``,
+    long numeric references shortened first: :func:`_shortened`); linear, whatever is left unclosed."""
+    text = text.replace("<![CDATA[", "").replace("]]>", "")
+    return html.unescape(_LONG_REFERENCE.sub(_shortened, text) if "&#" in text else text)
 
 
 def with_markup_reading(text: str) -> str:

@@ -122,3 +122,26 @@ async def test_streamed_markup_is_judged_as_a_parser_reads_it(chunks: list[str],
     else:
         assert "bcdefgh" not in response.text and "PLAN" not in response.text
         assert sent is None or response.json()["message"] == sent
+
+
+@pytest.mark.parametrize("media", MEDIA)
+async def test_a_numeric_reference_of_thousands_of_digits_is_read_not_a_500(media: str) -> None:
+    """``html.unescape`` calls ``int()`` on a reference's digits, which raises past 4,300 of them: a 4 KB body was
+    a 500 with a traceback and no decision. Leading zeros are dropped first (``&#000...65;`` is ``A``, as browsers
+    read it); more digits than any character has read as U+FFFD."""
+    padded = "<p>the plan is SECRET&#" + "0" * 4400 + "45;PLAN</p>"
+    huge = "<p>hi &#" + "9" * 4400 + "; there</p>"
+    guard, app = rules_only(POLICY, [Route("/in/x", _seen, methods=["POST"])])
+    async with client_for(app) as client:
+        read = await client.post("/in/x", content=huge.encode(), headers={"content-type": media})
+    await guard.aclose()
+
+    async def page(request: Request) -> Response:
+        return Response(padded, media_type=media)
+
+    guard, app = rules_only(POLICY, [Route("/out/x", page)])
+    async with client_for(app) as client:
+        blocked = await client.get("/out/x")
+    await guard.aclose()
+    assert (read.status_code, read.text) == (200, huge)
+    assert blocked.status_code == 403 and "SECRET" not in blocked.text
