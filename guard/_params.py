@@ -17,7 +17,9 @@ to the list ``q``. Four readings are modelled, each as its parser has it:
 * ``qs`` (Express 4's query and ``urlencoded({extended: true})`` parser): the parent is what comes before the first
   ``[...]`` segment, each later ``[...]`` is a child wherever it stands (``[q]`` is ``q``, ``q[a]b[c]`` is ``q`` ->
   ``a`` -> ``c``), five deep, the rest one more key; ``[]`` and an index up to 20 append (qs drops a list's holes);
-  qs ends a name at ``]=`` when a piece holds one, ``%5D=`` too (:func:`qs_names`).
+  qs ends a name at ``]=`` when a piece holds one, ``%5D=`` too (:func:`qs_names`). ``qs 6.15`` (from 6.15.4:
+  Express 4.22 and 5) reads balanced brackets as one child (``q[a[b]]`` is ``q`` -> ``a[b]``) and an unclosed one
+  as a child too (``q[`` is ``q`` -> ``[``).
 
 Each reading stops where its parser stops: PHP drops a name with more than 64 indices (``max_input_nesting_level``),
 Rack 2 and Rack 3 refuse a request with a name more than 100 and 32 keys deep (``param_depth_limit``), so none of
@@ -34,7 +36,7 @@ from collections.abc import Callable, Collection, Iterator
 from itertools import islice
 from urllib.parse import unquote_plus
 
-__all__ = ["APPEND", "FRAMEWORKS", "KeyPath", "fills", "is_plain", "labels", "pairs", "qs_names", "readings", "shown"]
+__all__ = ["APPEND", "FRAMEWORKS", "QS", "KeyPath", "fills", "is_plain", "labels", "pairs", "qs_names", "readings", "shown"]
 
 #: The component of a key path that appends to a list (``q[]``).
 APPEND = None
@@ -56,6 +58,7 @@ _RACK3_DEPTH = 32
 _PAIRS = re.compile(r"[&;] *")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 _QS_BRACKET_ESCAPES = re.compile(r"%5[BbDd]")
+_BRACKET_STEP = {"[": 1, "]": -1}
 
 
 def _php(name: str) -> KeyPath | None:
@@ -155,8 +158,36 @@ def _qs(name: str) -> KeyPath | None:
     return tuple(path) if path else None
 
 
-#: Each framework's reading of a parameter name: its key path, ``None`` when it drops the parameter.
-FRAMEWORKS: dict[str, Callable[[str], KeyPath | None]] = {"PHP": _php, "Rack 2": _rack2, "Rack 3": _rack3, "qs": _qs}
+def _qs_balanced(name: str) -> KeyPath | None:
+    """qs from 6.15.4 (``splitKeyIntoSegments``): the parent runs to the first ``[``; from there each group of
+    balanced brackets is a child, its outer brackets dropped (``q[a[b]]`` is ``q`` -> ``a[b]``), five deep; a group
+    no ``]`` closes, and what is left past five, is one more key (``q[`` is ``q`` -> ``[``)."""
+    start = name.find("[")
+    parent = name if start < 0 else name[:start]
+    path: list[str | None] = [parent] if parent else []
+    while start >= 0 and len(path) - bool(parent) < _QS_DEPTH:
+        level, close = 0, -1
+        for at in range(start, len(name)):
+            level += _BRACKET_STEP.get(name[at], 0)
+            if level == 0:
+                close = at
+                break
+        if close < 0:
+            break
+        path.append(_qs_key(name[start + 1 : close]))
+        start = name.find("[", close + 1)
+    if start >= 0:
+        path.append(name[start:])
+    return tuple(path) if path else None
+
+
+#: Each framework's reading of a parameter name: its key path, ``None`` when it drops the parameter. ``qs`` is qs up
+#: to 6.15.3 (Express 4.21's), ``qs 6.15`` qs from 6.15.4 (Express 4.22 and 5): both are in use.
+FRAMEWORKS: dict[str, Callable[[str], KeyPath | None]] = {
+    "PHP": _php, "Rack 2": _rack2, "Rack 3": _rack3, "qs": _qs, "qs 6.15": _qs_balanced,
+}
+#: The readings of qs (Express), which ends a name at ``]=`` (:func:`qs_names`).
+QS = ("qs", "qs 6.15")
 
 
 def readings(name: str) -> dict[str, KeyPath]:
@@ -209,7 +240,7 @@ def labels(frameworks: Collection[str]) -> tuple[str, ...]:
     out = ["PHP"] if "PHP" in frameworks else []
     if rails:
         out.append("Rails" if len(rails) == 2 else f"Rails ({rails[0]})")
-    return (*out, "Express") if "qs" in frameworks else tuple(out)
+    return (*out, "Express") if any(qs in frameworks for qs in QS) else tuple(out)
 
 
 def pairs(text: str) -> Iterator[tuple[str, str | None]]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from guard._json import Repeated as RepeatedKey
-from guard._params import KeyPath, fills, is_plain, labels, pairs, qs_names, readings, shown
+from guard._params import QS, KeyPath, fills, is_plain, labels, pairs, qs_names, readings, shown
 from guard.errors import StateAmbiguous, StateTooLong
 from guard.policy.normalize import Normalized, normalize_value
 from guard.subject import AgentSubject, HttpSubject, Subject
@@ -258,7 +258,7 @@ def _refuse_aliases(field: StateField, sent: _Spellings) -> None:
         return
     wanted = readings(key)
     rack2 = {"Rack 2": wanted["Rack 2"]} if "Rack 2" in wanted else {}
-    qs = {"qs": wanted["qs"]} if "qs" in wanted else {}
+    qs = {framework: wanted[framework] for framework in QS if framework in wanted}
     spellings = [*((name, name, wanted) for name in names), *((name, ";" + name, rack2) for name in rack2_only),
                  *((name, name, qs) for name in qs_only)]
     for name, alias, frameworks in spellings:

@@ -71,11 +71,11 @@ policies:
                               ({"tag[]": ["a"]}, None, "query parameter 'tag' (as 'tag[]'"),
                               ({}, {"prompt[x]": ["a"]}, "form field 'prompt' (as 'prompt[x]'"),
                               # Express (qs) and Rails on Rack 2 read a leading [k] as k; Rack 2's key drops
-                              # brackets around it; both Racks read q[x as q holding x (PHP: q_x)
+                              # brackets around it; both Racks and qs 6.15 read q[x as q holding x (PHP: q_x)
                               ({"[q]": ["a"]}, None, "(as '[q]', which Rails (Rack 2) and Express read into 'q')"),
                               ({"]q": ["a"]}, None, "(as ']q', which Rails (Rack 2) reads into 'q')"),
                               ({"q]": ["a"]}, None, "(as 'q]', which Rails (Rack 2) reads into 'q')"),
-                              ({"q[x": ["a"]}, None, "(as 'q[x', which Rails reads into 'q')")]:
+                              ({"q[x": ["a"]}, None, "(as 'q[x', which Rails and Express read into 'q')")]:
         with pytest.raises(StateAmbiguous, match=re.escape(what)) as caught:
             policy.render_state(HttpSubject(method="POST", path="/", query=query, body=body))
         assert caught.value.alias is not None
