@@ -974,13 +974,12 @@ def secret_values(values: Iterable[str]) -> list[str]:
 
 def _spellings(values: list[str]) -> list[str]:
     """How a request's raw text (a body as sent: a review item shows it) may spell each of ``values`` besides as
-    itself: as a JSON string (non-ASCII escaped as Python writes it, kept as JavaScript does, and ``/`` escaped as
-    PHP does) and percent-encoded (a form's, ``+`` for a space, as Python and as browsers encode it, and a URL's)."""
+    itself: as a JSON string (:func:`_json_spellings`) and percent-encoded (a form's, ``+`` for a space, as Python
+    and as browsers encode it, and a URL's)."""
     out = []
     for value in values:
-        escaped = json.dumps(value)[1:-1]
-        spelled = {escaped, escaped.replace("/", "\\/"), json.dumps(value, ensure_ascii=False)[1:-1],
-                   quote_plus(value), quote_plus(value, safe="*").replace("~", "%7E"), quote(value, safe="")}
+        spelled = _json_spellings(value) | {quote_plus(value), quote_plus(value, safe="*").replace("~", "%7E"),
+                                            quote(value, safe="")}
         out += sorted(spelled - {value})
     return out
 
