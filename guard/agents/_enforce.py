@@ -240,7 +240,8 @@ class ToolCallEnforcer:
     def apply_edit(self, prepared: Prepared, decision: Mapping[str, Any]) -> Prepared | ToolMessage:
         """The call a reviewer edited (``arguments`` and maybe ``tool``), or an error message when the new tool does
         not exist or cannot run with the arguments (empty, for a tool with required parameters: the check a model's
-        call gets). The edited call is not judged here."""
+        call gets). A renamed call's subject takes the new tool's declared effect. The edited call is not judged
+        here."""
         tool = decision.get("tool") or prepared.tool
         arguments = decision["arguments"]
         new_request = redirect(prepared.request, tool, arguments)
@@ -250,7 +251,7 @@ class ToolCallEnforcer:
         if problem is not None:
             reason = f"the reviewer's edit cannot run: {problem}"
             return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "")
-        subject = replace(prepared.subject, tool_name=tool, arguments=arguments)
+        subject = replace(prepared.subject, tool_name=tool, arguments=arguments, tool_effect=tool_effect(new_request.tool))
         return replace(
             prepared,
             request=new_request,

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from langchain.agents.middleware.types import ModelResponse
 from langchain_core.callbacks import BaseCallbackManager
@@ -520,6 +520,19 @@ def _unanswered(turn: Mapping[str, Any] | None) -> bool:
     return not turn.get("enforced") if asks else bool(turn.get("after_unanswered_review"))
 
 
+def _effect(
+    turn: Mapping[str, Any], record: Mapping[str, Any], tool: str
+) -> Literal["read_only", "side_effecting", "unknown"]:
+    """The declared effect of ``tool`` for a call of ``turn`` (a turn record) whose record is ``record``: the call's
+    own when the tool is the call's, else the one the turn recorded for that tool (``unknown`` when it has none)."""
+    if tool == record.get("tool"):
+        effect = record.get("effect")
+    else:
+        effects = turn.get("effects")
+        effect = effects.get(tool) if isinstance(effects, Mapping) else None
+    return effect if effect in ("read_only", "side_effecting") else "unknown"  # type: ignore[return-value]
+
+
 STAMPS_KEY = "guard_stamps"
 """The ``response_metadata`` key of the stamps on the messages the agent's model and tools wrote
 (:meth:`TurnKeeper.stamp`), one per middleware instance name."""
@@ -686,6 +699,8 @@ class TurnKeeper:
         names = [getattr(tool, "name", None) for tool in tools if not isinstance(tool, dict)]
         if names and all(isinstance(name, str) for name in names):  # a reviewer's edit may name only these
             turn["tools"] = sorted(set(names))
+        # what each tool declares it does: a reviewer's edit that renames a call is judged with its new tool's effect
+        turn["effects"] = {tool.name: tool_effect(tool) for tool in tools if isinstance(getattr(tool, "name", None), str)}
         previous = self.part(state, "turn")
         if previous is not None and previous.get("message_id") != ai.id and _unanswered(previous):
             turn["after_unanswered_review"] = True
@@ -796,7 +811,7 @@ class TurnKeeper:
                 continue
             edit = hitl_edit(state, call_id)
             if edit is not None and not record.get("problem") and not record.get("hitl_edit"):
-                yield from self._judge_hitl_edit(state, record, call_id, thread_id, edit)
+                yield from self._judge_hitl_edit(state, turn, record, call_id, edit)
             verdict = verdict_from_json(record["verdict"])
             if record.get("problem"):
                 record["status"] = "malformed"
@@ -851,8 +866,7 @@ class TurnKeeper:
                         user_message=user_text(state),
                         thread_id=thread_id,
                         history=turn_history(state),
-                        # an edit to another tool has no declared effect here; policies treat unknown as not read-only
-                        tool_effect=record.get("effect", "unknown") if tool == record["tool"] else "unknown",
+                        tool_effect=_effect(turn, record, tool),
                     )
                     judgement = yield subject
                     record["run_tool"] = tool  # marks the record as edited for a later approval
@@ -889,7 +903,7 @@ class TurnKeeper:
         return {"messages": out, **update} if out else update
 
     def _judge_hitl_edit(
-        self, state: Any, record: dict[str, Any], call_id: str, thread_id: str | None, edit: Mapping[str, Any]
+        self, state: Any, turn: Mapping[str, Any], record: dict[str, Any], call_id: str, edit: Mapping[str, Any]
     ) -> Generator[AgentSubject, Judgement, None]:
         """Put a ``HumanInTheLoopMiddleware`` reviewer's edit of the call (an HITL middleware listed after this one
         made it, and swaps it in when the tool runs) in the record in place of the model's call, judged."""
@@ -899,17 +913,18 @@ class TurnKeeper:
             problem = "the HumanInTheLoopMiddleware edit has no tool name"
         if problem is None and arguments_digest(name, arguments or {}) == record["digest"]:
             return  # the edit changed nothing
-        renamed = name != record.get("tool")
-        record.update(tool=name if isinstance(name, str) else "", arguments=arguments, hitl_edit=True)
+        tool = name if isinstance(name, str) else ""
+        effect = _effect(turn, record, tool)
+        record.update(tool=tool, arguments=arguments, hitl_edit=True, effect=effect)
         subject = AgentSubject(
             event="tool_call",
-            tool_name=record["tool"],
+            tool_name=tool,
             tool_call_id=call_id,
             arguments=arguments if problem is None else None,
             user_message=user_text(state),
-            thread_id=thread_id,
+            thread_id=turn["thread_id"],
             history=turn_history(state),
-            tool_effect="unknown" if renamed else record.get("effect", "unknown"),
+            tool_effect=effect,
         )
         if problem is not None:
             verdict = self.judge.malformed(subject, problem, None)
