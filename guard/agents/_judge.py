@@ -489,11 +489,13 @@ class Judge:
         return self._reviewed(settled, verdict, answer.decision, answer.reason)
 
     def judge_all(self, subjects: list[AgentSubject]) -> list[Judgement]:
-        """Judge several subjects concurrently on worker threads (blocking); one decision each."""
+        """Judge several subjects concurrently on worker threads (blocking); one decision each, each in a copy of the
+        caller's context (its trace span, its LangGraph config), taken in the calling thread."""
         if len(subjects) < 2:
             return [self.judge(s) for s in subjects]
+        contexts = [contextvars.copy_context() for _ in subjects]
         with ThreadPoolExecutor(max_workers=min(len(subjects), MAX_PARALLEL_JUDGEMENTS)) as pool:
-            return list(pool.map(lambda s: contextvars.copy_context().run(self.judge, s), subjects))
+            return list(pool.map(lambda context, s: context.run(self.judge, s), contexts, subjects))
 
     async def ajudge_all(self, subjects: list[AgentSubject]) -> list[Judgement]:
         """Judge several subjects concurrently (one decision each)."""
