@@ -30,6 +30,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard._json import loads as strict_loads
+from guard.agents._quiet import quiet_model, quiet_tokens
 from guard.engine import verdicts
 from guard.engine.ids import new_decision_id
 from guard.engine.telemetry import RAW_ARGUMENTS_FLAG, ReviewEvent, record_review
@@ -273,15 +274,24 @@ def _parse(target: str, reply: Any) -> ReviewerAnswer:
         ) from exc
 
 
+def _quiet_reviewer(model: BaseChatModel) -> Any:
+    """``model`` as a reviewer runs: its structured-output runnable when it has one, and without the handlers it was
+    built with that would stream its tokens (:func:`~guard.agents._quiet.quiet_model`)."""
+    quiet = quiet_model(model, True)
+    return _structured(quiet) or quiet
+
+
 def review(target: str, model: BaseChatModel, subject: AgentSubject, verdict: Verdict) -> ReviewerAnswer:
-    """Ask ``model`` about one held action (blocking).
+    """Ask ``model`` about one held action (blocking). It runs quietly (:func:`~guard.agents._quiet.quiet_tokens`):
+    no token of its answer reaches a client's stream or token handler, since the agent did not say it.
 
     Raises:
         HandoffError: the model raised, or its answer is not a :class:`ReviewerAnswer`.
     """
-    runnable = _structured(model) or model
+    runnable = _quiet_reviewer(model)
     try:
-        reply = runnable.invoke(_messages(subject, verdict))
+        with quiet_tokens(True):
+            reply = runnable.invoke(_messages(subject, verdict))
     except Exception as exc:
         raise HandoffError(f"reviewer {target!r} failed: {exc!r}"[:500], target=target, reason="unavailable") from exc
     return _parse(target, reply)
@@ -295,10 +305,11 @@ async def areview(
     Raises:
         HandoffError: the model raised or timed out (``reason="timeout"``), or its answer is malformed.
     """
-    runnable = _structured(model) or model
+    runnable = _quiet_reviewer(model)
     try:
-        async with asyncio.timeout(timeout):
-            reply = await runnable.ainvoke(_messages(subject, verdict))
+        with quiet_tokens(True):
+            async with asyncio.timeout(timeout):
+                reply = await runnable.ainvoke(_messages(subject, verdict))
     except TimeoutError as exc:
         raise HandoffError(
             f"reviewer {target!r} gave no answer within {timeout:g} s", target=target, reason="timeout"

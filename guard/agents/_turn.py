@@ -1,6 +1,6 @@
 """One agent turn for :class:`~guard.agents.GuardAgentMiddleware`, in the order the hooks run it: the input messages
 judged before a model reads them (``before_model``, :class:`InputGate`); the model's reply held until it is judged
-(``wrap_model_call``, :func:`quiet_tokens` and :func:`screen`); the turn's records enforced after the model
+(``wrap_model_call``, :func:`~guard.agents._quiet.quiet_tokens` and :func:`screen`); the turn's records enforced after the model
 (``after_model``, :class:`TurnKeeper`).
 
 **Model input.** The record under ``state["guard"][<middleware name>]["inputs"]`` maps each input message to the
@@ -22,7 +22,7 @@ middleware) is judged there (:meth:`InputGate.late`) and read by the model only 
 **Model output.** LangGraph's ``stream_mode="messages"`` sends the model's tokens while it generates them, before
 any later hook can judge the reply. When a ``model_output`` policy applies, the middleware runs the model with
 LangGraph's ``nostream`` tag, without the handlers that stream outputs, and with no new token for any other handler
-but tracers (:func:`quiet_tokens`), so no token is streamed; the reply is judged inside the model
+but tracers (:func:`~guard.agents._quiet.quiet_tokens`), so no token is streamed; the reply is judged inside the model
 node and only then leaves it, whole: as it was (allow), replaced by a notice with the same id (block), or as an empty
 placeholder while a reviewer decides (escalate; the reply waits in the private state and replaces the placeholder
 once approved).
@@ -36,17 +36,13 @@ async hooks share it (:func:`drive` / :func:`adrive`).
 
 from __future__ import annotations
 
-import inspect
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from langchain.agents.middleware.types import ModelResponse
-from langchain_core.callbacks import BaseCallbackManager
-from langchain_core.language_models import BaseLanguageModel
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
@@ -57,10 +53,6 @@ from langchain_core.messages import (
     add_notification_metadata,
     convert_to_messages,
 )
-from langchain_core.runnables.base import RunnableBindingBase
-from langchain_core.runnables.config import ensure_config, var_child_runnable_config
-from langchain_core.tracers.base import BaseTracer
-from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import interrupt
 
 from guard._seal import Sealer
@@ -109,8 +101,6 @@ __all__ = [
     "input_digest",
     "input_subject",
     "output_text",
-    "quiet_model",
-    "quiet_tokens",
     "screen",
     "structured_ids",
 ]
@@ -303,107 +293,6 @@ class InputGate:
 
 HELD_SUFFIX = "-held"
 """Suffix of the placeholder's id: ``<reply id>-held``."""
-
-
-def _streams_outputs(handler: Any) -> bool:
-    """Whether a callback handler passes a run's outputs on to a client as they come: LangChain's event and log
-    streams (``astream_events``, ``astream_log``) and LangGraph's ``messages`` stream tap every output
-    (``tap_output_iter``/``tap_output_aiter``); tracers and loggers do not."""
-    return hasattr(handler, "tap_output_iter") and hasattr(handler, "tap_output_aiter")
-
-
-class _WithoutTokens:
-    """A callback handler as a chat model run sees it while its reply is held: every callback passed on to
-    ``handler`` except ``on_llm_new_token``, dropped (an application's handler would forward the token to its user
-    before the verdict). Attributes (``raise_error``, ``run_inline``, ``ignore_llm``, ...) are ``handler``'s."""
-
-    def __init__(self, handler: Any) -> None:
-        self.handler = handler
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "handler":  # not set yet (a copy under construction): no endless lookup
-            raise AttributeError(name)
-        return getattr(self.handler, name)
-
-    def on_llm_new_token(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def __eq__(self, other: object) -> bool:  # a manager's dedup (``add_handler``) sees the handler it wraps
-        return other is self or other is self.handler or (
-            isinstance(other, _WithoutTokens) and other.handler is self.handler
-        )
-
-    def __hash__(self) -> int:
-        return id(self.handler)
-
-
-class _WithoutAsyncTokens(_WithoutTokens):
-    """:class:`_WithoutTokens` for a handler whose ``on_llm_new_token`` is a coroutine function: the callback manager
-    awaits the dropped token rather than handing it to a thread."""
-
-    async def on_llm_new_token(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        return None
-
-
-def _quiet(handler: Any) -> Any | None:
-    """``handler`` as a held chat model run reports to it: ``None`` (left out) when it streams outputs, as it is
-    when it is a tracer (``BaseTracer``: it records the run, tokens included, for tracing such as LangSmith's),
-    otherwise without ``on_llm_new_token`` (:class:`_WithoutTokens`)."""
-    if _streams_outputs(handler):
-        return None
-    if isinstance(handler, (BaseTracer, _WithoutTokens)):
-        return handler
-    if inspect.iscoroutinefunction(getattr(handler, "on_llm_new_token", None)):
-        return _WithoutAsyncTokens(handler)
-    return _WithoutTokens(handler)
-
-
-def _without_streams(callbacks: Any) -> Any:
-    """``callbacks`` (a list of handlers or a callback manager) as :func:`_quiet` makes each handler: without the
-    handlers that stream outputs, and without the new tokens for every one but tracers."""
-    if isinstance(callbacks, list):
-        return [q for q in map(_quiet, callbacks) if q is not None]
-    if isinstance(callbacks, BaseCallbackManager):
-        manager = callbacks.copy()
-        manager.handlers = [q for q in map(_quiet, manager.handlers) if q is not None]
-        manager.inheritable_handlers = [q for q in map(_quiet, manager.inheritable_handlers) if q is not None]
-        return manager
-    return callbacks
-
-
-@contextmanager
-def quiet_tokens(enabled: bool) -> Iterator[None]:
-    """Within the block, chat model runs carry the ``nostream`` tag, report to no handler that streams outputs, and
-    report their new tokens (``on_llm_new_token``) to tracers only, so neither ``stream_mode="messages"``, nor
-    ``astream_events``/``astream_log``, nor an application's own token handler in ``config["callbacks"]`` gets
-    their tokens or their reply before it is judged; every other callback reaches the handlers as before."""
-    if not enabled:
-        yield
-        return
-    config = ensure_config()
-    quiet = {**config, "tags": [*(config.get("tags") or []), TAG_NOSTREAM]}
-    if config.get("callbacks") is not None:
-        quiet["callbacks"] = _without_streams(config["callbacks"])
-    token = var_child_runnable_config.set(quiet)  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        var_child_runnable_config.reset(token)
-
-
-def quiet_model(model: Any, enabled: bool) -> Any:
-    """``model`` with the handlers it was built with (``ChatOpenAI(streaming=True, callbacks=[...])``) made as
-    :func:`quiet_tokens` makes the run's: a copy when it has any and ``enabled``, else ``model`` itself. A model
-    wrapped before the agent got it (``.bind(...)``, ``.with_config(...)``) is copied with the model inside it made
-    so, at any depth."""
-    if not enabled:
-        return model
-    if isinstance(model, RunnableBindingBase):
-        inner = quiet_model(model.bound, enabled)
-        return model if inner is model.bound else model.model_copy(update={"bound": inner})
-    if not isinstance(model, BaseLanguageModel) or model.callbacks is None:
-        return model
-    return model.model_copy(update={"callbacks": _without_streams(model.callbacks)})
 
 
 def output_text(ai: AIMessage, turn: Mapping[str, Any]) -> str:

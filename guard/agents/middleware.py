@@ -70,6 +70,7 @@ from guard.agents._enforce import (
     redirect,
 )
 from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
+from guard.agents._quiet import quiet_model, quiet_tokens
 from guard.agents._records import (
     RUNNABLE,
     GuardAgentState,
@@ -78,16 +79,7 @@ from guard.agents._records import (
     hitl_edit,
     record_sealer,
 )
-from guard.agents._turn import (
-    InputGate,
-    TurnKeeper,
-    adrive,
-    drive,
-    quiet_model,
-    quiet_tokens,
-    screen,
-    structured_ids,
-)
+from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, screen, structured_ids
 from guard.agents.claims import ApprovalClaims
 from guard.subject import AgentSubject
 from guard.verdict import FailMode

@@ -318,6 +318,26 @@ async def test_reviewer_denies_a_handed_off_call(harness: Any, thread: Any, mode
     assert "reviewer second_opinion denied it: the user never named this payee" in out.tool_messages()["a"].text
 
 
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+@pytest.mark.anyio
+async def test_a_reviewers_answer_never_reaches_the_messages_stream(harness: Any, thread: Any, mode: str) -> None:
+    """The agent did not say the reviewer's answer: none of it is streamed to the client as the agent's words."""
+    h = harness()
+    reviewer = _reviewer('{"decision": "deny", "reason": "the memo quotes the card 4111 1111 1111 1111"}')
+    agent = make_agent(
+        h, Turn(calls=[("pay", {"amount": 50, "to": "reviewer"}, "a")]), reviewers={"second_opinion": reviewer}
+    )
+    config = thread()
+    if mode == "stream":
+        chunks = [chunk for chunk, _ in agent.stream(USER, config, stream_mode="messages")]
+    else:
+        chunks = [chunk async for chunk, _ in agent.astream(USER, config, stream_mode="messages")]
+    streamed = [(type(chunk).__name__, str(chunk.content)) for chunk in chunks]
+    assert not any('"decision"' in text for _, text in streamed), streamed
+    tool_texts = [text for kind, text in streamed if kind == "ToolMessage"]
+    assert any("denied it" in text for text in tool_texts) and h.runs.count() == 0  # its verdict is the tool's answer
+
+
 class StructuredReviewer(FakeMessagesListChatModel):
     """A reviewer that binds tools, so ``with_structured_output`` is used and answers with a tool call."""
 
