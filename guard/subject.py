@@ -138,21 +138,24 @@ class TurnMessage:
     """One message of the conversation before an agent event, as argument provenance reads it.
 
     Attributes:
-        role: ``system``, ``user``, ``assistant`` or ``tool``.
+        role: ``system``, ``user``, ``assistant``, ``tool``, or ``agent``: a message in the user's role that the user
+            did not write (a conversation summary, such as LangChain's ``SummarizationMiddleware`` writes, or the task
+            a parent agent gave this agent as a sub-agent).
         text: all of the message's text.
         tool_name, tool_call_id: the tool and call a ``tool`` message answers.
         flagged: what guard did with a tool result it flagged: ``withheld`` or ``quoted`` (the text is guard's notice
             or quote), ``stripped`` (the text is what was left once the instructions were cut out); ``None`` for a
-            result passed on as it was.
+            result passed on as it was. Of an ``agent`` message, ``summarized``: it summarizes a conversation that
+            held flagged tool results, so all of its text counts as flagged.
         cut: of a ``stripped`` result, the instructions cut out of it (kept where the model does not read them), so
             a value they named stays tainted though the rest of the result repeats it.
     """
 
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "user", "assistant", "tool", "agent"]
     text: str
     tool_name: str | None = None
     tool_call_id: str | None = None
-    flagged: Literal["withheld", "quoted", "stripped"] | None = None
+    flagged: Literal["withheld", "quoted", "stripped", "summarized"] | None = None
     cut: str = ""
 
 

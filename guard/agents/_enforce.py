@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,10 +46,10 @@ from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
     ai_message_for,
     answered_ids,
+    conversation,
     current_thread_id,
+    running_tool,
     tool_item,
-    turn_history,
-    user_text,
 )
 from guard.agents.claims import ApprovalClaims, MemoryApprovalClaims, claim_id
 from guard.agents.decisions import response_schema, review_request
@@ -130,6 +130,8 @@ class ToolCallEnforcer:
         messages_key: the state key of the conversation (the tool node's ``messages_key``): where the user's task,
             the history and the model's turn are read, where a tool's ``Command`` update holds its messages, and
             where a handoff's ``Command`` writes its answer.
+        summarized: the ids of the state's ``agent`` messages that summarize flagged tool results
+            (:func:`~guard.agents._records.turn_history`), as the middleware's record keeps them; none by default.
 
     Raises:
         TypeError: ``claims`` is not an approval claims store, or ``messages_key`` is not a string.
@@ -143,6 +145,7 @@ class ToolCallEnforcer:
         max_review_rounds: int = DEFAULT_MAX_REVIEW_ROUNDS,
         claims: ApprovalClaims | None = None,
         messages_key: str = "messages",
+        summarized: Callable[[Any], Collection[str]] | None = None,
     ) -> None:
         if claims is not None and not isinstance(claims, ApprovalClaims):
             raise TypeError(f"approval_claims must have claim() and aclaim(), not {type(claims).__name__}")
@@ -157,6 +160,7 @@ class ToolCallEnforcer:
         self.side_effecting = None if side == "all" else side
         self.tool_result_action = judge.options.tool_result_action
         self.max_review_rounds = max_review_rounds
+        self.summarized = summarized
 
     # Preparation (no I/O) -------------------------------------------------------------------------------------
 
@@ -194,14 +198,20 @@ class ToolCallEnforcer:
         if problem is None and not call_id:
             problem = "the tool call has no id"
         thread_id = current_thread_id()
+        task, history = conversation(
+            state,
+            messages_key=self.messages_key,
+            trust_subagent_input=self.judge.options.trust_subagent_input,
+            summarized=self.summarized(state) if self.summarized is not None else (),
+        )
         subject = AgentSubject(
             event="tool_call",
             tool_name=name,
             tool_call_id=call_id,
             arguments=arguments if problem is None else None,
-            user_message=user_text(state, messages_key=self.messages_key),
+            user_message=task,
             thread_id=thread_id,
-            history=turn_history(state, messages_key=self.messages_key),
+            history=history,
             tool_effect=tool_effect(request.tool),
         )
         if problem is not None or arguments is None:
@@ -505,7 +515,8 @@ class ToolCallEnforcer:
         if key is not None:
             self.claims.claim(key)
         try:
-            result = handler(prepared.request)
+            with running_tool():
+                result = handler(prepared.request)
         except GraphInterrupt:
             if key is not None:  # the tool asked for input itself: it runs again from its start when resumed
                 self.claims.release(key)
@@ -513,7 +524,8 @@ class ToolCallEnforcer:
         return self._annotate(self.check_result(result, prepared), prepared)
 
     def _judge_speculating(self, prepared: Prepared, handler: SyncHandler) -> tuple[Judgement, Result | None]:
-        context = contextvars.copy_context()
+        with running_tool():  # the tool runs in a copy of the context as it is now
+            context = contextvars.copy_context()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="guard-speculative") as pool:
             future = pool.submit(context.run, handler, prepared.request)
             judgement = self.judge.judge(prepared.subject)
@@ -604,7 +616,8 @@ class ToolCallEnforcer:
         if key is not None:
             await self.claims.aclaim(key)
         try:
-            result = await handler(prepared.request)
+            with running_tool():
+                result = await handler(prepared.request)
         except GraphInterrupt:
             if key is not None:  # the tool asked for input itself: it runs again from its start when resumed
                 await self.claims.arelease(key)
@@ -612,7 +625,8 @@ class ToolCallEnforcer:
         return self._annotate(await self.acheck_result(result, prepared), prepared)
 
     async def _ajudge_speculating(self, prepared: Prepared, handler: AsyncHandler) -> tuple[Judgement, Result | None]:
-        task = asyncio.ensure_future(handler(prepared.request))
+        with running_tool():  # the task takes a copy of the context as it is now
+            task = asyncio.ensure_future(handler(prepared.request))
         try:
             judgement = await self.judge.ajudge(prepared.subject)
         except BaseException:

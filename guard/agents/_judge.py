@@ -104,6 +104,9 @@ class AgentOptions:
         reviewer_timeout_s: seconds an async LLM reviewer may take.
         decisions_by_position: whether a review takes LangChain's list of decisions, answering its items in order
             (``False``: by item id only, for threads whose users are not their reviewers).
+        trust_subagent_input: whether the input of an agent that runs inside another graph's tool call (a sub-agent)
+            is the user's words (``False``: the parent agent's model wrote it, so it is neither the task nor ``user``
+            provenance).
     """
 
     guard: Guard
@@ -114,6 +117,7 @@ class AgentOptions:
     fail_mode: FailMode
     reviewer_timeout_s: float
     decisions_by_position: bool
+    trust_subagent_input: bool = False
 
     @classmethod
     def checked(
@@ -127,12 +131,14 @@ class AgentOptions:
         fail_mode: str = "escalate",
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
         decisions_by_position: bool = True,
+        trust_subagent_input: bool = False,
     ) -> AgentOptions:
         """Validate the options and return them normalised (name collections as frozensets).
 
         Raises:
             TypeError: ``guard`` lacks ``match``/``evaluate``/``aevaluate``; a reviewer is not a LangChain chat model;
-                a name collection is a string or holds non-strings; ``decisions_by_position`` is not a bool.
+                a name collection is a string or holds non-strings; ``decisions_by_position`` or
+                ``trust_subagent_input`` is not a bool.
             ValueError: ``tool_result_action``, ``fail_mode`` or ``reviewer_timeout_s`` is outside its allowed values; a
                 name is both a reviewer and a handoff node.
         """
@@ -168,6 +174,8 @@ class AgentOptions:
             raise ValueError(f"reviewer_timeout_s must be a number of seconds in (0, 600]; got {reviewer_timeout_s!r}")
         if not isinstance(decisions_by_position, bool):
             raise TypeError(f"decisions_by_position must be True or False, not {decisions_by_position!r}")
+        if not isinstance(trust_subagent_input, bool):
+            raise TypeError(f"trust_subagent_input must be True or False, not {trust_subagent_input!r}")
         return cls(
             guard=guard,
             reviewers=MappingProxyType(dict(reviewers)),
@@ -177,6 +185,7 @@ class AgentOptions:
             fail_mode=fail_mode,  # type: ignore[arg-type]
             reviewer_timeout_s=float(reviewer_timeout_s),
             decisions_by_position=decisions_by_position,
+            trust_subagent_input=trust_subagent_input,
         )
 
 

@@ -22,13 +22,15 @@ policies, the thread and the part's name, :mod:`guard._seal`), and a part whose 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
 import logging
 import os
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, NotRequired, cast
 
 from langchain.agents.middleware.types import AgentState, PrivateStateAttr
@@ -51,12 +53,16 @@ __all__ = [
     "GuardAgentState",
     "ai_message_for",
     "answered_ids",
+    "conversation",
     "current_thread_id",
     "hitl_edit",
+    "in_tool_call",
     "merge_guard_state",
     "open_part",
     "record_owner",
     "record_sealer",
+    "relayed_ids",
+    "running_tool",
     "seal_context",
     "seal_record",
     "state_messages",
@@ -295,11 +301,65 @@ def answered_ids(state: Any, message: AIMessage | None, *, messages_key: str = "
     return {m.tool_call_id for m in messages[start:] if isinstance(m, ToolMessage)}
 
 
-def user_text(state: Any, *, messages_key: str = "messages") -> str | None:
+_IN_TOOL: contextvars.ContextVar[bool] = contextvars.ContextVar("guard_in_tool", default=False)
+#: The node name LangChain's ``create_agent`` (and LangGraph's prebuilt agents) give the node that runs the tools.
+TOOLS_NODE = "tools"
+
+
+@contextlib.contextmanager
+def running_tool() -> Iterator[None]:
+    """Within the block a tool runs under guard: an agent invoked inside it is a sub-agent (:func:`in_tool_call`)."""
+    token = _IN_TOOL.set(True)
+    try:
+        yield
+    finally:
+        _IN_TOOL.reset(token)
+
+
+def in_tool_call() -> bool:
+    """Whether this graph runs inside another graph's tool call, as a sub-agent: inside a tool guard runs
+    (:func:`running_tool`), or under a parent graph's node named ``tools`` (the LangGraph ``checkpoint_ns`` names the
+    parent tasks before this graph's own, ``tools:<task id>|model:<task id>``)."""
+    if _IN_TOOL.get():
+        return True
+    try:
+        namespace = get_config().get("configurable", {}).get("checkpoint_ns") or ""
+    except RuntimeError:  # not inside a graph run
+        return False
+    parents = str(namespace).split("|")[:-1]
+    return any(segment.split(":", 1)[0] == TOOLS_NODE for segment in parents)
+
+
+def _relayed(message: Any, subagent: bool) -> bool:
+    """Whether a human message no tool added was not written by the user: LangChain's notification metadata says a
+    feature added it (``lc_source``: a ``SummarizationMiddleware`` summary, a background task's update), or, with
+    ``subagent`` (this agent runs as a sub-agent and its input is not trusted), it came in the agent's input, from the
+    parent agent's tool call."""
+    extra = getattr(message, "additional_kwargs", None)
+    return subagent or (isinstance(extra, Mapping) and isinstance(extra.get("lc_source"), str))
+
+
+def _subagent(trust_subagent_input: bool) -> bool:
+    """Whether the input of this graph came from a parent agent, not the user: it runs inside another graph's tool
+    call (:func:`in_tool_call`) and its input is not trusted."""
+    return not trust_subagent_input and in_tool_call()
+
+
+def relayed_ids(state: Any, *, messages_key: str = "messages", trust_subagent_input: bool = False) -> list[str]:
+    """The ids of the human messages under ``messages_key`` that are role ``agent`` in :func:`conversation`'s
+    history, in order (those without an id left out)."""
+    subagent = _subagent(trust_subagent_input)
+    return [message.id for message in state_messages(state, messages_key)
+            if isinstance(message, HumanMessage) and _added_by(message) is None and _relayed(message, subagent)
+            and message.id]  # fmt: skip
+
+
+def user_text(state: Any, *, messages_key: str = "messages", subagent: bool = False) -> str | None:
     """All the text of the latest human message under ``messages_key`` (:func:`~guard.agents._content.message_text`)
-    no tool added: the task the agent is serving."""
+    the user wrote (no tool added it, and it is not an ``agent`` message: :func:`turn_history`): the task the agent is
+    serving. ``subagent``: this agent runs as a sub-agent whose input is not trusted (it has no user message)."""
     for message in reversed(state_messages(state, messages_key)):
-        if isinstance(message, HumanMessage) and _added_by(message) is None:
+        if isinstance(message, HumanMessage) and _added_by(message) is None and not _relayed(message, subagent):
             return message_text(message)
     return None
 
@@ -319,11 +379,16 @@ def _added_by(message: Any) -> tuple[str | None, str | None] | None:
 FLAGGED_RESULT_OUTCOMES = frozenset({"withheld", "quoted", "stripped"})
 
 
-def turn_history(state: Any, *, messages_key: str = "messages") -> tuple[TurnMessage, ...]:
+def turn_history(
+    state: Any, *, messages_key: str = "messages", subagent: bool = False, summarized: Collection[str] = ()
+) -> tuple[TurnMessage, ...]:
     """The conversation under ``messages_key`` as argument provenance reads it (:class:`~guard.subject.TurnMessage`),
     oldest first: system, user, assistant text and tool results; a tool message guard wrote for a flagged result
     carries what guard did (``flagged``: withheld, quoted or stripped). A message a tool added in another role (a
-    ``HumanMessage`` in its ``Command``: :data:`~guard.agents._messages.TOOL_ADDED`) is that tool's result."""
+    ``HumanMessage`` in its ``Command``: :data:`~guard.agents._messages.TOOL_ADDED`) is that tool's result. A human
+    message the user did not write (LangChain's notification metadata, ``lc_source``: a conversation summary; with
+    ``subagent``, every one in the input of an agent that runs as a sub-agent) is role ``agent``, flagged
+    ``summarized`` when its id is in ``summarized`` (it summarizes flagged tool results)."""
     out: list[TurnMessage] = []
     for message in state_messages(state, messages_key):
         added = _added_by(message)
@@ -336,6 +401,9 @@ def turn_history(state: Any, *, messages_key: str = "messages") -> tuple[TurnMes
             cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
             tool, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
             out.append(TurnMessage("tool", message_text(message), tool, call_id, flagged, cut))
+        elif isinstance(message, HumanMessage) and _relayed(message, subagent):
+            summary = message.id is not None and message.id in summarized
+            out.append(TurnMessage("agent", message_text(message), flagged="summarized" if summary else None))
         elif isinstance(message, HumanMessage):
             out.append(TurnMessage("user", message_text(message)))
         elif isinstance(message, SystemMessage):
@@ -345,6 +413,24 @@ def turn_history(state: Any, *, messages_key: str = "messages") -> tuple[TurnMes
             if text:
                 out.append(TurnMessage("assistant", text))
     return tuple(out)
+
+
+def conversation(
+    state: Any,
+    *,
+    messages_key: str = "messages",
+    trust_subagent_input: bool = False,
+    summarized: Collection[str] = (),
+) -> tuple[str | None, tuple[TurnMessage, ...]]:
+    """The task (:func:`user_text`) and the history (:func:`turn_history`) a tool call is judged with. When this graph
+    runs inside another graph's tool call (:func:`in_tool_call`), its input came from the parent agent: no task, and
+    role ``agent``, unless ``trust_subagent_input``. ``summarized``: the ids of the ``agent`` messages that summarize
+    flagged tool results."""
+    subagent = _subagent(trust_subagent_input)
+    return (
+        user_text(state, messages_key=messages_key, subagent=subagent),
+        turn_history(state, messages_key=messages_key, subagent=subagent, summarized=summarized),
+    )
 
 
 def _item_base(

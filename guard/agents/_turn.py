@@ -71,21 +71,22 @@ from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
     answered_ids,
+    conversation,
     current_thread_id,
     hitl_edit,
     open_part,
     record_owner,
+    relayed_ids,
     seal_context,
     seal_record,
     text_item,
     tool_item,
-    turn_history,
-    user_text,
     verdict_from_json,
     verdict_json,
 )
 from guard.agents.decisions import TOOL_DECISIONS, PendingItem, response_schema, review_request
-from guard.subject import AgentSubject, digest_of
+from guard.policy.provenance import flagged_results
+from guard.subject import AgentSubject, TurnMessage, digest_of
 from guard.verdict import Verdict
 
 __all__ = [
@@ -466,9 +467,54 @@ class TurnKeeper:
         return open_part(self.sealer, self.owner, current_thread_id(), self.stored(state), part)
 
     def update(self, state: Any, **changes: Any) -> dict[str, Any]:
-        """The state update that writes the parts in ``changes`` of this instance's record, each sealed."""
+        """The state update that writes the parts in ``changes`` of this instance's record, each sealed, and the
+        ``relayed`` part (:meth:`summarized`) when it is not up to date with ``state``."""
+        return self._write(state, {**self._relayed_change(state), **changes})
+
+    def refresh(self, state: Any) -> dict[str, Any] | None:
+        """The state update that brings the ``relayed`` part up to date with ``state`` (``None`` when it is)."""
+        change = self._relayed_change(state)
+        return self._write(state, change) if change else None
+
+    def _write(self, state: Any, changes: Mapping[str, Any]) -> dict[str, Any]:
         entry = seal_record(self.sealer, self.owner, current_thread_id(), self.stored(state), changes)
         return {"guard": {self.name: entry}}
+
+    def _relayed(self, state: Any) -> dict[str, Any]:
+        """The ``relayed`` part as recorded: ``flagged``, whether the conversation held flagged tool results since
+        the user's last message when it was written; ``seen``, each ``agent`` message then in the thread and whether
+        it summarizes flagged results. No part: nothing flagged; a part whose seal fails: flagged (what it said is
+        unknown)."""
+        part = self.part(state, "relayed")
+        if isinstance(part, Mapping) and isinstance(part.get("seen"), Mapping):
+            return {"flagged": part.get("flagged") is True, "seen": dict(part["seen"])}
+        return {"flagged": "relayed" in self.stored(state), "seen": {}}
+
+    def summarized(self, state: Any) -> frozenset[str]:
+        """The ids of the ``agent`` messages in ``state`` (:func:`~guard.agents._records.turn_history`: a summary, a
+        parent agent's task) that summarize flagged tool results: as recorded when first seen; one not seen yet does
+        when the conversation last recorded held flagged results (a summary replaces the messages it summarizes, so
+        only the record still knows of them)."""
+        record = self._relayed(state)
+        trust = self.judge.options.trust_subagent_input
+        return frozenset(message_id for message_id in relayed_ids(state, trust_subagent_input=trust)
+                         if record["seen"].get(message_id, record["flagged"]) is True)  # fmt: skip
+
+    def _relayed_change(self, state: Any) -> dict[str, Any]:
+        """``{"relayed": part}`` with the part as it stands for ``state`` when the record differs, else ``{}``."""
+        summarized = self.summarized(state)
+        trust = self.judge.options.trust_subagent_input
+        _, history = conversation(state, trust_subagent_input=trust, summarized=summarized)
+        ids = relayed_ids(state, trust_subagent_input=trust)
+        seen = {message_id: message_id in summarized for message_id in ids}
+        now = {"flagged": flagged_results(history) > 0, "seen": seen}
+        return {} if now == self._relayed(state) else {"relayed": now}
+
+    def conversation(self, state: Any) -> tuple[str | None, tuple[TurnMessage, ...]]:
+        """The task and the history a tool call of ``state`` is judged with
+        (:func:`~guard.agents._records.conversation`, with :meth:`summarized`)."""
+        trust = self.judge.options.trust_subagent_input
+        return conversation(state, trust_subagent_input=trust, summarized=self.summarized(state))
 
     def _stamped(self, message: BaseMessage, calls: Mapping[str, Any]) -> tuple[str, bytes, bytes]:
         """What a stamp covers (context, data as stored, data exactly): a message's type, id, name, content and
@@ -582,8 +628,7 @@ class TurnKeeper:
         if ai.id is None:
             ai.id = f"lc_guard_{uuid.uuid4().hex}"
         thread_id = current_thread_id()
-        task = user_text(state)
-        history = turn_history(state)
+        task, history = self.conversation(state)
         turn: dict[str, Any] = {"message_id": ai.id, "thread_id": thread_id, "output": None, "calls": {}}
         names = [getattr(tool, "name", None) for tool in tools if not isinstance(tool, dict)]
         if names and all(isinstance(name, str) for name in names):  # a reviewer's edit may name only these
@@ -747,14 +792,15 @@ class TurnKeeper:
                 else:
                     tool = decision.get("tool") or item["tool"] or record["tool"]
                     arguments = decision["arguments"]
+                    task, history = self.conversation(state)
                     subject = AgentSubject(
                         event="tool_call",
                         tool_name=tool,
                         tool_call_id=call_id,
                         arguments=arguments,
-                        user_message=user_text(state),
+                        user_message=task,
                         thread_id=thread_id,
-                        history=turn_history(state),
+                        history=history,
                         tool_effect=_effect(turn, record, tool),
                     )
                     judgement = yield subject
@@ -805,14 +851,15 @@ class TurnKeeper:
         tool = name if isinstance(name, str) else ""
         effect = _effect(turn, record, tool)
         record.update(tool=tool, arguments=arguments, hitl_edit=True, effect=effect)
+        task, history = self.conversation(state)
         subject = AgentSubject(
             event="tool_call",
             tool_name=tool,
             tool_call_id=call_id,
             arguments=arguments if problem is None else None,
-            user_message=user_text(state),
+            user_message=task,
             thread_id=turn["thread_id"],
-            history=turn_history(state),
+            history=history,
             tool_effect=effect,
         )
         if problem is not None:

@@ -136,6 +136,10 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             this middleware lets through; an assistant or tool message without a valid stamp is judged as input. ``None``: ``$GUARD_STORE_KEY``, else a random
             key of this process, so records then hold only within it; give every replica (and the next process after a
             restart) the same key, or a thread resumed elsewhere has its pending turn judged again.
+        trust_subagent_input: whether this agent's input is the user's words when it runs inside another graph's
+            tool call, as a sub-agent (its graph runs under a node named ``tools``, or inside a tool guard runs).
+            ``False`` (default): the parent agent's model wrote it (a task it passed on, maybe from a hijacked turn),
+            so it is not the task and its values are ``agent`` provenance, never ``user``.
 
     Raises:
         TypeError: for an argument of the wrong type.
@@ -158,6 +162,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         hold_output_stream: bool = True,
         approval_claims: ApprovalClaims | None = None,
         state_key: bytes | str | None = None,
+        trust_subagent_input: bool = False,
     ) -> None:
         super().__init__()
         options = AgentOptions.checked(
@@ -168,6 +173,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             fail_mode=fail_mode,
             reviewer_timeout_s=reviewer_timeout_s,
             decisions_by_position=decisions_by_position,
+            trust_subagent_input=trust_subagent_input,
         )
         if label is not None and (not isinstance(label, str) or not label.strip()):
             raise ValueError(f"label must be a non-empty string or None; got {label!r}")
@@ -180,7 +186,7 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self._judge = Judge(options)
         self._turns = TurnKeeper(self.name, self._judge, record_sealer(state_key))
         self._inputs = InputGate(self._turns, self._judge)
-        self._enforcer = ToolCallEnforcer(self._judge, claims=approval_claims)
+        self._enforcer = ToolCallEnforcer(self._judge, claims=approval_claims, summarized=self._turns.summarized)
 
     @property
     def name(self) -> str:
@@ -197,14 +203,16 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         """Judge every user message that is new, or changed, since it was last judged (model input)."""
         record, todo = self._inputs.pending(state)
         judgements = self._judge.judge_all([pending.subject for pending in todo])
-        return self._turns.stamp_update(state, self._inputs.settle(state, record, todo, judgements))
+        update = self._inputs.settle(state, record, todo, judgements) or self._turns.refresh(state)
+        return self._turns.stamp_update(state, update)
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(self, state: GuardAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Async twin of :meth:`before_model`; the messages are judged concurrently."""
         record, todo = self._inputs.pending(state)
         judgements = await self._judge.ajudge_all([pending.subject for pending in todo])
-        return self._turns.stamp_update(state, self._inputs.settle(state, record, todo, judgements))
+        update = self._inputs.settle(state, record, todo, judgements) or self._turns.refresh(state)
+        return self._turns.stamp_update(state, update)
 
     # Model output and tool calls: judged in the model node -------------------------------------------------------
 
@@ -229,9 +237,10 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         of the late input judgements and the turn."""
         response = replace(response, result=self._turns.stamp_all(response.result, request.state["messages"]))
         changes = {**({"inputs": inputs} if inputs is not None else {}), **({"turn": turn} if turn is not None else {})}
-        if not changes:
+        update = self._turns.update(request.state, **changes) if changes else self._turns.refresh(request.state)
+        if update is None:
             return response
-        return ExtendedModelResponse(response, Command(update=self._turns.update(request.state, **changes)))
+        return ExtendedModelResponse(response, Command(update=update))
 
     @staticmethod
     def _ai_of(response: ModelResponse[Any]) -> AIMessage | None:

@@ -71,6 +71,10 @@ class GuardToolWrapper:
         messages_key: the state key of the conversation, the ``ToolNode``'s own ``messages_key``: guard reads the
             user's task, the history and the model's turn there, and finds the messages of a tool's ``Command``
             there. A graph state without it makes each call raise ``ValueError`` before its tool starts.
+        trust_subagent_input: whether this agent's input is the user's words when it runs inside another graph's
+            tool call, as a sub-agent (its graph runs under a node named ``tools``, or inside a tool guard runs).
+            ``False`` (default): the parent agent's model wrote it (a task it passed on, maybe from a hijacked turn),
+            so it is not the task and its values are ``agent`` provenance, never ``user``.
 
     Raises:
         TypeError: for an argument of the wrong type.
@@ -90,6 +94,7 @@ class GuardToolWrapper:
         decisions_by_position: bool = True,
         approval_claims: ApprovalClaims | None = None,
         messages_key: str = "messages",
+        trust_subagent_input: bool = False,
     ) -> None:
         options = AgentOptions.checked(
             guard=guard,
@@ -100,6 +105,7 @@ class GuardToolWrapper:
             fail_mode=fail_mode,
             reviewer_timeout_s=reviewer_timeout_s,
             decisions_by_position=decisions_by_position,
+            trust_subagent_input=trust_subagent_input,
         )
         self.enforcer = ToolCallEnforcer(Judge(options), claims=approval_claims, messages_key=messages_key)
 
@@ -130,6 +136,7 @@ def guarded_tool_node(
     messages_key: str = "messages",
     handle_tool_errors: Any = None,
     approval_claims: ApprovalClaims | None = None,
+    trust_subagent_input: bool = False,
 ) -> ToolNode:
     """A ``ToolNode`` whose every call goes through a :class:`GuardToolWrapper` (see it for the options).
 
@@ -149,6 +156,7 @@ def guarded_tool_node(
         decisions_by_position=decisions_by_position,
         approval_claims=approval_claims,
         messages_key=messages_key,
+        trust_subagent_input=trust_subagent_input,
     )
     extra: dict[str, Any] = {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}
     return ToolNode(

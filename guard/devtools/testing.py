@@ -103,11 +103,11 @@ class _HttpInput(_Strict):
 
 
 class _TurnInput(_Strict):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "user", "assistant", "tool", "agent"]
     text: str
     tool_name: str | None = None
     tool_call_id: str | None = None
-    flagged: Literal["withheld", "quoted", "stripped"] | None = None
+    flagged: Literal["withheld", "quoted", "stripped", "summarized"] | None = None
 
 
 class _AgentInput(_Strict):

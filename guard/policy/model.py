@@ -526,7 +526,7 @@ class CacheSpec(_Strict):
     )
 
 
-ProvenanceSource = Literal["user", "trusted", "tool_result", "flagged_tool_result", "none"]
+ProvenanceSource = Literal["user", "trusted", "tool_result", "agent", "flagged_tool_result", "none"]
 
 
 class ToolArgumentSpec(_Strict):
@@ -536,7 +536,8 @@ class ToolArgumentSpec(_Strict):
         alias="from",
         min_length=1,
         description="Allowed sources: user (the user's messages), trusted (system messages, the policy's trusted "
-        "values), tool_result (a tool result outside spans flagged as instructions), flagged_tool_result, none.",
+        "values), tool_result (a tool result outside spans flagged as instructions), agent (a message in the user's "
+        "role the user did not write: a conversation summary, a parent agent's task), flagged_tool_result, none.",
     )
 
 

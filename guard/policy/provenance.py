@@ -9,14 +9,17 @@ A tool call's arguments are looked up in the conversation before it (the subject
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`), in a
   tool result guard withheld or quoted, or in the instructions guard cut out of a *stripped* one (what is left of it
   is an ordinary tool result, but a value the cut instructions named stays theirs: :attr:`TurnMessage.cut`);
+* ``agent``: it is in a message in the user's role that the user did not write (a ``TurnMessage`` of role
+  ``agent``: a conversation summary, or the task a parent agent gave this sub-agent); in one that summarizes flagged
+  tool results (``flagged == "summarized"``) it is ``flagged_tool_result``;
 * ``none``: it is nowhere (the model wrote it: a computed amount, a composed e-mail body).
 
 Precedence when a value is found in several places: ``user`` > ``trusted`` > ``flagged_tool_result`` >
-``tool_result``. A value the user typed is the user's even if a tool result repeats it; a value an injected
-instruction names is tainted even if an ordinary tool result repeats it too. An argument that is a list or an object
-takes the weakest source of its items (``flagged_tool_result`` < ``none`` < ``tool_result`` < ``trusted`` <
-``user``). A string found nowhere as a whole (text the model composed: a shell command, an e-mail body) takes the
-weakest source of the identifiers inside it (URLs, e-mail addresses, file and host names, account-like codes), so
+``tool_result`` > ``agent``. A value the user typed is the user's even if a tool result repeats it; a value an
+injected instruction names is tainted even if an ordinary tool result repeats it too. An argument that is a list or an
+object takes the weakest source of its items (``flagged_tool_result`` < ``none`` < ``agent`` < ``tool_result`` <
+``trusted`` < ``user``). A string found nowhere as a whole (text the model composed: a shell command, an e-mail
+body) takes the weakest source of the identifiers inside it (URLs, e-mail addresses, file and host names, account-like codes), so
 ``wc notes.txt`` is the user's when the user named ``notes.txt`` and a link an injection named taints the body it is
 pasted into; with no identifier inside, it is ``none``. Arguments that carry no evidence (booleans, ``null``, strings under :data:`MIN_TEXT_CHARS`) count as
 ``user`` without a match. An object's keys that are identifiers (``{"DE89...": 900}``) are traced as its values are,
@@ -68,15 +71,16 @@ __all__ = [
     "Source",
     "ToolSpec",
     "call_features",
+    "flagged_results",
     "resolved_effect",
     "result_features",
     "rule_features",
     "trace_arguments",
 ]
 
-Source = Literal["user", "trusted", "tool_result", "flagged_tool_result", "none"]
+Source = Literal["user", "trusted", "tool_result", "agent", "flagged_tool_result", "none"]
 #: Every source, strongest first (the order an argument made of several values takes the weakest of).
-SOURCES: tuple[Source, ...] = ("user", "trusted", "tool_result", "none", "flagged_tool_result")
+SOURCES: tuple[Source, ...] = ("user", "trusted", "tool_result", "agent", "none", "flagged_tool_result")
 _RANK = {source: rank for rank, source in enumerate(SOURCES)}
 #: The keys of the ``call`` object tool-call rules read (:func:`call_features`).
 CALL_KEYS = frozenset({"tool", "effect", "provenance", "origin", "disallowed", "from_flagged", "flagged_results",
@@ -403,7 +407,14 @@ def _source_of(
     ):
         return ArgumentSource("trusted")
     plain: ArgumentSource | None = None
+    relayed: ArgumentSource | None = None
     for message in reversed(history):
+        if message.role == "agent":  # a summary, a parent agent's task: not the user's words
+            if _found(needle, _prepare(message.text)):
+                if message.flagged is not None:  # it summarizes flagged results: all of it counts as flagged
+                    return ArgumentSource("flagged_tool_result")
+                relayed = relayed or ArgumentSource("agent")
+            continue
         if message.role != "tool":
             continue
         if message.flagged in ("withheld", "quoted"):  # all of guard's notice or quote counts as flagged
@@ -417,7 +428,7 @@ def _source_of(
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
         if plain is None and _found(needle, ordinary):
             plain = ArgumentSource("tool_result", message.tool_name, message.tool_call_id)
-    return plain if plain is not None else ArgumentSource("none")
+    return plain or relayed or ArgumentSource("none")
 
 
 def trace_arguments(
@@ -503,17 +514,22 @@ def call_features(
         "origin": {name: found.tool_call_id or "" for name, found in sources.items()},
         "disallowed": disallowed,
         "from_flagged": sorted(name for name, found in sources.items() if found.source == "flagged_tool_result"),
-        "flagged_results": _flagged_results(history, detector),
+        "flagged_results": flagged_results(history, detector),
         "user_arguments": sum(1 for found in sources.values() if found.source == "user" and found.matched),
     }
 
 
-def _flagged_results(history: Sequence[TurnMessage], detector: Detector) -> int:
+def flagged_results(history: Sequence[TurnMessage], detector: Detector = find_instructions) -> int:
+    """How many tool results since the user's last message (``history``, oldest first) were flagged: guard withheld,
+    quoted or stripped them, or ``detector`` finds instructions in them; an ``agent`` message that summarizes flagged
+    results counts as one (it does not end the count: it is not the user's)."""
     count = 0
     for message in reversed(history):
         if message.role == "user":
             break
-        if message.role == "tool" and (message.flagged is not None or detector(_normalised(message.text))):
+        if message.role == "agent":
+            count += message.flagged is not None
+        elif message.role == "tool" and (message.flagged is not None or detector(_normalised(message.text))):
             count += 1
     return count
 
