@@ -15,9 +15,12 @@ and the model's replies and tool results too unless they carry this middleware's
 :meth:`TurnKeeper.is_input`), so one a client wrote is judged; one subject per message, judged concurrently. Any ``block`` ends the run with a notice; otherwise the escalated messages
 go to the reviewer together in one ``interrupt()`` (approve / reject). A blocked message stays in the thread, but
 :meth:`InputGate.visible` leaves it out of every later model request (a blocked assistant or tool message is
-replaced by a notice, so every tool call keeps an answer), so no model ever reads it. An input message
-that reaches the model node unjudged (``before_model`` skipped by a client's ``Command(goto=...)``, or added by a later
-middleware) is judged there (:meth:`InputGate.late`) and read by the model only when allowed.
+replaced by a notice, so every tool call keeps an answer), so no model ever reads it. The model node judges the
+request as the model reads it (:meth:`InputGate.requested`): an input message or system message no record covers
+(``before_model`` skipped by a client's ``Command(goto=...)``, or changed or added by a middleware listed before this
+one) is judged there (:meth:`InputGate.late`) and read by the model only when allowed, and a blocked message of the
+thread is left out under its id whatever its content there. The latest system message judged is kept in the record
+(``system:<digest>``).
 
 **Model output.** LangGraph's ``stream_mode="messages"`` sends the model's tokens while it generates them, before
 any later hook can judge the reply. When a ``model_output`` policy applies, the middleware runs the model with
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -136,6 +139,11 @@ def as_message(item: Any) -> AnyMessage:
         return HumanMessage(str(item))
 
 
+SYSTEM_KEY = "system:"
+"""Prefix of the input record's key for a model request's system message (``system:<digest>``): it is not in the
+thread, and the record keeps the latest one judged only."""
+
+
 def _key(message: AnyMessage, digest: str) -> str:
     """The record key: the message id and its content digest (two messages may share an id when a client overwrites
     the list), or the digest alone for a message without an id."""
@@ -175,22 +183,26 @@ class InputGate:
         return {key: entry for key, entry in entries
                 if isinstance(entry, Mapping) and entry.get("status") == "blocked" and isinstance(entry.get("digest"), str)}
 
-    def pending(self, state: Any) -> tuple[dict[str, dict[str, str]], list[PendingInput]]:
-        """The input record pruned to the messages still in the thread, and the input messages left to judge (new,
-        or changed since judged), in thread order."""
-        record = self._record(state)
-        kept: dict[str, dict[str, str]] = {}
-        todo: list[PendingInput] = []
-        thread_id = current_thread_id()
+    def _inputs(self, items: Sequence[Any]) -> Iterator[tuple[AnyMessage, str, str]]:
+        """The input messages among ``items`` (:meth:`TurnKeeper.is_input`), in order, each with its record key and
+        content digest."""
         calls: dict[str, Any] = {}
-        for item in state["messages"]:
+        for item in items:
             message = as_message(item)
             input_message = self.turns.is_input(message, calls)
             answered_calls([message], calls)
-            if not input_message:
-                continue
-            digest = input_digest(message)
-            key = _key(message, digest)
+            if input_message:
+                digest = input_digest(message)
+                yield message, _key(message, digest), digest
+
+    def pending(self, state: Any) -> tuple[dict[str, dict[str, str]], list[PendingInput]]:
+        """The input record pruned to the messages still in the thread (and the system message the model last read),
+        and the input messages left to judge (new, or changed since judged), in thread order."""
+        record = self._record(state)
+        kept = {key: entry for key, entry in record.items() if key.startswith(SYSTEM_KEY)}
+        todo: list[PendingInput] = []
+        thread_id = current_thread_id()
+        for message, key, digest in self._inputs(state["messages"]):
             entry = record.get(key)
             if entry is not None and entry.get("digest") == digest:
                 kept[key] = entry
@@ -199,6 +211,40 @@ class InputGate:
             if self.judge.matches(subject):
                 todo.append(PendingInput(key, message, digest, subject))
         return kept, todo
+
+    def requested(
+        self, state: Any, messages: Sequence[Any], system: AnyMessage | None
+    ) -> tuple[dict[str, dict[str, str]], list[PendingInput], frozenset[str]]:
+        """What a model request holds, as a middleware listed before this one left it: the input record (the thread's
+        entries, and the system message's), the request's input messages and system message that it does not cover
+        (new, or changed by that middleware) to judge now (:meth:`late`), and the ids of the thread's blocked messages,
+        withheld from the request whatever their content there (:meth:`visible`)."""
+        record = self._record(state)
+        kept: dict[str, dict[str, str]] = {}
+        blocked: set[str] = set()
+        for message, key, digest in self._inputs(state["messages"]):
+            entry = record.get(key)
+            if entry is not None and entry.get("digest") == digest:
+                kept[key] = entry
+                if entry.get("status") == "blocked" and message.id:
+                    blocked.add(message.id)
+        todo: list[PendingInput] = []
+        thread_id = current_thread_id()
+        inputs = list(self._inputs(messages))
+        if system is not None:
+            digest = input_digest(system)
+            inputs.append((system, f"{SYSTEM_KEY}{digest}", digest))
+        for message, key, digest in inputs:
+            entry = record.get(key)
+            if message.id in blocked:
+                continue
+            if entry is not None and entry.get("digest") == digest:
+                kept[key] = entry
+                continue
+            subject = input_subject(message, thread_id)
+            if self.judge.matches(subject):
+                todo.append(PendingInput(key, message, digest, subject))
+        return kept, todo, frozenset(blocked)
 
     def _item(self, pending: PendingInput, judgement: Judgement) -> PendingItem:
         return text_item(
@@ -252,42 +298,54 @@ class InputGate:
     def late(
         self, record: dict[str, dict[str, str]], todo: Sequence[PendingInput], judgements: Sequence[Judgement]
     ) -> dict[str, dict[str, str]]:
-        """The input record with messages that reached the model node unjudged (a client's ``Command(goto=...)``
-        skipped ``before_model``, or a later middleware added them) judged: ``allow`` is recorded as allowed, any
-        other outcome as blocked (no interrupt can be raised there), so the model never reads them."""
+        """The input record with the messages of a model request that no judgement covers (:meth:`requested`: a
+        client's ``Command(goto=...)`` skipped ``before_model``, or a middleware listed before this one changed or
+        added them) judged: ``allow`` is recorded as allowed, any other outcome as blocked (no interrupt can be raised
+        there), so the model never reads them."""
         record = dict(record)
         for pending, judgement in zip(todo, judgements, strict=True):
             status = "allowed" if judgement.outcome == "allow" else "blocked"
             record[pending.key] = {"digest": pending.digest, "status": status}
         return record
 
+    @staticmethod
     def visible(
-        self, state: Any, messages: Sequence[AnyMessage], record: dict[str, dict[str, str]] | None = None
-    ) -> list[AnyMessage]:
-        """``messages`` without the input messages whose record (``record``, else the state's) says ``blocked`` (for
-        the same content). A blocked assistant or tool message that a client wrote (:meth:`TurnKeeper.is_input`)
-        stays in the request as a notice of the same role and id without its text (an assistant message without its
-        tool calls, and the tool messages answering those calls left out: those whose call id's latest assistant
-        message, the one :func:`answered_calls` binds them to, is withheld), so the request stays well formed."""
-        record = self._record(state) if record is None else record
-        if not any(entry.get("status") == "blocked" for entry in record.values()):
+        messages: Sequence[Any], record: Mapping[str, Mapping[str, str]], blocked: Collection[str] = ()
+    ) -> list[Any]:
+        """``messages`` without the input messages whose record says ``blocked`` (for the same content) or whose id is
+        in ``blocked`` (a blocked message of the thread, whatever its content in the request). A blocked assistant or
+        tool message that a client wrote (:meth:`TurnKeeper.is_input`) stays in the request as a notice of the same
+        role and id without its text (an assistant message without its tool calls, and the tool messages answering
+        those calls left out: those whose call id's latest assistant message, the one :func:`answered_calls` binds
+        them to, is withheld), so the request stays well formed."""
+        if not blocked and not any(entry.get("status") == "blocked" for entry in record.values()):
             return list(messages)
-        out: list[AnyMessage] = []
+        out: list[Any] = []
         withheld_calls: dict[str, bool] = {}  # call id -> whether the latest assistant message holding it is withheld
         for item in messages:
             message = as_message(item)
             digest = input_digest(message)
             entry = record.get(_key(message, digest))
-            blocked = entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked"
+            withheld = (message.id is not None and message.id in blocked) or (
+                entry is not None and entry.get("digest") == digest and entry.get("status") == "blocked"
+            )
             if isinstance(message, AIMessage):
-                withheld_calls.update(dict.fromkeys(call_ids(message), blocked))
+                withheld_calls.update(dict.fromkeys(call_ids(message), withheld))
             elif isinstance(message, ToolMessage) and withheld_calls.get(message.tool_call_id):
                 continue
-            if not blocked:
+            if not withheld:
                 out.append(item)
             elif isinstance(message, (AIMessage, ToolMessage)):
                 out.append(msgs.withheld_input(message))
         return out
+
+    @staticmethod
+    def system_visible(system: AnyMessage | None, record: Mapping[str, Mapping[str, str]]) -> bool:
+        """Whether a model may read the request's system message: it has none, or its record does not say blocked."""
+        if system is None:
+            return True
+        entry = record.get(f"{SYSTEM_KEY}{input_digest(system)}")
+        return entry is None or entry.get("status") != "blocked"
 
 
 # Model output --------------------------------------------------------------------------------------------------------

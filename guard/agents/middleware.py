@@ -7,8 +7,10 @@ Where each event is judged and enforced:
   results are not input when they carry this middleware's stamp (the model node, the tools node and the hooks stamp
   what they write); an assistant or tool message a client wrote has none and is judged like a user message. ``block`` ends the run with a
   notice, and the blocked message is left out of every later model request; ``escalate`` interrupts for
-  approve/reject. A user message that reaches the model node unjudged (a client's ``Command(goto="model")`` skips
-  ``before_model``) is judged there and left out of the request unless allowed.
+  approve/reject. The model node judges the request the model reads: a message (or system message) that reaches it
+  unjudged (a client's ``Command(goto="model")`` skips ``before_model``; a middleware listed before this one changes
+  or adds it) is judged there and left out of the request unless allowed, and a blocked message of the thread stays
+  out under its id whatever its content there. A middleware listed after this one changes the request unjudged.
 * **records**: the verdicts live in the agent's private state, sealed with ``state_key`` (``_records.py``), so a
   client's ``Command(update=...)`` cannot write an approval; a record whose seal fails is ignored and judged again.
 * **model output and tool calls** (``wrap_model_call``): right after the model answers, inside the model node, all
@@ -220,14 +222,20 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         """Whether the model's tokens must wait for the output verdict (an output policy applies)."""
         return self.hold_output_stream and self._judge.matches(AgentSubject(event="model_output", text=""))
 
-    def _visible(self, request: ModelRequest[Any], inputs: dict[str, Any]) -> ModelRequest[Any]:
-        """The request without the input messages the input policy blocked, or with notices in place of blocked
-        assistant and tool messages a client wrote (they stay in the thread, unread);
-        ``inputs``: the input record, late judgements (:meth:`InputGate.late`) included."""
-        messages = self._inputs.visible(request.state, request.messages, inputs)
-        if len(messages) == len(request.messages) and all(a is b for a, b in zip(messages, request.messages)):
+    def _visible(
+        self, request: ModelRequest[Any], inputs: dict[str, Any], blocked: frozenset[str]
+    ) -> ModelRequest[Any]:
+        """The request without the input messages the input policy blocked (``blocked``: the ids of the thread's
+        blocked messages, withheld whatever their content in the request), with notices in place of blocked assistant
+        and tool messages a client wrote (they stay in the thread, unread), and without its system message when that
+        is blocked; ``inputs``: the input record, late judgements (:meth:`InputGate.late`) included."""
+        messages = self._inputs.visible(request.messages, inputs, blocked)
+        system = request.system_message if self._inputs.system_visible(request.system_message, inputs) else None
+        if system is request.system_message and len(messages) == len(request.messages) and all(
+            a is b for a, b in zip(messages, request.messages)
+        ):
             return request
-        return request.override(messages=messages)
+        return request.override(messages=messages, system_message=system)
 
     def _finish(
         self, request: ModelRequest[Any], response: ModelResponse[Any], inputs: dict[str, Any] | None,
@@ -249,11 +257,11 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     def wrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
-        """Call the model (without blocked user messages), then judge its reply and tool calls before anything else
-        happens (blocking)."""
-        record, late = self._inputs.pending(request.state)
+        """Call the model (the request's input judged, without its blocked messages), then judge its reply and tool
+        calls before anything else happens (blocking)."""
+        record, late, blocked = self._inputs.requested(request.state, request.messages, request.system_message)
         inputs = self._inputs.late(record, late, self._judge.judge_all([p.subject for p in late])) if late else None
-        request = self._visible(request, record if inputs is None else inputs)
+        request = self._visible(request, record if inputs is None else inputs, blocked)
         holds = self._holds_output()
         with quiet_tokens(holds):
             response = handler(request.override(model=quiet_model(request.model, holds)))
@@ -268,9 +276,9 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """Async twin of :meth:`wrap_model_call`; the turn's subjects are judged concurrently."""
-        record, late = self._inputs.pending(request.state)
+        record, late, blocked = self._inputs.requested(request.state, request.messages, request.system_message)
         inputs = self._inputs.late(record, late, await self._judge.ajudge_all([p.subject for p in late])) if late else None
-        request = self._visible(request, record if inputs is None else inputs)
+        request = self._visible(request, record if inputs is None else inputs, blocked)
         holds = self._holds_output()
         with quiet_tokens(holds):
             response = await handler(request.override(model=quiet_model(request.model, holds)))
