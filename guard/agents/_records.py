@@ -3,10 +3,14 @@
 The middleware keeps one record per model turn under ``state["guard"][<middleware name>]``::
 
     {"turn": {"message_id": <AIMessage id>, "thread_id": ..., "output": <record or None>,
-              "calls": {<tool_call_id>: <call record>}},
-     "inputs": {<message id>:<digest>: {"digest": <content SHA-256>, "status": "allowed" | "blocked"}}}
+              "calls": {<tool_call_id>: <call record>}, "effects": {<tool name>: <declared effect>}},
+     "inputs": {<message id>:<digest>: {"digest": <content SHA-256>, "status": "allowed" | "blocked"}},
+     "relayed": {"flagged": <bool>, "seen": {<message id>: <bool>}}}
 
-(``inputs`` is kept by :class:`~guard.agents._turn.InputGate`.)
+(``inputs`` is kept by :class:`~guard.agents._turn.InputGate`, with the model request's system message under
+``system:<digest>``; ``relayed`` by :meth:`~guard.agents._turn.TurnKeeper.summarized`: whether the conversation held
+flagged tool results since the user's last message, and for each ``agent`` message (a summary) whether it
+summarizes flagged results.)
 
 A call record holds the verdict summary, the outcome (``allow``/``block``/``escalate``/``route``), the arguments
 digest, and after review a ``status`` (``allowed``, ``approved``, ``edited``, ``blocked``, ``rejected``, ``malformed``)
