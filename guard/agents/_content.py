@@ -27,15 +27,28 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
+import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage
 
 from guard.agents._arguments import canonical_json
 
-__all__ = ["OPAQUE_KEYS", "TOOL_CALL_BLOCKS", "call_ids", "calls_by_id", "input_text", "message_text", "unread_media"]
+__all__ = [
+    "OPAQUE_KEYS",
+    "TOOL_CALL_BLOCKS",
+    "ServerBlock",
+    "call_ids",
+    "call_positions",
+    "calls_by_id",
+    "input_text",
+    "message_text",
+    "server_blocks",
+    "unread_media",
+]
 
 TOOL_CALL_BLOCKS = frozenset(
     {"tool_call", "tool_call_chunk", "invalid_tool_call", "tool_use", "function_call", "input_json_delta"}
@@ -464,3 +477,108 @@ def input_text(message: BaseMessage) -> str:
     :func:`message_text` leaves calls to the tool-call policy, which judges the calls the agent's own model makes."""
     as_json = [canonical_json(call) for call in _calls(message)]
     return "\n".join(text for text in (message.name, message_text(message), *as_json) if text)
+
+
+# Provider (server-side) tools ----------------------------------------------------------------------------------------
+
+#: Block types of a tool call a provider ran itself (LangChain's standard ``server_tool_call``, Anthropic's
+#: ``server_tool_use`` and ``mcp_tool_use``, Google's ``executable_code``).
+_SERVER_CALLS = frozenset({"server_tool_call", "server_tool_call_chunk", "server_tool_use", "mcp_tool_use",
+                           "executable_code"})
+#: Block types of a server tool's result besides every ``*_tool_result`` (Anthropic's ``web_fetch_tool_result`` ...).
+_SERVER_RESULTS = frozenset({"server_tool_result", "web_search_result", "code_execution_result"})
+#: Block types ending in ``_call`` that are client tool calls (run by the agent's tools, judged as calls), not a
+#: provider's.
+_CLIENT_CALLS = frozenset({"function_call", "tool_call", "custom_tool_call", "invalid_tool_call"})
+#: Keys of an OpenAI Responses ``*_call`` block (``web_search_call``, ``mcp_call`` ...) that hold what the tool was
+#: asked, and those that hold what it gave back.
+_CALL_KEYS = ("action", "queries", "code", "arguments", "input", "args", "server_label", "name")
+_OUTPUT_KEYS = ("output", "outputs", "results", "result", "error")
+
+
+@dataclass(frozen=True)
+class ServerBlock:
+    """A tool call a provider ran itself, or its result, inside a model's reply.
+
+    Attributes:
+        kind: ``call`` or ``result``.
+        id: the call's id (a result names the call it answers); ``<type>#<position>`` when the block has none.
+        name: the tool's name (for a result, its call's when the reply holds it; else the block type).
+        value: a call's arguments (a mapping), or a result's text (:func:`_strings`, as a policy reads a tool result).
+        position: the block's index in the reply's content (``-1`` for ``additional_kwargs["tool_outputs"]``).
+    """
+
+    kind: Literal["call", "result"]
+    id: str
+    name: str
+    value: Any
+    position: int
+
+
+def _server_arguments(value: Any) -> dict[str, Any]:
+    """A server call's arguments as a mapping: as they are, parsed when JSON text, else ``{"input": value}``."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {"input": value}
+    return dict(value) if isinstance(value, Mapping) else {"input": value}
+
+
+def server_blocks(message: BaseMessage) -> list[ServerBlock]:
+    """The server tool calls and results in ``message``'s content (and ``additional_kwargs["tool_outputs"]``, where
+    older LangChain OpenAI integrations keep the Responses API's), in order. A call: a LangChain ``server_tool_call``,
+    an Anthropic ``server_tool_use`` / ``mcp_tool_use``, Google's ``executable_code``, or an OpenAI Responses
+    ``*_call`` block other than a client call (``web_search_call``, ``file_search_call``, ``code_interpreter_call``,
+    ``mcp_call``, ``computer_call`` ...), which also holds its result (``output``, ``outputs``, ``results``). A result:
+    ``server_tool_result``, any ``*_tool_result`` (Anthropic's ``web_search_tool_result``, ``web_fetch_tool_result``,
+    ``code_execution_tool_result``, ``mcp_tool_result`` ...), Google's ``code_execution_result``."""
+    content = message.content if isinstance(message.content, list) else []
+    outputs = message.additional_kwargs.get("tool_outputs")
+    items = [(-1, block) for block in (outputs if isinstance(outputs, list) else [])] + list(enumerate(content))
+    found: list[ServerBlock] = []
+    names: dict[str, str] = {}
+    for position, block in items:
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if not isinstance(kind, str):
+            continue
+        block_id = next((str(block[key]) for key in ("id", "tool_use_id", "tool_call_id", "call_id")
+                         if isinstance(block.get(key), (str, int))), f"{kind}#{position}")  # fmt: skip
+        extras = block.get("extras")
+        named = block.get("name") or (extras.get("tool_name") if isinstance(extras, Mapping) else None)
+        if kind in _SERVER_CALLS:
+            name = str(named or ("code_execution" if kind == "executable_code" else kind))
+            arguments = next((block[key] for key in ("args", "input", "executable_code", "code") if key in block), {})
+            names[block_id] = name
+            found.append(ServerBlock("call", block_id, name, _server_arguments(arguments), position))
+        elif kind.endswith("_call") and kind not in _CLIENT_CALLS:
+            name = str(named or kind.removesuffix("_call"))
+            asked = {key: block[key] for key in _CALL_KEYS if key in block and key != "name"}
+            found.append(ServerBlock("call", block_id, name, _server_arguments(asked.get("arguments", asked)),
+                                     position))  # fmt: skip
+            output = [block[key] for key in _OUTPUT_KEYS if block.get(key)]
+            if output:
+                found.append(ServerBlock("result", block_id, name, "\n".join(_strings(output)), position))
+        elif kind in _SERVER_RESULTS or kind.endswith("_tool_result"):
+            reply_to = next((str(block[key]) for key in ("tool_use_id", "tool_call_id", "id")
+                             if isinstance(block.get(key), (str, int))), block_id)  # fmt: skip
+            if kind == "code_execution_result" and reply_to == block_id:  # Google's: answers the code just before it
+                reply_to = next((b.id for b in reversed(found) if b.kind == "call" and b.name == "code_execution"),
+                                block_id)  # fmt: skip
+            result = {key: value for key, value in block.items() if key not in ("tool_use_id", "tool_call_id")}
+            found.append(ServerBlock("result", reply_to, names.get(reply_to, kind), "\n".join(_strings(result)),
+                                     position))  # fmt: skip
+    return found
+
+
+def call_positions(message: BaseMessage) -> dict[str, int]:
+    """Call id -> index in ``message``'s content of the block that holds that tool call (a ``tool_use``,
+    ``function_call`` or ``tool_call`` block); calls kept outside the content (``tool_calls`` only) are left out."""
+    content = message.content if isinstance(message.content, list) else []
+    positions: dict[str, int] = {}
+    for position, block in enumerate(content):
+        if isinstance(block, Mapping) and _is_call_block(block):
+            for key in ("id", "call_id"):
+                if block.get(key) is not None:
+                    positions.setdefault(str(block[key]), position)
+    return positions

@@ -43,7 +43,7 @@ from langgraph.config import get_config
 from pydantic import BaseModel
 
 from guard._seal import STORE_KEY_ENV, Sealer
-from guard.agents._content import message_text
+from guard.agents._content import message_text, server_blocks
 from guard.agents._judge import Judgement
 from guard.agents._messages import MAX_CUT_CHARS, SOURCE, TOOL_ADDED
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
@@ -392,7 +392,9 @@ def turn_history(
     ``HumanMessage`` in its ``Command``: :data:`~guard.agents._messages.TOOL_ADDED`) is that tool's result. A human
     message the user did not write (LangChain's notification metadata, ``lc_source``: a conversation summary; with
     ``subagent``, every one in the input of an agent that runs as a sub-agent) is role ``agent``, flagged
-    ``summarized`` when its id is in ``summarized`` (it summarizes flagged tool results)."""
+    ``summarized`` when its id is in ``summarized`` (it summarizes flagged tool results). The results of tools a
+    provider ran itself inside a reply (:func:`~guard.agents._content.server_blocks`) follow its text as tool
+    results."""
     out: list[TurnMessage] = []
     for message in state_messages(state, messages_key):
         added = _added_by(message)
@@ -416,6 +418,8 @@ def turn_history(
             text = message_text(message)
             if text:
                 out.append(TurnMessage("assistant", text))
+            out += [TurnMessage("tool", block.value, block.name, block.id) for block in server_blocks(message)
+                    if block.kind == "result" and block.value]  # fmt: skip
     return tuple(out)
 
 

@@ -69,7 +69,7 @@ from guard.agents._arguments import (
     tool_effect,
     withhold_oversized,
 )
-from guard.agents._content import call_ids, calls_by_id, input_text, message_text
+from guard.agents._content import call_ids, call_positions, calls_by_id, input_text, message_text, server_blocks
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
@@ -413,6 +413,10 @@ def screen(response: ModelResponse[Any], ai: AIMessage, turn: dict[str, Any]) ->
 # The turn's records, after the model ---------------------------------------------------------------------------------
 
 Steps = Generator[AgentSubject, Judgement, dict[str, Any] | None]
+SERVER_CALL = "server:"
+"""Prefix of a server tool call's key among a turn's subjects (:meth:`TurnKeeper.subjects`)."""
+_RANK = {"allow": 0, "escalate": 1, "block": 2}
+"""How far a recorded outcome stops a reply (the worst of its own and its server tool calls' decides it)."""
 
 
 def _record(judgement: Judgement) -> dict[str, Any]:
@@ -671,8 +675,25 @@ class TurnKeeper:
         refused then, since they could be meant for the items of that interrupt."""
         return _unanswered(self.part(state, "turn"))
 
+    def server_results(self, ai: AIMessage, state: Any) -> list[AgentSubject]:
+        """The ``tool_result`` subjects of the results of the tools the provider ran itself inside ``ai``
+        (:func:`~guard.agents._content.server_blocks`) that a policy judges, in order; :meth:`subjects` reads their
+        judgements."""
+        task, _ = self.conversation(state)
+        subjects = [
+            AgentSubject(event="tool_result", tool_name=block.name, tool_call_id=block.id, tool_result=block.value,
+                         user_message=task, thread_id=current_thread_id())
+            for block in server_blocks(ai) if block.kind == "result" and block.value
+        ]  # fmt: skip
+        return [subject for subject in subjects if self.judge.matches(subject)]
+
     def subjects(
-        self, ai: AIMessage, state: Any, tools: Sequence[Any] = (), structured: frozenset[str] = frozenset()
+        self,
+        ai: AIMessage,
+        state: Any,
+        tools: Sequence[Any] = (),
+        structured: frozenset[str] = frozenset(),
+        results: Sequence[tuple[AgentSubject, Judgement]] = (),
     ) -> tuple[dict[str, Any], list[tuple[str, AgentSubject]]]:
         """The turn record with malformed calls already decided, and the subjects left to judge (key, subject).
 
@@ -682,6 +703,12 @@ class TurnKeeper:
         declared effect (:func:`~guard.agents._arguments.tool_effect`). The calls in ``structured`` (a response
         format's, :func:`structured_ids`) are the agent's answer: their arguments join the reply's text, judged as
         model output, and they are not tool calls.
+
+        A tool the provider ran itself (:func:`~guard.agents._content.server_blocks`) is judged after the fact: its
+        call as a tool call (key ``server:<id>``, :meth:`store` folds its verdict into the reply's), its result
+        before, by the tool-result policy (``results``: :meth:`server_results` with their judgements). Every call the
+        reply makes after a server result reads it in its history: as a withheld result when its judgement is not
+        ``allow`` (all its text flagged, ``after-injection``), else as an ordinary tool result.
         """
         if ai.id is None:
             ai.id = f"lc_guard_{uuid.uuid4().hex}"
@@ -692,7 +719,8 @@ class TurnKeeper:
         if names and all(isinstance(name, str) for name in names):  # a reviewer's edit may name only these
             turn["tools"] = sorted(set(names))
         # what each tool declares it does: a reviewer's edit that renames a call is judged with its new tool's effect
-        turn["effects"] = {tool.name: tool_effect(tool) for tool in tools if isinstance(getattr(tool, "name", None), str)}
+        turn["effects"] = {tool.name: tool_effect(tool) for tool in tools
+                           if isinstance(getattr(tool, "name", None), str)}  # fmt: skip
         previous = self.part(state, "turn")
         if previous is not None and previous.get("message_id") != ai.id and _unanswered(previous):
             turn["after_unanswered_review"] = True
@@ -702,10 +730,29 @@ class TurnKeeper:
                 [call.get("args") for call in ai.tool_calls if call.get("id") in structured], ensure_ascii=False
             )
         text = output_text(ai, turn)
+        turn["text_digest"] = digest_of("model_output", text)
         if text.strip():
             subject = AgentSubject(event="model_output", text=text, user_message=task, thread_id=thread_id)
             if self.judge.matches(subject):
                 todo.append(("", subject))
+        blocks = server_blocks(ai)
+        outcomes = {(s.tool_call_id, s.tool_result): j.outcome for s, j in results}
+        read = [(block.position, TurnMessage("tool", block.value, block.name, block.id,
+                                             "withheld" if outcomes.get((block.id, block.value), "allow") != "allow"
+                                             else None))
+                for block in blocks if block.kind == "result" and block.value]  # fmt: skip
+        positions = call_positions(ai)
+        end = len(ai.content) if isinstance(ai.content, list) else 0
+
+        def before(position: int) -> tuple[TurnMessage, ...]:
+            """The history of a call at ``position`` in the reply: the thread's, then the server results before it."""
+            return (*history, *(message for at, message in read if at < position))
+
+        for block in blocks:
+            if block.kind == "call":
+                todo.append((f"{SERVER_CALL}{block.id}", AgentSubject(
+                    event="tool_call", tool_name=block.name, tool_call_id=block.id, arguments=block.value,
+                    user_message=task, thread_id=thread_id, history=before(block.position))))  # fmt: skip
         by_name = {getattr(tool, "name", None): tool for tool in tools}
         for call in parse_calls(ai, tools):
             if call.id in structured:
@@ -717,7 +764,7 @@ class TurnKeeper:
                 arguments=call.arguments,
                 user_message=task,
                 thread_id=thread_id,
-                history=history,
+                history=before(positions.get(call.id or "", end)),
                 tool_effect=tool_effect(by_name.get(call.name)),
             )
             if not call.id:
@@ -739,11 +786,19 @@ class TurnKeeper:
         return turn, todo
 
     def store(self, turn: dict[str, Any], todo: list[tuple[str, AgentSubject]], judgements: list[Judgement]) -> None:
+        """Put the judgements of :meth:`subjects`' subjects in ``turn``: the reply's as its ``output``, each call's in
+        its record, and each server tool call's into the reply's (the worst of them: ``block`` withholds the reply,
+        ``escalate`` holds it for a reviewer, since the provider already ran the call)."""
         for (key, subject), judgement in zip(todo, judgements, strict=True):
             if key == "":
                 turn["output"] = {"text_digest": digest_of("model_output", subject.text or ""), **_record(judgement)}
-            else:
+            elif not key.startswith(SERVER_CALL):
                 turn["calls"][key].update(_record(judgement))
+        for (key, _), judgement in zip(todo, judgements, strict=True):
+            record = _record(judgement)
+            output = turn["output"]
+            if key.startswith(SERVER_CALL) and _RANK[record["outcome"]] > _RANK[(output or {}).get("outcome", "allow")]:
+                turn["output"] = {"text_digest": turn["text_digest"], **record}
 
     def steps(self, state: Any) -> Steps:
         ai = next((m for m in reversed(state["messages"]) if isinstance(m, AIMessage)), None)
@@ -758,8 +813,11 @@ class TurnKeeper:
         placeholder: AIMessage | None = None
         if isinstance(held, AIMessage) and ai.id == held_id(held.id or ""):
             placeholder, ai = ai, held  # the reply waits for its reviewer outside the message list
-        if not turn or turn.get("message_id") != ai.id:
-            turn, todo = self.subjects(ai, state)  # no record from the model node: judge now
+        if not turn or turn.get("message_id") != ai.id:  # no record from the model node: judge now
+            results = []
+            for result in self.server_results(ai, state):
+                results.append((result, (yield result)))
+            turn, todo = self.subjects(ai, state, results=results)
             judgements = []
             for _, subject in todo:
                 judgements.append((yield subject))

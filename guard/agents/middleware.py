@@ -218,9 +218,14 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
 
     # Model output and tool calls: judged in the model node -------------------------------------------------------
 
-    def _holds_output(self) -> bool:
-        """Whether the model's tokens must wait for the output verdict (an output policy applies)."""
-        return self.hold_output_stream and self._judge.matches(AgentSubject(event="model_output", text=""))
+    def _holds_output(self, request: ModelRequest[Any]) -> bool:
+        """Whether the model's tokens must wait for the reply's verdict: an output policy applies, or the request
+        offers the model tools its provider runs itself (their calls and results arrive inside the reply, and are
+        judged with it)."""
+        return self.hold_output_stream and (
+            self._judge.matches(AgentSubject(event="model_output", text=""))
+            or any(isinstance(tool, dict) for tool in request.tools)
+        )
 
     def _visible(
         self, request: ModelRequest[Any], inputs: dict[str, Any], blocked: frozenset[str]
@@ -262,13 +267,15 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         record, late, blocked = self._inputs.requested(request.state, request.messages, request.system_message)
         inputs = self._inputs.late(record, late, self._judge.judge_all([p.subject for p in late])) if late else None
         request = self._visible(request, record if inputs is None else inputs, blocked)
-        holds = self._holds_output()
+        holds = self._holds_output(request)
         with quiet_tokens(holds):
             response = handler(request.override(model=quiet_model(request.model, holds)))
         ai = self._ai_of(response)
         if ai is None:
             return self._finish(request, response, inputs, None)
-        turn, todo = self._turns.subjects(ai, request.state, request.tools, structured_ids(response, ai))
+        results = self._turns.server_results(ai, request.state)
+        judged = list(zip(results, self._judge.judge_all(results), strict=True))
+        turn, todo = self._turns.subjects(ai, request.state, request.tools, structured_ids(response, ai), judged)
         self._turns.store(turn, todo, self._judge.judge_all([subject for _, subject in todo]))
         return self._finish(request, screen(response, ai, turn), inputs, turn)
 
@@ -279,13 +286,15 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         record, late, blocked = self._inputs.requested(request.state, request.messages, request.system_message)
         inputs = self._inputs.late(record, late, await self._judge.ajudge_all([p.subject for p in late])) if late else None
         request = self._visible(request, record if inputs is None else inputs, blocked)
-        holds = self._holds_output()
+        holds = self._holds_output(request)
         with quiet_tokens(holds):
             response = await handler(request.override(model=quiet_model(request.model, holds)))
         ai = self._ai_of(response)
         if ai is None:
             return self._finish(request, response, inputs, None)
-        turn, todo = self._turns.subjects(ai, request.state, request.tools, structured_ids(response, ai))
+        results = self._turns.server_results(ai, request.state)
+        judged = list(zip(results, await self._judge.ajudge_all(results), strict=True))
+        turn, todo = self._turns.subjects(ai, request.state, request.tools, structured_ids(response, ai), judged)
         self._turns.store(turn, todo, await self._judge.ajudge_all([subject for _, subject in todo]))
         return self._finish(request, screen(response, ai, turn), inputs, turn)
 

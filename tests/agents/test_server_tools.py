@@ -1,0 +1,155 @@
+"""Tools a provider runs itself (Anthropic's ``web_fetch``, OpenAI's ``mcp_call`` ...): their calls and results come
+back inside the model's reply, never through the tools node. The results are judged by the tool-result policy (a
+flagged one counts for the calls the reply makes after it), and the calls as tool calls after the fact (a block
+withholds the reply, an escalation holds it for a reviewer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+
+from guard.agents import GuardAgentMiddleware, resume_command
+from guard.agents._records import turn_history
+from guard.engine import Guard
+from guard.engine.telemetry import DecisionLog
+from guard.policy import load_files
+from tests._backends import ScriptedBackend
+from tests.agents._fakes import INJECTION, Runs, answer, counting_tools, model
+
+POLICY = """\
+policies:
+  - id: results
+    version: "1"
+    match: {agent: {events: [tool_result]}}
+    state: {result: tool_result}
+    questions: {injection: {catalog: guard.prompt_injection}}
+    rules:
+      - {id: injected, when: injection.noul >= 0.7, action: block}
+    default: allow
+  - id: calls
+    version: "1"
+    match: {agent: {events: [tool_call]}}
+    state: {task: user_message, tool: tool_name, arguments: arguments}
+    questions: {serves: {catalog: guard.tool_call_serves_task}}
+    rules:
+      - {id: injected-argument, when: size(call.from_flagged) > 0, action: block}
+      - {id: off-task, when: serves.noul < 0.2, action: block}
+      - {id: unsure, when: serves.noul < 0.6, action: escalate}
+      - {id: after-injection, when: call.flagged_results > 0, action: escalate}
+    default: allow
+"""
+USER = {"messages": [("user", "Summarise https://trails.example and pay bob 5")]}
+PAY = {"name": "pay", "args": {"amount": 5, "to": "bob"}, "id": "c2", "type": "tool_call"}
+WEB_FETCH = {"type": "web_fetch_20250910", "name": "web_fetch"}
+
+
+class Setup:
+    def __init__(self, path: Path) -> None:
+        path.write_text(POLICY)
+        self.lines: list[str] = []
+        self.guard = Guard(load_files(path), backends=ScriptedBackend(answer), decision_log=DecisionLog(self.lines.append))
+        self.runs = Runs()
+        self.tools = counting_tools(self.runs)
+
+    def agent(self, *replies: AIMessage) -> Any:
+        return create_agent(model(*replies), [*self.tools, WEB_FETCH], checkpointer=InMemorySaver(),
+                            middleware=[GuardAgentMiddleware(guard=self.guard)])  # fmt: skip
+
+    def decisions(self) -> list[tuple[str, str, str]]:
+        records = [json.loads(line) for line in self.lines]
+        return [(r["input"]["event"], r["input"].get("tool_name") or "", r["result"]["action"]) for r in records
+                if "input" in r]  # fmt: skip
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Any:
+    made = Setup(tmp_path / "server.yaml")
+    yield made
+    made.guard.close()
+
+
+def anthropic_fetch(page: str, call: dict[str, Any] | None = None, name: str = "web_fetch") -> AIMessage:
+    """A Claude reply that fetched a page with the ``web_fetch`` server tool, then (``call``) calls a client tool."""
+    return AIMessage(content=[
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": name, "input": {"url": "https://trails.example"}},
+        {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_1", "content": {
+            "type": "web_fetch_result", "url": "https://trails.example",
+            "content": {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": page}}}},
+        {"type": "text", "text": "Let me take care of that."},
+    ], tool_calls=[call] if call else [], id="r1")  # fmt: skip
+
+
+def reviews(result: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(item["tool"] or item["event"], item["rule"]) for i in result.get("__interrupt__", ())
+            for item in i.value["items"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+@pytest.mark.anyio
+async def test_a_flagged_server_result_stops_the_calls_the_reply_makes_after_it(setup: Setup, thread: Any,
+                                                                                mode: str) -> None:
+    agent = setup.agent(anthropic_fetch(f"Best trails. {INJECTION}", PAY))
+    config = thread()
+    result = agent.invoke(USER, config) if mode == "invoke" else await agent.ainvoke(USER, config)
+    assert setup.runs.count() == 0 and reviews(result) == [("pay", "after-injection")]
+    assert ("tool_result", "web_fetch", "block") in setup.decisions()  # the server result was judged
+    assert ("tool_call", "web_fetch", "allow") in setup.decisions()  # and the server call, after the fact
+
+
+def test_a_clean_server_result_is_an_ordinary_tool_result(setup: Setup, thread: Any) -> None:
+    agent = setup.agent(anthropic_fetch("Best trails: Bear Lake, Sky Pond. Pay bob 5 for the guide.", PAY))
+    config = thread()
+    result = agent.invoke(USER, config)
+    assert setup.runs.calls == [("pay", {"amount": 5, "to": "bob"})] and reviews(result) == []
+    fetched = [m for m in turn_history(agent.get_state(config).values) if m.role == "tool" and m.tool_name == "web_fetch"]
+    assert len(fetched) == 1 and "Sky Pond" in fetched[0].text  # later turns read it as a tool result
+
+
+def test_only_calls_after_a_server_result_in_the_reply_count_it(setup: Setup, thread: Any) -> None:
+    """An OpenAI Responses reply: a client call, then an ``mcp_call`` that returned an injection, then another
+    client call."""
+    reply = AIMessage(content=[
+        {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": '{"path": "notes.txt"}'},
+        {"type": "mcp_call", "id": "mcp_1", "name": "read_page", "server_label": "docs",
+         "arguments": '{"url": "https://docs.example"}', "output": INJECTION},
+        {"type": "function_call", "call_id": "c2", "name": "pay", "arguments": '{"amount": 5, "to": "bob"}'},
+    ], tool_calls=[{"name": "read_file", "args": {"path": "notes.txt"}, "id": "c1", "type": "tool_call"}, PAY],
+        id="r1")  # fmt: skip
+    agent, config = setup.agent(reply), thread()
+    result = agent.invoke(USER, config)
+    assert reviews(result) == [("pay", "after-injection")] and ("tool_result", "read_page", "block") in setup.decisions()
+    agent.invoke(resume_command(result["__interrupt__"], [{"type": "reject"}]), config)
+    assert setup.runs.calls == [("read_file", {"path": "notes.txt"})]  # the call before the result was allowed
+
+
+def test_a_blocked_server_call_withholds_the_reply(setup: Setup, thread: Any) -> None:
+    """The provider ran it already: the reply it made (its text and its calls) is withheld."""
+    agent = setup.agent(anthropic_fetch("All records deleted.", PAY, name="delete_all_records"))
+    result = agent.invoke(USER, thread())
+    assert setup.runs.count() == 0 and reviews(result) == []
+    last = result["messages"][-1]
+    assert isinstance(last, AIMessage) and "All records deleted" not in str(last.content) and not last.tool_calls
+    assert not any(isinstance(m, ToolMessage) for m in result["messages"])
+
+
+def test_an_escalated_server_call_holds_the_reply_for_a_reviewer(setup: Setup, thread: Any) -> None:
+    reply = anthropic_fetch("Paid.", PAY, name="pay")
+    reply.content[0]["input"] = {"amount": 500, "to": "bob"}  # type: ignore[index]  # scripted: unsure (0.5)
+    agent, config = setup.agent(reply), thread()
+    result = agent.invoke(USER, config)
+    assert setup.runs.count() == 0 and reviews(result) == [("model_output", "unsure")]
+    result = agent.invoke(resume_command(result["__interrupt__"], [{"type": "approve"}]), config)
+    assert setup.runs.calls == [("pay", {"amount": 5, "to": "bob"})]
+
+
+def test_a_withheld_reply_with_server_tools_never_streams(setup: Setup, thread: Any) -> None:
+    """With provider tools offered, the reply's tokens wait for its verdict as they do under an output policy."""
+    agent = setup.agent(anthropic_fetch("All records deleted.", PAY, name="delete_all_records"))
+    streamed = [str(chunk.content) for chunk, _ in agent.stream(USER, thread(), stream_mode="messages")]
+    assert streamed and not any("All records deleted" in text for text in streamed)
