@@ -542,7 +542,7 @@ class TurnKeeper:
         entry = seal_record(self.sealer, self.owner, current_thread_id(), self.stored(state), changes)
         return {"guard": {self.name: entry}}
 
-    def _relayed(self, state: Any) -> dict[str, Any]:
+    def _relayed_record(self, state: Any) -> dict[str, Any]:
         """The ``relayed`` part as recorded: ``flagged``, whether the conversation held flagged tool results since
         the user's last message when it was written; ``seen``, each ``agent`` message then in the thread and whether
         it summarizes flagged results. No part: nothing flagged; a part whose seal fails: flagged (what it said is
@@ -557,7 +557,7 @@ class TurnKeeper:
         parent agent's task) that summarize flagged tool results: as recorded when first seen; one not seen yet does
         when the conversation last recorded held flagged results (a summary replaces the messages it summarizes, so
         only the record still knows of them)."""
-        record = self._relayed(state)
+        record = self._relayed_record(state)
         trust = self.judge.options.trust_subagent_input
         return frozenset(message_id for message_id in relayed_ids(state, trust_subagent_input=trust)
                          if record["seen"].get(message_id, record["flagged"]) is True)  # fmt: skip
@@ -570,7 +570,7 @@ class TurnKeeper:
         ids = relayed_ids(state, trust_subagent_input=trust)
         seen = {message_id: message_id in summarized for message_id in ids}
         now = {"flagged": flagged_results(history) > 0, "seen": seen}
-        return {} if now == self._relayed(state) else {"relayed": now}
+        return {} if now == self._relayed_record(state) else {"relayed": now}
 
     def conversation(self, state: Any) -> tuple[str | None, tuple[TurnMessage, ...]]:
         """The task and the history a tool call of ``state`` is judged with
@@ -679,12 +679,13 @@ class TurnKeeper:
         """The ``tool_result`` subjects of the results of the tools the provider ran itself inside ``ai``
         (:func:`~guard.agents._content.server_blocks`) that a policy judges, in order; :meth:`subjects` reads their
         judgements."""
+        results = [block for block in server_blocks(ai) if block.kind == "result" and block.value]
+        if not results:
+            return []
         task, _ = self.conversation(state)
-        subjects = [
-            AgentSubject(event="tool_result", tool_name=block.name, tool_call_id=block.id, tool_result=block.value,
-                         user_message=task, thread_id=current_thread_id())
-            for block in server_blocks(ai) if block.kind == "result" and block.value
-        ]  # fmt: skip
+        subjects = [AgentSubject(event="tool_result", tool_name=block.name, tool_call_id=block.id,
+                                 tool_result=block.value, user_message=task, thread_id=current_thread_id())
+                    for block in results]  # fmt: skip
         return [subject for subject in subjects if self.judge.matches(subject)]
 
     def subjects(
