@@ -37,7 +37,13 @@ from guard.errors import (
     Overloaded,
     RequestValidationError,
 )
-from guard.systemone import CONFIDENCE_PROFILES, ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
+from guard.systemone import (
+    CONFIDENCE_PROFILES,
+    ConfidenceProfile,
+    QuestionV1,
+    SystemOneRequestV1,
+    SystemOneResponseV1,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -186,6 +192,26 @@ class LocalBackend:
         when the confidence profile is not ``reference``: identifies everything an answer depends on (part of the
         cache key, and sent by the worker as ``x-guard-model-revision``). Made when the backend is."""
         return self._model_revision
+
+    def explain(self, question: QuestionV1) -> str | None:
+        """``None`` when a request asking ``question`` alone fits :attr:`max_length`; else why not, as the encoder
+        refuses it (``questions.<id>.instructions: schema requires at least N tokens before state; maximum is M``).
+        :class:`~guard.engine.Guard` asks it for every policy question at load and reload, so a question this model
+        cannot read is a policy error (file, line, key), not a refused request on every decision."""
+        return self.explain_questions((question,))
+
+    def explain_questions(self, questions: Sequence[QuestionV1]) -> str | None:
+        """``None`` when one request asking ``questions`` together fits :attr:`max_length` (its schema and the
+        prompt's fixed text; the state is cut to the room left); else why not (:meth:`explain`). The schema is
+        tokenized only as far as the limit needs (:func:`~guard.clef.encoding.schema_ids`). Asked for a policy's
+        questions at load, and by :func:`~guard.engine.plan.group_plans` before it puts other policies' questions in
+        the same request."""
+        request = SystemOneRequestV1(model="", state="", questions=tuple(questions))
+        try:
+            self.model.encode(request, max_length=self.max_length)
+        except RequestValidationError as exc:
+            return str(exc)
+        return None
 
     # ---------------------------------------------------------------------------------------------------- lifecycle
 

@@ -181,7 +181,8 @@ class Guard:
 
     def _check_backends(self, policies: Sequence[Policy]) -> None:
         """Every policy names a known backend, and that backend can answer its questions (checked now, not on the
-        first request, for backends that can tell: the compact model's ``explain(question)``)."""
+        first request, for backends that can tell: the compact model's ``explain(question)``; a local Clef model's
+        ``explain`` and ``explain_questions``, whether the questions fit its prompt limit)."""
         for policy in policies:
             name = self._backend_name(policy)
             if name is None:
@@ -204,6 +205,14 @@ class Guard:
                         question.path,
                         f"backend {name!r} cannot answer question {question.key!r} ({question.wire.id}): {reason}",
                     )
+            together = getattr(self.backends[name], "explain_questions", None)
+            if callable(together) and len(policy.questions) > 1:  # they all go out in one request
+                reason = together([q.wire for q in policy.questions])
+                if reason is not None:
+                    raise PolicyError(
+                        policy.file, policy.line, policy.questions[0].path.rpartition(".")[0],  # the questions key
+                        f"backend {name!r} cannot answer policy {policy.id!r}'s questions in one request: {reason}",
+                    )  # fmt: skip
 
     def backend_for(self, policy: Policy) -> DecisionBackend:
         """The backend that answers ``policy``'s questions."""

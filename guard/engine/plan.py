@@ -28,7 +28,7 @@ from guard.policy import Policy, apply_rules
 from guard.policy.provenance import rule_features
 from guard.policy.rules import FEATURE_NAMES, rule_inputs
 from guard.subject import Subject
-from guard.systemone import QuestionV1, ReadOnlyDict, SystemOneRequestV1, SystemOneResponseV1, UsageV1
+from guard.systemone import MAX_QUESTIONS, QuestionV1, ReadOnlyDict, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
 __all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Group", "Plan", "group_plans", "keyed_revision"]
 
@@ -320,8 +320,9 @@ def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
     A plan joins the first group with the same backend object and revision, the same model, an equal ``state``
     declaration (so the same state for every subject) and the same mode (a shadow policy's questions go in a request
     of their own, so a backend that refuses, omits or is slow on them never decides an enforced verdict), unless one
-    of its questions has the wire id of a different question there (a request holds each id once); otherwise it
-    starts a group. Identical questions are asked once.
+    of its questions has the wire id of a different question there (a request holds each id once), or the request
+    would then ask more than :data:`~guard.systemone.MAX_QUESTIONS` questions or hold a schema the backend says its
+    prompt cannot (``explain_questions``); otherwise it starts a group. Identical questions are asked once.
     A plan without questions (rules only) is a group of its own with no questions: nothing is asked for it.
     """
     groups: list[tuple[list[Plan], list[QuestionV1]]] = []
@@ -345,9 +346,22 @@ def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
             by_id = {q.id: q for q in questions}
             if any(q.wire.id in by_id and by_id[q.wire.id] != q.wire for q in policy.questions):
                 continue
+            added = [q.wire for q in policy.questions if q.wire.id not in by_id]
+            if added and not _fits(plan.backend, [*questions, *added]):
+                continue
             members.append(plan)
-            questions.extend(q.wire for q in policy.questions if q.wire.id not in by_id)
+            questions.extend(added)
             break
         else:
             groups.append(([plan], [q.wire for q in policy.questions]))
     return tuple(Group(tuple(members), tuple(questions)) for members, questions in groups)
+
+
+def _fits(backend: DecisionBackend, questions: list[QuestionV1]) -> bool:
+    """Whether one request may ask ``questions``: at most :data:`~guard.systemone.MAX_QUESTIONS` (the Workers AI
+    limit, which a decision worker's default profile enforces too), and a schema the backend's prompt holds when it
+    can tell (``explain_questions``, a local Clef model's)."""
+    if len(questions) > MAX_QUESTIONS:
+        return False
+    explain = getattr(backend, "explain_questions", None)
+    return not callable(explain) or explain(questions) is None

@@ -20,7 +20,7 @@ from guard.backends.local import LocalBackend
 from guard.backends.selftest import SELF_TEST_REQUEST
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable
-from guard.systemone import SystemOneRequestV1, confidence
+from guard.systemone import QuestionV1, SystemOneRequestV1, confidence
 from tests.worker._requests import golden_case, long_body, ticket_body
 
 pytestmark = pytest.mark.anyio
@@ -333,3 +333,67 @@ async def test_a_failed_self_test_closes_the_backend_and_says_why(clef_fp32: Cle
     with pytest.raises(RuntimeError, match="is closed; create a new one"):
         async with backend:
             pass
+
+
+def _attack_question(qid: str, repeats: int) -> QuestionV1:
+    return QuestionV1(qid, "noul", "Is this an attack? " * repeats)  # about 10 tokens a repeat, 660 for 50
+
+
+def _long_policy(policy_id: str, keys: dict[str, int]) -> str:
+    questions = ", ".join(
+        f"{key}: {{type: noul, instructions: '{'Is this an attack? ' * n}'}}" for key, n in keys.items()
+    )
+    first = next(iter(keys))
+    return f"""
+  - id: {policy_id}
+    version: 1
+    match: {{http: {{methods: [POST]}}}}
+    state: {{text: body_text}}
+    timeout_ms: 60000
+    questions: {{{questions}}}
+    rules: [{{id: r, when: '{first}.noul > 0.99', action: block}}]
+"""
+
+
+def test_explain_refuses_questions_past_the_prompt_limit(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32, max_length=1024)
+    short, fits, long = _attack_question("a", 1), _attack_question("b", 50), _attack_question("c", 100)
+    assert backend.explain(short) is None and backend.explain(fits) is None
+    assert "schema requires 12" in (backend.explain(long) or "") and "maximum is 1024" in (backend.explain(long) or "")
+    assert backend.explain_questions([short, fits]) is None
+    assert "maximum is 1024" in (backend.explain_questions([fits, _attack_question("d", 50)]) or "")
+
+
+def test_a_policy_whose_schema_cannot_fit_is_a_load_error(clef_fp32: ClefModel, tmp_path: Path) -> None:
+    """Before, such a policy loaded, the service reported ready, and every decision failed closed (503)."""
+    from guard.engine import Guard
+    from guard.errors import PolicyError
+
+    backend = LocalBackend(clef_fp32, max_length=1024)
+    path = tmp_path / "long.yaml"
+    path.write_text("policies:" + _long_policy("fine", {"a": 1}) + _long_policy("long", {"ok": 1, "inj": 100}))
+    with pytest.raises(PolicyError, match="cannot answer question 'inj'.*maximum is 1024") as caught:
+        Guard.from_files(path, backends=backend)
+    assert (caught.value.file, caught.value.line, caught.value.key) == (str(path), 15, "policies[1].questions.inj")
+    path.write_text("policies:" + _long_policy("both", {"a": 50, "b": 50}))  # each fits, not together
+    with pytest.raises(PolicyError, match="questions in one request: .*maximum is 1024") as caught:
+        Guard.from_files(path, backends=backend)
+    assert (caught.value.line, caught.value.key) == (2, "policies[0].questions")
+
+
+async def test_policies_whose_questions_fit_only_apart_are_asked_apart(clef_fp32: ClefModel) -> None:
+    """Two policies of about 660 schema tokens each went out in one request past the 1,024-token limit: every
+    decision failed closed."""
+    from guard.engine import Guard
+    from guard.policy import load_text
+    from guard.subject import HttpSubject
+
+    infos: list[BatchInfo] = []
+    backend = LocalBackend(clef_fp32, max_length=1024, on_batch=infos.append)
+    policies = load_text("policies:" + _long_policy("one", {"a": 50}) + _long_policy("two", {"b": 50}))
+    async with Guard(policies, backends=backend) as guard:
+        before = sum(info.size for info in infos)
+        verdict = await guard.aevaluate(HttpSubject(method="POST", path="/x", body={"t": "hi"}, body_text="hi"))
+    assert sum(info.size for info in infos) - before == 2  # one request each
+    assert verdict.error is None and verdict.action == "allow"
+    assert [(c.policy_id, c.error) for c in verdict.contributions] == [("one", None), ("two", None)]

@@ -221,6 +221,34 @@ policies:
     assert next(c for c in verdict.contributions if c.policy_id == "hasty").error.startswith("timeout")
 
 
+def _many(policy_id: str, prefix: str, count: int) -> str:
+    questions = "\n".join(
+        f"      {prefix}{i}: {{type: noul, instructions: 'Question {prefix} {i}?'}}" for i in range(count)
+    )
+    return f"""
+  - id: {policy_id}
+    version: 1
+    match: {{http: {{}}}}
+    state: {{text: body_text}}
+    questions:
+{questions}
+    rules: [{{id: r, when: '{prefix}0.noul > 0.5', action: block}}]
+"""
+
+
+async def test_a_shared_request_never_asks_more_than_64_questions() -> None:
+    # 40 + 40 questions were merged into one request of 80, which a worker under the Workers AI limits refuses (422):
+    # every decision failed closed. A policy joins the first group with room for its questions.
+    text = "policies:" + _many("a", "qa", 40) + _many("b", "qb", 40) + _many("c", "qc", 20)
+    backend = ScriptedBackend(constant(qb0=0.9))
+    async with Guard(load_text(text), backends=backend) as guard:
+        verdict = await guard.aevaluate(post("hello"))
+    asked = sorted((sorted({q.id[:2] for q in r.questions}), len(r.questions)) for r in backend.requests)
+    assert asked == [(["qa", "qc"], 60), (["qb"], 40)]  # c fills a's request
+    own = {c.policy_id: (c.action, c.error) for c in verdict.contributions}
+    assert own == {"a": ("allow", None), "b": ("block", None), "c": ("allow", None)}
+
+
 async def test_policies_with_different_states_are_asked_apart() -> None:
     text = ABUSE + INJECTION.replace("policies:\n", "").replace("state: {text: body_text}", "state: {p: path}")
     backend = ScriptedBackend(constant(**{"guard.prompt_injection": 0.1, "spam": 0.1}))
