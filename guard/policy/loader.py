@@ -39,7 +39,7 @@ from guard.policy._state import (
 )
 from guard.policy._yaml import LineMap, format_path, load_yaml, read_policy_file
 from guard.policy._yaml import Path as KeyPath
-from guard.policy.model import PATTERN_HINTS, PolicyFileSpec, PolicySpec, SourceSpec, keys_at
+from guard.policy.model import MAX_QUESTION_TEXT_CHARS, PATTERN_HINTS, PolicyFileSpec, PolicySpec, SourceSpec, keys_at
 from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
 from guard.policy.provenance import CALL_KEYS, RESULT_KEYS, ToolSpec
 from guard.policy.redact import Redactor, compile_pattern
@@ -68,6 +68,7 @@ __all__ = [
 logger = logging.getLogger("guard.policy")
 
 _CEL_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # non-string question text, measured
 
 #: Most problems one load collects; past it a last problem says how many more there were (a file of 60,000 unknown
 #: keys costs the first ones' messages, not 60,000 "did you mean" searches).
@@ -481,7 +482,13 @@ def _questions(
             for field_error in exc.errors:
                 problem(_field_path(field_error, wire_id, key), field_error.message)
             continue
-        out.append(PolicyQuestion(key, request.questions[0], format_path((*base, *where)), lines.line((*base, *where))))
+        wire = request.questions[0]
+        for name, value in (("instructions", wire.instructions), ("criteria", wire.criteria)):
+            size = len(value) if isinstance(value, str) else len(_COMPACT_JSON.encode(value))
+            if size > MAX_QUESTION_TEXT_CHARS:
+                problem((*where, name), f"holds {size} characters as the model reads them; at most "
+                        f"{MAX_QUESTION_TEXT_CHARS}, about the whole 16,384-token prompt (state included)")
+        out.append(PolicyQuestion(key, wire, format_path((*base, *where)), lines.line((*base, *where))))
     return out, known
 
 

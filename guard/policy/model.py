@@ -85,6 +85,10 @@ DEFAULT_HANDOFF_STREAM_TIMEOUT_S = 600.0
 #: The longest ``retry_after`` a policy may send (one day): a finite bound keeps ``Retry-After`` a number a client can
 #: act on (``.inf`` would be no header value at all).
 MAX_RETRY_AFTER_S = 24 * 3600
+#: The most characters a question's ``instructions``, and its ``criteria``, may hold as the model reads them (a
+#: string as it is, anything else as compact JSON): about the whole default 16,384-token prompt of English text, so a
+#: longer one can leave no room for the state (the backend's own check at load, where it has one, is exact).
+MAX_QUESTION_TEXT_CHARS = 65_536
 
 
 
@@ -417,13 +421,15 @@ class QuestionSpec(_Strict):
         "levels (answer: expected level). Required unless catalog is given.",
     )
     instructions: Any = Field(
-        default=None, description="What to decide: a string, or an object/array of strings. Required unless catalog."
+        default=None,
+        description="What to decide: a string, or an object/array of strings. Required unless catalog. At most "
+        f"{MAX_QUESTION_TEXT_CHARS} characters (anything but a string counted as compact JSON).",
     )
     criteria: Any = Field(
         default=None,
         description='Options: noul {"true": ..., "false": ...} (optional; quoted: a plain true is not text); choice '
         "{option_id: description} (2-255, sent sorted by id: their order does not matter); score [lowest level, ..., "
-        "highest] (2-10).",
+        f"highest] (2-10). At most {MAX_QUESTION_TEXT_CHARS} characters as compact JSON.",
     )
 
 

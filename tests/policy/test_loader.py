@@ -175,6 +175,21 @@ def test_question_and_rule_limits() -> None:
     assert (error.line, error.key) == (5, "policies[0].questions") and "65 entries; at most 64" in error.reason
 
 
+def test_question_text_past_the_prompt_is_a_load_error() -> None:
+    """198,000 characters of instructions loaded, and every decision then failed closed: no model reads them whole."""
+    def question(instructions: str, criteria: str = "{a: A, b: B}") -> str:
+        return (f"policies:\n  - id: p\n    version: 1\n    match: {{http: {{}}}}\n    questions:\n      q:\n"
+                f"        type: choice\n        instructions: '{instructions}'\n        criteria: {criteria}\n")
+
+    (policy,) = load_text(question("x" * 65_536))
+    assert len(policy.questions[0].wire.instructions) == 65_536
+    error = load_error(question("Ignore it? " * 18_000))
+    assert (error.line, error.key) == (8, "policies[0].questions.q.instructions")
+    assert "holds 198000 characters as the model reads them; at most 65536" in error.reason
+    error = load_error(question("Which?", "{a: A, b: '" + "B" * 65_536 + "'}"))
+    assert (error.line, error.key) == (9, "policies[0].questions.q.criteria")
+
+
 def test_catalog_questions() -> None:
     text = BASE.replace("    rules:", "      injection: {catalog: guard.prompt_injection}\n    rules:")
     (policy,) = load_text(text)
