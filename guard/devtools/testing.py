@@ -397,7 +397,9 @@ def wire_answers(policies: Sequence[Policy], answers: Mapping[str, Any]) -> dict
 
     Raises:
         ValueError: naming a key no policy has, with the keys there are; or a spec its question cannot read
-            (``answers.KEY: ...``), so a typo is the case's error, not a backend failure a ``fail_mode`` test passes.
+            (``answers.KEY: ...``), so a typo is the case's error, not a backend failure a ``fail_mode`` test passes;
+            or two keys whose questions share a wire id (the same catalog question under two keys) given different
+            specs, naming both keys and the id (one spec would silently answer both).
     """
     by_key: dict[str, list[QuestionV1]] = {}
     for policy in policies:
@@ -417,7 +419,19 @@ def wire_answers(policies: Sequence[Policy], answers: Mapping[str, Any]) -> dict
                 answer_from_spec(question, spec)
             except ValueError as exc:
                 raise ValueError(f"answers.{key}: {exc}") from None
-    return {wire.id: spec for key, spec in answers.items() for wire in by_key[key]}
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # wire id -> the first key that answered it
+    for key, spec in answers.items():
+        for wire in by_key[key]:
+            first = given.setdefault(wire.id, key)
+            if first != key and answers[first] != spec:
+                raise ValueError(
+                    f"answers.{first} ({answers[first]!r}) and answers.{key} ({spec!r}) answer question id "
+                    f"{wire.id!r} differently: the model answers a question once per subject, and the test backend "
+                    "by its id; give both keys the same answer, or answer only one of them"
+                )
+            out[wire.id] = spec
+    return out
 
 
 async def late_shadow_verdicts(guard: Guard, subject: Subject, matched: Sequence[Policy],

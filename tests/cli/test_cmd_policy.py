@@ -603,6 +603,28 @@ def test_an_answer_its_question_cannot_read_fails_the_case_by_name(
     assert "Traceback" not in captured.err
 
 
+def test_two_keys_of_one_question_given_different_answers_fail_the_case_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two policies ask the same catalog question under two keys; answers {injection: 0.1, pi: 0.9} passed a case
+    expecting a block, though the model answers the question once (the last key's answer reached both)."""
+    (tmp_path / "p.yaml").write_text("policies:\n" + "".join(
+        f"  - id: {pid}\n    version: 1\n    match: {{http: {{methods: [POST]}}}}\n    state: {{text: body_text}}\n"
+        f"    questions: {{{key}: {{catalog: guard.prompt_injection}}}}\n"
+        f"    rules: [{{id: {pid}, when: {key}.noul >= 0.85, action: block}}]\n"
+        for pid, key in (("a", "injection"), ("b", "pi"))
+    ))
+    case = "  - name: {name}\n    input: {{http: {{method: POST, path: /x}}}}\n    answers: {answers}\n" \
+           "    expect: {{action: {action}}}\n"
+    (tmp_path / "p_test.yaml").write_text("cases:\n" + case.format(
+        name="apart", answers="{injection: 0.1, pi: 0.9}", action="block"
+    ) + case.format(name="together", answers="{injection: 0.9, pi: 0.9}", action="block"))
+    assert main(["policy", "test", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "answers.injection (0.1) and answers.pi (0.9) answer question id 'guard.prompt_injection' differently" in err
+    assert "together" not in err  # the same answer under both keys is fine
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 
