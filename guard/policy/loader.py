@@ -769,6 +769,13 @@ class PolicySet:
         with self._lock:
             self._view = PolicyView(new)
 
+    def forget_error(self, error: PolicyError) -> None:
+        """Clear :attr:`last_error` when it is still ``error``: the change that failed to load was undone (the
+        files are again those the active set was read from, :attr:`stamps`); a later reload's error stays."""
+        with self._reload_lock:
+            if self.last_error is error:
+                self.last_error = None
+
     def reload(self) -> None:
         """Re-read :attr:`sources`. On any error the last good policies stay active. A reload that drops policies
         is applied, logged at WARNING naming them, and counted in :attr:`policies_removed`: a file cut short by a

@@ -9,8 +9,11 @@ A file left cut short (a writer that died mid-write) stays the same and is loade
 policies it dropped at WARNING and counts them (:meth:`~guard.policy.PolicySet.reload`).
 A reload that fails keeps the last good policies active: the error is logged (once, by
 :meth:`~guard.policy.PolicySet.reload`) and counted in ``PolicySet.reload_failures`` (reported by
-``Guard.health()``), and the watcher tries again at the next change. Any other error in a check (an unexpected
-exception from a reader) is logged and counted in :attr:`PolicyWatcher.failures` too; the watcher keeps polling.
+``Guard.health()``), and the watcher tries again at the next change. When the files become again those the active
+policies were read from (a ConfigMap rolled back to the last good version), the watcher's and the set's
+``last_error`` are cleared: health is no longer degraded by a change that was undone. Any other error in a check (an
+unexpected exception from a reader) is logged and counted in :attr:`PolicyWatcher.failures` too; the watcher keeps
+polling.
 :attr:`PolicyWatcher.alive` says whether its task still runs (health reports ``watcher_dead`` otherwise).
 """
 
@@ -65,6 +68,7 @@ class PolicyWatcher:
         # the files as the active set read them (a set built without stamps is reloaded once, at the second poll)
         self._seen: _Stamp = policies.stamps  # the files at the previous check
         self._failed: _Stamp | None = None  # the files a reload last failed on: not retried until they change
+        self._refused: PolicyError | None = None  # that reload's error (the set's ``last_error`` until it clears)
         self._task: asyncio.Task[None] | None = None
         self._checking: asyncio.Future[bool] | None = None  # the check running in a thread
 
@@ -73,12 +77,19 @@ class PolicyWatcher:
         the second check that sees it); returns whether a reload succeeded."""
         stamp = _stamp(self.policies.sources)
         seen, self._seen = self._seen, stamp
-        if stamp == self.policies.stamps or stamp == self._failed or stamp != seen:
-            return False  # loaded (by this watcher or a caller's reload), refused already, or still changing
+        if stamp == self.policies.stamps:  # loaded (by this watcher or a caller's reload), or a refused change undone
+            if self._failed is not None:  # the files are again those the last good policies came from: healthy
+                self._failed, self.last_error = None, None
+                if self._refused is not None:
+                    self.policies.forget_error(self._refused)
+                    self._refused = None
+            return False
+        if stamp == self._failed or stamp != seen:
+            return False  # refused already, or still changing
         try:
             self.policies.reload()  # logs its outcome: "policies reloaded: ..." or the error, once
         except PolicyError as exc:
-            self._failed = stamp
+            self._failed, self._refused = stamp, exc
             self.failures += 1
             self.last_error = str(exc)[:300]
             return False
@@ -88,7 +99,7 @@ class PolicyWatcher:
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
             return False
-        self._failed = None
+        self._failed, self._refused = None, None
         self.reloads += 1
         self.last_error = None
         return True

@@ -53,6 +53,32 @@ def test_reload_on_change_and_keep_last_good_on_error(tmp_path: Path) -> None:
     assert watcher.check() is False  # no retry until the file changes again
 
 
+def test_a_refused_change_rolled_back_clears_the_reload_error(tmp_path: Path) -> None:
+    """A ConfigMap swapped to a broken version and back to the active one: health stayed degraded, since the watcher
+    returned early on the active files and never cleared the errors of the change that was undone."""
+    for version, text in (("v1", POLICY.format(version="1", threshold=0.9)), ("v2", "policies: [{id: p}]\n")):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "p.yaml").write_text(text)
+
+    def swap(target: str) -> None:  # as the kubelet does: a new link renamed over the old one
+        (tmp_path / "tmp").symlink_to(target)
+        os.replace(tmp_path / "tmp", tmp_path / "cur")
+
+    swap("v1")
+    policies = load_files(tmp_path / "cur" / "p.yaml")
+    watcher = PolicyWatcher(policies, interval_s=0.05)
+    swap("v2")
+    assert watcher.check() is False and watcher.check() is False
+    assert policies.last_error is not None and watcher.last_error is not None and watcher.failures == 1
+    swap("v1")
+    assert watcher.check() is False  # nothing to load: the active set came from these files
+    assert policies.last_error is None and watcher.last_error is None
+    assert (policies["p"].version, policies.reload_failures, watcher.failures) == ("1", 1, 1)  # counts are kept
+    swap("v2")  # the same broken version again is refused again
+    assert watcher.check() is False and watcher.check() is False and watcher.failures == 2
+    assert policies.last_error is not None
+
+
 def test_rejects_bad_arguments(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(POLICY.format(version="1", threshold=0.9))
