@@ -241,9 +241,11 @@ def combined(
        verdict does not depend on the order files are given in.
 
     Its fields are the verdict's; ``latency_ms`` is the whole evaluation, ``cache_hit`` holds when every policy's
-    answers came from the cache (or it asked none), ``flags`` are every enforced contribution's (the decisive one's
-    values last; a shadow policy's stay in its own verdict unless it decides), with an enforced policy's
-    ``fail_open`` left out when the verdict blocks or escalates (the subject did not pass), ``redactions`` are those
+    answers came from the cache (or it asked none), ``flags`` are every enforced contribution's (of a count, the
+    largest any of them has, whatever the match order: each policy counts in its own state, and its own counts stay
+    in its contribution; of any other value, the decisive one's where it has one; a shadow policy's stay in its own
+    verdict unless it decides), with an enforced policy's ``fail_open`` left out when the verdict blocks or
+    escalates (the subject did not pass), ``redactions`` are those
     of every enforced policy that redacts when the verdict passes the subject on (:data:`MASKED_ACTIONS`: ``redact``
     to the application now, ``escalate`` after a review, ``handoff`` to the handoff target), and ``contributions``
     keeps all of them in match order. A verdict with ``redactions`` keeps no ``state``: the deciding policy's state
@@ -265,12 +267,12 @@ def combined(
     decisive = min(contributions, key=rank)
     asked = [c for c in contributions if c.backend is not None]  # rules-only verdicts name no backend
     flags: dict[str, Any] = {}
-    for contribution in contributions:
-        if contribution is not decisive and contribution.shadow_action is None:
-            flags.update(contribution.flags)
+    for contribution in (*(c for c in contributions if c is not decisive and c.shadow_action is None), decisive):
+        for name, value in contribution.flags.items():
+            known = flags.get(name)
+            flags[name] = max(known, value) if _is_count(known) and _is_count(value) else value
     if decisive.action in ("block", "escalate"):
         flags.pop("fail_open", None)  # an enforced fail-open beside a block let nothing through
-    flags.update(decisive.flags)
     redactions: tuple[Redaction, ...] = ()
     if decisive.action in MASKED_ACTIONS and decisive.shadow_action is None:
         redactions = merge_redactions(r for c in contributions if c.action == "redact" and c.shadow_action is None
@@ -302,6 +304,11 @@ def combined(
         policy_digest=decisive.policy_digest,
         policy_file=decisive.policy_file,
     )
+
+
+def _is_count(value: Any) -> bool:
+    """Whether a flag value is a count (an int or float, not a bool), which :func:`combined` keeps the largest of."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # Verdicts without a model answer -----------------------------------------------------------------------------------

@@ -87,3 +87,23 @@ def test_the_logged_tool_effect_is_the_one_the_deciding_policy_resolved() -> Non
                                                            message="m"), subject, policy=policy)  # fmt: skip
     assert [json.loads(line)["input"]["tool_effect"] for line in lines] == [
         "side_effecting", "side_effecting", "read_only", "unknown"]  # fmt: skip
+
+
+def test_combined_flags_keep_the_largest_count_whatever_the_match_order() -> None:
+    """Each policy counts in its own state; the combined counts came from the last policy in match order (A, B, C gave
+    truncated 1 and A, C, B gave 2)."""
+    rules_only = (
+        "\n  - id: {0}\n    version: 1\n    match: {{http: {{}}}}\n    rules: [{{id: r, when: 'true', action: allow}}]\n"
+    )
+    policies = {p.id: p for p in load_text("policies:" + "".join(rules_only.format(i) for i in "abc"))}
+    own = {
+        "a": verdicts.make("block", "d", policy_id="a", rule="r", flags={"truncated": 1}),
+        "b": verdicts.make("allow", "d", policy_id="b", rule="r", flags={"truncated": 3, "zero_width": 1}),
+        "c": verdicts.make("allow", "d", policy_id="c", rule="r", flags={"truncated": 2, "fail_open": True}),
+    }
+    for order in ("abc", "acb", "bca", "cba"):
+        verdict = verdicts.combined(
+            [policies[i] for i in order], [own[i] for i in order], decision_id="d", latency_ms=1.0
+        )
+        assert (verdict.policy_id, verdict.flags) == ("a", {"truncated": 3, "zero_width": 1}), order
+        assert [c.flags for c in verdict.contributions] == [own[i].flags for i in order]  # each keeps its own
