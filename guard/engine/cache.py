@@ -21,7 +21,11 @@ interface and one single-flight core:
   decides for them too.
 
 In one process, concurrent misses on one key share one task (one backend call); callers that time out leave the
-task running for the others.
+task running for the others. A call is made within the budget (``wait``) of the caller that started it, so no caller
+fails for a shorter budget than its own: one that joined a call which timed out calls again (or joins the next call)
+in what is left of its own budget when that is longer than the call's was, and a follower on another replica ignores
+a leader's timeout marker (it carries the leader's budget) when its own budget is longer and leads instead. A shadow
+policy's short call thus never times out an enforced policy asking the same questions with a longer timeout.
 
 A Redis cache also carries each backend's canary epoch (:meth:`~ProbabilityCache.shared_epoch`, sealed like the
 values), so a model one replica saw fail its canary, or pass again, moves every replica's keys on, not only its own;
@@ -234,6 +238,17 @@ class _Failed:
 _FAILED = _Failed()
 
 
+class _Flight(asyncio.Future[Any]):
+    """A call in flight for one key: a future of ``(answers, lookup)`` that carries ``budget``, the seconds its backend
+    call may take (the ``wait`` of the caller that started it)."""
+
+    __slots__ = ("budget",)
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop, budget: float) -> None:
+        super().__init__(loop=loop)
+        self.budget = budget
+
+
 class ProbabilityCache:
     """The interface and the in-process single-flight core. Use :class:`MemoryCache` or :class:`RedisCache`.
 
@@ -248,16 +263,16 @@ class ProbabilityCache:
         self.config = config or CacheConfig()
         self._stats = CacheHealth(backend=self.kind)
         self._trouble_at: dict[str, float] = {}  # a kind of _TROUBLE_CODES -> when it was last seen (monotonic s)
-        self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[Any]]] = (
+        self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Flight]] = (
             weakref.WeakKeyDictionary()
         )
-        self._last_flights: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[str, asyncio.Future[Any]]] | None = None
+        self._last_flights: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[str, _Flight]] | None = None
         # Answers this process holds, decoded and checked: key -> (answered from here until (monotonic s), answers,
         # the raw value they were decoded from: b"" in the in-process cache). LRU, at most config.max_entries.
         self._entries: OrderedDict[str, tuple[float, CachedAnswers, bytes]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _flights(self, loop: asyncio.AbstractEventLoop) -> dict[str, asyncio.Future[Any]]:
+    def _flights(self, loop: asyncio.AbstractEventLoop) -> dict[str, _Flight]:
         """``loop``'s calls in flight, key -> future. The last loop's table is remembered (by a weak reference):
         a ``WeakKeyDictionary`` lookup makes a new weak reference every time, a noticeable part of a cache hit."""
         last = self._last_flights
@@ -321,7 +336,8 @@ class ProbabilityCache:
             compute: makes the backend call; its result is checked and stored for ``ttl`` seconds.
             ttl: seconds to keep the answers; ``0`` = do not read or write the cache (single-flight still applies).
             wait: the caller's remaining time budget in seconds: the backend call's limit; a follower waits
-                :data:`FOLLOW_SHARE` of it for another replica's leader alone, then calls the model too.
+                :data:`FOLLOW_SHARE` of it for another replica's leader alone, then calls the model too. A caller that
+                joined a call with a shorter budget which timed out calls again in what is left of its own.
 
         Returns:
             ``(answers, lookup)``; ``answers`` is shared by every caller served from the same entry or flight.
@@ -332,12 +348,22 @@ class ProbabilityCache:
         """
         loop = asyncio.get_running_loop()
         flights = self._flights(loop)
-        flight = flights.get(key)
-        if flight is not None and not flight.done():  # a finished flight (even one not yet removed) is never joined
-            answers, _ = await asyncio.shield(flight)
+        deadline = loop.time() + wait
+        joined = flights.get(key)
+        while joined is not None and not joined.done():  # a finished flight (even one not yet removed) is never joined
+            left = deadline - loop.time()
+            try:
+                answers, _ = await asyncio.shield(joined)
+            except BackendTimeout:
+                if left <= joined.budget or loop.time() >= deadline:
+                    raise  # a call of our own would have had no longer: its timeout is ours
+                # it timed out within a shorter budget than ours: call again (or join the next call) in what is left
+                wait = deadline - loop.time()
+                joined = flights.get(key)
+                continue
             self._stats.shared += 1
             return answers, "shared"
-        flight = loop.create_future()
+        flight = _Flight(loop=loop, budget=wait)
         flights[key] = flight
         flight.add_done_callback(functools.partial(_end_flight, flights, key))
         reachable = True
@@ -355,8 +381,8 @@ class ProbabilityCache:
         return await asyncio.shield(flight)
 
     def _launch(
-        self, flight: asyncio.Future[Any], key: str, request: SystemOneRequestV1, compute: Compute, ttl: float,
-        wait: float, reachable: bool,
+        self, flight: _Flight, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float,
+        reachable: bool,
     ) -> None:
         """Run the miss path in its own task, so a caller that times out does not cancel it for the others."""
         task = asyncio.get_running_loop().create_task(self._lead(key, request, compute, ttl, wait, reachable))
@@ -396,7 +422,7 @@ class ProbabilityCache:
             if keep:  # stored before the lock goes: no follower sees neither lock nor value
                 await self._store_or_count(key, value, decoded, ttl)
         except BackendError as exc:
-            await self._publish_failure(key, exc, token)
+            await self._publish_failure(key, exc, token, wait)
             raise
         finally:
             if token is not None:
@@ -554,8 +580,9 @@ class ProbabilityCache:
         """
         return None
 
-    async def _publish_failure(self, key: str, exc: BackendError, token: str | None) -> None:
-        """Tell the followers of lock ``token`` (``None`` or ``""``: none held) that its backend call failed."""
+    async def _publish_failure(self, key: str, exc: BackendError, token: str | None, budget: float) -> None:
+        """Tell the followers of lock ``token`` (``None`` or ``""``: none held) that its backend call, made within
+        ``budget`` seconds, failed."""
         return
 
     # Canary epochs --------------------------------------------------------------------------------------------------
@@ -782,7 +809,7 @@ return 0
             if failure is not None and failure != ignored:
                 marker = self._checked_marker(key, failure)
                 # only the failure of the leader waited on: the lock held now, or the last one seen once released
-                error = _failure_from_marker(marker, lock if lock is not None else followed) if marker else None
+                error = _failure_from_marker(marker, lock if lock is not None else followed, wait) if marker else None
                 if error is not None:
                     raise error
                 ignored = failure  # counted once, not on every poll
@@ -796,11 +823,11 @@ return 0
                 return None  # no replica holds it: lead ourselves rather than wait out its expiry
         return None
 
-    async def _publish_failure(self, key: str, exc: BackendError, token: str | None) -> None:
+    async def _publish_failure(self, key: str, exc: BackendError, token: str | None, budget: float) -> None:
         if not token:
             return  # no lock held, so no follower waits on this call
         marker = json.dumps({"reason": exc.reason, "message": str(exc)[:300], "backend": exc.backend,
-                             "lock": token}).encode()
+                             "lock": token, "budget": budget}).encode()
         blob = self._sealed_until("f", key, marker, FAILURE_MARKER_MS)
         await self._op(lambda r: r.set(self._key("f", key), blob, px=FAILURE_MARKER_MS))
 
@@ -915,7 +942,7 @@ async def _get_with_pttl(client: aioredis.Redis, *, name: str) -> list[Any]:
     return await pipe.execute()
 
 
-def _end_flight(flights: dict[str, asyncio.Future[Any]], key: str, flight: asyncio.Future[Any]) -> None:
+def _end_flight(flights: dict[str, _Flight], key: str, flight: _Flight) -> None:
     if flights.get(key) is flight:
         del flights[key]
     if not flight.cancelled():
@@ -949,16 +976,17 @@ async def _run(
     return response, value, decoded, not isinstance(result, Unstored)
 
 
-def _failure_from_marker(raw: bytes, lock: bytes | None) -> BackendError | None:
+def _failure_from_marker(raw: bytes, lock: bytes | None, wait: float) -> BackendError | None:
     """The error a leader's failure marker ``raw`` (checked) carries, or ``None`` when it names a lock other than
-    ``lock`` (the one the follower waited on): an earlier leader's failure is not this flight's."""
+    ``lock`` (the one the follower waited on: an earlier leader's failure is not this flight's), or when it is a
+    timeout within a shorter budget than the follower's ``wait`` (seconds): a call of its own may still answer."""
     try:
         info = json.loads(raw)
         reason, message, backend = str(info["reason"]), str(info["message"]), str(info.get("backend", ""))
-        named = str(info["lock"]).encode()
+        named, budget = str(info["lock"]).encode(), float(info["budget"])
     except (ValueError, KeyError, TypeError):
         return None
-    if named != lock:
+    if named != lock or (reason == "timeout" and budget < wait):
         return None
     text = f"leader's backend call failed: {message}"
     if reason == "timeout":

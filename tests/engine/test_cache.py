@@ -319,10 +319,11 @@ async def test_a_forged_leader_failure_marker_is_ignored_not_followed(redis_url:
         assert (verdict.action, verdict.fail_mode) == ("allow", None), verdict.error
         await client.delete(value_key)
     assert cache.health().forged == 4 and backend.calls == 3  # two markers, two locks
-    # the same marker sealed with this store key, within its end and naming the lock held, is the leader's failure
+    # the same marker sealed with this store key, within its end, naming the lock held and the leader's budget, is the
+    # leader's failure
     await client.set(f"{create_redis.prefix}l:{content}", "planted", px=300)
     marker_key = f"{create_redis.prefix}f:{content}"
-    named = json.dumps({**json.loads(marker), "lock": "planted"}).encode()
+    named = json.dumps({**json.loads(marker), "lock": "planted", "budget": 2.0}).encode()
     await client.set(marker_key, sealed(marker_key, until(1000, named)))
     followed = await guard.aevaluate(subject())
     assert (followed.fail_mode, followed.action) == ("closed", "block") and "planted" in (followed.error or "")
@@ -1037,3 +1038,66 @@ async def test_a_hedge_that_fails_fast_does_not_beat_the_leaders_answer(redis_ur
     assert busy.calls == 1 and (await first).action == "block"
     await leader.aclose()
     await follower.aclose()
+
+
+TWO_BUDGETS = """
+policies:
+  - id: fast
+    version: "1"
+    match: {http: {methods: [POST], paths: ["/fast"]}}
+    state: {text: body_text}
+    questions: {injection: {type: noul, instructions: "Is this an injection?"}}
+    timeout_ms: 100
+    rules: [{id: injection, when: injection.noul >= 0.5, action: block}]
+  - id: slow
+    version: "1"
+    on_error: {mode: open}
+    match: {http: {methods: [POST], paths: ["/slow"]}}
+    state: {text: body_text}
+    questions: {injection: {type: noul, instructions: "Is this an injection?"}}
+    timeout_ms: 2000
+    rules: [{id: injection, when: injection.noul >= 0.5, action: block}]
+"""
+
+
+def at(path: str, text: str = "ignore") -> HttpSubject:
+    return HttpSubject(method="POST", path=path, body={"q": text}, body_text=text)
+
+
+@pytest.mark.anyio
+async def test_a_caller_that_joined_a_call_with_a_shorter_budget_is_not_timed_out_by_it() -> None:
+    """/fast (100 ms, fail closed) and /slow (2 s, fail open) ask the same question about the same text, so they
+    share one key; the model answers in 300 ms. /slow joined /fast's call and took its 100 ms timeout: an allow
+    through its fail mode. It now calls again in what is left of its own 2 s. A caller with the same budget as the
+    call it joined still takes its timeout (no second call)."""
+    backend = ScriptedBackend(by_text, delay=0.3)
+    guard = Guard(load_text(TWO_BUDGETS), backends=backend)
+    fast = asyncio.ensure_future(guard.aevaluate(at("/fast")))
+    await asyncio.sleep(0.01)  # /fast's call is in flight
+    slow = await guard.aevaluate(at("/slow"))
+    assert (slow.action, slow.rule, slow.fail_mode) == ("block", "injection", None), slow.error
+    assert (await fast).fail_mode == "closed" and backend.calls == 2
+    twins = await asyncio.gather(guard.aevaluate(at("/fast", "other")), guard.aevaluate(at("/fast", "other")))
+    assert [v.fail_mode for v in twins] == ["closed", "closed"] and backend.calls == 3
+    await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_follower_on_another_replica_ignores_a_timeout_within_a_shorter_budget(
+    redis_url: str, create_redis: Any
+) -> None:
+    """Replica A leads /fast (100 ms) and times out; replica B's /slow (2 s) follows A's lock. B took A's timeout
+    marker as its own failure (an allow through its fail mode) though the model answers in 300 ms; the marker now
+    carries A's budget and B, whose budget is longer, leads instead."""
+    backends = [ScriptedBackend(by_text, delay=0.3, name="clef") for _ in range(2)]
+    a, b = (Guard(load_text(TWO_BUDGETS), backends=backend,
+                  cache=redis_cache(redis_url, create_redis.prefix, op_timeout=0.5)) for backend in backends)
+    fast = asyncio.ensure_future(a.aevaluate(at("/fast")))
+    while not await keys(create_redis, "l"):  # A holds the lock
+        await asyncio.sleep(0.005)
+    slow = await b.aevaluate(at("/slow"))
+    assert (slow.action, slow.rule, slow.fail_mode) == ("block", "injection", None), slow.error
+    assert (await fast).fail_mode == "closed" and [backend.calls for backend in backends] == [1, 1]
+    await a.aclose()
+    await b.aclose()
+

@@ -274,3 +274,37 @@ async def test_an_enforced_fail_open_beside_an_enforced_redact_counts_under_the_
                                                     body_text="4111 1111 1111 1111"))
     assert (verdict.policy_id, verdict.action, verdict.flags) == ("cards", "redact", {"fail_open": True})
     assert _counted(reader, "guard.fail_open") == {"enforced": 1}
+
+
+async def test_a_shadow_policys_short_timeout_never_times_out_the_enforced_policy_asking_the_same() -> None:
+    """A shadow candidate listed first, asking what the enforced policy asks about the same state with a shorter
+    timeout: both groups have one cache key, so the enforced one joins the shadow's call. That call timed out at the
+    shadow's 100 ms and the enforced policy took the timeout (its fail mode: an allow under on_error open) though the
+    model answered in 300 ms, well within its own 2 s; it now calls again in what is left of its own budget."""
+    text = """
+policies:
+  - id: candidate
+    version: "2"
+    mode: shadow
+    match: {http: {methods: [POST]}}
+    state: {text: body_text}
+    questions: {spam: {type: noul, instructions: "Is this spam?"}}
+    timeout_ms: 100
+    rules: [{id: spam, when: spam.noul >= 0.3, action: block}]
+    default: allow
+  - id: live
+    version: "1"
+    on_error: {mode: open}
+    match: {http: {methods: [POST]}}
+    state: {text: body_text}
+    questions: {spam: {type: noul, instructions: "Is this spam?"}}
+    timeout_ms: 2000
+    rules: [{id: spam, when: spam.noul >= 0.5, action: block}]
+    default: allow
+"""
+    backend = ScriptedBackend(lambda r: {"spam": 0.99}, delay=0.3)
+    async with Guard(load_text(text), backends=backend) as guard:
+        verdict = await guard.aevaluate(post())
+    parts = {c.policy_id: c for c in verdict.contributions}
+    assert (verdict.action, verdict.fail_mode, parts["live"].rule) == ("block", None, "spam"), parts["live"].error
+    assert parts["candidate"].rule == "on_error" and backend.calls == 2
