@@ -27,6 +27,11 @@ in what is left of its own budget when that is longer than the call's was, and a
 a leader's timeout marker (it carries the leader's budget) when its own budget is longer and leads instead. A shadow
 policy's short call thus never times out an enforced policy asking the same questions with a longer timeout.
 
+A flight settles as soon as its answers pass their checks; its task then writes them to the store and releases the
+lock, in that order (a follower on another replica never sees neither), while the callers go on (at most
+:data:`MAX_BACKGROUND_WRITES` such writes per event loop; past that the callers wait for the write as well).
+:meth:`~ProbabilityCache.aclose` waits for them.
+
 A Redis cache also carries each backend's canary epoch (:meth:`~ProbabilityCache.shared_epoch`, sealed like the
 values), so a model one replica saw fail its canary, or pass again, moves every replica's keys on, not only its own;
 a replica that finds none published publishes a fresh one if still absent (:meth:`~ProbabilityCache.publish_epoch`
@@ -98,6 +103,9 @@ FOLLOW_SHARE = 0.5
 DEFAULT_LOCAL_TTL_S = 1.0
 #: Derived values one entry keeps in :attr:`CachedAnswers.memo` before it starts over.
 MEMO_ENTRIES = 16
+#: Answers one event loop writes to the store after their callers went on (each write is bounded by the store's
+#: operation timeouts); past this many, a flight settles only once its answers are written.
+MAX_BACKGROUND_WRITES = 1000
 
 Lookup = Literal["hit", "miss", "shared"]
 """``hit``: read from the cache; ``miss``: this caller's backend call; ``shared``: another caller's call (in this
@@ -267,6 +275,10 @@ class ProbabilityCache:
             weakref.WeakKeyDictionary()
         )
         self._last_flights: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[str, _Flight]] | None = None
+        # per loop, the tasks writing answers whose flight already settled (aclose waits for them)
+        self._writes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
         # Answers this process holds, decoded and checked: key -> (answered from here until (monotonic s), answers,
         # the raw value they were decoded from: b"" in the in-process cache). LRU, at most config.max_entries.
         self._entries: OrderedDict[str, tuple[float, CachedAnswers, bytes]] = OrderedDict()
@@ -385,15 +397,17 @@ class ProbabilityCache:
         reachable: bool,
     ) -> None:
         """Run the miss path in its own task, so a caller that times out does not cancel it for the others."""
-        task = asyncio.get_running_loop().create_task(self._lead(key, request, compute, ttl, wait, reachable))
+        task = asyncio.get_running_loop().create_task(self._lead(flight, key, request, compute, ttl, wait, reachable))
         task.add_done_callback(functools.partial(_settle, flight))
 
     async def _lead(
-        self, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float, reachable: bool
+        self, flight: _Flight, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float,
+        reachable: bool,
     ) -> tuple[CachedAnswers, Lookup]:
-        """The miss path. ``reachable`` is false when the store did not answer this request's read: then no lock is
-        taken and nothing written to it (each would spend another operation timeout of the decision's budget
-        before the model is called); the answers are held in process only."""
+        """The miss path of ``flight``, which settles with what this returns (or raises), or earlier, once the
+        answers are checked (:meth:`_answered`). ``reachable`` is false when the store did not answer this request's
+        read: then no lock is taken and nothing written to it (each would spend another operation timeout of the
+        decision's budget before the model is called); the answers are held in process only."""
         if ttl <= 0:
             response, _, _, _ = await _run(compute, request, wait)
             return CachedAnswers(response), "miss"
@@ -406,7 +420,7 @@ class ProbabilityCache:
         token, holder = await self._acquire(key, wait)
         if token is None:  # another replica leads: its answers or its failure, or past FOLLOW_SHARE our own call's
             started = time.monotonic()
-            outcome = await self._follow_or_hedge(key, request, compute, wait, ttl, holder)
+            outcome = await self._follow_or_hedge(flight, key, request, compute, wait, ttl, holder)
             if outcome is not None:
                 return outcome
             wait = max(wait - (time.monotonic() - started), 0.001)  # the leader vanished early: lead, in what is left
@@ -418,19 +432,40 @@ class ProbabilityCache:
                 self._stats.shared += 1
                 return stored, "shared"
         try:  # token None: without the lock, which another holds
-            response, value, decoded, keep = await _run(compute, request, wait)
-            if keep:  # stored before the lock goes: no follower sees neither lock nor value
-                await self._store_or_count(key, value, decoded, ttl)
+            outcome = await self._answered(flight, key, await _run(compute, request, wait), ttl)
         except BackendError as exc:
             await self._publish_failure(key, exc, token, wait)
             raise
-        finally:
+        finally:  # after the store: no follower sees neither lock nor value
             if token is not None:
                 await self._release(key, token)
-        return CachedAnswers(response), "miss"
+        return outcome
+
+    async def _answered(
+        self, flight: _Flight, key: str,
+        run: tuple[SystemOneResponseV1, dict[str, Any], SystemOneResponseV1, bool], ttl: float,
+    ) -> tuple[CachedAnswers, Lookup]:
+        """The outcome of a backend call's checked answers (``run``: what :func:`_run` returns): ``flight`` settles with
+        it now, its answers held in process (when they may be stored), so its callers go on while this task writes
+        them to the store (counted, never raised). Past :data:`MAX_BACKGROUND_WRITES` writes running on this loop,
+        the flight settles with the task instead, after the write."""
+        response, value, decoded, keep = run
+        outcome: tuple[CachedAnswers, Lookup] = (CachedAnswers(response), "miss")
+        if keep:  # a caller in this process finds them while they are written
+            self._keep(key, CachedAnswers(decoded), self._local_until(ttl))
+        writes = self._writes.setdefault(asyncio.get_running_loop(), set())
+        task = asyncio.current_task()
+        if task is not None and len(writes) < MAX_BACKGROUND_WRITES and not flight.done():
+            writes.add(task)
+            task.add_done_callback(writes.discard)
+            flight.set_result(outcome)
+        if keep:
+            await self._store_or_count(key, value, decoded, ttl)
+        return outcome
 
     async def _follow_or_hedge(
-        self, key: str, request: SystemOneRequestV1, compute: Compute, wait: float, ttl: float, holder: bytes | None
+        self, flight: _Flight, key: str, request: SystemOneRequestV1, compute: Compute, wait: float, ttl: float,
+        holder: bytes | None,
     ) -> tuple[CachedAnswers, Lookup] | None:
         """Another replica leads ``key`` (its lock ``holder``): its answers (``"shared"``); or, when they have not come
         within :data:`FOLLOW_SHARE` of ``wait``, the first of its answers and a model call of our own started then
@@ -461,10 +496,7 @@ class ProbabilityCache:
                     self._stats.shared += 1
                     return follow.result(), "shared"
                 if own in done and own.exception() is None:
-                    response, value, decoded, keep = own.result()
-                    if keep:
-                        await self._store_or_count(key, value, decoded, ttl)
-                    return CachedAnswers(response), "miss"
+                    return await self._answered(flight, key, own.result(), ttl)
             return await own  # both failed (or the leader vanished and ours failed): ours is this call's error
         finally:
             for task in (follow, own):
@@ -601,8 +633,14 @@ class ProbabilityCache:
         return
 
     async def aclose(self) -> None:
-        """Release connections. Idempotent."""
-        return
+        """Wait for this loop's answers still being written to the store, then release connections. Idempotent."""
+        await self._finish_writes()
+
+    async def _finish_writes(self) -> None:
+        """Wait for the tasks of this loop still writing answers whose callers went on (:meth:`_answered`)."""
+        writes = self._writes.get(asyncio.get_running_loop())
+        if writes:
+            await asyncio.gather(*writes, return_exceptions=True)
 
 
 class MemoryCache(ProbabilityCache):
@@ -891,11 +929,13 @@ return 0
         return None
 
     async def aclose(self) -> None:
-        """Close this loop's client (clients of other, finished loops are dropped)."""
+        """Wait for this loop's answers still being written, then close its client (clients of other, finished loops
+        are dropped)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # pragma: no cover - called outside a loop
             return
+        await self._finish_writes()
         client = self._clients.pop(loop, None)
         if client is not None:
             await client.aclose()

@@ -1101,3 +1101,45 @@ async def test_a_follower_on_another_replica_ignores_a_timeout_within_a_shorter_
     await a.aclose()
     await b.aclose()
 
+
+class _SlowWrites(RedisCache):
+    """A Redis cache whose writes take 600 ms (a store far away or busy)."""
+
+    async def _store(self, key: str, value: dict[str, Any], decoded: Any, ttl: float) -> None:
+        await asyncio.sleep(0.6)
+        await super()._store(key, value, decoded, ttl)
+
+
+@pytest.mark.anyio
+async def test_answers_in_time_are_used_while_they_are_written_and_the_lock_goes_after(
+    redis_url: str, create_redis: Any
+) -> None:
+    """The model answers in 100 ms of a 300 ms budget; writing the answers to Redis takes 600 ms. The flight settled
+    only once they were written and the lock released, so the decision timed out (fail closed) with the answers in
+    hand. It now settles with the answers; the write and then the release follow, and aclose waits for them."""
+    backend = ScriptedBackend(by_text, delay=0.1, name="clef")
+    cache = _SlowWrites(CacheConfig(url=redis_url, prefix=create_redis.prefix, op_timeout=0.5))
+    guard = Guard(load_text(POLICY.replace("THRESHOLD", "0.8").replace("TTL", "60")
+                            .replace("timeout_ms: 2000", "timeout_ms: 300")), backends=backend, cache=cache)
+    verdict = await guard.aevaluate(subject())
+    assert (verdict.action, verdict.rule, verdict.fail_mode) == ("allow", "default", None), verdict.error
+    assert (await guard.aevaluate(subject())).cache_hit and backend.calls == 1  # held in process meanwhile
+    assert await keys(create_redis, "l") and not await keys(create_redis)  # still writing: the lock is held
+    await guard.aclose()
+    assert await keys(create_redis) and not await keys(create_redis, "l") and cache.health().stores == 1
+
+
+@pytest.mark.anyio
+async def test_past_the_cap_on_background_writes_a_flight_settles_after_its_write(
+    redis_url: str, create_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("guard.engine.cache.MAX_BACKGROUND_WRITES", 0)
+    backend = ScriptedBackend(by_text, delay=0.1, name="clef")
+    cache = _SlowWrites(CacheConfig(url=redis_url, prefix=create_redis.prefix, op_timeout=0.5))
+    guard = Guard(load_text(POLICY.replace("THRESHOLD", "0.8").replace("TTL", "60")
+                            .replace("timeout_ms: 2000", "timeout_ms: 300")), backends=backend, cache=cache)
+    verdict = await guard.aevaluate(subject())
+    assert verdict.fail_mode == "closed" and "timeout" in (verdict.error or "")
+    await asyncio.sleep(0.6)  # the write goes on (and counts) after the caller gave up
+    assert cache.health().stores == 1
+    await guard.aclose()
