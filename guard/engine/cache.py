@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import inspect
 import json
 import logging
 import threading
@@ -944,10 +945,14 @@ return 0
 def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S, *, role: str = "cache") -> dict[str, Any]:
     """The ``redis.asyncio.ConnectionPool`` options of a Redis cache (or another store guard keeps in Redis, named by
     ``role`` in errors: the ``"review store"``) at ``url``: what the URL names (redis-py's URL syntax; its options win
-    over these defaults), socket timeouts of ``op_timeout`` seconds, no retry on a timeout, no ``CLIENT SETINFO``
-    round trips on connect (the first lookup fits the op timeout), and replies as bytes whatever the URL's
-    ``decode_responses`` (the cache stores sealed bytes). Checked by making a connection object, which connects
-    nothing.
+    over these defaults), socket timeouts of ``op_timeout`` seconds, no retry on a timeout, and replies as bytes
+    whatever the URL's ``decode_responses`` (the cache stores sealed bytes). A new connection sends nothing before
+    its first command but the ``AUTH`` and ``SELECT`` the URL asks for, so it fits the op timeout: RESP2
+    (``protocol=2``: redis-py 8 defaults to RESP3, whose ``HELLO 3`` is a round trip of its own; a URL's
+    ``?protocol=3`` still asks for it), no ``CLIENT MAINT_NOTIFICATIONS`` (which redis-py 7 and later send on every
+    RESP3 connection) and no ``CLIENT SETINFO``. A connection that times out is dropped, so with a Redis 15 ms away
+    those round trips made every operation time out and nothing was ever stored. Checked by making a connection
+    object, which connects nothing.
 
     Raises:
         ValueError: ``url`` is not one redis-py can connect with: another scheme than ``redis://``, ``rediss://``
@@ -957,7 +962,11 @@ def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S, *, role: s
             credentials or query.
     """
     defaults: dict[str, Any] = {"socket_timeout": op_timeout, "socket_connect_timeout": op_timeout,
-                                "retry_on_timeout": False, "lib_name": None, "lib_version": None}
+                                "retry_on_timeout": False, "lib_name": None, "lib_version": None, "protocol": 2}
+    if "maint_notifications_config" in inspect.signature(aioredis.ConnectionPool).parameters:  # redis-py 7 and later
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        defaults["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     try:
         options = {**defaults, **parse_url(url), "decode_responses": False}
         database = unquote(urlsplit(url).path).replace("/", "")

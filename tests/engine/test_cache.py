@@ -711,6 +711,34 @@ async def test_decode_responses_in_the_url_still_reads_bytes(redis_url: str, cre
     await guard.aclose()
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(("query", "sent"), [("", set()), ("protocol=3", {"HELLO"})])
+async def test_a_new_connection_makes_no_round_trips_of_its_own(
+    query: str, sent: set[str], redis_url: str, create_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py 8 speaks RESP3 by default: a new connection sent HELLO 3 and CLIENT MAINT_NOTIFICATIONS before its
+    first command, each a round trip, so with a Redis 15 ms away the default 50 ms op timeout was spent connecting
+    (and the connection dropped) and nothing was ever stored. The cache asks for RESP2 and no maintenance
+    notifications; a URL that asks for RESP3 gets HELLO only."""
+    from redis.asyncio import connection
+
+    commands: list[str] = []
+    send = connection.AbstractConnection.send_command
+
+    async def recorded(self: Any, *args: Any, **kwargs: Any) -> None:
+        commands.append(" ".join(str(a) for a in args[:2]))
+        await send(self, *args, **kwargs)
+
+    monkeypatch.setattr(connection.AbstractConnection, "send_command", recorded)
+    url = redis_url + ("&" if "?" in redis_url else "?") + query if query else redis_url
+    cache = redis_cache(url, create_redis.prefix, local_ttl=0)
+    guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=cache)
+    await guard.aevaluate(subject())
+    await guard.aclose()  # the answers are written
+    assert {c.split()[0] for c in commands} & {"HELLO", "CLIENT"} == sent, commands
+    assert cache.health().stores == 1
+
+
 def test_redis_cache_requires_a_store_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GUARD_STORE_KEY")
     with pytest.raises(ValueError, match="GUARD_STORE_KEY"):
