@@ -20,6 +20,7 @@ from guard.systemone.wire import (
     SystemOneRequestV1,
     SystemOneResponseV1,
     UsageV1,
+    check_readout,
     parse_usage,
     sum_tolerance,
 )
@@ -42,8 +43,9 @@ def encode_checked(
 
     Raises:
         MalformedAnswer: a missing or extra answer, a wrong type, a non-finite probability, probabilities that do
-            not sum to 1, a choice/score outside its options, or a usage count that is not a whole number >= 0
-            (:func:`~guard.systemone.wire.parse_usage`).
+            not sum to 1, a choice/score outside its options, a headline (noul, choice, score) or confidence its
+            probabilities do not give (:func:`~guard.systemone.wire.check_readout`), or a usage count that is not a
+            whole number >= 0 (:func:`~guard.systemone.wire.parse_usage`).
     """
     usage = parse_usage(response.usage, MalformedAnswer)
     answers: dict[str, Any] = {}
@@ -88,7 +90,9 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
 
     Raises:
         MalformedAnswer: when the value does not have exactly the shape :func:`encode_checked` writes for this
-            request (another schema version, a string, missing or extra questions, bad numbers).
+            request (another schema version, a string, missing or extra questions, bad numbers), or a headline or
+            confidence its probabilities do not give within the coarsest provider's rounding
+            (:func:`~guard.systemone.wire.check_readout`).
     """
     if not isinstance(value, Mapping) or value.get("v") != VALUE_VERSION:
         raise MalformedAnswer("stored answers have another shape or version")
@@ -121,6 +125,7 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         if question.type == "noul":
             if not _probability(headline):
                 raise MalformedAnswer(f"answer for {question.id!r} has noul={headline!r}")
+            check_readout(question, by_id, headline, None, COARSEST_DECIMALS, MalformedAnswer)
             answers[question.id] = AnswerV1(question.id, "noul", by_id, noul=float(headline))
             continue
         if not _probability(conf):
@@ -128,6 +133,7 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
         if question.type == "choice":
             if not isinstance(headline, str) or headline not in by_id:  # a list is no option (and unhashable)
                 raise MalformedAnswer(f"answer for {question.id!r} chose {headline!r}, not one of its options")
+            check_readout(question, by_id, headline, conf, COARSEST_DECIMALS, MalformedAnswer)
             answers[question.id] = AnswerV1(question.id, "choice", by_id, choice=headline, confidence=float(conf))
             continue
         levels = len(option_ids)
@@ -135,6 +141,7 @@ def decode_answers(value: Any, request: SystemOneRequestV1) -> SystemOneResponse
             raise MalformedAnswer(f"answer for {question.id!r} has score={headline!r}")
         if not -1e-6 <= headline <= levels - 1 + 1e-6:
             raise MalformedAnswer(f"answer for {question.id!r} has score {headline!r}; expected 0 to {levels - 1}")
+        check_readout(question, by_id, headline, conf, COARSEST_DECIMALS, MalformedAnswer)
         legend = {str(level): criterion for level, criterion in enumerate(question.criteria)}
         answers[question.id] = AnswerV1(
             question.id, "score", by_id, score=float(headline), confidence=float(conf), legend=legend

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, get_args
 
@@ -54,6 +54,7 @@ __all__ = [
     "UsageV1",
     "ValidationProfile",
     "answer_question",
+    "check_readout",
     "confidence",
     "parse_usage",
     "sum_tolerance",
@@ -789,23 +790,13 @@ def _parse_answer(
         reported = _probability(reported)
         if reported is None:
             raise bad(f"answer for {question.id!r} has confidence {_shown(raw.get('confidence'))}")
-        values = [caller[option_id] for option_id in expected_ids]  # a rule may read it: it must be what one of
-        slack = max(1e-3, 5 * 10.0**-decimals)  # the known definitions gives
-        if not any(abs(reported - confidence(values, question.type, known)) <= slack
-                   for known in CONFIDENCE_PROFILES):  # fmt: skip
-            raise bad(f"answer for {question.id!r} has confidence {reported:.6f}, which no confidence "
-                      f"definition ({', '.join(CONFIDENCE_PROFILES)}) gives for its probabilities")
-    answer = _answer_from_caller_order(question, caller, profile, reported)
-    unit = 10.0**-decimals  # two values each rounded by half a unit can differ by one unit from the true order
     if question.type == "choice":
         choice = raw.get("choice")
         if not isinstance(choice, str) or choice not in caller:  # a list or object is no option id (nor hashable)
             raise bad(f"answer for {question.id!r} chose {_shown(choice)}, not one of its options")
-        top = max(caller.values())
-        if caller[choice] < top - unit - 1e-9:
-            raise bad(f"answer for {question.id!r} chose {choice!r} (p={caller[choice]:.4f}) but {answer.choice!r} "
-                      f"has p={top:.4f}; the choice must be the most probable option")
-        return answer if caller[choice] == top else dataclasses.replace(answer, choice=choice)
+        check_readout(question, caller, choice, reported, decimals, bad)
+        answer = _answer_from_caller_order(question, caller, profile, reported)
+        return answer if caller[choice] == max(caller.values()) else dataclasses.replace(answer, choice=choice)
     score = raw.get("score")
     levels = len(expected_ids)
     if not isinstance(score, (int, float)) or isinstance(score, bool) or (isinstance(score, float)
@@ -813,12 +804,63 @@ def _parse_answer(
         raise bad(f"answer for {question.id!r} has score {_shown(score)}; expected a number")
     if not -1e-6 <= score <= levels - 1 + 1e-6:
         raise bad(f"answer for {question.id!r} has score {_shown(score)}; expected 0 to {levels - 1}")
+    check_readout(question, caller, score, reported, decimals, bad)
+    # rules read the expected level of the checked probabilities, never a reported mode
+    return _answer_from_caller_order(question, caller, profile, reported)
+
+
+def check_readout(
+    question: QuestionV1, probabilities: Mapping[str, float], value: float | str, reported_confidence: float | None,
+    decimals: int, bad: Callable[[str], Exception],
+) -> None:
+    """Check that an answer's headline ``value`` and ``reported_confidence`` are what its ``probabilities`` give,
+    within a provider's rounding to ``decimals`` places (two values each rounded by half a unit can differ by one unit
+    from the true order): the one check of a remote answer (:meth:`SystemOneResponseV1.from_json`) and of a stored one
+    (:func:`guard.systemone.answers.decode_answers`, with :data:`COARSEST_DECIMALS`), so rules never read a headline
+    its probabilities contradict.
+
+    Args:
+        question: the question answered.
+        probabilities: option id -> probability in caller order (a score's in level order), each in [0, 1], summing
+            to 1 (checked before).
+        value: noul: P(true), within one unit of ``probabilities["true"]``; choice: an option id (checked before),
+            whose probability is within one unit of the top one; score: a number from 0 to levels - 1 (checked
+            before), the expected level within the rounding of each probability, or a most probable level.
+        reported_confidence: a probability, or ``None`` when not reported; it must be what one of
+            :data:`CONFIDENCE_PROFILES` gives for the probabilities, within ``max(1e-3, 5·10^-decimals)``.
+        decimals: the provider's rounding.
+        bad: makes the error from its message.
+
+    Raises:
+        Exception: what ``bad`` makes, naming the question, when a headline or confidence does not follow.
+    """
+    unit = 10.0**-decimals
+    if reported_confidence is not None:  # a rule may read it: it must be what one of the known definitions gives
+        values = list(probabilities.values())
+        slack = max(1e-3, 5 * unit)
+        if not any(abs(reported_confidence - confidence(values, question.type, known)) <= slack
+                   for known in CONFIDENCE_PROFILES):  # fmt: skip
+            raise bad(f"answer for {question.id!r} has confidence {reported_confidence:.6f}, which no confidence "
+                      f"definition ({', '.join(CONFIDENCE_PROFILES)}) gives for its probabilities")
+    if question.type == "noul":
+        assert isinstance(value, (int, float))
+        if abs(value - probabilities["true"]) > unit + 1e-9:
+            raise bad(f"answer for {question.id!r} has noul {_shown(value)} but P(true) = "
+                      f"{probabilities['true']:.4f}; noul is P(true)")
+        return
+    top = max(probabilities.values())
+    if question.type == "choice":
+        assert isinstance(value, str)
+        if probabilities[value] < top - unit - 1e-9:
+            raise bad(f"answer for {question.id!r} chose {value!r} (p={probabilities[value]:.4f}) but "
+                      f"{_argmax(probabilities)!r} has p={top:.4f}; the choice must be the most probable option")
+        return
+    assert isinstance(value, (int, float))
+    levels = len(probabilities)
     # each probability is off by up to half a unit (times its level), and the score itself by half a unit
     tolerance = 0.5 * unit * (1 + levels * (levels - 1) / 2) + 1e-9
-    expected = float(answer.score or 0.0)
-    top = max(caller.values())
-    modes = {level for level, p in enumerate(caller.values()) if p == top}
-    if abs(score - expected) > tolerance and not (float(score).is_integer() and int(score) in modes):
-        raise bad(f"answer for {question.id!r} has score {_shown(score)} but its probabilities give {expected:.4f} "
+    expected = sum(level * p for level, p in enumerate(probabilities.values()))
+    modes = {level for level, p in enumerate(probabilities.values()) if p == top}
+    if abs(value - expected) > tolerance and not (float(value).is_integer() and int(value) in modes):
+        raise bad(f"answer for {question.id!r} has score {_shown(value)} but its probabilities give {expected:.4f} "
                   f"(expected level) within {tolerance:.4f}")
-    return answer  # rules read the expected level of the checked probabilities, never a reported mode

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from guard.errors import MalformedAnswer
-from guard.systemone import SystemOneResponseV1, UsageV1
+from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
 from guard.systemone.answers import decode_answers, encode_checked
 from tests.systemone.test_wire import _remote_body, _remote_request
 
@@ -70,6 +70,31 @@ def test_stored_answers_are_in_prompt_order_and_read_back_in_each_callers_order(
     decoded = decode_answers(json.loads(json.dumps(stored)), other)
     assert list(decoded.answers["team"].probabilities) == relisted.option_ids()
     assert decoded.answers["team"].probabilities == by_id and decoded.answers["team"].choice == "technical"
+
+
+@pytest.mark.parametrize(("question", "edit", "says"), [
+    ("urgent", {"x": 0.0}, "noul is P"),  # p[true] stays 0.9906
+    ("team", {"x": "billing"}, "the choice must be the most probable option"),
+    ("severity", {"x": 0.5}, "expected level"),
+    ("team", {"c": 1.0}, "which no confidence definition"),
+])  # fmt: skip
+def test_a_stored_headline_its_probabilities_do_not_give_is_refused(question: str, edit: dict, says: str) -> None:
+    """A sealed value whose noul read 0.0 while its p[true] read 0.99 was a hit: rules read the headline, an allow
+    where the model had said block. The stored form passes the check a remote answer passes
+    (:func:`~guard.systemone.wire.check_readout`), with the coarsest provider's rounding."""
+    request = _remote_request()
+    stored, _ = encode_checked(SystemOneResponseV1.from_json(_remote_body(), request), request)
+    stored["answers"][question].update(edit)
+    with pytest.raises(MalformedAnswer, match=says):
+        decode_answers(json.loads(json.dumps(stored)), request)
+
+
+def test_an_in_process_answer_whose_noul_is_not_its_p_true_is_refused() -> None:
+    response = SystemOneResponseV1.from_json(_remote_body(), _remote_request())
+    contradicted = AnswerV1("urgent", "noul", {"true": 0.99, "false": 0.01}, noul=0.01)
+    with pytest.raises(MalformedAnswer, match="noul 0.01 but P"):
+        encode_checked(dataclasses.replace(response, answers={**response.answers, "urgent": contradicted}),
+                       _remote_request())
 
 
 @pytest.mark.parametrize(("usage", "error"), [
