@@ -13,15 +13,22 @@ from guard.systemone import QuestionV1, SystemOneRequestV1
 __all__ = ["KEY_VERSION", "KeyTemplate", "cache_key"]
 
 #: Bump when the key material changes; old entries then simply miss.
-KEY_VERSION = 1
+KEY_VERSION = 2
 
 
 def _media(value: Any) -> Any:
-    # PIL images (Python API only) are hashed by their pixels; anything else non-JSON by its repr.
+    """The key material of a value JSON cannot encode (Python API only): an array (a video's frames: numpy's, or a
+    torch tensor, read through ``numpy(force=True)``) by its shape, dtype and bytes; a PIL image by its mode, size and
+    pixels, a palette image's ("P", "PA") as RGBA (its pixels are indexes: the palette and transparency decide what
+    the model sees); anything else by its repr."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        array = value if callable(getattr(value, "tobytes", None)) else value.numpy(force=True)
+        return {"array": [list(array.shape), str(array.dtype), hashlib.sha256(array.tobytes()).hexdigest()]}
     tobytes = getattr(value, "tobytes", None)
     if callable(tobytes):
-        digest = hashlib.sha256(tobytes()).hexdigest()
-        return {"image": [getattr(value, "mode", ""), list(getattr(value, "size", ())), digest]}
+        mode = getattr(value, "mode", "")
+        pixels = value.convert("RGBA").tobytes() if mode in ("P", "PA") else tobytes()
+        return {"image": [mode, list(getattr(value, "size", ())), hashlib.sha256(pixels).hexdigest()]}
     return repr(value)
 
 
@@ -44,19 +51,22 @@ class KeyTemplate:
         model: the model name in the request.
         questions: the questions in request order.
         images: the request's images (policies send none).
+        videos: the request's videos (policies send none).
     """
 
     __slots__ = ("_head", "_tail")
 
     def __init__(
-        self, *, backend: str, revision: str, model: str, questions: Sequence[QuestionV1], images: Sequence[Any] = ()
+        self, *, backend: str, revision: str, model: str, questions: Sequence[QuestionV1], images: Sequence[Any] = (),
+        videos: Sequence[Any] = (),
     ) -> None:
         head = _KEY_ENCODER.encode({"v": KEY_VERSION, "backend": backend, "revision": revision, "model": model})
         self._head = hashlib.sha256(f'{head[:-1]},"state":'.encode())
         canonical = [q.canonical() for q in questions]  # a choice's options sorted by id: listing order is no key
         questions_json = _KEY_ENCODER.encode([[q.id, q.type, q.instructions, q.criteria] for q in canonical])
         images_json = _KEY_ENCODER.encode(list(images))
-        self._tail = f',"questions":{questions_json},"images":{images_json}}}'.encode()
+        videos_json = _KEY_ENCODER.encode(list(videos))
+        self._tail = f',"questions":{questions_json},"images":{images_json},"videos":{videos_json}}}'.encode()
 
     def key(self, state: Any) -> str:
         """SHA-256 (hex, 64 characters) of the key material with this ``state``."""
@@ -71,11 +81,12 @@ def cache_key(request: SystemOneRequestV1, *, backend: str, revision: str) -> st
 
     Material, in order: key version, backend name, model revision, model name, the state (key order kept: it is model
     input), every question in request order with its type, instructions and criteria (a choice's options sorted by
-    id, as they go on the wire: two policies that list the same options in another order share entries), and the
-    images. Requests that differ in any of these never share an entry. The engine uses :class:`KeyTemplate` (same
-    keys, the constant part computed once per policy).
+    id, as they go on the wire: two policies that list the same options in another order share entries), the
+    images and the videos. Requests that differ in any of these never share an entry. The engine uses
+    :class:`KeyTemplate` (same keys, the constant part computed once per policy).
     """
     template = KeyTemplate(
-        backend=backend, revision=revision, model=request.model, questions=request.questions, images=request.images
+        backend=backend, revision=revision, model=request.model, questions=request.questions, images=request.images,
+        videos=request.videos,
     )
     return template.key(request.state)

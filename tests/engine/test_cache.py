@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
 from guard._seal import Sealer
@@ -95,10 +96,43 @@ def test_cache_key_is_the_hash_of_the_documented_material_and_the_template_agree
     for state in ("plain", "ünï \"q\" \u2028", {"a": 1, "b": [1, 2.0, None, True], "c": {"x": "é"}}, [1, "x"], 3.5):
         request = SystemOneRequestV1(model="m", state=state, questions=questions)
         material = {"v": KEY_VERSION, "backend": "b", "revision": "r1", "model": "m", "state": state,
-                    "questions": [[q.id, q.type, q.instructions, q.criteria] for q in questions], "images": []}
+                    "questions": [[q.id, q.type, q.instructions, q.criteria] for q in questions], "images": [],
+                    "videos": []}
         blob = json.dumps(material, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         expected = hashlib.sha256(blob).hexdigest()
         assert cache_key(request, backend="b", revision="r1") == template.key(state) == expected
+
+
+def test_cache_key_reads_videos_and_a_palette_images_colours() -> None:
+    """The Clef processor reads ``videos`` and a palette image's colours, the key read neither: a request with an
+    attack on video shared the entry of one without, and two "P" images with the same indexes and different
+    palettes (or transparency) shared one."""
+    from PIL import Image
+
+    q = QuestionV1("a", "noul", "Bad?")
+
+    def key(**media: Any) -> str:
+        return cache_key(SystemOneRequestV1(model="m", state="s", questions=(q,), **media), backend="b", revision="r")
+
+    frames = np.zeros((2, 4, 4, 3), dtype=np.uint8)
+    changed = frames.copy()
+    changed[1, 2, 3, 0] = 255
+    videos = [key(), key(videos=(frames,)), key(videos=(changed,)), key(videos=(frames.astype(np.float32),)),
+              key(videos=(frames.reshape(4, 2, 4, 3),)), key(videos=(list(frames),))]
+    assert len(set(videos)) == len(videos)
+    assert key(videos=(frames.copy(),)) == videos[1]
+
+    def palette_image(colour: list[int], transparency: int | None = None) -> Any:
+        image = Image.new("P", (2, 2), 0)
+        image.putpalette(colour * 256)
+        if transparency is not None:
+            image.info["transparency"] = transparency
+        return image
+
+    images = [key(images=(palette_image([0, 0, 0]),)), key(images=(palette_image([255, 0, 0]),)),
+              key(images=(palette_image([0, 0, 0], transparency=0),))]
+    assert len(set(images)) == len(images)
+    assert key(images=(palette_image([0, 0, 0]),)) == images[0]
 
 
 # In-process cache ---------------------------------------------------------------------------------------------------
