@@ -10,10 +10,14 @@ the value's type does not have, a guard function given the wrong type) or return
 work on any request and is refused at load. A rule reading a value whose type the request picks (``body``, a JSON
 pointer into it, tool arguments and results, ``call``, ``result``) is not run, nor one with more than
 :data:`MAX_RUNS` combinations; failures that depend on a value (a missing key, ``int("x")``) are not counted.
+The same runs find an ``==``, ``!=`` or ``in`` between values of two types (``inj.noul == "0.9"``,
+``subject.query.tier == "free"``), which the runtime answers with ``false`` (``true`` for ``!=``), not an error: the
+rule never fires, or always does, and is refused too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import logging
@@ -25,6 +29,9 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import cel
+
+from guard.policy._compare import RECORD, instrumented
 from guard.policy._state import HTTP_SOURCES, NAMED_SOURCES, StateField
 from guard.policy.rules import (
     FEATURE_NAMES,
@@ -202,15 +209,17 @@ def certain_failures(
     state: _Type,
     subject: _Type,
 ) -> dict[str, str]:
-    """Rule id -> why its ``when`` fails on every request, for the rules that can be run before a request.
+    """Rule id -> why its ``when`` fails on every request, or why one of its comparisons never holds, for the
+    rules that can be run before a request.
 
     A rule that reads nothing of a request (only answers, ``answers``, ``flags`` and ``data``) is run once, on even
     answers (each option of each question equally likely) and zero flags: any failure (a quoted threshold
     ``"0.85"`` compared with a probability) is one on every request. A rule whose ``state.``/``subject.`` reads
     all have known types (``state``, ``subject``: :func:`state_type`, :func:`subject_type`; alternatives for a
     policy matching several kinds of subject) is run once per combination of those types and fails on every
-    request when every run ends in a type error or a non-boolean (:func:`_type_error`). Rules reading ``call`` or
-    ``result`` are not run.
+    request when every run ends in a type error or a non-boolean (:func:`_type_error`). A rule that works is
+    refused when one of its comparisons compares values of two types in some run and of one type in none
+    (:func:`_mismatched`). Rules reading ``call`` or ``result`` are not run.
     """
     answers = {key: answer_question(q, [1 / len(q.options())] * len(q.options())) for key, q in questions.items()}
     roots = {"state": state, "subject": subject}
@@ -228,7 +237,8 @@ def certain_failures(
 def _certain_failure(
     policy_id: str, rule: CompiledRule, roots: Mapping[str, _Type], answers: Mapping[str, Any], data: Any
 ) -> str | None:
-    """Why ``rule`` fails on every request (:func:`certain_failures`), or ``None``."""
+    """Why ``rule`` fails on every request (:func:`certain_failures`), or why one of its comparisons never holds
+    (:func:`_mismatched`), or ``None``."""
     if rule.names & FEATURE_NAMES:
         return None
     reads = {root: [path for name, path in field_reads(rule.source) if name == root] for root in roots}
@@ -240,23 +250,103 @@ def _certain_failure(
     runs = list(itertools.product(samples["state"], samples["subject"]))
     if len(runs) > MAX_RUNS:
         return None
+    contexts = [rule_context((rule,), answers, subject, state, None, data) for state, subject in runs]
     errors: list[RuleError] = []
-    for state_value, subject_value in runs:
+    for context in contexts:
         try:
-            run_rule(policy_id, rule, rule_context((rule,), answers, subject_value, state_value, None, data))
+            run_rule(policy_id, rule, context)
         except RuleError as exc:
             errors.append(exc)
-        else:
-            return None
-    if not errors:
+    if errors and len(errors) == len(runs):
+        if not rule.names & roots.keys():  # no request read: it fails the same way on every request
+            return f"fails on every request: {errors[0].detail}"
+        if all(_type_error(exc) for exc in errors):
+            return f"fails on the types it reads ({_described(reads, runs)}): {_first_sentence(errors[0])}"
+        if all(isinstance(exc.__cause__, ZeroDivisionError) for exc in errors):  # by a constant zero, whatever is read
+            return f"divides by zero on every request ({_described(reads, runs)}): {_first_sentence(errors[0])}"
+    return _mismatched(rule, contexts)
+
+
+def _mismatched(rule: CompiledRule, contexts: list[Any]) -> str | None:
+    """Why a comparison of ``rule`` never holds, or ``None``: its ``==``, ``!=`` or ``in`` met values of two types
+    (``inj.noul == "0.9"``, ``subject.query.tier == "free"``: a list of strings; ``state.tier in [1, 2]``) in some
+    run and values of one type in none (null, a missing header, compares with anything). The CEL runtime answers
+    ``false`` for ``==`` between two types (``true`` for ``!=``), so such a rule never fires, or always does.
+
+    In each of ``contexts``, ``rule`` is run rewritten by :func:`guard.policy._compare.instrumented`, which reports
+    the values each comparison it reaches compares; the operands of one it does not reach (``&&`` stopped before
+    it on the sample answers) are evaluated on their own, unless they read a macro's variable."""
+    found = instrumented(rule.source)
+    if found is None:
         return None
-    if not rule.names & roots.keys():  # no request read: it fails the same way on every request
-        return f"fails on every request: {errors[0].detail}"
-    if all(_type_error(exc) for exc in errors):
-        return f"fails on the types it reads ({_described(reads, runs)}): {_first_sentence(errors[0])}"
-    if all(isinstance(exc.__cause__, ZeroDivisionError) for exc in errors):  # by a constant zero, whatever is read
-        return f"divides by zero on every request ({_described(reads, runs)}): {_first_sentence(errors[0])}"
+    text, comparisons = found
+    try:
+        program = cel.compile(text)
+    except ValueError:
+        return None
+    operands = [_compiled(f"[{comparison.left}, {comparison.right}]") for comparison in comparisons]
+    seen: dict[int, set[bool | None]] = {}
+    shown: dict[int, tuple[str, str]] = {}
+
+    def record(index: int, left: Any, right: Any) -> bool:
+        op = comparisons[index].op
+        same = _same_types(left, right, op)
+        seen.setdefault(index, set()).add(same)
+        if same is False:
+            shown.setdefault(index, (_type_name(left), _in_name(right) if op == "in" else _article(_type_name(right))))
+        reached.add(index)
+        return True
+
+    for context in contexts:
+        reached: set[int] = set()
+        context.add_function(RECORD, record)
+        with contextlib.suppress(Exception):  # the rule's own failures were judged before
+            program.execute(context)
+        for index, operand in enumerate(operands):
+            if index not in reached and operand is not None:
+                with contextlib.suppress(Exception):  # a key only some requests have, or a macro's variable
+                    record(index, *operand.execute(context))
+    for index, comparison in enumerate(comparisons):
+        if False in seen.get(index, ()) and True not in seen[index]:
+            left, right = shown[index]
+            if comparison.op == "in":
+                return (f"{str(comparison)!r} is always false: it looks for {_article(left)} in {right}; CEL finds no "
+                        "value of one type equal to a value of another")
+            return (f"{str(comparison)!r} is always {'true' if comparison.op == '!=' else 'false'}: it compares "
+                    f"{_article(left)} with {right}, and CEL finds no value of one type equal to a value of another; "
+                    "compare values of one type (convert with int(), double() or string())")
     return None
+
+
+def _compiled(source: str) -> Any:
+    try:
+        return cel.compile(source)
+    except ValueError:
+        return None
+
+
+def _kind(value: Any) -> str:
+    """The CEL type a value is compared as: ``int`` and ``double`` are one (``1 == 1.0``)."""
+    return "number" if type(value) in (int, float) else _type_name(value)
+
+
+def _same_types(left: Any, right: Any, op: str) -> bool | None:
+    """Whether a comparison meets values of one type; ``None`` when a null (or an empty list or map for ``in``)
+    makes it say nothing."""
+    if op == "in":
+        if not isinstance(right, list | dict) or not right:
+            return None
+        kinds = {_kind(item) for item in right}
+        return None if left is None or "null" in kinds else _kind(left) in kinds
+    if left is None or right is None:
+        return None
+    return _kind(left) == _kind(right)
+
+
+def _in_name(value: Any) -> str:
+    """``a list of int values``: what an ``in`` looks in."""
+    kinds = " and ".join(sorted({_type_name(item) for item in value}))
+    return f"a {_type_name(value)} of {kinds} {'values' if isinstance(value, list) else 'keys'}"
 
 
 def _first_sentence(exc: RuleError) -> str:

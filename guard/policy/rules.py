@@ -54,6 +54,7 @@ __all__ = [
     "FEATURE_NAMES",
     "FLAG_NAMES",
     "FUNCTIONS",
+    "LITERAL_RE",
     "RESERVED_NAMES",
     "RESERVED_RULE_IDS",
     "CompiledRule",
@@ -131,7 +132,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _CALL_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
 #: A CEL string literal (prefix ``r`` raw: no escapes, ``b`` bytes; single, double or triple quotes) or a comment
 #: (``//`` to the end of the line), found left to right so a quote in a comment or a ``//`` in a string is neither.
-_LITERAL_RE = re.compile(
+LITERAL_RE = re.compile(
     r"//[^\n]*"
     r"""|(?<![\w.])(?:[rR][bB]?|[bB][rR])(?:"{3}[\s\S]*?"{3}|'{3}[\s\S]*?'{3}|"[^"\n]*"|'[^'\n]*')"""
     r"""|(?:(?<![\w.])[bB])?(?:"{3}(?:[^\\]|\\[\s\S])*?"{3}|'{3}(?:[^\\]|\\[\s\S])*?'{3}"""
@@ -140,13 +141,13 @@ _LITERAL_RE = re.compile(
 
 
 def _literal_spans(source: str) -> list[tuple[int, int]]:
-    """Where ``source``'s string literals and comments are (:data:`_LITERAL_RE`)."""
-    return [m.span() for m in _LITERAL_RE.finditer(source)]
+    """Where ``source``'s string literals and comments are (:data:`LITERAL_RE`)."""
+    return [m.span() for m in LITERAL_RE.finditer(source)]
 
 
 def _code_only(source: str) -> str:
     """``source`` with each string literal written ``""`` and each comment a space: the code, for name searches."""
-    return _LITERAL_RE.sub(lambda m: " " if m.group(0).startswith("//") else '""', source)
+    return LITERAL_RE.sub(lambda m: " " if m.group(0).startswith("//") else '""', source)
 _BOUND_RE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
 
 
@@ -511,7 +512,25 @@ def _masked(source: str) -> str:
         start = min(i for i in (text.find('"'), text.find("'")) if i >= 0)
         return " " * start + text[start] + " " * (len(text) - start - 2) + text[start]
 
-    return _LITERAL_RE.sub(blank, source)
+    return LITERAL_RE.sub(blank, source)
+
+
+_CHAIN = re.compile(r"""(?<![\w.])(?:answers\s*\[\s*(?:"\s*"|'\s*')\s*\]"""
+                    r"""|data(?:\s*\.\s*[A-Za-z_]\w*|\s*\[\s*(?:"\s*"|'\s*')\s*\])+)""")
+_QUOTED_INDEX = re.compile(r"""\[\s*(?:"([A-Za-z_]\w*)"|'([A-Za-z_]\w*)')\s*\]""")
+
+
+def _dotted(source: str, masked: str) -> tuple[str, str]:
+    """``source`` and its :func:`_masked` form with a quoted name indexing ``answers``, or ``data`` or a step under
+    it, written as a field and padded to the same length (``answers["queue"].choice`` ->
+    ``answers.queue   .choice``, ``data['block']`` -> ``data.block   ``), so one pattern reads both spellings."""
+    source_chars, masked_chars = list(source), list(masked)
+    for chain in _CHAIN.finditer(masked):
+        for index in _QUOTED_INDEX.finditer(source, chain.start(), chain.end()):
+            name = index.group(1) or index.group(2)
+            written = ("." + name).ljust(index.end() - index.start())
+            source_chars[index.start() : index.end()] = masked_chars[index.start() : index.end()] = written
+    return "".join(source_chars), "".join(masked_chars)
 
 
 def _option_literals(masked: str, name: str) -> list[tuple[int, int]]:
@@ -527,20 +546,28 @@ def _option_literals(masked: str, name: str) -> list[tuple[int, int]]:
     return spans
 
 
+def _padded(dotted: str, end: int) -> int:
+    """Where a span of a :func:`_dotted` text ending at ``end`` ends in the text as written (past the padding)."""
+    return len(dotted) - len(dotted[end:].lstrip(" "))
+
+
 def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data: Mapping[str, Any]) -> list[str]:
     """Comparisons in a ``when`` that never hold, or always do, because a literal names what the question's answer
     never is: an option id it does not have (``queue.choice == "biling"``, ``queue.choice in ["tech", "biling"]``,
     ``queue.probabilities["biling"]``), or a bound outside what a probability, confidence or score level can be
     (``injection.noul > 1.0``, ``injection.noul >= data.block_threshold`` with ``block_threshold: 85`` or
     ``>= data.thresholds.block`` with ``thresholds: {block: 85}``, ``severity.score >= 7`` with five levels). A
+    question read through ``answers`` (``answers.queue.choice``, ``answers["queue"]``) and a ``data`` name indexed
+    by a quoted name (``data["block_threshold"]``) are read too. A
     literal bound that always holds (``x.noul <= 1.0`` closing a band) is redundant, not reported; one from
     ``data`` is. Only a comparison that stands alone is read (``2 * x.noul > 1.5`` is not). ``data``: the file's
     ``data``."""
-    masked = _masked(source)
+    written = source
+    source, masked = _dotted(source, _masked(source))
     out: list[str] = []
     for key, question in questions.items():
         options = question.option_ids()
-        name = rf"(?<![\w.]){re.escape(key)}\s*\.\s*"
+        name = rf"(?:(?<![\w.])answers\s*\.\s*|(?<![\w.])){re.escape(key)}\s*\.\s*"
         for start, end in _option_literals(masked, name):
             value = source[start + 1 : end - 1]
             if "\\" not in value and value not in options:  # a literal with an escape is not checked
@@ -555,7 +582,8 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                     value = _data_value(data, [part.strip() for part in number.split(".")[1:]])
                     if isinstance(value, bool) or not isinstance(value, (int, float)):
                         continue
-                    shown = f" ({number.replace(' ', '')} is {value})"
+                    at = m.span(3) if forward else m.span(1)
+                    shown = f" ({written[at[0] : _padded(source, at[1])].replace(' ', '')} is {value})"
                 else:
                     value, shown = float(number), ""
                 high = len(options) - 1 if field == "score" else 1
@@ -569,7 +597,7 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                 if len(seen) == 1:
                     what = "an expected level" if field == "score" else "a confidence" if field == "confidence" \
                         else "a probability"
-                    out.append(f"{source[m.start():m.end()].strip()!r} is always {'true' if seen.pop() else 'false'}"
+                    out.append(f"{written[m.start() : _padded(source, m.end())].strip()!r} is always {'true' if seen.pop() else 'false'}"
                                f"{shown}: {key}.{field} is {what} from 0 to {high}")
     return out
 

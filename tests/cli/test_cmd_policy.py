@@ -84,6 +84,36 @@ def test_check_refuses_a_method_that_is_no_token_and_warns_about_an_unknown_one(
                            "mean 'POST'? requests with another method are not judged by this policy")
 
 
+def test_check_refuses_rules_that_never_fire_or_always_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each of these rules never fired (a prompt injection answered 0.99 was allowed, a billing ticket not routed)
+    while ``check`` said ok: CEL compares values of two types as unequal, and the option and threshold checks did
+    not read ``answers.`` and ``data["..."]``."""
+    policy = tmp_path / "p.yaml"
+    one = ("  - id: P\n    version: 1\n    match: {http: {methods: [POST], paths: [/P]}}\n    questions: {inj: {catalog: "
+           "guard.prompt_injection}, queue: {type: choice, instructions: \"Which queue?\", criteria: {billing: x, tech: z}}}"
+           "\n    rules: [{id: r, when: 'WHEN', action: block}]\n")
+    whens = ["inj.noul == true", 'answers.queue.choice == "biling"', 'inj.noul >= data["block"]',
+             'inj.noul == "0.9" || inj == 0.9', "subject.query.tier == ''free''"]
+    policy.write_text("data: {block: 85}\npolicies:\n" + "".join(
+        one.replace("P", f"p{i}").replace("WHEN", when) for i, when in enumerate(whens)))
+    assert main(["policy", "check", str(policy)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    never = ("and CEL finds no value of one type equal to a value of another; compare values of one type (convert "
+             "with int(), double() or string())")
+    assert err == [
+        f"{policy}:7: policies[0].rules[0].when: 'inj.noul == true' is always false: it compares a double with a bool, "
+        + never,
+        f"{policy}:12: policies[1].rules[0].when: queue has no option 'biling' (its options: billing, tech); check the "
+        + "spelling",
+        f"{policy}:17: policies[2].rules[0].when: 'inj.noul >= data[\"block\"]' is always false (data[\"block\"] is 85)"
+        + ": inj.noul is a probability from 0 to 1",
+        f"{policy}:22: policies[3].rules[0].when: 'inj.noul == \"0.9\"' is always false: it compares a double with a "
+        + "string, " + never,
+        f"{policy}:27: policies[4].rules[0].when: \"subject.query.tier == 'free'\" is always false: it compares a list "
+        + "with a string, " + never,
+    ]
+
+
 def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The runtime refuses two policies with one id; check and test said ok (within a file and across files)."""
     one = "  - {id: d, version: V, match: {http: {methods: [POST]}}, rules: [{id: r, when: 'true', action: block}]}\n"

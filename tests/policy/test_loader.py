@@ -311,6 +311,12 @@ policies:
         "injection.noul >= data . thresholds.block": "always false (data.thresholds.block is 85)",
         "1.5 <= queue.confidence": "always false",
         "sev.score >= 7": "'sev.score >= 7' is always false: sev.score is an expected level from 0 to 4",
+        # through ``answers`` and quoted names: the text scan read only ``queue.`` and ``data.x``
+        'answers.queue.choice == "biling"': "queue has no option 'biling'",
+        'answers["queue"].probabilities["tecch"] > 0.5': "no option 'tecch'",
+        'injection.noul >= data["block_threshold"]': "'injection.noul >= data[\"block_threshold\"]' is always false "
+                                                     '(data["block_threshold"] is 85)',
+        "data['thresholds'].block <= answers.injection.noul": "always false (data['thresholds'].block is 85)",
     }
     for when, reason in bad.items():
         with pytest.raises(PolicyLoadError) as err:
@@ -321,7 +327,8 @@ policies:
                  'injection.probabilities["true"] > 0.2 && queue.confidence < 1.0', "injection.noul == 0.5",
                  "sev.score == 1.5 || sev.score != 0.5",  # a score is the expected level: 1.5 can be
                  "injection.noul >= 0.85 && injection.noul <= 1.0",
-                 "injection.noul >= data.thresholds.review && data.thresholds.review < 1"):  # a band's redundant upper end
+                 "injection.noul >= data.thresholds.review && data.thresholds.review < 1",  # a band's redundant upper end
+                 'answers["queue"].choice == "tech" && answers.injection.noul >= data["thresholds"]["review"]'):
         load_text(head % when.replace("'", "''"), "p.yaml")
 
 

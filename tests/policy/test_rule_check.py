@@ -7,11 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import cel
 import pytest
 
 from guard.cli import main
 from guard.errors import PolicyError
 from guard.policy import load_text
+from guard.policy._compare import RECORD, instrumented
 
 HTTP = """
 policies:
@@ -83,6 +85,63 @@ def test_a_rule_whose_types_fail_on_every_request_is_refused(when: str, message:
 )
 def test_a_rule_that_can_work_on_some_request_loads(when: str) -> None:
     (policy,) = load_text(HTTP.replace("WHEN", repr(when) if "'" not in when else f'"{when}"'))
+    assert policy.rules[0].source == when
+
+
+NEVER = "is always {}: it compares {} with {}, and CEL finds no value of one type equal to a value of another"
+TYPED = HTTP.replace("questions: {spam: {type: noul, instructions: \"Is it spam?\"}}", """questions:
+      queue: {type: choice, instructions: "Which?", criteria: {billing: a, tech: b}}
+      sev: {type: score, instructions: "How bad?", criteria: [lo, mid, hi]}
+      spam: {type: noul, instructions: "Is it spam?"}""").replace("policies:", 'data: {t: "0.9", levels: [1, 2]}\npolicies:')
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ("spam.noul == true", "'spam.noul == true' " + NEVER.format("false", "a double", "a bool")),
+        ('spam.noul == "0.9" || spam == 0.9', "'spam.noul == \"0.9\"' " + NEVER.format("false", "a double", "a string")),
+        ("spam == 0.9", "'spam == 0.9' " + NEVER.format("false", "a map", "a double")),
+        ("spam.noul != data.t", "'spam.noul != data.t' " + NEVER.format("true", "a double", "a string")),
+        ("queue.choice == 0", "'queue.choice == 0' " + NEVER.format("false", "a string", "an int")),
+        ('queue == "billing"', "'queue == \"billing\"' " + NEVER.format("false", "a map", "a string")),
+        ('sev.score == "hi"', "'sev.score == \"hi\"' " + NEVER.format("false", "a double", "a string")),
+        ('queue.probabilities["tech"] == true', "is always false: it compares a double with a bool"),
+        ("state.tier == 1", "'state.tier == 1' " + NEVER.format("false", "a string", "an int")),
+        ("state.tier != 1", "'state.tier != 1' " + NEVER.format("true", "a string", "an int")),
+        ('subject.query.tier == "free"', "'subject.query.tier == \"free\"' " + NEVER.format("false", "a list",
+                                                                                               "a string")),
+        ('state.tags == "a"', "it compares a list with a string"),
+        ("state.tier in [1, 2]", "'state.tier in [1, 2]' is always false: it looks for a string in a list of int"),
+        ("state.tier in data.levels", "it looks for a string in a list of int values"),
+        ("subject.method == 1 || state.text.contains('x')", "'subject.method == 1' is always false"),
+        ("spam.noul > 0.5 && state.tier != 1", "'state.tier != 1' is always true"),  # not reached on even answers
+        ("[1, 2].exists(v, v == state.tier)", "'v == state.tier' is always false: it compares an int with a string"),
+    ],
+)  # fmt: skip
+def test_a_comparison_of_two_types_is_refused(when: str, message: str) -> None:
+    """CEL answers ``false`` for ``==`` between values of two types (``true`` for ``!=``) instead of an error: each
+    of these never fired (or always did) while ``guard policy check`` said ok."""
+    with pytest.raises(PolicyError) as info:
+        load_text(TYPED.replace("WHEN", repr(when) if "'" not in when else f'"{when}"'), "p.yaml")
+    assert (info.value.file, info.value.key) == ("p.yaml", "policies[0].rules[0].when")
+    assert message in info.value.reason
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "state.tier == null || state.tier == 'free'",
+        "state.plan == 0 || state.plan == 'x'",  # a header or its default 0: both can hold
+        '"free" in subject.query.tier && subject.status == 200',
+        "state.payload == 1 || state.payload == 'x'",  # the body's JSON type is the client's: not run
+        "type(state.tier) == string && spam.noul == 0.5 && queue.choice != 'tech'",
+        "[1, 'a'].exists(v, v == state.tier)",
+        "int(state.tier) in [1, 2] && sev.score == 2.0",
+        "spam.noul == 1",  # an int and a double compare
+    ],
+)
+def test_a_comparison_of_one_type_loads(when: str) -> None:
+    (policy,) = load_text(TYPED.replace("WHEN", repr(when) if "'" not in when else f'"{when}"'))
     assert policy.rules[0].source == when
 
 
@@ -170,3 +229,26 @@ def test_a_rule_reading_many_fields_loads_at_once() -> None:
             f"    rules:\n      - {{id: r, when: '{when}', action: block}}\n    default: allow\n")
     (loaded,) = load_text(text)
     assert loaded.rules[0].id == "r"
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        'a == 1 ? b != "x" : [1, 2,].exists(v, v == a) // c == d',
+        "!(a == 1) && {'k': a in [1]}['k'] == true",
+        "a < 2 == true || -a == -1 && b.size() == 1 && r'\\d' != b'x'",
+        'b.matches("^y$") == false && .a in [1] && m.x.y == "z"',
+    ],
+)
+def test_a_rewritten_when_has_the_value_of_the_when(when: str) -> None:
+    """The rule check runs each ``when`` rewritten to report what its comparisons compare: the rewriting keeps the
+    value (operator precedence, macros, maps, comments, raw strings)."""
+    found = instrumented(when)
+    assert found is not None
+    text, comparisons = found
+    seen: list[tuple[int, object, object]] = []
+    for variables in ({"a": 1, "b": "y", "m": {"x": {"y": "z"}}}, {"a": 2, "b": "x", "m": {"x": {"y": "w"}}}):
+        context = cel.Context(variables=variables)
+        context.add_function(RECORD, lambda index, left, right: seen.append((index, left, right)) or True)
+        assert cel.compile(text).execute(context) == cel.compile(when).execute(cel.Context(variables=variables))
+    assert seen and {index for index, _, _ in seen} <= set(range(len(comparisons)))
