@@ -54,6 +54,7 @@ from guard.policy.rules import (
     answer_literal_errors,
     compile_condition,
     field_reads,
+    header_name_errors,
     rule_patterns,
     subject_fields,
 )
@@ -276,7 +277,7 @@ def _compile(
         patterns, pattern_problems = rule_patterns(rule.when, file_spec.data)
         for reason in pattern_problems:
             problem(("rules", i, "when"), reason)
-        for reason in answer_literal_errors(rule.when, wires, file_spec.data):
+        for reason in [*answer_literal_errors(rule.when, wires, file_spec.data), *header_name_errors(rule.when)]:
             problem(("rules", i, "when"), reason)
             literal_errors.add(rule.id)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)

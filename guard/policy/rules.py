@@ -66,6 +66,7 @@ __all__ = [
     "apply_rules",
     "compile_condition",
     "field_reads",
+    "header_name_errors",
     "rule_context",
     "rule_inputs",
     "rule_patterns",
@@ -599,6 +600,28 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                         else "a probability"
                     out.append(f"{written[m.start() : _padded(source, m.end())].strip()!r} is always {'true' if seen.pop() else 'false'}"
                                f"{shown}: {key}.{field} is {what} from 0 to {high}")
+    return out
+
+
+_HEADER_MAPS = ("headers", "repeated_headers")
+_IN_HEADERS = re.compile(rf"{_MASKED_STRING}\s*in\s*subject\s*\.\s*({'|'.join(_HEADER_MAPS)})(?![\w.\[])")
+
+
+def header_name_errors(source: str) -> list[str]:
+    """Header names a ``when`` reads with upper-case letters, which no request has: ``subject.headers`` and
+    ``subject.repeated_headers`` hold names lower-cased, so ``subject.headers["X-Tier"]`` fails on every request (a
+    missing key) and ``"X-Tier" in subject.headers`` never holds. Each error says the name to write."""
+    out = []
+    reads = [(path[0], path[1]) for root, path in field_reads(source) if root == "subject" and len(path) > 1]
+    masked = _masked(source)
+    for found in _IN_HEADERS.finditer(masked):
+        start, end = found.span(1)
+        if "\\" not in source[start:end]:  # a literal with an escape is not checked
+            reads.append((found.group(2), source[start + 1 : end - 1]))
+    for where, name in reads:
+        if where in _HEADER_MAPS and name != name.lower():
+            out.append(f"reads the header {name!r} of subject.{where}, whose names are lower-case: no request has "
+                       f"it; write {name.lower()!r}")
     return out
 
 

@@ -114,6 +114,18 @@ def test_check_refuses_rules_that_never_fire_or_always_do(tmp_path: Path, capsys
     ]
 
 
+def test_check_refuses_a_header_name_in_upper_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every request got a 503: the header names a rule reads are lower-cased."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policies:\n  - id: p\n    version: 1\n    match: {http: {methods: [POST]}}\n    rules:\n"
+                      "      - {id: tier, when: 'subject.headers[\"X-Tier\"] == \"free\"', action: block}\n"
+                      "    default: allow\n")
+    assert main(["policy", "check", str(policy)]) == 1
+    assert capsys.readouterr().err == (f"{policy}:6: policies[0].rules[0].when: reads the header 'X-Tier' of "
+                                       "subject.headers, whose names are lower-case: no request has it; write "
+                                       "'x-tier'\n")
+
+
 def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The runtime refuses two policies with one id; check and test said ok (within a file and across files)."""
     one = "  - {id: d, version: V, match: {http: {methods: [POST]}}, rules: [{id: r, when: 'true', action: block}]}\n"

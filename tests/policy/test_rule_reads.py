@@ -136,6 +136,26 @@ def test_flag_subject_names_and_patterns_are_checked_at_load(when: str, message:
     assert ok.rules[0].id == "r"
 
 
+@pytest.mark.parametrize(
+    ("when", "name", "where"),
+    [
+        ('subject.headers["X-Tier"] == "free"', "X-Tier", "headers"),
+        ("has(subject.headers.X_Tier)", "X_Tier", "headers"),
+        ("'X-Api-Key' in subject.headers", "X-Api-Key", "headers"),
+        ('spam.noul > 0.5 && "Cookie" in subject.repeated_headers', "Cookie", "repeated_headers"),
+    ],
+)
+def test_a_header_name_in_upper_case_is_refused(when: str, name: str, where: str) -> None:
+    """Header names are lower-cased: ``subject.headers["X-Tier"]`` was a missing key, so a 503, on every request
+    (and ``"X-Tier" in subject.headers`` never held) while ``guard policy check`` said ok."""
+    with pytest.raises(PolicyError) as info:
+        load_text(POLICY.replace("WHEN", repr(when) if '"' in when else f'"{when}"'), "p.yaml")
+    assert (info.value.line, info.value.key) == (14, "policies[0].rules[0].when")
+    assert info.value.reason == (f"reads the header {name!r} of subject.{where}, whose names are lower-case: no "
+                                 f"request has it; write {name.lower()!r}")
+    assert load_text(POLICY.replace("WHEN", repr(when.replace(name, name.lower()))))
+
+
 AGENT = """
 policies:
   - id: a
