@@ -13,7 +13,7 @@ from guard.policy._re2 import Pattern, compile_re2
 from guard.policy.model import AgentMatchSpec, HttpMatchSpec, ResponseMatchSpec
 from guard.subject import AgentSubject, HttpSubject
 
-__all__ = ["AgentMatcher", "HttpMatcher", "ResponseMatcher", "compile_glob"]
+__all__ = ["AgentMatcher", "HttpMatcher", "ResponseMatcher", "compile_glob", "media_matches"]
 
 #: A UTF-16 surrogate code point, which RE2 (UTF-8) cannot read: in a glob and in the text it is matched as U+FFFD.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -90,9 +90,14 @@ def _fullmatch(pattern: Pattern, text: str) -> bool:
     return pattern.fullmatch(encoded) is not None
 
 
-def _media_in(media: str, wanted: frozenset[str]) -> bool:
-    """Exact media type, or ``application/json`` for any ``+json`` type (guard parses those as JSON too)."""
-    return media in wanted or (is_json_media(media) and "application/json" in wanted)
+def media_matches(media: str, wanted: frozenset[str]) -> bool:
+    """Whether a media type (lower-case, without parameters; ``""`` for none) is one ``wanted`` lists (lower-case):
+    the type itself, ``application/json`` for any ``+json`` type (guard parses those as JSON too), or a range
+    holding it: ``text/*`` every ``text/`` type, ``*/*`` any type (not a request without one)."""
+    if media in wanted or (is_json_media(media) and "application/json" in wanted):
+        return True
+    kind, slash, _ = media.partition("/")
+    return bool(kind and slash) and ("*/*" in wanted or f"{kind}/*" in wanted)
 
 
 def _headers_match(
@@ -129,7 +134,7 @@ class ResponseMatcher:
     def matches(self, response: HttpSubject) -> bool:
         if self.status and response.status not in self.status:
             return False
-        if self.content_types and not _media_in(response.content_type.lower(), self.content_types):
+        if self.content_types and not media_matches(response.content_type.lower(), self.content_types):
             return False
         return _headers_match(self.headers, response.headers)
 
@@ -208,7 +213,7 @@ class HttpMatcher:
     def _request_matches(self, subject: HttpSubject) -> bool:
         if self.methods and subject.method.upper() not in self.methods:
             return False
-        if self.content_types and not _media_in(subject.content_type.lower(), self.content_types):
+        if self.content_types and not media_matches(subject.content_type.lower(), self.content_types):
             return False
         if self.paths is not None and not _fullmatch(self.paths, subject.path):
             return False

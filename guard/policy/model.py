@@ -99,13 +99,15 @@ VERSION_PATTERN = r"^[!-~]{1,64}$"
 #: A policy id, rule id or handoff target name: each is sent in a response header (``x-guard-policy``,
 #: ``x-guard-rule``, ``x-guard-handoff``).
 NAME_PATTERN = f"^{ID_PATTERN.pattern}$"  # the question id's pattern (System One's)
-#: A media type without parameters, ``type/subtype`` (RFC 9110 8.3.1 tokens).
-MEDIA_TYPE_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+#: A media type without parameters, ``type/subtype`` (RFC 9110 8.3.1 tokens, without ``*``), or a range: ``type/*``
+#: or ``*/*`` (guard/policy/_match.py ``media_matches``).
+MEDIA_TYPE_PATTERN = r"^(?:\*/\*|[A-Za-z0-9!#$%&'+.^_`|~-]+/(?:\*|[A-Za-z0-9!#$%&'+.^_`|~-]+))$"
 #: An HTTP method: an RFC 9110 token (9.1), no spaces or commas.
 METHOD_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
 PATTERN_HINTS = {
     PATH_GLOB_PATTERN: "a path glob starts with '/' (e.g. /v1/**); a path without one matches no request",
-    MEDIA_TYPE_PATTERN: "a media type is type/subtype without parameters (e.g. application/json)",
+    MEDIA_TYPE_PATTERN: "a media type is type/subtype without parameters (e.g. application/json), or a range: "
+    "type/* (e.g. text/*) or */*",
     METHOD_PATTERN: "a method is one token per list item (e.g. [POST, PUT]); this one would match no request",
     NAME_PATTERN: "an id or name is 1 to 100 characters from A-Z, a-z, 0-9, '_', '.' and '-'; it is sent in a "
     "response header",
@@ -273,7 +275,8 @@ class ResponseMatchSpec(_Strict):
     content_types: list[MediaType] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
-        description="Response media types without parameters, e.g. [application/json, text/event-stream]; [] = any.",
+        description="Response media types without parameters, e.g. [application/json, text/event-stream], or "
+        "ranges: text/* (every text type), */* (any media type); [] = any.",
     )
 
 
@@ -309,7 +312,8 @@ class HttpMatchSpec(_Strict):
     content_types: list[MediaType] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
-        description="Media types without parameters, e.g. application/json; [] = any.",
+        description="Media types without parameters, e.g. application/json, or ranges: application/* (every "
+        "application type), */* (any media type: not a request without one); [] = any.",
     )
     response: ResponseMatchSpec | None = Field(
         default=None,

@@ -87,12 +87,20 @@ def _lists_meet(a: Sequence[str], b: Sequence[str], separator: str | None) -> bo
 
 
 def _media_meet(a: frozenset[str], b: frozenset[str]) -> bool:
-    if not a or not b or a & b:
+    """Two ``content_types`` lists (empty = any) admit a common media type (as
+    :func:`guard.policy._match.media_matches` reads them)."""
+    return not a or not b or any(_media_types_meet(x, y) for x in a for y in b)
+
+
+def _media_types_meet(x: str, y: str) -> bool:
+    """Some media type matches both entries: types or ranges (``text/*``, ``*/*``)."""
+    if x == y or "*/*" in (x, y):
         return True
-    json_a = "application/json" in a or any(is_json_media(m) for m in a)
-    json_b = "application/json" in b or any(is_json_media(m) for m in b)
+    (kind_x, sub_x), (kind_y, sub_y) = x.split("/", 1), y.split("/", 1)
+    if "*" in (sub_x, sub_y):  # every range holds +json types (text/x+json), which application/json matches too
+        return kind_x == kind_y or "application/json" in (x, y)
     # "application/json" also matches every +json type (guard parses those as JSON)
-    return ("application/json" in a and json_b) or ("application/json" in b and json_a)
+    return (x == "application/json" and is_json_media(y)) or (y == "application/json" and is_json_media(x))
 
 
 def _paths_meet(a: Sequence[str], b: Sequence[str], fold_case: bool) -> bool:

@@ -126,6 +126,26 @@ def test_check_refuses_a_header_name_in_upper_case(tmp_path: Path, capsys: pytes
                                        "'x-tier'\n")
 
 
+def test_check_lists_an_overlap_a_media_range_makes_and_refuses_a_star_elsewhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``content_types: [application/*]`` loaded and matched no request, so the overlap with a JSON policy was
+    listed for nothing; now it matches every application type, and a ``*`` anywhere else is refused."""
+    policy = tmp_path / "p.yaml"
+    text = ("policies:\n  - id: apps\n    version: 1\n    match: {http: {content_types: [MEDIA]}}\n"
+            "    rules: [{id: r, when: 'true', action: block}]\n  - id: json\n    version: 1\n"
+            "    match: {http: {content_types: [application/json]}}\n"
+            "    rules: [{id: r, when: 'true', action: block}]\n")
+    policy.write_text(text.replace("MEDIA", "application/*"))
+    assert main(["policy", "check", str(policy)]) == 0
+    assert f"overlap apps ({policy}:2) and json ({policy}:6): both match some HTTP requests" in capsys.readouterr().out
+    policy.write_text(text.replace("MEDIA", "'*/json'"))
+    assert main(["policy", "check", str(policy)]) == 1
+    assert capsys.readouterr().err == (f"{policy}:4: policies[0].match.http.content_types[0]: a media type is "
+                                       "type/subtype without parameters (e.g. application/json), or a range: type/* "
+                                       "(e.g. text/*) or */*, got '*/json'\n")
+
+
 def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The runtime refuses two policies with one id; check and test said ok (within a file and across files)."""
     one = "  - {id: d, version: V, match: {http: {methods: [POST]}}, rules: [{id: r, when: 'true', action: block}]}\n"

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from guard.errors import PolicyError
 from guard.policy import PolicySet, load_text
 from guard.policy._match import _fullmatch, compile_glob
 from guard.subject import AgentSubject, HttpSubject
@@ -65,6 +66,45 @@ def policies():  # type: ignore[no-untyped-def]
 )
 def test_http_match(policies, overrides: dict[str, object], matched: bool) -> None:  # type: ignore[no-untyped-def]
     assert (policies.match(http(**overrides)) is not None) == matched
+
+
+@pytest.mark.parametrize(
+    ("content_types", "matched", "unmatched"),
+    [
+        ("[application/*]", ["application/json", "application/xml", "application/x-www-form-urlencoded"],
+         ["text/plain", "multipart/form-data", ""]),
+        ("['*/*']", ["application/json", "text/plain", "image/png"], [""]),  # a request without a media type
+        ("[text/*, application/json]", ["text/plain", "text/csv", "application/json", "application/problem+json"],
+         ["application/xml", "textual/x"]),
+    ],
+)  # fmt: skip
+def test_a_media_range_matches_every_type_it_holds(content_types: str, matched: list[str],
+                                                   unmatched: list[str]) -> None:
+    """``application/*`` was accepted and matched no request: the media type was compared whole."""
+    text = ("policies:\n  - id: p\n    version: 1\n"
+            f"    match: {{http: {{content_types: {content_types}, response: {{content_types: {content_types}}}}}}}\n"
+            "    rules: [{id: r, when: 'true', action: block}]\n"
+            "  - id: q\n    version: 1\n"
+            f"    match: {{http: {{content_types: {content_types}}}}}\n"
+            "    rules: [{id: r, when: 'true', action: block}]\n")
+    response_policy, request_policy = load_text(text)
+    assert request_policy.http is not None and response_policy.http is not None
+    for media in matched:
+        assert request_policy.http.matches(http(content_type=media)), media
+        assert response_policy.http.matches(http(content_type=media, phase="response", status=200)), media
+    for media in unmatched:
+        assert not request_policy.http.matches(http(content_type=media)), media
+        assert not response_policy.http.matches(http(content_type=media, phase="response", status=200)), media
+
+
+@pytest.mark.parametrize("media", ["*/json", "app*/json", "application/*+json", "*", "application/json; q=1"])
+def test_a_media_type_with_a_star_elsewhere_is_refused(media: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        load_text(f"policies:\n  - id: p\n    version: 1\n    match: {{http: {{content_types: ['{media}']}}}}\n"
+                  "    rules: [{id: r, when: 'true', action: block}]\n", "p.yaml")
+    assert (info.value.line, info.value.key) == (4, "policies[0].match.http.content_types[0]")
+    assert info.value.reason == ("a media type is type/subtype without parameters (e.g. application/json), or a "
+                                 f"range: type/* (e.g. text/*) or */*, got {media!r}")
 
 
 def test_agent_match(policies) -> None:  # type: ignore[no-untyped-def]

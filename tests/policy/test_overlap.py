@@ -66,6 +66,16 @@ def _policy(match: str, pid: str) -> str:
         ("{http: {response: {status: [200]}}}", "{http: {response: {status: [500]}}}", []),
         ("{http: {response: {content_types: [text/plain]}}}", "{http: {response: {content_types: [application/json]}}}",
          []),
+        # media ranges: every type a range holds, and the +json types application/json matches
+        ("{http: {content_types: [application/*]}}", "{http: {content_types: [application/xml]}}", ["http"]),
+        ("{http: {content_types: [application/*]}}", "{http: {content_types: [text/plain]}}", []),
+        ("{http: {content_types: ['*/*']}}", "{http: {content_types: [image/png]}}", ["http"]),
+        ("{http: {content_types: [text/*]}}", "{http: {content_types: [text/*, image/png]}}", ["http"]),
+        ("{http: {content_types: [text/*]}}", "{http: {content_types: [image/*]}}", []),
+        ("{http: {content_types: [text/*]}}", "{http: {content_types: [application/json]}}", ["http"]),  # text/x+json
+        ("{http: {content_types: [text/*]}}", "{http: {content_types: [application/xml]}}", []),
+        ("{http: {response: {content_types: [text/*]}}}", "{http: {response: {content_types: [text/event-stream]}}}",
+         ["http"]),
     ],
 )  # fmt: skip
 def test_policies_overlap_when_one_subject_can_match_both(a: str, b: str, kinds: list[str]) -> None:
