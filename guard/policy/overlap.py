@@ -4,9 +4,10 @@ an overlap is where verdicts combine, ``docs/policies.md``).
 Two ``match`` blocks overlap when some subject passes both: the HTTP methods, content types, path and host globs and
 required headers all admit a common request, or the agent events and tool globs a common event. Glob against glob is
 decided exactly (:func:`globs_intersect`: is there a string both match), not by sampling. Under
-``GuardMiddleware(path_case="fold")`` (the default) a request is matched on its lower-cased path and on its path as
-sent, so a path glob also meets another when it meets that one lower-cased (``/v1/**`` and ``/V1/Admin/**`` both
-judge ``/V1/Admin/users``).
+``GuardMiddleware(path_case="fold", trailing_slash="strip")`` (the defaults) a request is matched on its path
+lower-cased and without a trailing slash and on its path as sent, so a path glob also meets another when it meets
+that one lower-cased and without its trailing ``/`` (``/v1/**`` and ``/V1/Admin/**`` both judge
+``/V1/Admin/users``; ``/v1/items`` and ``/v1/items/`` both judge ``/v1/items/``).
 """
 
 from __future__ import annotations
@@ -103,15 +104,28 @@ def _media_types_meet(x: str, y: str) -> bool:
     return (x == "application/json" and is_json_media(y)) or (y == "application/json" and is_json_media(x))
 
 
-def _paths_meet(a: Sequence[str], b: Sequence[str], fold_case: bool) -> bool:
-    """Two path glob lists admit a common request: some path both match, or, with ``fold_case``, one glob matches the
-    lower-cased path and the other the path as sent (one glob meets the other lower-cased)."""
+def _paths_meet(a: Sequence[str], b: Sequence[str], fold_case: bool, strip_slash: bool) -> bool:
+    """Two path glob lists admit a common request: some path both match, or one glob matches the path's view (with
+    ``fold_case`` lower-cased, with ``strip_slash`` without a trailing slash) and the other the path as sent: one
+    glob meets the other's :func:`_view` (``/v1/items`` judges ``POST /v1/items/`` by its view, ``/v1/items/`` as
+    sent)."""
     if _lists_meet(a, b, "/"):
         return True
-    return fold_case and (_lists_meet([g.lower() for g in a], b, "/") or _lists_meet(a, [g.lower() for g in b], "/"))
+    if not fold_case and not strip_slash:
+        return False
+    return (_lists_meet([_view(g, fold_case, strip_slash) for g in a], b, "/")
+            or _lists_meet(a, [_view(g, fold_case, strip_slash) for g in b], "/"))
 
 
-def _http_overlap(a: HttpMatcher, b: HttpMatcher, fold_case: bool) -> bool:
+def _view(glob: str, fold_case: bool, strip_slash: bool) -> str:
+    """A glob for the views of the paths ``glob`` matches as sent: lower-cased, and without the trailing ``/`` it
+    ends with (a path it matches then ends with one; one matched by a final ``**`` is matched without it too)."""
+    if strip_slash and glob.endswith("/") and glob != "/":
+        glob = glob[:-1]
+    return glob.lower() if fold_case else glob
+
+
+def _http_overlap(a: HttpMatcher, b: HttpMatcher, fold_case: bool, strip_slash: bool) -> bool:
     if (a.response is None) != (b.response is None):
         return False  # a request policy and a response policy never judge one subject
     if a.response is not None and b.response is not None and not _responses_meet(a.response, b.response):
@@ -122,7 +136,7 @@ def _http_overlap(a: HttpMatcher, b: HttpMatcher, fold_case: bool) -> bool:
         return False
     paths_a, hosts_a, headers_a = a.globs
     paths_b, hosts_b, headers_b = b.globs
-    if not _paths_meet(paths_a, paths_b, fold_case) or not _lists_meet(hosts_a, hosts_b, "."):
+    if not _paths_meet(paths_a, paths_b, fold_case, strip_slash) or not _lists_meet(hosts_a, hosts_b, "."):
         return False
     wanted = dict(headers_b)
     return all(globs_intersect(value, wanted[name], None) for name, value in headers_a if name in wanted)
@@ -147,24 +161,27 @@ def _agent_overlap(a: AgentMatcher, b: AgentMatcher) -> bool:
     return _lists_meet(a.tool_globs, b.tool_globs, None)
 
 
-def overlaps(a: Policy, b: Policy, *, fold_case: bool = True) -> list[str]:
+def overlaps(a: Policy, b: Policy, *, fold_case: bool = True, strip_slash: bool = True) -> list[str]:
     """The kinds of subject (``"http"``, ``"agent"``) that both policies can match; empty when none. ``fold_case``:
-    requests are matched on their lower-cased path too (``GuardMiddleware(path_case="fold")``, the default)."""
+    requests are matched on their lower-cased path too (``GuardMiddleware(path_case="fold")``, the default);
+    ``strip_slash``: on their path without a trailing slash too (``trailing_slash="strip"``, the default)."""
     kinds = []
-    if a.http is not None and b.http is not None and _http_overlap(a.http, b.http, fold_case):
+    if a.http is not None and b.http is not None and _http_overlap(a.http, b.http, fold_case, strip_slash):
         kinds.append("http")
     if a.agent is not None and b.agent is not None and _agent_overlap(a.agent, b.agent):
         kinds.append("agent")
     return kinds
 
 
-def overlapping_pairs(policies: Sequence[Policy], *, fold_case: bool = True) -> list[tuple[Policy, Policy, list[str]]]:
+def overlapping_pairs(
+    policies: Sequence[Policy], *, fold_case: bool = True, strip_slash: bool = True
+) -> list[tuple[Policy, Policy, list[str]]]:
     """Every pair of ``policies`` (in order) that can match a common subject, with the kinds of subject
-    (``fold_case``: as :func:`overlaps`)."""
+    (``fold_case``, ``strip_slash``: as :func:`overlaps`)."""
     out = []
     for i, a in enumerate(policies):
         for b in policies[i + 1 :]:
-            kinds = overlaps(a, b, fold_case=fold_case)
+            kinds = overlaps(a, b, fold_case=fold_case, strip_slash=strip_slash)
             if kinds:
                 out.append((a, b, kinds))
     return out

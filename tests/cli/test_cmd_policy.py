@@ -65,6 +65,20 @@ def test_check_lists_an_overlap_that_only_case_folding_makes(tmp_path: Path, cap
     assert "overlap v1-allow (" in capsys.readouterr().out
 
 
+def test_check_lists_an_overlap_that_only_a_trailing_slash_makes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``/v1/items/`` and ``/v1/items`` both judge ``POST /v1/items/`` (the second by the path without its trailing
+    slash); the overlap report left the pair out."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text('policies:\n  - id: slash\n    version: 1\n    match: {http: {paths: ["/v1/items/"]}}\n'
+                      '    rules: [{id: stop, when: "true", action: block}]\n'
+                      '  - id: bare\n    version: 1\n    match: {http: {methods: [POST], paths: ["/v1/items"]}}\n'
+                      '    rules: [{id: ok, when: "true", action: allow}]\n')
+    assert main(["policy", "check", str(policy)]) == 0
+    assert f"overlap slash ({policy}:2) and bare ({policy}:6): both match some HTTP requests" in capsys.readouterr().out
+
+
 def test_check_refuses_a_method_that_is_no_token_and_warns_about_an_unknown_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -93,3 +93,16 @@ def test_path_globs_that_differ_in_case_overlap_where_paths_are_folded() -> None
     assert overlaps(allow, lockdown, fold_case=False) == []
     other, = load_text("policies:" + _policy("{http: {paths: ['/V2/**']}}", "c"))
     assert overlaps(allow, other) == []
+
+
+def test_a_path_glob_with_a_trailing_slash_overlaps_the_one_without() -> None:
+    """``POST /v1/items/`` is judged by ``/v1/items`` (its view without the trailing slash) and ``/v1/items/`` (as
+    sent): both decide, and ``guard policy check`` listed no overlap."""
+    slash, bare, folded, other = load_text("policies:" + _policy("{http: {paths: ['/v1/items/']}}", "a")
+                                           + _policy("{http: {methods: [POST], paths: ['/v1/items']}}", "b")
+                                           + _policy("{http: {paths: ['/V1/Items/']}}", "c")
+                                           + _policy("{http: {paths: ['/v1/other/', '/']}}", "d"))
+    assert overlaps(slash, bare) == ["http"] == overlaps(bare, slash)
+    assert overlaps(folded, bare) == ["http"] and overlaps(folded, bare, fold_case=False) == []
+    assert overlaps(slash, bare, strip_slash=False) == []
+    assert overlaps(other, bare) == []
