@@ -213,7 +213,11 @@ def load_yaml(
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise PolicyError(file, None, "", f"file is not UTF-8 (byte {exc.start})") from exc
+            start = text.rfind(b"\n", 0, exc.start) + 1  # the line's first byte: what precedes the error is UTF-8
+            line = text.count(b"\n", 0, exc.start) + 1
+            column = len(text[start : exc.start].decode("utf-8")) + 1
+            raise PolicyError(file, line, "", f"file is not UTF-8: byte 0x{text[exc.start]:02X} at column {column} "
+                              f"(offset {exc.start}); save the file as UTF-8") from exc
     try:
         loader = _Loader(text, surrogates=surrogates)  # the reader refuses control characters here, before parsing
     except yaml.reader.ReaderError as exc:

@@ -335,6 +335,7 @@ def _compile(
         },
         trusted=tuple(spec.trusted),
         priority=spec.priority,
+        index=index,
     )
 
 
@@ -824,7 +825,7 @@ def check_unique(policies: Sequence[Policy]) -> None:
     """Refuse two policies with one id (the verdict, the decision log and reviews name a policy by its id).
 
     Raises:
-        PolicyError: naming the second definition's file and line, and where the first is.
+        PolicyError: naming the second definition's file, line and key (``policies[1].id``), and where the first is.
     """
     seen: dict[str, Policy] = {}
     for policy in policies:
@@ -833,7 +834,7 @@ def check_unique(policies: Sequence[Policy]) -> None:
             raise PolicyError(
                 policy.file,
                 policy.line,
-                "id",
+                "id" if policy.index is None else f"policies[{policy.index}].id",
                 f"policy id {policy.id!r} is already defined in {first.file}:{first.line}; ids must be unique",
             )
         seen[policy.id] = policy

@@ -169,6 +169,8 @@ class Policy:
         mode: ``enforce`` or ``shadow`` (compute and record, but allow).
         priority: among several matching policies' verdicts with the same action, the higher one is reported.
         file, line: where it was defined.
+        index: its place in the file's ``policies`` list (errors name it ``policies[index]``); ``None`` when not
+            known.
         questions: in file order (the order is model input).
         rules: in evaluation order.
         default: the outcome when no rule fires.
@@ -212,6 +214,7 @@ class Policy:
     trusted: tuple[str, ...] = ()
     detector: Detector = find_instructions
     priority: int = 0
+    index: int | None = field(default=None, compare=False)
 
     @property
     def label(self) -> str:

@@ -166,7 +166,8 @@ def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys:
     twice = tmp_path / "twice.yaml"
     twice.write_text("policies:\n" + one.replace("V", "1") + one.replace("V", "2"))
     assert main(["policy", "check", str(twice)]) == 1
-    assert f"{twice}:3: id: policy id 'd' is already defined in {twice}:2; ids must be unique" in capsys.readouterr().err
+    assert (f"{twice}:3: policies[1].id: policy id 'd' is already defined in {twice}:2; ids must be unique"
+            in capsys.readouterr().err)
     assert main(["policy", "test", str(twice)]) == 1
     capsys.readouterr()
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
@@ -175,7 +176,18 @@ def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys:
     assert main(["policy", "check", str(a)]) == 0 and main(["policy", "check", str(b)]) == 0
     capsys.readouterr()
     assert main(["policy", "check", str(a), str(b)]) == 1
-    assert f"{b}:2: id: policy id 'd' is already defined in {a}:2" in capsys.readouterr().err
+    assert f"{b}:2: policies[0].id: policy id 'd' is already defined in {a}:2" in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_utf8_is_reported_with_its_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error named the byte's offset only (``file is not UTF-8 (byte 58)``), with no line."""
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes('policies:\n  - id: p\n    version: "1"\n    description: "café"\n'.encode("latin-1"))
+    assert main(["policy", "check", str(bad)]) == 1
+    assert capsys.readouterr().err == (f"{bad}:4: file is not UTF-8: byte 0xE9 at column 22 (offset 58); save the "
+                                       "file as UTF-8\n")
 
 
 def test_a_control_character_is_reported_with_its_line_and_proxy_exits_2(

@@ -21,7 +21,7 @@ def test_check_prints_no_ok_for_a_file_whose_policy_id_is_already_defined(
     out, err = capsys.readouterr()
     (policy,) = load_text(POLICY)
     assert out.splitlines() == [f"ok {tmp_path / 'p.yaml'}: 1 policy ({policy.label})"]
-    assert f"{tmp_path / 'p.yml'}:2: id: policy id 'p' is already defined in {tmp_path / 'p.yaml'}:2" in err
+    assert f"{tmp_path / 'p.yml'}:2: policies[0].id: policy id 'p' is already defined in {tmp_path / 'p.yaml'}:2" in err
 
 
 def test_check_reports_a_duplicate_id_in_each_file_that_repeats_it(

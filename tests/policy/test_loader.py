@@ -263,6 +263,11 @@ def test_duplicate_policy_ids_across_files(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as caught:
         load_files(tmp_path / "a.yaml", tmp_path / "b.yaml")
     assert caught.value.file.endswith("b.yaml") and "already defined in" in caught.value.reason
+    assert caught.value.key == "policies[0].id"  # was "id": the error names the key path
+    with pytest.raises(PolicyError) as caught:
+        load_text("policies:\n" + "".join(f"  - {{id: {pid}, version: 1, match: {{http: {{}}}}, rules: [{{id: r, "
+                                             "when: 'true', action: block}]}\n" for pid in ("a", "b", "a")), "p.yaml")
+    assert (caught.value.line, caught.value.key) == (4, "policies[2].id")
     with pytest.raises(PolicyError, match="cannot read file"):
         load_files(tmp_path / "missing.yaml")
 

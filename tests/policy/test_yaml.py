@@ -95,8 +95,10 @@ def test_depth_size_and_encoding_limits() -> None:
         load_yaml("a: " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(PolicyError, match="at most"):
         load_yaml("a: " + "x" * MAX_POLICY_BYTES)
-    with pytest.raises(PolicyError, match="not UTF-8"):
-        load_yaml(b"a: \xff\xfe\n")
+    with pytest.raises(PolicyError) as info:
+        load_yaml("a: 1\nb: [\"é\", \"x".encode() + b"\xff\xfe\"]\n", "p.yaml")
+    assert info.value.line == 2
+    assert info.value.reason == "file is not UTF-8: byte 0xFF at column 12 (offset 17); save the file as UTF-8"
     assert load_yaml("") == (None, load_yaml("")[1])
 
 
