@@ -33,7 +33,8 @@ _CHECKED = ("==", "!=", "in")
 
 @dataclass(frozen=True)
 class Comparison:
-    """One ``==``, ``!=`` or ``in`` of a ``when``: its operands as written (tokens joined by spaces)."""
+    """One relation of a ``when`` (``==``, ``!=``, ``in``, ``<``, ``<=``, ``>``, ``>=``): its operands as written
+    (tokens joined by spaces)."""
 
     left: str
     op: str
@@ -41,6 +42,11 @@ class Comparison:
 
     def __str__(self) -> str:
         return f"{self.left} {self.op} {self.right}"
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the rewritten ``when`` reports its values: an ``==``, ``!=`` or ``in`` without a type operand."""
+        return self.op in _CHECKED and not (_TYPE_OPERAND.match(self.left) or _TYPE_OPERAND.match(self.right))
 
 
 class _Unreadable(Exception):
@@ -106,9 +112,11 @@ class _Parser:
         while self.peek() in self._LEVELS[level]:
             op = self.take()
             right_raw, right_text = self.binary(level + 1)
-            if op in _CHECKED and not (_TYPE_OPERAND.match(raw) or _TYPE_OPERAND.match(right_raw)):
-                index = len(self.comparisons)
-                self.comparisons.append(Comparison(raw, op, right_raw))
+            comparison = Comparison(raw, op, right_raw) if op in _RELATIONS else None
+            if comparison is not None:
+                self.comparisons.append(comparison)
+            if comparison is not None and comparison.recorded:
+                index = len(self.comparisons) - 1
                 text = f"({RECORD}({index}, {raw}, {right_raw}) ? ({text}) {op} ({right_text}) : false)"
             else:
                 text = f"{text} {op} {right_text}"
@@ -182,10 +190,11 @@ class _Parser:
 
 
 def instrumented(source: str) -> tuple[str, tuple[Comparison, ...]] | None:
-    """``source`` with each ``A op B`` (``op``: ``==``, ``!=``, ``in``; neither operand a type) written
-    ``(guard_compared(i, A, B) ? (A') op (B') : false)``, ``i`` its index in the returned comparisons and ``A'``,
-    ``B'`` the operands rewritten: the same value on every input, or the same error (``A`` and ``B`` are evaluated
-    by the comparison anyway). ``None`` when ``source`` has no such comparison or the parser does not read it."""
+    """``source`` with each :attr:`~Comparison.recorded` comparison ``A op B`` written
+    ``(guard_compared(i, A, B) ? (A') op (B') : false)``, ``i`` its index in the returned comparisons (every
+    relation of ``source``, in the order the parser ends them) and ``A'``, ``B'`` the operands rewritten: the same
+    value on every input, or the same error (``A`` and ``B`` are evaluated by the comparison anyway). ``None`` when
+    ``source`` has no relation or the parser does not read it."""
     try:
         parser = _Parser(_tokens(source))
         _, text = parser.expr()

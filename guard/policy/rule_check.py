@@ -12,7 +12,9 @@ pointer into it, tool arguments and results, ``call``, ``result``) is not run, n
 :data:`MAX_RUNS` combinations; failures that depend on a value (a missing key, ``int("x")``) are not counted.
 The same runs find an ``==``, ``!=`` or ``in`` between values of two types (``inj.noul == "0.9"``,
 ``subject.query.tier == "free"``), which the runtime answers with ``false`` (``true`` for ``!=``), not an error: the
-rule never fires, or always does, and is refused too.
+rule never fires, or always does, and is refused too. So is an ordering of one answer's ``noul`` or ``score`` with
+``data`` and constants that holds for no value of the field (``inj.noul * 1.0 >= data.t`` with ``t: 85``), run alone
+over the field's range (:func:`_constant`).
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from guard.policy._compare import RECORD, instrumented
 from guard.policy._state import HTTP_SOURCES, NAMED_SOURCES, StateField
 from guard.policy.rules import (
     FEATURE_NAMES,
+    LITERAL_RE,
     CompiledRule,
     RuleError,
+    data_value,
     field_reads,
     rule_context,
     run_rule,
@@ -219,7 +223,8 @@ def certain_failures(
     policy matching several kinds of subject) is run once per combination of those types and fails on every
     request when every run ends in a type error or a non-boolean (:func:`_type_error`). A rule that works is
     refused when one of its comparisons compares values of two types in some run and of one type in none
-    (:func:`_mismatched`). Rules reading ``call`` or ``result`` are not run.
+    (:func:`_mismatched`). Rules reading ``call`` or ``result`` are not run. Any rule is refused when an ordering
+    of one answer's field with ``data`` and constants holds for no value of the field (:func:`_constant`).
     """
     answers = {key: answer_question(q, [1 / len(q.options())] * len(q.options())) for key, q in questions.items()}
     roots = {"state": state, "subject": subject}
@@ -227,7 +232,8 @@ def certain_failures(
     checking = _CHECKING.set(True)
     try:
         for rule in rules:
-            if (found := _certain_failure(policy_id, rule, roots, answers, data)) is not None:
+            found = _certain_failure(policy_id, rule, roots, answers, data) or _constant(rule, questions, data)
+            if found is not None:
                 failures[rule.id] = found
     finally:
         _CHECKING.reset(checking)
@@ -284,7 +290,7 @@ def _mismatched(rule: CompiledRule, contexts: list[Any]) -> str | None:
         program = cel.compile(text)
     except ValueError:
         return None
-    operands = [_compiled(f"[{comparison.left}, {comparison.right}]") for comparison in comparisons]
+    operands = [_compiled(f"[{c.left}, {c.right}]") if c.recorded else None for c in comparisons]
     seen: dict[int, set[bool | None]] = {}
     shown: dict[int, tuple[str, str]] = {}
 
@@ -307,7 +313,7 @@ def _mismatched(rule: CompiledRule, contexts: list[Any]) -> str | None:
                 with contextlib.suppress(Exception):  # a key only some requests have, or a macro's variable
                     record(index, *operand.execute(context))
     for index, comparison in enumerate(comparisons):
-        if False in seen.get(index, ()) and True not in seen[index]:
+        if comparison.recorded and False in seen.get(index, ()) and True not in seen[index]:
             left, right = shown[index]
             if comparison.op == "in":
                 return (f"{str(comparison)!r} is always false: it looks for {_article(left)} in {right}; CEL finds no "
@@ -315,6 +321,53 @@ def _mismatched(rule: CompiledRule, contexts: list[Any]) -> str | None:
             return (f"{str(comparison)!r} is always {'true' if comparison.op == '!=' else 'false'}: it compares "
                     f"{_article(left)} with {right}, and CEL finds no value of one type equal to a value of another; "
                     "compare values of one type (convert with int(), double() or string())")
+    return None
+
+
+#: Where a bounded answer field is tried (:func:`_constant`), besides the numbers a comparison names: every
+#: hundredth of its range.
+_STEPS = 100
+#: The answer fields :func:`_constant` tries, each named as its question's type: a probability (``noul``) and an
+#: expected level (``score``).
+_RANGED = frozenset({"noul", "score"})
+_ORDERINGS = frozenset({"<", "<=", ">", ">="})
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
+
+
+def _constant(rule: CompiledRule, questions: Mapping[str, QuestionV1], data: Mapping[str, Any] | None) -> str | None:
+    """Why an ordering of ``rule`` (``<``, ``<=``, ``>``, ``>=``) never holds, or always does with a ``data`` value,
+    or ``None``: one that reads one question's ``noul`` or ``score`` and otherwise only ``data`` and constants is
+    run alone with the field at every hundredth of its range, at each number the comparison and its ``data`` values
+    name and on either side of each: ``inj.noul * 1.0 >= data.t`` and ``inj.noul >= double(data.t)`` with
+    ``t: 85`` never hold. A literal bound that always holds (``inj.noul <= 1.0`` closing a band) is redundant, not
+    wrong, and is not reported."""
+    found = instrumented(rule.source)
+    for comparison in found[1] if found is not None else ():
+        text = str(comparison)
+        program = _compiled(text) if comparison.op in _ORDERINGS else None
+        keys = set(program.variables()) - {"data"} if program is not None else set()
+        key = keys.pop() if len(keys) == 1 else None
+        question = questions.get(key) if key is not None else None
+        field = question.type if question is not None and question.type in _RANGED else None
+        code = LITERAL_RE.sub('""', text)
+        if field is None or set(re.findall(rf"(?<![\w.]){re.escape(key)}\s*\.\s*([A-Za-z_]\w*)", code)) != {field}:
+            continue
+        high = float(len(question.options()) - 1) if field == "score" else 1.0
+        read = {path: data_value(data or {}, path) for root, path in field_reads(text) if root == "data"}
+        numbers = [float(n) for n in _NUMBER.findall(code)]
+        numbers += [float(v) for v in read.values() if isinstance(v, int | float) and not isinstance(v, bool)]
+        points = {high * i / _STEPS for i in range(_STEPS + 1)}
+        points |= {min(max(n + d, 0.0), high) for n in numbers if math.isfinite(n) for d in (-1e-9, 0.0, 1e-9)}
+        seen = set()
+        for point in points:
+            with contextlib.suppress(Exception):  # a failure is the rule check's, not this one's
+                seen.add(program.execute(cel.Context(variables={key: {field: point}, "data": dict(data or {})})))
+        if len(seen) != 1 or not isinstance(always := seen.pop(), bool) or (always and not read):
+            continue
+        shown = ", ".join(f"{_written('data', path)} is {value!r}" for path, value in read.items())
+        what = "an expected level" if field == "score" else "a probability"
+        return (f"{text!r} is always {str(always).lower()}{f' ({shown})' if shown else ''}: {key}.{field} is {what} "
+                f"from 0 to {high:g}")
     return None
 
 
@@ -385,9 +438,13 @@ def _described(reads: Mapping[str, list[tuple[str, ...]]], runs: list[tuple[Any,
                 for name in path:
                     node = node.get(name) if isinstance(node, dict) else None
                 names[_type_name(node)] = None
-            written = root + "".join(f".{name}" if name.isidentifier() else f'["{name}"]' for name in path)
-            out.append(f"{written} is {_article(' or '.join(names))}")
+            out.append(f"{_written(root, path)} is {_article(' or '.join(names))}")
     return ", ".join(out)
+
+
+def _written(root: str, path: tuple[str, ...]) -> str:
+    """``state.user["x-id"]``: a read path as a rule writes it."""
+    return root + "".join(f".{name}" if name.isidentifier() else f'["{name}"]' for name in path)
 
 
 def _article(name: str) -> str:

@@ -35,7 +35,7 @@ import math
 import operator
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,7 @@ __all__ = [
     "answer_variables",
     "apply_rules",
     "compile_condition",
+    "data_value",
     "field_reads",
     "header_name_errors",
     "rule_context",
@@ -580,7 +581,7 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                 field, number = (m.group(1), m.group(3)) if forward else (m.group(3), m.group(1))
                 field = field.split("[")[0].strip()
                 if number.startswith("data"):
-                    value = _data_value(data, [part.strip() for part in number.split(".")[1:]])
+                    value = data_value(data, [part.strip() for part in number.split(".")[1:]])
                     if isinstance(value, bool) or not isinstance(value, (int, float)):
                         continue
                     at = m.span(3) if forward else m.span(1)
@@ -625,7 +626,7 @@ def header_name_errors(source: str) -> list[str]:
     return out
 
 
-def _data_value(data: Mapping[str, Any], path: list[str]) -> Any:
+def data_value(data: Mapping[str, Any], path: Sequence[str]) -> Any:
     """The value at ``path`` (``["thresholds", "block"]`` for ``data.thresholds.block``) in a file's ``data``;
     ``None`` where a step is missing or not a mapping."""
     value: Any = data

@@ -107,7 +107,7 @@ def test_check_refuses_rules_that_never_fire_or_always_do(tmp_path: Path, capsys
            "guard.prompt_injection}, queue: {type: choice, instructions: \"Which queue?\", criteria: {billing: x, tech: z}}}"
            "\n    rules: [{id: r, when: 'WHEN', action: block}]\n")
     whens = ["inj.noul == true", 'answers.queue.choice == "biling"', 'inj.noul >= data["block"]',
-             'inj.noul == "0.9" || inj == 0.9', "subject.query.tier == ''free''"]
+             'inj.noul == "0.9" || inj == 0.9', "subject.query.tier == ''free''", "inj.noul >= double(data.block)"]
     policy.write_text("data: {block: 85}\npolicies:\n" + "".join(
         one.replace("P", f"p{i}").replace("WHEN", when) for i, when in enumerate(whens)))
     assert main(["policy", "check", str(policy)]) == 1
@@ -125,6 +125,8 @@ def test_check_refuses_rules_that_never_fire_or_always_do(tmp_path: Path, capsys
         + "string, " + never,
         f"{policy}:27: policies[4].rules[0].when: \"subject.query.tier == 'free'\" is always false: it compares a list "
         + "with a string, " + never,
+        f"{policy}:32: policies[5].rules[0].when: 'inj.noul >= double(data.block)' is always false (data.block is 85): "
+        + "inj.noul is a probability from 0 to 1",
     ]
 
 

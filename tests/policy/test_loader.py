@@ -322,6 +322,15 @@ policies:
         'injection.noul >= data["block_threshold"]': "'injection.noul >= data[\"block_threshold\"]' is always false "
                                                      '(data["block_threshold"] is 85)',
         "data['thresholds'].block <= answers.injection.noul": "always false (data['thresholds'].block is 85)",
+        # a bound the text scan did not read, as a comparison run alone over the field's range finds it
+        "injection.noul * 1.0 >= data.block_threshold": "'injection.noul * 1.0 >= data.block_threshold' is always "
+                                                        "false (data.block_threshold is 85): injection.noul is a "
+                                                        "probability from 0 to 1",
+        'injection.noul >= double(data["block_threshold"])': "is always false (data.block_threshold is 85)",
+        "queue.choice == 'tech' || 1.0 - injection.noul < data.review - 1.0": "'1.0 - injection.noul < data.review - "
+                                                                              "1.0' is always false (data.review is 0.6)",
+        "sev.score * 1.0 >= 4.5": "'sev.score * 1.0 >= 4.5' is always false: sev.score is an expected level from 0 "
+                                  "to 4",
     }
     for when, reason in bad.items():
         with pytest.raises(PolicyLoadError) as err:
@@ -333,7 +342,10 @@ policies:
                  "sev.score == 1.5 || sev.score != 0.5",  # a score is the expected level: 1.5 can be
                  "injection.noul >= 0.85 && injection.noul <= 1.0",
                  "injection.noul >= data.thresholds.review && data.thresholds.review < 1",  # a band's redundant upper end
-                 'answers["queue"].choice == "tech" && answers.injection.noul >= data["thresholds"]["review"]'):
+                 'answers["queue"].choice == "tech" && answers.injection.noul >= data["thresholds"]["review"]',
+                 "injection.noul * 100.0 >= double(data.review_pct) && injection.noul * 100.0 < 60.5",  # a narrow band
+                 "data.review_pct == 0 && injection.noul > 0.5",  # a switch in data: not an answer's comparison
+                 "injection.noul * 1.0 <= 1.0 && sev.score + 0.0 >= 0.0"):  # literal bounds that always hold
         load_text(head % when.replace("'", "''"), "p.yaml")
 
 
