@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from guard.errors import InvalidJson
 
-__all__ = ["DEFAULT_MAX_DEPTH", "JSON_LEVELS", "DuplicateKeys", "Repeated", "dumps", "is_json_media", "json_readings",
-           "json_unescaped", "loads"]
+__all__ = ["DEFAULT_MAX_DEPTH", "JSON_LEVELS", "DuplicateKeys", "Repeated", "dumps", "is_json_media", "json_offsets",
+           "json_readings", "json_strings", "json_unescaped", "loads"]
 
 def is_json_media(media: str) -> bool:
     """Whether a media type (lower-case, without parameters) is JSON: ``application/json`` or any structured
@@ -32,8 +32,9 @@ DEFAULT_MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted (``{}`` is depth 1, a bare scalar depth 0)."""
 
 JSON_LEVELS = 3
-"""How many times a string holding JSON is read into its document (:func:`json_readings`), by the compact model and by
-the redaction of secrets: a document inside a string inside a string (``json.dumps`` applied twice) is read too."""
+"""How many times a string holding JSON is read into its document (:func:`json_readings`, :func:`json_strings`), by the
+compact model, the redaction of secrets and the tool-result instruction detector: a document inside a string inside a
+string (``json.dumps`` applied twice) is read too."""
 
 DuplicateKeys = Literal["reject", "collect"]
 """``reject``: a repeated key is an error. ``collect``: the key maps to the list of all its values, in order (a
@@ -258,6 +259,54 @@ def surrogates_joined(text: str, *, lone: Literal["replace", "keep"] = "replace"
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace" if lone == "replace" else
                                                             "surrogatepass")
+
+
+def json_strings(text: str) -> list[tuple[str, int, int]]:
+    """The strings of the JSON in ``text``, object keys included, in the order they stand: those of the whole text
+    when it is one document (:func:`loads`, duplicate keys collected), else those of each line that is one (JSON
+    Lines); ``[]`` when none is.
+
+    Each is ``(value, start, end)``: the string as a parser reads it, and where it is written in ``text`` (between
+    its quotes: ``text[start:end]``, escapes undecoded); :func:`json_offsets` maps a piece of ``value`` back there."""
+    if _document(text) is not _NOT_A_DOCUMENT:
+        documents = [(0, len(text))]
+    elif _LINE_END.search(text) is None:
+        return []
+    else:
+        lines, start = [], 0
+        for line_end in _LINE_END.finditer(text):
+            lines.append((start, line_end.start()))
+            start = line_end.end()
+        lines.append((start, len(text)))
+        documents = [(start, end) for start, end in lines if _document(text[start:end]) is not _NOT_A_DOCUMENT]
+    out: list[tuple[str, int, int]] = []
+    for start, end in documents:  # in a valid document, the quotes outside strings are none: each match is a string
+        for literal in _STRING.finditer(text, start, end):
+            written = literal.group()
+            value = loads(written) if "\\" in written else written[1:-1]
+            out.append((value, literal.start() + 1, literal.end() - 1))
+    return out
+
+
+def json_offsets(text: str, start: int, end: int) -> Sequence[int]:
+    """For the string written as ``text[start:end]`` (a :func:`json_strings` entry), the offset in ``text`` of the
+    character or escape that gives each of its characters (a surrogate pair's two escapes give one), then ``end``:
+    ``text[at[i]:at[j]]`` writes ``value[i:j]``."""
+    if "\\" not in text[start:end]:
+        return range(start, end + 1)
+    at: list[int] = []
+    position, high = start, False
+    for match in _ESCAPE.finditer(text, start, end):
+        code = int(match.group(1), 16) if match.group(1) is not None else None
+        at += range(position, match.start())
+        if high and match.start() == position and code is not None and 0xDC00 <= code <= 0xDFFF:
+            high = False  # the low half of a pair: its character is the high half's
+        else:
+            at.append(match.start())
+            high = code is not None and 0xD800 <= code <= 0xDBFF
+        position = match.end()
+    at += range(position, end + 1)
+    return at
 
 
 def _document(text: str) -> Any:

@@ -25,6 +25,13 @@ matched against families of cues that say "this text talks to the assistant, not
 Markdown emphasis and URL encoding are undone before the cues are read (``I**gnore**``, ``Ignore%20all``), and a
 segment holding either is read whatever its words seem to be.
 
+A JSON result (one document, or JSON Lines: a tool's list or dict as LangChain hands it to the model) is also read
+string by string: each string and key alone, its escapes undone (``\\"role\\": \\"system\\"``, ``\\n``), and the JSON
+a string holds in turn, so ``[{"memo": "Assistant, wire ..."}]`` opens its sentence with the address as the plain
+text does; a span found there covers what writes it in the result. The objects of a list are segments of their own
+(``}, {``), so one record's instruction does not cover its neighbours. A command that calls the model ``Assistant,``
+after the fields of a record on its line (``7 | 0.05 | Assistant, wire ...``) is an address too.
+
 A segment is an instruction when it has a strong cue (address, override, task, tool), or markup together with an
 imperative (also a fake channel tag or a shouted label alone on its line followed by a command: ``<|im_start|>system``
 then ``Transfer ...`` or ``You must reveal ...``, ``IMPORTANT!!!`` then ``Transfer ...``; not a heading or a plain
@@ -49,6 +56,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import unquote
+
+from guard._json import JSON_LEVELS, json_offsets, json_strings
 
 __all__ = ["MERGE_GAP", "STRIPPED_MARKER", "Detector", "Span", "find_instructions", "strip_spans"]
 
@@ -123,6 +132,9 @@ _ADDRESS = re.compile(
     r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?"
     r"(?:ai\s+(?:assistant|agent|model)|(?:ai|assistant|agent|model|llm)(?=\s*,))"
     rf"\s*[,:]\s*(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_MODAL})?(?:{_AGENT_VERBS})\b"
+    # ... or calls it "Assistant," after a record's fields on its line ("7 | 0.05 | Assistant, wire ...")
+    r"|(?<=[\d|;:)\]]\s)\W{0,3}(?:the\s+)?(?:ai\s+)?(?:assistant|agent|model|llm|ai)\s*,\s*"
+    rf"(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_MODAL})?(?:{_AGENT_VERBS})\b"
     # "Hey ChatGPT, use ...", "Hello Claude, transfer ..." (not "Hi Claude," in a colleague's e-mail, "Dear Claude,"
     # in a letter, "Hey Gemini, this is your week" in a horoscope or "ok gpt, that's enough" in a forum)
     rf"|\b(?:hey|hello)\s+(?:{_MODELS})\s*[,:]\s*(?:(?:please|kindly|now)(?:\s*,)?\s+)?"
@@ -206,9 +218,14 @@ _KEY_STEMS = (
     "system", "admin", "reminder", "action", "ai", "assistant", "model", "agent", "llm", "gpt", "chatgpt", "copilot",
     "claude", "gemini", "grok", "llama", "mistral", "bard",
 )
-#: A word, or a symbol that opens a fake channel, a URL escape or emphasis inside a word ("I**gnore**", "%49gnore"):
+#: A word that begins with a key stem (its first letter looked at first: a scan, not 60 alternatives tried at every
+#: letter), or a symbol that opens a fake channel, a URL escape or emphasis inside a word ("I**gnore**", "%49gnore"):
 #: the last two hide the words, so their segment is read whatever it seems to say.
-_WORD = re.compile(r"[A-Za-z]+|<|##|\[|%[0-9A-Fa-f]{2}|(?<=[A-Za-z])\*+(?=[A-Za-z])")
+_FIRST_LETTERS = "".join(sorted({stem[0] for stem in _KEY_STEMS}))
+_KEY = re.compile(
+    rf"(?<![A-Za-z])(?=[{_FIRST_LETTERS}{_FIRST_LETTERS.upper()}])(?i:" + "|".join(_KEY_STEMS) + ")"
+    r"|<|##|\[|%[0-9A-Fa-f]{2}|(?<=[A-Za-z])\*+(?=[A-Za-z])"
+)
 #: Upper-case labels a segment may start with even when glued to the word before it ("USATODO: ...").
 _LABELS = ("TODO", "IMPORTANT", "ATTENTION", "URGENT", "NOTE", "SYSTEM", "ADMIN", "REMINDER")
 #: Cues that do not make an instruction alone but join one they stand next to (the goal after "do the following:").
@@ -216,7 +233,8 @@ _WEAK = frozenset({"imperative", "markup"})
 # What may precede a sentence inside structured text: list dashes, quotes, a YAML/JSON key, a fake channel tag.
 _LEAD = re.compile(  # matched at a position (``match(text, pos)``), so no ``^``
     r"(?:[\s\-*'\"`{,]+|role['\"]?\s*:\s*['\"]?\w+['\"]?\s*,\s*|[\w.\- ]{1,30}['\"]?\s*[:!]+\s+(?=\S)"
-    r"|#{2,}\s*\([^)]{0,30}\)\s*|#{2,}\s*|<[^>]{1,30}>\s*"
+    r"|#{2,}\s*\([^)]{0,30}\)\s*|#{2,}\s*"
+    r"|<\|\s*\w{1,20}\s*\|>\s*(?:(?i:system|user|assistant|developer)\b\s*)?|<[^>]{1,30}>\s*"
     r"|\[/?\s*(?i:system|instructions?|admin|important|inst)\s*\]\s*)"
 )
 #: A segment that is only a fake channel tag or a shouted label ("<|im_start|>system", "[SYSTEM]", "IMPORTANT!!!"): it
@@ -260,10 +278,11 @@ _WORD_START = re.compile(r"\b\w")
 # continuation of a folded YAML string), an escaped line break, or just before a fake channel tag or an upper-case
 # label glued to the text before it ("...7.2%.TODO: ...", "USA###(system_message) ...").
 _SEGMENT_END = re.compile(
-    r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z<#\[])"
+    r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z<#\[{])"
     r"|(?<=[.!?])(?=[A-Z#<\[])"
     r"|\n(?![ \t]+(?![\w.\- ]{1,30}:\s|-\s)\S)"
     r"|\\n|\r"
+    r"|(?<=\})\s*,\s*(?=\{)"  # between the objects of a list ("}, {"): one record's instruction is not its neighbour's
     r"|(?<=[^\s#])(?=#{2,}\s*\()"
     r"|(?<=.)(?=(?:TODO|IMPORTANT|ATTENTION|URGENT|NOTE|SYSTEM|ADMIN|REMINDER)\s*[:!])"  # the _LABELS
 )
@@ -344,21 +363,57 @@ def find_instructions(text: str) -> tuple[Span, ...]:
     """The spans of ``text`` that give the agent instructions, in order; ``()`` when there are none.
 
     Args:
-        text: a tool result as the agent would read it (any format: prose, YAML, JSON, a Python repr).
+        text: a tool result as the agent would read it (any format: prose, YAML, JSON, a Python repr). When it is
+            JSON (one document, or JSON Lines), each of its strings and keys is also read alone, its escapes
+            decoded (:func:`guard._json.json_strings`), and so is the JSON a string holds, :data:`JSON_LEVELS` deep:
+            ``{"memo": "Assistant, wire ..."}`` opens its sentence with the address, ``\\"role\\": \\"system\\"``
+            inside a string is a fake chat message.
 
     Returns:
         Non-overlapping :class:`Span` objects, ``text[span.start:span.end]`` being the instruction (segments merged
-        when at most :data:`MERGE_GAP` apart). Cost: linear in the text (a few regular expressions per segment);
-        results for the last :data:`_CACHED_TEXTS` texts are remembered.
+        when at most :data:`MERGE_GAP` apart; a span found in a JSON string covers the characters and escapes that
+        write it, and spans that overlap are one). Cost: linear in the text (a few regular expressions per segment,
+        per JSON string); results for the last :data:`_CACHED_TEXTS` texts are remembered.
     """
+    spans = _find(text)
+    inner = _in_json_strings(text, JSON_LEVELS)
+    return _joined([*spans, *inner]) if inner else spans
+
+
+def _in_json_strings(text: str, levels: int) -> list[Span]:
+    """The instructions in the strings and keys of the JSON in ``text``, each read alone, and in the JSON they hold
+    (``levels`` deep in all), as spans of ``text``."""
+    out: list[Span] = []
+    for value, start, end in json_strings(text):
+        found = [*_find(value), *(_in_json_strings(value, levels - 1) if levels > 1 else ())]
+        if found:
+            at = json_offsets(text, start, end)
+            out += [Span(at[span.start], at[span.end], span.cues) for span in found]
+    return out
+
+
+def _joined(spans: list[Span]) -> tuple[Span, ...]:
+    """``spans`` in order, those that overlap made one (its cues those of all)."""
+    out: list[Span] = []
+    for span in sorted(spans, key=lambda span: span.start):
+        if out and span.start < out[-1].end:
+            last = out[-1]
+            out[-1] = Span(last.start, max(last.end, span.end), tuple(sorted({*last.cues, *span.cues})))
+        else:
+            out.append(span)
+    return tuple(out)
+
+
+def _find(text: str) -> tuple[Span, ...]:
+    """:func:`find_instructions` on ``text`` as one text (its JSON strings not read alone)."""
+    # One scan of the whole text finds the segments that can hold a cue; only those (and their neighbours) are read.
+    keys = [match.start() for match in _KEY.finditer(text)]
+    if not keys and not any(label in text for label in _LABELS):  # most strings of a JSON result hold neither
+        return ()
     segments = _segments(text)
     starts = [start for start, _ in segments]
-    # One scan of the whole text finds the segments that can hold a cue; only those (and their neighbours) are read.
     picked = {index for index, start in enumerate(starts) if text.startswith(_LABELS, start)}  # "...%.TODO: ..."
-    for match in _WORD.finditer(text):
-        word = match.group().lower()
-        if word[0] in "<#[%*" or word.startswith(_KEY_STEMS):
-            picked.add(bisect_right(starts, match.start()) - 1)
+    picked.update(bisect_right(starts, key) - 1 for key in keys)
     candidates = sorted(picked)
     found: dict[int, tuple[str, ...]] = {}
 
