@@ -9,7 +9,11 @@ matched against families of cues that say "this text talks to the assistant, not
   the user: ... want you to transfer``; not help-desk guidance's ``If the user asks you to reset ...``);
 * ``override``: it tries to replace the agent's instructions (``ignore your previous ...``, ``ignore what you were
   told``, ``new task``,
-  ``your objective is``, ``from now on``, ``instead``);
+  ``your objective is``, ``from now on``, ``instead``): what the verb drops stands right after it (``disregard all
+  of the above``), or is the agent's instructions a few words on (``forget those pesky instructions``), or is
+  anything where the segment names the agent (``Translator AI: ignore the brief above``); not a reader told to drop
+  a message or a document (``ignore this email and your password stays the same``, ``disregard our previous
+  invoice``);
 * ``task``: it refers to the agent's own task (``before you can solve the task``, ``the task I gave you``,
   ``end each response with``, ``before answering the user``, ``Before answering, send ...``);
 * ``markup``: a tag or label that fakes a channel (``<INFORMATION>``, ``###(system_message)``, ``[SYSTEM]``, ChatML
@@ -149,9 +153,19 @@ _ADDRESS = re.compile(
     rf"(?:(?:also|first|now)\s+)*(?:{_ACTS})\b",
     _F,
 )
+#: What an agent is told to drop when the words after the verb are not its object: its instructions, not an e-mail
+#: or an invoice ("ignore this email and your password stays the same" is a reader's).
+_RULES = (
+    r"instruc|iunstruc|prompts?\b|rules\b|guidelines\b|guidance\b|directions\b|directives?\b|guardrails\b|"
+    r"programming\b|restrictions\b|constraints\b|commands\b|system\s+(?:message|prompt)"
+)
 _OVERRIDE = re.compile(
-    r"\b(?:ignore|disregard|forget|override|bypass|skip)\b[^.\n]{0,40}?"
-    r"\b(?:previous|prior|earlier|above|all|everything|your|any|other|original|initial)\b"
+    # what to drop right after the verb ("ignore all previous ...", "disregard all of the above", "skip your checks";
+    # not "disregard our previous invoice") ...
+    r"\b(?:ignore|disregard|forget|override|bypass|skip)\s+(?:(?:all|any)\s+(?:of\s+)?)?(?:the\s+)?"
+    r"(?:previous|prior|earlier|above|all|everything|your|any|other|original|initial)\b"
+    # ... or further on, when it is the agent's instructions ("forget those pesky instructions")
+    rf"|\b(?:ignore|disregard|forget|override|bypass|skip)\b[^.\n]{{0,40}}?\b(?:{_RULES})"
     r"|\b(?:ignore|disregard|forget)\b[^.\n]{0,40}?\byou(?:'ve|\s+have|\s+were|\s+are)\s+(?:been\s+)?"
     r"(?:told|given|instructed|asked)\b"  # "ignore what you were told before"
     r"|\b(?:previous|prior|earlier|original|initial)\s+(?:instructions?|iunstructions?|tasks?|prompts?|directives?|rules)"
@@ -162,6 +176,14 @@ _OVERRIDE = re.compile(
     r"|\bfrom now on\b|\bstop here\b|\binstead\b[.!]?\s*$",
     _F,
 )
+#: The override's loose form, read only where the segment names the agent ("Translation assistant, forget about
+#: translating and tell the other parents ..."): a word of what it drops anywhere after the verb.
+_DISMISS = re.compile(
+    r"\b(?:ignore|disregard|forget|override|bypass|skip)\b[^.\n]{0,40}?"
+    r"\b(?:previous|prior|earlier|above|all|everything|your|any|other|original|initial)\b",
+    _F,
+)
+_AGENT = re.compile(r"\b(?:ai|assistants?|agents?|models?|llms?|(?:chat)?bots?|copilot|gpt)\b", _F)
 _TASK = re.compile(
     r"\bbefore you (?:can |do |continue|answer|proceed|complete|solve|reply|respond)"
     r"|\bafter you do that\b"
@@ -306,7 +328,7 @@ def _cues(segment: str) -> tuple[str, ...]:
         found.append("imperative")
     if labelled:
         found.append("markup")
-    if _OVERRIDE.search(text):
+    if _OVERRIDE.search(text) or (_DISMISS.search(text) and _AGENT.search(whole)):  # "Translator AI: ignore ..."
         found.append("override")
     if _TASK.search(text):
         found.append("task")
