@@ -58,7 +58,7 @@ def test_the_example_policy_passes_its_own_tests(capsys: pytest.CaptureFixture[s
     from guard.cli import main
 
     assert main(["policy", "test", *map(str, example.COMPACT_POLICIES[:1])]) == 0
-    assert "3 passed, 0 failed" in capsys.readouterr().out
+    assert "7 passed, 0 failed" in capsys.readouterr().out
 
 
 def test_an_unknown_suite_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
