@@ -243,9 +243,9 @@ def test_a_known_miss_is_not_found(text: str) -> None:
 
 @pytest.mark.parametrize("text", ADVERSARIAL.values(), ids=ADVERSARIAL.keys())
 def test_an_adversarial_input_is_read_in_linear_time(text: str) -> None:
-    started = time.perf_counter()
+    started = time.process_time()
     find_instructions(text)
-    assert time.perf_counter() - started < 1.0  # about 0.2 s on a loaded 2-core machine
+    assert time.process_time() - started < 1.0  # CPU seconds: about 0.2 on a 2-core machine
 
 
 def test_a_faked_exchange_needs_the_approval_and_a_concrete_target() -> None:
@@ -337,6 +337,6 @@ def test_a_span_in_a_json_string_covers_the_escapes_that_write_it() -> None:
 
 
 def test_many_json_strings_are_read_in_linear_time() -> None:
-    started = time.perf_counter()
+    started = time.process_time()
     find_instructions(json.dumps({f"note {i}": "you now" for i in range(8_000)}))
-    assert time.perf_counter() - started < 1.5  # about 0.3 s on a loaded 2-core machine
+    assert time.process_time() - started < 1.5  # CPU seconds: about 0.3 on a 2-core machine
