@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from guard import Guard, ReviewStore
+from guard import Guard, MemoryReviewStore, ReviewStore
 from guard.asgi import GuardMiddleware, HttpMetrics
 from guard.asgi.admin import AdminApp, admin_app
 from guard.asgi.review_api import Reviewer, is_loopback, parse_reviewer_tokens
@@ -56,9 +56,10 @@ class SearchRequest(BaseModel):
 def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None = None,
                metrics: HttpMetrics | None = None) -> FastAPI:
     """The example service; with ``guard`` it is wrapped in :class:`GuardMiddleware` (holding escalated requests in
-    ``review_store``, default in memory, and counting into ``metrics``, default its own), which starts the guard's
-    backends at the app's startup (a ``LocalBackend`` warms up before the first request). Reviewers use
-    :func:`create_admin`, on another port, given the same ``metrics`` to report them."""
+    ``review_store``, default a new :class:`MemoryReviewStore`, and counting into ``metrics``, default a new set),
+    which starts the guard's backends at the app's startup (a ``LocalBackend`` warms up before the first request).
+    The guard, store and metrics are kept in ``app.state`` for :func:`create_admin`, which serves the reviewers' API
+    and the metrics on another port."""
     app = FastAPI(title="guard example API")
 
     @app.post("/v1/messages")
@@ -81,23 +82,32 @@ def create_app(guard: Guard | None = None, *, review_store: ReviewStore | None =
         return {"status": "ok"}
 
     if guard is not None:
-        app.add_middleware(GuardMiddleware, guard=guard, review_store=review_store, metrics=metrics)
+        app.state.guard = guard
+        app.state.review_store = review_store if review_store is not None else MemoryReviewStore()
+        app.state.metrics = metrics if metrics is not None else HttpMetrics()
+        app.add_middleware(GuardMiddleware, guard=guard, review_store=app.state.review_store,
+                           metrics=app.state.metrics)
     return app
 
 
-def create_admin(guard: Guard, review_store: ReviewStore, *, metrics: HttpMetrics,
-                 reviewers: Mapping[str, str | Reviewer] | None = None, insecure_review: bool = False) -> AdminApp:
-    """The admin listener's app for :func:`create_app`'s guard: health, the middleware's ``metrics`` (the ones given
-    to :func:`create_app`) and the reviewers' API (with ``reviewers``, or for loopback clients only with
-    ``insecure_review``)."""
-    return admin_app(guard, review_store=review_store, reviewers=reviewers, insecure_loopback=insecure_review,
-                     metrics=metrics)
+def create_admin(app: FastAPI, *, reviewers: Mapping[str, str | Reviewer] | None = None,
+                 insecure_review: bool = False) -> AdminApp:
+    """The admin listener's app for a guarded :func:`create_app` app: health, its middleware's metrics and the
+    reviewers' API over its review store (with ``reviewers``, or for loopback clients only with ``insecure_review``).
+
+    Raises:
+        ValueError: ``app`` was made without a guard.
+    """
+    guard = getattr(app.state, "guard", None)
+    if guard is None:
+        raise ValueError("create_admin needs an app made by create_app(guard): this one has no guard")
+    return admin_app(guard, review_store=app.state.review_store, reviewers=reviewers,
+                     insecure_loopback=insecure_review, metrics=app.state.metrics)
 
 
 def main() -> None:
     import uvicorn
 
-    from guard import MemoryReviewStore
     from guard.asgi.server import bind_socket, serve_together
     from guard.backends.options import add_backend_options, open_cli_backend
     from guard.errors import GuardError
@@ -127,10 +137,8 @@ def main() -> None:
         return
     if reviewers is None and not args.insecure_review:
         print("app.py: the review API is not served (set GUARD_REVIEW_TOKENS, or --insecure-review on loopback)")
-    store, metrics = MemoryReviewStore(), HttpMetrics()  # one set of counters: the middleware's, on the admin port
-    serve_together(create_app(guard, review_store=store, metrics=metrics),
-                   create_admin(guard, store, metrics=metrics, reviewers=reviewers,
-                                insecure_review=args.insecure_review), sockets)
+    app = create_app(guard)
+    serve_together(app, create_admin(app, reviewers=reviewers, insecure_review=args.insecure_review), sockets)
 
 
 if __name__ == "__main__":
