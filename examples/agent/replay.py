@@ -177,16 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decisions", type=Path, help="also append the decision log (JSON lines) to this file")
     args = parser.parse_args(argv)
     records: list[dict[str, Any]] = []
-    try:
-        if args.limit < 0:
-            raise ValueError(f"--limit must be 0 (every task) or positive, got {args.limit}")
-        if args.decisions is not None:
-            _check_writable(args.decisions)
-        policies = load_files(*(args.policy or (COMPACT_POLICIES if args.backend == "compact" else CLEF_POLICIES)))
-        backends = open_backend(args.backend)
-    except (GuardError, OSError, ValueError) as exc:  # PolicyError is a GuardError
-        print(f"replay.py: {exc}", file=sys.stderr)
-        return 2
 
     def sink(line: str) -> None:
         records.append(json.loads(line))
@@ -194,7 +184,18 @@ def main(argv: list[str] | None = None) -> int:
             with args.decisions.open("a") as handle:
                 handle.write(line + "\n")
 
-    with Guard(policies, backends=backends, decision_log=DecisionLog(sink)) as guard:
+    try:
+        if args.limit < 0:
+            raise ValueError(f"--limit must be 0 (every task) or positive, got {args.limit}")
+        if args.decisions is not None:
+            _check_writable(args.decisions)
+        compact = args.backend.partition(":")[0] == "compact"  # compact or compact:DIR
+        policies = load_files(*(args.policy or (COMPACT_POLICIES if compact else CLEF_POLICIES)))
+        guard = Guard(policies, backends=open_backend(args.backend), decision_log=DecisionLog(sink))
+    except (GuardError, OSError, ValueError) as exc:  # PolicyError (a question the backend cannot answer) is one
+        print(f"replay.py: {exc}", file=sys.stderr)
+        return 2
+    with guard:
         replay(guard, records, suite=args.suite, limit=args.limit, out=sys.stdout)
     return 0
 

@@ -17,6 +17,9 @@ from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
 from guard.policy import load_files
 
+ROOT = Path(__file__).resolve().parents[2]
+CLEF_POLICY = ROOT / "policies" / "tool_call_guard.yaml"
+
 
 def test_replay_allows_wanted_calls_and_stops_the_attackers(tmp_path: Path) -> None:
     records: list[dict[str, Any]] = []
@@ -94,10 +97,18 @@ def test_a_limited_replay_replays_hijacks_and_says_how_many(capsys: pytest.Captu
     assert "AgentDojo (banking): 1 of 16 user tasks, 1 of 9 injection tasks replayed as hijacks" in out
 
 
+def test_a_compact_checkpoint_directory_gets_the_compact_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    """--backend compact:DIR was given the Clef policies, whose questions it cannot answer: a PolicyError traceback."""
+    assert example.main(["--backend", f"compact:{ROOT / 'guard' / 'compact' / 'weights'}", "--limit", "1"]) == 0
+    assert "1 of 9 injection tasks replayed as hijacks" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--policy", "nope.yaml"], "replay.py: nope.yaml: cannot read file"),
+        (["--policy", str(CLEF_POLICY)],  # Clef's questions, the compact backend
+         f"replay.py: {CLEF_POLICY}:24 at policies[0].questions.destructive: backend 'default' cannot answer"),
         (["--backend", "compcat"], "replay.py: --backend 'compcat': expected compact"),
         (["--limit", "-1"], "replay.py: --limit must be 0 (every task) or positive, got -1"),
     ],
