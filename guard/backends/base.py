@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from guard.systemone import ConfidenceProfile, SystemOneRequestV1, SystemOneResponseV1
 
@@ -18,27 +18,12 @@ __all__ = [
     "DecisionBackend",
     "code_digest",
     "installed_code_digest",
-    "require_request",
     "with_code",
     "with_confidence",
 ]
 
 #: The installed ``guard`` package: the code and data :func:`with_code` names.
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
-
-
-def require_request(request: Any, backend: str) -> SystemOneRequestV1:
-    """``request`` itself when it is a :class:`~guard.systemone.SystemOneRequestV1`.
-
-    Raises:
-        TypeError: for anything else (a parsed JSON body included), naming the backend and how to build a request.
-    """
-    if isinstance(request, SystemOneRequestV1):
-        return request
-    raise TypeError(
-        f"{backend}: decide() takes a SystemOneRequestV1, not {type(request).__name__}; "
-        "build one from a JSON body with SystemOneRequestV1.from_json(body)"
-    )
 
 
 @runtime_checkable

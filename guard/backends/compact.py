@@ -20,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from guard.backends.base import require_request, with_code, with_confidence
+from guard.backends.base import with_code, with_confidence
 from guard.compact.catalog import catalog_ids
 from guard.errors import BackendTimeout, UnsupportedQuestion
-from guard.systemone import ConfidenceProfile, QuestionV1, SystemOneRequestV1, SystemOneResponseV1
+from guard.systemone import ConfidenceProfile, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, require_request
 
 __all__ = ["DEFAULT_WEIGHTS", "RUNTIME_ENV", "CompactBackend", "LoadProgress", "catalog_ids"]
 
@@ -280,7 +280,7 @@ class CompactBackend:
                 deadline is never computed.
             TypeError: ``request`` is not a :class:`~guard.systemone.SystemOneRequestV1`.
         """
-        request = require_request(request, self.name)
+        request = require_request(request, f"{self.name}: decide()")
         self.check(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:

@@ -65,7 +65,6 @@ from guard.backends._providers import (
     error_summary,
     parse_retry_after,
 )
-from guard.backends.base import require_request
 from guard.errors import (
     BackendError,
     BackendRejected,
@@ -74,7 +73,7 @@ from guard.errors import (
     InvalidJson,
     MalformedAnswer,
 )
-from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
+from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, require_request
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +269,7 @@ class SystemOneClient:
             RuntimeError: the client was closed.
             TypeError: ``request`` is not a :class:`~guard.systemone.SystemOneRequestV1`.
         """
-        request = require_request(request, self.name)
+        request = require_request(request, f"{self.name}: decide()")
         if self._closed:
             raise RuntimeError(f"Cannot send a request with {self!r}: it has been closed.")
         budget = self.timeout if timeout is None else timeout

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Self
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
-from guard.backends.base import require_request, with_code, with_confidence
+from guard.backends.base import with_code, with_confidence
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.backends.selftest import Canary, clef_canaries, run_self_test
 from guard.errors import (
@@ -43,6 +43,7 @@ from guard.systemone import (
     QuestionV1,
     SystemOneRequestV1,
     SystemOneResponseV1,
+    require_request,
 )
 
 if TYPE_CHECKING:
@@ -288,7 +289,7 @@ class LocalBackend:
             RuntimeError: called from another event loop than the one the backend started on.
             TypeError: ``request`` is not a :class:`~guard.systemone.SystemOneRequestV1`.
         """
-        request = require_request(request, self.name)
+        request = require_request(request, f"{self.name}: decide()")
         started = time.monotonic()
         if self.batcher.state is BatcherState.UNOPENED:
             await self.start()

@@ -32,6 +32,7 @@ from guard.systemone import (
     UsageV1,
     ValidationProfile,
     answer_question,
+    require_request,
 )
 
 __all__ = ["SUPPORTED_DTYPES", "ClefModel", "checkpoint_date", "checkpoint_revision"]
@@ -160,9 +161,12 @@ class ClefModel:
         """Encode one request (§2); CPU only, no forward pass.
 
         Raises:
+            TypeError: ``request`` is not a :class:`SystemOneRequestV1` (build one with
+                ``SystemOneRequestV1.from_json(body)``).
             RequestValidationError: (a ``ValueError``) when the schema alone exceeds ``max_length`` (reference
                 message), or an image cannot be decoded.
         """
+        request = require_request(request, "ClefModel.encode()")
         return encode_record(request, self.processor, max_length=max_length or self.max_length)
 
     @torch.inference_mode()

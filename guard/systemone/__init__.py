@@ -29,6 +29,7 @@ from guard.systemone.wire import (
     ValidationProfile,
     answer_question,
     confidence,
+    require_request,
     sum_tolerance,
 )
 
@@ -57,5 +58,6 @@ __all__ = [
     "ValidationProfile",
     "answer_question",
     "confidence",
+    "require_request",
     "sum_tolerance",
 ]

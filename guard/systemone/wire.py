@@ -57,6 +57,7 @@ __all__ = [
     "check_readout",
     "confidence",
     "parse_usage",
+    "require_request",
     "sum_tolerance",
 ]
 
@@ -305,6 +306,19 @@ class SystemOneRequestV1:
             if q.id == question_id:
                 return q
         raise KeyError(question_id)
+
+
+def require_request(request: Any, caller: str) -> SystemOneRequestV1:
+    """``request`` itself when it is a :class:`SystemOneRequestV1`; ``caller`` names the method refusing anything else
+    (``"compact: decide()"``, ``"ClefModel.encode()"``).
+
+    Raises:
+        TypeError: for anything else (a parsed JSON body included), naming ``caller`` and how to build a request.
+    """
+    if isinstance(request, SystemOneRequestV1):
+        return request
+    raise TypeError(f"{caller} takes a SystemOneRequestV1, not {type(request).__name__}; build one from a JSON body "
+                    "with SystemOneRequestV1.from_json(body)")
 
 
 def _validate_questions(raw: Any, strict: bool, errors: list[FieldError]) -> list[QuestionV1]:

@@ -180,6 +180,13 @@ def test_systemone_takes_a_dict_and_echoes_model_and_usage(golden_fp32: ClefMode
         golden_fp32.systemone(load_case("09-no-instructions")["request"], validation_profile="workers-ai")
 
 
+def test_encode_refuses_a_dict_naming_from_json(golden_fp32: ClefModel) -> None:
+    """encode() takes a request, not the JSON body systemone() takes: a dict was an AttributeError on .questions."""
+    body = load_case("02-choice-caller-order")["request"]
+    with pytest.raises(TypeError, match=r"ClefModel.encode\(\) takes a SystemOneRequestV1, not dict.*from_json\(body\)"):
+        golden_fp32.encode(body)
+
+
 def test_identity_dtype_and_max_length(golden_checkpoint: Path, golden_fp32: ClefModel, tiny_checkpoint: Path) -> None:
     assert golden_fp32.model_id == "checkpoint" and golden_fp32.max_length == 16384
     assert golden_fp32.revision == checkpoint_revision(golden_checkpoint) and len(golden_fp32.revision) == 16
