@@ -97,12 +97,13 @@ def torch_dtype(args: argparse.Namespace) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def _is_local(spec: str) -> bool:
-    return spec.startswith("local:")
+def _is_local(spec: str | None) -> bool:
+    return spec is not None and spec.startswith("local:")
 
 
 def check_device_options(args: argparse.Namespace) -> None:
-    """Refuse ``--device`` / ``--dtype`` with a backend that is not ``local:`` (they would be ignored).
+    """Refuse ``--device`` / ``--dtype`` with a backend that is not ``local:``, or with no ``--backend`` (where a
+    command has no default one): they would be ignored.
 
     Raises:
         ValueError: naming the options and the backend.
@@ -110,7 +111,8 @@ def check_device_options(args: argparse.Namespace) -> None:
     if not _is_local(args.backend) and (args.device is not None or args.dtype is not None):
         given = [f"--{name}" for name in ("device", "dtype") if getattr(args, name) is not None]
         verb = "apply" if len(given) > 1 else "applies"
-        raise ValueError(f"{' and '.join(given)} {verb} only to a local: backend, not --backend {args.backend}")
+        backend = f"not --backend {args.backend}" if args.backend else "and no --backend is given"
+        raise ValueError(f"{' and '.join(given)} {verb} only to a local: backend, {backend}")
 
 
 def open_cli_backend(args: argparse.Namespace) -> DecisionBackend:

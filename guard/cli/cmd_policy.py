@@ -243,8 +243,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
     try:
         timeout_s = _timeout_s(args)
-        if args.backend:
-            check_device_options(args)
+        check_device_options(args)
         subject_data = _read_json("--input", args.input)
         answers = _read_json("--answers", args.answers) if args.answers else None
         factory: Callable[[], Any] | None = (lambda: open_cli_backend(args)) if args.backend else None
@@ -325,6 +324,7 @@ def run_test(args: argparse.Namespace) -> int:
 
     try:
         timeout_s = _timeout_s(args)
+        check_device_options(args)
         factory: Callable[[], Any] | None = backend_factory(args) if args.backend else None
         pattern = re.compile(args.run) if args.run else None
         files = expand_policy_paths(args.files)

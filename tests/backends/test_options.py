@@ -83,6 +83,17 @@ def test_device_options_are_checked_not_ignored(spec: str, options: list[str], m
         open_cli_backend(args)
 
 
+@pytest.mark.parametrize("command", ["policy explain", "policy test"])
+def test_device_options_without_a_backend_are_refused(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """These commands have no default backend: --device and --dtype without --backend were silently ignored."""
+    (tmp_path / "subject.json").write_text('{"http": {"method": "POST", "path": "/v1/chat", "body": {"m": "hi"}}}')
+    assert main([*_commands(tmp_path)[command], "--device", "cuda"]) == 2
+    message = "--device applies only to a local: backend, and no --backend is given\n"
+    assert capsys.readouterr().err == f"guard {command}: {message}"
+
+
 def test_cuda_without_a_cuda_build_is_refused_before_loading(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this torch build has CUDA")
