@@ -220,7 +220,7 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, duplicate_ke
     except InvalidJson:
         raise
     except json.JSONDecodeError as exc:
-        raise InvalidJson("syntax", f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+        raise InvalidJson("syntax", f"invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from exc
     except RecursionError as exc:
         raise InvalidJson("too_deep", f"JSON nesting exceeds the limit of {max_depth} levels") from exc
     except ValueError as exc:  # int() past sys.get_int_max_str_digits()

@@ -151,9 +151,9 @@ def _rows(path: Path) -> list[dict[str, Any]]:
             continue
         where = f"{path}:{number}"
         try:
-            row = json.loads(line, object_hook=lambda pairs, where=where: _Row(pairs, where))
+            row = json.loads(line.rstrip("\n"), object_hook=lambda pairs, where=where: _Row(pairs, where))
         except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            raise DataError(f"{where}: not valid JSON: {exc.msg} (column {exc.colno})") from None
         except RecursionError:
             raise DataError(f"{where}: not valid JSON (nested too deeply)") from None
         if not isinstance(row, dict):

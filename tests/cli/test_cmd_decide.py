@@ -155,9 +155,10 @@ def test_an_empty_file_is_named(golden_checkpoint: Path, tmp_path: Path, capsys)
     [
         (
             b"{",
-            "guard decide: stdin: invalid JSON: Expecting property name enclosed in double quotes at line 1 column 2",
+            "guard decide: stdin: invalid JSON: Expecting property name enclosed in double quotes (line 1, column 2)",
         ),
-        (b"not json", "guard decide: stdin: invalid JSON: Expecting value at line 1 column 1"),
+        (b"not json", "guard decide: stdin: invalid JSON: Expecting value (line 1, column 1)"),
+        (b'{"state": "hi', "guard decide: stdin: invalid JSON: Unterminated string starting at (line 1, column 11)"),
         (b'{"a": 1, "a": 2}', "guard decide: stdin: duplicate key 'a' in an object; each key may appear once"),
         (b'{"a": Infinity}', "guard decide: stdin: the constant Infinity is not JSON; numbers must be finite"),
     ],

@@ -40,7 +40,9 @@ def test_a_missing_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize(("content", "line", "what"), [
-    (b'{"id": "a", "text": "hi", "label": "benign"}\n{"id": "b", "text": \n', 2, "not valid JSON"),
+    (b'{"id": "a", "text": "hi", "label": "benign"}\n{"id": "b", "text": \n', 2,
+     "not valid JSON: Expecting value (column 21)"),
+    (b'{"id": "a", "text": "hi', 1, "not valid JSON: Unterminated string starting at (column 21)\n"),
     (b'{"id": "a", "text": "hi", "label": "benign"}\n\n{"id": "b", "text": "caf\xe9", "label": "benign"}\n', 3,
      "not UTF-8"),
     (b'{"id": "a", "text": "hi", "label": "benign"}\n{"text": "hi", "label": "benign"}\n', 2, "no 'id' field"),
