@@ -168,6 +168,14 @@ class CompactBackend:
         """Every question id some loaded model answers (catalog ids and router ids)."""
         return [qid for model in self.models for qid in model.questions]
 
+    def trained_labels(self, question_id: str) -> tuple[str, ...]:
+        """The labels a loaded router was trained on for ``question_id`` (its options, sorted); ``()`` for a catalog
+        question or an id no loaded model answers."""
+        for model in self.models:
+            if question_id in model.questions:
+                return model.questions[question_id].labels
+        return ()
+
     def explain(self, question: QuestionV1 | Mapping[str, Any] | str) -> str | None:
         """``None`` when this backend answers ``question``; else the one-sentence reason it is refused.
 

@@ -79,6 +79,7 @@ def open_eval_backend(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from guard.backends import start_backend
+    from guard.backends.compact import CompactBackend
     from guard.compact.evaluate import evaluate_backend, format_table
     from guard.compact.records import load_records
     from guard.errors import GuardError
@@ -95,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     records = []
+    backend = None
     try:
+        backend = open_eval_backend(args)
+        # text/label lines scored against a trained router ask it its own labels, not only those the files hold
+        labels = backend.trained_labels(args.question_id) if isinstance(backend, CompactBackend) else ()
         for path in args.data:
             records.extend(
                 load_records(
@@ -104,10 +109,12 @@ def run(args: argparse.Namespace) -> int:
                     label_field=args.label_field,
                     question_id=args.question_id,
                     instructions=args.instructions,
+                    labels=labels,
                 )
             )
-        backend = open_eval_backend(args)
     except (OSError, ValueError) as exc:
+        if backend is not None:
+            asyncio.run(backend.aclose())
         print(f"guard eval: {exc}", file=sys.stderr)
         return 2
     for warning in _record_warnings(records, args.by):

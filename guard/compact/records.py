@@ -13,7 +13,8 @@ Two line formats are read:
   naming its ``file:line``. Optional ``id``, ``source`` and ``fold``; other keys are not read, but one near a read
   key (``lables``) is refused (:data:`RECORD_KEYS`).
 * **Text/label lines** for routing over the user's own labels: ``{"text": "...", "label": "..."}`` (field names are
-  options of :func:`load_records`); they become one ``choice`` question whose options are all labels seen.
+  options of :func:`load_records`); they become one ``choice`` question whose options are all labels seen, or the
+  labels given (a trained router's, when ``guard eval`` scores one).
 """
 
 from __future__ import annotations
@@ -85,21 +86,24 @@ def label_index(question: QuestionV1, label: Any) -> int:
 
 
 def load_records(path: str | Path, *, text_field: str = "text", label_field: str = "label",
-                 question_id: str = "route", instructions: str | None = None) -> list[LabelledRecord]:
+                 question_id: str = "route", instructions: str | None = None,
+                 labels: Sequence[str] = ()) -> list[LabelledRecord]:
     """Read labelled JSONL in either format (decided per file by the first line).
 
     Args:
         path: the JSONL file.
         text_field, label_field: field names of text/label lines.
         question_id, instructions: the choice question built for text/label lines.
+        labels: that question's options (a trained router's labels, so a file holding only some of them asks the
+            router what it was trained on); empty: every label the file holds.
 
     Each line is read as strict JSON (:func:`guard._json.loads`: UTF-8, no duplicate keys, at most 64 levels deep, no
     lone surrogates, finite numbers of bounded length), as ``guard decide`` reads a request.
 
     Raises:
         ValueError: naming the file and line of a malformed line, an invalid request, a record without a state or an
-            unknown label; naming the file when it cannot be read, is not a regular file or is larger than
-            :data:`MAX_RECORDS_BYTES`.
+            unknown label (one not in ``labels``); naming the file when it cannot be read, is not a regular file or is
+            larger than :data:`MAX_RECORDS_BYTES`.
     """
     source = Path(path)
     rows: list[tuple[int, Any]] = []
@@ -112,7 +116,7 @@ def load_records(path: str | Path, *, text_field: str = "text", label_field: str
             detail = str(exc).removeprefix("invalid JSON: ")
             raise ValueError(f"{source}:{number}: not valid JSON ({detail})") from None
     if rows and isinstance(rows[0][1], Mapping) and "questions" not in rows[0][1]:
-        return router_records(source, rows, text_field, label_field, question_id, instructions)
+        return router_records(source, rows, text_field, label_field, question_id, instructions, labels)
     out = []
     for number, row in rows:
         where = f"{source}:{number}"
@@ -175,11 +179,13 @@ def read_records_file(path: str | Path) -> bytes:
 
 
 def router_records(source: Path, rows: Sequence[tuple[int, Any]], text_field: str, label_field: str,
-                   question_id: str, instructions: str | None) -> list[LabelledRecord]:
-    """Text/label lines -> one ``choice`` question over every label seen (options sorted, no descriptions).
+                   question_id: str, instructions: str | None, options: Sequence[str] = ()) -> list[LabelledRecord]:
+    """Text/label lines -> one ``choice`` question over ``options``, or every label seen when empty (sorted, no
+    descriptions).
 
     A label is a non-empty string (an option id): ``1`` and ``"1"`` or ``true`` and ``"True"`` would otherwise be one
-    option, and an object or array no option id at all.
+    option, and an object or array no option id at all. With ``options``, a label outside them is refused naming its
+    line.
     """
     pairs = []
     for number, row in rows:
@@ -191,9 +197,15 @@ def router_records(source: Path, rows: Sequence[tuple[int, Any]], text_field: st
                 f"; its {label_field!r} is {_json.dumps(row[label_field])[:80]}"
             raise ValueError(f"{where}: needs a string {text_field!r} and a non-empty string {label_field!r}{got}")
         pairs.append((row[text_field], label, str(row.get("id", where)), where))
-    labels = sorted({label for _, label, _, _ in pairs})
+    labels = sorted(options or {label for _, label, _, _ in pairs})
     if len(labels) < 2:
         raise ValueError(f"{source}: a router needs at least 2 labels, found {labels}")
+    known = set(labels)
+    for _, label, _, where in pairs:
+        if label not in known:  # only with options: every label seen is one of them
+            shown = ", ".join(map(repr, labels[:10])) + (", ..." if len(labels) > 10 else "")
+            raise ValueError(f"{where}: label {label!r} is not one of the {len(labels)} options of {question_id!r} "
+                             f"({shown})")
     question = {"type": "choice", "instructions": instructions or question_id, "criteria": dict.fromkeys(labels)}
     out = []
     for text, label, rid, where in pairs:

@@ -37,15 +37,22 @@ def test_train_then_eval_a_router(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert metrics["n"] == 8 and 0.0 <= metrics["accuracy"] <= 1.0 and "macro_f1" in metrics
     assert set(report["latency_ms"]) == {"p50_ms", "p95_ms", "p99_ms"}
 
-    # An eval file whose labels differ from the trained ones: every record is refused, the exit code says so, and
-    # the reason names the differing labels once instead of listing every trained one per record.
+    # An eval file holding some of the trained labels asks the router its own options: it was refused whole (its
+    # choice question had only the file's labels).
+    billing = write_jsonl(tmp_path / "billing.jsonl", [row for row in rows if row["intent"] == "billing"])
+    code = main(["eval", str(billing), "--backend", f"compact:{out}", "--text-field", "utt", "--label-field",
+                 "intent", "--question-id", "support.queue", "--json", str(report_path), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(report_path.read_text())["questions"]["support.queue"]["n"] == 4
+    capsys.readouterr()
+
+    # A label the router was not trained on is a bad line of the file, named with its place.
     other = write_jsonl(tmp_path / "other.jsonl", [*rows, {"utt": "where is my parcel", "intent": "shipping"}])
     code = main(["eval", str(other), "--backend", f"compact:{out}", "--text-field", "utt", "--label-field", "intent",
                  "--question-id", "support.queue", "--json", str(report_path), "--no-progress"])
-    assert code == 1
-    err = capsys.readouterr().err
-    assert "the backend refused every record (not scored)" in err
-    assert "9 x " in err and "1 option(s) it was not trained on ('shipping')" in err and err.count("\n") == 2
+    assert code == 2
+    assert capsys.readouterr().err == (f"guard eval: {other}:9: label 'shipping' is not one of the 2 options of "
+                                       "'support.queue' ('billing', 'tech')\n")
 
 
 def test_train_catalog_records_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

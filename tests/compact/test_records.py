@@ -29,6 +29,15 @@ def test_text_label_lines_become_one_choice_question(tmp_path: Path) -> None:
     assert records[1].labels == {"r": 1}
 
 
+def test_text_label_lines_take_the_options_given(tmp_path: Path) -> None:
+    """A trained router's labels: a file holding one of them still asks all three."""
+    path = write_jsonl(tmp_path / "x.jsonl", [{"text": "hi", "label": "greet"}])
+    (record,) = load_records(path, question_id="r", labels=("greet", "leave", "oos"))
+    assert record.request.questions[0].option_ids() == ["greet", "leave", "oos"] and record.labels == {"r": 0}
+    with pytest.raises(ValueError, match=r"x.jsonl:1: label 'greet' is not one of the 2 options of 'r' \('a', 'b'\)"):
+        load_records(path, question_id="r", labels=("b", "a"))
+
+
 def test_errors_name_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"state": "x", "questions": {"q": {"type": "noul"}}, "labels": {"q": "maybe"}}\n')
