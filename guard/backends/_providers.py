@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_KEEPALIVE",
     "JEV_URL",
+    "MODEL_NOT_FOUND",
     "MODEL_REVISION_HEADER",
     "OPENROUTER_URL",
     "PROVIDERS",
@@ -32,6 +33,7 @@ __all__ = [
     "Provider",
     "ProviderName",
     "RetryConfig",
+    "error_code",
     "error_summary",
     "parse_retry_after",
 ]
@@ -49,6 +51,8 @@ SYSTEMONE_PATH = "/v1/systemone"
 TIMEOUT_HEADER = "x-request-timeout-ms"
 #: Response header in which our worker names the checkpoint revision that answered.
 MODEL_REVISION_HEADER = "x-guard-model-revision"
+#: The error code our worker answers (404) for a model name it does not serve.
+MODEL_NOT_FOUND = "model_not_found"
 #: Statuses worth retrying: request timeout, too many requests, and every 5xx.
 RETRY_STATUSES = frozenset({408, 429})
 DEFAULT_MAX_CONNECTIONS = 100
@@ -201,3 +205,14 @@ def error_summary(response: httpx.Response) -> dict[str, Any]:
             if any(errors):
                 summary[name] = errors
     return summary
+
+
+def error_code(summary: Mapping[str, Any]) -> str | int | None:
+    """The error code an :func:`error_summary` holds (a token, safe to show): the answer's own ``code`` (guard's
+    worker), else its ``error`` object's (OpenAI, OpenRouter), else the first of its ``errors`` entries' (Cloudflare);
+    ``None`` when it has none."""
+    for found in (summary, summary.get("error") or {}, *summary.get("errors", ())):
+        if "code" in found:
+            code: str | int = found["code"]
+            return code
+    return None

@@ -19,7 +19,8 @@ and ``tenacity`` retries:
 * httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
   ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``;
 * an error answer's text (a 422 that echoes the request's state, in whatever shape) is read nowhere: the error
-  raised names the status, and the log (at WARNING the first time each status is seen, at DEBUG after) and
+  raised names the status and the answer's code token (:func:`error_code`; a worker's ``model_not_found`` adds how
+  to serve the name), and the log (at WARNING the first time each status is seen, at DEBUG after) and
   ``BackendRejected.detail`` get :func:`error_summary` (the status, media type and length, and the short code, type
   and field tokens and ``loc`` paths of a JSON error; no message). A connection error is named by its httpx type
   only (its text can quote the bytes of a bad answer head), and a Content-Type is quoted and cut at 40 characters.
@@ -52,6 +53,7 @@ from guard.backends._providers import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_KEEPALIVE,
     JEV_URL,
+    MODEL_NOT_FOUND,
     MODEL_REVISION_HEADER,
     OPENROUTER_URL,
     PROVIDERS,
@@ -62,6 +64,7 @@ from guard.backends._providers import (
     Provider,
     ProviderName,
     RetryConfig,
+    error_code,
     error_summary,
     parse_retry_after,
 )
@@ -434,8 +437,10 @@ class SystemOneClient:
         if envelope.get("success") is not True:
             summary = error_summary(response)
             self._log_error(summary)
+            code = error_code(summary)
             raise BackendRejected(
-                f"{self.name}: the request failed (HTTP {response.status_code}): the envelope's success is not true",
+                f"{self.name}: the request failed (HTTP {response.status_code}{'' if code is None else f', {code}'}): "
+                "the envelope's success is not true",
                 backend=self.name,
                 status_code=response.status_code,
                 detail=summary,
@@ -458,11 +463,15 @@ class SystemOneClient:
                 reason=f"http_{status}",
                 retry_after=retry_after,
             )
-        keyless = status == 401 and "authorization" not in self._headers
+        code = error_code(summary)
+        hint = ""
+        if status == 401 and "authorization" not in self._headers:
+            hint = "; this client sends no API key (api_key=; guard's command line reads $GUARD_BACKEND_API_KEY)"
+        elif code == MODEL_NOT_FOUND:
+            hint = ("; it serves other model names (GET /v1/models lists them): ask one of those, or serve this name "
+                    "too (guard worker serve --model-alias NAME)")
         return BackendRejected(
-            f"{self.name} refused the request with HTTP {status}"
-            + ("; this client sends no API key (api_key=; guard's command line reads $GUARD_BACKEND_API_KEY)"
-               if keyless else ""),
+            f"{self.name} refused the request with HTTP {status}{'' if code is None else f' ({code})'}{hint}",
             backend=self.name,
             status_code=status,
             detail=summary,

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard._body import check_framing
-from guard.backends._providers import MODEL_REVISION_HEADER, TIMEOUT_HEADER
+from guard.backends._providers import MODEL_NOT_FOUND, MODEL_REVISION_HEADER, TIMEOUT_HEADER
 from guard.errors import BodyError
 
 __all__ = [
@@ -59,7 +59,6 @@ TIMEOUT = "timeout"
 UNAVAILABLE = "unavailable"
 MALFORMED_ANSWER = "malformed_answer"
 NOT_FOUND = "not_found"
-MODEL_NOT_FOUND = "model_not_found"
 INTERNAL_ERROR = "internal_error"
 
 #: The header a response's request id travels in (echoed from the request, else generated).

@@ -118,7 +118,8 @@ async def test_refusals_are_rejected_without_retry(
         async with workers_ai(standin, scenario) as client:
             with pytest.raises(BackendRejected) as info:
                 await client.decide(REQUEST)
-    assert info.value.status_code == status and f"HTTP {status}" in str(info.value) and text not in str(info.value)
+    assert info.value.status_code == status and text not in str(info.value)
+    assert (f"HTTP {status} ({code})" if status != 200 else f"(HTTP 200, {code})") in str(info.value)  # the code token
     assert f'"errors": [{{"code": {code}}}]' in caplog.text and text not in caplog.text
     assert info.value.detail["errors"] == [{"code": code}]
     assert server.calls[scenario] == before + 1
@@ -307,6 +308,7 @@ async def test_an_error_answer_is_logged_as_its_status_codes_and_length_never_it
     assert said == f"http:systemone answered HTTP {kept['status']}" and json.loads(summary) == kept | {"length": sent[0]}
     if isinstance(info.value, BackendRejected):
         assert info.value.detail == json.loads(summary)
+    assert ("(string_above_max_length)" in str(info.value)) == (shape == "openai")  # a code token, not the text's
 
 
 async def test_a_header_value_that_is_not_ascii_does_not_break_the_answer(

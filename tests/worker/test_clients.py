@@ -283,6 +283,20 @@ async def test_an_unknown_model_is_404_and_request_ids_are_echoed_or_made(worker
     assert made.json()["object"] == "list" and made.json()["data"] == made.json()["models"]
 
 
+async def test_a_client_asking_an_unserved_model_is_told_the_code_and_the_alias_option(worker: RunningWorker) -> None:
+    """The rejection said only "HTTP 404"; the worker's code (a token, not its message) and the fix were in a log."""
+    from guard.backends import SystemOneClient
+    from guard.errors import BackendRejected
+    from guard.systemone import SystemOneRequestV1
+
+    async with SystemOneClient.worker(worker.url, timeout=60) as client:
+        with pytest.raises(BackendRejected) as caught:
+            await client.decide(SystemOneRequestV1.from_json({"model": "gpt-4o", "state": "hi", "questions": QUESTIONS}))
+    assert str(caught.value) == (
+        "http:worker refused the request with HTTP 404 (model_not_found); it serves other model names (GET /v1/models "
+        "lists them): ask one of those, or serve this name too (guard worker serve --model-alias NAME)")
+
+
 async def test_release_date_defaults_to_the_weights_date(vision_model: ClefModel) -> None:
     backend = LocalBackend(vision_model)
     with serve_worker(backend, config=WorkerConfig(model_name="jev-latest")) as running:
