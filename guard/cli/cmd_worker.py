@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import socket
 import stat
@@ -375,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from guard.asgi.server import filter_server_logs, server_options, show_guard_logs
+    from guard.asgi.server import bind_socket, filter_server_logs, server_options, show_guard_logs
     from guard.worker.app import create_app
 
     def load() -> Any:
@@ -406,15 +407,27 @@ def run(args: argparse.Namespace) -> int:
         readers, _ = metric_readers_from_env(os.environ)  # /metrics always serves the Prometheus text
     except ValueError as exc:
         return _fail(str(exc))
+    port = DEFAULT_PORT if args.port is None else args.port
+    try:  # before the weights load (at startup): a port in use is one line and exit 2, not a load then uvicorn's exit 3
+        sockets = None if args.uds else [bind_socket(host, port)]
+    except OSError as exc:
+        shutdown_providers()
+        return _fail(str(exc))
     app = create_app(load, config=worker_config, metrics=WorkerMetrics(extra_readers=readers))
-    where: dict[str, Any] = (
-        {"uds": args.uds}
-        if args.uds
-        else {"host": host, "port": DEFAULT_PORT if args.port is None else args.port}
-    )
-    filter_server_logs()
+    where: dict[str, Any] = {"uds": args.uds} if args.uds else {}  # a Unix socket uvicorn binds itself
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,
+                                           **server_options(args.header_timeout), **where))
+    filter_server_logs()  # after the config, which sets up uvicorn's loggers
     show_guard_logs(args.log_level)
-    uvicorn.run(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,
-                **server_options(args.header_timeout), **where)
+    if sockets:  # uvicorn names only the sockets it binds
+        shown = f"[{host}]" if ":" in host else host
+        logging.getLogger("uvicorn.error").info("listening on http://%s:%d", shown, sockets[0].getsockname()[1])
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises a SIGINT again once its shutdown is done
+            server.run(sockets=sockets)
+    finally:
+        if args.uds:  # as uvicorn.run does
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(args.uds)
     shutdown_providers()  # after Ctrl-C the SDK's exit hooks would wait for a collector that never answers
     return 0

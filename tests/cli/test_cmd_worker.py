@@ -48,6 +48,26 @@ def test_a_connection_that_does_not_send_its_head_in_time_is_closed(golden_check
     assert data.startswith(b"HTTP/1.1 408") and took < 3, (data, took)
 
 
+def test_a_port_in_use_is_one_line_before_the_weights_load(
+    golden_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker loaded the weights at startup, then uvicorn failed to bind (Errno 98, exit 3); guard proxy says
+    this in one line, exit 2, before anything loads."""
+    from guard.backends.local import LocalBackend
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(LocalBackend, "from_pretrained", never)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["worker", "serve", "--model", str(golden_checkpoint), "--port", str(port)])
+    assert code == 2
+    assert capsys.readouterr().err == f"guard worker serve: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
