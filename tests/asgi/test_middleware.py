@@ -28,6 +28,7 @@ from guard.asgi import GuardMiddleware
 from guard.asgi.limits import BodyLimits
 from guard.backends.compact import CompactBackend
 from guard.backends.local import LocalBackend
+from guard.backends.selftest import clef_canaries
 from guard.engine import Guard
 from guard.engine.cache import CacheConfig
 from guard.engine.telemetry import DecisionLog
@@ -356,7 +357,7 @@ def test_the_backends_start_with_the_application(clef_fp32: Any) -> None:
         assert len(batches) == 1 + 2 * len(backend.canaries)  # before any request
         assert client.post("/v1/chat", json={"prompt": BENIGN}).status_code in (200, 202, 403)
     for lifespan in ("auto", "on"):  # uvicorn's default mode took an error raised from receive() for "unsupported"
-        broken = LocalBackend(clef_fp32, max_length=300)  # the self-test's schema does not fit
+        broken = LocalBackend(clef_fp32, canaries=clef_canaries(margin=1.0))  # a spread of 1 is not reached: canaries fail
         app = guarded_app(Guard.from_files(POLICY, backends=broken))
         config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan=lifespan, log_level="critical")
         with pytest.raises(SystemExit) as exited:
