@@ -16,11 +16,13 @@ and the model's replies and tool results too unless they carry this middleware's
 go to the reviewer together in one ``interrupt()`` (approve / reject). A blocked message stays in the thread, but
 :meth:`InputGate.visible` leaves it out of every later model request (a blocked assistant or tool message is
 replaced by a notice, so every tool call keeps an answer), so no model ever reads it. The model node judges the
-request as the model reads it (:meth:`InputGate.requested`): an input message or system message no record covers
-(``before_model`` skipped by a client's ``Command(goto=...)``, or changed or added by a middleware listed before this
-one) is judged there (:meth:`InputGate.late`) and read by the model only when allowed, and a blocked message of the
-thread is left out under its id whatever its content there. The latest system message judged is kept in the record
-(``system:<digest>``).
+request as the model reads it (:meth:`InputGate.requested`): an input message or system message (but the agent's own,
+``create_agent(system_prompt=...)``) no record covers (``before_model`` skipped by a client's ``Command(goto=...)``, or
+changed or added by a middleware listed before this one) is judged there (:meth:`InputGate.late`) and read by the model
+only when allowed; a changed form of an allowed thread message, or a changed system message, not allowed ends the run
+instead. A blocked message of the thread is left out under its id whatever its content there. Each form judged is
+kept under its message id while the message is in the thread, and the system messages judged under
+``system:<digest>``.
 
 **Model output.** LangGraph's ``stream_mode="messages"`` sends the model's tokens while it generates them, before
 any later hook can judge the reply. When a ``model_output`` policy applies, the middleware runs the model with
@@ -150,14 +152,25 @@ def _key(message: AnyMessage, digest: str) -> str:
     return f"{message.id}:{digest}" if message.id else f"digest:{digest}"
 
 
+def _message_id(key: str) -> str | None:
+    """The message id of a record key (``<id>:<digest>``); ``None`` for a message without one and a system message."""
+    if key.startswith((SYSTEM_KEY, "digest:")):
+        return None
+    return key.rsplit(":", 1)[0]
+
+
 @dataclass(frozen=True)
 class PendingInput:
-    """One input message to judge: its record key, the message, its content digest and its subject."""
+    """One input message to judge: its record key, the message, its content digest and its subject. ``changed``: a
+    form of a thread message, or a system message, that a middleware listed before this one changed or added in the
+    model request (:meth:`InputGate.requested`): unless allowed, the run ends, since reading the request without it
+    is not what the agent was built to read."""
 
     key: str
     message: AnyMessage
     digest: str
     subject: AgentSubject
+    changed: bool = False
 
 
 class InputGate:
@@ -195,56 +208,61 @@ class InputGate:
                 digest = input_digest(message)
                 yield message, _key(message, digest), digest
 
-    def pending(self, state: Any) -> tuple[dict[str, dict[str, str]], list[PendingInput]]:
-        """The input record pruned to the messages still in the thread (and the system message the model last read),
-        and the input messages left to judge (new, or changed since judged), in thread order."""
-        record = self._record(state)
-        kept = {key: entry for key, entry in record.items() if key.startswith(SYSTEM_KEY)}
+    def _judge(
+        self,
+        record: Mapping[str, Mapping[str, str]],
+        inputs: Sequence[tuple[AnyMessage, str, str]],
+        kept: dict[str, dict[str, str]],
+        changed: Collection[str] = (),
+    ) -> list[PendingInput]:
+        """The messages of ``inputs`` that ``record`` does not cover (new, or changed since judged) and a policy
+        judges; those it covers are added to ``kept``. ``changed``: the ids of thread messages allowed in another form, whose new forms are
+        :attr:`PendingInput.changed`."""
         todo: list[PendingInput] = []
         thread_id = current_thread_id()
-        for message, key, digest in self._inputs(state["messages"]):
-            entry = record.get(key)
-            if entry is not None and entry.get("digest") == digest:
-                kept[key] = entry
-                continue
-            subject = input_subject(message, thread_id)
-            if self.judge.matches(subject):
-                todo.append(PendingInput(key, message, digest, subject))
-        return kept, todo
-
-    def requested(
-        self, state: Any, messages: Sequence[Any], system: AnyMessage | None
-    ) -> tuple[dict[str, dict[str, str]], list[PendingInput], frozenset[str]]:
-        """What a model request holds, as a middleware listed before this one left it: the input record (the thread's
-        entries, and the system message's), the request's input messages and system message that it does not cover
-        (new, or changed by that middleware) to judge now (:meth:`late`), and the ids of the thread's blocked messages,
-        withheld from the request whatever their content there (:meth:`visible`)."""
-        record = self._record(state)
-        kept: dict[str, dict[str, str]] = {}
-        blocked: set[str] = set()
-        for message, key, digest in self._inputs(state["messages"]):
-            entry = record.get(key)
-            if entry is not None and entry.get("digest") == digest:
-                kept[key] = entry
-                if entry.get("status") == "blocked" and message.id:
-                    blocked.add(message.id)
-        todo: list[PendingInput] = []
-        thread_id = current_thread_id()
-        inputs = list(self._inputs(messages))
-        if system is not None:
-            digest = input_digest(system)
-            inputs.append((system, f"{SYSTEM_KEY}{digest}", digest))
         for message, key, digest in inputs:
             entry = record.get(key)
-            if message.id in blocked:
-                continue
             if entry is not None and entry.get("digest") == digest:
-                kept[key] = entry
+                kept[key] = dict(entry)
                 continue
             subject = input_subject(message, thread_id)
             if self.judge.matches(subject):
-                todo.append(PendingInput(key, message, digest, subject))
-        return kept, todo, frozenset(blocked)
+                change = key.startswith(SYSTEM_KEY) or (message.id is not None and message.id in changed)
+                todo.append(PendingInput(key, message, digest, subject, change))
+        return todo
+
+    def pending(self, state: Any) -> tuple[dict[str, dict[str, str]], list[PendingInput]]:
+        """The input record pruned to the messages still in the thread, each with every form judged under its id (a
+        middleware listed before this one may show the model another form, judged once in the model node), and the
+        system message the model last read; and the input messages left to judge (new, or changed since judged), in
+        thread order."""
+        record = self._record(state)
+        inputs = list(self._inputs(state["messages"]))
+        ids = {message.id for message, _, _ in inputs if message.id}
+        kept = {key: dict(entry) for key, entry in record.items()
+                if key.startswith(SYSTEM_KEY) or _message_id(key) in ids}  # fmt: skip
+        return kept, self._judge(record, inputs, kept)
+
+    def requested(
+        self, state: Any, messages: Sequence[Any], system: AnyMessage | None, configured: bool = False
+    ) -> tuple[dict[str, dict[str, str]], list[PendingInput], frozenset[str]]:
+        """What a model request holds, as a middleware listed before this one left it: the input record (the thread's
+        entries, and those of the request's forms), the request's input messages and system message that it does not
+        cover (new, or changed by that middleware) to judge now (:meth:`late`), and the ids of the thread's blocked
+        messages, withheld from the request whatever their content there (:meth:`visible`). ``configured``: the
+        system message is the one the agent was built with (``create_agent(system_prompt=...)``), not judged."""
+        record = self._record(state)
+        kept: dict[str, dict[str, str]] = {}
+        thread = list(self._inputs(state["messages"]))
+        self._judge(record, thread, kept)  # only to collect the thread's entries: its messages are judged before
+        blocked = {_message_id(key) for key, entry in kept.items() if entry.get("status") == "blocked"}
+        allowed = {_message_id(key) for key, entry in kept.items() if entry.get("status") == "allowed"}
+        inputs = [(m, key, d) for m, key, d in self._inputs(messages) if m.id is None or m.id not in blocked]
+        if system is not None and not configured:
+            digest = input_digest(system)
+            inputs.append((system, f"{SYSTEM_KEY}{digest}", digest))
+        todo = self._judge(record, inputs, kept, {i for i in allowed if i is not None})
+        return kept, todo, frozenset(i for i in blocked if i is not None)
 
     def _item(self, pending: PendingInput, judgement: Judgement) -> PendingItem:
         return text_item(
@@ -297,16 +315,20 @@ class InputGate:
 
     def late(
         self, record: dict[str, dict[str, str]], todo: Sequence[PendingInput], judgements: Sequence[Judgement]
-    ) -> dict[str, dict[str, str]]:
+    ) -> tuple[dict[str, dict[str, str]], Judgement | None]:
         """The input record with the messages of a model request that no judgement covers (:meth:`requested`: a
         client's ``Command(goto=...)`` skipped ``before_model``, or a middleware listed before this one changed or
         added them) judged: ``allow`` is recorded as allowed, any other outcome as blocked (no interrupt can be raised
-        there), so the model never reads them."""
+        there), so the model never reads them; and the first judgement, not ``allow``, of a
+        :attr:`PendingInput.changed` message (the run ends on it: the model is not called), else ``None``."""
         record = dict(record)
+        stop: Judgement | None = None
         for pending, judgement in zip(todo, judgements, strict=True):
             status = "allowed" if judgement.outcome == "allow" else "blocked"
             record[pending.key] = {"digest": pending.digest, "status": status}
-        return record
+            if status == "blocked" and pending.changed and stop is None:
+                stop = judgement
+        return record, stop
 
     @staticmethod
     def visible(

@@ -9,8 +9,9 @@ Where each event is judged and enforced:
   notice, and the blocked message is left out of every later model request; ``escalate`` interrupts for
   approve/reject. The model node judges the request the model reads: a message (or system message) that reaches it
   unjudged (a client's ``Command(goto="model")`` skips ``before_model``; a middleware listed before this one changes
-  or adds it) is judged there and left out of the request unless allowed, and a blocked message of the thread stays
-  out under its id whatever its content there. A middleware listed after this one changes the request unjudged.
+  or adds it) is judged there and left out of the request unless allowed (a changed form of an allowed message, or a
+  changed system message, ends the run instead; the agent's own system prompt is not judged), and a blocked message of
+  the thread stays out under its id whatever its content there. A middleware listed after this one changes the request unjudged.
 * **records**: the verdicts live in the agent's private state, sealed with ``state_key`` (``_records.py``), so a
   client's ``Command(update=...)`` cannot write an approval; a record whose seal fails is ignored and judged again.
 * **model output and tool calls** (``wrap_model_call``): right after the model answers, inside the model node, all
@@ -44,7 +45,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping
+import asyncio
+import logging
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -71,7 +76,7 @@ from guard.agents._enforce import (
     ToolCallEnforcer,
     redirect,
 )
-from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
+from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, Judgement, ToolResultAction
 from guard.agents._quiet import quiet_model, quiet_tokens
 from guard.agents._records import (
     RUNNABLE,
@@ -81,7 +86,7 @@ from guard.agents._records import (
     hitl_edit,
     record_sealer,
 )
-from guard.agents._turn import InputGate, TurnKeeper, adrive, drive, screen, structured_ids
+from guard.agents._turn import InputGate, PendingInput, TurnKeeper, adrive, drive, screen, structured_ids
 from guard.agents.claims import ApprovalClaims
 from guard.subject import AgentSubject
 from guard.verdict import FailMode
@@ -91,7 +96,61 @@ if TYPE_CHECKING:
 
     from guard.engine import Guard
 
-__all__ = ["GuardAgentMiddleware"]
+__all__ = ["GuardAgentMiddleware", "configured_system"]
+
+logger = logging.getLogger("guard.agents")
+EMPTY_REQUEST = "no message of the model request is left to read"
+_MODEL_NODES = frozenset({"model_node", "amodel_node"})
+"""The functions of LangChain's ``create_agent`` that build each model request (``langchain.agents.factory``)."""
+_MAX_AWAIT_DEPTH = 16
+"""How many coroutines down a task's await chain :func:`_graph_request` looks for the model node."""
+
+
+def _built(frame: Any, request: ModelRequest[Any]) -> ModelRequest[Any] | None:
+    """The request ``create_agent``'s model node built, when ``frame`` is that node's frame for ``request``'s run (the
+    same graph state object: a middleware's ``override`` passes it on)."""
+    if frame is None or frame.f_code.co_name not in _MODEL_NODES:
+        return None
+    if frame.f_globals.get("__name__") != "langchain.agents.factory":
+        return None
+    built = frame.f_locals.get("request")
+    return built if isinstance(built, ModelRequest) and built.state is request.state else None
+
+
+def _graph_request(request: ModelRequest[Any]) -> ModelRequest[Any] | None:
+    """The request ``create_agent``'s model node built for ``request``'s run: on the call stack (sync), else in the
+    coroutines of the running tasks (async: LangChain runs each ``awrap_model_call`` in a task of its own, for its
+    tracing); ``None`` when not found."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if (built := _built(frame, request)) is not None:
+            return built
+        frame = frame.f_back
+    try:
+        tasks = asyncio.all_tasks()
+    except RuntimeError:  # no running loop
+        return None
+    for task in tasks:
+        coroutine: Any = task.get_coro()
+        for _ in range(_MAX_AWAIT_DEPTH):
+            if coroutine is None or (built := _built(getattr(coroutine, "cr_frame", None), request)) is not None:
+                break
+            coroutine = getattr(coroutine, "cr_await", None)
+        if coroutine is not None and built is not None:
+            return built
+    return None
+
+
+def configured_system(request: ModelRequest[Any]) -> bool:
+    """Whether ``request``'s system message is the one the agent was built with (``create_agent(system_prompt=...)``):
+    the one on the request ``create_agent``'s model node built (:func:`_graph_request`; a middleware listed before this
+    one passes on a request of its own), by identity or equal content. ``False`` when that request is not found (the
+    system message is then judged)."""
+    built = _graph_request(request)
+    if built is None:
+        return False
+    ours, theirs = request.system_message, built.system_message
+    return ours is theirs or (ours is not None and theirs is not None and ours.content == theirs.content)
 
 
 class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
@@ -227,13 +286,36 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             or any(isinstance(tool, dict) for tool in request.tools)
         )
 
+    def _admit(
+        self,
+        request: ModelRequest[Any],
+        record: dict[str, Any],
+        late: list[PendingInput],
+        judgements: Sequence[Judgement],
+        blocked: frozenset[str],
+    ) -> tuple[ModelRequest[Any], dict[str, Any] | None, ModelResponse[Any] | None]:
+        """The request the model may read (:meth:`_visible`), the input record to write (``None``: unchanged) and,
+        when the model must not be called, the response that ends the run: a message or system message a middleware
+        listed before this one changed is not allowed (:meth:`InputGate.late`), or no message is left to read."""
+        inputs, stop = self._inputs.late(record, late, judgements) if late else (None, None)
+        visible = self._visible(request, record if inputs is None else inputs, blocked)
+        if stop is None and visible.messages:
+            return visible, inputs, None
+        verdict, reason = (stop.verdict, stop.reason) if stop is not None else (None, EMPTY_REQUEST)
+        logger.warning("guard: %s ends the run before the model is called: %s (policy %s, rule %s)", self.name,
+                       "a message a middleware listed before it changed or added is not allowed" if stop is not None
+                       else EMPTY_REQUEST, getattr(verdict, "policy_id", None), getattr(verdict, "rule", None))  # fmt: skip
+        notice = msgs.assistant_notice(msgs.INPUT_BLOCKED_TEMPLATE, verdict, reason, outcome="blocked",
+                                       event="model_input", message_id=f"lc_guard_{uuid.uuid4().hex}")  # fmt: skip
+        return visible, inputs, ModelResponse(result=[notice])
+
     def _visible(
         self, request: ModelRequest[Any], inputs: dict[str, Any], blocked: frozenset[str]
     ) -> ModelRequest[Any]:
         """The request without the input messages the input policy blocked (``blocked``: the ids of the thread's
         blocked messages, withheld whatever their content in the request), with notices in place of blocked assistant
-        and tool messages a client wrote (they stay in the thread, unread), and without its system message when that
-        is blocked; ``inputs``: the input record, late judgements (:meth:`InputGate.late`) included."""
+        and tool messages a client wrote (they stay in the thread, unread), and without a system message a middleware
+        added that is blocked; ``inputs``: the input record, late judgements (:meth:`InputGate.late`) included."""
         messages = self._inputs.visible(request.messages, inputs, blocked)
         system = request.system_message if self._inputs.system_visible(request.system_message, inputs) else None
         if system is request.system_message and len(messages) == len(request.messages) and all(
@@ -255,6 +337,15 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
             return response
         return ExtendedModelResponse(response, Command(update=update))
 
+    def _ended(
+        self, request: ModelRequest[Any], response: ModelResponse[Any], inputs: dict[str, Any] | None
+    ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
+        """:meth:`_finish` for a run :meth:`_admit` ended: its notice is the turn, enforced, with no call."""
+        notice = response.result[0]
+        turn = {"message_id": notice.id, "thread_id": current_thread_id(), "output": None, "calls": {},
+                "enforced": True}  # fmt: skip
+        return self._finish(request, response, inputs, turn)
+
     @staticmethod
     def _ai_of(response: ModelResponse[Any]) -> AIMessage | None:
         return next((m for m in response.result if isinstance(m, AIMessage)), None)
@@ -264,9 +355,14 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """Call the model (the request's input judged, without its blocked messages), then judge its reply and tool
         calls before anything else happens (blocking)."""
-        record, late, blocked = self._inputs.requested(request.state, request.messages, request.system_message)
-        inputs = self._inputs.late(record, late, self._judge.judge_all([p.subject for p in late])) if late else None
-        request = self._visible(request, record if inputs is None else inputs, blocked)
+        record, late, blocked = self._inputs.requested(
+            request.state, request.messages, request.system_message, configured_system(request)
+        )
+        request, inputs, ended = self._admit(
+            request, record, late, self._judge.judge_all([p.subject for p in late]) if late else [], blocked
+        )
+        if ended is not None:
+            return self._ended(request, ended, inputs)
         holds = self._holds_output(request)
         with quiet_tokens(holds):
             response = handler(request.override(model=quiet_model(request.model, holds)))
@@ -283,9 +379,14 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         """Async twin of :meth:`wrap_model_call`; the turn's subjects are judged concurrently."""
-        record, late, blocked = self._inputs.requested(request.state, request.messages, request.system_message)
-        inputs = self._inputs.late(record, late, await self._judge.ajudge_all([p.subject for p in late])) if late else None
-        request = self._visible(request, record if inputs is None else inputs, blocked)
+        record, late, blocked = self._inputs.requested(
+            request.state, request.messages, request.system_message, configured_system(request)
+        )
+        request, inputs, ended = self._admit(
+            request, record, late, await self._judge.ajudge_all([p.subject for p in late]) if late else [], blocked
+        )
+        if ended is not None:
+            return self._ended(request, ended, inputs)
         holds = self._holds_output(request)
         with quiet_tokens(holds):
             response = await handler(request.override(model=quiet_model(request.model, holds)))
