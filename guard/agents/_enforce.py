@@ -132,6 +132,8 @@ class ToolCallEnforcer:
             where a handoff's ``Command`` writes its answer.
         summarized: the ids of the state's ``agent`` messages that summarize flagged tool results
             (:func:`~guard.agents._records.turn_history`), as the middleware's record keeps them; none by default.
+        server_flagged: the keys of the state's server tool results that were not allowed
+            (:func:`~guard.agents._records.server_key`), as the middleware's record keeps them; none by default.
 
     Raises:
         TypeError: ``claims`` is not an approval claims store, or ``messages_key`` is not a string.
@@ -146,6 +148,7 @@ class ToolCallEnforcer:
         claims: ApprovalClaims | None = None,
         messages_key: str = "messages",
         summarized: Callable[[Any], Collection[str]] | None = None,
+        server_flagged: Callable[[Any], Collection[str]] | None = None,
     ) -> None:
         if claims is not None and not isinstance(claims, ApprovalClaims):
             raise TypeError(f"approval_claims must have claim() and aclaim(), not {type(claims).__name__}")
@@ -161,6 +164,7 @@ class ToolCallEnforcer:
         self.tool_result_action = judge.options.tool_result_action
         self.max_review_rounds = max_review_rounds
         self.summarized = summarized
+        self.server_flagged = server_flagged
 
     # Preparation (no I/O) -------------------------------------------------------------------------------------
 
@@ -203,6 +207,7 @@ class ToolCallEnforcer:
             messages_key=self.messages_key,
             trust_subagent_input=self.judge.options.trust_subagent_input,
             summarized=self.summarized(state) if self.summarized is not None else (),
+            server_flagged=self.server_flagged(state) if self.server_flagged is not None else (),
         )
         subject = AgentSubject(
             event="tool_call",

@@ -5,12 +5,14 @@ The middleware keeps one record per model turn under ``state["guard"][<middlewar
     {"turn": {"message_id": <AIMessage id>, "thread_id": ..., "output": <record or None>,
               "calls": {<tool_call_id>: <call record>}, "effects": {<tool name>: <declared effect>}},
      "inputs": {<message id>:<digest>: {"digest": <content SHA-256>, "status": "allowed" | "blocked"}},
-     "relayed": {"flagged": <bool>, "seen": {<message id>: <bool>}}}
+     "relayed": {"flagged": <bool>, "seen": {<message id>: <bool>}},
+     "server": {<reply id>: [<block id>, ...]}}
 
 (``inputs`` is kept by :class:`~guard.agents._turn.InputGate`, with the model request's system message under
 ``system:<digest>``; ``relayed`` by :meth:`~guard.agents._turn.TurnKeeper.summarized`: whether the conversation held
 flagged tool results since the user's last message, and for each ``agent`` message (a summary) whether it
-summarizes flagged results.)
+summarizes flagged results; ``server``, by :meth:`~guard.agents._turn.TurnKeeper.server_flagged`: the results
+of tools a provider ran itself, inside each reply still in the thread, that the tool-result policy did not allow.)
 
 A call record holds the verdict summary, the outcome (``allow``/``block``/``escalate``/``route``), the arguments
 digest, and after review a ``status`` (``allowed``, ``approved``, ``edited``, ``blocked``, ``rejected``, ``malformed``)
@@ -54,6 +56,7 @@ from guard.verdict import Verdict
 __all__ = [
     "HITL_EDITS_KEY",
     "RUNNABLE",
+    "Everything",
     "GuardAgentState",
     "ai_message_for",
     "answered_ids",
@@ -69,6 +72,7 @@ __all__ = [
     "running_tool",
     "seal_context",
     "seal_record",
+    "server_key",
     "state_messages",
     "text_item",
     "tool_item",
@@ -383,8 +387,32 @@ def _added_by(message: Any) -> tuple[str | None, str | None] | None:
 FLAGGED_RESULT_OUTCOMES = frozenset({"withheld", "quoted", "stripped"})
 
 
+class Everything:
+    """A collection that holds everything: the flagged server results when their record cannot be trusted."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def server_key(message_id: str | None, block_id: str | None) -> str:
+    """The key of a server tool's result among the flagged ones (:func:`turn_history`): the reply's id and the block's,
+    as JSON, so no two pairs share one whatever characters the ids hold."""
+    return json.dumps([message_id or "", block_id or ""], ensure_ascii=False)
+
+
 def turn_history(
-    state: Any, *, messages_key: str = "messages", subagent: bool = False, summarized: Collection[str] = ()
+    state: Any,
+    *,
+    messages_key: str = "messages",
+    subagent: bool = False,
+    summarized: Collection[str] = (),
+    server_flagged: Collection[str] = (),
 ) -> tuple[TurnMessage, ...]:
     """The conversation under ``messages_key`` as argument provenance reads it (:class:`~guard.subject.TurnMessage`),
     oldest first: system, user, assistant text and tool results; a tool message guard wrote for a flagged result
@@ -394,7 +422,8 @@ def turn_history(
     ``subagent``, every one in the input of an agent that runs as a sub-agent) is role ``agent``, flagged
     ``summarized`` when its id is in ``summarized`` (it summarizes flagged tool results). The results of tools a
     provider ran itself inside a reply (:func:`~guard.agents._content.server_blocks`) follow its text as tool
-    results."""
+    results, flagged ``withheld`` when their key (:func:`server_key`) is in ``server_flagged`` (the tool-result
+    policy did not allow them when the reply was judged)."""
     out: list[TurnMessage] = []
     for message in state_messages(state, messages_key):
         added = _added_by(message)
@@ -418,8 +447,9 @@ def turn_history(
             text = message_text(message)
             if text:
                 out.append(TurnMessage("assistant", text))
-            out += [TurnMessage("tool", block.value, block.name, block.id) for block in server_blocks(message)
-                    if block.kind == "result" and block.value]  # fmt: skip
+            out += [TurnMessage("tool", block.value, block.name, block.id,
+                                "withheld" if server_key(message.id, block.id) in server_flagged else None)
+                    for block in server_blocks(message) if block.kind == "result" and block.value]  # fmt: skip
     return tuple(out)
 
 
@@ -429,15 +459,18 @@ def conversation(
     messages_key: str = "messages",
     trust_subagent_input: bool = False,
     summarized: Collection[str] = (),
+    server_flagged: Collection[str] = (),
 ) -> tuple[str | None, tuple[TurnMessage, ...]]:
     """The task (:func:`user_text`) and the history (:func:`turn_history`) a tool call is judged with. When this graph
     runs inside another graph's tool call (:func:`in_tool_call`), its input came from the parent agent: no task, and
     role ``agent``, unless ``trust_subagent_input``. ``summarized``: the ids of the ``agent`` messages that summarize
-    flagged tool results."""
+    flagged tool results; ``server_flagged``: the keys of the server tool results not allowed (:func:`server_key`)."""
     subagent = _subagent(trust_subagent_input)
     return (
         user_text(state, messages_key=messages_key, subagent=subagent),
-        turn_history(state, messages_key=messages_key, subagent=subagent, summarized=summarized),
+        turn_history(
+            state, messages_key=messages_key, subagent=subagent, summarized=summarized, server_flagged=server_flagged
+        ),
     )
 
 

@@ -75,6 +75,7 @@ from guard.agents._content import call_ids, call_positions, calls_by_id, input_t
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
 from guard.agents._records import (
+    Everything,
     answered_ids,
     conversation,
     current_thread_id,
@@ -84,6 +85,8 @@ from guard.agents._records import (
     relayed_ids,
     seal_context,
     seal_record,
+    server_key,
+    state_messages,
     text_item,
     tool_item,
     verdict_from_json,
@@ -552,8 +555,34 @@ class TurnKeeper:
 
     def update(self, state: Any, **changes: Any) -> dict[str, Any]:
         """The state update that writes the parts in ``changes`` of this instance's record, each sealed, and the
-        ``relayed`` part (:meth:`summarized`) when it is not up to date with ``state``."""
+        ``relayed`` part (:meth:`summarized`) when it is not up to date with ``state``; a ``turn`` whose reply holds
+        server tool results not allowed (``turn["server_flagged"]``) adds them to the ``server`` part
+        (:meth:`server_flagged`)."""
+        turn = changes.get("turn")
+        flagged = turn.get("server_flagged") if isinstance(turn, Mapping) else None
+        if flagged:
+            server = self._server_record(state)
+            if server is not None:
+                changes = {**changes, "server": {**server, turn["message_id"]: sorted(flagged)}}
         return self._write(state, {**self._relayed_change(state), **changes})
+
+    def _server_record(self, state: Any) -> dict[str, list[str]] | None:
+        """The ``server`` part pruned to the replies still in ``state``; ``None`` when a stored part's seal fails."""
+        part = self.part(state, "server")
+        if part is None:
+            return None if "server" in self.stored(state) else {}
+        ids = {getattr(message, "id", None) for message in state_messages(state)}
+        return {message_id: list(blocks) for message_id, blocks in part.items() if message_id in ids}
+
+    def server_flagged(self, state: Any) -> Collection[str]:
+        """The keys (:func:`~guard.agents._records.server_key`) of the results of tools a provider ran itself, in the
+        replies of ``state``, that the tool-result policy did not allow when their reply was judged (the ``server``
+        part): every later call reads them withheld, as it reads a client tool's withheld result. A part whose seal
+        fails counts every server result as not allowed."""
+        record = self._server_record(state)
+        if record is None:
+            return Everything()
+        return frozenset(server_key(message_id, block) for message_id, blocks in record.items() for block in blocks)
 
     def refresh(self, state: Any) -> dict[str, Any] | None:
         """The state update that brings the ``relayed`` part up to date with ``state`` (``None`` when it is)."""
@@ -588,7 +617,8 @@ class TurnKeeper:
         """``{"relayed": part}`` with the part as it stands for ``state`` when the record differs, else ``{}``."""
         summarized = self.summarized(state)
         trust = self.judge.options.trust_subagent_input
-        _, history = conversation(state, trust_subagent_input=trust, summarized=summarized)
+        _, history = conversation(state, trust_subagent_input=trust, summarized=summarized,
+                                  server_flagged=self.server_flagged(state))  # fmt: skip
         ids = relayed_ids(state, trust_subagent_input=trust)
         seen = {message_id: message_id in summarized for message_id in ids}
         now = {"flagged": flagged_results(history) > 0, "seen": seen}
@@ -598,7 +628,8 @@ class TurnKeeper:
         """The task and the history a tool call of ``state`` is judged with
         (:func:`~guard.agents._records.conversation`, with :meth:`summarized`)."""
         trust = self.judge.options.trust_subagent_input
-        return conversation(state, trust_subagent_input=trust, summarized=self.summarized(state))
+        return conversation(state, trust_subagent_input=trust, summarized=self.summarized(state),
+                            server_flagged=self.server_flagged(state))  # fmt: skip
 
     def _stamped(self, message: BaseMessage, calls: Mapping[str, Any]) -> tuple[str, bytes, bytes]:
         """What a stamp covers (context, data as stored, data exactly): a message's type, id, name, content and
@@ -760,6 +791,9 @@ class TurnKeeper:
                 todo.append(("", subject))
         blocks = server_blocks(ai)
         outcomes = {(s.tool_call_id, s.tool_result): j.outcome for s, j in results}
+        flagged = sorted({s.tool_call_id or "" for s, j in results if j.outcome != "allow"})
+        if flagged:
+            turn["server_flagged"] = flagged
         read = [(block.position, TurnMessage("tool", block.value, block.name, block.id,
                                              "withheld" if outcomes.get((block.id, block.value), "allow") != "allow"
                                              else None))
