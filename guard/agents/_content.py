@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage
 
+from guard import _json as strict_json
 from guard.agents._arguments import canonical_json
 
 __all__ = [
@@ -516,10 +516,11 @@ class ServerBlock:
 
 
 def _server_arguments(value: Any) -> dict[str, Any]:
-    """A server call's arguments as a mapping: as they are, parsed when JSON text, else ``{"input": value}``."""
+    """A server call's arguments as a mapping: as they are, parsed when JSON text (:func:`guard._json.loads`, strict),
+    else ``{"input": value}``."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = strict_json.loads(value)
         except ValueError:
             return {"input": value}
     return dict(value) if isinstance(value, Mapping) else {"input": value}
@@ -549,6 +550,8 @@ def server_blocks(message: BaseMessage) -> list[ServerBlock]:
         if kind in _SERVER_CALLS:
             name = str(named or ("code_execution" if kind == "executable_code" else kind))
             arguments = next((block[key] for key in ("args", "input", "executable_code", "code") if key in block), {})
+            if not arguments and isinstance(block.get("partial_json"), str):
+                arguments = block["partial_json"]  # a streamed call's chunks, merged: the input is only this text
             names[block_id] = name
             found.append(ServerBlock("call", block_id, name, _server_arguments(arguments), position))
         elif kind.endswith("_call") and kind not in _CLIENT_CALLS:

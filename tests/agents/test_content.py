@@ -17,7 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from guard.agents import GuardAgentMiddleware
-from guard.agents._content import input_text, message_text
+from guard.agents._content import input_text, message_text, server_blocks
 from tests.agents._drive import adrive, drive
 from tests.agents._fakes import Chunks, Turn, model
 
@@ -403,3 +403,16 @@ def test_unread_media_names_what_a_model_sees_and_guard_cannot_read(content: lis
     from guard.agents._content import unread_media
 
     assert unread_media(ToolMessage(content=content, tool_call_id="c1")) == unread
+
+
+@pytest.mark.parametrize(("partial", "expected"), [
+    ('{"amount": 500, "to": "bob"}', {"amount": 500, "to": "bob"}),
+    ('{"amount": 500, "to": "bo', {"input": '{"amount": 500, "to": "bo'}),
+    ('{"amount": 1, "amount": 2}', {"input": '{"amount": 1, "amount": 2}'}),
+], ids=["whole", "cut", "duplicate-key"])  # fmt: skip
+@pytest.mark.parametrize("kind", ["server_tool_use", "mcp_tool_use"])
+def test_a_streamed_server_call_is_read_from_its_partial_json(kind: str, partial: str, expected: dict[str, Any]) -> None:
+    """Merged stream chunks leave ``input: {}`` and the arguments in ``partial_json``: judged with empty arguments."""
+    reply = AIMessage([{"type": kind, "id": "srvtoolu_1", "name": "pay", "input": {}, "partial_json": partial,
+                        "index": 0}])  # fmt: skip
+    assert [block.value for block in server_blocks(reply) if block.kind == "call"] == [expected]
