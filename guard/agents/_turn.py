@@ -247,13 +247,13 @@ class InputGate:
         return kept, self._judge(record, inputs, kept)
 
     def requested(
-        self, state: Any, messages: Sequence[Any], system: AnyMessage | None, configured: bool = False
+        self, state: Any, messages: Sequence[Any], system: AnyMessage | None
     ) -> tuple[dict[str, dict[str, str]], list[PendingInput], frozenset[str]]:
         """What a model request holds, as a middleware listed before this one left it: the input record (the thread's
         entries, and those of the request's forms), the request's input messages and system message that it does not
         cover (new, or changed by that middleware) to judge now (:meth:`late`), and the ids of the thread's blocked
-        messages, withheld from the request whatever their content there (:meth:`visible`). ``configured``: the
-        system message is the one the agent was built with (``create_agent(system_prompt=...)``), not judged."""
+        messages, withheld from the request whatever their content there (:meth:`visible`). ``system``: the system
+        message to judge with them (``None``: not judged, the agent's own configuration)."""
         record = self._record(state)
         kept: dict[str, dict[str, str]] = {}
         thread = list(self._inputs(state["messages"]))
@@ -261,7 +261,7 @@ class InputGate:
         blocked = {_message_id(key) for key, entry in kept.items() if entry.get("status") == "blocked"}
         allowed = {_message_id(key) for key, entry in kept.items() if entry.get("status") == "allowed"}
         inputs = [(m, key, d) for m, key, d in self._inputs(messages) if m.id is None or m.id not in blocked]
-        if system is not None and not configured:
+        if system is not None:
             digest = input_digest(system)
             inputs.append((system, f"{SYSTEM_KEY}{digest}", digest))
         todo = self._judge(record, inputs, kept, {i for i in allowed if i is not None})
