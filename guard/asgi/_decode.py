@@ -11,6 +11,8 @@ Nothing undecodable is ever forwarded unjudged.
 
 from __future__ import annotations
 
+import json
+import re
 import zlib
 from collections.abc import Callable
 
@@ -18,7 +20,7 @@ import brotli  # type: ignore[import-untyped]
 
 from guard.errors import BodyError
 
-__all__ = ["REQUEST_ENCODINGS", "SUPPORTED_ENCODINGS", "decode_content", "parse_encodings"]
+__all__ = ["REQUEST_ENCODINGS", "SUPPORTED_ENCODINGS", "check_unread_as_sent", "decode_content", "parse_encodings"]
 
 #: Codings decoded (a response's: the client decodes what guard judged, skipping what decoding skips).
 SUPPORTED_ENCODINGS = ("br", "deflate", "gzip", "identity", "x-gzip")
@@ -71,6 +73,38 @@ def parse_encodings(header: str, max_layers: int, supported: tuple[str, ...] = S
             f"Content-Encoding stacks {len(codings)} codings; at most {max_layers} are decoded", field=_FIELD,
         )
     return codings
+
+
+#: Two word characters in a row: a word or a number, which the few bytes of a tiny compressed body rarely hold
+#: (deflate of an empty body is ``03 00``; level-1 zlib of one is ``x\x01\x03\x00...``).
+_WORDS = re.compile(r"\w\w")
+
+
+def check_unread_as_sent(body: bytes, codings: list[str]) -> None:
+    """Refuse a request ``body`` sent with ``codings`` whose bytes as received read as text: valid UTF-8 holding a
+    word or a number, or a JSON document (``json.loads`` reads UTF-16 and UTF-32 too, found by their zero bytes).
+    Starlette, FastAPI and Flask do not undo ``Content-Encoding``: an application reads such a body as sent while
+    guard judges it decoded, and a deflate stream can be written to be readable JSON too (``{"...": "<attack>"}``
+    that inflates to noise). Real compressed data is not UTF-8 (gzip begins ``1f 8b``), so only bodies of a dozen bytes
+    or fewer are now and then refused besides.
+
+    Raises:
+        BodyError: 400 ``ambiguous_encoding`` (``field``: ``content-encoding``).
+    """
+    try:
+        readable = _WORDS.search(body.decode("utf-8")) is not None
+    except UnicodeDecodeError:
+        readable = False
+    if not readable:
+        try:
+            json.loads(body)
+        except (ValueError, RecursionError):  # not JSON to the application either (UnicodeDecodeError is a ValueError)
+            return
+    raise BodyError(
+        400, "ambiguous_encoding", f"the body is sent with Content-Encoding {', '.join(codings)[:40]} but its bytes as "
+        "sent read as text: an application that does not undo the coding reads that text, not the decoded body "
+        "guard would judge; send the body uncompressed", field=_FIELD,
+    )
 
 
 #: gzip header flags (RFC 1952 2.3.1) whose fields decoding skips: FEXTRA, FNAME, FCOMMENT, and the reserved bits.

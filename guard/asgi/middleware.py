@@ -62,7 +62,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard._body import BODY_TIMEOUT, ReplayReceive, declared_length, read_body
 from guard._rootpath import route_path
-from guard.asgi._decode import REQUEST_ENCODINGS, decode_content, parse_encodings
+from guard.asgi._decode import REQUEST_ENCODINGS, check_unread_as_sent, decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
 from guard.asgi._media import media_type
 from guard.asgi._metrics import HttpMetrics
@@ -160,9 +160,12 @@ def _off_loop(body: bytes, *, encoded: bool) -> bool:
 
 def _decoded_and_parsed(body: bytes, codings: list[str] | None, content_type: str,
                         limits: BodyLimits) -> tuple[Any, str]:
-    """:func:`parse_body` of ``body`` once its ``codings`` are undone (run on a thread for large bodies)."""
-    decoded = decode_content(body, codings, limits.max_decoded_bytes) if codings else body
-    return parse_body(decoded, content_type, limits)
+    """:func:`parse_body` of ``body`` once its ``codings`` are undone (run on a thread for large bodies); an encoded
+    ``body`` that reads as text as sent is refused first (:func:`check_unread_as_sent`)."""
+    if not codings:
+        return parse_body(body, content_type, limits)
+    check_unread_as_sent(body, codings)
+    return parse_body(decode_content(body, codings, limits.max_decoded_bytes), content_type, limits)
 
 
 class GuardMiddleware:

@@ -42,6 +42,7 @@ from guard.policy import load_text
 from tests._backends import ScriptedBackend
 from tests.asgi._apps import ATTACK, BENIGN, POLICY, scripted_answers, sha
 from tests.asgi._servers import raw_request, serve_in_thread
+from tests.asgi.test_decode import POLYGLOT
 
 pytestmark = pytest.mark.anyio
 
@@ -220,6 +221,22 @@ async def test_blocked_requests_never_reach_the_upstream(
             )
     assert blocked.status_code == 403 and blocked.json()["rule"] == "prompt_injection"
     assert too_big.status_code == 413
+    assert len(service.calls) == before
+
+
+async def test_an_encoded_body_that_reads_as_text_as_sent_never_reaches_the_upstream(
+    make_guard: GuardFactory, upstream: tuple[Upstream, str]
+) -> None:
+    """A deflate stream that is also JSON: the upstream reads the bytes as sent (attack finding: a 200 through the
+    proxy while guard judged the inflated noise)."""
+    service, url = upstream
+    before = len(service.calls)
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(url))) as proxy:
+        async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+            responses = [await client.post("/v1/echo", content=POLYGLOT, headers={
+                "content-encoding": "deflate", **({"content-type": media} if media else {})})
+                for media in (None, "text/plain", "application/json")]
+    assert [(r.status_code, r.json()["code"]) for r in responses] == [(400, "ambiguous_encoding")] * 3
     assert len(service.calls) == before
 
 
