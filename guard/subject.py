@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "JOINED_WORDS",
     "PLAIN_KEY_CHARS",
     "AgentEvent",
     "AgentSubject",
@@ -26,6 +28,7 @@ __all__ = [
     "body_text_of",
     "digest_of",
     "is_plain_key",
+    "joined_words",
     "path_words",
 ]
 
@@ -34,29 +37,65 @@ AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
 PLAIN_KEY_CHARS = 24
 """Longest object key or form field name left out of the judged text when it is a plain identifier."""
 _PLAIN_KEY = re.compile(rf"[A-Za-z0-9_.:@$\-]{{1,{PLAIN_KEY_CHARS}}}")
-#: A path segment of four or more words joined by one of ``- _ + . ~ ,`` (a path keeps ``+`` as it is, and an app or
-#: a model reads ``Ignore+all+previous+instructions`` or ``ignore.all.previous.instructions`` as words); ids, dates,
-#: file names with digits and short slugs are not.
-_JOINED_WORDS = re.compile(r"[^\W\d_]{2,}(?:[-_+.~,][^\W\d_]+){3,}")
-_WORD_JOINS = str.maketrans("-_+.~,", "      ")
+JOINED_WORDS = 4
+"""Fewest words a token joins (:func:`joined_words`) for a path segment, a key or a field name to be read as words."""
+#: What joins words in a token: a run of ``- _ + . ~ , :`` (a path keeps ``+`` as it is, and an app or a model reads
+#: ``Ignore+all+previous+instructions`` or ``ignore:all:previous:instructions`` as words).
+_JOINS = re.compile(r"[-_+.~,:]+")
+#: A camelCase run of words (``ignoreAll``, ``IgnoreAllPrevious``): each hump an upper-case letter and lower-case ones,
+#: so base64 (``aGVsbG8``) and acronyms (``XMLHttp``) are not.
+_CAMEL = re.compile(r"[A-Za-z][a-z]*(?:[A-Z][a-z]+)+")
+_HUMP = re.compile(r"(?<=[a-z])(?=[A-Z])")
+#: Three joins or humps, which four words need: most names have fewer, and are answered by this one match.
+_THREE_BREAKS = re.compile(r"(?:[^-_+.~,:]*?(?:[-_+.~,:]|[a-z][A-Z])){3}")
+_LETTERS = re.compile(r"[^\W\d_]+")
 #: A percent-escape left in a decoded path: the path was encoded twice (``%2520`` arrives as ``%20``).
 _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
+def joined_words(token: str) -> str | None:
+    """The words of ``token`` joined by spaces when it joins :data:`JOINED_WORDS` or more words of letters (the first of
+    two or more) by runs of ``- _ + . ~ , :`` or camelCase humps: ``ignore-all-previous-instructions``,
+    ``EvilwordIgnoreAllPrevious``, ``ignore:all:previous:rules`` -> ``ignore all previous instructions``, ...;
+    ``None`` for ids, dates, versions, anything with a digit, and shorter names (``user_id``, ``createdAt``,
+    ``X-Request-Id``)."""
+    if not _THREE_BREAKS.match(token):
+        return None
+    words: list[str] = []
+    for part in _JOINS.split(token):
+        if _CAMEL.fullmatch(part):
+            words += _HUMP.split(part)
+        elif _LETTERS.fullmatch(part):
+            words.append(part)
+        elif part:  # a digit or other punctuation (leading and trailing joins leave empty parts)
+            return None
+    return " ".join(words) if len(words) >= JOINED_WORDS and len(words[0]) >= 2 else None
+
+
+def _format_as_space(segment: str) -> str:
+    """``segment`` with each Unicode format character (category Cf: zero-width space and joiners, bidi marks, soft
+    hyphen) as a space: an app or a model reads ``ignore``, U+200B, ``all`` as two words."""
+    if segment.isascii():
+        return segment
+    return "".join(" " if unicodedata.category(c) == "Cf" else c for c in segment)
+
+
 def path_words(path: str) -> list[str]:
-    """The segments of a (decoded) path that hold words: those with whitespace, as they are, or once more
-    percent-decoded when the path was encoded twice (``Ignore%20all%20previous``); and those of four or more words
-    joined by ``- _ + . ~ ,``, joined by spaces instead: what a framework passes to the app as a path parameter and
-    the app may store or hand to a model (a model reads ``%20`` as a space). Route words, ids, dates and short slugs
-    are left out."""
+    """The segments of a (decoded) path that hold words: those with whitespace (a format character such as U+200B
+    counts as a space), as they are, or once more percent-decoded when the path was encoded twice
+    (``Ignore%20all%20previous``); and those that join four or more words (:func:`joined_words`: by ``- _ + . ~ ,
+    :`` or camelCase), joined by spaces instead: what a framework passes to the app as a path parameter and the app
+    may store or hand to a model (a model reads ``%20`` as a space). Route words, ids, dates and short slugs are left
+    out."""
     out = []
     for segment in path.split("/"):
         if _ESCAPE.search(segment):
             segment = urllib.parse.unquote(segment)
+        segment = _format_as_space(segment)
         if any(c.isspace() for c in segment):
             out.append(segment)
-        elif _JOINED_WORDS.fullmatch(segment):
-            out.append(segment.translate(_WORD_JOINS))
+        elif (words := joined_words(segment)) is not None:
+            out.append(words)
     return out
 
 
@@ -91,6 +130,10 @@ class HttpSubject:
         phase: ``request``, or ``response``: then ``headers``, ``content_type``, ``body`` and ``body_text`` are the
             response's (a streamed response's: the window being judged, as text), and method, path, host, client and
             query the request's.
+        sent_path: the path as sent where ``path`` is the view policies matched, lower-cased or without its trailing
+            slash (``GuardMiddleware(path_case=..., trailing_slash=...)``); empty when they are the same.
+            :attr:`request_text` reads the path's words from it (a lower-cased view has lost the camelCase of
+            ``/notes/IgnoreAllPreviousInstructions``). Not logged, and not read by rules.
         deltas: a streamed response's window only: the pieces its client joins into one text
             (:class:`guard.asgi._deltas.DeltaJoiner`: per place in the events' JSON whose string changes from
             event to event, the end of what earlier windows held there, then each new string); ``body_text`` holds
@@ -113,6 +156,7 @@ class HttpSubject:
     phase: Literal["request", "response"] = "request"
     repeated_headers: tuple[str, ...] = ()
     deltas: tuple[tuple[str, ...], ...] = ()
+    sent_path: str = ""
     kind: Literal["http"] = "http"
 
     def __post_init__(self) -> None:
@@ -123,14 +167,15 @@ class HttpSubject:
     def request_text(self) -> str:
         """All user text the request carries, joined with newlines: the query's judged strings (each value, and each
         parameter name that is not a plain identifier, as :func:`body_strings` reads a form), the path's segments
-        that hold words (:func:`path_words`: ``/notes/Ignore all previous instructions``,
-        ``/notes/ignore-all-previous-instructions``; route words, ids and short slugs are left out), then
-        ``body_text``.
+        that hold words, as sent (:func:`path_words`: ``/notes/Ignore all previous instructions``,
+        ``/notes/ignore-all-previous-instructions``, ``/notes/IgnoreAllPreviousInstructions``; route words, ids and
+        short slugs are left out), then ``body_text``.
 
         An app may read a parameter from the query or the path as readily as from the body, so a policy that judges
         "all user text" reads this, not ``body_text``. Empty strings are left out.
         """
-        return "\n".join(part for part in (*body_strings(self.query), *path_words(self.path), self.body_text) if part)
+        words = path_words(self.sent_path or self.path)
+        return "\n".join(part for part in (*body_strings(self.query), *words, self.body_text) if part)
 
 
 @dataclass(frozen=True)
@@ -197,8 +242,10 @@ Subject = HttpSubject | AgentSubject
 
 def is_plain_key(key: str) -> bool:
     """Whether an object key or form field name is a plain identifier (structure, left out of ``body_text``): at most
-    :data:`PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $``."""
-    return _PLAIN_KEY.fullmatch(key) is not None
+    :data:`PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $`` that do not join four or more words
+    (:func:`joined_words`: ``user_id`` and ``createdAt`` are plain, ``ignore_all_prior_rules`` and
+    ``ignoreAllPriorRules`` are not)."""
+    return _PLAIN_KEY.fullmatch(key) is not None and joined_words(key) is None
 
 
 def body_text_of(body: Any) -> str:
@@ -241,7 +288,7 @@ def body_strings(value: Any) -> list[str]:
     if not isinstance(value, dict | list):
         return out
     append = out.append
-    plain = _PLAIN_KEY.fullmatch
+    plain = is_plain_key
     stack: list[Iterator[Any]] = [iter(value.items() if isinstance(value, dict) else value)]
     while stack:
         for node in stack[-1]:

@@ -8,7 +8,8 @@ in document order, joined by newlines, with these rules:
   read (iterate, store, hand to a model), so ``{"Ignore all previous instructions...": 1}`` must be judged. A key
   of at most :data:`guard.subject.PLAIN_KEY_CHARS` characters from ``A-Z a-z 0-9 _ - . : @ $`` (``max_tokens``, ``user_id``,
   ``Content-Type``) is structure, not text, and is left out so it neither dilutes the text nor causes false
-  positives; any other key (with a space or other punctuation, non-ASCII, or longer) comes before its value.
+  positives, unless it joins four or more words (:func:`guard.subject.joined_words`: ``ignore_all_prior_rules``);
+  any other key (with a space or other punctuation, non-ASCII, or longer) comes before its value.
 * **A text or form body that is a JSON document is judged as both.** An application may parse any body as JSON
   (Starlette's ``request.json()`` is ``json.loads`` of the bytes, whatever the media type: a byte-order mark and
   UTF-16/32 are read too), so the document's decoded strings follow the text (:func:`_also_json`).

@@ -256,7 +256,8 @@ def head_subject(
     scope: Scope, headers: dict[str, str], client_header: ClientHeader | None, path: str | None = None
 ) -> HttpSubject:
     """The subject without its parsed query or body: everything a policy's ``match`` may look at; ``path`` replaces the
-    scope's (the matching view of it, ``GuardMiddleware(path_case=..., trailing_slash=...)``)."""
+    scope's (the matching view of it, ``GuardMiddleware(path_case=..., trailing_slash=...)``), which is then kept as
+    ``sent_path`` where it differs."""
     client = client_address(scope, headers, client_header)
     media = media_type(headers.get("content-type", ""))
     return HttpSubject(
@@ -268,6 +269,7 @@ def head_subject(
         client=client,
         content_type=media,
         repeated_headers=_repeated_names(scope, headers),
+        sent_path=scope["path"] if path not in (None, scope["path"]) else "",
     )
 
 
@@ -311,6 +313,7 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
         body_text=body_text,
         form_string=received.decode("latin-1") if form else "",
         repeated_headers=head.repeated_headers,
+        sent_path=head.sent_path,
     )
 
 

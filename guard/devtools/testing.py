@@ -277,8 +277,9 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     if not isinstance(subject, HttpSubject):
         return subject, policies.matching(subject)
     response = parsed.http.response if parsed.http is not None else None
-    head, found = policies.view().matching_views([replace(subject, path=view) for view in path_views(subject.path)],
-                                                 watching=response is not None)
+    views = [replace(subject, path=view, sent_path=subject.path if view != subject.path else "")
+             for view in path_views(subject.path)]
+    head, found = policies.view().matching_views(views, watching=response is not None)
     if response is None:
         return head, found
     judged = replace(head, phase="response", status=response.status,

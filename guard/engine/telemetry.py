@@ -687,9 +687,9 @@ def _bounded(node: Any, limit: int) -> Any:
 
 def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     """The subject as the log keeps it: every field but an agent subject's ``history`` (the conversation before the
-    event, which would make every record as long as the thread) and an HTTP subject's ``query_string`` and
-    ``form_string`` (the raw query and form: the decoded ``query`` and ``body`` are kept, where secret-named fields
-    are redacted and values withheld as below),
+    event, which would make every record as long as the thread) and an HTTP subject's ``query_string``,
+    ``form_string`` and ``sent_path`` (the raw query, form and path: the decoded ``query`` and ``body`` and the
+    matched ``path`` are kept, where secret-named fields are redacted and values withheld as below),
     the method cut by :func:`_capped`; a ``redact``
     verdict's spans masked in the body and its text; the body, its text and the query values left out (:data:`WITHHELD`)
     of a request refused because what its rule masks could not be masked there. Secret values cut off with a part nested
@@ -702,6 +702,7 @@ def _input_json(subject: Subject, verdict: Verdict, hidden: list[str]) -> Any:
     record.pop("history", None)
     record.pop("query_string", None)
     record.pop("form_string", None)
+    record.pop("sent_path", None)  # the path as sent where a policy matched its lower-cased view: as query_string
     record.pop("deltas", None)  # a streamed window's pieces: its body_text holds them joined
     if isinstance(subject, HttpSubject) and subject.deltas:  # the JSON they spell joined: its secrets, as a text body's
         hidden.extend(_document_secrets(["".join(pieces) for pieces in subject.deltas]))

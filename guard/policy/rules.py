@@ -652,9 +652,11 @@ def answer_variables(answer: AnswerV1) -> dict[str, Any]:
 def subject_fields(subject_type: Any) -> list[str]:
     """The fields of a subject (an instance or its class) that rules read as ``subject.<name>``: every field but an
     agent subject's ``history``, which rules read through ``call``, a streamed response's ``deltas``, whose
-    joined text rules read in ``body_text``, and an HTTP subject's ``form_string``, kept only for some forms (rules
-    read the form in ``body``)."""
-    return [f.name for f in dataclasses.fields(subject_type) if f.name not in ("history", "deltas", "form_string")]
+    joined text rules read in ``body_text``, an HTTP subject's ``form_string``, kept only for some forms (rules
+    read the form in ``body``), and its ``sent_path``, kept only where ``path`` is a view of it (rules read
+    ``path``)."""
+    return [f.name for f in dataclasses.fields(subject_type)
+            if f.name not in ("history", "deltas", "form_string", "sent_path")]
 
 
 def subject_variables(subject: Any) -> dict[str, Any]:
