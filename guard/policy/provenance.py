@@ -58,7 +58,7 @@ from decimal import Decimal, InvalidOperation
 from functools import cached_property, lru_cache
 from typing import Any, Literal
 
-from guard.policy.instructions import Detector, find_instructions
+from guard.policy.instructions import Detector, Span, find_instructions
 from guard.policy.normalize import normalize_text
 from guard.subject import AgentSubject, Subject, TurnMessage
 
@@ -215,24 +215,35 @@ def _prepare(text: str) -> _Prepared:
 
 @lru_cache(maxsize=CACHED_TEXTS)
 def _normalised(text: str) -> str:
-    """``text`` as the detector reads it in a tool-result rule (:func:`result_features`): normalised."""
+    """``text`` normalised (:func:`guard.policy.normalize.normalize_text`)."""
     return normalize_text(text).value
+
+
+def _readings(text: str) -> tuple[str, ...]:
+    """The texts the detector reads for one tool result: the normalised text, and the text as given when that
+    differs (the normaliser appends what it decodes, ``[spaced: ...]``, ``[rot13: ...]``, so a JSON result
+    normalised is no longer JSON and its strings would go unread one by one)."""
+    normalised = _normalised(text)
+    return (normalised,) if normalised == text else (normalised, text)
+
+
+def _detected(text: str, detector: Detector) -> list[tuple[str, tuple[Span, ...]]]:
+    """Each of :func:`_readings` of ``text`` with the spans ``detector`` finds in it."""
+    return [(reading, detector(reading)) for reading in _readings(text)]
 
 
 @lru_cache(maxsize=CACHED_TEXTS)
 def _split_tool_text(text: str, detector: Detector) -> tuple[_Prepared, _Prepared]:
-    """A tool result's (ordinary part, flagged part) of its normalised text: the spans the detector finds there (as a
-    tool-result rule finds them) go to the second."""
-    text = _normalised(text)
-    spans = detector(text)
-    if not spans:
-        return _prepare(text), _prepare("")
-    plain, flagged, position = [], [], 0
+    """A tool result's (ordinary part, flagged part): the normalised text less the spans the detector finds there,
+    and the spans it finds in every reading (:func:`_readings`, as a tool-result rule finds them)."""
+    readings = _detected(text, detector)
+    plain, position = [], 0
+    normalised, spans = readings[0]
     for span in spans:
-        plain.append(text[position : span.start])
-        flagged.append(text[span.start : span.end])
+        plain.append(normalised[position : span.start])
         position = span.end
-    plain.append(text[position:])
+    plain.append(normalised[position:])
+    flagged = [reading[span.start : span.end] for reading, found in readings for span in found]
     return _prepare("\n".join(plain)), _prepare("\n".join(flagged))
 
 
@@ -529,20 +540,24 @@ def flagged_results(history: Sequence[TurnMessage], detector: Detector = find_in
             break
         if message.role == "agent":
             count += message.flagged is not None
-        elif message.role == "tool" and (message.flagged is not None or detector(_normalised(message.text))):
+        elif message.role == "tool" and (
+            message.flagged is not None or any(spans for _, spans in _detected(message.text, detector))
+        ):
             count += 1
     return count
 
 
 def result_features(text: Any, *, detector: Detector = find_instructions) -> dict[str, Any]:
     """The ``result`` object tool-result rules read: ``instructions`` (how many spans give the agent instructions),
-    ``cues`` (their cue families, sorted) and ``chars`` (characters in them), found in the normalised text."""
+    ``cues`` (their cue families, sorted) and ``chars`` (characters in them), found in the normalised text and in
+    the text as given (:func:`_readings`): the counts of the reading with the most spans, the cues of both."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
-    spans = detector(_normalised(text))
+    readings = [spans for _, spans in _detected(text, detector)]
+    spans = max(readings, key=len)
     return {
         "instructions": len(spans),
-        "cues": sorted({cue for span in spans for cue in span.cues}),
+        "cues": sorted({cue for found in readings for span in found for cue in span.cues}),
         "chars": sum(span.end - span.start for span in spans),
     }
 
