@@ -238,6 +238,10 @@ _ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|(["\\/bfnrt]))')
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _NOT_A_DOCUMENT = object()
 _LINE_END = re.compile(r"\r\n|\r|\n")
+# Where JSON that loads refuses starts for json_strings: an object's first key, or an array of objects, strings or arrays.
+_JSON_OPENING = re.compile(r'\{\s*"|\[\s*[{"\[]')
+_LINE_STRING = re.compile(r'"[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*"')  # a string literal within one line
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def json_unescaped(text: str) -> str:
@@ -263,28 +267,41 @@ def surrogates_joined(text: str, *, lone: Literal["replace", "keep"] = "replace"
 
 def json_strings(text: str) -> list[tuple[str, int, int]]:
     """The strings of the JSON in ``text``, object keys included, in the order they stand: those of the whole text
-    when it is one document (:func:`loads`, duplicate keys collected), else those of each line that is one (JSON
-    Lines); ``[]`` when none is.
+    when it is one document (:func:`loads`, duplicate keys collected); else every string literal from the first
+    ``{"``, ``[{``, ``["`` or ``[[`` on, read leniently, as a client's lenient parser would read a document
+    :func:`loads` refuses (``NaN``, a lone surrogate, too deep, JSON Lines, a prefix or suffix around it, two
+    documents, a document cut short, even inside a string): a literal does not cross a line end (JSON writes none
+    inside a string) but one unclosed at the text's end runs to it, its escapes are decoded where they are valid and
+    a lone surrogate reads as U+FFFD (:func:`json_unescaped`); ``[]`` when there is no such opening.
 
     Each is ``(value, start, end)``: the string as a parser reads it, and where it is written in ``text`` (between
-    its quotes: ``text[start:end]``, escapes undecoded); :func:`json_offsets` maps a piece of ``value`` back there."""
-    if _document(text) is not _NOT_A_DOCUMENT:
-        documents = [(0, len(text))]
-    elif _LINE_END.search(text) is None:
-        return []
-    else:
-        lines, start = [], 0
-        for line_end in _LINE_END.finditer(text):
-            lines.append((start, line_end.start()))
-            start = line_end.end()
-        lines.append((start, len(text)))
-        documents = [(start, end) for start, end in lines if _document(text[start:end]) is not _NOT_A_DOCUMENT]
+    its quotes: ``text[start:end]``, escapes undecoded); :func:`json_offsets` maps a piece of ``value`` back there.
+    Cost: linear in ``text`` (a line's unclosed quote ends the scan of that line)."""
     out: list[tuple[str, int, int]] = []
-    for start, end in documents:  # in a valid document, the quotes outside strings are none: each match is a string
-        for literal in _STRING.finditer(text, start, end):
+    if _document(text) is not _NOT_A_DOCUMENT:
+        for literal in _STRING.finditer(text):  # in a valid document, the quotes outside strings are none
             written = literal.group()
             value = loads(written) if "\\" in written else written[1:-1]
             out.append((value, literal.start() + 1, literal.end() - 1))
+        return out
+    opening = _JSON_OPENING.search(text)
+    if opening is None:
+        return out
+    raw_surrogates = not text.isascii() and _SURROGATE.search(text) is not None
+    position = text.find('"', opening.start())
+    while position != -1:
+        literal = _LINE_STRING.match(text, position)
+        if literal is not None:
+            start, end, position = literal.start() + 1, literal.end() - 1, text.find('"', literal.end())
+        elif (line_end := _LINE_END.search(text, position)) is not None:  # unclosed on its line: the next literal
+            position = text.find('"', line_end.end())  # starts on the next line
+            continue
+        else:  # unclosed at the text's end: a document cut short inside a string, read to the end
+            start, end, position = position + 1, len(text), -1
+        body = text[start:end]
+        # a surrogate written raw (not escaped) would be joined or replaced in the value, off its offsets: left out
+        if not (raw_surrogates and _SURROGATE.search(body)):
+            out.append((json_unescaped(body) if "\\" in body else body, start, end))
     return out
 
 

@@ -29,7 +29,8 @@ matched against families of cues that say "this text talks to the assistant, not
 Markdown emphasis and URL encoding are undone before the cues are read (``I**gnore**``, ``Ignore%20all``), and a
 segment holding either is read whatever its words seem to be.
 
-A JSON result (one document, or JSON Lines: a tool's list or dict as LangChain hands it to the model) is also read
+A JSON result (a tool's list or dict as LangChain hands it to the model: one document, or from its first ``{"`` or
+``[{`` on what a lenient parser reads, JSON Lines, ``NaN``, a prefix or suffix, a document cut short) is also read
 string by string: each string and key alone, its escapes undone (``\\"role\\": \\"system\\"``, ``\\n``), and the JSON
 a string holds in turn, so ``[{"memo": "Assistant, wire ..."}]`` opens its sentence with the address as the plain
 text does; a span found there covers what writes it in the result. The objects of a list are segments of their own
@@ -386,8 +387,8 @@ def find_instructions(text: str) -> tuple[Span, ...]:
 
     Args:
         text: a tool result as the agent would read it (any format: prose, YAML, JSON, a Python repr). When it is
-            JSON (one document, or JSON Lines), each of its strings and keys is also read alone, its escapes
-            decoded (:func:`guard._json.json_strings`), and so is the JSON a string holds, :data:`JSON_LEVELS` deep:
+            JSON (one document, or JSON a lenient parser reads), each of its strings and keys is also read alone,
+            its escapes decoded (:func:`guard._json.json_strings`), and so is the JSON a string holds, :data:`JSON_LEVELS` deep:
             ``{"memo": "Assistant, wire ..."}`` opens its sentence with the address, ``\\"role\\": \\"system\\"``
             inside a string is a fake chat message.
 

@@ -58,4 +58,8 @@ def test_strings_of_a_document_and_of_json_lines_with_where_they_are_written() -
             assert json.loads('"' + text[at[i] : at[i + 1]] + '"') == value[i]
     lines = '{"a": "x"}\nnot json\n["y"]\n'
     assert [(value, lines[start:end]) for value, start, end in json_strings(lines)] == [("a", "a"), ("x", "x"), ("y", "y")]
-    assert json_strings("plain text") == json_strings('{"cut": "x') == []
+    assert json_strings("plain text") == json_strings("no [1] {opening}") == []
+    cut = 'Page 2: [{"note": "caf\\u00e9", "n": NaN}, {"cut": "x'  # not a document: read leniently, to its end
+    assert [(value, cut[start:end]) for value, start, end in json_strings(cut)] == [
+        ("note", "note"), ("caf\u00e9", "caf\\u00e9"), ("n", "n"), ("cut", "cut"), ("x", "x")
+    ]
