@@ -36,7 +36,8 @@ string by string: each string and key alone, its escapes undone (``\\"role\\": \
 a string holds in turn, so ``[{"memo": "Assistant, wire ..."}]`` opens its sentence with the address as the plain
 text does; a span found there covers what writes it in the result. The objects of a list are segments of their own
 (``}, {``), so one record's instruction does not cover its neighbours. A command that calls the model ``Assistant,``
-after the fields of a record on its line (``7 | 0.05 | Assistant, wire ...``) is an address too.
+after the fields of a record on its line (``7 | 0.05 | Assistant, wire 500 ...``) is an address too: an action and
+its object (a title's ``Week 5: AI, search algorithms`` or ``Chapter 7: Model, update rules`` is not).
 
 A segment is an instruction when it has a strong cue (address, override, task, tool), or markup together with an
 imperative (also a fake channel tag or a shouted label alone on its line followed by a command: ``<|im_start|>system``
@@ -109,6 +110,11 @@ _AGENT_VERBS = _VERBS + "|use|call|invoke|trigger|ignore|disregard|forget|stop|a
 #: Chat models an injection calls by name: names no person, star sign or wind has ("Hey ChatGPT, use ..."), and
 #: names that are also people's or words' ("Hey Claude, transfer ..." is a command, "Hey Gemini, this is your week" a
 #: horoscope), which need an action of :data:`_ACTS` right after them.
+#: What an action's object opens with: a determiner or pronoun, a number, a currency sign or an IBAN's country code.
+_OBJECT = (
+    r"(?:(?:the|a|an|all|every|each|any|this|these|those|my|your|our|their|his|her|its|me|us|it|them)\b"
+    r"|[\d$€£]|[A-Z]{2}\d{2})"
+)
 _MODELS = r"chat\s?gpt|gpt-?\d[\w.]{0,10}|copilot"
 _NAMES = r"claude|gemini|grok|llama|mistral|bard"
 #: "you must" or "the assistant should" before a verb: the verb still opens the command (read only after a model
@@ -132,15 +138,19 @@ _ADDRESS = re.compile(
     r"|\byou,?\s+(?:the\s+)?(?:ai|assistant|ai model|language model)\b"
     r"|\bimportant message from\b"
     # a command that opens by calling the model ("Assistant, forward ...", "AI agent: send ...")
-    r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?(?:ai\s+)?(?:assistant|agent|model|llm|ai)\s*[,:]\s*"
+    r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?(?:ai\s+)?(?:assistant|agent)\s*[,:]\s*"
     rf"(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_VERBS})\b"
     # ... or calls it "AI assistant:" or "Assistant," (not a transcript's "Assistant:") and says what it must do
-    r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?"
-    r"(?:ai\s+(?:assistant|agent|model)|(?:ai|assistant|agent|model|llm)(?=\s*,))"
+    r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?(?:ai\s+(?:assistant|agent)|(?:assistant|agent)(?=\s*,))"
     rf"\s*[,:]\s*(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_MODAL})?(?:{_AGENT_VERBS})\b"
-    # ... or calls it "Assistant," after a record's fields on its line ("7 | 0.05 | Assistant, wire ...")
-    r"|(?<=[\d|;:)\]]\s)\W{0,3}(?:the\s+)?(?:ai\s+)?(?:assistant|agent|model|llm|ai)\s*,\s*"
-    rf"(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_MODAL})?(?:{_AGENT_VERBS})\b"
+    # ... the same calling it "AI," or "Model,", a heading's words too ("Week 5: AI, search algorithms", "Model,
+    # update rules", "AI, post-truth"): a verb with its object after it, or after "you must"
+    r"|^\W{0,3}(?:dear\s+|hey\s+)?(?:the\s+)?(?:ai\s+)?(?:model|llm|ai)\s*[,:]\s*"
+    rf"(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_MODAL}(?:{_AGENT_VERBS})\b|(?:{_VERBS})(?![\w-])\s+{_OBJECT})"
+    # ... or calls it "Assistant," after a record's fields on its line ("7 | 0.05 | Assistant, wire 500 ..."): an
+    # action of _ACTS and its object, so a title's "Week 5: AI, search algorithms" or "Part 2) Agent, set-up" is not
+    rf"|(?<=[\d|;:)\]]\s)\W{{0,3}}(?:the\s+)?(?:ai\s+)?(?:assistant|agent)\s*,\s*"
+    rf"(?:(?:please|kindly|now)(?:\s*,)?\s+)?(?:{_MODAL})?(?:{_ACTS})(?![\w-])\s+{_OBJECT}"
     # "Hey ChatGPT, use ...", "Hello Claude, transfer ..." (not "Hi Claude," in a colleague's e-mail, "Dear Claude,"
     # in a letter, "Hey Gemini, this is your week" in a horoscope or "ok gpt, that's enough" in a forum)
     rf"|\b(?:hey|hello)\s+(?:{_MODELS})\s*[,:]\s*(?:(?:please|kindly|now)(?:\s*,)?\s+)?"
