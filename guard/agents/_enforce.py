@@ -54,6 +54,7 @@ from guard.agents._records import (
 from guard.agents.claims import ApprovalClaims, MemoryApprovalClaims, claim_id
 from guard.agents.decisions import response_schema, review_request
 from guard.policy.instructions import find_instructions, strip_spans
+from guard.policy.provenance import DETECTOR_MAX_CHARS
 from guard.subject import AgentSubject
 
 __all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer", "redirect"]
@@ -377,10 +378,13 @@ class ToolCallEnforcer:
 
     def _stripped(self, message: BaseMessage, judgement: Judgement) -> str | None:
         """What ``strip`` would pass on of a flagged output: its text with the instruction spans cut (``None`` when the
-        output is allowed, the action is not ``strip``, or there is nothing to cut). The caller judges it again."""
+        output is allowed, the action is not ``strip``, there is nothing to cut, or the output is longer than the
+        detector reads, :data:`~guard.policy.provenance.DETECTOR_MAX_CHARS`). The caller judges it again."""
         if judgement.outcome == "allow" or self.tool_result_action != "strip":
             return None
         text = message_text(message)
+        if len(text) > DETECTOR_MAX_CHARS:
+            return None
         spans = find_instructions(text)
         return strip_spans(text, spans) if spans else None
 

@@ -65,6 +65,7 @@ from guard.subject import AgentSubject, Subject, TurnMessage
 __all__ = [
     "CACHED_TEXTS",
     "CALL_KEYS",
+    "DETECTOR_MAX_CHARS",
     "RESULT_KEYS",
     "SOURCES",
     "ArgumentSource",
@@ -86,7 +87,10 @@ _RANK = {source: rank for rank, source in enumerate(SOURCES)}
 CALL_KEYS = frozenset({"tool", "effect", "provenance", "origin", "disallowed", "from_flagged", "flagged_results",
                        "user_arguments"})
 #: The keys of the ``result`` object tool-result rules read (:func:`result_features`).
-RESULT_KEYS = frozenset({"instructions", "cues", "chars"})
+RESULT_KEYS = frozenset({"instructions", "cues", "chars", "unread"})
+#: Characters of a tool result the detector reads (its head; about half a CPU second): the rest is reported unread
+#: (``result.unread``), never looked at (10 MB would take the detector half a minute).
+DETECTOR_MAX_CHARS = 200_000
 #: Message texts whose normalised forms are remembered.
 CACHED_TEXTS = 2048
 #: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.
@@ -222,7 +226,9 @@ def _normalised(text: str) -> str:
 def _readings(text: str) -> tuple[str, ...]:
     """The texts the detector reads for one tool result: the normalised text, and the text as given when that
     differs (the normaliser appends what it decodes, ``[spaced: ...]``, ``[rot13: ...]``, so a JSON result
-    normalised is no longer JSON and its strings would go unread one by one)."""
+    normalised is no longer JSON and its strings would go unread one by one); of its first :data:`DETECTOR_MAX_CHARS`
+    characters."""
+    text = text[:DETECTOR_MAX_CHARS]
     normalised = _normalised(text)
     return (normalised,) if normalised == text else (normalised, text)
 
@@ -550,7 +556,8 @@ def flagged_results(history: Sequence[TurnMessage], detector: Detector = find_in
 def result_features(text: Any, *, detector: Detector = find_instructions) -> dict[str, Any]:
     """The ``result`` object tool-result rules read: ``instructions`` (how many spans give the agent instructions),
     ``cues`` (their cue families, sorted) and ``chars`` (characters in them), found in the normalised text and in
-    the text as given (:func:`_readings`): the counts of the reading with the most spans, the cues of both."""
+    the text as given (:func:`_readings`): the counts of the reading with the most spans, the cues of both; and
+    ``unread`` (characters past :data:`DETECTOR_MAX_CHARS`, which the detector did not read)."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     readings = [spans for _, spans in _detected(text, detector)]
@@ -559,6 +566,7 @@ def result_features(text: Any, *, detector: Detector = find_instructions) -> dic
         "instructions": len(spans),
         "cues": sorted({cue for found in readings for span in found for cue in span.cues}),
         "chars": sum(span.end - span.start for span in spans),
+        "unread": max(0, len(text) - DETECTOR_MAX_CHARS),
     }
 
 

@@ -72,3 +72,23 @@ async def test_support_routing_hands_a_cut_ticket_to_the_triage_llm(chars: int) 
         short = await guard.aevaluate(post("/support/tickets", {"subject": "Invoice", "message": FILLER}))
     assert (long.action, long.rule, long.flags.get("truncated")) == ("handoff", "partly-read", 1)
     assert (short.action, short.rule) == ("allow", "default")
+
+
+async def test_tool_result_check_escalates_a_result_longer_than_the_cues_read() -> None:
+    import json
+    import time
+
+    from guard.policy.provenance import DETECTOR_MAX_CHARS
+
+    quiet = FixtureBackend({"guard.prompt_injection": 0.01})
+    rows = [{"id": i, "memo": "Monthly subscription renewed"} for i in range(DETECTOR_MAX_CHARS // 40)]
+    head = json.dumps(rows)[: DETECTOR_MAX_CHARS - 10]  # the head holds no instruction: the rest is never read
+    async with Guard(load_files(POLICIES / "tool_result_check.yaml"), backends=quiet) as guard:
+        started = time.process_time()
+        verdict = await guard.aevaluate(AgentSubject(event="tool_result", tool_name="rows", tool_result=head * 20))
+        spent = time.process_time() - started
+    assert (verdict.action, verdict.rule) == ("escalate", "partly-read")
+    assert spent < 5.0  # CPU seconds: only the first DETECTOR_MAX_CHARS are read
+    from guard.policy.provenance import result_features
+
+    assert result_features("a" * (DETECTOR_MAX_CHARS + 7))["unread"] == 7 and result_features("a")["unread"] == 0
