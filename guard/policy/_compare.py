@@ -194,12 +194,13 @@ def instrumented(source: str) -> tuple[str, tuple[Comparison, ...]] | None:
     ``(guard_compared(i, A, B) ? (A') op (B') : false)``, ``i`` its index in the returned comparisons (every
     relation of ``source``, in the order the parser ends them) and ``A'``, ``B'`` the operands rewritten: the same
     value on every input, or the same error (``A`` and ``B`` are evaluated by the comparison anyway). ``None`` when
-    ``source`` has no relation or the parser does not read it."""
+    ``source`` has no relation or the parser does not read it, or nests deeper than Python's stack lets the parser
+    recurse (about ten frames per bracket: 90 nested brackets, which a ``when`` may have, can pass the limit)."""
     try:
         parser = _Parser(_tokens(source))
         _, text = parser.expr()
         if parser.peek() is not None:
             raise _Unreadable(parser.peek())
-    except _Unreadable:
+    except (_Unreadable, RecursionError):
         return None
     return (text, tuple(parser.comparisons)) if parser.comparisons else None

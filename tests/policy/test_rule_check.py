@@ -252,3 +252,20 @@ def test_a_rewritten_when_has_the_value_of_the_when(when: str) -> None:
         context.add_function(RECORD, lambda index, left, right: seen.append((index, left, right)) or True)
         assert cel.compile(text).execute(context) == cel.compile(when).execute(cel.Context(variables=variables))
     assert seen and {index for index, _, _ in seen} <= set(range(len(comparisons)))
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "(" * 90 + "spam.noul > 0.5" + ")" * 90,
+        "!(" * 90 + "spam.noul > 0.5" + ")" * 90,
+        "[" * 90 + "spam.noul" + "]" * 90 + " == " + "[" * 90 + "0.5" + "]" * 90,
+        "double(" * 90 + "spam.noul" + ")" * 90 + " > 0.5",
+        '{"k": ' * 90 + "spam.noul" + "}" * 90 + " == " + '{"k": ' * 90 + "0.5" + "}" * 90,
+    ],
+)
+def test_a_when_nested_as_deep_as_allowed_loads(when: str) -> None:
+    """90 nested brackets (as deep as the CEL parser reads) of any shape load: the rewriting parser of the rule
+    check recursed past Python's limit and the loader raised RecursionError, naming no file, line or key."""
+    (loaded,) = load_text(HTTP.replace("WHEN", f"'{when}'"))
+    assert loaded.rules[0].source == when
