@@ -793,7 +793,10 @@ class PolicySet:
                 fresh = load_files(*self.sources)
                 self.replace(fresh.policies)
                 self.stamps = fresh.stamps
-            except Exception as exc:  # any error (a validator's, MemoryError) is a failed reload, counted and reported
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # any other error (a validator's, MemoryError, a BaseException such as the
+                # CEL runtime's PanicException) is a failed reload, counted and reported: the watcher's task lives on
                 error = exc if isinstance(exc, PolicyError) else PolicyError(
                     ", ".join(str(source) for source in self.sources), None, "",
                     f"could not be loaded: {type(exc).__name__}: {exc}"[:300])

@@ -40,6 +40,7 @@ from guard.policy.rules import (
     LITERAL_RE,
     CompiledRule,
     RuleError,
+    _cel,
     data_value,
     field_reads,
     rule_context,
@@ -53,6 +54,11 @@ __all__ = ["MAX_RUNS", "SOURCE_TYPES", "certain_failures", "state_type", "subjec
 
 #: The most type combinations one rule is run with; a rule with more is not checked.
 MAX_RUNS = 64
+#: The longest rewritten ``when`` (:func:`~guard.policy._compare.instrumented`) :func:`_mismatched` compiles: the
+#: rewriting repeats the left operand of each comparison, so a chain of them grows with its square
+#: (``a == a == true ...``: 1,620 characters became 173,566), and the CEL runtime panics on a syntax error past
+#: column 65,535 (its parser refuses ~96 nested brackets); a longer one is not checked.
+_MAX_REWRITTEN = 60_000
 _UNDEFINED = re.compile(r"Undefined variable or function: '(\w+)'")
 _CHECKING = contextvars.ContextVar("guard_rule_check", default=False)
 
@@ -286,9 +292,8 @@ def _mismatched(rule: CompiledRule, contexts: list[Any]) -> str | None:
     if found is None:
         return None
     text, comparisons = found
-    try:
-        program = cel.compile(text)
-    except ValueError:
+    program = _compiled(text) if len(text) <= _MAX_REWRITTEN else None
+    if program is None:
         return None
     operands = [_compiled(f"[{c.left}, {c.right}]") if c.recorded else None for c in comparisons]
     seen: dict[int, set[bool | None]] = {}
@@ -372,8 +377,9 @@ def _constant(rule: CompiledRule, questions: Mapping[str, QuestionV1], data: Map
 
 
 def _compiled(source: str) -> Any:
+    """``source`` compiled, or ``None`` when the CEL runtime refuses it (or panics on it)."""
     try:
-        return cel.compile(source)
+        return _cel(cel.compile, source)
     except ValueError:
         return None
 

@@ -269,3 +269,18 @@ def test_a_when_nested_as_deep_as_allowed_loads(when: str) -> None:
     check recursed past Python's limit and the loader raised RecursionError, naming no file, line or key."""
     (loaded,) = load_text(HTTP.replace("WHEN", f"'{when}'"))
     assert loaded.rules[0].source == when
+
+
+def test_a_when_whose_rewriting_is_too_long_for_the_runtime_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rewriting repeats each comparison's left operand: a chain of 200 ``== true`` (1,620 characters) became
+    173,566, on which the CEL runtime panics (a PanicException, not a ValueError) and the loader died. Such a
+    rewriting is not compiled; one the runtime panics on anyway is not checked either."""
+    from guard.policy import rule_check
+
+    when = "spam.noul == spam.noul" + " == true" * 200
+    (loaded,) = load_text(HTTP.replace("WHEN", f"'{when}'"))
+    assert loaded.rules[0].source == when
+    monkeypatch.setattr(rule_check, "_MAX_REWRITTEN", 10**9)
+    (loaded,) = load_text(HTTP.replace("WHEN", f"'{when}'"))
+    assert loaded.rules[0].source == when
+    assert rule_check._compiled("1 + " + " " * 70_000 + ")") is None

@@ -310,3 +310,45 @@ async def test_aclose_stays_idempotent_when_a_first_aclose_is_cancelled(tmp_path
         await asyncio.wait_for(slow.watcher.aclose(), 0.05)
     await slow.watcher.aclose()
     await slow.watcher.aclose()
+
+
+class _Panic(BaseException):
+    """Like pyo3's PanicException, which the CEL runtime raises: a BaseException, not an Exception."""
+
+
+@pytest.mark.anyio
+async def test_a_base_exception_while_reloading_is_a_failed_reload_and_the_watcher_lives_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A panic of the CEL runtime while loading ended the watcher's task silently: later good edits never loaded."""
+    from guard.policy import loader
+
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    policies = load_files(path)
+    real = loader.load_files
+
+    def panics(*sources: object) -> object:
+        if "0.5" in path.read_text():
+            raise _Panic("Formatting argument out of range")
+        return real(*sources)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loader, "load_files", panics)
+    watcher = PolicyWatcher(policies, interval_s=0.02)
+    watcher.start()
+    try:
+        _write(path, POLICY.format(version="2", threshold=0.5), 1)
+        for _ in range(200):
+            if watcher.failures:
+                break
+            await asyncio.sleep(0.01)
+        assert watcher.failures == 1 and watcher.alive and policies["p"].version == "1"
+        assert "could not be loaded: _Panic: Formatting argument out of range" in (watcher.last_error or "")
+        _write(path, POLICY.format(version="3", threshold=0.9), 2)
+        for _ in range(200):
+            if policies["p"].version == "3":
+                break
+            await asyncio.sleep(0.01)
+        assert policies["p"].version == "3" and watcher.alive
+    finally:
+        await watcher.aclose()
