@@ -93,11 +93,12 @@ def _fullmatch(pattern: Pattern, text: str) -> bool:
 def media_matches(media: str, wanted: frozenset[str]) -> bool:
     """Whether a media type (lower-case, without parameters; ``""`` for none) is one ``wanted`` lists (lower-case):
     the type itself, ``application/json`` for any ``+json`` type (guard parses those as JSON too), or a range
-    holding it: ``text/*`` every ``text/`` type, ``*/*`` any type (not a request without one)."""
-    if media in wanted or (is_json_media(media) and "application/json" in wanted):
+    holding it: ``text/*`` every ``text/`` type; ``*/*`` any media type and none (a body sent without a
+    ``Content-Type``, which a browser sniffs and a JSON API may parse), as an empty list."""
+    if "*/*" in wanted or media in wanted or (is_json_media(media) and "application/json" in wanted):
         return True
     kind, slash, _ = media.partition("/")
-    return bool(kind and slash) and ("*/*" in wanted or f"{kind}/*" in wanted)
+    return bool(kind and slash) and f"{kind}/*" in wanted
 
 
 def _headers_match(

@@ -276,7 +276,8 @@ class ResponseMatchSpec(_Strict):
         default_factory=list,
         json_schema_extra={"default": []},
         description="Response media types without parameters, e.g. [application/json, text/event-stream], or "
-        "ranges: text/* (every text type), */* (any media type); [] = any.",
+        "ranges: text/* (every text type), */* (any media type, or none: the same as []); [] = any, a response "
+        "without a Content-Type too.",
     )
 
 
@@ -313,7 +314,8 @@ class HttpMatchSpec(_Strict):
         default_factory=list,
         json_schema_extra={"default": []},
         description="Media types without parameters, e.g. application/json, or ranges: application/* (every "
-        "application type), */* (any media type: not a request without one); [] = any.",
+        "application type), */* (any media type, or none: the same as []); [] = any, a request without a "
+        "Content-Type too.",
     )
     response: ResponseMatchSpec | None = Field(
         default=None,
