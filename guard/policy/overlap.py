@@ -105,24 +105,20 @@ def _media_types_meet(x: str, y: str) -> bool:
 
 
 def _paths_meet(a: Sequence[str], b: Sequence[str], fold_case: bool, strip_slash: bool) -> bool:
-    """Two path glob lists admit a common request: some path both match, or one glob matches the path's view (with
-    ``fold_case`` lower-cased, with ``strip_slash`` without a trailing slash) and the other the path as sent: one
-    glob meets the other's :func:`_view` (``/v1/items`` judges ``POST /v1/items/`` by its view, ``/v1/items/`` as
-    sent)."""
+    """Two path glob lists admit a common request: some path both match as sent, or one list matches the path as
+    sent and the other its view (with ``fold_case`` lower-cased, with ``strip_slash`` without a trailing slash). A
+    path ``p`` with view ``v`` is judged by ``A`` as sent and ``B`` by its view when ``A`` lower-cased (``p``'s
+    folded form) meets ``B`` (``v == p`` lower-cased) or, ``p`` being ``s + "/"`` and ``v`` ``s`` lower-cased,
+    meets ``B`` + ``"/"`` (``/v1/items/**`` and ``/v1/items`` judge ``POST /v1/items/``)."""
     if _lists_meet(a, b, "/"):
         return True
-    if not fold_case and not strip_slash:
-        return False
-    return (_lists_meet([_view(g, fold_case, strip_slash) for g in a], b, "/")
-            or _lists_meet(a, [_view(g, fold_case, strip_slash) for g in b], "/"))
-
-
-def _view(glob: str, fold_case: bool, strip_slash: bool) -> str:
-    """A glob for the views of the paths ``glob`` matches as sent: lower-cased, and without the trailing ``/`` it
-    ends with (a path it matches then ends with one; one matched by a final ``**`` is matched without it too)."""
-    if strip_slash and glob.endswith("/") and glob != "/":
-        glob = glob[:-1]
-    return glob.lower() if fold_case else glob
+    for sent, viewed in ((a, b), (b, a)):
+        folded = [glob.lower() for glob in sent] if fold_case else sent
+        if fold_case and _lists_meet(folded, viewed, "/"):
+            return True
+        if strip_slash and _lists_meet(folded, [glob + "/" for glob in viewed], "/"):
+            return True
+    return False
 
 
 def _http_overlap(a: HttpMatcher, b: HttpMatcher, fold_case: bool, strip_slash: bool) -> bool:

@@ -106,3 +106,16 @@ def test_a_path_glob_with_a_trailing_slash_overlaps_the_one_without() -> None:
     assert overlaps(folded, bare) == ["http"] and overlaps(folded, bare, fold_case=False) == []
     assert overlaps(slash, bare, strip_slash=False) == []
     assert overlaps(other, bare) == []
+
+
+@pytest.mark.parametrize("glob", ["/v1/items/**", "/v1/items/*", "/V1/Items/**"])
+def test_a_glob_matching_a_path_with_a_trailing_slash_overlaps_the_glob_of_its_view(glob: str) -> None:
+    """``POST /v1/items/`` is matched by ``/v1/items/**`` (or ``/v1/items/*``) as sent and by ``/v1/items`` through
+    its view: only a glob ending in a literal ``/`` was read as matching such paths, and no overlap was listed."""
+    wide, bare, other = load_text("policies:" + _policy(f"{{http: {{paths: ['{glob}']}}}}", "a")
+                                  + _policy("{http: {methods: [POST], paths: ['/v1/items']}}", "b")
+                                  + _policy("{http: {paths: ['/v1/other']}}", "c"))
+    assert overlaps(wide, bare) == ["http"] == overlaps(bare, wide)
+    assert overlaps(wide, bare, strip_slash=False) == [] and overlaps(wide, other) == []
+    if glob != glob.lower():
+        assert overlaps(wide, bare, fold_case=False) == []
