@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import cel
 
-from guard.policy._compare import RECORD, instrumented
+from guard.policy._compare import RECORD, Comparison, instrumented
 from guard.policy._state import HTTP_SOURCES, NAMED_SOURCES, StateField
 from guard.policy.rules import (
     FEATURE_NAMES,
@@ -235,10 +235,13 @@ def certain_failures(
     answers = {key: answer_question(q, [1 / len(q.options())] * len(q.options())) for key, q in questions.items()}
     roots = {"state": state, "subject": subject}
     failures: dict[str, str] = {}
+    points: dict[tuple[str, str, float], Any] = {}  # the contexts _constant runs orderings in, shared by the rules
     checking = _CHECKING.set(True)
     try:
         for rule in rules:
-            found = _certain_failure(policy_id, rule, roots, answers, data) or _constant(rule, questions, data)
+            rewritten = instrumented(rule.source)
+            found = (_certain_failure(policy_id, rule, rewritten, roots, answers, data)
+                     or _constant(rewritten[1] if rewritten is not None else (), questions, data, points))
             if found is not None:
                 failures[rule.id] = found
     finally:
@@ -247,10 +250,16 @@ def certain_failures(
 
 
 def _certain_failure(
-    policy_id: str, rule: CompiledRule, roots: Mapping[str, _Type], answers: Mapping[str, Any], data: Any
+    policy_id: str,
+    rule: CompiledRule,
+    rewritten: tuple[str, tuple[Comparison, ...]] | None,
+    roots: Mapping[str, _Type],
+    answers: Mapping[str, Any],
+    data: Any,
 ) -> str | None:
     """Why ``rule`` fails on every request (:func:`certain_failures`), or why one of its comparisons never holds
-    (:func:`_mismatched`), or ``None``."""
+    (:func:`_mismatched`, given ``rewritten``: :func:`~guard.policy._compare.instrumented` of its ``when``), or
+    ``None``."""
     if rule.names & FEATURE_NAMES:
         return None
     reads = {root: [path for name, path in field_reads(rule.source) if name == root] for root in roots}
@@ -276,22 +285,22 @@ def _certain_failure(
             return f"fails on the types it reads ({_described(reads, runs)}): {_first_sentence(errors[0])}"
         if all(isinstance(exc.__cause__, ZeroDivisionError) for exc in errors):  # by a constant zero, whatever is read
             return f"divides by zero on every request ({_described(reads, runs)}): {_first_sentence(errors[0])}"
-    return _mismatched(rule, contexts)
+    return _mismatched(rewritten, contexts)
 
 
-def _mismatched(rule: CompiledRule, contexts: list[Any]) -> str | None:
+def _mismatched(rewritten: tuple[str, tuple[Comparison, ...]] | None, contexts: list[Any]) -> str | None:
     """Why a comparison of ``rule`` never holds, or ``None``: its ``==``, ``!=`` or ``in`` met values of two types
     (``inj.noul == "0.9"``, ``subject.query.tier == "free"``: a list of strings; ``state.tier in [1, 2]``) in some
     run and values of one type in none (null, a missing header, compares with anything). The CEL runtime answers
     ``false`` for ``==`` between two types (``true`` for ``!=``), so such a rule never fires, or always does.
 
-    In each of ``contexts``, ``rule`` is run rewritten by :func:`guard.policy._compare.instrumented`, which reports
-    the values each comparison it reaches compares; the operands of one it does not reach (``&&`` stopped before
-    it on the sample answers) are evaluated on their own, unless they read a macro's variable."""
-    found = instrumented(rule.source)
-    if found is None:
+    In each of ``contexts``, the rule is run as ``rewritten`` (its ``when`` rewritten by
+    :func:`guard.policy._compare.instrumented`, ``None`` when it was not), which reports the values each comparison
+    it reaches compares; the operands of one it does not reach (``&&`` stopped before it on the sample answers) are
+    evaluated on their own, unless they read a macro's variable."""
+    if rewritten is None:
         return None
-    text, comparisons = found
+    text, comparisons = rewritten
     program = _compiled(text) if len(text) <= _MAX_REWRITTEN else None
     if program is None:
         return None
@@ -337,19 +346,32 @@ _STEPS = 100
 _RANGED = frozenset({"noul", "score"})
 _ORDERINGS = frozenset({"<", "<=", ">", ">="})
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
+#: The operands of an ordering :func:`~guard.policy.rules.answer_literal_errors` judges at load already: an answer
+#: field and a number (``inj.noul > 1.5``).
+_FIELD_OPERAND = re.compile(r"[A-Za-z_]\w*\.(?:noul|score)")
+_NUMBER_OPERAND = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-def _constant(rule: CompiledRule, questions: Mapping[str, QuestionV1], data: Mapping[str, Any] | None) -> str | None:
-    """Why an ordering of ``rule`` (``<``, ``<=``, ``>``, ``>=``) never holds, or always does with a ``data`` value,
-    or ``None``: one that reads one question's ``noul`` or ``score`` and otherwise only ``data`` and constants is
-    run alone with the field at every hundredth of its range, at each number the comparison and its ``data`` values
-    name and on either side of each: ``inj.noul * 1.0 >= data.t`` and ``inj.noul >= double(data.t)`` with
-    ``t: 85`` never hold. A literal bound that always holds (``inj.noul <= 1.0`` closing a band) is redundant, not
-    wrong, and is not reported."""
-    found = instrumented(rule.source)
-    for comparison in found[1] if found is not None else ():
+def _constant(
+    comparisons: tuple[Comparison, ...],
+    questions: Mapping[str, QuestionV1],
+    data: Mapping[str, Any] | None,
+    points: dict[tuple[str, str, float], Any],
+) -> str | None:
+    """Why an ordering among a rule's ``comparisons`` (``<``, ``<=``, ``>``, ``>=``) never holds, or always does
+    with a ``data`` value, or ``None``: one that reads one question's ``noul`` or ``score`` and otherwise only
+    ``data`` and constants is run alone with the field at every hundredth of its range, at each number the
+    comparison and its ``data`` values name and on either side of each: ``inj.noul * 1.0 >= data.t`` and
+    ``inj.noul >= double(data.t)`` with ``t: 85`` never hold. A literal bound that always holds (``inj.noul <= 1.0``
+    closing a band) is redundant, not wrong, and is not reported; a field compared with a number alone
+    (``inj.noul > 1.5``) is judged by :func:`~guard.policy.rules.answer_literal_errors`, and not run. ``points``:
+    ``(key, field, value)`` -> the context it is run in, filled here and shared between calls with one ``data``."""
+    for comparison in comparisons:
         text = str(comparison)
-        program = _compiled(text) if comparison.op in _ORDERINGS else None
+        left, right = comparison.left, comparison.right
+        bare = bool((_FIELD_OPERAND.fullmatch(left) and _NUMBER_OPERAND.fullmatch(right))
+                    or (_NUMBER_OPERAND.fullmatch(left) and _FIELD_OPERAND.fullmatch(right)))
+        program = _compiled(text) if comparison.op in _ORDERINGS and not bare else None
         keys = set(program.variables()) - {"data"} if program is not None else set()
         key = keys.pop() if len(keys) == 1 else None
         question = questions.get(key) if key is not None else None
@@ -361,12 +383,16 @@ def _constant(rule: CompiledRule, questions: Mapping[str, QuestionV1], data: Map
         read = {path: data_value(data or {}, path) for root, path in field_reads(text) if root == "data"}
         numbers = [float(n) for n in _NUMBER.findall(code)]
         numbers += [float(v) for v in read.values() if isinstance(v, int | float) and not isinstance(v, bool)]
-        points = {high * i / _STEPS for i in range(_STEPS + 1)}
-        points |= {min(max(n + d, 0.0), high) for n in numbers if math.isfinite(n) for d in (-1e-9, 0.0, 1e-9)}
+        tried = {high * i / _STEPS for i in range(_STEPS + 1)}
+        tried |= {min(max(n + d, 0.0), high) for n in numbers if math.isfinite(n) for d in (-1e-9, 0.0, 1e-9)}
         seen = set()
-        for point in points:
+        for point in tried:
+            context = points.get((key, field, point))
+            if context is None:
+                variables = {key: {field: point}, "data": dict(data or {})}
+                context = points[key, field, point] = cel.Context(variables=variables)
             with contextlib.suppress(Exception):  # a failure is the rule check's, not this one's
-                seen.add(program.execute(cel.Context(variables={key: {field: point}, "data": dict(data or {})})))
+                seen.add(program.execute(context))
         if len(seen) != 1 or not isinstance(always := seen.pop(), bool) or (always and not read):
             continue
         shown = ", ".join(f"{_written('data', path)} is {value!r}" for path, value in read.items())
