@@ -53,17 +53,21 @@ _LETTERS = re.compile(r"[^\W\d_]+")
 _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
-def joined_words(token: str) -> str | None:
+def joined_words(token: str, *, names: bool = True) -> str | None:
     """The words of ``token`` joined by spaces when it joins :data:`JOINED_WORDS` or more words of letters (the first of
     two or more) by runs of ``- _ + . ~ , :`` or camelCase humps: ``ignore-all-previous-instructions``,
     ``EvilwordIgnoreAllPrevious``, ``ignore:all:previous:rules`` -> ``ignore all previous instructions``, ...;
     ``None`` for ids, dates, versions, anything with a digit, and shorter names (``user_id``, ``createdAt``,
-    ``X-Request-Id``)."""
+    ``X-Request-Id``). ``names=False`` (a path segment) reads only ``- _ + . ~ ,``: RPC-style routes name their
+    actions in camelCase or after ``:`` (``/api/markAllAsReadForCurrentUser``, ``/v1/data:batchGet``), and read as
+    words they sent benign requests to review."""
+    if not names and ":" in token:
+        return None
     if not _THREE_BREAKS.match(token):
         return None
     words: list[str] = []
     for part in _JOINS.split(token):
-        if _CAMEL.fullmatch(part):
+        if names and _CAMEL.fullmatch(part):
             words += _HUMP.split(part)
         elif _LETTERS.fullmatch(part):
             words.append(part)
@@ -83,8 +87,8 @@ def _format_as_space(segment: str) -> str:
 def path_words(path: str) -> list[str]:
     """The segments of a (decoded) path that hold words: those with whitespace (a format character such as U+200B
     counts as a space), as they are, or once more percent-decoded when the path was encoded twice
-    (``Ignore%20all%20previous``); and those that join four or more words (:func:`joined_words`: by ``- _ + . ~ ,
-    :`` or camelCase), joined by spaces instead: what a framework passes to the app as a path parameter and the app
+    (``Ignore%20all%20previous``); and those that join four or more words (:func:`joined_words`: by ``- _ + . ~
+    ,``; not camelCase or ``:``, a route's action names), joined by spaces instead: what a framework passes to the app as a path parameter and the app
     may store or hand to a model (a model reads ``%20`` as a space). Route words, ids, dates and short slugs are left
     out."""
     out = []
@@ -94,7 +98,7 @@ def path_words(path: str) -> list[str]:
         segment = _format_as_space(segment)
         if any(c.isspace() for c in segment):
             out.append(segment)
-        elif (words := joined_words(segment)) is not None:
+        elif (words := joined_words(segment, names=False)) is not None:
             out.append(words)
     return out
 

@@ -85,8 +85,9 @@ def check_unread_as_sent(body: bytes, codings: list[str]) -> None:
     word or a number, or a JSON document (``json.loads`` reads UTF-16 and UTF-32 too, found by their zero bytes).
     Starlette, FastAPI and Flask do not undo ``Content-Encoding``: an application reads such a body as sent while
     guard judges it decoded, and a deflate stream can be written to be readable JSON too (``{"...": "<attack>"}``
-    that inflates to noise). Real compressed data is not UTF-8 (gzip begins ``1f 8b``), so only bodies of a dozen bytes
-    or fewer are now and then refused besides.
+    that inflates to noise). Real compressed data is not UTF-8 (gzip begins ``1f 8b``); refused besides are now and
+    then a deflated body of a dozen bytes or fewer, and deflate at level 0, whose stored blocks carry the text as it is
+    (some lengths between 16 and 57 KB give block headers that are valid UTF-8).
 
     Raises:
         BodyError: 400 ``ambiguous_encoding`` (``field``: ``content-encoding``).
