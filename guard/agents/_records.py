@@ -347,6 +347,29 @@ def _relayed(message: Any, subagent: bool) -> bool:
     return subagent or (isinstance(extra, Mapping) and isinstance(extra.get("lc_source"), str))
 
 
+def _relayed_system(message: Any, started: bool) -> bool:
+    """Whether a system message is not trusted configuration: it comes after the conversation's first message of
+    another type (``started``: a summary or relayed text an agent wrote there), or LangChain's notification metadata
+    says a feature added it (``lc_source``)."""
+    extra = getattr(message, "additional_kwargs", None)
+    return started or (isinstance(extra, Mapping) and isinstance(extra.get("lc_source"), str))
+
+
+def _agent_messages(messages: Iterable[Any], subagent: bool) -> Iterator[Any]:
+    """The messages of ``messages`` that are role ``agent`` in :func:`turn_history`, in order: a human message no tool
+    added that the user did not write (:func:`_relayed`), a system message that is not trusted configuration
+    (:func:`_relayed_system`)."""
+    started = False
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            if _relayed_system(message, started):
+                yield message
+            continue
+        started = True
+        if isinstance(message, HumanMessage) and _added_by(message) is None and _relayed(message, subagent):
+            yield message
+
+
 def _subagent(trust_subagent_input: bool) -> bool:
     """Whether the input of this graph came from a parent agent, not the user: it runs inside another graph's tool
     call (:func:`in_tool_call`) and its input is not trusted."""
@@ -357,9 +380,7 @@ def relayed_ids(state: Any, *, messages_key: str = "messages", trust_subagent_in
     """The ids of the human messages under ``messages_key`` that are role ``agent`` in :func:`conversation`'s
     history, in order (those without an id left out)."""
     subagent = _subagent(trust_subagent_input)
-    return [message.id for message in state_messages(state, messages_key)
-            if isinstance(message, HumanMessage) and _added_by(message) is None and _relayed(message, subagent)
-            and message.id]  # fmt: skip
+    return [message.id for message in _agent_messages(state_messages(state, messages_key), subagent) if message.id]
 
 
 def user_text(state: Any, *, messages_key: str = "messages", subagent: bool = False) -> str | None:
@@ -420,12 +441,16 @@ def turn_history(
     ``HumanMessage`` in its ``Command``: :data:`~guard.agents._messages.TOOL_ADDED`) is that tool's result. A human
     message the user did not write (LangChain's notification metadata, ``lc_source``: a conversation summary; with
     ``subagent``, every one in the input of an agent that runs as a sub-agent) is role ``agent``, flagged
-    ``summarized`` when its id is in ``summarized`` (it summarizes flagged tool results). The results of tools a
+    ``summarized`` when its id is in ``summarized`` (it summarizes flagged tool results); so is a system message
+    after the conversation's first message of another type or marked ``lc_source`` (a summary an agent wrote as a
+    system message), while the system messages that open the conversation are role ``system``. The results of tools a
     provider ran itself inside a reply (:func:`~guard.agents._content.server_blocks`) follow its text as tool
     results, flagged ``withheld`` when their key (:func:`server_key`) is in ``server_flagged`` (the tool-result
     policy did not allow them when the reply was judged)."""
     out: list[TurnMessage] = []
-    for message in state_messages(state, messages_key):
+    messages = state_messages(state, messages_key)
+    relayed = {id(message) for message in _agent_messages(messages, subagent)}
+    for message in messages:
         added = _added_by(message)
         if isinstance(message, ToolMessage) or added is not None:
             extra = message.additional_kwargs
@@ -436,7 +461,7 @@ def turn_history(
             cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
             tool, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
             out.append(TurnMessage("tool", message_text(message), tool, call_id, flagged, cut))
-        elif isinstance(message, HumanMessage) and _relayed(message, subagent):
+        elif id(message) in relayed:
             summary = message.id is not None and message.id in summarized
             out.append(TurnMessage("agent", message_text(message), flagged="summarized" if summary else None))
         elif isinstance(message, HumanMessage):

@@ -4,7 +4,9 @@ A tool call's arguments are looked up in the conversation before it (the subject
 :class:`~guard.subject.TurnMessage`), newest message first. Each argument gets one **source**:
 
 * ``user``: the value is in one of the user's messages;
-* ``trusted``: it is in a system message, or in the policy's ``trusted`` values (trusted configuration);
+* ``trusted``: it is in a message of role ``system``, or in the policy's ``trusted`` values (trusted configuration;
+  the agent middleware gives role ``system`` only to the system messages that open the conversation, and ``agent`` to
+  a later one or one a feature marked, such as a summary written in the system role);
 * ``tool_result``: it is in a tool result, outside any span flagged as instructions to the agent;
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`), in a
   tool result guard withheld or quoted, or in the instructions guard cut out of a *stripped* one (what is left of it
