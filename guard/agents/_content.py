@@ -393,14 +393,19 @@ def _media_name(media: str, kind: str) -> str:
 
 
 def unread_media(message: BaseMessage) -> list[str]:
-    """What of ``message``'s content a model reads that guard cannot: each media block (an image, audio, video or file
-    block, inline, remote or by file id, unless it carries text inline under a text media type, which is judged; a
-    block declaring an image, audio, video or PDF type whatever its bytes look like: a PDF's text is extracted from
-    compressed streams; a ``document`` whose source is not text) and each
-    ``data:`` URL of binary data, each named as :func:`_media_name` says; ``[]`` when there is none. Providers
+    """What of ``message``'s content a model reads that guard cannot (:func:`_unread`); ``[]`` when there is none."""
+    return _unread(message.content)
+
+
+def _unread(content: Any) -> list[str]:
+    """What of ``content`` (a message's content, or a block) a model reads that guard cannot: each media block (an
+    image, audio, video or file block, inline, remote or by file id, unless it carries text inline under a text media
+    type, which is judged; a block declaring an image, audio, video or PDF type whatever its bytes look like: a PDF's
+    text is extracted from compressed streams; a ``document`` whose source is not text) and each
+    ``data:`` URL of binary data, each named as :func:`_media_name` says. Providers
     extract a PDF's text and show images to the model, so instructions inside them reach it unjudged."""
     found: list[str] = []
-    stack: list[Any] = [message.content]
+    stack: list[Any] = [content]
     while stack:
         item = stack.pop()
         if isinstance(item, (list, tuple)):
@@ -506,6 +511,8 @@ class ServerBlock:
         name: the tool's name (for a result, its call's when the reply holds it; else the block type).
         value: a call's arguments (a mapping), or a result's text (:func:`_strings`, as a policy reads a tool result).
         position: the block's index in the reply's content (``-1`` for ``additional_kwargs["tool_outputs"]``).
+        unread: for a result, what of it the model reads that guard cannot (:func:`_server_unread`), named as
+            :func:`unread_media` names it; ``()`` when it has none.
     """
 
     kind: Literal["call", "result"]
@@ -513,6 +520,28 @@ class ServerBlock:
     name: str
     value: Any
     position: int
+    unread: tuple[str, ...] = ()
+
+
+#: What names the ``encrypted_content`` of a server result (Anthropic's ``web_search_result``): text the provider
+#: decrypts for the model and guard cannot read.
+ENCRYPTED = "encrypted content"
+
+
+def _server_unread(result: Any) -> tuple[str, ...]:
+    """What of a server tool's result guard cannot read: its media (:func:`_unread`: a fetched PDF or image) and, for
+    each block at any depth that holds an ``encrypted_content`` string, :data:`ENCRYPTED`."""
+    found = _unread(result)
+    stack: list[Any] = [result]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if isinstance(item.get("encrypted_content"), str) and item["encrypted_content"]:
+                found.append(ENCRYPTED)
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return tuple(found)
 
 
 def _server_arguments(value: Any) -> dict[str, Any]:
@@ -561,7 +590,8 @@ def server_blocks(message: BaseMessage) -> list[ServerBlock]:
                                      position))  # fmt: skip
             output = [block[key] for key in _OUTPUT_KEYS if block.get(key)]
             if output:
-                found.append(ServerBlock("result", block_id, name, "\n".join(_strings(output)), position))
+                found.append(ServerBlock("result", block_id, name, "\n".join(_strings(output)), position,
+                                         _server_unread(output)))  # fmt: skip
         elif kind in _SERVER_RESULTS or kind.endswith("_tool_result"):
             reply_to = next((str(block[key]) for key in ("tool_use_id", "tool_call_id", "id")
                              if isinstance(block.get(key), (str, int))), block_id)  # fmt: skip
@@ -570,7 +600,7 @@ def server_blocks(message: BaseMessage) -> list[ServerBlock]:
                                 block_id)  # fmt: skip
             result = {key: value for key, value in block.items() if key not in ("tool_use_id", "tool_call_id")}
             found.append(ServerBlock("result", reply_to, names.get(reply_to, kind), "\n".join(_strings(result)),
-                                     position))  # fmt: skip
+                                     position, _server_unread(result)))  # fmt: skip
     return found
 
 

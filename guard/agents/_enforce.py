@@ -457,18 +457,12 @@ class ToolCallEnforcer:
         (block, rule ``unreadable_result``), since the model could read instructions in it that no policy judged;
         where only shadow policies apply, passed on, the block recorded as their shadow verdict; elsewhere as it is."""
         subject = self._output_subject(prepared, message_text(message))
-        policy = self.judge.accountable(subject)  # an enforced policy whatever the file order, when one matches
-        if policy is None:
+        verdict = self.judge.unread(subject, media)
+        if verdict is None:
             return message
-        kinds = ", ".join(sorted(set(media)))  # media types checked and capped by unread_media
-        shadow = policy.mode == "shadow"  # every matching policy is shadow: they compute and record, never withhold
-        verdict = self.judge.unreadable(
-            subject, f"the output holds content guard cannot read ({kinds}): a model could read instructions in it",
-            shadow=shadow,
-        )
-        if shadow:
-            logger.info("shadow policy %s: a %r output holds content guard cannot read (%r); passed on", policy.id,
-                        prepared.tool, kinds)
+        if verdict.shadow_action is not None:  # every matching policy is shadow: they compute and record, never withhold
+            logger.info("shadow policy %s: a %r output holds content guard cannot read (%r); passed on",
+                        verdict.policy_id, prepared.tool, ", ".join(sorted(set(media))))  # fmt: skip
             return message
         return self._replace_result(message, prepared, Judgement(outcome="block", verdict=verdict), None)
 

@@ -19,7 +19,7 @@ import contextvars
 import json
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -438,6 +438,21 @@ class Judge:
         )
         self._record(verdict, subject, policy)
         return verdict
+
+    def unread(self, subject: AgentSubject, media: Sequence[str]) -> Verdict | None:
+        """Record the decision for a tool result (``subject``) holding content guard cannot read (``media``: what it
+        is, named by :func:`~guard.agents._content.unread_media`) and return it (:meth:`unreadable`): a block where an
+        enforced ``tool_result`` policy matches it (any of them, whatever the file order), since the model could read
+        instructions in it that no policy judged; where only shadow policies match, their shadow verdict (an allow);
+        ``None`` where none matches (nothing recorded)."""
+        policy = self.accountable(subject)
+        if policy is None:
+            return None
+        kinds = ", ".join(sorted(set(media)))  # media types checked and capped by unread_media
+        return self.unreadable(
+            subject, f"the output holds content guard cannot read ({kinds}): a model could read instructions in it",
+            shadow=policy.mode == "shadow",
+        )
 
     def _record(self, verdict: Verdict, subject: AgentSubject, policy: Policy | None) -> None:
         self.guard.record(verdict, subject, policy=policy)

@@ -474,7 +474,7 @@ def turn_history(
                 out.append(TurnMessage("assistant", text))
             out += [TurnMessage("tool", block.value, block.name, block.id,
                                 "withheld" if server_key(message.id, block.id) in server_flagged else None)
-                    for block in server_blocks(message) if block.kind == "result" and block.value]  # fmt: skip
+                    for block in server_blocks(message) if block.kind == "result" and (block.value or block.unread)]  # fmt: skip
     return tuple(out)
 
 

@@ -731,8 +731,8 @@ class TurnKeeper:
     def server_results(self, ai: AIMessage, state: Any) -> list[AgentSubject]:
         """The ``tool_result`` subjects of the results of the tools the provider ran itself inside ``ai``
         (:func:`~guard.agents._content.server_blocks`) that a policy judges, in order; :meth:`subjects` reads their
-        judgements."""
-        results = [block for block in server_blocks(ai) if block.kind == "result" and block.value]
+        judgements. A result holding content guard cannot read (``unread``) is left to :meth:`subjects`."""
+        results = [block for block in server_blocks(ai) if block.kind == "result" and block.value and not block.unread]
         if not results:
             return []
         task, _ = self.conversation(state)
@@ -760,9 +760,11 @@ class TurnKeeper:
 
         A tool the provider ran itself (:func:`~guard.agents._content.server_blocks`) is judged after the fact: its
         call as a tool call (key ``server:<id>``, :meth:`store` folds its verdict into the reply's), its result
-        before, by the tool-result policy (``results``: :meth:`server_results` with their judgements). Every call the
-        reply makes after a server result reads it in its history: as a withheld result when its judgement is not
-        ``allow`` (all its text flagged, ``after-injection``), else as an ordinary tool result.
+        before, by the tool-result policy (``results``: :meth:`server_results` with their judgements); a result
+        holding content guard cannot read (a fetched PDF, Anthropic's ``encrypted_content``) is not allowed where an
+        enforced tool-result policy matches it (:meth:`~guard.agents._judge.Judge.unread`), as a client tool's is.
+        Every call the reply makes after a server result reads it in its history: as a withheld result when its
+        judgement is not ``allow`` (all its text flagged, ``after-injection``), else as an ordinary tool result.
         """
         if ai.id is None:
             ai.id = f"lc_guard_{uuid.uuid4().hex}"
@@ -791,13 +793,19 @@ class TurnKeeper:
                 todo.append(("", subject))
         blocks = server_blocks(ai)
         outcomes = {(s.tool_call_id, s.tool_result): j.outcome for s, j in results}
-        flagged = sorted({s.tool_call_id or "" for s, j in results if j.outcome != "allow"})
+        for block in blocks:
+            if block.kind == "result" and block.unread:
+                subject = AgentSubject(event="tool_result", tool_name=block.name, tool_call_id=block.id,
+                                       tool_result=block.value, user_message=task, thread_id=thread_id)  # fmt: skip
+                verdict = self.judge.unread(subject, block.unread)
+                outcomes[(block.id, block.value)] = "allow" if verdict is None else verdict.action
+        flagged = sorted({call_id or "" for (call_id, _), outcome in outcomes.items() if outcome != "allow"})
         if flagged:
             turn["server_flagged"] = flagged
         read = [(block.position, TurnMessage("tool", block.value, block.name, block.id,
                                              "withheld" if outcomes.get((block.id, block.value), "allow") != "allow"
                                              else None))
-                for block in blocks if block.kind == "result" and block.value]  # fmt: skip
+                for block in blocks if block.kind == "result" and (block.value or block.unread)]  # fmt: skip
         positions = call_positions(ai)
         end = len(ai.content) if isinstance(ai.content, list) else 0
 

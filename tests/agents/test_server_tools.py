@@ -15,6 +15,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from guard.agents import GuardAgentMiddleware, resume_command
+from guard.agents._content import server_blocks
 from guard.agents._records import turn_history
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
@@ -175,3 +176,42 @@ def test_a_flagged_server_result_still_counts_at_the_next_model_step(setup: Setu
     assert reviews(result) == [("read_file", "after-injection")]
     result = agent.invoke(resume_command(result["__interrupt__"], [{"type": "approve"}]), config)
     assert setup.runs.calls == [("read_file", {"path": "notes.txt"})] and reviews(result) != []
+
+
+PDF = "JVBERi0xLjcKJeLjz9MKMSAwIG9iajw8L0ZpbHRlci9GbGF0ZURlY29kZT4+c3RyZWFtCnic"  # a PDF's head, base64
+
+
+def fetched_pdf() -> AIMessage:
+    """A Claude reply whose ``web_fetch`` returned a PDF (base64: guard cannot read its compressed text), then pays."""
+    return AIMessage(content=[
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_fetch", "input": {"url": "https://t.example/a.pdf"}},
+        {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_1", "content": {
+            "type": "web_fetch_result", "url": "https://t.example/a.pdf",
+            "content": {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}}}},
+        {"type": "text", "text": "Paying."},
+    ], tool_calls=[PAY], id="r1")  # fmt: skip
+
+
+def searched_encrypted() -> AIMessage:
+    """A Claude reply whose ``web_search`` results carry only ``encrypted_content`` besides a URL and title."""
+    return AIMessage(content=[
+        {"type": "server_tool_use", "id": "srvtoolu_2", "name": "web_search", "input": {"query": "trails"}},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_2", "content": [
+            {"type": "web_search_result", "url": "https://t.example", "title": "Trails",
+             "encrypted_content": "EqMCCioIAhgCIiQ3ZTM4YjFhNy0xZWU5", "page_age": None}]},
+        {"type": "text", "text": "Paying."},
+    ], tool_calls=[PAY], id="r1")  # fmt: skip
+
+
+@pytest.mark.parametrize("reply", [fetched_pdf, searched_encrypted], ids=["pdf", "encrypted_content"])
+def test_a_server_result_guard_cannot_read_is_not_allowed(setup: Setup, thread: Any, reply: Any) -> None:
+    """Judged on its URL and title only, it was allowed and the payment after it ran; it is withheld (rule
+    ``unreadable_result``) as a client tool's unreadable result is, and the calls after it count it."""
+    agent = setup.agent(reply())
+    config = thread()
+    result = agent.invoke(USER, config)
+    assert setup.runs.count() == 0 and reviews(result) == [("pay", "after-injection")]
+    name = reply().content[0]["name"]
+    assert ("tool_result", name, "block") in setup.decisions() and ("tool_result", name, "allow") not in setup.decisions()
+    assert [block.unread for block in server_blocks(reply()) if block.kind == "result"] in (
+        [("document",)], [("encrypted content",)])  # fmt: skip
