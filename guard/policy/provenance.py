@@ -8,12 +8,14 @@ A tool call's arguments are looked up in the conversation before it (the subject
   the agent middleware gives role ``system`` only to the system messages that open the conversation, and ``agent`` to
   a later one or one a feature marked, such as a summary written in the system role);
 * ``tool_result``: it is in a tool result, outside any span flagged as instructions to the agent;
-* ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`), in a
-  tool result guard withheld or quoted, or in the instructions guard cut out of a *stripped* one (what is left of it
-  is an ordinary tool result, but a value the cut instructions named stays theirs: :attr:`TurnMessage.cut`);
+* ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`) of a tool
+  result or an ``agent`` message, in a tool result guard withheld or quoted, or in the instructions guard cut out of
+  a *stripped* one (what is left of it is an ordinary tool result, but a value the cut instructions named stays
+  theirs: :attr:`TurnMessage.cut`);
 * ``agent``: it is in a message in the user's role that the user did not write (a ``TurnMessage`` of role
-  ``agent``: a conversation summary, or the task a parent agent gave this sub-agent); in one that summarizes flagged
-  tool results (``flagged == "summarized"``) it is ``flagged_tool_result``;
+  ``agent``: a conversation summary, or the task a parent agent gave this sub-agent), outside any span flagged as
+  instructions; in one that summarizes flagged tool results (``flagged == "summarized"``) it is
+  ``flagged_tool_result``;
 * ``none``: it is nowhere (the model wrote it: a computed amount, a composed e-mail body).
 
 Precedence when a value is found in several places: ``user`` > ``trusted`` > ``flagged_tool_result`` >
@@ -432,6 +434,9 @@ def _source_of(
             if _found(needle, _prepare(message.text)):
                 if message.flagged is not None:  # it summarizes flagged results: all of it counts as flagged
                     return ArgumentSource("flagged_tool_result")
+                _, flagged = _split_tool_text(message.text, detector)  # instructions in it, as in a tool result
+                if flagged.text and _found(needle, flagged):
+                    return ArgumentSource("flagged_tool_result")
                 relayed = relayed or ArgumentSource("agent")
             continue
         if message.role != "tool":
@@ -541,14 +546,13 @@ def call_features(
 def flagged_results(history: Sequence[TurnMessage], detector: Detector = find_instructions) -> int:
     """How many tool results since the user's last message (``history``, oldest first) were flagged: guard withheld,
     quoted or stripped them, or ``detector`` finds instructions in them; an ``agent`` message that summarizes flagged
-    results counts as one (it does not end the count: it is not the user's)."""
+    results, or in which ``detector`` finds instructions, counts as one (it does not end the count: it is not the
+    user's)."""
     count = 0
     for message in reversed(history):
         if message.role == "user":
             break
-        if message.role == "agent":
-            count += message.flagged is not None
-        elif message.role == "tool" and (
+        if message.role in ("agent", "tool") and (
             message.flagged is not None or any(spans for _, spans in _detected(message.text, detector))
         ):
             count += 1
