@@ -10,7 +10,8 @@ message instead, leaving out only
 * tool calls (``tool_call``, ``tool_call_chunk``, ``invalid_tool_call`` blocks, Anthropic ``tool_use``, OpenAI
   ``function_call``, and ``additional_kwargs["tool_calls"]``): their arguments are judged by the tool-call policy;
 * values that are not text: ids, indexes, signatures, encrypted reasoning, base64 data and MIME types
-  (:data:`OPAQUE_KEYS`); and guard's own ``lc_source`` / ``lc_data`` metadata. A ``json`` block (a tool's structured
+  (:data:`OPAQUE_KEYS`), the image an OpenAI ``image_generation_call`` drew (its ``result``); and guard's own
+  ``lc_source`` / ``lc_data`` metadata. A ``json`` block (a tool's structured
   output, which integrations send as its JSON text) is read whole, as canonical JSON, keys and all: its keys are the
   data's, not a block's, so none of them is opaque. Data that is text is read
   (:func:`_text_payload`): an Anthropic plain-text document (``source: {type: text, media_type: text/plain,
@@ -71,6 +72,9 @@ def _is_call_block(block: Mapping[Any, Any]) -> bool:
 _URL_KEYS = frozenset({"url", "image_url", "file_data", "file_url"})
 """Keys whose ``data:`` URL a provider decodes (an image, a file), not shows as text."""
 _NOT_WALKED = OPAQUE_KEYS | {"json", "guard_content"}
+#: Block type -> its key that holds media the provider made from the model's own request, not text from outside:
+#: OpenAI's ``image_generation_call`` ``result`` (a base64 image of megabytes), never read as text.
+_MADE_MEDIA = {"image_generation_call": "result"}
 """Keys :func:`_strings` does not walk: opaque values, and the two it reads whole."""
 
 
@@ -103,8 +107,10 @@ def _strings(value: Any) -> list[str]:
             if _is_call_block(item):
                 continue  # the call itself is judged as a call
             walked: list[Any] = []
+            kind = item.get("type")
+            made = _MADE_MEDIA.get(kind) if isinstance(kind, str) else None
             for key, entry in item.items():
-                if key in _NOT_WALKED:
+                if key in _NOT_WALKED or key == made:
                     continue
                 if key in _URL_KEYS and isinstance(entry, str) and _DATA_URL.match(entry):
                     decoded = _data_url_text(entry, as_url=True)  # a URL the provider decodes: its bytes alone
@@ -560,7 +566,8 @@ def server_blocks(message: BaseMessage) -> list[ServerBlock]:
     older LangChain OpenAI integrations keep the Responses API's), in order. A call: a LangChain ``server_tool_call``,
     an Anthropic ``server_tool_use`` / ``mcp_tool_use``, Google's ``executable_code``, or an OpenAI Responses
     ``*_call`` block other than a client call (``web_search_call``, ``file_search_call``, ``code_interpreter_call``,
-    ``mcp_call``, ``computer_call`` ...), which also holds its result (``output``, ``outputs``, ``results``). A result:
+    ``mcp_call``, ``computer_call`` ...), which also holds its result (``output``, ``outputs``, ``results``; not an
+    ``image_generation_call``'s image, which the provider drew from the model's own prompt). A result:
     ``server_tool_result``, any ``*_tool_result`` (Anthropic's ``web_search_tool_result``, ``web_fetch_tool_result``,
     ``code_execution_tool_result``, ``mcp_tool_result`` ...), Google's ``code_execution_result``."""
     content = message.content if isinstance(message.content, list) else []
@@ -588,7 +595,7 @@ def server_blocks(message: BaseMessage) -> list[ServerBlock]:
             asked = {key: block[key] for key in _CALL_KEYS if key in block and key != "name"}
             found.append(ServerBlock("call", block_id, name, _server_arguments(asked.get("arguments", asked)),
                                      position))  # fmt: skip
-            output = [block[key] for key in _OUTPUT_KEYS if block.get(key)]
+            output = [block[key] for key in _OUTPUT_KEYS if block.get(key) and key != _MADE_MEDIA.get(kind)]
             if output:
                 found.append(ServerBlock("result", block_id, name, "\n".join(_strings(output)), position,
                                          _server_unread(output)))  # fmt: skip

@@ -15,7 +15,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from guard.agents import GuardAgentMiddleware, resume_command
-from guard.agents._content import server_blocks
+from guard.agents._content import message_text, server_blocks
 from guard.agents._records import turn_history
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
@@ -215,3 +215,12 @@ def test_a_server_result_guard_cannot_read_is_not_allowed(setup: Setup, thread: 
     assert ("tool_result", name, "block") in setup.decisions() and ("tool_result", name, "allow") not in setup.decisions()
     assert [block.unread for block in server_blocks(reply()) if block.kind == "result"] in (
         [("document",)], [("encrypted content",)])  # fmt: skip
+
+
+def test_a_generated_image_is_not_read_as_text() -> None:
+    """OpenAI's ``image_generation_call`` holds the image it drew as base64 under ``result``: it was read as ~2 MB of
+    tool-result text, judged and traced at every step."""
+    reply = AIMessage(content=[{"type": "image_generation_call", "id": "ig_1", "status": "completed",
+                                "revised_prompt": "a cat", "result": "iVBORw0KGgo" + "A" * 100_000}], id="r1")  # fmt: skip
+    assert [(block.kind, block.name) for block in server_blocks(reply)] == [("call", "image_generation")]
+    assert "iVBOR" not in message_text(reply) and "a cat" in message_text(reply)  # nor as the reply's text
