@@ -503,7 +503,7 @@ _SERVER_RESULTS = frozenset({"server_tool_result", "web_search_result", "code_ex
 _CLIENT_CALLS = frozenset({"function_call", "tool_call", "custom_tool_call", "invalid_tool_call"})
 #: Keys of an OpenAI Responses ``*_call`` block (``web_search_call``, ``mcp_call`` ...) that hold what the tool was
 #: asked, and those that hold what it gave back.
-_CALL_KEYS = ("action", "queries", "code", "arguments", "input", "args", "server_label", "name")
+_CALL_KEYS = ("action", "queries", "code", "arguments", "input", "args", "server_label")
 _OUTPUT_KEYS = ("output", "outputs", "results", "result", "error")
 
 
@@ -592,7 +592,7 @@ def server_blocks(message: BaseMessage) -> list[ServerBlock]:
             found.append(ServerBlock("call", block_id, name, _server_arguments(arguments), position))
         elif kind.endswith("_call") and kind not in _CLIENT_CALLS:
             name = str(named or kind.removesuffix("_call"))
-            asked = {key: block[key] for key in _CALL_KEYS if key in block and key != "name"}
+            asked = {key: block[key] for key in _CALL_KEYS if key in block}
             found.append(ServerBlock("call", block_id, name, _server_arguments(asked.get("arguments", asked)),
                                      position))  # fmt: skip
             output = [block[key] for key in _OUTPUT_KEYS if block.get(key) and key != _MADE_MEDIA.get(kind)]
