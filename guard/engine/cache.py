@@ -23,9 +23,12 @@ interface and one single-flight core:
 In one process, concurrent misses on one key share one task (one backend call); callers that time out leave the
 task running for the others. A call is made within the budget (``wait``) of the caller that started it, so no caller
 fails for a shorter budget than its own: one that joined a call which timed out calls again (or joins the next call)
-in what is left of its own budget when that is longer than the call's was, and a follower on another replica ignores
-a leader's timeout marker (it carries the leader's budget) when its own budget is longer and leads instead. A shadow
-policy's short call thus never times out an enforced policy asking the same questions with a longer timeout.
+in what is left of its own budget when its budget is longer than that of the caller that started the call, and a
+follower on another replica ignores a leader's timeout marker (it carries the leader's budget) when its own budget is
+longer and leads instead. Budgets are compared as given to :meth:`~ProbabilityCache.fetch` (a policy's timeout), not
+as what is left of them, so callers with the same budget take the call's timeout: one model call per budget, not one
+per caller. A shadow policy's short call thus never times out an enforced policy asking the same questions with a
+longer timeout.
 
 A flight settles as soon as its answers pass their checks; its task then writes them to the store and releases the
 lock, in that order (a follower on another replica never sees neither), while the callers go on (at most
@@ -248,8 +251,9 @@ _FAILED = _Failed()
 
 
 class _Flight(asyncio.Future[Any]):
-    """A call in flight for one key: a future of ``(answers, lookup)`` that carries ``budget``, the seconds its backend
-    call may take (the ``wait`` of the caller that started it)."""
+    """A call in flight for one key: a future of ``(answers, lookup)`` that carries ``budget``, the time budget in
+    seconds of the caller that started it, as that caller gave it to :meth:`ProbabilityCache.fetch` (its call may
+    have less: a caller calling again after a shorter call timed out calls in what is left of its budget)."""
 
     __slots__ = ("budget",)
 
@@ -348,9 +352,10 @@ class ProbabilityCache:
             request: the request (to check a stored value's shape and rebuild the answers).
             compute: makes the backend call; its result is checked and stored for ``ttl`` seconds.
             ttl: seconds to keep the answers; ``0`` = do not read or write the cache (single-flight still applies).
-            wait: the caller's remaining time budget in seconds: the backend call's limit; a follower waits
-                :data:`FOLLOW_SHARE` of it for another replica's leader alone, then calls the model too. A caller that
-                joined a call with a shorter budget which timed out calls again in what is left of its own.
+            wait: the caller's time budget in seconds (a policy's timeout, the same for each of its calls): the
+                backend call's limit; a follower waits :data:`FOLLOW_SHARE` of it for another replica's leader
+                alone, then calls the model too. A caller that joined a call started with a shorter budget, which
+                timed out, calls again in what is left of its own; one whose budget is not longer takes the timeout.
 
         Returns:
             ``(answers, lookup)``; ``answers`` is shared by every caller served from the same entry or flight.
@@ -361,22 +366,24 @@ class ProbabilityCache:
         """
         loop = asyncio.get_running_loop()
         flights = self._flights(loop)
-        deadline = loop.time() + wait
+        budget, deadline = wait, loop.time() + wait
         joined = flights.get(key)
         while joined is not None and not joined.done():  # a finished flight (even one not yet removed) is never joined
-            left = deadline - loop.time()
             try:
                 answers, _ = await asyncio.shield(joined)
             except BackendTimeout:
-                if left <= joined.budget or loop.time() >= deadline:
-                    raise  # a call of our own would have had no longer: its timeout is ours
-                # it timed out within a shorter budget than ours: call again (or join the next call) in what is left
+                # budgets as given, not what is left of them: a call started later for a caller with our budget is
+                # no shorter than ours (one call per budget, not one per caller)
+                if budget <= joined.budget or loop.time() >= deadline:
+                    raise  # a call of our own would have had no longer a budget: its timeout is ours
+                # started by a caller with a shorter budget than ours: call again (or join the next call) in what is
+                # left of ours
                 wait = deadline - loop.time()
                 joined = flights.get(key)
                 continue
             self._stats.shared += 1
             return answers, "shared"
-        flight = _Flight(loop=loop, budget=wait)
+        flight = _Flight(loop=loop, budget=budget)
         flights[key] = flight
         flight.add_done_callback(functools.partial(_end_flight, flights, key))
         reachable = True
@@ -435,7 +442,7 @@ class ProbabilityCache:
         try:  # token None: without the lock, which another holds
             outcome = await self._answered(flight, key, await _run(compute, request, wait), ttl)
         except BackendError as exc:
-            await self._publish_failure(key, exc, token, wait)
+            await self._publish_failure(key, exc, token, flight.budget)
             raise
         finally:  # after the store: no follower sees neither lock nor value
             if token is not None:
@@ -479,7 +486,7 @@ class ProbabilityCache:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        follow = asyncio.ensure_future(self._follow(key, request, wait, ttl, holder))
+        follow = asyncio.ensure_future(self._follow(key, request, wait, ttl, holder, budget=flight.budget))
         own: asyncio.Future[Any] | None = None
         try:
             await asyncio.wait([follow], timeout=wait * FOLLOW_SHARE)
@@ -604,18 +611,20 @@ class ProbabilityCache:
         return None
 
     async def _follow(
-        self, key: str, request: SystemOneRequestV1, wait: float, ttl: float, holder: bytes | None
+        self, key: str, request: SystemOneRequestV1, wait: float, ttl: float, holder: bytes | None, *, budget: float
     ) -> CachedAnswers | None:
-        """The answers of the leader holding lock ``holder``, or ``None`` to lead instead.
+        """The answers of the leader holding lock ``holder`` (waited for ``wait`` seconds at most), or ``None`` to lead
+        instead.
 
         Raises:
-            BackendError: that leader's call failed (its failure marker names ``holder`` or a later lock seen).
+            BackendError: that leader's call failed (its failure marker names ``holder`` or a later lock seen); a
+                timeout only when the leader's budget was not shorter than ``budget``, the follower's.
         """
         return None
 
     async def _publish_failure(self, key: str, exc: BackendError, token: str | None, budget: float) -> None:
-        """Tell the followers of lock ``token`` (``None`` or ``""``: none held) that its backend call, made within
-        ``budget`` seconds, failed."""
+        """Tell the followers of lock ``token`` (``None`` or ``""``: none held) that its backend call failed, made
+        for a caller whose budget was ``budget`` seconds (:attr:`_Flight.budget`)."""
         return
 
     # Canary epochs --------------------------------------------------------------------------------------------------
@@ -827,7 +836,7 @@ return 0
             await self._op(lambda r: r.eval(self.RELEASE_SCRIPT, 1, self._key("l", key), token))
 
     async def _follow(
-        self, key: str, request: SystemOneRequestV1, wait: float, ttl: float, holder: bytes | None
+        self, key: str, request: SystemOneRequestV1, wait: float, ttl: float, holder: bytes | None, *, budget: float
     ) -> CachedAnswers | None:
         keys = (self._key("a", key), self._key("f", key), self._key("l", key))
         deadline = time.monotonic() + wait
@@ -848,7 +857,7 @@ return 0
             if failure is not None and failure != ignored:
                 marker = self._checked_marker(key, failure)
                 # only the failure of the leader waited on: the lock held now, or the last one seen once released
-                error = _failure_from_marker(marker, lock if lock is not None else followed, wait) if marker else None
+                error = _failure_from_marker(marker, lock if lock is not None else followed, budget) if marker else None
                 if error is not None:
                     raise error
                 ignored = failure  # counted once, not on every poll
@@ -1025,17 +1034,17 @@ async def _run(
     return response, value, decoded, not isinstance(result, Unstored)
 
 
-def _failure_from_marker(raw: bytes, lock: bytes | None, wait: float) -> BackendError | None:
+def _failure_from_marker(raw: bytes, lock: bytes | None, budget: float) -> BackendError | None:
     """The error a leader's failure marker ``raw`` (checked) carries, or ``None`` when it names a lock other than
     ``lock`` (the one the follower waited on: an earlier leader's failure is not this flight's), or when it is a
-    timeout within a shorter budget than the follower's ``wait`` (seconds): a call of its own may still answer."""
+    timeout for a shorter budget than the follower's ``budget`` (seconds): a call of its own may still answer."""
     try:
         info = json.loads(raw)
         reason, message, backend = str(info["reason"]), str(info["message"]), str(info.get("backend", ""))
-        named, budget = str(info["lock"]).encode(), float(info["budget"])
+        named, leader_budget = str(info["lock"]).encode(), float(info["budget"])
     except (ValueError, KeyError, TypeError):
         return None
-    if named != lock or (reason == "timeout" and budget < wait):
+    if named != lock or (reason == "timeout" and leader_budget < budget):
         return None
     text = f"leader's backend call failed: {message}"
     if reason == "timeout":

@@ -1145,6 +1145,25 @@ async def test_a_caller_that_joined_a_call_with_a_shorter_budget_is_not_timed_ou
 
 
 @pytest.mark.anyio
+async def test_a_model_slower_than_the_budget_costs_one_call_per_budget_not_one_per_caller() -> None:
+    """/fast (100 ms) starts a call; /slow (500 ms here) joins it, it times out and /slow calls again in what is left of
+    its own. Twenty more /slow requests came 10 ms apart while the model took longer than 500 ms. The second call's
+    budget was what /slow had left, shorter than each later caller's, so each of them called again when it timed
+    out: one model call per request, each timing out. Budgets are now compared as given: callers with /slow's budget
+    take the second call's timeout, so two calls in all."""
+    backend = ScriptedBackend(by_text, delay=2.0)
+    guard = Guard(load_text(TWO_BUDGETS.replace("timeout_ms: 2000", "timeout_ms: 500")), backends=backend)
+    tasks = [asyncio.ensure_future(guard.aevaluate(at("/fast")))]
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.ensure_future(guard.aevaluate(at("/slow"))))
+    verdicts = await asyncio.gather(*tasks)
+    assert verdicts[0].fail_mode == "closed" and {v.fail_mode for v in verdicts[1:]} == {"open"}
+    assert backend.calls == 2
+    await guard.aclose()
+
+
+@pytest.mark.anyio
 async def test_a_follower_on_another_replica_ignores_a_timeout_within_a_shorter_budget(
     redis_url: str, create_redis: Any
 ) -> None:
