@@ -44,6 +44,7 @@ a replica that finds none published publishes a fresh one if still absent (:meth
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -60,7 +61,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.exceptions import RedisError
 
 from guard._seal import Sealer
@@ -137,7 +138,11 @@ class CacheConfig:
         url: Redis URL (redis-py's syntax: ``redis://``, ``rediss://`` for TLS, ``unix://``; checked by
             :class:`RedisCache`); ``None`` = in-process cache.
         prefix: prefix of every key (``<prefix>a:<sha256>`` values, ``l:`` locks, ``f:`` leader failures).
-        op_timeout: seconds per Redis operation (connect included) before it counts as a miss (~50 ms).
+        op_timeout: seconds per Redis operation before it counts as a miss (~50 ms), not counting the time it takes
+            to open a connection (``connect_timeout``).
+        connect_timeout: seconds an operation may take to open a connection before its ``op_timeout`` starts: the
+            TCP (and TLS) handshake and the ``AUTH`` and ``SELECT`` the URL asks for; ``None`` = ``op_timeout``. So
+            an operation on a new connection takes at most ``connect_timeout + op_timeout``.
         poll_interval: seconds between a follower's polls for the leader's value.
         breaker: seconds Redis is skipped once ``breaker_after`` operations in a row failed (each skipped lookup is
             a counted miss), so a dead or black-holed Redis costs one timeout per period, not one per request.
@@ -157,6 +162,7 @@ class CacheConfig:
     url: str | None = None
     prefix: str = DEFAULT_PREFIX
     op_timeout: float = DEFAULT_OP_TIMEOUT_S
+    connect_timeout: float | None = None
     poll_interval: float = DEFAULT_POLL_INTERVAL_S
     breaker: float = DEFAULT_BREAKER_S
     breaker_after: int = DEFAULT_BREAKER_AFTER
@@ -169,6 +175,8 @@ class CacheConfig:
         for name in ("op_timeout", "poll_interval"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"CacheConfig.{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.connect_timeout is not None and not self.connect_timeout > 0:
+            raise ValueError(f"CacheConfig.connect_timeout must be > 0 seconds or None, got {self.connect_timeout!r}")
         for name in ("breaker", "degraded_window", "local_ttl"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"CacheConfig.{name} must be >= 0 seconds, got {getattr(self, name)!r}")
@@ -711,7 +719,10 @@ return 0
     def __init__(self, config: CacheConfig) -> None:
         if not config.url:
             raise ValueError("RedisCache needs CacheConfig.url, e.g. redis://127.0.0.1:6379/0")
-        self._options = redis_options(config.url, config.op_timeout)
+        self._connect_timeout = config.op_timeout if config.connect_timeout is None else config.connect_timeout
+        options = redis_options(config.url, config.op_timeout, connect_timeout=self._connect_timeout)
+        options["connection_class"] = _allowing_connect(options.get("connection_class", aioredis.Connection))
+        self._options = options
         self._sealer = Sealer.resolve(config.store_key, "RedisCache")
         super().__init__(config)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
@@ -736,8 +747,13 @@ return 0
             self._stats.skipped += 1
             return _FAILED
         try:
-            async with asyncio.timeout(self.config.op_timeout):
-                result = await fn(self._client())
+            async with asyncio.timeout(self.config.op_timeout) as timeout:
+                # a connection opened meanwhile moves the timeout on (_allowing_connect)
+                entered = _OPERATION.set((timeout, self._connect_timeout, self.config.op_timeout))
+                try:
+                    result = await fn(self._client())
+                finally:
+                    _OPERATION.reset(entered)
         except _STORE_ERRORS as exc:  # down, slow, refusing: a miss, never the decision's
             was_recent = self._record_error(exc)
             self._failures_in_a_row += 1
@@ -951,17 +967,17 @@ return 0
             await client.aclose()
 
 
-def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S, *, role: str = "cache") -> dict[str, Any]:
+def redis_options(
+    url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S, *, role: str = "cache", connect_timeout: float | None = None
+) -> dict[str, Any]:
     """The ``redis.asyncio.ConnectionPool`` options of a Redis cache (or another store guard keeps in Redis, named by
     ``role`` in errors: the ``"review store"``) at ``url``: what the URL names (redis-py's URL syntax; its options win
-    over these defaults), socket timeouts of ``op_timeout`` seconds, no retry on a timeout, and replies as bytes
-    whatever the URL's ``decode_responses`` (the cache stores sealed bytes). A new connection sends nothing before
-    its first command but the ``AUTH`` and ``SELECT`` the URL asks for, so it fits the op timeout: RESP2
-    (``protocol=2``: redis-py 8 defaults to RESP3, whose ``HELLO 3`` is a round trip of its own; a URL's
-    ``?protocol=3`` still asks for it), no ``CLIENT MAINT_NOTIFICATIONS`` (which redis-py 7 and later send on every
-    RESP3 connection) and no ``CLIENT SETINFO``. A connection that times out is dropped, so with a Redis 15 ms away
-    those round trips made every operation time out and nothing was ever stored. Checked by making a connection
-    object, which connects nothing.
+    over these defaults), socket timeouts of ``op_timeout`` seconds (the TCP connect's ``connect_timeout``, when
+    given), no retry on a timeout, and replies as bytes whatever the URL's ``decode_responses`` (the cache stores
+    sealed bytes). A new connection sends nothing before its first command but the ``AUTH`` and ``SELECT`` the URL
+    asks for: RESP2 (``protocol=2``: redis-py 8 defaults to RESP3, whose ``HELLO 3`` is a round trip of its own; a
+    URL's ``?protocol=3`` still asks for it), no ``CLIENT MAINT_NOTIFICATIONS`` (which redis-py 7 and later send on
+    every RESP3 connection) and no ``CLIENT SETINFO``. Checked by making a connection object, which connects nothing.
 
     Raises:
         ValueError: ``url`` is not one redis-py can connect with: another scheme than ``redis://``, ``rediss://``
@@ -970,7 +986,8 @@ def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S, *, role: s
             ``?protocol=4``). The message (``<role> URL '...' cannot be used: ...``) names the URL without
             credentials or query.
     """
-    defaults: dict[str, Any] = {"socket_timeout": op_timeout, "socket_connect_timeout": op_timeout,
+    connect = op_timeout if connect_timeout is None else connect_timeout
+    defaults: dict[str, Any] = {"socket_timeout": op_timeout, "socket_connect_timeout": connect,
                                 "retry_on_timeout": False, "lib_name": None, "lib_version": None, "protocol": 2}
     if "maint_notifications_config" in inspect.signature(aioredis.ConnectionPool).parameters:  # redis-py 7 and later
         from redis.maint_notifications import MaintNotificationsConfig
@@ -985,6 +1002,35 @@ def redis_options(url: str, op_timeout: float = DEFAULT_OP_TIMEOUT_S, *, role: s
     except (ValueError, TypeError, RedisError) as exc:
         raise ValueError(f"{role} URL {shown_url(url)!r} cannot be used: {exc}") from None
     return options
+
+
+#: While a Redis cache operation runs (:meth:`RedisCache._op`): its timeout, the seconds it may take to open a
+#: connection (``connect_timeout``) and the seconds its command may then take (``op_timeout``).
+_OPERATION: contextvars.ContextVar[tuple[asyncio.Timeout, float, float] | None] = contextvars.ContextVar(
+    "guard_cache_operation", default=None
+)
+
+
+@functools.cache
+def _allowing_connect(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` (the connection class the URL names: TCP, TLS or Unix socket) with a connect that, within a cache
+    operation, has the operation's connect allowance, then moves the operation's timeout to ``op_timeout`` from the
+    moment it is connected: the command is bounded by ``op_timeout`` and the handshake (TCP, TLS, ``AUTH``,
+    ``SELECT``) by ``connect_timeout``, not both by one ``op_timeout`` (with Redis 15 ms away, a handshake and the
+    command passed 50 ms; each timeout dropped the connection, so every operation made a new one and timed out)."""
+
+    async def connect(self: AbstractConnection) -> None:
+        operation = _OPERATION.get()
+        if operation is None or self.is_connected or operation[0].expired():
+            await base.connect(self)
+            return
+        timeout, connect_s, op_s = operation
+        loop = asyncio.get_running_loop()
+        timeout.reschedule(loop.time() + connect_s)
+        await base.connect(self)
+        timeout.reschedule(loop.time() + op_s)
+
+    return type(f"Guard{base.__name__}", (base,), {"connect": connect, "__doc__": base.__doc__})
 
 
 def _scope_key(scope: str) -> str:

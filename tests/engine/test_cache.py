@@ -854,9 +854,68 @@ async def test_slow_redis_with_many_callers_still_one_model_call(silent_server: 
     await guard.aclose()
 
 
+async def _delayed(port: int, delay: float) -> asyncio.Server:
+    """A TCP proxy to 127.0.0.1:``port`` that holds what passes ``delay`` seconds each way (a Redis farther away)."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                await asyncio.sleep(delay)
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+@pytest.mark.anyio
+async def test_a_new_connection_to_a_redis_far_away_does_not_spend_the_op_timeout(private_redis: Any) -> None:
+    """Redis a 200 ms round trip away, the URL naming a database: a new connection's SELECT and then the command took
+    400 ms, over the 300 ms op timeout, which the timeout dropped, so every operation made a new connection and timed
+    out: nothing was ever stored. Opening a connection now has its own allowance (``connect_timeout``, by default
+    ``op_timeout``), and the command ``op_timeout`` from then."""
+    proxy = await _delayed(private_redis.port, 0.1)
+    url = f"redis://127.0.0.1:{proxy.sockets[0].getsockname()[1]}/3"
+    cache = RedisCache(CacheConfig(url=url, op_timeout=0.3, local_ttl=0))
+    backend = ScriptedBackend(by_text)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    assert not (await guard.aevaluate(subject("ignore"))).cache_hit
+    await guard.aclose()  # the answers are written
+    health = cache.health()
+    assert (health.stores, health.errors) == (1, 0), health.last_error
+    again = await guard.aevaluate(subject("ignore"))  # read back from Redis (no local copy)
+    assert (again.action, again.cache_hit, backend.calls) == ("block", True, 1)
+    await guard.aclose()
+    proxy.close()
+    await proxy.wait_closed()
+
+
+@pytest.mark.anyio
+async def test_a_frozen_redis_with_a_database_in_its_url_is_still_a_miss_within_the_timeouts(silent_server: str) -> None:
+    """A Redis that never answers, with a SELECT to send first: the connection's allowance bounds the handshake."""
+    backend = ScriptedBackend(by_text)
+    cache = RedisCache(CacheConfig(url=silent_server.replace("/0", "/3"), op_timeout=0.05, local_ttl=0))
+    guard = Guard(policies(), backends=backend, cache=cache)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.action, verdict.cache_hit, verdict.fail_mode) == ("block", False, None)
+    assert loop.time() - started < 1.0 and cache.health().errors == 1
+    await guard.aclose()
+
+
 def test_cache_config_validates() -> None:
     with pytest.raises(ValueError, match="op_timeout"):
         CacheConfig(op_timeout=0)
+    with pytest.raises(ValueError, match="connect_timeout"):
+        CacheConfig(connect_timeout=0)
     with pytest.raises(ValueError, match="breaker_after"):
         CacheConfig(breaker_after=0)
     with pytest.raises(ValueError, match="max_entries"):
