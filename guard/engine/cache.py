@@ -33,7 +33,8 @@ longer timeout.
 A flight settles as soon as its answers pass their checks; its task then writes them to the store and releases the
 lock, in that order (a follower on another replica never sees neither), while the callers go on (at most
 :data:`MAX_BACKGROUND_WRITES` such writes per event loop; past that the callers wait for the write as well).
-:meth:`~ProbabilityCache.aclose` waits for them.
+:meth:`~ProbabilityCache.aclose` waits for them; a loop that ends without it (``asyncio.run`` around each decision)
+cancels the task, and a write or release so cancelled is made once more, within the store's timeouts.
 
 A Redis cache also carries each backend's canary epoch (:meth:`~ProbabilityCache.shared_epoch`, sealed like the
 values), so a model one replica saw fail its canary, or pass again, moves every replica's keys on, not only its own;
@@ -454,7 +455,7 @@ class ProbabilityCache:
             raise
         finally:  # after the store: no follower sees neither lock nor value
             if token is not None:
-                await self._release(key, token)
+                await _to_the_end(lambda: self._release(key, token))
         return outcome
 
     async def _answered(
@@ -463,8 +464,9 @@ class ProbabilityCache:
     ) -> tuple[CachedAnswers, Lookup]:
         """The outcome of a backend call's checked answers (``run``: what :func:`_run` returns): ``flight`` settles with
         it now, its answers held in process (when they may be stored), so its callers go on while this task writes
-        them to the store (counted, never raised). Past :data:`MAX_BACKGROUND_WRITES` writes running on this loop,
-        the flight settles with the task instead, after the write."""
+        them to the store (counted, never raised; made to the end when the loop's end cancels the task,
+        :func:`_to_the_end`). Past :data:`MAX_BACKGROUND_WRITES` writes running on this loop, the flight settles with
+        the task instead, after the write."""
         response, value, decoded, keep = run
         outcome: tuple[CachedAnswers, Lookup] = (CachedAnswers(response), "miss")
         if keep:  # a caller in this process finds them while they are written
@@ -476,7 +478,7 @@ class ProbabilityCache:
             task.add_done_callback(writes.discard)
             flight.set_result(outcome)
         if keep:
-            await self._store_or_count(key, value, decoded, ttl)
+            await _to_the_end(lambda: self._store_or_count(key, value, decoded, ttl))
         return outcome
 
     async def _follow_or_hedge(
@@ -1062,6 +1064,18 @@ def _settle(flight: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
         flight.set_exception(task.exception())  # type: ignore[arg-type]
     else:
         flight.set_result(task.result())
+
+
+async def _to_the_end(step: Callable[[], Awaitable[Any]]) -> None:
+    """Run ``step`` (a write of answers or a lock release: store operations, each bounded by the store's timeouts) to
+    its end even when this task is cancelled meanwhile: a flight's task writes and releases after its callers went on,
+    and a loop that ends then (``asyncio.run`` around each decision) cancels it. A step so cancelled is made once
+    more (the same write, or the same token-checked release), then the cancellation goes on."""
+    try:
+        await step()
+    except asyncio.CancelledError:
+        await step()
+        raise
 
 
 async def _run(

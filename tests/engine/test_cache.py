@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -1267,6 +1268,35 @@ async def test_answers_in_time_are_used_while_they_are_written_and_the_lock_goes
     assert await keys(create_redis, "l") and not await keys(create_redis)  # still writing: the lock is held
     await guard.aclose()
     assert await keys(create_redis) and not await keys(create_redis, "l") and cache.health().stores == 1
+
+
+class _FarRedis(RedisCache):
+    """A Redis cache whose operations each take 20 ms more (a store farther away)."""
+
+    async def _op(self, fn: Any) -> Any:
+        await asyncio.sleep(0.02)
+        return await super()._op(fn)
+
+
+def test_a_loop_that_ends_after_its_decision_still_writes_the_answers_and_releases_the_lock(redis_url: str) -> None:
+    """A caller running each decision in its own ``asyncio.run`` (a sync worker, a CLI): the loop's end cancelled the
+    flight's task while it wrote the answers or released the lock after the caller went on, so the answers were never
+    stored (and a lock cancelled so stayed for its TTL). A write or release cancelled so is made once more."""
+    import redis
+
+    prefix = f"guard-test-{uuid.uuid4().hex[:8]}:"
+    cache = _FarRedis(CacheConfig(url=redis_url, prefix=prefix, op_timeout=0.5))
+    guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=cache)
+    for text in ("one", "two", "three"):
+        assert asyncio.run(guard.aevaluate(subject(text))).action == "allow"
+    client = redis.Redis.from_url(redis_url)
+    try:
+        values, locks = ([*client.scan_iter(match=f"{prefix}{kind}:*")] for kind in "al")
+        assert (len(values), locks, cache.health().stores) == (3, [], 3)
+    finally:
+        for name in client.scan_iter(match=prefix + "*"):
+            client.delete(name)
+        client.close()
 
 
 @pytest.mark.anyio
