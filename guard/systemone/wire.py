@@ -476,12 +476,21 @@ def confidence(probabilities: Sequence[float], question_type: QuestionType, prof
     if profile == "jev":
         if question_type != "score":
             return (n * p_max - 1.0) / (n - 1)
-        mode = max(range(n), key=lambda i: (probabilities[i], -i))
-        expected_distance = sum(p * abs(level - mode) for level, p in enumerate(probabilities))
-        centre = (n - 1) / 2
-        mad_uniform = sum(abs(level - centre) for level in range(n)) / n
-        return max(0.0, 1.0 - expected_distance / mad_uniform)
+        return _jev_score_confidence(probabilities, max(range(n), key=lambda i: (probabilities[i], -i)))
     raise ValueError(f"confidence profile must be one of {CONFIDENCE_PROFILES}, got {profile!r}")
+
+
+def _jev_score_confidence(probabilities: Sequence[float], mode: int) -> float:
+    """Jev's confidence of a score answer (at least 2 levels) whose most probable level is ``mode``:
+    ``max(0, 1 − E|level − mode| / MAD_uniform)``."""
+    expected_distance = sum(p * abs(level - mode) for level, p in enumerate(probabilities))
+    return max(0.0, 1.0 - expected_distance / _mad_uniform(len(probabilities)))
+
+
+def _mad_uniform(levels: int) -> float:
+    """The mean distance of ``levels`` score levels from their centre, Jev's scale for a score's confidence."""
+    centre = (levels - 1) / 2
+    return sum(abs(level - centre) for level in range(levels)) / levels
 
 
 class ReadOnlyDict(dict[str, Any]):
@@ -841,7 +850,10 @@ def check_readout(
             whose probability is within one unit of the top one; score: a number from 0 to levels - 1 (checked
             before), the expected level within the rounding of each probability, or a most probable level.
         reported_confidence: a probability, or ``None`` when not reported; it must be what one of
-            :data:`CONFIDENCE_PROFILES` gives for the probabilities, within ``max(1e-3, 5·10^-decimals)``.
+            :data:`CONFIDENCE_PROFILES` gives for the probabilities, within ``max(1e-3, 5·10^-decimals)``. Jev's
+            score confidence is taken with any level within one unit of the top probability as the most probable
+            (rounding can tie two levels, or swap them, that were apart), within what rounding each probability
+            moves it too (half a unit times each level's distance from that one, over ``MAD_uniform``).
         decimals: the provider's rounding.
         bad: makes the error from its message.
 
@@ -849,11 +861,19 @@ def check_readout(
         Exception: what ``bad`` makes, naming the question, when a headline or confidence does not follow.
     """
     unit = 10.0**-decimals
+    top = max(probabilities.values())
     if reported_confidence is not None:  # a rule may read it: it must be what one of the known definitions gives
         values = list(probabilities.values())
         slack = max(1e-3, 5 * unit)
-        if not any(abs(reported_confidence - confidence(values, question.type, known)) <= slack
-                   for known in CONFIDENCE_PROFILES):  # fmt: skip
+        known = [(confidence(values, question.type, profile), slack) for profile in CONFIDENCE_PROFILES]
+        if question.type == "score" and len(values) > 1:  # Jev's, from each level that may be the true mode
+            levels, scale = len(values), _mad_uniform(len(values))
+            known += [
+                (_jev_score_confidence(values, mode),
+                 max(slack, 0.5 * unit * (1 + sum(abs(level - mode) for level in range(levels)) / scale) + 1e-9))
+                for mode, p in enumerate(values) if p >= top - unit - 1e-9
+            ]  # fmt: skip
+        if not any(abs(reported_confidence - value) <= within for value, within in known):
             raise bad(f"answer for {question.id!r} has confidence {reported_confidence:.6f}, which no confidence "
                       f"definition ({', '.join(CONFIDENCE_PROFILES)}) gives for its probabilities")
     if question.type == "noul":
@@ -862,7 +882,6 @@ def check_readout(
             raise bad(f"answer for {question.id!r} has noul {_shown(value)} but P(true) = "
                       f"{probabilities['true']:.4f}; noul is P(true)")
         return
-    top = max(probabilities.values())
     if question.type == "choice":
         assert isinstance(value, str)
         if probabilities[value] < top - unit - 1e-9:

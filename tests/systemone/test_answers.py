@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 
 import pytest
 
 from guard.errors import MalformedAnswer
-from guard.systemone import AnswerV1, SystemOneResponseV1, UsageV1
+from guard.systemone import AnswerV1, QuestionV1, SystemOneRequestV1, SystemOneResponseV1, UsageV1, confidence
 from guard.systemone.answers import decode_answers, encode_checked
 from tests.systemone.test_wire import _remote_body, _remote_request
 
@@ -55,6 +56,52 @@ def test_a_reported_confidence_must_follow_from_the_probabilities(confidence: fl
     else:
         with pytest.raises(MalformedAnswer, match="which no confidence definition"):
             SystemOneResponseV1.from_json(body, _remote_request())
+
+
+@pytest.mark.parametrize(("probabilities", "reported"), [
+    ([0.06, 0.47, 0.47], 0.11),  # the true mode is level 2: rounding tied it with level 1
+    ([0.05, 0.26, 0.31, 0.08, 0.31], 0.0),
+    ([0.11, 0.03, 0.02, 0.0, 0.17, 0.07, 0.14, 0.2, 0.05, 0.2], 0.0),
+])  # fmt: skip
+def test_jevs_score_confidence_is_read_from_any_level_rounding_may_have_made_the_mode(
+    probabilities: list, reported: float
+) -> None:
+    """Jev's score confidence reads the most probable level; two levels apart by less than a rounding unit round to a
+    tie, and the check took the first, so genuine answers (these, 8 to 19 in 5,000 at 2 decimals) were refused."""
+    request = _score_request(len(probabilities))
+    body = _score_body(probabilities, reported)
+    assert SystemOneResponseV1.from_json(body, request, decimals=2, confidence_profile="jev")
+    with pytest.raises(MalformedAnswer, match="which no confidence definition"):
+        SystemOneResponseV1.from_json(_score_body(probabilities, 0.9), request, decimals=2)
+
+
+def test_jevs_score_confidence_is_checked_within_what_rounding_each_probability_moves_it() -> None:
+    """Each probability rounded by half a unit moves Jev's score confidence by up to half a unit times its level's
+    distance from the mode over MAD_uniform: 0.054 here, past the flat 0.05 allowed, so a genuine answer was refused.
+    Its rounded probabilities, sent as such, give it again; random answers at 2 decimals all pass."""
+    probabilities = [0.04, 0.49, 0.01, 0.0, 0.1, 0.04, 0.05, 0.1, 0.14, 0.0]  # rounded: they sum to 0.97
+    body = _score_body(probabilities, 0.01)
+    assert SystemOneResponseV1.from_json(body, _score_request(10), decimals=2, confidence_profile="jev")
+    generator = random.Random(3)
+    for levels in (3, 5, 10):
+        request = _score_request(levels)
+        for _ in range(300):
+            weights = [generator.gammavariate(generator.choice([0.3, 1, 3]), 1) for _ in range(levels)]
+            exact = [w / sum(weights) for w in weights]
+            body = _score_body([round(p, 2) for p in exact], round(confidence(exact, "score", "jev"), 2))
+            body["answers"]["q"]["score"] = round(sum(level * p for level, p in enumerate(exact)), 2)
+            SystemOneResponseV1.from_json(body, request, decimals=2, confidence_profile="jev")
+
+
+def _score_request(levels: int) -> SystemOneRequestV1:
+    question = QuestionV1("q", "score", "How severe?", [f"level {level}" for level in range(levels)])
+    return SystemOneRequestV1(model="m", state="s", questions=(question,))
+
+
+def _score_body(probabilities: list, reported: float) -> dict:
+    score = round(sum(level * p for level, p in enumerate(probabilities)), 2)
+    return {"answers": {"q": {"type": "score", "score": score, "confidence": round(reported, 2),
+                              "probabilities": {str(level): p for level, p in enumerate(probabilities)}}}}
 
 
 def test_stored_answers_are_in_prompt_order_and_read_back_in_each_callers_order() -> None:
