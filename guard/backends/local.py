@@ -49,7 +49,7 @@ from guard.systemone import (
 if TYPE_CHECKING:
     import torch
 
-    from guard.clef.encoding import EncodedRecord
+    from guard.clef.encoding import EncodedRecord, SchemaRoom
     from guard.clef.model import ClefModel
 
 __all__ = ["DEFAULT_LOCAL_BACKEND_NAME", "LocalBackend"]
@@ -127,6 +127,7 @@ class LocalBackend:
         self._tracer = trace.get_tracer("guard.backends.local", tracer_provider=tracer_provider)
         self._warmup: asyncio.Future[None] | None = None
         self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
+        self._room: SchemaRoom | None = None  # made on first use (state_room)
         from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
 
         # the revision travels in a response header (the worker's), which holds Latin-1 only: a directory name in
@@ -200,6 +201,19 @@ class LocalBackend:
         :class:`~guard.engine.Guard` asks it for every policy question at load and reload, so a question this model
         cannot read is a policy error (file, line, key), not a refused request on every decision."""
         return self.explain_questions((question,))
+
+    def state_room(self, questions: Sequence[QuestionV1]) -> int:
+        """Tokens of state one request asking ``questions`` together (no images) has room for within
+        :attr:`max_length`: the most of its state the model reads. Below 0 when the schema alone does not fit. Each
+        question's tokens are counted once and remembered (:class:`~guard.clef.encoding.SchemaRoom`), so
+        :func:`~guard.engine.plan.group_plans`, weighing the policies matching a request together, tokenizes no
+        question twice."""
+        room = self._room
+        if room is None:
+            from guard.clef.encoding import SchemaRoom  # loaded with the model: no torch import for this module
+
+            room = self._room = SchemaRoom(self.model.processor, self.max_length)
+        return room(questions)
 
     def explain_questions(self, questions: Sequence[QuestionV1]) -> str | None:
         """``None`` when one request asking ``questions`` together fits :attr:`max_length` (its schema and the

@@ -14,7 +14,10 @@ Token sequence: ``prefix ‖ media ‖ state ‖ schema ‖ suffix``.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,16 +36,19 @@ __all__ = [
     "PREFIX",
     "QUESTION_TYPE_IDS",
     "SCHEMA_HEADER",
+    "SCHEMA_ROOM_ENTRIES",
     "SUFFIX",
     "SYSTEM_PROMPT",
     "VIDEO_PLACEHOLDER",
     "EncodedMedia",
     "EncodedQuestion",
     "EncodedRecord",
+    "SchemaRoom",
     "collate",
     "encode_record",
     "field_header",
     "option_label",
+    "question_texts",
     "render",
 ]
 
@@ -142,24 +148,29 @@ def _schema_texts(
     marks: list[tuple[int, int, int]] = []
     fields: dict[int, str] = {}
     for qi, question in enumerate(questions):
+        start, own = len(texts), question_texts(qi, question)
         path = f"questions.{question.id}"
-        fields[len(texts)] = path
-        texts.append(field_header(qi + 1, question.id, question.type))
-        marks.append((len(texts), qi, -1))
-        fields[len(texts)] = f"{path}.instructions"
-        texts.append(render(question.instruction_value()))
-        texts.append(OPTIONS_HEADER)
-        for k, (option_id, description) in enumerate(question.options()):
-            texts.append(option_label(k + 1))
-            option: dict[str, Any] = {"option_id": option_id}
-            if description is not None:
-                option["description"] = description
-            marks.append((len(texts), qi, k))
-            fields[len(texts)] = f"{path}.criteria"
-            texts.append(render(option))
-            texts.append(OPTION_END)
-        texts.append(FIELD_END)
+        fields[start] = path
+        marks.append((start + 1, qi, -1))
+        fields[start + 1] = f"{path}.instructions"
+        for k in range((len(own) - 4) // 3):  # header, instructions, options header, 3 per option, field end
+            marks.append((start + 4 + 3 * k, qi, k))  # the option's object, after its label
+            fields[start + 4 + 3 * k] = f"{path}.criteria"
+        texts.extend(own)
     return texts, marks, fields
+
+
+def question_texts(index: int, question: QuestionV1) -> list[str]:
+    """The schema pieces of ``question`` asked at ``index`` (0-based) in a request (§2.3), each tokenized on its own:
+    its field header, instructions, the options header, each option's label, object and end, and the field's end."""
+    texts = [field_header(index + 1, question.id, question.type), render(question.instruction_value()), OPTIONS_HEADER]
+    for k, (option_id, description) in enumerate(question.options()):
+        option: dict[str, Any] = {"option_id": option_id}
+        if description is not None:
+            option["description"] = description
+        texts.extend((option_label(k + 1), render(option), OPTION_END))
+    texts.append(FIELD_END)
+    return texts
 
 
 def _refuse_media_pads(processor: ClefProcessor, pieces: list[tuple[str, list[int]]]) -> None:
@@ -275,6 +286,66 @@ def schema_ids(processor: ClefProcessor, texts: list[str], budget: int) -> tuple
         pieces.extend(group)
         count += sum(map(len, group))
     return pieces, True
+
+
+#: Questions (and, apart, question texts) a :class:`SchemaRoom` remembers the tokens of before it starts over.
+SCHEMA_ROOM_ENTRIES = 4096
+
+
+class SchemaRoom:
+    """The tokens a text-only request leaves its state within ``max_length``, from its questions alone: the most of a
+    state :func:`encode_record` keeps, ``max_length`` less the prompt's fixed text (prefix, schema header, suffix) and
+    each question's schema pieces. Each piece is tokenized on its own (§2.3), so a question's tokens depend only on it
+    and its place in the request: they are counted once and remembered per question object and place, and per
+    digest of its pieces (a reloaded policy's equal question is not tokenized again), at most
+    :data:`SCHEMA_ROOM_ENTRIES` of each, so asking again about questions seen before tokenizes nothing.
+
+    Threading: any thread may call it; each dict operation is atomic, and a count lost to a concurrent clear is made
+    again.
+    """
+
+    def __init__(self, processor: ClefProcessor, max_length: int) -> None:
+        self.processor = processor
+        self.max_length = max_length
+        self._fixed: int | None = None
+        # id(question) -> (a weak reference to it, its place -> its tokens there): a new object under a reused id
+        # is not the one referenced, so it is counted anew
+        self._questions: dict[int, tuple[weakref.ref[QuestionV1], dict[int, int]]] = {}
+        self._texts: dict[bytes, int] = {}  # digest of a question's pieces -> their tokens
+
+    def __call__(self, questions: Sequence[QuestionV1]) -> int:
+        """Tokens left for the state of a request asking ``questions`` in this order; below 0 when the schema alone
+        does not fit (then a bound only: a question is tokenized only as far as ``max_length`` needs)."""
+        if self._fixed is None:
+            self._fixed = sum(map(len, self.processor.encode_texts([PREFIX, SCHEMA_HEADER, SUFFIX])))
+        room = self.max_length - self._fixed
+        for index, question in enumerate(questions):
+            held = self._questions.get(id(question))
+            if held is None or held[0]() is not question:
+                if len(self._questions) >= SCHEMA_ROOM_ENTRIES:
+                    self._questions.clear()
+                held = self._questions[id(question)] = (weakref.ref(question), {})
+            count = held[1].get(index)
+            if count is None:
+                count = held[1][index] = self._count(question_texts(index, question))
+            room -= count
+        return room
+
+    def _count(self, texts: list[str]) -> int:
+        """The tokens of a question's pieces ``texts``, at most ``max_length + 1``."""
+        digest = hashlib.sha256()
+        for text in texts:  # each piece's length first: pieces split differently are another question
+            data = text.encode("utf-8", "surrogatepass")
+            digest.update(len(data).to_bytes(8, "big") + data)
+        key = digest.digest()
+        count = self._texts.get(key)
+        if count is None:
+            pieces, complete = schema_ids(self.processor, texts, self.max_length)
+            count = sum(map(len, pieces)) if complete else max(sum(map(len, pieces)), self.max_length + 1)
+            if len(self._texts) >= SCHEMA_ROOM_ENTRIES:
+                self._texts.clear()
+            self._texts[key] = count
+        return count
 
 
 def _field_past(pieces: list[list[int]], fields: dict[int, str], budget: int) -> str:

@@ -322,7 +322,8 @@ def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
     of their own, so a backend that refuses, omits or is slow on them never decides an enforced verdict), unless one
     of its questions has the wire id of a different question there (a request holds each id once), or the request
     would then ask more than :data:`~guard.systemone.MAX_QUESTIONS` questions or hold a schema the backend says its
-    prompt cannot (``explain_questions``); otherwise it starts a group. Identical questions are asked once.
+    prompt cannot (``state_room``, a local Clef model's); otherwise it starts a group. Identical questions are asked
+    once.
     A plan without questions (rules only) is a group of its own with no questions: nothing is asked for it.
     """
     groups: list[tuple[list[Plan], list[QuestionV1]]] = []
@@ -360,8 +361,8 @@ def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
 def _fits(backend: DecisionBackend, questions: list[QuestionV1]) -> bool:
     """Whether one request may ask ``questions``: at most :data:`~guard.systemone.MAX_QUESTIONS` (the Workers AI
     limit, which a decision worker's default profile enforces too), and a schema the backend's prompt holds when it
-    can tell (``explain_questions``, a local Clef model's)."""
+    can tell (``state_room``, a local Clef model's, counted from each question's tokens remembered)."""
     if len(questions) > MAX_QUESTIONS:
         return False
-    explain = getattr(backend, "explain_questions", None)
-    return not callable(explain) or explain(questions) is None
+    room = getattr(backend, "state_room", None)
+    return not callable(room) or room(questions) >= 0

@@ -397,3 +397,48 @@ async def test_policies_whose_questions_fit_only_apart_are_asked_apart(clef_fp32
     assert sum(info.size for info in infos) - before == 2  # one request each
     assert verdict.error is None and verdict.action == "allow"
     assert [(c.policy_id, c.error) for c in verdict.contributions] == [("one", None), ("two", None)]
+
+
+@pytest.mark.parametrize("questions", [
+    [_attack_question("a", 1)],
+    [_attack_question("a", 1), _attack_question("b", 40)],
+    [QuestionV1("tone", "choice", "Tone?", {"calm": "calm", "angry": {"x": [1, 2]}}),
+     QuestionV1("severity", "score", "How severe?", ["low", "mid", "high"]), _attack_question("a", 3)],
+])  # fmt: skip
+def test_state_room_is_what_a_request_keeps_of_its_state(clef_fp32: ClefModel, questions: list[QuestionV1]) -> None:
+    from guard.clef.encoding import render
+
+    backend = LocalBackend(clef_fp32, max_length=1024)
+    room = backend.state_room(questions)
+    state = ("please summarise this document. " * 400)[: 8 * (room + 256) - 8]  # tokenized whole: its count is exact
+    record = clef_fp32.encode(SystemOneRequestV1(model="m", state=state, questions=tuple(questions)), max_length=1024)
+    tokens = len(clef_fp32.processor.encode_texts([render(state)])[0])
+    assert tokens > room and room == tokens - (record.untruncated_length - len(record.input_ids))
+    assert backend.state_room(questions) == room  # remembered: the same answer
+    assert backend.state_room([*questions, _attack_question("c", 100)]) < 0  # the schema alone does not fit
+
+
+def test_grouping_policies_tokenizes_each_question_once(clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """group_plans asked the backend to encode every candidate request whole, on the event loop, for each policy
+    and group: 30 policies took 4 s, on the first request of each set of matching policies and after every reload.
+    Each question's tokens are now counted once per place and remembered, also for a reloaded policy's equal
+    question."""
+    from guard.engine.plan import Plan, group_plans
+    from guard.policy import load_text
+
+    backend = LocalBackend(clef_fp32, max_length=4096)
+    text = "policies:" + "".join(_long_policy(f"p{i}", {f"q{i}": 2}) for i in range(12))
+    calls: list[int] = []
+    encode_texts = clef_fp32.processor.encode_texts
+
+    def counted(texts: Any) -> Any:
+        calls.append(len(texts))
+        return encode_texts(texts)
+
+    monkeypatch.setattr(clef_fp32.processor, "encode_texts", counted)
+    for reload in (False, True, True):
+        calls.clear()
+        plans = tuple(Plan(policy, backend, backend.model_revision) for policy in load_text(text))
+        (group,) = group_plans(plans)
+        assert len(group.questions) == 12
+        assert len(calls) <= (0 if reload else 12 + 1), calls  # each question once, and the prompt's fixed text
