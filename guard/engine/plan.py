@@ -30,7 +30,15 @@ from guard.policy.rules import FEATURE_NAMES, rule_inputs
 from guard.subject import Subject
 from guard.systemone import MAX_QUESTIONS, QuestionV1, ReadOnlyDict, SystemOneRequestV1, SystemOneResponseV1, UsageV1
 
-__all__ = ["STATE_MEMO_ENTRIES", "STATE_MEMO_MAX_CHARS", "Group", "Plan", "group_plans", "keyed_revision"]
+__all__ = [
+    "STATE_MEMO_ENTRIES",
+    "STATE_MEMO_MAX_CHARS",
+    "STATE_RESERVE",
+    "Group",
+    "Plan",
+    "group_plans",
+    "keyed_revision",
+]
 
 #: Rendered states remembered per plan (least recently used first out). With :data:`STATE_MEMO_MAX_CHARS` this
 #: bounds a plan's memo to about 2 MiB of ASCII text (raw and normalised JSON), 8 MiB at worst.
@@ -40,6 +48,11 @@ STATE_MEMO_MAX_CHARS = 8192
 #: Names a rule may read whose values do not come from the subject: rules reading only these (and question keys)
 #: give the same result for the same cached answers.
 ANSWER_INPUTS = frozenset({"answers", "data", "flags"})
+
+#: The share of a local model's prompt (``max_length``) a request shared by several policies leaves their state at
+#: least: a policy whose questions would leave it less is asked apart (the state's tail past the room is not read,
+#: so a policy asked with others' long schemas read less of it than alone).
+STATE_RESERVE = 0.5
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -321,9 +334,9 @@ def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
     declaration (so the same state for every subject) and the same mode (a shadow policy's questions go in a request
     of their own, so a backend that refuses, omits or is slow on them never decides an enforced verdict), unless one
     of its questions has the wire id of a different question there (a request holds each id once), or the request
-    would then ask more than :data:`~guard.systemone.MAX_QUESTIONS` questions or hold a schema the backend says its
-    prompt cannot (``state_room``, a local Clef model's); otherwise it starts a group. Identical questions are asked
-    once.
+    would then ask more than :data:`~guard.systemone.MAX_QUESTIONS` questions or, with a backend that can tell
+    (``state_room``, a local Clef model's), leave the state less than :data:`STATE_RESERVE` of its prompt; otherwise it
+    starts a group. Identical questions are asked once.
     A plan without questions (rules only) is a group of its own with no questions: nothing is asked for it.
     """
     groups: list[tuple[list[Plan], list[QuestionV1]]] = []
@@ -359,10 +372,11 @@ def group_plans(plans: tuple[Plan, ...]) -> tuple[Group, ...]:
 
 
 def _fits(backend: DecisionBackend, questions: list[QuestionV1]) -> bool:
-    """Whether one request may ask ``questions``: at most :data:`~guard.systemone.MAX_QUESTIONS` (the Workers AI
-    limit, which a decision worker's default profile enforces too), and a schema the backend's prompt holds when it
-    can tell (``state_room``, a local Clef model's, counted from each question's tokens remembered)."""
+    """Whether one request shared by several policies may ask ``questions``: at most
+    :data:`~guard.systemone.MAX_QUESTIONS` (the Workers AI limit, which a decision worker's default profile enforces
+    too), and, when the backend can tell (``state_room`` and ``max_length``, a local Clef model's), a schema that
+    leaves the state :data:`STATE_RESERVE` of the prompt."""
     if len(questions) > MAX_QUESTIONS:
         return False
     room = getattr(backend, "state_room", None)
-    return not callable(room) or room(questions) >= 0
+    return not callable(room) or room(questions) >= STATE_RESERVE * backend.max_length  # type: ignore[attr-defined]

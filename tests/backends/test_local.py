@@ -418,6 +418,32 @@ def test_state_room_is_what_a_request_keeps_of_its_state(clef_fp32: ClefModel, q
     assert backend.state_room([*questions, _attack_question("c", 100)]) < 0  # the schema alone does not fit
 
 
+async def test_a_policy_whose_questions_would_leave_the_state_little_room_is_asked_apart(clef_fp32: ClefModel) -> None:
+    """Policies were asked together whenever their schemas fit the prompt, however little of it that left the state:
+    a policy with a short question, asked with another's 40-sentence one, read the head of a state it read whole
+    alone (``state_tokens_dropped``) and answered otherwise. A request now keeps the state half the prompt."""
+    from guard.engine import Guard
+    from guard.policy import load_text
+    from guard.subject import HttpSubject
+
+    infos: list[BatchInfo] = []
+    backend = LocalBackend(clef_fp32, max_length=1024, on_batch=infos.append)
+    one, two = _attack_question("a", 1), _attack_question("b", 40)
+    assert backend.explain_questions([one, two]) is None  # they fit the prompt together
+    policies = load_text("policies:" + _long_policy("short", {"a": 1}) + _long_policy("long", {"b": 40}))
+    text = "please summarise this document. " * 30  # about 500 tokens: more than the room left together, less than alone
+    body = HttpSubject(method="POST", path="/x", body={"t": text}, body_text=text)
+    async with Guard(policies, backends=backend) as guard:
+        before = sum(info.size for info in infos)
+        verdict = await guard.aevaluate(body)
+    assert sum(info.size for info in infos) - before == 2  # one request each
+    short = next(c for c in verdict.contributions if c.policy_id == "short")
+    assert "state_tokens_dropped" not in short.flags
+    alone_policies = load_text("policies:" + _long_policy("short", {"a": 1}))
+    async with Guard(alone_policies, backends=LocalBackend(clef_fp32, max_length=1024)) as alone:
+        assert (await alone.aevaluate(body)).answers["a"].noul == short.answers["a"].noul
+
+
 def test_grouping_policies_tokenizes_each_question_once(clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """group_plans asked the backend to encode every candidate request whole, on the event loop, for each policy
     and group: 30 policies took 4 s, on the first request of each set of matching policies and after every reload.
