@@ -142,8 +142,9 @@ class CacheConfig:
         op_timeout: seconds per Redis operation before it counts as a miss (~50 ms), not counting the time it takes
             to open a connection (``connect_timeout``).
         connect_timeout: seconds an operation may take to open a connection before its ``op_timeout`` starts: the
-            TCP (and TLS) handshake and the ``AUTH`` and ``SELECT`` the URL asks for; ``None`` = ``op_timeout``. So
-            an operation on a new connection takes at most ``connect_timeout + op_timeout``.
+            TCP (and TLS) handshake and the ``AUTH`` and ``SELECT`` the URL asks for, each reply within ``op_timeout``;
+            ``None`` = ``op_timeout``. So an operation on a new connection takes at most ``connect_timeout +
+            op_timeout``.
         poll_interval: seconds between a follower's polls for the leader's value.
         breaker: seconds Redis is skipped once ``breaker_after`` operations in a row failed (each skipped lookup is
             a counted miss), so a dead or black-holed Redis costs one timeout per period, not one per request.
