@@ -219,8 +219,7 @@ class LocalBackend:
         """``None`` when one request asking ``questions`` together fits :attr:`max_length` (its schema and the
         prompt's fixed text; the state is cut to the room left); else why not (:meth:`explain`). The schema is
         tokenized only as far as the limit needs (:func:`~guard.clef.encoding.schema_ids`). Asked for a policy's
-        questions at load, and by :func:`~guard.engine.plan.group_plans` before it puts other policies' questions in
-        the same request."""
+        questions at load; :func:`~guard.engine.plan.group_plans` weighs policies together by :meth:`state_room`."""
         request = SystemOneRequestV1(model="", state="", questions=tuple(questions))
         try:
             self.model.encode(request, max_length=self.max_length)
