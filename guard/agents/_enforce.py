@@ -10,8 +10,9 @@ An interrupt here is per call: each call runs as its own task (``Send``), so res
 that already finished. On resume the task starts again and the call is judged again (a probability cache makes that
 cheap); the pending item's id depends only on thread, turn, call id and arguments, so the reviewer's decision still
 applies, and an approval can never release different arguments. A call a review released is claimed once in the
-shared :mod:`~guard.agents.claims` store right before its side-effecting tool runs, so a second resume of the same
-interrupt (concurrent, or replayed from its checkpoint) raises instead of running it again.
+shared :mod:`~guard.agents.claims` store right before its side-effecting tool runs, under the id of the call as it
+was held (an edit does not change it), so a second resume of the same interrupt (concurrent, or replayed from its
+checkpoint, with the same decision or another) raises instead of running the tool again.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ class Prepared:
     """One well-formed call, ready to judge: the request, its subject and the binding facts. ``turn_calls``: how many
     calls (valid and invalid) the model's turn that made this one holds (0 when that turn is not in the state);
     ``edited``: a reviewer changed it; ``reviewed``: a review decision released it (it is claimed once before it
-    runs)."""
+    runs); ``held_digest``: the digest of the call as the model's turn holds it (as prepared when that turn is not in
+    the state), which an edit leaves as it is: every decision on one review item makes the same claim."""
 
     request: ToolCallRequest
     tool_call_id: str
@@ -101,6 +103,7 @@ class Prepared:
     turn_calls: int = 0
     edited: bool = False
     reviewed: bool = False
+    held_digest: str = ""
 
 
 logger = logging.getLogger("guard.agents")
@@ -223,16 +226,19 @@ class ToolCallEnforcer:
         if problem is not None or arguments is None:
             verdict = self.judge.malformed(subject, problem or "arguments are missing", raw)
             return msgs.malformed(name, call_id, problem or "arguments are missing", verdict)
+        digest = arguments_digest(name, arguments)
+        held = next((c for c in ai.tool_calls if c.get("id") == call_id), None) if ai is not None else None
         return Prepared(
             request,
             call_id,
             name,
             arguments,
-            arguments_digest(name, arguments),
+            digest,
             ai.id if ai is not None else None,
             thread_id,
             subject,
             len(ai.tool_calls) + len(ai.invalid_tool_calls) if ai is not None else 0,
+            held_digest=arguments_digest(held["name"], held["args"]) if held is not None else digest,
         )
 
     @staticmethod
@@ -280,14 +286,14 @@ class ToolCallEnforcer:
 
     def claim_key(self, prepared: Prepared) -> str | None:
         """The claim id of a call a review decision released to a side-effecting tool (``None`` for any other
-        call)."""
+        call): the held call's, so an approval and an edit of one review item claim the same id."""
         if not (prepared.reviewed or prepared.edited) or self._speculative(prepared):
             return None
         return claim_id(
             thread_id=prepared.thread_id,
             message_id=prepared.message_id,
             tool_call_id=prepared.tool_call_id,
-            digest=prepared.digest,
+            digest=prepared.held_digest,
         )
 
     def _shares_its_task(self, prepared: Prepared) -> bool:

@@ -5,7 +5,9 @@ threads, ``asyncio.gather`` of two ``ainvoke``), or a resume replayed from the c
 load a state in which the call is approved and not yet answered. So before a call released by a review decision
 (approve, or an edit the policy then allowed) runs a side-effecting tool, guard claims it in a shared store; only
 the first claim succeeds, and every later one raises :class:`~guard.errors.ApprovalAlreadyUsed` without running the
-tool. The claim id is bound to the thread, the model turn, the ``tool_call_id`` and the digest of the exact call.
+tool. The claim id is bound to the thread, the model turn, the ``tool_call_id`` and the digest of the call as the
+model's turn held it for review, not of the call that runs: an approval and an edit of one review item (or two
+different edits) make the same claim, so only one of them runs the tool.
 
 * :class:`MemoryApprovalClaims` (the default): one process. Every resume that must see the claim has to run in the
   same process and through the same store (pass one instance to every middleware that serves the thread).
@@ -48,8 +50,8 @@ DEFAULT_CLAIM_PREFIX = "guard:claim:"
 
 
 def claim_id(*, thread_id: str | None, message_id: str | None, tool_call_id: str, digest: str) -> str:
-    """The claim id of one released call: ``ga_`` + 24 hex digits of a digest of thread, turn, call id and the
-    digest of the exact call that runs."""
+    """The claim id of one review item's release: ``ga_`` + 24 hex digits of a digest of thread, turn, call id and
+    the digest of the call held for review (whatever call a decision then runs)."""
     return "ga_" + digest_of("claim", thread_id or "", message_id or "", tool_call_id, digest)[:24]
 
 

@@ -99,18 +99,82 @@ async def test_gather_of_two_ainvoke_runs_the_tool_once(harness: Any, thread: An
     assert len(errors) == 1 and isinstance(errors[0], ApprovalAlreadyUsed)
 
 
+def edit_to(amount: int) -> Command[Any]:
+    """The resume that edits the held payment to ``amount``."""
+    return Command(resume={"decisions": [{"type": "edit", "edited_action": {"name": "pay",
+                                                                            "args": {"amount": amount, "to": "eve"}}}]})
+
+
 def test_an_approved_edit_is_single_use_too(harness: Any, thread: Any) -> None:
     h = harness()
     agent, config = agent_for(h, InMemorySaver()), thread()
     agent.invoke(USER, config)
     saved = at_interrupt(agent, config)
-    edit = Command(
-        resume={"decisions": [{"type": "edit", "edited_action": {"name": "pay", "args": {"amount": 5, "to": "eve"}}}]}
-    )
-    agent.invoke(edit, saved)
+    agent.invoke(edit_to(5), saved)
     with pytest.raises(ApprovalAlreadyUsed):
-        agent.invoke(edit, saved)
+        agent.invoke(edit_to(5), saved)
     assert h.runs.calls == [("pay", {"amount": 5, "to": "eve"})]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("second", [5, 6], ids=["edit", "another-edit"])
+@pytest.mark.parametrize("first", ["approve", 7])
+async def test_gather_of_different_decisions_runs_the_tool_once(
+    harness: Any, thread: Any, first: Any, second: int
+) -> None:
+    """Two resumes of one review item with different decisions make the same claim: one runs, one is refused."""
+    h = harness()
+    agent, config = agent_for(h, InMemorySaver()), thread()
+    await agent.ainvoke(USER, config)
+    decisions = [APPROVE if first == "approve" else edit_to(first), edit_to(second)]
+    results = await asyncio.gather(*(agent.ainvoke(d, config) for d in decisions), return_exceptions=True)
+    assert h.runs.count() == 1
+    assert [type(r) for r in results if isinstance(r, BaseException)] == [ApprovalAlreadyUsed]
+
+
+def test_two_threads_approve_and_edit_one_interrupt_the_tool_runs_once(harness: Any, thread: Any) -> None:
+    h = harness()
+    agent, config = agent_for(h, InMemorySaver()), thread()
+    agent.invoke(USER, config)
+    saved = at_interrupt(agent, config)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def resume(decision: Command[Any]) -> None:
+        barrier.wait()
+        try:
+            agent.invoke(decision, saved)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    workers = [threading.Thread(target=resume, args=(d,)) for d in (APPROVE, edit_to(5))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    assert h.runs.count() == 1
+    assert [type(e) for e in errors] == [ApprovalAlreadyUsed]
+
+
+@pytest.mark.anyio
+async def test_per_call_review_approve_and_edit_gathered_runs_once(harness: Any, thread: Any) -> None:
+    """The tool node's own review: an approve and an edit of one interrupt, resumed at once, run the tool once."""
+    h = harness()
+    chat = model(escalated_pay())
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
+    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
+    graph.add_edge("tools", "model")
+    app, config = graph.compile(checkpointer=InMemorySaver()), thread()
+    await app.ainvoke(USER, config)
+    state = await app.aget_state(config)
+    edit = {"type": "edit", "edited_action": {"name": "pay", "args": {"amount": 5, "to": "eve"}}}
+    commands = [resume_command(state.interrupts, [decision]) for decision in ({"type": "approve"}, edit)]
+    results = await asyncio.gather(*(app.ainvoke(c, state.config) for c in commands), return_exceptions=True)
+    assert h.runs.count() == 1
+    assert [type(r) for r in results if isinstance(r, BaseException)] == [ApprovalAlreadyUsed]
 
 
 def test_policy_allowed_calls_make_no_claim(harness: Any, thread: Any) -> None:
@@ -243,6 +307,22 @@ async def test_redis_claims_async_gather(harness: Any, thread: Any, redis_url: s
     results = await asyncio.gather(
         agent.ainvoke(APPROVE, config), agent.ainvoke(APPROVE, config), return_exceptions=True
     )
+    assert h.runs.count() == 1
+    assert [type(r) for r in results if isinstance(r, BaseException)] == [ApprovalAlreadyUsed]
+    await claims.aclose()
+    claims.close()
+
+
+@pytest.mark.anyio
+async def test_redis_claims_approve_and_edit_gathered_run_once(
+    harness: Any, thread: Any, redis_url: str, claim_prefix: str
+) -> None:
+    h = harness()
+    claims = _redis_claims(redis_url, claim_prefix)
+    agent, config = agent_for(h, InMemorySaver(), claims), thread()
+    await agent.ainvoke(USER, config)
+    results = await asyncio.gather(agent.ainvoke(APPROVE, config), agent.ainvoke(edit_to(5), config),
+                                   return_exceptions=True)  # fmt: skip
     assert h.runs.count() == 1
     assert [type(r) for r in results if isinstance(r, BaseException)] == [ApprovalAlreadyUsed]
     await claims.aclose()
