@@ -5,9 +5,13 @@ An approval releases the whole held body, so its view is the body as sent (``tex
 decoded view beside it where escapes or percent-encoding spell what the application reads (``decoded``). A JSON or
 urlencoded body is masked by its structure: the value of a secret-named field (:data:`SECRET_NAME`) is shown as
 ``[redacted]``, token by token, whatever escapes the client wrote, and nothing else is hidden on its account. Anything
-else not shown as the application reads it makes the view not ``complete`` (an approval then needs the reviewer's
+not shown as the application reads it makes the view not ``complete`` (an approval then needs the reviewer's
 ``accept_unseen_body``, :mod:`guard.asgi.review_api`), with ``not_shown`` saying what and how much:
 
+* a masked value of a secret-named field that does not read as a credential (:func:`_credential_shaped`: a value
+  inside an object or array under such a field, or text with blank space, such as an ``email_signature``), each
+  listed by its path (``$.session.messages[0].content``); a credential (a password, a token) is masked and not
+  counted;
 * the view is cut at :data:`MAX_SHOWN_BODY_BYTES`;
 * a value that repeats a secret of the request (a credential header's, a secret-named field's) is masked where it is
   not that field's own value: a client can make any text repeat a secret, so the mask may hide what it approves;
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote_plus, unquote_plus
 
@@ -60,6 +64,11 @@ _INVISIBLE = re.compile(
     "\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
+#: Most paths of masked values that do not read as a credential that ``not_shown`` lists (the rest are counted).
+MAX_LISTED_PATHS = 10
+#: Names of password fields, whose values may hold blank space and still be a credential (``new_password``,
+#: ``passphrase``, ``pwd``).
+_PASSWORD_NAME = re.compile(r"(?:passw(?:or)?d|pass[-_]?phrase|passcode|(?:^|[-_])(?:pwd?|pass))$", re.IGNORECASE)
 #: One token of JSON text: a string (escapes included), a bracket or separator, a bare value (number, literal), blank
 #: space, or any other character (the view reads a body a strict parser accepted; it never fails on one it did not).
 _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+|\s+|.', re.DOTALL)
@@ -157,12 +166,14 @@ class _View:
         decoded: what the application decodes, masked, or ``None`` when it is ``text``.
         masked: how many values (or places, in a text body) were masked outside a secret-named field's own value.
         unread: characters of the body not read (the views were past the cut already).
+        hidden: the paths of the secret-named fields' masked values that do not read as a credential.
     """
 
     text: str
     decoded: str | None = None
     masked: int = 0
     unread: str = ""
+    hidden: list[str] = field(default_factory=list)
 
     def shown(self, size: int) -> dict[str, Any]:
         """The view as an item shows it (:func:`shown_body`), for a body of ``size`` bytes."""
@@ -173,6 +184,12 @@ class _View:
             invisible, left = max(invisible, hidden), max(left, decoded_left)
         left += len(self.unread.encode("utf-8"))
         why = []
+        if self.hidden:
+            listed = ", ".join(self.hidden[:MAX_LISTED_PATHS])
+            more = len(self.hidden) - MAX_LISTED_PATHS
+            why.append(f"{len(self.hidden)} {'value' if len(self.hidden) == 1 else 'values'} of secret-named fields "
+                       f"masked as {MASK} that do not read as a credential: {listed}"
+                       + (f" and {more} more" if more > 0 else ""))
         if left:
             why.append(f"{left} more bytes not shown")
         if self.masked:
@@ -193,6 +210,30 @@ def _shown(text: str) -> tuple[str, int, int]:
     head, invisible = _INVISIBLE.subn(_escape, head)
     head, left = _cut(head, MAX_SHOWN_BODY_BYTES)
     return head, left + len(rest.encode("utf-8")), invisible
+
+
+def _credential_shaped(name: str, value: str) -> bool:
+    """Whether the value of secret-named field ``name`` (its own value, not one inside an object or array under it)
+    reads as a credential: one token with no blank space (a key, a JWT), an ``Authorization``-shaped value
+    (:func:`~guard.engine.telemetry.credential_value`), or any value of a password field (:data:`_PASSWORD_NAME`: a
+    passphrase has spaces). Text with blank space under another name (an ``email_signature``) does not."""
+    return (not any(char.isspace() for char in value) or credential_value(value)
+            or _PASSWORD_NAME.search(name) is not None)
+
+
+def _path(stack: list[list[Any]]) -> str:
+    """The JSON path of the value being read (``$.session.messages[0]``): a key that is not an identifier quoted, with
+    what it cannot show as a JSON escape."""
+    parts = ["$"]
+    for frame in stack:
+        key = frame[4]
+        if not frame[0]:
+            parts.append(f"[{frame[5]}]")
+        elif key.isidentifier() and key.isascii():
+            parts.append(f".{key}")
+        else:
+            parts.append(f"[{json.dumps(key)}]")
+    return "".join(parts)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -220,78 +261,98 @@ def _text_view(text: str, subject: HttpSubject) -> _View:
 def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
     """A JSON document's views, read token by token up to ``limit`` characters of view: each string and number under
     a secret-named key (at any depth below it) shown as :data:`MASK`, and the keys there that are not plain
-    identifiers; any other string, key or number that holds a secret of the request (``repeats``) masked and counted;
-    a string with ``\\u`` escapes also decoded (``decoded``)."""
+    identifiers, the path of each such value listed in ``hidden`` unless it is the key's own value and reads as a
+    credential (:func:`_credential_shaped`); any other string, key or number that holds a secret of the request
+    (``repeats``) masked and counted; a string with ``\\u`` escapes also decoded (``decoded``)."""
     out: list[str] = []
     decoded: list[str] = []
+    hidden: list[str] = []
     escapes = False
     masked = 0
     size = 0
     # one frame per open object or array: [is an object, under a secret-named key, expects a key, the value's key
-    # is secret-named]
-    stack: list[list[bool]] = []
+    # is secret-named, the member's key as shown, the element's index]
+    stack: list[list[Any]] = []
     for match in _JSON_TOKEN.finditer(text):
         if size > limit:
-            return _View("".join(out), "".join(decoded) if escapes else None, masked, text[match.start():])
+            return _View("".join(out), "".join(decoded) if escapes else None, masked, text[match.start():], hidden)
         token = match.group()
         first = token[0]
         frame = stack[-1] if stack else None
         is_key = frame is not None and frame[0] and frame[2]
         secret = frame is not None and (frame[3] if frame[0] else frame[1])
+        # a value masked without being listed: the secret-named key's own value, a credential
+        credential = frame is not None and frame[0] and frame[3] and not frame[1]
         shown = plain = token
         if first == "{" or first == "[":
-            stack.append([first == "{", secret, first == "{", False])
+            stack.append([first == "{", secret, first == "{", False, "", 0])
         elif first == "}" or first == "]":
             if stack:
                 stack.pop()
         elif first == ":" or first == ",":
             if frame is not None and frame[0]:
                 frame[2] = first == ","
+            elif frame is not None and first == ",":
+                frame[5] += 1
         elif first == '"':
             value = json_unescaped(token[1:-1]) if "\\" in token else token[1:-1]
             if is_key:
                 assert frame is not None
                 frame[3] = frame[1] or SECRET_NAME.search(value) is not None
                 secret = frame[1] and not is_plain_key(value)
+            named = value
             if secret:
                 shown = plain = f'"{MASK}"'
+                named = MASK
+                if not is_key and not (credential and frame is not None and _credential_shaped(frame[4], value)):
+                    hidden.append(_path(stack))
             elif (found := repeats(value)) is not None:
                 shown = plain = json.dumps(found, ensure_ascii=False)
+                named = found
                 masked += 1
             elif "\\u" in token:
                 escapes = True
                 plain = json.dumps(value, ensure_ascii=False)
+            if is_key:
+                assert frame is not None
+                frame[4] = named
         elif not first.isspace() and token not in _LITERALS:  # a number (or a stray character)
             if secret:
                 shown = plain = MASK
+                if not credential:
+                    hidden.append(_path(stack))
             elif (found := repeats(token)) is not None:
                 shown = plain = found
                 masked += 1
         out.append(shown)
         decoded.append(plain)
         size += len(shown)
-    return _View("".join(out), "".join(decoded) if escapes else None, masked)
+    return _View("".join(out), "".join(decoded) if escapes else None, masked, hidden=hidden)
 
 
 def _form_view(text: str, repeats: _Repeats, limit: int) -> _View:
     """A urlencoded form's views, read field by field (``&``-separated, as the application splits it) up to
-    ``limit`` characters of view: the value of a secret-named field shown as :data:`MASK`; any other name or value
-    that holds a secret of the request (``repeats``) masked (written again percent-encoded) and counted; and when
-    the form holds percent-encoding or ``+``, ``decoded``: each field on a line, ``"name": "value"``."""
+    ``limit`` characters of view: the value of a secret-named field shown as :data:`MASK` (its name listed in
+    ``hidden`` unless the value reads as a credential, :func:`_credential_shaped`); any other name or value that
+    holds a secret of the request (``repeats``) masked (written again percent-encoded) and counted; and when the form
+    holds percent-encoding or ``+``, ``decoded``: each field on a line, ``"name": "value"``."""
     out: list[str] = []
     lines: list[str] = []
+    hidden: list[str] = []
     encoded = False
     masked = 0
     size = 0
     at = 0
     for piece in text.split("&"):
         if size > limit:
-            return _View("&".join(out), "\n".join(lines) if encoded else None, masked, text[at:])
+            return _View("&".join(out), "\n".join(lines) if encoded else None, masked, text[at:], hidden)
         at += len(piece) + 1
         encoded = encoded or "%" in piece or "+" in piece
         raw_name, equals, raw_value = piece.partition("=")
         name, value = unquote_plus(raw_name, errors="replace"), unquote_plus(raw_value, errors="replace")
         if raw_value and SECRET_NAME.search(name) is not None:
+            if not _credential_shaped(name, value):
+                hidden.append(json.dumps(name))
             raw_value = value = MASK
         elif (found := repeats(value)) is not None:
             raw_value, value = quote_plus(found, safe="[]"), found
@@ -303,4 +364,4 @@ def _form_view(text: str, repeats: _Repeats, limit: int) -> _View:
         if piece:
             lines.append(f"{json.dumps(name, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}")
         size += len(out[-1]) + 1
-    return _View("&".join(out), "\n".join(lines) if encoded else None, masked)
+    return _View("&".join(out), "\n".join(lines) if encoded else None, masked, hidden=hidden)

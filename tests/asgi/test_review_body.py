@@ -77,12 +77,12 @@ async def _kept_in_redis(store: ReviewStore, create_redis: Any, held: dict[str, 
 
 async def test_secret_named_fields_mask_their_own_values_and_never_the_whole_body(make_guard: GuardFactory,
                                                                                  store: ReviewStore) -> None:
-    """Past 128 secret values (fewer with spellings: 25 fields like ``"k000 b/é"``) the whole body was shown as
+    """Past 128 secret values (fewer with spellings: 25 fields like ``"k000+b/é"``) the whole body was shown as
     ``[redacted]`` with ``complete: true`` (attack finding): each secret-named field's value is masked where it stands,
     and everything else is shown."""
     fields: dict[str, Any] = {"message": "maybe pay", "to_account": "55501234", "admin": True}
     fields.update({f"token_{i}": f"tk{i:06d}xyz" for i in range(130)})
-    fields.update({f"secret_{i}": f"k{i:03d} b/\u00e9" for i in range(30)})
+    fields.update({f"secret_{i}": f"k{i:03d}+b/\u00e9" for i in range(30)})
     body = json.dumps(fields).encode()
     async with client_for(_app(make_guard(), store)) as client:
         held = await _hold(client, body)
@@ -131,6 +131,39 @@ async def test_a_value_that_repeats_a_secret_is_masked_and_the_item_asks_for_the
         if isinstance(store, RedisReviewStore):
             kept = await _kept_in_redis(store, create_redis, held)
             assert b"55501234" not in kept and b"client-token-0123" not in kept
+
+
+@pytest.mark.parametrize(("body", "content_type", "text", "paths"), [
+    (json.dumps({"message": "maybe hi", "session": {"messages": [{"role": "user", "content": "wire $1M"}]},
+                 "email_signature": "DELETE ALL USERS", "password": "correct horse", "token": "tk-0123456789"}),
+     "application/json",
+     ('{"message": "maybe hi", "session": {"messages": [{"role": "[redacted]", "content": "[redacted]"}]}, '
+      '"email_signature": "[redacted]", "password": "[redacted]", "token": "[redacted]"}'),
+     "$.session.messages[0].role, $.session.messages[0].content, $.email_signature"),
+    ('{"message": "maybe hi", "api_keys": ["k-0123", "k-4567"], "x": {"the signature": "a b", "pin": 1234}}',
+     "application/json",
+     ('{"message": "maybe hi", "api_keys": ["[redacted]", "[redacted]"], "x": {"the signature": "[redacted]", '
+      '"pin": [redacted]}}'),
+     '$.api_keys[0], $.api_keys[1], $.x["the signature"]'),
+    ("message=maybe+hi&email_signature=DELETE+ALL+USERS&passphrase=correct+horse", FORM,
+     "message=maybe+hi&email_signature=[redacted]&passphrase=[redacted]", '"email_signature"'),
+])
+async def test_a_masked_value_that_is_no_credential_makes_the_item_incomplete(
+    make_guard: GuardFactory, store: ReviewStore, body: str, content_type: str, text: str, paths: str
+) -> None:
+    """Every value under a secret-named field (``session``, ``email_signature``) was masked, objects and arrays
+    whole, and the item said it showed the body whole, so a reviewer approved text they never saw (attack finding):
+    a masked value counts, listed by its path, unless it is the field's own value and reads as a credential (one
+    token, or a password field's value)."""
+    async with client_for(_app(make_guard(), store)) as client:
+        held = await _hold(client, body.encode(), content_type)
+        shown = await _shown(client, held)
+        assert shown["text"] == text and shown["complete"] is False
+        count = paths.count(", ") + 1
+        assert shown["not_shown"] == (f"{count} value{'s' if count > 1 else ''} of secret-named fields masked as "
+                                      f"[redacted] that do not read as a credential: {paths}")
+        refused = await _approve(client, held)
+        assert (refused.status_code, refused.json()["code"]) == (409, "body_not_shown")
 
 
 async def test_a_long_header_value_masks_nothing_in_the_body(make_guard: GuardFactory, store: ReviewStore) -> None:
