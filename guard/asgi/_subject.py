@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.types import Scope
 
-from guard.asgi._body_view import shown_body
+from guard.asgi._body_view import _INVISIBLE, shown_body
 from guard.asgi._media import media_type
 from guard.engine.telemetry import credential_name, credential_value, redact_secrets
 from guard.errors import BodyError
@@ -318,13 +318,15 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
 
 
 def subject_summary(subject: HttpSubject, body: bytes) -> dict[str, Any]:
-    """What a reviewer sees of the held request besides the state: method, path, query (:func:`shown_query`), host,
-    client, media type, the headers a release replays (:func:`shown_headers`) and ``body``, the held body
-    (:func:`~guard.asgi._body_view.shown_body`)."""
+    """What a reviewer sees of the held request besides the state: method, path and ``path_note``
+    (:func:`shown_path`), query (:func:`shown_query`), host, client, media type, the headers a release replays
+    (:func:`shown_headers`) and ``body``, the held body (:func:`~guard.asgi._body_view.shown_body`)."""
+    path, note = shown_path(subject)
     return {
         "kind": "http",
         "method": subject.method,
-        "path": subject.path,
+        "path": path,
+        "path_note": note,
         "query": shown_query(subject),
         "host": subject.host,
         "client": subject.client,
@@ -332,6 +334,26 @@ def subject_summary(subject: HttpSubject, body: bytes) -> dict[str, Any]:
         "headers": shown_headers(subject),
         "body": shown_body(subject, body),
     }
+
+
+#: What a path shows as itself besides letters, digits and ``_.-~`` (RFC 3986 ``pchar`` and ``/``).
+_PATH_SAFE = "/!$&'()*+,;=:@"
+
+
+def shown_path(subject: HttpSubject) -> tuple[str, str | None]:
+    """The held request's path as sent (not the view policies matched) as a reviewer sees it, percent-encoded as the
+    query is (``/v1/%E2%80%AEtxt.exe/echo``: a bidi control or a zero-width character cannot turn it around or hide
+    in it), and a note saying how many characters are shown encoded and how many of them are invisible or format
+    characters; ``None`` when every character is shown as itself (``%`` is always shown as ``%25``)."""
+    path = subject.sent_path or subject.path
+    encoded = [char for char in path if char != "%" and quote(char, safe=_PATH_SAFE) != char]
+    if not encoded:
+        return quote(path, safe=_PATH_SAFE), None
+    invisible = sum(1 for char in encoded if _INVISIBLE.fullmatch(char))
+    note = f"{len(encoded)} {'character' if len(encoded) == 1 else 'characters'} of the path shown percent-encoded"
+    if invisible:
+        note += f" ({invisible} invisible or format: bidi, zero-width, tag)"
+    return quote(path, safe=_PATH_SAFE), note
 
 
 def shown_headers(subject: HttpSubject) -> dict[str, str]:

@@ -316,6 +316,23 @@ async def test_the_reviewer_sees_the_query_with_secrets_redacted(make_guard: Gua
     assert (item["subject"]["method"], item["subject"]["path"]) == ("POST", "/v1/echo")
 
 
+@pytest.mark.parametrize(("path", "shown", "note"), [
+    ("/v1/%E2%80%AEtxt.exe%E2%80%8B/echo", "/v1/%E2%80%AEtxt.exe%E2%80%8B/echo",
+     "2 characters of the path shown percent-encoded (2 invisible or format: bidi, zero-width, tag)"),
+    ("/v1/caf%C3%A9/echo", "/v1/caf%C3%A9/echo", "1 character of the path shown percent-encoded"),
+    ("/v1/a:b@c/echo", "/v1/a:b@c/echo", None),
+])
+async def test_the_reviewer_sees_the_path_percent_encoded(make_guard: GuardFactory, path: str, shown: str,
+                                                          note: str | None) -> None:
+    """A held path holding U+202E and U+200B was shown with them live, so the console showed it reversed (attack
+    finding): the path is shown percent-encoded where a character is not printable ASCII, and ``path_note`` says how
+    many are, and how many of them are invisible or format characters."""
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        held = (await client.post(path, content=UNSURE, headers=JSON)).json()
+        item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
+    assert (item["subject"]["path"], item["subject"]["path_note"]) == (shown, note)
+
+
 async def test_the_reviewer_sees_the_headers_a_release_replays(make_guard: GuardFactory) -> None:
     """A header no policy reads (``x-role: admin``) was replayed on release without the reviewer seeing it (attack
     finding); credentials stay out (the releasing request brings its own), secret-named ones are redacted."""
