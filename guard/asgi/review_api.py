@@ -66,6 +66,7 @@ import hashlib
 import ipaddress
 import logging
 import math
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -195,10 +196,19 @@ def _check_reviewers(reviewers: Mapping[str, str | Reviewer]) -> None:
         raise ValueError("two reviewers share a token; each reviewer needs their own")
 
 
+#: A ``Host`` authority as RFC 9110 writes it: a bracketed IPv6 address or a name without ``:``, ``@``, ``/``, ``[``,
+#: ``]`` or blank space, then at most a port of digits.
+_AUTHORITY = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[^:@/\[\]\s]+))(?::[0-9]{1,5})?")
+
+
 def _loopback_name(authority: str) -> bool:
-    """Whether a ``Host`` or ``Origin`` authority (``host[:port]``) names this machine: ``localhost`` or a loopback
-    address."""
-    host = authority.rsplit("]", 1)[0].lstrip("[") if authority.startswith("[") else authority.rsplit(":", 1)[0]
+    """Whether a ``Host`` authority (``host[:port]``) names this machine: ``localhost`` or a loopback address. An
+    authority that is not one host and an optional port of digits (``127.0.0.1:8000@evil.example``, ``[::1]x``) names
+    none."""
+    parsed = _AUTHORITY.fullmatch(authority)
+    if parsed is None:
+        return False
+    host = parsed["ipv6"] or parsed["name"]
     return host.lower() == "localhost" or is_loopback(host)
 
 

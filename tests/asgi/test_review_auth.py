@@ -108,6 +108,23 @@ async def test_insecure_loopback_refuses_pages_of_other_sites_and_foreign_host_n
     assert local_page.status_code == 200 and local_page.json()["decided_by"] == "loopback"
 
 
+@pytest.mark.parametrize(("host", "status"), [
+    ("127.0.0.1:18103@evil.example", 403), ("localhost:80@evil.example", 403), ("[::1]evil.example", 403),
+    ("localhost:80x", 403), ("127.0.0.1:8000:9000", 403), ("evil.example:127.0.0.1", 403), ("", 403),
+    ("localhost", 200), ("LOCALHOST:8000", 200), ("127.0.0.1:18103", 200), ("[::1]:8080", 200), ("[::1]", 200),
+])
+async def test_insecure_loopback_reads_the_host_strictly(make_guard: GuardFactory, host: str, status: int) -> None:
+    """``Host: 127.0.0.1:18103@evil.example`` passed the loopback name check (the port was cut at the last ``:``;
+    attack finding): a Host that is not one host and a port of digits names no loopback."""
+    app = _app(make_guard(), MemoryReviewStore(), insecure_loopback=True)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+        answer = await client.get("/admin/reviews/?status=all", headers={"host": host})
+    assert answer.status_code == status, answer.text
+    if status == 403:
+        assert answer.json()["code"] == "loopback_only"
+
+
 async def test_release_is_bound_to_the_original_client(make_guard: GuardFactory, store: ReviewStore) -> None:
     """The review id alone, the release token with other credentials, or the credentials without the release token
     release nothing; the original client with its release token releases once."""
