@@ -47,6 +47,7 @@ from pydantic import BaseModel
 from guard._seal import STORE_KEY_ENV, Sealer
 from guard.agents._content import message_text, server_blocks
 from guard.agents._judge import Judgement
+from guard.agents._memo import MessageMemo
 from guard.agents._messages import MAX_CUT_CHARS, SOURCE, TOOL_ADDED
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
 from guard.engine import verdicts
@@ -427,6 +428,13 @@ def server_key(message_id: str | None, block_id: str | None) -> str:
     return json.dumps([message_id or "", block_id or ""], ensure_ascii=False)
 
 
+def _text(message: Any, texts: MessageMemo | None) -> str:
+    """:func:`~guard.agents._content.message_text` of ``message``, kept in ``texts`` (when given) for the next call."""
+    if texts is None:
+        return message_text(message)
+    return cast(str, texts.computed(message, "text", (message.content, message.additional_kwargs), message_text))
+
+
 def turn_history(
     state: Any,
     *,
@@ -434,6 +442,7 @@ def turn_history(
     subagent: bool = False,
     summarized: Collection[str] = (),
     server_flagged: Collection[str] = (),
+    texts: MessageMemo | None = None,
 ) -> tuple[TurnMessage, ...]:
     """The conversation under ``messages_key`` as argument provenance reads it (:class:`~guard.subject.TurnMessage`),
     oldest first: system, user, assistant text and tool results; a tool message guard wrote for a flagged result
@@ -446,7 +455,8 @@ def turn_history(
     system message), while the system messages that open the conversation are role ``system``. The results of tools a
     provider ran itself inside a reply (:func:`~guard.agents._content.server_blocks`) follow its text as tool
     results, flagged ``withheld`` when their key (:func:`server_key`) is in ``server_flagged`` (the tool-result
-    policy did not allow them when the reply was judged)."""
+    policy did not allow them when the reply was judged). ``texts``: where each message's text is kept for the next
+    step (:func:`~guard.agents._content.message_text`, worked out again for a message changed since)."""
     out: list[TurnMessage] = []
     messages = state_messages(state, messages_key)
     relayed = {id(message) for message in _agent_messages(messages, subagent)}
@@ -460,16 +470,16 @@ def turn_history(
             cut = data.get("cut") if flagged == "stripped" and isinstance(data, Mapping) else None
             cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
             tool, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
-            out.append(TurnMessage("tool", message_text(message), tool, call_id, flagged, cut))
+            out.append(TurnMessage("tool", _text(message, texts), tool, call_id, flagged, cut))
         elif id(message) in relayed:
             summary = message.id is not None and message.id in summarized
-            out.append(TurnMessage("agent", message_text(message), flagged="summarized" if summary else None))
+            out.append(TurnMessage("agent", _text(message, texts), flagged="summarized" if summary else None))
         elif isinstance(message, HumanMessage):
-            out.append(TurnMessage("user", message_text(message)))
+            out.append(TurnMessage("user", _text(message, texts)))
         elif isinstance(message, SystemMessage):
-            out.append(TurnMessage("system", message_text(message)))
+            out.append(TurnMessage("system", _text(message, texts)))
         elif isinstance(message, AIMessage):
-            text = message_text(message)
+            text = _text(message, texts)
             if text:
                 out.append(TurnMessage("assistant", text))
             out += [TurnMessage("tool", block.value, block.name, block.id,
@@ -485,16 +495,19 @@ def conversation(
     trust_subagent_input: bool = False,
     summarized: Collection[str] = (),
     server_flagged: Collection[str] = (),
+    texts: MessageMemo | None = None,
 ) -> tuple[str | None, tuple[TurnMessage, ...]]:
     """The task (:func:`user_text`) and the history (:func:`turn_history`) a tool call is judged with. When this graph
     runs inside another graph's tool call (:func:`in_tool_call`), its input came from the parent agent: no task, and
     role ``agent``, unless ``trust_subagent_input``. ``summarized``: the ids of the ``agent`` messages that summarize
-    flagged tool results; ``server_flagged``: the keys of the server tool results not allowed (:func:`server_key`)."""
+    flagged tool results; ``server_flagged``: the keys of the server tool results not allowed (:func:`server_key`);
+    ``texts``: where the messages' texts are kept for the next step (:func:`turn_history`)."""
     subagent = _subagent(trust_subagent_input)
     return (
         user_text(state, messages_key=messages_key, subagent=subagent),
         turn_history(
-            state, messages_key=messages_key, subagent=subagent, summarized=summarized, server_flagged=server_flagged
+            state, messages_key=messages_key, subagent=subagent, summarized=summarized, server_flagged=server_flagged,
+            texts=texts,
         ),
     )
 

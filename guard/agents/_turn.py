@@ -74,6 +74,7 @@ from guard.agents._arguments import (
 from guard.agents._content import call_ids, call_positions, calls_by_id, input_text, message_text, server_blocks
 from guard.agents._enforce import DEFAULT_MAX_REVIEW_ROUNDS, TOO_MANY_ROUNDS
 from guard.agents._judge import Judge, Judgement
+from guard.agents._memo import MessageMemo
 from guard.agents._records import (
     Everything,
     answered_ids,
@@ -531,6 +532,9 @@ class TurnKeeper:
         self.judge = judge
         self.sealer = sealer
         self._owner: tuple[Any, str] = ((), "")
+        self._stamp_context: tuple[tuple[str, str | None] | None, str] = (None, "")
+        self._verified = MessageMemo()  # the stamps checked, by message object (is_input)
+        self._texts = MessageMemo()  # the messages' texts, by message object (conversation)
 
     @property
     def owner(self) -> str:
@@ -618,7 +622,7 @@ class TurnKeeper:
         summarized = self.summarized(state)
         trust = self.judge.options.trust_subagent_input
         _, history = conversation(state, trust_subagent_input=trust, summarized=summarized,
-                                  server_flagged=self.server_flagged(state))  # fmt: skip
+                                  server_flagged=self.server_flagged(state), texts=self._texts)  # fmt: skip
         ids = relayed_ids(state, trust_subagent_input=trust)
         seen = {message_id: message_id in summarized for message_id in ids}
         now = {"flagged": flagged_results(history) > 0, "seen": seen}
@@ -629,25 +633,38 @@ class TurnKeeper:
         (:func:`~guard.agents._records.conversation`, with :meth:`summarized`)."""
         trust = self.judge.options.trust_subagent_input
         return conversation(state, trust_subagent_input=trust, summarized=self.summarized(state),
-                            server_flagged=self.server_flagged(state))  # fmt: skip
+                            server_flagged=self.server_flagged(state), texts=self._texts)  # fmt: skip
 
-    def _stamped(self, message: BaseMessage, calls: Mapping[str, Any]) -> tuple[str, bytes, bytes]:
-        """What a stamp covers (context, data as stored, data exactly): a message's type, id, name, content and
-        ``additional_kwargs`` (everything :func:`input_text` reads); an assistant message's tool calls; a tool
-        message's call id and the call it answers (``calls[tool_call_id]``, :func:`answered_calls`: its name and
-        arguments, so a result cannot be moved under another call); as JSON
+    def _stamped(self, fields: list[Any]) -> tuple[str, bytes, bytes]:
+        """What a stamp covers (context, data as stored, data exactly): a message's :meth:`_fields` as JSON
         (:func:`~guard.agents._arguments.plain_json`), bound to this instance's owner
-        (:func:`~guard.agents._records.record_owner`) and the thread. A lone surrogate (a non-UTF-8 file name) is
-        "?" in the stored form, as LangGraph's checkpointer stores it, and itself in the exact one; without one the
-        two are equal."""
+        (:func:`~guard.agents._records.record_owner`) and the thread (:meth:`_context`). A lone surrogate (a non-UTF-8
+        file name) is "?" in the stored form, as LangGraph's checkpointer stores it, and itself in the exact one;
+        without one the two are equal."""
+        text = canonical_json(fields, plain_json)
+        return self._context(), text.encode("utf-8", "replace"), text.encode("utf-8", "surrogatepass")
+
+    @staticmethod
+    def _fields(message: BaseMessage, calls: Mapping[str, Any]) -> list[Any]:
+        """What a stamp covers of a message: its type, id, name, content and ``additional_kwargs`` (everything
+        :func:`input_text` reads); an assistant message's tool calls; a tool message's call id and the call it answers
+        (``calls[tool_call_id]``, :func:`answered_calls`: its name and arguments, so a result cannot be moved under
+        another call)."""
         fields = [message.type, message.id, message.name, message.content, message.additional_kwargs]
         if isinstance(message, ToolMessage):
             fields += [message.tool_call_id, calls.get(message.tool_call_id)]
         if isinstance(message, AIMessage):
             fields += [message.tool_calls, message.invalid_tool_calls]
-        text = canonical_json(fields, plain_json)
-        context = seal_context("stamp", self.owner, current_thread_id())
-        return context, text.encode("utf-8", "replace"), text.encode("utf-8", "surrogatepass")
+        return fields
+
+    def _context(self) -> str:
+        """The context of this instance's stamps in the running thread (its owner and the thread id)."""
+        owner, thread_id = self.owner, current_thread_id()
+        cached_for, context = self._stamp_context
+        if cached_for != (owner, thread_id):
+            context = seal_context("stamp", owner, thread_id)
+            self._stamp_context = ((owner, thread_id), context)
+        return context
 
     def stamp(self, message: BaseMessage, calls: Mapping[str, Any]) -> BaseMessage:
         """``message`` (a copy) stamped as written by this agent's model, its tools or this middleware: an
@@ -658,7 +675,7 @@ class TurnKeeper:
         if not isinstance(message, (AIMessage, ToolMessage)):
             return message
         message = message.model_copy(update={"id": message.id or f"lc_guard_{uuid.uuid4().hex}"})
-        context, stored, exact = self._stamped(message, calls)
+        context, stored, exact = self._stamped(self._fields(message, calls))
         stamp = self.sealer.seal(context, stored)
         if exact != stored:  # a lone surrogate: the stored form's seal, and the exact one's for before it is stored
             stamp = f"{stamp}:{self.sealer.seal(context, exact)}"
@@ -704,11 +721,19 @@ class TurnKeeper:
         stamp = stamps.get(self.name) if isinstance(stamps, Mapping) else None
         if not isinstance(stamp, str):
             return True
-        context, stored, exact = self._stamped(message, calls)
+        fields = self._fields(message, calls)
+        inputs = (self._context(), stamp, fields)
+        if self._verified.get(message, "stamp", inputs):
+            return False
+        context, stored, exact = self._stamped(fields)
         seals = stamp.split(":")
         if exact != stored:  # only the exact form's seal: "?" made into surrogates is not what was stamped
-            return not (len(seals) == 2 and self.sealer.check(context, exact, seals[1]))
-        return not self.sealer.check(context, stored, seals[0])
+            valid = len(seals) == 2 and self.sealer.check(context, exact, seals[1])
+        else:
+            valid = self.sealer.check(context, stored, seals[0])
+        if valid:
+            self._verified.put(message, "stamp", inputs, True)
+        return not valid
 
     def ask(self, items: list[PendingItem], *, after_unanswered: bool) -> dict[str, dict[str, Any]]:
         """The reviewer's decisions on ``items`` (one ``interrupt()``), by item id, each recorded

@@ -296,6 +296,55 @@ def test_a_reply_a_client_rewrites_under_its_id_and_stamp_is_judged(harness: Any
     assert ATTACK in input_texts(h) and len(seen) == 1  # blocked: no second model call
 
 
+def _reading_turns(steps: int) -> list[Turn]:
+    return [Turn(calls=[("read_file", {"path": f"notes{n}.txt"}, f"c{n}")]) for n in range(steps)]
+
+
+def test_each_stamp_is_checked_once_per_run_not_at_every_model_step(harness: Any, thread: Any) -> None:
+    h = harness()
+    middleware = GuardAgentMiddleware(guard=h.guard)
+    sealer, checks = middleware._turns.sealer, []
+    check = sealer.check
+
+    def counted(context: str, data: bytes, seal: str | bytes) -> bool:
+        checks.append(data)
+        return check(context, data, seal)
+
+    sealer.check = counted  # type: ignore[method-assign]
+    steps = 12
+    agent = create_agent(model(*_reading_turns(steps)), h.tools, middleware=[middleware], checkpointer=InMemorySaver())
+    drive(agent, {"messages": [("user", "read my notes")]}, thread(), "invoke")
+    stamp_checks = [data for data in checks if data.startswith((b'["ai"', b'["tool"'))]
+    assert h.runs.count() == steps and input_texts(h) == ["read my notes"]
+    # a reply and its tool result per step, each checked once, when first read (every step checked the whole thread
+    # three times: 468 checks)
+    assert len(stamp_checks) <= 2 * steps
+
+
+@pytest.mark.parametrize("change", ["content", "call-arguments", "result"])
+def test_a_stamped_message_changed_in_place_during_the_run_is_judged(harness: Any, thread: Any, change: str) -> None:
+    h = harness()
+
+    class Tamper(AgentMiddleware):  # listed before guard: it changes an old message before guard reads the thread
+        def before_model(self, state: Any, runtime: Any) -> None:
+            replies = [m for m in state["messages"] if isinstance(m, AIMessage)]
+            if len(replies) != 3:  # the first reply's stamp was checked at the two steps before
+                return
+            if change == "content":
+                replies[0].content = ATTACK
+            elif change == "call-arguments":
+                replies[0].tool_calls[0]["args"]["path"] = ATTACK
+            else:
+                result = next(m for m in state["messages"] if isinstance(m, ToolMessage))
+                result.content = ATTACK
+
+    agent = create_agent(model(*_reading_turns(4)), h.tools, middleware=[Tamper(), GuardAgentMiddleware(guard=h.guard)],
+                         checkpointer=InMemorySaver())  # fmt: skip
+    out = drive(agent, {"messages": [("user", "read my notes")]}, thread(), "invoke")
+    assert any(ATTACK in text for text in input_texts(h))
+    assert BLOCKED in out.last_ai().text and h.runs.count() == 3
+
+
 @pytest.mark.parametrize(("second_key", "judged"), [("a-shared-record-key-of-32-bytes!", False),
                                                     ("another-key-of-32-bytes-long!!!!", True)])
 def test_stamps_hold_for_instances_with_the_same_key_only(harness: Any, thread: Any, second_key: str,
