@@ -12,30 +12,51 @@ ones a client wrote (``InputGate.pending``, ``TurnKeeper.is_input``): one JSON s
 message. The stamp figure is one such pass over a whole thread (``InputGate.pending``), whose messages are half
 model replies (200 characters, one tool call each) and half the tool results answering them (1,000 characters).
 
+With ``--steps``: guard's CPU per model step of a ``create_agent`` run (a scripted model calling a read-only tool
+at every step, ``GuardAgentMiddleware`` on ``CompactBackend.default()`` and ``examples/agent/policies``), by step
+index, for runs of each number of steps: the CPU (``time.process_time``) of the middleware's hooks, less the model's
+and the tool's own; ``--profile`` adds a cProfile of the longest run's guard functions. ``--baseline DIR`` runs the
+same in a subprocess on the guard package of DIR (an older checkout) and prints both side by side.
+
 Run from the repository root::
 
     python bench/agent_record_seal.py [--sizes 10,100,1000,5000] [--runs 50]
+    python bench/agent_record_seal.py --steps 10,40,80 [--profile] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import functools
 import hashlib
+import io
+import json
+import os
+import pstats
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(os.environ.get("GUARD_TREE") or Path(__file__).resolve().parents[1])  # the guard package measured
 sys.path.insert(0, str(ROOT))
 
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
 
 from guard import Guard
 from guard.agents import GuardAgentMiddleware
 from guard.agents._records import open_part, record_owner, record_sealer, seal_record
+from guard.backends.compact import CompactBackend
 from guard.backends.fixture import FixtureBackend
+from guard.policy import load_files
 
 OWNER = record_owner("GuardAgentMiddleware", [])
 KEY = "a-benchmark-record-key-of-32-b!"
@@ -83,11 +104,167 @@ def best_us(fn: Callable[[], object], runs: int) -> tuple[float, float]:
     return statistics.median(times), min(times)
 
 
+# A create_agent run, step by step -----------------------------------------------------------------------------------
+
+AGENT_POLICIES = [ROOT / "examples" / "agent" / "policies" / "tool_calls_compact.yaml",
+                  ROOT / "policies" / "tool_result_check.yaml"]  # fmt: skip
+"""The example agent's policies on the compact model (``examples/agent/replay.py``'s ``COMPACT_POLICIES``)."""
+
+
+@functools.cache
+def compact() -> CompactBackend:
+    """The compact model, loaded once."""
+    return CompactBackend.default()
+
+
+class ScriptedModel(GenericFakeChatModel):
+    """A chat model answering with scripted replies, that accepts ``bind_tools``."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedModel:
+        return self
+
+
+@tool
+def search_emails(query: str) -> str:
+    """Search the user's e-mails for ``query``."""
+    return f"3 e-mails match {query!r}. " + "From: accounts@example.com, Subject: your statement is ready. " * 15
+
+
+class TimedMiddleware(GuardAgentMiddleware):
+    """``GuardAgentMiddleware`` whose sync hooks add their CPU, less the model's and the tool's own, to ``cpu``: one
+    entry per model step (``before_model`` opens it); ``decisions`` gets the part of it spent in ``Guard.evaluate``
+    (the policies' decisions: the compact model, provenance, the rules)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cpu: list[float] = []
+        self.decisions: list[float] = []
+        evaluate = self.guard.evaluate
+
+        def timed_evaluate(subject: Any) -> Any:
+            start = time.process_time()
+            try:
+                return evaluate(subject)
+            finally:
+                self.decisions[-1] += time.process_time() - start
+
+        self.guard.evaluate = timed_evaluate  # type: ignore[method-assign]
+
+    def _charged(self, hook: Callable[..., Any], *args: Any, handler: Callable[..., Any] | None = None) -> Any:
+        outside = [0.0]
+
+        def inner(request: Any) -> Any:
+            start = time.process_time()
+            try:
+                return handler(request)  # type: ignore[misc]
+            finally:
+                outside[0] += time.process_time() - start
+
+        start = time.process_time()
+        try:
+            return hook(*args, inner) if handler is not None else hook(*args)
+        finally:
+            self.cpu[-1] += time.process_time() - start - outside[0]
+
+    def before_model(self, state: Any, runtime: Any) -> Any:
+        self.cpu.append(0.0)
+        self.decisions.append(0.0)
+        return self._charged(super().before_model, state, runtime)
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        return self._charged(super().wrap_model_call, request, handler=handler)
+
+    def after_model(self, state: Any, runtime: Any) -> Any:
+        return self._charged(super().after_model, state, runtime)
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        return self._charged(super().wrap_tool_call, request, handler=handler)
+
+
+def agent_run(steps: int, salt: str) -> tuple[list[float], list[float]]:
+    """Guard's CPU seconds per model step of one run of ``steps`` steps, each calling ``search_emails`` once (the
+    last step answers with text), and the part of it the decisions took. ``salt`` makes every call new to the
+    decision cache."""
+    guard = Guard(load_files(*AGENT_POLICIES), backends=compact())
+    replies = [AIMessage("", tool_calls=[{"name": "search_emails", "args": {"query": f"invoice {salt}-{n}"},
+                                          "id": f"call_{n}", "type": "tool_call"}]) for n in range(steps - 1)]  # fmt: skip
+    replies.append(AIMessage("Found them all."))
+    middleware = TimedMiddleware(guard=guard, state_key=KEY)
+    agent = create_agent(ScriptedModel(messages=iter(replies)), [search_emails], middleware=[middleware],
+                         system_prompt="You are an e-mail assistant.", checkpointer=InMemorySaver())  # fmt: skip
+    config = {"configurable": {"thread_id": f"bench-{salt}"}, "recursion_limit": 10 * steps + 10}
+    result = agent.invoke({"messages": [("user", "Find my invoices from last year, one month at a time.")]}, config)
+    ran = sum(isinstance(m, ToolMessage) and m.status != "error" for m in result["messages"])
+    assert ran == steps - 1 and len(middleware.cpu) == steps, (ran, len(middleware.cpu))  # every call ran and was timed
+    return middleware.cpu, middleware.decisions
+
+
+def agent_steps(step_counts: list[int], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """For each run length: guard's CPU (ms) per step by step index (``guard``) and the part outside the decisions
+    (``middleware``), the median of ``rounds`` runs each."""
+    agent_run(3, "warm-up")  # the model's first call, imports
+    out = {}
+    for steps in step_counts:
+        runs = [agent_run(steps, f"{steps}-{r}") for r in range(rounds)]
+        guard = [statistics.median(cpu[n] for cpu, _ in runs) * 1000 for n in range(steps)]
+        own = [statistics.median(cpu[n] - spent[n] for cpu, spent in runs) * 1000 for n in range(steps)]
+        out[str(steps)] = {"guard": guard, "middleware": own}
+    return out
+
+
+def agent_profile(steps: int, top: int) -> str:
+    """cProfile of a run of ``steps`` steps: the guard functions with the most cumulative time."""
+    agent_run(3, "profile-warm-up")
+    profile = cProfile.Profile()
+    profile.runcall(agent_run, steps, "profile")
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(r"guard/(agents|_seal|subject)", top)
+    return text.getvalue()
+
+
+def print_steps(columns: dict[str, dict[str, dict[str, list[float]]]]) -> None:
+    """Guard CPU per step (ms) at a few step indexes, and per run, for each tree, with each tree's ratio to the
+    first: all of guard's, and the middleware's own (without the decisions)."""
+    names = list(columns)
+    for steps in next(iter(columns.values())):
+        count = int(steps)
+        marks = sorted({0, 1, count // 4, count // 2, 3 * count // 4, count - 2, count - 1})
+        for part, label in (("guard", "all of guard"), ("middleware", "middleware without the decisions")):
+            print(f"\nrun of {steps} steps, CPU ms per step, {label}")
+            print(f"  {'step':<10}" + "".join(f" {name:>12}" for name in names)
+                  + "".join(f" {name + ' x':>14}" for name in names[1:]))  # fmt: skip
+            rows = [(f"{mark + 1}", [columns[name][steps][part][mark] for name in names]) for mark in marks]
+            rows.append(("whole run", [sum(columns[name][steps][part]) for name in names]))
+            for label_, values in rows:
+                print(f"  {label_:<10}" + "".join(f" {v:12.2f}" for v in values)
+                      + "".join(f" {v / values[0]:14.2f}" for v in values[1:]))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="10,100,1000,5000", help="input messages per thread, comma-separated")
     parser.add_argument("--runs", type=int, default=50, help="timed calls per figure")
+    parser.add_argument("--steps", default=None, help="create_agent runs of these many model steps, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="with --steps: runs per length (median per step)")
+    parser.add_argument("--profile", action="store_true", help="with --steps: cProfile the longest run")
+    parser.add_argument("--baseline", type=Path, default=None, help="with --steps: a checkout of guard to compare")
+    parser.add_argument("--steps-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.steps:
+        counts = [int(s) for s in args.steps.split(",")]
+        if args.steps_json:
+            print(json.dumps(agent_steps(counts, args.rounds)))
+            return 0
+        columns = {"this tree": agent_steps(counts, args.rounds)}
+        if args.baseline is not None:
+            env = {**os.environ, "GUARD_TREE": str(args.baseline.resolve())}
+            argv = [sys.executable, __file__, "--steps", args.steps, "--rounds", str(args.rounds), "--steps-json"]
+            done = subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
+            columns = {"baseline": json.loads(done.stdout.strip().splitlines()[-1]), **columns}
+        print_steps(columns)
+        if args.profile:
+            print(agent_profile(max(counts), 25))
+        return 0
     sealer = record_sealer(KEY)
     print(f"{'part':<24} {'seal us (median/min)':>22} {'check us (median/min)':>23}")
     turn = turn_part()
