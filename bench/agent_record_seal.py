@@ -9,7 +9,8 @@ of a thread's model replies and tool results.
 The model node, the tools node and the middleware's hooks stamp every reply and tool result they write, and the
 input check reads the stamp of every reply and tool result in the thread (twice per model step) to tell them from
 ones a client wrote (``InputGate.pending``, ``TurnKeeper.is_input``): one JSON serialisation and one HMAC-SHA256 per
-message. The stamp figure is one such pass over a whole thread (``InputGate.pending``), whose messages are half
+message, once per message object of a run (later passes compare each message with the copy kept when its stamp was
+checked). The stamp figure is such a later pass over a whole thread (``InputGate.pending``), whose messages are half
 model replies (200 characters, one tool call each) and half the tool results answering them (1,000 characters).
 
 With ``--steps``: guard's CPU per model step of a ``create_agent`` run (a scripted model calling a read-only tool
