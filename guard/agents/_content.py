@@ -496,15 +496,22 @@ def input_text(message: BaseMessage) -> str:
 #: ``server_tool_use`` and ``mcp_tool_use``, Google's ``executable_code``).
 _SERVER_CALLS = frozenset({"server_tool_call", "server_tool_call_chunk", "server_tool_use", "mcp_tool_use",
                            "executable_code"})
-#: Block types of a server tool's result besides every ``*_tool_result`` (Anthropic's ``web_fetch_tool_result`` ...).
-_SERVER_RESULTS = frozenset({"server_tool_result", "web_search_result", "code_execution_result"})
+#: Block types that hold a server call and its result though their type does not end in ``_call``: OpenAI Responses'
+#: ``mcp_list_tools`` (the tools an MCP server lists, with the descriptions the server wrote).
+_LISTED_CALLS = frozenset({"mcp_list_tools"})
+#: Block types of a reply that are neither a tool's call nor its result: the model's own text, reasoning and media in
+#: LangChain's and the providers' forms, and OpenAI's ``mcp_approval_request`` (a call waiting for the client's
+#: approval). Any other type is read as a server tool's result (:func:`server_blocks`).
+_MODEL_BLOCKS = frozenset({"text", "text-plain", "output_text", "reasoning", "reasoning_content", "thinking",
+                           "redacted_thinking", "refusal", "compaction", "citation", "non_standard_annotation",
+                           "mcp_approval_request", *_MEDIA_BLOCKS})
 #: Block types ending in ``_call`` that are client tool calls (run by the agent's tools, judged as calls), not a
 #: provider's.
 _CLIENT_CALLS = frozenset({"function_call", "tool_call", "custom_tool_call", "invalid_tool_call"})
 #: Keys of an OpenAI Responses ``*_call`` block (``web_search_call``, ``mcp_call`` ...) that hold what the tool was
 #: asked, and those that hold what it gave back.
 _CALL_KEYS = ("action", "queries", "code", "arguments", "input", "args", "server_label")
-_OUTPUT_KEYS = ("output", "outputs", "results", "result", "error")
+_OUTPUT_KEYS = ("output", "outputs", "results", "result", "error", "tools")
 
 
 @dataclass(frozen=True)
@@ -561,23 +568,35 @@ def _server_arguments(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {"input": value}
 
 
+def _unwrapped(block: Any) -> Any:
+    """``block`` without LangChain's ``non_standard`` wrappers (the provider block it does not know, kept under
+    ``value``)."""
+    while isinstance(block, Mapping) and block.get("type") == "non_standard" and isinstance(block.get("value"), Mapping):
+        block = block["value"]
+    return block
+
+
 def server_blocks(message: BaseMessage) -> list[ServerBlock]:
     """The server tool calls and results in ``message``'s content (and ``additional_kwargs["tool_outputs"]``, where
-    older LangChain OpenAI integrations keep the Responses API's), in order. A call: a LangChain ``server_tool_call``,
-    an Anthropic ``server_tool_use`` / ``mcp_tool_use``, Google's ``executable_code``, or an OpenAI Responses
-    ``*_call`` block other than a client call (``web_search_call``, ``file_search_call``, ``code_interpreter_call``,
-    ``mcp_call``, ``computer_call`` ...), which also holds its result (``output``, ``outputs``, ``results``; not an
+    older LangChain OpenAI integrations keep the Responses API's), in order, each block read inside any
+    ``non_standard`` wrapper. A call: a LangChain ``server_tool_call``, an Anthropic ``server_tool_use`` /
+    ``mcp_tool_use``, Google's ``executable_code``, or an OpenAI Responses ``*_call`` block other than a client call
+    (``web_search_call``, ``file_search_call``, ``code_interpreter_call``, ``mcp_call``, ``computer_call`` ...) or
+    ``mcp_list_tools``, which also holds its result (``output``, ``outputs``, ``results``, the listed ``tools``; not an
     ``image_generation_call``'s image, which the provider drew from the model's own prompt). A result:
     ``server_tool_result``, any ``*_tool_result`` (Anthropic's ``web_search_tool_result``, ``web_fetch_tool_result``,
-    ``code_execution_tool_result``, ``mcp_tool_result`` ...), Google's ``code_execution_result``."""
+    ``code_execution_tool_result``, ``mcp_tool_result`` ...), Google's ``code_execution_result``, OpenAI's
+    ``tool_search_output`` (but one the client ran), and a block of any type that is neither a call nor the model's own
+    (:data:`_MODEL_BLOCKS`): a provider's new tool result is read as one, not passed unread."""
     content = message.content if isinstance(message.content, list) else []
     outputs = message.additional_kwargs.get("tool_outputs")
     items = [(-1, block) for block in (outputs if isinstance(outputs, list) else [])] + list(enumerate(content))
     found: list[ServerBlock] = []
     names: dict[str, str] = {}
-    for position, block in items:
+    for position, wrapped in items:
+        block = _unwrapped(wrapped)
         kind = block.get("type") if isinstance(block, Mapping) else None
-        if not isinstance(kind, str):
+        if not isinstance(kind, str) or kind in _MODEL_BLOCKS or kind in _CLIENT_CALLS or _is_call_block(block):
             continue
         block_id = next((str(block[key]) for key in ("id", "tool_use_id", "tool_call_id", "call_id")
                          if isinstance(block.get(key), (str, int))), f"{kind}#{position}")  # fmt: skip
@@ -590,17 +609,18 @@ def server_blocks(message: BaseMessage) -> list[ServerBlock]:
                 arguments = block["partial_json"]  # a streamed call's chunks, merged: the input is only this text
             names[block_id] = name
             found.append(ServerBlock("call", block_id, name, _server_arguments(arguments), position))
-        elif kind.endswith("_call") and kind not in _CLIENT_CALLS:
+        elif kind.endswith("_call") or kind in _LISTED_CALLS:
             name = str(named or kind.removesuffix("_call"))
             asked = {key: block[key] for key in _CALL_KEYS if key in block}
+            names[block_id] = name
             found.append(ServerBlock("call", block_id, name, _server_arguments(asked.get("arguments", asked)),
                                      position))  # fmt: skip
             output = [block[key] for key in _OUTPUT_KEYS if block.get(key) and key != _MADE_MEDIA.get(kind)]
             if output:
                 found.append(ServerBlock("result", block_id, name, "\n".join(_strings(output)), position,
                                          _server_unread(output)))  # fmt: skip
-        elif kind in _SERVER_RESULTS or kind.endswith("_tool_result"):
-            reply_to = next((str(block[key]) for key in ("tool_use_id", "tool_call_id", "id")
+        elif kind != "tool_search_output" or block.get("execution") != "client":
+            reply_to = next((str(block[key]) for key in ("tool_use_id", "tool_call_id", "call_id", "id")
                              if isinstance(block.get(key), (str, int))), block_id)  # fmt: skip
             if kind == "code_execution_result" and reply_to == block_id:  # Google's: answers the code just before it
                 reply_to = next((b.id for b in reversed(found) if b.kind == "call" and b.name == "code_execution"),

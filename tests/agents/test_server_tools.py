@@ -224,3 +224,43 @@ def test_a_generated_image_is_not_read_as_text() -> None:
                                 "revised_prompt": "a cat", "result": "iVBORw0KGgo" + "A" * 100_000}], id="r1")  # fmt: skip
     assert [(block.kind, block.name) for block in server_blocks(reply)] == [("call", "image_generation")]
     assert "iVBOR" not in message_text(reply) and "a cat" in message_text(reply)  # nor as the reply's text
+
+
+def provider_reply(*blocks: dict[str, Any]) -> AIMessage:
+    """A reply holding ``blocks``, then its text and the client call ``pay``."""
+    return AIMessage(content=[*blocks, {"type": "text", "text": "Paying."}], tool_calls=[PAY], id="r1")
+
+
+LISTED = {"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "docs",
+          "tools": [{"name": "search", "description": INJECTION, "input_schema": {"type": "object"}}]}  # fmt: skip
+SEARCHED = {"type": "tool_search_output", "id": "ts_1", "call_id": "tsc_1", "execution": "server", "status": "completed",
+            "tools": [{"type": "function", "name": "search", "description": INJECTION}]}  # fmt: skip
+WRAPPED = {"type": "non_standard", "value": {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_1", "content": {
+    "type": "web_fetch_result", "content": {"type": "document", "source": {"type": "text", "data": INJECTION}}}}}
+UNKNOWN = {"type": "web_crawl_output", "id": "wc_1", "pages": [{"url": "https://t.example", "text": INJECTION}]}
+
+
+@pytest.mark.parametrize("block", [LISTED, SEARCHED, WRAPPED, UNKNOWN],
+                         ids=["mcp_list_tools", "tool_search_output", "non_standard", "unknown-type"])  # fmt: skip
+def test_a_server_result_of_any_shape_is_judged_as_a_tool_result(setup: Setup, thread: Any, block: Any) -> None:
+    """An MCP server's tool list, a server tool search's tools, a result LangChain wrapped as ``non_standard`` and a
+    block of a type guard does not know were never given the tool-result check: the injection in them reached the
+    model and the payment after it ran unreviewed."""
+    result = setup.agent(provider_reply(block)).invoke(USER, thread())
+    assert setup.runs.count() == 0 and reviews(result) == [("pay", "after-injection")]
+    assert [event for event, _, action in setup.decisions() if action == "block"] == ["tool_result"]
+
+
+def test_the_models_own_blocks_are_not_server_results() -> None:
+    reply = AIMessage(content=[
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Think."}]},
+        {"type": "thinking", "thinking": "Hmm.", "signature": "sig"}, {"type": "text", "text": "Hi."},
+        {"type": "tool_use", "id": "c1", "name": "pay", "input": {}}, {"type": "custom_tool_call", "call_id": "c3"},
+        {"type": "mcp_approval_request", "id": "a1", "name": "pay", "arguments": "{}", "server_label": "bank"},
+        {"type": "image", "base64": "iVBORw0KGgo", "mime_type": "image/png"},
+        {"type": "tool_search_output", "id": "ts_2", "execution": "client", "tools": []},
+    ], id="r1")  # fmt: skip
+    assert server_blocks(reply) == []
+    listed = server_blocks(provider_reply(LISTED))
+    assert [(b.kind, b.name) for b in listed] == [("call", "mcp_list_tools"), ("result", "mcp_list_tools")]
+    assert listed[0].value == {"server_label": "docs"} and INJECTION in listed[1].value
