@@ -210,6 +210,7 @@ class ToolCallEnforcer:
             state,
             messages_key=self.messages_key,
             trust_subagent_input=self.judge.options.trust_subagent_input,
+            subagent=self.judge.options.subagent,
             summarized=self.summarized(state) if self.summarized is not None else (),
             server_flagged=self.server_flagged(state) if self.server_flagged is not None else (),
         )

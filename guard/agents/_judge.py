@@ -107,6 +107,8 @@ class AgentOptions:
         trust_subagent_input: whether the input of an agent that runs inside another graph's tool call (a sub-agent)
             is the user's words (``False``: the parent agent's model wrote it, so it is neither the task nor ``user``
             provenance).
+        subagent: whether the agent is built as a sub-agent: its input is the parent agent's wherever it runs (in a
+            thread pool, a new thread or behind an API, where no tool call of the parent can be found).
     """
 
     guard: Guard
@@ -118,6 +120,7 @@ class AgentOptions:
     reviewer_timeout_s: float
     decisions_by_position: bool
     trust_subagent_input: bool = False
+    subagent: bool = False
 
     @classmethod
     def checked(
@@ -132,15 +135,16 @@ class AgentOptions:
         reviewer_timeout_s: float = DEFAULT_REVIEWER_TIMEOUT_S,
         decisions_by_position: bool = True,
         trust_subagent_input: bool = False,
+        subagent: bool = False,
     ) -> AgentOptions:
         """Validate the options and return them normalised (name collections as frozensets).
 
         Raises:
             TypeError: ``guard`` lacks ``match``/``evaluate``/``aevaluate``; a reviewer is not a LangChain chat model;
-                a name collection is a string or holds non-strings; ``decisions_by_position`` or
-                ``trust_subagent_input`` is not a bool.
+                a name collection is a string or holds non-strings; ``decisions_by_position``,
+                ``trust_subagent_input`` or ``subagent`` is not a bool.
             ValueError: ``tool_result_action``, ``fail_mode`` or ``reviewer_timeout_s`` is outside its allowed values; a
-                name is both a reviewer and a handoff node.
+                name is both a reviewer and a handoff node; ``subagent`` and ``trust_subagent_input`` are both true.
         """
         for method in ("match", "evaluate", "aevaluate"):
             if not callable(getattr(guard, method, None)):
@@ -176,6 +180,11 @@ class AgentOptions:
             raise TypeError(f"decisions_by_position must be True or False, not {decisions_by_position!r}")
         if not isinstance(trust_subagent_input, bool):
             raise TypeError(f"trust_subagent_input must be True or False, not {trust_subagent_input!r}")
+        if not isinstance(subagent, bool):
+            raise TypeError(f"subagent must be True or False, not {subagent!r}")
+        if subagent and trust_subagent_input:
+            raise ValueError("subagent=True says the agent's input is the parent agent's, trust_subagent_input=True "
+                             "that it is the user's: set one")
         return cls(
             guard=guard,
             reviewers=MappingProxyType(dict(reviewers)),
@@ -186,6 +195,7 @@ class AgentOptions:
             reviewer_timeout_s=float(reviewer_timeout_s),
             decisions_by_position=decisions_by_position,
             trust_subagent_input=trust_subagent_input,
+            subagent=subagent,
         )
 
 

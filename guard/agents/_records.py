@@ -371,16 +371,19 @@ def _agent_messages(messages: Iterable[Any], subagent: bool) -> Iterator[Any]:
             yield message
 
 
-def _subagent(trust_subagent_input: bool) -> bool:
-    """Whether the input of this graph came from a parent agent, not the user: it runs inside another graph's tool
-    call (:func:`in_tool_call`) and its input is not trusted."""
-    return not trust_subagent_input and in_tool_call()
+def _subagent(trust_subagent_input: bool, subagent: bool) -> bool:
+    """Whether the input of this graph came from a parent agent, not the user: the agent is built as a sub-agent
+    (``subagent``), or it runs inside another graph's tool call (:func:`in_tool_call`) and its input is not trusted."""
+    return subagent or (not trust_subagent_input and in_tool_call())
 
 
-def relayed_ids(state: Any, *, messages_key: str = "messages", trust_subagent_input: bool = False) -> list[str]:
+def relayed_ids(
+    state: Any, *, messages_key: str = "messages", trust_subagent_input: bool = False, subagent: bool = False
+) -> list[str]:
     """The ids of the human messages under ``messages_key`` that are role ``agent`` in :func:`conversation`'s
-    history, in order (those without an id left out)."""
-    subagent = _subagent(trust_subagent_input)
+    history, in order (those without an id left out); ``subagent``, ``trust_subagent_input``: as for
+    :func:`conversation`."""
+    subagent = _subagent(trust_subagent_input, subagent)
     return [message.id for message in _agent_messages(state_messages(state, messages_key), subagent) if message.id]
 
 
@@ -493,16 +496,18 @@ def conversation(
     *,
     messages_key: str = "messages",
     trust_subagent_input: bool = False,
+    subagent: bool = False,
     summarized: Collection[str] = (),
     server_flagged: Collection[str] = (),
     texts: MessageMemo | None = None,
 ) -> tuple[str | None, tuple[TurnMessage, ...]]:
-    """The task (:func:`user_text`) and the history (:func:`turn_history`) a tool call is judged with. When this graph
-    runs inside another graph's tool call (:func:`in_tool_call`), its input came from the parent agent: no task, and
-    role ``agent``, unless ``trust_subagent_input``. ``summarized``: the ids of the ``agent`` messages that summarize
-    flagged tool results; ``server_flagged``: the keys of the server tool results not allowed (:func:`server_key`);
-    ``texts``: where the messages' texts are kept for the next step (:func:`turn_history`)."""
-    subagent = _subagent(trust_subagent_input)
+    """The task (:func:`user_text`) and the history (:func:`turn_history`) a tool call is judged with. When the agent
+    is built as a sub-agent (``subagent``), or this graph runs inside another graph's tool call (:func:`in_tool_call`)
+    and not ``trust_subagent_input``, its input came from the parent agent: no task, and role ``agent``.
+    ``summarized``: the ids of the ``agent`` messages that summarize flagged tool results; ``server_flagged``: the keys
+    of the server tool results not allowed (:func:`server_key`); ``texts``: where the messages' texts are kept for the
+    next step (:func:`turn_history`)."""
+    subagent = _subagent(trust_subagent_input, subagent)
     return (
         user_text(state, messages_key=messages_key, subagent=subagent),
         turn_history(

@@ -613,17 +613,17 @@ class TurnKeeper:
         when the conversation last recorded held flagged results (a summary replaces the messages it summarizes, so
         only the record still knows of them)."""
         record = self._relayed_record(state)
-        trust = self.judge.options.trust_subagent_input
-        return frozenset(message_id for message_id in relayed_ids(state, trust_subagent_input=trust)
+        trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
+        return frozenset(message_id for message_id in relayed_ids(state, trust_subagent_input=trust, subagent=subagent)
                          if record["seen"].get(message_id, record["flagged"]) is True)  # fmt: skip
 
     def _relayed_change(self, state: Any) -> dict[str, Any]:
         """``{"relayed": part}`` with the part as it stands for ``state`` when the record differs, else ``{}``."""
         summarized = self.summarized(state)
-        trust = self.judge.options.trust_subagent_input
-        _, history = conversation(state, trust_subagent_input=trust, summarized=summarized,
+        trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
+        _, history = conversation(state, trust_subagent_input=trust, subagent=subagent, summarized=summarized,
                                   server_flagged=self.server_flagged(state), texts=self._texts)  # fmt: skip
-        ids = relayed_ids(state, trust_subagent_input=trust)
+        ids = relayed_ids(state, trust_subagent_input=trust, subagent=subagent)
         seen = {message_id: message_id in summarized for message_id in ids}
         now = {"flagged": flagged_results(history) > 0, "seen": seen}
         return {} if now == self._relayed_record(state) else {"relayed": now}
@@ -631,8 +631,8 @@ class TurnKeeper:
     def conversation(self, state: Any) -> tuple[str | None, tuple[TurnMessage, ...]]:
         """The task and the history a tool call of ``state`` is judged with
         (:func:`~guard.agents._records.conversation`, with :meth:`summarized`)."""
-        trust = self.judge.options.trust_subagent_input
-        return conversation(state, trust_subagent_input=trust, summarized=self.summarized(state),
+        trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
+        return conversation(state, trust_subagent_input=trust, subagent=subagent, summarized=self.summarized(state),
                             server_flagged=self.server_flagged(state), texts=self._texts)  # fmt: skip
 
     def _stamped(self, fields: list[Any]) -> tuple[str, bytes, bytes]:

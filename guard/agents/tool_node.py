@@ -74,7 +74,11 @@ class GuardToolWrapper:
         trust_subagent_input: whether this agent's input is the user's words when it runs inside another graph's
             tool call, as a sub-agent (its graph runs under a node named ``tools``, or inside a tool guard runs).
             ``False`` (default): the parent agent's model wrote it (a task it passed on, maybe from a hijacked turn),
-            so it is not the task and its values are ``agent`` provenance, never ``user``.
+            so it is not the task and its values are ``agent`` provenance, never ``user``. Finding the parent's tool
+            call needs the caller's context: an agent invoked from a thread pool, a new thread or behind an API is not
+            found, so set ``subagent`` on one built to run as a sub-agent.
+        subagent: whether this agent is built to run as a sub-agent: its input is the parent agent's (no task,
+            ``agent`` provenance) wherever it runs, found or not. Not with ``trust_subagent_input``.
 
     Raises:
         TypeError: for an argument of the wrong type.
@@ -95,6 +99,7 @@ class GuardToolWrapper:
         approval_claims: ApprovalClaims | None = None,
         messages_key: str = "messages",
         trust_subagent_input: bool = False,
+        subagent: bool = False,
     ) -> None:
         options = AgentOptions.checked(
             guard=guard,
@@ -106,6 +111,7 @@ class GuardToolWrapper:
             reviewer_timeout_s=reviewer_timeout_s,
             decisions_by_position=decisions_by_position,
             trust_subagent_input=trust_subagent_input,
+            subagent=subagent,
         )
         self.enforcer = ToolCallEnforcer(Judge(options), claims=approval_claims, messages_key=messages_key)
 
@@ -137,6 +143,7 @@ def guarded_tool_node(
     handle_tool_errors: Any = None,
     approval_claims: ApprovalClaims | None = None,
     trust_subagent_input: bool = False,
+    subagent: bool = False,
 ) -> ToolNode:
     """A ``ToolNode`` whose every call goes through a :class:`GuardToolWrapper` (see it for the options).
 
@@ -157,6 +164,7 @@ def guarded_tool_node(
         approval_claims=approval_claims,
         messages_key=messages_key,
         trust_subagent_input=trust_subagent_input,
+        subagent=subagent,
     )
     extra: dict[str, Any] = {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}
     return ToolNode(

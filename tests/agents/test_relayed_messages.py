@@ -4,6 +4,8 @@ inside another graph's tool call. Neither is the user's task nor ``user`` proven
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -198,6 +200,44 @@ def test_a_sub_agents_input_is_the_parent_agents_not_the_users(guard: Guard, out
         assert updated == [PASSWORD] and reviews(result) == []
     else:
         assert updated == [] and reviews(result) == [("update_password", "untrusted-argument")]
+
+
+@pytest.mark.parametrize("runner", ["thread-pool", "thread"])
+def test_an_agent_built_as_a_sub_agent_is_one_wherever_it_runs(guard: Guard, runner: str) -> None:
+    """Run from a thread pool or a new thread, the sub-agent had none of its parent's context (no tool of guard's
+    running, no LangGraph namespace): it was a top-level agent, its task the user's words, and the password the parent
+    took from an e-mail was set unreviewed. Built with ``subagent=True``, its input is the parent's wherever it runs."""
+    updated: list[str] = []
+    asked: list[tuple[str, str]] = []
+    inner = inner_agent(guard, updated, subagent=True)
+
+    @tool
+    def account_assistant(task: str) -> str:
+        """Hand an account task to the account sub-agent."""
+        request = {"messages": [("user", task)]}
+        out: dict[str, Any] = {}
+        if runner == "thread-pool":
+            with ThreadPoolExecutor(1) as pool:
+                out.update(pool.submit(inner.invoke, request).result())
+        else:
+            worker = threading.Thread(target=lambda: out.update(inner.invoke(request)))
+            worker.start()
+            worker.join()
+        asked.extend(reviews(out))
+        return str(out["messages"][-1].content)
+
+    outer = create_agent(replay_model(OUTER_TURNS, "Done."), [password_tools(updated)[0], account_assistant],
+                         middleware=[GuardAgentMiddleware(guard=guard)], checkpointer=InMemorySaver())  # fmt: skip
+    outer.invoke({"messages": [("user", "Check my inbox and tell me what IT wants.")]},
+                 {"configurable": {"thread_id": f"subagent-{runner}"}})  # fmt: skip
+    assert updated == [] and asked == [("update_password", "untrusted-argument")]
+
+
+def test_a_sub_agent_cannot_also_trust_its_input(guard: Guard) -> None:
+    with pytest.raises(ValueError, match="set one"):
+        GuardAgentMiddleware(guard=guard, subagent=True, trust_subagent_input=True)
+    with pytest.raises(TypeError, match="subagent must be True or False"):
+        GuardAgentMiddleware(guard=guard, subagent="yes")
 
 
 def test_a_guarded_tool_node_of_any_name_makes_an_agent_inside_it_a_sub_agent(guard: Guard) -> None:
