@@ -138,6 +138,9 @@ class ToolCallEnforcer:
             (:func:`~guard.agents._records.turn_history`), as the middleware's record keeps them; none by default.
         server_flagged: the keys of the state's server tool results that were not allowed
             (:func:`~guard.agents._records.server_key`), as the middleware's record keeps them; none by default.
+        trusted_system: the digests of the state's trusted system messages
+            (:func:`~guard.agents._records.opening_system`), as the middleware's record keeps them; by default only
+            where a system message stands counts.
 
     Raises:
         TypeError: ``claims`` is not an approval claims store, or ``messages_key`` is not a string.
@@ -153,6 +156,7 @@ class ToolCallEnforcer:
         messages_key: str = "messages",
         summarized: Callable[[Any], Collection[str]] | None = None,
         server_flagged: Callable[[Any], Collection[str]] | None = None,
+        trusted_system: Callable[[Any], Collection[str]] | None = None,
     ) -> None:
         if claims is not None and not isinstance(claims, ApprovalClaims):
             raise TypeError(f"approval_claims must have claim() and aclaim(), not {type(claims).__name__}")
@@ -169,6 +173,7 @@ class ToolCallEnforcer:
         self.max_review_rounds = max_review_rounds
         self.summarized = summarized
         self.server_flagged = server_flagged
+        self.trusted_system = trusted_system
 
     # Preparation (no I/O) -------------------------------------------------------------------------------------
 
@@ -213,6 +218,7 @@ class ToolCallEnforcer:
             subagent=self.judge.options.subagent,
             summarized=self.summarized(state) if self.summarized is not None else (),
             server_flagged=self.server_flagged(state) if self.server_flagged is not None else (),
+            trusted_system=self.trusted_system(state) if self.trusted_system is not None else None,
         )
         subject = AgentSubject(
             event="tool_call",

@@ -5,13 +5,14 @@ The middleware keeps one record per model turn under ``state["guard"][<middlewar
     {"turn": {"message_id": <AIMessage id>, "thread_id": ..., "output": <record or None>,
               "calls": {<tool_call_id>: <call record>}, "effects": {<tool name>: <declared effect>}},
      "inputs": {<message id>:<digest>: {"digest": <content SHA-256>, "status": "allowed" | "blocked"}},
-     "relayed": {"flagged": <bool>, "seen": {<message id>: <bool>}},
+     "relayed": {"flagged": <bool>, "seen": {<message id>: <bool>}, "system": [<digest>, ...]},
      "server": {<reply id>: [<block id>, ...]}}
 
 (``inputs`` is kept by :class:`~guard.agents._turn.InputGate`, with the model request's system message under
 ``system:<digest>``; ``relayed`` by :meth:`~guard.agents._turn.TurnKeeper.summarized`: whether the conversation held
-flagged tool results since the user's last message, and for each ``agent`` message (a summary) whether it
-summarizes flagged results; ``server``, by :meth:`~guard.agents._turn.TurnKeeper.server_flagged`: the results
+flagged tool results since the user's last message, for each ``agent`` message (a summary) whether it
+summarizes flagged results, and the digests of the system messages the thread opened with when first seen (the only
+ones trusted, :func:`opening_system`); ``server``, by :meth:`~guard.agents._turn.TurnKeeper.server_flagged`: the results
 of tools a provider ran itself, inside each reply still in the thread, that the tool-result policy did not allow.)
 
 A call record holds the verdict summary, the outcome (``allow``/``block``/``escalate``/``route``), the arguments
@@ -51,7 +52,7 @@ from guard.agents._memo import MessageMemo
 from guard.agents._messages import MAX_CUT_CHARS, SOURCE, TOOL_ADDED
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
 from guard.engine import verdicts
-from guard.subject import AgentEvent, TurnMessage
+from guard.subject import AgentEvent, TurnMessage, digest_of
 from guard.verdict import Verdict
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "in_tool_call",
     "merge_guard_state",
     "open_part",
+    "opening_system",
     "record_owner",
     "record_sealer",
     "relayed_ids",
@@ -348,22 +350,43 @@ def _relayed(message: Any, subagent: bool) -> bool:
     return subagent or (isinstance(extra, Mapping) and isinstance(extra.get("lc_source"), str))
 
 
-def _relayed_system(message: Any, started: bool) -> bool:
+def _system_digest(message: Any) -> str:
+    """SHA-256 (hex) of a system message's text (:func:`~guard.agents._content.message_text`): what marks it as one
+    of the thread's trusted system messages (:func:`opening_system`)."""
+    return digest_of("system_message", message_text(message))
+
+
+def _relayed_system(message: Any, started: bool, trusted: Collection[str] | None) -> bool:
     """Whether a system message is not trusted configuration: it comes after the conversation's first message of
-    another type (``started``: a summary or relayed text an agent wrote there), or LangChain's notification metadata
-    says a feature added it (``lc_source``)."""
+    another type (``started``: a summary or relayed text an agent wrote there), LangChain's notification metadata
+    says a feature added it (``lc_source``), or ``trusted`` (the digests of the system messages the thread opened with
+    when first seen, :func:`opening_system`; ``None``: not known) does not hold its text (an agent wrote it later,
+    even first in the list)."""
     extra = getattr(message, "additional_kwargs", None)
-    return started or (isinstance(extra, Mapping) and isinstance(extra.get("lc_source"), str))
+    return (started or (isinstance(extra, Mapping) and isinstance(extra.get("lc_source"), str))
+            or (trusted is not None and _system_digest(message) not in trusted))  # fmt: skip
 
 
-def _agent_messages(messages: Iterable[Any], subagent: bool) -> Iterator[Any]:
+def opening_system(state: Any, *, messages_key: str = "messages") -> list[str]:
+    """The digests (:func:`_system_digest`) of the system messages that open the conversation under ``messages_key``,
+    but those marked ``lc_source``: trusted configuration, recorded when a thread is first seen."""
+    digests: list[str] = []
+    for message in state_messages(state, messages_key):
+        if not isinstance(message, SystemMessage):
+            break
+        if not _relayed_system(message, False, None):
+            digests.append(_system_digest(message))
+    return digests
+
+
+def _agent_messages(messages: Iterable[Any], subagent: bool, trusted: Collection[str] | None) -> Iterator[Any]:
     """The messages of ``messages`` that are role ``agent`` in :func:`turn_history`, in order: a human message no tool
     added that the user did not write (:func:`_relayed`), a system message that is not trusted configuration
-    (:func:`_relayed_system`)."""
+    (:func:`_relayed_system`, with ``trusted``)."""
     started = False
     for message in messages:
         if isinstance(message, SystemMessage):
-            if _relayed_system(message, started):
+            if _relayed_system(message, started, trusted):
                 yield message
             continue
         started = True
@@ -378,13 +401,19 @@ def _subagent(trust_subagent_input: bool, subagent: bool) -> bool:
 
 
 def relayed_ids(
-    state: Any, *, messages_key: str = "messages", trust_subagent_input: bool = False, subagent: bool = False
+    state: Any,
+    *,
+    messages_key: str = "messages",
+    trust_subagent_input: bool = False,
+    subagent: bool = False,
+    trusted_system: Collection[str] | None = None,
 ) -> list[str]:
-    """The ids of the human messages under ``messages_key`` that are role ``agent`` in :func:`conversation`'s
-    history, in order (those without an id left out); ``subagent``, ``trust_subagent_input``: as for
+    """The ids of the messages under ``messages_key`` that are role ``agent`` in :func:`conversation`'s history, in
+    order (those without an id left out); ``subagent``, ``trust_subagent_input``, ``trusted_system``: as for
     :func:`conversation`."""
     subagent = _subagent(trust_subagent_input, subagent)
-    return [message.id for message in _agent_messages(state_messages(state, messages_key), subagent) if message.id]
+    messages = state_messages(state, messages_key)
+    return [message.id for message in _agent_messages(messages, subagent, trusted_system) if message.id]
 
 
 def user_text(state: Any, *, messages_key: str = "messages", subagent: bool = False) -> str | None:
@@ -446,6 +475,7 @@ def turn_history(
     summarized: Collection[str] = (),
     server_flagged: Collection[str] = (),
     texts: MessageMemo | None = None,
+    trusted_system: Collection[str] | None = None,
 ) -> tuple[TurnMessage, ...]:
     """The conversation under ``messages_key`` as argument provenance reads it (:class:`~guard.subject.TurnMessage`),
     oldest first: system, user, assistant text and tool results; a tool message guard wrote for a flagged result
@@ -454,15 +484,17 @@ def turn_history(
     message the user did not write (LangChain's notification metadata, ``lc_source``: a conversation summary; with
     ``subagent``, every one in the input of an agent that runs as a sub-agent) is role ``agent``, flagged
     ``summarized`` when its id is in ``summarized`` (it summarizes flagged tool results); so is a system message
-    after the conversation's first message of another type or marked ``lc_source`` (a summary an agent wrote as a
-    system message), while the system messages that open the conversation are role ``system``. The results of tools a
+    after the conversation's first message of another type, marked ``lc_source``, or whose text is not among
+    ``trusted_system`` (the digests of the system messages the thread opened with when first seen,
+    :func:`opening_system`; ``None``: not known): a summary an agent wrote as a system message, even first in the
+    list; the other system messages that open the conversation are role ``system``. The results of tools a
     provider ran itself inside a reply (:func:`~guard.agents._content.server_blocks`) follow its text as tool
     results, flagged ``withheld`` when their key (:func:`server_key`) is in ``server_flagged`` (the tool-result
     policy did not allow them when the reply was judged). ``texts``: where each message's text is kept for the next
     step (:func:`~guard.agents._content.message_text`, worked out again for a message changed since)."""
     out: list[TurnMessage] = []
     messages = state_messages(state, messages_key)
-    relayed = {id(message) for message in _agent_messages(messages, subagent)}
+    relayed = {id(message) for message in _agent_messages(messages, subagent, trusted_system)}
     for message in messages:
         added = _added_by(message)
         if isinstance(message, ToolMessage) or added is not None:
@@ -500,19 +532,26 @@ def conversation(
     summarized: Collection[str] = (),
     server_flagged: Collection[str] = (),
     texts: MessageMemo | None = None,
+    trusted_system: Collection[str] | None = None,
 ) -> tuple[str | None, tuple[TurnMessage, ...]]:
     """The task (:func:`user_text`) and the history (:func:`turn_history`) a tool call is judged with. When the agent
     is built as a sub-agent (``subagent``), or this graph runs inside another graph's tool call (:func:`in_tool_call`)
     and not ``trust_subagent_input``, its input came from the parent agent: no task, and role ``agent``.
     ``summarized``: the ids of the ``agent`` messages that summarize flagged tool results; ``server_flagged``: the keys
     of the server tool results not allowed (:func:`server_key`); ``texts``: where the messages' texts are kept for the
-    next step (:func:`turn_history`)."""
+    next step (:func:`turn_history`); ``trusted_system``: the digests of the thread's trusted system messages
+    (:func:`opening_system`, as the record keeps them; ``None``: only their place counts)."""
     subagent = _subagent(trust_subagent_input, subagent)
     return (
         user_text(state, messages_key=messages_key, subagent=subagent),
         turn_history(
-            state, messages_key=messages_key, subagent=subagent, summarized=summarized, server_flagged=server_flagged,
+            state,
+            messages_key=messages_key,
+            subagent=subagent,
+            summarized=summarized,
+            server_flagged=server_flagged,
             texts=texts,
+            trusted_system=trusted_system,
         ),
     )
 

@@ -82,6 +82,7 @@ from guard.agents._records import (
     current_thread_id,
     hitl_edit,
     open_part,
+    opening_system,
     record_owner,
     relayed_ids,
     seal_context,
@@ -600,12 +601,24 @@ class TurnKeeper:
     def _relayed_record(self, state: Any) -> dict[str, Any]:
         """The ``relayed`` part as recorded: ``flagged``, whether the conversation held flagged tool results since
         the user's last message when it was written; ``seen``, each ``agent`` message then in the thread and whether
-        it summarizes flagged results. No part: nothing flagged; a part whose seal fails: flagged (what it said is
-        unknown)."""
+        it summarizes flagged results; ``system``, the digests of the system messages the thread opened with when this
+        instance first saw it (:func:`~guard.agents._records.opening_system`). No record at all: nothing flagged, and
+        ``system`` ``None`` (not seen yet); a part whose seal fails, or a record without one: flagged (what it said is
+        unknown), and no system message trusted."""
         part = self.part(state, "relayed")
         if isinstance(part, Mapping) and isinstance(part.get("seen"), Mapping):
-            return {"flagged": part.get("flagged") is True, "seen": dict(part["seen"])}
-        return {"flagged": "relayed" in self.stored(state), "seen": {}}
+            system = part.get("system")
+            return {"flagged": part.get("flagged") is True, "seen": dict(part["seen"]),
+                    "system": list(system) if isinstance(system, list) else []}  # fmt: skip
+        stored = self.stored(state)
+        return {"flagged": "relayed" in stored, "seen": {}, "system": [] if stored else None}
+
+    def trusted_system(self, state: Any) -> list[str]:
+        """The digests of the thread's trusted system messages: those it opened with when this instance first saw it,
+        as recorded; before that, those that open ``state`` (:func:`~guard.agents._records.opening_system`). A system
+        message whose text is not among them is role ``agent`` wherever it stands (a summary written as one)."""
+        system = self._relayed_record(state)["system"]
+        return opening_system(state) if system is None else system
 
     def summarized(self, state: Any) -> frozenset[str]:
         """The ids of the ``agent`` messages in ``state`` (:func:`~guard.agents._records.turn_history`: a summary, a
@@ -614,18 +627,20 @@ class TurnKeeper:
         only the record still knows of them)."""
         record = self._relayed_record(state)
         trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
-        return frozenset(message_id for message_id in relayed_ids(state, trust_subagent_input=trust, subagent=subagent)
-                         if record["seen"].get(message_id, record["flagged"]) is True)  # fmt: skip
+        ids = relayed_ids(state, trust_subagent_input=trust, subagent=subagent, trusted_system=self.trusted_system(state))
+        return frozenset(message_id for message_id in ids if record["seen"].get(message_id, record["flagged"]) is True)
 
     def _relayed_change(self, state: Any) -> dict[str, Any]:
         """``{"relayed": part}`` with the part as it stands for ``state`` when the record differs, else ``{}``."""
         summarized = self.summarized(state)
         trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
+        system = self.trusted_system(state)
         _, history = conversation(state, trust_subagent_input=trust, subagent=subagent, summarized=summarized,
-                                  server_flagged=self.server_flagged(state), texts=self._texts)  # fmt: skip
-        ids = relayed_ids(state, trust_subagent_input=trust, subagent=subagent)
+                                  server_flagged=self.server_flagged(state), texts=self._texts,
+                                  trusted_system=system)  # fmt: skip
+        ids = relayed_ids(state, trust_subagent_input=trust, subagent=subagent, trusted_system=system)
         seen = {message_id: message_id in summarized for message_id in ids}
-        now = {"flagged": flagged_results(history) > 0, "seen": seen}
+        now = {"flagged": flagged_results(history) > 0, "seen": seen, "system": system}
         return {} if now == self._relayed_record(state) else {"relayed": now}
 
     def conversation(self, state: Any) -> tuple[str | None, tuple[TurnMessage, ...]]:
@@ -633,7 +648,8 @@ class TurnKeeper:
         (:func:`~guard.agents._records.conversation`, with :meth:`summarized`)."""
         trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
         return conversation(state, trust_subagent_input=trust, subagent=subagent, summarized=self.summarized(state),
-                            server_flagged=self.server_flagged(state), texts=self._texts)  # fmt: skip
+                            server_flagged=self.server_flagged(state), texts=self._texts,
+                            trusted_system=self.trusted_system(state))  # fmt: skip
 
     def _stamped(self, fields: list[Any]) -> tuple[str, bytes, bytes]:
         """What a stamp covers (context, data as stored, data exactly): a message's :meth:`_fields` as JSON

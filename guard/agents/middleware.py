@@ -209,7 +209,8 @@ class GuardAgentMiddleware(AgentMiddleware[GuardAgentState, Any, Any]):
         self._turns = TurnKeeper(self.name, self._judge, record_sealer(state_key))
         self._inputs = InputGate(self._turns, self._judge)
         self._enforcer = ToolCallEnforcer(self._judge, claims=approval_claims, summarized=self._turns.summarized,
-                                           server_flagged=self._turns.server_flagged)
+                                           server_flagged=self._turns.server_flagged,
+                                           trusted_system=self._turns.trusted_system)
 
     @property
     def name(self) -> str:
