@@ -3,6 +3,7 @@ and the policy loader refuses a path glob that could only match it)."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 __all__ = ["REFUSED_PATH_ESCAPES", "is_path_control", "shown_url"]
@@ -20,9 +21,19 @@ def is_path_control(code: int) -> bool:
 
 def shown_url(url: str) -> str:
     """``url`` without userinfo (``user:password@``), query and fragment, which can hold credentials;
-    ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses it."""
+    ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left.
+
+    A password typed without percent-encoding may hold ``/``, ``?``, ``#`` or ``@``, which end the authority as a URL
+    parser reads it, so the rest of the password would be read as host, path or fragment. Where the authority (the
+    text after ``://`` up to the first of those) holds a ``:`` or an ``@``, and so may hold a password, everything up
+    to the URL's last ``@`` is cut before it is parsed. An authority with neither holds no password, and an ``@``
+    after it is the path's (Workers AI's ``/@cf/``)."""
+    scheme, sep, rest = url.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if sep and (":" in authority or "@" in authority):
+        url = scheme + sep + rest.rpartition("@")[2]
     try:
         parts = urlsplit(url)
     except ValueError:
         return "[unparsable URL]"
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()
+    return parts._replace(query="", fragment="").geturl()

@@ -357,12 +357,14 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
     try:  # likewise a Redis URL the cache cannot use, or no store key to seal with
         cache: ProbabilityCache = RedisCache(cache_config) if args.redis_url else MemoryCache(cache_config)
     except ValueError as exc:
-        raise ValueError(f"--redis-url: {exc}") from None
+        raise ValueError(f"{_url_source(args.redis_url, '--redis-url', REDIS_URL_ENV)}: {exc}") from None
     review_url = args.review_redis_url or args.redis_url
     try:  # and the review store's
         store: ReviewStore = RedisReviewStore.from_url(review_url) if review_url else MemoryReviewStore()
     except ValueError as exc:
-        raise ValueError(f"{'--review-redis-url' if args.review_redis_url else '--redis-url'}: {exc}") from None
+        flag, variable = (("--review-redis-url", REVIEW_REDIS_URL_ENV) if args.review_redis_url
+                          else ("--redis-url", REDIS_URL_ENV))
+        raise ValueError(f"{_url_source(review_url, flag, variable)}: {exc}") from None
     log = _decision_log(args)  # before the model loads: a wrong path shows at once
     install_metrics_from_env()
     install_tracing_from_env()
@@ -408,6 +410,12 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
                       metrics=app.guarded.metrics, health=health)
     return ProxyRuntime(app=app, host=host, port=port, admin=admin, admin_host=admin_host, admin_port=admin_port,
                         header_timeout=args.header_timeout, aclose=aclose)
+
+
+def _url_source(url: str, flag: str, variable: str) -> str:
+    """What an error about a Redis URL names: ``$VARIABLE`` when ``url`` is the value the option took from it (the
+    option was not given), else the option."""
+    return f"${variable} (the default of {flag})" if url == os.environ.get(variable) else flag
 
 
 def run(args: argparse.Namespace) -> int:

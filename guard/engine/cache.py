@@ -986,8 +986,9 @@ def redis_options(
         ValueError: ``url`` is not one redis-py can connect with: another scheme than ``redis://``, ``rediss://``
             and ``unix://`` (``redis+sentinel://``, a bare ``host:port``), a database in the path that is not a
             number, an option redis-py does not know or whose value it cannot read (``?socket_timeout=fast``,
-            ``?protocol=4``). The message (``<role> URL '...' cannot be used: ...``) names the URL without
-            credentials or query.
+            ``?protocol=4``), an ``@`` after the host (a password's ``/``, ``?`` or ``#`` not percent-encoded
+            ended the host early). The message (``<role> URL '...' cannot be used: ...``) names the URL without
+            credentials or query (:func:`~guard._urls.shown_url`).
     """
     connect = op_timeout if connect_timeout is None else connect_timeout
     defaults: dict[str, Any] = {"socket_timeout": op_timeout, "socket_connect_timeout": connect,
@@ -997,6 +998,9 @@ def redis_options(
 
         defaults["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     try:
+        if url.partition("://")[2].count("@") > urlsplit(url).netloc.count("@"):  # a '/', '?' or '#' cut it short
+            raise ValueError("it has an '@' after the host: percent-encode '@', '/', '?' and '#' in a password "
+                             "(%40, %2F, %3F, %23), else part of it is read as the host, database or options")
         options = {**defaults, **parse_url(url), "decode_responses": False}
         database = unquote(urlsplit(url).path).replace("/", "")
         if not url.lower().startswith("unix:") and database and not database.isdigit():

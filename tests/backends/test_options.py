@@ -118,6 +118,26 @@ def test_the_proxy_refuses_a_redis_url_the_cache_cannot_use_before_loading_a_mod
     assert "hunter2" not in error
 
 
+@pytest.mark.parametrize("password", ["hunter2/x#y", "hunter2#y", "hun/ter2?q@z", "1234/hunter2"])
+@pytest.mark.parametrize(("variable", "names"), [
+    ("GUARD_REDIS_URL", "$GUARD_REDIS_URL (the default of --redis-url)"),
+    ("GUARD_REVIEW_REDIS_URL", "$GUARD_REVIEW_REDIS_URL (the default of --review-redis-url)"),
+])  # fmt: skip
+def test_a_redis_password_not_percent_encoded_is_refused_without_showing_any_of_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, password: str,
+    variable: str, names: str,
+) -> None:
+    """A password holding '/', '?' or '#' ends the host early: ``redis://:hunter2/x#y@redis:6379/0`` was named as
+    ``'redis://:hunter2/x'`` (its netloc ``:hunter2`` has no '@' to strip) or redis-py's error quoted the password as a
+    port. Now exit 2 naming the variable the URL came from, the URL from its last '@' on, and percent-encoding."""
+    monkeypatch.setenv(variable, f"redis://:{password}@redis:6379/0")
+    argv = [*_commands(tmp_path)["proxy"], "--backend", f"local:{tmp_path / 'missing'}"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"guard proxy: {names}: ") and "'redis://redis:6379/0'" in error, error
+    assert "percent-encode" in error and "hunter2" not in error and "1234" not in error, error
+
+
 def test_the_proxy_refuses_a_review_redis_url_whose_database_is_not_a_number(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
