@@ -112,6 +112,17 @@ def test_kubernetes_guard_commands_parse(where: str, argv: list[str]) -> None:
     build_parser().parse_args(argv[1:])
 
 
+def test_shipped_workers_check_a_release_models_canaries() -> None:
+    """The worker the image, compose and the manifests run asks the canaries a release Clef must pass (a margin of
+    0.3, attack above benign): with the default (|spread| >= 0.0001) a random or broken model was ready."""
+    entry = _dockerfile_entrypoint(DEPLOY / "docker" / "worker.Dockerfile")
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]["worker"]
+    k8s = dict(_k8s_guard_commands())["worker.yaml:worker"]
+    for where, argv in {"image": entry, "compose": entry + compose.get("command", []), "k8s": k8s}.items():
+        args = build_parser().parse_args(argv[1:])
+        assert args.canary_margin >= 0.3 and args.canary_directional, where
+
+
 def test_compose_services_build_from_existing_files_and_parse() -> None:
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]

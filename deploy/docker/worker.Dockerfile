@@ -24,5 +24,9 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s CMD curl -fsS http://127.0.0.1:8000/readyz || exit 1
 # Listening on 0.0.0.0 needs bearer keys: set GUARD_WORKER_API_KEYS (comma-separated, 16+ characters each); the
 # gateway sends one in GUARD_BACKEND_API_KEY. /healthz, /readyz and /metrics need no key.
+# A release Clef's canaries: the attack state must score 0.3 above the benign one, so a broken or random model (a
+# zeroed head, the wrong weights) keeps /readyz at 503; without them any answer that depends on the state passes.
+# A later --canary-margin (a container's args) overrides the margin.
 ENTRYPOINT ["guard", "worker", "serve", "--model", "/models/clef-flash", "--device", "cuda", "--dtype", "bfloat16", \
-            "--host", "0.0.0.0", "--port", "8000", "--api-keys-env", "GUARD_WORKER_API_KEYS"]
+            "--host", "0.0.0.0", "--port", "8000", "--api-keys-env", "GUARD_WORKER_API_KEYS", \
+            "--canary-margin", "0.3", "--canary-directional"]
