@@ -123,6 +123,13 @@ def test_shipped_workers_check_a_release_models_canaries() -> None:
         assert args.canary_margin >= 0.3 and args.canary_directional, where
 
 
+def test_kubernetes_gateway_reads_the_client_from_the_ingress_header() -> None:
+    """Behind an ingress every request's peer is the ingress pod: without --client-header all clients shared one
+    review quota and one wrong-token limiter."""
+    args = build_parser().parse_args(dict(_k8s_guard_commands())["gateway.yaml:gateway"][1:])
+    assert (args.client_header, args.client_hops) == ("x-forwarded-for", 1)
+
+
 def test_compose_services_build_from_existing_files_and_parse() -> None:
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]
