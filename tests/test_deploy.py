@@ -130,6 +130,20 @@ def test_kubernetes_gateway_reads_the_client_from_the_ingress_header() -> None:
     assert (args.client_header, args.client_hops) == ("x-forwarded-for", 1)
 
 
+def test_worker_keys_and_the_gateways_key_are_separate_secret_keys() -> None:
+    """One Secret key fed the worker's list of keys and the gateway's one key, so a key could not be rotated: the
+    worker must accept the new key before the gateways send it, and stop accepting the old one after."""
+    def secret_key(path: str, variable: str) -> str:
+        deployment = next(d for d in _documents(DEPLOY / "k8s" / path) if d["kind"] == "Deployment")
+        env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        return env[variable]["valueFrom"]["secretKeyRef"]["key"]
+
+    worker, gateway = secret_key("worker.yaml", "GUARD_WORKER_API_KEYS"), secret_key("gateway.yaml", "GUARD_BACKEND_API_KEY")
+    assert worker != gateway, worker
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    assert f"--from-literal={worker}=" in docs and f"--from-literal={gateway}=" in docs
+
+
 def test_compose_services_build_from_existing_files_and_parse() -> None:
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]
