@@ -144,6 +144,19 @@ def test_worker_keys_and_the_gateways_key_are_separate_secret_keys() -> None:
     assert f"--from-literal={worker}=" in docs and f"--from-literal={gateway}=" in docs
 
 
+def test_operations_guide_builds_and_sets_every_guard_image_the_manifests_name() -> None:
+    """The manifests name images nothing publishes: the guide builds each from its Dockerfile and points the
+    kustomization at the pushed one."""
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    images = {c["image"].split(":")[0] for path in K8S_FILES for d in _documents(path) if d["kind"] == "Deployment"
+              for c in d["spec"]["template"]["spec"]["containers"] if c["image"].startswith("ghcr.io/guard/")}
+    assert images == {"ghcr.io/guard/guard-gateway", "ghcr.io/guard/guard-worker"}
+    for image in images:
+        name = image.rsplit("/", 1)[1]
+        assert f"docker build -f deploy/docker/{name.removeprefix('guard-')}.Dockerfile" in docs, name
+        assert f'{image}="$REGISTRY/{name}:$TAG"' in docs, name
+
+
 def test_compose_services_build_from_existing_files_and_parse() -> None:
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]
