@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from guard.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -357,3 +360,37 @@ def test_every_resume_shown_is_built_from_the_thread_s_pending_interrupts() -> N
     kept = re.compile(r"""resume_command\(\s*\w+\[["']__interrupt__["']\]""")
     shown = [*LINKED, *sorted((ROOT / "examples").rglob("*.py"))]
     assert [str(_rel(page)) for page in shown if kept.search(page.read_text(encoding="utf-8"))] == []
+
+
+def _shell_commands(page: Path) -> list[list[str]]:
+    """Each command line of ``page``'s bash blocks (continuations joined, comments dropped) as words; a line whose
+    quotes run on to the next (a JSON document piped in) is left out."""
+    commands = []
+    for _, _, info, text in _fenced_blocks(page.read_text().splitlines()):
+        if info == "bash":
+            for line in text.replace("\\\n", " ").splitlines():
+                try:
+                    words = shlex.split(line, comments=True)
+                except ValueError:
+                    continue
+                if words:
+                    commands.append(words)
+    return commands
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "docs" / "worker.md"], ids=lambda p: p.name)
+def test_a_worker_that_remote_gateways_reach_is_shown_with_keys(page: Path) -> None:
+    """The README sent a gateway to http://gpu-worker:8000 while its worker command listened on 127.0.0.1 without
+    keys (and a non-loopback worker without keys exits 2): a remote --backend is shown with $GUARD_BACKEND_API_KEY, and
+    beside it a worker on all addresses with --api-keys-env."""
+    commands = _shell_commands(page)
+    remote = [c for c in commands if "proxy" in c and any(w.startswith("http://gpu-worker") for w in c)]
+    workers = [c for c in commands if "serve" in c and "--host" in c and c[c.index("--host") + 1] == "0.0.0.0"]
+    if page.name == "README.md":
+        assert remote and all(any(w.startswith("GUARD_BACKEND_API_KEY=") for w in c) for c in remote), remote
+    if remote:
+        assert workers, f"{page.name}: a gateway reaches a remote worker, but no worker listens beyond loopback"
+    for worker in workers:
+        start = worker.index("guard")
+        args = build_parser().parse_args(worker[start + 1 :])
+        assert args.api_keys_env and any(w.startswith(f"{args.api_keys_env}=") for w in worker[:start]), worker
