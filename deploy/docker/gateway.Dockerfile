@@ -22,6 +22,8 @@ USER 10001
 EXPOSE 8080
 ENTRYPOINT ["guard", "proxy"]
 # The default command runs on the embedded CPU model alone: a policy of catalog questions (api_abuse.yaml also asks a
-# free-form question, so it needs --backend pointing at a Clef worker, as deploy/compose passes it).
+# free-form question, so it needs --backend pointing at a Clef worker, as deploy/compose passes it). The policy
+# escalates uncertain requests, and without --review-tokens-env no reviewer can answer them: guard proxy logs a
+# warning naming the policy. Pass your own command with --review-tokens-env VAR for anything but a trial.
 CMD ["--policy", "/etc/guard/policies/api_abuse_compact.yaml", "--upstream", "http://api:8000", "--listen", "0.0.0.0:8080", \
      "--admin-listen", "0.0.0.0:9901"]

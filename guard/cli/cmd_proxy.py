@@ -353,6 +353,8 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         raise ValueError("--review-insecure-loopback needs a loopback --admin-listen (127.0.0.1, ::1) and no "
                          "--review-tokens-env")
     policies = load_files(*args.policy)  # fail fast on a bad policy, before a model is loaded
+    if reviewers is None and not args.review_insecure_loopback:
+        _warn_unanswered_escalations(policies.policies)
     local_ttl = {} if args.cache_local_ttl is None else {"local_ttl": args.cache_local_ttl}
     cache_config = CacheConfig(url=args.redis_url, **local_ttl)
     try:  # likewise a Redis URL the cache cannot use, or no store key to seal with
@@ -411,6 +413,18 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
                       metrics=app.guarded.metrics, health=health)
     return ProxyRuntime(app=app, host=host, port=port, admin=admin, admin_host=admin_host, admin_port=admin_port,
                         header_timeout=args.header_timeout, aclose=aclose)
+
+
+def _warn_unanswered_escalations(policies: Any) -> None:
+    """Log a warning naming each enforced HTTP policy that can hold requests for review (an ``escalate`` rule, default or
+    fail mode) when no reviewer can answer them: such requests wait until their review item expires."""
+    for policy in policies:
+        outcomes = [rule.outcome for rule in policy.rules] + [policy.default]
+        fail_mode = policy.on_error.mode if policy.on_error is not None else None
+        escalates = "escalate" in [o.action for o in outcomes] or fail_mode == "escalate"
+        if policy.http is not None and policy.mode == "enforce" and escalates:
+            logger.warning("policy %r escalates, but the reviewers' API is not served (no --review-tokens-env): "
+                           "requests it holds wait unanswered until they expire", policy.id)
 
 
 def _url_source(url: str, flag: str, variable: str) -> str:

@@ -891,3 +891,21 @@ def test_a_stream_a_response_policy_blocks_mid_way_stops_the_relay_and_is_no_dis
     assert ended and upstream.made < 1000
     assert "guard_http_client_disconnects_total" not in app.guarded.metrics.render().decode()
     assert stopped_in < 5, stopped_in
+
+
+def test_cli_warns_when_an_escalating_policy_has_no_reviewers(
+    upstream: tuple[Upstream, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gateway image's default command served policies/api_abuse_compact.yaml, which escalates, without reviewer
+    tokens: requests were held that nobody could answer, and nothing said so. Now a warning names the policy."""
+    _, url = upstream
+    compact = Path(__file__).parents[2] / "policies" / "api_abuse_compact.yaml"
+    argv = ["proxy", "--policy", str(compact), "--upstream", url, "--backend", "http://127.0.0.1:9"]
+    monkeypatch.setenv("GUARD_TEST_REVIEW_TOKENS", f"alice:{TOKEN}")
+    for extra, warned in (([], True), (["--review-tokens-env", "GUARD_TEST_REVIEW_TOKENS"], False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="guard.proxy"):
+            runtime = build(build_parser().parse_args([*argv, *extra]))
+        asyncio.run(runtime.aclose())
+        messages = [r.getMessage() for r in caplog.records if r.name == "guard.proxy"]
+        assert any("'api-abuse-compact' escalates" in m and "--review-tokens-env" in m for m in messages) is warned
