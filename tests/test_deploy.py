@@ -157,6 +157,18 @@ def test_operations_guide_builds_and_sets_every_guard_image_the_manifests_name()
         assert f'{image}="$REGISTRY/{name}:$TAG"' in docs, name
 
 
+def test_worker_survives_drains_and_busy_probes_and_binds_only_a_prepared_volume() -> None:
+    """A drain could evict every worker at once; a probe's 1 s default timed out on a worker busy with full batches;
+    the weights claim took the default storage class, which provisions an empty volume (the worker exits 2)."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _documents(DEPLOY / "k8s" / "worker.yaml")}
+    budget = docs[("PodDisruptionBudget", "guard-worker")]["spec"]
+    assert budget["selector"]["matchLabels"] == {"app.kubernetes.io/name": "guard-worker"} and budget["maxUnavailable"]
+    container = docs[("Deployment", "guard-worker")]["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["timeoutSeconds"] >= 5, probe
+    assert docs[("PersistentVolumeClaim", "clef-weights")]["spec"]["storageClassName"] == ""
+
+
 def test_compose_services_build_from_existing_files_and_parse() -> None:
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]
