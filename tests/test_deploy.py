@@ -169,6 +169,16 @@ def test_worker_survives_drains_and_busy_probes_and_binds_only_a_prepared_volume
     assert docs[("PersistentVolumeClaim", "clef-weights")]["spec"]["storageClassName"] == ""
 
 
+def test_compose_services_are_read_only_limited_and_without_capabilities() -> None:
+    """The Redis servers ran with every capability and the others on a writable root file system, none with a
+    memory or CPU limit (one runaway process could take the node)."""
+    services = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]
+    for name, service in services.items():
+        assert service["cap_drop"] == ["ALL"] and "no-new-privileges:true" in service["security_opt"], name
+        assert service["read_only"] is True and "/tmp" in service["tmpfs"], name
+        assert {"memory", "cpus"} <= set(service["deploy"]["resources"]["limits"]), name
+
+
 def test_compose_services_build_from_existing_files_and_parse() -> None:
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]
