@@ -4,6 +4,7 @@ blocked message never reaches a model."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Annotated, Any
 
@@ -26,6 +27,7 @@ from langgraph.types import Command
 from pydantic import BaseModel as PydanticBaseModel
 
 from guard.agents import GuardAgentMiddleware
+from guard.agents._memo import same
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
 from guard.policy import load_files
@@ -321,28 +323,53 @@ def test_each_stamp_is_checked_once_per_run_not_at_every_model_step(harness: Any
     assert len(stamp_checks) <= 2 * steps
 
 
-@pytest.mark.parametrize("change", ["content", "call-arguments", "result"])
+class EqualStr(str):
+    """A str whose ``==`` says equal to anything."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = str.__hash__
+
+
+@pytest.mark.parametrize("change", ["content", "call-arguments", "result", "equal-content", "equal-call-arguments",
+                                    "equal-result", "kwargs-0-to-False"])
 def test_a_stamped_message_changed_in_place_during_the_run_is_judged(harness: Any, thread: Any, change: str) -> None:
     h = harness()
+    attack = EqualStr(ATTACK) if change.startswith("equal-") else ATTACK  # == says it is the value it replaces
 
     class Tamper(AgentMiddleware):  # listed before guard: it changes an old message before guard reads the thread
         def before_model(self, state: Any, runtime: Any) -> None:
             replies = [m for m in state["messages"] if isinstance(m, AIMessage)]
             if len(replies) != 3:  # the first reply's stamp was checked at the two steps before
                 return
-            if change == "content":
-                replies[0].content = ATTACK
-            elif change == "call-arguments":
-                replies[0].tool_calls[0]["args"]["path"] = ATTACK
-            else:
+            if change.endswith("content"):
+                replies[0].content = attack
+            elif change.endswith("call-arguments"):
+                replies[0].tool_calls[0]["args"]["path"] = attack
+            elif change.endswith("result"):
                 result = next(m for m in state["messages"] if isinstance(m, ToolMessage))
-                result.content = ATTACK
+                result.content = attack
+            else:  # == 0, but its JSON (what the stamp covers) is another value
+                assert replies[0].additional_kwargs["tool_calls"][0]["index"] == 0
+                replies[0].additional_kwargs["tool_calls"][0]["index"] = False
 
     agent = create_agent(model(*_reading_turns(4)), h.tools, middleware=[Tamper(), GuardAgentMiddleware(guard=h.guard)],
                          checkpointer=InMemorySaver())  # fmt: skip
     out = drive(agent, {"messages": [("user", "read my notes")]}, thread(), "invoke")
+    if change == "kwargs-0-to-False":  # the reply is unstamped now: judged as input, its call included
+        assert any("notes0.txt" in text for text in input_texts(h))
+        return
     assert any(ATTACK in text for text in input_texts(h))
     assert BLOCKED in out.last_ai().text and h.runs.count() == 3
+
+
+@pytest.mark.parametrize(("kept", "now"), [(0, False), (1, True), (1, 1.0), (0.0, -0.0), ("x", EqualStr("x")),
+                                           ({"a": 1, "b": 2}, {"b": 2, "a": 1})])
+def test_a_kept_copy_is_the_same_only_type_for_type(kept: Any, now: Any) -> None:
+    assert kept == now  # == says equal, but it serialises otherwise
+    assert not same(kept, now) and not same(now, kept)
+    assert same(copy.deepcopy([{"k": kept}]), [{"k": kept}])
 
 
 @pytest.mark.parametrize(("second_key", "judged"), [("a-shared-record-key-of-32-bytes!", False),
