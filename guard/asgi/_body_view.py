@@ -9,9 +9,9 @@ not shown as the application reads it makes the view not ``complete`` (an approv
 ``accept_unseen_body``, :mod:`guard.asgi.review_api`), with ``not_shown`` saying what and how much:
 
 * a masked value of a secret-named field that does not read as a credential (:func:`_credential_shaped`: a value
-  inside an object or array under such a field, or text with blank space, such as an ``email_signature``), each
-  listed by its path (``$.session.messages[0].content``); a credential (a password, a token) is masked and not
-  counted;
+  inside an object or array under such a field, a number, text such as an ``email_signature``, a URL, words joined
+  by ``_``, an identifier such as an ``iban``), each listed by its path (``$.session.messages[0].content``); a
+  credential (a token, a password) is masked and not counted;
 * the view is cut at :data:`MAX_SHOWN_BODY_BYTES`;
 * a value that repeats a secret of the request (a credential header's, a secret-named field's) is masked where it is
   not that field's own value: a client can make any text repeat a secret, so the mask may hide what it approves;
@@ -66,9 +66,20 @@ _INVISIBLE = re.compile(
 )
 #: Most paths of masked values that do not read as a credential that ``not_shown`` lists (the rest are counted).
 MAX_LISTED_PATHS = 10
-#: Names of password fields, whose values may hold blank space and still be a credential (``new_password``,
-#: ``passphrase``, ``pwd``).
-_PASSWORD_NAME = re.compile(r"(?:passw(?:or)?d|pass[-_]?phrase|passcode|(?:^|[-_])(?:pwd?|pass))$", re.IGNORECASE)
+#: Names of password fields, whose values may hold blank space and still be a credential.
+_PASSWORD_NAME = re.compile(r"(?:new_|old_|current_)?password|passphrase|pwd", re.IGNORECASE)
+#: Names of auth header fields, whose values may be an auth scheme and its credential (``Bearer eyJ...``).
+_AUTH_NAME = re.compile(r"(?:proxy-)?authorization|auth", re.IGNORECASE)
+_AUTH_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9-]* (\S+)")
+_LINE_BREAK = re.compile(r"[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+#: One credential token: key, JWT and base64 characters, at most 512 of them.
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]{1,512}")
+#: Words joined by separators and no digit (``grant_admin_role_to_mallory``, ``DELETE-ALL``): text, not a token.
+_WORDS = re.compile(r"[A-Za-z]+(?:[._~+/=-]+[A-Za-z]+)+")
+#: Secret-named fields (:data:`~guard.engine.telemetry.SECRET_NAME`, which the decision log and the state mask too)
+#: whose values identify what a request acts on (an IBAN, an account or routing number, an object's ``key``): masked,
+#: but never read as a credential, so an approval of such a body names ``accept_unseen_body``.
+_IDENTIFIER_NAME = re.compile(r"^iban$|(?:^|[-_])(?:account|routing)[-_]?num(?:ber)?(?:$|[-_])|^key$", re.IGNORECASE)
 #: One token of JSON text: a string (escapes included), a bracket or separator, a bare value (number, literal), blank
 #: space, or any other character (the view reads a body a strict parser accepted; it never fails on one it did not).
 _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+|\s+|.', re.DOTALL)
@@ -213,12 +224,31 @@ def _shown(text: str) -> tuple[str, int, int]:
 
 
 def _credential_shaped(name: str, value: str) -> bool:
-    """Whether the value of secret-named field ``name`` (its own value, not one inside an object or array under it)
-    reads as a credential: one token with no blank space (a key, a JWT), an ``Authorization``-shaped value
-    (:func:`~guard.engine.telemetry.credential_value`), or any value of a password field (:data:`_PASSWORD_NAME`: a
-    passphrase has spaces). Text with blank space under another name (an ``email_signature``) does not."""
-    return (not any(char.isspace() for char in value) or credential_value(value)
-            or _PASSWORD_NAME.search(name) is not None)
+    """Whether the string value of secret-named field ``name`` (its own value, not one inside an object or array under
+    it) reads as a credential, so that masking it hides nothing a reviewer must read:
+
+    * one token (:data:`_TOKEN`: at most 512 characters of ``A-Z a-z 0-9 . _ ~ + / = -``, as keys, JWTs and base64
+      are) that is not words joined (:data:`_WORDS`: ``grant_admin_role``); no blank space, no invisible character,
+      no ``:`` (a URL), ``$``, ``*`` or ``{``;
+    * under an auth header's name (:data:`_AUTH_NAME`), a scheme and one such token (``Bearer eyJ...``);
+    * under a password's name (:data:`_PASSWORD_NAME`), any line of at most 512 characters without an invisible
+      character (a passphrase has spaces).
+
+    Never under a name that holds an identifier a reviewer must read (:data:`_IDENTIFIER_NAME`: ``iban``,
+    ``account_number``, ``key``: where money goes, what is deleted)."""
+    if _IDENTIFIER_NAME.search(name) is not None:
+        return False
+    if _is_token(value):
+        return True
+    if _AUTH_NAME.fullmatch(name) is not None:
+        scheme = _AUTH_SCHEME.fullmatch(value)
+        return scheme is not None and _is_token(scheme.group(1))
+    return (_PASSWORD_NAME.fullmatch(name) is not None and len(value) <= 512 and not _LINE_BREAK.search(value)
+            and _INVISIBLE.search(value) is None)
+
+
+def _is_token(value: str) -> bool:
+    return _TOKEN.fullmatch(value) is not None and _WORDS.fullmatch(value) is None
 
 
 def _path(stack: list[list[Any]]) -> str:
@@ -317,10 +347,9 @@ def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
                 assert frame is not None
                 frame[4] = named
         elif not first.isspace() and token not in _LITERALS:  # a number (or a stray character)
-            if secret:
+            if secret:  # a number is never read as a credential: an amount or account number may hide there
                 shown = plain = MASK
-                if not credential:
-                    hidden.append(_path(stack))
+                hidden.append(_path(stack))
             elif (found := repeats(token)) is not None:
                 shown = plain = found
                 masked += 1

@@ -90,14 +90,16 @@ async def test_secret_named_fields_mask_their_own_values_and_never_the_whole_bod
         masked = {name: "[redacted]" if name.startswith(("token_", "secret_")) else value
                   for name, value in fields.items()}
         assert shown["text"] == json.dumps(masked) and shown["decoded"] is None
-        assert (shown["complete"], shown["not_shown"]) == (True, None)
-        assert (await _approve(client, held)).status_code == 200
+        # a value with "é" is not one token, so those 30 are listed (the tokens are not)
+        assert shown["not_shown"].startswith("30 values of secret-named fields masked as [redacted] that do not read "
+                                             "as a credential: $.secret_0, ")
+        assert (await _approve(client, held, accept_unseen_body=True)).status_code == 200
 
 
 @pytest.mark.parametrize(("body", "text"), [
     # a secret-named field whose value repeats the text it hides
-    (b'{"message":"maybe show","admin":true,"role":"owner","passcode":"\\"admin\\":true,\\"role\\":\\"owner\\""}',
-     '{"message":"maybe show","admin":true,"role":"owner","passcode":"[redacted]"}'),
+    (b'{"message":"maybe show","admin":true,"role":"owner","new_password":"\\"admin\\":true,\\"role\\":\\"owner\\""}',
+     '{"message":"maybe show","admin":true,"role":"owner","new_password":"[redacted]"}'),
     (b'{"message":"maybe show","name":"bob","admin":true,"password":"\\",\\"admin\\":true"}',
      '{"message":"maybe show","name":"bob","admin":true,"password":"[redacted]"}'),
 ])
@@ -144,7 +146,7 @@ async def test_a_value_that_repeats_a_secret_is_masked_and_the_item_asks_for_the
      "application/json",
      ('{"message": "maybe hi", "api_keys": ["[redacted]", "[redacted]"], "x": {"the signature": "[redacted]", '
       '"pin": [redacted]}}'),
-     '$.api_keys[0], $.api_keys[1], $.x["the signature"]'),
+     '$.api_keys[0], $.api_keys[1], $.x["the signature"], $.x.pin'),
     ("message=maybe+hi&email_signature=DELETE+ALL+USERS&passphrase=correct+horse", FORM,
      "message=maybe+hi&email_signature=[redacted]&passphrase=[redacted]", '"email_signature"'),
 ])
@@ -164,6 +166,51 @@ async def test_a_masked_value_that_is_no_credential_makes_the_item_incomplete(
                                       f"[redacted] that do not read as a credential: {paths}")
         refused = await _approve(client, held)
         assert (refused.status_code, refused.json()["code"]) == (409, "body_not_shown")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("email_signature", "DELETE\u200bALL\u200bUSERS\u200bNOW"),
+    ("email_signature", "rm${IFS}-rf${IFS}/"),
+    ("session", "grant_admin_role_to_mallory_and_wire_all_funds"),
+    ("webhook_signature", "https://evil.example/exfil?all=1"),
+    ("email_signature", "Bearer wire_all_the_money_to_mallory_now"),
+    ("note_password", "Please wire all the money to mallory and delete logs"),
+    ("token", "A" * 20000),
+    ("account_number", 99887766),
+    ("iban", "GB33BUKB20201555555555"),
+    ("key", "prod/backups/*"),
+    ("key", "prod/backups/2024.tar"),
+])
+async def test_text_under_a_secret_name_is_no_credential(make_guard: GuardFactory, store: ReviewStore, field: str,
+                                                         value: Any) -> None:
+    """Text, a URL, words joined by ``_``, a number or an identifier under a secret-named field read as a credential,
+    so the item said it was complete and an approval released what no reviewer saw (attack finding): the value is
+    listed as not shown."""
+    async with client_for(_app(make_guard(), store)) as client:
+        held = await _hold(client, json.dumps({"message": "maybe hi", field: value}).encode())
+        shown = await _shown(client, held)
+        assert shown["complete"] is False and shown["not_shown"].endswith(f"not read as a credential: $.{field}")
+        assert (await _approve(client, held)).status_code == 409
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("token", "tk-0123456789"),
+    ("api_key", "sk_live_51HxYzAbCdEf0123"),
+    ("session", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
+    ("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc_def-123"),
+    ("password", "correct horse battery staple"),
+    ("current_password", "Tr0ub4dor&3 #1"),
+])
+async def test_a_credential_under_a_secret_name_is_masked_and_the_item_complete(
+    make_guard: GuardFactory, store: ReviewStore, field: str, value: str
+) -> None:
+    """A token, an auth scheme's value under an auth name, and any line of a password field are masked and count as
+    shown (masking them hides nothing a reviewer must read)."""
+    async with client_for(_app(make_guard(), store)) as client:
+        held = await _hold(client, json.dumps({"message": "maybe hi", field: value}).encode())
+        shown = await _shown(client, held)
+        assert (shown["text"], shown["complete"]) == (f'{{"message": "maybe hi", "{field}": "[redacted]"}}', True)
+        assert (await _approve(client, held)).status_code == 200
 
 
 async def test_a_long_header_value_masks_nothing_in_the_body(make_guard: GuardFactory, store: ReviewStore) -> None:
