@@ -555,11 +555,14 @@ class ToolCallEnforcer:
 
     def run(self, request: ToolCallRequest, handler: SyncHandler, *, reviewed: bool = False) -> Result:
         """Judge the call, then run, block, route or escalate it (blocking). ``ToolNode``'s ``wrap_tool_call``.
-        ``reviewed``: a reviewer outside guard released this call (it is claimed once before it runs)."""
+        ``reviewed``: a reviewer outside guard released this call. It is claimed once before it runs (under the call
+        the model's turn holds, :meth:`claim_key`), as is a call whose arguments differ from that one: a wrapper
+        listed before this one changed it, as a per-call ``HumanInTheLoopMiddleware`` edit does without a trace in
+        the state, so replaying its resume cannot run the tool again."""
         prepared = self.prepare(request)
         if isinstance(prepared, ToolMessage):
             return prepared
-        if reviewed:
+        if reviewed or prepared.digest != prepared.held_digest:
             prepared = replace(prepared, reviewed=True)
         early: Result | None = None
         if self._speculative(prepared):
@@ -660,7 +663,7 @@ class ToolCallEnforcer:
         prepared = self.prepare(request)
         if isinstance(prepared, ToolMessage):
             return prepared
-        if reviewed:
+        if reviewed or prepared.digest != prepared.held_digest:
             prepared = replace(prepared, reviewed=True)
         early: Result | None = None
         if self._speculative(prepared):

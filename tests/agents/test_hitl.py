@@ -456,6 +456,23 @@ def test_per_call_hitl_before_guard_edits_are_judged(harness: Any, thread: Any, 
     assert h.runs.calls == runs
 
 
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_replayed_per_call_hitl_edit_runs_once(harness: Any, thread: Any, mode: str) -> None:
+    """A per-call HITL edit (HITL listed first) changes the request inside HITL's own wrapper and leaves nothing in
+    the state, so it was judged as a call no one reviewed and resuming the saved checkpoint again ran the tool each
+    time: the call differs from the one the model's turn holds, so it is claimed under that one and runs once."""
+    h = harness()
+    hitl = HumanInTheLoopMiddleware({"pay": True}, interrupt_mode="per_call")
+    agent, config = guard_agent(h, pays((50, "ann", "a")), hitl=hitl, guard_first=False), thread()
+    out = drive(agent, USER, config, mode)
+    interrupted = agent.get_state(config)
+    drive(agent, Command(resume={out.interrupts[0].id: _hitl_edit("bob", 1)}), interrupted.config, mode)
+    for _ in range(2):
+        with pytest.raises(ApprovalAlreadyUsed):
+            drive(agent, Command(resume={out.interrupts[0].id: _hitl_edit("bob", 1)}), interrupted.config, mode)
+    assert h.runs.calls == [("pay", {"amount": 1, "to": "bob"})]
+
+
 def test_a_review_after_an_unanswered_one_takes_decisions_by_item_id_only(harness: Any, thread: Any) -> None:
     """New input while a review is pending starts a turn whose review a list of decisions (by position) cannot
     answer: it could be the reviewer's answer to the interrupt they saw, for other calls. Answered by item id, the
