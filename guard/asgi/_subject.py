@@ -320,24 +320,33 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
 def subject_summary(subject: HttpSubject, body: bytes) -> dict[str, Any]:
     """What a reviewer sees of the held request besides the state: method, path and ``path_note``
     (:func:`shown_path`), query (:func:`shown_query`), host, client, media type, the headers a release replays
-    (:func:`shown_headers`) and ``body``, the held body (:func:`~guard.asgi._body_view.shown_body`)."""
+    (:func:`shown_headers`), ``headers_note`` (the host's and the headers' characters shown percent-encoded, as the
+    path's are) and ``body``, the held body (:func:`~guard.asgi._body_view.shown_body`)."""
     path, note = shown_path(subject)
+    texts = [subject.host, *(text for pair in shown_headers(subject).items() for text in pair)]
+    shown = [_percent_shown(text, _TEXT_SAFE) for text in texts]  # the host, then each header's name and value
+    host = shown[0][0]
+    headers = {name[0]: value[0] for name, value in zip(shown[1::2], shown[2::2], strict=True)}
+    count, invisible = sum(item[1] for item in shown), sum(item[2] for item in shown)
     return {
         "kind": "http",
         "method": subject.method,
         "path": path,
         "path_note": note,
         "query": shown_query(subject),
-        "host": subject.host,
+        "host": host,
         "client": subject.client,
         "content_type": subject.content_type,
-        "headers": shown_headers(subject),
+        "headers": headers,
+        "headers_note": _encoded_note("the host and headers", count, invisible),
         "body": shown_body(subject, body),
     }
 
 
 #: What a path shows as itself besides letters, digits and ``_.-~`` (RFC 3986 ``pchar`` and ``/``).
 _PATH_SAFE = "/!$&'()*+,;=:@"
+#: What a host or header shows as itself: printable ASCII but ``%``.
+_TEXT_SAFE = "".join(chr(code) for code in range(0x20, 0x7F) if chr(code) != "%")
 
 
 def shown_path(subject: HttpSubject) -> tuple[str, str | None]:
@@ -345,15 +354,26 @@ def shown_path(subject: HttpSubject) -> tuple[str, str | None]:
     query is (``/v1/%E2%80%AEtxt.exe/echo``: a bidi control or a zero-width character cannot turn it around or hide
     in it), and a note saying how many characters are shown encoded and how many of them are invisible or format
     characters; ``None`` when every character is shown as itself (``%`` is always shown as ``%25``)."""
-    path = subject.sent_path or subject.path
-    encoded = [char for char in path if char != "%" and quote(char, safe=_PATH_SAFE) != char]
-    if not encoded:
-        return quote(path, safe=_PATH_SAFE), None
-    invisible = sum(1 for char in encoded if _INVISIBLE.fullmatch(char))
-    note = f"{len(encoded)} {'character' if len(encoded) == 1 else 'characters'} of the path shown percent-encoded"
+    path, count, invisible = _percent_shown(subject.sent_path or subject.path, _PATH_SAFE)
+    return path, _encoded_note("the path", count, invisible)
+
+
+def _percent_shown(text: str, safe: str) -> tuple[str, int, int]:
+    """``text`` percent-encoded as UTF-8 but for ASCII letters, digits, ``_.-~`` and ``safe`` (``%`` always encoded),
+    how many characters other than ``%`` it encodes, and how many of those are invisible or format characters."""
+    encoded = [char for char in text if char != "%" and quote(char, safe=safe) != char]
+    return quote(text, safe=safe), len(encoded), sum(1 for char in encoded if _INVISIBLE.fullmatch(char))
+
+
+def _encoded_note(what: str, count: int, invisible: int) -> str | None:
+    """The note on ``count`` characters of ``what`` shown percent-encoded (``invisible`` of them invisible or format
+    characters); ``None`` for none."""
+    if not count:
+        return None
+    note = f"{count} {'character' if count == 1 else 'characters'} of {what} shown percent-encoded"
     if invisible:
         note += f" ({invisible} invisible or format: bidi, zero-width, tag)"
-    return quote(path, safe=_PATH_SAFE), note
+    return note
 
 
 def shown_headers(subject: HttpSubject) -> dict[str, str]:

@@ -333,6 +333,23 @@ async def test_the_reviewer_sees_the_path_percent_encoded(make_guard: GuardFacto
     assert (item["subject"]["path"], item["subject"]["path_note"]) == (shown, note)
 
 
+@pytest.mark.parametrize(("headers", "shown", "note"), [
+    ({"x-role": b"ad\xadmin", "x-note": b"\xa0\x85user"}, {"x-role": "ad%C2%ADmin", "x-note": "%C2%A0%C2%85user"},
+     "3 characters of the host and headers shown percent-encoded (2 invisible or format: bidi, zero-width, tag)"),
+    ({"x-discount": "50%"}, {"x-discount": "50%25"}, None),
+])
+async def test_the_reviewer_sees_headers_percent_encoded(make_guard: GuardFactory, headers: dict[str, Any],
+                                                         shown: dict[str, str], note: str | None) -> None:
+    """Header values holding a soft hyphen, a no-break space and NEL were shown as they are, so the console showed
+    ``x-role: ad-min`` as ``admin`` (attack finding): the host and the headers are percent-encoded as the path is,
+    and ``headers_note`` says how many characters are, and how many of them are invisible or format characters."""
+    async with client_for(_app(make_guard(), MemoryReviewStore())) as client:
+        held = (await client.post("/v1/echo", content=UNSURE, headers={**JSON, **headers})).json()
+        item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
+    assert {name: item["subject"]["headers"][name] for name in shown} == shown
+    assert (item["subject"]["host"], item["subject"]["headers_note"]) == ("testserver", note)
+
+
 async def test_the_reviewer_sees_the_headers_a_release_replays(make_guard: GuardFactory) -> None:
     """A header no policy reads (``x-role: admin``) was replayed on release without the reviewer seeing it (attack
     finding); credentials stay out (the releasing request brings its own), secret-named ones are redacted."""
