@@ -602,54 +602,61 @@ class TurnKeeper:
         """The ``relayed`` part as recorded: ``flagged``, whether the conversation held flagged tool results since
         the user's last message when it was written; ``seen``, each ``agent`` message then in the thread and whether
         it summarizes flagged results; ``system``, the digests of the system messages the thread opened with when this
-        instance first saw it (:func:`~guard.agents._records.opening_system`). No record at all: nothing flagged, and
-        ``system`` ``None`` (not seen yet); a part whose seal fails, or a record without one: flagged (what it said is
-        unknown), and no system message trusted."""
+        instance first saw it (:func:`~guard.agents._records.opening_system`), ``None`` when not known. No record at
+        all: nothing flagged (not seen yet); a part whose seal fails, or a record without one: flagged (what it said
+        is unknown). Without digests (no record, a seal that fails, a record that kept none) the system messages that
+        open the thread are trusted by their place."""
         part = self.part(state, "relayed")
         if isinstance(part, Mapping) and isinstance(part.get("seen"), Mapping):
             system = part.get("system")
             return {"flagged": part.get("flagged") is True, "seen": dict(part["seen"]),
-                    "system": list(system) if isinstance(system, list) else []}  # fmt: skip
-        stored = self.stored(state)
-        return {"flagged": "relayed" in stored, "seen": {}, "system": [] if stored else None}
+                    "system": list(system) if isinstance(system, list) else None}  # fmt: skip
+        return {"flagged": "relayed" in self.stored(state), "seen": {}, "system": None}
+
+    def _relayed(self, state: Any) -> tuple[dict[str, Any], list[str], list[str], frozenset[str]]:
+        """The ``relayed`` part as recorded (:meth:`_relayed_record`, read once), the digests of the trusted system
+        messages (:meth:`trusted_system`), the ids of the ``agent`` messages in ``state`` and those of them that
+        summarize flagged results (:meth:`summarized`)."""
+        record = self._relayed_record(state)
+        system = opening_system(state) if record["system"] is None else record["system"]
+        trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
+        ids = relayed_ids(state, trust_subagent_input=trust, subagent=subagent, trusted_system=system)
+        summarized = frozenset(message_id for message_id in ids if record["seen"].get(message_id, record["flagged"]) is True)
+        return record, system, ids, summarized
 
     def trusted_system(self, state: Any) -> list[str]:
         """The digests of the thread's trusted system messages: those it opened with when this instance first saw it,
-        as recorded; before that, those that open ``state`` (:func:`~guard.agents._records.opening_system`). A system
+        as recorded; while that is not known (not seen yet, or a record that cannot be read, as after a restart
+        without ``state_key``), those that open ``state`` (:func:`~guard.agents._records.opening_system`). A system
         message whose text is not among them is role ``agent`` wherever it stands (a summary written as one)."""
-        system = self._relayed_record(state)["system"]
-        return opening_system(state) if system is None else system
+        return self._relayed(state)[1]
 
     def summarized(self, state: Any) -> frozenset[str]:
         """The ids of the ``agent`` messages in ``state`` (:func:`~guard.agents._records.turn_history`: a summary, a
         parent agent's task) that summarize flagged tool results: as recorded when first seen; one not seen yet does
         when the conversation last recorded held flagged results (a summary replaces the messages it summarizes, so
         only the record still knows of them)."""
-        record = self._relayed_record(state)
-        trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
-        ids = relayed_ids(state, trust_subagent_input=trust, subagent=subagent, trusted_system=self.trusted_system(state))
-        return frozenset(message_id for message_id in ids if record["seen"].get(message_id, record["flagged"]) is True)
+        return self._relayed(state)[3]
 
     def _relayed_change(self, state: Any) -> dict[str, Any]:
         """``{"relayed": part}`` with the part as it stands for ``state`` when the record differs, else ``{}``."""
-        summarized = self.summarized(state)
+        record, system, ids, summarized = self._relayed(state)
         trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
-        system = self.trusted_system(state)
         _, history = conversation(state, trust_subagent_input=trust, subagent=subagent, summarized=summarized,
                                   server_flagged=self.server_flagged(state), texts=self._texts,
                                   trusted_system=system)  # fmt: skip
-        ids = relayed_ids(state, trust_subagent_input=trust, subagent=subagent, trusted_system=system)
         seen = {message_id: message_id in summarized for message_id in ids}
         now = {"flagged": flagged_results(history) > 0, "seen": seen, "system": system}
-        return {} if now == self._relayed_record(state) else {"relayed": now}
+        return {} if now == record else {"relayed": now}
 
     def conversation(self, state: Any) -> tuple[str | None, tuple[TurnMessage, ...]]:
         """The task and the history a tool call of ``state`` is judged with
         (:func:`~guard.agents._records.conversation`, with :meth:`summarized`)."""
+        _, system, _, summarized = self._relayed(state)
         trust, subagent = self.judge.options.trust_subagent_input, self.judge.options.subagent
-        return conversation(state, trust_subagent_input=trust, subagent=subagent, summarized=self.summarized(state),
+        return conversation(state, trust_subagent_input=trust, subagent=subagent, summarized=summarized,
                             server_flagged=self.server_flagged(state), texts=self._texts,
-                            trusted_system=self.trusted_system(state))  # fmt: skip
+                            trusted_system=system)  # fmt: skip
 
     def _stamped(self, fields: list[Any]) -> tuple[str, bytes, bytes]:
         """What a stamp covers (context, data as stored, data exactly): a message's :meth:`_fields` as JSON

@@ -19,7 +19,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from examples.agent.agent import replay_model
+from examples.agent.agent import ReplayModel, replay_model
 from guard.agents import GuardAgentMiddleware, guarded_tool_node, resume_command, send_tool_calls
 from guard.agents._records import relayed_ids, turn_history, user_text
 from guard.backends.compact import CompactBackend
@@ -134,6 +134,30 @@ def test_the_system_messages_a_thread_opens_with_stay_trusted(guard: Guard) -> N
     result = agent.invoke({"messages": [SystemMessage(prompt), HumanMessage("Check my inbox, then set my password.")]},
                           {"configurable": {"thread_id": "opening-system"}})  # fmt: skip
     assert updated == [PASSWORD] and reviews(result) == []
+
+
+def test_a_thread_whose_record_cannot_be_read_trusts_its_opening_system_messages(
+    guard: Guard, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a restart with another record key (no ``state_key``), the record of the system messages the thread opened
+    with cannot be read: no system message was trusted, and with the record flagged the password the prompt named was
+    ``injected-argument`` and blocked. Its opening system messages are trusted by their place again (logged once)."""
+    updated: list[str] = []
+    prompt = f"You are Emma's assistant. Her new password is {PASSWORD}."
+    call = {"name": "update_password", "args": {"password": PASSWORD}, "id": "call_1", "type": "tool_call"}
+    model = ReplayModel(messages=iter([AIMessage("Hello Emma, how can I help?"), AIMessage("", tool_calls=[call]),
+                                       AIMessage("Done.")]))  # fmt: skip
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "restarted"}}
+
+    def build(key: str) -> Any:
+        middleware = [GuardAgentMiddleware(guard=guard, state_key=key)]
+        return create_agent(model, password_tools(updated), middleware=middleware, checkpointer=saver)
+
+    build("a" * 32).invoke({"messages": [SystemMessage(prompt), HumanMessage("Hi")]}, config)
+    with caplog.at_level("WARNING", logger="guard.agents"):
+        result = build("b" * 32).invoke({"messages": [HumanMessage("Set my new password, please.")]}, config)
+    assert updated == [PASSWORD] and reviews(result) == []
+    assert [r.getMessage().split(" of ")[0] for r in caplog.records].count("guard: the relayed record") == 1
 
 
 def test_a_system_summary_of_a_flagged_result_is_flagged(guard: Guard) -> None:
