@@ -407,7 +407,9 @@ def _unread(content: Any) -> list[str]:
     """What of ``content`` (a message's content, or a block) a model reads that guard cannot: each media block (an
     image, audio, video or file block, inline, remote or by file id, unless it carries text inline under a text media
     type, which is judged; a block declaring an image, audio, video or PDF type whatever its bytes look like: a PDF's
-    text is extracted from compressed streams; a ``document`` whose source is not text) and each
+    text is extracted from compressed streams; a ``document`` whose source is not text; a ``file_id`` in a mapping of
+    no block type, but not in one of another type, such as a citation or Anthropic's ``container_upload``, which
+    names a file and holds none of it) and each
     ``data:`` URL of binary data, each named as :func:`_media_name` says. Providers
     extract a PDF's text and show images to the model, so instructions inside them reach it unjudged."""
     found: list[str] = []
@@ -423,7 +425,8 @@ def _unread(content: Any) -> list[str]:
             source = item.get("source")
             text_source = isinstance(source, Mapping) and source.get("type") in ("text", "content")
             inline_text = _is_text_media(media) and any(item.get(key) for key in ("data", "base64", "text"))
-            if not inline_text and (kind in _MEDIA_BLOCKS or media.startswith(_MEDIA_PREFIXES) or "file_id" in item
+            by_id = "file_id" in item and not kind  # a typed block other than media only refers to a file by id
+            if not inline_text and (kind in _MEDIA_BLOCKS or media.startswith(_MEDIA_PREFIXES) or by_id
                                     or (kind == "document" and not text_source)):
                 found.append(_media_name(media, kind))
                 continue
@@ -500,11 +503,15 @@ _SERVER_CALLS = frozenset({"server_tool_call", "server_tool_call_chunk", "server
 #: ``mcp_list_tools`` (the tools an MCP server lists, with the descriptions the server wrote).
 _LISTED_CALLS = frozenset({"mcp_list_tools"})
 #: Block types of a reply that are neither a tool's call nor its result: the model's own text, reasoning and media in
-#: LangChain's and the providers' forms, and OpenAI's ``mcp_approval_request`` (a call waiting for the client's
-#: approval). Any other type is read as a server tool's result (:func:`server_blocks`).
-_MODEL_BLOCKS = frozenset({"text", "text-plain", "output_text", "reasoning", "reasoning_content", "thinking",
-                           "redacted_thinking", "refusal", "compaction", "citation", "non_standard_annotation",
-                           "mcp_approval_request", *_MEDIA_BLOCKS})
+#: LangChain's and the providers' forms (OpenAI Responses' ``message`` of ``output_text``, Bedrock's
+#: ``citations_content``, whose text is the model's answer), OpenAI's ``mcp_approval_request`` (a call waiting for the
+#: client's approval) and ``program`` (the code the model wrote for programmatic tool calling; its
+#: ``program_output`` is a result), and Anthropic's ``container_upload`` (a file the model put in the code execution
+#: container, by id). Any other type is read as a server tool's result (:func:`server_blocks`).
+_MODEL_BLOCKS = frozenset({"text", "text-plain", "output_text", "message", "reasoning", "reasoning_content", "thinking",
+                           "redacted_thinking", "refusal", "compaction", "citation", "citations_content",
+                           "non_standard_annotation", "mcp_approval_request", "program", "container_upload",
+                           *_MEDIA_BLOCKS})  # fmt: skip
 #: Block types ending in ``_call`` that are client tool calls (run by the agent's tools, judged as calls), not a
 #: provider's.
 _CLIENT_CALLS = frozenset({"function_call", "tool_call", "custom_tool_call", "invalid_tool_call"})

@@ -15,7 +15,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from guard.agents import GuardAgentMiddleware, resume_command
-from guard.agents._content import message_text, server_blocks
+from guard.agents._content import message_text, server_blocks, unread_media
 from guard.agents._records import turn_history
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
@@ -249,6 +249,35 @@ def test_a_server_result_of_any_shape_is_judged_as_a_tool_result(setup: Setup, t
     result = setup.agent(provider_reply(block)).invoke(USER, thread())
     assert setup.runs.count() == 0 and reviews(result) == [("pay", "after-injection")]
     assert [event for event, _, action in setup.decisions() if action == "block"] == ["tool_result"]
+
+
+UPLOADED = {"type": "container_upload", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"}
+PROGRAM = {"type": "program", "id": "prg_1", "call_id": "call_p", "fingerprint": "fp",
+           "code": "const r = await tools.pay({amount: 5, to: 'bob'}); return r;"}  # fmt: skip
+MESSAGE = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+           "content": [{"type": "output_text", "text": "I'll pay bob.", "annotations": [
+               {"type": "file_citation", "file_id": "file-1", "filename": "guide.pdf", "index": 0}]}]}  # fmt: skip
+CITED = {"type": "citations_content", "content": [{"text": "I'll pay bob."}],
+         "citations": [{"title": "guide", "source_content": [{"text": "Guides cost 5."}]}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("block", [UPLOADED, PROGRAM, MESSAGE, CITED],
+                         ids=["container_upload", "program", "message", "citations_content"])  # fmt: skip
+def test_the_models_own_blocks_let_the_calls_after_them_run(setup: Setup, thread: Any, block: Any) -> None:
+    """Anthropic's ``container_upload`` (a file id, no content) was a server result guard could not read, and OpenAI's
+    ``message`` and ``program`` and Bedrock's ``citations_content`` server results: each later call was escalated."""
+    result = setup.agent(provider_reply(block)).invoke(USER, thread())
+    assert setup.runs.calls == [("pay", {"amount": 5, "to": "bob"})] and reviews(result) == []
+    assert server_blocks(provider_reply(block)) == []
+    assert [tool for event, tool, _ in setup.decisions() if event == "tool_result"] == ["pay"]  # its own result only
+
+
+@pytest.mark.parametrize(("block", "unread"), [
+    (UPLOADED, []), (MESSAGE, []),  # a block of another type that names a file by id holds none of it
+    ({"type": "file", "file_id": "file-1"}, ["file"]), ({"source": {"file_id": "file-1"}}, ["media"]),
+])  # fmt: skip
+def test_a_file_id_is_unread_media_only_in_a_media_block_or_one_of_no_type(block: Any, unread: list[str]) -> None:
+    assert unread_media(ToolMessage(content=[block], tool_call_id="c1")) == unread
 
 
 def test_the_models_own_blocks_are_not_server_results() -> None:
