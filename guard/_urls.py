@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-__all__ = ["REFUSED_PATH_ESCAPES", "is_path_control", "shown_url"]
+__all__ = ["REFUSED_PATH_ESCAPES", "is_path_control", "password_unclear", "shown_url"]
 
 #: Bytes a request path may not send percent-encoded, with what they are: servers read an encoded slash or backslash
 #: differently (some decode it before routing, some after), so such a request is refused (400 ``invalid_target``).
@@ -19,21 +19,58 @@ def is_path_control(code: int) -> bool:
     return code < 0x20 or code == 0x7F
 
 
+#: A URL's host and port as a URL parser reads them (after the userinfo's last ``@``): a name or an IP literal in
+#: brackets, then a port of digits, if any.
+_HOST_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(:[0-9]*)?")
+#: An ``@`` a path holds as its own: one that starts a path segment (Workers AI's ``/@cf/``, an npm scope's ``/@org/``).
+_PATH_AT = re.compile(r"/@")
+
+
+def _split(url: str) -> tuple[str, str, str, str, str] | None:
+    """``url`` as a URL parser splits it: scheme, authority (after ``://`` up to the first ``/``, ``?`` or ``#``), path,
+    query and fragment; ``None`` when it has no ``://``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    path, _, fragment = rest[len(authority) :].partition("#")
+    path, _, query = path.partition("?")
+    return scheme, authority, path, query, fragment
+
+
+def password_unclear(url: str) -> bool:
+    """Whether a password in ``url`` may hold a ``/``, ``?`` or ``#`` not percent-encoded, so that where its
+    authority ends (and its host starts) cannot be told: an ``@`` follows the authority a URL parser reads, and that
+    authority is not a well-formed ``[userinfo@]host[:port]`` (a ``unix://`` URL's holds no host), or the ``@`` is not
+    one the rest holds as its own. Its own: any ``@`` of a ``unix://`` URL's socket path or query; elsewhere an ``@``
+    that starts a path segment (``/@cf/``) or is in the value of a query's ``name=value`` pair
+    (``?client_name=web@1``). An ``@`` in a fragment, or inside a path segment, may end a password
+    (``redis://user:pa/ss@host/0``, ``redis://user/pass@host/0``)."""
+    parts = _split(url)
+    if parts is None or "@" not in "".join(parts[2:]):
+        return False
+    scheme, authority, path, query, fragment = parts
+    host = authority.rpartition("@")[2]
+    if scheme.lower() == "unix":
+        return host != ""
+    pairs = re.split(r"[&;]", query)
+    return (not _HOST_PORT.fullmatch(host) or "@" in fragment or "@" in _PATH_AT.sub("/", path)
+            or any("@" in pair.partition("=")[0] or "=" not in pair for pair in pairs if "@" in pair))  # fmt: skip
+
+
 def shown_url(url: str) -> str:
     """``url`` without userinfo (``user:password@``), query and fragment, which can hold credentials;
-    ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left.
-
-    A password typed without percent-encoding may hold ``/``, ``?``, ``#`` or ``@``, which end the authority as a URL
-    parser reads it, so the rest of the password would be read as host, path or fragment. Where the authority (the
-    text after ``://`` up to the first of those) holds a ``:`` or an ``@``, and so may hold a password, everything up
-    to the URL's last ``@`` is cut before it is parsed. An authority with neither holds no password, and an ``@``
-    after it is the path's (Workers AI's ``/@cf/``)."""
-    scheme, sep, rest = url.partition("://")
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if sep and (":" in authority or "@" in authority):
-        url = scheme + sep + rest.rpartition("@")[2]
+    ``scheme://[hidden]`` when a password in it may hold a ``/``, ``?`` or ``#`` not percent-encoded
+    (:func:`password_unclear`: a URL parser would read part of it as host, path, query or fragment, so no part of the
+    URL is shown); ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left."""
+    parts = _split(url)
+    if parts is not None:
+        scheme, authority, path, _, _ = parts
+        if password_unclear(url):
+            return f"{scheme}://[hidden]"
+        url = f"{scheme}://{authority.rpartition('@')[2]}{path}"
     try:
-        parts = urlsplit(url)
+        split = urlsplit(url)
     except ValueError:
         return "[unparsable URL]"
-    return parts._replace(query="", fragment="").geturl()
+    return split._replace(query="", fragment="").geturl()

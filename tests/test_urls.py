@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from guard._urls import shown_url
+from guard.engine.cache import redis_options
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -13,14 +14,48 @@ from guard._urls import shown_url
     ("http://a:b@c@llm.internal/v1/", "http://llm.internal/v1/"),
     ("http://llm.internal/v1", "http://llm.internal/v1"),
     ("http://[::1/v1", "[unparsable URL]"),
-    # a password with '/', '#', '?' or '@' not percent-encoded: none of it is shown
-    ("redis://:p@ss/w#rd@redis:6379/0", "redis://redis:6379/0"),
-    ("redis://:ab/cd@redis:6379/0", "redis://redis:6379/0"),
-    ("redis://default:389/x?y#z@redis/0", "redis://redis/0"),
+    # a password with '/', '#', '?' or '@' not percent-encoded: where it ends is unclear, so nothing is shown
+    ("redis://:p@ss/w#rd@redis:6379/0", "redis://[hidden]"),
+    ("redis://:ab/cd@redis:6379/0", "redis://[hidden]"),
+    ("redis://default:389/x?y#z@redis/0", "redis://[hidden]"),
+    ("https://user/pass@llm.internal/v1", "https://[hidden]"),
     ("redis://:ab[cd@redis:6379/0", "redis://redis:6379/0"),
-    # an '@' in the path of a URL whose authority holds no password is the path's
+    # an '@' that starts a path segment, or in a query's value, is the URL's own (the query is not shown)
     ("https://api.cloudflare.com/client/v4/accounts/a/ai/run/@cf/cloudflare/m",
      "https://api.cloudflare.com/client/v4/accounts/a/ai/run/@cf/cloudflare/m"),
+    ("https://llm.internal:8443/v1?api_key=hunter2@x", "https://llm.internal:8443/v1"),
 ])  # fmt: skip
 def test_shown_url_has_no_credentials(url: str, shown: str) -> None:
     assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize(("url", "accepted", "shown"), [
+    ("redis://[::1]:6379/2?password=p@ss", True, "redis://[::1]:6379/2"),
+    ("unix:///tmp/redis.sock?password=p@ss&db=2", True, "unix:/tmp/redis.sock"),
+    ("unix:///run/redis@6/redis.sock?db=2", True, "unix:/run/redis@6/redis.sock"),
+    ("unix://:s3cr%40t@/run/redis.sock?db=2", True, "unix:/run/redis.sock"),
+    ("redis://127.0.0.1:6379/2?client_name=guard@web1", True, "redis://127.0.0.1:6379/2"),
+    ("redis://:p@ss@127.0.0.1:6379/2", True, "redis://127.0.0.1:6379/2"),
+    ("redis://:pa:ss@[::1]:6379/2", True, "redis://[::1]:6379/2"),
+    ("redis://user:hunter2@127.0.0.1:6379/2#frag@x", False, "redis://[hidden]"),
+    ("redis://user/pass@127.0.0.1:6379/2", False, "redis://[hidden]"),
+    ("redis://user:pa/ss@127.0.0.1:6379/2", False, "redis://[hidden]"),
+    ("redis://user:pa#ss@[::1]:6379/2", False, "redis://[hidden]"),
+    ("rediss://user:p?ss@[fe80::1%25eth0]:6380/0", False, "rediss://[hidden]"),
+    ("redis://:pw/x@h1:6379,h2:6379/0", False, "redis://[hidden]"),
+    ("unix://user:p/ss@/run/redis.sock?db=2", False, "unix://[hidden]"),
+])  # fmt: skip
+def test_a_redis_url_with_an_at_after_its_host_is_refused_only_when_a_password_may_hold_it(
+    url: str, accepted: bool, shown: str
+) -> None:
+    """An '@' anywhere after the host refused the URL (a query value, a socket path, a fragment) and the error showed
+    the URL from its last '@' on: the end of a password in the query (``redis://ss``), or a password verbatim. An '@'
+    the URL holds as its own is accepted; one that may end a password whose '/', '?' or '#' is not percent-encoded is
+    refused, and the URL shown without anything after its scheme."""
+    assert shown_url(url) == shown
+    if accepted:
+        redis_options(url)
+        return
+    with pytest.raises(ValueError, match="percent-encode") as info:
+        redis_options(url)
+    assert str(info.value).startswith(f"cache URL {shown!r} cannot be used: where its host starts is unclear, ")

@@ -66,7 +66,7 @@ from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.exceptions import RedisError
 
 from guard._seal import Sealer
-from guard._urls import shown_url
+from guard._urls import password_unclear, shown_url
 from guard.engine.keys import cache_key
 from guard.errors import BackendError, BackendTimeout, BackendUnavailable, MalformedAnswer
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
@@ -986,9 +986,11 @@ def redis_options(
         ValueError: ``url`` is not one redis-py can connect with: another scheme than ``redis://``, ``rediss://``
             and ``unix://`` (``redis+sentinel://``, a bare ``host:port``), a database in the path that is not a
             number, an option redis-py does not know or whose value it cannot read (``?socket_timeout=fast``,
-            ``?protocol=4``), an ``@`` after the host (a password's ``/``, ``?`` or ``#`` not percent-encoded
-            ended the host early). The message (``<role> URL '...' cannot be used: ...``) names the URL without
-            credentials or query (:func:`~guard._urls.shown_url`).
+            ``?protocol=4``), an ``@`` after the host that may end a password whose ``/``, ``?`` or ``#`` is not
+            percent-encoded (:func:`~guard._urls.password_unclear`: ``redis://user:pa/ss@host/0``; not an ``@`` in
+            a ``unix://`` socket path or a query value). The message (``<role> URL '...' cannot be used: ...``)
+            names the URL without credentials or query (:func:`~guard._urls.shown_url`: ``redis://[hidden]`` when
+            where the password ends is unclear).
     """
     connect = op_timeout if connect_timeout is None else connect_timeout
     defaults: dict[str, Any] = {"socket_timeout": op_timeout, "socket_connect_timeout": connect,
@@ -998,9 +1000,10 @@ def redis_options(
 
         defaults["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     try:
-        if url.partition("://")[2].count("@") > urlsplit(url).netloc.count("@"):  # a '/', '?' or '#' cut it short
-            raise ValueError("it has an '@' after the host: percent-encode '@', '/', '?' and '#' in a password "
-                             "(%40, %2F, %3F, %23), else part of it is read as the host, database or options")
+        if password_unclear(url):
+            raise ValueError("where its host starts is unclear, as when a password holds a '/', '?' or '#' before an "
+                             "'@': percent-encode '@', '/', '?' and '#' in a password (%40, %2F, %3F, %23), else part "
+                             "of it is read as the host, database or options")
         options = {**defaults, **parse_url(url), "decode_responses": False}
         database = unquote(urlsplit(url).path).replace("/", "")
         if not url.lower().startswith("unix:") and database and not database.isdigit():

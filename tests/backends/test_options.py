@@ -129,12 +129,12 @@ def test_a_redis_password_not_percent_encoded_is_refused_without_showing_any_of_
 ) -> None:
     """A password holding '/', '?' or '#' ends the host early: ``redis://:hunter2/x#y@redis:6379/0`` was named as
     ``'redis://:hunter2/x'`` (its netloc ``:hunter2`` has no '@' to strip) or redis-py's error quoted the password as a
-    port. Now exit 2 naming the variable the URL came from, the URL from its last '@' on, and percent-encoding."""
+    port. Now exit 2 naming the variable the URL came from, the URL as ``redis://[hidden]`` and percent-encoding."""
     monkeypatch.setenv(variable, f"redis://:{password}@redis:6379/0")
     argv = [*_commands(tmp_path)["proxy"], "--backend", f"local:{tmp_path / 'missing'}"]
     assert main(argv) == 2
     error = capsys.readouterr().err
-    assert error.startswith(f"guard proxy: {names}: ") and "'redis://redis:6379/0'" in error, error
+    assert error.startswith(f"guard proxy: {names}: ") and "'redis://[hidden]'" in error, error
     assert "percent-encode" in error and "hunter2" not in error and "1234" not in error, error
 
 
