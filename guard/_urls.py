@@ -1,12 +1,26 @@
 """URLs as logs, errors and spans name them; what a request path may not hold (``guard/asgi/_target.py`` refuses it,
-and the policy loader refuses a path glob that could only match it)."""
+and the policy loader refuses a path glob that could only match it); ``%uXXXX`` escapes as IIS and ASP.NET read
+them."""
 
 from __future__ import annotations
 
 import re
 from urllib.parse import urlsplit
 
-__all__ = ["REFUSED_PATH_ESCAPES", "is_path_control", "password_unclear", "shown_url"]
+from guard._json import surrogates_joined
+
+__all__ = [
+    "PERCENT_U_RE",
+    "REFUSED_PATH_ESCAPES",
+    "is_path_control",
+    "password_unclear",
+    "percent_u_decoded",
+    "shown_url",
+]
+
+#: A ``%uXXXX`` escape: one UTF-16 code unit, which IIS and classic ASP.NET (``HttpUtility.UrlDecode``, behind
+#: ``Request.QueryString`` and ``Request.Form``) decode beside ``%XX`` (``%u003Cscript%u003E`` is ``<script>``).
+PERCENT_U_RE = re.compile(r"%[uU]([0-9A-Fa-f]{4})")
 
 #: Bytes a request path may not send percent-encoded, with what they are: servers read an encoded slash or backslash
 #: differently (some decode it before routing, some after), so such a request is refused (400 ``invalid_target``).
@@ -56,6 +70,14 @@ def password_unclear(url: str) -> bool:
     pairs = re.split(r"[&;]", query)
     return (not _HOST_PORT.fullmatch(host) or "@" in fragment or "@" in _PATH_AT.sub("/", path)
             or any("@" in pair.partition("=")[0] or "=" not in pair for pair in pairs if "@" in pair))  # fmt: skip
+
+
+def percent_u_decoded(text: str) -> str:
+    """``text`` with its ``%uXXXX`` escapes (:data:`PERCENT_U_RE`) decoded, a surrogate pair joined into its
+    character and a lone surrogate read as U+FFFD; ``%XX`` escapes are left as they are."""
+    if "%" not in text:
+        return text
+    return surrogates_joined(PERCENT_U_RE.sub(lambda escape: chr(int(escape.group(1), 16)), text))
 
 
 def shown_url(url: str) -> str:

@@ -47,7 +47,8 @@ subject is never changed; only the copy sent to the model is). :func:`normalize_
      wrap) are joined first, so a block wrapped at 8-23 characters a line is read as one;
    - ``hex``: at least :data:`MIN_HEX_BYTES` bytes, as contiguous, space- or colon-separated pairs;
    - ``url``: ``%XX`` escapes (``+`` read as a space; double and triple encoding, ``%2549``, undone; a byte that is
-     not UTF-8 read as U+FFFD);
+     not UTF-8 read as U+FFFD) and the ``%uXXXX`` escapes of a UTF-16 code unit that IIS and classic ASP.NET decode
+     (``%u0049gnore``);
    - ``html``: character references, decimal, hex or named (``&#73;``, ``&#x49;``, ``&Iopf;``);
    - ``escapes``: ``\\uXXXX``, ``\\u{X}`` and ``\\UXXXXXXXX`` code points (surrogate pairs joined), ``\\xNN`` and
      octal ``\\NNN`` bytes (consecutive ones spell UTF-8, else each is one character, as in ``"caf\\xe9"``).
@@ -121,6 +122,7 @@ from typing import Any
 from urllib.parse import unquote, unquote_plus
 
 from guard._json import surrogates_joined
+from guard._urls import percent_u_decoded
 from guard.policy._scrambled import readings, rot13_reading
 
 __all__ = [
@@ -223,7 +225,7 @@ _HEX_RUN_RE = re.compile(
 # after the last on its line, or past one line break that many more on the next. A gap holds no complete escape (a lone
 # %, & or backslash is an ordinary character in it) and each of its two parts is taken possessively (it ends at the
 # next escape or line break, or fails), so a scan is linear in the text.
-_URL_ESCAPE = rf"%(?:25)*{_HEX}{{2}}"  # %49, and %2549 in double encoding
+_URL_ESCAPE = rf"%(?:25)*(?:{_HEX}{{2}}|[uU]{_HEX}{{4}})"  # %49, %2549 in double encoding, IIS's %u0049
 _URL_ESCAPE_RE = re.compile(_URL_ESCAPE)
 _HTML_REFERENCE = rf"&(?:#[0-9]{{1,7}};?|#[xX]{_HEX}{{1,6}};?|[A-Za-z][A-Za-z0-9]{{1,31}};)"  # &#73; &#x49; &Iopf;
 # \u0049, \u{49}, \U00000049, \x49, octal \111
@@ -604,11 +606,13 @@ def _spells(escape: str) -> bool:
     in any text not in English: an English instruction hidden in escapes needs escapes of ASCII letters."""
     if escape[0] == "&":
         char = html.unescape(escape)
+    elif escape[0] == "%":  # %49, %2549, %u0049
+        char = _unescaped(escape)
     elif escape[1] in "uU":
         code = int(escape[2:].strip("{}"), 16)
         char = chr(code) if code <= 0x10FFFF else ""
-    else:  # a byte: %XX (%2549 too), \xNN or octal \NNN
-        code = int(escape[-2:], 16) if escape[0] == "%" or escape[1] == "x" else int(escape[1:], 8)
+    else:  # a byte: \xNN or octal \NNN
+        code = int(escape[-2:], 16) if escape[1] == "x" else int(escape[1:], 8)
         char = chr(code) if code < 0x80 else ""
     folded = unicodedata.normalize("NFKC", char)
     return char == " " or (folded.isascii() and folded.isalnum())
@@ -630,17 +634,18 @@ def _decoded(token: str, name: str) -> str:
 
 
 def _unescaped(token: str) -> str:
-    """An escape run decoded, each kind only where it holds escapes of that kind: its ``%XX`` escapes (a form's ``+``
-    a space; a percent sign escaped again decoded again, :data:`_URL_ROUNDS` times at most; bytes that are not UTF-8
-    as U+FFFD, for :func:`_readable` to judge), then its character references, then its backslash escapes."""
+    """An escape run decoded, each kind only where it holds escapes of that kind: its ``%XX`` and ``%uXXXX`` escapes
+    (a form's ``+`` a space; a percent sign escaped again decoded again, :data:`_URL_ROUNDS` times at most; bytes that
+    are not UTF-8 as U+FFFD, for :func:`_readable` to judge), then its character references, then its backslash
+    escapes."""
     kinds = {escape[0] for escape in _ESCAPE_RE.findall(token)}
     text = token
     if "%" in kinds:
-        text = unquote_plus(text, errors="replace")  # one escaped again (%2B) is not a space
+        text = percent_u_decoded(unquote_plus(text, errors="replace"))  # one escaped again (%2B) is not a space
         for _ in range(_URL_ROUNDS - 1):
             if not _URL_ESCAPE_RE.search(text):
                 break
-            text = unquote(text, errors="replace")
+            text = percent_u_decoded(unquote(text, errors="replace"))
     if "&" in kinds:
         text = html.unescape(text)
     if "\\" in kinds:

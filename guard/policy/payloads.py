@@ -3,11 +3,11 @@ shell or interpreter code that would run commands (``code_exec(x)``).
 
 The model reads meaning; these read syntax, so a rule can stop a request that carries SQL or script whatever the
 model thinks of its words. Each reads the text as written and, when it holds URL escapes, URL-decoded too
-(``DROP%20TABLE``, ``%3Cscript%3E``; twice for ``%253C``): an application that decodes a field reads what the
-escapes hide. Each takes a string; ``sqli`` and ``code_exec`` test each line of it on its own
-(``body_text`` joins a body's string values with newlines, so each line is one value or a line of one), ``xss`` the
-whole text, as a browser would read it. All answer rarely on ordinary text
-(measured on every benign record in ``data/``: docs/policies.md, ``bench/payload_detectors.py``).
+(``DROP%20TABLE``, ``%3Cscript%3E``; twice for ``%253C``; the ``%uXXXX`` escapes IIS and classic ASP.NET decode,
+``%u003Cscript%u003E``): an application that decodes a field reads what the escapes hide. Each takes a string;
+``sqli`` and ``code_exec`` test each line of it on its own (``body_text`` joins a body's string values with newlines,
+so each line is one value or a line of one), ``xss`` the whole text, as a browser would read it. All answer rarely
+on ordinary text (measured on every benign record in ``data/``: docs/policies.md, ``bench/payload_detectors.py``).
 
 ``sqli(x)``: some line holds a complete SQL statement that modifies or reads data, parsed by ``sqlglot`` from an SQL
 keyword to the first ``;`` outside quotes (at most :data:`MAX_SQL_STATEMENT` characters): ``DROP``, ``INSERT``,
@@ -54,6 +54,8 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError
 from sqlglot.parser import Parser
 from sqlglot.tokens import Token, Tokenizer, TokenType
+
+from guard._urls import percent_u_decoded
 
 __all__ = ["FUNCTIONS", "code_exec", "sqli", "xss"]
 
@@ -193,17 +195,22 @@ def _lowered(text: str, function: str) -> str:
     return text.lower()
 
 
-_PERCENT_RE = re.compile(r"%[0-9A-Fa-f]{2}")
+_PERCENT_RE = re.compile(r"%(?:[0-9A-Fa-f]{2}|[uU][0-9A-Fa-f]{4})")
+
+
+def _url_decoded(text: str) -> str:
+    """``text`` with its ``%XX`` escapes (``+`` as a space) and ``%uXXXX`` escapes decoded."""
+    return percent_u_decoded(unquote_plus(text, errors="replace"))
 
 
 def _percent_decoded(text: str) -> str | None:
-    """``text`` with its URL escapes decoded (``%3Cscript%3E``, ``DROP%20TABLE``, ``+`` as a space), twice when the
-    first pass leaves escapes (``%253C``), or None when it holds none: an application that decodes a field reads the
-    payload the escapes hide."""
+    """``text`` with its URL escapes decoded (``%3Cscript%3E``, ``DROP%20TABLE``, ``+`` as a space, IIS and ASP.NET's
+    ``%u003Cscript%u003E``), twice when the first pass leaves escapes (``%253C``), or None when it holds none: an
+    application that decodes a field reads the payload the escapes hide."""
     if "%" not in text or _PERCENT_RE.search(text) is None:
         return None
-    decoded = unquote_plus(text, errors="replace")
-    return unquote_plus(decoded, errors="replace") if _PERCENT_RE.search(decoded) else decoded
+    decoded = _url_decoded(text)
+    return _url_decoded(decoded) if _PERCENT_RE.search(decoded) else decoded
 
 
 def _or_decoded(check: Callable[[str], bool], text: str, function: str) -> bool:

@@ -417,6 +417,26 @@ async def test_the_shipped_abuse_policy_judges_path_parameters_and_file_names() 
     await guard.aclose()
 
 
+async def test_the_shipped_abuse_policy_reads_iis_percent_u_escapes_in_a_query_and_a_form() -> None:
+    """IIS and classic ASP.NET decode %uXXXX in a query or form value (HttpUtility.UrlDecode), so an app behind
+    ``guard proxy`` reads <script> or DROP TABLE where the escapes were read as written and the request passed."""
+    root = Path(__file__).resolve().parents[2]
+    guard = Guard.from_files(root / "policies" / "api_abuse_compact.yaml", backends=ScriptedBackend(
+        lambda request: {"guard.prompt_injection": 0.02, "guard.harmful_request": 0.02}))
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    async with client_for(guarded_app(guard)) as client:
+        script = await client.get("/v1/search?q=%u003cscript%u003ealert(1)%u003c/script%u003e")
+        drop = await client.get("/v1/items?id=1;%u0020DROP%u0020TABLE%u0020users")
+        posted = await client.post("/v1/notes", content=b"note=%u003Cscript%u003Ealert(1)%u003C/script%u003E",
+                                   headers=form)
+        benign = await client.get("/v1/search?q=20%u off")
+    assert script.status_code == 403 and script.json()["rule"] == "script-markup"
+    assert drop.status_code == 403 and drop.json()["rule"] == "sql-statement"
+    assert posted.status_code == 403 and posted.json()["rule"] == "script-markup"
+    assert benign.status_code == 200
+    await guard.aclose()
+
+
 async def test_the_gateways_default_policy_holds_an_attack_hidden_in_the_cut_middle_of_a_long_request() -> None:
     """policies/api_abuse_compact.yaml on the embedded model: text over the 8000-character cap is read as its head
     and tail, so what was cut out is never judged; the request is held for review, never allowed."""

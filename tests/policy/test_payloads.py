@@ -125,11 +125,15 @@ def test_shell_and_interpreter_code_that_runs_commands_is_found(text: str) -> No
     ("id=1;DROP%20TABLE%20users", sqli), ("q=1%27%3B+DELETE+FROM+orders%3B--", sqli),
     ("%3Cscript%3Ealert(1)%3C%2Fscript%3E", xss), ("%253Cimg%2520src%3Dx%2520onerror%3Dalert(1)%253E", xss),
     ("x=%24%28whoami%29", code_exec),
+    # IIS and classic ASP.NET (HttpUtility.UrlDecode) also decode %uXXXX, one UTF-16 code unit
+    ("%u003cscript%u003ealert(1)%u003c/script%u003e", xss), ("<%u0073cript>alert(1)</script>", xss),
+    ("1;%u0020DROP%u0020TABLE%u0020users", sqli), ("%u0027 UNION %u0053ELECT password FROM users--", sqli),
+    ("%u0024(whoami)", code_exec), ("%25u003Cscript%25u003E", xss),
 ])  # fmt: skip
 def test_url_encoded_payloads_are_found(text: str, check: object) -> None:
     """An app that decodes a field read SQL and script the escapes hid from the detectors."""
     assert check(text)  # type: ignore[operator]
-    assert not check("50% off, 100%25 cotton, a+b")  # type: ignore[operator]
+    assert not check("50% off, 100%25 cotton, a+b, 20%u more")  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("text", CODE_LOOKALIKES)
