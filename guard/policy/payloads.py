@@ -4,7 +4,11 @@ shell or interpreter code that would run commands (``code_exec(x)``).
 The model reads meaning; these read syntax, so a rule can stop a request that carries SQL or script whatever the
 model thinks of its words. Each reads the text as written and, when it holds URL escapes, URL-decoded too
 (``DROP%20TABLE``, ``%3Cscript%3E``; twice for ``%253C``; the ``%uXXXX`` escapes IIS and classic ASP.NET decode,
-``%u003Cscript%u003E``): an application that decodes a field reads what the escapes hide. Each takes a string;
+``%u003Cscript%u003E``): an application that decodes a field reads what the escapes hide. Text with letters an
+application folds to ASCII is also read folded, in NFKC with dotless ``ı`` as ``i`` (``ſelect``, ``unıon``,
+full-width ``ｓｙｓｔｅｍ``, mathematical ``__𝘪𝘮𝘱𝘰𝘳𝘵__``): ``str.upper()`` gives ``SELECT`` and ``UNION``, a
+case-insensitive comparison matches them, and Python reads identifiers in NFKC, so ``eval`` runs
+``__𝘪𝘮𝘱𝘰𝘳𝘵__('os').𝘴𝘺𝘴𝘵𝘦𝘮('id')``. Each takes a string;
 ``sqli`` and ``code_exec`` test each line of it on its own (``body_text`` joins a body's string values with newlines,
 so each line is one value or a line of one), ``xss`` the whole text, as a browser would read it. All answer rarely
 on ordinary text (measured on every benign record in ``data/``: docs/policies.md, ``bench/payload_detectors.py``).
@@ -46,7 +50,8 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
+import unicodedata
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -196,6 +201,15 @@ def _lowered(text: str, function: str) -> str:
 
 
 _PERCENT_RE = re.compile(r"%(?:[0-9A-Fa-f]{2}|[uU][0-9A-Fa-f]{4})")
+#: Dotless ``ı`` (U+0131), which ``str.upper()`` and case-insensitive comparisons read as ``I`` and NFKC leaves.
+_DOTLESS_I = str.maketrans({"\u0131": "i"})
+#: A character of the blocks whose letters and digits fold to ASCII ones (Latin-1 Supplement to Spacing Modifier
+#: Letters: ``ª ² ı ĳ ſ``; Phonetic Extensions; super- and subscripts, letterlike symbols and number forms: ``ℌ K Ⅸ``;
+#: enclosed alphanumerics; Latin ligatures: ``ﬁ``; full-width digits and letters; mathematical alphanumerics). Not
+#: the no-break space, ``…`` or full-width punctuation (``，``), which English and CJK text hold and which neither
+#: ``str.upper()`` nor Python's identifiers fold.
+_FOLDABLE_RE = re.compile("[\u00aa-\u02ff\u1d00-\u1dbf\u2070-\u218f\u2460-\u24ff\ufb00-\ufb06\uff10-\uff19"
+                          "\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]")
 
 
 def _url_decoded(text: str) -> str:
@@ -213,18 +227,39 @@ def _percent_decoded(text: str) -> str | None:
     return _url_decoded(decoded) if _PERCENT_RE.search(decoded) else decoded
 
 
-def _or_decoded(check: Callable[[str], bool], text: str, function: str) -> bool:
-    """``check(text)``, or ``check`` of ``text`` URL-decoded (:func:`_percent_decoded`)."""
-    _lowered(text, function)
-    if check(text):
-        return True
+def _folded(text: str) -> str | None:
+    """``text`` in NFKC with dotless ``ı`` read as ``i`` where it holds a character of :data:`_FOLDABLE_RE`, or None
+    when it holds none or that changes nothing (French or Russian text): the letters an application folds to ASCII
+    when it compares case-insensitively, upper-cases (``ſelect`` and ``unıon`` upper-case to ``SELECT`` and
+    ``UNION``) or normalises (Python reads identifiers in NFKC: ``__𝘪𝘮𝘱𝘰𝘳𝘵__`` is ``__import__``; ``K``, the
+    Kelvin sign, is ``K``)."""
+    if text.isascii() or _FOLDABLE_RE.search(text) is None:
+        return None
+    folded = unicodedata.normalize("NFKC", text).translate(_DOTLESS_I)
+    return folded if folded != text else None
+
+
+def _readings(text: str) -> Iterator[str]:
+    """``text``, then, where they differ from it, its URL-decoded reading (:func:`_percent_decoded`) and the folded
+    reading (:func:`_folded`) of the last of those, each made only when the one before did not answer."""
+    yield text
     decoded = _percent_decoded(text)
-    return decoded is not None and check(decoded)
+    if decoded is not None:
+        yield decoded
+    folded = _folded(text if decoded is None else decoded)
+    if folded is not None:
+        yield folded
+
+
+def _or_decoded(check: Callable[[str], bool], text: str, function: str) -> bool:
+    """``check`` of ``text`` or of one of its other readings (:func:`_readings`)."""
+    _lowered(text, function)
+    return any(check(reading) for reading in _readings(text))
 
 
 def sqli(text: str) -> bool:
-    """Whether some line of ``text``, as written or URL-decoded, holds a complete SQL statement that reads or changes
-    data (module docstring).
+    """Whether some line of ``text``, as written, URL-decoded or folded, holds a complete SQL statement that reads or
+    changes data (module docstring).
 
     Raises:
         TypeError: ``text`` is not a string (a rule error: the policy's fail mode decides).
@@ -260,7 +295,8 @@ def _sqli(text: str) -> bool:
 
 
 def xss(text: str) -> bool:
-    """Whether ``text``, as written or URL-decoded, holds script-bearing markup or a script URL (module docstring).
+    """Whether ``text``, as written, URL-decoded or folded, holds script-bearing markup or a script URL (module
+    docstring).
 
     Raises:
         TypeError: ``text`` is not a string.
@@ -309,8 +345,8 @@ def _substitutes_a_command(text: str) -> bool:
 
 
 def code_exec(text: str) -> bool:
-    """Whether ``text``, as written or URL-decoded, holds shell or interpreter code that runs a command (module
-    docstring).
+    """Whether ``text``, as written, URL-decoded or folded, holds shell or interpreter code that runs a command
+    (module docstring).
 
     Raises:
         TypeError: ``text`` is not a string.

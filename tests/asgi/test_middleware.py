@@ -437,6 +437,23 @@ async def test_the_shipped_abuse_policy_reads_iis_percent_u_escapes_in_a_query_a
     await guard.aclose()
 
 
+async def test_the_shipped_abuse_policy_reads_letters_an_app_folds_to_ascii() -> None:
+    """An app that upper-cases a value before it builds SQL reads ``unıon ſelect`` as UNION SELECT, and Python's
+    ``eval`` reads mathematical italic identifiers in NFKC: such reads passed the syntax rules unjudged."""
+    root = Path(__file__).resolve().parents[2]
+    guard = Guard.from_files(root / "policies" / "api_abuse_compact.yaml", backends=ScriptedBackend(
+        lambda request: {"guard.prompt_injection": 0.02, "guard.harmful_request": 0.02}))
+    async with client_for(guarded_app(guard)) as client:
+        union = await client.get("/v1/search", params={"q": "x' un\u0131on \u017felect password from users--"})
+        code = await client.get("/v1/calc", params={"expr": "__\U0001d62a\U0001d62e\U0001d631\U0001d630\U0001d633"
+                                                             "\U0001d635__('os')"})
+        turkish = await client.get("/v1/search", params={"q": "kap\u0131y\u0131 a\u00e7\u0131k b\u0131rak"})
+    assert union.status_code == 403 and union.json()["rule"] == "sql-statement"
+    assert code.status_code == 403 and code.json()["rule"] == "code-execution"
+    assert turkish.status_code == 200
+    await guard.aclose()
+
+
 async def test_the_gateways_default_policy_holds_an_attack_hidden_in_the_cut_middle_of_a_long_request() -> None:
     """policies/api_abuse_compact.yaml on the embedded model: text over the 8000-character cap is read as its head
     and tail, so what was cut out is never judged; the request is held for review, never allowed."""

@@ -136,6 +136,29 @@ def test_url_encoded_payloads_are_found(text: str, check: object) -> None:
     assert not check("50% off, 100%25 cotton, a+b, 20%u more")  # type: ignore[operator]
 
 
+@pytest.mark.parametrize(("text", "check"), [
+    ("x' un\u0131on \u017felect password from users--", sqli), ("\u017felect * from users", sqli),
+    ("1; DROP TABLE users".replace("T", "\uff34"), sqli), ("x=%C5%BFelect%20*%20from%20users", sqli),
+    ("<\u017fcript>alert(1)</\u017fcript>", xss), ("java\u017fcript:alert(1)", xss),
+    ("__\U0001d62a\U0001d62e\U0001d631\U0001d630\U0001d633\U0001d635__('os')", code_exec),
+    ("\U0001d634\U0001d63a\U0001d634\U0001d635\U0001d626\U0001d62e('id')", code_exec),
+    ("\uff45\uff56\uff41\uff4c(\"1+1\")", code_exec),
+])  # fmt: skip
+def test_payloads_in_letters_an_app_folds_to_ascii_are_found(text: str, check: object) -> None:
+    """``str.upper()`` reads dotless i and long s as I and S (an app that upper-cases a value before it builds SQL
+    runs ``UNION SELECT``), and Python reads identifiers in NFKC (``eval`` runs mathematical italic
+    ``__import__('os')``): the detectors read such letters folded too."""
+    assert check(text)  # type: ignore[operator]
+    if not text.isascii():  # the folded letters are what make it a payload
+        assert not check(text.encode("ascii", "replace").decode())  # type: ignore[operator]
+
+
+def test_text_in_other_scripts_is_not_folded_into_payloads() -> None:
+    for text in ("Kap\u0131y\u0131 a\u00e7\u0131k b\u0131rak, l\u00fctfen", "Stra\u00dfe, \uff11\uff12\uff13",
+                 "\u0421\u0435\u043b\u0435\u043a\u0442 \u0438\u0437 \u0441\u043f\u0438\u0441\u043a\u0430"):
+        assert not (sqli(text) or xss(text) or code_exec(text)), text
+
+
 @pytest.mark.parametrize("text", CODE_LOOKALIKES)
 def test_talk_about_code_and_commands_is_not_code(text: str) -> None:
     assert not code_exec(text)
