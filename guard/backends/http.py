@@ -52,6 +52,7 @@ from guard.backends._providers import (
     DEFAULT_HTTP_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_KEEPALIVE,
+    ERROR_BODY_BYTES,
     JEV_URL,
     MODEL_NOT_FOUND,
     MODEL_REVISION_HEADER,
@@ -64,6 +65,7 @@ from guard.backends._providers import (
     Provider,
     ProviderName,
     RetryConfig,
+    error_body,
     error_code,
     error_summary,
     parse_retry_after,
@@ -77,6 +79,7 @@ from guard.errors import (
     MalformedAnswer,
 )
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, require_request
+from guard.systemone.wire import max_answer_containers
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +281,7 @@ class SystemOneClient:
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         content = self._encode(request)
+        max_containers = max_answer_containers(request)
         retrying = AsyncRetrying(
             stop=lambda state: self._stop(state, deadline),
             wait=self._wait,
@@ -290,7 +294,7 @@ class SystemOneClient:
                 if remaining <= 0:
                     raise BackendTimeout(f"{self.name}: no answer within {budget * 1000:g} ms", backend=self.name)
                 response = await self._post(content, remaining, budget)
-                return self._parse(response, request)
+                return self._parse(response, request, max_containers)
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     def _encode(self, request: SystemOneRequestV1) -> bytes:
@@ -346,8 +350,9 @@ class SystemOneClient:
 
     async def _read(self, content: bytes, headers: dict[str, str], remaining: float) -> httpx.Response:
         """POST and read the answer's body up to :data:`MAX_RESPONSE_BYTES`, as sent (never decompressed); an answer
-        whose status is not 2xx is cut there, not refused (its status says what failed: a 503 with a long page is an
-        unavailable backend, not a malformed answer).
+        whose status is not 2xx is read up to :data:`~guard.backends._providers.ERROR_BODY_BYTES` and cut there, not
+        refused (its status says what failed: a 503 with a long page is an unavailable backend, not a malformed
+        answer).
 
         Raises:
             MalformedAnswer: a 2xx body is longer, or the body has a ``Content-Encoding`` (the request asks for
@@ -363,8 +368,8 @@ class SystemOneClient:
             error = not 200 <= response.status_code < 300
             async for chunk in response.aiter_raw():
                 body += chunk
-                if error and len(body) > MAX_RESPONSE_BYTES:
-                    del body[MAX_RESPONSE_BYTES:]
+                if error and len(body) > ERROR_BODY_BYTES:
+                    del body[ERROR_BODY_BYTES:]
                     break
                 if len(body) > MAX_RESPONSE_BYTES:
                     raise MalformedAnswer(f"{self.name}: the answer is longer than {MAX_RESPONSE_BYTES} bytes; "
@@ -373,17 +378,19 @@ class SystemOneClient:
             kept = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-encoding"]
             return httpx.Response(response.status_code, headers=kept, content=bytes(body), request=response.request)
 
-    def _parse(self, response: httpx.Response, request: SystemOneRequestV1) -> SystemOneResponseV1:
+    def _parse(self, response: httpx.Response, request: SystemOneRequestV1, max_containers: int) -> SystemOneResponseV1:
+        """The checked answer in a 2xx ``response``, whose body holds at most ``max_containers`` arrays and objects
+        (:func:`~guard.systemone.wire.max_answer_containers`; counted before parsing, which holds the event loop)."""
         status = response.status_code
         if not 200 <= status < 300:
             raise self._status_error(response)
         self._check_answer_head(response)
         try:
-            body = loads(response.content)
+            body = loads(response.content, max_containers=max_containers)
         except InvalidJson as exc:
             media = response.headers.get("content-type")
             kind = "no Content-Type" if media is None else f"Content-Type {media[:40]!r}"  # quoted: no control
-            self._log_error(error_summary(response))
+            self._log_error(error_summary(response, None))
             raise MalformedAnswer(
                 f"{self.name}: HTTP {status} body is not valid JSON ({kind}; {exc.reason})", backend=self.name
             ) from exc
@@ -435,7 +442,7 @@ class SystemOneClient:
     def _unwrap(self, envelope: Mapping[str, Any], response: httpx.Response) -> Any:
         """Cloudflare's ``{result, success, errors, messages}`` (spec §5.5): ``result`` when ``success`` is true."""
         if envelope.get("success") is not True:
-            summary = error_summary(response)
+            summary = error_summary(response, envelope)
             self._log_error(summary)
             code = error_code(summary)
             raise BackendRejected(
@@ -453,7 +460,7 @@ class SystemOneClient:
 
     def _status_error(self, response: httpx.Response) -> BackendError:
         status = response.status_code
-        summary = error_summary(response)
+        summary = error_summary(response, error_body(response))
         self._log_error(summary)
         if status in RETRY_STATUSES or status >= 500:
             retry_after = parse_retry_after(response.headers)

@@ -23,6 +23,7 @@ the stored answers use that order, and only the reported ``probabilities`` follo
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +57,7 @@ __all__ = [
     "answer_question",
     "check_readout",
     "confidence",
+    "max_answer_containers",
     "parse_usage",
     "require_request",
     "sum_tolerance",
@@ -721,6 +723,24 @@ class SystemOneResponseV1:
         if not (isinstance(model, str) and 0 < len(model) <= MAX_MODEL_CHARS and model.isprintable()):
             model = request.model  # what spans and decision logs carry: nothing a hostile endpoint can bloat
         return cls(model=model, answers=answers, usage=parse_usage(body.get("usage"), bad))
+
+
+#: Arrays and objects an answer holds besides its questions' (the body, ``answers``, ``usage``, an envelope's
+#: ``result``, ``errors`` and ``messages``, and room for a few more a provider adds).
+_ANSWER_CONTAINERS_BASE = 64
+#: Arrays and objects one answered question adds: its answer, ``probabilities`` and a score's ``legend``.
+_ANSWER_CONTAINERS_PER_QUESTION = 3
+
+
+def max_answer_containers(request: SystemOneRequestV1) -> int:
+    """Most ``[`` and ``{`` (counted in strings too, as :func:`guard._json.loads` counts them) a System One answer to
+    ``request`` holds: a few for the body and an envelope, three per question, and twice each bracket written in its
+    questions (an option id comes back as a key of ``probabilities`` and as a ``choice``, a score's levels as its
+    ``legend``). 64 choices of 255 plain option ids allow 514; a body with more is no answer to ``request``, and
+    json's parser, which holds the GIL, is not run on it (8 MiB of ``[]`` are 2.8 million lists)."""
+    written = json.dumps([question.to_json() for question in request.questions], ensure_ascii=False)
+    brackets = written.count("[") + written.count("{")
+    return _ANSWER_CONTAINERS_BASE + _ANSWER_CONTAINERS_PER_QUESTION * len(request.questions) + 2 * brackets
 
 
 def sum_tolerance(options: int, decimals: int = _WIRE_DECIMALS) -> float:

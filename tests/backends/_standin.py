@@ -25,6 +25,10 @@ PATH = "/client/v4/accounts/{scenario}/ai/run/@cf/cloudflare/{model}"
 HTML_ERROR = "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body><h1>Bad gateway</h1></body></html>"
 
 
+#: An answer of 8 MiB that is all empty arrays (``{"answers":[[],[],...]}``).
+LISTS = b'{"answers":[' + b"[]," * (8 * 1024 * 1024 // 3 - 8) + b"[]]}"
+
+
 def answers_for(body: dict[str, Any], *, decimals: int = 4) -> dict[str, Any]:
     """A valid System One ``answers`` object for a request body (first option favoured)."""
     answers: dict[str, Any] = {}
@@ -76,7 +80,8 @@ class WorkersAIStandIn:
     ``wrong-choice`` (the choice is the least probable option), ``wrong-score`` (score 3 where the probabilities give
     0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``), ``echo-422`` (FastAPI's
     validation error, which repeats the request's ``state`` as its ``input`` and in its ``ctx``, and the whole request
-    as ``body``, as FastAPI's documented handler adds it).
+    as ``body``, as FastAPI's documented handler adds it), ``lists-200`` and ``lists-500`` (:data:`LISTS` under that
+    status).
     """
 
     def __init__(self) -> None:
@@ -195,6 +200,8 @@ class WorkersAIStandIn:
                             headers={"x-served-by": "cdn-é"})
         if scenario == "huge-error":
             return JSONResponse(failure("E" * 2_000_000, 5006), status_code=400)
+        if scenario in ("lists-200", "lists-500"):  # 8 MiB of empty arrays: 2.8 million lists for json to build
+            return Response(LISTS, media_type="application/json", status_code=int(scenario.removeprefix("lists-")))
         return JSONResponse(envelope(result))
 
 
