@@ -181,6 +181,15 @@ class BodyShare:
         self._pool.held += size
         self.held += size
 
+    def add_held(self, size: int) -> None:
+        """Count ``size`` more bytes this request holds beyond its body (what encoding it made: an image's pixel
+        tensors), refused as :meth:`add` refuses them while other requests hold bytes; a request alone takes them
+        past the limit, so one whose own bytes exceed it is served, one at a time."""
+        if self._pool.held > self.held:
+            self._pool.check_room(size)
+        self._pool.held += size
+        self.held += size
+
     def __enter__(self) -> Self:
         return self
 

@@ -280,12 +280,19 @@ class LocalBackend:
 
     # -------------------------------------------------------------------------------------------------------- decide
 
-    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+    async def decide(
+        self, request: SystemOneRequestV1, *, timeout: float | None = None, hold: Callable[[int], None] | None = None
+    ) -> SystemOneResponseV1:
         """Answer every question of ``request`` (spec §2-§4), batched with concurrent callers.
 
         Args:
             request: a validated request.
             timeout: seconds for encoding, queueing and compute together; ``None`` waits for the answer.
+            hold: called with the bytes the encoded record's media tensors hold
+                (:attr:`~guard.clef.encoding.EncodedRecord.media_bytes`; 4 images of 1,024 tokens are 96 MiB of
+                ``pixel_values``) before it is queued, where they stay until answered; an
+                :class:`~guard.errors.Overloaded` it raises refuses the request as a full queue does (the worker
+                counts them with the request bodies in memory).
 
         Returns:
             The response: ``model`` echoed from the request, answers in request order (unrounded; the wire rounds),
@@ -295,8 +302,8 @@ class LocalBackend:
             BackendRejected: the request cannot be encoded (its schema alone exceeds ``max_length``, or an image
                 cannot be decoded); ``status_code`` 422 and ``detail`` the field errors.
             BackendTimeout: no answer within ``timeout``; a request still queued at its deadline is never computed.
-            BackendUnavailable: the queue is full (``reason="overloaded"``, ``retry_after`` set), the backend is
-                closed (``reason="closed"``), or the encoding or the forward pass failed
+            BackendUnavailable: the queue is full or ``hold`` refused (``reason="overloaded"``, ``retry_after``
+                set), the backend is closed (``reason="closed"``), or the encoding or the forward pass failed
                 (``reason="inference_failed"``).
             MalformedAnswer: the model produced a non-finite probability.
             RuntimeError: called from another event loop than the one the backend started on.
@@ -319,6 +326,8 @@ class LocalBackend:
             if remaining <= 0:
                 raise BackendTimeout(f"encoding took longer than the {timeout * 1000:g} ms deadline", backend=self.name)
         try:
+            if hold is not None and record.media is not None:
+                hold(record.media_bytes)
             job = _Job(request, record, trace.get_current_span().get_span_context())
             return await self.batcher.submit(job, timeout=remaining)
         except Overloaded as exc:

@@ -133,6 +133,13 @@ class EncodedRecord:
         """Whether the tail of the state was dropped to fit ``max_length``."""
         return self.untruncated_length > len(self.input_ids)
 
+    @property
+    def media_bytes(self) -> int:
+        """Bytes its media tensors hold (``pixel_values`` and the grids; 0 for a text-only record)."""
+        if self.media is None:
+            return 0
+        return sum(t.element_size() * t.nelement() for t in self.media.tensors.values())
+
 
 def _schema_texts(
     questions: tuple[QuestionV1, ...],
@@ -392,7 +399,9 @@ def encode_record(
             questions; with field
             ``questions.<id>.instructions`` when a question span would be empty (id ``""`` and no instructions: the
             reference would return NaN); for a request with media, naming ``state`` or the question field whose
-            text holds an image or video pad token (:func:`_refuse_media_pads`); media errors from the processor.
+            text holds an image or video pad token (:func:`_refuse_media_pads`), or ``images`` when the images'
+            tokens, counted from their headers before any is decoded, leave the schema no room; media errors from the
+            processor.
     """
     if not request.questions:
         raise RequestValidationError([FieldError("questions", "at least one question is required")])
@@ -414,7 +423,8 @@ def encode_record(
     if request.images or request.videos:
         _refuse_media_pads(processor, [(where, schema_pieces[p]) for p, where in fields.items()])
         media = processor.encode_media(
-            request.images, request.videos, token_offset=len(prefix_ids), media_kwargs=media_kwargs
+            request.images, request.videos, token_offset=len(prefix_ids), media_kwargs=media_kwargs,
+            max_tokens=schema_budget - sum(map(len, schema_pieces)),
         )
         media_ids = media.input_ids
     fixed = len(prefix_ids) + len(media_ids) + sum(map(len, schema_pieces)) + len(suffix_ids)

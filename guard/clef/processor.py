@@ -40,6 +40,7 @@ __all__ = [
     "EncodedMedia",
     "decode_image",
     "load_tokenizer",
+    "open_image",
 ]
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -118,11 +119,30 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
             :data:`MAX_IMAGE_PIXELS` or with sides more than :data:`MAX_ASPECT_RATIO` apart (read from its header,
             before decoding); the field is ``where``.
     """
+    return _decoded(open_image(item, where=where), where)
+
+
+def _decoded(image: Any, where: str) -> Any:
+    """``image`` (from :func:`open_image`) decoded, as RGB."""
+    try:
+        image.load()
+    except Exception as exc:  # a decoder of client bytes may raise any type (SyntaxError, EOFError, ...)
+        raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
+    return image.convert("RGB")
+
+
+def open_image(item: Any, *, where: str = "images[0]") -> Any:
+    """One ``images`` entry as a PIL image whose header alone is read (its ``size`` known, its pixels not decoded);
+    accepts what :func:`decode_image` accepts.
+
+    Raises:
+        RequestValidationError: as :func:`decode_image`, for everything found before decoding.
+    """
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(item, Image.Image):
         _check_aspect_ratio(*item.size, where)
-        return item.convert("RGB")
+        return item
     if isinstance(item, str):
         if not item[:5].lower() == "data:" or "," not in item:
             raise RequestValidationError([FieldError(where, "must be a data: URL; remote URLs are never fetched")])
@@ -158,11 +178,7 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
             [FieldError(where, f"is {width}x{height} pixels; the limit is {MAX_IMAGE_PIXELS} (checked before decoding)")]
         )
     _check_aspect_ratio(width, height, where)
-    try:
-        image.load()
-    except Exception as exc:  # a decoder of client bytes may raise any type (SyntaxError, EOFError, ...)
-        raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
-    return image.convert("RGB")
+    return image
 
 
 class ClefProcessor:
@@ -259,26 +275,53 @@ class ClefProcessor:
         return [list(self.tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
 
     def encode_media(
-        self, images: Sequence[Any], videos: Sequence[Any], *, token_offset: int, media_kwargs: Mapping[str, Any] | None
+        self,
+        images: Sequence[Any],
+        videos: Sequence[Any],
+        *,
+        token_offset: int,
+        media_kwargs: Mapping[str, Any] | None,
+        max_tokens: int | None = None,
     ) -> EncodedMedia:
         """Run the media block through the image (and video) processor (§2.3 step 2).
+
+        Every image's header is read first and its tokens counted from its size, as the image processor resizes it
+        (``get_number_of_image_patches``); then the images are decoded and processed one at a time, so one request
+        holds at most one decoded image.
 
         Args:
             images: PIL images, data URLs or ``{content_type, base64}`` entries.
             videos: frame arrays (needs torchvision).
             token_offset: where the block will start in ``input_ids``.
             media_kwargs: extra processor keyword arguments (reference ``media_kwargs``).
+            max_tokens: most tokens the block may take (``None``: no limit); an image-only block is measured before
+                any image is decoded.
 
         Raises:
-            RequestValidationError: undecodable images, media on a text-only checkpoint, or videos without torchvision
-                (the message names the fix).
+            RequestValidationError: undecodable images, images whose block would take more than ``max_tokens``
+                (field ``images``), media on a text-only checkpoint, or videos without torchvision (the message names
+                the fix).
         """
-        decoded = [decode_image(item, where=f"images[{i}]") for i, item in enumerate(images)]
-        text = IMAGE_PLACEHOLDER * len(decoded) + VIDEO_PLACEHOLDER * len(videos) + "\n"
+        if images and self.image_processor is None:
+            raise RequestValidationError(
+                [FieldError("images", "this checkpoint is text-only (no processor_config.json); send no images")]
+            )
+        opened = [open_image(item, where=f"images[{i}]") for i, item in enumerate(images)]
+        text = IMAGE_PLACEHOLDER * len(opened) + VIDEO_PLACEHOLDER * len(videos) + "\n"
         kwargs = dict(media_kwargs or {})
-        if self.full_processor is not None:  # pragma: no cover - torchvision is absent in CI
+        merge = int(self.image_processor.merge_size) ** 2 if opened else 1
+        pads = [self.image_processor.get_number_of_image_patches(image.height, image.width, kwargs) // merge
+                for image in opened]
+        tokens = len(self.encode_texts([text])[0]) - len(pads) + sum(pads)
+        if max_tokens is not None and not videos and tokens > max_tokens:
+            message = (f"{len(pads)} image(s) take {tokens} tokens at the sizes the image processor resizes them to "
+                       f"({', '.join(map(str, pads))} each, plus their markers); the prompt has room for {max_tokens} "
+                       "beside its schema")
+            raise RequestValidationError([FieldError("images", message)])
+        if self.full_processor is not None and videos:  # pragma: no cover - torchvision is absent in CI
+            decoded = [_decoded(image, f"images[{i}]") for i, image in enumerate(opened)]
             out = self.full_processor(
-                text=[text], images=decoded or None, videos=list(videos) or None, return_tensors="pt", **kwargs
+                text=[text], images=decoded or None, videos=list(videos), return_tensors="pt", **kwargs
             )
             ids = out.pop("input_ids")[0].tolist()
             types = out.pop("mm_token_type_ids")[0].tolist()
@@ -286,18 +329,17 @@ class ClefProcessor:
             return EncodedMedia(tuple(ids), tuple(types), dict(out), token_offset)
         if videos:
             raise RequestValidationError([FieldError("videos", _TORCHVISION_FIX.format(torch=torch.__version__))])
-        if self.image_processor is None:
-            raise RequestValidationError(
-                [FieldError("images", "this checkpoint is text-only (no processor_config.json); send no images")]
-            )
-        out = self.image_processor(images=decoded, return_tensors="pt", **kwargs)
-        grid = out["image_grid_thw"]  # [n_images, 3] (t, h, w) in patches
-        merge = int(self.image_processor.merge_size) ** 2
+        pixel_values, grids = [], []
+        for i, image in enumerate(opened):  # one decoded image at a time: it is dropped once processed
+            out = self.image_processor(images=[_decoded(image, f"images[{i}]")], return_tensors="pt", **kwargs)
+            pixel_values.append(out["pixel_values"])
+            grids.append(out["image_grid_thw"])
+        grid = torch.cat(grids)  # [n_images, 3] (t, h, w) in patches
         parts = text.split(_DEFAULT_IMAGE_TOKEN)
         expanded = parts[0]
         for i, rest in enumerate(parts[1:]):
             expanded += _DEFAULT_IMAGE_TOKEN * (int(grid[i].prod()) // merge) + rest
         ids = self.encode_texts([expanded])[0]
         types = [1 if t == self.image_token_id else 2 if t == self.video_token_id else 0 for t in ids]
-        tensors = {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
+        tensors = {"pixel_values": torch.cat(pixel_values), "image_grid_thw": grid}
         return EncodedMedia(tuple(ids), tuple(types), tensors, token_offset)

@@ -14,7 +14,9 @@ Routes:
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
   body is read, and so does any request while the request bodies in memory (counted as their bytes arrive, held until
-  the request is answered) are at ``max_pending_body_bytes``; a body whose bytes would pass it is refused the same way. A body that
+  the request is answered) are at ``max_pending_body_bytes``; a body whose bytes would pass it is refused the same way,
+  and so is a request whose images' pixel tensors, once encoded, would (they count from then until the answer; a
+  request alone may pass the limit, so one larger than it is still served). A body that
   sends nothing for ``body_idle_timeout_s`` is a 408 ``body_timeout``. At most
   :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more than
   :data:`MAX_JSON_CONTAINERS` arrays and objects is a 400 ``invalid_json`` (json's parser holds the GIL: 8 MiB of
@@ -528,7 +530,9 @@ async def _read_and_answer(
         message = f"reading and parsing the body took longer than the {timeout * 1000:g} ms deadline"
         return _http.error_response(504, _http.TIMEOUT, message), "timeout"
     try:
-        answer = await _http.unless_disconnected(request.receive, backend.decide(system_request, timeout=left))
+        answer = await _http.unless_disconnected(
+            request.receive, backend.decide(system_request, timeout=left, hold=held.add_held)
+        )
     except _http.ClientGone:
         return Response(status_code=499), "cancelled"
     except BackendRejected as exc:

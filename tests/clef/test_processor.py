@@ -12,8 +12,10 @@ import torch
 from PIL import Image
 from tokenizers import Tokenizer
 
+from guard.clef.encoding import encode_record
 from guard.clef.processor import ClefProcessor, decode_image, load_tokenizer
 from guard.errors import RequestValidationError
+from guard.systemone import QuestionV1, SystemOneRequestV1
 from tests.clef.conftest import load_case
 from tests.conftest import GOLDEN
 
@@ -67,6 +69,50 @@ def test_patch_rows_follow_the_documented_layout(golden_processor: ClefProcessor
     h, w = 16, 20
     rows = frames.reshape(2, 3, h // 2, 2, 16, w // 2, 2, 16).transpose(2, 5, 3, 6, 1, 0, 4, 7).reshape(h * w, -1)
     assert np.abs(media.tensors["pixel_values"].double().numpy() - rows).max() < 1e-6
+
+
+def _png(size: tuple[int, int], colour: str = "red") -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_images_over_the_prompt_are_refused_from_their_headers_before_any_is_decoded(
+    golden_processor: ClefProcessor,
+) -> None:
+    """Every image was decoded to RGB and resized before the prompt's length was checked (4 images of 4096 x 4096:
+    a second of CPU and hundreds of MB each, then a 422 naming ``questions``). Their tokens are counted from their
+    headers as the processor resizes them: these images' pixel data is cut off, so decoding them would fail; the
+    refusal names ``images`` instead."""
+    whole = _png((2048, 2048))
+    cut = "data:image/png;base64," + base64.b64encode(whole[:200]).decode()  # the header and a sliver of the pixels
+    request = SystemOneRequestV1.from_json({"model": "m", "state": "s", "images": [cut, cut],
+                                            "questions": {"q": {"type": "noul", "instructions": "Is it red?"}}})
+    with pytest.raises(RequestValidationError) as info:
+        encode_record(request, golden_processor, max_length=1500)
+    ((field, message),) = [(e.field, e.message) for e in info.value.errors]
+    assert field == "images" and message.startswith("2 image(s) take 2053 tokens") and "1024, 1024 each" in message
+    with pytest.raises(RequestValidationError, match="is not a decodable image"):  # room for them: then decoded
+        encode_record(request, golden_processor, max_length=4096)
+
+
+def test_images_processed_one_at_a_time_give_what_the_processor_gives_for_all(golden_processor: ClefProcessor) -> None:
+    """Each image is decoded and processed alone (one decoded image held at a time), with the same tensors as one
+    call for all of them; the record counts the bytes they hold."""
+    images = [Image.open(io.BytesIO(_png(size, colour))) for size, colour in (((300, 200), "red"), ((64, 700), "blue"))]
+    media = golden_processor.encode_media(images, [], token_offset=0, media_kwargs=None)
+    together = golden_processor.image_processor(images=[image.convert("RGB") for image in images], return_tensors="pt")
+    assert torch.equal(media.tensors["pixel_values"], together["pixel_values"])
+    assert torch.equal(media.tensors["image_grid_thw"], together["image_grid_thw"])
+    # the tokens counted from the headers are the block's: it fits in exactly its length
+    golden_processor.encode_media(images, [], token_offset=0, media_kwargs=None, max_tokens=len(media.input_ids))
+    with pytest.raises(RequestValidationError, match=f"take {len(media.input_ids)} tokens"):
+        golden_processor.encode_media(images, [], token_offset=0, media_kwargs=None,
+                                      max_tokens=len(media.input_ids) - 1)
+    request = SystemOneRequestV1(model="m", state="s", questions=(QuestionV1("q", "noul", "?"),), images=tuple(images))
+    record = encode_record(request, golden_processor)
+    pixels = together["pixel_values"]
+    assert record.media_bytes == pixels.nelement() * 4 + 2 * 3 * 8 and record.media_bytes > 1_000_000
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,16 @@ def test_workers_ai_profile_takes_option_ids_in_any_script_and_chat_template_tex
     assert SystemOneRequestV1.from_json(body).questions[0].option_ids() == list(criteria)
 
 
+def test_reference_profile_takes_at_most_four_images_too() -> None:
+    """The reference profile took any number of images: 20 of 4096 x 4096 decoded to 3 GiB for 26 s, then a 422 that
+    blamed ``questions``. Every profile takes at most four, refused naming ``images`` before any is decoded."""
+    body = {**_request(q={"type": "noul", "instructions": "x"}), "images": ["data:image/png;base64,AA"] * 5}
+    with pytest.raises(RequestValidationError) as info:
+        SystemOneRequestV1.from_json(body, profile="reference")
+    assert [(e.field, e.message) for e in info.value.errors] == [("images", "has 5 entries; at most 4")]
+    assert len(SystemOneRequestV1.from_json({**body, "images": body["images"][:4]}, profile="reference").images) == 4
+
+
 def test_reference_profile_accepts_what_the_reference_accepts() -> None:
     body = {
         "model": "m",

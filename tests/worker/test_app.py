@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import json
 import threading
 import time
@@ -13,11 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 
 from guard.asgi.server import server_options
 from guard.backends.batcher import BatcherConfig
 from guard.backends.local import LocalBackend
 from guard.clef.model import ClefModel
+from guard.systemone import SystemOneRequestV1
 from guard.worker.app import WorkerConfig, create_app
 from tests.worker._requests import golden_case, long_body, ticket_body
 from tests.worker._serve import RunningWorker, ServerThread, serve_app_in_thread, serve_worker
@@ -396,6 +400,64 @@ async def test_a_request_holds_its_body_bytes_until_it_is_answered(
             left = await _body_bytes(client)
     assert held == len(body)
     assert second.status_code == 429 and second.json()["code"] == "overloaded", second.text
+    assert answered.status_code == 200 and left == 0, answered.text
+
+
+def _image_body(size: tuple[int, int]) -> dict[str, Any]:
+    """A ticket request with one solid PNG of ``size``: a few hundred bytes that encode to megabytes of pixels."""
+    out = io.BytesIO()
+    Image.new("RGB", size, "red").save(out, format="PNG")
+    return {**ticket_body(0), "images": [{"content_type": "image/png", "base64": base64.b64encode(out.getvalue()).decode()}]}
+
+
+async def test_a_request_holds_its_images_pixel_tensors_until_it_is_answered(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's encoded images (float32 ``pixel_values``: 4 PNGs of 313 KB were 96 MiB) were counted nowhere, so
+    24 such requests took the worker from 0.8 to 3.8 GiB while ``/readyz`` said 7.5 MB (attack finding). They count
+    with the bodies from their encoding to the answer: alone a request may pass the limit (it is still served), and
+    while it is in memory another request is refused, as is one whose images would pass it while others hold bytes."""
+    config = WorkerConfig(max_body_bytes=BODY_CAP, max_pending_body_bytes=BODY_CAP, model_name="clef-flash",
+                          canary_interval_s=0)
+    body = json.dumps(_image_body((512, 512))).encode()
+    pixels = clef_fp32.encode(SystemOneRequestV1.from_json(json.loads(body))).media_bytes
+    assert pixels > BODY_CAP
+    headers = {"content-type": "application/json"}
+    released = threading.Event()
+    forward = clef_fp32.forward_records
+
+    def wedged(records: Any) -> Any:
+        released.wait(30)
+        return forward(records)
+
+    with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
+        async with worker.client() as client:
+            monkeypatch.setattr(clef_fp32, "forward_records", wedged)
+            try:
+                first = asyncio.ensure_future(client.post("/v1/systemone", content=body, headers=headers))
+                deadline = time.monotonic() + 30
+                while worker.batcher.in_flight == 0:
+                    assert time.monotonic() < deadline, "the request never reached the forward pass"
+                    await asyncio.sleep(0.01)
+                held = await _body_bytes(client)
+                refused = await client.post("/v1/systemone", json=ticket_body(1))
+            finally:
+                released.set()
+            answered = await first
+            released.clear()
+            try:  # a text request in the forward pass holds its body: the image request's pixels do not fit beside it
+                text = asyncio.ensure_future(client.post("/v1/systemone", json=ticket_body(2)))
+                while worker.batcher.in_flight == 0:
+                    assert time.monotonic() < deadline, "the text request never reached the forward pass"
+                    await asyncio.sleep(0.01)
+                crowded = await client.post("/v1/systemone", content=body, headers=headers)
+            finally:
+                released.set()
+            assert (await text).status_code == 200
+            left = await _body_bytes(client)
+    assert held == len(body) + pixels
+    assert refused.status_code == 429 and refused.json()["code"] == "overloaded", refused.text
+    assert crowded.status_code == 429 and crowded.json()["code"] == "overloaded", crowded.text
     assert answered.status_code == 200 and left == 0, answered.text
 
 
