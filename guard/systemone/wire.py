@@ -104,6 +104,9 @@ COARSEST_DECIMALS = 2
 MAX_SUM_TOLERANCE = 0.5
 #: Longest ``model`` name taken from an answer; a longer or unprintable one gives way to the request's.
 MAX_MODEL_CHARS = 200
+#: Largest ``usage.input_tokens`` or ``output_tokens`` an answer may report: far over any model's context (Clef's
+#: 262,144 positions), so a count past it is no count (it reaches spans, metrics and decision records).
+MAX_USAGE_TOKENS = 10_000_000
 
 
 def _describe(value: Any) -> str:
@@ -768,7 +771,8 @@ def parse_usage(raw: Any, bad: Any) -> UsageV1:
 
     Raises:
         MalformedAnswer: ``usage`` is not an object, or a count is negative, fractional or not a number (read as 0,
-            a cut state or an unread one would pass as read whole).
+            a cut state or an unread one would pass as read whole), or ``input_tokens`` or ``output_tokens`` is over
+            :data:`MAX_USAGE_TOKENS`.
     """
     if raw is None:
         return UsageV1(input_tokens=0)
@@ -787,6 +791,8 @@ def parse_usage(raw: Any, bad: Any) -> UsageV1:
             counts[name] = int(value)
         else:
             raise bad(f"response usage.{name} is {_shown(value)}; expected a whole number >= 0")
+        if name in ("input_tokens", "output_tokens") and counts[name] > MAX_USAGE_TOKENS:
+            raise bad(f"response usage.{name} is {_shown(value)}; expected at most {MAX_USAGE_TOKENS}")
     return UsageV1(**counts)
 
 

@@ -348,6 +348,10 @@ def test_a_number_too_large_for_a_float_is_a_malformed_answer(field: str) -> Non
         ({"state_tokens_dropped": True}, "usage.state_tokens_dropped is a JSON boolean"),
         ({"out_of_competence": "yes"}, "usage.out_of_competence is a JSON string"),
         ({"input_tokens": [346]}, "usage.input_tokens is a JSON array"),
+        # counts no model reads, which went into spans, metrics and decision records as given
+        ({"input_tokens": 10_000_001}, "usage.input_tokens is a JSON number; expected at most 10000000"),
+        ({"input_tokens": 10**400}, "expected at most 10000000"),
+        ({"output_tokens": 1e300}, "usage.output_tokens is a JSON number; expected at most 10000000"),
         ("346 tokens", "usage is a JSON string; expected an object"),
         ([346, 0], "usage is a JSON array"),
     ],
