@@ -28,7 +28,15 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
 from guard.backends.base import with_code, with_confidence
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
-from guard.backends.selftest import Canary, clef_canaries, run_self_test
+from guard.backends.selftest import (
+    SELF_TEST_TIMEOUT_S,
+    Canary,
+    CanaryResult,
+    canary_requests,
+    clef_canaries,
+    judge_canaries,
+    run_self_test,
+)
 from guard.errors import (
     BackendRejected,
     BackendTimeout,
@@ -128,6 +136,7 @@ class LocalBackend:
         self._warmup: asyncio.Future[None] | None = None
         self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
         self._room: SchemaRoom | None = None  # made on first use (state_room)
+        self._canary_jobs: list[tuple[SystemOneRequestV1, EncodedRecord]] = []  # encoded at start
         from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
 
         # the revision travels in a response header (the worker's), which holds Latin-1 only: a directory name in
@@ -253,7 +262,10 @@ class LocalBackend:
 
     async def _self_test(self) -> None:
         try:
-            await run_self_test(self, self.canaries)
+            self._canary_jobs = [(request, await self._encode(request, SELF_TEST_TIMEOUT_S))
+                                 for request in canary_requests(self.canaries)]
+            await run_self_test(self)
+            await self.run_canaries(timeout=SELF_TEST_TIMEOUT_S)
         except Exception as exc:
             await self.batcher.aclose()
             raise BackendUnavailable(
@@ -277,6 +289,19 @@ class LocalBackend:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    async def run_canaries(self, *, timeout: float) -> list[CanaryResult]:
+        """Ask :attr:`canaries` as :func:`~guard.backends.selftest.run_canaries` does, one request at a time within
+        ``timeout`` seconds in all, from records encoded once at start: each goes straight to the batcher, so a run
+        waits only for the queue and the forward passes, never for an encoding thread behind clients' encodings.
+
+        Raises:
+            CanaryFailed: a canary did not pass.
+            BackendError: as :meth:`decide` raises it.
+        """
+        async with asyncio.timeout(timeout):
+            answers = [await self._submit(request, record, timeout, timeout) for request, record in self._canary_jobs]
+        return judge_canaries(self.canaries, answers)
 
     # -------------------------------------------------------------------------------------------------------- decide
 
@@ -325,6 +350,19 @@ class LocalBackend:
             remaining = timeout - (time.monotonic() - started)
             if remaining <= 0:
                 raise BackendTimeout(f"encoding took longer than the {timeout * 1000:g} ms deadline", backend=self.name)
+        return await self._submit(request, record, remaining, timeout, hold)
+
+    async def _submit(
+        self,
+        request: SystemOneRequestV1,
+        record: EncodedRecord,
+        remaining: float | None,
+        timeout: float | None,
+        hold: Callable[[int], None] | None = None,
+    ) -> SystemOneResponseV1:
+        """Queue ``record`` for the forward pass and its readout, within ``remaining`` seconds (of the call's
+        ``timeout``, which errors name), after ``hold`` took its media bytes; the batcher's and the model's errors as
+        :meth:`decide` raises them."""
         try:
             if hold is not None and record.media is not None:
                 hold(record.media_bytes)

@@ -37,9 +37,11 @@ __all__ = [
     "Canary",
     "CanaryFailed",
     "CanaryResult",
+    "canary_requests",
     "catalog_canaries",
     "check_answers",
     "clef_canaries",
+    "judge_canaries",
     "run_canaries",
     "run_self_test",
 ]
@@ -252,9 +254,21 @@ async def run_canaries(
     if not canaries:
         return []
     async with asyncio.timeout(timeout):
-        answers = [
-            await backend.decide(_request(c, s, model), timeout=timeout) for c in canaries for s in (c.benign, c.attack)
-        ]
+        answers = [await backend.decide(request, timeout=timeout) for request in canary_requests(canaries, model)]
+    return judge_canaries(canaries, answers)
+
+
+def canary_requests(canaries: Sequence[Canary], model: str = "canary") -> list[SystemOneRequestV1]:
+    """The requests of a canary run, in order: each canary's benign state, then its attack state."""
+    return [_request(c, state, model) for c in canaries for state in (c.benign, c.attack)]
+
+
+def judge_canaries(canaries: Sequence[Canary], answers: Sequence[SystemOneResponseV1]) -> list[CanaryResult]:
+    """Judge the answers to :func:`canary_requests`: one result per canary, in order.
+
+    Raises:
+        CanaryFailed: a canary did not pass (every result is on the exception).
+    """
     results = [c.judge(answers[2 * i], answers[2 * i + 1]) for i, c in enumerate(canaries)]
     if not all(r.passed for r in results):
         raise CanaryFailed(results)

@@ -79,7 +79,7 @@ from guard._body import BodyBytes, BodyShare, declared_length, read_body
 from guard._close import CLOSE_TIMEOUT_S, close_within
 from guard._json import loads
 from guard._rootpath import route_path
-from guard.backends.selftest import CanaryFailed, run_canaries
+from guard.backends.selftest import CanaryFailed
 from guard.errors import (
     BackendRejected,
     BackendTimeout,
@@ -341,9 +341,12 @@ class _Runtime:
         as NaN, a failed encoding or forward pass, any other error, logged with its traceback), make the worker
         unready. A run that does not finish (overloaded, timed out) says nothing while forward passes still finish (a
         busy worker); :data:`HUNG_CANARY_RUNS` of them in a row with none finished make it unready and :attr:`hung`.
+        The canaries' records were encoded at start and go straight to the batcher
+        (:meth:`~guard.backends.local.LocalBackend.run_canaries`), so a run that does not finish waited on the queue
+        and the forward passes alone: clients' encodings (slow, or refused, computing nothing) never make a run late.
         """
         try:
-            await run_canaries(backend, backend.canaries, timeout=self.config.canary_timeout_s)
+            await backend.run_canaries(timeout=self.config.canary_timeout_s)
         except Exception as exc:  # whatever ends a run is seen: an error that escaped stopped the runs for good
             if _unfinished(exc):
                 self.stalled_runs = 0 if self.passes != self._passes_seen else self.stalled_runs + 1

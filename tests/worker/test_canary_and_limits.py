@@ -11,6 +11,7 @@ import struct
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from guard.errors import BackendRejected, BackendUnavailable
 from guard.policy import load_text
 from guard.subject import AgentSubject
 from guard.systemone import SystemOneRequestV1
-from guard.worker import app as app_module
 from guard.worker.app import WorkerConfig, WorkerPhase, create_app
 from tests._degenerate import always_no_app
 from tests.worker._requests import ticket_body
@@ -125,10 +125,10 @@ def test_a_model_that_degenerates_after_start_makes_the_worker_unready(golden_ch
         assert c.get("/readyz").status_code == 200
 
 
-def test_a_model_whose_encoding_fails_makes_the_worker_unready_and_its_canaries_go_on(golden_checkpoint: Path) -> None:
-    """An error while encoding answers the request 503 ``unavailable`` (a 500 before) and fails the canary run (it
-    ended the runs for good before, so a model that degenerated later stayed ready); once encoding works again the
-    next run passes."""
+def test_a_model_whose_encoding_fails_answers_503_and_its_canaries_go_on(golden_checkpoint: Path) -> None:
+    """An error while encoding answers the request 503 ``unavailable`` (a 500 before). The canaries' records were
+    encoded at start, so their runs go on and pass (the forward pass works); once encoding works again requests are
+    answered."""
     model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
     config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
     encode = model.encode
@@ -143,11 +143,45 @@ def test_a_model_whose_encoding_fails_makes_the_worker_unready_and_its_canaries_
         refused = c.post("/v1/systemone", json=ticket_body(1))
         assert refused.status_code == 503 and refused.json()["code"] == "unavailable", refused.text
         assert "encoding failed" in refused.json()["message"]
-        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
-        assert "RuntimeError" in (runtime.canary_error or "")
+        runs = runtime.canary_runs
+        wait_for(lambda: runtime.canary_runs >= runs + 2)
+        assert runtime.phase is WorkerPhase.READY and runtime.canary_error is None
         model.encode = encode  # type: ignore[method-assign]
-        wait_for(lambda: runtime.phase is WorkerPhase.READY)
         assert c.post("/v1/systemone", json=ticket_body(1)).status_code == 200
+
+
+def test_clients_holding_every_encoding_thread_do_not_make_the_worker_look_hung(
+    golden_checkpoint: Path,
+) -> None:
+    """Canaries were encoded on the 4 encoding threads, behind clients' encodings: 12 clients sending 4 large PNGs
+    each (refused 422 at encoding, so no forward pass ran) made ``/healthz`` answer 503 ``canary_failed`` (the
+    inference thread "hung") within 14 s, and an orchestrator restarts it in a loop (attack finding). The canaries'
+    records are encoded at start and go straight to the batcher: with every encoding thread held, runs still pass."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test slows it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.1, canary_timeout_s=2.0)
+    released = threading.Event()
+    encode = model.encode
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        released.wait(60)
+        return encode(*args, **kwargs)
+
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=60) as c:
+        runtime = worker.app.state.worker
+        assert c.get("/readyz").status_code == 200
+        model.encode = slow  # type: ignore[method-assign]
+        with ThreadPoolExecutor(8) as pool:
+            try:
+                sent = [pool.submit(c.post, "/v1/systemone", json=ticket_body(i)) for i in range(8)]
+                runs, passes = runtime.canary_runs, runtime.passes
+                wait_for(lambda: runtime.canary_runs >= runs + 4)
+                phase, alive, stalled = runtime.phase, c.get("/healthz").status_code, runtime.stalled_runs
+            finally:
+                released.set()
+            answered = [future.result().status_code for future in sent]
+    assert runtime.passes > passes  # the canaries' own passes
+    assert phase is WorkerPhase.READY and alive == 200 and stalled == 0
+    assert answered == [200] * 8
 
 
 def test_an_unexpected_error_in_a_canary_run_makes_the_worker_unready_and_the_runs_go_on(
@@ -156,7 +190,7 @@ def test_an_unexpected_error_in_a_canary_run_makes_the_worker_unready_and_the_ru
     """Any error that ends a run is a failed run (logged with its traceback), never the end of the runs."""
     failing = True
 
-    async def run(backend: Any, canaries: Any, **options: Any) -> list[Any]:
+    async def run(**options: Any) -> list[Any]:
         if failing:
             raise KeyError("answers")
         return []
@@ -164,7 +198,7 @@ def test_an_unexpected_error_in_a_canary_run_makes_the_worker_unready_and_the_ru
     config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.05)
     with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
         runtime = worker.app.state.worker
-        monkeypatch.setattr(app_module, "run_canaries", run)
+        monkeypatch.setattr(runtime.backend, "run_canaries", run)
         wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
         assert runtime.canary_error == "KeyError: 'answers'"
         failing = False
@@ -443,7 +477,7 @@ def test_a_canary_run_that_finds_the_queue_full_says_nothing_while_passes_finish
     finish stays ready (it went unready and answered every request 503); one whose passes stop is hung."""
     finishing = True
 
-    async def overloaded(backend: Any, canaries: Any, **options: Any) -> None:
+    async def overloaded(**options: Any) -> None:
         if finishing:
             runtime.passes += 1  # the others' requests that fill the queue are answered
         raise BackendUnavailable("clef-local queue is full (2 waiting)", backend="clef-local", reason="overloaded",
@@ -452,7 +486,7 @@ def test_a_canary_run_that_finds_the_queue_full_says_nothing_while_passes_finish
     config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.05)
     with serve_worker(LocalBackend(clef_fp32), config=config) as worker, httpx.Client(base_url=worker.url) as c:
         runtime = worker.app.state.worker
-        monkeypatch.setattr(app_module, "run_canaries", overloaded)
+        monkeypatch.setattr(runtime.backend, "run_canaries", overloaded)
         runs = runtime.canary_runs
         wait_for(lambda: runtime.canary_runs >= runs + 4)
         assert runtime.phase is WorkerPhase.READY and c.get("/readyz").status_code == 200
