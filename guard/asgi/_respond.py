@@ -523,9 +523,9 @@ class ResponseJudge:
         self.tail = sent[-self.limits.stream_overlap_bytes:]
         self.held = text[end:]
         self.held_bytes = len(self.held.encode("utf-8"))
-        # the next full window waits for half a window of new bytes: events the hold keeps back are not judged
-        # again for every small event that follows them
-        self.judge_at = self.held_bytes + self.limits.stream_window_bytes // 2
+        # the next full window waits for half a window of new bytes, or as many as are held if that is more: events
+        # the hold keeps back (large ones, such as logprobs) are not judged again for every small event after them
+        self.judge_at = self.held_bytes + max(self.limits.stream_window_bytes // 2, self.held_bytes)
         if final:
             self.mode = "done"
 
@@ -577,11 +577,13 @@ class ResponseJudge:
     def _before_hold(self, length: int, context: int, end: int, hold: int | None) -> int:
         """``end`` (in a text of ``length`` characters starting ``context`` characters before what was sent ends),
         not past ``hold``, where the events start that wait for what follows them (:meth:`_hold_from`), unless what
-        they would keep back fills a window."""
+        they would keep back is longer than ``max_response_bytes``. The hold is bounded by the characters of the
+        joined text and ``stream_hold_s``, not by the window: events with large data beside their text (logprobs,
+        ``n`` answers interleaved) keep more than a window back."""
         if hold is None:
             return end
         at = max(hold - self.sent_chars + context, context)
-        return min(end, at) if length - at < self.limits.stream_window_bytes else end
+        return min(end, at) if length - at <= self.limits.max_response_bytes else end
 
     async def _send_start(self, verdict: Verdict) -> None:
         if self.started:
