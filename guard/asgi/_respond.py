@@ -17,9 +17,9 @@ or those of a body that holds them, are joined as its client joins them: :mod:`g
   ``stream_overlap_bytes`` already sent, is judged (HTML and XML also as a parser reads it, as a whole body is);
   then it is sent on (for SSE only up to the last complete event, so an event is never split from its end).
   Nothing is sent before it was judged, so nothing after a blocked span leaves.
-  A block before anything was sent is a plain JSON block; after, an SSE stream gets one ``event: guard_blocked``
-  with the block's JSON as data and ends; a chunked stream that is not SSE is cut off without its last chunk, so the
-  client sees an incomplete body, never one that looks whole. Redact replaces spans in the window before it is sent
+  A block before anything was sent is a plain JSON block; after, an SSE stream gets an ``event: error`` and an
+  ``event: guard_blocked``, each with the block's JSON as data, and ends; a chunked stream that is not SSE is cut
+  off without its last chunk, so the client sees an incomplete body, never one that looks whole. Redact replaces spans in the window before it is sent
   (a span reaching past the window waits for the next one). A compressed stream is not judged (502).
   A slow stream does not wait for the window to fill: ``stream_flush_s`` after the first byte that was not judged yet
   arrived, a flusher task judges what is held as it stands and sends on what may go, by the same rules (whole SSE
@@ -594,8 +594,8 @@ class ResponseJudge:
         await self.send({**self.start, "headers": headers})
 
     async def _stop(self, verdict: Verdict) -> None:
-        """A blocked stream: a JSON block when nothing was sent; else an SSE error event and the end, or (not SSE)
-        an abort."""
+        """A blocked stream: a JSON block when nothing was sent; else SSE ``error`` and ``guard_blocked`` events and
+        the end, or (not SSE) an abort."""
         if not self.started:
             await self._block(verdict)
             return
@@ -603,11 +603,13 @@ class ResponseJudge:
             logger.info("response of %s %r blocked mid-stream (policy %s); cutting the connection",
                         self.request.method, self.request.path, verdict.policy_id)
             raise StreamStopped("the response was blocked by policy mid-stream")
-        payload = _block_payload(verdict)  # with an OpenAI-style ``error``, which OpenAI's SDKs raise as an APIError
-        payload["error"] = {"message": payload["message"], "type": RESPONSE_BLOCKED, "code": RESPONSE_BLOCKED}
+        # an ``error`` event (Anthropic's SDKs raise only on that name, OpenAI's on data with an ``error``), then
+        # guard's own event; both carry the block with an ``error`` object of the shape both SDKs read
+        payload = {"type": "error", **_block_payload(verdict)}
+        payload["error"] = {"type": RESPONSE_BLOCKED, "message": payload["message"], "code": RESPONSE_BLOCKED}
         data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-        event = f"event: {SSE_BLOCK_EVENT}\ndata: {data}\n\n".encode()
-        await self.send({"type": "http.response.body", "body": event, "more_body": False})
+        events = f"event: error\ndata: {data}\n\nevent: {SSE_BLOCK_EVENT}\ndata: {data}\n\n".encode()
+        await self.send({"type": "http.response.body", "body": events, "more_body": False})
 
     # Verdicts --------------------------------------------------------------------------------------------------
 

@@ -465,6 +465,63 @@ def test_openais_sdk_raises_when_a_streamed_answer_is_stopped() -> None:
     assert isinstance(raised.value.body, dict) and raised.value.body["code"] == "response_blocked"
 
 
+def _anthropic_app() -> tuple[Guard, Starlette]:
+    """An Anthropic Messages API whose streamed answer holds :data:`TOKENS`, behind the policy."""
+    def event(name: str, data: dict[str, Any]) -> bytes:
+        return _sse({"type": name, **data}, event=name).encode()
+
+    async def messages(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield event("message_start", {"message": {
+                "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "content": [],
+                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}})
+            yield event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            for token in TOKENS:
+                yield SHAPES["anthropic"].event(token).encode()
+                await asyncio.sleep(0.01)
+            yield event("content_block_stop", {"index": 0})
+            yield event("message_stop", {})
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(lambda request: {}))
+    return guard, Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])],
+                            middleware=[Middleware(GuardMiddleware, guard=guard,
+                                                   limits=BodyLimits(stream_flush_s=0.01))])
+
+
+def test_a_stopped_stream_ends_with_an_error_event_then_guard_blocked() -> None:
+    """After events were sent, a block ends the stream with ``event: error`` (the only name Anthropic's SDKs raise
+    on; they skip ``guard_blocked``) and then ``event: guard_blocked``, both with the block as an error object."""
+    guard, app = _anthropic_app()
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        response = client.post("/v1/messages", json={})
+    guard.close()
+    assert response.status_code == 200 and " sk" not in _shown("anthropic", response.text)
+    *_, error, blocked = response.text.rstrip().split("\n\n")
+    assert error.startswith("event: error\ndata: ") and blocked.startswith("event: guard_blocked\ndata: ")
+    data = json.loads(error.split("data: ", 1)[1])
+    assert data == json.loads(blocked.split("data: ", 1)[1])
+    assert data["type"] == "error" and data["error"]["type"] == "response_blocked" and data["rule"] == "keys"
+
+
+def test_anthropics_sdk_raises_when_a_streamed_answer_is_stopped() -> None:
+    """Anthropic's Python SDK raises on the ``error`` event instead of ending the message as if it were whole."""
+    anthropic = pytest.importorskip("anthropic")
+    guard, app = _anthropic_app()
+    shown = ""
+    with serve_in_thread(app) as url:
+        client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.APIStatusError, match="cannot be masked") as raised, \
+                client.messages.stream(model="claude-x", max_tokens=10,
+                                       messages=[{"role": "user", "content": "hi"}]) as stream:
+            for text in stream.text_stream:
+                shown += text
+    guard.close()
+    assert shown.startswith("Sure, here is what") and " sk" not in shown
+    assert raised.value.body["error"]["type"] == "response_blocked"
+
+
 @pytest.mark.parametrize("shape", ["plain-sse", "openai-chat"])
 def test_a_key_in_digit_tokens_never_reaches_the_client(shape: str) -> None:
     """Tokenizers cut digits into groups of their own; a plain-text stream's ``8812`` is JSON (a number), and still

@@ -265,11 +265,12 @@ def test_sse_is_judged_in_windows_and_nothing_after_the_blocked_span_leaves(serv
         key = client.get("/out/sse", params={"kind": "key"})
     assert len(_sse_events(ok.text)) == EVENTS + 1 and ok.text.endswith("data: [DONE]\n\n")
     events = _sse_events(leak.text)
-    assert leak.status_code == 200 and events[-1].startswith(f"event: {SSE_BLOCK_EVENT}\ndata: ")
+    assert leak.status_code == 200 and events[-2].startswith("event: error\ndata: ")
+    assert events[-1].startswith(f"event: {SSE_BLOCK_EVENT}\ndata: ")
     blocked = json.loads(events[-1].split("data: ", 1)[1])
     assert blocked["code"] == "response_blocked" and blocked["rule"] == "leak"
-    indices = [json.loads(e[len("data: "):])["i"] for e in events[:-1]]
-    assert indices == list(range(len(indices)))  # whole events, in order, then the block
+    indices = [json.loads(e[len("data: "):])["i"] for e in events[:-2]]
+    assert indices == list(range(len(indices)))  # whole events, in order, then the block's two
     assert 0 < len(indices) < EVENTS // 2  # earlier windows went out; the one with the secret and all after did not
     assert SECRET not in leak.text
     deltas = [json.loads(e[len("data: "):])["delta"] for e in _sse_events(key.text)[:-1]]
