@@ -21,7 +21,9 @@ event's data that is not a JSON object or array is text at ``data:<type>`` (the 
 text data whatever its type (a client that ignores the type joins them). The Vercel AI SDK's data stream (v4,
 :data:`AI_DATA_STREAM_HEADER`) is read line by line, each line a part ``TYPE:JSON`` (``0:"sk-ab"``: text; ``g``:
 reasoning; ``c``: a tool call's argument delta) whose strings are at ``/TYPE``, and a tool call's (an object with a
-``toolCallId``) at ``/TYPE/<toolCallId>``: the SDK's client joins each call's deltas apart. A place whose string is
+``toolCallId``) at ``/TYPE/<toolCallId>``: the SDK's client joins each call's deltas apart. The text an event that
+opens a block holds (Anthropic's ``content_block.text`` and ``.thinking``, OpenAI's responses' ``part.text``) is at
+the place of the deltas that continue it, its first piece. A place whose string is
 the same in every event (an id, a model name) is metadata and is not joined; nor is OpenAI's random
 ``obfuscation`` padding.
 :meth:`DeltaJoiner.joined` gives each joined place's pieces not yet sent, after the end of what it held before (so a
@@ -71,6 +73,11 @@ _LINE_END = re.compile(r"\r\n|\r|\n")
 
 #: Keys whose strings are padding, not text: OpenAI adds a random ``obfuscation`` string to every streamed delta.
 _PADDING = frozenset({"obfuscation"})
+#: Places where the event that opens a block of an answer may hold its first text, each read at the place of the
+#: deltas that continue it, as a client appends them: Anthropic's ``content_block_start`` (a text or thinking
+#: block's ``text`` or ``thinking``) and OpenAI's responses' ``response.content_part.added`` (its ``part.text``).
+_OPENINGS = {"/content_block/text": "/delta/text", "/content_block/thinking": "/delta/thinking",
+             "/part/text": "/delta"}
 
 
 def _index(element: Any) -> int | None:
@@ -295,7 +302,7 @@ class DeltaJoiner:
             call = document.get("toolCallId") if isinstance(document, dict) else None
             document = {part: {call: document} if isinstance(call, str) else document}
         if isinstance(document, dict | list):
-            strings = list(_places(document))
+            strings = [(_OPENINGS.get(place, place), value) for place, value in _places(document)]
         elif isinstance(document, str):  # a token sent as a JSON string (LangServe, sse-starlette): its value
             strings = [(text_place or "", surrogates_joined(document))] if document else []
         else:  # SSE data that is a JSON number or literal (``8812``, ``true``: a plain-text stream's token) is text
