@@ -171,15 +171,20 @@ class _Connection(asyncio.Protocol):
         _wake(self._waiter)
 
     def eof_received(self) -> bool:
-        self.closed = True
+        self._closed_by_upstream()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._closed_by_upstream()
+        _wake(self._drained)
+
+    def _closed_by_upstream(self) -> None:
+        """The connection ended (the upstream's FIN, or the transport's end): a close-delimited body is complete
+        (RFC 9112 6.3), and the reader is woken."""
         self.closed = True
         if self.head_done and not self.complete and self._until_close and self.error is None:
-            self.complete = True  # a close-delimited body ends here
+            self.complete = True
         _wake(self._waiter)
-        _wake(self._drained)
 
     def pause_writing(self) -> None:
         self._write_paused = True

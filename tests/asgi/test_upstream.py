@@ -192,6 +192,30 @@ async def test_close_delimited_and_connection_close_are_not_reused() -> None:
     assert len(connections) == 2
 
 
+async def test_a_close_delimited_body_whose_close_follows_it_at_once_is_read_whole() -> None:
+    """The upstream's FIN arriving right after the body (one write, then close) ends a close-delimited body (RFC 9112
+    6.3): a reader that goes on between the FIN and the transport's end (here: it yields to the loop after each
+    piece, as the proxy does while it relays one) gets the body, never "closed before the end"."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end")  # closed by _serve
+
+    server, port, _ = await _serve(handler)
+    async with server:
+        pool = _pool(port)
+        for _ in range(50):
+            response = await pool.request("GET", b"/x", [(b"host", b"up")], None)
+            pieces = []
+            try:
+                async for piece in response.body():
+                    pieces.append(piece)
+                    await asyncio.sleep(0)
+            finally:
+                await response.aclose()
+            assert b"".join(pieces) == b"until the end" and response.complete
+        await pool.aclose()
+
+
 async def test_a_stale_connection_is_retried_once_without_a_body() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
