@@ -201,16 +201,34 @@ def check_html_charset(body: bytes, field: str = "body", *, partial: bool = Fals
     """Refuse an HTML body (sent without a ``charset`` parameter) whose ``<meta charset>`` or ``<meta
     http-equiv="content-type">`` in its first 1,024 bytes names a charset other than UTF-8 or US-ASCII: a browser
     decodes it with that charset (the HTML encoding prescan), so ``SE\x1b(BCRET`` reads as ``SECRET`` in
-    ISO-2022-JP. ``partial``: ``body`` is the start of a stream whose next bytes may continue a label that runs to
-    its end (``charset="utf``), so such a label is read once more bytes come, not now.
+    ISO-2022-JP. One holding an ESC byte anywhere is refused too (:func:`check_html_escapes`). ``partial``: ``body``
+    is the start of a stream whose next bytes may continue a label that runs to its end (``charset="utf``), so such
+    a label is read once more bytes come, not now.
 
     Raises:
         BodyError: 415 ``unsupported_charset``.
     """
+    check_html_escapes(body, field)
     head = body[:1024]
     match = _HTML_META_CHARSET.search(head)
     if match is not None and not (partial and match.end() == len(head)):
         _refuse_unread_label(match.group(1), "the HTML names charset {!r} in a <meta> tag", "send it as UTF-8", field)
+
+
+def check_html_escapes(body: bytes, field: str = "body") -> None:
+    """Refuse HTML bytes (of a body sent without a ``charset`` parameter) that hold an ESC byte (0x1B): ISO-2022-JP
+    reads ``ESC ( B`` as a switch that shows nothing, and a browser may pick it past the 1,024 bytes a ``<meta>`` is
+    looked for in (a later ``<meta>``, or its own detection), so ``SE\x1b(BCRET`` would show ``SECRET``. UTF-8 text
+    has no use for the byte; the charsets that read ASCII bytes as they are (Shift_JIS, GBK, ...) cannot show a
+    letter the UTF-8 reading lacks.
+
+    Raises:
+        BodyError: 415 ``unsupported_charset``.
+    """
+    if b"\x1b" in body:
+        raise BodyError(415, UNSUPPORTED_CHARSET, "the HTML holds an ESC byte (0x1B), which ISO-2022-JP reads as a "
+                        "hidden switch, and names no charset; send it as UTF-8 with charset=utf-8 in the "
+                        "Content-Type", field=field)
 
 
 def check_xml_encoding(body: bytes, field: str = "body") -> None:

@@ -50,7 +50,14 @@ from guard._json import is_json_media, json_readings
 from guard._markup import is_markup, is_xml, with_markup_reading
 from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._deltas import AI_DATA_STREAM_HEADER, JSON_LINES, DeltaJoiner, joiner_for
-from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, parse_params
+from guard.asgi._media import (
+    charset,
+    check_html_charset,
+    check_html_escapes,
+    check_xml_encoding,
+    is_textual,
+    parse_params,
+)
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._parse import encode_body, parse_body
 from guard.asgi._responses import HeaderList, send_json, verdict_headers
@@ -190,7 +197,8 @@ class ResponseJudge:
         self.arrivals: list[tuple[int, float]] = []  # stream: (offset, loop time) where each unsent chunk began
         self.received_chars = 0  # stream: characters of the decoded stream received
         # stream: the first bytes of HTML or XML, where a <meta charset> or an XML declaration names the charset a
-        # client decodes it with (the stream is read as UTF-8), and the check that refuses one naming another
+        # client decodes it with (the stream is read as UTF-8), and the check that refuses one naming another (HTML
+        # without a charset parameter: every chunk is also checked for an ESC byte, check_html_escapes)
         self.prefix = b""
         self.sniff: Callable[..., None] | None = None
         self.lock = asyncio.Lock()  # stream: one judgement at a time, the application's send or the flusher's
@@ -407,13 +415,16 @@ class ResponseJudge:
             await self._give_up("the streamed response is not UTF-8 text (it holds NUL bytes or a UTF-16 byte-order "
                                 "mark); it cannot be judged", "a streamed response that is not UTF-8 cannot be judged")
             return
-        if self.sniff is not None and chunk and len(self.prefix) < _SNIFF_BYTES:
-            self.prefix += chunk[: _SNIFF_BYTES - len(self.prefix)]
+        if self.sniff is not None and chunk:
             try:
-                self.sniff(self.prefix, partial=len(self.prefix) < _SNIFF_BYTES and more)
+                if len(self.prefix) < _SNIFF_BYTES:
+                    self.prefix += chunk[: _SNIFF_BYTES - len(self.prefix)]
+                    self.sniff(self.prefix, partial=len(self.prefix) < _SNIFF_BYTES and more)
+                if self.sniff is check_html_charset:  # past the prefix too
+                    check_html_escapes(chunk)
             except BodyError as exc:
                 await self._give_up(f"the response cannot be judged: {exc.reason}",
-                                    "a streamed response that names a charset other than UTF-8 cannot be judged")
+                                    "a streamed response read in a charset other than UTF-8 cannot be judged")
                 return
         if chunk:
             decoded = self.decoder.decode(chunk)

@@ -142,6 +142,8 @@ async def test_xml_declaring_another_encoding_is_415(make_guard: GuardFactory, d
     ('<meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS">', 415),
     ('<meta charset="utf-8">', 403),  # read as it is, and judged
     ("", 403),
+    ("<!--" + "x" * 1100 + '--><meta charset="iso-2022-jp">\x1b(B', 415),  # past the first 1,024 bytes: the ESC
+    ("\x1b(B", 415),  # no <meta>: a browser may detect ISO-2022-JP by its escapes
 ])  # fmt: skip
 async def test_html_naming_another_charset_in_a_meta_tag_is_415(make_guard: GuardFactory, meta: str,
                                                                  status: int) -> None:

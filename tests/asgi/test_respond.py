@@ -795,6 +795,9 @@ async def test_an_unclosed_meta_label_is_read_before_anything_after_it_is_sent()
 @pytest.mark.anyio
 @pytest.mark.parametrize(("media", "page"), [
     ("text/html", b'<html><head><meta charset="iso-2022-jp"></head><body>the SE\x1b(BCRET is swordfish</body></html>'),
+    ("text/html", b"<html><head><!--" + b"x" * 1100 + b'--><meta charset="iso-2022-jp"></head>'
+                  b"<body>the SE\x1b(BCRET is swordfish</body></html>"),  # the <meta> past the first 1,024 bytes
+    ("text/html", b"<html><body>the SE\x1b(BCRET is swordfish</body></html>"),  # none: a browser's detection
     ("application/xml", b'<?xml version="1.0" encoding="ISO-2022-JP"?><r>the SE\x1b(BCRET is swordfish</r>'),
 ])  # fmt: skip
 @pytest.mark.parametrize("streamed", [False, True])
