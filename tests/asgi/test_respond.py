@@ -712,6 +712,33 @@ async def test_an_event_longer_than_the_window_is_not_judged_again_for_every_chu
     await guard.aclose()
 
 
+@pytest.mark.anyio
+async def test_events_the_hold_keeps_back_are_not_judged_again_for_every_window() -> None:
+    """Events far larger than their text (``logprobs``: about 1.7 KB for a 4-character token) keep tens of KB back
+    under the hold; the next judgement waits for as many new bytes as are held, not half a window each."""
+    alternatives = [{"token": f"t{i:03d}", "logprob": -1.234567, "bytes": [65, 66, 67, 68]} for i in range(20)]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(300):
+            token = f" w{i:02d}"[:4]
+            choice = {"index": 0, "delta": {"content": token},
+                      "logprobs": {"content": [{"token": token, "logprob": -0.01, "top_logprobs": alternatives}]}}
+            yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    backend = ScriptedBackend(answers)
+    guard = Guard(load_text(POLICY), backends=backend)
+    app = Starlette(routes=[Route("/out/x", stream)], middleware=[Middleware(
+        GuardMiddleware, guard=guard, limits=BodyLimits(stream_flush_s=None))])  # fmt: skip
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 200 and response.text.count("data: ") == 300
+    assert backend.calls <= 40, backend.calls  # 22; one per half window of new bytes: 143
+    await guard.aclose()
+
+
 async def _asgi_get(app: Any, path: str, extensions: dict[str, Any]) -> list[dict[str, Any]]:
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": [],
