@@ -497,7 +497,7 @@ class ResponseJudge:
             return
         hold = None if final else self._hold_from()
         free = len(text) if final else self._boundary(text, context)
-        end = self._before_hold(len(text), context, free, hold)
+        end = self._before_hold(context, free, hold)
         if end < free:  # the hold keeps events back
             assert hold is not None
             self._time_hold(hold)
@@ -505,7 +505,7 @@ class ResponseJudge:
         cut = next((r for r in spans if r.start < end < r.end), None) if not final else None
         while cut is not None:  # a span reaches past what may go now: send up to before it, wait for the rest
             if self.sse:
-                end = self._before_hold(cut.start, context, self._boundary(text[: cut.start], context), hold)
+                end = self._before_hold(context, self._boundary(text[: cut.start], context), hold)
             else:
                 end = cut.start
             cut = next((r for r in spans if r.start < end < r.end), None)
@@ -585,16 +585,15 @@ class ResponseJudge:
             return context
         return max(len(text) - self.limits.stream_overlap_bytes, context)
 
-    def _before_hold(self, length: int, context: int, end: int, hold: int | None) -> int:
-        """``end`` (in a text of ``length`` characters starting ``context`` characters before what was sent ends),
-        not past ``hold``, where the events start that wait for what follows them (:meth:`_hold_from`), unless what
-        they would keep back is longer than ``max_response_bytes``. The hold is bounded by the characters of the
-        joined text and ``stream_hold_s``, not by the window: events with large data beside their text (logprobs,
-        ``n`` answers interleaved) keep more than a window back."""
-        if hold is None:
+    def _before_hold(self, context: int, end: int, hold: int | None) -> int:
+        """``end`` (in a text starting ``context`` characters before what was sent ends), not past ``hold``, where
+        the events start that wait for what follows them (:meth:`_hold_from`), unless more than
+        ``max_response_bytes`` are held. The hold is bounded by the characters of the joined text and
+        ``stream_hold_s``, not by the window: events with large data beside their text (logprobs, ``n`` answers
+        interleaved) keep more than a window back."""
+        if hold is None or self.held_bytes > self.limits.max_response_bytes:
             return end
-        at = max(hold - self.sent_chars + context, context)
-        return min(end, at) if length - at <= self.limits.max_response_bytes else end
+        return min(end, max(hold - self.sent_chars + context, context))
 
     async def _send_start(self, verdict: Verdict) -> None:
         if self.started:

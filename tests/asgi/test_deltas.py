@@ -271,6 +271,15 @@ def test_the_hold_keeps_the_last_characters_of_the_joined_text_back() -> None:
     assert all(sent_by_then >= i + 1 + 4 for i, (_, sent_by_then) in enumerate(got[:-4])), got
 
 
+def test_the_hold_keeps_at_most_max_response_bytes_back() -> None:
+    """Past ``max_response_bytes`` held (here 2 KiB: about ten 200-byte events, fewer than the sixteen 4-character
+    tokens 64 characters take), the held events go without waiting for the 64 characters or ``stream_hold_s``."""
+    limits = BodyLimits(stream_flush_s=0.01, stream_hold_s=30, max_response_bytes=2048, stream_window_bytes=1024)
+    got = _timed(limits, [f" w{i:02d}" for i in range(40)], 0.01)
+    assert len(got) == 40
+    assert any(sent_by_then < i + 1 + 16 for i, (_, sent_by_then) in enumerate(got[:-16])), got
+
+
 def test_held_events_go_after_stream_hold_s_when_nothing_follows() -> None:
     """A stream that pauses (or sends whole messages, such as notifications) gets the events the hold keeps back
     after ``stream_hold_s``, not when the stream ends."""
