@@ -1281,9 +1281,10 @@ class DecisionLog:
         try:
             with self._lock:
                 self._write(line)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the sink raises, the decision stands
             self.dropped += 1
-            logger.error("decision log write failed (%d dropped): %s", self.dropped, exc)
+            # the type only: a sink's exception text may quote the line
+            logger.error("decision log write failed (%d dropped): %s", self.dropped, type(exc).__name__)
 
     def close(self) -> None:
         """Close the file this log opened (streams and callables given to it are left alone)."""
