@@ -658,8 +658,8 @@ class Guard:
             await asyncio.to_thread(portal.call, self.cache.aclose())
             await asyncio.to_thread(portal.stop)
         await self._close_resources()
-        if self.decision_log is not None:
-            self.decision_log.close()
+        if self.decision_log is not None:  # waits for its queued lines, within a bound
+            await asyncio.to_thread(self.decision_log.close)
 
     def close(self) -> None:
         """Sync twin of :meth:`aclose`.

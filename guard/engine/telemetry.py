@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -43,6 +44,7 @@ import hashlib
 import json
 import logging
 import math
+import queue
 import re
 import threading
 import time
@@ -57,6 +59,7 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, S
 
 from guard import __version__
 from guard._buckets import DURATION_BUCKETS_S
+from guard._close import CLOSE_TIMEOUT_S
 from guard._json import JSON_LEVELS, json_readings, surrogates_joined
 from guard._resource import resource_from_env
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
@@ -1098,6 +1101,13 @@ def record_review(decision_log: DecisionLog | None, event: ReviewEvent) -> None:
         decision_log.review(event)
 
 
+#: Most characters of lines a :class:`DecisionLog` holds for its writer thread (``queue_chars``), the line being
+#: written included; a line past them is dropped (one line longer than that alone is taken).
+QUEUE_CHARS = 16 * 1024 * 1024
+#: Why a :class:`DecisionLog` dropped a record: the attribute ``reason`` of ``guard.decision_log.dropped``.
+DROP_REASONS = ("queue_full", "sink_error", "unbuildable", "shutdown")
+
+
 class DecisionLog:
     """JSON-lines decision records (OPA ``EventV1``-like), with fields removed before they are written.
 
@@ -1115,6 +1125,13 @@ class DecisionLog:
             (:data:`MAX_LOGGED_CHARS` by default); a longer one keeps its first and last halves around
             :data:`LOG_CUT_MARKER`, which gives its length. Raise it above a policy's largest ``max_chars`` to log
             all of what that policy's model read.
+        background: write lines from a thread of the log's own, which takes them through a queue of at most
+            ``queue_chars`` characters, so a sink that blocks (a FIFO nobody reads, a stalled disk or producer) never
+            holds a decision; a line the queue has no room for is dropped. ``None`` (default): for a path, not for a
+            stream or callable (written to where the record is made; pass ``True`` when it may block).
+        queue_chars: most characters the queue holds (:data:`QUEUE_CHARS` by default).
+        meter_provider: where ``guard.decision_log.dropped`` (records dropped, by ``reason``:
+            :data:`DROP_REASONS`) is counted; ``None`` = the global one.
 
     Raises:
         ValueError: for a pointer that does not start with ``/``, an unknown ``log_input``, or a ``max_chars``
@@ -1135,6 +1152,9 @@ class DecisionLog:
         log_input: str = "redacted",
         logged_headers: Collection[str] = LOGGED_HEADERS,
         max_chars: int = MAX_LOGGED_CHARS,
+        background: bool | None = None,
+        queue_chars: int = QUEUE_CHARS,
+        meter_provider: Any = None,
     ) -> None:
         if log_input not in LOG_INPUT_MODES:
             raise ValueError(f"log_input is {log_input!r}; it must be one of {LOG_INPUT_MODES}")
@@ -1149,7 +1169,12 @@ class DecisionLog:
         self.include_input = include_input
         self.labels = {"app": "guard", "version": __version__, **(labels or {})}
         self.dropped = 0
-        self._lock = threading.Lock()
+        self._dropped = metrics.get_meter("guard", __version__, meter_provider=meter_provider).create_counter(
+            "guard.decision_log.dropped", unit="{record}", description="Decision log records dropped, by reason."
+        )
+        self._lock = threading.Lock()  # one write at a time to the sink
+        self._count_lock = threading.Lock()
+        self._stalled = False  # the queue was full and that was logged; the next written line clears it
         self._file: IO[str] | None = None
         self._stream: IO[str] | None = None
         self._callback: Callable[[str], None] | None = None
@@ -1159,6 +1184,16 @@ class DecisionLog:
             self._callback = sink
         else:
             self._stream = sink
+        self._queue: queue.Queue[str | None] | None = None
+        self._writer: threading.Thread | None = None
+        self._queue_chars = queue_chars
+        self._queued_chars = 0  # of the lines queued and the one being written
+        self._background = background if background is not None else self._file is not None
+        if self._background:
+            self._queue = queue.Queue()
+            self._writer = threading.Thread(target=self._write_queued, args=(self._queue, self._file), daemon=True,
+                                            name="guard-decision-log")
+            self._writer.start()
 
     def _write(self, line: str) -> None:
         if self._callback is not None:
@@ -1240,9 +1275,9 @@ class DecisionLog:
             event = self.event(verdict, subject, **kwargs)
             line = _json_line(event)
         except Exception as exc:  # noqa: BLE001 - whatever the subject held, the decision stands
-            self.dropped += 1
             # the type only: an exception's text may quote the input the record was being redacted from
-            logger.error("decision log record could not be built (%d dropped): %s", self.dropped, type(exc).__name__)
+            logger.error("decision log record could not be built (%d dropped): %s", self._drop("unbuildable"),
+                         type(exc).__name__)
             return {}
         self._append(line)
         return event
@@ -1277,17 +1312,77 @@ class DecisionLog:
         return record
 
     def _append(self, line: str) -> None:
-        """Write one record's line; a failing sink drops it (counted in ``dropped``, logged)."""
+        """Hand one record's line to the writer thread, or write it here without one; a full queue or a failing sink
+        drops it (counted in ``dropped`` and ``guard.decision_log.dropped``, logged)."""
+        if self._queue is None:
+            if self._background:  # closed: its sink is the writer thread's
+                self._drop("shutdown")
+            else:
+                self._write_or_drop(line)
+            return
+        with self._count_lock:
+            room = not self._queued_chars or self._queued_chars + len(line) <= self._queue_chars
+            if room:
+                self._queued_chars += len(line)
+        if room:
+            self._queue.put_nowait(line)
+            return
+        count = self._drop("queue_full")
+        if not self._stalled:  # once until a line is written again: the log must not flood the process's own
+            self._stalled = True
+            logger.error("decision log sink does not keep up (%d characters queued): records are dropped (%d "
+                         "dropped)", self._queued_chars, count)
+
+    def _write_or_drop(self, line: str) -> None:
         try:
             with self._lock:
                 self._write(line)
         except Exception as exc:  # noqa: BLE001 - whatever the sink raises, the decision stands
-            self.dropped += 1
             # the type only: a sink's exception text may quote the line
-            logger.error("decision log write failed (%d dropped): %s", self.dropped, type(exc).__name__)
+            logger.error("decision log write failed (%d dropped): %s", self._drop("sink_error"), type(exc).__name__)
+        else:
+            self._stalled = False
 
-    def close(self) -> None:
-        """Close the file this log opened (streams and callables given to it are left alone)."""
-        if self._file is not None:
-            self._file.close()
+    def _drop(self, reason: str, count: int = 1) -> int:
+        """Count ``count`` records dropped for ``reason``; returns ``dropped``."""
+        with self._count_lock:
+            self.dropped += count
+            dropped = self.dropped
+        self._dropped.add(count, {"reason": reason})
+        return dropped
+
+    def _write_queued(self, lines: queue.Queue[str | None], file: IO[str] | None) -> None:
+        """The writer thread: write ``lines`` until ``None``, then close ``file``, the one this log opened (a sink
+        that broke already counted the line it failed on)."""
+        while (line := lines.get()) is not None:
+            self._write_or_drop(line)
+            with self._count_lock:
+                self._queued_chars -= len(line)
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Write the lines still queued, waiting at most ``timeout`` seconds, and close the file this log opened
+        (streams and callables given to it are left alone). Lines a sink has not taken by then are dropped (counted
+        as ``shutdown``, logged); the writer thread closes the file if its sink ever takes the line it is writing,
+        else ends with the process. A log that had a writer thread drops the records made once it is closed."""
+        writer, lines = self._writer, self._queue
+        self._writer = self._queue = None
+        if writer is None or lines is None:
+            if self._file is not None:
+                self._file.close()
             self._file = self._stream = None
+            return
+        lines.put_nowait(None)
+        writer.join(timeout)
+        self._file = self._stream = None  # the writer thread's now
+        if not writer.is_alive():
+            return
+        left = 0
+        with contextlib.suppress(queue.Empty):
+            while lines.get_nowait() is not None:
+                left += 1
+        lines.put_nowait(None)  # the writer's end, once its sink takes the line it is writing
+        logger.warning("decision log sink took no line for %g s; %d records not written (%d dropped)", timeout,
+                       left, self._drop("shutdown", left) if left else self.dropped)

@@ -31,7 +31,7 @@ def _logged_to(h: Any, path: Path, *, shadow_results: bool = False) -> DecisionL
     policies = list(load_files(POLICIES))
     if shadow_results:
         policies = [dataclasses.replace(p, mode="shadow") if p.id == "agent-results" else p for p in policies]
-    log = DecisionLog(path)
+    log = DecisionLog(path, background=False)  # read back before the guard closes it
     h.guard = Guard(policies, backends=h.backend, decision_log=log)
     return log
 

@@ -1,15 +1,23 @@
-"""The decision log's sink never fails a decision: whatever a sink raises, the record is dropped and counted."""
+"""The decision log's sink never holds or fails a decision: a path is written from a thread of the log's own through a
+bounded queue, and whatever a sink raises or however long it blocks, the record is dropped and counted."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
+from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
 from guard.policy import load_text
 from guard.subject import HttpSubject
+from guard.verdict import Verdict
 from tests._backends import ScriptedBackend
 
 POLICY = """
@@ -25,18 +33,94 @@ policies:
 """
 
 
+def _dropped(reader: InMemoryMetricReader) -> dict[str, int]:
+    """``guard.decision_log.dropped`` by reason."""
+    data = reader.get_metrics_data()
+    return {point.attributes["reason"]: point.value
+            for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+            if metric.name == "guard.decision_log.dropped" for point in metric.data.data_points}
+
+
+def test_decisions_go_on_while_nobody_reads_the_log_fifo(tmp_path: Path) -> None:
+    """A FIFO whose reader stopped reading: the first records fill the pipe, the sink blocks, and before, every
+    decision (and with them the proxy's health and liveness answers, on the same event loop) waited on it."""
+    fifo = tmp_path / "decisions.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # open, never read: a log shipper that is stopped
+    log = DecisionLog(fifo)
+    guard = Guard(load_text(POLICY), backends=ScriptedBackend(), decision_log=log)
+    subject = HttpSubject(method="POST", path="/v1/chat", body={"prompt": "lorem ipsum " * 20_000})
+    actions: list[str] = []
+
+    async def decide() -> None:
+        for _ in range(40):  # about 5 MB of records: more than any pipe holds
+            actions.append((await guard.aevaluate(subject)).action)
+
+    deciding = threading.Thread(target=asyncio.run, args=(decide(),), daemon=True)
+    deciding.start()
+    deciding.join(60)  # a bound for the old behaviour, which never returned
+    assert actions == ["allow"] * 40
+    log.close(timeout=0)  # the writer thread is still stuck in the pipe
+    os.close(reader)
+    guard.close()
+
+
+def test_a_full_queue_drops_and_counts_the_record() -> None:
+    reader = InMemoryMetricReader()
+    release = threading.Event()
+    written: list[str] = []
+
+    def blocking(line: str) -> None:  # a producer whose buffer is full until released
+        release.wait()
+        written.append(line)
+
+    log = DecisionLog(blocking, background=True, queue_chars=1, meter_provider=MeterProvider(metric_readers=[reader]))
+    for n in range(3):  # the first is taken (the queue was empty); the others find it full
+        log.record(Verdict("allow", f"d{n}", policy_id="p"), None)
+    assert log.dropped == 2 and _dropped(reader) == {"queue_full": 2}
+    release.set()
+    log.close()
+    assert [line.split('"decision_id":"')[1][:2] for line in written] == ["d0"]
+
+
+def test_close_waits_for_a_stuck_sink_only_as_long_as_told(caplog: pytest.LogCaptureFixture) -> None:
+    reader = InMemoryMetricReader()
+    release = threading.Event()
+    log = DecisionLog(lambda line: release.wait(), background=True, meter_provider=MeterProvider(
+        metric_readers=[reader]))
+    for n in range(3):
+        log.record(Verdict("allow", f"d{n}", policy_id="p"), None)
+    log.close(timeout=0.05)
+    assert log.dropped == 2 and _dropped(reader) == {"shutdown": 2}  # the first is the one stuck in the sink
+    assert "2 records not written" in caplog.text
+    log.record(Verdict("allow", "d3", policy_id="p"), None)  # a closed log drops, it does not wait
+    assert log.dropped == 3
+    release.set()
+
+
 class ProducerError(Exception):
     pass
 
 
 def test_a_sink_raising_anything_drops_the_record_not_the_decision(caplog: pytest.LogCaptureFixture) -> None:
     """A callable sink raising other than OSError or ValueError (a Kafka producer's own error) made the request 500."""
+    reader = InMemoryMetricReader()
+
     def producer(line: str) -> None:
         raise ProducerError(f"queue full, could not send {line}")
 
-    log = DecisionLog(producer)
+    log = DecisionLog(producer, meter_provider=MeterProvider(metric_readers=[reader]))
     subject = HttpSubject(method="POST", path="/v1/chat", body={"prompt": "hello sk-live-0123456789"})
     with caplog.at_level(logging.ERROR), Guard(load_text(POLICY), backends=ScriptedBackend(), decision_log=log) as g:
         assert g.evaluate(subject).action == "allow"
-    assert log.dropped == 1
+    assert log.dropped == 1 and _dropped(reader) == {"sink_error": 1}
     assert "write failed (1 dropped): ProducerError" in caplog.text and "sk-live" not in caplog.text
+
+
+def test_a_log_file_is_written_by_its_thread_and_complete_once_closed(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.jsonl"
+    log = DecisionLog(path)
+    for n in range(50):
+        log.record(Verdict("allow", f"d{n}", policy_id="p"), None)
+    log.close()
+    assert len(path.read_text().splitlines()) == 50 and log.dropped == 0
