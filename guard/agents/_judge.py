@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -497,17 +497,31 @@ class Judge:
             return Judgement("route", verdict, node=target)
         reason = f"handoff target {target!r} is not a reviewer or graph node of this agent"
         logger.warning("policy %s: %s; fail mode %s applies", verdict.policy_id, reason, self.fail_mode)
-        return self._failed_handoff(verdict, reason)
+        return self._failed_handoff(subject, verdict, reason)
 
-    def _failed_handoff(self, verdict: Verdict, reason: str) -> Judgement:
+    def _failed_handoff(self, subject: AgentSubject, verdict: Verdict, reason: str) -> Judgement:
         outcome = _fail_outcome(self.fail_mode)
-        return Judgement(outcome, verdicts.unsettled_handoff(verdict, self.fail_mode, reason), reason=reason)
+        judgement = Judgement(outcome, verdicts.unsettled_handoff(verdict, self.fail_mode, reason), reason=reason)
+        return self._handed_off(subject, judgement, "failed")
 
-    @staticmethod
-    def _reviewed(target: str, verdict: Verdict, decision: str, reason: str) -> Judgement:
+    def _reviewed(self, subject: AgentSubject, target: str, verdict: Verdict, decision: str, reason: str) -> Judgement:
         outcome: Outcome = "allow" if decision == "allow" else "block"
         text = f"reviewer {target} denied it: {reason}" if outcome == "block" else reason
-        return Judgement(outcome, verdict, reason=text or None, reviewer=target)
+        judgement = Judgement(outcome, verdict, reason=text or None, reviewer=target)
+        return self._handed_off(subject, judgement, "allowed" if outcome == "allow" else "denied")
+
+    def _handed_off(self, subject: AgentSubject, judgement: Judgement, outcome: str) -> Judgement:
+        """Record how a handoff was settled and return ``judgement``: ``guard.handoffs`` counts it by ``outcome``
+        (:data:`~guard.engine.telemetry.HANDOFF_OUTCOMES`), and the decision log gets the settled verdict under the
+        handoff's decision id: the judgement's action, ``flags.handoff_outcome`` the outcome (the reviewer's reason is
+        not written: a model's free text)."""
+        verdict = judgement.verdict
+        self.guard.telemetry.handoffs.add(1, {"guard.policy.id": verdict.policy_id or "", "outcome": outcome})
+        if self.guard.decision_log is not None and verdict.policy_id is not None:
+            settled = replace(verdict, action=judgement.outcome, flags={**verdict.flags, "handoff_outcome": outcome})
+            self.guard.decision_log.record(settled, subject)
+        logger.info("decision %s: handoff to %r %s", verdict.decision_id, verdict.handoff or "", outcome)
+        return judgement
 
     def judge(self, subject: AgentSubject) -> Judgement:
         """Evaluate ``subject`` and settle a handoff (blocking)."""
@@ -518,8 +532,8 @@ class Judge:
         try:
             answer = review(settled, self.reviewers[settled], subject, verdict)
         except HandoffError as exc:
-            return self._failed_handoff(verdict, str(exc))
-        return self._reviewed(settled, verdict, answer.decision, answer.reason)
+            return self._failed_handoff(subject, verdict, str(exc))
+        return self._reviewed(subject, settled, verdict, answer.decision, answer.reason)
 
     async def ajudge(self, subject: AgentSubject) -> Judgement:
         """Async twin of :meth:`judge`."""
@@ -530,8 +544,8 @@ class Judge:
         try:
             answer = await areview(settled, self.reviewers[settled], subject, verdict, timeout=self.reviewer_timeout_s)
         except HandoffError as exc:
-            return self._failed_handoff(verdict, str(exc))
-        return self._reviewed(settled, verdict, answer.decision, answer.reason)
+            return self._failed_handoff(subject, verdict, str(exc))
+        return self._reviewed(subject, settled, verdict, answer.decision, answer.reason)
 
     def judge_all(self, subjects: list[AgentSubject]) -> list[Judgement]:
         """Judge several subjects concurrently on worker threads (blocking); one decision each, each in a copy of the

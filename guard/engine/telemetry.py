@@ -5,7 +5,8 @@ Span ``guard.decision`` (one per evaluation, allow and block alike) carries the 
 mode; ``guard.fail_open`` (every decision a fail-open policy allowed because of an error); ``guard.state_cut``
 (every decision made on part of its state: a field cut to its ``max_chars``, or state tokens the backend did not
 read); both count each matching policy under its own id, a shadow one's too (an enforced policy's fail-open only when
-the decision let the subject through); a duration histogram ``guard.decision.duration`` in seconds (buckets from
+the decision let the subject through); ``guard.handoffs`` (agent decisions an LLM reviewer settled, by ``outcome``:
+:data:`HANDOFF_OUTCOMES`); a duration histogram ``guard.decision.duration`` in seconds (buckets from
 25 us to 10 s, :data:`guard._buckets.DURATION_BUCKETS_S`). Every metric's attributes use one vocabulary:
 ``guard.policy.id``, ``guard.action``, ``guard.rule``, ``guard.fail_mode``, ``guard.shadow`` (Prometheus:
 ``guard_policy_id``, ...).
@@ -71,6 +72,7 @@ __all__ = [
     "DEFAULT_REDACT",
     "EVALUATION_EVENT",
     "GEN_AI_OPERATION",
+    "HANDOFF_OUTCOMES",
     "LOG_INPUT_MODES",
     "METRICS_EXPORTERS",
     "REVIEW_EVENTS",
@@ -94,6 +96,9 @@ __all__ = [
     "tracer_provider_from_env",
 ]
 
+#: How an agent's LLM reviewer handoff was settled: the ``outcome`` of ``guard.handoffs`` and the decision log's
+#: ``flags.handoff_outcome`` (the reviewer allowed or denied the call, or the handoff failed and the fail mode decided).
+HANDOFF_OUTCOMES = ("allowed", "denied", "failed")
 #: ``OTEL_TRACES_EXPORTER`` values understood by :func:`tracer_provider_from_env`.
 TRACES_EXPORTERS = ("otlp", "console", "none")
 #: ``OTEL_METRICS_EXPORTER`` values understood by :func:`metric_readers_from_env` (a comma-separated list).
@@ -389,6 +394,11 @@ class Telemetry:
             "guard.shadow_skipped",
             unit="{decision}",
             description="Shadow policies not asked because as many late shadow decisions as the cap were running.",
+        )
+        self.handoffs = meter.create_counter(
+            "guard.handoffs",
+            unit="{decision}",
+            description="Agent decisions handed to an LLM reviewer, by policy and how they were settled (outcome).",
         )
         self.duration = meter.create_histogram(
             "guard.decision.duration",

@@ -1,0 +1,43 @@
+"""How an LLM reviewer settled a handoff is recorded: the decision log gets the settled verdict under the handoff's
+decision id, and ``guard.handoffs`` counts it by outcome; before, only the ``handoff`` record was written, so a call a
+reviewer denied, or one blocked because the reviewer's answer was malformed, read as a bare handoff."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from guard.engine.telemetry import Telemetry
+from tests.agents._drive import drive
+from tests.agents._fakes import Turn
+from tests.agents.test_middleware_events import USER, _reviewer, make_agent
+
+
+@pytest.mark.parametrize(("answer", "action", "outcome"), [
+    ({"decision": "deny", "reason": "the user never named this payee"}, "block", "denied"),
+    ({"decision": "allow", "reason": "the user asked for it"}, "allow", "allowed"),
+    ({"decision": "deny", "reason": "r" * 1500}, "block", "failed"),  # malformed: fail mode closed
+])  # fmt: skip
+def test_a_settled_handoff_is_recorded_and_counted(harness: Any, thread: Any, answer: dict[str, str], action: str,
+                                                   outcome: str) -> None:
+    h = harness()
+    reader = InMemoryMetricReader()
+    h.guard.telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    agent = make_agent(h, Turn(calls=[("pay", {"amount": 50, "to": "reviewer"}, "a")]),
+                       reviewers={"second_opinion": _reviewer(json.dumps(answer))}, fail_mode="closed")
+    drive(agent, USER, thread(), "invoke")
+    handoff, settled = [r for r in h.decisions() if r["input"]["event"] == "tool_call"]
+    assert handoff["result"]["action"] == "handoff" and handoff["result"]["handoff"] == "second_opinion"
+    assert settled["decision_id"] == handoff["decision_id"] and settled["result"]["action"] == action
+    assert settled["flags"]["handoff_outcome"] == outcome
+    assert (settled["fail_mode"] == "closed") == (outcome == "failed")
+    assert "payee" not in json.dumps(settled) and "the user asked" not in json.dumps(settled)  # the reviewer's text
+    data = reader.get_metrics_data()
+    counted = [(dict(p.attributes), p.value) for rm in data.resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics if m.name == "guard.handoffs" for p in m.data.data_points]
+    assert counted == [({"guard.policy.id": handoff["policy"]["id"], "outcome": outcome}, 1)]
+    assert h.runs.count() == (action == "allow")
