@@ -53,7 +53,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import quote, quote_plus
+from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode
@@ -63,6 +63,7 @@ from guard._buckets import DURATION_BUCKETS_S
 from guard._close import CLOSE_TIMEOUT_S
 from guard._json import JSON_LEVELS, json_readings, surrogates_joined
 from guard._resource import resource_from_env
+from guard._urls import shown_url
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings, is_plain_key
 from guard.verdict import Verdict
@@ -168,18 +169,23 @@ DEFAULT_REDACT = tuple(f"/input/headers/{name}" for name in CREDENTIAL_HEADERS)
 
 
 #: Names of headers, query parameters and body or argument fields whose values ``log_input="redacted"`` removes
-#: wherever they appear under ``input`` or ``state`` (case-insensitive search). ``pw``, ``otp``, ``totp`` and ``ssn``
-#: count as words of a name (``new_pw``, ``otp_code``, ``ssn_number``, not ``power``); of the names ending in ``key``
+#: wherever they appear under ``input`` or ``state`` (case-insensitive search). ``pw``, ``otp``, ``totp``, ``ssn``,
+#: ``pan`` and ``ccn`` count as words of a name, split at ``-``, ``_``, ``.`` and camelCase (``new_pw``, ``otpCode``,
+#: ``card_pan``, not ``power``, ``span`` or ``company``), and so do a card, account or pin number's (``cardNo``,
+#: ``acct_number``, ``account_no``, not ``account_notes``); of the names ending in ``key
 #: only those of secret keys (``ssh_key``, ``client_key``, ``signing_key``, ``license_key``; not ``object_key``,
 #: ``sort_key``, ``public_key`` or ``idempotency_key``, which a reviewer must read).
+_WORD_START = r"(?:^|(?<=[-_.\s])|(?-i:(?<=[a-z])(?=[A-Z])))"  # a name's word starts: snake, kebab or camelCase
+_WORD_END = r"(?:$|(?=[-_.\s])|(?-i:(?<=[a-z])(?=[A-Z])))"
 SECRET_NAME = re.compile(
     r"passw(or)?d|pass[-_]?phrase|secret|token(?!s)|api[-_]?key|access[-_]?key|private[-_]?key|credential|session"
     r"|cookie|csrf|xsrf|signature|^auth$|authorization|^x-auth|[-_]auth$|^pin$|card[-_]?num|(?:^|[-_])cc[-_]?num"
-    r"|credit[-_]?card|cvv|cvc|hmac|(?:^|[-_])(?:pwd?|t?otp|ssn)(?:$|[-_])"
+    r"|credit[-_]?card|cvv|cvc|hmac|social[-_]?security|^card$"
+    rf"|{_WORD_START}(?:pwd?|t?otp|ssn|pan|ccn){_WORD_END}"
     r"|(?:verification|auth|mfa|2fa|otp|backup|recovery)[-_]?code|sess[-_]?id"
     r"|(?:^|[-_])(?:ssh|client|auth|signing|encryption|decryption|master|license|licence|app|account|shared"
     r"|subscription|webhook|storage)[-_]?key|seed[-_]?phrase|mnemonic|security[-_]?answer"
-    r"|(?:^|[-_])(?:pin|account|routing)[-_]?num(?:ber)?(?:$|[-_])"
+    rf"|{_WORD_START}(?:pin|account|acct|routing|card)[-_]?(?:num(?:ber)?|no|nr){_WORD_END}"
     r"|^key$|^sig$|jwt|^dpop$|assertion|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$|^bearer$",
     re.IGNORECASE,
 )
@@ -975,7 +981,7 @@ def _redact_input(record: dict[str, Any], erased: list[str],
         flags[RAW_ARGUMENTS_FLAG] = _erase_raw_secrets(raw, values)
         if len(values) > found:
             erased.append(f"/flags/{RAW_ARGUMENTS_FLAG}")
-    _scrub_record(record, values)
+    _scrub_record(record, values, shapes=True)
 
 
 def secret_values(values: Iterable[str]) -> list[str]:
@@ -998,16 +1004,69 @@ def _spellings(values: list[str]) -> list[str]:
     return out
 
 
-def _scrub_record(record: dict[str, Any], values: list[str]) -> None:
+#: Credentials known by their shape: AWS access key ids, GitHub tokens, Slack tokens, Google API keys, OpenAI-style
+#: ``sk-`` keys and Stripe secret and restricted keys.
+_KEY_SHAPE = re.compile(
+    r"(?<![A-Za-z0-9_-])(?:(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|sk-[A-Za-z0-9_-]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,})"
+)
+#: A run of 13 to 19 digits, single spaces or dashes between them, starting as card numbers start (2 to 6).
+_CARD_SHAPE = re.compile(r"(?<![\d-])[2-6](?:[ -]?\d){12,18}(?![\d-])")
+_URL_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>\\]+")
+
+
+def _luhn(digits: str) -> bool:
+    """Whether ``digits`` pass the Luhn check (every card number does)."""
+    total = 0
+    for i, char in enumerate(reversed(digits)):
+        n = int(char) * (2 if i % 2 else 1)
+        total += n - 9 if n > 9 else n
+    return total % 10 == 0
+
+
+def _card(match: re.Match[str]) -> str:
+    return "[redacted]" if _luhn(re.sub(r"[ -]", "", match.group())) else match.group()
+
+
+def _url(match: re.Match[str]) -> str:
+    """The URL without userinfo, query and fragment (:func:`~guard._urls.shown_url`) where it holds userinfo (a
+    password, a token as the user) or a credential-named query or fragment parameter (:func:`credential_name`); else
+    as it is."""
+    url = match.group()
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return shown_url(url)
+    params = [name for text in (parts.query, parts.fragment) for name, _ in parse_qsl(text, keep_blank_values=True)]
+    if "@" in parts.netloc or any(credential_name(name) for name in params):
+        return shown_url(url)
+    return url
+
+
+def _scrub_shapes(text: str) -> str:
+    """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: card numbers (13 to 19 digits
+    that pass the Luhn check), keys by their known prefixes (``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``,
+    ``sk_live_``), and a URL holding userinfo (``https://user:pass@host``) or a credential-named parameter
+    (``?api_key=``, ``#access_token=``) cut to its scheme, host and path."""
+    text = _KEY_SHAPE.sub("[redacted]", text)
+    text = _CARD_SHAPE.sub(_card, text)
+    return _URL_SHAPE.sub(_url, text) if "://" in text else text
+
+
+def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = False) -> None:
     """``values`` (and the bare keys inside ``Authorization``-style ones, and each as raw request text may spell it:
     :func:`_spellings`) replaced by ``[redacted]`` in the record's ``input``, ``state``, raw argument text, ``error``
     and each ``policies[].error``; values under 4 characters only when they are 3 digits (shorter ones would hit
-    words). See :class:`Scrubber` for the cost."""
+    words); with ``shapes``, what :func:`_scrub_shapes` replaces too. See :class:`Scrubber` for the cost."""
     values = secret_values(values)
     values += _spellings(values)
-    if not values:
+    if not values and not shapes:
         return
-    scrub = Scrubber(values)
+    by_value = Scrubber(values)
+
+    def scrub(text: str) -> str:
+        return _scrub_shapes(by_value(text)) if shapes else by_value(text)
+
     record["input"] = _scrub(record.get("input"), scrub)
     record["state"] = _scrub(record.get("state"), scrub)
     flags = record.get("flags")
@@ -1049,7 +1108,8 @@ def redact_secrets(state: Any, subject: Subject | None = None, secrets: Iterable
     """A copy of ``state`` as ``log_input="redacted"`` writes it: secret-named fields (:data:`SECRET_NAME`) removed
     at any depth, and their values, those of the ``subject``'s secret-named fields (a query's ``api_key``, a body's
     ``password``, also inside JSON a text body or a value holds: what a ``request_text`` or ``body_text`` state
-    repeats) and ``secrets``, replaced by ``[redacted]``."""
+    repeats), ``secrets`` and values shaped like secrets (:func:`_scrub_shapes`: card numbers, known key prefixes,
+    URLs with credentials), replaced by ``[redacted]``."""
     hidden: list[str] = list(secrets)
     record = {"input": None if subject is None else _json_safe(subject, hidden=hidden),
               "state": _json_safe(state, hidden=hidden)}

@@ -1,0 +1,67 @@
+"""The decision log's ``redacted`` mode removes card, account and social security numbers by their field's name
+(split into words: snake, kebab and camelCase) and, wherever text holds them, card numbers, keys known by their
+prefix and URLs carrying credentials by their shape."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from guard.engine.telemetry import SECRET_NAME, DecisionLog
+from guard.subject import HttpSubject
+from guard.verdict import Verdict
+
+
+@pytest.mark.parametrize("name", [
+    "card", "pan", "cardNo", "card_no", "CARD_NO", "cardPAN", "card_pan", "ccn", "account_no", "accountNo",
+    "acct_number", "acctNum", "social_security_number", "socialSecurityNumber", "ssn", "patientSsn",
+])  # fmt: skip
+def test_card_account_and_social_security_fields_are_secret_names(name: str) -> None:
+    subject = HttpSubject(method="POST", path="/v1/pay", body={name: "x-7731-value", "amount": 5})
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": "paid x-7731-value"}), subject)
+    assert SECRET_NAME.search(name)
+    assert event["input"]["body"] == {"amount": 5} and "x-7731" not in json.dumps(event)
+
+
+@pytest.mark.parametrize("name", [
+    "span", "company", "expand", "panel", "pancake", "timeSpan", "japan", "card_type", "cardType", "gift_card_id",
+    "account_notes", "accountNotes", "account", "acct",
+])  # fmt: skip
+def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
+    assert not SECRET_NAME.search(name)
+
+
+@pytest.mark.parametrize(("text", "gone", "kept"), [
+    ("charge 4111 1111 1111 1111 today", "4111", "charge"),
+    ("card 5500-0000-0000-0004", "5500", "card"),
+    ("token https://deploy:hunter2pw@git.example.com/app.git", "hunter2pw", "git.example.com/app.git"),
+    ("db postgres://admin:s3cr3tpw@db.internal:5432/app", "s3cr3tpw", "db.internal:5432/app"),
+    ("clone https://ghtoken123@github.com/o/r", "ghtoken123", "github.com/o/r"),
+    ("callback https://app.example/cb?code=oauthcode99&state=1", "oauthcode99", "app.example/cb"),
+    ("see https://api.example/v1?api_key=k3y-v4lue-123", "k3y-v4lue-123", "api.example/v1"),
+    ("landing https://app.example/#access_token=tok-0987654321", "tok-0987654321", "app.example/"),
+    ("aws AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE", "aws"),
+    ("gh ghp_" + "a1" * 18, "ghp_a1a1", "gh"),
+    ("slack xoxb-2400000000-abcdefghijkl", "xoxb-2400", "slack"),
+    ("maps AIza" + "Sy" + "b" * 33, "AIzaSy", "maps"),
+    ("openai sk-proj-" + "c3" * 12, "sk-proj-", "openai"),
+    ("stripe sk_live_" + "d4" * 10, "sk_live_", "stripe"),
+])  # fmt: skip
+def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: str, gone: str, kept: str) -> None:
+    subject = HttpSubject(method="POST", path="/v1/notes", body={"note": text}, body_text=text)
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"note": text}), subject)
+    logged = json.dumps(event)
+    assert gone not in logged and kept in event["input"]["body"]["note"] and kept in event["state"]["note"]
+    full = DecisionLog(io.StringIO(), log_input="full").event(Verdict("allow", "d1", state={"note": text}), subject)
+    assert full["state"]["note"] == text  # full keeps what no pointer names
+
+
+@pytest.mark.parametrize("text", [
+    "order 4111 1111 1111 1112 (fails the Luhn check)", "sent at 1700000000000 ms", "page https://example.com/a?page=2",
+    "mail me at a@example.com", "task-sk-short", "phone +1 555 0100",
+])  # fmt: skip
+def test_text_without_such_shapes_is_kept(text: str) -> None:
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"note": text}), None)
+    assert event["state"]["note"] == text
