@@ -11,7 +11,9 @@ the decision let the subject through); ``guard.handoffs`` (agent decisions an LL
 ``guard.policy.id``, ``guard.action``, ``guard.rule``, ``guard.fail_mode``, ``guard.shadow`` (Prometheus:
 ``guard_policy_id``, ...).
 
-The span also carries ``gen_ai.operation.name`` = ``text_completion`` (the GenAI conventions' closest operation: one
+Decisions whose answers came through the cache are counted in ``guard.cache.lookups`` by policy and ``result``
+(``hit``, ``miss``, ``shared``: the deciding policy's lookup). Where a model was asked, the span also carries
+``gen_ai.operation.name`` = ``text_completion`` (the GenAI conventions' closest operation: one
 prompt, the rendered state and questions, is read and one structured answer comes back, with no chat history, no
 tool and no generated tokens; ``chat`` and ``generate_content`` imply a conversation or generated output) and one
 ``gen_ai.evaluation.result`` event for the verdict: ``gen_ai.evaluation.name`` = the policy id,
@@ -401,6 +403,11 @@ class Telemetry:
             unit="{decision}",
             description="Shadow policies not asked because as many late shadow decisions as the cap were running.",
         )
+        self.cache_lookups = meter.create_counter(
+            "guard.cache.lookups",
+            unit="{decision}",
+            description="Decisions by how the deciding policy's answers were found: hit, miss or shared (result).",
+        )
         self.handoffs = meter.create_counter(
             "guard.handoffs",
             unit="{decision}",
@@ -476,6 +483,8 @@ class Telemetry:
         policy_id = verdict.policy_id or ""
         labels, by_policy = _labels(policy_id, verdict.action, verdict.rule, verdict.fail_mode, verdict.shadow_action)
         self.decisions.add(1, labels)
+        if cache is not None:
+            self.cache_lookups.add(1, {"guard.policy.id": policy_id, "result": cache})
         self.duration.record(verdict.latency_ms / 1000.0, by_policy)
         for own in verdict.contributions or (verdict,):  # each policy's fail-open and cut state under its own id
             flags = own.flags
@@ -519,7 +528,9 @@ def evaluation_attributes(verdict: Verdict) -> dict[str, Any]:
 def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, Any]:
     """The :data:`SPAN_ATTRIBUTES` of a verdict (``None`` values left out), each string valid UTF-8, as OTLP needs
     (:func:`~guard._json.surrogates_joined`: a policy file's or checkpoint directory's name that is not UTF-8 holds
-    lone surrogates from ``os.fsdecode``, shown as U+FFFD)."""
+    lone surrogates from ``os.fsdecode``, shown as U+FFFD). The ``gen_ai.*`` attributes are left out where no model
+    was asked for the decision (a cache hit, answers shared with a caller that asked, no backend)."""
+    asked = verdict.model is not None and not verdict.cache_hit
     values: dict[str, Any] = {
         "guard.decision_id": verdict.decision_id,
         "guard.policy.id": verdict.policy_id,
@@ -543,8 +554,9 @@ def span_attributes(verdict: Verdict, *, cache: str | None = None) -> dict[str, 
         "guard.policies": [
             f"{c.policy_id}@{c.policy_version}={c.shadow_action or c.action}/{c.rule}" for c in verdict.contributions
         ] or None,
-        "gen_ai.request.model": verdict.model,
-        "gen_ai.operation.name": GEN_AI_OPERATION,
+        # only where a model answered this decision: not a cache hit, not a caller sharing another's call
+        "gen_ai.request.model": verdict.model if asked else None,
+        "gen_ai.operation.name": GEN_AI_OPERATION if asked else None,
         # OpenTelemetry's error.type: the kind before the colon of guard.error ("timeout", "connection", ...)
         "error.type": verdict.error.split(":", 1)[0] if verdict.error else None,
     }

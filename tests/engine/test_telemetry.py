@@ -113,11 +113,14 @@ async def test_one_span_per_decision_with_stable_attributes(otel: Any) -> None:
     }  # fmt: skip
     assert spans[1].attributes["guard.action"] == "allow" and spans[1].attributes["guard.rule"] == "default"
     assert spans[2].attributes["guard.cache_hit"] is True and spans[2].attributes["guard.cache"] == "hit"
+    assert not [k for k in spans[2].attributes if k.startswith("gen_ai.")]  # no model was asked: the cache answered
     assert "guard.policy.id" not in spans[3].attributes and spans[3].attributes["guard.action"] == "allow"
     assert allowed.decision_id != cached.decision_id and unmatched.policy_id is None
     decisions = counters(reader)["guard.decisions"]
     by_action = {(a["guard.policy.id"], a["guard.action"], a["guard.rule"]): v for a, v in decisions}
     assert by_action == {("api", "block", "injection"): 1, ("api", "allow", "default"): 2, ("", "allow", ""): 1}
+    lookups = {(a["guard.policy.id"], a["result"]): v for a, v in counters(reader)["guard.cache.lookups"]}
+    assert lookups == {("api", "miss"): 2, ("api", "hit"): 1}
 
 
 def test_the_method_and_the_agent_event_are_cut_like_the_path(otel: Any) -> None:
