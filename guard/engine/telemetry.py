@@ -274,8 +274,9 @@ def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
     :data:`DEFAULT_ATTRIBUTE_VALUE_LIMIT` when neither is set.
 
     Raises:
-        ValueError: an ``OTEL_TRACES_EXPORTER`` other than :data:`TRACES_EXPORTERS` (one exporter at a time), or an
-            attribute length limit that is not a whole number.
+        ValueError: an ``OTEL_TRACES_EXPORTER`` other than :data:`TRACES_EXPORTERS` (one exporter at a time), an
+            attribute length limit that is not a whole number, or for ``otlp`` an ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or
+            ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``) other than ``http/protobuf``.
     """
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
@@ -303,6 +304,7 @@ def tracer_provider_from_env(environ: Mapping[str, str]) -> Any:
     if exporter == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         return provider
+    _check_otlp_protocol(environ, "TRACES")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     endpoint = traces_endpoint or (base_endpoint or "http://localhost:4318").rstrip("/") + "/v1/traces"
@@ -325,8 +327,9 @@ def metric_readers_from_env(environ: Mapping[str, str]) -> tuple[list[Any], bool
         ``(readers to add to a MeterProvider, whether the Prometheus endpoint should serve)``.
 
     Raises:
-        ValueError: an unknown exporter name, or an ``OTEL_METRIC_EXPORT_INTERVAL`` that is not a number of
-            milliseconds a reader can wait (naming the variable).
+        ValueError: an unknown exporter name, an ``OTEL_METRIC_EXPORT_INTERVAL`` that is not a number of
+            milliseconds a reader can wait, or for ``otlp`` an ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or
+            ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``) other than ``http/protobuf`` (naming the variable).
     """
     endpoint = environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "").strip()
     base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
@@ -344,11 +347,32 @@ def metric_readers_from_env(environ: Mapping[str, str]) -> tuple[list[Any], bool
     if "console" in names:
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=interval))
     if "otlp" in names:
+        _check_otlp_protocol(environ, "METRICS")
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         url = endpoint or (base or "http://localhost:4318").rstrip("/") + "/v1/metrics"
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=url), export_interval_millis=interval))
     return readers, "prometheus" in names
+
+
+#: The one OTLP protocol guard exports with (``OTEL_EXPORTER_OTLP_PROTOCOL``).
+OTLP_PROTOCOL = "http/protobuf"
+
+
+def _check_otlp_protocol(environ: Mapping[str, str], signal: str) -> None:
+    """Refuse an OTLP protocol other than :data:`OTLP_PROTOCOL` (``grpc``, ``http/json``) named by
+    ``OTEL_EXPORTER_OTLP_<signal>_PROTOCOL`` or else ``OTEL_EXPORTER_OTLP_PROTOCOL``: the exporter would send
+    HTTP/protobuf anyway, which a gRPC collector port refuses, and nothing would be exported.
+
+    Raises:
+        ValueError: naming the variable and its value.
+    """
+    for name in (f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):  # the signal's first
+        if value := environ.get(name, "").strip():
+            if value.lower() != OTLP_PROTOCOL:
+                raise ValueError(f"{name} must be {OTLP_PROTOCOL} (guard exports OTLP over HTTP/protobuf only), "
+                                 f"got {value!r}")
+            return
 
 
 def _export_interval_ms(environ: Mapping[str, str]) -> float:

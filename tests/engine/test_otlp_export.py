@@ -63,6 +63,25 @@ def test_otel_variables_choose_the_exporter() -> None:
         tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "jaeger"})
 
 
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"])
+@pytest.mark.parametrize("protocol", ["grpc", "http/json"])
+def test_an_otlp_protocol_other_than_http_protobuf_is_refused_for_traces(variable: str, protocol: str) -> None:
+    """It was ignored: the spans went over HTTP/protobuf to the endpoint, a gRPC port refused them, nothing said so."""
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", variable: protocol}
+    with pytest.raises(ValueError, match=f"{variable} must be http/protobuf .*, got '{protocol}'"):
+        tracer_provider_from_env(environ)
+    assert tracer_provider_from_env({**environ, "OTEL_TRACES_EXPORTER": "console"}) is not None  # OTLP unused
+    assert tracer_provider_from_env({**environ, variable: "http/protobuf"}) is not None
+
+
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"])
+def test_an_otlp_protocol_other_than_http_protobuf_is_refused_for_metrics(variable: str) -> None:
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", variable: "grpc"}
+    with pytest.raises(ValueError, match=f"{variable} must be http/protobuf"):
+        metric_readers_from_env(environ)
+    assert metric_readers_from_env({**environ, "OTEL_METRICS_EXPORTER": "prometheus"}) == ([], True)
+
+
 def test_span_attribute_values_are_capped_by_default_and_as_the_variables_say() -> None:
     """A client's 60 KB path became a 60 KB ``url.path``; a batch of such spans (31 MB) was refused by the collector
     whole, the legitimate spans in it lost (attack finding). The engine cuts request attributes at 1,024 characters
