@@ -162,7 +162,7 @@ async def test_guarded_and_unguarded_bodies_reach_the_upstream_intact(
                     "x-forwarded-for": "10.0.0.1",
                 },
             )
-            unguarded = await client.post("/public/echo", content=big)
+            unguarded = await client.post("/public/echo", content=big, headers={"x-guard-decision-id": "forged"})
             put = await client.put("/v1/echo", content=body, headers={"content-type": "application/json"})
     assert guarded.status_code == 200 and "x-guard-decision-id" in guarded.headers  # judged and allowed
     seen = guarded.json()
@@ -170,7 +170,9 @@ async def test_guarded_and_unguarded_bodies_reach_the_upstream_intact(
     assert seen["headers"]["host"] == url.removeprefix("http://") and "x-secret" not in seen["headers"]
     assert seen["headers"]["x-forwarded-for"] == "10.0.0.1, 127.0.0.1"
     assert seen["headers"]["x-forwarded-proto"] == "http"
+    assert seen["headers"]["x-guard-decision-id"] == guarded.headers["x-guard-decision-id"]  # for the app's logs
     assert unguarded.json()["sha256"] == sha(big) and "x-guard-decision-id" not in unguarded.headers
+    assert "x-guard-decision-id" not in unguarded.json()["headers"]  # a client's own is never sent on
     assert put.status_code == 201
 
 
