@@ -79,7 +79,7 @@ from guard.errors import (
     MalformedAnswer,
 )
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1, require_request
-from guard.systemone.wire import max_answer_containers
+from guard.systemone.wire import max_answer_bytes, max_answer_containers
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,9 @@ __all__ = [
 #: warning). A worker's is ``<checkpoint directory name>@<16 hex>`` and its suffixes (``+max_length=``, ``+guard=``,
 #: ``+confidence=``): a name of 255 bytes, the most a file system allows, fits with room to spare.
 MAX_REVISION_CHARS = 512
-#: Most bytes of a response body read (answers are asked for uncompressed): 64 questions of 255 options each fit many times
-#: over; a longer body is a malformed answer, read no further.
+#: Most bytes of a response body read (answers are asked for uncompressed), whatever the request: 64 questions of 255
+#: options each fit many times over; a longer body is a malformed answer, read no further. An answer is also held to
+#: what its request allows (:func:`~guard.systemone.wire.max_answer_bytes`).
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
@@ -281,7 +282,8 @@ class SystemOneClient:
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         content = self._encode(request)
-        max_containers = max_answer_containers(request)
+        max_bytes = min(MAX_RESPONSE_BYTES, max_answer_bytes(request, self.model))
+        max_containers = max_answer_containers(request, self.model)
         retrying = AsyncRetrying(
             stop=lambda state: self._stop(state, deadline),
             wait=self._wait,
@@ -293,7 +295,7 @@ class SystemOneClient:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise BackendTimeout(f"{self.name}: no answer within {budget * 1000:g} ms", backend=self.name)
-                response = await self._post(content, remaining, budget)
+                response = await self._post(content, remaining, budget, max_bytes)
                 return self._parse(response, request, max_containers)
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
@@ -325,7 +327,7 @@ class SystemOneClient:
         backoff = wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s)
         return float(backoff(state))
 
-    async def _post(self, content: bytes, remaining: float, budget: float) -> httpx.Response:
+    async def _post(self, content: bytes, remaining: float, budget: float, max_bytes: int) -> httpx.Response:
         headers = dict(self._headers)
         if self.provider.continues_trace:  # the decision span's trace context: the worker continues it
             carrier: dict[str, str] = {}
@@ -336,7 +338,7 @@ class SystemOneClient:
             headers[TIMEOUT_HEADER] = str(max(1, math.floor(remaining * 1000)))
         try:
             async with asyncio.timeout(remaining):  # httpx's timeout is per phase; this bounds the whole exchange
-                return await self._read(content, headers, remaining)
+                return await self._read(content, headers, remaining, max_bytes)
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise BackendTimeout(
                 f"{self.name}: no answer within {budget * 1000:g} ms ({type(exc).__name__})", backend=self.name
@@ -348,14 +350,15 @@ class SystemOneClient:
                 reason="connection",
             ) from exc
 
-    async def _read(self, content: bytes, headers: dict[str, str], remaining: float) -> httpx.Response:
-        """POST and read the answer's body up to :data:`MAX_RESPONSE_BYTES`, as sent (never decompressed); an answer
+    async def _read(self, content: bytes, headers: dict[str, str], remaining: float, max_bytes: int) -> httpx.Response:
+        """POST and read the answer's body up to ``max_bytes`` (:data:`MAX_RESPONSE_BYTES` or less, what an answer to
+        the request can hold: :func:`~guard.systemone.wire.max_answer_bytes`), as sent (never decompressed); an answer
         whose status is not 2xx is read up to :data:`~guard.backends._providers.ERROR_BODY_BYTES` and cut there, not
         refused (its status says what failed: a 503 with a long page is an unavailable backend, not a malformed
         answer).
 
         Raises:
-            MalformedAnswer: a 2xx body is longer, or the body has a ``Content-Encoding`` (the request asks for
+            MalformedAnswer: a 2xx body is longer (``too_large``), or the body has a ``Content-Encoding`` (the request asks for
                 identity).
         """
         async with self._client.stream("POST", self.url, content=content, headers=headers,
@@ -371,9 +374,10 @@ class SystemOneClient:
                 if error and len(body) > ERROR_BODY_BYTES:
                     del body[ERROR_BODY_BYTES:]
                     break
-                if len(body) > MAX_RESPONSE_BYTES:
-                    raise MalformedAnswer(f"{self.name}: the answer is longer than {MAX_RESPONSE_BYTES} bytes; "
-                                          "it was not read further", backend=self.name)
+                if len(body) > max_bytes:
+                    raise MalformedAnswer(f"{self.name}: the answer is longer than {max_bytes} bytes, the most an "
+                                          "answer to this request holds (too_large); it was not read further",
+                                          backend=self.name)
             # the raw bytes: a header value that is not ASCII (rev-é) is kept as sent, not re-encoded (which raised)
             kept = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-encoding"]
             return httpx.Response(response.status_code, headers=kept, content=bytes(body), request=response.request)
@@ -388,6 +392,10 @@ class SystemOneClient:
         try:
             body = loads(response.content, max_containers=max_containers)
         except InvalidJson as exc:
+            if exc.reason == "too_many_values":  # valid or not, more than an answer holds: not parsed
+                raise MalformedAnswer(f"{self.name}: the answer holds more than {max_containers} arrays and objects, "
+                                      "the most an answer to this request holds (too_many_values); it was not parsed",
+                                      backend=self.name) from exc
             media = response.headers.get("content-type")
             kind = "no Content-Type" if media is None else f"Content-Type {media[:40]!r}"  # quoted: no control
             self._log_error(error_summary(response, None))

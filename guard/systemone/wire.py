@@ -57,6 +57,7 @@ __all__ = [
     "answer_question",
     "check_readout",
     "confidence",
+    "max_answer_bytes",
     "max_answer_containers",
     "parse_usage",
     "require_request",
@@ -733,17 +734,45 @@ class SystemOneResponseV1:
 _ANSWER_CONTAINERS_BASE = 64
 #: Arrays and objects one answered question adds: its answer, ``probabilities`` and a score's ``legend``.
 _ANSWER_CONTAINERS_PER_QUESTION = 3
+#: Bytes an answer holds besides its questions' answers and what it echoes: the body, ``usage``, an envelope, and
+#: fields a provider adds (timings, request ids, warnings), with room to spare.
+_ANSWER_BYTES_BASE = 64 * 1024
+#: Bytes one answered question adds besides what it echoes: its type, choice or score, confidence, and fields a
+#: provider adds to it.
+_ANSWER_BYTES_PER_QUESTION = 1024
+#: Bytes each option of a question adds: its probability (a float written in full takes up to 24 characters), a
+#: score's legend key, and the indentation of a pretty-printed answer.
+_ANSWER_BYTES_PER_OPTION = 64
 
 
-def max_answer_containers(request: SystemOneRequestV1) -> int:
+def _echoed(request: SystemOneRequestV1, model: str | None) -> str:
+    """What an answer to ``request`` can write back of it, as JSON with non-ASCII escaped (its longest spelling):
+    the model name (``model``, a client's, else the request's), the question ids and the questions."""
+    return json.dumps({"model": model or request.model,
+                       "questions": {question.id: question.to_json() for question in request.questions}})
+
+
+def max_answer_containers(request: SystemOneRequestV1, model: str | None = None) -> int:
     """Most ``[`` and ``{`` (counted in strings too, as :func:`guard._json.loads` counts them) a System One answer to
     ``request`` holds: a few for the body and an envelope, three per question, and twice each bracket written in its
-    questions (an option id comes back as a key of ``probabilities`` and as a ``choice``, a score's levels as its
-    ``legend``). 64 choices of 255 plain option ids allow 514; a body with more is no answer to ``request``, and
-    json's parser, which holds the GIL, is not run on it (8 MiB of ``[]`` are 2.8 million lists)."""
-    written = json.dumps([question.to_json() for question in request.questions], ensure_ascii=False)
+    model name (``model`` when a client sends its own), question ids and questions (an option id comes back as a key
+    of ``probabilities`` and as a ``choice``, a score's levels as its ``legend``). 64 choices of 255 plain option ids
+    allow 514; a body with more is no answer to ``request``, and json's parser, which holds the GIL, is not run on it
+    (8 MiB of ``[]`` are 2.8 million lists)."""
+    written = _echoed(request, model)
     brackets = written.count("[") + written.count("{")
     return _ANSWER_CONTAINERS_BASE + _ANSWER_CONTAINERS_PER_QUESTION * len(request.questions) + 2 * brackets
+
+
+def max_answer_bytes(request: SystemOneRequestV1, model: str | None = None) -> int:
+    """Most bytes a System One answer to ``request`` holds: 64 KiB for the body, an envelope and fields a provider
+    adds, 1 KiB per question and 64 bytes per option, and twice the JSON of its model name (``model`` when a client
+    sends its own), question ids and questions with non-ASCII escaped (option ids come back as keys and a choice, a
+    score's levels as its legend). One yes/no question allows about 66 KB; a longer body is no answer to
+    ``request``, and json's parser, which holds the GIL, is not run on it (8 MiB of ``0.5,`` are 2 million floats)."""
+    options = sum(len(question.options()) for question in request.questions)
+    return (_ANSWER_BYTES_BASE + _ANSWER_BYTES_PER_QUESTION * len(request.questions)
+            + _ANSWER_BYTES_PER_OPTION * options + 2 * len(_echoed(request, model)))
 
 
 def sum_tolerance(options: int, decimals: int = _WIRE_DECIMALS) -> float:

@@ -27,6 +27,12 @@ HTML_ERROR = "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><b
 
 #: An answer of 8 MiB that is all empty arrays (``{"answers":[[],[],...]}``).
 LISTS = b'{"answers":[' + b"[]," * (8 * 1024 * 1024 // 3 - 8) + b"[]]}"
+#: Answers of 8 MiB that hold two arrays and objects beside millions of scalars, by scenario.
+SCALARS = {
+    "floats-200": b'{"answers":{},"x":[' + b"0.5," * (8 * 1024 * 1024 // 4 - 8) + b"0.5]}",
+    "ints-200": b'{"answers":{},"x":[' + b"0," * (8 * 1024 * 1024 // 2 - 16) + b"0]}",
+    "keys-200": b'{"answers":{},"x":{' + b",".join(b'"%x":0' % i for i in range(900_000)) + b"}}",
+}
 
 
 def answers_for(body: dict[str, Any], *, decimals: int = 4) -> dict[str, Any]:
@@ -81,7 +87,8 @@ class WorkersAIStandIn:
     0.8), ``success-false-with-answers`` (``success: false`` beside valid ``answers``), ``echo-422`` (FastAPI's
     validation error, which repeats the request's ``state`` as its ``input`` and in its ``ctx``, and the whole request
     as ``body``, as FastAPI's documented handler adds it), ``lists-200`` and ``lists-500`` (:data:`LISTS` under that
-    status).
+    status), ``short-lists-200`` (its last 30 KB), ``floats-200``, ``ints-200`` and ``keys-200`` (:data:`SCALARS`), ``extras`` (a valid answer indented,
+    non-ASCII escaped, with fields a provider may add to the body and to each answer).
     """
 
     def __init__(self) -> None:
@@ -200,6 +207,16 @@ class WorkersAIStandIn:
                             headers={"x-served-by": "cdn-é"})
         if scenario == "huge-error":
             return JSONResponse(failure("E" * 2_000_000, 5006), status_code=400)
+        if scenario in SCALARS:
+            return Response(SCALARS[scenario], media_type="application/json")
+        if scenario == "extras":
+            for answer in result["answers"].values():
+                answer |= {"logits": [-0.1, -2.3], "token_ids": [4521, 880], "raw": "<answer>" + "x" * 200 + "</answer>"}
+            result |= {"id": "chatcmpl-" + "a" * 40, "timings": {"queue_ms": 1.5, "forward_ms": 20.25},
+                       "warnings": ["state cut to fit max_length"], "system_fingerprint": "fp_" + "b" * 60}
+            return Response(json.dumps(envelope(result), indent=4), media_type="application/json")
+        if scenario == "short-lists-200":  # 30 KB: within a small request's size, past its arrays and objects
+            return Response(LISTS[:12] + LISTS[-30_000:], media_type="application/json")
         if scenario in ("lists-200", "lists-500"):  # 8 MiB of empty arrays: 2.8 million lists for json to build
             return Response(LISTS, media_type="application/json", status_code=int(scenario.removeprefix("lists-")))
         return JSONResponse(envelope(result))

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from guard._json import loads
+from guard.backends import http as http_module
 from guard.backends import open_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.batcher import BatcherConfig
@@ -25,6 +27,7 @@ from guard.backends.local import LocalBackend
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, MalformedAnswer
 from guard.systemone import SystemOneRequestV1
+from guard.systemone.wire import max_answer_bytes
 from tests.backends._standin import PATH, WorkersAIStandIn, socket_that_resets
 from tests.worker._requests import long_body, ticket_body
 from tests.worker._serve import RunningWorker, serve_app_in_thread, serve_worker
@@ -341,14 +344,83 @@ async def test_an_answer_of_millions_of_arrays_is_refused_before_json_builds_the
     counted before parsing; of an error answer the first 64 KiB are read."""
     caplog.set_level(logging.DEBUG, logger="guard.backends.http")
     async with workers_ai(standin, "lists-200") as client:
-        with pytest.raises(MalformedAnswer, match="body is not valid JSON .*too_many_values"):
+        with pytest.raises(MalformedAnswer, match=r"\(too_large\)"):
             await client.decide(REQUEST)
+    async with workers_ai(standin, "short-lists-200") as client:
+        with pytest.raises(MalformedAnswer, match=r"holds more than \d+ arrays and objects, the most an answer to this "
+                           r"request holds \(too_many_values\); it was not parsed"):
+            await client.decide(REQUEST)
+    assert not [r for r in caplog.records if "answered HTTP 200" in r.getMessage()]  # not logged as an error answer
     async with workers_ai(standin, "lists-500") as client:
         with pytest.raises(BackendUnavailable, match="answered HTTP 500$"):
             await client.decide(REQUEST)
     summaries = [json.loads(r.getMessage().partition(": ")[2]) for r in caplog.records
                  if "answered HTTP 500" in r.getMessage()]
     assert [s["length"] for s in summaries] == [ERROR_BYTES] * FAST_RETRY.max_attempts
+
+
+@pytest.mark.parametrize("scenario", ["floats-200", "ints-200", "keys-200"])
+async def test_an_answer_of_millions_of_scalars_is_refused_before_json_reads_them(
+    standin: tuple[str, WorkersAIStandIn], monkeypatch: pytest.MonkeyPatch, scenario: str
+) -> None:
+    """8 MiB of ``0.5,`` (or ``0,``, or ``"0":0,``) under two containers passed the count of arrays and objects and
+    held the event loop 1.3 s (0.66 s, 2.2 s) in json's parser. An answer is read only as far as an answer to its
+    request can reach (:func:`max_answer_bytes`: about 66 KB for three questions) and never parsed past it."""
+    parsed: list[int] = []
+
+    def counting_loads(data: bytes, **kwargs: Any) -> Any:
+        parsed.append(len(data))
+        return loads(data, **kwargs)
+
+    monkeypatch.setattr(http_module, "loads", counting_loads)
+    limit = max_answer_bytes(REQUEST, "clef-flash")
+    assert limit < 80_000
+    async with workers_ai(standin, scenario) as client:
+        with pytest.raises(MalformedAnswer, match=f"longer than {limit} bytes, the most an answer to this request "
+                           r"holds \(too_large\); it was not read further"):
+            await client.decide(REQUEST)
+    assert parsed == []
+
+
+def _scores(count: int, criterion: str) -> SystemOneRequestV1:
+    return SystemOneRequestV1.from_json({"model": "clef-flash", "state": "s", "questions": {
+        f"q{i}": {"type": "score", "instructions": "How bad?", "criteria": [f"{criterion} {j}" for j in range(10)]}
+        for i in range(count)
+    }})
+
+
+@pytest.mark.parametrize("scenario", ["ok", "unwrapped", "extras"])
+@pytest.mark.parametrize("request_", [REQUEST, _scores(64, "level"), _scores(64, "niveau élevé " * 8)],
+                         ids=["three", "64-scores", "64-scores-non-ascii"])
+async def test_answers_with_legends_envelopes_and_provider_fields_are_within_their_size(
+    standin: tuple[str, WorkersAIStandIn], scenario: str, request_: SystemOneRequestV1
+) -> None:
+    """An answer bounded by its request's size still passes with a Workers AI envelope, legends echoing its levels
+    (escaped as \\u00e9, six bytes for two), indentation and fields a provider adds to the body and to each answer."""
+    async with workers_ai(standin, scenario) as client:
+        response = await client.decide(request_)
+    assert set(response.answers) == {question.id for question in request_.questions}
+
+
+@pytest.mark.parametrize("bracketed", ["request", "client", "ids"])
+async def test_brackets_in_the_model_name_and_question_ids_count_towards_an_answers_containers(
+    standin: tuple[str, WorkersAIStandIn], bracketed: str
+) -> None:
+    """The answer echoes the model name and the question ids, so their brackets count too: a reference-profile model
+    named ``m[x][x]...`` had its valid answer refused as too_many_values."""
+    model = "m" + "[x]" * 70
+    ids = ["[" * 40 + str(i) for i in range(3)] if bracketed == "ids" else ["q"]
+    request = SystemOneRequestV1.from_json(
+        {"model": model if bracketed == "request" else "clef-flash", "state": "s",
+         "questions": {qid: {"type": "noul", "instructions": "Bad?"} for qid in ids}},
+        profile="reference",
+    )
+    url, _ = standin
+    async with SystemOneClient(url + PATH.format(scenario="ok", model="clef-flash"), provider="workers-ai",
+                               api_key="token-123", model=model if bracketed == "client" else None,
+                               retry=FAST_RETRY) as client:
+        response = await client.decide(request)
+    assert set(response.answers) == set(ids)
 
 
 async def test_option_ids_and_levels_full_of_brackets_are_still_answered(
@@ -433,7 +505,7 @@ async def test_html_error_pages_are_typed_errors(standin: tuple[str, WorkersAISt
     ("scenario", "text"),
     [
         ("truncated", "not valid JSON"),
-        ("oversized", "longer than 8388608 bytes"),  # a client reads no further (1.2 GB peak for 400 MB before)
+        ("oversized", r"longer than \d+ bytes, the most an answer to this request holds \(too_large\)"),  # a client reads no further (1.2 GB peak for 400 MB before)
         ("gzip", "Content-Encoding 'gzip'"),  # asked for identity: never inflated (a bomb stalled the loop before)
         ("missing-answer", "answer for question 'urgency' is missing"),
         ("nan", "non_finite"),
