@@ -313,11 +313,12 @@ class LocalBackend:
         Args:
             request: a validated request.
             timeout: seconds for encoding, queueing and compute together; ``None`` waits for the answer.
-            hold: called with the bytes the encoded record's media tensors hold
+            hold: called with the bytes the request's media tensors will hold
                 (:attr:`~guard.clef.encoding.EncodedRecord.media_bytes`; 4 images of 1,024 tokens are 96 MiB of
-                ``pixel_values``) before it is queued, where they stay until answered; an
-                :class:`~guard.errors.Overloaded` it raises refuses the request as a full queue does (the worker
-                counts them with the request bodies in memory).
+                ``pixel_values``), counted from the images' headers before any is decoded or the encoding is
+                dispatched, and held until answered; an :class:`~guard.errors.Overloaded` it raises refuses the
+                request as a full queue does, before any decoding (the worker counts them with the request bodies in
+                memory).
 
         Returns:
             The response: ``model`` echoed from the request, answers in request order (unrounded; the wire rounds),
@@ -344,13 +345,15 @@ class LocalBackend:
             raise RuntimeError(
                 f"LocalBackend {self.name!r} was started on another event loop; use one backend per event loop."
             )
-        record = await self._encode(request, None if timeout is None else timeout - (time.monotonic() - started))
+        record = await self._encode(
+            request, None if timeout is None else timeout - (time.monotonic() - started), hold
+        )
         remaining = None
         if timeout is not None:
             remaining = timeout - (time.monotonic() - started)
             if remaining <= 0:
                 raise BackendTimeout(f"encoding took longer than the {timeout * 1000:g} ms deadline", backend=self.name)
-        return await self._submit(request, record, remaining, timeout, hold)
+        return await self._submit(request, record, remaining, timeout)
 
     async def _submit(
         self,
@@ -358,14 +361,10 @@ class LocalBackend:
         record: EncodedRecord,
         remaining: float | None,
         timeout: float | None,
-        hold: Callable[[int], None] | None = None,
     ) -> SystemOneResponseV1:
         """Queue ``record`` for the forward pass and its readout, within ``remaining`` seconds (of the call's
-        ``timeout``, which errors name), after ``hold`` took its media bytes; the batcher's and the model's errors as
-        :meth:`decide` raises them."""
+        ``timeout``, which errors name); the batcher's and the model's errors as :meth:`decide` raises them."""
         try:
-            if hold is not None and record.media is not None:
-                hold(record.media_bytes)
             job = _Job(request, record, trace.get_current_span().get_span_context())
             return await self.batcher.submit(job, timeout=remaining)
         except Overloaded as exc:
@@ -393,15 +392,20 @@ class LocalBackend:
                 reason="inference_failed",
             ) from exc
 
-    async def _encode(self, request: SystemOneRequestV1, remaining: float | None) -> EncodedRecord:
-        """Tokenize on an encoding thread within ``remaining`` seconds (``None``: no limit); turn the model's
-        refusals into ``BackendRejected``.
+    async def _encode(
+        self, request: SystemOneRequestV1, remaining: float | None, hold: Callable[[int], None] | None = None
+    ) -> EncodedRecord:
+        """Tokenize on an encoding thread within ``remaining`` seconds (``None``: no limit), once ``hold`` took the
+        bytes its images' tensors will hold (read from their headers, on the event loop); turn the model's refusals
+        into ``BackendRejected``.
 
         Raises:
+            BackendRejected: an image's header cannot be read, or the model refused the request (422).
             BackendTimeout: the encoding did not finish in time; the caller is answered now (a thread already
                 encoding runs on, one not yet started never does).
             BackendUnavailable: the encoding failed otherwise (``reason="inference_failed"``): a tokenizer panic
-                (pyo3's ``PanicException`` is a ``BaseException``), ``MemoryError``, a bug; logged with its traceback.
+                (pyo3's ``PanicException`` is a ``BaseException``), ``MemoryError``, a bug; logged with its traceback;
+                or ``hold`` refused the images' bytes (``reason="overloaded"``).
         """
         started = threading.Event()
 
@@ -419,12 +423,18 @@ class LocalBackend:
                 ) from exc
 
         try:
+            if hold is not None and request.images:
+                hold(self.model.processor.image_tensor_bytes(request.images))
             if remaining is not None and remaining <= 0:
                 raise TimeoutError
             return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._encoder, encode), remaining)
         except TimeoutError:
             doing = "encoding the state" if started.is_set() else f"waiting for one of the {ENCODE_THREADS} encoding threads"
             raise BackendTimeout(f"the deadline passed while {doing}", backend=self.name) from None
+        except Overloaded as exc:
+            raise BackendUnavailable(
+                str(exc), backend=self.name, reason="overloaded", retry_after=exc.retry_after
+            ) from exc
         except RequestValidationError as exc:
             raise BackendRejected(
                 str(exc), backend=self.name, status_code=422, detail=[e.to_json() for e in exc.errors]

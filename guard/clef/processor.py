@@ -274,6 +274,31 @@ class ClefProcessor:
             return [enc.ids for enc in self._backend.encode_batch(list(texts), add_special_tokens=False)]
         return [list(self.tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
 
+    def _image_pads(self, opened: Sequence[Any], kwargs: Mapping[str, Any]) -> list[int]:
+        """The ``<|image_pad|>`` tokens each opened image takes at the size the image processor resizes it to."""
+        merge = int(self.image_processor.merge_size) ** 2
+        return [self.image_processor.get_number_of_image_patches(image.height, image.width, dict(kwargs)) // merge
+                for image in opened]
+
+    def _patch_width(self) -> int:
+        """Floats in one row of ``pixel_values``: channels x temporal patch x patch x patch."""
+        processor = self.image_processor
+        return 3 * int(processor.temporal_patch_size) * int(processor.patch_size) ** 2
+
+    def image_tensor_bytes(self, images: Sequence[Any], media_kwargs: Mapping[str, Any] | None = None) -> int:
+        """Bytes the tensors of ``images`` hold once encoded by :meth:`encode_media` (float32 ``pixel_values``, one row
+        per patch, ``merge_size²`` patches per pad, and int64 ``image_grid_thw``), counted from their headers: no
+        image is decoded. 0 on a text-only checkpoint (which refuses images).
+
+        Raises:
+            RequestValidationError: as :func:`open_image`, naming ``images[i]``.
+        """
+        if not images or self.image_processor is None:
+            return 0
+        opened = [open_image(item, where=f"images[{i}]") for i, item in enumerate(images)]
+        rows = sum(self._image_pads(opened, media_kwargs or {})) * int(self.image_processor.merge_size) ** 2
+        return rows * self._patch_width() * 4 + len(opened) * 3 * 8
+
     def encode_media(
         self,
         images: Sequence[Any],
@@ -310,8 +335,7 @@ class ClefProcessor:
         text = IMAGE_PLACEHOLDER * len(opened) + VIDEO_PLACEHOLDER * len(videos) + "\n"
         kwargs = dict(media_kwargs or {})
         merge = int(self.image_processor.merge_size) ** 2 if opened else 1
-        pads = [self.image_processor.get_number_of_image_patches(image.height, image.width, kwargs) // merge
-                for image in opened]
+        pads = self._image_pads(opened, kwargs) if opened else []
         tokens = len(self.encode_texts([text])[0]) - len(pads) + sum(pads)
         if max_tokens is not None and not videos and tokens > max_tokens:
             message = (f"{len(pads)} image(s) take {tokens} tokens at the sizes the image processor resizes them to "
@@ -329,10 +353,13 @@ class ClefProcessor:
             return EncodedMedia(tuple(ids), tuple(types), dict(out), token_offset)
         if videos:
             raise RequestValidationError([FieldError("videos", _TORCHVISION_FIX.format(torch=torch.__version__))])
-        pixel_values, grids = [], []
-        for i, image in enumerate(opened):  # one decoded image at a time: it is dropped once processed
+        # filled in place, one decoded image at a time (dropped once processed): no second copy to concatenate
+        pixel_values = torch.empty((sum(pads) * merge, self._patch_width()), dtype=torch.float32)
+        grids, row = [], 0
+        for i, image in enumerate(opened):
             out = self.image_processor(images=[_decoded(image, f"images[{i}]")], return_tensors="pt", **kwargs)
-            pixel_values.append(out["pixel_values"])
+            pixel_values[row:row + pads[i] * merge] = out["pixel_values"]
+            row += pads[i] * merge
             grids.append(out["image_grid_thw"])
         grid = torch.cat(grids)  # [n_images, 3] (t, h, w) in patches
         parts = text.split(_DEFAULT_IMAGE_TOKEN)
@@ -341,5 +368,5 @@ class ClefProcessor:
             expanded += _DEFAULT_IMAGE_TOKEN * (int(grid[i].prod()) // merge) + rest
         ids = self.encode_texts([expanded])[0]
         types = [1 if t == self.image_token_id else 2 if t == self.video_token_id else 0 for t in ids]
-        tensors = {"pixel_values": torch.cat(pixel_values), "image_grid_thw": grid}
+        tensors = {"pixel_values": pixel_values, "image_grid_thw": grid}
         return EncodedMedia(tuple(ids), tuple(types), tensors, token_offset)

@@ -15,8 +15,9 @@ Routes:
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
   body is read, and so does any request while the request bodies in memory (counted as their bytes arrive, held until
   the request is answered) are at ``max_pending_body_bytes``; a body whose bytes would pass it is refused the same way,
-  and so is a request whose images' pixel tensors, once encoded, would (they count from then until the answer; a
-  request alone may pass the limit, so one larger than it is still served). A body that
+  and so is a request whose images' pixel tensors, once encoded, would (counted from the images' headers before any
+  is decoded, they count from then until the answer; a request alone may pass the limit, so one larger than it is
+  still served). A body that
   sends nothing for ``body_idle_timeout_s`` is a 408 ``body_timeout``. At most
   :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more than
   :data:`MAX_JSON_CONTAINERS` arrays and objects is a 400 ``invalid_json`` (json's parser holds the GIL: 8 MiB of

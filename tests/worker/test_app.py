@@ -20,6 +20,7 @@ from PIL import Image
 from guard.asgi.server import server_options
 from guard.backends.batcher import BatcherConfig
 from guard.backends.local import LocalBackend
+from guard.clef import processor as processor_module
 from guard.clef.model import ClefModel
 from guard.systemone import SystemOneRequestV1
 from guard.worker.app import WorkerConfig, create_app
@@ -459,6 +460,70 @@ async def test_a_request_holds_its_images_pixel_tensors_until_it_is_answered(
     assert refused.status_code == 429 and refused.json()["code"] == "overloaded", refused.text
     assert crowded.status_code == 429 and crowded.json()["code"] == "overloaded", crowded.text
     assert answered.status_code == 200 and left == 0, answered.text
+
+
+async def test_an_image_request_is_refused_before_its_images_are_decoded_and_gives_back_what_it_held(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Images' pixel tensors counted only once encoded: 8 requests of four 4096x4096 PNGs took the worker to 3 GiB
+    while ``body_bytes`` said 100 MB, and each of the 7 refused had decoded all its images (8.8-16 s) before its 429
+    (attack finding). The tensors' bytes are counted from the images' headers before the encoding: while one image
+    request is in the forward pass, another is refused with no image decoded; what each held is given back whether
+    it is answered, refused, its image cannot be decoded or its deadline passes while it is decoded."""
+    config = WorkerConfig(max_body_bytes=BODY_CAP, max_pending_body_bytes=BODY_CAP, model_name="clef-flash",
+                          canary_interval_s=0)
+    body = json.dumps(_image_body((512, 512))).encode()
+    broken = _image_body((512, 512))  # a readable header, pixel data cut short
+    raw = base64.b64decode(broken["images"][0]["base64"])
+    broken["images"][0]["base64"] = base64.b64encode(raw[:60] + raw[-12:]).decode()
+    headers = {"content-type": "application/json"}
+    decoded: list[str] = []
+    decode = processor_module._decoded
+    released = threading.Event()
+
+    def counting(image: Any, where: str) -> Any:  # the real decoding, counted, held until released
+        decoded.append(where)
+        released.wait(30)
+        return decode(image, where)
+
+    async def decoding(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(decoded) < count:
+            assert time.monotonic() < deadline, "the request never reached its decoding"
+            await asyncio.sleep(0.01)
+
+    monkeypatch.setattr(processor_module, "_decoded", counting)
+    with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
+        async with worker.client() as client:
+            try:
+                first = asyncio.ensure_future(client.post("/v1/systemone", content=body, headers=headers))
+                await decoding(1)
+                held = await _body_bytes(client)
+                refused = await client.post("/v1/systemone", content=body, headers=headers)
+                decodes_while_held = len(decoded)
+            finally:
+                released.set()
+            answered = await first
+            after_answer = await _body_bytes(client)
+            undecodable = await client.post("/v1/systemone", json=broken)
+            after_error = await _body_bytes(client)
+            released.clear()
+            try:
+                late = await client.post("/v1/systemone", content=body,
+                                         headers={**headers, "x-request-timeout-ms": "300"})
+                after_timeout = await _body_bytes(client)
+            finally:
+                released.set()
+            while worker.batcher.in_flight:
+                await asyncio.sleep(0.01)
+            left = await _body_bytes(client)
+    assert held == len(body) + clef_fp32.encode(SystemOneRequestV1.from_json(json.loads(body))).media_bytes
+    assert refused.status_code == 429 and refused.json()["code"] == "overloaded", refused.text
+    assert decodes_while_held == 1  # the first request's image alone
+    assert answered.status_code == 200 and after_answer == 0, answered.text
+    assert undecodable.status_code == 422 and "images[0]" in undecodable.text and after_error == 0, undecodable.text
+    assert late.status_code == 504 and after_timeout == 0, late.text
+    assert left == 0
 
 
 async def test_a_request_with_both_framings_is_refused_and_its_connection_closed(clef_fp32: ClefModel) -> None:
