@@ -210,6 +210,9 @@ _DOTLESS_I = str.maketrans({"\u0131": "i"})
 #: ``str.upper()`` nor Python's identifiers fold.
 _FOLDABLE_RE = re.compile("[\u00aa-\u02ff\u1d00-\u1dbf\u2070-\u218f\u2460-\u24ff\ufb00-\ufb06\uff10-\uff19"
                           "\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]")
+#: Full-width ``＜ ＞ ＂ ＇`` next to an ASCII letter: markup (``＜script＞``) an application that applies NFKC reads as
+#: ``<script>``; CJK text sets them beside its own characters, not beside ASCII letters.
+_WIDE_MARKUP_RE = re.compile("[\uff1c\uff1e\uff02\uff07][A-Za-z]|[A-Za-z][\uff1c\uff1e\uff02\uff07]")
 
 
 def _url_decoded(text: str) -> str:
@@ -227,34 +230,37 @@ def _percent_decoded(text: str) -> str | None:
     return _url_decoded(decoded) if _PERCENT_RE.search(decoded) else decoded
 
 
-def _folded(text: str) -> str | None:
-    """``text`` in NFKC with dotless ``ı`` read as ``i`` where it holds a character of :data:`_FOLDABLE_RE`, or None
-    when it holds none or that changes nothing (French or Russian text): the letters an application folds to ASCII
-    when it compares case-insensitively, upper-cases (``ſelect`` and ``unıon`` upper-case to ``SELECT`` and
-    ``UNION``) or normalises (Python reads identifiers in NFKC: ``__𝘪𝘮𝘱𝘰𝘳𝘵__`` is ``__import__``; ``K``, the
-    Kelvin sign, is ``K``)."""
-    if text.isascii() or _FOLDABLE_RE.search(text) is None:
+def _folded(text: str, markup: bool = False) -> str | None:
+    """``text`` in NFKC with dotless ``ı`` read as ``i`` where it holds a character of :data:`_FOLDABLE_RE` (or, with
+    ``markup``, full-width markup punctuation next to ASCII letters, :data:`_WIDE_MARKUP_RE`), or None when it holds
+    none or that changes nothing (French or Russian text): the letters an application folds to ASCII when it compares
+    case-insensitively, upper-cases (``ſelect`` and ``unıon`` upper-case to ``SELECT`` and ``UNION``) or normalises
+    (Python reads identifiers in NFKC: ``__𝘪𝘮𝘱𝘰𝘳𝘵__`` is ``__import__``; ``K``, the Kelvin sign, is ``K``; an
+    application that applies NFKC reads ``＜script＞`` as ``<script>``)."""
+    if text.isascii() or (_FOLDABLE_RE.search(text) is None
+                           and not (markup and _WIDE_MARKUP_RE.search(text) is not None)):
         return None
     folded = unicodedata.normalize("NFKC", text).translate(_DOTLESS_I)
     return folded if folded != text else None
 
 
-def _readings(text: str) -> Iterator[str]:
+def _readings(text: str, markup: bool = False) -> Iterator[str]:
     """``text``, then, where they differ from it, its URL-decoded reading (:func:`_percent_decoded`) and the folded
-    reading (:func:`_folded`) of the last of those, each made only when the one before did not answer."""
+    reading (:func:`_folded`, ``markup`` passed on) of the last of those, each made only when the one before did not
+    answer."""
     yield text
     decoded = _percent_decoded(text)
     if decoded is not None:
         yield decoded
-    folded = _folded(text if decoded is None else decoded)
+    folded = _folded(text if decoded is None else decoded, markup)
     if folded is not None:
         yield folded
 
 
-def _or_decoded(check: Callable[[str], bool], text: str, function: str) -> bool:
-    """``check`` of ``text`` or of one of its other readings (:func:`_readings`)."""
+def _or_decoded(check: Callable[[str], bool], text: str, function: str, markup: bool = False) -> bool:
+    """``check`` of ``text`` or of one of its other readings (:func:`_readings`, ``markup`` passed on)."""
     _lowered(text, function)
-    return any(check(reading) for reading in _readings(text))
+    return any(check(reading) for reading in _readings(text, markup))
 
 
 def sqli(text: str) -> bool:
@@ -295,13 +301,13 @@ def _sqli(text: str) -> bool:
 
 
 def xss(text: str) -> bool:
-    """Whether ``text``, as written, URL-decoded or folded, holds script-bearing markup or a script URL (module
-    docstring).
+    """Whether ``text``, as written, URL-decoded or folded (full-width ``＜ ＞ ＂ ＇`` next to ASCII letters too:
+    ``＜script＞``), holds script-bearing markup or a script URL (module docstring).
 
     Raises:
         TypeError: ``text`` is not a string.
     """
-    return _or_decoded(_xss, text, "xss")
+    return _or_decoded(_xss, text, "xss", markup=True)
 
 
 def _xss(text: str) -> bool:

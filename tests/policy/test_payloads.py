@@ -153,6 +153,23 @@ def test_payloads_in_letters_an_app_folds_to_ascii_are_found(text: str, check: o
         assert not check(text.encode("ascii", "replace").decode())  # type: ignore[operator]
 
 
+@pytest.mark.parametrize("text", [
+    "\uff1cscript\uff1ealert(1)\uff1c/script\uff1e", "\uff1cimg src=x onerror=alert(1)\uff1e",
+    "\uff1csvg onload=alert(1)\uff1e", "\uff1ca href=\uff02javascript:alert(1)\uff02\uff1ex\uff1c/a\uff1e",
+    "q=%EF%BC%9Cscript%EF%BC%9Ealert(1)",
+])  # fmt: skip
+def test_markup_in_full_width_brackets_is_found(text: str) -> None:
+    """``＜script＞`` is ``<script>`` to an application that applies NFKC, and full-width punctuation was never
+    folded (CJK text holds it): next to ASCII letters it is read folded by xss()."""
+    assert xss(text)
+
+
+def test_full_width_brackets_in_cjk_text_are_not_markup() -> None:
+    for text in ("\u4e2d\u6587\uff1c\u6d4b\u8bd5\uff1e\u6807\u9898", "\u300c\u4f8b\u300d\uff02\u5f15\u7528\uff02",
+                 "\u30c6\u30b9\u30c8\uff1c\u7d50\u679c\uff1e onload"):
+        assert not xss(text), text
+
+
 def test_text_in_other_scripts_is_not_folded_into_payloads() -> None:
     for text in ("Kap\u0131y\u0131 a\u00e7\u0131k b\u0131rak, l\u00fctfen", "Stra\u00dfe, \uff11\uff12\uff13",
                  "\u0421\u0435\u043b\u0435\u043a\u0442 \u0438\u0437 \u0441\u043f\u0438\u0441\u043a\u0430"):
