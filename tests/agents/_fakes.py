@@ -15,7 +15,9 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, mess
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.tools import BaseTool, StructuredTool, tool
+from langgraph.graph import END, START, MessagesState, StateGraph
 
+from guard.agents import send_tool_calls
 from guard.systemone import SystemOneRequestV1
 
 
@@ -237,3 +239,15 @@ def answer(request: SystemOneRequestV1) -> dict[str, Any]:
         elif question.id == "leak":
             out[question.id] = 0.9 if "sk-" in text else 0.6 if "password" in text else 0.02
     return out
+
+
+def tool_node_graph(chat: Any, tools: Any) -> StateGraph:
+    """A model node answering with ``chat`` and ``tools`` (a tool node) as a graph whose model's calls are sent to the
+    tool node one :func:`~guard.agents.send_tool_calls` each, uncompiled."""
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
+    graph.add_node("tools", tools)
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
+    graph.add_edge("tools", "model")
+    return graph

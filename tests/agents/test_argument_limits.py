@@ -13,12 +13,11 @@ import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, MessagesState, StateGraph
 
-from guard.agents import GuardAgentMiddleware, guarded_tool_node, send_tool_calls
+from guard.agents import GuardAgentMiddleware, guarded_tool_node
 from guard.agents._arguments import MAX_ARGUMENT_DEPTH, MAX_ARGUMENT_VALUES, SURROGATE_KEY, classify_arguments
 from tests.agents._drive import SYNC_MODES, adrive, drive
-from tests.agents._fakes import Turn, model
+from tests.agents._fakes import Turn, model, tool_node_graph
 
 USER = {"messages": [("user", "Please pay bob.")]}
 
@@ -123,12 +122,7 @@ def test_deep_argument_text_gets_a_recorded_block(harness: Any, thread: Any, mod
 def test_tool_node_blocks_deep_arguments(harness: Any) -> None:
     h = harness()
     chat = model(deep_turn(nested(5000)))
-    graph = StateGraph(MessagesState)
-    graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
-    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard))
-    graph.add_edge(START, "model")
-    graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
-    graph.add_edge("tools", "model")
+    graph = tool_node_graph(chat, guarded_tool_node(h.tools, guard=h.guard))
     result = graph.compile().invoke(USER)  # no checkpointer: the state holds the deep arguments as the model sent them
     answer = next(m for m in result["messages"] if getattr(m, "tool_call_id", None) == "deep")
     assert answer.status == "error" and "deeper than" in answer.text

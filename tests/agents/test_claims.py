@@ -14,7 +14,6 @@ import redis
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command, interrupt
 
 from guard.agents import (
@@ -23,10 +22,9 @@ from guard.agents import (
     RedisApprovalClaims,
     guarded_tool_node,
     resume_command,
-    send_tool_calls,
 )
 from guard.errors import ApprovalAlreadyUsed, ReviewStoreUnavailable
-from tests.agents._fakes import Turn, model
+from tests.agents._fakes import Turn, model, tool_node_graph
 
 USER = {"messages": [("user", "Please settle my invoices.")]}
 KEY = "k" * 32
@@ -161,12 +159,7 @@ async def test_per_call_review_approve_and_edit_gathered_runs_once(harness: Any,
     """The tool node's own review: an approve and an edit of one interrupt, resumed at once, run the tool once."""
     h = harness()
     chat = model(escalated_pay())
-    graph = StateGraph(MessagesState)
-    graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
-    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard))
-    graph.add_edge(START, "model")
-    graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
-    graph.add_edge("tools", "model")
+    graph = tool_node_graph(chat, guarded_tool_node(h.tools, guard=h.guard))
     app, config = graph.compile(checkpointer=InMemorySaver()), thread()
     await app.ainvoke(USER, config)
     state = await app.aget_state(config)
@@ -188,12 +181,7 @@ def test_policy_allowed_calls_make_no_claim(harness: Any, thread: Any) -> None:
 def test_per_call_review_in_a_tool_node_is_single_use(harness: Any, thread: Any) -> None:
     h = harness()
     chat = model(escalated_pay())
-    graph = StateGraph(MessagesState)
-    graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
-    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard))
-    graph.add_edge(START, "model")
-    graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
-    graph.add_edge("tools", "model")
+    graph = tool_node_graph(chat, guarded_tool_node(h.tools, guard=h.guard))
     app, config = graph.compile(checkpointer=InMemorySaver()), thread()
     app.invoke(USER, config)
     state = app.get_state(config)

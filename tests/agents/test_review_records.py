@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command
 
-from guard.agents import guarded_tool_node, resume_command, send_tool_calls
-from tests.agents._fakes import Turn, model
+from guard.agents import guarded_tool_node, resume_command
+from tests.agents._fakes import Turn, model, tool_node_graph
 from tests.agents.test_claims import USER, agent_for, escalated_pay
 
 REJECT_NOTE = "ticket 1234: the customer's pin is 4321"
@@ -68,12 +67,7 @@ def test_an_approved_model_input_is_recorded(harness: Any, thread: Any) -> None:
 def test_a_per_call_review_in_a_tool_node_is_recorded(harness: Any, thread: Any) -> None:
     h = harness()
     chat = model(escalated_pay())
-    graph = StateGraph(MessagesState)
-    graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
-    graph.add_node("tools", guarded_tool_node(h.tools, guard=h.guard))
-    graph.add_edge(START, "model")
-    graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
-    graph.add_edge("tools", "model")
+    graph = tool_node_graph(chat, guarded_tool_node(h.tools, guard=h.guard))
     app, config = graph.compile(checkpointer=InMemorySaver()), thread()
     app.invoke(USER, config)
     state = app.get_state(config)
