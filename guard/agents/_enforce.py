@@ -89,7 +89,8 @@ class Prepared:
     """One well-formed call, ready to judge: the request, its subject and the binding facts. ``turn_calls``: how many
     calls (valid and invalid) the model's turn that made this one holds (0 when that turn is not in the state);
     ``edited``: a reviewer changed it; ``reviewed``: a review decision released it (it is claimed once before it
-    runs); ``held_digest``: the digest of the call as the model's turn holds it (as prepared when that turn is not in
+    runs); ``rewritten``: a wrapper listed before guard changed its name or arguments (claimed too, but the claim is
+    given back when the tool raises, so a retry can run it); ``held_digest``: the digest of the call as the model's turn holds it (as prepared when that turn is not in
     the state), which an edit leaves as it is: every decision on one review item makes the same claim."""
 
     request: ToolCallRequest
@@ -103,6 +104,7 @@ class Prepared:
     turn_calls: int = 0
     edited: bool = False
     reviewed: bool = False
+    rewritten: bool = False
     held_digest: str = ""
 
 
@@ -292,9 +294,10 @@ class ToolCallEnforcer:
         )
 
     def claim_key(self, prepared: Prepared) -> str | None:
-        """The claim id of a call a review decision released to a side-effecting tool (``None`` for any other
-        call): the held call's, so an approval and an edit of one review item claim the same id."""
-        if not (prepared.reviewed or prepared.edited) or self._speculative(prepared):
+        """The claim id of a call a review decision released (or a wrapper rewrote) to a side-effecting tool
+        (``None`` for any other call): the held call's, so an approval and an edit of one review item claim the same
+        id."""
+        if not (prepared.reviewed or prepared.edited or prepared.rewritten) or self._speculative(prepared):
             return None
         return claim_id(
             thread_id=prepared.thread_id,
@@ -302,6 +305,13 @@ class ToolCallEnforcer:
             tool_call_id=prepared.tool_call_id,
             digest=prepared.held_digest,
         )
+
+    @staticmethod
+    def _gives_back(prepared: Prepared, problem: Exception) -> bool:
+        """Whether the claim of a call whose tool raised ``problem`` is given back: when the tool asked for input
+        itself (``GraphInterrupt``: it runs again from its start when resumed), and for any error of a call only a
+        wrapper rewrote (no review released it, so a retry of a failed run is not a second use of a release)."""
+        return isinstance(problem, GraphInterrupt) or (prepared.rewritten and not (prepared.reviewed or prepared.edited))
 
     def _shares_its_task(self, prepared: Prepared) -> bool:
         """Whether this call runs in one tool-node task with other calls of its message (a graph routing them with
@@ -521,8 +531,8 @@ class ToolCallEnforcer:
         return self.map_messages(result, mark, self.messages_key)
 
     def run_allowed(self, prepared: Prepared, handler: SyncHandler) -> Result:
-        """Run a call whose verdict is final and allows it (claimed first when a review released it); then check its
-        output.
+        """Run a call whose verdict is final and allows it (claimed first when a review released it or a wrapper
+        rewrote it); then check its output.
 
         Raises:
             ApprovalAlreadyUsed: the release was claimed before (the tool does not run).
@@ -533,8 +543,8 @@ class ToolCallEnforcer:
         try:
             with running_tool():
                 result = handler(prepared.request)
-        except GraphInterrupt:
-            if key is not None:  # the tool asked for input itself: it runs again from its start when resumed
+        except Exception as exc:
+            if key is not None and self._gives_back(prepared, exc):
                 self.claims.release(key)
             raise
         return self._annotate(self.check_result(result, prepared), prepared)
@@ -558,12 +568,15 @@ class ToolCallEnforcer:
         ``reviewed``: a reviewer outside guard released this call. It is claimed once before it runs (under the call
         the model's turn holds, :meth:`claim_key`), as is a call whose arguments differ from that one: a wrapper
         listed before this one changed it, as a per-call ``HumanInTheLoopMiddleware`` edit does without a trace in
-        the state, so replaying its resume cannot run the tool again."""
+        the state, so replaying its resume cannot run the tool again. Such a call's claim is given back when the
+        tool raises (a retry middleware runs it again)."""
         prepared = self.prepare(request)
         if isinstance(prepared, ToolMessage):
             return prepared
-        if reviewed or prepared.digest != prepared.held_digest:
+        if reviewed:
             prepared = replace(prepared, reviewed=True)
+        elif prepared.digest != prepared.held_digest:
+            prepared = replace(prepared, rewritten=True)
         early: Result | None = None
         if self._speculative(prepared):
             judgement, early = self._judge_speculating(prepared, handler)
@@ -637,8 +650,8 @@ class ToolCallEnforcer:
         try:
             with running_tool():
                 result = await handler(prepared.request)
-        except GraphInterrupt:
-            if key is not None:  # the tool asked for input itself: it runs again from its start when resumed
+        except Exception as exc:
+            if key is not None and self._gives_back(prepared, exc):
                 await self.claims.arelease(key)
             raise
         return self._annotate(await self.acheck_result(result, prepared), prepared)
@@ -663,8 +676,10 @@ class ToolCallEnforcer:
         prepared = self.prepare(request)
         if isinstance(prepared, ToolMessage):
             return prepared
-        if reviewed or prepared.digest != prepared.held_digest:
+        if reviewed:
             prepared = replace(prepared, reviewed=True)
+        elif prepared.digest != prepared.held_digest:
+            prepared = replace(prepared, rewritten=True)
         early: Result | None = None
         if self._speculative(prepared):
             judgement, early = await self._ajudge_speculating(prepared, handler)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import HumanInTheLoopMiddleware
+from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware, ToolRetryMiddleware
 from langchain.agents.middleware import human_in_the_loop as lc_hitl
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -471,6 +471,58 @@ def test_a_replayed_per_call_hitl_edit_runs_once(harness: Any, thread: Any, mode
         with pytest.raises(ApprovalAlreadyUsed):
             drive(agent, Command(resume={out.interrupts[0].id: _hitl_edit("bob", 1)}), interrupted.config, mode)
     assert h.runs.calls == [("pay", {"amount": 1, "to": "bob"})]
+
+
+class _LowerPayee(AgentMiddleware):
+    """Lower-cases the payee of every call (a wrapper listed before guard that changes each call's arguments)."""
+
+    @staticmethod
+    def _lowered(request: Any) -> Any:
+        call = dict(request.tool_call)
+        call["args"] = {**call["args"], "to": call["args"]["to"].lower()}
+        return request.override(tool_call=call)
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        return handler(self._lowered(request))
+
+    async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+        return await handler(self._lowered(request))
+
+
+class _FailsOnce(AgentMiddleware):
+    """The tool's first run raises (a transient error of the service it calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = 0
+
+    def _count(self) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise ConnectionError("transient")
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        self._count()
+        return handler(request)
+
+    async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+        self._count()
+        return await handler(request)
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_call_a_wrapper_rewrote_runs_again_when_a_retry_follows_a_failure(harness: Any, thread: Any, mode: str) -> None:
+    """A call a wrapper before guard changed is claimed (a per-call HITL edit looks the same), but no review released
+    it: when its tool raises, the claim is given back, so ToolRetryMiddleware's retry runs it rather than failing with
+    ApprovalAlreadyUsed."""
+    h = harness()
+    retry = ToolRetryMiddleware(max_retries=2, initial_delay=0.01, on_failure="continue")
+    middleware = [_LowerPayee(), retry, GuardAgentMiddleware(guard=h.guard), _FailsOnce()]
+    agent = create_agent(model(pays((50, "Ann", "a"), (60, "Bob", "b"))), h.tools, middleware=middleware,
+                         checkpointer=InMemorySaver())
+    out = drive(agent, USER, thread(), mode)
+    assert sorted(m.content for m in out.messages if m.type == "tool") == ["paid 50 to ann", "paid 60 to bob"]
+    assert sorted(args["to"] for _, args in h.runs.calls) == ["ann", "bob"]
 
 
 def test_a_review_after_an_unanswered_one_takes_decisions_by_item_id_only(harness: Any, thread: Any) -> None:
