@@ -30,7 +30,9 @@ __all__ = [
     "UNSUPPORTED_CHARSET",
     "UTF8_LABELS",
     "charset",
+    "charset_guessed",
     "check_html_charset",
+    "check_html_escapes",
     "check_xml_encoding",
     "is_textual",
     "media_type",
@@ -215,20 +217,27 @@ def check_html_charset(body: bytes, field: str = "body", *, partial: bool = Fals
         _refuse_unread_label(match.group(1), "the HTML names charset {!r} in a <meta> tag", "send it as UTF-8", field)
 
 
+def charset_guessed(media: str, params: dict[str, str]) -> bool:
+    """Whether a browser picks the charset of a body itself: HTML, plain text or an untyped body (``media`` ``""``,
+    which a browser sniffs as HTML when it starts like HTML), sent without a ``charset`` parameter. Such bytes holding
+    an ESC byte are refused (:func:`check_html_escapes`)."""
+    return media in ("", "text/html", "text/plain") and "charset" not in params
+
+
 def check_html_escapes(body: bytes, field: str = "body") -> None:
-    """Refuse HTML bytes (of a body sent without a ``charset`` parameter) that hold an ESC byte (0x1B): ISO-2022-JP
-    reads ``ESC ( B`` as a switch that shows nothing, and a browser may pick it past the 1,024 bytes a ``<meta>`` is
-    looked for in (a later ``<meta>``, or its own detection), so ``SE\x1b(BCRET`` would show ``SECRET``. UTF-8 text
-    has no use for the byte; the charsets that read ASCII bytes as they are (Shift_JIS, GBK, ...) cannot show a
-    letter the UTF-8 reading lacks.
+    """Refuse bytes whose charset a browser picks itself (:func:`charset_guessed`) that hold an ESC byte (0x1B):
+    ISO-2022-JP reads ``ESC ( B`` as a switch that shows nothing, and a browser may pick it past the 1,024 bytes a
+    ``<meta>`` is looked for in (a later ``<meta>``, or its own detection), so ``SE\x1b(BCRET`` would show
+    ``SECRET``. UTF-8 text has no use for the byte; the charsets that read ASCII bytes as they are (Shift_JIS, GBK,
+    ...) cannot show a letter the UTF-8 reading lacks.
 
     Raises:
         BodyError: 415 ``unsupported_charset``.
     """
     if b"\x1b" in body:
-        raise BodyError(415, UNSUPPORTED_CHARSET, "the HTML holds an ESC byte (0x1B), which ISO-2022-JP reads as a "
-                        "hidden switch, and names no charset; send it as UTF-8 with charset=utf-8 in the "
-                        "Content-Type", field=field)
+        raise BodyError(415, UNSUPPORTED_CHARSET, "the text holds an ESC byte (0x1B), which ISO-2022-JP reads as a "
+                        "hidden switch, and names no charset, so a browser may pick one; send it as UTF-8 with "
+                        "charset=utf-8 in the Content-Type", field=field)
 
 
 def check_xml_encoding(body: bytes, field: str = "body") -> None:

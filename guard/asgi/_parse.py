@@ -34,7 +34,15 @@ from starlette.types import Scope
 
 from guard._json import dumps, is_json_media, json_readings, loads
 from guard._markup import is_markup, is_xml, with_markup_reading
-from guard.asgi._media import charset, check_html_charset, check_xml_encoding, is_textual, parse_params
+from guard.asgi._media import (
+    charset,
+    charset_guessed,
+    check_html_charset,
+    check_html_escapes,
+    check_xml_encoding,
+    is_textual,
+    parse_params,
+)
 from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
@@ -153,6 +161,8 @@ def _text(body: bytes, media: str, params: dict[str, str]) -> str:
         check_xml_encoding(body)
     elif media == "text/html" and "charset" not in params:  # a declared charset overrides <meta>, as in browsers
         check_html_charset(body)
+    elif charset_guessed(media, params):
+        check_html_escapes(body)
     try:
         text = body.decode(codec)
     except UnicodeDecodeError as exc:
@@ -186,6 +196,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
         fields = parse_multipart(body, params, limits)
         return fields, "\n".join(_form_strings(fields, limits))
     elif not media and _is_utf8(body):
+        check_html_escapes(body)  # a browser sniffs an untyped body and picks its charset (charset_guessed)
         return _untyped(body, limits)
     elif is_textual(media):
         text = _text(body, media, params)

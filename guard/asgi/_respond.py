@@ -52,6 +52,7 @@ from guard.asgi._decode import decode_content, parse_encodings
 from guard.asgi._deltas import AI_DATA_STREAM_HEADER, JSON_LINES, DeltaJoiner, joiner_for
 from guard.asgi._media import (
     charset,
+    charset_guessed,
     check_html_charset,
     check_html_escapes,
     check_xml_encoding,
@@ -197,10 +198,10 @@ class ResponseJudge:
         self.arrivals: list[tuple[int, float]] = []  # stream: (offset, loop time) where each unsent chunk began
         self.received_chars = 0  # stream: characters of the decoded stream received
         # stream: the first bytes of HTML or XML, where a <meta charset> or an XML declaration names the charset a
-        # client decodes it with (the stream is read as UTF-8), and the check that refuses one naming another (HTML
-        # without a charset parameter: every chunk is also checked for an ESC byte, check_html_escapes)
+        # client decodes it with (the stream is read as UTF-8), and the check that refuses one naming another
         self.prefix = b""
         self.sniff: Callable[..., None] | None = None
+        self.escapes = False  # stream: every chunk is checked for an ESC byte (charset_guessed, check_html_escapes)
         self.lock = asyncio.Lock()  # stream: one judgement at a time, the application's send or the flusher's
         self.due: float | None = None  # stream: loop time by which what is held gets judged (None: all judged)
         self.hold_due: float | None = None  # stream: loop time when the first event the hold keeps back may go
@@ -311,10 +312,12 @@ class ResponseJudge:
             self.framed = self.deltas is not None
             if self.deltas is None:  # text, HTML, XML, untyped: read as SSE too, as a client's SSE parser reads it
                 self.deltas = _joiner(media, self.limits)
+            params = parse_params(headers.get("content-type", ""))[1]
             if is_xml(media):  # a declaration is read once its closing quote came: partial changes nothing
                 self.sniff = lambda prefix, partial: check_xml_encoding(prefix)
-            elif media == "text/html" and "charset" not in parse_params(headers.get("content-type", ""))[1]:
+            elif media == "text/html" and "charset" not in params:
                 self.sniff = check_html_charset  # a declared charset overrides <meta>, as in browsers
+            self.escapes = charset_guessed(media, params)
             if self.limits.stream_flush_s is not None and self.app is not None:
                 self.flusher = asyncio.ensure_future(self._flush())
 
@@ -415,12 +418,12 @@ class ResponseJudge:
             await self._give_up("the streamed response is not UTF-8 text (it holds NUL bytes or a UTF-16 byte-order "
                                 "mark); it cannot be judged", "a streamed response that is not UTF-8 cannot be judged")
             return
-        if self.sniff is not None and chunk:
+        if (self.sniff is not None or self.escapes) and chunk:
             try:
-                if len(self.prefix) < _SNIFF_BYTES:
+                if self.sniff is not None and len(self.prefix) < _SNIFF_BYTES:
                     self.prefix += chunk[: _SNIFF_BYTES - len(self.prefix)]
                     self.sniff(self.prefix, partial=len(self.prefix) < _SNIFF_BYTES and more)
-                if self.sniff is check_html_charset:  # past the prefix too
+                if self.escapes:
                     check_html_escapes(chunk)
             except BodyError as exc:
                 await self._give_up(f"the response cannot be judged: {exc.reason}",

@@ -157,6 +157,22 @@ async def test_html_naming_another_charset_in_a_meta_tag_is_415(make_guard: Guar
         assert response.json()["code"] == "unsupported_charset"
 
 
+@pytest.mark.parametrize("content_type", ["", "text/plain", "text/html"])
+async def test_untyped_or_plain_text_without_a_charset_holding_an_esc_byte_is_415(make_guard: GuardFactory,
+                                                                                  content_type: str) -> None:
+    """A browser picks the charset of plain text or an untyped body (sniffed as HTML when it starts like HTML) when
+    none is declared, and may pick ISO-2022-JP, which reads ``TOP\x1b(BSECRET`` as ``TOPSECRET``: refused (415), as
+    HTML is; with ``charset=utf-8`` declared the ESC byte is read as it is."""
+    body = b"<html>TOP\x1b(BSECRET</html>" if content_type != "text/plain" else b"TOP\x1b(BSECRET"
+    headers = {"content-type": content_type} if content_type else {}
+    async with client_for(guarded_app(make_guard())) as client:
+        response = await client.post("/v1/echo", content=body, headers=headers)
+        declared = await client.post("/v1/echo", content=body,
+                                     headers={"content-type": f"{content_type or 'text/plain'}; charset=utf-8"})
+    assert response.status_code == 415 and response.json()["code"] == "unsupported_charset"
+    assert declared.status_code == 200
+
+
 async def test_xml_in_utf8_is_judged(make_guard: GuardFactory) -> None:
     async with client_for(guarded_app(make_guard())) as client:
         for declaration in ('<?xml version="1.0" encoding="UTF-8"?>', '<?xml version="1.0"?>', ""):

@@ -826,20 +826,24 @@ async def test_an_unclosed_meta_label_is_read_before_anything_after_it_is_sent()
                   b"<body>the SE\x1b(BCRET is swordfish</body></html>"),  # the <meta> past the first 1,024 bytes
     ("text/html", b"<html><body>the SE\x1b(BCRET is swordfish</body></html>"),  # none: a browser's detection
     ("application/xml", b'<?xml version="1.0" encoding="ISO-2022-JP"?><r>the SE\x1b(BCRET is swordfish</r>'),
+    (None, b"<html>the SE\x1b(BCRET is swordfish</html>"),  # untyped: a browser sniffs HTML and picks the charset
+    ("text/plain", b"the SE\x1b(BCRET is swordfish"),  # no charset: a browser picks one
 ])  # fmt: skip
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_an_html_response_naming_another_charset_in_a_meta_tag_cannot_be_judged(
-        media: str, page: bytes, streamed: bool) -> None:
-    """``SE\\x1b(BCRET`` under ``<meta charset="iso-2022-jp">`` (or an XML declaration naming it) is SECRET in a
-    browser: 502, never passed unread, whole or streamed (a stream was read as UTF-8 and passed)."""
+        media: str | None, page: bytes, streamed: bool) -> None:
+    """``SE\\x1b(BCRET`` under ``<meta charset="iso-2022-jp">`` (or an XML declaration naming it), or in HTML, plain
+    text or an untyped body naming no charset, is SECRET in a browser that picks ISO-2022-JP: 502, never passed
+    unread, whole or streamed (a stream was read as UTF-8 and passed)."""
     async def chunks() -> AsyncIterator[bytes]:
         for i in range(0, len(page), 16):
             yield page[i:i + 16]
 
     async def html(request: Request) -> Response:
+        headers = {"content-type": media} if media else {}  # no charset: the document or the browser decides
         if streamed:
-            return StreamingResponse(chunks(), headers={"content-type": media})  # no charset: the document decides
-        return Response(page, headers={"content-type": media})
+            return StreamingResponse(chunks(), headers=headers)
+        return Response(page, headers=headers)
 
     guard, app = rules_only(RELEASED_POLICY, [Route("/out/x", html)])
     async with client_for(app) as client:
