@@ -229,9 +229,9 @@ async def hold(
         request["redactions"] = [r.to_json() for r in verdict.redactions]
     try:
         digest = _scope_digest(mw, scope, body, bound, release_token.encode())
-        item = await mw.review_store.create(verdict, subject=subject_summary(subject, body), digest=digest,
-                                            request=request,
-                                            tenant=mw.tenant_of(scope, subject.headers),
+        tenant = mw.tenant_of(scope, subject.headers)
+        item = await mw.review_store.create(verdict, subject=subject_summary(subject, body, tenant), digest=digest,
+                                            request=request, tenant=tenant,
                                             client=client_key(subject.client) if subject.client else None)
     except ReviewQuotaExceeded as exc:
         mw.metrics.count_review("client_quota")

@@ -317,16 +317,17 @@ def with_body(head: HttpSubject, query: dict[str, list[str]], body: Any, body_te
     )
 
 
-def subject_summary(subject: HttpSubject, body: bytes) -> dict[str, Any]:
+def subject_summary(subject: HttpSubject, body: bytes, tenant: str | None = None) -> dict[str, Any]:
     """What a reviewer sees of the held request besides the state: method, path and ``path_note``
-    (:func:`shown_path`), query (:func:`shown_query`), host, client, media type, the headers a release replays
-    (:func:`shown_headers`), ``headers_note`` (the host's and the headers' characters shown percent-encoded, as the
-    path's are) and ``body``, the held body (:func:`~guard.asgi._body_view.shown_body`)."""
+    (:func:`shown_path`), query (:func:`shown_query`), host, client, tenant, media type, the headers a release replays
+    (:func:`shown_headers`), ``headers_note`` (the host's, client's, tenant's and the headers' characters shown
+    percent-encoded, as the path's are, from the bytes sent) and ``body``, the held body
+    (:func:`~guard.asgi._body_view.shown_body`)."""
     path, note = shown_path(subject)
-    texts = [subject.host, *(text for pair in shown_headers(subject).items() for text in pair)]
-    shown = [_percent_shown(text, _TEXT_SAFE) for text in texts]  # the host, then each header's name and value
-    host = shown[0][0]
-    headers = {name[0]: value[0] for name, value in zip(shown[1::2], shown[2::2], strict=True)}
+    texts = [subject.host, subject.client or "", tenant or "",
+             *(text for pair in shown_headers(subject).items() for text in pair)]
+    shown = [_percent_shown(_as_sent(text), _TEXT_SAFE) for text in texts]  # host, client, tenant, then the headers
+    headers = {name[0]: value[0] for name, value in zip(shown[3::2], shown[4::2], strict=True)}
     count, invisible = sum(item[1] for item in shown), sum(item[2] for item in shown)
     return {
         "kind": "http",
@@ -334,11 +335,12 @@ def subject_summary(subject: HttpSubject, body: bytes) -> dict[str, Any]:
         "path": path,
         "path_note": note,
         "query": shown_query(subject),
-        "host": host,
-        "client": subject.client,
+        "host": shown[0][0],
+        "client": shown[1][0] if subject.client is not None else None,
+        "tenant": shown[2][0] if tenant is not None else None,
         "content_type": subject.content_type,
         "headers": headers,
-        "headers_note": _encoded_note("the host and headers", count, invisible),
+        "headers_note": _encoded_note("the host, client, tenant and headers", count, invisible),
         "body": shown_body(subject, body),
     }
 
@@ -358,11 +360,31 @@ def shown_path(subject: HttpSubject) -> tuple[str, str | None]:
     return path, _encoded_note("the path", count, invisible)
 
 
-def _percent_shown(text: str, safe: str) -> tuple[str, int, int]:
-    """``text`` percent-encoded as UTF-8 but for ASCII letters, digits, ``_.-~`` and ``safe`` (``%`` always encoded),
-    how many characters other than ``%`` it encodes, and how many of those are invisible or format characters."""
-    encoded = [char for char in text if char != "%" and quote(char, safe=safe) != char]
+def _as_sent(text: str) -> bytes:
+    """The bytes of header text (the host, a header, a client or tenant read from one): ASGI gives them as latin-1
+    characters, one per byte; text that is not (a tenant a function made up) as UTF-8."""
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text.encode("utf-8")
+
+
+def _percent_shown(text: str | bytes, safe: str) -> tuple[str, int, int]:
+    """``text`` (a ``str`` as UTF-8, ``bytes`` as they are) percent-encoded but for ASCII letters, digits, ``_.-~``
+    and ``safe`` (``%`` always encoded), how many characters other than ``%`` it encodes, and how many of those are
+    invisible or format characters (bytes are counted as the characters they are in UTF-8, or in latin-1, as ASGI
+    applications read headers, when they are not UTF-8)."""
+    chars = _characters(text) if isinstance(text, bytes) else text
+    encoded = [char for char in chars if char != "%" and quote(char, safe=safe) != char]
     return quote(text, safe=safe), len(encoded), sum(1 for char in encoded if _INVISIBLE.fullmatch(char))
+
+
+def _characters(raw: bytes) -> str:
+    """``raw`` read as UTF-8, or as latin-1 when it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 def _encoded_note(what: str, count: int, invisible: int) -> str | None:

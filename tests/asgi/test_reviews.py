@@ -333,9 +333,16 @@ async def test_the_reviewer_sees_the_path_percent_encoded(make_guard: GuardFacto
     assert (item["subject"]["path"], item["subject"]["path_note"]) == (shown, note)
 
 
+HEADERS_NOTE = ("{} characters of the host, client, tenant and headers shown percent-encoded ({} invisible or format: "
+                "bidi, zero-width, tag)")
+
+
 @pytest.mark.parametrize(("headers", "shown", "note"), [
-    ({"x-role": b"ad\xadmin", "x-note": b"\xa0\x85user"}, {"x-role": "ad%C2%ADmin", "x-note": "%C2%A0%C2%85user"},
-     "3 characters of the host and headers shown percent-encoded (2 invisible or format: bidi, zero-width, tag)"),
+    ({"x-role": b"ad\xadmin", "x-note": b"\xa0\x85user"}, {"x-role": "ad%ADmin", "x-note": "%A0%85user"},
+     HEADERS_NOTE.format(3, 2)),
+    ({"x-role": "ad\u00admin".encode(), "x-note": "\u202eexe.txt".encode()},
+     {"x-role": "ad%C2%ADmin", "x-note": "%E2%80%AEexe.txt"},  # UTF-8 bytes as sent, not encoded a second time
+     HEADERS_NOTE.format(2, 2)),
     ({"x-discount": "50%"}, {"x-discount": "50%25"}, None),
 ])
 async def test_the_reviewer_sees_headers_percent_encoded(make_guard: GuardFactory, headers: dict[str, Any],
@@ -348,6 +355,23 @@ async def test_the_reviewer_sees_headers_percent_encoded(make_guard: GuardFactor
         item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
     assert {name: item["subject"]["headers"][name] for name in shown} == shown
     assert (item["subject"]["host"], item["subject"]["headers_note"]) == ("testserver", note)
+
+
+async def test_the_reviewer_sees_the_host_tenant_and_client_percent_encoded_as_sent(make_guard: GuardFactory) -> None:
+    """The tenant (``x-tenant: acme`` and a soft hyphen) and a client a trusted header named (not an IP address) were
+    shown as they are, and the host's UTF-8 bytes were encoded a second time (U+202E as ``%C3%A2%C2%80%C2%AE``):
+    each is shown percent-encoded from the bytes sent. The item's own ``tenant`` stays as sent: reviewers are scoped
+    by it."""
+    options = {"tenant_header": "x-tenant", "client_header": "x-forwarded-for"}
+    async with client_for(_app(make_guard(), MemoryReviewStore(), **options)) as client:
+        sent = {**JSON, "x-tenant": "acme\u00ad".encode(), "x-forwarded-for": "bob\u200b".encode(),
+                "host": "api.example\u202e.com".encode()}
+        held = (await client.post("/v1/echo", content=UNSURE, headers=sent)).json()
+        item = (await client.get(f"/admin/reviews/{held['review_id']}", headers=_admin())).json()
+    shown = item["subject"]
+    assert (shown["host"], shown["tenant"], shown["client"]) == ("api.example%E2%80%AE.com", "acme%C2%AD", "bob%E2%80%8B")
+    assert shown["headers"]["host"] == "api.example%E2%80%AE.com"
+    assert item["tenant"] == "acme\u00ad".encode().decode("latin-1")
 
 
 async def test_the_reviewer_sees_the_headers_a_release_replays(make_guard: GuardFactory) -> None:
