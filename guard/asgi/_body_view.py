@@ -10,7 +10,7 @@ not shown as the application reads it makes the view not ``complete`` (an approv
 
 * a masked value of a secret-named field that does not read as a credential (:func:`_credential_shaped`: a value
   inside an object or array under such a field, a number, text such as an ``email_signature``, a URL, words joined
-  by ``_``, an identifier such as an ``iban``), each listed by its path (``$.session.messages[0].content``); a
+  by ``_`` or camelCase, an identifier such as an ``iban``), each listed by its path (``$.session.messages[0].content``); a
   credential (a token, a password) is masked and not counted;
 * the view is cut at :data:`MAX_SHOWN_BODY_BYTES`;
 * a value that repeats a secret of the request (a credential header's, a secret-named field's) is masked where it is
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote_plus, unquote_plus
 
+from guard._english import english_words
 from guard._json import is_json_media, json_unescaped, loads
 from guard.asgi._media import is_textual
 from guard.engine.telemetry import (
@@ -70,12 +71,15 @@ MAX_LISTED_PATHS = 10
 _PASSWORD_NAME = re.compile(r"(?:new_|old_|current_)?password|passphrase|pwd", re.IGNORECASE)
 #: Names of auth header fields, whose values may be an auth scheme and its credential (``Bearer eyJ...``).
 _AUTH_NAME = re.compile(r"(?:proxy-)?authorization|auth", re.IGNORECASE)
-_AUTH_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9-]* (\S+)")
+#: The auth schemes such a value may start with, and the credential after it.
+_AUTH_SCHEME = re.compile(r"(?:Bearer|Basic|Digest|Token|ApiKey|AWS4-HMAC-SHA256|Negotiate) (\S+)", re.IGNORECASE)
 _LINE_BREAK = re.compile(r"[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 #: One credential token: key, JWT and base64 characters, at most 512 of them.
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]{1,512}")
 #: Words joined by separators and no digit (``grant_admin_role_to_mallory``, ``DELETE-ALL``): text, not a token.
 _WORDS = re.compile(r"[A-Za-z]+(?:[._~+/=-]+[A-Za-z]+)+")
+#: One piece of a token read as words: a word (capitalised or not), a run of capitals (an acronym), a run of digits.
+_PIECE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 #: Secret-named fields (:data:`~guard.engine.telemetry.SECRET_NAME`, which the decision log and the state mask too)
 #: whose values identify what a request acts on (an IBAN, an account or routing number, an object's ``key``): masked,
 #: but never read as a credential, so an approval of such a body names ``accept_unseen_body``.
@@ -228,9 +232,11 @@ def _credential_shaped(name: str, value: str) -> bool:
     it) reads as a credential, so that masking it hides nothing a reviewer must read:
 
     * one token (:data:`_TOKEN`: at most 512 characters of ``A-Z a-z 0-9 . _ ~ + / = -``, as keys, JWTs and base64
-      are) that is not words joined (:data:`_WORDS`: ``grant_admin_role``); no blank space, no invisible character,
-      no ``:`` (a URL), ``$``, ``*`` or ``{``;
-    * under an auth header's name (:data:`_AUTH_NAME`), a scheme and one such token (``Bearer eyJ...``);
+      are) that is not words joined (:data:`_WORDS`: ``grant_admin_role``) and does not read as words
+      (:func:`_reads_as_words`: ``grantAdminRoleToMallory``, ``DELETE-ALL-USERS-NOW-1``); no blank space, no
+      invisible character, no ``:`` (a URL), ``$``, ``*`` or ``{``;
+    * under an auth header's name (:data:`_AUTH_NAME`), a known scheme (:data:`_AUTH_SCHEME`: ``Bearer``, ``Basic``,
+      ...) and one such token (``Bearer eyJ...``);
     * under a password's name (:data:`_PASSWORD_NAME`), any line of at most 512 characters without an invisible
       character (a passphrase has spaces).
 
@@ -248,7 +254,24 @@ def _credential_shaped(name: str, value: str) -> bool:
 
 
 def _is_token(value: str) -> bool:
-    return _TOKEN.fullmatch(value) is not None and _WORDS.fullmatch(value) is None
+    return _TOKEN.fullmatch(value) is not None and _WORDS.fullmatch(value) is None and not _reads_as_words(value)
+
+
+def _reads_as_words(value: str) -> bool:
+    """Whether ``value`` holds two or more common English words (:func:`~guard._english.english_words`) of three
+    letters or more and most of its letters are in them, read piece by piece (:data:`_PIECE`: camelCase, separators
+    and digit runs part them): ``WireAll5000USDToAcct99887766`` does, a random key (``sk_live_51HxYzAbCdEf0123``, a
+    JWT, hex) does not."""
+    common = english_words()
+    letters = english = words = 0
+    for piece in _PIECE.findall(value):
+        if piece.isdigit():
+            continue
+        letters += len(piece)
+        if len(piece) >= 3 and piece.lower() in common:
+            english += len(piece)
+            words += 1
+    return words >= 2 and english * 2 > letters
 
 
 def _path(stack: list[list[Any]]) -> str:

@@ -180,6 +180,13 @@ async def test_a_masked_value_that_is_no_credential_makes_the_item_incomplete(
     ("iban", "GB33BUKB20201555555555"),
     ("key", "prod/backups/*"),
     ("key", "prod/backups/2024.tar"),
+    ("session_action", "grantAdminRoleToMallory"),  # words parted by camelCase, a digit or capitals read as words
+    ("session", "grant_admin_role_to_mallory_2"),
+    ("session", "DELETE-ALL-USERS-NOW-1"),
+    ("email_signature", "WireAll5000USDToAcct99887766"),
+    ("api_key", "transferFundsToMallory"),
+    ("auth", "Bearer grantAdminRoleToMallory"),
+    ("authorization", "DeleteAllUsers now"),  # not an auth scheme
 ])
 async def test_text_under_a_secret_name_is_no_credential(make_guard: GuardFactory, store: ReviewStore, field: str,
                                                          value: Any) -> None:
@@ -198,6 +205,11 @@ async def test_text_under_a_secret_name_is_no_credential(make_guard: GuardFactor
     ("api_key", "sk_live_51HxYzAbCdEf0123"),
     ("session", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
     ("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc_def-123"),
+    ("authorization", "Basic YWxhZGRpbjpvcGVuc2VzYW1l"),
+    ("auth", "token ghp_16C7e42F292c6912E7710c838347Ae178B4a"),
+    ("session", "3f2b8c1e-9d4a-4e6b-8f0a-1c2d3e4f5a6b"),
+    ("signature", "9b74c9897bac770ffc029102a200c5de"),
+    ("secret", "k7Qz3JwVx9Lm2Rt8Yp4Hn6Bd1Fs5Gc0A+eUoWiXyZq="),
     ("password", "correct horse battery staple"),
     ("current_password", "Tr0ub4dor&3 #1"),
 ])
