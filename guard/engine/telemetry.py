@@ -986,14 +986,15 @@ def _credentials(values: list[str]) -> list[str]:
     return out
 
 
-def _redact_input(record: dict[str, Any], erased: list[str],
-                  logged_headers: Collection[str] = LOGGED_HEADERS, values: list[str] | None = None) -> None:
+def _redact_input(record: dict[str, Any], erased: list[str], logged_headers: Collection[str] = LOGGED_HEADERS,
+                  values: list[str] | None = None, *, cards: bool = True) -> None:
     """Request headers not in ``logged_headers`` and secret-named fields out of ``input`` and ``state``, and their
     values, those of the secret-named fields in the JSON documents the input's strings hold (a ``text/plain`` body's:
     :func:`_document_secrets`) and ``values`` (what the ``redact`` pointers removed: the credential headers), out of
     any text that repeats them (the body's joined text, state built from it; of a header not named like a secret,
     only values of 12 characters or more: shorter ones are tiers and versions, words elsewhere; of the rest, values of
-    4 characters or more, and 3 digits: a card's security code)."""
+    4 characters or more, and 3 digits: a card's security code), and values shaped like secrets (:func:`_scrub_shapes`;
+    card numbers only with ``cards``)."""
     values = list(values or ())
     headers = record["input"].get("headers") if isinstance(record.get("input"), dict) else None
     if isinstance(headers, dict):
@@ -1017,7 +1018,7 @@ def _redact_input(record: dict[str, Any], erased: list[str],
         flags[RAW_ARGUMENTS_FLAG] = _erase_raw_secrets(raw, values)
         if len(values) > found:
             erased.append(f"/flags/{RAW_ARGUMENTS_FLAG}")
-    _scrub_record(record, values, shapes=True)
+    _scrub_record(record, values, shapes=True, cards=cards)
 
 
 def secret_values(values: Iterable[str]) -> list[str]:
@@ -1041,13 +1042,26 @@ def _spellings(values: list[str]) -> list[str]:
 
 
 #: Credentials known by their shape: AWS access key ids, GitHub tokens, Slack tokens, Google API keys, OpenAI-style
-#: ``sk-`` keys and Stripe secret and restricted keys.
+#: ``sk-`` keys (``sk-proj-``, ``sk-ant-``, ``sk-svcacct-``, ``sk-admin-``, or ``sk-`` and 20 characters or more
+#: holding a digit: not ``sk-learn-pipeline-configuration``) and Stripe secret and restricted keys.
 _KEY_SHAPE = re.compile(
     r"(?<![A-Za-z0-9_-])(?:(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"
-    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|sk-[A-Za-z0-9_-]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,})"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|sk-(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{20,}"
+    r"|sk-(?=[A-Za-z_-]*\d)[A-Za-z0-9_-]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,})"
 )
-#: A run of 13 to 19 digits, single spaces or dashes between them, starting as card numbers start (2 to 6).
-_CARD_SHAPE = re.compile(r"(?<![\d-])[2-6](?:[ -]?\d){12,18}(?![\d-])")
+#: A card number as written: 13 to 19 digits in one run, or in groups of 4 (the last of 3 on 19 digits; Amex's 4, 6
+#: and 5) split by one space or one dash; not inside a longer run of letters, digits or ``_`` (a hex id, a git SHA),
+#: nor after ``+`` (a phone number), nor in a path or a dotted number. Which numbers a card has: :data:`_CARD_NUMBER`.
+_CARD_SHAPE = re.compile(
+    r"(?<![\w+/.-])(?:\d{13,19}|\d{4}([ -])\d{4}\1\d{4}\1\d{4}(?:\1\d{3})?|\d{4}([ -])\d{6}\2\d{5})"
+    r"(?![\w/-]|\.\d)"
+)
+#: Card numbers by issuer prefix and length: Visa (4; 13, 16 or 19 digits), Mastercard (51-55 or 2221-2720; 16),
+#: American Express (34, 37; 15) and Discover (6011, 644-649, 65; 16 or 19).
+_CARD_NUMBER = re.compile(
+    r"4\d{12}(?:\d{3}){0,2}|(?:5[1-5]\d\d|222[1-9]|22[3-9]\d|2[3-6]\d\d|27[01]\d|2720)\d{12}|3[47]\d{13}"
+    r"|(?:6011|64[4-9]\d|65\d\d)\d{12}(?:\d{3})?"
+)
 _URL_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>\\]+")
 
 
@@ -1061,39 +1075,43 @@ def _luhn(digits: str) -> bool:
 
 
 def _card(match: re.Match[str]) -> str:
-    return "[redacted]" if _luhn(re.sub(r"[ -]", "", match.group())) else match.group()
+    digits = re.sub(r"[ -]", "", match.group())
+    return "[redacted]" if _CARD_NUMBER.fullmatch(digits) and _luhn(digits) else match.group()
 
 
 def _url(match: re.Match[str]) -> str:
     """The URL without userinfo, query and fragment (:func:`~guard._urls.shown_url`) where it holds userinfo (a
-    password, a token as the user) or a credential-named query or fragment parameter (:func:`credential_name`); else
-    as it is."""
+    password, a token as the user) or a credential-named query or fragment parameter (:func:`credential_name`, less
+    ``code``: a promotion's as often as an OAuth code); else as it is."""
     url = match.group()
     try:
         parts = urlsplit(url)
     except ValueError:
         return shown_url(url)
     params = [name for text in (parts.query, parts.fragment) for name, _ in parse_qsl(text, keep_blank_values=True)]
-    if "@" in parts.netloc or any(credential_name(name) for name in params):
+    if "@" in parts.netloc or any(credential_name(name) and name.lower() != "code" for name in params):
         return shown_url(url)
     return url
 
 
-def _scrub_shapes(text: str) -> str:
-    """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: card numbers (13 to 19 digits
-    that pass the Luhn check), keys by their known prefixes (``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``,
-    ``sk_live_``), and a URL holding userinfo (``https://user:pass@host``) or a credential-named parameter
-    (``?api_key=``, ``#access_token=``) cut to its scheme, host and path."""
+def _scrub_shapes(text: str, *, cards: bool = True) -> str:
+    """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: keys by their known prefixes
+    (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``), a URL holding userinfo
+    (``https://user:pass@host``) or a credential-named parameter (``?api_key=``, ``#access_token=``) cut to its scheme,
+    host and path, and with ``cards``, card numbers (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass
+    the Luhn check)."""
     text = _KEY_SHAPE.sub("[redacted]", text)
-    text = _CARD_SHAPE.sub(_card, text)
+    if cards:
+        text = _CARD_SHAPE.sub(_card, text)
     return _URL_SHAPE.sub(_url, text) if "://" in text else text
 
 
-def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = False) -> None:
+def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = False, cards: bool = True) -> None:
     """``values`` (and the bare keys inside ``Authorization``-style ones, and each as raw request text may spell it:
     :func:`_spellings`) replaced by ``[redacted]`` in the record's ``input``, ``state``, raw argument text, ``error``
     and each ``policies[].error``; values under 4 characters only when they are 3 digits (shorter ones would hit
-    words); with ``shapes``, what :func:`_scrub_shapes` replaces too. See :class:`Scrubber` for the cost."""
+    words); with ``shapes``, what :func:`_scrub_shapes` replaces too (card numbers only with ``cards``). See
+    :class:`Scrubber` for the cost."""
     values = secret_values(values)
     values += _spellings(values)
     if not values and not shapes:
@@ -1101,7 +1119,7 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
     by_value = Scrubber(values)
 
     def scrub(text: str) -> str:
-        return _scrub_shapes(by_value(text)) if shapes else by_value(text)
+        return _scrub_shapes(by_value(text), cards=cards) if shapes else by_value(text)
 
     record["input"] = _scrub(record.get("input"), scrub)
     record["state"] = _scrub(record.get("state"), scrub)
@@ -1144,12 +1162,14 @@ def redact_secrets(state: Any, subject: Subject | None = None, secrets: Iterable
     """A copy of ``state`` as ``log_input="redacted"`` writes it: secret-named fields (:data:`SECRET_NAME`) removed
     at any depth, and their values, those of the ``subject``'s secret-named fields (a query's ``api_key``, a body's
     ``password``, also inside JSON a text body or a value holds: what a ``request_text`` or ``body_text`` state
-    repeats), ``secrets`` and values shaped like secrets (:func:`_scrub_shapes`: card numbers, known key prefixes,
-    URLs with credentials), replaced by ``[redacted]``."""
+    repeats), ``secrets`` and values shaped like credentials (:func:`_scrub_shapes`: known key prefixes, URLs with
+    credentials), replaced by ``[redacted]``. Numbers shaped like cards are kept: this is what a reviewer reads (a
+    review item's state, a handoff's body), where order and tracking numbers share their shape; the decision log's
+    ``redacted`` mode removes them."""
     hidden: list[str] = list(secrets)
     record = {"input": None if subject is None else _json_safe(subject, hidden=hidden),
               "state": _json_safe(state, hidden=hidden)}
-    _redact_input(record, [], values=hidden)
+    _redact_input(record, [], values=hidden, cards=False)
     return record["state"]
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from guard.engine.telemetry import SECRET_NAME, DecisionLog
+from guard.engine.telemetry import SECRET_NAME, DecisionLog, redact_secrets
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
@@ -39,7 +39,13 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
     ("token https://deploy:hunter2pw@git.example.com/app.git", "hunter2pw", "git.example.com/app.git"),
     ("db postgres://admin:s3cr3tpw@db.internal:5432/app", "s3cr3tpw", "db.internal:5432/app"),
     ("clone https://ghtoken123@github.com/o/r", "ghtoken123", "github.com/o/r"),
-    ("callback https://app.example/cb?code=oauthcode99&state=1", "oauthcode99", "app.example/cb"),
+    ("callback https://app.example/cb?client_secret=oauthcode99&state=1", "oauthcode99", "app.example/cb"),
+    ("amex 3782 822463 10005", "822463", "amex"),
+    ("visa 4111111111111111.", "4111", "visa"),
+    ("mastercard 2221-0000-0000-0009", "2221", "mastercard"),
+    ("discover 6011 1111 1111 1117", "6011", "discover"),
+    ("openai sk-" + "AbCd1234" * 4, "AbCd1234", "openai"),
+    ("claude sk-ant-api03-" + "xY" * 12, "sk-ant-", "claude"),
     ("see https://api.example/v1?api_key=k3y-v4lue-123", "k3y-v4lue-123", "api.example/v1"),
     ("landing https://app.example/#access_token=tok-0987654321", "tok-0987654321", "app.example/"),
     ("aws AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE", "aws"),
@@ -61,7 +67,21 @@ def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: 
 @pytest.mark.parametrize("text", [
     "order 4111 1111 1111 1112 (fails the Luhn check)", "sent at 1700000000000 ms", "page https://example.com/a?page=2",
     "mail me at a@example.com", "task-sk-short", "phone +1 555 0100",
+    "order 3530111333300000 (Luhn-valid, no issuer here has its prefix)", "ts 20240115123045123",
+    "ts=20240115123000", "call +55 11 91240 5678", "call +62 812 3456 7890", "scores 5 3 4 6 7 2 1 9 8 0 3 4 5 6",
+    "commit a4111111111111111b", "commit 4111111111111111abcdef", "GET /v1/orders/4111111111111111/refund",
+    "pi 0.4111111111111111", "see sk-learn-pipeline-configuration docs", "task-1234567890abcdefghij",
+    "https://shop.example.com/cart?item=3&code=SUMMER10", "4111.1111.1111.1111", "4111  1111  1111  1111",
 ])  # fmt: skip
 def test_text_without_such_shapes_is_kept(text: str) -> None:
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"note": text}), None)
     assert event["state"]["note"] == text
+
+
+def test_what_a_reviewer_reads_keeps_card_shaped_numbers_and_loses_credentials() -> None:
+    text = ("Where is my order 4532015112830366? Placed 20240115123000, call +55 11 91240 5678, promo "
+            "https://shop.example.com/cart?item=3&code=SUMMER10; my key sk-proj-" + "c3" * 12)
+    state = redact_secrets({"request_text": text})
+    assert state["request_text"] == text.replace("sk-proj-" + "c3" * 12, "[redacted]")
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"request_text": text}), None)
+    assert "4532015112830366" not in event["state"]["request_text"]  # the decision log's redacted mode removes it
