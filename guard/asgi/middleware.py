@@ -117,6 +117,11 @@ DEFAULT_REVIEW_PATH = "/_guard/reviews"
 #: Where the application finds the request's verdict: ``scope["state"]["guard"]`` (Starlette:
 #: ``request.state.guard``), set for allowed and redacted requests; absent when no policy matched.
 STATE_KEY = "guard"
+#: The request header that tells the application which decision let the request through (the response's own).
+DECISION_ID_HEADER = b"x-guard-decision-id"
+#: Request headers the application never gets from the client: the decision id (guard sets it) and the review
+#: headers a release is asked with, which are guard's own.
+_GUARD_REQUEST_HEADERS = frozenset({DECISION_ID_HEADER, b"x-guard-release-token", b"x-guard-review-id"})
 MethodOverride = Literal["refuse", "judge", "ignore"]
 """What a method override header, ``?_method=`` or a POST body's ``_method`` field does: 400 (``refuse``), the
 judged method (``judge``: on a POST asking for one of :data:`~guard.asgi._override.HONOURED_METHODS`; any other
@@ -167,6 +172,15 @@ def _decoded_and_parsed(body: bytes, codings: list[str] | None, content_type: st
     check_unread_as_sent(body, codings)
     return parse_body(decode_content(body, codings, limits.max_decoded_bytes), content_type, limits)
 
+
+
+def _app_scope(scope: Scope, headers: HeaderList) -> Scope:
+    """``scope`` as the application gets it: a client's ``x-guard-decision-id``, ``x-guard-release-token`` and
+    ``x-guard-review-id`` removed, and the decision's id the response carries (``x-guard-decision-id`` in
+    ``headers``: an allowed, redacted or released request's) set as ``x-guard-decision-id``."""
+    kept = [(k, v) for k, v in scope["headers"] if k.lower() not in _GUARD_REQUEST_HEADERS]
+    kept += [(k, v) for k, v in headers if k == DECISION_ID_HEADER][:1]
+    return {**scope, "headers": kept}
 
 class GuardMiddleware:
     """Judge matched requests with a :class:`~guard.engine.Guard` before the application sees them.
@@ -381,7 +395,7 @@ class GuardMiddleware:
         if policy is not None:
             await refuse_judged_upgrade(scope, send, policy)
             return
-        await self.app(scope, receive, send)
+        await self.app(_app_scope(scope, ()), receive, send)
 
     def _watching(self, scope: Scope, headers: dict[str, str],
                   view: PolicyView) -> tuple[HttpSubject, tuple[Policy, ...]]:
@@ -410,6 +424,7 @@ class GuardMiddleware:
                 return
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics, headers) if watching else None
         app_send = judge or (functools.partial(send_with_headers, send, headers) if headers else send)
+        scope = _app_scope(scope, headers)
         response = (app or self.app)(watched_scope(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 

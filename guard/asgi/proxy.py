@@ -63,7 +63,7 @@ from guard.asgi._target import INVALID_TARGET, canonical_scope, request_target
 from guard.asgi._upgrade import refuse_invalid_upgrade
 from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
-from guard.asgi.middleware import STATE_KEY, GuardMiddleware
+from guard.asgi.middleware import GuardMiddleware
 from guard.engine import Guard
 from guard.engine.health import FailureTracker
 from guard.errors import BodyError
@@ -237,11 +237,9 @@ def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, by
     return [(k, v) for k, v in out if k.lower() not in named] if named else out
 
 
-#: The request header that tells the upstream which decision let the request through (the response's own
-#: ``x-guard-decision-id``), so the application's logs can name it.
-_DECISION_ID_HEADER = b"x-guard-decision-id"
-#: Request headers the proxy sets itself (besides the hop-by-hop ones); a client's ``x-guard-decision-id`` is dropped.
-_REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for", _DECISION_ID_HEADER})
+#: Request headers the proxy sets itself (besides the hop-by-hop ones). ``x-guard-decision-id`` comes as
+#: ``GuardMiddleware`` sets it: the decision's id, a client's own dropped.
+_REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for"})
 #: Headers that tell the upstream how the client reached it: set by the proxy, or by a trusted proxy in front of it.
 _FORWARDED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"forwarded", b"x-real-ip"})
 #: Request headers that name another target than the request line's, which some upstreams route on (IIS URL Rewrite,
@@ -341,9 +339,9 @@ class ReverseProxy:
 
     def _headers(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
         """The headers sent upstream (hop-by-hop ones, names with an underscore and the target-rewriting
-        ``X-Original-URL`` / ``X-Rewrite-URL`` dropped; ``Host``, ``X-Forwarded-*`` and, for a request a policy
-        judged, ``x-guard-decision-id`` set, a client's own never sent) and whether the request has a body; names
-        lower-cased.
+        ``X-Original-URL`` / ``X-Rewrite-URL`` dropped; ``Host`` and ``X-Forwarded-*`` set; ``x-guard-decision-id``
+        as ``GuardMiddleware`` sets it for a judged or released request, a client's own never sent) and whether the
+        request has a body; names lower-cased.
 
         With ``Transfer-Encoding`` the client's ``Content-Length`` is not sent either: the server read the body by
         its chunks (RFC 9112 section 6.3: the encoding overrides the length), so the upstream gets that body chunked.
@@ -401,9 +399,6 @@ class ReverseProxy:
             out.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
             if host:
                 out.append((b"x-forwarded-host", host))
-        verdict = scope.get("state", {}).get(STATE_KEY)
-        if verdict is not None:  # a policy judged it (none matched: no decision, no header)
-            out.append((_DECISION_ID_HEADER, verdict.decision_id.encode("latin-1", "replace")))
         return out, has_body
 
     def _check_allowed(self, host: bytes | None, kept: list[tuple[bytes, bytes]]) -> None:

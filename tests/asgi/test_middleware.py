@@ -96,6 +96,19 @@ async def test_allow_replays_body_byte_for_byte_with_decision_headers(make_guard
         assert guard_headers == {"x-guard-action": "allow", "x-guard-policy": "api_guard@3", "x-guard-rule": "default"}
 
 
+async def test_the_app_gets_the_decision_id_and_never_a_clients_own(make_guard: GuardFactory) -> None:
+    async def headers(request: Request) -> Response:
+        return JSONResponse(request.headers.getlist("x-guard-decision-id"))
+
+    app = guarded_app(make_guard(), [Route("/{path:path}", headers, methods=["POST"])])
+    forged = {"content-type": "application/json", "x-guard-decision-id": "forged"}
+    async with client_for(app) as client:
+        judged = await client.post("/v1/echo", content=json.dumps({"message": BENIGN}), headers=forged)
+        unjudged = await client.post("/public/echo", content=b"{}", headers=forged)
+    assert judged.json() == [judged.headers["x-guard-decision-id"]]
+    assert unjudged.json() == [] and "x-guard-decision-id" not in unjudged.headers
+
+
 async def test_decision_headers_must_be_brief_or_full(make_guard: GuardFactory) -> None:
     with pytest.raises(ValueError, match="decision_headers is 'all'"):
         GuardMiddleware(echo, guard=make_guard(), decision_headers="all")  # type: ignore[arg-type]

@@ -911,3 +911,26 @@ def test_cli_warns_when_an_escalating_policy_has_no_reviewers(
         asyncio.run(runtime.aclose())
         messages = [r.getMessage() for r in caplog.records if r.name == "guard.proxy"]
         assert any("'api-abuse-compact' escalates" in m and "--review-tokens-env" in m for m in messages) is warned
+
+
+async def test_a_released_request_reaches_the_upstream_with_its_decision_id_and_no_review_headers(
+    make_guard: GuardFactory, upstream: tuple[Upstream, str]
+) -> None:
+    _, url = upstream
+    app = proxy_app(make_guard(), ProxyConfig(url))
+    with _served(app, reviewers={"alice": TOKEN}) as (proxy, admin):
+        async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+            held = [(await client.post("/v1/echo", json={"message": "maybe show me the config"})).json()
+                    for _ in range(2)]
+            for item in held:
+                await client.post(f"{admin}/_guard/admin/reviews/{item['review_id']}/approve",
+                                  headers={"authorization": f"Bearer {TOKEN}"})
+            by_url = await client.post(held[0]["release_url"], headers={
+                "x-guard-release-token": held[0]["release_token"], "x-guard-decision-id": "forged"})
+            by_resend = await client.post("/v1/echo", json={"message": "maybe show me the config"}, headers={
+                "x-guard-release-token": held[1]["release_token"], "x-guard-review-id": held[1]["review_id"],
+                "x-guard-decision-id": "forged"})
+    for item, released in zip(held, (by_url, by_resend), strict=True):
+        seen = released.json()["headers"]
+        assert released.status_code == 200 and seen["x-guard-decision-id"] == item["decision_id"]
+        assert "x-guard-release-token" not in seen and "x-guard-review-id" not in seen
