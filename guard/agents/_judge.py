@@ -264,6 +264,17 @@ def _malformed_review(target: str, what: str) -> HandoffError:
     return HandoffError(f"reviewer {target!r} {what}"[:500], target=target, reason="malformed")
 
 
+def _problem(exc: Any) -> str:
+    """What was wrong with a reviewer's answer, without its text (which would land in the decision log's ``error``):
+    a validation error's types and locations (``decision: literal_error``), a JSON error's reason and path, else the
+    error's type."""
+    if isinstance(exc, ValidationError):
+        return ", ".join(f"{'.'.join(map(str, e['loc'])) or '$'}: {e['type']}" for e in exc.errors())
+    if isinstance(exc, InvalidJson):
+        return f"{exc.reason} at {exc.path}"
+    return type(exc).__name__
+
+
 def _parse(target: str, reply: Any) -> ReviewerAnswer:
     """The reviewer's answer: its structured answer (a tool call) when it gave one, else its text as one JSON object.
 
@@ -280,7 +291,8 @@ def _parse(target: str, reply: Any) -> ReviewerAnswer:
         if isinstance(parsed, ReviewerAnswer):
             return parsed
         if calls:
-            raise _malformed_review(target, f"gave a structured answer that is not valid: {reply.get('parsing_error')}")
+            raise _malformed_review(target, f"gave a structured answer that is not valid: "
+                                            f"{_problem(reply.get('parsing_error'))}")
         reply = reply["raw"]  # no structured answer: the model answered in text
     text = _text_of(reply).strip()
     if text.startswith("```"):
@@ -289,7 +301,7 @@ def _parse(target: str, reply: Any) -> ReviewerAnswer:
         return ReviewerAnswer.model_validate(strict_loads(text))
     except (InvalidJson, ValidationError) as exc:
         raise _malformed_review(
-            target, f"did not answer with one JSON object {{decision, reason}}: {str(exc)[:200]}"
+            target, f"did not answer with one JSON object {{decision, reason}}: {_problem(exc)}"
         ) from exc
 
 
@@ -502,24 +514,23 @@ class Judge:
     def _failed_handoff(self, subject: AgentSubject, verdict: Verdict, reason: str) -> Judgement:
         outcome = _fail_outcome(self.fail_mode)
         judgement = Judgement(outcome, verdicts.unsettled_handoff(verdict, self.fail_mode, reason), reason=reason)
-        return self._handed_off(subject, judgement, "failed")
+        return self._handed_off(judgement, "failed")
 
     def _reviewed(self, subject: AgentSubject, target: str, verdict: Verdict, decision: str, reason: str) -> Judgement:
         outcome: Outcome = "allow" if decision == "allow" else "block"
         text = f"reviewer {target} denied it: {reason}" if outcome == "block" else reason
         judgement = Judgement(outcome, verdict, reason=text or None, reviewer=target)
-        return self._handed_off(subject, judgement, "allowed" if outcome == "allow" else "denied")
+        return self._handed_off(judgement, "allowed" if outcome == "allow" else "denied")
 
-    def _handed_off(self, subject: AgentSubject, judgement: Judgement, outcome: str) -> Judgement:
+    def _handed_off(self, judgement: Judgement, outcome: str) -> Judgement:
         """Record how a handoff was settled and return ``judgement``: ``guard.handoffs`` counts it by ``outcome``
-        (:data:`~guard.engine.telemetry.HANDOFF_OUTCOMES`), and the decision log gets the settled verdict under the
-        handoff's decision id: the judgement's action, ``flags.handoff_outcome`` the outcome (the reviewer's reason is
-        not written: a model's free text)."""
+        (:data:`~guard.engine.telemetry.HANDOFF_OUTCOMES`), and the decision log gets a ``handoff_outcome`` record
+        under the handoff's decision id (:meth:`~guard.engine.telemetry.DecisionLog.handoff_outcome`: the judgement's
+        action and the outcome; the reviewer's reason is not written: a model's free text)."""
         verdict = judgement.verdict
         self.guard.telemetry.handoffs.add(1, {"guard.policy.id": verdict.policy_id or "", "outcome": outcome})
         if self.guard.decision_log is not None and verdict.policy_id is not None:
-            settled = replace(verdict, action=judgement.outcome, flags={**verdict.flags, "handoff_outcome": outcome})
-            self.guard.decision_log.record(settled, subject)
+            self.guard.decision_log.handoff_outcome(replace(verdict, action=judgement.outcome), outcome)
         logger.info("decision %s: handoff to %r %s", verdict.decision_id, verdict.handoff or "", outcome)
         return judgement
 

@@ -1176,6 +1176,9 @@ def redact_secrets(state: Any, subject: Subject | None = None, secrets: Iterable
 REVIEW_RECORD_KIND = "review"
 """The ``kind`` of a decision log record written for a reviewer event (:meth:`DecisionLog.review`); a decision's
 record has no ``kind``."""
+HANDOFF_OUTCOME_RECORD_KIND = "handoff_outcome"
+"""The ``kind`` of a decision log record saying how an agent's handoff to an LLM reviewer was settled
+(:meth:`DecisionLog.handoff_outcome`)."""
 REVIEW_EVENTS = ("approved", "rejected", "edited", "released")
 """What a :class:`ReviewEvent` says happened to an escalated decision."""
 _review_logger = logging.getLogger("guard.review")
@@ -1434,6 +1437,26 @@ class DecisionLog:
         if context.is_valid:
             record["trace_id"] = format(context.trace_id, "032x")
             record["span_id"] = format(context.span_id, "016x")
+        self._append(_json_line(record))
+        return record
+
+    def handoff_outcome(self, verdict: Verdict, outcome: str) -> dict[str, Any]:
+        """Build and write the record of how a handoff was settled (:data:`HANDOFF_OUTCOME_RECORD_KIND`: ``kind``,
+        ``decision_id`` (the handoff's), ``outcome`` (:data:`HANDOFF_OUTCOMES`), ``action`` (what was done),
+        ``fail_mode`` and ``error`` (``failed``: why, and which fail mode decided), ``policy``, ``timestamp``,
+        ``labels``); returned as written. The handoff's input and state are in its own record, not repeated. A
+        failing sink drops it (counted in ``dropped``, logged)."""
+        record: dict[str, Any] = {
+            "kind": HANDOFF_OUTCOME_RECORD_KIND,
+            "decision_id": verdict.decision_id,
+            "timestamp": _utc_now(),
+            "labels": dict(self.labels),
+            "policy": {"id": verdict.policy_id, "version": verdict.policy_version},
+            "outcome": outcome,
+            "action": verdict.action,
+            "fail_mode": verdict.fail_mode,
+            "error": verdict.error,
+        }
         self._append(_json_line(record))
         return record
 

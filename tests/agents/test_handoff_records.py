@@ -30,12 +30,17 @@ def test_a_settled_handoff_is_recorded_and_counted(harness: Any, thread: Any, an
     agent = make_agent(h, Turn(calls=[("pay", {"amount": 50, "to": "reviewer"}, "a")]),
                        reviewers={"second_opinion": _reviewer(json.dumps(answer))}, fail_mode="closed")
     drive(agent, USER, thread(), "invoke")
-    handoff, settled = [r for r in h.decisions() if r["input"]["event"] == "tool_call"]
+    [handoff] = [r for r in h.decisions() if r["input"]["event"] == "tool_call"]  # decisions: records with no kind
+    [settled] = [json.loads(line) for line in h.lines if json.loads(line).get("kind") == "handoff_outcome"]
     assert handoff["result"]["action"] == "handoff" and handoff["result"]["handoff"] == "second_opinion"
-    assert settled["decision_id"] == handoff["decision_id"] and settled["result"]["action"] == action
-    assert settled["flags"]["handoff_outcome"] == outcome
+    assert settled["decision_id"] == handoff["decision_id"] and settled["action"] == action
+    assert settled["outcome"] == outcome and settled["policy"]["id"] == handoff["policy"]["id"]
     assert (settled["fail_mode"] == "closed") == (outcome == "failed")
+    assert (settled["error"] == "reviewer 'second_opinion' did not answer with one JSON object {decision, reason}: "
+            "reason: string_too_long") == (outcome == "failed")
+    assert "input" not in settled and "state" not in settled  # the handoff's own record holds them
     assert "payee" not in json.dumps(settled) and "the user asked" not in json.dumps(settled)  # the reviewer's text
+    assert "rrrr" not in json.dumps(settled)  # a malformed answer's text is not quoted in the error
     data = reader.get_metrics_data()
     counted = [(dict(p.attributes), p.value) for rm in data.resource_metrics for sm in rm.scope_metrics
                for m in sm.metrics if m.name == "guard.handoffs" for p in m.data.data_points]
