@@ -1235,6 +1235,31 @@ def record_review(decision_log: DecisionLog | None, event: ReviewEvent) -> None:
 QUEUE_CHARS = 16 * 1024 * 1024
 #: Why a :class:`DecisionLog` dropped a record: the attribute ``reason`` of ``guard.decision_log.dropped``.
 DROP_REASONS = ("queue_full", "sink_error", "unbuildable", "shutdown")
+#: Seconds between two error log lines of one kind about a decision log's sink (``does not keep up``, ``write
+#: failed``); each says how many were not logged since the one before.
+ERROR_LOG_INTERVAL_S = 10.0
+
+
+class _LogEvery:
+    """Lets one log line through per ``interval`` seconds (monotonic clock) and counts the ones held back."""
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._next = -math.inf
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def due(self) -> int | None:
+        """How many lines were held back since the last one let through, when one may be logged now; else ``None``
+        (this one is held back and counted)."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next:
+                self._held += 1
+                return None
+            self._next = now + self._interval
+            held, self._held = self._held, 0
+            return held
 
 
 class DecisionLog:
@@ -1303,7 +1328,9 @@ class DecisionLog:
         )
         self._lock = threading.Lock()  # one write at a time to the sink
         self._count_lock = threading.Lock()
-        self._stalled = False  # the queue was full and that was logged; the next written line clears it
+        self._queue_full_log = _LogEvery(ERROR_LOG_INTERVAL_S)
+        self._sink_error_log = _LogEvery(ERROR_LOG_INTERVAL_S)
+        self._gave_up = threading.Event()  # close() stopped waiting: lines the writer gets from then on are dropped
         self._file: IO[str] | None = None
         self._stream: IO[str] | None = None
         self._callback: Callable[[str], None] | None = None
@@ -1320,15 +1347,16 @@ class DecisionLog:
         self._background = background if background is not None else self._file is not None
         if self._background:
             self._queue = queue.Queue()
-            self._writer = threading.Thread(target=self._write_queued, args=(self._queue, self._file), daemon=True,
-                                            name="guard-decision-log")
+            self._writer = threading.Thread(target=self._write_queued, args=(self._queue, self._stream, self._file),
+                                            daemon=True, name="guard-decision-log")
             self._writer.start()
 
-    def _write(self, line: str) -> None:
+    def _write(self, line: str, stream: IO[str] | None) -> None:
+        """Write ``line`` to the callable sink, else to ``stream``."""
         if self._callback is not None:
             self._callback(line)
-        elif self._stream is not None:
-            self._stream.write(line + "\n")
+        elif stream is not None:
+            stream.write(line + "\n")
         else:
             raise ValueError("the decision log is closed")
 
@@ -1467,7 +1495,7 @@ class DecisionLog:
             if self._background:  # closed: its sink is the writer thread's
                 self._drop("shutdown")
             else:
-                self._write_or_drop(line)
+                self._write_or_drop(line, self._stream)
             return
         with self._count_lock:
             room = not self._queued_chars or self._queued_chars + len(line) <= self._queue_chars
@@ -1477,20 +1505,21 @@ class DecisionLog:
             self._queue.put_nowait(line)
             return
         count = self._drop("queue_full")
-        if not self._stalled:  # once until a line is written again: the log must not flood the process's own
-            self._stalled = True
+        held = self._queue_full_log.due()
+        if held is not None:  # one line per ERROR_LOG_INTERVAL_S: the log must not flood the process's own
             logger.error("decision log sink does not keep up (%d characters queued): records are dropped (%d "
-                         "dropped)", self._queued_chars, count)
+                         "dropped; %d such errors not logged since the last)", self._queued_chars, count, held)
 
-    def _write_or_drop(self, line: str) -> None:
+    def _write_or_drop(self, line: str, stream: IO[str] | None) -> None:
         try:
             with self._lock:
-                self._write(line)
+                self._write(line, stream)
         except Exception as exc:  # noqa: BLE001 - whatever the sink raises, the decision stands
-            # the type only: a sink's exception text may quote the line
-            logger.error("decision log write failed (%d dropped): %s", self._drop("sink_error"), type(exc).__name__)
-        else:
-            self._stalled = False
+            count = self._drop("sink_error")
+            held = self._sink_error_log.due()
+            if held is not None:  # the type only: a sink's exception text may quote the line
+                logger.error("decision log write failed (%d dropped; %d such errors not logged since the last): %s",
+                             count, held, type(exc).__name__)
 
     def _drop(self, reason: str, count: int = 1) -> int:
         """Count ``count`` records dropped for ``reason``; returns ``dropped``."""
@@ -1500,11 +1529,15 @@ class DecisionLog:
         self._dropped.add(count, {"reason": reason})
         return dropped
 
-    def _write_queued(self, lines: queue.Queue[str | None], file: IO[str] | None) -> None:
-        """The writer thread: write ``lines`` until ``None``, then close ``file``, the one this log opened (a sink
-        that broke already counted the line it failed on)."""
+    def _write_queued(self, lines: queue.Queue[str | None], stream: IO[str] | None, file: IO[str] | None) -> None:
+        """The writer thread: write ``lines`` to ``stream`` (or the callable sink) until ``None``, then close
+        ``file``, the one this log opened (a sink that broke already counted the line it failed on). Once
+        :meth:`close` stopped waiting, a line taken is dropped as ``shutdown``."""
         while (line := lines.get()) is not None:
-            self._write_or_drop(line)
+            if self._gave_up.is_set():
+                self._drop("shutdown")
+            else:
+                self._write_or_drop(line, stream)
             with self._count_lock:
                 self._queued_chars -= len(line)
         if file is not None:
@@ -1513,9 +1546,10 @@ class DecisionLog:
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Write the lines still queued, waiting at most ``timeout`` seconds, and close the file this log opened
-        (streams and callables given to it are left alone). Lines a sink has not taken by then are dropped (counted
-        as ``shutdown``, logged); the writer thread closes the file if its sink ever takes the line it is writing,
-        else ends with the process. A log that had a writer thread drops the records made once it is closed."""
+        (streams and callables given to it are left alone). Lines the writer thread has not written by then are
+        dropped (counted as ``shutdown``, logged); it finishes the line it is writing, if its sink ever takes it,
+        then closes the file, else ends with the process. A log that had a writer thread drops the records made
+        once it is closed."""
         writer, lines = self._writer, self._queue
         self._writer = self._queue = None
         if writer is None or lines is None:
@@ -1525,13 +1559,14 @@ class DecisionLog:
             return
         lines.put_nowait(None)
         writer.join(timeout)
-        self._file = self._stream = None  # the writer thread's now
+        self._file = self._stream = None  # the writer thread still holds its own
         if not writer.is_alive():
             return
+        self._gave_up.set()
         left = 0
         with contextlib.suppress(queue.Empty):
             while lines.get_nowait() is not None:
                 left += 1
         lines.put_nowait(None)  # the writer's end, once its sink takes the line it is writing
-        logger.warning("decision log sink took no line for %g s; %d records not written (%d dropped)", timeout,
-                       left, self._drop("shutdown", left) if left else self.dropped)
+        logger.warning("decision log sink had not taken every record %g s after close; %d records not written (%d "
+                       "dropped)", timeout, left, self._drop("shutdown", left) if left else self.dropped)

@@ -114,7 +114,54 @@ def test_a_sink_raising_anything_drops_the_record_not_the_decision(caplog: pytes
     with caplog.at_level(logging.ERROR), Guard(load_text(POLICY), backends=ScriptedBackend(), decision_log=log) as g:
         assert g.evaluate(subject).action == "allow"
     assert log.dropped == 1 and _dropped(reader) == {"sink_error": 1}
-    assert "write failed (1 dropped): ProducerError" in caplog.text and "sk-live" not in caplog.text
+    assert "write failed (1 dropped; 0 such errors not logged since the last): ProducerError" in caplog.text
+    assert "sk-live" not in caplog.text
+
+
+def test_sink_errors_are_logged_once_per_interval_with_a_count(caplog: pytest.LogCaptureFixture) -> None:
+    def producer(line: str) -> None:
+        raise ProducerError("down")
+
+    log = DecisionLog(producer)
+    with caplog.at_level(logging.ERROR):
+        for n in range(1000):
+            log.record(Verdict("allow", f"d{n}", policy_id="p"), None)
+    logged = [r.getMessage() for r in caplog.records if "write failed" in r.getMessage()]
+    assert log.dropped == 1000 and len(logged) == 1 and "(1 dropped;" in logged[0]
+
+
+class _SlowReader:
+    """A stream whose first write returns only once the log's close stopped waiting for it (a FIFO whose reader
+    reads slowly); it keeps what it was given."""
+
+    def __init__(self) -> None:
+        self.log: DecisionLog | None = None
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> None:
+        while not self.lines and self.log is not None and self.log._stream is not None:
+            threading.Event().wait(0.001)
+        self.lines.append(text)
+
+
+def test_lines_the_writer_takes_while_the_log_closes_are_written_or_counted_as_shutdown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The writer thread wrote through the log's stream, which close() cleared while the writer still ran: the lines
+    it took then were counted as sink errors, and the warning said the sink took no line."""
+    reader = InMemoryMetricReader()
+    stream = _SlowReader()
+    log = DecisionLog(stream, background=True, meter_provider=MeterProvider(metric_readers=[reader]))
+    stream.log = log
+    for n in range(30_000):  # about 10 M characters: within the queue's bound
+        log.record(Verdict("allow", f"d{n}", policy_id="p"), None)
+    writer = log._writer
+    log.close(timeout=0.05)
+    assert writer is not None
+    writer.join(5)  # it ends once it took close's end of the queue
+    dropped = _dropped(reader)
+    assert "sink_error" not in dropped and "took no line" not in caplog.text
+    assert len(stream.lines) + dropped["shutdown"] == 30_000
 
 
 def test_a_log_file_is_written_by_its_thread_and_complete_once_closed(tmp_path: Path) -> None:
