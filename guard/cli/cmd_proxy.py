@@ -38,8 +38,10 @@ judged body) close or refuse them.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -276,7 +278,8 @@ def _decision_log(args: argparse.Namespace) -> Any:
     """The ``--decision-log`` file's :class:`~guard.engine.telemetry.DecisionLog`, or ``None`` without one.
 
     Raises:
-        ValueError: the file cannot be opened for appending, naming the option and the path.
+        ValueError: the file cannot be opened for appending (or it is a FIFO no process reads), naming the option
+            and the path.
     """
     from guard.engine.telemetry import DecisionLog
 
@@ -287,7 +290,8 @@ def _decision_log(args: argparse.Namespace) -> Any:
                             logged_headers=LOGGED_HEADERS | {name.lower() for name in args.log_header})
     except OSError as exc:
         reason = {FileNotFoundError: "no such directory", IsADirectoryError: "is a directory, not a file"}.get(
-            type(exc), exc.strerror or str(exc)
+            type(exc), "no reader on FIFO (start the process that reads it first)" if exc.errno == errno.ENXIO
+            else exc.strerror or str(exc)
         )
         raise ValueError(f"--decision-log {args.decision_log}: {reason}") from None
 
@@ -445,6 +449,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, PolicyError, FileNotFoundError, OSError) as exc:
         print(f"guard proxy: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    log = runtime.app.guard.decision_log
+    if log is not None:  # logrotate's postrotate: kill -HUP <pid> (the default action of SIGHUP ends the process)
+        signal.signal(signal.SIGHUP, lambda signum, frame: log.reopen())
     print(
         f"guard proxy: http://{runtime.host}:{runtime.port} -> {args.upstream} "
         f"(policies: {', '.join(args.policy)}; backend: {args.backend}); "

@@ -47,6 +47,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import queue
 import re
 import threading
@@ -1240,6 +1241,26 @@ DROP_REASONS = ("queue_full", "sink_error", "unbuildable", "shutdown")
 ERROR_LOG_INTERVAL_S = 10.0
 
 
+#: What the writer thread's queue holds to ask it to open the log's path again (no record's line is empty).
+_REOPEN = ""
+
+
+def open_log_path(path: str | Path) -> IO[str]:
+    """``path`` opened to append UTF-8 lines (created if missing), line-buffered. A FIFO is opened without waiting
+    for a reader (``O_NONBLOCK``, cleared once it is open), where a plain open blocks until one comes.
+
+    Raises:
+        OSError: as ``open`` does; ``ENXIO`` for a FIFO no process has open for reading.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    try:
+        os.set_blocking(fd, True)  # a full pipe blocks the writer thread, as its queue expects
+        return open(fd, "a", encoding="utf-8", buffering=1)  # the log closes it
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class _LogEvery:
     """Lets one log line through per ``interval`` seconds (monotonic clock) and counts the ones held back."""
 
@@ -1334,8 +1355,9 @@ class DecisionLog:
         self._file: IO[str] | None = None
         self._stream: IO[str] | None = None
         self._callback: Callable[[str], None] | None = None
-        if isinstance(sink, (str, Path)):
-            self._file = self._stream = open(sink, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - see close()
+        self._path = sink if isinstance(sink, (str, Path)) else None
+        if self._path is not None:
+            self._file = self._stream = open_log_path(self._path)
         elif callable(sink):
             self._callback = sink
         else:
@@ -1531,9 +1553,14 @@ class DecisionLog:
 
     def _write_queued(self, lines: queue.Queue[str | None], stream: IO[str] | None, file: IO[str] | None) -> None:
         """The writer thread: write ``lines`` to ``stream`` (or the callable sink) until ``None``, then close
-        ``file``, the one this log opened (a sink that broke already counted the line it failed on). Once
-        :meth:`close` stopped waiting, a line taken is dropped as ``shutdown``."""
+        ``file``, the one this log opened (a sink that broke already counted the line it failed on); at
+        :data:`_REOPEN`, open the path again (:meth:`reopen`). Once :meth:`close` stopped waiting, a line taken is
+        dropped as ``shutdown``."""
         while (line := lines.get()) is not None:
+            if line == _REOPEN:
+                if file is not None and self._path is not None:
+                    file = stream = self._reopened(self._path, file)
+                continue
             if self._gave_up.is_set():
                 self._drop("shutdown")
             else:
@@ -1543,6 +1570,32 @@ class DecisionLog:
         if file is not None:
             with contextlib.suppress(OSError):
                 file.close()
+
+    def reopen(self) -> None:
+        """Open the log's path again and close the file it wrote to (``kill -HUP`` on ``guard proxy`` after
+        logrotate moved the file). With a writer thread it is done there, after the lines queued before, so no line is
+        written to the old file after it; without one, here. A path that cannot be opened (a FIFO with no reader
+        now) is logged and the old file kept. A log given a stream or a callable has nothing to reopen."""
+        if self._path is None:
+            return
+        if self._queue is not None:
+            self._queue.put_nowait(_REOPEN)
+        elif not self._background and self._file is not None:
+            with self._lock:
+                self._file = self._stream = self._reopened(self._path, self._file)
+
+    @staticmethod
+    def _reopened(path: str | Path, file: IO[str]) -> IO[str]:
+        """``path`` opened again, ``file`` closed; ``file`` itself when ``path`` cannot be opened (logged)."""
+        try:
+            opened = open_log_path(path)
+        except OSError as exc:
+            logger.error("decision log %s could not be opened again (%s); still writing to the file open before",
+                         path, exc.strerror or type(exc).__name__)
+            return file
+        with contextlib.suppress(OSError):
+            file.close()
+        return opened
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Write the lines still queued, waiting at most ``timeout`` seconds, and close the file this log opened
@@ -1565,8 +1618,8 @@ class DecisionLog:
         self._gave_up.set()
         left = 0
         with contextlib.suppress(queue.Empty):
-            while lines.get_nowait() is not None:
-                left += 1
+            while (line := lines.get_nowait()) is not None:
+                left += line != _REOPEN
         lines.put_nowait(None)  # the writer's end, once its sink takes the line it is writing
         logger.warning("decision log sink had not taken every record %g s after close; %d records not written (%d "
                        "dropped)", timeout, left, self._drop("shutdown", left) if left else self.dropped)

@@ -9,7 +9,11 @@ import hashlib
 import itertools
 import json
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -497,6 +501,48 @@ def test_cli_a_short_store_key_or_an_unwritable_decision_log_is_named(
     assert main([*argv, "--decision-log", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"guard proxy: --decision-log {tmp_path}: is a directory, not a file"), err
+
+
+def test_cli_a_decision_log_fifo_no_process_reads_is_refused_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """guard proxy waited for ever, before listening, for a reader of its --decision-log FIFO."""
+    fifo = tmp_path / "decisions.fifo"
+    os.mkfifo(fifo)
+    argv = ["proxy", "--policy", str(POLICY), "--upstream", "http://127.0.0.1:9", "--backend", "http://127.0.0.1:9",
+            "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--decision-log", str(fifo)]  # fmt: skip
+    status: list[int] = []
+    started = threading.Thread(target=lambda: status.append(main(argv)), daemon=True)
+    started.start()
+    started.join(30)  # a bound for the old behaviour, which never returned
+    if started.is_alive():  # let the old open return; the proxy it starts ends with the test process
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    assert status == [2]
+    assert capsys.readouterr().err == f"guard proxy: --decision-log {fifo}: no reader on FIFO (start the process " \
+                                      "that reads it first)\n"
+
+
+def test_cli_sighup_opens_the_decision_log_again(tmp_path: Path) -> None:
+    """logrotate's postrotate sends SIGHUP, which ended guard proxy; it opens the decision log's path again."""
+    log = tmp_path / "decisions.jsonl"
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "guard", "proxy", "--policy", str(POLICY), "--upstream", "http://127.0.0.1:9",
+         "--backend", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+         "--decision-log", str(log)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proxy.stderr is not None
+        while "guard proxy: http://" not in (line := proxy.stderr.readline()):  # the handler is set before this
+            assert line, "guard proxy ended before it served"
+        log.rename(tmp_path / "decisions.jsonl.1")
+        proxy.send_signal(signal.SIGHUP)
+        for _ in range(1000):  # the writer thread opens it again
+            if log.exists() or proxy.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert proxy.poll() is None and log.exists()
+    finally:
+        proxy.terminate()
+        proxy.wait(30)
 
 
 def test_cli_stream_flush_and_hold_reach_the_response_judge(upstream: tuple[Upstream, str]) -> None:

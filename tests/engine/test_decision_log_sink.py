@@ -4,6 +4,8 @@ bounded queue, and whatever a sink raises or however long it blocks, the record 
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import logging
 import os
 import threading
@@ -171,3 +173,48 @@ def test_a_log_file_is_written_by_its_thread_and_complete_once_closed(tmp_path: 
         log.record(Verdict("allow", f"d{n}", policy_id="p"), None)
     log.close()
     assert len(path.read_text().splitlines()) == 50 and log.dropped == 0
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_reopen_writes_the_next_records_to_a_new_file_at_the_path(tmp_path: Path, background: bool) -> None:
+    """logrotate moves the file, then asks for it to be opened again: the records before go to the moved file, the
+    ones after to a new one at the path, none lost."""
+    path = tmp_path / "decisions.jsonl"
+    log = DecisionLog(path, background=background)
+    for n in range(20):
+        log.record(Verdict("allow", f"d{n}", policy_id="p"), None)
+    path.rename(tmp_path / "decisions.jsonl.1")
+    log.reopen()
+    for n in range(20, 30):
+        log.record(Verdict("allow", f"d{n}", policy_id="p"), None)
+    log.close()
+    assert len((tmp_path / "decisions.jsonl.1").read_text().splitlines()) == 20
+    assert [json.loads(line)["decision_id"] for line in path.read_text().splitlines()] == [f"d{n}" for n in
+                                                                                          range(20, 30)]
+    assert log.dropped == 0
+
+
+def test_a_fifo_with_no_reader_is_refused_not_waited_for(tmp_path: Path) -> None:
+    """Opening a FIFO for writing waits for a reader: the log (and guard proxy's start) blocked for ever."""
+    fifo = tmp_path / "decisions.fifo"
+    os.mkfifo(fifo)
+    raised: list[OSError] = []
+
+    def open_log() -> None:
+        try:
+            DecisionLog(fifo).close()
+        except OSError as exc:
+            raised.append(exc)
+
+    opening = threading.Thread(target=open_log, daemon=True)
+    opening.start()
+    opening.join(10)  # a bound for the old behaviour, which never returned
+    if opening.is_alive():  # let the old open return
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    assert [exc.errno for exc in raised] == [errno.ENXIO]
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # with a reader the log opens, and writes block again
+    log = DecisionLog(fifo)
+    log.record(Verdict("allow", "d1", policy_id="p"), None)
+    log.close()
+    assert json.loads(os.read(reader, 65536))["decision_id"] == "d1"
+    os.close(reader)
