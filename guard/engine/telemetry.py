@@ -1362,13 +1362,13 @@ class DecisionLog:
             self._callback = sink
         else:
             self._stream = sink
-        self._queue: queue.Queue[str | None] | None = None
+        self._queue: queue.SimpleQueue[str | None] | None = None
         self._writer: threading.Thread | None = None
         self._queue_chars = queue_chars
         self._queued_chars = 0  # of the lines queued and the one being written
         self._background = background if background is not None else self._file is not None
         if self._background:
-            self._queue = queue.Queue()
+            self._queue = queue.SimpleQueue()  # its put is reentrant: reopen() may run in a signal handler
             self._writer = threading.Thread(target=self._write_queued, args=(self._queue, self._stream, self._file),
                                             daemon=True, name="guard-decision-log")
             self._writer.start()
@@ -1551,7 +1551,7 @@ class DecisionLog:
         self._dropped.add(count, {"reason": reason})
         return dropped
 
-    def _write_queued(self, lines: queue.Queue[str | None], stream: IO[str] | None, file: IO[str] | None) -> None:
+    def _write_queued(self, lines: queue.SimpleQueue[str | None], stream: IO[str] | None, file: IO[str] | None) -> None:
         """The writer thread: write ``lines`` to ``stream`` (or the callable sink) until ``None``, then close
         ``file``, the one this log opened (a sink that broke already counted the line it failed on); at
         :data:`_REOPEN`, open the path again (:meth:`reopen`). Once :meth:`close` stopped waiting, a line taken is
