@@ -153,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
     if (problem := directory_problem(args.out)) is not None:
         print(f"guard train: --out: {problem}", file=sys.stderr)
         return 2
+    try:
+        replaced = _replaced_kind(args)
+    except ValueError as exc:
+        print(f"guard train: --out {args.out}: {exc}", file=sys.stderr)
+        return 2
     if args.ground and (args.clef or args.fold_models or args.kind == "router"):
         other = "--clef" if args.clef else "--fold-models" if args.fold_models else "--kind router"
         print(f"guard train: --ground refits a catalog checkpoint's grounding; it cannot go with {other}",
@@ -201,6 +206,10 @@ def run(args: argparse.Namespace) -> int:
     router_lines = records and len(records[0].request.questions) == 1 and records[0].request.questions[0].type == \
         "choice" and not _is_system_one(args.train)
     kind = args.kind or ("router" if router_lines else "catalog")
+    if replaced not in (None, kind):
+        print(f"guard train: --out {args.out}: holds a compact {replaced} checkpoint; a {kind} is not written over it "
+              f"(give a new or empty directory)", file=sys.stderr)
+        return 2
     if args.fold_models and kind != "catalog":
         print("guard train: --fold-models applies to catalog training; a router has no leave-one-fold-out models",
               file=sys.stderr)
@@ -240,6 +249,38 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(out), "kind": kind, "train_records": len(records), "val_records": len(val),
                       **report.to_json()}, indent=2))
     return 0
+
+
+def _replaced_kind(args: argparse.Namespace) -> str | None:
+    """The kind of the compact checkpoint ``--out`` holds and this run replaces (``None``: ``--out`` is new or empty).
+
+    Raises:
+        ValueError: ``--out`` holds other files (``--clef`` writes only into a new or empty directory, never its own
+            checkpoint), or a compact checkpoint whose config cannot be read.
+    """
+    from guard.compact.model import COMPACT_CONFIG_FILE
+
+    target = Path(args.out)
+    if args.clef and target.resolve() == Path(args.clef).resolve():
+        raise ValueError("is the --clef checkpoint; give a new or empty directory for the fine-tuned one")
+    try:
+        names = {item.name for item in target.iterdir()} if target.is_dir() else set()
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
+    if not names:
+        return None
+    if args.clef or COMPACT_CONFIG_FILE not in names:
+        what = "a new or empty directory" if args.clef else "a new or empty directory, or a compact checkpoint to replace"
+        raise ValueError(f"is not empty; give {what} (a checkpoint is never written over other files)")
+    try:
+        kind = json.loads((target / COMPACT_CONFIG_FILE).read_text(encoding="utf-8"))["kind"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"holds a {COMPACT_CONFIG_FILE} that cannot be read ({exc}); give a new or empty "
+                         f"directory") from None
+    if args.ground and kind != "catalog":
+        raise ValueError(f"holds a compact {kind} checkpoint; a catalog is not written over it (give a new or empty "
+                         f"directory)")
+    return str(kind)
 
 
 def _ground(args: argparse.Namespace, train: list[Any], val: list[Any], progress: Any) -> int:

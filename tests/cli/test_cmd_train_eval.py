@@ -205,3 +205,40 @@ def test_a_question_outside_the_catalog_names_the_first_record_that_asks_it(
     assert main(["train", str(data), "--out", str(tmp_path / "ck"), "--no-folds", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "['guard.nosuch']" in err and f"{data}:4" in err
+
+
+def test_out_is_refused_when_it_holds_files_that_are_not_a_compact_checkpoint_of_the_same_kind(
+        tmp_path: Path, golden_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--out over a Clef checkpoint overwrote its joint head (breaking it); --clef kept the files already in --out
+    and wrote its head beside them (a mismatched checkpoint). Only a compact checkpoint of the same kind is replaced."""
+    rows = [{"text": t, "label": label} for label, texts in {"a": ["one", "two"], "b": ["three", "four"]}.items()
+            for t in texts]
+    data = write_jsonl(tmp_path / "intents.jsonl", rows)
+    clef = tmp_path / "clef"
+    clef.mkdir()
+    for item in golden_checkpoint.iterdir():
+        (clef / item.name).write_bytes(item.read_bytes())
+    before = {item.name: item.read_bytes() for item in clef.iterdir()}
+    base = ["train", str(data), "--no-progress", "--no-cache", "--epochs", "1"]
+    assert main([*base, "--out", str(clef)]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert main([*base, "--clef", str(clef), "--out", str(clef)]) == 2
+    assert "is the --clef checkpoint" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "joint_head_config.json").write_text("{}")
+    assert main([*base, "--clef", str(clef), "--out", str(other)]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert {item.name: item.read_bytes() for item in clef.iterdir()} == before
+    assert [item.name for item in other.iterdir()] == ["joint_head_config.json"]
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "compact_config.json").write_text('{"kind": "catalog"}')
+    assert main([*base, "--out", str(catalog)]) == 2
+    assert "holds a compact catalog checkpoint; a router is not written over it" in capsys.readouterr().err
+    assert main([*base, "--ground", str(catalog), "--out", str(clef)]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    router = tmp_path / "router"
+    for _ in range(2):  # the second run replaces the first's checkpoint
+        assert main([*base, "--width", "16", "--val-fraction", "0.5", "--out", str(router)]) == 0
+    assert json.loads((router / "compact_config.json").read_text())["kind"] == "router"
