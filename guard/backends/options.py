@@ -31,6 +31,7 @@ __all__ = [
     "check_device_options",
     "describe_backend",
     "device",
+    "device_kind",
     "open_cli_backend",
     "torch_dtype",
 ]
@@ -82,7 +83,21 @@ def torch_dtype(args: argparse.Namespace) -> torch.dtype:
     """
     import torch
 
-    where = device(args)
+    kind = device_kind(device(args))
+    name = args.dtype or "auto"
+    if name == "auto":
+        return torch.bfloat16 if kind == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def device_kind(where: str) -> str:
+    """The torch device type (``cpu``, ``cuda``) of a ``--device`` value.
+
+    Raises:
+        ValueError: ``where`` is not a torch device, or names CUDA when this torch build has no CUDA device.
+    """
+    import torch
+
     try:
         kind = torch.device(where).type
     except (RuntimeError, ValueError):
@@ -91,10 +106,7 @@ def torch_dtype(args: argparse.Namespace) -> torch.dtype:
         raise ValueError(
             f"--device {where}: this torch build has no CUDA device (install a CUDA build of torch, see README.md)"
         )
-    name = args.dtype or "auto"
-    if name == "auto":
-        return torch.bfloat16 if kind == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+    return kind
 
 
 def _is_local(spec: str | None) -> bool:

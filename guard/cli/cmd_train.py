@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from guard.backends.options import device_kind
 from guard.cli._args import count, finite, fraction, non_negative, positive_int, share
 from guard.cli._output import directory_problem
 
@@ -49,7 +50,7 @@ def register(subparsers: Any) -> None:
                         help="catalog: any questions (default for System One records); router: one choice question "
                         "over fixed labels (default for text/label lines)")
     parser.add_argument("--clef", metavar="CHECKPOINT", help="fine-tune the joint head of this Clef checkpoint instead")
-    parser.add_argument("--device", default="cpu", help="device for --clef (cpu, cuda, cuda:N)")
+    parser.add_argument("--device", help="device for --clef (cpu, cuda, cuda:N; default cpu)")
     parser.add_argument("--ground", metavar="CHECKPOINT",
                         help="refit only the tool-call argument grounding of this catalog checkpoint on the records of "
                              "train and --val (leave one source out; no encoder or head training) and write it to --out")
@@ -166,6 +167,16 @@ def run(args: argparse.Namespace) -> int:
     if args.clef and not (Path(args.clef) / "config.json").is_file():
         print(f"guard train: --clef {args.clef}: not a Clef checkpoint (config.json is missing)", file=sys.stderr)
         return 2
+    if args.device is not None:
+        if not args.clef:
+            print("guard train: --device applies only to --clef (the compact model trains on the CPU)",
+                  file=sys.stderr)
+            return 2
+        try:
+            device_kind(args.device)
+        except ValueError as exc:
+            print(f"guard train: {exc}", file=sys.stderr)
+            return 2
     if args.fold_models and (args.no_folds or args.clef):
         print(f"guard train: --fold-models saves the leave-one-fold-out models of a catalog run; it cannot go with "
               f"{'--no-folds' if args.no_folds else '--clef'}", file=sys.stderr)
@@ -194,8 +205,12 @@ def run(args: argparse.Namespace) -> int:
         from guard.compact.clef_finetune import ClefFinetuneConfig, finetune_clef_head
 
         config = ClefFinetuneConfig(**{k: v for k, v in _hyper(args).items() if k in ClefFinetuneConfig.fields()})
-        report = finetune_clef_head(args.clef, records, val, config, args.out, device=args.device,
-                                    progress=progress, log=log)
+        try:
+            report = finetune_clef_head(args.clef, records, val, config, args.out, device=args.device or "cpu",
+                                        progress=progress, log=log)
+        except (OSError, ValueError, RuntimeError) as exc:
+            print(f"guard train: --clef {args.clef}: {exc}", file=sys.stderr)
+            return 2
         print(json.dumps(report, indent=2))
         return 0
     if args.ground:

@@ -242,3 +242,30 @@ def test_out_is_refused_when_it_holds_files_that_are_not_a_compact_checkpoint_of
     for _ in range(2):  # the second run replaces the first's checkpoint
         assert main([*base, "--width", "16", "--val-fraction", "0.5", "--out", str(router)]) == 0
     assert json.loads((router / "compact_config.json").read_text())["kind"] == "router"
+
+
+def test_clef_device_and_checkpoint_problems_are_usage_errors(
+        tmp_path: Path, golden_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--clef with --device cdua, --device cuda on a torch without CUDA, or a checkpoint whose joint head config
+    lacks hidden_size ended in a traceback."""
+    import torch
+
+    data = write_jsonl(tmp_path / "r.jsonl", [{"state": "alpha", "questions": {
+        "flag": {"type": "noul", "instructions": "Is it alpha?"}}, "labels": {"flag": True}}])
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for item in golden_checkpoint.iterdir():
+        (damaged / item.name).write_bytes(item.read_bytes())
+    (damaged / "joint_head_config.json").write_text("{}")
+    base = ["train", str(data), "--val", str(data), "--no-progress", "--epochs", "1", "--out", str(tmp_path / "o")]
+    assert main([*base, "--clef", str(golden_checkpoint), "--device", "cdua"]) == 2
+    assert capsys.readouterr().err == "guard train: --device 'cdua': expected cpu, cuda or cuda:N\n"
+    if not torch.cuda.is_available():
+        assert main([*base, "--clef", str(golden_checkpoint), "--device", "cuda"]) == 2
+        assert "--device cuda: this torch build has no CUDA device" in capsys.readouterr().err
+    assert main([*base, "--device", "cpu"]) == 2
+    assert "--device applies only to --clef" in capsys.readouterr().err
+    assert main([*base, "--clef", str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert f"guard train: --clef {damaged}: joint head config must set hidden_size\n" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
