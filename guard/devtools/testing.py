@@ -320,10 +320,16 @@ def is_test_file(path: str | Path) -> bool:
     return p.suffix in (".yaml", ".yml") and p.stem.endswith("_test")
 
 
+def _is_policy_entry(path: Path) -> bool:
+    """Whether ``path`` is named ``*.yaml``/``*.yml`` and is not a folder: a FIFO, a dangling symlink or a symlink
+    loop so named is kept, so that reading it reports the file and why it cannot be read (it is not skipped)."""
+    return path.suffix in (".yaml", ".yml") and not path.is_dir()
+
+
 def _policy_files(folder: Path) -> list[Path]:
-    """Every ``*.yaml``/``*.yml`` file below ``folder``, sorted; symlinked folders below it are not followed (a link
-    back up would list the same files again and again)."""
-    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    """Every ``*.yaml``/``*.yml`` entry below ``folder`` that is not a folder (:func:`_is_policy_entry`), sorted;
+    symlinked folders below it are not followed (a link back up would list the same files again and again)."""
+    return sorted(p for p in folder.rglob("*") if _is_policy_entry(p))
 
 
 def _glob(pattern: str) -> list[Path]:
@@ -364,7 +370,7 @@ def expand_policy_paths(names: Sequence[str]) -> list[Path]:
                 if match.is_dir():
                     if not match.is_symlink():
                         matches.extend(_policy_files(match))
-                elif match.suffix in (".yaml", ".yml") and match.is_file():
+                elif _is_policy_entry(match):
                     matches.append(match)
             if not matches:
                 raise FileNotFoundError(f"{name}: no file matches (no *.yaml or *.yml file)")

@@ -68,3 +68,30 @@ def test_a_symlink_loop_is_named_not_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "l2.yaml").symlink_to("l1.yaml")
     with pytest.raises(FileNotFoundError, match="l1.yaml: a symlink loop"):
         expand_policy_paths([str(tmp_path / "l1.yaml")])
+
+
+@pytest.mark.parametrize("make", ["fifo", "dangling", "loop"])
+def test_an_entry_named_yaml_that_is_not_a_readable_file_is_reported_not_skipped(
+    tmp_path: Path, make: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO, a dangling symlink or a symlink loop named *.yaml in a folder (or matched by a glob) was left out, and
+    policy check and policy test passed as if the folder held only its readable files."""
+    folder = _folder(tmp_path)
+    bad = folder / "broken.yaml"
+    if make == "fifo":
+        os.mkfifo(bad)
+    elif make == "dangling":
+        bad.symlink_to(folder / "missing.yaml")
+    else:
+        bad.symlink_to(folder / "other.yaml")
+        (folder / "other.yaml").symlink_to(bad)
+    (folder / "d.yaml").mkdir()  # a folder so named is still not a policy file
+    for name in (str(folder), f"{folder}/*.yaml"):
+        if make == "loop":
+            with pytest.raises(FileNotFoundError, match="broken.yaml: a symlink loop"):
+                expand_policy_paths([name])
+        else:
+            assert bad in expand_policy_paths([name]) and folder / "d.yaml" not in expand_policy_paths([name])
+        for command in ("check", "test"):
+            assert main(["policy", command, name]) != 0
+            assert "broken.yaml" in capsys.readouterr().err
