@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from guard.clef.encoding import DEFAULT_MAX_LENGTH, EncodedRecord, collate, encode_record
-from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointSchemaHead
+from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig, JointSchemaHead
 from guard.clef.processor import ClefProcessor
 from guard.systemone import (
     ConfidenceProfile,
@@ -35,12 +35,29 @@ from guard.systemone import (
     require_request,
 )
 
-__all__ = ["SUPPORTED_DTYPES", "ClefModel", "checkpoint_date", "checkpoint_revision"]
+__all__ = ["SUPPORTED_DTYPES", "ClefModel", "check_checkpoint", "checkpoint_date", "checkpoint_revision"]
 
 #: Backbone/head dtypes we run: bf16 (the reference) or float32 (the same bf16 weights upcast exactly).
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 _REVISION_SMALL_FILES = ("config.json", HEAD_CONFIG_FILE, "model.safetensors.index.json", "tokenizer.json")
 _REVISION_SAMPLE_BYTES = 1 << 20
+
+
+def check_checkpoint(path: str | Path) -> None:
+    """Check, without loading any weights, that ``path`` holds a Clef checkpoint's files and a valid joint head config.
+
+    Raises:
+        FileNotFoundError: ``"<path> is not a Clef checkpoint: <file> is missing"``.
+        ValueError: the joint head config is not JSON or not a valid config (naming the file).
+    """
+    root = Path(path)
+    for required in ("config.json", HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, "tokenizer.json"):
+        if not (root / required).is_file():
+            raise FileNotFoundError(f"{root} is not a Clef checkpoint: {required} is missing")
+    try:
+        JointHeadConfig.from_file(root / HEAD_CONFIG_FILE)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{root / HEAD_CONFIG_FILE}: {exc}") from None
 
 
 def checkpoint_revision(path: str | Path) -> str:
@@ -137,9 +154,7 @@ class ClefModel:
             raise ValueError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
         if max_length < 1:
             raise ValueError(f"max_length must be positive, got {max_length}")
-        for required in ("config.json", HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, "tokenizer.json"):
-            if not (root / required).is_file():
-                raise FileNotFoundError(f"{root} is not a Clef checkpoint: {required} is missing")
+        check_checkpoint(root)
         kwargs: dict[str, Any] = {"dtype": dtype}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation

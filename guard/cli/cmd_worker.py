@@ -348,8 +348,12 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--uds cannot be combined with --host/--port")
     if args.port is not None and not 0 <= args.port <= 65535:
         return _fail(f"--port must be 0-65535, got {args.port}")
-    if not (Path(args.model) / "config.json").is_file():
-        return _fail(f"--model {args.model}: not a checkpoint directory (config.json is missing)")
+    from guard.clef.model import check_checkpoint
+
+    try:  # before listening: a damaged checkpoint exits 2, not a worker that never becomes ready
+        check_checkpoint(args.model)
+    except (OSError, ValueError) as exc:
+        return _fail(f"--model: {exc}")
     if args.uds:
         folder = Path(args.uds).parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):

@@ -315,7 +315,8 @@ class _Runtime:
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             self.phase = WorkerPhase.FAILED
-            logger.exception("worker failed to become ready")
+            logger.error("worker failed to become ready: %s", self.error)
+            logger.debug("the load failed here", exc_info=exc)
             return
         if self.phase is WorkerPhase.LOADING:
             self.phase = WorkerPhase.READY

@@ -145,3 +145,32 @@ def test_missing_checkpoint_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     parsed = build_parser().parse_args(["worker", "serve", "--model", str(tmp_path)])
     assert parsed.handler(parsed) == 2
     assert "config.json is missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("tokenizer.json", "is not a Clef checkpoint: tokenizer.json is missing"),
+        ("joint_head.safetensors", "is not a Clef checkpoint: joint_head.safetensors is missing"),
+        ("{}", "joint_head_config.json: joint head config must set hidden_size"),
+        ("{not json", "joint_head_config.json: Expecting property name"),
+    ],
+)
+def test_a_damaged_checkpoint_exits_2_before_listening(
+    golden_checkpoint: Path, tmp_path: Path, damage: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only config.json was checked: the worker opened its socket, logged a traceback and ran on, never ready."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for item in golden_checkpoint.iterdir():
+        (model / item.name).write_bytes(item.read_bytes())
+    if damage.endswith((".json", ".safetensors")):
+        (model / damage).unlink()
+    else:
+        (model / "joint_head_config.json").write_text(damage)
+    uds = tmp_path / "w.sock"
+    parsed = build_parser().parse_args(["worker", "serve", "--model", str(model), "--uds", str(uds)])
+    assert parsed.handler(parsed) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"guard worker serve: --model: {model}") and message in err, err
+    assert not uds.exists()

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import io
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -599,7 +600,11 @@ async def test_graceful_shutdown_answers_requests_already_queued(clef_fp32: Clef
     assert backend.batcher.state.value == "closed"
 
 
-async def test_not_ready_until_loaded_and_unhealthy_when_loading_fails(tmp_path: Path) -> None:
+async def test_not_ready_until_loaded_and_unhealthy_when_loading_fails(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failed load is logged in one line (it was a traceback, which read as a crash of a worker still running)."""
+    caplog.set_level(logging.INFO, logger="guard")
     app = create_app(lambda: LocalBackend.from_pretrained(tmp_path / "missing"))
     with serve_app_in_thread(app, ready_path=None) as url:
         async with httpx.AsyncClient(base_url=url) as client:
@@ -614,6 +619,10 @@ async def test_not_ready_until_loaded_and_unhealthy_when_loading_fails(tmp_path:
     assert ready.status_code == 503 and ready.json()["code"] == "not_ready" and "retry-after" in ready.headers
     assert answer.status_code == 503 and answer.json()["code"] == "not_ready"
     assert models.status_code == 503
+    failed = [record for record in caplog.records if "failed to become ready" in record.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is None
+    assert failed[0].getMessage() == ("worker failed to become ready: FileNotFoundError: "
+                                      f"{tmp_path / 'missing'} is not a Clef checkpoint: config.json is missing")
 
 
 async def test_loads_from_a_callable_on_startup(clef_fp32: ClefModel) -> None:
