@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -194,6 +195,10 @@ def run(args: argparse.Namespace) -> int:
             random.Random(args.seed or 0).shuffle(shuffled)
             cut = int(len(shuffled) * args.val_fraction)
             val, records = shuffled[:cut], shuffled[cut:]
+            if not val:  # its loss would be NaN, written into the report and the checkpoint's config
+                raise ValueError(f"the validation split is empty ({len(shuffled)} records, --val-fraction "
+                                 f"{args.val_fraction}): give --val or at least "
+                                 f"{math.ceil(1 / args.val_fraction)} records")
     except (OSError, ValueError) as exc:
         print(f"guard train: {exc}", file=sys.stderr)
         return 2

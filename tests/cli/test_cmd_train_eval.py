@@ -219,7 +219,7 @@ def test_out_is_refused_when_it_holds_files_that_are_not_a_compact_checkpoint_of
     for item in golden_checkpoint.iterdir():
         (clef / item.name).write_bytes(item.read_bytes())
     before = {item.name: item.read_bytes() for item in clef.iterdir()}
-    base = ["train", str(data), "--no-progress", "--no-cache", "--epochs", "1"]
+    base = ["train", str(data), "--no-progress", "--no-cache", "--epochs", "1", "--val-fraction", "0.5"]
     assert main([*base, "--out", str(clef)]) == 2
     assert "is not empty" in capsys.readouterr().err
     assert main([*base, "--clef", str(clef), "--out", str(clef)]) == 2
@@ -240,7 +240,7 @@ def test_out_is_refused_when_it_holds_files_that_are_not_a_compact_checkpoint_of
     assert "is not empty" in capsys.readouterr().err
     router = tmp_path / "router"
     for _ in range(2):  # the second run replaces the first's checkpoint
-        assert main([*base, "--width", "16", "--val-fraction", "0.5", "--out", str(router)]) == 0
+        assert main([*base, "--width", "16", "--out", str(router)]) == 0
     assert json.loads((router / "compact_config.json").read_text())["kind"] == "router"
 
 
@@ -267,5 +267,17 @@ def test_clef_device_and_checkpoint_problems_are_usage_errors(
     assert "--device applies only to --clef" in capsys.readouterr().err
     assert main([*base, "--clef", str(damaged)]) == 2
     err = capsys.readouterr().err
-    assert f"guard train: --clef {damaged}: joint head config must set hidden_size\n" in err and "Traceback" not in err
+    assert f"guard train: --clef {damaged}: {damaged / 'joint_head_config.json'}: joint head config must set hidden_size\n" \
+        in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_empty_validation_split_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Four records at --val-fraction 0.1 held none out: the validation loss was NaN, written as NaN (not JSON) into
+    the report and compact_config.json."""
+    data = write_jsonl(tmp_path / "few.jsonl", [{"text": t, "label": t[0]} for t in ("aa", "ab", "ba", "bb")])
+    out = tmp_path / "o"
+    assert main(["train", str(data), "--out", str(out), "--no-cache", "--no-progress", "--epochs", "1"]) == 2
+    assert capsys.readouterr().err == ("guard train: the validation split is empty (4 records, --val-fraction 0.1): "
+                                       "give --val or at least 10 records\n")
+    assert not out.exists()
