@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 from guard.backends.options import add_backend_options, check_device_options, open_cli_backend
-from guard.cli._args import fraction, positive_int, positive_seconds
+from guard.cli._args import fraction, name, positive_int, positive_seconds
 from guard.cli._output import file_problem
 
 __all__ = ["open_eval_backend", "register"]
@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout, the default)")
     parser.add_argument("--text-field", default="text")
     parser.add_argument("--label-field", default="label")
-    parser.add_argument("--question-id", default="route", help="choice question id for text/label lines")
+    parser.add_argument("--question-id", type=name, default="route", help="choice question id for text/label lines")
     parser.add_argument("--instructions", help="wording of that question (default: its id)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.backends.options import device_kind
-from guard.cli._args import count, finite, fraction, non_negative, positive_int, share
+from guard.cli._args import count, finite, fraction, name, non_negative, positive_int, share
 from guard.cli._output import directory_problem
 
 __all__ = ["register"]
@@ -58,7 +58,7 @@ def register(subparsers: Any) -> None:
     router = parser.add_argument_group("text/label lines")
     router.add_argument("--text-field", default="text")
     router.add_argument("--label-field", default="label")
-    router.add_argument("--question-id", default="route", help="id of the choice question policies will ask")
+    router.add_argument("--question-id", type=name, default="route", help="id of the choice question policies will ask")
     router.add_argument("--instructions", help="wording of that question (default: its id)")
     hyper = parser.add_argument_group("training")
     hyper.add_argument("--epochs", type=positive_int, default=None)

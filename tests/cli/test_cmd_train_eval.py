@@ -281,3 +281,14 @@ def test_an_empty_validation_split_is_refused(tmp_path: Path, capsys: pytest.Cap
     assert capsys.readouterr().err == ("guard train: the validation split is empty (4 records, --val-fraction 0.1): "
                                        "give --val or at least 10 records\n")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["eval", "d.jsonl"], ["train", "d.jsonl", "--out", "o"]])
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_question_id_is_a_usage_error(command: list[str], value: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--question-id "" was taken: every record asked a question with an empty id."""
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--question-id", value])
+    assert info.value.code == 2
+    assert f"argument --question-id: {value!r} is empty; give a name" in capsys.readouterr().err
