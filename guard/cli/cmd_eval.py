@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from guard.backends import start_backend
     from guard.backends.compact import CompactBackend
     from guard.compact.evaluate import evaluate_backend, format_table
-    from guard.compact.records import load_records
+    from guard.compact.records import load_records, read_records_file
     from guard.errors import GuardError
 
     if args.json and args.json != "-" and (problem := file_problem(args.json)) is not None:
@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     records = []
     backend = None
     try:
+        for path in args.data:  # before the backend loads (seconds): a missing or unreadable file is said at once
+            read_records_file(path)
         backend = open_eval_backend(args)
         # text/label lines scored against a trained router ask it its own labels, not only those the files hold
         labels = backend.trained_labels(args.question_id) if isinstance(backend, CompactBackend) else ()

@@ -199,3 +199,12 @@ def test_a_record_that_labels_nothing_warns_that_it_is_not_scored(labels: Any, t
     err = capsys.readouterr().err
     assert f"{data}:2" in err and "label no question" in err and "decided but not scored" in err
     assert backend.asked == 3
+
+
+def test_data_files_are_checked_before_the_backend_opens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt data file was reported only after the backend had loaded (9.5 s for the compact model): here the
+    backend would fail to open, so its error showing means the data file was not checked first."""
+    good = write(tmp_path / "good.jsonl", [record()])
+    missing = tmp_path / "missing.jsonl"
+    assert main(["eval", str(good), str(missing), "--backend", f"local:{tmp_path / 'no-model'}"]) == 2
+    assert capsys.readouterr().err == f"guard eval: {missing}: cannot read file: No such file or directory\n"
