@@ -360,7 +360,6 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--uds {args.uds}: folder {folder} does not exist or is not writable; create it first")
         if (problem := _uds_problem(args.uds)) is not None:
             return _fail(f"--uds {args.uds}: {problem}")
-        _owner_and_group_only(args.uds)
     try:
         torch_dtype(args)  # before listening: a --device this machine has not exits 2, not an unready worker
     except ValueError as exc:
@@ -417,6 +416,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         shutdown_providers()
         return _fail(str(exc))
+    if args.uds:  # after every check: a usage error leaves no socket file behind
+        _owner_and_group_only(args.uds)
     app = create_app(load, config=worker_config, metrics=WorkerMetrics(extra_readers=readers))
     where: dict[str, Any] = {"uds": args.uds} if args.uds else {}  # a Unix socket uvicorn binds itself
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,

@@ -174,3 +174,15 @@ def test_a_damaged_checkpoint_exits_2_before_listening(
     err = capsys.readouterr().err
     assert err.startswith(f"guard worker serve: --model: {model}") and message in err, err
     assert not uds.exists()
+
+
+@pytest.mark.parametrize("args", [["--canary-margin", "2"], ["--device", "tpu"], ["--max-pending-body-bytes", "1000"]])
+def test_a_usage_error_leaves_no_socket_file(
+    golden_checkpoint: Path, tmp_path: Path, args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The socket file was made as soon as --uds was checked, and left there by a later usage error."""
+    uds = tmp_path / "w.sock"
+    parsed = build_parser().parse_args(["worker", "serve", "--model", str(golden_checkpoint), "--uds", str(uds), *args])
+    assert parsed.handler(parsed) == 2
+    assert capsys.readouterr().err.startswith("guard worker serve: ")
+    assert not uds.exists()
