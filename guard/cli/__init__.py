@@ -10,14 +10,31 @@ import os
 import pkgutil
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that takes no abbreviation of an option (``--js x`` is not ``--json x``) and reports an
+    unknown option with the usage of the subcommand it was given to. Subcommands' parsers are of this class too
+    (``add_subparsers`` makes parsers of its parser's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:  # a subcommand's own parser: nothing above it takes these
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
-    parser = argparse.ArgumentParser(prog="guard", description="Decision-model guardrails for agents and APIs.")
+    parser = _Parser(prog="guard", description="Decision-model guardrails for agents and APIs.")
     try:
         installed = version("guard")
     except PackageNotFoundError:

@@ -80,3 +80,20 @@ def test_explain_still_reads_a_subject_from_a_fifo(tmp_path: Path, capsys: pytes
     assert main(["policy", "explain", str(POLICIES / "api_abuse.yaml"), "--input", str(fifo)]) == 0
     thread.join(5)
     assert capsys.readouterr().out.startswith("policy     api-abuse@")
+
+
+@pytest.mark.parametrize(("argv", "usage"), [
+    (["eval", "d.jsonl", "--js", "x"], "guard eval"),
+    (["policy", "schema", "--out", "s.json"], "guard policy schema"),
+    (["worker", "serve", "--model", "m", "--max-b", "4"], "guard worker serve"),
+])  # fmt: skip
+def test_an_abbreviated_option_is_an_unknown_one_named_by_its_subcommand(
+    argv: list[str], usage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--js x was taken as --json x (argparse's prefix matching): a typo chose another option."""
+    monkeypatch.chdir(tmp_path)  # where --out s.json was written as --output
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith(f"usage: {usage} ")
+    assert f"{usage}: error: unrecognized arguments: {' '.join(argv[-2:])}\n" in err
