@@ -6,8 +6,8 @@ Usage::
                                                        # lists overlapping policies (information, exit 0)
     guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--timeout-ms MS] [--json]
     guard policy test PATH... [--backend SPEC] [--timeout-ms MS] [--run PATTERN] [--format text|json|junit] [-v]
-    guard policy schema [--tests] [--output PATH] [--check PATH]  # JSON Schema of policy (or test) files
-    guard policy reference [--output PATH] [--check PATH]  # that schema as a Markdown reference
+    guard policy schema [--tests] [--output PATH | --check PATH]  # JSON Schema of policy (or test) files
+    guard policy reference [--output PATH | --check PATH]  # that schema as a Markdown reference
 
 ``SUBJECT.json`` is ``{"http": {...}}`` or ``{"agent": {...}}`` (see ``guard/devtools/testing.py``). ``ANSWERS.json``
 maps question keys to answer specs (``{"injection": 0.93}``). ``--backend`` is ``local:CHECKPOINT_DIR`` (in-process
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -84,13 +85,15 @@ def register(subparsers: Any) -> None:
 
     schema = sub.add_parser("schema", help="print (or write, or check) the policy file JSON Schema")
     schema.add_argument("--tests", action="store_true", help="the schema of <name>_test.yaml files instead")
-    schema.add_argument("--output", metavar="PATH", help="write the schema here")
-    schema.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated schema")
+    target = schema.add_mutually_exclusive_group()
+    target.add_argument("--output", metavar="PATH", help="write the schema here (new, or a schema written before)")
+    target.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated schema")
     schema.set_defaults(handler=run_schema)
 
     reference = sub.add_parser("reference", help="print (or write, or check) the Markdown policy file reference")
-    reference.add_argument("--output", metavar="PATH", help="write the reference here")
-    reference.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated reference")
+    target = reference.add_mutually_exclusive_group()
+    target.add_argument("--output", metavar="PATH", help="write the reference here (new, or a reference written before)")
+    target.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the generated reference")
     reference.set_defaults(handler=run_reference)
 
 
@@ -495,14 +498,33 @@ def run_reference(args: argparse.Namespace) -> int:
     return _emit(reference_markdown(), args, "reference")
 
 
-def _emit(text: str, args: argparse.Namespace, command: str) -> int:
-    """Print ``text``, write it to ``--output``, or with ``--check`` exit 1 when that file differs from it."""
-    if args.check:
-        from guard._readfile import FileRefused, read_capped
+def _read_text(path: str) -> str:
+    """The text of the file at ``path``, newlines read as ``read_text`` reads them: a regular file of at most
+    :data:`MAX_CHECK_BYTES` (a device or FIFO such as /dev/zero is refused before any read).
 
-        try:  # a regular file of at most MAX_CHECK_BYTES: a device or FIFO (/dev/zero) is refused before any read
-            current = read_capped(args.check, MAX_CHECK_BYTES).decode("utf-8")
-            current = current.replace("\r\n", "\n").replace("\r", "\n")  # newlines read as read_text reads them
+    Raises:
+        OSError, FileRefused, UnicodeDecodeError: it cannot be read, is not such a file, or is not UTF-8.
+    """
+    from guard._readfile import read_capped
+
+    current = read_capped(path, MAX_CHECK_BYTES).decode("utf-8")
+    return current.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _is_generated(current: str, text: str) -> bool:
+    """Whether ``current`` is a file this command wrote, in this or another version: it starts with the generated
+    ``text``'s first three lines (the schema's ``$schema`` and ``$id``, the reference's "Generated ..." comment)."""
+    return current.split("\n")[:3] == text.split("\n")[:3]
+
+
+def _emit(text: str, args: argparse.Namespace, command: str) -> int:
+    """Print ``text``, write it to ``--output`` (a new file or one this command wrote), or with ``--check`` exit 1
+    when that file differs from it (suggesting ``--output`` only for a file this command wrote)."""
+    from guard._readfile import FileRefused
+
+    if args.check:
+        try:
+            current = _read_text(args.check)
         except OSError as exc:
             print(f"{args.check}: cannot read: {exc.strerror}", file=sys.stderr)
             return EXIT_FAILED
@@ -510,14 +532,27 @@ def _emit(text: str, args: argparse.Namespace, command: str) -> int:
             print(f"{args.check}: cannot read: {exc}", file=sys.stderr)
             return EXIT_FAILED
         except UnicodeDecodeError:
-            print(f"{args.check}: not UTF-8 text; run: guard policy {command} --output {args.check}", file=sys.stderr)
+            print(f"{args.check}: not UTF-8 text, so not the output of guard policy {command}", file=sys.stderr)
             return EXIT_FAILED
-        if current != text:
+        if current == text:
+            print(f"ok {args.check}")
+            return 0
+        if _is_generated(current, text):
             print(f"{args.check} is out of date; run: guard policy {command} --output {args.check}", file=sys.stderr)
-            return EXIT_FAILED
-        print(f"ok {args.check}")
-        return 0
+        else:
+            print(f"{args.check} differs and is not the output of guard policy {command} (its first lines differ); "
+                  "check the file that command wrote", file=sys.stderr)
+        return EXIT_FAILED
     if args.output:
+        if os.path.lexists(args.output):
+            try:
+                written = _is_generated(_read_text(args.output), text)
+            except (OSError, FileRefused, UnicodeDecodeError):
+                written = False
+            if not written:
+                print(f"guard policy {command}: --output {args.output} exists and is not the output of guard policy "
+                      f"{command}; it is not overwritten (give a new path, or remove the file first)", file=sys.stderr)
+                return EXIT_USAGE
         try:
             Path(args.output).write_text(text, encoding="utf-8")
         except OSError as exc:

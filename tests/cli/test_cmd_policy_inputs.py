@@ -97,3 +97,31 @@ def test_an_abbreviated_option_is_an_unknown_one_named_by_its_subcommand(
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.startswith(f"usage: {usage} ")
     assert f"{usage}: error: unrecognized arguments: {' '.join(argv[-2:])}\n" in err
+
+
+@pytest.mark.parametrize("command", ["schema", "reference"])
+def test_output_never_overwrites_a_file_it_did_not_write_and_check_suggests_it_only_for_one_it_did(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--check p.yaml (a policy) said "run: guard policy schema --output p.yaml", which overwrote the policy; --output
+    and --check together silently did --check only."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policies: []\n")
+    assert main(["policy", command, "--check", str(policy)]) == 1
+    err = capsys.readouterr().err
+    assert f"is not the output of guard policy {command}" in err and "--output" not in err
+    assert main(["policy", command, "--output", str(policy)]) == 2
+    assert f"--output {policy} exists and is not the output of guard policy {command}" in capsys.readouterr().err
+    assert policy.read_text() == "policies: []\n"
+    generated = tmp_path / "generated"
+    assert main(["policy", command, "--output", str(generated)]) == 0
+    generated.write_text(generated.read_text() + "an older version's line\n")
+    assert main(["policy", command, "--check", str(generated)]) == 1
+    assert f"run: guard policy {command} --output {generated}" in capsys.readouterr().err
+    assert main(["policy", command, "--output", str(generated)]) == 0  # a file it wrote is replaced
+    assert main(["policy", command, "--check", str(generated)]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(["policy", command, "--output", str(generated), "--check", str(generated)])
+    assert info.value.code == 2
+    assert "argument --check: not allowed with argument --output" in capsys.readouterr().err
