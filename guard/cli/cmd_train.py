@@ -165,9 +165,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"guard train: --ground refits a catalog checkpoint's grounding; it cannot go with {other}",
               file=sys.stderr)
         return 2
-    if args.clef and not (Path(args.clef) / "config.json").is_file():
-        print(f"guard train: --clef {args.clef}: not a Clef checkpoint (config.json is missing)", file=sys.stderr)
-        return 2
+    if args.clef:
+        from guard.clef.model import check_checkpoint
+
+        try:  # before the data is read: the files the fine-tuning loads, and its head config
+            check_checkpoint(args.clef)
+        except (OSError, ValueError) as exc:
+            print(f"guard train: --clef: {exc}", file=sys.stderr)
+            return 2
     if args.device is not None:
         if not args.clef:
             print("guard train: --device applies only to --clef (the compact model trains on the CPU)",
@@ -207,13 +212,15 @@ def run(args: argparse.Namespace) -> int:
     progress = None if args.no_progress else _tqdm()
     log = lambda line: print(line, file=sys.stderr)
     if args.clef:
+        from safetensors import SafetensorError
+
         from guard.compact.clef_finetune import ClefFinetuneConfig, finetune_clef_head
 
         config = ClefFinetuneConfig(**{k: v for k, v in _hyper(args).items() if k in ClefFinetuneConfig.fields()})
         try:
             report = finetune_clef_head(args.clef, records, val, config, args.out, device=args.device or "cpu",
                                         progress=progress, log=log)
-        except (OSError, ValueError, RuntimeError) as exc:
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # SafetensorError: a damaged weights file
             print(f"guard train: --clef {args.clef}: {exc}", file=sys.stderr)
             return 2
         print(json.dumps(report, indent=2))

@@ -267,8 +267,12 @@ def test_clef_device_and_checkpoint_problems_are_usage_errors(
     assert "--device applies only to --clef" in capsys.readouterr().err
     assert main([*base, "--clef", str(damaged)]) == 2
     err = capsys.readouterr().err
-    assert f"guard train: --clef {damaged}: {damaged / 'joint_head_config.json'}: joint head config must set hidden_size\n" \
-        in err and "Traceback" not in err
+    assert err == f"guard train: --clef: {damaged / 'joint_head_config.json'}: joint head config must set hidden_size\n"
+    (damaged / "joint_head_config.json").write_text((golden_checkpoint / "joint_head_config.json").read_text())
+    (damaged / "joint_head.safetensors").write_bytes(b"not safetensors")
+    assert main([*base, "--clef", str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert f"guard train: --clef {damaged}: " in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
 
