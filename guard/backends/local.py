@@ -396,11 +396,13 @@ class LocalBackend:
         self, request: SystemOneRequestV1, remaining: float | None, hold: Callable[[int], None] | None = None
     ) -> EncodedRecord:
         """Tokenize on an encoding thread within ``remaining`` seconds (``None``: no limit), once ``hold`` took the
-        bytes its images' tensors will hold (read from their headers, on the event loop); turn the model's refusals
-        into ``BackendRejected``.
+        bytes its images' tensors will hold (read from their headers, on the event loop, after checking that the
+        images fit the prompt beside the request's schema, :meth:`state_room`); turn the model's refusals into
+        ``BackendRejected``.
 
         Raises:
-            BackendRejected: an image's header cannot be read, or the model refused the request (422).
+            BackendRejected: an image's header cannot be read, the images take more tokens than the prompt has room
+                for beside the schema (before ``hold``), or the model refused the request (422).
             BackendTimeout: the encoding did not finish in time; the caller is answered now (a thread already
                 encoding runs on, one not yet started never does).
             BackendUnavailable: the encoding failed otherwise (``reason="inference_failed"``): a tokenizer panic
@@ -424,7 +426,7 @@ class LocalBackend:
 
         try:
             if hold is not None and request.images:
-                hold(self.model.processor.image_tensor_bytes(request.images))
+                self._hold_images(request, hold)
             if remaining is not None and remaining <= 0:
                 raise TimeoutError
             return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._encoder, encode), remaining)
@@ -446,6 +448,19 @@ class LocalBackend:
                 status_code=422,
                 detail=[{"field": "body", "message": str(exc)}],
             ) from exc
+
+    def _hold_images(self, request: SystemOneRequestV1, hold: Callable[[int], None]) -> None:
+        """Have ``hold`` take the bytes the tensors of ``request``'s images will hold, counted from their headers, once
+        the images are known to fit the prompt beside the schema (images that never can are a 422 here, not a 429
+        from ``hold``); a schema that does not fit holds nothing, the encoding refusing it before any image is
+        decoded."""
+        room = self.state_room(request.questions)
+        if room < 0:
+            return
+        processor = self.model.processor
+        pads = processor.image_pads(request.images)
+        processor.check_image_room(pads, room)
+        hold(processor.image_tensor_bytes(pads))
 
     def _run_batch(self, jobs: Sequence[_Job]) -> list[SystemOneResponseV1]:
         """On the inference thread: one batched forward for ``jobs``, then each record's readout (in a

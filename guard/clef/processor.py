@@ -285,19 +285,40 @@ class ClefProcessor:
         processor = self.image_processor
         return 3 * int(processor.temporal_patch_size) * int(processor.patch_size) ** 2
 
-    def image_tensor_bytes(self, images: Sequence[Any], media_kwargs: Mapping[str, Any] | None = None) -> int:
-        """Bytes the tensors of ``images`` hold once encoded by :meth:`encode_media` (float32 ``pixel_values``, one row
-        per patch, ``merge_size²`` patches per pad, and int64 ``image_grid_thw``), counted from their headers: no
-        image is decoded. 0 on a text-only checkpoint (which refuses images).
+    def image_pads(self, images: Sequence[Any], media_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+        """The ``<|image_pad|>`` tokens each of ``images`` takes, counted from its header (no image is decoded); ``[]``
+        on a text-only checkpoint (which refuses images).
 
         Raises:
             RequestValidationError: as :func:`open_image`, naming ``images[i]``.
         """
         if not images or self.image_processor is None:
-            return 0
+            return []
         opened = [open_image(item, where=f"images[{i}]") for i, item in enumerate(images)]
-        rows = sum(self._image_pads(opened, media_kwargs or {})) * int(self.image_processor.merge_size) ** 2
-        return rows * self._patch_width() * 4 + len(opened) * 3 * 8
+        return self._image_pads(opened, media_kwargs or {})
+
+    def image_tensor_bytes(self, pads: Sequence[int]) -> int:
+        """Bytes the tensors of images taking ``pads`` tokens each (:meth:`image_pads`) hold once encoded by
+        :meth:`encode_media`: float32 ``pixel_values``, one row per patch, ``merge_size²`` patches per pad, and int64
+        ``image_grid_thw``. 0 for no images."""
+        if not pads:
+            return 0
+        rows = sum(pads) * int(self.image_processor.merge_size) ** 2
+        return rows * self._patch_width() * 4 + len(pads) * 3 * 8
+
+    def check_image_room(self, pads: Sequence[int], max_tokens: int) -> None:
+        """Refuse images taking ``pads`` tokens each (:meth:`image_pads`) whose block, with its markers, takes more
+        than ``max_tokens`` (the prompt's room beside its schema).
+
+        Raises:
+            RequestValidationError: field ``images``, naming each image's tokens and the room.
+        """
+        tokens = len(self.encode_texts([IMAGE_PLACEHOLDER * len(pads) + "\n"])[0]) - len(pads) + sum(pads)
+        if tokens > max_tokens:
+            message = (f"{len(pads)} image(s) take {tokens} tokens at the sizes the image processor resizes them to "
+                       f"({', '.join(map(str, pads))} each, plus their markers); the prompt has room for "
+                       f"{max(max_tokens, 0)} beside its schema")
+            raise RequestValidationError([FieldError("images", message)])
 
     def encode_media(
         self,
@@ -336,12 +357,8 @@ class ClefProcessor:
         kwargs = dict(media_kwargs or {})
         merge = int(self.image_processor.merge_size) ** 2 if opened else 1
         pads = self._image_pads(opened, kwargs) if opened else []
-        tokens = len(self.encode_texts([text])[0]) - len(pads) + sum(pads)
-        if max_tokens is not None and not videos and tokens > max_tokens:
-            message = (f"{len(pads)} image(s) take {tokens} tokens at the sizes the image processor resizes them to "
-                       f"({', '.join(map(str, pads))} each, plus their markers); the prompt has room for {max_tokens} "
-                       "beside its schema")
-            raise RequestValidationError([FieldError("images", message)])
+        if max_tokens is not None and not videos:
+            self.check_image_room(pads, max_tokens)
         if self.full_processor is not None and videos:  # pragma: no cover - torchvision is absent in CI
             decoded = [_decoded(image, f"images[{i}]") for i, image in enumerate(opened)]
             out = self.full_processor(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import compileall
 import gc
 import hashlib
+import io
 import shutil
 import threading
 from pathlib import Path
@@ -13,13 +15,14 @@ from typing import Any
 
 import pytest
 import torch
+from PIL import Image
 
 from guard.backends.base import PACKAGE_DIR, DecisionBackend, code_digest, installed_code_digest
 from guard.backends.batcher import BatcherConfig, BatchInfo
 from guard.backends.local import LocalBackend
 from guard.backends.selftest import SELF_TEST_REQUEST
 from guard.clef.model import ClefModel
-from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable
+from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, Overloaded
 from guard.systemone import QuestionV1, SystemOneRequestV1, confidence
 from tests.worker._requests import golden_case, long_body, ticket_body
 
@@ -85,6 +88,39 @@ async def test_schema_too_long_is_rejected_with_field_errors(clef_fp32: ClefMode
             await backend.decide(request({"model": "m", "state": "s", "questions": many}))
     assert info.value.status_code == 422 and "maximum is 600" in str(info.value)
     assert info.value.detail and info.value.detail[0]["field"]
+
+
+def _png(size: tuple[int, int]) -> dict[str, str]:
+    out = io.BytesIO()
+    Image.new("RGB", size, "red").save(out, format="PNG")
+    return {"content_type": "image/png", "base64": base64.b64encode(out.getvalue()).decode()}
+
+
+async def test_images_that_can_never_fit_the_prompt_are_422_before_their_bytes_are_held(clef_fp32: ClefModel) -> None:
+    """``hold`` took a request's pixel bytes before its images' tokens were checked against the prompt, so a request
+    that can never be served got the retryable 429 of a full memory (verification finding). Images taking more than
+    the prompt's room beside the schema are refused 422 from their headers before ``hold`` is called; images that fit
+    are held for what their tensors will take, and refused as ``hold`` refuses them."""
+    held: list[int] = []
+
+    def full(size: int) -> None:
+        held.append(size)
+        raise Overloaded("memory for request bodies", 1, 1.0, counted="bytes")
+
+    fitting = request({**ticket_body(0), "images": [_png((512, 512))]})  # 256 tokens
+    too_large = request({**ticket_body(0), "images": [_png((1024, 1024))]})  # 1,024 tokens
+    async with LocalBackend(clef_fp32, max_length=1024) as backend:
+        assert 256 < backend.state_room(too_large.questions) < 1024
+        with pytest.raises(BackendRejected) as never:
+            await backend.decide(too_large, hold=full)
+        with pytest.raises(BackendRejected) as encoded:  # what the encoding says without a hold: the same refusal
+            await backend.decide(too_large)
+        with pytest.raises(BackendUnavailable) as later:
+            await backend.decide(fitting, hold=full)
+    assert never.value.status_code == 422 and never.value.detail == encoded.value.detail
+    assert never.value.detail and never.value.detail[0]["field"] == "images"
+    assert later.value.reason == "overloaded"
+    assert held == [clef_fp32.encode(fitting, max_length=1024).media_bytes]
 
 
 class _Panic(BaseException):
