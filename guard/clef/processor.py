@@ -306,6 +306,16 @@ class ClefProcessor:
         rows = sum(pads) * int(self.image_processor.merge_size) ** 2
         return rows * self._patch_width() * 4 + len(pads) * 3 * 8
 
+    def max_image_tensor_bytes(self) -> int:
+        """Most bytes one image's tensors hold once encoded (:meth:`image_tensor_bytes` of an image resized to the most
+        pixels the image processor keeps, ``size["longest_edge"]``: 24 MiB for 1,024 tokens); 0 on a text-only
+        checkpoint."""
+        processor = self.image_processor
+        if processor is None:
+            return 0
+        factor = int(processor.patch_size) * int(processor.merge_size)
+        return self.image_tensor_bytes([int(processor.size["longest_edge"]) // factor**2])
+
     def check_image_room(self, pads: Sequence[int], max_tokens: int) -> None:
         """Refuse images taking ``pads`` tokens each (:meth:`image_pads`) whose block, with its markers, takes more
         than ``max_tokens`` (the prompt's room beside its schema).

@@ -143,8 +143,9 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         default=None,
         metavar="P",
-        help="bytes of request bodies held in memory at once, counted as they arrive (64 MiB); at it, new requests "
-        "get 429",
+        help="bytes of request bodies held in memory at once, counted as they arrive, with their images' pixel "
+        "tensors (136 MiB: a body at the default cap and four images of 1,024 tokens, with room); at it, new "
+        "requests get 429",
     )
     http.add_argument(
         "--body-idle-timeout",

@@ -93,7 +93,7 @@ from guard.errors import (
     Overloaded,
     RequestValidationError,
 )
-from guard.systemone import MAX_IMAGE_PIXELS, SystemOneRequestV1, ValidationProfile
+from guard.systemone import MAX_IMAGE_PIXELS, MAX_IMAGES, SystemOneRequestV1, ValidationProfile
 from guard.worker import _http, _intake
 from guard.worker.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
 
@@ -120,9 +120,10 @@ logger = logging.getLogger("guard.worker")
 
 #: Largest accepted request body (Workers AI documents 13 MiB; decision requests are far smaller).
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-#: Bytes of request bodies held in memory at once, from their arrival until their requests are answered (eight bodies
-#: at the default cap, thousands of typical ones).
-DEFAULT_MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024
+#: Bytes of request bodies held in memory at once, from their arrival until their requests are answered, with the
+#: pixel tensors of their images: the body cap plus 128 MiB, so one request of four images of 1,024 tokens (96 MiB of
+#: tensors) is served beside other traffic (seventeen bodies at the default cap, thousands of typical ones).
+DEFAULT_MAX_PENDING_BODY_BYTES = DEFAULT_MAX_BODY_BYTES + 128 * 1024 * 1024
 #: Longest a request body may send nothing before it is a 408 (a stalled upload gives back what it holds).
 DEFAULT_BODY_IDLE_TIMEOUT_S = 10.0
 #: Deadline of a request that sends no ``x-request-timeout-ms``.
@@ -160,8 +161,10 @@ class WorkerConfig:
         max_body_bytes: largest request body; more is a 413.
         max_pending_body_bytes: most bytes of request bodies held in memory at once, counted as they arrive and held
             until the request is answered (parsed, it waits for encoding and compute holding as much memory or
-            more); while they are at it a new request is refused as a full queue is, and so is a body whose next bytes
-            would pass it. At least ``max_body_bytes``.
+            more), with their images' pixel tensors; while they are at it a new request is refused as a full queue
+            is, and so is a body whose next bytes would pass it. At least ``max_body_bytes``; the worker logs a
+            warning at start when it is below one request of four images at the largest size with its body at
+            ``max_body_bytes``.
         body_idle_timeout_s: most seconds a request body may send nothing (408 ``body_timeout``).
         default_timeout_s: deadline when the request has no ``x-request-timeout-ms`` header.
         max_timeout_s: cap on the header's deadline.
@@ -321,8 +324,21 @@ class _Runtime:
         if self.phase is WorkerPhase.LOADING:
             self.phase = WorkerPhase.READY
             logger.info("worker ready: %s", backend.model_revision)
+            self._warn_if_images_crowded(backend)
         if self.config.canary_interval_s > 0 and backend.canaries:
             await self._watch(backend)
+
+    def _warn_if_images_crowded(self, backend: LocalBackend) -> None:
+        """Log a warning when ``max_pending_body_bytes`` is below what one request of :data:`MAX_IMAGES` images of
+        the largest size the processor keeps holds (its body at the cap and its pixel tensors): such a request is
+        then served only while no other request holds a byte, so never under steady traffic."""
+        need = self.config.max_body_bytes + MAX_IMAGES * backend.model.processor.max_image_tensor_bytes()
+        if need > self.config.max_pending_body_bytes:
+            logger.warning(
+                "max_pending_body_bytes (--max-pending-body-bytes) is %d bytes, below the %d one request of %d "
+                "images at the largest size holds with its body at max_body_bytes: such requests are served only "
+                "while no other request is in memory", self.config.max_pending_body_bytes, need, MAX_IMAGES,
+            )
 
     async def _watch(self, backend: LocalBackend) -> None:
         """Run the backend's canaries every ``canary_interval_s``; a failure makes the worker ``UNREADY`` (no

@@ -527,6 +527,48 @@ async def test_an_image_request_is_refused_before_its_images_are_decoded_and_giv
     assert left == 0
 
 
+async def test_a_request_of_four_images_at_the_largest_size_is_served_beside_other_traffic_by_default(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the default 64 MiB a valid request of four images of 1,024 tokens (96 MiB of pixel tensors) was refused
+    429 whenever any other request held a byte, so never served under steady traffic (verification finding). The
+    default is the body cap plus 128 MiB: such a request is served while a text request is in the forward pass, and
+    a worker whose limit is below one such request warns at start."""
+    body = json.dumps({**_image_body((1024, 1024)), "images": [_image_body((1024, 1024))["images"][0]] * 4}).encode()
+    pixels = clef_fp32.encode(SystemOneRequestV1.from_json(json.loads(body))).media_bytes
+    assert pixels == 4 * clef_fp32.processor.max_image_tensor_bytes() == 4 * 1024 * 24 * 1024 + 4 * 24
+    headers = {"content-type": "application/json"}
+    released = threading.Event()
+    forward = clef_fp32.forward_records
+
+    def wedged(records: Any) -> Any:
+        released.wait(30)
+        return forward(records)
+
+    with serve_worker(LocalBackend(clef_fp32), config=WorkerConfig(model_name="clef-flash", canary_interval_s=0)) as worker:
+        async with worker.client() as client:
+            monkeypatch.setattr(clef_fp32, "forward_records", wedged)
+            try:
+                text = asyncio.ensure_future(client.post("/v1/systemone", json=ticket_body(2)))
+                deadline = time.monotonic() + 30
+                while worker.batcher.in_flight == 0:
+                    assert time.monotonic() < deadline, "the text request never reached the forward pass"
+                    await asyncio.sleep(0.01)
+                images = asyncio.ensure_future(client.post("/v1/systemone", content=body, headers=headers))
+                while not images.done() and await _body_bytes(client) < pixels:
+                    assert time.monotonic() < deadline, "the image request never held its pixels"
+                    await asyncio.sleep(0.01)
+            finally:
+                released.set()
+            answered, beside = await images, await text
+    assert answered.status_code == 200 and beside.status_code == 200, answered.text
+    assert "max_pending_body_bytes" not in caplog.text
+    with serve_worker(LocalBackend(clef_fp32), config=WorkerConfig(max_pending_body_bytes=64 * 1024 * 1024,
+                                                                   canary_interval_s=0)):
+        pass
+    assert "max_pending_body_bytes (--max-pending-body-bytes) is 67108864 bytes, below the" in caplog.text
+
+
 async def test_a_request_with_both_framings_is_refused_and_its_connection_closed(clef_fp32: ClefModel) -> None:
     """Under ``guard worker serve``'s h11 protocol, Content-Length and Transfer-Encoding: chunked on one request were
     served and the connection kept open, so a request pipelined after the chunks was served too (review finding;
