@@ -29,6 +29,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 from guard.backends.base import with_code, with_confidence
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.backends.selftest import (
+    SELF_TEST_REQUEST,
     SELF_TEST_TIMEOUT_S,
     Canary,
     CanaryResult,
@@ -69,6 +70,8 @@ DEFAULT_LOCAL_BACKEND_NAME = "clef-local"
 #: Threads that encode requests (tokenization, image decoding): their own pool, so long encodings never take the
 #: threads of asyncio's default executor, and at most this many run at once.
 ENCODE_THREADS = 4
+#: Seconds between the tracebacks logged for failed encodings; the failures between are counted in the next one.
+ENCODE_ERROR_LOG_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,10 @@ class LocalBackend:
         self._tracer = trace.get_tracer("guard.backends.local", tracer_provider=tracer_provider)
         self._warmup: asyncio.Future[None] | None = None
         self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
+        self._prober = ThreadPoolExecutor(1, thread_name_prefix=f"{name} probe")  # probe_encoding's own thread
+        self._errors_lock = threading.Lock()
+        self._errors_logged_at = float("-inf")  # time.monotonic() of the last traceback logged
+        self._errors_unlogged = 0
         self._room: SchemaRoom | None = None  # made on first use (state_room)
         self._canary_jobs: list[tuple[SystemOneRequestV1, EncodedRecord]] = []  # encoded at start
         from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
@@ -282,6 +289,7 @@ class LocalBackend:
             await asyncio.gather(self._warmup, return_exceptions=True)
         await self.batcher.aclose()
         self._encoder.shutdown(wait=False)  # queued encodings still run, then meet the closed batcher
+        self._prober.shutdown(wait=False)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -302,6 +310,39 @@ class LocalBackend:
         async with asyncio.timeout(timeout):
             answers = [await self._submit(request, record, timeout, timeout) for request, record in self._canary_jobs]
         return judge_canaries(self.canaries, answers)
+
+    async def probe_encoding(self, *, timeout: float) -> None:
+        """Encode :data:`~guard.backends.selftest.SELF_TEST_REQUEST` now, within ``timeout`` seconds, on a thread of
+        its own (never one of the clients' encoding threads, which slow or failing requests may hold): whether the
+        tokenizer and processor still work, which :meth:`run_canaries`, from records encoded at start, does not tell.
+        A probe still running when the next starts holds the thread: the next waits for it.
+
+        Raises:
+            BackendUnavailable: the encoding failed (``reason="inference_failed"``; the error is its cause).
+            TimeoutError: it did not finish within ``timeout``.
+        """
+        def encode() -> None:
+            try:
+                self.model.encode(SELF_TEST_REQUEST, max_length=self.max_length)
+            except BaseException as exc:  # a tokenizer panic included (a BaseException)
+                raise BackendUnavailable(
+                    f"encoding failed in {self.name!r}: {type(exc).__name__}", backend=self.name,
+                    reason="inference_failed",
+                ) from exc
+
+        await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._prober, encode), timeout)
+
+    def _log_encoding_error(self, exc: BaseException) -> None:
+        """Log a failed encoding's traceback, at most one every :data:`ENCODE_ERROR_LOG_INTERVAL_S` (the next one
+        counts those left out), so a model whose every encoding fails does not flood the log."""
+        with self._errors_lock:
+            now = time.monotonic()
+            if now - self._errors_logged_at < ENCODE_ERROR_LOG_INTERVAL_S:
+                self._errors_unlogged += 1
+                return
+            unlogged, self._errors_unlogged, self._errors_logged_at = self._errors_unlogged, 0, now
+        logger.error("encoding failed in %r (%d more failed since the last one logged)", self.name, unlogged,
+                     exc_info=exc)
 
     # -------------------------------------------------------------------------------------------------------- decide
 
@@ -406,8 +447,9 @@ class LocalBackend:
             BackendTimeout: the encoding did not finish in time; the caller is answered now (a thread already
                 encoding runs on, one not yet started never does).
             BackendUnavailable: the encoding failed otherwise (``reason="inference_failed"``): a tokenizer panic
-                (pyo3's ``PanicException`` is a ``BaseException``), ``MemoryError``, a bug; logged with its traceback;
-                or ``hold`` refused the images' bytes (``reason="overloaded"``).
+                (pyo3's ``PanicException`` is a ``BaseException``), ``MemoryError``, a bug; logged with its traceback
+                (at most one every :data:`ENCODE_ERROR_LOG_INTERVAL_S`); or ``hold`` refused the images' bytes
+                (``reason="overloaded"``).
         """
         started = threading.Event()
 
@@ -418,7 +460,7 @@ class LocalBackend:
             except ValueError:  # the request's fault (RequestValidationError is one): refused below
                 raise
             except BaseException as exc:  # on this thread no signal or cancellation arrives: only the model's errors
-                logger.error("encoding failed in %r", self.name, exc_info=exc)
+                self._log_encoding_error(exc)
                 raise BackendUnavailable(
                     f"encoding failed in {self.name!r}: {type(exc).__name__}", backend=self.name,
                     reason="inference_failed",

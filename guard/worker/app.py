@@ -33,7 +33,10 @@ Routes:
 * ``GET /readyz``: 200 only after the model loaded and the startup self-test passed (a fixed request answered with
   finite probabilities summing to 1, and the canaries' benign and attack states answered apart by their margin,
   :mod:`guard.backends.selftest`), and while the canaries, run again every ``canary_interval_s``, keep passing;
-  503 ``canary_failed`` (and ``POST /v1/systemone`` answers 503) while they fail or the inference thread looks hung.
+  503 ``canary_failed`` (and ``POST /v1/systemone`` answers 503) while they fail or the inference thread looks hung,
+  or while the encoding fails: :data:`FAILED_ENCODINGS_TO_PROBE` requests in a row answered 503 ``unavailable`` have
+  the worker encode a canary request live, and its failing takes the worker out until a canary run's live encoding
+  passes.
 * ``GET /metrics``: Prometheus text of the OpenTelemetry metrics (:mod:`guard.worker.metrics`).
 
 Tracing: every ``POST /v1/systemone`` is a SERVER span (``POST /v1/systemone``) continuing the caller's W3C
@@ -147,6 +150,10 @@ NOT_READY_RETRY_AFTER_S = 5.0
 #: Canary runs in a row that do not finish, with no forward pass finished since the run before, after which the
 #: inference thread counts as hung: the worker is unready and ``/healthz`` 503, so an orchestrator restarts it.
 HUNG_CANARY_RUNS = 2
+#: Requests in a row whose encoding or forward pass failed (503 ``unavailable``; a client's 4xx is not counted), with
+#: none answered between, after which the worker encodes a canary request live (``probe_encoding``): if that fails
+#: too, the worker is unready until a periodic canary run's live encoding passes.
+FAILED_ENCODINGS_TO_PROBE = 5
 DEFAULT_DESCRIPTION = "Clef decision model (System One API) served by guard"
 
 _PROFILES: tuple[str, ...] = get_args(ValidationProfile)
@@ -299,6 +306,9 @@ class _Runtime:
         self.canary_runs = 0
         self.passes = 0  # forward passes finished (or failed), counted by the batcher's on_batch hook
         self.stalled_runs = 0  # canary runs in a row that did not finish while no forward pass finished
+        self.model_failures = 0  # requests in a row whose encoding or forward pass failed, none answered between
+        self.encoding_broken = False  # a live encoding failed: unready until one passes
+        self._probe: asyncio.Task[None] | None = None
         self.intake = asyncio.Semaphore(INTAKE_THREADS)  # bodies decoded and parsed at once
         self.body_bytes = BodyBytes(config.max_pending_body_bytes)  # request bodies in memory, until answered
         metrics.bind_body_bytes(lambda: self.body_bytes.held)
@@ -325,7 +335,7 @@ class _Runtime:
             self.phase = WorkerPhase.READY
             logger.info("worker ready: %s", backend.model_revision)
             self._warn_if_images_crowded(backend)
-        if self.config.canary_interval_s > 0 and backend.canaries:
+        if self.watched(backend):
             await self._watch(backend)
 
     def _warn_if_images_crowded(self, backend: LocalBackend) -> None:
@@ -339,6 +349,43 @@ class _Runtime:
                 "images at the largest size holds with its body at max_body_bytes: such requests are served only "
                 "while no other request is in memory", self.config.max_pending_body_bytes, need, MAX_IMAGES,
             )
+
+    def answered(self) -> None:
+        """A request was answered: its encoding worked."""
+        self.model_failures = 0
+
+    def failed(self, backend: LocalBackend) -> None:
+        """A request's encoding or forward pass failed (not the client's fault): at
+        :data:`FAILED_ENCODINGS_TO_PROBE` in a row, probe the encoding live (one probe at a time, and only while
+        canary runs go on, which probe it again while it is broken)."""
+        self.model_failures += 1
+        if (
+            self.model_failures >= FAILED_ENCODINGS_TO_PROBE
+            and (self._probe is None or self._probe.done())
+            and self.watched(backend)
+        ):
+            self._probe = asyncio.ensure_future(self.probe_encoding(backend))
+
+    def watched(self, backend: LocalBackend) -> bool:
+        """Whether canary runs go on once ready (``canary_interval_s`` > 0 and the backend has canaries)."""
+        return self.config.canary_interval_s > 0 and bool(backend.canaries)
+
+    async def probe_encoding(self, backend: LocalBackend) -> None:
+        """Encode a canary request live within ``canary_timeout_s``
+        (:meth:`~guard.backends.local.LocalBackend.probe_encoding`): a failure makes the worker unready (``encoding
+        failed: <error type>``) until a probe passes; one that does not finish in time says nothing (a busy worker);
+        one that passes forgets the failures counted."""
+        try:
+            await backend.probe_encoding(timeout=self.config.canary_timeout_s)
+        except TimeoutError:
+            logger.warning("live encoding probe not completed within %g s; readiness unchanged",
+                           self.config.canary_timeout_s)
+        except BackendUnavailable as exc:
+            self.encoding_broken = True
+            self._unready(f"encoding failed: {type(exc.__cause__ or exc).__name__}")
+        else:
+            self.model_failures = 0
+            self.encoding_broken = False
 
     async def _watch(self, backend: LocalBackend) -> None:
         """Run the backend's canaries every ``canary_interval_s``; a failure makes the worker ``UNREADY`` (no
@@ -362,7 +409,11 @@ class _Runtime:
         The canaries' records were encoded at start and go straight to the batcher
         (:meth:`~guard.backends.local.LocalBackend.run_canaries`), so a run that does not finish waited on the queue
         and the forward passes alone: clients' encodings (slow, or refused, computing nothing) never make a run late.
+        While a live encoding failed (:meth:`probe_encoding`), each run probes it first and the worker stays unready
+        until a probe passes.
         """
+        if self.encoding_broken:
+            await self.probe_encoding(backend)
         try:
             await backend.run_canaries(timeout=self.config.canary_timeout_s)
         except Exception as exc:  # whatever ends a run is seen: an error that escaped stopped the runs for good
@@ -382,10 +433,11 @@ class _Runtime:
                 self._unready(str(exc) if isinstance(exc, CanaryFailed) else f"{type(exc).__name__}: {exc}")
         else:
             self.stalled_runs = 0
-            self.canary_error = None
-            if self.phase is WorkerPhase.UNREADY:
-                logger.info("canary passed again; the worker is ready")
-                self.phase = WorkerPhase.READY
+            if not self.encoding_broken:
+                self.canary_error = None
+                if self.phase is WorkerPhase.UNREADY:
+                    logger.info("canary passed again; the worker is ready")
+                    self.phase = WorkerPhase.READY
         self._passes_seen = self.passes
         self.canary_runs += 1
 
@@ -412,6 +464,8 @@ class _Runtime:
 
     async def close(self) -> None:
         self.phase = WorkerPhase.STOPPING
+        if self._probe is not None:
+            self._probe.cancel()
         if self.backend is not None:
             await self.backend.aclose()  # finishes queued work first
         calls: dict[str, Callable[[], object]] = {"the worker's metrics shutdown": self.metrics.shutdown}
@@ -569,10 +623,13 @@ async def _read_and_answer(
     except BackendUnavailable as exc:
         if exc.reason == "overloaded":
             return _overloaded(config, str(exc), exc.retry_after or 1.0), "overloaded"
+        if exc.reason == "inference_failed":
+            runtime.failed(backend)
         return _http.error_response(503, _http.UNAVAILABLE, str(exc), retry_after=1.0), "unavailable"
     except MalformedAnswer as exc:
         logger.error("model produced a malformed answer: %s", exc)  # the next canary run takes the worker out
         return _http.error_response(503, _http.MALFORMED_ANSWER, str(exc)), "error"
+    runtime.answered()
     headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}
     span.set_attribute("gen_ai.usage.input_tokens", answer.usage.input_tokens)
     return JSONResponse(answer.served_json(), headers=headers), "ok"

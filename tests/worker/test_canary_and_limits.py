@@ -32,7 +32,7 @@ from guard.errors import BackendRejected, BackendUnavailable
 from guard.policy import load_text
 from guard.subject import AgentSubject
 from guard.systemone import SystemOneRequestV1
-from guard.worker.app import WorkerConfig, WorkerPhase, create_app
+from guard.worker.app import FAILED_ENCODINGS_TO_PROBE, WorkerConfig, WorkerPhase, create_app
 from tests._degenerate import always_no_app
 from tests.worker._requests import ticket_body
 from tests.worker._serve import ServerThread, serve_app_in_thread, serve_worker
@@ -148,6 +148,77 @@ def test_a_model_whose_encoding_fails_answers_503_and_its_canaries_go_on(golden_
         assert runtime.phase is WorkerPhase.READY and runtime.canary_error is None
         model.encode = encode  # type: ignore[method-assign]
         assert c.post("/v1/systemone", json=ticket_body(1)).status_code == 200
+
+
+def test_a_model_whose_every_encoding_fails_makes_the_worker_unready_until_it_encodes_again(
+    golden_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tokenizer that broke after start answered every request 503 ``unavailable`` while ``/readyz`` stayed green,
+    the canaries running from records encoded at start (verification finding). After
+    ``FAILED_ENCODINGS_TO_PROBE`` failed requests in a row the worker encodes a canary request live on a thread of its
+    own: that failing too, it is unready (``encoding failed: RuntimeError``), each canary run probes again, and it is
+    ready once the encoding works. Each failure's traceback is logged at most once every 10 s."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    encode = model.encode
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("tokenizer failure (injected)")
+
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        model.encode = broken  # type: ignore[method-assign]
+        refused = [c.post("/v1/systemone", json=ticket_body(i)) for i in range(FAILED_ENCODINGS_TO_PROBE)]
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        runs = runtime.canary_runs
+        wait_for(lambda: runtime.canary_runs >= runs + 2)  # the runs' own probes fail: still unready
+        ready, unready_error = c.get("/readyz"), runtime.canary_error
+        model.encode = encode  # type: ignore[method-assign]
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+        answered = c.post("/v1/systemone", json=ticket_body(1))
+    assert [r.json()["code"] for r in refused] == ["unavailable"] * FAILED_ENCODINGS_TO_PROBE
+    assert unready_error == "encoding failed: RuntimeError"
+    assert ready.status_code == 503 and ready.json()["code"] == "canary_failed"
+    assert "encoding failed: RuntimeError" in ready.json()["message"]
+    assert answered.status_code == 200 and runtime.canary_error is None
+    logged = [r for r in caplog.records if r.getMessage().startswith("encoding failed in 'clef-local'")]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+
+
+def test_requests_whose_own_encoding_fails_never_make_the_worker_unready(golden_checkpoint: Path) -> None:
+    """Requests refused 422 at encoding (a schema over ``max_length``, an image that cannot be decoded) are not
+    counted, and requests whose encoding fails for what they hold (an input that crashes the tokenizer) leave the
+    worker ready: the live probe of a canary request passes and the count starts again."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    encode = model.encode
+
+    def poisoned(request: SystemOneRequestV1, **kwargs: Any) -> Any:
+        if request.state == "poison":
+            raise RuntimeError("tokenizer failure on one input (injected)")
+        return encode(request, **kwargs)
+
+    long_schema = {"model": "clef-flash", "state": "s", "questions": {
+        f"q{i}": {"type": "noul", "instructions": f"Is statement {i} true? " * 40} for i in range(12)}}
+    png = base64.b64encode(png_header(512, 512)).decode()  # a readable header, too little pixel data
+    broken_image = {**ticket_body(0), "images": [{"content_type": "image/png", "base64": png}]}
+    with serve_worker(LocalBackend(model, max_length=2048), config=config) as worker, httpx.Client(
+        base_url=worker.url, timeout=30
+    ) as c:
+        runtime = worker.app.state.worker
+        invalid = [c.post("/v1/systemone", json=body).status_code for body in [long_schema, broken_image] * 5]
+        counted = runtime.model_failures
+        model.encode = poisoned  # type: ignore[method-assign]
+        crashed = [c.post("/v1/systemone", json={**ticket_body(i), "state": "poison"}).status_code
+                   for i in range(2 * FAILED_ENCODINGS_TO_PROBE)]
+        wait_for(lambda: runtime._probe is not None and runtime._probe.done())
+        runs = runtime.canary_runs
+        wait_for(lambda: runtime.canary_runs >= runs + 2)
+        phase, ready = runtime.phase, c.get("/readyz").status_code
+        answered = c.post("/v1/systemone", json=ticket_body(1)).status_code
+    assert invalid == [422] * 10 and counted == 0
+    assert crashed == [503] * 2 * FAILED_ENCODINGS_TO_PROBE
+    assert phase is WorkerPhase.READY and ready == 200 and answered == 200
 
 
 def test_clients_holding_every_encoding_thread_do_not_make_the_worker_look_hung(
