@@ -1006,7 +1006,7 @@ def _redact_input(record: dict[str, Any], erased: list[str], logged_headers: Col
     query = record["input"].get("query") if isinstance(record.get("input"), dict) else None
     if isinstance(query, dict):
         for name in [n for n in query if credential_name(str(n))]:
-            values.extend(_strings(query.pop(name)))
+            values.extend(v for v in _strings(query.pop(name)) if v != WITHHELD)  # a withheld value is guard's own
             erased.append(f"/input/query/{escape_pointer(str(name))}")
     _erase_secret_names(record.get("input"), "/input", erased, values)
     _erase_secret_names(record.get("state"), "/state", erased, values)

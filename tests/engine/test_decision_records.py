@@ -286,7 +286,7 @@ async def test_a_policy_file_name_that_is_not_utf8_is_valid_utf8_on_the_span(ote
     assert [span.attributes["guard.policy.file"], *(e["guard.policy.file"] for e in events)] == [shown] * 3
     with caplog.at_level("ERROR"):
         encode_spans([span]).SerializeToString()
-    assert not caplog.records
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]  # other threads may log meanwhile
     assert json.loads(lines[0])["policy"]["file"] == name
 
 
