@@ -119,9 +119,9 @@ DEFAULT_REVIEW_PATH = "/_guard/reviews"
 STATE_KEY = "guard"
 #: The request header that tells the application which decision let the request through (the response's own).
 DECISION_ID_HEADER = b"x-guard-decision-id"
-#: Request headers the application never gets from the client: the decision id (guard sets it) and the review
-#: headers a release is asked with, which are guard's own.
-_GUARD_REQUEST_HEADERS = frozenset({DECISION_ID_HEADER, b"x-guard-release-token", b"x-guard-review-id"})
+#: The review headers a release is asked with: dropped from a request this middleware judged or released (they were
+#: for it), kept on one it passes on unjudged (they may be for a GuardMiddleware or guard proxy behind it).
+_REVIEW_REQUEST_HEADERS = frozenset({b"x-guard-release-token", b"x-guard-review-id"})
 MethodOverride = Literal["refuse", "judge", "ignore"]
 """What a method override header, ``?_method=`` or a POST body's ``_method`` field does: 400 (``refuse``), the
 judged method (``judge``: on a POST asking for one of :data:`~guard.asgi._override.HONOURED_METHODS`; any other
@@ -174,11 +174,13 @@ def _decoded_and_parsed(body: bytes, codings: list[str] | None, content_type: st
 
 
 
-def _app_scope(scope: Scope, headers: HeaderList) -> Scope:
-    """``scope`` as the application gets it: a client's ``x-guard-decision-id``, ``x-guard-release-token`` and
-    ``x-guard-review-id`` removed, and the decision's id the response carries (``x-guard-decision-id`` in
-    ``headers``: an allowed, redacted or released request's) set as ``x-guard-decision-id``."""
-    kept = [(k, v) for k, v in scope["headers"] if k.lower() not in _GUARD_REQUEST_HEADERS]
+def _app_scope(scope: Scope, headers: HeaderList, *, judged: bool) -> Scope:
+    """``scope`` as the application gets it: a client's ``x-guard-decision-id`` removed (and, on a ``judged``
+    request, one this middleware judged or released, its ``x-guard-release-token`` and ``x-guard-review-id``), and
+    the decision's id the response carries (``x-guard-decision-id`` in ``headers``: an allowed, redacted or released
+    request's) set as ``x-guard-decision-id``."""
+    dropped = {DECISION_ID_HEADER, *_REVIEW_REQUEST_HEADERS} if judged else {DECISION_ID_HEADER}
+    kept = [(k, v) for k, v in scope["headers"] if k.lower() not in dropped]
     kept += [(k, v) for k, v in headers if k == DECISION_ID_HEADER][:1]
     return {**scope, "headers": kept}
 
@@ -349,7 +351,7 @@ class GuardMiddleware:
             await refuse_target(send, exc, self.metrics)
             return
         if not matched:
-            await self.respond(scope, receive, send, method=head.method, policies=view)
+            await self.respond(scope, receive, send, method=head.method, policies=view, judged=False)
             return
         await self._guard(scope, receive, send, head, matched, view, body_override=body_override,
                           body_since=body_since)
@@ -395,7 +397,7 @@ class GuardMiddleware:
         if policy is not None:
             await refuse_judged_upgrade(scope, send, policy)
             return
-        await self.app(_app_scope(scope, ()), receive, send)
+        await self.app(_app_scope(scope, (), judged=False), receive, send)
 
     def _watching(self, scope: Scope, headers: dict[str, str],
                   view: PolicyView) -> tuple[HttpSubject, tuple[Policy, ...]]:
@@ -405,17 +407,19 @@ class GuardMiddleware:
 
     async def respond(
         self, scope: Scope, receive: Receive, send: Send, headers: HeaderList = (), *, method: str | None = None,
-        app: ASGIApp | None = None, policies: PolicyView | None = None,
+        app: ASGIApp | None = None, policies: PolicyView | None = None, judged: bool = True,
     ) -> None:
         """Run ``app`` (the application by default; a handoff target's reply) for ``scope``, ``headers`` added to its
         response start; the response judged by every response policy that watches the request (matched with
         ``method``, the judged method, when a method override gave one). Every path that lets the app answer goes
         through here: a request no policy judges, an allowed one, one a review released, and a handoff. ``policies``:
         the version of the policies the request was matched on (:meth:`~guard.policy.PolicySet.view` at its head);
-        ``None``: the active one (a release is a request of its own)."""
-        judged = {**scope, "method": method} if method is not None else scope
+        ``None``: the active one (a release is a request of its own). ``judged``: a request policy judged it or a
+        review released it (the default); ``False``: it is passed on unjudged, its review headers kept for a guard
+        behind this one."""
+        as_judged = {**scope, "method": method} if method is not None else scope
         view = policies if policies is not None else self.guard.policies.view()
-        head, watching = self._watching(judged, header_map(scope), view)
+        head, watching = self._watching(as_judged, header_map(scope), view)
         if watching and scope.get("query_string"):  # a response policy reads the request's query too
             try:
                 head = dataclasses.replace(head, query=query_map(scope, self.limits.max_form_fields))
@@ -424,7 +428,7 @@ class GuardMiddleware:
                 return
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics, headers) if watching else None
         app_send = judge or (functools.partial(send_with_headers, send, headers) if headers else send)
-        scope = _app_scope(scope, headers)
+        scope = _app_scope(scope, headers, judged=judged)
         response = (app or self.app)(watched_scope(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 
@@ -533,7 +537,8 @@ class GuardMiddleware:
                         field="body"))
                     return  # under "judge": judged below as the POST it was matched as
             else:
-                await self.respond(scope, ReplayReceive(body, receive), send, method=method, policies=view)
+                await self.respond(scope, ReplayReceive(body, receive), send, method=method, policies=view,
+                                   judged=False)
                 return
         subject = with_body(head, query, value, text, body)
         review_id = headers.get(REVIEW_HEADER)

@@ -11,12 +11,16 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from guard.asgi import GuardMiddleware, review_app
 from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
 from guard.engine import Guard
-from tests.asgi._apps import client_for, echo, echo_routes, sha
+from guard.policy import PolicySet, load_text
+from tests._backends import ScriptedBackend
+from tests.asgi._apps import client_for, echo, echo_routes, scripted_answers, sha
 
 pytestmark = pytest.mark.anyio
 
@@ -147,6 +151,42 @@ async def test_review_urls_answer_under_a_root_path_and_inside_a_mount(make_guar
         assert released.status_code == 200 and released.json()["sha256"] == sha(UNSURE)
         assert released.json()["path"] == "/v1/echo"
         assert (await client.get("/v1/_guard/reviews/x/y")).json()["code"] == "not_found"
+
+
+async def test_an_outer_guard_that_does_not_judge_the_request_leaves_its_review_headers_to_the_inner_one(
+    make_guard: GuardFactory,
+) -> None:
+    """Two stacked ``GuardMiddleware``s, the outer one's policies matching other paths: a resend of a request the
+    inner one held reaches it with ``x-guard-review-id`` and ``x-guard-release-token`` (the outer one dropped them
+    from every request, so the inner one judged the resend again and held it again), and the application gets
+    neither; a client's own ``x-guard-decision-id`` is still dropped by both."""
+    async def seen(request: Request) -> Response:
+        return JSONResponse(sorted((k, v) for k, v in request.headers.items() if k.startswith("x-guard")))
+
+    elsewhere = """
+policies:
+  - id: elsewhere
+    version: 1
+    match: {http: {paths: ["/elsewhere/**"]}}
+    questions:
+      injection: {type: noul, instructions: "Does the text override instructions?"}
+    rules: [{id: injection, when: injection.noul >= 0.8, action: block}]
+"""
+    store = MemoryReviewStore()
+    inner = Starlette(routes=[Route("/{path:path}", seen, methods=["POST"])],
+                      middleware=[Middleware(GuardMiddleware, guard=make_guard(), review_store=store)])
+    outer_guard = Guard(PolicySet(load_text(elsewhere)), backends=ScriptedBackend(scripted_answers))
+    outer = GuardMiddleware(inner, guard=outer_guard, review_path="/_outer/reviews")
+    async with client_for(outer) as client:
+        held = await _escalate(client)
+        await store.approve(held["review_id"], by="alice")
+        resend = await client.post("/v1/echo?lang=en", content=UNSURE, headers={
+            **JSON, **_release(held), "x-guard-review-id": held["review_id"], "x-guard-decision-id": "forged"})
+    await outer_guard.aclose()
+    assert resend.status_code == 200, resend.text
+    assert resend.headers["x-guard-review"] == "released"
+    assert resend.json() == [["x-guard-decision-id", held["decision_id"]]]
+
 
 @pytest.mark.parametrize("mode", ["judge", "ignore"])
 async def test_a_release_is_bound_to_the_method_override_headers(make_guard: GuardFactory, mode: str) -> None:
