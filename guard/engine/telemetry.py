@@ -1494,8 +1494,10 @@ class DecisionLog:
         """Build and write the record of how a handoff was settled (:data:`HANDOFF_OUTCOME_RECORD_KIND`: ``kind``,
         ``decision_id`` (the handoff's), ``outcome`` (:data:`HANDOFF_OUTCOMES`), ``action`` (what was done),
         ``fail_mode`` and ``error`` (``failed``: why, and which fail mode decided), ``policy``, ``timestamp``,
-        ``labels``); returned as written. The handoff's input and state are in its own record, not repeated. A
-        failing sink drops it (counted in ``dropped``, logged)."""
+        ``labels``); returned as written. The handoff's input and state are in its own record, not repeated. Under
+        ``log_input="redacted"`` values shaped like secrets are scrubbed from ``error`` as from a decision record's
+        (a reviewer's URL with ``?api-key=``, a key its error quotes). A failing sink drops it (counted in
+        ``dropped``, logged)."""
         record: dict[str, Any] = {
             "kind": HANDOFF_OUTCOME_RECORD_KIND,
             "decision_id": verdict.decision_id,
@@ -1507,6 +1509,8 @@ class DecisionLog:
             "fail_mode": verdict.fail_mode,
             "error": verdict.error,
         }
+        if self.log_input == "redacted" and verdict.error is not None:
+            record["error"] = _scrub_shapes(verdict.error)
         self._append(_json_line(record))
         return record
 

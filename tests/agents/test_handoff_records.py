@@ -4,6 +4,7 @@ reviewer denied, or one blocked because the reviewer's answer was malformed, rea
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -11,7 +12,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from guard.engine.telemetry import Telemetry
+from guard.engine.telemetry import DecisionLog, Telemetry
+from guard.verdict import Verdict
 from tests.agents._drive import drive
 from tests.agents._fakes import Turn
 from tests.agents.test_middleware_events import USER, _reviewer, make_agent
@@ -46,3 +48,14 @@ def test_a_settled_handoff_is_recorded_and_counted(harness: Any, thread: Any, an
                for m in sm.metrics if m.name == "guard.handoffs" for p in m.data.data_points]
     assert counted == [({"guard.policy.id": handoff["policy"]["id"], "outcome": outcome}, 1)]
     assert h.runs.count() == (action == "allow")
+
+
+def test_a_failed_handoffs_error_is_scrubbed_of_secrets_as_a_decisions_is() -> None:
+    """A reviewer's failure is recorded as ``reviewer 'x' failed: <its exception>``, which can quote the endpoint it
+    called (with ``?api-key=``) or a key; the outcome record scrubs those shapes as a decision record's error is."""
+    key = "sk-" + "Q7wErTy9uIoP3aSdF6gH" * 2
+    exc = ConnectionError(f"POST https://llm.example/openai/deployments/g4/chat?api-key=azk3y0987654321 with {key}")
+    error = f"reviewer 'second_opinion' failed: {exc!r}"
+    record = DecisionLog(io.StringIO()).handoff_outcome(Verdict("block", "d1", policy_id="p", error=error), "failed")
+    assert "azk3y0987654321" not in record["error"] and key not in record["error"]
+    assert record["error"].startswith("reviewer 'second_opinion' failed: ConnectionError('POST https://llm.example/")
