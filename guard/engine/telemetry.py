@@ -1042,13 +1042,20 @@ def _spellings(values: list[str]) -> list[str]:
     return out
 
 
-#: Credentials known by their shape: AWS access key ids, GitHub tokens, Slack tokens, Google API keys, OpenAI-style
-#: ``sk-`` keys (``sk-proj-``, ``sk-ant-``, ``sk-svcacct-``, ``sk-admin-``, or ``sk-`` and 20 characters or more
-#: holding a digit: not ``sk-learn-pipeline-configuration``) and Stripe secret and restricted keys.
+#: Credentials known by their shape: AWS access key ids, GitHub tokens, Slack tokens (``xox?-``, ``xoxe.``,
+#: ``xapp-``) and an incoming webhook URL's path, Google API keys and OAuth access tokens (``ya29.``), OpenAI-style ``sk-`` keys
+#: (``sk-proj-``, ``sk-ant-``, ``sk-svcacct-``, ``sk-admin-``, or ``sk-`` and 20 letters and digits or more without a
+#: dash: not ``sk-learn-pipeline-configuration``), Stripe secret and restricted keys and webhook secrets, GitLab
+#: personal access tokens (``glpat-``), npm tokens, Hugging Face tokens (``hf_``), SendGrid keys (``SG.x.y``) and
+#: JSON Web Tokens (``eyJ...`` header and payload, and the signature).
 _KEY_SHAPE = re.compile(
     r"(?<![A-Za-z0-9_-])(?:(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"
-    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|sk-(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{20,}"
-    r"|sk-(?=[A-Za-z_-]*\d)[A-Za-z0-9_-]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,})"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}|xoxe[.-][A-Za-z0-9.-]{10,}|xapp-[A-Za-z0-9-]{10,}"
+    r"|(?<=hooks\.slack\.com/services/)T[A-Z0-9]+/B[A-Z0-9]+/[A-Za-z0-9]+"
+    r"|AIza[0-9A-Za-z_-]{35}|ya29\.[A-Za-z0-9_-]{20,}|sk-(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{20,}"
+    r"|sk-[A-Za-z0-9]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|npm_[A-Za-z0-9]{36}|hf_[A-Za-z0-9]{30,}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
 )
 #: A card number as written: 13 to 19 digits in one run, or in groups of 4 (the last of 3 on 19 digits; Amex's 4, 6
 #: and 5) split by one space or one dash; not inside a longer run of letters, digits or ``_`` (a hex id, a git SHA),
@@ -1097,7 +1104,8 @@ def _url(match: re.Match[str]) -> str:
 
 def _scrub_shapes(text: str, *, cards: bool = True) -> str:
     """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: keys by their known prefixes
-    (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``), a URL holding userinfo
+    (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``, ``glpat-``, a JWT, ...; a
+    Slack webhook URL's path), a URL holding userinfo
     (``https://user:pass@host``) or a credential-named parameter (``?api_key=``, ``#access_token=``) cut to its scheme,
     host and path, and with ``cards``, card numbers (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass
     the Luhn check)."""

@@ -54,6 +54,20 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
     ("maps AIza" + "Sy" + "b" * 33, "AIzaSy", "maps"),
     ("openai sk-proj-" + "c3" * 12, "sk-proj-", "openai"),
     ("stripe sk_live_" + "d4" * 10, "sk_live_", "stripe"),
+    ("post https://hooks.slack.com/services/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", "Xy9Zw8",
+     "https://hooks.slack.com/services/"),
+    ("socket xapp-1-A0123456789-1234567890123-" + "ab12" * 16, "xapp-1-", "socket"),
+    ("rotated xoxe.xoxp-1-" + "Mi0yLTE" * 6, "xoxe.", "rotated"),
+    ("refresh xoxe-1-" + "My0xLTI" * 6, "xoxe-1-", "refresh"),
+    ("google ya29.a0AfB_byC" + "x1Y2z3" * 6, "ya29.", "google"),
+    ("gitlab glpat-" + "Ab3dE6gH9jK2mN5pQ8sT", "glpat-", "gitlab"),
+    ("npm npm_" + "a1B2c3D4e5" * 3 + "F6g7H8", "npm_", "npm"),
+    ("hf hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz1234", "hf_AbCd", "hf"),
+    ("sendgrid SG." + "aB3dE6gH9jK2mN5pQ8sT1v" + "." + "xY7zW4" * 7 + "q", "SG.aB3d", "sendgrid"),
+    ("webhook whsec_" + "e5F6" * 8, "whsec_", "webhook"),
+    ("jwt eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",
+     "eyJzdWIi", "jwt"),
+    ("old openai sk-" + "AbCdEfGhIjKlMnOpQrStUvWxYz", "sk-AbCd", "old openai"),
 ])  # fmt: skip
 def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: str, gone: str, kept: str) -> None:
     subject = HttpSubject(method="POST", path="/v1/notes", body={"note": text}, body_text=text)
@@ -71,6 +85,8 @@ def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: 
     "ts=20240115123000", "call +55 11 91240 5678", "call +62 812 3456 7890", "scores 5 3 4 6 7 2 1 9 8 0 3 4 5 6",
     "commit a4111111111111111b", "commit 4111111111111111abcdef", "GET /v1/orders/4111111111111111/refund",
     "pi 0.4111111111111111", "see sk-learn-pipeline-configuration docs", "task-1234567890abcdefghij",
+    "see sk-learn-pipeline-v2-configuration", "file sk-2024-q3-roadmap-planning-doc", "hf_hub downloads",
+    "eyJhbGciOiJub25lIn0 alone", "SG.short.one", "npm_config_cache", "ya29.short",
     "https://shop.example.com/cart?item=3&code=SUMMER10", "4111.1111.1111.1111", "4111  1111  1111  1111",
 ])  # fmt: skip
 def test_text_without_such_shapes_is_kept(text: str) -> None:
