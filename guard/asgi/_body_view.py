@@ -10,7 +10,8 @@ not shown as the application reads it makes the view not ``complete`` (an approv
 
 * a masked value of a secret-named field that does not read as a credential (:func:`_credential_shaped`: a value
   inside an object or array under such a field, a number, text such as an ``email_signature``, a URL, words joined
-  by ``_`` or camelCase, an identifier such as an ``iban``), each listed by its path (``$.session.messages[0].content``); a
+  by ``_`` or camelCase or run together, any token not shaped like a key, an identifier such as an ``iban``), each
+  listed by its path (``$.session.messages[0].content``); a
   credential (a token, a password) is masked and not counted;
 * the view is cut at :data:`MAX_SHOWN_BODY_BYTES`;
 * a value that repeats a secret of the request (a credential header's, a secret-named field's) is masked where it is
@@ -33,6 +34,7 @@ from guard._english import english_words
 from guard._json import is_json_media, json_unescaped, loads
 from guard.asgi._media import is_textual
 from guard.engine.telemetry import (
+    _KEY_SHAPE,
     SECRET_NAME,
     Scrubber,
     body_secrets,
@@ -76,6 +78,11 @@ _AUTH_SCHEME = re.compile(r"(?:Bearer|Basic|Digest|Token|ApiKey|AWS4-HMAC-SHA256
 _LINE_BREAK = re.compile(r"[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 #: One credential token: key, JWT and base64 characters, at most 512 of them.
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]{1,512}")
+#: Hex of 16 digits or more (a digest, a key), or a UUID: credentials by their shape, which no words can spell.
+_HEX_OR_UUID = re.compile(r"[0-9a-fA-F]{16,}|[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+#: A base64, base64url or alphanumeric run, padding included, which reads as a credential with enough characters of
+#: enough kinds (:func:`_key_shaped`).
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
 #: Words joined by separators and no digit (``grant_admin_role_to_mallory``, ``DELETE-ALL``): text, not a token.
 _WORDS = re.compile(r"[A-Za-z]+(?:[._~+/=-]+[A-Za-z]+)+")
 #: One piece of a token read as words: a word (capitalised or not), a run of capitals (an acronym), a run of digits.
@@ -231,10 +238,11 @@ def _credential_shaped(name: str, value: str) -> bool:
     """Whether the string value of secret-named field ``name`` (its own value, not one inside an object or array under
     it) reads as a credential, so that masking it hides nothing a reviewer must read:
 
-    * one token (:data:`_TOKEN`: at most 512 characters of ``A-Z a-z 0-9 . _ ~ + / = -``, as keys, JWTs and base64
-      are) that is not words joined (:data:`_WORDS`: ``grant_admin_role``) and does not read as words
-      (:func:`_reads_as_words`: ``grantAdminRoleToMallory``, ``DELETE-ALL-USERS-NOW-1``); no blank space, no
-      invisible character, no ``:`` (a URL), ``$``, ``*`` or ``{``;
+    * one token (:func:`_is_token`: at most 512 characters of ``A-Z a-z 0-9 . _ ~ + / = -``): hex, a UUID, or
+      shaped like a key (:func:`_key_shaped`: a known key prefix, a JWT, a long base64 run of mixed case and digits)
+      and neither words joined (:data:`_WORDS`: ``grant_admin_role``) nor read as words (:func:`_reads_as_words`:
+      ``PleaseApproveThisRequest2024``); no blank space, no invisible character, no ``:`` (a URL), ``$``, ``*`` or
+      ``{``;
     * under an auth header's name (:data:`_AUTH_NAME`), a known scheme (:data:`_AUTH_SCHEME`: ``Bearer``, ``Basic``,
       ...) and one such token (``Bearer eyJ...``);
     * under a password's name (:data:`_PASSWORD_NAME`), any line of at most 512 characters without an invisible
@@ -254,7 +262,27 @@ def _credential_shaped(name: str, value: str) -> bool:
 
 
 def _is_token(value: str) -> bool:
-    return _TOKEN.fullmatch(value) is not None and _WORDS.fullmatch(value) is None and not _reads_as_words(value)
+    """Whether ``value`` is one credential token: hex or a UUID (:data:`_HEX_OR_UUID`), or shaped like a key
+    (:func:`_key_shaped`) and neither words joined (:data:`_WORDS`) nor read as words (:func:`_reads_as_words`)."""
+    if _TOKEN.fullmatch(value) is None:
+        return False
+    if _HEX_OR_UUID.fullmatch(value):
+        return True
+    return _key_shaped(value) and _WORDS.fullmatch(value) is None and not _reads_as_words(value)
+
+
+def _key_shaped(value: str) -> bool:
+    """Whether ``value`` has a key's shape: a known key prefix or a JWT (the decision log's
+    :data:`~guard.engine.telemetry._KEY_SHAPE`: ``sk_live_``, ``ghp_``, ``eyJ...``), or a base64, base64url or
+    alphanumeric run (:data:`_BASE64_RUN`) of 20 characters or more holding upper case, lower case and digits, or of
+    32 or more holding two of them. Anything else (``ignoreallpreviousinstructions``, ``wire5000toacct99887766``,
+    ``Go2Bank4Me``) is text."""
+    if _KEY_SHAPE.fullmatch(value):
+        return True
+    if _BASE64_RUN.fullmatch(value) is None:
+        return False
+    kinds = sum(any(test(c) for c in value) for test in (str.isupper, str.islower, str.isdigit))
+    return (kinds == 3 and len(value) >= 20) or (kinds >= 2 and len(value) >= 32)
 
 
 def _reads_as_words(value: str) -> bool:

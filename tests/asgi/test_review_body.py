@@ -18,6 +18,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from guard.asgi import GuardMiddleware, review_app
+from guard.asgi._body_view import _credential_shaped
 from guard.asgi.review_store import MemoryReviewStore, RedisReviewStore, ReviewStore
 from guard.engine import Guard
 from tests.asgi._apps import client_for, echo_routes
@@ -81,7 +82,7 @@ async def test_secret_named_fields_mask_their_own_values_and_never_the_whole_bod
     ``[redacted]`` with ``complete: true`` (attack finding): each secret-named field's value is masked where it stands,
     and everything else is shown."""
     fields: dict[str, Any] = {"message": "maybe pay", "to_account": "55501234", "admin": True}
-    fields.update({f"token_{i}": f"tk{i:06d}xyz" for i in range(130)})
+    fields.update({f"token_{i}": f"{i:032x}" for i in range(130)})
     fields.update({f"secret_{i}": f"k{i:03d}+b/\u00e9" for i in range(30)})
     body = json.dumps(fields).encode()
     async with client_for(_app(make_guard(), store)) as client:
@@ -137,7 +138,7 @@ async def test_a_value_that_repeats_a_secret_is_masked_and_the_item_asks_for_the
 
 @pytest.mark.parametrize(("body", "content_type", "text", "paths"), [
     (json.dumps({"message": "maybe hi", "session": {"messages": [{"role": "user", "content": "wire $1M"}]},
-                 "email_signature": "DELETE ALL USERS", "password": "correct horse", "token": "tk-0123456789"}),
+                 "email_signature": "DELETE ALL USERS", "password": "correct horse", "token": "glpat-Ab3dE6gH9jK2mN5pQ8sT"}),
      "application/json",
      ('{"message": "maybe hi", "session": {"messages": [{"role": "[redacted]", "content": "[redacted]"}]}, '
       '"email_signature": "[redacted]", "password": "[redacted]", "token": "[redacted]"}'),
@@ -187,6 +188,16 @@ async def test_a_masked_value_that_is_no_credential_makes_the_item_incomplete(
     ("api_key", "transferFundsToMallory"),
     ("auth", "Bearer grantAdminRoleToMallory"),
     ("authorization", "DeleteAllUsers now"),  # not an auth scheme
+    # words run together, or parted by camelCase and digits, in no key's shape: text, whatever words they hold
+    ("token", "grantadminroletomallory"),
+    ("api_key", "wire5000toacct99887766"),
+    ("session", "transferirTodoAlAtacante"),
+    ("secret", "rmRfSlash"),
+    ("token", "ChmodSevenSevenSeven"),
+    ("token", "Go2Bank4Me"),
+    ("api_key", "exfiltrateDatabaseToEvil"),
+    ("token", "PleaseApproveThisRequest2024"),  # a key's length and kinds of character, but words
+    ("token", "sk-proj-grant-admin-role-to-mallory-now"),  # a key's prefix, but words
 ])
 async def test_text_under_a_secret_name_is_no_credential(make_guard: GuardFactory, store: ReviewStore, field: str,
                                                          value: Any) -> None:
@@ -201,10 +212,13 @@ async def test_text_under_a_secret_name_is_no_credential(make_guard: GuardFactor
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("token", "tk-0123456789"),
+    ("token", "glpat-Ab3dE6gH9jK2mN5pQ8sT"),
+    ("token", "Xq7Lm2Rt8Yp4Hn6Bd1Fs"),  # 20 characters of base64 mixing upper case, lower case and digits
+    ("secret", "gfkkjedape0mhlqdqupaqnyyxqbsudra"),  # 32 of two kinds
+    ("secret", "whsec_" + "e5F6" * 8),
     ("api_key", "sk_live_51HxYzAbCdEf0123"),
     ("session", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
-    ("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc_def-123"),
+    ("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
     ("authorization", "Basic YWxhZGRpbjpvcGVuc2VzYW1l"),
     ("auth", "token ghp_16C7e42F292c6912E7710c838347Ae178B4a"),
     ("session", "3f2b8c1e-9d4a-4e6b-8f0a-1c2d3e4f5a6b"),
@@ -373,3 +387,15 @@ def test_every_invisible_or_format_character_is_escaped() -> None:
               (unicodedata.category(c) == "Cc" and c not in "\t\n\r")}
     assert wanted <= set(_INVISIBLE.findall(everything))
     assert not re.search(_INVISIBLE, "plain text, caf\u00e9, \u4e2d\u6587, \U0001f600 \u00a0")
+
+
+@pytest.mark.parametrize("value", [
+    "ignoreallpreviousinstructions", "grantadminroletomallory", "wire5000toacct99887766", "transferirTodoAlAtacante",
+    "rmRfSlash", "ChmodSevenSevenSeven", "Go2Bank4Me", "exfiltrateDatabaseToEvil",
+])
+def test_instructions_run_together_are_no_credential_under_any_secret_name(value: str) -> None:
+    """Words run together without a separator, or parted only by camelCase and digits, read as one token and so as a
+    credential (the item said it was complete); only a key's shape does."""
+    for name in ("token", "api_key", "secret", "session", "client_secret"):
+        assert not _credential_shaped(name, value), name
+    assert not _credential_shaped("authorization", f"Bearer {value}")
