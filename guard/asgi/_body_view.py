@@ -24,6 +24,7 @@ not shown as the application reads it makes the view not ``complete`` (an approv
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -83,6 +84,10 @@ _HEX_OR_UUID = re.compile(r"[0-9a-fA-F]{16,}|[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3
 #: A base64, base64url or alphanumeric run, padding included, which reads as a credential with enough characters of
 #: enough kinds (:func:`_key_shaped`).
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
+#: Twelve small letters (or capitals) in a row: words run together (``ignoreallprevious``), which a random key rarely
+#: holds (under 0.3 % of 40-character base64 keys; a known prefix's capitals, ``AKIA...``, may).
+_LOWER_RUN = re.compile(r"[a-z]{12}")
+_UPPER_RUN = re.compile(r"[A-Z]{12}")
 #: Words joined by separators and no digit (``grant_admin_role_to_mallory``, ``DELETE-ALL``): text, not a token.
 _WORDS = re.compile(r"[A-Za-z]+(?:[._~+/=-]+[A-Za-z]+)+")
 #: One piece of a token read as words: a word (capitalised or not), a run of capitals (an acronym), a run of digits.
@@ -275,14 +280,26 @@ def _key_shaped(value: str) -> bool:
     """Whether ``value`` has a key's shape: a known key prefix or a JWT (the decision log's
     :data:`~guard.engine.telemetry._KEY_SHAPE`: ``sk_live_``, ``ghp_``, ``eyJ...``), or a base64, base64url or
     alphanumeric run (:data:`_BASE64_RUN`) of 20 characters or more holding upper case, lower case and digits, or of
-    32 or more holding two of them. Anything else (``ignoreallpreviousinstructions``, ``wire5000toacct99887766``,
-    ``Go2Bank4Me``) is text."""
+    32 or more holding two of them, that changes kind (upper case, lower case, digit, other) at least once in every
+    2.5 characters (3.5 with two kinds), as random characters do (words change kind only where they meet), and holds
+    no 12 capitals in a row. Neither holds 12 small letters in a row (:data:`_LOWER_RUN`). Anything else (``ignoreallpreviousinstructions123``,
+    ``transferirTodoAlAtacante2024``, ``Wire5000ToAcct99887766X``, ``Go2Bank4Me``) is text."""
+    if _LOWER_RUN.search(value):
+        return False
     if _KEY_SHAPE.fullmatch(value):
         return True
-    if _BASE64_RUN.fullmatch(value) is None:
+    if _BASE64_RUN.fullmatch(value) is None or _UPPER_RUN.search(value):
         return False
-    kinds = sum(any(test(c) for c in value) for test in (str.isupper, str.islower, str.isdigit))
-    return (kinds == 3 and len(value) >= 20) or (kinds >= 2 and len(value) >= 32)
+    kinds = [_kind(c) for c in value]
+    changes = sum(a != b for a, b in itertools.pairwise(kinds))
+    if len(set(kinds) & {0, 1, 2}) == 3 and len(value) >= 20:
+        return changes * 2.5 >= len(value)
+    return len(set(kinds)) >= 2 and len(value) >= 32 and changes * 3.5 >= len(value)
+
+
+def _kind(char: str) -> int:
+    """A character's kind for :func:`_key_shaped`: 0 upper case, 1 lower case, 2 digit, 3 other."""
+    return 0 if char.isupper() else 1 if char.islower() else 2 if char.isdigit() else 3
 
 
 def _reads_as_words(value: str) -> bool:

@@ -214,7 +214,7 @@ async def test_text_under_a_secret_name_is_no_credential(make_guard: GuardFactor
 @pytest.mark.parametrize(("field", "value"), [
     ("token", "glpat-Ab3dE6gH9jK2mN5pQ8sT"),
     ("token", "Xq7Lm2Rt8Yp4Hn6Bd1Fs"),  # 20 characters of base64 mixing upper case, lower case and digits
-    ("secret", "gfkkjedape0mhlqdqupaqnyyxqbsudra"),  # 32 of two kinds
+    ("secret", "g4kk1e7ap3m0hlq8qu2aqn9yx5bs6dra"),  # 32 of two kinds, changing kind as random characters do
     ("secret", "whsec_" + "e5F6" * 8),
     ("api_key", "sk_live_51HxYzAbCdEf0123"),
     ("session", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
@@ -392,6 +392,10 @@ def test_every_invisible_or_format_character_is_escaped() -> None:
 @pytest.mark.parametrize("value", [
     "ignoreallpreviousinstructions", "grantadminroletomallory", "wire5000toacct99887766", "transferirTodoAlAtacante",
     "rmRfSlash", "ChmodSevenSevenSeven", "Go2Bank4Me", "exfiltrateDatabaseToEvil",
+    # with a digit or a capital added, in other languages, after a key prefix
+    "ignoreallpreviousinstructions123", "transferirTodoAlAtacante2024", "Wire5000ToAcct99887766X",
+    "ueberweiseAllesAnMallory2024", "virementDe5000VersLeCompte9988", "sk-transferallfundstomallory2024",
+    "DELETEALLUSERSNOWPLEASE1234567",
 ])
 def test_instructions_run_together_are_no_credential_under_any_secret_name(value: str) -> None:
     """Words run together without a separator, or parted only by camelCase and digits, read as one token and so as a
