@@ -200,10 +200,8 @@ def run(args: argparse.Namespace) -> int:
             random.Random(args.seed or 0).shuffle(shuffled)
             cut = int(len(shuffled) * args.val_fraction)
             val, records = shuffled[:cut], shuffled[cut:]
-            if not val:  # its loss would be NaN, written into the report and the checkpoint's config
-                raise ValueError(f"the validation split is empty ({len(shuffled)} records, --val-fraction "
-                                 f"{args.val_fraction}): give --val or at least "
-                                 f"{math.ceil(1 / args.val_fraction)} records")
+        if not val:  # its loss would be NaN, written into the report and the checkpoint's config
+            raise ValueError(_empty_validation(args, len(records)))
     except (OSError, ValueError) as exc:
         print(f"guard train: {exc}", file=sys.stderr)
         return 2
@@ -340,6 +338,16 @@ def _ground(args: argparse.Namespace, train: list[Any], val: list[Any], progress
     out = model.save(args.out)
     print(json.dumps({"out": str(out), "kind": "catalog", "records": len(records), "grounding": report}, indent=2))
     return 0
+
+
+def _empty_validation(args: argparse.Namespace, records: int) -> str:
+    """The usage error for a validation set with no record: ``--val``'s file, or a ``--val-fraction`` of ``records``
+    too small to hold one out."""
+    if args.val:
+        return f"--val {args.val}: holds no records"
+    needed = 1 / args.val_fraction  # inf for a subnormal fraction
+    more = f"at least {math.ceil(needed)} records" if math.isfinite(needed) else "a larger --val-fraction"
+    return f"the validation split is empty ({records} records, --val-fraction {args.val_fraction}): give --val or {more}"
 
 
 def _unlabelled(records: list[Any], role: str) -> list[str]:

@@ -276,14 +276,25 @@ def test_clef_device_and_checkpoint_problems_are_usage_errors(
     assert not (tmp_path / "o").exists()
 
 
-def test_an_empty_validation_split_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Four records at --val-fraction 0.1 held none out: the validation loss was NaN, written as NaN (not JSON) into
-    the report and compact_config.json."""
+def test_an_empty_validation_split_is_refused(
+        tmp_path: Path, golden_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Four records at --val-fraction 0.1 held none out, and an empty --val file held none: the validation loss was
+    NaN, written as NaN (not JSON) into the report and compact_config.json (also with --clef). A subnormal fraction
+    ended in an OverflowError traceback."""
     data = write_jsonl(tmp_path / "few.jsonl", [{"text": t, "label": t[0]} for t in ("aa", "ab", "ba", "bb")])
     out = tmp_path / "o"
-    assert main(["train", str(data), "--out", str(out), "--no-cache", "--no-progress", "--epochs", "1"]) == 2
+    base = ["train", str(data), "--out", str(out), "--no-cache", "--no-progress", "--epochs", "1"]
+    assert main(base) == 2
     assert capsys.readouterr().err == ("guard train: the validation split is empty (4 records, --val-fraction 0.1): "
                                        "give --val or at least 10 records\n")
+    assert main([*base, "--val-fraction", "1e-320"]) == 2
+    assert capsys.readouterr().err == ("guard train: the validation split is empty (4 records, --val-fraction "
+                                       "1e-320): give --val or a larger --val-fraction\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for extra in ([], ["--clef", str(golden_checkpoint)]):
+        assert main([*base, "--val", str(empty), *extra]) == 2
+        assert capsys.readouterr().err == f"guard train: --val {empty}: holds no records\n"
     assert not out.exists()
 
 
