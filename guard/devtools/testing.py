@@ -326,16 +326,23 @@ def _is_policy_entry(path: Path) -> bool:
     return path.suffix in (".yaml", ".yml") and not path.is_dir()
 
 
+def _hidden(path: Path, root: Path) -> bool:
+    """Whether a part of ``path`` below ``root`` starts with ``.`` (an editor's lock or backup file such as
+    ``.#policy.yaml``, often a dangling symlink, or a hidden folder)."""
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
 def _policy_files(folder: Path) -> list[Path]:
-    """Every ``*.yaml``/``*.yml`` entry below ``folder`` that is not a folder (:func:`_is_policy_entry`), sorted;
-    symlinked folders below it are not followed (a link back up would list the same files again and again)."""
-    return sorted(p for p in folder.rglob("*") if _is_policy_entry(p))
+    """Every ``*.yaml``/``*.yml`` entry below ``folder`` that is not a folder (:func:`_is_policy_entry`) nor hidden
+    (:func:`_hidden`), sorted; symlinked folders below it are not followed (a link back up would list the same files
+    again and again)."""
+    return sorted(p for p in folder.rglob("*") if _is_policy_entry(p) and not _hidden(p, folder))
 
 
 def _glob(pattern: str) -> list[Path]:
     """What ``pattern`` matches, sorted, as :meth:`Path.glob` finds it: ``**`` does not enter symlinked folders,
     so a link back up (``a -> .``) cannot make the walk endless. The pattern's leading parts without wildcards are
-    the folder searched.
+    the folder searched; a match with a part below it that starts with ``.`` is left out (:func:`_hidden`).
 
     Raises:
         ValueError: a ``**`` that is not a whole path component.
@@ -346,7 +353,7 @@ def _glob(pattern: str) -> list[Path]:
     root = Path(*parts[:first]) if first else Path()
     rest = "/".join(parts[first:])
     try:
-        return sorted(root.glob(rest))
+        return sorted(p for p in root.glob(rest) if not _hidden(p, root))
     except ValueError as exc:  # "Invalid pattern: '**' can only be an entire path component"
         raise ValueError(f"{pattern}: {exc}") from None
 
@@ -356,7 +363,8 @@ def expand_policy_paths(names: Sequence[str]) -> list[Path]:
     argument and without repeats (one file reached by two spellings, e.g. through a symlink, is kept once, as first
     named); a test file stands for its policy file, so ``policies/*.yaml`` works. A glob keeps the ``*.yaml``/``*.yml``
     files it matches and expands a folder it matches as a folder argument is; symlinked folders are not followed
-    below a folder or by ``**`` (name such a folder itself).
+    below a folder or by ``**`` (name such a folder itself), and names starting with ``.`` below a folder or a glob's
+    fixed part are left out (an editor's ``.#x.yaml`` lock file; name such a file itself).
 
     Raises:
         FileNotFoundError: naming an argument that matches no file, or a symlink loop.

@@ -95,3 +95,20 @@ def test_an_entry_named_yaml_that_is_not_a_readable_file_is_reported_not_skipped
         for command in ("check", "test"):
             assert main(["policy", command, name]) != 0
             assert "broken.yaml" in capsys.readouterr().err
+
+
+def test_hidden_names_are_left_out_of_folders_and_globs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An editor's lock file (``.#x.yaml``, a dangling symlink) or a hidden folder's file made policy check and policy
+    test of the folder fail; a FIFO or dangling link with an ordinary name is still reported (test above)."""
+    folder = _folder(tmp_path)
+    (folder / ".#support_routing.yaml").symlink_to("user@host.1234:1700000000")
+    hidden = folder / ".trash"
+    hidden.mkdir()
+    (hidden / "old.yaml").write_text("not: [a policy")
+    expected = [folder / "support_routing.yaml"]
+    for name in (str(folder), f"{folder}/*.yaml", f"{folder}/**/*.yaml", f"{folder}/*"):
+        assert expand_policy_paths([name]) == expected
+        for command in ("check", "test"):
+            assert main(["policy", command, name]) == 0, capsys.readouterr().err
+    lock = folder / ".#support_routing.yaml"
+    assert expand_policy_paths([str(lock)]) == [lock]  # a file named itself is still taken
