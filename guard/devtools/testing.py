@@ -165,10 +165,15 @@ class _TestFile(_Strict):
     cases: list[_Case] = Field(default_factory=list)
 
 
+TEST_SCHEMA_ID = "https://github.com/guard/guard/policies/guard-policy-test.schema.json"
+
+
 def test_file_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a ``<name>_test.yaml`` file, from the pydantic models that read it."""
+    """The JSON Schema (draft 2020-12) of a ``<name>_test.yaml`` file, from the pydantic models that read it; its
+    ``$id`` (:data:`TEST_SCHEMA_ID`) tells a file ``guard policy schema --tests`` wrote from another schema."""
     schema = _TestFile.model_json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "guard policy test file"}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": TEST_SCHEMA_ID, **schema,
+            "title": "guard policy test file"}
 
 
 def subject_from_json(data: Any) -> Subject:

@@ -99,6 +99,23 @@ def test_an_abbreviated_option_is_an_unknown_one_named_by_its_subcommand(
     assert f"{usage}: error: unrecognized arguments: {' '.join(argv[-2:])}\n" in err
 
 
+@pytest.mark.parametrize("tests", [[], ["--tests"]])
+def test_output_does_not_overwrite_another_draft_2020_12_schema(
+    tests: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The test file schema had no $id, so any draft 2020-12 schema opening with "$defs" looked like its output and
+    --output replaced it."""
+    other = tmp_path / "other.schema.json"
+    text = '{\n  "$schema": "https://json-schema.org/draft/2020-12/schema",\n  "$defs": {\n    "A": {}\n  }\n}\n'
+    other.write_text(text)
+    command = " ".join(["schema", *tests])
+    assert main(["policy", "schema", *tests, "--output", str(other)]) == 2
+    assert f"--output {other} exists and is not the output of guard policy {command}" in capsys.readouterr().err
+    assert other.read_text() == text
+    assert main(["policy", "schema", *tests, "--check", str(other)]) == 1
+    assert "--output" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["schema", "reference"])
 def test_output_never_overwrites_a_file_it_did_not_write_and_check_suggests_it_only_for_one_it_did(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
