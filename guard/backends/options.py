@@ -79,7 +79,7 @@ def torch_dtype(args: argparse.Namespace) -> torch.dtype:
     """The torch dtype ``--dtype`` names for ``--device`` (``auto``: bfloat16 on CUDA, float32 on CPU).
 
     Raises:
-        ValueError: ``--device`` is not a torch device, or names CUDA when this torch build has no CUDA device.
+        ValueError: ``--device`` is not a CPU or CUDA torch device, or names CUDA when this torch build has none.
     """
     import torch
 
@@ -94,14 +94,17 @@ def device_kind(where: str) -> str:
     """The torch device type (``cpu``, ``cuda``) of a ``--device`` value.
 
     Raises:
-        ValueError: ``where`` is not a torch device, or names CUDA when this torch build has no CUDA device.
+        ValueError: ``where`` is not a CPU or CUDA torch device (``mps``, ``meta``, ``xpu`` ... are not run on), or
+            names CUDA when this torch build has no CUDA device.
     """
     import torch
 
     try:
         kind = torch.device(where).type
     except (RuntimeError, ValueError):
-        raise ValueError(f"--device {where!r}: expected cpu, cuda or cuda:N") from None
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"--device {where!r}: expected cpu, cuda or cuda:N")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"--device {where}: this torch build has no CUDA device (install a CUDA build of torch, see README.md)"

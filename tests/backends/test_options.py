@@ -75,6 +75,9 @@ def test_a_local_backend_opens_on_the_device_in_the_dtype_asked(golden_checkpoin
         ("http://127.0.0.1:9", ["--device", "cpu", "--dtype", "bfloat16"], "--device and --dtype apply only to a "),
         ("local:/nowhere", ["--device", "gpu"], "--device 'gpu': expected cpu, cuda or cuda:N"),
         ("local:/nowhere", ["--device", "cuda:one"], "--device 'cuda:one': expected cpu, cuda or cuda:N"),
+        # torch devices guard does not run on: refused before loading, as the message says
+        *(("local:/nowhere", ["--device", kind], f"--device '{kind}': expected cpu, cuda or cuda:N")
+          for kind in ("mps", "meta", "xpu", "mps:0")),
     ],
 )
 def test_device_options_are_checked_not_ignored(spec: str, options: list[str], message: str, tmp_path: Path) -> None:
