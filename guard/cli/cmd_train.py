@@ -218,8 +218,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             report = finetune_clef_head(args.clef, records, val, config, args.out, device=args.device or "cpu",
                                         progress=progress, log=log)
-        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # SafetensorError: a damaged weights file
+        except SafetensorError as exc:  # a damaged weights file (the other files were checked before the data)
             print(f"guard train: --clef {args.clef}: {exc}", file=sys.stderr)
+            return 2
+        except (OSError, ValueError, RuntimeError) as exc:  # the data (no labelled question), writing --out
+            print(f"guard train: {exc}", file=sys.stderr)
             return 2
         print(json.dumps(report, indent=2))
         return 0

@@ -274,6 +274,12 @@ def test_clef_device_and_checkpoint_problems_are_usage_errors(
     err = capsys.readouterr().err
     assert f"guard train: --clef {damaged}: " in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+    # an error of the data is not the checkpoint's: it was prefixed "--clef DIR:"
+    unlabelled = write_jsonl(tmp_path / "u.jsonl", [{"state": "alpha", "questions": {
+        "flag": {"type": "noul", "instructions": "Is it alpha?"}}}])
+    assert main(["train", str(unlabelled), "--val", str(unlabelled), "--no-progress", "--epochs", "1", "--out",
+                 str(tmp_path / "o"), "--clef", str(golden_checkpoint)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "guard train: no labelled question in the training records"
 
 
 def test_an_empty_validation_split_is_refused(
