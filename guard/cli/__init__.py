@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
         namespace, extras = super().parse_known_args(args, namespace)
-        if extras and self._subparsers is None:  # a subcommand's own parser: nothing above it takes these
+        if extras:  # nothing above this parser takes them: reported with the usage of the one they were given to
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace, extras
 

@@ -99,6 +99,18 @@ def test_an_abbreviated_option_is_an_unknown_one_named_by_its_subcommand(
     assert f"{usage}: error: unrecognized arguments: {' '.join(argv[-2:])}\n" in err
 
 
+def test_an_unknown_option_before_a_subcommand_is_named_by_the_command_it_was_given_to(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """guard policy --bogus check DIR was reported with the top-level usage (only a parser without subcommands
+    raised for its unknown options)."""
+    with pytest.raises(SystemExit) as info:
+        main(["policy", "--bogus", "check", "policies/"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("usage: guard policy ")
+    assert "guard policy: error: unrecognized arguments: --bogus\n" in err
+
+
 @pytest.mark.parametrize("tests", [[], ["--tests"]])
 def test_output_does_not_overwrite_another_draft_2020_12_schema(
     tests: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
