@@ -56,6 +56,8 @@ __all__ = ["register", "run"]
 EXIT_INVALID = 2
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 DEFAULT_PORT = 8000
+#: Bytes of an AF_UNIX socket path (sun_path, its terminating NUL included): 108 on Linux, 104 on macOS and the BSDs.
+UDS_PATH_MAX = 108 if sys.platform.startswith("linux") else 104
 
 
 def register(subparsers: Any) -> None:
@@ -301,7 +303,10 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _uds_problem(path: str) -> str | None:
     """Why ``path`` cannot become this worker's socket (``None`` when it can): the server replaces whatever is at the
-    path and removes it on exit, so anything but a socket nobody listens on is refused, never deleted."""
+    path and removes it on exit, so anything but a socket nobody listens on is refused, never deleted; a path of
+    :data:`UDS_PATH_MAX` bytes or more cannot be bound."""
+    if (size := len(os.fsencode(path))) >= UDS_PATH_MAX:
+        return f"is {size} bytes long; a socket path must be shorter than {UDS_PATH_MAX} bytes (choose a shorter one)"
     try:
         info = os.lstat(path)
     except FileNotFoundError:

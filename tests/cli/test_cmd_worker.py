@@ -78,6 +78,7 @@ def test_a_port_in_use_is_one_line_before_the_weights_load(
         (["--release-date", "2025-13-01"], "--release-date must be a YYYY-MM-DD date, got '2025-13-01'"),
         (["--max-image-pixels", str(1 << 40)], "--max-image-pixels must be at most"),
         (["--uds", "/nonexistent-guard-dir/worker.sock"], "folder /nonexistent-guard-dir does not exist"),
+        (["--uds", "/tmp/" + "w" * 200 + ".sock"], "is 210 bytes long; a socket path must be shorter than"),
         (["--device", "tpu"], "--device 'tpu': expected cpu, cuda or cuda:N"),
         pytest.param(["--device", "cuda"], "this torch build has no CUDA device",
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
