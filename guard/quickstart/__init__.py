@@ -49,7 +49,7 @@ _TEXT_WIDTH = 44
 #: Printed after the summary when the embedded CPU model answered (``guard quickstart`` without ``--backend``).
 TOOL_CALL_NOTE = """\
   Tool calls: decided by argument provenance and the tool-result check (docs/agents.md); the embedded CPU model
-  ranks guard.tool_call_serves_task at AUROC 0.78 on agent suites it never saw (docs/catalog.md), so the policy
+  ranks guard.tool_call_serves_task at AUROC 0.77 on agent suites it never saw (docs/catalog.md), so the policy
   reads it only as an optional signal.
 """
 

@@ -87,7 +87,7 @@ def test_quickstart_exits_2_when_it_cannot_start_and_1_when_the_replay_breaks(
     assert main(["quickstart", "--limit", "2"]) == 1 and len(printed) == 1
     assert "Broken pipe" in capsys.readouterr().err
 
-TOOL_NOTE = "ranks guard.tool_call_serves_task at AUROC 0.78"
+TOOL_NOTE = "ranks guard.tool_call_serves_task at AUROC 0.77"
 
 
 def _closed_port() -> int:
