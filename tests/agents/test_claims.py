@@ -60,7 +60,9 @@ def test_replayed_resume_runs_the_tool_once(harness: Any, thread: Any) -> None:
     assert h.runs.count() == 1
 
 
-def test_two_threads_resume_one_interrupt_the_tool_runs_once(harness: Any, thread: Any) -> None:
+@pytest.mark.parametrize("second", ["approve", "edit"])
+def test_two_threads_resume_one_interrupt_the_tool_runs_once(harness: Any, thread: Any, second: str) -> None:
+    """Two threads resume one interrupt at once, with the same decision or an approve and an edit: one runs."""
     h = harness()
     agent, config = agent_for(h, InMemorySaver()), thread()
     agent.invoke(USER, config)
@@ -68,20 +70,21 @@ def test_two_threads_resume_one_interrupt_the_tool_runs_once(harness: Any, threa
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
 
-    def resume() -> None:
+    def resume(decision: Command[Any]) -> None:
         barrier.wait()
         try:
-            agent.invoke(APPROVE, saved)
+            agent.invoke(decision, saved)
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
 
-    workers = [threading.Thread(target=resume) for _ in range(2)]
+    decisions = (APPROVE, APPROVE if second == "approve" else edit_to(5))
+    workers = [threading.Thread(target=resume, args=(d,)) for d in decisions]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join(30)
     assert h.runs.count() == 1
-    assert len(errors) == 1 and isinstance(errors[0], ApprovalAlreadyUsed)
+    assert [type(e) for e in errors] == [ApprovalAlreadyUsed]
 
 
 @pytest.mark.anyio
@@ -128,30 +131,6 @@ async def test_gather_of_different_decisions_runs_the_tool_once(
     results = await asyncio.gather(*(agent.ainvoke(d, config) for d in decisions), return_exceptions=True)
     assert h.runs.count() == 1
     assert [type(r) for r in results if isinstance(r, BaseException)] == [ApprovalAlreadyUsed]
-
-
-def test_two_threads_approve_and_edit_one_interrupt_the_tool_runs_once(harness: Any, thread: Any) -> None:
-    h = harness()
-    agent, config = agent_for(h, InMemorySaver()), thread()
-    agent.invoke(USER, config)
-    saved = at_interrupt(agent, config)
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def resume(decision: Command[Any]) -> None:
-        barrier.wait()
-        try:
-            agent.invoke(decision, saved)
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
-            errors.append(exc)
-
-    workers = [threading.Thread(target=resume, args=(d,)) for d in (APPROVE, edit_to(5))]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(30)
-    assert h.runs.count() == 1
-    assert [type(e) for e in errors] == [ApprovalAlreadyUsed]
 
 
 @pytest.mark.anyio
