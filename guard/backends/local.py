@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_LOCAL_BACKEND_NAME", "LocalBackend"]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: ``name`` of a :class:`LocalBackend` unless one is given.
 DEFAULT_LOCAL_BACKEND_NAME = "clef-local"
@@ -436,10 +437,10 @@ class LocalBackend:
     async def _encode(
         self, request: SystemOneRequestV1, remaining: float | None, hold: Callable[[int], None] | None = None
     ) -> EncodedRecord:
-        """Tokenize on an encoding thread within ``remaining`` seconds (``None``: no limit), once ``hold`` took the
-        bytes its images' tensors will hold (read from their headers, on the event loop, after checking that the
-        images fit the prompt beside the request's schema, :meth:`state_room`); turn the model's refusals into
-        ``BackendRejected``.
+        """Tokenize on an encoding thread within ``remaining`` seconds (``None``: no limit), once ``hold`` took, on the
+        event loop, the bytes its images' tensors will hold (counted first on an encoding thread from their headers,
+        after checking that the images fit the prompt beside the request's schema, :meth:`state_room`); turn the
+        model's refusals into ``BackendRejected``.
 
         Raises:
             BackendRejected: an image's header cannot be read, the images take more tokens than the prompt has room
@@ -453,10 +454,10 @@ class LocalBackend:
         """
         started = threading.Event()
 
-        def encode() -> EncodedRecord:
+        def on_thread(work: Callable[[], _T]) -> _T:
             started.set()
             try:
-                return self.model.encode(request, max_length=self.max_length)
+                return work()
             except ValueError:  # the request's fault (RequestValidationError is one): refused below
                 raise
             except BaseException as exc:  # on this thread no signal or cancellation arrives: only the model's errors
@@ -466,12 +467,18 @@ class LocalBackend:
                     reason="inference_failed",
                 ) from exc
 
+        loop = asyncio.get_running_loop()
         try:
-            if hold is not None and request.images:
-                self._hold_images(request, hold)
             if remaining is not None and remaining <= 0:
                 raise TimeoutError
-            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._encoder, encode), remaining)
+            async with asyncio.timeout(remaining):
+                if hold is not None and request.images:
+                    size = await loop.run_in_executor(self._encoder, on_thread, lambda: self._image_bytes(request))
+                    if size is not None:
+                        hold(size)
+                return await loop.run_in_executor(
+                    self._encoder, on_thread, lambda: self.model.encode(request, max_length=self.max_length)
+                )
         except TimeoutError:
             doing = "encoding the state" if started.is_set() else f"waiting for one of the {ENCODE_THREADS} encoding threads"
             raise BackendTimeout(f"the deadline passed while {doing}", backend=self.name) from None
@@ -491,18 +498,18 @@ class LocalBackend:
                 detail=[{"field": "body", "message": str(exc)}],
             ) from exc
 
-    def _hold_images(self, request: SystemOneRequestV1, hold: Callable[[int], None]) -> None:
-        """Have ``hold`` take the bytes the tensors of ``request``'s images will hold, counted from their headers, once
-        the images are known to fit the prompt beside the schema (images that never can are a 422 here, not a 429
-        from ``hold``); a schema that does not fit holds nothing, the encoding refusing it before any image is
-        decoded."""
+    def _image_bytes(self, request: SystemOneRequestV1) -> int | None:
+        """The bytes the tensors of ``request``'s images will hold, counted from their headers, once the images are
+        known to fit the prompt beside the schema (images that never can are a 422 here, not a 429 from the hold);
+        ``None`` for a schema that does not fit, which holds nothing, the encoding refusing it before any image is
+        decoded. Tokenizes the questions (:meth:`state_room`): run on an encoding thread."""
         room = self.state_room(request.questions)
         if room < 0:
-            return
+            return None
         processor = self.model.processor
         pads = processor.image_pads(request.images)
         processor.check_image_room(pads, room)
-        hold(processor.image_tensor_bytes(pads))
+        return processor.image_tensor_bytes(pads)
 
     def _run_batch(self, jobs: Sequence[_Job]) -> list[SystemOneResponseV1]:
         """On the inference thread: one batched forward for ``jobs``, then each record's readout (in a

@@ -305,7 +305,10 @@ class SchemaRoom:
     each question's schema pieces. Each piece is tokenized on its own (§2.3), so a question's tokens depend only on it
     and its place in the request: they are counted once and remembered per question object and place, and per
     digest of its pieces (a reloaded policy's equal question is not tokenized again), at most
-    :data:`SCHEMA_ROOM_ENTRIES` of each, so asking again about questions seen before tokenizes nothing.
+    :data:`SCHEMA_ROOM_ENTRIES` of each, so asking again about questions seen before tokenizes nothing. A question is
+    tokenized only as far as the room left needs, and none after the room is spent, so a request's questions cost at
+    most what ``max_length`` tokens do, however many and long they are; a question read only in part is remembered
+    as more than that room (a lower bound), and counted further when asked where more room is left.
 
     Threading: any thread may call it; each dict operation is atomic, and a count lost to a concurrent clear is made
     again.
@@ -315,44 +318,52 @@ class SchemaRoom:
         self.processor = processor
         self.max_length = max_length
         self._fixed: int | None = None
-        # id(question) -> (a weak reference to it, its place -> its tokens there): a new object under a reused id
-        # is not the one referenced, so it is counted anew
-        self._questions: dict[int, tuple[weakref.ref[QuestionV1], dict[int, int]]] = {}
-        self._texts: dict[bytes, int] = {}  # digest of a question's pieces -> their tokens
+        # id(question) -> (a weak reference to it, its place -> (its tokens there, whether counted whole)): a new
+        # object under a reused id is not the one referenced, so it is counted anew
+        self._questions: dict[int, tuple[weakref.ref[QuestionV1], dict[int, tuple[int, bool]]]] = {}
+        self._texts: dict[bytes, tuple[int, bool]] = {}  # digest of a question's pieces -> their tokens, whole
 
     def __call__(self, questions: Sequence[QuestionV1]) -> int:
         """Tokens left for the state of a request asking ``questions`` in this order; below 0 when the schema alone
-        does not fit (then a bound only: a question is tokenized only as far as ``max_length`` needs)."""
+        does not fit (then a bound only: the questions are tokenized only as far as the room left needs)."""
         if self._fixed is None:
             self._fixed = sum(map(len, self.processor.encode_texts([PREFIX, SCHEMA_HEADER, SUFFIX])))
         room = self.max_length - self._fixed
         for index, question in enumerate(questions):
+            if room < 0:
+                break
             held = self._questions.get(id(question))
             if held is None or held[0]() is not question:
                 if len(self._questions) >= SCHEMA_ROOM_ENTRIES:
                     self._questions.clear()
                 held = self._questions[id(question)] = (weakref.ref(question), {})
             count = held[1].get(index)
-            if count is None:
-                count = held[1][index] = self._count(question_texts(index, question))
-            room -= count
+            if not _enough(count, room):
+                count = held[1][index] = self._count(question_texts(index, question), room)
+            room -= count[0]
         return room
 
-    def _count(self, texts: list[str]) -> int:
-        """The tokens of a question's pieces ``texts``, at most ``max_length + 1``."""
+    def _count(self, texts: list[str], budget: int) -> tuple[int, bool]:
+        """The tokens of a question's pieces ``texts`` and whether they were counted whole: tokenized only until they
+        pass ``budget`` (then more than ``budget``, a lower bound)."""
         digest = hashlib.sha256()
         for text in texts:  # each piece's length first: pieces split differently are another question
             data = text.encode("utf-8", "surrogatepass")
             digest.update(len(data).to_bytes(8, "big") + data)
         key = digest.digest()
         count = self._texts.get(key)
-        if count is None:
-            pieces, complete = schema_ids(self.processor, texts, self.max_length)
-            count = sum(map(len, pieces)) if complete else max(sum(map(len, pieces)), self.max_length + 1)
+        if not _enough(count, budget):
+            pieces, complete = schema_ids(self.processor, texts, budget)
+            count = (sum(map(len, pieces)), complete)
             if len(self._texts) >= SCHEMA_ROOM_ENTRIES:
                 self._texts.clear()
             self._texts[key] = count
         return count
+
+
+def _enough(count: tuple[int, bool] | None, budget: int) -> bool:
+    """Whether a remembered ``(tokens, whole)`` count answers for ``budget``: it is exact, or a lower bound past it."""
+    return count is not None and (count[1] or count[0] > budget)
 
 
 def _field_past(pieces: list[list[int]], fields: dict[int, str], budget: int) -> str:

@@ -123,6 +123,31 @@ async def test_images_that_can_never_fit_the_prompt_are_422_before_their_bytes_a
     assert held == [clef_fp32.encode(fitting, max_length=1024).media_bytes]
 
 
+async def test_images_are_checked_against_the_schema_on_an_encoding_thread(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The room an image request's schema leaves was counted on the event loop before its bytes were held: 64
+    questions of 100 KB and one small image held the worker's loop 9.6 s. The questions are tokenized and the image
+    headers read on an encoding thread; only the hold runs on the loop."""
+    threads: list[threading.Thread] = []
+    processor = clef_fp32.processor
+    for name in ("encode_texts", "image_pads"):
+        method = getattr(processor, name)
+
+        def recorded(*args: Any, _method: Any = method) -> Any:
+            threads.append(threading.current_thread())
+            return _method(*args)
+
+        monkeypatch.setattr(processor, name, recorded)
+    held: list[tuple[int, threading.Thread]] = []
+    async with LocalBackend(clef_fp32, max_length=1024) as backend:
+        threads.clear()
+        await backend.decide(request({**ticket_body(0), "images": [_png((64, 64))]}),
+                             hold=lambda size: held.append((size, threading.current_thread())))  # fmt: skip
+    assert threads and threading.current_thread() not in threads
+    assert held and held[0][1] is threading.current_thread()
+
+
 class _Panic(BaseException):
     """What a Rust tokenizer's panic raises in Python (pyo3's ``PanicException`` is a ``BaseException``)."""
 

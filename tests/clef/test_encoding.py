@@ -18,6 +18,7 @@ from guard.clef.encoding import (
     PREFIX,
     SCHEMA_HEADER,
     SUFFIX,
+    SchemaRoom,
     collate,
     encode_record,
     field_header,
@@ -411,3 +412,21 @@ def test_a_schema_that_fits_is_encoded_alike_however_it_is_read(
     with pytest.raises(RequestValidationError) as info:
         encode_record(request, golden_processor, max_length=len(whole.input_ids) - 2)
     assert info.value.errors[0].message.startswith(f"schema requires {len(whole.input_ids) - 1} tokens")
+
+
+@pytest.mark.parametrize("words", [500, 3000])  # several questions fit before the room is spent; none does
+def test_schema_room_reads_the_questions_only_until_the_room_is_spent(golden_processor: ClefProcessor, words: int) -> None:
+    """The room left for the state counted every question of a request, each up to ``max_length`` tokens, after the
+    schema had passed the limit: 64 questions of 100 KB held the worker's event loop 9.6 s. The questions are read
+    only as far as the room left needs, so a request costs about what ``max_length`` tokens do; a question read in
+    part is counted further when it is asked where it fits."""
+    from guard.systemone import QuestionV1
+
+    counting = _Counting(golden_processor)
+    room = SchemaRoom(counting, 2048)  # type: ignore[arg-type]
+    questions = [QuestionV1(f"q{i}", "noul", "word " * words) for i in range(64)]
+    assert room(questions) < 0
+    assert sum(counting.read) <= 2 * HEAD_CHARS_PER_TOKEN * (2048 + HEAD_MARGIN)
+    big, small, partly = (QuestionV1(f"q{i}", "noul", "word " * n) for i, n in enumerate((600, 1, 500)))
+    assert room([big, partly]) < 0  # ``partly`` read only past the 33 tokens ``big`` leaves
+    assert room([small, partly]) == SchemaRoom(golden_processor, 2048)([small, partly]) > 0  # then counted whole
