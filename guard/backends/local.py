@@ -14,6 +14,9 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
+import io
 import logging
 import threading
 import time
@@ -313,18 +316,24 @@ class LocalBackend:
         return judge_canaries(self.canaries, answers)
 
     async def probe_encoding(self, *, timeout: float) -> None:
-        """Encode :data:`~guard.backends.selftest.SELF_TEST_REQUEST` now, within ``timeout`` seconds, on a thread of
-        its own (never one of the clients' encoding threads, which slow or failing requests may hold): whether the
-        tokenizer and processor still work, which :meth:`run_canaries`, from records encoded at start, does not tell.
-        A probe still running when the next starts holds the thread: the next waits for it.
+        """Encode :data:`~guard.backends.selftest.SELF_TEST_REQUEST` now, and with a checkpoint that reads images the
+        same request with one 8x8 PNG (:func:`_image_probe_request`), within ``timeout`` seconds, on a thread of its
+        own (never one of the clients' encoding threads, which slow or failing requests may hold): whether the
+        tokenizer and processor, its image path included, still work, which :meth:`run_canaries`, from records encoded
+        at start, does not tell. A probe still running when the next starts holds the thread: the next waits for it.
 
         Raises:
             BackendUnavailable: the encoding failed (``reason="inference_failed"``; the error is its cause).
             TimeoutError: it did not finish within ``timeout``.
         """
+        requests = [SELF_TEST_REQUEST]
+        if self.model.processor.image_processor is not None:
+            requests.append(_image_probe_request())
+
         def encode() -> None:
             try:
-                self.model.encode(SELF_TEST_REQUEST, max_length=self.max_length)
+                for request in requests:
+                    self.model.encode(request, max_length=self.max_length)
             except BaseException as exc:  # a tokenizer panic included (a BaseException)
                 raise BackendUnavailable(
                     f"encoding failed in {self.name!r}: {type(exc).__name__}", backend=self.name,
@@ -531,3 +540,16 @@ class LocalBackend:
             self.model.answer(job.request, job.record, per_question, confidence_profile=self.confidence_profile)
             for job, per_question in zip(jobs, logits, strict=True)
         ]
+
+
+@functools.cache
+def _image_probe_request() -> SystemOneRequestV1:
+    """:data:`~guard.backends.selftest.SELF_TEST_REQUEST` with one 8x8 PNG sent as clients send images
+    (``{content_type, base64}``): what :meth:`LocalBackend.probe_encoding` also encodes for a checkpoint that reads
+    images."""
+    from PIL import Image  # only for a checkpoint with an image processor
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), "gray").save(out, format="PNG")
+    image = {"content_type": "image/png", "base64": base64.b64encode(out.getvalue()).decode()}
+    return SELF_TEST_REQUEST.override(images=(image,))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 import shutil
 import struct
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from guard.backends.compact import CompactBackend
@@ -183,6 +185,37 @@ def test_a_model_whose_every_encoding_fails_makes_the_worker_unready_until_it_en
     assert answered.status_code == 200 and runtime.canary_error is None
     logged = [r for r in caplog.records if r.getMessage().startswith("encoding failed in 'clef-local'")]
     assert len(logged) == 1 and logged[0].exc_info is not None
+
+
+def test_a_model_whose_image_path_fails_makes_the_worker_unready(golden_checkpoint: Path) -> None:
+    """The live probe encoded a text-only request, so a processor whose image path broke kept the worker ready (the
+    probe passing started the count again) while every request with an image got 503. With a checkpoint that reads
+    images the probe also encodes one with a small PNG: that failing, the worker is unready until it works again."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    encode = model.encode
+
+    def images_broken(request: SystemOneRequestV1, **kwargs: Any) -> Any:
+        if request.images:
+            raise RuntimeError("image processor failure (injected)")
+        return encode(request, **kwargs)
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(out, format="PNG")
+    png = base64.b64encode(out.getvalue()).decode()
+    with_image = {**ticket_body(0), "images": [{"content_type": "image/png", "base64": png}]}
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        assert c.post("/v1/systemone", json=with_image).status_code == 200
+        model.encode = images_broken  # type: ignore[method-assign]
+        refused = [c.post("/v1/systemone", json=with_image) for _ in range(FAILED_ENCODINGS_TO_PROBE)]
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        unready_error = runtime.canary_error
+        model.encode = encode  # type: ignore[method-assign]
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+        answered = c.post("/v1/systemone", json=with_image).status_code
+    assert [r.json()["code"] for r in refused] == ["unavailable"] * FAILED_ENCODINGS_TO_PROBE
+    assert unready_error == "encoding failed: RuntimeError" and answered == 200
 
 
 def test_requests_whose_own_encoding_fails_never_make_the_worker_unready(golden_checkpoint: Path) -> None:
