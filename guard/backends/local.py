@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
+from guard._logevery import LogEvery
 from guard.backends.base import with_code, with_confidence
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.backends.selftest import (
@@ -143,9 +144,7 @@ class LocalBackend:
         self._warmup: asyncio.Future[None] | None = None
         self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
         self._prober = ThreadPoolExecutor(1, thread_name_prefix=f"{name} probe")  # probe_encoding's own thread
-        self._errors_lock = threading.Lock()
-        self._errors_logged_at = float("-inf")  # time.monotonic() of the last traceback logged
-        self._errors_unlogged = 0
+        self._errors_log = LogEvery(ENCODE_ERROR_LOG_INTERVAL_S)
         self._room: SchemaRoom | None = None  # made on first use (state_room)
         self._canary_jobs: list[tuple[SystemOneRequestV1, EncodedRecord]] = []  # encoded at start
         from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
@@ -345,12 +344,9 @@ class LocalBackend:
     def _log_encoding_error(self, exc: BaseException) -> None:
         """Log a failed encoding's traceback, at most one every :data:`ENCODE_ERROR_LOG_INTERVAL_S` (the next one
         counts those left out), so a model whose every encoding fails does not flood the log."""
-        with self._errors_lock:
-            now = time.monotonic()
-            if now - self._errors_logged_at < ENCODE_ERROR_LOG_INTERVAL_S:
-                self._errors_unlogged += 1
-                return
-            unlogged, self._errors_unlogged, self._errors_logged_at = self._errors_unlogged, 0, now
+        unlogged = self._errors_log.due()
+        if unlogged is None:
+            return
         logger.error("encoding failed in %r (%d more failed since the last one logged)", self.name, unlogged,
                      exc_info=exc)
 

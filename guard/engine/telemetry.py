@@ -65,6 +65,7 @@ from guard import __version__
 from guard._buckets import DURATION_BUCKETS_S
 from guard._close import CLOSE_TIMEOUT_S
 from guard._json import JSON_LEVELS, json_readings, surrogates_joined
+from guard._logevery import LogEvery
 from guard._resource import resource_from_env
 from guard._urls import shown_url
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
@@ -1269,28 +1270,6 @@ def open_log_path(path: str | Path) -> IO[str]:
         raise
 
 
-class _LogEvery:
-    """Lets one log line through per ``interval`` seconds (monotonic clock) and counts the ones held back."""
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._next = -math.inf
-        self._held = 0
-        self._lock = threading.Lock()
-
-    def due(self) -> int | None:
-        """How many lines were held back since the last one let through, when one may be logged now; else ``None``
-        (this one is held back and counted)."""
-        now = time.monotonic()
-        with self._lock:
-            if now < self._next:
-                self._held += 1
-                return None
-            self._next = now + self._interval
-            held, self._held = self._held, 0
-            return held
-
-
 class DecisionLog:
     """JSON-lines decision records (OPA ``EventV1``-like), with fields removed before they are written.
 
@@ -1357,8 +1336,8 @@ class DecisionLog:
         )
         self._lock = threading.Lock()  # one write at a time to the sink
         self._count_lock = threading.Lock()
-        self._queue_full_log = _LogEvery(ERROR_LOG_INTERVAL_S)
-        self._sink_error_log = _LogEvery(ERROR_LOG_INTERVAL_S)
+        self._queue_full_log = LogEvery(ERROR_LOG_INTERVAL_S)
+        self._sink_error_log = LogEvery(ERROR_LOG_INTERVAL_S)
         self._gave_up = threading.Event()  # close() stopped waiting: lines the writer gets from then on are dropped
         self._file: IO[str] | None = None
         self._stream: IO[str] | None = None
