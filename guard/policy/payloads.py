@@ -30,9 +30,11 @@ cost too much), and so does one whose candidates add up to more than :data:`MAX_
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
 ``javascript:``/``vbscript:`` followed at once by code, or ``data:text/html``, anywhere (a bare link, a Markdown
-``](...)`` target, an ``href``). The text is read as a browser reads it: character references decoded
-in a URL (``&#106;avascript&colon;``; escaped markup such as ``&lt;script&gt;`` is text, not a tag), tabs and line
-breaks inside a scheme ignored (``java<TAB>script:``). "JavaScript: a guide" is not one (a space follows the colon).
+``](...)`` target, an ``href``); where the scheme opens a quoted attribute value or a Markdown link target (after
+``="`` or ``](``), blanks after its colon count too (``href="javascript: alert(1)"``), as browsers skip them. The
+text is read as a browser reads it: character references decoded in a URL (``&#106;avascript&colon;``; escaped
+markup such as ``&lt;script&gt;`` is text, not a tag), tabs and line breaks inside a scheme ignored
+(``java<TAB>script:``). "JavaScript: a guide" is not one (in prose, a space follows the colon).
 
 ``code_exec(x)``: some line holds code that runs a command or reaches the interpreter's internals, by its syntax:
 shell command substitution with a command and an argument (``$(touch /tmp/x)``, ``$(whoami)``), a backticked command
@@ -94,8 +96,13 @@ _LINE_BREAK_RE = re.compile(r"\r\n?|\n")
 #: A URL scheme as browsers read it: tabs and line breaks inside it are removed before it is parsed.
 _SCHEME = "[\t\r\n]*".join
 _URL_BLANKS = str.maketrans("", "", "\t\r\n")
-#: A script URL (``javascript:``/``vbscript:`` with code right after the colon) or an HTML document as a URL.
-_SCRIPT_URL = (rf"(?<![\w-])(?:{_SCHEME('javascript')}|{_SCHEME('vbscript')})\s*:[^\s]"
+_SCRIPT_SCHEME = rf"(?:{_SCHEME('javascript')}|{_SCHEME('vbscript')})\s*:"
+#: A script URL: ``javascript:``/``vbscript:`` with code right after the colon anywhere, or after blanks where the
+#: scheme opens a quoted attribute value (``href= " javascript: alert(1)"``) or a Markdown link target
+#: (``](javascript: alert(1))``), which browsers run as well (an unquoted value ends at the blank); or an HTML
+#: document as a URL.
+_SCRIPT_URL = (rf"(?<![\w-]){_SCRIPT_SCHEME}[^\s]"
+               rf"|(?:=\s*[\"']\s*|\]\(\s*){_SCRIPT_SCHEME}\s*\S"
                r"|(?<![\w-])data\s*:\s*text/html")
 _SCRIPT_URL_RE = re.compile(_SCRIPT_URL, re.IGNORECASE)
 _XSS_RE = re.compile(r"<\s*(?:script|iframe|object|embed)\b|" + _SCRIPT_URL, re.IGNORECASE)  # + code-loading tags

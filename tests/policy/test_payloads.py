@@ -43,6 +43,10 @@ SCRIPT = [
     "[x](javascript&colon;alert(1))",
     "<a href='java\tscript:alert(1)'>x</a>",  # browsers drop tabs and line breaks inside a scheme
     "<a href='java\nscript:alert(1)'>x</a>",
+    '<a href="javascript: alert(document.cookie)">x</a>',  # blanks after the colon of a URL that browsers skip
+    "[x](javascript: alert(1))",
+    '<a href="javascript:\talert(1)">x</a>',
+    "<a href = ' vbscript :\nmsgbox(1)'>x</a>",
 ]
 CODE = [
     "$(touch /tmp/blns.fail)",
@@ -99,6 +103,7 @@ BENIGN = [
     "Please drop the table reservation for tonight and create a new one for Friday",
     "Create a user-friendly interface for non-technical users.",
     "JavaScript: The Good Parts is a book; is data: a scheme?",
+    "[JavaScript: The Good Parts](https://example.com/book), a = JavaScript: why?",
     "if 1 < 2 and 3 > 2 then <b>bold</b> is fine",
     "&lt;img src=x onerror=alert(1)&gt; is how the page shows markup",  # escaped markup is text, not a tag
     "Tom &amp; Jerry <3",
