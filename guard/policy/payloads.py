@@ -39,13 +39,20 @@ markup such as ``&lt;script&gt;`` is text, not a tag), tabs and line breaks insi
 ``code_exec(x)``: some line holds code that runs a command or reaches the interpreter's internals, by its syntax:
 shell command substitution with a command and an argument (``$(touch /tmp/x)``, ``$(whoami)``), a backticked command
 where a shell would run it (at the start of a line or after ``=``, ``;``, ``|`` or ``&``; a backticked command
-inside prose is Markdown and not counted), a pipe into a shell (``| sh``, ``| bash``), ``/bin/sh -i``, ``mkfifo``,
-``nc ... -e``, ``rm -rf /``; Perl's ``@{[ ... ]}`` interpolation; a call that runs a command or code with a string
-or code argument (``system("...")``, ``exec(...)``, ``eval("...")``, ``popen``, ``passthru``, ``shell_exec``,
-``Kernel.exec``, Perl's ``system "..."``), Python's ``__import__(``, ``os.system(``/``os.popen(`` (no space before the dot),
-``subprocess.<call>(``, ``__subclasses__()``, ``__mro__``, ``__builtins__``, ``__globals__``, and ``open()`` of a
-path under ``/tmp``, ``/etc``, ``/dev`` or ``/proc`` for writing. A question about code ("how do I use subprocess
-in Python?", "what does eval do") has no such call and is not counted.
+inside prose is Markdown and not counted), a pipe into a shell (``| sh``, ``| sudo bash``, ``| /usr/bin/env bash``),
+a download piped into an interpreter that reads its program from the pipe (``curl ... | python3``, not ``| python
+-m json.tool``) or run by process substitution (``bash <(curl ...)``), ``sh -i`` (``bash -i``, ``/bin/sh -i``), a
+redirection to ``/dev/tcp/``, ``mkfifo``, ``nc``/``ncat``/``netcat ... -e``, ``rm -rf /`` or ``~``; a command
+chained onto a value (``; cat /etc/passwd``, ``&& id``, ``| whoami``, ``%0a whoami``: ``;``, ``|``, ``||``, ``&&``,
+``&`` after a blank or ``%0a``, then ``cat``, ``id``, ``whoami``, ``uname``, ``ls``, ``ping``, netcat, a shell,
+``powershell``, ``cmd``, ``curl`` or ``wget``, then the line's end, an option, a path or a URL; not "cats & dogs;
+cat food" nor a Markdown row ``| id | name |``); Perl's ``@{[ ... ]}`` interpolation; a call that runs a command or
+code with a string, a PHP variable or code argument (``system("...")``, ``system($_GET['c'])``, ``exec(...)``,
+``eval("...")``, ``popen``, ``passthru``, ``shell_exec``, Node's ``execSync("...")``, ``Kernel.exec``, Perl's
+``system "..."``), Node's ``require("child_process")``, Python's ``__import__(``, ``os.system(``/``os.popen(`` (no
+space before the dot), ``subprocess.<call>(``, ``__subclasses__()``, ``__mro__``, ``__builtins__``, ``__globals__``,
+and ``open()`` of a path under ``/tmp``, ``/etc``, ``/dev`` or ``/proc`` for writing. A question about code ("how do
+I use subprocess in Python?", "what does eval do") has no such call and is not counted.
 """
 
 from __future__ import annotations
@@ -119,24 +126,37 @@ _SUBSTITUTIONS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
     r"\$\(\s*[a-z_./][\w./-]*\s+[^)\n]*\)",  # $(command argument ...)
     r"\$\(\s*(?:whoami|id|pwd|env|uname|hostname|reboot|ls)\s*\)",  # $(command) of one that needs none
 ))
-#: (mark, pattern): each pattern matches only text that holds its mark (lower case), so a text is searched only with
-#: the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
-_CODE_EXEC = tuple((mark, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for mark, pattern in (
-    ("`", r"(?:^|[=;|&])\s*`\s*[a-z_./][\w./-]*(?:\s[^`\n]*)?`"),  # a backticked command where a shell runs it
-    ("|", r"\|\s*(?:/bin/|/usr/bin/)?(?:ba|z|da|k)?sh\b(?!\s*[a-z])"),  # a pipe into a shell
-    ("/bin/", r"/bin/(?:ba|z|da)?sh\s+-i\b"),
-    ("mkfifo", r"\bmkfifo\s+/"),
-    ("nc ", r"\bnc +(?:-\w+\s+)*-[ec]\s"),
-    ("rm ", r"\brm +-[rf]{1,2}\s+/"),
-    ("@{[", r"@\{\[\s*\w"),  # Perl: code interpolated into a string
-    ("(", (r"\b(?:system|execv?p?|eval|popen|passthru|shell_exec|proc_open|pcntl_exec|spawn)\s*\(\s*"
-           r"(?:r?[\"'`]|compile\s*\(|__import__)")),  # a call that runs a string or compiled code
-    ("kernel", r"\bkernel\s*\.\s*(?:exec|system|spawn)\b"),
-    ("system", r"\bsystem\s+[\"'][^\"'\n]*[\"']"),
-    ("__", r"__import__\s*\(|__subclasses__\s*\(|__mro__|__builtins__|__globals__"),
-    ("os.", r"\bos\.(?:system|popen|exec\w*|spawn\w*)\s*\("),
-    ("subprocess", r"\bsubprocess\s*\.\s*\w+\s*\("),
-    ("open", r"\bopen\s*\(\s*r?[\"']/(?:tmp|etc|dev|proc)/[^\"'\n]*[\"']\s*,\s*[\"'][wa]"),  # writing a system path
+#: What may run a piped script: ``sudo`` (with options), then ``env`` (bare or by its path).
+_RUNNER = r"(?:sudo\s+(?:-\w+\s+)*)?(?:(?:/usr)?/bin/env\s+|env\s+)?"
+#: (marks, pattern): each pattern matches only text that holds one of its marks (lower case), so a text is searched
+#: only with the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
+_CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for marks, pattern in (
+    (("`",), r"(?:^|[=;|&])\s*`\s*[a-z_./][\w./-]*(?:\s[^`\n]*)?`"),  # a backticked command where a shell runs it
+    (("|",), rf"\|\s*{_RUNNER}(?:/bin/|/usr/bin/)?(?:ba|z|da|k)?sh\b(?!\s*[a-z])"),  # a pipe into a shell
+    # a download piped into an interpreter that reads its program from the pipe (not "| python -m json.tool")
+    (("curl", "wget"), (rf"\b(?:curl|wget)\s[^|\n]{{0,300}}\|\s*{_RUNNER}(?:/usr/bin/|/usr/local/bin/)?"
+                        r"(?:python[23]?|perl|ruby|php|node)\b\s*(?:-\s*)?(?:$|[;&|)\"'`])")),
+    (("-i",), r"(?:\b|/)(?:ba|z|da)?sh\s+-i\b"),  # an interactive shell, for a reverse shell
+    (("<(",), r"\b(?:ba|z|da|k)?sh\s*<\(\s*(?:curl|wget)\b"),  # a download run by process substitution
+    (("/dev/",), r"[<>]&?\s*/dev/(?:tcp|udp)/"),  # a redirection to a network socket (bash's /dev/tcp/host/port)
+    (("mkfifo",), r"\bmkfifo\s+/"),
+    (("nc ", "ncat ", "netcat "), r"\b(?:nc|ncat|netcat) +(?:[^\s|;&]+ +){0,6}-[ec]\s"),  # netcat running a program
+    (("rm ",), r"\brm +-[rf]{1,2}\s+[/~]"),
+    (("@{[",), r"@\{\[\s*\w"),  # Perl: code interpolated into a string
+    (("(",), (r"\b(?:system|execv?p?|eval|popen|passthru|shell_exec|proc_open|pcntl_exec|spawn"
+              r"|(?:exec|execFile|spawn)Sync)\s*\(\s*(?:r?[\"'`]|\$\w|compile\s*\(|__import__)")),  # a call that runs
+    # a string, a PHP variable ($_GET['c']) or compiled code
+    (("child_process",), r"\brequire\s*\(\s*[\"'`](?:node:)?child_process[\"'`]\s*\)"),  # Node's command runner
+    (("kernel",), r"\bkernel\s*\.\s*(?:exec|system|spawn)\b"),
+    (("system",), r"\bsystem\s+[\"'][^\"'\n]*[\"']"),
+    (("__",), r"__import__\s*\(|__subclasses__\s*\(|__mro__|__builtins__|__globals__"),
+    (("os.",), r"\bos\.(?:system|popen|exec\w*|spawn\w*)\s*\("),
+    (("subprocess",), r"\bsubprocess\s*\.\s*\w+\s*\("),
+    (("open",), r"\bopen\s*\(\s*r?[\"']/(?:tmp|etc|dev|proc)/[^\"'\n]*[\"']\s*,\s*[\"'][wa]"),  # writing a system path
+    # a command chained onto a value (; cat /etc/passwd, && id, | whoami, %0a whoami): a separator, one of these
+    # commands, then the line's end, an option, a path or a URL (not "cats & dogs", "| id | name |")
+    ((";", "|", "&", "%0a"), (r"(?:[;|]|&&|(?:^|\s)&|%0a)\s*(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh"
+                              r"|zsh|powershell|pwsh|cmd|curl|wget)(?:\s*$|\s+(?:[-/~$]|[a-z]+://))")),
 ))
 
 
@@ -371,7 +391,13 @@ def _code_exec(text: str) -> bool:
     lowered = text.lower()
     if "$(" in text and _substitutes_a_command(text):
         return True
-    return any(mark in lowered and pattern.search(text) is not None for mark, pattern in _CODE_EXEC)
+    for marks, pattern in _CODE_EXEC:
+        for mark in marks:
+            if mark in lowered:
+                if pattern.search(text) is not None:
+                    return True
+                break  # searched once, whichever of its marks the text holds
+    return False
 
 
 #: The rule functions, by CEL name (registered in every rule context by :mod:`guard.policy.rules`).
