@@ -4,7 +4,9 @@ shell or interpreter code that would run commands (``code_exec(x)``).
 The model reads meaning; these read syntax, so a rule can stop a request that carries SQL or script whatever the
 model thinks of its words. Each reads the text as written and, when it holds URL escapes, URL-decoded too
 (``DROP%20TABLE``, ``%3Cscript%3E``; twice for ``%253C``; the ``%uXXXX`` escapes IIS and classic ASP.NET decode,
-``%u003Cscript%u003E``): an application that decodes a field reads what the escapes hide. Text with letters an
+``%u003Cscript%u003E``), and, when it holds JSON's ``\\u00`` escapes, with its ``\\uXXXX`` escapes decoded (a JSON
+document carried in a string field, where Go's ``encoding/json`` writes ``<`` as ``\\u003c``: the application that
+parses the inner document reads ``<script>``): an application that decodes a field reads what the escapes hide. Text with letters an
 application folds to ASCII is also read folded, in NFKC with dotless ``ı`` as ``i`` (``ſelect``, ``unıon``,
 full-width ``ｓｙｓｔｅｍ``, mathematical ``__𝘪𝘮𝘱𝘰𝘳𝘵__``): ``str.upper()`` gives ``SELECT`` and ``UNION``, a
 case-insensitive comparison matches them, and Python reads identifiers in NFKC, so ``eval`` runs
@@ -257,6 +259,20 @@ def _percent_decoded(text: str) -> str | None:
     return _url_decoded(decoded) if _PERCENT_RE.search(decoded) else decoded
 
 
+#: A JSON ``\\uXXXX`` escape of a character other than a surrogate (a pair's halves are left as written).
+_JSON_ESCAPE_RE = re.compile(r"\\u(?![Dd][89A-Fa-f])([0-9A-Fa-f]{4})")
+
+
+def _json_unescaped(text: str) -> str | None:
+    """``text`` with its JSON ``\\uXXXX`` escapes decoded, or None when it holds no ``\\u00``: a JSON document
+    carried in a string field (a webhook's payload, GraphQL variables) whose encoder escaped markup, as Go's
+    ``encoding/json`` writes ``<`` and ``>`` as ``\\u003c`` and ``\\u003e``, is read as the application that parses
+    it reads it. One scan of the text."""
+    if "\\u00" not in text:
+        return None
+    return _JSON_ESCAPE_RE.sub(lambda match: chr(int(match.group(1), 16)), text)
+
+
 def _folded(text: str, markup: bool = False) -> str | None:
     """``text`` in NFKC with dotless ``ı`` read as ``i`` where it holds a character of :data:`_FOLDABLE_RE` (or, with
     ``markup``, full-width markup punctuation next to ASCII letters, :data:`_WIDE_MARKUP_RE`), or None when it holds
@@ -272,14 +288,20 @@ def _folded(text: str, markup: bool = False) -> str | None:
 
 
 def _readings(text: str, markup: bool = False) -> Iterator[str]:
-    """``text``, then, where they differ from it, its URL-decoded reading (:func:`_percent_decoded`) and the folded
-    reading (:func:`_folded`, ``markup`` passed on) of the last of those, each made only when the one before did not
-    answer."""
+    """``text``, then, where they differ from it, its URL-decoded reading (:func:`_percent_decoded`), the
+    JSON-unescaped reading (:func:`_json_unescaped`) of the last of those and the folded reading (:func:`_folded`,
+    ``markup`` passed on) of the last of those, each made only when the one before did not answer."""
     yield text
-    decoded = _percent_decoded(text)
+    last = text
+    decoded = _percent_decoded(last)
     if decoded is not None:
         yield decoded
-    folded = _folded(text if decoded is None else decoded, markup)
+        last = decoded
+    unescaped = _json_unescaped(last)
+    if unescaped is not None:
+        yield unescaped
+        last = unescaped
+    folded = _folded(last, markup)
     if folded is not None:
         yield folded
 

@@ -173,6 +173,23 @@ def test_url_encoded_payloads_are_found(text: str, check: object) -> None:
 
 
 @pytest.mark.parametrize(("text", "check"), [
+    ('{"comment": "\\u003cimg src=x onerror=alert(document.cookie)\\u003e"}', xss),  # Go's encoding/json
+    ("\\u003cscript\\u003ealert(1)\\u003c/script\\u003e", xss), ("sys\\u0074em('id')", code_exec),
+    ("q=%5Cu003cscript%5Cu003ealert(1)", xss), ("DROP\\u0020TABLE\\u0020users", sqli),
+])  # fmt: skip
+def test_json_escaped_payloads_are_found(text: str, check: object) -> None:
+    """A JSON document carried in a string field (a webhook's payload) is parsed by the application, which reads
+    ``\\u003c`` as ``<``: the detectors read such text with its ``\\uXXXX`` escapes decoded too."""
+    assert check(text)  # type: ignore[operator]
+    assert not check(text.replace("u00", "x00"))  # type: ignore[operator]
+
+
+def test_json_escapes_of_letters_and_surrogates_are_not_payloads() -> None:
+    for text in ('{"name": "Caf\\u00e9 \\u00e0 la carte \\ud83d\\ude00"}', "C:\\users\\u00ser", "\\u00"):
+        assert not (sqli(text) or xss(text) or code_exec(text)), text
+
+
+@pytest.mark.parametrize(("text", "check"), [
     ("x' un\u0131on \u017felect password from users--", sqli), ("\u017felect * from users", sqli),
     ("1; DROP TABLE users".replace("T", "\uff34"), sqli), ("x=%C5%BFelect%20*%20from%20users", sqli),
     ("<\u017fcript>alert(1)</\u017fcript>", xss), ("java\u017fcript:alert(1)", xss),
