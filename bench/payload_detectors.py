@@ -1,4 +1,5 @@
-"""Recall, false positives and speed of the rule functions ``sqli(x)``, ``xss(x)`` and ``code_exec(x)`` (guard/policy/payloads.py).
+"""Recall, false positives and speed of the rule functions ``sqli(x)``, ``xss(x)``, ``code_exec(x)`` and ``path_traversal(x)``
+(guard/policy/payloads.py).
 
 Recall: every attack in data/jailbreak/payloads.jsonl, by category. False positives: every benign record in data/
 (benign_requests bodies as body_text, the benign twins and look-alikes of harmful_requests, prompt_injection,
@@ -17,11 +18,11 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from guard.policy.payloads import code_exec, sqli, xss
+from guard.policy.payloads import code_exec, path_traversal, sqli, xss
 from guard.subject import body_strings
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-DETECTORS = {"sqli": sqli, "xss": xss, "code_exec": code_exec}
+DETECTORS = {"sqli": sqli, "xss": xss, "code_exec": code_exec, "path_traversal": path_traversal}
 SIZES = (256, 2048, 8192)  # characters of benign text per timed call
 REPEATS = 200
 #: Texts built to make each detector work hardest: many starts its pattern must try and reject on one line.
@@ -29,6 +30,7 @@ ADVERSARIAL = {
     "code_exec": "$(a b",  # command substitutions never closed
     "sqli": "select " + ",".join(["(1)"] * 600),  # 2,000 characters that parse as SQL, but not as code
     "xss": "<a ",
+    "path_traversal": "../a",  # one step up, then a name: each step is tried and fails at the second
 }
 ADVERSARIAL_SIZES = (10_000, 100_000, 1_000_000)
 

@@ -496,7 +496,8 @@ class RuleSpec(OutcomeSpec):
     when: str = Field(
         description="CEL expression that must yield a bool, e.g. injection.noul >= 0.85; names: question keys, "
         "answers, subject, state, flags, data, call, result. x.matches(p) searches x for the RE2 pattern p (Unicode "
-        "\\d \\s \\w, ASCII \\b; no backreferences or lookaround). At most "
+        "\\d \\s \\w, ASCII \\b; no backreferences or lookaround). Functions besides CEL's: skeleton(x), "
+        "confusable(x, y), sqli(x), xss(x), code_exec(x) and path_traversal(x) (docs/policies.md). At most "
         f"{MAX_WHEN_CHARS} characters, nested at most {MAX_WHEN_DEPTH} deep (operators in a row, plus one per bracket)."
     )
 

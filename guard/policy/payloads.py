@@ -1,5 +1,6 @@
-"""Code payloads in text, for rules: SQL statements (``sqli(x)``), script-bearing markup or URLs (``xss(x)``), and
-shell or interpreter code that would run commands (``code_exec(x)``).
+"""Code payloads in text, for rules: SQL statements (``sqli(x)``), script-bearing markup or URLs (``xss(x)``),
+shell or interpreter code that would run commands (``code_exec(x)``), and paths that climb out of a folder
+(``path_traversal(x)``).
 
 The model reads meaning; these read syntax, so a rule can stop a request that carries SQL or script whatever the
 model thinks of its words. Each reads the text as written and, when it holds URL escapes, URL-decoded too
@@ -53,8 +54,15 @@ code with a string, a PHP variable or code argument (``system("...")``, ``system
 ``eval("...")``, ``popen``, ``passthru``, ``shell_exec``, Node's ``execSync("...")``, ``Kernel.exec``, Perl's
 ``system "..."``), Node's ``require("child_process")``, Python's ``__import__(``, ``os.system(``/``os.popen(`` (no
 space before the dot), ``subprocess.<call>(``, ``__subclasses__()``, ``__mro__``, ``__builtins__``, ``__globals__``,
-and ``open()`` of a path under ``/tmp``, ``/etc``, ``/dev`` or ``/proc`` for writing. A question about code ("how do
-I use subprocess in Python?", "what does eval do") has no such call and is not counted.
+and ``open()`` of a path under ``/tmp``, ``/etc``, ``/dev`` or ``/proc`` for writing; and a Log4j JNDI lookup
+(``${jndi:ldap://...}``, also spelt with lookups inside it that Log4j resolves first, ``${${lower:j}ndi:``,
+``${${::-j}${::-n}di:``), which makes a Java application that logs the text load and run a remote class. A question
+about code ("how do I use subprocess in Python?", "what does eval do") has no such call and is not counted.
+
+``path_traversal(x)``: the text climbs two or more folders (``../../etc/passwd``, ``..\\..\\windows\\win.ini``,
+``....//....//``, which a filter that removes ``../`` once turns into ``../../``), as written, URL-decoded
+(``..%2f..%2f``) or folded: a file name or path parameter that escapes the folder the application serves from. One
+``../`` (a relative link to a sibling folder) is not counted.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ from sqlglot.tokens import Token, Tokenizer, TokenType
 
 from guard._urls import percent_u_decoded
 
-__all__ = ["FUNCTIONS", "code_exec", "sqli", "xss"]
+__all__ = ["FUNCTIONS", "code_exec", "path_traversal", "sqli", "xss"]
 
 #: Keywords that start a statement sqlglot parses in full (others fall back to an unchecked "command").
 _SQL_WORDS = ("select", "insert", "update", "delete", "drop", "create", "alter", "truncate")
@@ -160,6 +168,16 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     ((";", "|", "&", "%0a"), (r"(?:[;|]|&&|(?:^|\s)&|%0a)\s*(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh"
                               r"|zsh|powershell|pwsh|cmd|curl|wget)(?:\s*$|\s+(?:[-/~$]|[a-z]+://))")),
 ))
+
+#: A Log4j lookup with no lookup inside it (``${lower:j}``, ``${::-j}``): its text after ``:-`` (the default when
+#: its key is undefined) or after its first ``:``, quotes removed, is what Log4j puts in its place.
+_LOOKUP_RE = re.compile(r"\$\{([^${}]*)\}")
+_JNDI_RE = re.compile(r"\$\{\s*jndi\s*:", re.IGNORECASE)
+#: Lookups nested deeper than this are not resolved (Log4j payloads nest one or two levels).
+MAX_LOOKUP_DEPTH = 8
+#: Two or more steps up a folder tree (``../../``, ``..\\..\\``, ``....//``); a run of dots is tried from its first
+#: dot only, so a long run is scanned once.
+_TRAVERSAL_RE = re.compile(r"(?<!\.)(?:\.\.+[\\/]+){2,}")
 
 
 class _Parser(Parser):
@@ -409,9 +427,30 @@ def code_exec(text: str) -> bool:
     return _or_decoded(_code_exec, text, "code_exec")
 
 
+def _jndi_lookup(text: str) -> bool:
+    """Whether ``text`` holds a Log4j ``${jndi:`` lookup once the lookups inside it are resolved (innermost first,
+    at most :data:`MAX_LOOKUP_DEPTH` levels: ``${${lower:j}ndi:`` is ``${jndi:``)."""
+    for _ in range(MAX_LOOKUP_DEPTH):
+        if _JNDI_RE.search(text) is not None:
+            return True
+        resolved = _LOOKUP_RE.sub(_lookup_value, text)
+        if resolved == text:
+            return False
+        text = resolved
+    return False
+
+
+def _lookup_value(match: re.Match[str]) -> str:
+    body = match.group(1)
+    value = body.rsplit(":-", 1)[1] if ":-" in body else body.split(":", 1)[-1]
+    return value.strip("'\"")
+
+
 def _code_exec(text: str) -> bool:
     lowered = text.lower()
     if "$(" in text and _substitutes_a_command(text):
+        return True
+    if "${" in text and _jndi_lookup(text):
         return True
     for marks, pattern in _CODE_EXEC:
         for mark in marks:
@@ -422,5 +461,21 @@ def _code_exec(text: str) -> bool:
     return False
 
 
+def path_traversal(text: str) -> bool:
+    """Whether ``text``, as written, URL-decoded or folded, climbs two or more folders (``../../etc/passwd``,
+    ``..%2f..%2f``; module docstring).
+
+    Raises:
+        TypeError: ``text`` is not a string.
+    """
+    return _or_decoded(_path_traversal, text, "path_traversal")
+
+
+def _path_traversal(text: str) -> bool:
+    return ".." in text and _TRAVERSAL_RE.search(text) is not None
+
+
 #: The rule functions, by CEL name (registered in every rule context by :mod:`guard.policy.rules`).
-FUNCTIONS: dict[str, Callable[..., Any]] = {"code_exec": code_exec, "sqli": sqli, "xss": xss}
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "code_exec": code_exec, "path_traversal": path_traversal, "sqli": sqli, "xss": xss,
+}

@@ -21,7 +21,8 @@ Names a ``when`` can use:
 Functions besides CEL's own (:data:`FUNCTIONS`): ``skeleton(x)`` (the UTS #39 skeleton of a string) and
 ``confusable(x, y)`` (their skeletons are equal), for rules that want homoglyph-insensitive comparison
 (``confusable(state.user, "admin")``), from :mod:`guard.policy.skeleton`; ``sqli(x)`` (a line of ``x`` is an SQL
-statement) and ``xss(x)`` (script-bearing markup or a script URL), from :mod:`guard.policy.payloads`. The method
+statement), ``xss(x)`` (script-bearing markup or a script URL), ``code_exec(x)`` (code that runs a command) and
+``path_traversal(x)`` (a path that climbs two or more folders), from :mod:`guard.policy.payloads`. The method
 ``x.matches(pattern)`` is guard's, not the runtime's: RE2 syntax with Unicode ``\\d \\s \\w``, the patterns a
 rule is given compiled once at load (:func:`rule_patterns`, :func:`guard.policy._re2.matcher`), as a ``redact``
 pattern is.

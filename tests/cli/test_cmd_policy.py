@@ -244,6 +244,7 @@ def test_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "sql-statement": False,
         "script-markup": False,
         "code-execution": False,
+        "path-traversal": False,
         "injection": False,
         "harmful": False,
         "spam": False,
@@ -406,8 +407,8 @@ def test_explain_with_a_local_checkpoint_warms_up_then_answers(
     assert report["error"] is None and report["verdict"]["fail_mode"] is None
     assert set(report["answers"]) == {"injection", "harmful", "spam"}
     assert [rule for rule, _ in report["rules"]] == ["hidden-text", "sql-statement", "script-markup",
-                                                     "code-execution", "injection", "harmful", "spam", "uncertain",
-                                                     "partly-read"]  # fmt: skip
+                                                     "code-execution", "path-traversal", "injection", "harmful",
+                                                     "spam", "uncertain", "partly-read"]  # fmt: skip
     assert all(isinstance(value, bool) for _, value in report["rules"])
 
 

