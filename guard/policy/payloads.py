@@ -24,11 +24,15 @@ keyword to the first ``;`` outside quotes (at most :data:`MAX_SQL_STATEMENT` cha
 (``'; DROP TABLE orders; nice shoes``). Lines are split at ``\n`` and ``\r`` only: a form feed, vertical tab or
 Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE`` is one statement. English that starts like SQL
 ("select the best option from the list", "delete my account") does not parse. At most :data:`MAX_SQL_STARTS`
-places where a statement could start are parsed; past the first :data:`MAX_SQL_STARTS` keywords, only those shaped
-like a statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, ``SELECT ... FROM``) are, so a long document saying "update your password" a hundred times is read as prose, while a statement
-after many decoy keywords is still parsed; a candidate parsed already (repeated boilerplate: the same characters
-from the keyword on) is not parsed again; a text that would need more parses than that counts as SQL (checking each would
-cost too much), and so does one whose candidates add up to more than :data:`MAX_SQL_PARSE_CHARS` characters.
+places where a statement could start are parsed (all readings together); past the first :data:`MAX_SQL_STARTS`
+keywords, only those shaped like a statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``,
+``SELECT ... FROM``) are, so a long document saying "update your password" a hundred times is read as prose, while a
+statement after many decoy keywords is still parsed; a candidate parsed already (repeated boilerplate, or a line
+another reading left as it was: the same characters from the keyword on) is not parsed again; a text that would need
+more parses than that counts as SQL (checking each would cost too much), and so does one that would need sqlglot to
+tokenise and parse more characters than its budget, :data:`SQL_WORK_BASE` plus :data:`SQL_WORK_PER_CHAR` per
+character of the text and at most :data:`MAX_SQL_PARSE_CHARS` (a call costs at most about 15 us per character of
+budget).
 
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
@@ -70,6 +74,7 @@ from __future__ import annotations
 import html
 import re
 import unicodedata
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote_plus
@@ -95,12 +100,17 @@ _COMPUTED = (exp.Case, exp.Func, exp.SessionParameter, exp.Parameter)
 MAX_SQL_STATEMENT = 2000
 #: Most SQL keywords parsed from in one text; a text with more counts as SQL (module docstring).
 MAX_SQL_STARTS = 64
-#: Most characters the parser may read in one text, all candidates together, up to where each failed; a text that
-#: needs more counts as SQL. Text built to parse slowly ("select (1),(1),..." on every line) costs sqlglot about 25 us
-#: per character read, so this bounds a text's parsing near a second where the keyword budget alone allowed 64 x 2,000
-#: characters (3-4 s); prose fails within a few words of its keyword or is kept as an unparsed command after
-#: ``create``/``alter``/``drop`` (cheap, and not counted).
-MAX_SQL_PARSE_CHARS = 40_000
+#: Characters sqlglot may tokenise and parse for one ``sqli`` call, all readings together: :data:`SQL_WORK_BASE`
+#: plus :data:`SQL_WORK_PER_CHAR` per character of the text, at most :data:`MAX_SQL_PARSE_CHARS`; a text that needs
+#: more counts as SQL. A character of budget costs at most about 15 us (text built to parse slowly,
+#: ``select (1),(1),...``, on a loaded 2-core machine): 0.15 s for 2,000 characters of text, 0.3 s for 6,000
+#: characters or more. Each line is tokenised once from its first keyword (in windows of two statements) and the
+#: keywords after it read their statements from those tokens, and a parse that fails within a statement's first
+#: tokens is charged only as far as it read (prose fails within a few words), so ordinary text uses a small part of
+#: its budget (at most 2,456 characters on every benign record in ``data/``, less than :data:`SQL_WORK_BASE`).
+SQL_WORK_BASE = 2 * MAX_SQL_STATEMENT
+SQL_WORK_PER_CHAR = 3
+MAX_SQL_PARSE_CHARS = 20_000
 #: A keyword followed by what its statement needs next (parsed past the first MAX_SQL_STARTS keywords).
 _SQL_SHAPE_RE = re.compile(
     r"(?:drop|create|alter|truncate)\s+(?:\w+\s+){0,2}?(?:table|database|schema|view|index|user|procedure|function"
@@ -184,6 +194,14 @@ class _Parser(Parser):
     """sqlglot's parser without its warning for text it keeps as an unparsed command (most English after CREATE or
     ALTER): such a command is not code here, and the warning would log user text."""
 
+    def reset(self) -> None:
+        super().reset()
+        self.furthest = 0  # one past the furthest token read (the parser peeks one token ahead)
+
+    def _advance(self, times: int = 1) -> None:
+        super()._advance(times)
+        self.furthest = max(self.furthest, self._index + 2)
+
     def _warn_unsupported(self) -> None:
         pass
 
@@ -201,43 +219,83 @@ def _statement_is_code(statement: exp.Expression | None) -> bool:
     return False
 
 
-def _first_statement(candidate: str) -> list[Token] | None:
-    """The tokens of ``candidate`` up to its first ``;`` outside quotes; ``None`` when it does not tokenise. Text
-    after that ``;`` that does not tokenise (an apostrophe in prose) is cut off at the first ``;`` and tried again."""
-    try:
-        tokens = Tokenizer().tokenize(candidate)
-    except SqlglotError:  # TokenError: an unclosed quote or comment
-        head = candidate.split(";", 1)[0]
-        if head == candidate:
-            return None
+class _Scan:
+    """The tokens of ``line`` from offset ``start`` on, at most two statements' length (``2 * MAX_SQL_STATEMENT``
+    characters): a keyword after ``start`` that starts one of them reads its statement from them, so a line is
+    tokenised about once however many keywords it holds. A comment left open (``/*``, to cut off the rest of the
+    host query) is closed first; where the text does not tokenise (an unclosed quote) the tokens stop before it and
+    ``failed_at`` is the line offset where they stop (else ``None``)."""
+
+    def __init__(self, line: str, start: int) -> None:
+        self.start = start
+        self.end = min(len(line), start + 2 * MAX_SQL_STATEMENT)  # line offset after the text scanned
+        self.text = line[start : self.end]
+        if self.text.rfind("/*") > self.text.rfind("*/"):
+            self.text += "*/"
+        tokenizer = Tokenizer()
+        self.failed_at: int | None = None
         try:
-            tokens = Tokenizer().tokenize(head)
-        except SqlglotError:
+            self.tokens = tokenizer.tokenize(self.text)
+        except SqlglotError:  # TokenError: an unclosed quote or comment; the tokens before it are kept
+            self.tokens = tokenizer.tokens
+            self.failed_at = start + (self.tokens[-1].end + 1 if self.tokens else 0)
+        self.starts = [start + token.start for token in self.tokens]
+        self.ends = [token.end for token in self.tokens]  # in self.text
+        self.semicolons = [i for i, token in enumerate(self.tokens) if token.token_type == TokenType.SEMICOLON]
+
+    def covers(self, offset: int, line_length: int) -> bool:
+        """Whether a token starts at line offset ``offset`` and the scan holds its statement's whole reach."""
+        if self.end < min(line_length, offset + MAX_SQL_STATEMENT):
+            return False
+        i = bisect_left(self.starts, offset)
+        return i < len(self.starts) and self.starts[i] == offset
+
+    def statement(self, offset: int) -> list[Token] | None:
+        """The tokens from the one at line offset ``offset`` (:meth:`covers`) up to the first ``;`` outside quotes,
+        at most ``MAX_SQL_STATEMENT`` characters on; ``None`` when the text there does not tokenise before that
+        ``;`` (an unclosed quote: text after the statement's ``;``, an apostrophe in prose, does not count)."""
+        first = bisect_left(self.starts, offset)
+        stop = bisect_left(self.ends, offset + MAX_SQL_STATEMENT - self.start)
+        semicolon = bisect_left(self.semicolons, first)
+        if semicolon < len(self.semicolons) and self.semicolons[semicolon] < stop:
+            return self.tokens[first : self.semicolons[semicolon]]
+        if self.failed_at is not None and self.failed_at < offset + MAX_SQL_STATEMENT:
             return None
-    end = next((i for i, token in enumerate(tokens) if token.token_type == TokenType.SEMICOLON), len(tokens))
-    return tokens[:end]
+        return self.tokens[first:stop]
 
 
-def _parses_as_code(candidate: str) -> tuple[bool, int]:
-    """Whether ``candidate`` starts with a statement that is code, and how many of its characters the parser read
-    (up to where it failed: prose fails within a few words, text built to parse slowly gets far)."""
-    if "/*" in candidate and "*/" not in candidate:
-        candidate += "*/"  # a comment left open to cut off the rest of the host query
-    tokens = _first_statement(candidate)
+#: Tokens of a statement parsed first: where the parser fails without reading to their end (prose fails within a
+#: few words), the rest of a long statement is not handed to it.
+_SQL_HEAD_TOKENS = 48
+
+
+def _parses_as_code(scan: _Scan, offset: int) -> tuple[bool, int]:
+    """Whether the statement at line offset ``offset`` of ``scan`` is code, and how many of its characters the
+    parser was handed (of a statement's first :data:`_SQL_HEAD_TOKENS` tokens, only as far as it read)."""
+    tokens = scan.statement(offset)
     if not tokens:
         return False, 0
-    try:
-        statements = _Parser().parse(tokens, candidate)
-    except ParseError as exc:  # words, not SQL
-        where = exc.errors[0].get("col") if exc.errors else None
-        return False, where if isinstance(where, int) else len(candidate)
-    except SqlglotError:
-        return False, len(candidate)
-    except RecursionError:  # a statement nested past the parser's depth ("select ((((..."): code, not prose
-        return True, len(candidate)
-    if all(isinstance(statement, exp.Command) for statement in statements):
-        return False, 0  # kept as an unparsed command ("create a branch and ..."): the parser read no expression
-    return any(_statement_is_code(statement) for statement in statements), tokens[-1].end + 1
+    skipped = offset - scan.start  # characters of scan.text before the statement; token offsets count them
+    for part in (tokens[:_SQL_HEAD_TOKENS], tokens):
+        parser = _Parser()
+        try:
+            statements = parser.parse(part, scan.text)
+        except ParseError:  # words, not SQL, unless the parser read to the end of a statement's first tokens
+            if len(part) == len(tokens) or parser.furthest + 2 < len(part):
+                last = part[-1] if len(part) > _SQL_HEAD_TOKENS else part[min(parser.furthest, len(part)) - 1]
+                return False, last.end + 1 - skipped
+            continue
+        except SqlglotError:
+            return False, part[-1].end + 1 - skipped
+        except RecursionError:  # a statement nested past the parser's depth ("select ((((..."): code, not prose
+            return True, part[-1].end + 1 - skipped
+        commands = all(isinstance(statement, exp.Command) for statement in statements)
+        if commands or len(part) == len(tokens):
+            break
+    read = part[-1].end + 1 - skipped
+    if commands:  # kept as an unparsed command ("create a branch and ...", decided by its first words): not code,
+        return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read  # and the parser read no expression
+    return any(_statement_is_code(statement) for statement in statements), read
 
 
 def _lowered(text: str, function: str) -> str:
@@ -330,40 +388,56 @@ def _or_decoded(check: Callable[[str], bool], text: str, function: str, markup: 
     return any(check(reading) for reading in _readings(text, markup))
 
 
+class _SqlBudget:
+    """What one ``sqli`` call may still spend, all readings together: characters sqlglot tokenises and parses
+    (:data:`SQL_WORK_PER_CHAR`) and statements parsed (:data:`MAX_SQL_STARTS`), and the candidates parsed already
+    (hashes of the characters from a keyword on: repeated boilerplate, or a line a reading left unchanged, is
+    parsed once)."""
+
+    def __init__(self, length: int) -> None:
+        self.chars = min(MAX_SQL_PARSE_CHARS, SQL_WORK_BASE + SQL_WORK_PER_CHAR * length)
+        self.starts = 0  # distinct candidates met
+        self.parses = 0
+        self.seen: set[int] = set()
+
+
 def sqli(text: str) -> bool:
     """Whether some line of ``text``, as written, URL-decoded or folded, holds a complete SQL statement that reads or
-    changes data (module docstring).
+    changes data (module docstring). Costs at most about 12 us per character of budget (:data:`SQL_WORK_PER_CHAR`).
 
     Raises:
         TypeError: ``text`` is not a string (a rule error: the policy's fail mode decides).
     """
-    return _or_decoded(_sqli, text, "sqli")
+    _lowered(text, "sqli")
+    budget = _SqlBudget(len(text))
+    return any(_sqli(reading, budget) for reading in _readings(text))
 
 
-def _sqli(text: str) -> bool:
+def _sqli(text: str, budget: _SqlBudget) -> bool:
     lowered = text.lower()
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
-    starts = parsed = 0
-    budget = MAX_SQL_PARSE_CHARS
-    seen: set[int] = set()  # hashes of the candidates parsed already: repeated boilerplate is parsed once
     for line in _LINE_BREAK_RE.split(text):
+        scan: _Scan | None = None
         for match in _SQL_START_RE.finditer(line):
-            candidate = line[match.start() : match.start() + MAX_SQL_STATEMENT]
-            key = hash(candidate)
-            if key in seen:
+            offset = match.start()
+            key = hash(line[offset : offset + MAX_SQL_STATEMENT])
+            if key in budget.seen:
                 continue
-            seen.add(key)
-            starts += 1
-            if starts > MAX_SQL_STARTS and not _SQL_SHAPE_RE.match(candidate):
+            budget.seen.add(key)
+            budget.starts += 1
+            if budget.starts > MAX_SQL_STARTS and not _SQL_SHAPE_RE.match(line, offset):
                 continue
-            parsed += 1
-            if parsed > MAX_SQL_STARTS or budget < 0:
+            budget.parses += 1
+            if budget.parses > MAX_SQL_STARTS or budget.chars < 0:
                 return True
-            code, read = _parses_as_code(candidate)
+            if scan is None or not scan.covers(offset, len(line)):
+                scan = _Scan(line, offset)
+                budget.chars -= len(scan.text)
+            code, read = _parses_as_code(scan, offset)
             if code:
                 return True
-            budget -= read
+            budget.chars -= read
     return False
 
 

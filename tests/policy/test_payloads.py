@@ -4,6 +4,8 @@ HTML words in English) is not, and a non-string is a rule error that the policy'
 from __future__ import annotations
 
 import pytest
+from sqlglot.parser import Parser
+from sqlglot.tokens import Tokenizer
 
 from guard.engine import Guard
 from guard.policy import load_text
@@ -12,6 +14,8 @@ from guard.policy.payloads import (
     MAX_SQL_PARSE_CHARS,
     MAX_SQL_STARTS,
     MAX_SQL_STATEMENT,
+    SQL_WORK_BASE,
+    SQL_WORK_PER_CHAR,
     code_exec,
     path_traversal,
     sqli,
@@ -312,6 +316,41 @@ def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -
     plan = " ".join(f"Step {i}: create a branch, alter the onboarding copy, and drop the rest to the next sprint; "
                     f"then update the mockups and select two people to try it." for i in range(80))
     assert not sqli(plan)
+
+
+def test_sqli_work_is_bounded_by_the_texts_length_all_readings_together(monkeypatch) -> None:
+    """A 2,000-character value with 63 keywords on one line had the line tokenised again from each keyword, for each
+    of its three readings (plain, URL-decoded, folded), and only the parser's reads were charged: 380,000 characters
+    tokenised, 1.5 s per request. Each line is tokenised once from its first keyword, and all that sqlglot tokenises
+    and parses is charged to one budget per call."""
+    tokenised: list[int] = []
+    parsed: list[int] = []
+    tokenize, parse = Tokenizer.tokenize, Parser.parse
+
+    def counted_tokenize(self, sql):
+        tokenised.append(len(sql))
+        return tokenize(self, sql)
+
+    def counted_parse(self, raw_tokens, sql=None):
+        parsed.append(len(raw_tokens))
+        return parse(self, raw_tokens, sql)
+
+    monkeypatch.setattr(Tokenizer, "tokenize", counted_tokenize)
+    monkeypatch.setattr(Parser, "parse", counted_parse)
+    texts = [
+        ("select ) " * 63 + "(1)," * 600)[:1990] + "%41\u017f",  # three readings of 63 keywords on one line
+        ("select (1)," * 200)[:2000],
+        ("select " + "(1)," * 20) * 100,  # statements that parse far, one after another
+        "".join(f"select {n}," + ",".join(["(1)"] * 600) + "\n" for n in range(12)),  # lines that parse slowly
+        "drop it " * 2000,
+    ]
+    for text in texts:
+        tokenised.clear()
+        parsed.clear()
+        sqli(text)
+        budget = min(MAX_SQL_PARSE_CHARS, SQL_WORK_BASE + SQL_WORK_PER_CHAR * len(text))
+        # the budget, plus the last parse that spent it and each parse's first tokens (up to 64 parses of 48)
+        assert sum(tokenised) + sum(parsed) <= budget + 2 * MAX_SQL_STATEMENT + MAX_SQL_STARTS * 48, text[:40]
 
 
 def test_xss_reads_every_tag_in_one_scan() -> None:
