@@ -23,7 +23,10 @@ keyword to the first ``;`` outside quotes (at most :data:`MAX_SQL_STATEMENT` cha
 (``' UNION SELECT ...``, ``10; DROP TABLE users --``) counts, and neither is text after the statement's ``;``
 (``'; DROP TABLE orders; nice shoes``). Lines are split at ``\n`` and ``\r`` only: a form feed, vertical tab or
 Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE`` is one statement. English that starts like SQL
-("select the best option from the list", "delete my account") does not parse. At most :data:`MAX_SQL_STARTS`
+("select the best option from the list", "delete my account") does not parse, and a SELECT or INSERT of bare words
+(no punctuation, literal, comment or clause English rarely holds, :data:`_SQL_CLAUSES`) is English ("Select a date
+from the calendar", "Insert image from URL") unless what comes right before its keyword reads as SQL (a quote,
+``;``, a bracket, ``=``, ``|``, ``*/``, a digit or ``UNION``). At most :data:`MAX_SQL_STARTS`
 places where a statement could start are parsed (all readings together); past the first :data:`MAX_SQL_STARTS`
 keywords, only those shaped like a statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``,
 ``SELECT ... FROM``) are, so a long document saying "update your password" a hundred times is read as prose, while a
@@ -95,6 +98,15 @@ _SQL_START_RE = re.compile(rf"\b(?:{'|'.join(_SQL_WORDS)})\b", re.IGNORECASE)
 _WRITES = (exp.Drop, exp.Insert, exp.Create, exp.Alter, exp.TruncateTable)
 #: Projections that make a FROM-less SELECT code rather than words.
 _COMPUTED = (exp.Case, exp.Func, exp.SessionParameter, exp.Parameter)
+#: Keywords that make a SELECT or INSERT of bare words SQL: clauses English rarely holds (:func:`_is_words`).
+_SQL_CLAUSES = frozenset((
+    TokenType.WHERE, TokenType.GROUP_BY, TokenType.ORDER_BY, TokenType.HAVING, TokenType.LIMIT, TokenType.OFFSET,
+    TokenType.FETCH, TokenType.JOIN, TokenType.UNION, TokenType.INTERSECT, TokenType.EXCEPT, TokenType.INTO,
+    TokenType.VALUES, TokenType.TABLE, TokenType.CASE, TokenType.EXISTS, TokenType.QUALIFY, TokenType.WINDOW,
+))
+#: What, right before a keyword, makes its statement SQL whatever its words: a quote, ``;``, a bracket, ``=``,
+#: ``|``, the end of a comment (``*/``), a digit, or ``UNION`` (``ALL``, ``DISTINCT``).
+_SQL_CONTEXT_RE = re.compile(r"(?:['\"`;()=|/\d]|\bunion(?:\s+(?:all|distinct))?)\s*$", re.IGNORECASE)
 #: Most characters parsed from one SQL keyword on (a statement longer than this is not looked for; parsing 2,000
 #: characters costs about a millisecond).
 MAX_SQL_STATEMENT = 2000
@@ -206,6 +218,15 @@ class _Parser(Parser):
         pass
 
 
+def _is_words(tokens: list[Token], statements: list[exp.Expression | None]) -> bool:
+    """Whether ``statements`` are SELECTs or INSERTs of bare words only, as English reads: "Select a date from the
+    calendar" (``SELECT a AS date FROM the AS calendar``), "Insert image from URL"; no punctuation, literal, comment
+    or clause English rarely holds (:data:`_SQL_CLAUSES`)."""
+    return all(isinstance(statement, (exp.Select, exp.Insert)) for statement in statements) and all(
+        token.text.isalpha() and not token.comments and token.token_type not in _SQL_CLAUSES for token in tokens
+    )
+
+
 def _statement_is_code(statement: exp.Expression | None) -> bool:
     if isinstance(statement, exp.Update):
         return bool(statement.expressions)  # UPDATE t SET ...; "update my insurance" parses without SET
@@ -269,9 +290,11 @@ class _Scan:
 _SQL_HEAD_TOKENS = 48
 
 
-def _parses_as_code(scan: _Scan, offset: int) -> tuple[bool, int]:
+def _parses_as_code(scan: _Scan, offset: int, after_code: bool) -> tuple[bool, int]:
     """Whether the statement at line offset ``offset`` of ``scan`` is code, and how many of its characters the
-    parser was handed (of a statement's first :data:`_SQL_HEAD_TOKENS` tokens, only as far as it read)."""
+    parser was handed (of a statement's first :data:`_SQL_HEAD_TOKENS` tokens, only as far as it read). Unless
+    ``after_code`` (what comes before it reads as SQL, :data:`_SQL_CONTEXT_RE`), a SELECT or INSERT of bare words
+    is English (:func:`_is_words`)."""
     tokens = scan.statement(offset)
     if not tokens:
         return False, 0
@@ -295,6 +318,8 @@ def _parses_as_code(scan: _Scan, offset: int) -> tuple[bool, int]:
     read = part[-1].end + 1 - skipped
     if commands:  # kept as an unparsed command ("create a branch and ...", decided by its first words): not code,
         return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read  # and the parser read no expression
+    if not after_code and _is_words(tokens, statements):
+        return False, read
     return any(_statement_is_code(statement) for statement in statements), read
 
 
@@ -434,7 +459,8 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
             if scan is None or not scan.covers(offset, len(line)):
                 scan = _Scan(line, offset)
                 budget.chars -= len(scan.text)
-            code, read = _parses_as_code(scan, offset)
+            after_code = _SQL_CONTEXT_RE.search(line, max(0, offset - 32), offset) is not None
+            code, read = _parses_as_code(scan, offset, after_code)
             if code:
                 return True
             budget.chars -= read

@@ -290,6 +290,19 @@ def test_a_statement_inside_a_longer_line_counts_and_prose_after_it_does_not_hid
     assert not sqli("search for: x'; DROP the users a line")
 
 
+def test_a_select_of_bare_words_is_english_unless_sql_comes_right_before_it() -> None:
+    """sqlglot reads "Select a date from the calendar" as ``SELECT a AS date FROM the AS calendar``: 21 of 40 short UI
+    lines and searches were blocked as SQL statements."""
+    for text in ("Select a date from the calendar", "select all from inbox", "How to select text from a PDF",
+                 "Select an item from the cart", "Insert image from URL",
+                 "Kids can select one toy from the box; parents update the sheet after."):
+        assert not sqli(text), text
+    for text in ("x'; select password from users", "1 UNION ALL select password from users", "10 select name from t",
+                 "x'/**/UNION/**/SELECT/**/password/**/FROM/**/users", "select password from users where admin",
+                 "select password from users --", "x' UNION select password from users", "SELECT * FROM users"):
+        assert sqli(text), text
+
+
 def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -> None:
     # a statement is parsed from its keyword for at most MAX_SQL_STATEMENT characters, whatever the line's length
     padded = "x" * (2 * MAX_SQL_STATEMENT) + " '; DROP TABLE orders; --"
