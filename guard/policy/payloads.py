@@ -21,7 +21,10 @@ keyword to the first ``;`` outside quotes (at most :data:`MAX_SQL_STATEMENT` cha
 ``UPDATE``, ``DELETE``, ``CREATE``, ``ALTER``, ``TRUNCATE``, or a ``SELECT`` that reads a table (``FROM``) or computes
 (``CASE``, a function, ``@@version``). Text before the keyword is not parsed, so a fragment that closes a quote first
 (``' UNION SELECT ...``, ``10; DROP TABLE users --``) counts, and neither is text after the statement's ``;``
-(``'; DROP TABLE orders; nice shoes``). Lines are split at ``\n`` and ``\r`` only: a form feed, vertical tab or
+(``'; DROP TABLE orders; nice shoes``) or after a ``)`` that closes a bracket opened before its keyword (a subquery:
+``1 AND (SELECT COUNT(*) FROM users) > 0``). A quote left open at the end of the line for the host query to close
+(``... WHERE '1'='1``) is closed first, unless it follows a letter or digit (an apostrophe: "Bob's"); after ``UNION``
+a SELECT counts whatever it selects (``UNION SELECT 1,2,3``, ``UNION ALL SELECT NULL,NULL``) unless bare words. Lines are split at ``\n`` and ``\r`` only: a form feed, vertical tab or
 Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE`` is one statement. English that starts like SQL
 ("select the best option from the list", "delete my account") does not parse, and a SELECT or INSERT of bare words
 (no punctuation, literal, comment or clause English rarely holds, :data:`_SQL_CLAUSES`) is English ("Select a date
@@ -105,8 +108,9 @@ _SQL_CLAUSES = frozenset((
     TokenType.VALUES, TokenType.TABLE, TokenType.CASE, TokenType.EXISTS, TokenType.QUALIFY, TokenType.WINDOW,
 ))
 #: What, right before a keyword, makes its statement SQL whatever its words: a quote, ``;``, a bracket, ``=``,
-#: ``|``, the end of a comment (``*/``), a digit, or ``UNION`` (``ALL``, ``DISTINCT``).
-_SQL_CONTEXT_RE = re.compile(r"(?:['\"`;()=|/\d]|\bunion(?:\s+(?:all|distinct))?)\s*$", re.IGNORECASE)
+#: ``|``, the end of a comment (``*/``), a digit, or ``UNION`` (``ALL``, ``DISTINCT``; then a SELECT is code
+#: whatever it selects, unless bare words: ``UNION SELECT 1,2,3``, a probe for the host query's number of columns).
+_SQL_CONTEXT_RE = re.compile(r"(?:['\"`;()=|/\d]|\b(?P<union>union)(?:\s+(?:all|distinct))?)\s*$", re.IGNORECASE)
 #: Most characters parsed from one SQL keyword on (a statement longer than this is not looked for; parsing 2,000
 #: characters costs about a millisecond).
 MAX_SQL_STATEMENT = 2000
@@ -244,8 +248,10 @@ class _Scan:
     """The tokens of ``line`` from offset ``start`` on, at most two statements' length (``2 * MAX_SQL_STATEMENT``
     characters): a keyword after ``start`` that starts one of them reads its statement from them, so a line is
     tokenised about once however many keywords it holds. A comment left open (``/*``, to cut off the rest of the
-    host query) is closed first; where the text does not tokenise (an unclosed quote) the tokens stop before it and
-    ``failed_at`` is the line offset where they stop (else ``None``)."""
+    host query) is closed first, and so is a quote left open at the end of the line for the host query to close
+    (``... WHERE '1'='1``) unless it follows a letter or digit (an apostrophe: "it's", "Bob's"); where the text does
+    not tokenise otherwise (an unclosed quote) the tokens stop before it and ``failed_at`` is the line offset where
+    they stop (else ``None``). ``cost``: the characters tokenised."""
 
     def __init__(self, line: str, start: int) -> None:
         self.start = start
@@ -253,16 +259,38 @@ class _Scan:
         self.text = line[start : self.end]
         if self.text.rfind("/*") > self.text.rfind("*/"):
             self.text += "*/"
+        self.cost = len(self.text)
         tokenizer = Tokenizer()
         self.failed_at: int | None = None
         try:
             self.tokens = tokenizer.tokenize(self.text)
         except SqlglotError:  # TokenError: an unclosed quote or comment; the tokens before it are kept
             self.tokens = tokenizer.tokens
-            self.failed_at = start + (self.tokens[-1].end + 1 if self.tokens else 0)
+            stopped = self.tokens[-1].end + 1 if self.tokens else 0  # in self.text
+            self.failed_at = start + stopped
+            quote = len(self.text) - len(self.text[stopped:].lstrip())
+            if self.end == len(line) and self.text.startswith("'", quote) and not self.text[quote - 1 : quote].isalnum():
+                self.cost += len(self.text) + 1
+                try:
+                    self.tokens = Tokenizer().tokenize(self.text + "'")
+                    self.failed_at = None
+                except SqlglotError:
+                    pass
         self.starts = [start + token.start for token in self.tokens]
         self.ends = [token.end for token in self.tokens]  # in self.text
         self.semicolons = [i for i, token in enumerate(self.tokens) if token.token_type == TokenType.SEMICOLON]
+        # closes[i]: the first token after token i that closes a bracket opened before it (a subquery's ")" in
+        # "1 AND (SELECT COUNT(*) FROM users) > 0"), else len(tokens)
+        depth = [0]  # depth[k]: brackets open before token k
+        for token in self.tokens:
+            depth.append(depth[-1] + (token.token_type == TokenType.L_PAREN) - (token.token_type == TokenType.R_PAREN))
+        self.closes = [len(self.tokens)] * len(self.tokens)
+        waiting = [0] if self.tokens else []  # tokens whose closing ")" is not found yet, depths rising
+        for k in range(1, len(self.tokens) + 1):
+            while waiting and depth[k] < depth[waiting[-1]]:
+                self.closes[waiting.pop()] = k - 1
+            if k < len(self.tokens):
+                waiting.append(k)
 
     def covers(self, offset: int, line_length: int) -> bool:
         """Whether a token starts at line offset ``offset`` and the scan holds its statement's whole reach."""
@@ -272,15 +300,16 @@ class _Scan:
         return i < len(self.starts) and self.starts[i] == offset
 
     def statement(self, offset: int) -> list[Token] | None:
-        """The tokens from the one at line offset ``offset`` (:meth:`covers`) up to the first ``;`` outside quotes,
-        at most ``MAX_SQL_STATEMENT`` characters on; ``None`` when the text there does not tokenise before that
-        ``;`` (an unclosed quote: text after the statement's ``;``, an apostrophe in prose, does not count)."""
+        """The tokens from the one at line offset ``offset`` (:meth:`covers`) up to the first ``;`` outside quotes or
+        ``)`` that closes a bracket opened before it, at most ``MAX_SQL_STATEMENT`` characters on; ``None`` when the
+        text there does not tokenise before its end (an unclosed quote: text after the statement's ``;``, an
+        apostrophe in prose, does not count)."""
         first = bisect_left(self.starts, offset)
-        stop = bisect_left(self.ends, offset + MAX_SQL_STATEMENT - self.start)
+        stop = min(bisect_left(self.ends, offset + MAX_SQL_STATEMENT - self.start), self.closes[first])
         semicolon = bisect_left(self.semicolons, first)
-        if semicolon < len(self.semicolons) and self.semicolons[semicolon] < stop:
-            return self.tokens[first : self.semicolons[semicolon]]
-        if self.failed_at is not None and self.failed_at < offset + MAX_SQL_STATEMENT:
+        if semicolon < len(self.semicolons):
+            stop = min(stop, self.semicolons[semicolon])
+        if stop == len(self.tokens) and self.failed_at is not None and self.failed_at < offset + MAX_SQL_STATEMENT:
             return None
         return self.tokens[first:stop]
 
@@ -290,11 +319,11 @@ class _Scan:
 _SQL_HEAD_TOKENS = 48
 
 
-def _parses_as_code(scan: _Scan, offset: int, after_code: bool) -> tuple[bool, int]:
+def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> tuple[bool, int]:
     """Whether the statement at line offset ``offset`` of ``scan`` is code, and how many of its characters the
-    parser was handed (of a statement's first :data:`_SQL_HEAD_TOKENS` tokens, only as far as it read). Unless
-    ``after_code`` (what comes before it reads as SQL, :data:`_SQL_CONTEXT_RE`), a SELECT or INSERT of bare words
-    is English (:func:`_is_words`)."""
+    parser was handed (of a statement's first :data:`_SQL_HEAD_TOKENS` tokens, only as far as it read). ``context``:
+    what comes right before it, where that reads as SQL (:data:`_SQL_CONTEXT_RE`); without it a SELECT or INSERT of
+    bare words is English (:func:`_is_words`), after ``UNION`` any other SELECT is code."""
     tokens = scan.statement(offset)
     if not tokens:
         return False, 0
@@ -318,8 +347,11 @@ def _parses_as_code(scan: _Scan, offset: int, after_code: bool) -> tuple[bool, i
     read = part[-1].end + 1 - skipped
     if commands:  # kept as an unparsed command ("create a branch and ...", decided by its first words): not code,
         return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read  # and the parser read no expression
-    if not after_code and _is_words(tokens, statements):
+    words = _is_words(tokens, statements)
+    if context is None and words:
         return False, read
+    if context is not None and context["union"] and not words:  # "UNION SELECT 1,2,3", not "union select in mysql"
+        return all(isinstance(statement, exp.Select) for statement in statements), read
     return any(_statement_is_code(statement) for statement in statements), read
 
 
@@ -458,9 +490,9 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
                 return True
             if scan is None or not scan.covers(offset, len(line)):
                 scan = _Scan(line, offset)
-                budget.chars -= len(scan.text)
-            after_code = _SQL_CONTEXT_RE.search(line, max(0, offset - 32), offset) is not None
-            code, read = _parses_as_code(scan, offset, after_code)
+                budget.chars -= scan.cost
+            context = _SQL_CONTEXT_RE.search(line, max(0, offset - 32), offset)
+            code, read = _parses_as_code(scan, offset, context)
             if code:
                 return True
             budget.chars -= read

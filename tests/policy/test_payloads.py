@@ -303,6 +303,23 @@ def test_a_select_of_bare_words_is_english_unless_sql_comes_right_before_it() ->
         assert sqli(text), text
 
 
+def test_subqueries_column_probes_and_a_quote_left_for_the_host_query_count() -> None:
+    # a subquery closed by a ")" opened before it (blind and error-based injection)
+    assert sqli("1 AND (SELECT COUNT(*) FROM users) > 0")
+    assert sqli("1'||(SELECT password FROM users LIMIT 1)||'")
+    assert sqli("' OR EXISTS(SELECT * FROM users WHERE name='admin' AND password LIKE 'a%')--")
+    # a quote left open for the host query to close; an apostrophe after a letter is prose
+    assert sqli("' UNION SELECT password FROM users WHERE '1'='1")
+    assert sqli("1'; SELECT * FROM users WHERE 'a'='a")
+    assert not sqli("select the one from the list, it's nice")
+    assert not sqli("Select the tab from Bob's bar")
+    # after UNION a SELECT counts whatever it selects, unless bare words
+    assert sqli("1' UNION SELECT 1,2,3-- -")
+    assert sqli("' UNION ALL SELECT NULL,NULL,NULL--")
+    assert sqli("-1 UNION SELECT 1,2,user()")
+    assert not sqli("how to use union select in mysql")
+
+
 def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -> None:
     # a statement is parsed from its keyword for at most MAX_SQL_STATEMENT characters, whatever the line's length
     padded = "x" * (2 * MAX_SQL_STATEMENT) + " '; DROP TABLE orders; --"
