@@ -20,25 +20,28 @@ on ordinary text (measured on every benign record in ``data/``: docs/policies.md
 keyword to the first ``;`` outside quotes (at most :data:`MAX_SQL_STATEMENT` characters): ``DROP``, ``INSERT``,
 ``UPDATE``, ``DELETE``, ``CREATE``, ``ALTER``, ``TRUNCATE``, or a ``SELECT`` that reads a table (``FROM``) or computes
 (``CASE``, a function, ``@@version``). Text before the keyword is not parsed, so a fragment that closes a quote first
-(``' UNION SELECT ...``, ``10; DROP TABLE users --``) counts, and neither is text after the statement's ``;``
-(``'; DROP TABLE orders; nice shoes``) or after a ``)`` that closes a bracket opened before its keyword (a subquery:
-``1 AND (SELECT COUNT(*) FROM users) > 0``). A quote left open at the end of the line for the host query to close
-(``... WHERE '1'='1``) is closed first, unless it follows a letter or digit (an apostrophe: "Bob's"); after ``UNION``
-a SELECT counts whatever it selects (``UNION SELECT 1,2,3``, ``UNION ALL SELECT NULL,NULL``) unless bare words. Lines are split at ``\n`` and ``\r`` only: a form feed, vertical tab or
-Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE`` is one statement. English that starts like SQL
-("select the best option from the list", "delete my account") does not parse, and a SELECT or INSERT of bare words
-(no punctuation, literal, comment or clause English rarely holds, :data:`_SQL_CLAUSES`) is English ("Select a date
-from the calendar", "Insert image from URL") unless what comes right before its keyword reads as SQL (a quote,
-``;``, a bracket, ``=``, ``|``, ``*/``, a digit or ``UNION``). At most :data:`MAX_SQL_STARTS`
-places where a statement could start are parsed (all readings together); past the first :data:`MAX_SQL_STARTS`
-keywords, only those shaped like a statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``,
-``SELECT ... FROM``) are, so a long document saying "update your password" a hundred times is read as prose, while a
-statement after many decoy keywords is still parsed; a candidate parsed already (repeated boilerplate, or a line
-another reading left as it was: the same characters from the keyword on) is not parsed again; a text that would need
-more parses than that counts as SQL (checking each would cost too much), and so does one that would need sqlglot to
-tokenise and parse more characters than its budget, :data:`SQL_WORK_BASE` plus :data:`SQL_WORK_PER_CHAR` per
-character of the text and at most :data:`MAX_SQL_PARSE_CHARS` (a call costs at most about 15 us per character of
-budget).
+(``' UNION SELECT ...``, ``10; DROP TABLE users --``) counts, and neither is text after the statement's ``;`` (``'; DROP
+TABLE orders; nice shoes``) or after a ``)`` that closes a bracket opened before its keyword (a subquery: ``1 AND
+(SELECT COUNT(*) FROM users) > 0``). A quote left open at the end of the line for the host query to close (``... WHERE
+'1'='1``) is closed first, unless it follows a letter or digit (an apostrophe: "Bob's"); after ``UNION`` a SELECT counts
+whatever it selects (``UNION SELECT 1,2,3``, ``UNION ALL SELECT NULL,NULL``) unless bare words. Lines are split at
+``\n`` and ``\r`` only: a form feed, vertical tab or Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE``
+is one statement; and as SQL reads a line break as a space, a statement left open at the end of its line (the parser
+wanted more: ``'; DROP``, ``DELETE``; or after text that reads as SQL, it parsed without being code: ``' UNION SELECT
+password``, ``'; UPDATE users``) is read on with the next line joined by a space, then the next two while still open, as
+far as :data:`MAX_SQL_STATEMENT` characters (``'; DROP\nTABLE users; --``). English that starts like SQL ("select the
+best option from the list", "delete my account") does not parse, and a SELECT or INSERT of bare words (no punctuation,
+literal, comment or clause English rarely holds, :data:`_SQL_CLAUSES`) is English ("Select a date from the calendar",
+"Insert image from URL") unless what comes right before its keyword reads as SQL (a quote, ``;``, a bracket, ``=``,
+``|``, ``*/``, a digit or ``UNION``). At most :data:`MAX_SQL_STARTS` places where a statement could start are parsed
+(all readings together); past the first :data:`MAX_SQL_STARTS` keywords, only those shaped like a statement (``DROP
+TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, ``SELECT ... FROM``) are, so a long document saying "update
+your password" a hundred times is read as prose, while a statement after many decoy keywords is still parsed; a
+candidate parsed already (repeated boilerplate, or a line another reading left as it was: the same characters from the
+keyword on) is not parsed again; a text that would need more parses than that counts as SQL (checking each would cost
+too much), and so does one that would need sqlglot to tokenise and parse more characters than its budget,
+:data:`SQL_WORK_BASE` plus :data:`SQL_WORK_PER_CHAR` per character of the text and at most :data:`MAX_SQL_PARSE_CHARS`
+(a call costs at most about 15 us per character of budget).
 
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
@@ -78,6 +81,7 @@ about code ("how do I use subprocess in Python?", "what does eval do") has no su
 from __future__ import annotations
 
 import html
+import itertools
 import re
 import unicodedata
 from bisect import bisect_left
@@ -255,6 +259,7 @@ class _Scan:
 
     def __init__(self, line: str, start: int) -> None:
         self.start = start
+        self.line_length = len(line)
         self.end = min(len(line), start + 2 * MAX_SQL_STATEMENT)  # line offset after the text scanned
         self.text = line[start : self.end]
         if self.text.rfind("/*") > self.text.rfind("*/"):
@@ -292,9 +297,9 @@ class _Scan:
             if k < len(self.tokens):
                 waiting.append(k)
 
-    def covers(self, offset: int, line_length: int) -> bool:
+    def covers(self, offset: int) -> bool:
         """Whether a token starts at line offset ``offset`` and the scan holds its statement's whole reach."""
-        if self.end < min(line_length, offset + MAX_SQL_STATEMENT):
+        if self.end < min(self.line_length, offset + MAX_SQL_STATEMENT):
             return False
         i = bisect_left(self.starts, offset)
         return i < len(self.starts) and self.starts[i] == offset
@@ -319,15 +324,19 @@ class _Scan:
 _SQL_HEAD_TOKENS = 48
 
 
-def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> tuple[bool, int]:
-    """Whether the statement at line offset ``offset`` of ``scan`` is code, and how many of its characters the
-    parser was handed (of a statement's first :data:`_SQL_HEAD_TOKENS` tokens, only as far as it read). ``context``:
-    what comes right before it, where that reads as SQL (:data:`_SQL_CONTEXT_RE`); without it a SELECT or INSERT of
-    bare words is English (:func:`_is_words`), after ``UNION`` any other SELECT is code."""
+def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> tuple[bool, int, bool]:
+    """Whether the statement at line offset ``offset`` of ``scan`` is code; how many of its characters the parser was
+    handed (of a statement's first :data:`_SQL_HEAD_TOKENS` tokens, only as far as it read); and whether it is left
+    open at the end of its line for the next line to finish: the parser read all of it and wanted more (``DROP
+    TABLE``, ``DELETE``), it is its keyword alone (``DROP``), or, after text that reads as SQL, it parsed without
+    being code (``' UNION SELECT password``, ``'; UPDATE users``). ``context``: what comes right before it,
+    where that reads as SQL (:data:`_SQL_CONTEXT_RE`); without it a SELECT or INSERT of bare words is English
+    (:func:`_is_words`), after ``UNION`` any other SELECT is code."""
     tokens = scan.statement(offset)
     if not tokens:
-        return False, 0
+        return False, 0, False
     skipped = offset - scan.start  # characters of scan.text before the statement; token offsets count them
+    open_end = scan.end == scan.line_length and tokens[-1] is scan.tokens[-1]
     for part in (tokens[:_SQL_HEAD_TOKENS], tokens):
         parser = _Parser()
         try:
@@ -335,24 +344,26 @@ def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> 
         except ParseError:  # words, not SQL, unless the parser read to the end of a statement's first tokens
             if len(part) == len(tokens) or parser.furthest + 2 < len(part):
                 last = part[-1] if len(part) > _SQL_HEAD_TOKENS else part[min(parser.furthest, len(part)) - 1]
-                return False, last.end + 1 - skipped
+                return False, last.end + 1 - skipped, open_end and parser.furthest + 2 >= len(part)
             continue
         except SqlglotError:
-            return False, part[-1].end + 1 - skipped
+            return False, part[-1].end + 1 - skipped, False
         except RecursionError:  # a statement nested past the parser's depth ("select ((((..."): code, not prose
-            return True, part[-1].end + 1 - skipped
+            return True, part[-1].end + 1 - skipped, False
         commands = all(isinstance(statement, exp.Command) for statement in statements)
         if commands or len(part) == len(tokens):
             break
     read = part[-1].end + 1 - skipped
     if commands:  # kept as an unparsed command ("create a branch and ...", decided by its first words): not code,
-        return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read  # and the parser read no expression
+        return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read, open_end and len(tokens) == 1  # read no expression
     words = _is_words(tokens, statements)
     if context is None and words:
-        return False, read
+        return False, read, False
     if context is not None and context["union"] and not words:  # "UNION SELECT 1,2,3", not "union select in mysql"
-        return all(isinstance(statement, exp.Select) for statement in statements), read
-    return any(_statement_is_code(statement) for statement in statements), read
+        code = all(isinstance(statement, exp.Select) for statement in statements)
+    else:
+        code = any(_statement_is_code(statement) for statement in statements)
+    return code, read, open_end and not code and context is not None
 
 
 def _lowered(text: str, function: str) -> str:
@@ -474,7 +485,8 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
     lowered = text.lower()
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
-    for line in _LINE_BREAK_RE.split(text):
+    lines = _LINE_BREAK_RE.split(text)
+    for number, line in enumerate(lines):
         scan: _Scan | None = None
         for match in _SQL_START_RE.finditer(line):
             offset = match.start()
@@ -488,14 +500,46 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
             budget.parses += 1
             if budget.parses > MAX_SQL_STARTS or budget.chars < 0:
                 return True
-            if scan is None or not scan.covers(offset, len(line)):
+            if scan is None or not scan.covers(offset):
                 scan = _Scan(line, offset)
                 budget.chars -= scan.cost
             context = _SQL_CONTEXT_RE.search(line, max(0, offset - 32), offset)
-            code, read = _parses_as_code(scan, offset, context)
+            if number and offset <= 32 and not line[:offset].strip():  # a keyword that starts its line, after UNION
+                union = _SQL_CONTEXT_RE.search(lines[number - 1][-32:])  # on the line before ('%0AUNION%0ASELECT)
+                context = union if union is not None and union["union"] else None
+            code, read, open_end = _parses_as_code(scan, offset, context)
             if code:
                 return True
             budget.chars -= read
+            if open_end and number + 1 < len(lines) and _continues_as_code(lines, number, offset, context, budget):
+                return True
+    return False
+
+
+def _continues_as_code(
+    lines: list[str], number: int, offset: int, context: re.Match[str] | None, budget: _SqlBudget
+) -> bool:
+    """Whether the statement left open at ``offset`` of line ``number`` (:func:`_parses_as_code`) is code with the
+    next line joined to it by a space, then the next two while it is still left open, as far as
+    ``MAX_SQL_STATEMENT`` characters (SQL reads a line break as a space: a value holding ``'; DROP\\nTABLE users``
+    holds one statement); also True when ``budget`` is spent (it counts as SQL)."""
+    joined = lines[number][offset:]
+    for line in itertools.islice(lines, number + 1, None):
+        if len(joined) >= MAX_SQL_STATEMENT:
+            return False
+        joined = f"{joined} {line}"[:MAX_SQL_STATEMENT]
+        key = hash(joined)
+        if key in budget.seen:
+            return False
+        budget.seen.add(key)
+        if budget.chars < 0:
+            return True
+        scan = _Scan(joined, 0)
+        budget.chars -= scan.cost
+        code, read, open_end = _parses_as_code(scan, 0, context)
+        budget.chars -= read
+        if code or not open_end:
+            return code
     return False
 
 

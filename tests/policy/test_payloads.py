@@ -320,6 +320,17 @@ def test_subqueries_column_probes_and_a_quote_left_for_the_host_query_count() ->
     assert not sqli("how to use union select in mysql")
 
 
+def test_a_statement_split_over_lines_of_one_value_counts() -> None:
+    """SQL reads a line break as a space; each line was parsed alone, so a newline inside a value hid the statement."""
+    for text in ("'; DROP\nTABLE users; --", "'; DELETE\nFROM users; --", "' UNION SELECT password\nFROM users--",
+                 "'; UPDATE users\nSET role='admin' WHERE name='bob'; --", "'\nUNION\nSELECT\npassword\nFROM\nusers--",
+                 "DROP\nTABLE users"):
+        assert sqli(text), text
+    for text in ("Please update\nyour profile", "select\na date from the calendar", "Order 12\nSelect a date from the calendar",
+                 "I will drop\nby tomorrow", "x'; update\nme when you can"):
+        assert not sqli(text), text
+
+
 def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -> None:
     # a statement is parsed from its keyword for at most MAX_SQL_STATEMENT characters, whatever the line's length
     padded = "x" * (2 * MAX_SQL_STATEMENT) + " '; DROP TABLE orders; --"
@@ -373,6 +384,7 @@ def test_sqli_work_is_bounded_by_the_texts_length_all_readings_together(monkeypa
         ("select " + "(1)," * 20) * 100,  # statements that parse far, one after another
         "".join(f"select {n}," + ",".join(["(1)"] * 600) + "\n" for n in range(12)),  # lines that parse slowly
         "drop it " * 2000,
+        "x'; SELECT password\n" + "a,\n" * 3000,  # a statement left open, and lines that keep it open
     ]
     for text in texts:
         tokenised.clear()
