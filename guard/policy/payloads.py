@@ -29,19 +29,21 @@ whatever it selects (``UNION SELECT 1,2,3``, ``UNION ALL SELECT NULL,NULL``) unl
 is one statement; and as SQL reads a line break as a space, a statement left open at the end of its line (the parser
 wanted more: ``'; DROP``, ``DELETE``; or after text that reads as SQL, it parsed without being code: ``' UNION SELECT
 password``, ``'; UPDATE users``) is read on with the next line joined by a space, then the next two while still open, as
-far as :data:`MAX_SQL_STATEMENT` characters (``'; DROP\nTABLE users; --``). English that starts like SQL ("select the
-best option from the list", "delete my account") does not parse, and a SELECT or INSERT of bare words (no punctuation,
-literal, comment or clause English rarely holds, :data:`_SQL_CLAUSES`) is English ("Select a date from the calendar",
-"Insert image from URL") unless what comes right before its keyword reads as SQL (a quote, ``;``, a bracket, ``=``,
-``|``, ``*/``, a digit or ``UNION``). At most :data:`MAX_SQL_STARTS` places where a statement could start are parsed
-(all readings together); past the first :data:`MAX_SQL_STARTS` keywords, only those shaped like a statement (``DROP
-TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, ``SELECT ... FROM``) are, so a long document saying "update
-your password" a hundred times is read as prose, while a statement after many decoy keywords is still parsed; a
-candidate parsed already (repeated boilerplate, or a line another reading left as it was: the same characters from the
-keyword on) is not parsed again; a text that would need more parses than that counts as SQL (checking each would cost
-too much), and so does one that would need sqlglot to tokenise and parse more characters than its budget,
-:data:`SQL_WORK_BASE` plus :data:`SQL_WORK_PER_CHAR` per character of the text and at most :data:`MAX_SQL_PARSE_CHARS`
-(a call costs at most about 15 us per character of budget).
+far as :data:`MAX_SQL_STATEMENT` characters (``'; DROP\nTABLE users; --``). MySQL syntax is read as MySQL reads it: a
+versioned comment's content is code (``/*!50000UNION*/``), a hex literal is a string (``0x61646d696e``), and a ``#``
+right after a word, quote or bracket starts a comment (``users#``; a hashtag after a space does not). English that
+starts like SQL ("select the best option from the list", "delete my account") does not parse, and a SELECT or INSERT of
+bare words (no punctuation, literal, comment or clause English rarely holds, :data:`_SQL_CLAUSES`) is English ("Select a
+date from the calendar", "Insert image from URL") unless what comes right before its keyword reads as SQL (a quote,
+``;``, a bracket, ``=``, ``|``, ``*/``, a digit or ``UNION``). At most :data:`MAX_SQL_STARTS` places where a statement
+could start are parsed (all readings together); past the first :data:`MAX_SQL_STARTS` keywords, only those shaped like a
+statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, ``SELECT ... FROM``) are, so a long
+document saying "update your password" a hundred times is read as prose, while a statement after many decoy keywords is
+still parsed; a candidate parsed already (repeated boilerplate, or a line another reading left as it was: the same
+characters from the keyword on) is not parsed again; a text that would need more parses than that counts as SQL
+(checking each would cost too much), and so does one that would need sqlglot to tokenise and parse more characters than
+its budget, :data:`SQL_WORK_BASE` plus :data:`SQL_WORK_PER_CHAR` per character of the text and at most
+:data:`MAX_SQL_PARSE_CHARS` (a call costs at most about 15 us per character of budget).
 
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
@@ -139,6 +141,11 @@ _SQL_SHAPE_RE = re.compile(
     re.IGNORECASE,
 )
 _LINE_BREAK_RE = re.compile(r"\r\n?|\n")
+#: MySQL syntax the default dialect does not read, as it reads it: a versioned comment's content is code
+#: (``/*!50000UNION*/``), a hex literal is a string (``0x61646d696e``), and ``#`` right after a word, quote or bracket
+#: starts a comment (``users#``; not a hashtag after a space).
+_MYSQL_SYNTAX = ((re.compile(r"/\*!\d*([^*]*)\*/"), r" \1 "), (re.compile(r"\b0x[0-9a-f]+\b", re.IGNORECASE), "''"),
+                 (re.compile(r"(?<=[\w'\")])#"), " --"))
 
 #: A URL scheme as browsers read it: tabs and line breaks inside it are removed before it is parsed.
 _SCHEME = "[\t\r\n]*".join
@@ -485,6 +492,9 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
     lowered = text.lower()
     if not any(word in lowered for word in _SQL_WORDS):  # the common case, in a few us per KiB
         return False
+    if "/*!" in text or "0x" in lowered or "#" in text:
+        for pattern, replacement in _MYSQL_SYNTAX:
+            text = pattern.sub(replacement, text)
     lines = _LINE_BREAK_RE.split(text)
     for number, line in enumerate(lines):
         scan: _Scan | None = None

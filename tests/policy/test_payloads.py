@@ -331,6 +331,16 @@ def test_a_statement_split_over_lines_of_one_value_counts() -> None:
         assert not sqli(text), text
 
 
+def test_mysql_comments_hex_literals_and_versioned_comments_are_read_as_mysql_reads_them() -> None:
+    for text in ("1' union select password from users#", "1'/**/union/**/select/**/password/**/from/**/users#",
+                 "' UNION SELECT password FROM users WHERE name=0x61646d696e--",
+                 "' /*!50000UNION*/ /*!50000SELECT*/ password FROM users--"):
+        assert sqli(text), text
+    for text in ("Select photos from gallery #summer #2024", "I code in C# and select my tools from the list",
+                 "select the 0x1F colour from the palette", "/*! select the best one from the list */"):
+        assert not sqli(text), text
+
+
 def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -> None:
     # a statement is parsed from its keyword for at most MAX_SQL_STATEMENT characters, whatever the line's length
     padded = "x" * (2 * MAX_SQL_STATEMENT) + " '; DROP TABLE orders; --"
