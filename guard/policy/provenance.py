@@ -38,7 +38,12 @@ continues the token, and in a value holding letters (a host, an address, a code)
 nothing continues across scripts (``转账到DE89...``); nor is a value found next to the marks that would make it
 part of a longer address, host name or number (:func:`_marks`)):
 
-* text: Unicode NFKC, case folded, runs of white space as one space, YAML's doubled quote ``''`` as one;
+* text: Unicode NFKC (full-width letters and digits, ligatures), case folded, runs of white space as one space, YAML's
+  doubled quote ``''`` as one. A source vouches for a value only as written there: look-alike letters and invisible
+  characters count, so ``bob@exаmple.com`` with a Cyrillic ``а`` (another domain) is not the user's, nor trusted, nor
+  a tool result's, when those hold ``bob@example.com``. Instructions taint a value as guard's normaliser reads both
+  (look-alike letters mapped, invisible characters removed: :mod:`guard.policy.normalize`), so a flagged span that
+  names either is the look-alike's ``flagged_tool_result``;
 * identifiers (a value of 6 or more letters and digits with at least one digit: IBANs, phone and card numbers, ids):
   also compared with every character but letters and digits removed, so ``GB29 NWBK 6016`` matches ``gb29nwbk6016``;
 * e-mail addresses: case folded, a ``mailto:`` prefix dropped;
@@ -56,7 +61,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import cached_property, lru_cache
@@ -189,9 +194,9 @@ def _tokens(run: str) -> list[str]:
 
 
 def _fold(text: str) -> str:
-    """``guard.policy.normalize`` (invisible characters, look-alikes, NFKC), case folded, YAML ``''`` and escaped line
-    breaks undone, white space collapsed."""
-    text = normalize_text(text).value.casefold().replace("''", "'").replace("\\n", " ")
+    """``text`` NFKC-normalised (full-width letters and digits, ligatures, ``№``), case folded, YAML ``''`` and escaped
+    line breaks undone, white space collapsed; look-alike letters and invisible characters stay as they are."""
+    text = unicodedata.normalize("NFKC", text).casefold().replace("''", "'").replace("\\n", " ")
     return _SPACE.sub(" ", text).strip()
 
 
@@ -225,6 +230,17 @@ def _prepare(text: str) -> _Prepared:
 def _normalised(text: str) -> str:
     """``text`` normalised (:func:`guard.policy.normalize.normalize_text`)."""
     return normalize_text(text).value
+
+
+def _fold_read(text: str) -> str:
+    """``text`` normalised (:func:`_normalised`) and folded (:func:`_fold`)."""
+    return _fold(_normalised(text))
+
+
+def _prepare_read(text: str) -> _Prepared:
+    """The forms of ``text`` as guard's normaliser reads it (look-alike letters mapped, invisible characters
+    removed)."""
+    return _prepare(_normalised(text))
 
 
 def _readings(text: str) -> tuple[str, ...]:
@@ -269,8 +285,29 @@ class _Needle:
     joined: bool = False
 
 
-def _needle(value: Any) -> _Needle | None:
-    """The forms ``value`` is matched by; ``None`` when it carries no evidence (bool, null, very short text)."""
+@dataclass(frozen=True)
+class _Value:
+    """One scalar value to look for, folded two ways: ``written`` (:func:`_fold`), found where a source vouches for it
+    (the user's messages, trusted ones, a tool result's ordinary text, an ``agent`` message), and ``read`` (as guard's
+    normaliser reads it: look-alike letters mapped, invisible characters removed), found where instructions taint it.
+    So ``bob@exаmple.com`` with a Cyrillic ``а``, another domain, is not the user's when the user typed
+    ``bob@example.com``, and is the injection's when a flagged span names either."""
+
+    written: _Needle
+    read: _Needle
+
+
+def _value(value: Any) -> _Value | None:
+    """``value`` as :class:`_Value`; ``None`` when it carries no evidence (bool, null, very short text)."""
+    written = _needle(value, _fold)
+    if written is None:
+        return None
+    return _Value(written, _needle(value, _fold_read) or written)
+
+
+def _needle(value: Any, fold: Callable[[str], str]) -> _Needle | None:
+    """The forms ``value`` is matched by, its text folded by ``fold``; ``None`` when it carries no evidence (bool,
+    null, very short text)."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int | float):
@@ -280,10 +317,10 @@ def _needle(value: Any) -> _Needle | None:
             number = _canonical_number(format(Decimal(str(value)), "f"))
         except InvalidOperation:  # inf and nan
             return None
-        return _Needle(_fold(str(value)), None, None, number, marks=".,")
+        return _Needle(fold(str(value)), None, None, number, marks=".,")
     if not isinstance(value, str):
         value = str(value)
-    folded = _fold(value)
+    folded = fold(value)
     folded = folded.removeprefix("mailto:")
     if len(folded) < MIN_TEXT_CHARS:
         return None
@@ -385,7 +422,7 @@ def _found(needle: _Needle, haystack: _Prepared) -> bool:
     return needle.compact is not None and _in_compact(needle.compact, haystack)
 
 
-def _embedded(value: Any) -> list[_Needle]:
+def _embedded(value: Any) -> list[_Value]:
     """The identifiers inside a string leaf that are not the whole of it (a link or address in a composed body)."""
     if not isinstance(value, str) or len(value) < 2 * MIN_TEXT_CHARS:
         return []
@@ -393,9 +430,9 @@ def _embedded(value: Any) -> list[_Needle]:
     for match in _EMBEDDED.finditer(value):
         token = match.group().rstrip(".,;:!?")
         if token.strip() != value.strip():
-            needle = _needle(token)
-            if needle is not None:
-                out.append(needle)
+            found = _value(token)
+            if found is not None:
+                out.append(found)
     return out
 
 
@@ -419,38 +456,42 @@ def _leaves(value: Any) -> Iterable[Any]:
 
 
 def _source_of(
-    needle: _Needle, history: Sequence[TurnMessage], trusted: Sequence[_Prepared], detector: Detector
+    value: _Value, history: Sequence[TurnMessage], trusted: Sequence[_Prepared], detector: Detector
 ) -> ArgumentSource:
-    if any(_found(needle, _prepare(m.text)) for m in history if m.role == "user"):
+    """Where ``value`` came from (the module docstring's precedence): a source that vouches for it holds it as
+    written, a flagged one as guard's normaliser reads both."""
+    written, read = value.written, value.read
+    if any(_found(written, _prepare(m.text)) for m in history if m.role == "user"):
         return ArgumentSource("user")
-    if any(_found(needle, t) for t in trusted) or any(
-        _found(needle, _prepare(m.text)) for m in history if m.role == "system"
+    if any(_found(written, t) for t in trusted) or any(
+        _found(written, _prepare(m.text)) for m in history if m.role == "system"
     ):
         return ArgumentSource("trusted")
     plain: ArgumentSource | None = None
     relayed: ArgumentSource | None = None
     for message in reversed(history):
         if message.role == "agent":  # a summary, a parent agent's task: not the user's words
-            if _found(needle, _prepare(message.text)):
+            if _found(read, _prepare_read(message.text)):
                 if message.flagged is not None:  # it summarizes flagged results: all of it counts as flagged
                     return ArgumentSource("flagged_tool_result")
                 _, flagged = _split_tool_text(message.text, detector)  # instructions in it, as in a tool result
-                if flagged.text and _found(needle, flagged):
+                if flagged.text and _found(read, flagged):
                     return ArgumentSource("flagged_tool_result")
-                relayed = relayed or ArgumentSource("agent")
+                if _found(written, _prepare(message.text)):
+                    relayed = relayed or ArgumentSource("agent")
             continue
         if message.role != "tool":
             continue
         if message.flagged in ("withheld", "quoted"):  # all of guard's notice or quote counts as flagged
-            if _found(needle, _prepare(message.text)):
+            if _found(read, _prepare_read(message.text)):
                 return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
             continue
-        if message.cut and _found(needle, _prepare(_normalised(message.cut))):  # named by instructions guard cut
+        if message.cut and _found(read, _prepare_read(message.cut)):  # named by instructions guard cut
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
         ordinary, flagged = _split_tool_text(message.text, detector)
-        if flagged.text and _found(needle, flagged):
+        if flagged.text and _found(read, flagged):
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
-        if plain is None and _found(needle, ordinary):
+        if plain is None and _found(read, ordinary) and _found(written, _prepare(message.text)):
             plain = ArgumentSource("tool_result", message.tool_name, message.tool_call_id)
     return plain or relayed or ArgumentSource("none")
 
@@ -480,12 +521,12 @@ def trace_arguments(
     for name, value in arguments.items():
         worst: ArgumentSource | None = None
         for leaf in _leaves(value):
-            needle = _needle(leaf)
-            if needle is None:
+            traced = _value(leaf)
+            if traced is None:
                 continue
-            found = _source_of(needle, history, trusted_prepared, detector)
+            found = _source_of(traced, history, trusted_prepared, detector)
             if found.source == "none":  # composed text: its links, addresses, names and codes are traced one by one
-                inner = [_source_of(n, history, trusted_prepared, detector) for n in _embedded(leaf)]
+                inner = [_source_of(v, history, trusted_prepared, detector) for v in _embedded(leaf)]
                 if inner:
                     found = max(inner, key=lambda f: _RANK[f.source])
             if worst is None or _RANK[found.source] > _RANK[worst.source]:
