@@ -163,9 +163,20 @@ def phase_of(subject: Subject | None) -> Phase:
 
 #: The message of a ``redact`` verdict turned into a block: what the rule masks is also where it cannot be masked.
 UNMASKABLE = (
-    "What the rule masks is also in an object key, the query string, an escaped text body (JSON escapes, HTML or "
-    "XML character references or CDATA) or across a stream's events, where it cannot be masked; refused."
+    "What the rule masks is also in an object key, the query string, the path, a header, an escaped text body (JSON "
+    "escapes, HTML or XML character references or CDATA) or across a stream's events, where it cannot be masked; "
+    "refused."
 )
+
+
+def _unmasked_texts(policy: Policy, subject: HttpSubject) -> list[str]:
+    """What of ``subject`` besides its body and query goes on as it is, where a ``redact`` rule masks nothing: a
+    request's path (as matched and as sent), and the values of the headers ``policy``'s state and rules read (a
+    response's headers for a response; every header when a rule may read any, :attr:`Policy.http_reads`)."""
+    read = policy.http_reads.headers
+    headers = [value for name, value in subject.headers.items() if read is None or name in read]
+    paths = [subject.path, subject.sent_path] if subject.phase == "request" else []
+    return [*paths, *headers]
 
 
 def answered(
@@ -195,7 +206,8 @@ def answered(
         state = None
         query = subject.query if subject.phase == "request" else {}
         if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector, subject.deltas,
-                                                  markup=is_markup(subject.content_type)):
+                                                  markup=is_markup(subject.content_type),
+                                                  clear=_unmasked_texts(policy, subject)):
             action, redactions, message = "block", (), UNMASKABLE
             status = 422 if subject.phase == "request" else None  # a response: the response block's own status
             flags = {**flags, UNMASKABLE_FLAG: 1}  # the decision log leaves the body and query out

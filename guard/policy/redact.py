@@ -103,9 +103,10 @@ class Redactor:
 
     def leaves(self, body: Any, query: Mapping[str, Any], redactions: tuple[Redaction, ...],
                detector: Detector | None = None, deltas: tuple[tuple[str, ...], ...] = (), *,
-               markup: bool = False) -> bool:
+               markup: bool = False, clear: Iterable[str] = ()) -> bool:
         """Whether what this block masks would still reach the application (or the client) once ``redactions``
-        are applied: found in an object key or form field name, in the query's names or values, for a text body or
+        are applied: found in an object key or form field name, in the query's names or values, in ``clear`` (the
+        path, header values), for a text body or
         a stream's window in what a JSON parser decodes from it (:func:`guard._json.json_readings`: documents,
         events, JSON lines, the escapes of a cut document; ``\\u0034111`` is ``4111``), for HTML or XML in what a
         parser reads from it (``markup``), or across two of a stream's pieces that its client joins (``deltas``:
@@ -126,9 +127,11 @@ class Redactor:
                 one piece is the raw text's to mask (or an earlier window's, in the first piece), one that crosses
                 two cannot be masked.
             markup: ``body`` is the text of an HTML or XML body, or of a stream's window of one.
+            clear: the other texts that go on as they are, which nothing masks (the request's path, the values of
+                the headers the policy reads).
         """
         masked = apply_redactions(body, redactions)
-        texts = [*_keys_and_strings(masked), *_keys_and_strings(dict(query))]
+        texts = [*_keys_and_strings(masked), *_keys_and_strings(dict(query)), *clear]
         if isinstance(masked, str):
             texts += _keys_and_strings(json_readings(masked, piece=True))
             if markup:

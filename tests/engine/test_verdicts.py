@@ -7,12 +7,15 @@ import ast
 import json
 from pathlib import Path
 
+import pytest
+
 import guard
+from guard.backends.fixture import FixtureBackend
 from guard.engine import verdicts
 from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.errors import BackendTimeout
 from guard.policy import load_text
-from guard.subject import AgentSubject
+from guard.subject import AgentSubject, HttpSubject
 
 POLICY = """
 policies:
@@ -107,3 +110,40 @@ def test_combined_flags_keep_the_largest_count_whatever_the_match_order() -> Non
         )
         assert (verdict.policy_id, verdict.flags) == ("a", {"truncated": 3, "zero_width": 1}), order
         assert [c.flags for c in verdict.contributions] == [own[i].flags for i in order]  # each keeps its own
+
+
+KEYS = """
+policies:
+  - id: keys
+    version: 1
+    match: {http: {RESPONSE}}
+    state: {text: body_text, path: path, note: 'header:x-note'}
+    rules:
+      - id: api-key
+        when: '[state.text, state.path, state.note].exists(t, t != null && t.matches("sk-[a-z0-9]{16}"))'
+        action: redact
+        redact: {patterns: {key: 'sk-[a-z0-9]{16}'}}
+"""
+SECRET = "sk-abcdefgh12345678"
+
+
+@pytest.mark.parametrize(("phase", "path", "headers", "action", "status"), [
+    ("request", f"/v1/notes/{SECRET}", {}, "block", 422),  # the path the app gets
+    ("request", "/v1/notes", {"x-note": SECRET}, "block", 422),  # a header the state reads
+    ("request", "/v1/notes", {"authorization": f"Bearer {SECRET}"}, "redact", None),  # one no rule reads
+    ("response", "/v1/notes", {"x-note": SECRET}, "block", None),  # the response's header: the response block's
+    ("response", f"/v1/notes/{SECRET}", {}, "redact", None),  # the request's path is not sent to the client
+])  # fmt: skip
+def test_a_redact_rule_whose_match_is_in_the_path_or_a_header_it_reads_refuses(
+    phase: str, path: str, headers: dict[str, str], action: str, status: int | None
+) -> None:
+    """A redact rule that fired on a key in the path or in a header the state reads gave ``redact`` with no span,
+    and the request went on as it was (attack finding); neither can be masked, so it is refused as a query is."""
+    policies = load_text(KEYS.replace("RESPONSE", "response: {}" if phase == "response" else ""))
+    subject = HttpSubject(method="POST", path=path, headers=headers, content_type="application/json",
+                          body={"note": f"and {SECRET}"}, phase=phase, status=200 if phase == "response" else None)  # type: ignore[arg-type]
+    with guard.Guard(policies, backends=FixtureBackend({})) as judge:
+        verdict = judge.evaluate(subject)
+    assert (verdict.action, verdict.status, verdict.rule) == (action, status, "api-key")
+    assert (verdict.message == verdicts.UNMASKABLE) is (action == "block")
+    assert [(r.pointer, r.start, r.end) for r in verdict.redactions] == ([("/note", 4, 23)] if action == "redact" else [])
