@@ -336,8 +336,9 @@ class ToolCallEnforcer:
             digest=prepared.digest,
             tools=[tool.name for tool in getattr(prepared.request.runtime, "tools", None) or []] or None,
         )
-        request = review_request([item])
-        schema = response_schema([item], exact=False, positional=self.judge.options.decisions_by_position)
+        positional = self.judge.options.decisions_by_position
+        request = review_request([item], positional=positional)
+        schema = response_schema([item], exact=False, positional=positional)
         answer = interrupt(request, response_schema=schema)
         decision: dict[str, Any] = answer["decisions"][item["id"]]
         self.judge.reviewed(item, decision)

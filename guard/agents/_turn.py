@@ -762,8 +762,8 @@ class TurnKeeper:
         """The reviewer's decisions on ``items`` (one ``interrupt()``), by item id, each recorded
         (:meth:`~guard.agents._judge.Judge.reviewed`). A list of decisions in LangChain's order is accepted unless the
         options refuse it or ``after_unanswered`` (:meth:`review_unanswered`)."""
-        request = review_request(items)
         positional = self.judge.options.decisions_by_position and not after_unanswered
+        request = review_request(items, positional=positional)
         answer = interrupt(request, response_schema=response_schema(items, exact=True, positional=positional))
         decisions: dict[str, dict[str, Any]] = answer["decisions"]
         for item in items:

@@ -7,7 +7,8 @@ that middleware can show and answer it, plus guard's own details::
     {"action_requests": [{"name": "pay", "args": {...}, "description": "..."}, ...],  # one per held item, in order
      "review_configs": [{"action_name": "pay", "allowed_decisions": ["approve", "edit", "reject"]}, ...],
      "type": "guard_review",                                                         # tells clients it is guard's
-     "items": [PendingItem, ...]}                                                    # verdict details, same order
+     "items": [PendingItem, ...],                                                    # verdict details, same order
+     "positional": True}                                   # False: a list of decisions is refused, item ids only
 
 Each :class:`PendingItem` has its own ``id``, bound to the thread, the model turn, the ``tool_call_id`` and a digest
 of the exact arguments, so a decision can only release the call it was made for. Held model input or output is an
@@ -126,10 +127,13 @@ class PendingItem(TypedDict):
 
 class GuardReviewRequest(HITLRequest):
     """The value of a guard interrupt: LangChain's ``HITLRequest`` (``action_requests`` and ``review_configs``, one
-    per held item, in order) plus ``type`` (always ``"guard_review"``) and ``items`` (guard's details, same order)."""
+    per held item, in order) plus ``type`` (always ``"guard_review"``), ``items`` (guard's details, same order) and
+    ``positional`` (whether the interrupt takes a list of decisions answering the items in order; ``False`` with
+    ``decisions_by_position=False`` or after an abandoned review, when only the map of item ids answers it)."""
 
     type: Literal["guard_review"]
     items: list[PendingItem]
+    positional: bool
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -209,8 +213,9 @@ def _description(item: PendingItem) -> str:
     return f"{text}: {reason}" if reason else text
 
 
-def review_request(items: Sequence[PendingItem]) -> GuardReviewRequest:
-    """The interrupt value for ``items``: one action request and one review config per item, in order."""
+def review_request(items: Sequence[PendingItem], *, positional: bool = True) -> GuardReviewRequest:
+    """The interrupt value for ``items``: one action request and one review config per item, in order;
+    ``positional`` as :func:`response_schema` takes it (``False``: a list of decisions is refused)."""
     actions: list[ActionRequest] = []
     configs: list[ReviewConfig] = []
     for item in items:
@@ -221,7 +226,11 @@ def review_request(items: Sequence[PendingItem]) -> GuardReviewRequest:
         actions.append(ActionRequest(name=name, args=args, description=_description(item)))
         configs.append(ReviewConfig(action_name=name, allowed_decisions=list(item["allowed_decisions"])))
     return GuardReviewRequest(
-        action_requests=actions, review_configs=configs, type=REVIEW_REQUEST_TYPE, items=list(items)
+        action_requests=actions,
+        review_configs=configs,
+        type=REVIEW_REQUEST_TYPE,
+        items=list(items),
+        positional=positional,
     )
 
 
@@ -377,8 +386,8 @@ def resume_command(
             the ``"__interrupt__"`` entry of a result) or the plain dicts of the LangGraph SDK
             (``(await client.threads.get_state(thread_id))["interrupts"]``).
         decisions: ``{item_id: decision}``, one per pending item across all guard interrupts; or, while one guard
-            interrupt is pending, a list of decisions in the order of its ``action_requests``, one per action
-            request.
+            interrupt is pending and its value's ``positional`` is not ``False``, a list of decisions in the order
+            of its ``action_requests``, one per action request.
         others: resume values for interrupts that are not guard's, ``{interrupt_id: value}``.
 
     Returns:
@@ -390,7 +399,8 @@ def resume_command(
     Raises:
         ResumeError: when ``decisions`` is not a map or a list, a list is given while more than one guard interrupt
             is pending (they have no order a reviewer is sure to have seen them in: ``invoke``'s ``__interrupt__``
-            lists them as their tasks raised them, ``get_state`` in task order), an item has no decision or a
+            lists them as their tasks raised them, ``get_state`` in task order) or to an interrupt that refuses one
+            (``positional`` ``False``: :data:`BY_POSITION_REFUSED`), an item has no decision or a
             decision names no pending item (a count mismatch runs nothing), a decision is one the graph would refuse
             (a type the item does not allow, a missing or extra field, a wrong type, an edit naming a tool not among
             the item's ``tools``: checked with the interrupt's own ``response_schema``), or an interrupt has no id.
@@ -428,6 +438,8 @@ def resume_command(
                 f"interrupt at a time (resume_command([interrupt], decisions))",
                 expected=expected,
             )
+        if per_interrupt and _interrupt_value(pending[0]).get("positional") is False:
+            raise ResumeError(BY_POSITION_REFUSED.format(ids=", ".join(expected)), expected=expected)
         if len(listed) != len(expected):
             raise ResumeError(
                 f"{len(listed)} decision(s) given for {len(expected)} pending review item(s); a list of decisions "

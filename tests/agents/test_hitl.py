@@ -123,6 +123,7 @@ def test_turn_interrupt_passes_agent_chat_ui_check(harness: Any, thread: Any) ->
     assert is_agent_inbox_interrupt_schema(sdk_interrupts(out.interrupts))
     value = out.interrupts[0].value
     _assert_hitl_request(value)
+    assert value["positional"] is True
     assert [a["name"] for a in value["action_requests"]] == ["guard.model_output", "pay", "pay"]
     assert [c["allowed_decisions"] for c in value["review_configs"]] == [
         ["approve", "reject"],
@@ -538,6 +539,11 @@ def test_a_review_after_an_unanswered_one_takes_decisions_by_item_id_only(harnes
     assert [item["arguments"] for item in pending.items()] == [{"amount": 900, "to": "eve"}]
     with pytest.raises(ValidationError, match="decisions by item id only"):
         agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    interrupts = agent.get_state(config).interrupts
+    assert [interrupt.value["positional"] for interrupt in interrupts] == [False]
+    for given in (interrupts, sdk_interrupts(interrupts)):
+        with pytest.raises(ResumeError, match="decisions by item id only"):
+            resume_command(given, [{"type": "approve"}])
     assert h.runs.calls == []
     command = resume_command(agent.get_state(config).interrupts, {pending.items()[0]["id"]: {"type": "approve"}})
     third = drive(agent, command, config, "invoke")
@@ -569,6 +575,10 @@ def test_decisions_by_position_false_takes_item_ids_only(harness: Any, thread: A
     pending = drive(agent, USER, config, "invoke")
     with pytest.raises(ValidationError, match="decisions by item id only"):
         agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    interrupts = agent.get_state(config).interrupts
+    assert [interrupt.value["positional"] for interrupt in interrupts] == [False]
+    with pytest.raises(ResumeError, match="decisions by item id only"):
+        resume_command(interrupts, [{"type": "approve"}])
     assert h.runs.calls == []
     command = resume_command(agent.get_state(config).interrupts, {pending.items()[0]["id"]: {"type": "approve"}})
     drive(agent, command, config, "invoke")
