@@ -198,6 +198,8 @@ class TurnMessage:
             held flagged tool results, so all of its text counts as flagged.
         cut: of a ``stripped`` result, the instructions cut out of it (kept where the model does not read them), so
             a value they named stays tainted though the rest of the result repeats it.
+        arguments: of a ``tool`` message, the arguments of the call it answers (``None`` when not known): a value
+            the result repeats from them (``sent 90 EUR to X``, ``X is valid``) is not one the tool gave.
     """
 
     role: Literal["system", "user", "assistant", "tool", "agent"]
@@ -206,6 +208,7 @@ class TurnMessage:
     tool_call_id: str | None = None
     flagged: Literal["withheld", "quoted", "stripped", "summarized"] | None = None
     cut: str = ""
+    arguments: Any = None
 
 
 @dataclass(frozen=True)

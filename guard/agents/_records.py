@@ -491,8 +491,10 @@ def turn_history(
     provider ran itself inside a reply (:func:`~guard.agents._content.server_blocks`) follow its text as tool
     results, flagged ``withheld`` when their key (:func:`server_key`) is in ``server_flagged`` (the tool-result
     policy did not allow them when the reply was judged). ``texts``: where each message's text is kept for the next
-    step (:func:`~guard.agents._content.message_text`, worked out again for a message changed since)."""
+    step (:func:`~guard.agents._content.message_text`, worked out again for a message changed since). Each tool
+    result carries the arguments of the call it answers (``arguments``), from the model turn that made it."""
     out: list[TurnMessage] = []
+    called: dict[str | None, Any] = {}  # tool_call_id -> the arguments the model gave it
     messages = state_messages(state, messages_key)
     relayed = {id(message) for message in _agent_messages(messages, subagent, trusted_system)}
     for message in messages:
@@ -505,7 +507,7 @@ def turn_history(
             cut = data.get("cut") if flagged == "stripped" and isinstance(data, Mapping) else None
             cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
             tool, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
-            out.append(TurnMessage("tool", _text(message, texts), tool, call_id, flagged, cut))
+            out.append(TurnMessage("tool", _text(message, texts), tool, call_id, flagged, cut, called.get(call_id)))
         elif id(message) in relayed:
             summary = message.id is not None and message.id in summarized
             out.append(TurnMessage("agent", _text(message, texts), flagged="summarized" if summary else None))
@@ -517,9 +519,13 @@ def turn_history(
             text = _text(message, texts)
             if text:
                 out.append(TurnMessage("assistant", text))
+            called.update((call["id"], call["args"]) for call in message.tool_calls)
+            blocks = server_blocks(message)
+            called.update((block.id, block.value) for block in blocks if block.kind == "call")
             out += [TurnMessage("tool", block.value, block.name, block.id,
-                                "withheld" if server_key(message.id, block.id) in server_flagged else None)
-                    for block in server_blocks(message) if block.kind == "result" and (block.value or block.unread)]  # fmt: skip
+                                "withheld" if server_key(message.id, block.id) in server_flagged else None,
+                                arguments=called.get(block.id))
+                    for block in blocks if block.kind == "result" and (block.value or block.unread)]  # fmt: skip
     return tuple(out)
 
 

@@ -850,9 +850,10 @@ class TurnKeeper:
         flagged = sorted({call_id or "" for (call_id, _), outcome in outcomes.items() if outcome != "allow"})
         if flagged:
             turn["server_flagged"] = flagged
+        called = {block.id: block.value for block in blocks if block.kind == "call"}
         read = [(block.position, TurnMessage("tool", block.value, block.name, block.id,
                                              "withheld" if outcomes.get((block.id, block.value), "allow") != "allow"
-                                             else None))
+                                             else None, arguments=called.get(block.id)))
                 for block in blocks if block.kind == "result" and (block.value or block.unread)]  # fmt: skip
         positions = call_positions(ai)
         end = len(ai.content) if isinstance(ai.content, list) else 0

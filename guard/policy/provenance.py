@@ -7,7 +7,11 @@ A tool call's arguments are looked up in the conversation before it (the subject
 * ``trusted``: it is in a message of role ``system``, or in the policy's ``trusted`` values (trusted configuration;
   the agent middleware gives role ``system`` only to the system messages that open the conversation, and ``agent`` to
   a later one or one a feature marked, such as a summary written in the system role);
-* ``tool_result``: it is in a tool result, outside any span flagged as instructions to the agent;
+* ``tool_result``: it is in a tool result, outside any span flagged as instructions to the agent, and not among the
+  arguments of the call that result answers (:attr:`TurnMessage.arguments`): a result that repeats its call's
+  arguments (``sent 90 EUR to X``, ``X is valid``) is no evidence a tool gave them, so such a value keeps the source
+  the rest of the conversation gives it (what it had when that call was made, while those messages are kept), else
+  ``none``;
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`) of a tool
   result or an ``agent`` message, in a tool result guard withheld or quoted, or in the instructions guard cut out of
   a *stripped* one (what is left of it is an ordinary tool result, but a value the cut instructions named stays
@@ -455,6 +459,16 @@ def _leaves(value: Any) -> Iterable[Any]:
             yield item
 
 
+def _echoes(needle: _Needle, message: TurnMessage) -> bool:
+    """Whether ``needle`` is among the arguments of the call the tool result ``message`` answers (its
+    :attr:`~guard.subject.TurnMessage.arguments`: their values and the identifiers inside them), so the result may
+    only repeat it."""
+    if message.arguments is None:
+        return False
+    values = [str(leaf) for leaf in _leaves(message.arguments) if isinstance(leaf, str | int | float)]
+    return _found(needle, _prepare("\n".join(values)))
+
+
 def _source_of(
     value: _Value, history: Sequence[TurnMessage], trusted: Sequence[_Prepared], detector: Detector
 ) -> ArgumentSource:
@@ -491,7 +505,7 @@ def _source_of(
         ordinary, flagged = _split_tool_text(message.text, detector)
         if flagged.text and _found(read, flagged):
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
-        if plain is None and _found(read, ordinary) and _found(written, _prepare(message.text)):
+        if plain is None and _found(read, ordinary) and _found(written, _prepare(message.text)) and not _echoes(written, message):
             plain = ArgumentSource("tool_result", message.tool_name, message.tool_call_id)
     return plain or relayed or ArgumentSource("none")
 

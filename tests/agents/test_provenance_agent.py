@@ -187,6 +187,40 @@ def test_a_guarded_tool_node_reads_provenance_under_its_messages_key(guard: Guar
     assert result.additional_kwargs["lc_data"]["outcome"] == "withheld"
 
 
+def test_a_result_that_repeats_its_calls_arguments_does_not_release_them(guard: Guard) -> None:
+    """A payment's own result repeats its arguments ("sent 9999.0 EUR to GB33..."), and a read-only check_iban's
+    result repeats the IBAN it was given: neither makes those values a tool result's, so the approved payment made
+    again in a later turn is reviewed again, and the payment to a made-up IBAN the check repeated is still escalated."""
+    iban = "GB33BUKB20201555555555"
+    paid: list[tuple[str, float]] = []
+
+    @tool
+    def check_iban(iban: str) -> str:
+        """Validate an IBAN."""
+        return f"IBAN {iban} is valid (bank: Barclays)."
+
+    @tool
+    def send_money(recipient: str, amount: float, subject: str) -> str:
+        """Send money."""
+        paid.append((recipient, amount))
+        return f"sent {amount} EUR to {recipient}"
+
+    payment = ("send_money", {"recipient": iban, "amount": 9999, "subject": "rent"})
+    turns = [[("check_iban", {"iban": iban})], [payment], [payment]]
+    agent = create_agent(replay_model(turns, "done"), [check_iban, send_money], checkpointer=InMemorySaver(),
+                         middleware=[GuardAgentMiddleware(guard=guard)])  # fmt: skip
+    config: dict[str, Any] = {"configurable": {"thread_id": "echo"}}
+    reviewed = []
+    result = agent.invoke({"messages": [("user", "Pay my landlord the rent.")]}, config)
+    while result.get("__interrupt__"):
+        items = [item for i in result["__interrupt__"] for item in i.value["items"]]
+        reviewed += [(item["tool_call_id"], item["rule"]) for item in items]
+        decisions = {i["id"]: {"type": "approve" if i["tool_call_id"] == "call_1_0" else "reject"} for i in items}
+        result = agent.invoke(resume_command(result["__interrupt__"], decisions), config)
+    assert reviewed == [("call_1_0", "untrusted-argument"), ("call_2_0", "untrusted-argument")]
+    assert paid == [(iban, 9999.0)]
+
+
 @pytest.mark.parametrize("action", ["quote", "strip"])
 def test_a_message_a_tool_adds_in_the_users_role_is_that_tools_result(guard: Guard, action: str) -> None:
     """A tool returning ``Command(update={"messages": [ToolMessage, HumanMessage(attachment)]})`` (how tools pass an

@@ -312,3 +312,23 @@ def test_a_json_result_the_normaliser_adds_readings_to_is_still_read_as_json(nei
     assert (verdict.action, verdict.rule) == ("block", "instructions")
     # ... and a value the faked message names is the injection's, not an ordinary tool result's
     assert source({"iban": "DE44500105175407324931"}, USER, tool(text)) == {"iban": "flagged_tool_result"}
+
+
+def test_a_result_that_repeats_its_calls_arguments_is_no_evidence_for_them() -> None:
+    """``sent 9999.0 EUR to GB33...`` answers the call that had those arguments: a later call with the same values
+    takes the source they have elsewhere (the user's, a tool result's that gave them), else ``none``; a value of the
+    result that was not among its call's arguments is the tool's."""
+    paid = TurnMessage("tool", "sent 9999.0 EUR to GB33BUKB20201555555555, balance 120.5", "send_money", "c2",
+                       arguments={"recipient": "GB33BUKB20201555555555", "amount": 9999, "subject": "rent"})
+    checked = TurnMessage("tool", "IBAN GB33BUKB20201555555555 is valid", "check_iban", "c3",
+                          arguments={"iban": "GB33 BUKB 2020 1555 5555 55"})
+    call = {"recipient": "GB33BUKB20201555555555", "amount": 9999.0, "fee": 120.5}
+    assert source(call, USER, paid, checked) == {"recipient": "none", "amount": "none", "fee": "tool_result"}
+    gave = tool("Landlord: GB33BUKB20201555555555", call_id="c1", name="get_landlord")
+    user = TurnMessage("user", "Pay 9999 to my landlord.")
+    assert source(call, user, gave, paid, checked) == {"recipient": "tool_result", "amount": "user",
+                                                       "fee": "tool_result"}  # fmt: skip
+    assert trace_arguments(call, (user, gave, paid, checked))["recipient"].tool_call_id == "c1"
+    assert source(call, USER, TurnMessage("tool", paid.text, "send_money", "c2")) == {
+        "recipient": "tool_result", "amount": "tool_result", "fee": "tool_result",
+    }  # fmt: skip  # the call it answers is not known: its text is the tool's
