@@ -26,10 +26,11 @@ An edit is judged again before it runs. With several interrupts pending at once 
 its interrupt id; :func:`resume_command` builds that ``Command`` from either shape.
 
 The resume value is validated inside LangGraph's ``response_schema`` check: a value that misses an item, names an
-unknown or stale item, has the wrong number of decisions, uses a decision the item does not allow, or edits a call
-into a tool the agent does not have (by the item's ``tools``) raises
-``pydantic.ValidationError`` wrapping a :class:`~guard.errors.ResumeError`; LangGraph then saves nothing, nothing
-runs, and the same interrupt can be answered again.
+unknown or stale item, has the wrong number of decisions, uses a decision the item does not allow, has a decision
+of the wrong shape, or edits a call into a tool the agent does not have (by the item's ``tools``) raises
+``pydantic.ValidationError`` wrapping one :class:`~guard.errors.ResumeError` that names the decision where the value
+put it (``decisions[0]``, ``decisions['gp_...']``); LangGraph then saves nothing, nothing runs, and the same
+interrupt can be answered again.
 """
 
 from __future__ import annotations
@@ -267,6 +268,9 @@ def _check(
                 expected=expected,
             )
         decisions = {item["id"]: decision for item, decision in zip(items, decisions, strict=True)}
+        named = {item["id"]: f"decisions[{at}] ({item['id']})" for at, item in enumerate(items)}
+    else:
+        named = {item_id: item_id for item_id in expected}
     given = tuple(decisions)
     unknown = [key for key in given if key not in by_id]
     missing = [key for key in expected if key not in decisions]
@@ -286,19 +290,21 @@ def _check(
         kind = decisions[item_id]["type"]
         if kind not in item["allowed_decisions"]:
             raise ResumeError(
-                f"decision {kind!r} is not allowed for {item_id}; allowed: {', '.join(item['allowed_decisions'])}",
+                f"decision {kind!r} is not allowed for {named[item_id]}; allowed: "
+                f"{', '.join(item['allowed_decisions'])}",
                 expected=expected,
                 given=given,
             )
     plain = {key: _plain(decision) for key, decision in decisions.items()}
     for item_id, decision in plain.items():
+        name = named.get(item_id, item_id)
         problem = shape_problem(decision["arguments"]) if decision["type"] == "edit" else None
         if problem is not None:
-            raise ResumeError(f"the edit for {item_id} cannot be judged: its {problem}", expected=expected, given=given)
+            raise ResumeError(f"the edit for {name} cannot be judged: its {problem}", expected=expected, given=given)
         item = by_id.get(item_id)
         problem = _unknown_tool(decision, item) if item is not None else None
         if problem is not None:
-            raise ResumeError(f"the edit for {item_id} {problem}", expected=expected, given=given)
+            raise ResumeError(f"the edit for {name} {problem}", expected=expected, given=given)
     return {"decisions": plain}
 
 
@@ -324,27 +330,48 @@ def response_schema(items: Sequence[PendingItem], *, exact: bool = True, positio
             (:data:`BY_POSITION_REFUSED`).
     """
     frozen = tuple(items)
+    expected = tuple(item["id"] for item in frozen)
+
+    def guard_review_shape(value: Any) -> Any:
+        return _well_formed(value, expected=expected)
 
     def guard_review_decisions(value: dict[str, Any]) -> dict[str, Any]:
         return _check(value, items=frozen, exact=exact, positional=positional)
 
-    return Annotated[GuardReviewResponse, BeforeValidator(_known_types), AfterValidator(guard_review_decisions)]
+    return Annotated[GuardReviewResponse, BeforeValidator(guard_review_shape), AfterValidator(guard_review_decisions)]
 
 
-def _known_types(value: Any) -> Any:
-    """``value`` unchanged, after refusing a decision whose ``type`` is not one a reviewer can send (pydantic's own
-    message would list the schema's internal tags)."""
-    decisions = value.get("decisions") if isinstance(value, Mapping) else None
-    entries: list[tuple[Any, Any]] = []
-    if isinstance(decisions, Mapping):
-        entries = list(decisions.items())
-    elif isinstance(decisions, list):
-        entries = list(enumerate(decisions))
+_DECISION: TypeAdapter[Any] = TypeAdapter(Decision)
+_SHAPES = 'send {"decisions": [decision, ...]} or {"decisions": {item_id: decision}}'
+
+
+def _well_formed(value: Any, *, expected: tuple[str, ...]) -> Any:
+    """``value`` unchanged, after refusing (:class:`ResumeError`) one that is not ``{"decisions": [...]}`` or
+    ``{"decisions": {...}}``, or that holds a decision a reviewer cannot send: a ``type`` other than approve, reject
+    and edit, or a field missing, extra or of the wrong type (pydantic's own message would list every shape the
+    schema takes). A decision is named where the value puts it: ``decisions[0]``, ``decisions['gp_...']``."""
+    if not isinstance(value, Mapping):
+        raise ResumeError(f"the resume value is a {type(value).__name__}; {_SHAPES}", expected=expected)
+    if set(value) != {"decisions"}:
+        keys = ", ".join(repr(key) for key in value) or "no key"
+        raise ResumeError(f"the resume value has {keys}; {_SHAPES}", expected=expected)
+    decisions = value["decisions"]
+    if not isinstance(decisions, Mapping | list):
+        raise ResumeError(f"the resume value's decisions are a {type(decisions).__name__}; {_SHAPES}",
+                          expected=expected)
+    entries = list(decisions.items()) if isinstance(decisions, Mapping) else list(enumerate(decisions))
     for where, decision in entries:
         kind = decision.get("type") if isinstance(decision, Mapping) else None
         if kind not in TOOL_DECISIONS:
-            raise ValueError(f"decisions[{where!r}] has type {kind!r}; a decision's type is one of "
-                             f"{', '.join(TOOL_DECISIONS)}")
+            raise ResumeError(f"decisions[{where!r}] has type {kind!r}; a decision's type is one of "
+                              f"{', '.join(TOOL_DECISIONS)}", expected=expected)
+        try:
+            _DECISION.validate_python(decision)
+        except ValidationError as refused:
+            error = refused.errors()[0]
+            field = ".".join(str(part) for part in error["loc"][1:])  # (decision tag, field, ...)
+            raise ResumeError(f"decisions[{where!r}]: the {kind!r} decision is invalid: "
+                              f"{field + ': ' if field else ''}{error['msg']}", expected=expected) from None
     return value
 
 
@@ -403,7 +430,8 @@ def resume_command(
             (``positional`` ``False``: :data:`BY_POSITION_REFUSED`), an item has no decision or a
             decision names no pending item (a count mismatch runs nothing), a decision is one the graph would refuse
             (a type the item does not allow, a missing or extra field, a wrong type, an edit naming a tool not among
-            the item's ``tools``: checked with the interrupt's own ``response_schema``), or an interrupt has no id.
+            the item's ``tools``: checked with the interrupt's own ``response_schema``, the decision named where
+            ``decisions`` puts it, ``decisions[0]`` in a list), or an interrupt has no id.
     """
     pending = guard_interrupts(interrupts)
     per_interrupt = [(_interrupt_id(i), cast(GuardReviewRequest, _interrupt_value(i))["items"]) for i in pending]
@@ -428,7 +456,9 @@ def resume_command(
                 expected=expected,
                 given=tuple(map(str, given)),
             )
-        per_item = [[decisions[item["id"]] for item in items] for _, items in per_interrupt]
+        per_item: list[Mapping[str, Any] | list[Any]] = [
+            {item["id"]: decisions[item["id"]] for item in items} for _, items in per_interrupt
+        ]
     else:
         listed = list(decisions)
         if len(per_interrupt) > 1:
@@ -452,31 +482,21 @@ def resume_command(
         per_item = [listed] if per_interrupt else []  # the one pending interrupt's answers (none pending: none)
     resume: dict[str, Any] = dict(others or {})
     for (interrupt_id, items), answers in zip(per_interrupt, per_item, strict=True):
-        # keyed by item id: an answer names the item it is for
-        value = {"decisions": {item["id"]: answer for item, answer in zip(items, answers, strict=True)}}
-        _validate_resume(items, value, expected=expected)
-        resume[interrupt_id] = value
+        _validate_resume(items, {"decisions": answers}, expected=expected)  # as given: a problem named where it is
+        if isinstance(answers, list):  # keyed by item id: an answer names the item it is for
+            answers = {item["id"]: answer for item, answer in zip(items, answers, strict=True)}
+        resume[interrupt_id] = {"decisions": answers}
     return Command(resume=resume)
 
 
 def _validate_resume(items: Sequence[PendingItem], value: dict[str, Any], *, expected: tuple[str, ...]) -> None:
-    """Check one interrupt's resume value with its ``response_schema``, as the graph will; a refusal becomes a
-    :class:`ResumeError` naming the item and the problem."""
+    """Check one interrupt's resume value with its ``response_schema``, as the graph will; a refusal is the
+    schema's :class:`ResumeError` (naming the decision and the problem), ``expected`` being every pending item."""
     try:
         TypeAdapter(response_schema(items)).validate_python(value)
     except ValidationError as refused:
-        given = tuple(value["decisions"])
-        problems = []
         for error in refused.errors():
             cause = error.get("ctx", {}).get("error")
             if isinstance(cause, ResumeError):
-                raise cause from None
-            location = error["loc"]
-            if isinstance(cause, ValueError):  # _known_types: a type no reviewer can send
-                problems.append(str(cause))
-            elif len(location) > 3:  # ("decisions", <map schema>, item id, <decision tag>, field, ...)
-                field = ".".join(str(part) for part in location[4:])
-                decision = value["decisions"][location[2]]
-                problems.append(f"the {decision['type']!r} decision for {location[2]} is invalid: "
-                                f"{field + ': ' if field else ''}{error['msg']}")
-        raise ResumeError("; ".join(problems) or str(refused), expected=expected, given=given) from None
+                raise ResumeError(cause.reason, expected=expected, given=cause.given) from None
+        raise ResumeError(str(refused), expected=expected) from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from langgraph.types import Interrupt
 from pydantic import TypeAdapter, ValidationError
@@ -118,21 +120,44 @@ def test_resume_command_refuses_a_count_mismatch(count: int) -> None:
 @pytest.mark.parametrize(
     ("decision", "fragment"),
     [
-        ({"type": "respond", "message": "hi"}, "has type 'respond'; a decision's type is one of approve, reject, edit"),
-        ({"type": "ignore"}, "has type 'ignore'"),
-        ({"type": "approve", "extra": 1}, "the 'approve' decision for b is invalid: extra: Extra inputs"),
-        ({"type": "reject", "message": 5}, "the 'reject' decision for b is invalid: message: Input should be a valid str"),
-        ({"type": "edit"}, "the 'edit' decision for b is invalid: arguments: Field required"),
-        ({"type": "edit", "edited_action": {"name": "pay"}}, "for b is invalid: edited_action.args: Field required"),
+        ({"type": "respond", "message": "hi"}, " has type 'respond'; a decision's type is one of approve, reject, edit"),
+        ({"type": "ignore"}, " has type 'ignore'"),
+        ({"type": "approve", "extra": 1}, ": the 'approve' decision is invalid: extra: Extra inputs"),
+        ({"type": "reject", "message": 5}, ": the 'reject' decision is invalid: message: Input should be a valid str"),
+        ({"type": "edit"}, ": the 'edit' decision is invalid: arguments: Field required"),
+        ({"type": "edit", "edited_action": {"name": "pay"}}, ": the 'edit' decision is invalid: edited_action.args"),
     ],
 )
 @pytest.mark.parametrize("form", ["map", "list"])
 def test_resume_command_refuses_a_decision_the_graph_would_refuse(decision: dict, fragment: str, form: str) -> None:
+    """The decision is named where the caller put it: by its item id in a map, by its position in a list."""
     pending = [_interrupt("i1", "a"), _interrupt("i2", "b")] if form == "map" else [_interrupt("i1", "a", "b")]
     decisions = {"a": {"type": "approve"}, "b": decision}
-    with pytest.raises(ResumeError, match=fragment) as caught:
+    where = "decisions['b']" if form == "map" else "decisions[1]"
+    with pytest.raises(ResumeError, match=re.escape(where) + fragment) as caught:
         resume_command(pending, decisions if form == "map" else list(decisions.values()))
     assert caught.value.expected == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ({"decisions": [{"type": "edit", "edited_action": {"name": "pay"}}]},
+         "decisions[0]: the 'edit' decision is invalid: edited_action.args: Field required"),
+        ({"decisions": {"a": {"type": "reject", "message": 5}}},
+         "decisions['a']: the 'reject' decision is invalid: message: Input should be a valid string"),
+        ({"decisions": "approve"}, "the resume value's decisions are a str; send {\"decisions\": [decision, ...]}"),
+        ({"decision": [{"type": "approve"}]}, "the resume value has 'decision'; send "),
+        (["approve"], "the resume value is a list; send "),
+    ],
+)
+def test_a_malformed_resume_value_is_one_resume_error(value: object, reason: str) -> None:
+    """Sent raw (``Command(resume=...)``), a value of the wrong shape is refused with one error, a ResumeError saying
+    what is wrong where, not pydantic's error for each shape the schema takes."""
+    with pytest.raises(ValidationError) as caught:
+        _validate([_item("a")], value)
+    (error,) = caught.value.errors()
+    assert isinstance(error["ctx"]["error"], ResumeError) and error["ctx"]["error"].reason.startswith(reason)
 
 
 def test_resume_command_refuses_a_decision_the_item_does_not_allow() -> None:
@@ -197,10 +222,10 @@ def _tool_item(item_id: str, tools: list[str] | None) -> dict:
 def test_an_edit_naming_a_tool_the_agent_does_not_have_is_refused(decision: dict) -> None:
     """Refused like any malformed resume (the graph saves nothing, the item stays pending), not used up as a rejection."""
     items = [_tool_item("a", ["pay", "refund"])]
-    fragment = "the edit for a names tool 'wire_all', which this agent does not have; its tools: pay, refund"
-    with pytest.raises(ValidationError, match=fragment):
+    fragment = "names tool 'wire_all', which this agent does not have; its tools: pay, refund"
+    with pytest.raises(ValidationError, match="the edit for a " + fragment):
         _validate(items, {"decisions": {"a": decision}})
-    with pytest.raises(ResumeError, match=fragment) as caught:
+    with pytest.raises(ResumeError, match=re.escape("the edit for decisions[0] (a) ") + fragment) as caught:
         resume_command([Interrupt(value={"type": "guard_review", "items": items}, id="i1")], [decision])
     assert caught.value.expected == ("a",)
 
