@@ -53,7 +53,8 @@ part of a longer address, host name or number (:func:`_marks`)):
 * e-mail addresses: case folded, a ``mailto:`` prefix dropped;
 * URLs: scheme, ``www.`` and trailing ``/`` dropped, so ``https://www.example.com/a/`` matches ``example.com/a``;
 * numbers: compared as numbers with the numbers written in the text (``98.7`` matches ``98.70``, ``1200`` matches
-  ``1,200.00``).
+  ``1,200.00``), also with a decimal comma (``98,70``, ``1.234,56``, ``1 234,56``); ``1,234`` and ``1.234`` are read
+  both ways (``1234`` and ``1.234``).
 
 Cost: each message's normalised forms are computed once per text (remembered for the last
 :data:`CACHED_TEXTS` texts); a lookup is a few substring searches per argument. ``bench/provenance_latency.py``
@@ -172,6 +173,12 @@ _NOT_ALNUM = re.compile(r"[\W_]+")
 _ALNUM_RUN = re.compile(r"[^\W_]+")
 _URL_NOISE = re.compile(r"\b(?:https?://|ftp://|mailto:)|\bwww\.|(?<!/)/+(?=[\s'\"),;\]}]|$)")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# A number written with a decimal comma: thousands parted by dots (1.234,56, 1.234) or spaces (1 234,56), or none
+# (98,70); never part of a longer number (1,234.56, 192.168.1.1) nor a group of one parted by spaces (the 234,56 of
+# 1 234,56).
+_COMMA_NUMBER = re.compile(
+    r"(?<![\w.,])(?<!\d )[-+]?(?:\d{1,3}(?:\.\d{3})+(?:,\d+)?|\d{1,3}(?: \d{3})+,\d+|\d+,\d+)(?!\w|[.,]\d)"
+)
 _IDENTIFIER = re.compile(r"(?=.*\d)[A-Za-z0-9][A-Za-z0-9 .\-/]*")
 # Identifiers inside a longer text the model wrote: URLs, e-mail addresses, file and host names, account-like codes
 # (IBANs, ids). Every branch that can start inside a run of its characters starts only at the run's first character
@@ -220,9 +227,17 @@ def _canonical_number(written: str) -> str:
     return f"{sign}{whole}.{fraction}" if fraction else f"{sign}{whole}"
 
 
+def _comma_number(written: str) -> str:
+    """A number written with a decimal comma (``1.234,56``, ``1 234,56``) in :func:`_canonical_number`'s form."""
+    return _canonical_number(written.replace(".", "").replace(" ", "").replace(",", "."))
+
+
 def _numbers(folded: str) -> frozenset[str]:
+    """The numbers written in ``folded``, canonical (:func:`_canonical_number`): each read with a decimal point, and
+    those written with a decimal comma (:data:`_COMMA_NUMBER`) read that way too."""
     written = set(_NUMBER.findall(folded))
-    return frozenset(w if w.isdigit() and w[0] != "0" else _canonical_number(w) for w in written)
+    points = {w if w.isdigit() and w[0] != "0" else _canonical_number(w) for w in written}
+    return frozenset(points | {_comma_number(w) for w in _COMMA_NUMBER.findall(folded)})
 
 
 @lru_cache(maxsize=CACHED_TEXTS)
@@ -334,6 +349,8 @@ def _needle(value: Any, fold: Callable[[str], str]) -> _Needle | None:
     number = None
     if _NUMBER.fullmatch(folded):
         number = _canonical_number(folded)
+    elif _COMMA_NUMBER.fullmatch(folded):
+        number = _comma_number(folded)
     hostlike = url != folded or (not number and ("." in folded or "/" in folded))  # also found in a text's URL form
     joined = any(char.isalpha() for char in folded)  # letters and digits continue each other (see _continues)
     return _Needle(folded, compact if identifier else None, url if hostlike else None, number, _marks(folded), joined)

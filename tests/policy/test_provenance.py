@@ -274,6 +274,28 @@ def test_numbers_ignore_leading_and_trailing_zeros_and_thousands_separators() ->
     }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("typed", "value", "found"),
+    [
+        ("Pay 98,70 € to the garage.", 98.7, True),
+        ("Pay €1.234,56 to the garage.", 1234.56, True),
+        ("Pay 1 234,56 EUR to the garage.", 1234.56, True),
+        ("Pay 1.234.567,89 EUR to the garage.", 1234567.89, True),
+        ("Pay 1.234 € to the garage.", 1234, True),  # German thousands
+        ("Pay 1.234 € to the garage.", 1.234, True),  # or a decimal point: both are numbers the user wrote
+        ("Pay 1,234 to the garage.", 1.234, True),
+        ("Pay 1,234 to the garage.", 1234, True),
+        ("Pay 98,70 € to the garage.", "98,70", True),
+        ("Pay 1 234,56 EUR to the garage.", 234.56, False),  # one group of a number is not a number
+        ("Pay 1,234.56 to the garage.", 1.234, False),
+        ("Send it to 192.168.1.1 today.", 192168, False),
+        ("Pay 12,5 to the garage.", 125, False),
+    ],
+)
+def test_a_number_with_a_decimal_comma_is_read_as_written(typed: str, value: object, found: bool) -> None:
+    assert source({"amount": value}, TurnMessage("user", typed)) == {"amount": "user" if found else "none"}
+
+
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("run", ["a" * 400_000 + " x", "/" * 400_000 + "x", "+" * 400_000 + "@"])
