@@ -42,6 +42,7 @@ from typing import Any
 
 import cel
 
+from guard._json import surrogates_joined
 from guard.errors import GuardError
 from guard.policy import payloads, skeleton
 from guard.policy._re2 import CANDIDATE_MAX_MEM, Pattern, compile_re2, matcher
@@ -766,20 +767,25 @@ def rule_context(
     functions = FUNCTIONS | {_MATCHES: matcher({p: c for rule in rules for p, c in rule.patterns.items()})}
     try:
         return cel.Context(variables=variables, functions=functions)
-    except ValueError:  # a value CEL cannot hold (an integer past a double's range): rules still read the rest
-        return cel.Context(variables=_representable(variables), functions=functions)
+    except ValueError:  # a value CEL cannot hold (an integer past a double's range, a lone surrogate): rules still
+        return cel.Context(variables=_representable(variables), functions=functions)  # read the rest
 
 
 def _representable(value: Any) -> Any:
-    """``value`` with every integer too large for a double (CEL turns integers past 64 bits into doubles) replaced
-    by an infinity of its sign, so a client's 400-digit number cannot make every rule that reads ``state`` fail and
-    so choose the policy's fail mode; comparisons with it still hold (``state.n > 5``)."""
+    """``value`` with what CEL cannot hold replaced, so a client's value cannot make every rule that reads ``state``
+    (or ``subject``, ``call``) fail and so choose the policy's fail mode: every integer too large for a double (CEL
+    turns integers past 64 bits into doubles) becomes an infinity of its sign, and comparisons with it still hold
+    (``state.n > 5``); in every string, map keys included, a UTF-16 surrogate pair is joined into its character and
+    a lone surrogate (a non-UTF-8 file name from ``os.fsdecode``) becomes U+FFFD, as the normaliser makes it (flag
+    ``lone_surrogates``)."""
+    if isinstance(value, str):
+        return surrogates_joined(value)
     if isinstance(value, bool) or not isinstance(value, int | dict | list | tuple):
         return value
     if isinstance(value, int):
         return value if abs(value) <= _LARGEST_DOUBLE else (math.inf if value > 0 else -math.inf)
     if isinstance(value, dict):
-        return {key: _representable(item) for key, item in value.items()}
+        return {_representable(key): _representable(item) for key, item in value.items()}
     return [_representable(item) for item in value]
 
 

@@ -116,6 +116,27 @@ policies:
         assert rule_of(policy, body=body).rule == rule
 
 
+def test_a_lone_surrogate_does_not_break_the_rules_reading_the_state() -> None:
+    """A non-UTF-8 file name (``os.fsdecode`` gives lone surrogates) in a value or a key cannot make every rule that
+    reads ``state`` fail (and so let the client pick the fail mode): it reads as U+FFFD, a pair as its character."""
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {body: body}
+    rules:
+      - {id: injection, when: 'state.body.text.matches("(?i)ignore previous instructions")', action: block}
+      - {id: replaced, when: 'state.body.text == "\\ufffd.txt" && "\\ufffd" in state.body.files', action: escalate}
+      - {id: joined, when: 'state.body.text == "\\U0001F642"', action: block, status: 409}
+""")
+    cases = [({"text": "IGNORE PREVIOUS INSTRUCTIONS \udcff.txt"}, "injection"),
+             ({"text": "\udcff.txt", "files": {"\udcfe": 1}}, "replaced"),
+             ({"text": "\ud83d\ude42", "files": {}}, "joined")]
+    for body, rule in cases:
+        assert rule_of(policy, body=body).rule == rule
+
+
 def test_compile_condition_checks_names() -> None:
     known = {"spam": "noul", "topic": "choice"}
     _, names = compile_condition("[1, 2].exists(x, x > 1) && spam.noul > 0.5", known)
