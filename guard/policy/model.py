@@ -498,7 +498,9 @@ class RuleSpec(OutcomeSpec):
         "answers, subject, state, flags, data, call, result. x.matches(p) searches x for the RE2 pattern p (Unicode "
         "\\d \\s \\w, ASCII \\b; no backreferences or lookaround). Functions besides CEL's: skeleton(x), "
         "confusable(x, y), sqli(x), xss(x), code_exec(x) and path_traversal(x) (docs/policies.md). At most "
-        f"{MAX_WHEN_CHARS} characters, nested at most {MAX_WHEN_DEPTH} deep (operators in a row, plus one per bracket)."
+        f"{MAX_WHEN_CHARS} characters, nested at most {MAX_WHEN_DEPTH} deep (operators in a row, plus one per bracket). "
+        "No macro over request data (state, subject, call, result) inside another's body, and no map() or filter() "
+        "over it: their cost grows with the square of the request."
     )
 
 

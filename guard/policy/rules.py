@@ -307,6 +307,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     runnable = _with_guard_matches(source)
     without_strings = _code_only(source)
     _check_calls(program, without_strings)
+    _check_macro_cost(source)
     bound = set(_BOUND_RE.findall(without_strings))
     shadowing = sorted(bound & (RESERVED_NAMES | set(known)))
     if shadowing:  # the name would be the loop variable inside the macro and an unread input outside it
@@ -382,6 +383,106 @@ def _check_calls(program: Any, source: str) -> None:
         if given != expected:
             plural = "s" if expected != 1 else ""
             raise ValueError(f"{name}() takes {expected} argument{plural}, given {given}")
+
+
+#: Macros that iterate a list (or a map's keys); ``map`` and ``filter`` collect what they keep.
+_MACRO_RE = re.compile(r"\.\s*(all|exists_one|exists|map|filter)\s*\(")
+#: Names whose values the request supplies, so their sizes too.
+_REQUEST_NAMES = frozenset({"state", "subject", "call", "result"})
+_MACRO_VARIABLE = re.compile(r"\s*([A-Za-z_]\w*)\s*,")
+_ROOT_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+_REQUEST_READ = re.compile(rf"(?<![\w.])(?:{'|'.join(sorted(_REQUEST_NAMES))})(?!\w)")
+
+
+def _check_macro_cost(source: str) -> None:
+    """Refuse a ``when`` whose run time grows with the square of the request, which no timeout can stop (rules run
+    on the event loop, and the CEL runtime neither yields nor has a cost limit): a macro over request data
+    (:data:`_REQUEST_NAMES`) inside the body of another macro over request data (``state.items.exists(a,
+    state.items.exists(b, ...))``), and ``map`` or ``filter`` over request data or an item of it (the variable
+    of a macro over request data), which this runtime runs in time growing with the square of the list (it copies
+    what it collected at each item: 10,000 items took 9 s).
+
+    Raises:
+        ValueError: naming the macros and why.
+    """
+    code = _masked(source)
+    macros = []  # (name, receiver as written, start of the body, end of the body) of each macro over request data
+    collecting = []  # (name, receiver as written) of each map and filter over request data or an item of it
+    items: set[str] = set()  # the variables of the macros over request data
+    for found in _MACRO_RE.finditer(code):
+        start = _receiver_start(code, found.start())
+        name, receiver = found.group(1), source[start : found.start()].strip()
+        if _REQUEST_READ.search(code, start, found.start()):
+            macros.append((name, receiver, found.end(), _closing(code, found.end())))
+            variable = _MACRO_VARIABLE.match(code, found.end())
+            items.update([variable.group(1)] if variable else [])
+        elif not set(_ROOT_NAME.findall(code, start, found.start())) & items:
+            continue
+        if name in ("map", "filter"):
+            collecting.append((name, receiver))
+    for outer, outer_receiver, start, end in macros:
+        for inner, inner_receiver, inner_start, _ in macros:
+            if start < inner_start < end:
+                raise ValueError(
+                    f"runs {inner}() over {inner_receiver} inside the body of {outer}() over {outer_receiver}: its "
+                    "cost grows with the square of the request (2,500 items: 3 s on the event loop, which no "
+                    "timeout stops); compare with a list from data, or split the check into rules over one list"
+                )
+    if collecting:
+        name, receiver = collecting[0]
+        raise ValueError(
+            f"runs {name}() over {receiver}, request data: this CEL runtime's map() and filter() take time growing "
+            "with the square of the list (10,000 items: 9 s on the event loop, which no timeout stops); use "
+            "exists(), all() or exists_one(), whose cost grows with the list"
+        )
+
+
+def _receiver_start(code: str, dot: int) -> int:
+    """Where the expression a method is called on starts, the method's ``.`` being at ``dot``: a chain of names,
+    members, calls and indexes (``state.items[0].tags``), or a bracketed expression (``[state.a, state.b]``)."""
+    at = dot
+    while True:
+        start = len(code[:at].rstrip())
+        bracket = start > 0 and code[start - 1] in ")]"
+        if bracket:
+            start = _opening(code, start - 1)
+        else:
+            while start > 0 and (code[start - 1].isalnum() or code[start - 1] == "_"):
+                start -= 1
+            if start == at:
+                return at
+        before = len(code[:start].rstrip())
+        if before > 0 and (code[before - 1] == "." or (bracket and (code[before - 1].isalnum() or code[before - 1]
+                                                                    in "_)]"))):
+            at = before - 1 if code[before - 1] == "." else before
+            continue
+        return start
+
+
+def _opening(code: str, close: int) -> int:
+    """Where the bracket that the one at ``close`` closes opens (0 when none does)."""
+    depth = 0
+    for at in range(close, -1, -1):
+        if code[at] in ")]}":
+            depth += 1
+        elif code[at] in "([{":
+            depth -= 1
+            if depth == 0:
+                return at
+    return 0
+
+
+def _closing(code: str, start: int) -> int:
+    """Where the bracket open just before ``start`` closes (the end of ``code`` when it does not)."""
+    depth = 0
+    for at in range(start, len(code)):
+        if code[at] in "([{":
+            depth += 1
+        elif code[at] in ")]}":
+            if depth == 0:
+                return at
+            depth -= 1
+    return len(code)
 
 
 def _argument_count(source: str, start: int) -> int:
