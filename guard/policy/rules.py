@@ -25,7 +25,8 @@ statement), ``xss(x)`` (script-bearing markup or a script URL), ``code_exec(x)``
 ``path_traversal(x)`` (a path that climbs two or more folders), from :mod:`guard.policy.payloads`. The method
 ``x.matches(pattern)`` is guard's, not the runtime's: RE2 syntax with Unicode ``\\d \\s \\w``, the patterns a
 rule is given compiled once at load (:func:`rule_patterns`, :func:`guard.policy._re2.matcher`), as a ``redact``
-pattern is.
+pattern is. ``size(x)`` and ``x.size()`` of a string count its characters (code points), as CEL's specification
+says, not the UTF-8 bytes the runtime's own ``size`` counts (:func:`_with_character_size`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ FUNCTIONS = skeleton.FUNCTIONS | payloads.FUNCTIONS
 #: (compiling its pattern on every call) cannot be replaced by under its name.
 _MATCHES = "matches_re2"
 _MATCHES_CALL = re.compile(r"\.\s*matches\s*\(")
+#: The name of guard's character count, which a ``when``'s ``size(x)`` and ``x.size()`` call for a string (the
+#: runtime's own counts UTF-8 bytes).
+_SIZE = "size_chars"
+_SIZE_CALL = re.compile(r"(?<![\w.])size\s*\(|\.\s*size\s*\(")
 _CLOSING = re.compile(r"\s*\)")
 _LARGEST_DOUBLE = int(sys.float_info.max)
 
@@ -304,7 +309,11 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     except ValueError as exc:
         detail = str(exc).splitlines()
         raise ValueError(f"CEL syntax error: {' '.join(line.strip() for line in detail[:2])}") from None
-    runnable = _with_guard_matches(source)
+    runnable = _with_character_size(_with_guard_matches(source))
+    depth = _nesting_depth(_masked(runnable))
+    if depth > MAX_WHEN_DEPTH:
+        raise ValueError(f"nests {depth} deep as run (each size() runs as [x].map(v, ...)[0], 8 levels more); a "
+                         f"'when' may nest at most {MAX_WHEN_DEPTH} deep: split it into several rules")
     without_strings = _code_only(source)
     _check_calls(program, without_strings)
     _check_macro_cost(source)
@@ -336,6 +345,35 @@ def _with_guard_matches(source: str) -> str:
         out.append(source[at:start] + f".{_MATCHES}(")
         at = end
     return "".join(out) + source[at:]
+
+
+def _with_character_size(source: str) -> str:
+    """``source`` with each ``size(x)`` and ``x.size()`` counting a string's characters (code points, as CEL's
+    specification says and ``max_chars`` counts) where the runtime's own ``size`` counts its UTF-8 bytes: the call
+    becomes ``[x].map(v, type(v) == string ? size_chars(v) : size(v))[0]`` (``x`` read once; a list's, a map's or
+    bytes' size unchanged). A call given other than one argument is left for the runtime to report."""
+    code = _masked(source)
+    calls = []  # (start, end, start of x, end of x) of each call, x being its argument or what it is called on
+    for found in _SIZE_CALL.finditer(code):
+        close = _closing(code, found.end())
+        if found.group().startswith("."):
+            start = _receiver_start(code, found.start())
+            if start < found.start() and not code[found.end() : close].strip():
+                calls.append((start, close + 1, start, found.start()))
+        elif _argument_count(code, found.end()) == 1:
+            calls.append((found.start(), close + 1, found.end(), close))
+    calls.sort(key=lambda call: (call[0], -call[1]))  # calls nest: the outer one first
+
+    def rewritten(start: int, end: int) -> str:
+        out, at = [], start
+        for call_start, call_end, value_start, value_end in calls:
+            if call_start >= at and call_end <= end:
+                value = rewritten(value_start, value_end)
+                out.append(source[at:call_start] + f"[{value}].map(v, type(v) == string ? {_SIZE}(v) : size(v))[0]")
+                at = call_end
+        return "".join(out) + source[at:end]
+
+    return rewritten(0, len(source))
 
 
 def _matches_calls(source: str) -> list[tuple[int, int, str | None]]:
@@ -865,7 +903,7 @@ def rule_context(
             variables["subject"] = subject if isinstance(subject, Mapping) else subject_variables(subject)
     for name in FEATURE_NAMES & needed:
         variables[name] = dict((features or {}).get(name) or {})
-    functions = FUNCTIONS | {_MATCHES: matcher({p: c for rule in rules for p, c in rule.patterns.items()})}
+    functions = FUNCTIONS | {_MATCHES: matcher({p: c for rule in rules for p, c in rule.patterns.items()}), _SIZE: len}
     try:
         return cel.Context(variables=variables, functions=functions)
     except ValueError:  # a value CEL cannot hold (an integer past a double's range, a lone surrogate): rules still

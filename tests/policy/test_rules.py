@@ -444,3 +444,26 @@ def test_a_when_whose_cost_grows_with_the_square_of_the_request_is_a_load_error(
 ])  # fmt: skip
 def test_macros_whose_cost_grows_with_the_request_load(when: str) -> None:
     load_text("data: {l: [1]}" + one_rule(when))
+
+
+def test_size_counts_a_string_s_characters() -> None:
+    """The runtime's own size() counts a string's UTF-8 bytes: a minimum length of 8 let two emoji through, and
+    ``max_chars`` counts characters. A list's, a map's and bytes' size are unchanged."""
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {body: body}
+    rules:
+      - {id: short, when: 'size(state.body.password) < 8 // size("")', action: block}
+      - {id: name, when: 'state.body.name.size() != size(state.body.tags[0]) + size(b"\\xc3\\xa9")', action: escalate}
+      - {id: list, when: 'size(state.body.tags) + size(state.body) + size("size(ö)") == 12', action: block, status: 409}
+""")
+    cases = [({"password": "🙂🙂🙂🙂🙂🙂🙂", "name": "Łukasz", "tags": ["Żółć"]}, "short"),
+             ({"password": "éééééééé", "name": "Łukasz!", "tags": ["Żółć"]}, "name"),
+             ({"password": "éééééééé", "name": "Żółć🙂é", "tags": ["Żółć", [1]]}, "list")]
+    for body, rule in cases:
+        assert rule_of(policy, body=body).rule == rule
+    with pytest.raises(ValueError, match=f"nests 505 deep as run .* at most {MAX_WHEN_DEPTH} deep"):
+        compile_condition("size(state.qty)" + " + 1" * 494, {})  # 497 deep as written
