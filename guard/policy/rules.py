@@ -98,6 +98,11 @@ _SIZE = "size_chars"
 _SIZE_CALL = re.compile(r"(?<![\w.])size\s*\(|\.\s*size\s*\(")
 _CLOSING = re.compile(r"\s*\)")
 _LARGEST_DOUBLE = int(sys.float_info.max)
+#: The smallest 64-bit integer, which the CEL runtime's unary minus returns unchanged (``-x`` of it is itself, where
+#: ``0 - x`` and ``x * -1`` fail as an overflow).
+_SMALLEST_INT = -(2**63)
+#: A ``-`` that negates what follows (not a number written after it): one with no operand before it.
+_NEGATION = re.compile(r"(?:^|[-([{,?:!&|=<>+*/%]|(?<![\w.])in)\s*-(?!\s*[\d-])")
 
 #: Top-level names every ``when`` may use besides question keys.
 RESERVED_NAMES = frozenset({"answers", "subject", "state", "flags", "data", "call", "result"})
@@ -904,27 +909,44 @@ def rule_context(
     for name in FEATURE_NAMES & needed:
         variables[name] = dict((features or {}).get(name) or {})
     functions = FUNCTIONS | {_MATCHES: matcher({p: c for rule in rules for p, c in rule.patterns.items()}), _SIZE: len}
-    try:
-        return cel.Context(variables=variables, functions=functions)
-    except ValueError:  # a value CEL cannot hold (an integer past a double's range, a lone surrogate): rules still
-        return cel.Context(variables=_representable(variables), functions=functions)  # read the rest
+    negates = any("-" in rule.source and _NEGATION.search(_masked(rule.source)) for rule in rules)
+    if not (negates and _holds_smallest_int(variables)):
+        try:
+            return cel.Context(variables=variables, functions=functions)
+        except ValueError:  # a value CEL cannot hold (an integer past a double's range, a lone surrogate): rules
+            pass  # still read the rest
+    return cel.Context(variables=_representable(variables), functions=functions)
+
+
+def _holds_smallest_int(value: Any) -> bool:
+    """Whether ``value`` (a mapping's values, a list's items, all the way down) holds the integer
+    :data:`_SMALLEST_INT`."""
+    if isinstance(value, dict):
+        return any(_holds_smallest_int(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_smallest_int(item) for item in value)
+    return type(value) is int and value == _SMALLEST_INT
 
 
 def _representable(value: Any) -> Any:
     """``value`` with what CEL cannot hold replaced, so a client's value cannot make every rule that reads ``state``
     (or ``subject``, ``call``) fail and so choose the policy's fail mode: every integer too large for a double (CEL
     turns integers past 64 bits into doubles) becomes an infinity of its sign, and comparisons with it still hold
-    (``state.n > 5``); in every string, map keys included, a UTF-16 surrogate pair is joined into its character and
-    a lone surrogate (a non-UTF-8 file name from ``os.fsdecode``) becomes U+FFFD, as the normaliser makes it (flag
-    ``lone_surrogates``)."""
+    (``state.n > 5``); :data:`_SMALLEST_INT` becomes the double of its value (a rule's ``-x`` of it is then
+    positive); in every string, map keys included, a UTF-16 surrogate pair is joined into its character and a lone
+    surrogate (a non-UTF-8 file name from ``os.fsdecode``) becomes U+FFFD, as the normaliser makes it (flag
+    ``lone_surrogates``). A map's keys that are not strings are kept (a map keyed by a double is not CEL's)."""
     if isinstance(value, str):
         return surrogates_joined(value)
     if isinstance(value, bool) or not isinstance(value, int | dict | list | tuple):
         return value
     if isinstance(value, int):
+        if value == _SMALLEST_INT:
+            return float(value)
         return value if abs(value) <= _LARGEST_DOUBLE else (math.inf if value > 0 else -math.inf)
     if isinstance(value, dict):
-        return {_representable(key): _representable(item) for key, item in value.items()}
+        return {surrogates_joined(key) if isinstance(key, str) else key: _representable(item)
+                for key, item in value.items()}
     return [_representable(item) for item in value]
 
 

@@ -116,6 +116,27 @@ policies:
         assert rule_of(policy, body=body).rule == rule
 
 
+def test_negating_the_smallest_64_bit_integer_does_not_wrap() -> None:
+    """The CEL runtime's ``-x`` of -2**63 is -2**63 (``0 - x`` fails as an overflow): a rule taking the size of a
+    negative amount allowed the largest one. Where a rule negates, that integer reads as a double."""
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {body: body}
+    rules:
+      - {id: too_large, when: '(state.body.n < 0 ? -state.body.n : state.body.n) > 10000', action: block}
+      - {id: listed, when: 'state.body.m.exists(i, -i > 10000)', action: escalate}
+""")
+    smallest = -(2**63)
+    cases = [({"n": -20000, "m": []}, "too_large"), ({"n": smallest, "m": []}, "too_large"),
+             ({"n": smallest + 1, "m": []}, "too_large"), ({"n": 5, "m": [1, smallest]}, "listed"),
+             ({"n": 5, "m": [-3]}, "default")]
+    for body, rule in cases:
+        assert rule_of(policy, body=body).rule == rule
+
+
 def test_a_lone_surrogate_does_not_break_the_rules_reading_the_state() -> None:
     """A non-UTF-8 file name (``os.fsdecode`` gives lone surrogates) in a value or a key cannot make every rule that
     reads ``state`` fail (and so let the client pick the fail mode): it reads as U+FFFD, a pair as its character."""
