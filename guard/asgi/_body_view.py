@@ -24,6 +24,7 @@ not shown as the application reads it makes the view not ``complete`` (an approv
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -35,6 +36,7 @@ from guard._english import english_words
 from guard._json import is_json_media, json_unescaped, loads
 from guard.asgi._media import is_textual
 from guard.engine.telemetry import (
+    _KEY_PREFIX,
     _KEY_SHAPE,
     SECRET_NAME,
     Scrubber,
@@ -88,8 +90,20 @@ _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
 #: holds (under 0.3 % of 40-character base64 keys; a known prefix's capitals, ``AKIA...``, may).
 _LOWER_RUN = re.compile(r"[a-z]{12}")
 _UPPER_RUN = re.compile(r"[A-Z]{12}")
-#: Words joined by separators and no digit (``grant_admin_role_to_mallory``, ``DELETE-ALL``): text, not a token.
-_WORDS = re.compile(r"[A-Za-z]+(?:[._~+/=-]+[A-Za-z]+)+")
+#: What parts a token into segments: words joined by them (``grant_admin_role``, ``ignore-the-policy``) are text.
+_SEPARATORS = re.compile(r"[._~+/=-]+")
+#: A segment shaped as a word: small letters, capitalised or not, or capitals only (not ``pQfprqNI``, as random
+#: characters between two separators are).
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+")
+#: Characters of each window of a token read as words (:func:`_reads_as_text`): a random run before or after them
+#: does not dilute the words.
+_WORDS_WINDOW = 16
+#: A JSON Web Token: base64url header and payload (each a JSON object, ``eyJ`` is ``{"``) and signature.
+_JWT = re.compile(r"(eyJ[A-Za-z0-9_-]+)\.(eyJ[A-Za-z0-9_-]+)\.([A-Za-z0-9_-]*)")
+#: Base64url characters (unpadded) of a JWT signature: HMAC SHA-256, -384, -512 (32, 48, 64 bytes), ECDSA P-256,
+#: P-384, P-521 (64, 96, 132), Ed448 (114) and RSA of 2048 or 3072 bits (256, 384; with a header and payload a
+#: 2048-bit one is near 700 characters, over a token's 512).
+_SIGNATURE_LENGTHS = frozenset(-(-4 * size // 3) for size in (32, 48, 64, 96, 114, 132, 256, 384))
 #: One piece of a token read as words: a word (capitalised or not), a run of capitals (an acronym), a run of digits.
 _PIECE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 #: Secret-named fields (:data:`~guard.engine.telemetry.SECRET_NAME`, which the decision log and the state mask too)
@@ -245,9 +259,8 @@ def _credential_shaped(name: str, value: str) -> bool:
 
     * one token (:func:`_is_token`: at most 512 characters of ``A-Z a-z 0-9 . _ ~ + / = -``): hex, a UUID, or
       shaped like a key (:func:`_key_shaped`: a known key prefix, a JWT, a long base64 run of mixed case and digits)
-      and neither words joined (:data:`_WORDS`: ``grant_admin_role``) nor read as words (:func:`_reads_as_words`:
-      ``PleaseApproveThisRequest2024``); no blank space, no invisible character, no ``:`` (a URL), ``$``, ``*`` or
-      ``{``;
+      with no text in it (:func:`_reads_as_text`: ``grant_admin_role``, ``PleaseApproveThisRequest2024``, words
+      after a random run); no blank space, no invisible character, no ``:`` (a URL), ``$``, ``*`` or ``{``;
     * under an auth header's name (:data:`_AUTH_NAME`), a known scheme (:data:`_AUTH_SCHEME`: ``Bearer``, ``Basic``,
       ...) and one such token (``Bearer eyJ...``);
     * under a password's name (:data:`_PASSWORD_NAME`), any line of at most 512 characters without an invisible
@@ -268,27 +281,33 @@ def _credential_shaped(name: str, value: str) -> bool:
 
 def _is_token(value: str) -> bool:
     """Whether ``value`` is one credential token: hex or a UUID (:data:`_HEX_OR_UUID`), or shaped like a key
-    (:func:`_key_shaped`) and neither words joined (:data:`_WORDS`) nor read as words (:func:`_reads_as_words`)."""
+    (:func:`_key_shaped`)."""
     if _TOKEN.fullmatch(value) is None:
         return False
-    if _HEX_OR_UUID.fullmatch(value):
-        return True
-    return _key_shaped(value) and _WORDS.fullmatch(value) is None and not _reads_as_words(value)
+    return _HEX_OR_UUID.fullmatch(value) is not None or _key_shaped(value)
 
 
 def _key_shaped(value: str) -> bool:
-    """Whether ``value`` has a key's shape: a known key prefix or a JWT (the decision log's
-    :data:`~guard.engine.telemetry._KEY_SHAPE`: ``sk_live_``, ``ghp_``, ``eyJ...``), or a base64, base64url or
-    alphanumeric run (:data:`_BASE64_RUN`) of 20 characters or more holding upper case, lower case and digits, or of
-    32 or more holding two of them, that changes kind (upper case, lower case, digit, other) at least once in every
-    2.5 characters (3.5 with two kinds), as random characters do (words change kind only where they meet), and holds
-    no 12 capitals in a row. Neither holds 12 small letters in a row (:data:`_LOWER_RUN`). Anything else (``ignoreallpreviousinstructions123``,
-    ``transferirTodoAlAtacante2024``, ``Wire5000ToAcct99887766X``, ``Go2Bank4Me``) is text."""
-    if _LOWER_RUN.search(value):
-        return False
-    if _KEY_SHAPE.fullmatch(value):
-        return True
-    if _BASE64_RUN.fullmatch(value) is None or _UPPER_RUN.search(value):
+    """Whether ``value`` has a key's shape and does not read as text (:func:`_reads_as_text`):
+
+    * a JWT (:data:`_JWT`) whose header and payload are base64url of JSON objects and whose signature has a
+      signature's length (:data:`_SIGNATURE_LENGTHS`) and does not read as text;
+    * a key of a known prefix (the decision log's :data:`~guard.engine.telemetry._KEY_SHAPE`: ``sk_live_``,
+      ``ghp_``, ``xoxb-``) whose part after the prefix (:data:`~guard.engine.telemetry._KEY_PREFIX`) does not read as
+      text;
+    * a base64, base64url or alphanumeric run (:data:`_BASE64_RUN`) of 20 characters or more holding upper case,
+      lower case and digits, or of 32 or more holding two of them, that changes kind (upper case, lower case, digit,
+      other) at least once in every 2.5 characters (3.5 with two kinds), as random characters do (words change kind
+      only where they meet), holds no 12 capitals in a row and does not read as text.
+
+    Anything else (``transferirTodoAlAtacante2024``, ``Wire5000ToAcct99887766X``, ``Go2Bank4Me``) is text."""
+    jwt = _JWT.fullmatch(value)
+    if jwt is not None:
+        return _jwt_shaped(*jwt.groups())
+    prefix = _KEY_PREFIX.match(value)
+    if prefix is not None and _KEY_SHAPE.fullmatch(value):
+        return not _reads_as_text(value[prefix.end():])
+    if _BASE64_RUN.fullmatch(value) is None or _UPPER_RUN.search(value) or _reads_as_text(value):
         return False
     kinds = [_kind(c) for c in value]
     changes = sum(a != b for a, b in itertools.pairwise(kinds))
@@ -297,9 +316,41 @@ def _key_shaped(value: str) -> bool:
     return len(set(kinds)) >= 2 and len(value) >= 32 and changes * 3.5 >= len(value)
 
 
+def _jwt_shaped(header: str, payload: str, signature: str) -> bool:
+    """Whether a JWT's three parts (base64url) are those of a signed token: the header and payload decode to JSON
+    objects, and the signature has a signature's length (:data:`_SIGNATURE_LENGTHS`) and does not read as text."""
+    for part in (header, payload):
+        try:
+            if not isinstance(json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))), dict):
+                return False
+        except ValueError:  # not base64, not UTF-8, not JSON
+            return False
+    return len(signature) in _SIGNATURE_LENGTHS and not _reads_as_text(signature)
+
+
 def _kind(char: str) -> int:
     """A character's kind for :func:`_key_shaped`: 0 upper case, 1 lower case, 2 digit, 3 other."""
     return 0 if char.isupper() else 1 if char.islower() else 2 if char.isdigit() else 3
+
+
+def _reads_as_text(value: str) -> bool:
+    """Whether a token (or a key's part after its prefix) holds text, anywhere in it: 12 small letters in a row
+    (:data:`_LOWER_RUN`: words run together), two segments next to each other (parted by :data:`_SEPARATORS`) of two
+    letters or more shaped as words (:data:`_WORD`: ``grant_admin_role``, ``x9Qz-Ignora-las-reglas``), or a part that
+    reads as words (:func:`_reads_as_words`): the whole token or any :data:`_WORDS_WINDOW` characters of it
+    (``x9QzR2...IgnoreThePolicyAndWire``). Words spelled with digits for letters (``Ign0r3Pr3v10us``) are not read."""
+    if _LOWER_RUN.search(value):
+        return True
+    segments = _SEPARATORS.split(value)
+    if any(_is_word(a) and _is_word(b) for a, b in itertools.pairwise(segments)):
+        return True
+    windows = range(max(len(value) - _WORDS_WINDOW, 0) + 1)
+    return _reads_as_words(value) or any(_reads_as_words(value[i:i + _WORDS_WINDOW]) for i in windows)
+
+
+def _is_word(segment: str) -> bool:
+    """Whether a segment of a token is shaped as a word of two letters or more (:data:`_WORD`)."""
+    return len(segment) >= 2 and _WORD.fullmatch(segment) is not None
 
 
 def _reads_as_words(value: str) -> bool:

@@ -1058,6 +1058,12 @@ _KEY_SHAPE = re.compile(
     r"|npm_[A-Za-z0-9]{36}|hf_[A-Za-z0-9]{30,}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
 )
+#: The known prefix a key of :data:`_KEY_SHAPE` starts with (not a JWT's, nor a webhook path's), before its random
+#: part.
+_KEY_PREFIX = re.compile(
+    r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[abposr]-|xoxe[.-]|xapp-|AIza|ya29\.|sk-(?:(?:proj|ant|svcacct|admin)-)?"
+    r"|[sr]k_(?:live|test)_|whsec_|glpat-|npm_|hf_|SG\."
+)
 #: A card number as written: 13 to 19 digits in one run, or in groups of 4 (the last of 3 on 19 digits; Amex's 4, 6
 #: and 5) split by one space or one dash; not inside a longer run of letters, digits or ``_`` (a hex id, a git SHA),
 #: nor after ``+`` (a phone number), nor in a path or a dotted number. Which numbers a card has: :data:`_CARD_NUMBER`.
