@@ -38,6 +38,7 @@ from guard.backends.selftest import (
     Canary,
     CanaryResult,
     canary_requests,
+    check_answers,
     clef_canaries,
     judge_canaries,
     run_self_test,
@@ -147,6 +148,7 @@ class LocalBackend:
         self._errors_log = LogEvery(ENCODE_ERROR_LOG_INTERVAL_S)
         self._room: SchemaRoom | None = None  # made on first use (state_room)
         self._canary_jobs: list[tuple[SystemOneRequestV1, EncodedRecord]] = []  # encoded at start
+        self._image_canary: tuple[SystemOneRequestV1, EncodedRecord] | None = None  # encoded at start, if any
         from guard.clef.encoding import DEFAULT_MAX_LENGTH  # loaded with the model: no torch import for this module
 
         # the revision travels in a response header (the worker's), which holds Latin-1 only: a directory name in
@@ -274,6 +276,7 @@ class LocalBackend:
         try:
             self._canary_jobs = [(request, await self._encode(request, SELF_TEST_TIMEOUT_S))
                                  for request in canary_requests(self.canaries)]
+            self._image_canary = await self._encode_image_canary()
             await run_self_test(self)
             await self.run_canaries(timeout=SELF_TEST_TIMEOUT_S)
         except Exception as exc:
@@ -283,6 +286,20 @@ class LocalBackend:
                 backend=self.name,
                 reason="self_test_failed",
             ) from exc
+
+    async def _encode_image_canary(self) -> tuple[SystemOneRequestV1, EncodedRecord] | None:
+        """For a checkpoint that reads images, :func:`_image_probe_request` and its record, encoded at start for
+        :meth:`run_canaries`; ``None`` for one that reads none, or when the request does not fit ``max_length``
+        (logged as a warning: the canary runs then never pass an image through the vision tower)."""
+        if self.model.processor.image_processor is None:
+            return None
+        request = _image_probe_request()
+        try:
+            return request, await self._encode(request, SELF_TEST_TIMEOUT_S)
+        except BackendRejected as exc:
+            logger.warning("%r runs no image canary: the self-test request with an 8x8 PNG does not fit max_length "
+                           "%d (%s)", self.name, self.max_length, exc)
+            return None
 
     async def aclose(self) -> None:
         """Let a startup self-test still running finish (its outcome went to whoever awaited :meth:`start`), finish
@@ -304,14 +321,21 @@ class LocalBackend:
     async def run_canaries(self, *, timeout: float) -> list[CanaryResult]:
         """Ask :attr:`canaries` as :func:`~guard.backends.selftest.run_canaries` does, one request at a time within
         ``timeout`` seconds in all, from records encoded once at start: each goes straight to the batcher, so a run
-        waits only for the queue and the forward passes, never for an encoding thread behind clients' encodings.
+        waits only for the queue and the forward passes, never for an encoding thread behind clients' encodings. With
+        a checkpoint that reads images, the self-test request with an 8x8 PNG (encoded at start too) is asked last,
+        its answer checked as the self-test's is (:func:`~guard.backends.selftest.check_answers`), so a vision tower
+        that fails fails the run.
 
         Raises:
             CanaryFailed: a canary did not pass.
+            ValueError: the image canary's answer is not a distribution per question.
             BackendError: as :meth:`decide` raises it.
         """
         async with asyncio.timeout(timeout):
             answers = [await self._submit(request, record, timeout, timeout) for request, record in self._canary_jobs]
+            if self._image_canary is not None:
+                request, record = self._image_canary
+                check_answers(request, await self._submit(request, record, timeout, timeout))
         return judge_canaries(self.canaries, answers)
 
     async def probe_encoding(self, *, timeout: float) -> None:

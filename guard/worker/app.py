@@ -406,7 +406,8 @@ class _Runtime:
         as NaN, a failed encoding or forward pass, any other error, logged with its traceback), make the worker
         unready. A run that does not finish (overloaded, timed out) says nothing while forward passes still finish (a
         busy worker); :data:`HUNG_CANARY_RUNS` of them in a row with none finished make it unready and :attr:`hung`.
-        The canaries' records were encoded at start and go straight to the batcher
+        The canaries' records (with a checkpoint that reads images, an image canary's too, which passes the vision
+        tower) were encoded at start and go straight to the batcher
         (:meth:`~guard.backends.local.LocalBackend.run_canaries`), so a run that does not finish waited on the queue
         and the forward passes alone: clients' encodings (slow, or refused, computing nothing) never make a run late.
         While a live encoding failed (:meth:`probe_encoding`), each run probes it first and the worker stays unready

@@ -367,7 +367,7 @@ def test_the_backends_start_with_the_application(clef_fp32: Any) -> None:
     batches: list[Any] = []
     backend = LocalBackend(clef_fp32, on_batch=batches.append)
     with TestClient(guarded_app(Guard.from_files(POLICY, backends=backend))) as client:
-        assert len(batches) == 1 + 2 * len(backend.canaries)  # before any request
+        assert len(batches) == 1 + 2 * len(backend.canaries) + 1  # the self-test and canaries, before any request
         assert client.post("/v1/chat", json={"prompt": BENIGN}).status_code in (200, 202, 403)
     for lifespan in ("auto", "on"):  # uvicorn's default mode took an error raised from receive() for "unsupported"
         broken = LocalBackend(clef_fp32, canaries=clef_canaries(margin=1.0))  # a spread of 1 is not reached: canaries fail

@@ -19,7 +19,7 @@ from PIL import Image
 
 from guard.backends.base import PACKAGE_DIR, DecisionBackend, code_digest, installed_code_digest
 from guard.backends.batcher import BatcherConfig, BatchInfo
-from guard.backends.local import LocalBackend
+from guard.backends.local import LocalBackend, _image_probe_request
 from guard.backends.selftest import SELF_TEST_REQUEST
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, Overloaded
@@ -344,9 +344,13 @@ async def test_start_warms_up_with_the_worker_self_test(clef_fp32: ClefModel) ->
     backend = LocalBackend(clef_fp32, on_batch=infos.append)
     await asyncio.gather(backend.start(), backend.start())  # concurrent callers share one warm-up
     self_test_tokens = len(clef_fp32.encode(SELF_TEST_REQUEST, max_length=backend.max_length).input_ids)
-    warm_up = 1 + 2 * len(backend.canaries)  # the well-formedness request, then each canary's two states
+    # the well-formedness request, then each canary's two states and the self-test request with an 8x8 PNG (this
+    # checkpoint reads images)
+    warm_up = 1 + 2 * len(backend.canaries) + 1
+    image_tokens = len(clef_fp32.encode(_image_probe_request(), max_length=backend.max_length).input_ids)
     assert len(backend.canaries) == 2 and len(infos) == warm_up
     assert (infos[0].size, infos[0].tokens) == (1, self_test_tokens) and all(i.size == 1 for i in infos)
+    assert infos[-1].tokens == image_tokens
     await backend.start()  # idempotent: no second self-test
     assert len(infos) == warm_up
     async with backend:
@@ -360,7 +364,7 @@ async def test_a_lazy_start_warms_up_before_the_first_request(clef_fp32: ClefMod
     body = request(ticket_body(0))
     await backend.decide(body)
     await backend.aclose()
-    warm_up = 1 + 2 * len(backend.canaries)
+    warm_up = 1 + 2 * len(backend.canaries) + 1  # the self-test, the canaries, the image canary
     assert len(infos) == warm_up + 1 and infos[-1].tokens == len(clef_fp32.encode(body).input_ids)
 
 
@@ -376,7 +380,7 @@ async def test_closing_while_the_self_test_runs_waits_for_it_quietly(clef_fp32: 
     first.cancel()
     await asyncio.gather(first, return_exceptions=True)
     await backend.aclose()
-    assert len(infos) == 1 + 2 * len(backend.canaries)  # the whole self-test ran
+    assert len(infos) == 1 + 2 * len(backend.canaries) + 1  # the whole self-test ran, the image canary included
     del first
     gc.collect()
     await asyncio.sleep(0)

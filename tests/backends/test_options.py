@@ -233,8 +233,9 @@ async def test_the_proxy_warms_a_local_backend_up_at_startup(golden_checkpoint: 
             warmed = backend.batcher.stats.batches  # startup finished before the server accepted requests
             async with httpx.AsyncClient(base_url=proxy, timeout=60) as client:
                 response = await client.post("/v1/messages", json={"message": "hello"})
-    # the self-test's request, its canaries' two states each, then the health monitor's first canary run
-    assert warmed == 1 + 2 * 2 * len(backend.canaries) and backend.model.dtype == torch.float32
+    # the self-test's request, its canaries' two states each and its image canary, then the health monitor's first
+    # canary run
+    assert warmed == 1 + 2 * 2 * len(backend.canaries) + 1 and backend.model.dtype == torch.float32
     assert response.headers["x-guard-policy"].startswith("api-abuse-embedded@")
     assert "x-guard-fail-mode" not in response.headers
 
@@ -243,7 +244,7 @@ async def test_the_proxy_warms_a_local_backend_up_at_startup(golden_checkpoint: 
 async def test_start_backend_starts_what_has_a_start_and_leaves_the_rest(golden_checkpoint: Path) -> None:
     local = LocalBackend.from_pretrained(golden_checkpoint, dtype=torch.float32)
     await start_backend(local)
-    assert local.batcher.stats.batches == 1 + 2 * len(local.canaries)  # the self-test request, then the canaries
+    assert local.batcher.stats.batches == 1 + 2 * len(local.canaries) + 1  # the self-test request, the canaries, the image canary
     await local.aclose()
     client = open_backend("http://127.0.0.1:9")
     await start_backend(client)  # nothing to start: no request is sent

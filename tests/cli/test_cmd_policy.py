@@ -420,7 +420,7 @@ async def test_explain_starts_the_backend_before_the_timed_decision(golden_check
     self_test = len(backend.model.encode(SELF_TEST_REQUEST).input_ids)
     report = await explain(POLICIES / "api_abuse.yaml", HTTP_SUBJECT, backend_factory=lambda: backend)
     assert report["error"] is None
-    warm_up = 1 + 2 * len(backend.canaries)  # the self-test request, then each canary's two states
+    warm_up = 1 + 2 * len(backend.canaries) + 1  # the self-test request, each canary's two states, the image canary
     assert events[0] == f"batch of {self_test} tokens" and len(events) == warm_up + 1
 
 

@@ -518,7 +518,7 @@ async def test_async_with_starts_the_backends_before_the_first_decision(clef_fp3
     guard = Guard(load_text(text, "api_abuse.yaml"), backends=backend)
     async with guard:
         warm_up = len(batches)
-        assert warm_up == 1 + 2 * len(backend.canaries)  # the self-test ran, before any decision
+        assert warm_up == 1 + 2 * len(backend.canaries) + 1  # the self-test ran (its image canary too), before any decision
         verdict = await guard.aevaluate(post("What are your opening hours?"))
         assert verdict.error is None and len(batches) == warm_up + 1
 
@@ -531,7 +531,7 @@ def test_with_starts_the_backends_on_the_loop_evaluate_uses(clef_fp32: Any) -> N
     backend = LocalBackend(clef_fp32, on_batch=batches.append)
     policies = load_text((EXAMPLES / "tool_call_guard.yaml").read_text().replace("timeout_ms: 3000", "timeout_ms: 60000"))
     with Guard(policies, backends=backend) as guard:
-        assert len(batches) == 1 + 2 * len(backend.canaries)
+        assert len(batches) == 1 + 2 * len(backend.canaries) + 1  # the self-test, the canaries, the image canary
         call = AgentSubject(event="tool_call", tool_name="lookup", arguments={"q": "x"}, user_message="Find x")
         assert guard.evaluate(call).error is None  # the batcher runs on the loop evaluate uses
 

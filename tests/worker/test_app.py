@@ -493,8 +493,8 @@ async def test_an_image_request_is_refused_before_its_images_are_decoded_and_giv
             assert time.monotonic() < deadline, "the request never reached its decoding"
             await asyncio.sleep(0.01)
 
-    monkeypatch.setattr(processor_module, "_decoded", counting)
     with serve_worker(LocalBackend(clef_fp32), config=config) as worker:
+        monkeypatch.setattr(processor_module, "_decoded", counting)  # once started: the image canary decodes one
         async with worker.client() as client:
             try:
                 first = asyncio.ensure_future(client.post("/v1/systemone", content=body, headers=headers))

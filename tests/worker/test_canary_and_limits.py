@@ -200,10 +200,7 @@ def test_a_model_whose_image_path_fails_makes_the_worker_unready(golden_checkpoi
             raise RuntimeError("image processor failure (injected)")
         return encode(request, **kwargs)
 
-    out = io.BytesIO()
-    Image.new("RGB", (64, 64), "red").save(out, format="PNG")
-    png = base64.b64encode(out.getvalue()).decode()
-    with_image = {**ticket_body(0), "images": [{"content_type": "image/png", "base64": png}]}
+    with_image = _with_image()
     with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
         runtime = worker.app.state.worker
         assert c.post("/v1/systemone", json=with_image).status_code == 200
@@ -216,6 +213,41 @@ def test_a_model_whose_image_path_fails_makes_the_worker_unready(golden_checkpoi
         answered = c.post("/v1/systemone", json=with_image).status_code
     assert [r.json()["code"] for r in refused] == ["unavailable"] * FAILED_ENCODINGS_TO_PROBE
     assert unready_error == "encoding failed: RuntimeError" and answered == 200
+
+
+def test_a_vision_tower_that_fails_makes_the_worker_unready_without_text_traffic(golden_checkpoint: Path) -> None:
+    """The canaries were text records encoded at start and the live probe only encoded, so a vision tower whose
+    forward pass failed after start kept the worker ready while every request with an image got 503 (verification
+    finding). With a checkpoint that reads images each canary run also asks the self-test request with an 8x8 PNG
+    through the batcher: the worker is unready while the vision tower fails, with no other request, and ready once it
+    works again."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    visual = model.backbone.model.visual
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("vision tower failure (injected)")
+
+    with_image = _with_image()
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        visual.forward = broken
+        refused = c.post("/v1/systemone", json=with_image).status_code
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        ready, unready_error = c.get("/readyz").status_code, runtime.canary_error
+        del visual.forward  # the class's forward again
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+        answered = c.post("/v1/systemone", json=with_image).status_code
+    assert refused == 503 and ready == 503 and answered == 200
+    assert unready_error is not None and unready_error.startswith("BackendUnavailable")
+
+
+def _with_image() -> dict[str, Any]:
+    """A ticket request with one 64x64 PNG."""
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(out, format="PNG")
+    png = base64.b64encode(out.getvalue()).decode()
+    return {**ticket_body(0), "images": [{"content_type": "image/png", "base64": png}]}
 
 
 def test_requests_whose_own_encoding_fails_never_make_the_worker_unready(golden_checkpoint: Path) -> None:
