@@ -34,8 +34,8 @@ Routes:
   finite probabilities summing to 1, and the canaries' benign and attack states answered apart by their margin,
   :mod:`guard.backends.selftest`), and while the canaries, run again every ``canary_interval_s``, keep passing;
   503 ``canary_failed`` (and ``POST /v1/systemone`` answers 503) while they fail or the inference thread looks hung,
-  or while the encoding fails: :data:`FAILED_ENCODINGS_TO_PROBE` requests in a row answered 503 ``unavailable`` have
-  the worker encode a canary request live, and its failing takes the worker out until a canary run's live encoding
+  or while the encoding fails: :data:`FAILED_ENCODINGS_TO_PROBE` requests in a row answered 503 ``unavailable``
+  (counted apart for requests with images and without) have the worker encode a canary request live, and its failing takes the worker out until a canary run's live encoding
   passes.
 * ``GET /metrics``: Prometheus text of the OpenTelemetry metrics (:mod:`guard.worker.metrics`).
 
@@ -151,7 +151,8 @@ NOT_READY_RETRY_AFTER_S = 5.0
 #: inference thread counts as hung: the worker is unready and ``/healthz`` 503, so an orchestrator restarts it.
 HUNG_CANARY_RUNS = 2
 #: Requests in a row whose encoding or forward pass failed (503 ``unavailable``; a client's 4xx is not counted), with
-#: none answered between, after which the worker encodes a canary request live (``probe_encoding``): if that fails
+#: none answered between, counted apart for requests with images and without (a text request answered says nothing
+#: of the image path), after which the worker encodes a canary request live (``probe_encoding``): if that fails
 #: too, the worker is unready until a periodic canary run's live encoding passes.
 FAILED_ENCODINGS_TO_PROBE = 5
 DEFAULT_DESCRIPTION = "Clef decision model (System One API) served by guard"
@@ -306,7 +307,8 @@ class _Runtime:
         self.canary_runs = 0
         self.passes = 0  # forward passes finished (or failed), counted by the batcher's on_batch hook
         self.stalled_runs = 0  # canary runs in a row that did not finish while no forward pass finished
-        self.model_failures = 0  # requests in a row whose encoding or forward pass failed, none answered between
+        # requests in a row whose encoding or forward pass failed, none answered between, with images (True) and not
+        self.model_failures = {False: 0, True: 0}
         self.encoding_broken = False  # a live encoding failed: unready until one passes
         self._probe: asyncio.Task[None] | None = None
         self.intake = asyncio.Semaphore(INTAKE_THREADS)  # bodies decoded and parsed at once
@@ -350,17 +352,18 @@ class _Runtime:
                 "while no other request is in memory", self.config.max_pending_body_bytes, need, MAX_IMAGES,
             )
 
-    def answered(self) -> None:
-        """A request was answered: its encoding worked."""
-        self.model_failures = 0
+    def answered(self, images: bool) -> None:
+        """A request (``images``: one with images) was answered: the encoding and forward pass of its kind work."""
+        self.model_failures[images] = 0
 
-    def failed(self, backend: LocalBackend) -> None:
-        """A request's encoding or forward pass failed (not the client's fault): at
-        :data:`FAILED_ENCODINGS_TO_PROBE` in a row, probe the encoding live (one probe at a time, and only while
-        canary runs go on, which probe it again while it is broken)."""
-        self.model_failures += 1
+    def failed(self, backend: LocalBackend, images: bool) -> None:
+        """A request's (``images``: one with images) encoding or forward pass failed (not the client's fault): at
+        :data:`FAILED_ENCODINGS_TO_PROBE` in a row of its kind, however many of the other kind were answered between,
+        probe the encoding live (one probe at a time, and only while canary runs go on, which probe it again while it
+        is broken)."""
+        self.model_failures[images] += 1
         if (
-            self.model_failures >= FAILED_ENCODINGS_TO_PROBE
+            self.model_failures[images] >= FAILED_ENCODINGS_TO_PROBE
             and (self._probe is None or self._probe.done())
             and self.watched(backend)
         ):
@@ -374,7 +377,7 @@ class _Runtime:
         """Encode a canary request live within ``canary_timeout_s``
         (:meth:`~guard.backends.local.LocalBackend.probe_encoding`): a failure makes the worker unready (``encoding
         failed: <error type>``) until a probe passes; one that does not finish in time says nothing (a busy worker);
-        one that passes forgets the failures counted."""
+        one that passes forgets the failures counted (of both kinds)."""
         try:
             await backend.probe_encoding(timeout=self.config.canary_timeout_s)
         except TimeoutError:
@@ -384,7 +387,7 @@ class _Runtime:
             self.encoding_broken = True
             self._unready(f"encoding failed: {type(exc.__cause__ or exc).__name__}")
         else:
-            self.model_failures = 0
+            self.model_failures = {False: 0, True: 0}
             self.encoding_broken = False
 
     async def _watch(self, backend: LocalBackend) -> None:
@@ -625,12 +628,12 @@ async def _read_and_answer(
         if exc.reason == "overloaded":
             return _overloaded(config, str(exc), exc.retry_after or 1.0), "overloaded"
         if exc.reason == "inference_failed":
-            runtime.failed(backend)
+            runtime.failed(backend, bool(system_request.images))
         return _http.error_response(503, _http.UNAVAILABLE, str(exc), retry_after=1.0), "unavailable"
     except MalformedAnswer as exc:
         logger.error("model produced a malformed answer: %s", exc)  # the next canary run takes the worker out
         return _http.error_response(503, _http.MALFORMED_ANSWER, str(exc)), "error"
-    runtime.answered()
+    runtime.answered(bool(system_request.images))
     headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}
     span.set_attribute("gen_ai.usage.input_tokens", answer.usage.input_tokens)
     return JSONResponse(answer.served_json(), headers=headers), "ok"

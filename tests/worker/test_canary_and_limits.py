@@ -215,6 +215,37 @@ def test_a_model_whose_image_path_fails_makes_the_worker_unready(golden_checkpoi
     assert unready_error == "encoding failed: RuntimeError" and answered == 200
 
 
+def test_an_image_path_that_fails_makes_the_worker_unready_while_text_requests_are_answered(
+    golden_checkpoint: Path,
+) -> None:
+    """Any request answered started the count of failures again, so under mixed traffic (one image request per text
+    request) a processor whose image path broke never had the worker probe it, and every image request got 503 while
+    it stayed ready (verification finding). Requests with images and without are counted apart: the image requests'
+    failures alone start the probe, and the worker is unready until the image path works again."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    encode = model.encode
+
+    def images_broken(request: SystemOneRequestV1, **kwargs: Any) -> Any:
+        if request.images:
+            raise RuntimeError("image processor failure (injected)")
+        return encode(request, **kwargs)
+
+    with_image = _with_image()
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        model.encode = images_broken  # type: ignore[method-assign]
+        codes = [(c.post("/v1/systemone", json=with_image).status_code,
+                  c.post("/v1/systemone", json=ticket_body(i)).status_code) for i in range(FAILED_ENCODINGS_TO_PROBE)]
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        unready_error = runtime.canary_error
+        model.encode = encode  # type: ignore[method-assign]
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+        answered = c.post("/v1/systemone", json=with_image).status_code
+    assert codes[:-1] == [(503, 200)] * (FAILED_ENCODINGS_TO_PROBE - 1) and codes[-1][0] == 503
+    assert unready_error == "encoding failed: RuntimeError" and answered == 200
+
+
 def test_a_vision_tower_that_fails_makes_the_worker_unready_without_text_traffic(golden_checkpoint: Path) -> None:
     """The canaries were text records encoded at start and the live probe only encoded, so a vision tower whose
     forward pass failed after start kept the worker ready while every request with an image got 503 (verification
@@ -272,7 +303,7 @@ def test_requests_whose_own_encoding_fails_never_make_the_worker_unready(golden_
     ) as c:
         runtime = worker.app.state.worker
         invalid = [c.post("/v1/systemone", json=body).status_code for body in [long_schema, broken_image] * 5]
-        counted = runtime.model_failures
+        counted = dict(runtime.model_failures)
         model.encode = poisoned  # type: ignore[method-assign]
         crashed = [c.post("/v1/systemone", json={**ticket_body(i), "state": "poison"}).status_code
                    for i in range(2 * FAILED_ENCODINGS_TO_PROBE)]
@@ -281,7 +312,7 @@ def test_requests_whose_own_encoding_fails_never_make_the_worker_unready(golden_
         wait_for(lambda: runtime.canary_runs >= runs + 2)
         phase, ready = runtime.phase, c.get("/readyz").status_code
         answered = c.post("/v1/systemone", json=ticket_body(1)).status_code
-    assert invalid == [422] * 10 and counted == 0
+    assert invalid == [422] * 10 and counted == {False: 0, True: 0}
     assert crashed == [503] * 2 * FAILED_ENCODINGS_TO_PROBE
     assert phase is WorkerPhase.READY and ready == 200 and answered == 200
 
