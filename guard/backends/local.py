@@ -289,16 +289,18 @@ class LocalBackend:
 
     async def _encode_image_canary(self) -> tuple[SystemOneRequestV1, EncodedRecord] | None:
         """For a checkpoint that reads images, :func:`_image_probe_request` and its record, encoded at start for
-        :meth:`run_canaries`; ``None`` for one that reads none, or when the request does not fit ``max_length``
-        (logged as a warning: the canary runs then never pass an image through the vision tower)."""
+        :meth:`run_canaries` and :meth:`probe_encoding`; ``None`` for one that reads none, or when the request does
+        not fit ``max_length`` (logged as a warning: neither then passes an image through the image processor and the
+        vision tower)."""
         if self.model.processor.image_processor is None:
             return None
         request = _image_probe_request()
         try:
             return request, await self._encode(request, SELF_TEST_TIMEOUT_S)
         except BackendRejected as exc:
-            logger.warning("%r runs no image canary: the self-test request with an 8x8 PNG does not fit max_length "
-                           "%d (%s)", self.name, self.max_length, exc)
+            logger.warning("%r checks no image path (no image canary, no image in the live encoding probe): the "
+                           "self-test request with an 8x8 PNG does not fit max_length %d (%s)", self.name,
+                           self.max_length, exc)
             return None
 
     async def aclose(self) -> None:
@@ -340,8 +342,8 @@ class LocalBackend:
 
     async def probe_encoding(self, *, timeout: float) -> None:
         """Encode :data:`~guard.backends.selftest.SELF_TEST_REQUEST` now, and with a checkpoint that reads images the
-        same request with one 8x8 PNG (:func:`_image_probe_request`), within ``timeout`` seconds, on a thread of its
-        own (never one of the clients' encoding threads, which slow or failing requests may hold): whether the
+        same request with one 8x8 PNG (:func:`_image_probe_request`, when it fit ``max_length`` at start), within
+        ``timeout`` seconds, on a thread of its own (never one of the clients' encoding threads, which slow or failing requests may hold): whether the
         tokenizer and processor, its image path included, still work, which :meth:`run_canaries`, from records encoded
         at start, does not tell. A probe still running when the next starts holds the thread: the next waits for it.
 
@@ -350,8 +352,8 @@ class LocalBackend:
             TimeoutError: it did not finish within ``timeout``.
         """
         requests = [SELF_TEST_REQUEST]
-        if self.model.processor.image_processor is not None:
-            requests.append(_image_probe_request())
+        if self._image_canary is not None:
+            requests.append(self._image_canary[0])
 
         def encode() -> None:
             try:

@@ -376,7 +376,8 @@ class _Runtime:
     async def probe_encoding(self, backend: LocalBackend) -> None:
         """Encode a canary request live within ``canary_timeout_s``
         (:meth:`~guard.backends.local.LocalBackend.probe_encoding`): a failure makes the worker unready (``encoding
-        failed: <error type>``) until a probe passes; one that does not finish in time says nothing (a busy worker);
+        failed: <error type>: <message>``; the first of a run of failures logged with its traceback) until a probe
+        passes; one that does not finish in time says nothing (a busy worker);
         one that passes forgets the failures counted (of both kinds)."""
         try:
             await backend.probe_encoding(timeout=self.config.canary_timeout_s)
@@ -384,8 +385,11 @@ class _Runtime:
             logger.warning("live encoding probe not completed within %g s; readiness unchanged",
                            self.config.canary_timeout_s)
         except BackendUnavailable as exc:
+            cause = exc.__cause__ or exc
+            if not self.encoding_broken:
+                logger.error("live encoding probe failed", exc_info=cause)
             self.encoding_broken = True
-            self._unready(f"encoding failed: {type(exc.__cause__ or exc).__name__}")
+            self._unready(f"encoding failed: {type(cause).__name__}: {cause}")
         else:
             self.model_failures = {False: 0, True: 0}
             self.encoding_broken = False

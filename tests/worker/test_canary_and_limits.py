@@ -24,13 +24,20 @@ from safetensors.torch import load_file, save_file
 
 from guard.backends.compact import CompactBackend
 from guard.backends.http import SystemOneClient
-from guard.backends.local import LocalBackend
-from guard.backends.selftest import CLEF_CANARY_MARGIN, CanaryFailed, catalog_canaries, clef_canaries, run_canaries
+from guard.backends.local import LocalBackend, _image_probe_request
+from guard.backends.selftest import (
+    CLEF_CANARY_MARGIN,
+    SELF_TEST_REQUEST,
+    CanaryFailed,
+    catalog_canaries,
+    clef_canaries,
+    run_canaries,
+)
 from guard.clef.model import ClefModel
 from guard.cli import main
 from guard.engine import Guard
 from guard.engine.health import HealthMonitor
-from guard.errors import BackendRejected, BackendUnavailable
+from guard.errors import BackendRejected, BackendUnavailable, RequestValidationError
 from guard.policy import load_text
 from guard.subject import AgentSubject
 from guard.systemone import SystemOneRequestV1
@@ -158,8 +165,9 @@ def test_a_model_whose_every_encoding_fails_makes_the_worker_unready_until_it_en
     """A tokenizer that broke after start answered every request 503 ``unavailable`` while ``/readyz`` stayed green,
     the canaries running from records encoded at start (verification finding). After
     ``FAILED_ENCODINGS_TO_PROBE`` failed requests in a row the worker encodes a canary request live on a thread of its
-    own: that failing too, it is unready (``encoding failed: RuntimeError``), each canary run probes again, and it is
-    ready once the encoding works. Each failure's traceback is logged at most once every 10 s."""
+    own: that failing too, it is unready (``encoding failed: RuntimeError: <message>``), each canary run probes again,
+    and it is ready once the encoding works. Each failure's traceback is logged at most once every 10 s, the probe's
+    once while it fails."""
     model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
     config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
     encode = model.encode
@@ -179,12 +187,14 @@ def test_a_model_whose_every_encoding_fails_makes_the_worker_unready_until_it_en
         wait_for(lambda: runtime.phase is WorkerPhase.READY)
         answered = c.post("/v1/systemone", json=ticket_body(1))
     assert [r.json()["code"] for r in refused] == ["unavailable"] * FAILED_ENCODINGS_TO_PROBE
-    assert unready_error == "encoding failed: RuntimeError"
+    assert unready_error == "encoding failed: RuntimeError: tokenizer failure (injected)"
     assert ready.status_code == 503 and ready.json()["code"] == "canary_failed"
-    assert "encoding failed: RuntimeError" in ready.json()["message"]
+    assert unready_error in ready.json()["message"]
     assert answered.status_code == 200 and runtime.canary_error is None
     logged = [r for r in caplog.records if r.getMessage().startswith("encoding failed in 'clef-local'")]
     assert len(logged) == 1 and logged[0].exc_info is not None
+    probed = [r for r in caplog.records if r.getMessage() == "live encoding probe failed"]
+    assert len(probed) == 1 and probed[0].exc_info is not None
 
 
 def test_a_model_whose_image_path_fails_makes_the_worker_unready(golden_checkpoint: Path) -> None:
@@ -212,7 +222,7 @@ def test_a_model_whose_image_path_fails_makes_the_worker_unready(golden_checkpoi
         wait_for(lambda: runtime.phase is WorkerPhase.READY)
         answered = c.post("/v1/systemone", json=with_image).status_code
     assert [r.json()["code"] for r in refused] == ["unavailable"] * FAILED_ENCODINGS_TO_PROBE
-    assert unready_error == "encoding failed: RuntimeError" and answered == 200
+    assert unready_error == "encoding failed: RuntimeError: image processor failure (injected)" and answered == 200
 
 
 def test_an_image_path_that_fails_makes_the_worker_unready_while_text_requests_are_answered(
@@ -243,7 +253,7 @@ def test_an_image_path_that_fails_makes_the_worker_unready_while_text_requests_a
         wait_for(lambda: runtime.phase is WorkerPhase.READY)
         answered = c.post("/v1/systemone", json=with_image).status_code
     assert codes[:-1] == [(503, 200)] * (FAILED_ENCODINGS_TO_PROBE - 1) and codes[-1][0] == 503
-    assert unready_error == "encoding failed: RuntimeError" and answered == 200
+    assert unready_error == "encoding failed: RuntimeError: image processor failure (injected)" and answered == 200
 
 
 def test_a_vision_tower_that_fails_makes_the_worker_unready_without_text_traffic(golden_checkpoint: Path) -> None:
@@ -271,6 +281,38 @@ def test_a_vision_tower_that_fails_makes_the_worker_unready_without_text_traffic
         answered = c.post("/v1/systemone", json=with_image).status_code
     assert refused == 503 and ready == 503 and answered == 200
     assert unready_error is not None and unready_error.startswith("BackendUnavailable")
+
+
+def test_a_max_length_the_image_probe_does_not_fit_leaves_it_out_and_the_worker_recovers(
+    golden_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At a max_length the self-test request fits but not with an 8x8 PNG, the live probe failed on its own image
+    request not fitting (RequestValidationError), so after any 5 failed requests the worker stayed unready for good
+    (verification finding). The image request is encoded at start: not fitting, the worker warns once and neither its
+    canary runs nor its live probe hold an image, so it is ready again once the encoding works."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
+    model.encode(SELF_TEST_REQUEST, max_length=500)  # the text fits, the image does not
+    with pytest.raises(RequestValidationError):
+        model.encode(_image_probe_request(), max_length=500)
+    encode = model.encode
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("tokenizer failure (injected)")
+
+    with serve_worker(LocalBackend(model, max_length=500), config=config) as worker, httpx.Client(
+        base_url=worker.url, timeout=30
+    ) as c:
+        runtime = worker.app.state.worker
+        model.encode = broken  # type: ignore[method-assign]
+        refused = [c.post("/v1/systemone", json=ticket_body(i)).status_code for i in range(FAILED_ENCODINGS_TO_PROBE)]
+        wait_for(lambda: runtime.phase is WorkerPhase.UNREADY)
+        model.encode = encode  # type: ignore[method-assign]
+        wait_for(lambda: runtime.phase is WorkerPhase.READY)
+        answered = c.post("/v1/systemone", json=ticket_body(1)).status_code
+    assert refused == [503] * FAILED_ENCODINGS_TO_PROBE and answered == 200
+    warned = [r for r in caplog.records if "checks no image path" in r.getMessage()]
+    assert len(warned) == 1 and "max_length 500" in warned[0].getMessage()
 
 
 def _with_image() -> dict[str, Any]:
