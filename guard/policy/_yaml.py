@@ -13,6 +13,9 @@ and refuses, at the first offending event:
   pair, not a character, and cannot be encoded in a response, a header or a model request. A pair written as two
   escapes, JSON's way (``"\\ud83d\\ude00"``, as ``json.dumps`` writes an emoji), is joined into its character;
 * nesting deeper than :data:`MAX_DEPTH` and documents larger than :data:`MAX_POLICY_BYTES`;
+* U+0085, U+2028 or U+2029 anywhere in the text: YAML 1.1 (PyYAML) reads them as line breaks, YAML 1.2 (editors,
+  linters) as ordinary characters, so one in a comment would hide a key from every other tool; a double-quoted
+  string writes them as ``\\N``, ``\\L``, ``\\P``;
 * a plain (unquoted) value or key that YAML 1.1 and YAML 1.2 read differently: ``no``/``yes``/``on``/``off``/``y``/``n``
   (any case), integers with a leading zero, ``0b``/``0o`` numbers, signed hex, ``_`` in numbers, floats without a
   dot such as ``1e3`` and timestamps such as ``2024-01-01`` (see :func:`_version_problem`). ``true``/``false``,
@@ -70,6 +73,11 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 #: An explicit tag as written in the document (``!!str``, ``!e!foo``, ``!<tag:...>``, ``!``): the parser gives it
 #: expanded (``%TAG`` handles resolved), an error names it as written.
 _WRITTEN_TAG = re.compile(r"!<[^>]*>|![^\s,\[\]{}]*")
+#: The characters YAML 1.1 reads as line breaks and YAML 1.2 does not, with the escape a double-quoted string writes
+#: each as.
+_LINE_BREAKS_11 = {"\x85": ("next line", "\\N"), "\u2028": ("line separator", "\\L"),
+                   "\u2029": ("paragraph separator", "\\P")}
+_LINE_BREAK_11 = re.compile("[\x85\u2028\u2029]")
 #: What YAML 1.1 resolves a few plain scalars to that are no data (``=``, ``<<`` as a value), by tag.
 _MARKERS = {"tag:yaml.org,2002:value": "value marker", "tag:yaml.org,2002:merge": "merge key"}
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
@@ -198,9 +206,10 @@ def load_yaml(
         ``(data, lines)``: the data (``None`` for an empty document) and the line of every key path.
 
     Raises:
-        PolicyError: on a YAML syntax error, a control character, a lone surrogate (unless allowed), an anchor or
-            alias, a duplicate or merge key, a key that is not text, an explicit tag, excessive nesting, a file over
-            :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
+        PolicyError: on a YAML syntax error, a control character, U+0085, U+2028 or U+2029 (naming its line, counted
+            by ``\\n``, and column), a lone surrogate (unless allowed), an anchor or alias, a duplicate or merge key,
+            a key that is not text, an explicit tag, excessive nesting, a file over :data:`MAX_POLICY_BYTES`, or
+            bytes that are not UTF-8.
     """
     lines = LineMap(file)
     if isinstance(text, str) and _SURROGATE.search(text):
@@ -218,6 +227,9 @@ def load_yaml(
             column = len(text[start : exc.start].decode("utf-8")) + 1
             raise PolicyError(file, line, "", f"file is not UTF-8: byte 0x{text[exc.start]:02X} at column {column} "
                               f"(offset {exc.start}); save the file as UTF-8") from exc
+    line_break = _LINE_BREAK_11.search(text)
+    if line_break:
+        raise PolicyError(file, text.count("\n", 0, line_break.start()) + 1, "", _line_break_problem(text, line_break))
     try:
         loader = _Loader(text, surrogates=surrogates)  # the reader refuses control characters here, before parsing
     except yaml.reader.ReaderError as exc:
@@ -326,6 +338,17 @@ def _written_tag(node: yaml.Node, parsed: str) -> str:
     mark = node.start_mark
     written = _WRITTEN_TAG.match(mark.buffer, mark.pointer) if isinstance(mark.buffer, str) else None
     return written.group() if written else parsed.replace(_CORE_PREFIX, "!!", 1)
+
+
+def _line_break_problem(text: str, found: re.Match[str]) -> str:
+    """Why the U+0085, U+2028 or U+2029 ``found`` in ``text`` is refused: its column (1-based, in characters from the
+    last ``\\n``) and the escape to write instead."""
+    name, escape = _LINE_BREAKS_11[found.group()]
+    column = found.start() - text.rfind("\n", 0, found.start())
+    return (f"U+{ord(found.group()):04X} ({name}) at column {column} is not allowed: YAML 1.1 (guard) reads it as a "
+            "line break, YAML 1.2 tools (editors, linters) do not, so the file would mean something else to them "
+            f"(in a comment it would end the comment for guard only); delete it, or write {escape} inside a "
+            "double-quoted string for the character")
 
 
 def _surrogate_problem(code: int, what: str) -> str:

@@ -277,3 +277,17 @@ def test_lone_surrogates_are_kept_only_where_the_caller_allows() -> None:
     with pytest.raises(PolicyError) as caught:
         load_yaml(text.replace("b:", "a: 1\nc:"), "p_test.yaml", surrogates=under_b)
     assert (caught.value.line, caught.value.key) == (2, "c.prompt")
+
+
+@pytest.mark.parametrize(("char", "escape"), [("\x85", "\\N"), ("\u2028", "\\L"), ("\u2029", "\\P")])
+def test_line_breaks_only_yaml_11_reads_as_such_are_refused_with_line_and_column(char: str, escape: str) -> None:
+    """PyYAML (YAML 1.1) ends a comment at U+0085, U+2028, U+2029; YAML 1.2 tools read on, so the key after one was
+    a key for guard only (``mode: shadow`` hidden from the editor). Refused anywhere, the line counted by ``\\n``."""
+    text = f"policies:\n  - id: p\n    default: allow  # reviewed{char}    mode: shadow\n"
+    with pytest.raises(PolicyError) as caught:
+        load_yaml(text.encode("utf-8"), "p.yaml")
+    assert (caught.value.file, caught.value.line) == ("p.yaml", 3)
+    assert f"U+{ord(char):04X}" in caught.value.reason
+    assert "at column 31" in caught.value.reason
+    assert f"write {escape} inside a double-quoted string" in caught.value.reason
+    assert load_yaml(f'k: "a {escape} b"\n')[0] == {"k": f"a {char} b"}  # the escape is the character
