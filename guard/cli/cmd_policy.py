@@ -5,7 +5,7 @@ Usage::
     guard policy check PATH...                         # files, directories, globs; line-numbered errors, exit 1 on any;
                                                        # lists overlapping policies (information, exit 0)
     guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--timeout-ms MS] [--json]
-    guard policy test PATH... [--backend SPEC] [--timeout-ms MS] [--run PATTERN] [--format text|json|junit] [-v]
+    guard policy test PATH... [--set] [--backend SPEC] [--timeout-ms MS] [--run PATTERN] [--format text|json|junit] [-v]
     guard policy schema [--tests] [--output PATH | --check PATH]  # JSON Schema of policy (or test) files
     guard policy reference [--output PATH | --check PATH]  # that schema as a Markdown reference
 
@@ -14,9 +14,10 @@ maps question keys to answer specs (``{"injection": 0.93}``). ``--backend`` is `
 Clef, on ``--device`` in ``--dtype``), ``http:URL`` or a bare ``http(s)://`` URL (a System One server) or ``compact``
 (the built-in CPU model); it is started (warmed up) before anything is timed. ``--timeout-ms`` replaces the policies'
 ``timeout_ms``, e.g. for a checkpoint on a slow CPU. A PATH is a file, a directory (every ``*.yaml`` below) or a glob;
-``*_test.yaml`` files stand for the policy beside them. ``test`` runs ``<name>_test.yaml`` beside each policy, names
-each failure by its test file and line, lists the rules no case fired (coverage), warns about a policy without a test
-file or a test file without cases, and exits 1 on a failing case (and, with ``--fail-on-empty``, when no case ran).
+``*_test.yaml`` files stand for the policy beside them. ``test`` runs ``<name>_test.yaml`` beside each policy
+(against that policy file alone; with ``--set`` against every file given, as one deployment), names each failure by
+its test file and line, lists the rules no case fired (coverage), warns about a policy without a test file or a test
+file without cases, and exits 1 on a failing case (and, with ``--fail-on-empty``, when no case ran).
 ``explain`` exits 1 when the decision failed (the fail mode decided).
 """
 
@@ -29,6 +30,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -79,6 +81,10 @@ def register(subparsers: Any) -> None:
     add_backend_options(test, default=None, note="for cases without 'answers'")
     _add_timeout_option(test)
     test.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
+    test.add_argument("--set", action="store_true",
+                      help="judge every test file's cases against all the policy files given, loaded as one set (one "
+                      "deployment, as Guard.from_files and the proxy load them); without it each test file is judged "
+                      "against its own policy file")
     test.add_argument("--fail-on-empty", action="store_true",
                       help="exit 1 when no test case ran (no test file, or only empty ones), as opa test does")
     test.set_defaults(handler=run_test)
@@ -322,7 +328,7 @@ def run_test(args: argparse.Namespace) -> int:
     import re
 
     from guard.devtools.testing import CaseResult, expand_policy_paths, find_test_file, run_test_file
-    from guard.policy import load_text
+    from guard.policy import check_unique, load_text
     from guard.policy._yaml import read_policy_file
 
     try:
@@ -339,17 +345,33 @@ def run_test(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     text = args.format == "text"
     suites: list[tuple[str, list[CaseResult]]] = []
-    uncovered: list[str] = []
     errors: list[dict[str, Any]] = []  # what did not load
     broken = 0
+    loaded: dict[Path, list[Any]] = {}  # each policy file that loaded -> its policies
     for policy_file in files:
-        test_file = find_test_file(policy_file)[1]
         try:
             policies = load_text(read_policy_file(policy_file), str(policy_file))  # a policy without tests must load too
-            if not test_file.is_file():
-                _say(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
-                continue
-            results = run_test_file(policy_file, backend_factory=factory, timeout_s=timeout_s, run=pattern)
+            check_unique([*chain.from_iterable(loaded.values()), *policies])  # as check: one set, unique ids
+        except PolicyError as exc:
+            errors += _printed([_load_error(p.file, p.line, p.key, p.reason) for p in _problems(exc)])
+            broken += 1
+            continue
+        loaded[policy_file] = policies
+    if args.set and broken:  # the deployment would not load: no case is judged against part of it
+        _say(f"guard policy test: --set: {broken} file(s) did not load, so the set would not; no case ran",
+             file=sys.stderr)
+        loaded = {}
+    deployment = list(chain.from_iterable(loaded.values()))
+    fired: set[tuple[str | None, str | None]] = set()  # (policy id, rule id) of each rule a case fired
+    tested: dict[Path, list[Any]] = {}  # each policy file whose test file ran -> its policies
+    for policy_file, policies in loaded.items():
+        test_file = find_test_file(policy_file)[1]
+        if not test_file.is_file():
+            _say(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
+            continue
+        try:
+            results = run_test_file(policy_file, backend_factory=factory, timeout_s=timeout_s, run=pattern,
+                                    policies=deployment if args.set else policies)
         except PolicyError as exc:
             errors += _printed([_load_error(p.file, p.line, p.key, p.reason) for p in _problems(exc)])
             broken += 1
@@ -362,11 +384,9 @@ def run_test(args: argparse.Namespace) -> int:
         if not results:
             _say(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
         suites.append((str(test_file), results))
-        fired = {(v.policy_id, v.rule) for r in results if r.verdict is not None  # a rule of a policy that matched
-                 for v in (r.verdict, *r.verdict.contributions, *r.late)}  # but did not decide fired too  # fmt: skip
-        if pattern is None:
-            uncovered += [f"{policy_file}: {p.id}/{rule.id}" for p in policies for rule in p.rules
-                          if (p.id, rule.id) not in fired]  # fmt: skip
+        tested[policy_file] = policies
+        fired |= {(v.policy_id, v.rule) for r in results if r.verdict is not None  # a rule of a policy that matched
+                  for v in (r.verdict, *r.verdict.contributions, *r.late)}  # but did not decide fired too  # fmt: skip
         for result in results:
             where = f"{test_file}:{result.line}" if result.line is not None else str(test_file)
             if result.passed:
@@ -376,6 +396,9 @@ def run_test(args: argparse.Namespace) -> int:
             _say(f"FAIL {where}: {result.name}", file=sys.stderr)
             for difference in result.problems:
                 _say(f"     {difference}", file=sys.stderr)
+    uncovered = [] if pattern is not None else [
+        f"{policy_file}: {p.id}/{rule.id}" for policy_file, policies in tested.items() for p in policies
+        for rule in p.rules if (p.id, rule.id) not in fired]  # fmt: skip
     total = sum(len(results) for _, results in suites)
     failed = sum(not r.passed for _, results in suites for r in results)
     if pattern is not None and not total and not broken:  # a filter that selects nothing tests nothing

@@ -525,11 +525,14 @@ def run_test_file(
     backend_factory: BackendFactory | None = None,
     timeout_s: float | None = None,
     run: re.Pattern[str] | None = None,
+    policies: Sequence[Policy] | None = None,
 ) -> list[CaseResult]:
     """Run the cases for one policy file.
 
     Args:
         path: the policy file or its ``_test.yaml``.
+        policies: the policies the cases are judged against (``guard policy test --set``: every file given, as
+            one deployment loads them); ``None``: the policy file's own, read from ``path``.
         backend_factory: builds a real backend for cases without ``answers`` (one per case: each runs in its own
             event loop); it is started before the case is decided.
         timeout_s: replaces every policy's ``timeout`` (seconds) when given.
@@ -543,7 +546,9 @@ def run_test_file(
         PolicyError: when the policy or the test file cannot be loaded (file, line, key).
     """
     policy_path, test_path = find_test_file(path)
-    policies = with_timeout(load_text(read_policy_file(policy_path), str(policy_path)), timeout_s)
+    if policies is None:
+        policies = load_text(read_policy_file(policy_path), str(policy_path))
+    policies = with_timeout(policies, timeout_s)
     data, lines = load_yaml(read_policy_file(test_path), str(test_path), surrogates=_in_agent_input)
     try:
         spec = _TestFile.model_validate(data or {})

@@ -179,6 +179,46 @@ def test_check_and_test_refuse_a_policy_id_defined_twice(tmp_path: Path, capsys:
     capsys.readouterr()
     assert main(["policy", "check", str(a), str(b)]) == 1
     assert f"{b}:2: policies[0].id: policy id 'd' is already defined in {a}:2" in capsys.readouterr().err
+    for name in (a, b):  # each with a passing test file: the set still does not load
+        name.with_name(f"{name.stem}_test.yaml").write_text(
+            "cases:\n  - {name: c, input: {http: {method: POST, path: /}}, expect: {action: block}}\n")
+    assert main(["policy", "test", str(a), str(b)]) == 1
+    out, err = capsys.readouterr()
+    assert f"{b}:2: policies[0].id: policy id 'd' is already defined in {a}:2" in err
+    assert "1 passed, 0 failed, 1 files broken" in out
+
+
+_OVERLAPPING = """\
+policies:
+  - id: {id}
+    version: "1"
+    match: {{http: {{methods: [POST], paths: ["/v1/**"]}}}}
+    questions: {{injection: {{catalog: guard.prompt_injection}}}}
+    rules: [{{id: inj, when: injection.noul >= {threshold}, action: block}}]
+    default: allow
+"""
+
+
+def test_test_set_judges_each_case_against_every_file_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each test file ran against its own policy file only, so a case another file of the deployment decides
+    otherwise passed; with --set every file given is one set (as Guard.from_files loads them), reported per file."""
+    (tmp_path / "pa.yaml").write_text(_OVERLAPPING.format(id="pa", threshold=0.9))
+    (tmp_path / "pb.yaml").write_text(_OVERLAPPING.format(id="pb", threshold=0.3))
+    (tmp_path / "pa_test.yaml").write_text(
+        "cases:\n  - name: low score is allowed\n    input: {http: {method: POST, path: /v1/chat, body: {p: x}}}\n"
+        "    answers: {injection: 0.4}\n    expect: {action: allow}\n")
+    assert main(["policy", "test", str(tmp_path)]) == 0  # each file alone: pa allows
+    assert "1 passed, 0 failed" in capsys.readouterr().out
+    assert main(["policy", "test", "--set", str(tmp_path)]) == 1  # pb blocks the same request
+    out, err = capsys.readouterr()
+    assert f"FAIL {tmp_path / 'pa_test.yaml'}:2: low score is allowed" in err
+    assert "action: expected 'allow', got 'block'" in err
+    assert "0 passed, 1 failed" in out
+    (tmp_path / "pb.yaml").write_text(_OVERLAPPING.format(id="pa", threshold=0.3))
+    assert main(["policy", "test", "--set", str(tmp_path)]) == 1  # a set that does not load judges nothing
+    out, err = capsys.readouterr()
+    assert "--set: 1 file(s) did not load, so the set would not; no case ran" in err
+    assert "0 passed, 0 failed, 1 files broken" in out
 
 
 def test_a_file_that_is_not_utf8_is_reported_with_its_line_and_column(
