@@ -12,7 +12,6 @@ that one lower-cased and without its trailing ``/`` (``/v1/**`` and ``/V1/Admin/
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 from guard._json import is_json_media
@@ -60,26 +59,35 @@ def globs_intersect(a: str, b: str, separator: str | None) -> bool:
             return other == _ONE or other != separator
         return s == t
 
-    @functools.cache
-    def go(i: int, j: int) -> bool:
-        if i == len(x) and j == len(y):
+    # A search over (i, j), the tokens of x and y consumed so far: both globs spent means a common string exists.
+    # Depth-first with a stack and the states seen, so long globs need no recursion and each state is left once.
+    n, m = len(x), len(y)
+    todo, seen = [(0, 0)], set()
+    while todo:
+        i, j = todo.pop()
+        if i == n and j == m:
             return True
-        s = x[i] if i < len(x) else None
-        t = y[j] if j < len(y) else None
+        if (i, j) in seen:
+            continue
+        seen.add((i, j))
+        s = x[i] if i < n else None
+        t = y[j] if j < m else None
         # A star may match nothing; when both are stars, skipping the one that matches less is enough.
-        if s in _STARS and go(i + 1, j):
-            return True
-        if t in _STARS and go(i, j + 1):
-            return True
-        if s is None or t is None or (s in _STARS and t in _STARS):
-            return False
         if s in _STARS:
-            return single_fits(s, t) and go(i, j + 1)
+            todo.append((i + 1, j))
         if t in _STARS:
-            return single_fits(t, s) and go(i + 1, j)
-        return singles_meet(s, t) and go(i + 1, j + 1)
-
-    return go(0, 0)
+            todo.append((i, j + 1))
+        if s is None or t is None or (s in _STARS and t in _STARS):
+            continue
+        if s in _STARS:
+            if single_fits(s, t):  # the star eats t's character
+                todo.append((i, j + 1))
+        elif t in _STARS:
+            if single_fits(t, s):
+                todo.append((i + 1, j))
+        elif singles_meet(s, t):
+            todo.append((i + 1, j + 1))
+    return False
 
 
 def _lists_meet(a: Sequence[str], b: Sequence[str], separator: str | None) -> bool:

@@ -119,3 +119,12 @@ def test_a_glob_matching_a_path_with_a_trailing_slash_overlaps_the_glob_of_its_v
     assert overlaps(wide, bare, strip_slash=False) == [] and overlaps(wide, other) == []
     if glob != glob.lower():
         assert overlaps(wide, bare, fold_case=False) == []
+
+
+def test_long_globs_are_compared_without_recursion() -> None:
+    """The comparison recursed once per token, so two valid ~520-character path globs ended ``guard policy check``
+    in a RecursionError."""
+    long = "/" + "a" * 700  # tokens of both globs past the default recursion limit (1000)
+    assert globs_intersect(long, long, "/") and globs_intersect(long + "*", "/**", "/")
+    assert not globs_intersect(long, long + "b", "/") and not globs_intersect(long + "/*", long + "/x/y", "/")
+    assert globs_intersect("*" * 700 + "x", "?" * 700 + "x", None)
