@@ -401,10 +401,10 @@ def run_test(args: argparse.Namespace) -> int:
         for rule in p.rules if (p.id, rule.id) not in fired]  # fmt: skip
     total = sum(len(results) for _, results in suites)
     failed = sum(not r.passed for _, results in suites for r in results)
-    if pattern is not None and not total and not broken:  # a filter that selects nothing tests nothing
+    unmatched = pattern is not None and not total and not broken  # a filter that selects nothing tests nothing
+    if unmatched:
         print(f"guard policy test: no case matches --run {args.run!r}", file=sys.stderr)
-        return EXIT_FAILED
-    empty = not total and not broken  # no test file, or only empty ones: nothing was tested
+    empty = not total and not broken and not unmatched  # no test file, or only empty ones: nothing was tested
     if empty:
         print(f"{'guard policy test' if args.fail_on_empty else 'warning'}: no test case ran: looked for "
               f"<name>_test.yaml (or .yml) beside each of the {len(files)} policy file(s) in {' '.join(args.files)}",
@@ -417,7 +417,7 @@ def run_test(args: argparse.Namespace) -> int:
         for line in uncovered:
             print(f"not covered {line}")
         print(f"{total - failed} passed, {failed} failed" + (f", {broken} files broken" if broken else ""))
-    return EXIT_FAILED if failed or broken or (empty and args.fail_on_empty) else 0
+    return EXIT_FAILED if failed or broken or unmatched or (empty and args.fail_on_empty) else 0
 
 
 #: Control characters (C0, DEL, C1), which a terminal would act on.

@@ -857,8 +857,16 @@ def test_a_run_filter_that_selects_nothing_and_an_empty_expect_fail(
             "expect": {"action": "block"}}
     (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": [case]}))
     assert main(["policy", "test", str(tmp_path / "p.yaml"), "--run", "sq"]) == 0
+    capsys.readouterr()
     assert main(["policy", "test", str(tmp_path / "p.yaml"), "--run", "nothing-matches"]) == 1
-    assert "no case matches --run 'nothing-matches'" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "no case matches --run 'nothing-matches'" in err and "no test case ran" not in err
+    assert out == "0 passed, 0 failed\n"
+    # the report is printed all the same (CI reads the file): an empty one, not an empty file
+    assert main(["policy", "test", str(tmp_path / "p.yaml"), "--run", "nothing-matches", "--format", "json"]) == 1
+    assert json.loads(capsys.readouterr().out)["results"] == []
+    assert main(["policy", "test", str(tmp_path / "p.yaml"), "--run", "nothing-matches", "--format", "junit"]) == 1
+    assert "<testsuites" in capsys.readouterr().out
     (tmp_path / "p_test.yaml").write_text(json.dumps({"cases": [{**case, "expect": {}}]}))
     assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 1
     err = capsys.readouterr().err
