@@ -3,7 +3,8 @@
 Usage::
 
     guard policy check PATH...                         # files, directories, globs; line-numbered errors, exit 1 on any;
-                                                       # lists overlapping policies (information, exit 0)
+                                                       # lists overlapping policies (information, exit 0); loads the
+                                                       # test file beside each policy file too
     guard policy explain FILE --input SUBJECT.json [--answers ANSWERS.json | --backend SPEC] [--timeout-ms MS] [--json]
     guard policy test PATH... [--set] [--backend SPEC] [--timeout-ms MS] [--run PATTERN] [--format text|json|junit] [-v]
     guard policy schema [--tests] [--output PATH | --check PATH]  # JSON Schema of policy (or test) files
@@ -143,7 +144,7 @@ def _print_problem(problem: PolicyError) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from guard.devtools.testing import expand_policy_paths
+    from guard.devtools.testing import expand_policy_paths, find_test_file
     from guard.policy import check_unique, load_text
     from guard.policy._yaml import read_policy_file
 
@@ -162,14 +163,32 @@ def run_check(args: argparse.Namespace) -> int:
             for problem in _problems(exc):
                 _print_problem(problem)
             failed = True
-            continue
-        ids = ", ".join(p.label for p in policies)
-        _say(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
-        _warn_upper_case_paths(policies)
-        _warn_unknown_methods(policies)
-        loaded.extend(policies)
+        else:
+            ids = ", ".join(p.label for p in policies)
+            _say(f"ok {name}: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({ids})")
+            _warn_upper_case_paths(policies)
+            _warn_unknown_methods(policies)
+            loaded.extend(policies)
+        failed |= not _check_test_file(find_test_file(name)[1])
     _print_overlaps(loaded)
     return EXIT_FAILED if failed else 0
+
+
+def _check_test_file(test_file: Path) -> bool:
+    """Load the test file ``test_file``, when there is one, as ``guard policy test`` reads it (its shape, each
+    ``expect`` checks something; no case is run) and print ``ok`` or its errors. False when it has errors."""
+    from guard.devtools.testing import load_test_file
+
+    if not test_file.is_file():
+        return True
+    try:
+        cases, _ = load_test_file(test_file)
+    except PolicyError as exc:
+        for problem in _problems(exc):
+            _print_problem(problem)
+        return False
+    _say(f"ok {test_file}: {len(cases)} {'case' if len(cases) == 1 else 'cases'}")
+    return True
 
 
 def _warn_upper_case_paths(policies: list[Any]) -> None:

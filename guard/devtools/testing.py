@@ -46,8 +46,8 @@ from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend, answer_from_spec
 from guard.engine.cache import MemoryCache
 from guard.errors import BodyError
+from guard.policy._yaml import LineMap, load_yaml, read_policy_file
 from guard.policy._yaml import Path as KeyPath
-from guard.policy._yaml import load_yaml, read_policy_file
 from guard.policy.loader import PolicyLoadError, PolicySet, load_text, validation_problem
 from guard.policy.policy import Policy
 from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMessage, body_strings
@@ -64,6 +64,7 @@ __all__ = [
     "is_test_file",
     "judged_subject",
     "late_shadow_verdicts",
+    "load_test_file",
     "run_test_file",
     "subject_from_json",
     "test_file_schema",
@@ -519,6 +520,22 @@ def _in_agent_input(path: KeyPath) -> bool:
     return path[:1] == ("cases",) and path[2:4] == ("input", "agent")
 
 
+def load_test_file(path: str | Path) -> tuple[list[_Case], LineMap]:
+    """The cases of the test file at ``path`` (``x_test.yaml``), checked as :func:`run_test_file` reads them (the
+    shape of the file, each ``expect`` checks something), none run; with the line of every key path.
+
+    Raises:
+        PolicyError: naming the file, line and key: it cannot be read or parsed; or a
+            :class:`~guard.policy.loader.PolicyLoadError` listing every problem of its shape.
+    """
+    data, lines = load_yaml(read_policy_file(path), str(path), surrogates=_in_agent_input)
+    try:
+        spec = _TestFile.model_validate(data or {})
+    except pydantic.ValidationError as exc:
+        raise PolicyLoadError([validation_problem(e, lines, _TestFile) for e in exc.errors()]) from None
+    return spec.cases, lines
+
+
 def run_test_file(
     path: str | Path,
     *,
@@ -549,13 +566,9 @@ def run_test_file(
     if policies is None:
         policies = load_text(read_policy_file(policy_path), str(policy_path))
     policies = with_timeout(policies, timeout_s)
-    data, lines = load_yaml(read_policy_file(test_path), str(test_path), surrogates=_in_agent_input)
-    try:
-        spec = _TestFile.model_validate(data or {})
-    except pydantic.ValidationError as exc:
-        raise PolicyLoadError([validation_problem(e, lines, _TestFile) for e in exc.errors()]) from None
+    cases, lines = load_test_file(test_path)
     results = []
-    for i, case in enumerate(spec.cases):
+    for i, case in enumerate(cases):
         if run is not None and not run.search(case.name):
             continue
         line = lines.line(("cases", i))

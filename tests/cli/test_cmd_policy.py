@@ -221,6 +221,26 @@ def test_test_set_judges_each_case_against_every_file_given(tmp_path: Path, caps
     assert "0 passed, 0 failed, 1 files broken" in out
 
 
+def test_check_loads_the_test_file_beside_a_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``check x_test.yaml`` printed ``ok x.yaml`` and exited 0 without reading the test file, whose typo (``expct:``)
+    and empty ``expect`` only ``test`` reported."""
+    (tmp_path / "pc.yaml").write_text("policies:\n  - {id: pc, version: '1', match: {agent: {events: [tool_call]}},\n"
+                                      "     rules: [{id: r, when: 'true', action: block}]}\n")
+    test_file = tmp_path / "pc_test.yaml"
+    case = "  - name: {name}\n    input: {{agent: {{event: tool_call, tool_name: rm}}}}\n    {expect}\n"
+    test_file.write_text("cases:\n" + case.format(name="ok", expect="expect: {action: block}"))
+    assert main(["policy", "check", str(test_file)]) == 0
+    assert f"ok {test_file}: 1 case\n" in capsys.readouterr().out
+    test_file.write_text("cases:\n" + case.format(name="empty", expect="expect: {}")
+                         + case.format(name="typo", expect="expct: {action: block}"))
+    for given in (test_file, tmp_path):  # the test file itself, or the folder it is in
+        assert main(["policy", "check", str(given)]) == 1
+        out, err = capsys.readouterr()
+        assert f"ok {tmp_path / 'pc.yaml'}: 1 policy" in out and "_test.yaml" not in out
+        assert f"{test_file}:4: cases[0].expect: expect names nothing to check" in err
+        assert f"{test_file}:7: cases[1].expct: unknown key; did you mean 'expect'?" in err
+
+
 def test_a_file_that_is_not_utf8_is_reported_with_its_line_and_column(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -555,7 +575,7 @@ def test_explain_without_answers_or_a_backend_says_the_answers_are_uniform(
 def test_check_and_test_take_directories_and_globs_beside_test_files(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "check", str(POLICIES)]) == 0
     out = capsys.readouterr().out
-    assert out.count("ok ") == 5 and "_test.yaml" not in out
+    assert out.count("ok ") == 10 and f"ok {POLICIES / 'api_abuse_test.yaml'}: " in out  # 5 policy, 5 test files
     # both HTTP policies judge writes to /v1/** and /api/**: listed as information, the check still passes
     assert "overlap api-abuse (" in out and "and api-abuse-compact (" in out and "both match some HTTP requests" in out
     assert main(["policy", "check", str(POLICIES / "*.yaml")]) == 0
