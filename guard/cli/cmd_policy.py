@@ -144,9 +144,8 @@ def _print_problem(problem: PolicyError) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from guard.devtools.testing import expand_policy_paths, find_test_file
-    from guard.policy import check_unique, load_text
-    from guard.policy._yaml import read_policy_file
+    from guard.devtools.testing import expand_policy_paths, find_test_file, load_policy_file
+    from guard.policy import check_unique
 
     try:
         files = expand_policy_paths(args.files)
@@ -157,7 +156,7 @@ def run_check(args: argparse.Namespace) -> int:
     loaded = []
     for name in map(str, files):
         try:
-            policies = load_text(read_policy_file(name), name)
+            policies = load_policy_file(name)
             check_unique([*loaded, *policies])  # the files checked together are loaded together: ids must be unique
         except PolicyError as exc:  # a file that cannot be read too
             for problem in _problems(exc):
@@ -346,9 +345,14 @@ def _print_report(report: dict[str, Any]) -> None:
 def run_test(args: argparse.Namespace) -> int:
     import re
 
-    from guard.devtools.testing import CaseResult, expand_policy_paths, find_test_file, run_test_file
-    from guard.policy import check_unique, load_text
-    from guard.policy._yaml import read_policy_file
+    from guard.devtools.testing import (
+        CaseResult,
+        expand_policy_paths,
+        find_test_file,
+        load_policy_file,
+        run_test_file,
+    )
+    from guard.policy import check_unique
 
     try:
         timeout_s = _timeout_s(args)
@@ -369,7 +373,7 @@ def run_test(args: argparse.Namespace) -> int:
     loaded: dict[Path, list[Any]] = {}  # each policy file that loaded -> its policies
     for policy_file in files:
         try:
-            policies = load_text(read_policy_file(policy_file), str(policy_file))  # a policy without tests must load too
+            policies = load_policy_file(policy_file)  # a policy without tests must load too
             check_unique([*chain.from_iterable(loaded.values()), *policies])  # as check: one set, unique ids
         except PolicyError as exc:
             errors += _printed([_load_error(p.file, p.line, p.key, p.reason) for p in _problems(exc)])

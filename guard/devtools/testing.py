@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,7 @@ from guard.backends import start_backend
 from guard.backends.base import DecisionBackend
 from guard.backends.fixture import FixtureBackend, answer_from_spec
 from guard.engine.cache import MemoryCache
-from guard.errors import BodyError
+from guard.errors import BodyError, PolicyError
 from guard.policy._yaml import LineMap, load_yaml, read_policy_file
 from guard.policy._yaml import Path as KeyPath
 from guard.policy.loader import PolicyLoadError, PolicySet, load_text, validation_problem
@@ -64,6 +65,7 @@ __all__ = [
     "is_test_file",
     "judged_subject",
     "late_shadow_verdicts",
+    "load_policy_file",
     "load_test_file",
     "run_test_file",
     "subject_from_json",
@@ -313,11 +315,47 @@ class CaseResult:
 
 
 def find_test_file(path: str | Path) -> tuple[Path, Path]:
-    """``(policy file, test file)`` for either one: ``x.yaml`` <-> ``x_test.yaml`` in the same folder."""
+    """``(policy file, test file)`` for either one: ``x.yaml`` <-> ``x_test.yaml`` in the same folder, either with
+    ``.yaml`` or ``.yml``. The other one is the first of these that exists: beside ``path`` with its suffix, then with
+    the other suffix; for a policy file that is a symlink, then the same beside the file it links to (an alias
+    ``active.yaml -> x.yaml`` is tested by ``x_test.yaml``). When none exists, the name beside ``path`` with its
+    suffix."""
     p = Path(path)
-    if p.stem.endswith("_test"):
-        return p.with_name(p.stem[: -len("_test")] + p.suffix), p
-    return p, p.with_name(f"{p.stem}_test{p.suffix}")
+    if is_test_file(p):
+        return _first_existing([p.with_name(p.stem[: -len("_test")] + suffix) for suffix in _suffixes(p)]), p
+    names = [p.with_name(f"{p.stem}_test{suffix}") for suffix in _suffixes(p)]
+    if p.is_symlink():
+        try:
+            target = p.resolve()
+        except (OSError, RuntimeError):  # a symlink loop (Python 3.11 raises RuntimeError): no file links there
+            target = p
+        names += [target.with_name(f"{target.stem}_test{suffix}") for suffix in _suffixes(target)]
+    return p, _first_existing(names)
+
+
+def _suffixes(path: Path) -> tuple[str, str]:
+    """``path``'s suffix first, then the other of ``.yaml`` and ``.yml``."""
+    return (".yml", ".yaml") if path.suffix == ".yml" else (".yaml", ".yml")
+
+
+def _first_existing(paths: Sequence[Path]) -> Path:
+    """The first of ``paths`` that exists (a dangling symlink too: reading it reports why), else the first."""
+    return next((path for path in paths if os.path.lexists(path)), paths[0])
+
+
+def load_policy_file(path: str | Path) -> list[Policy]:
+    """The policies of the policy file at ``path``, as ``guard policy check|test`` load each file they are given.
+
+    Raises:
+        PolicyError: naming the file, line and key of each problem (see :func:`~guard.policy.load_text`); for a test
+            file (``x_test.yaml``) left by :func:`expand_policy_paths` because no policy file is beside it, naming
+            the test file and the policy file looked for.
+    """
+    p = Path(path)
+    if is_test_file(p):
+        policy = find_test_file(p)[0]
+        raise PolicyError(str(p), None, "", f"no policy file {policy.name} (or {_suffixes(policy)[1]}) beside it")
+    return load_text(read_policy_file(p), str(p))
 
 
 def is_test_file(path: str | Path) -> bool:
@@ -367,7 +405,8 @@ def _glob(pattern: str) -> list[Path]:
 def expand_policy_paths(names: Sequence[str]) -> list[Path]:
     """Policy files named by files, folders (every ``*.yaml``/``*.yml`` below, recursively) and globs, sorted per
     argument and without repeats (one file reached by two spellings, e.g. through a symlink, is kept once, as first
-    named); a test file stands for its policy file, so ``policies/*.yaml`` works. A glob keeps the ``*.yaml``/``*.yml``
+    named, or as the first spelling with a test file beside it); a test file stands for its policy file, so
+    ``policies/*.yaml`` works (one without a policy file is kept: :func:`load_policy_file` reports it). A glob keeps the ``*.yaml``/``*.yml``
     files it matches and expands a folder it matches as a folder argument is; symlinked folders are not followed
     below a folder or by ``**`` (name such a folder itself), and names starting with ``.`` below a folder or a glob's
     fixed part are left out (an editor's ``.#x.yaml`` lock file; name such a file itself).
@@ -396,11 +435,15 @@ def expand_policy_paths(names: Sequence[str]) -> list[Path]:
             matches = [Path(name)]
         for match in matches:
             policy_file = find_test_file(match)[0] if is_test_file(match) else match
+            if not os.path.lexists(policy_file):  # a test file without its policy file: loading it says so
+                policy_file = match
             try:
                 resolved = policy_file.resolve()
             except RuntimeError:  # a symlink loop (Python 3.11 raises this; later versions an OSError)
                 raise FileNotFoundError(f"{policy_file}: a symlink loop, not a file") from None
-            found.setdefault(resolved, policy_file)
+            kept = found.setdefault(resolved, policy_file)
+            if not find_test_file(kept)[1].is_file() and find_test_file(policy_file)[1].is_file():
+                found[resolved] = policy_file  # the spelling a test file is beside
     return list(found.values())
 
 
@@ -564,7 +607,7 @@ def run_test_file(
     """
     policy_path, test_path = find_test_file(path)
     if policies is None:
-        policies = load_text(read_policy_file(policy_path), str(policy_path))
+        policies = load_policy_file(policy_path)
     policies = with_timeout(policies, timeout_s)
     cases, lines = load_test_file(test_path)
     results = []

@@ -112,3 +112,45 @@ def test_hidden_names_are_left_out_of_folders_and_globs(tmp_path: Path, capsys: 
             assert main(["policy", command, name]) == 0, capsys.readouterr().err
     lock = folder / ".#support_routing.yaml"
     assert expand_policy_paths([str(lock)]) == [lock]  # a file named itself is still taken
+
+
+def _failing_case(test_file: Path) -> None:
+    test_file.write_text("cases:\n  - name: wrong on purpose\n    input: {http: {method: POST, path: /support/tickets, "
+                         "body: {text: x}}}\n    answers: {queue: billing}\n    expect: {action: escalate}\n")
+
+
+def test_a_test_file_is_found_beside_any_spelling_and_with_either_suffix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An alias (active.yaml -> x.yaml) sorted first was the spelling kept and its test file, looked for beside it
+    only, was missing: the failing x_test.yaml never ran, exit 0; x_test.yml beside x.yaml was not looked for."""
+    folder = tmp_path / "p"
+    folder.mkdir()
+    shutil.copy(POLICIES / "support_routing.yaml", folder / "x.yaml")
+    _failing_case(folder / "x_test.yaml")
+    (folder / "active.yaml").symlink_to("x.yaml")
+    assert main(["policy", "test", str(folder)]) == 1
+    assert main(["policy", "test", str(folder / "active.yaml")]) == 1  # beside the file it links to
+    assert f"FAIL {folder / 'x_test.yaml'}:2: wrong on purpose" in capsys.readouterr().err
+    elsewhere = tmp_path / "elsewhere.yaml"  # two links to a file outside: the one with a test file is kept
+    shutil.copy(folder / "x.yaml", elsewhere)
+    (folder / "x.yaml").unlink()
+    (folder / "x.yaml").symlink_to(elsewhere)
+    assert expand_policy_paths([str(folder)]) == [folder / "x.yaml"]
+    (folder / "x_test.yaml").rename(folder / "x_test.yml")
+    assert main(["policy", "test", str(folder / "x.yaml")]) == 1
+    assert main(["policy", "test", str(folder)]) == 1
+    assert main(["policy", "check", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert err.count(f"FAIL {folder / 'x_test.yml'}:2: wrong on purpose") == 2 and "cannot read" not in err
+    assert f"ok {folder / 'x_test.yml'}: 1 case" in out
+
+
+def test_a_test_file_without_its_policy_file_is_reported_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was ``x.yaml: cannot read file``, naming a file the user never wrote."""
+    _failing_case(tmp_path / "x_test.yaml")
+    for command in ("check", "test"):
+        assert main(["policy", command, str(tmp_path)]) == 1
+        assert f"{tmp_path / 'x_test.yaml'}: no policy file x.yaml (or .yml) beside it" in capsys.readouterr().err
