@@ -12,7 +12,7 @@ that one lower-cased and without its trailing ``/`` (``/v1/**`` and ``/V1/Admin/
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from guard._json import is_json_media
 from guard.policy._match import AgentMatcher, HttpMatcher, ResponseMatcher
@@ -181,11 +181,81 @@ def overlapping_pairs(
     policies: Sequence[Policy], *, fold_case: bool = True, strip_slash: bool = True
 ) -> list[tuple[Policy, Policy, list[str]]]:
     """Every pair of ``policies`` (in order) that can match a common subject, with the kinds of subject
-    (``fold_case``, ``strip_slash``: as :func:`overlaps`)."""
+    (``fold_case``, ``strip_slash``: as :func:`overlaps`). Only the pairs :class:`_Index` finds near each other are
+    compared, so a file of many policies on distinct paths is not compared pair by pair."""
+    kinds = [_Kind([i for i, p in enumerate(policies) if p.http is not None], policies, _HTTP_KEYS),
+             _Kind([i for i, p in enumerate(policies) if p.agent is not None], policies, _AGENT_KEYS)]
     out = []
     for i, a in enumerate(policies):
-        for b in policies[i + 1 :]:
-            kinds = overlaps(a, b, fold_case=fold_case, strip_slash=strip_slash)
-            if kinds:
-                out.append((a, b, kinds))
+        for j in sorted(set().union(*(kind.near(i) for kind in kinds))):
+            found = overlaps(a, policies[j], fold_case=fold_case, strip_slash=strip_slash)
+            if found:
+                out.append((a, policies[j], found))
     return out
+
+
+Keys = frozenset[Hashable] | None
+
+
+def _first_segment(glob: str) -> str | None:
+    """The first segment of the path glob ``glob``, lower-cased, when it is literal: every path the glob matches, as
+    sent, lower-cased or with a ``/`` added (the views :func:`_paths_meet` compares) has it as its first segment,
+    lower-cased; ``None`` when a wildcard may stand there."""
+    if not glob.startswith("/"):
+        return None
+    first = glob[1:].split("/", 1)[0]
+    return None if "*" in first or "?" in first else first.lower()
+
+
+def _keys(values: Iterable[Hashable | None]) -> Keys:
+    """``values`` as keys; ``None`` (any) when there are none (an empty list matches anything) or one is ``None``."""
+    keys = frozenset(values)
+    return None if not keys or None in keys else keys
+
+
+#: What two policies must share for their ``match.http`` to meet (each is checked by :func:`_http_overlap` too): a
+#: method, a request or response side, the first segment of a path.
+_HTTP_KEYS: tuple[Callable[[Policy], Keys], ...] = (
+    lambda p: _keys(p.http.methods),  # type: ignore[union-attr]
+    lambda p: frozenset({p.http.response is None}),  # type: ignore[union-attr]
+    lambda p: _keys(map(_first_segment, p.http.globs[0])),  # type: ignore[union-attr]
+)
+#: What two policies must share for their ``match.agent`` to meet: an event (:func:`_agent_overlap`).
+_AGENT_KEYS: tuple[Callable[[Policy], Keys], ...] = (lambda p: _keys(p.agent.events),)  # type: ignore[union-attr]
+
+
+class _Index:
+    """The items sharing a key with each item, by a bucket per key; an item without keys (``None``: any) shares one
+    with every item."""
+
+    def __init__(self, keys: Sequence[Keys]) -> None:
+        self.keys = keys
+        self.anywhere = {i for i, item in enumerate(keys) if item is None}
+        self.buckets: dict[Hashable, set[int]] = {}
+        for i, item in enumerate(keys):
+            for key in item or ():
+                self.buckets.setdefault(key, set()).add(i)
+
+    def near(self, i: int) -> set[int] | None:
+        """The items sharing a key with item ``i``; ``None``: every item (``i`` has no keys)."""
+        item = self.keys[i]
+        return None if item is None else self.anywhere.union(*(self.buckets[key] for key in item))
+
+
+class _Kind:
+    """The policies with one kind of ``match`` block (their indices in ``members``), indexed by each of ``keys``."""
+
+    def __init__(self, members: list[int], policies: Sequence[Policy], keys: Sequence[Callable[[Policy], Keys]]) -> None:
+        self.members = members
+        self.position = {i: pos for pos, i in enumerate(members)}
+        self.indexes = [_Index([key(policies[i]) for i in members]) for key in keys]
+
+    def near(self, i: int) -> set[int]:
+        """The indices after ``i`` of the policies sharing every key with policy ``i`` (none when it is not a
+        member): the only ones whose block of this kind can meet its own."""
+        pos = self.position.get(i)
+        if pos is None:
+            return set()
+        found = [near for index in self.indexes if (near := index.near(pos)) is not None]
+        shared = set.intersection(*found) if found else range(len(self.members))
+        return {self.members[q] for q in shared if q > pos}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 import logging
 import math
@@ -126,8 +127,10 @@ def _plain(sample: Any) -> bool:
     return not isinstance(sample, _Fields | _MapOf)
 
 
+@functools.cache  # typing.get_type_hints resolves every annotation of the class again on each call
 def _attribute_type(cls: type, name: str) -> _Type:
-    """The type of attribute ``name`` of a subject class: a field's annotation or a property's return annotation."""
+    """The type of attribute ``name`` of a subject class: a field's annotation or a property's return annotation
+    (computed once per class and name; callers do not change it)."""
     hints = typing.get_type_hints(cls)
     if name in hints:
         return _hint_type(hints[name])
@@ -137,8 +140,10 @@ def _attribute_type(cls: type, name: str) -> _Type:
     return None
 
 
+@functools.cache
 def subject_type(cls: type) -> _Type:
-    """What rules read as ``subject`` for a subject class: its fields (:func:`guard.policy.rules.subject_fields`)."""
+    """What rules read as ``subject`` for a subject class: its fields (:func:`guard.policy.rules.subject_fields`);
+    computed once per class, callers do not change it."""
     return (_Fields({name: _attribute_type(cls, name) for name in subject_fields(cls)}),)
 
 
