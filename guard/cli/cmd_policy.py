@@ -220,18 +220,28 @@ def _warn_unknown_methods(policies: list[Any]) -> None:
 
 
 def _print_overlaps(policies: list[Any]) -> None:
-    """List the pairs of policies that can match one subject (information: all of them decide, the most severe
-    verdict wins)."""
-    from guard.engine.verdicts import SEVERITY
+    """List the pairs of policies that can match one subject (information: enforced ones all decide, the most severe
+    verdict wins; a shadow one's verdict is only recorded)."""
     from guard.policy.overlap import overlapping_pairs
 
-    order = " > ".join(SEVERITY)
     for a, b, kinds in overlapping_pairs(policies):
         print(
             f"overlap {a.id} ({a.file}:{a.line}) and {b.id} ({b.file}:{b.line}): both match some "
-            f"{' and '.join('HTTP requests' if k == 'http' else 'agent events' for k in kinds)}; both decide, the "
-            f"most severe verdict wins ({order})"
+            f"{' and '.join('HTTP requests' if k == 'http' else 'agent events' for k in kinds)}; {_combined(a, b)}"
         )
+
+
+def _combined(a: Any, b: Any) -> str:
+    """What decides a subject both policies match, by their modes."""
+    from guard.engine.verdicts import SEVERITY
+
+    shadow = [p for p in (a, b) if p.mode == "shadow"]
+    if not shadow:
+        return f"both decide, the most severe verdict wins ({' > '.join(SEVERITY)})"
+    if len(shadow) == 2:
+        return "both are shadow: both verdicts are recorded and the subject is allowed"
+    enforced = b if shadow[0] is a else a
+    return f"{shadow[0].id} is shadow: {enforced.id} decides, {shadow[0].id}'s verdict is only recorded"
 
 
 def _read_json(option: str, path: str) -> Any:

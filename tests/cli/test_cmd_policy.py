@@ -79,6 +79,25 @@ def test_check_lists_an_overlap_that_only_a_trailing_slash_makes(
     assert f"overlap slash ({policy}:2) and bare ({policy}:6): both match some HTTP requests" in capsys.readouterr().out
 
 
+def test_the_overlap_line_says_what_decides_by_the_policies_modes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "both decide, the most severe verdict wins" when one was shadow, whose verdict is only recorded."""
+    policy = tmp_path / "p.yaml"
+    one = ('  - id: {id}\n    version: 1\n    mode: {mode}\n    match: {{http: {{paths: ["/v1/**"]}}}}\n'
+           '    rules: [{{id: r, when: "true", action: block}}]\n')
+    for modes, said in [
+        (("enforce", "enforce"), "both decide, the most severe verdict wins (block > "),
+        (("shadow", "enforce"), "a is shadow: b decides, a's verdict is only recorded"),
+        (("enforce", "shadow"), "b is shadow: a decides, b's verdict is only recorded"),
+        (("shadow", "shadow"), "both are shadow: both verdicts are recorded and the subject is allowed"),
+    ]:
+        policy.write_text("policies:\n" + "".join(one.format(id=pid, mode=mode) for pid, mode in zip("ab", modes)))
+        assert main(["policy", "check", str(policy)]) == 0
+        assert f"overlap a ({policy}:2) and b ({policy}:7): both match some HTTP requests; {said}" in (
+            capsys.readouterr().out)
+
+
 def test_check_refuses_a_method_that_is_no_token_and_warns_about_an_unknown_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
