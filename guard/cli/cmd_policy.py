@@ -30,6 +30,7 @@ import json
 import os
 import re
 import sys
+import unicodedata
 from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
@@ -453,16 +454,26 @@ def run_test(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or broken or unmatched or (empty and args.fail_on_empty) else 0
 
 
-#: Control characters (C0, DEL, C1), which a terminal would act on.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # control characters, and lone surrogates (unprintable)
+#: The Unicode categories text output writes escaped: control characters (C0, DEL, C1), which a terminal would act
+#: on; format characters (zero-width spaces and joiners, bidi controls, U+FEFF) and line and paragraph separators,
+#: which it does not show; lone surrogates, which cannot be written as UTF-8.
+_UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_NOT_PLAIN = re.compile(r"[^\x20-\x7e]")  # the characters whose category is looked up
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _say(text: str, file: TextIO | None = None) -> None:
-    """Print a line of text output with each control character (and lone surrogate) written as Python writes it in a
-    string (``\\x1b``, ``\\n``, ``\\ud800``): names, keys and values from policy and test files never act on the
-    terminal, nor stop the output (a surrogate cannot be written as UTF-8)."""
-    print(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text), file=file)
+    """Print a line of text output with each character of :data:`_UNSHOWN` written as Python writes it in a string
+    (``\\x1b``, ``\\n``, ``\\u200b``, ``\\ud800``): names, keys and values from policy and test files never act on
+    the terminal, hide in it (``default\\u200b: unknown key``) nor stop the output."""
+    print(_NOT_PLAIN.sub(_escaped, text), file=file)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    """The character ``found`` as Python writes it in a string when its category is in :data:`_UNSHOWN`, else
+    itself."""
+    char = found.group()
+    return repr(char)[1:-1] if unicodedata.category(char) in _UNSHOWN else char
 
 
 def _json_text(value: Any, **options: Any) -> str:

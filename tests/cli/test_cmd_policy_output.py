@@ -47,6 +47,20 @@ def test_test_escapes_control_characters_in_text_output(tmp_path: Path, capsys: 
     assert "rule: expected 'x\\x02', got 'r'" in err
 
 
+def test_invisible_characters_are_escaped_in_text_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A zero-width space in a key was printed as it is (``policies[0].default: unknown key``, the key looking like a
+    known one); format characters (Unicode Cf: zero-width, bidi controls, U+FEFF) are escaped as control ones are."""
+    (tmp_path / "p.yaml").write_text(POLICY.replace("}]}", "}], default\u200b: allow}"), encoding="utf-8")
+    assert main(["policy", "check", str(tmp_path / "p.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "\u200b" not in err and "policies[0].default\\u200b: unknown key" in err
+    (tmp_path / "p.yaml").write_text(POLICY)
+    (tmp_path / "p_test.yaml").write_text('cases:\n  - name: "a \\u202eb\\ufeff c\\u2028 d\\u00e9"\n'
+                                          "    input: {http: {method: POST, path: /x/a}}\n    expect: {action: allow}\n")
+    assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 1
+    assert ": a \\u202eb\\ufeff c\\u2028 d\u00e9\n" in capsys.readouterr().err  # a letter is shown as it is
+
+
 def test_a_lone_surrogate_in_a_case_name_is_a_load_error_printed_in_text_and_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
