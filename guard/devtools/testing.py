@@ -135,7 +135,19 @@ class _Input(_Strict):
 _CHECKED = ("action", "rule", "status", "handoff", "fail_mode", "shadow_action")
 
 
+def _checks_something(schema: dict[str, Any]) -> None:
+    """Add to ``expect``'s JSON Schema what :meth:`_Expect._says_something` refuses: an ``expect`` with no field that
+    checks something (a ``policy`` but ``"<any>"``, a non-null field of :data:`_CHECKED`, some ``flags``)."""
+    schema["anyOf"] = [
+        {"required": ["policy"], "properties": {"policy": {"not": {"const": "<any>"}}}},
+        *({"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in _CHECKED),
+        {"required": ["flags"], "properties": {"flags": {"minItems": 1}}},
+    ]
+
+
 class _Expect(_Strict):
+    model_config = ConfigDict(json_schema_extra=_checks_something)
+
     policy: str | None = "<any>"
     action: Action | None = None
     rule: str | None = None

@@ -820,6 +820,12 @@ def test_shipped_files_name_their_schema_and_the_test_file_schema_is_current() -
             jsonschema.validate(yaml.safe_load(file.read_text()), test_schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"cases": [{"name": "x", "input": {"http": {}}, "expect": {}, "typo": 1}]}, test_schema)
+    # an expect that checks nothing is refused by the schema as by guard policy test
+    for expect, refused in [({}, True), ({"action": None, "rule": None}, True), ({"flags": []}, True),
+                            ({"policy": "<any>"}, True), ({"policy": None}, False), ({"flags": ["f"]}, False),
+                            ({"policy": "<any>", "status": 403}, False)]:
+        case = {"cases": [{"name": "x", "input": {"http": {}}, "expect": expect}]}
+        assert jsonschema.Draft202012Validator(test_schema).is_valid(case) is not refused, expect
 
 
 RULES_ONLY_POLICY = """\
