@@ -836,12 +836,12 @@ def unread(question: QuestionV1, entry: CatalogQuestion, *, blank: bool) -> list
 
 def cap_safe(probabilities: list[float], question: QuestionV1, entry: CatalogQuestion) -> list[float]:
     """``probabilities`` (prompt order) with the catalog entry's ``safe`` option capped at
-    :data:`~guard.compact.competence.SAFE_CAP`, the excess shared by the other options in proportion (evenly when
-    they hold nothing)."""
+    :data:`~guard.compact.competence.SAFE_CAP`: when it holds more, it gets exactly ``SAFE_CAP`` and the other
+    options share ``1 - SAFE_CAP`` in proportion (evenly when they hold nothing), so a two-option answer is exactly
+    0.5 each whatever the probabilities summed to."""
     ids = [option_id for option_id, _ in question.options()]
     safe = ids.index(entry.safe)
-    excess = probabilities[safe] - SAFE_CAP
-    if excess <= 0:
+    if probabilities[safe] <= SAFE_CAP:
         return probabilities
     rest = sum(p for i, p in enumerate(probabilities) if i != safe)
     out = []
@@ -849,7 +849,7 @@ def cap_safe(probabilities: list[float], question: QuestionV1, entry: CatalogQue
         if i == safe:
             out.append(SAFE_CAP)
         else:
-            out.append(p + excess * (p / rest if rest > 0 else 1.0 / (len(ids) - 1)))
+            out.append((1.0 - SAFE_CAP) * (p / rest if rest > 0 else 1.0 / (len(ids) - 1)))
     return out
 
 

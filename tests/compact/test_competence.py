@@ -179,3 +179,10 @@ def test_the_safe_option_is_capped_and_the_rest_keeps_its_order() -> None:
     assert capped[0] == SAFE_CAP and sum(capped) == pytest.approx(1.0) and capped[1] > capped[2] > capped[3]
     serves = CATALOG["guard.tool_call_serves_task"]
     assert cap_safe([0.95, 0.05], serves.to_question(), serves) == pytest.approx([0.5, 0.5])  # safe = true
+
+
+def test_a_capped_two_option_answer_is_exactly_one_half_when_the_softmax_sums_under_one() -> None:
+    injection = CATALOG["guard.prompt_injection"]
+    probabilities = [0.24973989440488234, 0.7502601055951176]  # softmax of (0, 1.1): sums to 1 - 1.1e-16
+    assert sum(probabilities) < 1.0
+    assert cap_safe(probabilities, injection.to_question(), injection) == [0.5, 0.5]
