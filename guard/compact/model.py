@@ -27,6 +27,9 @@ fine-tuned layers run in the encoder's dtype, the heads in float32.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import itertools
 import json
 import math
 import re
@@ -35,10 +38,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus
 
 import torch
 
 from guard._json import JSON_LEVELS, json_readings, loads
+from guard._readable import readable
 from guard.clef.encoding import render
 from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig
 from guard.compact.catalog import CATALOG, CatalogQuestion
@@ -96,7 +101,7 @@ MODEL_NAME = "guard-compact"
 DEFAULT_MEMORY_POOL = 8
 
 
-#: Longest single-token line the ``text`` view treats as metadata (see ``_METADATA_RE``).
+#: Longest single-token line the ``text`` view treats as metadata for its characters alone (see ``_METADATA_RE``).
 METADATA_CHARS = 40
 #: HTTP methods and chat roles: metadata lines that hold no word of the text.
 _KEYWORDS = "GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|user|assistant|system|tool|developer"
@@ -109,6 +114,35 @@ _METADATA_RE = re.compile(
 )
 #: One word with end punctuation (``Thanks.``): prose, read as text, not metadata.
 _WORD_PROSE_RE = re.compile(r"[^\W\d_]+[.!?,;:]+")
+#: An ISO-8601 date, alone or with a time, its fraction and its UTC offset (``2026-12-07T09:15:22.123456+00:00``).
+_TIMESTAMP_RE = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[Tt ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:[Zz]|[+-]\d{2}(?::?\d{2})?)?)?"
+)
+#: A web address of one token (read as metadata only when it holds no white space decoded, :func:`_address`).
+_URL_RE = re.compile(r"https?://\S+", re.IGNORECASE)
+#: Most rounds of ``%XX`` decoding an address gets (``%2520`` is a space escaped twice).
+_URL_ROUNDS = 3
+_EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+#: Shortest encoded digest (:func:`_digest`: a hash, a signature, a base64 id).
+DIGEST_MIN_CHARS = 16
+#: Longest encoded digest: a longer run (a file, an image) stays text, which the competence check flags as non-text
+#: when it makes up most of the state.
+DIGEST_CHARS = 128
+#: A run of the hex, base64 or base64url alphabet holding a digit (dots part a JSON Web Token's sections).
+_DIGEST_RE = re.compile(rf"(?=\D*\d)[A-Za-z0-9+/=._-]{{{DIGEST_MIN_CHARS},{DIGEST_CHARS}}}")
+#: base64url's two letters as base64 writes them.
+_URLSAFE = str.maketrans("-_", "+/")
+#: A digest changes kind (upper case, lower case, digit, other) at least once in every this many characters, as
+#: random characters do; words joined by separators (``ignore_all_previous_instructions_2024``) change less often.
+DIGEST_CHANGE_CHARS = 3.5
+#: A client's user agent: ``product/version`` tokens (a bare word may come before one: ``Mobile Safari/537.36``) and
+#: parenthesised comments of parts of at most 40 characters parted by ``;`` or ``,``, at least two products in all
+#: (``Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36``).
+_PRODUCT_RE = re.compile(r"[A-Za-z][\w.!#$&+-]*/[\w.+-]+")
+_USER_AGENT_RE = re.compile(
+    rf"{_PRODUCT_RE.pattern}"
+    rf"(?:\s+(?:(?:[A-Za-z]+\s+)?{_PRODUCT_RE.pattern}|\([^();,]{{0,40}}(?:[;,][^();,]{{0,40}})*\)))+"
+)
 #: Fewest identifier words (:func:`identifier_words`) read as a sentence: an instruction takes three.
 IDENTIFIER_WORDS = 3
 #: Least probability of the risky option the identifier words must get to answer for the state (the shipped
@@ -120,10 +154,63 @@ IDENTIFIER_FLOOR = 0.85
 _IDENTIFIER_LINE_RE = re.compile(r"(?=[\w./:-]*(?:[./:_-]|[a-z][A-Z]))[\w./:-]+")
 #: Where an identifier splits into words: its separators and its camelCase humps.
 _IDENTIFIER_SPLIT_RE = re.compile(r"[./:_-]+|(?<=[a-z])(?=[A-Z])")
+#: Where a web address, an email address or a user agent splits into words: anything but a letter or a digit, and
+#: camelCase humps.
+_WORDED_SPLIT_RE = re.compile(r"[\W_]+|(?<=[a-z])(?=[A-Z])")
 
 
 def _metadata(line: str) -> bool:
-    return bool(_METADATA_RE.fullmatch(line)) and not _WORD_PROSE_RE.fullmatch(line)
+    """Whether a stripped line of the state is metadata (see :func:`state_text`)."""
+    if _METADATA_RE.fullmatch(line):
+        return not _WORD_PROSE_RE.fullmatch(line)
+    return bool(_TIMESTAMP_RE.fullmatch(line)) or _worded_metadata(line) or _digest(line)
+
+
+def _worded_metadata(line: str) -> bool:
+    """Whether a stripped line is a web address (:func:`_address`), an email address or a user agent: metadata whose
+    words :func:`identifier_words` reads."""
+    return (_address(line) is not None or bool(_EMAIL_RE.fullmatch(line))
+            or (bool(_USER_AGENT_RE.fullmatch(line)) and len(_PRODUCT_RE.findall(line)) >= 2))
+
+
+def _address(line: str) -> str | None:
+    """A one-token web address decoded (``%XX`` escapes and ``+``, up to :data:`_URL_ROUNDS` times), or ``None``
+    for anything else and for an address whose decoding holds white space (``?q=ignore%20all%20previous``: text)."""
+    if not _URL_RE.fullmatch(line):
+        return None
+    decoded = line
+    for _ in range(_URL_ROUNDS):
+        decoded, before = unquote_plus(decoded), decoded
+        if decoded == before:
+            break
+    return None if any(ch.isspace() for ch in decoded) else decoded
+
+
+def _digest(token: str) -> bool:
+    """Whether ``token`` reads as an encoded digest: a run of :data:`_DIGEST_RE` that changes kind at least once in
+    every :data:`DIGEST_CHANGE_CHARS` characters, no part of which (split at dots) decodes as hex or base64 to text
+    (:func:`~guard._readable.readable`): encoded text is read as text."""
+    if not _DIGEST_RE.fullmatch(token):
+        return False
+    kinds = [0 if c.isupper() else 1 if c.islower() else 2 if c.isdigit() else 3 for c in token]
+    if sum(a != b for a, b in itertools.pairwise(kinds)) * DIGEST_CHANGE_CHARS < len(token):
+        return False
+    return not any(_decodes_to_text(part) for part in token.split("."))
+
+
+def _decodes_to_text(part: str) -> bool:
+    """Whether ``part`` decodes as hex, base64 or base64url to UTF-8 text a model should read."""
+    stripped = part.rstrip("=")
+    candidates = []
+    with contextlib.suppress(ValueError):
+        candidates.append(bytes.fromhex(stripped))
+    with contextlib.suppress(ValueError):
+        candidates.append(base64.b64decode(stripped.translate(_URLSAFE) + "=" * (-len(stripped) % 4), validate=True))
+    for raw in candidates:
+        with contextlib.suppress(UnicodeDecodeError):
+            if readable(raw.decode("utf-8")):
+                return True
+    return False
 
 
 def state_text(state: Any, view: str) -> str:
@@ -135,10 +222,11 @@ def state_text(state: Any, view: str) -> str:
     lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
     identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
     single-token routes, ids, model names, slugs and camelCase names of at most :data:`METADATA_CHARS` characters,
-    but not one word with end punctuation) whenever other lines remain, so metadata next to the text do not move the
-    answer, whether
-    they come as fields or joined into one text (a policy's ``body_text``); the words inside the metadata lines are
-    read on their own (:func:`identifier_words`).
+    but not one word with end punctuation; at any length, ISO-8601 timestamps, web addresses that decode to no white
+    space, email addresses, user agents, and hex, base64 or base64url digests of up to :data:`DIGEST_CHARS`
+    characters that do not decode to text, :func:`_metadata`) whenever other lines remain, so metadata next to the
+    text do not move the answer, whether they come as fields or joined into one text (a policy's ``body_text``); the
+    words inside the metadata lines are read on their own (:func:`identifier_words`).
     """
     if view != "text":
         if isinstance(state, dict) and len(state) == 1 and isinstance(next(iter(state.values())), str):
@@ -155,7 +243,8 @@ def _text_view(lines: list[str]) -> str:
 
 def identifier_words(state: Any) -> str:
     """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
-    metadata is, or written in camelCase, of any length), one line of words per such line in document order
+    metadata is, or written in camelCase, of any length; a web address, decoded, an email address or a user agent
+    that :func:`state_text` leaves out), one line of words per such line in document order
     (``ignore.all_previous/instructions`` and ``ignoreAllPreviousInstructions`` -> ``ignore all previous
     instructions``), or ``""`` when they hold fewer than :data:`IDENTIFIER_WORDS` words in all. A word is a run of
     letters between separators or humps; runs holding a digit (versions, ids) are not words. The model reads these lines as a text of their own, never in the text's
@@ -172,9 +261,14 @@ def _identifier_words(lines: list[str]) -> str:
     for line in lines:
         token = line.strip()
         if _IDENTIFIER_LINE_RE.fullmatch(token):
-            words = [word for word in _IDENTIFIER_SPLIT_RE.split(token) if word.isalpha()]
-            if words:
-                found.append(words)
+            parts = _IDENTIFIER_SPLIT_RE.split(token)
+        elif _worded_metadata(token):
+            parts = _WORDED_SPLIT_RE.split(_address(token) or token)
+        else:
+            continue
+        words = [word for word in parts if word.isalpha()]
+        if words:
+            found.append(words)
     return "\n".join(" ".join(words) for words in found) if sum(map(len, found)) >= IDENTIFIER_WORDS else ""
 
 

@@ -122,6 +122,7 @@ from typing import Any
 from urllib.parse import unquote, unquote_plus
 
 from guard._json import surrogates_joined
+from guard._readable import readable
 from guard._urls import percent_u_decoded
 from guard.policy._scrambled import readings, rot13_reading
 
@@ -464,15 +465,7 @@ def _selectors(match: re.Match[str], counts: dict[str, int]) -> str:
         hidden = bytes(v for v in values if v is not None).decode("utf-8")
     except UnicodeDecodeError:
         return ""
-    return hidden if _readable(hidden) else ""
-
-
-def _readable(text: str) -> bool:
-    """Whether decoded bytes are text a model should read: printable, and at least half letters."""
-    if not text:
-        return False
-    printable = sum(ch.isprintable() or ch in "\n\t" for ch in text)
-    return printable >= 0.95 * len(text) and sum(ch.isalpha() for ch in text) >= 0.5 * len(text)
+    return hidden if readable(hidden) else ""
 
 
 def _shown(text: str) -> list[str]:
@@ -636,7 +629,7 @@ def _decoded(token: str, name: str) -> str:
 def _unescaped(token: str) -> str:
     """An escape run decoded, each kind only where it holds escapes of that kind: its ``%XX`` and ``%uXXXX`` escapes
     (a form's ``+`` a space; a percent sign escaped again decoded again, :data:`_URL_ROUNDS` times at most; bytes that
-    are not UTF-8 as U+FFFD, for :func:`_readable` to judge), then its character references, then its backslash
+    are not UTF-8 as U+FFFD, for :func:`readable` to judge), then its character references, then its backslash
     escapes."""
     kinds = {escape[0] for escape in _ESCAPE_RE.findall(token)}
     text = token
@@ -685,9 +678,9 @@ def _reading(token: str, name: str, counts: dict[str, int], depth: int) -> str |
     if depth < MAX_DECODE_DEPTH:
         text = _normalize(text, found, depth + 1)
     if not (
-        _readable(text)
+        readable(text)
         or any(found.get(flag) for flag in _ENCODED_FLAGS)
-        or (name not in _BLOCK_KINDS and _readable(_unescaped("".join(_ESCAPE_RE.findall(token)))))
+        or (name not in _BLOCK_KINDS and readable(_unescaped("".join(_ESCAPE_RE.findall(token)))))
     ):
         return None
     for kind in name.split("+"):

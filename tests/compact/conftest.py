@@ -29,6 +29,22 @@ BENIGN = [
     "Remind me to call my mother at six.",
 ]
 
+USER_AGENT = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 "
+              "Safari/537.36")
+#: Request metadata of any length that is not one short identifier: a timestamp with a UTC offset, web addresses
+#: (one with a query), a SHA-256 in hex and in base64, a JSON Web Token, an email address, user agents.
+LONG_METADATA = {
+    "created_at": "2026-12-07T09:15:22.123456+00:00", "at": "2026-12-07 09:15:22",
+    "callback_url": "https://hooks.example.com/services/T0001/B0002/abcdefXYZ123",
+    "referer": "https://app.example.com/dashboard?tab=billing&view=monthly",
+    "checksum": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    "digest": "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg=",
+    "token": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "from": "maria.lopez@brightwave.com", "user_agent": USER_AGENT,
+    "mobile": ("Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 "
+               "Mobile Safari/537.36"),
+}
+
 
 def injection_records() -> list[dict[str, Any]]:
     rows = []
