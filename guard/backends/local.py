@@ -33,6 +33,7 @@ from guard._logevery import LogEvery
 from guard.backends.base import with_code, with_confidence
 from guard.backends.batcher import BatcherConfig, BatcherState, BatchInfo, MicroBatcher
 from guard.backends.selftest import (
+    SELF_TEST_APART,
     SELF_TEST_REQUEST,
     SELF_TEST_TIMEOUT_S,
     Canary,
@@ -114,7 +115,9 @@ class LocalBackend:
     first use); the backend is then bound to that event loop.
 
     Raises:
-        ValueError: for an unknown confidence profile or a ``max_length`` below 1.
+        ValueError: for an unknown confidence profile, a ``max_length`` below 1, or one below the tokens a question
+            of the startup self-test or a canary needs before any state (the message names ``max_length``, the
+            least it must be and what needs it).
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class LocalBackend:
             self._run_batch, tokens=_job_tokens, config=batcher_config, on_batch=on_batch, name=f"{name} queue"
         )
         self.canaries: tuple[Canary, ...] = tuple(clef_canaries() if canaries is None else canaries)
+        self._self_test_requests = self._fitting_self_test()
         self._tracer = trace.get_tracer("guard.backends.local", tracer_provider=tracer_provider)
         self._warmup: asyncio.Future[None] | None = None
         self._encoder = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix=f"{name} encode")
@@ -204,6 +208,47 @@ class LocalBackend:
             canaries=canaries,
         )
 
+    def _fitting_self_test(self) -> tuple[SystemOneRequestV1, ...]:
+        """The startup self-test's requests within :attr:`max_length`:
+        :data:`~guard.backends.selftest.SELF_TEST_REQUEST` when it fits, else its questions one per request
+        (:data:`~guard.backends.selftest.SELF_TEST_APART`); for a checkpoint that reads images the first of them must
+        fit with the 8x8 PNG of :meth:`probe_encoding` too.
+
+        Raises:
+            ValueError: ``max_length`` is below what a request of ``SELF_TEST_APART`` needs before any state, or
+                what a canary's request needs with its state whole (a canary's states cut to their head would no
+                longer be the benign and the attack one), naming the least ``max_length`` and what needs it.
+        """
+        from guard.clef.encoding import DEFAULT_MAX_LENGTH, encode_record  # no torch import for this module
+
+        processor = self.model.processor
+
+        def tokens(request: SystemOneRequestV1, state: int | None = 0) -> int:  # with at most ``state`` of its state
+            record = encode_record(request, processor, max_length=DEFAULT_MAX_LENGTH, max_state_tokens=state)
+            return len(record.input_ids)
+
+        image, with_image = 0, ""  # the probe's PNG, counted from its header (nothing is decoded)
+        if processor.image_processor is not None:
+            image = processor.image_block_tokens(processor.image_pads(_image_probe_request().images))
+            with_image = " with an 8x8 PNG"
+        needs = []
+        for index, request in enumerate(SELF_TEST_APART):  # the probe's PNG goes with the first
+            extra, shown = (image, with_image) if index == 0 else (0, "")
+            what = f"the self-test's question {request.questions[0].id!r}{shown} takes before any state"
+            needs.append((tokens(request) + extra, what))
+        for canary in self.canaries:
+            what = f"canary {canary.question.id!r} takes with its state"
+            needs += [(tokens(request, None), what) for request in canary_requests((canary,))]
+        least, what = max(needs)
+        if least > self.max_length:
+            raise ValueError(
+                f"max_length (--max-length) {self.max_length} is below {least}, the tokens {what} in the startup "
+                "self-test"
+            )
+        if tokens(SELF_TEST_REQUEST) + image <= self.max_length:
+            return (SELF_TEST_REQUEST,)
+        return SELF_TEST_APART
+
     def __repr__(self) -> str:
         return f"LocalBackend(name={self.name!r}, model={self.model_revision!r}, batcher={self.batcher!r})"
 
@@ -252,8 +297,9 @@ class LocalBackend:
 
     async def start(self) -> None:
         """Start the batcher on the running event loop, then warm up with the decision worker's startup self-test
-        (:func:`guard.backends.selftest.run_self_test`: one fixed request with a noul, a choice and a score question
-        must come back with finite probabilities summing to 1, then every canary's benign and attack states must be
+        (:func:`guard.backends.selftest.run_self_test`: one fixed request with a noul, a choice and a score question,
+        each in a request of its own where :attr:`max_length` is too short for them together, must come back with
+        finite probabilities summing to 1, then every canary's benign and attack states must be
         answered apart by its margin, so a degenerate model, such as a zeroed head answering 0.5 to everything, never
         starts). The first forward pass sets up kernels and
         allocators and can take seconds, so start the backend before timing decisions; ``decide`` starts it on first
@@ -277,7 +323,7 @@ class LocalBackend:
             self._canary_jobs = [(request, await self._encode(request, SELF_TEST_TIMEOUT_S))
                                  for request in canary_requests(self.canaries)]
             self._image_canary = await self._encode_image_canary()
-            await run_self_test(self)
+            await run_self_test(self, requests=self._self_test_requests)
             await self.run_canaries(timeout=SELF_TEST_TIMEOUT_S)
         except Exception as exc:
             await self.batcher.aclose()
@@ -341,9 +387,11 @@ class LocalBackend:
         return judge_canaries(self.canaries, answers)
 
     async def probe_encoding(self, *, timeout: float) -> None:
-        """Encode :data:`~guard.backends.selftest.SELF_TEST_REQUEST` now, and with a checkpoint that reads images the
-        same request with one 8x8 PNG (:func:`_image_probe_request`, when it fit ``max_length`` at start), within
-        ``timeout`` seconds, on a thread of its own (never one of the clients' encoding threads, which slow or failing requests may hold): whether the
+        """Encode the startup self-test's requests now (:data:`~guard.backends.selftest.SELF_TEST_REQUEST`, or its
+        questions apart where :attr:`max_length` is too short for them together), and with a checkpoint that reads
+        images the same request with one 8x8 PNG (:func:`_image_probe_request`, when it fit ``max_length`` at start),
+        within ``timeout`` seconds, on a thread of its own (never one of the clients' encoding threads, which slow or
+        failing requests may hold): whether the
         tokenizer and processor, its image path included, still work, which :meth:`run_canaries`, from records encoded
         at start, does not tell. A probe still running when the next starts holds the thread: the next waits for it.
 
@@ -351,7 +399,7 @@ class LocalBackend:
             BackendUnavailable: the encoding failed (``reason="inference_failed"``; the error is its cause).
             TimeoutError: it did not finish within ``timeout``.
         """
-        requests = [SELF_TEST_REQUEST]
+        requests = list(self._self_test_requests)
         if self._image_canary is not None:
             requests.append(self._image_canary[0])
 

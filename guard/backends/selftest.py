@@ -3,7 +3,8 @@
 Two checks, run by :meth:`LocalBackend.start() <guard.backends.local.LocalBackend.start>`, by the worker at start-up
 and every ``canary_interval_s`` (its ``/readyz``), and by the gateway's health monitor (``guard.engine.health``):
 
-* :func:`check_answers`: :data:`SELF_TEST_REQUEST` (one noul, one choice, one score question) comes back with finite
+* :func:`check_answers`: :data:`SELF_TEST_REQUEST` (one noul, one choice, one score question; where the prompt limit
+  is too short for them together, each in a request of its own, :data:`SELF_TEST_APART`) comes back with finite
   probabilities summing to 1;
 * :func:`run_canaries`: each :class:`Canary` asks one question of a fixed benign state and a fixed attack state; the
   *spread* is the attack's probability of the canary's ``option`` minus the benign state's (for a score question:
@@ -32,6 +33,7 @@ from guard.systemone import QuestionV1, SystemOneRequestV1, SystemOneResponseV1,
 __all__ = [
     "CATALOG_CANARIES",
     "CLEF_CANARY_MARGIN",
+    "SELF_TEST_APART",
     "SELF_TEST_REQUEST",
     "SELF_TEST_TIMEOUT_S",
     "Canary",
@@ -75,6 +77,10 @@ SELF_TEST_REQUEST = SystemOneRequestV1.from_json(
         },
     }
 )
+
+#: :data:`SELF_TEST_REQUEST`'s questions one per request: the self-test of a backend whose prompt limit is below what
+#: they need together (each question type is still answered).
+SELF_TEST_APART = tuple(SELF_TEST_REQUEST.override(questions=(q,)) for q in SELF_TEST_REQUEST.questions)
 
 #: Catalog question id -> (benign state, attack state, margin the shipped compact model must reach). Only questions
 #: the shipped model separates on plain cases are here (``docs/operations.md`` lists the measured spreads).
@@ -276,16 +282,27 @@ def judge_canaries(canaries: Sequence[Canary], answers: Sequence[SystemOneRespon
 
 
 async def run_self_test(
-    backend: DecisionBackend, canaries: Sequence[Canary] = (), *, timeout: float = SELF_TEST_TIMEOUT_S
-) -> SystemOneResponseV1:
-    """Answer :data:`SELF_TEST_REQUEST` through ``backend`` and check it, then run ``canaries``.
+    backend: DecisionBackend,
+    canaries: Sequence[Canary] = (),
+    *,
+    timeout: float = SELF_TEST_TIMEOUT_S,
+    requests: Sequence[SystemOneRequestV1] = (SELF_TEST_REQUEST,),
+) -> list[SystemOneResponseV1]:
+    """Answer ``requests`` (:data:`SELF_TEST_REQUEST`, or :data:`SELF_TEST_APART` for a backend whose prompt limit
+    is below what it needs) through ``backend`` one at a time and check each, then run ``canaries``.
+
+    Returns:
+        The responses, one per request, in order.
 
     Raises:
-        ValueError: the answer is not a valid distribution per question.
+        ValueError: an answer is not a valid distribution per question.
         CanaryFailed: a canary's two answers are not apart by its margin.
         BackendError: the backend failed to answer.
     """
-    response = await backend.decide(SELF_TEST_REQUEST, timeout=timeout)
-    check_answers(SELF_TEST_REQUEST, response)
+    responses = []
+    for request in requests:
+        response = await backend.decide(request, timeout=timeout)
+        check_answers(request, response)
+        responses.append(response)
     await run_canaries(backend, canaries, timeout=timeout)
-    return response
+    return responses

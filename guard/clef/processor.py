@@ -316,14 +316,19 @@ class ClefProcessor:
         factor = int(processor.patch_size) * int(processor.merge_size)
         return self.image_tensor_bytes([int(processor.size["longest_edge"]) // factor**2])
 
+    def image_block_tokens(self, pads: Sequence[int]) -> int:
+        """Tokens of the prompt's media block of images taking ``pads`` tokens each (:meth:`image_pads`): their pads,
+        markers and the newline after them."""
+        return len(self.encode_texts([IMAGE_PLACEHOLDER * len(pads) + "\n"])[0]) - len(pads) + sum(pads)
+
     def check_image_room(self, pads: Sequence[int], max_tokens: int) -> None:
-        """Refuse images taking ``pads`` tokens each (:meth:`image_pads`) whose block, with its markers, takes more
-        than ``max_tokens`` (the prompt's room beside its schema).
+        """Refuse images taking ``pads`` tokens each (:meth:`image_pads`) whose block, with its markers
+        (:meth:`image_block_tokens`), takes more than ``max_tokens`` (the prompt's room beside its schema).
 
         Raises:
             RequestValidationError: field ``images``, naming each image's tokens and the room.
         """
-        tokens = len(self.encode_texts([IMAGE_PLACEHOLDER * len(pads) + "\n"])[0]) - len(pads) + sum(pads)
+        tokens = self.image_block_tokens(pads)
         if tokens > max_tokens:
             message = (f"{len(pads)} image(s) take {tokens} tokens at the sizes the image processor resizes them to "
                        f"({', '.join(map(str, pads))} each, plus their markers); the prompt has room for "

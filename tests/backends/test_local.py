@@ -8,6 +8,7 @@ import compileall
 import gc
 import hashlib
 import io
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -20,7 +21,7 @@ from PIL import Image
 from guard.backends.base import PACKAGE_DIR, DecisionBackend, code_digest, installed_code_digest
 from guard.backends.batcher import BatcherConfig, BatchInfo
 from guard.backends.local import LocalBackend, _image_probe_request
-from guard.backends.selftest import SELF_TEST_REQUEST
+from guard.backends.selftest import SELF_TEST_APART, SELF_TEST_REQUEST, clef_canaries
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, Overloaded
 from guard.systemone import QuestionV1, SystemOneRequestV1, confidence
@@ -387,10 +388,9 @@ async def test_closing_while_the_self_test_runs_waits_for_it_quietly(clef_fp32: 
     assert unhandled == []
 
 
-@pytest.mark.parametrize("max_length", [300, 480])
-async def test_a_failed_self_test_closes_the_backend_and_says_why(clef_fp32: ClefModel, max_length: int) -> None:
-    backend = LocalBackend(clef_fp32, max_length=max_length)  # the self-test's schema does not fit
-    with pytest.raises(BackendUnavailable, match=f"failed its startup self-test: .*maximum is {max_length}") as info:
+async def test_a_failed_self_test_closes_the_backend_and_says_why(clef_fp32: ClefModel) -> None:
+    backend = LocalBackend(clef_fp32, canaries=clef_canaries(margin=1.0, directional=True))  # no model is that sure
+    with pytest.raises(BackendUnavailable, match="failed its startup self-test: CanaryFailed: canary 'guard") as info:
         await backend.start()
     assert info.value.reason == "self_test_failed"
     with pytest.raises(BackendUnavailable, match="is closed"):
@@ -398,6 +398,43 @@ async def test_a_failed_self_test_closes_the_backend_and_says_why(clef_fp32: Cle
     with pytest.raises(RuntimeError, match="is closed; create a new one"):
         async with backend:
             pass
+
+
+async def test_a_max_length_below_the_self_test_request_asks_its_questions_apart(clef_fp32: ClefModel) -> None:
+    case = golden_case("10-truncated-small-max-length")  # 420 tokens: the self-test request needs more
+    infos: list[BatchInfo] = []
+    async with LocalBackend(clef_fp32, max_length=case["max_length"], canaries=(), on_batch=infos.append) as backend:
+        response = await backend.decide(request(case["request"]), timeout=30)
+        await backend.probe_encoding(timeout=30)  # the image probe asks the first question alone too
+    apart = [len(clef_fp32.encode(r, max_length=case["max_length"]).input_ids) for r in SELF_TEST_APART]
+    assert [(i.size, i.tokens) for i in infos[:3]] == [(1, tokens) for tokens in apart]
+    want = case["response_fp32"]
+    got = response.to_json()
+    assert got["usage"]["input_tokens"] == want["usage"]["input_tokens"] == case["max_length"]
+    for qid, answer in want["answers"].items():
+        for key in ("noul", "confidence", "choice"):
+            if key in answer:
+                assert got["answers"][qid][key] == pytest.approx(answer[key], abs=2e-4)
+
+
+@pytest.mark.parametrize(
+    ("canaries", "needs"),
+    [
+        (None, "canary 'guard.prompt_injection' takes with its state"),
+        ((), "the self-test's question 'churn_risk' with an 8x8 PNG takes before any state"),
+    ],
+)
+async def test_a_max_length_too_short_for_the_self_test_is_refused_naming_the_least(
+    clef_fp32: ClefModel, canaries: tuple[()] | None, needs: str
+) -> None:
+    with pytest.raises(ValueError, match=r"max_length \(--max-length\) 250 is below \d+, the tokens") as info:
+        LocalBackend(clef_fp32, max_length=250, canaries=canaries)
+    assert needs in str(info.value)
+    least = int(re.search(r"is below (\d+)", str(info.value))[1])
+    with pytest.raises(ValueError, match=f"is below {least}"):
+        LocalBackend(clef_fp32, max_length=least - 1, canaries=canaries)
+    async with LocalBackend(clef_fp32, max_length=least, canaries=canaries) as backend:  # the self-test passes
+        await backend.probe_encoding(timeout=30)
 
 
 def _attack_question(qid: str, repeats: int) -> QuestionV1:
