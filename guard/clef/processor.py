@@ -17,7 +17,6 @@ Implements the loading half of the Clef runtime spec §1.6 and §2.3 step 2:
 from __future__ import annotations
 
 import base64
-import binascii
 import importlib.util
 import io
 import json
@@ -38,6 +37,7 @@ __all__ = [
     "VIDEO_PLACEHOLDER",
     "ClefProcessor",
     "EncodedMedia",
+    "decode_base64",
     "decode_image",
     "load_tokenizer",
     "open_image",
@@ -109,10 +109,28 @@ def _check_aspect_ratio(width: int, height: int, where: str) -> None:
         raise RequestValidationError([FieldError(where, message)])
 
 
+#: Deletes ASCII whitespace (``bytes.translate``): the line breaks of base64 wrapped into lines.
+_ASCII_WHITESPACE = b" \t\n\r\f\v"
+
+
+def decode_base64(payload: str) -> bytes:
+    """The bytes of standard, padded base64 ``payload``; ASCII whitespace in it is skipped (base64 wrapped into lines
+    as MIME, the ``base64`` tool and Python's ``encodebytes`` write it; the reference's ``base64.decodebytes`` skips
+    it too), any other character outside the alphabet is refused.
+
+    Raises:
+        ValueError: ``binascii.Error`` for a character outside the alphabet or wrong padding;
+            ``UnicodeEncodeError`` for a character outside ASCII.
+    """
+    return base64.b64decode(payload.encode("ascii").translate(None, _ASCII_WHITESPACE), validate=True)
+
+
 def decode_image(item: Any, *, where: str = "images[0]") -> Any:
     """Turn one ``images`` entry into an RGB PIL image.
 
-    Accepts a PIL image, a ``data:image/...;base64,...`` URL (Workers AI form) or ``{"content_type", "base64"}``.
+    Accepts a PIL image, a ``data:image/...;base64,...`` URL (Workers AI form), ``{"content_type", "base64"}`` or
+    bare base64 (as the reference's ``load_image`` takes a string that is not a URL or a file); the base64 may be
+    wrapped into lines (:func:`decode_base64`).
 
     Raises:
         RequestValidationError: for a remote URL, bad base64, bytes PIL cannot decode, or an image over
@@ -143,10 +161,14 @@ def open_image(item: Any, *, where: str = "images[0]") -> Any:
     if isinstance(item, Image.Image):
         _check_aspect_ratio(*item.size, where)
         return item
-    if isinstance(item, str):
-        if not item[:5].lower() == "data:" or "," not in item:
-            raise RequestValidationError([FieldError(where, "must be a data: URL; remote URLs are never fetched")])
-        header, payload = item.split(",", 1)
+    bare = isinstance(item, str) and item[:5].lower() != "data:"  # base64 alone, as the reference takes it
+    if bare:
+        if item[:8].lower().startswith(("http://", "https://")):
+            message = "must be a data: URL or base64; remote URLs are never fetched"
+            raise RequestValidationError([FieldError(where, message)])
+        payload = item
+    elif isinstance(item, str):
+        header, _, payload = item.partition(",")
         if not header.lower().endswith(";base64"):
             raise RequestValidationError([FieldError(where, "data URL must be base64-encoded")])
     elif isinstance(item, Mapping) and isinstance(item.get("base64"), str):
@@ -160,7 +182,12 @@ def open_image(item: Any, *, where: str = "images[0]") -> Any:
             ]
         )
     try:
-        raw = base64.b64decode(payload, validate=True)
+        raw = decode_base64(payload)
+    except ValueError as exc:
+        message = f"is neither a data: URL nor base64 ({exc}); file paths are never read" if bare else (
+            f"is not base64 ({exc})")
+        raise RequestValidationError([FieldError(where, message)]) from exc
+    try:
         image = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)
     except Image.DecompressionBombError as exc:
         raise RequestValidationError([FieldError(where, f"is too large to decode ({exc})")]) from exc
@@ -168,7 +195,7 @@ def open_image(item: Any, *, where: str = "images[0]") -> Any:
         raise RequestValidationError(
             [FieldError(where, f"is not a decodable {', '.join(IMAGE_FORMATS)} image (not one of these formats)")]
         ) from exc
-    except (binascii.Error, ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:
         raise RequestValidationError(
             [FieldError(where, f"is not a decodable {', '.join(IMAGE_FORMATS)} image ({exc})")]
         ) from exc

@@ -438,7 +438,8 @@ def _validate_images(raw: Any, strict: bool, errors: list[FieldError]) -> list[A
         where = f"images[{i}]"
         if isinstance(image, str):
             if image[:5].lower() != "data:":
-                errors.append(FieldError(where, "must be a data: URL; remote URLs are never fetched"))
+                errors.append(FieldError(where, "must be a data: URL (bare base64 only in the reference profile); "
+                                         "remote URLs are never fetched"))
         elif isinstance(image, Mapping):
             if image.get("content_type") not in IMAGE_CONTENT_TYPES:
                 errors.append(

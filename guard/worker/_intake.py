@@ -10,7 +10,6 @@ Decompression stops as soon as the output passes the body cap (413), so a small 
 from __future__ import annotations
 
 import base64
-import binascii
 import io
 import re
 import zlib
@@ -21,7 +20,7 @@ import brotli
 import zstandard
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from guard.clef.processor import MAX_ASPECT_RATIO
+from guard.clef.processor import MAX_ASPECT_RATIO, decode_base64
 from guard.errors import BodyError, FieldError, RequestValidationError
 from guard.systemone import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 
@@ -354,8 +353,8 @@ def _image_header(payload: str) -> tuple[str, int, int] | None:
     from PIL import Image
 
     try:
-        raw = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
+        raw = decode_base64(payload)
+    except ValueError:
         return None
     try:
         with Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS) as image:
@@ -387,9 +386,11 @@ def check_images(body: dict[str, Any], max_pixels: int, names: Sequence[str] = (
     for i, item in enumerate(images):
         if isinstance(item, dict):
             declared, payload = item.get("content_type"), item.get("base64")
-        elif isinstance(item, str) and "," in item:
-            header, payload = item.split(",", 1)
+        elif isinstance(item, str) and item[:5].lower() == "data:":
+            header, _, payload = item.partition(",")
             declared = header[5:].split(";", 1)[0]  # data:<type>;base64
+        elif isinstance(item, str):  # bare base64 (the reference profile takes it)
+            declared, payload = None, item
         else:
             continue
         where = f"assets.{names[i]}" if i < len(names) else f"images[{i}]"

@@ -134,7 +134,9 @@ def test_decode_image_accepts_wire_and_pil_forms(item: object) -> None:
     [
         ("https://example.com/a.png", "remote URLs are never fetched"),
         ("data:image/png,rawbytes", "base64"),
-        ("data:image/png;base64,@@@", "not a decodable"),
+        ("data:image/png;base64,@@@", r"is not base64 \(Only base64 data is allowed\)"),
+        ("data:image/png;base64," + base64.b64encode(PNG).decode().rstrip("="), r"is not base64 \(Incorrect padding\)"),
+        ("/etc/hosts", "is neither a data: URL nor base64 .*; file paths are never read"),
         ({"content_type": "image/png", "base64": base64.b64encode(b"not an image").decode()}, "not a decodable"),
         (42, "got int"),
     ],
@@ -143,6 +145,23 @@ def test_decode_image_rejects_bad_input_naming_the_field(item: object, message: 
     with pytest.raises(RequestValidationError, match=message) as info:
         decode_image(item, where="images[2]")
     assert info.value.field == "images[2]"
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        "data:image/png;base64," + base64.encodebytes(PNG).decode(),  # 76-character lines, as MIME writes them
+        "data:image/png;base64," + base64.encodebytes(PNG).decode().replace("\n", "\r\n"),
+        base64.b64encode(PNG).decode(),  # no data: prefix
+        base64.encodebytes(PNG).decode(),
+    ],
+)
+def test_decode_image_takes_the_base64_the_reference_load_image_takes(item: str) -> None:
+    from transformers.image_utils import load_image
+
+    image = decode_image(item)
+    assert image.size == (320, 256)
+    assert image.tobytes() == load_image(item).tobytes() == Image.open(io.BytesIO(PNG)).convert("RGB").tobytes()
 
 
 def test_an_unidentified_image_error_names_no_memory_address() -> None:

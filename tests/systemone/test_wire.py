@@ -134,6 +134,16 @@ def test_workers_ai_profile_takes_option_ids_in_any_script_and_chat_template_tex
     assert SystemOneRequestV1.from_json(body).questions[0].option_ids() == list(criteria)
 
 
+def test_bare_base64_images_are_taken_in_the_reference_profile_only() -> None:
+    body = {**_request(q={"type": "noul", "instructions": "x"}), "images": ["iVBORw0KGgo="]}
+    assert SystemOneRequestV1.from_json(body, profile="reference").images == ("iVBORw0KGgo=",)
+    with pytest.raises(RequestValidationError) as info:
+        SystemOneRequestV1.from_json(body)
+    assert [(e.field, e.message) for e in info.value.errors] == [
+        ("images[0]", "must be a data: URL (bare base64 only in the reference profile); remote URLs are never fetched")
+    ]
+
+
 def test_reference_profile_takes_at_most_four_images_too() -> None:
     """The reference profile took any number of images: 20 of 4096 x 4096 decoded to 3 GiB for 26 s, then a 422 that
     blamed ``questions``. Every profile takes at most four, refused naming ``images`` before any is decoded."""

@@ -79,6 +79,22 @@ def test_the_declared_type_must_be_the_bytes_format() -> None:
         assert (caught.value.status, caught.value.field) == (422, field)
 
 
+def test_images_in_base64_wrapped_into_lines_or_without_a_data_prefix_are_checked_from_their_headers() -> None:
+    """The backend decodes them (as the reference does), so the worker's pixel limit and type check see them too."""
+    png = image_bytes((2000, 2000), "PNG")
+    for item in (
+        "data:image/png;base64," + base64.encodebytes(png).decode(),
+        {"content_type": "image/png", "base64": base64.encodebytes(png).decode()},
+        base64.b64encode(png).decode(),
+    ):
+        with pytest.raises(BodyError, match="2000x2000") as caught:
+            _intake.check_images({"images": [item]}, 1000 * 1000)
+        assert caught.value.status == 413
+    gif = base64.encodebytes(image_bytes((80, 80), "GIF")).decode()
+    with pytest.raises(BodyError, match="is declared 'image/png' but its bytes are image/gif"):
+        _intake.check_images({"images": [f"data:image/png;base64,{gif}"]}, 100 * 100)
+
+
 def test_a_phone_jpeg_and_an_animated_png_are_the_types_they_declare() -> None:
     """PIL names a JPEG holding a second picture (MPO, as phone cameras write) ``image/mpo`` and an animated PNG
     ``image/apng``: they are a JPEG and a PNG."""
