@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from guard.errors import FieldError, RequestValidationError
@@ -213,8 +214,9 @@ class ClefProcessor:
 
     Args:
         tokenizer: a transformers tokenizer (see :func:`load_tokenizer`).
-        image_processor: the checkpoint's image processor, or ``None`` for a text-only processor.
-        full_processor: a ``Qwen3VLProcessor`` (needs torchvision); when given, media goes through it.
+        image_processor: the checkpoint's image processor, or ``None`` for a text-only processor: its settings and
+            token counts (the pixels are computed as its torchvision backend computes them, whichever it is).
+        full_processor: a ``Qwen3VLProcessor`` (needs torchvision); when given, a request with videos goes through it.
 
     Example:
         >>> processor = ClefProcessor.from_pretrained("tests/fixtures/clef-golden/checkpoint")  # doctest: +SKIP
@@ -306,6 +308,54 @@ class ClefProcessor:
         merge = int(self.image_processor.merge_size) ** 2
         return [self.image_processor.get_number_of_image_patches(image.height, image.width, dict(kwargs)) // merge
                 for image in opened]
+
+    def _image_pixels(self, image: Any, kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, list[int]]:
+        """``pixel_values`` rows ``[grid_h x grid_w, patch width]`` and the ``[t, grid_h, grid_w]`` grid of one decoded
+        RGB PIL image, as the reference's image processor (``Qwen2VLImageProcessor``, the torchvision backend)
+        computes them on CPU, whether or not torchvision is installed: the uint8 image resized to ``smart_resize``'s
+        size by torch's bicubic, antialiased interpolation on uint8 (what torchvision's ``resize`` runs on CPU; PIL's
+        bicubic, which the PIL backend uses, differs by up to 2/255), rescaled and normalised in float32 in one step
+        (``(x - mean / rescale) / (std / rescale)``, as its fused ``rescale_and_normalize``), then cut into patches,
+        each repeated ``temporal_patch_size`` times. ``kwargs`` (``media_kwargs``) override the processor's settings
+        of those names, ``min_pixels`` and ``max_pixels`` its ``size``, as for ``get_number_of_image_patches``."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        processor = self.image_processor
+
+        def setting(name: str) -> Any:
+            return kwargs.get(name, getattr(processor, name))
+
+        patch, merge, temporal = setting("patch_size"), setting("merge_size"), setting("temporal_patch_size")
+        pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None]  # uint8 [1, 3, H, W]
+        height, width = pixels.shape[-2:]
+        if setting("do_resize"):
+            size = smart_resize(
+                height, width, factor=patch * merge,
+                min_pixels=kwargs.get("min_pixels", processor.size["shortest_edge"]),
+                max_pixels=kwargs.get("max_pixels", processor.size["longest_edge"]),
+            )
+            if size != (height, width):
+                pixels = torch.nn.functional.interpolate(
+                    pixels, size=size, mode="bicubic", antialias=True, align_corners=False
+                )
+                height, width = size
+        values = pixels[0].to(torch.float32)  # [3, H, W]
+        if setting("do_normalize"):
+            scale = 1.0 / setting("rescale_factor") if setting("do_rescale") else 1.0
+            mean = torch.tensor(setting("image_mean")) * scale
+            std = torch.tensor(setting("image_std")) * scale
+            values = (values - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
+        elif setting("do_rescale"):
+            values = values * setting("rescale_factor")
+        grid_h, grid_w = height // patch, width // patch
+        rows = (
+            values.reshape(3, grid_h // merge, merge, patch, grid_w // merge, merge, patch)
+            .permute(1, 4, 2, 5, 0, 3, 6)  # [grid_h / merge, grid_w / merge, merge, merge, 3, patch, patch]
+            .unsqueeze(5)
+            .expand(-1, -1, -1, -1, -1, temporal, -1, -1)
+            .reshape(grid_h * grid_w, 3 * temporal * patch * patch)
+        )
+        return rows, [1, grid_h, grid_w]
 
     def _patch_width(self) -> int:
         """Floats in one row of ``pixel_values``: channels x temporal patch x patch x patch."""
@@ -416,11 +466,11 @@ class ClefProcessor:
         pixel_values = torch.empty((sum(pads) * merge, self._patch_width()), dtype=torch.float32)
         grids, row = [], 0
         for i, image in enumerate(opened):
-            out = self.image_processor(images=[_decoded(image, f"images[{i}]")], return_tensors="pt", **kwargs)
-            pixel_values[row:row + pads[i] * merge] = out["pixel_values"]
+            rows, image_grid = self._image_pixels(_decoded(image, f"images[{i}]"), kwargs)
+            pixel_values[row:row + pads[i] * merge] = rows
             row += pads[i] * merge
-            grids.append(out["image_grid_thw"])
-        grid = torch.cat(grids)  # [n_images, 3] (t, h, w) in patches
+            grids.append(image_grid)
+        grid = torch.tensor(grids, dtype=torch.long)  # [n_images, 3] (t, h, w) in patches
         parts = text.split(_DEFAULT_IMAGE_TOKEN)
         expanded = parts[0]
         for i, rest in enumerate(parts[1:]):

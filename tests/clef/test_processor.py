@@ -71,6 +71,42 @@ def test_patch_rows_follow_the_documented_layout(golden_processor: ClefProcessor
     assert np.abs(media.tensors["pixel_values"].double().numpy() - rows).max() < 1e-6
 
 
+def _photo(width: int, height: int) -> Image.Image:
+    """Gradients with noise: resampling filters differ on it as on a photograph."""
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / max(width - 1, 1), y * 255 / max(height - 1, 1), (x + y) % 64 * 4], -1)
+    noisy = base + np.random.default_rng(width * height).normal(0, 40, (height, width, 3))
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8), "RGB")
+
+
+@pytest.mark.parametrize("size", [(33, 47), (333, 211), (1500, 900)])
+def test_an_image_to_resize_gets_the_pixels_of_the_reference_torchvision_processor(
+    golden_processor: ClefProcessor, size: tuple[int, int]
+) -> None:
+    """The reference's image processor (torchvision backend) resizes the uint8 image with torch's antialiased bicubic
+    interpolation on CPU; PIL's bicubic (the PIL backend, without torchvision) was up to 2/255 off (a 6e-4
+    probability at 1500x900)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    image = _photo(*size)
+    media = golden_processor.encode_media([image], [], token_offset=0, media_kwargs=None)
+    height, width = smart_resize(size[1], size[0], factor=32, min_pixels=65536, max_pixels=1048576)  # the checkpoint's
+    resized = torch.nn.functional.interpolate(
+        torch.from_numpy(np.array(image)).permute(2, 0, 1)[None], size=(height, width), mode="bicubic", antialias=True
+    )[0]
+    assert resized.dtype == torch.uint8 and (height, width) != size[::-1]
+    values = (resized.float() - 127.5) / 127.5  # rescale by 1/255 and normalise by mean 0.5, std 0.5, as one step
+    rows = []
+    for block_y in range(height // 32):  # merge blocks of 2 x 2 patches of 16 x 16 pixels, row by row
+        for block_x in range(width // 32):
+            for y in range(2 * block_y, 2 * block_y + 2):
+                for x in range(2 * block_x, 2 * block_x + 2):
+                    patch = values[:, 16 * y:16 * y + 16, 16 * x:16 * x + 16]
+                    rows.append(torch.stack([patch, patch], 1).flatten())  # (channel, time, row, column)
+    assert media.tensors["image_grid_thw"].tolist() == [[1, height // 16, width // 16]]
+    assert torch.equal(media.tensors["pixel_values"], torch.stack(rows))
+
+
 def _png(size: tuple[int, int], colour: str = "red") -> bytes:
     out = io.BytesIO()
     Image.new("RGB", size, colour).save(out, format="PNG")
