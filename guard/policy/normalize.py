@@ -137,6 +137,7 @@ __all__ = [
     "Normalized",
     "normalize_text",
     "normalize_value",
+    "remove_ignorable",
 ]
 
 #: Flags :func:`normalize_text` can raise; each is ``0`` when absent.
@@ -180,8 +181,10 @@ MIN_SPACED_LETTERS = 6
 #: How many times decoded text is decoded again (base64 of hex of text: two levels).
 MAX_DECODE_DEPTH = 2
 
-_TAG_RE = re.compile("[\U000e0000-\U000e007f]")
-_SELECTOR_RE = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef\u180b-\u180d\u180f]+")
+_TAGS = "\U000e0000-\U000e007f"
+_SELECTORS = "\ufe00-\ufe0f\U000e0100-\U000e01ef\u180b-\u180d\u180f"
+_TAG_RE = re.compile(f"[{_TAGS}]")
+_SELECTOR_RE = re.compile(f"[{_SELECTORS}]+")
 _ZERO_WIDTH = (
     "\u00ad\u034f\u17b4\u17b5\u180e\u200b-\u200d\u2060-\u2065\u206a-\u206f\ufeff\ufff0-\ufff8"
     "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0080-\U000e00ff\U000e01f0-\U000e0fff"
@@ -192,6 +195,8 @@ _BRAILLE_BLANK = "\u2800"
 _ZERO_WIDTH_RE = re.compile(f"[{_ZERO_WIDTH}]")
 _BIDI_RE = re.compile(f"[{_BIDI}]")
 _FILLER_RE = re.compile(f"[{_HANGUL_FILLERS}{_BRAILLE_BLANK}]")
+# Unicode's Default_Ignorable_Code_Point set: tags, selectors, zero-width, bidi and filler characters
+_IGNORABLE_RE = re.compile(f"[{_TAGS}{_SELECTORS}{_ZERO_WIDTH}{_BIDI}{_HANGUL_FILLERS}]+")
 _ROT13_CUE_RE = re.compile(r"\brot[\s_-]?13\b", re.IGNORECASE)
 _OVERRIDE_RE = re.compile("\u202e([^\u202c\n]*)")  # a right-to-left override's span, up to its pop or line end
 _WORD_RE = re.compile(r"\w+")
@@ -762,6 +767,13 @@ def _normalize(text: str, counts: dict[str, int], depth: int) -> str:
             _count(counts, name)
             text = f"{text} [{name}: {reading}]"
     return text
+
+
+def remove_ignorable(text: str) -> str:
+    """``text`` with Unicode's Default_Ignorable_Code_Point characters removed (zero-width characters, soft hyphen,
+    word joiner, bidi controls, selectors, tags, Hangul fillers: what IDNA's mapping drops from a host name), nothing
+    else changed."""
+    return _IGNORABLE_RE.sub("", text)
 
 
 def normalize_text(text: str) -> Normalized:

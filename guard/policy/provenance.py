@@ -29,7 +29,9 @@ object takes the weakest source of its items (``flagged_tool_result`` < ``none``
 ``trusted`` < ``user``). A string found nowhere as a whole (text the model composed: a shell command, an e-mail
 body) takes the weakest source of the identifiers inside it (URLs, e-mail addresses, file and host names, account-like codes), so
 ``wc notes.txt`` is the user's when the user named ``notes.txt`` and a link an injection named taints the body it is
-pasted into; with no identifier inside, it is ``none``. Arguments that carry no evidence (booleans, ``null``, strings under :data:`MIN_TEXT_CHARS`) count as
+pasted into; the identifiers are read as IDNA reads a host name (invisible characters removed, an ideographic full
+stop as a dot: ``bob@example.com`` + soft hyphen + ``.evil.io`` is one address under ``evil.io``), and a string with
+one a combining mark runs into is ``none``, as is one with no identifier inside. Arguments that carry no evidence (booleans, ``null``, strings under :data:`MIN_TEXT_CHARS`) count as
 ``user`` without a match. An object's keys that are identifiers (``{"DE89...": 900}``) are traced as its values are,
 and a list of strings too short to carry evidence is also traced joined when together they make an identifier
 (``["DE", "89", "37", ...]``: one value split into pieces).
@@ -73,7 +75,7 @@ from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 from guard.policy.instructions import Detector, Span, find_instructions
-from guard.policy.normalize import normalize_text
+from guard.policy.normalize import normalize_text, remove_ignorable
 from guard.subject import AgentSubject, Subject, TurnMessage
 
 __all__ = [
@@ -190,6 +192,9 @@ _EMBEDDED = re.compile(
     r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{12,34}\b",
     re.IGNORECASE,
 )
+
+# The ideographic full stops, which IDNA reads as a host name's dot (NFKC maps the full-width one to ".").
+_HOST_DOTS = str.maketrans("\u3002\uff61", "..")
 
 
 def _tokens(run: str) -> list[str]:
@@ -443,14 +448,31 @@ def _found(needle: _Needle, haystack: _Prepared) -> bool:
     return needle.compact is not None and _in_compact(needle.compact, haystack)
 
 
-def _embedded(value: Any) -> list[_Value]:
-    """The identifiers inside a string leaf that are not the whole of it (a link or address in a composed body)."""
+def _as_host(text: str) -> str:
+    """``text`` as IDNA reads a host name in it: NFKC, invisible (Default_Ignorable) characters removed, an
+    ideographic full stop as ``.``."""
+    return remove_ignorable(unicodedata.normalize("NFKC", text)).translate(_HOST_DOTS)
+
+
+def _is_mark(text: str, at: int) -> bool:
+    """Whether ``text[at]`` exists and is a combining mark."""
+    return 0 <= at < len(text) and unicodedata.category(text[at])[0] == "M"
+
+
+def _embedded(value: Any) -> list[_Value] | None:
+    """The identifiers inside a string leaf that are not the whole of it (a link or address in a composed body),
+    found in the leaf as a host name reads (:func:`_as_host`: ``bob@example.com<soft hyphen>.evil.io`` is one address
+    under ``evil.io``); ``None`` when one runs on into a combining mark (``example.com`` and U+0334 is another host),
+    so the leaf cannot be traced by them."""
     if not isinstance(value, str) or len(value) < 2 * MIN_TEXT_CHARS:
         return []
+    text = _as_host(value)
     out = []
-    for match in _EMBEDDED.finditer(value):
+    for match in _EMBEDDED.finditer(text):
+        if _is_mark(text, match.start() - 1) or _is_mark(text, match.end()):
+            return None
         token = match.group().rstrip(".,;:!?")
-        if token.strip() != value.strip():
+        if token.strip() != text.strip():
             found = _value(token)
             if found is not None:
                 out.append(found)
@@ -557,9 +579,10 @@ def trace_arguments(
                 continue
             found = _source_of(traced, history, trusted_prepared, detector)
             if found.source == "none":  # composed text: its links, addresses, names and codes are traced one by one
-                inner = [_source_of(v, history, trusted_prepared, detector) for v in _embedded(leaf)]
+                inner = _embedded(leaf)
                 if inner:
-                    found = max(inner, key=lambda f: _RANK[f.source])
+                    found = max((_source_of(v, history, trusted_prepared, detector) for v in inner),
+                                key=lambda f: _RANK[f.source])
             if worst is None or _RANK[found.source] > _RANK[worst.source]:
                 worst = found
         out[name] = worst if worst is not None else ArgumentSource("user", matched=False)

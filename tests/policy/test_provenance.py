@@ -161,6 +161,20 @@ def test_a_look_alike_of_a_value_is_not_the_sources_that_holds_the_value(value: 
     assert source({"to": plain.replace("e", "\uff45").upper()}, user) == {"to": "user"}  # full-width, capitals
 
 
+@pytest.mark.parametrize("cut", ["\u00ad.", "\u2060.", "\u034f.", "\u180e.", "\u200b.", "\u0301.", "\u0334.", "\u3002"])
+def test_an_address_with_an_invisible_or_combining_character_inside_composed_text_is_not_the_users(cut: str) -> None:
+    """A contact record holds ``bob@example.com<soft hyphen>.evil.io`` (IDNA drops the soft hyphen: a host under
+    evil.io); the model writes it in display-name form, found nowhere as a whole, and the identifier traced inside it
+    stopped at the soft hyphen: ``bob@example.com``, the user's. The identifiers are found as a host name reads: the
+    whole address is the record's, or none when a combining mark cuts it."""
+    user = TurnMessage("user", "Email Bob the Q3 report; his address is bob@example.com")
+    address = f"bob@example.com{cut}evil.io"
+    record = tool(f"Bob Smith | Finance | {address} | +1 555 0100", name="search_contacts")
+    found = source({"to": f"Bob Smith <{address}>"}, user, record)
+    assert found["to"] in ("tool_result", "none")  # the record's, where it holds the address as the model wrote it
+    assert source({"to": "Bob Smith <bob@example.com>"}, user, record) == {"to": "user"}
+
+
 def test_identifier_keys_and_an_identifier_split_into_pieces_are_traced() -> None:
     """``{"DE89...": 900}`` and ``["DE", "89", ...]`` carried no evidence, so an injected IBAN passed as the user's."""
     iban = "US133000000121212121212"
