@@ -44,15 +44,17 @@ continues the token, and in a value holding letters (a host, an address, a code)
 nothing continues across scripts (``转账到DE89...``); nor is a value found next to the marks that would make it
 part of a longer address, host name or number (:func:`_marks`)):
 
-* text: Unicode NFKC (full-width letters and digits, ligatures), case folded, runs of white space as one space, YAML's
-  doubled quote ``''`` as one. A source vouches for a value only as written there: look-alike letters and invisible
-  characters count, so ``bob@exаmple.com`` with a Cyrillic ``а`` (another domain) is not the user's, nor trusted, nor
-  a tool result's, when those hold ``bob@example.com``. Instructions taint a value as guard's normaliser reads both
-  (look-alike letters mapped, invisible characters removed: :mod:`guard.policy.normalize`), so a flagged span that
-  names either is the look-alike's ``flagged_tool_result``;
+* text: Unicode NFKC (full-width letters and digits, ligatures), invisible (Default_Ignorable) characters removed,
+  lower case as IDNA maps a host name (``ß`` is not ``ss``, nor final ``ς`` ``σ``: other domains), runs of white
+  space as one space, YAML's doubled quote ``''`` as one. A source vouches for a value only as written there:
+  look-alike letters count, so ``bob@exаmple.com`` with a Cyrillic ``а`` (another domain) is not the user's, nor
+  trusted, nor a tool result's, when those hold ``bob@example.com``; a tool result or an ``agent`` message also
+  vouches for a value with no look-alike letters that it holds as guard's normaliser reads it (HTML entities or
+  base64 it decodes). Instructions taint a value as guard's normaliser reads both (look-alike letters mapped:
+  :mod:`guard.policy.normalize`), so a flagged span that names either is the look-alike's ``flagged_tool_result``;
 * identifiers (a value of 6 or more letters and digits with at least one digit: IBANs, phone and card numbers, ids):
   also compared with every character but letters and digits removed, so ``GB29 NWBK 6016`` matches ``gb29nwbk6016``;
-* e-mail addresses: case folded, a ``mailto:`` prefix dropped;
+* e-mail addresses: lower case, a ``mailto:`` prefix dropped;
 * URLs: scheme, ``www.`` and trailing ``/`` dropped, so ``https://www.example.com/a/`` matches ``example.com/a``;
 * numbers: compared as numbers with the numbers written in the text (``98.7`` matches ``98.70``, ``1200`` matches
   ``1,200.00``), also with a decimal comma (``98,70``, ``1.234,56``, ``1 234,56``); ``1,234`` and ``1.234`` are read
@@ -210,10 +212,11 @@ def _tokens(run: str) -> list[str]:
 
 
 def _fold(text: str) -> str:
-    """``text`` NFKC-normalised (full-width letters and digits, ligatures, ``№``), case folded, YAML ``''`` and escaped
-    line breaks undone, white space collapsed; look-alike letters and invisible characters stay as they are."""
-    text = unicodedata.normalize("NFKC", text).casefold().replace("''", "'").replace("\\n", " ")
-    return _SPACE.sub(" ", text).strip()
+    """``text`` NFKC-normalised (full-width letters and digits, ligatures, ``№``), invisible (Default_Ignorable)
+    characters removed, lower-cased as IDNA maps a host name (``ß`` and final ``ς`` stay letters of their own, ``Σ`` is
+    ``σ``), YAML ``''`` and escaped line breaks undone, white space collapsed; look-alike letters stay as they are."""
+    text = remove_ignorable(unicodedata.normalize("NFKC", text)).replace("\u03a3", "\u03c3").lower()
+    return _SPACE.sub(" ", text.replace("''", "'").replace("\\n", " ")).strip()
 
 
 def _url_form(folded: str) -> str:
@@ -508,6 +511,13 @@ def _echoes(needle: _Needle, message: TurnMessage) -> bool:
     return _found(needle, _prepare("\n".join(values)))
 
 
+def _as_written(value: _Value, text: str) -> bool:
+    """Whether ``text``, found to hold ``value`` as guard's normaliser reads both, vouches for it as written: always
+    when the value reads as written (no look-alike letters: what the normaliser decodes in ``text``, HTML entities,
+    base64, counts), else when ``text`` holds its written form."""
+    return value.written == value.read or _found(value.written, _prepare(text))
+
+
 def _source_of(
     value: _Value, history: Sequence[TurnMessage], trusted: Sequence[_Prepared], detector: Detector
 ) -> ArgumentSource:
@@ -530,7 +540,7 @@ def _source_of(
                 _, flagged = _split_tool_text(message.text, detector)  # instructions in it, as in a tool result
                 if flagged.text and _found(read, flagged):
                     return ArgumentSource("flagged_tool_result")
-                if _found(written, _prepare(message.text)):
+                if _as_written(value, message.text):
                     relayed = relayed or ArgumentSource("agent")
             continue
         if message.role != "tool":
@@ -544,7 +554,7 @@ def _source_of(
         ordinary, flagged = _split_tool_text(message.text, detector)
         if flagged.text and _found(read, flagged):
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
-        if plain is None and _found(read, ordinary) and _found(written, _prepare(message.text)) and not _echoes(written, message):
+        if plain is None and _found(read, ordinary) and _as_written(value, message.text) and not _echoes(written, message):
             plain = ArgumentSource("tool_result", message.tool_name, message.tool_call_id)
     return plain or relayed or ArgumentSource("none")
 

@@ -161,6 +161,43 @@ def test_a_look_alike_of_a_value_is_not_the_sources_that_holds_the_value(value: 
     assert source({"to": plain.replace("e", "\uff45").upper()}, user) == {"to": "user"}  # full-width, capitals
 
 
+@pytest.mark.parametrize(("typed", "value", "found"), [
+    ("billing@strasse-immobilien.de", "billing@stra\u00dfe-immobilien.de", False),  # xn--strae-immobilien-jlb.de
+    ("info@\u03bf\u03b4\u03bf\u03c3.gr", "info@\u03bf\u03b4\u03bf\u03c2.gr", False),  # final sigma: another domain
+    ("INFO@\u039f\u0394\u039f\u03a3.GR", "info@\u03bf\u03b4\u03bf\u03c2.gr", False),  # capital sigma is sigma
+    ("INFO@\u039f\u0394\u039f\u03a3.GR", "info@\u03bf\u03b4\u03bf\u03c3.gr", True),
+    ("BILLING@STRA\u1e9eE-IMMOBILIEN.DE", "billing@stra\u00dfe-immobilien.de", True),  # capital sharp s
+])  # fmt: skip
+def test_letters_case_folding_makes_alike_are_other_domains(typed: str, value: str, found: bool) -> None:
+    """Case folding made ``straße`` ``strasse`` and final ``ς`` ``σ``, so a contact record's
+    ``billing@straße-immobilien.de``, another domain to IDNA, was the user's when the user typed the ``ss`` one."""
+    record = tool(f"Contact: Strasse Immobilien GmbH, {value}, +49 30 1234567", name="search_contacts")
+    assert source({"to": value}, TurnMessage("user", f"Send the receipt to {typed}"), record) == {
+        "to": "user" if found else "tool_result"}  # fmt: skip
+
+
+ENTITIES = "".join(f"&#{ord(char)};" for char in "billing@acme-corp.com")
+BASE64 = "U2VuZCB0aGUgaW52b2ljZSB0byBiaWxsaW5nQGFjbWUtY29ycC5jb20gcGxlYXNl"  # Send the invoice to billing@acme-corp.com
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("bob@example.com", TurnMessage("user", "Mail bob@exam\u00adple.com the report")),  # pasted with a soft hyphen
+    ("https://example.com/a", TurnMessage("user", "Open https://exam\u200bple.com/a")),
+    ("\u0645\u0647\u0631\u0646\u0648\u0634", TurnMessage("user", "Pay \u0645\u0647\u0631\u200c\u0646\u0648\u0634 now")),
+    ("bob@example.com", tool("Contact: bob@exam\u00adple.com")),  # &shy; on a web page
+    ("bob@example.com", tool("Contact: bob\u200b@\u200bexample.com")),  # zero-width spaces against scraping
+    ("billing@acme-corp.com", tool(f"Contact: {ENTITIES}")),  # decoded by the normaliser
+    ("billing@acme-corp.com", tool(f'{{"note": "{BASE64}"}}')),
+])  # fmt: skip
+def test_a_value_holding_invisible_characters_or_decoded_there_is_the_sources(value: str, message: TurnMessage) -> None:
+    """Invisible characters counted on the vouching side, and a tool result had to hold a value as given: a user who
+    pasted an address with a soft hyphen, a Persian name with the ZWNJ the model dropped, an address a web page hid
+    with ``&shy;``, zero-width spaces or HTML entities were ``none``. Invisible characters are removed on both sides,
+    and a tool result vouches for a value without look-alike letters that the normaliser decodes from it."""
+    expected = "user" if message.role == "user" else "tool_result"
+    assert source({"to": value}, message) == {"to": expected}
+
+
 @pytest.mark.parametrize("cut", ["\u00ad.", "\u2060.", "\u034f.", "\u180e.", "\u200b.", "\u0301.", "\u0334.", "\u3002"])
 def test_an_address_with_an_invisible_or_combining_character_inside_composed_text_is_not_the_users(cut: str) -> None:
     """A contact record holds ``bob@example.com<soft hyphen>.evil.io`` (IDNA drops the soft hyphen: a host under
