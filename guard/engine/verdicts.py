@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from guard._markup import is_markup
+from guard.engine.telemetry import CREDENTIAL_HEADERS
 from guard.errors import BackendError, GuardError, Overloaded, StateAmbiguous, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
 from guard.policy.provenance import resolved_effect
-from guard.policy.redact import UNMASKABLE_FLAG, merge_redactions
+from guard.policy.redact import UNMASKABLE_FLAG, masked_texts, merge_redactions
 from guard.policy.rules import RuleError
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import AnswerV1
@@ -169,13 +170,20 @@ UNMASKABLE = (
 )
 
 
-def _unmasked_texts(policy: Policy, subject: HttpSubject) -> list[str]:
-    """What of ``subject`` besides its body and query goes on as it is, where a ``redact`` rule masks nothing: a
-    request's path (as matched and as sent), and the values of the headers ``policy``'s state and rules read (a
-    response's headers for a response; every header when a rule may read any, :attr:`Policy.http_reads`)."""
-    read = policy.http_reads.headers
-    headers = [value for name, value in subject.headers.items() if read is None or name in read]
-    paths = [subject.path, subject.sent_path] if subject.phase == "request" else []
+def _unmasked_texts(policy: Policy, subject: HttpSubject, redactions: tuple[Redaction, ...]) -> list[str]:
+    """What of ``subject`` besides its body and query that ``policy``'s state and rules read goes on as it is, where
+    a ``redact`` rule masks nothing (:attr:`Policy.http_reads`): a request's path (as matched and as sent), and the
+    values of the headers read (a response's headers for a response), but the credential headers
+    (:data:`~guard.engine.telemetry.CREDENTIAL_HEADERS`: the caller's own key, which the application is sent anyway).
+    Where a rule may read any header (most read their names: ``subject.headers.exists(h, ...)``) and ``redactions``
+    mask something in the body, only the headers that hold what they mask count; with nothing masked, every one."""
+    reads = policy.http_reads
+    headers = [value for name, value in subject.headers.items()
+               if (reads.headers is None or name in reads.headers) and name not in CREDENTIAL_HEADERS]
+    if reads.headers is None and redactions:
+        masked = masked_texts(subject.body, redactions)
+        headers = [value for value in headers if any(text in value for text in masked)]
+    paths = [subject.path, subject.sent_path] if subject.phase == "request" and reads.path else []
     return [*paths, *headers]
 
 
@@ -207,7 +215,7 @@ def answered(
         query = subject.query if subject.phase == "request" else {}
         if action == "redact" and redactor.leaves(subject.body, query, redactions, policy.detector, subject.deltas,
                                                   markup=is_markup(subject.content_type),
-                                                  clear=_unmasked_texts(policy, subject)):
+                                                  clear=_unmasked_texts(policy, subject, redactions)):
             action, redactions, message = "block", (), UNMASKABLE
             status = 422 if subject.phase == "request" else None  # a response: the response block's own status
             flags = {**flags, UNMASKABLE_FLAG: 1}  # the decision log leaves the body and query out

@@ -101,22 +101,25 @@ class PolicyQuestion:
 
 @dataclass(frozen=True)
 class HttpReads:
-    """What of an HTTP request a policy's state and rules read, besides method, path, query and body.
+    """What of an HTTP request a policy's state and rules read, besides method, query and body.
 
     Attributes:
         headers: lower-case header names read (``host`` for ``host``, ``content-type`` for ``content_type``);
             ``None`` = possibly any header (a rule reads ``subject.headers`` other than by a literal name, or reads
             ``subject`` whole).
         client: whether the client address is read.
+        path: whether the path is read (a ``path`` or ``request_text`` state field, the default state of a request,
+            ``subject.path`` or ``subject`` whole in a rule).
     """
 
     headers: frozenset[str] | None
     client: bool
+    path: bool
 
     def __or__(self, other: HttpReads) -> HttpReads:
         """What either reads: the union of header names (``None`` if either may read any header)."""
         headers = None if self.headers is None or other.headers is None else self.headers | other.headers
-        return HttpReads(headers, self.client or other.client)
+        return HttpReads(headers, self.client or other.client, self.path or other.path)
 
 
 _SUBJECT_HEADER_FIELDS = {"host": "host", "content_type": "content-type"}
@@ -134,24 +137,29 @@ def _state_leaves(fields: tuple[StateField, ...]) -> Iterator[StateField]:
             yield f
 
 
-def _rule_reads(source: str) -> tuple[set[str] | None, bool]:
-    """Header names and whether the client is read by one ``when``; ``None`` names = any header."""
+def _rule_reads(source: str) -> tuple[set[str] | None, bool, bool]:
+    """Header names, whether the client is read and whether the path is read by one ``when``; ``None`` names = any
+    header."""
     names: set[str] = set()
     for pattern in (_LITERAL_HEADER, _LITERAL_IN):
         names |= {m.group(2).lower() for m in pattern.finditer(source)}
         source = pattern.sub("", source)
-    client = False
+    client = path = any_header = False
     for match in _SUBJECT_FIELD.finditer(source):
         name = match.group(1)
         if name == "client":
             client = True
+        elif name == "path":
+            path = True
         elif name in _SUBJECT_HEADER_FIELDS:
             names.add(_SUBJECT_HEADER_FIELDS[name])
+        elif name == "headers":
+            any_header = True  # subject.headers used some other way
         elif name not in _PLAIN_FIELDS:
-            return None, True  # subject.headers used some other way, or an unknown field
+            return None, True, True  # an unknown field
     if len(_SUBJECT_FIELD.findall(source)) != len(re.findall(r"\bsubject\b", source)):
-        return None, True  # subject read whole (passed to a function, indexed)
-    return names, client
+        return None, True, True  # subject read whole (passed to a function, indexed)
+    return (None, True, path) if any_header else (names, client, path)
 
 
 def policy_label(policy_id: str, version: str, digest: str) -> str:
@@ -297,12 +305,15 @@ class Policy:
 
     @functools.cached_property
     def http_reads(self) -> HttpReads:
-        """The headers and client fields this policy's state and rules read (:class:`HttpReads`): what an HTTP
-        approval must stay bound to besides method, path, query and body."""
+        """The headers, client and path fields this policy's state and rules read (:class:`HttpReads`): the headers
+        and client are what an HTTP approval must stay bound to besides method, path, query and body."""
         headers: set[str] | None = set()
         client = False
+        path = self.state_fields is None  # a request's default state holds the path
         for leaf in _state_leaves(self.state_fields or ()):
-            if leaf.source == "header" and leaf.key:
+            if leaf.source in ("path", "request_text"):
+                path = True
+            elif leaf.source == "header" and leaf.key:
                 headers.add(leaf.key.lower())
             elif leaf.source in _SUBJECT_HEADER_FIELDS:
                 headers.add(_SUBJECT_HEADER_FIELDS[leaf.source])
@@ -311,10 +322,10 @@ class Policy:
         for rule in self.rules:
             if "subject" not in rule.names:
                 continue
-            names, reads_client = _rule_reads(rule.source)
-            client = client or reads_client
+            names, reads_client, reads_path = _rule_reads(rule.source)
+            client, path = client or reads_client, path or reads_path
             headers = None if names is None or headers is None else headers | names
-        return HttpReads(frozenset(headers) if headers is not None else None, client)
+        return HttpReads(frozenset(headers) if headers is not None else None, client, path)
 
     def question_keys(self) -> dict[str, str]:
         """Wire question id -> the key rules use."""

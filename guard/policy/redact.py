@@ -34,6 +34,7 @@ __all__ = [
     "apply_redactions",
     "compile_pattern",
     "escape_pointer",
+    "masked_texts",
     "merge_redactions",
     "replacement",
 ]
@@ -249,6 +250,14 @@ def _strings(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
             stack += [(f"{where}/{escape_pointer(k)}", v) for k, v in reversed(value.items())]
         elif isinstance(value, list):
             stack += [(f"{where}/{i}", v) for i, v in reversed(list(enumerate(value)))]
+
+
+def masked_texts(body: Any, redactions: Iterable[Redaction]) -> set[str]:
+    """What each of ``redactions`` masks in ``body``: the text of its span."""
+    by_pointer: dict[str, list[Redaction]] = {}
+    for r in redactions:
+        by_pointer.setdefault(r.pointer, []).append(r)
+    return {text[r.start : r.end] for pointer, text in _strings(body, "") for r in by_pointer.get(pointer, ())}
 
 
 def _keys_and_strings(node: Any) -> list[str]:

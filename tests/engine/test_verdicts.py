@@ -147,3 +147,83 @@ def test_a_redact_rule_whose_match_is_in_the_path_or_a_header_it_reads_refuses(
     assert (verdict.action, verdict.status, verdict.rule) == (action, status, "api-key")
     assert (verdict.message == verdicts.UNMASKABLE) is (action == "block")
     assert [(r.pointer, r.start, r.end) for r in verdict.redactions] == ([("/note", 4, 23)] if action == "redact" else [])
+
+
+CARDS = """
+policies:
+  - id: cards
+    version: 1
+    match: {http: {methods: [POST]}}
+    state: {text: body_text, auth: 'header:authorization'}
+    rules:
+      - id: anonymous
+        when: '!has(subject.headers.authorization)'
+        action: block
+        status: 401
+      - id: card
+        when: 'state.text.matches("\\\\b[0-9]{13,19}\\\\b")'
+        action: redact
+        redact: {patterns: {card: '\\b[0-9]{13,19}\\b'}}
+"""
+
+
+@pytest.mark.parametrize(("path", "headers", "state", "action"), [
+    ("/channels/1098765432109876543/messages", {"authorization": "Bearer t"}, "", "redact"),  # a snowflake id
+    ("/v1/notes", {"authorization": "Bearer 4111111111111111"}, "", "redact"),  # the caller's own credential
+    ("/channels/1098765432109876543/messages", {"authorization": "Bearer t"}, "path: path,", "block"),
+    ("/channels/1098765432109876543/messages", {"authorization": "Bearer t"}, "words: request_text,", "block"),
+])  # fmt: skip
+def test_a_redact_rule_is_refused_only_for_the_path_and_headers_it_reads_but_credentials(
+    path: str, headers: dict[str, str], state: str, action: str
+) -> None:
+    """The path was checked whatever the policy read, and the credential headers too: a card masked in the body was
+    refused (422) because the path held a 19-digit id the card pattern matches, or because the caller's own key in
+    ``authorization`` (read by ``has(subject.headers.authorization)``, which reads every header) matched. The path is
+    checked where the state or rules read it; the credential headers, which the app is sent anyway, never are."""
+    policies = load_text(CARDS.replace("state: {", "state: {" + state))
+    subject = HttpSubject(method="POST", path=path, headers=headers, content_type="application/json",
+                          body={"content": "charge my card 4111111111111111 please"})
+    with guard.Guard(policies, backends=FixtureBackend({})) as judge:
+        verdict = judge.evaluate(subject)
+    assert (verdict.action, verdict.rule) == (action, "card")
+    assert [(r.pointer, r.start, r.end) for r in verdict.redactions] == (
+        [("/content", 15, 31)] if action == "redact" else [])  # fmt: skip
+
+
+GENERIC = """
+policies:
+  - id: tokens
+    version: 1
+    match: {http: {RESPONSE}}
+    rules:
+      - id: internal
+        when: 'subject.headers.exists(h, h.startsWith("x-internal-"))'
+        action: allow
+      - id: token
+        when: 'subject.body_text.matches("[0-9a-f]{32}")'
+        action: redact
+        redact: {patterns: {token: '[0-9a-f]{32}'}}
+"""
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize(("phase", "header", "action"), [
+    ("request", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "redact"),  # a traceparent's trace id
+    ("response", '"9e107d9d372bb6826bd81d3542a419d6"', "redact"),  # an md5 ETag
+    ("request", f"note {TOKEN}", "block"),  # what the rule masks, in clear
+    ("response", TOKEN, "block"),
+])  # fmt: skip
+def test_a_rule_that_may_read_any_header_is_refused_only_for_a_header_holding_what_it_masks(
+    phase: str, header: str, action: str
+) -> None:
+    """A rule that reads header names (``subject.headers.exists(...)``) made every header's value count: a token
+    masked in the body was refused (422), or a response blocked, because a traceparent or an ETag matched the token
+    pattern. There a header counts where it holds what the rule masks in the body."""
+    policies = load_text(GENERIC.replace("RESPONSE", "response: {}" if phase == "response" else ""))
+    subject = HttpSubject(method="POST", path="/v1/notes", headers={"etag": header}, content_type="application/json",
+                          body={"note": f"my token is {TOKEN}"}, phase=phase,  # type: ignore[arg-type]
+                          status=200 if phase == "response" else None)
+    with guard.Guard(policies, backends=FixtureBackend({})) as judge:
+        verdict = judge.evaluate(subject)
+    assert (verdict.action, verdict.rule) == (action, "token")
+    assert [(r.pointer, r.start, r.end) for r in verdict.redactions] == ([("/note", 12, 44)] if action == "redact" else [])
