@@ -293,7 +293,8 @@ class Guard:
         """Record the decision (``span`` ``None``: none was started) under the policy that decided."""
         policy = next((p for p in policies if p.id == verdict.policy_id), None)
         return verdicts.record(
-            self.telemetry, self.decision_log, verdict, subject, policy=policy, cache=lookup, span=span
+            self.telemetry, self.decision_log, verdict, subject, policy=policy, cache=lookup, span=span,
+            matched=policies,
         )
 
     def record(self, verdict: Verdict, subject: Subject, *, policy: Policy | None) -> Verdict:

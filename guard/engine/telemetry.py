@@ -492,13 +492,16 @@ class Telemetry:
                 span.set_attributes(attributes)
             yield span
 
-    def finish(self, span: Span | None, verdict: Verdict, *, cache: str | None = None) -> None:
+    def finish(self, span: Span | None, verdict: Verdict, *, cache: str | None = None, path: str | None = None) -> None:
         """Set the verdict's attributes on ``span`` (when there is one and it records) and count the outcome. The
         span's status is ERROR only when a fail mode decided (the backend failed, or the guard itself raised); a
         refusal of the client's input (a body that is not JSON: ``guard.error`` names it) leaves it unset, as an
-        HTTP server span leaves a 4xx."""
+        HTTP server span leaves a 4xx. ``path``, when given, replaces the ``url.path`` the span started with (the
+        path with what a refused ``redact`` rule could not mask masked)."""
         if span is not None and span.is_recording():
             span.set_attributes(span_attributes(verdict, cache=cache))
+            if path is not None:
+                span.set_attribute("url.path", _capped(path))
             if verdict.fail_mode is not None:
                 span.set_status(Status(StatusCode.ERROR, verdict.error))
             span.add_event(EVALUATION_EVENT, evaluation_attributes(verdict))

@@ -21,7 +21,7 @@ from guard.engine.telemetry import CREDENTIAL_HEADERS
 from guard.errors import BackendError, GuardError, Overloaded, StateAmbiguous, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
 from guard.policy.provenance import resolved_effect
-from guard.policy.redact import UNMASKABLE_FLAG, masked_texts, merge_redactions
+from guard.policy.redact import UNMASKABLE_FLAG, Redactor, apply_redactions, masked_texts, merge_redactions
 from guard.policy.rules import RuleError
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import AnswerV1
@@ -549,6 +549,30 @@ def copy_from_json(data: Mapping[str, Any]) -> Verdict:
 # Recording ---------------------------------------------------------------------------------------------------------
 
 
+def _clear_masked(subject: HttpSubject, verdict: Verdict, policies: Sequence[Policy]) -> HttpSubject:
+    """``subject`` with what the redact rule of each of ``verdict``'s refusals as unmaskable
+    (:data:`~guard.policy.redact.UNMASKABLE_FLAG`) matches masked in its path (as matched and as sent) and header
+    values; ``subject`` itself when there is none."""
+    by_id = {policy.id: policy for policy in policies}
+    masks: list[tuple[Redactor, Policy]] = []
+    for own in (verdict, *verdict.contributions):
+        policy = by_id.get(own.policy_id or "")
+        if own.flags.get(UNMASKABLE_FLAG) and policy is not None:
+            outcome = next((rule.outcome for rule in policy.rules if rule.id == own.rule), policy.default)
+            if outcome.redact is not None:
+                masks.append((outcome.redact, policy))
+    if not masks:
+        return subject
+
+    def masked(text: str) -> str:
+        for redactor, policy in masks:
+            text = apply_redactions(text, redactor.find(text, policy.detector))
+        return text
+
+    headers = {name: masked(value) for name, value in subject.headers.items()}
+    return dataclasses.replace(subject, path=masked(subject.path), sent_path=masked(subject.sent_path), headers=headers)
+
+
 def record(
     telemetry: Any,
     decision_log: Any,
@@ -558,9 +582,12 @@ def record(
     policy: Policy | None,
     cache: str | None = None,
     span: Any = None,
+    matched: Sequence[Policy] = (),
 ) -> Verdict:
     """Record one decision: count it and set its span's attributes (``telemetry.finish``; ``span`` ``None`` when
-    none was started), and write its decision-log record when a policy matched and a log is configured.
+    none was started), and write its decision-log record when a policy matched and a log is configured. Where a
+    ``redact`` rule was refused because what it masks is in the path or a header (:data:`UNMASKABLE`), the span's
+    ``url.path`` and the log's path and headers have what the rule's patterns match there masked.
 
     Args:
         telemetry: a :class:`~guard.engine.telemetry.Telemetry`.
@@ -568,11 +595,17 @@ def record(
         policy: the policy that decided (an agent subject's ``tool_effect`` is logged as that policy's rules read
             it: :func:`~guard.policy.provenance.resolved_effect`), ``None`` when unknown.
         cache: how the answers were found (``hit``, ``miss``, ``shared``), ``None`` without a cache lookup.
+        matched: the other policies that matched (a contribution's redact rule is looked up there).
 
     Returns:
         ``verdict``.
     """
-    telemetry.finish(span, verdict, cache=cache)
+    path = None
+    if isinstance(subject, HttpSubject):
+        masked = _clear_masked(subject, verdict, [*matched, policy] if policy is not None else matched)
+        path = masked.path if masked.path != subject.path else None
+        subject = masked
+    telemetry.finish(span, verdict, cache=cache, path=path)
     if verdict.policy_id is not None and decision_log is not None:
         if isinstance(subject, AgentSubject) and policy is not None:
             effect = resolved_effect(policy.tools, subject.tool_name, subject.tool_effect)

@@ -8,6 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import guard
 from guard.backends.fixture import FixtureBackend
@@ -188,6 +191,29 @@ def test_a_redact_rule_is_refused_only_for_the_path_and_headers_it_reads_but_cre
     assert (verdict.action, verdict.rule) == (action, "card")
     assert [(r.pointer, r.start, r.end) for r in verdict.redactions] == (
         [("/content", 15, 31)] if action == "redact" else [])  # fmt: skip
+
+
+def test_a_refused_redact_rule_leaves_the_path_and_header_secret_out_of_the_log_and_span() -> None:
+    """A request refused because its path held the key the rule masks kept that key in the decision log's
+    ``input.path`` and the span's ``url.path`` (its body and query were withheld), and in a logged header it read;
+    they are kept with what the rule's patterns match masked."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    lines: list[str] = []
+    policies = load_text(KEYS.replace("RESPONSE", "").replace("'header:x-note'", "'header:user-agent'"))
+    subject = HttpSubject(method="GET", path=f"/v1/notes/{SECRET}", headers={"user-agent": f"cli/{SECRET}"})
+    with guard.Guard(policies, backends=FixtureBackend({}), decision_log=DecisionLog(lines.append),
+                     telemetry=Telemetry(tracer_provider=provider)) as judge:
+        verdict = judge.evaluate(subject)
+    provider.shutdown()
+    assert (verdict.action, verdict.status, verdict.message) == ("block", 422, verdicts.UNMASKABLE)
+    (line,) = lines
+    assert SECRET not in line
+    assert json.loads(line)["input"]["path"] == "/v1/notes/[REDACTED:key]"
+    assert json.loads(line)["input"]["headers"] == {"user-agent": "cli/[REDACTED:key]"}
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["url.path"] == "/v1/notes/[REDACTED:key]"
 
 
 GENERIC = """
