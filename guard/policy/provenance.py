@@ -57,8 +57,11 @@ part of a longer address, host name or number (:func:`_marks`)):
 * e-mail addresses: lower case, a ``mailto:`` prefix dropped;
 * URLs: scheme, ``www.`` and trailing ``/`` dropped, so ``https://www.example.com/a/`` matches ``example.com/a``;
 * numbers: compared as numbers with the numbers written in the text (``98.7`` matches ``98.70``, ``1200`` matches
-  ``1,200.00``), also with a decimal comma (``98,70``, ``1.234,56``, ``1 234,56``); ``1,234`` and ``1.234`` are read
-  both ways (``1234`` and ``1.234``).
+  ``1,200.00``), also with a decimal comma (``98,70``, ``1.234,56``, ``1 234,56``, ``1.234.567``). A single group of
+  three digits after a dot is a decimal point (``1.250`` is ``1.25``, never ``1250``: three decimals are usual for
+  KWD, BTC, exchange rates); after a comma it is read both as English thousands and as a decimal comma (``1,234`` is
+  ``1234`` and ``1.234``, so ``$1,200`` matches ``1200``); a first group of ``0`` is never thousands (``0,500`` and
+  ``0.500`` are ``0.5`` only).
 
 Cost: each message's normalised forms are computed once per text (remembered for the last
 :data:`CACHED_TEXTS` texts); a lookup is a few substring searches per argument. ``bench/provenance_latency.py``
@@ -176,12 +179,16 @@ _SPACE = re.compile(r"\s+")
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _ALNUM_RUN = re.compile(r"[^\W_]+")
 _URL_NOISE = re.compile(r"\b(?:https?://|ftp://|mailto:)|\bwww\.|(?<!/)/+(?=[\s'\"),;\]}]|$)")
-_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-# A number written with a decimal comma: thousands parted by dots (1.234,56, 1.234) or spaces (1 234,56), or none
-# (98,70); never part of a longer number (1,234.56, 192.168.1.1) nor a group of one parted by spaces (the 234,56 of
-# 1 234,56).
+# A number written with a decimal point: thousands parted by commas (1,234.56, 1,234) or none (98.70, 1.250); a first
+# group of 0 is no thousands (0,500 is not 500), nor is a group of three digits after a comma a number of its own.
+_NUMBER = re.compile(r"(?<![\w.])(?!(?<=\d,)\d{3}(?!\d))[-+]?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# A number written with a decimal comma: thousands parted by dots where that is unambiguous (1.234,56, 1.234.567),
+# by spaces (1 234,56), or none (98,70); never part of a longer number (1,234.56, 192.168.1.1) nor a group of one
+# parted by spaces (the 234,56 of 1 234,56). A single dot group with no decimal comma (1.250, 0.500) is read only as
+# a decimal point, by _NUMBER.
 _COMMA_NUMBER = re.compile(
-    r"(?<![\w.,])(?<!\d )[-+]?(?:\d{1,3}(?:\.\d{3})+(?:,\d+)?|\d{1,3}(?: \d{3})+,\d+|\d+,\d+)(?!\w|[.,]\d)"
+    r"(?<![\w.,])(?<!\d )[-+]?(?:[1-9]\d{0,2}(?:(?:\.\d{3}){2,}(?:,\d+)?|\.\d{3},\d+|(?: \d{3})+,\d+)|\d+,\d+)"
+    r"(?!\w|[.,]\d)"
 )
 _IDENTIFIER = re.compile(r"(?=.*\d)[A-Za-z0-9][A-Za-z0-9 .\-/]*")
 # Identifiers inside a longer text the model wrote: URLs, e-mail addresses, file and host names, account-like codes

@@ -332,10 +332,16 @@ def test_numbers_ignore_leading_and_trailing_zeros_and_thousands_separators() ->
         ("Pay €1.234,56 to the garage.", 1234.56, True),
         ("Pay 1 234,56 EUR to the garage.", 1234.56, True),
         ("Pay 1.234.567,89 EUR to the garage.", 1234567.89, True),
-        ("Pay 1.234 € to the garage.", 1234, True),  # German thousands
-        ("Pay 1.234 € to the garage.", 1.234, True),  # or a decimal point: both are numbers the user wrote
-        ("Pay 1,234 to the garage.", 1.234, True),
+        ("Pay 1.234.567 EUR to the garage.", 1234567, True),  # two dot groups: thousands
+        ("Pay 1.234 € to the garage.", 1.234, True),  # one dot group: a decimal point only
+        ("Pay 1.234 € to the garage.", 1234, False),
+        ("Pay the rent, 1.250 KWD.", 1250, False),  # three decimals: 1000 times the amount is not the user's
+        ("Send 0.500 BTC to my wallet.", 500, False),
+        ("Pay 1,234 to the garage.", 1.234, True),  # one comma group: English thousands, or a decimal comma
         ("Pay 1,234 to the garage.", 1234, True),
+        ("Pay 0,001 BTC to the wallet.", 1, False),  # a first group of 0 is no thousands
+        ("Pay 0,001 BTC to the wallet.", 0.001, True),
+        ("Pay 0,500 BTC to the wallet.", 500, False),
         ("Pay 98,70 € to the garage.", "98,70", True),
         ("Pay 1 234,56 EUR to the garage.", 234.56, False),  # one group of a number is not a number
         ("Pay 1,234.56 to the garage.", 1.234, False),
