@@ -243,11 +243,12 @@ def _plain(decision: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "edit", "arguments": dict(action["args"]), "tool": action["name"]}
 
 
-#: Why a list of decisions is refused (:func:`response_schema` with ``positional=False``).
+#: Why a list of decisions is refused (:func:`response_schema` with ``positional=False``; :func:`resume_command` for
+#: an interrupt whose value's ``positional`` is not ``True``).
 BY_POSITION_REFUSED = (
     "this review takes decisions by item id only, not a list answered by position (the middleware's "
     "decisions_by_position=False, or the thread took new input while an earlier review was pending, so a list could "
-    "be meant for the items the reviewer saw then): send {{\"decisions\": {{<item id>: <decision>}}}} "
+    "be meant for the items the reviewer saw then, or an older guard raised it without saying it takes a list): send {{\"decisions\": {{<item id>: <decision>}}}} "
     "(guard.agents.resume_command) for {ids}"
 )
 
@@ -413,8 +414,9 @@ def resume_command(
             the ``"__interrupt__"`` entry of a result) or the plain dicts of the LangGraph SDK
             (``(await client.threads.get_state(thread_id))["interrupts"]``).
         decisions: ``{item_id: decision}``, one per pending item across all guard interrupts; or, while one guard
-            interrupt is pending and its value's ``positional`` is not ``False``, a list of decisions in the order
-            of its ``action_requests``, one per action request.
+            interrupt is pending and its value's ``positional`` is ``True``, a list of decisions in the order
+            of its ``action_requests``, one per action request (an interrupt raised before guard wrote
+            ``positional``, pending in an older checkpoint, takes the map only).
         others: resume values for interrupts that are not guard's, ``{interrupt_id: value}``.
 
     Returns:
@@ -427,7 +429,7 @@ def resume_command(
         ResumeError: when ``decisions`` is not a map or a list, a list is given while more than one guard interrupt
             is pending (they have no order a reviewer is sure to have seen them in: ``invoke``'s ``__interrupt__``
             lists them as their tasks raised them, ``get_state`` in task order) or to an interrupt that refuses one
-            (``positional`` ``False``: :data:`BY_POSITION_REFUSED`), an item has no decision or a
+            (``positional`` not ``True``: :data:`BY_POSITION_REFUSED`), an item has no decision or a
             decision names no pending item (a count mismatch runs nothing), a decision is one the graph would refuse
             (a type the item does not allow, a missing or extra field, a wrong type, an edit naming a tool not among
             the item's ``tools``: checked with the interrupt's own ``response_schema``, the decision named where
@@ -468,7 +470,7 @@ def resume_command(
                 f"interrupt at a time (resume_command([interrupt], decisions))",
                 expected=expected,
             )
-        if per_interrupt and _interrupt_value(pending[0]).get("positional") is False:
+        if per_interrupt and _interrupt_value(pending[0]).get("positional") is not True:
             raise ResumeError(BY_POSITION_REFUSED.format(ids=", ".join(expected)), expected=expected)
         if len(listed) != len(expected):
             raise ResumeError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from langgraph.types import Interrupt
@@ -93,8 +94,9 @@ def test_per_call_schema_accepts_the_full_map_but_needs_its_own_item() -> None:
         _validate([_item("a")], {"decisions": {"b": {"type": "approve"}}}, exact=False)
 
 
-def _interrupt(interrupt_id: str, *item_ids: str) -> Interrupt:
-    return Interrupt(value={"type": "guard_review", "items": [_item(i) for i in item_ids]}, id=interrupt_id)
+def _interrupt(interrupt_id: str, *item_ids: str, positional: bool | None = True) -> Interrupt:
+    value = {"type": "guard_review", "items": [_item(i) for i in item_ids], "positional": positional}
+    return Interrupt(value={k: v for k, v in value.items() if v is not None}, id=interrupt_id)
 
 
 def test_resume_command_routes_each_decision_to_its_interrupt() -> None:
@@ -188,6 +190,20 @@ def test_a_list_answers_one_pending_guard_interrupt_only() -> None:
     assert command.resume == {"i3": "yes", "i2": {"decisions": {"b": {"type": "reject"}}}}
 
 
+@pytest.mark.parametrize("positional", [False, None])
+@pytest.mark.parametrize("form", ["interrupt", "sdk"])
+def test_a_list_is_refused_for_an_interrupt_that_does_not_say_it_takes_one(positional: bool | None, form: str) -> None:
+    """``positional`` false, or missing (a review pending in a checkpoint an older guard wrote, perhaps with
+    ``decisions_by_position=False``): a list is refused, the map of item ids answers."""
+    pending: list[Any] = [_interrupt("i1", "a", positional=positional)]
+    if form == "sdk":
+        pending = [{"id": "i1", "value": pending[0].value}]
+    with pytest.raises(ResumeError, match="decisions by item id only") as caught:
+        resume_command(pending, [{"type": "approve"}])
+    assert caught.value.expected == ("a",)
+    assert resume_command(pending, {"a": {"type": "approve"}}).resume == {"i1": {"decisions": {"a": {"type": "approve"}}}}
+
+
 def test_interrupts_whose_item_ids_repeat_are_answered_one_at_a_time() -> None:
     """Two interrupts may hold an item of the same id: a map cannot tell them apart (refused with a message saying
     so), a list is refused across interrupts, one interrupt at a time answers each; two items of one id in one
@@ -226,7 +242,8 @@ def test_an_edit_naming_a_tool_the_agent_does_not_have_is_refused(decision: dict
     with pytest.raises(ValidationError, match="the edit for a " + fragment):
         _validate(items, {"decisions": {"a": decision}})
     with pytest.raises(ResumeError, match=re.escape("the edit for decisions[0] (a) ") + fragment) as caught:
-        resume_command([Interrupt(value={"type": "guard_review", "items": items}, id="i1")], [decision])
+        resume_command([Interrupt(value={"type": "guard_review", "items": items, "positional": True}, id="i1")],
+                       [decision])
     assert caught.value.expected == ("a",)
 
 
