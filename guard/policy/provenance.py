@@ -11,7 +11,8 @@ A tool call's arguments are looked up in the conversation before it (the subject
   arguments of the call that result answers (:attr:`TurnMessage.arguments`): a result that repeats its call's
   arguments (``sent 90 EUR to X``, ``X is valid``) is no evidence a tool gave them, so such a value keeps the source
   the rest of the conversation gives it (what it had when that call was made, while those messages are kept), else
-  ``none``;
+  ``none``; a number that is not an identifier is among them only under the argument of its own name (``amount=90``
+  then ``amount`` 90; not ``n=100`` of a lookup then an ``amount`` of 100 it lists);
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`) of a tool
   result or an ``agent`` message, in a tool result guard withheld or quoted, or in the instructions guard cut out of
   a *stripped* one (what is left of it is an ordinary tool result, but a value the cut instructions named stays
@@ -309,7 +310,8 @@ def _split_tool_text(text: str, detector: Detector) -> tuple[_Prepared, _Prepare
 
 @dataclass(frozen=True)
 class _Needle:
-    """One scalar value to look for, in the forms it can be matched by."""
+    """One scalar value to look for, in the forms it can be matched by, and the top-level argument of the call it is
+    in (``argument``; ``None`` for a value inside a composed text), which a number's echo is looked for under."""
 
     text: str
     compact: str | None
@@ -317,6 +319,7 @@ class _Needle:
     number: str | None
     marks: str | None = None
     joined: bool = False
+    argument: str | None = None
 
 
 @dataclass(frozen=True)
@@ -331,17 +334,18 @@ class _Value:
     read: _Needle
 
 
-def _value(value: Any) -> _Value | None:
-    """``value`` as :class:`_Value`; ``None`` when it carries no evidence (bool, null, very short text)."""
-    written = _needle(value, _fold)
+def _value(value: Any, argument: str | None = None) -> _Value | None:
+    """``value`` (a scalar of the top-level argument named ``argument``) as :class:`_Value`; ``None`` when it carries
+    no evidence (bool, null, very short text)."""
+    written = _needle(value, _fold, argument)
     if written is None:
         return None
-    return _Value(written, _needle(value, _fold_read) or written)
+    return _Value(written, _needle(value, _fold_read, argument) or written)
 
 
-def _needle(value: Any, fold: Callable[[str], str]) -> _Needle | None:
-    """The forms ``value`` is matched by, its text folded by ``fold``; ``None`` when it carries no evidence (bool,
-    null, very short text)."""
+def _needle(value: Any, fold: Callable[[str], str], argument: str | None = None) -> _Needle | None:
+    """The forms ``value`` (a scalar of the top-level argument named ``argument``) is matched by, its text folded by
+    ``fold``; ``None`` when it carries no evidence (bool, null, very short text)."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int | float):
@@ -351,7 +355,7 @@ def _needle(value: Any, fold: Callable[[str], str]) -> _Needle | None:
             number = _canonical_number(format(Decimal(str(value)), "f"))
         except InvalidOperation:  # inf and nan
             return None
-        return _Needle(fold(str(value)), None, None, number, marks=".,")
+        return _Needle(fold(str(value)), None, None, number, marks=".,", argument=argument)
     if not isinstance(value, str):
         value = str(value)
     folded = fold(value)
@@ -368,7 +372,9 @@ def _needle(value: Any, fold: Callable[[str], str]) -> _Needle | None:
         number = _comma_number(folded)
     hostlike = url != folded or (not number and ("." in folded or "/" in folded))  # also found in a text's URL form
     joined = any(char.isalpha() for char in folded)  # letters and digits continue each other (see _continues)
-    return _Needle(folded, compact if identifier else None, url if hostlike else None, number, _marks(folded), joined)
+    return _Needle(
+        folded, compact if identifier else None, url if hostlike else None, number, _marks(folded), joined, argument
+    )
 
 
 def _marks(folded: str) -> str | None:
@@ -511,10 +517,15 @@ def _leaves(value: Any) -> Iterable[Any]:
 def _echoes(needle: _Needle, message: TurnMessage) -> bool:
     """Whether ``needle`` is among the arguments of the call the tool result ``message`` answers (its
     :attr:`~guard.subject.TurnMessage.arguments`: their values and the identifiers inside them), so the result may
-    only repeat it."""
-    if message.arguments is None:
+    only repeat it. A number (not an identifier) is looked for only in the argument of its own name (``amount`` of a
+    repeated payment; not ``n=100`` of a lookup whose result lists a payment of 100)."""
+    arguments = message.arguments
+    if arguments is None:
         return False
-    values = [str(leaf) for leaf in _leaves(message.arguments) if isinstance(leaf, str | int | float)]
+    if needle.number is not None and needle.compact is None:
+        named = isinstance(arguments, Mapping) and needle.argument in arguments
+        arguments = arguments[needle.argument] if named else None
+    values = [str(leaf) for leaf in _leaves(arguments) if isinstance(leaf, str | int | float)]
     return _found(needle, _prepare("\n".join(values)))
 
 
@@ -591,7 +602,7 @@ def trace_arguments(
     for name, value in arguments.items():
         worst: ArgumentSource | None = None
         for leaf in _leaves(value):
-            traced = _value(leaf)
+            traced = _value(leaf, name)
             if traced is None:
                 continue
             found = _source_of(traced, history, trusted_prepared, detector)

@@ -411,3 +411,19 @@ def test_a_result_that_repeats_its_calls_arguments_is_no_evidence_for_them() -> 
     assert source(call, USER, TurnMessage("tool", paid.text, "send_money", "c2")) == {
         "recipient": "tool_result", "amount": "tool_result", "fee": "tool_result",
     }  # fmt: skip  # the call it answers is not known: its text is the tool's
+
+
+def test_a_number_repeats_its_calls_argument_only_under_the_same_name() -> None:
+    """A lookup's count or year equal to an amount its result lists is no echo of that amount: the amount is the
+    tool's; a number under the same name (a payment made again) and an identifier under any name are echoes."""
+    recent = TurnMessage("tool", "[{amount: 100.0, sender: GB29NWBK60161331926819}]", "get_most_recent_transactions",
+                         "c1", arguments={"n": 100})
+    tax = TurnMessage("tool", "Tax owed for 2024: 2024 EUR", "get_tax", "c2", arguments={"year": 2024})
+    assert source({"amount": 100, "total": 2024}, USER, recent, tax) == {"amount": "tool_result",
+                                                                         "total": "tool_result"}  # fmt: skip
+    paid = TurnMessage("tool", "sent 100.0 EUR, receipt 4711", "send_money", "c3",
+                       arguments={"amount": 100, "options": {"receipt": "4711"}})
+    assert source({"amount": 100, "receipt": 4711}, USER, paid) == {"amount": "none", "receipt": "tool_result"}
+    checked = TurnMessage("tool", "account 20201555555555 is valid", "check_account", "c4",
+                          arguments={"account": "20201555555555"})
+    assert source({"to": "20201555555555"}, USER, checked) == {"to": "none"}
