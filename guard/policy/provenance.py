@@ -12,7 +12,9 @@ A tool call's arguments are looked up in the conversation before it (the subject
   arguments (``sent 90 EUR to X``, ``X is valid``) is no evidence a tool gave them, so such a value keeps the source
   the rest of the conversation gives it (what it had when that call was made, while those messages are kept), else
   ``none``; a number that is not an identifier is among them only under the argument of its own name (``amount=90``
-  then ``amount`` 90; not ``n=100`` of a lookup then an ``amount`` of 100 it lists);
+  then ``amount`` 90; not ``n=100`` of a lookup then an ``amount`` of 100 it lists); nor is a tool result evidence
+  for the arguments of an earlier call the policy's ``tools`` do not declare ``read_only`` (the payment a later
+  ``get_most_recent_transactions`` lists, a file written then read), which keep the source they had before it;
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`) of a tool
   result or an ``agent`` message, in a tool result guard withheld or quoted, or in the instructions guard cut out of
   a *stripped* one (what is left of it is an ordinary tool result, but a value the cut instructions named stays
@@ -514,19 +516,33 @@ def _leaves(value: Any) -> Iterable[Any]:
             yield item
 
 
-def _echoes(needle: _Needle, message: TurnMessage) -> bool:
-    """Whether ``needle`` is among the arguments of the call the tool result ``message`` answers (its
-    :attr:`~guard.subject.TurnMessage.arguments`: their values and the identifiers inside them), so the result may
-    only repeat it. A number (not an identifier) is looked for only in the argument of its own name (``amount`` of a
-    repeated payment; not ``n=100`` of a lookup whose result lists a payment of 100)."""
-    arguments = message.arguments
-    if arguments is None:
-        return False
-    if needle.number is not None and needle.compact is None:
-        named = isinstance(arguments, Mapping) and needle.argument in arguments
-        arguments = arguments[needle.argument] if named else None
-    values = [str(leaf) for leaf in _leaves(arguments) if isinstance(leaf, str | int | float)]
-    return _found(needle, _prepare("\n".join(values)))
+def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> list[tuple[Any, ...]]:
+    """For each message of ``history``, the arguments (:attr:`~guard.subject.TurnMessage.arguments`) of calls a tool
+    result there may only repeat: those of the call it answers, and those of every call answered before it that
+    ``tools`` does not declare ``read_only`` (what it did shows in later reads: a payment in the account's history,
+    a file written then read)."""
+    out: list[tuple[Any, ...]] = []
+    sent: list[Any] = []
+    for message in history:
+        own = () if message.role != "tool" or message.arguments is None else (message.arguments,)
+        out.append((*sent, *own))
+        if own and resolved_effect(tools, message.tool_name, "unknown") != "read_only":
+            sent.append(message.arguments)
+    return out
+
+
+def _echoes(needle: _Needle, repeated: Sequence[Any]) -> bool:
+    """Whether ``needle`` is among the arguments of calls in ``repeated`` (their values and the identifiers inside
+    them: :func:`_repeated`), so a tool result may only repeat it. A number (not an identifier) is looked for only in
+    the argument of its own name (``amount`` of a repeated payment; not ``n=100`` of a lookup whose result lists a
+    payment of 100)."""
+    values = []
+    for arguments in repeated:
+        if needle.number is not None and needle.compact is None:
+            named = isinstance(arguments, Mapping) and needle.argument in arguments
+            arguments = arguments[needle.argument] if named else None
+        values.extend(str(leaf) for leaf in _leaves(arguments) if isinstance(leaf, str | int | float))
+    return bool(values) and _found(needle, _prepare("\n".join(values)))
 
 
 def _as_written(value: _Value, text: str) -> bool:
@@ -537,10 +553,14 @@ def _as_written(value: _Value, text: str) -> bool:
 
 
 def _source_of(
-    value: _Value, history: Sequence[TurnMessage], trusted: Sequence[_Prepared], detector: Detector
+    value: _Value,
+    history: Sequence[TurnMessage],
+    trusted: Sequence[_Prepared],
+    detector: Detector,
+    repeated: Sequence[tuple[Any, ...]],
 ) -> ArgumentSource:
     """Where ``value`` came from (the module docstring's precedence): a source that vouches for it holds it as
-    written, a flagged one as guard's normaliser reads both."""
+    written, a flagged one as guard's normaliser reads both; ``repeated`` is :func:`_repeated` of ``history``."""
     written, read = value.written, value.read
     if any(_found(written, _prepare(m.text)) for m in history if m.role == "user"):
         return ArgumentSource("user")
@@ -550,7 +570,7 @@ def _source_of(
         return ArgumentSource("trusted")
     plain: ArgumentSource | None = None
     relayed: ArgumentSource | None = None
-    for message in reversed(history):
+    for message, repeats in zip(reversed(history), reversed(repeated), strict=True):
         if message.role == "agent":  # a summary, a parent agent's task: not the user's words
             if _found(read, _prepare_read(message.text)):
                 if message.flagged is not None:  # it summarizes flagged results: all of it counts as flagged
@@ -572,7 +592,7 @@ def _source_of(
         ordinary, flagged = _split_tool_text(message.text, detector)
         if flagged.text and _found(read, flagged):
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
-        if plain is None and _found(read, ordinary) and _as_written(value, message.text) and not _echoes(written, message):
+        if plain is None and _found(read, ordinary) and _as_written(value, message.text) and not _echoes(written, repeats):
             plain = ArgumentSource("tool_result", message.tool_name, message.tool_call_id)
     return plain or relayed or ArgumentSource("none")
 
@@ -583,6 +603,7 @@ def trace_arguments(
     *,
     trusted: Sequence[str] = (),
     detector: Detector = find_instructions,
+    tools: Mapping[str, ToolSpec] | None = None,
 ) -> dict[str, ArgumentSource]:
     """The source of every top-level argument of a tool call.
 
@@ -591,6 +612,8 @@ def trace_arguments(
         history: the messages before the call, oldest first.
         trusted: values from trusted configuration (e.g. the policy's ``trusted`` list).
         detector: finds the spans of a tool result that give the agent instructions.
+        tools: the policy's tools; the arguments of an earlier call it does not declare ``read_only`` are no
+            evidence in tool results from that call on (``None``: no tool is declared).
 
     Returns:
         Argument name -> :class:`ArgumentSource`; an argument made of several values gets the weakest of theirs.
@@ -599,17 +622,18 @@ def trace_arguments(
     if not arguments:
         return out
     trusted_prepared = [_prepare(t) for t in trusted]
+    repeated = _repeated(history, tools or {})
     for name, value in arguments.items():
         worst: ArgumentSource | None = None
         for leaf in _leaves(value):
             traced = _value(leaf, name)
             if traced is None:
                 continue
-            found = _source_of(traced, history, trusted_prepared, detector)
+            found = _source_of(traced, history, trusted_prepared, detector, repeated)
             if found.source == "none":  # composed text: its links, addresses, names and codes are traced one by one
                 inner = _embedded(leaf)
                 if inner:
-                    found = max((_source_of(v, history, trusted_prepared, detector) for v in inner),
+                    found = max((_source_of(v, history, trusted_prepared, detector, repeated) for v in inner),
                                 key=lambda f: _RANK[f.source])
             if worst is None or _RANK[found.source] > _RANK[worst.source]:
                 worst = found
@@ -648,7 +672,7 @@ def call_features(
         were flagged (guard withheld, quoted or stripped them, or the detector finds instructions in them);
         ``user_arguments``: how many arguments come from the user.
     """
-    sources = trace_arguments(arguments, history, trusted=trusted, detector=detector)
+    sources = trace_arguments(arguments, history, trusted=trusted, detector=detector, tools=tools)
     spec = tools.get(tool or "", ToolSpec())
     allowed = spec.arguments or {}
     disallowed = sorted(

@@ -413,6 +413,31 @@ def test_a_result_that_repeats_its_calls_arguments_is_no_evidence_for_them() -> 
     }  # fmt: skip  # the call it answers is not known: its text is the tool's
 
 
+def test_what_an_earlier_call_sent_is_no_evidence_in_a_later_read() -> None:
+    """A payment made shows in the account's history: the same payment made again takes the source the values had
+    before it was made (a tool result that gave them, else none), not the history's; a read-only call's arguments
+    are no evidence only in its own result, and a call the policy does not declare counts as not read-only."""
+    tools = {"send_money": ToolSpec(effect="side_effecting"), "get_most_recent_transactions": ToolSpec("read_only"),
+             "get_account": ToolSpec("read_only")}
+    paid = TurnMessage("tool", "sent", "send_money", "c2",
+                       arguments={"recipient": "GB33BUKB20201555555555", "amount": 9999, "subject": "rent"})
+    history = TurnMessage("tool", "9999.0 EUR to GB33BUKB20201555555555", "get_most_recent_transactions", "c3",
+                          arguments={"n": 5})
+    call = {"recipient": "GB33BUKB20201555555555", "amount": 9999}
+    features = call_features("send_money", call, (USER, paid, history), tools=tools)
+    assert features["provenance"] == {"recipient": "none", "amount": "none"}
+    assert source(call, USER, paid, history, tools={}) == {"recipient": "none", "amount": "none"}
+    gave = tool("Landlord: GB33BUKB20201555555555, rent 9999", call_id="c1", name="get_landlord")
+    found = trace_arguments(call, (USER, gave, paid, history), tools=tools)
+    assert {name: (f.source, f.tool_call_id) for name, f in found.items()} == {
+        "recipient": ("tool_result", "c1"), "amount": ("tool_result", "c1"),
+    }  # fmt: skip
+    looked_up = TurnMessage("tool", "balance 10", "get_account", "c1", arguments={"id": "SAV-0001"})
+    listed = tool("SAV-0001 savings, CHK-0002 checking", call_id="c2", name="list_accounts")
+    assert source({"from": "SAV-0001"}, USER, looked_up, listed, tools=tools) == {"from": "tool_result"}
+    assert source({"from": "SAV-0001"}, USER, looked_up, listed, tools={}) == {"from": "none"}
+
+
 def test_a_number_repeats_its_calls_argument_only_under_the_same_name() -> None:
     """A lookup's count or year equal to an amount its result lists is no echo of that amount: the amount is the
     tool's; a number under the same name (a payment made again) and an identifier under any name are echoes."""
