@@ -330,7 +330,7 @@ def _compile(
         },
         data=file_spec.data,
         tools={
-            name: ToolSpec(t.effect, {arg: tuple(a.from_) for arg, a in t.arguments.items()} or None)
+            name: ToolSpec(t.effect, {arg: tuple(a.from_) for arg, a in t.arguments.items()} or None, t.evidence)
             for name, t in spec.tools.items()
         },
         trusted=tuple(spec.trusted),

@@ -567,6 +567,12 @@ class ToolSpec(_Strict):
         json_schema_extra={"default": {}},
         description="Sensitive argument name -> the sources it may have, e.g. recipient: {from: [user, trusted]}.",
     )
+    evidence: bool | None = Field(
+        default=None,
+        description="Whether a value in the tool's results counts as tool_result (false for a tool that computes its "
+        "output from the model's input, such as a shell: its values keep the source they have elsewhere, else none); "
+        "omitted: true, but false for provider code execution (code_execution, code_interpreter, executable_code).",
+    )
 
 
 class PolicySpec(_Strict):

@@ -14,7 +14,11 @@ A tool call's arguments are looked up in the conversation before it (the subject
   ``none``; a number that is not an identifier is among them only under the argument of its own name (``amount=90``
   then ``amount`` 90; not ``n=100`` of a lookup then an ``amount`` of 100 it lists); nor is a tool result evidence
   for the arguments of an earlier call the policy's ``tools`` do not declare ``read_only`` (the payment a later
-  ``get_most_recent_transactions`` lists, a file written then read), which keep the source they had before it;
+  ``get_most_recent_transactions`` lists, a file written then read), which keep the source they had before it; an
+  identifier split among a call's strings (``{"country": "GB", "rest": "33BUKB..."}``) is among them when they,
+  joined in order, hold it. A tool whose results are no evidence (``evidence: false`` in the policy's ``tools``, and
+  provider code execution unless declared ``evidence: true``: :data:`CODE_TOOLS`) gives no value this source: its
+  output is what the model's own code or command computed (``print('...'[::-1])``, ``echo ... | rev``);
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`) of a tool
   result or an ``agent`` message, in a tool result guard withheld or quoted, or in the instructions guard cut out of
   a *stripped* one (what is left of it is an ordinary tool result, but a value the cut instructions named stays
@@ -89,6 +93,7 @@ from guard.subject import AgentSubject, Subject, TurnMessage
 __all__ = [
     "CACHED_TEXTS",
     "CALL_KEYS",
+    "CODE_TOOLS",
     "DETECTOR_MAX_CHARS",
     "RESULT_KEYS",
     "SOURCES",
@@ -97,6 +102,7 @@ __all__ = [
     "ToolSpec",
     "call_features",
     "flagged_results",
+    "gives_evidence",
     "resolved_effect",
     "result_features",
     "rule_features",
@@ -119,6 +125,9 @@ DETECTOR_MAX_CHARS = 200_000
 CACHED_TEXTS = 2048
 #: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.
 MIN_TEXT_CHARS = 3
+#: Provider code execution (Anthropic's and Google's ``code_execution``, OpenAI's ``code_interpreter``): its results
+#: print what the model's code computed, so they are no evidence unless the policy's tools say ``evidence: true``.
+CODE_TOOLS = frozenset({"code_execution", "code_interpreter", "executable_code"})
 
 
 @dataclass(frozen=True)
@@ -128,10 +137,13 @@ class ToolSpec:
     Attributes:
         effect: ``read_only``, ``side_effecting`` or ``unknown`` (not declared).
         arguments: sensitive argument name -> the sources it may have (e.g. ``("user", "trusted")``).
+        evidence: whether a value in the tool's results is a ``tool_result`` (``False`` for a tool that computes its
+            output from the model's input, such as a shell); ``None``: yes, but for :data:`CODE_TOOLS`.
     """
 
     effect: Literal["read_only", "side_effecting", "unknown"] = "unknown"
     arguments: Mapping[str, tuple[Source, ...]] | None = None
+    evidence: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -498,34 +510,44 @@ def _embedded(value: Any) -> list[_Value] | None:
 
 
 def _leaves(value: Any) -> Iterable[Any]:
-    """The scalars of an argument to trace: its values, the keys of its objects that are identifiers, and for a list
-    of strings each too short to carry evidence, the strings joined when that makes an identifier."""
+    """The scalars of an argument to trace, in the order given: its values, the keys of its objects that are
+    identifiers, and for a list of strings each too short to carry evidence, the strings joined when that makes an
+    identifier (in place of the pieces)."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, Mapping):
-            stack.extend(item.values())
             yield from (key for key in item if isinstance(key, str) and _EMBEDDED.fullmatch(key.strip()))
+            stack.extend(reversed(list(item.values())))
         elif isinstance(item, list | tuple):
-            stack.extend(item)
-            if item and all(isinstance(piece, str) and len(piece.strip()) < MIN_TEXT_CHARS for piece in item):
-                joined = "".join(piece.strip() for piece in item)
-                if _IDENTIFIER.fullmatch(joined) and len(_NOT_ALNUM.sub("", joined)) >= 6:
-                    yield joined
+            joined = "".join(piece.strip() for piece in item if isinstance(piece, str))
+            if (item and all(isinstance(piece, str) and len(piece.strip()) < MIN_TEXT_CHARS for piece in item)
+                    and _IDENTIFIER.fullmatch(joined) and len(_NOT_ALNUM.sub("", joined)) >= 6):
+                yield joined
+            else:
+                stack.extend(reversed(item))
         else:
             yield item
 
 
-def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> list[tuple[Any, ...]]:
+def gives_evidence(tools: Mapping[str, ToolSpec], tool: str | None) -> bool:
+    """Whether a value in ``tool``'s results is a ``tool_result`` for a policy with ``tools`` (its ``evidence``;
+    undeclared: yes, but for :data:`CODE_TOOLS`)."""
+    evidence = tools.get(tool or "", ToolSpec()).evidence
+    return evidence if evidence is not None else (tool or "") not in CODE_TOOLS
+
+
+def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> list[tuple[Any, ...] | None]:
     """For each message of ``history``, the arguments (:attr:`~guard.subject.TurnMessage.arguments`) of calls a tool
     result there may only repeat: those of the call it answers, and those of every call answered before it that
     ``tools`` does not declare ``read_only`` (what it did shows in later reads: a payment in the account's history,
-    a file written then read)."""
-    out: list[tuple[Any, ...]] = []
+    a file written then read); ``None`` for a result of a tool that gives no evidence (:func:`gives_evidence`)."""
+    out: list[tuple[Any, ...] | None] = []
     sent: list[Any] = []
     for message in history:
         own = () if message.role != "tool" or message.arguments is None else (message.arguments,)
-        out.append((*sent, *own))
+        evidence = message.role != "tool" or gives_evidence(tools, message.tool_name)
+        out.append((*sent, *own) if evidence else None)
         if own and resolved_effect(tools, message.tool_name, "unknown") != "read_only":
             sent.append(message.arguments)
     return out
@@ -535,13 +557,18 @@ def _echoes(needle: _Needle, repeated: Sequence[Any]) -> bool:
     """Whether ``needle`` is among the arguments of calls in ``repeated`` (their values and the identifiers inside
     them: :func:`_repeated`), so a tool result may only repeat it. A number (not an identifier) is looked for only in
     the argument of its own name (``amount`` of a repeated payment; not ``n=100`` of a lookup whose result lists a
-    payment of 100)."""
+    payment of 100); an identifier also in a call's strings joined in order, letters and digits only (split into
+    ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to join)."""
     values = []
     for arguments in repeated:
         if needle.number is not None and needle.compact is None:
             named = isinstance(arguments, Mapping) and needle.argument in arguments
             arguments = arguments[needle.argument] if named else None
-        values.extend(str(leaf) for leaf in _leaves(arguments) if isinstance(leaf, str | int | float))
+        leaves = [leaf for leaf in _leaves(arguments) if isinstance(leaf, str | int | float)]
+        joined = _NOT_ALNUM.sub("", _fold("".join(leaf for leaf in leaves if isinstance(leaf, str))))
+        if needle.compact is not None and needle.compact in joined:
+            return True
+        values.extend(map(str, leaves))
     return bool(values) and _found(needle, _prepare("\n".join(values)))
 
 
@@ -557,7 +584,7 @@ def _source_of(
     history: Sequence[TurnMessage],
     trusted: Sequence[_Prepared],
     detector: Detector,
-    repeated: Sequence[tuple[Any, ...]],
+    repeated: Sequence[tuple[Any, ...] | None],
 ) -> ArgumentSource:
     """Where ``value`` came from (the module docstring's precedence): a source that vouches for it holds it as
     written, a flagged one as guard's normaliser reads both; ``repeated`` is :func:`_repeated` of ``history``."""
@@ -592,7 +619,8 @@ def _source_of(
         ordinary, flagged = _split_tool_text(message.text, detector)
         if flagged.text and _found(read, flagged):
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
-        if plain is None and _found(read, ordinary) and _as_written(value, message.text) and not _echoes(written, repeats):
+        if (plain is None and _found(read, ordinary) and _as_written(value, message.text)
+                and repeats is not None and not _echoes(written, repeats)):
             plain = ArgumentSource("tool_result", message.tool_name, message.tool_call_id)
     return plain or relayed or ArgumentSource("none")
 
