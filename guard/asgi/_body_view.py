@@ -297,8 +297,8 @@ def _key_shaped(value: str) -> bool:
     * a JWT (:data:`_JWT`) whose header and payload are base64url of JSON objects and whose signature has a
       signature's length (:data:`_SIGNATURE_LENGTHS`) and does not read as text;
     * a key of a known prefix (the decision log's :data:`~guard.engine.telemetry._KEY_SHAPE`: ``sk_live_``,
-      ``ghp_``, ``xoxb-``) whose part after the prefix (:data:`~guard.engine.telemetry._KEY_PREFIX`) does not read as
-      text;
+      ``ghp_``, ``xoxb-``, ``SK`` and hex) whose part after the prefix (:data:`~guard.engine.telemetry._KEY_PREFIX`)
+      is hex (:data:`_HEX_OR_UUID`) or does not read as text;
     * a base64, base64url or alphanumeric run (:data:`_BASE64_RUN`) of 20 characters or more holding upper case,
       lower case and digits, or of 32 or more holding two of them, that changes kind (upper case, lower case, digit,
       other) at least once in every 2.5 characters (3.5 with two kinds), as random characters do (words change kind
@@ -310,7 +310,8 @@ def _key_shaped(value: str) -> bool:
         return _jwt_shaped(*jwt.groups())
     prefix = _KEY_PREFIX.match(value)
     if prefix is not None and _KEY_SHAPE.fullmatch(value):
-        return not _reads_as_text(value[prefix.end():])
+        key = value[prefix.end():]
+        return _HEX_OR_UUID.fullmatch(key) is not None or not _reads_as_text(key)
     if _BASE64_RUN.fullmatch(value) is None or _UPPER_RUN.search(value) or _reads_as_text(value):
         return False
     kinds = [_kind(c) for c in value]

@@ -220,6 +220,10 @@ async def test_text_under_a_secret_name_is_no_credential(make_guard: GuardFactor
     ("secret", "whsec_" + "e5F6" * 8),
     ("api_key", "sk_live_51HxYzAbCdEf0123"),
     ("api_key", "AKIAIOSFODNN7EXAMPLE"),
+    ("api_key", "SK31612de12703fbfa9a9cf586cf174ef6"),  # hex after a known prefix, changing kind seldom
+    ("api_key", "key-b56256712700ab58cecdd91067858723"),
+    ("token", "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"),
+    ("secret", "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"),
     ("session", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
     ("token", "sk-proj-wGIkLwYFs14BrbZoDgneY0pUOAU6e-C5WoZ86CtDUNJmwGyo4_ZcxU7ALguzQltUlx2ZXB_3Z2dXuKjM"),
     ("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
