@@ -499,8 +499,9 @@ class RuleSpec(OutcomeSpec):
         "\\d \\s \\w, ASCII \\b; no backreferences or lookaround). Functions besides CEL's: skeleton(x), "
         "confusable(x, y), sqli(x), xss(x), code_exec(x) and path_traversal(x) (docs/policies.md). At most "
         f"{MAX_WHEN_CHARS} characters, nested at most {MAX_WHEN_DEPTH} deep (operators in a row, plus one per bracket). "
-        "No macro over request data (state, subject, call, result) inside another's body, and no map() or filter() "
-        "over it: their cost grows with the square of the request."
+        "Inside the body of a macro over request data (state, subject, call, result) the request is read only "
+        "through the macro's variable, and map() and filter() do not run over it: else the cost grows with the "
+        "square of the request."
     )
 
 

@@ -433,60 +433,98 @@ _MACRO_RE = re.compile(r"\.\s*(all|exists_one|exists|map|filter)\s*\(")
 #: Names whose values the request supplies, so their sizes too.
 _REQUEST_NAMES = frozenset({"state", "subject", "call", "result"})
 _MACRO_VARIABLE = re.compile(r"\s*([A-Za-z_]\w*)\s*,")
-_ROOT_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
-_REQUEST_READ = re.compile(rf"(?<![\w.])(?:{'|'.join(sorted(_REQUEST_NAMES))})(?!\w)")
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+@dataclass
+class _Macro:
+    """A macro call of a ``when``: its name, variable, receiver as written, the span of its body (its arguments
+    after the variable) in the text, and whether it iterates request data."""
+
+    name: str
+    variable: str
+    receiver: str
+    body: tuple[int, int]
+    over_request: bool = False
 
 
 def _check_macro_cost(source: str) -> None:
     """Refuse a ``when`` whose run time grows with the square of the request, which no timeout can stop (rules run
-    on the event loop, and the CEL runtime neither yields nor has a cost limit): a macro over request data
-    (:data:`_REQUEST_NAMES`) inside the body of another macro over request data (``state.items.exists(a,
-    state.items.exists(b, ...))``), and ``map`` or ``filter`` over request data or an item of it (the variable
-    of a macro over request data), which this runtime runs in time growing with the square of the list (it copies
-    what it collected at each item: 10,000 items took 9 s).
+    on the event loop, and the CEL runtime neither yields nor has a cost limit). The runtime copies a list or map
+    each time an expression reads it, so inside the body of a macro over request data (:data:`_REQUEST_NAMES`, or
+    the variable of such a macro, list and map literals holding them included) the request may be read only through
+    that macro's own variable: a request name or an enclosing macro's variable read there is refused, and so is a
+    macro over either. ``map`` and ``filter`` over request data are refused too: this runtime copies what they
+    collected at each item. ``data``, question keys and literals may be read anywhere.
 
     Raises:
-        ValueError: naming the macros and why.
+        ValueError: naming what is read where, and what to write instead.
     """
     code = _masked(source)
-    macros = []  # (name, receiver as written, start of the body, end of the body) of each macro over request data
-    collecting = []  # (name, receiver as written) of each map and filter over request data or an item of it
-    items: set[str] = set()  # the variables of the macros over request data
+    macros: list[_Macro] = []
+
+    def binding(name: str, at: int) -> _Macro | None:
+        """The macro whose variable ``name`` at ``at`` is (the innermost binding it), None for a top-level name."""
+        inner = [m for m in macros if m.variable == name and m.body[0] <= at < m.body[1]]
+        return max(inner, key=lambda m: m.body[0]) if inner else None
+
+    def over_request(name: str, at: int) -> bool:
+        bound = binding(name, at)
+        return bound.over_request if bound is not None else name in _REQUEST_NAMES
+
     for found in _MACRO_RE.finditer(code):
-        start = _receiver_start(code, found.start())
-        name, receiver = found.group(1), source[start : found.start()].strip()
-        if _REQUEST_READ.search(code, start, found.start()):
-            macros.append((name, receiver, found.end(), _closing(code, found.end())))
-            variable = _MACRO_VARIABLE.match(code, found.end())
-            items.update([variable.group(1)] if variable else [])
-        elif not set(_ROOT_NAME.findall(code, start, found.start())) & items:
+        variable = _MACRO_VARIABLE.match(code, found.end())
+        if variable is None:
             continue
-        if name in ("map", "filter"):
-            collecting.append((name, receiver))
-    for outer, outer_receiver, start, end in macros:
-        for inner, inner_receiver, inner_start, _ in macros:
-            if start < inner_start < end:
-                raise ValueError(
-                    f"runs {inner}() over {inner_receiver} inside the body of {outer}() over {outer_receiver}: its "
-                    "cost grows with the square of the request (2,500 items: 3 s on the event loop, which no "
-                    "timeout stops); compare with a list from data, or split the check into rules over one list"
-                )
-    if collecting:
-        name, receiver = collecting[0]
+        start = _receiver_start(code, found.start())
+        macro = _Macro(found.group(1), variable.group(1), " ".join(source[start : found.start()].split()),
+                       (variable.end(), _closing(code, variable.end())))
+        names = _names(code, start, found.start())
+        macro.over_request = start == found.start() or any(over_request(name, at) for name, at in names)
+        macros.append(macro)
+        if macro.over_request and macro.name in ("map", "filter"):
+            raise ValueError(
+                f"runs {macro.name}() over {macro.receiver}, request data: this CEL runtime's map() and filter() "
+                "take time growing with the square of the list (10,000 items: 9 s on the event loop, which no "
+                "timeout stops); use exists(), all() or exists_one(), whose cost grows with the list"
+            )
+    for name, at in _names(code, 0, len(code)):
+        enclosing = [m for m in macros if m.over_request and m.body[0] <= at < m.body[1]]
+        if not enclosing or not over_request(name, at):
+            continue
+        inner = max(enclosing, key=lambda m: m.body[0])
+        if binding(name, at) is inner:
+            continue
+        what = f"{name}, the variable of an enclosing macro," if name not in _REQUEST_NAMES or binding(name, at) \
+            else name
         raise ValueError(
-            f"runs {name}() over {receiver}, request data: this CEL runtime's map() and filter() take time growing "
-            "with the square of the list (10,000 items: 9 s on the event loop, which no timeout stops); use "
-            "exists(), all() or exists_one(), whose cost grows with the list"
+            f"reads {what} inside the body of {inner.name}() over {inner.receiver}: the CEL runtime copies a list "
+            "or map each time it is read, so the cost grows with the square of the request (8,000 items: 74 s on "
+            "the event loop, which no timeout stops); inside a macro over request data read the request only "
+            f"through its variable {inner.variable!r} (a macro over a field of it loads); compare with data, or "
+            "compute the value in the app and pass it in the state (a map's values as a list)"
         )
 
 
+def _names(code: str, start: int, end: int) -> list[tuple[str, int]]:
+    """The names ``code`` (a :func:`_masked` ``when``) reads between ``start`` and ``end``, with their offsets:
+    variables and top-level names, not fields or methods (after a ``.``) nor functions called."""
+    out = []
+    for found in _NAME.finditer(code, start, end):
+        if code[: found.start()].rstrip().endswith(".") or code[found.end() :].lstrip().startswith("("):
+            continue
+        out.append((found.group(), found.start()))
+    return out
+
+
 def _receiver_start(code: str, dot: int) -> int:
-    """Where the expression a method is called on starts, the method's ``.`` being at ``dot``: a chain of names,
-    members, calls and indexes (``state.items[0].tags``), or a bracketed expression (``[state.a, state.b]``)."""
+    """Where the expression a method is called on starts, the method's ``.`` being at ``dot`` in ``code`` (a
+    :func:`_masked` ``when``): a chain of names, members, calls and indexes (``state.items[0].tags``), one that
+    starts with a bracketed expression (``[state.a, state.b]``, ``{"x": state.items}.x``)."""
     at = dot
     while True:
         start = len(code[:at].rstrip())
-        bracket = start > 0 and code[start - 1] in ")]"
+        bracket = start > 0 and code[start - 1] in ")]}"
         if bracket:
             start = _opening(code, start - 1)
         else:
@@ -496,7 +534,7 @@ def _receiver_start(code: str, dot: int) -> int:
                 return at
         before = len(code[:start].rstrip())
         if before > 0 and (code[before - 1] == "." or (bracket and (code[before - 1].isalnum() or code[before - 1]
-                                                                    in "_)]"))):
+                                                                    in "_)]}"))):
             at = before - 1 if code[before - 1] == "." else before
             continue
         return start

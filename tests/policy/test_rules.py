@@ -442,10 +442,24 @@ def test_a_panic_of_the_cel_runtime_while_compiling_is_a_value_error() -> None:
 
 
 @pytest.mark.parametrize(("when", "error"), [
-    ("state.qty.exists(a, state.qty.filter(b, b == a).size() > 1)",
-     r"runs filter\(\) over state\.qty inside the body of exists\(\) over state\.qty: its cost grows with the square"),
+    ("state.qty.exists(a, state.qty.filter(b, b == a).size() > 1)", r"runs filter\(\) over state\.qty, request data"),
     ("state.qty.exists(a, data.l.exists(b, subject.headers.all(h, h != a)))",
-     r"runs all\(\) over subject\.headers inside the body of exists\(\) over state\.qty"),
+     r"reads subject inside the body of exists\(\) over state\.qty: the CEL runtime copies a list or map each time it "
+     + "is read, so the cost grows with the square of the request"),
+    ("state.qty.items.all(i, i.currency == state.qty.currency)",
+     r"reads state inside the body of all\(\) over state\.qty\.items: .* request only through its variable 'i'"),
+    ("state.qty.all(i, i.currency == state.qty[0].currency)", r"reads state inside the body of all\(\) over state\.qty"),
+    ("state.qty.exists(a, a in state.other)", r"reads state inside the body of exists\(\) over state\.qty"),
+    ("state.qty.exists(i, i.p == size(state.qty))", r"reads state inside the body of exists\(\) over state\.qty"),
+    ("state.qty.exists(k, state.qty[k].matches(\"x\"))", r"reads state .* \(a map's values as a list\)"),
+    ("state.qty.exists(o, o.lines.exists(a, o.lines.exists(b, a != b && a.sku == b.sku)))",
+     r"reads o, the variable of an enclosing macro, inside the body of exists\(\) over o\.lines"),
+    ("state.qty.exists(o, o.lines.exists(l, l.qty > o.min))", r"reads o, the variable of an enclosing macro"),
+    ("[state.qty].exists(l, l.exists(a, l.exists(b, a != b && a == b)))",
+     r"reads l, the variable of an enclosing macro, inside the body of exists\(\) over l:"),
+    ("{''x'': state.qty}.x.exists(a, {''x'': state.qty}.x.exists(b, a != b && a == b))",
+     r"reads state inside the body of exists\(\) over \{'x': state\.qty\}\.x"),
+    ("{''x'': state.qty}.x.filter(a, a > 1).size() > 1", r"runs filter\(\) over \{'x': state\.qty\}\.x, request data"),
     ("size(state.qty[0].tags.map(t, t)) > 2", r"runs map\(\) over state\.qty\[0\]\.tags, request data"),
     ("state.qty.exists(g, g.items.filter(i, i > 3).size() > 1)", r"runs filter\(\) over g\.items, request data"),
 ])  # fmt: skip
@@ -458,6 +472,10 @@ def test_a_when_whose_cost_grows_with_the_square_of_the_request_is_a_load_error(
 
 @pytest.mark.parametrize("when", [
     "state.qty.exists(g, g.items.exists(i, i > 3))",  # each item's own list: linear in the request
+    "state.qty.exists(g, g.exists(i, i > data.l[0]))",
+    "state.qty.exists(i, data.l.exists(d, d == i.sku))",  # the request's items times the policy's list
+    "state.qty.exists(x, x.b.exists(x, x > 1))",  # the inner x is the inner macro's
+    "size(state.qty) > 3 && state.qty.exists(i, i. state > 1)",  # a field named state
     "data.l.exists(x, state.qty.exists(y, x == y))",  # the policy's list times the request's
     "state.qty.all(x, x > 0) && data.l.filter(x, x > 1).size() > 0",
     '["a", "b"].exists(p, state.qty.exists(x, x == p))',
