@@ -32,6 +32,8 @@ says, not the UTF-8 bytes the runtime's own ``size`` counts (:func:`_with_charac
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import inspect
 import math
 import operator
@@ -966,6 +968,14 @@ def _holds_smallest_int(value: Any) -> bool:
     return type(value) is int and value == _SMALLEST_INT
 
 
+#: Values the CEL runtime holds as they are, besides the strings, integers, maps and lists :func:`_representable`
+#: walks.
+_CEL_SCALARS = (bool, float, bytes, bytearray, memoryview, decimal.Decimal, datetime.datetime, datetime.timedelta,
+                type(None))
+#: The integers a CEL map key may be (``int`` or ``uint``).
+_CEL_INT_KEYS = range(-(2**63), 2**64)
+
+
 def _representable(value: Any) -> Any:
     """``value`` with what CEL cannot hold replaced, so a client's value cannot make every rule that reads ``state``
     (or ``subject``, ``call``) fail and so choose the policy's fail mode: every integer too large for a double (CEL
@@ -973,19 +983,39 @@ def _representable(value: Any) -> Any:
     (``state.n > 5``); :data:`_SMALLEST_INT` becomes the double of its value (a rule's ``-x`` of it is then
     positive); in every string, map keys included, a UTF-16 surrogate pair is joined into its character and a lone
     surrogate (a non-UTF-8 file name from ``os.fsdecode``) becomes U+FFFD, as the normaliser makes it (flag
-    ``lone_surrogates``). A map's keys that are not strings are kept (a map keyed by a double is not CEL's)."""
+    ``lone_surrogates``). A map key CEL cannot hold (:func:`_map_key`) becomes a string; a set or frozenset becomes
+    a list in sorted order (by ``repr`` where its items do not compare), a tuple a list, and any other value CEL
+    cannot hold (a complex number, a date, an application's object) its ``str()``."""
     if isinstance(value, str):
         return surrogates_joined(value)
-    if isinstance(value, bool) or not isinstance(value, int | dict | list | tuple):
+    if isinstance(value, _CEL_SCALARS):
         return value
     if isinstance(value, int):
         if value == _SMALLEST_INT:
             return float(value)
         return value if abs(value) <= _LARGEST_DOUBLE else (math.inf if value > 0 else -math.inf)
-    if isinstance(value, dict):
-        return {surrogates_joined(key) if isinstance(key, str) else key: _representable(item)
-                for key, item in value.items()}
-    return [_representable(item) for item in value]
+    if isinstance(value, Mapping):
+        return {_map_key(key): _representable(item) for key, item in value.items()}
+    if isinstance(value, set | frozenset):
+        try:
+            items = sorted(value)
+        except TypeError:
+            items = sorted(value, key=repr)
+        return [_representable(item) for item in items]
+    if isinstance(value, list | tuple):
+        return [_representable(item) for item in value]
+    return str(value)
+
+
+def _map_key(key: Any) -> Any:
+    """A map key as CEL holds it: a string (surrogates joined as in :func:`_representable`), a bool or a 64-bit
+    integer as it is; any other key (a double, ``None``, a tuple, bytes, a larger integer) becomes its text, ``None``
+    written ``"null"`` as JSON writes it."""
+    if isinstance(key, str):
+        return surrogates_joined(key)
+    if isinstance(key, bool) or (isinstance(key, int) and key in _CEL_INT_KEYS):
+        return key
+    return "null" if key is None else str(key)
 
 
 def run_rule(policy_id: str, rule: CompiledRule, context: Any) -> bool:
