@@ -319,7 +319,7 @@ def compile_condition(source: str, known: Mapping[str, QuestionType | None]) -> 
     runnable = _with_character_size(_with_guard_matches(source))
     depth = _nesting_depth(_masked(runnable))
     if depth > MAX_WHEN_DEPTH:
-        raise ValueError(f"nests {depth} deep as run (each size() runs as [x].map(v, ...)[0], 8 levels more); a "
+        raise ValueError(f"nests {depth} deep as run (each size() runs as [x].map(v, ...)[0], 9 levels more); a "
                          f"'when' may nest at most {MAX_WHEN_DEPTH} deep: split it into several rules")
     without_strings = _code_only(source)
     _check_calls(program, without_strings)
@@ -357,14 +357,17 @@ def _with_guard_matches(source: str) -> str:
 def _with_character_size(source: str) -> str:
     """``source`` with each ``size(x)`` and ``x.size()`` counting a string's characters (code points, as CEL's
     specification says and ``max_chars`` counts) where the runtime's own ``size`` counts its UTF-8 bytes: the call
-    becomes ``[x].map(v, type(v) == string ? size_chars(v) : size(v))[0]`` (``x`` read once; a list's, a map's or
-    bytes' size unchanged). A call given other than one argument is left for the runtime to report."""
+    becomes ``[x].map(v, type(v) == type("") ? size_chars(v) : size(v))[0]`` (``x`` read once, a string literal
+    too; a list's, a map's or bytes' size unchanged; ``type("")``, as a macro's variable may be named ``string``). A
+    call given other than one argument is left for the runtime to report."""
     code = _masked(source)
     calls = []  # (start, end, start of x, end of x) of each call, x being its argument or what it is called on
     for found in _SIZE_CALL.finditer(code):
         close = _closing(code, found.end())
         if found.group().startswith("."):
             start = _receiver_start(code, found.start())
+            while start > 0 and code[start - 1] == " " and source[start - 1] in "rRbB":  # a literal's prefix
+                start -= 1
             if start < found.start() and not code[found.end() : close].strip():
                 calls.append((start, close + 1, start, found.start()))
         elif _argument_count(code, found.end()) == 1:
@@ -376,7 +379,7 @@ def _with_character_size(source: str) -> str:
         for call_start, call_end, value_start, value_end in calls:
             if call_start >= at and call_end <= end:
                 value = rewritten(value_start, value_end)
-                out.append(source[at:call_start] + f"[{value}].map(v, type(v) == string ? {_SIZE}(v) : size(v))[0]")
+                out.append(source[at:call_start] + f"[{value}].map(v, type(v) == type(\"\") ? {_SIZE}(v) : size(v))[0]")
                 at = call_end
         return "".join(out) + source[at:end]
 
@@ -522,10 +525,12 @@ def _names(code: str, start: int, end: int) -> list[tuple[str, int]]:
 def _receiver_start(code: str, dot: int) -> int:
     """Where the expression a method is called on starts, the method's ``.`` being at ``dot`` in ``code`` (a
     :func:`_masked` ``when``): a chain of names, members, calls and indexes (``state.items[0].tags``), one that
-    starts with a bracketed expression (``[state.a, state.b]``, ``{"x": state.items}.x``)."""
+    starts with a bracketed expression (``[state.a, state.b]``, ``{"x": state.items}.x``), or a string literal."""
     at = dot
     while True:
         start = len(code[:at].rstrip())
+        if start > 0 and code[start - 1] in "\"'":  # a literal's text is blanked: its opening quote is the one before
+            return code.rfind(code[start - 1], 0, start - 1)
         bracket = start > 0 and code[start - 1] in ")]}"
         if bracket:
             start = _opening(code, start - 1)
