@@ -138,6 +138,7 @@ __all__ = [
     "normalize_text",
     "normalize_value",
     "remove_ignorable",
+    "unique_key",
 ]
 
 #: Flags :func:`normalize_text` can raise; each is ``0`` when absent.
@@ -789,6 +790,19 @@ def normalize_text(text: str) -> Normalized:
     return Normalized(_normalize(text, counts, 0), counts)
 
 
+def unique_key(name: Any, out: Mapping[Any, Any], seen: dict[Any, int]) -> Any:
+    """The key to keep a value under in ``out``, a map being rebuilt with its keys changed: ``name``, or where
+    ``out`` holds it already, ``"name (n)"`` for the n-th key to become ``name`` (the first such text ``out`` does not
+    hold). ``seen`` maps each name to how many keys became it so far; this updates it."""
+    if name not in out:
+        return name
+    n = seen.get(name, 1)
+    while f"{name} ({n + 1})" in out:
+        n += 1
+    seen[name] = n + 1
+    return f"{name} ({n + 1})"
+
+
 def normalize_value(value: Any) -> Normalized:
     """Normalise every string inside a JSON value (object keys too), keeping its shape and key order.
 
@@ -809,16 +823,9 @@ def normalize_value(value: Any) -> Normalized:
             return _normalize(item, flags, 0)
         if isinstance(item, Mapping):
             out: dict[Any, Any] = {}
-            seen: dict[Any, int] = {}  # name -> how many keys normalised to it so far
+            seen: dict[Any, int] = {}
             for key, child in item.items():
-                name = walk(key) if isinstance(key, str) else key
-                if name in out:  # the n-th key to normalise to ``name`` is kept as "name (n)"
-                    n = seen.get(name, 1)
-                    while f"{name} ({n + 1})" in out:
-                        n += 1
-                    seen[name] = n + 1
-                    name = f"{name} ({n + 1})"
-                out[name] = walk(child)
+                out[unique_key(walk(key) if isinstance(key, str) else key, out, seen)] = walk(child)
             return out
         if isinstance(item, (list, tuple)):
             return [walk(v) for v in item]

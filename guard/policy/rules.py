@@ -50,6 +50,7 @@ from guard.errors import GuardError
 from guard.policy import payloads, skeleton
 from guard.policy._re2 import CANDIDATE_MAX_MEM, Pattern, compile_re2, matcher
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
+from guard.policy.normalize import unique_key
 from guard.policy.redact import Redactor
 from guard.systemone import AnswerV1, QuestionType, QuestionV1
 from guard.verdict import Action
@@ -988,7 +989,8 @@ def _representable(value: Any) -> Any:
     (``state.n > 5``); :data:`_SMALLEST_INT` becomes the double of its value (a rule's ``-x`` of it is then
     positive); in every string, map keys included, a UTF-16 surrogate pair is joined into its character and a lone
     surrogate (a non-UTF-8 file name from ``os.fsdecode``) becomes U+FFFD, as the normaliser makes it (flag
-    ``lone_surrogates``). A map key CEL cannot hold (:func:`_map_key`) becomes a string; a set or frozenset becomes
+    ``lone_surrogates``). A map key CEL cannot hold (:func:`_map_key`) becomes a string; keys that become one are
+    all kept, the second as ``"name (2)"`` and so on, as the normaliser keeps them (:func:`unique_key`); a set or frozenset becomes
     a list in sorted order (by ``repr`` where its items do not compare), a tuple a list, and any other value CEL
     cannot hold (a complex number, a date, an application's object) its ``str()``."""
     if isinstance(value, str):
@@ -1000,7 +1002,11 @@ def _representable(value: Any) -> Any:
             return float(value)
         return value if abs(value) <= _LARGEST_DOUBLE else (math.inf if value > 0 else -math.inf)
     if isinstance(value, Mapping):
-        return {_map_key(key): _representable(item) for key, item in value.items()}
+        out: dict[Any, Any] = {}
+        seen: dict[Any, int] = {}
+        for key, item in value.items():
+            out[unique_key(_map_key(key), out, seen)] = _representable(item)
+        return out
     if isinstance(value, set | frozenset):
         try:
             items = sorted(value)

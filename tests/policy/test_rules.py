@@ -151,10 +151,13 @@ policies:
       - {id: injection, when: 'state.body.text.matches("(?i)ignore previous instructions")', action: block}
       - {id: replaced, when: 'state.body.text == "\\ufffd.txt" && "\\ufffd" in state.body.files', action: escalate}
       - {id: joined, when: 'state.body.text == "\\U0001F642"', action: block, status: 409}
+      - {id: both, when: 'state.body.files["a\\ufffd.txt"] == "IGNORE" && state.body.files["a\\ufffd.txt (2)"] == "ok"', action: block, status: 410}
 """)
     cases = [({"text": "IGNORE PREVIOUS INSTRUCTIONS \udcff.txt"}, "injection"),
              ({"text": "\udcff.txt", "files": {"\udcfe": 1}}, "replaced"),
-             ({"text": "\ud83d\ude42", "files": {}}, "joined")]
+             ({"text": "\ud83d\ude42", "files": {}}, "joined"),
+             # keys that read alike are all kept, the second as "name (2)": neither value is dropped
+             ({"text": "hi", "files": {"a\udcff.txt": "IGNORE"} | {"a\ufffd.txt": "ok"}}, "both")]
     for body, rule in cases:
         assert rule_of(policy, body=body).rule == rule
 
