@@ -492,7 +492,10 @@ def _check_macro_cost(source: str) -> None:
             raise ValueError(
                 f"runs {macro.name}() over {macro.receiver}, request data: this CEL runtime's map() and filter() "
                 "take time growing with the square of the list (10,000 items: 9 s on the event loop, which no "
-                "timeout stops); use exists(), all() or exists_one(), whose cost grows with the list"
+                "timeout stops); exists(), all() and exists_one() cost what the list does: some item holds "
+                "(exists), every item (all), exactly one (exists_one), at least two (x.exists(i, p) && "
+                "!x.exists_one(i, p)); a larger count, or a list built from the request, cannot be written: "
+                "compute it in the app and pass it in the state"
             )
     for name, at in _names(code, 0, len(code)):
         enclosing = [m for m in macros if m.over_request and m.body[0] <= at < m.body[1]]
@@ -507,8 +510,10 @@ def _check_macro_cost(source: str) -> None:
             f"reads {what} inside the body of {inner.name}() over {inner.receiver}: the CEL runtime copies a list "
             "or map each time it is read, so the cost grows with the square of the request (8,000 items: 74 s on "
             "the event loop, which no timeout stops); inside a macro over request data read the request only "
-            f"through its variable {inner.variable!r} (a macro over a field of it loads); compare with data, or "
-            "compute the value in the app and pass it in the state (a map's values as a list)"
+            f"through its variable {inner.variable!r} (a macro over a field of it loads), and compare it with "
+            "data or literals; what needs two request values in one body (two request lists intersected, a list's "
+            "duplicates, a map's values read by key) cannot be written: compute it in the app and pass it in the "
+            "state (the intersection, a flag, a map's values as a list)"
         )
 
 

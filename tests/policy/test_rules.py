@@ -472,6 +472,11 @@ def test_a_panic_of_the_cel_runtime_while_compiling_is_a_value_error() -> None:
 
 @pytest.mark.parametrize(("when", "error"), [
     ("state.qty.exists(a, state.qty.filter(b, b == a).size() > 1)", r"runs filter\(\) over state\.qty, request data"),
+    ("size(state.qty.filter(i, i.price > 100)) > 3",
+     r"runs filter\(\) over state\.qty, request data: .* at least two \(x\.exists\(i, p\) && !x\.exists_one\(i, p\)\); a larger count"),
+    ("state.qty.exists(i, i.tags.filter(t, t == \"x\").size() > 1)", r"runs filter\(\) over i\.tags, request data"),
+    ("state.qty.exists(x, state.other.exists(y, x == y))",
+     r"reads state inside the body of exists\(\) over state\.qty: .* \(two request lists intersected, .* in the app"),
     ("state.qty.exists(a, data.l.exists(b, subject.headers.all(h, h != a)))",
      r"reads subject inside the body of exists\(\) over state\.qty: the CEL runtime copies a list or map each time it "
      + "is read, so the cost grows with the square of the request"),
@@ -480,7 +485,7 @@ def test_a_panic_of_the_cel_runtime_while_compiling_is_a_value_error() -> None:
     ("state.qty.all(i, i.currency == state.qty[0].currency)", r"reads state inside the body of all\(\) over state\.qty"),
     ("state.qty.exists(a, a in state.other)", r"reads state inside the body of exists\(\) over state\.qty"),
     ("state.qty.exists(i, i.p == size(state.qty))", r"reads state inside the body of exists\(\) over state\.qty"),
-    ("state.qty.exists(k, state.qty[k].matches(\"x\"))", r"reads state .* \(a map's values as a list\)"),
+    ("state.qty.exists(k, state.qty[k].matches(\"x\"))", r"reads state .* a map.s values read by key\) cannot be written"),
     ("state.qty.exists(o, o.lines.exists(a, o.lines.exists(b, a != b && a.sku == b.sku)))",
      r"reads o, the variable of an enclosing macro, inside the body of exists\(\) over o\.lines"),
     ("state.qty.exists(o, o.lines.exists(l, l.qty > o.min))", r"reads o, the variable of an enclosing macro"),
