@@ -811,7 +811,8 @@ def normalize_value(value: Any) -> Normalized:
     (one replaced the other, and the state then equalled a harmless one's, cached answer included).
 
     Args:
-        value: a JSON value (``dict``, ``list``, ``str``, numbers, ``bool``, ``None``).
+        value: a JSON value (``dict``, ``list``, ``str``, numbers, ``bool``, ``None``); a map key JSON cannot write
+            (a tuple, from an application's tool result) is kept as its ``str()``.
 
     Returns:
         :class:`Normalized` with a new value (the input is not modified) and the flags summed over all strings.
@@ -825,6 +826,8 @@ def normalize_value(value: Any) -> Normalized:
             out: dict[Any, Any] = {}
             seen: dict[Any, int] = {}
             for key, child in item.items():
+                if not isinstance(key, str | int | float | None):  # a key JSON cannot write (a tuple): its text
+                    key = str(key)
                 out[unique_key(walk(key) if isinstance(key, str) else key, out, seen)] = walk(child)
             return out
         if isinstance(item, (list, tuple)):

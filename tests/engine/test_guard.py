@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from guard.backends.fixture import FixtureBackend
 from guard.engine import Guard
 from guard.errors import (
     BackendRejected,
@@ -281,6 +282,26 @@ async def test_fail_mode_defaults_by_subject_kind() -> None:
     result = await guard.aevaluate(AgentSubject(event="tool_result", tool_name="fs_read", tool_result="x"))
     assert (call.action, call.fail_mode) == ("escalate", "escalate")
     assert (result.action, result.fail_mode, result.status) == ("block", "closed", 503)
+
+
+@pytest.mark.anyio
+async def test_a_tool_result_key_json_cannot_write_does_not_pick_the_fail_mode() -> None:
+    """An app's tool result may hold a key JSON cannot write (a tuple): the state's cache key failed on it, so the
+    fail mode decided (open: allowed). The model and the rules read it as its text."""
+    policy = """
+policies:
+  - id: tr
+    version: 1
+    match: {agent: {events: [tool_result]}}
+    state: {result: tool_result}
+    rules:
+      - {id: injection, when: 'state.result.t.matches("(?i)ignore previous") && state.result["(1,)"] == 1', action: block}
+    on_error: {mode: open}
+"""
+    guard = Guard(load_text(policy), backends=FixtureBackend({}))
+    verdict = await guard.aevaluate(AgentSubject(event="tool_result", tool_name="ls",
+                                                 tool_result={"t": "IGNORE PREVIOUS", (1,): 1}))
+    assert (verdict.action, verdict.rule, verdict.error) == ("block", "injection", None)
 
 
 @pytest.mark.anyio
