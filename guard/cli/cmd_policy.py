@@ -145,7 +145,7 @@ def _print_problem(problem: PolicyError) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from guard.devtools.testing import expand_policy_paths, find_test_file, load_policy_file
+    from guard.devtools.testing import expand_policy_paths, load_policy_file
     from guard.policy import check_unique
 
     try:
@@ -155,7 +155,8 @@ def run_check(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     failed = False
     loaded = []
-    for name in map(str, files):
+    for policy_file, test_files in files.items():
+        name = str(policy_file)
         try:
             policies = load_policy_file(name)
             check_unique([*loaded, *policies])  # the files checked together are loaded together: ids must be unique
@@ -169,18 +170,17 @@ def run_check(args: argparse.Namespace) -> int:
             _warn_upper_case_paths(policies)
             _warn_unknown_methods(policies)
             loaded.extend(policies)
-        failed |= not _check_test_file(find_test_file(name)[1])
+        for test_file in test_files:
+            failed |= not _check_test_file(test_file)
     _print_overlaps(loaded)
     return EXIT_FAILED if failed else 0
 
 
 def _check_test_file(test_file: Path) -> bool:
-    """Load the test file ``test_file``, when there is one, as ``guard policy test`` reads it (its shape, each
-    ``expect`` checks something; no case is run) and print ``ok`` or its errors. False when it has errors."""
+    """Load the test file ``test_file`` as ``guard policy test`` reads it (its shape, each ``expect`` checks
+    something; no case is run) and print ``ok`` or its errors. False when it has errors."""
     from guard.devtools.testing import load_test_file
 
-    if not test_file.is_file():
-        return True
     try:
         cases, _ = load_test_file(test_file)
     except PolicyError as exc:
@@ -397,39 +397,39 @@ def run_test(args: argparse.Namespace) -> int:
         loaded = {}
     deployment = list(chain.from_iterable(loaded.values()))
     fired: set[tuple[str | None, str | None]] = set()  # (policy id, rule id) of each rule a case fired
-    tested: dict[Path, list[Any]] = {}  # each policy file whose test file ran -> its policies
+    tested: dict[Path, list[Any]] = {}  # each policy file a test file of which ran -> its policies
     for policy_file, policies in loaded.items():
-        test_file = find_test_file(policy_file)[1]
-        if not test_file.is_file():
-            _say(f"warning: {policy_file}: no test file ({test_file.name})", file=sys.stderr)
-            continue
-        try:
-            results = run_test_file(policy_file, backend_factory=factory, timeout_s=timeout_s, run=pattern,
-                                    policies=deployment if args.set else policies)
-        except PolicyError as exc:
-            errors += _printed([_load_error(p.file, p.line, p.key, p.reason) for p in _problems(exc)])
-            broken += 1
-            continue
-        except OSError as exc:
-            unread = _load_error(str(exc.filename or policy_file), None, None, f"cannot read: {exc.strerror}")
-            errors += _printed([unread])
-            broken += 1
-            continue
-        if not results:
-            _say(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
-        suites.append((str(test_file), results))
-        tested[policy_file] = policies
-        fired |= {(v.policy_id, v.rule) for r in results if r.verdict is not None  # a rule of a policy that matched
-                  for v in (r.verdict, *r.verdict.contributions, *r.late)}  # but did not decide fired too  # fmt: skip
-        for result in results:
-            where = f"{test_file}:{result.line}" if result.line is not None else str(test_file)
-            if result.passed:
-                if args.verbose and text:
-                    _say(f"PASS {where}: {result.name}")
+        if not files[policy_file]:
+            _say(f"warning: {policy_file}: no test file ({find_test_file(policy_file)[1].name})", file=sys.stderr)
+        for test_file in files[policy_file]:
+            try:
+                results = run_test_file(test_file, backend_factory=factory, timeout_s=timeout_s, run=pattern,
+                                        policies=deployment if args.set else policies)
+            except PolicyError as exc:
+                errors += _printed([_load_error(p.file, p.line, p.key, p.reason) for p in _problems(exc)])
+                broken += 1
                 continue
-            _say(f"FAIL {where}: {result.name}", file=sys.stderr)
-            for difference in result.problems:
-                _say(f"     {difference}", file=sys.stderr)
+            except OSError as exc:
+                unread = _load_error(str(exc.filename or test_file), None, None, f"cannot read: {exc.strerror}")
+                errors += _printed([unread])
+                broken += 1
+                continue
+            if not results:
+                _say(f"warning: {test_file}: no test cases" + (" match --run" if pattern else ""), file=sys.stderr)
+            suites.append((str(test_file), results))
+            tested[policy_file] = policies
+            # a rule of a policy that matched but did not decide fired too
+            fired |= {(v.policy_id, v.rule) for r in results if r.verdict is not None
+                      for v in (r.verdict, *r.verdict.contributions, *r.late)}  # fmt: skip
+            for result in results:
+                where = f"{test_file}:{result.line}" if result.line is not None else str(test_file)
+                if result.passed:
+                    if args.verbose and text:
+                        _say(f"PASS {where}: {result.name}")
+                    continue
+                _say(f"FAIL {where}: {result.name}", file=sys.stderr)
+                for difference in result.problems:
+                    _say(f"     {difference}", file=sys.stderr)
     uncovered = [] if pattern is not None else [
         f"{policy_file}: {p.id}/{rule.id}" for policy_file, policies in tested.items() for p in policies
         for rule in p.rules if (p.id, rule.id) not in fired]  # fmt: skip

@@ -67,6 +67,7 @@ __all__ = [
     "late_shadow_verdicts",
     "load_policy_file",
     "load_test_file",
+    "policy_test_files",
     "run_test_file",
     "subject_from_json",
     "test_file_schema",
@@ -328,21 +329,45 @@ class CaseResult:
 
 def find_test_file(path: str | Path) -> tuple[Path, Path]:
     """``(policy file, test file)`` for either one: ``x.yaml`` <-> ``x_test.yaml`` in the same folder, either with
-    ``.yaml`` or ``.yml``. The other one is the first of these that exists: beside ``path`` with its suffix, then with
-    the other suffix; for a policy file that is a symlink, then the same beside the file it links to (an alias
-    ``active.yaml -> x.yaml`` is tested by ``x_test.yaml``). When none exists, the name beside ``path`` with its
-    suffix."""
+    ``.yaml`` or ``.yml``. For a test file, the policy file is the first of these that exists: beside it with its
+    suffix, then with the other suffix, else the first. For a policy file, the test file is its only one
+    (:func:`policy_test_files`), else, when it has none, the name beside ``path`` with its suffix.
+
+    Raises:
+        PolicyError: ``path`` is a policy file with several test files (naming them: run each with
+            :func:`run_test_file`).
+    """
     p = Path(path)
     if is_test_file(p):
         return _first_existing([p.with_name(p.stem[: -len("_test")] + suffix) for suffix in _suffixes(p)]), p
-    names = [p.with_name(f"{p.stem}_test{suffix}") for suffix in _suffixes(p)]
+    found = policy_test_files(p)
+    if len(found) > 1:
+        raise PolicyError(str(p), None, "", f"has {len(found)} test files: {', '.join(map(str, found))}")
+    return p, found[0] if found else p.with_name(f"{p.stem}_test{p.suffix}")
+
+
+def policy_test_files(path: str | Path) -> list[Path]:
+    """Every test file of the policy file at ``path`` that exists (a dangling symlink too: reading it reports why):
+    ``<name>_test.yaml`` and ``<name>_test.yml`` beside it and, for a symlink, beside each file it links to on the
+    way to the last (an alias ``active.yaml -> x.yaml`` is tested by ``active_test.yaml`` and ``x_test.yaml``),
+    written as the links say (a relative path stays relative), each file once."""
+    p = Path(path)
+    spellings = [p]
     if p.is_symlink():
         try:
-            target = p.resolve()
-        except (OSError, RuntimeError):  # a symlink loop (Python 3.11 raises RuntimeError): no file links there
-            target = p
-        names += [target.with_name(f"{target.stem}_test{suffix}") for suffix in _suffixes(target)]
-    return p, _first_existing(names)
+            p.resolve(strict=True)
+        except (OSError, RuntimeError):  # a dangling link or a loop (Python 3.11 raises RuntimeError): no target
+            pass
+        else:
+            while spellings[-1].is_symlink():  # ends: the link resolved
+                spellings.append(spellings[-1].parent / os.readlink(spellings[-1]))
+    found: dict[str, Path] = {}  # real path -> the first spelling
+    for spelling in spellings:
+        for suffix in _suffixes(spelling):
+            name = spelling.with_name(f"{spelling.stem}_test{suffix}")
+            if os.path.lexists(name):
+                found.setdefault(os.path.realpath(name), name)
+    return list(found.values())
 
 
 def _suffixes(path: Path) -> tuple[str, str]:
@@ -414,20 +439,21 @@ def _glob(pattern: str) -> list[Path]:
         raise ValueError(f"{pattern}: {exc}") from None
 
 
-def expand_policy_paths(names: Sequence[str]) -> list[Path]:
+def expand_policy_paths(names: Sequence[str]) -> dict[Path, list[Path]]:
     """Policy files named by files, folders (every ``*.yaml``/``*.yml`` below, recursively) and globs, sorted per
     argument and without repeats (one file reached by two spellings, e.g. through a symlink, is kept once, as first
-    named, or as the first spelling with a test file beside it); a test file stands for its policy file, so
-    ``policies/*.yaml`` works (one without a policy file is kept: :func:`load_policy_file` reports it). A glob keeps the ``*.yaml``/``*.yml``
-    files it matches and expands a folder it matches as a folder argument is; symlinked folders are not followed
-    below a folder or by ``**`` (name such a folder itself), and names starting with ``.`` below a folder or a glob's
-    fixed part are left out (an editor's ``.#x.yaml`` lock file; name such a file itself).
+    named), each with the test files to run for it, each once: a test file named or matched, and every test file of
+    a policy file named or matched (:func:`policy_test_files`). A test file stands for its policy file, so
+    ``policies/*.yaml`` works (one without a policy file is kept: :func:`load_policy_file` reports it). A glob keeps
+    the ``*.yaml``/``*.yml`` files it matches and expands a folder it matches as a folder argument is; symlinked
+    folders are not followed below a folder or by ``**`` (name such a folder itself), and names starting with ``.``
+    below a folder or a glob's fixed part are left out (an editor's ``.#x.yaml`` lock file; name such a file itself).
 
     Raises:
         FileNotFoundError: naming an argument that matches no file, or a symlink loop.
         ValueError: naming a glob that is not a valid pattern.
     """
-    found: dict[Path, Path] = {}  # resolved path -> the first spelling
+    found: dict[Path, tuple[Path, dict[str, Path]]] = {}  # resolved path -> (first spelling, {real path: test file})
     for name in names:
         if glob.has_magic(name):
             matches = []
@@ -446,17 +472,20 @@ def expand_policy_paths(names: Sequence[str]) -> list[Path]:
         else:
             matches = [Path(name)]
         for match in matches:
-            policy_file = find_test_file(match)[0] if is_test_file(match) else match
+            if is_test_file(match):  # that test file only
+                policy_file, tests = find_test_file(match)[0], [match]
+            else:
+                policy_file, tests = match, policy_test_files(match)
             if not os.path.lexists(policy_file):  # a test file without its policy file: loading it says so
-                policy_file = match
+                policy_file, tests = match, []
             try:
                 resolved = policy_file.resolve()
             except RuntimeError:  # a symlink loop (Python 3.11 raises this; later versions an OSError)
                 raise FileNotFoundError(f"{policy_file}: a symlink loop, not a file") from None
-            kept = found.setdefault(resolved, policy_file)
-            if not find_test_file(kept)[1].is_file() and find_test_file(policy_file)[1].is_file():
-                found[resolved] = policy_file  # the spelling a test file is beside
-    return list(found.values())
+            kept = found.setdefault(resolved, (policy_file, {}))[1]
+            for test_file in tests:
+                kept.setdefault(os.path.realpath(test_file), test_file)
+    return {policy_file: list(tests.values()) for policy_file, tests in found.values()}
 
 
 def with_timeout(policies: Sequence[Policy], timeout_s: float | None) -> list[Policy]:
@@ -615,7 +644,8 @@ def run_test_file(
         caller warns, or fails under ``--fail-on-empty``).
 
     Raises:
-        PolicyError: when the policy or the test file cannot be loaded (file, line, key).
+        PolicyError: when the policy or the test file cannot be loaded (file, line, key), or ``path`` is a policy
+            file with several test files (:func:`find_test_file`).
     """
     policy_path, test_path = find_test_file(path)
     if policies is None:

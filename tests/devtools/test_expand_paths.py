@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from guard.cli import main
-from guard.devtools.testing import expand_policy_paths
+from guard.devtools.testing import expand_policy_paths, run_test_file
+from guard.errors import PolicyError
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
@@ -29,7 +30,7 @@ def test_a_glob_does_not_follow_a_folder_linked_back_up(tmp_path: Path, capsys: 
     os.symlink(".", folder / "a")
     os.symlink(".", folder / "b")
     found = expand_policy_paths([f"{folder}/**/*.yaml"])
-    assert found == [folder / "support_routing.yaml"]
+    assert list(found) == [folder / "support_routing.yaml"]
     assert main(["policy", "check", f"{folder}/**/*.yaml"]) == 0
     assert "already defined" not in capsys.readouterr().err
     assert main(["policy", "test", f"{folder}/**/*_test.yaml"]) == 0
@@ -39,8 +40,8 @@ def test_one_file_reached_twice_is_kept_once_as_first_named(tmp_path: Path) -> N
     folder = _folder(tmp_path)
     (tmp_path / "link").symlink_to(folder)
     first = folder / "support_routing.yaml"
-    assert expand_policy_paths([str(first), str(tmp_path / "link"), f"{tmp_path}/link/*.yaml"]) == [first]
-    assert expand_policy_paths([str(tmp_path / "link")]) == [tmp_path / "link" / "support_routing.yaml"]
+    assert list(expand_policy_paths([str(first), str(tmp_path / "link"), f"{tmp_path}/link/*.yaml"])) == [first]
+    assert list(expand_policy_paths([str(tmp_path / "link")])) == [tmp_path / "link" / "support_routing.yaml"]
 
 
 def test_a_glob_keeps_policy_files_and_expands_folders_as_a_folder_argument_does(
@@ -53,7 +54,7 @@ def test_a_glob_keeps_policy_files_and_expands_folders_as_a_folder_argument_does
     sub = folder / "sub"
     sub.mkdir()
     shutil.copy(POLICIES / "tool_call_guard.yaml", sub)
-    assert expand_policy_paths([f"{folder}/*"]) == expand_policy_paths([str(folder)]) == [
+    assert list(expand_policy_paths([f"{folder}/*"])) == list(expand_policy_paths([str(folder)])) == [
         folder / "sub" / "tool_call_guard.yaml", folder / "support_routing.yaml"]
     assert main(["policy", "check", f"{folder}/*"]) == 0
     assert main(["policy", "check", str(POLICIES / "*")]) == 0  # the shipped folder holds schema files
@@ -107,11 +108,11 @@ def test_hidden_names_are_left_out_of_folders_and_globs(tmp_path: Path, capsys: 
     (hidden / "old.yaml").write_text("not: [a policy")
     expected = [folder / "support_routing.yaml"]
     for name in (str(folder), f"{folder}/*.yaml", f"{folder}/**/*.yaml", f"{folder}/*"):
-        assert expand_policy_paths([name]) == expected
+        assert list(expand_policy_paths([name])) == expected
         for command in ("check", "test"):
             assert main(["policy", command, name]) == 0, capsys.readouterr().err
     lock = folder / ".#support_routing.yaml"
-    assert expand_policy_paths([str(lock)]) == [lock]  # a file named itself is still taken
+    assert list(expand_policy_paths([str(lock)])) == [lock]  # a file named itself is still taken
 
 
 def _failing_case(test_file: Path) -> None:
@@ -132,11 +133,12 @@ def test_a_test_file_is_found_beside_any_spelling_and_with_either_suffix(
     assert main(["policy", "test", str(folder)]) == 1
     assert main(["policy", "test", str(folder / "active.yaml")]) == 1  # beside the file it links to
     assert f"FAIL {folder / 'x_test.yaml'}:2: wrong on purpose" in capsys.readouterr().err
-    elsewhere = tmp_path / "elsewhere.yaml"  # two links to a file outside: the one with a test file is kept
+    elsewhere = tmp_path / "elsewhere.yaml"  # two links to a file outside: kept once, as first named
     shutil.copy(folder / "x.yaml", elsewhere)
     (folder / "x.yaml").unlink()
     (folder / "x.yaml").symlink_to(elsewhere)
-    assert expand_policy_paths([str(folder)]) == [folder / "x.yaml"]
+    for name in (folder, folder / "active.yaml"):  # x_test.yaml is beside a link on the way
+        assert expand_policy_paths([str(name)]) == {folder / "active.yaml": [folder / "x_test.yaml"]}
     (folder / "x_test.yaml").rename(folder / "x_test.yml")
     assert main(["policy", "test", str(folder / "x.yaml")]) == 1
     assert main(["policy", "test", str(folder)]) == 1
@@ -154,3 +156,38 @@ def test_a_test_file_without_its_policy_file_is_reported_as_such(
     for command in ("check", "test"):
         assert main(["policy", command, str(tmp_path)]) == 1
         assert f"{tmp_path / 'x_test.yaml'}: no policy file x.yaml (or .yml) beside it" in capsys.readouterr().err
+
+
+def test_every_test_file_of_a_policy_file_runs_and_a_named_one_runs_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of two test files for one policy file (x_test.yaml and x_test.yml, or through an alias) only the first found
+    was read, even the other one named: a failing case in it passed (exit 0), and check printed ``ok`` for the other
+    file, or the alias's target's test file as an absolute resolved path."""
+    monkeypatch.chdir(tmp_path)
+    for folder in (Path("both"), Path("al")):
+        folder.mkdir()
+        shutil.copy(POLICIES / "support_routing.yaml", folder / "x.yaml")
+    passing = Path("both/x_test.yaml")
+    shutil.copy(POLICIES / "support_routing_test.yaml", passing)  # 6 cases
+    _failing_case(Path("both/x_test.yml"))
+    assert main(["policy", "test", "both"]) == main(["policy", "test", "both/x.yaml"]) == 1
+    assert main(["policy", "test", "both/x_test.yml"]) == 1
+    assert main(["policy", "test", "both/x_test.yaml"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("FAIL both/x_test.yml:2: wrong on purpose") == 3 and "x_test.yaml" not in err
+    assert out.count("6 passed, 1 failed") == 2 and "0 passed, 1 failed" in out and "6 passed, 0 failed" in out
+    assert main(["policy", "check", "both/x_test.yml"]) == 0
+    assert "ok both/x_test.yml: 1 case" in (out := capsys.readouterr().out) and "x_test.yaml" not in out
+    with pytest.raises(PolicyError, match=r"both/x.yaml: has 2 test files: both/x_test.yaml, both/x_test.yml"):
+        run_test_file("both/x.yaml")
+    Path("al/active.yaml").symlink_to("x.yaml")
+    shutil.copy(passing, "al/active_test.yaml")
+    _failing_case(Path("al/x_test.yaml"))
+    assert main(["policy", "test", "al"]) == main(["policy", "test", "al/active.yaml"]) == 1
+    out, err = capsys.readouterr()
+    assert err.count("FAIL al/x_test.yaml:2: wrong on purpose") == 2 and out.count("6 passed, 1 failed") == 2
+    Path("al/active_test.yaml").unlink()
+    assert main(["policy", "check", "al/active.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ok al/active.yaml: 1 policy (") and "\nok al/x_test.yaml: 1 case\n" in out
