@@ -78,6 +78,8 @@ _WRITTEN_TAG = re.compile(r"!<[^>]*>|![^\s,\[\]{}]*")
 _LINE_BREAKS_11 = {"\x85": ("next line", "\\N"), "\u2028": ("line separator", "\\L"),
                    "\u2029": ("paragraph separator", "\\P")}
 _LINE_BREAK_11 = re.compile("[\x85\u2028\u2029]")
+#: What ends a line for YAML besides those: CR LF, a CR alone, LF.
+_LINE_END = re.compile(r"\r\n|\r|\n")
 #: What YAML 1.1 resolves a few plain scalars to that are no data (``=``, ``<<`` as a value), by tag.
 _MARKERS = {"tag:yaml.org,2002:value": "value marker", "tag:yaml.org,2002:merge": "merge key"}
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
@@ -206,10 +208,10 @@ def load_yaml(
         ``(data, lines)``: the data (``None`` for an empty document) and the line of every key path.
 
     Raises:
-        PolicyError: on a YAML syntax error, a control character, U+0085, U+2028 or U+2029 (naming its line, counted
-            by ``\\n``, and column), a lone surrogate (unless allowed), an anchor or alias, a duplicate or merge key,
-            a key that is not text, an explicit tag, excessive nesting, a file over :data:`MAX_POLICY_BYTES`, or
-            bytes that are not UTF-8.
+        PolicyError: on a YAML syntax error, a control character, U+0085, U+2028 or U+2029 (naming its line and
+            column as YAML counts them: ``\\r\\n``, ``\\r`` or ``\\n`` ends a line), a lone surrogate (unless
+            allowed), an anchor or alias, a duplicate or merge key, a key that is not text, an explicit tag, excessive
+            nesting, a file over :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
     """
     lines = LineMap(file)
     if isinstance(text, str) and _SURROGATE.search(text):
@@ -229,11 +231,12 @@ def load_yaml(
                               f"(offset {exc.start}); save the file as UTF-8") from exc
     line_break = _LINE_BREAK_11.search(text)
     if line_break:
-        raise PolicyError(file, text.count("\n", 0, line_break.start()) + 1, "", _line_break_problem(text, line_break))
+        line, column = _position(text, line_break.start())
+        raise PolicyError(file, line, "", _line_break_problem(line_break.group(), column))
     try:
         loader = _Loader(text, surrogates=surrogates)  # the reader refuses control characters here, before parsing
     except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
+        line = _position(text, exc.position)[0]
         code = int(exc.character)
         if _SURROGATE.fullmatch(chr(code)):
             raise PolicyError(file, line, "", _surrogate_problem(code, "text")) from None
@@ -340,12 +343,18 @@ def _written_tag(node: yaml.Node, parsed: str) -> str:
     return written.group() if written else parsed.replace(_CORE_PREFIX, "!!", 1)
 
 
-def _line_break_problem(text: str, found: re.Match[str]) -> str:
-    """Why the U+0085, U+2028 or U+2029 ``found`` in ``text`` is refused: its column (1-based, in characters from the
-    last ``\\n``) and the escape to write instead."""
-    name, escape = _LINE_BREAKS_11[found.group()]
-    column = found.start() - text.rfind("\n", 0, found.start())
-    return (f"U+{ord(found.group()):04X} ({name}) at column {column} is not allowed: YAML 1.1 (guard) reads it as a "
+def _position(text: str, index: int) -> tuple[int, int]:
+    """The line and column (both 1-based) of ``text[index]``, as PyYAML's marks count them when no U+0085, U+2028 or
+    U+2029 precedes it: CR LF, a CR alone and LF end a line, and a leading U+FEFF (byte order mark) is no column."""
+    ends = list(_LINE_END.finditer(text, 0, index))
+    start = ends[-1].end() if ends else int(text.startswith("\ufeff"))
+    return len(ends) + 1, index - start + 1
+
+
+def _line_break_problem(char: str, column: int) -> str:
+    """Why the U+0085, U+2028 or U+2029 ``char`` at ``column`` is refused, with the escape to write instead."""
+    name, escape = _LINE_BREAKS_11[char]
+    return (f"U+{ord(char):04X} ({name}) at column {column} is not allowed: YAML 1.1 (guard) reads it as a "
             "line break, YAML 1.2 tools (editors, linters) do not, so the file would mean something else to them "
             f"(in a comment it would end the comment for guard only); delete it, or write {escape} inside a "
             "double-quoted string for the character")

@@ -282,7 +282,7 @@ def test_lone_surrogates_are_kept_only_where_the_caller_allows() -> None:
 @pytest.mark.parametrize(("char", "escape"), [("\x85", "\\N"), ("\u2028", "\\L"), ("\u2029", "\\P")])
 def test_line_breaks_only_yaml_11_reads_as_such_are_refused_with_line_and_column(char: str, escape: str) -> None:
     """PyYAML (YAML 1.1) ends a comment at U+0085, U+2028, U+2029; YAML 1.2 tools read on, so the key after one was
-    a key for guard only (``mode: shadow`` hidden from the editor). Refused anywhere, the line counted by ``\\n``."""
+    a key for guard only (``mode: shadow`` hidden from the editor). Refused anywhere, naming its line and column."""
     text = f"policies:\n  - id: p\n    default: allow  # reviewed{char}    mode: shadow\n"
     with pytest.raises(PolicyError) as caught:
         load_yaml(text.encode("utf-8"), "p.yaml")
@@ -291,3 +291,19 @@ def test_line_breaks_only_yaml_11_reads_as_such_are_refused_with_line_and_column
     assert "at column 31" in caught.value.reason
     assert f"write {escape} inside a double-quoted string" in caught.value.reason
     assert load_yaml(f'k: "a {escape} b"\n')[0] == {"k": f"a {char} b"}  # the escape is the character
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n"])
+def test_the_position_of_a_yaml_11_line_break_is_counted_as_yaml_counts_lines(end: str) -> None:
+    """Lines were counted by ``\\n`` only, so in a file with CR line ends a U+2028 on line 3 was at line 1, column
+    46; a byte order mark counted as a column."""
+    text = f"policies:{end}  - id: p{end}    default: allow  # reviewed\u2028    mode: shadow{end}"
+    with pytest.raises(PolicyError) as caught:
+        load_yaml(text.encode("utf-8"), "p.yaml")
+    assert caught.value.line == 3 and "at column 31" in caught.value.reason
+    with pytest.raises(PolicyError) as caught:
+        load_yaml("\ufeff# a\u2029b\n".encode(), "p.yaml")
+    assert caught.value.line == 1 and "at column 4" in caught.value.reason
+    with pytest.raises(PolicyError) as caught:  # a control character is placed by the same count
+        load_yaml(f"a: 1{end}b: 2{end}c: \x07{end}", "p.yaml")
+    assert caught.value.line == 3
