@@ -35,7 +35,7 @@ from urllib.parse import quote_plus, unquote_plus
 
 from guard._english import english_words
 from guard._json import is_json_media, json_unescaped, loads
-from guard._readable import readable
+from guard._readable import INVISIBLE, readable
 from guard.asgi._media import is_textual
 from guard.engine.telemetry import (
     _KEY_PREFIX,
@@ -63,15 +63,6 @@ MASK = "[redacted]"
 
 #: Control characters that make a body "not text" for a reviewer: invisible when shown, never in JSON or a form.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-#: What a reader cannot see: control characters (a JSON escape may decode to one), C1 controls, the format characters
-#: (Unicode category Cf: bidi controls, zero-width characters, tag characters, the byte order mark), the line and
-#: paragraph separators (Zl, Zp), and the other default-ignorable code points (variation selectors, Hangul fillers,
-#: the combining grapheme joiner). tests/asgi/test_review_body.py checks it against the running Python's Unicode data.
-_INVISIBLE = re.compile(
-    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160"
-    "\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
-    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
-)
 #: Most paths of masked values that do not read as a credential that ``not_shown`` lists (the rest are counted).
 MAX_LISTED_PATHS = 10
 #: Names of password fields, whose values may hold blank space and still be a credential.
@@ -258,11 +249,11 @@ class _View:
 
 
 def _shown(text: str) -> tuple[str, int, int]:
-    """``text`` as a view shows it: each :data:`_INVISIBLE` character written as an escape (``\\u202e``,
+    """``text`` as a view shows it: each :data:`INVISIBLE` character written as an escape (``\\u202e``,
     ``\\U000e0041``), cut to :data:`MAX_SHOWN_BODY_BYTES` UTF-8 bytes; the bytes it leaves out, and how many
     invisible characters the part shown holds."""
     head, rest = text[:MAX_SHOWN_BODY_BYTES], text[MAX_SHOWN_BODY_BYTES:]  # a character is a byte or more
-    head, invisible = _INVISIBLE.subn(_escape, head)
+    head, invisible = INVISIBLE.subn(_escape, head)
     head, left = _cut(head, MAX_SHOWN_BODY_BYTES)
     return head, left + len(rest.encode("utf-8")), invisible
 
@@ -290,7 +281,7 @@ def _credential_shaped(name: str, value: str) -> bool:
         scheme = _AUTH_SCHEME.fullmatch(value)
         return scheme is not None and _is_token(scheme.group(1))
     return (_PASSWORD_NAME.fullmatch(name) is not None and len(value) <= 512 and not _LINE_BREAK.search(value)
-            and _INVISIBLE.search(value) is None)
+            and INVISIBLE.search(value) is None)
 
 
 def _is_token(value: str) -> bool:

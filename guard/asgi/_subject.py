@@ -13,7 +13,8 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.types import Scope
 
-from guard.asgi._body_view import _INVISIBLE, shown_body
+from guard._readable import INVISIBLE
+from guard.asgi._body_view import shown_body
 from guard.asgi._media import media_type
 from guard.engine.telemetry import credential_name, credential_value, redact_secrets
 from guard.errors import BodyError
@@ -376,7 +377,7 @@ def _percent_shown(text: str | bytes, safe: str) -> tuple[str, int, int]:
     applications read headers, when they are not UTF-8)."""
     chars = _characters(text) if isinstance(text, bytes) else text
     encoded = [char for char in chars if char != "%" and quote(char, safe=safe) != char]
-    return quote(text, safe=safe), len(encoded), sum(1 for char in encoded if _INVISIBLE.fullmatch(char))
+    return quote(text, safe=safe), len(encoded), sum(1 for char in encoded if INVISIBLE.fullmatch(char))
 
 
 def _characters(raw: bytes) -> str:

@@ -36,6 +36,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, TextIO
 
+from guard._readable import INVISIBLE
 from guard.backends.options import add_backend_options, backend_factory, check_device_options, open_cli_backend
 from guard.cli._args import positive_milliseconds
 from guard.errors import GuardError, PolicyError
@@ -136,7 +137,8 @@ def _error_text(error: dict[str, Any]) -> str:
 def _printed(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``errors``, after printing each to stderr."""
     for error in errors:
-        _say(_error_text(error), file=sys.stderr)
+        key = error["key"] and _shown(error["key"], words=False)  # a key shows every invisible character escaped
+        _say(_error_text({**error, "key": key}), file=sys.stderr)
     return errors
 
 
@@ -197,10 +199,10 @@ def _warn_upper_case_paths(policies: list[Any]) -> None:
     for policy in policies:
         for glob in policy.http.globs[0] if policy.http is not None else ():
             if glob != glob.lower():
-                print(f"warning: {policy.file}:{policy.line}: policy {policy.id}: path {glob!r} has upper-case "
-                      f"letters; requests are matched on their lower-cased path first (path_case='fold', the "
-                      f"default), so a request for {glob.lower()!r} is not judged by it: write paths in lower case "
-                      "(docs/http.md)", file=sys.stderr)
+                _say(f"warning: {policy.file}:{policy.line}: policy {policy.id}: path {glob!r} has upper-case "
+                     f"letters; requests are matched on their lower-cased path first (path_case='fold', the "
+                     f"default), so a request for {glob.lower()!r} is not judged by it: write paths in lower case "
+                     "(docs/http.md)", file=sys.stderr)
 
 
 def _warn_unknown_methods(policies: list[Any]) -> None:
@@ -215,9 +217,9 @@ def _warn_unknown_methods(policies: list[Any]) -> None:
             if method.upper() not in KNOWN_METHODS:
                 near = difflib.get_close_matches(method.upper(), KNOWN_METHODS, n=1, cutoff=0.6)
                 hint = f"did you mean {near[0]!r}? " if near else ""
-                print(f"warning: {policy.file}:{policy.line}: policy {policy.id}: method {method!r} is not a "
-                      f"registered HTTP method; {hint}requests with another method are not judged by this policy",
-                      file=sys.stderr)
+                _say(f"warning: {policy.file}:{policy.line}: policy {policy.id}: method {method!r} is not a "
+                     f"registered HTTP method; {hint}requests with another method are not judged by this policy",
+                     file=sys.stderr)
 
 
 def _print_overlaps(policies: list[Any]) -> None:
@@ -226,7 +228,7 @@ def _print_overlaps(policies: list[Any]) -> None:
     from guard.policy.overlap import overlapping_pairs
 
     for a, b, kinds in overlapping_pairs(policies):
-        print(
+        _say(
             f"overlap {a.id} ({a.file}:{a.line}) and {b.id} ({b.file}:{b.line}): both match some "
             f"{' and '.join('HTTP requests' if k == 'http' else 'agent events' for k in kinds)}; {_combined(a, b)}"
         )
@@ -375,7 +377,7 @@ def run_test(args: argparse.Namespace) -> int:
         print(f"guard policy test: --run {args.run!r} is not a regular expression: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (OSError, ValueError) as exc:
-        print(f"guard policy test: {exc}", file=sys.stderr)
+        _say(f"guard policy test: {exc}", file=sys.stderr)
         return EXIT_USAGE
     text = args.format == "text"
     suites: list[tuple[str, list[CaseResult]]] = []
@@ -449,31 +451,66 @@ def run_test(args: argparse.Namespace) -> int:
         print(_junit_report(suites, errors))
     else:
         for line in uncovered:
-            print(f"not covered {line}")
+            _say(f"not covered {line}")
         print(f"{total - failed} passed, {failed} failed" + (f", {broken} files broken" if broken else ""))
     return EXIT_FAILED if failed or broken or unmatched or (empty and args.fail_on_empty) else 0
 
 
-#: The Unicode categories text output writes escaped: control characters (C0, DEL, C1), which a terminal would act
-#: on; format characters (zero-width spaces and joiners, bidi controls, U+FEFF) and line and paragraph separators,
-#: which it does not show; lone surrogates, which cannot be written as UTF-8.
-_UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-_NOT_PLAIN = re.compile(r"[^\x20-\x7e]")  # the characters whose category is looked up
+#: An emoji tag sequence (a subdivision flag: U+1F3F4, tag letters, U+E007F cancel tag), or one character of text
+#: output that is not printable ASCII (whose category is looked up).
+_NOT_PLAIN = re.compile("\U0001f3f4[\U000e0020-\U000e007e]+\U000e007f|[^\x20-\x7e]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner
+_PRESENTATION = "\ufe0e\ufe0f"  # text and emoji presentation selectors
 
 
 def _say(text: str, file: TextIO | None = None) -> None:
-    """Print a line of text output with each character of :data:`_UNSHOWN` written as Python writes it in a string
-    (``\\x1b``, ``\\n``, ``\\u200b``, ``\\ud800``): names, keys and values from policy and test files never act on
-    the terminal, hide in it (``default\\u200b: unknown key``) nor stop the output."""
-    print(_NOT_PLAIN.sub(_escaped, text), file=file)
+    """Print a line of text output with each character a terminal would act on or not show written as Python writes
+    it in a string (:func:`_shown`): names, keys and values from policy and test files never act on the terminal,
+    hide in it (``default\\u200b: unknown key``) nor stop the output."""
+    print(_shown(text), file=file)
 
 
-def _escaped(found: re.Match[str]) -> str:
-    """The character ``found`` as Python writes it in a string when its category is in :data:`_UNSHOWN`, else
-    itself."""
-    char = found.group()
-    return repr(char)[1:-1] if unicodedata.category(char) in _UNSHOWN else char
+def _shown(text: str, *, words: bool = True) -> str:
+    """``text`` with each control character (C0, DEL, C1), lone surrogate (which UTF-8 cannot carry) and character
+    a reader cannot see (:data:`~guard._readable.INVISIBLE`: format characters, line and paragraph separators,
+    variation selectors, Hangul fillers and the other default-ignorable code points) written as Python writes it in
+    a string (``\\x1b``, ``\\n``, ``\\u200b``, ``\\ud800``). With ``words`` (free text) what writing in words and
+    emoji needs stays: a zero-width non-joiner or joiner between two letters or emoji outside ASCII (Persian, Indic
+    scripts, an emoji ZWJ sequence), U+FE0E or U+FE0F after a character outside ASCII (an emoji's presentation), a
+    soft hyphen between two letters and an emoji tag sequence (a subdivision flag); a key is shown with
+    ``words=False``."""
+    return _NOT_PLAIN.sub(lambda found: _escaped(found, words=words), text)
+
+
+def _escaped(found: re.Match[str], *, words: bool) -> str:
+    """The text ``found`` by :data:`_NOT_PLAIN` as :func:`_shown` writes it."""
+    char, head, after = found.group(), found.string[: found.start()], found.string[found.end() : found.end() + 1]
+    if words and len(char) > 1:  # an emoji tag sequence
+        return char
+    if unicodedata.category(char) not in ("Cc", "Cs") and not INVISIBLE.fullmatch(char):
+        return char
+    if words and _needed_in_words(char, head, after):
+        return char
+    escaped = repr(char)[1:-1]  # repr leaves the printable ones as they are (U+034F, U+3164: marks, letters)
+    return escaped if escaped != char else f"\\u{ord(char):04x}" if char <= "\uffff" else f"\\U{ord(char):08x}"
+
+
+def _needed_in_words(char: str, head: str, after: str) -> bool:
+    """Whether the invisible ``char`` between ``head`` and the character ``after`` is one that writing in words and
+    emoji needs (:func:`_shown`)."""
+    if char in _PRESENTATION:
+        return _word_part(head[-1:], "LMS")
+    if char in _JOINERS:
+        return _word_part(head.rstrip(_PRESENTATION)[-1:], "LMS") and _word_part(after, "LS")
+    return char == "\xad" and head[-1:].isalpha() and after.isalpha()  # a soft hyphen inside a word
+
+
+def _word_part(char: str, categories: str) -> bool:
+    """Whether ``char`` is one visible character outside ASCII whose Unicode category starts with one of
+    ``categories`` (``L`` letters, ``M`` marks, ``S`` symbols such as emoji)."""
+    return (len(char) == 1 and char > "\x7f" and not INVISIBLE.fullmatch(char)
+            and unicodedata.category(char)[0] in categories)
 
 
 def _json_text(value: Any, **options: Any) -> str:

@@ -389,13 +389,13 @@ async def test_a_lone_surrogate_in_an_item_is_stored_in_redis(create_redis: Any)
 def test_every_invisible_or_format_character_is_escaped() -> None:
     """The escaped characters cover every format character (Cf), line and paragraph separator (Zl, Zp) and control
     character (C0 but tab, line feed and carriage return, DEL, C1) of this Python's Unicode data."""
-    from guard.asgi._body_view import _INVISIBLE
+    from guard._readable import INVISIBLE
 
     everything = "".join(map(chr, range(sys.maxunicode + 1)))
     wanted = {c for c in everything if unicodedata.category(c) in ("Cf", "Zl", "Zp") or
               (unicodedata.category(c) == "Cc" and c not in "\t\n\r")}
-    assert wanted <= set(_INVISIBLE.findall(everything))
-    assert not re.search(_INVISIBLE, "plain text, caf\u00e9, \u4e2d\u6587, \U0001f600 \u00a0")
+    assert wanted <= set(INVISIBLE.findall(everything))
+    assert not re.search(INVISIBLE, "plain text, caf\u00e9, \u4e2d\u6587, \U0001f600 \u00a0")
 
 
 @pytest.mark.parametrize("value", [

@@ -61,6 +61,50 @@ def test_invisible_characters_are_escaped_in_text_output(tmp_path: Path, capsys:
     assert ": a \\u202eb\\ufeff c\\u2028 d\u00e9\n" in capsys.readouterr().err  # a letter is shown as it is
 
 
+
+@pytest.mark.parametrize("char", ["\u034f", "\ufe0f", "\u180b", "\u3164", "\u115f", "\u1160", "\uffa0",
+                                  "\u200c", "\u200d", "\u00ad", "\U000e0067"])
+def test_every_default_ignorable_character_is_escaped_in_a_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], char: str
+) -> None:
+    """Variation selectors, the combining grapheme joiner and the Hangul fillers are no format characters (Unicode Cf)
+    and were printed as they are, so ``default`` with one after it read as a known key."""
+    (tmp_path / "p.yaml").write_text(POLICY.replace("}]}", f"}}], defa\u00e9{char}\u00e9ult: allow}}"),
+                                     encoding="utf-8")
+    assert main(["policy", "check", str(tmp_path / "p.yaml")]) == 1
+    err = capsys.readouterr().err
+    escaped = char.encode("unicode_escape").decode()  # \\xad, \\u034f, \\U000e0067
+    assert char not in err and f"policies[0].defa\u00e9{escaped}\u00e9ult: unknown key" in err
+
+
+def test_free_text_keeps_the_joiners_words_and_emoji_need_and_every_line_is_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A case name in Persian or Devanagari (a zero-width non-joiner or joiner between letters), an emoji ZWJ
+    sequence, a subdivision flag (tag characters) or a soft hyphen in a word was printed with escapes; the overlap
+    line and the upper-case path and unknown method warnings printed a file name's bidi override as it is."""
+    name = ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u0915\u094d\u200d\u0937 "
+            "\U0001f468\u200d\U0001f469\u200d\U0001f467 \u2764\ufe0f\u200d\U0001f525 "
+            "\U0001f3f4\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f Zucker\u00adwatte")
+    (tmp_path / "p.yaml").write_text(POLICY)
+    (tmp_path / "p_test.yaml").write_text(f'cases:\n  - name: "{name}"\n'
+                                          "    input: {http: {method: POST, path: /x/a}}\n    expect: {action: allow}\n",
+                                          encoding="utf-8")
+    assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 1
+    assert f": {name}\n" in capsys.readouterr().err
+    (tmp_path / "p_test.yaml").write_text('cases:\n  - name: "a\u200cb \u200d\u0645 a\ufe0f \U000e0067"\n'
+                                          "    input: {http: {method: POST, path: /x/a}}\n    expect: {action: allow}\n",
+                                          encoding="utf-8")
+    assert main(["policy", "test", str(tmp_path / "p.yaml")]) == 1
+    assert ": a\\u200cb \\u200d\u0645 a\\ufe0f \\U000e0067\n" in capsys.readouterr().err
+    (tmp_path / "p_test.yaml").unlink()
+    (tmp_path / "a\u202egpj.yaml").write_text(POLICY.replace("id: p,", "id: q,").replace("['/x/**']", "['/X/**']")
+                                              .replace("http: {", "http: {methods: [POTS], "), encoding="utf-8")
+    assert main(["policy", "check", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "\u202e" not in out + err and out.count("a\\u202egpj.yaml") == 2  # its ok line, the overlap line
+    assert err.count("a\\u202egpj.yaml") == 2  # the upper-case path and the unknown method warnings
+
 def test_a_lone_surrogate_in_a_case_name_is_a_load_error_printed_in_text_and_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
