@@ -182,7 +182,8 @@ def overlapping_pairs(
 ) -> list[tuple[Policy, Policy, list[str]]]:
     """Every pair of ``policies`` (in order) that can match a common subject, with the kinds of subject
     (``fold_case``, ``strip_slash``: as :func:`overlaps`). Only the pairs :class:`_Index` finds near each other are
-    compared, so a file of many policies on distinct paths is not compared pair by pair."""
+    compared, so a file of many policies on distinct paths (under one ``/api/v1/`` too) or tools is not compared pair
+    by pair."""
     kinds = [_Kind([i for i, p in enumerate(policies) if p.http is not None], policies, _HTTP_KEYS),
              _Kind([i for i, p in enumerate(policies) if p.agent is not None], policies, _AGENT_KEYS)]
     out = []
@@ -194,52 +195,87 @@ def overlapping_pairs(
     return out
 
 
-Keys = frozenset[Hashable] | None
+#: An item's keys (each a sequence: a path's literal segments, a tool name's literal characters, one method), or
+#: ``None``: any.
+Keys = frozenset[Sequence[Hashable]] | None
 
 
-def _first_segment(glob: str) -> str | None:
-    """The first segment of the path glob ``glob``, lower-cased, when it is literal: every path the glob matches, as
-    sent, lower-cased or with a ``/`` added (the views :func:`_paths_meet` compares) has it as its first segment,
-    lower-cased; ``None`` when a wildcard may stand there."""
+def _literal_segments(glob: str) -> tuple[str, ...] | None:
+    """The segments of the path glob ``glob`` before the first that holds a wildcard (all of them when none does),
+    lower-cased: every path the glob matches, as sent, lower-cased or with a ``/`` added (the views
+    :func:`_paths_meet` compares) starts with them, lower-cased; ``None`` when ``glob`` does not start with ``/``."""
     if not glob.startswith("/"):
         return None
-    first = glob[1:].split("/", 1)[0]
-    return None if "*" in first or "?" in first else first.lower()
+    segments = glob[1:].split("/")
+    literal = next((n for n, segment in enumerate(segments) if "*" in segment or "?" in segment), len(segments))
+    return tuple(segment.lower() for segment in segments[:literal])
 
 
-def _keys(values: Iterable[Hashable | None]) -> Keys:
+def _literal_head(glob: str) -> str:
+    """The tool glob ``glob`` up to its first wildcard: every tool name it matches starts with it."""
+    return glob[: next((n for n, char in enumerate(glob) if char in "*?"), len(glob))]
+
+
+def _keys(values: Iterable[Sequence[Hashable] | None]) -> Keys:
     """``values`` as keys; ``None`` (any) when there are none (an empty list matches anything) or one is ``None``."""
     keys = frozenset(values)
-    return None if not keys or None in keys else keys
+    return None if not keys or None in keys else keys  # type: ignore[return-value]
 
 
 #: What two policies must share for their ``match.http`` to meet (each is checked by :func:`_http_overlap` too): a
-#: method, a request or response side, the first segment of a path.
+#: method, a request or response side, and path globs whose literal segments, one's a prefix of the other's.
 _HTTP_KEYS: tuple[Callable[[Policy], Keys], ...] = (
-    lambda p: _keys(p.http.methods),  # type: ignore[union-attr]
-    lambda p: frozenset({p.http.response is None}),  # type: ignore[union-attr]
-    lambda p: _keys(map(_first_segment, p.http.globs[0])),  # type: ignore[union-attr]
+    lambda p: _keys((method,) for method in p.http.methods),  # type: ignore[union-attr]
+    lambda p: frozenset({(p.http.response is None,)}),  # type: ignore[union-attr]
+    lambda p: _keys(map(_literal_segments, p.http.globs[0])),  # type: ignore[union-attr]
 )
-#: What two policies must share for their ``match.agent`` to meet: an event (:func:`_agent_overlap`).
-_AGENT_KEYS: tuple[Callable[[Policy], Keys], ...] = (lambda p: _keys(p.agent.events),)  # type: ignore[union-attr]
+#: What two policies must share for their ``match.agent`` to meet (:func:`_agent_overlap`): an event, and tool globs
+#: whose literal heads, one's a prefix of the other's.
+_AGENT_KEYS: tuple[Callable[[Policy], Keys], ...] = (
+    lambda p: _keys((event,) for event in p.agent.events),  # type: ignore[union-attr]
+    lambda p: _keys(map(_literal_head, p.agent.tool_globs)),  # type: ignore[union-attr]
+)
+
+
+class _Node:
+    """A trie node: the items with a key ending here (``ends``) and with a key through here or below (``below``)."""
+
+    def __init__(self) -> None:
+        self.children: dict[Hashable, _Node] = {}
+        self.ends: set[int] = set()
+        self.below: set[int] = set()
 
 
 class _Index:
-    """The items sharing a key with each item, by a bucket per key; an item without keys (``None``: any) shares one
-    with every item."""
+    """The items with a key that is a prefix of one of an item's keys or that has one of them as a prefix (one-part
+    keys: an equal key), by a trie of the keys; an item without keys (``None``: any) is near every item."""
 
     def __init__(self, keys: Sequence[Keys]) -> None:
         self.keys = keys
         self.anywhere = {i for i, item in enumerate(keys) if item is None}
-        self.buckets: dict[Hashable, set[int]] = {}
+        self.root = _Node()
         for i, item in enumerate(keys):
             for key in item or ():
-                self.buckets.setdefault(key, set()).add(i)
+                node = self.root
+                node.below.add(i)
+                for part in key:
+                    node = node.children.setdefault(part, _Node())
+                    node.below.add(i)
+                node.ends.add(i)
 
     def near(self, i: int) -> set[int] | None:
-        """The items sharing a key with item ``i``; ``None``: every item (``i`` has no keys)."""
+        """The items near item ``i``; ``None``: every item (``i`` has no keys)."""
         item = self.keys[i]
-        return None if item is None else self.anywhere.union(*(self.buckets[key] for key in item))
+        if item is None:
+            return None
+        found = set(self.anywhere)
+        for key in item:
+            node = self.root
+            for part in key:
+                found |= node.ends  # a key that is a prefix of this one
+                node = node.children[part]
+            found |= node.below  # a key that this one is a prefix of, itself included
+        return found
 
 
 class _Kind:
@@ -251,8 +287,8 @@ class _Kind:
         self.indexes = [_Index([key(policies[i]) for i in members]) for key in keys]
 
     def near(self, i: int) -> set[int]:
-        """The indices after ``i`` of the policies sharing every key with policy ``i`` (none when it is not a
-        member): the only ones whose block of this kind can meet its own."""
+        """The indices after ``i`` of the policies near policy ``i`` in every index (none when it is not a member):
+        the only ones whose block of this kind can meet its own."""
         pos = self.position.get(i)
         if pos is None:
             return set()
