@@ -229,7 +229,7 @@ class LocalBackend:
 
         image, with_image = 0, ""  # the probe's PNG, counted from its header (nothing is decoded)
         if processor.image_processor is not None:
-            image = processor.image_block_tokens(processor.image_pads(_image_probe_request().images))
+            image = processor.image_block_tokens(processor.image_pads((_probe_image(),)))
             with_image = " with an 8x8 PNG"
         needs = []
         for index, request in enumerate(SELF_TEST_APART):  # the probe's PNG goes with the first
@@ -334,20 +334,13 @@ class LocalBackend:
             ) from exc
 
     async def _encode_image_canary(self) -> tuple[SystemOneRequestV1, EncodedRecord] | None:
-        """For a checkpoint that reads images, :func:`_image_probe_request` and its record, encoded at start for
-        :meth:`run_canaries` and :meth:`probe_encoding`; ``None`` for one that reads none, or when the request does
-        not fit ``max_length`` (logged as a warning: neither then passes an image through the image processor and the
-        vision tower)."""
+        """For a checkpoint that reads images, the first of the startup self-test's requests with one 8x8 PNG
+        (:func:`_probe_image`) and its record, encoded at start for :meth:`run_canaries` and :meth:`probe_encoding`;
+        ``None`` for one that reads none. :meth:`_fitting_self_test` made sure it fits :attr:`max_length`."""
         if self.model.processor.image_processor is None:
             return None
-        request = _image_probe_request()
-        try:
-            return request, await self._encode(request, SELF_TEST_TIMEOUT_S)
-        except BackendRejected as exc:
-            logger.warning("%r checks no image path (no image canary, no image in the live encoding probe): the "
-                           "self-test request with an 8x8 PNG does not fit max_length %d (%s)", self.name,
-                           self.max_length, exc)
-            return None
+        request = self._self_test_requests[0].override(images=(_probe_image(),))
+        return request, await self._encode(request, SELF_TEST_TIMEOUT_S)
 
     async def aclose(self) -> None:
         """Let a startup self-test still running finish (its outcome went to whoever awaited :meth:`start`), finish
@@ -370,7 +363,7 @@ class LocalBackend:
         """Ask :attr:`canaries` as :func:`~guard.backends.selftest.run_canaries` does, one request at a time within
         ``timeout`` seconds in all, from records encoded once at start: each goes straight to the batcher, so a run
         waits only for the queue and the forward passes, never for an encoding thread behind clients' encodings. With
-        a checkpoint that reads images, the self-test request with an 8x8 PNG (encoded at start too) is asked last,
+        a checkpoint that reads images, the first self-test request with an 8x8 PNG (encoded at start too) is asked last,
         its answer checked as the self-test's is (:func:`~guard.backends.selftest.check_answers`), so a vision tower
         that fails fails the run.
 
@@ -389,10 +382,9 @@ class LocalBackend:
     async def probe_encoding(self, *, timeout: float) -> None:
         """Encode the startup self-test's requests now (:data:`~guard.backends.selftest.SELF_TEST_REQUEST`, or its
         questions apart where :attr:`max_length` is too short for them together), and with a checkpoint that reads
-        images the same request with one 8x8 PNG (:func:`_image_probe_request`, when it fit ``max_length`` at start),
-        within ``timeout`` seconds, on a thread of its own (never one of the clients' encoding threads, which slow or
-        failing requests may hold): whether the
-        tokenizer and processor, its image path included, still work, which :meth:`run_canaries`, from records encoded
+        images the first of them with one 8x8 PNG (:func:`_probe_image`, the image canary's request), within
+        ``timeout`` seconds, on a thread of its own (never one of the clients' encoding threads, which slow or failing
+        requests may hold): whether the tokenizer and processor, its image path included, still work, which :meth:`run_canaries`, from records encoded
         at start, does not tell. A probe still running when the next starts holds the thread: the next waits for it.
 
         Raises:
@@ -613,13 +605,11 @@ class LocalBackend:
 
 
 @functools.cache
-def _image_probe_request() -> SystemOneRequestV1:
-    """:data:`~guard.backends.selftest.SELF_TEST_REQUEST` with one 8x8 PNG sent as clients send images
-    (``{content_type, base64}``): what :meth:`LocalBackend.probe_encoding` also encodes for a checkpoint that reads
-    images."""
+def _probe_image() -> dict[str, str]:
+    """One 8x8 PNG as clients send images (``{content_type, base64}``): the image of the image canary and of the live
+    encoding probe (:meth:`LocalBackend.probe_encoding`) for a checkpoint that reads images."""
     from PIL import Image  # only for a checkpoint with an image processor
 
     out = io.BytesIO()
     Image.new("RGB", (8, 8), "gray").save(out, format="PNG")
-    image = {"content_type": "image/png", "base64": base64.b64encode(out.getvalue()).decode()}
-    return SELF_TEST_REQUEST.override(images=(image,))
+    return {"content_type": "image/png", "base64": base64.b64encode(out.getvalue()).decode()}

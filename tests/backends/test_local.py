@@ -20,7 +20,7 @@ from PIL import Image
 
 from guard.backends.base import PACKAGE_DIR, DecisionBackend, code_digest, installed_code_digest
 from guard.backends.batcher import BatcherConfig, BatchInfo
-from guard.backends.local import LocalBackend, _image_probe_request
+from guard.backends.local import LocalBackend, _probe_image
 from guard.backends.selftest import SELF_TEST_APART, SELF_TEST_REQUEST, clef_canaries
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, Overloaded
@@ -348,7 +348,8 @@ async def test_start_warms_up_with_the_worker_self_test(clef_fp32: ClefModel) ->
     # the well-formedness request, then each canary's two states and the self-test request with an 8x8 PNG (this
     # checkpoint reads images)
     warm_up = 1 + 2 * len(backend.canaries) + 1
-    image_tokens = len(clef_fp32.encode(_image_probe_request(), max_length=backend.max_length).input_ids)
+    with_image = SELF_TEST_REQUEST.override(images=(_probe_image(),))
+    image_tokens = len(clef_fp32.encode(with_image, max_length=backend.max_length).input_ids)
     assert len(backend.canaries) == 2 and len(infos) == warm_up
     assert (infos[0].size, infos[0].tokens) == (1, self_test_tokens) and all(i.size == 1 for i in infos)
     assert infos[-1].tokens == image_tokens
@@ -407,7 +408,10 @@ async def test_a_max_length_below_the_self_test_request_asks_its_questions_apart
         response = await backend.decide(request(case["request"]), timeout=30)
         await backend.probe_encoding(timeout=30)  # the image probe asks the first question alone too
     apart = [len(clef_fp32.encode(r, max_length=case["max_length"]).input_ids) for r in SELF_TEST_APART]
-    assert [(i.size, i.tokens) for i in infos[:3]] == [(1, tokens) for tokens in apart]
+    first_with_image = SELF_TEST_APART[0].override(images=(_probe_image(),))
+    image_tokens = len(clef_fp32.encode(first_with_image, max_length=case["max_length"]).input_ids)
+    # the image canary asks the first question with the PNG, last of the start
+    assert [(i.size, i.tokens) for i in infos[:4]] == [(1, tokens) for tokens in apart] + [(1, image_tokens)]
     want = case["response_fp32"]
     got = response.to_json()
     assert got["usage"]["input_tokens"] == want["usage"]["input_tokens"] == case["max_length"]
@@ -415,6 +419,28 @@ async def test_a_max_length_below_the_self_test_request_asks_its_questions_apart
         for key in ("noul", "confidence", "choice"):
             if key in answer:
                 assert got["answers"][qid][key] == pytest.approx(answer[key], abs=2e-4)
+
+
+async def test_a_vision_tower_answering_nan_fails_the_start_with_the_questions_apart(clef_fp32: ClefModel) -> None:
+    """At a max_length the self-test asks its questions apart, the image canary asks the first of them with the 8x8
+    PNG, so a vision tower that turns every image into NaN fails the startup self-test."""
+    visual = next(m for name, m in clef_fp32.backbone.named_modules() if name.endswith("visual"))
+
+    def nan(value: Any) -> Any:
+        return value * float("nan") if torch.is_tensor(value) and value.is_floating_point() else value
+
+    def nan_pixels(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return tuple(nan(a) for a in args), {key: nan(value) for key, value in kwargs.items()}
+
+    hook = visual.register_forward_pre_hook(nan_pixels, with_kwargs=True)
+    try:
+        backend = LocalBackend(clef_fp32, max_length=420, canaries=())
+        with pytest.raises(BackendUnavailable, match="failed its startup self-test") as info:
+            await backend.start()
+    finally:
+        hook.remove()
+    assert len(backend._self_test_requests) == len(SELF_TEST_APART)
+    assert info.value.reason == "self_test_failed"
 
 
 @pytest.mark.parametrize(

@@ -24,9 +24,10 @@ from safetensors.torch import load_file, save_file
 
 from guard.backends.compact import CompactBackend
 from guard.backends.http import SystemOneClient
-from guard.backends.local import LocalBackend, _image_probe_request
+from guard.backends.local import LocalBackend, _probe_image
 from guard.backends.selftest import (
     CLEF_CANARY_MARGIN,
+    SELF_TEST_APART,
     SELF_TEST_REQUEST,
     CanaryFailed,
     catalog_canaries,
@@ -283,24 +284,23 @@ def test_a_vision_tower_that_fails_makes_the_worker_unready_without_text_traffic
     assert unready_error is not None and unready_error.startswith("BackendUnavailable")
 
 
-def test_a_max_length_the_image_probe_does_not_fit_leaves_it_out_and_the_worker_recovers(
-    golden_checkpoint: Path, caplog: pytest.LogCaptureFixture
+def test_at_a_max_length_asking_the_questions_apart_the_image_probe_asks_the_first_and_the_worker_recovers(
+    golden_checkpoint: Path,
 ) -> None:
-    """At a max_length the self-test request fits but not with an 8x8 PNG, the live probe failed on its own image
-    request not fitting (RequestValidationError), so after any 5 failed requests the worker stayed unready for good
-    (verification finding). The image request is encoded at start: not fitting, the worker warns once and neither its
-    canary runs nor its live probe hold an image, so it is ready again once the encoding works."""
+    """At a max_length the self-test request with an 8x8 PNG does not fit, the image canary and the live probe ask
+    the first self-test question with it (which the least max_length leaves room for), so after any 5 failed requests
+    the probe passes the image path again and the worker is ready once the encoding works."""
     model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
     config = WorkerConfig(model_name="clef-flash", canary_interval_s=0.2)
-    model.encode(SELF_TEST_REQUEST, max_length=500)  # the text fits, the image does not
     with pytest.raises(RequestValidationError):
-        model.encode(_image_probe_request(), max_length=500)
+        model.encode(SELF_TEST_REQUEST.override(images=(_probe_image(),)), max_length=500)
     encode = model.encode
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("tokenizer failure (injected)")
 
-    with serve_worker(LocalBackend(model, max_length=500), config=config) as worker, httpx.Client(
+    backend = LocalBackend(model, max_length=500)
+    with serve_worker(backend, config=config) as worker, httpx.Client(
         base_url=worker.url, timeout=30
     ) as c:
         runtime = worker.app.state.worker
@@ -311,8 +311,8 @@ def test_a_max_length_the_image_probe_does_not_fit_leaves_it_out_and_the_worker_
         wait_for(lambda: runtime.phase is WorkerPhase.READY)
         answered = c.post("/v1/systemone", json=ticket_body(1)).status_code
     assert refused == [503] * FAILED_ENCODINGS_TO_PROBE and answered == 200
-    warned = [r for r in caplog.records if "checks no image path" in r.getMessage()]
-    assert len(warned) == 1 and "max_length 500" in warned[0].getMessage()
+    assert backend._image_canary is not None
+    assert backend._image_canary[0] == SELF_TEST_APART[0].override(images=(_probe_image(),))
 
 
 def _with_image() -> dict[str, Any]:
