@@ -141,6 +141,28 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
     return _decoded(open_image(item, where=where), where)
 
 
+# PIL resampling filters (``PIL.Image.Resampling`` values) to torch's interpolation mode and antialias flag, as
+# torchvision's ``resize`` maps them for a tensor (``pil_torch_interpolation_mapping``): NEAREST is NEAREST_EXACT
+_INTERPOLATIONS = {0: ("nearest-exact", False), 2: ("bilinear", True), 3: ("bicubic", True)}
+
+
+def _interpolation(resample: Any) -> tuple[str, bool]:
+    """Torch's interpolation mode and antialias flag for an image processor's ``resample`` (``None``: bilinear, as
+    the torchvision backend resizes then).
+
+    Raises:
+        RequestValidationError: a filter torchvision cannot resize a tensor with here (BOX, HAMMING, LANCZOS), field
+            ``media_kwargs.resample``.
+    """
+    if resample is None:
+        return _INTERPOLATIONS[2]
+    if isinstance(resample, int) and resample in _INTERPOLATIONS:
+        return _INTERPOLATIONS[resample]
+    raise RequestValidationError([FieldError(
+        "media_kwargs.resample", f"{resample!r} is not supported; use PIL.Image.Resampling NEAREST, BILINEAR or BICUBIC"
+    )])
+
+
 def _decoded(image: Any, where: str) -> Any:
     """``image`` (from :func:`open_image`) decoded, as RGB."""
     try:
@@ -313,40 +335,40 @@ class ClefProcessor:
         """``pixel_values`` rows ``[grid_h x grid_w, patch width]`` and the ``[t, grid_h, grid_w]`` grid of one decoded
         RGB PIL image, as the reference's image processor (``Qwen2VLImageProcessor``, the torchvision backend)
         computes them on CPU, whether or not torchvision is installed: the uint8 image resized to ``smart_resize``'s
-        size by torch's bicubic, antialiased interpolation on uint8 (what torchvision's ``resize`` runs on CPU; PIL's
-        bicubic, which the PIL backend uses, differs by up to 2/255), rescaled and normalised in float32 in one step
+        size by torch's antialiased interpolation on uint8 (what torchvision's ``resize`` runs on CPU; PIL's bicubic,
+        which the PIL backend uses, differs by up to 2/255), rescaled and normalised in float32 in one step
         (``(x - mean / rescale) / (std / rescale)``, as its fused ``rescale_and_normalize``), then cut into patches,
         each repeated ``temporal_patch_size`` times. ``kwargs`` (``media_kwargs``) override the processor's settings
-        of those names, ``min_pixels`` and ``max_pixels`` its ``size``, as for ``get_number_of_image_patches``."""
+        of those names, ``size`` and then ``min_pixels`` and ``max_pixels`` its ``size``, as for
+        ``get_number_of_image_patches`` (the image processor's own merge of them).
+
+        Raises:
+            RequestValidationError: a ``resample`` other than ``NEAREST``, ``BILINEAR`` and ``BICUBIC`` (field
+                ``media_kwargs.resample``).
+        """
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-        processor = self.image_processor
-
-        def setting(name: str) -> Any:
-            return kwargs.get(name, getattr(processor, name))
-
-        patch, merge, temporal = setting("patch_size"), setting("merge_size"), setting("temporal_patch_size")
+        settings = self.image_processor._merge_and_standardize_kwargs(**kwargs)
+        patch, merge, temporal = settings["patch_size"], settings["merge_size"], settings["temporal_patch_size"]
         pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None]  # uint8 [1, 3, H, W]
         height, width = pixels.shape[-2:]
-        if setting("do_resize"):
+        if settings["do_resize"]:
+            mode, antialias = _interpolation(settings["resample"])
             size = smart_resize(
                 height, width, factor=patch * merge,
-                min_pixels=kwargs.get("min_pixels", processor.size["shortest_edge"]),
-                max_pixels=kwargs.get("max_pixels", processor.size["longest_edge"]),
+                min_pixels=settings["size"].shortest_edge, max_pixels=settings["size"].longest_edge,
             )
             if size != (height, width):
-                pixels = torch.nn.functional.interpolate(
-                    pixels, size=size, mode="bicubic", antialias=True, align_corners=False
-                )
+                pixels = torch.nn.functional.interpolate(pixels, size=size, mode=mode, antialias=antialias)
                 height, width = size
         values = pixels[0].to(torch.float32)  # [3, H, W]
-        if setting("do_normalize"):
-            scale = 1.0 / setting("rescale_factor") if setting("do_rescale") else 1.0
-            mean = torch.tensor(setting("image_mean")) * scale
-            std = torch.tensor(setting("image_std")) * scale
+        if settings["do_normalize"]:
+            scale = 1.0 / settings["rescale_factor"] if settings["do_rescale"] else 1.0
+            mean = torch.tensor(settings["image_mean"]) * scale
+            std = torch.tensor(settings["image_std"]) * scale
             values = (values - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
-        elif setting("do_rescale"):
-            values = values * setting("rescale_factor")
+        elif settings["do_rescale"]:
+            values = values * settings["rescale_factor"]
         grid_h, grid_w = height // patch, width // patch
         rows = (
             values.reshape(3, grid_h // merge, merge, patch, grid_w // merge, merge, patch)
@@ -437,8 +459,8 @@ class ClefProcessor:
 
         Raises:
             RequestValidationError: undecodable images, images whose block would take more than ``max_tokens``
-                (field ``images``), media on a text-only checkpoint, or videos without torchvision (the message names
-                the fix).
+                (field ``images``), media on a text-only checkpoint, videos without torchvision (the message names
+                the fix), or a ``resample`` in ``media_kwargs`` torch cannot resize with (``media_kwargs.resample``).
         """
         if images and self.image_processor is None:
             raise RequestValidationError(

@@ -107,6 +107,32 @@ def test_an_image_to_resize_gets_the_pixels_of_the_reference_torchvision_process
     assert torch.equal(media.tensors["pixel_values"], torch.stack(rows))
 
 
+def test_media_kwargs_size_and_resample_resize_as_the_reference_processor(golden_processor: ClefProcessor) -> None:
+    """``media_kwargs`` ``size`` (the form transformers asks for) counted the image's tokens at that size but resized
+    it to the processor's, so the pixels and the tokens disagreed (a RuntimeError), and ``resample`` was always
+    bicubic. ``size`` resizes as ``min_pixels``/``max_pixels`` do; ``resample`` NEAREST gives the reference's nearest
+    pixels (the PIL backend's, which torchvision's NEAREST_EXACT matches); a filter torch cannot run is refused."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image = _photo(1500, 900)
+    size = {"size": {"shortest_edge": 4096, "longest_edge": 200_000}}
+    media = golden_processor.encode_media([image], [], token_offset=0, media_kwargs=size)
+    with pytest.warns(FutureWarning):  # transformers deprecates min_pixels and max_pixels for size
+        pixels = golden_processor.encode_media(
+            [image], [], token_offset=0, media_kwargs={"min_pixels": 4096, "max_pixels": 200_000}
+        )
+    assert media.tensors["image_grid_thw"].tolist() == [[1, 20, 36]]
+    assert torch.equal(media.tensors["pixel_values"], pixels.tensors["pixel_values"])
+    assert media.input_ids == pixels.input_ids
+    nearest = {"resample": Image.Resampling.NEAREST}
+    media = golden_processor.encode_media([image], [], token_offset=0, media_kwargs=nearest)
+    reference = Qwen2VLImageProcessorPil.from_pretrained(GOLDEN / "checkpoint")(images=[image], return_tensors="pt", **nearest)
+    assert torch.allclose(media.tensors["pixel_values"], reference["pixel_values"], rtol=0, atol=1e-6)
+    with pytest.raises(RequestValidationError, match="media_kwargs.resample") as info:
+        golden_processor.encode_media([image], [], token_offset=0, media_kwargs={"resample": Image.Resampling.LANCZOS})
+    assert "NEAREST, BILINEAR or BICUBIC" in str(info.value)
+
+
 def _png(size: tuple[int, int], colour: str = "red") -> bytes:
     out = io.BytesIO()
     Image.new("RGB", size, colour).save(out, format="PNG")
