@@ -127,7 +127,8 @@ def decode_base64(payload: str) -> bytes:
 
 
 def decode_image(item: Any, *, where: str = "images[0]") -> Any:
-    """Turn one ``images`` entry into an RGB PIL image.
+    """Turn one ``images`` entry into an RGB PIL image, its transparency converted as the reference converts it
+    (:func:`_decoded`).
 
     Accepts a PIL image, a ``data:image/...;base64,...`` URL (Workers AI form), ``{"content_type", "base64"}`` or
     bare base64 (as the reference's ``load_image`` takes a string that is not a URL or a file); the base64 may be
@@ -138,7 +139,7 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
             :data:`MAX_IMAGE_PIXELS` or with sides more than :data:`MAX_ASPECT_RATIO` apart (read from its header,
             before decoding); the field is ``where``.
     """
-    return _decoded(open_image(item, where=where), where)
+    return _decoded(item, open_image(item, where=where), where)
 
 
 # PIL resampling filters (``PIL.Image.Resampling`` values) to torch's interpolation mode and antialias flag, as
@@ -163,12 +164,23 @@ def _interpolation(resample: Any) -> tuple[str, bool]:
     )])
 
 
-def _decoded(image: Any, where: str) -> Any:
-    """``image`` (from :func:`open_image`) decoded, as RGB."""
+def _decoded(item: Any, image: Any, where: str) -> Any:
+    """``image`` (``item`` opened by :func:`open_image`) decoded, as RGB, as the reference converts it: an image from
+    bytes first to RGB (its ``load_image``: alpha dropped, a palette's transparent colour kept as an RGB colour key),
+    then, as its image processor converts any image (``do_convert_rgb``: transformers' ``convert_to_rgb``), one
+    with transparency (an alpha band or a colour key) composited onto white, so a PIL image given to the Python API
+    keeps its alpha up to there."""
+    from PIL import Image
+
     try:
         image.load()
     except Exception as exc:  # a decoder of client bytes may raise any type (SyntaxError, EOFError, ...)
         raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
+    if not isinstance(item, Image.Image):
+        image = image.convert("RGB")
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
     return image.convert("RGB")
 
 
@@ -474,7 +486,7 @@ class ClefProcessor:
         if max_tokens is not None and not videos:
             self.check_image_room(pads, max_tokens)
         if self.full_processor is not None and videos:  # pragma: no cover - torchvision is absent in CI
-            decoded = [_decoded(image, f"images[{i}]") for i, image in enumerate(opened)]
+            decoded = [_decoded(images[i], image, f"images[{i}]") for i, image in enumerate(opened)]
             out = self.full_processor(
                 text=[text], images=decoded or None, videos=list(videos), return_tensors="pt", **kwargs
             )
@@ -488,7 +500,7 @@ class ClefProcessor:
         pixel_values = torch.empty((sum(pads) * merge, self._patch_width()), dtype=torch.float32)
         grids, row = [], 0
         for i, image in enumerate(opened):
-            rows, image_grid = self._image_pixels(_decoded(image, f"images[{i}]"), kwargs)
+            rows, image_grid = self._image_pixels(_decoded(images[i], image, f"images[{i}]"), kwargs)
             pixel_values[row:row + pads[i] * merge] = rows
             row += pads[i] * merge
             grids.append(image_grid)

@@ -133,6 +133,45 @@ def test_media_kwargs_size_and_resample_resize_as_the_reference_processor(golden
     assert "NEAREST, BILINEAR or BICUBIC" in str(info.value)
 
 
+def _transparent(mode: str) -> Image.Image:
+    """A 320x256 photo (no resize) in ``mode`` whose left half is transparent over black, its middle half-opaque."""
+    pixels = np.array(_photo(320, 256).convert("RGBA"))
+    pixels[:, :160] = 0
+    pixels[:, 160:240, 3] = 128
+    image = Image.fromarray(pixels, "RGBA")
+    if mode == "P":  # a palette with one transparent entry (the black of the left half), as a GIF or PNG has
+        return image.convert("RGB").quantize(64).convert("P")
+    return image.convert(mode)
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_a_transparent_pil_image_is_composited_onto_white_as_the_reference_processor_does(
+    golden_processor: ClefProcessor, mode: str
+) -> None:
+    """A PIL image given to the Python API had its alpha dropped (``convert("RGB")``: black under a transparent
+    area); the reference's image processor composites it onto white (``convert_to_rgb``). An image sent as bytes
+    drops its alpha, as the reference's ``load_image`` converts it to RGB before the processor, but a palette's
+    transparent colour stays a colour key there, which the processor makes white (it was left black)."""
+    image = _transparent(mode)
+    if mode == "P":
+        black = image.getpixel((0, 0))
+        image.info["transparency"] = black
+    media = golden_processor.encode_media([image], [], token_offset=0, media_kwargs=None)
+    reference = golden_processor.image_processor(images=[image], return_tensors="pt")["pixel_values"]
+    assert media.tensors["image_grid_thw"].tolist() == [[1, 16, 20]]  # not resized
+    assert torch.allclose(media.tensors["pixel_values"], reference, rtol=0, atol=1e-6)
+    dropped = Image.fromarray(np.array(image.convert("RGB")))  # alpha dropped: black under the transparent half
+    assert not torch.allclose(media.tensors["pixel_values"], golden_processor.image_processor(
+        images=[dropped], return_tensors="pt")["pixel_values"], rtol=0, atol=1e-6)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    sent = golden_processor.encode_media([url], [], token_offset=0, media_kwargs=None)
+    loaded = Image.open(io.BytesIO(out.getvalue())).convert("RGB")  # the reference's load_image
+    want = golden_processor.image_processor(images=[loaded], return_tensors="pt")["pixel_values"]
+    assert torch.allclose(sent.tensors["pixel_values"], want, rtol=0, atol=1e-6)
+
+
 def _png(size: tuple[int, int], colour: str = "red") -> bytes:
     out = io.BytesIO()
     Image.new("RGB", size, colour).save(out, format="PNG")
