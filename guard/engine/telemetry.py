@@ -1051,9 +1051,10 @@ def _spellings(values: list[str]) -> list[str]:
 #: (``sk-proj-``, ``sk-ant-``, ``sk-svcacct-``, ``sk-admin-``, or ``sk-`` and 20 letters and digits or more without a
 #: dash: not ``sk-learn-pipeline-configuration``), Stripe secret and restricted keys and webhook secrets, GitLab
 #: personal access tokens (``glpat-``), npm tokens, Hugging Face tokens (``hf_``), SendGrid keys (``SG.x.y``), Twilio
-#: API keys and account SIDs (``SK``, ``AC`` and 32 small hex digits), Mailgun keys (``key-`` and 32), Shopify access
-#: tokens and shared secrets (``shpat_``, ``shpca_``, ``shpss_`` and 32) and JSON Web Tokens (``eyJ...`` header and
-#: payload, and the signature).
+#: API key and account SIDs (``SK``, ``AC`` and 32 small hex digits: identifiers, redacted as AWS key ids are; a Twilio
+#: secret has no shape to find), Mailgun keys (``key-`` and 32), Shopify access tokens and shared secrets (``shpat_``,
+#: ``shpca_``, ``shpss_`` and 32; these four not followed by another letter or digit, so a longer hex value, a SHA-1
+#: after ``key-``, is no key) and JSON Web Tokens (``eyJ...`` header and payload, and the signature).
 _KEY_SHAPE = re.compile(
     r"(?<![A-Za-z0-9_-])(?:(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}|xoxe[.-][A-Za-z0-9.-]{10,}|xapp-[A-Za-z0-9-]{10,}"
@@ -1061,7 +1062,7 @@ _KEY_SHAPE = re.compile(
     r"|AIza[0-9A-Za-z_-]{35}|ya29\.[A-Za-z0-9_-]{20,}|sk-(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{20,}"
     r"|sk-[A-Za-z0-9]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,}|glpat-[A-Za-z0-9_-]{20,}"
     r"|npm_[A-Za-z0-9]{36}|hf_[A-Za-z0-9]{30,}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
-    r"|(?:SK|AC|key-|shp(?:at|ca|ss)_)[0-9a-f]{32}"
+    r"|(?:SK|AC|key-|shp(?:at|ca|ss)_)[0-9a-f]{32}(?![0-9A-Za-z])"
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
 )
 #: The known prefix a key of :data:`_KEY_SHAPE` starts with (not a JWT's, nor a webhook path's), before its random

@@ -94,6 +94,8 @@ def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: 
     "see sk-learn-pipeline-v2-configuration", "file sk-2024-q3-roadmap-planning-doc", "hf_hub downloads",
     "eyJhbGciOiJub25lIn0 alone", "SG.short.one", "npm_config_cache", "ya29.short",
     "https://shop.example.com/cart?item=3&code=SUMMER10", "4111.1111.1111.1111", "4111  1111  1111  1111",
+    "s3://bucket/uploads/key-11f6ad8ec52a2984abaafd7c3b516503785c2072.json", "blob ACcafe2b01aa7142e940a2bf5755bd1305bf0f",
+    "sha256 SK2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
 ])  # fmt: skip
 def test_text_without_such_shapes_is_kept(text: str) -> None:
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"note": text}), None)
