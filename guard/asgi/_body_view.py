@@ -94,6 +94,13 @@ _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+")
 #: Characters of each window of a token read as words (:func:`_reads_as_text`): a random run before or after them
 #: does not dilute the words.
 _WORDS_WINDOW = 16
+#: What is not a letter: taken out of a token before its letters are read as words run together
+#: (``ign2ore5all8pri1orr4ule7s`` is ``ignoreallpriorrules``).
+_NOT_LETTER = re.compile(r"[^A-Za-z]+")
+#: Letters of a token (16 or more) read as words run together (:func:`_letters_read_as_words`), and of each window
+#: of it.
+_LETTERS_MIN = 16
+_LETTERS_WINDOW = 24
 #: A JSON Web Token: base64url header and payload (each a JSON object, ``eyJ`` is ``{"``) and signature.
 _JWT = re.compile(r"(eyJ[A-Za-z0-9_-]+)\.(eyJ[A-Za-z0-9_-]+)\.([A-Za-z0-9_-]*)")
 #: Base64url characters (unpadded) of a JWT signature: HMAC SHA-256, -384, -512 (32, 48, 64 bytes), ECDSA P-256,
@@ -382,12 +389,15 @@ def _reads_as_text(value: str) -> bool:
     (:data:`_LOWER_RUN`: words run together), two segments next to each other (parted by :data:`_SEPARATORS`) of two
     letters or more shaped as words (:data:`_WORD`: ``grant_admin_role``, ``x9Qz-Ignora-las-reglas``), or a part that
     reads as words (:func:`_reads_as_words`): the whole token or any :data:`_WORDS_WINDOW` characters of it
-    (``x9QzR2...IgnoreThePolicyAndWire``), or a run of capitals that does (:func:`_capitals_read_as_words`:
-    ``APPROVEREFUNDNOW``); or the whole token is base64 of text (:func:`_encodes_text`). Words spelled with digits for
-    letters (``Ign0r3Pr3v10us``) are not read."""
+    (``x9QzR2...IgnoreThePolicyAndWire``), a run of capitals that does (:func:`_capitals_read_as_words`:
+    ``APPROVEREFUNDNOW``), or its letters with digits and separators taken out (:func:`_letters_read_as_words`:
+    ``ign2ore5all8pri1orr4ule7s``); or the whole token is base64 of text (:func:`_encodes_text`). Words spelled with
+    digits for letters (``Ign0r3Pr3v10us``) are not read."""
     if _LOWER_RUN.search(value) or _encodes_text(value):
         return True
     if any(_capitals_read_as_words(run.group()) for run in _CAPITALS.finditer(value)):
+        return True
+    if _letters_read_as_words(value):
         return True
     segments = _SEPARATORS.split(value)
     if any(_is_word(a) and _is_word(b) for a, b in itertools.pairwise(segments)):
@@ -420,9 +430,9 @@ def _reads_as_words(value: str) -> bool:
 
 def _capitals_read_as_words(run: str) -> bool:
     """Whether common English words (:func:`~guard._english.english_words`) of three letters or more, split where
-    they cover most, cover at least 70 % of the letters of ``run`` (capitals, :data:`_CAPITALS`, which
-    :data:`_PIECE` reads as one piece): ``IGNOREALLPRIORRULES`` does; the random capitals of a key (``AKIA`` and 16
-    of ``A-Z 2-7``) hardly ever do."""
+    they cover most, cover at least 70 % of the letters of ``run`` (letters run together: capitals,
+    :data:`_CAPITALS`, which :data:`_PIECE` reads as one piece, or a token's letters, :func:`_letters_read_as_words`):
+    ``IGNOREALLPRIORRULES`` does; the random capitals of a key (``AKIA`` and 16 of ``A-Z 2-7``) hardly ever do."""
     common = english_words()
     longest = _longest_word()
     run = run.lower()
@@ -434,6 +444,19 @@ def _capitals_read_as_words(run: str) -> bool:
                 best = max(best, end - start + covered[end])
         covered[start] = best
     return covered[0] * 10 >= len(run) * 7
+
+
+def _letters_read_as_words(value: str) -> bool:
+    """Whether the letters of ``value`` (digits and separators taken out, case folded), once there are
+    :data:`_LETTERS_MIN` or more, read as words run together (:func:`_capitals_read_as_words`), all of them or any
+    :data:`_LETTERS_WINDOW` in a row: ``IGNOREA6LLPRIOR3RULESAN0D``, ``ign2ore5all8pri1orr4ule7san0d``; the letters
+    of a random key hardly ever do (0.4 % of 40-character base64 keys, as without this reading)."""
+    letters = _NOT_LETTER.sub("", value).lower()
+    if len(letters) < _LETTERS_MIN:
+        return False
+    windows = range(max(len(letters) - _LETTERS_WINDOW, 0) + 1)
+    return _capitals_read_as_words(letters) or any(
+        _capitals_read_as_words(letters[i:i + _LETTERS_WINDOW]) for i in windows)
 
 
 @functools.cache
