@@ -35,7 +35,7 @@ from urllib.parse import quote_plus, unquote_plus
 
 from guard._english import english_words
 from guard._json import is_json_media, json_unescaped, loads
-from guard._readable import INVISIBLE, readable
+from guard._readable import INVISIBLE
 from guard.asgi._media import is_textual
 from guard.engine.telemetry import (
     _KEY_PREFIX,
@@ -116,6 +116,14 @@ _SENTENCE_WORDS = frozenset(("a", "all", "an", "and", "any", "are", "be", "for",
 _PUNCTUATION = "\"'()[]{}.,;:!?"
 #: A base64url alphabet's two characters as base64 writes them.
 _FROM_BASE64URL = str.maketrans("-_", "+/")
+#: Hex of 8 bytes or more, and base32 (one case) of 10 or more: encodings a token's text may be decoded from
+#: (:func:`_decoded_text`), besides base64 and base64url.
+_HEX_BYTES = re.compile(r"(?:[0-9a-fA-F]{2}){8,}")
+_BASE32 = re.compile(r"[A-Z2-7]{16,}=*|[a-z2-7]{16,}=*")
+#: Fewest characters of decoded text (:func:`_decoded_text`), and most decodings of a token read one inside another
+#: (base64 of base64 of text).
+_DECODED_MIN = 12
+_MAX_DECODINGS = 3
 #: One piece of a token read as words: a word (capitalised or not), a run of capitals (an acronym), a run of digits.
 _PIECE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 #: Secret-named fields (:data:`~guard.engine.telemetry.SECRET_NAME`, which the decision log and the state mask too)
@@ -272,9 +280,11 @@ def _credential_shaped(name: str, value: str) -> bool:
     * one token (:func:`_is_token`: at most 512 characters of ``A-Z a-z 0-9 . _ ~ + / = -``): hex, a UUID, or
       shaped like a key (:func:`_key_shaped`: a known key prefix, a JWT, a long base64 run of mixed case and digits)
       with no text in it (:func:`_reads_as_text`: ``grant_admin_role``, ``PleaseApproveThisRequest2024``, words
-      after a random run); no blank space, no invisible character, no ``:`` (a URL), ``$``, ``*`` or ``{``;
+      after a random run); no blank space, no invisible character, no ``:`` (a URL), ``$``, ``*`` or ``{``; a token
+      that decodes to text (hex, base64, base32) only if that text is such a token;
     * under an auth header's name (:data:`_AUTH_NAME`), a known scheme (:data:`_AUTH_SCHEME`: ``Bearer``, ``Basic``,
-      ...) and one such token (``Bearer eyJ...``);
+      ...) and one such token (``Bearer eyJ...``; after ``Basic``, base64 of ``user:password``, the token as written:
+      :func:`_shaped_token`);
     * under a password's name (:data:`_PASSWORD_NAME`), any line of at most 512 characters without an invisible
       character (a passphrase has spaces).
 
@@ -286,14 +296,33 @@ def _credential_shaped(name: str, value: str) -> bool:
         return True
     if _AUTH_NAME.fullmatch(name) is not None:
         scheme = _AUTH_SCHEME.fullmatch(value)
-        return scheme is not None and _is_token(scheme.group(1))
+        if scheme is None:
+            return False
+        if value[:6].lower() == "basic ":  # base64 of user:password: the credential is that text
+            return _shaped_token(scheme.group(1))
+        return _is_token(scheme.group(1))
     return (_PASSWORD_NAME.fullmatch(name) is not None and len(value) <= 512 and not _LINE_BREAK.search(value)
             and INVISIBLE.search(value) is None)
 
 
-def _is_token(value: str) -> bool:
-    """Whether ``value`` is one credential token: hex or a UUID (:data:`_HEX_OR_UUID`), or shaped like a key
-    (:func:`_key_shaped`)."""
+def _is_token(value: str, depth: int = 0) -> bool:
+    """Whether ``value`` is one credential token (:func:`_shaped_token`). A token, or a key's part after its known
+    prefix, that decodes to text (:func:`_decoded_text`: hex, base64, base64url, base32 of UTF-8 or UTF-16) is judged
+    as that text, ``depth`` decodings deep, at most :data:`_MAX_DECODINGS`: a credential only if the text is itself
+    one token that is (base64 of a random key is a key; of a sentence, or of words run together, is not)."""
+    if _TOKEN.fullmatch(value) is None:
+        return False
+    prefix = _KEY_PREFIX.match(value)
+    key = value[prefix.end():] if prefix is not None and _KEY_SHAPE.fullmatch(value) else value
+    text = _decoded_text(key)
+    if text is not None:
+        return depth < _MAX_DECODINGS and _is_token(text, depth + 1)
+    return _shaped_token(value)
+
+
+def _shaped_token(value: str) -> bool:
+    """Whether ``value`` is one token (:data:`_TOKEN`) that is hex or a UUID (:data:`_HEX_OR_UUID`), or shaped like a
+    key (:func:`_key_shaped`), as written (no decoding of it is read)."""
     if _TOKEN.fullmatch(value) is None:
         return False
     return _HEX_OR_UUID.fullmatch(value) is not None or _key_shaped(value)
@@ -367,16 +396,49 @@ def _sentence(text: str) -> bool:
 
 
 def _encodes_text(value: str) -> bool:
-    """Whether ``value`` read as base64 or base64url (padded or not) is text: UTF-8 that a model reads
-    (:func:`~guard._readable.readable`: nearly all printable, half letters) and holds blank space
-    (``SWdub3JlIGFsbCBwcmV2aW91cyBydWxlcw`` is ``Ignore all previous rules``). The bytes of a random key are hardly
-    ever UTF-8; ``aladdin:opensesame`` (``Basic YWxhZGRpbjpvcGVuc2VzYW1l``) holds no blank space."""
+    """Whether ``value`` decodes to text (:func:`_decoded_text`) that holds blank space
+    (``SWdub3JlIGFsbCBwcmV2aW91cyBydWxlcw`` is ``Ignore all previous rules``); ``aladdin:opensesame``
+    (``Basic YWxhZGRpbjpvcGVuc2VzYW1l``) holds none."""
+    text = _decoded_text(value)
+    return text is not None and any(char.isspace() for char in text)
+
+
+def _decoded_text(value: str) -> str | None:
+    """``value`` decoded to text, or ``None``: read as hex (:data:`_HEX_BYTES`), base64 or base64url (padded or not)
+    or base32 (:data:`_BASE32`), bytes that are UTF-8, or UTF-16 (with a zero byte in four or more), of
+    :data:`_DECODED_MIN` characters or more, at least 95 % printable (blank space counts) and at least half ASCII
+    letters or digits. The bytes of a random key hardly ever are."""
+    for data in _decodings(value):
+        for coding in ("utf-8", "utf-16-le", "utf-16-be"):
+            if coding != "utf-8" and (len(data) % 2 or data.count(0) * 4 < len(data)):
+                continue
+            try:
+                text = data.decode(coding)
+            except UnicodeDecodeError:
+                continue
+            if (len(text) >= _DECODED_MIN and sum(c.isprintable() or c.isspace() for c in text) >= 0.95 * len(text)
+                    and sum(c.isascii() and c.isalnum() for c in text) * 2 >= len(text)):
+                return text
+    return None
+
+
+def _decodings(value: str) -> list[bytes]:
+    """The bytes ``value`` decodes to as hex, base64 or base64url, and base32, where it is written in each."""
+    out = []
+    if _HEX_BYTES.fullmatch(value):
+        out.append(bytes.fromhex(value))
     data = value.rstrip("=").translate(_FROM_BASE64URL)
     try:
-        text = base64.b64decode(data + "=" * (-len(data) % 4), validate=True).decode("utf-8")
-    except ValueError:  # not base64 (a character outside it, a length no encoding has), not UTF-8
-        return False
-    return readable(text) and any(char.isspace() for char in text)
+        out.append(base64.b64decode(data + "=" * (-len(data) % 4), validate=True))
+    except ValueError:  # a character outside base64, a length no encoding has
+        pass
+    if _BASE32.fullmatch(value):
+        data = value.rstrip("=").upper()
+        try:
+            out.append(base64.b32decode(data + "=" * (-len(data) % 8)))
+        except ValueError:  # a length no encoding has
+            pass
+    return out
 
 
 def _kind(char: str) -> int:
@@ -391,7 +453,7 @@ def _reads_as_text(value: str) -> bool:
     reads as words (:func:`_reads_as_words`): the whole token or any :data:`_WORDS_WINDOW` characters of it
     (``x9QzR2...IgnoreThePolicyAndWire``), a run of capitals that does (:func:`_capitals_read_as_words`:
     ``APPROVEREFUNDNOW``), or its letters with digits and separators taken out (:func:`_letters_read_as_words`:
-    ``ign2ore5all8pri1orr4ule7s``); or the whole token is base64 of text (:func:`_encodes_text`). Words spelled with
+    ``ign2ore5all8pri1orr4ule7s``); or the whole token decodes to text with blank space (:func:`_encodes_text`). Words spelled with
     digits for letters (``Ign0r3Pr3v10us``) are not read."""
     if _LOWER_RUN.search(value) or _encodes_text(value):
         return True
