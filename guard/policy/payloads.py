@@ -41,9 +41,10 @@ statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, `
 document saying "update your password" a hundred times is read as prose, while a statement after many decoy keywords is
 still parsed; a candidate parsed already (repeated boilerplate, or a line another reading left as it was: the same
 characters from the keyword on) is not parsed again; a text that would need more parses than that counts as SQL
-(checking each would cost too much), and so does one that would need sqlglot to tokenise and parse more characters than
-its budget, :data:`SQL_WORK_BASE` plus :data:`SQL_WORK_PER_CHAR` per character of the text and at most
-:data:`MAX_SQL_PARSE_CHARS` (a call costs at most about 15 us per character of budget).
+(checking each would cost too much). What sqlglot tokenises and parses is charged to a budget,
+:data:`SQL_WORK_BASE` plus :data:`SQL_WORK_PER_CHAR` per character of the text and at most
+:data:`MAX_SQL_PARSE_CHARS` (a call costs at most about 15 us per character of budget); once it is spent, a keyword
+shaped like a statement counts as SQL and any other is skipped, so a long line of prose is read as prose.
 
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
@@ -123,11 +124,11 @@ MAX_SQL_STATEMENT = 2000
 #: Most SQL keywords parsed from in one text; a text with more counts as SQL (module docstring).
 MAX_SQL_STARTS = 64
 #: Characters sqlglot may tokenise and parse for one ``sqli`` call, all readings together: :data:`SQL_WORK_BASE`
-#: plus :data:`SQL_WORK_PER_CHAR` per character of the text, at most :data:`MAX_SQL_PARSE_CHARS`; a text that needs
-#: more counts as SQL. A character of budget costs at most about 15 us (text built to parse slowly,
+#: plus :data:`SQL_WORK_PER_CHAR` per character of the text, at most :data:`MAX_SQL_PARSE_CHARS`; past it, a keyword
+#: shaped like a statement (:data:`_SQL_SHAPE_RE`) counts as SQL and any other is skipped. A character of budget costs at most about 15 us (text built to parse slowly,
 #: ``select (1),(1),...``, on a loaded 2-core machine): 0.15 s for 2,000 characters of text, 0.3 s for 6,000
-#: characters or more. Each line is tokenised once from its first keyword (in windows of two statements) and the
-#: keywords after it read their statements from those tokens, and a parse that fails within a statement's first
+#: characters or more. Each line is tokenised from its first keyword in windows of two statements, a window charged
+#: only for what the one before it had not tokenised, the keywords read their statements from those tokens, and a parse that fails within a statement's first
 #: tokens is charged only as far as it read (prose fails within a few words), so ordinary text uses a small part of
 #: its budget (at most 2,456 characters on every benign record in ``data/``, less than :data:`SQL_WORK_BASE`).
 SQL_WORK_BASE = 2 * MAX_SQL_STATEMENT
@@ -262,16 +263,18 @@ class _Scan:
     host query) is closed first, and so is a quote left open at the end of the line for the host query to close
     (``... WHERE '1'='1``) unless it follows a letter or digit (an apostrophe: "it's", "Bob's"); where the text does
     not tokenise otherwise (an unclosed quote) the tokens stop before it and ``failed_at`` is the line offset where
-    they stop (else ``None``). ``cost``: the characters tokenised."""
+    they stop (else ``None``). ``cost``: the characters tokenised that the line's scan before it, which reached line
+    offset ``tokenised``, had not (a scan starts at a keyword that scan does not cover: the windows go on along the
+    line, so a line is charged about once for its length, and tokenised at most about twice)."""
 
-    def __init__(self, line: str, start: int) -> None:
+    def __init__(self, line: str, start: int, tokenised: int = 0) -> None:
         self.start = start
         self.line_length = len(line)
         self.end = min(len(line), start + 2 * MAX_SQL_STATEMENT)  # line offset after the text scanned
         self.text = line[start : self.end]
         if self.text.rfind("/*") > self.text.rfind("*/"):
             self.text += "*/"
-        self.cost = len(self.text)
+        self.cost = len(self.text) - max(0, min(tokenised, self.end) - start)
         tokenizer = Tokenizer()
         self.failed_at: int | None = None
         try:
@@ -505,13 +508,13 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
                 continue
             budget.seen.add(key)
             budget.starts += 1
-            if budget.starts > MAX_SQL_STARTS and not _SQL_SHAPE_RE.match(line, offset):
+            if (budget.starts > MAX_SQL_STARTS or budget.chars < 0) and not _SQL_SHAPE_RE.match(line, offset):
                 continue
             budget.parses += 1
             if budget.parses > MAX_SQL_STARTS or budget.chars < 0:
                 return True
             if scan is None or not scan.covers(offset):
-                scan = _Scan(line, offset)
+                scan = _Scan(line, offset, 0 if scan is None else scan.end)
                 budget.chars -= scan.cost
             context = _SQL_CONTEXT_RE.search(line, max(0, offset - 32), offset)
             if number and offset <= 32 and not line[:offset].strip():  # a keyword that starts its line, after UNION
@@ -532,7 +535,8 @@ def _continues_as_code(
     """Whether the statement left open at ``offset`` of line ``number`` (:func:`_parses_as_code`) is code with the
     next line joined to it by a space, then the next two while it is still left open, as far as
     ``MAX_SQL_STATEMENT`` characters (SQL reads a line break as a space: a value holding ``'; DROP\\nTABLE users``
-    holds one statement); also True when ``budget`` is spent (it counts as SQL)."""
+    holds one statement); also True when ``budget`` is spent and the joined text is shaped like a statement
+    (:data:`_SQL_SHAPE_RE`: it counts as SQL)."""
     joined = lines[number][offset:]
     for line in itertools.islice(lines, number + 1, None):
         if len(joined) >= MAX_SQL_STATEMENT:
@@ -543,7 +547,7 @@ def _continues_as_code(
             return False
         budget.seen.add(key)
         if budget.chars < 0:
-            return True
+            return _SQL_SHAPE_RE.match(joined) is not None
         scan = _Scan(joined, 0)
         budget.chars -= scan.cost
         code, read, open_end = _parses_as_code(scan, 0, context)

@@ -359,14 +359,30 @@ def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -
     assert not sqli("Select the best option from the list. " * 300)
     columns = ", ".join(f"c{n}" for n in range(60))
     assert sqli(f"x' UNION SELECT {columns} FROM (; x' UNION SELECT {columns} FROM users--")
-    # text built to parse slowly: the parser reads at most MAX_SQL_PARSE_CHARS of it, then it counts as SQL
+    # text built to parse slowly: the parser reads at most MAX_SQL_PARSE_CHARS of it; past that, a keyword shaped
+    # like a statement counts as SQL and one that is not is skipped
     slow = "".join(f"select {n}," + ",".join(["(1)"] * 600) + "\n" for n in range(MAX_SQL_STARTS))
-    assert len(slow) > MAX_SQL_PARSE_CHARS and sqli(slow)
+    assert len(slow) > MAX_SQL_PARSE_CHARS and not sqli(slow)
+    assert sqli(slow + "x'; DROP TABLE users; --") and sqli(slow + "1 UNION SELECT password FROM users")
     assert not sqli("select " + ",".join(["(1)"] * 600))  # one such line is read whole, and is not code
     # prose that sqlglot keeps as an unparsed command costs little and is not counted: a long one-line plan is prose
     plan = " ".join(f"Step {i}: create a branch, alter the onboarding copy, and drop the rest to the next sprint; "
                     f"then update the mockups and select two people to try it." for i in range(80))
     assert not sqli(plan)
+
+
+def test_sqli_reads_a_long_line_of_prose_within_its_budget() -> None:
+    """A 17.5 KB one-line paragraph (rich-text HTML) with eight ordinary sentences 2,100 characters apart ("Select a
+    workspace to get started.") spent the budget, each keyword's window tokenised and charged again in full, and
+    counted as SQL. A window charges only what the line's window before it had not tokenised, and past the budget
+    only keywords shaped like a statement count."""
+    para = "The new dashboard is faster and easier to read, and our support team answered most tickets in an hour. "
+    sentences = ["Select a workspace to get started.", "We will update the pricing page next month.",
+                 "You can create a new board in two clicks.", "Please delete old drafts you no longer need."]
+    for count in (8, 12, 30):
+        text = " ".join(f"Part {i}. " + para * 21 + sentences[i % 4] for i in range(count))
+        assert "\n" not in text and not sqli(text), len(text)
+        assert sqli(text + " x'; DROP TABLE users; --")  # a statement after it still counts
 
 
 def test_sqli_work_is_bounded_by_the_texts_length_all_readings_together(monkeypatch) -> None:
