@@ -77,8 +77,12 @@ about code ("how do I use subprocess in Python?", "what does eval do") has no su
 
 ``path_traversal(x)``: the text climbs two or more folders (``../../etc/passwd``, ``..\\..\\windows\\win.ini``,
 ``....//....//``, which a filter that removes ``../`` once turns into ``../../``), as written, URL-decoded
-(``..%2f..%2f``) or folded: a file name or path parameter that escapes the folder the application serves from. One
-``../`` (a relative link to a sibling folder) is not counted.
+(``..%2f..%2f``) or folded, where that reads as a file name or path parameter that escapes the folder the
+application serves from: the path starts its line (after blanks, a drive or an absolute prefix) or follows an
+unquoted ``=``, the climb is written evasively (three or more dots, ``..//``, ``..\\/``, or shown only by another
+reading), or it reaches a system file or folder (``etc``, ``windows``, ``WEB-INF``, ``.ssh``, ...). A relative
+import or link inside a line (``from '../../components/Button'``, ``](../../docs/setup.md)``) and one ``../`` are
+not counted.
 """
 
 from __future__ import annotations
@@ -214,8 +218,25 @@ _JNDI_RE = re.compile(r"\$\{\s*jndi\s*:", re.IGNORECASE)
 #: Lookups nested deeper than this are not resolved (Log4j payloads nest one or two levels).
 MAX_LOOKUP_DEPTH = 8
 #: Two or more steps up a folder tree (``../../``, ``..\\..\\``, ``....//``); a run of dots is tried from its first
-#: dot only, so a long run is scanned once.
-_TRAVERSAL_RE = re.compile(r"(?<!\.)(?:\.\.+[\\/]+){2,}")
+#: dot only (``\.(?<!\.\.)``: a dot not after a dot; written so the pattern starts with a literal, which ``re`` scans
+#: for fast), so a long run is scanned once; a match is the first two steps.
+_CLIMB = r"\.(?<!\.\.)\.+[\\/]+\.\.+[\\/]+"
+_TRAVERSAL_RE = re.compile(_CLIMB)
+#: A climb whose path is the value: at the start of the text or of a line after blanks, a drive or an absolute prefix
+#: (``/var/www/../../etc``); matched from the start of the text, or searched from a line break.
+_LINE_CLIMB = rf"[ \t]*(?:[a-z]:)?(?:[\\/][\w.-]*)*?{_CLIMB}"
+_TEXT_CLIMB_RE = re.compile(_LINE_CLIMB, re.IGNORECASE)
+#: The other climbs that read as an attack (:func:`_path_traversal`), each pattern starting with a literal: after a
+#: line break (:data:`_LINE_CLIMB`), after an unquoted ``=`` (``file=../../config``), written evasively (three or
+#: more dots: ``....//``, which a filter that removes ``../`` once turns into ``../../``; two separators: ``..//``,
+#: ``..\/``), or reaching a system file or folder at most four folders on (``etc``, ``windows``, ``WEB-INF``, ...).
+_TRAVERSAL_ATTACKS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
+    rf"[\r\n]{_LINE_CLIMB}",
+    rf"={_CLIMB}",
+    r"\.\.(?:\.|[\\/]{2})",
+    (rf"{_CLIMB}(?:[\w.-]+[\\/]+){{0,4}}?(?:etc|windows|winnt|proc|boot\.ini|win\.ini|web-inf|\.ssh|\.env|\.git"
+     r"|\.aws|root|var[\\/]log|inetpub|system32)\b"),
+))
 
 
 class _Parser(Parser):
@@ -652,17 +673,33 @@ def _code_exec(text: str) -> bool:
 
 
 def path_traversal(text: str) -> bool:
-    """Whether ``text``, as written, URL-decoded or folded, climbs two or more folders (``../../etc/passwd``,
-    ``..%2f..%2f``; module docstring).
+    """Whether ``text``, as written, URL-decoded or folded, climbs two or more folders where that reads as an attack
+    (``../../etc/passwd``, ``..%2f..%2f``, ``file=../../x``; not ``import Button from '../../components/Button'``;
+    module docstring, :func:`_path_traversal`). A climb that only another reading shows (URL-encoded, folded)
+    is written evasively and counts.
 
     Raises:
         TypeError: ``text`` is not a string.
     """
-    return _or_decoded(_path_traversal, text, "path_traversal")
+    _lowered(text, "path_traversal")
+    readings = _readings(text)
+    if _path_traversal(next(readings)):
+        return True
+    shown = _climbs(text)
+    return any(_path_traversal(reading) or (not shown and _climbs(reading)) for reading in readings)
+
+
+def _climbs(text: str) -> bool:
+    return ".." in text and _TRAVERSAL_RE.search(text) is not None
 
 
 def _path_traversal(text: str) -> bool:
-    return ".." in text and _TRAVERSAL_RE.search(text) is not None
+    """Whether ``text`` climbs two or more folders where that reads as an attack (:data:`_TEXT_CLIMB_RE`,
+    :data:`_TRAVERSAL_ATTACKS`); not a relative link or import inside a line of code or prose (``from
+    '../../components/Button'``, ``](../../docs/setup.md)``)."""
+    if not _climbs(text):
+        return False
+    return _TEXT_CLIMB_RE.match(text) is not None or any(pattern.search(text) for pattern in _TRAVERSAL_ATTACKS)
 
 
 #: The rule functions, by CEL name (registered in every rule context by :mod:`guard.policy.rules`).
