@@ -294,6 +294,26 @@ def test_talk_about_code_and_commands_is_not_code(text: str) -> None:
     assert not code_exec(text)
 
 
+@pytest.mark.parametrize("text", [
+    "cd build && ls -la", "I ran `make; ls -la` and the build folder is empty.",
+    "ssh into the box; cat /var/log/nginx/error.log shows 502s", "On the CI runner: uname -a; cat /etc/os-release",
+    "make clean && make; ls -l out/", "clean:\n\trm -rf build/ dist/; ls",
+])  # fmt: skip
+def test_commands_after_a_command_line_or_a_sentence_are_not_chained_onto_a_value(text: str) -> None:
+    """A command after a separator counted wherever the separator stood, so shell transcripts and tickets were code
+    (22 of the reviewer's 42 transcripts); it counts after a value (one word from the start of its line, or a closing
+    quote) or ``%0a``."""
+    assert not code_exec(text)
+
+
+@pytest.mark.parametrize("text", [
+    "build && ls -la", "127.0.0.1; ls -la", "x'; cat /var/log/nginx/error.log", "  out/; ls", 'name" | id',
+    "a %0a whoami",
+])  # fmt: skip
+def test_commands_chained_onto_a_value_are_code(text: str) -> None:
+    assert code_exec(text)
+
+
 @pytest.mark.parametrize("text", BENIGN)
 def test_ordinary_text_is_not_flagged(text: str) -> None:
     assert not sqli(text) and not xss(text) and not code_exec(text)
