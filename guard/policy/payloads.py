@@ -49,8 +49,9 @@ shaped like a statement counts as SQL and any other is skipped, so a long line o
 ``xss(x)``: the text holds a ``<script`` (or ``<iframe``, ``<object``, ``<embed``) tag, a tag with an ``on...=``
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
 ``javascript:``/``vbscript:`` followed at once by code, or ``data:text/html``, anywhere (a bare link, a Markdown
-``](...)`` target, an ``href``); where the scheme opens a quoted attribute value or a Markdown link target (after
-``="`` or ``](``), blanks after its colon count too (``href="javascript: alert(1)"``), as browsers skip them. The
+``](...)`` target, an ``href``); where the scheme opens the quoted value of an attribute that holds a URL (``href``,
+``src``, ``action``, ``formaction``, ``data``, ...) or a Markdown link target, blanks after its colon count too
+(``href="javascript: alert(1)"``), as browsers skip them (not ``title="JavaScript: basics"``). The
 text is read as a browser reads it: character references decoded in a URL (``&#106;avascript&colon;``; escaped
 markup such as ``&lt;script&gt;`` is text, not a tag), tabs and line breaks inside a scheme ignored
 (``java<TAB>script:``). "JavaScript: a guide" is not one (in prose, a space follows the colon).
@@ -157,11 +158,13 @@ _SCHEME = "[\t\r\n]*".join
 _URL_BLANKS = str.maketrans("", "", "\t\r\n")
 _SCRIPT_SCHEME = rf"(?:{_SCHEME('javascript')}|{_SCHEME('vbscript')})\s*:"
 #: A script URL: ``javascript:``/``vbscript:`` with code right after the colon anywhere, or after blanks where the
-#: scheme opens a quoted attribute value (``href= " javascript: alert(1)"``) or a Markdown link target
+#: scheme opens the quoted value of an attribute that holds a URL (``href= " javascript: alert(1)"``, ``src``,
+#: ``action``, ``formaction``, ...; not ``title="JavaScript: The Good Parts"``) or a Markdown link target
 #: (``](javascript: alert(1))``), which browsers run as well (an unquoted value ends at the blank); or an HTML
 #: document as a URL.
+_URL_ATTRIBUTES = "href|src|action|formaction|data|poster|background|codebase|cite|ping|to"
 _SCRIPT_URL = (rf"(?<![\w-]){_SCRIPT_SCHEME}[^\s]"
-               rf"|(?:=\s*[\"']\s*|\]\(\s*){_SCRIPT_SCHEME}\s*\S"
+               rf"|(?:\b(?:{_URL_ATTRIBUTES})\s*=\s*[\"']\s*|\]\(\s*){_SCRIPT_SCHEME}\s*\S"
                r"|(?<![\w-])data\s*:\s*text/html")
 _SCRIPT_URL_RE = re.compile(_SCRIPT_URL, re.IGNORECASE)
 _XSS_RE = re.compile(r"<\s*(?:script|iframe|object|embed)\b|" + _SCRIPT_URL, re.IGNORECASE)  # + code-loading tags
