@@ -35,8 +35,9 @@ right after a word, quote or bracket starts a comment (``users#``; a hashtag aft
 starts like SQL ("select the best option from the list", "delete my account") does not parse, and a SELECT or INSERT of
 bare words (no punctuation, literal, comment or clause English rarely holds, :data:`_SQL_CLAUSES`) is English ("Select a
 date from the calendar", "Insert image from URL") unless what comes right before its keyword reads as SQL (a quote,
-``;``, a bracket, ``=``, ``|``, ``*/``, a digit or ``UNION``). At most :data:`MAX_SQL_STARTS` places where a statement
-could start are parsed (all readings together); past the first :data:`MAX_SQL_STARTS` keywords, only those shaped like a
+``;``, ``)``, ``=``, ``|``, ``*/``, a digit, ``(`` after an operator or SQL keyword, or ``UNION``; not a ``(`` after
+a word: "Shipping country (select from list)"). At most :data:`MAX_SQL_STARTS` places where a statement could start
+are parsed (all readings together); past the first :data:`MAX_SQL_STARTS` keywords, only those shaped like a
 statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, ``SELECT ... FROM``) are, so a long
 document saying "update your password" a hundred times is read as prose, while a statement after many decoy keywords is
 still parsed; a candidate parsed already (repeated boilerplate, or a line another reading left as it was: the same
@@ -119,10 +120,16 @@ _SQL_CLAUSES = frozenset((
     TokenType.FETCH, TokenType.JOIN, TokenType.UNION, TokenType.INTERSECT, TokenType.EXCEPT, TokenType.INTO,
     TokenType.VALUES, TokenType.TABLE, TokenType.CASE, TokenType.EXISTS, TokenType.QUALIFY, TokenType.WINDOW,
 ))
-#: What, right before a keyword, makes its statement SQL whatever its words: a quote, ``;``, a bracket, ``=``,
-#: ``|``, the end of a comment (``*/``), a digit, or ``UNION`` (``ALL``, ``DISTINCT``; then a SELECT is code
-#: whatever it selects, unless bare words: ``UNION SELECT 1,2,3``, a probe for the host query's number of columns).
-_SQL_CONTEXT_RE = re.compile(r"(?:['\"`;()=|/\d]|\b(?P<union>union)(?:\s+(?:all|distinct))?)\s*$", re.IGNORECASE)
+#: What, right before a keyword, makes its statement SQL whatever its words: a quote, ``;``, ``)``, ``=``, ``|``, the
+#: end of a comment (``*/``), a digit, a ``(`` after an operator or an SQL keyword (``1 AND (SELECT``, ``'||(SELECT``,
+#: ``IN (``; not after a word of prose: "Tickets (select a seat from the map)"), or ``UNION`` (``ALL``, ``DISTINCT``;
+#: then a SELECT is code whatever it selects, unless bare words: ``UNION SELECT 1,2,3``, a probe for the host query's
+#: number of columns).
+_SQL_CONTEXT_RE = re.compile(
+    r"(?:['\"`;)=|/\d]|(?:[=,|'\"(<>+*-]|\b(?:and|or|not|in|exists|from|where|select|values|when|then|having|on))\s*\("
+    r"|\b(?P<union>union)(?:\s+(?:all|distinct))?)\s*$",
+    re.IGNORECASE,
+)
 #: Most characters parsed from one SQL keyword on (a statement longer than this is not looked for; parsing 2,000
 #: characters costs about a millisecond).
 MAX_SQL_STATEMENT = 2000

@@ -301,6 +301,17 @@ def test_a_title_in_a_quoted_value_is_not_a_script_url(text: str) -> None:
                .replace("subject =", "formaction ="))
 
 
+@pytest.mark.parametrize("text", [
+    "Shipping country (select from list)", "Tickets (select a seat from the map) are 20 EUR",
+    "Your avatar (select an image from your computer) must be under 2 MB", "(Select one from the following) Red, Blue",
+])  # fmt: skip
+def test_a_parenthetical_aside_after_a_word_is_english(text: str) -> None:
+    """Any ``(`` before a SELECT of bare words made it SQL, so parenthetical asides in forms were statements; a ``(``
+    does after an operator or an SQL keyword (``1 AND (SELECT``, ``'||(SELECT``, ``IN (``)."""
+    assert not sqli(text)
+    assert sqli("1 AND (select password from users) > 0") and sqli("x'||(select password from users)||'")
+
+
 @pytest.mark.parametrize("text", CODE_LOOKALIKES)
 def test_talk_about_code_and_commands_is_not_code(text: str) -> None:
     assert not code_exec(text)
