@@ -326,6 +326,8 @@ def test_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "path-traversal": False,
         "injection": False,
         "harmful": False,
+        "code-in-text": False,
+        "climbing-path-in-text": False,
         "spam": False,
         "uncertain": True,
         "partly-read": False,
@@ -487,7 +489,8 @@ def test_explain_with_a_local_checkpoint_warms_up_then_answers(
     assert set(report["answers"]) == {"injection", "harmful", "spam"}
     assert [rule for rule, _ in report["rules"]] == ["hidden-text", "sql-statement", "script-markup",
                                                      "code-execution", "path-traversal", "injection", "harmful",
-                                                     "spam", "uncertain", "partly-read"]  # fmt: skip
+                                                     "code-in-text", "climbing-path-in-text", "spam", "uncertain",
+                                                     "partly-read"]  # fmt: skip
     assert all(isinstance(value, bool) for _, value in report["rules"])
 
 
