@@ -137,12 +137,16 @@ MAX_SQL_STATEMENT = 2000
 MAX_SQL_STARTS = 64
 #: Characters sqlglot may tokenise and parse for one ``sqli`` call, all readings together: :data:`SQL_WORK_BASE`
 #: plus :data:`SQL_WORK_PER_CHAR` per character of the text, at most :data:`MAX_SQL_PARSE_CHARS`; past it, a keyword
-#: shaped like a statement (:data:`_SQL_SHAPE_RE`) counts as SQL and any other is skipped. A character of budget costs at most about 15 us (text built to parse slowly,
-#: ``select (1),(1),...``, on a loaded 2-core machine): 0.15 s for 2,000 characters of text, 0.3 s for 6,000
-#: characters or more. Each line is tokenised from its first keyword in windows of two statements, a window charged
-#: only for what the one before it had not tokenised, the keywords read their statements from those tokens, and a parse that fails within a statement's first
-#: tokens is charged only as far as it read (prose fails within a few words), so ordinary text uses a small part of
-#: its budget (at most 2,456 characters on every benign record in ``data/``, less than :data:`SQL_WORK_BASE`).
+#: shaped like a statement (:data:`_SQL_SHAPE_RE`) counts as SQL and any other is skipped. A character of budget
+#: costs at most about 15 us (text built to parse slowly, ``select (1),(1),...``, on a loaded 2-core machine), and
+#: each keyword past the budget or the first :data:`MAX_SQL_STARTS` a shape test of at most 300 characters: measured
+#: with ``bench/payload_detectors.py`` on a loaded 2-core machine, 30 ms for 2,000 characters built to parse slowly,
+#: 0.2 s for 10,000, 0.4-0.5 s for 100,000 or 1,000,000 (four readings of 1 MB of ``update wN``: 0.8 s). Each line is
+#: tokenised from its first keyword in windows of two statements, a window charged only for what the one before it
+#: had not tokenised, the keywords read their statements from those tokens, and a parse that fails within a
+#: statement's first tokens is charged only as far as it read (prose fails within a few words), so ordinary text
+#: uses a small part of its budget (at most 2,456 characters on every benign record in ``data/``, less than
+#: :data:`SQL_WORK_BASE`).
 SQL_WORK_BASE = 2 * MAX_SQL_STATEMENT
 SQL_WORK_PER_CHAR = 3
 MAX_SQL_PARSE_CHARS = 20_000
@@ -194,7 +198,9 @@ _RUNNER = r"(?:sudo\s+(?:-\w+\s+)*)?(?:(?:/usr)?/bin/env\s+|env\s+)?"
 #: only with the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
 _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for marks, pattern in (
     (("`",), r"(?:^|[=;|&])\s*`\s*[a-z_./][\w./-]*(?:\s[^`\n]*)?`"),  # a backticked command where a shell runs it
-    (("|",), rf"\|\s*{_RUNNER}(?:/bin/|/usr/bin/)?(?:ba|z|da|k)?sh\b(?!\s*[a-z])"),  # a pipe into a shell
+    # a pipe into a shell (the lookahead, a letter each of its forms starts with, spares the optional parts at a
+    # pipe followed by anything else: 258 -> 22 ms on 1 MB of "| <a | nc a ")
+    (("|",), rf"\|\s*(?=[/sbzdke]){_RUNNER}(?:/bin/|/usr/bin/)?(?:ba|z|da|k)?sh\b(?!\s*[a-z])"),
     # a download piped into an interpreter that reads its program from the pipe (not "| python -m json.tool")
     (("curl", "wget"), (rf"\b(?:curl|wget)\s[^|\n]{{0,300}}\|\s*{_RUNNER}(?:/usr/bin/|/usr/local/bin/)?"
                         r"(?:python[23]?|perl|ruby|php|node)\b\s*(?:-\s*)?(?:$|[;&|)\"'`])")),
@@ -297,9 +303,10 @@ class _Scan:
     host query) is closed first, and so is a quote left open at the end of the line for the host query to close
     (``... WHERE '1'='1``) unless it follows a letter or digit (an apostrophe: "it's", "Bob's"); where the text does
     not tokenise otherwise (an unclosed quote) the tokens stop before it and ``failed_at`` is the line offset where
-    they stop (else ``None``). ``cost``: the characters tokenised that the line's scan before it, which reached line
-    offset ``tokenised``, had not (a scan starts at a keyword that scan does not cover: the windows go on along the
-    line, so a line is charged about once for its length, and tokenised at most about twice)."""
+    they stop (else ``None``). ``cost``: the characters tokenised past line offset ``tokenised``, where the line's
+    scan before it stopped short of the statement at ``start`` (0 when there was none or it held the statement's
+    reach but no token at ``start``): windows that go on along the line charge it about once for its length, and
+    tokenise it at most about twice."""
 
     def __init__(self, line: str, start: int, tokenised: int = 0) -> None:
         self.start = start
@@ -341,9 +348,13 @@ class _Scan:
             if k < len(self.tokens):
                 waiting.append(k)
 
+    def reaches(self, offset: int) -> bool:
+        """Whether the scan holds the whole reach of a statement from line offset ``offset``."""
+        return self.end >= min(self.line_length, offset + MAX_SQL_STATEMENT)
+
     def covers(self, offset: int) -> bool:
         """Whether a token starts at line offset ``offset`` and the scan holds its statement's whole reach."""
-        if self.end < min(self.line_length, offset + MAX_SQL_STATEMENT):
+        if not self.reaches(offset):
             return False
         i = bisect_left(self.starts, offset)
         return i < len(self.starts) and self.starts[i] == offset
@@ -537,18 +548,20 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
         scan: _Scan | None = None
         for match in _SQL_START_RE.finditer(line):
             offset = match.start()
+            if (budget.starts >= MAX_SQL_STARTS or budget.chars < 0) and not _SQL_SHAPE_RE.match(line, offset):
+                continue  # tested before the candidate is sliced and hashed, which is not charged
             key = hash(line[offset : offset + MAX_SQL_STATEMENT])
             if key in budget.seen:
                 continue
             budget.seen.add(key)
             budget.starts += 1
-            if (budget.starts > MAX_SQL_STARTS or budget.chars < 0) and not _SQL_SHAPE_RE.match(line, offset):
-                continue
             budget.parses += 1
             if budget.parses > MAX_SQL_STARTS or budget.chars < 0:
                 return True
             if scan is None or not scan.covers(offset):
-                scan = _Scan(line, offset, 0 if scan is None else scan.end)
+                # a window that stops short of the statement goes on along the line, charged for what it adds; one
+                # from a keyword the window before read inside a quote or comment is charged in full
+                scan = _Scan(line, offset, scan.end if scan is not None and not scan.reaches(offset) else 0)
                 budget.chars -= scan.cost
             context = _SQL_CONTEXT_RE.search(line, max(0, offset - 32), offset)
             if number and offset <= 32 and not line[:offset].strip():  # a keyword that starts its line, after UNION

@@ -16,6 +16,9 @@ from guard.policy.payloads import (
     MAX_SQL_STATEMENT,
     SQL_WORK_BASE,
     SQL_WORK_PER_CHAR,
+    _readings,
+    _SqlBudget,
+    _sqli,
     code_exec,
     path_traversal,
     sqli,
@@ -442,6 +445,16 @@ def test_sqli_reads_a_long_line_of_prose_within_its_budget() -> None:
         assert sqli(text + " x'; DROP TABLE users; --")  # a statement after it still counts
 
 
+def test_sqli_past_its_bounds_skips_a_keyword_before_reading_its_candidate() -> None:
+    """Past the first MAX_SQL_STARTS candidates, every keyword had 2,000 characters sliced and hashed before the
+    shape test skipped it, uncharged, in each reading (2.1 s for 1 MB of ``update wN`` with three extra readings);
+    the shape test comes first, so only the candidates parsed are remembered."""
+    text = "%41 \\u00e9 \u017f " + "".join(f"update w{i} " for i in range(20_000))
+    budget = _SqlBudget(len(text))
+    assert not any(_sqli(reading, budget) for reading in _readings(text))
+    assert len(budget.seen) <= MAX_SQL_STARTS
+
+
 def test_sqli_work_is_bounded_by_the_texts_length_all_readings_together(monkeypatch) -> None:
     """A 2,000-character value with 63 keywords on one line had the line tokenised again from each keyword, for each
     of its three readings (plain, URL-decoded, folded), and only the parser's reads were charged: 380,000 characters
@@ -468,6 +481,7 @@ def test_sqli_work_is_bounded_by_the_texts_length_all_readings_together(monkeypa
         "".join(f"select {n}," + ",".join(["(1)"] * 600) + "\n" for n in range(12)),  # lines that parse slowly
         "drop it " * 2000,
         "x'; SELECT password\n" + "a,\n" * 3000,  # a statement left open, and lines that keep it open
+        "".join(f'update w{n} | <a o" ' for n in range(2000)),  # each keyword inside the quotes of the window before
     ]
     for text in texts:
         tokenised.clear()
