@@ -42,7 +42,8 @@ statement (``DROP TABLE``, ``DELETE FROM``, ``INSERT INTO``, ``UPDATE x SET``, `
 document saying "update your password" a hundred times is read as prose, while a statement after many decoy keywords is
 still parsed; a candidate parsed already (repeated boilerplate, or a line another reading left as it was: the same
 characters from the keyword on) is not parsed again; a text that would need more parses than that counts as SQL
-(checking each would cost too much). What sqlglot tokenises and parses is charged to a budget,
+(checking each would cost too much), a parse that reads as prose (English of bare words, or words the grammar
+refuses: a changelog of "Select a date range from the calendar" bullets) charged but not counted. What sqlglot tokenises and parses is charged to a budget,
 :data:`SQL_WORK_BASE` plus :data:`SQL_WORK_PER_CHAR` per character of the text and at most
 :data:`MAX_SQL_PARSE_CHARS` (a call costs at most about 15 us per character of budget); once it is spent, a keyword
 shaped like a statement counts as SQL and any other is skipped, so a long line of prose is read as prose.
@@ -379,17 +380,19 @@ class _Scan:
 _SQL_HEAD_TOKENS = 48
 
 
-def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> tuple[bool, int, bool]:
+def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> tuple[bool, int, bool, bool]:
     """Whether the statement at line offset ``offset`` of ``scan`` is code; how many of its characters the parser was
     handed (of a statement's first :data:`_SQL_HEAD_TOKENS` tokens, only as far as it read); and whether it is left
     open at the end of its line for the next line to finish: the parser read all of it and wanted more (``DROP
     TABLE``, ``DELETE``), it is its keyword alone (``DROP``), or, after text that reads as SQL, it parsed without
     being code (``' UNION SELECT password``, ``'; UPDATE users``). ``context``: what comes right before it,
     where that reads as SQL (:data:`_SQL_CONTEXT_RE`); without it a SELECT or INSERT of bare words is English
-    (:func:`_is_words`), after ``UNION`` any other SELECT is code."""
+    (:func:`_is_words`), after ``UNION`` any other SELECT is code; and whether it read as prose, that English or
+    words the grammar refuses (such a parse, charged as far as it read, does not count toward
+    :data:`MAX_SQL_STARTS`)."""
     tokens = scan.statement(offset)
     if not tokens:
-        return False, 0, False
+        return False, 0, False, False
     skipped = offset - scan.start  # characters of scan.text before the statement; token offsets count them
     open_end = scan.end == scan.line_length and tokens[-1] is scan.tokens[-1]
     for part in (tokens[:_SQL_HEAD_TOKENS], tokens):
@@ -399,26 +402,27 @@ def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> 
         except ParseError:  # words, not SQL, unless the parser read to the end of a statement's first tokens
             if len(part) == len(tokens) or parser.furthest + 2 < len(part):
                 last = part[-1] if len(part) > _SQL_HEAD_TOKENS else part[min(parser.furthest, len(part)) - 1]
-                return False, last.end + 1 - skipped, open_end and parser.furthest + 2 >= len(part)
+                left_open = open_end and parser.furthest + 2 >= len(part)
+                return False, last.end + 1 - skipped, left_open, not left_open
             continue
         except SqlglotError:
-            return False, part[-1].end + 1 - skipped, False
+            return False, part[-1].end + 1 - skipped, False, False
         except RecursionError:  # a statement nested past the parser's depth ("select ((((..."): code, not prose
-            return True, part[-1].end + 1 - skipped, False
+            return True, part[-1].end + 1 - skipped, False, False
         commands = all(isinstance(statement, exp.Command) for statement in statements)
         if commands or len(part) == len(tokens):
             break
     read = part[-1].end + 1 - skipped
     if commands:  # kept as an unparsed command ("create a branch and ...", decided by its first words): not code,
-        return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read, open_end and len(tokens) == 1  # read no expression
+        return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read, open_end and len(tokens) == 1, False  # no expression
     words = _is_words(tokens, statements)
     if context is None and words:
-        return False, read, False
+        return False, read, False, True
     if context is not None and context["union"] and not words:  # "UNION SELECT 1,2,3", not "union select in mysql"
         code = all(isinstance(statement, exp.Select) for statement in statements)
     else:
         code = any(_statement_is_code(statement) for statement in statements)
-    return code, read, open_end and not code and context is not None
+    return code, read, open_end and not code and context is not None, False
 
 
 def _lowered(text: str, function: str) -> str:
@@ -555,8 +559,7 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
                 continue
             budget.seen.add(key)
             budget.starts += 1
-            budget.parses += 1
-            if budget.parses > MAX_SQL_STARTS or budget.chars < 0:
+            if budget.parses >= MAX_SQL_STARTS or budget.chars < 0:
                 return True
             if scan is None or not scan.covers(offset):
                 # a window that stops short of the statement goes on along the line, charged for what it adds; one
@@ -567,10 +570,11 @@ def _sqli(text: str, budget: _SqlBudget) -> bool:
             if number and offset <= 32 and not line[:offset].strip():  # a keyword that starts its line, after UNION
                 union = _SQL_CONTEXT_RE.search(lines[number - 1][-32:])  # on the line before ('%0AUNION%0ASELECT)
                 context = union if union is not None and union["union"] else None
-            code, read, open_end = _parses_as_code(scan, offset, context)
+            code, read, open_end, prose = _parses_as_code(scan, offset, context)
             if code:
                 return True
             budget.chars -= read
+            budget.parses += not prose  # prose ("Select a date range from the calendar") is charged, not counted
             if open_end and number + 1 < len(lines) and _continues_as_code(lines, number, offset, context, budget):
                 return True
     return False
@@ -597,7 +601,7 @@ def _continues_as_code(
             return _SQL_SHAPE_RE.match(joined) is not None
         scan = _Scan(joined, 0)
         budget.chars -= scan.cost
-        code, read, open_end = _parses_as_code(scan, 0, context)
+        code, read, open_end, _ = _parses_as_code(scan, 0, context)
         budget.chars -= read
         if code or not open_end:
             return code

@@ -411,10 +411,12 @@ def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -
     assert not sqli(decoys + "drop it")
     assert not sqli(" ".join(["Please update your password before the end of the month."] * 600))
     assert sqli(decoys + "drop table orders")  # a statement after the decoys is still parsed
-    # more distinct statement-shaped places than are checked: counted as SQL, not skipped
+    # statement-shaped prose is charged to the budget but not counted: a changelog of 120 UI bullets is prose
     shaped = "".join(f"select option {n} of the {n} best from the list, " for n in range(MAX_SQL_STARTS))
-    assert not sqli(shaped)
-    assert sqli(shaped + "select option x of the best from the list")
+    assert not sqli(shaped + "select option x of the best from the list")
+    changelog = "\n".join(f"- Select a date range from the calendar to filter report {n} (#{4000 + n})"
+                           for n in range(120))
+    assert not sqli(changelog) and sqli(changelog + "\n1 UNION SELECT password FROM users")
     # repeated boilerplate is parsed once; a candidate that differs only far from its keyword is parsed again
     assert not sqli("Select the best option from the list. " * 300)
     columns = ", ".join(f"c{n}" for n in range(60))
