@@ -79,7 +79,7 @@ and ``open()`` of a path under ``/tmp``, ``/etc``, ``/dev`` or ``/proc`` for wri
 about code ("how do I use subprocess in Python?", "what does eval do") has no such call and is not counted.
 
 ``path_traversal(x)``: the text climbs two or more folders (``../../etc/passwd``, ``..\\..\\windows\\win.ini``,
-``....//....//``, which a filter that removes ``../`` once turns into ``../../``), as written, URL-decoded
+``....//....//``, which a filter that removes ``../`` once turns into ``../../``; ``.././../``, ``..;/..;/``), as written, URL-decoded
 (``..%2f..%2f``) or folded, where that reads as a file name or path parameter that escapes the folder the
 application serves from: the path starts its line (after blanks, a drive or an absolute prefix) or follows an
 unquoted ``=``, the climb is written evasively (three or more dots, ``..//``, ``..\\/``, or shown only by another
@@ -237,10 +237,11 @@ _LOOKUP_RE = re.compile(r"\$\{([^${}]*)\}")
 _JNDI_RE = re.compile(r"\$\{\s*jndi\s*:", re.IGNORECASE)
 #: Lookups nested deeper than this are not resolved (Log4j payloads nest one or two levels).
 MAX_LOOKUP_DEPTH = 8
-#: Two or more steps up a folder tree (``../../``, ``..\\..\\``, ``....//``); a run of dots is tried from its first
+#: Two or more steps up a folder tree (``../../``, ``..\\..\\``, ``....//``; with ``./`` between them,
+#: ``.././../``, or Tomcat's path parameter after the dots, ``..;/..;/``); a run of dots is tried from its first
 #: dot only (``\.(?<!\.\.)``: a dot not after a dot; written so the pattern starts with a literal, which ``re`` scans
 #: for fast), so a long run is scanned once; a match is the first two steps.
-_CLIMB = r"\.(?<!\.\.)\.+[\\/]+\.\.+[\\/]+"
+_CLIMB = r"\.(?<!\.\.)\.+;?[\\/]+(?:\.[\\/]+)*\.\.+;?[\\/]+"
 _TRAVERSAL_RE = re.compile(_CLIMB)
 #: A climb whose path is the value: at the start of the text or of a line after blanks, a drive or an absolute prefix
 #: (``/var/www/../../etc``); matched from the start of the text, or searched from a line break.

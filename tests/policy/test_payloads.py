@@ -266,6 +266,7 @@ def test_lookups_are_resolved_up_to_the_depth() -> None:
     "/var/www/../../etc/shadow", "..%2f..%2f..%2fetc%2fpasswd", "%2e%2e%2f%2e%2e%2fetc%2fpasswd",
     "..%255c..%255cwindows%255cwin.ini", "..\\/..\\/etc/passwd", "file=../../config/database.yml",
     "  ../../app/config.php", "/static/../../app.py", "see ../../../../etc/shadow", "x ..%2f..%2fapp.py",
+    ".././.././etc/passwd", "..;/..;/WEB-INF/web.xml",
 ])  # fmt: skip
 def test_paths_that_climb_folders_are_found(text: str) -> None:
     assert path_traversal(text)
