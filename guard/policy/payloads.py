@@ -28,8 +28,9 @@ whatever it selects (``UNION SELECT 1,2,3``, ``UNION ALL SELECT NULL,NULL``) unl
 ``\n`` and ``\r`` only: a form feed, vertical tab or Unicode line separator is whitespace to SQL, so ``DROP<FF>TABLE``
 is one statement; and as SQL reads a line break as a space, a statement left open at the end of its line (the parser
 wanted more: ``'; DROP``, ``DELETE``; or after text that reads as SQL, it parsed without being code: ``' UNION SELECT
-password``, ``'; UPDATE users``) is read on with the next line joined by a space, then the next two while still open, as
-far as :data:`MAX_SQL_STATEMENT` characters (``'; DROP\nTABLE users; --``). MySQL syntax is read as MySQL reads it: a
+password``, ``'; UPDATE users``) is read on with the next line joined by a line break (a ``--`` comment ends there),
+then the next two while still open, as far as :data:`MAX_SQL_STATEMENT` characters (``'; DROP\nTABLE users; --``,
+``'; DROP -- c\nTABLE users``); comments may stand between ``UNION`` and what follows it (``/**/UNION/**/SELECT``). MySQL syntax is read as MySQL reads it: a
 versioned comment's content is code (``/*!50000UNION*/``), a hex literal is a string (``0x61646d696e``), and a ``#``
 right after a word, quote or bracket starts a comment (``users#``; a hashtag after a space does not). English that
 starts like SQL ("select the best option from the list", "delete my account") does not parse, and a SELECT or INSERT of
@@ -128,7 +129,7 @@ _SQL_CLAUSES = frozenset((
 #: number of columns).
 _SQL_CONTEXT_RE = re.compile(
     r"(?:['\"`;)=|/\d]|(?:[=,|'\"(<>+*-]|\b(?:and|or|not|in|exists|from|where|select|values|when|then|having|on))\s*\("
-    r"|\b(?P<union>union)(?:\s+(?:all|distinct))?)\s*$",
+    r"|\b(?P<union>union)(?:(?:\s|/\*[^*]*\*/)+(?:all|distinct))?)(?:\s|/\*[^*]*\*/)*$",
     re.IGNORECASE,
 )
 #: Most characters parsed from one SQL keyword on (a statement longer than this is not looked for; parsing 2,000
@@ -585,7 +586,7 @@ def _continues_as_code(
     lines: list[str], number: int, offset: int, context: re.Match[str] | None, budget: _SqlBudget
 ) -> bool:
     """Whether the statement left open at ``offset`` of line ``number`` (:func:`_parses_as_code`) is code with the
-    next line joined to it by a space, then the next two while it is still left open, as far as
+    next line joined to it by a line break, then the next two while it is still left open, as far as
     ``MAX_SQL_STATEMENT`` characters (SQL reads a line break as a space: a value holding ``'; DROP\\nTABLE users``
     holds one statement); also True when ``budget`` is spent and the joined text is shaped like a statement
     (:data:`_SQL_SHAPE_RE`: it counts as SQL)."""
@@ -593,7 +594,7 @@ def _continues_as_code(
     for line in itertools.islice(lines, number + 1, None):
         if len(joined) >= MAX_SQL_STATEMENT:
             return False
-        joined = f"{joined} {line}"[:MAX_SQL_STATEMENT]
+        joined = f"{joined}\n{line}"[:MAX_SQL_STATEMENT]
         key = hash(joined)
         if key in budget.seen:
             return False

@@ -434,6 +434,13 @@ def test_sqli_stops_parsing_at_its_bounds_and_a_text_past_them_counts_as_sql() -
     assert not sqli(plan)
 
 
+@pytest.mark.parametrize("text", ["1'/**/UNION/**/SELECT/**/1,2-- -", "'; DROP -- c\nTABLE users; --"])
+def test_sqli_reads_comments_as_sql_does(text: str) -> None:
+    """A comment between UNION and SELECT hid the UNION, and lines joined with a space let a ``--`` comment swallow
+    the next line."""
+    assert sqli(text)
+
+
 def test_sqli_reads_a_long_line_of_prose_within_its_budget() -> None:
     """A 17.5 KB one-line paragraph (rich-text HTML) with eight ordinary sentences 2,100 characters apart ("Select a
     workspace to get started.") spent the budget, each keyword's window tokenised and charged again in full, and
