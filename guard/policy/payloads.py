@@ -67,9 +67,11 @@ a download piped into an interpreter that reads its program from the pipe (``cur
 -m json.tool``) or run by process substitution (``bash <(curl ...)``), ``sh -i`` (``bash -i``, ``/bin/sh -i``), a
 redirection to ``/dev/tcp/``, ``mkfifo``, ``nc``/``ncat``/``netcat ... -e``, ``rm -rf /`` or ``~``; a command
 chained onto a value (``; cat /etc/passwd``, ``&& id``, ``| whoami``, ``%0a whoami``: ``;``, ``|``, ``||``, ``&&``,
-``&`` after a blank, after a value, at most one word from the start of its line or a closing quote, or ``%0a``, then ``cat``, ``id``, ``whoami``, ``uname``, ``ls``, ``ping``, netcat, a shell,
-``powershell``, ``cmd``, ``curl`` or ``wget``, then the line's end, an option, a path or a URL; not "cats & dogs;
-cat food", a Markdown row ``| id | name |`` nor a command line or sentence before it: ``cd build && ls -la``); Perl's ``@{[ ... ]}`` interpolation; a call that runs a command or
+``&`` after a blank, after a value, at most one word from the start of its line or a closing quote, or ``%0a``, then
+``cat``, ``id``, ``whoami``, ``uname``, ``ls``, ``ping``, netcat, a shell, ``powershell``, ``cmd``, ``curl`` or
+``wget`` (also by its path, ``/bin/cat``), then the line's end, ``;``, ``<``, ``%0a``, a comment, an option, a path
+or a URL; not "cats & dogs; cat food", a Markdown row ``| id | name |`` nor a command line or sentence before it:
+``cd build && ls -la``); Perl's ``@{[ ... ]}`` interpolation; a call that runs a command or
 code with a string, a PHP variable or code argument (``system("...")``, ``system($_GET['c'])``, ``exec(...)``,
 ``eval("...")``, ``popen``, ``passthru``, ``shell_exec``, Node's ``execSync("...")``, ``Kernel.exec``, Perl's
 ``system "..."``), Node's ``require("child_process")``, Python's ``__import__(``, ``os.system(``/``os.popen(`` (no
@@ -228,8 +230,8 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     # line's end, an option, a path or a URL (not "cats & dogs", "| id | name |", nor a command line or sentence
     # before the separator: "cd build && ls -la", "ssh into the box; cat /var/log/...")
     ((";", "|", "&", "%0a"), (r"(?:^[ \t]*\S*?[ \t]*(?:[;|]|&&|(?<!\S)&)|[\"'][ \t]*(?:[;|]|&&|&)|%0a)\s*"
-                              r"(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh|zsh|powershell|pwsh|cmd|curl"
-                              r"|wget)(?:\s*$|\s+(?:[-/~$]|[a-z]+://))")),
+                              r"(?:/usr)?(?:/s?bin/)?(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh|zsh"
+                              r"|powershell|pwsh|cmd|curl|wget)(?:\s*(?:$|;|<|%0a)|\s+(?:#|[-/~$]|[a-z]+://))")),
 ))
 
 #: A Log4j lookup with no lookup inside it (``${lower:j}``, ``${::-j}``): its text after ``:-`` (the default when

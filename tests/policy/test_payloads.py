@@ -335,7 +335,7 @@ def test_commands_after_a_command_line_or_a_sentence_are_not_chained_onto_a_valu
 
 @pytest.mark.parametrize("text", [
     "build && ls -la", "127.0.0.1; ls -la", "x'; cat /var/log/nginx/error.log", "  out/; ls", 'name" | id',
-    "a %0a whoami",
+    "a %0a whoami", "127.0.0.1;id;", "x; whoami #", "x; cat</etc/passwd", "x;/bin/cat /etc/passwd", "x%0awhoami%0a",
 ])  # fmt: skip
 def test_commands_chained_onto_a_value_are_code(text: str) -> None:
     assert code_exec(text)
