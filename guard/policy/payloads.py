@@ -175,11 +175,12 @@ _SCRIPT_SCHEME = rf"(?:{_SCHEME('javascript')}|{_SCHEME('vbscript')})\s*:"
 #: A script URL: ``javascript:``/``vbscript:`` with code right after the colon anywhere, or after blanks where the
 #: scheme opens the quoted value of an attribute that holds a URL (``href= " javascript: alert(1)"``, ``src``,
 #: ``action``, ``formaction``, ...; not ``title="JavaScript: The Good Parts"``) or a Markdown link target
-#: (``](javascript: alert(1))``), which browsers run as well (an unquoted value ends at the blank); or an HTML
+#: (``](javascript: alert(1))``, CommonMark's ``](<javascript: alert(1)>)``), which browsers run as well (an unquoted
+#: value ends at the blank; a browser strips control characters before the scheme too); or an HTML
 #: document as a URL.
 _URL_ATTRIBUTES = "href|src|action|formaction|data|poster|background|codebase|cite|ping|to"
 _SCRIPT_URL = (rf"(?<![\w-]){_SCRIPT_SCHEME}[^\s]"
-               rf"|(?:\b(?:{_URL_ATTRIBUTES})\s*=\s*[\"']\s*|\]\(\s*){_SCRIPT_SCHEME}\s*\S"
+               rf"|(?:\b(?:{_URL_ATTRIBUTES})\s*=\s*[\"'][\x00-\x20]*|\]\(\s*<?){_SCRIPT_SCHEME}\s*\S"
                r"|(?<![\w-])data\s*:\s*text/html")
 _SCRIPT_URL_RE = re.compile(_SCRIPT_URL, re.IGNORECASE)
 _XSS_RE = re.compile(r"<\s*(?:script|iframe|object|embed)\b|" + _SCRIPT_URL, re.IGNORECASE)  # + code-loading tags

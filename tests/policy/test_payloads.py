@@ -316,6 +316,12 @@ def test_a_parenthetical_aside_after_a_word_is_english(text: str) -> None:
     assert sqli("1 AND (select password from users) > 0") and sqli("x'||(select password from users)||'")
 
 
+@pytest.mark.parametrize("text", ['<a href="\x01javascript: alert(1)">x</a>', "[x](<javascript: alert(1)>)"])
+def test_a_script_url_after_control_characters_or_in_angle_brackets_is_xss(text: str) -> None:
+    """Browsers strip control characters before a URL's scheme, and CommonMark reads a link target in ``<...>``."""
+    assert xss(text)
+
+
 @pytest.mark.parametrize("text", CODE_LOOKALIKES)
 def test_talk_about_code_and_commands_is_not_code(text: str) -> None:
     assert not code_exec(text)
