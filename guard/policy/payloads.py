@@ -197,8 +197,9 @@ _SUBSTITUTIONS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
     r"\$\(\s*[a-z_./][\w./-]*\s+[^)\n]*\)",  # $(command argument ...)
     r"\$\(\s*(?:whoami|id|pwd|env|uname|hostname|reboot|ls)\s*\)",  # $(command) of one that needs none
 ))
-#: What may run a piped script: ``sudo`` (with options), then ``env`` (bare or by its path).
-_RUNNER = r"(?:sudo\s+(?:-\w+\s+)*)?(?:(?:/usr)?/bin/env\s+|env\s+)?"
+#: What may run a piped script: ``sudo`` (with options and their values: ``sudo -u root``), then ``env`` (bare or by
+#: its path).
+_RUNNER = r"(?:sudo\s+(?:-\w+\s+(?:\w+\s+)?)*)?(?:(?:/usr)?/bin/env\s+|env\s+)?"
 #: (marks, pattern): each pattern matches only text that holds one of its marks (lower case), so a text is searched
 #: only with the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
 _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for marks, pattern in (
@@ -213,7 +214,8 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     (("<(",), r"\b(?:ba|z|da|k)?sh\s*<\(\s*(?:curl|wget)\b"),  # a download run by process substitution
     (("/dev/",), r"[<>]&?\s*/dev/(?:tcp|udp)/"),  # a redirection to a network socket (bash's /dev/tcp/host/port)
     (("mkfifo",), r"\bmkfifo\s+/"),
-    (("nc ", "ncat ", "netcat "), r"\b(?:nc|ncat|netcat) +(?:[^\s|;&]+ +){0,6}-[ec]\s"),  # netcat running a program
+    # netcat running a program (also by a variant's name: nc.traditional, nc.openbsd)
+    (("nc ", "ncat ", "netcat ", "nc."), r"\b(?:nc|ncat|netcat)(?:\.\w+)? +(?:[^\s|;&]+ +){0,6}-[ec]\s"),
     (("rm ",), r"\brm +-[rf]{1,2}\s+[/~]"),
     (("@{[",), r"@\{\[\s*\w"),  # Perl: code interpolated into a string
     (("(",), (r"\b(?:system|execv?p?|eval|popen|passthru|shell_exec|proc_open|pcntl_exec|spawn"

