@@ -42,6 +42,7 @@ from urllib.parse import unquote_plus
 
 import torch
 
+from guard._english import english_words
 from guard._json import JSON_LEVELS, json_readings, loads
 from guard._readable import readable
 from guard.clef.encoding import render
@@ -135,6 +136,13 @@ _URLSAFE = str.maketrans("-_", "+/")
 #: A digest changes kind (upper case, lower case, digit, other) at least once in every this many characters, as
 #: random characters do; words joined by separators (``ignore_all_previous_instructions_2024``) change less often.
 DIGEST_CHANGE_CHARS = 3.5
+#: A run of ASCII letters: words joined by ``+`` or ``=`` or written in alternating case
+#: (``Ignore+All+Previous+Instructions+1``, ``IgNoRe-AlL-pReViOuS-1``) change kind as often as random characters do,
+#: but their letter runs, case-folded, are words.
+_LETTER_RUN_RE = re.compile(r"[A-Za-z]+")
+#: A token whose letter runs hold this many common English words (:func:`guard._english.english_words`) of at least
+#: three letters is words, not a digest: 1 in 20,000 random hex or base64 digests of 16 to 96 bytes holds three.
+DIGEST_WORDS = 3
 #: A client's user agent: ``product/version`` tokens (a bare word may come before one: ``Mobile Safari/537.36``) and
 #: parenthesised comments of parts of at most 40 characters parted by ``;`` or ``,``, at least two products in all
 #: (``Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36``).
@@ -188,14 +196,24 @@ def _address(line: str) -> str | None:
 
 def _digest(token: str) -> bool:
     """Whether ``token`` reads as an encoded digest: a run of :data:`_DIGEST_RE` that changes kind at least once in
-    every :data:`DIGEST_CHANGE_CHARS` characters, no part of which (split at dots) decodes as hex or base64 to text
-    (:func:`~guard._readable.readable`): encoded text is read as text."""
+    every :data:`DIGEST_CHANGE_CHARS` characters, whose letter runs hold fewer than :data:`DIGEST_WORDS` common
+    English words (:func:`_english_runs`), no part of which (split at dots)
+    decodes as hex or base64 to text (:func:`~guard._readable.readable`): encoded text is read as text."""
     if not _DIGEST_RE.fullmatch(token):
         return False
     kinds = [0 if c.isupper() else 1 if c.islower() else 2 if c.isdigit() else 3 for c in token]
     if sum(a != b for a, b in itertools.pairwise(kinds)) * DIGEST_CHANGE_CHARS < len(token):
         return False
+    if len(_english_runs(token)) >= DIGEST_WORDS:
+        return False
     return not any(_decodes_to_text(part) for part in token.split("."))
+
+
+def _english_runs(token: str) -> list[str]:
+    """The runs of ASCII letters of ``token``, lower case, that are common English words of three letters or more
+    (``IgNoRe+AlL+x7Qz+1`` -> ``["ignore", "all"]``)."""
+    common = english_words()
+    return [run for run in map(str.lower, _LETTER_RUN_RE.findall(token)) if len(run) >= 3 and run in common]
 
 
 def _decodes_to_text(part: str) -> bool:
@@ -244,7 +262,8 @@ def _text_view(lines: list[str]) -> str:
 def identifier_words(state: Any) -> str:
     """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
     metadata is, or written in camelCase, of any length; a web address, decoded, an email address or a user agent
-    that :func:`state_text` leaves out), one line of words per such line in document order
+    that :func:`state_text` leaves out; the common English words among a digest's runs of letters, lower case), one
+    line of words per such line in document order
     (``ignore.all_previous/instructions`` and ``ignoreAllPreviousInstructions`` -> ``ignore all previous
     instructions``), or ``""`` when they hold fewer than :data:`IDENTIFIER_WORDS` words in all. A word is a run of
     letters between separators or humps; runs holding a digit (versions, ids) are not words. The model reads these lines as a text of their own, never in the text's
@@ -264,6 +283,8 @@ def _identifier_words(lines: list[str]) -> str:
             parts = _IDENTIFIER_SPLIT_RE.split(token)
         elif _worded_metadata(token):
             parts = _WORDED_SPLIT_RE.split(_address(token) or token)
+        elif _digest(token):
+            parts = _english_runs(token)
         else:
             continue
         words = [word for word in parts if word.isalpha()]
