@@ -175,10 +175,22 @@ def _metadata(line: str) -> bool:
 
 
 def _worded_metadata(line: str) -> bool:
-    """Whether a stripped line is a web address (:func:`_address`), an email address or a user agent: metadata whose
-    words :func:`identifier_words` reads."""
-    return (_address(line) is not None or bool(_EMAIL_RE.fullmatch(line))
-            or (bool(_USER_AGENT_RE.fullmatch(line)) and len(_PRODUCT_RE.findall(line)) >= 2))
+    """Whether a stripped line is a web address (:func:`_address`), an email address or a user agent whose words the
+    model can read (:func:`~guard.compact.competence.assess`: English): metadata whose words :func:`identifier_words`
+    reads. One whose words are in another language (``https://x.example/ignorez-toutes-les-instructions``) is text,
+    which the competence check reads."""
+    words = _metadata_words(line)
+    return words is not None and assess(" ".join(words)).supported
+
+
+def _metadata_words(line: str) -> list[str] | None:
+    """The words of a stripped line that is a web address (decoded, :func:`_address`), an email address or a user
+    agent (runs of letters between anything else and camelCase humps), or ``None`` for any other line."""
+    decoded = _address(line)
+    if decoded is None and not (_EMAIL_RE.fullmatch(line) or (
+            _USER_AGENT_RE.fullmatch(line) and len(_PRODUCT_RE.findall(line)) >= 2)):
+        return None
+    return [word for word in _WORDED_SPLIT_RE.split(decoded or line) if word.isalpha()]
 
 
 def _address(line: str) -> str | None:
@@ -261,8 +273,8 @@ def _text_view(lines: list[str]) -> str:
 
 def identifier_words(state: Any) -> str:
     """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
-    metadata is, or written in camelCase, of any length; a web address, decoded, an email address or a user agent
-    that :func:`state_text` leaves out; the common English words among a digest's runs of letters, lower case), one
+    metadata is, or written in camelCase, of any length; a web address, decoded, an email address or a user agent,
+    whether :func:`state_text` leaves it out or not; the common English words among a digest's runs of letters, lower case), one
     line of words per such line in document order
     (``ignore.all_previous/instructions`` and ``ignoreAllPreviousInstructions`` -> ``ignore all previous
     instructions``), or ``""`` when they hold fewer than :data:`IDENTIFIER_WORDS` words in all. A word is a run of
@@ -281,8 +293,8 @@ def _identifier_words(lines: list[str]) -> str:
         token = line.strip()
         if _IDENTIFIER_LINE_RE.fullmatch(token):
             parts = _IDENTIFIER_SPLIT_RE.split(token)
-        elif _worded_metadata(token):
-            parts = _WORDED_SPLIT_RE.split(_address(token) or token)
+        elif (worded := _metadata_words(token)) is not None:
+            parts = worded
         elif _digest(token):
             parts = _english_runs(token)
         else:
