@@ -133,6 +133,17 @@ DIGEST_CHARS = 128
 _DIGEST_RE = re.compile(rf"(?=\D*\d)[A-Za-z0-9+/=._-]{{{DIGEST_MIN_CHARS},{DIGEST_CHARS}}}")
 #: base64url's two letters as base64 writes them.
 _URLSAFE = str.maketrans("-_", "+/")
+_HEX_RE = re.compile(r"[0-9a-fA-F]+")
+#: Printable ASCII (and tab, line feed, carriage return): 98 of 256 byte values, 38 % of random bytes.
+_PRINTABLE = frozenset(b"\t\n\r" + bytes(range(0x20, 0x7F)))
+#: A run of this many printable ASCII bytes in a digest's decoding is text (about 1 in 1,000 random digests of up to
+#: 96 bytes holds one at one of its offsets): an instruction after a few binary bytes, UTF-16 text.
+PRINTABLE_RUN = 12
+_PRINTABLE_RUN_RE = re.compile(rb"[\t\n\r\x20-\x7e]{%d,}" % PRINTABLE_RUN)
+#: A decoding of at least PRINTABLE_SHARE_BYTES bytes of which PRINTABLE_SHARE are printable ASCII is text (random
+#: bytes: 38 %), so text with a binary byte every few characters is too.
+PRINTABLE_SHARE_BYTES = 24
+PRINTABLE_SHARE = 0.75
 #: A digest changes kind (upper case, lower case, digit, other) at least once in every this many characters, as
 #: random characters do; words joined by separators (``ignore_all_previous_instructions_2024``) change less often.
 DIGEST_CHANGE_CHARS = 3.5
@@ -209,8 +220,8 @@ def _address(line: str) -> str | None:
 def _digest(token: str) -> bool:
     """Whether ``token`` reads as an encoded digest: a run of :data:`_DIGEST_RE` that changes kind at least once in
     every :data:`DIGEST_CHANGE_CHARS` characters, whose letter runs hold fewer than :data:`DIGEST_WORDS` common
-    English words (:func:`_english_runs`), no part of which (split at dots)
-    decodes as hex or base64 to text (:func:`~guard._readable.readable`): encoded text is read as text."""
+    English words (:func:`_english_runs`), no part of which (split at dots) decodes as hex or base64 to bytes that
+    are not random (:func:`_decodes_to_text`): encoded text is read as text."""
     if not _DIGEST_RE.fullmatch(token):
         return False
     kinds = [0 if c.isupper() else 1 if c.islower() else 2 if c.isdigit() else 3 for c in token]
@@ -229,17 +240,63 @@ def _english_runs(token: str) -> list[str]:
 
 
 def _decodes_to_text(part: str) -> bool:
-    """Whether ``part`` decodes as hex, base64 or base64url to UTF-8 text a model should read."""
-    stripped = part.rstrip("=")
-    candidates = []
-    with contextlib.suppress(ValueError):
-        candidates.append(bytes.fromhex(stripped))
-    with contextlib.suppress(ValueError):
-        candidates.append(base64.b64decode(stripped.translate(_URLSAFE) + "=" * (-len(stripped) % 4), validate=True))
-    for raw in candidates:
-        with contextlib.suppress(UnicodeDecodeError):
-            if readable(raw.decode("utf-8")):
+    """Whether ``part`` decodes as hex, base64 or base64url (:func:`_decodings`) to bytes that are not random
+    (:func:`_not_random`: encoded text, UTF-16 text, text after a few binary bytes), or to a JSON object (a JSON Web
+    Token's header or claims) with a string of :data:`DIGEST_WORDS` common English words or more."""
+    for decodings in _decodings(part):
+        document = _json_object(decodings[0]) if decodings else None
+        if document is not None:
+            if any(len(_english_runs(s)) >= DIGEST_WORDS for s in body_strings(document) + _keys(document)):
                 return True
+        elif any(_not_random(raw) for raw in decodings):
+            return True
+    return False
+
+
+def _decodings(part: str) -> list[list[bytes]]:
+    """What ``part`` decodes to, one list per run: as hex when it is all hex digits (one run), else as base64 or
+    base64url, each run between ``=`` signs on its own; each run decoded from every offset (two for hex, four for
+    base64; the first from its start; hex's last odd digit and base64's last lone character left out), so text encoded
+    after one to three characters more is decoded too."""
+    stripped = part.rstrip("=")
+    if _HEX_RE.fullmatch(stripped):
+        return [[bytes.fromhex(stripped[i:][: (len(stripped) - i) // 2 * 2]) for i in (0, 1)]]
+    out = []
+    for run in filter(None, stripped.translate(_URLSAFE).split("=")):
+        decodings = []
+        for i in range(4):
+            chars = run[i:]
+            if len(chars) % 4 == 1:  # a last character alone holds no byte
+                chars = chars[:-1]
+            with contextlib.suppress(ValueError):
+                decodings.append(base64.b64decode(chars + "=" * (-len(chars) % 4), validate=True))
+        out.append(decodings)
+    return out
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """``raw`` parsed as a JSON object, or ``None`` when it is not one."""
+    if raw[:1] != b"{":
+        return None
+    with contextlib.suppress(ValueError):
+        document = json.loads(raw)
+        return document if isinstance(document, dict) else None
+    return None
+
+
+def _not_random(raw: bytes) -> bool:
+    """Whether decoded bytes look like text rather than random bytes: with NUL bytes removed (UTF-16 or UTF-32 text)
+    they hold a run of :data:`PRINTABLE_RUN` printable ASCII characters or, from :data:`PRINTABLE_SHARE_BYTES`
+    bytes on, at least :data:`PRINTABLE_SHARE` of them printable ASCII, or they are UTF-8 text a model should read
+    (:func:`~guard._readable.readable`)."""
+    ascii_bytes = raw.replace(b"\0", b"")
+    if _PRINTABLE_RUN_RE.search(ascii_bytes):
+        return True
+    printable = sum(byte in _PRINTABLE for byte in ascii_bytes)
+    if len(ascii_bytes) >= PRINTABLE_SHARE_BYTES and printable >= PRINTABLE_SHARE * len(ascii_bytes):
+        return True
+    with contextlib.suppress(UnicodeDecodeError):
+        return readable(raw.decode("utf-8"))
     return False
 
 
