@@ -162,6 +162,10 @@ _USER_AGENT_RE = re.compile(
     rf"{_PRODUCT_RE.pattern}"
     rf"(?:\s+(?:(?:[A-Za-z]+\s+)?{_PRODUCT_RE.pattern}|\([^();,]{{0,40}}(?:[;,][^();,]{{0,40}})*\)))+"
 )
+#: A user agent's comment, inside its parentheses.
+_COMMENT_RE = re.compile(r"\(([^()]*)\)")
+#: Most common English words a user agent's comments hold (a phone's: ``Windows Phone``, ``like Gecko``).
+USER_AGENT_WORDS = 3
 #: Fewest identifier words (:func:`identifier_words`) read as a sentence: an instruction takes three.
 IDENTIFIER_WORDS = 3
 #: Least probability of the risky option the identifier words must get to answer for the state (the shipped
@@ -198,10 +202,22 @@ def _metadata_words(line: str) -> list[str] | None:
     """The words of a stripped line that is a web address (decoded, :func:`_address`), an email address or a user
     agent (runs of letters between anything else and camelCase humps), or ``None`` for any other line."""
     decoded = _address(line)
-    if decoded is None and not (_EMAIL_RE.fullmatch(line) or (
-            _USER_AGENT_RE.fullmatch(line) and len(_PRODUCT_RE.findall(line)) >= 2)):
+    if decoded is None and not (_EMAIL_RE.fullmatch(line) or _user_agent(line)):
         return None
     return [word for word in _WORDED_SPLIT_RE.split(decoded or line) if word.isalpha()]
+
+
+def _user_agent(line: str) -> bool:
+    """Whether a stripped line is a user agent: :data:`_USER_AGENT_RE` with two products or more, whose comments'
+    words (those of letters only) hold at most :data:`USER_AGENT_WORDS` common English words of three letters or
+    more (``Windows``, ``Phone``, ``like``), so a sentence in a comment (``Mozilla/5.0 (Tell me how to make ...)``)
+    is text."""
+    if not _USER_AGENT_RE.fullmatch(line) or len(_PRODUCT_RE.findall(line)) < 2:
+        return False
+    common = english_words()
+    words = {word.lower() for comment in _COMMENT_RE.findall(line) for word in re.split(r"[\s;,]+", comment)
+             if word.isalpha() and len(word) >= 3}
+    return len(words & common) <= USER_AGENT_WORDS
 
 
 def _address(line: str) -> str | None:
