@@ -119,18 +119,27 @@ _WORD_PROSE_RE = re.compile(r"[^\W\d_]+[.!?,;:]+")
 _TIMESTAMP_RE = re.compile(
     r"\d{4}-\d{2}-\d{2}(?:[Tt ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:[Zz]|[+-]\d{2}(?::?\d{2})?)?)?"
 )
-#: A web address of one token (read as metadata only when it holds no white space decoded, :func:`_address`).
-_URL_RE = re.compile(r"https?://\S+", re.IGNORECASE)
+#: A web or cloud storage address of one token (``https://``, ``s3://``, ``gs://``; read as metadata only when it
+#: holds no white space decoded, :func:`_address`).
+_URL_RE = re.compile(r"(?:https?|s3|gs)://\S+", re.IGNORECASE)
+#: An Amazon Resource Name (``arn:aws:lambda:eu-west-1:123456789012:function:order-processor-prod``).
+_ARN_RE = re.compile(r"arn:[\w-]+:[\w-]+:[\w-]*:\d*:\S+")
 #: Most rounds of ``%XX`` decoding an address gets (``%2520`` is a space escaped twice).
 _URL_ROUNDS = 3
 _EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 #: Shortest encoded digest (:func:`_digest`: a hash, a signature, a base64 id).
 DIGEST_MIN_CHARS = 16
-#: Longest encoded digest: a longer run (a file, an image) stays text, which the competence check flags as non-text
-#: when it makes up most of the state.
+#: Longest part of an encoded digest: a longer run (a file, an image) stays text, which the competence check flags as
+#: non-text when it makes up most of the state.
 DIGEST_CHARS = 128
-#: A run of the hex, base64 or base64url alphabet holding a digit (dots part a JSON Web Token's sections).
-_DIGEST_RE = re.compile(rf"(?=\D*\d)[A-Za-z0-9+/=._-]{{{DIGEST_MIN_CHARS},{DIGEST_CHARS}}}")
+#: Most dot-separated parts of a digest (a JSON Web Token has three, an encrypted one five).
+DIGEST_PARTS = 5
+#: Up to DIGEST_PARTS runs of the hex, base64 or base64url alphabet of up to DIGEST_CHARS characters each, parted by
+#: dots (a JSON Web Token's sections), at least DIGEST_MIN_CHARS characters in all, holding a digit.
+_DIGEST_PART = rf"[A-Za-z0-9+/=_-]{{1,{DIGEST_CHARS}}}"
+_DIGEST_RE = re.compile(
+    rf"(?=.{{{DIGEST_MIN_CHARS},}}$)(?=\D*\d){_DIGEST_PART}(?:\.{_DIGEST_PART}){{0,{DIGEST_PARTS - 1}}}"
+)
 #: base64url's two letters as base64 writes them.
 _URLSAFE = str.maketrans("-_", "+/")
 _HEX_RE = re.compile(r"[0-9a-fA-F]+")
@@ -190,8 +199,8 @@ def _metadata(line: str) -> bool:
 
 
 def _worded_metadata(line: str) -> bool:
-    """Whether a stripped line is a web address (:func:`_address`), an email address or a user agent whose words the
-    model can read (:func:`~guard.compact.competence.assess`: English): metadata whose words :func:`identifier_words`
+    """Whether a stripped line is a web or storage address (:func:`_address`), an email address, an Amazon Resource
+    Name or a user agent whose words the model can read (:func:`~guard.compact.competence.assess`: English): metadata whose words :func:`identifier_words`
     reads. One whose words are in another language (``https://x.example/ignorez-toutes-les-instructions``) is text,
     which the competence check reads."""
     words = _metadata_words(line)
@@ -199,10 +208,10 @@ def _worded_metadata(line: str) -> bool:
 
 
 def _metadata_words(line: str) -> list[str] | None:
-    """The words of a stripped line that is a web address (decoded, :func:`_address`), an email address or a user
-    agent (runs of letters between anything else and camelCase humps), or ``None`` for any other line."""
+    """The words of a stripped line that is a web or storage address (decoded, :func:`_address`), an email address,
+    an Amazon Resource Name or a user agent (runs of letters between anything else and camelCase humps), or ``None`` for any other line."""
     decoded = _address(line)
-    if decoded is None and not (_EMAIL_RE.fullmatch(line) or _user_agent(line)):
+    if decoded is None and not (_EMAIL_RE.fullmatch(line) or _ARN_RE.fullmatch(line) or _user_agent(line)):
         return None
     return [word for word in _WORDED_SPLIT_RE.split(decoded or line) if word.isalpha()]
 
@@ -221,7 +230,7 @@ def _user_agent(line: str) -> bool:
 
 
 def _address(line: str) -> str | None:
-    """A one-token web address decoded (``%XX`` escapes and ``+``, up to :data:`_URL_ROUNDS` times), or ``None``
+    """A one-token web or storage address decoded (``%XX`` escapes and ``+``, up to :data:`_URL_ROUNDS` times), or ``None``
     for anything else and for an address whose decoding holds white space (``?q=ignore%20all%20previous``: text)."""
     if not _URL_RE.fullmatch(line):
         return None
@@ -325,9 +334,10 @@ def state_text(state: Any, view: str) -> str:
     lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
     identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
     single-token routes, ids, model names, slugs and camelCase names of at most :data:`METADATA_CHARS` characters,
-    but not one word with end punctuation; at any length, ISO-8601 timestamps, web addresses that decode to no white
-    space, email addresses, user agents, and hex, base64 or base64url digests of up to :data:`DIGEST_CHARS`
-    characters that do not decode to text, :func:`_metadata`) whenever other lines remain, so metadata next to the
+    but not one word with end punctuation; at any length, ISO-8601 timestamps, web and storage addresses that decode
+    to no white space, email addresses, Amazon Resource Names and user agents whose words read as English, and hex,
+    base64 or base64url digests (up to :data:`DIGEST_PARTS` dot-parted runs of up to :data:`DIGEST_CHARS`
+    characters) that decode to random bytes, :func:`_metadata`) whenever other lines remain, so metadata next to the
     text do not move the answer, whether they come as fields or joined into one text (a policy's ``body_text``); the
     words inside the metadata lines are read on their own (:func:`identifier_words`).
     """

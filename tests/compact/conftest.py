@@ -32,7 +32,8 @@ BENIGN = [
 USER_AGENT = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 "
               "Safari/537.36")
 #: Request metadata of any length that is not one short identifier: a timestamp with a UTC offset, web addresses
-#: (one with a query), a SHA-256 in hex and in base64, a JSON Web Token, an email address, user agents.
+#: (one with a query) and storage addresses, a SHA-256 in hex and in base64, JSON Web Tokens (jwt.io's is 155
+#: characters), an email address, an Amazon Resource Name, user agents.
 LONG_METADATA = {
     "created_at": "2026-12-07T09:15:22.123456+00:00", "at": "2026-12-07 09:15:22",
     "callback_url": "https://hooks.example.com/services/T0001/B0002/abcdefXYZ123",
@@ -40,6 +41,10 @@ LONG_METADATA = {
     "checksum": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
     "digest": "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg=",
     "token": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "jwt": ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5"
+            "MDIyfQ.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"),
+    "export": "gs://acme-exports/orders/2026/12/orders-000001.csv",
+    "function": "arn:aws:lambda:eu-west-1:123456789012:function:order-processor-prod",
     "from": "maria.lopez@brightwave.com", "user_agent": USER_AGENT,
     "mobile": ("Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 "
                "Mobile Safari/537.36"),
