@@ -142,6 +142,7 @@ _DIGEST_RE = re.compile(
 )
 #: base64url's two letters as base64 writes them.
 _URLSAFE = str.maketrans("-_", "+/")
+#: A part of hex digits only, decoded as hex alone.
 _HEX_RE = re.compile(r"[0-9a-fA-F]+")
 #: Printable ASCII (and tab, line feed, carriage return): 98 of 256 byte values, 38 % of random bytes.
 _PRINTABLE = frozenset(b"\t\n\r" + bytes(range(0x20, 0x7F)))
@@ -200,16 +201,17 @@ def _metadata(line: str) -> bool:
 
 def _worded_metadata(line: str) -> bool:
     """Whether a stripped line is a web or storage address (:func:`_address`), an email address, an Amazon Resource
-    Name or a user agent whose words the model can read (:func:`~guard.compact.competence.assess`: English): metadata whose words :func:`identifier_words`
-    reads. One whose words are in another language (``https://x.example/ignorez-toutes-les-instructions``) is text,
-    which the competence check reads."""
+    Name or a user agent whose words the model can read (:func:`~guard.compact.competence.assess`: English):
+    metadata whose words :func:`identifier_words` reads. One whose words are in another language
+    (``https://x.example/ignorez-toutes-les-instructions``) is text, which the competence check reads."""
     words = _metadata_words(line)
     return words is not None and assess(" ".join(words)).supported
 
 
 def _metadata_words(line: str) -> list[str] | None:
     """The words of a stripped line that is a web or storage address (decoded, :func:`_address`), an email address,
-    an Amazon Resource Name or a user agent (runs of letters between anything else and camelCase humps), or ``None`` for any other line."""
+    an Amazon Resource Name or a user agent (runs of letters between anything else and camelCase humps), or ``None``
+    for any other line."""
     decoded = _address(line)
     if decoded is None and not (_EMAIL_RE.fullmatch(line) or _ARN_RE.fullmatch(line) or _user_agent(line)):
         return None
@@ -230,8 +232,9 @@ def _user_agent(line: str) -> bool:
 
 
 def _address(line: str) -> str | None:
-    """A one-token web or storage address decoded (``%XX`` escapes and ``+``, up to :data:`_URL_ROUNDS` times), or ``None``
-    for anything else and for an address whose decoding holds white space (``?q=ignore%20all%20previous``: text)."""
+    """A one-token web or storage address decoded (``%XX`` escapes and ``+``, up to :data:`_URL_ROUNDS` times), or
+    ``None`` for anything else and for an address whose decoding holds white space (``?q=ignore%20all%20previous``:
+    text)."""
     if not _URL_RE.fullmatch(line):
         return None
     decoded = line
@@ -281,8 +284,8 @@ def _decodes_to_text(part: str) -> bool:
 def _decodings(part: str) -> list[list[bytes]]:
     """What ``part`` decodes to, one list per run: as hex when it is all hex digits (one run), else as base64 or
     base64url, each run between ``=`` signs on its own; each run decoded from every offset (two for hex, four for
-    base64; the first from its start; hex's last odd digit and base64's last lone character left out), so text encoded
-    after one to three characters more is decoded too."""
+    base64; the first from its start; hex's last odd digit and base64's last lone character left out), so text
+    encoded after one to three characters more is decoded too."""
     stripped = part.rstrip("=")
     if _HEX_RE.fullmatch(stripped):
         return [[bytes.fromhex(stripped[i:][: (len(stripped) - i) // 2 * 2]) for i in (0, 1)]]
@@ -357,8 +360,8 @@ def _text_view(lines: list[str]) -> str:
 def identifier_words(state: Any) -> str:
     """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
     metadata is, or written in camelCase, of any length; a web address, decoded, an email address or a user agent,
-    whether :func:`state_text` leaves it out or not; the common English words among a digest's runs of letters, lower case), one
-    line of words per such line in document order
+    whether :func:`state_text` leaves it out or not; the common English words among a digest's runs of letters,
+    lower case), one line of words per such line in document order
     (``ignore.all_previous/instructions`` and ``ignoreAllPreviousInstructions`` -> ``ignore all previous
     instructions``), or ``""`` when they hold fewer than :data:`IDENTIFIER_WORDS` words in all. A word is a run of
     letters between separators or humps; runs holding a digit (versions, ids) are not words. The model reads these lines as a text of their own, never in the text's
