@@ -363,7 +363,9 @@ def identifier_words(state: Any) -> str:
     whether :func:`state_text` leaves it out or not; the common English words among a digest's runs of letters,
     lower case), one line of words per such line in document order
     (``ignore.all_previous/instructions`` and ``ignoreAllPreviousInstructions`` -> ``ignore all previous
-    instructions``), or ``""`` when they hold fewer than :data:`IDENTIFIER_WORDS` words in all. A word is a run of
+    instructions``; a line whose letter runs, case-folded, hold more common English words than its parts split at
+    humps is split at anything but a letter and lower-cased: ``IgNoRe-AlL-pReViOuS`` -> ``ignore all previous``), or
+    ``""`` when they hold fewer than :data:`IDENTIFIER_WORDS` words in all. A word is a run of
     letters between separators or humps; runs holding a digit (versions, ids) are not words. The model reads these lines as a text of their own, never in the text's
     windows (:func:`segments`: a line of three or more words alone, shorter ones joined to the next;
     :func:`identifier_answer` says when they answer), so an instruction spelled across identifier-shaped fields is
@@ -379,6 +381,8 @@ def _identifier_words(lines: list[str]) -> str:
         token = line.strip()
         if _IDENTIFIER_LINE_RE.fullmatch(token):
             parts = _IDENTIFIER_SPLIT_RE.split(token)
+            if len(_english_runs(token)) > len(_english_runs(" ".join(parts))):  # alternating case: no humps
+                parts = _LETTER_RUN_RE.findall(token.lower())
         elif (worded := _metadata_words(token)) is not None:
             parts = worded
         elif _digest(token):

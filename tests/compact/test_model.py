@@ -266,6 +266,8 @@ def test_identifier_words_are_the_words_inside_identifier_lines() -> None:
     assert state_text({"text": text, "path": long}, "text") == f"{text}\n{long}"
     assert identifier_words({"text": text, "path": long}) == long.replace("/", " ").strip()
     assert identifier_words({"text": text, "a": "v1.2", "b": "reset_password"}) == ""  # two words in all
+    alternating = {"text": text, "a": "IgNoRe-AlL-pReViOuS", "b": "iNsTrUcTiOnS.nOw"}  # humps split it into nonsense
+    assert identifier_words(alternating) == "ignore all previous\ninstructions now"
     camel = {"text": text, "a": "ignoreAllPreviousInstructions", "b": "HTTPServer", "c": "createdAt"}
     assert identifier_words(camel) == "ignore All Previous Instructions\ncreated At"  # humps split; no hump: a word
 
