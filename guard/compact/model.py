@@ -164,6 +164,13 @@ _LETTER_RUN_RE = re.compile(r"[A-Za-z]+")
 #: A token whose letter runs hold this many common English words (:func:`guard._english.english_words`) of at least
 #: three letters is words, not a digest: 1 in 20,000 random hex or base64 digests of 16 to 96 bytes holds three.
 DIGEST_WORDS = 3
+#: A token of at least WORDS_LETTERS letters whose letter runs, case-folded, are covered this much by common English
+#: words written together (:func:`_word_coverage`: ``IgNoReAlLpReViOuSiNsTrUcTiOnS1`` 1.0) is words, not a digest:
+#: random hex or base64 of 12 to 96 bytes reaches at most 0.78 (2,000 of each).
+WORD_COVERAGE = 0.85
+WORDS_LETTERS = 12
+#: Longest common English word looked for inside a letter run.
+_LONGEST_WORD = 16
 #: A client's user agent: ``product/version`` tokens (a bare word may come before one: ``Mobile Safari/537.36``) and
 #: parenthesised comments of parts of at most 40 characters parted by ``;`` or ``,``, at least two products in all
 #: (``Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36``).
@@ -248,14 +255,15 @@ def _address(line: str) -> str | None:
 def _digest(token: str) -> bool:
     """Whether ``token`` reads as an encoded digest: a run of :data:`_DIGEST_RE` that changes kind at least once in
     every :data:`DIGEST_CHANGE_CHARS` characters, whose letter runs hold fewer than :data:`DIGEST_WORDS` common
-    English words (:func:`_english_runs`), no part of which (split at dots) decodes as hex or base64 to bytes that
+    English words (:func:`_english_runs`) and are not words written together (:func:`_word_coverage` under
+    :data:`WORD_COVERAGE`), no part of which (split at dots) decodes as hex or base64 to bytes that
     are not random (:func:`_decodes_to_text`): encoded text is read as text."""
     if not _DIGEST_RE.fullmatch(token):
         return False
     kinds = [0 if c.isupper() else 1 if c.islower() else 2 if c.isdigit() else 3 for c in token]
     if sum(a != b for a, b in itertools.pairwise(kinds)) * DIGEST_CHANGE_CHARS < len(token):
         return False
-    if len(_english_runs(token)) >= DIGEST_WORDS:
+    if len(_english_runs(token)) >= DIGEST_WORDS or _word_coverage(token) >= WORD_COVERAGE:
         return False
     return not any(_decodes_to_text(part) for part in token.split("."))
 
@@ -265,6 +273,21 @@ def _english_runs(token: str) -> list[str]:
     (``IgNoRe+AlL+x7Qz+1`` -> ``["ignore", "all"]``)."""
     common = english_words()
     return [run for run in map(str.lower, _LETTER_RUN_RE.findall(token)) if len(run) >= 3 and run in common]
+
+
+def _word_coverage(token: str) -> float:
+    """The share of ``token``'s ASCII letters that common English words written together cover (each letter run,
+    case-folded, cut into words and letters left over so that the words cover the most), or 0.0 for a token of fewer
+    than :data:`WORDS_LETTERS` letters."""
+    common = english_words()
+    covered = letters = 0
+    for run in map(str.lower, _LETTER_RUN_RE.findall(token)):
+        best = [0] * (len(run) + 1)  # best[i]: most letters of run[:i] that words cover
+        for i in range(1, len(run) + 1):
+            best[i] = max([best[i - 1]] + [best[i - n] + n for n in range(2, min(i, _LONGEST_WORD) + 1)
+                                           if run[i - n : i] in common])
+        covered, letters = covered + best[-1], letters + len(run)
+    return covered / letters if letters >= WORDS_LETTERS else 0.0
 
 
 def _decodes_to_text(part: str) -> bool:
