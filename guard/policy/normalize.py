@@ -196,8 +196,9 @@ _BRAILLE_BLANK = "\u2800"
 _ZERO_WIDTH_RE = re.compile(f"[{_ZERO_WIDTH}]")
 _BIDI_RE = re.compile(f"[{_BIDI}]")
 _FILLER_RE = re.compile(f"[{_HANGUL_FILLERS}{_BRAILLE_BLANK}]")
-# Unicode's Default_Ignorable_Code_Point set: tags, selectors, zero-width, bidi and filler characters
-_IGNORABLE_RE = re.compile(f"[{_TAGS}{_SELECTORS}{_ZERO_WIDTH}{_BIDI}{_HANGUL_FILLERS}]+")
+# Unicode's Default_Ignorable_Code_Point set (tags, selectors, zero-width, bidi and filler characters) and U+1806, which
+# IDNA2003's mapping drops from a host name too
+_IGNORABLE_RE = re.compile(f"[{_TAGS}{_SELECTORS}{_ZERO_WIDTH}{_BIDI}{_HANGUL_FILLERS}\u1806]+")
 _ROT13_CUE_RE = re.compile(r"\brot[\s_-]?13\b", re.IGNORECASE)
 _OVERRIDE_RE = re.compile("\u202e([^\u202c\n]*)")  # a right-to-left override's span, up to its pop or line end
 _WORD_RE = re.compile(r"\w+")
@@ -772,8 +773,8 @@ def _normalize(text: str, counts: dict[str, int], depth: int) -> str:
 
 def remove_ignorable(text: str) -> str:
     """``text`` with Unicode's Default_Ignorable_Code_Point characters removed (zero-width characters, soft hyphen,
-    word joiner, bidi controls, selectors, tags, Hangul fillers: what IDNA's mapping drops from a host name), nothing
-    else changed."""
+    word joiner, bidi controls, selectors, tags, Hangul fillers: what IDNA's mapping drops from a host name) and the
+    Mongolian todo soft hyphen (U+1806, which IDNA2003 maps to nothing too), nothing else changed."""
     return _IGNORABLE_RE.sub("", text)
 
 

@@ -219,6 +219,17 @@ _EMBEDDED = re.compile(
 
 # The ideographic full stops, which IDNA reads as a host name's dot (NFKC maps the full-width one to ".").
 _HOST_DOTS = str.maketrans("\u3002\uff61", "..")
+# Brackets and quotation marks past ASCII (categories Ps, Pe, Pi, Pf: 「」《》“”«») and the ideographic comma, which
+# end an address in running text as the ASCII delimiters do.
+_MARKS = "".join(
+    c for c in map(chr, range(0x80, 0x10000)) if unicodedata.category(c) in ("Ps", "Pe", "Pi", "Pf")
+) + "\u3001\uff64"
+_DELIMITERS = re.escape("<>()[]{}\"',;:!?") + re.escape(_MARKS)
+# What may stand next to an address, host name or URL without continuing it: white space, a delimiter, the text's end.
+_EDGE = re.compile(rf"[\s{_DELIMITERS}]")
+# A continuation after one: past sentence-ending dots a character that is no delimiter, or delimiters followed by a
+# dot and a label (example.com」.evil.io, example.com;.evil.io: what IDNA2003 makes of a Greek question mark).
+_RUNS_ON_AFTER = re.compile(rf"\.*[^\s.{_DELIMITERS}]|[.{_DELIMITERS}]*\.\w")
 
 
 def _tokens(run: str) -> list[str]:
@@ -484,22 +495,29 @@ def _as_host(text: str) -> str:
     return remove_ignorable(unicodedata.normalize("NFKC", text)).translate(_HOST_DOTS)
 
 
-def _is_mark(text: str, at: int) -> bool:
-    """Whether ``text[at]`` exists and is a combining mark."""
-    return 0 <= at < len(text) and unicodedata.category(text[at])[0] == "M"
+def _runs_on(text: str, start: int, end: int) -> bool:
+    """Whether the address, host name or URL at ``text[start:end]`` runs on into a character next to it that a host
+    name may hold (``example.com`` and a Tibetan tsheg, a middle dot, a combining mark: another host to IDNA): one
+    that is not white space, an ASCII delimiter or a bracket or quotation mark, before it (but for a URL, whose
+    scheme ends the host) or after it (past sentence-ending dots; delimiters followed by a dot and a label continue
+    the host)."""
+    before = text[start - 1] if start else " "
+    if not text[start:end].lower().startswith(("http", "www.")) and not _EDGE.match(before):
+        return True
+    return bool(_RUNS_ON_AFTER.match(text, end))
 
 
 def _embedded(value: Any) -> list[_Value] | None:
     """The identifiers inside a string leaf that are not the whole of it (a link or address in a composed body),
     found in the leaf as a host name reads (:func:`_as_host`: ``bob@example.com<soft hyphen>.evil.io`` is one address
-    under ``evil.io``); ``None`` when one runs on into a combining mark (``example.com`` and U+0334 is another host),
-    so the leaf cannot be traced by them."""
+    under ``evil.io``); ``None`` when an address, host name or URL runs on into a character next to it
+    (:func:`_runs_on`: ``example.com`` and U+0F0B or U+0334 is another host), so the leaf cannot be traced by them."""
     if not isinstance(value, str) or len(value) < 2 * MIN_TEXT_CHARS:
         return []
     text = _as_host(value)
     out = []
     for match in _EMBEDDED.finditer(text):
-        if _is_mark(text, match.start() - 1) or _is_mark(text, match.end()):
+        if not match.group().isalnum() and _runs_on(text, match.start(), match.end()):
             return None
         token = match.group().rstrip(".,;:!?")
         if token.strip() != text.strip():

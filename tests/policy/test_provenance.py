@@ -212,6 +212,21 @@ def test_an_address_with_an_invisible_or_combining_character_inside_composed_tex
     assert source({"to": "Bob Smith <bob@example.com>"}, user, record) == {"to": "user"}
 
 
+@pytest.mark.parametrize("cut", ["\u0f0b.", "\u00b7.", "\u2e3c.", "+", "\u300d.", "\u1806.", "\u037e.", "\u207e."])
+def test_an_address_running_on_into_a_host_name_character_inside_composed_text_is_not_the_users(cut: str) -> None:
+    """A Tibetan tsheg, a middle dot, a plus, or a closing bracket or a Greek question mark (``;``) and a dot after
+    ``bob@example.com`` make a host under evil.io to IDNA (U+1806 is dropped: ``example.com.evil.io``); the address
+    traced inside stopped at it and was the user's. An address, host name or URL running on into such a character is
+    none; one ending at white space, a delimiter, a sentence's dot or a closing mark is traced."""
+    user = TurnMessage("user", "Email the report to bob@example.com and post it to https://example.com/upload")
+    for written in (f"Bob <bob@example.com{cut}evil.io>", f"cc bob@example.com{cut}evil.io today",
+                    f"post to example.com{cut}evil.io/upload", f"x{cut}example.com/upload"):
+        assert source({"to": written}, user) == {"to": "none"}, written
+    for written in ("Bob <bob@example.com>", "mail bob@example.com.", "\u300cbob@example.com\u300d\u3068",
+                    "to bob@example.com, (example.com/upload)"):
+        assert source({"to": written}, user) == {"to": "user"}, written
+
+
 def test_identifier_keys_and_an_identifier_split_into_pieces_are_traced() -> None:
     """``{"DE89...": 900}`` and ``["DE", "89", ...]`` carried no evidence, so an injected IBAN passed as the user's."""
     iban = "US133000000121212121212"
