@@ -125,9 +125,12 @@ DETECTOR_MAX_CHARS = 200_000
 CACHED_TEXTS = 2048
 #: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.
 MIN_TEXT_CHARS = 3
-#: Provider code execution (Anthropic's and Google's ``code_execution``, OpenAI's ``code_interpreter``): its results
-#: print what the model's code computed, so they are no evidence unless the policy's tools say ``evidence: true``.
-CODE_TOOLS = frozenset({"code_execution", "code_interpreter", "executable_code"})
+#: Provider code execution (Anthropic's ``code_execution`` and, from 2025-08-25, ``bash_code_execution`` and
+#: ``text_editor_code_execution``, Google's ``code_execution``, OpenAI's ``code_interpreter`` and its shells,
+#: ``local_shell`` and ``shell``): its results print what the model's code computed, so they are no evidence unless the
+#: policy's tools say ``evidence: true``.
+CODE_TOOLS = frozenset({"code_execution", "bash_code_execution", "text_editor_code_execution", "code_interpreter",
+                        "executable_code", "local_shell", "shell"})
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from guard.agents import GuardAgentMiddleware, resume_command
@@ -20,6 +20,7 @@ from guard.agents._records import turn_history
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
 from guard.policy import load_files
+from guard.policy.provenance import trace_arguments
 from tests._backends import ScriptedBackend
 from tests.agents._fakes import INJECTION, Runs, answer, counting_tools, model
 
@@ -293,3 +294,36 @@ def test_the_models_own_blocks_are_not_server_results() -> None:
     listed = server_blocks(provider_reply(LISTED))
     assert [(b.kind, b.name) for b in listed] == [("call", "mcp_list_tools"), ("result", "mcp_list_tools")]
     assert listed[0].value == {"server_label": "docs"} and INJECTION in listed[1].value
+
+
+IBAN = "GB33BUKB20201555555555"
+
+
+@pytest.mark.parametrize("blocks", [
+    [{"type": "server_tool_use", "id": "s1", "name": "bash_code_execution",
+      "input": {"command": f"echo {IBAN[::-1]} | rev"}},
+     {"type": "bash_code_execution_tool_result", "tool_use_id": "s1",
+      "content": {"type": "bash_code_execution_result", "stdout": f"{IBAN}\n", "stderr": "", "return_code": 0}}],
+    [{"type": "server_tool_use", "id": "s1", "name": "text_editor_code_execution",
+      "input": {"command": "view", "path": "/tmp/a.txt"}},
+     {"type": "text_editor_code_execution_tool_result", "tool_use_id": "s1",
+      "content": {"type": "text_editor_code_execution_view_result", "content": IBAN}}],
+    [{"type": "code_interpreter_call", "id": "ci1", "code": f"print('{IBAN[::-1]}'[::-1])",
+      "outputs": [{"type": "logs", "logs": IBAN}]}],
+    [{"type": "executable_code", "language": "PYTHON", "code": f"print('{IBAN[::-1]}'[::-1])"},
+     {"type": "code_execution_result", "outcome": "OUTCOME_OK", "output": IBAN}],
+    [{"type": "local_shell_call", "id": "ls1", "call_id": "ls1",
+      "action": {"type": "exec", "command": ["bash", "-c", f"echo {IBAN[::-1]} | rev"]}},
+     {"type": "local_shell_call_output", "call_id": "ls1", "output": IBAN}],
+    [{"type": "shell_call", "id": "sh1", "call_id": "sh1", "action": {"commands": [f"echo {IBAN[::-1]} | rev"]}},
+     {"type": "shell_call_output", "call_id": "sh1", "output": [{"stdout": IBAN, "stderr": ""}]}],
+])  # fmt: skip
+def test_a_value_provider_code_execution_printed_is_no_evidence(blocks: list[dict[str, Any]]) -> None:
+    """Anthropic's code execution of 2025-08-25 (bash_code_execution, text_editor_code_execution), OpenAI's
+    code_interpreter, local_shell and shell, and Google's executable_code print what the model's code computed (a
+    file it wrote in the container): the IBAN it printed reversed back is no tool_result, so the payment to it is
+    none."""
+    messages = [HumanMessage("Pay my landlord the rent, 1200 EUR."), AIMessage(content=[*blocks, {"type": "text", "text": "Paying."}])]
+    history = turn_history({"messages": messages})
+    assert any(m.role == "tool" and IBAN in m.text for m in history)
+    assert trace_arguments({"recipient": IBAN}, history)["recipient"].source == "none"
