@@ -572,8 +572,9 @@ class ToolSpec(_Strict):
         default=None,
         description="Whether a value in the tool's results counts as tool_result (false for a tool that computes its "
         "output from the model's input, such as a shell: its values keep the source they have elsewhere, else none); "
-        "omitted: true, but false for provider code execution (code_execution, bash_code_execution, "
-        "text_editor_code_execution, code_interpreter, executable_code, local_shell, shell).",
+        "omitted: true, but false for provider code execution and well-known code tools, names compared lower-cased "
+        "(code_execution, bash_code_execution, text_editor_code_execution, code_interpreter, executable_code, "
+        "local_shell, shell, bash, terminal, python, python_repl, python_repl_ast, calculator).",
     )
 
 

@@ -16,8 +16,9 @@ A tool call's arguments are looked up in the conversation before it (the subject
   for the arguments of an earlier call the policy's ``tools`` do not declare ``read_only`` (the payment a later
   ``get_most_recent_transactions`` lists, a file written then read), which keep the source they had before it; an
   identifier split among a call's strings (``{"country": "GB", "rest": "33BUKB..."}``) is among them when they,
-  joined in order, hold it. A tool whose results are no evidence (``evidence: false`` in the policy's ``tools``, and
-  provider code execution unless declared ``evidence: true``: :data:`CODE_TOOLS`) gives no value this source: its
+  joined in order or in another, make it. A tool whose results are no evidence (``evidence: false`` in the policy's
+  ``tools``, and provider code execution and well-known code, shell and calculator tools unless declared
+  ``evidence: true``: :data:`CODE_TOOLS`) gives no value this source: its
   output is what the model's own code or command computed (``print('...'[::-1])``, ``echo ... | rev``);
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`) of a tool
   result or an ``agent`` message, in a tool result guard withheld or quoted, or in the instructions guard cut out of
@@ -125,12 +126,15 @@ DETECTOR_MAX_CHARS = 200_000
 CACHED_TEXTS = 2048
 #: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.
 MIN_TEXT_CHARS = 3
-#: Provider code execution (Anthropic's ``code_execution`` and, from 2025-08-25, ``bash_code_execution`` and
-#: ``text_editor_code_execution``, Google's ``code_execution``, OpenAI's ``code_interpreter`` and its shells,
-#: ``local_shell`` and ``shell``): its results print what the model's code computed, so they are no evidence unless the
-#: policy's tools say ``evidence: true``.
+#: Tools that compute their output from the model's input, by name (compared lower-cased): provider code execution
+#: (Anthropic's ``code_execution`` and, from 2025-08-25, ``bash_code_execution`` and ``text_editor_code_execution``,
+#: Google's ``code_execution``, OpenAI's ``code_interpreter`` and its shells, ``local_shell`` and ``shell``) and the
+#: well-known client tools that run code or arithmetic (Anthropic's ``bash`` tool, LangChain's ``terminal``,
+#: ``Python_REPL``, ``python_repl_ast`` and ``Calculator``, a plain ``python``). Their results print what the model's
+#: code computed, so they are no evidence unless the policy's tools say ``evidence: true``.
 CODE_TOOLS = frozenset({"code_execution", "bash_code_execution", "text_editor_code_execution", "code_interpreter",
-                        "executable_code", "local_shell", "shell"})
+                        "executable_code", "local_shell", "shell", "bash", "terminal", "python", "python_repl",
+                        "python_repl_ast", "calculator"})
 
 
 @dataclass(frozen=True)
@@ -555,7 +559,7 @@ def gives_evidence(tools: Mapping[str, ToolSpec], tool: str | None) -> bool:
     """Whether a value in ``tool``'s results is a ``tool_result`` for a policy with ``tools`` (its ``evidence``;
     undeclared: yes, but for :data:`CODE_TOOLS`)."""
     evidence = tools.get(tool or "", ToolSpec()).evidence
-    return evidence if evidence is not None else (tool or "") not in CODE_TOOLS
+    return evidence if evidence is not None else (tool or "").lower() not in CODE_TOOLS
 
 
 def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> list[tuple[Any, ...] | None]:
@@ -574,20 +578,28 @@ def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> 
     return out
 
 
+def _covers(pieces: Sequence[str], compact: str) -> bool:
+    """Whether ``pieces`` (letters and digits only), joined in some order, may make ``compact``: each non-empty one
+    is in it and their lengths add up to its length (``head="GB33BUKB"`` after ``rest="2020..."``)."""
+    pieces = [piece for piece in pieces if piece]
+    return bool(pieces) and sum(map(len, pieces)) == len(compact) and all(piece in compact for piece in pieces)
+
+
 def _echoes(needle: _Needle, repeated: Sequence[Any]) -> bool:
     """Whether ``needle`` is among the arguments of calls in ``repeated`` (their values and the identifiers inside
     them: :func:`_repeated`), so a tool result may only repeat it. A number (not an identifier) is looked for only in
     the argument of its own name (``amount`` of a repeated payment; not ``n=100`` of a lookup whose result lists a
     payment of 100); an identifier also in a call's strings joined in order, letters and digits only (split into
-    ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to join)."""
+    ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to join), or pieces that joined in
+    another order make it (:func:`_covers`)."""
     values = []
     for arguments in repeated:
         if needle.number is not None and needle.compact is None:
             named = isinstance(arguments, Mapping) and needle.argument in arguments
             arguments = arguments[needle.argument] if named else None
         leaves = [leaf for leaf in _leaves(arguments) if isinstance(leaf, str | int | float)]
-        joined = _NOT_ALNUM.sub("", _fold("".join(leaf for leaf in leaves if isinstance(leaf, str))))
-        if needle.compact is not None and needle.compact in joined:
+        pieces = [_NOT_ALNUM.sub("", _fold(leaf)) for leaf in leaves if isinstance(leaf, str)]
+        if needle.compact is not None and (needle.compact in "".join(pieces) or _covers(pieces, needle.compact)):
             return True
         values.extend(map(str, leaves))
     return bool(values) and _found(needle, _prepare("\n".join(values)))

@@ -476,10 +476,24 @@ def test_a_tool_that_computes_from_the_models_input_gives_no_evidence() -> None:
     assert source({"to": iban}, USER, shell, tools=loaded.tools) == {"to": "none"}
 
 
+@pytest.mark.parametrize("name", ["bash", "shell", "terminal", "Python_REPL", "python_repl_ast", "Calculator"])
+def test_a_well_known_code_tool_gives_no_evidence_unless_declared(name: str) -> None:
+    """A client shell, Python REPL or calculator the policy does not declare prints what the model asked for
+    (``echo <reversed> | rev``, ``99*101``): no evidence, as provider code execution; ``evidence: true`` makes it."""
+    iban = "GB33BUKB20201555555555"
+    ran = TurnMessage("tool", iban, name, "s1", arguments={"command": "echo 55555555512020BKUB33BG | rev"})
+    assert source({"to": iban}, USER, ran) == {"to": "none"}
+    assert source({"to": iban}, USER, ran, tools={name: ToolSpec(evidence=True)}) == {"to": "tool_result"}
+    computed = TurnMessage("tool", "9999", name, "s2", arguments={"expression": "99*101"})
+    assert source({"amount": 9999}, USER, computed) == {"amount": "none"}
+
+
 @pytest.mark.parametrize("arguments", [
     {"country": "GB", "rest": "33BUKB20201555555555"},
     {"parts": ["GB33", "BUKB", "2020", "1555", "5555", "55"]},
     {"parts": {"a": "GB", "b": ["33", "BU", "KB"], "c": "20201555555555"}},
+    {"rest": "20201555555555", "head": "GB33BUKB"},
+    {"parts": ["5555", "55", "GB33", "2020", "BUKB", "1555"]},
 ])  # fmt: skip
 def test_an_identifier_split_among_a_calls_arguments_is_an_echo(arguments: dict) -> None:
     joined = TurnMessage("tool", "IBAN GB33BUKB20201555555555", "format_iban", "c1", arguments=arguments)
