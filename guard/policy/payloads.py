@@ -249,17 +249,31 @@ MAX_LOOKUP_DEPTH = 8
 #: for fast), so a long run is scanned once; a match is the first two steps.
 _CLIMB = r"\.(?<!\.\.)\.+;?[\\/]+(?:\.[\\/]+)*\.\.+;?[\\/]+"
 _TRAVERSAL_RE = re.compile(_CLIMB)
-#: A climb whose path is the value: at the start of the text or of a line after blanks, a drive or an absolute prefix
-#: (``/var/www/../../etc``); matched from the start of the text, or searched from a line break.
-_LINE_CLIMB = rf"[ \t]*(?:[a-z]:)?(?:[\\/][\w.-]*)*?{_CLIMB}"
+#: One step up (``../``, ``...//``, ``..;/``, with ``./`` steps after it) and one folder name, not a run of dots.
+_STEP = r"\.\.+;?[\\/]+(?:\.[\\/]+)*"
+_FOLDER = r"(?!\.+[\\/])[\w.-]+[\\/]+"
+#: A path that climbs out of where it starts: a climb after a drive or an absolute prefix (``/var/www/../../etc``),
+#: or a relative prefix of one to four folders followed by more steps up than it has folders (``images/../../``,
+#: ``./a/b/../../../``; not ``a/b/../../x``, which stays inside).
+_CLIMBING_PATH = (rf"(?:(?:[a-z]:)?(?:[\\/][\w.-]*)*?{_CLIMB}|(?:\.[\\/]+)*(?:"
+                  + "|".join(rf"(?:{_FOLDER}){{{n}}}(?:{_STEP}){{{n + 1}}}" for n in range(1, 5)) + "))")
+#: A climbing path that is the value: at the start of the text or of a line after blanks; matched from the start of
+#: the text, or searched from a line break.
+_LINE_CLIMB = rf"[ \t]*{_CLIMBING_PATH}"
 _TEXT_CLIMB_RE = re.compile(_LINE_CLIMB, re.IGNORECASE)
+#: A quoted value's opening ``="`` that is not a URL attribute's (``href="../../assets/main.css"`` is a link the
+#: browser resolves among the site's URLs).
+_VALUE_QUOTE = "=" + "".join(rf"(?<!\b{name}=)" for name in _URL_ATTRIBUTES.split("|")) + "[\"']"
 #: The other climbs that read as an attack (:func:`_path_traversal`), each pattern starting with a literal: after a
-#: line break (:data:`_LINE_CLIMB`), after an unquoted ``=`` (``file=../../config``), written evasively (three or
-#: more dots: ``....//``, which a filter that removes ``../`` once turns into ``../../``; two separators: ``..//``,
-#: ``..\/``), or reaching a system file or folder at most four folders on (``etc``, ``windows``, ``WEB-INF``, ...).
+#: line break (:data:`_LINE_CLIMB`), after an unquoted ``=`` (``file=../../config``), a tag's ``>``
+#: (``<file>../../config/db.yml</file>``) or a quoted value's ``="`` (``file="../../app/secret.key"``), with ``/``
+#: there (``..\\..\\`` in XML is an MSBuild hint path or project reference), written evasively (three or more dots:
+#: ``....//``, which a filter that removes ``../`` once turns into ``../../``; two separators: ``..//``, ``..\/``), or
+#: reaching a system file or folder at most four folders on (``etc``, ``windows``, ``WEB-INF``, ...).
 _TRAVERSAL_ATTACKS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
     rf"[\r\n]{_LINE_CLIMB}",
-    rf"={_CLIMB}",
+    rf"={_CLIMBING_PATH}",
+    rf"(?:>[\"']?|{_VALUE_QUOTE})(?![^\s\"'<>]*\\){_CLIMBING_PATH}",
     r"\.\.(?:\.|[\\/]{2})",
     (rf"{_CLIMB}(?:[\w.-]+[\\/]+){{0,4}}?(?:etc|windows|winnt|proc|boot\.ini|win\.ini|web-inf|\.ssh|\.env|\.git"
      r"|\.aws|root|var[\\/]log|inetpub|system32)\b"),

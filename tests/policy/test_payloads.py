@@ -294,6 +294,24 @@ def test_relative_links_and_imports_inside_a_line_are_not_traversal(text: str) -
 
 
 @pytest.mark.parametrize("text", [
+    "images/../../../../app/config.py", "static/../../../config/app.py", "name\n./a/b/../../../app/main.py",
+    "<r><file>../../../config/database.yml</file></r>", 'file="../../app/secret.key"', "f=uploads/../../app.py",
+])  # fmt: skip
+def test_a_relative_path_that_climbs_above_its_start_or_a_climb_in_a_tag_or_quoted_value_is_traversal(text: str) -> None:
+    """A relative prefix before the climb (``images/../../``), a tag's ``>`` and a quoted value's ``="`` hid a climb
+    that reaches above where the path starts."""
+    assert path_traversal(text)
+
+
+@pytest.mark.parametrize("text", [
+    "a/b/../../config.py", "src/../lib/../app.py", '<link rel="stylesheet" href="../../assets/main.css">',
+    '<ProjectReference Include="..\\..\\src\\Lib\\Lib.csproj" />',
+])  # fmt: skip
+def test_a_path_that_stays_inside_its_start_or_a_link_attribute_is_not_traversal(text: str) -> None:
+    assert not path_traversal(text)
+
+
+@pytest.mark.parametrize("text", [
     '<option value="JavaScript: The Good Parts">', 'title = "JavaScript: basics"',
     '<img src="cover.png" alt="JavaScript: Understanding the Weird Parts">', "subject = 'VBScript: legacy macros'",
 ])  # fmt: skip
