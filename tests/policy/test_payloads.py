@@ -286,9 +286,9 @@ def test_one_step_up_and_dots_are_not_traversal(text: str) -> None:
     '<HintPath>..\\..\\packages\\Newtonsoft.Json.12.0.3\\lib\\net45\\Newtonsoft.Json.dll</HintPath>',
 ])  # fmt: skip
 def test_relative_links_and_imports_inside_a_line_are_not_traversal(text: str) -> None:
-    """A climb inside a line of code or prose (an import, a Markdown link, an MSBuild hint path) was traversal: 33 of
-    the reviewer's 153 developer texts were flagged. A climb counts where its path starts the line or follows ``=``,
-    is written evasively, or reaches a system file or folder."""
+    """A climb inside a line of code or prose (an import, a Markdown link, an MSBuild hint path) is no traversal: a
+    climb counts where its path starts the line or follows ``=``, is written evasively, or reaches a system file or
+    folder."""
     assert not path_traversal(text)
     assert path_traversal(text.replace("../../", "../../../etc/passwd ").replace("..\\..\\", "....//....//"))
 
@@ -351,9 +351,8 @@ def test_talk_about_code_and_commands_is_not_code(text: str) -> None:
     "make clean && make; ls -l out/", "clean:\n\trm -rf build/ dist/; ls",
 ])  # fmt: skip
 def test_commands_after_a_command_line_or_a_sentence_are_not_chained_onto_a_value(text: str) -> None:
-    """A command after a separator counted wherever the separator stood, so shell transcripts and tickets were code
-    (22 of the reviewer's 42 transcripts); it counts after a value (one word from the start of its line, or a closing
-    quote) or ``%0a``."""
+    """A command after a separator in a shell transcript or a ticket is not chained onto a value: it counts after a
+    value (one word from the start of its line, or a closing quote) or ``%0a``."""
     assert not code_exec(text)
 
 
