@@ -482,10 +482,10 @@ async def test_an_image_request_is_refused_before_its_images_are_decoded_and_giv
     decode = processor_module._decoded
     released = threading.Event()
 
-    def counting(image: Any, where: str) -> Any:  # the real decoding, counted, held until released
+    def counting(item: Any, image: Any, where: str) -> Any:  # the real decoding, counted, held until released
         decoded.append(where)
         released.wait(30)
-        return decode(image, where)
+        return decode(item, image, where)
 
     async def decoding(count: int) -> None:
         deadline = time.monotonic() + 30
