@@ -15,8 +15,8 @@ included)::
     guard._readable                            as logs show them and what a request path may not hold; English words;
                                                parameter names as frameworks read them; the part of an ASGI path a
                                                root path takes; what a parser reads of HTML and XML; one log line
-                                               per interval; whether decoded bytes read as text and which
-                                               characters a reader cannot see
+                                               per interval; whether decoded bytes read as text, base64 as its
+                                               readers decode it, and which characters a reader cannot see
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)

@@ -1,11 +1,13 @@
 """Whether decoded bytes are text a model should read (the normaliser's encoded runs, the compact model's digests),
-and which characters a reader cannot see (:data:`INVISIBLE`: a body view, text output)."""
+base64 as those readers decode it (:func:`base64_bytes`), and which characters a reader cannot see (:data:`INVISIBLE`:
+a body view, text output)."""
 
 from __future__ import annotations
 
+import base64
 import re
 
-__all__ = ["INVISIBLE", "readable"]
+__all__ = ["INVISIBLE", "base64_bytes", "readable"]
 
 #: What a reader cannot see: control characters (a JSON escape may decode to one), C1 controls, the format characters
 #: (Unicode category Cf: bidi controls, zero-width characters, tag characters, the byte order mark), the line and
@@ -16,6 +18,19 @@ INVISIBLE = re.compile(
     "\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
+
+
+_FROM_BASE64URL = str.maketrans("-_", "+/")
+
+
+def base64_bytes(chars: str) -> bytes:
+    """``chars``, base64 or base64url with its ``=`` padding or without it, decoded strictly.
+
+    Raises:
+        ValueError: a character outside both alphabets, or a length no encoding has (``binascii.Error``).
+    """
+    data = chars.rstrip("=").translate(_FROM_BASE64URL)
+    return base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
 
 
 def readable(text: str) -> bool:

@@ -36,7 +36,7 @@ from urllib.parse import quote_plus, unquote_plus
 
 from guard._english import english_words
 from guard._json import is_json_media, json_unescaped, loads
-from guard._readable import INVISIBLE
+from guard._readable import INVISIBLE, base64_bytes
 from guard.asgi._media import is_textual
 from guard.engine.telemetry import (
     _KEY_PREFIX,
@@ -108,8 +108,6 @@ _JWT = re.compile(r"(eyJ[A-Za-z0-9_-]+)\.(eyJ[A-Za-z0-9_-]+)\.([A-Za-z0-9_-]*)")
 #: P-384, P-521 (64, 96, 132), Ed448 (114) and RSA of 2048 or 3072 bits (256, 384; with a header and payload a
 #: 2048-bit one is near 700 characters, over a token's 512).
 _SIGNATURE_LENGTHS = frozenset(-(-4 * size // 3) for size in (32, 48, 64, 96, 114, 132, 256, 384))
-#: A base64url alphabet's two characters as base64 writes them.
-_FROM_BASE64URL = str.maketrans("-_", "+/")
 #: Hex of 8 bytes or more, and base32 (one case) of 10 or more: encodings a token's text may be decoded from
 #: (:func:`_decoded_text`), besides base64 and base64url.
 _HEX_BYTES = re.compile(r"(?:[0-9a-fA-F]{2}){8,}")
@@ -421,9 +419,8 @@ def _decodings(value: str) -> list[bytes]:
     out = []
     if _HEX_BYTES.fullmatch(value):
         out.append(bytes.fromhex(value))
-    data = value.rstrip("=").translate(_FROM_BASE64URL)
     try:
-        out.append(base64.b64decode(data + "=" * (-len(data) % 4), validate=True))
+        out.append(base64_bytes(value))
     except ValueError:  # a character outside base64, a length no encoding has
         pass
     if _BASE32.fullmatch(value):

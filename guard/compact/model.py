@@ -27,7 +27,6 @@ fine-tuned layers run in the encoder's dtype, the heads in float32.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import itertools
 import json
@@ -44,7 +43,7 @@ import torch
 
 from guard._english import english_words
 from guard._json import JSON_LEVELS, json_readings, loads
-from guard._readable import readable
+from guard._readable import base64_bytes, readable
 from guard.clef.encoding import render
 from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig
 from guard.compact.catalog import CATALOG, CatalogQuestion
@@ -320,7 +319,7 @@ def _decodings(part: str) -> list[list[bytes]]:
             if len(chars) % 4 == 1:  # a last character alone holds no byte
                 chars = chars[:-1]
             with contextlib.suppress(ValueError):
-                decodings.append(base64.b64decode(chars + "=" * (-len(chars) % 4), validate=True))
+                decodings.append(base64_bytes(chars))
         out.append(decodings)
     return out
 
