@@ -29,6 +29,17 @@ from tests.worker._serve import serve_app_in_thread
 pytestmark = pytest.mark.anyio
 
 TOKEN = "health-admin-token-0123456789"
+
+
+@pytest.fixture
+def frozen_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rate limiter's clock stands still, so its buckets never refill while a test runs however slow the
+    machine (the event loop's clock is left alone)."""
+    from types import SimpleNamespace
+
+    from guard.asgi import _ratelimit
+
+    monkeypatch.setattr(_ratelimit, "time", SimpleNamespace(monotonic=lambda: 1000.0))
 #: One policy asking the catalog's injection question of every HTTP request (the catalog has canaries for it).
 INJECTION_POLICY = """
 policies:
@@ -185,7 +196,7 @@ async def _canary_fails_with(error: Exception) -> None:
     await guard.aclose()
 
 
-async def test_wrong_admin_tokens_are_rate_limited_like_the_review_apis() -> None:
+async def test_wrong_admin_tokens_are_rate_limited_like_the_review_apis(frozen_buckets: None) -> None:
     """The details answer tells whether a token is right, so guessing is limited per address (30 wrong, then 429);
     a probe without a token and the right token are never limited."""
     from tests.asgi._apps import client_for
@@ -207,7 +218,7 @@ async def test_wrong_admin_tokens_are_rate_limited_like_the_review_apis() -> Non
     await guard.aclose()
 
 
-async def test_wrong_tokens_from_one_ipv6_network_share_one_limit() -> None:
+async def test_wrong_tokens_from_one_ipv6_network_share_one_limit(frozen_buckets: None) -> None:
     """Each address of a /64 had its own bucket, so rotating them guessed without limit (attack finding)."""
     import httpx
 
