@@ -26,6 +26,7 @@ __all__ = [
     "TurnMessage",
     "body_strings",
     "body_text_of",
+    "carries_over",
     "digest_of",
     "is_plain_key",
     "joined_words",
@@ -314,6 +315,37 @@ def body_strings(value: Any) -> list[str]:
         else:
             stack.pop()
     return out
+
+
+#: What :func:`carries_over` counts for each value inside a body, arguments or result, besides a string's length: a
+#: JSON value's punctuation, and a bound on the values it walks (at most ``chars / 8``).
+_VALUE_CHARS = 8
+
+
+def carries_over(subject: HttpSubject | AgentSubject, chars: int) -> bool:
+    """Whether ``subject`` carries more than ``chars`` characters of data a state or a rule may read: the lengths of
+    its strings (path, query, headers, body text; an agent event's text, user message and history), and for each
+    value inside its query, body, arguments or result :data:`_VALUE_CHARS` plus a string's length. Counting stops
+    once over ``chars``, so a megabyte body is walked no further than a small one."""
+    if isinstance(subject, HttpSubject):
+        count = len(subject.path) + len(subject.query_string) + len(subject.body_text)
+        count += sum(len(name) + len(value) for name, value in subject.headers.items())
+        stack: list[Any] = [subject.query, subject.body]
+    else:
+        count = len(subject.text or "") + len(subject.user_message or "")
+        count += sum(len(message.text) for message in subject.history)
+        stack = [subject.arguments, subject.tool_result]
+    while stack and count <= chars:
+        value = stack.pop()
+        count += _VALUE_CHARS
+        if isinstance(value, str | bytes | bytearray):
+            count += len(value)
+        elif isinstance(value, Mapping):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            stack.extend(value)
+    return count > chars
 
 
 def digest_of(*parts: bytes | str) -> str:

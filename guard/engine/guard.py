@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -53,7 +53,7 @@ from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
 from guard.errors import BackendError, BackendUnavailable, PolicyError, StateAmbiguous, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
-from guard.subject import HttpSubject, Subject
+from guard.subject import HttpSubject, Subject, carries_over
 from guard.systemone import SystemOneRequestV1
 from guard.systemone.answers import encode_checked
 from guard.verdict import Verdict
@@ -71,6 +71,10 @@ MAX_PLANS = 256
 #: policy also matches does not ask its shadow policies' questions, so slow shadow calls cannot take the backends'
 #: connections from enforced ones (a backend's pool is 100 connections by default).
 MAX_BACKGROUND_SHADOW = 32
+#: Characters of request data (:func:`~guard.subject.carries_over`) past which a decision renders its state and runs
+#: rules that read request data on a thread: on the event loop, a policy whose rules read a 1 MB body with the
+#: payload detectors held every other request for about a second (``bench/decision_off_loop.py``).
+INLINE_DECISION_CHARS = 64 * 1024
 
 T = TypeVar("T")
 
@@ -323,7 +327,9 @@ class Guard:
         try:
             policy.check_repeated(subject)
             plan = self._plan(policy)  # reads the backend's revision (a policy with questions), which may fail
-            raw, state, flags, key = plan.prepare(subject)  # rules read ``raw``; the model and the cache ``state``
+            large = carries_over(subject, INLINE_DECISION_CHARS)
+            # rules read ``raw``; the model and the cache ``state``
+            raw, state, flags, key = await _run(large, plan.prepare, subject)
             if plan.no_answers is not None:  # rules only: no model call, no cache
                 cached = plan.no_answers
             else:
@@ -339,7 +345,8 @@ class Guard:
                         timeout=policy.timeout, ttl=policy.cache_ttl, revision=plan.revision,
                     )
             response = cached.response
-            outcome = plan.outcome(cached, subject=subject, state=raw, flags=flags)
+            outcome = await _run(large and plan.memo_flags is None, plan.outcome, cached, subject=subject, state=raw,
+                                 flags=flags)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
             model = getattr(response, "model", None)  # None when no model answered
             return self._failed(policy, subject, exc, decision_id, started, state, flags, model), lookup
@@ -370,6 +377,7 @@ class Guard:
                 own[id(policy)] = self._failed(policy, subject, exc, decision_id, started, None, {}, None)
         asks: list[tuple[Group, Any, Any, dict[str, Any], CachedAnswers | asyncio.Future[Any] | None]] = []
         enforcing = any(policy.mode != "shadow" for policy in policies)
+        large = carries_over(subject, INLINE_DECISION_CHARS)
         with self._background_lock:
             crowded = enforcing and len(self._background) >= MAX_BACKGROUND_SHADOW
         for group in self._grouped(tuple(plans)):
@@ -381,7 +389,7 @@ class Guard:
                     self.telemetry.shadow_skipped.add(1, {"guard.policy.id": plan.policy.id})
                 continue
             try:
-                raw, state, flags, key = group.prepare(subject)
+                raw, state, flags, key = await _run(large, group.prepare, subject)
             except Exception as exc:  # noqa: BLE001 - a state too long (or a failing render) for every member
                 for plan in group.plans:
                     own[id(plan.policy)] = self._failed(plan.policy, subject, exc, decision_id, started, None, {}, None)
@@ -452,7 +460,8 @@ class Guard:
                 left = max(began + policy.timeout - loop.time(), 0.0)
                 cached, lookup = await asyncio.wait_for(asyncio.shield(source), left)
             response = cached.response
-            outcome = plan.outcome(cached, subject=subject, state=raw, flags=policy_flags)
+            off_loop = plan.memo_flags is None and carries_over(subject, INLINE_DECISION_CHARS)
+            outcome = await _run(off_loop, plan.outcome, cached, subject=subject, state=raw, flags=policy_flags)
         except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
             model = getattr(response, "model", None)
             return self._failed(policy, subject, exc, decision_id, started, state, policy_flags, model), None
@@ -720,6 +729,14 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+async def _run(off_loop: bool, function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``function(*args, **kwargs)``: on a thread when ``off_loop`` (the event loop serves other requests while it
+    runs), else inline. Exceptions propagate as raised."""
+    if off_loop:
+        return await asyncio.to_thread(function, *args, **kwargs)
+    return function(*args, **kwargs)
 
 
 def _since(started: float) -> float:

@@ -92,3 +92,60 @@ async def test_tool_result_check_escalates_a_result_longer_than_the_cues_read() 
     from guard.policy.provenance import result_features
 
     assert result_features("a" * (DETECTOR_MAX_CHARS + 7))["unread"] == 7 and result_features("a")["unread"] == 0
+
+
+#: A rules-only policy whose rule reads the request's text with a payload detector, and one whose rules read the
+#: answers only (kept per cache entry, so inline).
+READS_TEXT = """
+policies:
+  - id: text
+    version: 1
+    match: {http: {}}
+    state: {text: {from: body_text}}
+    rules: [{id: script, when: xss(state.text), action: block}]
+"""
+
+
+async def test_a_large_request_has_its_state_and_rules_worked_out_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``INLINE_DECISION_CHARS`` of request data, rendering the state and rules that read request data run off
+    the event loop (a 1 MB body read by the payload detectors held every other request for about a second); a
+    small request is decided inline, and its verdict is the same either way."""
+    import threading
+
+    from guard.engine.guard import INLINE_DECISION_CHARS
+    from guard.engine.plan import Plan
+    from guard.policy import load_text
+
+    threads: dict[str, set[int]] = {"prepare": set(), "outcome": set()}
+    for name in threads:
+        original = getattr(Plan, name)
+
+        def recorded(self: Plan, *args: object, _name: str = name, _original: object = original, **kwargs: object):
+            threads[_name].add(threading.get_ident())
+            return _original(self, *args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(Plan, name, recorded)
+    attack = "<img src=x onerror=alert(1)>"
+    async with Guard(load_text(READS_TEXT), backends=FixtureBackend()) as guard:
+        small = await guard.aevaluate(post("/notes", {"text": FILLER + attack}))
+        inline = set(threads["prepare"]) | threads["outcome"]
+        for record in threads.values():
+            record.clear()
+        large = await guard.aevaluate(post("/notes", {"text": FILLER * (INLINE_DECISION_CHARS // len(FILLER)) + attack}))
+    loop_thread = threading.get_ident()
+    assert inline == {loop_thread} and loop_thread not in threads["prepare"] | threads["outcome"]
+    assert (small.action, small.rule) == (large.action, large.rule) == ("block", "script")
+
+
+def test_carries_over_counts_every_kind_of_request_data() -> None:
+    from guard.subject import TurnMessage, carries_over
+
+    assert not carries_over(post("/notes", {"text": FILLER}), 1000)
+    assert carries_over(post("/notes", {"text": "x" * 1001}), 1000)
+    numbers = HttpSubject(method="POST", path="/n", content_type="application/json", body={"n": list(range(200))})
+    assert numbers.body_text == "" and carries_over(numbers, 1000)  # no text, but 200 values to convert
+    assert carries_over(HttpSubject(method="GET", path="/", headers={"x-note": "y" * 1001}), 1000)
+    history = (TurnMessage(role="user", text="z" * 1001),)
+    assert carries_over(AgentSubject(event="tool_call", tool_name="t", arguments={}, history=history), 1000)
+    assert carries_over(AgentSubject(event="tool_call", tool_name="t", arguments={"rows": [{"a": 1}] * 100}), 1000)
+    assert not carries_over(AgentSubject(event="tool_call", tool_name="t", arguments={"to": "bob"}), 1000)

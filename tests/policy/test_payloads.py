@@ -629,3 +629,18 @@ def test_a_statement_nested_past_the_parsers_depth_is_sql_not_an_error() -> None
     ``on_error: open``) instead of the rules; nesting that deep is code."""
     for depth in (100, 5000):
         assert sqli("select " + "(" * depth)
+
+
+def test_the_start_tag_pattern_finds_what_one_alternation_per_character_finds() -> None:
+    """``_TAG_RE`` is written as an unrolled loop for speed; on random markup-like text it finds exactly the tags the
+    plain form (a quoted value or one unquoted character, repeated) finds."""
+    import random
+    import re
+
+    from guard.policy.payloads import _TAG_RE
+
+    plain = re.compile(r"<[a-z](?:\"[^\"]*\"|'[^']*'|[^\"'>])*", re.IGNORECASE)
+    rng = random.Random(7)
+    for _ in range(3000):
+        text = "".join(rng.choice("<aB>\"' =x\n") for _ in range(rng.randint(1, 40)))
+        assert [m.span() for m in _TAG_RE.finditer(text)] == [m.span() for m in plain.finditer(text)], text
